@@ -1,0 +1,125 @@
+"""ClickHouse as our own process: own config, data under ``<home>/clickhouse``, loopback only.
+
+We never touch the Debian package's service or /etc/clickhouse-server: the generated
+config.xml/users.xml use the ports from the settings so a system ClickHouse can coexist.
+The XML is in the old ``<yandex>`` dialect, which Debian's 18.16 and newer releases accept.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from infra.processes import StackError
+from infra.service import Port, Service
+
+BINARY_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server")
+
+_CONFIG = """<?xml version="1.0"?>
+<yandex>
+  <logger><level>information</level><console>1</console></logger>
+  <listen_host>{host}</listen_host>
+  <tcp_port>{tcp}</tcp_port>
+  <http_port>{http}</http_port>
+  <interserver_http_port>{interserver}</interserver_http_port>
+  <interserver_http_host>{host}</interserver_http_host>
+  <path>{data}/</path>
+  <tmp_path>{data}/tmp/</tmp_path>
+  <user_files_path>{data}/user_files/</user_files_path>
+  <format_schema_path>{data}/format_schemas/</format_schema_path>
+  <users_config>{users}</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <max_concurrent_queries>64</max_concurrent_queries>
+  <mark_cache_size>268435456</mark_cache_size>
+  <uncompressed_cache_size>268435456</uncompressed_cache_size>
+  <mlock_executable>false</mlock_executable>
+</yandex>
+"""
+_USERS = """<?xml version="1.0"?>
+<yandex>
+  <profiles><default><max_memory_usage>2000000000</max_memory_usage></default></profiles>
+  <users>
+    <{user}>
+      <password>{password}</password>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>default</profile>
+      <quota>default</quota>
+    </{user}>
+  </users>
+  <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors>
+    <result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time>
+  </interval></default></quotas>
+</yandex>
+"""
+
+
+@dataclass(frozen=True)
+class ClickHouse(Service):
+    name = "clickhouse"
+    start_timeout = 60.0
+
+    @property
+    def dir(self) -> Path:
+        return self.home / "clickhouse"
+
+    def marker(self) -> str:
+        return str(self.dir / "config.xml")
+
+    def ports(self) -> list[Port]:
+        c = self.settings.clickhouse
+        env = "LORAPLANE_CLICKHOUSE__"
+        return [Port("clickhouse tcp", c.host, c.tcp_port, f"{env}TCP_PORT"),
+                Port("clickhouse http", c.host, c.http_port, f"{env}HTTP_PORT"),
+                Port("clickhouse interserver", c.host, c.interserver_port,
+                     f"{env}INTERSERVER_PORT")]
+
+    def endpoint(self) -> str:
+        c = self.settings.clickhouse
+        return f"tcp://{c.host}:{c.tcp_port} http://{c.host}:{c.http_port}"
+
+    def data_dirs(self) -> list[Path]:
+        return [self.dir]
+
+    @staticmethod
+    def binary() -> str:
+        found = next((b for b in BINARY_CANDIDATES if Path(b).is_file()),
+                     shutil.which("clickhouse-server"))
+        if found is None:
+            raise StackError("clickhouse-server is not installed; run ./run setup "
+                             "(or: apt-get install -y clickhouse-server)")
+        return found
+
+    def prepare(self) -> list[str]:
+        c = self.settings.clickhouse
+        data = self.dir / "data"
+        for sub in ("tmp", "user_files", "format_schemas"):
+            (data / sub).mkdir(parents=True, exist_ok=True)
+        users = self.dir / "users.xml"
+        users.write_text(_USERS.format(user=escape(c.user), password=escape(c.password)))
+        Path(self.marker()).write_text(_CONFIG.format(
+            host=c.host, tcp=c.tcp_port, http=c.http_port, interserver=c.interserver_port,
+            data=escape(str(data)), users=escape(str(users))))
+        return [self.binary(), f"--config-file={self.marker()}"]
+
+    def _query(self, sql: str) -> list[tuple[object, ...]]:
+        from clickhouse_driver import Client
+
+        c = self.settings.clickhouse
+        client = Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password,
+                        connect_timeout=2, send_receive_timeout=5)
+        try:
+            return client.execute(sql)
+        finally:
+            client.disconnect()
+
+    def healthy(self) -> bool:
+        return self._query("SELECT 1") == [(1,)]
+
+    def after_start(self) -> None:
+        self._query(f"CREATE DATABASE IF NOT EXISTS `{self.settings.clickhouse.database}`")
+
+    def version(self) -> str:
+        return str(self._query("SELECT version()")[0][0])

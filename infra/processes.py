@@ -1,0 +1,145 @@
+"""Detached child processes we can find again: PID files, port checks, health waits, log tails.
+
+The CLI exits while the services keep running, so everything a later ``stack down`` needs
+lives on disk. A PID file alone is not trusted: PIDs are reused, so before signalling we
+check that the process's command line still contains our marker (a path unique to our home).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A failure the user can act on; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class Managed:
+    """One long-running process of the stack and the files that track it."""
+
+    name: str
+    pid_file: Path
+    log_file: Path
+    marker: str  # a string that only our own instance has in its command line
+
+    def pid(self) -> int | None:
+        """The recorded PID when that process is alive and still ours, else None."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _cmdline_contains(pid, self.marker) else None
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> int:
+        """Start detached (own session, output to the log file) so it outlives the CLI."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            proc = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})},
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout``; returns whether something was running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        if not _wait_gone(pid, timeout):
+            _signal_group(pid, signal.SIGKILL)
+            _wait_gone(pid, 5.0)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def tail(self, lines: int = 20) -> list[str]:
+        return tail(self.log_file, lines)
+
+
+def _cmdline_contains(pid: int, marker: str) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    zombie = status.rsplit(")", 1)[-1].split()[0] == "Z"
+    return not zombie and marker in raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the whole session we created, so helper children go too."""
+    with contextlib.suppress(ProcessLookupError):
+        try:
+            os.killpg(pid, sig)
+        except PermissionError:
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap it when it happens to be our own child
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something else already holds ``host:port`` (we try to bind it ourselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.5,
+               alive: Callable[[], bool] = lambda: True) -> bool:
+    """Poll ``check`` until it is true; give up early once ``alive`` says the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return True
+        if not alive():
+            return False
+        time.sleep(interval)
+    return False
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of a log file, or nothing when it does not exist yet."""
+    try:
+        with path.open(errors="replace") as fh:
+            return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,61 @@
+"""The S3 endpoint: moto in server mode on loopback, with the artifact bucket created.
+
+moto keeps everything in memory: a restart of the endpoint loses every object (the bucket
+is recreated by ``stack up``). Good enough for a dev stack; production points
+``settings.s3.endpoint_url`` at real S3 or MinIO.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from infra.service import Port, Service
+from loraplane.config import LOOPBACK
+
+
+@dataclass(frozen=True)
+class S3(Service):
+    name = "s3"
+    start_timeout = 60.0
+
+    def marker(self) -> str:
+        return f"moto.server -H {LOOPBACK} -p {self.settings.s3.port}"
+
+    def ports(self) -> list[Port]:
+        return [Port("s3 endpoint", LOOPBACK, self.settings.s3.port, "LORAPLANE_S3__PORT")]
+
+    def endpoint(self) -> str:
+        return self.settings.s3.endpoint_url
+
+    def data_dirs(self) -> list[Path]:
+        return []
+
+    def prepare(self) -> list[str]:
+        return [sys.executable, "-m", *self.marker().split()]
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        s = self.settings.s3
+        return boto3.client(
+            "s3", endpoint_url=s.endpoint_url, region_name=s.region,
+            aws_access_key_id=s.access_key_id, aws_secret_access_key=s.secret_access_key,
+            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+
+    def healthy(self) -> bool:
+        self.client().list_buckets()
+        return True
+
+    def after_start(self) -> None:
+        client = self.client()
+        bucket = self.settings.s3.bucket
+        if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            client.create_bucket(Bucket=bucket)
+
+    def version(self) -> str:
+        return f"moto {version('moto')}"

@@ -1,0 +1,139 @@
+"""``stack up | down | status``: the three services, in order, with progress and health waits.
+
+``up`` is idempotent: a service whose PID file points at our live process is left alone.
+Everything is started first and waited for afterwards, so the JVM, ClickHouse and moto
+boot in parallel on a small machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from infra.clickhouse import ClickHouse
+from infra.kafka import Kafka
+from infra.processes import StackError, port_in_use, wait_until
+from infra.s3 import S3
+from infra.service import Service
+
+if TYPE_CHECKING:
+    from loraplane.config import Settings
+
+LOG_LINES_ON_FAILURE = 25
+
+
+def services(settings: Settings) -> list[Service]:
+    return [Kafka(settings), ClickHouse(settings), S3(settings)]
+
+
+def service(settings: Settings, name: str) -> Service:
+    found = {s.name: s for s in services(settings)}
+    if name not in found:
+        raise StackError(f"unknown service {name!r}; choose from {', '.join(found)}")
+    return found[name]
+
+
+@dataclass(frozen=True)
+class Health:
+    name: str
+    endpoint: str
+    pid: int | None
+    healthy: bool
+    version: str
+
+
+def _probe(svc: Service) -> Health:
+    try:
+        ok = svc.healthy()
+    except Exception:
+        ok = False
+    version = "-"
+    if ok:
+        try:
+            version = svc.version()
+        except Exception as exc:
+            version = f"unknown ({exc})"
+    return Health(svc.name, svc.endpoint(), svc.process.pid(), ok, version)
+
+
+def status(settings: Settings) -> list[Health]:
+    return [_probe(svc) for svc in services(settings)]
+
+
+def print_status(settings: Settings, console: Console) -> bool:
+    table = Table("service", "endpoint", "version", "pid", "health")
+    rows = status(settings)
+    for h in rows:
+        table.add_row(h.name, h.endpoint, h.version, str(h.pid or "-"),
+                      "[green]healthy[/]" if h.healthy else "[red]down[/]")
+    console.print(table)
+    return all(h.healthy for h in rows)
+
+
+def _check_ports(svc: Service) -> None:
+    for port in svc.ports():
+        if port_in_use(port.host, port.number):
+            raise StackError(
+                f"{svc.name}: port {port.number} ({port.what}) on {port.host} is already in use "
+                f"by another process; stop that process or set {port.env}")
+
+
+def _fail(svc: Service, why: str, console: Console) -> StackError:
+    console.print(f"[red]✗ {svc.name}: {why}[/]; last lines of {svc.process.log_file}:")
+    for line in svc.process.tail(LOG_LINES_ON_FAILURE):
+        console.print(f"  {line}", markup=False, highlight=False)
+    return StackError(f"{svc.name}: {why} (log: {svc.process.log_file})")
+
+
+def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
+    """Start whatever is not running, wait until all are ready, then apply the topics."""
+    started: list[Service] = []
+    for svc in services(settings):
+        if svc.process.pid() is not None:
+            console.print(f"• {svc.name} already running (pid {svc.process.pid()})")
+            continue
+        with console.status(f"{svc.name}: preparing"):
+            _check_ports(svc)
+            argv = svc.prepare()
+        pid = svc.process.start(argv)
+        started.append(svc)
+        console.print(f"• {svc.name} started (pid {pid}), log {svc.process.log_file}")
+    for svc in services(settings):
+        t0 = time.monotonic()
+        with console.status(f"{svc.name}: waiting until ready at {svc.endpoint()}"):
+            ok = wait_until(svc.ready, svc.start_timeout,
+                            alive=lambda s=svc: s.process.pid() is not None)
+            if not ok:
+                dead = svc.process.pid() is None
+                raise _fail(svc, "exited during start-up" if dead else
+                            f"not ready after {svc.start_timeout:.0f}s", console)
+            svc.after_start()
+        if svc in started:
+            console.print(f"[green]✓ {svc.name} ready[/] in {time.monotonic() - t0:.1f}s")
+    if apply_topics:
+        from infra import topics
+
+        with console.status("kafka: applying topics"):
+            changes = topics.apply(settings)
+        applied = [c for c in changes if c.action != "unchanged"]
+        console.print(f"[green]✓ topics[/]: {len(applied)} changed, "
+                      f"{len(changes) - len(applied)} unchanged")
+        for change in applied:
+            console.print(f"  {change}", markup=False)
+
+
+def down(settings: Settings, console: Console, purge: bool = False) -> None:
+    """Stop only what we started (PID file + command-line check); keep data unless purge."""
+    for svc in reversed(services(settings)):
+        with console.status(f"{svc.name}: stopping"):
+            stopped = svc.process.stop()
+        console.print(f"• {svc.name} {'stopped' if stopped else 'was not running'}")
+        if purge:
+            for path in svc.data_dirs():
+                shutil.rmtree(path, ignore_errors=True)
+                console.print(f"  purged {path}")

@@ -1,0 +1,189 @@
+"""Every Kafka topic of loraplane, declared once, and the idempotent ``topics apply``.
+
+Components never spell a topic name: they call ``topic_name(settings, "requests")`` so the
+prefix (``settings.topic_prefix``) and the set of topics stay in this one file. ``apply``
+converges the broker to these declarations: it creates missing topics, alters configs that
+differ, grows partition counts and refuses to shrink them (Kafka cannot, and re-keying
+would break per-key ordering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
+    from loraplane.config import Settings
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+FOREVER = -1
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: what it carries, how it is keyed and how long Kafka keeps it."""
+
+    suffix: str
+    partitions: int
+    purpose: str
+    key: str
+    cleanup_policy: Literal["delete", "compact"] = "delete"
+    retention_ms: int | None = None  # only for "delete"; FOREVER keeps everything
+
+    def configs(self) -> dict[str, str]:
+        """The topic-level configs we own; anything else stays at the broker default."""
+        wanted = {"cleanup.policy": self.cleanup_policy}
+        if self.retention_ms is not None:
+            wanted["retention.ms"] = str(self.retention_ms)
+        return wanted
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("requests", 6, "request logs from gateways and workers", "adapter_id",
+              retention_ms=7 * DAY_MS),
+    TopicSpec("lifecycle", 3, "signed lifecycle events from CI (publish ... revoke)",
+              "adapter_id", retention_ms=FOREVER),
+    TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
+              cleanup_policy="compact"),
+    TopicSpec("commands", 6, "cache commands: prewarm / pin / demote / evict", "worker_id",
+              retention_ms=DAY_MS),
+    TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",
+              cleanup_policy="compact"),
+    TopicSpec("cache-events", 6, "what workers actually loaded and evicted", "adapter_id",
+              retention_ms=7 * DAY_MS),
+    TopicSpec("audit", 3, "who did what to which adapter", "adapter_id",
+              retention_ms=90 * DAY_MS),
+    TopicSpec("dead-letters", 3, "records no consumer could process", "source key",
+              retention_ms=30 * DAY_MS),
+    TopicSpec("decisions", 3, "planner decisions with their inputs", "base_model",
+              retention_ms=30 * DAY_MS),
+    TopicSpec("stack-health", 1, "stack up's produce/consume readiness probe", "none",
+              retention_ms=HOUR_MS),
+)
+_BY_SUFFIX = {spec.suffix: spec for spec in TOPICS}
+
+
+def spec(suffix: str) -> TopicSpec:
+    try:
+        return _BY_SUFFIX[suffix]
+    except KeyError:
+        raise KeyError(f"unknown topic {suffix!r}; declared: {', '.join(_BY_SUFFIX)}") from None
+
+
+def topic_name(settings: Settings, suffix: str) -> str:
+    """The full topic name, e.g. ``topic_name(s, "requests") == "loraplane.requests"``."""
+    return f"{settings.topic_prefix}.{spec(suffix).suffix}"
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What the broker currently has for one topic."""
+
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One line of the diff; ``action`` says what apply does (or would do)."""
+
+    topic: str
+    action: Literal["create", "config", "partitions", "unchanged", "refused"]
+    detail: str = ""
+    key: str = ""
+    value: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.action}" + (f" ({self.detail})" if self.detail else "")
+
+
+def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change]:
+    """Pure comparison of a declaration with the broker's state: no I/O, easy to test."""
+    if existing is None:
+        configs = ", ".join(f"{k}={v}" for k, v in wanted.configs().items())
+        return [Change(name, "create", f"{wanted.partitions} partitions, {configs}")]
+    changes: list[Change] = []
+    if wanted.partitions > existing.partitions:
+        changes.append(Change(name, "partitions",
+                              f"partitions {existing.partitions} -> {wanted.partitions}",
+                              value=str(wanted.partitions)))
+    elif wanted.partitions < existing.partitions:
+        changes.append(Change(name, "refused",
+                              f"has {existing.partitions} partitions, declared "
+                              f"{wanted.partitions}: Kafka cannot decrease partitions"))
+    for key, value in wanted.configs().items():
+        current = existing.configs.get(key)
+        if current != value:
+            changes.append(Change(name, "config", f"{key} from {current} to {value}",
+                                  key=key, value=value))
+    return changes or [Change(name, "unchanged")]
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": settings.kafka.bootstrap})
+
+
+def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Existing]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    metadata = admin.list_topics(timeout=timeout).topics
+    present = [n for n in names if n in metadata]
+    if not present:
+        return {}
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, n) for n in present], request_timeout=timeout)
+    result: dict[str, Existing] = {}
+    for resource, future in futures.items():
+        entries = future.result(timeout=timeout)
+        result[resource.name] = Existing(
+            partitions=len(metadata[resource.name].partitions),
+            configs={k: e.value for k, e in entries.items() if e.value is not None},
+        )
+    return result
+
+
+def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...] = TOPICS,
+          timeout: float = 30.0) -> list[Change]:
+    """Converge the broker to the declarations; returns the diff applied (or planned)."""
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
+        ResourceType,
+    )
+
+    admin = admin_client(settings)
+    named = {topic_name(settings, s.suffix): s for s in only}
+    existing = _existing(admin, list(named), timeout)
+    changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name))]
+    if dry_run:
+        return changes
+
+    futures = []
+    creates = [NewTopic(c.topic, num_partitions=named[c.topic].partitions,
+                        replication_factor=1, config=named[c.topic].configs())
+               for c in changes if c.action == "create"]
+    if creates:
+        futures += admin.create_topics(creates, request_timeout=timeout).values()
+    grows = [NewPartitions(c.topic, int(c.value)) for c in changes if c.action == "partitions"]
+    if grows:
+        futures += admin.create_partitions(grows, request_timeout=timeout).values()
+    alters: dict[str, list[ConfigEntry]] = {}
+    for c in changes:
+        if c.action == "config":
+            alters.setdefault(c.topic, []).append(ConfigEntry(
+                c.key, c.value, incremental_operation=AlterConfigOpType.SET))
+    if alters:
+        resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=entries)
+                     for t, entries in alters.items()]
+        futures += admin.incremental_alter_configs(resources, request_timeout=timeout).values()
+    for future in futures:
+        future.result(timeout=timeout)
+    return changes

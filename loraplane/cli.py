@@ -1,0 +1,30 @@
+"""The one CLI, ``loraplane``: every command group registers itself from loraplane.commands."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+import loraplane.commands
+
+app = typer.Typer(
+    name="loraplane",
+    help="Keeps the right LoRA adapters hot on a fleet of vLLM workers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_all() -> None:
+    for info in sorted(pkgutil.iter_modules(loraplane.commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"loraplane.commands.{info.name}")
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,97 @@
+"""``loraplane stack``: run the local backbone (Kafka, ClickHouse, S3) on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from loraplane.config import get_settings
+
+app = typer.Typer(help="Start, stop and inspect the local Kafka + ClickHouse + S3 stack.",
+                  no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="stack")
+
+
+def _run(action: str, **kwargs: bool) -> None:
+    """Call ``infra.stack.<action>``; a StackError becomes a red message and exit code 1."""
+    from rich.console import Console
+
+    from infra import stack
+    from infra.processes import StackError
+
+    console = Console()
+    try:
+        getattr(stack, action)(get_settings(), console, **kwargs)
+    except StackError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def up() -> None:
+    """Start every service that is not running, wait until healthy, apply the topics."""
+    _run("up")
+
+
+@app.command()
+def down(purge: bool = typer.Option(False, "--purge", help="Also delete data dirs.")) -> None:
+    """Stop the services this home started; data is kept unless --purge."""
+    _run("down", purge=purge)
+
+
+@app.command()
+def status(quiet: bool = typer.Option(False, "--quiet", "-q",
+                                      help="No output; exit 0 only if all are healthy.")) -> None:
+    """Endpoint, version, PID and health of each service."""
+    from rich.console import Console
+
+    from infra import stack
+
+    settings = get_settings()
+    if quiet:
+        ok = all(h.healthy for h in stack.status(settings))
+    else:
+        ok = stack.print_status(settings, Console())
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def logs(service: str = typer.Argument(..., help="kafka, clickhouse or s3"),
+         lines: int = typer.Option(50, "-n", "--lines"),
+         follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+    """Print the end of a service's log, optionally following it."""
+    from infra import stack
+    from infra.processes import StackError
+
+    try:
+        managed = stack.service(get_settings(), service).process
+    except StackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for line in managed.tail(lines):
+        typer.echo(line)
+    if not follow:
+        return
+    with managed.log_file.open(errors="replace") as fh:
+        fh.seek(0, 2)
+        try:
+            while True:
+                line = fh.readline()
+                if line:
+                    typer.echo(line, nl=False)
+                else:
+                    time.sleep(0.3)
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def fetch() -> None:
+    """Download the Kafka jars into the cache now (setup does this once)."""
+    from infra.kafka import Kafka
+
+    typer.echo(f"kafka classpath: {Kafka(get_settings()).fetch()}")

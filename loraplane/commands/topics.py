@@ -1,0 +1,37 @@
+"""``loraplane topics``: converge the broker to the topics declared in infra/topics.py."""
+
+from __future__ import annotations
+
+import typer
+
+from loraplane.config import get_settings
+
+app = typer.Typer(help="Kafka topics declared in infra/topics.py.", no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="topics")
+
+
+@app.command("apply")
+def apply_(dry_run: bool = typer.Option(False, "--dry-run", help="Only print the diff.")) -> None:
+    """Create missing topics, alter differing configs, grow partitions; never shrink."""
+    from infra import topics
+
+    changes = topics.apply(get_settings(), dry_run=dry_run)
+    for change in changes:
+        typer.echo(("would " if dry_run and change.action != "unchanged" else "") + str(change))
+    if any(c.action == "refused" for c in changes):
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_() -> None:
+    """The declared topics with their keys, partitions and purpose."""
+    from infra import topics
+
+    settings = get_settings()
+    for spec in topics.TOPICS:
+        configs = ", ".join(f"{k}={v}" for k, v in spec.configs().items())
+        typer.echo(f"{topics.topic_name(settings, spec.suffix)}  key={spec.key}  "
+                   f"partitions={spec.partitions}  {configs}  # {spec.purpose}")

@@ -1,0 +1,117 @@
+"""One typed settings object for endpoints, local paths and the cache policy.
+
+Sources, later ones winning: defaults, the YAML file (``LORAPLANE_CONFIG`` or
+``./loraplane.yaml``), then environment variables such as ``LORAPLANE_KAFKA__PORT=29092``.
+Every local service binds to loopback only; the defaults avoid the services' usual ports so
+that a developer's own Kafka or ClickHouse is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from loraplane.policy import Policy
+
+LOOPBACK = "127.0.0.1"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaSettings(_Section):
+    host: str = LOOPBACK
+    port: int = 19092
+    controller_port: int = 19093
+    version: str = "4.1.1"
+    scala_version: str = "2.13"
+    heap: str = "768m"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class ClickHouseSettings(_Section):
+    host: str = LOOPBACK
+    tcp_port: int = 19000
+    http_port: int = 18123
+    interserver_port: int = 19009
+    database: str = "loraplane"
+    user: str = "default"
+    password: str = ""
+
+
+class S3Settings(_Section):
+    endpoint_url: str = f"http://{LOOPBACK}:15000"
+    port: int = 15000
+    bucket: str = "loraplane-artifacts"
+    region: str = "us-east-1"
+    access_key_id: str = "loraplane"
+    secret_access_key: str = "loraplane-secret"
+    allowed_prefixes: list[str] = Field(
+        default_factory=lambda: ["s3://loraplane-artifacts/"],
+        description="Only artifacts under these URI prefixes may ever be fetched.",
+    )
+
+
+class Settings(BaseSettings):
+    """Everything a loraplane process needs to find its peers and its policy."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LORAPLANE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    home: Path = Field(default_factory=lambda: Path.cwd() / ".loraplane")
+    topic_prefix: str = "loraplane"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+    policy: Policy = Field(default_factory=Policy)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    @property
+    def state_dir(self) -> Path:
+        """Data, logs, PID files and download caches of the local stack."""
+        return self.home
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads the YAML config file; the policy section may use the seed's key name."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = Path(os.environ.get("LORAPLANE_CONFIG", "loraplane.yaml"))
+        if not path.is_file():
+            return {}
+        import yaml
+
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: top level must be a mapping")
+        if "adapter_cache_policy" in data:
+            data["policy"] = data.pop("adapter_cache_policy")
+        return data
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

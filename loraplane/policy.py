@@ -1,0 +1,194 @@
+"""The cache policy: the seed's ``adapter_cache_policy`` YAML, parsed and validated.
+
+The seed writes the hot score as a formula and the eviction/demotion guards as small
+boolean expressions. We accept exactly that text, but parse it with a tiny closed grammar
+(no ``eval``) so that a typo fails at load time with a clear message instead of silently
+changing placement:
+
+    formula    := term ("+" term)*          term := NUMBER "*" NAME | NAME "*" NUMBER
+    condition  := clause ("and" clause)*    clause := NAME OP LITERAL
+    OP         := == | != | > | >= | < | <=  LITERAL := NUMBER | "text" | 'text' | bare-word
+Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCORE_TERMS = ("qps_10m", "qps_1m", "ttft_penalty_if_cold", "tenant_priority",
+               "scheduled_warmup_score")
+FACTS = ("status", "canary_percent", "tenant_priority", "no_request_for_minutes",
+         "error_rate_after_load", "request_class")
+DEFAULT_FORMULA = (
+    "0.45 * qps_10m + 0.25 * ttft_penalty_if_cold + 0.20 * tenant_priority"
+    " + 0.10 * scheduled_warmup_score"
+)
+
+
+class PolicyError(ValueError):
+    """A policy text that does not parse; the message names the offending part."""
+
+
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+_TERM_RE = re.compile(rf"^\s*(?:({_NUMBER})\s*\*\s*([a-z_0-9]+)|([a-z_0-9]+)\s*\*\s*({_NUMBER}))\s*$")
+_CLAUSE_RE = re.compile(r"^\s*([a-z_0-9]+)\s*(==|!=|>=|<=|>|<)\s*(.+?)\s*$")
+
+
+def parse_formula(text: str) -> dict[str, float]:
+    """``"0.45 * qps_10m + ..."`` -> ``{"qps_10m": 0.45, ...}``."""
+    weights: dict[str, float] = {}
+    if not text.strip():
+        raise PolicyError("hot_score_formula is empty")
+    for raw in text.replace("\n", " ").split("+"):
+        m = _TERM_RE.match(raw)
+        if not m:
+            raise PolicyError(f"hot_score_formula: cannot parse term {raw.strip()!r}"
+                              " (expected WEIGHT * NAME)")
+        weight = float(m.group(1) or m.group(4))
+        name = m.group(2) or m.group(3)
+        if name not in SCORE_TERMS:
+            raise PolicyError(f"hot_score_formula: unknown term {name!r}; known: {SCORE_TERMS}")
+        if name in weights:
+            raise PolicyError(f"hot_score_formula: term {name!r} appears twice")
+        weights[name] = weight
+    return weights
+
+
+@dataclass(frozen=True)
+class Clause:
+    fact: str
+    op: str
+    value: float | str
+
+    def holds(self, facts: dict[str, float | str | None]) -> bool:
+        actual = facts.get(self.fact)
+        if actual is None:
+            return False
+        if isinstance(self.value, str) or isinstance(actual, str):
+            if self.op not in ("==", "!="):
+                return False
+            return (str(actual) == str(self.value)) == (self.op == "==")
+        a, b = float(actual), self.value
+        return {"==": a == b, "!=": a != b, ">": a > b, ">=": a >= b, "<": a < b,
+                "<=": a <= b}[self.op]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A conjunction of clauses; ``text`` is kept for audit reasons."""
+
+    text: str
+    clauses: tuple[Clause, ...]
+
+    def holds(self, facts: dict[str, float | str | None]) -> bool:
+        return all(c.holds(facts) for c in self.clauses)
+
+
+def parse_condition(text: str) -> Condition:
+    clauses = []
+    for raw in re.split(r"\s+and\s+", text.strip()):
+        m = _CLAUSE_RE.match(raw)
+        if not m:
+            raise PolicyError(f"condition {text!r}: cannot parse {raw!r} (expected NAME OP VALUE)")
+        fact, op, lit = m.groups()
+        if fact not in FACTS:
+            raise PolicyError(f"condition {text!r}: unknown fact {fact!r}; known: {FACTS}")
+        value: float | str
+        if re.fullmatch(_NUMBER, lit):
+            value = float(lit)
+        elif len(lit) >= 2 and lit[0] == lit[-1] and lit[0] in "\"'":
+            value = lit[1:-1]
+        elif re.fullmatch(r"[a-z][a-z0-9_-]*", lit):
+            value = lit
+        else:
+            raise PolicyError(f"condition {text!r}: bad value {lit!r}")
+        clauses.append(Clause(fact, op, value))
+    return Condition(text.strip(), tuple(clauses))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Normalisation(_Strict):
+    """Reference values that map each raw score input to 1.0 (inputs are clipped to [0, 1])."""
+
+    qps_10m: float = Field(1.0, gt=0, description="requests/s over 10 min that scores 1.0")
+    qps_1m: float = Field(2.0, gt=0, description="requests/s over 1 min that scores 1.0")
+    ttft_penalty_ms: float = Field(2000.0, gt=0, description="cold TTFT penalty scoring 1.0")
+
+
+class InteractiveBudget(_Strict):
+    on_cold: Literal["fallback", "retry_later"] = "fallback"
+    retry_after_s: int = Field(2, ge=1, le=300)
+    max_wait_ms: int = Field(0, ge=0, le=60_000)
+
+
+class BatchBudget(_Strict):
+    max_wait_ms: int = Field(30_000, ge=0, le=600_000)
+    max_concurrent_cold_loads: int = Field(2, ge=1, le=64)
+
+
+class CanaryBudget(_Strict):
+    warmup_requests: int = Field(3, ge=0, le=1000)
+
+
+class RequestBudgets(_Strict):
+    interactive: InteractiveBudget = Field(default_factory=InteractiveBudget)
+    batch: BatchBudget = Field(default_factory=BatchBudget)
+    canary: CanaryBudget = Field(default_factory=CanaryBudget)
+
+
+class Policy(_Strict):
+    """The ``adapter_cache_policy`` section. Field names follow the seed where it has one."""
+
+    gpu_slots_per_base_model: int = Field(64, ge=1, le=100_000)
+    host_slots_per_base_model: int = Field(2048, ge=1, le=10_000_000)
+    eviction_policy: Literal["weighted-lru"] = "weighted-lru"
+    hot_score_formula: str = DEFAULT_FORMULA
+    never_evict_when: list[str] = Field(
+        default_factory=lambda: ['status == "canary" and canary_percent > 0',
+                                 'tenant_priority == "platinum"'])
+    demote_when: list[str] = Field(
+        default_factory=lambda: ["no_request_for_minutes > 60", "error_rate_after_load > 0.02"])
+    tenant_priority_values: dict[str, float] = Field(
+        default_factory=lambda: {"bronze": 0.25, "silver": 0.5, "gold": 0.75, "platinum": 1.0})
+    normalisation: Normalisation = Field(default_factory=Normalisation)
+    ttft_penalty_prior_ms: float = Field(800.0, ge=0,
+                                         description="cold TTFT penalty until one is observed")
+    cold_loads_per_minute_per_worker: int = Field(6, ge=1, le=10_000)
+    hbm_low_watermark: float = Field(0.82, gt=0, le=1)
+    hysteresis_margin: float = Field(
+        0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")
+    planner_interval_s: float = Field(1.0, gt=0, le=3600)
+    command_deadline_s: float = Field(60.0, gt=0, le=86_400)
+    request_budgets: RequestBudgets = Field(default_factory=RequestBudgets)
+
+    @field_validator("hot_score_formula")
+    @classmethod
+    def _formula_parses(cls, v: str) -> str:
+        parse_formula(v)
+        return v
+
+    @field_validator("never_evict_when", "demote_when")
+    @classmethod
+    def _conditions_parse(cls, v: list[str]) -> list[str]:
+        for text in v:
+            parse_condition(text)
+        return v
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return parse_formula(self.hot_score_formula)
+
+    @property
+    def never_evict(self) -> tuple[Condition, ...]:
+        return tuple(parse_condition(t) for t in self.never_evict_when)
+
+    @property
+    def demote(self) -> tuple[Condition, ...]:
+        return tuple(parse_condition(t) for t in self.demote_when)

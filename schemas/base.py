@@ -1,0 +1,61 @@
+"""Field types shared by all messages: identifiers, versions, digests, the LoRA name."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+VERSION_PATTERN = r"^v?[0-9]{1,9}(\.[0-9]{1,9}){0,3}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+"""Adapter, tenant, base model, worker, publisher and event ids: lower-case, no paths."""
+
+Version = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
+"""Dotted numeric version (``1``, ``v2``, ``1.4.0``), ordered numerically by version_key."""
+
+Sha256 = Annotated[str, StringConstraints(pattern=SHA256_PATTERN)]
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+Timestamp = Annotated[AwareDatetime, AfterValidator(_utc)]
+"""Timezone-aware instants, normalised to UTC so canonical bytes do not depend on offsets."""
+
+NonNegativeMs = Annotated[float, Field(ge=0, le=86_400_000)]
+
+
+class StrictModel(BaseModel):
+    """Base of every wire model: unknown fields and type coercion are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False,
+                              str_max_length=4096, validate_default=True)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Numeric order of versions: ``v2`` < ``1.10`` is false, ``1.9`` < ``1.10`` is true."""
+    parts = tuple(int(p) for p in version.lstrip("v").split("."))
+    # Trailing zeros do not make a version newer: 1 == 1.0 == 1.0.0.
+    while len(parts) > 1 and parts[-1] == 0:
+        parts = parts[:-1]
+    return parts
+
+
+LORA_NAME_RE = re.compile(r"^(?P<adapter_id>[a-z0-9][a-z0-9._-]{0,127})@(?P<version>v?[0-9.]+)"
+                          r"-(?P<sha8>[0-9a-f]{8})$")
+
+
+def lora_name(adapter_id: str, version: str, sha256: str) -> str:
+    """The name vLLM knows an adapter by. It names the *content*: vLLM keys its prefix
+    cache by LoRA name, so a name must never be reused for other weights."""
+    return f"{adapter_id}@{version}-{sha256[:8]}"
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

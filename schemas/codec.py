@@ -1,0 +1,55 @@
+"""Bytes <-> models at the Kafka boundary, with the project's own error for anything bad.
+
+Consumers call ``decode`` and turn a ``SchemaError`` into a dead letter; nothing else may
+escape from hostile bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SchemaError(ValueError):
+    """Bytes that are not a valid message. ``reason`` is a stable code, ``errors`` are
+    ``(field path, message)`` pairs for people."""
+
+    def __init__(self, reason: str, errors: list[tuple[str, str]]) -> None:
+        self.reason = reason
+        self.errors = errors
+        super().__init__(f"{reason}: " + "; ".join(f"{loc}: {msg}" for loc, msg in errors))
+
+
+def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    return [(".".join(str(p) for p in e["loc"]) or "(root)", e["msg"]) for e in exc.errors()]
+
+
+def decode(model: type[M], raw: bytes | str | None) -> M:
+    if raw is None:
+        raise SchemaError("malformed", [("(root)", "empty message")])
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise SchemaError("too_large", [("(root)", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")])
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SchemaError("malformed", [("(root)", f"not JSON: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise SchemaError("malformed", [("(root)", "expected a JSON object")])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SchemaError("invalid", _field_errors(exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise SchemaError("invalid", [("(root)", str(exc))]) from None
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode("utf-8")

@@ -1,0 +1,47 @@
+"""Cache commands from the planner to one worker (Kafka key = worker_id).
+
+``command_id`` makes a command idempotent: a worker that sees the same id twice does
+nothing the second time, so redelivery after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
+
+
+class CommandAction(StrEnum):
+    prewarm_host = "prewarm_host"  # S3 -> verified host tier
+    load_gpu = "load_gpu"  # host -> vLLM (implies prewarm_host when missing)
+    pin = "pin"  # never evict while pinned (platinum, active canary)
+    unpin = "unpin"
+    demote_to_host = "demote_to_host"  # unload from vLLM, keep on host
+    evict = "evict"  # unload from vLLM and delete from host
+
+
+class CommandReason(StrictModel):
+    rule: str = Field(min_length=1, max_length=64, description="which planner rule fired")
+    score: float | None = None
+    detail: str = Field("", max_length=512)
+
+
+class CacheCommand(StrictModel):
+    schema_version: Literal[1] = 1
+    command_id: str = Field(pattern=r"^[a-z0-9][a-z0-9._:@-]{0,199}$")
+    worker_id: Identifier
+    action: CommandAction
+    base_model: Identifier
+    tenant_id: Identifier
+    adapter_id: Identifier
+    version: Version
+    sha256: Sha256
+    lora_name: str = Field(max_length=200)
+    reason: CommandReason
+    issued_at: Timestamp
+    deadline: Timestamp
+    warmup_requests: int = Field(0, ge=0, le=1000,
+                                 description="shadow/golden-set requests to send after load")

@@ -1,0 +1,58 @@
+"""JSON Schema export for producers in other languages, and the drift check CI runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from schemas.adapter import AdapterRecord
+from schemas.audit import AuditRecord
+from schemas.cache_event import CacheEvent
+from schemas.commands import CacheCommand
+from schemas.dead_letter import DeadLetter
+from schemas.lifecycle import LifecycleEvent
+from schemas.manifest import Manifest
+from schemas.request_log import RequestLog
+from schemas.worker_state import WorkerState
+
+MODELS: dict[str, type[BaseModel]] = {
+    "adapter_record": AdapterRecord,
+    "audit_record": AuditRecord,
+    "cache_command": CacheCommand,
+    "cache_event": CacheEvent,
+    "dead_letter": DeadLetter,
+    "lifecycle_event": LifecycleEvent,
+    "manifest": Manifest,
+    "request_log": RequestLog,
+    "worker_state": WorkerState,
+}
+
+JSON_DIR = Path(__file__).parent / "json"
+
+
+def render(model: type[BaseModel]) -> str:
+    schema = model.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def export(directory: Path = JSON_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, model in MODELS.items():
+        path = directory / f"{name}.schema.json"
+        path.write_text(render(model))
+        written.append(path)
+    return written
+
+
+def drift(directory: Path = JSON_DIR) -> list[str]:
+    """Names whose checked-in schema differs from the model (missing counts as drift)."""
+    out = []
+    for name, model in MODELS.items():
+        path = directory / f"{name}.schema.json"
+        if not path.is_file() or path.read_text() != render(model):
+            out.append(name)
+    return out

@@ -1,0 +1,38 @@
+"""A worker's heartbeat: what is actually loaded where (compacted topic, key = worker_id)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.base import Identifier, StrictModel, Timestamp, Version
+
+
+class LoadedAdapter(StrictModel):
+    lora_name: str = Field(max_length=200)
+    adapter_id: Identifier
+    version: Version
+    tenant_id: Identifier
+    tier: Literal["gpu", "host"]
+    pinned: bool = False
+    size_bytes: int = Field(0, ge=0)
+    rank: int = Field(0, ge=0, le=512)
+    last_used: Timestamp | None = None
+    in_flight: int = Field(0, ge=0)
+
+
+class WorkerState(StrictModel):
+    schema_version: Literal[1] = 1
+    worker_id: Identifier
+    base_model: Identifier
+    ts: Timestamp
+    gateway_url: str = Field("", max_length=256)
+    gpu_slots_used: int = Field(ge=0)
+    gpu_slots_total: int = Field(ge=0)
+    host_bytes_used: int = Field(ge=0)
+    host_bytes_budget: int = Field(ge=0)
+    hbm_usage: float | None = Field(None, ge=0, le=1, description="None if vLLM hides it")
+    max_lora_rank: int = Field(ge=1, le=512)
+    cold_loads_last_minute: int = Field(0, ge=0)
+    adapters: list[LoadedAdapter] = Field(default_factory=list, max_length=100_000)

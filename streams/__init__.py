@@ -1,0 +1,1 @@
+"""The Faust app: lifecycle -> registry table; request logs -> hot scores -> planner -> commands."""
