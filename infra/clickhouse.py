@@ -19,7 +19,7 @@ BINARY_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server"
 
 _CONFIG = """<?xml version="1.0"?>
 <yandex>
-  <logger><level>information</level><console>1</console></logger>
+  <logger><level>warning</level><console>1</console></logger>
   <listen_host>{host}</listen_host>
   <tcp_port>{tcp}</tcp_port>
   <http_port>{http}</http_port>

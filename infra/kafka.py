@@ -16,9 +16,13 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.processes import StackError
 from infra.service import Port, Service
+
+if TYPE_CHECKING:
+    from loraplane.config import Settings
 
 LOG4J_VERSION = "2.24.3"
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -49,6 +53,12 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
   </Loggers>
 </Configuration>
 """
+
+
+def client_config(settings: Settings, **extra: str | int | bool) -> dict[str, str | int | bool]:
+    """librdkafka config for our own short-lived clients; silent, since refused connections
+    during start-up are expected and the caller reports failures itself."""
+    return {"bootstrap.servers": settings.kafka.bootstrap, "log_level": 0, **extra}
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,7 @@ class Kafka(Service):
     def healthy(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.endpoint()})
+        admin = AdminClient(client_config(self.settings))
         return bool(admin.list_topics(timeout=3).brokers)
 
     def ready(self) -> bool:
@@ -170,14 +180,14 @@ class Kafka(Service):
         name = topics.topic_name(self.settings, probe.suffix)
         token = uuid.uuid4().bytes
         offsets: list[int] = []
-        producer = Producer({"bootstrap.servers": self.endpoint()})
+        producer = Producer(client_config(self.settings))
         producer.produce(name, token, partition=0,
                          on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
         producer.flush(10)
         if not offsets or offsets[0] < 0:
             return False
-        consumer = Consumer({"bootstrap.servers": self.endpoint(), "group.id": "stack-health",
-                             "enable.auto.commit": False})
+        consumer = Consumer(client_config(self.settings, **{"group.id": "stack-health",
+                                                            "enable.auto.commit": False}))
         try:
             consumer.assign([TopicPartition(name, 0, offsets[0])])
             msg = consumer.poll(10)
@@ -189,19 +199,30 @@ class Kafka(Service):
         """Nothing: the topics are applied by ``stack up`` once every service is ready."""
 
     def version(self) -> str:
-        """The version of the jar the running broker was started from."""
+        """The jar version our broker runs; for a foreign broker, what ApiVersions implies."""
         pid = self.process.pid()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode() if pid else ""
         found = re.search(rf"kafka_{re.escape(self.settings.kafka.scala_version)}-([\w.-]+)\.jar",
                           cmdline)
-        return found.group(1) if found else "unknown"
+        if found:
+            return found.group(1)
+        k = self.settings.kafka
+        return "4.x (ApiVersions)" if speaks_kafka_4(api_versions(k.host, k.port)) else "< 4.0"
+
+
+FETCH_API = 1
+
+
+def speaks_kafka_4(versions: dict[int, tuple[int, int]]) -> bool:
+    """Kafka 4.0 removed Fetch v0-v3 (KIP-896); 3.x brokers still accept v0."""
+    return versions.get(FETCH_API, (0, 0))[0] >= 4
 
 
 def api_versions(host: str, port: int, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
     """The broker's own ApiVersions answer (v0): api_key -> (min, max) version.
 
-    Kafka 4.0 removed the oldest protocol versions (KIP-896, e.g. Produce < v3), so the
-    answer tells a 4.x broker from a 3.x one without trusting any local file.
+    It tells a 4.x broker from a 3.x one without trusting any local file (see
+    ``speaks_kafka_4``).
     """
     client_id = b"loraplane"
     body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id

@@ -28,7 +28,6 @@ class StackError(RuntimeError):
 class Managed:
     """One long-running process of the stack and the files that track it."""
 
-    name: str
     pid_file: Path
     log_file: Path
     marker: str  # a string that only our own instance has in its command line
@@ -52,6 +51,11 @@ class Managed:
                 start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})},
             )
         self.pid_file.write_text(f"{proc.pid}\n")
+        # /proc/PID/cmdline shows the new command line only a moment after exec; until then
+        # pid() would call our fresh process foreign.
+        deadline = time.monotonic() + 5.0
+        while self.pid() is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         return proc.pid
 
     def stop(self, timeout: float = 20.0) -> bool:
@@ -91,13 +95,15 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap it when it happens to be our own child
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except OSError:
         return False
-    return state != "Z"
+    if state == "Z":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # a zombie of our own (tests start the stack in-process): reap
+        return False
+    return True
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

@@ -37,7 +37,7 @@ class Service(ABC):
 
     @property
     def process(self) -> Managed:
-        return Managed(self.name, self.home / "run" / f"{self.name}.pid",
+        return Managed(self.home / "run" / f"{self.name}.pid",
                        self.home / "logs" / f"{self.name}.log", self.marker())
 
     @abstractmethod

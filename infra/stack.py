@@ -65,6 +65,10 @@ def status(settings: Settings) -> list[Health]:
     return [_probe(svc) for svc in services(settings)]
 
 
+def healthy(settings: Settings) -> bool:
+    return all(h.healthy for h in status(settings))
+
+
 def print_status(settings: Settings, console: Console) -> bool:
     table = Table("service", "endpoint", "version", "pid", "health")
     rows = status(settings)
@@ -124,7 +128,7 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
         console.print(f"[green]✓ topics[/]: {len(applied)} changed, "
                       f"{len(changes) - len(applied)} unchanged")
         for change in applied:
-            console.print(f"  {change}", markup=False)
+            console.print(f"  {change}", markup=False, soft_wrap=True)
 
 
 def down(settings: Settings, console: Console, purge: bool = False) -> None:

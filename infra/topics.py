@@ -125,7 +125,9 @@ def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change
 def admin_client(settings: Settings) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.kafka.bootstrap})
+    from infra.kafka import client_config
+
+    return AdminClient(client_config(settings))
 
 
 def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Existing]:
@@ -150,6 +152,7 @@ def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
 def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...] = TOPICS,
           timeout: float = 30.0) -> list[Change]:
     """Converge the broker to the declarations; returns the diff applied (or planned)."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
         AlterConfigOpType,
         ConfigEntry,
@@ -159,9 +162,15 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         ResourceType,
     )
 
+    from infra.processes import StackError
+
     admin = admin_client(settings)
     named = {topic_name(settings, s.suffix): s for s in only}
-    existing = _existing(admin, list(named), timeout)
+    try:
+        existing = _existing(admin, list(named), timeout)
+    except KafkaException as exc:
+        raise StackError(f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
+                         "is the stack up? (loraplane stack status)") from None
     changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name))]
     if dry_run:
         return changes

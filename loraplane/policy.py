@@ -34,7 +34,9 @@ class PolicyError(ValueError):
 
 
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
-_TERM_RE = re.compile(rf"^\s*(?:({_NUMBER})\s*\*\s*([a-z_0-9]+)|([a-z_0-9]+)\s*\*\s*({_NUMBER}))\s*$")
+_TERM_RE = re.compile(
+    rf"^\s*(?:({_NUMBER})\s*\*\s*([a-z_0-9]+)|([a-z_0-9]+)\s*\*\s*({_NUMBER}))\s*$"
+)
 _CLAUSE_RE = re.compile(r"^\s*([a-z_0-9]+)\s*(==|!=|>=|<=|>|<)\s*(.+?)\s*$")
 
 

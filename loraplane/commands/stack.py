@@ -52,10 +52,7 @@ def status(quiet: bool = typer.Option(False, "--quiet", "-q",
     from infra import stack
 
     settings = get_settings()
-    if quiet:
-        ok = all(h.healthy for h in stack.status(settings))
-    else:
-        ok = stack.print_status(settings, Console())
+    ok = stack.healthy(settings) if quiet else stack.print_status(settings, Console())
     raise typer.Exit(0 if ok else 1)
 
 

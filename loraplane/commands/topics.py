@@ -17,8 +17,13 @@ def register(root: typer.Typer) -> None:
 def apply_(dry_run: bool = typer.Option(False, "--dry-run", help="Only print the diff.")) -> None:
     """Create missing topics, alter differing configs, grow partitions; never shrink."""
     from infra import topics
+    from infra.processes import StackError
 
-    changes = topics.apply(get_settings(), dry_run=dry_run)
+    try:
+        changes = topics.apply(get_settings(), dry_run=dry_run)
+    except StackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     for change in changes:
         typer.echo(("would " if dry_run and change.action != "unchanged" else "") + str(change))
     if any(c.action == "refused" for c in changes):

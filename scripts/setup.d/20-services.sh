@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Binaries and jars of the local stack (loraplane stack up): ClickHouse from Debian, Kafka jars
+# from Maven Central into ~/.m2 (classpath cached under .loraplane/cache). Skips what is done.
+set -euo pipefail
+if [ ! -x /usr/sbin/clickhouse-server ] && ! command -v clickhouse-server >/dev/null; then
+  echo "installing clickhouse-server (Debian package; we run it ourselves, not its service)"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends clickhouse-server clickhouse-client
+  # The package may enable and start its own instance on the default ports; we do not use it.
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now clickhouse-server || true
+  fi
+fi
+if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+  echo "installing a JRE and Maven for Kafka"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends openjdk-17-jre-headless maven
+fi
+.venv/bin/loraplane stack fetch

@@ -1,0 +1,28 @@
+"""Shared fixtures. ``stack``: the real local services, reused when already healthy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from loraplane.config import Settings, get_settings
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Settings]:
+    """Settings of a healthy local stack; stopped at the end only if this session started it."""
+    from rich.console import Console
+
+    from infra import stack as local_stack
+
+    settings = get_settings()
+    if local_stack.healthy(settings):
+        yield settings
+        return
+    was_running = any(h.pid for h in local_stack.status(settings))
+    console = Console(stderr=True)
+    local_stack.up(settings, console)
+    yield settings
+    if not was_running:
+        local_stack.down(settings, console)

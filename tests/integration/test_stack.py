@@ -1,0 +1,143 @@
+"""The backbone on real processes: Kafka 4.x, ClickHouse and the S3 endpoint."""
+
+from __future__ import annotations
+
+import io
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from infra import stack as local_stack
+from infra import topics
+from infra.kafka import Kafka, api_versions, client_config, speaks_kafka_4
+from infra.processes import StackError
+from loraplane.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
+
+pytestmark = pytest.mark.integration
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settings:
+    s3_port = _free_port()
+    return Settings(
+        home=home,
+        kafka=KafkaSettings(port=kafka_port or _free_port(), controller_port=_free_port()),
+        clickhouse=ClickHouseSettings(tcp_port=_free_port(), http_port=_free_port(),
+                                      interserver_port=_free_port()),
+        s3=S3Settings(port=s3_port, endpoint_url=f"http://127.0.0.1:{s3_port}"),
+    )
+
+
+def test_kafka_round_trip_keeps_key_and_headers(stack: Settings) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    name = topics.topic_name(stack, "requests")
+    key, value = f"adapter-{uuid.uuid4()}".encode(), b'{"ttft_ms": 42}'
+    delivered = []
+    producer = Producer(client_config(stack))
+    producer.produce(name, value, key=key, headers=[("schema", b"request-log/v1")],
+                     on_delivery=lambda err, msg: delivered.append((err, msg)))
+    producer.flush(10)
+    err, msg = delivered[0]
+    assert err is None
+    consumer = Consumer(client_config(stack, **{"group.id": f"test-{uuid.uuid4()}"}))
+    try:
+        consumer.assign([TopicPartition(name, msg.partition(), msg.offset())])
+        got = consumer.poll(10)
+    finally:
+        consumer.close()
+    assert got is not None and got.error() is None
+    assert (got.key(), got.value()) == (key, value)
+    assert got.headers() == [("schema", b"request-log/v1")]
+
+
+def test_topic_configs_are_visible_to_the_admin_api(stack: Settings) -> None:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = topics.admin_client(stack)
+    registry = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "registry"))
+    lifecycle = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "lifecycle"))
+    described = {r.name: f.result(10) for r, f in admin.describe_configs([registry,
+                                                                           lifecycle]).items()}
+    assert described[registry.name]["cleanup.policy"].value == "compact"
+    assert described[lifecycle.name]["retention.ms"].value == "-1"
+    assert all(c.action == "unchanged" for c in topics.apply(stack, dry_run=True))
+
+
+def test_broker_answers_api_versions_as_kafka_4(stack: Settings) -> None:
+    assert speaks_kafka_4(api_versions(stack.kafka.host, stack.kafka.port))
+    assert Kafka(stack).version().startswith("4.")
+
+
+def test_clickhouse_create_insert_select(stack: Settings) -> None:
+    from clickhouse_driver import Client
+
+    c = stack.clickhouse
+    client = Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password)
+    table = f"{c.database}.test_stack_{uuid.uuid4().hex[:8]}"
+    client.execute(f"CREATE TABLE {table} (adapter_id String, hits UInt32) "
+                   "ENGINE = MergeTree ORDER BY adapter_id")
+    try:
+        client.execute(f"INSERT INTO {table} VALUES", [("a1", 3), ("a2", 5)])
+        assert client.execute(f"SELECT adapter_id, hits FROM {table} ORDER BY adapter_id") == [
+            ("a1", 3), ("a2", 5)]
+    finally:
+        client.execute(f"DROP TABLE {table}")
+        client.disconnect()
+
+
+def test_s3_put_and_get(stack: Settings) -> None:
+    from infra.s3 import S3
+
+    client = S3(stack).client()
+    key = f"tests/{uuid.uuid4()}.safetensors"
+    client.put_object(Bucket=stack.s3.bucket, Key=key, Body=b"weights")
+    assert client.get_object(Bucket=stack.s3.bucket, Key=key)["Body"].read() == b"weights"
+    client.delete_object(Bucket=stack.s3.bucket, Key=key)
+
+
+def test_up_twice_is_a_no_op(stack: Settings) -> None:
+    before = [h.pid for h in local_stack.status(stack)]
+    console = _quiet()
+    local_stack.up(stack, console)
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    assert output.count("already running") == 3
+    assert "0 changed" in output
+    assert [h.pid for h in local_stack.status(stack)] == before
+
+
+def test_port_taken_fails_naming_the_port(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        settings = _settings_on_free_ports(tmp_path, kafka_port=port)
+        with pytest.raises(StackError, match=rf"kafka: port {port} \(kafka listener\)"):
+            local_stack.up(settings, _quiet())
+    assert not any(h.pid for h in local_stack.status(settings))
+
+
+def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A throwaway stack on other ports and another home, so the shared one stays up."""
+    settings = _settings_on_free_ports(tmp_path)
+    try:
+        local_stack.up(settings, _quiet())
+        pids = [h.pid for h in local_stack.status(settings)]
+        assert all(pids) and local_stack.healthy(settings)
+    finally:
+        local_stack.down(settings, _quiet())
+    assert [p for p in pids if p and Path(f"/proc/{p}").exists()] == []
+    assert not list((tmp_path / "run").glob("*.pid"))
+    assert (tmp_path / "kafka" / "data" / "meta.properties").is_file()  # data kept
+

@@ -1,0 +1,46 @@
+"""PID files are only trusted while the command line still matches; stop really stops."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from infra.processes import Managed, port_in_use, tail
+
+
+def _managed(tmp_path: Path, marker: str) -> Managed:
+    return Managed(tmp_path / "sleeper.pid", tmp_path / "sleeper.log", marker)
+
+
+def test_start_then_stop_kills_the_process(tmp_path: Path) -> None:
+    marker = f"# sleeper {tmp_path}"
+    managed = _managed(tmp_path, marker)
+    pid = managed.start([sys.executable, "-c", f"import time; print('up', flush=True); "
+                         f"time.sleep(60)  {marker}"])
+    assert managed.pid() == pid
+    assert managed.stop(timeout=5)
+    assert not Path(f"/proc/{pid}").exists() or managed.pid() is None
+    assert not managed.pid_file.exists()
+    assert managed.stop() is False
+
+
+def test_a_reused_pid_is_not_ours(tmp_path: Path) -> None:
+    managed = _managed(tmp_path, "a marker no process has")
+    managed.pid_file.write_text(f"{os.getpid()}\n")
+    assert managed.pid() is None
+    assert managed.stop() is False  # and nothing was signalled: we are still here
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert port_in_use("127.0.0.1", sock.getsockname()[1])
+
+
+def test_tail_of_a_missing_file_is_empty(tmp_path: Path) -> None:
+    assert tail(tmp_path / "nope.log", 5) == []
+    (tmp_path / "x.log").write_text("".join(f"{i}\n" for i in range(10)))
+    assert tail(tmp_path / "x.log", 2) == ["8", "9"]

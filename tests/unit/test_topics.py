@@ -1,0 +1,57 @@
+"""The topic declarations and the diff that ``topics apply`` acts on (no broker needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.topics import DAY_MS, TOPICS, Existing, TopicSpec, diff, spec, topic_name
+from loraplane.config import Settings
+
+
+def test_topic_name_uses_the_prefix() -> None:
+    assert topic_name(Settings(), "requests") == "loraplane.requests"
+    assert topic_name(Settings(topic_prefix="dev"), "registry") == "dev.registry"
+
+
+def test_unknown_topic_is_refused_with_the_declared_names() -> None:
+    with pytest.raises(KeyError, match=r"requets.*declared: requests"):
+        topic_name(Settings(), "requets")
+
+
+def test_declarations_match_the_issue() -> None:
+    assert len({s.suffix for s in TOPICS}) == len(TOPICS)
+    assert spec("requests").partitions == 6 and spec("requests").key == "adapter_id"
+    assert spec("lifecycle").configs()["retention.ms"] == "-1"
+    assert spec("commands").configs() == {"cleanup.policy": "delete",
+                                          "retention.ms": str(DAY_MS)}
+    for compacted in ("registry", "worker-state"):
+        assert spec(compacted).configs() == {"cleanup.policy": "compact"}
+
+
+WANTED = TopicSpec("requests", 6, "request logs", "adapter_id", retention_ms=7 * DAY_MS)
+SAME = Existing(6, {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS),
+                    "segment.bytes": "1073741824"})
+
+
+def test_missing_topic_is_created() -> None:
+    [change] = diff("lp.requests", WANTED, None)
+    assert change.action == "create" and "6 partitions" in change.detail
+
+
+def test_matching_topic_is_unchanged_and_foreign_configs_are_ignored() -> None:
+    assert [c.action for c in diff("lp.requests", WANTED, SAME)] == ["unchanged"]
+
+
+def test_differing_config_is_altered_with_from_and_to() -> None:
+    existing = Existing(6, {**SAME.configs, "retention.ms": "1000"})
+    [change] = diff("lp.requests", WANTED, existing)
+    assert (change.action, change.key, change.value) == ("config", "retention.ms",
+                                                         str(7 * DAY_MS))
+    assert str(change) == f"lp.requests: config (retention.ms from 1000 to {7 * DAY_MS})"
+
+
+def test_partitions_grow_but_never_shrink() -> None:
+    [grow] = diff("lp.requests", WANTED, Existing(3, SAME.configs))
+    assert (grow.action, grow.value) == ("partitions", "6")
+    [refuse] = diff("lp.requests", WANTED, Existing(12, SAME.configs))
+    assert refuse.action == "refused" and "cannot decrease" in refuse.detail
