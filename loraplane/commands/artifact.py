@@ -1,0 +1,95 @@
+"""``loraplane artifact verify``: the worker's artifact checks, offline, for ops and CI."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Adapter artifacts (PEFT LoRA folders).", no_args_is_help=True)
+
+    @group.command("verify")
+    def verify_cmd(
+        target: str = typer.Argument(..., help="artifact folder, or s3://bucket/prefix/"),
+        record_file: Path | None = typer.Option(
+            None, "--record", help="AdapterRecord JSON: checks the manifest digest, rank, "
+                                   "target modules and base model against it"),
+        adapter_id: str | None = typer.Option(
+            None, "--adapter-id", help="take the record from the registry topic instead"),
+        version: str | None = typer.Option(None, "--version"),
+        max_rank: int | None = typer.Option(None, "--max-rank", min=1,
+                                            help="the worker's max_lora_rank (default 512)"),
+        base_model: str | None = typer.Option(None, "--base-model",
+                                              help="the worker's base model id"),
+        max_bytes: int = typer.Option(1024**3, "--max-bytes", min=1),
+        model_config: Path | None = typer.Option(
+            None, "--model-config", help="the base model's config.json: also check that "
+                                         "every module exists there with matching shapes"),
+    ) -> None:
+        """Print ``ok``, or one line per refusal reason; exit 1 when refused."""
+        from pydantic import ValidationError
+
+        from loraplane.config import get_settings
+        from schemas.adapter import MAX_RANK, AdapterRecord
+        from workers.artifact_dir import DirectoryArtifact
+        from workers.artifact_fetch import ArtifactFetcher
+        from workers.model_shape import ModelShape
+        from workers.refusal import ArtifactError, Refusal
+        from workers.verification import WorkerLimits, verify_artifact
+
+        record = None
+        if (adapter_id is None) != (version is None) or (adapter_id and record_file):
+            typer.echo("give --record FILE, or --adapter-id with --version", err=True)
+            raise typer.Exit(2)
+        if adapter_id is not None and version is not None:
+            from streams.registry_view import load_registry
+
+            view = load_registry(get_settings()).get(adapter_id)
+            record = view.version(version) if view is not None else None
+            if record is None:
+                typer.echo(f"{adapter_id} version {version} is not in the registry", err=True)
+                raise typer.Exit(2)
+        if record_file is not None:
+            try:
+                record = AdapterRecord.model_validate_json(record_file.read_bytes())
+            except (OSError, ValidationError) as exc:
+                typer.echo(f"--record {record_file}: {exc}", err=True)
+                raise typer.Exit(2) from None
+        limits = WorkerLimits(
+            base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
+            model=ModelShape.from_hf_config(json.loads(model_config.read_text()))
+            if model_config else None)
+
+        def report(refusals: tuple[Refusal, ...]) -> None:
+            if not refusals:
+                typer.echo("ok")
+                return
+            for refusal in refusals:
+                typer.echo(str(refusal))
+            raise typer.Exit(1)
+
+        if not target.startswith("s3://"):
+            folder = Path(target)
+            if not folder.is_dir():
+                typer.echo(f"{target}: not a folder", err=True)
+                raise typer.Exit(2)
+            report(verify_artifact(DirectoryArtifact(folder), limits, record).refusals)
+            return
+        with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
+            fetcher = ArtifactFetcher(get_settings().s3)
+            try:
+                fetched = fetcher.fetch(target if target.endswith("/") else target + "/",
+                                        Path(tmp) / "artifact",
+                                        expected_sha256=record.sha256 if record else None,
+                                        max_total_bytes=max_bytes)
+            except ArtifactError as exc:
+                report(exc.refusals)
+                return
+            artifact = DirectoryArtifact(fetched.root, fetched.digests)
+            report(verify_artifact(artifact, limits, record).refusals)
+
+    app.add_typer(group, name="artifact")

@@ -1,0 +1,69 @@
+"""An adapter folder on local disk, seen as verification's ``ArtifactReader``.
+
+Links are listed as links and never followed (``lstat``, ``O_NOFOLLOW``), so a symlink to
+``/etc/shadow`` is refused by name instead of being read. Digests computed while the files
+were downloaded can be handed in, so a fresh fetch is not hashed twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from workers.verification import FileFacts
+
+MAX_ENTRIES = 1024
+MAX_DEPTH = 4
+_CHUNK = 1024 * 1024
+
+
+class DirectoryArtifact:
+    def __init__(self, root: Path, digests: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self._digests = dict(digests or {})
+        self._files: list[FileFacts] | None = None
+
+    def files(self) -> list[FileFacts]:
+        if self._files is None:
+            self._files = list(self._walk(self.root, "", 0))
+        return self._files
+
+    def _walk(self, folder: Path, prefix: str, depth: int) -> Iterator[FileFacts]:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name)[:MAX_ENTRIES]:
+            rel = f"{prefix}{entry.name}"
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                yield FileFacts(rel, "symlink", 0)
+            elif stat.S_ISREG(st.st_mode):
+                yield FileFacts(rel, "file", st.st_size)
+            elif stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
+                yield from self._walk(Path(entry.path), f"{rel}/", depth + 1)
+            else:
+                yield FileFacts(rel, "other", 0)
+
+    def _open(self, path: str) -> int:
+        if not any(f.path == path and f.kind == "file" for f in self.files()):
+            raise FileNotFoundError(path)
+        return os.open(self.root / path, os.O_RDONLY | os.O_NOFOLLOW)
+
+    def read(self, path: str, offset: int, length: int) -> bytes:
+        fd = self._open(path)
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def sha256(self, path: str) -> str:
+        if path not in self._digests:
+            digest = hashlib.sha256()
+            fd = self._open(path)
+            try:
+                while chunk := os.read(fd, _CHUNK):
+                    digest.update(chunk)
+            finally:
+                os.close(fd)
+            self._digests[path] = digest.hexdigest()
+        return self._digests[path]

@@ -1,0 +1,213 @@
+"""Fetch one adapter artifact from the S3 cold tier into a local folder.
+
+Trust flows from the signed registry record: its ``artifact_uri`` must lie under an
+allowlisted prefix (never a path from a request), its ``sha256`` pins ``manifest.json``,
+which is fetched first and pins every other file by size and sha256. Only files the
+manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
+the same pass, and a file that grows past its listed size is cut off at once.
+
+Failure is bounded: small connect/read timeouts, a few retries with exponential backoff,
+and one deadline for the whole fetch, so "S3 is down" becomes
+``artifact_store_unavailable`` within seconds instead of a hung load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from loraplane.config import S3Settings
+from schemas.manifest import Manifest
+from workers.refusal import ArtifactError, Reason, Refusal
+from workers.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
+
+T = TypeVar("T")
+_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,62})/(?P<prefix>([A-Za-z0-9._@=-]+/)*)$")
+_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
+                    "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException"}
+_MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """Worst case for a store that accepts connections and never answers:
+    ``attempts * (connect + read timeout) + backoffs`` (defaults: about 10 s); a refused
+    connection fails in about ``sum(backoffs)`` (0.6 s)."""
+
+    connect_timeout_s: float = 1.0
+    read_timeout_s: float = 2.0
+    attempts: int = 3
+    backoff_s: float = 0.2  # doubled after each failed attempt
+    max_backoff_s: float = 2.0
+    deadline_s: float = 60.0  # for the whole artifact, large weights included
+    chunk_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True)
+class FetchedArtifact:
+    root: Path
+    manifest: Manifest
+    digests: dict[str, str]  # sha256 of every file written, computed while streaming
+    bytes: int
+    elapsed_ms: float
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b/`` -> ``("bucket", "a/b/")``; ArtifactError for anything else."""
+    m = _URI.match(uri)
+    if m is None or any(seg in (".", "..") for seg in m.group("prefix").split("/")):
+        raise ArtifactError.single(Reason.source_not_allowed, uri[:200],
+                                   "not an s3://bucket/prefix/ folder URI")
+    return m.group("bucket"), m.group("prefix")
+
+
+def check_allowed(uri: str, allowed_prefixes: list[str]) -> tuple[str, str]:
+    """Bucket and key prefix of ``uri`` if it lies under an allowlisted prefix, else refuse."""
+    bucket, prefix = parse_s3_uri(uri)
+    if not any(uri.startswith(p if p.endswith("/") else p + "/") for p in allowed_prefixes):
+        raise ArtifactError.single(Reason.source_not_allowed, uri[:200],
+                                   "outside settings.s3.allowed_prefixes")
+    return bucket, prefix
+
+
+def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
+    """A boto3 S3 client with our timeouts and no retries of its own (callers retry)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
+        aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key,
+        config=Config(connect_timeout=policy.connect_timeout_s,
+                      read_timeout=policy.read_timeout_s,
+                      retries={"total_max_attempts": 1, "mode": "standard"},
+                      s3={"addressing_style": "path"}))
+
+
+class ArtifactFetcher:
+    """Thread-safe; one boto3 client per fetcher (made on first use unless ``client`` is
+    given). ``sleep``/``clock`` are injectable so tests control time."""
+
+    def __init__(self, s3: S3Settings, policy: FetchPolicy = FetchPolicy(), *,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic, client: Any = None) -> None:
+        self.s3 = s3
+        self.policy = policy
+        self._sleep = sleep
+        self._clock = clock
+        self._client = client
+        self._client_lock = threading.Lock()
+
+    def _s3(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                self._client = s3_client(self.s3, self.policy)
+            return self._client
+
+    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
+              max_total_bytes: int) -> FetchedArtifact:
+        """Download the artifact at ``artifact_uri`` (a registry record's) into the new
+        folder ``dest``. ``expected_sha256`` is the record's manifest digest (None only for
+        offline inspection). Raises ArtifactError; may leave a partial ``dest`` behind,
+        which the caller owns and removes."""
+        started = self._clock()
+        deadline = started + self.policy.deadline_s
+        bucket, prefix = check_allowed(artifact_uri, self.s3.allowed_prefixes)
+        dest.mkdir(parents=True, exist_ok=False)
+        digests: dict[str, str] = {}
+        manifest_sha, manifest_size = self._download(
+            bucket, prefix, MANIFEST_NAME, dest, MAX_JSON_FILE_BYTES, deadline, exact=False)
+        digests[MANIFEST_NAME] = manifest_sha
+        manifest = _load_manifest(dest / MANIFEST_NAME)
+        refusals = [r for f in manifest.files if (r := name_refusal(f.path)) is not None]
+        if expected_sha256 is not None and manifest.digest != expected_sha256:
+            refusals.append(Refusal(Reason.manifest_digest_mismatch, MANIFEST_NAME))
+        if manifest.total_size > max_total_bytes:
+            refusals.append(Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > "
+                                                             f"{max_total_bytes}"))
+        if refusals:
+            raise ArtifactError(refusals)
+        for mf in manifest.files:
+            sha, _ = self._download(bucket, prefix, mf.path, dest, mf.size, deadline, exact=True)
+            if sha != mf.sha256:
+                raise ArtifactError.single(Reason.sha256_mismatch, mf.path)
+            digests[mf.path] = sha
+        return FetchedArtifact(dest, manifest, digests, manifest_size + manifest.total_size,
+                               (self._clock() - started) * 1000)
+
+    def _download(self, bucket: str, prefix: str, path: str, dest: Path, size: int,
+                  deadline: float, *, exact: bool) -> tuple[str, int]:
+        """One object to ``dest/path``: ``(sha256, bytes)``. ``size`` is the exact size
+        (``exact``) or the most that may be read."""
+        target = dest / path
+        oversize = Reason.size_mismatch if exact else Reason.manifest_invalid
+
+        def attempt() -> tuple[str, int]:
+            response = self._s3().get_object(Bucket=bucket, Key=prefix + path)
+            announced = response.get("ContentLength")
+            if announced is not None and (announced != size if exact else announced > size):
+                response["Body"].close()
+                raise ArtifactError.single(oversize, path,
+                                           f"store has {announced} bytes, expected {size}")
+            digest, written = hashlib.sha256(), 0
+            with open(target, "wb") as out:
+                try:
+                    for chunk in response["Body"].iter_chunks(self.policy.chunk_bytes):
+                        written += len(chunk)
+                        if written > size:
+                            raise ArtifactError.single(oversize, path, f"over {size} bytes")
+                        if self._clock() > deadline:
+                            raise ArtifactError.single(Reason.artifact_store_unavailable, path,
+                                                       "fetch deadline passed while streaming")
+                        digest.update(chunk)
+                        out.write(chunk)
+                finally:
+                    response["Body"].close()
+            if exact and written != size:
+                raise ArtifactError.single(Reason.size_mismatch, path, f"{written} != {size}")
+            return digest.hexdigest(), written
+
+        missing = Reason.manifest_missing if path == MANIFEST_NAME else Reason.file_missing
+        return self._with_retries(attempt, path, deadline, missing)
+
+    def _with_retries(self, op: Callable[[], T], what: str, deadline: float,
+                      missing: Reason) -> T:
+        from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+
+        attempt, delay = 0, self.policy.backoff_s
+        while True:
+            attempt += 1
+            try:
+                return op()
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code in _MISSING_CODES:
+                    raise ArtifactError.single(missing, what) from None
+                if code not in _TRANSIENT_CODES:
+                    raise ArtifactError.single(Reason.fetch_failed, what, code[:60]) from None
+                error: Exception = exc
+            except (BotoConnectionError, HTTPClientError, IncompleteReadError) as exc:
+                error = exc
+            if attempt >= self.policy.attempts or self._clock() + delay > deadline:
+                raise ArtifactError.single(
+                    Reason.artifact_store_unavailable, what,
+                    f"{type(error).__name__} after {attempt} attempt(s)") from None
+            self._sleep(delay)
+            delay = min(delay * 2, self.policy.max_backoff_s)
+
+
+def _load_manifest(path: Path) -> Manifest:
+    try:
+        return Manifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise ArtifactError.single(Reason.manifest_invalid, MANIFEST_NAME,
+                                   f"{exc.error_count()} schema errors") from None

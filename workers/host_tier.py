@@ -1,0 +1,301 @@
+"""The host warm tier: verified adapter folders on local disk, within a byte budget.
+
+Layout under ``root`` (one folder per entry, named by lora name, so a name always means the
+same bytes)::
+
+    {lora_name}/adapter/      the folder handed to vLLM (manifest.json + the files it pins)
+    {lora_name}/record.json   the registry record it was verified against
+    .partial-*/               an install in progress; .removing-*/ a removal in progress
+
+An install downloads into a ``.partial-*`` folder inside ``root``, verifies it, fsyncs it
+and renames it into place, so an entry either exists complete and verified or not at all;
+a crash leaves only ``.partial-*`` folders, which the startup scan deletes. The scan also
+re-verifies every entry against its record and drops any that fails: an entry is never
+trusted just because it is on disk.
+
+Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight).
+From asyncio, call it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from schemas.adapter import AdapterRecord, AdapterStatus
+from schemas.base import LORA_NAME_RE
+from workers.artifact_dir import DirectoryArtifact
+from workers.artifact_fetch import FetchedArtifact
+from workers.refusal import ArtifactError, Reason, Refusal
+from workers.verification import WorkerLimits, verify_artifact
+
+log = logging.getLogger("loraplane.host_tier")
+
+ADAPTER_DIR = "adapter"
+RECORD_FILE = "record.json"
+_PARTIAL = ".partial-"
+_REMOVING = ".removing-"
+
+
+class Fetcher(Protocol):
+    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
+              max_total_bytes: int) -> FetchedArtifact: ...
+
+
+@dataclass(frozen=True)
+class TierEntry:
+    lora_name: str
+    path: Path  # the adapter folder vLLM loads
+    record: AdapterRecord
+    size_bytes: int
+    last_used: float  # epoch seconds; persisted as the entry folder's mtime
+
+    @property
+    def sha256(self) -> str:
+        return self.record.sha256
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    kept: tuple[str, ...]
+    dropped: tuple[tuple[str, str], ...]  # (folder name, why)
+
+
+class HostTier:
+    """``score(entry)`` ranks eviction candidates (lowest goes first, ties by least recent
+    use; default: plain LRU). ``is_protected(lora_name)`` marks entries that must stay, e.g.
+    those vLLM has registered and may re-read from disk. ``on_evict`` hears every entry
+    removed to make room."""
+
+    def __init__(self, root: Path, *, budget_bytes: int, limits: WorkerLimits,
+                 fetcher: Fetcher,
+                 score: Callable[[TierEntry], float] | None = None,
+                 is_protected: Callable[[str], bool] = lambda _name: False,
+                 on_evict: Callable[[TierEntry], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.budget_bytes = budget_bytes
+        self.limits = limits
+        self._fetcher = fetcher
+        self._score = score or (lambda _entry: 0.0)
+        self._is_protected = is_protected
+        self._on_evict = on_evict
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, TierEntry] = {}
+        self._inflight: dict[str, Future[Path]] = {}
+        root.mkdir(parents=True, exist_ok=True)
+        self.startup_report = self._scan()
+
+    # ---- reading ---------------------------------------------------------------------
+    def entries(self) -> list[TierEntry]:
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: e.last_used, reverse=True)
+
+    def get(self, lora_name: str) -> TierEntry | None:
+        with self._lock:
+            return self._entries.get(lora_name)
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(e.size_bytes for e in self._entries.values())
+
+    def touch(self, lora_name: str) -> None:
+        """Mark an entry used now (it moves to the back of the eviction queue)."""
+        with self._lock:
+            entry = self._entries.get(lora_name)
+            if entry is not None:
+                self._entries[lora_name] = self._mark_used(entry)
+
+    # ---- changing --------------------------------------------------------------------
+    def ensure(self, record: AdapterRecord) -> Path:
+        """The verified folder of ``record``, fetching and installing it when absent.
+        Raises ArtifactError with every reason when it is refused or cannot be fetched."""
+        if record.status == AdapterStatus.revoked:
+            raise ArtifactError.single(Reason.adapter_revoked, record.lora_name)
+        name = record.lora_name
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None and entry.path.is_dir():
+                return self._mark_used(entry).path
+            self._entries.pop(name, None)  # deleted behind our back: install it again
+            flight = self._inflight.get(name)
+            leader = flight is None
+            if flight is None:
+                flight = self._inflight[name] = Future()
+        if not leader:
+            return flight.result()
+        try:
+            path = self._install(record)
+        except BaseException as exc:
+            flight.set_exception(exc)
+            raise
+        else:
+            flight.set_result(path)
+            return path
+        finally:
+            with self._lock:
+                del self._inflight[name]
+
+    def remove(self, lora_name: str) -> bool:
+        """Delete an entry (planner demote/evict, revoke). False when there was none."""
+        with self._lock:
+            entry = self._entries.pop(lora_name, None)
+            if entry is not None:
+                self._delete(entry.path.parent)
+        return entry is not None
+
+    # ---- internals -------------------------------------------------------------------
+    def _mark_used(self, entry: TierEntry) -> TierEntry:
+        now = self._clock()
+        with suppress(FileNotFoundError):  # removed under us: the next look finds it gone
+            os.utime(entry.path.parent, (now, now))
+        self._entries[entry.lora_name] = entry = replace(entry, last_used=now)
+        return entry
+
+    def _install(self, record: AdapterRecord) -> Path:
+        if record.size_bytes > self.budget_bytes:
+            raise ArtifactError.single(Reason.host_budget_exceeded, record.lora_name,
+                                       f"{record.size_bytes} bytes > budget {self.budget_bytes}")
+        partial = self.root / f"{_PARTIAL}{uuid.uuid4().hex}"
+        partial.mkdir()
+        try:
+            fetched = self._fetcher.fetch(record.artifact_uri, partial / ADAPTER_DIR,
+                                          expected_sha256=record.sha256,
+                                          max_total_bytes=self.limits.max_total_bytes)
+            verdict = verify_artifact(DirectoryArtifact(fetched.root, fetched.digests),
+                                      self.limits, record)
+            if not verdict.ok:
+                raise ArtifactError(verdict.refusals)
+            (partial / RECORD_FILE).write_text(record.model_dump_json())
+            _fsync_tree(partial)
+            with self._lock:
+                evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
+                final = self.root / record.lora_name
+                os.rename(partial, final)
+                _fsync_dir(self.root)
+                entry = TierEntry(record.lora_name, final / ADAPTER_DIR, record, fetched.bytes,
+                                  self._clock())
+                self._entries[entry.lora_name] = entry
+        except OSError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ArtifactError.single(Reason.host_io_error, record.lora_name,
+                                       f"{type(exc).__name__}: {exc.strerror}") from exc
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        for gone in evicted:
+            log.info("host tier evicted %s (%d bytes)", gone.lora_name, gone.size_bytes)
+            if self._on_evict is not None:
+                self._on_evict(gone)
+        return entry.path
+
+    def _make_room(self, incoming_bytes: int, incoming: str) -> list[TierEntry]:
+        """Evict (lock held) until ``incoming_bytes`` fit; all or nothing."""
+        used = sum(e.size_bytes for e in self._entries.values())
+        candidates = sorted((e for e in self._entries.values() if e.lora_name != incoming),
+                            key=lambda e: (self._score(e), e.last_used))
+        plan: list[TierEntry] = []
+        for entry in candidates:
+            if used + incoming_bytes <= self.budget_bytes:
+                break
+            if self._is_protected(entry.lora_name):
+                continue
+            plan.append(entry)
+            used -= entry.size_bytes
+        if used + incoming_bytes > self.budget_bytes:
+            raise ArtifactError([Refusal(
+                Reason.host_budget_exceeded, incoming,
+                f"needs {incoming_bytes} bytes; {self.budget_bytes - used} free after "
+                "evicting every unprotected entry")])
+        for entry in plan:
+            del self._entries[entry.lora_name]
+            self._delete(entry.path.parent)
+        return plan
+
+    def _delete(self, folder: Path) -> None:
+        """Rename first (atomic: the entry is gone at once), then delete at leisure."""
+        if folder.is_symlink() or not folder.is_dir():
+            folder.unlink(missing_ok=True)
+            return
+        doomed = self.root / f"{_REMOVING}{uuid.uuid4().hex}"
+        try:
+            os.rename(folder, doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _scan(self) -> ScanReport:
+        kept: list[str] = []
+        dropped: list[tuple[str, str]] = []
+        for child in sorted(self.root.iterdir()):
+            name = child.name
+            if name.startswith((_PARTIAL, _REMOVING)):
+                shutil.rmtree(child, ignore_errors=True)
+                dropped.append((name, "partial"))
+            elif LORA_NAME_RE.match(name):
+                why = self._adopt(child) if child.is_dir() and not child.is_symlink() \
+                    else "not_a_folder"
+                if why:
+                    self._delete(child)
+                    dropped.append((name, why))
+                else:
+                    kept.append(name)
+        with self._lock:
+            for entry in self._make_room(0, incoming=""):
+                dropped.append((entry.lora_name, "over_budget"))
+        for name, why in dropped:
+            log.info("host tier dropped %s at startup: %s", name, why)
+        return ScanReport(tuple(n for n in kept if n in self._entries), tuple(dropped))
+
+    def _adopt(self, folder: Path) -> str:
+        """Re-verify one entry left by an earlier run; '' when adopted, else why not."""
+        try:
+            record = AdapterRecord.model_validate_json((folder / RECORD_FILE).read_bytes())
+        except (OSError, ValidationError):
+            return "record_unreadable"
+        if record.lora_name != folder.name:
+            return "record_mismatch"
+        artifact = DirectoryArtifact(folder / ADAPTER_DIR)
+        try:
+            verdict = verify_artifact(artifact, self.limits, record)
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
+        if not verdict.ok:
+            return ",".join(r.value for r in verdict.reasons)
+        size = sum(f.size for f in artifact.files())
+        self._entries[record.lora_name] = TierEntry(record.lora_name, folder / ADAPTER_DIR,
+                                                    record, size, folder.stat().st_mtime)
+        return ""
+
+
+def _fsync_tree(folder: Path) -> None:
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

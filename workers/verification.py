@@ -1,0 +1,434 @@
+"""Verification of a PEFT LoRA artifact before anything reaches vLLM. Pure: no I/O.
+
+The artifact is seen through an ``ArtifactReader`` (a local folder, a fetch in progress, an
+in-memory dict in tests), so every check here runs the same for the host tier, the
+offline ``loraplane artifact verify`` and the hostile-artifact tests.
+
+What is checked, each failure with its own ``Reason``:
+- the manifest's digest equals the signed registry record's ``sha256``; every file's size
+  and sha256 equal the manifest's; the total is under the limit; nothing unlisted;
+- only top-level ``*.safetensors`` and ``adapter_config.json`` (plus ``manifest.json``):
+  no pickle, no symlinks, no ``..`` or absolute names;
+- each safetensors header is read with a bounded length (the first 8 bytes announce it; an
+  announcement over ``max_header_bytes`` is refused before anything else is read) and
+  validated: dtypes, shapes, offsets inside the file, contiguous and non-overlapping;
+- tensors agree with ``r`` and ``target_modules`` of adapter_config.json: every target
+  module has lora_A ``[r, in]`` and lora_B ``[out, r]``, no weights for other modules, and
+  (when the base model's shape is known) the module exists there with those dimensions.
+  vLLM itself accepts a config naming modules the model lacks; we do not;
+- rank within the worker's ``max_lora_rank``; base model the worker's; config agrees with
+  the registry record.
+Any input yields a ``Verdict``; hostile bytes never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import ValidationError
+
+from schemas.adapter import AdapterRecord
+from schemas.manifest import Manifest
+from workers.model_shape import LinearShape, ModelShape
+from workers.refusal import Reason, Refusal
+
+MANIFEST_NAME = "manifest.json"
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+MAX_JSON_FILE_BYTES = 256 * 1024
+MAX_REFUSALS = 64
+_LAYER_SITE = re.compile(r"^model\.layers\.(0|[1-9][0-9]{0,5})\.([a-z_]+)$")
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """One entry of the artifact as its source lists it, links included (never followed)."""
+
+    path: str  # relative, '/'-separated
+    kind: Literal["file", "symlink", "other"]
+    size: int
+
+
+class ArtifactReader(Protocol):
+    """Read access to one artifact. ``read`` returns at most ``length`` bytes."""
+
+    def files(self) -> Sequence[FileFacts]: ...
+
+    def read(self, path: str, offset: int, length: int) -> bytes: ...
+
+    def sha256(self, path: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What this worker accepts. ``base_model=None`` skips the base-model check (offline use)."""
+
+    base_model: str | None
+    max_lora_rank: int
+    max_total_bytes: int = 1024**3
+    max_header_bytes: int = 1024**2
+    model: ModelShape | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        return tuple(dict.fromkeys(r.reason for r in self.refusals))
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """The fields of adapter_config.json that decide what the weights must look like."""
+
+    rank: int
+    target_modules: frozenset[str]
+    base_model: str
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def verify_artifact(reader: ArtifactReader, limits: WorkerLimits,
+                    record: AdapterRecord | None = None) -> Verdict:
+    """Every check above; ``record=None`` (offline, no registry) skips the record checks."""
+    out: list[Refusal] = []
+    facts = {f.path: f for f in reader.files()}
+    manifest = _check_manifest(reader, facts, limits, record, out)
+    usable = _check_names(facts, manifest, out)
+    if manifest is not None:
+        _check_files_against_manifest(reader, facts, manifest, usable, out)
+    elif sum(f.size for f in facts.values()) > limits.max_total_bytes:
+        out.append(Refusal(Reason.too_large, detail=f"over {limits.max_total_bytes} bytes"))
+    config = _check_config(reader, facts, usable, limits, record, out)
+    tensors = _read_all_headers(reader, facts, usable, limits, out)
+    if config is not None and tensors is not None:
+        _check_tensors(tensors, config, limits.model, out)
+    return Verdict(tuple(_dedupe(out)[:MAX_REFUSALS]))
+
+
+def _dedupe(refusals: list[Refusal]) -> list[Refusal]:
+    return list(dict.fromkeys(refusals))
+
+
+def is_safe_relative_path(path: str) -> bool:
+    """Relative, '/'-separated, no empty, '.' or '..' segment, no backslash or NUL."""
+    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
+        return False
+    return all(part not in ("", ".", "..") for part in path.split("/"))
+
+
+def name_refusal(path: str) -> Refusal | None:
+    """Why a file name may not be part of an adapter artifact, or None when it may."""
+    if not is_safe_relative_path(path):
+        return Refusal(Reason.unsafe_path, path)
+    if path.lower().endswith(PICKLE_SUFFIXES):
+        return Refusal(Reason.pickle_weights, path, "pickle can run code when loaded")
+    if path in (CONFIG_NAME, MANIFEST_NAME) or ("/" not in path and path.endswith(".safetensors")):
+        return None
+    return Refusal(Reason.disallowed_file, path,
+                   "only top-level *.safetensors and adapter_config.json")
+
+
+def _check_names(facts: dict[str, FileFacts], manifest: Manifest | None,
+                 out: list[Refusal]) -> set[str]:
+    """Refuse bad names and kinds; returns the paths that are safe to open."""
+    usable: set[str] = set()
+    listed = [f.path for f in manifest.files] if manifest is not None else []
+    for path in dict.fromkeys([*facts, *listed]):
+        refusal = name_refusal(path)
+        fact = facts.get(path)
+        if refusal is not None:
+            out.append(refusal)
+        elif fact is not None and fact.kind == "symlink":
+            out.append(Refusal(Reason.symlink, path, "links are never followed"))
+        elif fact is not None and fact.kind != "file":
+            out.append(Refusal(Reason.disallowed_file, path, "not a regular file"))
+        elif fact is not None:
+            usable.add(path)
+    return usable
+
+
+def _read_json(reader: ArtifactReader, fact: FileFacts) -> Any:
+    """Parse a small JSON file; raises ValueError (never anything else) when it is not one."""
+    if fact.size > MAX_JSON_FILE_BYTES:
+        raise ValueError(f"{fact.size} bytes is over the {MAX_JSON_FILE_BYTES} allowed")
+    data = reader.read(fact.path, 0, fact.size)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _check_manifest(reader: ArtifactReader, facts: dict[str, FileFacts], limits: WorkerLimits,
+                    record: AdapterRecord | None, out: list[Refusal]) -> Manifest | None:
+    fact = facts.get(MANIFEST_NAME)
+    if fact is None or fact.kind != "file":
+        out.append(Refusal(Reason.manifest_missing, MANIFEST_NAME))
+        return None
+    try:
+        raw = _read_json(reader, fact)
+    except ValueError as exc:
+        out.append(Refusal(Reason.manifest_invalid, MANIFEST_NAME, str(exc)[:200]))
+        return None
+    files = raw.get("files") if isinstance(raw, dict) else None
+    for entry in files if isinstance(files, list) else []:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and not is_safe_relative_path(path):
+            out.append(Refusal(Reason.unsafe_path, path, "named in manifest"))
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as exc:
+        out.append(Refusal(Reason.manifest_invalid, MANIFEST_NAME,
+                           f"{exc.error_count()} schema errors"))
+        return None
+    if record is not None and manifest.digest != record.sha256:
+        out.append(Refusal(Reason.manifest_digest_mismatch, MANIFEST_NAME,
+                           f"digest {manifest.digest[:12]} != record {record.sha256[:12]}"))
+    if manifest.total_size > limits.max_total_bytes:
+        out.append(Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > "
+                                                    f"{limits.max_total_bytes}"))
+    return manifest
+
+
+def _check_files_against_manifest(reader: ArtifactReader, facts: dict[str, FileFacts],
+                                  manifest: Manifest, usable: set[str],
+                                  out: list[Refusal]) -> None:
+    for mf in manifest.files:
+        fact = facts.get(mf.path)
+        if fact is None:
+            out.append(Refusal(Reason.file_missing, mf.path))
+        elif fact.size != mf.size:
+            out.append(Refusal(Reason.size_mismatch, mf.path, f"{fact.size} != {mf.size}"))
+        elif mf.path in usable and reader.sha256(mf.path) != mf.sha256:
+            out.append(Refusal(Reason.sha256_mismatch, mf.path))
+    for path in facts:
+        if path != MANIFEST_NAME and manifest.file(path) is None:
+            out.append(Refusal(Reason.file_not_in_manifest, path))
+
+
+def parse_lora_config(raw: Any) -> LoraConfig:
+    """The subset of a PEFT LoraConfig that vLLM honours; ValueError for anything vLLM would
+    misread or refuse (DoRA, modules_to_save, per-module ranks, regex target_modules)."""
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    if raw.get("peft_type") != "LORA":
+        raise ValueError(f"peft_type must be 'LORA', not {raw.get('peft_type')!r}")
+    rank = raw.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"r must be a positive integer, not {rank!r}")
+    alpha = raw.get("lora_alpha")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise ValueError("lora_alpha must be a number")
+    modules = raw.get("target_modules")
+    if (not isinstance(modules, list) or not modules
+            or not all(isinstance(m, str) and re.fullmatch(r"[A-Za-z0-9_]{1,64}", m)
+                       for m in modules)):
+        raise ValueError("target_modules must be a non-empty list of module names")
+    if raw.get("use_dora"):
+        raise ValueError("DoRA is not supported by vLLM")
+    if raw.get("bias", "none") != "none":
+        raise ValueError(f"bias must be 'none', not {str(raw.get('bias'))[:40]!r}")
+    for key in ("modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform"):
+        if raw.get(key):
+            raise ValueError(f"{key} is not supported")
+    base = raw.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ValueError("base_model_name_or_path is missing")
+    return LoraConfig(rank, frozenset(modules), base)
+
+
+def base_model_matches(config_value: str, base_model: str) -> bool:
+    """adapter_config names its base as a hub id or a path; the worker by an identifier.
+    They match when equal, or when the last path segment, lower-cased, equals it."""
+    return config_value == base_model or config_value.rstrip("/").rsplit("/", 1)[-1].lower() \
+        == base_model
+
+
+def _check_config(reader: ArtifactReader, facts: dict[str, FileFacts], usable: set[str],
+                  limits: WorkerLimits, record: AdapterRecord | None,
+                  out: list[Refusal]) -> LoraConfig | None:
+    if record is not None and record.rank > limits.max_lora_rank:
+        out.append(Refusal(Reason.rank_too_high, detail=f"record rank {record.rank} > "
+                                                        f"{limits.max_lora_rank}"))
+    expected_base = limits.base_model or (record.base_model if record is not None else None)
+    if expected_base is not None and record is not None and record.base_model != expected_base:
+        out.append(Refusal(Reason.base_model_mismatch,
+                           detail=f"record base {record.base_model!r} != {expected_base!r}"))
+    if CONFIG_NAME not in usable:
+        out.append(Refusal(Reason.config_missing, CONFIG_NAME))
+        return None
+    try:
+        config = parse_lora_config(_read_json(reader, facts[CONFIG_NAME]))
+    except ValueError as exc:
+        out.append(Refusal(Reason.config_invalid, CONFIG_NAME, str(exc)[:200]))
+        return None
+    if config.rank > limits.max_lora_rank:
+        out.append(Refusal(Reason.rank_too_high, CONFIG_NAME,
+                           f"r {config.rank} > {limits.max_lora_rank}"))
+    if expected_base is not None and not base_model_matches(config.base_model, expected_base):
+        out.append(Refusal(Reason.base_model_mismatch, CONFIG_NAME,
+                           f"{config.base_model[:100]!r} != {expected_base!r}"))
+    if record is not None:
+        if record.rank != config.rank:
+            out.append(Refusal(Reason.record_mismatch, CONFIG_NAME,
+                               f"r {config.rank} != record rank {record.rank}"))
+        if set(record.compatibility.target_modules) != config.target_modules:
+            out.append(Refusal(Reason.record_mismatch, CONFIG_NAME,
+                               "target_modules differ from the record's"))
+    return config
+
+
+def parse_safetensors_header(reader: ArtifactReader, path: str, file_size: int,
+                             max_header_bytes: int) -> tuple[list[TensorInfo], list[Refusal]]:
+    """Read and validate one safetensors header without ever reading more than
+    ``8 + max_header_bytes`` bytes: the announced length is checked before it is read."""
+    if file_size < 8:
+        return [], [Refusal(Reason.header_invalid, path, "shorter than 8 bytes")]
+    (length,) = struct.unpack("<Q", reader.read(path, 0, 8).ljust(8, b"\0"))
+    if length > max_header_bytes:
+        return [], [Refusal(Reason.header_too_large, path,
+                            f"header claims {length} bytes, limit {max_header_bytes}")]
+    if length < 2 or 8 + length > file_size:
+        return [], [Refusal(Reason.header_invalid, path, f"header length {length} does not "
+                                                         f"fit a {file_size}-byte file")]
+    try:
+        header = json.loads(reader.read(path, 8, length).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return [], [Refusal(Reason.header_invalid, path, "header is not UTF-8 JSON")]
+    if not isinstance(header, dict):
+        return [], [Refusal(Reason.header_invalid, path, "header is not a JSON object")]
+    return _validate_header(header, path, file_size - 8 - length)
+
+
+def _validate_header(header: dict[str, Any], path: str,
+                     data_size: int) -> tuple[list[TensorInfo], list[Refusal]]:
+    out: list[Refusal] = []
+    tensors: list[TensorInfo] = []
+    spans: list[tuple[int, int, str]] = []
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        out.append(Refusal(Reason.header_invalid, path, "__metadata__ must map str to str"))
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            out.append(Refusal(Reason.header_invalid, path, f"tensor {name[:80]!r} malformed"))
+            continue
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPE_BYTES:
+            out.append(Refusal(Reason.tensor_dtype_invalid, path,
+                               f"{name[:80]}: {str(dtype)[:20]}"))
+            continue
+        if not (isinstance(shape, list) and len(shape) <= 8
+                and all(_is_uint(d) and d < 2**40 for d in shape)):
+            out.append(Refusal(Reason.header_invalid, path, f"{name[:80]}: bad shape"))
+            continue
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))
+                and offsets[0] <= offsets[1] <= data_size
+                and offsets[1] - offsets[0] == math.prod(shape) * DTYPE_BYTES[dtype]):
+            out.append(Refusal(Reason.tensor_offsets_invalid, path,
+                               f"{name[:80]}: offsets do not match shape/dtype or file"))
+            continue
+        spans.append((offsets[0], offsets[1], name))
+        tensors.append(TensorInfo(name, dtype, tuple(shape)))
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            what = "overlaps the previous tensor" if begin < end else "leaves a gap"
+            out.append(Refusal(Reason.tensor_offsets_invalid, path, f"{name[:80]} {what}"))
+        end = max(end, stop)
+    if not out and end != data_size:
+        out.append(Refusal(Reason.tensor_offsets_invalid, path,
+                           f"tensors cover {end} of {data_size} data bytes"))
+    return tensors, out
+
+
+def _is_uint(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _read_all_headers(reader: ArtifactReader, facts: dict[str, FileFacts], usable: set[str],
+                      limits: WorkerLimits,
+                      out: list[Refusal]) -> list[tuple[str, TensorInfo]] | None:
+    """Every tensor of every safetensors file, or None when any header is unusable."""
+    if WEIGHTS_NAME not in usable:
+        out.append(Refusal(Reason.weights_missing, WEIGHTS_NAME))
+    found: list[tuple[str, TensorInfo]] = []
+    intact = True
+    for path in sorted(p for p in usable if p.endswith(".safetensors")):
+        tensors, refusals = parse_safetensors_header(reader, path, facts[path].size,
+                                                     limits.max_header_bytes)
+        out.extend(refusals)
+        intact = intact and not refusals
+        found.extend((path, t) for t in tensors)
+    return found if intact and found else None
+
+
+def _check_tensors(tensors: list[tuple[str, TensorInfo]], config: LoraConfig,
+                   model: ModelShape | None, out: list[Refusal]) -> None:
+    """Names and shapes agree with ``r`` / ``target_modules`` (and the model, when known)."""
+    halves: dict[tuple[str, str], set[str]] = {}
+    seen: set[str] = set()
+    for path, t in tensors:
+        parts = t.name.split(".")
+        if t.name in seen:
+            out.append(Refusal(Reason.tensor_name_invalid, path, f"{t.name[:120]} twice"))
+            continue
+        seen.add(t.name)
+        if (len(parts) < 6 or parts[:2] != ["base_model", "model"]
+                or parts[-2] not in ("lora_A", "lora_B") or parts[-1] != "weight"):
+            out.append(Refusal(Reason.tensor_name_invalid, path,
+                               f"{t.name[:120]} is not base_model.model.<site>.<module>."
+                               "lora_{A,B}.weight"))
+            continue
+        site, module, half = ".".join(parts[2:-3]), parts[-3], parts[-2]
+        if module not in config.target_modules:
+            out.append(Refusal(Reason.module_not_targeted, path, t.name[:120]))
+            continue
+        if model is not None and not _site_in_model(model, site, module):
+            out.append(Refusal(Reason.module_not_in_model, path, t.name[:120]))
+            continue
+        if not _shape_fits(t.shape, half, config.rank, model.modules[module] if model else None):
+            out.append(Refusal(Reason.tensor_shape_mismatch, path,
+                               f"{t.name[:120]}: {list(t.shape)} (r={config.rank})"))
+        halves.setdefault((site, module), set()).add(half)
+    for (site, module), got in sorted(halves.items()):
+        if got != {"lora_A", "lora_B"}:
+            out.append(Refusal(Reason.lora_pair_incomplete, detail=f"{site}.{module} has only "
+                                                                   f"{sorted(got)[0]}"))
+    covered = {module for _, module in halves}
+    for module in sorted(config.target_modules - covered):
+        out.append(Refusal(Reason.target_module_missing, CONFIG_NAME,
+                           f"{module} has no lora_A/lora_B weights"))
+
+
+def _site_in_model(model: ModelShape, site: str, module: str) -> bool:
+    m = _LAYER_SITE.match(site)
+    return (m is not None and module in model.modules and int(m.group(1)) < model.num_layers
+            and m.group(2) == model.modules[module].block)
+
+
+def _shape_fits(shape: tuple[int, ...], half: str, rank: int,
+                linear: LinearShape | None) -> bool:
+    if len(shape) != 2:
+        return False
+    if half == "lora_A":
+        return shape[0] == rank and (linear is None or shape[1] == linear.in_features)
+    return shape[1] == rank and (linear is None or shape[0] == linear.out_features)
