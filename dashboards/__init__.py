@@ -1,0 +1,1 @@
+"""Ops views over ClickHouse: the SQL query pack, the built-in web dashboard, Grafana JSON."""

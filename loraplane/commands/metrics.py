@@ -1,0 +1,140 @@
+"""``loraplane metrics migrate|retention|sink``, ``loraplane report`` and ``loraplane dashboard``:
+the ClickHouse side of loraplane, for ops."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+
+import typer
+
+from loraplane.config import get_settings
+
+app = typer.Typer(help="ClickHouse metrics: schema, retention and the Kafka sink.",
+                  no_args_is_help=True)
+
+REPORT_COLUMNS = (
+    ("adapter_id", "adapter"), ("adapter_version", "version"), ("tenant_id", "tenant"),
+    ("base_model", "base model"), ("requests", "requests"), ("gpu_hits", "gpu"),
+    ("host_hits", "host"), ("cold", "cold"), ("base_fallbacks", "fallback"),
+    ("hot_adapter_hit_rate", "hit rate"), ("ttft_p50_ms", "ttft p50"),
+    ("ttft_p95_ms", "ttft p95"), ("ttft_p99_ms", "ttft p99"), ("swap_p95_ms", "swap p95"),
+    ("load_failures", "load fail"), ("kv_namespace_conflicts", "kv conflicts"),
+)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="metrics")
+    root.command("report")(report)
+    root.command("dashboard")(dashboard)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@app.command()
+def migrate() -> None:
+    """Create the database and apply pending migrations (a second run is a no-op)."""
+    from loraplane.metrics.migrations import MigrationError
+    from loraplane.metrics.migrations import migrate as run_migrations
+
+    settings = get_settings()
+    try:
+        result = run_migrations(settings)
+    except (MigrationError, OSError, EOFError) as exc:
+        raise _fail(str(exc)) from None
+    for label in result.applied:
+        typer.echo(f"applied {label}")
+    typer.echo(f"ClickHouse {result.server_version}, database {settings.clickhouse.database}: "
+               f"{len(result.applied)} applied, {len(result.already)} already applied")
+
+
+@app.command()
+def retention(days: int = typer.Option(..., "--days", min=1, help="Keep this many days."),
+              dry_run: bool = typer.Option(False, "--dry-run")) -> None:
+    """Drop daily partitions older than --days (what TTL does on newer ClickHouse)."""
+    from loraplane.metrics.migrations import retention as drop_old
+
+    dropped = drop_old(get_settings(), days, dry_run=dry_run)
+    for part in dropped:
+        typer.echo(f"{'would drop' if dry_run else 'dropped'} {part.table} {part.partition}")
+    typer.echo(f"{len(dropped)} partition(s) older than {days} day(s)")
+
+
+@app.command()
+def sink(batch_size: int = typer.Option(5000, min=1),
+         max_wait_s: float = typer.Option(1.0, min=0.01),
+         group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
+         session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
+         ) -> None:
+    """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
+    until SIGINT/SIGTERM."""
+    from loraplane.metrics.sink import Sink, SinkConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    runner = Sink(get_settings(), SinkConfig(batch_size=batch_size, max_wait_s=max_wait_s,
+                                             group_id=group_id,
+                                             session_timeout_ms=session_timeout_ms))
+    logging.getLogger("loraplane.metrics.sink").info("sink started, group %s", runner.group_id)
+    stats = runner.run(stop)
+    typer.echo(f"sink stopped: {stats.batches} batches, {stats.rows} rows, "
+               f"{stats.dead_letters} dead letters, {stats.retries} retries")
+
+
+def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d ..."),
+           adapter: str = typer.Option("", "--adapter", help="Only this adapter_id."),
+           tenant: str = typer.Option("", "--tenant", help="Only this tenant_id."),
+           base_model: str = typer.Option("", "--base-model"),
+           as_json: bool = typer.Option(False, "--json", help="Rows as JSON.")) -> None:
+    """The per-adapter view from ClickHouse: tiers, hit rate, TTFT and swap percentiles."""
+    from loraplane.metrics.clickhouse import connect
+    from loraplane.metrics.queries import adapter_view, window
+
+    try:
+        params = window(since, adapter_id=adapter, tenant_id=tenant, base_model=base_model)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    client = connect(get_settings())
+    try:
+        rows = adapter_view(client, params)
+    finally:
+        client.disconnect()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"adapters, last {since}")
+    for _, title in REPORT_COLUMNS:
+        table.add_column(title, justify="left" if title in {"adapter", "version", "tenant",
+                                                             "base model"} else "right")
+    for row in rows:
+        table.add_row(*(_cell(row.get(key)) for key, _ in REPORT_COLUMNS))
+    console = Console()
+    # Piped output has no width; 16 columns squeezed into 80 would be unreadable.
+    (console if console.is_terminal else Console(width=200)).print(table)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 1 else f"{value:.1f}"
+    return str(value)
+
+
+def dashboard(port: int = typer.Option(8787, min=1, max=65535),
+              refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period.")
+              ) -> None:
+    """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time)."""
+    from dashboards.web import serve
+
+    serve(get_settings(), port=port, refresh_s=refresh_s)

@@ -1,0 +1,1 @@
+"""Metrics: the Kafka -> ClickHouse sink, the schema migrations and the ops query pack."""

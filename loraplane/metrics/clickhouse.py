@@ -1,0 +1,34 @@
+"""One way to open a ClickHouse connection, so timeouts and the database name live in one place."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clickhouse_driver import Client
+
+    from loraplane.config import Settings
+
+DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def checked_database(name: str) -> str:
+    """Database names end up in DDL (they cannot be bound as parameters), so only plain
+    identifiers are accepted."""
+    if not DATABASE_RE.match(name):
+        raise ValueError(f"invalid ClickHouse database name {name!r}: use letters, digits, _")
+    return name
+
+
+def connect(settings: Settings, *, database: str | None = None, timeout_s: float = 10.0,
+            ) -> Client:
+    """A native-protocol client for ``settings.clickhouse``; ``database=""`` connects to the
+    server's default database (needed before ours exists)."""
+    from clickhouse_driver import Client
+
+    c = settings.clickhouse
+    db = c.database if database is None else database
+    return Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password,
+                  database=checked_database(db) if db else "default",
+                  connect_timeout=min(timeout_s, 5.0), send_receive_timeout=timeout_s)

@@ -1,0 +1,348 @@
+"""Kafka -> ClickHouse: the consumer group that fills the raw metric tables.
+
+Why a confluent-kafka consumer and not a Faust agent: the sink is a pure batch mover with no
+tables, windows or joins. librdkafka prefetches in C threads and ``consume(num_messages,
+timeout)`` hands over up to thousands of messages in one call, which is exactly the shape of a
+columnar ClickHouse insert; an agent would iterate message by message through asyncio
+(aiokafka) and need its own batching on top. It also gives explicit, synchronous offset
+commits, which the exactly-counted design below depends on.
+
+Guarantees:
+
+* Batches close by size (``batch_size``) or age (``max_wait_s``), whichever comes first.
+* Offsets are committed only after every row of the batch was inserted (or dead-lettered and
+  acknowledged by Kafka). A crash in between replays the batch; the replayed rows collapse
+  because every raw table is a ReplacingMergeTree keyed by the event id, and the query pack
+  reads with FINAL, so counts stay exact.
+* ClickHouse (or Kafka for dead letters) unreachable: the consumer pauses its partitions and
+  retries the same batch with exponential backoff; it keeps polling so it stays in the group,
+  Kafka keeps everything that arrives meanwhile, and the sink catches up once it is back.
+* A message that does not decode, or a row ClickHouse rejects (found by bisecting the batch),
+  goes to the dead-letters topic with its reason; the batch's other rows still land. Rows of
+  the dead-letters topic itself are never dead-lettered again (logged instead), so a bad
+  dead letter cannot loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from clickhouse_driver import errors as ch_errors
+
+from infra.topics import topic_name
+from loraplane.bus import DeliveryError, producer
+from loraplane.metrics.clickhouse import connect
+from loraplane.metrics.tables import TABLES, RowError, Table
+from schemas.codec import SchemaError, decode, encode
+from schemas.dead_letter import DeadLetter
+
+if TYPE_CHECKING:
+    from clickhouse_driver import Client
+    from confluent_kafka import Consumer, Message
+
+    from loraplane.config import Settings
+
+log = logging.getLogger("loraplane.metrics.sink")
+
+COMPONENT = "metrics-sink"
+MAX_DEAD_LETTER_RAW = 512 * 1024  # keeps a dead letter under Kafka's default 1 MiB limit
+# ClickHouse error codes that mean "this data is wrong", not "try again later".
+DATA_ERROR_CODES = frozenset({6, 26, 27, 32, 38, 41, 53, 69, 70, 72, 117, 131, 321})
+
+
+class RowRejected(Exception):
+    """ClickHouse (or the driver's type check) refused the rows themselves."""
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    batch_size: int = 5000
+    max_wait_s: float = 1.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 15.0
+    group_id: str | None = None  # default: "<topic_prefix>.metrics-sink"
+    # A dead member holds its partitions until this expires (librdkafka's default is 45 s);
+    # a restarted sink resumes sooner with a shorter one. The broker's minimum is 6 s.
+    session_timeout_ms: int = 10_000
+
+
+@dataclass
+class SinkStats:
+    batches: int = 0
+    rows: int = 0
+    dead_letters: int = 0
+    retries: int = 0
+    by_table: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    """One batch, decoded: rows per table (with their source message) and dead letters."""
+
+    rows: dict[str, list[tuple[tuple[Any, ...], Message]]] = field(default_factory=dict)
+    dead: list[DeadLetter] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _is_rejection(exc: BaseException) -> bool:
+    if isinstance(exc, ch_errors.ServerException):
+        return exc.code in DATA_ERROR_CODES
+    return isinstance(exc, ch_errors.TypeMismatchError | ValueError | OverflowError |
+                      TypeError | struct.error)
+
+
+def dead_letter(msg: Message, reason: str, detail: str) -> DeadLetter:
+    """A dead letter whose id and timestamp depend only on the message, so a replayed batch
+    produces the same record (and it collapses in ClickHouse)."""
+    raw = msg.value() or b""
+    where = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
+    truncated = len(raw) > MAX_DEAD_LETTER_RAW
+    if truncated:
+        detail = f"{detail} [raw truncated from {len(raw)} bytes]"
+    key = msg.key()
+    return DeadLetter(
+        event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
+        ts=datetime.fromtimestamp(max(msg.timestamp()[1], 0) / 1000, UTC),
+        source_topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+        component=COMPONENT, reason=reason[:64], detail=detail[:4096],
+        key_b64=base64.b64encode(key).decode()[:4096] if key else None,
+        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
+    )
+
+
+class Sink:
+    """One member of the metrics-sink consumer group. ``run`` blocks until ``stop`` is set."""
+
+    def __init__(self, settings: Settings, config: SinkConfig = SinkConfig(),
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self.config = config
+        self.stats = SinkStats()
+        self._sleep = sleep
+        self._tables: dict[str, Table] = {topic_name(settings, t.topic_suffix): t
+                                          for t in TABLES}
+        self._dead_letter_topic = topic_name(settings, "dead-letters")
+        self._client: Client | None = None
+        self._revoked = False
+
+    @property
+    def group_id(self) -> str:
+        return self.config.group_id or f"{self.settings.topic_prefix}.metrics-sink"
+
+    def _consumer(self) -> Consumer:
+        from confluent_kafka import Consumer
+
+        from infra.kafka import client_config
+
+        consumer = Consumer(client_config(
+            self.settings, **{"group.id": self.group_id, "enable.auto.commit": False,
+                              "auto.offset.reset": "earliest", "enable.partition.eof": False,
+                              "session.timeout.ms": self.config.session_timeout_ms,
+                              "client.id": COMPONENT}))
+        consumer.subscribe(list(self._tables), on_revoke=self._on_revoke)
+        return consumer
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
+        # Called inside consume(); the loop reacts once consume returns (see _rewind).
+        self._revoked = True
+
+    def run(self, stop: threading.Event | None = None) -> SinkStats:
+        stop = stop or threading.Event()
+        consumer = self._consumer()
+        pending: list[Message] = []
+        opened = 0.0
+        try:
+            while not stop.is_set():
+                wait = self.config.max_wait_s if not pending else max(
+                    0.0, opened + self.config.max_wait_s - time.monotonic())
+                got = self._messages(consumer.consume(
+                    num_messages=self.config.batch_size - len(pending), timeout=min(wait, 0.5)))
+                if self._revoked:
+                    self._rewind(consumer, pending + got)
+                    pending, got = [], []
+                if got and not pending:
+                    opened = time.monotonic()
+                pending += got
+                due = time.monotonic() >= opened + self.config.max_wait_s
+                if pending and (len(pending) >= self.config.batch_size or due):
+                    self._deliver(consumer, pending, stop)
+                    pending = []
+            if pending:
+                self._deliver(consumer, pending, stop)
+        finally:
+            consumer.close()
+            if self._client is not None:
+                self._client.disconnect()
+        return self.stats
+
+    def _rewind(self, consumer: Consumer, dropped: list[Message]) -> None:
+        """Forget uncommitted messages after a rebalance without skipping them: partitions we
+        still own are sought back to the first dropped offset; the others are re-read by
+        their new owner from the committed offset."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._revoked = False
+        first: dict[tuple[str, int], int] = {}
+        for msg in dropped:
+            first.setdefault((msg.topic(), msg.partition()), msg.offset())
+        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        for (topic, partition), offset in first.items():
+            if (topic, partition) in owned:
+                # Not yet fetching (just assigned) means it starts at the committed offset.
+                with contextlib.suppress(KafkaException):
+                    consumer.seek(TopicPartition(topic, partition, offset))
+
+    @staticmethod
+    def _messages(got: list[Message]) -> list[Message]:
+        from confluent_kafka import KafkaException
+
+        good = []
+        for msg in got:
+            err = msg.error()
+            if err is None:
+                good.append(msg)
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("kafka: %s", err)
+        return good
+
+    def decode(self, messages: list[Message]) -> _Batch:
+        """Pure: messages -> rows per table and dead letters (no I/O)."""
+        batch = _Batch()
+        for msg in messages:
+            batch.offsets[(msg.topic(), msg.partition())] = msg.offset()
+            table = self._tables[msg.topic()]
+            try:
+                model = decode(table.model, msg.value())
+                row = table.row(model)
+            except SchemaError as exc:
+                batch.dead.append(dead_letter(msg, exc.reason, str(exc)))
+                continue
+            except RowError as exc:
+                batch.dead.append(dead_letter(msg, "out_of_range", str(exc)))
+                continue
+            batch.rows.setdefault(table.name, []).append((row, msg))
+        return batch
+
+    def _deliver(self, consumer: Consumer, messages: list[Message],
+                 stop: threading.Event) -> None:
+        """Insert, dead-letter, commit; on transient failure pause and retry the same batch."""
+        from confluent_kafka import KafkaException
+
+        batch = self.decode(messages)
+        delay = self.config.backoff_initial_s
+        paused: list[Any] = []
+        while True:
+            try:
+                self._write(batch)
+                if self._revoked:
+                    self._rewind(consumer, messages)
+                    return
+                self._commit(consumer, batch)
+                break
+            except (ch_errors.Error, OSError, EOFError, DeliveryError, KafkaException) as exc:
+                if self._client is not None:
+                    self._client.disconnect()
+                self.stats.retries += 1
+                log.warning("batch of %d not delivered (%s); retrying in %.1fs", len(messages),
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
+                if not paused:
+                    paused = consumer.assignment()
+                    consumer.pause(paused)
+                self._wait(consumer, delay)
+                delay = min(delay * 2, self.config.backoff_max_s)
+                if self._revoked:
+                    self._rewind(consumer, messages)
+                    return
+                if stop.is_set():
+                    return  # uncommitted: replayed by whoever owns the partitions next
+        if paused:
+            consumer.resume(paused)
+        self.stats.batches += 1
+
+    def _wait(self, consumer: Consumer, seconds: float) -> None:
+        """Back off while still polling, so the group keeps us (and rebalances reach us).
+        The partitions are paused, so no messages are returned meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            for msg in consumer.consume(num_messages=1, timeout=min(left, 0.5)):
+                if msg.error() is None:  # fetched before pause: it is re-read after resume
+                    log.debug("ignoring prefetched %s:%d", msg.topic(), msg.partition())
+
+    def _write(self, batch: _Batch) -> None:
+        client = self._connected()
+        rejected: list[DeadLetter] = []
+        for table in TABLES:
+            items = batch.rows.get(table.name)
+            if not items:
+                continue
+            for (_, msg), why in self._insert(client, table, items):
+                if msg.topic() == self._dead_letter_topic:
+                    log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
+                              msg.partition(), msg.offset(), why)
+                else:
+                    rejected.append(dead_letter(msg, "clickhouse_rejected", why))
+            self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(items)
+        self._send_dead_letters(batch.dead + rejected)
+        self.stats.rows += sum(len(v) for v in batch.rows.values())
+
+    def _insert(self, client: Client, table: Table,
+                items: list[tuple[tuple[Any, ...], Message]],
+                ) -> list[tuple[tuple[tuple[Any, ...], Message], str]]:
+        """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
+        return them with the reason (everything else is inserted)."""
+        try:
+            columns = [list(col) for col in zip(*(row for row, _ in items), strict=True)]
+            client.execute(table.insert_sql, columns, columnar=True, types_check=True)
+            return []
+        except Exception as exc:
+            if not _is_rejection(exc):
+                raise
+            if len(items) == 1:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                return [(items[0], f"{type(exc).__name__}: {first}")]
+            mid = len(items) // 2
+            return (self._insert(client, table, items[:mid]) +
+                    self._insert(client, table, items[mid:]))
+
+    def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
+        if not letters:
+            return
+        p = producer(self.settings)
+        failures: list[str] = []
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        for letter in letters:
+            p.produce(self._dead_letter_topic, key=letter.source_topic, value=encode(letter),
+                      on_delivery=on_delivery)
+        if p.flush(20.0) > 0 or failures:
+            raise DeliveryError(f"dead letters not acknowledged: {failures[:3] or 'timeout'}")
+        self.stats.dead_letters += len(letters)
+        for letter in letters:
+            log.warning("dead-lettered %s:%d:%d (%s)", letter.source_topic, letter.partition,
+                        letter.offset, letter.reason)
+
+    def _commit(self, consumer: Consumer, batch: _Batch) -> None:
+        from confluent_kafka import TopicPartition
+
+        consumer.commit(offsets=[TopicPartition(t, p, o + 1)
+                                 for (t, p), o in batch.offsets.items()], asynchronous=False)
+
+    def _connected(self) -> Client:
+        if self._client is None:
+            self._client = connect(self.settings)
+        return self._client

@@ -1,0 +1,108 @@
+"""ClickHouse goes away under load and comes back: nothing is lost, nothing counted twice.
+
+Uses a throwaway ClickHouse server of its own (tmp data dir, free ports, started through
+infra.clickhouse like the stack's), never the shared one.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.clickhouse import ClickHouse
+from infra.processes import wait_until
+from loraplane.config import Settings
+from loraplane.metrics import migrations
+from tests.integration.metrics_env import (
+    count,
+    create_topics,
+    delete_topics,
+    isolated,
+    produce_all,
+    request_events,
+    require_stack,
+    start_sink,
+    stop,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+N = 2400
+CHUNKS = 12
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(server: ClickHouse) -> None:
+    server.process.start(server.prepare())
+    assert wait_until(server.healthy, 60, alive=lambda: server.process.pid() is not None), \
+        f"throwaway ClickHouse did not start: {server.process.tail(20)}"
+
+
+@pytest.fixture
+def private_clickhouse(tmp_path: Path) -> Iterator[tuple[Settings, ClickHouse]]:
+    base = Settings()
+    require_stack(base)
+    settings = isolated(base).model_copy(update={"home": tmp_path / "home"})
+    settings = settings.model_copy(update={"clickhouse": settings.clickhouse.model_copy(
+        update={"tcp_port": free_port(), "http_port": free_port(),
+                "interserver_port": free_port()})})
+    server = ClickHouse(settings)
+    start(server)
+    create_topics(settings)
+    try:
+        yield settings, server
+    finally:
+        server.process.stop()
+        delete_topics(settings)
+
+
+def test_clickhouse_down_under_load_then_back_counts_exact(
+        private_clickhouse: tuple[Settings, ClickHouse], tmp_path: Path) -> None:
+    settings, server = private_clickhouse
+    migrations.migrate(settings)
+    events = request_events(N, seed=23)
+    size = N // CHUNKS
+    log = tmp_path / "sink.log"
+    sink = start_sink(settings, log, "--batch-size", "200", "--max-wait-s", "0.2")
+    restarted = threading.Event()
+
+    def produce_steadily() -> None:
+        for i in range(CHUNKS):
+            produce_all(settings, "requests", events[i * size:(i + 1) * size],
+                        key=lambda m: m.adapter_id)
+            if i == CHUNKS // 2:
+                restarted.wait(60)  # the second half arrives while ClickHouse is back ...
+            elif i > 2 and not restarted.is_set():
+                threading.Event().wait(0.2)  # ... the middle part while it is down
+
+    producer = threading.Thread(target=produce_steadily, daemon=True)
+    try:
+        producer.start()
+        wait_for(lambda: count(settings, "request_log") > 0, 60, f"first rows (log: {log})")
+        server.process.stop()
+        before_outage = sink.poll()
+        threading.Event().wait(4)  # down for a while, under load
+        start(server)
+        restarted.set()
+        wait_for(lambda: count(settings, "request_log") == N, 120,
+                 f"all {N} rows after ClickHouse came back (log: {log})")
+        producer.join(30)
+        assert before_outage is None, "the sink must survive the outage"
+        assert sink.poll() is None
+        assert count(settings, "request_log") == N
+        retries = log.read_text().count("not delivered")
+        print(f"ClickHouse down ~4s under load: {retries} retried batch attempts, "
+              f"{count(settings, 'request_log', final=False)} raw rows, {N} FINAL")
+        assert retries > 0, "the outage should have been noticed"
+    finally:
+        stop(sink)
