@@ -70,10 +70,19 @@ class Settings(BaseSettings):
 
     home: Path = Field(default_factory=lambda: Path.cwd() / ".loraplane")
     topic_prefix: str = "loraplane"
+    keyring_path: Path = Field(
+        default_factory=lambda data: data["home"] / "keyring.yaml",
+        description="Publishers' public keys the registry trusts; re-read when it changes.")
+    schedules_path: Path = Field(
+        default_factory=lambda data: data["home"] / "schedules.yaml",
+        description="Known traffic peaks to prewarm for (streams.schedules); re-read when "
+                    "it changes.")
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
     policy: Policy = Field(default_factory=Policy)
+    api_keys_file: Path | None = Field(
+        None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
 
     @classmethod
     def settings_customise_sources(
@@ -85,6 +94,10 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    @property
+    def api_keys_path(self) -> Path:
+        return self.api_keys_file or self.home / "api-keys.json"
 
     @property
     def state_dir(self) -> Path:

@@ -14,11 +14,13 @@ from schemas.commands import CacheCommand
 from schemas.dead_letter import DeadLetter
 from schemas.lifecycle import LifecycleEvent
 from schemas.manifest import Manifest
+from schemas.registry import AdapterView
 from schemas.request_log import RequestLog
 from schemas.worker_state import WorkerState
 
 MODELS: dict[str, type[BaseModel]] = {
     "adapter_record": AdapterRecord,
+    "adapter_view": AdapterView,
     "audit_record": AuditRecord,
     "cache_command": CacheCommand,
     "cache_event": CacheEvent,

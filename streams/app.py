@@ -8,6 +8,7 @@ them from the changelog, so state survives a kill without a local RocksDB to man
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 import faust
 
@@ -38,7 +39,17 @@ def _make_app() -> faust.App:
 app = _make_app()
 
 
-def load_agents() -> None:
-    """Import every agent module so its agents, tables and timers register on ``app``."""
-    for name in AGENT_MODULES:
+def raw_topic(suffix: str) -> faust.TopicT:
+    """A declared topic (infra.topics) with bytes in and out: agents decode with
+    schemas.codec themselves, so hostile bytes become dead letters instead of crashes."""
+    from infra.topics import topic_name
+
+    return app.topic(topic_name(get_settings(), suffix), key_serializer="raw",
+                     value_serializer="raw")
+
+
+def load_agents(modules: Iterable[str] = AGENT_MODULES) -> None:
+    """Import agent modules (all by default) so their agents, tables and timers register on
+    ``app``; a subset runs one concern alone (e.g. only the registry, in its tests)."""
+    for name in modules:
         importlib.import_module(name)

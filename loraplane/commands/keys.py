@@ -1,0 +1,72 @@
+"""``loraplane keys generate``: a publisher's Ed25519 key pair and its keyring entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def parse_scopes(items: list[str]) -> dict[str, list[str] | str]:
+    """``tenant:acme action:publish action:canary`` -> {"tenants": [...], "actions": [...]};
+    ``tenant:*`` / ``action:*`` mean any."""
+    out: dict[str, list[str] | str] = {"tenants": [], "actions": []}
+    for item in items:
+        kind, _, value = item.partition(":")
+        field = {"tenant": "tenants", "action": "actions"}.get(kind)
+        if field is None or not value:
+            raise typer.BadParameter(f"{item!r}: expected tenant:NAME or action:NAME ('*': any)")
+        current = out[field]
+        out[field] = "*" if value == "*" or current == "*" else [*current, value]
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Publisher signing keys.", no_args_is_help=True)
+
+    @group.command("generate")
+    def generate_cmd(
+        publisher: str = typer.Option(..., "--publisher"),
+        scope: list[str] = typer.Option(..., "--scope",
+                                        help="tenant:NAME or action:NAME, repeatable; '*': any"),
+        key_id: str | None = typer.Option(None, "--key-id", help="Default: PUBLISHER-DATE."),
+        out: Path | None = typer.Option(None, "--out", help="Private key file (mode 0600); "
+                                        "default: HOME/keys/KEY_ID.key"),
+        valid_days: int = typer.Option(365, "--valid-days", min=1),
+        keyring: Path | None = typer.Option(None, "--keyring",
+                                            help="Also append the entry to this keyring file."),
+    ) -> None:
+        """Write a new private key and print its keyring entry (YAML)."""
+        from datetime import timedelta
+
+        from pydantic import ValidationError
+
+        from loraplane.config import get_settings
+        from schemas.base import now_utc
+        from schemas.keyring import KeyEntry, Keyring, KeyringError, load_keyring, save_keyring
+        from schemas.signing import SigningKey
+
+        now = now_utc()
+        kid = key_id or f"{publisher}-{now:%Y%m%d%H%M%S}"
+        key = SigningKey.generate(publisher, kid)
+        try:
+            entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
+                             not_before=now, not_after=now + timedelta(days=valid_days),
+                             scopes=parse_scopes(scope))
+            ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
+            ring = ring.with_key(entry) if keyring else ring
+        except (ValidationError, KeyringError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        path = out or get_settings().home / "keys" / f"{kid}.key"
+        try:
+            key.save(path)
+        except FileExistsError:
+            typer.echo(f"error: {path} exists; keys are never overwritten", err=True)
+            raise typer.Exit(1) from None
+        if keyring:
+            save_keyring(ring, keyring)
+        typer.echo(f"# private key: {path} (mode 0600)", err=True)
+        typer.echo(Keyring(keys=[entry]).to_yaml(), nl=False)
+
+    app.add_typer(group, name="keys")

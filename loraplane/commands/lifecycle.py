@@ -1,0 +1,246 @@
+"""``loraplane publish | canary | promote | rollback | retire | revoke`` and
+``loraplane lifecycle verify``: signed lifecycle events from CI and ops.
+
+Each command signs one event with ``--key`` and produces it with acks=all; it exits 0 only
+once the broker acknowledged it and prints one JSON line for CI logs. The registry agent
+decides later; an acknowledged event may still be rejected (see the audit topic or
+``loraplane registry show``). seq is time-based, see loraplane.lifecycle_events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from loraplane.config import Settings
+    from schemas.lifecycle import LifecycleAction, LifecycleEvent
+
+KEY_OPTION = typer.Option(..., "--key", help="Private key file (loraplane keys generate).")
+ADAPTER_OPTION = typer.Option(..., "--adapter-id")
+VERSION_OPTION = typer.Option(..., "--version", help="The version the action applies to.")
+TENANT_OPTION = typer.Option(None, "--tenant", help="Default: the registry's owner.")
+BASE_OPTION = typer.Option(None, "--base-model", help="Default: the registry's base model.")
+REASON_OPTION = typer.Option("", "--reason", help="Why, for the audit log.")
+TTL_OPTION = typer.Option(60, "--ttl-minutes", min=1, max=7 * 24 * 60,
+                          help="The event expires after this long unapplied.")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def _produce(settings: Settings, event: LifecycleEvent) -> tuple[int, int]:
+    from infra.topics import topic_name
+    from loraplane.bus import DeliveryError, produce_sync
+
+    try:
+        return produce_sync(settings, topic_name(settings, "lifecycle"), event.adapter_id, event)
+    except DeliveryError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _load_key(path: Path) -> Any:
+    from schemas.signing import KeyFileError, SigningKey
+
+    try:
+        return SigningKey.load(path)
+    except KeyFileError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _owner(settings: Settings, adapter_id: str, tenant: str | None,
+           base_model: str | None) -> tuple[str, str]:
+    """Tenant and base model from the options, else from the registry topic."""
+    if tenant and base_model:
+        return tenant, base_model
+    from streams.registry_view import load_registry
+
+    view = load_registry(settings).get(adapter_id)
+    if view is None:
+        raise _fail(f"{adapter_id} is not in the registry; pass --tenant and --base-model")
+    return tenant or view.tenant_id, base_model or view.base_model
+
+
+def _transition(action: LifecycleAction, key_file: Path, adapter_id: str, version: str,
+                tenant: str | None, base_model: str | None, reason: str, ttl_minutes: int,
+                **fields: Any) -> None:
+    from datetime import timedelta
+
+    from pydantic import ValidationError
+
+    from loraplane.config import get_settings
+    from loraplane.lifecycle_events import signed_event
+
+    settings = get_settings()
+    key = _load_key(key_file)
+    tenant_id, base = _owner(settings, adapter_id, tenant, base_model)
+    try:
+        event = signed_event(key, action, adapter_id=adapter_id, tenant_id=tenant_id,
+                             base_model=base, version=version, reason=reason,
+                             ttl=timedelta(minutes=ttl_minutes), **fields)
+    except ValidationError as exc:
+        raise _fail(str(exc)) from None
+    partition, offset = _produce(settings, event)
+    typer.echo(json.dumps({"event_id": event.event_id, "action": str(action),
+                           "adapter_id": adapter_id, "version": version, "seq": event.seq,
+                           "partition": partition, "offset": offset}))
+
+
+def _version_command(action: LifecycleAction) -> Callable[..., None]:
+    """The command of an action that needs nothing but the version (promote/retire/revoke)."""
+
+    def command(adapter_id: str = ADAPTER_OPTION, version: str = VERSION_OPTION,
+                key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
+                base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
+                ttl_minutes: int = TTL_OPTION) -> None:
+        _transition(action, key_file, adapter_id, version, tenant, base_model, reason,
+                    ttl_minutes)
+
+    return command
+
+
+def _is_one_object(data: bytes) -> bool:
+    """A single (possibly pretty-printed) event rather than JSON lines."""
+    try:
+        return isinstance(json.loads(data), dict)
+    except ValueError:
+        return False
+
+
+def register(app: typer.Typer) -> None:
+    from schemas.lifecycle import LifecycleAction
+
+    @app.command("publish")
+    def publish_cmd(
+        adapter_id: str = ADAPTER_OPTION,
+        tenant: str = typer.Option(..., "--tenant"),
+        base_model: str = typer.Option(..., "--base-model"),
+        version: str = typer.Option(..., "--version"),
+        priority: str = typer.Option("silver", "--priority",
+                                     help="bronze | silver | gold | platinum"),
+        artifact: str = typer.Option(..., "--artifact", help="Adapter folder or s3:// prefix."),
+        canary: float | None = typer.Option(None, "--canary",
+                                            help="Also start a canary at this percent."),
+        tokenizer_revision: str = typer.Option("", "--tokenizer-revision"),
+        key_file: Path = KEY_OPTION,
+        reason: str = REASON_OPTION,
+        ttl_minutes: int = TTL_OPTION,
+    ) -> None:
+        """Verify, upload and publish an adapter version (status: published)."""
+        from datetime import timedelta
+
+        from botocore.exceptions import BotoCoreError, ClientError
+        from pydantic import ValidationError
+
+        from loraplane.artifact_publish import (
+            ArtifactError,
+            PublishRequest,
+            build_record,
+            local_folder,
+            upload,
+        )
+        from loraplane.config import get_settings
+        from loraplane.lifecycle_events import signed_event
+        from schemas.adapter import Priority
+
+        settings = get_settings()
+        key = _load_key(key_file)
+        ttl = timedelta(minutes=ttl_minutes)
+        try:
+            request = PublishRequest(adapter_id, tenant, base_model, version, Priority(priority),
+                                     tokenizer_revision)
+            with local_folder(settings, artifact) as folder:
+                record, manifest = build_record(folder, request, settings.s3.bucket)
+                upload(settings, folder, record, manifest)
+            event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
+                                 tenant_id=tenant, base_model=base_model, version=version,
+                                 record=record, reason=reason, ttl=ttl)
+            follow = None if canary is None else signed_event(
+                key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
+                base_model=base_model, version=version, canary_percent=canary,
+                reason=reason, seq=event.seq + 1, ttl=ttl)
+        except (ArtifactError, ValueError, ValidationError) as exc:
+            raise _fail(str(exc)) from None
+        except (BotoCoreError, ClientError) as exc:
+            raise _fail(f"artifact store: {exc}") from None
+        _produce(settings, event)
+        line = {"event_id": event.event_id, "version": version, "sha256": record.sha256,
+                "artifact_uri": record.artifact_uri, "lora_name": record.lora_name,
+                "seq": event.seq}
+        if follow is not None:
+            _produce(settings, follow)
+            line["canary_event_id"] = follow.event_id
+        typer.echo(json.dumps(line))
+
+    @app.command("canary")
+    def canary_cmd(adapter_id: str = ADAPTER_OPTION, version: str = VERSION_OPTION,
+                   percent: float = typer.Option(..., "--percent", help="0-100"),
+                   key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
+                   base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
+                   ttl_minutes: int = TTL_OPTION) -> None:
+        """Serve a published version to PERCENT of the adapter's traffic."""
+        _transition(LifecycleAction.canary, key_file, adapter_id, version, tenant, base_model,
+                    reason, ttl_minutes, canary_percent=percent)
+
+    @app.command("rollback")
+    def rollback_cmd(adapter_id: str = ADAPTER_OPTION,
+                     version: str = typer.Option(..., "--version", help="The active version."),
+                     to: str | None = typer.Option(None, "--to",
+                                                   help="Default: the version it replaced."),
+                     key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
+                     base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
+                     ttl_minutes: int = TTL_OPTION) -> None:
+        """Retire the active version and re-activate an earlier one."""
+        _transition(LifecycleAction.rollback, key_file, adapter_id, version, tenant, base_model,
+                    reason, ttl_minutes, rollback_to=to)
+
+    for action, doc in ((LifecycleAction.promote, "Make a version the active one."),
+                        (LifecycleAction.retire, "Take a version out of service."),
+                        (LifecycleAction.revoke, "Never load a version again; workers evict.")):
+        app.command(str(action), help=doc)(_version_command(action))
+
+    group = typer.Typer(help="Offline checks of lifecycle events.", no_args_is_help=True)
+
+    @group.command("verify")
+    def verify_cmd(
+        file: Path = typer.Argument(..., help="One event (JSON) or JSON lines, in order."),
+        keyring: Path = typer.Option(..., "--keyring"),
+        state: Path | None = typer.Option(None, "--state", help="Registry to start from: "
+                                          "the output of `loraplane registry list --json`."),
+    ) -> None:
+        """Apply the events in order as the registry would; exit 1 if any is rejected."""
+        from schemas.base import now_utc
+        from schemas.keyring import KeyringError, load_keyring
+        from streams.lifecycle import Accepted, AdapterState, evaluate
+        from streams.registry_view import views_from_json
+
+        try:
+            ring = load_keyring(keyring)
+            views = views_from_json(state.read_bytes()) if state else {}
+            data = file.read_bytes()
+        except (KeyringError, OSError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        states = {aid: AdapterState(view=v) for aid, v in views.items()}
+        messages = [data] if _is_one_object(data) \
+            else [line for line in data.splitlines() if line.strip()]
+        rejected = 0
+        for n, raw in enumerate(messages, 1):
+            decision = evaluate(raw, ring, states.get, now_utc())
+            if isinstance(decision, Accepted):
+                states[decision.adapter_id] = decision.state
+                typer.echo(f"{n}: accept {decision.event.action} {decision.adapter_id}@"
+                           f"{decision.event.version} (active: "
+                           f"{decision.state.view.active_version})")
+            else:
+                rejected += 1
+                typer.echo(f"{n}: reject {decision.reason}: {decision.detail}")
+        if rejected:
+            raise typer.Exit(1)
+
+    app.add_typer(group, name="lifecycle")

@@ -1,0 +1,76 @@
+"""``loraplane streams run``: the Faust worker with every agent of streams.app."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    import faust
+
+    from loraplane.config import Settings
+
+
+def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[str]:
+    """Create the tables' changelog topics before the worker starts.
+
+    Faust would create them itself, but on a fresh prefix its consumer can see a just-created
+    changelog with 0 partitions, fail the table's partition check and crash the agent on its
+    first write (seen against Kafka 4.1.1). Created here, they exist with their partitions
+    before Faust's first metadata fetch. Returns the names created.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    from infra.topics import admin_client
+
+    admin = admin_client(settings)
+    existing = admin.list_topics(timeout=15).topics
+    missing = [NewTopic(t.changelog_topic_name,
+                        num_partitions=t.partitions or faust_app.conf.topic_partitions,
+                        replication_factor=1, config={"cleanup.policy": "compact"})
+               for t in faust_app.tables.values() if t.changelog_topic_name not in existing]
+    if not missing:
+        return []
+    for future in admin.create_topics(missing, request_timeout=30).values():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return [t.topic for t in missing]
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The Faust stream processors (registry, scores, planner).",
+                        no_args_is_help=True)
+
+    @group.command("run")
+    def run_cmd(
+        agent: list[str] = typer.Option(
+            [], "--agent", help="Run only this agent module (repeatable); default: all of "
+                                "streams.app.AGENT_MODULES."),
+        loglevel: str = typer.Option("info", "--loglevel", "-l"),
+    ) -> None:
+        """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
+        import sys
+
+        import faust
+
+        from loraplane.config import get_settings
+        from streams.app import AGENT_MODULES, load_agents
+        from streams.app import app as faust_app
+
+        unknown = sorted(set(agent) - set(AGENT_MODULES))
+        if unknown:
+            raise typer.BadParameter(f"not in AGENT_MODULES: {', '.join(unknown)}")
+        get_settings().home.mkdir(parents=True, exist_ok=True)  # Faust's datadir lives there
+        load_agents(agent or AGENT_MODULES)
+        for name in ensure_changelog_topics(get_settings(), faust_app):
+            typer.echo(f"created changelog topic {name}")
+        # faust.Worker (unlike `faust worker`) honours web_enabled=False: no port is bound.
+        faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
+                     stdout=sys.stdout, stderr=sys.stdout).execute_from_commandline()
+
+    app.add_typer(group, name="streams")

@@ -1,0 +1,155 @@
+"""Who may sign what: the keyring file the registry trusts (YAML, or JSON which is YAML).
+
+```yaml
+keys:
+  - key_id: ci-acme-2026a          # unique; events name it in ``key_id``
+    publisher: ci-acme             # events must name the same publisher
+    public_key: <base64 of the raw 32-byte Ed25519 public key>
+    not_before: 2026-01-01T00:00:00Z
+    not_after: 2027-01-01T00:00:00Z
+    revoked: false
+    scopes: {tenants: [acme], actions: [publish, canary]}   # or "*" for either
+```
+
+Rotation is two keys of one publisher valid at once; revocation sets ``revoked: true``
+(the entry stays so that its events are reported as signed by a revoked key, not an
+unknown one). ``KeyringFile`` re-reads the file when it changes, so neither needs a restart.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from schemas.base import Identifier, StrictModel, Timestamp
+from schemas.lifecycle import LifecycleAction
+from schemas.signing import unb64
+
+ANY: Literal["*"] = "*"
+
+
+class KeyringError(ValueError):
+    """The keyring file is missing or invalid; the registry then trusts nobody."""
+
+
+class Scopes(StrictModel):
+    tenants: list[Identifier] | Literal["*"] = Field(min_length=1)
+    actions: list[LifecycleAction] | Literal["*"] = Field(min_length=1)
+
+    def allows_tenant(self, tenant_id: str) -> bool:
+        return self.tenants == ANY or tenant_id in self.tenants
+
+    def allows_action(self, action: LifecycleAction) -> bool:
+        return self.actions == ANY or action in self.actions
+
+
+class KeyEntry(StrictModel):
+    key_id: Identifier
+    publisher: Identifier
+    public_key: str = Field(max_length=64)
+    not_before: Timestamp
+    not_after: Timestamp
+    revoked: bool = False
+    scopes: Scopes
+
+    @field_validator("public_key")
+    @classmethod
+    def _ed25519(cls, v: str) -> str:
+        unb64(v, 32)
+        return v
+
+    @model_validator(mode="after")
+    def _window(self) -> KeyEntry:
+        if self.not_after <= self.not_before:
+            raise ValueError("not_after must be after not_before")
+        return self
+
+    def window_problem(self, now: datetime) -> Literal["expired", "not_yet_valid"] | None:
+        """Why the key cannot sign at ``now``, if it cannot."""
+        if now < self.not_before:
+            return "not_yet_valid"
+        if now >= self.not_after:
+            return "expired"
+        return None
+
+
+class Keyring(StrictModel):
+    keys: list[KeyEntry] = Field(default_factory=list, max_length=10_000)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique_ids(cls, v: list[KeyEntry]) -> list[KeyEntry]:
+        ids = [k.key_id for k in v]
+        if len(set(ids)) != len(ids):
+            raise ValueError("duplicate key_id")
+        return v
+
+    def get(self, key_id: str) -> KeyEntry | None:
+        return next((k for k in self.keys if k.key_id == key_id), None)
+
+    def with_key(self, entry: KeyEntry) -> Keyring:
+        if self.get(entry.key_id) is not None:
+            raise KeyringError(f"key_id {entry.key_id} is already in the keyring")
+        return Keyring(keys=[*self.keys, entry])
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def parse_keyring(text: str, source: str = "keyring") -> Keyring:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+        return Keyring.model_validate(data if data is not None else {})
+    except yaml.YAMLError as exc:
+        raise KeyringError(f"{source}: not YAML/JSON: {exc}") from None
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise KeyringError(f"{source}: {fields}") from None
+
+
+def load_keyring(path: Path) -> Keyring:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise KeyringError(f"{path}: {exc.strerror or exc}") from None
+    return parse_keyring(text, str(path))
+
+
+def save_keyring(keyring: Keyring, path: Path) -> None:
+    """Atomic replace, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(keyring.to_yaml())
+    os.replace(tmp, path)
+
+
+class KeyringFile:
+    """The keyring at ``path``, re-read whenever the file's identity, size or mtime changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._keyring: Keyring | None = None
+
+    def current(self) -> Keyring:
+        """The keyring as the file says now; KeyringError if it is missing or invalid (the
+        previous contents are never used once the file changed: a bad edit fails closed)."""
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            self._stamp = self._keyring = None
+            raise KeyringError(f"{self.path}: {exc.strerror or exc}") from None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp != self._stamp or self._keyring is None:
+            self._stamp, self._keyring = stamp, None
+            self._keyring = load_keyring(self.path)
+        return self._keyring
+

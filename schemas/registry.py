@@ -1,0 +1,62 @@
+"""The registry's current view of one adapter: every version it has seen and which one serves.
+
+This is the value of the compacted registry topic (key = adapter_id). One message per adapter
+holds all its versions because several serve at once (the active one and canaries), and the
+planner needs the revoked ones to order evictions.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from schemas.adapter import AdapterRecord, AdapterStatus
+from schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
+
+
+class AdapterView(StrictModel):
+    schema_version: Literal[1] = 1
+    adapter_id: Identifier
+    tenant_id: Identifier = Field(description="owner: the first publish decides, never changes")
+    base_model: Identifier
+    active_version: Version | None = Field(None, description="None: requests use the base model")
+    versions: list[AdapterRecord] = Field(min_length=1, max_length=10_000,
+                                          description="ordered by version, oldest first")
+    last_seq: int = Field(ge=1, le=2**62, description="seq of the last accepted event")
+    last_event_id: Identifier
+    updated_at: Timestamp
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AdapterView:
+        keys = [version_key(r.version) for r in self.versions]
+        if keys != sorted(set(keys)):
+            raise ValueError("versions must be unique and ordered oldest first")
+        for r in self.versions:
+            if (r.adapter_id, r.tenant_id, r.base_model) != (
+                    self.adapter_id, self.tenant_id, self.base_model):
+                raise ValueError(f"version {r.version} belongs to another adapter/tenant/base")
+        active = [r.version for r in self.versions if r.status is AdapterStatus.active]
+        if active != ([self.active_version] if self.active_version else []):
+            raise ValueError(f"active_version {self.active_version} but active records {active}")
+        return self
+
+    def version(self, version: str) -> AdapterRecord | None:
+        """The record of ``version`` (``1`` and ``1.0`` are the same version)."""
+        key = version_key(version)
+        return next((r for r in self.versions if version_key(r.version) == key), None)
+
+    @property
+    def active(self) -> AdapterRecord | None:
+        return self.version(self.active_version) if self.active_version else None
+
+    @property
+    def serving(self) -> list[AdapterRecord]:
+        """Versions that may load: the active one and canaries."""
+        return [r for r in self.versions
+                if r.status in (AdapterStatus.active, AdapterStatus.canary)]
+
+    @property
+    def must_evict(self) -> list[str]:
+        """LoRA names of revoked versions: workers must unload and delete them."""
+        return [r.lora_name for r in self.versions if r.status is AdapterStatus.revoked]

@@ -1,0 +1,110 @@
+"""Ed25519 signatures of lifecycle events and the private key files CI holds.
+
+What is signed is exactly ``LifecycleEvent.signed_bytes()`` (every field except
+``signature``, canonical JSON behind a domain tag); the signature travels base64-encoded in
+``signature``. A key file is JSON (publisher, key_id, raw private key in base64) readable by
+its owner only: it is refused when group or others may read it, as ssh does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from schemas.lifecycle import LifecycleEvent
+
+KEY_FILE_FORMAT = "loraplane.ed25519.v1"
+
+
+class KeyFileError(ValueError):
+    """A private key file that is missing, unreadable, too open or not ours."""
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str, length: int) -> bytes:
+    """Strict base64 of exactly ``length`` bytes; ValueError otherwise."""
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    if len(raw) != length:
+        raise ValueError(f"expected {length} bytes, got {len(raw)}")
+    return raw
+
+
+def public_key(text: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(unb64(text, 32))
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    publisher: str
+    key_id: str
+    private_key: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls, publisher: str, key_id: str) -> SigningKey:
+        return cls(publisher, key_id, Ed25519PrivateKey.generate())
+
+    @property
+    def public_key_b64(self) -> str:
+        return b64(self.private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+
+    def sign(self, event: LifecycleEvent) -> LifecycleEvent:
+        """The event with this key's publisher, key_id and signature filled in."""
+        unsigned = event.model_copy(update={"publisher": self.publisher, "key_id": self.key_id,
+                                            "signature": ""})
+        signature = self.private_key.sign(unsigned.signed_bytes())
+        return unsigned.model_copy(update={"signature": b64(signature)})
+
+    def save(self, path: Path) -> None:
+        """Write the key file with mode 0600; never overwrites an existing file."""
+        raw = self.private_key.private_bytes(serialization.Encoding.Raw,
+                                             serialization.PrivateFormat.Raw,
+                                             serialization.NoEncryption())
+        body = json.dumps({"format": KEY_FILE_FORMAT, "publisher": self.publisher,
+                           "key_id": self.key_id, "private_key": b64(raw)}, indent=2) + "\n"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+
+    @classmethod
+    def load(cls, path: Path) -> SigningKey:
+        try:
+            mode = path.stat().st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise KeyFileError(f"{path}: mode {stat.filemode(mode)} lets others read the "
+                                   f"key; run `chmod 600 {path}`")
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.get("format") != KEY_FILE_FORMAT:
+                raise KeyFileError(f"{path}: not a {KEY_FILE_FORMAT} key file")
+            key = Ed25519PrivateKey.from_private_bytes(unb64(str(data["private_key"]), 32))
+            return cls(str(data["publisher"]), str(data["key_id"]), key)
+        except KeyFileError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KeyFileError(f"{path}: {exc}") from None
+
+
+def verify(event: LifecycleEvent, key: Ed25519PublicKey) -> bool:
+    """True only for a well-formed signature of exactly ``event.signed_bytes()``."""
+    try:
+        signature = unb64(event.signature, 64)
+        key.verify(signature, event.signed_bytes())
+    except (ValueError, InvalidSignature):
+        return False
+    return True

@@ -1,0 +1,333 @@
+"""The registry's trust boundary and state machine. Pure: no I/O, the clock is an argument.
+
+``evaluate`` takes one lifecycle message (raw bytes as they came off Kafka, or a decoded
+event), the keyring, the registry's current state of that adapter and ``now``, and returns
+``Accepted`` (the adapter's new state) or ``Rejected`` (a stable ``Reason`` code and a
+human-readable detail). Checks run in this order, so each hostile event gets one reason:
+
+1. bytes -> event (malformed / invalid / too_large / canary_percent_out_of_range), and the
+   Kafka key must be the event's adapter_id (the table is partitioned by it);
+2. the key: known, bound to the event's publisher, not revoked, inside its validity window;
+   then the Ed25519 signature over ``LifecycleEvent.signed_bytes()``; then the key's scopes;
+3. freshness: not expired, not issued in the future, a bounded lifetime, event_id not seen
+   while still unexpired, seq greater than the adapter's last accepted seq;
+4. ownership: the adapter's tenant and base model never change;
+5. the action's own rules (publish only newer versions, canary/promote only known,
+   unrevoked versions, rollback only from the active version to a known one, ...).
+
+Redelivery after a crash cannot double-apply an event: the replay set and the seq check
+reject the second copy. The replay set keeps each event id until the event expires, so it
+stays bounded by the events of one lifetime window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from pydantic import Field
+
+from schemas.adapter import AdapterRecord, AdapterStatus, Release
+from schemas.audit import AuditRecord
+from schemas.base import Identifier, StrictModel, Timestamp, version_key
+from schemas.codec import SchemaError, decode, encode
+from schemas.keyring import KeyEntry, Keyring
+from schemas.lifecycle import LifecycleAction, LifecycleEvent
+from schemas.registry import AdapterView
+from schemas.signing import public_key, verify
+
+MAX_EVENT_LIFETIME = timedelta(days=7)
+"""Bounds the replay set: an event id is remembered until its event expires."""
+CLOCK_SKEW = timedelta(minutes=5)
+"""How far in the future ``issued_at`` may be (publishers' clocks are not ours)."""
+
+
+class Reason(StrEnum):
+    # the bytes
+    malformed = "malformed"
+    invalid = "invalid"
+    too_large = "too_large"
+    canary_percent_out_of_range = "canary_percent_out_of_range"
+    key_mismatch = "key_mismatch"  # Kafka key != adapter_id
+    # trust
+    keyring_unavailable = "keyring_unavailable"
+    unknown_key = "unknown_key"
+    key_publisher_mismatch = "key_publisher_mismatch"
+    key_revoked = "key_revoked"
+    key_expired = "key_expired"
+    key_not_yet_valid = "key_not_yet_valid"
+    bad_signature = "bad_signature"
+    action_out_of_scope = "action_out_of_scope"
+    tenant_out_of_scope = "tenant_out_of_scope"
+    # freshness and order
+    event_expired = "event_expired"
+    event_from_future = "event_from_future"
+    event_lifetime_too_long = "event_lifetime_too_long"
+    replayed_event_id = "replayed_event_id"
+    stale_seq = "stale_seq"
+    # ownership and registry rules
+    tenant_mismatch = "tenant_mismatch"
+    base_model_mismatch = "base_model_mismatch"
+    version_not_newer = "version_not_newer"
+    unknown_version = "unknown_version"
+    version_revoked = "version_revoked"
+    rollback_to_unknown = "rollback_to_unknown"
+    invalid_transition = "invalid_transition"
+
+
+class AdapterState(StrictModel):
+    """What the registry table keeps per adapter: the public view plus the replay set."""
+
+    view: AdapterView
+    seen: dict[Identifier, Timestamp] = Field(
+        default_factory=dict, description="accepted event_id -> its expires_at")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    event: LifecycleEvent
+    state: AdapterState
+    audit: AuditRecord
+
+    @property
+    def adapter_id(self) -> str:
+        return self.event.adapter_id
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: Reason
+    detail: str
+    audit: AuditRecord
+    event: LifecycleEvent | None = None
+
+
+Decision = Accepted | Rejected
+StateLookup = Callable[[str], AdapterState | None]
+
+
+class _Reject(Exception):
+    def __init__(self, reason: Reason, detail: str) -> None:
+        self.reason, self.detail = reason, detail
+
+
+def evaluate(message: bytes | LifecycleEvent, keyring: Keyring | None, registry: StateLookup,
+             now: datetime, key: bytes | None = None) -> Decision:
+    """Decide one lifecycle message. Never raises for any input bytes.
+
+    ``registry(adapter_id)`` returns the adapter's current state or None; ``key`` is the
+    Kafka message key (checked against adapter_id when given); ``keyring=None`` means the
+    keyring could not be read, and then nothing is trusted.
+    """
+    raw = message if isinstance(message, bytes) else encode(message)
+    event = message if isinstance(message, LifecycleEvent) else None
+    try:
+        if event is None:
+            event = _decode(raw)
+        if key is not None and key != event.adapter_id.encode():
+            raise _Reject(Reason.key_mismatch,
+                          f"message key {key[:64]!r} is not adapter_id {event.adapter_id!r}")
+        _check_trust(event, keyring, now)
+        state = registry(event.adapter_id)
+        _check_fresh(event, state, now)
+        view = _apply(event, state.view if state else None, now)
+    except _Reject as r:
+        return Rejected(r.reason, r.detail, _audit(raw, event, now, r.reason, r.detail), event)
+    seen = {eid: exp for eid, exp in (state.seen if state else {}).items() if exp > now}
+    seen[event.event_id] = event.expires_at
+    return Accepted(event, AdapterState(view=view, seen=seen),
+                    _audit(raw, event, now, None, f"active={view.active_version}"))
+
+
+def _decode(raw: bytes) -> LifecycleEvent:
+    try:
+        return decode(LifecycleEvent, raw)
+    except SchemaError as exc:
+        detail = "; ".join(f"{loc}: {msg}" for loc, msg in exc.errors)
+        if any(loc == "canary_percent" and ("greater than" in msg or "less than" in msg)
+               for loc, msg in exc.errors):
+            raise _Reject(Reason.canary_percent_out_of_range, detail) from None
+        raise _Reject(Reason(exc.reason), detail) from None
+
+
+def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) -> None:
+    if keyring is None:
+        raise _Reject(Reason.keyring_unavailable, "the keyring could not be read")
+    entry: KeyEntry | None = keyring.get(event.key_id)
+    if entry is None:
+        raise _Reject(Reason.unknown_key, f"key_id {event.key_id!r} is not in the keyring")
+    if entry.publisher != event.publisher:
+        raise _Reject(Reason.key_publisher_mismatch,
+                      f"key {entry.key_id} belongs to {entry.publisher}, not {event.publisher}")
+    if entry.revoked:
+        raise _Reject(Reason.key_revoked, f"key {entry.key_id} is revoked")
+    problem = entry.window_problem(now)
+    if problem == "expired":
+        raise _Reject(Reason.key_expired, f"key {entry.key_id} expired {entry.not_after}")
+    if problem == "not_yet_valid":
+        raise _Reject(Reason.key_not_yet_valid,
+                      f"key {entry.key_id} is valid from {entry.not_before}")
+    if not verify(event, public_key(entry.public_key)):
+        raise _Reject(Reason.bad_signature, f"signature does not verify with key {entry.key_id}")
+    if not entry.scopes.allows_action(event.action):
+        raise _Reject(Reason.action_out_of_scope,
+                      f"key {entry.key_id} may not sign {event.action}")
+    if not entry.scopes.allows_tenant(event.tenant_id):
+        raise _Reject(Reason.tenant_out_of_scope,
+                      f"key {entry.key_id} may not sign for tenant {event.tenant_id}")
+
+
+def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetime) -> None:
+    if event.expires_at <= now:
+        raise _Reject(Reason.event_expired, f"expired at {event.expires_at}")
+    if event.issued_at > now + CLOCK_SKEW:
+        raise _Reject(Reason.event_from_future, f"issued_at {event.issued_at} is ahead of now")
+    if event.expires_at - event.issued_at > MAX_EVENT_LIFETIME:
+        raise _Reject(Reason.event_lifetime_too_long,
+                      f"lifetime over {MAX_EVENT_LIFETIME.days} days")
+    if state is None:
+        return
+    if event.event_id in state.seen:
+        raise _Reject(Reason.replayed_event_id, f"event_id {event.event_id} was already accepted")
+    if event.seq <= state.view.last_seq:
+        raise _Reject(Reason.stale_seq,
+                      f"seq {event.seq} <= last accepted {state.view.last_seq}")
+    if event.tenant_id != state.view.tenant_id:
+        raise _Reject(Reason.tenant_mismatch,
+                      f"adapter belongs to tenant {state.view.tenant_id}, not {event.tenant_id}")
+    if event.base_model != state.view.base_model:
+        raise _Reject(Reason.base_model_mismatch,
+                      f"adapter is for {state.view.base_model}, not {event.base_model}")
+
+
+def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> AdapterView:
+    """The adapter's next view; raises _Reject when the action does not fit the state."""
+    if event.action is LifecycleAction.publish:
+        records = _publish(event, view)
+    else:
+        if view is None:
+            raise _Reject(Reason.unknown_version,
+                          f"adapter {event.adapter_id} has no published version")
+        records = {r.version: r for r in view.versions}
+        current = _known(view, event.version, Reason.unknown_version)
+        _TRANSITIONS[event.action](event, view, current, records)
+    versions = sorted(records.values(), key=lambda r: version_key(r.version))
+    active = next((r.version for r in versions if r.status is AdapterStatus.active), None)
+    return AdapterView(adapter_id=event.adapter_id, tenant_id=event.tenant_id,
+                       base_model=event.base_model, active_version=active, versions=versions,
+                       last_seq=event.seq, last_event_id=event.event_id, updated_at=now)
+
+
+def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, AdapterRecord]:
+    record = event.record
+    assert record is not None  # the model guarantees it for publish
+    if record.status is not AdapterStatus.published or record.release != Release():
+        raise _Reject(Reason.invalid, "record.status must be 'published' and record.release "
+                                      "empty: canary and promote are their own events")
+    records = {r.version: r for r in view.versions} if view else {}
+    newest = max(records.values(), key=lambda r: version_key(r.version), default=None)
+    if newest is not None and version_key(event.version) <= version_key(newest.version):
+        raise _Reject(Reason.version_not_newer,
+                      f"{event.version} is not newer than {newest.version}; going back is "
+                      f"only the explicit rollback action")
+    records[record.version] = record
+    return records
+
+
+def _known(view: AdapterView, version: str, unknown: Reason) -> AdapterRecord:
+    record = view.version(version)
+    if record is None:
+        raise _Reject(unknown, f"version {version} was never published for {view.adapter_id}")
+    if record.status is AdapterStatus.revoked:
+        raise _Reject(Reason.version_revoked, f"version {record.version} is revoked")
+    return record
+
+
+def _set(records: dict[str, AdapterRecord], record: AdapterRecord, status: AdapterStatus,
+         canary_percent: float = 0.0, rollback_to: str | None = None) -> None:
+    records[record.version] = record.model_copy(update={
+        "status": status,
+        "release": Release(canary_percent=canary_percent, rollback_to=rollback_to)})
+
+
+def _refuse_status(record: AdapterRecord, *bad: AdapterStatus, hint: str = "") -> None:
+    if record.status in bad:
+        raise _Reject(Reason.invalid_transition,
+                      f"version {record.version} is {record.status}{hint}")
+
+
+def _canary(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
+            records: dict[str, AdapterRecord]) -> None:
+    _refuse_status(current, AdapterStatus.active, AdapterStatus.retired,
+                   hint="; canary applies to published or canary versions")
+    _set(records, current, AdapterStatus.canary, event.canary_percent or 0.0)
+
+
+def _promote(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
+             records: dict[str, AdapterRecord]) -> None:
+    _refuse_status(current, AdapterStatus.active, AdapterStatus.retired,
+                   hint="; use rollback to re-activate a retired version")
+    previous = view.active
+    if previous is not None:
+        _set(records, previous, AdapterStatus.retired, rollback_to=previous.release.rollback_to)
+    _set(records, current, AdapterStatus.active,
+         rollback_to=previous.version if previous else None)
+
+
+def _rollback(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
+              records: dict[str, AdapterRecord]) -> None:
+    if current.status is not AdapterStatus.active:
+        raise _Reject(Reason.invalid_transition,
+                      f"version {current.version} is {current.status}, not active; rollback "
+                      f"applies to the active version (retire a canary instead)")
+    wanted = event.rollback_to or current.release.rollback_to
+    if wanted is None:
+        raise _Reject(Reason.rollback_to_unknown,
+                      f"{current.version} has no previous version; name one in rollback_to")
+    target = _known(view, wanted, Reason.rollback_to_unknown)
+    if target.version == current.version:
+        raise _Reject(Reason.invalid_transition, "rollback_to is the active version")
+    _set(records, current, AdapterStatus.retired, rollback_to=current.release.rollback_to)
+    _set(records, target, AdapterStatus.active, rollback_to=target.release.rollback_to)
+
+
+def _retire(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
+            records: dict[str, AdapterRecord]) -> None:
+    _refuse_status(current, AdapterStatus.retired)
+    _set(records, current, AdapterStatus.retired, rollback_to=current.release.rollback_to)
+
+
+def _revoke(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
+            records: dict[str, AdapterRecord]) -> None:
+    _set(records, current, AdapterStatus.revoked)
+
+
+_TRANSITIONS = {
+    LifecycleAction.canary: _canary,
+    LifecycleAction.promote: _promote,
+    LifecycleAction.rollback: _rollback,
+    LifecycleAction.retire: _retire,
+    LifecycleAction.revoke: _revoke,
+}
+
+
+def _audit(raw: bytes, event: LifecycleEvent | None, now: datetime, reason: Reason | None,
+           detail: str) -> AuditRecord:
+    """The audit record of one decision. Its id derives from the bytes and the outcome, so
+    deciding the same message the same way twice yields one id readers can deduplicate."""
+    outcome = str(reason or "accepted").encode()
+    return AuditRecord(
+        event_id=f"registry-{hashlib.sha256(outcome + b'|' + raw).hexdigest()[:40]}",
+        ts=now, component="registry",
+        action=str(event.action) if event else "unknown",
+        decision="rejected" if reason else "accepted",
+        reason=str(reason or ""),
+        subject_event_id=event.event_id if event else None,
+        tenant_id=event.tenant_id if event else None,
+        adapter_id=event.adapter_id if event else None,
+        version=event.version if event else None,
+        actor=event.publisher if event else "",
+        detail=detail[:2048])

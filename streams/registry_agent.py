@@ -1,0 +1,116 @@
+"""The registry agent: signed lifecycle events in, the adapter registry out.
+
+It reads the lifecycle topic as raw bytes (so hostile bytes reach our decoder, not Faust's),
+asks the pure ``streams.lifecycle.evaluate`` for a decision, and then:
+- accepted: the adapter's new state goes to the ``registry`` table (changelog-backed, rebuilt
+  on restart) and its public view to the compacted registry topic;
+- rejected: a DeadLetter with the reason, the detail and the original bytes;
+- always: an AuditRecord of the decision.
+
+Processing is at-least-once; a message redelivered after a crash is rejected by the replay
+and seq checks instead of being applied twice. If the crash fell between the table write and
+the registry-topic mirror, that replay re-sends the mirror, so the topic heals itself.
+The keyring file (``settings.keyring_path``) is re-read whenever it changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+
+import faust
+
+from infra.topics import spec
+from loraplane.config import get_settings
+from schemas.base import now_utc
+from schemas.codec import encode
+from schemas.dead_letter import DeadLetter
+from schemas.keyring import Keyring, KeyringError, KeyringFile
+from streams.app import app, raw_topic
+from streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
+
+log = logging.getLogger(__name__)
+
+MAX_DEAD_LETTER_RAW = 512 * 1024
+"""Raw bytes kept in a dead letter; base64 of more would not fit Kafka's default 1 MB."""
+
+settings = get_settings()
+
+
+lifecycle_topic = raw_topic("lifecycle")
+registry_topic = raw_topic("registry")
+audit_topic = raw_topic("audit")
+dead_letter_topic = raw_topic("dead-letters")
+
+registry_table = app.Table(
+    "registry", partitions=spec("lifecycle").partitions,
+    help="adapter_id -> AdapterState as JSON: versions, active version, seq, replay set")
+
+keyring_file = KeyringFile(settings.keyring_path)
+
+
+def adapter_state(adapter_id: str) -> AdapterState | None:
+    """The table's state of one adapter (for this agent and the planner in the same app)."""
+    raw = registry_table.get(adapter_id)
+    return AdapterState.model_validate(raw) if raw is not None else None
+
+
+def _keyring() -> Keyring | None:
+    try:
+        return keyring_file.current()
+    except KeyringError as exc:
+        log.error("keyring unavailable, rejecting lifecycle events: %s", exc)
+        return None
+
+
+def dead_letter(reason: str, detail: str, raw: bytes, key: bytes | None, partition: int,
+                offset: int) -> DeadLetter:
+    kept = raw[:MAX_DEAD_LETTER_RAW]
+    truncated = f" (raw truncated to {len(kept)} of {len(raw)} bytes)" if len(kept) < len(raw) \
+        else ""
+    digest = hashlib.sha256(f"{reason}|".encode() + raw).hexdigest()[:40]
+    return DeadLetter(
+        event_id=f"dlq-{digest}", ts=now_utc(),
+        source_topic=lifecycle_topic.get_topic_name(), partition=partition, offset=offset,
+        component="registry", reason=reason, detail=detail[:4000] + truncated,
+        key_b64=base64.b64encode(key[:3000]).decode() if key is not None else None,
+        raw_b64=base64.b64encode(kept).decode())
+
+
+async def _publish(decision: Decision, raw: bytes, key: bytes | None, partition: int,
+                   offset: int) -> None:
+    if isinstance(decision, Accepted):
+        registry_table[decision.adapter_id] = decision.state.model_dump(mode="json")
+        await registry_topic.send(key=decision.adapter_id.encode(),
+                                  value=encode(decision.state.view))
+    else:
+        await dead_letter_topic.send(key=key, value=encode(dead_letter(
+            str(decision.reason), decision.detail, raw, key, partition, offset)))
+        state = adapter_state(decision.event.adapter_id) if decision.event else None
+        if (decision.reason is Reason.replayed_event_id and state is not None
+                and state.view.last_event_id == decision.event.event_id):
+            await registry_topic.send(key=decision.event.adapter_id.encode(),
+                                      value=encode(state.view))
+    await audit_topic.send(key=decision.audit.adapter_id.encode()
+                           if decision.audit.adapter_id else key,
+                           value=encode(decision.audit))
+
+
+@app.agent(lifecycle_topic)
+async def registry_agent(stream: faust.StreamT) -> None:
+    async for event in stream.events():
+        message = event.message
+        raw = event.value if isinstance(event.value, bytes) else b""
+        key = event.key if isinstance(event.key, bytes) else None
+        try:
+            decision = evaluate(raw, _keyring(), adapter_state, now_utc(), key=key or b"")
+            log.info("lifecycle p%s@%s %s: %s %s", message.partition, message.offset,
+                     decision.audit.action, decision.audit.decision, decision.audit.reason)
+            await _publish(decision, raw, key, message.partition, message.offset)
+        except Exception as exc:  # a bug or a broken table must not drop the event silently
+            log.exception("lifecycle p%s@%s: internal error", message.partition,
+                          message.offset)
+            await dead_letter_topic.send(key=key, value=encode(dead_letter(
+                "internal_error", f"{type(exc).__name__}: {exc}", raw, key,
+                message.partition, message.offset)))

@@ -1,0 +1,54 @@
+"""Reading the registry from its compacted topic, for the CLI, the gateway and the planner.
+
+The topic holds one AdapterView per adapter_id (the latest wins); reading it from the start
+gives the whole registry without talking to the Faust app.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from infra.topics import topic_name
+from loraplane.bus import read_topic
+from loraplane.config import Settings
+from schemas.codec import SchemaError, decode
+from schemas.registry import AdapterView
+
+log = logging.getLogger(__name__)
+
+
+def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, AdapterView]:
+    """adapter_id -> its current view. Undecodable records are logged and skipped."""
+    views: dict[str, AdapterView] = {}
+    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s):
+        key = (record.key or b"").decode("utf-8", "replace")
+        if record.value is None:
+            views.pop(key, None)
+            continue
+        try:
+            view = decode(AdapterView, record.value)
+        except SchemaError as exc:
+            log.warning("registry record at %s@%s skipped: %s", record.partition,
+                        record.offset, exc)
+            continue
+        views[view.adapter_id] = view
+    return views
+
+
+def views_to_json(views: dict[str, AdapterView]) -> str:
+    """The whole registry as one JSON object, adapter_id -> view (``registry list --json``)."""
+    return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
+                      indent=2)
+
+
+def views_from_json(data: bytes) -> dict[str, AdapterView]:
+    """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
+    raw = json.loads(data)
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object adapter_id -> view")
+    views = {aid: AdapterView.model_validate(v) for aid, v in raw.items()}
+    for aid, view in views.items():
+        if view.adapter_id != aid:
+            raise ValueError(f"{aid}: holds the view of {view.adapter_id}")
+    return views

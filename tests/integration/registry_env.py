@@ -1,0 +1,112 @@
+"""A registry worker (``loraplane streams run``) on its own topic prefix, for the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from infra import topics
+from loraplane.bus import producer, read_topic
+from loraplane.config import Settings
+from schemas.base import now_utc
+from schemas.codec import encode
+from schemas.keyring import save_keyring
+from schemas.lifecycle import LifecycleEvent
+from schemas.registry import AdapterView
+from streams.registry_view import load_registry
+from tests.lifecycle_kit import Kit, make_kit
+
+LOG_READY = "Worker ready"
+LORAPLANE = str(Path(sys.executable).parent / "loraplane")
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = probe()
+        if found is not None:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Env:
+    settings: Settings
+    kit: Kit
+    home: Path
+    env: dict[str, str]
+    worker: subprocess.Popen | None = None
+
+    @classmethod
+    def create(cls, stack: Settings, home: Path) -> Env:
+        """Topics for a fresh prefix and a keyring file; no worker yet."""
+        prefix = f"t-{uuid.uuid4().hex[:10]}"
+        settings = stack.model_copy(update={"topic_prefix": prefix, "home": home,
+                                            "keyring_path": home / "keyring.yaml"})
+        topics.apply(settings)
+        kit = make_kit(now_utc())
+        save_keyring(kit.keyring, settings.keyring_path)
+        return cls(settings, kit, home, {
+            **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
+            "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)})
+
+    def start(self, agents: tuple[str, ...] = ("streams.registry_agent",)) -> None:
+        """Start ``loraplane streams run`` with ``agents`` (empty: every agent)."""
+        log_path = self.home / "streams.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with log_path.open("a") as log:
+            self.worker = subprocess.Popen(
+                [LORAPLANE, "streams", "run", *(a for agent in agents
+                                                   for a in ("--agent", agent))],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: True if LOG_READY in log_path.read_text()[offset:] else None,
+                 "the Faust worker to start", timeout_s=90)
+
+    def stop(self) -> None:
+        if self.worker is None:
+            return
+        self.worker.send_signal(signal.SIGTERM)
+        try:
+            self.worker.wait(20)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait()
+        self.worker = None
+
+    def delete_topics(self) -> None:
+        admin = topics.admin_client(self.settings)
+        prefix = self.settings.topic_prefix
+        names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix)]
+        if names:
+            admin.delete_topics(names, request_timeout=10)
+
+    def topic(self, suffix: str) -> str:
+        return topics.topic_name(self.settings, suffix)
+
+    def send(self, messages: list[tuple[bytes, bytes | LifecycleEvent]]) -> None:
+        p = producer(self.settings)
+        for key, value in messages:
+            p.produce(self.topic("lifecycle"), key=key,
+                      value=value if isinstance(value, bytes) else encode(value))
+        assert p.flush(20) == 0
+
+    def records(self, suffix: str) -> list[bytes]:
+        return [r.value for r in read_topic(self.settings, self.topic(suffix), timeout_s=10,
+                                            idle_s=1.0) if r.value is not None]
+
+    def view(self, adapter_id: str, done: Callable[[AdapterView], bool]) -> AdapterView:
+        def probe() -> AdapterView | None:
+            v = load_registry(self.settings, timeout_s=5).get(adapter_id)
+            return v if v is not None and done(v) else None
+
+        return wait_for(probe, f"registry view of {adapter_id}")

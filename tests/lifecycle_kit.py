@@ -1,0 +1,69 @@
+"""Keys, a keyring and signed lifecycle events for the registry's unit and integration tests."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from loraplane.lifecycle_events import signed_event
+from schemas.adapter import AdapterRecord, Compatibility
+from schemas.keyring import KeyEntry, Keyring, Scopes
+from schemas.lifecycle import LifecycleAction, LifecycleEvent
+from schemas.signing import SigningKey
+
+TENANT = "acme"
+BASE = "tiny-llama"
+CI_ACTIONS = ["publish", "canary", "promote", "rollback", "retire"]
+
+
+@dataclass(frozen=True)
+class Kit:
+    keys: dict[str, SigningKey]
+    keyring: Keyring
+
+    def event(self, key: str, action: str, adapter_id: str, version: str, seq: int,
+              now: datetime, **fields: Any) -> LifecycleEvent:
+        fields.setdefault("tenant_id", TENANT)
+        fields.setdefault("base_model", BASE)
+        if action == "publish" and "record" not in fields:
+            fields["record"] = record(adapter_id, version, fields["tenant_id"],
+                                      fields["base_model"])
+        return signed_event(self.keys[key], LifecycleAction(action), adapter_id=adapter_id,
+                            version=version, seq=seq, now=now, **fields)
+
+
+def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE,
+           rank: int = 8) -> AdapterRecord:
+    sha = hashlib.sha256(f"{adapter_id}@{version}".encode()).hexdigest()
+    return AdapterRecord(
+        adapter_id=adapter_id, base_model=base, version=version, rank=rank,
+        artifact_uri=f"s3://loraplane-artifacts/{adapter_id}/{version}-{sha[:8]}/",
+        sha256=sha, size_bytes=1000, tenant_id=tenant,
+        compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
+
+
+def make_kit(now: datetime) -> Kit:
+    """ci: acme's CI (no revoke); ops: anything; beta: another tenant's CI; ci2: acme's
+    rotated key; revoked / expired / future: keys that must not be trusted at ``now``."""
+    day = timedelta(days=1)
+    specs = {  # name: (publisher, tenants, actions, not_before, not_after, revoked)
+        "ci": ("ci-acme", [TENANT], CI_ACTIONS, now - day, now + 30 * day, False),
+        "ci2": ("ci-acme", [TENANT], CI_ACTIONS, now - day, now + 60 * day, False),
+        "ops": ("ops", "*", "*", now - day, now + 30 * day, False),
+        "beta": ("ci-beta", ["beta"], "*", now - day, now + 30 * day, False),
+        "revoked": ("ci-acme", [TENANT], "*", now - day, now + 30 * day, True),
+        "expired": ("ci-acme", [TENANT], "*", now - 30 * day, now - day, False),
+        "future": ("ci-acme", [TENANT], "*", now + day, now + 30 * day, False),
+    }
+    keys: dict[str, SigningKey] = {}
+    entries = []
+    for name, (publisher, tenants, actions, nb, na, revoked) in specs.items():
+        key = SigningKey.generate(publisher, f"{publisher}-{name}")
+        keys[name] = key
+        entries.append(KeyEntry(key_id=key.key_id, publisher=publisher,
+                                public_key=key.public_key_b64, not_before=nb, not_after=na,
+                                revoked=revoked,
+                                scopes=Scopes(tenants=tenants, actions=actions)))
+    return Kit(keys, Keyring(keys=entries))

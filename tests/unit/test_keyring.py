@@ -1,0 +1,127 @@
+"""Keyring files, key files and their reload (schemas.keyring, schemas.signing)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loraplane.commands.keys import parse_scopes
+from schemas.keyring import KeyringError, KeyringFile, load_keyring, parse_keyring, save_keyring
+from schemas.lifecycle import LifecycleAction
+from schemas.signing import KeyFileError, SigningKey, verify
+from tests.lifecycle_kit import make_kit
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+
+
+def test_round_trip_yaml_and_json(tmp_path: Path) -> None:
+    ring = make_kit(NOW).keyring
+    path = tmp_path / "keyring.yaml"
+    save_keyring(ring, path)
+    assert load_keyring(path) == ring
+    assert parse_keyring(ring.model_dump_json()) == ring  # JSON is YAML too
+
+
+def test_scopes_and_windows() -> None:
+    ring = make_kit(NOW).keyring
+    ci = ring.get("ci-acme-ci")
+    assert ci.scopes.allows_tenant("acme") and not ci.scopes.allows_tenant("beta")
+    assert ci.scopes.allows_action(LifecycleAction.publish)
+    assert not ci.scopes.allows_action(LifecycleAction.revoke)
+    assert ring.get("ops-ops").scopes.allows_tenant("anyone")
+    assert ci.window_problem(NOW) is None
+    assert ring.get("ci-acme-expired").window_problem(NOW) == "expired"
+    assert ring.get("ci-acme-future").window_problem(NOW) == "not_yet_valid"
+
+
+@pytest.mark.parametrize("text, field", [
+    ("keys: [{key_id: a, publisher: p, public_key: 'AAAA', not_before: 2026-01-01T00:00:00Z,"
+     " not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', actions: '*'}}]", "public_key"),
+    ("keys: [{key_id: A!, publisher: p}]", "key_id"),
+    ("keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+     "2027-01-01T00:00:00Z, not_after: 2026-01-01T00:00:00Z, scopes: {tenants: '*', "
+     "actions: [publish]}}]", "not_after"),
+    ("keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+     "2026-01-01T00:00:00Z, not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', "
+     "actions: [deploy]}}]", "actions"),
+    ("keys: [[", "YAML"),
+])
+def test_invalid_keyrings_say_which_field(text: str, field: str) -> None:
+    with pytest.raises(KeyringError, match=field):
+        parse_keyring(text)
+
+
+def test_duplicate_key_ids_are_refused() -> None:
+    ring = make_kit(NOW).keyring
+    with pytest.raises(KeyringError):
+        ring.with_key(ring.keys[0])
+
+
+def test_keyring_file_reloads_on_change_and_fails_closed(tmp_path: Path) -> None:
+    path = tmp_path / "keyring.yaml"
+    ring = make_kit(NOW).keyring
+    save_keyring(ring, path)
+    watched = KeyringFile(path)
+    assert watched.current() == ring
+    revoked = ring.model_copy(update={"keys": [k.model_copy(update={"revoked": True})
+                                               for k in ring.keys]})
+    save_keyring(revoked, path)
+    assert all(k.revoked for k in watched.current().keys)
+    path.write_text("keys: [[")
+    with pytest.raises(KeyringError):
+        watched.current()
+    path.unlink()
+    with pytest.raises(KeyringError):
+        watched.current()
+
+
+def test_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
+    key = SigningKey.generate("ci-acme", "k1")
+    path = tmp_path / "k1.key"
+    key.save(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        key.save(path)
+    loaded = SigningKey.load(path)
+    assert loaded.public_key_b64 == key.public_key_b64 and loaded.key_id == "k1"
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        SigningKey.load(path)
+    other = tmp_path / "junk.key"
+    other.write_text("{}")
+    other.chmod(0o600)
+    with pytest.raises(KeyFileError):
+        SigningKey.load(other)
+
+
+def test_sign_and_verify() -> None:
+    kit = make_kit(NOW)
+    event = kit.event("ci", "promote", "a", "1", 5, NOW)
+    public = kit.keys["ci"].private_key.public_key()
+    assert verify(event, public)
+    assert not verify(event, kit.keys["ops"].private_key.public_key())
+    assert not verify(event.model_copy(update={"seq": 6}), public)
+
+
+@settings(max_examples=100, deadline=None)
+@given(signature=st.text(max_size=100))
+def test_any_signature_text_is_false_not_an_error(signature: str) -> None:
+    kit = make_kit(NOW)
+    event = kit.event("ci", "promote", "a", "1", 5, NOW + timedelta(seconds=1))
+    assert not verify(event.model_copy(update={"signature": signature}),
+                      kit.keys["ci"].private_key.public_key())
+
+
+def test_cli_scope_syntax() -> None:
+    assert parse_scopes(["tenant:acme", "action:publish", "action:canary"]) == {
+        "tenants": ["acme"], "actions": ["publish", "canary"]}
+    assert parse_scopes(["tenant:*", "action:*"]) == {"tenants": "*", "actions": "*"}
+    import typer
+    with pytest.raises(typer.BadParameter):
+        parse_scopes(["team:x"])
