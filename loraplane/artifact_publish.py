@@ -26,6 +26,8 @@ from loraplane.config import Settings
 from schemas.adapter import AdapterRecord, Compatibility, Priority
 from schemas.manifest import Manifest, ManifestFile
 from workers.artifact_dir import DirectoryArtifact
+from workers.artifact_fetch import check_allowed, parse_s3_uri
+from workers.refusal import ArtifactError as FetchRefused
 from workers.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -119,15 +121,10 @@ def s3_client(settings: Settings) -> Any:
     return S3(settings).client()
 
 
-def _split(uri: str) -> tuple[str, str]:
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    return bucket, prefix
-
-
 def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Manifest) -> None:
     """Every manifest file, then manifest.json last: a prefix with a manifest is complete."""
     client = s3_client(settings)
-    bucket, prefix = _split(record.artifact_uri)
+    bucket, prefix = parse_s3_uri(record.artifact_uri)
     for f in manifest.files:
         client.upload_file(str(folder / f.path), bucket, prefix + f.path)
     client.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest.canonical_bytes(),
@@ -145,11 +142,11 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
         yield path
         return
     uri = source if source.endswith("/") else source + "/"
-    if not any(uri.startswith(p) for p in settings.s3.allowed_prefixes):
-        raise ArtifactError(f"{uri} is outside the allowed prefixes "
-                            f"{settings.s3.allowed_prefixes}")
+    try:
+        bucket, prefix = check_allowed(uri, settings.s3.allowed_prefixes)
+    except FetchRefused as exc:
+        raise ArtifactError(str(exc)) from None
     client = s3_client(settings)
-    bucket, prefix = _split(uri)
     with tempfile.TemporaryDirectory(prefix="loraplane-publish-") as tmp:
         listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
         keys = [o["Key"] for o in listing.get("Contents", [])]
