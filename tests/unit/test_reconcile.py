@@ -1,0 +1,207 @@
+"""The pure reconcile rules: idempotence, convergence, cold-load budget, drain, conflicts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
+from schemas.commands import CacheCommand, CommandAction, CommandReason
+from workers.reconcile import (
+    ActualState,
+    BusyRetry,
+    Conflict,
+    DesiredState,
+    Fetch,
+    HostEntry,
+    Load,
+    LoadBudget,
+    Refuse,
+    RemoveHost,
+    Unload,
+    adopt,
+    apply_command,
+    reconcile,
+    registry_by_name,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+BASE = "tiny-llama"
+WORKER = "w1"
+
+
+def record(adapter: str, version: str = "1", status: AdapterStatus = AdapterStatus.active,
+           tenant: str = "t1", base: str = BASE) -> AdapterRecord:
+    sha = (adapter + version).encode().hex().ljust(64, "0")[:64]
+    return AdapterRecord(adapter_id=adapter, base_model=base, version=version, rank=8,
+                         artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/",
+                         sha256=sha, size_bytes=1000, status=status, tenant_id=tenant,
+                         compatibility=Compatibility(target_modules=["q_proj"], max_lora_rank=8))
+
+
+RECORDS = [record(f"a{i}", v) for i in range(6) for v in ("1", "2")]
+REGISTRY = registry_by_name(RECORDS)
+
+
+def command(rec: AdapterRecord, action: CommandAction, cid: str,
+            worker: str = WORKER, deadline: datetime | None = None) -> CacheCommand:
+    return CacheCommand(command_id=cid, worker_id=worker, action=action, base_model=BASE,
+                        tenant_id=rec.tenant_id, adapter_id=rec.adapter_id, version=rec.version,
+                        sha256=rec.sha256, lora_name=rec.lora_name,
+                        reason=CommandReason(rule="test"), issued_at=NOW,
+                        deadline=deadline or NOW + timedelta(minutes=1))
+
+
+def fold(state: DesiredState, commands: list[CacheCommand]) -> DesiredState:
+    for cmd in commands:
+        state, _ = apply_command(state, cmd, worker_id=WORKER, base_model=BASE, now=NOW)
+    return state
+
+
+EMPTY = ActualState(gpu={}, host={})
+commands_st = st.lists(
+    st.builds(lambda i, a, n: command(RECORDS[i], a, f"c{n}"),
+              st.integers(0, len(RECORDS) - 1), st.sampled_from(list(CommandAction)),
+              st.integers(0, 30)),
+    max_size=25)
+
+
+def run(desired: DesiredState, actual: ActualState, budget: int = 6, now: float = 100.0,
+        recent: tuple[float, ...] = ()) -> list:
+    return reconcile(desired, actual, REGISTRY, base_model=BASE,
+                     budget=LoadBudget(budget, recent), now=now)
+
+
+def execute(actions: list, actual: ActualState) -> ActualState:
+    """A perfect executor: what vLLM and the host tier look like after the actions."""
+    gpu, host, ours = dict(actual.gpu), dict(actual.host), dict(actual.loaded_by_agent)
+    for a in actions:
+        match a:
+            case Load(name, rec, _) | Fetch(name, rec, _):
+                host[name] = HostEntry(name, f"/host/{name}", rec.sha256)
+                if isinstance(a, Load):
+                    gpu[name] = ours[name] = f"/host/{name}"
+            case Unload(name, _, _) | Conflict(name, _):
+                gpu.pop(name, None)
+                ours.pop(name, None)
+            case RemoveHost(name, _, _):
+                host.pop(name, None)
+    return replace(actual, gpu=gpu, host=host, loaded_by_agent=ours)
+
+
+@settings(max_examples=150, deadline=None)
+@given(commands_st)
+def test_redelivering_commands_changes_nothing(commands: list[CacheCommand]) -> None:
+    once = fold(DesiredState(), commands)
+    twice = fold(once, commands)
+    assert twice.intents == once.intents
+    assert run(twice, EMPTY) == run(once, EMPTY)
+
+
+@settings(max_examples=150, deadline=None)
+@given(commands_st, st.integers(1, 6), st.lists(st.floats(0, 100), max_size=8))
+def test_never_more_cold_loads_than_the_budget(commands: list[CacheCommand], per_minute: int,
+                                               recent: list[float]) -> None:
+    actions = run(fold(DesiredState(), commands), EMPTY, budget=per_minute,
+                  recent=tuple(recent))
+    loads = [a for a in actions if isinstance(a, Load)]
+    assert len(loads) <= LoadBudget(per_minute, tuple(recent)).remaining(100.0)
+    wanted_gpu = [i for i in fold(DesiredState(), commands).intents.values() if i.tier == "gpu"]
+    busy = [a for a in actions if isinstance(a, BusyRetry)]
+    assert len(loads) + len(busy) == len(wanted_gpu)
+
+
+@settings(max_examples=100, deadline=None)
+@given(commands_st)
+def test_executing_the_actions_converges(commands: list[CacheCommand]) -> None:
+    desired = fold(DesiredState(), commands)
+    actual = EMPTY
+    for _ in range(3):
+        actual = execute(run(desired, actual, budget=100), actual)
+    assert run(desired, actual, budget=100) == []
+    for name, intent in desired.intents.items():
+        assert (name in actual.gpu) == (intent.tier == "gpu")
+
+
+def test_over_budget_is_busy_retry_with_the_time_until_a_slot_frees() -> None:
+    desired = fold(DesiredState(), [command(RECORDS[i], CommandAction.load_gpu, f"c{i}")
+                                    for i in range(3)])
+    actions = run(desired, EMPTY, budget=2, now=100.0, recent=(50.0,))
+    assert [type(a) for a in actions] == [Load, BusyRetry, BusyRetry]
+    assert actions[1].retry_after_s == 10.0
+
+
+def test_old_version_unloads_only_when_drained() -> None:
+    old, new = record("a0", "1"), record("a0", "2")
+    desired = fold(DesiredState(), [command(new, CommandAction.load_gpu, "c1"),
+                                    command(old, CommandAction.demote_to_host, "c2")])
+    actual = ActualState(gpu={old.lora_name: "/host/old"},
+                         host={old.lora_name: HostEntry(old.lora_name, "/host/old", old.sha256)},
+                         in_flight={old.lora_name: 2})
+    actions = run(desired, actual)
+    assert actions == [Load(new.lora_name, new, "c1")]  # new beside old, old still serving
+    drained = replace(execute(actions, actual), in_flight={})
+    assert run(desired, drained) == [Unload(old.lora_name, "demote", "c2")]
+
+
+def test_revoked_is_removed_now_even_in_flight() -> None:
+    rec = record("a1", "1")
+    revoked = {rec.lora_name: rec.model_copy(update={"status": AdapterStatus.revoked})}
+    actual = ActualState(gpu={rec.lora_name: "/h/a1"},
+                         host={rec.lora_name: HostEntry(rec.lora_name, "/h/a1", rec.sha256)},
+                         in_flight={rec.lora_name: 5})
+    desired = fold(DesiredState(), [command(rec, CommandAction.pin, "c1")])
+    actions = reconcile(desired, actual, revoked, base_model=BASE, budget=LoadBudget(6),
+                        now=0.0)
+    assert Unload(rec.lora_name, "revoked", "c1") in actions
+    assert RemoveHost(rec.lora_name, "revoked", "c1") in actions
+
+
+def test_unvouched_name_is_a_conflict() -> None:
+    rec = record("a2", "1")
+    other_bytes = HostEntry(rec.lora_name, "/h/a2", "f" * 64)  # sha8 does not match the name
+    for actual in (ActualState(gpu={rec.lora_name: "/tmp/evil"}, host={}),
+                   ActualState(gpu={rec.lora_name: "/h/a2"}, host={rec.lora_name: other_bytes}),
+                   ActualState(gpu={"rogue": "/x"}, host={})):
+        (name, root), = actual.gpu.items()
+        assert run(DesiredState(), actual)[0] == Conflict(name, root)
+
+
+def test_restart_adopts_what_it_can_vouch_for() -> None:
+    rec, gone = record("a3", "1"), record("a4", "1")
+    actual = ActualState(
+        gpu={rec.lora_name: "/h/a3"},
+        host={rec.lora_name: HostEntry(rec.lora_name, "/h/a3", rec.sha256),
+              gone.lora_name: HostEntry(gone.lora_name, "/h/a4", gone.sha256)})
+    desired = adopt(actual, REGISTRY)
+    assert desired.intents[rec.lora_name].tier == "gpu"
+    assert desired.intents[gone.lora_name].tier == "host"
+    assert run(desired, actual) == []  # nothing unloaded, nothing reloaded
+
+
+def test_commands_that_do_not_apply_are_skipped_with_a_reason() -> None:
+    rec = record("a5", "1")
+    state, why = apply_command(DesiredState(), command(rec, CommandAction.load_gpu, "x",
+                                                       worker="w2"),
+                               worker_id=WORKER, base_model=BASE, now=NOW)
+    assert why == "other_worker" and not state.intents
+    late = command(rec, CommandAction.load_gpu, "y", deadline=NOW - timedelta(seconds=1))
+    assert apply_command(state, late, worker_id=WORKER, base_model=BASE, now=NOW)[1] == "expired"
+    pinned = fold(DesiredState(), [command(rec, CommandAction.pin, "p")])
+    demote = command(rec, CommandAction.evict, "e")
+    assert apply_command(pinned, demote, worker_id=WORKER, base_model=BASE,
+                         now=NOW)[1] == "pinned"
+
+
+def test_unknown_or_revoked_or_foreign_records_are_refused() -> None:
+    ghost = record("ghost", "9")
+    foreign = record("a0", "1", base="other-model")
+    desired = fold(DesiredState(), [command(ghost, CommandAction.load_gpu, "g")])
+    assert run(desired, EMPTY) == [Refuse(ghost.lora_name, "not_in_registry", "g")]
+    desired = fold(DesiredState(), [command(foreign, CommandAction.load_gpu, "f")])
+    actions = reconcile(desired, EMPTY, registry_by_name([foreign]), base_model=BASE,
+                        budget=LoadBudget(6), now=0.0)
+    assert actions == [Refuse(foreign.lora_name, "base_model_mismatch", "f")]

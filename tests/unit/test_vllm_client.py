@@ -1,0 +1,126 @@
+"""The vLLM driver against the FAKE vLLM (which follows the recorded real answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from loraplane.tiny_model import build_adapter
+from workers.fake_vllm import FakeVllm
+from workers.vllm_client import VllmClient, VllmError, classify
+
+session_loop = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    made = {"a1": build_adapter(root / "a1", seed=1), "a2": build_adapter(root / "a2", seed=2),
+            "r16": build_adapter(root / "r16", seed=3, rank=16)}
+    corrupt = build_adapter(root / "corrupt", seed=4)
+    (corrupt / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    alien = build_adapter(root / "alien", seed=5)
+    header = json.dumps({"base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight":
+                         {"dtype": "F32", "shape": [8, 1], "data_offsets": [0, 32]}}).encode()
+    (alien / "adapter_model.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header + bytes(32))
+    no_config = root / "no_config"
+    no_config.mkdir()
+    made.update(corrupt=corrupt, alien=alien, no_config=no_config)
+    return made
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[VllmClient]:
+    server = TestServer(FakeVllm("/models/tiny").app(), host="127.0.0.1")
+    await server.start_server()
+    vllm = VllmClient(str(server.make_url("/")), timeout_s=2)
+    yield vllm
+    await vllm.close()
+    await server.close()
+
+
+@session_loop
+async def test_load_models_unload(client: VllmClient, adapters: dict[str, Path]) -> None:
+    assert await client.load("a1@1-00000000", str(adapters["a1"])) >= 0
+    models = await client.models()
+    assert [(m.id, m.is_adapter) for m in models] == [("/models/tiny", False),
+                                                       ("a1@1-00000000", True)]
+    assert models[1].root == str(adapters["a1"])
+    await client.unload("a1@1-00000000")
+    assert [m.id for m in await client.models()] == ["/models/tiny"]
+
+
+@session_loop
+async def test_errors_have_stable_reasons(client: VllmClient, adapters: dict[str, Path]) -> None:
+    await client.load("x", str(adapters["a1"]))
+    cases = [
+        (client.load("x", str(adapters["a2"])), "already_loaded", 400),
+        (client.unload("nope"), "not_found", 404),
+        (client.load("y", str(adapters["no_config"])), "not_found", 404),
+        (client.load("y", "/does/not/exist"), "not_found", 404),
+        (client.load("y", str(adapters["r16"])), "rank_too_large", 500),
+        (client.load("y", str(adapters["corrupt"])), "server_error", 500),
+        (client.load("y", str(adapters["alien"])), "server_error", 500),
+    ]
+    for call, reason, status in cases:
+        with pytest.raises(VllmError) as err:
+            await call
+        assert (err.value.reason, err.value.status) == (reason, status), err.value
+    await client.load("x", str(adapters["a2"]), inplace=True)  # replaced in place
+
+
+@session_loop
+async def test_completion_depends_on_adapter_bytes(client: VllmClient,
+                                                   adapters: dict[str, Path]) -> None:
+    await client.load("a1", str(adapters["a1"]))
+    await client.load("a2", str(adapters["a2"]))
+    texts = {}
+    for model in ("/models/tiny", "a1", "a2"):
+        async with client.completion("/v1/completions",
+                                     {"model": model, "prompt": "hi", "max_tokens": 5}) as r:
+            texts[model] = (await r.json())["choices"][0]["text"]
+    assert len(set(texts.values())) == 3
+    await client.unload("a1")
+    with pytest.raises(VllmError) as err:
+        async with client.completion("/v1/completions", {"model": "a1", "prompt": "hi"}):
+            pass
+    assert err.value.reason == "not_found" and "does not exist" in err.value.message
+
+
+@session_loop
+async def test_unreachable_and_timeout_fail_fast() -> None:
+    dead = VllmClient("http://127.0.0.1:9", timeout_s=1)
+    with pytest.raises(VllmError) as err:
+        await dead.models()
+    assert err.value.reason == "unreachable"
+    await dead.close()
+
+    async def slow(_: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", slow)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    hung = VllmClient(str(server.make_url("/")), timeout_s=0.3)
+    with pytest.raises(VllmError) as err:
+        await hung.models()
+    assert err.value.reason == "timeout"
+    await hung.close()
+    await server.close()
+
+
+def test_classify_plain_text_and_json() -> None:
+    assert classify(400, '{"error": {"message": "bad"}}').message == "bad"
+    assert classify(500, "LoRA rank 16 is greater than max_lora_rank 8").reason == \
+        "rank_too_large"
+    assert classify(418, "teapot").reason == "unexpected_status"

@@ -1,0 +1,446 @@
+"""The worker agent: the only thing that touches one vLLM server's LoRA state.
+
+A controller loop. Commands (from the planner) and cold-request loads (from the gateway)
+change the desired state; every tick reads the actual state from vLLM (``/v1/models``) and
+the host tier, asks ``reconcile`` for actions and executes them. On start it reads vLLM
+*first* and adopts what it can vouch for, so a restarted agent converges instead of
+assuming an empty server. Every change is reported: CacheEvents per action, a WorkerState
+heartbeat (compacted topic, key worker_id) and Prometheus series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from schemas.adapter import AdapterRecord
+from schemas.base import LORA_NAME_RE, now_utc, version_key
+from schemas.cache_event import CacheEvent, CacheEventKind
+from schemas.commands import CacheCommand
+from schemas.worker_state import LoadedAdapter, WorkerState
+from workers.event_sink import EventSink
+from workers.reconcile import (
+    Action,
+    ActualState,
+    BusyRetry,
+    Conflict,
+    DesiredState,
+    Fetch,
+    HostEntry,
+    Intent,
+    Load,
+    LoadBudget,
+    Refuse,
+    RemoveHost,
+    Unload,
+    adopt,
+    apply_command,
+    reconcile,
+    registry_by_name,
+)
+from workers.refusal import ArtifactError
+from workers.vllm_client import VllmClient, VllmError
+from workers.worker_metrics import AdapterLabels, WorkerMetrics
+
+log = logging.getLogger("loraplane.worker")
+
+
+class HostTier(Protocol):
+    """The host warm tier (workers/host_tier.py): verified folders by lora name."""
+
+    def ensure(self, record: AdapterRecord) -> Path: ...
+
+    def remove(self, lora_name: str) -> Any: ...
+
+    def entries(self) -> Iterable[Any]: ...
+
+
+class CommandFeed(Protocol):
+    async def next(self, timeout_s: float = 0.5) -> Any: ...
+
+    async def commit(self, message: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    base_model: str  # the registry's base_model id this worker serves
+    vllm_url: str
+    host_budget_bytes: int
+    max_lora_rank: int = 8
+    gpu_slots: int = 2  # vLLM --max-loras
+    cold_loads_per_minute: int = 6
+    gateway_url: str = ""
+    tick_s: float = 1.0
+    heartbeat_s: float = 5.0
+    registry_refresh_s: float = 5.0
+    load_backoff_s: float = 5.0
+    start_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What a gateway waiting on a cold load learns."""
+
+    ok: bool
+    reason: str = ""
+    retry_after_s: float = 0.0
+
+
+@dataclass
+class _Runtime:
+    """Mutable facts the agent learns by acting (not recoverable from vLLM alone)."""
+
+    gpu: dict[str, str] = field(default_factory=dict)
+    loaded_by_agent: dict[str, str] = field(default_factory=dict)
+    in_flight: Counter[str] = field(default_factory=Counter)
+    last_used: dict[str, datetime] = field(default_factory=dict)
+    draining: set[str] = field(default_factory=set)
+    cold_loads: list[float] = field(default_factory=list)
+    backoff: dict[str, float] = field(default_factory=dict)
+    busy_reported: set[str] = field(default_factory=set)
+    waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
+
+
+class WorkerAgent:
+    def __init__(self, config: WorkerConfig, *, vllm: VllmClient, host_tier: HostTier,
+                 registry_loader: Callable[[], Iterable[AdapterRecord]], sink: EventSink,
+                 metrics: WorkerMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.vllm = vllm
+        self.host_tier = host_tier
+        self.sink = sink
+        self.metrics = metrics or WorkerMetrics()
+        self._registry_loader = registry_loader
+        self._clock = clock
+        self.desired = DesiredState()
+        self.records: dict[str, AdapterRecord] = {}
+        self._rt = _Runtime()
+        self._host: dict[str, HostEntry] = {}
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self.started = False
+        self.base_served = ""  # the id vLLM serves the base model under (its model path)
+
+    # ---- registry -------------------------------------------------------------------
+    async def refresh_registry(self) -> None:
+        records = await asyncio.to_thread(lambda: list(self._registry_loader()))
+        self.records = registry_by_name(records)
+
+    def versions(self, adapter_id: str) -> list[AdapterRecord]:
+        """This base model's records of one adapter, newest first."""
+        found = [r for r in self.records.values()
+                 if r.adapter_id == adapter_id and r.base_model == self.config.base_model]
+        return sorted(found, key=lambda r: version_key(r.version), reverse=True)
+
+    # ---- actual state ---------------------------------------------------------------
+    def _read_host(self) -> dict[str, HostEntry]:
+        entries = {}
+        for e in self.host_tier.entries():
+            entries[e.lora_name] = HostEntry(e.lora_name, str(e.path), e.sha256,
+                                             int(getattr(e, "size_bytes", 0)))
+        return entries
+
+    async def read_actual(self) -> ActualState:
+        models = await self.vllm.models()
+        self._rt.gpu = {m.id: m.root for m in models if m.is_adapter}
+        self.base_served = next((m.id for m in models if not m.is_adapter), self.base_served)
+        self._host = await asyncio.to_thread(self._read_host)
+        return ActualState(gpu=dict(self._rt.gpu), host=dict(self._host),
+                           loaded_by_agent=dict(self._rt.loaded_by_agent),
+                           in_flight=dict(self._rt.in_flight))
+
+    async def start(self) -> None:
+        """Read vLLM's actual state first and adopt what this agent can vouch for."""
+        await self.vllm.wait_healthy(self.config.start_timeout_s)
+        await self.refresh_registry()
+        actual = await self.read_actual()
+        self.desired = adopt(actual, self.records)
+        self.started = True
+        log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
+                 len(self.desired.intents), len(actual.gpu))
+        await self.reconcile_once()
+        self.publish_state()
+
+    # ---- desired state --------------------------------------------------------------
+    def apply(self, cmd: CacheCommand) -> str | None:
+        self.desired, skipped = apply_command(self.desired, cmd, worker_id=self.config.worker_id,
+                                              base_model=self.config.base_model, now=now_utc())
+        if skipped:
+            log.info("command %s skipped: %s", cmd.command_id, skipped)
+        self._rt.busy_reported.discard(cmd.lora_name)
+        self._wake.set()
+        return skipped
+
+    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+        """Called by the gateway for a cold adapter: queue a load, get its outcome later."""
+        name = record.lora_name
+        fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
+        if self.is_hot(name):
+            fut.set_result(LoadOutcome(True))
+            return fut
+        current = self.desired.intents.get(name)
+        if current is None or current.tier != "gpu":
+            self.desired = self.desired.with_intent(Intent(
+                name, record.adapter_id, record.version, record.tenant_id, "gpu",
+                pinned=current.pinned if current else False))
+        self._rt.waiters.setdefault(name, []).append(fut)
+        self._wake.set()
+        return fut
+
+    def is_hot(self, name: str) -> bool:
+        return name in self._rt.gpu and name not in self._rt.draining
+
+    def is_on_host(self, name: str) -> bool:
+        return name in self._host
+
+    @contextmanager
+    def serving(self, name: str) -> Iterator[None]:
+        """Count a request in flight on ``name``: the drain rule waits for it."""
+        self._rt.in_flight[name] += 1
+        try:
+            yield
+        finally:
+            self._rt.in_flight[name] -= 1
+            self._rt.last_used[name] = now_utc()
+            if self._rt.in_flight[name] <= 0:
+                del self._rt.in_flight[name]
+                self._wake.set()
+
+    # ---- the loop ---------------------------------------------------------------------
+    async def reconcile_once(self) -> list[Action]:
+        async with self._lock:
+            try:
+                actual = await self.read_actual()
+            except VllmError as exc:
+                log.warning("vLLM unreadable, skipping tick: %s", exc)
+                return []
+            now = self._clock()
+            self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]
+            budget = LoadBudget(self.config.cold_loads_per_minute, tuple(self._rt.cold_loads))
+            actions = reconcile(self.desired, actual, self.records,
+                                base_model=self.config.base_model, budget=budget, now=now,
+                                backoff=self._rt.backoff)
+            for action in actions:
+                await self._execute(action)
+            if actions:
+                self.publish_state()
+            return actions
+
+    async def run(self, feed: CommandFeed | None = None) -> None:
+        """Run until cancelled."""
+        if not self.started:
+            await self.start()
+        tasks = [asyncio.create_task(self._tick_loop()),
+                 asyncio.create_task(self._heartbeat_loop()),
+                 asyncio.create_task(self._registry_loop())]
+        if feed is not None:
+            tasks.append(asyncio.create_task(self._command_loop(feed)))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _command_loop(self, feed: CommandFeed) -> None:
+        while True:
+            delivery = await feed.next(0.5)
+            if delivery is None:
+                continue
+            self.apply(delivery.command)
+            await self.reconcile_once()
+            await feed.commit(delivery.message)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+            self._wake.clear()
+            await self.reconcile_once()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            self.publish_state()
+
+    async def _registry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.registry_refresh_s)
+            try:
+                await self.refresh_registry()
+            except Exception as exc:  # the registry being briefly unreadable must not stop us
+                log.warning("registry refresh failed: %s", exc)
+
+    # ---- actions ----------------------------------------------------------------------
+    async def _execute(self, action: Action) -> None:
+        match action:
+            case Conflict(name, root):
+                await self._conflict(name, root)
+            case Unload(name, reason, cmd):
+                await self._unload(name, reason, cmd)
+            case RemoveHost(name, reason, cmd):
+                await asyncio.to_thread(self.host_tier.remove, name)
+                self._host.pop(name, None)
+                self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
+                intent = self.desired.intents.get(name)
+                if reason == "revoked" or (intent and intent.tier == "gone"):
+                    self.desired = self.desired.without(name)
+            case Fetch(name, record, cmd):
+                await self._fetch(record, cmd)
+            case Load(name, record, cmd):
+                await self._load(record, cmd)
+            case BusyRetry(name, retry_after_s, cmd):
+                self._resolve(name, LoadOutcome(False, "busy_retry", retry_after_s))
+                if name not in self._rt.busy_reported:
+                    self._rt.busy_reported.add(name)
+                    self._event(name, CacheEventKind.fail, reason="busy_retry",
+                                detail=f"cold-load budget spent; retry in {retry_after_s:.1f}s",
+                                command_id=cmd)
+            case Refuse(name, reason, cmd):
+                self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
+                self._resolve(name, LoadOutcome(False, reason))
+                self.desired = self.desired.without(name)
+
+    async def _conflict(self, name: str, root: str) -> None:
+        self.metrics.conflict(self.labels(name))
+        self._event(name, CacheEventKind.kv_namespace_conflict, reason="kv_namespace_conflict",
+                    detail=f"vLLM serves {name!r} from {root!r}, not loaded by this agent")
+        await self._unload(name, "kv_namespace_conflict", None, force=True)
+
+    async def _unload(self, name: str, reason: str, cmd: str | None,
+                      force: bool = False) -> None:
+        drain = not force and reason != "revoked"
+        if drain and self._rt.in_flight.get(name, 0) > 0:
+            return  # a request started since reconcile looked; retry next tick
+        self._rt.draining.add(name)
+        try:
+            await self.vllm.unload(name)
+        except VllmError as exc:
+            if exc.reason != "not_found":
+                self._event(name, CacheEventKind.fail, reason=f"vllm_{exc.reason}",
+                            detail=exc.message, command_id=cmd)
+                self._rt.draining.discard(name)
+                return
+        self._rt.gpu.pop(name, None)
+        self._rt.loaded_by_agent.pop(name, None)
+        self._rt.draining.discard(name)
+        if reason != "kv_namespace_conflict":
+            self._event(name, CacheEventKind.unload, reason=reason, command_id=cmd)
+
+    async def _fetch(self, record: AdapterRecord, cmd: str | None) -> Path | None:
+        name = record.lora_name
+        if name in self._host:
+            return Path(self._host[name].path)
+        started = time.perf_counter()
+        try:
+            path = await asyncio.to_thread(self.host_tier.ensure, record)
+        except ArtifactError as exc:
+            kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
+            self._event(name, kind, reason=exc.reasons[0].value, detail=str(exc)[:1024],
+                        command_id=cmd)
+            if exc.is_failure:
+                self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
+            else:
+                self.desired = self.desired.without(name)
+            self._resolve(name, LoadOutcome(False, exc.reasons[0].value,
+                                            self.config.load_backoff_s))
+            return None
+        self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
+        self._event(name, CacheEventKind.fetch, swap_ms=(time.perf_counter() - started) * 1000,
+                    bytes_=record.size_bytes, command_id=cmd)
+        return path
+
+    async def _load(self, record: AdapterRecord, cmd: str | None) -> None:
+        name = record.lora_name
+        labels = self.labels(name)
+        path = await self._fetch(record, cmd)
+        if path is None:
+            self.metrics.cold_load(labels, ok=False)
+            return
+        self._rt.cold_loads.append(self._clock())
+        try:
+            swap_ms = await self.vllm.load(name, str(path))
+        except VllmError as exc:
+            self.metrics.cold_load(labels, ok=False)
+            self._event(name, CacheEventKind.fail, reason=f"vllm_{exc.reason}",
+                        detail=exc.message, command_id=cmd)
+            self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
+            self._resolve(name, LoadOutcome(False, f"vllm_{exc.reason}",
+                                            self.config.load_backoff_s))
+            return
+        self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
+        self._rt.gpu[name] = str(path)
+        self._rt.loaded_by_agent[name] = str(path)
+        self._rt.backoff.pop(name, None)
+        self._rt.busy_reported.discard(name)
+        self._event(name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes,
+                    command_id=cmd)
+        self._resolve(name, LoadOutcome(True))
+
+    def _resolve(self, name: str, outcome: LoadOutcome) -> None:
+        for fut in self._rt.waiters.pop(name, []):
+            if not fut.done():
+                fut.set_result(outcome)
+
+    # ---- reporting --------------------------------------------------------------------
+    def labels(self, name: str) -> AdapterLabels:
+        record = self.records.get(name)
+        if record is not None:
+            return AdapterLabels(record.adapter_id, record.version, record.tenant_id,
+                                 self.config.base_model)
+        parsed = LORA_NAME_RE.match(name)
+        if parsed is None:
+            return AdapterLabels("unknown", "0", "unknown", self.config.base_model)
+        return AdapterLabels(parsed["adapter_id"], parsed["version"], "unknown",
+                             self.config.base_model)
+
+    def _event(self, name: str, kind: CacheEventKind, *, reason: str = "", detail: str = "",
+               swap_ms: float = 0.0, bytes_: int = 0, command_id: str | None = None) -> None:
+        labels = self.labels(name)
+        event = CacheEvent(
+            event_id=uuid.uuid4().hex, ts=now_utc(), worker_id=self.config.worker_id,
+            base_model=self.config.base_model, tenant_id=labels.tenant_id,
+            adapter_id=labels.adapter_id, adapter_version=labels.adapter_version,
+            lora_name=name[:200], kind=kind, swap_ms=swap_ms, bytes=bytes_,
+            reason=reason[:128], detail=detail[:1024], command_id=command_id)
+        log.info("cache event %s %s swap_ms=%.1f %s %s", kind.value, name, swap_ms, reason,
+                 detail[:200])
+        self.sink.emit("cache-events", labels.adapter_id, event)
+
+    def worker_state(self) -> WorkerState:
+        adapters = []
+        for name in sorted(set(self._rt.gpu) | set(self._host)):
+            labels = self.labels(name)
+            record = self.records.get(name)
+            intent = self.desired.intents.get(name)
+            adapters.append(LoadedAdapter(
+                lora_name=name[:200], adapter_id=labels.adapter_id,
+                version=labels.adapter_version, tenant_id=labels.tenant_id,
+                tier="gpu" if name in self._rt.gpu else "host",
+                pinned=bool(intent and intent.pinned),
+                size_bytes=self._host[name].size_bytes if name in self._host else 0,
+                rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),
+                in_flight=self._rt.in_flight.get(name, 0)))
+        now = self._clock()
+        return WorkerState(
+            worker_id=self.config.worker_id, base_model=self.config.base_model, ts=now_utc(),
+            gateway_url=self.config.gateway_url, gpu_slots_used=len(self._rt.gpu),
+            gpu_slots_total=self.config.gpu_slots,
+            host_bytes_used=sum(e.size_bytes for e in self._host.values()),
+            host_bytes_budget=self.config.host_budget_bytes, hbm_usage=None,
+            max_lora_rank=self.config.max_lora_rank,
+            cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
+            adapters=adapters)
+
+    def publish_state(self) -> None:
+        self.sink.emit("worker-state", self.config.worker_id, self.worker_state())

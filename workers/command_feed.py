@@ -1,0 +1,79 @@
+"""The planner's cache commands for one worker, from the Kafka commands topic.
+
+Commands are keyed by worker_id on a shared topic; every worker reads it in its own consumer
+group and keeps the messages with its key. Offsets are committed by the caller only after a
+command has been applied (folded into the desired state and reconciled once), so a crash in
+between redelivers it, and command_id dedup plus idempotent actions make that harmless.
+Undecodable messages go to the dead-letter topic with their reason and are committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from loraplane.config import Settings
+from schemas.base import now_utc
+from schemas.codec import SchemaError, decode
+from schemas.commands import CacheCommand
+from schemas.dead_letter import DeadLetter
+from workers.event_sink import EventSink
+
+
+@dataclass(frozen=True)
+class Delivery:
+    command: CacheCommand
+    message: Any  # the confluent_kafka.Message, for commit
+
+
+class KafkaCommandFeed:
+    def __init__(self, settings: Settings, worker_id: str, sink: EventSink,
+                 group_id: str | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        from infra.topics import topic_name
+
+        self.worker_id = worker_id
+        self._sink = sink
+        self._topic = topic_name(settings, "commands")
+        self._consumer = Consumer({
+            "bootstrap.servers": settings.kafka.bootstrap,
+            "group.id": group_id or f"{settings.topic_prefix}-worker-{worker_id}",
+            # Static membership: a restarted agent takes its partitions back at once instead
+            # of waiting for the killed one's session to time out (45 s by default).
+            "group.instance.id": f"worker-{worker_id}",
+            "session.timeout.ms": 15_000,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        })
+        self._consumer.subscribe([self._topic])
+
+    async def next(self, timeout_s: float = 0.5) -> Delivery | None:
+        """The next command for this worker, or None when none arrived in ``timeout_s``."""
+        msg = await asyncio.to_thread(self._consumer.poll, timeout_s)
+        if msg is None or msg.error():
+            return None
+        if msg.key() != self.worker_id.encode():
+            self._consumer.commit(message=msg, asynchronous=True)
+            return None
+        try:
+            return Delivery(decode(CacheCommand, msg.value()), msg)
+        except SchemaError as exc:
+            self._sink.emit("dead-letters", self.worker_id, DeadLetter(
+                event_id=uuid.uuid4().hex, ts=now_utc(), source_topic=self._topic,
+                partition=msg.partition(), offset=msg.offset(), component="worker-agent",
+                reason=exc.reason, detail=str(exc)[:4096],
+                key_b64=base64.b64encode(msg.key() or b"").decode(),
+                raw_b64=base64.b64encode(msg.value() or b"").decode()))
+            await self.commit(msg)
+            return None
+
+    async def commit(self, message: Any) -> None:
+        await asyncio.to_thread(self._consumer.commit, message=message, asynchronous=False)
+
+    def close(self) -> None:
+        self._consumer.close()

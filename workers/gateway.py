@@ -1,0 +1,266 @@
+"""The OpenAI-compatible request path of one worker: the only way a request reaches an adapter.
+
+Per request: the tenant comes from ``Authorization: Bearer KEY``; ``model`` must be an
+adapter_id (a path or anything else is a 400, so a tenant can never point vLLM at a
+folder); the tenant must own the adapter (403); the version is the active one, or the
+canary for ``canary_percent`` of sessions (sticky by ``X-Session-Key``). A hot adapter is
+forwarded at once. A cold one follows its request class's budget (policy.request_budgets):
+interactive never waits longer than ``max_wait_ms`` and then falls back to the base model
+(``X-Loraplane-Fallback: base``) or answers 429 + Retry-After while the load is queued;
+batch-like classes wait up to their budget. The chosen lora name is held for the whole
+request (``agent.serving``), so a version swap drains instead of cutting it off. A
+RequestLog goes to Kafka through the non-blocking sink after the response is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from loraplane.policy import RequestBudgets
+from schemas.adapter import AdapterRecord, AdapterStatus
+from schemas.base import ID_PATTERN, now_utc
+from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from workers.agent import LoadOutcome, WorkerAgent
+from workers.api_keys import ApiKeys
+from workers.event_sink import EventSink
+from workers.vllm_client import VllmError
+
+_ADAPTER_ID = re.compile(ID_PATTERN)
+FALLBACK_HEADER = "X-Loraplane-Fallback"
+
+
+@dataclass
+class _Trace:
+    """What the RequestLog of one request says."""
+
+    request_id: str
+    tenant_id: str
+    adapter_id: str
+    request_class: RequestClass
+    started: float
+    record: AdapterRecord | None = None
+    tier: Tier = Tier.cold
+    lora_name: str | None = None
+    queue_ms: float = 0.0
+    swap_ms: float = 0.0
+    ttft_ms: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    status: RequestStatus = RequestStatus.ok
+    error: str | None = None
+
+
+def canary_bucket(adapter_id: str, session_key: str) -> float:
+    """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
+    digest = hashlib.sha256(f"{adapter_id}\x00{session_key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10_000 / 100
+
+
+def choose_version(versions: list[AdapterRecord], *, session_key: str,
+                   request_class: RequestClass) -> AdapterRecord | None:
+    """Active, or the canary for its share of sessions (always for class ``canary``)."""
+    active = next((r for r in versions if r.status == AdapterStatus.active), None)
+    canary = next((r for r in versions
+                   if r.status == AdapterStatus.canary and r.release.canary_percent > 0), None)
+    if canary is not None and (
+            request_class == RequestClass.canary or active is None
+            or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent):
+        return canary
+    return active
+
+
+def _error(status: int, code: str, message: str, **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": code, "param": None, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Gateway:
+    def __init__(self, agent: WorkerAgent, *, api_keys: ApiKeys, budgets: RequestBudgets,
+                 sink: EventSink) -> None:
+        self.agent = agent
+        self.api_keys = api_keys
+        self.budgets = budgets
+        self.sink = sink
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024 * 1024)
+        app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/metrics", self.metrics),
+            web.get("/healthz", self.healthz),
+        ])
+        return app
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.agent.metrics.exposition(),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": self.agent.started}, status=200 if self.agent.started
+                                 else 503)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/completions")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/chat/completions")
+
+    async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        started = time.perf_counter()
+        request_id = request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex
+        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
+        if tenant is None:
+            return _error(401, "unauthorized", "missing or unknown API key")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "invalid_json", "the body is not JSON")
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not _ADAPTER_ID.match(model):
+            return _error(400, "model_not_adapter_id",
+                          "model must be an adapter_id (lower-case id, never a path)")
+        try:
+            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
+        except ValueError:
+            return _error(400, "bad_request_class",
+                          "X-Request-Class must be interactive, batch, canary or shadow")
+        trace = _Trace(request_id, tenant, model, request_class, started)
+        try:
+            return await self._route(request, path, body, trace)
+        finally:
+            self._log(trace)
+
+    async def _route(self, request: web.Request, path: str, body: dict[str, Any],
+                     trace: _Trace) -> web.StreamResponse:
+        versions = self.agent.versions(trace.adapter_id)
+        if not versions:
+            trace.status, trace.error = RequestStatus.refused, "unknown_adapter"
+            return _error(404, "unknown_adapter", f"no adapter {trace.adapter_id!r} here")
+        if any(r.tenant_id != trace.tenant_id for r in versions):
+            trace.status, trace.error = RequestStatus.refused, "forbidden"
+            return _error(403, "forbidden", f"adapter {trace.adapter_id!r} is not yours")
+        session = request.headers.get("X-Session-Key") or trace.request_id
+        record = choose_version(versions, session_key=session,
+                                request_class=trace.request_class)
+        if record is None:
+            trace.status, trace.error = RequestStatus.refused, "no_serving_version"
+            return _error(404, "no_serving_version",
+                          f"adapter {trace.adapter_id!r} has no active or canary version")
+        trace.record, name = record, record.lora_name
+        hot = self.agent.is_hot(name)
+        trace.tier = Tier.gpu if hot else Tier.host if self.agent.is_on_host(name) else Tier.cold
+        self.agent.metrics.request(self.agent.labels(name), hot=hot)
+        if hot:
+            return await self._forward(request, path, body, trace, name)
+        return await self._cold(request, path, body, trace, record)
+
+    async def _cold(self, request: web.Request, path: str, body: dict[str, Any],
+                    trace: _Trace, record: AdapterRecord) -> web.StreamResponse:
+        interactive = trace.request_class == RequestClass.interactive
+        budget = self.budgets.interactive
+        wait_ms = budget.max_wait_ms if interactive else self.budgets.batch.max_wait_ms
+        waited = time.perf_counter()
+        outcome = await _wait(self.agent.request_load(record), wait_ms / 1000)
+        trace.swap_ms = (time.perf_counter() - waited) * 1000
+        if outcome is not None and outcome.ok:
+            return await self._forward(request, path, body, trace, record.lora_name)
+        reason = outcome.reason if outcome else "load_queued"
+        retry_after = max(1, round(outcome.retry_after_s if outcome and outcome.retry_after_s
+                                   else budget.retry_after_s))
+        if interactive and budget.on_cold == "fallback":
+            trace.tier = Tier.base_fallback
+            return await self._forward(request, path, body, trace, self.agent.base_served,
+                                       fallback_reason=reason)
+        trace.status, trace.error = RequestStatus.retry_later, reason
+        return _error(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
+                      **{"Retry-After": str(retry_after)})
+
+    async def _forward(self, request: web.Request, path: str, body: dict[str, Any],
+                       trace: _Trace, served_name: str,
+                       fallback_reason: str | None = None) -> web.StreamResponse:
+        record = trace.record
+        assert record is not None
+        trace.lora_name = None if fallback_reason else served_name
+        headers = {"X-Request-Id": trace.request_id,
+                   "X-Loraplane-Adapter-Version": record.version,
+                   "X-Loraplane-Tier": trace.tier.value}
+        if fallback_reason:
+            headers[FALLBACK_HEADER] = "base"
+            headers["X-Loraplane-Fallback-Reason"] = fallback_reason
+        else:
+            headers["X-Loraplane-Lora-Name"] = served_name
+        upstream = {**body, "model": served_name}
+        trace.queue_ms = (time.perf_counter() - trace.started) * 1000
+        with self.agent.serving(served_name):
+            try:
+                async with self.agent.vllm.completion(path, upstream) as resp:
+                    if body.get("stream"):
+                        return await self._stream(request, resp, headers, trace)
+                    raw = await resp.read()
+                    trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
+                    self._usage(raw, trace)
+                    return web.Response(body=raw, status=200, headers=headers,
+                                        content_type="application/json")
+            except VllmError as exc:
+                trace.status, trace.error = RequestStatus.error, f"vllm_{exc.reason}"
+                if exc.reason == "not_found":  # unloaded under us: ask again later
+                    return _error(503, "adapter_unavailable", exc.message, **{"Retry-After": "1"})
+                return _error(502, f"vllm_{exc.reason}", exc.message)
+
+    async def _stream(self, request: web.Request, resp: Any, headers: dict[str, str],
+                      trace: _Trace) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        async for chunk in resp.content.iter_any():
+            if trace.ttft_ms is None:
+                trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
+            trace.output_tokens += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+    @staticmethod
+    def _usage(raw: bytes, trace: _Trace) -> None:
+        try:
+            usage = json.loads(raw).get("usage") or {}
+            trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
+            trace.output_tokens = int(usage.get("completion_tokens", 0))
+        except (ValueError, AttributeError, TypeError):
+            pass
+
+    def _log(self, trace: _Trace) -> None:
+        record = trace.record
+        labels = self.agent.labels(record.lora_name) if record else None
+        if labels is not None and trace.ttft_ms is not None:
+            self.agent.metrics.ttft(labels, trace.ttft_ms)
+        log = RequestLog(
+            event_id=uuid.uuid4().hex, ts=now_utc(), request_id=trace.request_id,
+            tenant_id=trace.tenant_id, base_model=self.agent.config.base_model,
+            adapter_id=trace.adapter_id, adapter_version=record.version if record else None,
+            lora_name=trace.lora_name, worker_id=self.agent.config.worker_id,
+            request_class=trace.request_class, tier_at_arrival=trace.tier,
+            ttft_ms=trace.ttft_ms, swap_ms=trace.swap_ms, queue_ms=trace.queue_ms,
+            prompt_tokens=trace.prompt_tokens, output_tokens=max(0, trace.output_tokens),
+            status=trace.status, error=trace.error)
+        self.sink.emit("requests", trace.adapter_id, log)
+
+
+async def _wait(fut: asyncio.Future[LoadOutcome], timeout_s: float) -> LoadOutcome | None:
+    """The load's outcome if it is known within ``timeout_s`` (0: only if already known)."""
+    if fut.done():
+        return fut.result()
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), timeout_s) if timeout_s > 0 else None
+    except TimeoutError:
+        return None

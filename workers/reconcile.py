@@ -1,0 +1,299 @@
+"""Desired versus actual LoRA state of one worker, as a pure function (no I/O).
+
+The agent is a Kubernetes-style controller: commands from the planner (and cold-request
+loads from the gateway) fold into a *desired* state; vLLM's ``GET /v1/models`` and the
+host tier's entries are the *actual* state; ``reconcile`` returns the actions that move the
+second towards the first. Because both inputs are plain values, the same inputs always give
+the same actions, a redelivered command changes nothing (``command_id`` dedup), and the
+rules below are testable without a server:
+
+* a name vLLM reports that this agent cannot vouch for (it did not load it, or it is not
+  the verified host-tier folder with the digest its name claims) is a KV-namespace
+  conflict: vLLM keys its prefix cache by name, so such a name is unloaded at once;
+* a revoked adapter is removed from vLLM and the host tier now, in-flight or not;
+* any other unload waits until the name's in-flight count is 0 (drain), so a request keeps
+  the version it started with while the new version loads beside it;
+* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Literal
+
+from schemas.adapter import AdapterRecord, AdapterStatus
+from schemas.base import LORA_NAME_RE, lora_name
+from schemas.commands import CacheCommand, CommandAction
+
+Tier = Literal["gpu", "host", "gone"]
+MAX_REMEMBERED_COMMANDS = 10_000
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Intent:
+    """Where one lora name should be, and who asked."""
+
+    lora_name: str
+    adapter_id: str
+    version: str
+    tenant_id: str
+    tier: Tier
+    pinned: bool = False
+    command_id: str | None = None  # the command that last changed it (None: gateway/adopted)
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    intents: Mapping[str, Intent] = field(default_factory=dict)
+    seen_commands: tuple[str, ...] = ()  # applied command ids, oldest first (bounded)
+
+    def with_intent(self, intent: Intent) -> DesiredState:
+        return replace(self, intents={**self.intents, intent.lora_name: intent})
+
+    def without(self, name: str) -> DesiredState:
+        return replace(self, intents={k: v for k, v in self.intents.items() if k != name})
+
+
+def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
+                  now: datetime) -> tuple[DesiredState, str | None]:
+    """Fold one command into the desired state. Returns the new state and, when the command
+    changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
+    if cmd.command_id in state.seen_commands:
+        return state, "duplicate"
+    seen = (*state.seen_commands, cmd.command_id)[-MAX_REMEMBERED_COMMANDS:]
+    state = replace(state, seen_commands=seen)
+    if cmd.worker_id != worker_id:
+        return state, "other_worker"
+    if cmd.base_model != base_model:
+        return state, "base_model_mismatch"
+    if cmd.deadline < now:
+        return state, "expired"
+    if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
+        return state, "lora_name_mismatch"
+    current = state.intents.get(cmd.lora_name) or Intent(
+        cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id, "gone")
+    if cmd.action in (CommandAction.demote_to_host, CommandAction.evict) and current.pinned:
+        return state, "pinned"
+    tier: Tier = current.tier
+    pinned = current.pinned
+    match cmd.action:
+        case CommandAction.prewarm_host:
+            tier = "gpu" if tier == "gpu" else "host"
+        case CommandAction.load_gpu:
+            tier = "gpu"
+        case CommandAction.pin:
+            pinned = True
+            tier = "gpu" if tier == "gpu" else "host"
+        case CommandAction.unpin:
+            pinned = False
+        case CommandAction.demote_to_host:
+            tier = "host"
+        case CommandAction.evict:
+            tier = "gone"
+    return state.with_intent(replace(current, tier=tier, pinned=pinned,
+                                     command_id=cmd.command_id)), None
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """A complete, verified adapter folder in the host tier."""
+
+    lora_name: str
+    path: str
+    sha256: str
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ActualState:
+    gpu: Mapping[str, str]  # lora name -> folder vLLM reports as its root
+    host: Mapping[str, HostEntry]
+    loaded_by_agent: Mapping[str, str] = field(default_factory=dict)  # name -> path we loaded
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadBudget:
+    """Cold loads into vLLM in the last rolling minute (monotonic seconds)."""
+
+    per_minute: int
+    recent: tuple[float, ...] = ()
+
+    def used(self, now: float) -> tuple[float, ...]:
+        return tuple(t for t in self.recent if now - t < WINDOW_S)
+
+    def remaining(self, now: float) -> int:
+        return max(0, self.per_minute - len(self.used(now)))
+
+    def retry_after_s(self, now: float) -> float:
+        used = sorted(self.used(now))
+        return max(0.0, WINDOW_S - (now - used[0])) if used else 0.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """Make sure the verified folder is in the host tier, then load it into vLLM."""
+
+    lora_name: str
+    record: AdapterRecord
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Bring the verified folder into the host tier only."""
+
+    lora_name: str
+    record: AdapterRecord
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class Unload:
+    lora_name: str
+    reason: str
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class RemoveHost:
+    lora_name: str
+    reason: str
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class BusyRetry:
+    """Over the cold-load budget: try again after ``retry_after_s``."""
+
+    lora_name: str
+    retry_after_s: float
+    command_id: str | None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """vLLM serves a name this agent cannot vouch for: count it, then unload it."""
+
+    lora_name: str
+    root: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The intent cannot be satisfied from the registry; the agent drops it."""
+
+    lora_name: str
+    reason: str
+    command_id: str | None
+
+
+Action = Load | Fetch | Unload | RemoveHost | BusyRetry | Conflict | Refuse
+
+
+def vouched(name: str, root: str, actual: ActualState) -> bool:
+    """True when vLLM's ``name`` is bytes this agent loaded or verified under that name."""
+    if actual.loaded_by_agent.get(name) == root:
+        return True
+    entry = actual.host.get(name)
+    parsed = LORA_NAME_RE.match(name)
+    return (entry is not None and parsed is not None and entry.path == root
+            and entry.sha256.startswith(parsed["sha8"]))
+
+
+def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> str | None:
+    if record is None:
+        return "not_in_registry"
+    if record.status == AdapterStatus.revoked:
+        return "revoked"
+    if record.base_model != base_model:
+        return "base_model_mismatch"
+    if record.tenant_id != intent.tenant_id:
+        return "tenant_mismatch"
+    return None
+
+
+def reconcile(desired: DesiredState, actual: ActualState,
+              registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
+              now: float, backoff: Mapping[str, float] | None = None) -> list[Action]:
+    """The actions that converge ``actual`` to ``desired``; [] when converged.
+
+    ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
+    failed, with the monotonic time before which they are not retried.
+    """
+    backoff = backoff or {}
+    actions: list[Action] = []
+    unloading: set[str] = set()
+
+    for name, root in sorted(actual.gpu.items()):
+        if not vouched(name, root, actual):
+            actions.append(Conflict(name, root))
+            unloading.add(name)
+            continue
+        record = registry.get(name)
+        intent = desired.intents.get(name)
+        cmd = intent.command_id if intent else None
+        if record is not None and record.status == AdapterStatus.revoked:
+            actions.append(Unload(name, "revoked", cmd))
+            unloading.add(name)
+        elif (intent is not None and intent.tier != "gpu" and not intent.pinned
+              and actual.in_flight.get(name, 0) == 0):
+            actions.append(Unload(name, "demote" if intent.tier == "host" else "evict", cmd))
+            unloading.add(name)
+
+    for name in sorted(actual.host):
+        record = registry.get(name)
+        intent = desired.intents.get(name)
+        cmd = intent.command_id if intent else None
+        off_gpu = name not in actual.gpu or name in unloading
+        if record is not None and record.status == AdapterStatus.revoked:
+            actions.append(RemoveHost(name, "revoked", cmd))
+        elif intent is not None and intent.tier == "gone" and off_gpu:
+            actions.append(RemoveHost(name, "evict", cmd))
+
+    remaining = budget.remaining(now)
+    wanted = sorted((i for i in desired.intents.values() if i.tier in ("gpu", "host")),
+                    key=lambda i: not i.pinned)  # stable: pinned first, else command order
+    for intent in wanted:
+        name = intent.lora_name
+        on_gpu = name in actual.gpu and name not in unloading
+        if (intent.tier == "gpu" and on_gpu) or (intent.tier == "host" and name in actual.host):
+            continue
+        record = registry.get(name)
+        reason = _refusal(intent, record, base_model)
+        if reason is not None or record is None:
+            actions.append(Refuse(name, reason or "not_in_registry", intent.command_id))
+            continue
+        if backoff.get(name, 0.0) > now:
+            continue
+        if intent.tier == "host":
+            actions.append(Fetch(name, record, intent.command_id))
+        elif remaining > 0:
+            actions.append(Load(name, record, intent.command_id))
+            remaining -= 1
+        else:
+            actions.append(BusyRetry(name, budget.retry_after_s(now), intent.command_id))
+    return actions
+
+
+def registry_by_name(records: Iterable[AdapterRecord]) -> dict[str, AdapterRecord]:
+    """Index registry records by the lora name vLLM knows them under."""
+    return {r.lora_name: r for r in records}
+
+
+def adopt(actual: ActualState, registry: Mapping[str, AdapterRecord]) -> DesiredState:
+    """The desired state of an agent that just started: keep what is already there and
+    vouched for (a restart must not unload a warm GPU or wipe the host tier)."""
+    intents: dict[str, Intent] = {}
+    for name in actual.host:
+        parsed = LORA_NAME_RE.match(name)
+        record = registry.get(name)
+        if parsed is None or record is None:
+            continue
+        on_gpu = name in actual.gpu and vouched(name, actual.gpu[name], actual)
+        intents[name] = Intent(name, parsed["adapter_id"], parsed["version"], record.tenant_id,
+                               "gpu" if on_gpu else "host")
+    return DesiredState(intents)

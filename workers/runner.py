@@ -1,0 +1,127 @@
+"""Wires one worker process together: vLLM client, host tier, registry, Kafka, agent, gateway.
+
+Kept apart from the agent so the agent and gateway stay testable with injected parts; this
+module is the only place that picks the real Kafka/S3/registry implementations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from loraplane.config import LOOPBACK, Settings
+from schemas.adapter import AdapterRecord
+from workers.agent import WorkerAgent, WorkerConfig
+from workers.api_keys import load_api_keys
+from workers.artifact_fetch import ArtifactFetcher
+from workers.command_feed import KafkaCommandFeed
+from workers.event_sink import KafkaEventSink
+from workers.gateway import Gateway
+from workers.host_tier import HostTier
+from workers.model_shape import ModelShape
+from workers.verification import WorkerLimits
+from workers.vllm_client import VllmClient
+
+log = logging.getLogger("loraplane.worker")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    worker_id: str
+    base_model: str
+    vllm_url: str
+    gateway_port: int
+    metrics_port: int | None
+    host_tier_dir: Path
+    host_budget_bytes: int
+    max_lora_rank: int = 8
+    gpu_slots: int = 2
+    tick_s: float = 1.0
+    heartbeat_s: float = 5.0
+    registry_refresh_s: float = 5.0
+    model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
+
+
+def build_host_tier(settings: Settings, options: WorkerOptions,
+                    is_protected: Callable[[str], bool]) -> HostTier:
+    """The verified host tier, fetching from the allowlisted S3 of ``settings``."""
+    shape = None
+    if options.model_dir is not None:
+        config = json.loads((options.model_dir / "config.json").read_text())
+        shape = ModelShape.from_hf_config(config)
+    limits = WorkerLimits(base_model=options.base_model, max_lora_rank=options.max_lora_rank,
+                          model=shape)
+    return HostTier(options.host_tier_dir, budget_bytes=options.host_budget_bytes,
+                    limits=limits, fetcher=ArtifactFetcher(settings.s3),
+                    is_protected=is_protected)
+
+
+def registry_records(settings: Settings) -> list[AdapterRecord]:
+    """Every version of every adapter in the compacted registry topic."""
+    from streams.registry_view import load_registry
+
+    return [r for view in load_registry(settings).values() for r in view.versions]
+
+
+async def _site(app: web.Application, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, LOOPBACK, port).start()
+    return runner
+
+
+async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
+    sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
+    vllm = VllmClient(options.vllm_url)
+    agent = WorkerAgent(
+        WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
+                     vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
+                     max_lora_rank=options.max_lora_rank, gpu_slots=options.gpu_slots,
+                     cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
+                     gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
+                     tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
+                     registry_refresh_s=options.registry_refresh_s),
+        vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
+        registry_loader=lambda: registry_records(settings), sink=sink)
+    gateway = Gateway(agent, api_keys=load_api_keys(settings.api_keys_path),
+                      budgets=settings.policy.request_budgets, sink=sink)
+    feed = KafkaCommandFeed(settings, options.worker_id, sink)
+    runners = [await _site(gateway.app(), options.gateway_port)]
+    if options.metrics_port is not None:
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", gateway.metrics)
+        runners.append(await _site(metrics_app, options.metrics_port))
+    log.info("worker %s: gateway on %s:%d", options.worker_id, LOOPBACK, options.gateway_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    run = asyncio.create_task(agent.run(feed))
+    flusher = asyncio.create_task(_poll_forever(sink))
+    try:
+        done, _ = await asyncio.wait({run, asyncio.create_task(stop.wait())},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if run in done:
+            run.result()  # surface a crash of the loop
+    finally:
+        run.cancel()
+        flusher.cancel()
+        for runner in runners:
+            await runner.cleanup()
+        agent.publish_state()
+        sink.flush(5.0)
+        feed.close()
+        await vllm.close()
+
+
+async def _poll_forever(sink: KafkaEventSink) -> None:
+    while True:
+        sink.poll()
+        await asyncio.sleep(0.2)

@@ -1,0 +1,166 @@
+"""Async driver of vLLM's runtime LoRA API and completion endpoints.
+
+vLLM answers a successful load/unload with a *plain-text* 200 and every failure with JSON
+``{"error": {"message", "type", "param", "code"}}`` (see ../shared/notes/vllm-cpu.md). This
+module turns those answers into a typed ``VllmError`` whose ``reason`` is a stable code the
+agent can put on the cache-events topic, so callers never parse vLLM's prose themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class VllmError(RuntimeError):
+    """vLLM refused or could not be reached. ``reason`` is one of:
+
+    ``already_loaded`` (400, name taken and no load_inplace), ``bad_request`` (other 400),
+    ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
+    ``rank_too_large`` (500 naming max_lora_rank), ``server_error`` (other 5xx),
+    ``unexpected_status``, ``timeout``, ``unreachable``.
+    """
+
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+        self.reason = reason
+        self.status = status
+        self.message = message
+        super().__init__(f"{reason}" + (f" (HTTP {status})" if status else "") + f": {message}")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One entry of ``GET /v1/models``: the base model has no parent, adapters do."""
+
+    id: str
+    root: str
+    parent: str | None
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.parent is not None
+
+
+def _error_message(text: str) -> str:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()[:500]
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:500]
+        if "message" in body:
+            return str(body["message"])[:500]
+    return text.strip()[:500]
+
+
+def classify(status: int, text: str) -> VllmError:
+    """Map one non-200 answer of vLLM to a VllmError with a stable reason."""
+    message = _error_message(text)
+    lowered = message.lower()
+    if status == 400:
+        reason = "already_loaded" if "already been loaded" in lowered else "bad_request"
+    elif status == 404:
+        reason = "not_found"
+    elif status >= 500:
+        reason = "rank_too_large" if "max_lora_rank" in lowered else "server_error"
+    else:
+        reason = "unexpected_status"
+    return VllmError(reason, message, status)
+
+
+class VllmClient:
+    """One vLLM server. Share one instance per process: it keeps one connection pool."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0,
+                 completion_timeout_s: float = 300.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
+        self._completion_timeout = aiohttp.ClientTimeout(
+            total=completion_timeout_s, connect=min(timeout_s, 3.0), sock_read=timeout_s * 6)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64, force_close=False))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        try:
+            async with self._http().request(method, self.base_url + path, json=body,
+                                            timeout=self._timeout) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise classify(resp.status, text)
+                return text
+        except TimeoutError:
+            raise VllmError("timeout", f"{method} {path} took longer than "
+                            f"{self._timeout.total}s") from None
+        except aiohttp.ClientError as exc:
+            raise VllmError("unreachable", f"{method} {path}: {exc}") from None
+
+    async def load(self, lora_name: str, lora_path: str, *, inplace: bool = False) -> float:
+        """Register an adapter folder under ``lora_name``; returns the call's duration in ms."""
+        body: dict[str, Any] = {"lora_name": lora_name, "lora_path": lora_path}
+        if inplace:
+            body["load_inplace"] = True
+        started = time.perf_counter()
+        await self._call("POST", "/v1/load_lora_adapter", body)
+        return (time.perf_counter() - started) * 1000
+
+    async def unload(self, lora_name: str) -> None:
+        await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def models(self) -> list[ServedModel]:
+        text = await self._call("GET", "/v1/models")
+        try:
+            data = json.loads(text)["data"]
+            return [ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent"))
+                    for m in data]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise VllmError("bad_response", f"/v1/models: {exc}") from None
+
+    async def health(self) -> bool:
+        try:
+            await self._call("GET", "/health")
+        except VllmError:
+            return False
+        return True
+
+    async def wait_healthy(self, timeout_s: float, interval_s: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise VllmError("timeout", f"{self.base_url} not healthy after {timeout_s}s")
+            await asyncio.sleep(interval_s)
+
+    @asynccontextmanager
+    async def completion(self, path: str, body: dict[str, Any]
+                         ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST a completion request and hand back the open response, for streaming.
+
+        Non-200 answers are raised as VllmError so callers see one error type.
+        """
+        try:
+            async with self._http().post(self.base_url + path, json=body,
+                                         timeout=self._completion_timeout) as resp:
+                if resp.status != 200:
+                    raise classify(resp.status, await resp.text())
+                yield resp
+        except TimeoutError:
+            raise VllmError("timeout", f"POST {path} timed out") from None
+        except aiohttp.ClientError as exc:
+            raise VllmError("unreachable", f"POST {path}: {exc}") from None

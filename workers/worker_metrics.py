@@ -1,0 +1,84 @@
+"""The worker's Prometheus series, with the seed's names and labels.
+
+Labels are ``adapter_id, adapter_version, tenant_id, base_model`` everywhere. The two
+ratios of the seed are exported as gauges next to the counters they are computed from, so
+dashboards can use either the ready ratio or ``rate()`` of the counters. prometheus-client
+adds ``_total`` to counter names (``kv_namespace_conflict_total``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
+MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
+
+
+@dataclass(frozen=True)
+class AdapterLabels:
+    adapter_id: str
+    adapter_version: str
+    tenant_id: str
+    base_model: str
+
+    def values(self) -> tuple[str, str, str, str]:
+        return self.adapter_id, self.adapter_version, self.tenant_id, self.base_model
+
+
+class WorkerMetrics:
+    """One per agent, on its own registry (several agents may share a test process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hot_adapter_requests", "Requests routed to an adapter",
+                                LABELS, registry=r)
+        self.hot_hits = Counter("hot_adapter_hits", "Requests that found their adapter on GPU",
+                                LABELS, registry=r)
+        self.hot_adapter_hit_rate = Gauge(
+            "hot_adapter_hit_rate", "Share of requests whose adapter was already on GPU",
+            LABELS, registry=r)
+        self.adapter_swap_ms = Histogram("adapter_swap_ms", "Host -> vLLM load time (ms)",
+                                         LABELS, buckets=MS_BUCKETS, registry=r)
+        self.cold_loads = Counter("cold_loads", "Cold loads attempted", LABELS, registry=r)
+        self.cold_load_failures = Counter("cold_load_failures", "Cold loads that failed",
+                                          LABELS, registry=r)
+        self.cold_load_fail_ratio = Gauge("cold_load_fail_ratio",
+                                          "Failed / attempted cold loads", LABELS, registry=r)
+        self.kv_namespace_conflict = Counter(
+            "kv_namespace_conflict", "Names vLLM served that this agent did not load with "
+            "those bytes", LABELS, registry=r)
+        self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
+                                 LABELS, buckets=MS_BUCKETS, registry=r)
+        self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
+
+    def _ratio(self, gauge: Gauge, key: str, labels: AdapterLabels, hit: bool) -> None:
+        parts = self._ratio_parts.setdefault((key, *labels.values()), [0.0, 0.0])
+        parts[0] += hit
+        parts[1] += 1
+        gauge.labels(*labels.values()).set(parts[0] / parts[1])
+
+    def request(self, labels: AdapterLabels, *, hot: bool) -> None:
+        self.requests.labels(*labels.values()).inc()
+        if hot:
+            self.hot_hits.labels(*labels.values()).inc()
+        self._ratio(self.hot_adapter_hit_rate, "hit", labels, hot)
+
+    def cold_load(self, labels: AdapterLabels, *, ok: bool, swap_ms: float = 0.0) -> None:
+        self.cold_loads.labels(*labels.values()).inc()
+        if ok:
+            self.adapter_swap_ms.labels(*labels.values()).observe(swap_ms)
+        else:
+            self.cold_load_failures.labels(*labels.values()).inc()
+        self._ratio(self.cold_load_fail_ratio, "fail", labels, not ok)
+
+    def conflict(self, labels: AdapterLabels) -> None:
+        self.kv_namespace_conflict.labels(*labels.values()).inc()
+
+    def ttft(self, labels: AdapterLabels, ms: float) -> None:
+        self.ttft_ms.labels(*labels.values()).observe(ms)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
