@@ -1,0 +1,188 @@
+"""The planner agent: runs the pure ``streams.planner.plan`` and says what it decided on Kafka.
+
+Inputs, all in this Faust app: the registry table (streams.registry_agent), the scores table
+(streams.scoring_agent), the ``worker-states`` table (latest WorkerState per worker, from the
+compacted worker-state topic) and the schedule file (re-read when it changes).
+
+One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at once on a
+significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
+writes the planner's memory to the ``planner-memory`` table and flushes it *before* sending
+any command, then sends each command to the commands topic (key worker_id) and its decision
+to the audit and decisions topics. So after a crash the memory knows every command that may
+have gone out: nothing is re-decided under a new command_id, and on start the pending ones
+are sent again under their own ids (workers drop duplicates by command_id).
+
+Planning waits for table recovery: a planner that ran on an empty memory would re-issue.
+The wall clock is the planner's ``now``; tests control time through the timestamps of the
+request logs and worker states they produce, and choose schedule cron times near now.
+Assumes one streams worker holds all partitions (the planner needs the whole fleet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+import faust
+
+from infra.topics import spec, topic_name
+from loraplane.config import get_settings
+from schemas.audit import AuditRecord
+from schemas.base import now_utc
+from schemas.codec import SchemaError, decode, encode
+from schemas.commands import CacheCommand
+from schemas.registry import AdapterView
+from schemas.worker_state import WorkerState
+from streams.app import app
+from streams.lifecycle import AdapterState
+from streams.planner import Plan, WorkerMemory, plan
+from streams.registry_agent import registry_table
+from streams.schedules import ScheduleFile, warmup_scores
+from streams.scoring_agent import burst_seen, dead_letter, score_states
+
+log = logging.getLogger(__name__)
+settings = get_settings()
+
+
+def _raw_topic(suffix: str) -> faust.TopicT:
+    return app.topic(topic_name(settings, suffix), key_serializer="raw", value_serializer="raw")
+
+
+worker_state_topic = _raw_topic("worker-state")
+registry_topic = _raw_topic("registry")
+commands_topic = _raw_topic("commands")
+decisions_topic = _raw_topic("decisions")
+audit_topic = _raw_topic("audit")
+dead_letter_topic = _raw_topic("dead-letters")
+
+worker_states = app.Table("worker-states", partitions=spec("worker-state").partitions,
+                          help="worker_id -> latest WorkerState (JSON)")
+planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
+                           help="worker_id -> streams.planner.WorkerMemory.to_dict()")
+
+schedule_file = ScheduleFile(settings.schedules_path)
+replan = asyncio.Event()
+"""Set by significant events; the planning loop wakes up at once."""
+
+
+@app.agent(worker_state_topic)
+async def worker_state_agent(stream: faust.StreamT) -> None:
+    async for event in stream.events():
+        try:
+            state = decode(WorkerState, event.value)
+        except SchemaError as exc:
+            await dead_letter_topic.send(key=event.key, value=encode(dead_letter(
+                worker_state_topic, event.message, exc.reason, str(exc), "planner")))
+            continue
+        stored = worker_states.get(state.worker_id)
+        if stored is None or WorkerState.model_validate(stored).ts <= state.ts:
+            worker_states[state.worker_id] = state.model_dump(mode="json")
+
+
+@app.agent(registry_topic)
+async def registry_changes(stream: faust.StreamT) -> None:
+    """A lifecycle change (publish, canary, revoke, ...) is worth planning for now."""
+    async for _ in stream:
+        replan.set()
+
+
+class _Views:
+    """Registry views, re-validated only when an adapter's state changed (by last_seq)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[int, AdapterView]] = {}
+
+    def current(self) -> list[AdapterView]:
+        views = []
+        for adapter_id, raw in registry_table.items():
+            seq = raw.get("view", {}).get("last_seq")
+            cached = self._cache.get(adapter_id)
+            if cached is None or cached[0] != seq:
+                view = AdapterState.model_validate(raw).view
+                cached = self._cache[adapter_id] = (view.last_seq, view)
+            views.append(cached[1])
+        return views
+
+
+def _audit(cmd: CacheCommand) -> AuditRecord:
+    return AuditRecord(
+        event_id=cmd.command_id, ts=cmd.issued_at, component="planner",
+        action=cmd.action.value, decision="issued", reason=cmd.reason.rule,
+        subject_event_id=cmd.command_id, tenant_id=cmd.tenant_id, adapter_id=cmd.adapter_id,
+        version=cmd.version, actor=cmd.worker_id,
+        detail=json.dumps({"worker_id": cmd.worker_id, "lora_name": cmd.lora_name,
+                           "score": cmd.reason.score, "detail": cmd.reason.detail}))
+
+
+async def _send(cmd: CacheCommand) -> None:
+    await commands_topic.send(key=cmd.worker_id.encode(), value=encode(cmd))
+    record = encode(_audit(cmd))
+    await audit_topic.send(key=cmd.adapter_id.encode(), value=record)
+    await decisions_topic.send(key=cmd.base_model.encode(), value=record)
+
+
+async def _announce_waiting(result: Plan, last: list[str]) -> list[str]:
+    """One decision when the set of versions waiting for a load changes (not every tick)."""
+    names = [w.lora_name for w in result.waiting]
+    if names and names != last:
+        detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
+                              "reason": w.reason} for w in result.waiting[:50]])
+        await decisions_topic.send(key=b"planner", value=encode(AuditRecord(
+            event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component="planner",
+            action="load_gpu", decision="refused", reason=result.waiting[0].reason,
+            detail=detail[:2048])))
+    return names
+
+
+def plan_now(views: _Views) -> Plan:
+    now = time.time()
+    current = views.current()
+    scheduled = warmup_scores(schedule_file.current(),
+                              ((v.adapter_id, v.tenant_id) for v in current), now)
+    workers = [WorkerState.model_validate(v) for v in worker_states.values()]
+    memory = {k: WorkerMemory.from_dict(v) for k, v in planner_memory.items()}
+    return plan(current, score_states(), workers, settings.policy, now, memory, scheduled)
+
+
+@app.task
+async def planner_loop() -> None:
+    await app.tables.recovery.completed.wait()
+    views = _Views()
+    for raw in list(planner_memory.values()):  # resend what may not have gone out
+        for cmd in WorkerMemory.from_dict(raw).pending:
+            await commands_topic.send(key=cmd.worker_id.encode(), value=encode(cmd))
+    log.info("planner ready: %d workers in memory", len(planner_memory))
+    waiting: list[str] = []
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_any_trigger(), timeout=settings.policy.planner_interval_s)
+        replan.clear()
+        burst_seen.clear()
+        try:
+            result = plan_now(views)
+        except Exception:  # a bad record must not stop planning for everyone else
+            log.exception("planning tick failed; retrying at the next tick")
+            continue
+        for wid, mem in result.memory.items():
+            if planner_memory.get(wid) != (d := mem.to_dict()):
+                planner_memory[wid] = d
+        if result.commands:
+            await app.producer.flush()  # memory is durable before any command leaves
+            for cmd in result.commands:
+                await _send(cmd)
+            log.info("planner issued %d commands: %s", len(result.commands),
+                     ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
+                               for c in result.commands[:20]))
+        waiting = await _announce_waiting(result, waiting)
+
+
+async def _any_trigger() -> None:
+    waits = [asyncio.ensure_future(replan.wait()), asyncio.ensure_future(burst_seen.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

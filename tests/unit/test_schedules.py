@@ -1,0 +1,88 @@
+"""Schedules: windows ahead of cron peaks, selectors, and reload without restart."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from streams.schedules import (
+    ScheduleEntry,
+    ScheduleFile,
+    parse_schedule,
+    scheduled_warmup_score,
+    warmup_scores,
+)
+
+PEAK = datetime(2026, 3, 2, 9, 0, tzinfo=UTC).timestamp()  # a Monday, 09:00 UTC
+YAML = """
+schedules:
+  - name: morning
+    cron: "0 9 * * 1-5"
+    adapter_id: "support-*"
+    lead_minutes: 10
+    duration_minutes: 60
+    warmup_score: 0.8
+  - cron: "0 9 * * *"
+    tenant_id: acme
+    lead_minutes: 5
+    duration_minutes: 30
+"""
+
+
+def test_window_opens_lead_minutes_before_the_peak_and_closes_after_duration() -> None:
+    s = parse_schedule(YAML)
+    score = lambda t: scheduled_warmup_score(s, "support-en", "other", t)  # noqa: E731
+    assert score(PEAK - 11 * 60) == 0
+    assert score(PEAK - 10 * 60) == 0.8
+    assert score(PEAK) == 0.8
+    assert score(PEAK + 60 * 60) == 0.8
+    assert score(PEAK + 61 * 60) == 0
+    # Saturday: the weekday-only entry does not fire.
+    assert score(PEAK + 5 * 86400) == 0
+
+
+def test_selectors_and_highest_score_wins() -> None:
+    s = parse_schedule(YAML)
+    got = warmup_scores(s, [("support-en", "acme"), ("sales", "acme"), ("sales", "x")],
+                        PEAK - 60)
+    assert got == {"support-en": 1.0, "sales": 1.0}
+    assert warmup_scores(s, [("sales", "acme")], PEAK - 6 * 60) == {}
+
+
+@given(st.floats(min_value=0, max_value=7 * 86400))
+def test_score_is_zero_or_the_entry_score(offset: float) -> None:
+    s = parse_schedule(YAML)
+    assert scheduled_warmup_score(s, "support-x", "t", PEAK + offset) in (0.0, 0.8)
+
+
+@pytest.mark.parametrize("entry", [
+    {"cron": "not a cron", "adapter_id": "a"},
+    {"cron": "0 9 * * *"},
+    {"cron": "0 9 * * *", "adapter_id": "a", "tenant_id": "b"},
+    {"cron": "0 9 * * *", "adapter_id": "a", "warmup_score": 2},
+])
+def test_bad_entries_are_refused(entry: dict) -> None:
+    with pytest.raises(ValidationError):
+        ScheduleEntry.model_validate(entry)
+
+
+def test_file_reloads_on_change_and_keeps_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "schedules.yaml"
+    f = ScheduleFile(path)
+    assert f.current().schedules == []
+    path.write_text(YAML)
+    assert len(f.current().schedules) == 2
+    path.write_text("schedules: [{cron: '0 9 * * *', adapter_id: x}]")
+    os.utime(path, (1, 1))  # mtime granularity: force a visible change
+    assert [e.adapter_id for e in f.current().schedules] == ["x"]
+    path.write_text("schedules: [{cron: broken")
+    os.utime(path, (2, 2))
+    assert [e.adapter_id for e in f.current().schedules] == ["x"]
+    path.unlink()
+    assert f.current().schedules == []

@@ -1,0 +1,142 @@
+"""Hot-score state from request logs: decayed rates, TTFT penalty, errors, bounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loraplane.policy import Policy
+from schemas.request_log import RequestStatus, Tier
+from streams.scores import (
+    TAU_1M_S,
+    TAU_10M_S,
+    Decayed,
+    ScoreState,
+    from_dict,
+    hot_score,
+    is_burst,
+    merged,
+    observe,
+    to_dict,
+)
+
+POLICY = Policy()
+T0 = 1_700_000_000.0
+
+
+def requests(n: int, start: float = T0, every_s: float = 1.0, tier: Tier = Tier.gpu,
+             status: RequestStatus = RequestStatus.ok, ttft: float | None = 50.0,
+             state: ScoreState | None = None, cls: str = "interactive") -> ScoreState:
+    state = state or ScoreState()
+    for i in range(n):
+        state = observe(state, ts=start + i * every_s, request_class=cls, tier=tier,
+                        status=status, ttft_ms=ttft)
+    return state
+
+
+def test_steady_rate_converges_to_the_arrival_rate() -> None:
+    s = requests(7200, every_s=0.5)  # 2 qps for an hour (six time constants)
+    now = T0 + 7200 * 0.5
+    assert math.isclose(s.qps_10m(now), 2.0, rel_tol=0.05)
+    assert math.isclose(s.qps_1m(now), 2.0, rel_tol=0.05)
+
+
+def test_out_of_order_event_counts_as_if_in_order() -> None:
+    in_order = Decayed(TAU_10M_S).add(T0).add(T0 + 30)
+    reversed_ = Decayed(TAU_10M_S).add(T0 + 30).add(T0)
+    assert math.isclose(in_order.at_time(T0 + 60), reversed_.at_time(T0 + 60))
+
+
+def test_ttft_penalty_uses_prior_until_both_observed() -> None:
+    s = requests(5, tier=Tier.gpu, ttft=40.0)
+    assert s.ttft_penalty_ms(800.0) == 800.0
+    s = requests(5, tier=Tier.cold, ttft=1040.0, state=s)
+    assert math.isclose(s.ttft_penalty_ms(800.0), 1000.0)
+
+
+def test_error_rate_needs_samples_and_counts_only_served_requests() -> None:
+    few = requests(5, status=RequestStatus.error)
+    assert few.error_rate_after_load(T0 + 5) is None
+    s = requests(90, status=RequestStatus.ok)
+    s = requests(10, start=T0 + 90, status=RequestStatus.error, state=s)
+    s = requests(50, start=T0 + 100, tier=Tier.cold, status=RequestStatus.error, state=s)
+    assert math.isclose(s.error_rate_after_load(T0 + 150), 0.1, rel_tol=0.1)
+
+
+def test_refused_requests_are_not_demand() -> None:
+    s = requests(10, status=RequestStatus.refused)
+    assert s.last_request is None and s.qps_10m(T0 + 10) == 0
+
+
+def test_class_mix_and_idle_minutes() -> None:
+    s = requests(3, cls="batch")
+    s = requests(1, start=T0 + 10, cls="interactive", state=s)
+    mix = s.class_mix(T0 + 10)
+    assert math.isclose(sum(mix.values()), 1.0) and mix["batch"] > mix["interactive"]
+    assert s.dominant_class(T0 + 10) == "batch"
+    assert math.isclose(s.idle_minutes(T0 + 10 + 3600), 60.0)
+    assert ScoreState().idle_minutes(T0) == math.inf
+
+
+def test_burst_fires_once_when_the_minute_rate_jumps() -> None:
+    quiet = requests(2, every_s=200)
+    burst = requests(1, start=T0 + 400, state=quiet)
+    fired = []
+    for i in range(5):
+        before, burst = burst, observe(burst, ts=T0 + 401 + i, request_class="interactive",
+                                       tier=Tier.cold, status=RequestStatus.ok, ttft_ms=None)
+        fired.append(is_burst(before, burst, T0 + 401 + i))
+    assert fired.count(True) == 1
+
+
+def test_merged_adds_demand_and_keeps_version_facts() -> None:
+    a = requests(10, tier=Tier.cold, ttft=900)
+    b = requests(10, start=T0 + 5)
+    m = merged(a, b)
+    now = T0 + 20
+    assert math.isclose(m.qps_10m(now), a.qps_10m(now) + b.qps_10m(now))
+    assert m.ttft_cold_ms == a.ttft_cold_ms and m.last_request == b.last_request
+
+
+def test_serialisation_round_trips() -> None:
+    s = requests(7, tier=Tier.cold, ttft=300.0)
+    s = requests(3, start=T0 + 100, state=s, cls="batch")
+    assert from_dict(to_dict(s)) == s
+
+
+qps = st.floats(min_value=0, max_value=50, allow_nan=False)
+prio = st.sampled_from(["bronze", "silver", "gold", "platinum", "unknown"])
+warm = st.floats(min_value=-1, max_value=2, allow_nan=False)
+
+
+def steady(rate: float, now: float) -> ScoreState:
+    """The steady state of a constant arrival ``rate`` (requests/s) at ``now``."""
+    return ScoreState(requests_10m=Decayed(TAU_10M_S, rate * TAU_10M_S, now),
+                      requests_1m=Decayed(TAU_1M_S, rate * TAU_1M_S, now), last_request=now)
+
+
+@given(qps, qps, prio, warm)
+def test_hot_score_is_monotonic_in_qps(a: float, b: float, priority: str, w: float) -> None:
+    lo, hi = sorted((a, b))
+    assert (hot_score(steady(lo, T0), priority, w, POLICY, T0)
+            <= hot_score(steady(hi, T0), priority, w, POLICY, T0) + 1e-12)
+
+
+@given(qps, prio, warm, st.floats(min_value=0, max_value=1e6),
+       st.floats(min_value=0, max_value=1e6))
+def test_hot_score_is_bounded(rate: float, priority: str, w: float, cold: float,
+                              hot: float) -> None:
+    s = replace(steady(rate, T0), ttft_cold_ms=cold, ttft_hot_ms=hot)
+    score = hot_score(s, priority, w, POLICY, T0)
+    assert 0.0 <= score <= sum(POLICY.weights.values()) + 1e-12
+
+
+@given(st.floats(min_value=1e-3, max_value=50), st.floats(min_value=1, max_value=7200))
+def test_scores_decay_without_requests(rate: float, later: float) -> None:
+    s = steady(rate, T0)
+    assert s.qps_10m(T0 + later) < s.qps_10m(T0)
+    assert (hot_score(s, "silver", 0, POLICY, T0 + later)
+            <= hot_score(s, "silver", 0, POLICY, T0))
