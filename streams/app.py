@@ -33,6 +33,10 @@ def _make_app() -> faust.App:
         web_enabled=False,
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
+        # A killed worker's partitions move to its successor after this, not Faust's 60 s
+        # default: the planner must not stay silent for a minute after a crash.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
     )
 
 

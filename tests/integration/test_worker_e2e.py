@@ -302,6 +302,9 @@ def test_load_serve_unload_and_restart(world: World) -> None:
 
     world.command("chat-2", CommandAction.demote_to_host)
     wait_for(lambda: v2.lora_name not in world.vllm_names(), 30, "v2 unloaded")
+    # Cache events leave the agent asynchronously; let the unload's event land before the kill.
+    wait_for(lambda: any(e.kind == CacheEventKind.unload and e.lora_name == v2.lora_name
+                         for e in world.read("cache-events", CacheEvent)), 30, "unload event")
 
     world.kill_agent()  # SIGKILL: no goodbye
     assert v1.lora_name in world.vllm_names()  # vLLM keeps serving
@@ -357,3 +360,50 @@ def test_s3_down_fails_fast_then_resumes(world: World) -> None:
             sql.record.lora_name
 
     wait_for(loaded, 60, "sql served after S3 came back")
+
+
+HOSTILE_IDS = ("header claims gigabytes", "module the model lacks", "tampered byte",
+               "pickle bin", "dot-dot path", "digest mismatch", "wrong size")
+
+
+def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
+    """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
+    the GPU through the real commands topic: each is refused with its reason, vLLM never sees
+    one, and the agent keeps serving."""
+    from tests.hostile_corpus import CASES, hostile
+    from workers.artifact_fetch import s3_client
+
+    if world.agent is None:
+        world.start_agent()
+    good = world.adapters["other-1"].folder
+    client = s3_client(world.settings.s3)
+    records, expected = [], {}
+    for i, case in enumerate(c for c in CASES if c.id in HOSTILE_IDS):
+        _, rec = hostile(case, good, world.tmp / f"hostile-{i}")
+        folder = world.tmp / f"hostile-{i}" / "artifact"
+        rec = rec.model_copy(update={
+            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a",
+            "artifact_uri": f"s3://{BUCKET}/hostile-{i}/1/", "status": AdapterStatus.active})
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            client.put_object(Bucket=BUCKET, Key=f"hostile-{i}/1/{path.relative_to(folder)}",
+                              Body=path.read_bytes())
+        records.append(rec)
+        # Over S3 the fetcher parses manifest.json with the schema first, which already
+        # refuses a '..' path (the verifier's own unsafe_path check is the second line).
+        expected[rec.lora_name] = ("manifest_invalid" if case.id == "dot-dot path"
+                                   else case.reason.value)
+    assert len(records) == len(HOSTILE_IDS)
+    write_registry(world.settings, records)
+    world.adapters.update({r.adapter_id: Published(world.tmp, r) for r in records})
+    time.sleep(2)  # the agent re-reads the registry every second (--registry-refresh-s 1)
+    commands = {world.command(r.adapter_id, CommandAction.load_gpu): r.lora_name
+                for r in records}
+
+    def refused() -> dict[str, str]:
+        got = {e.lora_name: e.reason for e in world.read("cache-events", CacheEvent)
+               if e.command_id in commands and e.kind == CacheEventKind.refuse}
+        return got if len(got) == len(commands) else {}
+
+    assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
+    assert not set(expected) & world.vllm_names()  # none reached vLLM
+    assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving

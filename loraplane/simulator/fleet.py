@@ -1,0 +1,104 @@
+"""The fleet and its costs: what a hit, a swap, a fetch and a fallback cost, per request class.
+
+GPU slots of the workers serving one base model are pooled (the gateway routes a request to
+the worker that holds its adapter), and so are their host tiers and cold-load budgets
+(``cold_loads_per_minute_per_worker * workers``, a rolling minute as in the seed's
+``cold_loads_last_minute()``). Request-class budgets come from the policy file:
+- interactive: a miss whose penalty exceeds ``max_wait_ms`` (or that meets a spent load
+  budget) is served by the base model (``fallback``, charged ``fallback_cost_ms``) or told to
+  retry (``retry_later``, charged ``retry_after_s``); the adapter still loads in the background
+  unless the load budget is spent;
+- batch: waits for the load budget and the load up to its ``max_wait_ms`` and is charged what
+  it waited; beyond that it is served by the base model (charged ``fallback_cost_ms``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraplane.policy import Policy
+from loraplane.simulator.scenario import BaseModelFleet, Costs
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The workers of one base model, seen as one pool of slots."""
+
+    index: int
+    name: str
+    workers: int
+    gpu_slots: int
+    host_slots: int
+    host_bytes: float
+    hbm_bytes: float
+    base_bytes: float
+    kv_bytes: float
+    loads_per_minute: int
+
+    @classmethod
+    def of(cls, index: int, spec: BaseModelFleet, policy: Policy) -> Pool:
+        w = spec.workers
+        return cls(index, spec.name, w, spec.gpu_slots_per_worker * w,
+                   spec.host_slots_per_worker * w, spec.host_bytes_per_worker * w,
+                   spec.hbm_bytes_per_worker * w, spec.base_weights_bytes * w,
+                   spec.kv_reserved_bytes * w, policy.cold_loads_per_minute_per_worker * w)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one request that missed the GPU tier experienced and is charged (ms)."""
+
+    ttft_penalty_ms: float
+    charged_ms: float
+    fallback: bool
+
+
+class CostModel:
+    def __init__(self, costs: Costs, policy: Policy) -> None:
+        self.costs = costs
+        budgets = policy.request_budgets
+        self.interactive = budgets.interactive
+        fallback = costs.fallback_cost_ms
+        interactive_over = (fallback if self.interactive.on_cold == "fallback"
+                            else self.interactive.retry_after_s * 1000.0)
+        # per class (interactive, batch): max wait, charge when over it, is that a fallback
+        self._classes = ((float(self.interactive.max_wait_ms), interactive_over,
+                          self.interactive.on_cold == "fallback"),
+                         (float(budgets.batch.max_wait_ms), fallback, True))
+
+    def swap_ms(self, size_bytes: float) -> float:
+        """Host memory → GPU slot."""
+        return self.costs.swap_fixed_ms + size_bytes / (self.costs.host_to_gpu_gbps * GB) * 1e3
+
+    def fetch_ms(self, size_bytes: float) -> float:
+        """Artifact store (S3) → host memory, verified."""
+        return self.costs.fetch_fixed_ms + size_bytes / (self.costs.s3_gbps * GB) * 1e3
+
+    def weight(self, priority: str) -> float:
+        return self.costs.priority_weights[priority]
+
+    def may_wait(self, batch: bool, wait_ms: float) -> bool:
+        """May a request of this class wait ``wait_ms`` for the load budget?"""
+        return batch and wait_ms <= self._classes[1][0]
+
+    def miss(self, penalty_ms: float, batch: bool, blocked: bool) -> Outcome:
+        """Apply the request-class budget to a miss that would wait ``penalty_ms``
+        (``blocked``: the load budget is spent, nothing loads)."""
+        max_wait, over, fallback = self._classes[batch]
+        if blocked or penalty_ms > max_wait:
+            return Outcome(0.0 if fallback else over, over, fallback)
+        return Outcome(penalty_ms, penalty_ms, False)
+
+    def bypass(self) -> Outcome:
+        """The policy declined to load: the base model serves the request."""
+        return Outcome(0.0, self.costs.fallback_cost_ms, True)
+
+    def min_miss_ms(self, size_bytes: float, batch: bool) -> float:
+        """The least any miss of this request can be charged, whatever the policy did: the
+        weight of a miss in the offline optimum (so that it is a true lower bound)."""
+        max_wait, over, _ = self._classes[batch]
+        floor = min(over, self.costs.fallback_cost_ms)
+        swap = self.swap_ms(size_bytes)
+        return floor if swap > max_wait else min(swap, floor)

@@ -1,0 +1,52 @@
+"""Per-policy results: the counters the engine keeps and their summary (the JSON shape of
+``loraplane simulate``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    gpu_hits: int = 0
+    host_hits: int = 0
+    cold_loads: int = 0
+    swaps: int = 0
+    fallbacks: int = 0
+    platinum_cold_starts: int = 0
+    canary_cold_starts: int = 0
+    weighted_miss_cost: float = 0.0
+    swap_ms_total: float = 0.0
+    demand_swaps: int = 0
+    hbm_peak_ratio: float = 0.0
+    ttft_penalty_ms: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        n = max(1, self.requests)
+        pct = np.percentile(self.ttft_penalty_ms, [50, 95, 99]) if self.ttft_penalty_ms \
+            else [0.0, 0.0, 0.0]
+        return {
+            "gpu_hit_rate": round(self.gpu_hits / n, 6),
+            "host_hit_rate": round(self.host_hits / n, 6),
+            "cold_loads": self.cold_loads,
+            "swaps": self.swaps,
+            "fallbacks": self.fallbacks,
+            "ttft_penalty_ms": {k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"),
+                                                                     pct, strict=True)},
+            "weighted_miss_cost": round(self.weighted_miss_cost, 3),
+            "platinum_cold_starts": self.platinum_cold_starts,
+            "canary_cold_starts": self.canary_cold_starts,
+        }
+
+    def seed_columns(self) -> dict[str, float]:
+        """The seed's columns: HBM peak / HBM, mean time of an on-demand swap, and the
+        tokens/s that 95% of requests reach (5th percentile of per-request tokens/s)."""
+        tps = float(np.percentile(self.tokens_per_s, 5)) if self.tokens_per_s else 0.0
+        demand = self.swap_ms_total / self.demand_swaps if self.demand_swaps else 0.0
+        return {"hbm_peak_ratio": round(self.hbm_peak_ratio, 4), "swap_ms": round(demand, 3),
+                "p95_tokens_per_s": round(tps, 3)}

@@ -1,0 +1,199 @@
+"""loraplane's policy in the simulator: the real ``streams.scores`` and ``streams.planner``
+code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
+
+- Every served request is folded into its version's ``ScoreState`` with
+  ``streams.scores.observe`` (the scoring agent's job); a burst (``is_burst``) asks for a
+  planning tick at once, as the app re-plans on significant events.
+- Every ``policy.planner_interval_s`` the pool's registry views, scores and per-worker
+  ``WorkerState`` go through ``streams.planner.plan``; its commands become the engine's plan
+  (``load_gpu`` -> load, ``demote_to_host``/``evict`` of a GPU copy -> evict, ``prewarm_host``
+  -> host prewarm, ``pin``/``unpin`` -> the pinned set). The planner's memory is kept across
+  ticks like the Faust table keeps it.
+- A request that misses between ticks is loaded by the worker on demand (the engine applies
+  the request-class and load budgets); the slot given up is the unpinned resident with the
+  lowest hot score of the last tick, least recently used first (the policy's
+  ``eviction_policy: weighted-lru``). When every resident is pinned the base model serves it.
+- Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
+  minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
+Host copies that the planner would evict for host pressure are left to the engine's host
+LRU, which enforces the same slot and byte limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+from loraplane.simulator.catalog import Adapter
+from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
+from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
+from schemas.commands import CommandAction
+from schemas.registry import AdapterView
+from schemas.request_log import RequestClass, RequestStatus, Tier
+from schemas.worker_state import LoadedAdapter, WorkerState
+from streams import planner
+from streams.schedules import Schedule, ScheduleEntry, warmup_scores
+from streams.scores import ScoreState, is_burst, observe, score_key
+
+SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
+_EMPTY = ScoreState()
+_TIERS = {t.value: t for t in Tier}
+
+
+def _record(a: Adapter, base_model: str) -> AdapterRecord:
+    sha = hashlib.sha256(f"{a.adapter_id}@{a.version}".encode()).hexdigest()
+    return AdapterRecord(
+        adapter_id=a.adapter_id, base_model=base_model, version=a.version, rank=a.rank,
+        artifact_uri=f"s3://loraplane-artifacts/{a.adapter_id}/{a.version}/", sha256=sha,
+        size_bytes=max(1, int(a.size_bytes)),
+        status=AdapterStatus.canary if a.is_canary else AdapterStatus.active,
+        tenant_id=a.tenant, priority=Priority(a.priority),
+        compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=512),
+        release=Release(canary_percent=a.canary_percent))
+
+
+def _schedule(ctx: PolicyContext) -> Schedule:
+    entries = []
+    for n, peak in enumerate(ctx.peaks):
+        at = datetime.fromtimestamp(SIM_EPOCH + peak.at_s, UTC)
+        adapter = ctx.catalog.adapters[min(peak.rank, ctx.catalog.regular - 1)]
+        entries.append(ScheduleEntry(
+            name=f"peak-{n}", cron=f"{at.minute} {at.hour} {at.day} {at.month} *",
+            adapter_id=adapter.adapter_id, lead_minutes=peak.lead_s / 60,
+            duration_minutes=max(1.0, peak.duration_s / 60)))
+    return Schedule(schedules=entries)
+
+
+class Loraplane(CachePolicy):
+    name = "loraplane"
+    observes = True
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        pool = ctx.pool
+        self.tick_s = ctx.policy.planner_interval_s
+        self.workers = [f"{pool.name}-w{n}" for n in range(pool.workers)]
+        self.worker_index = {w: n for n, w in enumerate(self.workers)}
+        self.slots_per_worker = pool.gpu_slots // pool.workers
+        mine = [a for a in ctx.catalog.adapters if a.base_model == pool.index]
+        self.records = {a.index: _record(a, pool.name) for a in mine}
+        by_id: dict[str, list[AdapterRecord]] = {}
+        for r in self.records.values():
+            by_id.setdefault(r.adapter_id, []).append(r)
+        stamp = datetime.fromtimestamp(SIM_EPOCH, UTC)
+        self.views = [AdapterView(
+            adapter_id=aid, tenant_id=rs[0].tenant_id, base_model=pool.name,
+            active_version=next(r.version for r in rs if r.status is AdapterStatus.active),
+            versions=rs, last_seq=1, last_event_id=f"sim-{aid}", updated_at=stamp)
+            for aid, rs in by_id.items()]
+        self.index_of = {r.lora_name: i for i, r in self.records.items()}
+        self.key = {i: score_key(r.adapter_id, r.version) for i, r in self.records.items()}
+        self.pairs = sorted({(r.adapter_id, r.tenant_id) for r in self.records.values()})
+        self.schedule = _schedule(ctx)
+        self.batch = ctx.requests.batch
+        self.scores: dict[str, ScoreState] = {}
+        self.memory: dict[str, planner.WorkerMemory] = {}
+        self.where: dict[int, int] = {}  # GPU resident -> worker index
+        self.pinned: set[int] = set()
+        self.last_score: dict[int, float] = {}
+        self.last_used: dict[int, float] = {}
+        self.planned_worker: dict[int, int] = {}
+        self.hbm_fixed = (pool.base_bytes + pool.kv_bytes) / pool.workers
+        self.hbm_per_worker = pool.hbm_bytes / pool.workers
+
+    # --- the request log -------------------------------------------------------------------
+
+    def observe(self, adapter: int, i: int, now: float, tier: str, ttft_ms: float) -> None:
+        key = self.key[adapter]
+        before = self.scores.get(key, _EMPTY)
+        after = observe(before, ts=SIM_EPOCH + now,
+                        request_class=(RequestClass.batch if self.batch[i]
+                                       else RequestClass.interactive).value,
+                        tier=_TIERS[tier], status=RequestStatus.ok, ttft_ms=ttft_ms)
+        self.scores[key] = after
+        self.last_used[adapter] = now
+        if is_burst(before, after, SIM_EPOCH + now):
+            self.replan_now = True
+
+    # --- the request path between ticks -----------------------------------------------------
+
+    def on_hit(self, adapter: int, i: int, now: float) -> None:
+        pass
+
+    def on_miss(self, adapter: int, i: int, now: float, full: bool) -> int | None:
+        if not full:
+            load = [0] * len(self.workers)
+            for w in self.where.values():
+                load[w] += 1
+            self.where[adapter] = min(range(len(load)), key=load.__getitem__)
+            return None
+        evictable = [r for r in self.where if r not in self.pinned]
+        if not evictable:
+            return BYPASS
+        victim = min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
+                                               self.last_used.get(r, 0.0)))
+        self.where[adapter] = self.where.pop(victim)
+        return victim
+
+    # --- the planner tick -------------------------------------------------------------------
+
+    def _states(self, now: float) -> list[WorkerState]:
+        gpu: list[list[LoadedAdapter]] = [[] for _ in self.workers]
+        host: list[list[LoadedAdapter]] = [[] for _ in self.workers]
+        for tier, members in (("gpu", self.where.items()),
+                              ("host", ((a, a % len(self.workers)) for a in self.ctx.host
+                                        if a not in self.where))):
+            for a, w in members:
+                r = self.records[a]
+                (gpu if tier == "gpu" else host)[w].append(LoadedAdapter.model_construct(
+                    lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
+                    tenant_id=r.tenant_id, tier=tier, pinned=a in self.pinned,
+                    size_bytes=r.size_bytes, rank=r.rank, last_used=None, in_flight=0))
+        ts = datetime.fromtimestamp(SIM_EPOCH + now, UTC)
+        pool = self.ctx.pool
+        states = []
+        for n, wid in enumerate(self.workers):
+            used = sum(x.size_bytes for x in gpu[n])
+            states.append(WorkerState.model_construct(
+                schema_version=1, worker_id=wid, base_model=pool.name, ts=ts, gateway_url="",
+                gpu_slots_used=len(gpu[n]), gpu_slots_total=self.slots_per_worker,
+                host_bytes_used=sum(x.size_bytes for x in host[n]) + used,
+                host_bytes_budget=int(pool.host_bytes / pool.workers),
+                hbm_usage=min(1.0, (self.hbm_fixed + used) / self.hbm_per_worker),
+                max_lora_rank=512, cold_loads_last_minute=0, adapters=gpu[n] + host[n]))
+        return states
+
+    def tick(self, now: float) -> Plan:
+        self.replan_now = False
+        at = SIM_EPOCH + now
+        scheduled = warmup_scores(self.schedule, self.pairs, at) if self.schedule.schedules \
+            else {}
+        result = planner.plan(self.views, self.scores, self._states(now), self.ctx.policy, at,
+                              self.memory, scheduled)
+        self.memory = result.memory
+        self.last_score = {self.index_of[lora]: s for lora, s in result.scores.items()}
+        out = Plan()
+        for cmd in result.commands:
+            a = self.index_of[cmd.lora_name]
+            match cmd.action:
+                case CommandAction.load_gpu:
+                    out.load.append(a)
+                    self.planned_worker[a] = self.worker_index[cmd.worker_id]
+                case CommandAction.demote_to_host | CommandAction.evict:
+                    if a in self.where:
+                        out.evict.append(a)
+                case CommandAction.prewarm_host:
+                    out.prewarm.append(a)
+                case CommandAction.pin:
+                    self.pinned.add(a)
+                case CommandAction.unpin:
+                    self.pinned.discard(a)
+        return out
+
+    def on_planned(self, loaded: list[int], evicted: list[int], now: float) -> None:
+        for a in evicted:
+            self.where.pop(a, None)
+            self.pinned.discard(a)
+        for a in loaded:
+            self.where[a] = self.planned_worker.pop(a)
+        self.planned_worker.clear()

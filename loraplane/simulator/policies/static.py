@@ -1,0 +1,24 @@
+"""Static merge (the seed's first strategy): each slot holds one adapter merged into its
+instance's weights, chosen once (the most popular), never swapped. Requests for any other
+adapter are served by the base model. No swap cost and no LoRA compute overhead, no
+flexibility."""
+
+from __future__ import annotations
+
+from loraplane.simulator.policies.base import BYPASS, CachePolicy
+
+
+class StaticMerge(CachePolicy):
+    name = "static-merge"
+    merged = True
+
+    def preload(self) -> list[int]:
+        mine = [a.index for a in self.ctx.catalog.adapters
+                if a.base_model == self.ctx.pool.index and not a.is_canary]
+        return mine[: self.capacity]
+
+    def on_hit(self, adapter: int, i: int, now: float) -> None:
+        pass
+
+    def on_miss(self, adapter: int, i: int, now: float, full: bool) -> int | None:
+        return BYPASS

@@ -1,0 +1,73 @@
+"""The request stream every policy replays: arrival times, adapters, tokens, request class.
+
+How requests are mapped to adapters (the Azure traces have none), deterministically for a seed:
+1. popularity: each request picks adapter ``i`` with probability ∝ ``(i + 1) ** -alpha``;
+2. bursts: inside a burst window, each request goes to the burst adapter with probability
+   ``share`` (an adapter that was cold becomes hot at once);
+3. scheduled peaks: extra arrivals at ``qps`` (exponential gaps) for the peak adapter;
+4. canaries: a request for an adapter with a canary version goes to the canary with
+   probability ``percent / 100``;
+5. class: a request is batch with probability ``batch_fraction``, interactive otherwise.
+Tenant and priority come with the adapter (``catalog``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loraplane.simulator.catalog import Catalog
+from loraplane.simulator.scenario import Workload
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Column lists (not objects): the engine's loop reads them by index at a million rows."""
+
+    time_s: list[float]
+    adapter: list[int]
+    output_tokens: list[int]
+    batch: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.time_s)
+
+
+def popularity(n: int, alpha: float) -> np.ndarray:
+    p = np.arange(1, n + 1, dtype=float) ** -alpha
+    return p / p.sum()
+
+
+def assign_adapters(times: np.ndarray, tokens: np.ndarray, workload: Workload, catalog: Catalog,
+                    rng: np.random.Generator) -> Requests:
+    """Map arrivals (seconds from start, sorted) to adapters as described in the module doc."""
+    times = np.asarray(times, dtype=float)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    adapter = rng.choice(catalog.regular, size=len(times),
+                         p=popularity(catalog.regular, workload.alpha))
+    for burst in workload.bursts:
+        window = (times >= burst.at_s) & (times < burst.at_s + burst.duration_s)
+        hit = window & (rng.random(len(times)) < burst.share)
+        adapter[hit] = min(burst.rank, catalog.regular - 1)
+    extra_t, extra_a = [times], [adapter]
+    for peak in workload.peaks:
+        n = rng.poisson(peak.qps * peak.duration_s)
+        extra_t.append(np.sort(peak.at_s + rng.random(n) * peak.duration_s))
+        extra_a.append(np.full(n, min(peak.rank, catalog.regular - 1)))
+    extra_tokens = rng.choice(tokens, size=sum(len(t) for t in extra_t[1:]))
+    times = np.concatenate(extra_t)
+    adapter = np.concatenate(extra_a)
+    tokens = np.concatenate([tokens, extra_tokens])
+    order = np.argsort(times, kind="stable")
+    times, adapter, tokens = times[order], adapter[order], tokens[order]
+    if catalog.canary_of:
+        lookup = np.full(len(catalog), -1)
+        for parent, canary in catalog.canary_of.items():
+            lookup[parent] = canary
+        to_canary = (lookup[adapter] >= 0) & (
+            rng.random(len(adapter)) < workload.canaries.percent / 100)
+        adapter[to_canary] = lookup[adapter[to_canary]]
+    batch = rng.random(len(times)) < workload.batch_fraction
+    return Requests(times.tolist(), adapter.tolist(), np.maximum(tokens, 1).tolist(),
+                    batch.tolist())

@@ -1,0 +1,192 @@
+"""The scenario file (YAML): workload, fleet, costs, the loraplane policy and the sweep.
+
+One file holds everything a run depends on, so a table in docs/benchmarks.md is reproduced by
+naming the file and the seed. Unknown keys are errors: a typo must not silently fall back to a
+default and change the benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from loraplane.policy import Policy
+
+PRIORITIES = ("bronze", "silver", "gold", "platinum")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Diurnal(_Strict):
+    """Arrival rate multiplied by ``1 + amplitude * sin(2π (t + phase_s) / period_s)``."""
+
+    amplitude: float = Field(0.0, ge=0, lt=1)
+    period_s: float = Field(86_400.0, gt=0)
+    phase_s: float = 0.0
+
+
+class Burst(_Strict):
+    """From ``at_s`` for ``duration_s``, ``share`` of all requests go to one adapter that was
+    cold: the adapter at popularity rank ``rank`` (0 = most popular)."""
+
+    at_s: float = Field(ge=0)
+    duration_s: float = Field(gt=0)
+    share: float = Field(gt=0, le=1)
+    rank: int = Field(ge=0)
+
+
+class Peak(_Strict):
+    """A scheduled peak: extra ``qps`` for adapter ``rank`` from ``at_s`` for ``duration_s``.
+    Known ahead (a schedule entry with ``lead_s``), so a planner may prewarm for it."""
+
+    at_s: float = Field(ge=0)
+    duration_s: float = Field(gt=0)
+    qps: float = Field(gt=0)
+    rank: int = Field(ge=0)
+    lead_s: float = Field(120.0, ge=0)
+
+
+class Canaries(_Strict):
+    """``count`` of the most popular adapters get a canary version taking ``percent`` of their
+    traffic."""
+
+    count: int = Field(0, ge=0)
+    percent: float = Field(10.0, ge=0, le=100)
+
+
+class Workload(_Strict):
+    source: Literal["synthetic", "trace"] = "synthetic"
+    trace: str | None = Field(None, description="Azure LLM trace CSV (source: trace)")
+    requests: int = Field(10_000, ge=1, description="synthetic: number of base arrivals")
+    rate_qps: float = Field(10.0, gt=0, description="synthetic: mean arrival rate")
+    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrivals")
+    diurnal: Diurnal = Field(default_factory=Diurnal)
+    output_tokens: int = Field(180, ge=1, description="synthetic: mean output tokens")
+    adapters: int = Field(100, ge=1)
+    alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
+    tenants: int = Field(10, ge=1)
+    priority_mix: dict[Literal["bronze", "silver", "gold", "platinum"], float] = Field(
+        default_factory=lambda: {"bronze": 0.5, "silver": 0.3, "gold": 0.15, "platinum": 0.05})
+    batch_fraction: float = Field(0.0, ge=0, le=1)
+    canaries: Canaries = Field(default_factory=Canaries)
+    bursts: list[Burst] = Field(default_factory=list)
+    peaks: list[Peak] = Field(default_factory=list)
+    ranks: dict[int, float] = Field(default_factory=lambda: {16: 1.0},
+                                    description="LoRA rank mix over adapters")
+
+    @model_validator(mode="after")
+    def _trace_named(self) -> Workload:
+        if self.source == "trace" and not self.trace:
+            raise ValueError("workload.source is 'trace' but workload.trace is not set")
+        return self
+
+
+class BaseModelFleet(_Strict):
+    name: str = "llama-3.1-8b-instruct"
+    share: float = Field(1.0, gt=0, description="share of adapters on this base model")
+    workers: int = Field(2, ge=1)
+    gpu_slots_per_worker: int = Field(8, ge=1)
+    host_slots_per_worker: int = Field(64, ge=1)
+    host_bytes_per_worker: float = Field(32e9, gt=0)
+    hbm_bytes_per_worker: float = Field(24e9, gt=0)
+    base_weights_bytes: float = Field(16e9, ge=0)
+    kv_reserved_bytes: float = Field(4e9, ge=0)
+
+
+class Costs(_Strict):
+    """Latency model. Loads are ``fixed + bytes / bandwidth``; a miss never costs less than a
+    host→GPU swap, which is what makes the offline optimum a lower bound."""
+
+    gpu_hit_ms: float = Field(0.0, ge=0, description="adapter selection cost on a hit")
+    swap_fixed_ms: float = Field(5.0, ge=0)
+    host_to_gpu_gbps: float = Field(12.0, gt=0)
+    fetch_fixed_ms: float = Field(80.0, ge=0)
+    s3_gbps: float = Field(0.5, gt=0)
+    fallback_cost_ms: float = Field(1000.0, ge=0,
+                                    description="cost charged for serving on the base model")
+    decode_tokens_per_s: float = Field(45.0, gt=0)
+    lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
+    adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
+    priority_weights: dict[Literal["bronze", "silver", "gold", "platinum"], float] = Field(
+        default_factory=lambda: {"bronze": 1.0, "silver": 2.0, "gold": 4.0, "platinum": 8.0})
+
+
+class Fleet(_Strict):
+    base_models: list[BaseModelFleet] = Field(default_factory=lambda: [BaseModelFleet()])
+    costs: Costs = Field(default_factory=Costs)
+
+
+class Sweep(_Strict):
+    gpu_slots_per_worker: list[int] = Field(default_factory=lambda: [2, 4, 8, 16, 32])
+
+
+class OptimumSettings(_Strict):
+    exact_max_requests: int = Field(3000, ge=0, description="exact min-cost flow up to this")
+    segment_requests: int = Field(2000, ge=10, description="segment size of the lower bound")
+    bound_max_requests: int = Field(200_000, ge=0, description="no bound above this (time)")
+
+
+class SeedRow(_Strict):
+    hbm_peak: float
+    swap_ms: float
+    p95_tokens_per_s: float
+
+
+class Override(_Strict):
+    """A policy that stands for a deployment strategy gets its own slots or load budget."""
+
+    gpu_slots_per_worker: int | None = Field(None, ge=1)
+    cold_loads_per_minute_per_worker: int | None = Field(None, ge=1)
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    workload: Workload = Field(default_factory=Workload)
+    fleet: Fleet = Field(default_factory=Fleet)
+    policy: Policy = Field(default_factory=Policy)
+    policies: list[str] = Field(default_factory=lambda: ["all"])
+    overrides: dict[str, Override] = Field(
+        default_factory=dict, description="policy -> its own deployment (seed comparison)")
+    sweep: Sweep = Field(default_factory=Sweep)
+    optimum: OptimumSettings = Field(default_factory=OptimumSettings)
+    seed_reference: dict[str, SeedRow] = Field(
+        default_factory=dict, description="policy name -> the seed's measured row")
+
+    def for_policy(self, name: str) -> Scenario:
+        """This scenario with the policy's override applied (itself if none)."""
+        o = self.overrides.get(name)
+        if o is None:
+            return self
+        out = self.with_gpu_slots(o.gpu_slots_per_worker) if o.gpu_slots_per_worker else self
+        if o.cold_loads_per_minute_per_worker:
+            out = out.model_copy(update={"policy": out.policy.model_copy(update={
+                "cold_loads_per_minute_per_worker": o.cold_loads_per_minute_per_worker})})
+        return out
+
+    def with_gpu_slots(self, slots: int) -> Scenario:
+        fleet = self.fleet.model_copy(update={"base_models": [
+            b.model_copy(update={"gpu_slots_per_worker": slots}) for b in self.fleet.base_models]})
+        return self.model_copy(update={"fleet": fleet})
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Parse a scenario file; a relative trace path is taken relative to the file."""
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a scenario is a mapping")
+    if "adapter_cache_policy" in data:
+        data["policy"] = data.pop("adapter_cache_policy")
+    scenario = Scenario.model_validate(data)
+    trace = scenario.workload.trace
+    if trace and not Path(trace).is_absolute():
+        workload = scenario.workload.model_copy(
+            update={"trace": str((path.parent / trace).resolve())})
+        scenario = scenario.model_copy(update={"workload": workload})
+    return scenario

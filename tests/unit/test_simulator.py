@@ -1,0 +1,152 @@
+"""The simulator against hand-computed tiny traces, and its determinism."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplane.cli import app
+from loraplane.simulator import benchmark
+from loraplane.simulator.engine import simulate
+from loraplane.simulator.policies import ALL, policy_class, resolve
+from loraplane.simulator.scenario import load_scenario
+from loraplane.simulator.trace import TraceError, load_trace
+from tests.unit.simulator_tiny import catalog, requests, scenario
+
+CLASSIC = [1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5]  # the textbook trace, 3 slots
+SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
+
+
+def hits(name: str, trace: list[int], slots: int) -> int:
+    n = max(trace) + 1
+    return simulate(scenario(slots), catalog(n), requests(trace), policy_class(name)).gpu_hits
+
+
+def test_lru_exact_hits_on_classic_trace() -> None:
+    # 10 faults with LRU: hits are the 1,2 at positions 4,5 only.
+    assert hits("lru", CLASSIC, 3) == 2
+
+
+def test_fifo_exact_hits_on_classic_trace() -> None:
+    # Belady's anomaly trace: FIFO with 3 frames faults 9 times.
+    assert hits("fifo", CLASSIC, 3) == 3
+
+
+def test_belady_exact_hits_on_classic_trace() -> None:
+    # MIN faults 7 times (1 2 3 | 4 bypassed | 1 2 hit | 5 bypassed | 1 2 3 hit | 4 5).
+    assert hits("belady", CLASSIC, 3) == 5
+
+
+def test_lru_and_belady_on_short_trace() -> None:
+    # A B A C A B, 2 slots. LRU: C evicts B, B comes back as a miss -> 2 hits.
+    # Belady: C is never used again, so it is bypassed and B stays -> 3 hits.
+    trace = [0, 1, 0, 2, 0, 1]
+    assert hits("lru", trace, 2) == 2
+    assert hits("belady", trace, 2) == 3
+
+
+def test_counters_on_a_known_trace() -> None:
+    sc = scenario(2)
+    c = simulate(sc, catalog(3), requests([0, 1, 0, 2, 0, 1]), policy_class("lru"))
+    s = c.summary()
+    assert (c.gpu_hits, c.swaps, c.cold_loads, c.host_hits) == (2, 4, 3, 1)
+    assert s["fallbacks"] == 0
+    # every miss waits one swap (+ an S3 fetch when cold), nothing else
+    assert s["ttft_penalty_ms"]["p50"] > 0 and s["weighted_miss_cost"] > 0
+
+
+def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
+    sc = scenario(1)
+    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
+        update={"cold_loads_per_minute_per_worker": 1})})
+    c = simulate(sc, catalog(3), requests([0, 1, 2]), policy_class("lru"))
+    assert (c.swaps, c.fallbacks) == (1, 2)
+
+
+SMALL = """
+name: small
+seed: 5
+workload:
+  requests: 1500
+  rate_qps: 10
+  cv: 2.0
+  diurnal: {amplitude: 0.5, period_s: 120}
+  adapters: 20
+  batch_fraction: 0.3
+  canaries: {count: 2, percent: 20}
+  bursts: [{at_s: 30, duration_s: 20, share: 0.5, rank: 15}]
+  peaks: [{at_s: 60, duration_s: 30, qps: 2, rank: 18, lead_s: 60}]
+fleet: {base_models: [{workers: 2, gpu_slots_per_worker: 2}]}
+"""
+
+
+def test_same_seed_same_result(tmp_path: Path) -> None:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    small = load_scenario(path)
+    a, b = benchmark.prepare(small), benchmark.prepare(small)
+    assert a.requests == b.requests
+    assert a.catalog == b.catalog
+    for name in ("lru", "s3-fifo", "loraplane"):
+        assert (benchmark.run_policy(a, name).summary()
+                == benchmark.run_policy(b, name).summary())
+    other = benchmark.prepare(small.model_copy(update={"seed": small.seed + 1}))
+    assert other.requests != a.requests
+
+
+def test_every_shipped_scenario_parses() -> None:
+    files = sorted(SCENARIOS.glob("*.yaml"))
+    assert len(files) >= 5
+    for path in files:
+        sc = load_scenario(path)
+        resolve(sc.policies)
+        if sc.workload.trace:
+            assert Path(sc.workload.trace).is_file(), path
+
+
+def test_trace_loader(tmp_path: Path) -> None:
+    good = tmp_path / "t.csv"
+    good.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:50.9951690,396,109\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n")
+    times, tokens = load_trace(good)
+    assert times.tolist() == pytest.approx([0.0, 4.314579])
+    assert tokens.tolist() == [44, 109]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nnot-a-time,1,2\n")
+    with pytest.raises(TraceError, match=r"bad\.csv:2"):
+        load_trace(bad)
+
+
+def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text(
+        "name: cli\nseed: 2\nworkload: {requests: 400, rate_qps: 5, adapters: 12}\n"
+        "sweep: {gpu_slots_per_worker: [1, 2]}\n"
+        "adapter_cache_policy: {request_budgets: {interactive: {max_wait_ms: 1000}}}\n")
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["simulate", "--scenario", str(sc), "--policies", "all",
+                                      "--json", str(out), "--plot", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert {"scenario", "requests", "policies", "optimum"} <= set(data)
+    assert data["requests"] == 400 and set(data["policies"]) == set(ALL)
+    for metrics in data["policies"].values():
+        assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
+                                "fallbacks", "ttft_penalty_ms", "weighted_miss_cost",
+                                "platinum_cold_starts", "canary_cold_starts"}
+        assert set(metrics["ttft_penalty_ms"]) == {"p50", "p95", "p99"}
+    assert data["optimum"]["exact"] is True
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "cli-hit-rate.png", "cli-weighted-cost.png"]
+
+
+def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: cli\n")
+    result = CliRunner().invoke(app, ["simulate", "--scenario", str(sc), "--policies", "nope"])
+    assert result.exit_code == 2
+    assert "unknown policy 'nope'" in result.output
