@@ -219,53 +219,55 @@ def world(request: pytest.FixtureRequest, stack: Settings,
     topics.apply(settings)
     moto = Moto(free_port(), tmp / "moto.log")
     moto.start()
-    settings = settings.model_copy(update={"s3": moto.settings})
-    model_dir = build_model(tmp / "model")
-    folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
-               "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
-               "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
-               "other-1": build_adapter(tmp / "src/other-1", seed=14)}
-    records = {
-        "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
-                          AdapterStatus.active),
-        "chat-2": publish(settings, folders["chat-2"], "chat", "2", "tenant-a",
-                          AdapterStatus.canary, canary=50.0),
-        "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
-                         AdapterStatus.active),
-        "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
-                           AdapterStatus.active)}
-    write_registry(settings, list(records.values()))
-    keys = tmp / "api-keys.json"
-    keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
-                    f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
-    env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
-           "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
-           "LORAPLANE_S3__PORT": str(moto.port),
-           "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
-    port = free_port()
-    if kind == "real-vllm":
-        server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
-                                  python=ROOT / ".venv-vllm/bin/python")
-        server.start()
-        server.wait_healthy(240)
-    else:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "workers.fake_vllm", "--model", str(model_dir),
-             "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
-    w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
-              {k: Published(folders[k], r) for k, r in records.items()},
-              worker_id=f"w-{uuid.uuid4().hex[:8]}")
     try:
-        yield w
-    finally:
-        w.kill_agent()
+        settings = settings.model_copy(update={"s3": moto.settings})
+        model_dir = build_model(tmp / "model")
+        folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
+                   "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
+                   "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
+                   "other-1": build_adapter(tmp / "src/other-1", seed=14)}
+        records = {
+            "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
+                              AdapterStatus.active),
+            "chat-2": publish(settings, folders["chat-2"], "chat", "2", "tenant-a",
+                              AdapterStatus.canary, canary=50.0),
+            "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
+                             AdapterStatus.active),
+            "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
+                               AdapterStatus.active)}
+        write_registry(settings, list(records.values()))
+        keys = tmp / "api-keys.json"
+        keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
+                        f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
+        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
+               "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
+               "LORAPLANE_S3__PORT": str(moto.port),
+               "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+        port = free_port()
         if kind == "real-vllm":
-            server.stop()
+            server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
+                                      python=ROOT / ".venv-vllm/bin/python")
+            server.start()
+            server.wait_healthy(240)
         else:
-            server.terminate()
-            server.wait(10)
+            server = subprocess.Popen(
+                [sys.executable, "-m", "workers.fake_vllm", "--model", str(model_dir),
+                 "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
+                stderr=subprocess.STDOUT, start_new_session=True)
+            wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
+        w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
+                  {k: Published(folders[k], r) for k, r in records.items()},
+                  worker_id=f"w-{uuid.uuid4().hex[:8]}")
+        try:
+            yield w
+        finally:
+            w.kill_agent()
+            if kind == "real-vllm":
+                server.stop()
+            else:
+                server.terminate()
+                server.wait(10)
+    finally:  # also when set-up fails half way: never leave our moto server behind
         moto.stop()
         from confluent_kafka.admin import AdminClient
 
