@@ -133,10 +133,12 @@ class InteractiveBudget(_Strict):
 class BatchBudget(_Strict):
     max_wait_ms: int = Field(30_000, ge=0, le=600_000)
     max_concurrent_cold_loads: int = Field(2, ge=1, le=64)
+    retry_after_s: int = Field(5, ge=1, le=300)  # also the shadow class's
 
 
 class CanaryBudget(_Strict):
     warmup_requests: int = Field(3, ge=0, le=1000)
+    retry_after_s: int = Field(5, ge=1, le=300)
 
 
 class RequestBudgets(_Strict):

@@ -4,7 +4,10 @@ A controller loop. Commands (from the planner) and cold-request loads (from the 
 change the desired state; every tick reads the actual state from vLLM (``/v1/models``) and
 the host tier, asks ``reconcile`` for actions and executes them. On start it reads vLLM
 *first* and adopts what it can vouch for, so a restarted agent converges instead of
-assuming an empty server. Every change is reported: CacheEvents per action, a WorkerState
+assuming an empty server, and reloads the command ids it applied before (so a redelivered
+command stays a no-op across restarts). A canary version loaded with ``warmup_requests`` is
+sent that many golden-set requests first; ``is_warming`` tells the gateway to keep real
+traffic off it until then. Every change is reported: CacheEvents per action, a WorkerState
 heartbeat (compacted topic, key worker_id) and Prometheus series.
 """
 
@@ -17,7 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +30,9 @@ from schemas.base import LORA_NAME_RE, now_utc, version_key
 from schemas.cache_event import CacheEvent, CacheEventKind
 from schemas.commands import CacheCommand
 from schemas.worker_state import LoadedAdapter, WorkerState
+from workers.applied_commands import load_applied, save_applied
 from workers.event_sink import EventSink
+from workers.golden_set import send_golden_set
 from workers.reconcile import (
     Action,
     ActualState,
@@ -85,6 +90,7 @@ class WorkerConfig:
     registry_refresh_s: float = 5.0
     load_backoff_s: float = 5.0
     start_timeout_s: float = 120.0
+    applied_commands_path: Path | None = None  # applied command ids survive restarts here
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ class _Runtime:
     backoff: dict[str, float] = field(default_factory=dict)
     busy_reported: set[str] = field(default_factory=set)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
+    warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
 
 
 class WorkerAgent:
@@ -166,6 +173,10 @@ class WorkerAgent:
         await self.refresh_registry()
         actual = await self.read_actual()
         self.desired = adopt(actual, self.records)
+        if self.config.applied_commands_path is not None:
+            applied = await asyncio.to_thread(load_applied, self.config.applied_commands_path,
+                                              now_utc())
+            self.desired = replace(self.desired, seen_commands=applied)
         self.started = True
         log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
                  len(self.desired.intents), len(actual.gpu))
@@ -178,8 +189,21 @@ class WorkerAgent:
                                               base_model=self.config.base_model, now=now_utc())
         if skipped:
             log.info("command %s skipped: %s", cmd.command_id, skipped)
+        intent = self.desired.intents.get(cmd.lora_name)
+        if intent is None or intent.tier != "gpu":  # a gateway waiter must not wait forever
+            self._resolve(cmd.lora_name, LoadOutcome(False, "superseded_by_command"))
         self._rt.busy_reported.discard(cmd.lora_name)
         self._wake.set()
+        return skipped
+
+    async def handle(self, cmd: CacheCommand) -> str | None:
+        """One command from the feed: apply it, reconcile once, then store the applied ids
+        (before the caller commits the offset, so a redelivery after a crash is known)."""
+        skipped = self.apply(cmd)
+        await self.reconcile_once()
+        path = self.config.applied_commands_path
+        if path is not None and skipped != "duplicate":
+            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands))
         return skipped
 
     def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
@@ -190,10 +214,12 @@ class WorkerAgent:
             fut.set_result(LoadOutcome(True))
             return fut
         current = self.desired.intents.get(name)
-        if current is None or current.tier != "gpu":
+        if current is None:
             self.desired = self.desired.with_intent(Intent(
-                name, record.adapter_id, record.version, record.tenant_id, "gpu",
-                pinned=current.pinned if current else False))
+                name, record.adapter_id, record.version, record.tenant_id, "gpu"))
+        elif current.tier != "gpu":
+            self.desired = self.desired.with_intent(replace(current, tier="gpu",
+                                                            command_id=None))
         self._rt.waiters.setdefault(name, []).append(fut)
         self._wake.set()
         return fut
@@ -203,6 +229,10 @@ class WorkerAgent:
 
     def is_on_host(self, name: str) -> bool:
         return name in self._host
+
+    def is_warming(self, name: str) -> bool:
+        """True while the golden-set warm-up after a load of ``name`` is still running."""
+        return name in self._rt.warming
 
     @contextmanager
     def serving(self, name: str) -> Iterator[None]:
@@ -257,8 +287,7 @@ class WorkerAgent:
             delivery = await feed.next(0.5)
             if delivery is None:
                 continue
-            self.apply(delivery.command)
-            await self.reconcile_once()
+            await self.handle(delivery.command)
             await feed.commit(delivery.message)
 
     async def _tick_loop(self) -> None:
@@ -297,8 +326,8 @@ class WorkerAgent:
                     self.desired = self.desired.without(name)
             case Fetch(name, record, cmd):
                 await self._fetch(record, cmd)
-            case Load(name, record, cmd):
-                await self._load(record, cmd)
+            case Load(name, record, cmd, warmup):
+                await self._load(record, cmd, warmup)
             case BusyRetry(name, retry_after_s, cmd):
                 self._resolve(name, LoadOutcome(False, "busy_retry", retry_after_s))
                 if name not in self._rt.busy_reported:
@@ -323,6 +352,9 @@ class WorkerAgent:
         if drain and self._rt.in_flight.get(name, 0) > 0:
             return  # a request started since reconcile looked; retry next tick
         self._rt.draining.add(name)
+        warm_up = self._rt.warming.pop(name, None)
+        if warm_up is not None:
+            warm_up.cancel()
         try:
             await self.vllm.unload(name)
         except VllmError as exc:
@@ -360,7 +392,7 @@ class WorkerAgent:
                     bytes_=record.size_bytes, command_id=cmd)
         return path
 
-    async def _load(self, record: AdapterRecord, cmd: str | None) -> None:
+    async def _load(self, record: AdapterRecord, cmd: str | None, warmup: int = 0) -> None:
         name = record.lora_name
         labels = self.labels(name)
         path = await self._fetch(record, cmd)
@@ -385,7 +417,21 @@ class WorkerAgent:
         self._rt.busy_reported.discard(name)
         self._event(name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes,
                     command_id=cmd)
+        if warmup > 0:  # marked warming before any waiter hears of the load
+            self._rt.warming[name] = asyncio.create_task(self._warm_up(record, warmup))
         self._resolve(name, LoadOutcome(True))
+
+    async def _warm_up(self, record: AdapterRecord, count: int) -> None:
+        name = record.lora_name
+        try:
+            ok = await send_golden_set(
+                self.vllm, record, count, worker_id=self.config.worker_id,
+                base_model=self.config.base_model, serving=self.serving,
+                emit=lambda entry: self.sink.emit("requests", record.adapter_id, entry))
+            log.info("warm-up of %s done: %d/%d golden requests ok", name, ok, count)
+        finally:
+            if self._rt.warming.get(name) is asyncio.current_task():
+                del self._rt.warming[name]
 
     def _resolve(self, name: str, outcome: LoadOutcome) -> None:
         for fut in self._rt.waiters.pop(name, []):

@@ -1,23 +1,33 @@
 """API key -> tenant map of the gateway, kept as sha256 digests so the file holds no secret.
 
 File format (JSON): ``{"keys": {"<sha256 hex of the key>": "<tenant_id>"}}``; written by
-``loraplane worker add-key``. The file is read once at start; a bad file is an error at
-start, never a silently open gateway.
+``loraplane worker add-key``. ``ApiKeysFile`` re-reads the file whenever its inode, size or
+mtime changes, so an added (or removed) key takes effect without a restart. A bad file is an
+error at start; a bad edit later fails closed (no key is accepted until it is fixed). A
+missing or empty file is allowed but logged as a warning: every request is then a 401.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from schemas.base import ID_PATTERN
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TENANT = re.compile(ID_PATTERN)
+_UNREAD = (-1, -1, -1)
+log = logging.getLogger("loraplane.worker")
+
+
+class KeyLookup(Protocol):
+    def tenant(self, authorization: str | None) -> str | None: ...
 
 
 def key_digest(key: str) -> str:
@@ -47,6 +57,59 @@ def load_api_keys(path: Path) -> ApiKeys:
         if not _SHA256.match(str(digest)) or not _TENANT.match(str(tenant)):
             raise ValueError(f"{path}: bad entry {digest!r}: {tenant!r}")
     return ApiKeys(dict(keys))
+
+
+class ApiKeysFile:
+    """The keys in ``path`` as the file says now (one ``stat`` per lookup).
+
+    ``open`` is for the start: a malformed file raises there, as before."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = _UNREAD
+        self._keys = ApiKeys({})
+
+    @classmethod
+    def open(cls, path: Path) -> ApiKeysFile:
+        keys = cls(path)
+        keys._stamp = _stamp(path)  # stamp first: a change while loading is re-read later
+        keys._keys = load_api_keys(path)
+        if keys._stamp is None:
+            log.warning("API key file %s is missing: every request gets 401 until a key is "
+                        "added (loraplane worker add-key --tenant T)", path)
+        elif not keys._keys.tenants_by_digest:
+            log.warning("API key file %s holds no keys: every request gets 401", path)
+        return keys
+
+    def current(self) -> ApiKeys:
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return self._keys
+        self._stamp = stamp
+        try:
+            self._keys = load_api_keys(self.path)
+        except (ValueError, OSError) as exc:
+            self._keys = ApiKeys({})
+            log.error("API key file %s is invalid, accepting no key until fixed: %s",
+                      self.path, str(exc)[:200])
+            return self._keys
+        if stamp is None:
+            log.warning("API key file %s is gone: every request gets 401", self.path)
+        else:
+            log.info("API key file %s re-read: %d keys", self.path,
+                     len(self._keys.tenants_by_digest))
+        return self._keys
+
+    def tenant(self, authorization: str | None) -> str | None:
+        return self.current().tenant(authorization)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def add_key(path: Path, tenant_id: str) -> str:

@@ -3,13 +3,17 @@
 Per request: the tenant comes from ``Authorization: Bearer KEY``; ``model`` must be an
 adapter_id (a path or anything else is a 400, so a tenant can never point vLLM at a
 folder); the tenant must own the adapter (403); the version is the active one, or the
-canary for ``canary_percent`` of sessions (sticky by ``X-Session-Key``). A hot adapter is
-forwarded at once. A cold one follows its request class's budget (policy.request_budgets):
-interactive never waits longer than ``max_wait_ms`` and then falls back to the base model
-(``X-Loraplane-Fallback: base``) or answers 429 + Retry-After while the load is queued;
-batch-like classes wait up to their budget. The chosen lora name is held for the whole
-request (``agent.serving``), so a version swap drains instead of cutting it off. A
-RequestLog goes to Kafka through the non-blocking sink after the response is written.
+canary for ``canary_percent`` of sessions (sticky by ``X-Session-Key``); while a canary
+version's golden-set warm-up runs, its sessions are served by the active version
+(``X-Loraplane-Canary-Warming``). A hot adapter is forwarded at once. A cold one follows its
+request class's budget (policy.request_budgets): interactive never waits longer than
+``max_wait_ms`` and then falls back to the base model (``X-Loraplane-Fallback: base``) or
+answers 429 + Retry-After while the load is queued; batch-like classes wait up to their
+budget, and at most ``batch.max_concurrent_cold_loads`` cold loads started by them run at
+once, so a batch burst cannot take the cold-load budget from interactive traffic. Retry-After
+is the agent's estimate, else the class's own ``retry_after_s``. The chosen lora name is held
+for the whole request (``agent.serving``), so a version swap drains instead of cutting it
+off. A RequestLog goes to Kafka through the non-blocking sink after the response is written.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +35,13 @@ from schemas.adapter import AdapterRecord, AdapterStatus
 from schemas.base import ID_PATTERN, now_utc
 from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from workers.agent import LoadOutcome, WorkerAgent
-from workers.api_keys import ApiKeys
+from workers.api_keys import KeyLookup
 from workers.event_sink import EventSink
 from workers.vllm_client import VllmError
 
 _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
+CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 
 
 @dataclass
@@ -57,6 +63,68 @@ class _Trace:
     output_tokens: int = 0
     status: RequestStatus = RequestStatus.ok
     error: str | None = None
+    canary_warming: str | None = None  # the canary version this session waits for
+
+
+@dataclass(frozen=True)
+class ColdBudget:
+    """What a cold adapter costs one request class."""
+
+    wait_s: float
+    retry_after_s: int
+    batch_like: bool  # counts against batch.max_concurrent_cold_loads
+
+
+def cold_budget(budgets: RequestBudgets, request_class: RequestClass) -> ColdBudget:
+    """Interactive has its own budget; batch, canary and shadow wait as long as batch does,
+    and each class names its own Retry-After (shadow follows batch)."""
+    if request_class == RequestClass.interactive:
+        return ColdBudget(budgets.interactive.max_wait_ms / 1000,
+                          budgets.interactive.retry_after_s, False)
+    retry = (budgets.canary.retry_after_s if request_class == RequestClass.canary
+             else budgets.batch.retry_after_s)
+    return ColdBudget(budgets.batch.max_wait_ms / 1000, retry, True)
+
+
+class ColdLoadSlots:
+    """Cold loads started by batch-like requests, at most ``limit`` at once. A slot is held
+    until the agent reports the load's outcome; requests for a name already loading join it."""
+
+    def __init__(self) -> None:
+        self._loading: dict[str, asyncio.Future[LoadOutcome]] = {}
+        self._freed = asyncio.Event()
+        self.waiting = 0
+
+    async def start(self, name: str, limit: int,
+                    request_load: Callable[[], asyncio.Future[LoadOutcome]],
+                    timeout_s: float) -> asyncio.Future[LoadOutcome] | None:
+        """The load's future, or None when no slot freed within ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self.waiting += 1
+        try:
+            while name not in self._loading and len(self._loading) >= limit:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(self._freed.wait(), remaining)
+                except TimeoutError:
+                    return None
+        finally:
+            self.waiting -= 1
+        fut = self._loading.get(name)
+        if fut is None:
+            fut = request_load()
+            if not fut.done():
+                self._loading[name] = fut
+                fut.add_done_callback(lambda _: self._release(name))
+        return fut
+
+    def _release(self, name: str) -> None:
+        self._loading.pop(name, None)
+        self._freed.set()
+        self._freed = asyncio.Event()
 
 
 def canary_bucket(adapter_id: str, session_key: str) -> float:
@@ -84,12 +152,13 @@ def _error(status: int, code: str, message: str, **headers: str) -> web.Response
 
 
 class Gateway:
-    def __init__(self, agent: WorkerAgent, *, api_keys: ApiKeys, budgets: RequestBudgets,
+    def __init__(self, agent: WorkerAgent, *, api_keys: KeyLookup, budgets: RequestBudgets,
                  sink: EventSink) -> None:
         self.agent = agent
         self.api_keys = api_keys
         self.budgets = budgets
         self.sink = sink
+        self.batch_loads = ColdLoadSlots()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024 * 1024)
@@ -156,6 +225,14 @@ class Gateway:
             trace.status, trace.error = RequestStatus.refused, "no_serving_version"
             return _error(404, "no_serving_version",
                           f"adapter {trace.adapter_id!r} has no active or canary version")
+        if record.status == AdapterStatus.canary and self.agent.is_warming(record.lora_name):
+            trace.canary_warming = record.version
+            record = next((r for r in versions if r.status == AdapterStatus.active), None)
+            if record is None:
+                trace.status, trace.error = RequestStatus.retry_later, "canary_warming"
+                retry = cold_budget(self.budgets, trace.request_class).retry_after_s
+                return _error(429, "canary_warming", "the canary version is warming up; "
+                              "retry later", **{"Retry-After": str(retry)})
         trace.record, name = record, record.lora_name
         hot = self.agent.is_hot(name)
         trace.tier = Tier.gpu if hot else Tier.host if self.agent.is_on_host(name) else Tier.cold
@@ -166,18 +243,26 @@ class Gateway:
 
     async def _cold(self, request: web.Request, path: str, body: dict[str, Any],
                     trace: _Trace, record: AdapterRecord) -> web.StreamResponse:
-        interactive = trace.request_class == RequestClass.interactive
-        budget = self.budgets.interactive
-        wait_ms = budget.max_wait_ms if interactive else self.budgets.batch.max_wait_ms
+        budget = cold_budget(self.budgets, trace.request_class)
         waited = time.perf_counter()
-        outcome = await _wait(self.agent.request_load(record), wait_ms / 1000)
+        if budget.batch_like:
+            fut = await self.batch_loads.start(
+                record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
+                lambda: self.agent.request_load(record), budget.wait_s)
+        else:
+            fut = self.agent.request_load(record)
+        remaining = budget.wait_s - (time.perf_counter() - waited)
+        outcome = await _wait(fut, remaining) if fut is not None else None
         trace.swap_ms = (time.perf_counter() - waited) * 1000
         if outcome is not None and outcome.ok:
+            if self.agent.is_warming(record.lora_name):  # a canary warming up: route again
+                return await self._route(request, path, body, trace)
             return await self._forward(request, path, body, trace, record.lora_name)
-        reason = outcome.reason if outcome else "load_queued"
+        reason = (outcome.reason if outcome else "load_queued" if fut is not None
+                  else "batch_cold_loads_busy")
         retry_after = max(1, round(outcome.retry_after_s if outcome and outcome.retry_after_s
                                    else budget.retry_after_s))
-        if interactive and budget.on_cold == "fallback":
+        if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
             trace.tier = Tier.base_fallback
             return await self._forward(request, path, body, trace, self.agent.base_served,
                                        fallback_reason=reason)
@@ -194,6 +279,8 @@ class Gateway:
         headers = {"X-Request-Id": trace.request_id,
                    "X-Loraplane-Adapter-Version": record.version,
                    "X-Loraplane-Tier": trace.tier.value}
+        if trace.canary_warming:
+            headers[CANARY_WARMING_HEADER] = trace.canary_warming
         if fallback_reason:
             headers[FALLBACK_HEADER] = "base"
             headers["X-Loraplane-Fallback-Reason"] = fallback_reason

@@ -4,8 +4,9 @@ The agent is a Kubernetes-style controller: commands from the planner (and cold-
 loads from the gateway) fold into a *desired* state; vLLM's ``GET /v1/models`` and the
 host tier's entries are the *actual* state; ``reconcile`` returns the actions that move the
 second towards the first. Because both inputs are plain values, the same inputs always give
-the same actions, a redelivered command changes nothing (``command_id`` dedup), and the
-rules below are testable without a server:
+the same actions, a redelivered command changes nothing (``command_id`` dedup; the applied
+ids outlive a restart through workers/applied_commands.py), and the rules below are testable
+without a server:
 
 * a name vLLM reports that this agent cannot vouch for (it did not load it, or it is not
   the verified host-tier folder with the digest its name claims) is a KV-namespace
@@ -43,12 +44,13 @@ class Intent:
     tier: Tier
     pinned: bool = False
     command_id: str | None = None  # the command that last changed it (None: gateway/adopted)
+    warmup_requests: int = 0  # golden-set requests to send after each load (canary versions)
 
 
 @dataclass(frozen=True)
 class DesiredState:
     intents: Mapping[str, Intent] = field(default_factory=dict)
-    seen_commands: tuple[str, ...] = ()  # applied command ids, oldest first (bounded)
+    seen_commands: Mapping[str, datetime] = field(default_factory=dict)  # applied id -> deadline
 
     def with_intent(self, intent: Intent) -> DesiredState:
         return replace(self, intents={**self.intents, intent.lora_name: intent})
@@ -57,14 +59,27 @@ class DesiredState:
         return replace(self, intents={k: v for k, v in self.intents.items() if k != name})
 
 
+def remember(seen: Mapping[str, datetime], command_id: str, deadline: datetime,
+             now: datetime) -> dict[str, datetime]:
+    """``seen`` plus ``command_id``, less the ids whose deadline has passed: a redelivered
+    expired command is skipped as ``expired`` anyway, so forgetting it keeps the promise
+    while the set stays bounded. Past MAX_REMEMBERED_COMMANDS the earliest deadlines go."""
+    kept = {cid: d for cid, d in seen.items() if d >= now}
+    if deadline >= now:
+        kept[command_id] = deadline
+    if len(kept) > MAX_REMEMBERED_COMMANDS:
+        kept = dict(sorted(kept.items(), key=lambda kv: kv[1])[-MAX_REMEMBERED_COMMANDS:])
+    return kept
+
+
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
                   now: datetime) -> tuple[DesiredState, str | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
         return state, "duplicate"
-    seen = (*state.seen_commands, cmd.command_id)[-MAX_REMEMBERED_COMMANDS:]
-    state = replace(state, seen_commands=seen)
+    state = replace(state, seen_commands=remember(state.seen_commands, cmd.command_id,
+                                                  cmd.deadline, now))
     if cmd.worker_id != worker_id:
         return state, "other_worker"
     if cmd.base_model != base_model:
@@ -79,11 +94,13 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
         return state, "pinned"
     tier: Tier = current.tier
     pinned = current.pinned
+    warmup = current.warmup_requests
     match cmd.action:
         case CommandAction.prewarm_host:
             tier = "gpu" if tier == "gpu" else "host"
         case CommandAction.load_gpu:
             tier = "gpu"
+            warmup = cmd.warmup_requests
         case CommandAction.pin:
             pinned = True
             tier = "gpu" if tier == "gpu" else "host"
@@ -94,7 +111,7 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
         case CommandAction.evict:
             tier = "gone"
     return state.with_intent(replace(current, tier=tier, pinned=pinned,
-                                     command_id=cmd.command_id)), None
+                                     warmup_requests=warmup, command_id=cmd.command_id)), None
 
 
 @dataclass(frozen=True)
@@ -135,11 +152,13 @@ class LoadBudget:
 
 @dataclass(frozen=True)
 class Load:
-    """Make sure the verified folder is in the host tier, then load it into vLLM."""
+    """Make sure the verified folder is in the host tier, then load it into vLLM; then send
+    ``warmup_requests`` golden-set requests before real canary traffic reaches it."""
 
     lora_name: str
     record: AdapterRecord
     command_id: str | None
+    warmup_requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -272,7 +291,7 @@ def reconcile(desired: DesiredState, actual: ActualState,
         if intent.tier == "host":
             actions.append(Fetch(name, record, intent.command_id))
         elif remaining > 0:
-            actions.append(Load(name, record, intent.command_id))
+            actions.append(Load(name, record, intent.command_id, intent.warmup_requests))
             remaining -= 1
         else:
             actions.append(BusyRetry(name, budget.retry_after_s(now), intent.command_id))

@@ -19,7 +19,8 @@ from aiohttp import web
 from loraplane.config import LOOPBACK, Settings
 from schemas.adapter import AdapterRecord
 from workers.agent import WorkerAgent, WorkerConfig
-from workers.api_keys import load_api_keys
+from workers.api_keys import ApiKeysFile
+from workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from workers.artifact_fetch import ArtifactFetcher
 from workers.command_feed import KafkaCommandFeed
 from workers.event_sink import KafkaEventSink
@@ -87,10 +88,11 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
                      gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
-                     registry_refresh_s=options.registry_refresh_s),
+                     registry_refresh_s=options.registry_refresh_s,
+                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
         registry_loader=lambda: registry_records(settings), sink=sink)
-    gateway = Gateway(agent, api_keys=load_api_keys(settings.api_keys_path),
+    gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink)
     feed = KafkaCommandFeed(settings, options.worker_id, sink)
     runners = [await _site(gateway.app(), options.gateway_port)]

@@ -38,7 +38,7 @@ from schemas.cache_event import CacheEvent, CacheEventKind
 from schemas.codec import decode
 from schemas.commands import CacheCommand, CommandAction, CommandReason
 from schemas.registry import AdapterView
-from schemas.request_log import RequestLog
+from schemas.request_log import RequestClass, RequestLog
 from schemas.worker_state import WorkerState
 from workers.api_keys import key_digest
 from workers.gateway import canary_bucket
@@ -138,17 +138,18 @@ class World:
             self.agent.wait(20)
         self.agent = None
 
-    def command(self, name: str, action: CommandAction) -> str:
+    def command(self, name: str, action: CommandAction, warmup: int = 0,
+                command_id: str | None = None) -> str:
         rec = self.adapters[name].record
         now = now_utc()
-        cid = f"{action.value}-{uuid.uuid4().hex[:12]}"
+        cid = command_id or f"{action.value}-{uuid.uuid4().hex[:12]}"
         produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
                      CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
                                   base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
                                   adapter_id=rec.adapter_id, version=rec.version,
                                   sha256=rec.sha256, lora_name=rec.lora_name,
                                   reason=CommandReason(rule="e2e"), issued_at=now,
-                                  deadline=now + timedelta(minutes=5)))
+                                  deadline=now + timedelta(minutes=5), warmup_requests=warmup))
         return cid
 
     def vllm_names(self) -> set[str]:
@@ -283,8 +284,11 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     v1, v2 = world.adapters["chat-1"].record, world.adapters["chat-2"].record
     world.start_agent()
     world.command("chat-1", CommandAction.load_gpu)
-    world.command("chat-2", CommandAction.load_gpu)
+    world.command("chat-2", CommandAction.load_gpu, warmup=2)  # the canary: golden set first
     wait_for(lambda: {v1.lora_name, v2.lora_name} <= world.vllm_names(), 60, "both loaded")
+    shadow = wait_for(lambda: [log for log in world.read("requests", RequestLog)
+                               if log.request_class == RequestClass.shadow], 60, "warm-up")
+    assert [(log.lora_name, log.status.value) for log in shadow] == [(v2.lora_name, "ok")] * 2
 
     texts = {}
     for canary, rec in ((False, v1), (True, v2)):
@@ -302,7 +306,7 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     assert world.ask("chat", key=KEY_B).status_code == 403
     assert world.ask(str(world.adapters["chat-1"].folder)).status_code == 400  # a path
 
-    world.command("chat-2", CommandAction.demote_to_host)
+    demote = world.command("chat-2", CommandAction.demote_to_host)
     wait_for(lambda: v2.lora_name not in world.vllm_names(), 30, "v2 unloaded")
     # Cache events leave the agent asynchronously; let the unload's event land before the kill.
     wait_for(lambda: any(e.kind == CacheEventKind.unload and e.lora_name == v2.lora_name
@@ -316,6 +320,11 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     assert resp.json()["choices"][0]["text"] == texts["1"]
     world.command("chat-2", CommandAction.load_gpu)
     wait_for(lambda: v2.lora_name in world.vllm_names(), 60, "v2 loaded after restart")
+    world.command("chat-2", CommandAction.demote_to_host, command_id=demote)  # redelivered
+    log_file = world.tmp / f"agent-{world.worker_id}.log"
+    wait_for(lambda: f"command {demote} skipped: duplicate" in log_file.read_text(), 30,
+             "the redelivered demote skipped after the restart")
+    assert v2.lora_name in world.vllm_names()
 
     events = world.read("cache-events", CacheEvent)
     kinds = [(e.kind, e.lora_name) for e in events]

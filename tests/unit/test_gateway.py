@@ -8,28 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
+import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
+from aiohttp import ClientResponse, ClientSession
 from aiohttp.test_utils import TestServer
 
-from loraplane.policy import BatchBudget, InteractiveBudget, RequestBudgets
+from loraplane.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
 from loraplane.tiny_model import build_adapter
 from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
 from schemas.base import now_utc
 from schemas.cache_event import CacheEvent, CacheEventKind
 from schemas.commands import CacheCommand, CommandAction, CommandReason
-from schemas.request_log import RequestLog, Tier
+from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from workers.agent import WorkerAgent, WorkerConfig
-from workers.api_keys import ApiKeys, key_digest
+from workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
+from workers.applied_commands import FILE_NAME, load_applied, save_applied
 from workers.fake_vllm import FakeVllm
-from workers.gateway import FALLBACK_HEADER, Gateway, canary_bucket
+from workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
+from workers.golden_set import GOLDEN_PROMPTS
 from workers.refusal import ArtifactError, Reason
 from workers.vllm_client import VllmClient
 
@@ -65,11 +70,14 @@ class FolderHostTier:
     root: Path
     sources: dict[str, Path]
     down: bool = False
+    gate: threading.Event | None = None  # when set: a fetch waits for it (a slow S3)
     entries_: dict[str, Entry] = field(default_factory=dict)
 
     def ensure(self, rec: AdapterRecord) -> Path:
         if rec.lora_name in self.entries_:
             return self.entries_[rec.lora_name].path
+        if self.gate is not None:
+            self.gate.wait(10)
         if self.down:
             raise ArtifactError.single(Reason.artifact_store_unavailable, rec.artifact_uri,
                                        "connection refused")
@@ -304,3 +312,161 @@ async def test_restart_adopts_running_state(world: World) -> None:
     assert world.fake.load_calls == loads_before  # adopted, not reloaded
     state = again.worker_state()
     assert [(a.lora_name, a.tier) for a in state.adapters] == [(RECORDS[2].lora_name, "gpu")]
+
+
+class GatedVllm(VllmClient):
+    """The agent's vLLM client, holding completions for one lora name until ``gate`` is set:
+    the test decides when the canary's warm-up may finish."""
+
+    def __init__(self, base_url: str, gated: str) -> None:
+        super().__init__(base_url, timeout_s=2)
+        self.gated = gated
+        self.gate = asyncio.Event()
+        self.prompts: list[str] = []
+
+    @asynccontextmanager
+    async def completion(self, path: str, body: dict[str, Any]
+                         ) -> AsyncIterator[ClientResponse]:
+        if body.get("model") == self.gated:
+            self.prompts.append(str(body.get("prompt")))
+            await self.gate.wait()
+        async with super().completion(path, body) as resp:
+            yield resp
+
+
+async def until(check: Any, what: str) -> None:
+    for _ in range(250):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
+    v1, v2 = RECORDS[0], RECORDS[1]
+    await load(world, v1)
+    plain = world.agent.vllm
+    gated = world.agent.vllm = GatedVllm(plain.base_url, v2.lora_name)
+    await plain.close()
+    world.agent.apply(cmd(v2, CommandAction.load_gpu, "canary").model_copy(
+        update={"warmup_requests": 3}))
+    await world.agent.reconcile_once()
+    assert world.agent.is_hot(v2.lora_name) and world.agent.is_warming(v2.lora_name)
+    canary_session = {"X-Session-Key": session_for("chat", True)}
+    for request_class in ("interactive", "canary"):  # the stable version serves meanwhile
+        status, headers, body = await world.post({"model": "chat", "prompt": "hi"},
+                                                 **canary_session,
+                                                 **{"X-Request-Class": request_class})
+        assert status == 200, body
+        assert headers["X-Loraplane-Lora-Name"] == v1.lora_name
+        assert headers[CANARY_WARMING_HEADER] == "2"
+    gated.gate.set()
+    await until(lambda: not world.agent.is_warming(v2.lora_name), "the warm-up")
+    status, headers, _ = await world.post({"model": "chat", "prompt": "hi"}, **canary_session)
+    assert status == 200 and headers["X-Loraplane-Lora-Name"] == v2.lora_name
+    assert CANARY_WARMING_HEADER not in headers
+    logs = world.sink.of(RequestLog)
+    shadow = [log for log in logs if log.request_class == RequestClass.shadow]
+    assert [(log.lora_name, log.adapter_version, log.status) for log in shadow] == \
+        [(v2.lora_name, "2", RequestStatus.ok)] * 3
+    # the golden set went straight to vLLM first; the tenant's "hi" only after it
+    assert gated.prompts == [*GOLDEN_PROMPTS[:3], "hi"]
+    served = [log.lora_name for log in logs if log.request_class != RequestClass.shadow]
+    assert served == [v1.lora_name, v1.lora_name, v2.lora_name]
+
+
+async def test_batch_cold_loads_are_bounded_and_retry_after_is_per_class(
+        world: World) -> None:
+    world.gateway.budgets = RequestBudgets(
+        batch=BatchBudget(max_wait_ms=300, max_concurrent_cold_loads=1, retry_after_s=7),
+        canary=CanaryBudget(retry_after_s=9))
+    sql, chat = RECORDS[2], RECORDS[0]
+    stable = {"X-Session-Key": session_for("chat", False)}
+    gate = world.tier.gate = threading.Event()  # sql's fetch hangs until the gate opens
+    try:
+        first = asyncio.create_task(world.post({"model": "sql", "prompt": "q"},
+                                               **{"X-Request-Class": "batch"}))
+        await until(lambda: sql.lora_name in world.agent.desired.intents, "sql's load")
+        status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **stable,
+                                                 **{"X-Request-Class": "batch"})
+        assert (status, headers["Retry-After"]) == (429, "7")
+        assert "batch_cold_loads_busy" in body["error"]["message"]
+        assert chat.lora_name not in world.agent.desired.intents  # no second load started
+        status, headers, body = await first  # its own load is still queued
+        assert (status, headers["Retry-After"]) == (429, "7"), body  # batch's, not interactive's
+        status, headers, _ = await world.post({"model": "sql", "prompt": "q"},
+                                              **{"X-Request-Class": "canary"})
+        assert (status, headers["Retry-After"]) == (429, "9")
+        world.gateway.budgets = RequestBudgets(batch=BatchBudget(
+            max_wait_ms=5000, max_concurrent_cold_loads=1))
+        second = asyncio.create_task(world.post({"model": "chat", "prompt": "q"}, **stable,
+                                                **{"X-Request-Class": "batch"}))
+        await until(lambda: world.gateway.batch_loads.waiting == 1, "a waiting batch request")
+        assert chat.lora_name not in world.agent.desired.intents
+    finally:
+        gate.set()
+    status, headers, body = await second  # the slot freed within its budget: served
+    assert status == 200 and headers["X-Loraplane-Lora-Name"] == chat.lora_name, body
+
+
+async def test_api_key_file_is_reread_when_it_changes(world: World, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "keys" / "api-keys.json"
+    with caplog.at_level(logging.WARNING, logger="loraplane.worker"):
+        keys = ApiKeysFile.open(path)
+    assert "is missing" in caplog.text
+    world.gateway.api_keys = keys
+    key = add_key(path, "tenant-a")  # no restart
+    async with world.http.post(world.url + "/v1/completions", json={"model": "sql"},
+                               headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status == 200
+    other = add_key(path, "tenant-b")
+    assert (keys.tenant(f"Bearer {key}"), keys.tenant(f"Bearer {other}")) == ("tenant-a",
+                                                                             "tenant-b")
+    path.write_text("{not json")
+    assert keys.tenant(f"Bearer {key}") is None  # a bad edit fails closed
+    path.write_text(json.dumps({"keys": {}}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="loraplane.worker"):
+        ApiKeysFile.open(path)
+    assert "holds no keys" in caplog.text
+    path.write_text("[]")
+    with pytest.raises(ValueError):  # a malformed file still stops the start
+        ApiKeysFile.open(path)
+
+
+async def test_redelivered_command_after_restart_changes_nothing(world: World,
+                                                                 tmp_path: Path) -> None:
+    sql = RECORDS[2]
+    path = tmp_path / "host" / FILE_NAME
+    config = replace(world.agent.config, applied_commands_path=path)
+
+    def started() -> WorkerAgent:
+        return WorkerAgent(config, vllm=world.agent.vllm, host_tier=world.tier,
+                           registry_loader=lambda: RECORDS, sink=world.sink)
+
+    first = started()
+    await first.start()
+    demote = cmd(sql, CommandAction.demote_to_host, "demote-1")
+    await first.handle(cmd(sql, CommandAction.load_gpu, "load-1"))
+    await first.handle(demote)
+    assert not first.is_hot(sql.lora_name) and first.is_on_host(sql.lora_name)
+    assert set(load_applied(path, now_utc())) == {"load-1", "demote-1"}
+
+    again = started()  # a restart: only the file remembers
+    await again.start()
+    await again.handle(cmd(sql, CommandAction.load_gpu, "load-2"))
+    assert again.is_hot(sql.lora_name)
+    assert await again.handle(demote) == "duplicate"
+    assert again.is_hot(sql.lora_name) and await again.reconcile_once() == []
+
+
+async def test_applied_ids_file_drops_expired_and_survives_corruption(tmp_path: Path) -> None:
+    path = tmp_path / FILE_NAME
+    now = now_utc()
+    save_applied(path, {"old": now - timedelta(seconds=1), "new": now + timedelta(minutes=1)})
+    assert list(load_applied(path, now)) == ["new"]
+    assert [p.name for p in tmp_path.iterdir()] == [FILE_NAME]  # no temp file left behind
+    path.write_text('{"applied": {"x": "not a time"}}')
+    assert load_applied(path, now) == {}
+    assert load_applied(tmp_path / "absent.json", now) == {}

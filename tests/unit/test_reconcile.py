@@ -205,3 +205,31 @@ def test_unknown_or_revoked_or_foreign_records_are_refused() -> None:
     actions = reconcile(desired, EMPTY, registry_by_name([foreign]), base_model=BASE,
                         budget=LoadBudget(6), now=0.0)
     assert actions == [Refuse(foreign.lora_name, "base_model_mismatch", "f")]
+
+
+def test_applied_ids_are_forgotten_only_once_their_deadline_passed() -> None:
+    rec = RECORDS[0]
+    early = command(rec, CommandAction.pin, "early", deadline=NOW + timedelta(seconds=10))
+    late = command(rec, CommandAction.unpin, "late", deadline=NOW + timedelta(minutes=10))
+    state = fold(DesiredState(), [early, late])
+    assert set(state.seen_commands) == {"early", "late"}
+    later = NOW + timedelta(minutes=1)
+    state, _ = apply_command(state, command(rec, CommandAction.pin, "next",
+                                            deadline=later + timedelta(minutes=1)),
+                             worker_id=WORKER, base_model=BASE, now=later)
+    assert set(state.seen_commands) == {"late", "next"}
+    # the forgotten id, redelivered, still changes nothing: it is expired
+    assert apply_command(state, early, worker_id=WORKER, base_model=BASE,
+                         now=later) == (state, "expired")
+    assert apply_command(state, late, worker_id=WORKER, base_model=BASE,
+                         now=later) == (state, "duplicate")
+
+
+def test_a_load_carries_the_commands_warmup_requests() -> None:
+    canary = record("a1", "2", status=AdapterStatus.canary)
+    load = command(canary, CommandAction.load_gpu, "c1").model_copy(
+        update={"warmup_requests": 3})
+    desired = fold(DesiredState(), [load, command(canary, CommandAction.pin, "c2")])
+    assert run(desired, EMPTY) == [Load(canary.lora_name, REGISTRY[canary.lora_name], "c2", 3)]
+    plain = fold(desired, [command(canary, CommandAction.load_gpu, "c3")])
+    assert run(plain, EMPTY)[0].warmup_requests == 0
