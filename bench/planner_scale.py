@@ -1,0 +1,177 @@
+"""Planner scale: wall time of one planning tick of the pure ``streams.planner.plan`` for
+N adapters over W workers, against sorting the same N hot scores (the least any planner
+that ranks adapters must do).
+
+The fleet: 10 base models, adapters and workers spread evenly over them, 16 GPU slots per
+worker and a per-base-model GPU budget that fills every slot (the worst case: the hot set is
+as large as the fleet). Demand is Zipf-like (qps 50/rank, every adapter requested in the
+last minute, so every one is a candidate), 1% platinum (never evicted, pinned). Two ticks
+are timed for each size:
+
+* ``cold``: the fleet is empty, so the planner ranks everything, fills the load budget of
+  every worker and prewarms the host tier;
+* ``steady``: each worker already holds the top of its base model's ranking on GPU and the
+  next ones on host (the state the planner converges to); the tick changes little.
+
+Inputs are built once, outside the timed part; each tick is timed ``--reps`` times.
+
+    .venv/bin/python -m bench.planner_scale                    # 1k/10k/100k x 10/100/1000
+    .venv/bin/python -m bench.planner_scale --adapters 1000 --workers 10 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.report import Row, Summary, emit, parse_args
+from loraplane.policy import Policy
+from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority
+from schemas.registry import AdapterView
+from schemas.worker_state import LoadedAdapter, WorkerState
+from streams.planner import plan
+from streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
+
+NOW = 1_800_000_000.0
+BASES = 10
+SLOTS = 16
+HOST_PER_WORKER = 64
+MB = 1024**2
+GOAL_MS = 100.0
+
+
+def registry(n: int) -> tuple[list[AdapterView], dict[str, ScoreState], list[AdapterRecord]]:
+    """``n`` adapters, one active version each, in rank order of demand."""
+    at = datetime.fromtimestamp(NOW, UTC)
+    views, scores, records = [], {}, []
+    for i in range(n):
+        adapter = f"a{i:06d}"
+        sha = hashlib.sha256(adapter.encode()).hexdigest()
+        priority = Priority.platinum if i % 100 == 7 else list(Priority)[i % 3]
+        r = AdapterRecord(
+            adapter_id=adapter, base_model=f"base{i % BASES}", version="1", rank=16,
+            artifact_uri=f"s3://loraplane-artifacts/{adapter}/1-{sha[:8]}/", sha256=sha,
+            size_bytes=32 * MB, status=AdapterStatus.active, tenant_id=f"t{i % 97}",
+            priority=priority,
+            compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=64))
+        views.append(AdapterView(adapter_id=adapter, tenant_id=r.tenant_id,
+                                 base_model=r.base_model, active_version="1", versions=[r],
+                                 last_seq=1, last_event_id=f"e{i}", updated_at=at))
+        qps = 50.0 / (i + 1)
+        scores[score_key(adapter, "1")] = ScoreState(
+            requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, NOW - 5),
+            requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, NOW - 5), last_request=NOW - 5)
+        records.append(r)
+    return views, scores, records
+
+
+def fleet(records: list[AdapterRecord], workers: int, steady: bool) -> list[WorkerState]:
+    """``workers`` states; when ``steady`` each holds its share of its base model's top
+    adapters on GPU and the next ones on host."""
+    by_base: dict[str, list[AdapterRecord]] = {}
+    for r in records:
+        by_base.setdefault(r.base_model, []).append(r)
+    at = datetime.fromtimestamp(NOW, UTC)
+    states = []
+    for j in range(workers):
+        base = f"base{j % BASES}"
+        peers = math.ceil((workers - j % BASES) / BASES)  # workers on this base model
+        slot = j // BASES
+        mine = by_base.get(base, [])[slot::peers] if steady else []
+        gpu, host = mine[:SLOTS], mine[SLOTS:SLOTS + HOST_PER_WORKER - SLOTS]
+        loaded = [LoadedAdapter(lora_name=r.lora_name, adapter_id=r.adapter_id,
+                                version=r.version, tenant_id=r.tenant_id, tier=tier,
+                                size_bytes=r.size_bytes,
+                                pinned=tier == "gpu" and r.priority is Priority.platinum)
+                  for tier, rs in (("gpu", gpu), ("host", host)) for r in rs]
+        states.append(WorkerState(
+            worker_id=f"w{j:05d}", base_model=base, ts=at, gpu_slots_used=len(gpu),
+            gpu_slots_total=SLOTS, host_bytes_used=sum(a.size_bytes for a in loaded),
+            host_bytes_budget=HOST_PER_WORKER * 32 * MB, hbm_usage=0.5, max_lora_rank=64,
+            adapters=loaded))
+    return states
+
+
+def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
+    samples, result = [], None
+    for _ in range(reps):
+        started = time.perf_counter()
+        result = fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples, result
+
+
+def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[str, Any]:
+    views_all, scores, records_all = registry(max(adapter_counts))
+    cases = []
+    for n in adapter_counts:
+        views, records = views_all[:n], records_all[:n]
+        for w in worker_counts:
+            policy = Policy(gpu_slots_per_base_model=SLOTS * math.ceil(w / BASES))
+            case: dict[str, Any] = {"adapters": n, "workers": w}
+            for tick in ("cold", "steady"):
+                states = fleet(records, w, steady=tick == "steady")
+                ms, result = timed(lambda v=views, s=states, p=policy: plan(v, scores, s, p, NOW),
+                                   reps)
+                case[f"{tick}_ms"] = Summary.of(ms).as_dict()
+                case[f"{tick}_commands"] = len(result.commands)
+            ranked = result.scores
+            sort_ms, _ = timed(lambda r=ranked: sorted(r, key=r.__getitem__, reverse=True),
+                               reps)
+            case["sort_ms"] = Summary.of(sort_ms).as_dict()
+            worst = max(case["cold_ms"]["median"], case["steady_ms"]["median"])
+            case["tick_over_sort"] = round(worst / case["sort_ms"]["median"], 1)
+            cases.append(case)
+    biggest = cases[-1]
+    return {
+        "unit": "ms per tick",
+        "reps": reps,
+        "cases": cases,
+        "growth": growth(cases),
+        "goal": f"{max(adapter_counts)} x {max(worker_counts)} under {GOAL_MS:.0f} ms",
+        "goal_met": max(biggest["cold_ms"]["median"], biggest["steady_ms"]["median"]) < GOAL_MS,
+    }
+
+
+def growth(cases: list[dict[str, Any]]) -> dict[str, float]:
+    """Log-log slope of the worst tick time against adapters (at the most workers) and
+    against workers (at the most adapters): 1.0 = linear."""
+    def worst(c: dict[str, Any]) -> float:
+        return max(c["cold_ms"]["median"], c["steady_ms"]["median"])
+
+    def slope(points: list[tuple[int, float]]) -> float:
+        (x0, y0), (x1, y1) = points[0], points[-1]
+        return round(math.log(y1 / y0) / math.log(x1 / x0), 2) if x1 != x0 else 0.0
+
+    top_w = max(c["workers"] for c in cases)
+    top_n = max(c["adapters"] for c in cases)
+    return {
+        "vs_adapters": slope([(c["adapters"], worst(c)) for c in cases if c["workers"] == top_w]),
+        "vs_workers": slope([(c["workers"], worst(c)) for c in cases if c["adapters"] == top_n]),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--adapters", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--reps", type=int, default=2)
+    args = parse_args(parser, "bench.planner_scale", argv)
+    result = run(sorted(args.adapters), sorted(args.workers), args.reps)
+    big = result["cases"][-1]
+    emit(result, Row(
+        f"planner tick ({big['adapters']} adapters x {big['workers']} workers)",
+        f"cold {Summary(**big['cold_ms']).text('ms')}, steady "
+        f"{Summary(**big['steady_ms']).text('ms')}; grows ~N^{result['growth']['vs_adapters']}"
+        f" in adapters, ~W^{result['growth']['vs_workers']} in workers",
+        f"{Summary(**big['sort_ms']).text('ms')} sorted() of the same scores",
+        f"tick = {big['tick_over_sort']}x a sort", result["goal"]), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Reaction time: from the first request log of a burst to the ``load_gpu`` command for that
+adapter consumed by the worker agent's command feed, p50/p99 over ``--bursts`` bursts, with
+a steady background of request logs for other adapters.
+
+The whole streams app (registry, scoring and planner agents) runs as ``loraplane streams
+run`` on a private topic prefix (``tests/integration/planner_env.PlannerEnv``: signed
+publish + promote of ``--bursts`` adapters, all never requested, so none is wanted). The
+"agent" is ``workers.command_feed.KafkaCommandFeed``, the consumer the worker agent polls,
+for a worker that heartbeats 64 free GPU slots (and, after each load, the adapters loaded
+so far, as a real agent would). The per-worker cold-load budget is raised so that 50 loads
+in a minute are allowed; everything else is the default policy. Bursts are sequential: one
+adapter gets ``--burst-size`` logs at once, the clock stops when its ``load_gpu`` arrives.
+
+The baseline is the floor under any event-driven reaction: one message produced and
+consumed through the same broker by a subscribed confluent-kafka consumer, timed the same
+way and interleaved with the bursts. The ratio is baseline p99 / reaction p99.
+
+    .venv/bin/python -m bench.reaction_time                       # 50 bursts, 500 ev/s behind
+    .venv/bin/python -m bench.reaction_time --bursts 100 --background-rate 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.report import Row, emit, parse_args, percentile, times
+from bench.workload import request_logs
+from loraplane.config import Settings, get_settings
+from schemas.adapter import AdapterRecord
+from schemas.base import now_utc
+from schemas.codec import encode
+from schemas.commands import CommandAction
+from schemas.request_log import RequestLog, Tier
+from tests.integration.planner_env import PlannerEnv
+from workers.command_feed import KafkaCommandFeed
+from workers.event_sink import KafkaEventSink
+
+WORKER = "bench-w1"
+SLOTS = 64
+
+
+class Background(threading.Thread):
+    """Request logs for adapters outside the registry at ``rate``/s: work for the scoring
+    agent (and rows for its table) that the planner never acts on."""
+
+    def __init__(self, settings: Settings, topic: str, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.settings, self.topic, self.rate = settings, topic, rate
+        self.stop = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        from loraplane.bus import producer
+
+        p = producer(self.settings, **{"linger.ms": 20})
+        logs = request_logs(5000, adapters=300, prefix="bg")
+        pool = [(m.adapter_id.encode(), encode(m)) for m in logs]
+        started = time.monotonic()
+        while not self.stop.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            while self.sent < due:
+                key, value = pool[self.sent % len(pool)]
+                p.produce(self.topic, key=key, value=value)
+                self.sent += 1
+            p.poll(0)
+            time.sleep(0.01)
+        p.flush(10)
+
+
+def burst(producer: Any, topic: str, rec: AdapterRecord, n: int) -> float:
+    """Produce ``n`` logs for ``rec`` at once; returns the time the first was handed over."""
+    ts = now_utc()
+    started = time.time()
+    for i in range(n):
+        log = RequestLog(event_id=f"burst-{uuid.uuid4().hex}", ts=ts, request_id=f"r{i}",
+                         tenant_id=rec.tenant_id, base_model=rec.base_model,
+                         adapter_id=rec.adapter_id, adapter_version=rec.version,
+                         worker_id="gw", tier_at_arrival=Tier.cold, ttft_ms=900.0)
+        producer.produce(topic, key=rec.adapter_id.encode(), value=encode(log))
+    producer.flush(10)
+    return started
+
+
+async def wait_load(feed: KafkaCommandFeed, lora_name: str,
+                    timeout_s: float) -> tuple[float, float]:
+    """(time consumed, broker time the planner produced it) of ``lora_name``'s load_gpu."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = await feed.next(timeout_s=0.1)
+        if got is None:
+            continue
+        await feed.commit(got.message)
+        if got.command.action is CommandAction.load_gpu and got.command.lora_name == lora_name:
+            return time.time(), got.message.timestamp()[1] / 1000
+    raise RuntimeError(f"no load_gpu for {lora_name} within {timeout_s:.0f}s")
+
+
+def kafka_round_trip(producer: Any, consumer: Any, topic: str) -> float:
+    """Seconds from producing one message to a subscribed consumer receiving it."""
+    marker = uuid.uuid4().hex.encode()
+    started = time.time()
+    producer.produce(topic, key=b"probe", value=marker)
+    producer.flush(10)
+    while True:
+        msg = consumer.poll(5)
+        if msg is None:
+            raise RuntimeError("round-trip probe lost")
+        if msg.error() is None and msg.value() == marker:
+            return time.time() - started
+
+
+async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
+                  rate: float) -> dict[str, list[float]]:
+    from confluent_kafka import Consumer
+
+    from loraplane.bus import producer as make_producer
+
+    settings = env.settings
+    sink = KafkaEventSink(settings, "bench-reaction")
+    feed = KafkaCommandFeed(settings, WORKER, sink, group_id=f"bench-{uuid.uuid4().hex[:8]}")
+    probe_topic = env.topic("audit")  # any private topic: the probe is one opaque message
+    probe = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
+                      "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}",
+                      "auto.offset.reset": "latest"})
+    probe.subscribe([probe_topic])
+    producer = make_producer(settings, **{"linger.ms": 0})
+    background = Background(settings, env.topic("requests"), rate)
+    out: dict[str, list[float]] = {"reaction": [], "to_issue": [], "floor": []}
+    try:
+        env.heartbeat(WORKER, recs[0].base_model, slots=SLOTS)
+        while await feed.next(timeout_s=1.0) is not None:  # nothing wanted yet: drain
+            pass
+        probe.poll(2)  # join the probe's group before timing it
+        background.start()
+        await asyncio.sleep(2)  # let the background reach its rate
+        loaded: list[AdapterRecord] = []
+        for rec in recs:
+            out["floor"].append(kafka_round_trip(producer, probe, probe_topic))
+            started = burst(producer, env.topic("requests"), rec, burst_size)
+            consumed, issued = await wait_load(feed, rec.lora_name, timeout_s=30)
+            out["reaction"].append(consumed - started)
+            out["to_issue"].append(issued - started)
+            loaded.append(rec)
+            env.heartbeat(WORKER, rec.base_model, gpu=loaded, slots=SLOTS)
+    finally:
+        background.stop.set()
+        background.join(15)
+        probe.close()
+        feed.close()
+    out["background_events"] = [float(background.sent)]
+    return out
+
+
+def run(stack: Settings, bursts: int, burst_size: int, rate: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-reaction-") as tmp:
+        env = PlannerEnv.create(stack, Path(tmp),
+                                cold_loads_per_minute_per_worker=max(60, bursts * 2))
+        try:
+            env.start()
+            recs = [env.publish(f"rt{i:04d}", "tiny-llama") for i in range(bursts)]
+            env.wait_registered(*((r, "active") for r in recs))
+            samples = asyncio.run(measure(env, recs, burst_size, rate))
+        finally:
+            env.stop()
+            env.delete_topics()
+    ms = {k: [v * 1000 for v in vs] for k, vs in samples.items() if k != "background_events"}
+
+    def dist(values: list[float]) -> dict[str, float]:
+        return {"p50": round(percentile(values, 50), 1), "p99": round(percentile(values, 99), 1),
+                "max": round(max(values), 1), "min": round(min(values), 1)}
+
+    return {
+        "unit": "ms",
+        "bursts": bursts,
+        "burst_size": burst_size,
+        "background_rate_events_s": rate,
+        "background_events_sent": int(samples["background_events"][0]),
+        "first_event_to_load_gpu_consumed_ms": dist(ms["reaction"]),
+        "first_event_to_load_gpu_issued_ms": dist(ms["to_issue"]),
+        "kafka_round_trip_floor_ms": dist(ms["floor"]),
+        "ratio": round(percentile(ms["floor"], 99) / percentile(ms["reaction"], 99), 4),
+        "goal": "p99 <= 500 ms",
+        "goal_met": percentile(ms["reaction"], 99) <= 500,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bursts", type=int, default=50)
+    parser.add_argument("--burst-size", type=int, default=5)
+    parser.add_argument("--background-rate", type=float, default=500.0,
+                        help="request logs/s for other adapters during the bursts")
+    args = parse_args(parser, "bench.reaction_time", argv)
+    result = run(get_settings(), args.bursts, args.burst_size, args.background_rate)
+    r, f = result["first_event_to_load_gpu_consumed_ms"], result["kafka_round_trip_floor_ms"]
+    emit(result, Row(
+        f"reaction time ({args.bursts} bursts, {args.background_rate:.0f} ev/s behind)",
+        f"p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms (max {r['max']:.0f})",
+        f"p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms Kafka produce->consume",
+        times(result["ratio"]) + " (floor p99 / reaction p99)", result["goal"]), args)
+
+
+if __name__ == "__main__":
+    main()

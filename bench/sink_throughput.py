@@ -1,0 +1,136 @@
+"""Metrics sink: rows/s from Kafka into ClickHouse, against raw clickhouse-driver inserts.
+
+loraplane's path is ``loraplane.metrics.sink.Sink`` (its own consumer group: consume,
+decode with the wire schemas, build rows, columnar insert with type checks, commit offsets)
+on a private requests topic that already holds ``--rows`` request logs. Its rate is taken
+from the end of its first batch to the last row, so the consumer-group join is not counted
+(it is reported separately as ``sink_first_batch_s``). The raw baseline inserts the very same
+rows, already built, with ``client.execute(..., columnar=True)`` in batches of the sink's
+batch size: the best clickhouse-driver does with no Kafka, no decoding and no checks. The
+two run back to back, alternating which goes first, into two private databases that are
+dropped afterwards.
+
+    .venv/bin/python -m bench.sink_throughput                 # 100k rows, 3 repetitions
+    .venv/bin/python -m bench.sink_throughput --rows 500000 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import uuid
+from typing import Any
+
+from bench.isolation import isolated, private_topics, produce_all
+from bench.report import Row, Summary, emit, parse_args, times
+from bench.workload import request_logs
+from loraplane.config import Settings, get_settings
+from loraplane.metrics import migrations
+from loraplane.metrics.clickhouse import connect
+from loraplane.metrics.sink import Sink, SinkConfig
+from loraplane.metrics.tables import TABLES
+
+SINK_TOPICS = tuple(t.topic_suffix for t in TABLES)
+REQUESTS = next(t for t in TABLES if t.topic_suffix == "requests")
+
+
+def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int) -> float:
+    """Seconds to insert ``rows`` in batches with the bare driver."""
+    client = connect(settings)
+    try:
+        client.execute("SELECT 1")  # connect outside the timed part, as the sink does
+        started = time.perf_counter()
+        for i in range(0, len(rows), batch):
+            columns = [list(c) for c in zip(*rows[i:i + batch], strict=True)]
+            client.execute(REQUESTS.insert_sql, columns, columnar=True)
+        return time.perf_counter() - started
+    finally:
+        client.disconnect()
+
+
+def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float) -> tuple[float, float]:
+    """(rows/s after the first batch, seconds from start to the first batch)."""
+    sink = Sink(settings, SinkConfig(batch_size=batch, max_wait_s=0.5,
+                                     group_id=f"bench-sink-{uuid.uuid4().hex[:8]}"))
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    started = time.perf_counter()
+    thread.start()
+    first_at, first_rows = 0.0, 0
+    deadline = started + timeout_s
+    try:
+        while sink.stats.rows < total:
+            if time.perf_counter() > deadline or not thread.is_alive():
+                raise RuntimeError(f"sink delivered {sink.stats.rows}/{total} rows")
+            if not first_at and sink.stats.rows:
+                first_at, first_rows = time.perf_counter(), sink.stats.rows
+            time.sleep(0.002)
+        done = time.perf_counter()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    if sink.stats.dead_letters:
+        raise RuntimeError(f"{sink.stats.dead_letters} rows dead-lettered")
+    if first_rows >= total:
+        raise RuntimeError("everything arrived in one batch: use more --rows")
+    return (total - first_rows) / (done - first_at), first_at - started
+
+
+def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
+    settings = isolated(base, "sink")
+    raw_db = settings.model_copy(update={"clickhouse": settings.clickhouse.model_copy(
+        update={"database": settings.clickhouse.database + "_raw"})})
+    logs = request_logs(total, seed=1)
+    rows = [REQUESTS.row(m) for m in logs]
+    sink_rates: list[float] = []
+    raw_rates: list[float] = []
+    joins: list[float] = []
+    with private_topics(settings, SINK_TOPICS):
+        try:
+            migrations.migrate(settings)
+            migrations.migrate(raw_db)
+            produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
+            for rep in range(reps):
+                for path in (("raw", "sink") if rep % 2 == 0 else ("sink", "raw")):
+                    if path == "raw":
+                        raw_rates.append(total / raw_insert(raw_db, rows, batch))
+                    else:
+                        rate, join_s = sink_rate(settings, total, batch, timeout_s=120)
+                        sink_rates.append(rate)
+                        joins.append(join_s)
+        finally:
+            client = connect(settings, database="")
+            for db in (settings.clickhouse.database, raw_db.clickhouse.database):
+                client.execute(f"DROP DATABASE IF EXISTS `{db}`")
+            client.disconnect()
+    lp, raw = Summary.of(sink_rates), Summary.of(raw_rates)
+    return {
+        "unit": "rows/s",
+        "rows": total,
+        "batch_size": batch,
+        "reps": reps,
+        "sink_rows_s": lp.as_dict(),
+        "raw_insert_rows_s": raw.as_dict(),
+        "sink_first_batch_s": Summary.of(joins).as_dict(),
+        "ratio": round(lp.median / raw.median, 3),
+        "goal": ">= 0.5x",
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=SinkConfig.batch_size)
+    args = parse_args(parser, "bench.sink_throughput", argv)
+    result = run(get_settings(), args.rows, args.reps, args.batch)
+    emit(result, Row("metrics sink (Kafka -> ClickHouse)",
+                     Summary(**result["sink_rows_s"]).text("rows/s", 0),
+                     Summary(**result["raw_insert_rows_s"]).text("rows/s", 0) +
+                     " clickhouse-driver columnar insert", times(result["ratio"]), result["goal"]),
+         args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Stream throughput: request-log events/s through the hot-score Faust app on the real broker,
+against raw confluent-kafka consumption of the same topic.
+
+Each repetition gets a fresh topic prefix holding ``--events`` request logs (keyed by
+adapter_id, Zipf over ``--adapters`` adapters). Then, on that same topic:
+
+* ``raw``: a confluent-kafka consumer assigned every partition from the beginning (no group
+  join) reads every message with ``consume(1000)`` and nothing else, timed from ``assign`` to
+  the last message: the most this machine's Python gets out of the broker;
+* ``raw_scored``: the same consumer doing the scoring agent's per-event work in a plain loop
+  (decode, ``observe_log``, ``to_dict`` into a dict): the cost of the work itself;
+* ``loraplane``: ``loraplane streams run --agent streams.scoring_agent`` as its own process
+  (the real agent, its changelog-backed table). One sentinel log per partition follows the
+  workload; the rate runs from the first message of the table's changelog to the last
+  sentinel's score write (broker timestamps), so Faust's start-up is not counted.
+
+Rates are events/s; the ratio is loraplane / raw.
+
+    .venv/bin/python -m bench.stream_throughput                  # 20k events, 3 repetitions
+    .venv/bin/python -m bench.stream_throughput --events 100000 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.isolation import isolated, private_topics, produce_all
+from bench.report import Row, Summary, emit, parse_args, times
+from bench.streams_process import streams_run, streams_worker
+from bench.workload import request_logs
+from infra.topics import topic_name
+from loraplane.config import Settings, get_settings
+from schemas.codec import decode, encode
+from schemas.request_log import RequestLog
+from streams.scores import ScoreState, from_dict, observe_log, score_key, to_dict
+
+AGENT = "streams.scoring_agent"
+SENTINEL = "zzsentinel"
+TOPICS = ("requests", "dead-letters")
+
+
+def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 120) -> float:
+    """Events/s of a bare consumer (optionally doing the scoring work), from assign to the
+    last message."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    topic = topic_name(settings, "requests")
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
+                         "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    table: dict[str, dict[str, Any]] = {}
+    seen = 0
+    deadline = time.monotonic() + timeout_s
+    first = time.perf_counter()
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    try:
+        while seen < total and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                if msg.error() is not None:
+                    continue
+                seen += 1
+                if scored:
+                    log = decode(RequestLog, msg.value())
+                    key = score_key(log.adapter_id, log.adapter_version)
+                    stored = table.get(key)
+                    before = from_dict(stored) if stored is not None else ScoreState()
+                    table[key] = to_dict(observe_log(before, log))
+        done = time.perf_counter()
+    finally:
+        consumer.close()
+    if seen < total:
+        raise RuntimeError(f"raw consumer read {seen}/{total}")
+    return total / (done - first)
+
+
+def produce_sentinels(settings: Settings) -> int:
+    """One request log per partition of the requests topic, after the workload: the agent
+    has scored everything once it has written all of their score keys. Returns how many."""
+    from confluent_kafka import Producer
+
+    topic = topic_name(settings, "requests")
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap, "acks": "all"})
+    partitions = producer.list_topics(topic, timeout=10).topics[topic].partitions
+    for p in partitions:
+        (log,) = request_logs(1, adapters=1, seed=p, prefix="sentinel")
+        log = log.model_copy(update={"adapter_id": f"{SENTINEL}{p}"})
+        producer.produce(topic, key=log.adapter_id, value=encode(log), partition=p)
+    if producer.flush(20):
+        raise RuntimeError("sentinels not acknowledged")
+    return len(partitions)
+
+
+def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str],
+               profile: Path | None = None, timeout_s: float = 300) -> tuple[float, float]:
+    """(events/s of the scoring agent, seconds from spawn to its first table write).
+
+    Timed by the broker timestamps of the table's changelog: from its first message to the
+    last sentinel's, so neither Faust's start-up nor this process's polling is counted."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    changelog = f"{settings.topic_prefix}-streams-scores-changelog"
+    sentinels = produce_sentinels(settings)
+    spawned_ms = time.time() * 1000
+    with streams_worker(settings, worker, log_path, profile=profile):
+        reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
+                           "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}"})
+        try:
+            parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
+            reader.assign([TopicPartition(changelog, p, OFFSET_BEGINNING) for p in parts])
+            first_ms, seen = 0.0, set()
+            deadline = time.monotonic() + timeout_s
+            while len(seen) < sentinels:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"scoring agent never got to the end; see {log_path}")
+                for msg in reader.consume(num_messages=1000, timeout=0.2):
+                    if msg.error() is not None:
+                        continue
+                    at = msg.timestamp()[1]
+                    first_ms = min(first_ms or at, at)
+                    if SENTINEL.encode() in (msg.key() or b""):
+                        seen.add(msg.key())
+                        last_ms = at
+        finally:
+            reader.close()
+    return (total + sentinels) / ((last_ms - first_ms) / 1000), (first_ms - spawned_ms) / 1000
+
+
+def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
+        profile: Path | None = None) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"loraplane": [], "raw": [], "raw_scored": []}
+    startup: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
+        for rep in range(reps):
+            settings = isolated(base, "stream", home=Path(tmp) / f"home{rep}")
+            settings.home.mkdir()
+            with private_topics(settings, TOPICS):
+                logs = request_logs(total, adapters=adapters, seed=rep)
+                produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
+                rates["raw"].append(raw_rate(settings, total, scored=False))
+                rates["raw_scored"].append(raw_rate(settings, total, scored=True))
+                rate, started = faust_rate(settings, total, settings.home / "streams.log",
+                                           worker, profile if rep == 0 else None)
+                rates["loraplane"].append(rate)
+                startup.append(started)
+    summary = {k: Summary.of(v) for k, v in rates.items()}
+    return {
+        "unit": "events/s",
+        "events": total,
+        "adapters": adapters,
+        "reps": reps,
+        "loraplane_events_s": summary["loraplane"].as_dict(),
+        "raw_consume_events_s": summary["raw"].as_dict(),
+        "raw_consume_and_score_events_s": summary["raw_scored"].as_dict(),
+        "faust_start_to_first_write_s": Summary.of(startup).as_dict(),
+        "ratio": round(summary["loraplane"].median / summary["raw"].median, 4),
+        "ratio_vs_raw_scored": round(
+            summary["loraplane"].median / summary["raw_scored"].median, 3),
+        "goal": ">= 0.5x",
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--adapters", type=int, default=500)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--profile", type=Path, help="pyinstrument text report of the first "
+                                                     "repetition's Faust worker (slows it)")
+    parser.add_argument("--variant", choices=("per_event", "take"),
+                        help="run bench.scoring_variants (an experiment) instead of the real "
+                             "agent")
+    parser.add_argument("--linger-ms", type=int, default=0, help="with --variant")
+    args = parse_args(parser, "bench.stream_throughput", argv)
+    worker = streams_run([AGENT]) if args.variant is None else [
+        "-m", "bench.scoring_variants", "--variant", args.variant,
+        "--linger-ms", str(args.linger_ms)]
+    result = run(get_settings(), args.events, args.adapters, args.reps, worker, args.profile)
+    result["worker"] = worker[0] if args.variant is None else " ".join(worker)
+    emit(result, Row(
+        "stream throughput (scoring agent" + (f", variant {args.variant}, linger "
+                                              f"{args.linger_ms} ms)" if args.variant else ")"),
+        Summary(**result["loraplane_events_s"]).text("events/s", 0),
+        Summary(**result["raw_consume_events_s"]).text("events/s", 0) +
+        " confluent-kafka consume; with the same scoring work in a plain loop: " +
+        Summary(**result["raw_consume_and_score_events_s"]).text("events/s", 0),
+        f"{times(result['ratio'])} ({times(result['ratio_vs_raw_scored'])} of raw+scoring)",
+        result["goal"]), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""A Faust worker (``loraplane streams run`` or an experiment) as a child process on a
+benchmark's private topic prefix."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from loraplane.config import Settings
+
+LOG_READY = "Worker ready"
+LORAPLANE = str(Path(sys.executable).parent / "loraplane")
+
+
+def streams_run(agents: Sequence[str]) -> list[str]:
+    """Python arguments of ``loraplane streams run`` with only ``agents``."""
+    return [LORAPLANE, "streams", "run", *(a for agent in agents for a in ("--agent", agent))]
+
+
+@contextlib.contextmanager
+def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Path,
+                   start_timeout_s: float = 120.0,
+                   profile: Path | None = None) -> Iterator[subprocess.Popen]:
+    """Start a Faust worker (``python_args``: a script and its arguments, or ``-m module
+    ...``) and wait for "Worker ready"; SIGTERM on exit. ``profile`` runs it under
+    pyinstrument, which writes its text report there when the worker exits."""
+    environ = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+               "LORAPLANE_HOME": str(settings.home)}
+    with log_path.open("a") as log:
+        runner = [sys.executable] if profile is None else [
+            str(Path(sys.executable).parent / "pyinstrument"), "-r", "text", "--show-all",
+            "-o", str(profile)]
+        proc = subprocess.Popen([*runner, *python_args], env=environ, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while LOG_READY not in log_path.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streams worker did not start; see {log_path}:\n"
+                                   + log_path.read_text()[-2000:])
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

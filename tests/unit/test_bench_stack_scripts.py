@@ -1,0 +1,69 @@
+"""The benchmarks that need the real stack run on a tiny size and print one JSON object with
+both figures and the ratio (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import (
+    artifact_path,
+    gateway_overhead,
+    reaction_time,
+    sink_throughput,
+    stream_throughput,
+)
+from loraplane.config import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def run_json(main, args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
+    main([*args, "--doc", str(tmp_path / "benchmarks.md")])
+    out = json.loads(capsys.readouterr().out)
+    assert (tmp_path / "benchmarks.md").read_text().count(out["benchmark"]) == 1
+    return out
+
+
+def test_artifact_path(stack: Settings, tmp_path: Path,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(artifact_path.main, ["--sizes", "1", "2", "--reps", "1"], tmp_path, capsys)
+    assert out["loraplane_mib_s"]["median"] > 0
+    assert out["baseline"] in ("download_file", "get_object")
+    assert out["ratio"] > 0
+
+
+def test_sink_throughput(stack: Settings, tmp_path: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(sink_throughput.main, ["--rows", "600", "--batch", "100", "--reps", "1"],
+                   tmp_path, capsys)
+    assert out["sink_rows_s"]["median"] > 0 and out["raw_insert_rows_s"]["median"] > 0
+    assert out["ratio"] > 0
+
+
+def test_stream_throughput(stack: Settings, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(stream_throughput.main, ["--events", "300", "--adapters", "20", "--reps", "1"],
+                   tmp_path, capsys)
+    assert out["loraplane_events_s"]["median"] > 0 and out["raw_consume_events_s"]["median"] > 0
+    assert out["ratio"] > 0
+
+
+def test_gateway_overhead(stack: Settings, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(gateway_overhead.main, ["--requests", "40", "--concurrency", "4",
+                                           "--reps", "1"], tmp_path, capsys)
+    assert out["vllm"].startswith("fake")
+    assert out["gateway_rps"]["median"] > 0 and out["direct_rps"]["median"] > 0
+    assert {"added_p50_ms", "added_p99_ms", "ratio"} <= set(out)
+
+
+def test_reaction_time(stack: Settings, tmp_path: Path,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(reaction_time.main, ["--bursts", "2", "--background-rate", "50"], tmp_path,
+                   capsys)
+    reaction = out["first_event_to_load_gpu_consumed_ms"]
+    assert 0 < reaction["p50"] <= reaction["p99"]
+    assert out["kafka_round_trip_floor_ms"]["p99"] > 0
