@@ -6,6 +6,11 @@ which is fetched first and pins every other file by size and sha256. Only files 
 manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
 the same pass, and a file that grows past its listed size is cut off at once.
 
+Speed: a second thread hashes and writes each chunk while the next one is read from the
+network. hashlib, file writes and socket reads all release the GIL on large buffers, so the
+three proceed at once instead of in turn (sha256 alone runs at well under twice the speed of
+a local S3 download).
+
 Failure is bounded: small connect/read timeouts, a few retries with exponential backoff,
 and one deadline for the whole fetch, so "S3 is down" becomes
 ``artifact_store_unavailable`` within seconds instead of a hung load.
@@ -14,13 +19,15 @@ and one deadline for the whole fetch, so "S3 is down" becomes
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, BinaryIO, TypeVar
 
 from pydantic import ValidationError
 
@@ -48,7 +55,8 @@ class FetchPolicy:
     backoff_s: float = 0.2  # doubled after each failed attempt
     max_backoff_s: float = 2.0
     deadline_s: float = 60.0  # for the whole artifact, large weights included
-    chunk_bytes: int = 256 * 1024
+    chunk_bytes: int = 1024 * 1024
+    chunks_ahead: int = 4  # read ahead of the hashing writer (memory: chunk_bytes each)
 
 
 @dataclass(frozen=True)
@@ -157,8 +165,8 @@ class ArtifactFetcher:
                 response["Body"].close()
                 raise ArtifactError.single(oversize, path,
                                            f"store has {announced} bytes, expected {size}")
-            digest, written = hashlib.sha256(), 0
-            with open(target, "wb") as out:
+            written = 0
+            with open(target, "wb") as out, _HashingWriter(out, self.policy.chunks_ahead) as sink:
                 try:
                     for chunk in response["Body"].iter_chunks(self.policy.chunk_bytes):
                         written += len(chunk)
@@ -167,13 +175,12 @@ class ArtifactFetcher:
                         if self._clock() > deadline:
                             raise ArtifactError.single(Reason.artifact_store_unavailable, path,
                                                        "fetch deadline passed while streaming")
-                        digest.update(chunk)
-                        out.write(chunk)
+                        sink.write(chunk)
                 finally:
                     response["Body"].close()
             if exact and written != size:
                 raise ArtifactError.single(Reason.size_mismatch, path, f"{written} != {size}")
-            return digest.hexdigest(), written
+            return sink.hexdigest(), written
 
         missing = Reason.manifest_missing if path == MANIFEST_NAME else Reason.file_missing
         return self._with_retries(attempt, path, deadline, missing)
@@ -203,6 +210,49 @@ class ArtifactFetcher:
                     f"{type(error).__name__} after {attempt} attempt(s)") from None
             self._sleep(delay)
             delay = min(delay * 2, self.policy.max_backoff_s)
+
+
+class _HashingWriter:
+    """sha256 + write of a stream of chunks, in a thread of its own so that the caller's
+    next read overlaps them. Bounded (``depth`` chunks queued). A write error (disk full)
+    is raised from the next ``write`` or from leaving the ``with`` block; leaving it always
+    stops the thread."""
+
+    def __init__(self, out: BinaryIO, depth: int) -> None:
+        self._out = out
+        self._digest = hashlib.sha256()
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=max(depth, 1))
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._drain, name="artifact-hash", daemon=True)
+
+    def __enter__(self) -> _HashingWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._chunks.put(None)
+        self._thread.join()
+        if kind is None and self._error is not None:
+            raise self._error
+
+    def _drain(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            if self._error is None:  # after an error, only empty the queue
+                try:
+                    self._digest.update(chunk)
+                    self._out.write(chunk)
+                except OSError as exc:
+                    self._error = exc
+
+    def write(self, chunk: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._chunks.put(chunk)
+
+    def hexdigest(self) -> str:
+        """The digest of everything written; only after the ``with`` block."""
+        return self._digest.hexdigest()
 
 
 def _load_manifest(path: Path) -> Manifest:

@@ -4,14 +4,19 @@ tests/integration/test_host_tier.py)."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loraplane.config import S3Settings
-from workers.artifact_fetch import ArtifactFetcher, FetchPolicy, check_allowed
+from workers.artifact_fetch import ArtifactFetcher, FetchPolicy, _HashingWriter, check_allowed
 from workers.refusal import ArtifactError, Reason
 
 ALLOWED = ["s3://loraplane-artifacts/", "s3://shared/tenants/acme"]
@@ -105,3 +110,26 @@ def test_store_answers_map_to_reasons(code: str, reason: Reason, calls: int,
     error, client, _ = fetch_with(answer, FetchPolicy(attempts=3), tmp_path)
     assert error.reasons == (reason,)
     assert client.calls == calls
+
+
+@given(st.lists(st.binary(max_size=300), max_size=12), st.integers(1, 3))
+def test_hashing_writer_writes_and_hashes_every_chunk_in_order(chunks: list[bytes],
+                                                              depth: int) -> None:
+    out = io.BytesIO()
+    with _HashingWriter(out, depth) as sink:
+        for chunk in chunks:
+            sink.write(chunk)
+    assert out.getvalue() == b"".join(chunks)
+    assert sink.hexdigest() == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+class FullDisk(io.BytesIO):
+    def write(self, _data: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_write_error_in_the_hashing_thread_reaches_the_caller() -> None:
+    with pytest.raises(OSError) as caught, _HashingWriter(FullDisk(), 1) as sink:
+        for _ in range(50):  # the error surfaces on a later write or on leaving the block
+            sink.write(b"x" * 4096)
+    assert caught.value.errno == errno.ENOSPC
