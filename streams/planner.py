@@ -211,6 +211,9 @@ class _Planner:
         self.weights = policy.weights
         self.never_evict: tuple[Condition, ...] = policy.never_evict
         self.demote: tuple[Condition, ...] = policy.demote
+        self.facts_read = {cl.fact for c in (*self.never_evict, *self.demote) for cl in c.clauses}
+        """Facts some condition reads: the others are not computed (one tick computes the facts
+        of every version)."""
         self.commands: list[CacheCommand] = []
         self.waiting: list[Waiting] = []
         self.issued_at = datetime.fromtimestamp(now, UTC)
@@ -236,21 +239,25 @@ class _Planner:
     def candidate(self, view: AdapterView, record: AdapterRecord,
                   scores: Mapping[str, ScoreState], scheduled: float) -> _Candidate:
         state = scores.get(score_key(record.adapter_id, record.version), _EMPTY)
-        if record.status is AdapterStatus.active:
-            state = merged(state, scores.get(score_key(record.adapter_id, None), _EMPTY))
+        unattributed = scores.get(score_key(record.adapter_id, None))
+        if record.status is AdapterStatus.active and unattributed is not None:
+            state = merged(state, unattributed)  # merging an empty state changes nothing
         score = hot_score(state, record.priority.value, scheduled, self.policy, self.now,
                           self.weights)
         canary = record.status is AdapterStatus.canary
         expected = scheduled > 0 or canary
         idle = 0.0 if expected else state.idle_minutes(self.now)
+        read = self.facts_read
         facts: dict[str, float | str | None] = {
             "status": record.status.value,
             "canary_percent": record.release.canary_percent,
             "tenant_priority": record.priority.value,
             "no_request_for_minutes": idle if math.isfinite(idle) else 1e18,
-            "error_rate_after_load": state.error_rate_after_load(self.now),
-            "request_class": state.dominant_class(self.now),
         }
+        if "error_rate_after_load" in read:
+            facts["error_rate_after_load"] = state.error_rate_after_load(self.now)
+        if "request_class" in read:
+            facts["request_class"] = state.dominant_class(self.now)
         protected = next((c.text for c in self.never_evict if c.holds(facts)), None)
         demote = None if protected else next(
             (c.text for c in self.demote if c.holds(facts)), None)
@@ -473,14 +480,18 @@ def _plan_host(p: _Planner, cands: dict[str, _Candidate], wanted: list[_Candidat
     for w in workers:
         for lora in w.host:
             holders[lora].append(w)
+    # Sorting is most of the host pass's cost: sort only when a limit is exceeded.
     over = len(holders) - policy.host_slots_per_base_model
-    for lora in worst_first(lora for lora in holders if lora in records):
-        if over <= 0:
-            break
-        for w in holders[lora]:
-            evict(w, lora, "host slots per base model")
-        over -= 1
+    if over > 0:
+        for lora in worst_first(lora for lora in holders if lora in records):
+            if over <= 0:
+                break
+            for w in holders[lora]:
+                evict(w, lora, "host slots per base model")
+            over -= 1
     for w in workers:
+        if w.host_bytes <= w.state.host_bytes_budget:
+            continue
         for lora in worst_first(w.host):
             if w.host_bytes <= w.state.host_bytes_budget:
                 break

@@ -8,7 +8,7 @@ One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at on
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
 writes the planner's memory to the ``planner-memory`` table and flushes it *before* sending
 any command, then sends each command to the commands topic (key worker_id) and its decision
-to the audit and decisions topics. So after a crash the memory knows every command that may
+to the audit topic (and the command itself to the decisions topic). So after a crash the memory knows every command that may
 have gone out: nothing is re-decided under a new command_id, and on start the pending ones
 are sent again under their own ids (workers drop duplicates by command_id).
 
@@ -118,10 +118,11 @@ def _audit(cmd: CacheCommand) -> AuditRecord:
 
 
 async def _send(cmd: CacheCommand) -> None:
-    await commands_topic.send(key=cmd.worker_id.encode(), value=encode(cmd))
-    record = encode(_audit(cmd))
-    await audit_topic.send(key=cmd.adapter_id.encode(), value=record)
-    await decisions_topic.send(key=cmd.base_model.encode(), value=record)
+    payload = encode(cmd)
+    await commands_topic.send(key=cmd.worker_id.encode(), value=payload)
+    await audit_topic.send(key=cmd.adapter_id.encode(), value=encode(_audit(cmd)))
+    # The decisions topic carries the commands themselves (ClickHouse `decisions` table).
+    await decisions_topic.send(key=cmd.base_model.encode(), value=payload)
 
 
 async def _announce_waiting(result: Plan, last: list[str]) -> list[str]:
@@ -130,7 +131,7 @@ async def _announce_waiting(result: Plan, last: list[str]) -> list[str]:
     if names and names != last:
         detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
                               "reason": w.reason} for w in result.waiting[:50]])
-        await decisions_topic.send(key=b"planner", value=encode(AuditRecord(
+        await audit_topic.send(key=b"planner", value=encode(AuditRecord(
             event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component="planner",
             action="load_gpu", decision="refused", reason=result.waiting[0].reason,
             detail=detail[:2048])))

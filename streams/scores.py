@@ -46,9 +46,11 @@ class Decayed:
         return self.value * math.exp(-max(0.0, now - self.at) / self.tau)
 
     def add(self, ts: float, amount: float = 1.0) -> Decayed:
+        # The constructor, not ``dataclasses.replace``: this runs once per request log.
         if ts >= self.at:
-            return replace(self, value=self.at_time(ts) + amount, at=ts)
-        return replace(self, value=self.value + amount * math.exp(-(self.at - ts) / self.tau))
+            return Decayed(self.tau, self.at_time(ts) + amount, ts)
+        return Decayed(self.tau, self.value + amount * math.exp(-(self.at - ts) / self.tau),
+                       self.at)
 
     def rate(self, now: float) -> float:
         """Events per second over the last ~tau seconds."""
@@ -123,23 +125,24 @@ def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
         return state
     classes = dict(state.classes)
     classes[request_class] = classes.get(request_class, _tau10()).add(ts)
-    new = replace(
-        state,
+    cold, hot = state.ttft_cold_ms, state.ttft_hot_ms
+    if ttft_ms is not None and status is RequestStatus.ok:
+        if tier is Tier.gpu:
+            hot = _ewma(hot, ttft_ms)
+        elif tier in (Tier.host, Tier.cold):
+            cold = _ewma(cold, ttft_ms)
+    served, errors = state.served_after_load, state.errors_after_load
+    if tier in (Tier.gpu, Tier.host) and status in (RequestStatus.ok, RequestStatus.error):
+        served = served.add(ts)
+        if status is RequestStatus.error:
+            errors = errors.add(ts)
+    # One constructor call per request (the hot path of the scoring agent and simulator).
+    return ScoreState(
         requests_10m=state.requests_10m.add(ts),
         requests_1m=state.requests_1m.add(ts),
         last_request=ts if state.last_request is None else max(state.last_request, ts),
-        classes=classes,
-    )
-    if ttft_ms is not None and status is RequestStatus.ok:
-        if tier is Tier.gpu:
-            new = replace(new, ttft_hot_ms=_ewma(new.ttft_hot_ms, ttft_ms))
-        elif tier in (Tier.host, Tier.cold):
-            new = replace(new, ttft_cold_ms=_ewma(new.ttft_cold_ms, ttft_ms))
-    if tier in (Tier.gpu, Tier.host) and status in (RequestStatus.ok, RequestStatus.error):
-        new = replace(new, served_after_load=new.served_after_load.add(ts))
-        if status is RequestStatus.error:
-            new = replace(new, errors_after_load=new.errors_after_load.add(ts))
-    return new
+        ttft_cold_ms=cold, ttft_hot_ms=hot, served_after_load=served,
+        errors_after_load=errors, classes=classes)
 
 
 def observe_log(state: ScoreState, log: RequestLog) -> ScoreState:
@@ -152,8 +155,9 @@ def is_burst(before: ScoreState, after: ScoreState, now: float) -> bool:
     worth re-planning now instead of at the next tick. Fires once per crossing."""
 
     def hot(s: ScoreState) -> bool:
-        return (s.requests_1m.at_time(now) >= BURST_MIN_REQUESTS_1M
-                and s.qps_1m(now) >= BURST_FACTOR * s.qps_10m(now))
+        recent = s.requests_1m.at_time(now)
+        return (recent >= BURST_MIN_REQUESTS_1M
+                and recent / s.requests_1m.tau >= BURST_FACTOR * s.qps_10m(now))
 
     return hot(after) and not hot(before)
 
@@ -175,6 +179,40 @@ def merged(a: ScoreState, b: ScoreState) -> ScoreState:
                    last_request=max(last) if last else None, classes=classes)
 
 
+def _clip(x: float) -> float:
+    return min(1.0, max(0.0, x)) if math.isfinite(x) else (1.0 if x > 0 else 0.0)
+
+
+def _qps_10m(state: ScoreState, priority: str, scheduled: float, policy: Policy,
+             now: float) -> float:
+    return _clip(state.qps_10m(now) / policy.normalisation.qps_10m)
+
+
+def _qps_1m(state: ScoreState, priority: str, scheduled: float, policy: Policy,
+            now: float) -> float:
+    return _clip(state.qps_1m(now) / policy.normalisation.qps_1m)
+
+
+def _ttft_penalty(state: ScoreState, priority: str, scheduled: float, policy: Policy,
+                  now: float) -> float:
+    return _clip(state.ttft_penalty_ms(policy.ttft_penalty_prior_ms)
+                 / policy.normalisation.ttft_penalty_ms)
+
+
+def _priority(state: ScoreState, priority: str, scheduled: float, policy: Policy,
+              now: float) -> float:
+    return _clip(policy.tenant_priority_values.get(priority, 0.0))
+
+
+def _scheduled(state: ScoreState, priority: str, scheduled: float, policy: Policy,
+               now: float) -> float:
+    return _clip(scheduled)
+
+
+_TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_penalty,
+          "tenant_priority": _priority, "scheduled_warmup_score": _scheduled}
+
+
 def score_terms(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
                 now: float) -> dict[str, float]:
     """Every known term, normalised to [0, 1].
@@ -183,28 +221,18 @@ def score_terms(state: ScoreState, priority: str, scheduled_warmup: float, polic
     whether or not the adapter is hot right now: dropping it once loaded would lower the
     score of every adapter the moment it is placed and make residents swap back and forth.
     """
-    norm = policy.normalisation
-
-    def clip(x: float) -> float:
-        return min(1.0, max(0.0, x)) if math.isfinite(x) else (1.0 if x > 0 else 0.0)
-
-    return {
-        "qps_10m": clip(state.qps_10m(now) / norm.qps_10m),
-        "qps_1m": clip(state.qps_1m(now) / norm.qps_1m),
-        "ttft_penalty_if_cold": clip(
-            state.ttft_penalty_ms(policy.ttft_penalty_prior_ms) / norm.ttft_penalty_ms),
-        "tenant_priority": clip(policy.tenant_priority_values.get(priority, 0.0)),
-        "scheduled_warmup_score": clip(scheduled_warmup),
-    }
+    return {name: term(state, priority, scheduled_warmup, policy, now)
+            for name, term in _TERMS.items()}
 
 
 def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
               now: float, weights: dict[str, float] | None = None) -> float:
     """Weighted sum of the normalised terms named in ``policy.hot_score_formula``; always in
     ``[0, sum(weights)]``. Pass ``weights`` (``policy.weights``) to skip re-parsing the
-    formula in a hot loop."""
-    terms = score_terms(state, priority, scheduled_warmup, policy, now)
-    return sum(w * terms[name] for name, w in (weights or policy.weights).items())
+    formula in a hot loop. Only the weighted terms are computed (the planner scores every
+    version on every tick)."""
+    return sum(w * _TERMS[name](state, priority, scheduled_warmup, policy, now)
+               for name, w in (weights or policy.weights).items())
 
 
 # --- serialisation for the changelog-backed table -------------------------------------------

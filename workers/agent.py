@@ -200,6 +200,13 @@ class WorkerAgent:
         """One command from the feed: apply it, reconcile once, then store the applied ids
         (before the caller commits the offset, so a redelivery after a crash is known)."""
         skipped = self.apply(cmd)
+        if skipped is None and cmd.lora_name not in self.records:
+            # The planner saw a registry change before our periodic refresh did: read it now
+            # rather than refuse a version that is simply newer than our copy.
+            try:
+                await self.refresh_registry()
+            except Exception as exc:  # unreadable registry: reconcile refuses, as before
+                log.warning("registry refresh for %s failed: %s", cmd.lora_name, exc)
         await self.reconcile_once()
         path = self.config.applied_commands_path
         if path is not None and skipped != "duplicate":

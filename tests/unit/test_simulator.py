@@ -12,6 +12,7 @@ from loraplane.cli import app
 from loraplane.simulator import benchmark
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.policies import ALL, policy_class, resolve
+from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import load_scenario
 from loraplane.simulator.trace import TraceError, load_trace
 from tests.unit.simulator_tiny import catalog, requests, scenario
@@ -150,3 +151,20 @@ def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["simulate", "--scenario", str(sc), "--policies", "nope"])
     assert result.exit_code == 2
     assert "unknown policy 'nope'" in result.output
+
+
+def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
+    # Four platinum adapters, two slots. The first hour wants a0 and a1, two hours later only
+    # a2 and a3. The seed's guard keeps a0 and a1 pinned although idle, so a2 and a3 are
+    # served by the base model; conditioned on demand, the idle pins go and a2, a3 get slots.
+    sc = scenario(2)
+    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
+        update={"planner_interval_s": 60.0})})
+    trace = [0, 1] * 30 + [2, 3] * 30
+    times = [float(i) for i in range(60)] + [7200.0 + i for i in range(60)]
+    reqs = Requests(times, trace, [180] * 120, [False] * 120)
+    cat = catalog(4, ["platinum"] * 4)
+    seed = simulate(sc, cat, reqs, policy_class("loraplane"))
+    demand = simulate(sc, cat, reqs, policy_class("loraplane-demand"))
+    assert (seed.gpu_hits, seed.fallbacks) == (60, 60)  # every a2/a3 request falls back
+    assert demand.fallbacks < 10 and demand.gpu_hits > 110

@@ -1,5 +1,6 @@
-"""Every simulated policy by name. ``loraplane`` (the real scorer and planner) is imported
-lazily so the baselines work even while the streams package is incomplete."""
+"""Every simulated policy by name. ``loraplane`` and ``loraplane-demand`` (the real scorer and
+planner; the second with platinum pinning conditioned on demand) are imported lazily so the
+baselines work even while the streams package is incomplete."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from loraplane.simulator.policies.static import StaticMerge
 
 BASELINES: dict[str, type[CachePolicy]] = {
     p.name: p for p in (LRU, FIFO, S3FIFO, SIEVE, GDSF, Belady, StaticMerge)}
-ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "loraplane", "belady")
+ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "loraplane", "loraplane-demand", "belady")
 
 
 def policy_class(name: str) -> type[CachePolicy]:
-    if name == "loraplane":
-        from loraplane.simulator.policies.loraplane import Loraplane
+    if name in ("loraplane", "loraplane-demand"):
+        from loraplane.simulator.policies.loraplane import Loraplane, LoraplaneDemand
 
-        return Loraplane
+        return Loraplane if name == "loraplane" else LoraplaneDemand
     try:
         return BASELINES[name]
     except KeyError:

@@ -22,6 +22,7 @@ LRU, which enforces the same slot and byte limits.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from loraplane.simulator.catalog import Adapter
@@ -100,6 +101,7 @@ class Loraplane(CachePolicy):
         self.planned_worker: dict[int, int] = {}
         self.hbm_fixed = (pool.base_bytes + pool.kv_bytes) / pool.workers
         self.hbm_per_worker = pool.hbm_bytes / pool.workers
+        self.loaded: dict[tuple[int, str, bool], LoadedAdapter] = {}
 
     # --- the request log -------------------------------------------------------------------
 
@@ -137,6 +139,18 @@ class Loraplane(CachePolicy):
 
     # --- the planner tick -------------------------------------------------------------------
 
+    def _loaded(self, adapter: int, tier: str, pinned: bool) -> LoadedAdapter:
+        """The worker-state entry of an adapter; immutable, so built once per (tier, pin)."""
+        key = (adapter, tier, pinned)
+        entry = self.loaded.get(key)
+        if entry is None:
+            r = self.records[adapter]
+            entry = self.loaded[key] = LoadedAdapter.model_construct(
+                lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
+                tenant_id=r.tenant_id, tier=tier, pinned=pinned, size_bytes=r.size_bytes,
+                rank=r.rank, last_used=None, in_flight=0)
+        return entry
+
     def _states(self, now: float) -> list[WorkerState]:
         gpu: list[list[LoadedAdapter]] = [[] for _ in self.workers]
         host: list[list[LoadedAdapter]] = [[] for _ in self.workers]
@@ -144,11 +158,8 @@ class Loraplane(CachePolicy):
                               ("host", ((a, a % len(self.workers)) for a in self.ctx.host
                                         if a not in self.where))):
             for a, w in members:
-                r = self.records[a]
-                (gpu if tier == "gpu" else host)[w].append(LoadedAdapter.model_construct(
-                    lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
-                    tenant_id=r.tenant_id, tier=tier, pinned=a in self.pinned,
-                    size_bytes=r.size_bytes, rank=r.rank, last_used=None, in_flight=0))
+                (gpu if tier == "gpu" else host)[w].append(
+                    self._loaded(a, tier, a in self.pinned))
         ts = datetime.fromtimestamp(SIM_EPOCH + now, UTC)
         pool = self.ctx.pool
         states = []
@@ -197,3 +208,22 @@ class Loraplane(CachePolicy):
         for a in loaded:
             self.where[a] = self.planned_worker.pop(a)
         self.planned_worker.clear()
+
+
+PLATINUM = 'tenant_priority == "platinum"'
+PLATINUM_WITH_DEMAND = 'tenant_priority == "platinum" and no_request_for_minutes < 60'
+
+
+class LoraplaneDemand(Loraplane):
+    """loraplane with the seed's platinum guard conditioned on demand: a platinum version
+    keeps a pinned GPU copy only while it was requested in the last hour. The seed's
+    ``tenant_priority == "platinum"`` pins every platinum version, idle or not, which costs
+    hit rate wherever platinum versions outnumber a pool's GPU slots."""
+
+    name = "loraplane-demand"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        guards = [PLATINUM_WITH_DEMAND if c.strip() == PLATINUM else c
+                  for c in ctx.policy.never_evict_when]
+        super().__init__(replace(ctx, policy=ctx.policy.model_copy(
+            update={"never_evict_when": guards})))
