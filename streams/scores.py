@@ -120,9 +120,12 @@ def _ewma(old: float | None, sample: float) -> float:
 def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
             status: RequestStatus, ttft_ms: float | None) -> ScoreState:
     """Fold one request into the state. Refused requests (unknown adapter, not allowed) are
-    not demand the cache could serve, so they are ignored."""
+    not demand the cache could serve, so they are ignored. Shadow requests are the control
+    plane's own canary warm-up: they count towards the error rate after load, not demand."""
     if status is RequestStatus.refused:
         return state
+    if request_class == "shadow":
+        return _observe_shadow(state, ts=ts, tier=tier, status=status)
     classes = dict(state.classes)
     classes[request_class] = classes.get(request_class, _tau10()).add(ts)
     cold, hot = state.ttft_cold_ms, state.ttft_hot_ms
@@ -143,6 +146,15 @@ def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
         last_request=ts if state.last_request is None else max(state.last_request, ts),
         ttft_cold_ms=cold, ttft_hot_ms=hot, served_after_load=served,
         errors_after_load=errors, classes=classes)
+
+
+def _observe_shadow(state: ScoreState, *, ts: float, tier: Tier,
+                    status: RequestStatus) -> ScoreState:
+    if tier not in (Tier.gpu, Tier.host) or status not in (RequestStatus.ok, RequestStatus.error):
+        return state
+    errors = state.errors_after_load
+    return replace(state, served_after_load=state.served_after_load.add(ts),
+                   errors_after_load=errors.add(ts) if status is RequestStatus.error else errors)
 
 
 def observe_log(state: ScoreState, log: RequestLog) -> ScoreState:

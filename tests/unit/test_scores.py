@@ -140,3 +140,11 @@ def test_scores_decay_without_requests(rate: float, later: float) -> None:
     assert s.qps_10m(T0 + later) < s.qps_10m(T0)
     assert (hot_score(s, "silver", 0, POLICY, T0 + later)
             <= hot_score(s, "silver", 0, POLICY, T0))
+
+
+def test_shadow_warmup_requests_are_not_demand_but_their_errors_count() -> None:
+    warm = requests(30, cls="shadow", status=RequestStatus.error)
+    assert warm.qps_10m(T0 + 30) == 0.0 and warm.last_request is None
+    assert warm.error_rate_after_load(T0 + 30) == 1.0
+    assert hot_score(warm, "silver", 0.0, POLICY, T0 + 30) == hot_score(
+        ScoreState(), "silver", 0.0, POLICY, T0 + 30)
