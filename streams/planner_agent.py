@@ -7,10 +7,11 @@ compacted worker-state topic) and the schedule file (re-read when it changes).
 One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at once on a
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
 writes the planner's memory to the ``planner-memory`` table and flushes it *before* sending
-any command, then sends each command to the commands topic (key worker_id) and its decision
-to the audit topic (and the command itself to the decisions topic). So after a crash the memory knows every command that may
-have gone out: nothing is re-decided under a new command_id, and on start the pending ones
-are sent again under their own ids (workers drop duplicates by command_id).
+any command, then sends each command to the commands topic (key worker_id) and to the
+decisions topic, and its audit record to the audit topic. So after a crash the memory knows
+every command that may have gone out: nothing is re-decided under a new command_id, and on
+start the pending ones are sent again under their own ids (workers drop duplicates by
+command_id).
 
 Planning waits for table recovery: a planner that ran on an empty memory would re-issue.
 The wall clock is the planner's ``now``; tests control time through the timestamps of the
