@@ -32,6 +32,10 @@ MIN_ERROR_SAMPLES = 20.0
 of two must not demote an adapter."""
 BURST_MIN_REQUESTS_1M = 3.0
 BURST_FACTOR = 2.0
+BURST_REARM_REQUESTS_1M = 1.5
+"""A Schmitt trigger: after a burst fires, the next one needs the 1-minute count to have
+fallen below this first. Without it, a tail adapter whose decayed count hovers around the
+floor "bursts" on almost every request and the planner re-plans for noise."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class ScoreState:
     served_after_load: Decayed = field(default_factory=_tau10)
     errors_after_load: Decayed = field(default_factory=_tau10)
     classes: dict[str, Decayed] = field(default_factory=dict)
+    burst_armed: bool = True
 
     def qps_10m(self, now: float) -> float:
         return self.requests_10m.rate(now)
@@ -139,13 +144,19 @@ def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
         served = served.add(ts)
         if status is RequestStatus.error:
             errors = errors.add(ts)
+    armed = _armed(state, ts)
+    requests_1m = state.requests_1m.add(ts)
+    requests_10m = state.requests_10m.add(ts)
+    if armed and _bursting(requests_1m, requests_10m, ts) and not _bursting(
+            state.requests_1m, state.requests_10m, ts):
+        armed = False  # fired: is_burst sees armed -> disarmed
     # One constructor call per request (the hot path of the scoring agent and simulator).
     return ScoreState(
-        requests_10m=state.requests_10m.add(ts),
-        requests_1m=state.requests_1m.add(ts),
+        requests_10m=requests_10m,
+        requests_1m=requests_1m,
         last_request=ts if state.last_request is None else max(state.last_request, ts),
         ttft_cold_ms=cold, ttft_hot_ms=hot, served_after_load=served,
-        errors_after_load=errors, classes=classes)
+        errors_after_load=errors, classes=classes, burst_armed=armed)
 
 
 def _observe_shadow(state: ScoreState, *, ts: float, tier: Tier,
@@ -162,16 +173,20 @@ def observe_log(state: ScoreState, log: RequestLog) -> ScoreState:
                    tier=log.tier_at_arrival, status=log.status, ttft_ms=log.ttft_ms)
 
 
+def _bursting(r1: Decayed, r10: Decayed, now: float) -> bool:
+    recent = r1.at_time(now)
+    return recent >= BURST_MIN_REQUESTS_1M and recent / r1.tau >= BURST_FACTOR * r10.rate(now)
+
+
+def _armed(state: ScoreState, now: float) -> bool:
+    return state.burst_armed or state.requests_1m.at_time(now) < BURST_REARM_REQUESTS_1M
+
+
 def is_burst(before: ScoreState, after: ScoreState, now: float) -> bool:
     """The 1-minute rate just crossed both a floor and BURST_FACTOR x the 10-minute rate:
-    worth re-planning now instead of at the next tick. Fires once per crossing."""
-
-    def hot(s: ScoreState) -> bool:
-        recent = s.requests_1m.at_time(now)
-        return (recent >= BURST_MIN_REQUESTS_1M
-                and recent / s.requests_1m.tau >= BURST_FACTOR * s.qps_10m(now))
-
-    return hot(after) and not hot(before)
+    worth re-planning now instead of at the next tick. Fires once per crossing, and again
+    only after the 1-minute count fell below BURST_REARM_REQUESTS_1M (hysteresis)."""
+    return _armed(before, now) and not after.burst_armed
 
 
 def merged(a: ScoreState, b: ScoreState) -> ScoreState:
@@ -263,6 +278,7 @@ def to_dict(state: ScoreState) -> dict[str, Any]:
         "served": _decayed_dict(state.served_after_load),
         "errors": _decayed_dict(state.errors_after_load),
         "classes": {k: _decayed_dict(v) for k, v in state.classes.items()},
+        "armed": state.burst_armed,
     }
 
 
@@ -279,4 +295,5 @@ def from_dict(data: dict[str, Any]) -> ScoreState:
         served_after_load=dec(TAU_10M_S, data["served"]),
         errors_after_load=dec(TAU_10M_S, data["errors"]),
         classes={k: dec(TAU_10M_S, v) for k, v in data["classes"].items()},
+        burst_armed=bool(data.get("armed", True)),
     )

@@ -148,3 +148,28 @@ def test_shadow_warmup_requests_are_not_demand_but_their_errors_count() -> None:
     assert warm.error_rate_after_load(T0 + 30) == 1.0
     assert hot_score(warm, "silver", 0.0, POLICY, T0 + 30) == hot_score(
         ScoreState(), "silver", 0.0, POLICY, T0 + 30)
+
+
+def test_a_count_hovering_at_the_floor_fires_once_then_rearms_after_quiet() -> None:
+    state, fired = ScoreState(), []
+    for i in range(40):  # ~3 requests a minute: the decayed 1-minute count hovers near 3
+        ts = T0 + i * 20.0
+        before = state
+        state = observe(state, ts=ts, request_class="interactive", tier=Tier.cold,
+                        status=RequestStatus.ok, ttft_ms=None)
+        fired.append(is_burst(before, state, ts))
+    assert fired.count(True) == 1
+    later = T0 + 40 * 20.0 + 600  # quiet for 10 minutes, then a real burst
+    again = []
+    for i in range(5):
+        before = state
+        state = observe(state, ts=later + i, request_class="interactive", tier=Tier.cold,
+                        status=RequestStatus.ok, ttft_ms=None)
+        again.append(is_burst(before, state, later + i))
+    assert again.count(True) == 1
+
+
+def test_burst_state_survives_the_changelog_round_trip() -> None:
+    state = requests(10)
+    assert from_dict(to_dict(state)) == state
+    assert from_dict({k: v for k, v in to_dict(state).items() if k != "armed"}).burst_armed
