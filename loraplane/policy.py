@@ -13,7 +13,9 @@ Pure code: no I/O.
 
 from __future__ import annotations
 
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +62,11 @@ def parse_formula(text: str) -> dict[str, float]:
     return weights
 
 
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge,
+    "<": operator.lt, "<=": operator.le}
+
+
 @dataclass(frozen=True)
 class Clause:
     fact: str
@@ -74,9 +81,9 @@ class Clause:
             if self.op not in ("==", "!="):
                 return False
             return (str(actual) == str(self.value)) == (self.op == "==")
-        a, b = float(actual), self.value
-        return {"==": a == b, "!=": a != b, ">": a > b, ">=": a >= b, "<": a < b,
-                "<=": a <= b}[self.op]
+        # A table lookup, not a dict of all six comparisons: the planner evaluates every
+        # condition for every version on every tick.
+        return _OPS[self.op](float(actual), self.value)
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,9 @@ class Policy(_Strict):
     ttft_penalty_prior_ms: float = Field(800.0, ge=0,
                                          description="cold TTFT penalty until one is observed")
     cold_loads_per_minute_per_worker: int = Field(6, ge=1, le=10_000)
+    max_protected_gpu_share: float = Field(
+        0.5, gt=0, le=1, description="the most never-evict versions protected per base model, "
+        "as a share of its GPU slots (rounded up, at least 1); the rest compete by score")
     hbm_low_watermark: float = Field(0.82, gt=0, le=1)
     hysteresis_margin: float = Field(
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")

@@ -4,6 +4,13 @@ policy simulator runs it with simulated time.
 
 Rules, per base model, in the order they are applied:
 
+0. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
+   never-evict versions stay protected, the best-ranked ones; the others are treated as
+   unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
+   cannot hold every slot while hot ones fall back to the base model.
+   Pinned GPU copies of versions no longer protected (over the cap, or not protected by any
+   condition, not serving, revoked) are unpinned first: a worker refuses to unload a pinned
+   copy, so the unpin must precede any demote or evict of it in the same tick.
 1. revoke: every copy of a revoked version is evicted now, on every worker, outside budgets.
 2. not serving: GPU copies of versions that are neither active nor canary are demoted.
 3. demote: GPU copies whose facts meet a ``policy.demote_when`` condition are demoted
@@ -18,7 +25,7 @@ Rules, per base model, in the order they are applied:
    (sliding); the rest wait for a later tick. A worker above ``hbm_low_watermark`` gets no
    loads. When no slot is free, the lowest-ranked resident outside the hot set is demoted
    to make room ("slot_needed"); never a never-evict one.
-6. pin/unpin: never-evict versions on GPU are pinned (a minimum hot copy); others unpinned.
+6. pin: never-evict versions on GPU are pinned (a minimum hot copy).
 7. HBM: a worker above the watermark demotes its lowest-ranked evictable resident.
 8. host tier: wanted versions on no worker at all are prewarmed to the host tier (most free
    host bytes first) within ``host_slots_per_base_model`` and each worker's byte budget;
@@ -55,6 +62,9 @@ from streams.scores import ScoreState, hot_score, merged, score_key
 
 LOAD_WINDOW_S = 60.0
 _EMPTY = ScoreState()
+RECORD_FACTS = frozenset({"status", "canary_percent", "tenant_priority"})
+"""Facts that come from the registry record alone: the same for every version that shares
+them, whatever its demand."""
 
 
 @dataclass(frozen=True)
@@ -97,15 +107,18 @@ class Plan:
 @dataclass
 class _Candidate:
     record: AdapterRecord
+    lora: str  # record.lora_name, computed once: it is read on every comparison
     score: float
     protected: bool  # a never_evict condition holds: keep a pinned hot copy
     first: bool  # ranked ahead of scores (never-evict or canary)
     demote_rule: str | None  # text of the demote condition that holds, if any
     reason_detail: str = ""
-    lora: str = field(init=False)
+    over_capacity: bool = False  # protected, but beyond max_protected_gpu_share: unprotected
 
-    def __post_init__(self) -> None:
-        self.lora = self.record.lora_name  # computed once: it is read on every comparison
+    @property
+    def demoted(self) -> bool:
+        """A demote condition holds and nothing protects the version."""
+        return self.demote_rule is not None and not self.protected
 
     def rank(self, resident: bool, margin: float) -> tuple[int, float, str]:
         """Sort key: smaller ranks higher."""
@@ -214,6 +227,12 @@ class _Planner:
         self.facts_read = {cl.fact for c in (*self.never_evict, *self.demote) for cl in c.clauses}
         """Facts some condition reads: the others are not computed (one tick computes the facts
         of every version)."""
+        self.protected_by_record: dict[tuple[object, ...], str | None] | None = (
+            {} if all(cl.fact in RECORD_FACTS for c in self.never_evict for cl in c.clauses)
+            else None)
+        """When every never_evict condition reads only record facts (the default), which one
+        holds is looked up by (status, canary_percent, priority): a handful of keys for all
+        versions."""
         self.commands: list[CacheCommand] = []
         self.waiting: list[Waiting] = []
         self.issued_at = datetime.fromtimestamp(now, UTC)
@@ -222,21 +241,22 @@ class _Planner:
     def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, rule: str,
               score: float | None, detail: str = "", warmup: int = 0) -> None:
         seq = w.memory.seq + 1
+        lora = record.lora_name
         cmd = CacheCommand(
-            command_id=command_id(w.id, action.value, record.lora_name, seq),
+            command_id=command_id(w.id, action.value, lora, seq),
             worker_id=w.id, action=action, base_model=record.base_model,
             tenant_id=record.tenant_id, adapter_id=record.adapter_id, version=record.version,
-            sha256=record.sha256, lora_name=record.lora_name,
+            sha256=record.sha256, lora_name=lora,
             reason=CommandReason(rule=rule, score=None if score is None else round(score, 6),
                                  detail=detail[:512]),
             issued_at=self.issued_at, deadline=self.deadline, warmup_requests=warmup)
         w.memory = replace(w.memory, seq=seq, pending=(*w.memory.pending, cmd))
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
-        _apply(w, action, record.lora_name, record.size_bytes)
+        _apply(w, action, lora, record.size_bytes)
         self.commands.append(cmd)
 
-    def candidate(self, view: AdapterView, record: AdapterRecord,
+    def candidate(self, record: AdapterRecord, lora: str,
                   scores: Mapping[str, ScoreState], scheduled: float) -> _Candidate:
         state = scores.get(score_key(record.adapter_id, record.version), _EMPTY)
         unattributed = scores.get(score_key(record.adapter_id, None))
@@ -258,14 +278,21 @@ class _Planner:
             facts["error_rate_after_load"] = state.error_rate_after_load(self.now)
         if "request_class" in read:
             facts["request_class"] = state.dominant_class(self.now)
-        protected = next((c.text for c in self.never_evict if c.holds(facts)), None)
-        demote = None if protected else next(
-            (c.text for c in self.demote if c.holds(facts)), None)
+        cache = self.protected_by_record
+        key = (facts["status"], facts["canary_percent"], facts["tenant_priority"])
+        if cache is not None and key in cache:
+            protected = cache[key]
+        else:
+            protected = next((c.text for c in self.never_evict if c.holds(facts)), None)
+            if cache is not None:
+                cache[key] = protected
+        # Computed for protected versions too: one over the protected cap loses protection.
+        demote = next((c.text for c in self.demote if c.holds(facts)), None)
         detail = (f"never_evict: {protected}" if protected
                   else "scheduled warm-up" if scheduled > 0 else "canary prewarm" if canary
                   else "")
-        return _Candidate(record, score, protected is not None, protected is not None or canary,
-                          demote, detail)
+        return _Candidate(record, lora, score, protected is not None,
+                          protected is not None or canary, demote, detail)
 
 
 def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
@@ -281,10 +308,11 @@ def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
     by_base: dict[str, list[_Candidate]] = defaultdict(list)
     for view in views:
         for r in view.versions:
-            records[r.lora_name] = r
+            lora = r.lora_name
+            records[lora] = r
             if r.status in (AdapterStatus.active, AdapterStatus.canary):
                 by_base[r.base_model].append(
-                    p.candidate(view, r, scores, scheduled.get(r.adapter_id, 0.0)))
+                    p.candidate(r, lora, scores, scheduled.get(r.adapter_id, 0.0)))
     sizes = {lora: r.size_bytes for lora, r in records.items()}
     fleet: dict[str, list[_Worker]] = defaultdict(list)
     for state in sorted(workers, key=lambda s: s.worker_id):
@@ -315,6 +343,22 @@ def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, 
                workers: list[_Worker]) -> None:
     policy = p.policy
     margin = policy.hysteresis_margin
+    capacity = sum(max(0, w.state.gpu_slots_total) for w in workers)
+    k = min(policy.gpu_slots_per_base_model, capacity)
+    _cap_protected(cands, {lora for w in workers for lora in w.gpu}, k, policy)
+
+    # 0: unpin what is no longer protected before anything may unload it.
+    for w in workers:
+        for lora, pinned in sorted(w.gpu.items()):
+            c = cands.get(lora)
+            if not pinned or (c is not None and c.protected) or lora not in records:
+                continue
+            if c is not None and c.over_capacity:
+                p.issue(w, CommandAction.unpin, c.record, "protected_over_capacity", c.score,
+                        c.reason_detail)
+            else:
+                p.issue(w, CommandAction.unpin, records[lora], "no_longer_protected",
+                        c.score if c else None)
 
     # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU.
     for w in workers:
@@ -327,7 +371,7 @@ def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, 
             elif lora in w.gpu and lora not in cands:
                 p.issue(w, CommandAction.demote_to_host, r, "not_serving", None,
                         f"status {r.status.value}")
-            elif lora in w.gpu and cands[lora].demote_rule:
+            elif lora in w.gpu and cands[lora].demoted:
                 c = cands[lora]
                 p.issue(w, CommandAction.demote_to_host, r, "demote", c.score,
                         f"demote_when: {c.demote_rule}")
@@ -336,10 +380,8 @@ def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, 
     for w in workers:
         for lora in w.gpu:
             on_gpu[lora].append(w)
-    wanted = sorted((c for c in cands.values() if c.protected or not c.demote_rule),
+    wanted = sorted((c for c in cands.values() if not c.demoted),
                     key=lambda c: c.rank(c.lora in on_gpu, margin))
-    capacity = sum(max(0, w.state.gpu_slots_total) for w in workers)
-    k = min(policy.gpu_slots_per_base_model, capacity)
     hot = wanted[:k]
     hot_names = {c.lora for c in hot}
 
@@ -382,16 +424,12 @@ def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, 
         on_gpu[c.lora].append(target)
         heapq.heappush(free_heap, (-target.free_slots(), target.id))
 
-    # 6: a pinned minimum hot copy for never-evict versions; unpin the others.
+    # 6: a pinned minimum hot copy for never-evict versions (unpins came first, in 0).
     for w in workers:
         for lora, pinned in sorted(w.gpu.items()):
             c = cands.get(lora)
-            if c is None:
-                continue
-            if c.protected and not pinned:
+            if c is not None and c.protected and not pinned:
                 p.issue(w, CommandAction.pin, c.record, "never_evict", c.score, c.reason_detail)
-            elif pinned and not c.protected:
-                p.issue(w, CommandAction.unpin, c.record, "no_longer_protected", c.score)
 
     # 7: HBM above the low watermark: give back the lowest-ranked evictable resident.
     for w in workers:
@@ -406,6 +444,33 @@ def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, 
                     f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
 
     _plan_host(p, cands, wanted, records, workers)
+
+
+def protected_cap(policy: Policy, slots: int) -> int:
+    """How many never-evict versions of one base model may be protected (pinned, ranked
+    first) when the base model has ``slots`` hot-set slots. Rounded up so that a share of a
+    slot is a slot; the tolerance keeps ``0.3 * 10`` at 3."""
+    return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
+
+
+def _cap_protected(cands: Mapping[str, _Candidate], resident: set[str], slots: int,
+                   policy: Policy) -> None:
+    """Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
+    resident ranks with the hysteresis margin, so the protected set does not flap). They
+    then compete by score, may be demoted or displaced, and are unpinned."""
+    protected = [c for c in cands.values() if c.protected]
+    cap = protected_cap(policy, slots)
+    if len(protected) <= cap:
+        return
+    margin = policy.hysteresis_margin
+    protected.sort(key=lambda c: c.rank(c.lora in resident, margin))
+    note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
+            f"max_protected_gpu_share {policy.max_protected_gpu_share} of {slots} GPU slots "
+            f"allows ({cap}); ranked by score, not pinned")
+    for c in protected[cap:]:
+        c.protected = c.first = False
+        c.over_capacity = True
+        c.reason_detail = f"{c.reason_detail}; {note}"
 
 
 def _worst_first(rank: tuple[int, float, str]) -> tuple[int, float, str]:

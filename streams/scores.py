@@ -47,6 +47,8 @@ class Decayed:
     at: float = 0.0
 
     def at_time(self, now: float) -> float:
+        if not self.value:
+            return 0.0  # an empty counter (most of a large registry): no exp
         return self.value * math.exp(-max(0.0, now - self.at) / self.tau)
 
     def add(self, ts: float, amount: float = 1.0) -> Decayed:
@@ -210,14 +212,16 @@ def _clip(x: float) -> float:
     return min(1.0, max(0.0, x)) if math.isfinite(x) else (1.0 if x > 0 else 0.0)
 
 
+# The terms read the counters directly (``ScoreState.qps_10m`` is ``requests_10m.rate``):
+# the planner scores every version on every tick.
 def _qps_10m(state: ScoreState, priority: str, scheduled: float, policy: Policy,
              now: float) -> float:
-    return _clip(state.qps_10m(now) / policy.normalisation.qps_10m)
+    return _clip(state.requests_10m.rate(now) / policy.normalisation.qps_10m)
 
 
 def _qps_1m(state: ScoreState, priority: str, scheduled: float, policy: Policy,
             now: float) -> float:
-    return _clip(state.qps_1m(now) / policy.normalisation.qps_1m)
+    return _clip(state.requests_1m.rate(now) / policy.normalisation.qps_1m)
 
 
 def _ttft_penalty(state: ScoreState, priority: str, scheduled: float, policy: Policy,

@@ -13,7 +13,7 @@ from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priorit
 from schemas.commands import CacheCommand, CommandAction
 from schemas.registry import AdapterView
 from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.planner import Plan, WorkerMemory, plan
+from streams.planner import Plan, WorkerMemory, plan, protected_cap
 from streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
 
 NOW = 1_800_000_000.0
@@ -219,6 +219,51 @@ def test_waiting_adapters_are_prewarmed_on_host_within_byte_budget() -> None:
         (CommandAction.prewarm_host, "small")]
 
 
+def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -> None:
+    # 4 platinum versions pinned on 4 slots; max_protected_gpu_share 0.5 protects 2.
+    plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(4)]
+    hot = [record(f"hot{i}") for i in range(2)]
+    ws = [worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats})]
+    p = plan(views(*plats, *hot), scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01,
+                                         hot0=5, hot1=5), ws, POLICY, NOW)
+    over = {plats[2].lora_name, plats[3].lora_name}
+    unpins = cmds(p, CommandAction.unpin)
+    assert {c.lora_name for c in unpins} == over
+    assert {c.reason.rule for c in unpins} == {"protected_over_capacity"}
+    assert all("max_protected_gpu_share 0.5" in c.reason.detail for c in unpins)
+    # The hot unprotected adapters take the over-capacity slots; each unpin comes first,
+    # since a worker refuses to unload a pinned copy.
+    demotes = cmds(p, CommandAction.demote_to_host)
+    assert {c.lora_name for c in demotes} == over
+    assert {c.reason.rule for c in demotes} == {"slot_needed"}
+    order = [(c.action, c.lora_name) for c in p.commands]
+    for lora in over:
+        assert order.index((CommandAction.unpin, lora)) < order.index(
+            (CommandAction.demote_to_host, lora))
+    assert {c.lora_name for c in cmds(p, CommandAction.load_gpu)} == {r.lora_name for r in hot}
+    assert not cmds(p, CommandAction.pin)
+    assert set(p.gpu) == {plats[0].lora_name, plats[1].lora_name, *(r.lora_name for r in hot)}
+
+
+def test_protected_cap_ties_go_by_lora_name_and_idle_over_cap_versions_are_demoted() -> None:
+    policy = Policy(max_protected_gpu_share=0.25)  # 1 of 4 slots
+    plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(3)]
+    p = plan(views(*plats), {}, [worker("w1", gpu=plats, slots=4)], policy, NOW)
+    kept = min(r.lora_name for r in plats)  # no demand: equal scores, and all idle
+    assert [c.lora_name for c in cmds(p, CommandAction.pin)] == [kept]
+    demoted = cmds(p, CommandAction.demote_to_host)
+    assert {c.lora_name for c in demoted} == {r.lora_name for r in plats} - {kept}
+    assert {c.reason.rule for c in demoted} == {"demote"}
+
+
+def test_protected_cap_is_a_share_of_the_hot_set_rounded_up() -> None:
+    assert protected_cap(Policy(), 16) == 8
+    assert protected_cap(Policy(), 3) == 2
+    assert protected_cap(Policy(max_protected_gpu_share=0.3), 10) == 3
+    assert protected_cap(Policy(max_protected_gpu_share=0.01), 16) == 1
+    assert protected_cap(Policy(), 0) == 1
+
+
 # --- property: no plan exceeds any slot, byte or budget limit --------------------------------
 
 def by_name(r: AdapterRecord) -> str:
@@ -286,3 +331,35 @@ def test_no_plan_exceeds_any_slot_byte_or_budget_limit(fleet: tuple, ticks: int)
             assert added == 0 or w.host_bytes_used + added - freed <= w.host_bytes_budget
         revoked = {r.lora_name for r in recs if r.status is AdapterStatus.revoked}
         assert not revoked & (set(p.gpu) | set(p.host))
+
+
+@st.composite
+def pinned_fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy]:
+    """``fleets`` with some GPU copies already pinned and a drawn protected share."""
+    recs, sc, ws, policy, _ = draw(fleets())
+    ws = [w.model_copy(update={"adapters": [
+        a.model_copy(update={"pinned": a.tier == "gpu" and draw(st.booleans())})
+        for a in w.adapters]}) for w in ws]
+    share = draw(st.sampled_from([0.1, 0.25, 0.5, 1.0]))
+    return recs, sc, ws, policy.model_copy(update={"max_protected_gpu_share": share})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pinned_fleets(), st.integers(1, 3))
+def test_pinned_versions_never_exceed_the_protected_cap(fleet: tuple, ticks: int) -> None:
+    recs, sc, ws, policy = fleet
+    slots = min(policy.gpu_slots_per_base_model, sum(w.gpu_slots_total for w in ws))
+    pinned = {(w.worker_id, a.lora_name) for w in ws for a in w.adapters if a.pinned}
+    memory: dict[str, WorkerMemory] = {}
+    for t in range(ticks):
+        p = plan(views(*recs), sc, ws, policy, NOW + 10 * t, memory=memory)
+        memory = p.memory
+        for c in p.commands:
+            key = (c.worker_id, c.lora_name)
+            if c.action is CommandAction.pin:
+                pinned.add(key)
+            elif c.action is CommandAction.unpin:
+                pinned.discard(key)
+            elif c.action in (CommandAction.demote_to_host, CommandAction.evict):
+                assert key not in pinned  # a worker refuses to unload a pinned copy
+        assert len({lora for _, lora in pinned}) <= protected_cap(policy, slots)

@@ -155,8 +155,9 @@ def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
 
 def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     # Four platinum adapters, two slots. The first hour wants a0 and a1, two hours later only
-    # a2 and a3. The seed's guard keeps a0 and a1 pinned although idle, so a2 and a3 are
-    # served by the base model; conditioned on demand, the idle pins go and a2, a3 get slots.
+    # a2 and a3. Conditioned on demand, the idle pins go and a2, a3 get slots. With the seed's
+    # guard all four are protected, more than the slots: max_protected_gpu_share keeps only
+    # the best-scored ones pinned, so a2 and a3 get slots too.
     sc = scenario(2)
     sc = sc.model_copy(update={"policy": sc.policy.model_copy(
         update={"planner_interval_s": 60.0})})
@@ -166,5 +167,5 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     cat = catalog(4, ["platinum"] * 4)
     seed = simulate(sc, cat, reqs, policy_class("loraplane"))
     demand = simulate(sc, cat, reqs, policy_class("loraplane-demand"))
-    assert (seed.gpu_hits, seed.fallbacks) == (60, 60)  # every a2/a3 request falls back
+    assert seed.fallbacks < 10 and seed.gpu_hits > 110
     assert demand.fallbacks < 10 and demand.gpu_hits > 110
