@@ -56,6 +56,8 @@ from workers.refusal import ArtifactError
 from workers.vllm_client import VllmClient, VllmError
 from workers.worker_metrics import AdapterLabels, WorkerMetrics
 
+REGISTRY_GRACE_S = 15.0
+"""How long a commanded name unknown to our registry copy waits before it is refused."""
 log = logging.getLogger("loraplane.worker")
 
 
@@ -113,6 +115,7 @@ class _Runtime:
     draining: set[str] = field(default_factory=set)
     cold_loads: list[float] = field(default_factory=list)
     backoff: dict[str, float] = field(default_factory=dict)
+    awaiting_registry: dict[str, float] = field(default_factory=dict)  # name -> refuse after
     busy_reported: set[str] = field(default_factory=set)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
@@ -143,6 +146,11 @@ class WorkerAgent:
     async def refresh_registry(self) -> None:
         records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         self.records = registry_by_name(records)
+        now = self._clock()
+        for name, until in list(self._rt.awaiting_registry.items()):
+            if name in self.records or until <= now:  # known now, or refused by reconcile
+                del self._rt.awaiting_registry[name]
+                self._wake.set()
 
     def versions(self, adapter_id: str) -> list[AdapterRecord]:
         """This base model's records of one adapter, newest first."""
@@ -205,8 +213,12 @@ class WorkerAgent:
             # rather than refuse a version that is simply newer than our copy.
             try:
                 await self.refresh_registry()
-            except Exception as exc:  # unreadable registry: reconcile refuses, as before
+            except Exception as exc:  # unreadable registry: handled like an unknown name
                 log.warning("registry refresh for %s failed: %s", cmd.lora_name, exc)
+            if cmd.lora_name not in self.records:
+                # The registry topic may trail the planner by a moment: give the periodic
+                # refresh a grace period before refusing the name as not_in_registry.
+                self._rt.awaiting_registry[cmd.lora_name] = self._clock() + REGISTRY_GRACE_S
         await self.reconcile_once()
         path = self.config.applied_commands_path
         if path is not None and skipped != "duplicate":
@@ -267,7 +279,8 @@ class WorkerAgent:
             budget = LoadBudget(self.config.cold_loads_per_minute, tuple(self._rt.cold_loads))
             actions = reconcile(self.desired, actual, self.records,
                                 base_model=self.config.base_model, budget=budget, now=now,
-                                backoff=self._rt.backoff)
+                                backoff=self._rt.backoff,
+                                awaiting_registry=self._rt.awaiting_registry)
             for action in actions:
                 await self._execute(action)
             if actions:

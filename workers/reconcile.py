@@ -237,13 +237,17 @@ def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> s
 
 def reconcile(desired: DesiredState, actual: ActualState,
               registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
-              now: float, backoff: Mapping[str, float] | None = None) -> list[Action]:
+              now: float, backoff: Mapping[str, float] | None = None,
+              awaiting_registry: Mapping[str, float] | None = None) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
-    failed, with the monotonic time before which they are not retried.
+    failed, with the monotonic time before which they are not retried; ``awaiting_registry``
+    names a command asked for before our registry copy knew them, with the monotonic time
+    until which they are not refused.
     """
     backoff = backoff or {}
+    awaiting_registry = awaiting_registry or {}
     actions: list[Action] = []
     unloading: set[str] = set()
 
@@ -282,6 +286,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
         if (intent.tier == "gpu" and on_gpu) or (intent.tier == "host" and name in actual.host):
             continue
         record = registry.get(name)
+        if record is None and awaiting_registry.get(name, 0.0) > now:
+            continue  # a command newer than our registry copy: wait for the next refresh
         reason = _refusal(intent, record, base_model)
         if reason is not None or record is None:
             actions.append(Refuse(name, reason or "not_in_registry", intent.command_id))

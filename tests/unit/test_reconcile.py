@@ -233,3 +233,18 @@ def test_a_load_carries_the_commands_warmup_requests() -> None:
     assert run(desired, EMPTY) == [Load(canary.lora_name, REGISTRY[canary.lora_name], "c2", 3)]
     plain = fold(desired, [command(canary, CommandAction.load_gpu, "c3")])
     assert run(plain, EMPTY)[0].warmup_requests == 0
+
+
+def test_a_name_newer_than_our_registry_copy_waits_for_a_refresh_then_is_refused() -> None:
+    ghost = record("ghost", "9")
+    desired = fold(DesiredState(), [command(ghost, CommandAction.load_gpu, "g")])
+    waiting = {ghost.lora_name: 110.0}
+    assert reconcile(desired, EMPTY, REGISTRY, base_model=BASE, budget=LoadBudget(6, ()),
+                     now=100.0, awaiting_registry=waiting) == []
+    assert reconcile(desired, EMPTY, REGISTRY, base_model=BASE, budget=LoadBudget(6, ()),
+                     now=111.0, awaiting_registry=waiting) == [
+        Refuse(ghost.lora_name, "not_in_registry", "g")]
+    known = registry_by_name([*RECORDS, ghost])
+    assert [type(a).__name__ for a in reconcile(
+        desired, EMPTY, known, base_model=BASE, budget=LoadBudget(6, ()), now=100.0,
+        awaiting_registry=waiting)] == ["Load"]
