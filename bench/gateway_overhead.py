@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
+from infra.processes import free_port
 from infra.topics import TOPICS, topic_name
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.bus import produce_sync
@@ -50,11 +50,6 @@ from workers.api_keys import add_key
 TENANT = "bench"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

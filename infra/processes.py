@@ -115,6 +115,13 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return not _alive(pid)
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for throwaway servers in tests/demo)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True when something else already holds ``host:port`` (we try to bind it ourselves)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

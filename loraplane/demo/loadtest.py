@@ -35,6 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from infra.processes import free_port
 from loraplane.config import LOOPBACK, Settings
 from loraplane.demo import measure
 from loraplane.demo.catalog import Adapter, Artifacts, Catalog
@@ -56,7 +57,6 @@ from loraplane.demo.system import (
     ROOT,
     LiveSystem,
     SystemOptions,
-    free_port,
     http_ok,
     in_parallel,
     stack_command,

@@ -9,7 +9,6 @@ the only in-process calls are reads (registry and worker-state topics) to wait f
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infra.processes import free_port
 from infra.topics import topic_name
 from loraplane.bus import read_topic
 from loraplane.config import LOOPBACK, Settings
@@ -42,11 +42,6 @@ MEMORY_RESERVE_BYTES = 6 * GIB  # Kafka, ClickHouse, moto, Faust, sink and the r
 class BringUpError(RuntimeError):
     """A step of the system's bring-up or an action on it failed; the message says which."""
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

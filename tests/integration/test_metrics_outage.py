@@ -6,7 +6,6 @@ infra.clickhouse like the stack's), never the shared one.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra.clickhouse import ClickHouse
-from infra.processes import wait_until
+from infra.processes import free_port, wait_until
 from loraplane.config import Settings
 from loraplane.metrics import migrations
 from tests.integration.metrics_env import (
@@ -35,11 +34,6 @@ pytestmark = pytest.mark.integration
 N = 2400
 CHUNKS = 12
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(server: ClickHouse) -> None:

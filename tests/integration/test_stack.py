@@ -13,7 +13,7 @@ from rich.console import Console
 from infra import stack as local_stack
 from infra import topics
 from infra.kafka import Kafka, api_versions, client_config, speaks_kafka_4
-from infra.processes import StackError
+from infra.processes import StackError, free_port
 from loraplane.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
 
 pytestmark = pytest.mark.integration
@@ -22,19 +22,14 @@ def _quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settings:
-    s3_port = _free_port()
+    s3_port = free_port()
     return Settings(
         home=home,
-        kafka=KafkaSettings(port=kafka_port or _free_port(), controller_port=_free_port()),
-        clickhouse=ClickHouseSettings(tcp_port=_free_port(), http_port=_free_port(),
-                                      interserver_port=_free_port()),
+        kafka=KafkaSettings(port=kafka_port or free_port(), controller_port=free_port()),
+        clickhouse=ClickHouseSettings(tcp_port=free_port(), http_port=free_port(),
+                                      interserver_port=free_port()),
         s3=S3Settings(port=s3_port, endpoint_url=f"http://127.0.0.1:{s3_port}"),
     )
 

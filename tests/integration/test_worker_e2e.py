@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 import requests
 
 from infra import topics
+from infra.processes import free_port
 from infra.topics import topic_name
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.bus import produce_sync, read_topic
@@ -49,11 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
