@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from infra import topics
+from infra.processes import wait_until
 from loraplane.bus import producer
 from loraplane.config import Settings
 from loraplane.metrics import migrations
@@ -135,13 +135,8 @@ def produce_all(settings: Settings, suffix: str, messages: list[BaseModel | byte
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    if not wait_until(check, timeout, interval=0.3):
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def count(settings: Settings, table: str, final: bool = True) -> int:
