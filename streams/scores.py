@@ -244,24 +244,17 @@ _TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_
           "tenant_priority": _priority, "scheduled_warmup_score": _scheduled}
 
 
-def score_terms(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
-                now: float) -> dict[str, float]:
-    """Every known term, normalised to [0, 1].
-
-    ``ttft_penalty_if_cold`` is what a request pays when this adapter is cold. It is counted
-    whether or not the adapter is hot right now: dropping it once loaded would lower the
-    score of every adapter the moment it is placed and make residents swap back and forth.
-    """
-    return {name: term(state, priority, scheduled_warmup, policy, now)
-            for name, term in _TERMS.items()}
-
-
 def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
               now: float, weights: dict[str, float] | None = None) -> float:
     """Weighted sum of the normalised terms named in ``policy.hot_score_formula``; always in
     ``[0, sum(weights)]``. Pass ``weights`` (``policy.weights``) to skip re-parsing the
     formula in a hot loop. Only the weighted terms are computed (the planner scores every
-    version on every tick)."""
+    version on every tick).
+
+    ``ttft_penalty_if_cold`` is what a request pays when this adapter is cold. It is counted
+    whether or not the adapter is hot right now: dropping it once loaded would lower the
+    score of every adapter the moment it is placed and make residents swap back and forth.
+    """
     return sum(w * _TERMS[name](state, priority, scheduled_warmup, policy, now)
                for name, w in (weights or policy.weights).items())
 

@@ -65,10 +65,6 @@ MAX_DEAD_LETTER_RAW = 512 * 1024  # keeps a dead letter under Kafka's default 1 
 DATA_ERROR_CODES = frozenset({6, 26, 27, 32, 38, 41, 53, 69, 70, 72, 117, 131, 321})
 
 
-class RowRejected(Exception):
-    """ClickHouse (or the driver's type check) refused the rows themselves."""
-
-
 @dataclass(frozen=True)
 class SinkConfig:
     batch_size: int = 5000
