@@ -10,8 +10,9 @@ are timed for each size:
 
 * ``cold``: the fleet is empty, so the planner ranks everything, fills the load budget of
   every worker and prewarms the host tier;
-* ``steady``: each worker already holds the top of its base model's ranking on GPU and the
-  next ones on host (the state the planner converges to); the tick changes little.
+* ``steady``: the fleet holds what the planner converges to (the placement one tick would
+  reach with no cold-load budget: hot set on GPU, pinned where protected, host tier full),
+  so the tick issues nothing; this is the tick that runs every second.
 
 Inputs are built once, outside the timed part; each tick is timed ``--reps`` times.
 
@@ -32,6 +33,7 @@ from typing import Any
 from bench.report import Row, Summary, emit, parse_args
 from loraplane.policy import Policy
 from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority
+from schemas.commands import CommandAction
 from schemas.registry import AdapterView
 from schemas.worker_state import LoadedAdapter, WorkerState
 from streams.planner import plan
@@ -70,31 +72,39 @@ def registry(n: int) -> tuple[list[AdapterView], dict[str, ScoreState], list[Ada
     return views, scores, records
 
 
-def fleet(records: list[AdapterRecord], workers: int, steady: bool) -> list[WorkerState]:
-    """``workers`` states; when ``steady`` each holds its share of its base model's top
-    adapters on GPU and the next ones on host."""
-    by_base: dict[str, list[AdapterRecord]] = {}
-    for r in records:
-        by_base.setdefault(r.base_model, []).append(r)
+def fleet(workers: int) -> list[WorkerState]:
+    """``workers`` empty workers."""
     at = datetime.fromtimestamp(NOW, UTC)
-    states = []
-    for j in range(workers):
-        base = f"base{j % BASES}"
-        peers = math.ceil((workers - j % BASES) / BASES)  # workers on this base model
-        slot = j // BASES
-        mine = by_base.get(base, [])[slot::peers] if steady else []
-        gpu, host = mine[:SLOTS], mine[SLOTS:SLOTS + HOST_PER_WORKER - SLOTS]
-        loaded = [LoadedAdapter(lora_name=r.lora_name, adapter_id=r.adapter_id,
-                                version=r.version, tenant_id=r.tenant_id, tier=tier,
-                                size_bytes=r.size_bytes,
-                                pinned=tier == "gpu" and r.priority is Priority.platinum)
-                  for tier, rs in (("gpu", gpu), ("host", host)) for r in rs]
-        states.append(WorkerState(
-            worker_id=f"w{j:05d}", base_model=base, ts=at, gpu_slots_used=len(gpu),
-            gpu_slots_total=SLOTS, host_bytes_used=sum(a.size_bytes for a in loaded),
-            host_bytes_budget=HOST_PER_WORKER * 32 * MB, hbm_usage=0.5, max_lora_rank=64,
-            adapters=loaded))
-    return states
+    return [WorkerState(worker_id=f"w{j:05d}", base_model=f"base{j % BASES}", ts=at,
+                        gpu_slots_used=0, gpu_slots_total=SLOTS, host_bytes_used=0,
+                        host_bytes_budget=HOST_PER_WORKER * 32 * MB, hbm_usage=0.5,
+                        max_lora_rank=64, adapters=[])
+            for j in range(workers)]
+
+
+def converged(views: list[AdapterView], scores: dict[str, ScoreState],
+              records: list[AdapterRecord], empty: list[WorkerState],
+              policy: Policy) -> list[WorkerState]:
+    """The workers holding what the planner converges to: the placement of one tick on the
+    ``empty`` fleet with no cold-load budget (every hot version loaded at once)."""
+    unlimited = policy.model_copy(update={"cold_loads_per_minute_per_worker": 10_000})
+    result = plan(views, scores, empty, unlimited, NOW)
+    by_name = {r.lora_name: r for r in records}
+    pinned = {(c.worker_id, c.lora_name) for c in result.commands
+              if c.action is CommandAction.pin}
+    held: dict[str, list[LoadedAdapter]] = {w.worker_id: [] for w in empty}
+    for tier, placement in (("gpu", result.gpu), ("host", result.host)):
+        for lora, holders in placement.items():
+            r = by_name[lora]
+            for wid in holders:
+                held[wid].append(LoadedAdapter(
+                    lora_name=lora, adapter_id=r.adapter_id, version=r.version,
+                    tenant_id=r.tenant_id, tier=tier, size_bytes=r.size_bytes,
+                    pinned=(wid, lora) in pinned))
+    return [w.model_copy(update={
+        "adapters": held[w.worker_id],
+        "gpu_slots_used": sum(a.tier == "gpu" for a in held[w.worker_id]),
+        "host_bytes_used": sum(a.size_bytes for a in held[w.worker_id])}) for w in empty]
 
 
 def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
@@ -114,8 +124,10 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
         for w in worker_counts:
             policy = Policy(gpu_slots_per_base_model=SLOTS * math.ceil(w / BASES))
             case: dict[str, Any] = {"adapters": n, "workers": w}
+            empty = fleet(w)
             for tick in ("cold", "steady"):
-                states = fleet(records, w, steady=tick == "steady")
+                states = (empty if tick == "cold"
+                          else converged(views, scores, records, empty, policy))
                 ms, result = timed(lambda v=views, s=states, p=policy: plan(v, scores, s, p, NOW),
                                    reps)
                 case[f"{tick}_ms"] = Summary.of(ms).as_dict()

@@ -7,12 +7,14 @@ adapter_id, Zipf over ``--adapters`` adapters). Then, on that same topic:
 * ``raw``: a confluent-kafka consumer assigned every partition from the beginning (no group
   join) reads every message with ``consume(1000)`` and nothing else, timed from ``assign`` to
   the last message: the most this machine's Python gets out of the broker;
-* ``raw_scored``: the same consumer doing the scoring agent's per-event work in a plain loop
-  (decode, ``observe_log``, ``to_dict`` into a dict): the cost of the work itself;
+* ``raw_scored``: the same consumer doing the scoring agent's work in a plain loop
+  (``score_fold.fold_batch`` of each consumed batch, states kept in a dict, no writes):
+  the cost of the work itself;
 * ``loraplane``: ``loraplane streams run --agent streams.scoring_agent`` as its own process
-  (the real agent, its changelog-backed table). One sentinel log per partition follows the
-  workload; the rate runs from the first message of the table's changelog to the last
-  sentinel's score write (broker timestamps), so Faust's start-up is not counted.
+  (the real agent: consumer group, one Kafka transaction per batch writing the scores topic
+  and committing offsets). One sentinel log per partition follows the workload; the rate
+  runs from the first committed message of the scores topic to the last sentinel's score
+  write (broker timestamps), so start-up is not counted.
 
 Rates are events/s; the ratio is loraplane / raw.
 
@@ -23,6 +25,7 @@ Rates are events/s; the ratio is loraplane / raw.
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import time
 import uuid
@@ -35,13 +38,15 @@ from bench.streams_process import streams_run, streams_worker
 from bench.workload import request_logs
 from infra.topics import topic_name
 from loraplane.config import Settings, get_settings
-from schemas.codec import decode, encode
-from schemas.request_log import RequestLog
-from streams.scores import ScoreState, from_dict, observe_log, score_key, to_dict
+from schemas.codec import encode
+from streams.score_fold import fold_batch
+from streams.scores import ScoreState
 
 AGENT = "streams.scoring_agent"
 SENTINEL = "zzsentinel"
-TOPICS = ("requests", "dead-letters")
+TOPICS = ("requests", "scores", "dead-letters")
+CONSUMING = re.compile(r"consuming from epoch ([0-9.]+)")
+"""The scoring agent's log line once its states are read back (streams.scoring_agent)."""
 
 
 def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 120) -> float:
@@ -54,23 +59,20 @@ def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 12
                          "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    table: dict[str, dict[str, Any]] = {}
+    table: dict[str, ScoreState] = {}
     seen = 0
     deadline = time.monotonic() + timeout_s
     first = time.perf_counter()
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     try:
         while seen < total and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+            batch = consumer.consume(num_messages=1000, timeout=0.5)
+            for msg in batch:
                 if msg.error() is not None:
                     continue
                 seen += 1
-                if scored:
-                    log = decode(RequestLog, msg.value())
-                    key = score_key(log.adapter_id, log.adapter_version)
-                    stored = table.get(key)
-                    before = from_dict(stored) if stored is not None else ScoreState()
-                    table[key] = to_dict(observe_log(before, log))
+            if scored and batch:
+                table.update(fold_batch(table, batch).touched)
         done = time.perf_counter()
     finally:
         consumer.close()
@@ -98,22 +100,24 @@ def produce_sentinels(settings: Settings) -> int:
 
 def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str],
                profile: Path | None = None, timeout_s: float = 300) -> tuple[float, float]:
-    """(events/s of the scoring agent, seconds from spawn to its first table write).
+    """(events/s of the scoring agent, seconds from spawn to its first consumption).
 
-    Timed by the broker timestamps of the table's changelog: from its first message to the
-    last sentinel's, so neither Faust's start-up nor this process's polling is counted."""
+    Timed from the moment the agent starts consuming (its log says when, after reading
+    back the score states) to the broker timestamp of the last sentinel's score write, so
+    neither the worker's start-up nor this process's polling is counted."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    changelog = f"{settings.topic_prefix}-streams-scores-changelog"
+    changelog = topic_name(settings, "scores")
     sentinels = produce_sentinels(settings)
-    spawned_ms = time.time() * 1000
+    spawned = time.time()
     with streams_worker(settings, worker, log_path, profile=profile):
         reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
-                           "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}"})
+                           "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}",
+                           "isolation.level": "read_committed"})
         try:
             parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
             reader.assign([TopicPartition(changelog, p, OFFSET_BEGINNING) for p in parts])
-            first_ms, seen = 0.0, set()
+            first, last, seen = 0.0, 0.0, set()
             deadline = time.monotonic() + timeout_s
             while len(seen) < sentinels:
                 if time.monotonic() > deadline:
@@ -121,14 +125,16 @@ def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str]
                 for msg in reader.consume(num_messages=1000, timeout=0.2):
                     if msg.error() is not None:
                         continue
-                    at = msg.timestamp()[1]
-                    first_ms = min(first_ms or at, at)
+                    at = msg.timestamp()[1] / 1000
+                    first = min(first or at, at)
                     if SENTINEL.encode() in (msg.key() or b""):
                         seen.add(msg.key())
-                        last_ms = at
+                        last = max(last, at)
         finally:
             reader.close()
-    return (total + sentinels) / ((last_ms - first_ms) / 1000), (first_ms - spawned_ms) / 1000
+    started = max(float(m) for m in CONSUMING.findall(log_path.read_text())
+                  if float(m) <= first)
+    return (total + sentinels) / (last - started), started - spawned
 
 
 def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
@@ -157,7 +163,7 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
         "loraplane_events_s": summary["loraplane"].as_dict(),
         "raw_consume_events_s": summary["raw"].as_dict(),
         "raw_consume_and_score_events_s": summary["raw_scored"].as_dict(),
-        "faust_start_to_first_write_s": Summary.of(startup).as_dict(),
+        "worker_start_to_consuming_s": Summary.of(startup).as_dict(),
         "ratio": round(summary["loraplane"].median / summary["raw"].median, 4),
         "ratio_vs_raw_scored": round(
             summary["loraplane"].median / summary["raw_scored"].median, 3),
@@ -172,19 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", type=Path, help="pyinstrument text report of the first "
                                                      "repetition's Faust worker (slows it)")
-    parser.add_argument("--variant", choices=("per_event", "take"),
-                        help="run bench.scoring_variants (an experiment) instead of the real "
-                             "agent")
-    parser.add_argument("--linger-ms", type=int, default=0, help="with --variant")
     args = parse_args(parser, "bench.stream_throughput", argv)
-    worker = streams_run([AGENT]) if args.variant is None else [
-        "-m", "bench.scoring_variants", "--variant", args.variant,
-        "--linger-ms", str(args.linger_ms)]
+    worker = streams_run([AGENT])
     result = run(get_settings(), args.events, args.adapters, args.reps, worker, args.profile)
-    result["worker"] = worker[0] if args.variant is None else " ".join(worker)
+    result["worker"] = " ".join(worker[1:])
     emit(result, Row(
-        "stream throughput (scoring agent" + (f", variant {args.variant}, linger "
-                                              f"{args.linger_ms} ms)" if args.variant else ")"),
+        "stream throughput (scoring agent)",
         Summary(**result["loraplane_events_s"]).text("events/s", 0),
         Summary(**result["raw_consume_events_s"]).text("events/s", 0) +
         " confluent-kafka consume; with the same scoring work in a plain loop: " +

@@ -48,6 +48,9 @@ TOPICS: tuple[TopicSpec, ...] = (
               "adapter_id", retention_ms=FOREVER),
     TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
               cleanup_policy="compact"),
+    TopicSpec("scores", 6, "hot-score state per adapter version (the scoring agent's "
+              "changelog, written in transactions)", "adapter_id@version",
+              cleanup_policy="compact"),
     TopicSpec("commands", 6, "cache commands: prewarm / pin / demote / evict", "worker_id",
               retention_ms=DAY_MS),
     TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import base64
+import hashlib
+from datetime import UTC, datetime
+from typing import Literal, Protocol
 
 from pydantic import Field
 
@@ -21,3 +24,36 @@ class DeadLetter(StrictModel):
     detail: str = Field("", max_length=4096, description="human-readable, field-level")
     key_b64: str | None = Field(None, max_length=4096)
     raw_b64: str = Field(max_length=16 * 1024 * 1024, description="the original value bytes")
+
+
+MAX_DEAD_LETTER_RAW = 512 * 1024
+"""Raw bytes kept in a dead letter: keeps it under Kafka's default 1 MiB message limit."""
+
+
+class KafkaMessage(Protocol):
+    """What a consumed message offers (confluent-kafka's ``Message``)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
+def dead_letter_for(msg: KafkaMessage, component: str, reason: str, detail: str) -> DeadLetter:
+    """A dead letter whose id and timestamp depend only on the message, so a replayed batch
+    produces the same record (and it collapses in ClickHouse)."""
+    raw = msg.value() or b""
+    where = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
+    if len(raw) > MAX_DEAD_LETTER_RAW:
+        detail = f"{detail} [raw truncated from {len(raw)} bytes]"
+    key = msg.key()
+    return DeadLetter(
+        event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
+        ts=datetime.fromtimestamp(max(msg.timestamp()[1], 0) / 1000, UTC),
+        source_topic=msg.topic() or "", partition=msg.partition() or 0,
+        offset=msg.offset() or 0, component=component, reason=reason[:64],
+        detail=detail[:4096], key_b64=base64.b64encode(key).decode()[:4096] if key else None,
+        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
+    )

@@ -40,7 +40,10 @@ state shows them or their deadline passes. ``command_id`` is a hash of worker, a
 name and the worker's command sequence number from that memory, so a restarted planner with
 its memory restored neither re-issues a pending decision nor reuses an old id.
 
-Cost: one pass over versions and residents plus heap operations: O(n log n) per tick.
+Cost: one pass over versions and residents; scores and conditions are numpy columns over all
+serving versions, and only the top of the ranking is sorted (as far as the hot set and host
+tier read it), so a tick is O(n + m log m) for n versions and m read in rank order; commands
+are built only for what changes.
 """
 
 from __future__ import annotations
@@ -49,22 +52,35 @@ import hashlib
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice, repeat
+from operator import attrgetter
 
-from loraplane.policy import Condition, Policy
+import numpy as np
+
+from loraplane.policy import Clause, Condition, Policy
 from schemas.adapter import AdapterRecord, AdapterStatus
+from schemas.base import lora_name
 from schemas.commands import CacheCommand, CommandAction, CommandReason
 from schemas.registry import AdapterView
 from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.scores import ScoreState, hot_score, merged, score_key
+from streams.scores import MIN_ERROR_SAMPLES, ScoreState, hot_scores, merged, score_key
 
 LOAD_WINDOW_S = 60.0
 _EMPTY = ScoreState()
-RECORD_FACTS = frozenset({"status", "canary_percent", "tenant_priority"})
-"""Facts that come from the registry record alone: the same for every version that shares
-them, whatever its demand."""
+_COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
+    "==": np.equal, "!=": np.not_equal, ">": np.greater, ">=": np.greater_equal,
+    "<": np.less, "<=": np.less_equal}
+"""``Clause.op`` as numpy comparisons, for a numeric fact against a numeric literal."""
+_ADAPTER_ID = attrgetter("adapter_id")
+_STATUS = attrgetter("status")
+_SHA256 = attrgetter("sha256")
+_SERVED = attrgetter("served_after_load")
+_VALUE = attrgetter("value")
+_LAST_REQUEST = attrgetter("last_request")
+_VERSION = attrgetter("version")
 
 
 @dataclass(frozen=True)
@@ -104,25 +120,221 @@ class Plan:
     scores: dict[str, float]  # lora_name -> hot score, for audit
 
 
-@dataclass
-class _Candidate:
-    record: AdapterRecord
-    lora: str  # record.lora_name, computed once: it is read on every comparison
-    score: float
-    protected: bool  # a never_evict condition holds: keep a pinned hot copy
-    first: bool  # ranked ahead of scores (never-evict or canary)
-    demote_rule: str | None  # text of the demote condition that holds, if any
-    reason_detail: str = ""
-    over_capacity: bool = False  # protected, but beyond max_protected_gpu_share: unprotected
+Rank = tuple[int, float, str]
+"""Sort key of a candidate: smaller ranks higher."""
 
-    @property
-    def demoted(self) -> bool:
-        """A demote condition holds and nothing protects the version."""
-        return self.demote_rule is not None and not self.protected
 
-    def rank(self, resident: bool, margin: float) -> tuple[int, float, str]:
-        """Sort key: smaller ranks higher."""
-        return (0 if self.first else 1, -(self.score + (margin if resident else 0.0)), self.lora)
+class _Candidates:
+    """Every serving version (active or canary) as columns, one row each: the registry can
+    hold 100k of them and a tick looks at few beyond the hot set and the residents, so
+    scores and conditions are computed column-wise (numpy) and nothing is built per row.
+
+    Python lists serve per-row reads, numpy arrays the column-wise ones; ``unprotect`` is
+    the one change after construction and keeps both in step."""
+
+    def __init__(self, records: list[AdapterRecord], loras: list[str], status: np.ndarray,
+                 scores: Mapping[str, ScoreState], scheduled: Mapping[str, float],
+                 policy: Policy, now: float, never_evict: tuple[Condition, ...],
+                 demote: tuple[Condition, ...]) -> None:
+        n = len(records)
+        self.record = records
+        self.lora = loras
+        self.now = now
+        self.states = list(map(scores.get, map(score_key, map(_ADAPTER_ID, records),
+                                                    map(_VERSION, records)), repeat(_EMPTY)))
+        unattributed = score_key("", None)  # the key suffix of demand not tied to a version
+        merge = {k[:-len(unattributed)] for k in scores if k.endswith(unattributed)}
+        if merge:
+            for i, r in enumerate(records):
+                if r.adapter_id in merge and r.status is AdapterStatus.active:
+                    self.states[i] = merged(self.states[i],
+                                            scores[score_key(r.adapter_id, None)])
+        self.status = status  # AdapterStatus of each row, an object column
+        self.priority = list(map(str, map(attrgetter("priority"), records)))
+        self.scheduled = (np.fromiter((scheduled.get(r.adapter_id, 0.0) for r in records),
+                                      float, n) if scheduled else np.zeros(n))
+        self.canary = self.status == AdapterStatus.canary
+        self.score_np = hot_scores(self.states, self.priority, self.scheduled, policy, now,
+                                   policy.weights)
+        self.score = self.score_np.tolist()
+        self.never_evict, self.demote = never_evict, demote
+        self.protected_by = _first_holding(never_evict, self._fact, n)
+        self.demoted_by = _first_holding(demote, self._fact, n)
+        self.protected_np = self.protected_by >= 0
+        self.first_np = self.protected_np | self.canary
+        self.demoted_np = (self.demoted_by >= 0) & ~self.protected_np
+        self.protected = self.protected_np.tolist()
+        self.first = self.first_np.tolist()
+        self.demoted = self.demoted_np.tolist()
+        self.over_capacity: dict[int, str] = {}  # row -> why it lost its protection
+
+    def _fact(self, fact: str, rows: np.ndarray) -> np.ndarray:
+        """The values of one condition fact for ``rows``: a float column (NaN = unknown) or
+        an object column. Facts a condition does not read are never computed."""
+        now = self.now
+        states = _pick(self.states, rows)
+        match fact:
+            case "status":
+                return self.status[rows]
+            case "tenant_priority":
+                return np.array(_pick(self.priority, rows), dtype=object)
+            case "canary_percent":
+                return np.array([r.release.canary_percent for r in _pick(self.record, rows)],
+                                dtype=float)
+            case "no_request_for_minutes":
+                # A scheduled peak or a canary counts as expected demand: never idle.
+                last = np.array(list(map(_LAST_REQUEST, states)), dtype=float)
+                idle = np.maximum(0.0, now - last) / 60.0
+                idle[~np.isfinite(idle)] = 1e18  # never requested
+                idle[(self.scheduled[rows] > 0) | self.canary[rows]] = 0.0
+                return idle
+            case "error_rate_after_load":
+                # Decay only lowers a counter: fewer samples than the minimum in the counter
+                # means fewer now, so the rate is unknown without computing it.
+                served = np.fromiter(map(_VALUE, map(_SERVED, states)), float, len(states))
+                rates = np.full(len(rows), np.nan)
+                for j in np.flatnonzero(served >= MIN_ERROR_SAMPLES).tolist():
+                    rate = states[j].error_rate_after_load(now)
+                    rates[j] = np.nan if rate is None else rate
+                return rates
+            case "request_class":
+                return np.array([s.dominant_class(now) for s in states], dtype=object)
+        raise ValueError(f"unknown fact {fact!r}")
+
+    def rank(self, i: int, resident: bool, margin: float) -> Rank:
+        """Never-evict and canary versions first, then by score (a resident's raised by the
+        hysteresis margin), then by name."""
+        return (0 if self.first[i] else 1, -(self.score[i] + (margin if resident else 0.0)),
+                self.lora[i])
+
+    def detail(self, i: int) -> str:
+        """Why the row is wanted, for the command's reason."""
+        which = int(self.protected_by[i])
+        text = (f"never_evict: {self.never_evict[which].text}" if which >= 0
+                else "scheduled warm-up" if self.scheduled[i] > 0
+                else "canary prewarm" if self.canary[i] else "")
+        note = self.over_capacity.get(i)
+        return text if note is None else f"{text}; {note}"
+
+    def demote_rule(self, i: int) -> str:
+        return self.demote[int(self.demoted_by[i])].text
+
+    def unprotect(self, i: int, note: str) -> None:
+        """Over the protected cap: ranked by score, demotable, unpinned."""
+        self.protected[i] = self.first[i] = False
+        self.protected_np[i] = self.first_np[i] = False
+        self.demoted[i] = self.demoted_np[i] = bool(self.demoted_by[i] >= 0)
+        self.over_capacity[i] = note
+
+
+def _pick(values: list, rows: np.ndarray) -> list:
+    """``values[i]`` for each of ``rows`` (ascending, distinct): the list itself when the rows
+    are all of them, as they are for a tick's first condition."""
+    return values if len(rows) == len(values) else [values[i] for i in rows.tolist()]
+
+
+def _holds(clause: Clause, values: np.ndarray) -> np.ndarray:
+    """``clause.holds`` for each value of a fact column. A numeric fact against a number is
+    one numpy comparison; anything else is decided by ``Clause.holds`` itself once per
+    distinct value (statuses, priorities, classes: a handful)."""
+    if values.dtype != object and not isinstance(clause.value, str):
+        return ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
+    if values.dtype != object:
+        values = np.array([None if math.isnan(v) else v for v in values.tolist()],
+                          dtype=object)
+    mask = np.zeros(len(values), dtype=bool)
+    for value in set(values.tolist()):
+        if clause.holds({clause.fact: value}):
+            mask |= values == value
+    return mask
+
+
+def _first_holding(conditions: tuple[Condition, ...],
+                   fact: Callable[[str, np.ndarray], np.ndarray], n: int) -> np.ndarray:
+    """For each of ``n`` rows the index of the first condition that holds, -1 where none.
+    A clause is evaluated only on the rows where the clauses before it hold, and a
+    condition only on the rows no earlier condition decided."""
+    which = np.full(n, -1)
+    undecided = np.arange(n)
+    for k, condition in enumerate(conditions):
+        rows = undecided
+        for clause in condition.clauses:
+            if not rows.size:
+                break
+            rows = rows[_holds(clause, fact(clause.fact, rows))]
+        which[rows] = k
+        undecided = undecided[which[undecided] < 0]
+    return which
+
+
+class _BaseCandidates:
+    """The candidates of one base model: a name -> row index into ``_Candidates``."""
+
+    def __init__(self, table: _Candidates, rows: Iterable[int]) -> None:
+        self.table = table
+        # A name seen twice keeps its last row (as a dict of candidates would).
+        rows = list(rows)
+        self.index: dict[str, int] = dict(zip(map(table.lora.__getitem__, rows), rows,
+                                                  strict=True))
+
+    def scores(self) -> dict[str, float]:
+        score = self.table.score
+        return dict(zip(self.index, map(score.__getitem__, self.index.values()), strict=True))
+
+
+class _Ranking:
+    """The rows of wanted versions in rank order, sorted lazily: a tick reads the hot set
+    and the top of the host tier, rarely the whole ranking, so only a prefix (doubled as
+    needed) is selected with ``np.partition`` and sorted. Iterating twice reuses it."""
+
+    def __init__(self, table: _Candidates, rows: np.ndarray, resident: np.ndarray,
+                 margin: float) -> None:
+        self.table = table
+        key = -(table.score_np[rows] + margin * resident)
+        first = table.first_np[rows]
+        # Never-evict and canary versions rank first: two groups, each by (key, name).
+        self.groups = [(rows[first], key[first]), (rows[~first], key[~first])]
+        self.size = len(rows)
+        self.order: list[int] = []
+
+    def rows(self) -> Iterator[int]:
+        """The wanted rows, unordered."""
+        for rows, _ in self.groups:
+            yield from rows.tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        n = 0
+        while n < len(self.order) or self._extend():
+            yield self.order[n]
+            n += 1
+
+    def _extend(self) -> bool:
+        if len(self.order) == self.size:
+            return False
+        m = max(64, 2 * len(self.order))
+        order: list[int] = []
+        for rows, key in self.groups:
+            if len(order) >= m:
+                break
+            order += self._top(rows, key, m - len(order))
+        self.order = order
+        return True
+
+    def _top(self, rows: np.ndarray, key: np.ndarray, m: int) -> list[int]:
+        """The ``m`` best of ``rows`` by (key, name), in order."""
+        if m < len(rows):
+            kth = np.partition(key, m - 1)[m - 1]
+            keep = key <= kth  # every tie at the m-th key: the names decide among them
+            rows, key = rows[keep], key[keep]
+        by_key = np.argsort(key, kind="stable")
+        rows, key = rows[by_key], key[by_key]
+        out = rows.tolist()
+        tied = np.diff(np.concatenate(([0], (key[1:] == key[:-1]).astype(np.int8), [0])))
+        lora = self.table.lora
+        for start, end in zip(np.flatnonzero(tied == 1).tolist(),
+                              np.flatnonzero(tied == -1).tolist(), strict=True):
+            out[start:end + 1] = sorted(out[start:end + 1], key=lora.__getitem__)
+        return out[:m]
 
 
 @dataclass
@@ -130,11 +342,12 @@ class _Worker:
     """A worker's state with pending commands applied; mutated while planning."""
 
     state: WorkerState
-    gpu: dict[str, bool] = field(default_factory=dict)  # lora -> pinned
-    host: set[str] = field(default_factory=set)  # host-only copies
-    host_bytes: int = 0
-    loads: list[float] = field(default_factory=list)
-    memory: WorkerMemory = field(default_factory=WorkerMemory)
+    gpu: dict[str, bool]  # lora -> pinned
+    host: set[str]  # host-only copies
+    host_bytes: int
+    loads: list[float]  # issue times of load_gpu commands in the last minute
+    seq: int  # commands issued to this worker so far
+    pending: list[CacheCommand] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -148,6 +361,9 @@ class _Worker:
 
     def above_watermark(self, policy: Policy) -> bool:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark
+
+    def memory(self) -> WorkerMemory:
+        return WorkerMemory(seq=self.seq, pending=tuple(self.pending), loads=tuple(self.loads))
 
 
 def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
@@ -170,21 +386,20 @@ def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     return False
 
 
-def _effective(state: WorkerState, memory: WorkerMemory, sizes: Mapping[str, int],
-               now: float) -> _Worker:
-    loaded = {a.lora_name: a for a in state.adapters}
-    pending = tuple(c for c in memory.pending
-                    if c.deadline.timestamp() > now and not _reflected(c, loaded))
-    w = _Worker(state=state, memory=replace(memory, pending=pending),
-                loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S],
-                host_bytes=state.host_bytes_used)
-    for a in state.adapters:
-        if a.tier == "gpu":
-            w.gpu[a.lora_name] = a.pinned
-        else:
-            w.host.add(a.lora_name)
-    for c in pending:
-        _apply(w, c.action, c.lora_name, sizes.get(c.lora_name, 0))
+def _effective(state: WorkerState, memory: WorkerMemory,
+               records: Mapping[str, AdapterRecord], now: float) -> _Worker:
+    adapters = state.adapters
+    w = _Worker(state=state, gpu={a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
+                host={a.lora_name for a in adapters if a.tier != "gpu"},
+                host_bytes=state.host_bytes_used,
+                loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
+    if memory.pending:
+        loaded = {a.lora_name: a for a in adapters}
+        w.pending = [c for c in memory.pending
+                     if c.deadline.timestamp() > now and not _reflected(c, loaded)]
+        for c in w.pending:
+            r = records.get(c.lora_name)
+            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0)
     return w
 
 
@@ -221,78 +436,36 @@ class _Planner:
     def __init__(self, policy: Policy, now: float) -> None:
         self.policy = policy
         self.now = now
-        self.weights = policy.weights
-        self.never_evict: tuple[Condition, ...] = policy.never_evict
-        self.demote: tuple[Condition, ...] = policy.demote
-        self.facts_read = {cl.fact for c in (*self.never_evict, *self.demote) for cl in c.clauses}
-        """Facts some condition reads: the others are not computed (one tick computes the facts
-        of every version)."""
-        self.protected_by_record: dict[tuple[object, ...], str | None] | None = (
-            {} if all(cl.fact in RECORD_FACTS for c in self.never_evict for cl in c.clauses)
-            else None)
-        """When every never_evict condition reads only record facts (the default), which one
-        holds is looked up by (status, canary_percent, priority): a handful of keys for all
-        versions."""
         self.commands: list[CacheCommand] = []
         self.waiting: list[Waiting] = []
         self.issued_at = datetime.fromtimestamp(now, UTC)
         self.deadline = self.issued_at + timedelta(seconds=policy.command_deadline_s)
+        self.validated: CacheCommand | None = None
 
-    def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, rule: str,
-              score: float | None, detail: str = "", warmup: int = 0) -> None:
-        seq = w.memory.seq + 1
-        lora = record.lora_name
-        cmd = CacheCommand(
-            command_id=command_id(w.id, action.value, lora, seq),
-            worker_id=w.id, action=action, base_model=record.base_model,
-            tenant_id=record.tenant_id, adapter_id=record.adapter_id, version=record.version,
-            sha256=record.sha256, lora_name=lora,
-            reason=CommandReason(rule=rule, score=None if score is None else round(score, 6),
-                                 detail=detail[:512]),
-            issued_at=self.issued_at, deadline=self.deadline, warmup_requests=warmup)
-        w.memory = replace(w.memory, seq=seq, pending=(*w.memory.pending, cmd))
+    def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
+              rule: str, score: float | None, detail: str = "", warmup: int = 0) -> None:
+        """Issue one command. Its fields come from validated records, worker states and the
+        policy, so only the tick's first command is validated; the others are copies of it
+        with every field replaced (a cold tick issues ~30k commands; validating each
+        doubled their cost)."""
+        w.seq += 1
+        fields = {
+            "command_id": command_id(w.id, action.value, lora, w.seq), "worker_id": w.id,
+            "action": action, "base_model": record.base_model, "tenant_id": record.tenant_id,
+            "adapter_id": record.adapter_id, "version": record.version,
+            "sha256": record.sha256, "lora_name": lora,
+            "reason": CommandReason(rule=rule, score=None if score is None else round(score, 6),
+                                    detail=detail[:512]),
+            "issued_at": self.issued_at, "deadline": self.deadline, "warmup_requests": warmup}
+        if self.validated is None:
+            cmd = self.validated = CacheCommand(**fields)
+        else:
+            cmd = self.validated.model_copy(update=fields)
+        w.pending.append(cmd)
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
         _apply(w, action, lora, record.size_bytes)
         self.commands.append(cmd)
-
-    def candidate(self, record: AdapterRecord, lora: str,
-                  scores: Mapping[str, ScoreState], scheduled: float) -> _Candidate:
-        state = scores.get(score_key(record.adapter_id, record.version), _EMPTY)
-        unattributed = scores.get(score_key(record.adapter_id, None))
-        if record.status is AdapterStatus.active and unattributed is not None:
-            state = merged(state, unattributed)  # merging an empty state changes nothing
-        score = hot_score(state, record.priority.value, scheduled, self.policy, self.now,
-                          self.weights)
-        canary = record.status is AdapterStatus.canary
-        expected = scheduled > 0 or canary
-        idle = 0.0 if expected else state.idle_minutes(self.now)
-        read = self.facts_read
-        facts: dict[str, float | str | None] = {
-            "status": record.status.value,
-            "canary_percent": record.release.canary_percent,
-            "tenant_priority": record.priority.value,
-            "no_request_for_minutes": idle if math.isfinite(idle) else 1e18,
-        }
-        if "error_rate_after_load" in read:
-            facts["error_rate_after_load"] = state.error_rate_after_load(self.now)
-        if "request_class" in read:
-            facts["request_class"] = state.dominant_class(self.now)
-        cache = self.protected_by_record
-        key = (facts["status"], facts["canary_percent"], facts["tenant_priority"])
-        if cache is not None and key in cache:
-            protected = cache[key]
-        else:
-            protected = next((c.text for c in self.never_evict if c.holds(facts)), None)
-            if cache is not None:
-                cache[key] = protected
-        # Computed for protected versions too: one over the protected cap loses protection.
-        demote = next((c.text for c in self.demote if c.holds(facts)), None)
-        detail = (f"never_evict: {protected}" if protected
-                  else "scheduled warm-up" if scheduled > 0 else "canary prewarm" if canary
-                  else "")
-        return _Candidate(record, lora, score, protected is not None,
-                          protected is not None or canary, demote, detail)
 
 
 def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
@@ -302,32 +475,31 @@ def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
     """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
     (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``."""
     memory = memory or {}
-    scheduled = scheduled or {}
-    p = _Planner(policy, now)
-    records: dict[str, AdapterRecord] = {}
-    by_base: dict[str, list[_Candidate]] = defaultdict(list)
-    for view in views:
-        for r in view.versions:
-            lora = r.lora_name
-            records[lora] = r
-            if r.status in (AdapterStatus.active, AdapterStatus.canary):
-                by_base[r.base_model].append(
-                    p.candidate(r, lora, scores, scheduled.get(r.adapter_id, 0.0)))
-    sizes = {lora: r.size_bytes for lora, r in records.items()}
+    versions = [r for view in views for r in view.versions]
+    loras = list(map(lora_name, map(_ADAPTER_ID, versions), map(_VERSION, versions),
+                     map(_SHA256, versions)))
+    records = dict(zip(loras, versions, strict=True))
+    status = np.array(list(map(_STATUS, versions)), dtype=object)
+    serving = np.flatnonzero((status == AdapterStatus.active) | (status == AdapterStatus.canary))
+    revoked = {lora for lora in (loras[i] for i in np.flatnonzero(
+        status == AdapterStatus.revoked).tolist()) if records[lora].status is AdapterStatus.revoked}
+    table = _Candidates(_pick(versions, serving), _pick(loras, serving), status[serving], scores,
+                        scheduled or {}, policy, now, policy.never_evict, policy.demote)
+    rows_by_base = _group(list(map(attrgetter("base_model"), table.record)))
     fleet: dict[str, list[_Worker]] = defaultdict(list)
     for state in sorted(workers, key=lambda s: s.worker_id):
         fleet[state.base_model].append(
-            _effective(state, memory.get(state.worker_id, WorkerMemory()), sizes, now))
+            _effective(state, memory.get(state.worker_id, WorkerMemory()), records, now))
 
+    p = _Planner(policy, now)
     all_scores: dict[str, float] = {}
-    for base in sorted(set(by_base) | set(fleet)):
-        cands = {c.lora: c for c in by_base.get(base, [])}
-        all_scores.update({lora: c.score for lora, c in cands.items()})
-        _plan_base(p, cands, records, fleet.get(base, []))
+    for base in sorted(set(rows_by_base) | set(fleet)):
+        cands = _BaseCandidates(table, rows_by_base.get(base, ()))
+        all_scores.update(cands.scores())
+        _plan_base(p, cands, records, revoked, fleet.get(base, []))
 
     workers_out = [w for ws in fleet.values() for w in ws]
-    new_memory = {**memory, **{w.id: replace(w.memory, loads=tuple(w.loads))
-                               for w in workers_out}}
+    new_memory = {**memory, **{w.id: w.memory() for w in workers_out}}
     gpu: dict[str, list[str]] = defaultdict(list)
     host: dict[str, list[str]] = defaultdict(list)
     for w in workers_out:
@@ -339,108 +511,135 @@ def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
                 p.commands, p.waiting, new_memory, all_scores)
 
 
-def _plan_base(p: _Planner, cands: dict[str, _Candidate], records: Mapping[str, AdapterRecord],
-               workers: list[_Worker]) -> None:
+def _group(keys: list[str]) -> dict[str, list[int]]:
+    """key -> the positions holding it, ascending (keys in order of first appearance)."""
+    code = {key: c for c, key in enumerate(dict.fromkeys(keys))}
+    codes = np.fromiter(map(code.__getitem__, keys), dtype=np.intp, count=len(keys))
+    rows = np.argsort(codes, kind="stable").tolist()
+    ends = np.cumsum(np.bincount(codes, minlength=len(code))).tolist()
+    starts = [0, *ends][:-1]
+    return {key: rows[start:end] for key, start, end in zip(code, starts, ends, strict=True)}
+
+
+def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, AdapterRecord],
+               revoked: set[str], workers: list[_Worker]) -> None:
+    """Rules 0-9 for one base model; ``revoked`` names the revoked versions."""
     policy = p.policy
     margin = policy.hysteresis_margin
+    t, index = cands.table, cands.index
     capacity = sum(max(0, w.state.gpu_slots_total) for w in workers)
     k = min(policy.gpu_slots_per_base_model, capacity)
     _cap_protected(cands, {lora for w in workers for lora in w.gpu}, k, policy)
 
     # 0: unpin what is no longer protected before anything may unload it.
     for w in workers:
-        for lora, pinned in sorted(w.gpu.items()):
-            c = cands.get(lora)
-            if not pinned or (c is not None and c.protected) or lora not in records:
+        for lora in sorted(lora for lora, pinned in w.gpu.items() if pinned):
+            i = index.get(lora)
+            if (i is not None and t.protected[i]) or lora not in records:
                 continue
-            if c is not None and c.over_capacity:
-                p.issue(w, CommandAction.unpin, c.record, "protected_over_capacity", c.score,
-                        c.reason_detail)
+            if i is not None and i in t.over_capacity:
+                p.issue(w, CommandAction.unpin, t.record[i], lora, "protected_over_capacity",
+                        t.score[i], t.detail(i))
             else:
-                p.issue(w, CommandAction.unpin, records[lora], "no_longer_protected",
-                        c.score if c else None)
+                p.issue(w, CommandAction.unpin, records[lora], lora, "no_longer_protected",
+                        t.score[i] if i is not None else None)
 
-    # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU.
+    # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU. Only
+    # the residents these rules act on are visited (in name order, as if all were).
     for w in workers:
-        for lora in sorted({*w.gpu, *w.host}):
-            r = records.get(lora)
-            if r is None:
-                continue  # not in the registry: nothing to address it by; ignore
-            if r.status is AdapterStatus.revoked:
-                p.issue(w, CommandAction.evict, r, "revoke", None, "version revoked")
-            elif lora in w.gpu and lora not in cands:
-                p.issue(w, CommandAction.demote_to_host, r, "not_serving", None,
+        acting = w.host & revoked
+        acting.update(lora for lora in w.gpu if lora in revoked or (
+            (i := index.get(lora)) is None and lora in records) or (
+            i is not None and t.demoted[i]))
+        for lora in sorted(acting):
+            r = records[lora]
+            i = index.get(lora)
+            if lora in revoked:
+                p.issue(w, CommandAction.evict, r, lora, "revoke", None, "version revoked")
+            elif lora in w.gpu and i is None:
+                p.issue(w, CommandAction.demote_to_host, r, lora, "not_serving", None,
                         f"status {r.status.value}")
-            elif lora in w.gpu and cands[lora].demoted:
-                c = cands[lora]
-                p.issue(w, CommandAction.demote_to_host, r, "demote", c.score,
-                        f"demote_when: {c.demote_rule}")
+            elif lora in w.gpu and i is not None and t.demoted[i]:
+                p.issue(w, CommandAction.demote_to_host, r, lora, "demote", t.score[i],
+                        f"demote_when: {t.demote_rule(i)}")
 
     on_gpu: dict[str, list[_Worker]] = defaultdict(list)
     for w in workers:
         for lora in w.gpu:
             on_gpu[lora].append(w)
-    wanted = sorted((c for c in cands.values() if not c.demoted),
-                    key=lambda c: c.rank(c.lora in on_gpu, margin))
-    hot = wanted[:k]
-    hot_names = {c.lora for c in hot}
+    rows = np.fromiter(index.values(), dtype=np.intp, count=len(index))
+    wanted_rows = rows[~t.demoted_np[rows]]
+    resident = np.isin(wanted_rows, [index[lora] for lora in on_gpu if lora in index])
+    wanted = _Ranking(t, wanted_rows, resident, margin)
+    hot = list(islice(wanted, k))
+    hot_names = {t.lora[i] for i in hot}
 
     # Residents outside the hot set that may give up their slot: lowest rank first.
-    displaceable: list[tuple[tuple[int, float, str], str, str]] = []
-    for lora, ws in on_gpu.items():
-        c = cands.get(lora)
-        if c is not None and lora not in hot_names and not c.protected:
-            for w in ws:
-                heapq.heappush(displaceable, (_worst_first(c.rank(True, margin)), lora, w.id))
+    displaceable: list[tuple[Rank, str, str]] = [
+        (_worst_first(t.rank(i, True, margin)), lora, w.id)
+        for lora, ws in on_gpu.items()
+        if (i := index.get(lora)) is not None and lora not in hot_names and not t.protected[i]
+        for w in ws]
+    heapq.heapify(displaceable)
     by_id = {w.id: w for w in workers}
     in_use = len(on_gpu)
 
     # 5: loads in rank order.
     free_heap = [(-w.free_slots(), w.id) for w in workers]
     heapq.heapify(free_heap)
-    for c in hot:
-        if c.lora in on_gpu:
+    free_somewhere: bool | None = None  # any worker with a free slot, until the next command
+    for i in hot:
+        lora = t.lora[i]
+        if lora in on_gpu:
             continue
         target = _worker_with_free_slot(free_heap, by_id, policy) if in_use < k else None
         rule = "hot_score"
         if target is None:
             victim = _pop_victim(displaceable, by_id, policy)
             if victim is None:
-                blocked = any(w.free_slots() > 0 or displaceable for w in workers)
-                p.waiting.append(Waiting(c.lora, c.score, "cold_load_budget"
-                                         if blocked else "no_gpu_slot"))
+                # No victim left means ``displaceable`` is empty: only free slots can block.
+                if free_somewhere is None:
+                    free_somewhere = any(w.free_slots() > 0 for w in workers)
+                p.waiting.append(Waiting(lora, t.score[i], "cold_load_budget"
+                                         if free_somewhere else "no_gpu_slot"))
                 continue
-            lora, target = victim
-            vc = cands[lora]
-            p.issue(target, CommandAction.demote_to_host, vc.record, "slot_needed", vc.score,
-                    f"for {c.lora} scoring {c.score:.4f} (> {vc.score:.4f} + margin {margin})")
+            victim_lora, target = victim
+            v = index[victim_lora]
+            p.issue(target, CommandAction.demote_to_host, t.record[v], victim_lora,
+                    "slot_needed", t.score[v],
+                    f"for {lora} scoring {t.score[i]:.4f} (> {t.score[v]:.4f} + margin {margin})")
             in_use -= 1
             rule = "hot_score_displace"
         warmup = (policy.request_budgets.canary.warmup_requests
-                  if c.record.status is AdapterStatus.canary else 0)
-        p.issue(target, CommandAction.load_gpu, c.record, rule, c.score, c.reason_detail,
-                warmup)
+                  if t.record[i].status is AdapterStatus.canary else 0)
+        p.issue(target, CommandAction.load_gpu, t.record[i], lora, rule, t.score[i],
+                t.detail(i), warmup)
+        free_somewhere = None
         in_use += 1
-        on_gpu[c.lora].append(target)
+        on_gpu[lora].append(target)
         heapq.heappush(free_heap, (-target.free_slots(), target.id))
 
     # 6: a pinned minimum hot copy for never-evict versions (unpins came first, in 0).
     for w in workers:
-        for lora, pinned in sorted(w.gpu.items()):
-            c = cands.get(lora)
-            if c is not None and c.protected and not pinned:
-                p.issue(w, CommandAction.pin, c.record, "never_evict", c.score, c.reason_detail)
+        for lora in sorted(lora for lora, pinned in w.gpu.items()
+                           if not pinned and (i := index.get(lora)) is not None
+                           and t.protected[i]):
+            i = index[lora]
+            p.issue(w, CommandAction.pin, t.record[i], lora, "never_evict", t.score[i],
+                    t.detail(i))
 
     # 7: HBM above the low watermark: give back the lowest-ranked evictable resident.
     for w in workers:
         if not w.above_watermark(policy) or any(
                 c.action in (CommandAction.demote_to_host, CommandAction.evict)
-                for c in w.memory.pending):
+                for c in w.pending):
             continue  # wait for the pending unload to show in the worker's HBM usage
-        evictable = [cands[lora] for lora in w.gpu if lora in cands and not cands[lora].protected]
+        evictable = [i for lora in w.gpu
+                     if (i := index.get(lora)) is not None and not t.protected[i]]
         if evictable:
-            worst = max(evictable, key=lambda c: c.rank(True, margin))
-            p.issue(w, CommandAction.demote_to_host, worst.record, "hbm_watermark", worst.score,
+            worst = max(evictable, key=lambda i: t.rank(i, True, margin))
+            p.issue(w, CommandAction.demote_to_host, t.record[worst], t.lora[worst],
+                    "hbm_watermark", t.score[worst],
                     f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
 
     _plan_host(p, cands, wanted, records, workers)
@@ -453,27 +652,26 @@ def protected_cap(policy: Policy, slots: int) -> int:
     return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
 
 
-def _cap_protected(cands: Mapping[str, _Candidate], resident: set[str], slots: int,
+def _cap_protected(cands: _BaseCandidates, resident: set[str], slots: int,
                    policy: Policy) -> None:
     """Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
     resident ranks with the hysteresis margin, so the protected set does not flap). They
     then compete by score, may be demoted or displaced, and are unpinned."""
-    protected = [c for c in cands.values() if c.protected]
+    t = cands.table
+    protected = [i for i in cands.index.values() if t.protected[i]]
     cap = protected_cap(policy, slots)
     if len(protected) <= cap:
         return
     margin = policy.hysteresis_margin
-    protected.sort(key=lambda c: c.rank(c.lora in resident, margin))
+    protected.sort(key=lambda i: t.rank(i, t.lora[i] in resident, margin))
     note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
             f"max_protected_gpu_share {policy.max_protected_gpu_share} of {slots} GPU slots "
             f"allows ({cap}); ranked by score, not pinned")
-    for c in protected[cap:]:
-        c.protected = c.first = False
-        c.over_capacity = True
-        c.reason_detail = f"{c.reason_detail}; {note}"
+    for i in protected[cap:]:
+        t.unprotect(i, note)
 
 
-def _worst_first(rank: tuple[int, float, str]) -> tuple[int, float, str]:
+def _worst_first(rank: Rank) -> Rank:
     """Turn a rank (smaller = better) into a key that sorts the worst first (ties by name)."""
     return (-rank[0], -rank[1], rank[2])
 
@@ -506,48 +704,61 @@ def _pop_victim(displaceable: list, by_id: Mapping[str, _Worker],
     return None
 
 
-def _plan_host(p: _Planner, cands: dict[str, _Candidate], wanted: list[_Candidate],
+def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
                records: Mapping[str, AdapterRecord], workers: list[_Worker]) -> None:
     """Host tier: prewarm wanted versions found nowhere; evict host copies over limits."""
     policy = p.policy
     margin = policy.hysteresis_margin
-    anywhere = {lora for w in workers for lora in (*w.gpu, *w.host)}
-    host_only = {lora for w in workers for lora in w.host}
+    t, index = cands.table, cands.index
+    anywhere: set[str] = set()
+    host_only: set[str] = set()
+    for w in workers:
+        anywhere.update(w.gpu, w.host)
+        host_only.update(w.host)
     slots_left = policy.host_slots_per_base_model - len(host_only)
     byte_heap = [(-(w.state.host_bytes_budget - w.host_bytes), w.id) for w in workers]
     heapq.heapify(byte_heap)
     by_id = {w.id: w for w in workers}
-    for c in wanted:
-        if slots_left <= 0 or not byte_heap:
-            break
-        if c.lora in anywhere:
+    ranked = iter(wanted)
+    smallest: int | None = None  # size of the smallest wanted version, once one did not fit
+    while slots_left > 0 and byte_heap and (i := next(ranked, None)) is not None:
+        lora = t.lora[i]
+        if lora in anywhere:
             continue
         neg_free, wid = byte_heap[0]
-        if -neg_free < c.record.size_bytes:
-            continue  # does not fit the emptiest worker: skip, smaller ones may fit
+        if -neg_free < t.record[i].size_bytes:
+            # Does not fit the emptiest worker: skip, smaller ones may fit. When none is small
+            # enough, stop (a fleet with full host tiers would walk the whole ranking).
+            if smallest is None:
+                smallest = min(t.record[j].size_bytes for j in wanted.rows())
+            if -neg_free < smallest:
+                break
+            continue
         w = by_id[wid]
-        p.issue(w, CommandAction.prewarm_host, c.record, "host_tier", c.score, c.reason_detail)
+        p.issue(w, CommandAction.prewarm_host, t.record[i], lora, "host_tier", t.score[i],
+                t.detail(i))
+        host_only.add(lora)
         slots_left -= 1
         heapq.heapreplace(byte_heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))
 
     def worst_first(loras: Iterable[str]) -> list[str]:
-        def key(lora: str) -> tuple[int, float, str]:
-            c = cands.get(lora)
-            return _worst_first(c.rank(False, margin)) if c else (-2, 0.0, lora)
+        def key(lora: str) -> Rank:
+            i = index.get(lora)
+            return _worst_first(t.rank(i, False, margin)) if i is not None else (-2, 0.0, lora)
         return sorted(loras, key=key)
 
     def evict(w: _Worker, lora: str, detail: str) -> None:
-        c = cands.get(lora)
-        p.issue(w, CommandAction.evict, records[lora], "host_pressure",
-                c.score if c else None, detail)
+        i = index.get(lora)
+        p.issue(w, CommandAction.evict, records[lora], lora, "host_pressure",
+                t.score[i] if i is not None else None, detail)
 
-    holders: dict[str, list[_Worker]] = defaultdict(list)
-    for w in workers:
-        for lora in w.host:
-            holders[lora].append(w)
     # Sorting is most of the host pass's cost: sort only when a limit is exceeded.
-    over = len(holders) - policy.host_slots_per_base_model
+    over = len(host_only) - policy.host_slots_per_base_model
     if over > 0:
+        holders: dict[str, list[_Worker]] = defaultdict(list)
+        for w in workers:
+            for lora in w.host:
+                holders[lora].append(w)
         for lora in worst_first(lora for lora in holders if lora in records):
             if over <= 0:
                 break

@@ -1,8 +1,9 @@
 """The planner agent: runs the pure ``streams.planner.plan`` and says what it decided on Kafka.
 
-Inputs, all in this Faust app: the registry table (streams.registry_agent), the scores table
-(streams.scoring_agent), the ``worker-states`` table (latest WorkerState per worker, from the
-compacted worker-state topic) and the schedule file (re-read when it changes).
+Inputs, all in this Faust worker: the registry table (streams.registry_agent), the score
+states (streams.scoring_agent, read back from the ``scores`` topic before the first tick),
+the ``worker-states`` table (latest WorkerState per worker, from the compacted worker-state
+topic) and the schedule file (re-read when it changes).
 
 One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at once on a
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
@@ -13,7 +14,8 @@ every command that may have gone out: nothing is re-decided under a new command_
 start the pending ones are sent again under their own ids (workers drop duplicates by
 command_id).
 
-Planning waits for table recovery: a planner that ran on an empty memory would re-issue.
+Planning waits for table recovery and the score states: a planner that ran on an empty
+memory would re-issue, one on empty scores would demote everything.
 The wall clock is the planner's ``now``; tests control time through the timestamps of the
 request logs and worker states they produce, and choose schedule cron times near now.
 Assumes one streams worker holds all partitions (the planner needs the whole fleet).
@@ -22,10 +24,12 @@ Assumes one streams worker holds all partitions (the planner needs the whole fle
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import time
+import uuid
 
 import faust
 
@@ -35,6 +39,7 @@ from schemas.audit import AuditRecord
 from schemas.base import now_utc
 from schemas.codec import SchemaError, decode, encode
 from schemas.commands import CacheCommand
+from schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
 from schemas.registry import AdapterView
 from schemas.worker_state import WorkerState
 from streams.app import app
@@ -42,7 +47,7 @@ from streams.lifecycle import AdapterState
 from streams.planner import Plan, WorkerMemory, plan
 from streams.registry_agent import registry_table
 from streams.schedules import ScheduleFile, warmup_scores
-from streams.scoring_agent import burst_seen, dead_letter, score_states
+from streams.scoring_agent import burst_seen, score_states, scores_ready
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -63,6 +68,19 @@ worker_states = app.Table("worker-states", partitions=spec("worker-state").parti
                           help="worker_id -> latest WorkerState (JSON)")
 planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
                            help="worker_id -> streams.planner.WorkerMemory.to_dict()")
+
+
+def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
+                detail: str, component: str) -> DeadLetter:
+    raw = message.value if isinstance(message.value, bytes) else b""
+    key = message.key if isinstance(message.key, bytes) else None
+    return DeadLetter(
+        event_id=f"dlq-{uuid.uuid4().hex}", ts=now_utc(), source_topic=source.get_topic_name(),
+        partition=message.partition, offset=message.offset, component=component,
+        reason=reason, detail=detail[:4000],
+        key_b64=base64.b64encode(key[:3000]).decode() if key is not None else None,
+        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode())
+
 
 schedule_file = ScheduleFile(settings.schedules_path)
 replan = asyncio.Event()
@@ -152,6 +170,7 @@ def plan_now(views: _Views) -> Plan:
 @app.task
 async def planner_loop() -> None:
     await app.tables.recovery.completed.wait()
+    await scores_ready.wait()
     views = _Views()
     for raw in list(planner_memory.values()):  # resend what may not have gone out
         for cmd in WorkerMemory.from_dict(raw).pending:

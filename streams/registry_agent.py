@@ -25,14 +25,13 @@ from infra.topics import spec
 from loraplane.config import get_settings
 from schemas.base import now_utc
 from schemas.codec import encode
-from schemas.dead_letter import DeadLetter
+from schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
 from schemas.keyring import Keyring, KeyringError, KeyringFile
 from streams.app import app, raw_topic
 from streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
 
 log = logging.getLogger(__name__)
 
-MAX_DEAD_LETTER_RAW = 512 * 1024
 """Raw bytes kept in a dead letter; base64 of more would not fit Kafka's default 1 MB."""
 
 settings = get_settings()

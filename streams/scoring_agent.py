@@ -1,89 +1,222 @@
-"""The scoring agent: request logs in, per adapter-version score state out.
+"""The scoring agent: request logs in, per adapter-version score state out, in batches.
 
-Each request log (key = adapter_id) is folded into a ``streams.scores.ScoreState`` kept in the
-``scores`` table (changelog-backed: a restarted worker rebuilds it). Time is the log's own
-``ts`` (event time), so replayed or late logs count as of when they happened and tests
-control time by the timestamps they write. A log that does not decode, or whose Kafka key
-is not its adapter_id (the table would then live on the wrong partition), becomes a dead
-letter with its reason; the stream never stops on bad input.
+It runs inside the Faust worker (``ScoringService``, so the planner reads the states in
+memory) but consumes and produces with confluent-kafka itself, because it is the busiest
+consumer of the system: as a per-event Faust agent it scored ~1.5k logs/s (Faust's fetcher
+and one changelog write per log dominated; docs/benchmarks.md). Each batch of up to
+``BATCH`` logs is folded by the pure ``streams.score_fold.fold_batch``; then, in one Kafka
+transaction, every touched score key is written once to the compacted ``scores`` topic,
+refused logs go to the dead-letter topic with their reason, and the batch's consumer
+offsets are committed. So a crash at any point neither loses nor double-counts a log: on
+start (and on every partition reassignment) the states are re-read from the ``scores``
+topic (read-committed) and consumption resumes from the committed offsets.
 
-When a log starts a burst (``scores.is_burst``) the agent sets ``burst_seen`` so the planner
-re-plans now instead of at its next tick; the planner does not run per request.
+Time is the log's own ``ts`` (event time), so replayed or late logs count as of when they
+happened and tests control time by the timestamps they write. A batch in which a log
+starts a burst (``scores.is_burst``) sets ``burst_seen`` so the planner re-plans now.
+
+One consumer thread owns the consumer and producer; the asyncio side only reads
+``score_states()``, a copy taken under the lock the thread holds while it changes the
+states (after each commit, and when it replaces them all after a reassignment: the planner
+must never see them half-loaded, it would demote everything it did not see). The
+transactional id is per topic prefix: a second scoring worker on the same prefix fences
+the first (the planner assumes one worker).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import json
 import logging
-import uuid
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
-import faust
+import mode
 
-from infra.topics import spec, topic_name
-from loraplane.config import get_settings
-from schemas.base import now_utc
-from schemas.codec import SchemaError, decode, encode
-from schemas.dead_letter import DeadLetter
-from schemas.request_log import RequestLog
+from infra.topics import topic_name
+from loraplane.bus import producer
+from loraplane.config import Settings, get_settings
+from schemas.codec import encode
+from schemas.dead_letter import dead_letter_for
 from streams.app import app
-from streams.scores import ScoreState, from_dict, is_burst, observe_log, score_key, to_dict
+from streams.score_fold import fold_batch
+from streams.scores import ScoreState, from_dict, to_dict
 
 log = logging.getLogger(__name__)
 settings = get_settings()
 
-requests_topic = app.topic(topic_name(settings, "requests"), key_serializer="raw",
-                           value_serializer="raw")
-dead_letter_topic = app.topic(topic_name(settings, "dead-letters"), key_serializer="raw",
-                              value_serializer="raw")
-scores_table = app.Table(
-    "scores", partitions=spec("requests").partitions,
-    help="score_key (adapter_id@version) -> streams.scores.to_dict(ScoreState)")
+BATCH = 10_000
+"""Most logs per batch (one transaction); a batch is whatever arrived within POLL_S."""
+POLL_S = 0.05
+RETRY_S = 2.0
+"""Pause before a new session after a Kafka error (broker down, fenced, rebalanced)."""
 
 burst_seen = asyncio.Event()
 """Set when a request log starts a burst; the planner agent waits on it."""
-
-MAX_DEAD_LETTER_RAW = 512 * 1024
+_states: dict[str, ScoreState] = {}
+_states_lock = threading.Lock()
+scores_ready = asyncio.Event()
+"""Set once the states were read back from the scores topic; the planner waits on it."""
 
 
 def score_states() -> dict[str, ScoreState]:
-    """Every score state this worker holds (all partitions when it runs alone)."""
-    return {k: from_dict(v) for k, v in scores_table.items()}
+    """Every score state this worker holds (all keys when it runs alone)."""
+    with _states_lock:
+        return dict(_states)
 
 
-def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
-                detail: str, component: str) -> DeadLetter:
-    raw = message.value if isinstance(message.value, bytes) else b""
-    key = message.key if isinstance(message.key, bytes) else None
-    return DeadLetter(
-        event_id=f"dlq-{uuid.uuid4().hex}", ts=now_utc(), source_topic=source.get_topic_name(),
-        partition=message.partition, offset=message.offset, component=component,
-        reason=reason, detail=detail[:4000],
-        key_b64=base64.b64encode(key[:3000]).decode() if key is not None else None,
-        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode())
+def restore(settings: Settings) -> dict[str, ScoreState]:
+    """The committed state of every score key: the scores topic read to its end."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    topic = topic_name(settings, "scores")
+    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
+                       "group.id": f"{settings.topic_prefix}-scoring-restore",
+                       "enable.auto.commit": False, "enable.partition.eof": True,
+                       "isolation.level": "read_committed"})
+    try:
+        meta = reader.list_topics(topic, timeout=15).topics[topic]
+        if meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"cannot read {topic}: {meta.error or 'no partitions'}; "
+                               "run `loraplane topics apply`")
+        partitions = meta.partitions
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        states: dict[str, ScoreState] = {}
+        pending = set(partitions)
+        while pending:
+            for msg in reader.consume(num_messages=BATCH, timeout=1.0):
+                if (err := msg.error()) is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic}: {err}")
+                    pending.discard(msg.partition())
+                elif msg.value() is None:
+                    states.pop(msg.key().decode(), None)
+                else:
+                    try:
+                        states[msg.key().decode()] = from_dict(json.loads(msg.value()))
+                    except (ValueError, KeyError, TypeError, IndexError) as exc:
+                        log.error("scores %s@%s unreadable, skipped: %s", msg.partition(),
+                                  msg.offset(), exc)
+        return states
+    finally:
+        reader.close()
 
 
-@app.agent(requests_topic)
-async def scoring_agent(stream: faust.StreamT) -> None:
-    async for event in stream.events():
-        message = event.message
+class ScoreKeeper:
+    """The consume -> fold -> transact loop. ``run`` blocks (a thread) until ``stop``."""
+
+    def __init__(self, settings: Settings, states: dict[str, ScoreState], lock: threading.Lock,
+                 on_burst: Callable[[list[str]], None], on_ready: Callable[[], None]) -> None:
+        self.settings = settings
+        self.states = states
+        self.lock = lock
+        self.on_burst = on_burst
+        self.on_ready = on_ready
+        self.requests = topic_name(settings, "requests")
+        self.scores = topic_name(settings, "scores")
+        self.dead_letters = topic_name(settings, "dead-letters")
+        self.reload = False
+
+    def run(self, stop: threading.Event) -> None:
+        from confluent_kafka import KafkaException
+
+        while not stop.is_set():
+            try:
+                self._session(stop)
+            except (KafkaException, RuntimeError) as exc:
+                log.error("scoring session ended (%s); restarting in %.0f s", exc, RETRY_S)
+                stop.wait(RETRY_S)
+
+    def _session(self, stop: threading.Event) -> None:
+        from confluent_kafka import Consumer
+
+        prefix = self.settings.topic_prefix
+        txn = producer(self.settings, **{"transactional.id": f"{prefix}-scoring",
+                                         "client.id": "loraplane-scoring"})
+        txn.init_transactions(30)  # fences a previous instance and aborts its open batch
+        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap,
+                             "group.id": f"{prefix}-scoring", "enable.auto.commit": False,
+                             "auto.offset.reset": "earliest", "session.timeout.ms": 10_000,
+                             "client.id": "loraplane-scoring"})
         try:
-            request = decode(RequestLog, event.value)
-            if (event.key or b"") != request.adapter_id.encode():
-                raise SchemaError("key_mismatch", [("(key)", f"Kafka key {event.key!r} is not "
-                                                              f"adapter_id {request.adapter_id}")])
-        except SchemaError as exc:
-            log.warning("request log p%s@%s refused: %s", message.partition, message.offset, exc)
-            await dead_letter_topic.send(
-                key=event.key if isinstance(event.key, bytes) else None,
-                value=encode(dead_letter(requests_topic, message, exc.reason, str(exc),
-                                         "scoring")))
-            continue
-        key = score_key(request.adapter_id, request.adapter_version)
-        stored = scores_table.get(key)
-        before = from_dict(stored) if stored is not None else ScoreState()
-        after = observe_log(before, request)
-        scores_table[key] = to_dict(after)
-        if is_burst(before, after, request.ts.timestamp()):
-            log.info("burst for %s", key)
-            burst_seen.set()
+            self.reload = True
+            consumer.subscribe([self.requests], on_assign=self._assigned)
+            while not stop.is_set():
+                batch = consumer.consume(num_messages=BATCH, timeout=POLL_S)
+                if self.reload:  # new partitions: their states as last committed
+                    committed = restore(self.settings)
+                    with self.lock:
+                        self.states.clear()
+                        self.states.update(committed)
+                    self.reload = False
+                    log.info("scoring: %d score states read back; consuming from epoch %.3f",
+                             len(committed), time.time())
+                    self.on_ready()
+                if batch:
+                    self._commit(txn, consumer, batch)
+        finally:
+            consumer.close()
+            txn.flush(5)
+
+    def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
+        self.reload = True
+
+    def _commit(self, txn: Any, consumer: Any, batch: list[Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        messages, ends = [], {}
+        for msg in batch:
+            if (err := msg.error()) is not None:
+                log.warning("requests consumer: %s", err)
+                continue
+            messages.append(msg)
+            ends[msg.partition()] = msg.offset() + 1
+        folded = fold_batch(self.states, messages)
+        txn.begin_transaction()
+        try:
+            for key, state in folded.touched.items():
+                txn.produce(self.scores, key=key, value=json.dumps(to_dict(state)))
+            for msg, exc in folded.refused:
+                log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(),
+                            exc)
+                txn.produce(self.dead_letters, key=msg.key(), value=encode(
+                    dead_letter_for(msg, "scoring", exc.reason, str(exc))))
+            txn.send_offsets_to_transaction(
+                [TopicPartition(self.requests, p, end) for p, end in ends.items()],
+                consumer.consumer_group_metadata(), 30)
+            txn.commit_transaction(30)
+        except BaseException:
+            txn.abort_transaction(30)
+            raise
+        with self.lock:
+            self.states.update(folded.touched)
+        if folded.bursts:
+            log.info("burst for %s", ", ".join(folded.bursts[:10]))
+            self.on_burst(folded.bursts)
+
+
+@app.service
+class ScoringService(mode.Service):
+    """Runs the ScoreKeeper in its own thread for as long as the Faust worker runs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def on_start(self) -> None:
+        loop = asyncio.get_running_loop()
+        keeper = ScoreKeeper(
+            settings, _states, _states_lock,
+            on_burst=lambda keys: loop.call_soon_threadsafe(burst_seen.set),
+            on_ready=lambda: loop.call_soon_threadsafe(scores_ready.set))
+        self._thread = threading.Thread(target=keeper.run, args=(self._stop,),
+                                        name="scoring", daemon=True)
+        self._thread.start()
+
+    async def on_stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)

@@ -7,11 +7,17 @@ same bytes)::
     {lora_name}/record.json   the registry record it was verified against
     .partial-*/               an install in progress; .removing-*/ a removal in progress
 
-An install downloads into a ``.partial-*`` folder inside ``root``, verifies it, fsyncs it
-and renames it into place, so an entry either exists complete and verified or not at all;
-a crash leaves only ``.partial-*`` folders, which the startup scan deletes. The scan also
-re-verifies every entry against its record and drops any that fails: an entry is never
+An install downloads into a ``.partial-*`` folder inside ``root``, verifies it and renames
+it into place, so to a running worker an entry either exists complete and verified or not
+at all; a crash leaves only ``.partial-*`` folders, which the startup scan deletes. The scan
+also re-verifies every entry against its record and drops any that fails: an entry is never
 trusted just because it is on disk.
+
+Installs are not fsynced. The tier is a cache of S3 whose every entry is re-hashed at
+startup, so what a power loss can tear (a renamed entry whose file contents never reached
+the disk) is dropped there and fetched again; an fsync of every file would buy only fewer
+re-downloads after a power loss, and it cost ~20% of every install (docs/benchmarks.md,
+finding 4). A process crash loses nothing: written pages stay in the page cache.
 
 Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight).
 From asyncio, call it through ``asyncio.to_thread``.
@@ -181,12 +187,10 @@ class HostTier:
             if not verdict.ok:
                 raise ArtifactError(verdict.refusals)
             (partial / RECORD_FILE).write_text(record.model_dump_json())
-            _fsync_tree(partial)
             with self._lock:
                 evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
                 final = self.root / record.lora_name
                 os.rename(partial, final)
-                _fsync_dir(self.root)
                 entry = TierEntry(record.lora_name, final / ADAPTER_DIR, record, fetched.bytes,
                                   self._clock())
                 self._entries[entry.lora_name] = entry
@@ -280,27 +284,3 @@ class HostTier:
         self._entries[record.lora_name] = TierEntry(record.lora_name, folder / ADAPTER_DIR,
                                                     record, size, folder.stat().st_mtime)
         return ""
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Every file, then every folder, before the rename that publishes the entry. One fsync
-    per folder would not do: a directory's fsync persists its names, not its files' contents,
-    so after a power loss the renamed entry could hold empty files. (The startup scan would
-    drop such an entry, but we would rather not lose it.) It is ~15-20% of an install here:
-    fdatasync while downloading was tried and did not hide it (same total on this disk)."""
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -29,9 +29,7 @@ Guarantees:
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import logging
 import struct
 import threading
@@ -39,7 +37,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from clickhouse_driver import errors as ch_errors
@@ -49,7 +46,7 @@ from loraplane.bus import DeliveryError, producer
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
 from schemas.codec import SchemaError, decode, encode
-from schemas.dead_letter import DeadLetter
+from schemas.dead_letter import DeadLetter, dead_letter_for
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
@@ -60,7 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("loraplane.metrics.sink")
 
 COMPONENT = "metrics-sink"
-MAX_DEAD_LETTER_RAW = 512 * 1024  # keeps a dead letter under Kafka's default 1 MiB limit
 # ClickHouse error codes that mean "this data is wrong", not "try again later".
 DATA_ERROR_CODES = frozenset({6, 26, 27, 32, 38, 41, 53, 69, 70, 72, 117, 131, 321})
 
@@ -119,22 +115,7 @@ def _is_rejection(exc: BaseException) -> bool:
 
 
 def dead_letter(msg: Message, reason: str, detail: str) -> DeadLetter:
-    """A dead letter whose id and timestamp depend only on the message, so a replayed batch
-    produces the same record (and it collapses in ClickHouse)."""
-    raw = msg.value() or b""
-    where = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
-    truncated = len(raw) > MAX_DEAD_LETTER_RAW
-    if truncated:
-        detail = f"{detail} [raw truncated from {len(raw)} bytes]"
-    key = msg.key()
-    return DeadLetter(
-        event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
-        ts=datetime.fromtimestamp(max(msg.timestamp()[1], 0) / 1000, UTC),
-        source_topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-        component=COMPONENT, reason=reason[:64], detail=detail[:4096],
-        key_b64=base64.b64encode(key).decode()[:4096] if key else None,
-        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
-    )
+    return dead_letter_for(msg, COMPONENT, reason, detail)
 
 
 class Sink:

@@ -1,0 +1,62 @@
+"""One batch of request-log messages folded into score states. Pure: the scoring agent
+(streams.scoring_agent) consumes, calls ``fold_batch`` and writes what it returns.
+
+Why per batch: each touched score key is written once per batch instead of once per
+request log, and the per-request work is the cheapest the semantics allow (validate the
+fields scores read, then ``scores.observe_many`` on floats). Refused messages come back
+with their reason, for the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from schemas.codec import SchemaError, decode
+from schemas.dead_letter import KafkaMessage
+from schemas.request_log import RequestDemand
+from streams.scores import Sample, ScoreState, observe_many, score_key
+
+
+@dataclass
+class Folded:
+    touched: dict[str, ScoreState] = field(default_factory=dict)
+    """The new state of every score key the batch changed."""
+    refused: list[tuple[KafkaMessage, SchemaError]] = field(default_factory=list)
+    bursts: list[str] = field(default_factory=list)
+    """Score keys where a request of this batch started a burst (``scores.is_burst``)."""
+
+
+def demand_of(message: KafkaMessage) -> RequestDemand:
+    """The request's demand fields, validated; a log whose Kafka key is not its adapter_id is
+    refused too (its score would live on the wrong partition)."""
+    demand = decode(RequestDemand, message.value())
+    key = message.key()
+    if key != demand.adapter_id.encode():
+        raise SchemaError("key_mismatch", [("(key)", f"Kafka key {key!r} is not adapter_id "
+                                                     f"{demand.adapter_id}")])
+    return demand
+
+
+def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage]) -> Folded:
+    """Fold ``messages`` (in consumption order) into ``states``, which is not modified."""
+    out = Folded()
+    samples: dict[str, list[Sample]] = {}
+    for message in messages:
+        try:
+            d = demand_of(message)
+        except SchemaError as exc:
+            out.refused.append((message, exc))
+            continue
+        key = score_key(d.adapter_id, d.adapter_version)
+        sample = Sample(d.ts.timestamp(), d.request_class.value, d.tier_at_arrival, d.status,
+                        d.ttft_ms)
+        if (group := samples.get(key)) is None:
+            samples[key] = [sample]
+        else:
+            group.append(sample)
+    for key, group in samples.items():
+        out.touched[key], burst = observe_many(states.get(key) or ScoreState(), group)
+        if burst:
+            out.bursts.append(key)
+    return out

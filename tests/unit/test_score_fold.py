@@ -1,0 +1,130 @@
+"""The scoring agent's batch fold: same states as folding one request at a time, bad
+messages refused with their reason, never an exception."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.codec import encode
+from schemas.request_log import RequestClass, RequestDemand, RequestLog, RequestStatus, Tier
+from streams.score_fold import fold_batch
+from streams.scores import (
+    Sample,
+    ScoreState,
+    is_burst,
+    observe,
+    observe_log,
+    observe_many,
+    score_key,
+)
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class Msg:
+    """The parts of a confluent-kafka Message the fold reads."""
+
+    raw: bytes | None
+    k: bytes | None
+    part: int = 0
+    off: int = 0
+
+    def topic(self) -> str:
+        return "t.requests"
+
+    def partition(self) -> int:
+        return self.part
+
+    def offset(self) -> int:
+        return self.off
+
+    def key(self) -> bytes | None:
+        return self.k
+
+    def value(self) -> bytes | None:
+        return self.raw
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, int(T0 * 1000))
+
+
+def log(i: int, adapter: str = "a1", version: str | None = "1", **kw: object) -> RequestLog:
+    fields = dict(event_id=f"e{i}", ts=datetime.fromtimestamp(T0 + i, UTC), request_id=f"r{i}",
+                  tenant_id="t1", base_model="b", adapter_id=adapter,
+                  adapter_version=version, worker_id="w1", tier_at_arrival=Tier.gpu,
+                  ttft_ms=40.0)
+    fields.update(kw)
+    return RequestLog.model_validate(fields)
+
+
+samples = st.lists(st.builds(
+    Sample,
+    ts=st.floats(T0 - 1000, T0 + 5000),
+    request_class=st.sampled_from([c.value for c in RequestClass]),
+    tier=st.sampled_from(list(Tier)),
+    status=st.sampled_from(list(RequestStatus)),
+    ttft_ms=st.none() | st.floats(0, 10_000)), max_size=60)
+
+
+@given(samples, st.integers(0, 40))
+def test_batch_fold_equals_one_request_at_a_time(batch: list[Sample], split: int) -> None:
+    start, _ = observe_many(ScoreState(), batch[:split])
+    state, fired = start, False
+    for s in batch[split:]:
+        after = observe(state, ts=s.ts, request_class=s.request_class, tier=s.tier,
+                        status=s.status, ttft_ms=s.ttft_ms)
+        fired = fired or is_burst(state, after, s.ts)
+        state = after
+    assert observe_many(start, batch[split:]) == (state, fired)
+
+
+def test_fold_batch_scores_each_version_and_leaves_the_input_alone() -> None:
+    logs = [log(i, version="1" if i % 3 else "2") for i in range(30)] + [log(40, version=None)]
+    before = {score_key("a1", "1"): observe_log(ScoreState(), log(-5))}
+    snapshot = dict(before)
+    out = fold_batch(before, [Msg(encode(x), b"a1") for x in logs])
+    assert before == snapshot and out.refused == []
+    expected: dict[str, ScoreState] = dict(before)
+    for x in logs:
+        key = score_key(x.adapter_id, x.adapter_version)
+        expected[key] = observe_log(expected.get(key) or ScoreState(), x)
+    assert out.touched == expected
+    assert set(out.touched) == {"a1@1", "a1@2", "a1@*"}
+
+
+def test_a_burst_is_reported_once_per_key() -> None:
+    quiet = [log(i * 60) for i in range(10)]
+    burst = [log(700 + i) for i in range(20)]
+    out = fold_batch({}, [Msg(encode(x), b"a1") for x in quiet + burst])
+    assert out.bursts == ["a1@1"]
+
+
+def test_bad_messages_are_refused_with_their_reason_and_the_rest_scored() -> None:
+    good = log(1)
+    bad_field = encode(good).replace(b'"tier_at_arrival":"gpu"', b'"tier_at_arrival":"moon"')
+    msgs = [Msg(b"{not json", b"a1", off=0), Msg(encode(good), b"other", off=1),
+            Msg(None, b"a1", off=2), Msg(bad_field, b"a1", off=3), Msg(encode(good), b"a1", off=4)]
+    out = fold_batch({}, msgs)
+    assert [(m.offset(), e.reason) for m, e in out.refused] == [
+        (0, "malformed"), (1, "key_mismatch"), (2, "malformed"), (3, "invalid")]
+    assert out.touched == {"a1@1": observe_log(ScoreState(), good)}
+
+
+@given(st.binary(max_size=600), st.binary(max_size=20) | st.none())
+def test_any_bytes_are_scored_or_refused_never_raised(raw: bytes, key: bytes | None) -> None:
+    out = fold_batch({}, [Msg(raw, key)])
+    assert len(out.refused) + len(out.touched) == 1
+
+
+def test_demand_reads_a_whole_log_and_ignores_what_scores_do_not_need() -> None:
+    whole = log(3, prompt_tokens=5)
+    demand = RequestDemand.model_validate_json(encode(whole))
+    assert demand.model_dump() == whole.model_dump(include=set(RequestDemand.model_fields))
+    # A field scores do not read may be bad for the metrics sink and still be demand.
+    odd = encode(whole).replace(b'"prompt_tokens":5', b'"prompt_tokens":-5')
+    assert RequestDemand.model_validate_json(odd).adapter_id == "a1"
