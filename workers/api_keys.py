@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -37,13 +37,22 @@ def key_digest(key: str) -> str:
 @dataclass(frozen=True)
 class ApiKeys:
     tenants_by_digest: dict[str, str]
+    # exact headers of known keys -> tenant: at most one entry per key, so unknown or
+    # padded headers can never grow it; gone with this object when the file changes
+    _known: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def tenant(self, authorization: str | None) -> str | None:
         """The tenant of an ``Authorization: Bearer KEY`` header, None when unknown."""
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization:
             return None
+        tenant = self._known.get(authorization)
+        if tenant is not None or not authorization.startswith("Bearer "):
+            return tenant
         key = authorization[len("Bearer "):].strip()
-        return self.tenants_by_digest.get(key_digest(key)) if key else None
+        tenant = self.tenants_by_digest.get(key_digest(key)) if key else None
+        if tenant is not None and len(key) + len("Bearer ") == len(authorization):
+            self._known[authorization] = tenant
+        return tenant
 
 
 def load_api_keys(path: Path) -> ApiKeys:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import re
 import time
@@ -37,6 +38,7 @@ from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from workers.agent import LoadOutcome, WorkerAgent
 from workers.api_keys import KeyLookup
 from workers.event_sink import EventSink
+from workers.upstream_http import UpstreamResponse
 from workers.vllm_client import VllmError
 
 _ADAPTER_ID = re.compile(ID_PATTERN)
@@ -159,6 +161,13 @@ class Gateway:
         self.budgets = budgets
         self.sink = sink
         self.batch_loads = ColdLoadSlots()
+        # ids of request logs (and of requests that came without one): a random prefix per
+        # gateway and a counter, unique like uuid4 but without its urandom call per request
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._id_seq = itertools.count()
+
+    def _new_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._id_seq):x}"
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024 * 1024)
@@ -186,12 +195,12 @@ class Gateway:
 
     async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
-        request_id = request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex
+        request_id = request.headers.get("X-Request-Id", "")[:128] or self._new_id()
         tenant = self.api_keys.tenant(request.headers.get("Authorization"))
         if tenant is None:
             return _error(401, "unauthorized", "missing or unknown API key")
         try:
-            body = await request.json()
+            body = json.loads(await request.read())
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "invalid_json", "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
@@ -304,12 +313,13 @@ class Gateway:
                     return _error(503, "adapter_unavailable", exc.message, **{"Retry-After": "1"})
                 return _error(502, f"vllm_{exc.reason}", exc.message)
 
-    async def _stream(self, request: web.Request, resp: Any, headers: dict[str, str],
+    async def _stream(self, request: web.Request, resp: UpstreamResponse,
+                      headers: dict[str, str],
                       trace: _Trace) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.iter_chunks():
             if trace.ttft_ms is None:
                 trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
             trace.output_tokens += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
@@ -332,7 +342,7 @@ class Gateway:
         if labels is not None and trace.ttft_ms is not None:
             self.agent.metrics.ttft(labels, trace.ttft_ms)
         log = RequestLog(
-            event_id=uuid.uuid4().hex, ts=now_utc(), request_id=trace.request_id,
+            event_id=self._new_id(), ts=now_utc(), request_id=trace.request_id,
             tenant_id=trace.tenant_id, base_model=self.agent.config.base_model,
             adapter_id=trace.adapter_id, adapter_version=record.version if record else None,
             lora_name=trace.lora_name, worker_id=self.agent.config.worker_id,

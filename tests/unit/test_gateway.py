@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientResponse, ClientSession
+from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
 from loraplane.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
@@ -36,6 +36,7 @@ from workers.fake_vllm import FakeVllm
 from workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
 from workers.golden_set import GOLDEN_PROMPTS
 from workers.refusal import ArtifactError, Reason
+from workers.upstream_http import UpstreamResponse
 from workers.vllm_client import VllmClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -258,10 +259,16 @@ async def test_streaming_chat_passes_through(world: World) -> None:
 
 async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -> None:
     world.tier.down = True
+    sql = RECORDS[2]
+    gate = world.tier.gate = threading.Event()  # the failing fetch waits for the batch ask
     status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers[FALLBACK_HEADER] == "base"
-    status, headers, body = await asyncio.wait_for(world.post(
-        {"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"}), 5)
+    batch = asyncio.create_task(world.post({"model": "sql", "prompt": "q"},
+                                           **{"X-Request-Class": "batch"}))
+    await until(lambda: len(world.agent._rt.waiters.get(sql.lora_name, [])) == 2,
+                "the batch request waiting on the load")
+    gate.set()
+    status, headers, body = await asyncio.wait_for(batch, 5)
     assert status == 429 and body["error"]["message"].count("artifact_store_unavailable")
     fails = [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.fail]
     assert fails and fails[0].reason == "artifact_store_unavailable"
@@ -326,7 +333,7 @@ class GatedVllm(VllmClient):
 
     @asynccontextmanager
     async def completion(self, path: str, body: dict[str, Any]
-                         ) -> AsyncIterator[ClientResponse]:
+                         ) -> AsyncIterator[UpstreamResponse]:
         if body.get("model") == self.gated:
             self.prompts.append(str(body.get("prompt")))
             await self.gate.wait()

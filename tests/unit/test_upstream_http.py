@@ -1,0 +1,249 @@
+"""The lean upstream client of the gateway (workers/upstream_http.py) against scripted raw
+HTTP servers: keep-alive reuse, streaming, a stale keep-alive connection, every failure as
+an UpstreamError with its reason, flow control, and no slot leaked by a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.upstream_http import UpstreamError, UpstreamPool, _Connection
+
+session_loop = pytest.mark.asyncio(loop_scope="session")
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request (head + Content-Length body), b"" when the client went away."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return b""
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return head + await reader.readexactly(length)
+
+
+def answer(body: bytes, status: str = "200 OK", extra: bytes = b"") -> bytes:
+    return (f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n".encode() + extra
+            + b"\r\n" + body)
+
+
+@asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[tuple[UpstreamPool, list[int]]]:
+    """A raw server calling ``handler(reader, writer, n)`` for its n-th connection; yields a
+    pool to it and the list of connection numbers seen."""
+    seen: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(len(seen))
+        try:
+            await handler(reader, writer, seen[-1])
+        except ConnectionError:
+            pass  # the client dropped a connection it gave up on
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    pool = UpstreamPool("127.0.0.1", port, connect_timeout_s=1, read_timeout_s=0.5, limit=1)
+    try:
+        yield pool, seen
+    finally:
+        pool.close()
+        srv.close()
+
+
+async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       _: int) -> None:
+    while request := await read_request(reader):
+        writer.write(answer(request.rpartition(b"\r\n\r\n")[2]))
+        await writer.drain()
+
+
+async def fetch(pool: UpstreamPool, body: bytes, total_s: float = 5) -> tuple[int, bytes]:
+    resp = await pool.request("POST", "/v1/completions", body, total_timeout_s=total_s)
+    try:
+        return resp.status, await resp.read()
+    finally:
+        resp.close()
+
+
+@session_loop
+async def test_keep_alive_connection_is_reused() -> None:
+    async with server(echo_forever) as (pool, seen):
+        for i in range(5):
+            assert await fetch(pool, b'{"n": %d}' % i) == (200, b'{"n": %d}' % i)
+        assert seen == [0]
+
+
+@session_loop
+async def test_stream_chunks_arrive_before_the_answer_ends() -> None:
+    more = asyncio.Event()
+
+    async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"9\r\ndata: a\n\n\r\n")
+        await writer.drain()
+        await more.wait()
+        writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        await read_request(reader)
+
+    async with server(sse) as (pool, _):
+        resp = await pool.request("POST", "/v1/chat/completions", b"{}", total_timeout_s=5)
+        chunks = resp.iter_chunks()
+        assert await anext(chunks) == b"data: a\n\n"  # while the server still holds the rest
+        more.set()
+        assert [c async for c in chunks] == [b"data: [DONE]\n\n"]
+        resp.close()
+
+
+@session_loop
+async def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
+    async def close_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           n: int) -> None:
+        if n > 0:
+            return await echo_forever(reader, writer, n)
+        await read_request(reader)
+        writer.write(answer(b"first", extra=b"Connection: keep-alive\r\n"))
+        await read_request(reader)  # the next request arrives as the server drops the socket
+
+    async with server(close_second) as (pool, seen):
+        assert await fetch(pool, b"1") == (200, b"first")
+        assert await fetch(pool, b"2") == (200, b"2")
+        assert seen == [0, 1]
+
+
+@session_loop
+async def test_failures_have_reasons_and_leak_no_slot() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        if n > 4:
+            return await echo_forever(reader, writer, n)
+        await read_request(reader)
+        if n == 0:
+            return  # fresh connection closed without an answer
+        if n == 1:
+            await asyncio.sleep(2)  # no answer within the read timeout
+        elif n == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten..")
+        elif n == 3:
+            writer.write(b"SMTP ready\r\n\r\n")
+        elif n == 4:  # a chunk every 0.1 s, never ending: the total deadline stops it
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+    async with server(script) as (pool, _):  # limit=1: a leaked slot would hang the next
+        for reason, total_s in (("unreachable", 5), ("timeout", 5), ("unreachable", 5),
+                                ("bad_response", 5), ("timeout", 0.8)):
+            with pytest.raises(UpstreamError) as err:
+                await asyncio.wait_for(fetch(pool, b"x", total_s), 3)
+            assert err.value.reason == reason, err.value
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
+
+
+@session_loop
+async def test_refused_and_bad_paths() -> None:
+    srv = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    srv.close()
+    await srv.wait_closed()
+    pool = UpstreamPool("127.0.0.1", port, connect_timeout_s=1, read_timeout_s=1)
+    with pytest.raises(UpstreamError) as err:
+        await fetch(pool, b"{}")
+    assert err.value.reason == "unreachable"
+    for path in ("v1/x", "/v1 x", "/v1\r\nHost: evil", ""):
+        with pytest.raises(ValueError):
+            await pool.request("POST", path, b"{}", total_timeout_s=1)
+
+
+@session_loop
+async def test_large_answers_stream_and_read_whole_under_flow_control() -> None:
+    big = bytes(range(256)) * 4096  # 1 MiB, four times the pause threshold
+
+    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       _: int) -> None:
+        while await read_request(reader):
+            writer.write(answer(big))
+            await writer.drain()
+
+    async with server(send_big) as (pool, seen):
+        resp = await pool.request("POST", "/v1/completions", b"{}", total_timeout_s=5)
+        streamed = []
+        async for chunk in resp.iter_chunks():
+            streamed.append(chunk)
+            await asyncio.sleep(0)  # a slow reader: the socket is paused and resumed
+        resp.close()
+        assert b"".join(streamed) == big
+        assert await fetch(pool, b"{}") == (200, big)
+        assert seen == [0]
+
+
+@session_loop
+async def test_a_body_ended_by_close_is_whole() -> None:
+    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                              _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+        await writer.drain()
+
+    async with server(close_delimited) as (pool, _):
+        assert await fetch(pool, b"{}") == (200, b"until the end")
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = b""
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.sent += data
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 4000), max_size=8),
+       chunked=st.booleans())
+def test_any_split_of_an_answer_reads_the_same_body(body: bytes, cuts: list[int],
+                                                    chunked: bool) -> None:
+    if chunked:
+        pieces = [body[i:i + 700] for i in range(0, len(body), 700)]
+        raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+    else:
+        raw = answer(body)
+    bounds = sorted({0, len(raw), *(c for c in cuts if c < len(raw))})
+
+    async def run() -> bytes:
+        pool = UpstreamPool("127.0.0.1", 1, connect_timeout_s=1, read_timeout_s=1)
+        conn = _Connection(pool)
+        conn.connection_made(_Transport())
+        await pool._slots.acquire()
+        resp = conn.send(b"request", asyncio.get_running_loop().time() + 5)
+        for start, end in itertools.pairwise(bounds):
+            conn.data_received(raw[start:end])
+        try:
+            assert resp.status == 200 and pool._idle == [conn]  # kept alive
+            return await resp.read()
+        finally:
+            resp.close()
+
+    assert asyncio.run(run()) == body

@@ -1,0 +1,32 @@
+"""The worker's request series: counts, hit rate and TTFT per adapter, and no series before
+its first use (the per-adapter children are cached for the gateway's hot path)."""
+
+from __future__ import annotations
+
+from workers.worker_metrics import AdapterLabels, WorkerMetrics
+
+
+def sample(metrics: WorkerMetrics, name: str, labels: AdapterLabels) -> float | None:
+    return metrics.registry.get_sample_value(name, dict(zip(
+        ("adapter_id", "adapter_version", "tenant_id", "base_model"), labels.values(),
+        strict=True)))
+
+
+def test_request_series_count_hits_and_ttft_per_adapter() -> None:
+    metrics = WorkerMetrics()
+    a, b = AdapterLabels("a", "1", "t", "base"), AdapterLabels("b", "1", "t", "base")
+    metrics.request(a, hot=False)
+    assert sample(metrics, "hot_adapter_hits_total", a) is None  # no hit yet: no series
+    assert sample(metrics, "request_ttft_ms_count", a) is None
+    for hot in (True, True, False):
+        metrics.request(a, hot=hot)
+    metrics.request(b, hot=True)
+    metrics.ttft(a, 12.0)
+    metrics.ttft(AdapterLabels("c", "1", "t", "base"), 3.0)  # never routed: still observed
+    assert sample(metrics, "hot_adapter_requests_total", a) == 4
+    assert sample(metrics, "hot_adapter_hits_total", a) == 2
+    assert sample(metrics, "hot_adapter_hit_rate", a) == 0.5
+    assert sample(metrics, "hot_adapter_hit_rate", b) == 1.0
+    assert sample(metrics, "request_ttft_ms_count", a) == 1
+    assert sample(metrics, "request_ttft_ms_sum", a) == 12.0
+    assert sample(metrics, "request_ttft_ms_count", AdapterLabels("c", "1", "t", "base")) == 1

@@ -1,0 +1,302 @@
+"""A lean HTTP/1.1 keep-alive client to one upstream: the gateway's hot path to vLLM.
+
+aiohttp's client spends ~80 µs of CPU per request on this machine (request and response
+objects, header merging, cookie/redirect/tracing hooks, a timer per phase), as much as the
+whole rest of the gateway; proxying a completion needs none of it: one local host, a POST
+with a JSON body, then a status and a body that may stream (chunked SSE). This client sends
+each request with one ``write`` and parses the answer with httptools (llhttp, the parser of
+uvicorn, which serves vLLM), for a few µs (``bench.gateway_overhead``).
+
+Connections are kept alive and reused. A reused connection that the server closed before
+answering a single byte (uvicorn drops idle keep-alive connections after 5 s) is retried
+once on a fresh connection; any other failure is an ``UpstreamError`` with a stable reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httptools
+
+_PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled
+_PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
+
+
+class UpstreamError(Exception):
+    """``reason``: ``timeout``, ``unreachable`` (refused, reset, closed mid-answer) or
+    ``bad_response`` (not HTTP/1.1)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class _Stale(Exception):
+    """The connection closed before any byte of the answer: safe to send again."""
+
+
+class UpstreamResponse:
+    """One answer: ``status`` and ``headers`` (lower-case names) once the head is in; the
+    body is then read whole (``read``/``json``) or streamed (``iter_chunks``), once.
+    ``close`` must follow (callers of ``UpstreamPool.request`` use try/finally)."""
+
+    def __init__(self, conn: _Connection, pool: UpstreamPool, deadline: float) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._conn = conn
+        self._pool = pool
+        self._deadline = deadline  # loop time by which the whole answer must be in
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._whole = False  # read whole: never pause the socket
+        self._head_done = False
+        self._done = False
+        self._error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    # ---- fed by the connection ----------------------------------------------------------
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > _PAUSE_BYTES and not self._whole:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self, error: Exception | None = None) -> None:
+        if not self._done:
+            self._done, self._error = True, error
+        self._wake()
+
+    # ---- read by the caller -------------------------------------------------------------
+    def _time_out(self, waiter: asyncio.Future[None], total: bool) -> None:
+        if not waiter.done():
+            waiter.set_exception(UpstreamError("timeout", "the answer was not complete by its "
+                                               "deadline" if total else "no answer within "
+                                               f"{self._pool.read_timeout_s}s"))
+
+    async def _wait(self) -> None:
+        """Until the connection reports something, at most the read timeout and never past
+        the deadline."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        left = self._deadline - loop.time()
+        total = left < self._pool.read_timeout_s
+        timer = loop.call_later(left if total else self._pool.read_timeout_s, self._time_out,
+                                waiter, total)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def _head(self) -> None:
+        while not self._head_done and not self._done:
+            await self._wait()
+        if not self._head_done:
+            raise self._error or UpstreamError("unreachable", "closed before the answer")
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (whatever each socket read brought, not lines)."""
+        while True:
+            if self._chunks:
+                chunks, self._chunks, self._buffered = self._chunks, [], 0
+                if not self._done:
+                    self._conn.resume()
+                yield b"".join(chunks) if len(chunks) > 1 else chunks[0]
+            elif self._done:
+                if self._error is not None:
+                    raise self._error
+                return
+            else:
+                await self._wait()
+
+    async def read(self) -> bytes:
+        if not self._done:
+            self._whole = True
+            self._conn.resume()
+        while not self._done:
+            await self._wait()
+        if self._error is not None:
+            raise self._error
+        chunks, self._chunks = self._chunks, []
+        return b"".join(chunks)
+
+    async def text(self) -> str:
+        return (await self.read()).decode("utf-8", "replace")
+
+    async def json(self) -> Any:
+        return json.loads(await self.read())
+
+    def close(self) -> None:
+        """Ends the request: the connection goes back to the pool when the answer came in
+        whole (it is there already), else it is dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool._slots.release()
+        if not self._done or self._error is not None:
+            self._conn.drop()
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool) -> None:
+        self._pool = pool
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._response: UpstreamResponse | None = None
+        self._got_bytes = False
+        self._paused = False
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def send(self, request: bytes, deadline: float) -> UpstreamResponse:
+        assert self._transport is not None
+        self._response = UpstreamResponse(self, self._pool, deadline)
+        self._got_bytes = False
+        self._transport.write(request)
+        return self._response
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self._response is not None:
+                self._response._finish(UpstreamError("bad_response", str(exc)))
+            self.drop()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        response, self._response = self._response, None
+        if response is None:
+            return
+        if not self._got_bytes:
+            response._finish(_Stale())
+        elif response._head_done and "content-length" not in response.headers \
+                and "chunked" not in response.headers.get("transfer-encoding", ""):
+            response._finish()  # a body that ends with the connection
+        else:
+            response._finish(UpstreamError("unreachable", "connection closed mid-answer"
+                                           + (f" ({exc})" if exc else "")))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._response is not None:
+            self._response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        response = self._response
+        if response is not None:
+            response.status = self._parser.get_status_code()
+            response._head_done = True
+            response._wake()
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response, self._response = self._response, None
+        if response is None:
+            return
+        keep = self._parser.should_keep_alive()
+        response._finish()
+        if keep:
+            self.resume()  # a whole answer may have come in the read that paused it
+            self._pool._idle.append(self)
+        else:
+            self.drop()
+
+    # flow control and teardown
+    def pause(self) -> None:
+        if not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self._transport is not None and not self.closed:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def drop(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to ``host:port``, at most ``limit`` requests in flight.
+    Bound to the event loop it is first used in."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float,
+                 read_timeout_s: float, limit: int = 64) -> None:
+        self.host, self.port = host, port
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(limit)
+
+    async def request(self, method: str, path: str, body: bytes, *,
+                      total_timeout_s: float) -> UpstreamResponse:
+        """Send ``body`` (JSON) and wait for the answer's head; the caller closes it. Every
+        wait for the answer, head and body, ends by ``total_timeout_s`` from now."""
+        if not _PATH.match(path):
+            raise ValueError(f"not a request path: {path!r}")
+        request = b"".join((
+            f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header,
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body))
+        deadline = asyncio.get_running_loop().time() + total_timeout_s
+        await self._slots.acquire()
+        try:
+            conn, reused = await self._connection(fresh=False)
+            while True:
+                response = conn.send(request, deadline)
+                try:
+                    await response._head()
+                    return response
+                except _Stale:
+                    if not reused:
+                        raise UpstreamError("unreachable", "closed before the answer") from None
+                except BaseException:
+                    conn.drop()
+                    raise
+                conn, reused = await self._connection(fresh=True)  # it was closed while idle
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _connection(self, *, fresh: bool) -> tuple[_Connection, bool]:
+        while self._idle and not fresh:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn, True
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(self), self.host, self.port),
+                self.connect_timeout_s)
+        except TimeoutError:
+            raise UpstreamError("timeout", f"connect to {self.host}:{self.port} took longer "
+                                f"than {self.connect_timeout_s}s") from None
+        except OSError as exc:
+            raise UpstreamError("unreachable", f"{self.host}:{self.port}: {exc}") from None
+        return conn, False
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.drop()
