@@ -155,7 +155,7 @@ class Kafka(Service):
         return self._java("kafka.Kafka", str(self.properties_file))
 
     def _format(self) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = new_cluster_id()
         done = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
                        "-c", str(self.properties_file)),
@@ -244,3 +244,13 @@ def _recv(sock: socket.socket, size: int) -> bytes:
             raise StackError("connection closed while reading the ApiVersions answer")
         data += chunk
     return data
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (URL-safe base64 of a UUID) that does not start with "-":
+    the storage tool would read such an id (1 in 64) as an option and refuse to format,
+    which is why Kafka's own ``Uuid.randomUuid`` skips them too."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
