@@ -55,32 +55,23 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from itertools import islice, repeat
-from operator import attrgetter
+from itertools import repeat
 
 import numpy as np
 
 from loraplane.policy import Clause, Condition, Policy
 from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import lora_name
 from schemas.commands import CacheCommand, CommandAction, CommandReason
 from schemas.registry import AdapterView
 from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.scores import MIN_ERROR_SAMPLES, ScoreState, hot_scores, merged, score_key
+from streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
+from streams.scores import MIN_ERROR_SAMPLES, TAU_10M_S, ScoreState, decayed_at, hot_scores_of
 
 LOAD_WINDOW_S = 60.0
-_EMPTY = ScoreState()
 _COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "==": np.equal, "!=": np.not_equal, ">": np.greater, ">=": np.greater_equal,
     "<": np.less, "<=": np.less_equal}
 """``Clause.op`` as numpy comparisons, for a numeric fact against a numeric literal."""
-_ADAPTER_ID = attrgetter("adapter_id")
-_STATUS = attrgetter("status")
-_SHA256 = attrgetter("sha256")
-_SERVED = attrgetter("served_after_load")
-_VALUE = attrgetter("value")
-_LAST_REQUEST = attrgetter("last_request")
-_VERSION = attrgetter("version")
 
 
 @dataclass(frozen=True)
@@ -112,12 +103,44 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Plan:
-    gpu: dict[str, tuple[str, ...]]  # lora_name -> workers holding it on GPU once applied
-    host: dict[str, tuple[str, ...]]  # lora_name -> workers holding it on host only
+    gpu: Mapping[str, tuple[str, ...]]  # lora_name -> workers holding it on GPU once applied
+    host: Mapping[str, tuple[str, ...]]  # lora_name -> workers holding it on host only
     commands: list[CacheCommand]
     waiting: list[Waiting]
     memory: dict[str, WorkerMemory]
-    scores: dict[str, float]  # lora_name -> hot score, for audit
+    scores: Mapping[str, float]  # lora_name -> hot score, for audit
+
+
+class _Lazy(Mapping):
+    """A dict built on first read. ``Plan.gpu``, ``host`` and ``scores`` hold 100k entries
+    at scale, and the planner agent reads none of them (the simulator and audits do): a
+    tick spent ~40 ms building them."""
+
+    def __init__(self, build: Callable[[], dict]) -> None:
+        self._build: Callable[[], dict] | None = build
+        self._dict: dict = {}
+
+    def _get(self) -> dict:
+        if self._build is not None:
+            self._dict, self._build = self._build(), None
+        return self._dict
+
+    def __getitem__(self, key: object) -> object:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return self._get() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
 
 
 Rank = tuple[int, float, str]
@@ -128,34 +151,25 @@ class _Candidates:
     """Every serving version (active or canary) as columns, one row each: the registry can
     hold 100k of them and a tick looks at few beyond the hot set and the residents, so
     scores and conditions are computed column-wise (numpy) and nothing is built per row.
+    The time-independent columns come from ``streams.planner_columns``, kept between
+    ticks; this tick's decays, scores and conditions are computed here.
 
     Python lists serve per-row reads, numpy arrays the column-wise ones; ``unprotect`` is
     the one change after construction and keeps both in step."""
 
-    def __init__(self, records: list[AdapterRecord], loras: list[str], status: np.ndarray,
-                 scores: Mapping[str, ScoreState], scheduled: Mapping[str, float],
+    def __init__(self, registry: Registry, scores: Scores, scheduled: Mapping[str, float],
                  policy: Policy, now: float, never_evict: tuple[Condition, ...],
                  demote: tuple[Condition, ...]) -> None:
-        n = len(records)
-        self.record = records
-        self.lora = loras
+        n = len(registry.lora)
+        self.registry, self.columns = registry, scores
+        self.record = registry.record
+        self.lora = registry.lora
         self.now = now
-        self.states = list(map(scores.get, map(score_key, map(_ADAPTER_ID, records),
-                                                    map(_VERSION, records)), repeat(_EMPTY)))
-        unattributed = score_key("", None)  # the key suffix of demand not tied to a version
-        merge = {k[:-len(unattributed)] for k in scores if k.endswith(unattributed)}
-        if merge:
-            for i, r in enumerate(records):
-                if r.adapter_id in merge and r.status is AdapterStatus.active:
-                    self.states[i] = merged(self.states[i],
-                                            scores[score_key(r.adapter_id, None)])
-        self.status = status  # AdapterStatus of each row, an object column
-        self.priority = list(map(str, map(attrgetter("priority"), records)))
-        self.scheduled = (np.fromiter((scheduled.get(r.adapter_id, 0.0) for r in records),
-                                      float, n) if scheduled else np.zeros(n))
-        self.canary = self.status == AdapterStatus.canary
-        self.score_np = hot_scores(self.states, self.priority, self.scheduled, policy, now,
-                                   policy.weights)
+        self.scheduled = registry.scheduled(scheduled)
+        self.canary = registry.canary
+        self.score_np = hot_scores_of(
+            scores.inputs, registry.priorities.lookup(policy.tenant_priority_values, 0.0),
+            self.scheduled, policy, now, policy.weights)
         self.score = self.score_np.tolist()
         self.never_evict, self.demote = never_evict, demote
         self.protected_by = _first_holding(never_evict, self._fact, n)
@@ -168,37 +182,34 @@ class _Candidates:
         self.demoted = self.demoted_np.tolist()
         self.over_capacity: dict[int, str] = {}  # row -> why it lost its protection
 
-    def _fact(self, fact: str, rows: np.ndarray) -> np.ndarray:
+    def _fact(self, fact: str, rows: np.ndarray) -> np.ndarray | Categories:
         """The values of one condition fact for ``rows``: a float column (NaN = unknown) or
-        an object column. Facts a condition does not read are never computed."""
-        now = self.now
-        states = _pick(self.states, rows)
+        a ``Categories`` column. Facts a condition does not read are never computed."""
+        now, c = self.now, self.columns
         match fact:
             case "status":
-                return self.status[rows]
+                return self.registry.status.take(rows)
             case "tenant_priority":
-                return np.array(_pick(self.priority, rows), dtype=object)
-            case "canary_percent":
-                return np.array([r.release.canary_percent for r in _pick(self.record, rows)],
-                                dtype=float)
+                return self.registry.priorities.take(rows)
+            case "canary_percent":  # read rarely (after a canary status clause): per tick
+                return np.fromiter((self.record[i].release.canary_percent
+                                    for i in rows.tolist()), float, len(rows))
             case "no_request_for_minutes":
                 # A scheduled peak or a canary counts as expected demand: never idle.
-                last = np.array(list(map(_LAST_REQUEST, states)), dtype=float)
-                idle = np.maximum(0.0, now - last) / 60.0
+                idle = np.maximum(0.0, now - c.last[rows]) / 60.0
                 idle[~np.isfinite(idle)] = 1e18  # never requested
                 idle[(self.scheduled[rows] > 0) | self.canary[rows]] = 0.0
                 return idle
             case "error_rate_after_load":
-                # Decay only lowers a counter: fewer samples than the minimum in the counter
-                # means fewer now, so the rate is unknown without computing it.
-                served = np.fromiter(map(_VALUE, map(_SERVED, states)), float, len(states))
+                served = decayed_at(c.served_value[rows], c.served_at[rows], TAU_10M_S, now)
+                known = served >= MIN_ERROR_SAMPLES
                 rates = np.full(len(rows), np.nan)
-                for j in np.flatnonzero(served >= MIN_ERROR_SAMPLES).tolist():
-                    rate = states[j].error_rate_after_load(now)
-                    rates[j] = np.nan if rate is None else rate
+                rates[known] = decayed_at(c.errors_value[rows[known]], c.errors_at[rows[known]],
+                                          TAU_10M_S, now) / served[known]
                 return rates
             case "request_class":
-                return np.array([s.dominant_class(now) for s in states], dtype=object)
+                states = c.state
+                return Categories.of(states[i].dominant_class(now) for i in rows.tolist())
         raise ValueError(f"unknown fact {fact!r}")
 
     def rank(self, i: int, resident: bool, margin: float) -> Rank:
@@ -227,30 +238,23 @@ class _Candidates:
         self.over_capacity[i] = note
 
 
-def _pick(values: list, rows: np.ndarray) -> list:
-    """``values[i]`` for each of ``rows`` (ascending, distinct): the list itself when the rows
-    are all of them, as they are for a tick's first condition."""
-    return values if len(rows) == len(values) else [values[i] for i in rows.tolist()]
-
-
-def _holds(clause: Clause, values: np.ndarray) -> np.ndarray:
+def _holds(clause: Clause, values: np.ndarray | Categories) -> np.ndarray:
     """``clause.holds`` for each value of a fact column. A numeric fact against a number is
     one numpy comparison; anything else is decided by ``Clause.holds`` itself once per
     distinct value (statuses, priorities, classes: a handful)."""
-    if values.dtype != object and not isinstance(clause.value, str):
-        return ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
-    if values.dtype != object:
-        values = np.array([None if math.isnan(v) else v for v in values.tolist()],
-                          dtype=object)
-    mask = np.zeros(len(values), dtype=bool)
-    for value in set(values.tolist()):
-        if clause.holds({clause.fact: value}):
-            mask |= values == value
-    return mask
+    if isinstance(values, np.ndarray):
+        if values.dtype != object and not isinstance(clause.value, str):
+            return ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
+        values = Categories.of(None if isinstance(v, float) and math.isnan(v) else v
+                               for v in values.tolist())
+    holds = np.fromiter((clause.holds({clause.fact: v}) for v in values.values), bool,
+                        len(values.values))
+    return holds[values.codes]
 
 
 def _first_holding(conditions: tuple[Condition, ...],
-                   fact: Callable[[str, np.ndarray], np.ndarray], n: int) -> np.ndarray:
+                   fact: Callable[[str, np.ndarray], np.ndarray | Categories],
+                   n: int) -> np.ndarray:
     """For each of ``n`` rows the index of the first condition that holds, -1 where none.
     A clause is evaluated only on the rows where the clauses before it hold, and a
     condition only on the rows no earlier condition decided."""
@@ -267,19 +271,13 @@ def _first_holding(conditions: tuple[Condition, ...],
     return which
 
 
+@dataclass(frozen=True)
 class _BaseCandidates:
-    """The candidates of one base model: a name -> row index into ``_Candidates``."""
+    """The candidates of one base model: ``index`` maps a name to its row in ``table``."""
 
-    def __init__(self, table: _Candidates, rows: Iterable[int]) -> None:
-        self.table = table
-        # A name seen twice keeps its last row (as a dict of candidates would).
-        rows = list(rows)
-        self.index: dict[str, int] = dict(zip(map(table.lora.__getitem__, rows), rows,
-                                                  strict=True))
-
-    def scores(self) -> dict[str, float]:
-        score = self.table.score
-        return dict(zip(self.index, map(score.__getitem__, self.index.values()), strict=True))
+    table: _Candidates
+    index: dict[str, int]
+    rows: np.ndarray  # index.values()
 
 
 class _Ranking:
@@ -288,19 +286,23 @@ class _Ranking:
     needed) is selected with ``np.partition`` and sorted. Iterating twice reuses it."""
 
     def __init__(self, table: _Candidates, rows: np.ndarray, resident: np.ndarray,
-                 margin: float) -> None:
+                 margin: float, expected: int = 0) -> None:
+        """``expected``: how many rows the caller will read at least (the hot set)."""
         self.table = table
+        self.expected = expected
         key = -(table.score_np[rows] + margin * resident)
         first = table.first_np[rows]
         # Never-evict and canary versions rank first: two groups, each by (key, name).
         self.groups = [(rows[first], key[first]), (rows[~first], key[~first])]
+        self.rows = rows  # unordered
         self.size = len(rows)
         self.order: list[int] = []
 
-    def rows(self) -> Iterator[int]:
-        """The wanted rows, unordered."""
-        for rows, _ in self.groups:
-            yield from rows.tolist()
+    def top(self, k: int) -> list[int]:
+        """The first ``k`` rows in rank order (fewer when fewer are wanted)."""
+        while len(self.order) < k and self._extend():
+            pass
+        return self.order[:k]
 
     def __iter__(self) -> Iterator[int]:
         n = 0
@@ -311,7 +313,7 @@ class _Ranking:
     def _extend(self) -> bool:
         if len(self.order) == self.size:
             return False
-        m = max(64, 2 * len(self.order))
+        m = max(64, self.expected + 1, 2 * len(self.order))
         order: list[int] = []
         for rows, key in self.groups:
             if len(order) >= m:
@@ -386,11 +388,24 @@ def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     return False
 
 
-def _effective(state: WorkerState, memory: WorkerMemory,
+@dataclass(frozen=True)
+class _Tiers:
+    """What a worker state says it holds (copied before planning mutates it)."""
+
+    gpu: dict[str, bool]  # lora -> pinned
+    host: frozenset[str]  # host-only copies
+
+    @classmethod
+    def of(cls, state: WorkerState) -> _Tiers:
+        adapters = state.adapters
+        return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
+                   frozenset(a.lora_name for a in adapters if a.tier != "gpu"))
+
+
+def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
                records: Mapping[str, AdapterRecord], now: float) -> _Worker:
     adapters = state.adapters
-    w = _Worker(state=state, gpu={a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
-                host={a.lora_name for a in adapters if a.tier != "gpu"},
+    w = _Worker(state=state, gpu=dict(tiers.gpu), host=set(tiers.host),
                 host_bytes=state.host_bytes_used,
                 loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
     if memory.pending:
@@ -468,57 +483,69 @@ class _Planner:
         self.commands.append(cmd)
 
 
+class Planner:
+    """The planner of one process, for its whole life: keeps the registry and score columns
+    (``streams.planner_columns``) between ticks, so a tick re-derives only what changed.
+    ``tick`` takes the same inputs as ``plan`` and returns the same ``Plan``."""
+
+    def __init__(self) -> None:
+        self._columns = Columns()
+        self._tiers: dict[str, _Tiers] = {}  # worker_id -> tiers of its last state object
+        self._tiers_of: dict[str, WorkerState] = {}
+
+    def tick(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
+             workers: Iterable[WorkerState], policy: Policy, now: float,
+             memory: Mapping[str, WorkerMemory] | None = None,
+             scheduled: Mapping[str, float] | None = None) -> Plan:
+        """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
+        (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``."""
+        memory = memory or {}
+        registry, columns = self._columns.update(views, scores)
+        records, revoked = registry.records, registry.revoked
+        table = _Candidates(registry, columns, scheduled or {}, policy, now, policy.never_evict,
+                            policy.demote)
+        fleet: dict[str, list[_Worker]] = defaultdict(list)
+        states = sorted(workers, key=lambda s: s.worker_id)
+        self._tiers = {s.worker_id: self._tiers[s.worker_id]
+                       if self._tiers_of.get(s.worker_id) is s else _Tiers.of(s) for s in states}
+        self._tiers_of = {s.worker_id: s for s in states}
+        for state in states:
+            fleet[state.base_model].append(_effective(
+                state, self._tiers[state.worker_id], memory.get(state.worker_id, WorkerMemory()),
+                records, now))
+
+        p = _Planner(policy, now)
+        no_rows = BaseRows({}, np.zeros(0, np.intp))
+        for base in sorted(set(registry.bases) | set(fleet)):
+            rows = registry.bases.get(base, no_rows)
+            _plan_base(p, _BaseCandidates(table, rows.index, rows.rows), records, revoked,
+                       fleet.get(base, []))
+
+        workers_out = [w for ws in fleet.values() for w in ws]
+        new_memory = {**memory, **{w.id: w.memory() for w in workers_out}}
+        return Plan(_Lazy(lambda: _placement(workers_out, "gpu")),
+                    _Lazy(lambda: _placement(workers_out, "host")), p.commands, p.waiting,
+                    new_memory,
+                    _Lazy(lambda: dict(zip(registry.ranked_names,
+                                           table.score_np[registry.ranked_rows].tolist(),
+                                           strict=True))))
+
+
+def _placement(workers: list[_Worker], tier: str) -> dict[str, tuple[str, ...]]:
+    """lora_name -> the workers holding it in ``tier`` ("gpu" or "host")."""
+    holders: dict[str, list[str]] = defaultdict(list)
+    for w in workers:
+        for lora in getattr(w, tier):
+            holders[lora].append(w.id)
+    return {k: tuple(v) for k, v in holders.items()}
+
+
 def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
          workers: Iterable[WorkerState], policy: Policy, now: float,
          memory: Mapping[str, WorkerMemory] | None = None,
          scheduled: Mapping[str, float] | None = None) -> Plan:
-    """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
-    (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``."""
-    memory = memory or {}
-    versions = [r for view in views for r in view.versions]
-    loras = list(map(lora_name, map(_ADAPTER_ID, versions), map(_VERSION, versions),
-                     map(_SHA256, versions)))
-    records = dict(zip(loras, versions, strict=True))
-    status = np.array(list(map(_STATUS, versions)), dtype=object)
-    serving = np.flatnonzero((status == AdapterStatus.active) | (status == AdapterStatus.canary))
-    revoked = {lora for lora in (loras[i] for i in np.flatnonzero(
-        status == AdapterStatus.revoked).tolist()) if records[lora].status is AdapterStatus.revoked}
-    table = _Candidates(_pick(versions, serving), _pick(loras, serving), status[serving], scores,
-                        scheduled or {}, policy, now, policy.never_evict, policy.demote)
-    rows_by_base = _group(list(map(attrgetter("base_model"), table.record)))
-    fleet: dict[str, list[_Worker]] = defaultdict(list)
-    for state in sorted(workers, key=lambda s: s.worker_id):
-        fleet[state.base_model].append(
-            _effective(state, memory.get(state.worker_id, WorkerMemory()), records, now))
-
-    p = _Planner(policy, now)
-    all_scores: dict[str, float] = {}
-    for base in sorted(set(rows_by_base) | set(fleet)):
-        cands = _BaseCandidates(table, rows_by_base.get(base, ()))
-        all_scores.update(cands.scores())
-        _plan_base(p, cands, records, revoked, fleet.get(base, []))
-
-    workers_out = [w for ws in fleet.values() for w in ws]
-    new_memory = {**memory, **{w.id: w.memory() for w in workers_out}}
-    gpu: dict[str, list[str]] = defaultdict(list)
-    host: dict[str, list[str]] = defaultdict(list)
-    for w in workers_out:
-        for lora in w.gpu:
-            gpu[lora].append(w.id)
-        for lora in w.host:
-            host[lora].append(w.id)
-    return Plan({k: tuple(v) for k, v in gpu.items()}, {k: tuple(v) for k, v in host.items()},
-                p.commands, p.waiting, new_memory, all_scores)
-
-
-def _group(keys: list[str]) -> dict[str, list[int]]:
-    """key -> the positions holding it, ascending (keys in order of first appearance)."""
-    code = {key: c for c, key in enumerate(dict.fromkeys(keys))}
-    codes = np.fromiter(map(code.__getitem__, keys), dtype=np.intp, count=len(keys))
-    rows = np.argsort(codes, kind="stable").tolist()
-    ends = np.cumsum(np.bincount(codes, minlength=len(code))).tolist()
-    starts = [0, *ends][:-1]
-    return {key: rows[start:end] for key, start, end in zip(code, starts, ends, strict=True)}
+    """One planning tick on a fresh ``Planner`` (see ``Planner.tick``)."""
+    return Planner().tick(views, scores, workers, policy, now, memory, scheduled)
 
 
 def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, AdapterRecord],
@@ -529,7 +556,8 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
     t, index = cands.table, cands.index
     capacity = sum(max(0, w.state.gpu_slots_total) for w in workers)
     k = min(policy.gpu_slots_per_base_model, capacity)
-    _cap_protected(cands, {lora for w in workers for lora in w.gpu}, k, policy)
+    resident_names: set[str] = set().union(*(w.gpu for w in workers))
+    _cap_protected(cands, resident_names, k, policy)
 
     # 0: unpin what is no longer protected before anything may unload it.
     for w in workers:
@@ -545,12 +573,16 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
                         t.score[i] if i is not None else None)
 
     # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU. Only
-    # the residents these rules act on are visited (in name order, as if all were).
+    # the residents these rules act on are visited (in name order, as if all were), found
+    # column-wise: each resident name is looked up once.
+    names = list(resident_names)
+    name_rows = np.fromiter(map(index.get, names, repeat(-1)), np.intp, len(names))
+    known = np.flatnonzero(name_rows >= 0)
+    acting_names = (resident_names & revoked) | {
+        names[j] for j in np.flatnonzero(name_rows < 0).tolist() if names[j] in records} | {
+        names[j] for j in known[t.demoted_np[name_rows[known]]].tolist()}
     for w in workers:
-        acting = w.host & revoked
-        acting.update(lora for lora in w.gpu if lora in revoked or (
-            (i := index.get(lora)) is None and lora in records) or (
-            i is not None and t.demoted[i]))
+        acting = (w.host & revoked) | (w.gpu.keys() & acting_names)
         for lora in sorted(acting):
             r = records[lora]
             i = index.get(lora)
@@ -567,19 +599,21 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
     for w in workers:
         for lora in w.gpu:
             on_gpu[lora].append(w)
-    rows = np.fromiter(index.values(), dtype=np.intp, count=len(index))
+    rows = cands.rows
     wanted_rows = rows[~t.demoted_np[rows]]
-    resident = np.isin(wanted_rows, [index[lora] for lora in on_gpu if lora in index])
-    wanted = _Ranking(t, wanted_rows, resident, margin)
-    hot = list(islice(wanted, k))
-    hot_names = {t.lora[i] for i in hot}
+    on_rows = np.fromiter(map(index.get, on_gpu, repeat(-1)), np.intp, len(on_gpu))
+    resident = np.isin(wanted_rows, on_rows[on_rows >= 0])
+    wanted = _Ranking(t, wanted_rows, resident, margin, k)
+    hot = wanted.top(k)
+    hot_names = set(map(t.lora.__getitem__, hot))
 
-    # Residents outside the hot set that may give up their slot: lowest rank first.
+    # Residents outside the hot set that may give up their slot: lowest rank first (a heap
+    # of distinct keys: the order it is built in does not matter).
     displaceable: list[tuple[Rank, str, str]] = [
         (_worst_first(t.rank(i, True, margin)), lora, w.id)
-        for lora, ws in on_gpu.items()
-        if (i := index.get(lora)) is not None and lora not in hot_names and not t.protected[i]
-        for w in ws]
+        for lora in on_gpu.keys() - hot_names
+        if (i := index.get(lora)) is not None and not t.protected[i]
+        for w in on_gpu[lora]]
     heapq.heapify(displaceable)
     by_id = {w.id: w for w in workers}
     in_use = len(on_gpu)
@@ -588,9 +622,10 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
     free_heap = [(-w.free_slots(), w.id) for w in workers]
     heapq.heapify(free_heap)
     free_somewhere: bool | None = None  # any worker with a free slot, until the next command
-    for i in hot:
+    missing = hot_names - on_gpu.keys()  # loading one adds only itself to on_gpu
+    for i in hot if missing else ():
         lora = t.lora[i]
-        if lora in on_gpu:
+        if lora not in missing:
             continue
         target = _worker_with_free_slot(free_heap, by_id, policy) if in_use < k else None
         rule = "hot_score"
@@ -620,10 +655,9 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
         heapq.heappush(free_heap, (-target.free_slots(), target.id))
 
     # 6: a pinned minimum hot copy for never-evict versions (unpins came first, in 0).
+    protected_names = set(map(t.lora.__getitem__, cands.rows[t.protected_np[cands.rows]].tolist()))
     for w in workers:
-        for lora in sorted(lora for lora, pinned in w.gpu.items()
-                           if not pinned and (i := index.get(lora)) is not None
-                           and t.protected[i]):
+        for lora in sorted(lora for lora in w.gpu.keys() & protected_names if not w.gpu[lora]):
             i = index[lora]
             p.issue(w, CommandAction.pin, t.record[i], lora, "never_evict", t.score[i],
                     t.detail(i))
@@ -658,7 +692,7 @@ def _cap_protected(cands: _BaseCandidates, resident: set[str], slots: int,
     resident ranks with the hysteresis margin, so the protected set does not flap). They
     then compete by score, may be demoted or displaced, and are unpinned."""
     t = cands.table
-    protected = [i for i in cands.index.values() if t.protected[i]]
+    protected = cands.rows[t.protected_np[cands.rows]].tolist()
     cap = protected_cap(policy, slots)
     if len(protected) <= cap:
         return
@@ -710,12 +744,10 @@ def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
     policy = p.policy
     margin = policy.hysteresis_margin
     t, index = cands.table, cands.index
-    anywhere: set[str] = set()
-    host_only: set[str] = set()
-    for w in workers:
-        anywhere.update(w.gpu, w.host)
-        host_only.update(w.host)
+    host_only: set[str] = set().union(*(w.host for w in workers))
     slots_left = policy.host_slots_per_base_model - len(host_only)
+    # Only a prewarm reads where versions are: a full host tier needs no such set.
+    anywhere = host_only.union(*(w.gpu for w in workers)) if slots_left > 0 else host_only
     byte_heap = [(-(w.state.host_bytes_budget - w.host_bytes), w.id) for w in workers]
     heapq.heapify(byte_heap)
     by_id = {w.id: w for w in workers}
@@ -730,7 +762,7 @@ def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
             # Does not fit the emptiest worker: skip, smaller ones may fit. When none is small
             # enough, stop (a fleet with full host tiers would walk the whole ranking).
             if smallest is None:
-                smallest = min(t.record[j].size_bytes for j in wanted.rows())
+                smallest = int(t.registry.size_bytes[wanted.rows].min())
             if -neg_free < smallest:
                 break
             continue

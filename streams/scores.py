@@ -254,82 +254,114 @@ def _clip(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), 0.0, np.minimum(1.0, np.maximum(0.0, x)))
 
 
-def _rates(counters: list[Decayed], now: float) -> np.ndarray:
-    """``Decayed.rate(now)`` of each counter, the same floating point operations in the same
-    order. The exp is ``math.exp``: numpy's differs from it by an ulp on ~3% of inputs, and a
-    score must not depend on whether it was computed alone or in a batch (ties break by
-    name). Empty counters (most of a large registry) skip the exp."""
-    n = len(counters)
-    value = np.fromiter(map(_VALUE, counters), float, n)
-    rates = np.zeros(n)
-    live = value != 0.0
-    if live.any():
-        tau = np.fromiter(map(_TAU, counters), float, n)[live]
-        at = np.fromiter(map(_AT, counters), float, n)[live]
-        exponent = -np.maximum(0.0, now - at) / tau
-        decay = np.fromiter(map(math.exp, exponent.tolist()), float, len(exponent))
-        rates[live] = value[live] * decay / tau
-    return rates
+def decayed_at(value: np.ndarray, at: np.ndarray, tau: float, now: float) -> np.ndarray:
+    """``Decayed.at_time(now)`` of many counters (``value[i]``, ``at[i]``) at once.
+
+    The exp is numpy's, which differs from ``math.exp`` by an ulp on ~3% of inputs; what
+    matters is that every score goes through this one function, alone or in a batch, so a
+    version scores (and ties) the same either way: numpy computes each element the same
+    whatever the array around it (``tests/unit/test_scores_vectorised.py``)."""
+    decay = np.exp(-np.maximum(0.0, now - at) / tau)
+    return np.where(value != 0.0, value * decay, 0.0)
+
+
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What the hot score reads from the score states of many versions, as columns: the
+    planner keeps these between ticks and rebuilds only the rows whose state changed;
+    only the decays depend on the time."""
+
+    r10_value: np.ndarray
+    r10_at: np.ndarray
+    r1_value: np.ndarray
+    r1_at: np.ndarray
+    ttft_known: np.ndarray  # bool: both cold and hot TTFT observed
+    ttft_gap_ms: np.ndarray  # cold minus hot TTFT where known, else 0
+
+    @classmethod
+    def of(cls, states: Sequence[ScoreState]) -> ScoreInputs:
+        n = len(states)
+        r10 = list(map(_R10, states))
+        r1 = list(map(_R1, states))
+        gap = [None if s.ttft_cold_ms is None or s.ttft_hot_ms is None
+               else s.ttft_cold_ms - s.ttft_hot_ms for s in states]
+        return cls(np.fromiter(map(_VALUE, r10), float, n), np.fromiter(map(_AT, r10), float, n),
+                   np.fromiter(map(_VALUE, r1), float, n), np.fromiter(map(_AT, r1), float, n),
+                   np.fromiter((g is not None for g in gap), bool, n),
+                   np.fromiter((0.0 if g is None else g for g in gap), float, n))
 
 
 _VALUE = attrgetter("value")
 _AT = attrgetter("at")
-_TAU = attrgetter("tau")
+_R10 = attrgetter("requests_10m")
+_R1 = attrgetter("requests_1m")
 
 
 # Each term maps the inputs of many versions to one normalised column.
-def _qps_10m(states: Sequence[ScoreState], priorities: Sequence[str],
-             scheduled: Sequence[float], policy: Policy, now: float) -> np.ndarray:
-    return _clip(_rates(list(map(attrgetter("requests_10m"), states)), now)
+def _qps_10m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
+             now: float) -> np.ndarray:
+    return _clip(decayed_at(x.r10_value, x.r10_at, TAU_10M_S, now) / TAU_10M_S
                  / policy.normalisation.qps_10m)
 
 
-def _qps_1m(states: Sequence[ScoreState], priorities: Sequence[str],
-            scheduled: Sequence[float], policy: Policy, now: float) -> np.ndarray:
-    return _clip(_rates(list(map(attrgetter("requests_1m"), states)), now)
+def _qps_1m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
+            now: float) -> np.ndarray:
+    return _clip(decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
                  / policy.normalisation.qps_1m)
 
 
-def _ttft_penalty(states: Sequence[ScoreState], priorities: Sequence[str],
-                  scheduled: Sequence[float], policy: Policy, now: float) -> np.ndarray:
-    prior = policy.ttft_penalty_prior_ms
-    penalty = np.fromiter((s.ttft_penalty_ms(prior) for s in states), float, len(states))
+def _ttft_penalty(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
+                  policy: Policy, now: float) -> np.ndarray:
+    penalty = np.where(x.ttft_known, np.maximum(0.0, x.ttft_gap_ms), policy.ttft_penalty_prior_ms)
     return _clip(penalty / policy.normalisation.ttft_penalty_ms)
 
 
-def _priority(states: Sequence[ScoreState], priorities: Sequence[str],
-              scheduled: Sequence[float], policy: Policy, now: float) -> np.ndarray:
-    value = map(policy.tenant_priority_values.get, priorities, repeat(0.0))
-    return _clip(np.fromiter(value, float, len(priorities)))
+def _priority(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
+              now: float) -> np.ndarray:
+    return _clip(priority)
 
 
-def _scheduled(states: Sequence[ScoreState], priorities: Sequence[str],
-               scheduled: Sequence[float], policy: Policy, now: float) -> np.ndarray:
-    return _clip(np.asarray(scheduled, dtype=float).reshape(len(states)))
+def _scheduled(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
+               now: float) -> np.ndarray:
+    return _clip(scheduled)
 
 
 _TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_penalty,
           "tenant_priority": _priority, "scheduled_warmup_score": _scheduled}
 
 
+def priority_values(priorities: Iterable[str], policy: Policy) -> np.ndarray:
+    """``policy.tenant_priority_values`` of each priority (0 for an unknown one)."""
+    return np.fromiter(map(policy.tenant_priority_values.get, priorities, repeat(0.0)), float)
+
+
+def hot_scores_of(inputs: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
+                  policy: Policy, now: float, weights: dict[str, float] | None = None
+                  ) -> np.ndarray:
+    """``hot_score`` of many versions from their columns: ``priority`` holds
+    ``priority_values``, ``scheduled`` the scheduled warm-up scores. Only the weighted terms
+    are computed; pass ``weights`` (``policy.weights``) to skip re-parsing the formula."""
+    total = np.zeros(len(inputs.r10_value))
+    for name, w in (weights or policy.weights).items():
+        total = total + w * _TERMS[name](inputs, priority, scheduled, policy, now)
+    return total
+
+
 def hot_scores(states: Sequence[ScoreState], priorities: Sequence[str],
                scheduled_warmup: Sequence[float], policy: Policy, now: float,
                weights: dict[str, float] | None = None) -> np.ndarray:
     """``hot_score`` of many versions at once (``states[i]``, ``priorities[i]``,
-    ``scheduled_warmup[i]``): the planner scores every version on every tick, so each term
-    is one numpy column instead of a Python call per version. Pass ``weights``
-    (``policy.weights``) to skip re-parsing the formula. Only the weighted terms are
-    computed."""
-    total = np.zeros(len(states))
-    for name, w in (weights or policy.weights).items():
-        total = total + w * _TERMS[name](states, priorities, scheduled_warmup, policy, now)
-    return total
+    ``scheduled_warmup[i]``): each term is one numpy column instead of a Python call per
+    version."""
+    return hot_scores_of(ScoreInputs.of(states), priority_values(priorities, policy),
+                         np.asarray(scheduled_warmup, dtype=float).reshape(len(states)),
+                         policy, now, weights)
 
 
 def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
               now: float, weights: dict[str, float] | None = None) -> float:
     """Weighted sum of the normalised terms named in ``policy.hot_score_formula``; always in
-    ``[0, sum(weights)]``.
+    ``[0, sum(weights)]``. The same computation as a batch of one (``hot_scores``).
 
     ``ttft_penalty_if_cold`` is what a request pays when this adapter is cold. It is counted
     whether or not the adapter is hot right now: dropping it once loaded would lower the

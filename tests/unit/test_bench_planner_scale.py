@@ -19,6 +19,7 @@ def test_tiny_run_prints_json_and_appends_a_row(tmp_path: Path,
     assert [(c["adapters"], c["workers"]) for c in out["cases"]] == [
         (50, 10), (50, 20), (200, 10), (200, 20)]
     assert all(c["cold_commands"] > 0 for c in out["cases"])  # an empty fleet gets loads
-    assert set(out["growth"]) == {"vs_adapters", "vs_workers"}
+    assert {tick: set(g) for tick, g in out["growth"].items()} == {
+        tick: {"vs_adapters", "vs_workers"} for tick in ("cold", "steady")}
     assert "bench.planner_scale" in out["command"]
     assert "planner tick (200 adapters x 20 workers)" in doc.read_text()

@@ -35,6 +35,9 @@ def test_ranking_reads_like_a_full_sort_by_rank(rows: list, margin: float, k: in
     ranking = _Ranking(table, wanted, resident, margin)  # type: ignore[arg-type]
     assert list(islice(ranking, k)) == expected[:k]
     assert list(ranking) == expected  # read again, further: the same order
+    hinted = _Ranking(table, wanted, resident, margin, k)  # type: ignore[arg-type]
+    assert hinted.top(k) == expected[:k]
+    assert list(hinted) == expected
 
 
 STATUS = ["active", "canary", "retired"]

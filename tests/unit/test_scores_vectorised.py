@@ -1,14 +1,26 @@
 """``hot_scores`` (numpy columns, what the planner uses) against the formula written out per
-version with ``ScoreState``'s own rate methods: equal to the last bit, so a version ranks
-the same whether it was scored alone or in a batch."""
+version with ``ScoreState``'s own rate methods (``math.exp``: equal but for the last bits),
+and a version's score the same to the last bit whether it was scored alone or anywhere in a
+batch, so ties rank the same either way."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from loraplane.policy import Policy
-from streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, hot_score, hot_scores
+from streams.scores import (
+    TAU_1M_S,
+    TAU_10M_S,
+    Decayed,
+    ScoreState,
+    decayed_at,
+    hot_score,
+    hot_scores,
+)
 
 T0 = 1_700_000_000.0
 POLICIES = [Policy(), Policy(hot_score_formula="0.3 * qps_1m + 0.3 * qps_10m + 0.2 * "
@@ -52,5 +64,19 @@ rows = st.tuples(states, st.sampled_from(["bronze", "silver", "gold", "platinum"
 def test_vectorised_scores_equal_the_formula_per_version(batch: list, policy: Policy) -> None:
     got = hot_scores([s for s, _, _ in batch], [p for _, p, _ in batch],
                      [w for _, _, w in batch], policy, T0)
-    assert got.tolist() == [reference(s, p, w, policy, T0) for s, p, w in batch]
+    for score, (s, p, w) in zip(got.tolist(), batch, strict=True):
+        assert math.isclose(score, reference(s, p, w, policy, T0), rel_tol=1e-12, abs_tol=1e-15)
     assert [hot_score(s, p, w, policy, T0) for s, p, w in batch] == got.tolist()
+
+
+@given(st.lists(st.tuples(counts, ages), min_size=1, max_size=300), st.data())
+def test_a_decay_is_the_same_alone_and_anywhere_in_a_batch(counters: list,
+                                                            data: st.DataObject) -> None:
+    value = np.array([v for v, _ in counters])
+    at = np.array([T0 - a for _, a in counters])
+    batch = decayed_at(value, at, TAU_10M_S, T0)
+    i = data.draw(st.integers(0, len(counters) - 1))
+    assert decayed_at(value[i:i + 1], at[i:i + 1], TAU_10M_S, T0)[0] == batch[i]
+    j = data.draw(st.integers(0, i))  # the same counter at another offset of a batch
+    shifted = decayed_at(value[j:], at[j:], TAU_10M_S, T0)
+    assert shifted[i - j] == batch[i]
