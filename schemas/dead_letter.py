@@ -44,16 +44,22 @@ class KafkaMessage(Protocol):
 def dead_letter_for(msg: KafkaMessage, component: str, reason: str, detail: str) -> DeadLetter:
     """A dead letter whose id and timestamp depend only on the message, so a replayed batch
     produces the same record (and it collapses in ClickHouse)."""
-    raw = msg.value() or b""
-    where = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
+    return dead_letter_at(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
+                          msg.key(), msg.value() or b"", msg.timestamp()[1] / 1000,
+                          component, reason, detail)
+
+
+def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
+                   ts: float, component: str, reason: str, detail: str) -> DeadLetter:
+    """The dead letter of the message at ``topic:partition:offset`` (its id), consumed by
+    any client; ``ts`` is the message's timestamp in epoch seconds."""
+    where = f"{topic}:{partition}:{offset}"
     if len(raw) > MAX_DEAD_LETTER_RAW:
         detail = f"{detail} [raw truncated from {len(raw)} bytes]"
-    key = msg.key()
     return DeadLetter(
         event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
-        ts=datetime.fromtimestamp(max(msg.timestamp()[1], 0) / 1000, UTC),
-        source_topic=msg.topic() or "", partition=msg.partition() or 0,
-        offset=msg.offset() or 0, component=component, reason=reason[:64],
-        detail=detail[:4096], key_b64=base64.b64encode(key).decode()[:4096] if key else None,
+        ts=datetime.fromtimestamp(max(ts, 0), UTC), source_topic=topic, partition=partition,
+        offset=offset, component=component, reason=reason[:64], detail=detail[:4096],
+        key_b64=base64.b64encode(key).decode()[:4096] if key else None,
         raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
     )

@@ -25,13 +25,11 @@ Assumes one streams worker holds all partitions (the planner needs the whole fle
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import gc
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -44,7 +42,7 @@ from schemas.audit import AuditRecord
 from schemas.base import now_utc
 from schemas.codec import SchemaError, decode, encode
 from schemas.commands import CacheCommand
-from schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
+from schemas.dead_letter import DeadLetter, dead_letter_at
 from schemas.registry import AdapterView
 from schemas.worker_state import WorkerState
 from streams.app import app
@@ -78,14 +76,10 @@ planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
 
 def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
                 detail: str, component: str) -> DeadLetter:
-    raw = message.value if isinstance(message.value, bytes) else b""
-    key = message.key if isinstance(message.key, bytes) else None
-    return DeadLetter(
-        event_id=f"dlq-{uuid.uuid4().hex}", ts=now_utc(), source_topic=source.get_topic_name(),
-        partition=message.partition, offset=message.offset, component=component,
-        reason=reason, detail=detail[:4000],
-        key_b64=base64.b64encode(key[:3000]).decode() if key is not None else None,
-        raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode())
+    return dead_letter_at(source.get_topic_name(), message.partition, message.offset,
+                          message.key if isinstance(message.key, bytes) else None,
+                          message.value if isinstance(message.value, bytes) else b"",
+                          message.timestamp or 0.0, component, reason, detail)
 
 
 schedule_file = ScheduleFile(settings.schedules_path)

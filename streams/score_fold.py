@@ -49,8 +49,7 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
             out.refused.append((message, exc))
             continue
         key = score_key(d.adapter_id, d.adapter_version)
-        sample = Sample(d.ts.timestamp(), d.request_class.value, d.tier_at_arrival, d.status,
-                        d.ttft_ms)
+        sample = Sample.of(d)
         if (group := samples.get(key)) is None:
             samples[key] = [sample]
         else:

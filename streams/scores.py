@@ -74,7 +74,11 @@ def _tau10() -> Decayed:
 
 @dataclass(frozen=True)
 class ScoreState:
-    """What the request logs say about one adapter version (or its unattributed demand)."""
+    """What the request logs say about one adapter version (or its unattributed demand).
+
+    The methods define each fact for one version; the planner computes the same facts for
+    all versions at once as numpy columns, property-tested against these definitions
+    (tests/unit/test_scores_vectorised.py, test_planner_selection.py)."""
 
     requests_10m: Decayed = field(default_factory=_tau10)
     requests_1m: Decayed = field(default_factory=lambda: Decayed(TAU_1M_S))
@@ -137,6 +141,11 @@ class Sample(NamedTuple):
     tier: Tier
     status: RequestStatus
     ttft_ms: float | None
+
+    @classmethod
+    def of(cls, log: RequestDemand) -> Sample:
+        return cls(log.ts.timestamp(), log.request_class.value, log.tier_at_arrival, log.status,
+                   log.ttft_ms)
 
 
 def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
@@ -208,11 +217,6 @@ def observe_many(state: ScoreState, samples: Iterable[Sample]) -> tuple[ScoreSta
 
 _LOADED = (Tier.gpu, Tier.host)
 _SERVED = (RequestStatus.ok, RequestStatus.error)
-
-
-def observe_log(state: ScoreState, log: RequestDemand) -> ScoreState:
-    return observe(state, ts=log.ts.timestamp(), request_class=log.request_class.value,
-                   tier=log.tier_at_arrival, status=log.status, ttft_ms=log.ttft_ms)
 
 
 def _bursting(r1: float, r1_at: float, r10: float, r10_at: float, now: float) -> bool:
@@ -347,27 +351,18 @@ def hot_scores_of(inputs: ScoreInputs, priority: np.ndarray, scheduled: np.ndarr
     return total
 
 
-def hot_scores(states: Sequence[ScoreState], priorities: Sequence[str],
-               scheduled_warmup: Sequence[float], policy: Policy, now: float,
-               weights: dict[str, float] | None = None) -> np.ndarray:
-    """``hot_score`` of many versions at once (``states[i]``, ``priorities[i]``,
-    ``scheduled_warmup[i]``): each term is one numpy column instead of a Python call per
-    version."""
-    return hot_scores_of(ScoreInputs.of(states), priority_values(priorities, policy),
-                         np.asarray(scheduled_warmup, dtype=float).reshape(len(states)),
-                         policy, now, weights)
-
-
 def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
               now: float, weights: dict[str, float] | None = None) -> float:
     """Weighted sum of the normalised terms named in ``policy.hot_score_formula``; always in
-    ``[0, sum(weights)]``. The same computation as a batch of one (``hot_scores``).
+    ``[0, sum(weights)]``. The same computation as a batch of one (``hot_scores_of``).
 
     ``ttft_penalty_if_cold`` is what a request pays when this adapter is cold. It is counted
     whether or not the adapter is hot right now: dropping it once loaded would lower the
     score of every adapter the moment it is placed and make residents swap back and forth.
     """
-    return float(hot_scores([state], [priority], [scheduled_warmup], policy, now, weights)[0])
+    return float(hot_scores_of(ScoreInputs.of([state]), priority_values([priority], policy),
+                               np.array([scheduled_warmup], dtype=float), policy, now,
+                               weights)[0])
 
 
 # --- serialisation for the changelog-backed table -------------------------------------------

@@ -18,7 +18,7 @@ from loraplane.config import Settings
 from schemas.codec import decode, encode
 from schemas.dead_letter import DeadLetter
 from schemas.request_log import RequestLog
-from streams.scores import ScoreState, observe_log, score_key, to_dict
+from streams.scores import Sample, ScoreState, observe_many, score_key, to_dict
 from streams.scoring_agent import restore
 from tests.integration.registry_env import Env
 
@@ -68,7 +68,7 @@ def expected_states(logs: list[RequestLog]) -> dict[str, dict]:
     states: dict[str, ScoreState] = {}
     for x in logs:  # one adapter's logs share a partition, so the agent sees them in order
         key = score_key(x.adapter_id, x.adapter_version)
-        states[key] = observe_log(states.get(key) or ScoreState(), x)
+        states[key] = observe_many(states.get(key) or ScoreState(), [Sample.of(x)])[0]
     return {k: to_dict(v) for k, v in states.items()}
 
 

@@ -17,7 +17,6 @@ from streams.scores import (
     ScoreState,
     is_burst,
     observe,
-    observe_log,
     observe_many,
     score_key,
 )
@@ -62,6 +61,10 @@ def log(i: int, adapter: str = "a1", version: str | None = "1", **kw: object) ->
     return RequestLog.model_validate(fields)
 
 
+def fold_one(state: ScoreState, x: RequestLog) -> ScoreState:
+    return observe_many(state, [Sample.of(x)])[0]
+
+
 samples = st.lists(st.builds(
     Sample,
     ts=st.floats(T0 - 1000, T0 + 5000),
@@ -85,14 +88,14 @@ def test_batch_fold_equals_one_request_at_a_time(batch: list[Sample], split: int
 
 def test_fold_batch_scores_each_version_and_leaves_the_input_alone() -> None:
     logs = [log(i, version="1" if i % 3 else "2") for i in range(30)] + [log(40, version=None)]
-    before = {score_key("a1", "1"): observe_log(ScoreState(), log(-5))}
+    before = {score_key("a1", "1"): fold_one(ScoreState(), log(-5))}
     snapshot = dict(before)
     out = fold_batch(before, [Msg(encode(x), b"a1") for x in logs])
     assert before == snapshot and out.refused == []
     expected: dict[str, ScoreState] = dict(before)
     for x in logs:
         key = score_key(x.adapter_id, x.adapter_version)
-        expected[key] = observe_log(expected.get(key) or ScoreState(), x)
+        expected[key] = fold_one(expected.get(key) or ScoreState(), x)
     assert out.touched == expected
     assert set(out.touched) == {"a1@1", "a1@2", "a1@*"}
 
@@ -112,7 +115,7 @@ def test_bad_messages_are_refused_with_their_reason_and_the_rest_scored() -> Non
     out = fold_batch({}, msgs)
     assert [(m.offset(), e.reason) for m, e in out.refused] == [
         (0, "malformed"), (1, "key_mismatch"), (2, "malformed"), (3, "invalid")]
-    assert out.touched == {"a1@1": observe_log(ScoreState(), good)}
+    assert out.touched == {"a1@1": fold_one(ScoreState(), good)}
 
 
 @given(st.binary(max_size=600), st.binary(max_size=20) | st.none())
@@ -128,3 +131,15 @@ def test_demand_reads_a_whole_log_and_ignores_what_scores_do_not_need() -> None:
     # A field scores do not read may be bad for the metrics sink and still be demand.
     odd = encode(whole).replace(b'"prompt_tokens":5', b'"prompt_tokens":-5')
     assert RequestDemand.model_validate_json(odd).adapter_id == "a1"
+
+
+def test_a_dead_letter_is_named_by_where_its_message_was() -> None:
+    from schemas.dead_letter import dead_letter_at, dead_letter_for
+
+    msg = Msg(b"x" * 10, b"k", part=2, off=7)
+    letter = dead_letter_for(msg, "scoring", "malformed", "not JSON")
+    assert letter == dead_letter_at("t.requests", 2, 7, b"k", b"x" * 10, T0, "scoring",
+                                    "malformed", "not JSON")
+    assert (letter.source_topic, letter.partition, letter.offset) == ("t.requests", 2, 7)
+    assert letter.event_id != dead_letter_for(Msg(b"x", b"k", part=2, off=8), "scoring",
+                                              "malformed", "not JSON").event_id

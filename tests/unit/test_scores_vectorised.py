@@ -16,10 +16,12 @@ from streams.scores import (
     TAU_1M_S,
     TAU_10M_S,
     Decayed,
+    ScoreInputs,
     ScoreState,
     decayed_at,
     hot_score,
-    hot_scores,
+    hot_scores_of,
+    priority_values,
 )
 
 T0 = 1_700_000_000.0
@@ -58,6 +60,12 @@ states = st.builds(
     counts, ages, counts, ages, ttft, ttft)
 rows = st.tuples(states, st.sampled_from(["bronze", "silver", "gold", "platinum", "other"]),
                  st.floats(min_value=-1, max_value=2))
+
+
+def hot_scores(states: list[ScoreState], priorities: list[str], scheduled: list[float],
+               policy: Policy, now: float) -> np.ndarray:
+    return hot_scores_of(ScoreInputs.of(states), priority_values(priorities, policy),
+                         np.asarray(scheduled, dtype=float).reshape(len(states)), policy, now)
 
 
 @given(st.lists(rows, max_size=40), st.sampled_from(POLICIES))
