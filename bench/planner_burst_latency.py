@@ -20,10 +20,10 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer
+from loraplane.schemas.codec import decode
+from loraplane.schemas.commands import CacheCommand, CommandAction
 
-from loraplane.config import get_settings
-from schemas.codec import decode
-from schemas.commands import CacheCommand, CommandAction
+from loraplane.kernel.config import get_settings
 from tests.integration.planner_env import PlannerEnv
 
 BURSTS = 20

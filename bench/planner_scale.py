@@ -44,15 +44,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority
+from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.request_log import RequestStatus, Tier
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.streams.planner import Planner, plan
+from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, observe, score_key
+
 from bench.report import Row, Summary, emit, parse_args
-from loraplane.policy import Policy
-from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority
-from schemas.commands import CommandAction
-from schemas.registry import AdapterView
-from schemas.request_log import RequestStatus, Tier
-from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.planner import Planner, plan
-from streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, observe, score_key
+from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0
 CHANGED_SHARE = 0.01  # of the score states replaced between two steady ticks

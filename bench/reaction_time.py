@@ -30,17 +30,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import encode
+from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.request_log import RequestLog, Tier
+from loraplane.workers.command_feed import KafkaCommandFeed
+from loraplane.workers.event_sink import KafkaEventSink
+
 from bench.report import Row, emit, parse_args, percentile, times
 from bench.workload import request_logs
-from loraplane.config import Settings, get_settings
-from schemas.adapter import AdapterRecord
-from schemas.base import now_utc
-from schemas.codec import encode
-from schemas.commands import CommandAction
-from schemas.request_log import RequestLog, Tier
+from loraplane.kernel.config import Settings, get_settings
 from tests.integration.planner_env import PlannerEnv
-from workers.command_feed import KafkaCommandFeed
-from workers.event_sink import KafkaEventSink
 
 WORKER = "bench-w1"
 SLOTS = 64
@@ -57,7 +58,7 @@ class Background(threading.Thread):
         self.sent = 0
 
     def run(self) -> None:
-        from loraplane.bus import producer
+        from loraplane.kernel.bus import producer
 
         p = producer(self.settings, **{"linger.ms": 20})
         logs = request_logs(5000, adapters=300, prefix="bg")
@@ -120,7 +121,7 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
                   rate: float) -> dict[str, list[float]]:
     from confluent_kafka import Consumer
 
-    from loraplane.bus import producer as make_producer
+    from loraplane.kernel.bus import producer as make_producer
 
     settings = env.settings
     sink = KafkaEventSink(settings, "bench-reaction")

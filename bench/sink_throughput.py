@@ -25,7 +25,7 @@ from typing import Any
 from bench.isolation import isolated, private_topics, produce_all
 from bench.report import Row, Summary, emit, parse_args, times
 from bench.workload import request_logs
-from loraplane.config import Settings, get_settings
+from loraplane.kernel.config import Settings, get_settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig

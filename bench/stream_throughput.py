@@ -32,17 +32,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from loraplane.schemas.codec import encode
+from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.scores import ScoreState
+
 from bench.isolation import isolated, private_topics, produce_all
 from bench.report import Row, Summary, emit, parse_args, times
 from bench.streams_process import streams_run, streams_worker
 from bench.workload import request_logs
-from infra.topics import topic_name
-from loraplane.config import Settings, get_settings
-from schemas.codec import encode
-from streams.score_fold import fold_batch
-from streams.scores import ScoreState
+from loraplane.kernel.config import Settings, get_settings
+from loraplane.kernel.topics import topic_name
 
-AGENT = "streams.scoring_agent"
+AGENT = "loraplane.streams.scoring_agent"
 SENTINEL = "zzsentinel"
 TOPICS = ("requests", "scores", "dead-letters")
 CONSUMING = re.compile(r"consuming from epoch ([0-9.]+)")

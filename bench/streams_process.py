@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 
 LOG_READY = "Worker ready"
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")

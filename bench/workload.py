@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from schemas.request_log import RequestLog, Tier
+from loraplane.schemas.request_log import RequestLog, Tier
 
 BASE_MODEL = "bench-llama"
 _TIERS = (Tier.gpu, Tier.gpu, Tier.gpu, Tier.gpu, Tier.host, Tier.cold)

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from loraplane.config import LOOPBACK
+from loraplane.kernel.config import LOOPBACK
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 
 if TYPE_CHECKING:
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 STATIC = Path(__file__).resolve().parent / "static"
 FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from infra.processes import StackError
-from infra.service import Port, Service
+from loraplane.infra.processes import StackError
+from loraplane.infra.service import Port, Service
 
 BINARY_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server")
 

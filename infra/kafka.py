@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.processes import StackError
-from infra.service import Port, Service
+from loraplane.infra.processes import StackError
+from loraplane.infra.service import Port, Service
+
+from loraplane.kernel.kafka import client_config
 
 if TYPE_CHECKING:
-    from loraplane.config import Settings
+    pass
 
 LOG4J_VERSION = "2.24.3"
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -53,12 +55,6 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
   </Loggers>
 </Configuration>
 """
-
-
-def client_config(settings: Settings, **extra: str | int | bool) -> dict[str, str | int | bool]:
-    """librdkafka config for our own short-lived clients; silent, since refused connections
-    during start-up are expected and the caller reports failures itself."""
-    return {"bootstrap.servers": settings.kafka.bootstrap, "log_level": 0, **extra}
 
 
 @dataclass(frozen=True)
@@ -173,7 +169,7 @@ class Kafka(Service):
         """A topic can be created and a message produced and read back."""
         from confluent_kafka import Consumer, Producer, TopicPartition
 
-        from infra import topics
+        from loraplane.kernel import topics
 
         probe = topics.spec("stack-health")
         topics.apply(self.settings, only=(probe,), timeout=10)

@@ -13,8 +13,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from infra.service import Port, Service
-from loraplane.config import LOOPBACK
+from loraplane.infra.service import Port, Service
+
+from loraplane.kernel.config import LOOPBACK
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from infra.processes import Managed
+from loraplane.infra.processes import Managed
 
 if TYPE_CHECKING:
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from loraplane.infra.clickhouse import ClickHouse
+from loraplane.infra.kafka import Kafka
+from loraplane.infra.processes import StackError, port_in_use, wait_until
+from loraplane.infra.s3 import S3
+from loraplane.infra.service import Service
 from rich.console import Console
 from rich.table import Table
 
-from infra.clickhouse import ClickHouse
-from infra.kafka import Kafka
-from infra.processes import StackError, port_in_use, wait_until
-from infra.s3 import S3
-from infra.service import Service
-
 if TYPE_CHECKING:
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 LOG_LINES_ON_FAILURE = 25
 
@@ -120,7 +119,7 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
         if svc in started:
             console.print(f"[green]✓ {svc.name} ready[/] in {time.monotonic() - t0:.1f}s")
     if apply_topics:
-        from infra import topics
+        from loraplane.kernel import topics
 
         with console.status("kafka: applying topics"):
             changes = topics.apply(settings)

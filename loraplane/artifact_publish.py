@@ -22,13 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loraplane.config import Settings
-from schemas.adapter import AdapterRecord, Compatibility, Priority
-from schemas.manifest import Manifest, ManifestFile
-from workers.artifact_dir import DirectoryArtifact
-from workers.artifact_fetch import check_allowed, parse_s3_uri
-from workers.refusal import ArtifactError as FetchRefused
-from workers.verification import (
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.refusal import ArtifactError as FetchRefused
+from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
     FileFacts,
@@ -37,6 +33,10 @@ from workers.verification import (
     parse_lora_config,
     verify_artifact,
 )
+from loraplane.kernel.config import Settings
+from loraplane.schemas.adapter import AdapterRecord, Compatibility, Priority
+from loraplane.schemas.manifest import Manifest, ManifestFile
+from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
 
 class ArtifactError(ValueError):
@@ -116,7 +116,7 @@ def build_record(folder: Path, release: PublishRequest,
 
 
 def s3_client(settings: Settings) -> Any:
-    from infra.s3 import S3
+    from loraplane.infra.s3 import S3
 
     return S3(settings).client()
 

@@ -13,10 +13,10 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from schemas.adapter import AdapterRecord
-from schemas.base import now_utc
-from schemas.lifecycle import LifecycleAction, LifecycleEvent
-from schemas.signing import SigningKey
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.signing import SigningKey
 
 DEFAULT_TTL = timedelta(hours=1)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.model_shape import ModelShape
+from loraplane.artifact.model_shape import ModelShape
 
 TINY_BASE_MODEL = "tiny-llama"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, in this order

@@ -5,9 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
 from pydantic import Field, model_validator
-
-from schemas.base import Identifier, Sha256, StrictModel, Version
 
 MAX_RANK = 512
 
@@ -66,6 +65,6 @@ class AdapterRecord(StrictModel):
 
     @property
     def lora_name(self) -> str:
-        from schemas.base import lora_name
+        from loraplane.schemas.base import lora_name
 
         return lora_name(self.adapter_id, self.version, self.sha256)

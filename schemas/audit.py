@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from pydantic import Field
-
-from schemas.base import Identifier, StrictModel, Timestamp
 
 
 class AuditRecord(StrictModel):

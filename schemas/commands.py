@@ -9,9 +9,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from loraplane.schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
 from pydantic import Field
-
-from schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
 
 
 class CommandAction(StrEnum):

@@ -7,9 +7,8 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from pydantic import Field
-
-from schemas.base import Identifier, StrictModel, Timestamp
 
 
 class DeadLetter(StrictModel):

@@ -5,18 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.worker_state import WorkerState
 from pydantic import BaseModel
-
-from schemas.adapter import AdapterRecord
-from schemas.audit import AuditRecord
-from schemas.cache_event import CacheEvent
-from schemas.commands import CacheCommand
-from schemas.dead_letter import DeadLetter
-from schemas.lifecycle import LifecycleEvent
-from schemas.manifest import Manifest
-from schemas.registry import AdapterView
-from schemas.request_log import RequestLog
-from schemas.worker_state import WorkerState
 
 MODELS: dict[str, type[BaseModel]] = {
     "adapter_record": AdapterRecord,

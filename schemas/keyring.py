@@ -23,11 +23,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp
+from loraplane.schemas.lifecycle import LifecycleAction
+from loraplane.schemas.signing import unb64
 from pydantic import Field, ValidationError, field_validator, model_validator
-
-from schemas.base import Identifier, StrictModel, Timestamp
-from schemas.lifecycle import LifecycleAction
-from schemas.signing import unb64
 
 ANY: Literal["*"] = "*"
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
+from loraplane.schemas.canonical import tagged
 from pydantic import Field, model_validator
-
-from schemas.adapter import AdapterRecord
-from schemas.base import Identifier, StrictModel, Timestamp, Version
-from schemas.canonical import tagged
 
 SIGNING_DOMAIN = "loraplane.lifecycle.v1"
 

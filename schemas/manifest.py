@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
+from loraplane.schemas.base import Sha256, StrictModel
+from loraplane.schemas.canonical import canonical_json
 from pydantic import Field, field_validator
-
-from schemas.base import Sha256, StrictModel
-from schemas.canonical import canonical_json
 
 SAFE_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,3}$"
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
 from pydantic import Field, model_validator
-
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
 
 
 class AdapterView(StrictModel):

@@ -5,9 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from loraplane.schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
 from pydantic import AwareDatetime, ConfigDict, Field
-
-from schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
 
 
 class RequestClass(StrEnum):

@@ -19,8 +19,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-from schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.lifecycle import LifecycleEvent
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
 

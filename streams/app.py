@@ -12,12 +12,12 @@ from collections.abc import Iterable
 
 import faust
 
-from loraplane.config import get_settings
+from loraplane.kernel.config import get_settings
 
 AGENT_MODULES: tuple[str, ...] = (
-    "streams.registry_agent",  # lifecycle topic -> verified registry table (+ audit, DLQ)
-    "streams.scoring_agent",  # request logs -> per-adapter-version score inputs
-    "streams.planner_agent",  # timer + significant events -> cache commands
+    "loraplane.streams.registry_agent",  # lifecycle topic -> verified registry table (+ audit, DLQ)
+    "loraplane.streams.scoring_agent",  # request logs -> per-adapter-version score inputs
+    "loraplane.streams.planner_agent",  # timer + significant events -> cache commands
 )
 
 
@@ -45,8 +45,8 @@ app = _make_app()
 
 def raw_topic(suffix: str) -> faust.TopicT:
     """A declared topic (infra.topics) with bytes in and out: agents decode with
-    schemas.codec themselves, so hostile bytes become dead letters instead of crashes."""
-    from infra.topics import topic_name
+    loraplane.schemas.codec themselves, so hostile bytes become dead letters instead of crashes."""
+    from loraplane.kernel.topics import topic_name
 
     return app.topic(topic_name(get_settings(), suffix), key_serializer="raw",
                      value_serializer="raw")

@@ -28,16 +28,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Release
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_key
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.keyring import KeyEntry, Keyring
+from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.signing import public_key, verify
 from pydantic import Field
-
-from schemas.adapter import AdapterRecord, AdapterStatus, Release
-from schemas.audit import AuditRecord
-from schemas.base import Identifier, StrictModel, Timestamp, version_key
-from schemas.codec import SchemaError, decode, encode
-from schemas.keyring import KeyEntry, Keyring
-from schemas.lifecycle import LifecycleAction, LifecycleEvent
-from schemas.registry import AdapterView
-from schemas.signing import public_key, verify
 
 MAX_EVENT_LIFETIME = timedelta(days=7)
 """Bounds the replay set: an event id is remembered until its event expires."""

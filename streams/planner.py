@@ -58,14 +58,20 @@ from datetime import UTC, datetime, timedelta
 from itertools import repeat
 
 import numpy as np
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
+from loraplane.streams.scores import (
+    MIN_ERROR_SAMPLES,
+    TAU_10M_S,
+    ScoreState,
+    decayed_at,
+    hot_scores_of,
+)
 
-from loraplane.policy import Clause, Condition, Policy
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.commands import CacheCommand, CommandAction, CommandReason
-from schemas.registry import AdapterView
-from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
-from streams.scores import MIN_ERROR_SAMPLES, TAU_10M_S, ScoreState, decayed_at, hot_scores_of
+from loraplane.kernel.policy import Clause, Condition, Policy
 
 LOAD_WINDOW_S = 60.0
 _COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {

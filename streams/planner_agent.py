@@ -35,22 +35,22 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import faust
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.app import app
+from loraplane.streams.lifecycle import AdapterState
+from loraplane.streams.planner import Plan, Planner, WorkerMemory
+from loraplane.streams.registry_agent import registry_table
+from loraplane.streams.schedules import ScheduleFile, warmup_scores
+from loraplane.streams.scoring_agent import burst_seen, score_states, scores_ready
 
-from infra.topics import spec, topic_name
-from loraplane.config import get_settings
-from schemas.audit import AuditRecord
-from schemas.base import now_utc
-from schemas.codec import SchemaError, decode, encode
-from schemas.commands import CacheCommand
-from schemas.dead_letter import DeadLetter, dead_letter_at
-from schemas.registry import AdapterView
-from schemas.worker_state import WorkerState
-from streams.app import app
-from streams.lifecycle import AdapterState
-from streams.planner import Plan, Planner, WorkerMemory
-from streams.registry_agent import registry_table
-from streams.schedules import ScheduleFile, warmup_scores
-from streams.scoring_agent import burst_seen, score_states, scores_ready
+from loraplane.kernel.config import get_settings
+from loraplane.kernel.topics import spec, topic_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

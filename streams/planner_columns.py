@@ -22,11 +22,10 @@ from itertools import chain, repeat
 from operator import attrgetter, is_not
 
 import numpy as np
-
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import lora_name
-from schemas.registry import AdapterView
-from streams.scores import ScoreInputs, ScoreState, merged, score_key
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import lora_name
+from loraplane.schemas.registry import AdapterView
+from loraplane.streams.scores import ScoreInputs, ScoreState, merged, score_key
 
 EMPTY = ScoreState()
 _STALE = object()  # a carried-over row whose score columns must be re-derived

@@ -20,15 +20,15 @@ import hashlib
 import logging
 
 import faust
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import encode
+from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
+from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
+from loraplane.streams.app import app, raw_topic
+from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
 
-from infra.topics import spec
-from loraplane.config import get_settings
-from schemas.base import now_utc
-from schemas.codec import encode
-from schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
-from schemas.keyring import Keyring, KeyringError, KeyringFile
-from streams.app import app, raw_topic
-from streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
+from loraplane.kernel.config import get_settings
+from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
 

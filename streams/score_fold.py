@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from schemas.codec import SchemaError, decode
-from schemas.dead_letter import KafkaMessage
-from schemas.request_log import RequestDemand
-from streams.scores import Sample, ScoreState, observe_many, score_key
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.dead_letter import KafkaMessage
+from loraplane.schemas.request_log import RequestDemand
+from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key
 
 
 @dataclass

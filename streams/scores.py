@@ -24,9 +24,9 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
+from loraplane.schemas.request_log import RequestDemand, RequestStatus, Tier
 
-from loraplane.policy import Policy
-from schemas.request_log import RequestDemand, RequestStatus, Tier
+from loraplane.kernel.policy import Policy
 
 TAU_10M_S = 600.0
 TAU_1M_S = 60.0

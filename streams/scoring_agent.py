@@ -34,15 +34,15 @@ from collections.abc import Callable
 from typing import Any
 
 import mode
+from loraplane.schemas.codec import encode
+from loraplane.schemas.dead_letter import dead_letter_for
+from loraplane.streams.app import app
+from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.scores import ScoreState, from_dict, to_dict
 
-from infra.topics import topic_name
-from loraplane.bus import producer
-from loraplane.config import Settings, get_settings
-from schemas.codec import encode
-from schemas.dead_letter import dead_letter_for
-from streams.app import app
-from streams.score_fold import fold_batch
-from streams.scores import ScoreState, from_dict, to_dict
+from loraplane.kernel.bus import producer
+from loraplane.kernel.config import Settings, get_settings
+from loraplane.kernel.topics import topic_name
 
 log = logging.getLogger(__name__)
 settings = get_settings()

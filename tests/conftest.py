@@ -6,15 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from loraplane.config import Settings, get_settings
+from loraplane.kernel.config import Settings, get_settings
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Settings]:
     """Settings of a healthy local stack; stopped at the end only if this session started it."""
+    from loraplane.infra import stack as local_stack
     from rich.console import Console
-
-    from infra import stack as local_stack
 
     settings = get_settings()
     if local_stack.healthy(settings):

@@ -17,20 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.manifest import Manifest, ManifestFile
 from safetensors.numpy import load_file, save_file
 
-from loraplane.tiny_model import TinyLlama
-from schemas.adapter import AdapterRecord
-from schemas.manifest import Manifest, ManifestFile
-from workers.artifact_dir import DirectoryArtifact
-from workers.model_shape import ModelShape
-from workers.refusal import Reason
-from workers.verification import (
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.refusal import Reason
+from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
     WEIGHTS_NAME,
     WorkerLimits,
 )
+from loraplane.tiny_model import TinyLlama
 
 MODEL = ModelShape.from_hf_config(TinyLlama().hf_config(1000))
 LIMITS = WorkerLimits(base_model="tiny-llama", max_lora_rank=8, model=MODEL)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterRecord, Compatibility
+from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes
+from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.signing import SigningKey
+
 from loraplane.lifecycle_events import signed_event
-from schemas.adapter import AdapterRecord, Compatibility
-from schemas.keyring import KeyEntry, Keyring, Scopes
-from schemas.lifecycle import LifecycleAction, LifecycleEvent
-from schemas.signing import SigningKey
 
 TENANT = "acme"
 BASE = "tiny-llama"

@@ -25,15 +25,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas.adapter import AdapterRecord
-from schemas.base import LORA_NAME_RE, now_utc, version_key
-from schemas.cache_event import CacheEvent, CacheEventKind
-from schemas.commands import CacheCommand
-from schemas.worker_state import LoadedAdapter, WorkerState
-from workers.applied_commands import load_applied, save_applied
-from workers.event_sink import EventSink
-from workers.golden_set import send_golden_set
-from workers.reconcile import (
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.workers.applied_commands import load_applied, save_applied
+from loraplane.workers.event_sink import EventSink
+from loraplane.workers.golden_set import send_golden_set
+from loraplane.workers.reconcile import (
     Action,
     ActualState,
     BusyRetry,
@@ -52,9 +52,10 @@ from workers.reconcile import (
     reconcile,
     registry_by_name,
 )
-from workers.refusal import ArtifactError
-from workers.vllm_client import VllmClient, VllmError
-from workers.worker_metrics import AdapterLabels, WorkerMetrics
+from loraplane.workers.vllm_client import VllmClient, VllmError
+from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
+
+from loraplane.artifact.refusal import ArtifactError
 
 REGISTRY_GRACE_S = 15.0
 """How long a commanded name unknown to our registry copy waits before it is refused."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from schemas.base import ID_PATTERN
+from loraplane.schemas.base import ID_PATTERN
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TENANT = re.compile(ID_PATTERN)

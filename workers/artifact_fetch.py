@@ -29,12 +29,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
+from loraplane.schemas.manifest import Manifest
 from pydantic import ValidationError
 
-from loraplane.config import S3Settings
-from schemas.manifest import Manifest
-from workers.refusal import ArtifactError, Reason, Refusal
-from workers.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
+from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
+from loraplane.kernel.config import S3Settings
 
 T = TypeVar("T")
 _URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,62})/(?P<prefix>([A-Za-z0-9._@=-]+/)*)$")

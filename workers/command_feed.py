@@ -15,12 +15,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from loraplane.config import Settings
-from schemas.base import now_utc
-from schemas.codec import SchemaError, decode
-from schemas.commands import CacheCommand
-from schemas.dead_letter import DeadLetter
-from workers.event_sink import EventSink
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.workers.event_sink import EventSink
+
+from loraplane.kernel.config import Settings
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class KafkaCommandFeed:
                  group_id: str | None = None) -> None:
         from confluent_kafka import Consumer
 
-        from infra.topics import topic_name
+        from loraplane.kernel.topics import topic_name
 
         self.worker_id = worker_id
         self._sink = sink

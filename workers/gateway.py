@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import ID_PATTERN, now_utc
+from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from loraplane.workers.agent import LoadOutcome, WorkerAgent
+from loraplane.workers.api_keys import KeyLookup
+from loraplane.workers.event_sink import EventSink
+from loraplane.workers.upstream_http import UpstreamResponse
+from loraplane.workers.vllm_client import VllmError
 
-from loraplane.policy import RequestBudgets
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import ID_PATTERN, now_utc
-from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from workers.agent import LoadOutcome, WorkerAgent
-from workers.api_keys import KeyLookup
-from workers.event_sink import EventSink
-from workers.upstream_http import UpstreamResponse
-from workers.vllm_client import VllmError
+from loraplane.kernel.policy import RequestBudgets
 
 _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"

@@ -15,10 +15,10 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from schemas.adapter import AdapterRecord
-from schemas.base import now_utc
-from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from workers.vllm_client import VllmClient, VllmError
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from loraplane.workers.vllm_client import VllmClient, VllmError
 
 GOLDEN_PROMPTS: tuple[str, ...] = (
     "Summarise in one sentence: the cache keeps hot adapters on the GPU.",

@@ -38,14 +38,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import LORA_NAME_RE
+from loraplane.workers.artifact_fetch import FetchedArtifact
 from pydantic import ValidationError
 
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import LORA_NAME_RE
-from workers.artifact_dir import DirectoryArtifact
-from workers.artifact_fetch import FetchedArtifact
-from workers.refusal import ArtifactError, Reason, Refusal
-from workers.verification import WorkerLimits, verify_artifact
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+from loraplane.artifact.verification import WorkerLimits, verify_artifact
 
 log = logging.getLogger("loraplane.host_tier")
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from schemas.adapter import AdapterRecord, AdapterStatus
-from schemas.base import LORA_NAME_RE, lora_name
-from schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import LORA_NAME_RE, lora_name
+from loraplane.schemas.commands import CacheCommand, CommandAction
 
 Tier = Literal["gpu", "host", "gone"]
 MAX_REMEMBERED_COMMANDS = 10_000

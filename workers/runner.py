@@ -15,20 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.api_keys import ApiKeysFile
+from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
+from loraplane.workers.artifact_fetch import ArtifactFetcher
+from loraplane.workers.command_feed import KafkaCommandFeed
+from loraplane.workers.event_sink import KafkaEventSink
+from loraplane.workers.gateway import Gateway
+from loraplane.workers.host_tier import HostTier
+from loraplane.workers.vllm_client import VllmClient
 
-from loraplane.config import LOOPBACK, Settings
-from schemas.adapter import AdapterRecord
-from workers.agent import WorkerAgent, WorkerConfig
-from workers.api_keys import ApiKeysFile
-from workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
-from workers.artifact_fetch import ArtifactFetcher
-from workers.command_feed import KafkaCommandFeed
-from workers.event_sink import KafkaEventSink
-from workers.gateway import Gateway
-from workers.host_tier import HostTier
-from workers.model_shape import ModelShape
-from workers.verification import WorkerLimits
-from workers.vllm_client import VllmClient
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits
+from loraplane.kernel.config import LOOPBACK, Settings
 
 log = logging.getLogger("loraplane.worker")
 
@@ -66,7 +66,7 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
 
 def registry_records(settings: Settings) -> list[AdapterRecord]:
     """Every version of every adapter in the compacted registry topic."""
-    from streams.registry_view import load_registry
+    from loraplane.kernel.registry_view import load_registry
 
     return [r for view in load_registry(settings).values() for r in view.versions]
 

@@ -20,8 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-
-from workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 
 
 class VllmError(RuntimeError):

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraplane.config import LOOPBACK
+from loraplane.kernel.config import LOOPBACK
 
 VENV = Path(".venv-vllm")
 ALLOWED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -33,20 +33,20 @@ def register(app: typer.Typer) -> None:
         """Print ``ok``, or one line per refusal reason; exit 1 when refused."""
         from pydantic import ValidationError
 
-        from loraplane.config import get_settings
-        from schemas.adapter import MAX_RANK, AdapterRecord
-        from workers.artifact_dir import DirectoryArtifact
-        from workers.artifact_fetch import ArtifactFetcher
-        from workers.model_shape import ModelShape
-        from workers.refusal import ArtifactError, Refusal
-        from workers.verification import WorkerLimits, verify_artifact
+        from loraplane.artifact.directory import DirectoryArtifact
+        from loraplane.artifact.model_shape import ModelShape
+        from loraplane.artifact.refusal import ArtifactError, Refusal
+        from loraplane.artifact.verification import WorkerLimits, verify_artifact
+        from loraplane.kernel.config import get_settings
+        from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
+        from loraplane.workers.artifact_fetch import ArtifactFetcher
 
         record = None
         if (adapter_id is None) != (version is None) or (adapter_id and record_file):
             typer.echo("give --record FILE, or --adapter-id with --version", err=True)
             raise typer.Exit(2)
         if adapter_id is not None and version is not None:
-            from streams.registry_view import load_registry
+            from loraplane.kernel.registry_view import load_registry
 
             view = load_registry(get_settings()).get(adapter_id)
             record = view.version(version) if view is not None else None

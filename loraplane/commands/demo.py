@@ -32,12 +32,12 @@ def register(app: typer.Typer) -> None:
         and the dashboard URL; stop everything it started at the end."""
         from rich.console import Console
 
-        from loraplane.config import get_settings
         from loraplane.demo.flow import DemoOptions, run_demo
         from loraplane.demo.supervisor import ChildFailed
         from loraplane.demo.system import ROOT, BringUpError
         from loraplane.demo.traces import TraceMissing, find_trace
-        from workers.vllm_process import vllm_installed
+        from loraplane.kernel.config import get_settings
+        from loraplane.workers.vllm_process import vllm_installed
 
         console = Console()
         if not fake_vllm and not vllm_installed(ROOT):

@@ -28,11 +28,11 @@ def register(app: typer.Typer) -> None:
         each with its manifest.json. Prints one JSON line per folder written; an adapter's
         line holds the registry record it would be published with (adapter_id
         ``adapter-N``, version 1), for ``loraplane artifact verify DIR --record``."""
+        from loraplane.artifact.verification import MANIFEST_NAME
         from loraplane.artifact_publish import PublishRequest, build_record
-        from loraplane.config import get_settings
+        from loraplane.kernel.config import get_settings
+        from loraplane.schemas.adapter import Priority
         from loraplane.tiny_model import build_adapter, build_model
-        from schemas.adapter import Priority
-        from workers.verification import MANIFEST_NAME
 
         build_model(directory, seed=seed)
         config = json.loads((directory / "config.json").read_text())

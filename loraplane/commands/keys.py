@@ -41,10 +41,16 @@ def register(app: typer.Typer) -> None:
 
         from pydantic import ValidationError
 
-        from loraplane.config import get_settings
-        from schemas.base import now_utc
-        from schemas.keyring import KeyEntry, Keyring, KeyringError, load_keyring, save_keyring
-        from schemas.signing import SigningKey
+        from loraplane.kernel.config import get_settings
+        from loraplane.schemas.base import now_utc
+        from loraplane.schemas.keyring import (
+            KeyEntry,
+            Keyring,
+            KeyringError,
+            load_keyring,
+            save_keyring,
+        )
+        from loraplane.schemas.signing import SigningKey
 
         now = now_utc()
         kid = key_id or f"{publisher}-{now:%Y%m%d%H%M%S}"

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from loraplane.config import Settings
-    from schemas.lifecycle import LifecycleAction, LifecycleEvent
+    from loraplane.kernel.config import Settings
+    from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 
 KEY_OPTION = typer.Option(..., "--key", help="Private key file (loraplane keys generate).")
 ADAPTER_OPTION = typer.Option(..., "--adapter-id")
@@ -36,8 +36,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _produce(settings: Settings, event: LifecycleEvent) -> tuple[int, int]:
-    from infra.topics import topic_name
-    from loraplane.bus import DeliveryError, produce_sync
+    from loraplane.kernel.bus import DeliveryError, produce_sync
+    from loraplane.kernel.topics import topic_name
 
     try:
         return produce_sync(settings, topic_name(settings, "lifecycle"), event.adapter_id, event)
@@ -46,7 +46,7 @@ def _produce(settings: Settings, event: LifecycleEvent) -> tuple[int, int]:
 
 
 def _load_key(path: Path) -> Any:
-    from schemas.signing import KeyFileError, SigningKey
+    from loraplane.schemas.signing import KeyFileError, SigningKey
 
     try:
         return SigningKey.load(path)
@@ -59,7 +59,7 @@ def _owner(settings: Settings, adapter_id: str, tenant: str | None,
     """Tenant and base model from the options, else from the registry topic."""
     if tenant and base_model:
         return tenant, base_model
-    from streams.registry_view import load_registry
+    from loraplane.kernel.registry_view import load_registry
 
     view = load_registry(settings).get(adapter_id)
     if view is None:
@@ -74,7 +74,7 @@ def _transition(action: LifecycleAction, key_file: Path, adapter_id: str, versio
 
     from pydantic import ValidationError
 
-    from loraplane.config import get_settings
+    from loraplane.kernel.config import get_settings
     from loraplane.lifecycle_events import signed_event
 
     settings = get_settings()
@@ -114,7 +114,7 @@ def _is_one_object(data: bytes) -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    from schemas.lifecycle import LifecycleAction
+    from loraplane.schemas.lifecycle import LifecycleAction
 
     @app.command("publish")
     def publish_cmd(
@@ -145,9 +145,9 @@ def register(app: typer.Typer) -> None:
             local_folder,
             upload,
         )
-        from loraplane.config import get_settings
+        from loraplane.kernel.config import get_settings
         from loraplane.lifecycle_events import signed_event
-        from schemas.adapter import Priority
+        from loraplane.schemas.adapter import Priority
 
         settings = get_settings()
         key = _load_key(key_file)
@@ -215,10 +215,10 @@ def register(app: typer.Typer) -> None:
                                           "the output of `loraplane registry list --json`."),
     ) -> None:
         """Apply the events in order as the registry would; exit 1 if any is rejected."""
-        from schemas.base import now_utc
-        from schemas.keyring import KeyringError, load_keyring
-        from streams.lifecycle import Accepted, AdapterState, evaluate
-        from streams.registry_view import views_from_json
+        from loraplane.kernel.registry_view import views_from_json
+        from loraplane.schemas.base import now_utc
+        from loraplane.schemas.keyring import KeyringError, load_keyring
+        from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
 
         try:
             ring = load_keyring(keyring)

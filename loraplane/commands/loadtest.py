@@ -30,12 +30,12 @@ def register(app: typer.Typer) -> None:
 
         from rich.console import Console
 
-        from loraplane.config import get_settings
         from loraplane.demo.loadtest import SCENARIOS, render, run_scenario
         from loraplane.demo.supervisor import ChildFailed
         from loraplane.demo.system import ROOT, BringUpError
         from loraplane.demo.traces import TraceMissing, find_trace
-        from workers.vllm_process import vllm_installed
+        from loraplane.kernel.config import get_settings
+        from loraplane.workers.vllm_process import vllm_installed
 
         if scenario not in SCENARIOS:
             raise typer.BadParameter(f"choose one of {', '.join(SCENARIOS)}",

@@ -10,7 +10,7 @@ import threading
 
 import typer
 
-from loraplane.config import get_settings
+from loraplane.kernel.config import get_settings
 
 app = typer.Typer(help="ClickHouse metrics: schema, retention and the Kafka sink.",
                   no_args_is_help=True)
@@ -135,6 +135,6 @@ def dashboard(port: int = typer.Option(8787, min=1, max=65535),
               refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period.")
               ) -> None:
     """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time)."""
-    from dashboards.web import serve
+    from loraplane.dashboards.web import serve
 
     serve(get_settings(), port=port, refresh_s=refresh_s)

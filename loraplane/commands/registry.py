@@ -15,8 +15,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from loraplane.config import get_settings
-        from streams.registry_view import load_registry, views_to_json
+        from loraplane.kernel.config import get_settings
+        from loraplane.kernel.registry_view import load_registry, views_to_json
 
         views = load_registry(get_settings())
         if as_json:
@@ -39,8 +39,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from loraplane.config import get_settings
-        from streams.registry_view import load_registry, views_to_json
+        from loraplane.kernel.config import get_settings
+        from loraplane.kernel.registry_view import load_registry, views_to_json
 
         view = load_registry(get_settings()).get(adapter_id)
         if view is None:

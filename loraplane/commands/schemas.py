@@ -11,7 +11,7 @@ def register(app: typer.Typer) -> None:
     @group.command("export")
     def export_cmd() -> None:
         """Write schemas/json/*.schema.json from the models."""
-        from schemas.export import export
+        from loraplane.schemas.export import export
 
         for path in export():
             typer.echo(path)
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     @group.command("check")
     def check_cmd() -> None:
         """Exit 1 if a checked-in schema differs from its model."""
-        from schemas.export import drift
+        from loraplane.schemas.export import drift
 
         stale = drift()
         if stale:

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from loraplane.config import get_settings
+from loraplane.kernel.config import get_settings
 
 app = typer.Typer(help="Start, stop and inspect the local Kafka + ClickHouse + S3 stack.",
                   no_args_is_help=True)
@@ -20,13 +20,14 @@ def _run(action: str, **kwargs: bool) -> None:
     """Call ``infra.stack.<action>``; a StackError becomes a red message and exit code 1."""
     from rich.console import Console
 
-    from infra import stack
-    from infra.processes import StackError
+    from loraplane.infra import stack
+    from loraplane.infra.processes import StackError
+    from loraplane.kernel.kafka import KafkaUnavailable
 
     console = Console()
     try:
         getattr(stack, action)(get_settings(), console, **kwargs)
-    except StackError as exc:
+    except (StackError, KafkaUnavailable) as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
 
@@ -49,7 +50,7 @@ def status(quiet: bool = typer.Option(False, "--quiet", "-q",
     """Endpoint, version, PID and health of each service."""
     from rich.console import Console
 
-    from infra import stack
+    from loraplane.infra import stack
 
     settings = get_settings()
     ok = stack.healthy(settings) if quiet else stack.print_status(settings, Console())
@@ -61,8 +62,8 @@ def logs(service: str = typer.Argument(..., help="kafka, clickhouse or s3"),
          lines: int = typer.Option(50, "-n", "--lines"),
          follow: bool = typer.Option(False, "--follow", "-f")) -> None:
     """Print the end of a service's log, optionally following it."""
-    from infra import stack
-    from infra.processes import StackError
+    from loraplane.infra import stack
+    from loraplane.infra.processes import StackError
 
     try:
         managed = stack.service(get_settings(), service).process
@@ -89,6 +90,6 @@ def logs(service: str = typer.Argument(..., help="kafka, clickhouse or s3"),
 @app.command()
 def fetch() -> None:
     """Download the Kafka jars into the cache now (setup does this once)."""
-    from infra.kafka import Kafka
+    from loraplane.infra.kafka import Kafka
 
     typer.echo(f"kafka classpath: {Kafka(get_settings()).fetch()}")

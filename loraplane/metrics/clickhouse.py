@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 

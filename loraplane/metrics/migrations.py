@@ -17,6 +17,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,9 +26,10 @@ from loraplane.metrics.clickhouse import checked_database, connect
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "clickhouse" / "migrations"
+# The migrations ship with infra/ (the services it starts), found as package data.
+MIGRATIONS_DIR = Path(str(files("loraplane.infra") / "clickhouse" / "migrations"))
 FILE_RE = re.compile(r"^(?P<version>\d{3})_(?P<name>[a-z0-9_]+)\.sql$")
 PLACEHOLDER_RE = re.compile(r"\{(?P<key>[a-z_]+)(?::(?P<arg>[a-z_]+))?\}")
 RAW_TTL_DAYS = 30

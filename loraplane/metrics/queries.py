@@ -14,13 +14,15 @@ import math
 import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
-QUERIES_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "queries"
+# The query pack is data of the dashboards folder (ops read it there), found as package data.
+QUERIES_DIR = Path(str(files("loraplane.dashboards") / "queries"))
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 DURATION_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -41,18 +41,18 @@ from typing import TYPE_CHECKING, Any
 
 from clickhouse_driver import errors as ch_errors
 
-from infra.topics import topic_name
-from loraplane.bus import DeliveryError, producer
+from loraplane.kernel.bus import DeliveryError, producer
+from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
-from schemas.codec import SchemaError, decode, encode
-from schemas.dead_letter import DeadLetter, dead_letter_for
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
     from confluent_kafka import Consumer, Message
 
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 log = logging.getLogger("loraplane.metrics.sink")
 
@@ -140,7 +140,7 @@ class Sink:
     def _consumer(self) -> Consumer:
         from confluent_kafka import Consumer
 
-        from infra.kafka import client_config
+        from loraplane.kernel.kafka import client_config
 
         consumer = Consumer(client_config(
             self.settings, **{"group.id": self.group_id, "enable.auto.commit": False,

@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from schemas.audit import AuditRecord
-from schemas.cache_event import CacheEvent
-from schemas.commands import CacheCommand
-from schemas.dead_letter import DeadLetter
-from schemas.request_log import RequestLog
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
 
 UINT64_MAX = 2**64 - 1
 

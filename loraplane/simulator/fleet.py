@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loraplane.policy import Policy
+from loraplane.kernel.policy import Policy
 from loraplane.simulator.scenario import BaseModelFleet, Costs
 
 GB = 1e9

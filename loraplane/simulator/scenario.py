@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from loraplane.policy import Policy
+from loraplane.kernel.policy import Policy
 
 PRIORITIES = ("bronze", "silver", "gold", "platinum")
 

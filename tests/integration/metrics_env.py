@@ -15,17 +15,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from loraplane.infra.processes import wait_until
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import RequestLog
 from pydantic import BaseModel
 
-from infra import topics
-from infra.processes import wait_until
-from loraplane.bus import producer
-from loraplane.config import Settings
+from loraplane.kernel import topics
+from loraplane.kernel.bus import producer
+from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
-from schemas.cache_event import CacheEvent
-from schemas.codec import encode
-from schemas.request_log import RequestLog
 
 SINK_TOPICS = ("requests", "cache-events", "decisions", "audit", "dead-letters")
 REPO = Path(__file__).resolve().parents[2]

@@ -8,15 +8,16 @@ import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from loraplane.bus import producer
-from loraplane.config import Settings
-from schemas.adapter import AdapterRecord, Priority
-from schemas.base import now_utc
-from schemas.codec import decode, encode
-from schemas.commands import CacheCommand
-from schemas.request_log import RequestLog, Tier
-from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.registry_view import load_registry
+from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.request_log import RequestLog, Tier
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+
+from loraplane.kernel.bus import producer
+from loraplane.kernel.config import Settings
+from loraplane.kernel.registry_view import load_registry
 from tests.integration.registry_env import Env, wait_for
 from tests.lifecycle_kit import TENANT, record
 

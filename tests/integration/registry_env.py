@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from infra import topics
-from loraplane.bus import producer, read_topic
-from loraplane.config import Settings
-from schemas.base import now_utc
-from schemas.codec import encode
-from schemas.keyring import save_keyring
-from schemas.lifecycle import LifecycleEvent
-from schemas.registry import AdapterView
-from streams.registry_view import load_registry
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import encode
+from loraplane.schemas.keyring import save_keyring
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.registry import AdapterView
+
+from loraplane.kernel import topics
+from loraplane.kernel.bus import producer, read_topic
+from loraplane.kernel.config import Settings
+from loraplane.kernel.registry_view import load_registry
 from tests.lifecycle_kit import Kit, make_kit
 
 LOG_READY = "Worker ready"
@@ -60,7 +61,7 @@ class Env:
             **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
             "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)})
 
-    def start(self, agents: tuple[str, ...] = ("streams.registry_agent",)) -> None:
+    def start(self, agents: tuple[str, ...] = ("loraplane.streams.registry_agent",)) -> None:
         """Start ``loraplane streams run`` with ``agents`` (empty: every agent)."""
         log_path = self.home / "streams.log"
         offset = log_path.stat().st_size if log_path.exists() else 0

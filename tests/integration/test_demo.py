@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from loraplane.workers.vllm_process import vllm_installed
 from typer.testing import CliRunner
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from tests.integration.test_loadtest import drop_run
-from workers.vllm_process import vllm_installed
 
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,10 +106,11 @@ def test_real_vllm_demo_briefly(stack: Settings) -> None:
 
 
 def test_demo_without_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import workers.vllm_process
+    from loraplane.workers import vllm_process
+
     from loraplane.cli import app
 
-    monkeypatch.setattr(workers.vllm_process, "vllm_installed", lambda root=None: False)
+    monkeypatch.setattr(vllm_process, "vllm_installed", lambda root=None: False)
     result = CliRunner().invoke(app, ["demo"])
     assert result.exit_code == 2
     assert "loraplane vllm setup" in result.output and "--fake-vllm" in result.output

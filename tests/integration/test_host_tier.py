@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
+from loraplane.workers.host_tier import HostTier, TierEntry
 
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.config import S3Settings, Settings
+from loraplane.kernel.config import S3Settings, Settings
 from loraplane.tiny_model import TinyLlama, build_adapter
-from schemas.adapter import AdapterRecord, Priority
-from workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
-from workers.host_tier import HostTier, TierEntry
-from workers.model_shape import ModelShape
-from workers.refusal import ArtifactError, Reason
-from workers.verification import WorkerLimits
 
 pytestmark = pytest.mark.integration
 

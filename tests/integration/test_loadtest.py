@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import topics
-from loraplane.config import Settings
+from loraplane.kernel import topics
+from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

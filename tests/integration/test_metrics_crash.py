@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from tests.integration.metrics_env import (
     committed,
     count,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES
 from tests.integration.metrics_env import (

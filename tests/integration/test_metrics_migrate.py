@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES

@@ -1,7 +1,7 @@
 """ClickHouse goes away under load and comes back: nothing is lost, nothing counted twice.
 
 Uses a throwaway ClickHouse server of its own (tmp data dir, free ports, started through
-infra.clickhouse like the stack's), never the shared one.
+loraplane.infra.clickhouse like the stack's), never the shared one.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loraplane.infra.clickhouse import ClickHouse
+from loraplane.infra.processes import free_port, wait_until
 
-from infra.clickhouse import ClickHouse
-from infra.processes import free_port, wait_until
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from tests.integration.metrics_env import (
     count,

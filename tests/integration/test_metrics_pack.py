@@ -13,15 +13,15 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from loraplane.schemas.codec import decode
+from loraplane.schemas.dead_letter import DeadLetter
 
-from infra.topics import topic_name
-from loraplane.bus import read_topic
-from loraplane.config import Settings
+from loraplane.kernel.bus import read_topic
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig, SinkStats
-from schemas.codec import decode
-from schemas.dead_letter import DeadLetter
 from tests.integration.metrics_env import (
     REPO,
     cache_event,

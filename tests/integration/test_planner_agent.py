@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from loraplane.schemas.adapter import Priority
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.commands import CacheCommand, CommandAction
 
-from loraplane.config import Settings
-from schemas.adapter import Priority
-from schemas.base import now_utc
-from schemas.commands import CacheCommand, CommandAction
+from loraplane.kernel.config import Settings
 from tests.integration.planner_env import PlannerEnv
 
 pytestmark = pytest.mark.integration

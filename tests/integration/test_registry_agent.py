@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.streams.lifecycle import Reason
 
-from loraplane.config import Settings
-from schemas.audit import AuditRecord
-from schemas.base import now_utc
-from schemas.codec import decode, encode
-from schemas.dead_letter import DeadLetter
-from streams.lifecycle import Reason
-from streams.registry_view import load_registry
+from loraplane.kernel.config import Settings
+from loraplane.kernel.registry_view import load_registry
 from tests.integration.registry_env import LORAPLANE, Env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -108,9 +108,10 @@ def test_each_hostile_event_is_dead_lettered_with_its_reason(env: Env) -> None:
 
 
 def test_cli_publish_uploads_signs_and_reaches_the_registry(env: Env) -> None:
-    from infra.s3 import S3
+    from loraplane.infra.s3 import S3
+    from loraplane.schemas.signing import SigningKey
+
     from loraplane.tiny_model import build_adapter
-    from schemas.signing import SigningKey
 
     aid = f"cli-{uuid.uuid4().hex[:8]}"
     folder = build_adapter(env.home / aid, seed=3)

@@ -7,11 +7,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.dead_letter import DeadLetter
 
-from loraplane.config import Settings
-from schemas.base import now_utc
-from schemas.codec import decode, encode
-from schemas.dead_letter import DeadLetter
+from loraplane.kernel.config import Settings
 from tests.integration.registry_env import Env, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
+from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, to_dict
+from loraplane.streams.scoring_agent import restore
 
 from bench.workload import request_logs
-from loraplane.bus import producer
-from loraplane.config import Settings
-from schemas.codec import decode, encode
-from schemas.dead_letter import DeadLetter
-from schemas.request_log import RequestLog
-from streams.scores import Sample, ScoreState, observe_many, score_key, to_dict
-from streams.scoring_agent import restore
+from loraplane.kernel.bus import producer
+from loraplane.kernel.config import Settings
 from tests.integration.registry_env import Env
 
 pytestmark = pytest.mark.integration
-AGENT = ("streams.scoring_agent",)
+AGENT = ("loraplane.streams.scoring_agent",)
 
 
 @pytest.fixture

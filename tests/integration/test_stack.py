@@ -8,13 +8,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from loraplane.infra import stack as local_stack
+from loraplane.infra.kafka import Kafka, api_versions, speaks_kafka_4
+from loraplane.infra.processes import StackError, free_port
 from rich.console import Console
 
-from infra import stack as local_stack
-from infra import topics
-from infra.kafka import Kafka, api_versions, client_config, speaks_kafka_4
-from infra.processes import StackError, free_port
-from loraplane.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
+from loraplane.kernel import topics
+from loraplane.kernel.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
+from loraplane.kernel.kafka import client_config
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,7 @@ def test_clickhouse_create_insert_select(stack: Settings) -> None:
 
 
 def test_s3_put_and_get(stack: Settings) -> None:
-    from infra.s3 import S3
+    from loraplane.infra.s3 import S3
 
     client = S3(stack).client()
     key = f"tests/{uuid.uuid4()}.safetensors"

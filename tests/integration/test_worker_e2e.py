@@ -24,25 +24,25 @@ from typing import Any
 
 import pytest
 import requests
+from loraplane.infra.processes import free_port
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority, Release
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.codec import decode
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.request_log import RequestClass, RequestLog
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.workers.api_keys import key_digest
+from loraplane.workers.gateway import canary_bucket
+from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
-from infra import topics
-from infra.processes import free_port
-from infra.topics import topic_name
 from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.bus import produce_sync, read_topic
-from loraplane.config import S3Settings, Settings
+from loraplane.kernel import topics
+from loraplane.kernel.bus import produce_sync, read_topic
+from loraplane.kernel.config import S3Settings, Settings
+from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from schemas.adapter import AdapterRecord, AdapterStatus, Priority, Release
-from schemas.base import now_utc
-from schemas.cache_event import CacheEvent, CacheEventKind
-from schemas.codec import decode
-from schemas.commands import CacheCommand, CommandAction, CommandReason
-from schemas.registry import AdapterView
-from schemas.request_log import RequestClass, RequestLog
-from schemas.worker_state import WorkerState
-from workers.api_keys import key_digest
-from workers.gateway import canary_bucket
-from workers.vllm_process import VllmProcess, vllm_installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class Moto:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/"), 30, "moto")
-        from workers.artifact_fetch import s3_client
+        from loraplane.workers.artifact_fetch import s3_client
 
         s3_client(self.settings).create_bucket(Bucket=BUCKET)
 
@@ -247,7 +247,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             server.wait_healthy(240)
         else:
             server = subprocess.Popen(
-                [sys.executable, "-m", "workers.fake_vllm", "--model", str(model_dir),
+                [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model_dir),
                  "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
                 stderr=subprocess.STDOUT, start_new_session=True)
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
@@ -376,8 +376,9 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
     one, and the agent keeps serving."""
+    from loraplane.workers.artifact_fetch import s3_client
+
     from tests.hostile_corpus import CASES, hostile
-    from workers.artifact_fetch import s3_client
 
     if world.agent is None:
         world.start_agent()

@@ -3,7 +3,7 @@ budgets, requests one second apart (loads finish long before the next request)."
 
 from __future__ import annotations
 
-from loraplane.policy import Policy
+from loraplane.kernel.policy import Policy
 from loraplane.simulator.catalog import Adapter, Catalog
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import BaseModelFleet, Fleet, Scenario

@@ -14,10 +14,15 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from hypothesis import given
 from hypothesis import strategies as st
+from loraplane.workers.artifact_fetch import (
+    ArtifactFetcher,
+    FetchPolicy,
+    _HashingWriter,
+    check_allowed,
+)
 
-from loraplane.config import S3Settings
-from workers.artifact_fetch import ArtifactFetcher, FetchPolicy, _HashingWriter, check_allowed
-from workers.refusal import ArtifactError, Reason
+from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.kernel.config import S3Settings
 
 ALLOWED = ["s3://loraplane-artifacts/", "s3://shared/tenants/acme"]
 

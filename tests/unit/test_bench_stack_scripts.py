@@ -15,7 +15,7 @@ from bench import (
     sink_throughput,
     stream_throughput,
 )
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 
 pytestmark = pytest.mark.integration
 

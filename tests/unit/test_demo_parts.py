@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from loraplane.streams.schedules import ScheduleFile
 
-from loraplane.config import Settings
 from loraplane.demo.catalog import DEMO_CATALOG
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import GatewayRouter, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
+from loraplane.kernel.config import Settings
 from loraplane.simulator.scenario import Burst, Peak
-from streams.schedules import ScheduleFile
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023_conv.csv"
 

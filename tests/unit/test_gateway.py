@@ -21,23 +21,23 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
+from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
+from loraplane.workers.fake_vllm import FakeVllm
+from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
+from loraplane.workers.golden_set import GOLDEN_PROMPTS
+from loraplane.workers.upstream_http import UpstreamResponse
+from loraplane.workers.vllm_client import VllmClient
 
-from loraplane.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
+from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.kernel.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
 from loraplane.tiny_model import build_adapter
-from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
-from schemas.base import now_utc
-from schemas.cache_event import CacheEvent, CacheEventKind
-from schemas.commands import CacheCommand, CommandAction, CommandReason
-from schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from workers.agent import WorkerAgent, WorkerConfig
-from workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
-from workers.applied_commands import FILE_NAME, load_applied, save_applied
-from workers.fake_vllm import FakeVllm
-from workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
-from workers.golden_set import GOLDEN_PROMPTS
-from workers.refusal import ArtifactError, Reason
-from workers.upstream_http import UpstreamResponse
-from workers.vllm_client import VllmClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BASE = "tiny-llama"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from infra.kafka import new_cluster_id
+from loraplane.infra.kafka import new_cluster_id
 
 
 def test_cluster_ids_are_16_byte_uuids_that_never_look_like_an_option() -> None:

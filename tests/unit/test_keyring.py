@@ -1,4 +1,4 @@
-"""Keyring files, key files and their reload (schemas.keyring, schemas.signing)."""
+"""Keyring files, key files and their reload (schemas.keyring, loraplane.schemas.signing)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.keyring import (
+    KeyringError,
+    KeyringFile,
+    load_keyring,
+    parse_keyring,
+    save_keyring,
+)
+from loraplane.schemas.lifecycle import LifecycleAction
+from loraplane.schemas.signing import KeyFileError, SigningKey, verify
 
 from loraplane.commands.keys import parse_scopes
-from schemas.keyring import KeyringError, KeyringFile, load_keyring, parse_keyring, save_keyring
-from schemas.lifecycle import LifecycleAction
-from schemas.signing import KeyFileError, SigningKey, verify
 from tests.lifecycle_kit import make_kit
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)

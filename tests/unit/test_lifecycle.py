@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.adapter import AdapterStatus
+from loraplane.schemas.codec import encode
+from loraplane.schemas.keyring import Keyring
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, Rejected, evaluate
 
-from schemas.adapter import AdapterStatus
-from schemas.codec import encode
-from schemas.keyring import Keyring
-from schemas.lifecycle import LifecycleEvent
-from streams.lifecycle import Accepted, AdapterState, Decision, Reason, Rejected, evaluate
 from tests.lifecycle_kit import Kit, make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from loraplane.dashboards import grafana_export
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import RequestLog
 
-from dashboards import grafana_export
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations, queries
 from loraplane.metrics.sink import Sink, dead_letter
 from loraplane.metrics.tables import TABLES
-from schemas.cache_event import CacheEvent
-from schemas.codec import encode
-from schemas.request_log import RequestLog
 
 OLD, NEW = migrations.ServerFeatures.parse("18.16.1"), migrations.ServerFeatures.parse("24.8.4.13")
 
@@ -89,7 +89,7 @@ def test_unknown_or_path_like_query_names_are_refused() -> None:
 
 def test_grafana_dashboard_is_generated_from_the_pack() -> None:
     assert grafana_export.OUT.read_text() == grafana_export.render(), \
-        "run: python -m dashboards.grafana_export"
+        "run: python -m loraplane.dashboards.grafana_export"
     for name in queries.names():
         assert "%(" not in queries.grafana_sql(name)
 

@@ -7,14 +7,14 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
+from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.streams.planner import Plan, WorkerMemory, plan, protected_cap
+from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
 
-from loraplane.policy import Policy
-from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
-from schemas.commands import CacheCommand, CommandAction
-from schemas.registry import AdapterView
-from schemas.worker_state import LoadedAdapter, WorkerState
-from streams.planner import Plan, WorkerMemory, plan, protected_cap
-from streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
+from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0
 POLICY = Policy()

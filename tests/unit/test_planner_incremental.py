@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.planner import Planner, WorkerMemory, plan
+from loraplane.streams.scores import TAU_10M_S, Decayed, ScoreState, score_key
 
-from loraplane.policy import Policy
-from schemas.adapter import AdapterRecord, AdapterStatus, Priority
-from schemas.registry import AdapterView
-from schemas.worker_state import WorkerState
-from streams.planner import Planner, WorkerMemory, plan
-from streams.scores import TAU_10M_S, Decayed, ScoreState, score_key
+from loraplane.kernel.policy import Policy
 from tests.unit.test_planner import MB, NOW, busy, record, views, worker
 
 ADAPTERS = [f"a{i}" for i in range(8)]

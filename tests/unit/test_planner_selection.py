@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from loraplane.streams.planner import _first_holding, _Ranking
 
-from loraplane.policy import Condition, parse_condition
-from streams.planner import _first_holding, _Ranking
+from loraplane.kernel.policy import Condition, parse_condition
 
 # Few distinct scores: ties are the point (they break by name).
 scores = st.sampled_from([0.0, 0.1, 0.1 + 1e-12, 0.25, 0.5, 0.95, 1.0])

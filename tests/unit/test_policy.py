@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from loraplane.policy import SCORE_TERMS, Policy, PolicyError, parse_condition, parse_formula
+from loraplane.kernel.policy import SCORE_TERMS, Policy, PolicyError, parse_condition, parse_formula
 
 SEED_YAML = """
 gpu_slots_per_base_model: 64

@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from infra.processes import Managed, port_in_use, tail
+from loraplane.infra.processes import Managed, port_in_use, tail
 
 
 def _managed(tmp_path: Path, marker: str) -> Managed:

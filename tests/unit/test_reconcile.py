@@ -7,10 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
-from schemas.commands import CacheCommand, CommandAction, CommandReason
-from workers.reconcile import (
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.workers.reconcile import (
     ActualState,
     BusyRetry,
     Conflict,

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import ValidationError
-
-from streams.schedules import (
+from loraplane.streams.schedules import (
     ScheduleEntry,
     ScheduleFile,
     parse_schedule,
     scheduled_warmup_score,
     warmup_scores,
 )
+from pydantic import ValidationError
 
 PEAK = datetime(2026, 3, 2, 9, 0, tzinfo=UTC).timestamp()  # a Monday, 09:00 UTC
 YAML = """

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.export import MODELS, drift
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.registry import AdapterView
 
-from schemas.codec import SchemaError, decode, encode
-from schemas.export import MODELS, drift
-from schemas.lifecycle import LifecycleEvent
-from schemas.registry import AdapterView
 from tests.lifecycle_kit import make_kit, record
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)

@@ -8,11 +8,16 @@ from datetime import UTC, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from schemas.codec import encode
-from schemas.request_log import RequestClass, RequestDemand, RequestLog, RequestStatus, Tier
-from streams.score_fold import fold_batch
-from streams.scores import (
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import (
+    RequestClass,
+    RequestDemand,
+    RequestLog,
+    RequestStatus,
+    Tier,
+)
+from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.scores import (
     Sample,
     ScoreState,
     is_burst,
@@ -134,7 +139,7 @@ def test_demand_reads_a_whole_log_and_ignores_what_scores_do_not_need() -> None:
 
 
 def test_a_dead_letter_is_named_by_where_its_message_was() -> None:
-    from schemas.dead_letter import dead_letter_at, dead_letter_for
+    from loraplane.schemas.dead_letter import dead_letter_at, dead_letter_for
 
     msg = Msg(b"x" * 10, b"k", part=2, off=7)
     letter = dead_letter_for(msg, "scoring", "malformed", "not JSON")

@@ -7,10 +7,8 @@ from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from loraplane.policy import Policy
-from schemas.request_log import RequestStatus, Tier
-from streams.scores import (
+from loraplane.schemas.request_log import RequestStatus, Tier
+from loraplane.streams.scores import (
     TAU_1M_S,
     TAU_10M_S,
     Decayed,
@@ -22,6 +20,8 @@ from streams.scores import (
     observe,
     to_dict,
 )
+
+from loraplane.kernel.policy import Policy
 
 POLICY = Policy()
 T0 = 1_700_000_000.0

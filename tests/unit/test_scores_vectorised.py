@@ -10,9 +10,7 @@ import math
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-
-from loraplane.policy import Policy
-from streams.scores import (
+from loraplane.streams.scores import (
     TAU_1M_S,
     TAU_10M_S,
     Decayed,
@@ -23,6 +21,8 @@ from streams.scores import (
     hot_scores_of,
     priority_values,
 )
+
+from loraplane.kernel.policy import Policy
 
 T0 = 1_700_000_000.0
 POLICIES = [Policy(), Policy(hot_score_formula="0.3 * qps_1m + 0.3 * qps_10m + 0.2 * "

@@ -11,11 +11,11 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits, verify_artifact
 from loraplane.cli import app
 from loraplane.tiny_model import SPECIAL_TOKENS, build_adapter, build_model
-from workers.artifact_dir import DirectoryArtifact
-from workers.model_shape import ModelShape
-from workers.verification import WorkerLimits, verify_artifact
 
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json"}
@@ -107,8 +107,9 @@ def test_adapters_are_deterministic_per_seed(tmp_path: Path) -> None:
 
 def test_adapters_verify_against_the_model_they_were_built_for(model: Path,
                                                               tmp_path: Path) -> None:
+    from loraplane.schemas.adapter import Priority
+
     from loraplane.artifact_publish import PublishRequest, build_record
-    from schemas.adapter import Priority
 
     config = json.loads((model / "config.json").read_text())
     folder = build_adapter(tmp_path / "a", seed=1, rank=16,
@@ -150,15 +151,16 @@ def test_cli_builds_and_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     # --adapter-id/--version take the record from the registry topic's view
     from datetime import UTC, datetime
 
-    import streams.registry_view
-    from schemas.adapter import AdapterRecord
-    from schemas.registry import AdapterView
+    from loraplane.schemas.adapter import AdapterRecord
+    from loraplane.schemas.registry import AdapterView
+
+    import loraplane.kernel.registry_view
 
     record = AdapterRecord.model_validate(lines[1]["record"])
     view = AdapterView(adapter_id=record.adapter_id, tenant_id=record.tenant_id,
                        base_model=record.base_model, versions=[record], last_seq=1,
                        last_event_id="e1", updated_at=datetime.now(UTC))
-    monkeypatch.setattr(streams.registry_view, "load_registry",
+    monkeypatch.setattr(loraplane.kernel.registry_view, "load_registry",
                         lambda _settings: {record.adapter_id: view})
     by_id = runner.invoke(app, ["artifact", "verify", str(adapter), "--adapter-id",
                                 record.adapter_id, "--version", "1"])

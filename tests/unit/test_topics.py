@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.topics import DAY_MS, TOPICS, Existing, TopicSpec, diff, spec, topic_name
-from loraplane.config import Settings
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import DAY_MS, TOPICS, Existing, TopicSpec, diff, spec, topic_name
 
 
 def test_topic_name_uses_the_prefix() -> None:

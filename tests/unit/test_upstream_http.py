@@ -12,8 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from workers.upstream_http import UpstreamError, UpstreamPool, _Connection
+from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, _Connection
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

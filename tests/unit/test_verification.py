@@ -12,6 +12,16 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.refusal import Reason
+from loraplane.artifact.verification import (
+    CONFIG_NAME,
+    MANIFEST_NAME,
+    WEIGHTS_NAME,
+    FileFacts,
+    WorkerLimits,
+    verify_artifact,
+)
 from loraplane.tiny_model import build_adapter
 from tests.hostile_corpus import (
     CASES,
@@ -23,16 +33,6 @@ from tests.hostile_corpus import (
     hostile,
     symlink,
     write_manifest,
-)
-from workers.artifact_dir import DirectoryArtifact
-from workers.refusal import Reason
-from workers.verification import (
-    CONFIG_NAME,
-    MANIFEST_NAME,
-    WEIGHTS_NAME,
-    FileFacts,
-    WorkerLimits,
-    verify_artifact,
 )
 
 
@@ -183,7 +183,7 @@ def test_mutated_artifacts_with_a_manifest_never_raise_and_never_pass(
     check(files)
     if bytes(weights[at:at + len(mutation)]) != original:
         # a valid manifest of the good files: the flipped bytes must be caught
-        from schemas.manifest import Manifest, ManifestFile
+        from loraplane.schemas.manifest import Manifest, ManifestFile
 
         good = Manifest(files=[ManifestFile(path=p, sha256=MemoryArtifact(good_files).sha256(p),
                                             size=len(b)) for p, b in good_files.items()])

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from loraplane.workers.fake_vllm import FakeVllm
+from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 
 from loraplane.tiny_model import build_adapter
-from workers.fake_vllm import FakeVllm
-from workers.vllm_client import VllmClient, VllmError, classify
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 

@@ -3,7 +3,7 @@ its first use (the per-adapter children are cached for the gateway's hot path)."
 
 from __future__ import annotations
 
-from workers.worker_metrics import AdapterLabels, WorkerMetrics
+from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
 
 
 def sample(metrics: WorkerMetrics, name: str, labels: AdapterLabels) -> float | None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loraplane.policy import Policy
+from loraplane.kernel.policy import Policy
 from loraplane.simulator.catalog import Catalog
 from loraplane.simulator.fleet import CostModel, Pool
 from loraplane.simulator.requests import Requests

@@ -25,16 +25,16 @@ import hashlib
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
+from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.request_log import RequestClass, RequestStatus, Tier
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.simulator.catalog import Adapter
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
-from schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
-from schemas.commands import CommandAction
-from schemas.registry import AdapterView
-from schemas.request_log import RequestClass, RequestStatus, Tier
-from schemas.worker_state import LoadedAdapter, WorkerState
-from streams import planner
-from streams.schedules import Schedule, ScheduleEntry, warmup_scores
-from streams.scores import ScoreState, is_burst, observe, score_key
+from loraplane.streams import planner
+from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
+from loraplane.streams.scores import ScoreState, is_burst, observe, score_key
 
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
 _EMPTY = ScoreState()

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from loraplane.policy import Policy
+from loraplane.kernel.policy import Policy
 
 LOOPBACK = "127.0.0.1"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import logging
 
-from infra.topics import topic_name
-from loraplane.bus import read_topic
-from loraplane.config import Settings
-from schemas.codec import SchemaError, decode
-from schemas.registry import AdapterView
+from loraplane.kernel.bus import read_topic
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.registry import AdapterView
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from workers.verification import FileFacts
+from loraplane.artifact.verification import FileFacts
 
 MAX_ENTRIES = 1024
 MAX_DEPTH = 4

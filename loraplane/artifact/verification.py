@@ -33,10 +33,10 @@ from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
-from schemas.adapter import AdapterRecord
-from schemas.manifest import Manifest
-from workers.model_shape import LinearShape, ModelShape
-from workers.refusal import Reason, Refusal
+from loraplane.artifact.model_shape import LinearShape, ModelShape
+from loraplane.artifact.refusal import Reason, Refusal
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.manifest import Manifest
 
 MANIFEST_NAME = "manifest.json"
 CONFIG_NAME = "adapter_config.json"

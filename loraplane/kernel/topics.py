@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
-    from loraplane.config import Settings
+    from loraplane.kernel.config import Settings
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -128,7 +128,7 @@ def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change
 def admin_client(settings: Settings) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
-    from infra.kafka import client_config
+    from loraplane.kernel.kafka import client_config
 
     return AdminClient(client_config(settings))
 
@@ -165,14 +165,14 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         ResourceType,
     )
 
-    from infra.processes import StackError
+    from loraplane.kernel.kafka import KafkaUnavailable
 
     admin = admin_client(settings)
     named = {topic_name(settings, s.suffix): s for s in only}
     try:
         existing = _existing(admin, list(named), timeout)
     except KafkaException as exc:
-        raise StackError(f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
+        raise KafkaUnavailable(f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
                          "is the stack up? (loraplane stack status)") from None
     changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name))]
     if dry_run:

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from loraplane.config import Settings
-from schemas.codec import encode
+from loraplane.kernel.config import Settings
+from loraplane.schemas.codec import encode
 
 
 class DeliveryError(RuntimeError):

@@ -1,0 +1,216 @@
+"""The import contract of docs/architecture.md, checked on the source tree (AST, no imports run).
+
+Layers point one way: kernel (0) <- pure decisions (1) <- runtimes (2) <- applications (3).
+A module may import its own layer or lower ones; runtimes do not import one another; pure
+decision code imports no network, process or broker library; no module-level import cycle.
+Lazy imports inside functions count too: they are the ones that hid cycles before.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[2]
+# The package-dir mapping of pyproject.toml: folder -> import prefix.
+FOLDERS = {"loraplane": "loraplane", "schemas": "loraplane.schemas",
+           "streams": "loraplane.streams", "workers": "loraplane.workers",
+           "infra": "loraplane.infra", "dashboards": "loraplane.dashboards"}
+
+KERNEL, DECISIONS, RUNTIMES, APPLICATIONS = 0, 1, 2, 3
+LAYER_NAMES = {0: "kernel", 1: "decisions", 2: "runtimes", 3: "applications"}
+# First match wins; every module must match one pattern (a new module is placed on purpose).
+CONTRACT: list[tuple[str, int]] = [
+    ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
+    ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
+    ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
+    ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
+    ("loraplane.streams.lifecycle", DECISIONS), ("loraplane.streams.scores", DECISIONS),
+    ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
+    ("loraplane.streams.planner_columns", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
+    ("loraplane.workers.reconcile", DECISIONS),
+    ("loraplane.lifecycle_events", DECISIONS),
+    ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
+    ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
+    ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
+    ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
+    ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
+]
+# Runtimes are separate processes; they share code only through lower layers.
+RUNTIME_PACKAGES = ("loraplane.streams", "loraplane.workers", "loraplane.metrics",
+                    "loraplane.infra")
+IO_LIBRARIES = ("aiohttp", "boto3", "botocore", "clickhouse_driver", "confluent_kafka",
+                "faust", "aiokafka", "httptools", "requests", "socket", "subprocess",
+                "urllib.request", "http.client", "asyncio")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+    runtime: bool  # False under `if TYPE_CHECKING:`
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    prefix = FOLDERS[parts[0]]
+    name = ".".join([prefix, *parts[1:]])
+    return name.removesuffix(".__init__")
+
+
+def source_files() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            out[module_of(path)] = path
+    return out
+
+
+def layer_of(module: str) -> int:
+    for pattern, layer in CONTRACT:
+        if fnmatchcase(module, pattern):
+            return layer
+    raise AssertionError(f"{module} is in no layer of the contract")
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                for sub in ast.walk(child):
+                    if hasattr(sub, "lineno"):
+                        lines.add(sub.lineno)
+    return lines
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> list[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = _type_checking_lines(tree)
+    found: list[Import] = []
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if sub in known else base)
+        for target in targets:
+            found.append(Import(module, target, node.lineno, node.lineno not in typing_only))
+    return found
+
+
+def all_imports() -> tuple[dict[str, Path], list[Import]]:
+    files = source_files()
+    known = set(files)
+    edges = [imp for module, path in files.items() for imp in imports_of(module, path, known)]
+    return files, edges
+
+
+def _internal(target: str, known: set[str]) -> str | None:
+    """The project module an import names (a package counts as its __init__)."""
+    name = target
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _runtime_package(module: str) -> str | None:
+    return next((p for p in RUNTIME_PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
+def violations() -> list[str]:
+    files, edges = all_imports()
+    known = set(files)
+    out: list[str] = []
+    for imp in edges:
+        where = f"{files[imp.source].relative_to(ROOT)}:{imp.line}"
+        src_layer = layer_of(imp.source)
+        if src_layer == DECISIONS and any(
+                imp.target == lib or imp.target.startswith(lib + ".") for lib in IO_LIBRARIES):
+            out.append(f"{where}: pure decision module {imp.source} imports {imp.target} (I/O)")
+        target = _internal(imp.target, known)
+        if target is None or target == imp.source:
+            continue
+        dst_layer = layer_of(target)
+        if dst_layer > src_layer:
+            out.append(f"{where}: {imp.source} ({LAYER_NAMES[src_layer]}) imports {target} "
+                       f"({LAYER_NAMES[dst_layer]}), a higher layer")
+        src_rt, dst_rt = _runtime_package(imp.source), _runtime_package(target)
+        if (src_layer == RUNTIMES and dst_layer == RUNTIMES and src_rt and dst_rt
+                and src_rt != dst_rt):
+            out.append(f"{where}: runtime {imp.source} imports another runtime's {target}")
+    return out
+
+
+def cycles() -> list[list[str]]:
+    files, edges = all_imports()
+    known = set(files)
+    graph = nx.DiGraph()
+    for imp in edges:
+        target = _internal(imp.target, known)
+        # `import a.b.c` also runs a and a.b, but package __init__ files here import nothing.
+        if imp.runtime and target and target != imp.source and not _is_package_of(target, imp.source):
+            graph.add_edge(imp.source, target)
+    return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+
+
+def _is_package_of(package: str, module: str) -> bool:
+    return module.startswith(package + ".")
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in source_files():
+        layer_of(module)
+
+
+def test_imports_point_down_the_layers() -> None:
+    assert violations() == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles() == []
+
+
+def test_the_checker_sees_a_bad_import(tmp_path: Path) -> None:
+    """The contract bites: a kernel module importing a runtime, or a pure module importing a
+    broker client, is reported (checked on synthetic sources through the same functions)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import confluent_kafka\nfrom loraplane.workers import agent\n")
+    known = {"loraplane.workers.agent", "loraplane.streams.planner"}
+    found = imports_of("loraplane.streams.planner", bad, known)
+    assert [i.target for i in found] == ["confluent_kafka", "loraplane.workers.agent"]
+    assert layer_of("loraplane.kernel.config") < layer_of("loraplane.workers.agent")
+    assert layer_of("loraplane.streams.planner") == DECISIONS
+    assert layer_of("loraplane.streams.planner_agent") == RUNTIMES
+    assert layer_of("loraplane.demo.flow") == APPLICATIONS
+
+
+def test_one_import_name_in_the_package_config() -> None:
+    """Every package setuptools installs is under `loraplane` (bench/ and tests/ stay out)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "loraplane" or p.startswith("loraplane.") for p in config["packages"])
+    for package in config["packages"]:
+        top = package.split(".")[1] if "." in package else "loraplane"
+        folder = config["package-dir"].get(package) or config["package-dir"].get(
+            f"loraplane.{top}", "loraplane")
+        assert (ROOT / folder).is_dir(), package
+    packaged = {p for p in config["packages"]}
+    on_disk = {m for m, path in source_files().items() if path.name == "__init__.py"}
+    assert on_disk == packaged, on_disk ^ packaged
