@@ -10,8 +10,8 @@ adapter_id, Zipf over ``--adapters`` adapters). Then, on that same topic:
 * ``raw_scored``: the same consumer doing the scoring agent's work in a plain loop
   (``score_fold.fold_batch`` of each consumed batch, states kept in a dict, no writes):
   the cost of the work itself;
-* ``loraplane``: ``loraplane streams run --agent streams.scoring_agent`` as its own process
-  (the real agent: consumer group, one Kafka transaction per batch writing the scores topic
+* ``loraplane``: ``loraplane streams run --agent loraplane.streams.scoring_agent`` as its own
+  process (the real agent: consumer group, one Kafka transaction per batch writing the scores topic
   and committing offsets). One sentinel log per partition follows the workload; the rate
   runs from the first committed message of the scores topic to the last sentinel's score
   write (broker timestamps), so start-up is not counted.

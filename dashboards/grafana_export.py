@@ -1,6 +1,7 @@
 """Builds ``dashboards/grafana/loraplane.json`` from the query pack, so Grafana runs the very
 same SQL as ``loraplane report`` and the built-in dashboard. Run
-``python -m dashboards.grafana_export`` after editing a query; a unit test fails on drift."""
+``python -m loraplane.dashboards.grafana_export`` after editing a query; a unit test fails on
+drift."""
 
 from __future__ import annotations
 

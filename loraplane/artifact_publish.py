@@ -1,7 +1,7 @@
 """Turning an adapter folder into a published artifact: manifest, record, upload.
 
 The folder (or an S3 prefix, downloaded first) is checked with the workers' own verifier
-(``workers.verification.verify_artifact``) against the record we are about to sign, so CI
+(``loraplane.artifact.verification.verify_artifact``) against the record we are about to sign, so CI
 refuses exactly what a worker would refuse: pickle weights, anything but
 ``adapter_config.json`` and top-level ``*.safetensors``, inconsistent tensors, a rank or
 base model that disagrees with adapter_config.json. The upload goes to
