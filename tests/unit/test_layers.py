@@ -34,6 +34,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
+    # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
+    ("loraplane.streams.score_store", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
@@ -164,7 +166,8 @@ def cycles() -> list[list[str]]:
     for imp in edges:
         target = _internal(imp.target, known)
         # `import a.b.c` also runs a and a.b, but package __init__ files here import nothing.
-        if imp.runtime and target and target != imp.source and not _is_package_of(target, imp.source):
+        if (imp.runtime and target and target != imp.source
+                and not _is_package_of(target, imp.source)):
             graph.add_edge(imp.source, target)
     return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
 
