@@ -61,3 +61,19 @@ def test_a_record_we_did_not_write_is_refused_with_a_reason(change: dict, field:
         decode(PlannerMemory, json.dumps({**GOOD, **change}))
     assert err.value.reason == "invalid"
     assert any(loc == field for loc, _ in err.value.errors), err.value.errors
+
+
+def test_the_agent_skips_an_unreadable_record_once_with_its_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The planner agent plans a worker whose record does not decode as if it had no memory
+    (the tick's memory then replaces the record), and says why once, not every tick."""
+    from loraplane.streams.planner_agent import _Inputs
+
+    good, bad = encode(next(iter(PLAN.memory.values())).record()), b'{"seq": -1}'
+    parsed = _Inputs().memory
+    with caplog.at_level("ERROR"):
+        for _ in range(3):  # three ticks over the same table values
+            memory = parsed.of([("w1", good), ("w2", bad)])
+            assert list(memory) == ["w1"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("w2: unreadable value skipped: invalid: seq")
