@@ -12,8 +12,10 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.score_snapshot import ScoreSnapshot
 from loraplane.schemas.worker_state import WorkerState
 from pydantic import BaseModel
 
@@ -26,7 +28,9 @@ MODELS: dict[str, type[BaseModel]] = {
     "dead_letter": DeadLetter,
     "lifecycle_event": LifecycleEvent,
     "manifest": Manifest,
+    "planner_memory": PlannerMemory,
     "request_log": RequestLog,
+    "score_snapshot": ScoreSnapshot,
     "worker_state": WorkerState,
 }
 

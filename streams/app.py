@@ -1,5 +1,6 @@
 """The one Faust application. Agents live in their own modules (AGENT_MODULES) and attach to
-``app``; ``loraplane streams run`` imports them all and starts the worker.
+``app``; ``loraplane streams run`` imports them all and starts the worker. State two agents
+share in this worker is created here, once, next to the app (``score_store``).
 
 Tables use Faust's in-memory store backed by changelog topics: on restart a worker rebuilds
 them from the changelog, so state survives a kill without a local RocksDB to manage.
@@ -11,6 +12,7 @@ import importlib
 from collections.abc import Iterable
 
 import faust
+from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel.config import get_settings
 
@@ -41,6 +43,8 @@ def _make_app() -> faust.App:
 
 
 app = _make_app()
+score_store = ScoreStore()
+"""Written by the scoring agent (its ScoringService), read by the planner agent."""
 
 
 def raw_topic(suffix: str) -> faust.TopicT:

@@ -60,6 +60,7 @@ from itertools import repeat
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
@@ -88,14 +89,16 @@ class WorkerMemory:
     pending: tuple[CacheCommand, ...] = ()
     loads: tuple[float, ...] = ()  # issue times of load_gpu commands in the last minute
 
-    def to_dict(self) -> dict:
-        return {"seq": self.seq, "loads": list(self.loads),
-                "pending": [c.model_dump(mode="json") for c in self.pending]}
+    def record(self) -> PlannerMemory:
+        """The memory as written to the ``planner-memory`` table. Not validated: the
+        commands were validated when built and the rest is the planner's own numbers."""
+        return PlannerMemory.model_construct(seq=self.seq, pending=self.pending,
+                                             loads=self.loads)
 
     @classmethod
-    def from_dict(cls, data: dict) -> WorkerMemory:
-        return cls(seq=int(data["seq"]), loads=tuple(float(t) for t in data["loads"]),
-                   pending=tuple(CacheCommand.model_validate(c) for c in data["pending"]))
+    def of(cls, record: PlannerMemory) -> WorkerMemory:
+        """The memory a (decoded, so validated) table record holds."""
+        return cls(seq=record.seq, pending=record.pending, loads=record.loads)
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,21 @@
 the worker, which keeps its columns between ticks) and says what it decided on Kafka.
 
 Inputs, all in this Faust worker: the registry table (streams.registry_agent), the score
-states (streams.scoring_agent, read back from the ``scores`` topic before the first tick),
-the ``worker-states`` table (latest WorkerState per worker, from the compacted worker-state
-topic) and the schedule file (re-read when it changes).
+states (``streams.app.score_store``, kept by streams.scoring_agent and read back from the
+``scores`` topic before the first tick), the ``worker-states`` table (latest WorkerState per
+worker, from the compacted worker-state topic) and the schedule file (re-read when it
+changes).
 
 One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at once on a
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
-writes the planner's memory to the ``planner-memory`` table and flushes it *before* sending
-any command, then sends each command to the commands topic (key worker_id) and to the
-decisions topic, and its audit record to the audit topic. So after a crash the memory knows
-every command that may have gone out: nothing is re-decided under a new command_id, and on
-start the pending ones are sent again under their own ids (workers drop duplicates by
-command_id).
+writes the planner's memory (``schemas.planner_memory.PlannerMemory``) to the
+``planner-memory`` table and flushes it *before* sending any command, then sends each
+command to the commands topic (key worker_id) and to the decisions topic, and its audit
+record to the audit topic. So after a crash the memory knows every command that may have
+gone out: nothing is re-decided under a new command_id, and on start the pending ones are
+sent again under their own ids (workers drop duplicates by command_id). A memory record
+that does not decode is skipped with its reason: the worker is planned as if it had none,
+and that tick's memory replaces the record.
 
 Planning waits for table recovery and the score states: a planner that ran on an empty
 memory would re-issue, one on empty scores would demote everything.
@@ -40,14 +43,16 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
+from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.app import app
+from loraplane.streams import scoring_agent  # noqa: F401  (its service fills score_store)
+from loraplane.streams.app import app, score_store
 from loraplane.streams.lifecycle import AdapterState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
 from loraplane.streams.schedules import ScheduleFile, warmup_scores
-from loraplane.streams.scoring_agent import burst_seen, score_states, scores_ready
+from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec, topic_name
@@ -71,7 +76,8 @@ dead_letter_topic = _raw_topic("dead-letters")
 worker_states = app.Table("worker-states", partitions=spec("worker-state").partitions,
                           help="worker_id -> latest WorkerState (JSON)")
 planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
-                           help="worker_id -> streams.planner.WorkerMemory.to_dict()")
+                           value_type=bytes,  # raw: decoded by schemas.codec
+                           help="worker_id -> schemas.planner_memory.PlannerMemory (JSON)")
 
 
 def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
@@ -130,19 +136,31 @@ class _Parsed(Generic[T]):
     """Table values parsed once per change, not once per tick (1000 worker states cost
     ~140 ms a tick to validate). A value is parsed again only when it is not the object
     parsed last time: Faust's memory store hands out the stored object until a write
-    replaces it, and nothing here mutates a stored value."""
+    replaces it, and nothing here mutates a stored value. A value ``parse`` refuses
+    (``SchemaError``) is left out, logged once with its reason."""
 
     def __init__(self, parse: Callable[[Any], T]) -> None:
         self._parse = parse
-        self._cache: dict[str, tuple[Any, T]] = {}
+        self._cache: dict[str, tuple[Any, T | None]] = {}
 
     def of(self, items: Iterable[tuple[str, Any]]) -> dict[str, T]:
         fresh = {}
         for key, raw in items:
             hit = self._cache.get(key)
-            fresh[key] = hit if hit is not None and hit[0] is raw else (raw, self._parse(raw))
+            fresh[key] = hit if hit is not None and hit[0] is raw else (raw, self._try(key, raw))
         self._cache = fresh
-        return {key: parsed for key, (_, parsed) in fresh.items()}
+        return {key: parsed for key, (_, parsed) in fresh.items() if parsed is not None}
+
+    def _try(self, key: str, raw: Any) -> T | None:
+        try:
+            return self._parse(raw)
+        except SchemaError as exc:
+            log.error("%s: unreadable value skipped: %s", key, exc)
+            return None
+
+
+def _memory_of(raw: bytes) -> WorkerMemory:
+    return WorkerMemory.of(decode(PlannerMemory, raw))
 
 
 def _audit(cmd: CacheCommand) -> AuditRecord:
@@ -183,28 +201,27 @@ class _Inputs:
     views: _Views = field(default_factory=_Views)
     workers: _Parsed[WorkerState] = field(
         default_factory=lambda: _Parsed(WorkerState.model_validate))
-    memory: _Parsed[WorkerMemory] = field(
-        default_factory=lambda: _Parsed(WorkerMemory.from_dict))
+    memory: _Parsed[WorkerMemory] = field(default_factory=lambda: _Parsed(_memory_of))
     planner: Planner = field(default_factory=Planner)
 
 
-def plan_now(inputs: _Inputs, memory: dict[str, WorkerMemory]) -> Plan:
+def plan_now(inputs: _Inputs, scores: ScoreStore, memory: dict[str, WorkerMemory]) -> Plan:
     now = time.time()
     current = inputs.views.current()
     scheduled = warmup_scores(schedule_file.current(),
                               ((v.adapter_id, v.tenant_id) for v in current), now)
     workers = list(inputs.workers.of(worker_states.items()).values())
-    return inputs.planner.tick(current, score_states(), workers, settings.policy, now,
+    return inputs.planner.tick(current, scores.states(), workers, settings.policy, now,
                                memory, scheduled)
 
 
 @app.task
 async def planner_loop() -> None:
     await app.tables.recovery.completed.wait()
-    await scores_ready.wait()
+    await score_store.ready.wait()
     inputs = _Inputs()
-    for raw in list(planner_memory.values()):  # resend what may not have gone out
-        for cmd in WorkerMemory.from_dict(raw).pending:
+    for mem in inputs.memory.of(list(planner_memory.items())).values():
+        for cmd in mem.pending:  # resend what may not have gone out
             await commands_topic.send(key=cmd.worker_id.encode(), value=encode(cmd))
     # What recovery loaded (tables, 100k score states) lives as long as the worker: out of
     # the collector's way, or a full collection over it adds up to a second to a tick.
@@ -214,18 +231,19 @@ async def planner_loop() -> None:
     waiting: list[str] = []
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_any_trigger(), timeout=settings.policy.planner_interval_s)
+            await asyncio.wait_for(_any_trigger(score_store),
+                                   timeout=settings.policy.planner_interval_s)
         replan.clear()
-        burst_seen.clear()
+        score_store.burst.clear()
         try:
             memory = inputs.memory.of(planner_memory.items())
-            result = plan_now(inputs, memory)
+            result = plan_now(inputs, score_store, memory)
         except Exception:  # a bad record must not stop planning for everyone else
             log.exception("planning tick failed; retrying at the next tick")
             continue
         for wid, mem in result.memory.items():
             if mem != memory.get(wid):
-                planner_memory[wid] = mem.to_dict()
+                planner_memory[wid] = encode(mem.record())
         if result.commands:
             await app.producer.flush()  # memory is durable before any command leaves
             for cmd in result.commands:
@@ -236,8 +254,8 @@ async def planner_loop() -> None:
         waiting = await _announce_waiting(result, waiting)
 
 
-async def _any_trigger() -> None:
-    waits = [asyncio.ensure_future(replan.wait()), asyncio.ensure_future(burst_seen.wait())]
+async def _any_trigger(scores: ScoreStore) -> None:
+    waits = [asyncio.ensure_future(replan.wait()), asyncio.ensure_future(scores.burst.wait())]
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:

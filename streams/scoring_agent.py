@@ -1,24 +1,25 @@
 """The scoring agent: request logs in, per adapter-version score state out, in batches.
 
 It runs inside the Faust worker (``ScoringService``, so the planner reads the states in
-memory) but consumes and produces with confluent-kafka itself, because it is the busiest
-consumer of the system: as a per-event Faust agent it scored ~1.5k logs/s (Faust's fetcher
-and one changelog write per log dominated; docs/benchmarks.md). Each batch of up to
+memory: ``streams.app.score_store``) but consumes and produces with confluent-kafka itself,
+because it is the busiest consumer of the system: as a per-event Faust agent it scored
+~1.5k logs/s (Faust's fetcher and one changelog write per log dominated;
+docs/benchmarks.md). Each batch of up to
 ``BATCH`` logs is folded by the pure ``streams.score_fold.fold_batch``; then, in one Kafka
 transaction, every touched score key is written once to the compacted ``scores`` topic,
 refused logs go to the dead-letter topic with their reason, and the batch's consumer
 offsets are committed. So a crash at any point neither loses nor double-counts a log: on
 start (and on every partition reassignment) the states are re-read from the ``scores``
-topic (read-committed) and consumption resumes from the committed offsets.
+topic (read-committed; records are ``schemas.score_snapshot.ScoreSnapshot``, an unreadable
+one is skipped with its reason) and consumption resumes from the committed offsets.
 
 Time is the log's own ``ts`` (event time), so replayed or late logs count as of when they
 happened and tests control time by the timestamps they write. A batch in which a log
-starts a burst (``scores.is_burst``) sets ``burst_seen`` so the planner re-plans now.
+starts a burst (``scores.is_burst``) sets the store's ``burst`` event so the planner
+re-plans now.
 
-One consumer thread owns the consumer and producer; the asyncio side only reads
-``score_states()``, a copy taken under the lock the thread holds while it changes the
-states (after each commit, and when it replaces them all after a reassignment: the planner
-must never see them half-loaded, it would demote everything it did not see). The
+One consumer thread owns the consumer and producer and is the only writer of the
+``ScoreStore`` (streams.score_store: the planner reads consistent copies of it). The
 transactional id is per topic prefix: a second scoring worker on the same prefix fences
 the first (the planner assumes one worker).
 """
@@ -26,7 +27,6 @@ the first (the planner assumes one worker).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -34,11 +34,13 @@ from collections.abc import Callable
 from typing import Any
 
 import mode
-from loraplane.schemas.codec import encode
+from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_for
-from loraplane.streams.app import app
+from loraplane.schemas.score_snapshot import ScoreSnapshot
+from loraplane.streams.app import app, score_store
 from loraplane.streams.score_fold import fold_batch
-from loraplane.streams.scores import ScoreState, from_dict, to_dict
+from loraplane.streams.score_store import ScoreStore
+from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
 
 from loraplane.kernel.bus import producer
 from loraplane.kernel.config import Settings, get_settings
@@ -52,20 +54,6 @@ BATCH = 10_000
 POLL_S = 0.05
 RETRY_S = 2.0
 """Pause before a new session after a Kafka error (broker down, fenced, rebalanced)."""
-
-burst_seen = asyncio.Event()
-"""Set when a request log starts a burst; the planner agent waits on it."""
-_states: dict[str, ScoreState] = {}
-_states_lock = threading.Lock()
-scores_ready = asyncio.Event()
-"""Set once the states were read back from the scores topic; the planner waits on it."""
-
-
-def score_states() -> dict[str, ScoreState]:
-    """Every score state this worker holds (all keys when it runs alone)."""
-    with _states_lock:
-        return dict(_states)
-
 
 def restore(settings: Settings) -> dict[str, ScoreState]:
     """The committed state of every score key: the scores topic read to its end."""
@@ -95,8 +83,9 @@ def restore(settings: Settings) -> dict[str, ScoreState]:
                     states.pop(msg.key().decode(), None)
                 else:
                     try:
-                        states[msg.key().decode()] = from_dict(json.loads(msg.value()))
-                    except (ValueError, KeyError, TypeError, IndexError) as exc:
+                        states[msg.key().decode()] = from_snapshot(
+                            decode(ScoreSnapshot, msg.value()))
+                    except (SchemaError, UnicodeDecodeError) as exc:
                         log.error("scores %s@%s unreadable, skipped: %s", msg.partition(),
                                   msg.offset(), exc)
         return states
@@ -107,11 +96,10 @@ def restore(settings: Settings) -> dict[str, ScoreState]:
 class ScoreKeeper:
     """The consume -> fold -> transact loop. ``run`` blocks (a thread) until ``stop``."""
 
-    def __init__(self, settings: Settings, states: dict[str, ScoreState], lock: threading.Lock,
+    def __init__(self, settings: Settings, store: ScoreStore,
                  on_burst: Callable[[list[str]], None], on_ready: Callable[[], None]) -> None:
         self.settings = settings
-        self.states = states
-        self.lock = lock
+        self.store = store
         self.on_burst = on_burst
         self.on_ready = on_ready
         self.requests = topic_name(settings, "requests")
@@ -147,9 +135,7 @@ class ScoreKeeper:
                 batch = consumer.consume(num_messages=BATCH, timeout=POLL_S)
                 if self.reload:  # new partitions: their states as last committed
                     committed = restore(self.settings)
-                    with self.lock:
-                        self.states.clear()
-                        self.states.update(committed)
+                    self.store.replace_all(committed)
                     self.reload = False
                     log.info("scoring: %d score states read back; consuming from epoch %.3f",
                              len(committed), time.time())
@@ -173,11 +159,11 @@ class ScoreKeeper:
                 continue
             messages.append(msg)
             ends[msg.partition()] = msg.offset() + 1
-        folded = fold_batch(self.states, messages)
+        folded = fold_batch(self.store.live(), messages)
         txn.begin_transaction()
         try:
             for key, state in folded.touched.items():
-                txn.produce(self.scores, key=key, value=json.dumps(to_dict(state)))
+                txn.produce(self.scores, key=key, value=encode(snapshot(state)))
             for msg, exc in folded.refused:
                 log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(),
                             exc)
@@ -190,8 +176,7 @@ class ScoreKeeper:
         except BaseException:
             txn.abort_transaction(30)
             raise
-        with self.lock:
-            self.states.update(folded.touched)
+        self.store.update(folded.touched)
         if folded.bursts:
             log.info("burst for %s", ", ".join(folded.bursts[:10]))
             self.on_burst(folded.bursts)
@@ -199,7 +184,8 @@ class ScoreKeeper:
 
 @app.service
 class ScoringService(mode.Service):
-    """Runs the ScoreKeeper in its own thread for as long as the Faust worker runs."""
+    """Runs the ScoreKeeper in its own thread for as long as the Faust worker runs, keeping
+    the worker's ``score_store``."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -209,9 +195,9 @@ class ScoringService(mode.Service):
     async def on_start(self) -> None:
         loop = asyncio.get_running_loop()
         keeper = ScoreKeeper(
-            settings, _states, _states_lock,
-            on_burst=lambda keys: loop.call_soon_threadsafe(burst_seen.set),
-            on_ready=lambda: loop.call_soon_threadsafe(scores_ready.set))
+            settings, score_store,
+            on_burst=lambda keys: loop.call_soon_threadsafe(score_store.burst.set),
+            on_ready=lambda: loop.call_soon_threadsafe(score_store.ready.set))
         self._thread = threading.Thread(target=keeper.run, args=(self._stop,),
                                         name="scoring", daemon=True)
         self._thread.start()

@@ -14,7 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
-from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, to_dict
+from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
 from loraplane.streams.scoring_agent import restore
 
 from bench.workload import request_logs
@@ -69,13 +69,13 @@ def expected_states(logs: list[RequestLog]) -> dict[str, dict]:
     for x in logs:  # one adapter's logs share a partition, so the agent sees them in order
         key = score_key(x.adapter_id, x.adapter_version)
         states[key] = observe_many(states.get(key) or ScoreState(), [Sample.of(x)])[0]
-    return {k: to_dict(v) for k, v in states.items()}
+    return {k: snapshot(v).model_dump() for k, v in states.items()}
 
 
 def wait_states(env: Env, want: dict[str, dict], timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        got = {k: to_dict(v) for k, v in restore(env.settings).items()}
+        got = {k: snapshot(v).model_dump() for k, v in restore(env.settings).items()}
         if got == want:
             return
         assert time.monotonic() < deadline, (

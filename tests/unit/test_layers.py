@@ -34,6 +34,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
+    # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
+    ("loraplane.streams.score_store", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),

@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
+from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, plan, protected_cap
@@ -196,7 +198,8 @@ def test_replanning_with_memory_issues_nothing_twice_and_ids_are_deterministic()
     p1 = plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW)
     assert len(p1.commands) == 2
     assert plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW).commands == p1.commands
-    restored = {k: WorkerMemory.from_dict(v.to_dict()) for k, v in p1.memory.items()}
+    restored = {k: WorkerMemory.of(decode(PlannerMemory, encode(v.record())))
+                for k, v in p1.memory.items()}
     assert plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW + 5, restored).commands == []
     # The worker now shows a loaded; b's command expired: b is re-issued under a new id.
     later = NOW + POLICY.command_deadline_s + 1

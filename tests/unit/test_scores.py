@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
+from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.request_log import RequestStatus, Tier
+from loraplane.schemas.score_snapshot import ScoreSnapshot
 from loraplane.streams.scores import (
     TAU_1M_S,
     TAU_10M_S,
     Decayed,
     ScoreState,
-    from_dict,
+    from_snapshot,
     hot_score,
     is_burst,
     merged,
     observe,
-    to_dict,
+    snapshot,
 )
 
 from loraplane.kernel.policy import Policy
@@ -35,6 +38,16 @@ def requests(n: int, start: float = T0, every_s: float = 1.0, tier: Tier = Tier.
         state = observe(state, ts=start + i * every_s, request_class=cls, tier=tier,
                         status=status, ttft_ms=ttft)
     return state
+
+
+def wire(state: ScoreState) -> bytes:
+    """The state as the scoring agent writes it to the scores topic."""
+    return encode(snapshot(state))
+
+
+def read(raw: bytes | str) -> ScoreState:
+    """A scores record as the scoring agent reads it back."""
+    return from_snapshot(decode(ScoreSnapshot, raw))
 
 
 def test_steady_rate_converges_to_the_arrival_rate() -> None:
@@ -104,7 +117,7 @@ def test_merged_adds_demand_and_keeps_version_facts() -> None:
 def test_serialisation_round_trips() -> None:
     s = requests(7, tier=Tier.cold, ttft=300.0)
     s = requests(3, start=T0 + 100, state=s, cls="batch")
-    assert from_dict(to_dict(s)) == s
+    assert read(wire(s)) == s
 
 
 qps = st.floats(min_value=0, max_value=50, allow_nan=False)
@@ -171,5 +184,6 @@ def test_a_count_hovering_at_the_floor_fires_once_then_rearms_after_quiet() -> N
 
 def test_burst_state_survives_the_changelog_round_trip() -> None:
     state = requests(10)
-    assert from_dict(to_dict(state)) == state
-    assert from_dict({k: v for k, v in to_dict(state).items() if k != "armed"}).burst_armed
+    assert read(wire(state)) == state
+    assert read(json.dumps({k: v for k, v in json.loads(wire(state)).items()
+                            if k != "armed"})).burst_armed

@@ -1,0 +1,36 @@
+"""One score key's state as committed to the compacted ``scores`` topic (key = score key,
+``adapter_id@version`` or ``adapter_id@*``); the scoring agent reads them all back on start.
+
+The wire form of ``streams.scores.ScoreState``: each decayed counter is a ``[value, at]``
+pair (its time constant is implied by the field), short field names because ~100k of these
+are written and re-read. Counts are never negative and nothing is NaN or infinite: a record
+that says otherwise was not written by us and is skipped on read.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from loraplane.schemas.base import NonNegativeMs, StrictModel
+from pydantic import Field
+
+Count = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A decayed event count (as of its ``at``)."""
+Epoch = Annotated[float, Field(allow_inf_nan=False)]
+"""Seconds since the epoch."""
+DecayedPair = tuple[Count, Epoch]
+"""``(value, at)`` of an exponentially decayed counter."""
+
+
+class ScoreSnapshot(StrictModel):
+    schema_version: Literal[1] = 1
+    r10: DecayedPair = Field(description="requests, 10-minute time constant")
+    r1: DecayedPair = Field(description="requests, 1-minute time constant")
+    last: Epoch | None = Field(description="time of the last request (None: never)")
+    cold: NonNegativeMs | None = Field(description="moving average TTFT when not on GPU")
+    hot: NonNegativeMs | None = Field(description="moving average TTFT when on GPU")
+    served: DecayedPair = Field(description="requests served after a load (10 min)")
+    errors: DecayedPair = Field(description="of which errors (10 min)")
+    classes: dict[Annotated[str, Field(max_length=64)], DecayedPair] = Field(
+        max_length=64, description="requests per request class (10 min)")
+    armed: bool = Field(True, description="the next burst may fire (absent in old records)")

@@ -1,0 +1,52 @@
+"""The score states of one streams worker: the scoring agent's consumer thread writes them,
+the planner agent reads them on the event loop.
+
+One object, created with the app (``streams.app.score_store``) and handed to both agents,
+instead of module globals of the scoring agent that the planner reached into. Writes
+happen only on the scoring thread (after a batch's transaction committed, or all at once
+after a reassignment re-read the scores topic); ``states`` takes its copy under the same
+lock, so the planner never sees half a reload (it would demote everything it did not see).
+The events are asyncio's: the scoring thread sets them through the loop
+(``call_soon_threadsafe``), never directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from loraplane.streams.scores import ScoreState
+
+
+@dataclass(eq=False)
+class ScoreStore:
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the states were read back from the scores topic: the planner waits on it."""
+    burst: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a request log started a burst: the planner re-plans now and clears it."""
+    _states: dict[str, ScoreState] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def states(self) -> dict[str, ScoreState]:
+        """A consistent copy of every state (all keys when this worker runs alone)."""
+        with self._lock:
+            return dict(self._states)
+
+    def live(self) -> Mapping[str, ScoreState]:
+        """The states themselves, read-only, for the writing thread's own reads (the fold):
+        nothing else changes them, so it needs no copy and no lock."""
+        return MappingProxyType(self._states)
+
+    def replace_all(self, states: Mapping[str, ScoreState]) -> None:
+        """Every state as re-read from the scores topic, in one step."""
+        with self._lock:
+            self._states.clear()
+            self._states.update(states)
+
+    def update(self, touched: Mapping[str, ScoreState]) -> None:
+        """The states a committed batch changed."""
+        with self._lock:
+            self._states.update(touched)

@@ -1,0 +1,79 @@
+"""The planner-memory table's records (schemas.planner_memory): what the planner writes
+without validating is valid and reads back as the same memory, records written before the
+schema still read, and a record we did not write is refused with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.streams.planner import WorkerMemory, plan
+
+from tests.unit.test_planner import NOW, POLICY, record, scores, views, worker
+
+ADAPTERS = [record(f"a{i}") for i in range(6)]
+PLAN = plan(views(*ADAPTERS), scores(**{f"a{i}": 1.0 for i in range(6)}),
+            [worker("w1"), worker("w2")], POLICY, NOW)
+COMMANDS = PLAN.commands
+
+memories = st.builds(
+    WorkerMemory, seq=st.integers(0, 2**40),
+    pending=st.lists(st.sampled_from(COMMANDS), max_size=6).map(tuple),
+    loads=st.lists(st.floats(min_value=0, max_value=4e9), max_size=10).map(tuple))
+
+
+def test_a_plan_leaves_memory_with_pending_commands_and_loads() -> None:
+    assert COMMANDS and all(m.pending and m.loads for m in PLAN.memory.values())
+
+
+@given(memories)
+def test_what_the_planner_writes_is_valid_and_reads_back_as_the_same_memory(
+        memory: WorkerMemory) -> None:
+    written = memory.record()  # model_construct: the write path does not validate
+    assert PlannerMemory.model_validate(written.model_dump()) == written
+    assert WorkerMemory.of(decode(PlannerMemory, encode(written))) == memory
+
+
+@given(memories)
+def test_records_written_before_the_schema_still_read(memory: WorkerMemory) -> None:
+    """Faust's JSON of the dict the planner stored before (no schema_version)."""
+    legacy = json.dumps({"seq": memory.seq, "loads": list(memory.loads),
+                         "pending": [c.model_dump(mode="json") for c in memory.pending]})
+    assert WorkerMemory.of(decode(PlannerMemory, legacy.encode())) == memory
+
+
+GOOD = json.loads(encode(next(iter(PLAN.memory.values())).record()))
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"seq": -1}, "seq"),
+    ({"seq": "many"}, "seq"),
+    ({"loads": [float("nan")]}, "loads.0"),
+    ({"pending": [{**GOOD["pending"][0], "action": "deploy"}]}, "pending.0.action"),
+    ({"surprise": 1}, "surprise"),
+])
+def test_a_record_we_did_not_write_is_refused_with_a_reason(change: dict, field: str) -> None:
+    with pytest.raises(SchemaError) as err:
+        decode(PlannerMemory, json.dumps({**GOOD, **change}))
+    assert err.value.reason == "invalid"
+    assert any(loc == field for loc, _ in err.value.errors), err.value.errors
+
+
+def test_the_agent_skips_an_unreadable_record_once_with_its_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The planner agent plans a worker whose record does not decode as if it had no memory
+    (the tick's memory then replaces the record), and says why once, not every tick."""
+    from loraplane.streams.planner_agent import _Inputs
+
+    good, bad = encode(next(iter(PLAN.memory.values())).record()), b'{"seq": -1}'
+    parsed = _Inputs().memory
+    with caplog.at_level("ERROR"):
+        for _ in range(3):  # three ticks over the same table values
+            memory = parsed.of([("w1", good), ("w2", bad)])
+            assert list(memory) == ["w1"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("w2: unreadable value skipped: invalid: seq")
