@@ -71,7 +71,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
         one = {k: v[-1] for k, v in args.items()}
         try:
             queries.load(name)
-            params = queries.window(one.get("since", "1h"), limit=int(one.get("limit", 5000)),
+            params = queries.window(one.get("since", "1h"), now=None,
+                                    limit=int(one.get("limit", 5000)),
                                     **{k: one.get(k, "") for k in FILTERS})
         except (KeyError, ValueError) as exc:
             self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
@@ -108,8 +109,8 @@ def make_server(settings: Settings, port: int, refresh_s: float = 5.0) -> Thread
 
 def serve(settings: Settings, port: int, refresh_s: float = 5.0) -> None:
     server = make_server(settings, port, refresh_s)
-    host, bound = server.server_address[:2]
-    print(f"loraplane dashboard on http://{host}:{bound}/ (Ctrl-C to stop)", flush=True)
+    print(f"loraplane dashboard on http://{LOOPBACK}:{server.server_port}/ (Ctrl-C to stop)",
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -167,7 +167,7 @@ class Kafka(Service):
 
     def ready(self) -> bool:
         """A topic can be created and a message produced and read back."""
-        from confluent_kafka import Consumer, Producer, TopicPartition
+        from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
         from loraplane.kernel import topics
 
@@ -175,15 +175,20 @@ class Kafka(Service):
         topics.apply(self.settings, only=(probe,), timeout=10)
         name = topics.topic_name(self.settings, probe.suffix)
         token = uuid.uuid4().bytes
-        offsets: list[int] = []
+        offsets: list[int] = []  # the probe's, or -1 when it was not delivered
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            offset = None if err else msg.offset()
+            offsets.append(-1 if offset is None else offset)
+
         producer = Producer(client_config(self.settings))
-        producer.produce(name, token, partition=0,
-                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+        producer.produce(name, token, partition=0, on_delivery=delivered)
         producer.flush(10)
         if not offsets or offsets[0] < 0:
             return False
-        consumer = Consumer(client_config(self.settings, **{"group.id": "stack-health",
-                                                            "enable.auto.commit": False}))
+        group: dict[str, str | int | bool] = {"group.id": "stack-health",
+                                              "enable.auto.commit": False}
+        consumer = Consumer(client_config(self.settings, **group))
         try:
             consumer.assign([TopicPartition(name, 0, offsets[0])])
             msg = consumer.poll(10)

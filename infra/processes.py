@@ -40,6 +40,9 @@ class Managed:
             return None
         return pid if _cmdline_contains(pid, self.marker) else None
 
+    def running(self) -> bool:
+        return self.pid() is not None
+
     def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
               cwd: Path | None = None) -> int:
         """Start detached (own session, output to the log file) so it outlives the CLI."""

@@ -97,7 +97,7 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
     """Start whatever is not running, wait until all are ready, then apply the topics."""
     started: list[Service] = []
     for svc in services(settings):
-        if svc.process.pid() is not None:
+        if svc.process.running():
             console.print(f"• {svc.name} already running (pid {svc.process.pid()})")
             continue
         with console.status(f"{svc.name}: preparing"):
@@ -109,10 +109,9 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
     for svc in services(settings):
         t0 = time.monotonic()
         with console.status(f"{svc.name}: waiting until ready at {svc.endpoint()}"):
-            ok = wait_until(svc.ready, svc.start_timeout,
-                            alive=lambda s=svc: s.process.pid() is not None)
+            ok = wait_until(svc.ready, svc.start_timeout, alive=svc.process.running)
             if not ok:
-                dead = svc.process.pid() is None
+                dead = not svc.process.running()
                 raise _fail(svc, "exited during start-up" if dead else
                             f"not ready after {svc.start_timeout:.0f}s", console)
             svc.after_start()

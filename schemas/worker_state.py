@@ -7,13 +7,15 @@ from typing import Literal
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from pydantic import Field
 
+ResidentTier = Literal["gpu", "host"]  # where a loaded adapter lives on a worker
+
 
 class LoadedAdapter(StrictModel):
     lora_name: str = Field(max_length=200)
     adapter_id: Identifier
     version: Version
     tenant_id: Identifier
-    tier: Literal["gpu", "host"]
+    tier: ResidentTier
     pinned: bool = False
     size_bytes: int = Field(0, ge=0)
     rank: int = Field(0, ge=0, le=512)

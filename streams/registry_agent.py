@@ -86,11 +86,11 @@ async def _publish(decision: Decision, raw: bytes, key: bytes | None, partition:
     else:
         await dead_letter_topic.send(key=key, value=encode(dead_letter(
             str(decision.reason), decision.detail, raw, key, partition, offset)))
-        state = adapter_state(decision.event.adapter_id) if decision.event else None
-        if (decision.reason is Reason.replayed_event_id and state is not None
-                and state.view.last_event_id == decision.event.event_id):
-            await registry_topic.send(key=decision.event.adapter_id.encode(),
-                                      value=encode(state.view))
+        event = decision.event
+        state = adapter_state(event.adapter_id) if event else None
+        if (decision.reason is Reason.replayed_event_id and event is not None
+                and state is not None and state.view.last_event_id == event.event_id):
+            await registry_topic.send(key=event.adapter_id.encode(), value=encode(state.view))
     await audit_topic.send(key=decision.audit.adapter_id.encode()
                            if decision.audit.adapter_id else key,
                            value=encode(decision.audit))

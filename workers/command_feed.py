@@ -10,15 +10,12 @@ Undecodable messages go to the dead-letter topic with their reason and are commi
 from __future__ import annotations
 
 import asyncio
-import base64
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.workers.event_sink import EventSink
 
 from loraplane.kernel.config import Settings
@@ -64,12 +61,8 @@ class KafkaCommandFeed:
         try:
             return Delivery(decode(CacheCommand, msg.value()), msg)
         except SchemaError as exc:
-            self._sink.emit("dead-letters", self.worker_id, DeadLetter(
-                event_id=uuid.uuid4().hex, ts=now_utc(), source_topic=self._topic,
-                partition=msg.partition(), offset=msg.offset(), component="worker-agent",
-                reason=exc.reason, detail=str(exc)[:4096],
-                key_b64=base64.b64encode(msg.key() or b"").decode(),
-                raw_b64=base64.b64encode(msg.value() or b"").decode()))
+            self._sink.emit("dead-letters", self.worker_id,
+                            dead_letter_for(msg, "worker-agent", exc.reason, str(exc)))
             await self.commit(msg)
             return None
 

@@ -43,7 +43,8 @@ async def send_golden_set(vllm: VllmClient, record: AdapterRecord, count: int, *
         body = {"model": record.lora_name, "prompt": prompt, "max_tokens": GOLDEN_MAX_TOKENS,
                 "temperature": 0}
         started = time.perf_counter()
-        status, error, usage = RequestStatus.ok, None, {}
+        status, error = RequestStatus.ok, None
+        usage: object = {}  # the JSON answer's, whatever its shape (_count checks)
         with serving(record.lora_name):
             try:
                 async with vllm.completion("/v1/completions", body) as resp:

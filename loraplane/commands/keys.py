@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
             KeyEntry,
             Keyring,
             KeyringError,
+            Scopes,
             load_keyring,
             save_keyring,
         )
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
         try:
             entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
                              not_before=now, not_after=now + timedelta(days=valid_days),
-                             scopes=parse_scopes(scope))
+                             scopes=Scopes.model_validate(parse_scopes(scope)))
             ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
             ring = ring.with_key(entry) if keyring else ring
         except (ValidationError, KeyringError) as exc:

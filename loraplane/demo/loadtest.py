@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +119,11 @@ class Run:
     def warm(self, adapters: Sequence[Adapter], timeout_s: float = 90.0) -> None:
         """Send requests until each adapter answers from a GPU copy."""
         for a in adapters:
-            self.system.wait(lambda a=a: self._probe(a) == "gpu", timeout_s,
-                             f"{a.adapter_id} to be hot", interval_s=1.0)
+            self.system.wait(partial(self._hot, a), timeout_s, f"{a.adapter_id} to be hot",
+                             interval_s=1.0)
+
+    def _hot(self, a: Adapter) -> bool:
+        return self._probe(a) == "gpu"
 
     def _probe(self, a: Adapter) -> str | None:
         probe = Planned(0.0, a.adapter_id, a.tenant_id, "interactive", 1, "probe")
@@ -138,11 +142,19 @@ class Run:
 
 # -- the scenarios --------------------------------------------------------------------------
 
+def in_turn(*actions: Callable[[], object]) -> Callable[[], None]:
+    """One step made of ``actions``, run one after another."""
+    def run_all() -> None:
+        for action in actions:
+            action()
+    return run_all
+
+
 def hot_adapter(run: Run) -> Facts:
     [hot] = run.catalog.adapters
     run.steps.run("publish + promote the adapter (signed)", lambda: run.publish([hot]))
-    run.steps.run("wait until it is served and hot", lambda: (run.wait_serving([hot]),
-                                                             run.warm([hot])))
+    run.steps.run("wait until it is served and hot",
+                  in_turn(partial(run.wait_serving, [hot]), partial(run.warm, [hot])))
     run.mark()
     run.steps.run(f"replay {run.duration_s:.0f}s of traffic to it", lambda: run.replay(
         [hot], TrafficShape(run.duration_s, max_qps=4.0, batch_fraction=0.2)), _sent)
@@ -151,8 +163,8 @@ def hot_adapter(run: Run) -> Facts:
 
 def cold_adapter(run: Run) -> Facts:
     [cold] = run.catalog.adapters
-    run.steps.run("publish + promote a never-requested adapter", lambda: (
-        run.publish([cold]), run.wait_serving([cold])))
+    run.steps.run("publish + promote a never-requested adapter",
+                  in_turn(partial(run.publish, [cold]), partial(run.wait_serving, [cold])))
     run.mark()
     run.steps.run(f"replay {run.duration_s:.0f}s of traffic to it", lambda: run.replay(
         [cold], TrafficShape(run.duration_s, max_qps=3.0, batch_fraction=0.3)), _sent)
@@ -161,8 +173,8 @@ def cold_adapter(run: Run) -> Facts:
 
 def burst_loading(run: Run) -> Facts:
     adapters = list(run.catalog.adapters)
-    run.steps.run(f"publish + promote {len(adapters)} adapters", lambda: (
-        run.publish(adapters), run.wait_serving(adapters)))
+    run.steps.run(f"publish + promote {len(adapters)} adapters",
+                  in_turn(partial(run.publish, adapters), partial(run.wait_serving, adapters)))
     run.mark()
     run.steps.run(f"all {len(adapters)} go hot at once: {run.duration_s:.0f}s", lambda:
                   run.replay(adapters, TrafficShape(run.duration_s, max_qps=6.0, alpha=0.0,
@@ -172,8 +184,9 @@ def burst_loading(run: Run) -> Facts:
 
 def bulk_eviction(run: Run) -> Facts:
     doomed = [a for a in run.catalog.adapters if a.priority != "platinum"]
-    run.steps.run(f"publish + promote {len(run.catalog.adapters)} adapters", lambda: (
-        run.publish(run.catalog.adapters), run.wait_serving(run.catalog.adapters)))
+    run.steps.run(f"publish + promote {len(run.catalog.adapters)} adapters",
+                  in_turn(partial(run.publish, run.catalog.adapters),
+                          partial(run.wait_serving, run.catalog.adapters)))
     run.mark()
     half = TrafficShape(max(5.0, run.duration_s / 2), max_qps=4.0, alpha=0.5)
     run.steps.run("traffic to all of them", lambda: run.replay(run.catalog.adapters, half),
@@ -191,13 +204,14 @@ def artifact_store_unavailable(run: Run) -> Facts:
     steady = run.catalog.with_priority("gold")
     cold = [a for a in run.catalog.adapters if a.priority != "gold"]
     run.steps.run("publish all to this scenario's own S3 (moto); promote only the steady one",
-                  lambda: (run.publish(steady), run.publish(cold, promote=False)))
-    run.steps.run("warm the steady adapter", lambda: (run.wait_serving(steady),
-                                                      run.warm(steady)))
+                  in_turn(partial(run.publish, steady),
+                          partial(run.publish, cold, promote=False)))
+    run.steps.run("warm the steady adapter",
+                  in_turn(partial(run.wait_serving, steady), partial(run.warm, steady)))
     assert run.stop_s3 is not None
     run.steps.run("stop the artifact store (our own moto server only)", run.stop_s3)
-    run.steps.run(f"promote {len(cold)} cold adapters", lambda: (
-        run.promote(cold), run.wait_serving(cold)))
+    run.steps.run(f"promote {len(cold)} cold adapters",
+                  in_turn(partial(run.promote, cold), partial(run.wait_serving, cold)))
     run.mark()
     run.steps.run(f"replay {run.duration_s:.0f}s to steady + cold adapters", lambda:
                   run.replay([*steady, *cold], TrafficShape(run.duration_s, max_qps=4.0,
@@ -361,9 +375,9 @@ def render(result: LoadTestResult, console: Console) -> None:
     for worker, names in sorted(result.agents.items()):
         table.add_row(f"agent {worker}: on GPU", ", ".join(names) or "-")
     console.print(table)
-    for c in result.checks:
-        mark = "[green]PASS[/]" if c.passed else "[red]FAIL[/]"
-        console.print(f"{mark} {c.name}: {c.detail}", highlight=False)
+    for check in result.checks:
+        mark = "[green]PASS[/]" if check.passed else "[red]FAIL[/]"
+        console.print(f"{mark} {check.name}: {check.detail}", highlight=False)
     console.print(f"expectation {'[green]met[/]' if result.passed else '[red]NOT met[/]'}")
 
 

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -182,8 +183,7 @@ class LiveSystem:
                         "--max-loras", slots]
             started.append((self.supervisor.start(name, argv), f"http://{LOOPBACK}:{port}"))
         for child, url in started:
-            self.supervisor.wait_ready(child, lambda u=url: http_ok(u + "/health"), 300,
-                                       "healthy")
+            self.supervisor.wait_ready(child, partial(http_ok, url + "/health"), 300, "healthy")
         return [url for _, url in started]
 
     def start_worker(self, index: int, vllm_url: str) -> Worker:
@@ -228,7 +228,7 @@ class LiveSystem:
                          lambda: self.start_vllms(workers), lambda u: ", ".join(u))
         for index, url in enumerate(urls, 1):
             steps.run(f"worker agent w{index} + gateway (loraplane worker run)",
-                      lambda i=index, u=url: self.start_worker(i, u),
+                      partial(self.start_worker, index, url),
                       lambda w: f"gateway {w.gateway_url}")
         return keys
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from confluent_kafka.admin import AdminClient
 
     from loraplane.kernel.config import Settings
@@ -35,7 +37,7 @@ class TopicSpec:
 
     def configs(self) -> dict[str, str]:
         """The topic-level configs we own; anything else stays at the broker default."""
-        wanted = {"cleanup.policy": self.cleanup_policy}
+        wanted: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
         if self.retention_ms is not None:
             wanted["retention.ms"] = str(self.retention_ms)
         return wanted
@@ -178,7 +180,7 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
     if dry_run:
         return changes
 
-    futures = []
+    futures: list[Future[None]] = []
     creates = [NewTopic(c.topic, num_partitions=named[c.topic].partitions,
                         replication_factor=1, config=named[c.topic].configs())
                for c in changes if c.action == "create"]

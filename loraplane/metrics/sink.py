@@ -118,6 +118,15 @@ def dead_letter(msg: Message, reason: str, detail: str) -> DeadLetter:
     return dead_letter_for(msg, COMPONENT, reason, detail)
 
 
+def _position(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed message. confluent-kafka types them optional
+    (a message being produced has none yet); every message a poll returns has all three."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"consumed message without a position: {topic}:{partition}:{offset}")
+    return topic, partition, offset
+
+
 class Sink:
     """One member of the metrics-sink consumer group. ``run`` blocks until ``stop`` is set."""
 
@@ -142,11 +151,11 @@ class Sink:
 
         from loraplane.kernel.kafka import client_config
 
-        consumer = Consumer(client_config(
-            self.settings, **{"group.id": self.group_id, "enable.auto.commit": False,
-                              "auto.offset.reset": "earliest", "enable.partition.eof": False,
-                              "session.timeout.ms": self.config.session_timeout_ms,
-                              "client.id": COMPONENT}))
+        group: dict[str, str | int | bool] = {
+            "group.id": self.group_id, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "enable.partition.eof": False,
+            "session.timeout.ms": self.config.session_timeout_ms, "client.id": COMPONENT}
+        consumer = Consumer(client_config(self.settings, **group))
         consumer.subscribe(list(self._tables), on_revoke=self._on_revoke)
         return consumer
 
@@ -224,7 +233,8 @@ class Sink:
         self._revoked = False
         first: dict[tuple[str, int], int] = {}
         for msg in dropped:
-            first.setdefault((msg.topic(), msg.partition()), msg.offset())
+            topic, partition, offset = _position(msg)
+            first.setdefault((topic, partition), offset)
         owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         for (topic, partition), offset in first.items():
             if (topic, partition) in owned:
@@ -251,8 +261,8 @@ class Sink:
         """Pure: messages -> rows per table and dead letters (no I/O)."""
         batch = _Batch()
         for msg in messages:
-            topic = msg.topic()
-            batch.offsets[(topic, msg.partition())] = msg.offset()
+            topic, partition, offset = _position(msg)
+            batch.offsets[(topic, partition)] = offset
             table = self._tables[topic]
             try:
                 model = decode(table.model, msg.value())

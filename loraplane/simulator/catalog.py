@@ -7,11 +7,15 @@ the same file always yields the same catalog.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
-from loraplane.simulator.scenario import PRIORITIES, Scenario
+from loraplane.simulator.scenario import PRIORITIES, PriorityName, Scenario
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class Adapter:
     version: str
     base_model: int
     tenant: str
-    priority: str
+    priority: PriorityName
     rank: int
     size_bytes: float
     canary_percent: float = 0.0
@@ -42,7 +46,7 @@ class Catalog:
         return len(self.adapters)
 
 
-def _weighted_choice(rng: np.random.Generator, weights: dict, n: int) -> list:
+def _weighted_choice(rng: np.random.Generator, weights: Mapping[K, float], n: int) -> list[K]:
     keys = list(weights)
     p = np.asarray([weights[k] for k in keys], dtype=float)
     return [keys[i] for i in rng.choice(len(keys), size=n, p=p / p.sum())]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplane.kernel.policy import Policy
-from loraplane.simulator.scenario import BaseModelFleet, Costs
+from loraplane.simulator.scenario import BaseModelFleet, Costs, PriorityName
 
 GB = 1e9
 
@@ -76,7 +76,7 @@ class CostModel:
         """Artifact store (S3) → host memory, verified."""
         return self.costs.fetch_fixed_ms + size_bytes / (self.costs.s3_gbps * GB) * 1e3
 
-    def weight(self, priority: str) -> float:
+    def weight(self, priority: PriorityName) -> float:
         return self.costs.priority_weights[priority]
 
     def may_wait(self, batch: bool, wait_ms: float) -> bool:

@@ -8,14 +8,19 @@ default and change the benchmark.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraplane.kernel.policy import Policy
 
-PRIORITIES = ("bronze", "silver", "gold", "platinum")
+PriorityName = Literal["bronze", "silver", "gold", "platinum"]
+PRIORITIES: tuple[PriorityName, ...] = get_args(PriorityName)
+_PRIORITY_MIX: dict[PriorityName, float] = {
+    "bronze": 0.5, "silver": 0.3, "gold": 0.15, "platinum": 0.05}
+_PRIORITY_WEIGHTS: dict[PriorityName, float] = {
+    "bronze": 1.0, "silver": 2.0, "gold": 4.0, "platinum": 8.0}
 
 
 class _Strict(BaseModel):
@@ -70,8 +75,7 @@ class Workload(_Strict):
     adapters: int = Field(100, ge=1)
     alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
     tenants: int = Field(10, ge=1)
-    priority_mix: dict[Literal["bronze", "silver", "gold", "platinum"], float] = Field(
-        default_factory=lambda: {"bronze": 0.5, "silver": 0.3, "gold": 0.15, "platinum": 0.05})
+    priority_mix: dict[PriorityName, float] = Field(default_factory=_PRIORITY_MIX.copy)
     batch_fraction: float = Field(0.0, ge=0, le=1)
     canaries: Canaries = Field(default_factory=Canaries)
     bursts: list[Burst] = Field(default_factory=list)
@@ -112,8 +116,7 @@ class Costs(_Strict):
     decode_tokens_per_s: float = Field(45.0, gt=0)
     lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
     adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
-    priority_weights: dict[Literal["bronze", "silver", "gold", "platinum"], float] = Field(
-        default_factory=lambda: {"bronze": 1.0, "silver": 2.0, "gold": 4.0, "platinum": 8.0})
+    priority_weights: dict[PriorityName, float] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
 
 
 class Fleet(_Strict):

@@ -22,6 +22,7 @@ LRU, which enforces the same slot and byte limits.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -29,7 +30,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibilit
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestStatus, Tier
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.schemas.worker_state import LoadedAdapter, ResidentTier, WorkerState
 from loraplane.simulator.catalog import Adapter
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
 from loraplane.streams import planner
@@ -101,7 +102,7 @@ class Loraplane(CachePolicy):
         self.planned_worker: dict[int, int] = {}
         self.hbm_fixed = (pool.base_bytes + pool.kv_bytes) / pool.workers
         self.hbm_per_worker = pool.hbm_bytes / pool.workers
-        self.loaded: dict[tuple[int, str, bool], LoadedAdapter] = {}
+        self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
 
     # --- the request log -------------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class Loraplane(CachePolicy):
 
     # --- the planner tick -------------------------------------------------------------------
 
-    def _loaded(self, adapter: int, tier: str, pinned: bool) -> LoadedAdapter:
+    def _loaded(self, adapter: int, tier: ResidentTier, pinned: bool) -> LoadedAdapter:
         """The worker-state entry of an adapter; immutable, so built once per (tier, pin)."""
         key = (adapter, tier, pinned)
         entry = self.loaded.get(key)
@@ -154,9 +155,10 @@ class Loraplane(CachePolicy):
     def _states(self, now: float) -> list[WorkerState]:
         gpu: list[list[LoadedAdapter]] = [[] for _ in self.workers]
         host: list[list[LoadedAdapter]] = [[] for _ in self.workers]
-        for tier, members in (("gpu", self.where.items()),
-                              ("host", ((a, a % len(self.workers)) for a in self.ctx.host
-                                        if a not in self.where))):
+        residents: tuple[tuple[ResidentTier, Iterable[tuple[int, int]]], ...] = (
+            ("gpu", self.where.items()),
+            ("host", ((a, a % len(self.workers)) for a in self.ctx.host if a not in self.where)))
+        for tier, members in residents:
             for a, w in members:
                 (gpu if tier == "gpu" else host)[w].append(
                     self._loaded(a, tier, a in self.pinned))
