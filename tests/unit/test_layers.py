@@ -25,6 +25,8 @@ KERNEL, DECISIONS, RUNTIMES, APPLICATIONS = 0, 1, 2, 3
 LAYER_NAMES = {0: "kernel", 1: "decisions", 2: "runtimes", 3: "applications"}
 # First match wins; every module must match one pattern (a new module is placed on purpose).
 CONTRACT: list[tuple[str, int]] = [
+    # what a cache command does to a copy: shared by the planner and the worker agent
+    ("loraplane.kernel.command_effects", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
@@ -35,6 +37,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.reconcile", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
+    ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
@@ -164,7 +167,8 @@ def cycles() -> list[list[str]]:
     for imp in edges:
         target = _internal(imp.target, known)
         # `import a.b.c` also runs a and a.b, but package __init__ files here import nothing.
-        if imp.runtime and target and target != imp.source and not _is_package_of(target, imp.source):
+        if (imp.runtime and target and target != imp.source
+                and not _is_package_of(target, imp.source)):
             graph.add_edge(imp.source, target)
     return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
 
