@@ -59,6 +59,7 @@ from loraplane.workers.reconcile import (
     fold,
     reconcile,
     registry_by_name,
+    settled_by,
 )
 from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
@@ -224,9 +225,11 @@ class WorkerAgent:
                                       base_model=self.config.base_model, now=now_utc())
         return skipped
 
-    def _settle(self, name: str, settled: Settled) -> None:
-        """Report what an action found out about ``name``'s intent."""
-        self._fold(Outcome(name, settled))
+    def _report(self, done: Action) -> None:
+        """Feed what a carried-out action found out back into the desired state."""
+        outcome = settled_by(done)
+        if outcome is not None:
+            self._fold(outcome)
 
     def apply(self, cmd: CacheCommand) -> Skipped | None:
         skipped = self._fold(cmd)
@@ -371,7 +374,7 @@ class WorkerAgent:
                 await asyncio.to_thread(self.host_tier.remove, name)
                 self._host.pop(name, None)
                 self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
-                self._settle(name, Settled.revoked if reason == "revoked" else Settled.removed)
+                self._report(action)
             case Fetch(name, record, cmd):
                 await self._fetch(record, cmd)
             case Load(name, record, cmd, warmup):
@@ -386,7 +389,7 @@ class WorkerAgent:
             case Refuse(name, reason, cmd):
                 self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
                 self._resolve(name, LoadOutcome(False, reason))
-                self._settle(name, Settled.refused)
+                self._report(action)
 
     async def _conflict(self, name: str, root: str) -> None:
         self.metrics.conflict(self.labels(name))
@@ -431,7 +434,7 @@ class WorkerAgent:
             if exc.is_failure:
                 self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
             else:
-                self._settle(name, Settled.refused)
+                self._fold(Outcome(name, Settled.refused))
             self._resolve(name, LoadOutcome(False, exc.reasons[0].value,
                                             self.config.load_backoff_s))
             return None

@@ -296,6 +296,17 @@ class Refuse:
 Action = Load | Fetch | Unload | RemoveHost | BusyRetry | Conflict | Refuse
 
 
+def settled_by(action: Action) -> Outcome | None:
+    """What carrying out ``action`` tells the desired state: a removed host copy ends an
+    evict (or a revoked version), a refusal ends the intent."""
+    match action:
+        case RemoveHost(name, reason, _):
+            return Outcome(name, Settled.revoked if reason == "revoked" else Settled.removed)
+        case Refuse(name, _, _):
+            return Outcome(name, Settled.refused)
+    return None
+
+
 def vouched(name: str, root: str, actual: ActualState) -> bool:
     """True when vLLM's ``name`` is bytes this agent loaded or verified under that name."""
     if actual.loaded_by_agent.get(name) == root:
