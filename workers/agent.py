@@ -220,7 +220,7 @@ class WorkerAgent:
         return self._desired
 
     def _fold(self, change: Change) -> Skipped | None:
-        """The one place the desired state changes."""
+        """The one place the desired state changes (``start`` only sets its first value)."""
         self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc())
         return skipped
