@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from pydantic import Field
 
 ResidentTier = Literal["gpu", "host"]  # where a loaded adapter lives on a worker
+
+
+class CopyOrigin(StrEnum):
+    """Who asked for a copy to be where it is."""
+
+    planner = "planner"  # a cache command
+    gateway_request = "gateway_request"  # a request found the adapter cold and asked to load it
+    adopted = "adopted"  # found on the worker when its agent started, and vouched for
 
 
 class LoadedAdapter(StrictModel):
@@ -21,6 +30,8 @@ class LoadedAdapter(StrictModel):
     rank: int = Field(0, ge=0, le=512)
     last_used: Timestamp | None = None
     in_flight: int = Field(0, ge=0)
+    origin: CopyOrigin | None = Field(
+        None, description="who asked for this copy; None: nobody now (it is being removed)")
 
 
 class WorkerState(StrictModel):

@@ -72,6 +72,7 @@ from loraplane.streams.scores import (
     hot_scores_of,
 )
 
+from loraplane.kernel.command_effects import Copy, effect, shows
 from loraplane.kernel.policy import Clause, Condition, Policy
 
 LOAD_WINDOW_S = 60.0
@@ -359,15 +360,17 @@ class _Worker:
     loads: list[float]  # issue times of load_gpu commands in the last minute
     seq: int  # commands issued to this worker so far
     pending: list[CacheCommand] = field(default_factory=list)
+    host_pinned: set[str] | frozenset[str] = frozenset()  # host-only copies that are pinned
     shared: bool = True
-    """``gpu`` and ``host`` are still the worker state's own (``_Tiers``, kept between
-    ticks): copied on the first change only, as most workers see none in a tick (copying
-    every worker's was ~30 ms of a 100k x 1000 tick)."""
+    """``gpu``, ``host`` and ``host_pinned`` are still the worker state's own (``_Tiers``,
+    kept between ticks): copied on the first change only, as most workers see none in a tick
+    (copying every worker's was ~30 ms of a 100k x 1000 tick)."""
 
     def own(self) -> set[str]:
-        """Make ``gpu`` and ``host`` this worker's own; returns ``host``, now mutable."""
+        """Make the tiers this worker's own; returns ``host``, now mutable."""
         if self.shared:
             self.gpu, self.host, self.shared = dict(self.gpu), set(self.host), False
+            self.host_pinned = set(self.host_pinned)
         assert isinstance(self.host, set)
         return self.host
 
@@ -390,22 +393,9 @@ class _Worker:
 
 def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     """Does the worker's reported state (``loaded``: its adapters by name) already show the
-    command's effect?"""
+    command's effect (``kernel.command_effects.shows``)?"""
     a = loaded.get(cmd.lora_name)
-    match cmd.action:
-        case CommandAction.load_gpu:
-            return a is not None and a.tier == "gpu"
-        case CommandAction.prewarm_host:
-            return a is not None
-        case CommandAction.demote_to_host:
-            return a is None or a.tier == "host"
-        case CommandAction.evict:
-            return a is None
-        case CommandAction.pin:
-            return a is not None and a.pinned
-        case CommandAction.unpin:
-            return a is None or not a.pinned
-    return False
+    return shows(cmd.action, Copy() if a is None else Copy(a.tier, a.pinned))
 
 
 @dataclass(frozen=True)
@@ -414,18 +404,20 @@ class _Tiers:
 
     gpu: dict[str, bool]  # lora -> pinned
     host: frozenset[str]  # host-only copies
+    host_pinned: frozenset[str] = frozenset()  # host-only copies that are pinned
 
     @classmethod
     def of(cls, state: WorkerState) -> _Tiers:
         adapters = state.adapters
         return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
-                   frozenset(a.lora_name for a in adapters if a.tier != "gpu"))
+                   frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
+                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned))
 
 
 def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
                records: Mapping[str, AdapterRecord], now: float) -> _Worker:
     adapters = state.adapters
-    w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host,
+    w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
                 host_bytes=state.host_bytes_used,
                 loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
     if memory.pending:
@@ -438,28 +430,33 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
     return w
 
 
+def _copy_on(w: _Worker, lora: str) -> Copy:
+    if lora in w.gpu:
+        return Copy("gpu", w.gpu[lora])
+    return Copy("host", lora in w.host_pinned) if lora in w.host else Copy()
+
+
 def _apply(w: _Worker, action: CommandAction, lora: str, size: int) -> None:
+    """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``."""
+    before = _copy_on(w, lora)
+    after = effect(action, before).after
+    if after == before:
+        return
     host = w.own()
-    match action:
-        case CommandAction.load_gpu:
-            if lora not in w.gpu and lora not in w.host:
-                w.host_bytes += size
-            host.discard(lora)
-            w.gpu.setdefault(lora, False)
-        case CommandAction.prewarm_host:
-            if lora not in w.gpu and lora not in w.host:
-                w.host_bytes += size
-                host.add(lora)
-        case CommandAction.demote_to_host:
-            if w.gpu.pop(lora, None) is not None:
-                host.add(lora)
-        case CommandAction.evict:
-            if w.gpu.pop(lora, None) is not None or lora in w.host:
-                w.host_bytes = max(0, w.host_bytes - size)
-            host.discard(lora)
-        case CommandAction.pin | CommandAction.unpin:
-            if lora in w.gpu:
-                w.gpu[lora] = action is CommandAction.pin
+    if after.tier == "gpu":
+        w.gpu[lora] = after.pinned
+    else:
+        w.gpu.pop(lora, None)
+    if after.tier == "host":
+        host.add(lora)
+    else:
+        host.discard(lora)
+    if after.tier == "host" and after.pinned:
+        w.host_pinned.add(lora)
+    else:
+        w.host_pinned.discard(lora)
+    if before.present != after.present:
+        w.host_bytes = w.host_bytes + size if after.present else max(0, w.host_bytes - size)
 
 
 def command_id(worker_id: str, action: str, lora: str, seq: int) -> str:

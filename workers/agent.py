@@ -1,14 +1,18 @@
 """The worker agent: the only thing that touches one vLLM server's LoRA state.
 
-A controller loop. Commands (from the planner) and cold-request loads (from the gateway)
-change the desired state; every tick reads the actual state from vLLM (``/v1/models``) and
-the host tier, asks ``reconcile`` for actions and executes them. On start it reads vLLM
+A controller loop, and the only writer of its desired state: commands (from the planner),
+loads its gateway asks for on a cold request (``request_load``, an ``Ask`` with origin
+``gateway_request``) and what executing an action found out (an ``Outcome``) all go through
+``_fold``, i.e. ``reconcile.fold``. Every tick reads the actual state from vLLM
+(``/v1/models``) and the host tier, asks ``reconcile`` for actions and executes them; the
+executor changes vLLM and the host tier, never the desired state. On start it reads vLLM
 *first* and adopts what it can vouch for, so a restarted agent converges instead of
 assuming an empty server, and reloads the command ids it applied before (so a redelivered
 command stays a no-op across restarts). A canary version loaded with ``warmup_requests`` is
 sent that many golden-set requests first; ``is_warming`` tells the gateway to keep real
 traffic off it until then. Every change is reported: CacheEvents per action, a WorkerState
-heartbeat (compacted topic, key worker_id) and Prometheus series.
+heartbeat (compacted topic, key worker_id) and Prometheus series. The agent is its
+gateway's ``workers.serving.Serving``.
 """
 
 from __future__ import annotations
@@ -36,22 +40,28 @@ from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.reconcile import (
     Action,
     ActualState,
+    Ask,
     BusyRetry,
+    Change,
     Conflict,
     DesiredState,
     Fetch,
     HostEntry,
-    Intent,
     Load,
     LoadBudget,
+    Outcome,
     Refuse,
     RemoveHost,
+    Settled,
+    Skipped,
     Unload,
     adopt,
-    apply_command,
+    fold,
     reconcile,
     registry_by_name,
+    settled_by,
 )
+from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
 from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
 
@@ -96,15 +106,6 @@ class WorkerConfig:
     applied_commands_path: Path | None = None  # applied command ids survive restarts here
 
 
-@dataclass(frozen=True)
-class LoadOutcome:
-    """What a gateway waiting on a cold load learns."""
-
-    ok: bool
-    reason: str = ""
-    retry_after_s: float = 0.0
-
-
 @dataclass
 class _Runtime:
     """Mutable facts the agent learns by acting (not recoverable from vLLM alone)."""
@@ -134,7 +135,7 @@ class WorkerAgent:
         self.metrics = metrics or WorkerMetrics()
         self._registry_loader = registry_loader
         self._clock = clock
-        self.desired = DesiredState()
+        self._desired = DesiredState()
         self.records: dict[str, AdapterRecord] = {}
         self._rt = _Runtime()
         self._host: dict[str, HostEntry] = {}
@@ -142,6 +143,28 @@ class WorkerAgent:
         self._wake = asyncio.Event()
         self.started = False
         self.base_served = ""  # the id vLLM serves the base model under (its model path)
+
+    # ---- serving (workers/serving.py) -------------------------------------------------
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def base_model(self) -> str:
+        return self.config.base_model
+
+    @property
+    def upstream(self) -> VllmClient:
+        return self.vllm
+
+    def count_request(self, name: str, *, hot: bool) -> None:
+        self.metrics.request(self.labels(name), hot=hot)
+
+    def observe_ttft(self, name: str, ms: float) -> None:
+        self.metrics.ttft(self.labels(name), ms)
+
+    def metrics_exposition(self) -> bytes:
+        return self.metrics.exposition()
 
     # ---- registry -------------------------------------------------------------------
     async def refresh_registry(self) -> None:
@@ -181,11 +204,9 @@ class WorkerAgent:
         await self.vllm.wait_healthy(self.config.start_timeout_s)
         await self.refresh_registry()
         actual = await self.read_actual()
-        self.desired = adopt(actual, self.records)
-        if self.config.applied_commands_path is not None:
-            applied = await asyncio.to_thread(load_applied, self.config.applied_commands_path,
-                                              now_utc())
-            self.desired = replace(self.desired, seen_commands=applied)
+        applied = {} if self.config.applied_commands_path is None else await asyncio.to_thread(
+            load_applied, self.config.applied_commands_path, now_utc())
+        self._desired = replace(adopt(actual, self.records), seen_commands=applied)
         self.started = True
         log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
                  len(self.desired.intents), len(actual.gpu))
@@ -193,9 +214,25 @@ class WorkerAgent:
         self.publish_state()
 
     # ---- desired state --------------------------------------------------------------
-    def apply(self, cmd: CacheCommand) -> str | None:
-        self.desired, skipped = apply_command(self.desired, cmd, worker_id=self.config.worker_id,
-                                              base_model=self.config.base_model, now=now_utc())
+    @property
+    def desired(self) -> DesiredState:
+        """Read-only outside ``_fold``."""
+        return self._desired
+
+    def _fold(self, change: Change) -> Skipped | None:
+        """The one place the desired state changes (``start`` only sets its first value)."""
+        self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
+                                      base_model=self.config.base_model, now=now_utc())
+        return skipped
+
+    def _report(self, done: Action) -> None:
+        """Feed what a carried-out action found out back into the desired state."""
+        outcome = settled_by(done)
+        if outcome is not None:
+            self._fold(outcome)
+
+    def apply(self, cmd: CacheCommand) -> Skipped | None:
+        skipped = self._fold(cmd)
         if skipped:
             log.info("command %s skipped: %s", cmd.command_id, skipped)
         intent = self.desired.intents.get(cmd.lora_name)
@@ -205,7 +242,7 @@ class WorkerAgent:
         self._wake.set()
         return skipped
 
-    async def handle(self, cmd: CacheCommand) -> str | None:
+    async def handle(self, cmd: CacheCommand) -> Skipped | None:
         """One command from the feed: apply it, reconcile once, then store the applied ids
         (before the caller commits the offset, so a redelivery after a crash is known)."""
         skipped = self.apply(cmd)
@@ -222,24 +259,19 @@ class WorkerAgent:
                 self._rt.awaiting_registry[cmd.lora_name] = self._clock() + REGISTRY_GRACE_S
         await self.reconcile_once()
         path = self.config.applied_commands_path
-        if path is not None and skipped != "duplicate":
+        if path is not None and skipped is not Skipped.duplicate:
             await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands))
         return skipped
 
     def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
-        """Called by the gateway for a cold adapter: queue a load, get its outcome later."""
+        """Called by the gateway for a cold adapter: ask for a load (folded like a command,
+        origin ``gateway_request``), get its outcome later."""
         name = record.lora_name
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
         if self.is_hot(name):
             fut.set_result(LoadOutcome(True))
             return fut
-        current = self.desired.intents.get(name)
-        if current is None:
-            self.desired = self.desired.with_intent(Intent(
-                name, record.adapter_id, record.version, record.tenant_id, "gpu"))
-        elif current.tier != "gpu":
-            self.desired = self.desired.with_intent(replace(current, tier="gpu",
-                                                            command_id=None))
+        self._fold(Ask.gateway_load(record))
         self._rt.waiters.setdefault(name, []).append(fut)
         self._wake.set()
         return fut
@@ -342,9 +374,7 @@ class WorkerAgent:
                 await asyncio.to_thread(self.host_tier.remove, name)
                 self._host.pop(name, None)
                 self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
-                intent = self.desired.intents.get(name)
-                if reason == "revoked" or (intent and intent.tier == "gone"):
-                    self.desired = self.desired.without(name)
+                self._report(action)
             case Fetch(name, record, cmd):
                 await self._fetch(record, cmd)
             case Load(name, record, cmd, warmup):
@@ -359,7 +389,7 @@ class WorkerAgent:
             case Refuse(name, reason, cmd):
                 self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
                 self._resolve(name, LoadOutcome(False, reason))
-                self.desired = self.desired.without(name)
+                self._report(action)
 
     async def _conflict(self, name: str, root: str) -> None:
         self.metrics.conflict(self.labels(name))
@@ -404,7 +434,7 @@ class WorkerAgent:
             if exc.is_failure:
                 self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
             else:
-                self.desired = self.desired.without(name)
+                self._fold(Outcome(name, Settled.refused))
             self._resolve(name, LoadOutcome(False, exc.reasons[0].value,
                                             self.config.load_backoff_s))
             return None
@@ -495,6 +525,7 @@ class WorkerAgent:
                 version=labels.adapter_version, tenant_id=labels.tenant_id,
                 tier="gpu" if name in self._rt.gpu else "host",
                 pinned=bool(intent and intent.pinned),
+                origin=intent.origin if intent else None,
                 size_bytes=self._host[name].size_bytes if name in self._host else 0,
                 rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),
                 in_flight=self._rt.in_flight.get(name, 0)))

@@ -12,8 +12,9 @@ answers 429 + Retry-After while the load is queued; batch-like classes wait up t
 budget, and at most ``batch.max_concurrent_cold_loads`` cold loads started by them run at
 once, so a batch burst cannot take the cold-load budget from interactive traffic. Retry-After
 is the agent's estimate, else the class's own ``retry_after_s``. The chosen lora name is held
-for the whole request (``agent.serving``), so a version swap drains instead of cutting it
+for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
 off. A RequestLog goes to Kafka through the non-blocking sink after the response is written.
+The gateway sees its worker only through ``workers.serving.Serving``.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import ID_PATTERN, now_utc
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from loraplane.workers.agent import LoadOutcome, WorkerAgent
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
+from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmError
 
@@ -154,9 +155,9 @@ def _error(status: int, code: str, message: str, **headers: str) -> web.Response
 
 
 class Gateway:
-    def __init__(self, agent: WorkerAgent, *, api_keys: KeyLookup, budgets: RequestBudgets,
+    def __init__(self, worker: Serving, *, api_keys: KeyLookup, budgets: RequestBudgets,
                  sink: EventSink) -> None:
-        self.agent = agent
+        self.worker = worker
         self.api_keys = api_keys
         self.budgets = budgets
         self.sink = sink
@@ -180,12 +181,12 @@ class Gateway:
         return app
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.agent.metrics.exposition(),
+        return web.Response(body=self.worker.metrics_exposition(),
                             headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": self.agent.started}, status=200 if self.agent.started
-                                 else 503)
+        started = self.worker.started
+        return web.json_response({"ok": started}, status=200 if started else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/completions")
@@ -220,7 +221,7 @@ class Gateway:
 
     async def _route(self, request: web.Request, path: str, body: dict[str, Any],
                      trace: _Trace) -> web.StreamResponse:
-        versions = self.agent.versions(trace.adapter_id)
+        versions = self.worker.versions(trace.adapter_id)
         if not versions:
             trace.status, trace.error = RequestStatus.refused, "unknown_adapter"
             return _error(404, "unknown_adapter", f"no adapter {trace.adapter_id!r} here")
@@ -234,7 +235,7 @@ class Gateway:
             trace.status, trace.error = RequestStatus.refused, "no_serving_version"
             return _error(404, "no_serving_version",
                           f"adapter {trace.adapter_id!r} has no active or canary version")
-        if record.status == AdapterStatus.canary and self.agent.is_warming(record.lora_name):
+        if record.status == AdapterStatus.canary and self.worker.is_warming(record.lora_name):
             trace.canary_warming = record.version
             record = next((r for r in versions if r.status == AdapterStatus.active), None)
             if record is None:
@@ -243,9 +244,9 @@ class Gateway:
                 return _error(429, "canary_warming", "the canary version is warming up; "
                               "retry later", **{"Retry-After": str(retry)})
         trace.record, name = record, record.lora_name
-        hot = self.agent.is_hot(name)
-        trace.tier = Tier.gpu if hot else Tier.host if self.agent.is_on_host(name) else Tier.cold
-        self.agent.metrics.request(self.agent.labels(name), hot=hot)
+        hot = self.worker.is_hot(name)
+        trace.tier = Tier.gpu if hot else Tier.host if self.worker.is_on_host(name) else Tier.cold
+        self.worker.count_request(name, hot=hot)
         if hot:
             return await self._forward(request, path, body, trace, name)
         return await self._cold(request, path, body, trace, record)
@@ -257,14 +258,14 @@ class Gateway:
         if budget.batch_like:
             fut = await self.batch_loads.start(
                 record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
-                lambda: self.agent.request_load(record), budget.wait_s)
+                lambda: self.worker.request_load(record), budget.wait_s)
         else:
-            fut = self.agent.request_load(record)
+            fut = self.worker.request_load(record)
         remaining = budget.wait_s - (time.perf_counter() - waited)
         outcome = await _wait(fut, remaining) if fut is not None else None
         trace.swap_ms = (time.perf_counter() - waited) * 1000
         if outcome is not None and outcome.ok:
-            if self.agent.is_warming(record.lora_name):  # a canary warming up: route again
+            if self.worker.is_warming(record.lora_name):  # a canary warming up: route again
                 return await self._route(request, path, body, trace)
             return await self._forward(request, path, body, trace, record.lora_name)
         reason = (outcome.reason if outcome else "load_queued" if fut is not None
@@ -273,7 +274,7 @@ class Gateway:
                                    else budget.retry_after_s))
         if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
             trace.tier = Tier.base_fallback
-            return await self._forward(request, path, body, trace, self.agent.base_served,
+            return await self._forward(request, path, body, trace, self.worker.base_served,
                                        fallback_reason=reason)
         trace.status, trace.error = RequestStatus.retry_later, reason
         return _error(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
@@ -297,9 +298,9 @@ class Gateway:
             headers["X-Loraplane-Lora-Name"] = served_name
         upstream = {**body, "model": served_name}
         trace.queue_ms = (time.perf_counter() - trace.started) * 1000
-        with self.agent.serving(served_name):
+        with self.worker.serving(served_name):
             try:
-                async with self.agent.vllm.completion(path, upstream) as resp:
+                async with self.worker.upstream.completion(path, upstream) as resp:
                     if body.get("stream"):
                         return await self._stream(request, resp, headers, trace)
                     raw = await resp.read()
@@ -338,14 +339,13 @@ class Gateway:
 
     def _log(self, trace: _Trace) -> None:
         record = trace.record
-        labels = self.agent.labels(record.lora_name) if record else None
-        if labels is not None and trace.ttft_ms is not None:
-            self.agent.metrics.ttft(labels, trace.ttft_ms)
+        if record is not None and trace.ttft_ms is not None:
+            self.worker.observe_ttft(record.lora_name, trace.ttft_ms)
         log = RequestLog(
             event_id=self._new_id(), ts=now_utc(), request_id=trace.request_id,
-            tenant_id=trace.tenant_id, base_model=self.agent.config.base_model,
+            tenant_id=trace.tenant_id, base_model=self.worker.base_model,
             adapter_id=trace.adapter_id, adapter_version=record.version if record else None,
-            lora_name=trace.lora_name, worker_id=self.agent.config.worker_id,
+            lora_name=trace.lora_name, worker_id=self.worker.worker_id,
             request_class=trace.request_class, tier_at_arrival=trace.tier,
             ttft_ms=trace.ttft_ms, swap_ms=trace.swap_ms, queue_ms=trace.queue_ms,
             prompt_tokens=trace.prompt_tokens, output_tokens=max(0, trace.output_tokens),

@@ -1,12 +1,13 @@
 """Desired versus actual LoRA state of one worker, as a pure function (no I/O).
 
-The agent is a Kubernetes-style controller: commands from the planner (and cold-request
-loads from the gateway) fold into a *desired* state; vLLM's ``GET /v1/models`` and the
-host tier's entries are the *actual* state; ``reconcile`` returns the actions that move the
-second towards the first. Because both inputs are plain values, the same inputs always give
-the same actions, a redelivered command changes nothing (``command_id`` dedup; the applied
-ids outlive a restart through workers/applied_commands.py), and the rules below are testable
-without a server:
+The agent is a Kubernetes-style controller: commands from the planner, loads the gateway
+asks for on a cold request, and what its actions found out fold into a *desired* state
+through one reducer (``fold``; ``kernel.command_effects`` says what each command does to a
+copy); vLLM's ``GET /v1/models`` and the host tier's entries are the *actual* state;
+``reconcile`` returns the actions that move the second towards the first. Because both
+inputs are plain values, the same inputs always give the same actions, a redelivered
+command changes nothing (``command_id`` dedup; the applied ids outlive a restart through
+workers/applied_commands.py), and the rules below are testable without a server:
 
 * a name vLLM reports that this agent cannot vouch for (it did not load it, or it is not
   the verified host-tier folder with the digest its name claims) is a KV-namespace
@@ -22,13 +23,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE, lora_name
 from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.worker_state import CopyOrigin
 
-Tier = Literal["gpu", "host", "gone"]
+from loraplane.kernel.command_effects import Copy, Tier, effect
+
 MAX_REMEMBERED_COMMANDS = 10_000
 WINDOW_S = 60.0
 
@@ -45,6 +48,11 @@ class Intent:
     pinned: bool = False
     command_id: str | None = None  # the command that last changed it (None: gateway/adopted)
     warmup_requests: int = 0  # golden-set requests to send after each load (canary versions)
+    origin: CopyOrigin = CopyOrigin.adopted
+
+    @property
+    def copy(self) -> Copy:
+        return Copy(self.tier, self.pinned)
 
 
 @dataclass(frozen=True)
@@ -72,46 +80,121 @@ def remember(seen: Mapping[str, datetime], command_id: str, deadline: datetime,
     return kept
 
 
+class Skipped(StrEnum):
+    """Why a change left the desired state as it was."""
+
+    duplicate = "duplicate"  # a command id already applied
+    other_worker = "other_worker"
+    base_model_mismatch = "base_model_mismatch"
+    expired = "expired"  # past its deadline
+    lora_name_mismatch = "lora_name_mismatch"  # the name is not adapter@version-sha8
+    pinned = "pinned"  # it would move a pinned copy down a tier (command_effects.Refusal)
+    already_desired = "already_desired"  # a gateway ask the desired state already meets
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request to move one lora name, in the words of a cache command: from the planner
+    (a ``CacheCommand``, checked by ``apply_command``) or from this worker's gateway."""
+
+    action: CommandAction
+    lora_name: str
+    adapter_id: str
+    version: str
+    tenant_id: str
+    origin: CopyOrigin
+    command_id: str | None = None
+    warmup_requests: int | None = None  # None: keep the intent's
+
+    @classmethod
+    def of_command(cls, cmd: CacheCommand) -> Ask:
+        return cls(cmd.action, cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id,
+                   CopyOrigin.planner, cmd.command_id,
+                   cmd.warmup_requests if cmd.action is CommandAction.load_gpu else None)
+
+    @classmethod
+    def gateway_load(cls, record: AdapterRecord) -> Ask:
+        """A request found ``record`` cold: load it."""
+        return cls(CommandAction.load_gpu, record.lora_name, record.adapter_id, record.version,
+                   record.tenant_id, CopyOrigin.gateway_request)
+
+
+class Settled(StrEnum):
+    """What executing an action found out about an intent, reported back to the one writer."""
+
+    removed = "removed"  # its host copy was deleted: an evict is done
+    revoked = "revoked"  # the version was revoked and removed everywhere
+    refused = "refused"  # the registry or the artifact cannot back it
+
+
+@dataclass(frozen=True)
+class Outcome:
+    lora_name: str
+    settled: Settled
+
+
+Change = CacheCommand | Ask | Outcome
+"""Everything that changes a worker's desired state."""
+
+
+def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, Skipped | None]:
+    """Fold one ask into the desired state (``kernel.command_effects``). A gateway ask that
+    would not move the copy changes nothing: the planner's word (its command id, a canary's
+    warm-up) stays with the intent."""
+    current = state.intents.get(request.lora_name) or Intent(
+        request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
+    outcome = effect(request.action, current.copy)
+    if outcome.refused is not None:
+        return state, Skipped(outcome.refused.value)
+    if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
+        return state, Skipped.already_desired
+    warmup = (current.warmup_requests if request.warmup_requests is None
+              else request.warmup_requests)
+    return state.with_intent(replace(current, tier=outcome.after.tier,
+                                     pinned=outcome.after.pinned, warmup_requests=warmup,
+                                     command_id=request.command_id,
+                                     origin=request.origin)), None
+
+
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime) -> tuple[DesiredState, str | None]:
+                  now: datetime) -> tuple[DesiredState, Skipped | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
-        return state, "duplicate"
+        return state, Skipped.duplicate
     state = replace(state, seen_commands=remember(state.seen_commands, cmd.command_id,
                                                   cmd.deadline, now))
     if cmd.worker_id != worker_id:
-        return state, "other_worker"
+        return state, Skipped.other_worker
     if cmd.base_model != base_model:
-        return state, "base_model_mismatch"
+        return state, Skipped.base_model_mismatch
     if cmd.deadline < now:
-        return state, "expired"
+        return state, Skipped.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
-        return state, "lora_name_mismatch"
-    current = state.intents.get(cmd.lora_name) or Intent(
-        cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id, "gone")
-    if cmd.action in (CommandAction.demote_to_host, CommandAction.evict) and current.pinned:
-        return state, "pinned"
-    tier: Tier = current.tier
-    pinned = current.pinned
-    warmup = current.warmup_requests
-    match cmd.action:
-        case CommandAction.prewarm_host:
-            tier = "gpu" if tier == "gpu" else "host"
-        case CommandAction.load_gpu:
-            tier = "gpu"
-            warmup = cmd.warmup_requests
-        case CommandAction.pin:
-            pinned = True
-            tier = "gpu" if tier == "gpu" else "host"
-        case CommandAction.unpin:
-            pinned = False
-        case CommandAction.demote_to_host:
-            tier = "host"
-        case CommandAction.evict:
-            tier = "gone"
-    return state.with_intent(replace(current, tier=tier, pinned=pinned,
-                                     warmup_requests=warmup, command_id=cmd.command_id)), None
+        return state, Skipped.lora_name_mismatch
+    return ask(state, Ask.of_command(cmd))
+
+
+def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
+    """Forget an intent that is done (an evict whose copy is gone) or cannot be met."""
+    intent = state.intents.get(outcome.lora_name)
+    if intent is None or (outcome.settled is Settled.removed and intent.tier != "gone"):
+        return state
+    return state.without(outcome.lora_name)
+
+
+def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
+         now: datetime) -> tuple[DesiredState, Skipped | None]:
+    """The one reducer of a worker's desired state: the state after ``change`` and, when it
+    changed nothing, why."""
+    match change:
+        case CacheCommand():
+            return apply_command(state, change, worker_id=worker_id, base_model=base_model,
+                                 now=now)
+        case Ask():
+            return ask(state, change)
+        case Outcome():
+            return settle(state, change), None
 
 
 @dataclass(frozen=True)
@@ -211,6 +294,17 @@ class Refuse:
 
 
 Action = Load | Fetch | Unload | RemoveHost | BusyRetry | Conflict | Refuse
+
+
+def settled_by(action: Action) -> Outcome | None:
+    """What carrying out ``action`` tells the desired state: a removed host copy ends an
+    evict (or a revoked version), a refusal ends the intent."""
+    match action:
+        case RemoveHost(name, reason, _):
+            return Outcome(name, Settled.revoked if reason == "revoked" else Settled.removed)
+        case Refuse(name, _, _):
+            return Outcome(name, Settled.refused)
+    return None
 
 
 def vouched(name: str, root: str, actual: ActualState) -> bool:

@@ -11,8 +11,8 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -26,12 +26,14 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
 from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
 from loraplane.workers.fake_vllm import FakeVllm
 from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
+from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient
 
@@ -477,3 +479,105 @@ async def test_applied_ids_file_drops_expired_and_survives_corruption(tmp_path: 
     path.write_text('{"applied": {"x": "not a time"}}')
     assert load_applied(path, now) == {}
     assert load_applied(tmp_path / "absent.json", now) == {}
+
+
+async def test_a_cold_request_load_shows_as_the_gateways_in_the_worker_state(
+        world: World) -> None:
+    sql = RECORDS[2]
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers[FALLBACK_HEADER] == "base"
+    await until(lambda: world.agent.is_hot(sql.lora_name), "the gateway's load")
+    (copy,) = world.agent.worker_state().adapters
+    assert (copy.lora_name, copy.tier, copy.origin) == (sql.lora_name, "gpu",
+                                                        CopyOrigin.gateway_request)
+    world.agent.apply(cmd(sql, CommandAction.pin, "pin-sql"))  # the planner takes it over
+    assert world.agent.worker_state().adapters[0].origin is CopyOrigin.planner
+
+
+@dataclass
+class Answer:
+    """The part of an upstream response the gateway reads for a non-streaming request."""
+
+    body: bytes
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+@dataclass
+class FakeServing:
+    """A worker as the gateway sees it (workers.serving.Serving), with no agent behind it:
+    ``hot`` names are served at once, others load when asked."""
+
+    hot: set[str] = field(default_factory=set)
+    asked: list[str] = field(default_factory=list)
+    counted: list[tuple[str, bool]] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    worker_id: str = "w9"
+    base_model: str = BASE
+    started: bool = True
+    base_served: str = "/models/base"
+
+    @property
+    def upstream(self) -> FakeServing:
+        return self
+
+    @asynccontextmanager
+    async def completion(self, path: str, body: dict[str, Any]) -> AsyncIterator[Answer]:
+        yield Answer(json.dumps({"model": body["model"], "usage": {"completion_tokens": 2}})
+                     .encode())
+
+    def versions(self, adapter_id: str) -> list[AdapterRecord]:
+        return [r for r in RECORDS if r.adapter_id == adapter_id]
+
+    def is_hot(self, name: str) -> bool:
+        return name in self.hot
+
+    def is_on_host(self, name: str) -> bool:
+        return False
+
+    def is_warming(self, name: str) -> bool:
+        return False
+
+    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+        self.asked.append(record.lora_name)
+        self.hot.add(record.lora_name)
+        fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
+        fut.set_result(LoadOutcome(True))
+        return fut
+
+    @contextmanager
+    def serving(self, name: str) -> Iterator[None]:
+        self.held.append(name)
+        yield
+
+    def count_request(self, name: str, *, hot: bool) -> None:
+        self.counted.append((name, hot))
+
+    def observe_ttft(self, name: str, ms: float) -> None:
+        pass
+
+    def metrics_exposition(self) -> bytes:
+        return b"# nothing\n"
+
+
+async def test_the_gateway_needs_only_the_serving_interface() -> None:
+    worker = FakeServing()
+    serving: Serving = worker
+    sink = ListSink()
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession() as http:
+            url = str(server.make_url("/v1/completions"))
+            async with http.post(url, json={"model": "sql", "prompt": "q"},
+                                 headers=AUTH_A) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["model"] == RECORDS[2].lora_name
+    finally:
+        await server.close()
+    name = RECORDS[2].lora_name
+    assert (worker.asked, worker.counted, worker.held) == ([name], [(name, False)], [name])
+    (log,) = sink.of(RequestLog)
+    assert (log.worker_id, log.lora_name, log.output_tokens) == ("w9", name, 2)

@@ -25,6 +25,8 @@ KERNEL, DECISIONS, RUNTIMES, APPLICATIONS = 0, 1, 2, 3
 LAYER_NAMES = {0: "kernel", 1: "decisions", 2: "runtimes", 3: "applications"}
 # First match wins; every module must match one pattern (a new module is placed on purpose).
 CONTRACT: list[tuple[str, int]] = [
+    # what a cache command does to a copy: shared by the planner and the worker agent
+    ("loraplane.kernel.command_effects", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
@@ -37,6 +39,7 @@ CONTRACT: list[tuple[str, int]] = [
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
+    ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),

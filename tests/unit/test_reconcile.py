@@ -9,23 +9,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
+from loraplane.streams import planner
 from loraplane.workers.reconcile import (
     ActualState,
+    Ask,
     BusyRetry,
+    Change,
     Conflict,
     DesiredState,
     Fetch,
     HostEntry,
+    Intent,
     Load,
     LoadBudget,
     Refuse,
     RemoveHost,
+    Skipped,
     Unload,
     adopt,
     apply_command,
     reconcile,
     registry_by_name,
+    settled_by,
 )
+from loraplane.workers.reconcile import fold as fold_one
+
+from loraplane.kernel.command_effects import Copy
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 BASE = "tiny-llama"
@@ -247,3 +257,100 @@ def test_a_name_newer_than_our_registry_copy_waits_for_a_refresh_then_is_refused
     assert [type(a).__name__ for a in reconcile(
         desired, EMPTY, known, base_model=BASE, budget=LoadBudget(6, ()), now=100.0,
         awaiting_registry=waiting)] == ["Load"]
+
+
+def test_a_gateway_ask_loads_but_never_overrides_the_planners_word() -> None:
+    canary = record("a1", "2", status=AdapterStatus.canary)
+    asked, why = fold_change(DesiredState(), Ask.gateway_load(canary))
+    assert why is None
+    assert asked.intents[canary.lora_name] == Intent(
+        canary.lora_name, "a1", "2", canary.tenant_id, "gpu", origin=CopyOrigin.gateway_request)
+    load = command(canary, CommandAction.load_gpu, "c1").model_copy(
+        update={"warmup_requests": 3})
+    planned = fold(DesiredState(), [load])
+    again, why = fold_change(planned, Ask.gateway_load(canary))
+    assert (again, why) == (planned, Skipped.already_desired)  # its id and warm-up stay
+    demoted = fold(planned, [command(canary, CommandAction.demote_to_host, "c2")])
+    reloaded, _ = fold_change(demoted, Ask.gateway_load(canary))
+    intent = reloaded.intents[canary.lora_name]
+    assert (intent.tier, intent.warmup_requests, intent.command_id, intent.origin) == (
+        "gpu", 3, None, CopyOrigin.gateway_request)
+
+
+def fold_change(state: DesiredState, change: Change) -> tuple[DesiredState, str | None]:
+    return fold_one(state, change, worker_id=WORKER, base_model=BASE, now=NOW)
+
+
+START = [Copy(), Copy("host"), Copy("host", True), Copy("gpu"), Copy("gpu", True)]
+NAMES = [r.lora_name for r in RECORDS[:4]]
+
+
+def worker_state(start: dict[str, Copy]) -> WorkerState:
+    adapters = [LoadedAdapter(lora_name=n, adapter_id=REGISTRY[n].adapter_id,
+                              version=REGISTRY[n].version, tenant_id=REGISTRY[n].tenant_id,
+                              tier=c.tier, pinned=c.pinned, size_bytes=REGISTRY[n].size_bytes)
+                for n, c in start.items() if c.present]
+    return WorkerState(worker_id=WORKER, base_model=BASE, ts=NOW, gpu_slots_used=0,
+                       gpu_slots_total=8, host_bytes_used=sum(a.size_bytes for a in adapters),
+                       host_bytes_budget=10**9, max_lora_rank=8, adapters=adapters)
+
+
+def planner_expects(start: dict[str, Copy], commands: list[CacheCommand]) -> dict[str, Copy]:
+    """What the planner expects the worker to hold once it took ``commands`` (as when it
+    issues them: each applied in order on top of the worker's state)."""
+    state = worker_state(start)
+    w = planner._effective(state, planner._Tiers.of(state), planner.WorkerMemory(), REGISTRY,
+                           0.0)
+    for c in commands:
+        planner._apply(w, c.action, c.lora_name, REGISTRY[c.lora_name].size_bytes)
+    expected = {n: planner._copy_on(w, n) for n in NAMES}
+    assert w.host_bytes == sum(REGISTRY[n].size_bytes for n, c in expected.items()
+                               if c.present)
+    return expected
+
+
+def worker_reconciles_to(start: dict[str, Copy],
+                         commands: list[CacheCommand]) -> dict[str, Copy]:
+    """Where the worker's copies end up: each command folded into its desired state, then
+    reconciled by a perfect executor whose outcomes are folded back, as the agent does."""
+    desired = DesiredState({n: Intent(n, REGISTRY[n].adapter_id, REGISTRY[n].version,
+                                      REGISTRY[n].tenant_id, c.tier, c.pinned)
+                            for n, c in start.items() if c.present})
+    gpu = {n: f"/host/{n}" for n, c in start.items() if c.tier == "gpu"}
+    actual = ActualState(gpu=gpu, loaded_by_agent=gpu, host={
+        n: HostEntry(n, f"/host/{n}", REGISTRY[n].sha256) for n, c in start.items()
+        if c.present})
+    for c in commands:
+        desired = fold(desired, [c])
+        for _ in range(4):
+            actions = run(desired, actual, budget=100)
+            if not actions:
+                break
+            actual = execute(actions, actual)
+            for outcome in filter(None, map(settled_by, actions)):
+                desired, _ = fold_change(desired, outcome)
+        assert run(desired, actual, budget=100) == []
+
+    def copy(name: str) -> Copy:
+        intent = desired.intents.get(name)
+        tier = "gpu" if name in actual.gpu else "host" if name in actual.host else "gone"
+        return Copy(tier, bool(intent and intent.pinned))
+    return {n: copy(n) for n in NAMES}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(NAMES), st.sampled_from(START)),
+       st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(list(CommandAction))),
+                max_size=12))
+def test_the_planner_expects_what_the_worker_reconciles_to(
+        start: dict[str, Copy], steps: list[tuple[str, CommandAction]]) -> None:
+    commands = [command(REGISTRY[n], a, f"c{i}") for i, (n, a) in enumerate(steps)]
+    assert planner_expects(start, commands) == worker_reconciles_to(start, commands)
+
+
+def test_the_planner_sees_a_command_shown_as_the_table_says() -> None:
+    rec = RECORDS[0]
+    state = {a.lora_name: a for a in worker_state({rec.lora_name: Copy("gpu", True)}).adapters}
+    assert not planner._reflected(command(rec, CommandAction.demote_to_host, "d"), state)
+    assert planner._reflected(command(rec, CommandAction.pin, "p"), state)
+    assert not planner._reflected(command(rec, CommandAction.pin, "p"), {})

@@ -1,0 +1,112 @@
+"""What a cache command does to one copy of a LoRA version on one worker: the one table.
+
+The planner plans on top of what it expects a worker to hold once its pending commands
+apply (``streams.planner``), and the worker folds the same commands into its desired state
+(``workers.reconcile``). Both read this table, so they cannot disagree about a command.
+
+A command is *declarative*: it says where the copy should be, whatever is there now.
+
+=================  ==========================================  ===============
+action             tier after                                  pinned after
+=================  ==========================================  ===============
+``prewarm_host``   at least ``host``                           unchanged
+``load_gpu``       ``gpu``                                     unchanged
+``pin``            at least ``host``                           ``True``
+``unpin``          unchanged                                   ``False``
+``demote_to_host`` ``host``                                    unchanged
+``evict``          ``gone``                                    unchanged
+=================  ==========================================  ===============
+
+A pinned copy never moves down a tier: ``demote_to_host`` of a pinned GPU copy and
+``evict`` of any pinned copy are refused (``Refusal.pinned``) and change nothing, so the
+planner unpins before it unloads.
+
+Why ``pin`` and ``demote_to_host`` of a copy that is not there bring it to the host tier
+(the planner used to treat them as no-ops): the worker folds a command into its *desired*
+state, before and without looking at vLLM or its host tier, so "no intent" there does not
+mean "no copy". A demote of a copy the worker never adopted must still unload it and keep
+it on host, and a pin must protect the copy it names wherever it is; the planner now
+expects the same (and counts the bytes such a copy takes on the host tier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+from loraplane.schemas.commands import CommandAction
+
+Tier = Literal["gpu", "host", "gone"]
+LEVEL: Mapping[Tier, int] = {"gone": 0, "host": 1, "gpu": 2}
+"""Tiers from lowest to highest: a pinned copy never moves to a lower one."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Where a copy of one lora name is (or is expected to be) on one worker."""
+
+    tier: Tier = "gone"
+    pinned: bool = False
+
+    @property
+    def present(self) -> bool:
+        """True when the copy takes host-tier bytes (a GPU copy is loaded from the host tier)."""
+        return self.tier != "gone"
+
+
+class Refusal(StrEnum):
+    """Why a command changes nothing."""
+
+    pinned = "pinned"  # it would move a pinned copy down a tier
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table: ``tier`` sets the tier, ``at_least`` raises it to that tier,
+    ``pinned`` sets the pin; ``None`` leaves that part as it is."""
+
+    tier: Tier | None = None
+    at_least: Tier | None = None
+    pinned: bool | None = None
+
+    def target(self, before: Copy) -> Copy:
+        tier = self.tier or before.tier
+        if self.at_least is not None and LEVEL[tier] < LEVEL[self.at_least]:
+            tier = self.at_least
+        return Copy(tier, before.pinned if self.pinned is None else self.pinned)
+
+
+TABLE: Mapping[CommandAction, Rule] = {
+    CommandAction.prewarm_host: Rule(at_least="host"),
+    CommandAction.load_gpu: Rule(tier="gpu"),
+    CommandAction.pin: Rule(at_least="host", pinned=True),
+    CommandAction.unpin: Rule(pinned=False),
+    CommandAction.demote_to_host: Rule(tier="host"),
+    CommandAction.evict: Rule(tier="gone"),
+}
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The copy after a command, or the copy unchanged and why the command was refused."""
+
+    after: Copy
+    refused: Refusal | None = None
+
+
+def effect(action: CommandAction, before: Copy) -> Effect:
+    """What ``action`` does to ``before``."""
+    after = TABLE[action].target(before)
+    if before.pinned and LEVEL[after.tier] < LEVEL[before.tier]:
+        return Effect(before, Refusal.pinned)
+    return Effect(after)
+
+
+def shows(action: CommandAction, observed: Copy) -> bool:
+    """Does ``observed`` already show the effect of ``action``? True when applying it again
+    would change nothing; a refused command is never shown (the copy may be unpinned by a
+    command before it, and then it applies)."""
+    outcome = effect(action, observed)
+    return outcome.refused is None and outcome.after == observed

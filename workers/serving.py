@@ -1,0 +1,78 @@
+"""What the gateway needs from the worker it serves for, and nothing more.
+
+The gateway routes a request to a version, asks for a cold load, forwards to vLLM and
+counts what it did; the agent (``workers.agent.WorkerAgent``) implements this. Keeping the
+interface narrow keeps the gateway out of the agent's desired state, vLLM client and config:
+it can only *ask* for a load, and the agent decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.workers.upstream_http import UpstreamResponse
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What a gateway waiting on a cold load learns."""
+
+    ok: bool
+    reason: str = ""
+    retry_after_s: float = 0.0
+
+
+class Upstream(Protocol):
+    """vLLM's completion endpoints; non-200 answers raise ``vllm_client.VllmError``."""
+
+    def completion(self, path: str, body: dict[str, Any]
+                   ) -> AbstractAsyncContextManager[UpstreamResponse]: ...
+
+
+class Serving(Protocol):
+    """One worker as its gateway sees it."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def base_model(self) -> str: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def base_served(self) -> str:
+        """The name vLLM serves the base model under (the fallback target)."""
+        ...
+
+    @property
+    def upstream(self) -> Upstream: ...
+
+    def versions(self, adapter_id: str) -> list[AdapterRecord]:
+        """This base model's records of one adapter, newest first."""
+        ...
+
+    def is_hot(self, name: str) -> bool: ...
+
+    def is_on_host(self, name: str) -> bool: ...
+
+    def is_warming(self, name: str) -> bool: ...
+
+    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+        """Ask for a cold version to be loaded; the future tells how it went."""
+        ...
+
+    def serving(self, name: str) -> AbstractContextManager[None]:
+        """Hold ``name`` for one request (an unload drains it first)."""
+        ...
+
+    def count_request(self, name: str, *, hot: bool) -> None: ...
+
+    def observe_ttft(self, name: str, ms: float) -> None: ...
+
+    def metrics_exposition(self) -> bytes: ...
