@@ -22,15 +22,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE, lora_name
 from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 
 Tier = Literal["gpu", "host", "gone"]
 MAX_REMEMBERED_COMMANDS = 10_000
 WINDOW_S = 60.0
+
+
+class CommandSkip(StrEnum):
+    """Why a command changed nothing (logged by the agent; its offset is still committed)."""
+
+    duplicate = "duplicate"  # its command_id was already applied
+    other_worker = "other_worker"
+    base_model_mismatch = "base_model_mismatch"
+    expired = "expired"  # its deadline has passed
+    lora_name_mismatch = "lora_name_mismatch"  # not adapter@version-sha8 of its own fields
+    pinned = "pinned"  # a demote or evict of a pinned intent
 
 
 @dataclass(frozen=True)
@@ -73,25 +86,25 @@ def remember(seen: Mapping[str, datetime], command_id: str, deadline: datetime,
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime) -> tuple[DesiredState, str | None]:
+                  now: datetime) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
-        return state, "duplicate"
+        return state, CommandSkip.duplicate
     state = replace(state, seen_commands=remember(state.seen_commands, cmd.command_id,
                                                   cmd.deadline, now))
     if cmd.worker_id != worker_id:
-        return state, "other_worker"
+        return state, CommandSkip.other_worker
     if cmd.base_model != base_model:
-        return state, "base_model_mismatch"
+        return state, CommandSkip.base_model_mismatch
     if cmd.deadline < now:
-        return state, "expired"
+        return state, CommandSkip.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
-        return state, "lora_name_mismatch"
+        return state, CommandSkip.lora_name_mismatch
     current = state.intents.get(cmd.lora_name) or Intent(
         cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id, "gone")
     if cmd.action in (CommandAction.demote_to_host, CommandAction.evict) and current.pinned:
-        return state, "pinned"
+        return state, CommandSkip.pinned
     tier: Tier = current.tier
     pinned = current.pinned
     warmup = current.warmup_requests
@@ -173,14 +186,14 @@ class Fetch:
 @dataclass(frozen=True)
 class Unload:
     lora_name: str
-    reason: str
+    reason: UnloadReason
     command_id: str | None
 
 
 @dataclass(frozen=True)
 class RemoveHost:
     lora_name: str
-    reason: str
+    reason: UnloadReason
     command_id: str | None
 
 
@@ -206,7 +219,7 @@ class Refuse:
     """The intent cannot be satisfied from the registry; the agent drops it."""
 
     lora_name: str
-    reason: str
+    reason: IntentRefusal
     command_id: str | None
 
 
@@ -223,15 +236,16 @@ def vouched(name: str, root: str, actual: ActualState) -> bool:
             and entry.sha256.startswith(parsed["sha8"]))
 
 
-def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> str | None:
+def _refusal(intent: Intent, record: AdapterRecord | None,
+             base_model: str) -> IntentRefusal | None:
     if record is None:
-        return "not_in_registry"
+        return IntentRefusal.not_in_registry
     if record.status == AdapterStatus.revoked:
-        return "revoked"
+        return IntentRefusal.revoked
     if record.base_model != base_model:
-        return "base_model_mismatch"
+        return IntentRefusal.base_model_mismatch
     if record.tenant_id != intent.tenant_id:
-        return "tenant_mismatch"
+        return IntentRefusal.tenant_mismatch
     return None
 
 
@@ -260,11 +274,12 @@ def reconcile(desired: DesiredState, actual: ActualState,
         intent = desired.intents.get(name)
         cmd = intent.command_id if intent else None
         if record is not None and record.status == AdapterStatus.revoked:
-            actions.append(Unload(name, "revoked", cmd))
+            actions.append(Unload(name, UnloadReason.revoked, cmd))
             unloading.add(name)
         elif (intent is not None and intent.tier != "gpu" and not intent.pinned
               and actual.in_flight.get(name, 0) == 0):
-            actions.append(Unload(name, "demote" if intent.tier == "host" else "evict", cmd))
+            actions.append(Unload(name, UnloadReason.demote if intent.tier == "host"
+                                  else UnloadReason.evict, cmd))
             unloading.add(name)
 
     for name in sorted(actual.host):
@@ -273,9 +288,9 @@ def reconcile(desired: DesiredState, actual: ActualState,
         cmd = intent.command_id if intent else None
         off_gpu = name not in actual.gpu or name in unloading
         if record is not None and record.status == AdapterStatus.revoked:
-            actions.append(RemoveHost(name, "revoked", cmd))
+            actions.append(RemoveHost(name, UnloadReason.revoked, cmd))
         elif intent is not None and intent.tier == "gone" and off_gpu:
-            actions.append(RemoveHost(name, "evict", cmd))
+            actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)
     wanted = sorted((i for i in desired.intents.values() if i.tier in ("gpu", "host")),
@@ -290,7 +305,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
             continue  # a command newer than our registry copy: wait for the next refresh
         reason = _refusal(intent, record, base_model)
         if reason is not None or record is None:
-            actions.append(Refuse(name, reason or "not_in_registry", intent.command_id))
+            actions.append(Refuse(name, reason or IntentRefusal.not_in_registry,
+                                  intent.command_id))
             continue
         if backoff.get(name, 0.0) > now:
             continue
