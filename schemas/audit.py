@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
+from loraplane.schemas.reasons import AuditReason
 from pydantic import Field
 
 
@@ -15,7 +16,7 @@ class AuditRecord(StrictModel):
     component: Literal["registry", "planner", "worker", "gateway", "cli"]
     action: str = Field(min_length=1, max_length=64)
     decision: Literal["accepted", "rejected", "issued", "applied", "refused"]
-    reason: str = Field("", max_length=128)
+    reason: AuditReason = ""
     subject_event_id: str | None = Field(None, max_length=128)
     tenant_id: Identifier | None = None
     adapter_id: Identifier | None = None

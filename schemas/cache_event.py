@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
+from loraplane.schemas.reasons import CacheEventReason
 from pydantic import Field
 
 
@@ -32,6 +33,6 @@ class CacheEvent(StrictModel):
     kind: CacheEventKind
     swap_ms: NonNegativeMs = 0.0
     bytes: int = Field(0, ge=0)
-    reason: str = Field("", max_length=128, description="refusal/failure code, else empty")
+    reason: CacheEventReason = Field("", description="refusal/failure code, else empty")
     detail: str = Field("", max_length=1024)
     command_id: str | None = Field(None, max_length=200)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from loraplane.schemas.reasons import DecodeReason
 from pydantic import BaseModel, ValidationError
 
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -19,7 +20,7 @@ class SchemaError(ValueError):
     """Bytes that are not a valid message. ``reason`` is a stable code, ``errors`` are
     ``(field path, message)`` pairs for people."""
 
-    def __init__(self, reason: str, errors: list[tuple[str, str]]) -> None:
+    def __init__(self, reason: DecodeReason, errors: list[tuple[str, str]]) -> None:
         self.reason = reason
         self.errors = errors
         super().__init__(f"{reason}: " + "; ".join(f"{loc}: {msg}" for loc, msg in errors))
@@ -31,11 +32,12 @@ def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
 
 def decode(model: type[M], raw: bytes | str | None) -> M:
     if raw is None:
-        raise SchemaError("malformed", [("(root)", "empty message")])
+        raise SchemaError(DecodeReason.malformed, [("(root)", "empty message")])
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if len(raw) > MAX_MESSAGE_BYTES:
-        raise SchemaError("too_large", [("(root)", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")])
+        raise SchemaError(DecodeReason.too_large,
+                          [("(root)", f"{len(raw)} bytes > {MAX_MESSAGE_BYTES}")])
     try:
         # One pass in pydantic-core (JSON parse + validation): ~25% cheaper per message than
         # json.loads + model_validate, on every consumer's hot path.
@@ -43,12 +45,14 @@ def decode(model: type[M], raw: bytes | str | None) -> M:
     except ValidationError as exc:
         errors = exc.errors()
         if any(e["type"] == "json_invalid" for e in errors):
-            raise SchemaError("malformed", [("(root)", f"not JSON: {errors[0]['msg']}")]) from None
+            raise SchemaError(DecodeReason.malformed,
+                              [("(root)", f"not JSON: {errors[0]['msg']}")]) from None
         if len(errors) == 1 and errors[0]["type"] == "model_type" and not errors[0]["loc"]:
-            raise SchemaError("malformed", [("(root)", "expected a JSON object")]) from None
-        raise SchemaError("invalid", _field_errors(exc)) from None
+            raise SchemaError(DecodeReason.malformed,
+                              [("(root)", "expected a JSON object")]) from None
+        raise SchemaError(DecodeReason.invalid, _field_errors(exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:
-        raise SchemaError("invalid", [("(root)", str(exc))]) from None
+        raise SchemaError(DecodeReason.invalid, [("(root)", str(exc))]) from None
 
 
 def encode(message: BaseModel) -> bytes:

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
+from loraplane.schemas.reasons import CommandRule
 from pydantic import Field
 
 
@@ -23,7 +24,7 @@ class CommandAction(StrEnum):
 
 
 class CommandReason(StrictModel):
-    rule: str = Field(min_length=1, max_length=64, description="which planner rule fired")
+    rule: CommandRule = Field(description="which planner rule fired")
     score: float | None = None
     detail: str = Field("", max_length=512)
 

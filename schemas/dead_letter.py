@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
+from loraplane.schemas.reasons import DeadLetterReason
 from pydantic import Field
 
 
@@ -19,7 +20,7 @@ class DeadLetter(StrictModel):
     partition: int = Field(-1, ge=-1)
     offset: int = Field(-1, ge=-1)
     component: str = Field(max_length=64)
-    reason: str = Field(min_length=1, max_length=64, description="machine-readable code")
+    reason: DeadLetterReason = Field(description="machine-readable code")
     detail: str = Field("", max_length=4096, description="human-readable, field-level")
     key_b64: str | None = Field(None, max_length=4096)
     raw_b64: str = Field(max_length=16 * 1024 * 1024, description="the original value bytes")
@@ -40,7 +41,8 @@ class KafkaMessage(Protocol):
     def timestamp(self) -> tuple[int, int]: ...
 
 
-def dead_letter_for(msg: KafkaMessage, component: str, reason: str, detail: str) -> DeadLetter:
+def dead_letter_for(msg: KafkaMessage, component: str, reason: DeadLetterReason,
+                    detail: str) -> DeadLetter:
     """A dead letter whose id and timestamp depend only on the message, so a replayed batch
     produces the same record (and it collapses in ClickHouse)."""
     return dead_letter_at(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
@@ -49,7 +51,8 @@ def dead_letter_for(msg: KafkaMessage, component: str, reason: str, detail: str)
 
 
 def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                   ts: float, component: str, reason: str, detail: str) -> DeadLetter:
+                   ts: float, component: str, reason: DeadLetterReason,
+                   detail: str) -> DeadLetter:
     """The dead letter of the message at ``topic:partition:offset`` (its id), consumed by
     any client; ``ts`` is the message's timestamp in epoch seconds."""
     where = f"{topic}:{partition}:{offset}"
@@ -58,7 +61,7 @@ def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, r
     return DeadLetter(
         event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
         ts=datetime.fromtimestamp(max(ts, 0), UTC), source_topic=topic, partition=partition,
-        offset=offset, component=component, reason=reason[:64], detail=detail[:4096],
+        offset=offset, component=component, reason=reason, detail=detail[:4096],
         key_b64=base64.b64encode(key).decode()[:4096] if key else None,
         raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
     )

@@ -2,8 +2,9 @@
 
 ``evaluate`` takes one lifecycle message (raw bytes as they came off Kafka, or a decoded
 event), the keyring, the registry's current state of that adapter and ``now``, and returns
-``Accepted`` (the adapter's new state) or ``Rejected`` (a stable ``Reason`` code and a
-human-readable detail). Checks run in this order, so each hostile event gets one reason:
+``Accepted`` (the adapter's new state) or ``Rejected`` (a stable ``Reason`` code, i.e.
+``schemas.reasons.RegistryRejection``, and a human-readable detail). Checks run in this
+order, so each hostile event gets one reason:
 
 1. bytes -> event (malformed / invalid / too_large / canary_percent_out_of_range), and the
    Kafka key must be the event's adapter_id (the table is partitioned by it);
@@ -26,7 +27,6 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Release
 from loraplane.schemas.audit import AuditRecord
@@ -34,6 +34,8 @@ from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_k
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.keyring import KeyEntry, Keyring
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.reasons import NO_REASON
+from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import public_key, verify
 from pydantic import Field
@@ -42,39 +44,6 @@ MAX_EVENT_LIFETIME = timedelta(days=7)
 """Bounds the replay set: an event id is remembered until its event expires."""
 CLOCK_SKEW = timedelta(minutes=5)
 """How far in the future ``issued_at`` may be (publishers' clocks are not ours)."""
-
-
-class Reason(StrEnum):
-    # the bytes
-    malformed = "malformed"
-    invalid = "invalid"
-    too_large = "too_large"
-    canary_percent_out_of_range = "canary_percent_out_of_range"
-    key_mismatch = "key_mismatch"  # Kafka key != adapter_id
-    # trust
-    keyring_unavailable = "keyring_unavailable"
-    unknown_key = "unknown_key"
-    key_publisher_mismatch = "key_publisher_mismatch"
-    key_revoked = "key_revoked"
-    key_expired = "key_expired"
-    key_not_yet_valid = "key_not_yet_valid"
-    bad_signature = "bad_signature"
-    action_out_of_scope = "action_out_of_scope"
-    tenant_out_of_scope = "tenant_out_of_scope"
-    # freshness and order
-    event_expired = "event_expired"
-    event_from_future = "event_from_future"
-    event_lifetime_too_long = "event_lifetime_too_long"
-    replayed_event_id = "replayed_event_id"
-    stale_seq = "stale_seq"
-    # ownership and registry rules
-    tenant_mismatch = "tenant_mismatch"
-    base_model_mismatch = "base_model_mismatch"
-    version_not_newer = "version_not_newer"
-    unknown_version = "unknown_version"
-    version_revoked = "version_revoked"
-    rollback_to_unknown = "rollback_to_unknown"
-    invalid_transition = "invalid_transition"
 
 
 class AdapterState(StrictModel):
@@ -323,7 +292,7 @@ def _audit(raw: bytes, event: LifecycleEvent | None, now: datetime, reason: Reas
         ts=now, component="registry",
         action=str(event.action) if event else "unknown",
         decision="rejected" if reason else "accepted",
-        reason=str(reason or ""),
+        reason=reason or NO_REASON,
         subject_event_id=event.event_id if event else None,
         tenant_id=event.tenant_id if event else None,
         adapter_id=event.adapter_id if event else None,

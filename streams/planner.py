@@ -61,6 +61,7 @@ import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import CommandRule, WaitReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
@@ -108,7 +109,7 @@ class Waiting:
 
     lora_name: str
     score: float
-    reason: str  # "cold_load_budget" | "no_gpu_slot"
+    reason: WaitReason
 
 
 @dataclass(frozen=True)
@@ -476,7 +477,7 @@ class _Planner:
         self.validated: CacheCommand | None = None
 
     def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
-              rule: str, score: float | None, detail: str = "", warmup: int = 0) -> None:
+              rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> None:
         """Issue one command. Its fields come from validated records, worker states and the
         policy, so only the tick's first command is validated; the others are copies of it
         with every field replaced (a cold tick issues ~30k commands; validating each
@@ -584,11 +585,11 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
             if (i is not None and t.protected[i]) or lora not in records:
                 continue
             if i is not None and i in t.over_capacity:
-                p.issue(w, CommandAction.unpin, t.record[i], lora, "protected_over_capacity",
-                        t.score[i], t.detail(i))
+                p.issue(w, CommandAction.unpin, t.record[i], lora,
+                        CommandRule.protected_over_capacity, t.score[i], t.detail(i))
             else:
-                p.issue(w, CommandAction.unpin, records[lora], lora, "no_longer_protected",
-                        t.score[i] if i is not None else None)
+                p.issue(w, CommandAction.unpin, records[lora], lora,
+                        CommandRule.no_longer_protected, t.score[i] if i is not None else None)
 
     # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU. Only
     # the residents these rules act on are visited (in name order, as if all were), found
@@ -605,12 +606,13 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
             r = records[lora]
             i = index.get(lora)
             if lora in revoked:
-                p.issue(w, CommandAction.evict, r, lora, "revoke", None, "version revoked")
+                p.issue(w, CommandAction.evict, r, lora, CommandRule.revoke, None,
+                        "version revoked")
             elif lora in w.gpu and i is None:
-                p.issue(w, CommandAction.demote_to_host, r, lora, "not_serving", None,
+                p.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.not_serving, None,
                         f"status {r.status.value}")
             elif lora in w.gpu and i is not None and t.demoted[i]:
-                p.issue(w, CommandAction.demote_to_host, r, lora, "demote", t.score[i],
+                p.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.demote, t.score[i],
                         f"demote_when: {t.demote_rule(i)}")
 
     on_gpu: dict[str, list[_Worker]] = defaultdict(list)
@@ -646,23 +648,23 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
         if lora not in missing:
             continue
         target = _worker_with_free_slot(free_heap, by_id, policy) if in_use < k else None
-        rule = "hot_score"
+        rule = CommandRule.hot_score
         if target is None:
             victim = _pop_victim(displaceable, by_id, policy)
             if victim is None:
                 # No victim left means ``displaceable`` is empty: only free slots can block.
                 if free_somewhere is None:
                     free_somewhere = any(w.free_slots() > 0 for w in workers)
-                p.waiting.append(Waiting(lora, t.score[i], "cold_load_budget"
-                                         if free_somewhere else "no_gpu_slot"))
+                p.waiting.append(Waiting(lora, t.score[i], WaitReason.cold_load_budget
+                                         if free_somewhere else WaitReason.no_gpu_slot))
                 continue
             victim_lora, target = victim
             v = index[victim_lora]
             p.issue(target, CommandAction.demote_to_host, t.record[v], victim_lora,
-                    "slot_needed", t.score[v],
+                    CommandRule.slot_needed, t.score[v],
                     f"for {lora} scoring {t.score[i]:.4f} (> {t.score[v]:.4f} + margin {margin})")
             in_use -= 1
-            rule = "hot_score_displace"
+            rule = CommandRule.hot_score_displace
         warmup = (policy.request_budgets.canary.warmup_requests
                   if t.record[i].status is AdapterStatus.canary else 0)
         p.issue(target, CommandAction.load_gpu, t.record[i], lora, rule, t.score[i],
@@ -677,7 +679,7 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
     for w in workers:
         for lora in sorted(lora for lora in w.gpu.keys() & protected_names if not w.gpu[lora]):
             i = index[lora]
-            p.issue(w, CommandAction.pin, t.record[i], lora, "never_evict", t.score[i],
+            p.issue(w, CommandAction.pin, t.record[i], lora, CommandRule.never_evict, t.score[i],
                     t.detail(i))
 
     # 7: HBM above the low watermark: give back the lowest-ranked evictable resident.
@@ -691,7 +693,7 @@ def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, Adapte
         if evictable:
             worst = max(evictable, key=lambda i: t.rank(i, True, margin))
             p.issue(w, CommandAction.demote_to_host, t.record[worst], t.lora[worst],
-                    "hbm_watermark", t.score[worst],
+                    CommandRule.hbm_watermark, t.score[worst],
                     f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
 
     _plan_host(p, cands, wanted, records, workers)
@@ -785,7 +787,7 @@ def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
                 break
             continue
         w = by_id[wid]
-        p.issue(w, CommandAction.prewarm_host, t.record[i], lora, "host_tier", t.score[i],
+        p.issue(w, CommandAction.prewarm_host, t.record[i], lora, CommandRule.host_tier, t.score[i],
                 t.detail(i))
         host_only.add(lora)
         slots_left -= 1
@@ -799,7 +801,7 @@ def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
 
     def evict(w: _Worker, lora: str, detail: str) -> None:
         i = index.get(lora)
-        p.issue(w, CommandAction.evict, records[lora], lora, "host_pressure",
+        p.issue(w, CommandAction.evict, records[lora], lora, CommandRule.host_pressure,
                 t.score[i] if i is not None else None, detail)
 
     # Sorting is most of the host pass's cost: sort only when a limit is exceeded.

@@ -44,6 +44,7 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import DeadLetterReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams import scoring_agent  # noqa: F401  (its service fills score_store)
@@ -80,7 +81,7 @@ planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
                            help="worker_id -> schemas.planner_memory.PlannerMemory (JSON)")
 
 
-def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
+def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: DeadLetterReason,
                 detail: str, component: str) -> DeadLetter:
     return dead_letter_at(source.get_topic_name(), message.partition, message.offset,
                           message.key if isinstance(message.key, bytes) else None,

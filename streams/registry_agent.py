@@ -24,6 +24,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
+from loraplane.schemas.reasons import ConsumerFault, DeadLetterReason
 from loraplane.streams.app import app, raw_topic
 from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
 
@@ -63,8 +64,8 @@ def _keyring() -> Keyring | None:
         return None
 
 
-def dead_letter(reason: str, detail: str, raw: bytes, key: bytes | None, partition: int,
-                offset: int) -> DeadLetter:
+def dead_letter(reason: DeadLetterReason, detail: str, raw: bytes, key: bytes | None,
+                partition: int, offset: int) -> DeadLetter:
     kept = raw[:MAX_DEAD_LETTER_RAW]
     truncated = f" (raw truncated to {len(kept)} of {len(raw)} bytes)" if len(kept) < len(raw) \
         else ""
@@ -85,7 +86,7 @@ async def _publish(decision: Decision, raw: bytes, key: bytes | None, partition:
                                   value=encode(decision.state.view))
     else:
         await dead_letter_topic.send(key=key, value=encode(dead_letter(
-            str(decision.reason), decision.detail, raw, key, partition, offset)))
+            decision.reason, decision.detail, raw, key, partition, offset)))
         event = decision.event
         state = adapter_state(event.adapter_id) if event else None
         if (decision.reason is Reason.replayed_event_id and event is not None
@@ -111,5 +112,5 @@ async def registry_agent(stream: faust.StreamT) -> None:
             log.exception("lifecycle p%s@%s: internal error", message.partition,
                           message.offset)
             await dead_letter_topic.send(key=key, value=encode(dead_letter(
-                "internal_error", f"{type(exc).__name__}: {exc}", raw, key,
+                ConsumerFault.internal_error, f"{type(exc).__name__}: {exc}", raw, key,
                 message.partition, message.offset)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
+from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestDemand
 from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key
 
@@ -33,8 +34,8 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
     demand = decode(RequestDemand, message.value())
     key = message.key()
     if key != demand.adapter_id.encode():
-        raise SchemaError("key_mismatch", [("(key)", f"Kafka key {key!r} is not adapter_id "
-                                                     f"{demand.adapter_id}")])
+        raise SchemaError(DecodeReason.key_mismatch, [
+            ("(key)", f"Kafka key {key!r} is not adapter_id {demand.adapter_id}")])
     return demand
 
 

@@ -33,6 +33,13 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.reasons import (
+    NO_REASON,
+    CacheEventReason,
+    LoadDeferral,
+    UnloadReason,
+    VllmErrorCode,
+)
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import load_applied, save_applied
 from loraplane.workers.event_sink import EventSink
@@ -237,7 +244,7 @@ class WorkerAgent:
             log.info("command %s skipped: %s", cmd.command_id, skipped)
         intent = self.desired.intents.get(cmd.lora_name)
         if intent is None or intent.tier != "gpu":  # a gateway waiter must not wait forever
-            self._resolve(cmd.lora_name, LoadOutcome(False, "superseded_by_command"))
+            self._resolve(cmd.lora_name, LoadOutcome(False, LoadDeferral.superseded_by_command))
         self._rt.busy_reported.discard(cmd.lora_name)
         self._wake.set()
         return skipped
@@ -380,10 +387,10 @@ class WorkerAgent:
             case Load(name, record, cmd, warmup):
                 await self._load(record, cmd, warmup)
             case BusyRetry(name, retry_after_s, cmd):
-                self._resolve(name, LoadOutcome(False, "busy_retry", retry_after_s))
+                self._resolve(name, LoadOutcome(False, LoadDeferral.busy_retry, retry_after_s))
                 if name not in self._rt.busy_reported:
                     self._rt.busy_reported.add(name)
-                    self._event(name, CacheEventKind.fail, reason="busy_retry",
+                    self._event(name, CacheEventKind.fail, reason=LoadDeferral.busy_retry,
                                 detail=f"cold-load budget spent; retry in {retry_after_s:.1f}s",
                                 command_id=cmd)
             case Refuse(name, reason, cmd):
@@ -393,13 +400,14 @@ class WorkerAgent:
 
     async def _conflict(self, name: str, root: str) -> None:
         self.metrics.conflict(self.labels(name))
-        self._event(name, CacheEventKind.kv_namespace_conflict, reason="kv_namespace_conflict",
+        self._event(name, CacheEventKind.kv_namespace_conflict,
+                    reason=UnloadReason.kv_namespace_conflict,
                     detail=f"vLLM serves {name!r} from {root!r}, not loaded by this agent")
-        await self._unload(name, "kv_namespace_conflict", None, force=True)
+        await self._unload(name, UnloadReason.kv_namespace_conflict, None, force=True)
 
-    async def _unload(self, name: str, reason: str, cmd: str | None,
+    async def _unload(self, name: str, reason: UnloadReason, cmd: str | None,
                       force: bool = False) -> None:
-        drain = not force and reason != "revoked"
+        drain = not force and reason != UnloadReason.revoked
         if drain and self._rt.in_flight.get(name, 0) > 0:
             return  # a request started since reconcile looked; retry next tick
         self._rt.draining.add(name)
@@ -409,15 +417,15 @@ class WorkerAgent:
         try:
             await self.vllm.unload(name)
         except VllmError as exc:
-            if exc.reason != "not_found":
-                self._event(name, CacheEventKind.fail, reason=f"vllm_{exc.reason}",
+            if exc.reason != VllmErrorCode.not_found:
+                self._event(name, CacheEventKind.fail, reason=exc.reason.failure,
                             detail=exc.message, command_id=cmd)
                 self._rt.draining.discard(name)
                 return
         self._rt.gpu.pop(name, None)
         self._rt.loaded_by_agent.pop(name, None)
         self._rt.draining.discard(name)
-        if reason != "kv_namespace_conflict":
+        if reason != UnloadReason.kv_namespace_conflict:
             self._event(name, CacheEventKind.unload, reason=reason, command_id=cmd)
 
     async def _fetch(self, record: AdapterRecord, cmd: str | None) -> Path | None:
@@ -429,13 +437,13 @@ class WorkerAgent:
             path = await asyncio.to_thread(self.host_tier.ensure, record)
         except ArtifactError as exc:
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
-            self._event(name, kind, reason=exc.reasons[0].value, detail=str(exc)[:1024],
+            self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024],
                         command_id=cmd)
             if exc.is_failure:
                 self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
             else:
                 self._fold(Outcome(name, Settled.refused))
-            self._resolve(name, LoadOutcome(False, exc.reasons[0].value,
+            self._resolve(name, LoadOutcome(False, exc.reasons[0],
                                             self.config.load_backoff_s))
             return None
         self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
@@ -455,10 +463,10 @@ class WorkerAgent:
             swap_ms = await self.vllm.load(name, str(path))
         except VllmError as exc:
             self.metrics.cold_load(labels, ok=False)
-            self._event(name, CacheEventKind.fail, reason=f"vllm_{exc.reason}",
+            self._event(name, CacheEventKind.fail, reason=exc.reason.failure,
                         detail=exc.message, command_id=cmd)
             self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
-            self._resolve(name, LoadOutcome(False, f"vllm_{exc.reason}",
+            self._resolve(name, LoadOutcome(False, exc.reason.failure,
                                             self.config.load_backoff_s))
             return
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
@@ -501,7 +509,8 @@ class WorkerAgent:
         return AdapterLabels(parsed["adapter_id"], parsed["version"], "unknown",
                              self.config.base_model)
 
-    def _event(self, name: str, kind: CacheEventKind, *, reason: str = "", detail: str = "",
+    def _event(self, name: str, kind: CacheEventKind, *,
+               reason: CacheEventReason = NO_REASON, detail: str = "",
                swap_ms: float = 0.0, bytes_: int = 0, command_id: str | None = None) -> None:
         labels = self.labels(name)
         event = CacheEvent(
@@ -509,7 +518,7 @@ class WorkerAgent:
             base_model=self.config.base_model, tenant_id=labels.tenant_id,
             adapter_id=labels.adapter_id, adapter_version=labels.adapter_version,
             lora_name=name[:200], kind=kind, swap_ms=swap_ms, bytes=bytes_,
-            reason=reason[:128], detail=detail[:1024], command_id=command_id)
+            reason=reason, detail=detail[:1024], command_id=command_id)
         log.info("cache event %s %s swap_ms=%.1f %s %s", kind.value, name, swap_ms, reason,
                  detail[:200])
         self.sink.emit("cache-events", labels.adapter_id, event)

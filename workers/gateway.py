@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import ID_PATTERN, now_utc
+from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
@@ -268,8 +269,8 @@ class Gateway:
             if self.worker.is_warming(record.lora_name):  # a canary warming up: route again
                 return await self._route(request, path, body, trace)
             return await self._forward(request, path, body, trace, record.lora_name)
-        reason = (outcome.reason if outcome else "load_queued" if fut is not None
-                  else "batch_cold_loads_busy")
+        reason = (outcome.reason if outcome else LoadDeferral.load_queued if fut is not None
+                  else LoadDeferral.batch_cold_loads_busy)
         retry_after = max(1, round(outcome.retry_after_s if outcome and outcome.retry_after_s
                                    else budget.retry_after_s))
         if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
@@ -309,10 +310,10 @@ class Gateway:
                     return web.Response(body=raw, status=200, headers=headers,
                                         content_type="application/json")
             except VllmError as exc:
-                trace.status, trace.error = RequestStatus.error, f"vllm_{exc.reason}"
-                if exc.reason == "not_found":  # unloaded under us: ask again later
+                trace.status, trace.error = RequestStatus.error, exc.reason.failure
+                if exc.reason == VllmErrorCode.not_found:  # unloaded under us: ask again later
                     return _error(503, "adapter_unavailable", exc.message, **{"Retry-After": "1"})
-                return _error(502, f"vllm_{exc.reason}", exc.message)
+                return _error(502, exc.reason.failure, exc.message)
 
     async def _stream(self, request: web.Request, resp: UpstreamResponse,
                       headers: dict[str, str],

@@ -51,7 +51,7 @@ async def send_golden_set(vllm: VllmClient, record: AdapterRecord, count: int, *
                     usage = json.loads(await resp.read()).get("usage") or {}
                 ok += 1
             except VllmError as exc:
-                status, error = RequestStatus.error, f"vllm_{exc.reason}"
+                status, error = RequestStatus.error, exc.reason.failure
             except (ValueError, AttributeError):  # answered, but not the JSON we expect
                 ok += 1
         emit(RequestLog(

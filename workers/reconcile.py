@@ -28,6 +28,7 @@ from enum import StrEnum
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE, lora_name
 from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
 
 from loraplane.kernel.command_effects import Copy, Tier, effect
@@ -256,14 +257,14 @@ class Fetch:
 @dataclass(frozen=True)
 class Unload:
     lora_name: str
-    reason: str
+    reason: UnloadReason
     command_id: str | None
 
 
 @dataclass(frozen=True)
 class RemoveHost:
     lora_name: str
-    reason: str
+    reason: UnloadReason
     command_id: str | None
 
 
@@ -289,7 +290,7 @@ class Refuse:
     """The intent cannot be satisfied from the registry; the agent drops it."""
 
     lora_name: str
-    reason: str
+    reason: IntentRefusal
     command_id: str | None
 
 
@@ -301,7 +302,8 @@ def settled_by(action: Action) -> Outcome | None:
     evict (or a revoked version), a refusal ends the intent."""
     match action:
         case RemoveHost(name, reason, _):
-            return Outcome(name, Settled.revoked if reason == "revoked" else Settled.removed)
+            revoked = reason == UnloadReason.revoked
+            return Outcome(name, Settled.revoked if revoked else Settled.removed)
         case Refuse(name, _, _):
             return Outcome(name, Settled.refused)
     return None
@@ -317,15 +319,16 @@ def vouched(name: str, root: str, actual: ActualState) -> bool:
             and entry.sha256.startswith(parsed["sha8"]))
 
 
-def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> str | None:
+def _refusal(intent: Intent, record: AdapterRecord | None,
+             base_model: str) -> IntentRefusal | None:
     if record is None:
-        return "not_in_registry"
+        return IntentRefusal.not_in_registry
     if record.status == AdapterStatus.revoked:
-        return "revoked"
+        return IntentRefusal.revoked
     if record.base_model != base_model:
-        return "base_model_mismatch"
+        return IntentRefusal.base_model_mismatch
     if record.tenant_id != intent.tenant_id:
-        return "tenant_mismatch"
+        return IntentRefusal.tenant_mismatch
     return None
 
 
@@ -354,11 +357,12 @@ def reconcile(desired: DesiredState, actual: ActualState,
         intent = desired.intents.get(name)
         cmd = intent.command_id if intent else None
         if record is not None and record.status == AdapterStatus.revoked:
-            actions.append(Unload(name, "revoked", cmd))
+            actions.append(Unload(name, UnloadReason.revoked, cmd))
             unloading.add(name)
         elif (intent is not None and intent.tier != "gpu" and not intent.pinned
               and actual.in_flight.get(name, 0) == 0):
-            actions.append(Unload(name, "demote" if intent.tier == "host" else "evict", cmd))
+            actions.append(Unload(name, UnloadReason.demote if intent.tier == "host"
+                                  else UnloadReason.evict, cmd))
             unloading.add(name)
 
     for name in sorted(actual.host):
@@ -367,9 +371,9 @@ def reconcile(desired: DesiredState, actual: ActualState,
         cmd = intent.command_id if intent else None
         off_gpu = name not in actual.gpu or name in unloading
         if record is not None and record.status == AdapterStatus.revoked:
-            actions.append(RemoveHost(name, "revoked", cmd))
+            actions.append(RemoveHost(name, UnloadReason.revoked, cmd))
         elif intent is not None and intent.tier == "gone" and off_gpu:
-            actions.append(RemoveHost(name, "evict", cmd))
+            actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)
     wanted = sorted((i for i in desired.intents.values() if i.tier in ("gpu", "host")),
@@ -384,7 +388,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
             continue  # a command newer than our registry copy: wait for the next refresh
         reason = _refusal(intent, record, base_model)
         if reason is not None or record is None:
-            actions.append(Refuse(name, reason or "not_in_registry", intent.command_id))
+            actions.append(Refuse(name, reason or IntentRefusal.not_in_registry,
+                                  intent.command_id))
             continue
         if backoff.get(name, 0.0) > now:
             continue

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.reasons import NO_REASON, CacheEventReason
 from loraplane.workers.upstream_http import UpstreamResponse
 
 
@@ -22,7 +23,7 @@ class LoadOutcome:
     """What a gateway waiting on a cold load learns."""
 
     ok: bool
-    reason: str = ""
+    reason: CacheEventReason = NO_REASON
     retry_after_s: float = 0.0
 
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httptools
+from loraplane.schemas.reasons import VllmErrorCode
 
 _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled
 _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
@@ -28,9 +29,9 @@ _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from th
 
 class UpstreamError(Exception):
     """``reason``: ``timeout``, ``unreachable`` (refused, reset, closed mid-answer) or
-    ``bad_response`` (not HTTP/1.1)."""
+    ``bad_response`` (not HTTP/1.1), as the vLLM error codes they become."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: VllmErrorCode, message: str) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
@@ -80,9 +81,9 @@ class UpstreamResponse:
     # ---- read by the caller -------------------------------------------------------------
     def _time_out(self, waiter: asyncio.Future[None], total: bool) -> None:
         if not waiter.done():
-            waiter.set_exception(UpstreamError("timeout", "the answer was not complete by its "
-                                               "deadline" if total else "no answer within "
-                                               f"{self._pool.read_timeout_s}s"))
+            waiter.set_exception(UpstreamError(
+                VllmErrorCode.timeout, "the answer was not complete by its deadline" if total
+                else f"no answer within {self._pool.read_timeout_s}s"))
 
     async def _wait(self) -> None:
         """Until the connection reports something, at most the read timeout and never past
@@ -103,7 +104,8 @@ class UpstreamResponse:
         while not self._head_done and not self._done:
             await self._wait()
         if not self._head_done:
-            raise self._error or UpstreamError("unreachable", "closed before the answer")
+            raise self._error or UpstreamError(VllmErrorCode.unreachable,
+                                               "closed before the answer")
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (whatever each socket read brought, not lines)."""
@@ -175,7 +177,7 @@ class _Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if self._response is not None:
-                self._response._finish(UpstreamError("bad_response", str(exc)))
+                self._response._finish(UpstreamError(VllmErrorCode.bad_response, str(exc)))
             self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,7 +191,8 @@ class _Connection(asyncio.Protocol):
                 and "chunked" not in response.headers.get("transfer-encoding", ""):
             response._finish()  # a body that ends with the connection
         else:
-            response._finish(UpstreamError("unreachable", "connection closed mid-answer"
+            response._finish(UpstreamError(VllmErrorCode.unreachable,
+                                           "connection closed mid-answer"
                                            + (f" ({exc})" if exc else "")))
 
     # httptools callbacks
@@ -270,7 +273,8 @@ class UpstreamPool:
                     return response
                 except _Stale:
                     if not reused:
-                        raise UpstreamError("unreachable", "closed before the answer") from None
+                        raise UpstreamError(VllmErrorCode.unreachable,
+                                            "closed before the answer") from None
                 except BaseException:
                     conn.drop()
                     raise
@@ -290,10 +294,11 @@ class UpstreamPool:
                 loop.create_connection(lambda: _Connection(self), self.host, self.port),
                 self.connect_timeout_s)
         except TimeoutError:
-            raise UpstreamError("timeout", f"connect to {self.host}:{self.port} took longer "
-                                f"than {self.connect_timeout_s}s") from None
+            raise UpstreamError(VllmErrorCode.timeout, f"connect to {self.host}:{self.port} took "
+                                f"longer than {self.connect_timeout_s}s") from None
         except OSError as exc:
-            raise UpstreamError("unreachable", f"{self.host}:{self.port}: {exc}") from None
+            raise UpstreamError(VllmErrorCode.unreachable,
+                                f"{self.host}:{self.port}: {exc}") from None
         return conn, False
 
     def close(self) -> None:

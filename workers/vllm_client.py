@@ -20,11 +20,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 
 
 class VllmError(RuntimeError):
-    """vLLM refused or could not be reached. ``reason`` is one of:
+    """vLLM refused or could not be reached. ``reason`` is a ``VllmErrorCode``:
 
     ``already_loaded`` (400, name taken and no load_inplace), ``bad_request`` (other 400),
     ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
@@ -33,8 +34,8 @@ class VllmError(RuntimeError):
     JSON expected).
     """
 
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
-        self.reason = reason
+    def __init__(self, reason: VllmErrorCode, message: str, status: int | None = None) -> None:
+        self.reason = VllmErrorCode(reason)
         self.status = status
         self.message = message
         super().__init__(f"{reason}" + (f" (HTTP {status})" if status else "") + f": {message}")
@@ -72,13 +73,15 @@ def classify(status: int, text: str) -> VllmError:
     message = _error_message(text)
     lowered = message.lower()
     if status == 400:
-        reason = "already_loaded" if "already been loaded" in lowered else "bad_request"
+        reason = (VllmErrorCode.already_loaded if "already been loaded" in lowered
+                  else VllmErrorCode.bad_request)
     elif status == 404:
-        reason = "not_found"
+        reason = VllmErrorCode.not_found
     elif status >= 500:
-        reason = "rank_too_large" if "max_lora_rank" in lowered else "server_error"
+        reason = (VllmErrorCode.rank_too_large if "max_lora_rank" in lowered
+                  else VllmErrorCode.server_error)
     else:
-        reason = "unexpected_status"
+        reason = VllmErrorCode.unexpected_status
     return VllmError(reason, message, status)
 
 
@@ -120,10 +123,10 @@ class VllmClient:
                     raise classify(resp.status, text)
                 return text
         except TimeoutError:
-            raise VllmError("timeout", f"{method} {path} took longer than "
+            raise VllmError(VllmErrorCode.timeout, f"{method} {path} took longer than "
                             f"{self._timeout.total}s") from None
         except aiohttp.ClientError as exc:
-            raise VllmError("unreachable", f"{method} {path}: {exc}") from None
+            raise VllmError(VllmErrorCode.unreachable, f"{method} {path}: {exc}") from None
 
     async def load(self, lora_name: str, lora_path: str, *, inplace: bool = False) -> float:
         """Register an adapter folder under ``lora_name``; returns the call's duration in ms."""
@@ -144,7 +147,7 @@ class VllmClient:
             return [ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent"))
                     for m in data]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise VllmError("bad_response", f"/v1/models: {exc}") from None
+            raise VllmError(VllmErrorCode.bad_response, f"/v1/models: {exc}") from None
 
     async def health(self) -> bool:
         try:
@@ -157,7 +160,8 @@ class VllmClient:
         deadline = time.monotonic() + timeout_s
         while not await self.health():
             if time.monotonic() > deadline:
-                raise VllmError("timeout", f"{self.base_url} not healthy after {timeout_s}s")
+                raise VllmError(VllmErrorCode.timeout,
+                                f"{self.base_url} not healthy after {timeout_s}s")
             await asyncio.sleep(interval_s)
 
     @asynccontextmanager

@@ -14,10 +14,13 @@ from datetime import datetime
 
 from loraplane.demo.measure import Recorded
 from loraplane.demo.results import Summary
+from loraplane.schemas.reasons import RegistryRejection
 
 REJECTION_REASONS = frozenset({
-    "unknown_key", "bad_signature", "key_publisher_mismatch", "key_revoked", "key_expired",
-    "key_not_yet_valid", "action_out_of_scope", "tenant_out_of_scope"})
+    RegistryRejection.unknown_key, RegistryRejection.bad_signature,
+    RegistryRejection.key_publisher_mismatch, RegistryRejection.key_revoked,
+    RegistryRejection.key_expired, RegistryRejection.key_not_yet_valid,
+    RegistryRejection.action_out_of_scope, RegistryRejection.tenant_out_of_scope})
 """Registry dead-letter reasons that mean: not signed by a key trusted for this."""
 
 

@@ -47,6 +47,7 @@ from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
+from loraplane.schemas.reasons import ConsumerFault, DeadLetterReason
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
@@ -114,7 +115,7 @@ def _is_rejection(exc: BaseException) -> bool:
                       TypeError | struct.error)
 
 
-def dead_letter(msg: Message, reason: str, detail: str) -> DeadLetter:
+def dead_letter(msg: Message, reason: DeadLetterReason, detail: str) -> DeadLetter:
     return dead_letter_for(msg, COMPONENT, reason, detail)
 
 
@@ -271,7 +272,7 @@ class Sink:
                 batch.dead.append(dead_letter(msg, exc.reason, str(exc)))
                 continue
             except RowError as exc:
-                batch.dead.append(dead_letter(msg, "out_of_range", str(exc)))
+                batch.dead.append(dead_letter(msg, ConsumerFault.out_of_range, str(exc)))
                 continue
             batch.rows.setdefault(table.name, []).append((row, msg))
         return batch
@@ -340,7 +341,7 @@ class Sink:
                     log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
                               msg.partition(), msg.offset(), why)
                 else:
-                    rejected.append(dead_letter(msg, "clickhouse_rejected", why))
+                    rejected.append(dead_letter(msg, ConsumerFault.clickhouse_rejected, why))
             self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(items)
         self._send_dead_letters(batch.dead + rejected)
         self.stats.rows += sum(len(v) for v in batch.rows.values())

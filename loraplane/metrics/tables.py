@@ -58,23 +58,23 @@ def _request_row(m: RequestLog) -> tuple[Any, ...]:
 def _cache_row(m: CacheEvent) -> tuple[Any, ...]:
     return (m.event_id, m.ts, m.worker_id, m.base_model, m.tenant_id, m.adapter_id,
             m.adapter_version, m.lora_name, m.kind.value, m.swap_ms, _uint64("bytes", m.bytes),
-            m.reason, m.detail, m.command_id or "")
+            str(m.reason), m.detail, m.command_id or "")
 
 
 def _decision_row(m: CacheCommand) -> tuple[Any, ...]:
     return (m.command_id, m.issued_at, m.deadline, m.worker_id, m.action.value, m.base_model,
-            m.tenant_id, m.adapter_id, m.version, m.sha256, m.lora_name, m.reason.rule,
+            m.tenant_id, m.adapter_id, m.version, m.sha256, m.lora_name, m.reason.rule.value,
             m.reason.score, m.reason.detail, m.warmup_requests)
 
 
 def _audit_row(m: AuditRecord) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.component, m.action, m.decision, m.reason,
+    return (m.event_id, m.ts, m.component, m.action, m.decision, str(m.reason),
             m.subject_event_id or "", m.tenant_id or "", m.adapter_id or "", m.version or "",
             m.actor, m.detail)
 
 
 def _dead_letter_row(m: DeadLetter) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.source_topic, m.partition, m.offset, m.component, m.reason,
+    return (m.event_id, m.ts, m.source_topic, m.partition, m.offset, m.component, m.reason.value,
             m.detail, m.key_b64 or "", m.raw_b64)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from loraplane.schemas.codec import decode
 from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import ArtifactReason
 
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import Settings
@@ -56,7 +57,7 @@ def loaded() -> Iterator[tuple[Settings, list, SinkStats]]:
         produce_all(settings, "requests", [b"{not json"])
         loads = [cache_event(i, "load", swap_ms=10.0 * i) for i in range(1, 21)]
         produce_all(settings, "cache-events",
-                    [*loads, cache_event(100, "fail", reason="s3_unavailable"),
+                    [*loads, cache_event(100, "fail", reason=ArtifactReason.fetch_failed),
                      cache_event(101, "kv_namespace_conflict"),
                      cache_event(102, "load", size=2**70),
                      cache_event(103, "evict").model_copy(
@@ -131,7 +132,7 @@ def test_cache_summary_swap_percentiles_failures_and_conflicts(loaded) -> None:
     assert row["cold_load_fail_ratio"] == round(1 / 21, 4)
     assert row["kv_namespace_conflicts"] == 1
     [failure] = queries.run(client, "load_failures", queries.window("1h"))
-    assert (failure["reason"], failure["failures"]) == ("s3_unavailable", 1)
+    assert (failure["reason"], failure["failures"]) == (ArtifactReason.fetch_failed, 1)
     client.disconnect()
 
 

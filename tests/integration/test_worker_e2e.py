@@ -30,6 +30,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
@@ -143,7 +144,7 @@ class World:
                                   base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
                                   adapter_id=rec.adapter_id, version=rec.version,
                                   sha256=rec.sha256, lora_name=rec.lora_name,
-                                  reason=CommandReason(rule="e2e"), issued_at=now,
+                                  reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
                                   deadline=now + timedelta(minutes=5), warmup_requests=warmup))
         return cid
 

@@ -25,6 +25,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibilit
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
@@ -171,7 +172,7 @@ def cmd(rec: AdapterRecord, action: CommandAction, cid: str) -> CacheCommand:
     return CacheCommand(command_id=cid, worker_id="w1", action=action, base_model=BASE,
                         tenant_id=rec.tenant_id, adapter_id=rec.adapter_id, version=rec.version,
                         sha256=rec.sha256, lora_name=rec.lora_name,
-                        reason=CommandReason(rule="test"), issued_at=now,
+                        reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
                         deadline=now + timedelta(minutes=1))
 
 

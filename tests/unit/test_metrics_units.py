@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from loraplane.dashboards import grafana_export
 from loraplane.schemas.cache_event import CacheEvent
 from loraplane.schemas.codec import encode
+from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestLog
 
 from loraplane.kernel.config import Settings
@@ -154,8 +155,9 @@ def test_decode_splits_rows_from_dead_letters() -> None:
 
 def test_dead_letters_are_deterministic_per_message() -> None:
     msg = FakeMessage("loraplane.requests", b"x" * 10, 9)
-    assert dead_letter(msg, "r", "d") == dead_letter(msg, "r", "d")
-    big = dead_letter(FakeMessage("t", b"x" * (600 * 1024)), "r", "d")
+    reason = DecodeReason.malformed
+    assert dead_letter(msg, reason, "d") == dead_letter(msg, reason, "d")
+    big = dead_letter(FakeMessage("t", b"x" * (600 * 1024)), reason, "d")
     assert "raw truncated" in big.detail and len(big.raw_b64) < 700 * 1024
 
 

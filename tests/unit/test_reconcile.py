@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
 from loraplane.streams import planner
 from loraplane.workers.reconcile import (
@@ -60,7 +61,7 @@ def command(rec: AdapterRecord, action: CommandAction, cid: str,
     return CacheCommand(command_id=cid, worker_id=worker, action=action, base_model=BASE,
                         tenant_id=rec.tenant_id, adapter_id=rec.adapter_id, version=rec.version,
                         sha256=rec.sha256, lora_name=rec.lora_name,
-                        reason=CommandReason(rule="test"), issued_at=NOW,
+                        reason=CommandReason(rule=CommandRule.hot_score), issued_at=NOW,
                         deadline=deadline or NOW + timedelta(minutes=1))
 
 

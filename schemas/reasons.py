@@ -1,0 +1,204 @@
+"""Every reason code a message can carry, one ``StrEnum`` per kind of reason.
+
+Code branches on these members, never on free text; the JSON Schema export lists their
+values, so producers in other languages see the closed set; and unit tests check that the
+docs' reason tables list exactly these values (tests/unit/test_reason_docs.py). A member is
+a ``str``, so the bytes on the wire and in ClickHouse are the values below, unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+NO_REASON: Literal[""] = ""
+"""The reason of a message that records a success (an accepted event, a load)."""
+
+
+class DecodeReason(StrEnum):
+    """Why bytes off Kafka are not a message (``schemas.codec.SchemaError``)."""
+
+    malformed = "malformed"  # empty, not JSON, not a JSON object
+    invalid = "invalid"  # schema validation failed
+    too_large = "too_large"  # over the message size limit
+    key_mismatch = "key_mismatch"  # the Kafka key is not the message's own id
+
+
+class RegistryRejection(StrEnum):
+    """Why the registry rejected a lifecycle event (``streams.lifecycle.evaluate``), in the
+    order its checks run."""
+
+    # the bytes
+    malformed = "malformed"
+    invalid = "invalid"
+    too_large = "too_large"
+    canary_percent_out_of_range = "canary_percent_out_of_range"
+    key_mismatch = "key_mismatch"  # Kafka key != adapter_id
+    # trust
+    keyring_unavailable = "keyring_unavailable"
+    unknown_key = "unknown_key"
+    key_publisher_mismatch = "key_publisher_mismatch"
+    key_revoked = "key_revoked"
+    key_expired = "key_expired"
+    key_not_yet_valid = "key_not_yet_valid"
+    bad_signature = "bad_signature"
+    action_out_of_scope = "action_out_of_scope"
+    tenant_out_of_scope = "tenant_out_of_scope"
+    # freshness and order
+    event_expired = "event_expired"
+    event_from_future = "event_from_future"
+    event_lifetime_too_long = "event_lifetime_too_long"
+    replayed_event_id = "replayed_event_id"
+    stale_seq = "stale_seq"
+    # ownership and registry rules
+    tenant_mismatch = "tenant_mismatch"
+    base_model_mismatch = "base_model_mismatch"
+    version_not_newer = "version_not_newer"
+    unknown_version = "unknown_version"
+    version_revoked = "version_revoked"
+    rollback_to_unknown = "rollback_to_unknown"
+    invalid_transition = "invalid_transition"
+
+
+class ConsumerFault(StrEnum):
+    """Dead-letter reasons that are not about the message's own bytes or rules."""
+
+    internal_error = "internal_error"  # the consumer itself raised on this message
+    out_of_range = "out_of_range"  # valid, but a value ClickHouse's column cannot hold
+    clickhouse_rejected = "clickhouse_rejected"  # ClickHouse refused the row on insert
+
+
+class ArtifactReason(StrEnum):
+    """Why an adapter artifact was refused, or could not be fetched (``is_failure``)."""
+
+    # where the artifact comes from
+    source_not_allowed = "source_not_allowed"
+    artifact_store_unavailable = "artifact_store_unavailable"
+    fetch_failed = "fetch_failed"
+    adapter_revoked = "adapter_revoked"
+    host_budget_exceeded = "host_budget_exceeded"
+    host_io_error = "host_io_error"
+    # the manifest and the files it pins
+    manifest_missing = "manifest_missing"
+    manifest_invalid = "manifest_invalid"
+    manifest_digest_mismatch = "manifest_digest_mismatch"
+    file_missing = "file_missing"
+    file_not_in_manifest = "file_not_in_manifest"
+    size_mismatch = "size_mismatch"
+    sha256_mismatch = "sha256_mismatch"
+    too_large = "too_large"
+    # names and kinds of files
+    unsafe_path = "unsafe_path"
+    symlink = "symlink"
+    pickle_weights = "pickle_weights"
+    disallowed_file = "disallowed_file"
+    # adapter_config.json against the worker and the registry record
+    config_missing = "config_missing"
+    config_invalid = "config_invalid"
+    rank_too_high = "rank_too_high"
+    record_mismatch = "record_mismatch"
+    base_model_mismatch = "base_model_mismatch"
+    # safetensors weights
+    weights_missing = "weights_missing"
+    header_too_large = "header_too_large"
+    header_invalid = "header_invalid"
+    tensor_dtype_invalid = "tensor_dtype_invalid"
+    tensor_offsets_invalid = "tensor_offsets_invalid"
+    tensor_name_invalid = "tensor_name_invalid"
+    tensor_shape_mismatch = "tensor_shape_mismatch"
+    module_not_targeted = "module_not_targeted"
+    module_not_in_model = "module_not_in_model"
+    target_module_missing = "target_module_missing"
+    lora_pair_incomplete = "lora_pair_incomplete"
+
+    @property
+    def is_failure(self) -> bool:
+        """True for transient I/O trouble (CacheEvent kind ``fail``), False for a refusal."""
+        return self in (ArtifactReason.artifact_store_unavailable, ArtifactReason.fetch_failed,
+                        ArtifactReason.host_io_error)
+
+
+class VllmErrorCode(StrEnum):
+    """Why a call to vLLM failed: its answer's class, or the transport's trouble."""
+
+    already_loaded = "already_loaded"
+    bad_request = "bad_request"
+    not_found = "not_found"
+    rank_too_large = "rank_too_large"
+    server_error = "server_error"
+    unexpected_status = "unexpected_status"
+    timeout = "timeout"
+    unreachable = "unreachable"  # refused, reset, closed mid-answer
+    bad_response = "bad_response"  # not HTTP/1.1
+
+    @property
+    def failure(self) -> VllmFailure:
+        """The reason a cache event or a load outcome carries: ``vllm_<code>``."""
+        return VllmFailure(f"vllm_{self.value}")
+
+
+VllmFailure = StrEnum("VllmFailure", {f"vllm_{c.value}": f"vllm_{c.value}" for c in VllmErrorCode})
+VllmFailure.__doc__ = "A vLLM failure as a cache-event reason: ``vllm_`` + its VllmErrorCode."
+VllmFailure.__module__ = __name__
+
+
+class UnloadReason(StrEnum):
+    """Why the agent unloads a name from vLLM or deletes it from the host tier."""
+
+    revoked = "revoked"  # at once, in-flight requests or not
+    demote = "demote"  # intent host, after draining
+    evict = "evict"  # intent gone, after draining
+    kv_namespace_conflict = "kv_namespace_conflict"  # a name the agent cannot vouch for
+
+
+class IntentRefusal(StrEnum):
+    """Why the agent drops an intent that the registry cannot back (a ``refuse`` event)."""
+
+    not_in_registry = "not_in_registry"
+    revoked = "revoked"
+    base_model_mismatch = "base_model_mismatch"
+    tenant_mismatch = "tenant_mismatch"
+
+
+class LoadDeferral(StrEnum):
+    """Why a cold load has not happened yet, for a waiting request (not a refusal)."""
+
+    busy_retry = "busy_retry"  # the worker's cold-load budget is spent
+    load_queued = "load_queued"  # still loading when the request's wait ran out
+    batch_cold_loads_busy = "batch_cold_loads_busy"  # no batch cold-load slot freed
+    superseded_by_command = "superseded_by_command"  # a command moved the version away
+
+
+class CommandRule(StrEnum):
+    """Which planner rule issued a command (``CommandReason.rule``)."""
+
+    protected_over_capacity = "protected_over_capacity"
+    no_longer_protected = "no_longer_protected"
+    revoke = "revoke"
+    not_serving = "not_serving"
+    demote = "demote"
+    hot_score = "hot_score"
+    slot_needed = "slot_needed"
+    hot_score_displace = "hot_score_displace"
+    never_evict = "never_evict"
+    hbm_watermark = "hbm_watermark"
+    host_tier = "host_tier"
+    host_pressure = "host_pressure"
+
+
+class WaitReason(StrEnum):
+    """Why a hot-set version could not be loaded this tick (the planner's ``refused``)."""
+
+    cold_load_budget = "cold_load_budget"  # free or displaceable slots exist, budget blocks
+    no_gpu_slot = "no_gpu_slot"  # nothing can be displaced
+
+
+CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | IntentRefusal
+                    | LoadDeferral)
+"""A cache event's reason: empty for a success, else the code of what happened."""
+
+DeadLetterReason = DecodeReason | RegistryRejection | ConsumerFault
+"""Why a message went to the dead-letter topic."""
+
+AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason
+"""An audit record's reason: the registry's rejection, the planner's rule or wait, or empty."""
