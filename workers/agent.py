@@ -60,7 +60,7 @@ from loraplane.workers.reconcile import (
     Refuse,
     RemoveHost,
     Settled,
-    Skipped,
+    CommandSkip,
     Unload,
     adopt,
     fold,
@@ -226,7 +226,7 @@ class WorkerAgent:
         """Read-only outside ``_fold``."""
         return self._desired
 
-    def _fold(self, change: Change) -> Skipped | None:
+    def _fold(self, change: Change) -> CommandSkip | None:
         """The one place the desired state changes (``start`` only sets its first value)."""
         self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc())
@@ -238,7 +238,7 @@ class WorkerAgent:
         if outcome is not None:
             self._fold(outcome)
 
-    def apply(self, cmd: CacheCommand) -> Skipped | None:
+    def apply(self, cmd: CacheCommand) -> CommandSkip | None:
         skipped = self._fold(cmd)
         if skipped:
             log.info("command %s skipped: %s", cmd.command_id, skipped)
@@ -249,7 +249,7 @@ class WorkerAgent:
         self._wake.set()
         return skipped
 
-    async def handle(self, cmd: CacheCommand) -> Skipped | None:
+    async def handle(self, cmd: CacheCommand) -> CommandSkip | None:
         """One command from the feed: apply it, reconcile once, then store the applied ids
         (before the caller commits the offset, so a redelivery after a crash is known)."""
         skipped = self.apply(cmd)
@@ -266,7 +266,7 @@ class WorkerAgent:
                 self._rt.awaiting_registry[cmd.lora_name] = self._clock() + REGISTRY_GRACE_S
         await self.reconcile_once()
         path = self.config.applied_commands_path
-        if path is not None and skipped is not Skipped.duplicate:
+        if path is not None and skipped is not CommandSkip.duplicate:
             await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands))
         return skipped
 

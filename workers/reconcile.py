@@ -81,7 +81,7 @@ def remember(seen: Mapping[str, datetime], command_id: str, deadline: datetime,
     return kept
 
 
-class Skipped(StrEnum):
+class CommandSkip(StrEnum):
     """Why a change left the desired state as it was."""
 
     duplicate = "duplicate"  # a command id already applied
@@ -138,7 +138,7 @@ Change = CacheCommand | Ask | Outcome
 """Everything that changes a worker's desired state."""
 
 
-def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, Skipped | None]:
+def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one ask into the desired state (``kernel.command_effects``). A gateway ask that
     would not move the copy changes nothing: the planner's word (its command id, a canary's
     warm-up) stays with the intent."""
@@ -146,9 +146,9 @@ def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, Skipped | None
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
     outcome = effect(request.action, current.copy)
     if outcome.refused is not None:
-        return state, Skipped(outcome.refused.value)
+        return state, CommandSkip(outcome.refused.value)
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
-        return state, Skipped.already_desired
+        return state, CommandSkip.already_desired
     warmup = (current.warmup_requests if request.warmup_requests is None
               else request.warmup_requests)
     return state.with_intent(replace(current, tier=outcome.after.tier,
@@ -158,21 +158,21 @@ def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, Skipped | None
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime) -> tuple[DesiredState, Skipped | None]:
+                  now: datetime) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
-        return state, Skipped.duplicate
+        return state, CommandSkip.duplicate
     state = replace(state, seen_commands=remember(state.seen_commands, cmd.command_id,
                                                   cmd.deadline, now))
     if cmd.worker_id != worker_id:
-        return state, Skipped.other_worker
+        return state, CommandSkip.other_worker
     if cmd.base_model != base_model:
-        return state, Skipped.base_model_mismatch
+        return state, CommandSkip.base_model_mismatch
     if cmd.deadline < now:
-        return state, Skipped.expired
+        return state, CommandSkip.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
-        return state, Skipped.lora_name_mismatch
+        return state, CommandSkip.lora_name_mismatch
     return ask(state, Ask.of_command(cmd))
 
 
@@ -185,7 +185,7 @@ def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
 
 
 def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
-         now: datetime) -> tuple[DesiredState, Skipped | None]:
+         now: datetime) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
     changed nothing, why."""
     match change:

@@ -26,7 +26,7 @@ from loraplane.workers.reconcile import (
     LoadBudget,
     Refuse,
     RemoveHost,
-    Skipped,
+    CommandSkip,
     Unload,
     adopt,
     apply_command,
@@ -270,7 +270,7 @@ def test_a_gateway_ask_loads_but_never_overrides_the_planners_word() -> None:
         update={"warmup_requests": 3})
     planned = fold(DesiredState(), [load])
     again, why = fold_change(planned, Ask.gateway_load(canary))
-    assert (again, why) == (planned, Skipped.already_desired)  # its id and warm-up stay
+    assert (again, why) == (planned, CommandSkip.already_desired)  # its id and warm-up stay
     demoted = fold(planned, [command(canary, CommandAction.demote_to_host, "c2")])
     reloaded, _ = fold_change(demoted, Ask.gateway_load(canary))
     intent = reloaded.intents[canary.lora_name]
