@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import faust
 
 from loraplane.kernel.config import get_settings
+from loraplane.kernel.kafka import faust_broker
 
 AGENT_MODULES: tuple[str, ...] = (
     "loraplane.streams.registry_agent",  # lifecycle topic -> verified registry table (+ audit, DLQ)
@@ -25,18 +26,12 @@ def _make_app() -> faust.App:
     s = get_settings()
     return faust.App(
         f"{s.topic_prefix}-streams",
-        broker=f"kafka://{s.kafka.bootstrap}",
+        **faust_broker(s),
         store="memory://",
         datadir=str(s.home / "faust"),
         topic_replication_factor=1,
         topic_partitions=3,
         web_enabled=False,
-        producer_acks=-1,
-        consumer_auto_offset_reset="earliest",
-        # A killed worker's partitions move to its successor after this, not Faust's 60 s
-        # default: the planner must not stay silent for a minute after a crash.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=2.0,
     )
 
 

@@ -42,7 +42,7 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.app import app
+from loraplane.streams.app import app, raw_topic
 from loraplane.streams.lifecycle import AdapterState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
@@ -50,23 +50,19 @@ from loraplane.streams.schedules import ScheduleFile, warmup_scores
 from loraplane.streams.scoring_agent import burst_seen, score_states, scores_ready
 
 from loraplane.kernel.config import get_settings
-from loraplane.kernel.topics import spec, topic_name
+from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 settings = get_settings()
 
 
-def _raw_topic(suffix: str) -> faust.TopicT:
-    return app.topic(topic_name(settings, suffix), key_serializer="raw", value_serializer="raw")
-
-
-worker_state_topic = _raw_topic("worker-state")
-registry_topic = _raw_topic("registry")
-commands_topic = _raw_topic("commands")
-decisions_topic = _raw_topic("decisions")
-audit_topic = _raw_topic("audit")
-dead_letter_topic = _raw_topic("dead-letters")
+worker_state_topic = raw_topic("worker-state")
+registry_topic = raw_topic("registry")
+commands_topic = raw_topic("commands")
+decisions_topic = raw_topic("decisions")
+audit_topic = raw_topic("audit")
+dead_letter_topic = raw_topic("dead-letters")
 
 worker_states = app.Table("worker-states", partitions=spec("worker-state").partitions,
                           help="worker_id -> latest WorkerState (JSON)")

@@ -1,4 +1,4 @@
-"""``loraplane topics``: converge the broker to the topics declared in loraplane/kernel/topics.py."""
+"""``loraplane topics``: converge the broker to the topics declared in kernel/topics.py."""
 
 from __future__ import annotations
 

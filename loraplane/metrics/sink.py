@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from clickhouse_driver import errors as ch_errors
 
-from loraplane.kernel.bus import DeliveryError, producer
+from loraplane.kernel import kafka
+from loraplane.kernel.bus import DeliveryError
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
@@ -138,15 +139,9 @@ class Sink:
         return self.config.group_id or f"{self.settings.topic_prefix}.metrics-sink"
 
     def _consumer(self) -> Consumer:
-        from confluent_kafka import Consumer
-
-        from loraplane.kernel.kafka import client_config
-
-        consumer = Consumer(client_config(
-            self.settings, **{"group.id": self.group_id, "enable.auto.commit": False,
-                              "auto.offset.reset": "earliest", "enable.partition.eof": False,
-                              "session.timeout.ms": self.config.session_timeout_ms,
-                              "client.id": COMPONENT}))
+        consumer = kafka.consumer(self.settings, self.group_id, client_id=COMPONENT,
+                                  session_timeout_ms=self.config.session_timeout_ms,
+                                  quiet=True)
         consumer.subscribe(list(self._tables), on_revoke=self._on_revoke)
         return consumer
 
@@ -361,7 +356,7 @@ class Sink:
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
         if not letters:
             return
-        p = producer(self.settings)
+        p = kafka.producer(self.settings)
         failures: list[str] = []
 
         def on_delivery(err: Any, _msg: Any) -> None:

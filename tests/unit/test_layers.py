@@ -164,7 +164,8 @@ def cycles() -> list[list[str]]:
     for imp in edges:
         target = _internal(imp.target, known)
         # `import a.b.c` also runs a and a.b, but package __init__ files here import nothing.
-        if imp.runtime and target and target != imp.source and not _is_package_of(target, imp.source):
+        if (imp.runtime and target and target != imp.source
+                and not _is_package_of(target, imp.source)):
             graph.add_edge(imp.source, target)
     return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
 
