@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Iterable
 
 import faust
+from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.kafka import faust_broker
@@ -45,6 +46,16 @@ def raw_topic(suffix: str) -> faust.TopicT:
 
     return app.topic(topic_name(get_settings(), suffix), key_serializer="raw",
                      value_serializer="raw")
+
+
+def dead_letter_of(message: faust.types.Message, component: str, reason: str,
+                   detail: str) -> DeadLetter:
+    """The dead letter of a message an agent consumed from a ``raw_topic`` (its key and value
+    are the bytes on the wire); the same record on every replay (``dead_letter_at``)."""
+    return dead_letter_at(message.topic, message.partition, message.offset,
+                          message.key if isinstance(message.key, bytes) else None,
+                          message.value if isinstance(message.value, bytes) else b"",
+                          message.timestamp or 0.0, component, reason, detail)
 
 
 def load_agents(modules: Iterable[str] = AGENT_MODULES) -> None:

@@ -75,6 +75,8 @@ class Reason(StrEnum):
     version_revoked = "version_revoked"
     rollback_to_unknown = "rollback_to_unknown"
     invalid_transition = "invalid_transition"
+    # the agent itself (dead letters only; evaluate never returns it)
+    internal_error = "internal_error"
 
 
 class AdapterState(StrictModel):

@@ -39,10 +39,9 @@ from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.app import app, raw_topic
+from loraplane.streams.app import app, dead_letter_of, raw_topic
 from loraplane.streams.lifecycle import AdapterState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
@@ -54,6 +53,7 @@ from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+COMPONENT = "planner"
 settings = get_settings()
 
 
@@ -70,14 +70,6 @@ planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
                            help="worker_id -> streams.planner.WorkerMemory.to_dict()")
 
 
-def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: str,
-                detail: str, component: str) -> DeadLetter:
-    return dead_letter_at(source.get_topic_name(), message.partition, message.offset,
-                          message.key if isinstance(message.key, bytes) else None,
-                          message.value if isinstance(message.value, bytes) else b"",
-                          message.timestamp or 0.0, component, reason, detail)
-
-
 schedule_file = ScheduleFile(settings.schedules_path)
 replan = asyncio.Event()
 """Set by significant events; the planning loop wakes up at once."""
@@ -89,8 +81,8 @@ async def worker_state_agent(stream: faust.StreamT) -> None:
         try:
             state = decode(WorkerState, event.value)
         except SchemaError as exc:
-            await dead_letter_topic.send(key=event.key, value=encode(dead_letter(
-                worker_state_topic, event.message, exc.reason, str(exc), "planner")))
+            await dead_letter_topic.send(key=event.key, value=encode(dead_letter_of(
+                event.message, COMPONENT, exc.reason, str(exc))))
             continue
         stored = worker_states.get(state.worker_id)
         if stored is None or WorkerState.model_validate(stored).ts <= state.ts:
@@ -143,7 +135,7 @@ class _Parsed(Generic[T]):
 
 def _audit(cmd: CacheCommand) -> AuditRecord:
     return AuditRecord(
-        event_id=cmd.command_id, ts=cmd.issued_at, component="planner",
+        event_id=cmd.command_id, ts=cmd.issued_at, component=COMPONENT,
         action=cmd.action.value, decision="issued", reason=cmd.reason.rule,
         subject_event_id=cmd.command_id, tenant_id=cmd.tenant_id, adapter_id=cmd.adapter_id,
         version=cmd.version, actor=cmd.worker_id,
@@ -166,7 +158,7 @@ async def _announce_waiting(result: Plan, last: list[str]) -> list[str]:
         detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
                               "reason": w.reason} for w in result.waiting[:50]])
         await audit_topic.send(key=b"planner", value=encode(AuditRecord(
-            event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component="planner",
+            event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component=COMPONENT,
             action="load_gpu", decision="refused", reason=result.waiting[0].reason,
             detail=detail[:2048])))
     return names

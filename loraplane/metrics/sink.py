@@ -115,10 +115,6 @@ def _is_rejection(exc: BaseException) -> bool:
                       TypeError | struct.error)
 
 
-def dead_letter(msg: Message, reason: str, detail: str) -> DeadLetter:
-    return dead_letter_for(msg, COMPONENT, reason, detail)
-
-
 class Sink:
     """One member of the metrics-sink consumer group. ``run`` blocks until ``stop`` is set."""
 
@@ -253,10 +249,10 @@ class Sink:
                 model = decode(table.model, msg.value())
                 row = table.row(model)
             except SchemaError as exc:
-                batch.dead.append(dead_letter(msg, exc.reason, str(exc)))
+                batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
                 continue
             except RowError as exc:
-                batch.dead.append(dead_letter(msg, "out_of_range", str(exc)))
+                batch.dead.append(dead_letter_for(msg, COMPONENT, "out_of_range", str(exc)))
                 continue
             batch.rows.setdefault(table.name, []).append((row, msg))
         return batch
@@ -325,7 +321,7 @@ class Sink:
                     log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
                               msg.partition(), msg.offset(), why)
                 else:
-                    rejected.append(dead_letter(msg, "clickhouse_rejected", why))
+                    rejected.append(dead_letter_for(msg, COMPONENT, "clickhouse_rejected", why))
             self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(items)
         self._send_dead_letters(batch.dead + rejected)
         self.stats.rows += sum(len(v) for v in batch.rows.values())
