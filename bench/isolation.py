@@ -12,8 +12,8 @@ from pathlib import Path
 from loraplane.schemas.codec import encode
 from pydantic import BaseModel
 
-from loraplane.kernel import topics
-from loraplane.kernel.bus import DeliveryError, producer
+from loraplane.kernel import kafka, topics
+from loraplane.kernel.bus import DeliveryError
 from loraplane.kernel.config import Settings
 
 
@@ -36,7 +36,7 @@ def private_topics(settings: Settings, suffixes: Sequence[str]) -> Iterator[Sett
     try:
         yield settings
     finally:
-        admin = topics.admin_client(settings)  # must outlive the futures
+        admin = kafka.admin(settings)  # must outlive the futures
         with contextlib.suppress(Exception):
             names = [n for n in admin.list_topics(timeout=10).topics
                      if n.startswith(settings.topic_prefix)]
@@ -47,7 +47,7 @@ def private_topics(settings: Settings, suffixes: Sequence[str]) -> Iterator[Sett
 def produce_all(settings: Settings, suffix: str, messages: Sequence[BaseModel],
                 key: Callable[[BaseModel], str]) -> None:
     """Produce every message with one producer and wait for every acknowledgement."""
-    p = producer(settings, **{"linger.ms": 20, "batch.num.messages": 10_000})
+    p = kafka.producer(settings, linger_ms=20, batch_messages=10_000)
     errors: list[str] = []
     topic = topics.topic_name(settings, suffix)
     for message in messages:

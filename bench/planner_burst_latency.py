@@ -19,10 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction
 
+from loraplane.kernel import kafka
 from loraplane.kernel.config import get_settings
 from tests.integration.planner_env import PlannerEnv
 
@@ -41,9 +41,8 @@ def main() -> int:
     env = PlannerEnv.create(get_settings(), home, cold_loads_per_minute_per_worker=100,
                             command_deadline_s=600)
     base = f"bench-{uuid.uuid4().hex[:6]}"
-    consumer = Consumer({"bootstrap.servers": env.settings.kafka.bootstrap,
-                         "group.id": f"bench-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "latest", "enable.auto.commit": False})
+    consumer = kafka.consumer(env.settings, f"bench-{uuid.uuid4().hex}",
+                              offset_reset=kafka.OffsetReset.latest)
     try:
         env.start()
         recs = [env.publish(f"burst{i:02d}-{uuid.uuid4().hex[:6]}", base) for i in range(BURSTS)]

@@ -58,9 +58,9 @@ class Background(threading.Thread):
         self.sent = 0
 
     def run(self) -> None:
-        from loraplane.kernel.bus import producer
+        from loraplane.kernel import kafka
 
-        p = producer(self.settings, **{"linger.ms": 20})
+        p = kafka.producer(self.settings, linger_ms=20)
         logs = request_logs(5000, adapters=300, prefix="bg")
         pool = [(m.adapter_id.encode(), encode(m)) for m in logs]
         started = time.monotonic()
@@ -119,19 +119,16 @@ def kafka_round_trip(producer: Any, consumer: Any, topic: str) -> float:
 
 async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
                   rate: float) -> dict[str, list[float]]:
-    from confluent_kafka import Consumer
-
-    from loraplane.kernel.bus import producer as make_producer
+    from loraplane.kernel import kafka
 
     settings = env.settings
     sink = KafkaEventSink(settings, "bench-reaction")
     feed = KafkaCommandFeed(settings, WORKER, sink, group_id=f"bench-{uuid.uuid4().hex[:8]}")
     probe_topic = env.topic("audit")  # any private topic: the probe is one opaque message
-    probe = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
-                      "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}",
-                      "auto.offset.reset": "latest"})
+    probe = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}",
+                           offset_reset=kafka.OffsetReset.latest)
     probe.subscribe([probe_topic])
-    producer = make_producer(settings, **{"linger.ms": 0})
+    producer = kafka.producer(settings, linger_ms=0)
     background = Background(settings, env.topic("requests"), rate)
     out: dict[str, list[float]] = {"reaction": [], "to_issue": [], "floor": []}
     try:

@@ -40,6 +40,7 @@ from bench.isolation import isolated, private_topics, produce_all
 from bench.report import Row, Summary, emit, parse_args, times
 from bench.streams_process import streams_run, streams_worker
 from bench.workload import request_logs
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.topics import topic_name
 
@@ -53,12 +54,10 @@ CONSUMING = re.compile(r"consuming from epoch ([0-9.]+)")
 def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 120) -> float:
     """Events/s of a bare consumer (optionally doing the scoring work), from assign to the
     last message."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     topic = topic_name(settings, "requests")
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
-                         "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+    consumer = kafka.consumer(settings, f"bench-raw-{uuid.uuid4().hex[:8]}")
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     table: dict[str, ScoreState] = {}
     seen = 0
@@ -85,10 +84,8 @@ def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 12
 def produce_sentinels(settings: Settings) -> int:
     """One request log per partition of the requests topic, after the workload: the agent
     has scored everything once it has written all of their score keys. Returns how many."""
-    from confluent_kafka import Producer
-
     topic = topic_name(settings, "requests")
-    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap, "acks": "all"})
+    producer = kafka.producer(settings)
     partitions = producer.list_topics(topic, timeout=10).topics[topic].partitions
     for p in partitions:
         (log,) = request_logs(1, adapters=1, seed=p, prefix="sentinel")
@@ -106,15 +103,13 @@ def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str]
     Timed from the moment the agent starts consuming (its log says when, after reading
     back the score states) to the broker timestamp of the last sentinel's score write, so
     neither the worker's start-up nor this process's polling is counted."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     changelog = topic_name(settings, "scores")
     sentinels = produce_sentinels(settings)
     spawned = time.time()
     with streams_worker(settings, worker, log_path, profile=profile):
-        reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
-                           "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}",
-                           "isolation.level": "read_committed"})
+        reader = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}")
         try:
             parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
             reader.assign([TopicPartition(changelog, p, OFFSET_BEGINNING) for p in parts])

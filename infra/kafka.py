@@ -16,15 +16,11 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 
-from loraplane.kernel.kafka import client_config
-
-if TYPE_CHECKING:
-    pass
+from loraplane.kernel import kafka
 
 LOG4J_VERSION = "2.24.3"
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -160,14 +156,11 @@ class Kafka(Service):
             raise StackError(f"kafka storage format failed:\n{done.stdout}{done.stderr}")
 
     def healthy(self) -> bool:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(client_config(self.settings))
-        return bool(admin.list_topics(timeout=3).brokers)
+        return bool(kafka.admin(self.settings).list_topics(timeout=3).brokers)
 
     def ready(self) -> bool:
         """A topic can be created and a message produced and read back."""
-        from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         from loraplane.kernel import topics
 
@@ -175,20 +168,14 @@ class Kafka(Service):
         topics.apply(self.settings, only=(probe,), timeout=10)
         name = topics.topic_name(self.settings, probe.suffix)
         token = uuid.uuid4().bytes
-        offsets: list[int] = []  # the probe's, or -1 when it was not delivered
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            offset = None if err else msg.offset()
-            offsets.append(-1 if offset is None else offset)
-
-        producer = Producer(client_config(self.settings))
-        producer.produce(name, token, partition=0, on_delivery=delivered)
+        offsets: list[int] = []
+        producer = kafka.producer(self.settings, quiet=True)
+        producer.produce(name, token, partition=0,
+                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
         producer.flush(10)
         if not offsets or offsets[0] < 0:
             return False
-        group: dict[str, str | int | bool] = {"group.id": "stack-health",
-                                              "enable.auto.commit": False}
-        consumer = Consumer(client_config(self.settings, **group))
+        consumer = kafka.consumer(self.settings, "stack-health", quiet=True)
         try:
             consumer.assign([TopicPartition(name, 0, offsets[0])])
             msg = consumer.poll(10)

@@ -1,4 +1,6 @@
-"""A message we could not accept, kept with its raw bytes and the reason."""
+"""A message we could not accept, kept with its raw bytes and the reason, and the one way
+every component builds it (``dead_letter_at``; ``dead_letter_for`` for a confluent-kafka
+message, ``streams.app.dead_letter_of`` for a Faust one)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ MAX_DEAD_LETTER_RAW = 512 * 1024
 """Raw bytes kept in a dead letter: keeps it under Kafka's default 1 MiB message limit."""
 
 
+def dead_letter_id(topic: str, partition: int, offset: int, component: str) -> str:
+    """The id of ``component``'s dead letter of the message at ``topic:partition:offset``."""
+    where = f"{topic}:{partition}:{offset}:{component}"
+    return "dl-" + hashlib.sha256(where.encode()).hexdigest()[:32]
+
+
 class KafkaMessage(Protocol):
     """What a consumed message offers (confluent-kafka's ``Message``)."""
 
@@ -53,13 +61,18 @@ def dead_letter_for(msg: KafkaMessage, component: str, reason: DeadLetterReason,
 def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
                    ts: float, component: str, reason: DeadLetterReason,
                    detail: str) -> DeadLetter:
-    """The dead letter of the message at ``topic:partition:offset`` (its id), consumed by
-    any client; ``ts`` is the message's timestamp in epoch seconds."""
-    where = f"{topic}:{partition}:{offset}"
+    """``component``'s dead letter of the message at ``topic:partition:offset``, consumed by
+    any client; ``ts`` is the message's timestamp in epoch seconds.
+
+    Id and timestamp depend only on where the message was and who refused it, never on the
+    clock: a batch replayed after a crash produces the same record, which collapses in
+    ClickHouse (ReplacingMergeTree by id, partitioned by ``ts``). The component is part of
+    the id because several consumers read one topic (the scoring agent and the metrics sink
+    both refuse a malformed request log): each one's letter is kept."""
     if len(raw) > MAX_DEAD_LETTER_RAW:
         detail = f"{detail} [raw truncated from {len(raw)} bytes]"
     return DeadLetter(
-        event_id="dl-" + hashlib.sha256(where.encode()).hexdigest()[:32],
+        event_id=dead_letter_id(topic, partition, offset, component),
         ts=datetime.fromtimestamp(max(ts, 0), UTC), source_topic=topic, partition=partition,
         offset=offset, component=component, reason=reason, detail=detail[:4096],
         key_b64=base64.b64encode(key).decode()[:4096] if key else None,

@@ -12,9 +12,11 @@ import importlib
 from collections.abc import Iterable
 
 import faust
+from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel.config import get_settings
+from loraplane.kernel.kafka import faust_broker
 
 AGENT_MODULES: tuple[str, ...] = (
     "loraplane.streams.registry_agent",  # lifecycle topic -> verified registry table (+ audit, DLQ)
@@ -27,18 +29,12 @@ def _make_app() -> faust.App:
     s = get_settings()
     return faust.App(
         f"{s.topic_prefix}-streams",
-        broker=f"kafka://{s.kafka.bootstrap}",
+        **faust_broker(s),
         store="memory://",
         datadir=str(s.home / "faust"),
         topic_replication_factor=1,
         topic_partitions=3,
         web_enabled=False,
-        producer_acks=-1,
-        consumer_auto_offset_reset="earliest",
-        # A killed worker's partitions move to its successor after this, not Faust's 60 s
-        # default: the planner must not stay silent for a minute after a crash.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=2.0,
     )
 
 
@@ -54,6 +50,16 @@ def raw_topic(suffix: str) -> faust.TopicT:
 
     return app.topic(topic_name(get_settings(), suffix), key_serializer="raw",
                      value_serializer="raw")
+
+
+def dead_letter_of(message: faust.types.Message, component: str, reason: str,
+                   detail: str) -> DeadLetter:
+    """The dead letter of a message an agent consumed from a ``raw_topic`` (its key and value
+    are the bytes on the wire); the same record on every replay (``dead_letter_at``)."""
+    return dead_letter_at(message.topic, message.partition, message.offset,
+                          message.key if isinstance(message.key, bytes) else None,
+                          message.value if isinstance(message.value, bytes) else b"",
+                          message.timestamp or 0.0, component, reason, detail)
 
 
 def load_agents(modules: Iterable[str] = AGENT_MODULES) -> None:

@@ -42,13 +42,11 @@ from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.planner_memory import PlannerMemory
-from loraplane.schemas.reasons import DeadLetterReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams import scoring_agent  # noqa: F401  (its service fills score_store)
-from loraplane.streams.app import app, score_store
+from loraplane.streams.app import app, dead_letter_of, raw_topic, score_store
 from loraplane.streams.lifecycle import AdapterState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
@@ -56,37 +54,26 @@ from loraplane.streams.schedules import ScheduleFile, warmup_scores
 from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel.config import get_settings
-from loraplane.kernel.topics import spec, topic_name
+from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+COMPONENT = "planner"
 settings = get_settings()
 
 
-def _raw_topic(suffix: str) -> faust.TopicT:
-    return app.topic(topic_name(settings, suffix), key_serializer="raw", value_serializer="raw")
-
-
-worker_state_topic = _raw_topic("worker-state")
-registry_topic = _raw_topic("registry")
-commands_topic = _raw_topic("commands")
-decisions_topic = _raw_topic("decisions")
-audit_topic = _raw_topic("audit")
-dead_letter_topic = _raw_topic("dead-letters")
+worker_state_topic = raw_topic("worker-state")
+registry_topic = raw_topic("registry")
+commands_topic = raw_topic("commands")
+decisions_topic = raw_topic("decisions")
+audit_topic = raw_topic("audit")
+dead_letter_topic = raw_topic("dead-letters")
 
 worker_states = app.Table("worker-states", partitions=spec("worker-state").partitions,
                           help="worker_id -> latest WorkerState (JSON)")
 planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
                            value_type=bytes,  # raw: decoded by schemas.codec
                            help="worker_id -> schemas.planner_memory.PlannerMemory (JSON)")
-
-
-def dead_letter(source: faust.TopicT, message: faust.types.Message, reason: DeadLetterReason,
-                detail: str, component: str) -> DeadLetter:
-    return dead_letter_at(source.get_topic_name(), message.partition, message.offset,
-                          message.key if isinstance(message.key, bytes) else None,
-                          message.value if isinstance(message.value, bytes) else b"",
-                          message.timestamp or 0.0, component, reason, detail)
 
 
 schedule_file = ScheduleFile(settings.schedules_path)
@@ -100,8 +87,8 @@ async def worker_state_agent(stream: faust.StreamT) -> None:
         try:
             state = decode(WorkerState, event.value)
         except SchemaError as exc:
-            await dead_letter_topic.send(key=event.key, value=encode(dead_letter(
-                worker_state_topic, event.message, exc.reason, str(exc), "planner")))
+            await dead_letter_topic.send(key=event.key, value=encode(dead_letter_of(
+                event.message, COMPONENT, exc.reason, str(exc))))
             continue
         stored = worker_states.get(state.worker_id)
         if stored is None or WorkerState.model_validate(stored).ts <= state.ts:
@@ -166,7 +153,7 @@ def _memory_of(raw: bytes) -> WorkerMemory:
 
 def _audit(cmd: CacheCommand) -> AuditRecord:
     return AuditRecord(
-        event_id=cmd.command_id, ts=cmd.issued_at, component="planner",
+        event_id=cmd.command_id, ts=cmd.issued_at, component=COMPONENT,
         action=cmd.action.value, decision="issued", reason=cmd.reason.rule,
         subject_event_id=cmd.command_id, tenant_id=cmd.tenant_id, adapter_id=cmd.adapter_id,
         version=cmd.version, actor=cmd.worker_id,
@@ -189,7 +176,7 @@ async def _announce_waiting(result: Plan, last: list[str]) -> list[str]:
         detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
                               "reason": w.reason} for w in result.waiting[:50]])
         await audit_topic.send(key=b"planner", value=encode(AuditRecord(
-            event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component="planner",
+            event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component=COMPONENT,
             action="load_gpu", decision="refused", reason=result.waiting[0].reason,
             detail=detail[:2048])))
     return names

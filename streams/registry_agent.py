@@ -15,27 +15,22 @@ The keyring file (``settings.keyring_path``) is re-read whenever it changes.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 
 import faust
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
-from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_RAW, DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
-from loraplane.schemas.reasons import ConsumerFault, DeadLetterReason
-from loraplane.streams.app import app, raw_topic
+from loraplane.schemas.reasons import ConsumerFault
+from loraplane.streams.app import app, dead_letter_of, raw_topic
 from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
-
-"""Raw bytes kept in a dead letter; base64 of more would not fit Kafka's default 1 MB."""
-
 settings = get_settings()
+COMPONENT = "registry"
 
 
 lifecycle_topic = raw_topic("lifecycle")
@@ -64,29 +59,15 @@ def _keyring() -> Keyring | None:
         return None
 
 
-def dead_letter(reason: DeadLetterReason, detail: str, raw: bytes, key: bytes | None,
-                partition: int, offset: int) -> DeadLetter:
-    kept = raw[:MAX_DEAD_LETTER_RAW]
-    truncated = f" (raw truncated to {len(kept)} of {len(raw)} bytes)" if len(kept) < len(raw) \
-        else ""
-    digest = hashlib.sha256(f"{reason}|".encode() + raw).hexdigest()[:40]
-    return DeadLetter(
-        event_id=f"dlq-{digest}", ts=now_utc(),
-        source_topic=lifecycle_topic.get_topic_name(), partition=partition, offset=offset,
-        component="registry", reason=reason, detail=detail[:4000] + truncated,
-        key_b64=base64.b64encode(key[:3000]).decode() if key is not None else None,
-        raw_b64=base64.b64encode(kept).decode())
-
-
-async def _publish(decision: Decision, raw: bytes, key: bytes | None, partition: int,
-                   offset: int) -> None:
+async def _publish(decision: Decision, message: faust.types.Message,
+                   key: bytes | None) -> None:
     if isinstance(decision, Accepted):
         registry_table[decision.adapter_id] = decision.state.model_dump(mode="json")
         await registry_topic.send(key=decision.adapter_id.encode(),
                                   value=encode(decision.state.view))
     else:
-        await dead_letter_topic.send(key=key, value=encode(dead_letter(
-            decision.reason, decision.detail, raw, key, partition, offset)))
+        await dead_letter_topic.send(key=key, value=encode(dead_letter_of(
+            message, COMPONENT, decision.reason, decision.detail)))
         event = decision.event
         state = adapter_state(event.adapter_id) if event else None
         if (decision.reason is Reason.replayed_event_id and event is not None
@@ -107,10 +88,10 @@ async def registry_agent(stream: faust.StreamT) -> None:
             decision = evaluate(raw, _keyring(), adapter_state, now_utc(), key=key or b"")
             log.info("lifecycle p%s@%s %s: %s %s", message.partition, message.offset,
                      decision.audit.action, decision.audit.decision, decision.audit.reason)
-            await _publish(decision, raw, key, message.partition, message.offset)
+            await _publish(decision, message, key)
         except Exception as exc:  # a bug or a broken table must not drop the event silently
             log.exception("lifecycle p%s@%s: internal error", message.partition,
                           message.offset)
-            await dead_letter_topic.send(key=key, value=encode(dead_letter(
-                ConsumerFault.internal_error, f"{type(exc).__name__}: {exc}", raw, key,
-                message.partition, message.offset)))
+            await dead_letter_topic.send(key=key, value=encode(dead_letter_of(
+                message, COMPONENT, ConsumerFault.internal_error,
+                f"{type(exc).__name__}: {exc}")))

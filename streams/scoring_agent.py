@@ -42,7 +42,7 @@ from loraplane.streams.score_fold import fold_batch
 from loraplane.streams.score_store import ScoreStore
 from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
 
-from loraplane.kernel.bus import producer
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.topics import topic_name
 
@@ -54,16 +54,16 @@ BATCH = 10_000
 POLL_S = 0.05
 RETRY_S = 2.0
 """Pause before a new session after a Kafka error (broker down, fenced, rebalanced)."""
+CLIENT_ID = "loraplane-scoring"
+COMPONENT = "scoring"
 
 def restore(settings: Settings) -> dict[str, ScoreState]:
     """The committed state of every score key: the scores topic read to its end."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     topic = topic_name(settings, "scores")
-    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap,
-                       "group.id": f"{settings.topic_prefix}-scoring-restore",
-                       "enable.auto.commit": False, "enable.partition.eof": True,
-                       "isolation.level": "read_committed"})
+    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore",
+                            read_to_end=True)
     try:
         meta = reader.list_topics(topic, timeout=15).topics[topic]
         if meta.error is not None or not meta.partitions:
@@ -118,16 +118,12 @@ class ScoreKeeper:
                 stop.wait(RETRY_S)
 
     def _session(self, stop: threading.Event) -> None:
-        from confluent_kafka import Consumer
-
         prefix = self.settings.topic_prefix
-        txn = producer(self.settings, **{"transactional.id": f"{prefix}-scoring",
-                                         "client.id": "loraplane-scoring"})
+        txn = kafka.transactional_producer(self.settings, f"{prefix}-scoring",
+                                           client_id=CLIENT_ID)
         txn.init_transactions(30)  # fences a previous instance and aborts its open batch
-        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap,
-                             "group.id": f"{prefix}-scoring", "enable.auto.commit": False,
-                             "auto.offset.reset": "earliest", "session.timeout.ms": 10_000,
-                             "client.id": "loraplane-scoring"})
+        consumer = kafka.consumer(self.settings, f"{prefix}-scoring", client_id=CLIENT_ID,
+                                  session_timeout_ms=10_000)
         try:
             self.reload = True
             consumer.subscribe([self.requests], on_assign=self._assigned)
@@ -168,7 +164,7 @@ class ScoreKeeper:
                 log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(),
                             exc)
                 txn.produce(self.dead_letters, key=msg.key(), value=encode(
-                    dead_letter_for(msg, "scoring", exc.reason, str(exc))))
+                    dead_letter_for(msg, COMPONENT, exc.reason, str(exc))))
             txn.send_offsets_to_transaction(
                 [TopicPartition(self.requests, p, end) for p, end in ends.items()],
                 consumer.consumer_group_metadata(), 30)

@@ -18,7 +18,10 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.workers.event_sink import EventSink
 
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
+
+COMPONENT = "worker-agent"
 
 
 @dataclass(frozen=True)
@@ -30,24 +33,16 @@ class Delivery:
 class KafkaCommandFeed:
     def __init__(self, settings: Settings, worker_id: str, sink: EventSink,
                  group_id: str | None = None) -> None:
-        from confluent_kafka import Consumer
-
         from loraplane.kernel.topics import topic_name
 
         self.worker_id = worker_id
         self._sink = sink
         self._topic = topic_name(settings, "commands")
-        self._consumer = Consumer({
-            "bootstrap.servers": settings.kafka.bootstrap,
-            "group.id": group_id or f"{settings.topic_prefix}-worker-{worker_id}",
-            # Static membership: a restarted agent takes its partitions back at once instead
-            # of waiting for the killed one's session to time out (45 s by default).
-            "group.instance.id": f"worker-{worker_id}",
-            "session.timeout.ms": 15_000,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        })
+        # Static membership: a restarted agent takes its partitions back at once instead of
+        # waiting for the killed one's session to time out.
+        self._consumer = kafka.consumer(
+            settings, group_id or f"{settings.topic_prefix}-worker-{worker_id}",
+            static_member=f"worker-{worker_id}", session_timeout_ms=15_000)
         self._consumer.subscribe([self._topic])
 
     async def next(self, timeout_s: float = 0.5) -> Delivery | None:
@@ -62,7 +57,7 @@ class KafkaCommandFeed:
             return Delivery(decode(CacheCommand, msg.value()), msg)
         except SchemaError as exc:
             self._sink.emit("dead-letters", self.worker_id,
-                            dead_letter_for(msg, "worker-agent", exc.reason, str(exc)))
+                            dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
             await self.commit(msg)
             return None
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from loraplane.schemas.codec import encode
 from pydantic import BaseModel
 
-from loraplane.kernel import bus
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 
 
@@ -25,7 +25,7 @@ class KafkaEventSink:
         from loraplane.kernel.topics import topic_name
 
         self._topic = lambda suffix: topic_name(settings, suffix)
-        self._producer = bus.producer(settings, **{"client.id": client_id, "linger.ms": 20})
+        self._producer = kafka.producer(settings, client_id=client_id, linger_ms=20)
         self.delivered = 0
         self.failed = 0
         self.dropped = 0

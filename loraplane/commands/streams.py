@@ -23,9 +23,9 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    from loraplane.kernel.topics import admin_client
+    from loraplane.kernel import kafka
 
-    admin = admin_client(settings)
+    admin = kafka.admin(settings)
     existing = admin.list_topics(timeout=15).topics
     missing = [NewTopic(t.changelog_topic_name,
                         num_partitions=t.partitions or faust_app.conf.topic_partitions,

@@ -1,6 +1,6 @@
-"""The Kafka edge for everything that is not the Faust app: CLI publishers, the worker
-agent, the metrics sink and tests. confluent-kafka (librdkafka) is used because it is the
-fastest Python client and gives real delivery reports for ``acks=all``.
+"""Synchronous produce and read-to-idle on Kafka, for CLI publishers, the worker agent and
+tests (clients come from ``kernel.kafka``). confluent-kafka (librdkafka) is used because it
+is the fastest Python client and gives real delivery reports for ``acks=all``.
 """
 
 from __future__ import annotations
@@ -12,27 +12,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
 
 class DeliveryError(RuntimeError):
     """The broker did not acknowledge a message (the text says why)."""
-
-
-def producer(settings: Settings, **overrides: Any):  # -> confluent_kafka.Producer
-    from confluent_kafka import Producer
-
-    conf = {
-        "bootstrap.servers": settings.kafka.bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "linger.ms": 5,
-        "message.timeout.ms": 15_000,
-        "client.id": "loraplane",
-    }
-    conf.update(overrides)
-    return Producer(conf)
 
 
 def produce_sync(settings: Settings, topic: str, key: str | bytes | None,
@@ -42,7 +28,7 @@ def produce_sync(settings: Settings, topic: str, key: str | bytes | None,
 
     Returns ``(partition, offset)``; raises DeliveryError when not acknowledged in time.
     """
-    p = producer(settings)
+    p = kafka.producer(settings)
     result: dict[str, Any] = {}
 
     def on_delivery(err: Any, msg: Any) -> None:
@@ -77,15 +63,9 @@ def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
 
     For CLIs and tests that need "everything so far"; no offsets are committed.
     """
-    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import KafkaException
 
-    consumer = Consumer({
-        "bootstrap.servers": settings.kafka.bootstrap,
-        "group.id": group or f"loraplane-reader-{time.monotonic_ns()}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-        "enable.partition.eof": False,
-    })
+    consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}")
     try:
         consumer.subscribe([topic])
         deadline = time.monotonic() + timeout_s

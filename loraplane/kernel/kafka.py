@@ -1,19 +1,159 @@
-"""The one place Kafka client configuration is built (librdkafka keys), for every client
-the project makes: producers, consumers and admin clients alike."""
+"""The one Kafka client factory: every producer, consumer and admin client the project makes,
+and the Faust app's broker settings, are configured here, so a delivery or offset guarantee
+is decided once instead of once per call site (tests/unit/test_kafka_clients.py checks that
+nothing else builds a client).
+
+``*_config`` functions are pure (the librdkafka dict, testable without a broker); the others
+construct the confluent-kafka client from it. confluent-kafka is imported lazily: the kernel
+is imported by processes that never talk to Kafka.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
     from loraplane.kernel.config import Settings
+
+ConfigValue = str | int | bool
+Config = dict[str, ConfigValue]
+
+CLIENT_ID = "loraplane"
+"""What the broker's logs and quotas see from a client that names nothing more specific."""
 
 
 class KafkaUnavailable(RuntimeError):
     """The broker could not be reached (the text says where and why)."""
 
 
-def client_config(settings: Settings, **extra: str | int | bool) -> dict[str, str | int | bool]:
-    """librdkafka config for our own short-lived clients; silent, since refused connections
-    during start-up are expected and the caller reports failures itself."""
-    return {"bootstrap.servers": settings.kafka.bootstrap, "log_level": 0, **extra}
+class OffsetReset(StrEnum):
+    """Where a consumer group with no committed offset starts."""
+
+    earliest = "earliest"
+    """Everything already on the topic: a new group (a first start, a renamed prefix) must
+    not miss what was written before it joined. Every project consumer uses it."""
+    latest = "latest"
+    """Only what arrives after joining: latency probes that time their own messages."""
+
+
+def _common(settings: Settings, client_id: str | None, quiet: bool) -> Config:
+    conf: Config = {"bootstrap.servers": settings.kafka.bootstrap}
+    if client_id is not None:
+        conf["client.id"] = client_id
+    if quiet:
+        # Probes and start-up checks expect refused connections and report failures
+        # themselves; librdkafka's own log lines would only be noise on stderr.
+        conf["log_level"] = 0
+    return conf
+
+
+def producer_config(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int = 5,
+                    batch_messages: int | None = None, transactional_id: str | None = None,
+                    quiet: bool = False) -> Config:
+    """acks=all with idempotence: a message counts as delivered only once every in-sync
+    replica has it, and librdkafka's retries can neither duplicate nor reorder it (the
+    scoring and registry replays rely on per-partition order). ``message.timeout.ms`` is
+    15 s, not librdkafka's 5 min, so a broker outage surfaces as a delivery error quickly
+    (``bus.produce_sync``, the event sink's ``failed`` count) instead of a hang.
+    ``linger_ms`` 5 batches a burst without adding noticeable latency; the event sink,
+    which never waits for delivery, lingers longer."""
+    conf = _common(settings, client_id, quiet)
+    conf |= {"acks": "all", "enable.idempotence": True, "linger.ms": linger_ms,
+             "message.timeout.ms": 15_000}
+    if batch_messages is not None:
+        conf["batch.num.messages"] = batch_messages
+    if transactional_id is not None:
+        conf["transactional.id"] = transactional_id
+    return conf
+
+
+def producer(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int = 5,
+             batch_messages: int | None = None, quiet: bool = False) -> Producer:
+    """A producer as ``producer_config`` describes."""
+    from confluent_kafka import Producer
+
+    return Producer(producer_config(settings, client_id=client_id, linger_ms=linger_ms,
+                                    batch_messages=batch_messages, quiet=quiet))
+
+
+def transactional_producer(settings: Settings, transactional_id: str, *,
+                           client_id: str) -> Producer:
+    """An idempotent producer (``producer_config``) whose writes and consumer offsets commit
+    atomically. The id is stable per deployment on purpose: ``init_transactions`` with it
+    fences a previous instance and aborts its open transaction."""
+    from confluent_kafka import Producer
+
+    return Producer(producer_config(settings, client_id=client_id,
+                                    transactional_id=transactional_id))
+
+
+def consumer_config(settings: Settings, group: str, *, client_id: str | None = None,
+                    offset_reset: OffsetReset = OffsetReset.earliest,
+                    session_timeout_ms: int | None = None, static_member: str | None = None,
+                    read_to_end: bool = False, quiet: bool = False) -> Config:
+    """Offsets are never auto-committed: every consumer here commits only after its work is
+    durable (or does not commit at all), so a crash replays instead of losing messages.
+    ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
+    scoring transactions are never read. ``session_timeout_ms`` shortens how long a killed
+    member holds its partitions (librdkafka's default is 45 s); ``static_member`` (a
+    ``group.instance.id``) lets a restarted process take them back at once. ``read_to_end``
+    turns on partition-EOF events, for readers that stop at the end of a topic."""
+    conf = _common(settings, client_id, quiet)
+    conf |= {"group.id": group, "enable.auto.commit": False,
+             "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
+             "enable.partition.eof": read_to_end}
+    if session_timeout_ms is not None:
+        conf["session.timeout.ms"] = session_timeout_ms
+    if static_member is not None:
+        conf["group.instance.id"] = static_member
+    return conf
+
+
+def consumer(settings: Settings, group: str, *, client_id: str | None = None,
+             offset_reset: OffsetReset = OffsetReset.earliest,
+             session_timeout_ms: int | None = None, static_member: str | None = None,
+             read_to_end: bool = False, quiet: bool = False) -> Consumer:
+    """A consumer as ``consumer_config`` describes."""
+    from confluent_kafka import Consumer
+
+    return Consumer(consumer_config(
+        settings, group, client_id=client_id, offset_reset=offset_reset,
+        session_timeout_ms=session_timeout_ms, static_member=static_member,
+        read_to_end=read_to_end, quiet=quiet))
+
+
+def admin_config(settings: Settings) -> Config:
+    """Admin clients are short-lived (topic apply, health checks, clean-up) and their
+    callers turn failures into KafkaUnavailable or a status line: quiet."""
+    return _common(settings, None, quiet=True)
+
+
+def admin(settings: Settings) -> AdminClient:
+    """An admin client as ``admin_config`` describes."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(admin_config(settings))
+
+
+class FaustBroker(TypedDict):
+    """The broker keyword arguments of ``faust.App`` (aiokafka underneath)."""
+
+    broker: str
+    producer_acks: int
+    consumer_auto_offset_reset: str
+    broker_session_timeout: float
+    broker_heartbeat_interval: float
+
+
+def faust_broker(settings: Settings) -> FaustBroker:
+    """The Faust app's clients, on the same guarantees as ours: acks=all (-1) and a new
+    group reads from the earliest offset. A killed worker's partitions move to its
+    successor after 10 s, not Faust's 60 s default: the planner must not stay silent for a
+    minute after a crash (the heartbeat must stay well under the session timeout)."""
+    return FaustBroker(broker=f"kafka://{settings.kafka.bootstrap}", producer_acks=-1,
+                       consumer_auto_offset_reset=OffsetReset.earliest.value,
+                       broker_session_timeout=10.0, broker_heartbeat_interval=2.0)

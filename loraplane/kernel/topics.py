@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from loraplane.kernel import kafka
+
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
@@ -127,14 +129,6 @@ def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change
     return changes or [Change(name, "unchanged")]
 
 
-def admin_client(settings: Settings) -> AdminClient:
-    from confluent_kafka.admin import AdminClient
-
-    from loraplane.kernel.kafka import client_config
-
-    return AdminClient(client_config(settings))
-
-
 def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Existing]:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -167,15 +161,14 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         ResourceType,
     )
 
-    from loraplane.kernel.kafka import KafkaUnavailable
-
-    admin = admin_client(settings)
+    admin = kafka.admin(settings)
     named = {topic_name(settings, s.suffix): s for s in only}
     try:
         existing = _existing(admin, list(named), timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable(f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
-                         "is the stack up? (loraplane stack status)") from None
+        raise kafka.KafkaUnavailable(
+            f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
+            "is the stack up? (loraplane stack status)") from None
     changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name))]
     if dry_run:
         return changes

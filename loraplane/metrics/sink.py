@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from clickhouse_driver import errors as ch_errors
 
-from loraplane.kernel.bus import DeliveryError, producer
+from loraplane.kernel import kafka
+from loraplane.kernel.bus import DeliveryError
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
-from loraplane.schemas.reasons import ConsumerFault, DeadLetterReason
+from loraplane.schemas.reasons import ConsumerFault
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
@@ -115,10 +116,6 @@ def _is_rejection(exc: BaseException) -> bool:
                       TypeError | struct.error)
 
 
-def dead_letter(msg: Message, reason: DeadLetterReason, detail: str) -> DeadLetter:
-    return dead_letter_for(msg, COMPONENT, reason, detail)
-
-
 def _position(msg: Message) -> tuple[str, int, int]:
     """Topic, partition and offset of a consumed message. confluent-kafka types them optional
     (a message being produced has none yet); every message a poll returns has all three."""
@@ -148,15 +145,9 @@ class Sink:
         return self.config.group_id or f"{self.settings.topic_prefix}.metrics-sink"
 
     def _consumer(self) -> Consumer:
-        from confluent_kafka import Consumer
-
-        from loraplane.kernel.kafka import client_config
-
-        group: dict[str, str | int | bool] = {
-            "group.id": self.group_id, "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "enable.partition.eof": False,
-            "session.timeout.ms": self.config.session_timeout_ms, "client.id": COMPONENT}
-        consumer = Consumer(client_config(self.settings, **group))
+        consumer = kafka.consumer(self.settings, self.group_id, client_id=COMPONENT,
+                                  session_timeout_ms=self.config.session_timeout_ms,
+                                  quiet=True)
         consumer.subscribe(list(self._tables), on_revoke=self._on_revoke)
         return consumer
 
@@ -269,10 +260,11 @@ class Sink:
                 model = decode(table.model, msg.value())
                 row = table.row(model)
             except SchemaError as exc:
-                batch.dead.append(dead_letter(msg, exc.reason, str(exc)))
+                batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
                 continue
             except RowError as exc:
-                batch.dead.append(dead_letter(msg, ConsumerFault.out_of_range, str(exc)))
+                batch.dead.append(dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range,
+                                                  str(exc)))
                 continue
             batch.rows.setdefault(table.name, []).append((row, msg))
         return batch
@@ -341,7 +333,8 @@ class Sink:
                     log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
                               msg.partition(), msg.offset(), why)
                 else:
-                    rejected.append(dead_letter(msg, ConsumerFault.clickhouse_rejected, why))
+                    rejected.append(dead_letter_for(
+                        msg, COMPONENT, ConsumerFault.clickhouse_rejected, why))
             self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(items)
         self._send_dead_letters(batch.dead + rejected)
         self.stats.rows += sum(len(v) for v in batch.rows.values())
@@ -372,7 +365,7 @@ class Sink:
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
         if not letters:
             return
-        p = producer(self.settings)
+        p = kafka.producer(self.settings)
         failures: list[str] = []
 
         def on_delivery(err: Any, _msg: Any) -> None:

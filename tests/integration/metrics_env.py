@@ -21,8 +21,7 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.request_log import RequestLog
 from pydantic import BaseModel
 
-from loraplane.kernel import topics
-from loraplane.kernel.bus import producer
+from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
@@ -45,7 +44,7 @@ def require_stack(settings: Settings) -> None:
         client = connect(settings, database="", timeout_s=3)
         client.execute("SELECT 1")
         client.disconnect()
-        topics.admin_client(settings).list_topics(timeout=3)
+        kafka.admin(settings).list_topics(timeout=3)
     except Exception as exc:
         pytest.skip(f"local stack not running (loraplane stack up): {exc}")
 
@@ -56,7 +55,7 @@ def create_topics(settings: Settings) -> None:
 
 def delete_topics(settings: Settings) -> None:
     names = [topics.topic_name(settings, s) for s in SINK_TOPICS]
-    admin = topics.admin_client(settings)  # must outlive the futures
+    admin = kafka.admin(settings)  # must outlive the futures
     with contextlib.suppress(Exception):
         for future in admin.delete_topics(names, operation_timeout=20).values():
             future.result(timeout=30)
@@ -107,10 +106,10 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 
 def committed(settings: Settings, suffix: str, group_id: str) -> int:
     """Sum of the group's committed offsets on one topic (what a restart resumes from)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     topic = topics.topic_name(settings, suffix)
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": group_id})
+    consumer = kafka.consumer(settings, group_id)
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         offsets = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
@@ -122,7 +121,7 @@ def committed(settings: Settings, suffix: str, group_id: str) -> int:
 def produce_all(settings: Settings, suffix: str, messages: list[BaseModel | bytes],
                 key: Callable[[BaseModel | bytes], str] = lambda m: "k") -> None:
     """Produce many messages with one producer and wait for every acknowledgement."""
-    p = producer(settings)
+    p = kafka.producer(settings)
     errors: list[str] = []
     topic = topics.topic_name(settings, suffix)
     for message in messages:

@@ -15,7 +15,7 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 
-from loraplane.kernel.bus import producer
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import load_registry
 from tests.integration.registry_env import Env, wait_for
@@ -73,7 +73,7 @@ class PlannerEnv(Env):
     def requests(self, rec: AdapterRecord, n: int, ts: datetime | None = None,
                  tier: Tier = Tier.cold) -> None:
         ts = ts or now_utc()
-        p = producer(self.settings)
+        p = kafka.producer(self.settings)
         for i in range(n):
             log = RequestLog(event_id=f"r-{uuid.uuid4().hex}", ts=ts + timedelta(milliseconds=i),
                              request_id=uuid.uuid4().hex, tenant_id=TENANT,
@@ -94,7 +94,7 @@ class PlannerEnv(Env):
                                     version=r.version, tenant_id=r.tenant_id, tier="gpu",
                                     pinned=r.lora_name in pinned, size_bytes=r.size_bytes)
                       for r in gpu])
-        p = producer(self.settings)
+        p = kafka.producer(self.settings)
         p.produce(self.topic("worker-state"), key=worker_id.encode(), value=encode(state))
         assert p.flush(20) == 0
 

@@ -19,8 +19,8 @@ from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.registry import AdapterView
 
-from loraplane.kernel import topics
-from loraplane.kernel.bus import producer, read_topic
+from loraplane.kernel import kafka, topics
+from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import load_registry
 from tests.lifecycle_kit import Kit, make_kit
@@ -85,7 +85,7 @@ class Env:
         self.worker = None
 
     def delete_topics(self) -> None:
-        admin = topics.admin_client(self.settings)
+        admin = kafka.admin(self.settings)
         prefix = self.settings.topic_prefix
         names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix)]
         if names:
@@ -95,7 +95,7 @@ class Env:
         return topics.topic_name(self.settings, suffix)
 
     def send(self, messages: list[tuple[bytes, bytes | LifecycleEvent]]) -> None:
-        p = producer(self.settings)
+        p = kafka.producer(self.settings)
         for key, value in messages:
             p.produce(self.topic("lifecycle"), key=key,
                       value=value if isinstance(value, bytes) else encode(value))

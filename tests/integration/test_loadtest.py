@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.kernel import topics
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
 
@@ -41,7 +41,7 @@ def drop_run(settings: Settings, output: str) -> None:
     if found is None:
         return
     prefix, database = found.groups()
-    admin = topics.admin_client(settings)
+    admin = kafka.admin(settings)
     names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix + ".")
              or n.startswith(prefix + "-")]
     if names:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
@@ -18,7 +18,7 @@ from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key
 from loraplane.streams.scoring_agent import restore
 
 from bench.workload import request_logs
-from loraplane.kernel.bus import producer
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from tests.integration.registry_env import Env
 
@@ -37,7 +37,7 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
 
 
 def produce(env: Env, messages: list[tuple[bytes, bytes]]) -> None:
-    p = producer(env.settings, **{"linger.ms": 20})
+    p = kafka.producer(env.settings, linger_ms=20)
     for key, value in messages:
         p.produce(env.topic("requests"), key=key, value=value)
     assert p.flush(30) == 0
@@ -46,9 +46,7 @@ def produce(env: Env, messages: list[tuple[bytes, bytes]]) -> None:
 def committed(env: Env, suffix: str) -> list[bytes]:
     """Every committed value of a topic (aborted batches are not part of the record)."""
     topic = env.topic(suffix)
-    reader = Consumer({"bootstrap.servers": env.settings.kafka.bootstrap,
-                       "group.id": f"{env.settings.topic_prefix}-probe",
-                       "isolation.level": "read_committed", "enable.partition.eof": True})
+    reader = kafka.consumer(env.settings, f"{env.settings.topic_prefix}-probe", read_to_end=True)
     try:
         parts = reader.list_topics(topic, timeout=10).topics[topic].partitions
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])

@@ -13,9 +13,8 @@ from loraplane.infra.kafka import Kafka, api_versions, speaks_kafka_4
 from loraplane.infra.processes import StackError, free_port
 from rich.console import Console
 
-from loraplane.kernel import topics
+from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
-from loraplane.kernel.kafka import client_config
 
 pytestmark = pytest.mark.integration
 
@@ -36,18 +35,18 @@ def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settin
 
 
 def test_kafka_round_trip_keeps_key_and_headers(stack: Settings) -> None:
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     name = topics.topic_name(stack, "requests")
     key, value = f"adapter-{uuid.uuid4()}".encode(), b'{"ttft_ms": 42}'
     delivered = []
-    producer = Producer(client_config(stack))
+    producer = kafka.producer(stack, quiet=True)
     producer.produce(name, value, key=key, headers=[("schema", b"request-log/v1")],
                      on_delivery=lambda err, msg: delivered.append((err, msg)))
     producer.flush(10)
     err, msg = delivered[0]
     assert err is None
-    consumer = Consumer(client_config(stack, **{"group.id": f"test-{uuid.uuid4()}"}))
+    consumer = kafka.consumer(stack, f"test-{uuid.uuid4()}", quiet=True)
     try:
         consumer.assign([TopicPartition(name, msg.partition(), msg.offset())])
         got = consumer.poll(10)
@@ -61,7 +60,7 @@ def test_kafka_round_trip_keeps_key_and_headers(stack: Settings) -> None:
 def test_topic_configs_are_visible_to_the_admin_api(stack: Settings) -> None:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    admin = topics.admin_client(stack)
+    admin = kafka.admin(stack)
     registry = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "registry"))
     lifecycle = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "lifecycle"))
     described = {r.name: f.result(10) for r, f in admin.describe_configs([registry,

@@ -39,7 +39,7 @@ from loraplane.workers.gateway import canary_bucket
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.kernel import topics
+from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
 from loraplane.kernel.topics import topic_name
@@ -266,9 +266,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                 server.wait(10)
     finally:  # also when set-up fails half way: never leave our moto server behind
         moto.stop()
-        from confluent_kafka.admin import AdminClient
-
-        AdminClient({"bootstrap.servers": settings.kafka.bootstrap}).delete_topics(
+        kafka.admin(settings).delete_topics(
             [topic_name(settings, s.suffix) for s in topics.TOPICS])
 
 

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from loraplane.dashboards import grafana_export
 from loraplane.schemas.cache_event import CacheEvent
 from loraplane.schemas.codec import encode
+from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestLog
 
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations, queries
-from loraplane.metrics.sink import Sink, dead_letter
+from loraplane.metrics.sink import COMPONENT, Sink
 from loraplane.metrics.tables import TABLES
 
 OLD, NEW = migrations.ServerFeatures.parse("18.16.1"), migrations.ServerFeatures.parse("24.8.4.13")
@@ -156,8 +157,9 @@ def test_decode_splits_rows_from_dead_letters() -> None:
 def test_dead_letters_are_deterministic_per_message() -> None:
     msg = FakeMessage("loraplane.requests", b"x" * 10, 9)
     reason = DecodeReason.malformed
-    assert dead_letter(msg, reason, "d") == dead_letter(msg, reason, "d")
-    big = dead_letter(FakeMessage("t", b"x" * (600 * 1024)), reason, "d")
+    first, again = (dead_letter_for(msg, COMPONENT, reason, "d") for _ in range(2))
+    assert first == again
+    big = dead_letter_for(FakeMessage("t", b"x" * (600 * 1024)), COMPONENT, reason, "d")
     assert "raw truncated" in big.detail and len(big.raw_b64) < 700 * 1024
 
 

@@ -1,0 +1,180 @@
+"""One dead-letter builder (schemas.dead_letter.dead_letter_at): its id depends only on where
+the message was and who refused it, every consumer's letter goes through it (confluent and
+Faust messages alike), and no module builds a DeadLetter of its own."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from loraplane.schemas.dead_letter import (
+    MAX_DEAD_LETTER_RAW,
+    dead_letter_at,
+    dead_letter_for,
+    dead_letter_id,
+)
+from pydantic import BaseModel
+
+from loraplane.kernel.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILDER = ROOT / "schemas" / "dead_letter.py"
+SOURCE_FOLDERS = ("loraplane", "schemas", "streams", "workers", "infra", "dashboards")
+
+topics = st.text(st.characters(whitelist_categories=("Ll", "Nd"), whitelist_characters=".-"),
+                 min_size=1, max_size=40)
+positions = st.tuples(topics, st.integers(0, 1000), st.integers(0, 2**40),
+                      st.sampled_from(["registry", "scoring", "planner", "metrics-sink",
+                                       "worker-agent"]))
+
+
+@dataclass
+class Msg:
+    """A confluent-kafka Message as far as the builder reads it."""
+
+    t: str
+    part: int
+    off: int
+    raw: bytes | None
+    k: bytes | None = b"k"
+    ts_ms: int = 1_800_000_000_000
+
+    def topic(self) -> str:
+        return self.t
+
+    def partition(self) -> int:
+        return self.part
+
+    def offset(self) -> int:
+        return self.off
+
+    def key(self) -> bytes | None:
+        return self.k
+
+    def value(self) -> bytes | None:
+        return self.raw
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self.ts_ms)
+
+    def error(self) -> None:
+        return None
+
+
+@given(positions, st.binary(max_size=64), st.binary(max_size=64), st.text(max_size=20),
+       st.floats(0, 4e9))
+def test_the_id_is_where_the_message_was_and_who_refused_it(
+        where: tuple[str, int, int, str], raw: bytes, other_raw: bytes, detail: str,
+        ts: float) -> None:
+    """A replay (same position, same consumer) gives the same id whatever else differs."""
+    topic, partition, offset, component = where
+    first = dead_letter_at(topic, partition, offset, b"k", raw, ts, component, "malformed",
+                           detail)
+    again = dead_letter_at(topic, partition, offset, None, other_raw, 0.0, component, "invalid",
+                           "")
+    assert first.event_id == again.event_id == dead_letter_id(*where)
+
+
+@given(positions, positions)
+def test_different_positions_or_consumers_never_share_an_id(
+        a: tuple[str, int, int, str], b: tuple[str, int, int, str]) -> None:
+    assert (dead_letter_id(*a) == dead_letter_id(*b)) == (a == b)
+
+
+def test_two_consumers_of_one_topic_each_keep_their_letter() -> None:
+    msg = Msg("p.requests", 1, 9, b"\xff")
+    scoring = dead_letter_for(msg, "scoring", "malformed", "x")
+    sink = dead_letter_for(msg, "metrics-sink", "malformed", "x")
+    assert scoring.event_id != sink.event_id
+    assert (scoring.source_topic, scoring.partition, scoring.offset) == ("p.requests", 1, 9)
+
+
+def test_a_huge_message_is_kept_truncated_and_says_so() -> None:
+    raw = b"x" * (MAX_DEAD_LETTER_RAW + 10)
+    letter = dead_letter_at("t", 0, 0, b"k" * 5000, raw, 1.0, "registry", "too_large", "big")
+    assert base64.b64decode(letter.raw_b64) == raw[:MAX_DEAD_LETTER_RAW]
+    assert letter.detail.startswith("big") and "raw truncated" in letter.detail
+    assert letter.key_b64 is not None and len(letter.key_b64) <= 4096
+
+
+def test_a_faust_message_gives_the_same_letter_as_any_other_client() -> None:
+    from loraplane.streams.app import dead_letter_of
+
+    message = SimpleNamespace(topic="p.lifecycle", partition=2, offset=7, key=b"a1",
+                              value=b"{not json", timestamp=1_800_000_000.5)
+    letter = dead_letter_of(message, "registry", "malformed", "not JSON")
+    assert letter == dead_letter_at("p.lifecycle", 2, 7, b"a1", b"{not json",
+                                    1_800_000_000.5, "registry", "malformed", "not JSON")
+    assert letter == dead_letter_for(Msg("p.lifecycle", 2, 7, b"{not json", b"a1",
+                                         1_800_000_000_500),
+                                     "registry", "malformed", "not JSON")
+
+
+@dataclass
+class Sink:
+    emitted: list[tuple[str, str, BaseModel]] = field(default_factory=list)
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        self.emitted.append((topic_suffix, key, message))
+
+
+@dataclass
+class Consumer:
+    pending: list[Msg]
+    commits: list[Msg] = field(default_factory=list)
+
+    def subscribe(self, topics: list[str]) -> None:
+        pass
+
+    def poll(self, timeout: float) -> Msg | None:
+        return self.pending.pop(0) if self.pending else None
+
+    def commit(self, message: Msg, asynchronous: bool) -> None:
+        self.commits.append(message)
+
+
+def test_an_undecodable_command_is_the_same_dead_letter_when_redelivered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker used to name these by uuid4: a redelivery after a crash was a second
+    letter. Now it is the same record."""
+    from loraplane.workers.command_feed import COMPONENT, KafkaCommandFeed
+
+    from loraplane.kernel import kafka
+
+    bad = Msg("loraplane.commands", 0, 41, b"\x00 not a command", b"w1")
+    consumer = Consumer([bad, bad])
+    monkeypatch.setattr(kafka, "consumer", lambda *a, **k: consumer)
+    sink = Sink()
+    feed = KafkaCommandFeed(Settings(), "w1", sink)
+    assert asyncio.run(feed.next()) is None and asyncio.run(feed.next()) is None
+    (s1, k1, first), (s2, k2, again) = sink.emitted
+    assert (s1, k1) == (s2, k2) == ("dead-letters", "w1")
+    assert first == again
+    assert first == dead_letter_for(bad, COMPONENT, first.reason, first.detail)
+    assert consumer.commits == [bad, bad]
+
+
+def _builds_a_dead_letter(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id == "DeadLetter")
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == "DeadLetter"))
+
+
+def test_no_module_but_the_builder_makes_a_dead_letter() -> None:
+    found = [f"{path.relative_to(ROOT)}:{node.lineno}"
+             for folder in SOURCE_FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
+             if path != BUILDER
+             for node in ast.walk(ast.parse(path.read_text())) if _builds_a_dead_letter(node)]
+    assert found == []
+
+
+def test_the_scan_sees_a_hand_made_dead_letter() -> None:
+    tree = ast.parse("from x import DeadLetter\nDeadLetter(event_id='e')\nm.DeadLetter()\n")
+    assert sum(_builds_a_dead_letter(n) for n in ast.walk(tree)) == 2
