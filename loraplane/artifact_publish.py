@@ -1,10 +1,12 @@
 """Turning an adapter folder into a published artifact: manifest, record, upload.
 
 The folder (or an S3 prefix, downloaded first) is checked with the workers' own verifier
-(``loraplane.artifact.verification.verify_artifact``) against the record we are about to sign, so CI
-refuses exactly what a worker would refuse: pickle weights, anything but
+(``loraplane.artifact.verification``) against the record we are about to sign, so CI
+refuses exactly what a worker would refuse: pickle weights, code, anything but
 ``adapter_config.json`` and top-level ``*.safetensors``, inconsistent tensors, a rank or
-base model that disagrees with adapter_config.json. The upload goes to
+base model that disagrees with adapter_config.json. Inert files PEFT writes beside them
+(its ``README.md``) are left out and listed in the manifest's ``dropped``
+(``loraplane.artifact.inert_files``). The upload goes to
 ``s3://BUCKET/ADAPTER_ID/VERSION-SHA8/`` with ``manifest.json`` beside the files, so a
 worker fetches the manifest, checks its digest against the signed ``sha256`` and then every
 file against the manifest.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,19 +25,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.inert_files import Selection, select_for_publish
+from loraplane.artifact.lora_config import parse_lora_config
+from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.refusal import ArtifactError as FetchRefused
+from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
+    ArtifactReader,
     FileFacts,
     WorkerLimits,
     is_safe_relative_path,
-    parse_lora_config,
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
 from loraplane.schemas.adapter import AdapterRecord, Compatibility, Priority
-from loraplane.schemas.manifest import Manifest, ManifestFile
+from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
 
@@ -56,14 +62,14 @@ class PublishRequest:
 
 
 class _WithManifest:
-    """The folder plus the manifest we computed, as the verifier's ArtifactReader."""
+    """The files we upload plus the manifest we computed, as the verifier's ArtifactReader."""
 
-    def __init__(self, folder: DirectoryArtifact, manifest_bytes: bytes) -> None:
-        self.folder, self.manifest_bytes = folder, manifest_bytes
+    def __init__(self, folder: DirectoryArtifact, kept: Sequence[FileFacts],
+                 manifest_bytes: bytes) -> None:
+        self.folder, self.kept, self.manifest_bytes = folder, kept, manifest_bytes
 
     def files(self) -> Sequence[FileFacts]:
-        return [*(f for f in self.folder.files() if f.path != MANIFEST_NAME),
-                FileFacts(MANIFEST_NAME, "file", len(self.manifest_bytes))]
+        return [*self.kept, FileFacts(MANIFEST_NAME, "file", len(self.manifest_bytes))]
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         if path == MANIFEST_NAME:
@@ -78,18 +84,43 @@ class _WithManifest:
         return self.folder.sha256(path)
 
 
-def build_record(folder: Path, release: PublishRequest,
-                 bucket: str) -> tuple[AdapterRecord, Manifest]:
-    """Manifest and registry record of a local adapter folder, verified as a worker would."""
-    reader = DirectoryArtifact(folder)
-    files = [f for f in reader.files() if f.path != MANIFEST_NAME]
-    odd = [f.path for f in files if f.kind != "file"]
+@dataclass(frozen=True)
+class Prepared:
+    """A folder as publish would upload it: its manifest, and the reader a worker's view of
+    the upload is verified through (kept files plus that manifest)."""
+
+    manifest: Manifest
+    reader: ArtifactReader
+    selection: Selection
+
+
+def prepare(folder: Path) -> Prepared:
+    """Select what to upload and build its manifest; ValueError (pydantic's ValidationError
+    included) when no manifest can describe the folder."""
+    listing = DirectoryArtifact(folder)
+    selection = select_for_publish(listing.files())
+    manifest = Manifest(
+        files=[ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
+               for f in selection.kept if f.kind == "file"],
+        dropped=[DroppedFile(path=f.path, sha256=listing.sha256(f.path), size=f.size,
+                             kind=kind) for f, kind in selection.dropped])
+    return Prepared(manifest, _WithManifest(listing, selection.kept, manifest.canonical_bytes()),
+                    selection)
+
+
+def build_record(folder: Path, release: PublishRequest, bucket: str, *,
+                 base_model_aliases: Mapping[str, str] | None = None,
+                 model: ModelShape | None = None) -> tuple[AdapterRecord, Manifest]:
+    """Manifest and registry record of a local adapter folder, verified as a worker would
+    (``model``: the base model's shapes, when the publisher has its config.json)."""
+    listing = DirectoryArtifact(folder)
+    odd = [f.path for f in listing.files() if f.kind != "file" and f.path != MANIFEST_NAME]
     if odd:
         raise ArtifactError(f"not regular files (links are never followed): {', '.join(odd)}")
     try:
-        manifest = Manifest(files=[ManifestFile(path=f.path, sha256=reader.sha256(f.path),
-                                                size=f.size) for f in files])
-        config = parse_lora_config(json.loads(reader.read(CONFIG_NAME, 0, 256 * 1024)))
+        prepared = prepare(folder)
+        manifest = prepared.manifest
+        config = parse_lora_config(json.loads(listing.read(CONFIG_NAME, 0, 256 * 1024)))
         record = AdapterRecord(
             adapter_id=release.adapter_id, base_model=release.base_model,
             version=release.version, rank=config.rank,
@@ -104,15 +135,22 @@ def build_record(folder: Path, release: PublishRequest,
         raise ArtifactError(f"{folder}: no {CONFIG_NAME}") from None
     except (ValueError, ValidationError) as exc:  # JSON, LoRA config and model errors
         raise ArtifactError(f"{folder}: {exc}") from None
-    verdict = verify_artifact(_WithManifest(reader, manifest.canonical_bytes()),
+    if prepared.selection.refusals:
+        raise ArtifactError(_refused(prepared.selection.refusals))
+    verdict = verify_artifact(prepared.reader,
                               WorkerLimits(base_model=release.base_model,
-                                           max_lora_rank=record.rank), record)
+                                           max_lora_rank=record.rank, model=model,
+                                           base_model_aliases=base_model_aliases or {}),
+                              record)
     if not verdict.ok:
-        raise ArtifactError("refused: " + "; ".join(
-            f"{r.reason}" + (f" {r.path}" if r.path else "") + (f" ({r.detail})" if r.detail
-                                                                   else "")
-            for r in verdict.refusals))
+        raise ArtifactError(_refused(verdict.refusals))
     return record, manifest
+
+
+def _refused(refusals: Sequence[Refusal]) -> str:
+    return "refused: " + "; ".join(
+        f"{r.reason}" + (f" {r.path}" if r.path else "") + (f" ({r.detail})" if r.detail else "")
+        for r in refusals)
 
 
 def s3_client(settings: Settings) -> Any:

@@ -58,7 +58,7 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
         config = json.loads((options.model_dir / "config.json").read_text())
         shape = ModelShape.from_hf_config(config)
     limits = WorkerLimits(base_model=options.base_model, max_lora_rank=options.max_lora_rank,
-                          model=shape)
+                          model=shape, base_model_aliases=settings.base_model_aliases)
     return HostTier(options.host_tier_dir, budget_bytes=options.host_budget_bytes,
                     limits=limits, fetcher=ArtifactFetcher(settings.s3),
                     is_protected=is_protected)

@@ -16,8 +16,9 @@ What is checked, each failure with its own ``Reason``:
   module has lora_A ``[r, in]`` and lora_B ``[out, r]``, no weights for other modules, and
   (when the base model's shape is known) the module exists there with those dimensions.
   vLLM itself accepts a config naming modules the model lacks; we do not;
-- rank within the worker's ``max_lora_rank``; base model the worker's; config agrees with
-  the registry record.
+- adapter_config.json is a LoRA vLLM serves (``lora_config``); rank within the worker's
+  ``max_lora_rank``; base model the worker's, through the aliases (``base_model``); config
+  agrees with the registry record.
 Any input yields a ``Verdict``; hostile bytes never raise.
 """
 
@@ -27,12 +28,14 @@ import json
 import math
 import re
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
+from loraplane.artifact.base_model import base_model_matches, mismatch_detail
+from loraplane.artifact.lora_config import LoraConfig, parse_lora_config
 from loraplane.artifact.model_shape import LinearShape, ModelShape
 from loraplane.artifact.refusal import Reason, Refusal
 from loraplane.schemas.adapter import AdapterRecord
@@ -69,13 +72,15 @@ class ArtifactReader(Protocol):
 
 @dataclass(frozen=True)
 class WorkerLimits:
-    """What this worker accepts. ``base_model=None`` skips the base-model check (offline use)."""
+    """What this worker accepts. ``base_model=None`` skips the base-model check (offline use);
+    ``base_model_aliases`` maps the names PEFT writes (hub ids, local paths) to base-model ids."""
 
     base_model: str | None
     max_lora_rank: int
     max_total_bytes: int = 1024**3
     max_header_bytes: int = 1024**2
     model: ModelShape | None = None
+    base_model_aliases: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,15 +94,6 @@ class Verdict:
     @property
     def reasons(self) -> tuple[Reason, ...]:
         return tuple(dict.fromkeys(r.reason for r in self.refusals))
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """The fields of adapter_config.json that decide what the weights must look like."""
-
-    rank: int
-    target_modules: frozenset[str]
-    base_model: str
 
 
 @dataclass(frozen=True)
@@ -225,44 +221,6 @@ def _check_files_against_manifest(reader: ArtifactReader, facts: dict[str, FileF
             out.append(Refusal(Reason.file_not_in_manifest, path))
 
 
-def parse_lora_config(raw: Any) -> LoraConfig:
-    """The subset of a PEFT LoraConfig that vLLM honours; ValueError for anything vLLM would
-    misread or refuse (DoRA, modules_to_save, per-module ranks, regex target_modules)."""
-    if not isinstance(raw, dict):
-        raise ValueError("not a JSON object")
-    if raw.get("peft_type") != "LORA":
-        raise ValueError(f"peft_type must be 'LORA', not {raw.get('peft_type')!r}")
-    rank = raw.get("r")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"r must be a positive integer, not {rank!r}")
-    alpha = raw.get("lora_alpha")
-    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise ValueError("lora_alpha must be a number")
-    modules = raw.get("target_modules")
-    if (not isinstance(modules, list) or not modules
-            or not all(isinstance(m, str) and re.fullmatch(r"[A-Za-z0-9_]{1,64}", m)
-                       for m in modules)):
-        raise ValueError("target_modules must be a non-empty list of module names")
-    if raw.get("use_dora"):
-        raise ValueError("DoRA is not supported by vLLM")
-    if raw.get("bias", "none") != "none":
-        raise ValueError(f"bias must be 'none', not {str(raw.get('bias'))[:40]!r}")
-    for key in ("modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform"):
-        if raw.get(key):
-            raise ValueError(f"{key} is not supported")
-    base = raw.get("base_model_name_or_path")
-    if not isinstance(base, str) or not base:
-        raise ValueError("base_model_name_or_path is missing")
-    return LoraConfig(rank, frozenset(modules), base)
-
-
-def base_model_matches(config_value: str, base_model: str) -> bool:
-    """adapter_config names its base as a hub id or a path; the worker by an identifier.
-    They match when equal, or when the last path segment, lower-cased, equals it."""
-    return config_value == base_model or config_value.rstrip("/").rsplit("/", 1)[-1].lower() \
-        == base_model
-
-
 def _check_config(reader: ArtifactReader, facts: dict[str, FileFacts], usable: set[str],
                   limits: WorkerLimits, record: AdapterRecord | None,
                   out: list[Refusal]) -> LoraConfig | None:
@@ -284,9 +242,11 @@ def _check_config(reader: ArtifactReader, facts: dict[str, FileFacts], usable: s
     if config.rank > limits.max_lora_rank:
         out.append(Refusal(Reason.rank_too_high, CONFIG_NAME,
                            f"r {config.rank} > {limits.max_lora_rank}"))
-    if expected_base is not None and not base_model_matches(config.base_model, expected_base):
+    aliases = limits.base_model_aliases
+    if expected_base is not None and not base_model_matches(config.base_model, expected_base,
+                                                            aliases):
         out.append(Refusal(Reason.base_model_mismatch, CONFIG_NAME,
-                           f"{config.base_model[:100]!r} != {expected_base!r}"))
+                           mismatch_detail(config.base_model, expected_base, aliases)))
     if record is not None:
         if record.rank != config.rank:
             out.append(Refusal(Reason.record_mismatch, CONFIG_NAME,

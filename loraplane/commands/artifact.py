@@ -30,13 +30,16 @@ def register(app: typer.Typer) -> None:
             None, "--model-config", help="the base model's config.json: also check that "
                                          "every module exists there with matching shapes"),
     ) -> None:
-        """Print ``ok``, or one line per refusal reason; exit 1 when refused."""
+        """Print ``ok``, or one line per refusal reason; exit 1 when refused. A folder
+        without manifest.json is checked as ``loraplane publish`` would upload it: inert
+        files it would drop are named on stderr."""
         from pydantic import ValidationError
 
         from loraplane.artifact.directory import DirectoryArtifact
         from loraplane.artifact.model_shape import ModelShape
-        from loraplane.artifact.refusal import ArtifactError, Refusal
-        from loraplane.artifact.verification import WorkerLimits, verify_artifact
+        from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+        from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
+        from loraplane.artifact_publish import prepare
         from loraplane.kernel.config import get_settings
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
         from loraplane.workers.artifact_fetch import ArtifactFetcher
@@ -62,7 +65,7 @@ def register(app: typer.Typer) -> None:
         limits = WorkerLimits(
             base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
             model=ModelShape.from_hf_config(json.loads(model_config.read_text()))
-            if model_config else None)
+            if model_config else None, base_model_aliases=get_settings().base_model_aliases)
 
         def report(refusals: tuple[Refusal, ...]) -> None:
             if not refusals:
@@ -77,7 +80,18 @@ def register(app: typer.Typer) -> None:
             if not folder.is_dir():
                 typer.echo(f"{target}: not a folder", err=True)
                 raise typer.Exit(2)
-            report(verify_artifact(DirectoryArtifact(folder), limits, record).refusals)
+            if (folder / MANIFEST_NAME).exists():
+                report(verify_artifact(DirectoryArtifact(folder), limits, record).refusals)
+                return
+            try:
+                prepared = prepare(folder)
+            except ValueError as exc:  # pydantic's ValidationError too: nothing to upload
+                report((Refusal(Reason.manifest_invalid, MANIFEST_NAME, str(exc)[:200]),))
+                return
+            for dropped in prepared.manifest.dropped:
+                typer.echo(f"publish drops {dropped.path} ({dropped.kind})", err=True)
+            report(prepared.selection.refusals
+                   + verify_artifact(prepared.reader, limits, record).refusals)
             return
         with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
             fetcher = ArtifactFetcher(get_settings().s3)

