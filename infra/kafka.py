@@ -160,7 +160,7 @@ class Kafka(Service):
 
     def ready(self) -> bool:
         """A topic can be created and a message produced and read back."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaError, Message, TopicPartition
 
         from loraplane.kernel import topics
 
@@ -168,10 +168,14 @@ class Kafka(Service):
         topics.apply(self.settings, only=(probe,), timeout=10)
         name = topics.topic_name(self.settings, probe.suffix)
         token = uuid.uuid4().bytes
-        offsets: list[int] = []
+        offsets: list[int] = []  # the probe's, or -1 when it was not delivered
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            offset = None if err else msg.offset()
+            offsets.append(-1 if offset is None else offset)
+
         producer = kafka.producer(self.settings, quiet=True)
-        producer.produce(name, token, partition=0,
-                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+        producer.produce(name, token, partition=0, on_delivery=delivered)
         producer.flush(10)
         if not offsets or offsets[0] < 0:
             return False

@@ -137,9 +137,19 @@ class VllmErrorCode(StrEnum):
         return VllmFailure(f"vllm_{self.value}")
 
 
-VllmFailure = StrEnum("VllmFailure", {f"vllm_{c.value}": f"vllm_{c.value}" for c in VllmErrorCode})
-VllmFailure.__doc__ = "A vLLM failure as a cache-event reason: ``vllm_`` + its VllmErrorCode."
-VllmFailure.__module__ = __name__
+class VllmFailure(StrEnum):
+    """A vLLM failure as a cache-event reason: ``vllm_`` + its VllmErrorCode (written out so
+    type checkers and the JSON Schema see the members; a unit test keeps the two in step)."""
+
+    vllm_already_loaded = "vllm_already_loaded"
+    vllm_bad_request = "vllm_bad_request"
+    vllm_not_found = "vllm_not_found"
+    vllm_rank_too_large = "vllm_rank_too_large"
+    vllm_server_error = "vllm_server_error"
+    vllm_unexpected_status = "vllm_unexpected_status"
+    vllm_timeout = "vllm_timeout"
+    vllm_unreachable = "vllm_unreachable"
+    vllm_bad_response = "vllm_bad_response"
 
 
 class UnloadReason(StrEnum):

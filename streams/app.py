@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import faust
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
+from loraplane.schemas.reasons import DeadLetterReason
 from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel.config import get_settings
@@ -52,7 +53,7 @@ def raw_topic(suffix: str) -> faust.TopicT:
                      value_serializer="raw")
 
 
-def dead_letter_of(message: faust.types.Message, component: str, reason: str,
+def dead_letter_of(message: faust.types.Message, component: str, reason: DeadLetterReason,
                    detail: str) -> DeadLetter:
     """The dead letter of a message an agent consumed from a ``raw_topic`` (its key and value
     are the bytes on the wire); the same record on every replay (``dead_letter_at``)."""

@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import faust
 from loraplane.schemas.audit import AuditRecord
@@ -58,7 +58,7 @@ from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-COMPONENT = "planner"
+COMPONENT: Literal["planner"] = "planner"
 settings = get_settings()
 
 
@@ -205,7 +205,8 @@ def plan_now(inputs: _Inputs, scores: ScoreStore, memory: dict[str, WorkerMemory
 
 @app.task
 async def planner_loop() -> None:
-    await app.tables.recovery.completed.wait()
+    # faust's TableManagerT type omits `recovery`, which its TableManager has
+    await app.tables.recovery.completed.wait()  # type: ignore[attr-defined]
     await score_store.ready.wait()
     inputs = _Inputs()
     for mem in inputs.memory.of(list(planner_memory.items())).values():

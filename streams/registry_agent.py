@@ -22,8 +22,9 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import ConsumerFault
+from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.streams.app import app, dead_letter_of, raw_topic
-from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, evaluate
+from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, evaluate
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec

@@ -79,12 +79,12 @@ def restore(settings: Settings) -> dict[str, ScoreState]:
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(f"reading {topic}: {err}")
                     pending.discard(msg.partition())
-                elif msg.value() is None:
-                    states.pop(msg.key().decode(), None)
+                elif (value := msg.value()) is None:
+                    states.pop((msg.key() or b"").decode(), None)
                 else:
                     try:
-                        states[msg.key().decode()] = from_snapshot(
-                            decode(ScoreSnapshot, msg.value()))
+                        states[(msg.key() or b"").decode()] = from_snapshot(
+                            decode(ScoreSnapshot, value))
                     except (SchemaError, UnicodeDecodeError) as exc:
                         log.error("scores %s@%s unreadable, skipped: %s", msg.partition(),
                                   msg.offset(), exc)
@@ -97,7 +97,8 @@ class ScoreKeeper:
     """The consume -> fold -> transact loop. ``run`` blocks (a thread) until ``stop``."""
 
     def __init__(self, settings: Settings, store: ScoreStore,
-                 on_burst: Callable[[list[str]], None], on_ready: Callable[[], None]) -> None:
+                 on_burst: Callable[[list[str]], object],
+                 on_ready: Callable[[], object]) -> None:
         self.settings = settings
         self.store = store
         self.on_burst = on_burst

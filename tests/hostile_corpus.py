@@ -19,11 +19,11 @@ from typing import Any
 
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest, ManifestFile
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from safetensors.numpy import load_file, save_file
 
 from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.model_shape import ModelShape
-from loraplane.artifact.refusal import Reason
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,

@@ -30,9 +30,10 @@ from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
 from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from pydantic import ValidationError
 
-from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
 from loraplane.kernel.config import S3Settings
 

@@ -40,11 +40,12 @@ from typing import Protocol
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import FetchedArtifact
 from pydantic import ValidationError
 
 from loraplane.artifact.directory import DirectoryArtifact
-from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import WorkerLimits, verify_artifact
 
 log = logging.getLogger("loraplane.host_tier")

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loraplane.artifact.refusal import Reason, Refusal
+from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, FileFacts
 from loraplane.schemas.manifest import InertKind
+from loraplane.schemas.reasons import ArtifactReason as Reason
 
 INERT_FILES: dict[str, InertKind] = {"README.md": InertKind.model_card}
 MAX_INERT_BYTES = 1024 * 1024  # a model card is a few KiB; more is not a model card

@@ -37,9 +37,10 @@ from pydantic import ValidationError
 from loraplane.artifact.base_model import base_model_matches, mismatch_detail
 from loraplane.artifact.lora_config import LoraConfig, parse_lora_config
 from loraplane.artifact.model_shape import LinearShape, ModelShape
-from loraplane.artifact.refusal import Reason, Refusal
+from loraplane.artifact.refusal import Refusal
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.reasons import ArtifactReason as Reason
 
 MANIFEST_NAME = "manifest.json"
 CONFIG_NAME = "adapter_config.json"

@@ -37,11 +37,12 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.artifact.directory import DirectoryArtifact
         from loraplane.artifact.model_shape import ModelShape
-        from loraplane.artifact.refusal import ArtifactError, Reason, Refusal
+        from loraplane.artifact.refusal import ArtifactError, Refusal
         from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
         from loraplane.artifact_publish import prepare
         from loraplane.kernel.config import get_settings
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
+        from loraplane.schemas.reasons import ArtifactReason as Reason
         from loraplane.workers.artifact_fetch import ArtifactFetcher
 
         record = None

@@ -57,6 +57,15 @@ class Record:
     timestamp_ms: int
 
 
+Headers = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None
+
+
+def _headers(raw: Headers) -> dict[str, bytes]:
+    """A consumed message's headers as bytes (a header without a value reads as empty)."""
+    pairs = raw.items() if isinstance(raw, dict) else raw or []
+    return {k: v.encode() if isinstance(v, str) else v or b"" for k, v in pairs}
+
+
 def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
                idle_s: float = 1.5, group: str | None = None) -> Iterator[Record]:
     """Read a topic from the beginning until it has been idle for ``idle_s`` (or timeout).
@@ -76,12 +85,12 @@ def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
                 if time.monotonic() - last > idle_s and consumer.assignment():
                     return
                 continue
-            if msg.error():
-                if msg.error().code() == -191:  # _PARTITION_EOF
+            if (err := msg.error()) is not None:
+                if err.code() == -191:  # _PARTITION_EOF
                     continue
-                raise KafkaException(msg.error())
+                raise KafkaException(err)
             last = time.monotonic()
-            yield Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                         {k: v for k, v in (msg.headers() or [])}, msg.timestamp()[1])
+            yield Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0,
+                         msg.key(), msg.value(), _headers(msg.headers()), msg.timestamp()[1])
     finally:
         consumer.close()

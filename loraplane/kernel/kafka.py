@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
-ConfigValue = str | int | bool
+ConfigValue = str | int | float | bool  # confluent-kafka's own value type
 Config = dict[str, ConfigValue]
 
 CLIENT_ID = "loraplane"

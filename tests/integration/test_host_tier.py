@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
 from loraplane.workers.host_tier import HostTier, TierEntry
 
 from loraplane.artifact.model_shape import ModelShape
-from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel.config import S3Settings, Settings

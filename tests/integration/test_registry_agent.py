@@ -18,7 +18,7 @@ from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.streams.lifecycle import Reason
+from loraplane.schemas.reasons import RegistryRejection as Reason
 
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import load_registry

@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from hypothesis import given
 from hypothesis import strategies as st
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import (
     ArtifactFetcher,
     FetchPolicy,
@@ -21,7 +22,7 @@ from loraplane.workers.artifact_fetch import (
     check_allowed,
 )
 
-from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.config import S3Settings
 
 ALLOWED = ["s3://loraplane-artifacts/", "s3://shared/tenants/acme"]

@@ -25,6 +25,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibilit
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
@@ -38,7 +39,7 @@ from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient
 
-from loraplane.artifact.refusal import ArtifactError, Reason
+from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
 from loraplane.tiny_model import build_adapter
 

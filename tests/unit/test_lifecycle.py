@@ -12,7 +12,8 @@ from loraplane.schemas.adapter import AdapterStatus
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
-from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Reason, Rejected, evaluate
+from loraplane.schemas.reasons import RegistryRejection as Reason
+from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Rejected, evaluate
 
 from tests.lifecycle_kit import Kit, make_kit, record
 

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from loraplane.schemas.adapter import Priority
 from loraplane.schemas.manifest import InertKind, Manifest, ManifestFile
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from typer.testing import CliRunner
 
 from loraplane.artifact.directory import DirectoryArtifact
@@ -31,7 +32,6 @@ from loraplane.artifact.lora_config import (
     parse_lora_config,
 )
 from loraplane.artifact.model_shape import ModelShape
-from loraplane.artifact.refusal import Reason
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,

@@ -11,9 +11,9 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
+from loraplane.schemas.reasons import ArtifactReason as Reason
 
 from loraplane.artifact.directory import DirectoryArtifact
-from loraplane.artifact.refusal import Reason
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
