@@ -2,37 +2,37 @@
 and the cache commands that get it there. Pure: no I/O, ``now`` is epoch seconds, so the
 policy simulator runs it with simulated time.
 
-Rules, per base model, in the order they are applied:
+Rules, per base model, in the order they are applied (``_RULES``: one function each, called
+in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
 
-0. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
+1. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
    never-evict versions stay protected, the best-ranked ones; the others are treated as
    unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
    cannot hold every slot while hot ones fall back to the base model.
-   Pinned GPU copies of versions no longer protected (over the cap, or not protected by any
-   condition, not serving, revoked) are unpinned first: a worker refuses to unload a pinned
-   copy, so the unpin must precede any demote or evict of it in the same tick.
-1. revoke: every copy of a revoked version is evicted now, on every worker, outside budgets.
-2. not serving: GPU copies of versions that are neither active nor canary are demoted.
-3. demote: GPU copies whose facts meet a ``policy.demote_when`` condition are demoted
-   (a scheduled peak or a canary counts as expected demand, so they are not "idle").
+2. unpin: pinned GPU copies of versions no longer protected (over the cap, or not protected
+   by any condition, not serving, revoked) are unpinned first: a worker refuses to unload a
+   pinned copy, so the unpin must precede any demote or evict of it in the same tick.
+3. retire: every copy of a revoked version is evicted now, on every worker, outside budgets;
+   GPU copies of versions that are neither active nor canary, or whose facts meet a
+   ``policy.demote_when`` condition (a scheduled peak or a canary counts as expected
+   demand, so they are not "idle"), are demoted. One pass per worker in name order.
 4. hot set: wanted versions (never-evict ones, canaries, and any not meeting a demote
    condition) ranked by hot score, never-evict and canary versions first; a version already
    on GPU ranks with ``policy.hysteresis_margin`` added, so a challenger must beat it by
    the margin (no swapping back and forth). The first ``gpu_slots_per_base_model`` form the
-   hot set; a version in it stays where it is (no needless moves).
+   hot set; a version in it stays where it is (no needless moves). Canaries are wanted from
+   the moment they appear, so they are loaded before traffic reaches them.
 5. load: hot versions not on any GPU are loaded in rank order on the worker with the most
    free slots, at most ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s
    (sliding); the rest wait for a later tick. A worker above ``hbm_low_watermark`` gets no
    loads. When no slot is free, the lowest-ranked resident outside the hot set is demoted
-   to make room ("slot_needed"); never a never-evict one.
+   to make room ("slot_needed"); never a never-evict one. A canary's ``load_gpu`` asks for
+   ``request_budgets.canary.warmup_requests`` shadow/golden-set requests.
 6. pin: never-evict versions on GPU are pinned (a minimum hot copy).
 7. HBM: a worker above the watermark demotes its lowest-ranked evictable resident.
-8. host tier: wanted versions on no worker at all are prewarmed to the host tier (most free
-   host bytes first) within ``host_slots_per_base_model`` and each worker's byte budget;
-   host copies over either limit are evicted lowest rank first.
-9. canary: canary versions are wanted from the moment they appear, so they are prewarmed
-   on a GPU before traffic reaches them; their ``load_gpu`` asks for
-   ``request_budgets.canary.warmup_requests`` shadow/golden-set requests.
+8. host prewarm: wanted versions on no worker at all are prewarmed to the host tier (most
+   free host bytes first) within ``host_slots_per_base_model`` and each worker's budget.
+9. host pressure: host copies over either limit are evicted lowest rank first.
 
 Commands issued but not yet visible in a worker's state are remembered (``WorkerMemory``)
 and applied on top of that state, so nothing is issued twice; they are forgotten once the
@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -64,23 +65,14 @@ from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.reasons import CommandRule, WaitReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.streams.planner_columns import BaseRows, Categories, Columns, Registry, Scores
-from loraplane.streams.scores import (
-    MIN_ERROR_SAMPLES,
-    TAU_10M_S,
-    ScoreState,
-    decayed_at,
-    hot_scores_of,
-)
+from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
+from loraplane.streams.planner_columns import BaseRows, Columns, Registry
+from loraplane.streams.scores import ScoreState
 
 from loraplane.kernel.command_effects import Copy, effect, shows
-from loraplane.kernel.policy import Clause, Condition, Policy
+from loraplane.kernel.policy import Policy
 
 LOAD_WINDOW_S = 60.0
-_COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
-    "==": np.equal, "!=": np.not_equal, ">": np.greater, ">=": np.greater_equal,
-    "<": np.less, "<=": np.less_equal}
-"""``Clause.op`` as numpy comparisons, for a numeric fact against a numeric literal."""
 
 
 @dataclass(frozen=True)
@@ -122,24 +114,24 @@ class Plan:
     scores: Mapping[str, float]  # lora_name -> hot score, for audit
 
 
-class _Lazy(Mapping):
+class _Lazy(Mapping[str, Any]):
     """A dict built on first read. ``Plan.gpu``, ``host`` and ``scores`` hold 100k entries
     at scale, and the planner agent reads none of them (the simulator and audits do): a
     tick spent ~40 ms building them."""
 
-    def __init__(self, build: Callable[[], dict]) -> None:
-        self._build: Callable[[], dict] | None = build
-        self._dict: dict = {}
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self._build: Callable[[], dict[str, Any]] | None = build
+        self._dict: dict[str, Any] = {}
 
-    def _get(self) -> dict:
+    def _get(self) -> dict[str, Any]:
         if self._build is not None:
             self._dict, self._build = self._build(), None
         return self._dict
 
-    def __getitem__(self, key: object) -> object:
+    def __getitem__(self, key: str) -> Any:
         return self._get()[key]
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[str]:
         return iter(self._get())
 
     def __len__(self) -> int:
@@ -152,202 +144,6 @@ class _Lazy(Mapping):
 
     def __repr__(self) -> str:
         return repr(self._get())
-
-
-Rank = tuple[int, float, str]
-"""Sort key of a candidate: smaller ranks higher."""
-
-
-class _Candidates:
-    """Every serving version (active or canary) as columns, one row each: the registry can
-    hold 100k of them and a tick looks at few beyond the hot set and the residents, so
-    scores and conditions are computed column-wise (numpy) and nothing is built per row.
-    The time-independent columns come from ``streams.planner_columns``, kept between
-    ticks; this tick's decays, scores and conditions are computed here.
-
-    Python lists serve per-row reads, numpy arrays the column-wise ones; ``unprotect`` is
-    the one change after construction and keeps both in step."""
-
-    def __init__(self, registry: Registry, scores: Scores, scheduled: Mapping[str, float],
-                 policy: Policy, now: float, never_evict: tuple[Condition, ...],
-                 demote: tuple[Condition, ...]) -> None:
-        n = len(registry.lora)
-        self.registry, self.columns = registry, scores
-        self.record = registry.record
-        self.lora = registry.lora
-        self.now = now
-        self.scheduled = registry.scheduled(scheduled)
-        self.canary = registry.canary
-        self.score_np = hot_scores_of(
-            scores.inputs, registry.priorities.lookup(policy.tenant_priority_values, 0.0),
-            self.scheduled, policy, now, policy.weights)
-        self.score = self.score_np.tolist()
-        self.never_evict, self.demote = never_evict, demote
-        self.protected_by = _first_holding(never_evict, self._fact, n)
-        self.demoted_by = _first_holding(demote, self._fact, n)
-        self.protected_np = self.protected_by >= 0
-        self.first_np = self.protected_np | self.canary
-        self.demoted_np = (self.demoted_by >= 0) & ~self.protected_np
-        self.protected = self.protected_np.tolist()
-        self.first = self.first_np.tolist()
-        self.demoted = self.demoted_np.tolist()
-        self.over_capacity: dict[int, str] = {}  # row -> why it lost its protection
-
-    def _fact(self, fact: str, rows: np.ndarray) -> np.ndarray | Categories:
-        """The values of one condition fact for ``rows``: a float column (NaN = unknown) or
-        a ``Categories`` column. Facts a condition does not read are never computed."""
-        now, c = self.now, self.columns
-        match fact:
-            case "status":
-                return self.registry.status.take(rows)
-            case "tenant_priority":
-                return self.registry.priorities.take(rows)
-            case "canary_percent":  # read rarely (after a canary status clause): per tick
-                return np.fromiter((self.record[i].release.canary_percent
-                                    for i in rows.tolist()), float, len(rows))
-            case "no_request_for_minutes":
-                # A scheduled peak or a canary counts as expected demand: never idle.
-                idle = np.maximum(0.0, now - c.last[rows]) / 60.0
-                idle[~np.isfinite(idle)] = 1e18  # never requested
-                idle[(self.scheduled[rows] > 0) | self.canary[rows]] = 0.0
-                return idle
-            case "error_rate_after_load":
-                served = decayed_at(c.served_value[rows], c.served_at[rows], TAU_10M_S, now)
-                known = served >= MIN_ERROR_SAMPLES
-                rates = np.full(len(rows), np.nan)
-                rates[known] = decayed_at(c.errors_value[rows[known]], c.errors_at[rows[known]],
-                                          TAU_10M_S, now) / served[known]
-                return rates
-            case "request_class":
-                states = c.state
-                return Categories.of(states[i].dominant_class(now) for i in rows.tolist())
-        raise ValueError(f"unknown fact {fact!r}")
-
-    def rank(self, i: int, resident: bool, margin: float) -> Rank:
-        """Never-evict and canary versions first, then by score (a resident's raised by the
-        hysteresis margin), then by name."""
-        return (0 if self.first[i] else 1, -(self.score[i] + (margin if resident else 0.0)),
-                self.lora[i])
-
-    def detail(self, i: int) -> str:
-        """Why the row is wanted, for the command's reason."""
-        which = int(self.protected_by[i])
-        text = (f"never_evict: {self.never_evict[which].text}" if which >= 0
-                else "scheduled warm-up" if self.scheduled[i] > 0
-                else "canary prewarm" if self.canary[i] else "")
-        note = self.over_capacity.get(i)
-        return text if note is None else f"{text}; {note}"
-
-    def demote_rule(self, i: int) -> str:
-        return self.demote[int(self.demoted_by[i])].text
-
-    def unprotect(self, i: int, note: str) -> None:
-        """Over the protected cap: ranked by score, demotable, unpinned."""
-        self.protected[i] = self.first[i] = False
-        self.protected_np[i] = self.first_np[i] = False
-        self.demoted[i] = self.demoted_np[i] = bool(self.demoted_by[i] >= 0)
-        self.over_capacity[i] = note
-
-
-def _holds(clause: Clause, values: np.ndarray | Categories) -> np.ndarray:
-    """``clause.holds`` for each value of a fact column. A numeric fact against a number is
-    one numpy comparison; anything else is decided by ``Clause.holds`` itself once per
-    distinct value (statuses, priorities, classes: a handful)."""
-    if isinstance(values, np.ndarray):
-        if values.dtype != object and not isinstance(clause.value, str):
-            return ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
-        values = Categories.of(None if isinstance(v, float) and math.isnan(v) else v
-                               for v in values.tolist())
-    holds = np.fromiter((clause.holds({clause.fact: v}) for v in values.values), bool,
-                        len(values.values))
-    return holds[values.codes]
-
-
-def _first_holding(conditions: tuple[Condition, ...],
-                   fact: Callable[[str, np.ndarray], np.ndarray | Categories],
-                   n: int) -> np.ndarray:
-    """For each of ``n`` rows the index of the first condition that holds, -1 where none.
-    A clause is evaluated only on the rows where the clauses before it hold, and a
-    condition only on the rows no earlier condition decided."""
-    which = np.full(n, -1)
-    undecided = np.arange(n)
-    for k, condition in enumerate(conditions):
-        rows = undecided
-        for clause in condition.clauses:
-            if not rows.size:
-                break
-            rows = rows[_holds(clause, fact(clause.fact, rows))]
-        which[rows] = k
-        undecided = undecided[which[undecided] < 0]
-    return which
-
-
-@dataclass(frozen=True)
-class _BaseCandidates:
-    """The candidates of one base model: ``index`` maps a name to its row in ``table``."""
-
-    table: _Candidates
-    index: dict[str, int]
-    rows: np.ndarray  # index.values()
-
-
-class _Ranking:
-    """The rows of wanted versions in rank order, sorted lazily: a tick reads the hot set
-    and the top of the host tier, rarely the whole ranking, so only a prefix (doubled as
-    needed) is selected with ``np.partition`` and sorted. Iterating twice reuses it."""
-
-    def __init__(self, table: _Candidates, rows: np.ndarray, resident: np.ndarray,
-                 margin: float, expected: int = 0) -> None:
-        """``expected``: how many rows the caller will read at least (the hot set)."""
-        self.table = table
-        self.expected = expected
-        key = -(table.score_np[rows] + margin * resident)
-        first = table.first_np[rows]
-        # Never-evict and canary versions rank first: two groups, each by (key, name).
-        self.groups = [(rows[first], key[first]), (rows[~first], key[~first])]
-        self.rows = rows  # unordered
-        self.size = len(rows)
-        self.order: list[int] = []
-
-    def top(self, k: int) -> list[int]:
-        """The first ``k`` rows in rank order (fewer when fewer are wanted)."""
-        while len(self.order) < k and self._extend():
-            pass
-        return self.order[:k]
-
-    def __iter__(self) -> Iterator[int]:
-        n = 0
-        while n < len(self.order) or self._extend():
-            yield self.order[n]
-            n += 1
-
-    def _extend(self) -> bool:
-        if len(self.order) == self.size:
-            return False
-        m = max(64, self.expected + 1, 2 * len(self.order))
-        order: list[int] = []
-        for rows, key in self.groups:
-            if len(order) >= m:
-                break
-            order += self._top(rows, key, m - len(order))
-        self.order = order
-        return True
-
-    def _top(self, rows: np.ndarray, key: np.ndarray, m: int) -> list[int]:
-        """The ``m`` best of ``rows`` by (key, name), in order."""
-        if m < len(rows):
-            kth = np.partition(key, m - 1)[m - 1]
-            keep = key <= kth  # every tie at the m-th key: the names decide among them
-            rows, key = rows[keep], key[keep]
-        by_key = np.argsort(key, kind="stable")
-        rows, key = rows[by_key], key[by_key]
-        out = rows.tolist()
-        tied = np.diff(np.concatenate(([0], (key[1:] == key[:-1]).astype(np.int8), [0])))
-        lora = self.table.lora
-        for start, end in zip(np.flatnonzero(tied == 1).tolist(),
-                              np.flatnonzero(tied == -1).tolist(), strict=True):
-            out[start:end + 1] = sorted(out[start:end + 1], key=lora.__getitem__)
-        return out[:m]
 
 
 @dataclass
@@ -452,10 +248,12 @@ def _apply(w: _Worker, action: CommandAction, lora: str, size: int) -> None:
         host.add(lora)
     else:
         host.discard(lora)
+    pinned_host = w.host_pinned
+    assert isinstance(pinned_host, set)  # own() made it mutable
     if after.tier == "host" and after.pinned:
-        w.host_pinned.add(lora)
+        pinned_host.add(lora)
     else:
-        w.host_pinned.discard(lora)
+        pinned_host.discard(lora)
     if before.present != after.present:
         w.host_bytes = w.host_bytes + size if after.present else max(0, w.host_bytes - size)
 
@@ -492,7 +290,7 @@ class _Planner:
                                     detail=detail[:512]),
             "issued_at": self.issued_at, "deadline": self.deadline, "warmup_requests": warmup}
         if self.validated is None:
-            cmd = self.validated = CacheCommand(**fields)
+            cmd = self.validated = CacheCommand.model_validate(fields)
         else:
             cmd = self.validated.model_copy(update=fields)
         w.pending.append(cmd)
@@ -520,9 +318,8 @@ class Planner:
         (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``."""
         memory = memory or {}
         registry, columns = self._columns.update(views, scores)
-        records, revoked = registry.records, registry.revoked
-        table = _Candidates(registry, columns, scheduled or {}, policy, now, policy.never_evict,
-                            policy.demote)
+        records = registry.records
+        table = Candidates(registry, columns, scheduled or {}, policy, now)
         fleet: dict[str, list[_Worker]] = defaultdict(list)
         states = sorted(workers, key=lambda s: s.worker_id)
         self._tiers = {s.worker_id: self._tiers[s.worker_id]
@@ -536,8 +333,7 @@ class Planner:
         p = _Planner(policy, now)
         no_rows = BaseRows({}, np.zeros(0, np.intp))
         for base in sorted(set(registry.bases) | set(fleet)):
-            rows = registry.bases.get(base, no_rows)
-            _plan_base(p, _BaseCandidates(table, rows.index, rows.rows), records, revoked,
+            _plan_base(p, table, registry.bases.get(base, no_rows), registry,
                        fleet.get(base, []))
 
         workers_out = [w for ws in fleet.values() for w in ws]
@@ -546,7 +342,7 @@ class Planner:
                     _Lazy(lambda: _placement(workers_out, "host")), p.commands, p.waiting,
                     new_memory,
                     _Lazy(lambda: dict(zip(registry.ranked_names,
-                                           table.score_np[registry.ranked_rows].tolist(),
+                                           table.score[registry.ranked_rows].tolist(),
                                            strict=True))))
 
 
@@ -567,136 +363,42 @@ def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
     return Planner().tick(views, scores, workers, policy, now, memory, scheduled)
 
 
-def _plan_base(p: _Planner, cands: _BaseCandidates, records: Mapping[str, AdapterRecord],
-               revoked: set[str], workers: list[_Worker]) -> None:
-    """Rules 0-9 for one base model; ``revoked`` names the revoked versions."""
-    policy = p.policy
-    margin = policy.hysteresis_margin
-    t, index = cands.table, cands.index
-    capacity = sum(max(0, w.state.gpu_slots_total) for w in workers)
-    k = min(policy.gpu_slots_per_base_model, capacity)
-    resident_names: set[str] = set().union(*(w.gpu for w in workers))
-    _cap_protected(cands, resident_names, k, policy)
+@dataclass
+class _BaseTick:
+    """What the rules share while planning one base model in one tick: the inputs, and what
+    earlier rules leave for later ones (the hot set from rule 4 on, the host-only names from
+    rule 8 on). Rules mutate the workers (through ``planner.issue``) and the table (the
+    protected cap), never the inputs."""
 
-    # 0: unpin what is no longer protected before anything may unload it.
-    for w in workers:
-        for lora in sorted(lora for lora, pinned in w.gpu.items() if pinned):
-            i = index.get(lora)
-            if (i is not None and t.protected[i]) or lora not in records:
-                continue
-            if i is not None and i in t.over_capacity:
-                p.issue(w, CommandAction.unpin, t.record[i], lora,
-                        CommandRule.protected_over_capacity, t.score[i], t.detail(i))
-            else:
-                p.issue(w, CommandAction.unpin, records[lora], lora,
-                        CommandRule.no_longer_protected, t.score[i] if i is not None else None)
+    planner: _Planner
+    table: Candidates
+    index: dict[str, int]  # lora_name -> row in ``table``, for this base model's versions
+    rows: np.ndarray  # index.values()
+    records: Mapping[str, AdapterRecord]  # every version of the registry by lora_name
+    revoked: set[str]
+    workers: list[_Worker]
+    slots: int = field(init=False)  # the hot set's size
+    resident: set[str] = field(init=False)  # names on some GPU as the tick starts
+    by_id: dict[str, _Worker] = field(init=False)
+    on_gpu: dict[str, list[_Worker]] = field(init=False)  # rule 4 on: name -> GPU holders
+    wanted: Ranking = field(init=False)  # rule 4 on: wanted versions in rank order
+    hot: list[int] = field(init=False)  # rule 4 on: the hot set's rows, in rank order
+    hot_names: set[str] = field(init=False)
+    host_only: set[str] = field(init=False)  # rule 8 on: names held host-only somewhere
 
-    # 1-3: revoked everywhere; not-serving and demote-condition residents off the GPU. Only
-    # the residents these rules act on are visited (in name order, as if all were), found
-    # column-wise: each resident name is looked up once.
-    names = list(resident_names)
-    name_rows = np.fromiter(map(index.get, names, repeat(-1)), np.intp, len(names))
-    known = np.flatnonzero(name_rows >= 0)
-    acting_names = (resident_names & revoked) | {
-        names[j] for j in np.flatnonzero(name_rows < 0).tolist() if names[j] in records} | {
-        names[j] for j in known[t.demoted_np[name_rows[known]]].tolist()}
-    for w in workers:
-        acting = (w.host & revoked) | (w.gpu.keys() & acting_names)
-        for lora in sorted(acting):
-            r = records[lora]
-            i = index.get(lora)
-            if lora in revoked:
-                p.issue(w, CommandAction.evict, r, lora, CommandRule.revoke, None,
-                        "version revoked")
-            elif lora in w.gpu and i is None:
-                p.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.not_serving, None,
-                        f"status {r.status.value}")
-            elif lora in w.gpu and i is not None and t.demoted[i]:
-                p.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.demote, t.score[i],
-                        f"demote_when: {t.demote_rule(i)}")
+    def __post_init__(self) -> None:
+        capacity = sum(max(0, w.state.gpu_slots_total) for w in self.workers)
+        self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
+        self.resident = set().union(*(w.gpu for w in self.workers))
+        self.by_id = {w.id: w for w in self.workers}
 
-    on_gpu: dict[str, list[_Worker]] = defaultdict(list)
-    for w in workers:
-        for lora in w.gpu:
-            on_gpu[lora].append(w)
-    rows = cands.rows
-    wanted_rows = rows[~t.demoted_np[rows]]
-    on_rows = np.fromiter(map(index.get, on_gpu, repeat(-1)), np.intp, len(on_gpu))
-    resident = np.isin(wanted_rows, on_rows[on_rows >= 0])
-    wanted = _Ranking(t, wanted_rows, resident, margin, k)
-    hot = wanted.top(k)
-    hot_names = set(map(t.lora.__getitem__, hot))
+    @property
+    def policy(self) -> Policy:
+        return self.planner.policy
 
-    # Residents outside the hot set that may give up their slot: lowest rank first (a heap
-    # of distinct keys: the order it is built in does not matter).
-    displaceable: list[tuple[Rank, str, str]] = [
-        (_worst_first(t.rank(i, True, margin)), lora, w.id)
-        for lora in on_gpu.keys() - hot_names
-        if (i := index.get(lora)) is not None and not t.protected[i]
-        for w in on_gpu[lora]]
-    heapq.heapify(displaceable)
-    by_id = {w.id: w for w in workers}
-    in_use = len(on_gpu)
-
-    # 5: loads in rank order.
-    free_heap = [(-w.free_slots(), w.id) for w in workers]
-    heapq.heapify(free_heap)
-    free_somewhere: bool | None = None  # any worker with a free slot, until the next command
-    missing = hot_names - on_gpu.keys()  # loading one adds only itself to on_gpu
-    for i in hot if missing else ():
-        lora = t.lora[i]
-        if lora not in missing:
-            continue
-        target = _worker_with_free_slot(free_heap, by_id, policy) if in_use < k else None
-        rule = CommandRule.hot_score
-        if target is None:
-            victim = _pop_victim(displaceable, by_id, policy)
-            if victim is None:
-                # No victim left means ``displaceable`` is empty: only free slots can block.
-                if free_somewhere is None:
-                    free_somewhere = any(w.free_slots() > 0 for w in workers)
-                p.waiting.append(Waiting(lora, t.score[i], WaitReason.cold_load_budget
-                                         if free_somewhere else WaitReason.no_gpu_slot))
-                continue
-            victim_lora, target = victim
-            v = index[victim_lora]
-            p.issue(target, CommandAction.demote_to_host, t.record[v], victim_lora,
-                    CommandRule.slot_needed, t.score[v],
-                    f"for {lora} scoring {t.score[i]:.4f} (> {t.score[v]:.4f} + margin {margin})")
-            in_use -= 1
-            rule = CommandRule.hot_score_displace
-        warmup = (policy.request_budgets.canary.warmup_requests
-                  if t.record[i].status is AdapterStatus.canary else 0)
-        p.issue(target, CommandAction.load_gpu, t.record[i], lora, rule, t.score[i],
-                t.detail(i), warmup)
-        free_somewhere = None
-        in_use += 1
-        on_gpu[lora].append(target)
-        heapq.heappush(free_heap, (-target.free_slots(), target.id))
-
-    # 6: a pinned minimum hot copy for never-evict versions (unpins came first, in 0).
-    protected_names = set(map(t.lora.__getitem__, cands.rows[t.protected_np[cands.rows]].tolist()))
-    for w in workers:
-        for lora in sorted(lora for lora in w.gpu.keys() & protected_names if not w.gpu[lora]):
-            i = index[lora]
-            p.issue(w, CommandAction.pin, t.record[i], lora, CommandRule.never_evict, t.score[i],
-                    t.detail(i))
-
-    # 7: HBM above the low watermark: give back the lowest-ranked evictable resident.
-    for w in workers:
-        if not w.above_watermark(policy) or any(
-                c.action in (CommandAction.demote_to_host, CommandAction.evict)
-                for c in w.pending):
-            continue  # wait for the pending unload to show in the worker's HBM usage
-        evictable = [i for lora in w.gpu
-                     if (i := index.get(lora)) is not None and not t.protected[i]]
-        if evictable:
-            worst = max(evictable, key=lambda i: t.rank(i, True, margin))
-            p.issue(w, CommandAction.demote_to_host, t.record[worst], t.lora[worst],
-                    CommandRule.hbm_watermark, t.score[worst],
-                    f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
-
-    _plan_host(p, cands, wanted, records, workers)
+    @property
+    def margin(self) -> float:
+        return self.planner.policy.hysteresis_margin
 
 
 def protected_cap(policy: Policy, slots: int) -> int:
@@ -706,23 +408,171 @@ def protected_cap(policy: Policy, slots: int) -> int:
     return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
 
 
-def _cap_protected(cands: _BaseCandidates, resident: set[str], slots: int,
-                   policy: Policy) -> None:
-    """Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
+def _cap_protected(t: _BaseTick) -> None:
+    """1. Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
     resident ranks with the hysteresis margin, so the protected set does not flap). They
     then compete by score, may be demoted or displaced, and are unpinned."""
-    t = cands.table
-    protected = cands.rows[t.protected_np[cands.rows]].tolist()
-    cap = protected_cap(policy, slots)
+    table, policy = t.table, t.policy
+    protected = t.rows[table.protected[t.rows]].tolist()
+    cap = protected_cap(policy, t.slots)
     if len(protected) <= cap:
         return
-    margin = policy.hysteresis_margin
-    protected.sort(key=lambda i: t.rank(i, t.lora[i] in resident, margin))
+    protected.sort(key=lambda i: table.rank(i, table.lora[i] in t.resident, t.margin))
     note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
-            f"max_protected_gpu_share {policy.max_protected_gpu_share} of {slots} GPU slots "
+            f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "
             f"allows ({cap}); ranked by score, not pinned")
     for i in protected[cap:]:
-        t.unprotect(i, note)
+        table.unprotect(i, note)
+
+
+def _unpin(t: _BaseTick) -> None:
+    """2. Unpin every pinned copy of a version no longer protected (over the cap, no
+    condition holding, not serving, revoked) before any rule may unload it: a worker
+    refuses to unload a pinned copy."""
+    table, issue = t.table, t.planner.issue
+    for w in t.workers:
+        for lora in sorted(lora for lora, pinned in w.gpu.items() if pinned):
+            i = t.index.get(lora)
+            if (i is not None and table.protected[i]) or lora not in t.records:
+                continue
+            if i is not None and i in table.over_capacity:
+                issue(w, CommandAction.unpin, table.record[i], lora,
+                      CommandRule.protected_over_capacity, table.score_of(i), table.detail(i))
+            else:
+                issue(w, CommandAction.unpin, t.records[lora], lora,
+                      CommandRule.no_longer_protected, table.score_of(i) if i is not None else None)
+
+
+def _leaving(t: _BaseTick) -> set[str]:
+    """The residents rule 3 acts on: revoked, not serving, or meeting a demote condition,
+    found column-wise (each resident name is looked up once)."""
+    names = list(t.resident)
+    name_rows = np.fromiter(map(t.index.get, names, repeat(-1)), np.intp, len(names))
+    known = np.flatnonzero(name_rows >= 0)
+    not_serving = {names[j] for j in np.flatnonzero(name_rows < 0).tolist()
+                   if names[j] in t.records}
+    demoted = {names[j] for j in known[t.table.demoted[name_rows[known]]].tolist()}
+    return (t.resident & t.revoked) | not_serving | demoted
+
+
+def _retire(t: _BaseTick) -> None:
+    """3. Every copy of a revoked version is evicted (on every worker, outside every
+    budget); GPU copies of versions not serving (``not_serving``) or meeting a demote
+    condition (``demote``) are demoted to the host. One pass per worker in name order."""
+    table, issue = t.table, t.planner.issue
+    leaving = _leaving(t)
+    for w in t.workers:
+        for lora in sorted((w.host & t.revoked) | (w.gpu.keys() & leaving)):
+            r = t.records[lora]
+            i = t.index.get(lora)
+            if lora in t.revoked:
+                issue(w, CommandAction.evict, r, lora, CommandRule.revoke, None, "version revoked")
+            elif lora in w.gpu and i is None:
+                issue(w, CommandAction.demote_to_host, r, lora, CommandRule.not_serving, None,
+                      f"status {r.status.value}")
+            elif lora in w.gpu and i is not None and table.demoted[i]:
+                issue(w, CommandAction.demote_to_host, r, lora, CommandRule.demote,
+                      table.score_of(i), f"demote_when: {table.demote_rule(i)}")
+
+
+def _rank_hot_set(t: _BaseTick) -> None:
+    """4. Rank the wanted versions (protected or meeting no demote condition; a resident
+    with the hysteresis margin): the first ``slots`` are the hot set."""
+    on_gpu: dict[str, list[_Worker]] = defaultdict(list)
+    for w in t.workers:
+        for lora in w.gpu:
+            on_gpu[lora].append(w)
+    wanted_rows = t.rows[~t.table.demoted[t.rows]]
+    on_rows = np.fromiter(map(t.index.get, on_gpu, repeat(-1)), np.intp, len(on_gpu))
+    resident = np.isin(wanted_rows, on_rows[on_rows >= 0])
+    t.on_gpu = on_gpu
+    t.wanted = Ranking(t.table, wanted_rows, resident, t.margin, t.slots)
+    t.hot = t.wanted.top(t.slots)
+    t.hot_names = set(map(t.table.lora.__getitem__, t.hot))
+
+
+def _load(t: _BaseTick) -> None:
+    """5. Hot-set versions on no GPU are loaded in rank order (``hot_score``), into a free
+    slot, else into the slot of the lowest-ranked resident outside the hot set
+    (``slot_needed`` then ``hot_score_displace``); else they wait."""
+    missing = t.hot_names - t.on_gpu.keys()  # loading one adds only itself to on_gpu
+    if not missing:
+        return
+    table, policy, slots = t.table, t.policy, _Slots.of(t)
+    for i in t.hot:
+        lora = table.lora[i]
+        if lora not in missing:
+            continue
+        target, rule = slots.free_worker(t), CommandRule.hot_score
+        if target is None:
+            target, rule = _displace_for(t, slots, i), CommandRule.hot_score_displace
+        if target is None:
+            t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t)))
+            continue
+        warmup = (policy.request_budgets.canary.warmup_requests
+                  if table.record[i].status is AdapterStatus.canary else 0)
+        t.planner.issue(target, CommandAction.load_gpu, table.record[i], lora, rule,
+                        table.score_of(i), table.detail(i), warmup)
+        slots.loaded(target)
+        t.on_gpu[lora].append(target)
+
+
+@dataclass
+class _Slots:
+    """Where rule 5 may put a load: workers by free GPU slots (a heap, most free first) and
+    the residents outside the hot set that may give up their slot (a heap of distinct keys,
+    lowest rank first: the order it is built in does not matter)."""
+
+    free: list[tuple[int, str]]  # (-free slots, worker id)
+    displaceable: list[tuple[Rank, str, str]]  # (worst-first rank, lora_name, worker id)
+    in_use: int  # versions on some GPU
+    free_somewhere: bool | None = None  # any worker with a free slot, until the next load
+
+    @classmethod
+    def of(cls, t: _BaseTick) -> _Slots:
+        table = t.table
+        displaceable = [(_worst_first(table.rank(i, True, t.margin)), lora, w.id)
+                        for lora in t.on_gpu.keys() - t.hot_names
+                        if (i := t.index.get(lora)) is not None and not table.protected[i]
+                        for w in t.on_gpu[lora]]
+        heapq.heapify(displaceable)
+        free = [(-w.free_slots(), w.id) for w in t.workers]
+        heapq.heapify(free)
+        return cls(free, displaceable, len(t.on_gpu))
+
+    def free_worker(self, t: _BaseTick) -> _Worker | None:
+        """The worker to load into a free slot, while the hot set has room on the GPUs."""
+        return _worker_with_free_slot(self.free, t.by_id, t.policy) \
+            if self.in_use < t.slots else None
+
+    def blocked(self, t: _BaseTick) -> WaitReason:
+        """Why a version waits. No victim left means ``displaceable`` is empty: only free
+        slots (out of budget or above the watermark) can block."""
+        if self.free_somewhere is None:
+            self.free_somewhere = any(w.free_slots() > 0 for w in t.workers)
+        return WaitReason.cold_load_budget if self.free_somewhere else WaitReason.no_gpu_slot
+
+    def loaded(self, w: _Worker) -> None:
+        self.free_somewhere = None
+        self.in_use += 1
+        heapq.heappush(self.free, (-w.free_slots(), w.id))
+
+
+def _displace_for(t: _BaseTick, slots: _Slots, i: int) -> _Worker | None:
+    """Demote the lowest-ranked displaceable resident for row ``i`` (``slot_needed``);
+    its worker, or None when none is left on a worker that may still load."""
+    victim = _pop_victim(slots.displaceable, t.by_id, t.policy)
+    if victim is None:
+        return None
+    victim_lora, target = victim
+    table, v = t.table, t.index[victim_lora]
+    score, victim_score = table.score_of(i), table.score_of(v)
+    t.planner.issue(target, CommandAction.demote_to_host, table.record[v], victim_lora,
+                    CommandRule.slot_needed, victim_score,
+                    f"for {table.lora[i]} scoring {score:.4f} "
+                    f"(> {victim_score:.4f} + margin {t.margin})")
+    slots.in_use -= 1
+    return target
 
 
 def _worst_first(rank: Rank) -> Rank:
@@ -747,7 +597,7 @@ def _worker_with_free_slot(free_heap: list[tuple[int, str]], by_id: Mapping[str,
     return None
 
 
-def _pop_victim(displaceable: list, by_id: Mapping[str, _Worker],
+def _pop_victim(displaceable: list[tuple[Rank, str, str]], by_id: Mapping[str, _Worker],
                 policy: Policy) -> tuple[str, _Worker] | None:
     """The lowest-ranked displaceable resident on a worker that may still load."""
     while displaceable:
@@ -758,70 +608,122 @@ def _pop_victim(displaceable: list, by_id: Mapping[str, _Worker],
     return None
 
 
-def _plan_host(p: _Planner, cands: _BaseCandidates, wanted: _Ranking,
-               records: Mapping[str, AdapterRecord], workers: list[_Worker]) -> None:
-    """Host tier: prewarm wanted versions found nowhere; evict host copies over limits."""
-    policy = p.policy
-    margin = policy.hysteresis_margin
-    t, index = cands.table, cands.index
-    host_only: set[str] = set().union(*(w.host for w in workers))
-    slots_left = policy.host_slots_per_base_model - len(host_only)
+def _pin(t: _BaseTick) -> None:
+    """6. Pin every unpinned GPU copy of a protected version (a minimum hot copy; the
+    unpins came first, in rule 2)."""
+    table = t.table
+    protected_names = set(map(table.lora.__getitem__, t.rows[table.protected[t.rows]].tolist()))
+    for w in t.workers:
+        for lora in sorted(lora for lora in w.gpu.keys() & protected_names if not w.gpu[lora]):
+            i = t.index[lora]
+            t.planner.issue(w, CommandAction.pin, table.record[i], lora, CommandRule.never_evict,
+                            table.score_of(i), table.detail(i))
+
+
+def _relieve_hbm(t: _BaseTick) -> None:
+    """7. A worker above the HBM low watermark demotes its lowest-ranked unprotected
+    resident, one per tick, and none while an unload is pending (it has yet to show in
+    the worker's HBM usage)."""
+    table, policy = t.table, t.policy
+    for w in t.workers:
+        if not w.above_watermark(policy) or any(
+                c.action in (CommandAction.demote_to_host, CommandAction.evict)
+                for c in w.pending):
+            continue
+        evictable = [i for lora in w.gpu
+                     if (i := t.index.get(lora)) is not None and not table.protected[i]]
+        if evictable:
+            worst = max(evictable, key=lambda i: table.rank(i, True, t.margin))
+            t.planner.issue(w, CommandAction.demote_to_host, table.record[worst],
+                            table.lora[worst], CommandRule.hbm_watermark, table.score_of(worst),
+                            f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
+
+
+def _prewarm_host(t: _BaseTick) -> None:
+    """8. Wanted versions on no worker at all are prewarmed in rank order on the worker with
+    the most free host bytes, within ``host_slots_per_base_model`` and its byte budget."""
+    table, workers = t.table, t.workers
+    t.host_only = host_only = set().union(*(w.host for w in workers))
+    slots_left = t.policy.host_slots_per_base_model - len(host_only)
     # Only a prewarm reads where versions are: a full host tier needs no such set.
     anywhere = host_only.union(*(w.gpu for w in workers)) if slots_left > 0 else host_only
     byte_heap = [(-(w.state.host_bytes_budget - w.host_bytes), w.id) for w in workers]
     heapq.heapify(byte_heap)
-    by_id = {w.id: w for w in workers}
-    ranked = iter(wanted)
+    ranked = iter(t.wanted)
     smallest: int | None = None  # size of the smallest wanted version, once one did not fit
     while slots_left > 0 and byte_heap and (i := next(ranked, None)) is not None:
-        lora = t.lora[i]
+        lora = table.lora[i]
         if lora in anywhere:
             continue
         neg_free, wid = byte_heap[0]
-        if -neg_free < t.record[i].size_bytes:
+        if -neg_free < table.record[i].size_bytes:
             # Does not fit the emptiest worker: skip, smaller ones may fit. When none is small
             # enough, stop (a fleet with full host tiers would walk the whole ranking).
             if smallest is None:
-                smallest = int(t.registry.size_bytes[wanted.rows].min())
+                smallest = int(table.registry.size_bytes[t.wanted.rows].min())
             if -neg_free < smallest:
                 break
             continue
-        w = by_id[wid]
-        p.issue(w, CommandAction.prewarm_host, t.record[i], lora, CommandRule.host_tier, t.score[i],
-                t.detail(i))
+        w = t.by_id[wid]
+        t.planner.issue(w, CommandAction.prewarm_host, table.record[i], lora, CommandRule.host_tier,
+                        table.score_of(i), table.detail(i))
         host_only.add(lora)
         slots_left -= 1
         heapq.heapreplace(byte_heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))
 
-    def worst_first(loras: Iterable[str]) -> list[str]:
-        def key(lora: str) -> Rank:
-            i = index.get(lora)
-            return _worst_first(t.rank(i, False, margin)) if i is not None else (-2, 0.0, lora)
-        return sorted(loras, key=key)
 
-    def evict(w: _Worker, lora: str, detail: str) -> None:
-        i = index.get(lora)
-        p.issue(w, CommandAction.evict, records[lora], lora, CommandRule.host_pressure,
-                t.score[i] if i is not None else None, detail)
-
-    # Sorting is most of the host pass's cost: sort only when a limit is exceeded.
-    over = len(host_only) - policy.host_slots_per_base_model
+def _evict_host(t: _BaseTick) -> None:
+    """9. Host-only copies are evicted lowest rank first (``host_pressure``): the versions
+    over ``host_slots_per_base_model`` on every worker holding them, then each worker's
+    copies over its ``host_bytes_budget``. Sorted only when a limit is exceeded (sorting is
+    most of the host tier's cost)."""
+    over = len(t.host_only) - t.policy.host_slots_per_base_model
     if over > 0:
         holders: dict[str, list[_Worker]] = defaultdict(list)
-        for w in workers:
+        for w in t.workers:
             for lora in w.host:
                 holders[lora].append(w)
-        for lora in worst_first(lora for lora in holders if lora in records):
+        for lora in _worst_first_names(t, (lora for lora in holders if lora in t.records)):
             if over <= 0:
                 break
             for w in holders[lora]:
-                evict(w, lora, "host slots per base model")
+                _evict_for_pressure(t, w, lora, "host slots per base model")
             over -= 1
-    for w in workers:
+    for w in t.workers:
         if w.host_bytes <= w.state.host_bytes_budget:
             continue
-        for lora in worst_first(w.host):
+        for lora in _worst_first_names(t, w.host):
             if w.host_bytes <= w.state.host_bytes_budget:
                 break
-            if lora in records:
-                evict(w, lora, "host byte budget")
+            if lora in t.records:
+                _evict_for_pressure(t, w, lora, "host byte budget")
+
+
+def _worst_first_names(t: _BaseTick, loras: Iterable[str]) -> list[str]:
+    """``loras`` lowest rank first (as non-residents); versions not serving come first."""
+    def key(lora: str) -> Rank:
+        i = t.index.get(lora)
+        return _worst_first(t.table.rank(i, False, t.margin)) if i is not None \
+            else (-2, 0.0, lora)
+    return sorted(loras, key=key)
+
+
+def _evict_for_pressure(t: _BaseTick, w: _Worker, lora: str, detail: str) -> None:
+    i = t.index.get(lora)
+    t.planner.issue(w, CommandAction.evict, t.records[lora], lora, CommandRule.host_pressure,
+                    t.table.score_of(i) if i is not None else None, detail)
+
+
+_RULES: tuple[Callable[[_BaseTick], None], ...] = (
+    _cap_protected, _unpin, _retire, _rank_hot_set, _load, _pin, _relieve_hbm, _prewarm_host,
+    _evict_host)
+"""The planner rules of docs/planner.md, in their order (rule n is ``_RULES[n - 1]``)."""
+
+
+def _plan_base(planner: _Planner, table: Candidates, rows: BaseRows, registry: Registry,
+               workers: list[_Worker]) -> None:
+    """One base model's tick: every rule, in order, on one shared ``_BaseTick``."""
+    tick = _BaseTick(planner, table, rows.index, rows.rows, registry.records, registry.revoked,
+                     workers)
+    for rule in _RULES:
+        rule(tick)

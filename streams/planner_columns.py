@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, repeat
 from operator import attrgetter, is_not
+from typing import Any
 
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -45,7 +46,7 @@ class Categories:
     code into ``values``, so a condition is decided once per distinct value."""
 
     codes: np.ndarray
-    values: list
+    values: list[Any]  # statuses, priority names, request classes: whatever the column holds
 
     @classmethod
     def of(cls, items: Iterable[Hashable]) -> Categories:
@@ -61,10 +62,11 @@ class Categories:
     def take(self, rows: np.ndarray) -> Categories:
         return Categories(self.codes[rows], self.values)
 
-    def lookup(self, value_of: Mapping, default: float) -> np.ndarray:
+    def lookup(self, value_of: Mapping[Any, float], default: float) -> np.ndarray:
         """``value_of.get(row's value, default)`` for each row, as floats."""
         table = np.array([value_of.get(v, default) for v in self.values], dtype=float)
-        return table[self.codes]
+        looked_up: np.ndarray = table[self.codes]
+        return looked_up
 
 
 class Registry:
@@ -89,8 +91,7 @@ class Registry:
         n = len(serving)
         self.status = status.take(np.array(serving, dtype=np.intp))
         self.canary = self.status.codes == self.status.code(AdapterStatus.canary)
-        self.priority: list[str] = list(map(str, map(attrgetter("priority"), self.record)))
-        self.priorities = Categories.of(self.priority)
+        self.priorities = Categories.of(map(str, map(attrgetter("priority"), self.record)))
         self.size_bytes = np.fromiter(map(attrgetter("size_bytes"), self.record), np.int64, n)
         self.adapters = list(map(_ADAPTER_ID, self.record))
         self.keys = list(map(score_key, self.adapters, map(_VERSION, self.record)))
@@ -108,7 +109,7 @@ class Registry:
                 not self.row_of_key.keys().isdisjoint(read):
             self.row_of_key = None
         else:
-            self.row_of_key.update(read)
+            self.row_of_key.update((k, row) for k, row in read.items() if k is not None)
         self.bases = _bases(Categories.of(map(attrgetter("base_model"), self.record)),
                             self.lora)
         ranked = [self.bases[base] for base in sorted(self.bases)]
@@ -159,8 +160,9 @@ class Scores:
         self.seen_keys: list[str] | None = None
         self.seen_states: list[ScoreState] = []
         self.seen_ids = np.zeros(0, np.intp)
-        self.own: list[object] = [_STALE] * n  # the score state objects the rows come from
-        self.unattributed: list[object] = [_STALE] * n
+        # the score state objects the rows come from (_STALE: not read yet)
+        self.own: list[ScoreState | object] = [_STALE] * n
+        self.unattributed: list[ScoreState | object | None] = [_STALE] * n
         self.state: list[ScoreState] = [EMPTY] * n
         zeros = np.zeros
         self.inputs = ScoreInputs(zeros(n), zeros(n), zeros(n), zeros(n), zeros(n, bool),
@@ -178,7 +180,7 @@ class Scores:
         take = np.where(keep, src, 0)
         picked = [i if k else -1 for i, k in zip(take.tolist(), keep.tolist(), strict=True)]
 
-        def rows(values: list) -> list:
+        def rows(values: list[object]) -> list[object]:
             return [values[i] if i >= 0 else _STALE for i in picked]
 
         out.own, out.unattributed = rows(self.own), rows(self.unattributed)
@@ -212,8 +214,9 @@ class Scores:
                 self.unattributed[i] = None if u is None else scores.get(u)
             self._derive(np.array(rows, dtype=np.intp))
         else:
-            own = list(map(scores.get, registry.keys, repeat(EMPTY)))
-            unattributed = list(map(scores.get, registry.unattributed))
+            own: list[ScoreState | object] = [scores.get(k, EMPTY) for k in registry.keys]
+            unattributed: list[ScoreState | object | None] = [
+                None if u is None else scores.get(u) for u in registry.unattributed]
             n = len(own)
             changed = np.flatnonzero(
                 np.fromiter(map(is_not, own, self.own), bool, n)

@@ -33,7 +33,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
     ("loraplane.streams.lifecycle", DECISIONS), ("loraplane.streams.scores", DECISIONS),
     ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
-    ("loraplane.streams.planner_columns", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
+    ("loraplane.streams.planner_columns", DECISIONS),
+    ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.streams.planner import _first_holding, _Ranking
+from loraplane.streams.planner_candidates import Ranking, first_holding
 
 from loraplane.kernel.policy import Condition, parse_condition
 
@@ -22,8 +22,8 @@ scores = st.sampled_from([0.0, 0.1, 0.1 + 1e-12, 0.25, 0.5, 0.95, 1.0])
        st.sampled_from([0.0, 0.05, 0.25]), st.integers(0, 400))
 def test_ranking_reads_like_a_full_sort_by_rank(rows: list, margin: float, k: int) -> None:
     lora = [f"a{i * 7919 % 1000:03d}-{i}" for i in range(len(rows))]
-    table = SimpleNamespace(lora=lora, score_np=np.array([r[0] for r in rows], dtype=float),
-                            first_np=np.array([r[1] for r in rows], dtype=bool))
+    table = SimpleNamespace(lora=lora, score=np.array([r[0] for r in rows], dtype=float),
+                            first=np.array([r[1] for r in rows], dtype=bool))
     wanted = np.array([i for i, r in enumerate(rows) if r[2]], dtype=np.intp)
     resident = np.array([rows[i][3] for i in wanted.tolist()], dtype=bool)
 
@@ -32,10 +32,10 @@ def test_ranking_reads_like_a_full_sort_by_rank(rows: list, margin: float, k: in
         return (0 if first else 1, -(s + (margin if res else 0.0)), lora[i])
 
     expected = sorted(wanted.tolist(), key=rank)
-    ranking = _Ranking(table, wanted, resident, margin)  # type: ignore[arg-type]
+    ranking = Ranking(table, wanted, resident, margin)  # type: ignore[arg-type]
     assert list(islice(ranking, k)) == expected[:k]
     assert list(ranking) == expected  # read again, further: the same order
-    hinted = _Ranking(table, wanted, resident, margin, k)  # type: ignore[arg-type]
+    hinted = Ranking(table, wanted, resident, margin, k)  # type: ignore[arg-type]
     assert hinted.top(k) == expected[:k]
     assert list(hinted) == expected
 
@@ -69,5 +69,5 @@ def test_conditions_column_wise_hold_where_they_hold_per_version(
             return np.array([np.nan if v is None else v for v in values], dtype=float)
         return np.array(values, dtype=object)
 
-    got = _first_holding(tuple(conds), column, len(rows)).tolist()
+    got = first_holding(tuple(conds), column, len(rows)).tolist()
     assert got == [next((k for k, c in enumerate(conds) if c.holds(r)), -1) for r in rows]
