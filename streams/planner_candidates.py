@@ -68,7 +68,7 @@ class Candidates:
                                     for i in rows.tolist()), float, len(rows))
             case "no_request_for_minutes":
                 # A scheduled peak or a canary counts as expected demand: never idle.
-                idle = np.maximum(0.0, now - c.last[rows]) / 60.0
+                idle: np.ndarray = np.maximum(0.0, now - c.last[rows]) / 60.0
                 idle[~np.isfinite(idle)] = 1e18  # never requested
                 idle[(self.scheduled[rows] > 0) | self.canary[rows]] = 0.0
                 return idle
@@ -118,7 +118,8 @@ def _holds(clause: Clause, values: np.ndarray | Categories) -> np.ndarray:
     distinct value (statuses, priorities, classes: a handful)."""
     if isinstance(values, np.ndarray):
         if values.dtype != object and not isinstance(clause.value, str):
-            return ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
+            compared: np.ndarray = ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
+            return compared
         values = Categories.of(None if isinstance(v, float) and math.isnan(v) else v
                                for v in values.tolist())
     holds = np.array([clause.holds({clause.fact: v}) for v in values.values], dtype=np.bool_)
@@ -195,7 +196,7 @@ class Ranking:
             rows, key = rows[keep], key[keep]
         by_key = np.argsort(key, kind="stable")
         rows, key = rows[by_key], key[by_key]
-        out = rows.tolist()
+        out: list[int] = rows.tolist()
         tied = np.diff(np.concatenate(([0], (key[1:] == key[:-1]).astype(np.int8), [0])))
         lora = self.table.lora
         for start, end in zip(np.flatnonzero(tied == 1).tolist(),
