@@ -69,8 +69,14 @@ from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
 from loraplane.streams.planner_columns import BaseRows, Columns, Registry
 from loraplane.streams.scores import ScoreState
 
-from loraplane.kernel.command_effects import Copy, effect, shows
-from loraplane.kernel.policy import Policy
+from loraplane.kernel.command_effects import (
+    UNPROTECTING,
+    Copy,
+    effect,
+    never_evict_rule,
+    shows,
+)
+from loraplane.kernel.policy import Condition, Policy
 
 LOAD_WINDOW_S = 60.0
 
@@ -212,7 +218,8 @@ class _Tiers:
 
 
 def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
-               records: Mapping[str, AdapterRecord], now: float) -> _Worker:
+               records: Mapping[str, AdapterRecord], now: float,
+               never_evict: tuple[Condition, ...] = ()) -> _Worker:
     adapters = state.adapters
     w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
                 host_bytes=state.host_bytes_used,
@@ -223,7 +230,8 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
                      if c.deadline.timestamp() > now and not _reflected(c, loaded)]
         for c in w.pending:
             r = records.get(c.lora_name)
-            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0)
+            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0,
+                   _worker_protects(c.action, r, never_evict))
     return w
 
 
@@ -233,10 +241,20 @@ def _copy_on(w: _Worker, lora: str) -> Copy:
     return Copy("host", lora in w.host_pinned) if lora in w.host else Copy()
 
 
-def _apply(w: _Worker, action: CommandAction, lora: str, size: int) -> None:
-    """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``."""
+def _worker_protects(action: CommandAction, record: AdapterRecord | None,
+                     never_evict: tuple[Condition, ...]) -> bool:
+    """Does the worker refuse ``action`` on ``record``'s copy as never-evict? The worker's
+    rule (``kernel.command_effects.never_evict_rule`` on its registry record, uncapped),
+    evaluated only for the actions it can refuse."""
+    return action in UNPROTECTING and never_evict_rule(record, never_evict) is not None
+
+
+def _apply(w: _Worker, action: CommandAction, lora: str, size: int,
+           protected: bool = False) -> None:
+    """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``;
+    ``protected``: the worker holds it never-evict and refuses to move it down."""
     before = _copy_on(w, lora)
-    after = effect(action, before).after
+    after = effect(action, before, protected).after
     if after == before:
         return
     host = w.own()
@@ -273,6 +291,7 @@ class _Planner:
         self.issued_at = datetime.fromtimestamp(now, UTC)
         self.deadline = self.issued_at + timedelta(seconds=policy.command_deadline_s)
         self.validated: CacheCommand | None = None
+        self.never_evict = policy.never_evict
 
     def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
               rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> None:
@@ -296,7 +315,8 @@ class _Planner:
         w.pending.append(cmd)
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
-        _apply(w, action, lora, record.size_bytes)
+        _apply(w, action, lora, record.size_bytes,
+               _worker_protects(action, record, self.never_evict))
         self.commands.append(cmd)
 
 
@@ -328,7 +348,7 @@ class Planner:
         for state in states:
             fleet[state.base_model].append(_effective(
                 state, self._tiers[state.worker_id], memory.get(state.worker_id, WorkerMemory()),
-                records, now))
+                records, now, policy.never_evict))
 
         p = _Planner(policy, now)
         no_rows = BaseRows({}, np.zeros(0, np.intp))

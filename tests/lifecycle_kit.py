@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from loraplane.schemas.adapter import AdapterRecord, Compatibility
-from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes
+from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.signing import SigningKey
 
@@ -47,7 +47,8 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
 
 def make_kit(now: datetime) -> Kit:
     """ci: acme's CI (no revoke); ops: anything; beta: another tenant's CI; ci2: acme's
-    rotated key; revoked / expired / future: keys that must not be trusted at ``now``."""
+    rotated key; revoked / expired / future: keys that must not be trusted at ``now``;
+    planner: the planner's command key (role planner: signs cache commands, never events)."""
     day = timedelta(days=1)
     specs = {  # name: (publisher, tenants, actions, not_before, not_after, revoked)
         "ci": ("ci-acme", [TENANT], CI_ACTIONS, now - day, now + 30 * day, False),
@@ -57,6 +58,7 @@ def make_kit(now: datetime) -> Kit:
         "revoked": ("ci-acme", [TENANT], "*", now - day, now + 30 * day, True),
         "expired": ("ci-acme", [TENANT], "*", now - 30 * day, now - day, False),
         "future": ("ci-acme", [TENANT], "*", now + day, now + 30 * day, False),
+        "planner": ("planner", "*", "*", now - day, now + 30 * day, False),
     }
     keys: dict[str, SigningKey] = {}
     entries = []
@@ -66,5 +68,7 @@ def make_kit(now: datetime) -> Kit:
         entries.append(KeyEntry(key_id=key.key_id, publisher=publisher,
                                 public_key=key.public_key_b64, not_before=nb, not_after=na,
                                 revoked=revoked,
-                                scopes=Scopes(tenants=tenants, actions=actions)))
+                                scopes=Scopes(tenants=tenants, actions=actions),
+                                role=KeyRole.planner if name == "planner"
+                                else KeyRole.publisher))
     return Kit(keys, Keyring(keys=entries))

@@ -15,12 +15,17 @@ workers/applied_commands.py), and the rules below are testable without a server:
 * a revoked adapter is removed from vLLM and the host tier now, in-flight or not;
 * any other unload waits until the name's in-flight count is 0 (drain), so a request keeps
   the version it started with while the new version loads beside it;
-* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry.
+* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry;
+* the worker's own ``Guard``, derived from its registry copy and the policy, never from a
+  command: a never-evict copy (``command_effects.never_evict_rule``: a platinum tenant's, a
+  live canary's) refuses ``unpin``, ``demote_to_host`` and ``evict`` (``protected``) and
+  is never unloaded or removed except when revoked; a command's ``warmup_requests`` is
+  clamped to the policy's ``request_budgets.canary.warmup_requests``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -31,7 +36,8 @@ from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
 
-from loraplane.kernel.command_effects import Copy, Tier, effect
+from loraplane.kernel.command_effects import Copy, Tier, effect, never_evict_rule
+from loraplane.kernel.policy import Policy
 
 MAX_REMEMBERED_COMMANDS = 10_000
 WINDOW_S = 60.0
@@ -90,7 +96,34 @@ class CommandSkip(StrEnum):
     expired = "expired"  # past its deadline
     lora_name_mismatch = "lora_name_mismatch"  # the name is not adapter@version-sha8
     pinned = "pinned"  # it would move a pinned copy down a tier (command_effects.Refusal)
+    protected = "protected"  # it would unpin/demote/evict a never-evict copy (the Guard)
     already_desired = "already_desired"  # a gateway ask the desired state already meets
+
+
+DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What no command decides on this worker: which copies are never-evict (lora name ->
+    the ``never_evict_when`` condition that holds) and the most golden-set requests one
+    load may send. Derived from the registry copy and the policy (``Guard.of``)."""
+
+    protected: Mapping[str, str] = field(default_factory=dict)
+    max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
+
+    @classmethod
+    def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy) -> Guard:
+        conditions = policy.never_evict
+        protected = {}
+        for name, record in registry.items():
+            rule = never_evict_rule(record, conditions)
+            if rule is not None:
+                protected[name] = rule.text
+        return cls(protected, policy.request_budgets.canary.warmup_requests)
+
+
+NO_PROTECTION = Guard()
 
 
 @dataclass(frozen=True)
@@ -108,10 +141,13 @@ class Ask:
     warmup_requests: int | None = None  # None: keep the intent's
 
     @classmethod
-    def of_command(cls, cmd: CacheCommand) -> Ask:
+    def of_command(cls, cmd: CacheCommand,
+                   max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS) -> Ask:
+        """The command's ask; its ``warmup_requests`` clamped to the policy's."""
         return cls(cmd.action, cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id,
                    CopyOrigin.planner, cmd.command_id,
-                   cmd.warmup_requests if cmd.action is CommandAction.load_gpu else None)
+                   min(cmd.warmup_requests, max_warmup_requests)
+                   if cmd.action is CommandAction.load_gpu else None)
 
     @classmethod
     def gateway_load(cls, record: AdapterRecord) -> Ask:
@@ -138,13 +174,15 @@ Change = CacheCommand | Ask | Outcome
 """Everything that changes a worker's desired state."""
 
 
-def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, CommandSkip | None]:
-    """Fold one ask into the desired state (``kernel.command_effects``). A gateway ask that
-    would not move the copy changes nothing: the planner's word (its command id, a canary's
-    warm-up) stays with the intent."""
+def ask(state: DesiredState, request: Ask,
+        guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
+    """Fold one ask into the desired state (``kernel.command_effects``; a copy the guard
+    protects refuses to move down). A gateway ask that would not move the copy changes
+    nothing: the planner's word (its command id, a canary's warm-up) stays with the intent."""
     current = state.intents.get(request.lora_name) or Intent(
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
-    outcome = effect(request.action, current.copy)
+    outcome = effect(request.action, current.copy,
+                     protected=request.lora_name in guard.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
@@ -158,7 +196,8 @@ def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, CommandSkip | 
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime) -> tuple[DesiredState, CommandSkip | None]:
+                  now: datetime,
+                  guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
@@ -173,7 +212,7 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
         return state, CommandSkip.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
         return state, CommandSkip.lora_name_mismatch
-    return ask(state, Ask.of_command(cmd))
+    return ask(state, Ask.of_command(cmd, guard.max_warmup_requests), guard)
 
 
 def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
@@ -185,15 +224,16 @@ def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
 
 
 def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
-         now: datetime) -> tuple[DesiredState, CommandSkip | None]:
+         now: datetime,
+         guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
-    changed nothing, why."""
+    changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap)."""
     match change:
         case CacheCommand():
             return apply_command(state, change, worker_id=worker_id, base_model=base_model,
-                                 now=now)
+                                 now=now, guard=guard)
         case Ask():
-            return ask(state, change)
+            return ask(state, change, guard)
         case Outcome():
             return settle(state, change), None
 
@@ -335,13 +375,15 @@ def _refusal(intent: Intent, record: AdapterRecord | None,
 def reconcile(desired: DesiredState, actual: ActualState,
               registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
               now: float, backoff: Mapping[str, float] | None = None,
-              awaiting_registry: Mapping[str, float] | None = None) -> list[Action]:
+              awaiting_registry: Mapping[str, float] | None = None,
+              protected: Collection[str] = ()) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
     failed, with the monotonic time before which they are not retried; ``awaiting_registry``
     names a command asked for before our registry copy knew them, with the monotonic time
-    until which they are not refused.
+    until which they are not refused; ``protected`` names the never-evict copies
+    (``Guard.protected``): unloaded or removed only when revoked, whatever the intent says.
     """
     backoff = backoff or {}
     awaiting_registry = awaiting_registry or {}
@@ -360,7 +402,7 @@ def reconcile(desired: DesiredState, actual: ActualState,
             actions.append(Unload(name, UnloadReason.revoked, cmd))
             unloading.add(name)
         elif (intent is not None and intent.tier != "gpu" and not intent.pinned
-              and actual.in_flight.get(name, 0) == 0):
+              and name not in protected and actual.in_flight.get(name, 0) == 0):
             actions.append(Unload(name, UnloadReason.demote if intent.tier == "host"
                                   else UnloadReason.evict, cmd))
             unloading.add(name)
@@ -372,7 +414,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
         off_gpu = name not in actual.gpu or name in unloading
         if record is not None and record.status == AdapterStatus.revoked:
             actions.append(RemoveHost(name, UnloadReason.revoked, cmd))
-        elif intent is not None and intent.tier == "gone" and off_gpu:
+        elif (intent is not None and intent.tier == "gone" and off_gpu
+              and name not in protected):
             actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.keyring import KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
@@ -89,12 +90,15 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
                      registry_refresh_s=options.registry_refresh_s,
-                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE),
+                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
+                     policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
         registry_loader=lambda: registry_records(settings), sink=sink)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink)
-    feed = KafkaCommandFeed(settings, options.worker_id, sink)
+    feed = KafkaCommandFeed(settings, options.worker_id, sink,
+                            keyring=KeyringFile(settings.keyring_path),
+                            on_refused=agent.metrics.command_refused)
     runners = [await _site(gateway.app(), options.gateway_port)]
     if options.metrics_port is not None:
         metrics_app = web.Application()

@@ -150,6 +150,16 @@ class LiveSystem:
         self.cli(f"keys-{publisher}", *args, timeout_s=60)
         return path
 
+    def generate_planner_key(self) -> Path:
+        """The planner's command-signing key (role planner) at the planner key path of this
+        run's home, its public key in the keyring the workers verify commands with."""
+        path = self.space.home / "keys" / "planner.key"
+        self.cli("keys-planner", "keys", "generate", "--publisher", "planner", "--role",
+                 "planner", "--key-id", f"planner-{self.space.run_id}", "--scope", "tenant:*",
+                 "--scope", "action:*", "--out", str(path), "--keyring",
+                 str(self.space.keyring_path), timeout_s=60)
+        return path
+
     def add_api_key(self, tenant: str) -> str:
         return self.cli("api-keys", "worker", "add-key", "--tenant", tenant,
                         timeout_s=60).strip()
@@ -219,6 +229,8 @@ class LiveSystem:
         self.publisher_key = steps.run(
             "publisher key + keyring (loraplane keys generate)",
             lambda: self.generate_key("ci"), lambda p: str(p))
+        steps.run("planner command key + keyring (loraplane keys generate --role planner)",
+                  self.generate_planner_key, lambda p: str(p))
         keys = steps.run("gateway API keys (loraplane worker add-key)",
                          lambda: {t: self.add_api_key(t) for t in tenants},
                          lambda k: ", ".join(k))

@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     keyring_path: Path = Field(
         default_factory=lambda data: data["home"] / "keyring.yaml",
         description="Publishers' public keys the registry trusts; re-read when it changes.")
+    planner_key_path: Path = Field(
+        default_factory=lambda data: data["home"] / "keys" / "planner.key",
+        description="The planner's private key file (mode 0600) that signs cache commands; "
+                    "its public key is in the keyring with role planner.")
     schedules_path: Path = Field(
         default_factory=lambda data: data["home"] / "schedules.yaml",
         description="Known traffic peaks to prewarm for (streams.schedules); re-read when "

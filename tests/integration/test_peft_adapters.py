@@ -117,13 +117,14 @@ class Fleet:
     def load(self, record: AdapterRecord) -> None:
         now = now_utc()
         produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
-                     CacheCommand(command_id=f"load-{uuid.uuid4().hex[:12]}",
+                     self.registry.kit.keys["planner"].sign_command(CacheCommand(
+                                  command_id=f"load-{uuid.uuid4().hex[:12]}",
                                   worker_id=self.worker_id, action=CommandAction.load_gpu,
                                   base_model=TINY_BASE_MODEL, tenant_id=TENANT,
                                   adapter_id=record.adapter_id, version=record.version,
                                   sha256=record.sha256, lora_name=record.lora_name,
                                   reason=CommandReason(rule="peft-e2e"), issued_at=now,
-                                  deadline=now + timedelta(minutes=5)))
+                                  deadline=now + timedelta(minutes=1))))
 
     def loaded(self) -> set[str]:
         data = requests.get(self.vllm.url + "/v1/models", timeout=5).json()["data"]

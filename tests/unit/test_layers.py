@@ -36,6 +36,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
+    ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),
