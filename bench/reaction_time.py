@@ -34,8 +34,8 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.commands import CommandAction
-from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.workers.command_feed import KafkaCommandFeed
 from loraplane.workers.event_sink import KafkaEventSink
 

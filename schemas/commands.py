@@ -21,7 +21,6 @@ from loraplane.schemas.canonical import tagged
 from loraplane.schemas.reasons import CommandRule
 from pydantic import Field
 
-
 COMMAND_SIGNING_DOMAIN = "loraplane.command.v1"
 
 

@@ -25,8 +25,8 @@ unknown one). ``KeyringFile`` re-reads the file when it changes, so neither need
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 

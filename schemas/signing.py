@@ -4,8 +4,8 @@ and the planner hold.
 What is signed is exactly ``LifecycleEvent.signed_bytes()`` or ``CacheCommand.signed_bytes()``
 (every field except ``signature``, canonical JSON behind a domain tag of its own: a lifecycle
 signature never verifies as a command's, nor the reverse); the signature travels
-base64-encoded in ``signature``. A key file is JSON (publisher, key_id, raw private key in base64) readable by
-its owner only: it is refused when group or others may read it, as ssh does.
+base64-encoded in ``signature``. A key file is JSON (publisher, key_id, raw private key in
+base64) readable by its owner only: it is refused when group or others may read it, as ssh does.
 """
 
 from __future__ import annotations

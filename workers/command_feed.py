@@ -17,10 +17,9 @@ is refused (``keyring_unavailable``): fail closed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from collections.abc import Callable
 
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from loraplane.kernel.policy import Condition
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
-
-from loraplane.kernel.policy import Condition
 
 Tier = Literal["gpu", "host", "gone"]
 LEVEL: Mapping[Tier, int] = {"gone": 0, "host": 1, "gpu": 2}

@@ -30,6 +30,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
@@ -44,6 +45,7 @@ from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from tests.lifecycle_kit import Kit, make_kit
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +117,7 @@ class World:
     agent: subprocess.Popen[bytes] | None = None
     gateway_port: int = 0
     worker_id: str = ""
+    kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
 
     def start_agent(self) -> None:
         self.gateway_port = self.gateway_port or free_port()
@@ -135,17 +138,26 @@ class World:
         self.agent = None
 
     def command(self, name: str, action: CommandAction, warmup: int = 0,
-                command_id: str | None = None) -> str:
+                command_id: str | None = None, *, key: str | None = "planner",
+                to: str | None = None, edit: dict[str, Any] | None = None) -> str:
+        """Write a command straight into the commands topic: signed by ``key`` of the kit
+        (None: unsigned), under Kafka key ``to`` (default this worker), ``edit``-ed after
+        signing."""
         rec = self.adapters[name].record
         now = now_utc()
         cid = command_id or f"{action.value}-{uuid.uuid4().hex[:12]}"
-        produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
-                     CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
-                                  base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
-                                  adapter_id=rec.adapter_id, version=rec.version,
-                                  sha256=rec.sha256, lora_name=rec.lora_name,
-                                  reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                                  deadline=now + timedelta(minutes=5), warmup_requests=warmup))
+        cmd = CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
+                           base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
+                           adapter_id=rec.adapter_id, version=rec.version,
+                           sha256=rec.sha256, lora_name=rec.lora_name,
+                           reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
+                           deadline=now + timedelta(minutes=1), warmup_requests=warmup)
+        if key is not None and self.kit is not None:
+            cmd = self.kit.keys[key].sign_command(cmd)
+        if edit:
+            cmd = cmd.model_copy(update=edit)
+        produce_sync(self.settings, topic_name(self.settings, "commands"),
+                     to or self.worker_id, cmd)
         return cid
 
     def vllm_names(self) -> set[str]:
@@ -222,7 +234,8 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
                    "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
                    "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
-                   "other-1": build_adapter(tmp / "src/other-1", seed=14)}
+                   "other-1": build_adapter(tmp / "src/other-1", seed=14),
+                   "plat-1": build_adapter(tmp / "src/plat-1", seed=15)}
         records = {
             "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
                               AdapterStatus.active),
@@ -231,12 +244,19 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
                              AdapterStatus.active),
             "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
-                               AdapterStatus.active)}
+                               AdapterStatus.active),
+            "plat-1": publish(settings, folders["plat-1"], "plat", "1", "tenant-a",
+                              AdapterStatus.active).model_copy(
+                                  update={"priority": Priority.platinum})}
         write_registry(settings, list(records.values()))
         keys = tmp / "api-keys.json"
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
+        kit = make_kit(now_utc())
+        save_keyring(kit.keyring, tmp / "home" / "keyring.yaml")  # the planner key's entry
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
+               # platinum only: the canary flow below demotes a live canary on purpose
+               "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
                "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
                "LORAPLANE_S3__PORT": str(moto.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
@@ -254,7 +274,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
         w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=f"w-{uuid.uuid4().hex[:8]}")
+                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=kit)
         try:
             yield w
         finally:
@@ -413,3 +433,51 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
     assert not set(expected) & world.vllm_names()  # none reached vLLM
     assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
+
+
+def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None:
+    """ATTACK: commands written straight into the commands topic, unsigned, signed with a CI
+    key, signed for another worker, edited after signing: none loads anything, each is
+    dead-lettered with its reason; then a correctly signed unpin + evict of a platinum copy
+    leaves it on the GPU."""
+    if world.agent is None:
+        world.start_agent()
+    chat = world.adapters["sql-1"].record.lora_name
+    forged = {
+        world.command("sql-1", CommandAction.load_gpu, key=None): "unsigned",
+        world.command("sql-1", CommandAction.load_gpu, key="ci"): "key_role_mismatch",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"worker_id": "w-other"}): "bad_signature",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"warmup_requests": 1000}): "bad_signature",
+    }
+    other = World(world.kind, world.settings, world.env, world.vllm_url, world.model_dir,
+                  world.moto, world.tmp, world.adapters, worker_id="w-other", kit=world.kit)
+    replayed = other.command("sql-1", CommandAction.load_gpu, to=world.worker_id)
+    forged[replayed] = "wrong_worker"
+
+    def letters() -> dict[str, str]:
+        from loraplane.schemas.dead_letter import DeadLetter
+
+        got = {}
+        for raw in read_topic(world.settings, topic_name(world.settings, "dead-letters"),
+                              timeout_s=15, idle_s=1.0):
+            letter = decode(DeadLetter, raw.value)
+            if letter.component != "worker-agent":
+                continue
+            import base64
+            import json
+            cid = json.loads(base64.b64decode(letter.raw_b64)).get("command_id")
+            if cid in forged:
+                got[cid] = str(letter.reason)
+        return got if len(got) == len(forged) else {}
+    assert wait_for(letters, 30, "dead letters of the forged commands") == forged
+    assert chat not in world.vllm_names()
+
+    plat = world.adapters["plat-1"].record.lora_name
+    world.command("plat-1", CommandAction.load_gpu)
+    wait_for(lambda: plat in world.vllm_names() or None, 60, "platinum loaded")
+    world.command("plat-1", CommandAction.unpin)
+    world.command("plat-1", CommandAction.evict)
+    time.sleep(5)
+    assert plat in world.vllm_names()

@@ -56,13 +56,13 @@ def entry(key: SigningKey, **kw: object) -> KeyEntry:
 
 
 def rec(adapter: str = "a1", priority: Priority = Priority.silver,
-        status: AdapterStatus = AdapterStatus.active, canary: float = 0.0):  # noqa: ANN201
+        status: AdapterStatus = AdapterStatus.active, canary: float = 0.0):
     r = kit_record(adapter, "1")
     return r.model_copy(update={"priority": priority, "status": status,
                                 "release": Release(canary_percent=canary)})
 
 
-def command(action: CommandAction = CommandAction.load_gpu, *, r=None, cid: str = "c1",  # noqa: ANN001
+def command(action: CommandAction = CommandAction.load_gpu, *, r=None, cid: str = "c1",
             worker: str = WORKER, issued: datetime = NOW, life_s: float = 60.0,
             warmup: int = 0) -> CacheCommand:
     r = r or rec()
@@ -203,19 +203,19 @@ def test_the_guard_derives_never_evict_from_the_registry_and_the_policy() -> Non
     assert Guard.of(REGISTRY, nobody).protected == {}
 
 
-def on_gpu(r) -> DesiredState:  # noqa: ANN001
+def on_gpu(r) -> DesiredState:
     return DesiredState({r.lora_name: Intent(r.lora_name, r.adapter_id, r.version,
                                              r.tenant_id, "gpu", False)})
 
 
-def fold(state: DesiredState, cmd: CacheCommand, guard: Guard = GUARD):  # noqa: ANN201
+def fold(state: DesiredState, cmd: CacheCommand, guard: Guard = GUARD):
     return apply_command(state, cmd, worker_id=WORKER, base_model=BASE, now=NOW, guard=guard)
 
 
 @pytest.mark.parametrize("r", [PLATINUM, CANARY])
 @pytest.mark.parametrize("action", [CommandAction.unpin, CommandAction.demote_to_host,
                                     CommandAction.evict])
-def test_no_signed_command_unprotects_a_never_evict_copy(r, action) -> None:  # noqa: ANN001
+def test_no_signed_command_unprotects_a_never_evict_copy(r, action) -> None:
     """The forged unpin+evict of a platinum copy: even correctly signed, refused."""
     state = on_gpu(r)
     after, why = fold(state, command(action, r=r))
@@ -247,7 +247,7 @@ def test_an_intent_set_before_protection_does_not_unload_a_protected_copy() -> N
 
 
 @pytest.mark.parametrize("r", [PLAIN, DARK_CANARY])
-def test_unprotected_copies_still_follow_commands(r) -> None:  # noqa: ANN001
+def test_unprotected_copies_still_follow_commands(r) -> None:
     _, why = fold(on_gpu(r), command(CommandAction.evict, r=r))
     assert why is None
 
