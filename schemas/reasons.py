@@ -179,6 +179,27 @@ class LoadDeferral(StrEnum):
     superseded_by_command = "superseded_by_command"  # a command moved the version away
 
 
+class RequestRefusal(StrEnum):
+    """Why the gateway refused a request body before it reached vLLM (a 400 or 413 whose
+    ``error.param`` names the field; ``workers.request_fields.admit``)."""
+
+    field_not_allowed = "field_not_allowed"  # not on the endpoint's allowlist
+    bad_field = "bad_field"  # an allowed field of the wrong type or shape
+    too_many_choices = "too_many_choices"  # n / best_of over the class's cap
+    max_tokens_too_large = "max_tokens_too_large"
+    too_many_prompts = "too_many_prompts"  # a list prompt counts each
+    logprobs_too_large = "logprobs_too_large"  # logprobs / top_logprobs over the cap
+    too_many_stop = "too_many_stop"  # stop sequences over the cap (count or length)
+    body_too_large = "body_too_large"  # over the class's body cap (413)
+
+
+class TenantLimit(StrEnum):
+    """Why the gateway answered 429 + Retry-After for a tenant's own limits."""
+
+    tenant_concurrency = "tenant_concurrency"  # the tenant has max_concurrent in flight
+    tenant_token_rate = "tenant_token_rate"  # the tenant's token bucket is empty
+
+
 class CommandRule(StrEnum):
     """Which planner rule issued a command (``CommandReason.rule``)."""
 

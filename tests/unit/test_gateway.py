@@ -258,7 +258,9 @@ async def test_streaming_chat_passes_through(world: World) -> None:
     chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]" and len(chunks) == 5
     log = world.sink.of(RequestLog)[-1]
-    assert log.output_tokens == 4 and log.ttft_ms is not None
+    # vLLM's usage record (asked for upstream, not passed on: the client did not ask):
+    # 3 tokens, not the 4 SSE events (the role chunk carries none)
+    assert log.output_tokens == 3 and log.prompt_tokens == 1 and log.ttft_ms is not None
 
 
 async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -> None:
@@ -428,7 +430,8 @@ async def test_api_key_file_is_reread_when_it_changes(world: World, tmp_path: Pa
     assert "is missing" in caplog.text
     world.gateway.api_keys = keys
     key = add_key(path, "tenant-a")  # no restart
-    async with world.http.post(world.url + "/v1/completions", json={"model": "sql"},
+    async with world.http.post(world.url + "/v1/completions",
+                               json={"model": "sql", "prompt": "q"},
                                headers={"Authorization": f"Bearer {key}"}) as resp:
         assert resp.status == 200
     other = add_key(path, "tenant-b")

@@ -36,6 +36,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
+    # what of a request body may reach vLLM, its caps, salts and tenant limits
+    ("loraplane.workers.request_fields", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),
