@@ -82,7 +82,7 @@ class _BurstFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return False  # aiohttp's debug lines (bad requests, disconnects) are not kept
-        return self.burst.note(str(record.msg)[:80])
+        return self.burst.note(str(record.msg).replace(" from %s", "")[:80])
 
 
 class _State:
@@ -200,7 +200,10 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
         guard = state.guards.get(transport) if transport is not None else None
         try:
             if request.can_read_body:
-                await request.read()  # cached: the handler's own read() returns it
+                try:
+                    await request.read()  # cached: the handler's own read() returns it
+                except ConnectionResetError:  # the body deadline closed it (or the peer did)
+                    return web.Response(status=408)
             if guard is not None:
                 guard.body_read()
             return await handler(request)
