@@ -34,6 +34,8 @@ from loraplane.schemas.reasons import (
     IntentRefusal,
     LoadDeferral,
     RegistryRejection,
+    RequestRefusal,
+    TenantLimit,
     UnloadReason,
     VllmErrorCode,
     VllmFailure,
@@ -111,6 +113,12 @@ def test_worker_doc_lists_the_agents_own_reasons() -> None:
     assert {name: sorted(c) for name, c in grouped.items()} == {
         e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)}
     assert sorted(codes(docs[("code", "when")])) == values(VllmErrorCode)
+
+
+def test_worker_doc_lists_every_gateway_refusal() -> None:
+    rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
+    assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
+        e.__name__: values(e) for e in (RequestRefusal, TenantLimit)}
 
 
 def test_planner_doc_lists_every_rule_and_waiting_reason() -> None:
