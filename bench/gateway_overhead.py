@@ -171,7 +171,10 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
         settings = isolated(base, "gw", home=work / "home")
         settings.home.mkdir()
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-               "LORAPLANE_HOME": str(settings.home)}
+               "LORAPLANE_HOME": str(settings.home),
+               # the overhead, not the per-tenant limits: one tenant sends every request
+               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
+               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10)}
         if real:
             env.update({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
                         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
