@@ -48,6 +48,7 @@ from loraplane.kernel.policy import RequestBudgets, RequestCaps
 _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
+_MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
 
 
 @dataclass
@@ -237,7 +238,7 @@ class Gateway:
                           f"the body is over {self.max_body_bytes} bytes")
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return _error(400, "invalid_json", "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str) or not _ADAPTER_ID.match(model):
@@ -399,6 +400,9 @@ class Gateway:
                 if event.startswith(b"data: ") and event != b"data: [DONE]":
                     events += 1
                 passed.append(event + b"\n\n")
+            if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
+                passed.append(pending)
+                pending = b""
             if passed:
                 await out.write(b"".join(passed))
         if pending:

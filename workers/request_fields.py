@@ -217,8 +217,9 @@ def admit(endpoint: Endpoint, body: Mapping[str, Any], caps: RequestCaps,
     allowed = ALLOWED[endpoint]
     for name in body:
         if name not in allowed and name not in DROPPED:
-            raise Refused(RequestRefusal.field_not_allowed, str(name),
-                          f"{name!s} is not allowed on {endpoint.value}")
+            shown = str(name)[:64]
+            raise Refused(RequestRefusal.field_not_allowed, shown,
+                          f"{shown} is not allowed on {endpoint.value}")
     n = _int_in(body, "n", 1, caps.max_n, RequestRefusal.too_many_choices) or 1
     best_of = n
     if endpoint == Endpoint.completions:

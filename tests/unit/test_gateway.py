@@ -723,3 +723,15 @@ async def test_one_request_log_per_request_counts_its_prompts(world: World) -> N
     assert status == 200
     logs = world.sink.of(RequestLog)[before:]
     assert len(logs) == 1 and logs[0].prompts == 3
+
+
+async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
+    for raw in (b"[" * 200_000 + b"]" * 200_000, b'{"model": "sql", "n": 1' + b"0" * 5000 + b"}",
+                b'{"model": "sql", "prompt": "q", "temperature": NaN}', b"\xff\xfe",
+                b'{"model": "sql", "prompt": "q", "' + b"k" * 10_000 + b'": 1}'):
+        async with world.http.post(world.url + "/v1/completions", data=raw,
+                                   headers=AUTH_A) as resp:
+            body = await resp.json()
+            assert resp.status == 400, body
+            assert body["error"]["type"] in ("invalid_json", "bad_field", "field_not_allowed")
+            assert len(body["error"]["param"] or "") <= 64
