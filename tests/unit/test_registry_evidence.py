@@ -249,3 +249,26 @@ def test_every_genuine_prefix_is_a_rollback_after_the_full_history(n: int) -> No
     assert view is not None
     assert refused(verify_view(view, KIT.keyring, NOW, Checkpoint.of(VIEW_A))) \
         is ViewReason.rollback
+
+
+RAW_A = VIEW_A.model_dump_json().encode()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=0, max_value=len(RAW_A) - 1),
+       st.sampled_from(b"0123456789abcdef\"{}[],:-. xyzAZ"))
+def test_any_one_byte_edit_of_a_genuine_view_is_refused_or_changes_nothing(
+        at: int, byte: int) -> None:
+    """PROPERTY (edited fields, the whole class): change any one byte of a genuine view's
+    JSON. Either it is no view any more (the worker dead-letters it as malformed), or it is
+    the same view, or it is refused."""
+    from loraplane.schemas.codec import SchemaError, decode
+
+    raw = RAW_A[:at] + bytes([byte]) + RAW_A[at + 1:]
+    try:
+        view = decode(AdapterView, raw)
+    except SchemaError:
+        return
+    same = view.model_copy(update={"updated_at": VIEW_A.updated_at}) == VIEW_A
+    verdict = verify_view(view, KIT.keyring, NOW)
+    assert same or isinstance(verdict, ViewRefused), (at, bytes([byte]), verdict)
