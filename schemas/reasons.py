@@ -58,6 +58,8 @@ class RegistryRejection(StrEnum):
     version_revoked = "version_revoked"
     rollback_to_unknown = "rollback_to_unknown"
     invalid_transition = "invalid_transition"
+    # the view's evidence (every accepted event of the adapter) would exceed its bound
+    history_full = "history_full"
 
 
 class ConsumerFault(StrEnum):
@@ -68,11 +70,26 @@ class ConsumerFault(StrEnum):
     clickhouse_rejected = "clickhouse_rejected"  # ClickHouse refused the row on insert
 
 
+class RegistryViewRejection(StrEnum):
+    """Why a consumer of the registry topic (a worker, the fleet router) refused a record:
+    it re-derives the view from the signed lifecycle events it carries
+    (``streams.registry_evidence.verify_view``) with its own keyring."""
+
+    malformed = "view_malformed"  # the value is not an AdapterView (or its key is not its id)
+    keyring_unavailable = "view_keyring_unavailable"  # our keyring is missing or invalid
+    no_evidence = "view_no_evidence"  # the view carries no signed events
+    foreign_evidence = "view_foreign_evidence"  # an event of another adapter
+    evidence_rejected = "view_evidence_rejected"  # an event the lifecycle fold refuses
+    mismatch = "view_mismatch"  # the events fold into another view than the one carried
+    rollback = "view_rollback"  # older than, or forking from, a view already accepted
+
+
 class ArtifactReason(StrEnum):
     """Why an adapter artifact was refused, or could not be fetched (``is_failure``)."""
 
     # where the artifact comes from
     source_not_allowed = "source_not_allowed"
+    outside_owner_prefix = "outside_owner_prefix"  # not s3://B/tenant/adapter/version-sha8/
     artifact_store_unavailable = "artifact_store_unavailable"
     fetch_failed = "fetch_failed"
     adapter_revoked = "adapter_revoked"
@@ -228,7 +245,7 @@ CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | 
                     | LoadDeferral)
 """A cache event's reason: empty for a success, else the code of what happened."""
 
-DeadLetterReason = DecodeReason | RegistryRejection | ConsumerFault
+DeadLetterReason = DecodeReason | RegistryRejection | RegistryViewRejection | ConsumerFault
 """Why a message went to the dead-letter topic."""
 
 AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason

@@ -11,7 +11,12 @@ from typing import Literal
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
+from loraplane.schemas.lifecycle import LifecycleEvent
 from pydantic import Field, model_validator
+
+MAX_EVIDENCE = 256
+"""Accepted events one adapter's view carries (a publish is about 1.5 KB: the record stays
+well under the 1 MiB message limit). The registry refuses more (``history_full``)."""
 
 
 class AdapterView(StrictModel):
@@ -25,6 +30,10 @@ class AdapterView(StrictModel):
     last_seq: int = Field(ge=1, le=2**62, description="seq of the last accepted event")
     last_event_id: Identifier
     updated_at: Timestamp
+    evidence: list[LifecycleEvent] = Field(
+        default_factory=list, max_length=MAX_EVIDENCE,
+        description="every signed lifecycle event accepted for this adapter, in order: "
+                    "consumers re-derive the view from them with their own keyring")
 
     @model_validator(mode="after")
     def _consistent(self) -> AdapterView:
@@ -35,6 +44,9 @@ class AdapterView(StrictModel):
             if (r.adapter_id, r.tenant_id, r.base_model) != (
                     self.adapter_id, self.tenant_id, self.base_model):
                 raise ValueError(f"version {r.version} belongs to another adapter/tenant/base")
+        if self.evidence and (self.evidence[-1].seq, self.evidence[-1].event_id) != (
+                self.last_seq, self.last_event_id):
+            raise ValueError("the last evidence event is not last_seq/last_event_id")
         active = [r.version for r in self.versions if r.status is AdapterStatus.active]
         if active != ([self.active_version] if self.active_version else []):
             raise ValueError(f"active_version {self.active_version} but active records {active}")

@@ -16,6 +16,10 @@ order, so each hostile event gets one reason:
 5. the action's own rules (publish only newer versions, canary/promote only known,
    unrevoked versions, rollback only from the active version to a known one, ...).
 
+The new view carries every accepted event of the adapter (``AdapterView.evidence``), so a
+consumer of the registry topic can fold them again through this function with its own
+keyring (``streams.registry_evidence.verify_view``) instead of trusting the topic.
+
 Redelivery after a crash cannot double-apply an event: the replay set and the seq check
 reject the second copy. The replay set keeps each event id until the event expires, so it
 stays bounded by the events of one lifetime window.
@@ -36,7 +40,7 @@ from loraplane.schemas.keyring import KeyEntry, Keyring
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
 from loraplane.schemas.signing import public_key, verify
 from pydantic import Field
 
@@ -182,11 +186,16 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
         records = {r.version: r for r in view.versions}
         current = _known(view, event.version, Reason.unknown_version)
         _TRANSITIONS[event.action](event, view, current, records)
+    evidence = [*(view.evidence if view else []), event]
+    if len(evidence) > MAX_EVIDENCE:
+        raise _Reject(Reason.history_full,
+                      f"adapter {event.adapter_id} already has {MAX_EVIDENCE} accepted events")
     versions = sorted(records.values(), key=lambda r: version_key(r.version))
     active = next((r.version for r in versions if r.status is AdapterStatus.active), None)
     return AdapterView(adapter_id=event.adapter_id, tenant_id=event.tenant_id,
                        base_model=event.base_model, active_version=active, versions=versions,
-                       last_seq=event.seq, last_event_id=event.event_id, updated_at=now)
+                       last_seq=event.seq, last_event_id=event.event_id, updated_at=now,
+                       evidence=evidence)
 
 
 def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, AdapterRecord]:

@@ -17,16 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.keyring import KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import KafkaEventSink
+from loraplane.workers.event_sink import EventSink, KafkaEventSink
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
+from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.workers.vllm_client import VllmClient
+from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
@@ -67,11 +69,18 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
                     is_protected=is_protected)
 
 
-def registry_records(settings: Settings) -> list[AdapterRecord]:
-    """Every version of every adapter in the compacted registry topic."""
-    from loraplane.kernel.registry_view import load_registry
+def verified_registry(settings: Settings, options: WorkerOptions, sink: EventSink,
+                      metrics: WorkerMetrics) -> VerifiedRegistry:
+    """The registry topic as this worker believes it: only views whose signed evidence
+    verifies with its own keyring copy (``settings.keyring_path``); the rest is
+    dead-lettered and counted (workers/registry_trust.py)."""
+    from loraplane.kernel.registry_view import latest_registry_records
 
-    return [r for view in load_registry(settings).values() for r in view.versions]
+    return VerifiedRegistry(KeyringFile(settings.keyring_path),
+                            lambda: latest_registry_records(settings), sink=sink,
+                            component=f"worker-{options.worker_id}",
+                            checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
+                            on_refused=metrics.view_refused)
 
 
 async def _site(settings: Settings, app: web.Application, port: int, name: str
@@ -102,6 +111,8 @@ def gateway_secret(path: Path) -> bytes:
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     vllm = VllmClient(options.vllm_url)
+    metrics = WorkerMetrics()
+    registry = verified_registry(settings, options, sink, metrics)
     agent = WorkerAgent(
         WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
                      vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
@@ -112,7 +123,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      registry_refresh_s=options.registry_refresh_s,
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
-        registry_loader=lambda: registry_records(settings), sink=sink)
+        registry_loader=registry.records, sink=sink, metrics=metrics)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink,
                       cache_secret=gateway_secret(settings.gateway_secret_path),

@@ -100,7 +100,10 @@ def register(app: typer.Typer) -> None:
                 fetched = fetcher.fetch(target if target.endswith("/") else target + "/",
                                         Path(tmp) / "artifact",
                                         expected_sha256=record.sha256 if record else None,
-                                        max_total_bytes=max_bytes)
+                                        max_total_bytes=max_bytes,
+                                        owner=record if record and record.artifact_uri == (
+                                            target if target.endswith("/") else target + "/")
+                                        else None)
             except ArtifactError as exc:
                 report(exc.refusals)
                 return

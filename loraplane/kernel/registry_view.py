@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
-from loraplane.kernel.bus import read_topic
+from loraplane.kernel.bus import Record, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
@@ -34,6 +34,20 @@ def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, Adap
             continue
         views[view.adapter_id] = view
     return views
+
+
+def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
+    """The raw last record of every key of the registry topic (tombstoned keys left out),
+    for consumers that verify each view themselves (``streams.registry_evidence``) and
+    dead-letter what they refuse with its place on the topic."""
+    latest: dict[bytes, Record] = {}
+    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s):
+        key = record.key or b""
+        if record.value is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = record
+    return list(latest.values())
 
 
 def views_to_json(views: dict[str, AdapterView]) -> str:

@@ -4,7 +4,9 @@
 
 Publishing: artifacts are uploaded with loraplane.artifact_upload and the registry views are
 written straight to a per-module registry topic (the signed lifecycle path needs the Faust
-app, which has its own tests). Commands are real CacheCommands on the real commands topic.
+app, which has its own tests); each view carries signed evidence (tests/lifecycle_kit.py:
+signed_view) verified by the worker with the module's keyring, as in production.
+Commands are real CacheCommands on the real commands topic.
 The S3 endpoint is a moto server this module starts and stops itself (never the shared one).
 """
 
@@ -30,6 +32,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
@@ -44,11 +47,13 @@ from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from tests.lifecycle_kit import make_kit, signed_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+KIT = make_kit(now_utc())  # "ops" signs the module's views; the keyring goes to the worker
 
 
 
@@ -195,11 +200,7 @@ def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
     for r in records:
         by_adapter.setdefault(r.adapter_id, []).append(r)
     for adapter, versions in by_adapter.items():
-        active = next((r.version for r in versions if r.status == AdapterStatus.active), None)
-        view = AdapterView(adapter_id=adapter, tenant_id=versions[0].tenant_id,
-                           base_model=TINY_BASE_MODEL, active_version=active,
-                           versions=versions, last_seq=1, last_event_id=uuid.uuid4().hex,
-                           updated_at=now_utc())
+        view = signed_view(KIT.keys["ops"], versions, now_utc(), KIT.keyring)
         produce_sync(settings, topic_name(settings, "registry"), adapter, view)
 
 
@@ -236,7 +237,9 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         keys = tmp / "api-keys.json"
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
+        save_keyring(KIT.keyring, tmp / "home" / "keyring.yaml")
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
+               "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
                "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
                "LORAPLANE_S3__PORT": str(moto.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
@@ -375,8 +378,9 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
     one, and the agent keeps serving."""
-    from loraplane.workers.artifact_fetch import s3_client
+    from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 
+    from loraplane.artifact.owner import owner_prefix
     from tests.hostile_corpus import CASES, hostile
 
     if world.agent is None:
@@ -388,10 +392,11 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
         _, rec = hostile(case, good, world.tmp / f"hostile-{i}")
         folder = world.tmp / f"hostile-{i}" / "artifact"
         rec = rec.model_copy(update={
-            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a",
-            "artifact_uri": f"s3://{BUCKET}/hostile-{i}/1/", "status": AdapterStatus.active})
+            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a", "status": AdapterStatus.active})
+        rec = rec.model_copy(update={"artifact_uri": owner_prefix(rec, BUCKET)})
+        _, key_prefix = parse_s3_uri(rec.artifact_uri)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            client.put_object(Bucket=BUCKET, Key=f"hostile-{i}/1/{path.relative_to(folder)}",
+            client.put_object(Bucket=BUCKET, Key=f"{key_prefix}{path.relative_to(folder)}",
                               Body=path.read_bytes())
         records.append(rec)
         # Over S3 the fetcher parses manifest.json with the schema first, which already
@@ -413,3 +418,131 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
     assert not set(expected) & world.vllm_names()  # none reached vLLM
     assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
+
+
+def test_forged_registry_records_are_never_fetched_or_served(world: World) -> None:
+    """ATTACK (real Kafka, real S3, the worker as its own process): records written straight
+    into the registry topic, the attacker's own weights uploaded to S3 with a matching
+    manifest. Without, with forged, with foreign, or with genuine-but-edited evidence, each is
+    dead-lettered by the worker with its reason, counted, and never fetched or served; a
+    genuinely signed record pointing into another tenant's prefix is refused at fetch."""
+    import json
+
+    from loraplane.schemas.dead_letter import DeadLetter
+
+    if world.agent is None:
+        world.start_agent()
+    tmp, s = world.tmp / "forged", world.settings
+    evil_folder = build_adapter(tmp / "evil", seed=66)
+    honest_folder = world.adapters["sql-1"].folder
+    now = now_utc()
+    ops = KIT.keys["ops"]
+    registry = topic_name(s, "registry")
+    views: dict[str, tuple[AdapterView, str]] = {}  # adapter -> (what we write, its reason)
+
+    def genuine(adapter: str, tenant: str, status: AdapterStatus,
+                folder: Path = honest_folder) -> AdapterView:
+        rec = publish(s, folder, adapter, "1", tenant, status)
+        world.adapters[adapter] = Published(folder, rec)
+        return signed_view(ops, [rec], now, KIT.keyring)
+
+    def edit(view: AdapterView, change: Callable[[dict[str, Any]], None]) -> AdapterView:
+        data = json.loads(view.model_dump_json())
+        change(data)
+        return AdapterView.model_validate(data)
+
+    # 1. no evidence at all: the hostile review's record
+    evil = publish(s, evil_folder, "forged-bare", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-bare"] = Published(evil_folder, evil)
+    views["forged-bare"] = (AdapterView(
+        adapter_id="forged-bare", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
+        active_version="1", versions=[evil], last_seq=1, last_event_id="e1",
+        updated_at=now), "view_no_evidence")
+    # 2. forged evidence: the attacker's own key, and its own keyring to fold with
+    mallory = make_kit(now)  # same names, other keys: nothing our keyring holds
+    evil = publish(s, evil_folder, "forged-key", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-key"] = Published(evil_folder, evil)
+    views["forged-key"] = (signed_view(mallory.keys["ops"], [evil], now, mallory.keyring),
+                           "view_evidence_rejected")
+    # 3. genuine evidence of another adapter (sql's) under the forged one's name
+    evil = publish(s, evil_folder, "forged-foreign", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-foreign"] = Published(evil_folder, evil)
+    sql_view = signed_view(ops, [world.adapters["sql-1"].record], now, KIT.keyring)
+    views["forged-foreign"] = (AdapterView(
+        adapter_id="forged-foreign", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
+        active_version="1", versions=[evil], last_seq=sql_view.last_seq,
+        last_event_id=sql_view.last_event_id, updated_at=now, evidence=sql_view.evidence),
+        "view_foreign_evidence")
+    # 4. genuine evidence, edited fields
+    real = genuine("edit-sha", "tenant-a", AdapterStatus.active)
+    evil = publish(s, evil_folder, "edit-sha", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["edit-sha"] = Published(evil_folder, evil)
+
+    def to_evil(d: dict[str, Any]) -> None:
+        d["versions"][0].update(sha256=evil.sha256, artifact_uri=evil.artifact_uri,
+                                size_bytes=evil.size_bytes)
+    views["edit-sha"] = (edit(real, to_evil), "view_mismatch")
+    real = genuine("edit-status", "tenant-a", AdapterStatus.published)
+
+    def to_active(d: dict[str, Any]) -> None:
+        d["active_version"] = "1"
+        d["versions"][0]["status"] = "active"
+    views["edit-status"] = (edit(real, to_active), "view_mismatch")
+    real = genuine("edit-tenant", "tenant-b", AdapterStatus.active)
+
+    def to_tenant_a(d: dict[str, Any]) -> None:
+        d["tenant_id"] = d["versions"][0]["tenant_id"] = "tenant-a"
+    views["edit-tenant"] = (edit(real, to_tenant_a), "view_mismatch")
+    world.adapters["edit-tenant"] = Published(honest_folder, AdapterRecord.model_validate(
+        views["edit-tenant"][0].versions[0].model_dump()))
+    real = genuine("edit-uri", "tenant-a", AdapterStatus.active)
+    other_uri = world.adapters["other-1"].record.artifact_uri
+    views["edit-uri"] = (edit(real, lambda d: d["versions"][0].update(
+        artifact_uri=other_uri)), "view_mismatch")
+    for adapter, (view, _) in views.items():
+        produce_sync(s, registry, adapter, view)
+    # 5. genuinely signed, but its artifact_uri is another tenant's (tenant-b's "other")
+    stolen = world.adapters["other-1"].record.model_copy(update={
+        "adapter_id": "thief", "tenant_id": "tenant-a", "status": AdapterStatus.active})
+    world.adapters["thief"] = Published(world.adapters["other-1"].folder, stolen)
+    produce_sync(s, registry, "thief", signed_view(ops, [stolen], now, KIT.keyring))
+
+    component = f"worker-{world.worker_id}"
+
+    def letters() -> dict[str, str]:
+        got = {}
+        for rec in read_topic(s, topic_name(s, "dead-letters"), timeout_s=15, idle_s=1.0):
+            d = decode(DeadLetter, rec.value)
+            if d.component == component:
+                got[(rec.key or b"").decode()] = str(d.reason)
+        return got if set(views) <= set(got) else {}
+
+    got = wait_for(letters, 60, "a dead letter for every forged record")
+    assert {a: got[a] for a in views} == {a: reason for a, (_, reason) in views.items()}
+    assert "thief" not in got  # its evidence is genuine: only the fetch can refuse it
+
+    commands = {world.command(a, CommandAction.load_gpu): a for a in [*views, "thief"]}
+
+    def outcomes() -> dict[str, str]:
+        out = {commands[e.command_id]: f"{e.kind}:{e.reason}"
+               for e in world.read("cache-events", CacheEvent)
+               if e.command_id in commands and e.kind in (CacheEventKind.refuse,
+                                                          CacheEventKind.fail)}
+        return out if len(out) == len(commands) else {}
+
+    seen = wait_for(outcomes, 90, "an outcome for every forged or stolen record")
+    assert seen == {**{a: "refuse:not_in_registry" for a in views},
+                    "thief": "refuse:outside_owner_prefix"}
+    names = world.vllm_names()
+    for a in [*views, "thief"]:
+        assert world.adapters[a].record.lora_name not in names
+        resp = world.ask(a)  # unknown (404), or for the thief the base model, never its lora
+        assert resp.status_code != 200 or (resp.headers.get("X-Loraplane-Fallback") == "base"
+                                           and a == "thief"), (a, resp.headers)
+        assert resp.headers.get("X-Loraplane-Lora-Name") != world.adapters[a].record.lora_name
+    host = world.tmp / f"host-{world.worker_id}"
+    installed = {p.name for p in host.iterdir()} if host.exists() else set()
+    assert not {world.adapters[a].record.lora_name for a in [*views, "thief"]} & installed
+    metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+    assert 'registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
+    assert world.ask("sql", timeout_s=30).status_code == 200  # the genuine ones still serve

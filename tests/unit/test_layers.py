@@ -31,7 +31,10 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
-    ("loraplane.streams.lifecycle", DECISIONS), ("loraplane.streams.scores", DECISIONS),
+    ("loraplane.streams.lifecycle", DECISIONS),
+    # a registry view verified by re-folding its evidence: workers and the router share it
+    ("loraplane.streams.registry_evidence", DECISIONS),
+    ("loraplane.streams.scores", DECISIONS),
     ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),

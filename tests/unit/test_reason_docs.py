@@ -34,6 +34,7 @@ from loraplane.schemas.reasons import (
     IntentRefusal,
     LoadDeferral,
     RegistryRejection,
+    RegistryViewRejection,
     RequestRefusal,
     TenantLimit,
     UnloadReason,
@@ -105,6 +106,11 @@ def test_worker_doc_lists_every_artifact_reason() -> None:
     assert sorted(codes(rows)) == values(ArtifactReason)
     transient = {c for c, row in zip(codes(rows), rows, strict=True) if "†" in row[0]}
     assert transient == {r.value for r in ArtifactReason if r.is_failure}
+
+
+def test_worker_doc_lists_every_registry_view_rejection() -> None:
+    rows = tables("docs/worker.md")[("view reason", "when")]
+    assert sorted(codes(rows)) == values(RegistryViewRejection)
 
 
 def test_worker_doc_lists_the_agents_own_reasons() -> None:
