@@ -40,7 +40,12 @@ from loraplane.artifact.verification import (
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
-from loraplane.schemas.adapter import AdapterRecord, Compatibility, Priority
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    Compatibility,
+    Priority,
+    expected_artifact_prefix,
+)
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
@@ -124,8 +129,8 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
         record = AdapterRecord(
             adapter_id=release.adapter_id, base_model=release.base_model,
             version=release.version, rank=config.rank,
-            artifact_uri=f"s3://{bucket}/{release.adapter_id}/"
-                         f"{release.version}-{manifest.digest[:8]}/",
+            artifact_uri=expected_artifact_prefix(bucket, release.tenant_id, release.adapter_id,
+                                                  release.version, manifest.digest),
             sha256=manifest.digest, size_bytes=max(manifest.total_size, 1),
             tenant_id=release.tenant_id, priority=release.priority,
             compatibility=Compatibility(tokenizer_revision=release.tokenizer_revision,

@@ -55,5 +55,30 @@ def decode(model: type[M], raw: bytes | str | None) -> M:
         raise SchemaError(DecodeReason.invalid, [("(root)", str(exc))]) from None
 
 
+def decode_signed(model: type[M], raw: bytes | str | None) -> M:
+    """``decode`` for bytes whose signature is checked: the strict JSON pre-pass
+    (``schemas.strict_json``: bounded size and depth, no duplicate key, no NaN, no lone
+    surrogate, no BOM, one value) and then pydantic's strict mode (no coercion: ``"123"``,
+    ``true`` or ``5.0`` is not an integer, a string is not a number or a timestamp number).
+    """
+    from loraplane.schemas.strict_json import StrictJsonError, strict_loads
+
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    try:
+        value = strict_loads(raw, max_bytes=MAX_MESSAGE_BYTES)
+    except StrictJsonError as exc:
+        raise SchemaError(exc.reason, [("(root)", str(exc))]) from None
+    if not isinstance(value, dict):
+        raise SchemaError(DecodeReason.malformed, [("(root)", "expected a JSON object")])
+    assert raw is not None  # strict_loads refuses None
+    try:
+        return model.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise SchemaError(DecodeReason.invalid, _field_errors(exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise SchemaError(DecodeReason.invalid, [("(root)", str(exc))]) from None
+
+
 def encode(message: BaseModel) -> bytes:
     return message.model_dump_json().encode("utf-8")

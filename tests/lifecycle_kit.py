@@ -7,8 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterRecord, Compatibility
-from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    Compatibility,
+    Priority,
+    expected_artifact_prefix,
+)
+from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, TenantPolicy
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.signing import SigningKey
 
@@ -40,7 +45,8 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
     sha = hashlib.sha256(f"{adapter_id}@{version}".encode()).hexdigest()
     return AdapterRecord(
         adapter_id=adapter_id, base_model=base, version=version, rank=rank,
-        artifact_uri=f"s3://loraplane-artifacts/{adapter_id}/{version}-{sha[:8]}/",
+        artifact_uri=expected_artifact_prefix("loraplane-artifacts", tenant, adapter_id, version,
+                                              sha),
         sha256=sha, size_bytes=1000, tenant_id=tenant,
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
 
@@ -67,4 +73,6 @@ def make_kit(now: datetime) -> Kit:
                                 public_key=key.public_key_b64, not_before=nb, not_after=na,
                                 revoked=revoked,
                                 scopes=Scopes(tenants=tenants, actions=actions)))
-    return Kit(keys, Keyring(keys=entries))
+    # acme may publish never-evicted (platinum) adapters; beta has the default ceiling (gold)
+    return Kit(keys, Keyring(keys=entries,
+                             tenants={TENANT: TenantPolicy(max_priority=Priority.platinum)}))
