@@ -122,7 +122,12 @@ class Keyring(StrictModel):
     def to_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        data = self.model_dump(mode="json")
+        if not self.tenants:  # defaults left out: a printed entry is just ``keys:``
+            del data["tenants"]
+        if self.default_max_priority is DEFAULT_MAX_PRIORITY:
+            del data["default_max_priority"]
+        return yaml.safe_dump(data, sort_keys=False)
 
 
 MAX_KEYRING_CHARS = 16 * 1024 * 1024

@@ -207,3 +207,21 @@ def test_artifact_verify_refuses_hostile_record_and_config(tmp_path: Path,
         result = CliRunner().invoke(app, ["artifact", "verify", str(folder), option, str(bad)])
         assert result.exit_code == 2, result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_keys_tenant_sets_the_priority_ceiling(tmp_path: Path) -> None:
+    from loraplane.schemas.adapter import Priority
+    from loraplane.schemas.keyring import load_keyring
+
+    ring = tmp_path / "keyring.yaml"
+    save_keyring(KIT.keyring, ring)
+    done = CliRunner().invoke(app, ["keys", "tenant", "--keyring", str(ring), "--tenant", "beta",
+                                    "--max-priority", "platinum"])
+    assert done.exit_code == 0, done.output
+    loaded = load_keyring(ring)
+    assert loaded.max_priority("beta") is Priority.platinum
+    assert loaded.max_priority("nobody") is Priority.gold
+    assert [k.key_id for k in loaded.keys] == [k.key_id for k in KIT.keyring.keys]
+    bad = CliRunner().invoke(app, ["keys", "tenant", "--keyring", str(ring), "--tenant", "beta",
+                                   "--max-priority", "diamond"])
+    assert bad.exit_code == 1 and "error:" in bad.output
