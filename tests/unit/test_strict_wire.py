@@ -225,3 +225,60 @@ def test_keys_tenant_sets_the_priority_ceiling(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["keys", "tenant", "--keyring", str(ring), "--tenant", "beta",
                                    "--max-priority", "diamond"])
     assert bad.exit_code == 1 and "error:" in bad.output
+
+
+# --- artifacts: the bytes the signed digest pins have one reading ---------------------------
+
+@pytest.fixture(scope="module")
+def good_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from loraplane.tiny_model import build_adapter
+
+    return build_adapter(tmp_path_factory.mktemp("good") / "adapter", seed=7)
+
+
+def test_manifest_with_a_duplicate_key_is_refused(good_adapter: Path, tmp_path: Path) -> None:
+    """The manifest's own bytes match the signed digest; a first-key reader would see an
+    empty file list, the old parser took the last. Now refused as manifest_invalid."""
+    import hashlib
+    import shutil
+
+    from loraplane.schemas.reasons import ArtifactReason
+
+    from loraplane.artifact.directory import DirectoryArtifact
+    from loraplane.artifact.verification import MANIFEST_NAME, verify_artifact
+    from tests.hostile_corpus import LIMITS, record_for, write_manifest
+
+    folder = tmp_path / "a"
+    shutil.copytree(good_adapter, folder)
+    manifest = write_manifest(folder)
+    body = (folder / MANIFEST_NAME).read_bytes()
+    hostile = b'{"files":[],' + body[1:]
+    (folder / MANIFEST_NAME).write_bytes(hostile)
+    record = record_for(manifest, sha256=hashlib.sha256(hostile).hexdigest())
+    verdict = verify_artifact(DirectoryArtifact(folder), LIMITS, record)
+    assert ArtifactReason.manifest_invalid in verdict.reasons, verdict.refusals
+
+
+def test_safetensors_header_with_a_duplicate_tensor_is_refused(good_adapter: Path,
+                                                               tmp_path: Path) -> None:
+    import shutil
+    import struct
+
+    from loraplane.schemas.reasons import ArtifactReason
+
+    from loraplane.artifact.directory import DirectoryArtifact
+    from loraplane.artifact.verification import WEIGHTS_NAME, verify_artifact
+    from tests.hostile_corpus import LIMITS, record_for, write_manifest
+
+    folder = tmp_path / "a"
+    shutil.copytree(good_adapter, folder)
+    data = (folder / WEIGHTS_NAME).read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    first = next(k for k in header if k != "__metadata__")
+    decoy = json.dumps({first: {**header[first], "data_offsets": [0, 0]}})[:-1] + ","
+    text = (decoy + data[8:8 + length].decode()[1:]).encode()
+    (folder / WEIGHTS_NAME).write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    record = record_for(write_manifest(folder))
+    verdict = verify_artifact(DirectoryArtifact(folder), LIMITS, record)
+    assert ArtifactReason.header_invalid in verdict.reasons, verdict.refusals
