@@ -29,7 +29,6 @@ from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.inert_files import Selection, select_for_publish
 from loraplane.artifact.lora_config import parse_lora_config
 from loraplane.artifact.model_shape import ModelShape
-from loraplane.artifact.owner import owner_prefix_of
 from loraplane.artifact.refusal import ArtifactError as FetchRefused
 from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import (
@@ -42,7 +41,12 @@ from loraplane.artifact.verification import (
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
-from loraplane.schemas.adapter import AdapterRecord, Compatibility, Priority
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    Compatibility,
+    Priority,
+    expected_artifact_prefix,
+)
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
@@ -126,8 +130,8 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
         record = AdapterRecord(
             adapter_id=release.adapter_id, base_model=release.base_model,
             version=release.version, rank=config.rank,
-            artifact_uri=owner_prefix_of(bucket, release.tenant_id, release.adapter_id,
-                                         release.version, manifest.digest),
+            artifact_uri=expected_artifact_prefix(bucket, release.tenant_id, release.adapter_id,
+                                                  release.version, manifest.digest),
             sha256=manifest.digest, size_bytes=max(manifest.total_size, 1),
             tenant_id=release.tenant_id, priority=release.priority,
             compatibility=Compatibility(tokenizer_revision=release.tokenizer_revision,

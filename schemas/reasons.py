@@ -44,19 +44,23 @@ class RegistryRejection(StrEnum):
     bad_signature = "bad_signature"
     action_out_of_scope = "action_out_of_scope"
     tenant_out_of_scope = "tenant_out_of_scope"
+    priority_above_ceiling = "priority_above_ceiling"  # keyring's per-tenant max_priority
     # freshness and order
     event_expired = "event_expired"
     event_from_future = "event_from_future"
     event_lifetime_too_long = "event_lifetime_too_long"
+    seq_from_future = "seq_from_future"  # seq above the now-derived ceiling
     replayed_event_id = "replayed_event_id"
     stale_seq = "stale_seq"
     # ownership and registry rules
     tenant_mismatch = "tenant_mismatch"
     base_model_mismatch = "base_model_mismatch"
+    artifact_outside_prefix = "artifact_outside_prefix"  # not under TENANT/ADAPTER/V-SHA8/
     version_not_newer = "version_not_newer"
     unknown_version = "unknown_version"
     version_revoked = "version_revoked"
     rollback_to_unknown = "rollback_to_unknown"
+    rollback_to_never_served = "rollback_to_never_served"
     invalid_transition = "invalid_transition"
     # the view's evidence (every accepted event of the adapter) would exceed its bound
     history_full = "history_full"

@@ -27,13 +27,17 @@ class AdapterView(StrictModel):
     active_version: Version | None = Field(None, description="None: requests use the base model")
     versions: list[AdapterRecord] = Field(min_length=1, max_length=10_000,
                                           description="ordered by version, oldest first")
-    last_seq: int = Field(ge=1, le=2**62, description="seq of the last accepted event")
+    last_seq: int = Field(ge=1, le=2**62, description="highest seq accepted so far")
     last_event_id: Identifier
     updated_at: Timestamp
     evidence: list[LifecycleEvent] = Field(
         default_factory=list, max_length=MAX_EVIDENCE,
         description="every signed lifecycle event accepted for this adapter, in order: "
                     "consumers re-derive the view from them with their own keyring")
+    served_versions: list[Version] = Field(
+        default_factory=list, max_length=10_000,
+        description="versions that have served traffic (active, or canary with percent > 0)"
+                    ": the only rollback targets")
 
     @model_validator(mode="after")
     def _consistent(self) -> AdapterView:
@@ -56,6 +60,20 @@ class AdapterView(StrictModel):
         """The record of ``version`` (``1`` and ``1.0`` are the same version)."""
         key = version_key(version)
         return next((r for r in self.versions if version_key(r.version) == key), None)
+
+    def has_served(self, version: str) -> bool:
+        """Whether ``version`` ever served traffic. Views written before served_versions
+        existed are read by what they still show: serving now, or named as a
+        ``rollback_to`` (only promote sets it, to the version that was active)."""
+        key = version_key(version)
+        if any(version_key(v) == key for v in self.served_versions):
+            return True
+        record = self.version(version)
+        if record is not None and (record.status is AdapterStatus.active or (
+                record.status is AdapterStatus.canary and record.release.canary_percent > 0)):
+            return True
+        return any(r.release.rollback_to is not None and version_key(r.release.rollback_to)
+                   == key for r in self.versions)
 
     @property
     def active(self) -> AdapterRecord | None:

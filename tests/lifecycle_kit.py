@@ -7,14 +7,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    AdapterStatus,
+    Compatibility,
+    Priority,
+    Release,
+    expected_artifact_prefix,
+)
 from loraplane.schemas.base import version_key
-from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes
+from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, TenantPolicy
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import SigningKey
 
-from loraplane.artifact.owner import owner_prefix_of
 from loraplane.lifecycle_events import signed_event, time_seq
 
 TENANT = "acme"
@@ -43,7 +49,8 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
     sha = hashlib.sha256(f"{adapter_id}@{version}".encode()).hexdigest()
     return AdapterRecord(
         adapter_id=adapter_id, base_model=base, version=version, rank=rank,
-        artifact_uri=owner_prefix_of("loraplane-artifacts", tenant, adapter_id, version, sha),
+        artifact_uri=expected_artifact_prefix("loraplane-artifacts", tenant, adapter_id, version,
+                                              sha),
         sha256=sha, size_bytes=1000, tenant_id=tenant,
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
 
@@ -70,7 +77,9 @@ def make_kit(now: datetime) -> Kit:
                                 public_key=key.public_key_b64, not_before=nb, not_after=na,
                                 revoked=revoked,
                                 scopes=Scopes(tenants=tenants, actions=actions)))
-    return Kit(keys, Keyring(keys=entries))
+    # acme may publish never-evicted (platinum) adapters; beta has the default ceiling (gold)
+    return Kit(keys, Keyring(keys=entries,
+                             tenants={TENANT: TenantPolicy(max_priority=Priority.platinum)}))
 
 
 def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,

@@ -58,10 +58,13 @@ def views_to_json(views: dict[str, AdapterView]) -> str:
 
 def views_from_json(data: bytes) -> dict[str, AdapterView]:
     """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
-    raw = json.loads(data)
+    from loraplane.schemas.strict_json import strict_loads
+
+    raw = strict_loads(data, max_bytes=256 * 1024 * 1024)  # StrictJsonError is a ValueError
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object adapter_id -> view")
-    views = {aid: AdapterView.model_validate(v) for aid, v in raw.items()}
+    views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)
+             for aid, v in raw.items()}
     for aid, view in views.items():
         if view.adapter_id != aid:
             raise ValueError(f"{aid}: holds the view of {view.adapter_id}")

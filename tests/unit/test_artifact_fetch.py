@@ -200,11 +200,13 @@ def test_owner_check_accepts_exactly_the_owners_prefix(tenant: str, adapter: str
                                                        version: str) -> None:
     """PROPERTY: a record is accepted under its own prefix only; moved to any other
     tenant's or adapter's prefix it is refused."""
-    from loraplane.artifact.owner import check_owner, owner_prefix_of
+    from loraplane.schemas.adapter import expected_artifact_prefix
+
+    from loraplane.artifact.owner import check_owner
 
     rec = _owned(tenant, adapter, version)
     check_owner(rec, "loraplane-artifacts")
-    moved = rec.model_copy(update={"artifact_uri": owner_prefix_of(
+    moved = rec.model_copy(update={"artifact_uri": expected_artifact_prefix(
         "loraplane-artifacts", other_tenant, other_adapter, version, rec.sha256)})
     if (other_tenant, other_adapter) == (tenant, adapter):
         check_owner(moved, "loraplane-artifacts")
