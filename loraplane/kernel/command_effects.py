@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import Literal
 
 from loraplane.schemas.commands import CommandAction
@@ -100,12 +101,20 @@ class Effect:
     refused: Refusal | None = None
 
 
+@cache
 def effect(action: CommandAction, before: Copy) -> Effect:
-    """What ``action`` does to ``before``."""
+    """What ``action`` does to ``before``. Cached: there are only 6 x 6 cases, and the
+    planner asks once per command it issues (~30k on a cold tick)."""
     after = TABLE[action].target(before)
     if before.pinned and LEVEL[after.tier] < LEVEL[before.tier]:
         return Effect(before, Refusal.pinned)
     return Effect(after)
+
+
+@cache
+def copy_at(tier: Tier, pinned: bool) -> Copy:
+    """The one ``Copy`` of each (tier, pin): hot paths build none."""
+    return Copy(tier, pinned)
 
 
 def shows(action: CommandAction, observed: Copy) -> bool:
