@@ -69,7 +69,7 @@ from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
 from loraplane.streams.planner_columns import BaseRows, Columns, Registry
 from loraplane.streams.scores import ScoreState
 
-from loraplane.kernel.command_effects import Copy, effect, shows
+from loraplane.kernel.command_effects import Copy, copy_at, effect, shows
 from loraplane.kernel.policy import Policy
 
 LOAD_WINDOW_S = 60.0
@@ -229,8 +229,8 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
 
 def _copy_on(w: _Worker, lora: str) -> Copy:
     if lora in w.gpu:
-        return Copy("gpu", w.gpu[lora])
-    return Copy("host", lora in w.host_pinned) if lora in w.host else Copy()
+        return copy_at("gpu", w.gpu[lora])
+    return copy_at("host", lora in w.host_pinned) if lora in w.host else copy_at("gone", False)
 
 
 def _apply(w: _Worker, action: CommandAction, lora: str, size: int) -> None:
