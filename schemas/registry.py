@@ -48,9 +48,12 @@ class AdapterView(StrictModel):
             if (r.adapter_id, r.tenant_id, r.base_model) != (
                     self.adapter_id, self.tenant_id, self.base_model):
                 raise ValueError(f"version {r.version} belongs to another adapter/tenant/base")
-        if self.evidence and (self.evidence[-1].seq, self.evidence[-1].event_id) != (
+        # last_seq is the highest seq accepted (a revoke may land below it), last_event_id the
+        # last event applied: the evidence must say the same.
+        if self.evidence and (max(e.seq for e in self.evidence), self.evidence[-1].event_id) != (
                 self.last_seq, self.last_event_id):
-            raise ValueError("the last evidence event is not last_seq/last_event_id")
+            raise ValueError("the evidence's highest seq / last event is not "
+                             "last_seq/last_event_id")
         active = [r.version for r in self.versions if r.status is AdapterStatus.active]
         if active != ([self.active_version] if self.active_version else []):
             raise ValueError(f"active_version {self.active_version} but active records {active}")
