@@ -23,7 +23,7 @@ from loraplane.schemas.reasons import RegistryRejection as Reason
 
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import load_registry
-from tests.integration.registry_env import LORAPLANE, Env, wait_for
+from tests.integration.registry_env import LORAPLANE, Env, running, wait_for
 from tests.lifecycle_kit import record
 
 pytestmark = pytest.mark.integration
@@ -31,13 +31,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    env = Env.create(stack, tmp_path_factory.mktemp("registry"))
-    try:
-        env.start()
+    with running(stack, tmp_path_factory.mktemp("registry")) as env:
         yield env
-    finally:
-        env.stop()
-        env.delete_topics()
 
 
 def test_release_flow_ends_with_the_right_active_version_and_a_full_audit(env: Env) -> None:

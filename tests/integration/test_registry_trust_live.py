@@ -25,20 +25,15 @@ from loraplane.workers.worker_metrics import WorkerMetrics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import latest_registry_records
-from tests.integration.registry_env import Env, wait_for
+from tests.integration.registry_env import Env, running, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    env = Env.create(stack, tmp_path_factory.mktemp("registry-trust"))
-    try:
-        env.start()
+    with running(stack, tmp_path_factory.mktemp("registry-trust")) as env:
         yield env
-    finally:
-        env.stop()
-        env.delete_topics()
 
 
 def worker_registry(env: Env, tmp: Path) -> tuple[VerifiedRegistry, KafkaEventSink,
