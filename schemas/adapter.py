@@ -123,6 +123,12 @@ def expected_artifact_prefix(bucket: str, tenant_id: str, adapter_id: str, versi
     return f"s3://{bucket}/{artifact_key_prefix(tenant_id, adapter_id, version, sha256)}"
 
 
+def owner_prefix(record: AdapterRecord, bucket: str) -> str:
+    """The owner's prefix of ``record``'s version in ``bucket``."""
+    return expected_artifact_prefix(bucket, record.tenant_id, record.adapter_id, record.version,
+                                    record.sha256)
+
+
 def artifact_uri_problem(record: AdapterRecord, bucket: str | None = None) -> str | None:
     """Why ``record.artifact_uri`` is not exactly the record's own prefix (in any bucket, or
     ``bucket`` when given), or None. Exactly, not "somewhere under": the registry and the
@@ -130,8 +136,7 @@ def artifact_uri_problem(record: AdapterRecord, bucket: str | None = None) -> st
     uri_bucket = record.artifact_uri.removeprefix("s3://").partition("/")[0]
     if bucket is not None and uri_bucket != bucket:
         return f"artifact bucket {uri_bucket!r} is not {bucket!r}"
-    expected = expected_artifact_prefix(uri_bucket, record.tenant_id, record.adapter_id,
-                                        record.version, record.sha256)
+    expected = owner_prefix(record, uri_bucket)
     if record.artifact_uri != expected:
         return f"artifact_uri {record.artifact_uri[:200]} is not the owner's prefix {expected}"
     return None

@@ -12,18 +12,8 @@ the bytes are fetched, on the record being loaded.
 from __future__ import annotations
 
 from loraplane.artifact.refusal import ArtifactError
-from loraplane.schemas.adapter import (
-    AdapterRecord,
-    artifact_uri_problem,
-    expected_artifact_prefix,
-)
+from loraplane.schemas.adapter import AdapterRecord, artifact_uri_problem
 from loraplane.schemas.reasons import ArtifactReason as Reason
-
-
-def owner_prefix(record: AdapterRecord, bucket: str) -> str:
-    """The owner's prefix of ``record``'s version in ``bucket``."""
-    return expected_artifact_prefix(bucket, record.tenant_id, record.adapter_id, record.version,
-                                    record.sha256)
 
 
 def check_owner(record: AdapterRecord, bucket: str) -> None:

@@ -213,7 +213,7 @@ def test_hostile_store_content_never_lands_in_the_tier(
         stack: Settings, prefix: str, tmp_path: Path) -> None:
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     host = tier(tmp_path / "tier", stack.s3)
-    from loraplane.artifact.owner import owner_prefix
+    from loraplane.schemas.adapter import owner_prefix
 
     bucket, _ = parse_s3_uri(record.artifact_uri)
     unpublished = record.model_copy(update={"version": "9"})  # an owner prefix with no objects

@@ -380,9 +380,9 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
     one, and the agent keeps serving."""
+    from loraplane.schemas.adapter import owner_prefix
     from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 
-    from loraplane.artifact.owner import owner_prefix
     from tests.hostile_corpus import CASES, hostile
 
     if world.agent is None:

@@ -149,7 +149,7 @@ def _owned(tenant: str = "acme", adapter: str = "chat", version: str = "1") -> A
 
 
 def test_the_owner_prefix_is_tenant_adapter_version_sha8() -> None:
-    from loraplane.artifact.owner import owner_prefix
+    from loraplane.schemas.adapter import owner_prefix
 
     rec = _owned()
     assert owner_prefix(rec, "b") == f"s3://b/acme/chat/1-{rec.sha256[:8]}/"

@@ -209,10 +209,3 @@ def test_a_reason_outside_the_set_is_refused(data: st.DataObject, text: str) -> 
         decode(model, json.dumps(raw))
     assert err.value.reason == DecodeReason.invalid
 
-
-def test_vllm_failures_are_the_error_codes_prefixed() -> None:
-    """VllmFailure is written out for type checkers; it must stay VllmErrorCode with vllm_."""
-    from loraplane.schemas.reasons import VllmErrorCode, VllmFailure
-
-    assert [f.value for f in VllmFailure] == [f"vllm_{c.value}" for c in VllmErrorCode]
-    assert all(c.failure is VllmFailure(f"vllm_{c.value}") for c in VllmErrorCode)
