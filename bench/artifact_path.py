@@ -124,7 +124,7 @@ def run(settings: Settings, sizes: list[int], reps: int) -> dict[str, Any]:
                 for path in totals:
                     totals[path].append(moved[path] / MIB / elapsed[path])
         finally:
-            delete_s3_prefix(settings, prefix)
+            delete_s3_prefix(settings, f"bench/{prefix}")  # TENANT/ADAPTER_ID/...
     summary = {p: Summary.of(v) for p, v in totals.items()}
     best = max(RAW, key=lambda p: summary[p].median)
     ratios = [a / b for a, b in zip(totals["loraplane"], totals[best], strict=True)]

@@ -80,12 +80,40 @@ def publish(settings: Settings, work: Path, adapter_id: str) -> AdapterRecord:
     release = PublishRequest(adapter_id, TENANT, TINY_BASE_MODEL, "1", Priority.gold)
     record, manifest = build_record(folder, release, settings.s3.bucket)
     upload(settings, folder, record, manifest)
-    record = record.model_copy(update={"status": AdapterStatus.active})
-    view = AdapterView(adapter_id=adapter_id, tenant_id=TENANT, base_model=TINY_BASE_MODEL,
-                       active_version="1", versions=[record], last_seq=1,
-                       last_event_id=f"bench-{adapter_id}", updated_at=datetime.now(UTC))
+    view = signed_view(settings, record)
     produce_sync(settings, topic_name(settings, "registry"), adapter_id, view)
-    return record
+    return record.model_copy(update={"status": AdapterStatus.active})
+
+
+def signed_view(settings: Settings, record: AdapterRecord) -> AdapterView:
+    """The registry's view after a signed publish and promote of ``record``: the worker
+    accepts only views whose evidence verifies with its keyring, written here for it."""
+    from datetime import timedelta
+
+    from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, save_keyring
+    from loraplane.schemas.lifecycle import LifecycleAction
+    from loraplane.schemas.signing import SigningKey
+    from loraplane.streams.lifecycle import Accepted, evaluate
+
+    from loraplane.lifecycle_events import signed_event
+
+    now = datetime.now(UTC)
+    key = SigningKey.generate("bench", "bench-1")
+    keyring = Keyring(keys=[KeyEntry(key_id=key.key_id, publisher=key.publisher,
+                                     public_key=key.public_key_b64,
+                                     not_before=now - timedelta(days=1),
+                                     not_after=now + timedelta(days=1),
+                                     scopes=Scopes(tenants="*", actions="*"))])
+    save_keyring(keyring, settings.keyring_path)
+    common = {"adapter_id": record.adapter_id, "tenant_id": record.tenant_id,
+              "base_model": record.base_model, "version": record.version, "now": now}
+    publish = signed_event(key, LifecycleAction.publish, record=record, seq=1, **common)
+    first = evaluate(publish, keyring, lambda _a: None, now)
+    assert isinstance(first, Accepted), first
+    promote = signed_event(key, LifecycleAction.promote, seq=2, **common)
+    second = evaluate(promote, keyring, lambda _a: first.state, now)
+    assert isinstance(second, Accepted), second
+    return second.state.view
 
 
 def cpu_s(pid: int) -> float:
@@ -169,9 +197,14 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)
         settings = isolated(base, "gw", home=work / "home")
+        settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
         settings.home.mkdir()
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-               "LORAPLANE_HOME": str(settings.home)}
+               "LORAPLANE_HOME": str(settings.home),
+               # the overhead, not the per-tenant limits: one tenant sends every request
+               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
+               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
+               "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)}
         if real:
             env.update({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
                         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -210,7 +243,7 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                                 for p in ("worker.log", "vllm.log")}
                         raise RuntimeError(f"{exc}\n{logs}") from exc
             finally:
-                delete_s3_prefix(settings, adapter_id + "/")
+                delete_s3_prefix(settings, f"{TENANT}/{adapter_id}/")
     return summarise(results, total, concurrency, reps, real)
 
 

@@ -1,25 +1,30 @@
 """``loraplane dashboard``: a small loopback web server for the live charts.
 
-Standard library only (``http.server``) and self-contained assets in ``dashboards/static``
-(no CDN: the machines have no internet). The page polls a tiny JSON API,
-``GET /api/query/<name>?since=1h&adapter_id=...``, which runs one query of the pack
-(``loraplane.metrics.queries``) with bound parameters; unknown names and bad durations are
-400s, a ClickHouse failure is a 503 with the reason, so the page can show it.
+Self-contained assets in ``dashboards/static`` (no CDN: the machines have no internet). The
+page polls a tiny JSON API, ``GET /api/query/<name>?since=1h&adapter_id=...``, which runs one
+query of the pack (``loraplane.metrics.queries``) with bound parameters; unknown names and bad
+durations are 400s, a ClickHouse failure is a 503 with the reason, so the page can show it.
+
+It is an aiohttp app behind the shared connection bounds (``loraplane.kernel.http_server``,
+``settings.http``): no thread per connection; queries run on a pool of ``QUERY_THREADS``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import mimetypes
-from functools import partial
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+
+from aiohttp import web
 
 from loraplane.kernel.config import LOOPBACK
+from loraplane.kernel.http_server import bound_port, start_site
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 
@@ -28,92 +33,100 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).resolve().parent / "static"
 FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
+QUERY_THREADS = 4
 log = logging.getLogger("loraplane.dashboard")
 
 
-class DashboardHandler(BaseHTTPRequestHandler):
-    server_version = "loraplane-dashboard"
+def _json(status: HTTPStatus, body: Any) -> web.Response:
+    return _send(status, json.dumps(body).encode(), "application/json")
 
-    def __init__(self, *args: Any, settings: Settings, refresh_s: float, **kwargs: Any) -> None:
+
+def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
+    return web.Response(status=status, body=body, headers={
+        "Content-Type": content_type, "Cache-Control": "no-store"})
+
+
+class Dashboard:
+    def __init__(self, settings: Settings, refresh_s: float = 5.0) -> None:
         self.settings = settings
         self.refresh_s = refresh_s
-        super().__init__(*args, **kwargs)
+        self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="dashboard-query")
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug(format, *args)
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024)  # GET only: no body to speak of
+        app.router.add_get("/{tail:.*}", self.get)
+        app.on_cleanup.append(self._close)
+        return app
 
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path in ("/", "/index.html"):
+    async def _close(self, _: web.Application) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def get(self, request: web.Request) -> web.Response:
+        path = request.path
+        if path in ("/", "/index.html"):
             html = (STATIC / "index.html").read_text()
-            self._send(HTTPStatus.OK, html.replace("{{REFRESH_MS}}", str(int(self.refresh_s *
-                                                                              1000))).encode(),
-                       "text/html; charset=utf-8")
-        elif url.path.startswith("/static/"):
-            self._static(url.path.removeprefix("/static/"))
-        elif url.path.startswith("/api/query/"):
-            self._query(url.path.removeprefix("/api/query/"), parse_qs(url.query))
-        elif url.path == "/api/queries":
-            self._json(HTTPStatus.OK, [{"name": n, "summary": queries.load(n).summary}
-                                       for n in queries.names()])
-        else:
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page {url.path}"})
+            return _send(HTTPStatus.OK, html.replace(
+                "{{REFRESH_MS}}", str(int(self.refresh_s * 1000))).encode(),
+                "text/html; charset=utf-8")
+        if path.startswith("/static/"):
+            return self._static(path.removeprefix("/static/"))
+        if path.startswith("/api/query/"):
+            return await self._query(path.removeprefix("/api/query/"),
+                                     {k: request.query.getall(k)[-1] for k in request.query})
+        if path == "/api/queries":
+            return _json(HTTPStatus.OK, [{"name": n, "summary": queries.load(n).summary}
+                                         for n in queries.names()])
+        return _json(HTTPStatus.NOT_FOUND, {"error": f"no such page {path}"})
 
-    def _static(self, name: str) -> None:
+    @staticmethod
+    def _static(name: str) -> web.Response:
         path = (STATIC / name).resolve()
         if STATIC not in path.parents or not path.is_file():
-            self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
-            return
+            return _json(HTTPStatus.NOT_FOUND, {"error": "not found"})
         kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        self._send(HTTPStatus.OK, path.read_bytes(), kind)
+        return _send(HTTPStatus.OK, path.read_bytes(), kind)
 
-    def _query(self, name: str, args: dict[str, list[str]]) -> None:
-        one = {k: v[-1] for k, v in args.items()}
+    async def _query(self, name: str, one: dict[str, str]) -> web.Response:
         try:
             queries.load(name)
             params = queries.window(one.get("since", "1h"), now=None,
                                     limit=int(one.get("limit", 5000)),
                                     **{k: one.get(k, "") for k in FILTERS})
         except (KeyError, ValueError) as exc:
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            return
+            return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         try:
-            client = connect(self.settings)
-            try:
-                rows = queries.run(client, name, params)
-            finally:
-                client.disconnect()
+            rows = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._run, name, params)
         except Exception as exc:  # ClickHouse down or failing: tell the page why
             reason = " ".join(str(exc).splitlines()[:2]) or repr(exc)
-            self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"ClickHouse: {reason}"})
-            return
-        self._json(HTTPStatus.OK, {"query": name, "rows": rows})
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"ClickHouse: {reason}"})
+        return _json(HTTPStatus.OK, {"query": name, "rows": rows})
 
-    def _json(self, status: HTTPStatus, body: Any) -> None:
-        self._send(status, json.dumps(body).encode(), "application/json")
-
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+    def _run(self, name: str, params: queries.Params) -> Any:
+        client = connect(self.settings)
+        try:
+            return queries.run(client, name, params)
+        finally:
+            client.disconnect()
 
 
-def make_server(settings: Settings, port: int, refresh_s: float = 5.0) -> ThreadingHTTPServer:
-    """Bound to loopback only; port 0 picks a free port (``server.server_address``)."""
-    handler = partial(DashboardHandler, settings=settings, refresh_s=refresh_s)
-    return ThreadingHTTPServer((LOOPBACK, port), handler)
+async def start(settings: Settings, port: int, refresh_s: float = 5.0) -> web.AppRunner:
+    """Bound to loopback only, within ``settings.http``; port 0 picks a free port
+    (``loraplane.kernel.http_server.bound_port``)."""
+    runner, _ = await start_site(Dashboard(settings, refresh_s).app(), LOOPBACK, port,
+                                 settings.http, name="dashboard")
+    return runner
 
 
 def serve(settings: Settings, port: int, refresh_s: float = 5.0) -> None:
-    server = make_server(settings, port, refresh_s)
-    print(f"loraplane dashboard on http://{LOOPBACK}:{server.server_port}/ (Ctrl-C to stop)",
-          flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    async def main() -> None:
+        runner = await start(settings, port, refresh_s)
+        print(f"loraplane dashboard on http://{LOOPBACK}:{bound_port(runner)}/ "
+              "(Ctrl-C to stop)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

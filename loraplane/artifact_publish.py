@@ -7,9 +7,10 @@ refuses exactly what a worker would refuse: pickle weights, code, anything but
 base model that disagrees with adapter_config.json. Inert files PEFT writes beside them
 (its ``README.md``) are left out and listed in the manifest's ``dropped``
 (``loraplane.artifact.inert_files``). The upload goes to
-``s3://BUCKET/ADAPTER_ID/VERSION-SHA8/`` with ``manifest.json`` beside the files, so a
-worker fetches the manifest, checks its digest against the signed ``sha256`` and then every
-file against the manifest.
+the owner's prefix ``s3://BUCKET/TENANT_ID/ADAPTER_ID/VERSION-SHA8/``
+(``loraplane.artifact.owner``, the same function the worker's fetcher checks) with
+``manifest.json`` beside the files, so a worker fetches the manifest, checks its digest
+against the signed ``sha256`` and then every file against the manifest.
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ from loraplane.artifact.verification import (
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
-from loraplane.schemas.adapter import AdapterRecord, Compatibility, Priority
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    Compatibility,
+    Priority,
+    expected_artifact_prefix,
+)
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
@@ -124,8 +130,8 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
         record = AdapterRecord(
             adapter_id=release.adapter_id, base_model=release.base_model,
             version=release.version, rank=config.rank,
-            artifact_uri=f"s3://{bucket}/{release.adapter_id}/"
-                         f"{release.version}-{manifest.digest[:8]}/",
+            artifact_uri=expected_artifact_prefix(bucket, release.tenant_id, release.adapter_id,
+                                                  release.version, manifest.digest),
             sha256=manifest.digest, size_bytes=max(manifest.total_size, 1),
             tenant_id=release.tenant_id, priority=release.priority,
             compatibility=Compatibility(tokenizer_revision=release.tokenizer_revision,

@@ -6,7 +6,7 @@ from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 MAX_RANK = 512
 
@@ -16,6 +16,15 @@ class Priority(StrEnum):
     silver = "silver"
     gold = "gold"
     platinum = "platinum"
+
+
+PRIORITY_ORDER: tuple[Priority, ...] = (Priority.bronze, Priority.silver, Priority.gold,
+                                        Priority.platinum)
+"""Lowest first: a keyring's per-tenant ceiling allows a priority and everything below."""
+
+
+def priority_rank(priority: Priority) -> int:
+    return PRIORITY_ORDER.index(priority)
 
 
 class AdapterStatus(StrEnum):
@@ -56,6 +65,14 @@ class AdapterRecord(StrictModel):
     compatibility: Compatibility
     release: Release = Field(default_factory=Release)
 
+    @field_validator("artifact_uri")
+    @classmethod
+    def _canonical_uri(cls, v: str) -> str:
+        problem = s3_uri_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _rank_fits(self) -> AdapterRecord:
         if self.rank > self.compatibility.max_lora_rank:
@@ -68,3 +85,58 @@ class AdapterRecord(StrictModel):
         from loraplane.schemas.base import lora_name
 
         return lora_name(self.adapter_id, self.version, self.sha256)
+
+
+def s3_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` is not a canonical ``s3://BUCKET/SEG/.../`` folder, or None. Every reader
+    must resolve it to the same objects, so no ``.`` or ``..`` segment, no empty segment,
+    no percent-encoding, no backslash, and it ends with ``/``."""
+    if not uri.startswith("s3://"):
+        return "not an s3:// URI"
+    if not uri.endswith("/"):
+        return "an artifact URI is a folder: it ends with '/'"
+    bucket, _, path = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        return "no bucket"
+    for bad in ("%", "\\", "?", "#"):
+        if bad in uri:
+            return f"non-canonical character {bad!r} in the URI"
+    segments = path.split("/")[:-1]
+    for segment in segments:
+        if segment in ("", ".", ".."):
+            return f"non-canonical path segment {segment!r}"
+    return None
+
+
+def artifact_key_prefix(tenant_id: str, adapter_id: str, version: str, sha256: str) -> str:
+    """The object-key prefix of one adapter version: ``TENANT/ADAPTER/VERSION-SHA8/``.
+
+    The one layout shared by the publisher (where it uploads), the registry (a publish
+    whose ``artifact_uri`` is elsewhere is refused) and workers (refuse to fetch elsewhere);
+    per-tenant S3 credentials are scoped to ``TENANT/`` (docs/lifecycle.md)."""
+    return f"{tenant_id}/{adapter_id}/{version}-{sha256[:8]}/"
+
+
+def expected_artifact_prefix(bucket: str, tenant_id: str, adapter_id: str, version: str,
+                             sha256: str) -> str:
+    """``s3://BUCKET/TENANT/ADAPTER/VERSION-SHA8/``: where an artifact must lie."""
+    return f"s3://{bucket}/{artifact_key_prefix(tenant_id, adapter_id, version, sha256)}"
+
+
+def owner_prefix(record: AdapterRecord, bucket: str) -> str:
+    """The owner's prefix of ``record``'s version in ``bucket``."""
+    return expected_artifact_prefix(bucket, record.tenant_id, record.adapter_id, record.version,
+                                    record.sha256)
+
+
+def artifact_uri_problem(record: AdapterRecord, bucket: str | None = None) -> str | None:
+    """Why ``record.artifact_uri`` is not exactly the record's own prefix (in any bucket, or
+    ``bucket`` when given), or None. Exactly, not "somewhere under": the registry and the
+    workers apply this one rule, so a record one accepts the other never refuses."""
+    uri_bucket = record.artifact_uri.removeprefix("s3://").partition("/")[0]
+    if bucket is not None and uri_bucket != bucket:
+        return f"artifact bucket {uri_bucket!r} is not {bucket!r}"
+    expected = owner_prefix(record, uri_bucket)
+    if record.artifact_uri != expected:
+        return f"artifact_uri {record.artifact_uri[:200]} is not the owner's prefix {expected}"
+    return None

@@ -17,6 +17,15 @@ command key there) and a ``planner`` key signs cache commands (workers refuse an
 so a CI key can never move a GPU copy). A planner key's ``tenants`` scope bounds whose
 copies its commands may move; its ``actions`` scope (lifecycle actions) does not apply.
 
+A tenant's adapters may not be published above its priority ceiling (``platinum`` means
+never evicted, so it is granted explicitly):
+
+```yaml
+default_max_priority: gold         # tenants not listed below (default: gold)
+tenants:
+  acme: {max_priority: platinum}
+```
+
 Rotation is two keys of one publisher valid at once; revocation sets ``revoked: true``
 (the entry stays so that its events are reported as signed by a revoked key, not an
 unknown one). ``KeyringFile`` re-reads the file when it changes, so neither needs a restart.
@@ -30,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from loraplane.schemas.adapter import Priority
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.signing import unb64
@@ -91,8 +101,22 @@ class KeyEntry(StrictModel):
         return None
 
 
+DEFAULT_MAX_PRIORITY = Priority.gold
+"""The ceiling of a tenant the keyring does not list: never-evicted (platinum) is opt-in."""
+
+
+class TenantPolicy(StrictModel):
+    max_priority: Priority = Field(description="the highest priority its records may carry")
+
+
 class Keyring(StrictModel):
     keys: list[KeyEntry] = Field(default_factory=list, max_length=10_000)
+    default_max_priority: Priority = DEFAULT_MAX_PRIORITY
+    tenants: dict[Identifier, TenantPolicy] = Field(default_factory=dict, max_length=100_000)
+
+    def max_priority(self, tenant_id: str) -> Priority:
+        policy = self.tenants.get(tenant_id)
+        return policy.max_priority if policy else self.default_max_priority
 
     @field_validator("keys")
     @classmethod
@@ -108,17 +132,27 @@ class Keyring(StrictModel):
     def with_key(self, entry: KeyEntry) -> Keyring:
         if self.get(entry.key_id) is not None:
             raise KeyringError(f"key_id {entry.key_id} is already in the keyring")
-        return Keyring(keys=[*self.keys, entry])
+        return self.model_copy(update={"keys": [*self.keys, entry]})
 
     def to_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        data = self.model_dump(mode="json")
+        if not self.tenants:  # defaults left out: a printed entry is just ``keys:``
+            del data["tenants"]
+        if self.default_max_priority is DEFAULT_MAX_PRIORITY:
+            del data["default_max_priority"]
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+MAX_KEYRING_CHARS = 16 * 1024 * 1024
 
 
 def parse_keyring(text: str, source: str = "keyring") -> Keyring:
     import yaml
 
+    if len(text) > MAX_KEYRING_CHARS:
+        raise KeyringError(f"{source}: {len(text)} characters > {MAX_KEYRING_CHARS}")
     try:
         data = yaml.safe_load(text)
         return Keyring.model_validate(data if data is not None else {})
@@ -127,11 +161,15 @@ def parse_keyring(text: str, source: str = "keyring") -> Keyring:
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise KeyringError(f"{source}: {fields}") from None
+    except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # hostile nesting
+        raise KeyringError(f"{source}: unreadable: {type(exc).__name__}") from None
 
 
 def load_keyring(path: Path) -> Keyring:
     try:
         text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise KeyringError(f"{path}: not UTF-8: {exc.reason}") from None
     except OSError as exc:
         raise KeyringError(f"{path}: {exc.strerror or exc}") from None
     return parse_keyring(text, str(path))

@@ -6,6 +6,7 @@ including the nested record, event_id, seq and both timestamps. See schemas.cano
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
@@ -15,6 +16,15 @@ from loraplane.schemas.canonical import tagged
 from pydantic import Field, model_validator
 
 SIGNING_DOMAIN = "loraplane.lifecycle.v1"
+MAX_SEQ = 2**62
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def seq_at(instant: datetime) -> int:
+    """The time-based seq of ``instant``: whole microseconds since the Unix epoch (integer
+    arithmetic, no float rounding). Publishers use it for ``seq``; the registry refuses a
+    seq above ``seq_at(now + clock skew)``."""
+    return (instant - _EPOCH) // timedelta(microseconds=1)
 
 
 class LifecycleAction(StrEnum):
@@ -30,7 +40,7 @@ class LifecycleEvent(StrictModel):
     schema_version: Literal[1] = 1
     event_id: Identifier
     action: LifecycleAction
-    seq: int = Field(ge=1, le=2**62, description="strictly increasing per adapter_id")
+    seq: int = Field(ge=1, le=MAX_SEQ, description="strictly increasing per adapter_id")
     issued_at: Timestamp
     expires_at: Timestamp
     publisher: Identifier

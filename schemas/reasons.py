@@ -45,20 +45,26 @@ class RegistryRejection(StrEnum):
     bad_signature = "bad_signature"
     action_out_of_scope = "action_out_of_scope"
     tenant_out_of_scope = "tenant_out_of_scope"
+    priority_above_ceiling = "priority_above_ceiling"  # keyring's per-tenant max_priority
     # freshness and order
     event_expired = "event_expired"
     event_from_future = "event_from_future"
     event_lifetime_too_long = "event_lifetime_too_long"
+    seq_from_future = "seq_from_future"  # seq above the now-derived ceiling
     replayed_event_id = "replayed_event_id"
     stale_seq = "stale_seq"
     # ownership and registry rules
     tenant_mismatch = "tenant_mismatch"
     base_model_mismatch = "base_model_mismatch"
+    artifact_outside_prefix = "artifact_outside_prefix"  # not under TENANT/ADAPTER/V-SHA8/
     version_not_newer = "version_not_newer"
     unknown_version = "unknown_version"
     version_revoked = "version_revoked"
     rollback_to_unknown = "rollback_to_unknown"
+    rollback_to_never_served = "rollback_to_never_served"
     invalid_transition = "invalid_transition"
+    # the view's evidence (every accepted event of the adapter) would exceed its bound
+    history_full = "history_full"
 
 
 class CommandRejection(StrEnum):
@@ -95,11 +101,26 @@ class ConsumerFault(StrEnum):
     clickhouse_rejected = "clickhouse_rejected"  # ClickHouse refused the row on insert
 
 
+class RegistryViewRejection(StrEnum):
+    """Why a consumer of the registry topic (a worker, the fleet router) refused a record:
+    it re-derives the view from the signed lifecycle events it carries
+    (``streams.registry_evidence.verify_view``) with its own keyring."""
+
+    malformed = "view_malformed"  # the value is not an AdapterView (or its key is not its id)
+    keyring_unavailable = "view_keyring_unavailable"  # our keyring is missing or invalid
+    no_evidence = "view_no_evidence"  # the view carries no signed events
+    foreign_evidence = "view_foreign_evidence"  # an event of another adapter
+    evidence_rejected = "view_evidence_rejected"  # an event the lifecycle fold refuses
+    mismatch = "view_mismatch"  # the events fold into another view than the one carried
+    rollback = "view_rollback"  # older than, or forking from, a view already accepted
+
+
 class ArtifactReason(StrEnum):
     """Why an adapter artifact was refused, or could not be fetched (``is_failure``)."""
 
     # where the artifact comes from
     source_not_allowed = "source_not_allowed"
+    outside_owner_prefix = "outside_owner_prefix"  # not s3://B/tenant/adapter/version-sha8/
     artifact_store_unavailable = "artifact_store_unavailable"
     fetch_failed = "fetch_failed"
     adapter_revoked = "adapter_revoked"
@@ -206,6 +227,27 @@ class LoadDeferral(StrEnum):
     superseded_by_command = "superseded_by_command"  # a command moved the version away
 
 
+class RequestRefusal(StrEnum):
+    """Why the gateway refused a request body before it reached vLLM (a 400 or 413 whose
+    ``error.param`` names the field; ``workers.request_fields.admit``)."""
+
+    field_not_allowed = "field_not_allowed"  # not on the endpoint's allowlist
+    bad_field = "bad_field"  # an allowed field of the wrong type or shape
+    too_many_choices = "too_many_choices"  # n / best_of over the class's cap
+    max_tokens_too_large = "max_tokens_too_large"
+    too_many_prompts = "too_many_prompts"  # a list prompt counts each
+    logprobs_too_large = "logprobs_too_large"  # logprobs / top_logprobs over the cap
+    too_many_stop = "too_many_stop"  # stop sequences over the cap (count or length)
+    body_too_large = "body_too_large"  # over the class's body cap (413)
+
+
+class TenantLimit(StrEnum):
+    """Why the gateway answered 429 + Retry-After for a tenant's own limits."""
+
+    tenant_concurrency = "tenant_concurrency"  # the tenant has max_concurrent in flight
+    tenant_token_rate = "tenant_token_rate"  # the tenant's token bucket is empty
+
+
 class CommandRule(StrEnum):
     """Which planner rule issued a command (``CommandReason.rule``)."""
 
@@ -234,7 +276,8 @@ CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | 
                     | LoadDeferral)
 """A cache event's reason: empty for a success, else the code of what happened."""
 
-DeadLetterReason = DecodeReason | RegistryRejection | CommandRejection | ConsumerFault
+DeadLetterReason = (DecodeReason | RegistryRejection | RegistryViewRejection | CommandRejection
+                    | ConsumerFault)
 """Why a message went to the dead-letter topic."""
 
 AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason

@@ -11,7 +11,12 @@ from typing import Literal
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
+from loraplane.schemas.lifecycle import LifecycleEvent
 from pydantic import Field, model_validator
+
+MAX_EVIDENCE = 256
+"""Accepted events one adapter's view carries (a publish is about 1.5 KB: the record stays
+well under the 1 MiB message limit). The registry refuses more (``history_full``)."""
 
 
 class AdapterView(StrictModel):
@@ -22,9 +27,17 @@ class AdapterView(StrictModel):
     active_version: Version | None = Field(None, description="None: requests use the base model")
     versions: list[AdapterRecord] = Field(min_length=1, max_length=10_000,
                                           description="ordered by version, oldest first")
-    last_seq: int = Field(ge=1, le=2**62, description="seq of the last accepted event")
+    last_seq: int = Field(ge=1, le=2**62, description="highest seq accepted so far")
     last_event_id: Identifier
     updated_at: Timestamp
+    evidence: list[LifecycleEvent] = Field(
+        default_factory=list, max_length=MAX_EVIDENCE,
+        description="every signed lifecycle event accepted for this adapter, in order: "
+                    "consumers re-derive the view from them with their own keyring")
+    served_versions: list[Version] = Field(
+        default_factory=list, max_length=10_000,
+        description="versions that have served traffic (active, or canary with percent > 0)"
+                    ": the only rollback targets")
 
     @model_validator(mode="after")
     def _consistent(self) -> AdapterView:
@@ -35,6 +48,12 @@ class AdapterView(StrictModel):
             if (r.adapter_id, r.tenant_id, r.base_model) != (
                     self.adapter_id, self.tenant_id, self.base_model):
                 raise ValueError(f"version {r.version} belongs to another adapter/tenant/base")
+        # last_seq is the highest seq accepted (a revoke may land below it), last_event_id the
+        # last event applied: the evidence must say the same.
+        if self.evidence and (max(e.seq for e in self.evidence), self.evidence[-1].event_id) != (
+                self.last_seq, self.last_event_id):
+            raise ValueError("the evidence's highest seq / last event is not "
+                             "last_seq/last_event_id")
         active = [r.version for r in self.versions if r.status is AdapterStatus.active]
         if active != ([self.active_version] if self.active_version else []):
             raise ValueError(f"active_version {self.active_version} but active records {active}")
@@ -44,6 +63,20 @@ class AdapterView(StrictModel):
         """The record of ``version`` (``1`` and ``1.0`` are the same version)."""
         key = version_key(version)
         return next((r for r in self.versions if version_key(r.version) == key), None)
+
+    def has_served(self, version: str) -> bool:
+        """Whether ``version`` ever served traffic. Views written before served_versions
+        existed are read by what they still show: serving now, or named as a
+        ``rollback_to`` (only promote sets it, to the version that was active)."""
+        key = version_key(version)
+        if any(version_key(v) == key for v in self.served_versions):
+            return True
+        record = self.version(version)
+        if record is not None and (record.status is AdapterStatus.active or (
+                record.status is AdapterStatus.canary and record.release.canary_percent > 0)):
+            return True
+        return any(r.release.rollback_to is not None and version_key(r.release.rollback_to)
+                   == key for r in self.versions)
 
     @property
     def active(self) -> AdapterRecord | None:

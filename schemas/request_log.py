@@ -66,6 +66,8 @@ class RequestLog(RequestDemand):
     worker_id: Identifier
     swap_ms: NonNegativeMs = 0.0
     queue_ms: NonNegativeMs = 0.0
+    prompts: int = Field(1, ge=0, le=100_000,
+                         description="prompts in the request (a list prompt counts each)")
     prompt_tokens: int = Field(0, ge=0, le=10_000_000)
     output_tokens: int = Field(0, ge=0, le=10_000_000)
     error: str | None = Field(None, max_length=1024)

@@ -10,11 +10,19 @@ order, so each hostile event gets one reason:
    Kafka key must be the event's adapter_id (the table is partitioned by it);
 2. the key: known, bound to the event's publisher, not revoked, inside its validity window;
    then the Ed25519 signature over ``LifecycleEvent.signed_bytes()``; then the key's scopes;
-3. freshness: not expired, not issued in the future, a bounded lifetime, event_id not seen
-   while still unexpired, seq greater than the adapter's last accepted seq;
+   then the keyring's per-tenant priority ceiling on a published record;
+3. freshness: not expired, not issued in the future, a bounded lifetime, seq not above the
+   now-derived ceiling ``seq_at(now + CLOCK_SKEW)``, event_id not seen while still
+   unexpired, seq greater than the adapter's last accepted seq (revoke excepted: a revoke
+   only ever moves a version to its final state, so no seq game can keep it out);
 4. ownership: the adapter's tenant and base model never change;
-5. the action's own rules (publish only newer versions, canary/promote only known,
-   unrevoked versions, rollback only from the active version to a known one, ...).
+5. the action's own rules (publish only under the adapter's own artifact prefix and only
+   versions newer than every unrevoked one, canary/promote only known, unrevoked versions,
+   rollback only from the active version to one that has served, ...).
+
+The new view carries every accepted event of the adapter (``AdapterView.evidence``), so a
+consumer of the registry topic can fold them again through this function with its own
+keyring (``streams.registry_evidence.verify_view``) instead of trusting the topic.
 
 Redelivery after a crash cannot double-apply an event: the replay set and the seq check
 reject the second copy. The replay set keeps each event id until the event expires, so it
@@ -28,15 +36,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Release
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    AdapterStatus,
+    Release,
+    artifact_uri_problem,
+    priority_rank,
+)
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_key
-from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.codec import SchemaError, decode_signed, encode
 from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole
-from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
 from loraplane.schemas.signing import public_key, verify
 from pydantic import Field
 
@@ -112,7 +126,7 @@ def evaluate(message: bytes | LifecycleEvent, keyring: Keyring | None, registry:
 
 def _decode(raw: bytes) -> LifecycleEvent:
     try:
-        return decode(LifecycleEvent, raw)
+        return decode_signed(LifecycleEvent, raw)
     except SchemaError as exc:
         detail = "; ".join(f"{loc}: {msg}" for loc, msg in exc.errors)
         if any(loc == "canary_percent" and ("greater than" in msg or "less than" in msg)
@@ -149,6 +163,12 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
     if not entry.scopes.allows_tenant(event.tenant_id):
         raise _Reject(Reason.tenant_out_of_scope,
                       f"key {entry.key_id} may not sign for tenant {event.tenant_id}")
+    if event.record is not None:
+        ceiling = keyring.max_priority(event.tenant_id)
+        if priority_rank(event.record.priority) > priority_rank(ceiling):
+            raise _Reject(Reason.priority_above_ceiling,
+                          f"tenant {event.tenant_id} may publish at most {ceiling}, not "
+                          f"{event.record.priority}")
 
 
 def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetime) -> None:
@@ -159,11 +179,16 @@ def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetim
     if event.expires_at - event.issued_at > MAX_EVENT_LIFETIME:
         raise _Reject(Reason.event_lifetime_too_long,
                       f"lifetime over {MAX_EVENT_LIFETIME.days} days")
+    ceiling = seq_at(now + CLOCK_SKEW)
+    if event.seq > ceiling:
+        raise _Reject(Reason.seq_from_future,
+                      f"seq {event.seq} > {ceiling}, microseconds since the epoch of now + "
+                      f"{CLOCK_SKEW.seconds // 60} min")
     if state is None:
         return
     if event.event_id in state.seen:
         raise _Reject(Reason.replayed_event_id, f"event_id {event.event_id} was already accepted")
-    if event.seq <= state.view.last_seq:
+    if event.seq <= state.view.last_seq and event.action is not LifecycleAction.revoke:
         raise _Reject(Reason.stale_seq,
                       f"seq {event.seq} <= last accepted {state.view.last_seq}")
     if event.tenant_id != state.view.tenant_id:
@@ -185,11 +210,23 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
         records = {r.version: r for r in view.versions}
         current = _known(view, event.version, Reason.unknown_version)
         _TRANSITIONS[event.action](event, view, current, records)
+    evidence = [*(view.evidence if view else []), event]
+    if len(evidence) > MAX_EVIDENCE:
+        raise _Reject(Reason.history_full,
+                      f"adapter {event.adapter_id} already has {MAX_EVIDENCE} accepted events")
     versions = sorted(records.values(), key=lambda r: version_key(r.version))
     active = next((r.version for r in versions if r.status is AdapterStatus.active), None)
+    served = list(view.served_versions) if view else []
+    for r in versions:
+        serving = r.status is AdapterStatus.active or (
+            r.status is AdapterStatus.canary and r.release.canary_percent > 0)
+        if serving and r.version not in served:
+            served.append(r.version)
     return AdapterView(adapter_id=event.adapter_id, tenant_id=event.tenant_id,
                        base_model=event.base_model, active_version=active, versions=versions,
-                       last_seq=event.seq, last_event_id=event.event_id, updated_at=now)
+                       last_seq=max(event.seq, view.last_seq if view else 0),
+                       last_event_id=event.event_id, updated_at=now,
+                       served_versions=sorted(served, key=version_key), evidence=evidence)
 
 
 def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, AdapterRecord]:
@@ -198,8 +235,19 @@ def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, Adapt
     if record.status is not AdapterStatus.published or record.release != Release():
         raise _Reject(Reason.invalid, "record.status must be 'published' and record.release "
                                       "empty: canary and promote are their own events")
+    problem = artifact_uri_problem(record)
+    if problem:
+        raise _Reject(Reason.artifact_outside_prefix, problem)
     records = {r.version: r for r in view.versions} if view else {}
-    newest = max(records.values(), key=lambda r: version_key(r.version), default=None)
+    same = view.version(event.version) if view else None
+    if same is not None:
+        raise _Reject(Reason.version_not_newer,
+                      f"{event.version} was already published ({same.status}); a version "
+                      f"number is never reused")
+    # Revoked versions do not count: a huge version published with a stolen key is undone
+    # by revoking it, and the tenant publishes on from its newest unrevoked version.
+    newest = max((r for r in records.values() if r.status is not AdapterStatus.revoked),
+                 key=lambda r: version_key(r.version), default=None)
     if newest is not None and version_key(event.version) <= version_key(newest.version):
         raise _Reject(Reason.version_not_newer,
                       f"{event.version} is not newer than {newest.version}; going back is "
@@ -261,6 +309,10 @@ def _rollback(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
     target = _known(view, wanted, Reason.rollback_to_unknown)
     if target.version == current.version:
         raise _Reject(Reason.invalid_transition, "rollback_to is the active version")
+    if not view.has_served(target.version):
+        raise _Reject(Reason.rollback_to_never_served,
+                      f"version {target.version} never served (never active, never a canary "
+                      f"with traffic); releasing it is promote, not rollback")
     _set(records, current, AdapterStatus.retired, rollback_to=current.release.rollback_to)
     _set(records, target, AdapterStatus.active, rollback_to=target.release.rollback_to)
 

@@ -8,7 +8,9 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
 1. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
    never-evict versions stay protected, the best-ranked ones; the others are treated as
    unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
-   cannot hold every slot while hot ones fall back to the base model.
+   cannot hold every slot while hot ones fall back to the base model. A copy a worker
+   reports ``protected`` (its own never-evict rule, ``workers.reconcile.protect``) refuses
+   every move down, so its version keeps its place first, over the cap if need be.
 2. unpin: pinned GPU copies of versions no longer protected (over the cap, or not protected
    by any condition, not serving, revoked) are unpinned first: a worker refuses to unload a
    pinned copy, so the unpin must precede any demote or evict of it in the same tick.
@@ -50,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -72,11 +73,12 @@ from loraplane.streams.scores import ScoreState
 from loraplane.kernel.command_effects import (
     UNPROTECTING,
     Copy,
+    copy_at,
     effect,
-    never_evict_rule,
+    protected_cap,
     shows,
 )
-from loraplane.kernel.policy import Condition, Policy
+from loraplane.kernel.policy import Policy
 
 LOAD_WINDOW_S = 60.0
 
@@ -164,6 +166,7 @@ class _Worker:
     seq: int  # commands issued to this worker so far
     pending: list[CacheCommand] = field(default_factory=list)
     host_pinned: set[str] | frozenset[str] = frozenset()  # host-only copies that are pinned
+    protected: frozenset[str] = frozenset()  # copies the worker refuses to move down (its rule)
     shared: bool = True
     """``gpu``, ``host`` and ``host_pinned`` are still the worker state's own (``_Tiers``,
     kept between ticks): copied on the first change only, as most workers see none in a tick
@@ -208,21 +211,22 @@ class _Tiers:
     gpu: dict[str, bool]  # lora -> pinned
     host: frozenset[str]  # host-only copies
     host_pinned: frozenset[str] = frozenset()  # host-only copies that are pinned
+    protected: frozenset[str] = frozenset()  # GPU copies the worker holds never-evict
 
     @classmethod
     def of(cls, state: WorkerState) -> _Tiers:
         adapters = state.adapters
         return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
                    frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
-                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned))
+                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned),
+                   frozenset(a.lora_name for a in adapters if a.tier == "gpu" and a.protected))
 
 
 def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
-               records: Mapping[str, AdapterRecord], now: float,
-               never_evict: tuple[Condition, ...] = ()) -> _Worker:
+               records: Mapping[str, AdapterRecord], now: float) -> _Worker:
     adapters = state.adapters
     w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
-                host_bytes=state.host_bytes_used,
+                protected=tiers.protected, host_bytes=state.host_bytes_used,
                 loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
     if memory.pending:
         loaded = {a.lora_name: a for a in adapters}
@@ -231,22 +235,14 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
         for c in w.pending:
             r = records.get(c.lora_name)
             _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0,
-                   _worker_protects(c.action, r, never_evict))
+                   c.lora_name in w.protected)
     return w
 
 
 def _copy_on(w: _Worker, lora: str) -> Copy:
     if lora in w.gpu:
-        return Copy("gpu", w.gpu[lora])
-    return Copy("host", lora in w.host_pinned) if lora in w.host else Copy()
-
-
-def _worker_protects(action: CommandAction, record: AdapterRecord | None,
-                     never_evict: tuple[Condition, ...]) -> bool:
-    """Does the worker refuse ``action`` on ``record``'s copy as never-evict? The worker's
-    rule (``kernel.command_effects.never_evict_rule`` on its registry record, uncapped),
-    evaluated only for the actions it can refuse."""
-    return action in UNPROTECTING and never_evict_rule(record, never_evict) is not None
+        return copy_at("gpu", w.gpu[lora])
+    return copy_at("host", lora in w.host_pinned) if lora in w.host else copy_at("gone", False)
 
 
 def _apply(w: _Worker, action: CommandAction, lora: str, size: int,
@@ -291,14 +287,16 @@ class _Planner:
         self.issued_at = datetime.fromtimestamp(now, UTC)
         self.deadline = self.issued_at + timedelta(seconds=policy.command_deadline_s)
         self.validated: CacheCommand | None = None
-        self.never_evict = policy.never_evict
 
     def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
               rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> None:
         """Issue one command. Its fields come from validated records, worker states and the
         policy, so only the tick's first command is validated; the others are copies of it
         with every field replaced (a cold tick issues ~30k commands; validating each
-        doubled their cost)."""
+        doubled their cost). Never one the worker refuses by its own rule: a move down of a
+        copy it reports protected (``LoadedAdapter.protected``)."""
+        if action in UNPROTECTING and lora in w.protected:
+            return
         w.seq += 1
         fields = {
             "command_id": command_id(w.id, action.value, lora, w.seq), "worker_id": w.id,
@@ -315,8 +313,7 @@ class _Planner:
         w.pending.append(cmd)
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
-        _apply(w, action, lora, record.size_bytes,
-               _worker_protects(action, record, self.never_evict))
+        _apply(w, action, lora, record.size_bytes)
         self.commands.append(cmd)
 
 
@@ -348,7 +345,7 @@ class Planner:
         for state in states:
             fleet[state.base_model].append(_effective(
                 state, self._tiers[state.worker_id], memory.get(state.worker_id, WorkerMemory()),
-                records, now, policy.never_evict))
+                records, now))
 
         p = _Planner(policy, now)
         no_rows = BaseRows({}, np.zeros(0, np.intp))
@@ -421,23 +418,19 @@ class _BaseTick:
         return self.planner.policy.hysteresis_margin
 
 
-def protected_cap(policy: Policy, slots: int) -> int:
-    """How many never-evict versions of one base model may be protected (pinned, ranked
-    first) when the base model has ``slots`` hot-set slots. Rounded up so that a share of a
-    slot is a slot; the tolerance keeps ``0.3 * 10`` at 3."""
-    return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
-
-
 def _cap_protected(t: _BaseTick) -> None:
     """1. Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
     resident ranks with the hysteresis margin, so the protected set does not flap). They
     then compete by score, may be demoted or displaced, and are unpinned."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
-    cap = protected_cap(policy, t.slots)
+    held = set().union(*(w.protected for w in t.workers))  # no command moves these down
+    cap = max(protected_cap(policy, t.slots),
+              sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
         return
-    protected.sort(key=lambda i: table.rank(i, table.lora[i] in t.resident, t.margin))
+    protected.sort(key=lambda i: (table.lora[i] not in held,
+                                  table.rank(i, table.lora[i] in t.resident, t.margin)))
     note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
             f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "
             f"allows ({cap}); ranked by score, not pinned")

@@ -15,12 +15,12 @@ Only facts that do not depend on time live here; the planner decays them each ti
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, repeat
 from operator import attrgetter, is_not
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -109,7 +109,8 @@ class Registry:
                 not self.row_of_key.keys().isdisjoint(read):
             self.row_of_key = None
         else:
-            self.row_of_key.update((k, row) for k, row in read.items() if k is not None)
+            # every active row has an unattributed key (set just above): no None among them
+            self.row_of_key.update(cast(dict[str, int], read))
         self.bases = _bases(Categories.of(map(attrgetter("base_model"), self.record)),
                             self.lora)
         ranked = [self.bases[base] for base in sorted(self.bases)]
@@ -214,9 +215,11 @@ class Scores:
                 self.unattributed[i] = None if u is None else scores.get(u)
             self._derive(np.array(rows, dtype=np.intp))
         else:
-            own: list[ScoreState | object] = [scores.get(k, EMPTY) for k in registry.keys]
-            unattributed: list[ScoreState | object | None] = [
-                None if u is None else scores.get(u) for u in registry.unattributed]
+            # map over the bound get: the rebuild reads 100k keys (a comprehension is slower)
+            get = cast(Callable[[str | None, ScoreState | None], ScoreState | None], scores.get)
+            own: list[ScoreState | object] = list(map(get, registry.keys, repeat(EMPTY)))
+            unattributed: list[ScoreState | object | None] = list(
+                map(get, registry.unattributed, repeat(None)))
             n = len(own)
             changed = np.flatnonzero(
                 np.fromiter(map(is_not, own, self.own), bool, n)

@@ -7,12 +7,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterRecord, Compatibility
-from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes
+from loraplane.schemas.adapter import (
+    AdapterRecord,
+    AdapterStatus,
+    Compatibility,
+    Priority,
+    Release,
+    expected_artifact_prefix,
+)
+from loraplane.schemas.base import version_key
+from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes, TenantPolicy
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import SigningKey
 
-from loraplane.lifecycle_events import signed_event
+from loraplane.lifecycle_events import signed_event, time_seq
 
 TENANT = "acme"
 BASE = "tiny-llama"
@@ -40,7 +49,8 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
     sha = hashlib.sha256(f"{adapter_id}@{version}".encode()).hexdigest()
     return AdapterRecord(
         adapter_id=adapter_id, base_model=base, version=version, rank=rank,
-        artifact_uri=f"s3://loraplane-artifacts/{adapter_id}/{version}-{sha[:8]}/",
+        artifact_uri=expected_artifact_prefix("loraplane-artifacts", tenant, adapter_id, version,
+                                              sha),
         sha256=sha, size_bytes=1000, tenant_id=tenant,
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
 
@@ -71,4 +81,50 @@ def make_kit(now: datetime) -> Kit:
                                 scopes=Scopes(tenants=tenants, actions=actions),
                                 role=KeyRole.planner if name == "planner"
                                 else KeyRole.publisher))
-    return Kit(keys, Keyring(keys=entries))
+    # acme may publish never-evicted (platinum) adapters; beta has the default ceiling (gold)
+    return Kit(keys, Keyring(keys=entries,
+                             tenants={TENANT: TenantPolicy(max_priority=Priority.platinum)}))
+
+
+def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,
+                keyring: Keyring) -> AdapterView:
+    """The registry's view of one adapter whose versions end in ``records``' statuses, made
+    the only way a worker accepts one: signed events folded by ``streams.lifecycle`` (its
+    evidence is those events). Publish every version, then canary / promote / retire /
+    revoke to reach each status."""
+    from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
+
+    ordered = sorted(records, key=lambda r: version_key(r.version))
+    seq = time_seq()
+    state: AdapterState | None = None
+    count = 0
+
+    def add(action: LifecycleAction, r: AdapterRecord, **fields: Any) -> None:
+        nonlocal state, count
+        event = signed_event(key, action, adapter_id=r.adapter_id, tenant_id=r.tenant_id,
+                             base_model=r.base_model, version=r.version, seq=seq + count,
+                             now=now, **fields)
+        count += 1
+        decision = evaluate(event, keyring, lambda _a: state, now)
+        assert isinstance(decision, Accepted), decision
+        state = decision.state
+
+    def status(r: AdapterRecord) -> AdapterStatus | None:
+        found = state.view.version(r.version) if state else None
+        return found.status if found else None
+
+    for r in ordered:
+        add(LifecycleAction.publish, r, record=r.model_copy(update={
+            "status": AdapterStatus.published, "release": Release()}))
+    for r in ordered:
+        if r.status is AdapterStatus.canary:
+            add(LifecycleAction.canary, r, canary_percent=r.release.canary_percent)
+        elif r.status in (AdapterStatus.active, AdapterStatus.retired):
+            add(LifecycleAction.promote, r)
+    for r in ordered:
+        if r.status is AdapterStatus.retired and status(r) is not AdapterStatus.retired:
+            add(LifecycleAction.retire, r)
+        elif r.status is AdapterStatus.revoked:
+            add(LifecycleAction.revoke, r)
+    assert state is not None
+    return state.view

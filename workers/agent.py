@@ -56,6 +56,7 @@ from loraplane.workers.reconcile import (
     DesiredState,
     Fetch,
     Guard,
+    GuardChanged,
     HostEntry,
     Load,
     LoadBudget,
@@ -160,7 +161,7 @@ class WorkerAgent:
         self._clock = clock
         self._desired = DesiredState()
         self.records: dict[str, AdapterRecord] = {}
-        self.guard = Guard.of({}, config.policy)  # derived from records + policy only
+        self.guard = Guard.of({}, config.policy, config.gpu_slots)  # records + policy
         self._rt = _Runtime()
         self._host: dict[str, HostEntry] = {}
         self._lock = asyncio.Lock()
@@ -194,7 +195,9 @@ class WorkerAgent:
     async def refresh_registry(self) -> None:
         records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         self.records = registry_by_name(records)
-        self.guard = Guard.of(self.records, self.config.policy)
+        self.guard = Guard.of(self.records, self.config.policy, self.config.gpu_slots)
+        if self.started:
+            self._fold(GuardChanged())
         now = self._clock()
         for name, until in list(self._rt.awaiting_registry.items()):
             if name in self.records or until <= now:  # known now, or refused by reconcile
@@ -232,6 +235,7 @@ class WorkerAgent:
         applied = {} if self.config.applied_commands_path is None else await asyncio.to_thread(
             load_applied, self.config.applied_commands_path, now_utc())
         self._desired = replace(adopt(actual, self.records), seen_commands=applied)
+        self._fold(GuardChanged())
         self.started = True
         log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
                  len(self.desired.intents), len(actual.gpu))
@@ -339,8 +343,7 @@ class WorkerAgent:
             actions = reconcile(self.desired, actual, self.records,
                                 base_model=self.config.base_model, budget=budget, now=now,
                                 backoff=self._rt.backoff,
-                                awaiting_registry=self._rt.awaiting_registry,
-                                protected=self.guard.protected)
+                                awaiting_registry=self._rt.awaiting_registry)
             for action in actions:
                 await self._execute(action)
             if actions:
@@ -558,7 +561,8 @@ class WorkerAgent:
                 lora_name=name[:200], adapter_id=labels.adapter_id,
                 version=labels.adapter_version, tenant_id=labels.tenant_id,
                 tier="gpu" if name in self._rt.gpu else "host",
-                pinned=bool(intent and intent.pinned) or name in self.guard.protected,
+                pinned=bool(intent and intent.pinned),
+                protected=name in self.desired.protected,
                 origin=intent.origin if intent else None,
                 size_bytes=self._host[name].size_bytes if name in self._host else 0,
                 rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),

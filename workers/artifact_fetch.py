@@ -1,7 +1,9 @@
 """Fetch one adapter artifact from the S3 cold tier into a local folder.
 
 Trust flows from the signed registry record: its ``artifact_uri`` must lie under an
-allowlisted prefix (never a path from a request), its ``sha256`` pins ``manifest.json``,
+allowlisted prefix (never a path from a request) and be exactly its owner's prefix
+``s3://BUCKET/<tenant_id>/<adapter_id>/<version>-<sha8>/`` (``loraplane.artifact.owner``),
+its ``sha256`` pins ``manifest.json``,
 which is fetched first and pins every other file by size and sha256. Only files the
 manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
 the same pass, and a file that grows past its listed size is cut off at once.
@@ -29,10 +31,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
+from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from pydantic import ValidationError
 
+from loraplane.artifact.owner import check_owner
 from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
 from loraplane.kernel.config import S3Settings
@@ -122,14 +126,21 @@ class ArtifactFetcher:
             return self._client
 
     def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
-              max_total_bytes: int) -> FetchedArtifact:
+              max_total_bytes: int, owner: AdapterRecord | None) -> FetchedArtifact:
         """Download the artifact at ``artifact_uri`` (a registry record's) into the new
-        folder ``dest``. ``expected_sha256`` is the record's manifest digest (None only for
-        offline inspection). Raises ArtifactError; may leave a partial ``dest`` behind,
-        which the caller owns and removes."""
+        folder ``dest``. ``expected_sha256`` is the record's manifest digest and ``owner``
+        the record itself (both None only for offline inspection): the URI must then be
+        the record's own and exactly its owner's prefix (``loraplane.artifact.owner``),
+        checked before any byte is read. Raises ArtifactError; may leave a partial
+        ``dest`` behind, which the caller owns and removes."""
         started = self._clock()
         deadline = started + self.policy.deadline_s
         bucket, prefix = check_allowed(artifact_uri, self.s3.allowed_prefixes)
+        if owner is not None:
+            if artifact_uri != owner.artifact_uri:
+                raise ArtifactError.single(Reason.outside_owner_prefix, artifact_uri[:200],
+                                           "not the record's artifact_uri")
+            check_owner(owner, bucket)
         dest.mkdir(parents=True, exist_ok=False)
         digests: dict[str, str] = {}
         manifest_sha, manifest_size = self._download(

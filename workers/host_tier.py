@@ -58,7 +58,7 @@ _REMOVING = ".removing-"
 
 class Fetcher(Protocol):
     def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
-              max_total_bytes: int) -> FetchedArtifact: ...
+              max_total_bytes: int, owner: AdapterRecord | None) -> FetchedArtifact: ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,8 @@ class HostTier:
         try:
             fetched = self._fetcher.fetch(record.artifact_uri, partial / ADAPTER_DIR,
                                           expected_sha256=record.sha256,
-                                          max_total_bytes=self.limits.max_total_bytes)
+                                          max_total_bytes=self.limits.max_total_bytes,
+                                          owner=record)
             verdict = verify_artifact(DirectoryArtifact(fetched.root, fetched.digests),
                                       self.limits, record)
             if not verdict.ok:

@@ -17,15 +17,18 @@ workers/applied_commands.py), and the rules below are testable without a server:
   the version it started with while the new version loads beside it;
 * at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry;
 * the worker's own ``Guard``, derived from its registry copy and the policy, never from a
-  command: a never-evict copy (``command_effects.never_evict_rule``: a platinum tenant's, a
-  live canary's) refuses ``unpin``, ``demote_to_host`` and ``evict`` (``protected``) and
-  is never unloaded or removed except when revoked; a command's ``warmup_requests`` is
-  clamped to the policy's ``request_budgets.canary.warmup_requests``.
+  command: a never-evict GPU copy (``command_effects.never_evict_rule``: a platinum tenant's,
+  a live canary's) is *protected* while it holds and refuses ``unpin``, ``demote_to_host``
+  and ``evict``; it is never unloaded except when revoked. At most
+  ``command_effects.protected_cap(policy, gpu_slots)`` copies are protected at once, the
+  first to reach the GPU keeping theirs (``DesiredState.protected``), so no tenant's keys
+  can fill a worker with immovable copies; a command's ``warmup_requests`` is clamped to the
+  policy's ``request_budgets.canary.warmup_requests``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -36,7 +39,13 @@ from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
 
-from loraplane.kernel.command_effects import Copy, Tier, effect, never_evict_rule
+from loraplane.kernel.command_effects import (
+    Copy,
+    Tier,
+    effect,
+    never_evict_rule,
+    protected_cap,
+)
 from loraplane.kernel.policy import Policy
 
 MAX_REMEMBERED_COMMANDS = 10_000
@@ -66,6 +75,7 @@ class Intent:
 class DesiredState:
     intents: Mapping[str, Intent] = field(default_factory=dict)
     seen_commands: Mapping[str, datetime] = field(default_factory=dict)  # applied id -> deadline
+    protected: frozenset[str] = frozenset()  # the never-evict GPU copies (``protect``)
 
     def with_intent(self, intent: Intent) -> DesiredState:
         return replace(self, intents={**self.intents, intent.lora_name: intent})
@@ -105,22 +115,42 @@ DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
 
 @dataclass(frozen=True)
 class Guard:
-    """What no command decides on this worker: which copies are never-evict (lora name ->
-    the ``never_evict_when`` condition that holds) and the most golden-set requests one
-    load may send. Derived from the registry copy and the policy (``Guard.of``)."""
+    """What no command decides on this worker, derived from its registry copy and the policy
+    (``Guard.of``): which versions are never-evict (lora name -> the ``never_evict_when``
+    condition that holds), how many GPU copies may be protected at once, and the most
+    golden-set requests one load may send."""
 
-    protected: Mapping[str, str] = field(default_factory=dict)
+    never_evict: Mapping[str, str] = field(default_factory=dict)
+    max_protected: int = 0
     max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
 
     @classmethod
-    def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy) -> Guard:
+    def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy, gpu_slots: int) -> Guard:
         conditions = policy.never_evict
-        protected = {}
+        never_evict = {}
         for name, record in registry.items():
             rule = never_evict_rule(record, conditions)
             if rule is not None:
-                protected[name] = rule.text
-        return cls(protected, policy.request_budgets.canary.warmup_requests)
+                never_evict[name] = rule.text
+        return cls(never_evict, protected_cap(policy, gpu_slots),
+                   policy.request_budgets.canary.warmup_requests)
+
+
+def protect(state: DesiredState, guard: Guard) -> DesiredState:
+    """Which GPU copies are protected now: those already protected whose version is still
+    never-evict, then the others meant for the GPU in the order they were asked for, up to
+    ``guard.max_protected``. Sticky, so a newly published platinum version cannot take a slot
+    guarantee from one already held."""
+    kept = [n for n in sorted(state.protected)
+            if n in guard.never_evict and (i := state.intents.get(n)) is not None
+            and i.tier == "gpu"][:guard.max_protected]
+    for name, intent in state.intents.items():
+        if len(kept) >= guard.max_protected:
+            break
+        if intent.tier == "gpu" and name in guard.never_evict and name not in kept:
+            kept.append(name)
+    protected = frozenset(kept)
+    return state if protected == state.protected else replace(state, protected=protected)
 
 
 NO_PROTECTION = Guard()
@@ -170,7 +200,12 @@ class Outcome:
     settled: Settled
 
 
-Change = CacheCommand | Ask | Outcome
+@dataclass(frozen=True)
+class GuardChanged:
+    """The registry copy (or the policy) changed: protection is decided again."""
+
+
+Change = CacheCommand | Ask | Outcome | GuardChanged
 """Everything that changes a worker's desired state."""
 
 
@@ -182,7 +217,7 @@ def ask(state: DesiredState, request: Ask,
     current = state.intents.get(request.lora_name) or Intent(
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
     outcome = effect(request.action, current.copy,
-                     protected=request.lora_name in guard.protected)
+                     protected=request.lora_name in state.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
@@ -228,14 +263,18 @@ def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str
          guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
     changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap)."""
+    skipped: CommandSkip | None = None
     match change:
         case CacheCommand():
-            return apply_command(state, change, worker_id=worker_id, base_model=base_model,
-                                 now=now, guard=guard)
+            state, skipped = apply_command(state, change, worker_id=worker_id,
+                                           base_model=base_model, now=now, guard=guard)
         case Ask():
-            return ask(state, change, guard)
+            state, skipped = ask(state, change, guard)
         case Outcome():
-            return settle(state, change), None
+            state = settle(state, change)
+        case GuardChanged():
+            pass
+    return protect(state, guard), skipped
 
 
 @dataclass(frozen=True)
@@ -375,17 +414,17 @@ def _refusal(intent: Intent, record: AdapterRecord | None,
 def reconcile(desired: DesiredState, actual: ActualState,
               registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
               now: float, backoff: Mapping[str, float] | None = None,
-              awaiting_registry: Mapping[str, float] | None = None,
-              protected: Collection[str] = ()) -> list[Action]:
+              awaiting_registry: Mapping[str, float] | None = None) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
     failed, with the monotonic time before which they are not retried; ``awaiting_registry``
     names a command asked for before our registry copy knew them, with the monotonic time
-    until which they are not refused; ``protected`` names the never-evict copies
-    (``Guard.protected``): unloaded or removed only when revoked, whatever the intent says.
+    until which they are not refused. A protected copy (``desired.protected``) is unloaded or
+    removed only when revoked, whatever the intent says.
     """
     backoff = backoff or {}
+    protected = desired.protected
     awaiting_registry = awaiting_registry or {}
     actions: list[Action] = []
     unloading: set[str] = set()

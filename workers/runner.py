@@ -9,27 +9,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import KafkaEventSink
+from loraplane.workers.event_sink import EventSink, KafkaEventSink
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
+from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.workers.vllm_client import VllmClient
+from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
+from loraplane.kernel.http_server import start_site
 
 log = logging.getLogger("loraplane.worker")
 
@@ -65,23 +69,50 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
                     is_protected=is_protected)
 
 
-def registry_records(settings: Settings) -> list[AdapterRecord]:
-    """Every version of every adapter in the compacted registry topic."""
-    from loraplane.kernel.registry_view import load_registry
+def verified_registry(settings: Settings, options: WorkerOptions, sink: EventSink,
+                      metrics: WorkerMetrics) -> VerifiedRegistry:
+    """The registry topic as this worker believes it: only views whose signed evidence
+    verifies with its own keyring copy (``settings.keyring_path``); the rest is
+    dead-lettered and counted (workers/registry_trust.py)."""
+    from loraplane.kernel.registry_view import latest_registry_records
 
-    return [r for view in load_registry(settings).values() for r in view.versions]
+    return VerifiedRegistry(KeyringFile(settings.keyring_path),
+                            lambda: latest_registry_records(settings), sink=sink,
+                            component=f"worker-{options.worker_id}",
+                            checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
+                            on_refused=metrics.view_refused)
 
 
-async def _site(app: web.Application, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, LOOPBACK, port).start()
+async def _site(settings: Settings, app: web.Application, port: int, name: str
+                ) -> web.AppRunner:
+    """Every listener within the shared ``settings.http`` bounds."""
+    runner, _ = await start_site(app, LOOPBACK, port, settings.http, name=name)
     return runner
+
+
+def gateway_secret(path: Path) -> bytes:
+    """The gateway's cache-salt secret: 32 random bytes made once (mode 0600), never logged.
+    A file that is not a secret (empty, short, readable by others) stops the start."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise SystemExit(f"{path}: the gateway secret must not be readable by others "
+                         f"(mode {oct(mode & 0o777)}; chmod 600)")
+    secret = path.read_bytes()
+    if len(secret) < 16:
+        raise SystemExit(f"{path}: the gateway secret must be at least 16 bytes")
+    return secret
 
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     vllm = VllmClient(options.vllm_url)
+    metrics = WorkerMetrics()
+    registry = verified_registry(settings, options, sink, metrics)
     agent = WorkerAgent(
         WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
                      vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
@@ -93,17 +124,19 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
                      policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
-        registry_loader=lambda: registry_records(settings), sink=sink)
+        registry_loader=registry.records, sink=sink, metrics=metrics)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
-                      budgets=settings.policy.request_budgets, sink=sink)
+                      budgets=settings.policy.request_budgets, sink=sink,
+                      cache_secret=gateway_secret(settings.gateway_secret_path),
+                      max_body_bytes=settings.http.max_body_bytes)
     feed = KafkaCommandFeed(settings, options.worker_id, sink,
                             keyring=KeyringFile(settings.keyring_path),
                             on_refused=agent.metrics.command_refused)
-    runners = [await _site(gateway.app(), options.gateway_port)]
+    runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
-        metrics_app = web.Application()
+        metrics_app = web.Application(client_max_size=1024)
         metrics_app.router.add_get("/metrics", gateway.metrics)
-        runners.append(await _site(metrics_app, options.metrics_port))
+        runners.append(await _site(settings, metrics_app, options.metrics_port, "metrics"))
     log.info("worker %s: gateway on %s:%d", options.worker_id, LOOPBACK, options.gateway_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,9 +7,11 @@ with a JSON body, then a status and a body that may stream (chunked SSE). This c
 each request with one ``write`` and parses the answer with httptools (llhttp, the parser of
 uvicorn, which serves vLLM), for a few µs (``bench.gateway_overhead``).
 
-Connections are kept alive and reused. A reused connection that the server closed before
-answering a single byte (uvicorn drops idle keep-alive connections after 5 s) is retried
-once on a fresh connection; any other failure is an ``UpstreamError`` with a stable reason.
+An answer read whole is at most ``max_answer_bytes`` (a ``bad_response`` beyond); a streamed
+one is passed on under flow control. Connections are kept alive and reused. A reused
+connection that the server closed before answering a single byte (uvicorn drops idle
+keep-alive connections after 5 s) is retried once on a fresh connection; any other failure
+is an ``UpstreamError`` with a stable reason.
 """
 
 from __future__ import annotations
@@ -67,11 +69,23 @@ class UpstreamResponse:
             self._waiter.set_result(None)
 
     def _feed(self, chunk: bytes) -> None:
+        if self._done:
+            return
         self._chunks.append(chunk)
         self._buffered += len(chunk)
-        if self._buffered > _PAUSE_BYTES and not self._whole:
+        if self._whole:
+            self._check_size()
+        elif self._buffered > _PAUSE_BYTES:
             self._conn.pause()
         self._wake()
+
+    def _check_size(self) -> None:
+        """A whole answer is held in memory: at most the pool's ``max_answer_bytes``."""
+        if self._buffered > self._pool.max_answer_bytes and not self._done:
+            self._chunks, self._buffered = [], 0
+            self._finish(UpstreamError(VllmErrorCode.bad_response, "the answer is over "
+                                       f"{self._pool.max_answer_bytes} bytes"))
+            self._conn.drop()
 
     def _finish(self, error: Exception | None = None) -> None:
         if not self._done:
@@ -125,6 +139,7 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         if not self._done:
             self._whole = True
+            self._check_size()
             self._conn.resume()
         while not self._done:
             await self._wait()
@@ -245,8 +260,10 @@ class UpstreamPool:
     Bound to the event loop it is first used in."""
 
     def __init__(self, host: str, port: int, *, connect_timeout_s: float,
-                 read_timeout_s: float, limit: int = 64) -> None:
+                 read_timeout_s: float, limit: int = 64,
+                 max_answer_bytes: int = 64 * 1024 * 1024) -> None:
         self.host, self.port = host, port
+        self.max_answer_bytes = max_answer_bytes  # read whole (not streamed), at most
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._host_header = f"Host: {host}:{port}\r\n".encode("latin-1")

@@ -1,7 +1,7 @@
 """Async driver of vLLM's runtime LoRA API and completion endpoints.
 
 vLLM answers a successful load/unload with a *plain-text* 200 and every failure with JSON
-``{"error": {"message", "type", "param", "code"}}`` (see ../shared/notes/vllm-cpu.md). This
+``{"error": {"message", "type", "param", "code"}}`` (see docs/worker.md). This
 module turns those answers into a typed ``VllmError`` whose ``reason`` is a stable code the
 agent can put on the cache-events topic, so callers never parse vLLM's prose themselves.
 Completions (every proxied request) go through the lean keep-alive client of

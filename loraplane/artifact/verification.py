@@ -24,7 +24,6 @@ Any input yields a ``Verdict``; hostile bytes never raise.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -41,6 +40,7 @@ from loraplane.artifact.refusal import Refusal
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
+from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
 MANIFEST_NAME = "manifest.json"
 CONFIG_NAME = "adapter_config.json"
@@ -169,10 +169,9 @@ def _read_json(reader: ArtifactReader, fact: FileFacts) -> Any:
     if fact.size > MAX_JSON_FILE_BYTES:
         raise ValueError(f"{fact.size} bytes is over the {MAX_JSON_FILE_BYTES} allowed")
     data = reader.read(fact.path, 0, fact.size)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(str(exc)) from None
+    # Strict (schemas.strict_json): the manifest's bytes are pinned by the signed digest, so
+    # they must have one reading (no duplicate key, bounded depth, no NaN, ...).
+    return strict_loads(data, max_bytes=MAX_JSON_FILE_BYTES)  # StrictJsonError: a ValueError
 
 
 def _check_manifest(reader: ArtifactReader, facts: dict[str, FileFacts], limits: WorkerLimits,
@@ -271,10 +270,11 @@ def parse_safetensors_header(reader: ArtifactReader, path: str, file_size: int,
     if length < 2 or 8 + length > file_size:
         return [], [Refusal(Reason.header_invalid, path, f"header length {length} does not "
                                                          f"fit a {file_size}-byte file")]
-    try:
-        header = json.loads(reader.read(path, 8, length).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return [], [Refusal(Reason.header_invalid, path, "header is not UTF-8 JSON")]
+    try:  # strict: a duplicate tensor name would give two readers two offsets
+        header = strict_loads(reader.read(path, 8, length), max_bytes=length)
+    except StrictJsonError as exc:
+        return [], [Refusal(Reason.header_invalid, path,
+                            f"header is not strict UTF-8 JSON: {str(exc)[:120]}")]
     if not isinstance(header, dict):
         return [], [Refusal(Reason.header_invalid, path, "header is not a JSON object")]
     return _validate_header(header, path, file_size - 8 - length)

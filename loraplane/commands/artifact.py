@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -36,12 +35,13 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from loraplane.artifact.directory import DirectoryArtifact
-        from loraplane.artifact.model_shape import ModelShape
         from loraplane.artifact.refusal import ArtifactError, Refusal
         from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
         from loraplane.artifact_publish import prepare
+        from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
+        from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode_signed
         from loraplane.schemas.reasons import ArtifactReason as Reason
         from loraplane.workers.artifact_fetch import ArtifactFetcher
 
@@ -59,14 +59,19 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
         if record_file is not None:
             try:
-                record = AdapterRecord.model_validate_json(record_file.read_bytes())
-            except (OSError, ValidationError) as exc:
+                with record_file.open("rb") as f:
+                    record = decode_signed(AdapterRecord, f.read(MAX_MESSAGE_BYTES + 1))
+            except (OSError, SchemaError, ValidationError) as exc:
                 typer.echo(f"--record {record_file}: {exc}", err=True)
                 raise typer.Exit(2) from None
+        try:
+            model = read_model_config(model_config) if model_config else None
+        except ValueError as exc:
+            typer.echo(f"--model-config: {exc}", err=True)
+            raise typer.Exit(2) from None
         limits = WorkerLimits(
             base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
-            model=ModelShape.from_hf_config(json.loads(model_config.read_text()))
-            if model_config else None, base_model_aliases=get_settings().base_model_aliases)
+            model=model, base_model_aliases=get_settings().base_model_aliases)
 
         def report(refusals: tuple[Refusal, ...]) -> None:
             if not refusals:
@@ -100,7 +105,10 @@ def register(app: typer.Typer) -> None:
                 fetched = fetcher.fetch(target if target.endswith("/") else target + "/",
                                         Path(tmp) / "artifact",
                                         expected_sha256=record.sha256 if record else None,
-                                        max_total_bytes=max_bytes)
+                                        max_total_bytes=max_bytes,
+                                        owner=record if record and record.artifact_uri == (
+                                            target if target.endswith("/") else target + "/")
+                                        else None)
             except ArtifactError as exc:
                 report(exc.refusals)
                 return

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
                                            help="vLLM + agent pairs (default: two when "
                                                 "memory allows, else one)."),
         trace: Path | None = typer.Option(None, "--trace", help="Azure LLM trace CSV "
-                                          "(default: ../shared/traces beside the checkout)."),
+                                          "(default: the shipped conversation trace)."),
     ) -> None:
         """Bring the stack up, publish adapters through the signed CI path, replay a trace
         through the gateways, promote and roll back a canary, print the ClickHouse report

@@ -83,4 +83,28 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"# private key: {path} (mode 0600)", err=True)
         typer.echo(Keyring(keys=[entry]).to_yaml(), nl=False)
 
+    @group.command("tenant")
+    def tenant_cmd(
+        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (created if "
+                                                            "missing; atomic replace)."),
+        tenant: str = typer.Option(..., "--tenant"),
+        max_priority: str = typer.Option(..., "--max-priority",
+                                         help="bronze | silver | gold | platinum"),
+    ) -> None:
+        """Set a tenant's priority ceiling: its publishes above it are rejected."""
+        from pydantic import ValidationError
+
+        from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring, save_keyring
+
+        try:
+            ring = load_keyring(keyring) if keyring.exists() else Keyring()
+            ring = Keyring.model_validate({**ring.model_dump(mode="json"), "tenants": {
+                **ring.model_dump(mode="json")["tenants"],
+                tenant: {"max_priority": max_priority}}})
+        except (ValidationError, KeyringError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        save_keyring(ring, keyring)
+        typer.echo(f"{tenant}: max_priority {ring.max_priority(tenant)}")
+
     app.add_typer(group, name="keys")

@@ -105,11 +105,19 @@ def _version_command(action: LifecycleAction) -> Callable[..., None]:
     return command
 
 
+MAX_EVENTS_FILE_BYTES = 256 * 1024 * 1024
+
+
 def _is_one_object(data: bytes) -> bool:
-    """A single (possibly pretty-printed) event rather than JSON lines."""
+    """A single (possibly pretty-printed) event rather than JSON lines: one strict JSON
+    object (bounded depth and size; never RecursionError on hostile nesting)."""
+    from loraplane.schemas.strict_json import StrictJsonError, strict_loads
+
+    if b"\n" not in data.strip():
+        return True  # one line: one message, whatever it holds
     try:
-        return isinstance(json.loads(data), dict)
-    except ValueError:
+        return isinstance(strict_loads(data), dict)
+    except StrictJsonError:
         return False
 
 
@@ -141,7 +149,6 @@ def register(app: typer.Typer) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
         from pydantic import ValidationError
 
-        from loraplane.artifact.model_shape import ModelShape
         from loraplane.artifact_publish import (
             ArtifactError,
             PublishRequest,
@@ -149,6 +156,7 @@ def register(app: typer.Typer) -> None:
             local_folder,
             upload,
         )
+        from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
         from loraplane.lifecycle_events import signed_event
         from loraplane.schemas.adapter import Priority
@@ -159,8 +167,7 @@ def register(app: typer.Typer) -> None:
         try:
             request = PublishRequest(adapter_id, tenant, base_model, version, Priority(priority),
                                      tokenizer_revision)
-            model = ModelShape.from_hf_config(json.loads(model_config.read_text())) \
-                if model_config else None
+            model = read_model_config(model_config) if model_config else None
             with local_folder(settings, artifact) as folder:
                 record, manifest = build_record(folder, request, settings.s3.bucket,
                                                 base_model_aliases=settings.base_model_aliases,
@@ -233,7 +240,10 @@ def register(app: typer.Typer) -> None:
         try:
             ring = load_keyring(keyring)
             views = views_from_json(state.read_bytes()) if state else {}
-            data = file.read_bytes()
+            with file.open("rb") as f:
+                data = f.read(MAX_EVENTS_FILE_BYTES + 1)
+            if len(data) > MAX_EVENTS_FILE_BYTES:
+                raise ValueError(f"{file}: over {MAX_EVENTS_FILE_BYTES} bytes")
         except (KeyringError, OSError, ValueError) as exc:
             raise _fail(str(exc)) from None
         states = {aid: AdapterState(view=v) for aid, v in views.items()}

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                        help="Use the FAKE vLLM (workers/fake_vllm.py)."),
         trace: Path | None = typer.Option(None, "--trace",
                                           help="Azure LLM trace CSV (default: "
-                                               "../shared/traces beside the checkout)."),
+                                               "the shipped conversation trace)."),
         as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; "
                                      "progress goes to stderr."),
     ) -> None:

@@ -231,6 +231,11 @@ class LiveSystem:
             lambda: self.generate_key("ci"), lambda p: str(p))
         steps.run("planner command key + keyring (loraplane keys generate --role planner)",
                   self.generate_planner_key, lambda p: str(p))
+        steps.run("tenants' priority ceiling: platinum (loraplane keys tenant)",
+                  lambda: [self.cli(f"tenant-{t}", "keys", "tenant", "--keyring",
+                                    str(self.space.keyring_path), "--tenant", t,
+                                    "--max-priority", "platinum", timeout_s=60)
+                           for t in tenants], lambda _: ", ".join(tenants))
         keys = steps.run("gateway API keys (loraplane worker add-key)",
                          lambda: {t: self.add_api_key(t) for t in tenants},
                          lambda k: ", ".join(k))

@@ -1,11 +1,13 @@
-"""Where the Azure LLM traces are: ``../shared/traces/`` beside the checkout."""
+"""Where the Azure LLM traces are: shipped with the package (``loraplane/demo/azure_traces/``,
+CC BY 4.0, attribution in its README.md), so a bare clone or an installed wheel has them."""
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+TRACES = Path(str(files("loraplane.demo") / "azure_traces"))
+DEFAULT_TRACE = TRACES / "azure_llm_2023_conv.csv"
 
 
 class TraceMissing(FileNotFoundError):
@@ -13,8 +15,8 @@ class TraceMissing(FileNotFoundError):
 
 
 def find_trace(explicit: Path | None = None) -> Path:
-    """The trace to replay: ``explicit`` if given, else the conversation trace beside the
-    checkout. Raises TraceMissing with the path it expected."""
+    """The trace to replay: ``explicit`` if given, else the shipped conversation trace.
+    Raises TraceMissing with the path it expected."""
     path = explicit or DEFAULT_TRACE
     if not path.is_file():
         raise TraceMissing(f"no trace at {path} (expected the Azure LLM traces in "

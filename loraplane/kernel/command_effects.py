@@ -38,12 +38,14 @@ expects the same (and counts the bytes such a copy takes on the host tier).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cache
 from typing import Literal
 
-from loraplane.kernel.policy import Condition
+from loraplane.kernel.policy import Condition, Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 
@@ -75,8 +77,10 @@ class Refusal(StrEnum):
 @dataclass(frozen=True)
 class Rule:
     """One row of the table: ``tier`` sets the tier, ``at_least`` raises it to that tier,
-    ``pinned`` sets the pin; ``None`` leaves that part as it is."""
+    ``pinned`` sets the pin; ``None`` leaves that part as it is. ``met_in`` are the tiers in
+    which a copy (with that pin) meets what the command asked for: what ``shows`` checks."""
 
+    met_in: frozenset[Tier]
     tier: Tier | None = None
     at_least: Tier | None = None
     pinned: bool | None = None
@@ -88,13 +92,15 @@ class Rule:
         return Copy(tier, before.pinned if self.pinned is None else self.pinned)
 
 
+_PRESENT: frozenset[Tier] = frozenset({"host", "gpu"})
 TABLE: Mapping[CommandAction, Rule] = {
-    CommandAction.prewarm_host: Rule(at_least="host"),
-    CommandAction.load_gpu: Rule(tier="gpu"),
-    CommandAction.pin: Rule(at_least="host", pinned=True),
-    CommandAction.unpin: Rule(pinned=False),
-    CommandAction.demote_to_host: Rule(tier="host"),
-    CommandAction.evict: Rule(tier="gone"),
+    CommandAction.prewarm_host: Rule(_PRESENT, at_least="host"),
+    CommandAction.load_gpu: Rule(frozenset({"gpu"}), tier="gpu"),
+    CommandAction.pin: Rule(_PRESENT, at_least="host", pinned=True),
+    CommandAction.unpin: Rule(frozenset({"gone", "host", "gpu"}), pinned=False),
+    # off the GPU is what a demote asks for: a copy the worker has since evicted meets it
+    CommandAction.demote_to_host: Rule(frozenset({"gone", "host"}), tier="host"),
+    CommandAction.evict: Rule(frozenset({"gone"}), tier="gone"),
 }
 
 
@@ -111,8 +117,11 @@ UNPROTECTING = frozenset({CommandAction.unpin, CommandAction.demote_to_host,
 """The actions a protected copy refuses."""
 
 
+@cache
 def effect(action: CommandAction, before: Copy, protected: bool = False) -> Effect:
-    """What ``action`` does to ``before``; ``protected``: the copy is never-evict."""
+    """What ``action`` does to ``before``; ``protected``: the copy is never-evict. Cached:
+    there are only 6 x 6 x 2 cases, and the planner asks once per command it issues (~30k
+    on a cold tick)."""
     after = TABLE[action].target(before)
     if protected and before.present and action in UNPROTECTING:
         return Effect(before, Refusal.protected)
@@ -142,9 +151,24 @@ def never_evict_rule(record: AdapterRecord | None,
     return next((c for c in conditions if c.holds(facts)), None)
 
 
+def protected_cap(policy: Policy, slots: int) -> int:
+    """How many never-evict versions may be protected (pinned, ranked first, refusing to move
+    down) on ``slots`` GPU slots: the planner's cap per base model and each worker's own.
+    Rounded up so that a share of a slot is a slot; the tolerance keeps ``0.3 * 10`` at 3."""
+    return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
+
+
+@cache
+def copy_at(tier: Tier, pinned: bool) -> Copy:
+    """The one ``Copy`` of each (tier, pin): hot paths build none."""
+    return Copy(tier, pinned)
+
+
 def shows(action: CommandAction, observed: Copy) -> bool:
-    """Does ``observed`` already show the effect of ``action``? True when applying it again
-    would change nothing; a refused command is never shown (the copy may be unpinned by a
-    command before it, and then it applies)."""
-    outcome = effect(action, observed)
-    return outcome.refused is None and outcome.after == observed
+    """Does ``observed`` (a worker's reported copy) meet what ``action`` asked for? Then the
+    planner stops expecting the command. Every copy ``effect`` leaves meets it; a copy a
+    command would refuse never does (it may be unpinned by a command before it, and then it
+    applies). A demote is met by a copy that is gone too: the worker evicted it since."""
+    rule = TABLE[action]
+    return observed.tier in rule.met_in and (rule.pinned is None
+                                             or observed.pinned == rule.pinned)

@@ -62,6 +62,27 @@ class S3Settings(_Section):
     )
 
 
+class HttpLimits(_Section):
+    """Connection bounds shared by every HTTP server loraplane runs (the gateway, the
+    worker's /metrics listener, the dashboard): ``loraplane.kernel.http_server``."""
+
+    header_timeout_s: float = Field(10.0, gt=0, le=300,
+                                    description="a request head must be complete by then")
+    body_timeout_s: float = Field(30.0, gt=0, le=600,
+                                  description="a request body must be complete by then")
+    keepalive_timeout_s: float = Field(15.0, gt=0, le=3600,
+                                       description="an idle keep-alive connection is closed")
+    max_connections: int = Field(512, ge=1, le=100_000,
+                                 description="open connections per server; more are closed")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1024 * 1024,
+                                  description="request line + headers")
+    max_headers: int = Field(64, ge=8, le=1000)
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    error_log_interval_s: float = Field(
+        10.0, gt=0, le=3600, description="a burst of connection errors logs one count per "
+                                         "kind per interval, not a line each")
+
+
 class Settings(BaseSettings):
     """Everything a loraplane process needs to find its peers and its policy."""
 
@@ -91,6 +112,10 @@ class Settings(BaseSettings):
         description="What PEFT writes as base_model_name_or_path (a hub id or the local path "
                     "the trainer loaded) -> the base-model id it stands for. Publishers and "
                     "workers must read the same map.")
+    http: HttpLimits = Field(default_factory=HttpLimits)
+    gateway_secret_file: Path | None = Field(
+        None, description="The gateway's secret for per-tenant cache salts (default: "
+                          "home/gateway-secret; created with mode 0600 when missing).")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
 
@@ -108,6 +133,10 @@ class Settings(BaseSettings):
     @property
     def api_keys_path(self) -> Path:
         return self.api_keys_file or self.home / "api-keys.json"
+
+    @property
+    def gateway_secret_path(self) -> Path:
+        return self.gateway_secret_file or self.home / "gateway-secret"
 
     @property
     def state_dir(self) -> Path:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCORE_TERMS = ("qps_10m", "qps_1m", "ttft_penalty_if_cold", "tenant_priority",
                "scheduled_warmup_score")
@@ -131,19 +131,59 @@ class Normalisation(_Strict):
     ttft_penalty_ms: float = Field(2000.0, gt=0, description="cold TTFT penalty scoring 1.0")
 
 
+class RequestCaps(_Strict):
+    """What one request of a class may ask of vLLM (``workers.request_fields.admit``)."""
+
+    max_n: int = Field(4, ge=1, le=128, description="n and best_of, each")
+    max_tokens: int = Field(1024, ge=1, le=1_000_000,
+                            description="max_tokens / max_completion_tokens, each")
+    default_max_tokens: int = Field(256, ge=1, le=1_000_000,
+                                    description="set when the request names no max_tokens")
+    max_prompts: int = Field(4, ge=1, le=10_000, description="a list prompt counts each")
+    max_logprobs: int = Field(5, ge=0, le=100, description="logprobs / top_logprobs")
+    max_stop: int = Field(4, ge=0, le=64, description="stop sequences")
+    max_stop_chars: int = Field(64, ge=1, le=4096, description="length of one stop sequence")
+    max_messages: int = Field(256, ge=1, le=100_000, description="chat messages")
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> RequestCaps:
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError("default_max_tokens must not exceed max_tokens")
+        return self
+
+
+def _batch_caps() -> RequestCaps:
+    return RequestCaps(max_tokens=4096, default_max_tokens=512, max_prompts=64)
+
+
+class TenantLimits(_Strict):
+    """Per tenant, per gateway: requests in flight and tokens (prompt + output) per minute.
+    Tokens are charged when vLLM reports the usage; an empty bucket answers 429."""
+
+    max_concurrent: int = Field(32, ge=1, le=100_000)
+    tokens_per_minute: int = Field(200_000, ge=1, le=10**10)
+    burst_tokens: int = Field(50_000, ge=1, le=10**10,
+                              description="the bucket's size: what a quiet tenant may spend at "
+                                          "once")
+
+
 class InteractiveBudget(_Strict):
+    caps: RequestCaps = Field(default_factory=RequestCaps)
     on_cold: Literal["fallback", "retry_later"] = "fallback"
     retry_after_s: int = Field(2, ge=1, le=300)
     max_wait_ms: int = Field(0, ge=0, le=60_000)
 
 
 class BatchBudget(_Strict):
+    caps: RequestCaps = Field(default_factory=_batch_caps)  # also the shadow class's
     max_wait_ms: int = Field(30_000, ge=0, le=600_000)
     max_concurrent_cold_loads: int = Field(2, ge=1, le=64)
     retry_after_s: int = Field(5, ge=1, le=300)  # also the shadow class's
 
 
 class CanaryBudget(_Strict):
+    caps: RequestCaps = Field(default_factory=RequestCaps)
     warmup_requests: int = Field(3, ge=0, le=1000)
     retry_after_s: int = Field(5, ge=1, le=300)
 
@@ -152,6 +192,7 @@ class RequestBudgets(_Strict):
     interactive: InteractiveBudget = Field(default_factory=InteractiveBudget)
     batch: BatchBudget = Field(default_factory=BatchBudget)
     canary: CanaryBudget = Field(default_factory=CanaryBudget)
+    tenants: TenantLimits = Field(default_factory=TenantLimits)
 
 
 class Policy(_Strict):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
-from loraplane.kernel.bus import read_topic
+from loraplane.kernel.bus import Record, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
@@ -36,6 +36,20 @@ def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, Adap
     return views
 
 
+def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
+    """The raw last record of every key of the registry topic (tombstoned keys left out),
+    for consumers that verify each view themselves (``streams.registry_evidence``) and
+    dead-letter what they refuse with its place on the topic."""
+    latest: dict[bytes, Record] = {}
+    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s):
+        key = record.key or b""
+        if record.value is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = record
+    return list(latest.values())
+
+
 def views_to_json(views: dict[str, AdapterView]) -> str:
     """The whole registry as one JSON object, adapter_id -> view (``registry list --json``)."""
     return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
@@ -44,10 +58,13 @@ def views_to_json(views: dict[str, AdapterView]) -> str:
 
 def views_from_json(data: bytes) -> dict[str, AdapterView]:
     """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
-    raw = json.loads(data)
+    from loraplane.schemas.strict_json import strict_loads
+
+    raw = strict_loads(data, max_bytes=256 * 1024 * 1024)  # StrictJsonError is a ValueError
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object adapter_id -> view")
-    views = {aid: AdapterView.model_validate(v) for aid, v in raw.items()}
+    views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)
+             for aid, v in raw.items()}
     for aid, view in views.items():
         if view.adapter_id != aid:
             raise ValueError(f"{aid}: holds the view of {view.adapter_id}")

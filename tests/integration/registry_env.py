@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -113,3 +114,16 @@ class Env:
             return v if v is not None and done(v) else None
 
         return wait_for(probe, f"registry view of {adapter_id}")
+
+
+@contextmanager
+def running(stack: Settings, folder: Path) -> Iterator[Env]:
+    """An ``Env`` whose registry agent runs for the block; stopped and its topics deleted
+    after, whatever the block did."""
+    env = Env.create(stack, folder)
+    try:
+        env.start()
+        yield env
+    finally:
+        env.stop()
+        env.delete_topics()

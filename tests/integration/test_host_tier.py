@@ -213,11 +213,19 @@ def test_hostile_store_content_never_lands_in_the_tier(
         stack: Settings, prefix: str, tmp_path: Path) -> None:
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     host = tier(tmp_path / "tier", stack.s3)
+    from loraplane.schemas.adapter import owner_prefix
+
+    bucket, _ = parse_s3_uri(record.artifact_uri)
+    unpublished = record.model_copy(update={"version": "9"})  # an owner prefix with no objects
     cases = {
-        Reason.manifest_digest_mismatch: record.model_copy(update={"sha256": "ab" * 32}),
+        # same owner prefix (sha8), another digest: the manifest's digest decides
+        Reason.manifest_digest_mismatch: record.model_copy(
+            update={"sha256": record.sha256[:8] + "ab" * 28}),
         Reason.source_not_allowed: record.model_copy(
             update={"artifact_uri": "s3://someone-elses-bucket/a1/1/"}),
-        Reason.manifest_missing: record.model_copy(
+        Reason.manifest_missing: unpublished.model_copy(
+            update={"artifact_uri": owner_prefix(unpublished, bucket)}),
+        Reason.outside_owner_prefix: record.model_copy(
             update={"artifact_uri": record.artifact_uri + "nope/"}),
         Reason.adapter_revoked: record.model_copy(update={"status": "revoked"}),
     }
@@ -277,7 +285,8 @@ def test_artifact_verify_cli_reads_from_s3(stack: Settings, prefix: str, tmp_pat
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     good, forged = tmp_path / "record.json", tmp_path / "forged.json"
     good.write_text(record.model_dump_json())
-    forged.write_text(record.model_copy(update={"sha256": "ab" * 32}).model_dump_json())
+    forged.write_text(record.model_copy(update={"sha256": record.sha256[:8] + "ab" * 28})
+                      .model_dump_json())  # same owner prefix (sha8), another digest
     runner = CliRunner()
     ok = runner.invoke(app, ["artifact", "verify", record.artifact_uri, "--record", str(good),
                              "--max-rank", "8", "--base-model", "tiny-llama"])

@@ -27,6 +27,7 @@ from loraplane.infra.processes import free_port
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.api_keys import key_digest
 from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
@@ -123,7 +124,7 @@ class Fleet:
                                   base_model=TINY_BASE_MODEL, tenant_id=TENANT,
                                   adapter_id=record.adapter_id, version=record.version,
                                   sha256=record.sha256, lora_name=record.lora_name,
-                                  reason=CommandReason(rule="peft-e2e"), issued_at=now,
+                                  reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
                                   deadline=now + timedelta(minutes=1))))
 
     def loaded(self) -> set[str]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from loraplane.schemas.adapter import Priority
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
@@ -22,20 +23,16 @@ from loraplane.schemas.reasons import RegistryRejection as Reason
 
 from loraplane.kernel.config import Settings
 from loraplane.kernel.registry_view import load_registry
-from tests.integration.registry_env import LORAPLANE, Env, wait_for
+from tests.integration.registry_env import LORAPLANE, Env, running, wait_for
+from tests.lifecycle_kit import record
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    env = Env.create(stack, tmp_path_factory.mktemp("registry"))
-    try:
-        env.start()
+    with running(stack, tmp_path_factory.mktemp("registry")) as env:
         yield env
-    finally:
-        env.stop()
-        env.delete_topics()
 
 
 def test_release_flow_ends_with_the_right_active_version_and_a_full_audit(env: Env) -> None:
@@ -91,11 +88,25 @@ def test_each_hostile_event_is_dead_lettered_with_its_reason(env: Env) -> None:
         Reason.rollback_to_unknown: ev("ci", "rollback", "1", rollback_to="9"),
         Reason.unknown_version: ev("ci", "promote", "7"),
         Reason.tenant_mismatch: ev("beta", "retire", "1", tenant_id="beta"),
+        # strict parsing and anti-lockout (each signed by a trusted key)
+        Reason.seq_from_future: encode(kit.event("ci", "retire", aid, "1", 2**62, now)),
+        Reason.artifact_outside_prefix: ev("ci", "publish", "2", record=record(
+            aid, "2").model_copy(update={"artifact_uri": f"s3://loraplane-artifacts/beta/{aid}/"
+                                                        f"2-{record(aid, '2').sha256[:8]}/"})),
+        Reason.priority_above_ceiling: ev("beta", "publish", "2", tenant_id="beta", record=record(
+            aid, "2", tenant="beta").model_copy(update={"priority": Priority.platinum})),
     }
+    duplicate = ev("ci", "retire", "1").replace(b'{"schema_version"',
+                                                b'{"version":"9","schema_version"', 1)
+    coerced = encode(kit.event("ci", "retire", aid, "1", 11, now)).replace(b'"seq":11,',
+                                                                           b'"seq":"11",')
     wrong_key = ev("ci", "retire", "1")
-    env.send([(key, raw) for raw in hostile.values()] + [(b"someone-else", wrong_key)])
+    env.send([(key, raw) for raw in [*hostile.values(), duplicate, coerced]]
+             + [(b"someone-else", wrong_key)])
     expected = {raw: str(reason) for reason, raw in hostile.items()}
     expected[wrong_key] = str(Reason.key_mismatch)
+    expected[duplicate] = str(Reason.malformed)
+    expected[coerced] = str(Reason.invalid)
 
     def dead_letters() -> dict[bytes, str] | None:
         found = {base64.b64decode(d.raw_b64): d.reason
@@ -129,6 +140,7 @@ def test_cli_publish_uploads_signs_and_reaches_the_registry(env: Env) -> None:
     assert done.returncode == 0, done.stderr
     line = json.loads(done.stdout)
     bucket, _, prefix = line["artifact_uri"].removeprefix("s3://").partition("/")
+    assert prefix == f"acme/{aid}/1.0-{line['sha256'][:8]}/"  # under the tenant's own prefix
     listed = S3(env.settings).client().list_objects_v2(Bucket=bucket, Prefix=prefix)
     assert {o["Key"][len(prefix):] for o in listed["Contents"]} == {
         "adapter_config.json", "adapter_model.safetensors", "manifest.json"}

@@ -4,7 +4,9 @@
 
 Publishing: artifacts are uploaded with loraplane.artifact_upload and the registry views are
 written straight to a per-module registry topic (the signed lifecycle path needs the Faust
-app, which has its own tests). Commands are real CacheCommands on the real commands topic.
+app, which has its own tests); each view carries signed evidence (tests/lifecycle_kit.py:
+signed_view) verified by the worker with the module's keyring, as in production.
+Commands are real CacheCommands on the real commands topic.
 The S3 endpoint is a moto server this module starts and stops itself (never the shared one).
 """
 
@@ -31,6 +33,7 @@ from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.keyring import save_keyring
+from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
@@ -44,13 +47,15 @@ from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
 from loraplane.kernel.topics import topic_name
+from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from tests.lifecycle_kit import Kit, make_kit
+from tests.lifecycle_kit import Kit, make_kit, signed_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+KIT = make_kit(now_utc())  # "ops" signs the module's views; the keyring goes to the worker
 
 
 
@@ -207,11 +212,7 @@ def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
     for r in records:
         by_adapter.setdefault(r.adapter_id, []).append(r)
     for adapter, versions in by_adapter.items():
-        active = next((r.version for r in versions if r.status == AdapterStatus.active), None)
-        view = AdapterView(adapter_id=adapter, tenant_id=versions[0].tenant_id,
-                           base_model=TINY_BASE_MODEL, active_version=active,
-                           versions=versions, last_seq=1, last_event_id=uuid.uuid4().hex,
-                           updated_at=now_utc())
+        view = signed_view(KIT.keys["ops"], versions, now_utc(), KIT.keyring)
         produce_sync(settings, topic_name(settings, "registry"), adapter, view)
 
 
@@ -252,9 +253,9 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         keys = tmp / "api-keys.json"
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
-        kit = make_kit(now_utc())
-        save_keyring(kit.keyring, tmp / "home" / "keyring.yaml")  # the planner key's entry
+        save_keyring(KIT.keyring, tmp / "home" / "keyring.yaml")  # with the planner key
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
+               "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
                # platinum only: the canary flow below demotes a live canary on purpose
                "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
                "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
@@ -274,7 +275,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
         w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=kit)
+                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT)
         try:
             yield w
         finally:
@@ -395,7 +396,8 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
     one, and the agent keeps serving."""
-    from loraplane.workers.artifact_fetch import s3_client
+    from loraplane.schemas.adapter import owner_prefix
+    from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 
     from tests.hostile_corpus import CASES, hostile
 
@@ -408,10 +410,11 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
         _, rec = hostile(case, good, world.tmp / f"hostile-{i}")
         folder = world.tmp / f"hostile-{i}" / "artifact"
         rec = rec.model_copy(update={
-            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a",
-            "artifact_uri": f"s3://{BUCKET}/hostile-{i}/1/", "status": AdapterStatus.active})
+            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a", "status": AdapterStatus.active})
+        rec = rec.model_copy(update={"artifact_uri": owner_prefix(rec, BUCKET)})
+        _, key_prefix = parse_s3_uri(rec.artifact_uri)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            client.put_object(Bucket=BUCKET, Key=f"hostile-{i}/1/{path.relative_to(folder)}",
+            client.put_object(Bucket=BUCKET, Key=f"{key_prefix}{path.relative_to(folder)}",
                               Body=path.read_bytes())
         records.append(rec)
         # Over S3 the fetcher parses manifest.json with the schema first, which already
@@ -481,3 +484,137 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     world.command("plat-1", CommandAction.evict)
     time.sleep(5)
     assert plat in world.vllm_names()
+
+
+def test_forged_registry_records_are_never_fetched_or_served(world: World) -> None:
+    """ATTACK (real Kafka, real S3, the worker as its own process): records written straight
+    into the registry topic, the attacker's own weights uploaded to S3 with a matching
+    manifest. Without, with forged, with foreign, or with genuine-but-edited evidence, each is
+    dead-lettered by the worker with its reason, counted, and never fetched or served; a
+    genuinely signed record pointing into another tenant's prefix is refused at fetch."""
+    import json
+
+    from loraplane.schemas.dead_letter import DeadLetter
+
+    if world.agent is None:
+        world.start_agent()
+    tmp, s = world.tmp / "forged", world.settings
+    evil_folder = build_adapter(tmp / "evil", seed=66)
+    honest_folder = world.adapters["sql-1"].folder
+    now = now_utc()
+    ops = KIT.keys["ops"]
+    registry = topic_name(s, "registry")
+    views: dict[str, tuple[AdapterView, str]] = {}  # adapter -> (what we write, its reason)
+
+    def genuine(adapter: str, tenant: str, status: AdapterStatus,
+                folder: Path = honest_folder) -> AdapterView:
+        rec = publish(s, folder, adapter, "1", tenant, status)
+        world.adapters[adapter] = Published(folder, rec)
+        return signed_view(ops, [rec], now, KIT.keyring)
+
+    def edit(view: AdapterView, change: Callable[[dict[str, Any]], None]) -> AdapterView:
+        data = json.loads(view.model_dump_json())
+        change(data)
+        return AdapterView.model_validate(data)
+
+    # 1. no evidence at all: the hostile review's record
+    evil = publish(s, evil_folder, "forged-bare", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-bare"] = Published(evil_folder, evil)
+    views["forged-bare"] = (AdapterView(
+        adapter_id="forged-bare", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
+        active_version="1", versions=[evil], last_seq=1, last_event_id="e1",
+        updated_at=now), "view_no_evidence")
+    # 2. forged evidence: the attacker's own key, and its own keyring to fold with
+    mallory = make_kit(now)  # same names, other keys: nothing our keyring holds
+    evil = publish(s, evil_folder, "forged-key", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-key"] = Published(evil_folder, evil)
+    views["forged-key"] = (signed_view(mallory.keys["ops"], [evil], now, mallory.keyring),
+                           "view_evidence_rejected")
+    # 3. genuine evidence of another adapter (sql's) under the forged one's name
+    evil = publish(s, evil_folder, "forged-foreign", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["forged-foreign"] = Published(evil_folder, evil)
+    sql_view = signed_view(ops, [world.adapters["sql-1"].record], now, KIT.keyring)
+    views["forged-foreign"] = (AdapterView(
+        adapter_id="forged-foreign", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
+        active_version="1", versions=[evil], last_seq=sql_view.last_seq,
+        last_event_id=sql_view.last_event_id, updated_at=now, evidence=sql_view.evidence),
+        "view_foreign_evidence")
+    # 4. genuine evidence, edited fields
+    real = genuine("edit-sha", "tenant-a", AdapterStatus.active)
+    evil = publish(s, evil_folder, "edit-sha", "1", "tenant-a", AdapterStatus.active)
+    world.adapters["edit-sha"] = Published(evil_folder, evil)
+
+    def to_evil(d: dict[str, Any]) -> None:
+        d["versions"][0].update(sha256=evil.sha256, artifact_uri=evil.artifact_uri,
+                                size_bytes=evil.size_bytes)
+    views["edit-sha"] = (edit(real, to_evil), "view_mismatch")
+    real = genuine("edit-status", "tenant-a", AdapterStatus.published)
+
+    def to_active(d: dict[str, Any]) -> None:
+        d["active_version"] = "1"
+        d["versions"][0]["status"] = "active"
+    views["edit-status"] = (edit(real, to_active), "view_mismatch")
+    real = genuine("edit-tenant", "tenant-b", AdapterStatus.active)
+
+    def to_tenant_a(d: dict[str, Any]) -> None:
+        d["tenant_id"] = d["versions"][0]["tenant_id"] = "tenant-a"
+    views["edit-tenant"] = (edit(real, to_tenant_a), "view_mismatch")
+    world.adapters["edit-tenant"] = Published(honest_folder, AdapterRecord.model_validate(
+        views["edit-tenant"][0].versions[0].model_dump()))
+    real = genuine("edit-uri", "tenant-a", AdapterStatus.active)
+    other_uri = world.adapters["other-1"].record.artifact_uri
+    views["edit-uri"] = (edit(real, lambda d: d["versions"][0].update(
+        artifact_uri=other_uri)), "view_mismatch")
+    # 5. a genuinely signed publish whose artifact_uri is another tenant's (tenant-b's
+    # "other"): the registry refuses it (artifact_outside_prefix), and so does the worker's
+    # re-derivation of a view that carries it; the fetch's owner check stays behind both.
+    stolen = world.adapters["other-1"].record.model_copy(update={
+        "adapter_id": "thief", "tenant_id": "tenant-a", "status": AdapterStatus.published,
+        "release": Release()})
+    world.adapters["thief"] = Published(world.adapters["other-1"].folder, stolen)
+    stolen_event = signed_event(ops, LifecycleAction.publish, adapter_id="thief",
+                                tenant_id="tenant-a", base_model=TINY_BASE_MODEL, version="1",
+                                record=stolen, now=now)
+    views["thief"] = (AdapterView(
+        adapter_id="thief", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
+        versions=[stolen], last_seq=stolen_event.seq, last_event_id=stolen_event.event_id,
+        updated_at=now, evidence=[stolen_event]), "view_evidence_rejected")
+    for adapter, (view, _) in views.items():
+        produce_sync(s, registry, adapter, view)
+
+    component = f"worker-{world.worker_id}"
+
+    def letters() -> dict[str, str]:
+        got = {}
+        for rec in read_topic(s, topic_name(s, "dead-letters"), timeout_s=15, idle_s=1.0):
+            d = decode(DeadLetter, rec.value)
+            if d.component == component:
+                got[(rec.key or b"").decode()] = str(d.reason)
+        return got if set(views) <= set(got) else {}
+
+    got = wait_for(letters, 60, "a dead letter for every forged record")
+    assert {a: got[a] for a in views} == {a: reason for a, (_, reason) in views.items()}
+
+    commands = {world.command(a, CommandAction.load_gpu): a for a in views}
+
+    def outcomes() -> dict[str, str]:
+        out = {commands[e.command_id]: f"{e.kind}:{e.reason}"
+               for e in world.read("cache-events", CacheEvent)
+               if e.command_id in commands and e.kind in (CacheEventKind.refuse,
+                                                          CacheEventKind.fail)}
+        return out if len(out) == len(commands) else {}
+
+    seen = wait_for(outcomes, 90, "an outcome for every forged or stolen record")
+    assert seen == {a: "refuse:not_in_registry" for a in views}
+    names = world.vllm_names()
+    for a in views:
+        assert world.adapters[a].record.lora_name not in names
+        resp = world.ask(a)  # unknown to the worker: never its lora
+        assert resp.status_code != 200, (a, resp.headers)
+        assert resp.headers.get("X-Loraplane-Lora-Name") != world.adapters[a].record.lora_name
+    host = world.tmp / f"host-{world.worker_id}"
+    installed = {p.name for p in host.iterdir()} if host.exists() else set()
+    assert not {world.adapters[a].record.lora_name for a in views} & installed
+    metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+    assert 'registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
+    assert world.ask("sql", timeout_s=30).status_code == 200  # the genuine ones still serve

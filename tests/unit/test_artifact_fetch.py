@@ -83,7 +83,7 @@ def fetch_with(error: Exception, policy: FetchPolicy, tmp_path: Path) -> tuple[A
                               client=client)
     with pytest.raises(ArtifactError) as failed:
         fetcher.fetch("s3://loraplane-artifacts/a/1/", tmp_path / "dest",
-                      expected_sha256=None, max_total_bytes=10**6)
+                      expected_sha256=None, max_total_bytes=10**6, owner=None)
     return failed.value, client, clock
 
 
@@ -139,3 +139,78 @@ def test_a_write_error_in_the_hashing_thread_reaches_the_caller() -> None:
         for _ in range(50):  # the error surfaces on a later write or on leaving the block
             sink.write(b"x" * 4096)
     assert caught.value.errno == errno.ENOSPC
+
+
+# ---- the owner's prefix (loraplane.artifact.owner) ---------------------------------------
+def _owned(tenant: str = "acme", adapter: str = "chat", version: str = "1") -> Any:
+    from tests.lifecycle_kit import record
+
+    return record(adapter, version, tenant)
+
+
+def test_the_owner_prefix_is_tenant_adapter_version_sha8() -> None:
+    from loraplane.schemas.adapter import owner_prefix
+
+    rec = _owned()
+    assert owner_prefix(rec, "b") == f"s3://b/acme/chat/1-{rec.sha256[:8]}/"
+    assert rec.artifact_uri == owner_prefix(rec, "loraplane-artifacts")  # what publish writes
+
+
+@pytest.mark.parametrize("uri", [
+    "s3://loraplane-artifacts/beta/chat/1-{sha8}/",  # another tenant's prefix
+    "s3://loraplane-artifacts/acme/sql/1-{sha8}/",  # another adapter of the same tenant
+    "s3://loraplane-artifacts/acme/chat/2-{sha8}/",  # another version
+    "s3://loraplane-artifacts/acme/chat/1-00000000/",  # another artifact
+    "s3://loraplane-artifacts/acme/chat/1-{sha8}/sub/",  # below it
+    "s3://loraplane-artifacts/acme/chat/",  # above it
+    "s3://loraplane-artifacts/chat/1-{sha8}/",  # the old layout, without the tenant
+])
+def test_a_record_pointing_outside_its_owners_prefix_is_never_fetched(
+        uri: str, tmp_path: Path) -> None:
+    """ATTACK: a record (genuinely signed or not) whose artifact_uri names objects that are
+    not its own. Refused before a single S3 call."""
+    rec = _owned()
+    rec = rec.model_copy(update={"artifact_uri": uri.format(sha8=rec.sha256[:8])})
+    client = FailingClient(AssertionError("no S3 call may happen"))
+    fetcher = ArtifactFetcher(S3Settings(), client=client)
+    with pytest.raises(ArtifactError) as refused:
+        fetcher.fetch(rec.artifact_uri, tmp_path / "dest", expected_sha256=rec.sha256,
+                      max_total_bytes=10**6, owner=rec)
+    assert refused.value.reasons == (Reason.outside_owner_prefix,)
+    assert client.calls == 0 and not (tmp_path / "dest").exists()
+
+
+def test_a_uri_other_than_the_records_own_is_refused(tmp_path: Path) -> None:
+    rec, other = _owned(), _owned("beta")
+    client = FailingClient(AssertionError("no S3 call may happen"))
+    with pytest.raises(ArtifactError) as refused:
+        ArtifactFetcher(S3Settings(), client=client).fetch(
+            other.artifact_uri, tmp_path / "d", expected_sha256=rec.sha256,
+            max_total_bytes=10**6, owner=rec)
+    assert refused.value.reasons == (Reason.outside_owner_prefix,)
+    assert client.calls == 0
+
+
+ID = st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
+
+
+@given(ID, ID, ID, ID, st.sampled_from(["1", "2", "1.1"]))
+def test_owner_check_accepts_exactly_the_owners_prefix(tenant: str, adapter: str,
+                                                       other_tenant: str, other_adapter: str,
+                                                       version: str) -> None:
+    """PROPERTY: a record is accepted under its own prefix only; moved to any other
+    tenant's or adapter's prefix it is refused."""
+    from loraplane.schemas.adapter import expected_artifact_prefix
+
+    from loraplane.artifact.owner import check_owner
+
+    rec = _owned(tenant, adapter, version)
+    check_owner(rec, "loraplane-artifacts")
+    moved = rec.model_copy(update={"artifact_uri": expected_artifact_prefix(
+        "loraplane-artifacts", other_tenant, other_adapter, version, rec.sha256)})
+    if (other_tenant, other_adapter) == (tenant, adapter):
+        check_owner(moved, "loraplane-artifacts")
+    else:
+        with pytest.raises(ArtifactError) as refused:
+            check_owner(moved, "loraplane-artifacts")
+        assert refused.value.reasons == (Reason.outside_owner_prefix,)

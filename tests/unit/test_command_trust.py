@@ -21,16 +21,18 @@ from loraplane.schemas.signing import SigningKey, verify
 from loraplane.workers.command_trust import check_command
 from loraplane.workers.reconcile import (
     ActualState,
+    Change,
     CommandSkip,
     DesiredState,
     Guard,
+    GuardChanged,
     HostEntry,
     Intent,
     LoadBudget,
-    apply_command,
     reconcile,
     registry_by_name,
 )
+from loraplane.workers.reconcile import fold as reduce
 
 from loraplane.kernel.command_effects import never_evict_rule
 from loraplane.kernel.policy import Policy
@@ -192,24 +194,27 @@ DARK_CANARY = rec("dark", status=AdapterStatus.canary, canary=0.0)
 PLAIN = rec("plain")
 REVOKED_PLATINUM = rec("gone", Priority.platinum, AdapterStatus.revoked)
 REGISTRY = registry_by_name([PLATINUM, CANARY, DARK_CANARY, PLAIN, REVOKED_PLATINUM])
-GUARD = Guard.of(REGISTRY, POLICY)
+GUARD = Guard.of(REGISTRY, POLICY, gpu_slots=4)  # protected_cap 0.5 x 4 = 2
 
 
 def test_the_guard_derives_never_evict_from_the_registry_and_the_policy() -> None:
-    assert set(GUARD.protected) == {PLATINUM.lora_name, CANARY.lora_name}
-    assert GUARD.protected[PLATINUM.lora_name] == 'tenant_priority == "platinum"'
+    assert set(GUARD.never_evict) == {PLATINUM.lora_name, CANARY.lora_name}
+    assert GUARD.never_evict[PLATINUM.lora_name] == 'tenant_priority == "platinum"'
+    assert GUARD.max_protected == 2
     assert never_evict_rule(REVOKED_PLATINUM, POLICY.never_evict) is None
     nobody = Policy(never_evict_when=[])
-    assert Guard.of(REGISTRY, nobody).protected == {}
+    assert Guard.of(REGISTRY, nobody, 4).never_evict == {}
 
 
-def on_gpu(r) -> DesiredState:
-    return DesiredState({r.lora_name: Intent(r.lora_name, r.adapter_id, r.version,
-                                             r.tenant_id, "gpu", False)})
+def fold(state: DesiredState, change: Change, guard: Guard = GUARD):
+    return reduce(state, change, worker_id=WORKER, base_model=BASE, now=NOW, guard=guard)
 
 
-def fold(state: DesiredState, cmd: CacheCommand, guard: Guard = GUARD):
-    return apply_command(state, cmd, worker_id=WORKER, base_model=BASE, now=NOW, guard=guard)
+def on_gpu(*records, guard: Guard = GUARD) -> DesiredState:
+    """``records`` meant for the GPU, in this order, protection decided by ``guard``."""
+    state = DesiredState({r.lora_name: Intent(r.lora_name, r.adapter_id, r.version,
+                                              r.tenant_id, "gpu", False) for r in records})
+    return fold(state, GuardChanged(), guard)[0]
 
 
 @pytest.mark.parametrize("r", [PLATINUM, CANARY])
@@ -218,14 +223,15 @@ def fold(state: DesiredState, cmd: CacheCommand, guard: Guard = GUARD):
 def test_no_signed_command_unprotects_a_never_evict_copy(r, action) -> None:
     """The forged unpin+evict of a platinum copy: even correctly signed, refused."""
     state = on_gpu(r)
+    assert state.protected == {r.lora_name}
     after, why = fold(state, command(action, r=r))
     assert why is CommandSkip.protected
     assert after.intents == state.intents
     gpu = {r.lora_name: f"/host/{r.lora_name}"}
     actual = ActualState(gpu=gpu, loaded_by_agent=gpu,
                          host={r.lora_name: HostEntry(r.lora_name, gpu[r.lora_name], r.sha256)})
-    assert reconcile(after, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6), now=0.0,
-                     protected=GUARD.protected) == []
+    assert reconcile(after, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6),
+                     now=0.0) == []
 
 
 def test_unpin_then_evict_of_a_platinum_copy_leaves_it_on_the_gpu() -> None:
@@ -235,15 +241,46 @@ def test_unpin_then_evict_of_a_platinum_copy_leaves_it_on_the_gpu() -> None:
     assert state.intents[PLATINUM.lora_name].tier == "gpu"
 
 
-def test_an_intent_set_before_protection_does_not_unload_a_protected_copy() -> None:
-    r = PLATINUM
-    state = DesiredState({r.lora_name: Intent(r.lora_name, r.adapter_id, r.version,
-                                              r.tenant_id, "gone", False)})
-    gpu = {r.lora_name: f"/host/{r.lora_name}"}
-    actual = ActualState(gpu=gpu, loaded_by_agent=gpu,
-                         host={r.lora_name: HostEntry(r.lora_name, gpu[r.lora_name], r.sha256)})
-    assert reconcile(state, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6), now=0.0,
-                     protected=GUARD.protected) == []
+def test_a_copy_loaded_by_command_is_protected_from_the_next_one() -> None:
+    state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=PLATINUM, cid="l"))
+    assert state.protected == {PLATINUM.lora_name}
+    _, why = fold(state, command(CommandAction.evict, r=PLATINUM, cid="e"))
+    assert why is CommandSkip.protected
+
+
+def platinum(n: int) -> list:
+    return [rec(f"p{i}", Priority.platinum) for i in range(n)]
+
+
+def test_at_most_the_cap_is_protected_the_first_to_reach_the_gpu_keep_it() -> None:
+    """No tenant's keys can fill a worker with immovable copies: 5 platinum versions on a
+    4-slot worker (cap 2) leave 3 that commands still move."""
+    recs = platinum(5)
+    guard = Guard.of(registry_by_name(recs), POLICY, gpu_slots=4)
+    state = on_gpu(*recs, guard=guard)
+    assert state.protected == {recs[0].lora_name, recs[1].lora_name}
+    for r in recs[2:]:
+        assert fold(state, command(CommandAction.evict, r=r, cid=r.adapter_id), guard)[1] is None
+    # a newly published platinum version does not take the guarantee from one that holds it
+    newer = rec("p-new", Priority.platinum)
+    guard2 = Guard.of(registry_by_name([newer, *recs]), POLICY, gpu_slots=4)
+    state, _ = fold(state, command(CommandAction.load_gpu, r=newer, cid="new"), guard2)
+    assert state.protected == {recs[0].lora_name, recs[1].lora_name}
+
+
+def test_protection_lapses_when_the_registry_no_longer_makes_it_never_evict() -> None:
+    state = on_gpu(CANARY)
+    ended = CANARY.model_copy(update={"status": AdapterStatus.active})  # promoted
+    guard = Guard.of(registry_by_name([ended]), POLICY, gpu_slots=4)
+    state, _ = fold(state, GuardChanged(), guard)
+    assert state.protected == frozenset()
+    assert fold(state, command(CommandAction.evict, r=CANARY), guard)[1] is None
+    # and the freed guarantee goes to the next never-evict copy meant for the GPU
+    guard = Guard.of(registry_by_name([ended, PLATINUM]), POLICY, gpu_slots=2)  # cap 1
+    state = on_gpu(CANARY, PLATINUM, guard=Guard.of(REGISTRY, POLICY, gpu_slots=2))
+    assert state.protected == {CANARY.lora_name}
+    state, _ = fold(state, GuardChanged(), guard)
+    assert state.protected == {PLATINUM.lora_name}
 
 
 @pytest.mark.parametrize("r", [PLAIN, DARK_CANARY])
@@ -255,7 +292,7 @@ def test_unprotected_copies_still_follow_commands(r) -> None:
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 1000), st.integers(0, 1000))
 def test_warmup_requests_never_exceed_the_policy(asked: int, cap: int) -> None:
-    guard = Guard({}, cap)
+    guard = Guard({}, 0, cap)
     state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=CANARY, warmup=asked),
                     guard)
     assert state.intents[CANARY.lora_name].warmup_requests == min(asked, cap)

@@ -23,6 +23,7 @@ from loraplane.schemas.dead_letter import (
 from pydantic import BaseModel
 
 from loraplane.kernel.config import Settings
+from tests.kafka_message import FakeMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "schemas" / "dead_letter.py"
@@ -35,37 +36,9 @@ positions = st.tuples(topics, st.integers(0, 1000), st.integers(0, 2**40),
                                        "worker-agent"]))
 
 
-@dataclass
-class Msg:
-    """A confluent-kafka Message as far as the builder reads it."""
-
-    t: str
-    part: int
-    off: int
-    raw: bytes | None
-    k: bytes | None = b"k"
-    ts_ms: int = 1_800_000_000_000
-
-    def topic(self) -> str:
-        return self.t
-
-    def partition(self) -> int:
-        return self.part
-
-    def offset(self) -> int:
-        return self.off
-
-    def key(self) -> bytes | None:
-        return self.k
-
-    def value(self) -> bytes | None:
-        return self.raw
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self.ts_ms)
-
-    def error(self) -> None:
-        return None
+def Msg(t: str, part: int, off: int, raw: bytes | None, k: bytes | None = b"k",
+        ts_ms: int = 1_800_000_000_000) -> FakeMessage:
+    return FakeMessage(raw, k, t, part, off, ts_ms)
 
 
 @given(positions, st.binary(max_size=64), st.binary(max_size=64), st.text(max_size=20),

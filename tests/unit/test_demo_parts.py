@@ -20,10 +20,11 @@ from loraplane.demo.namespace import RunSpace
 from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import GatewayRouter, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
+from loraplane.demo.traces import DEFAULT_TRACE
 from loraplane.kernel.config import Settings
 from loraplane.simulator.scenario import Burst, Peak
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023_conv.csv"
+TRACE = DEFAULT_TRACE
 
 
 def test_plan_is_bounded_deterministic_and_has_burst_and_peak() -> None:

@@ -40,7 +40,13 @@ from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient
 
 from loraplane.artifact.refusal import ArtifactError
-from loraplane.kernel.policy import BatchBudget, CanaryBudget, InteractiveBudget, RequestBudgets
+from loraplane.kernel.policy import (
+    BatchBudget,
+    CanaryBudget,
+    InteractiveBudget,
+    RequestBudgets,
+    TenantLimits,
+)
 from loraplane.tiny_model import build_adapter
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -258,7 +264,9 @@ async def test_streaming_chat_passes_through(world: World) -> None:
     chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]" and len(chunks) == 5
     log = world.sink.of(RequestLog)[-1]
-    assert log.output_tokens == 4 and log.ttft_ms is not None
+    # vLLM's usage record (asked for upstream, not passed on: the client did not ask):
+    # 3 tokens, not the 4 SSE events (the role chunk carries none)
+    assert log.output_tokens == 3 and log.prompt_tokens == 1 and log.ttft_ms is not None
 
 
 async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -> None:
@@ -428,7 +436,8 @@ async def test_api_key_file_is_reread_when_it_changes(world: World, tmp_path: Pa
     assert "is missing" in caplog.text
     world.gateway.api_keys = keys
     key = add_key(path, "tenant-a")  # no restart
-    async with world.http.post(world.url + "/v1/completions", json={"model": "sql"},
+    async with world.http.post(world.url + "/v1/completions",
+                               json={"model": "sql", "prompt": "q"},
                                headers={"Authorization": f"Bearer {key}"}) as resp:
         assert resp.status == 200
     other = add_key(path, "tenant-b")
@@ -583,3 +592,146 @@ async def test_the_gateway_needs_only_the_serving_interface() -> None:
     assert (worker.asked, worker.counted, worker.held) == ([name], [(name, False)], [name])
     (log,) = sink.of(RequestLog)
     assert (log.worker_id, log.lora_name, log.output_tokens) == ("w9", name, 2)
+
+
+# ---- ATTACK tests: what a client's body may make vLLM do (workers/request_fields.py) -------
+AUTH_B = {"Authorization": "Bearer key-b"}
+
+
+def forwarded(world: World) -> dict[str, Any]:
+    """The last body vLLM got."""
+    return world.fake.requests[-1]
+
+
+async def test_costly_asks_are_refused_by_the_class_caps(world: World) -> None:
+    await load(world, RECORDS[2])
+    cases = [({"n": 2048}, "too_many_choices", "n"), ({"best_of": 64}, "too_many_choices",
+                                                      "best_of"),
+             ({"max_tokens": 100_000}, "max_tokens_too_large", "max_tokens"),
+             ({"prompt": ["p"] * 1000}, "too_many_prompts", "prompt"),
+             ({"logprobs": 20}, "logprobs_too_large", "logprobs"),
+             ({"stop": ["a"] * 10}, "too_many_stop", "stop"),
+             ({"n": "2"}, "bad_field", "n"), ({"max_tokens": True}, "bad_field", "max_tokens")]
+    sent = len(world.fake.requests)
+    for extra, code, param in cases:
+        status, _, body = await world.post({"model": "sql", "prompt": "q", **extra})
+        assert (status, body["error"]["type"], body["error"]["param"]) == (400, code, param)
+    assert len(world.fake.requests) == sent  # none reached vLLM
+    # batch has its own, larger caps (policy request_budgets.batch.caps)
+    status, _, _ = await world.post({"model": "sql", "prompt": "q", "max_tokens": 4096},
+                                    **{"X-Request-Class": "batch"})
+    assert status == 200
+    # no max_tokens: the class default is set, so the output is bounded anyway
+    assert (await world.post({"model": "sql", "prompt": "q"}))[0] == 200
+    assert forwarded(world)["max_tokens"] == RequestBudgets().interactive.caps.default_max_tokens
+    status, _, body = await world.post({"model": "sql", "prompt": "q" * 2_000_000})
+    assert status == 413 and body["error"]["type"] == "body_too_large"
+
+
+async def test_smuggled_fields_never_reach_vllm(world: World) -> None:
+    await load(world, RECORDS[2])
+    for name, value in (("priority", -100), ("kv_transfer_params", {"do_remote_prefill": True}),
+                        ("vllm_xargs", {"a": 1}), ("ignore_eos", True),
+                        ("guided_json", {"type": "object"}), ("chat_template", "{{x}}"),
+                        ("lora_request", {"lora_path": "/etc"})):
+        status, _, body = await world.post({"model": "sql", "prompt": "q", name: value})
+        assert (status, body["error"]["type"], body["error"]["param"]) == (
+            400, "field_not_allowed", name), name
+    # dropped without an error: the gateway's own to set
+    status, _, _ = await world.post({"model": "sql", "prompt": "q", "request_id": "victim-1",
+                                     "user": "u", "cache_salt": "forged"})
+    assert status == 200
+    sent = forwarded(world)
+    assert "request_id" not in sent and "user" not in sent
+    assert sent["cache_salt"] == world.gateway.cache_salt("tenant-a") != "forged"
+    # chat: only text parts (no URL for vLLM to fetch), only role/content/name
+    for message in ({"role": "user", "content": [{"type": "image_url",
+                                                  "image_url": {"url": "http://169.254.169.254/"}}]},
+                    {"role": "user", "content": "x", "tool_calls": []}):
+        status, _, body = await world.post({"model": "sql", "messages": [message]},
+                                           path="/v1/chat/completions")
+        assert (status, body["error"]["type"]) == (400, "field_not_allowed")
+
+
+async def test_cache_salt_keeps_tenants_apart_on_the_adapter_and_fallback_paths(
+        world: World) -> None:
+    prompt = "the same long shared system prompt of many words here"
+    # both cold: both served by the BASE model (the path where blocks were shared)
+    status_a, headers_a, body_a = await world.post({"model": "sql", "prompt": prompt})
+    salt_a = forwarded(world)["cache_salt"]
+    async with world.http.post(world.url + "/v1/completions", headers=AUTH_B,
+                               json={"model": "other", "prompt": prompt,
+                                     "cache_salt": salt_a}) as resp:  # B forges A's salt
+        assert resp.status == 200 and resp.headers[FALLBACK_HEADER] == "base"
+        body_b = await resp.json()
+    salt_b = forwarded(world)["cache_salt"]
+    assert headers_a[FALLBACK_HEADER] == "base" and status_a == 200
+    assert salt_a != salt_b and salt_b == world.gateway.cache_salt("tenant-b")
+    assert body_b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # none of A's blocks
+    assert body_a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    status, _, _ = await world.post({"model": "sql", "prompt": prompt}, **{
+        "X-Request-Class": "batch"})  # A again (now on its adapter): its own salt
+    assert status == 200 and forwarded(world)["cache_salt"] == salt_a
+    assert forwarded(world)["model"] == RECORDS[2].lora_name
+
+
+async def test_tenant_limits_answer_429_with_retry_after(world: World) -> None:
+    await load(world, RECORDS[2])
+    world.gateway.budgets = RequestBudgets(tenants=TenantLimits(max_concurrent=1))
+    world.fake.token_delay_s = 0.05
+    slow = asyncio.create_task(world.post({"model": "sql", "prompt": "q", "max_tokens": 8}))
+    await until(lambda: world.fake.running[RECORDS[2].lora_name] == 1, "the first in flight")
+    status, headers, body = await world.post({"model": "sql", "prompt": "q"})
+    assert (status, body["error"]["type"], headers["Retry-After"]) == (
+        429, "tenant_concurrency", "1")
+    assert (await slow)[0] == 200
+    world.fake.token_delay_s = 0
+    world.gateway.budgets = RequestBudgets(tenants=TenantLimits(tokens_per_minute=60,
+                                                                burst_tokens=5))
+    assert (await world.post({"model": "sql", "prompt": "q", "max_tokens": 20}))[0] == 200
+    status, headers, body = await world.post({"model": "sql", "prompt": "q"})
+    assert (status, body["error"]["type"]) == (429, "tenant_token_rate")
+    assert int(headers["Retry-After"]) >= 10  # 16 tokens over at 1 token/s
+    logs = world.sink.of(RequestLog)
+    assert [log.error for log in logs[-4:]] == ["tenant_concurrency", None, None,
+                                                "tenant_token_rate"]
+
+
+async def test_stream_usage_comes_from_vllm_and_reaches_the_client_only_if_asked(
+        world: World) -> None:
+    await load(world, RECORDS[2])
+    for asked in (False, True):
+        body = {"model": "sql", "prompt": "a b", "stream": True, "max_tokens": 3}
+        if asked:
+            body["stream_options"] = {"include_usage": True}
+        async with world.http.post(world.url + "/v1/completions", headers=AUTH_A,
+                                   json=body) as resp:
+            raw = (await resp.read()).decode()
+        assert forwarded(world)["stream_options"] == {"include_usage": True}
+        events = [json.loads(line[6:]) for line in raw.splitlines()
+                  if line.startswith("data: {")]
+        usage = [e for e in events if e.get("usage")]
+        assert len(usage) == (1 if asked else 0)
+        log = world.sink.of(RequestLog)[-1]
+        assert (log.prompt_tokens, log.output_tokens, log.prompts) == (2, 3, 1)
+
+
+async def test_one_request_log_per_request_counts_its_prompts(world: World) -> None:
+    await load(world, RECORDS[2])
+    before = len(world.sink.of(RequestLog))
+    status, _, _ = await world.post({"model": "sql", "prompt": ["a", "b", "c"]})
+    assert status == 200
+    logs = world.sink.of(RequestLog)[before:]
+    assert len(logs) == 1 and logs[0].prompts == 3
+
+
+async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
+    for raw in (b"[" * 200_000 + b"]" * 200_000, b'{"model": "sql", "n": 1' + b"0" * 5000 + b"}",
+                b'{"model": "sql", "prompt": "q", "temperature": NaN}', b"\xff\xfe",
+                b'{"model": "sql", "prompt": "q", "' + b"k" * 10_000 + b'": 1}'):
+        async with world.http.post(world.url + "/v1/completions", data=raw,
+                                   headers=AUTH_A) as resp:
+            body = await resp.json()
+            assert resp.status == 400, body
+            assert body["error"]["type"] in ("invalid_json", "bad_field", "field_not_allowed")
+            assert len(body["error"]["param"] or "") <= 64

@@ -31,12 +31,17 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
-    ("loraplane.streams.lifecycle", DECISIONS), ("loraplane.streams.scores", DECISIONS),
+    ("loraplane.streams.lifecycle", DECISIONS),
+    # a registry view verified by re-folding its evidence: workers and the router share it
+    ("loraplane.streams.registry_evidence", DECISIONS),
+    ("loraplane.streams.scores", DECISIONS),
     ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
+    # what of a request body may reach vLLM, its caps, salts and tenant limits
+    ("loraplane.workers.request_fields", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),

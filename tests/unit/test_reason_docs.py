@@ -34,6 +34,9 @@ from loraplane.schemas.reasons import (
     IntentRefusal,
     LoadDeferral,
     RegistryRejection,
+    RegistryViewRejection,
+    RequestRefusal,
+    TenantLimit,
     UnloadReason,
     VllmErrorCode,
     VllmFailure,
@@ -105,12 +108,23 @@ def test_worker_doc_lists_every_artifact_reason() -> None:
     assert transient == {r.value for r in ArtifactReason if r.is_failure}
 
 
+def test_worker_doc_lists_every_registry_view_rejection() -> None:
+    rows = tables("docs/worker.md")[("view reason", "when")]
+    assert sorted(codes(rows)) == values(RegistryViewRejection)
+
+
 def test_worker_doc_lists_the_agents_own_reasons() -> None:
     docs = tables("docs/worker.md")
     grouped = by_enum(docs[("reason", "enum", "where it shows", "when")])
     assert {name: sorted(c) for name, c in grouped.items()} == {
         e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)}
     assert sorted(codes(docs[("code", "when")])) == values(VllmErrorCode)
+
+
+def test_worker_doc_lists_every_gateway_refusal() -> None:
+    rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
+    assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
+        e.__name__: values(e) for e in (RequestRefusal, TenantLimit)}
 
 
 def test_planner_doc_lists_every_rule_and_waiting_reason() -> None:
@@ -195,10 +209,3 @@ def test_a_reason_outside_the_set_is_refused(data: st.DataObject, text: str) -> 
         decode(model, json.dumps(raw))
     assert err.value.reason == DecodeReason.invalid
 
-
-def test_vllm_failures_are_the_error_codes_prefixed() -> None:
-    """VllmFailure is written out for type checkers; it must stay VllmErrorCode with vllm_."""
-    from loraplane.schemas.reasons import VllmErrorCode, VllmFailure
-
-    assert [f.value for f in VllmFailure] == [f"vllm_{c.value}" for c in VllmErrorCode]
-    assert all(c.failure is VllmFailure(f"vllm_{c.value}") for c in VllmErrorCode)

@@ -3,7 +3,6 @@ messages refused with their reason, never an exception."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from hypothesis import given
@@ -26,35 +25,13 @@ from loraplane.streams.scores import (
     score_key,
 )
 
+from tests.kafka_message import FakeMessage
+
 T0 = 1_800_000_000.0
 
 
-@dataclass
-class Msg:
-    """The parts of a confluent-kafka Message the fold reads."""
-
-    raw: bytes | None
-    k: bytes | None
-    part: int = 0
-    off: int = 0
-
-    def topic(self) -> str:
-        return "t.requests"
-
-    def partition(self) -> int:
-        return self.part
-
-    def offset(self) -> int:
-        return self.off
-
-    def key(self) -> bytes | None:
-        return self.k
-
-    def value(self) -> bytes | None:
-        return self.raw
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, int(T0 * 1000))
+def Msg(raw: bytes | None, k: bytes | None, part: int = 0, off: int = 0) -> FakeMessage:
+    return FakeMessage(raw, k, part=part, off=off, ts_ms=int(T0 * 1000))
 
 
 def log(i: int, adapter: str = "a1", version: str | None = "1", **kw: object) -> RequestLog:

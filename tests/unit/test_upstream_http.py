@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, _Connection
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
@@ -246,3 +247,22 @@ def test_any_split_of_an_answer_reads_the_same_body(body: bytes, cuts: list[int]
             resp.close()
 
     assert asyncio.run(run()) == body
+
+
+@session_loop
+async def test_an_answer_read_whole_is_bounded() -> None:
+    big = b"x" * (3 * 1024 * 1024)
+
+    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       _: int) -> None:
+        while await read_request(reader):
+            writer.write(answer(big))
+            await writer.drain()
+
+    async with server(send_big) as (pool, _):
+        pool.max_answer_bytes = 1024 * 1024  # ATTACK: an upstream that never stops answering
+        with pytest.raises(UpstreamError) as err:
+            await fetch(pool, b"{}")
+        assert err.value.reason == VllmErrorCode.bad_response
+        pool.max_answer_bytes = len(big)
+        assert await fetch(pool, b"{}") == (200, big)  # a fresh connection; the slot was freed

@@ -59,7 +59,8 @@ def test_hostile_artifact_is_refused_with_its_reason(case: Case, good_adapter: P
 
 def test_every_content_reason_has_a_hostile_case() -> None:
     covered = {c.reason for c in CASES}
-    io_or_policy = {Reason.source_not_allowed, Reason.artifact_store_unavailable,
+    io_or_policy = {Reason.source_not_allowed, Reason.outside_owner_prefix,
+                    Reason.artifact_store_unavailable,
                     Reason.fetch_failed, Reason.adapter_revoked, Reason.host_budget_exceeded,
                     Reason.host_io_error}  # covered by the fetch and host-tier tests
     assert set(Reason) - io_or_policy - covered == set()

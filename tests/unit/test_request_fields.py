@@ -1,0 +1,140 @@
+"""The gateway's request allowlist, caps, salts and tenant limits (workers/request_fields.py).
+
+Properties over arbitrary JSON bodies: ``admit`` either refuses with a ``RequestRefusal`` or
+forwards only allowlisted fields, never ``model``/``cache_salt``/``request_id``/``user``, and
+never more output than the class's caps allow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from loraplane.schemas.reasons import RequestRefusal, TenantLimit
+from loraplane.workers.request_fields import (
+    ALLOWED,
+    DROPPED,
+    Endpoint,
+    Refused,
+    TenantGate,
+    TokenBucket,
+    admit,
+    cache_salt,
+)
+
+from loraplane.kernel.policy import RequestCaps, TenantLimits
+
+CAPS = RequestCaps()
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=4),
+    max_leaves=20)
+FIELDS = sorted(set().union(*ALLOWED.values()) | DROPPED | {
+    "priority", "kv_transfer_params", "vllm_xargs", "ignore_eos", "min_tokens", "suffix",
+    "prompt_logprobs", "guided_json", "tools", "response_format"})
+bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values,
+                         max_size=10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(endpoint=st.sampled_from(list(Endpoint)), body=bodies)
+def test_admit_forwards_only_allowlisted_bounded_bodies(endpoint: Endpoint,
+                                                        body: dict[str, Any]) -> None:
+    try:
+        ok = admit(endpoint, body, CAPS)
+    except Refused as exc:
+        assert isinstance(exc.reason, RequestRefusal) and exc.status in (400, 413)
+        return
+    assert set(ok.body) <= ALLOWED[endpoint] - DROPPED - {"model"}
+    assert 1 <= ok.prompts <= CAPS.max_prompts and 1 <= ok.choices <= CAPS.max_n
+    assert 1 <= ok.max_tokens <= CAPS.max_tokens
+    assert ok.max_output_tokens <= CAPS.max_prompts * CAPS.max_n * CAPS.max_tokens
+    assert "max_tokens" in ok.body or "max_completion_tokens" in ok.body
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompts=st.lists(st.text(max_size=5), min_size=1, max_size=40))
+def test_a_list_prompt_counts_each(prompts: list[str]) -> None:
+    body = {"model": "m", "prompt": prompts}
+    if len(prompts) > CAPS.max_prompts:
+        with pytest.raises(Refused) as err:
+            admit(Endpoint.completions, body, CAPS)
+        assert err.value.reason == RequestRefusal.too_many_prompts
+    else:
+        assert admit(Endpoint.completions, body, CAPS).prompts == len(prompts)
+
+
+def test_token_id_prompts_and_field_names() -> None:
+    assert admit(Endpoint.completions, {"prompt": [1, 2, 3]}, CAPS).prompts == 1
+    assert admit(Endpoint.completions, {"prompt": [[1], [2]]}, CAPS).prompts == 2
+    for body, field in (({"prompt": "x", "priority": 1}, "priority"),
+                        ({"messages": [{"role": "user", "content": "x"}], "best_of": 2},
+                         "best_of")):
+        endpoint = Endpoint.completions if "prompt" in body else Endpoint.chat_completions
+        with pytest.raises(Refused) as err:
+            admit(endpoint, body, CAPS)
+        assert (err.value.reason, err.value.field) == (RequestRefusal.field_not_allowed, field)
+    with pytest.raises(Refused) as err:
+        admit(Endpoint.completions, {"prompt": "x"}, CAPS, body_bytes=CAPS.max_body_bytes + 1)
+    assert err.value.status == 413
+
+
+def test_stream_usage_is_the_clients_choice_only_when_streaming() -> None:
+    ask = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True}}
+    assert admit(Endpoint.completions, ask, CAPS).client_wants_usage
+    assert not admit(Endpoint.completions, {**ask, "stream": False}, CAPS).client_wants_usage
+    with pytest.raises(Refused):
+        admit(Endpoint.completions, {**ask, "stream_options": {"continuous_usage_stats": True}},
+              CAPS)
+
+
+@given(a=st.text(min_size=1, max_size=20), b=st.text(min_size=1, max_size=20))
+def test_cache_salts_are_per_tenant_and_per_secret(a: str, b: str) -> None:
+    assert (cache_salt(b"k" * 32, a) == cache_salt(b"k" * 32, b)) == (a == b)
+    assert cache_salt(b"k" * 32, a) != cache_salt(b"j" * 32, a)
+
+
+def test_token_bucket_admits_while_positive_and_refills() -> None:
+    bucket = TokenBucket(rate_per_s=1.0, size=5, level=5, at=0.0)
+    assert bucket.retry_after_s(0.0) == 0
+    bucket.charge(20, 0.0)  # charged after the fact: may go below zero
+    assert bucket.retry_after_s(0.0) == pytest.approx(16)
+    assert bucket.retry_after_s(16.5) == 0
+    bucket.charge(0, 1000.0)
+    assert bucket.level == 5  # never above its size
+
+
+def test_tenant_gate_counts_in_flight_per_tenant() -> None:
+    now = [0.0]
+    gate = TenantGate(TenantLimits(max_concurrent=2, tokens_per_minute=60, burst_tokens=10),
+                      lambda: now[0])
+    assert gate.enter("a") is None and gate.enter("a") is None
+    assert gate.enter("a") == (TenantLimit.tenant_concurrency, 1)
+    assert gate.enter("b") is None  # another tenant is not affected
+    gate.leave("a", 30)
+    assert gate.enter("a") == (TenantLimit.tenant_token_rate, 21)
+    now[0] = 21
+    assert gate.enter("a") is None
+
+
+def test_the_gateway_secret_is_made_private_and_a_readable_one_stops_the_start(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    from loraplane.workers.runner import gateway_secret
+
+    path = tmp_path / "home" / "gateway-secret"
+    with caplog.at_level("DEBUG"):
+        secret = gateway_secret(path)
+    assert len(secret) == 32 and path.stat().st_mode & 0o777 == 0o600
+    assert gateway_secret(path) == secret  # stable across restarts: the cache stays warm
+    assert secret.hex() not in caplog.text and cache_salt(secret, "t") not in caplog.text
+    path.chmod(0o644)  # ATTACK: a secret others can read lets them compute any salt
+    with pytest.raises(SystemExit, match="readable by others"):
+        gateway_secret(path)
+    path.chmod(0o600)
+    path.write_bytes(b"short")
+    with pytest.raises(SystemExit, match="at least 16 bytes"):
+        gateway_secret(path)
