@@ -55,10 +55,11 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
 
 
-def make_kit(now: datetime) -> Kit:
+def make_kit(now: datetime, platinum: tuple[str, ...] = (TENANT,)) -> Kit:
     """ci: acme's CI (no revoke); ops: anything; beta: another tenant's CI; ci2: acme's
     rotated key; revoked / expired / future: keys that must not be trusted at ``now``;
-    planner: the planner's command key (role planner: signs cache commands, never events)."""
+    planner: the planner's command key (role planner: signs cache commands, never events).
+    ``platinum``: the tenants whose ceiling is platinum (the others': gold)."""
     day = timedelta(days=1)
     specs = {  # name: (publisher, tenants, actions, not_before, not_after, revoked)
         "ci": ("ci-acme", [TENANT], CI_ACTIONS, now - day, now + 30 * day, False),
@@ -81,9 +82,8 @@ def make_kit(now: datetime) -> Kit:
                                 scopes=Scopes(tenants=tenants, actions=actions),
                                 role=KeyRole.planner if name == "planner"
                                 else KeyRole.publisher))
-    # acme may publish never-evicted (platinum) adapters; beta has the default ceiling (gold)
-    return Kit(keys, Keyring(keys=entries,
-                             tenants={TENANT: TenantPolicy(max_priority=Priority.platinum)}))
+    return Kit(keys, Keyring(keys=entries, tenants={
+        t: TenantPolicy(max_priority=Priority.platinum) for t in platinum}))
 
 
 def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,

@@ -55,7 +55,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
-KIT = make_kit(now_utc())  # "ops" signs the module's views; the keyring goes to the worker
+KIT = make_kit(now_utc(), platinum=("tenant-a",))  # "ops" signs the module's views; the keyring goes to the worker
 
 
 
@@ -446,11 +446,16 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     if world.agent is None:
         world.start_agent()
     chat = world.adapters["sql-1"].record.lora_name
+    if chat in world.vllm_names():  # an earlier test served it: a signed evict first
+        world.command("sql-1", CommandAction.evict)
+        wait_for(lambda: chat not in world.vllm_names() or None, 60, "sql evicted")
     forged = {
         world.command("sql-1", CommandAction.load_gpu, key=None): "unsigned",
         world.command("sql-1", CommandAction.load_gpu, key="ci"): "key_role_mismatch",
         world.command("sql-1", CommandAction.load_gpu,
-                      edit={"worker_id": "w-other"}): "bad_signature",
+                      edit={"worker_id": "w-other"}): "wrong_worker",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"action": CommandAction.evict}): "bad_signature",
         world.command("sql-1", CommandAction.load_gpu,
                       edit={"warmup_requests": 1000}): "bad_signature",
     }
@@ -478,6 +483,9 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     assert chat not in world.vllm_names()
 
     plat = world.adapters["plat-1"].record.lora_name
+    # the artifact again: an earlier test restarts the (in-memory) S3 server
+    publish(world.settings, world.adapters["plat-1"].folder, "plat", "1", "tenant-a",
+            AdapterStatus.active)
     world.command("plat-1", CommandAction.load_gpu)
     wait_for(lambda: plat in world.vllm_names() or None, 60, "platinum loaded")
     world.command("plat-1", CommandAction.unpin)
