@@ -60,6 +60,7 @@ class Env:
         save_keyring(kit.keyring, settings.keyring_path)
         return cls(settings, kit, home, {
             **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
+            "LORAPLANE_SECRETS_DIR": str(stack.secrets_dir),
             "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)})
 
     def start(self, agents: tuple[str, ...] = ("loraplane.streams.registry_agent",)) -> None:

@@ -26,7 +26,7 @@ from aiohttp import ClientSession, web
 from loraplane.workers.api_keys import ApiKeys
 from loraplane.workers.gateway import Gateway
 
-from loraplane.kernel.config import HttpLimits
+from loraplane.kernel.config import HttpLimits, get_settings
 from loraplane.kernel.http_server import bound_port, open_connections, start_site
 from loraplane.kernel.policy import RequestBudgets
 
@@ -87,6 +87,7 @@ def test_the_dashboard_process_sheds_slow_connections_and_logs_little(tmp_path: 
     port = _free_port()
     log = tmp_path / "dashboard.log"
     env = {**os.environ, "LORAPLANE_HOME": str(tmp_path),
+           "LORAPLANE_SECRETS_DIR": str(get_settings().secrets_dir),
            **{f"LORAPLANE_HTTP__{k.upper()}": str(v) for k, v in LIMITS.items()}}
     with log.open("wb") as out:
         server = subprocess.Popen(
