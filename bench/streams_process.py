@@ -31,7 +31,8 @@ def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Pat
     ...``) and wait for "Worker ready"; SIGTERM on exit. ``profile`` runs it under
     pyinstrument, which writes its text report there when the worker exits."""
     environ = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-               "LORAPLANE_HOME": str(settings.home)}
+               "LORAPLANE_HOME": str(settings.home),
+               "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir)}
     with log_path.open("a") as log:
         runner = [sys.executable] if profile is None else [
             str(Path(sys.executable).parent / "pyinstrument"), "-r", "text", "--show-all",

@@ -53,6 +53,7 @@ class WorkerOptions:
     heartbeat_s: float = 5.0
     registry_refresh_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
+    vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
 
 
 def build_host_tier(settings: Settings, options: WorkerOptions,
@@ -110,7 +111,7 @@ def gateway_secret(path: Path) -> bytes:
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
-    vllm = VllmClient(options.vllm_url)
+    vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
     registry = verified_registry(settings, options, sink, metrics)
     agent = WorkerAgent(

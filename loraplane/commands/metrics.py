@@ -101,7 +101,7 @@ def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d .
         params = window(since, adapter_id=adapter, tenant_id=tenant, base_model=base_model)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    client = connect(get_settings())
+    client = connect(get_settings(), reader=True)
     try:
         rows = adapter_view(client, params)
     finally:

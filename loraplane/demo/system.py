@@ -27,6 +27,7 @@ from loraplane.demo.supervisor import Supervisor
 from loraplane.infra.processes import free_port
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import LOOPBACK, Settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.registry import AdapterView
@@ -176,21 +177,29 @@ class LiveSystem:
         return self.supervisor.wait_ready(child, self.supervisor.log_contains(
             child, "sink started"), 90, "started")
 
+    def vllm_key_file(self, url: str) -> Path:
+        """The API key of the vLLM at ``url``: made for it, read by its worker only."""
+        return self.space.home / "secrets" / f"vllm-{url.rsplit(':', 1)[1]}.key"
+
     def start_vllms(self, count: int) -> list[str]:
-        """Start ``count`` vLLM servers (real or FAKE) side by side, then wait for each."""
+        """Start ``count`` vLLM servers (real or FAKE) side by side, then wait for each;
+        each has its own random API key (a 0600 file of this run)."""
         started = []
         for index in range(1, count + 1):
             port = free_port()
             model, slots = str(self.artifacts.model_dir), str(self.options.gpu_slots)
+            key_file = self.vllm_key_file(f"http://{LOOPBACK}:{port}")
+            ensure_secret(key_file)
             if self.options.fake_vllm:
                 name = f"fake-vllm-{index}"
                 argv = [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", model,
-                        "--port", str(port), "--max-loras", slots,
+                        "--port", str(port), "--max-loras", slots, "--api-key-file",
+                        str(key_file),
                         "--token-delay-ms", str(self.options.fake_token_delay_ms)]
             else:
                 name = f"vllm-{index}"
                 argv = [LORAPLANE, "vllm", "serve", "--port", str(port), "--model", model,
-                        "--max-loras", slots]
+                        "--max-loras", slots, "--api-key-file", str(key_file)]
             started.append((self.supervisor.start(name, argv), f"http://{LOOPBACK}:{port}"))
         for child, url in started:
             self.supervisor.wait_ready(child, partial(http_ok, url + "/health"), 300, "healthy")
@@ -201,7 +210,8 @@ class LiveSystem:
         port = free_port()
         child = self.supervisor.start(f"worker-{worker_id}", [
             LORAPLANE, "worker", "run", "--worker-id", worker_id, "--base-model", BASE_MODEL,
-            "--vllm-url", vllm_url, "--gateway-port", str(port),
+            "--vllm-url", vllm_url, "--vllm-api-key-file", str(self.vllm_key_file(vllm_url)),
+            "--gateway-port", str(port),
             "--model-dir", str(self.artifacts.model_dir),
             "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
             "--heartbeat-s", str(self.options.heartbeat_s),

@@ -61,6 +61,7 @@ class Env:
         kit.keys["planner"].save(settings.planner_key_path)  # the planner agent signs with it
         return cls(settings, kit, home, {
             **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
+            "LORAPLANE_SECRETS_DIR": str(stack.secrets_dir),
             "LORAPLANE_KEYRING_PATH": str(settings.keyring_path),
             "LORAPLANE_PLANNER_KEY_PATH": str(settings.planner_key_path)})
 

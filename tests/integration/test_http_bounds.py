@@ -27,7 +27,7 @@ from loraplane.infra.processes import free_port
 from loraplane.workers.api_keys import ApiKeys
 from loraplane.workers.gateway import Gateway
 
-from loraplane.kernel.config import HttpLimits
+from loraplane.kernel.config import HttpLimits, get_settings
 from loraplane.kernel.http_server import bound_port, open_connections, start_site
 from loraplane.kernel.policy import RequestBudgets
 from tests.integration.http_attack import LIMITS, SLOW, attack, limits_env
@@ -36,7 +36,8 @@ from tests.integration.http_attack import LIMITS, SLOW, attack, limits_env
 def test_the_dashboard_process_sheds_slow_connections_and_logs_little(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "dashboard.log"
-    env = {**os.environ, "LORAPLANE_HOME": str(tmp_path), **limits_env()}
+    env = {**os.environ, "LORAPLANE_HOME": str(tmp_path),
+           "LORAPLANE_SECRETS_DIR": str(get_settings().secrets_dir), **limits_env()}
     with log.open("wb") as out:
         server = subprocess.Popen(
             [str(Path(sys.executable).parent / "loraplane"), "dashboard", "--port", str(port)],

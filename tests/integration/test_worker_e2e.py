@@ -48,6 +48,7 @@ from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
@@ -57,7 +58,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
-KIT = make_kit(now_utc(), platinum=("tenant-a",))  # "ops" signs the module's views; the keyring goes to the worker
+# "ops" signs the module's views; the keyring goes to the worker
+KIT = make_kit(now_utc(), platinum=("tenant-a",))
 
 
 
@@ -74,18 +76,23 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 class Moto:
     """Our own S3 endpoint: started and stopped by this module only."""
 
-    def __init__(self, port: int, log: Path) -> None:
-        self.port, self.log, self.proc = port, log, None
+    def __init__(self, port: int, log: Path, secret_file: Path) -> None:
+        self.port, self.log, self.proc, self.secret_file = port, log, None, secret_file
+        ensure_secret(secret_file)
 
     @property
     def settings(self) -> S3Settings:
-        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port)
+        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port,
+                          credentials_file=self.secret_file)
 
     def start(self) -> None:
+        """With authentication on, as the stack's (infra/s3_server.py)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "loraplane.infra.s3_server", "--port", str(self.port),
+             "--access-key-id", self.settings.access_key_id, "--secret-file",
+             str(self.secret_file)],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/"), 30, "moto")
+        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/_health"), 30, "moto")
         from loraplane.workers.artifact_fetch import s3_client
 
         s3_client(self.settings).create_bucket(Bucket=BUCKET)
@@ -125,6 +132,7 @@ class World:
     gateway_port: int = 0
     worker_id: str = ""
     kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
+    vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
 
     @property
     def log_file(self) -> Path:
@@ -173,7 +181,8 @@ class World:
         return cid
 
     def vllm_names(self) -> set[str]:
-        data = requests.get(self.vllm_url + "/v1/models", timeout=5).json()["data"]
+        data = requests.get(self.vllm_url + "/v1/models", timeout=5, headers={
+            "Authorization": f"Bearer {self.vllm_api_key}"}).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
 
     def ask(self, adapter: str, key: str = KEY_A, path: str = "/v1/completions",
@@ -234,7 +243,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
     prefix = f"lp-e2e-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log")
+    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
     moto.start()
     try:
         settings = settings.model_copy(update={"s3": moto.settings})
@@ -269,21 +278,25 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                "LORAPLANE_S3__PORT": str(moto.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         port = free_port()
+        # Where `loraplane worker run` looks for the key of the vLLM on `port` (LORAPLANE_HOME).
+        api_key = ensure_secret(tmp / "home" / "secrets" / f"vllm-{port}.key")
         if kind == "real-vllm":
             # 512 (the tiny model's context): room for prompts of several 128-token KV blocks
             server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
-                                      python=ROOT / ".venv-vllm/bin/python", max_model_len=512)
+                                      python=ROOT / ".venv-vllm/bin/python", max_model_len=512,
+                                      api_key=api_key)
             server.start()
             server.wait_healthy(240)
         else:
             server = subprocess.Popen(
                 [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model_dir),
                  "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
+                env={**os.environ, "VLLM_API_KEY": api_key},
                 stderr=subprocess.STDOUT, start_new_session=True)
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
         w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT)
+                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT, vllm_api_key=api_key)
         try:
             yield w
         finally:
@@ -301,6 +314,28 @@ def world(request: pytest.FixtureRequest, stack: Settings,
 
 def session_for(adapter: str, canary: bool) -> str:
     return next(f"s{i}" for i in range(1000) if (canary_bucket(adapter, f"s{i}") < 50) == canary)
+
+
+def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
+    """Only the agent holds vLLM's key: a local process that skips the agent cannot load an
+    unverified folder (vLLM would load any path) nor list or call the adapters. /health stays
+    open, as on vLLM; the key is in no log (it reaches vLLM in VLLM_API_KEY, not argv)."""
+    world.start_agent()
+    folder = str(world.adapters["other-1"].folder)  # never published through the registry
+    body = {"lora_name": "smuggled", "lora_path": folder}
+    for headers in ({}, {"Authorization": "Bearer wrong"},
+                    {"Authorization": world.vllm_api_key}):  # no scheme
+        load = requests.post(world.vllm_url + "/v1/load_lora_adapter", json=body,
+                             headers=headers, timeout=10)
+        assert load.status_code == 401, load.text
+        assert requests.get(world.vllm_url + "/v1/models", headers=headers,
+                            timeout=5).status_code == 401
+    assert requests.get(world.vllm_url + "/health", timeout=5).status_code == 200
+    assert "smuggled" not in world.vllm_names()  # the agent's key works, nothing was loaded
+    world.kill_agent(signal.SIGTERM)
+    logs = list(world.tmp.glob("*.log"))  # the agent's, vLLM's (or the FAKE's), moto's
+    assert len(logs) >= 3
+    assert not [p for p in logs if world.vllm_api_key in p.read_text(errors="replace")]
 
 
 def test_load_serve_unload_and_restart(world: World) -> None:
@@ -712,12 +747,15 @@ def test_tenants_share_no_prefix_cache_blocks_on_the_real_vllm(world: World) -> 
             headers={"Authorization": f"Bearer {key}",
                      "X-Session-Key": session_for("chat", False)})  # chat v1, not the canary
 
-    base = next(m["id"] for m in requests.get(world.vllm_url + "/v1/models", timeout=5)
-                .json()["data"] if not m.get("parent"))
+    vllm_auth = {"Authorization": f"Bearer {world.vllm_api_key}"}
+    base = next(m["id"] for m in requests.get(world.vllm_url + "/v1/models", timeout=5,
+                                              headers=vllm_auth).json()["data"]
+                if not m.get("parent"))
 
     def direct(prompt: list[int], **extra: Any) -> Callable[[], requests.Response]:
         body = {"model": base, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
-        return lambda: requests.post(world.vllm_url + "/v1/completions", json=body, timeout=60)
+        return lambda: requests.post(world.vllm_url + "/v1/completions", json=body, timeout=60,
+                                     headers=vllm_auth)
 
     wait_for(lambda: via_gateway("nofile-b", KEY_B, [1])().status_code == 200, 30,
              "the cold adapters in the worker's registry")

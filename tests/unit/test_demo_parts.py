@@ -84,6 +84,9 @@ def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:
     assert space.log_dir == tmp_path / "demo" / "logs" / space.run_id
     env = space.child_env()
     assert env["LORAPLANE_HOME"] == str(space.home) and "LORAPLANE_KEYRING_PATH" not in env
+    assert "LORAPLANE_SECRETS_DIR" not in env
+    stacked = RunSpace.fresh(tmp_path, "demo", secrets_dir=tmp_path / "secrets")
+    assert stacked.child_env()["LORAPLANE_SECRETS_DIR"] == str(tmp_path / "secrets")
 
 
 DETACHING = """
