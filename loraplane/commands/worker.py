@@ -42,8 +42,10 @@ def run(
     import asyncio
     import logging
 
+    from loraplane.kernel import kafka
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
+    kafka.act_as(kafka.Principal.worker)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
     options = WorkerOptions(

@@ -314,7 +314,7 @@ def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: boo
     if not stack_healthy():
         steps.run("local stack (loraplane stack up)", lambda: stack_command("up"))
         started_stack = True
-    space = RunSpace.fresh(base.home, "loadtest")
+    space = RunSpace.fresh(base, "loadtest")
     artifacts = Artifacts(base.home / "demo")
     options = SystemOptions(fake_vllm=fake_vllm)
     try:

@@ -25,14 +25,17 @@ class RunSpace:
     topic_prefix: str
     database: str
     s3_endpoint_url: str | None = None  # None: the stack's S3
+    kafka_credentials_dir: Path | None = None  # the stack's, not under the run's own home
 
     @classmethod
-    def fresh(cls, root: Path, kind: str, now: datetime | None = None) -> RunSpace:
-        """A new namespace under ``root`` (the state dir) for a run of ``kind``."""
+    def fresh(cls, base: Settings, kind: str, now: datetime | None = None) -> RunSpace:
+        """A new namespace under ``base``'s state dir for a run of ``kind``; its children
+        keep ``base``'s Kafka credentials (each still acts as its own principal)."""
         stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
         run_id = f"{kind}-{stamp}-{secrets.token_hex(2)}"
-        return cls(run_id=run_id, home=root / kind / "runs" / run_id, topic_prefix=run_id,
-                   database="lp_" + run_id.replace("-", "_"))
+        return cls(run_id=run_id, home=base.home / kind / "runs" / run_id,
+                   topic_prefix=run_id, database="lp_" + run_id.replace("-", "_"),
+                   kafka_credentials_dir=base.kafka.credentials_dir)
 
     def with_s3(self, endpoint_url: str) -> RunSpace:
         return replace(self, s3_endpoint_url=endpoint_url)
@@ -44,6 +47,8 @@ class RunSpace:
                "PYTHONUNBUFFERED": "1"}
         if self.s3_endpoint_url:
             env["LORAPLANE_S3__ENDPOINT_URL"] = self.s3_endpoint_url
+        if self.kafka_credentials_dir is not None:
+            env["LORAPLANE_KAFKA__CREDENTIALS_DIR"] = str(self.kafka_credentials_dir)
         return env
 
     def child_env(self) -> dict[str, str]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from loraplane.kernel.policy import Policy
@@ -33,6 +33,17 @@ class KafkaSettings(_Section):
     version: str = "4.1.1"
     scala_version: str = "2.13"
     heap: str = "768m"
+    username: str | None = Field(
+        None, description="SASL/SCRAM user of this process. Unset: the principal its runtime "
+                          "picks (loraplane.kernel.kafka.act_as) from credentials_dir.")
+    password_file: Path | None = Field(
+        None, description="The file (mode 0600) holding username's password; required with "
+                          "username. Never put a password in the config itself.")
+    credentials_dir: Path | None = Field(
+        None, description="One <principal>.password file per principal, as the local stack "
+                          "writes them (default: home/kafka/credentials). When it does not "
+                          "exist and username is unset, clients speak PLAINTEXT.")
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
 
     @property
     def bootstrap(self) -> str:
@@ -114,6 +125,15 @@ class Settings(BaseSettings):
                           "home/gateway-secret; created with mode 0600 when missing).")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
+
+    @model_validator(mode="after")
+    def _pin_kafka_credentials(self) -> Settings:
+        """Resolve the credentials folder once, from the home it was built with: a copy
+        moved to another home (a test's or a demo run's) still uses the stack's passwords."""
+        if self.kafka.credentials_dir is None:
+            self.kafka = self.kafka.model_copy(
+                update={"credentials_dir": self.home / "kafka" / "credentials"})
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -75,8 +75,9 @@ def test_router_prefers_the_worker_with_the_adapter_hot() -> None:
 
 
 def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:
-    space = RunSpace.fresh(tmp_path, "demo")
-    other = RunSpace.fresh(tmp_path, "demo")
+    base = Settings(home=tmp_path)
+    space = RunSpace.fresh(base, "demo")
+    other = RunSpace.fresh(base, "demo")
     assert space.topic_prefix != other.topic_prefix and space.database != other.database
     s = space.with_s3("http://127.0.0.1:1").settings(Settings())
     assert s.topic_prefix == space.topic_prefix and s.clickhouse.database == space.database
@@ -84,6 +85,8 @@ def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:
     assert space.log_dir == tmp_path / "demo" / "logs" / space.run_id
     env = space.child_env()
     assert env["LORAPLANE_HOME"] == str(space.home) and "LORAPLANE_KEYRING_PATH" not in env
+    # the children authenticate with the stack's Kafka passwords, not their run's home
+    assert env["LORAPLANE_KAFKA__CREDENTIALS_DIR"] == str(tmp_path / "kafka" / "credentials")
 
 
 DETACHING = """
