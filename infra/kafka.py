@@ -180,13 +180,14 @@ class Kafka(Service):
         }
         _write_secret(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
         formatted = (self.dir / "data" / "meta.properties").is_file()
-        if formatted and not (self.dir / "data" / SCRAM_MARKER).is_file():
+        if formatted and not (self.dir / SCRAM_MARKER).is_file():
             raise StackError(
                 f"kafka data in {self.dir / 'data'} was formatted before the broker had SASL "
                 "users; `loraplane stack down --purge` deletes it, then `stack up` again")
         if not formatted:
             self._format(ops)
         return self._java("kafka.Kafka", str(self.properties_file))
+
     def _format(self, ops_password: str) -> None:
         """Format the log dirs with the ops SCRAM user in the first metadata (the other
         users are added once the broker runs: ``after_start``). The password goes through
@@ -205,7 +206,7 @@ class Kafka(Service):
         if done.returncode != 0:
             raise StackError(f"kafka storage format failed:\n"
                              f"{_redact(done.stdout + done.stderr, ops_password)}")
-        (self.dir / "data" / SCRAM_MARKER).write_text("SCRAM users created at format\n")
+        (self.dir / SCRAM_MARKER).write_text("SCRAM users created at format\n")
 
     def healthy(self) -> bool:
         return bool(kafka.admin(self.settings).list_topics(timeout=3).brokers)
@@ -279,7 +280,7 @@ FETCH_API = 1
 NODE_USER = "node"
 """The controller listener's only user (SASL/PLAIN), a super user like ops."""
 SCRAM_MARKER = "loraplane-scram"
-"""Written into the data dir once it was formatted with the ops SCRAM user."""
+"""Written beside the data dir once it was formatted with the ops SCRAM user."""
 SCRAM_ITERATIONS = 8192
 
 

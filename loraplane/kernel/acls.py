@@ -1,14 +1,16 @@
 """Who may do what on the broker: the ACL table of one topic prefix, and its idempotent apply.
 
 The broker denies whatever no ACL allows (``allow.everyone.if.no.acl.found=false``), so
-this table is the whole policy; ``ops`` is a super user and needs none. Topic writers come
-from ``topics.TOPICS`` (``TopicSpec.writers``), so a new topic states its producer where it
-is declared. ``topics.apply`` converges the ACLs of the prefix it applies (a test's or a
-demo run's fresh prefix gets its own), docs/security.md prints the table.
+this table is the whole policy; ``ops`` is a super user and needs none. Topic writers and
+readers come from ``topics.TOPICS`` (``TopicSpec.writers``/``readers``, handed in as
+``TopicAccess``), so a new topic states its producer where it is declared.
+``topics.apply`` converges the ACLs of the prefix it applies (a test's or a demo run's
+fresh prefix gets its own); docs/security.md prints the table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -42,6 +44,15 @@ class Operation(StrEnum):
     all = "ALL"
 
 
+@dataclass(frozen=True)
+class TopicAccess:
+    """One declared topic's full name and who, besides ops, writes or reads it by name."""
+
+    name: str
+    writers: tuple[Principal, ...]
+    readers: tuple[Principal, ...]
+
+
 @dataclass(frozen=True, order=True)
 class Grant:
     """One ALLOW binding: ``principal`` may ``operation`` on ``name`` (any host)."""
@@ -57,18 +68,16 @@ class Grant:
         return f"User:{self.principal} {self.operation} {self.resource} {self.name}{star}"
 
 
-def grants(settings: Settings) -> list[Grant]:
-    """The ACL table of ``settings.topic_prefix`` (pure: testable without a broker)."""
-    from loraplane.kernel.topics import TOPICS, topic_name
-
+def grants(settings: Settings, declared: Sequence[TopicAccess],
+           every_topic: str) -> list[Grant]:
+    """The ACL table of ``settings.topic_prefix``; ``every_topic`` is the name prefix all
+    its declared topics share (pure: testable without a broker)."""
     p = settings.topic_prefix
     topic, group = Resource.topic, Resource.group
     lit, pre = Pattern.literal, Pattern.prefixed
-    out = [Grant(w, topic, lit, topic_name(settings, t.suffix), Operation.write)
-           for t in TOPICS for w in t.writers]
-    out += [Grant(Principal.worker, topic, lit, topic_name(settings, s), Operation.read)
-            for s in ("commands", "registry")]
-    out += [Grant(who, topic, pre, f"{p}.", Operation.read)
+    out = [Grant(w, topic, lit, t.name, Operation.write) for t in declared for w in t.writers]
+    out += [Grant(r, topic, lit, t.name, Operation.read) for t in declared for r in t.readers]
+    out += [Grant(who, topic, pre, every_topic, Operation.read)
             for who in (Principal.streams, Principal.metrics, Principal.reader)]
     out += [
         # Faust's own topics (changelogs, the assignor's leader topic): created by the app.
@@ -85,7 +94,8 @@ def grants(settings: Settings) -> list[Grant]:
     return sorted(set(out))
 
 
-def apply(settings: Settings, admin: AdminClient, timeout: float = 30.0) -> bool:
+def apply(settings: Settings, admin: AdminClient, declared: Sequence[TopicAccess],
+          every_topic: str, timeout: float = 30.0) -> bool:
     """Create every grant of the table (creating an existing ACL is a no-op). Returns False
     when the broker has no authorizer (a bare broker without SASL): nothing to apply."""
     from confluent_kafka import KafkaError, KafkaException
@@ -102,7 +112,7 @@ def apply(settings: Settings, admin: AdminClient, timeout: float = 30.0) -> bool
     bindings = [AclBinding(ResourceType[g.resource.value], g.name,
                            ResourcePatternType[g.pattern.value], f"User:{g.principal}", "*",
                            AclOperation[g.operation.value], AclPermissionType.ALLOW)
-                for g in grants(settings)]
+                for g in grants(settings, declared, every_topic)]
     try:
         for future in admin.create_acls(bindings, request_timeout=timeout).values():
             future.result(timeout=timeout)

@@ -38,6 +38,7 @@ class TopicSpec:
     cleanup_policy: Literal["delete", "compact"] = "delete"
     retention_ms: int | None = None  # only for "delete"; FOREVER keeps everything
     writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
+    readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
     def configs(self) -> dict[str, str]:
         """The topic-level configs we own; anything else stays at the broker default."""
@@ -55,14 +56,14 @@ TOPICS: tuple[TopicSpec, ...] = (
               "adapter_id", retention_ms=FOREVER),
     TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
               cleanup_policy="compact",
-              writers=(Principal.streams,)),
+              writers=(Principal.streams,), readers=(Principal.worker,)),
     TopicSpec("scores", 6, "hot-score state per adapter version (the scoring agent's "
               "changelog, written in transactions)", "adapter_id@version",
               cleanup_policy="compact",
               writers=(Principal.streams,)),
     TopicSpec("commands", 6, "cache commands: prewarm / pin / demote / evict", "worker_id",
               retention_ms=DAY_MS,
-              writers=(Principal.streams,)),
+              writers=(Principal.streams,), readers=(Principal.worker,)),
     TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",
               cleanup_policy="compact",
               writers=(Principal.worker,)),
@@ -93,7 +94,18 @@ def spec(suffix: str) -> TopicSpec:
 
 def topic_name(settings: Settings, suffix: str) -> str:
     """The full topic name, e.g. ``topic_name(s, "requests") == "loraplane.requests"``."""
-    return f"{settings.topic_prefix}.{spec(suffix).suffix}"
+    return every_topic(settings) + spec(suffix).suffix
+
+
+def access(settings: Settings) -> list[acls.TopicAccess]:
+    """Who writes and reads each declared topic of ``settings.topic_prefix``."""
+    return [acls.TopicAccess(topic_name(settings, t.suffix), t.writers, t.readers)
+            for t in TOPICS]
+
+
+def every_topic(settings: Settings) -> str:
+    """The name prefix every topic of ``settings.topic_prefix`` starts with."""
+    return f"{settings.topic_prefix}."
 
 
 @dataclass(frozen=True)
@@ -204,5 +216,5 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         futures += admin.incremental_alter_configs(resources, request_timeout=timeout).values()
     for future in futures:
         future.result(timeout=timeout)
-    acls.apply(settings, admin, timeout)
+    acls.apply(settings, admin, access(settings), every_topic(settings), timeout)
     return changes

@@ -65,7 +65,8 @@ def test_a_worker_can_neither_create_topics_nor_grant_itself_acls(stack: Setting
                                           request_timeout=10).values():
             future.result(timeout=15)
     with pytest.raises(KafkaException, match="AUTHORIZATION_FAILED"):
-        acls.apply(_as(stack, Principal.worker), admin, timeout=10)
+        acls.apply(_as(stack, Principal.worker), admin, topics.access(stack),
+                   topics.every_topic(stack), timeout=10)
 
 
 def test_unauthenticated_and_wrong_password_clients_get_nothing(

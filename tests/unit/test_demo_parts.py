@@ -21,7 +21,7 @@ from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import GatewayRouter, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
 from loraplane.demo.traces import DEFAULT_TRACE
-from loraplane.kernel.config import Settings
+from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.simulator.scenario import Burst, Peak
 
 TRACE = DEFAULT_TRACE
@@ -75,7 +75,7 @@ def test_router_prefers_the_worker_with_the_adapter_hot() -> None:
 
 
 def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:
-    base = Settings(home=tmp_path)
+    base = Settings(home=tmp_path, kafka=KafkaSettings())  # not a session env var's folder
     space = RunSpace.fresh(base, "demo")
     other = RunSpace.fresh(base, "demo")
     assert space.topic_prefix != other.topic_prefix and space.database != other.database

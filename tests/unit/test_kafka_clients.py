@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loraplane.kernel import acls, kafka
+from loraplane.kernel import acls, kafka, topics
 from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.kernel.topics import TOPICS, topic_name
 
@@ -193,7 +193,7 @@ def test_librdkafka_accepts_every_configuration() -> None:
 
 def _stack_settings(tmp_path: Path) -> Settings:
     """Settings whose credentials folder holds one 0600 password file per principal."""
-    settings = Settings(home=tmp_path)
+    settings = Settings(home=tmp_path, kafka=KafkaSettings())  # not a session env var's
     for principal in kafka.Principal:
         path = kafka.password_path(settings, principal)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +263,7 @@ def _writers(grants: list[acls.Grant], topic: str) -> set[kafka.Principal]:
 
 
 def test_only_the_streams_app_writes_registry_and_commands() -> None:
-    grants = acls.grants(SETTINGS)
+    grants = acls.grants(SETTINGS, topics.access(SETTINGS), topics.every_topic(SETTINGS))
     for suffix in ("registry", "commands", "scores", "audit", "decisions"):
         assert _writers(grants, topic_name(SETTINGS, suffix)) == {kafka.Principal.streams}
     for suffix in ("requests", "worker-state", "cache-events"):
@@ -277,5 +277,6 @@ def test_only_the_streams_app_writes_registry_and_commands() -> None:
 
 def test_the_acl_table_is_per_prefix() -> None:
     other = SETTINGS.model_copy(update={"topic_prefix": "t-1"})
-    names = {g.name for g in acls.grants(other)} - {acls.READER_GROUP_PREFIX}
+    names = {g.name for g in acls.grants(other, topics.access(other), topics.every_topic(other))
+             } - {acls.READER_GROUP_PREFIX}
     assert names and all(n.startswith("t-1") for n in names)
