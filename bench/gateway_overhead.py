@@ -46,6 +46,7 @@ from loraplane.workers.api_keys import add_key
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
 from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.secrets import ensure_secret
@@ -200,7 +201,8 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
         settings = isolated(base, "gw", home=work / "home")
         settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
         settings.home.mkdir()
-        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+        env = {**os.environ, **kafka.credentials_env(settings),
+               "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
                "LORAPLANE_HOME": str(settings.home),
                "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
                # the overhead, not the per-tenant limits: one tenant sends every request

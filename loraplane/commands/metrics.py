@@ -73,8 +73,10 @@ def sink(batch_size: int = typer.Option(5000, min=1),
          ) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""
+    from loraplane.kernel import kafka
     from loraplane.metrics.sink import Sink, SinkConfig
 
+    kafka.act_as(kafka.Principal.metrics)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

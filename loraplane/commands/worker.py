@@ -47,9 +47,11 @@ def run(
     import logging
     from urllib.parse import urlsplit
 
+    from loraplane.kernel import kafka
     from loraplane.kernel.secrets import SecretError, read_secret
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
+    kafka.act_as(kafka.Principal.worker)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
     key_file = vllm_api_key_file or settings.vllm_api_key_path(urlsplit(vllm_url).port or 80)

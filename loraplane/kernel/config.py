@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -34,6 +34,17 @@ class KafkaSettings(_Section):
     version: str = "4.1.1"
     scala_version: str = "2.13"
     heap: str = "768m"
+    username: str | None = Field(
+        None, description="SASL/SCRAM user of this process. Unset: the principal its runtime "
+                          "picks (loraplane.kernel.kafka.act_as) from credentials_dir.")
+    password_file: Path | None = Field(
+        None, description="The file (mode 0600) holding username's password; required with "
+                          "username. Never put a password in the config itself.")
+    credentials_dir: Path | None = Field(
+        None, description="One <principal>.password file per principal, as the local stack "
+                          "writes them (default: secrets_dir/kafka). When it does not "
+                          "exist and username is unset, clients speak PLAINTEXT.")
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
 
     @property
     def bootstrap(self) -> str:
@@ -172,6 +183,8 @@ class Settings(BaseSettings):
             self.clickhouse.secrets_dir = self.secrets_dir
         if self.s3.credentials_file is None:
             self.s3.credentials_file = self.secrets_dir / "s3-secret"
+        if self.kafka.credentials_dir is None:
+            self.kafka.credentials_dir = self.secrets_dir / "kafka"
         return self
 
     def vllm_api_key_path(self, port: int) -> Path:
