@@ -54,7 +54,8 @@ class Env:
         """Topics for a fresh prefix and a keyring file; no worker yet."""
         prefix = f"t-{uuid.uuid4().hex[:10]}"
         settings = stack.model_copy(update={"topic_prefix": prefix, "home": home,
-                                            "keyring_path": home / "keyring.yaml"})
+                                            "keyring_path": home / "keyring.yaml",
+                                            "planner_key_path": home / "keys" / "planner.key"})
         topics.apply(settings)
         kit = make_kit(now_utc())
         save_keyring(kit.keyring, settings.keyring_path)

@@ -534,6 +534,10 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     world.command("plat-1", CommandAction.evict)
     time.sleep(5)
     assert plat in world.vllm_names()
+    # only the signed registry takes a protected copy off: a revoke unloads it at once
+    write_registry(world.settings, [world.adapters["plat-1"].record.model_copy(
+        update={"status": AdapterStatus.revoked})])
+    wait_for(lambda: plat not in world.vllm_names() or None, 60, "the revoked platinum gone")
 
 
 def test_forged_registry_records_are_never_fetched_or_served(world: World) -> None:
