@@ -90,9 +90,10 @@ async def _site(settings: Settings, app: web.Application, port: int, name: str
     return runner
 
 
-def gateway_secret(path: Path) -> bytes:
-    """The gateway's cache-salt secret: 32 random bytes made once (mode 0600), never logged.
-    A file that is not a secret (empty, short, readable by others) stops the start."""
+def gateway_secret(path: Path, what: str = "gateway secret") -> bytes:
+    """A secret file: 32 random bytes made once (mode 0600), never logged (the gateway's
+    cache-salt secret, the router secret). A file that is not a secret (empty, short,
+    readable by others) stops the start."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -100,12 +101,19 @@ def gateway_secret(path: Path) -> bytes:
             f.write(secrets.token_bytes(32))
     mode = path.stat().st_mode
     if mode & 0o077:
-        raise SystemExit(f"{path}: the gateway secret must not be readable by others "
+        raise SystemExit(f"{path}: the {what} must not be readable by others "
                          f"(mode {oct(mode & 0o777)}; chmod 600)")
     secret = path.read_bytes()
     if len(secret) < 16:
-        raise SystemExit(f"{path}: the gateway secret must be at least 16 bytes")
+        raise SystemExit(f"{path}: the {what} must be at least 16 bytes")
     return secret
+
+
+def router_secret(settings: Settings) -> bytes | None:
+    """The fleet routers' secret when this host has one (then a forwarded tenant signed
+    with it is believed, workers/forwarded.py); without the file, API keys only."""
+    path = settings.router_secret_path
+    return gateway_secret(path, "router secret") if path.exists() else None
 
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
@@ -127,6 +135,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink,
                       cache_secret=gateway_secret(settings.gateway_secret_path),
+                      router_secret=router_secret(settings),
                       max_body_bytes=settings.http.max_body_bytes)
     feed = KafkaCommandFeed(settings, options.worker_id, sink)
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]

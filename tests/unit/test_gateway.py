@@ -33,8 +33,9 @@ from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
 from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
 from loraplane.workers.fake_vllm import FakeVllm
-from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
+from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
+from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient
