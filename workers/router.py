@@ -168,7 +168,10 @@ class Router:
         return app
 
     async def healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "workers": len(self.fleet.index.workers)})
+        index = self.fleet.index
+        return web.json_response({"ok": True, "workers": len(index.workers),
+                                  "gpu_copies": sum(len(w.gpu) for w in index.workers.values()),
+                                  "adapters": len(self.fleet.versions)})
 
     async def metrics(self, _: web.Request) -> web.Response:
         lines = ["# TYPE loraplane_router_requests_total counter"]

@@ -103,19 +103,25 @@ class FleetIndex:
         old = self.workers.get(state.worker_id)
         if old is not None and old.state.ts > state.ts:
             return
-        self.remove(state.worker_id)
+        order = self._free_order.get(state.base_model)
+        self.remove(state.worker_id, keep_order=True)
         gpu = frozenset(a.lora_name for a in state.adapters if a.tier == "gpu")
         host = frozenset(a.lora_name for a in state.adapters if a.tier == "host") - gpu
         wid = state.worker_id
-        self.workers[wid] = _Worker(state, state.ts.timestamp(), gpu, host)
+        w = self.workers[wid] = _Worker(state, state.ts.timestamp(), gpu, host)
         for name in gpu:
             self._gpu.setdefault(name, set()).add(wid)
         for name in host:
             self._host.setdefault(name, set()).add(wid)
         self._by_base.setdefault(state.base_model, set()).add(wid)
-        self._free_order.pop(state.base_model, None)
+        # the free-slot order depends on (free slots, id) only: most heartbeats keep it
+        if (old is None or old.free_slots != w.free_slots
+                or old.state.base_model != state.base_model or order is None):
+            self._free_order.pop(state.base_model, None)
+            if old is not None:
+                self._free_order.pop(old.state.base_model, None)
 
-    def remove(self, worker_id: str) -> None:
+    def remove(self, worker_id: str, *, keep_order: bool = False) -> None:
         w = self.workers.pop(worker_id, None)
         if w is None:
             return
@@ -128,7 +134,8 @@ class FleetIndex:
                         del index[name]
         base = w.state.base_model
         self._by_base.get(base, set()).discard(worker_id)
-        self._free_order.pop(base, None)
+        if not keep_order:
+            self._free_order.pop(base, None)
 
     def drain(self, now: float) -> list[str]:
         """Forget workers silent for ``DRAIN_AFTER_HEARTBEATS`` intervals; their ids."""
