@@ -46,8 +46,10 @@ from loraplane.workers.api_keys import add_key
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
 from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings, get_settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import TOPICS, topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 
@@ -199,8 +201,10 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
         settings = isolated(base, "gw", home=work / "home")
         settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
         settings.home.mkdir()
-        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+        env = {**os.environ, **kafka.credentials_env(settings),
+               "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
                "LORAPLANE_HOME": str(settings.home),
+               "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
                # the overhead, not the per-tenant limits: one tenant sends every request
                "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
                "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
@@ -217,19 +221,24 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                 key = add_key(settings.api_keys_path, TENANT)
                 vllm_port, gw_port = free_port(), free_port()
                 vllm_url = f"http://127.0.0.1:{vllm_port}"
+                vllm_key_file = work / "vllm.key"  # vLLM's API key: in its env, not argv
+                vllm_auth = {"Authorization": f"Bearer {ensure_secret(vllm_key_file)}"}
                 bin_dir = Path(sys.executable).parent
                 profiler = [] if profile is None else [  # renderer from the suffix; text else
                     str(bin_dir / "pyinstrument"), "-o", str(profile)]
                 worker = [*profiler, str(bin_dir / "loraplane"), "worker", "run",
                           "--worker-id", "bench-w1", "--base-model", TINY_BASE_MODEL,
-                          "--vllm-url", vllm_url, "--gateway-port", str(gw_port),
+                          "--vllm-url", vllm_url, "--vllm-api-key-file", str(vllm_key_file),
+                          "--gateway-port", str(gw_port),
                           "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
                           "--registry-refresh-s", "1", "--tick-s", "0.2"]
                 vllm = vllm_command(model, vllm_port, real)
-                with child(vllm, work / "vllm.log", env) as vllm_pid, \
+                vllm_env = {**env, "VLLM_API_KEY": vllm_auth["Authorization"][7:]}
+                with child(vllm, work / "vllm.log", vllm_env) as vllm_pid, \
                         child(worker, work / "worker.log", env) as worker_pid:
                     direct = Target(f"{vllm_url}/v1/completions",
-                                    {**PROMPT, "model": record.lora_name}, {}, vllm_pid)
+                                    {**PROMPT, "model": record.lora_name}, vllm_auth,
+                                    vllm_pid)
                     gateway = Target(f"http://127.0.0.1:{gw_port}/v1/completions",
                                      {**PROMPT, "model": adapter_id},
                                      {"Authorization": f"Bearer {key}"}, worker_pid)

@@ -34,6 +34,7 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.workers.command_feed import KafkaCommandFeed
 from loraplane.workers.event_sink import KafkaEventSink
@@ -123,7 +124,8 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
 
     settings = env.settings
     sink = KafkaEventSink(settings, "bench-reaction")
-    feed = KafkaCommandFeed(settings, WORKER, sink, group_id=f"bench-{uuid.uuid4().hex[:8]}")
+    feed = KafkaCommandFeed(settings, WORKER, sink, keyring=KeyringFile(settings.keyring_path),
+                            group_id=f"bench-{uuid.uuid4().hex[:8]}")
     probe_topic = env.topic("audit")  # any private topic: the probe is one opaque message
     probe = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}",
                            offset_reset=kafka.OffsetReset.latest)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 
 LOG_READY = "Worker ready"
@@ -30,8 +31,10 @@ def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Pat
     """Start a Faust worker (``python_args``: a script and its arguments, or ``-m module
     ...``) and wait for "Worker ready"; SIGTERM on exit. ``profile`` runs it under
     pyinstrument, which writes its text report there when the worker exits."""
-    environ = {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-               "LORAPLANE_HOME": str(settings.home)}
+    environ = {**os.environ, **kafka.credentials_env(settings),
+               "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+               "LORAPLANE_HOME": str(settings.home),
+               "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir)}
     with log_path.open("a") as log:
         runner = [sys.executable] if profile is None else [
             str(Path(sys.executable).parent / "pyinstrument"), "-r", "text", "--show-all",

@@ -103,7 +103,7 @@ class Dashboard:
         return _json(HTTPStatus.OK, {"query": name, "rows": rows})
 
     def _run(self, name: str, params: queries.Params) -> Any:
-        client = connect(self.settings)
+        client = connect(self.settings, reader=True)
         try:
             return queries.run(client, name, params)
         finally:

@@ -7,6 +7,8 @@ The XML is in the old ``<yandex>`` dialect, which Debian's 18.16 and newer relea
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +16,8 @@ from xml.sax.saxutils import escape
 
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
+
+from loraplane.kernel.secrets import ensure_secret
 
 BINARY_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server")
 
@@ -38,22 +42,42 @@ _CONFIG = """<?xml version="1.0"?>
   <mlock_executable>false</mlock_executable>
 </yandex>
 """
+# No `default` user: every login has a password (sha256 in the file, the secret only in
+# secrets_dir), the reader's profile is readonly=2 (reads, and settings a query asks for, such
+# as max_execution_time; no INSERT, no DDL, and `readonly` itself cannot be lowered).
 _USERS = """<?xml version="1.0"?>
 <yandex>
-  <profiles><default><max_memory_usage>2000000000</max_memory_usage></default></profiles>
-  <users>
-    <{user}>
-      <password>{password}</password>
-      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </{user}>
+  <profiles>
+    <default><max_memory_usage>2000000000</max_memory_usage></default>
+    <reader><max_memory_usage>2000000000</max_memory_usage><readonly>2</readonly>
+      <allow_ddl>0</allow_ddl></reader>
+  </profiles>
+  <users>{users}
   </users>
   <quotas><default><interval><duration>3600</duration><queries>0</queries><errors>0</errors>
     <result_rows>0</result_rows><read_rows>0</read_rows><execution_time>0</execution_time>
   </interval></default></quotas>
 </yandex>
 """
+_USER = """
+    <{user}>
+      <password_sha256_hex>{digest}</password_sha256_hex>
+      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
+      <profile>{profile}</profile>
+      <quota>default</quota>
+    </{user}>"""
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def users_xml(logins: list[tuple[str, str, str]]) -> str:
+    """users.xml for (user, password, profile) triples; only the passwords' sha256 is
+    written, so the file leaks no secret."""
+    for user, _, _ in logins:
+        if not _NAME.match(user):
+            raise StackError(f"invalid ClickHouse user name {user!r}: use letters, digits, _")
+    return _USERS.format(users="".join(
+        _USER.format(user=user, digest=hashlib.sha256(password.encode()).hexdigest(),
+                     profile=profile) for user, password, profile in logins))
 
 
 @dataclass(frozen=True)
@@ -98,17 +122,25 @@ class ClickHouse(Service):
         for sub in ("tmp", "user_files", "format_schemas"):
             (data / sub).mkdir(parents=True, exist_ok=True)
         users = self.dir / "users.xml"
-        users.write_text(_USERS.format(user=escape(c.user), password=escape(c.password)))
+        users.write_text(users_xml([(c.user, self._password(c.user, writer=True), "default"),
+                                    (c.reader_user, self._password(c.reader_user), "reader")]))
         Path(self.marker()).write_text(_CONFIG.format(
             host=c.host, tcp=c.tcp_port, http=c.http_port, interserver=c.interserver_port,
             data=escape(str(data)), users=escape(str(users))))
         return [self.binary(), f"--config-file={self.marker()}"]
 
+    def _password(self, user: str, writer: bool = False) -> str:
+        """A password given in the settings, else the secret file (made when missing)."""
+        c = self.settings.clickhouse
+        given = c.password if writer else c.reader_password
+        return given.get_secret_value() if given else ensure_secret(c.password_file(user))
+
     def _query(self, sql: str) -> list[tuple[object, ...]]:
         from clickhouse_driver import Client
 
         c = self.settings.clickhouse
-        client = Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password,
+        user, password = c.login()
+        client = Client(host=c.host, port=c.tcp_port, user=user, password=password,
                         connect_timeout=2, send_receive_timeout=5)
         try:
             return client.execute(sql)

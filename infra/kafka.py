@@ -3,12 +3,23 @@
 No tarball and no Docker: ``mvn dependency:build-classpath`` on a generated POM resolves
 ``kafka_<scala>:<version>`` plus a log4j2 binding into ``~/.m2`` once, and we keep the
 resulting classpath in ``<home>/cache``. Kafka 4.x logs through slf4j 1.7 → log4j2.
+
+Clients authenticate with SASL/SCRAM (one user per ``kafka.Principal``, random passwords
+in mode-0600 files under ``secrets/kafka``) and the ``StandardAuthorizer`` denies what
+no ACL allows (``kernel.acls``). The controller listener uses SASL/PLAIN (KRaft cannot
+check SCRAM there: the credentials live in the metadata it serves) with a per-start
+password only the node itself knows. No password reaches a command line or a log: the
+format step reads its SCRAM user from a java @argfile, the JAAS lines sit in the 0600
+properties file, and Kafka logs password-typed configs as [hidden].
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import re
+import secrets
 import shutil
 import socket
 import struct
@@ -21,6 +32,7 @@ from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 
 from loraplane.kernel import kafka
+from loraplane.kernel.kafka import Principal
 
 LOG4J_VERSION = "2.24.3"
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -86,6 +98,14 @@ class Kafka(Service):
     def data_dirs(self) -> list[Path]:
         return [self.dir]
 
+    def password(self, principal: Principal) -> str:
+        """``principal``'s password, generated into a new 0600 file the first time."""
+        path = kafka.password_path(self.settings, principal)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write_secret(path, secrets.token_urlsafe(24))
+        return kafka.read_password(path)
+
     def fetch(self) -> Path:
         """Resolve the jars once (network only the first time); returns the classpath file."""
         classpath = self.cache / "classpath.txt"
@@ -122,15 +142,32 @@ class Kafka(Service):
         k = self.settings.kafka
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.xml").write_text(_LOG4J2)
+        ops, node = self.password(Principal.ops), secrets.token_urlsafe(24)
+        mechanism = k.sasl_mechanism
+        scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        plain_module = "org.apache.kafka.common.security.plain.PlainLoginModule"
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{k.host}:{k.controller_port}",
-            "listeners": f"PLAINTEXT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{k.host}:{k.port}",
+            "listeners": f"CLIENT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
+            "advertised.listeners": f"CLIENT://{k.host}:{k.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "CLIENT",
+            "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": mechanism,
+            "sasl.mechanism.inter.broker.protocol": mechanism,
+            f"listener.name.client.{mechanism.lower()}.sasl.jaas.config":
+                f'{scram_module} required username="{Principal.ops}" password="{ops}";',
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config":
+                f'{plain_module} required username="{NODE_USER}" password="{node}" '
+                f'user_{NODE_USER}="{node}";',
+            "authorizer.class.name":
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{Principal.ops};User:{NODE_USER}",
+            "allow.everyone.if.no.acl.found": "false",
             "log.dirs": str(self.dir / "data"),
             "num.partitions": "1",
             "offsets.topic.replication.factor": "1",
@@ -141,19 +178,35 @@ class Kafka(Service):
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
         }
-        self.properties_file.write_text("".join(f"{key}={v}\n" for key, v in props.items()))
-        if not (self.dir / "data" / "meta.properties").is_file():
-            self._format()
+        _write_secret(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
+        formatted = (self.dir / "data" / "meta.properties").is_file()
+        if formatted and not (self.dir / SCRAM_MARKER).is_file():
+            raise StackError(
+                f"kafka data in {self.dir / 'data'} was formatted before the broker had SASL "
+                "users; `loraplane stack down --purge` deletes it, then `stack up` again")
+        if not formatted:
+            self._format(ops)
         return self._java("kafka.Kafka", str(self.properties_file))
 
-    def _format(self) -> None:
-        cluster_id = new_cluster_id()
-        done = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                       "-c", str(self.properties_file)),
-            capture_output=True, text=True, check=False)
+    def _format(self, ops_password: str) -> None:
+        """Format the log dirs with the ops SCRAM user in the first metadata (the other
+        users are added once the broker runs: ``after_start``). The password goes through
+        a java @argfile, never the command line, which ``ps`` shows to every user."""
+        argfile = self.dir / "format.args"
+        mechanism = self.settings.kafka.sasl_mechanism
+        scram = f"{mechanism}=[name={Principal.ops},password={ops_password}]"
+        _write_secret(argfile, "\n".join([
+            "kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+            "-c", str(self.properties_file), "--add-scram", f'"{scram}"']) + "\n")
+        try:
+            done = subprocess.run([*self._java(), f"@{argfile}"],
+                                  capture_output=True, text=True, check=False)
+        finally:
+            argfile.unlink(missing_ok=True)
         if done.returncode != 0:
-            raise StackError(f"kafka storage format failed:\n{done.stdout}{done.stderr}")
+            raise StackError(f"kafka storage format failed:\n"
+                             f"{_redact(done.stdout + done.stderr, ops_password)}")
+        (self.dir / SCRAM_MARKER).write_text("SCRAM users created at format\n")
 
     def healthy(self) -> bool:
         return bool(kafka.admin(self.settings).list_topics(timeout=3).brokers)
@@ -188,7 +241,28 @@ class Kafka(Service):
             consumer.close()
 
     def after_start(self) -> None:
-        """Nothing: the topics are applied by ``stack up`` once every service is ready."""
+        """Every principal but ops (made at format) gets its SCRAM user, from its password
+        file (a new random one when missing); re-run by every ``stack up``, so a replaced
+        or deleted file is a rotation. Topics and their ACLs come after, from ``stack up``."""
+        from confluent_kafka.admin import (
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialAlteration,
+            UserScramCredentialUpsertion,
+        )
+
+        mechanism = ScramMechanism[self.settings.kafka.sasl_mechanism.replace("-", "_")]
+        upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(
+                       str(p), ScramCredentialInfo(mechanism, SCRAM_ITERATIONS),
+                       self.password(p).encode())
+                   for p in Principal if p is not Principal.ops]
+        admin = kafka.admin(self.settings)
+        for user, future in admin.alter_user_scram_credentials(
+                upserts, request_timeout=30).items():
+            try:
+                future.result(timeout=30)
+            except Exception as exc:
+                raise StackError(f"kafka: could not set the SCRAM user {user}: {exc}") from None
 
     def version(self) -> str:
         """The jar version our broker runs; for a foreign broker, what ApiVersions implies."""
@@ -203,6 +277,25 @@ class Kafka(Service):
 
 
 FETCH_API = 1
+NODE_USER = "node"
+"""The controller listener's only user (SASL/PLAIN), a super user like ops."""
+SCRAM_MARKER = "loraplane-scram"
+"""Written beside the data dir once it was formatted with the ops SCRAM user."""
+SCRAM_ITERATIONS = 8192
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only, from the first byte on (no window in
+    which the file exists with the umask's mode)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _redact(text: str, secret: str) -> str:
+    return text.replace(secret, "[hidden]")
 
 
 def speaks_kafka_4(versions: dict[int, tuple[int, int]]) -> bool:

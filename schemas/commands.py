@@ -2,6 +2,13 @@
 
 ``command_id`` makes a command idempotent: a worker that sees the same id twice does
 nothing the second time, so redelivery after a crash is harmless.
+
+A command is signed by the planner's key (a keyring entry with role ``planner``): what is
+signed is ``tagged(COMMAND_SIGNING_DOMAIN, command without "signature")``, every other field
+including ``worker_id``, ``key_id`` and both timestamps. The domain differs from the
+lifecycle one (``schemas.lifecycle.SIGNING_DOMAIN``), so a signature made for one kind of
+message never verifies as the other. Workers verify before they fold
+(``workers.command_trust``).
 """
 
 from __future__ import annotations
@@ -10,8 +17,11 @@ from enum import StrEnum
 from typing import Literal
 
 from loraplane.schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
+from loraplane.schemas.canonical import tagged
 from loraplane.schemas.reasons import CommandRule
 from pydantic import Field
+
+COMMAND_SIGNING_DOMAIN = "loraplane.command.v1"
 
 
 class CommandAction(StrEnum):
@@ -45,3 +55,8 @@ class CacheCommand(StrictModel):
     deadline: Timestamp
     warmup_requests: int = Field(0, ge=0, le=1000,
                                  description="shadow/golden-set requests to send after load")
+    key_id: str = Field("", max_length=200, description="the planner key that signed it")
+    signature: str = Field("", max_length=128, description="base64 Ed25519 signature")
+
+    def signed_bytes(self) -> bytes:
+        return tagged(COMMAND_SIGNING_DOMAIN, self.model_dump(mode="json", exclude={"signature"}))

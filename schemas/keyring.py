@@ -9,7 +9,13 @@ keys:
     not_after: 2027-01-01T00:00:00Z
     revoked: false
     scopes: {tenants: [acme], actions: [publish, canary]}   # or "*" for either
+    role: publisher                # default; "planner" keys sign cache commands only
 ```
+
+A key has one ``role``: a ``publisher`` key signs lifecycle events (the registry refuses a
+command key there) and a ``planner`` key signs cache commands (workers refuse any other key,
+so a CI key can never move a GPU copy). A planner key's ``tenants`` scope bounds whose
+copies its commands may move; its ``actions`` scope (lifecycle actions) does not apply.
 
 A tenant's adapters may not be published above its priority ceiling (``platinum`` means
 never evicted, so it is granted explicitly):
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +46,13 @@ from loraplane.schemas.signing import unb64
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 ANY: Literal["*"] = "*"
+
+
+class KeyRole(StrEnum):
+    """What a key may sign."""
+
+    publisher = "publisher"  # lifecycle events (CI)
+    planner = "planner"  # cache commands (the planner agent)
 
 
 class KeyringError(ValueError):
@@ -64,6 +78,7 @@ class KeyEntry(StrictModel):
     not_after: Timestamp
     revoked: bool = False
     scopes: Scopes
+    role: KeyRole = KeyRole.publisher
 
     @field_validator("public_key")
     @classmethod

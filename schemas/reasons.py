@@ -37,6 +37,7 @@ class RegistryRejection(StrEnum):
     # trust
     keyring_unavailable = "keyring_unavailable"
     unknown_key = "unknown_key"
+    key_role_mismatch = "key_role_mismatch"  # a planner (command) key signed an event
     key_publisher_mismatch = "key_publisher_mismatch"
     key_revoked = "key_revoked"
     key_expired = "key_expired"
@@ -64,6 +65,32 @@ class RegistryRejection(StrEnum):
     invalid_transition = "invalid_transition"
     # the view's evidence (every accepted event of the adapter) would exceed its bound
     history_full = "history_full"
+
+
+class CommandRejection(StrEnum):
+    """Why a worker refused a cache command before (or instead of) folding it
+    (``workers.command_trust.check_command``, then the fold's own refusals), in check order.
+    Every one is dead-lettered (component ``worker-agent``) and counted; none is applied."""
+
+    # whose command it is
+    wrong_worker = "wrong_worker"  # Kafka key or worker_id is another worker
+    # trust
+    unsigned = "unsigned"
+    keyring_unavailable = "keyring_unavailable"
+    unknown_key = "unknown_key"
+    key_role_mismatch = "key_role_mismatch"  # not a planner key (a CI key, say)
+    key_revoked = "key_revoked"
+    key_expired = "key_expired"
+    key_not_yet_valid = "key_not_yet_valid"
+    bad_signature = "bad_signature"
+    tenant_out_of_scope = "tenant_out_of_scope"
+    # freshness
+    command_expired = "command_expired"  # past its deadline
+    command_from_future = "command_from_future"  # issued_at ahead of the worker's clock
+    command_lifetime_too_long = "command_lifetime_too_long"  # deadline too far after issue
+    replayed_command = "replayed_command"  # a command_id this worker already applied
+    # the worker's own rules, after the fold
+    protected_copy = "protected_copy"  # it would unpin, demote or evict a never-evict copy
 
 
 class ConsumerFault(StrEnum):
@@ -249,7 +276,8 @@ CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | 
                     | LoadDeferral)
 """A cache event's reason: empty for a success, else the code of what happened."""
 
-DeadLetterReason = DecodeReason | RegistryRejection | RegistryViewRejection | ConsumerFault
+DeadLetterReason = (DecodeReason | RegistryRejection | RegistryViewRejection | CommandRejection
+                    | ConsumerFault)
 """Why a message went to the dead-letter topic."""
 
 AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason

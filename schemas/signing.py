@@ -1,9 +1,11 @@
-"""Ed25519 signatures of lifecycle events and the private key files CI holds.
+"""Ed25519 signatures of lifecycle events and cache commands, and the private key files CI
+and the planner hold.
 
-What is signed is exactly ``LifecycleEvent.signed_bytes()`` (every field except
-``signature``, canonical JSON behind a domain tag); the signature travels base64-encoded in
-``signature``. A key file is JSON (publisher, key_id, raw private key in base64) readable by
-its owner only: it is refused when group or others may read it, as ssh does.
+What is signed is exactly ``LifecycleEvent.signed_bytes()`` or ``CacheCommand.signed_bytes()``
+(every field except ``signature``, canonical JSON behind a domain tag of its own: a lifecycle
+signature never verifies as a command's, nor the reverse); the signature travels
+base64-encoded in ``signature``. A key file is JSON (publisher, key_id, raw private key in
+base64) readable by its owner only: it is refused when group or others may read it, as ssh does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleEvent
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
@@ -69,6 +72,13 @@ class SigningKey:
         signature = self.private_key.sign(unsigned.signed_bytes())
         return unsigned.model_copy(update={"signature": b64(signature)})
 
+    def sign_command(self, cmd: CacheCommand) -> CacheCommand:
+        """The command with this key's key_id and signature filled in (``model_copy``: the
+        planner's fields are already validated, and a cold tick signs ~30k of them)."""
+        unsigned = cmd.model_copy(update={"key_id": self.key_id, "signature": ""})
+        signature = self.private_key.sign(unsigned.signed_bytes())
+        return unsigned.model_copy(update={"signature": b64(signature)})
+
     def save(self, path: Path) -> None:
         """Write the key file with mode 0600; never overwrites an existing file."""
         raw = self.private_key.private_bytes(serialization.Encoding.Raw,
@@ -99,8 +109,9 @@ class SigningKey:
             raise KeyFileError(f"{path}: {exc}") from None
 
 
-def verify(event: LifecycleEvent, key: Ed25519PublicKey) -> bool:
-    """True only for a well-formed signature of exactly ``event.signed_bytes()``."""
+def verify(event: LifecycleEvent | CacheCommand, key: Ed25519PublicKey) -> bool:
+    """True only for a well-formed signature of exactly ``event.signed_bytes()`` (a lifecycle
+    event or a cache command, each under its own domain tag)."""
     try:
         signature = unb64(event.signature, 64)
         key.verify(signature, event.signed_bytes())

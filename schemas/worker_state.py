@@ -26,6 +26,9 @@ class LoadedAdapter(StrictModel):
     tenant_id: Identifier
     tier: ResidentTier
     pinned: bool = False
+    protected: bool = Field(
+        False, description="the worker holds this GPU copy never-evict by its own rule (its "
+        "registry copy and policy): no command unpins, demotes or evicts it")
     size_bytes: int = Field(0, ge=0)
     rank: int = Field(0, ge=0, le=512)
     last_used: Timestamp | None = None

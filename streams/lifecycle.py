@@ -46,7 +46,7 @@ from loraplane.schemas.adapter import (
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_key
 from loraplane.schemas.codec import SchemaError, decode_signed, encode
-from loraplane.schemas.keyring import KeyEntry, Keyring
+from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
@@ -141,6 +141,9 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
     entry: KeyEntry | None = keyring.get(event.key_id)
     if entry is None:
         raise _Reject(Reason.unknown_key, f"key_id {event.key_id!r} is not in the keyring")
+    if entry.role is not KeyRole.publisher:
+        raise _Reject(Reason.key_role_mismatch,
+                      f"key {entry.key_id} is a {entry.role} key: it cannot sign lifecycle events")
     if entry.publisher != event.publisher:
         raise _Reject(Reason.key_publisher_mismatch,
                       f"key {entry.key_id} belongs to {entry.publisher}, not {event.publisher}")

@@ -8,7 +8,9 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
 1. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
    never-evict versions stay protected, the best-ranked ones; the others are treated as
    unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
-   cannot hold every slot while hot ones fall back to the base model.
+   cannot hold every slot while hot ones fall back to the base model. A copy a worker
+   reports ``protected`` (its own never-evict rule, ``workers.reconcile.protect``) refuses
+   every move down, so its version keeps its place first, over the cap if need be.
 2. unpin: pinned GPU copies of versions no longer protected (over the cap, or not protected
    by any condition, not serving, revoked) are unpinned first: a worker refuses to unload a
    pinned copy, so the unpin must precede any demote or evict of it in the same tick.
@@ -50,7 +52,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -69,7 +70,14 @@ from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
 from loraplane.streams.planner_columns import BaseRows, Columns, Registry
 from loraplane.streams.scores import ScoreState
 
-from loraplane.kernel.command_effects import Copy, copy_at, effect, shows
+from loraplane.kernel.command_effects import (
+    UNPROTECTING,
+    Copy,
+    copy_at,
+    effect,
+    protected_cap,
+    shows,
+)
 from loraplane.kernel.policy import Policy
 
 LOAD_WINDOW_S = 60.0
@@ -158,6 +166,7 @@ class _Worker:
     seq: int  # commands issued to this worker so far
     pending: list[CacheCommand] = field(default_factory=list)
     host_pinned: set[str] | frozenset[str] = frozenset()  # host-only copies that are pinned
+    protected: frozenset[str] = frozenset()  # copies the worker refuses to move down (its rule)
     shared: bool = True
     """``gpu``, ``host`` and ``host_pinned`` are still the worker state's own (``_Tiers``,
     kept between ticks): copied on the first change only, as most workers see none in a tick
@@ -202,20 +211,22 @@ class _Tiers:
     gpu: dict[str, bool]  # lora -> pinned
     host: frozenset[str]  # host-only copies
     host_pinned: frozenset[str] = frozenset()  # host-only copies that are pinned
+    protected: frozenset[str] = frozenset()  # GPU copies the worker holds never-evict
 
     @classmethod
     def of(cls, state: WorkerState) -> _Tiers:
         adapters = state.adapters
         return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
                    frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
-                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned))
+                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned),
+                   frozenset(a.lora_name for a in adapters if a.tier == "gpu" and a.protected))
 
 
 def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
                records: Mapping[str, AdapterRecord], now: float) -> _Worker:
     adapters = state.adapters
     w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
-                host_bytes=state.host_bytes_used,
+                protected=tiers.protected, host_bytes=state.host_bytes_used,
                 loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
     if memory.pending:
         loaded = {a.lora_name: a for a in adapters}
@@ -223,7 +234,8 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
                      if c.deadline.timestamp() > now and not _reflected(c, loaded)]
         for c in w.pending:
             r = records.get(c.lora_name)
-            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0)
+            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0,
+                   c.lora_name in w.protected)
     return w
 
 
@@ -233,10 +245,12 @@ def _copy_on(w: _Worker, lora: str) -> Copy:
     return copy_at("host", lora in w.host_pinned) if lora in w.host else copy_at("gone", False)
 
 
-def _apply(w: _Worker, action: CommandAction, lora: str, size: int) -> None:
-    """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``."""
+def _apply(w: _Worker, action: CommandAction, lora: str, size: int,
+           protected: bool = False) -> None:
+    """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``;
+    ``protected``: the worker holds it never-evict and refuses to move it down."""
     before = _copy_on(w, lora)
-    after = effect(action, before).after
+    after = effect(action, before, protected).after
     if after == before:
         return
     host = w.own()
@@ -279,7 +293,10 @@ class _Planner:
         """Issue one command. Its fields come from validated records, worker states and the
         policy, so only the tick's first command is validated; the others are copies of it
         with every field replaced (a cold tick issues ~30k commands; validating each
-        doubled their cost)."""
+        doubled their cost). Never one the worker refuses by its own rule: a move down of a
+        copy it reports protected (``LoadedAdapter.protected``)."""
+        if action in UNPROTECTING and lora in w.protected:
+            return
         w.seq += 1
         fields = {
             "command_id": command_id(w.id, action.value, lora, w.seq), "worker_id": w.id,
@@ -401,23 +418,19 @@ class _BaseTick:
         return self.planner.policy.hysteresis_margin
 
 
-def protected_cap(policy: Policy, slots: int) -> int:
-    """How many never-evict versions of one base model may be protected (pinned, ranked
-    first) when the base model has ``slots`` hot-set slots. Rounded up so that a share of a
-    slot is a slot; the tolerance keeps ``0.3 * 10`` at 3."""
-    return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
-
-
 def _cap_protected(t: _BaseTick) -> None:
     """1. Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
     resident ranks with the hysteresis margin, so the protected set does not flap). They
     then compete by score, may be demoted or displaced, and are unpinned."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
-    cap = protected_cap(policy, t.slots)
+    held = set().union(*(w.protected for w in t.workers))  # no command moves these down
+    cap = max(protected_cap(policy, t.slots),
+              sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
         return
-    protected.sort(key=lambda i: table.rank(i, table.lora[i] in t.resident, t.margin))
+    protected.sort(key=lambda i: (table.lora[i] not in held,
+                                  table.rank(i, table.lora[i] in t.resident, t.margin)))
     note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
             f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "
             f"allows ({cap}); ranked by score, not pinned")

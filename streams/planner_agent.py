@@ -18,6 +18,12 @@ sent again under their own ids (workers drop duplicates by command_id). A memory
 that does not decode is skipped with its reason: the worker is planned as if it had none,
 and that tick's memory replaces the record.
 
+Every command is signed at send time (``_send``: ``SigningKey.sign_command`` with the key file
+``settings.planner_key_path``, role ``planner`` in the keyring the workers verify with), not
+while planning: the planner's memory keeps commands unsigned and the resend after a restart
+signs them again. Planning waits for the key file too: an unsigned command would be refused
+by every worker.
+
 Planning waits for table recovery and the score states: a planner that ran on an empty
 memory would re-issue, one on empty scores would demote everything.
 The wall clock is the planner's ``now``; tests control time through the timestamps of the
@@ -44,6 +50,7 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.signing import KeyFileError, SigningKey
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams import scoring_agent  # noqa: F401  (its service fills score_store)
 from loraplane.streams.app import app, dead_letter_of, raw_topic, score_store
@@ -161,7 +168,18 @@ def _audit(cmd: CacheCommand) -> AuditRecord:
                            "score": cmd.reason.score, "detail": cmd.reason.detail}))
 
 
-async def _send(cmd: CacheCommand) -> None:
+async def _planner_key() -> SigningKey:
+    """The planner's signing key; waits (logging why) until the key file can be read."""
+    while True:
+        try:
+            return SigningKey.load(settings.planner_key_path)
+        except KeyFileError as exc:
+            log.error("planner key unavailable, no commands until it is: %s", exc)
+            await asyncio.sleep(5.0)
+
+
+async def _send(cmd: CacheCommand, key: SigningKey) -> None:
+    cmd = key.sign_command(cmd)
     payload = encode(cmd)
     await commands_topic.send(key=cmd.worker_id.encode(), value=payload)
     await audit_topic.send(key=cmd.adapter_id.encode(), value=encode(_audit(cmd)))
@@ -208,10 +226,12 @@ async def planner_loop() -> None:
     # faust's TableManagerT type omits `recovery`, which its TableManager has
     await app.tables.recovery.completed.wait()  # type: ignore[attr-defined]
     await score_store.ready.wait()
+    key = await _planner_key()
     inputs = _Inputs()
     for mem in inputs.memory.of(list(planner_memory.items())).values():
         for cmd in mem.pending:  # resend what may not have gone out
-            await commands_topic.send(key=cmd.worker_id.encode(), value=encode(cmd))
+            await commands_topic.send(key=cmd.worker_id.encode(),
+                                      value=encode(key.sign_command(cmd)))
     # What recovery loaded (tables, 100k score states) lives as long as the worker: out of
     # the collector's way, or a full collection over it adds up to a second to a tick.
     gc.collect()
@@ -236,7 +256,7 @@ async def planner_loop() -> None:
         if result.commands:
             await app.producer.flush()  # memory is durable before any command leaves
             for cmd in result.commands:
-                await _send(cmd)
+                await _send(cmd, key)
             log.info("planner issued %d commands: %s", len(result.commands),
                      ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
                                for c in result.commands[:20]))

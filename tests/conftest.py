@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,11 +18,25 @@ def stack() -> Iterator[Settings]:
 
     settings = get_settings()
     if local_stack.healthy(settings):
-        yield settings
+        with _children_find_the_kafka_passwords(settings):
+            yield settings
         return
     was_running = any(h.pid for h in local_stack.status(settings))
     console = Console(stderr=True)
     local_stack.up(settings, console)
-    yield settings
+    with _children_find_the_kafka_passwords(settings):
+        yield settings
     if not was_running:
         local_stack.down(settings, console)
+
+
+@contextmanager
+def _children_find_the_kafka_passwords(settings: Settings) -> Iterator[None]:
+    """Tests start ``loraplane`` children with a home of their own and ``os.environ``
+    underneath: they must still find the stack's password files (kafka.credentials_env)."""
+    from loraplane.kernel import kafka
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in kafka.credentials_env(settings).items():
+            patch.setenv(key, value)
+        yield

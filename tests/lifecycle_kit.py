@@ -16,7 +16,7 @@ from loraplane.schemas.adapter import (
     expected_artifact_prefix,
 )
 from loraplane.schemas.base import version_key
-from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, TenantPolicy
+from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes, TenantPolicy
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import SigningKey
@@ -55,9 +55,11 @@ def record(adapter_id: str, version: str, tenant: str = TENANT, base: str = BASE
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=rank))
 
 
-def make_kit(now: datetime) -> Kit:
+def make_kit(now: datetime, platinum: tuple[str, ...] = (TENANT,)) -> Kit:
     """ci: acme's CI (no revoke); ops: anything; beta: another tenant's CI; ci2: acme's
-    rotated key; revoked / expired / future: keys that must not be trusted at ``now``."""
+    rotated key; revoked / expired / future: keys that must not be trusted at ``now``;
+    planner: the planner's command key (role planner: signs cache commands, never events).
+    ``platinum``: the tenants whose ceiling is platinum (the others': gold)."""
     day = timedelta(days=1)
     specs = {  # name: (publisher, tenants, actions, not_before, not_after, revoked)
         "ci": ("ci-acme", [TENANT], CI_ACTIONS, now - day, now + 30 * day, False),
@@ -67,6 +69,7 @@ def make_kit(now: datetime) -> Kit:
         "revoked": ("ci-acme", [TENANT], "*", now - day, now + 30 * day, True),
         "expired": ("ci-acme", [TENANT], "*", now - 30 * day, now - day, False),
         "future": ("ci-acme", [TENANT], "*", now + day, now + 30 * day, False),
+        "planner": ("planner", "*", "*", now - day, now + 30 * day, False),
     }
     keys: dict[str, SigningKey] = {}
     entries = []
@@ -76,10 +79,11 @@ def make_kit(now: datetime) -> Kit:
         entries.append(KeyEntry(key_id=key.key_id, publisher=publisher,
                                 public_key=key.public_key_b64, not_before=nb, not_after=na,
                                 revoked=revoked,
-                                scopes=Scopes(tenants=tenants, actions=actions)))
-    # acme may publish never-evicted (platinum) adapters; beta has the default ceiling (gold)
-    return Kit(keys, Keyring(keys=entries,
-                             tenants={TENANT: TenantPolicy(max_priority=Priority.platinum)}))
+                                scopes=Scopes(tenants=tenants, actions=actions),
+                                role=KeyRole.planner if name == "planner"
+                                else KeyRole.publisher))
+    return Kit(keys, Keyring(keys=entries, tenants={
+        t: TenantPolicy(max_priority=Priority.platinum) for t in platinum}))
 
 
 def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,

@@ -36,6 +36,7 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.reasons import (
     NO_REASON,
     CacheEventReason,
+    CommandRejection,
     LoadDeferral,
     UnloadReason,
     VllmErrorCode,
@@ -54,6 +55,8 @@ from loraplane.workers.reconcile import (
     Conflict,
     DesiredState,
     Fetch,
+    Guard,
+    GuardChanged,
     HostEntry,
     Load,
     LoadBudget,
@@ -73,6 +76,7 @@ from loraplane.workers.vllm_client import VllmClient, VllmError
 from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
 
 from loraplane.artifact.refusal import ArtifactError
+from loraplane.kernel.policy import Policy
 
 REGISTRY_GRACE_S = 15.0
 """How long a commanded name unknown to our registry copy waits before it is refused."""
@@ -90,9 +94,21 @@ class HostTier(Protocol):
 
 
 class CommandFeed(Protocol):
+    """Verified commands for this worker (workers/command_feed.py: it refuses, counts and
+    dead-letters what ``workers.command_trust`` does not accept, before the fold)."""
+
     async def next(self, timeout_s: float = 0.5) -> Any: ...
 
     async def commit(self, message: Any) -> None: ...
+
+    def refuse(self, delivery: Any, reason: CommandRejection, detail: str) -> None: ...
+
+
+REFUSED_SKIPS: dict[CommandSkip, CommandRejection] = {
+    CommandSkip.duplicate: CommandRejection.replayed_command,
+    CommandSkip.protected: CommandRejection.protected_copy,
+}
+"""The fold's skips that are refusals of the command (dead-lettered, counted)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,7 @@ class WorkerConfig:
     load_backoff_s: float = 5.0
     start_timeout_s: float = 120.0
     applied_commands_path: Path | None = None  # applied command ids survive restarts here
+    policy: Policy = field(default_factory=Policy)  # never-evict rules, warm-up cap
 
 
 @dataclass
@@ -144,6 +161,7 @@ class WorkerAgent:
         self._clock = clock
         self._desired = DesiredState()
         self.records: dict[str, AdapterRecord] = {}
+        self.guard = Guard.of({}, config.policy, config.gpu_slots)  # records + policy
         self._rt = _Runtime()
         self._host: dict[str, HostEntry] = {}
         self._lock = asyncio.Lock()
@@ -177,6 +195,9 @@ class WorkerAgent:
     async def refresh_registry(self) -> None:
         records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         self.records = registry_by_name(records)
+        self.guard = Guard.of(self.records, self.config.policy, self.config.gpu_slots)
+        if self.started:
+            self._fold(GuardChanged())
         now = self._clock()
         for name, until in list(self._rt.awaiting_registry.items()):
             if name in self.records or until <= now:  # known now, or refused by reconcile
@@ -214,6 +235,7 @@ class WorkerAgent:
         applied = {} if self.config.applied_commands_path is None else await asyncio.to_thread(
             load_applied, self.config.applied_commands_path, now_utc())
         self._desired = replace(adopt(actual, self.records), seen_commands=applied)
+        self._fold(GuardChanged())
         self.started = True
         log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
                  len(self.desired.intents), len(actual.gpu))
@@ -229,7 +251,8 @@ class WorkerAgent:
     def _fold(self, change: Change) -> CommandSkip | None:
         """The one place the desired state changes (``start`` only sets its first value)."""
         self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
-                                      base_model=self.config.base_model, now=now_utc())
+                                      base_model=self.config.base_model, now=now_utc(),
+                                      guard=self.guard)
         return skipped
 
     def _report(self, done: Action) -> None:
@@ -347,7 +370,11 @@ class WorkerAgent:
             delivery = await feed.next(0.5)
             if delivery is None:
                 continue
-            await self.handle(delivery.command)
+            skipped = await self.handle(delivery.command)
+            refusal = REFUSED_SKIPS.get(skipped) if skipped is not None else None
+            if refusal is not None:
+                feed.refuse(delivery, refusal, f"{delivery.command.action} "
+                            f"{delivery.command.lora_name}: {skipped}")
             await feed.commit(delivery.message)
 
     async def _tick_loop(self) -> None:
@@ -482,6 +509,7 @@ class WorkerAgent:
 
     async def _warm_up(self, record: AdapterRecord, count: int) -> None:
         name = record.lora_name
+        count = min(count, self.guard.max_warmup_requests)  # the fold clamps it too
         try:
             ok = await send_golden_set(
                 self.vllm, record, count, worker_id=self.config.worker_id,
@@ -534,6 +562,7 @@ class WorkerAgent:
                 version=labels.adapter_version, tenant_id=labels.tenant_id,
                 tier="gpu" if name in self._rt.gpu else "host",
                 pinned=bool(intent and intent.pinned),
+                protected=name in self.desired.protected,
                 origin=intent.origin if intent else None,
                 size_bytes=self._host[name].size_bytes if name in self._host else 0,
                 rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),

@@ -98,7 +98,7 @@ def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
 
     return boto3.session.Session().client(
         "s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-        aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret_access_key,
+        aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret(),
         config=Config(connect_timeout=policy.connect_timeout_s,
                       read_timeout=policy.read_timeout_s,
                       retries={"total_max_attempts": 1, "mode": "standard"},

@@ -23,6 +23,10 @@ vLLM"):
 * ``stream_options.include_usage``: only with ``stream: true`` (else 400, like vLLM); a
   final chunk with ``"choices": []`` and the ``usage`` comes before ``[DONE]``.
 * every completion body received is kept in ``requests`` (what the gateway forwarded).
+* ``api_key`` (``VLLM_API_KEY`` or ``--api-key-file``), as vLLM's AuthenticationMiddleware:
+  every path under ``/v1`` needs ``Authorization: Bearer KEY`` (else 401
+  ``{"error": "Unauthorized"}``); ``/health``, ``/version`` and ``/metrics`` stay open, as
+  they do on vLLM. Without a key everything is open, as on vLLM.
 
 Run it alone with ``python -m loraplane.workers.fake_vllm --model DIR --port P``.
 """
@@ -32,7 +36,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import hmac
 import json
+import os
 import struct
 import time
 import uuid
@@ -47,6 +53,7 @@ LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", 
                            "down_proj", "embed_tokens", "lm_head"})
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 BLOCK_WORDS = 4
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's authenticated paths
 _WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "iris",
           "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven",
           "sable", "thistle", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
@@ -104,9 +111,22 @@ class FakeVllm:
     load_calls: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     prefix_blocks: set[tuple[str, str, tuple[str, ...]]] = field(default_factory=set)
+    api_key: str | None = None
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.api_key and request.method != "OPTIONS" and request.path.startswith(
+                GUARDED_PREFIX):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    hashlib.sha256(token.encode()).digest(),
+                    hashlib.sha256(self.api_key.encode()).digest()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._authenticate])
         app.add_routes([
             web.post("/v1/load_lora_adapter", self.load),
             web.post("/v1/unload_lora_adapter", self.unload),
@@ -317,9 +337,13 @@ def main() -> None:
     parser.add_argument("--max-lora-rank", type=int, default=8)
     parser.add_argument("--max-loras", type=int, default=2)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--api-key-file", type=Path, default=None,
+                        help="the API key (default: $VLLM_API_KEY, like vLLM; none: open)")
     args = parser.parse_args()
+    api_key = (args.api_key_file.read_text().strip() if args.api_key_file
+               else os.environ.get("VLLM_API_KEY"))
     fake = FakeVllm(args.model, max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
-                    token_delay_s=args.token_delay_ms / 1000)
+                    token_delay_s=args.token_delay_ms / 1000, api_key=api_key or None)
     web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
 
 

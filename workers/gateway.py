@@ -55,6 +55,23 @@ CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
 
 
+class _ModelName:
+    """vLLM names what it served as ``model``: the internal lora name, or on the base
+    fallback the base model's local path. The client is told the adapter id it asked for
+    (version and tier travel in headers), so neither a path nor a lora name leaks. A byte
+    replace of the serialised field, not a re-encode: cheap per streamed event, and text
+    inside a JSON string never matches (its quotes are escaped)."""
+
+    def __init__(self, served: str, asked: str) -> None:
+        old, new = json.dumps(served).encode(), json.dumps(asked).encode()
+        self.pairs = [(sep + old, sep + new) for sep in (b'"model":', b'"model": ')]
+
+    def __call__(self, raw: bytes) -> bytes:
+        for old, new in self.pairs:
+            raw = raw.replace(old, new)
+        return raw
+
+
 @dataclass
 class _Trace:
     """What the RequestLog of one request says."""
@@ -361,9 +378,10 @@ class Gateway:
         with self.worker.serving(served_name):
             try:
                 async with self.worker.upstream.completion(path, upstream) as resp:
+                    rename = _ModelName(served_name, trace.adapter_id)
                     if trace.stream:
-                        return await self._stream(request, resp, headers, trace)
-                    raw = await resp.read()
+                        return await self._stream(request, resp, headers, trace, rename)
+                    raw = rename(await resp.read())
                     trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
                     self._usage(raw, trace)
                     return web.Response(body=raw, status=200, headers=headers,
@@ -375,8 +393,8 @@ class Gateway:
                 return _error(502, exc.reason.failure, exc.message)
 
     async def _stream(self, request: web.Request, resp: UpstreamResponse,
-                      headers: dict[str, str],
-                      trace: _Trace) -> web.StreamResponse:
+                      headers: dict[str, str], trace: _Trace,
+                      rename: _ModelName) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
@@ -394,7 +412,7 @@ class Gateway:
                         continue  # we asked for it, the client did not
                 if event.startswith(b"data: ") and event != b"data: [DONE]":
                     events += 1
-                passed.append(event + b"\n\n")
+                passed.append(rename(event) + b"\n\n")
             if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
                 passed.append(pending)
                 pending = b""

@@ -15,7 +15,15 @@ workers/applied_commands.py), and the rules below are testable without a server:
 * a revoked adapter is removed from vLLM and the host tier now, in-flight or not;
 * any other unload waits until the name's in-flight count is 0 (drain), so a request keeps
   the version it started with while the new version loads beside it;
-* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry.
+* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry;
+* the worker's own ``Guard``, derived from its registry copy and the policy, never from a
+  command: a never-evict GPU copy (``command_effects.never_evict_rule``: a platinum tenant's,
+  a live canary's) is *protected* while it holds and refuses ``unpin``, ``demote_to_host``
+  and ``evict``; it is never unloaded except when revoked. At most
+  ``command_effects.protected_cap(policy, gpu_slots)`` copies are protected at once, the
+  first to reach the GPU keeping theirs (``DesiredState.protected``), so no tenant's keys
+  can fill a worker with immovable copies; a command's ``warmup_requests`` is clamped to the
+  policy's ``request_budgets.canary.warmup_requests``.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
 
-from loraplane.kernel.command_effects import Copy, Tier, effect
+from loraplane.kernel.command_effects import (
+    Copy,
+    Tier,
+    effect,
+    never_evict_rule,
+    protected_cap,
+)
+from loraplane.kernel.policy import Policy
 
 MAX_REMEMBERED_COMMANDS = 10_000
 WINDOW_S = 60.0
@@ -60,6 +75,7 @@ class Intent:
 class DesiredState:
     intents: Mapping[str, Intent] = field(default_factory=dict)
     seen_commands: Mapping[str, datetime] = field(default_factory=dict)  # applied id -> deadline
+    protected: frozenset[str] = frozenset()  # the never-evict GPU copies (``protect``)
 
     def with_intent(self, intent: Intent) -> DesiredState:
         return replace(self, intents={**self.intents, intent.lora_name: intent})
@@ -90,7 +106,54 @@ class CommandSkip(StrEnum):
     expired = "expired"  # past its deadline
     lora_name_mismatch = "lora_name_mismatch"  # the name is not adapter@version-sha8
     pinned = "pinned"  # it would move a pinned copy down a tier (command_effects.Refusal)
+    protected = "protected"  # it would unpin/demote/evict a never-evict copy (the Guard)
     already_desired = "already_desired"  # a gateway ask the desired state already meets
+
+
+DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What no command decides on this worker, derived from its registry copy and the policy
+    (``Guard.of``): which versions are never-evict (lora name -> the ``never_evict_when``
+    condition that holds), how many GPU copies may be protected at once, and the most
+    golden-set requests one load may send."""
+
+    never_evict: Mapping[str, str] = field(default_factory=dict)
+    max_protected: int = 0
+    max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
+
+    @classmethod
+    def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy, gpu_slots: int) -> Guard:
+        conditions = policy.never_evict
+        never_evict = {}
+        for name, record in registry.items():
+            rule = never_evict_rule(record, conditions)
+            if rule is not None:
+                never_evict[name] = rule.text
+        return cls(never_evict, protected_cap(policy, gpu_slots),
+                   policy.request_budgets.canary.warmup_requests)
+
+
+def protect(state: DesiredState, guard: Guard) -> DesiredState:
+    """Which GPU copies are protected now: those already protected whose version is still
+    never-evict, then the others meant for the GPU in the order they were asked for, up to
+    ``guard.max_protected``. Sticky, so a newly published platinum version cannot take a slot
+    guarantee from one already held."""
+    kept = [n for n in sorted(state.protected)
+            if n in guard.never_evict and (i := state.intents.get(n)) is not None
+            and i.tier == "gpu"][:guard.max_protected]
+    for name, intent in state.intents.items():
+        if len(kept) >= guard.max_protected:
+            break
+        if intent.tier == "gpu" and name in guard.never_evict and name not in kept:
+            kept.append(name)
+    protected = frozenset(kept)
+    return state if protected == state.protected else replace(state, protected=protected)
+
+
+NO_PROTECTION = Guard()
 
 
 @dataclass(frozen=True)
@@ -108,10 +171,13 @@ class Ask:
     warmup_requests: int | None = None  # None: keep the intent's
 
     @classmethod
-    def of_command(cls, cmd: CacheCommand) -> Ask:
+    def of_command(cls, cmd: CacheCommand,
+                   max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS) -> Ask:
+        """The command's ask; its ``warmup_requests`` clamped to the policy's."""
         return cls(cmd.action, cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id,
                    CopyOrigin.planner, cmd.command_id,
-                   cmd.warmup_requests if cmd.action is CommandAction.load_gpu else None)
+                   min(cmd.warmup_requests, max_warmup_requests)
+                   if cmd.action is CommandAction.load_gpu else None)
 
     @classmethod
     def gateway_load(cls, record: AdapterRecord) -> Ask:
@@ -134,17 +200,24 @@ class Outcome:
     settled: Settled
 
 
-Change = CacheCommand | Ask | Outcome
+@dataclass(frozen=True)
+class GuardChanged:
+    """The registry copy (or the policy) changed: protection is decided again."""
+
+
+Change = CacheCommand | Ask | Outcome | GuardChanged
 """Everything that changes a worker's desired state."""
 
 
-def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, CommandSkip | None]:
-    """Fold one ask into the desired state (``kernel.command_effects``). A gateway ask that
-    would not move the copy changes nothing: the planner's word (its command id, a canary's
-    warm-up) stays with the intent."""
+def ask(state: DesiredState, request: Ask,
+        guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
+    """Fold one ask into the desired state (``kernel.command_effects``; a copy the guard
+    protects refuses to move down). A gateway ask that would not move the copy changes
+    nothing: the planner's word (its command id, a canary's warm-up) stays with the intent."""
     current = state.intents.get(request.lora_name) or Intent(
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
-    outcome = effect(request.action, current.copy)
+    outcome = effect(request.action, current.copy,
+                     protected=request.lora_name in state.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
@@ -158,7 +231,8 @@ def ask(state: DesiredState, request: Ask) -> tuple[DesiredState, CommandSkip | 
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime) -> tuple[DesiredState, CommandSkip | None]:
+                  now: datetime,
+                  guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
@@ -173,7 +247,7 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
         return state, CommandSkip.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
         return state, CommandSkip.lora_name_mismatch
-    return ask(state, Ask.of_command(cmd))
+    return ask(state, Ask.of_command(cmd, guard.max_warmup_requests), guard)
 
 
 def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
@@ -185,17 +259,22 @@ def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
 
 
 def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
-         now: datetime) -> tuple[DesiredState, CommandSkip | None]:
+         now: datetime,
+         guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
-    changed nothing, why."""
+    changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap)."""
+    skipped: CommandSkip | None = None
     match change:
         case CacheCommand():
-            return apply_command(state, change, worker_id=worker_id, base_model=base_model,
-                                 now=now)
+            state, skipped = apply_command(state, change, worker_id=worker_id,
+                                           base_model=base_model, now=now, guard=guard)
         case Ask():
-            return ask(state, change)
+            state, skipped = ask(state, change, guard)
         case Outcome():
-            return settle(state, change), None
+            state = settle(state, change)
+        case GuardChanged():
+            pass
+    return protect(state, guard), skipped
 
 
 @dataclass(frozen=True)
@@ -341,9 +420,11 @@ def reconcile(desired: DesiredState, actual: ActualState,
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
     failed, with the monotonic time before which they are not retried; ``awaiting_registry``
     names a command asked for before our registry copy knew them, with the monotonic time
-    until which they are not refused.
+    until which they are not refused. A protected copy (``desired.protected``) is unloaded or
+    removed only when revoked, whatever the intent says.
     """
     backoff = backoff or {}
+    protected = desired.protected
     awaiting_registry = awaiting_registry or {}
     actions: list[Action] = []
     unloading: set[str] = set()
@@ -360,7 +441,7 @@ def reconcile(desired: DesiredState, actual: ActualState,
             actions.append(Unload(name, UnloadReason.revoked, cmd))
             unloading.add(name)
         elif (intent is not None and intent.tier != "gpu" and not intent.pinned
-              and actual.in_flight.get(name, 0) == 0):
+              and name not in protected and actual.in_flight.get(name, 0) == 0):
             actions.append(Unload(name, UnloadReason.demote if intent.tier == "host"
                                   else UnloadReason.evict, cmd))
             unloading.add(name)
@@ -372,7 +453,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
         off_gpu = name not in actual.gpu or name in unloading
         if record is not None and record.status == AdapterStatus.revoked:
             actions.append(RemoveHost(name, UnloadReason.revoked, cmd))
-        elif intent is not None and intent.tier == "gone" and off_gpu:
+        elif (intent is not None and intent.tier == "gone" and off_gpu
+              and name not in protected):
             actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)

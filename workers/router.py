@@ -392,7 +392,8 @@ async def serve_router(settings: Settings, options: RouterOptions,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    group = f"loraplane-{component}-{uuid.uuid4().hex[:8]}"  # every router reads everything
+    # every router reads everything: a group of its own, under the prefix the ACLs grant
+    group = f"{settings.topic_prefix}-router-{component}-{uuid.uuid4().hex[:8]}"
     consumer = asyncio.create_task(asyncio.to_thread(
         _consume_worker_states, settings, fleet, stop, loop, group))
     refresher = asyncio.create_task(_refresh_registry(

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import secrets
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
+from loraplane.kernel.secrets import SecretError, secret_key
 
 log = logging.getLogger("loraplane.worker")
 
@@ -53,6 +52,7 @@ class WorkerOptions:
     heartbeat_s: float = 5.0
     registry_refresh_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
+    vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
 
 
 def build_host_tier(settings: Settings, options: WorkerOptions,
@@ -91,22 +91,13 @@ async def _site(settings: Settings, app: web.Application, port: int, name: str
 
 
 def gateway_secret(path: Path, what: str = "gateway secret") -> bytes:
-    """A secret file: 32 random bytes made once (mode 0600), never logged (the gateway's
-    cache-salt secret, the router secret). A file that is not a secret (empty, short,
-    readable by others) stops the start."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    mode = path.stat().st_mode
-    if mode & 0o077:
-        raise SystemExit(f"{path}: the {what} must not be readable by others "
-                         f"(mode {oct(mode & 0o777)}; chmod 600)")
-    secret = path.read_bytes()
-    if len(secret) < 16:
-        raise SystemExit(f"{path}: the {what} must be at least 16 bytes")
-    return secret
+    """An HMAC key file (``kernel.secrets.secret_key``: made once, mode 0600, never logged):
+    the gateway's cache-salt secret, the router secret. One that is not a secret (short,
+    readable by others) stops the start with the reason."""
+    try:
+        return secret_key(path)
+    except SecretError as exc:
+        raise SystemExit(f"the {what}: {exc}") from None
 
 
 def router_secret(settings: Settings) -> bytes | None:
@@ -118,7 +109,7 @@ def router_secret(settings: Settings) -> bytes | None:
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
-    vllm = VllmClient(options.vllm_url)
+    vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
     registry = verified_registry(settings, options, sink, metrics)
     agent = WorkerAgent(
@@ -129,7 +120,8 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
                      registry_refresh_s=options.registry_refresh_s,
-                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE),
+                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
+                     policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
         registry_loader=registry.records, sink=sink, metrics=metrics)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
@@ -137,7 +129,9 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                       cache_secret=gateway_secret(settings.gateway_secret_path),
                       router_secret=router_secret(settings),
                       max_body_bytes=settings.http.max_body_bytes)
-    feed = KafkaCommandFeed(settings, options.worker_id, sink)
+    feed = KafkaCommandFeed(settings, options.worker_id, sink,
+                            keyring=KeyringFile(settings.keyring_path),
+                            on_refused=agent.metrics.command_refused)
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
         metrics_app = web.Application(client_max_size=1024)

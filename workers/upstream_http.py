@@ -261,12 +261,17 @@ class UpstreamPool:
 
     def __init__(self, host: str, port: int, *, connect_timeout_s: float,
                  read_timeout_s: float, limit: int = 64,
-                 max_answer_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_answer_bytes: int = 64 * 1024 * 1024,
+                 headers: dict[str, str] | None = None) -> None:
         self.host, self.port = host, port
         self.max_answer_bytes = max_answer_bytes  # read whole (not streamed), at most
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        self._host_header = f"Host: {host}:{port}\r\n".encode("latin-1")
+        fixed = {"Host": f"{host}:{port}", **(headers or {})}
+        if any(c in part for k, v in fixed.items() for part in (k, v) for c in "\r\n"):
+            raise ValueError("header names and values must be one line")
+        # Sent with every request (Host, and e.g. vLLM's Authorization); built once.
+        self._host_header = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(limit)
 

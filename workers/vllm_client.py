@@ -30,8 +30,8 @@ class VllmError(RuntimeError):
     ``already_loaded`` (400, name taken and no load_inplace), ``bad_request`` (other 400),
     ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
     ``rank_too_large`` (500 naming max_lora_rank), ``server_error`` (other 5xx),
-    ``unexpected_status``, ``timeout``, ``unreachable``, ``bad_response`` (not the HTTP or
-    JSON expected).
+    ``unexpected_status`` (also 401: a missing or wrong API key), ``timeout``,
+    ``unreachable``, ``bad_response`` (not the HTTP or JSON expected).
     """
 
     def __init__(self, reason: VllmErrorCode, message: str, status: int | None = None) -> None:
@@ -63,6 +63,8 @@ def _error_message(text: str) -> str:
         err = body.get("error", body)
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])[:500]
+        if isinstance(err, str):  # the 401 of vLLM's API-key check: {"error": "Unauthorized"}
+            return err[:500]
         if "message" in body:
             return str(body["message"])[:500]
     return text.strip()[:500]
@@ -89,8 +91,11 @@ class VllmClient:
     """One vLLM server. Share one instance per process: it keeps one connection pool."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0,
-                 completion_timeout_s: float = 300.0) -> None:
+                 completion_timeout_s: float = 300.0, api_key: str | None = None) -> None:
+        """``api_key``: vLLM's ``VLLM_API_KEY``, sent as a bearer token on every call (vLLM
+        answers 401 on /v1/* without it); never logged."""
         self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
         url = urlsplit(self.base_url)
         if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
@@ -105,7 +110,8 @@ class VllmClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, force_close=False))
+                connector=aiohttp.TCPConnector(limit=64, force_close=False),
+                headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -176,7 +182,8 @@ class VllmClient:
         """
         if self._pool is None:
             self._pool = UpstreamPool(*self._upstream, connect_timeout_s=self._connect_timeout_s,
-                                      read_timeout_s=self._read_timeout_s)
+                                      read_timeout_s=self._read_timeout_s,
+                                      headers=self._headers)
         try:
             resp = await self._pool.request("POST", path, json.dumps(body).encode(),
                                             total_timeout_s=self._completion_timeout_s)

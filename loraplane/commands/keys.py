@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
         valid_days: int = typer.Option(365, "--valid-days", min=1),
         keyring: Path | None = typer.Option(None, "--keyring",
                                             help="Also append the entry to this keyring file."),
+        role: str = typer.Option("publisher", "--role",
+                                 help="publisher (signs lifecycle events, CI) or planner "
+                                 "(signs cache commands; default --out: the planner key path)"),
     ) -> None:
         """Write a new private key and print its keyring entry (YAML)."""
         from datetime import timedelta
@@ -47,6 +50,7 @@ def register(app: typer.Typer) -> None:
             KeyEntry,
             Keyring,
             KeyringError,
+            KeyRole,
             Scopes,
             load_keyring,
             save_keyring,
@@ -59,13 +63,16 @@ def register(app: typer.Typer) -> None:
         try:
             entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
                              not_before=now, not_after=now + timedelta(days=valid_days),
-                             scopes=Scopes.model_validate(parse_scopes(scope)))
+                             scopes=Scopes.model_validate(parse_scopes(scope)),
+                             role=KeyRole(role))
             ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
             ring = ring.with_key(entry) if keyring else ring
-        except (ValidationError, KeyringError) as exc:
+        except (ValidationError, KeyringError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-        path = out or get_settings().home / "keys" / f"{kid}.key"
+        settings = get_settings()
+        path = out or (settings.planner_key_path if entry.role is KeyRole.planner
+                       else settings.home / "keys" / f"{kid}.key")
         try:
             key.save(path)
         except FileExistsError:

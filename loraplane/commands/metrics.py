@@ -73,8 +73,10 @@ def sink(batch_size: int = typer.Option(5000, min=1),
          ) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""
+    from loraplane.kernel import kafka
     from loraplane.metrics.sink import Sink, SinkConfig
 
+    kafka.act_as(kafka.Principal.metrics)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -101,7 +103,7 @@ def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d .
         params = window(since, adapter_id=adapter, tenant_id=tenant, base_model=base_model)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    client = connect(get_settings())
+    client = connect(get_settings(), reader=True)
     try:
         rows = adapter_view(client, params)
     finally:

@@ -15,9 +15,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.registry_view import load_registry, views_to_json
 
+        kafka.act_as(kafka.Principal.reader)
         views = load_registry(get_settings())
         if as_json:
             typer.echo(views_to_json(views))
@@ -39,9 +41,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.registry_view import load_registry, views_to_json
 
+        kafka.act_as(kafka.Principal.reader)
         view = load_registry(get_settings()).get(adapter_id)
         if view is None:
             typer.echo(f"error: {adapter_id} is not in the registry", err=True)

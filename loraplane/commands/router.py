@@ -28,7 +28,10 @@ def run(
     import asyncio
     import logging
 
+    from loraplane.kernel import kafka
     from loraplane.workers.router import RouterOptions, serve_router
+
+    kafka.act_as(kafka.Principal.router)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(serve_router(get_settings(), RouterOptions(

@@ -58,6 +58,9 @@ def register(app: typer.Typer) -> None:
 
         import faust
 
+        from loraplane.kernel import kafka
+
+        kafka.act_as(kafka.Principal.streams)  # before the app (built on import) reads it
         from loraplane.kernel.config import get_settings
         from loraplane.streams.app import AGENT_MODULES, load_agents
         from loraplane.streams.app import app as faust_app

@@ -37,22 +37,36 @@ def run(
     registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
     model_dir: Path | None = typer.Option(
         None, "--model-dir", help="base model folder: adapters are checked against its shapes"),
+    vllm_api_key_file: Path | None = typer.Option(
+        None, "--vllm-api-key-file",
+        help="vLLM's API key (default: settings.vllm.api_key_file, else "
+             "secrets_dir/vllm-PORT.key, written by `loraplane vllm serve`)"),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
     import asyncio
     import logging
+    from urllib.parse import urlsplit
 
+    from loraplane.kernel import kafka
+    from loraplane.kernel.secrets import SecretError, read_secret
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
+    kafka.act_as(kafka.Principal.worker)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
+    key_file = vllm_api_key_file or settings.vllm_api_key_path(urlsplit(vllm_url).port or 80)
+    try:
+        vllm_api_key = read_secret(key_file, "start vLLM with `loraplane vllm serve`, which "
+                                             "writes it, or pass --vllm-api-key-file")
+    except SecretError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
     options = WorkerOptions(
         worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
         gateway_port=gateway_port, metrics_port=metrics_port,
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s, registry_refresh_s=registry_refresh_s,
-        model_dir=model_dir)
+        model_dir=model_dir, vllm_api_key=vllm_api_key)
     asyncio.run(serve_worker(settings, options))
 
 
@@ -77,14 +91,20 @@ def serve(
                                           help="model folder (default: the tiny model)"),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     max_loras: int = typer.Option(2, "--max-loras"),
+    api_key_file: Path | None = typer.Option(
+        None, "--api-key-file", help="the API key its worker sends (made, mode 0600, when "
+                                     "missing; default: secrets_dir/vllm-PORT.key)"),
 ) -> None:
-    """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C."""
+    """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C. Every path
+    under /v1 needs the API key; /health and /metrics stay open."""
     import signal
     import time
 
+    from loraplane.kernel.secrets import ensure_secret
     from loraplane.workers.vllm_process import VllmProcess, vllm_python
 
     settings = get_settings()
+    api_key = ensure_secret(api_key_file or settings.vllm_api_key_path(port))
     if model_dir is None:
         from loraplane.tiny_model import build_model
 
@@ -93,7 +113,7 @@ def serve(
             build_model(model_dir)
     proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
                        python=vllm_python(ROOT), max_loras=max_loras,
-                       max_lora_rank=max_lora_rank)
+                       max_lora_rank=max_lora_rank, api_key=api_key)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with proc:
         typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")

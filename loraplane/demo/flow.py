@@ -249,7 +249,7 @@ def run_demo(base: Settings, options: DemoOptions, console: Console) -> bool:
         steps.run("local stack: Kafka, ClickHouse, S3 (loraplane stack up)",
                   lambda: stack_command("up"))
         started_stack = True
-    space = RunSpace.fresh(base.home, "demo")
+    space = RunSpace.fresh(base.home, "demo", secrets_dir=base.secrets_dir)
     artifacts = Artifacts(base.home / "demo")
     system_options = SystemOptions(fake_vllm=options.fake_vllm)
     workers = workers_memory_allows(options.workers, memory_available_bytes())

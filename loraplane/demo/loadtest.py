@@ -294,10 +294,12 @@ class LoadTestResult:
 def _moto(supervisor: Supervisor, settings: Settings) -> tuple[str, Callable[[], None]]:
     """A moto S3 server of this run's own, with the bucket; and how to stop it."""
     port = free_port()
-    child = supervisor.start("moto-private", [sys.executable, "-m", "moto.server", "-H",
-                                              LOOPBACK, "-p", str(port)])
+    s3 = settings.s3  # the same key as the stack's S3 (its children already have it)
+    child = supervisor.start("moto-private", [
+        sys.executable, "-m", "loraplane.infra.s3_server", "--port", str(port),
+        "--access-key-id", s3.access_key_id, "--secret-file", str(s3.credentials_file)])
     url = f"http://{LOOPBACK}:{port}"
-    supervisor.wait_ready(child, lambda: http_ok(url + "/moto-api/"), 60, "serving")
+    supervisor.wait_ready(child, lambda: http_ok(url + "/_health"), 60, "serving")
     from loraplane.workers.artifact_fetch import s3_client
 
     s3_client(settings.s3.model_copy(update={"endpoint_url": url, "port": port})
@@ -314,7 +316,7 @@ def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: boo
     if not stack_healthy():
         steps.run("local stack (loraplane stack up)", lambda: stack_command("up"))
         started_stack = True
-    space = RunSpace.fresh(base.home, "loadtest")
+    space = RunSpace.fresh(base.home, "loadtest", secrets_dir=base.secrets_dir)
     artifacts = Artifacts(base.home / "demo")
     options = SystemOptions(fake_vllm=fake_vllm)
     try:

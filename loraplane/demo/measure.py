@@ -93,7 +93,7 @@ def fetch(settings: Settings, since: datetime, until: datetime,
     from loraplane.metrics.clickhouse import connect
 
     params = _params(since, until, adapter_ids)
-    client = connect(settings)
+    client = connect(settings, reader=True)
     try:
         return Recorded(
             requests=[RequestRow(*r) for r in client.execute(REQUESTS_SQL, params)],
@@ -110,7 +110,7 @@ def fetch(settings: Settings, since: datetime, until: datetime,
 def request_count(settings: Settings, since: datetime, until: datetime) -> int:
     from loraplane.metrics.clickhouse import connect
 
-    client = connect(settings)
+    client = connect(settings, reader=True)
     try:
         return int(client.execute(COUNT_SQL, _params(since, until, ()))[0][0])
     finally:

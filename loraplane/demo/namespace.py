@@ -25,14 +25,17 @@ class RunSpace:
     topic_prefix: str
     database: str
     s3_endpoint_url: str | None = None  # None: the stack's S3
+    secrets_dir: Path | None = None  # the stack's credentials (None: each child's default)
 
     @classmethod
-    def fresh(cls, root: Path, kind: str, now: datetime | None = None) -> RunSpace:
-        """A new namespace under ``root`` (the state dir) for a run of ``kind``."""
+    def fresh(cls, root: Path, kind: str, now: datetime | None = None,
+              secrets_dir: Path | None = None) -> RunSpace:
+        """A new namespace under ``root`` (the state dir) for a run of ``kind``; its children
+        log in to the stack with the credentials in ``secrets_dir``."""
         stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
         run_id = f"{kind}-{stamp}-{secrets.token_hex(2)}"
         return cls(run_id=run_id, home=root / kind / "runs" / run_id, topic_prefix=run_id,
-                   database="lp_" + run_id.replace("-", "_"))
+                   database="lp_" + run_id.replace("-", "_"), secrets_dir=secrets_dir)
 
     def with_s3(self, endpoint_url: str) -> RunSpace:
         return replace(self, s3_endpoint_url=endpoint_url)
@@ -44,6 +47,8 @@ class RunSpace:
                "PYTHONUNBUFFERED": "1"}
         if self.s3_endpoint_url:
             env["LORAPLANE_S3__ENDPOINT_URL"] = self.s3_endpoint_url
+        if self.secrets_dir is not None:
+            env["LORAPLANE_SECRETS_DIR"] = str(self.secrets_dir)
         return env
 
     def child_env(self) -> dict[str, str]:

@@ -27,6 +27,7 @@ from loraplane.demo.supervisor import Supervisor
 from loraplane.infra.processes import free_port
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import LOOPBACK, Settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.registry import AdapterView
@@ -150,6 +151,16 @@ class LiveSystem:
         self.cli(f"keys-{publisher}", *args, timeout_s=60)
         return path
 
+    def generate_planner_key(self) -> Path:
+        """The planner's command-signing key (role planner) at the planner key path of this
+        run's home, its public key in the keyring the workers verify commands with."""
+        path = self.space.home / "keys" / "planner.key"
+        self.cli("keys-planner", "keys", "generate", "--publisher", "planner", "--role",
+                 "planner", "--key-id", f"planner-{self.space.run_id}", "--scope", "tenant:*",
+                 "--scope", "action:*", "--out", str(path), "--keyring",
+                 str(self.space.keyring_path), timeout_s=60)
+        return path
+
     def add_api_key(self, tenant: str) -> str:
         return self.cli("api-keys", "worker", "add-key", "--tenant", tenant,
                         timeout_s=60).strip()
@@ -166,21 +177,29 @@ class LiveSystem:
         return self.supervisor.wait_ready(child, self.supervisor.log_contains(
             child, "sink started"), 90, "started")
 
+    def vllm_key_file(self, url: str) -> Path:
+        """The API key of the vLLM at ``url``: made for it, read by its worker only."""
+        return self.space.home / "secrets" / f"vllm-{url.rsplit(':', 1)[1]}.key"
+
     def start_vllms(self, count: int) -> list[str]:
-        """Start ``count`` vLLM servers (real or FAKE) side by side, then wait for each."""
+        """Start ``count`` vLLM servers (real or FAKE) side by side, then wait for each;
+        each has its own random API key (a 0600 file of this run)."""
         started = []
         for index in range(1, count + 1):
             port = free_port()
             model, slots = str(self.artifacts.model_dir), str(self.options.gpu_slots)
+            key_file = self.vllm_key_file(f"http://{LOOPBACK}:{port}")
+            ensure_secret(key_file)
             if self.options.fake_vllm:
                 name = f"fake-vllm-{index}"
                 argv = [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", model,
-                        "--port", str(port), "--max-loras", slots,
+                        "--port", str(port), "--max-loras", slots, "--api-key-file",
+                        str(key_file),
                         "--token-delay-ms", str(self.options.fake_token_delay_ms)]
             else:
                 name = f"vllm-{index}"
                 argv = [LORAPLANE, "vllm", "serve", "--port", str(port), "--model", model,
-                        "--max-loras", slots]
+                        "--max-loras", slots, "--api-key-file", str(key_file)]
             started.append((self.supervisor.start(name, argv), f"http://{LOOPBACK}:{port}"))
         for child, url in started:
             self.supervisor.wait_ready(child, partial(http_ok, url + "/health"), 300, "healthy")
@@ -191,7 +210,8 @@ class LiveSystem:
         port = free_port()
         child = self.supervisor.start(f"worker-{worker_id}", [
             LORAPLANE, "worker", "run", "--worker-id", worker_id, "--base-model", BASE_MODEL,
-            "--vllm-url", vllm_url, "--gateway-port", str(port),
+            "--vllm-url", vllm_url, "--vllm-api-key-file", str(self.vllm_key_file(vllm_url)),
+            "--gateway-port", str(port),
             "--model-dir", str(self.artifacts.model_dir),
             "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
             "--heartbeat-s", str(self.options.heartbeat_s),
@@ -219,6 +239,8 @@ class LiveSystem:
         self.publisher_key = steps.run(
             "publisher key + keyring (loraplane keys generate)",
             lambda: self.generate_key("ci"), lambda p: str(p))
+        steps.run("planner command key + keyring (loraplane keys generate --role planner)",
+                  self.generate_planner_key, lambda p: str(p))
         steps.run("tenants' priority ceiling: platinum (loraplane keys tenant)",
                   lambda: [self.cli(f"tenant-{t}", "keys", "tenant", "--keyring",
                                     str(self.space.keyring_path), "--tenant", t,

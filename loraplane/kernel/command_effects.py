@@ -21,6 +21,13 @@ A pinned copy never moves down a tier: ``demote_to_host`` of a pinned GPU copy a
 ``evict`` of any pinned copy are refused (``Refusal.pinned``) and change nothing, so the
 planner unpins before it unloads.
 
+A *protected* copy (``never_evict_rule``: a serving version for which a policy
+``never_evict_when`` condition holds on its registry record, such as a platinum tenant or a
+live canary) refuses ``unpin``, ``demote_to_host`` and ``evict`` too (``Refusal.protected``),
+whatever its pin says: its pin is derived from the registry and the policy, not commanded.
+The worker folds with it (``workers.reconcile``) and the planner expects it
+(``streams.planner._apply``), so a signed command cannot take such a copy off the GPU either.
+
 Why ``pin`` and ``demote_to_host`` of a copy that is not there bring it to the host tier
 (the planner used to treat them as no-ops): the worker folds a command into its *desired*
 state, before and without looking at vLLM or its host tier, so "no intent" there does not
@@ -31,12 +38,15 @@ expects the same (and counts the bytes such a copy takes on the host tier).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from typing import Literal
 
+from loraplane.kernel.policy import Condition, Policy
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 
 Tier = Literal["gpu", "host", "gone"]
@@ -61,6 +71,7 @@ class Refusal(StrEnum):
     """Why a command changes nothing."""
 
     pinned = "pinned"  # it would move a pinned copy down a tier
+    protected = "protected"  # it would unpin, demote or evict a never-evict copy
 
 
 @dataclass(frozen=True)
@@ -101,14 +112,50 @@ class Effect:
     refused: Refusal | None = None
 
 
+UNPROTECTING = frozenset({CommandAction.unpin, CommandAction.demote_to_host,
+                          CommandAction.evict})
+"""The actions a protected copy refuses."""
+
+
 @cache
-def effect(action: CommandAction, before: Copy) -> Effect:
-    """What ``action`` does to ``before``. Cached: there are only 6 x 6 cases, and the
-    planner asks once per command it issues (~30k on a cold tick)."""
+def effect(action: CommandAction, before: Copy, protected: bool = False) -> Effect:
+    """What ``action`` does to ``before``; ``protected``: the copy is never-evict. Cached:
+    there are only 6 x 6 x 2 cases, and the planner asks once per command it issues (~30k
+    on a cold tick)."""
     after = TABLE[action].target(before)
+    if protected and before.present and action in UNPROTECTING:
+        return Effect(before, Refusal.protected)
     if before.pinned and LEVEL[after.tier] < LEVEL[before.tier]:
         return Effect(before, Refusal.pinned)
     return Effect(after)
+
+
+SERVING = frozenset({AdapterStatus.active, AdapterStatus.canary})
+
+
+def record_facts(record: AdapterRecord) -> dict[str, float | str | None]:
+    """The condition facts a registry record alone decides (``kernel.policy.FACTS``), in the
+    form the planner's columns give them (``streams.planner_columns``); the others
+    (request-derived) are unknown, so a clause on them does not hold."""
+    return {"status": str(record.status), "canary_percent": record.release.canary_percent,
+            "tenant_priority": str(record.priority)}
+
+
+def never_evict_rule(record: AdapterRecord | None,
+                     conditions: tuple[Condition, ...]) -> Condition | None:
+    """The first ``never_evict_when`` condition that holds for a serving ``record``
+    (``Condition.holds``, the planner's own evaluation), or None."""
+    if record is None or record.status not in SERVING:
+        return None
+    facts = record_facts(record)
+    return next((c for c in conditions if c.holds(facts)), None)
+
+
+def protected_cap(policy: Policy, slots: int) -> int:
+    """How many never-evict versions may be protected (pinned, ranked first, refusing to move
+    down) on ``slots`` GPU slots: the planner's cap per base model and each worker's own.
+    Rounded up so that a share of a slot is a slot; the tolerance keeps ``0.3 * 10`` at 3."""
+    return max(1, math.ceil(round(policy.max_protected_gpu_share * slots, 9)))
 
 
 @cache

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from loraplane.kernel.policy import Policy
+from loraplane.kernel.secrets import read_secret
 from loraplane.schemas.base import Identifier
 
 LOOPBACK = "127.0.0.1"
@@ -33,6 +34,17 @@ class KafkaSettings(_Section):
     version: str = "4.1.1"
     scala_version: str = "2.13"
     heap: str = "768m"
+    username: str | None = Field(
+        None, description="SASL/SCRAM user of this process. Unset: the principal its runtime "
+                          "picks (loraplane.kernel.kafka.act_as) from credentials_dir.")
+    password_file: Path | None = Field(
+        None, description="The file (mode 0600) holding username's password; required with "
+                          "username. Never put a password in the config itself.")
+    credentials_dir: Path | None = Field(
+        None, description="One <principal>.password file per principal, as the local stack "
+                          "writes them (default: secrets_dir/kafka). When it does not "
+                          "exist and username is unset, clients speak PLAINTEXT.")
+    sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
 
     @property
     def bootstrap(self) -> str:
@@ -45,8 +57,24 @@ class ClickHouseSettings(_Section):
     http_port: int = 18123
     interserver_port: int = 19009
     database: str = "loraplane"
-    user: str = "default"
-    password: str = ""
+    user: str = Field("loraplane", description="the writer: the metrics sink, migrations")
+    password: SecretStr | None = Field(
+        None, description="default: the file secrets_dir/clickhouse-USER (stack up makes it)")
+    reader_user: str = Field("loraplane_reader",
+                             description="read-only (readonly=2): report, dashboard, queries")
+    reader_password: SecretStr | None = None
+    secrets_dir: Path | None = Field(None, description="default: Settings.secrets_dir")
+
+    def login(self, *, reader: bool = False) -> tuple[str, str]:
+        """User and password of the writer (or the read-only reader); read when connecting."""
+        user, given = ((self.reader_user, self.reader_password) if reader
+                       else (self.user, self.password))
+        if given is not None:
+            return user, given.get_secret_value()
+        return user, read_secret(self.password_file(user))
+
+    def password_file(self, user: str) -> Path:
+        return (self.secrets_dir or Path(".loraplane/secrets")) / f"clickhouse-{user}"
 
 
 class S3Settings(_Section):
@@ -55,11 +83,25 @@ class S3Settings(_Section):
     bucket: str = "loraplane-artifacts"
     region: str = "us-east-1"
     access_key_id: str = "loraplane"
-    secret_access_key: str = "loraplane-secret"
+    secret_access_key: SecretStr | None = Field(
+        None, description="default: the file credentials_file (stack up makes it)")
+    credentials_file: Path | None = Field(None, description="default: secrets_dir/s3-secret")
     allowed_prefixes: list[str] = Field(
         default_factory=lambda: ["s3://loraplane-artifacts/"],
         description="Only artifacts under these URI prefixes may ever be fetched.",
     )
+
+    def secret(self) -> str:
+        """The secret access key of ``access_key_id``; read when a client is made."""
+        if self.secret_access_key is not None:
+            return self.secret_access_key.get_secret_value()
+        return read_secret(self.credentials_file or Path(".loraplane/secrets/s3-secret"))
+
+
+class VllmSettings(_Section):
+    api_key_file: Path | None = Field(
+        None, description="vLLM's API key (VLLM_API_KEY) file; default: one per vLLM port, "
+                          "secrets_dir/vllm-PORT.key, made by `loraplane vllm serve`.")
 
 
 class HttpLimits(_Section):
@@ -95,13 +137,21 @@ class Settings(BaseSettings):
     keyring_path: Path = Field(
         default_factory=lambda data: data["home"] / "keyring.yaml",
         description="Publishers' public keys the registry trusts; re-read when it changes.")
+    planner_key_path: Path = Field(
+        default_factory=lambda data: data["home"] / "keys" / "planner.key",
+        description="The planner's private key file (mode 0600) that signs cache commands; "
+                    "its public key is in the keyring with role planner.")
     schedules_path: Path = Field(
         default_factory=lambda data: data["home"] / "schedules.yaml",
         description="Known traffic peaks to prewarm for (streams.schedules); re-read when "
                     "it changes.")
+    secrets_dir: Path = Field(
+        default_factory=lambda data: data["home"] / "secrets",
+        description="Local services' credentials (mode 0600 files, loraplane.kernel.secrets).")
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
     policy: Policy = Field(default_factory=Policy)
     base_model_aliases: dict[str, Identifier] = Field(
         default_factory=dict,
@@ -114,7 +164,7 @@ class Settings(BaseSettings):
                           "home/gateway-secret; created with mode 0600 when missing).")
     router_secret_file: Path | None = Field(
         None, description="The fleet routers' HMAC secret for forwarded tenants, shared with "
-                          "the worker gateways (default: home/router-secret; the router "
+                          "the worker gateways (default: secrets_dir/router-secret; the router "
                           "creates it with mode 0600 when missing).")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
@@ -130,6 +180,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls))
 
+    @model_validator(mode="after")
+    def _secret_paths(self) -> Settings:
+        """The sections that read secrets find them under ``secrets_dir`` unless told."""
+        if self.clickhouse.secrets_dir is None:
+            self.clickhouse.secrets_dir = self.secrets_dir
+        if self.s3.credentials_file is None:
+            self.s3.credentials_file = self.secrets_dir / "s3-secret"
+        if self.kafka.credentials_dir is None:
+            self.kafka.credentials_dir = self.secrets_dir / "kafka"
+        return self
+
+    def vllm_api_key_path(self, port: int) -> Path:
+        """The API key of the vLLM on ``port``: the server and its worker read one file."""
+        return self.vllm.api_key_file or self.secrets_dir / f"vllm-{port}.key"
+
     @property
     def api_keys_path(self) -> Path:
         return self.api_keys_file or self.home / "api-keys.json"
@@ -140,7 +205,7 @@ class Settings(BaseSettings):
 
     @property
     def router_secret_path(self) -> Path:
-        return self.router_secret_file or self.home / "router-secret"
+        return self.router_secret_file or self.secrets_dir / "router-secret"
 
     @property
     def state_dir(self) -> Path:

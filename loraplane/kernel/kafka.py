@@ -10,8 +10,11 @@ is imported by processes that never talk to Kafka.
 
 from __future__ import annotations
 
+import stat
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, TypedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -40,8 +43,100 @@ class OffsetReset(StrEnum):
     """Only what arrives after joining: latency probes that time their own messages."""
 
 
+class KafkaAuthError(RuntimeError):
+    """This process's Kafka credentials are missing or unsafe (the text says which file)."""
+
+
+class Principal(StrEnum):
+    """The Kafka users of a loraplane stack; what each may do is the ACL table of
+    ``loraplane.kernel.acls`` (docs/security.md). A runtime names its own with ``act_as``."""
+
+    ops = "ops"
+    """Super user: the stack, ``topics apply`` (topics and ACLs), operator tools, tests."""
+    streams = "streams"
+    """The Faust app: the only writer of registry, commands, scores, audit, decisions."""
+    worker = "worker"
+    """A worker agent and its gateway: request logs, worker state, cache events."""
+    metrics = "metrics"
+    """The metrics sink: reads the event topics into ClickHouse."""
+    reader = "reader"
+    """Read-only tools (``registry list``)."""
+    router = "router"
+    """A fleet router (``loraplane router run``): reads worker states and the registry."""
+
+
+_acting_as = Principal.ops
+
+
+def act_as(principal: Principal) -> None:
+    """Pick the principal this process uses when ``kafka.username`` is unset. Called once by
+    each runtime's entry point, before it builds a client; everything else (the CLI, tests)
+    stays ``ops``."""
+    global _acting_as
+    _acting_as = principal
+
+
+def acting_as() -> Principal:
+    return _acting_as
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str = field(repr=False)  # never in a repr, a log line or an error
+
+
+def password_path(settings: Settings, principal: Principal | str) -> Path:
+    """Where the local stack keeps ``principal``'s password."""
+    folder = settings.kafka.credentials_dir or settings.secrets_dir / "kafka"
+    return folder / f"{principal}.password"
+
+
+def read_password(path: Path) -> str:
+    """A password file's content; refused unless only its owner can read it (0600), so a
+    copied or hand-made file with loose permissions fails loudly instead of leaking."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise KafkaAuthError(f"kafka password file {path} does not exist") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KafkaAuthError(f"kafka password file {path} is readable by others "
+                             f"(mode {stat.filemode(mode)}); chmod 600 it")
+    password = path.read_text().strip()
+    if not password:
+        raise KafkaAuthError(f"kafka password file {path} is empty")
+    return password
+
+
+def credentials(settings: Settings) -> Credentials | None:
+    """This process's SASL identity: ``kafka.username`` with its ``password_file``, else the
+    acting principal's file in the credentials folder, else None (PLAINTEXT: a broker
+    without SASL, as unit tests and bare setups have)."""
+    k = settings.kafka
+    if k.username is not None:
+        if k.password_file is None:
+            raise KafkaAuthError("kafka.username is set but kafka.password_file is not")
+        return Credentials(k.username, read_password(k.password_file))
+    path = password_path(settings, _acting_as)
+    if not path.parent.is_dir():
+        return None
+    return Credentials(str(_acting_as), read_password(path))
+
+
+def credentials_env(settings: Settings) -> dict[str, str]:
+    """What a child process with another home (a test's, a benchmark's) needs in its
+    environment to find the stack's password files; it still acts as its own principal."""
+    folder = password_path(settings, Principal.ops).parent
+    return {"LORAPLANE_KAFKA__CREDENTIALS_DIR": str(folder)}
+
+
 def _common(settings: Settings, client_id: str | None, quiet: bool) -> Config:
     conf: Config = {"bootstrap.servers": settings.kafka.bootstrap}
+    creds = credentials(settings)
+    if creds is not None:
+        conf |= {"security.protocol": "SASL_PLAINTEXT",
+                 "sasl.mechanism": settings.kafka.sasl_mechanism,
+                 "sasl.username": creds.username, "sasl.password": creds.password}
     if client_id is not None:
         conf["client.id"] = client_id
     if quiet:
@@ -147,13 +242,24 @@ class FaustBroker(TypedDict):
     consumer_auto_offset_reset: str
     broker_session_timeout: float
     broker_heartbeat_interval: float
+    broker_credentials: NotRequired[Any]  # faust.SASLCredentials, when the broker has SASL
 
 
 def faust_broker(settings: Settings) -> FaustBroker:
     """The Faust app's clients, on the same guarantees as ours: acks=all (-1) and a new
     group reads from the earliest offset. A killed worker's partitions move to its
     successor after 10 s, not Faust's 60 s default: the planner must not stay silent for a
-    minute after a crash (the heartbeat must stay well under the session timeout)."""
-    return FaustBroker(broker=f"kafka://{settings.kafka.bootstrap}", producer_acks=-1,
-                       consumer_auto_offset_reset=OffsetReset.earliest.value,
-                       broker_session_timeout=10.0, broker_heartbeat_interval=2.0)
+    minute after a crash (the heartbeat must stay well under the session timeout). With
+    credentials, aiokafka authenticates with the same SCRAM mechanism as our own clients."""
+    broker = FaustBroker(broker=f"kafka://{settings.kafka.bootstrap}", producer_acks=-1,
+                         consumer_auto_offset_reset=OffsetReset.earliest.value,
+                         broker_session_timeout=10.0, broker_heartbeat_interval=2.0)
+    creds = credentials(settings)
+    if creds is not None:
+        import faust
+        from faust.types.auth import SASLMechanism
+
+        broker["broker_credentials"] = faust.SASLCredentials(
+            username=creds.username, password=creds.password,
+            mechanism=SASLMechanism(settings.kafka.sasl_mechanism))
+    return broker

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from loraplane.kernel import kafka
+from loraplane.kernel import acls, kafka
+from loraplane.kernel.kafka import Principal
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -36,6 +37,8 @@ class TopicSpec:
     key: str
     cleanup_policy: Literal["delete", "compact"] = "delete"
     retention_ms: int | None = None  # only for "delete"; FOREVER keeps everything
+    writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
+    readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
     def configs(self) -> dict[str, str]:
         """The topic-level configs we own; anything else stays at the broker default."""
@@ -47,26 +50,36 @@ class TopicSpec:
 
 TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("requests", 6, "request logs from gateways and workers", "adapter_id",
-              retention_ms=7 * DAY_MS),
+              retention_ms=7 * DAY_MS,
+              writers=(Principal.worker,)),
     TopicSpec("lifecycle", 3, "signed lifecycle events from CI (publish ... revoke)",
               "adapter_id", retention_ms=FOREVER),
     TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
-              cleanup_policy="compact"),
+              cleanup_policy="compact",
+              writers=(Principal.streams,), readers=(Principal.worker, Principal.router)),
     TopicSpec("scores", 6, "hot-score state per adapter version (the scoring agent's "
               "changelog, written in transactions)", "adapter_id@version",
-              cleanup_policy="compact"),
+              cleanup_policy="compact",
+              writers=(Principal.streams,)),
     TopicSpec("commands", 6, "cache commands: prewarm / pin / demote / evict", "worker_id",
-              retention_ms=DAY_MS),
+              retention_ms=DAY_MS,
+              writers=(Principal.streams,), readers=(Principal.worker,)),
     TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",
-              cleanup_policy="compact"),
+              cleanup_policy="compact",
+              writers=(Principal.worker,), readers=(Principal.router,)),
     TopicSpec("cache-events", 6, "what workers actually loaded and evicted", "adapter_id",
-              retention_ms=7 * DAY_MS),
+              retention_ms=7 * DAY_MS,
+              writers=(Principal.worker,)),
     TopicSpec("audit", 3, "who did what to which adapter", "adapter_id",
-              retention_ms=90 * DAY_MS),
+              retention_ms=90 * DAY_MS,
+              writers=(Principal.streams,)),
     TopicSpec("dead-letters", 3, "records no consumer could process", "source key",
-              retention_ms=30 * DAY_MS),
+              retention_ms=30 * DAY_MS,
+              writers=(Principal.streams, Principal.worker, Principal.metrics,
+                       Principal.router)),
     TopicSpec("decisions", 3, "planner decisions with their inputs", "base_model",
-              retention_ms=30 * DAY_MS),
+              retention_ms=30 * DAY_MS,
+              writers=(Principal.streams,)),
     TopicSpec("stack-health", 1, "stack up's produce/consume readiness probe", "none",
               retention_ms=HOUR_MS),
 )
@@ -82,7 +95,18 @@ def spec(suffix: str) -> TopicSpec:
 
 def topic_name(settings: Settings, suffix: str) -> str:
     """The full topic name, e.g. ``topic_name(s, "requests") == "loraplane.requests"``."""
-    return f"{settings.topic_prefix}.{spec(suffix).suffix}"
+    return every_topic(settings) + spec(suffix).suffix
+
+
+def access(settings: Settings) -> list[acls.TopicAccess]:
+    """Who writes and reads each declared topic of ``settings.topic_prefix``."""
+    return [acls.TopicAccess(topic_name(settings, t.suffix), t.writers, t.readers)
+            for t in TOPICS]
+
+
+def every_topic(settings: Settings) -> str:
+    """The name prefix every topic of ``settings.topic_prefix`` starts with."""
+    return f"{settings.topic_prefix}."
 
 
 @dataclass(frozen=True)
@@ -193,4 +217,5 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         futures += admin.incremental_alter_configs(resources, request_timeout=timeout).values()
     for future in futures:
         future.result(timeout=timeout)
+    acls.apply(settings, admin, access(settings), every_topic(settings), timeout)
     return changes

@@ -22,13 +22,15 @@ def checked_database(name: str) -> str:
 
 
 def connect(settings: Settings, *, database: str | None = None, timeout_s: float = 10.0,
-            ) -> Client:
+            reader: bool = False) -> Client:
     """A native-protocol client for ``settings.clickhouse``; ``database=""`` connects to the
-    server's default database (needed before ours exists)."""
+    server's default database (needed before ours exists). ``reader``: the read-only login
+    (reports, dashboards), which can neither write nor change the schema."""
     from clickhouse_driver import Client
 
     c = settings.clickhouse
     db = c.database if database is None else database
-    return Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password,
+    user, password = c.login(reader=reader)
+    return Client(host=c.host, port=c.tcp_port, user=user, password=password,
                   database=checked_database(db) if db else "default",
                   connect_timeout=min(timeout_s, 5.0), send_receive_timeout=timeout_s)

@@ -58,9 +58,12 @@ class Env:
         topics.apply(settings)
         kit = make_kit(now_utc())
         save_keyring(kit.keyring, settings.keyring_path)
+        kit.keys["planner"].save(settings.planner_key_path)  # the planner agent signs with it
         return cls(settings, kit, home, {
             **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
-            "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)})
+            "LORAPLANE_SECRETS_DIR": str(stack.secrets_dir),
+            "LORAPLANE_KEYRING_PATH": str(settings.keyring_path),
+            "LORAPLANE_PLANNER_KEY_PATH": str(settings.planner_key_path)})
 
     def start(self, agents: tuple[str, ...] = ("loraplane.streams.registry_agent",)) -> None:
         """Start ``loraplane streams run`` with ``agents`` (empty: every agent)."""

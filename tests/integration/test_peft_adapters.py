@@ -34,6 +34,7 @@ from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_model
 from tests.integration.registry_env import LORAPLANE, Env, wait_for
@@ -86,8 +87,9 @@ class Fleet:
         self.env = {**self.registry.env, "LORAPLANE_BASE_MODEL_ALIASES": json.dumps(aliases),
                     "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         self.key = tmp / "ci.key"
+        self.vllm_key = ensure_secret(tmp / "vllm.key")  # vLLM's; the agent gets the file
         self.vllm = VllmProcess(self.model_dir, free_port(), tmp / "vllm.log",
-                                python=ROOT / ".venv-vllm/bin/python")
+                                python=ROOT / ".venv-vllm/bin/python", api_key=self.vllm_key)
         self.worker_id = f"w-{uuid.uuid4().hex[:8]}"
         self.gateway_port = free_port()
         self.agent: subprocess.Popen[bytes] | None = None
@@ -103,7 +105,8 @@ class Fleet:
         log = (self.tmp / "agent.log").open("ab")
         self.agent = subprocess.Popen(
             [LORAPLANE, "worker", "run", "--worker-id", self.worker_id, "--base-model",
-             TINY_BASE_MODEL, "--vllm-url", self.vllm.url, "--gateway-port",
+             TINY_BASE_MODEL, "--vllm-url", self.vllm.url, "--vllm-api-key-file",
+             str(self.tmp / "vllm.key"), "--gateway-port",
              str(self.gateway_port), "--host-tier-dir", str(self.tmp / "host"), "--model-dir",
              str(self.model_dir), "--tick-s", "0.2", "--heartbeat-s", "1",
              "--registry-refresh-s", "1"],
@@ -118,16 +121,18 @@ class Fleet:
     def load(self, record: AdapterRecord) -> None:
         now = now_utc()
         produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
-                     CacheCommand(command_id=f"load-{uuid.uuid4().hex[:12]}",
+                     self.registry.kit.keys["planner"].sign_command(CacheCommand(
+                                  command_id=f"load-{uuid.uuid4().hex[:12]}",
                                   worker_id=self.worker_id, action=CommandAction.load_gpu,
                                   base_model=TINY_BASE_MODEL, tenant_id=TENANT,
                                   adapter_id=record.adapter_id, version=record.version,
                                   sha256=record.sha256, lora_name=record.lora_name,
                                   reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                                  deadline=now + timedelta(minutes=5)))
+                                  deadline=now + timedelta(minutes=1))))
 
     def loaded(self) -> set[str]:
-        data = requests.get(self.vllm.url + "/v1/models", timeout=5).json()["data"]
+        data = requests.get(self.vllm.url + "/v1/models", timeout=5, headers={
+            "Authorization": f"Bearer {self.vllm_key}"}).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
 
     def complete(self, url: str, model: str, headers: dict[str, str]) -> str:
@@ -217,5 +222,6 @@ def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
              timeout_s=120)
     auth = {"Authorization": f"Bearer {API_KEY}"}
     texts = {a: fleet.complete(fleet.gateway, a, auth) for a in records}
-    base = fleet.complete(fleet.vllm.url, str(fleet.model_dir), {})
+    base = fleet.complete(fleet.vllm.url, str(fleet.model_dir),
+                          {"Authorization": f"Bearer {fleet.vllm_key}"})
     assert len({base, *texts.values()}) == 3, (base, texts)

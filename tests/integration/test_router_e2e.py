@@ -34,6 +34,7 @@ from loraplane.workers.api_keys import key_digest
 from loraplane.kernel import topics
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
+from loraplane.kernel.secrets import ensure_secret, secret_key
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 from tests.integration.test_worker_e2e import (
@@ -63,6 +64,7 @@ class Fleet:
     router_url: str = ""
     gateways: dict[str, int] = field(default_factory=dict)
     vllms: dict[str, str] = field(default_factory=dict)
+    vllm_keys: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def spawn(self, name: str, args: list[str]) -> None:
@@ -84,15 +86,18 @@ class Fleet:
 
     def load(self, wid: str, rec: AdapterRecord) -> None:
         now = now_utc()
-        produce_sync(self.settings, topic_name(self.settings, "commands"), wid, CacheCommand(
-            command_id=f"load-{uuid.uuid4().hex[:12]}", worker_id=wid,
-            action=CommandAction.load_gpu, base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
-            adapter_id=rec.adapter_id, version=rec.version, sha256=rec.sha256,
-            lora_name=rec.lora_name, reason=CommandReason(rule=CommandRule.hot_score),
-            issued_at=now, deadline=now + timedelta(minutes=5)))
+        produce_sync(self.settings, topic_name(self.settings, "commands"), wid,
+                     KIT.keys["planner"].sign_command(CacheCommand(
+                         command_id=f"load-{uuid.uuid4().hex[:12]}", worker_id=wid,
+                         action=CommandAction.load_gpu, base_model=TINY_BASE_MODEL,
+                         tenant_id=rec.tenant_id, adapter_id=rec.adapter_id,
+                         version=rec.version, sha256=rec.sha256, lora_name=rec.lora_name,
+                         reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
+                         deadline=now + timedelta(minutes=1))))
 
     def adapters_on(self, wid: str) -> set[str]:
-        data = requests.get(self.vllms[wid] + "/v1/models", timeout=5).json()["data"]
+        data = requests.get(self.vllms[wid] + "/v1/models", timeout=5, headers={
+            "Authorization": f"Bearer {self.vllm_keys[wid]}"}).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
 
     def ask(self, adapter: str, key: str = KEY_A) -> requests.Response:
@@ -127,9 +132,7 @@ def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
         save_keyring(KIT.keyring, home / "keyring.yaml")
-        secret = home / "router-secret"
-        secret.write_bytes(os.urandom(32))
-        secret.chmod(0o600)
+        secret_key(home / "secrets" / "router-secret")  # the routers' and gateways' one secret
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
                "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml"),
                "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
@@ -139,8 +142,11 @@ def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         for wid in WORKERS:
             port, gw = free_port(), free_port()
             f.vllms[wid], f.gateways[wid] = f"http://127.0.0.1:{port}", gw
+            # where `worker run` looks for its vLLM's key (secrets_dir/vllm-PORT.key)
+            f.vllm_keys[wid] = ensure_secret(home / "secrets" / f"vllm-{port}.key")
             f.spawn(f"vllm-{wid}", [sys.executable, "-m", "loraplane.workers.fake_vllm",
-                                    "--model", str(model_dir), "--port", str(port)])
+                                    "--model", str(model_dir), "--port", str(port),
+                                    "--api-key-file", str(home / "secrets" / f"vllm-{port}.key")])
             wait_for(lambda u=f.vllms[wid]: _up(u + "/health"), 30, "FAKE vLLM")
             f.spawn(wid, [LORAPLANE, "worker", "run", "--worker-id", wid, "--base-model",
                           TINY_BASE_MODEL, "--vllm-url", f.vllms[wid], "--gateway-port",
@@ -190,15 +196,17 @@ def test_the_official_openai_client(fleet: Fleet) -> None:
     assert {m.id for m in client.models.list()} == {"sql", "chat"}
     done = client.completions.create(model="sql", prompt="hello", max_tokens=4)
     assert done.choices and done.choices[0].text
+    assert done.model == "sql"  # the adapter id asked for: never a lora name or a path
     chat = client.chat.completions.create(
         model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    assert chat.choices[0].message.content
+    assert chat.choices[0].message.content and chat.model == "sql"
     chunks = list(client.chat.completions.create(
         model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
         stream_options={"include_usage": True}))
     assert any(c.choices and c.choices[0].delta.content for c in chunks)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert not chunks[-1].choices
+    assert {c.model for c in chunks} == {"sql"}
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-adapter", prompt="x", max_tokens=2)
 

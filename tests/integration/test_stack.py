@@ -79,7 +79,8 @@ def test_clickhouse_create_insert_select(stack: Settings) -> None:
     from clickhouse_driver import Client
 
     c = stack.clickhouse
-    client = Client(host=c.host, port=c.tcp_port, user=c.user, password=c.password)
+    user, password = c.login()
+    client = Client(host=c.host, port=c.tcp_port, user=user, password=password)
     table = f"{c.database}.test_stack_{uuid.uuid4().hex[:8]}"
     client.execute(f"CREATE TABLE {table} (adapter_id String, hits UInt32) "
                    "ENGINE = MergeTree ORDER BY adapter_id")
@@ -90,6 +91,70 @@ def test_clickhouse_create_insert_select(stack: Settings) -> None:
     finally:
         client.execute(f"DROP TABLE {table}")
         client.disconnect()
+
+
+def test_clickhouse_reader_reads_only_and_nobody_logs_in_without_a_password(
+        stack: Settings) -> None:
+    """The reader (report, dashboard) can query, with settings, and cannot write or change
+    the schema; `default`, no password and a wrong password are refused; users.xml holds
+    only digests."""
+    from clickhouse_driver import Client, errors
+
+    from loraplane.metrics.clickhouse import connect
+
+    c = stack.clickhouse
+    reader = connect(stack, reader=True)
+    try:
+        assert reader.execute("SELECT 1", settings={"max_execution_time": 5}) == [(1,)]
+        for sql in (f"INSERT INTO {c.database}.requests SELECT * FROM {c.database}.requests "
+                    "LIMIT 0", f"CREATE TABLE {c.database}.nope (a UInt8) ENGINE = Memory",
+                    f"DROP DATABASE {c.database}", "SET readonly = 0"):
+            with pytest.raises(errors.ServerException) as refused:
+                reader.execute(sql)
+            assert refused.value.code == 164, sql  # READONLY: "Cannot execute query in
+            # readonly mode"
+    finally:
+        reader.disconnect()
+    reader_user, reader_password = c.login(reader=True)
+    for user, password in (("default", ""), (c.user, ""), (reader_user, "wrong")):
+        with pytest.raises(errors.ServerException) as denied:
+            Client(host=c.host, port=c.tcp_port, user=user, password=password,
+                   connect_timeout=2).execute("SELECT 1")
+        assert denied.value.code in (192, 193, 194, 516), (user, denied.value)  # unknown
+        # user, wrong or required password (516: AUTHENTICATION_FAILED in current releases)
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError):  # anonymous over HTTP too
+        urllib.request.urlopen(f"http://{c.host}:{c.http_port}/?query=SELECT%201", timeout=5)
+    users_xml = (stack.home / "clickhouse" / "users.xml").read_text()
+    assert "<password_sha256_hex>" in users_xml and reader_password not in users_xml
+    for user in (c.user, reader_user):
+        assert c.password_file(user).stat().st_mode & 0o077 == 0
+
+
+def test_s3_refuses_wrong_or_missing_credentials(stack: Settings) -> None:
+    """Only the stack's key is accepted; an unsigned request and the moto API are refused."""
+    import urllib.error
+    import urllib.request
+
+    from botocore.exceptions import ClientError
+    from loraplane.infra.s3 import S3
+    from pydantic import SecretStr
+
+    for s3 in (stack.s3.model_copy(update={"secret_access_key": SecretStr("wrong-secret")}),
+               stack.s3.model_copy(update={"access_key_id": "someone-else"})):
+        with pytest.raises(ClientError) as refused:
+            S3(stack.model_copy(update={"s3": s3})).client().list_objects_v2(
+                Bucket=stack.s3.bucket)
+        assert refused.value.response["Error"]["Code"] in (
+            "SignatureDoesNotMatch", "InvalidAccessKeyId"), refused.value
+    for path in (f"/{stack.s3.bucket}?list-type=2", "/moto-api/reset-auth"):
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(stack.s3.endpoint_url + path, timeout=5)
+        assert denied.value.code == 403
+    assert stack.s3.credentials_file is not None
+    assert stack.s3.credentials_file.stat().st_mode & 0o077 == 0
 
 
 def test_s3_put_and_get(stack: Settings) -> None:

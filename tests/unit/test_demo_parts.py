@@ -21,7 +21,7 @@ from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import GatewayRouter, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
 from loraplane.demo.traces import DEFAULT_TRACE
-from loraplane.kernel.config import Settings
+from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.simulator.scenario import Burst, Peak
 
 TRACE = DEFAULT_TRACE
@@ -84,6 +84,12 @@ def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:
     assert space.log_dir == tmp_path / "demo" / "logs" / space.run_id
     env = space.child_env()
     assert env["LORAPLANE_HOME"] == str(space.home) and "LORAPLANE_KEYRING_PATH" not in env
+    assert "LORAPLANE_SECRETS_DIR" not in env
+    stacked = RunSpace.fresh(tmp_path, "demo", secrets_dir=tmp_path / "secrets")
+    assert stacked.child_env()["LORAPLANE_SECRETS_DIR"] == str(tmp_path / "secrets")
+    # one folder of credentials: a child that is given it finds the Kafka passwords there too
+    child = Settings(home=space.home, secrets_dir=tmp_path / "secrets", kafka=KafkaSettings())
+    assert child.kafka.credentials_dir == tmp_path / "secrets" / "kafka"
 
 
 DETACHING = """

@@ -8,11 +8,13 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loraplane.kernel import kafka
-from loraplane.kernel.config import Settings
+from loraplane.kernel import acls, kafka, topics
+from loraplane.kernel.config import KafkaSettings, Settings
+from loraplane.kernel.topics import TOPICS, topic_name
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORY = ROOT / "loraplane" / "kernel" / "kafka.py"
@@ -101,7 +103,8 @@ def test_the_scan_sees_every_way_around_the_factory() -> None:
     assert findings_in(fine, "fine.py") == []
 
 
-SETTINGS = Settings()
+# No credentials folder: these pin the PLAINTEXT configurations, whatever stack runs here.
+SETTINGS = Settings(kafka=KafkaSettings(credentials_dir=ROOT / "tests" / "no-such-folder"))
 BOOTSTRAP = SETTINGS.kafka.bootstrap
 
 
@@ -186,3 +189,95 @@ def test_librdkafka_accepts_every_configuration() -> None:
                               static_member="t-1", read_to_end=True, quiet=True,
                               offset_reset=kafka.OffsetReset.latest)
     consumer.close()
+
+
+def _stack_settings(tmp_path: Path) -> Settings:
+    """Settings whose credentials folder holds one 0600 password file per principal."""
+    settings = Settings(home=tmp_path, secrets_dir=tmp_path / "secrets",
+                        kafka=KafkaSettings())  # not a session env var's
+    for principal in kafka.Principal:
+        path = kafka.password_path(settings, principal)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"pw-of-{principal}\n")
+        path.chmod(0o600)
+    return settings
+
+
+def test_with_a_credentials_folder_every_client_authenticates_as_its_runtime(
+        tmp_path: Path) -> None:
+    settings = _stack_settings(tmp_path)
+    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256"}
+    assert kafka.admin_config(settings).items() >= {
+        **sasl, "sasl.username": "ops", "sasl.password": "pw-of-ops"}.items()
+    try:
+        kafka.act_as(kafka.Principal.worker)
+        for conf in (kafka.producer_config(settings), kafka.consumer_config(settings, "g")):
+            assert conf.items() >= {**sasl, "sasl.username": "worker",
+                                    "sasl.password": "pw-of-worker"}.items()
+        creds = kafka.faust_broker(settings)["broker_credentials"]
+        assert (creds.username, creds.password) == ("worker", "pw-of-worker")
+        assert creds.mechanism.value == "SCRAM-SHA-256"
+        assert creds.protocol.value == "SASL_PLAINTEXT"
+    finally:
+        kafka.act_as(kafka.Principal.ops)
+
+
+def test_an_explicit_username_wins_and_its_password_never_shows(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-value")
+    secret.chmod(0o600)
+    settings = Settings(home=tmp_path, kafka=KafkaSettings(
+        username="ci-publisher", password_file=secret, sasl_mechanism="SCRAM-SHA-512"))
+    conf = kafka.producer_config(settings)
+    assert (conf["sasl.username"], conf["sasl.password"]) == ("ci-publisher", "s3cret-value")
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert "s3cret-value" not in repr(kafka.credentials(settings))
+    assert "s3cret-value" not in repr(settings)
+
+
+def test_unsafe_or_missing_password_files_are_refused(tmp_path: Path) -> None:
+    settings = _stack_settings(tmp_path)
+    loose = kafka.password_path(settings, kafka.Principal.ops)
+    loose.chmod(0o644)
+    with pytest.raises(kafka.KafkaAuthError, match="readable by others"):
+        kafka.producer_config(settings)
+    loose.unlink()
+    with pytest.raises(kafka.KafkaAuthError, match="does not exist"):
+        kafka.producer_config(settings)
+    with pytest.raises(kafka.KafkaAuthError, match="password_file is not"):
+        kafka.admin_config(Settings(home=tmp_path, kafka=KafkaSettings(username="u")))
+
+
+def test_a_copy_moved_to_another_home_keeps_the_stacks_passwords(tmp_path: Path) -> None:
+    settings = _stack_settings(tmp_path / "stack")
+    moved = settings.model_copy(update={"home": tmp_path / "run"})
+    assert kafka.admin_config(moved)["sasl.password"] == "pw-of-ops"
+    assert kafka.credentials_env(moved) == {
+        "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(tmp_path / "stack" / "secrets" / "kafka")}
+
+
+def _writers(grants: list[acls.Grant], topic: str) -> set[kafka.Principal]:
+    return {g.principal for g in grants if g.resource is acls.Resource.topic
+            and g.operation in (acls.Operation.write, acls.Operation.all)
+            and (g.name == topic or (g.pattern is acls.Pattern.prefixed
+                                     and topic.startswith(g.name)))}
+
+
+def test_only_the_streams_app_writes_registry_and_commands() -> None:
+    grants = acls.grants(SETTINGS, topics.access(SETTINGS), topics.every_topic(SETTINGS))
+    for suffix in ("registry", "commands", "scores", "audit", "decisions"):
+        assert _writers(grants, topic_name(SETTINGS, suffix)) == {kafka.Principal.streams}
+    for suffix in ("requests", "worker-state", "cache-events"):
+        assert _writers(grants, topic_name(SETTINGS, suffix)) == {kafka.Principal.worker}
+    assert _writers(grants, topic_name(SETTINGS, "lifecycle")) == set()  # ops only
+    assert not [g for g in grants if g.principal is kafka.Principal.reader
+                and g.operation is not acls.Operation.read]
+    assert not [g for g in grants if g.principal is kafka.Principal.ops]  # a super user
+    assert {t.suffix for t in TOPICS} >= {"registry", "commands"}
+
+
+def test_the_acl_table_is_per_prefix() -> None:
+    other = SETTINGS.model_copy(update={"topic_prefix": "t-1"})
+    names = {g.name for g in acls.grants(other, topics.access(other), topics.every_topic(other))
+             } - {acls.READER_GROUP_PREFIX}
+    assert names and all(n.startswith("t-1") for n in names)

@@ -39,6 +39,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
+    ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     # what of a request body may reach vLLM, its caps, salts and tenant limits
     ("loraplane.workers.request_fields", DECISIONS),
     # version and worker choice, and the forwarded-tenant HMAC: the gateway and the router

@@ -13,9 +13,10 @@ from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.streams.planner import Plan, WorkerMemory, plan, protected_cap
+from loraplane.streams.planner import Plan, WorkerMemory, plan
 from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
 
+from loraplane.kernel.command_effects import protected_cap
 from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0
@@ -246,6 +247,26 @@ def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -
     assert {c.lora_name for c in cmds(p, CommandAction.load_gpu)} == {r.lora_name for r in hot}
     assert not cmds(p, CommandAction.pin)
     assert set(p.gpu) == {plats[0].lora_name, plats[1].lora_name, *(r.lora_name for r in hot)}
+
+
+def test_copies_a_worker_holds_protected_keep_their_place_even_over_the_cap() -> None:
+    """A worker refuses every move down of a copy it reports ``protected`` (its own
+    never-evict rule), so the planner ranks those first and never asks: here the worker
+    protects the two least-used platinum versions; they stay, the busier platinum ones are
+    the ones unprotected, and no unpin, demote or evict names a protected copy."""
+    plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(4)]
+    hot = [record(f"hot{i}") for i in range(2)]
+    w = worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats})
+    held = {plats[2].lora_name, plats[3].lora_name}
+    w = w.model_copy(update={"adapters": [a.model_copy(update={"protected": a.lora_name in held})
+                                          for a in w.adapters]})
+    p = plan(views(*plats, *hot), scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01,
+                                         hot0=5, hot1=5), [w], POLICY, NOW)
+    down = (CommandAction.unpin, CommandAction.demote_to_host, CommandAction.evict)
+    assert not {c.lora_name for c in p.commands if c.action in down} & held
+    assert {c.lora_name for c in cmds(p, CommandAction.unpin)} == {plats[0].lora_name,
+                                                                   plats[1].lora_name}
+    assert held <= set(p.gpu)
 
 
 def test_protected_cap_ties_go_by_lora_name_and_idle_over_cap_versions_are_demoted() -> None:

@@ -124,3 +124,38 @@ def test_classify_plain_text_and_json() -> None:
     assert classify(500, "LoRA rank 16 is greater than max_lora_rank 8").reason == \
         "rank_too_large"
     assert classify(418, "teapot").reason == "unexpected_status"
+
+
+@session_loop
+async def test_the_api_key_guards_v1_like_vllm(adapters: dict[str, Path]) -> None:
+    """With a key, the FAKE refuses /v1/* without it (401, vLLM's body) and leaves /health
+    and /metrics open, as vLLM's AuthenticationMiddleware does; the client with the key
+    loads, lists and completes, on both its HTTP paths (aiohttp and the upstream pool)."""
+    server = TestServer(FakeVllm("/models/tiny", api_key="k-123").app(), host="127.0.0.1")
+    await server.start_server()
+    base = str(server.make_url("/"))
+    keyed, keyless, wrong = (VllmClient(base, timeout_s=2, api_key=k)
+                             for k in ("k-123", None, "k-12"))
+    try:
+        for refused in (keyless, wrong):
+            with pytest.raises(VllmError) as err:
+                await refused.load("a1@1-00000000", str(adapters["a1"]))
+            assert err.value.status == 401 and err.value.message == "Unauthorized"
+            with pytest.raises(VllmError):
+                await refused.models()
+            assert await refused.health()
+        async with keyless._http().get(base + "metrics") as resp:
+            assert resp.status == 200
+        await keyed.load("a1@1-00000000", str(adapters["a1"]))
+        assert [m.id for m in await keyed.models()] == ["/models/tiny", "a1@1-00000000"]
+        body = {"model": "a1@1-00000000", "prompt": "hi", "max_tokens": 2}
+        async with keyed.completion("/v1/completions", body) as resp:
+            assert resp.status == 200
+        with pytest.raises(VllmError) as err:
+            async with wrong.completion("/v1/completions", body):
+                pass
+        assert err.value.status == 401
+    finally:
+        for c in (keyed, keyless, wrong):
+            await c.close()
+        await server.close()

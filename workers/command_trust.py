@@ -1,0 +1,87 @@
+"""Is this cache command the planner's, for this worker, and fresh? Decided by the worker,
+where the command is used, before it is folded into the desired state (pure: no I/O).
+
+Anyone who can write to the commands topic can put bytes there, so a decoded command is
+trusted only when all of these hold, checked in this order (the first failure is the
+reason, ``schemas.reasons.CommandRejection``):
+
+1. it is for this worker: the Kafka key and ``worker_id`` both name it (``wrong_worker``) —
+   a planner-signed command copied onto another worker's key is refused here;
+2. it is signed (``unsigned``) by a key in the keyring (``keyring_unavailable``,
+   ``unknown_key``) whose role is ``planner`` (``key_role_mismatch``: a CI key cannot sign
+   commands), not revoked, inside its validity window (``key_revoked``, ``key_expired``,
+   ``key_not_yet_valid``), and the Ed25519 signature over ``CacheCommand.signed_bytes()``
+   (domain ``loraplane.command.v1``: a lifecycle signature never verifies) is good
+   (``bad_signature``: any field edited after signing), for a tenant in the key's scope
+   (``tenant_out_of_scope``);
+3. it is fresh: not issued ahead of the worker's clock by more than the skew
+   (``command_from_future``), its deadline at most the policy's ``command_deadline_s``
+   (plus skew) after ``issued_at`` (``command_lifetime_too_long``) and not passed
+   (``command_expired``). So a signed command can be replayed only until its deadline, and
+   until then the worker remembers its id (``reconcile.remember``) and refuses it as
+   ``replayed_command``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole
+from loraplane.schemas.reasons import CommandRejection as Reason
+from loraplane.schemas.signing import public_key, verify
+
+CLOCK_SKEW_S = 30.0
+"""How far the planner's clock may run ahead of a worker's."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: Reason
+    detail: str
+
+
+def check_command(cmd: CacheCommand, keyring: Keyring | None, *, worker_id: str,
+                  kafka_key: bytes | None, now: datetime, max_lifetime_s: float,
+                  skew_s: float = CLOCK_SKEW_S) -> Rejected | None:
+    """None when ``cmd`` may be folded; else why not."""
+    if kafka_key != worker_id.encode() or cmd.worker_id != worker_id:
+        return Rejected(Reason.wrong_worker,
+                        f"command for {cmd.worker_id!r} (key {kafka_key!r}), this is "
+                        f"{worker_id!r}")
+    if not cmd.signature or not cmd.key_id:
+        return Rejected(Reason.unsigned, "command carries no signature")
+    if keyring is None:
+        return Rejected(Reason.keyring_unavailable, "the keyring could not be read")
+    entry: KeyEntry | None = keyring.get(cmd.key_id)
+    if entry is None:
+        return Rejected(Reason.unknown_key, f"key_id {cmd.key_id!r} is not in the keyring")
+    if entry.role is not KeyRole.planner:
+        return Rejected(Reason.key_role_mismatch,
+                        f"key {entry.key_id} is a {entry.role} key, not a planner key")
+    if entry.revoked:
+        return Rejected(Reason.key_revoked, f"key {entry.key_id} is revoked")
+    problem = entry.window_problem(now)
+    if problem == "expired":
+        return Rejected(Reason.key_expired, f"key {entry.key_id} expired {entry.not_after}")
+    if problem == "not_yet_valid":
+        return Rejected(Reason.key_not_yet_valid,
+                        f"key {entry.key_id} is valid from {entry.not_before}")
+    if not verify(cmd, public_key(entry.public_key)):
+        return Rejected(Reason.bad_signature,
+                        f"signature does not verify with key {entry.key_id}")
+    if not entry.scopes.allows_tenant(cmd.tenant_id):
+        return Rejected(Reason.tenant_out_of_scope,
+                        f"key {entry.key_id} may not command tenant {cmd.tenant_id}")
+    skew = timedelta(seconds=skew_s)
+    if cmd.issued_at > now + skew:
+        return Rejected(Reason.command_from_future, f"issued_at {cmd.issued_at} is ahead of "
+                        f"{now}")
+    if cmd.deadline - cmd.issued_at > timedelta(seconds=max_lifetime_s) + skew:
+        return Rejected(Reason.command_lifetime_too_long,
+                        f"deadline {cmd.deadline} is more than {max_lifetime_s:.0f}s after "
+                        f"issued_at {cmd.issued_at}")
+    if cmd.deadline < now:
+        return Rejected(Reason.command_expired, f"deadline {cmd.deadline} has passed")
+    return None
