@@ -112,7 +112,7 @@ def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     prefix = f"lp-router-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log")
+    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
     moto.start()
     f: Fleet | None = None
     try:
@@ -127,7 +127,7 @@ def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                              "tenant-b", AdapterStatus.active)}
         write_registry(settings, list(records.values()))
         home = tmp / "home"
-        home.mkdir()
+        home.mkdir(exist_ok=True)
         keys = tmp / "api-keys.json"
         keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
                         f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
