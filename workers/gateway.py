@@ -14,13 +14,15 @@ once, so a batch burst cannot take the cold-load budget from interactive traffic
 is the agent's estimate, else the class's own ``retry_after_s``. The chosen lora name is held
 for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
 off. A RequestLog goes to Kafka through the non-blocking sink after the response is written.
-The gateway sees its worker only through ``workers.serving.Serving``.
+The gateway sees its worker only through ``workers.serving.Serving``. Behind a fleet router
+(workers/router.py) the tenant may instead come as ``X-Loraplane-Tenant``, believed only
+with the router's valid HMAC (workers/forwarded.py; a 401 otherwise); every other check
+still runs here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import os
@@ -38,7 +40,9 @@ from loraplane.schemas.reasons import LoadDeferral, RequestRefusal, VllmErrorCod
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
+from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, verify
 from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, cache_salt
+from loraplane.workers.routing import choose_version
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmError
@@ -49,6 +53,23 @@ _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
+
+
+class _ModelName:
+    """vLLM names what it served as ``model``: the internal lora name, or on the base
+    fallback the base model's local path. The client is told the adapter id it asked for
+    (version and tier travel in headers), so neither a path nor a lora name leaks. A byte
+    replace of the serialised field, not a re-encode: cheap per streamed event, and text
+    inside a JSON string never matches (its quotes are escaped)."""
+
+    def __init__(self, served: str, asked: str) -> None:
+        old, new = json.dumps(served).encode(), json.dumps(asked).encode()
+        self.pairs = [(sep + old, sep + new) for sep in (b'"model":', b'"model": ')]
+
+    def __call__(self, raw: bytes) -> bytes:
+        for old, new in self.pairs:
+            raw = raw.replace(old, new)
+        return raw
 
 
 @dataclass
@@ -137,25 +158,6 @@ class ColdLoadSlots:
         self._freed = asyncio.Event()
 
 
-def canary_bucket(adapter_id: str, session_key: str) -> float:
-    """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
-    digest = hashlib.sha256(f"{adapter_id}\x00{session_key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 10_000 / 100
-
-
-def choose_version(versions: list[AdapterRecord], *, session_key: str,
-                   request_class: RequestClass) -> AdapterRecord | None:
-    """Active, or the canary for its share of sessions (always for class ``canary``)."""
-    active = next((r for r in versions if r.status == AdapterStatus.active), None)
-    canary = next((r for r in versions
-                   if r.status == AdapterStatus.canary and r.release.canary_percent > 0), None)
-    if canary is not None and (
-            request_class == RequestClass.canary or active is None
-            or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent):
-        return canary
-    return active
-
-
 def request_caps(budgets: RequestBudgets, request_class: RequestClass) -> RequestCaps:
     """The caps of a request class; shadow follows batch."""
     if request_class == RequestClass.interactive:
@@ -174,7 +176,7 @@ def _error(status: int, code: str, message: str, param: str | None = None,
 class Gateway:
     def __init__(self, worker: Serving, *, api_keys: KeyLookup, budgets: RequestBudgets,
                  sink: EventSink, cache_secret: bytes | None = None,
-                 max_body_bytes: int = 1024 * 1024,
+                 router_secret: bytes | None = None, max_body_bytes: int = 1024 * 1024,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
         self.api_keys = api_keys
@@ -184,6 +186,9 @@ class Gateway:
         # never logged; without one (tests) a random secret per process: salts still differ
         # per tenant, only the prefix cache does not survive a gateway restart
         self._cache_secret = cache_secret if cache_secret else os.urandom(32)
+        # a tenant forwarded by a fleet router is believed only under this secret's HMAC
+        # (workers/forwarded.py); without one, only API keys are
+        self._router_secret = router_secret
         self._salts: dict[str, str] = {}
         self._clock = clock
         self._gate = TenantGate(budgets.tenants, clock)
@@ -223,7 +228,9 @@ class Gateway:
     async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
         request_id = request.headers.get("X-Request-Id", "")[:128] or self._new_id()
-        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
+        forwarded = request.headers.get(TENANT_HEADER)
+        tenant = forwarded if forwarded is not None else self.api_keys.tenant(
+            request.headers.get("Authorization"))
         if tenant is None:
             return _error(401, "unauthorized", "missing or unknown API key")
         try:
@@ -236,6 +243,11 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             return _error(413, RequestRefusal.body_too_large,
                           f"the body is over {self.max_body_bytes} bytes")
+        if forwarded is not None and not verify(
+                self._router_secret, forwarded, request.headers.get("X-Request-Id", ""), raw,
+                request.headers.get(SIGNATURE_HEADER), time.time()):
+            return _error(401, "unauthorized", "a forwarded tenant needs a valid router "
+                          "signature")
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
@@ -366,9 +378,10 @@ class Gateway:
         with self.worker.serving(served_name):
             try:
                 async with self.worker.upstream.completion(path, upstream) as resp:
+                    rename = _ModelName(served_name, trace.adapter_id)
                     if trace.stream:
-                        return await self._stream(request, resp, headers, trace)
-                    raw = await resp.read()
+                        return await self._stream(request, resp, headers, trace, rename)
+                    raw = rename(await resp.read())
                     trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
                     self._usage(raw, trace)
                     return web.Response(body=raw, status=200, headers=headers,
@@ -380,8 +393,8 @@ class Gateway:
                 return _error(502, exc.reason.failure, exc.message)
 
     async def _stream(self, request: web.Request, resp: UpstreamResponse,
-                      headers: dict[str, str],
-                      trace: _Trace) -> web.StreamResponse:
+                      headers: dict[str, str], trace: _Trace,
+                      rename: _ModelName) -> web.StreamResponse:
         out = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
@@ -399,7 +412,7 @@ class Gateway:
                         continue  # we asked for it, the client did not
                 if event.startswith(b"data: ") and event != b"data: [DONE]":
                     events += 1
-                passed.append(event + b"\n\n")
+                passed.append(rename(event) + b"\n\n")
             if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
                 passed.append(pending)
                 pending = b""

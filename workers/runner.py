@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import secrets
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
+from loraplane.kernel.secrets import SecretError, secret_key
 
 log = logging.getLogger("loraplane.worker")
 
@@ -91,22 +90,21 @@ async def _site(settings: Settings, app: web.Application, port: int, name: str
     return runner
 
 
-def gateway_secret(path: Path) -> bytes:
-    """The gateway's cache-salt secret: 32 random bytes made once (mode 0600), never logged.
-    A file that is not a secret (empty, short, readable by others) stops the start."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    mode = path.stat().st_mode
-    if mode & 0o077:
-        raise SystemExit(f"{path}: the gateway secret must not be readable by others "
-                         f"(mode {oct(mode & 0o777)}; chmod 600)")
-    secret = path.read_bytes()
-    if len(secret) < 16:
-        raise SystemExit(f"{path}: the gateway secret must be at least 16 bytes")
-    return secret
+def gateway_secret(path: Path, what: str = "gateway secret") -> bytes:
+    """An HMAC key file (``kernel.secrets.secret_key``: made once, mode 0600, never logged):
+    the gateway's cache-salt secret, the router secret. One that is not a secret (short,
+    readable by others) stops the start with the reason."""
+    try:
+        return secret_key(path)
+    except SecretError as exc:
+        raise SystemExit(f"the {what}: {exc}") from None
+
+
+def router_secret(settings: Settings) -> bytes | None:
+    """The fleet routers' secret when this host has one (then a forwarded tenant signed
+    with it is believed, workers/forwarded.py); without the file, API keys only."""
+    path = settings.router_secret_path
+    return gateway_secret(path, "router secret") if path.exists() else None
 
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
@@ -129,6 +127,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink,
                       cache_secret=gateway_secret(settings.gateway_secret_path),
+                      router_secret=router_secret(settings),
                       max_body_bytes=settings.http.max_body_bytes)
     feed = KafkaCommandFeed(settings, options.worker_id, sink,
                             keyring=KeyringFile(settings.keyring_path),

@@ -276,13 +276,15 @@ class UpstreamPool:
         self._slots = asyncio.Semaphore(limit)
 
     async def request(self, method: str, path: str, body: bytes, *,
-                      total_timeout_s: float) -> UpstreamResponse:
+                      total_timeout_s: float, headers: bytes = b"") -> UpstreamResponse:
         """Send ``body`` (JSON) and wait for the answer's head; the caller closes it. Every
-        wait for the answer, head and body, ends by ``total_timeout_s`` from now."""
+        wait for the answer, head and body, ends by ``total_timeout_s`` from now.
+        ``headers``: extra header lines, each ending in CRLF (the caller's own values, which
+        must hold no CR or LF)."""
         if not _PATH.match(path):
             raise ValueError(f"not a request path: {path!r}")
         request = b"".join((
-            f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header,
+            f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header, headers,
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body))
         deadline = asyncio.get_running_loop().time() + total_timeout_s
         await self._slots.acquire()

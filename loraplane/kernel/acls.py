@@ -87,6 +87,7 @@ def grants(settings: Settings, declared: Sequence[TopicAccess],
         Grant(Principal.streams, Resource.transactional_id, pre, f"{p}-scoring",
               Operation.write),
         Grant(Principal.worker, group, pre, f"{p}-worker-", Operation.read),
+        Grant(Principal.router, group, pre, f"{p}-router-", Operation.read),
         Grant(Principal.metrics, group, pre, f"{p}.metrics-sink", Operation.read),
     ]
     out += [Grant(who, group, pre, READER_GROUP_PREFIX, Operation.read)

@@ -162,6 +162,10 @@ class Settings(BaseSettings):
     gateway_secret_file: Path | None = Field(
         None, description="The gateway's secret for per-tenant cache salts (default: "
                           "home/gateway-secret; created with mode 0600 when missing).")
+    router_secret_file: Path | None = Field(
+        None, description="The fleet routers' HMAC secret for forwarded tenants, shared with "
+                          "the worker gateways (default: secrets_dir/router-secret; the router "
+                          "creates it with mode 0600 when missing).")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
 
@@ -198,6 +202,10 @@ class Settings(BaseSettings):
     @property
     def gateway_secret_path(self) -> Path:
         return self.gateway_secret_file or self.home / "gateway-secret"
+
+    @property
+    def router_secret_path(self) -> Path:
+        return self.router_secret_file or self.secrets_dir / "router-secret"
 
     @property
     def state_dir(self) -> Path:

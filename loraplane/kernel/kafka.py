@@ -61,6 +61,8 @@ class Principal(StrEnum):
     """The metrics sink: reads the event topics into ClickHouse."""
     reader = "reader"
     """Read-only tools (``registry list``)."""
+    router = "router"
+    """A fleet router (``loraplane router run``): reads worker states and the registry."""
 
 
 _acting_as = Principal.ops

@@ -29,8 +29,7 @@ def ensure_secret(path: Path, nbytes: int = 24) -> str:
     return read_secret(path)
 
 
-def read_secret(path: Path, hint: str = "run `loraplane stack up`") -> str:
-    """The secret in ``path`` (stripped); SecretError when it is absent or not private."""
+def _private(path: Path, hint: str) -> None:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -38,6 +37,24 @@ def read_secret(path: Path, hint: str = "run `loraplane stack up`") -> str:
     if mode & 0o077:
         raise SecretError(f"{path}: must not be readable by others (mode {oct(mode & 0o777)};"
                           " chmod 600)")
+
+
+def secret_key(path: Path, min_bytes: int = 16) -> bytes:
+    """An HMAC key file's bytes (the gateway's cache-salt secret, the router secret), made
+    like ``ensure_secret`` when missing; any bytes an operator wrote are kept as they are.
+    SecretError when it is readable by others or shorter than ``min_bytes``."""
+    if not path.exists():
+        ensure_secret(path, 32)
+    _private(path, "it is made when missing")
+    key = path.read_bytes()
+    if len(key) < min_bytes:
+        raise SecretError(f"{path}: must be at least {min_bytes} bytes")
+    return key
+
+
+def read_secret(path: Path, hint: str = "run `loraplane stack up`") -> str:
+    """The secret in ``path`` (stripped); SecretError when it is absent or not private."""
+    _private(path, hint)
     value = path.read_text().strip()
     if not value:
         raise SecretError(f"{path}: secret file is empty ({hint})")

@@ -41,7 +41,7 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.api_keys import key_digest
-from loraplane.workers.gateway import canary_bucket
+from loraplane.workers.routing import canary_bucket
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload

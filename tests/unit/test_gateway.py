@@ -33,8 +33,9 @@ from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
 from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
 from loraplane.workers.fake_vllm import FakeVllm
-from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway, canary_bucket
+from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
+from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient
@@ -231,12 +232,14 @@ async def test_cold_interactive_falls_back_then_loads(world: World) -> None:
     assert status == 200 and headers[FALLBACK_HEADER] == "base"
     base_text = world.fake.generate("", "q", 4)
     assert body["choices"][0]["text"] == "".join(base_text)
+    assert body["model"] == "sql"  # what the client asked for, never the base model's path
     for _ in range(100):
         if world.agent.is_hot(sql.lora_name):
             break
         await asyncio.sleep(0.02)
-    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    status, headers, body = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == sql.lora_name
+    assert body["model"] == "sql"  # not the internal lora name
     tiers = [log.tier_at_arrival for log in world.sink.of(RequestLog)]
     assert tiers == [Tier.base_fallback, Tier.gpu]
 
@@ -263,6 +266,7 @@ async def test_streaming_chat_passes_through(world: World) -> None:
         raw = (await resp.read()).decode()
     chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]" and len(chunks) == 5
+    assert {json.loads(c)["model"] for c in chunks[:-1]} == {"sql"}
     log = world.sink.of(RequestLog)[-1]
     # vLLM's usage record (asked for upstream, not passed on: the client did not ask):
     # 3 tokens, not the 4 SSE events (the role chunk carries none)
@@ -585,7 +589,8 @@ async def test_the_gateway_needs_only_the_serving_interface() -> None:
             async with http.post(url, json={"model": "sql", "prompt": "q"},
                                  headers=AUTH_A) as resp:
                 assert resp.status == 200
-                assert (await resp.json())["model"] == RECORDS[2].lora_name
+                assert (await resp.json())["model"] == "sql"  # upstream said the lora name
+                assert resp.headers["X-Loraplane-Lora-Name"] == RECORDS[2].lora_name
     finally:
         await server.close()
     name = RECORDS[2].lora_name

@@ -42,11 +42,15 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     # what of a request body may reach vLLM, its caps, salts and tenant limits
     ("loraplane.workers.request_fields", DECISIONS),
+    # version and worker choice, and the forwarded-tenant HMAC: the gateway and the router
+    ("loraplane.workers.routing", DECISIONS), ("loraplane.workers.forwarded", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
     ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
+    # the fleet router: its own process, sharing the gateway's edges (keys, registry trust)
+    ("loraplane.workers.router", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),

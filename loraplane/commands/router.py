@@ -1,0 +1,39 @@
+"""``loraplane router``: the fleet router, one OpenAI-compatible endpoint for every worker."""
+
+from __future__ import annotations
+
+import typer
+
+from loraplane.kernel.config import get_settings
+
+router_app = typer.Typer(help="The fleet router in front of the worker gateways.",
+                         no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(router_app, name="router")
+
+
+@router_app.command("run")
+def run(
+    port: int = typer.Option(18100, "--port", help="listen on 127.0.0.1:PORT (0: any free)"),
+    router_id: str = typer.Option("r1", "--router-id",
+                                  help="names its dead letters and registry checkpoints"),
+    heartbeat_s: float = typer.Option(
+        5.0, "--heartbeat-s", help="the workers' heartbeat interval: a worker silent for "
+                                   "three intervals is drained"),
+    registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
+) -> None:
+    """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
+    import asyncio
+    import logging
+
+    from loraplane.kernel import kafka
+    from loraplane.workers.router import RouterOptions, serve_router
+
+    kafka.act_as(kafka.Principal.router)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(serve_router(get_settings(), RouterOptions(
+        port=port, router_id=router_id, heartbeat_s=heartbeat_s,
+        registry_refresh_s=registry_refresh_s)))

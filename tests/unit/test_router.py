@@ -1,0 +1,317 @@
+"""The fleet router: the pure routing decision (workers/routing.py), the forwarded-tenant
+HMAC (workers/forwarded.py) and the router in front of real gateways (workers/router.py),
+in one process with FakeServing workers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.scores import score_key
+from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign, verify
+from loraplane.workers.gateway import Gateway
+from loraplane.workers.router import Fleet, Router, serving_versions
+from loraplane.workers.routing import FleetIndex, RouteKind
+from multidict import CIMultiDict
+
+from loraplane.kernel.bus import Record
+from loraplane.kernel.policy import RequestBudgets
+from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
+from tests.unit.test_planner import (
+    NOW,
+    POLICY,
+    busy,
+    cmds,
+    plan,
+    record,
+    scores,
+    views,
+    worker,
+)
+
+SECRET = b"s" * 32
+
+
+def at(state: WorkerState, ts: float, url: str = "", **update: Any) -> WorkerState:
+    return state.model_copy(update={"ts": datetime.fromtimestamp(ts, UTC),
+                                    "gateway_url": url or f"http://{state.worker_id}", **update})
+
+
+def index(*states: WorkerState, heartbeat_s: float = 5.0) -> FleetIndex:
+    fleet = FleetIndex(POLICY, heartbeat_s)
+    for s in states:
+        fleet.update(s)
+    return fleet
+
+
+# ---- the decision ---------------------------------------------------------------------------
+def test_gpu_copy_then_host_copy_then_free_slot_then_cold_budget() -> None:
+    a = record("a")
+    hot = at(worker("w3", gpu=[a], slots=1), NOW)
+    warm = at(worker("w2", host=[a], slots=1), NOW)
+    empty = at(worker("w1", slots=4), NOW)
+    assert index(hot, warm, empty).route(a, NOW, {}).worker_id == "w3"
+    assert index(warm, empty).route(a, NOW, {}).kind is RouteKind.host
+    route = index(empty, at(worker("w0", slots=2), NOW)).route(a, NOW, {})
+    assert (route.worker_id, route.kind) == ("w1", RouteKind.free_slot)  # most free slots
+    full = at(worker("w4", gpu=[record("x")], slots=1), NOW)
+    route = index(full).route(a, NOW, {})
+    assert (route.worker_id, route.kind) == ("w4", RouteKind.cold_budget)
+
+
+def test_least_in_flight_among_copies_and_drained_and_rank_fit() -> None:
+    a = record("a")
+    w1, w2 = at(worker("w1", gpu=[a]), NOW), at(worker("w2", gpu=[a]), NOW)
+    assert index(w1, w2).route(a, NOW, {"w1": 3, "w2": 1}).worker_id == "w2"
+    assert index(w1, w2).route(a, NOW, {}).worker_id == "w1"  # ties: lowest id
+    stale = at(worker("w1", gpu=[a]), NOW - 16)  # > 3 heartbeats of 5 s
+    assert index(stale, w2).route(a, NOW, {}).worker_id == "w2"
+    assert index(stale).route(a, NOW, {}) is None
+    fleet = index(stale, w2)
+    assert fleet.drain(NOW) == ["w1"] and set(fleet.workers) == {"w2"}
+    big = a.model_copy(update={"rank": 32})
+    small = at(worker("w1", gpu=[a], slots=4), NOW, max_lora_rank=16)
+    assert index(small).route(big, NOW, {}) is None  # never below the adapter's rank
+    assert index(small).route(a, NOW, {}).worker_id == "w1"
+    other_base = at(worker("w9", gpu=[a], base="mistral"), NOW)
+    assert index(other_base).route(a, NOW, {}) is None
+
+
+def test_an_older_state_never_replaces_a_newer_one() -> None:
+    a = record("a")
+    fleet = index(at(worker("w1", gpu=[a]), NOW))
+    fleet.update(at(worker("w1"), NOW - 1))
+    assert fleet.route(a, NOW, {}).kind is RouteKind.gpu
+    fleet.update(at(worker("w1"), NOW + 1))
+    assert fleet.route(a, NOW, {}).kind is RouteKind.free_slot
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4),
+                          st.sampled_from([None, 0.5, 0.95])), min_size=1, max_size=6))
+def test_a_new_copy_goes_where_the_planner_would_load_it(
+        shape: list[tuple[int, int, float | None]]) -> None:
+    """The router's free-slot choice is the planner's rule-5 target for the same fleet (the
+    residents are in demand too, so no other rule frees a slot in the same tick)."""
+    a = record("a")
+    states = []
+    for i, (used, extra, hbm) in enumerate(shape):
+        residents = [record(f"x{i}-{j}") for j in range(used)]
+        states.append(worker(f"w{i}", gpu=residents, slots=used + extra, hbm=hbm))
+    residents = [record(x.adapter_id) for s in states for x in s.adapters]
+    demand = {**scores(a=5.0), **{score_key(r.adapter_id, "1"): busy(1.0) for r in residents}}
+    p = plan(views(a, *residents), demand, states, POLICY, NOW)  # residents stay: hot too
+    loads = [c for c in cmds(p, CommandAction.load_gpu) if c.adapter_id == "a"]
+    route = index(*(at(s, NOW) for s in states)).route(a, NOW, {})
+    if loads:
+        assert route is not None and route.kind is RouteKind.free_slot
+        assert route.worker_id == loads[0].worker_id
+    else:
+        assert route is None or route.kind is RouteKind.cold_budget
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["gpu", "host", "none"]), st.integers(1, 64),
+                          st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=8),
+       st.integers(1, 64))
+def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -> None:
+    """Whatever the fleet: never a drained worker or one whose rank is too small; a GPU copy
+    wins over a host copy, which wins over a new load."""
+    a = record("a").model_copy(update={"rank": rank})
+    states, in_flight = [], {}
+    for i, (tier, max_rank, age, load) in enumerate(fleet):
+        s = worker(f"w{i}", gpu=[a] if tier == "gpu" else [], host=[a] if tier == "host" else [],
+                   slots=2)
+        states.append(at(s, NOW - age, max_lora_rank=max_rank))
+        in_flight[f"w{i}"] = load
+    route = index(*states).route(a, NOW, in_flight)
+    eligible = {f"w{i}": t for i, (t, r, age, _) in enumerate(fleet) if r >= rank and age <= 15}
+    if not eligible:
+        assert route is None
+        return
+    assert route is not None and route.worker_id in eligible
+    best = "gpu" if "gpu" in eligible.values() else "host" if "host" in eligible.values() \
+        else None
+    if best is not None:
+        assert route.kind.value == best and eligible[route.worker_id] == best
+        peers = [w for w, t in eligible.items() if t == best]
+        assert in_flight[route.worker_id] == min(in_flight[w] for w in peers)
+
+
+# ---- the forwarded tenant -------------------------------------------------------------------
+def test_the_signature_binds_tenant_request_body_and_time() -> None:
+    sig = sign(SECRET, "tenant-a", "r1", b"{}", 1000.0)
+    assert verify(SECRET, "tenant-a", "r1", b"{}", sig, 1010.0)
+    assert not verify(SECRET, "tenant-b", "r1", b"{}", sig, 1010.0)
+    assert not verify(SECRET, "tenant-a", "r2", b"{}", sig, 1010.0)
+    assert not verify(SECRET, "tenant-a", "r1", b'{"x":1}', sig, 1010.0)
+    assert not verify(SECRET, "tenant-a", "r1", b"{}", sig, 1031.0)  # expired
+    assert not verify(b"t" * 32, "tenant-a", "r1", b"{}", sig, 1010.0)
+    assert not verify(None, "tenant-a", "r1", b"{}", sig, 1010.0)
+    for junk in ("", "x", "1000.", "abc." + "0" * 64, sig + "0"):
+        assert not verify(SECRET, "tenant-a", "r1", b"{}", junk, 1010.0)
+
+
+# ---- the router in front of gateways --------------------------------------------------------
+@dataclass
+class Stack:
+    router: Router
+    url: str
+    workers: dict[str, FakeServing]
+    sinks: dict[str, ListSink]
+    router_sink: ListSink
+    http: ClientSession
+
+    async def post(self, body: dict[str, Any], path: str = "/v1/completions",
+                   headers: dict[str, str] | None = None) -> tuple[int, CIMultiDict[str], Any]:
+        async with self.http.post(self.url + path, json=body,
+                                  headers=headers if headers is not None else AUTH_A) as resp:
+            raw = await resp.read()
+            return resp.status, CIMultiDict(resp.headers), json.loads(raw) if raw else None
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    sql = RECORDS[2]
+    servers, workers, sinks, states = [], {}, {}, []
+    for wid, hot in (("w1", set()), ("w2", {sql.lora_name}), ("w3", set())):
+        serving = FakeServing(hot=set(hot), worker_id=wid)
+        sink = ListSink()
+        gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink,
+                          router_secret=SECRET)
+        server = TestServer(gateway.app(), host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        workers[wid], sinks[wid] = serving, sink
+        base = worker(wid, gpu=[sql] if hot else [], slots=2, base=sql.base_model)
+        states.append(at(base, datetime.now(UTC).timestamp(),
+                         str(server.make_url("")).rstrip("/"), max_lora_rank=64))
+    router_sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), router_sink, "router-t")
+    for s in states:
+        fleet.index.update(s)
+    fleet.versions = serving_versions(list(RECORDS))
+    router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
+    server = TestServer(router.app(), host="127.0.0.1")
+    await server.start_server()
+    async with ClientSession() as http:
+        yield Stack(router, str(server.make_url("")).rstrip("/"), workers, sinks, router_sink,
+                    http)
+    for s in [server, *servers]:
+        await s.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_requests_for_a_hot_adapter_go_to_its_worker(stack: Stack) -> None:
+    sql = RECORDS[2]
+    for _ in range(5):
+        status, headers, _body = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200
+        assert (headers["X-Loraplane-Worker"], headers["X-Loraplane-Route"]) == ("w2", "gpu")
+        assert headers["X-Loraplane-Adapter-Version"] == sql.version
+        assert headers["X-Loraplane-Tier"] == "gpu"
+    assert stack.workers["w1"].asked == stack.workers["w3"].asked == []  # no cold load
+    assert len(stack.sinks["w2"].of(RequestLog)) == 5  # one log per request, by the gateway
+    assert not stack.router_sink.of(RequestLog)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_cold_adapter_is_loaded_where_the_planner_would_put_it(stack: Stack) -> None:
+    status, headers, _ = await stack.post({"model": "chat", "prompt": "q"})
+    assert status == 200 and headers["X-Loraplane-Route"] == RouteKind.free_slot
+    assert headers["X-Loraplane-Worker"] == "w1"  # 2 free slots, lowest id (w3 has 2 too)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_refusals_before_any_worker(stack: Stack) -> None:
+    assert (await stack.post({"model": "nope", "prompt": "q"}))[0] == 404
+    assert (await stack.post({"model": "other", "prompt": "q"}))[0] == 403
+    assert (await stack.post({"model": "sql", "prompt": "q"}, headers={}))[0] == 401
+    status, _, body = await stack.post({"model": "sql", "prompt": "q", "vllm_xargs": {}})
+    assert status == 400 and body["error"]["param"] == "vllm_xargs"
+    assert (await stack.post({"model": "/etc/passwd", "prompt": "q"}))[0] == 400
+    for sink in stack.sinks.values():
+        assert not sink.of(RequestLog)  # nothing reached a gateway, nothing was logged
+    for w in stack.workers.values():
+        assert w.asked == [] and w.counted == []  # no state for an unknown adapter anywhere
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_no_live_worker_is_503_with_retry_after(stack: Stack) -> None:
+    stack.router._clock = lambda: datetime.now(UTC).timestamp() + 60  # every heartbeat stale
+    status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+    assert status == 503 and headers["Retry-After"] == "5"
+    assert body["error"]["type"] == "no_live_worker"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_gateway_that_is_gone_is_dropped_and_the_request_rerouted(stack: Stack) -> None:
+    sql = RECORDS[2]
+    dead = at(worker("w0", gpu=[sql], base=sql.base_model), datetime.now(UTC).timestamp(),
+              "http://127.0.0.1:9", max_lora_rank=64)  # discard port: refused
+    stack.router.fleet.index.update(dead)
+    status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
+    assert "w0" not in stack.router.fleet.index.workers
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_models_lists_only_the_tenants_adapters(stack: Stack) -> None:
+    async with stack.http.get(stack.url + "/v1/models", headers=AUTH_A) as resp:
+        data = (await resp.json())["data"]
+    assert sorted(m["id"] for m in data) == ["chat", "sql"]
+    async with stack.http.get(stack.url + "/v1/models") as resp:
+        assert resp.status == 401
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_gateway_believes_a_forwarded_tenant_only_when_signed(stack: Stack) -> None:
+    url = stack.router.fleet.index.workers["w2"].state.gateway_url + "/v1/completions"
+    raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    now = datetime.now(UTC).timestamp()
+    good = {TENANT_HEADER: "tenant-a", "X-Request-Id": "r1",
+            SIGNATURE_HEADER: sign(SECRET, "tenant-a", "r1", raw, now),
+            "Content-Type": "application/json"}
+    cases = [(good, 200), ({**good, SIGNATURE_HEADER: "0." + "0" * 64}, 401),
+             ({k: v for k, v in good.items() if k != SIGNATURE_HEADER}, 401),
+             ({**good, TENANT_HEADER: "tenant-b"}, 401),
+             ({**good, **AUTH_A, TENANT_HEADER: "tenant-b"}, 401),  # a key does not help
+             ({**good, "X-Request-Id": "r2"}, 401)]
+    for headers, want in cases:
+        async with stack.http.post(url, data=raw, headers=headers) as resp:
+            assert resp.status == want, headers
+    stale = {**good, SIGNATURE_HEADER: sign(SECRET, "tenant-a", "r1", raw, now - 120)}
+    async with stack.http.post(url, data=raw, headers=stale) as resp:
+        assert resp.status == 401
+
+
+def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
+    sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
+    good = at(worker("w1"), NOW)
+    for key, value in ((b"w1", b"not json"), (b"w1", b'{"worker_id": "w1"}'),
+                       (b"w2", good.model_dump_json().encode())):
+        fleet.take(Record("lp.worker-state", 0, 7, key, value, {}, 0))
+    fleet.take(Record("lp.worker-state", 0, 8, b"w1", good.model_dump_json().encode(), {}, 0))
+    reasons = [d.reason for d in sink.of(DeadLetter)]
+    assert reasons == ["malformed", "invalid", "key_mismatch"]
+    assert set(fleet.index.workers) == {"w1"} and fleet.dead_lettered == 3
+    fleet.take(Record("lp.worker-state", 0, 9, b"w1", None, {}, 0))  # tombstone
+    assert not fleet.index.workers
+
+
+def test_versions_are_newest_first() -> None:
+    chat = serving_versions(list(RECORDS))["chat"]
+    assert [r.version for r in chat] == ["2", "1"]

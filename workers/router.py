@@ -1,0 +1,414 @@
+"""The fleet router (``loraplane router run``): one OpenAI-compatible endpoint for every worker.
+
+A runtime of its own beside the worker agents, stateless apart from what it reads: the
+worker-state topic (``WorkerState`` per worker, into ``workers.routing.FleetIndex``) and the
+registry topic, believed only through the worker's own verification
+(``workers.registry_trust.VerifiedRegistry``: the signed evidence re-folded with the
+router's keyring). Several routers can run side by side behind any L4 balancer: they decide
+alike from the same topics and differ only in their own in-flight counts.
+
+Per request, with the worker gateway's own rules and code: the API key (``ApiKeysFile``,
+hot-reloaded) gives the tenant; ``model`` must be an adapter_id the tenant owns; the body
+passes ``request_fields.admit`` with the class's caps and the tenant's limits
+(``TenantGate``); the version is ``routing.choose_version`` (sticky canary split); the worker
+is ``FleetIndex.route``. The request then goes to that worker's gateway (``gateway_url``)
+with the tenant signed (``workers.forwarded``) instead of the API key, and the gateway's
+answer (status, body, stream, ``Retry-After`` and ``X-Loraplane-*`` headers) comes back as
+it is, plus ``X-Loraplane-Worker`` and ``X-Loraplane-Route``. The gateway keeps every check
+(defence in depth) and writes the request's one RequestLog; the router writes none.
+
+Refused here, before any worker: 401 (key), 400/413 (body), 404 ``unknown_adapter`` (no
+state created: nothing is logged or counted per adapter), 403, 429 (tenant limits), 503 +
+Retry-After (no live worker for the base model). A gateway that refuses the connection is
+dropped from the view and the request is routed once more. A worker state that does not
+decode is dead-lettered (``DecodeReason``), never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+import re
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import ID_PATTERN, version_key
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.dead_letter import dead_letter_at
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.reasons import DecodeReason, RequestRefusal
+from loraplane.schemas.request_log import RequestClass
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.workers.api_keys import KeyLookup
+from loraplane.workers.event_sink import EventSink
+from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.workers.gateway import request_caps
+from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit
+from loraplane.workers.routing import FleetIndex, Route, choose_version
+from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+
+from loraplane.kernel.bus import Record
+from loraplane.kernel.config import Settings
+from loraplane.kernel.policy import RequestBudgets
+
+log = logging.getLogger("loraplane.router")
+_ADAPTER_ID = re.compile(ID_PATTERN)
+_TOKEN = re.compile(r"[\x21-\x7e]{1,128}")  # a header value we may copy into a request head
+WORKER_HEADER = "X-Loraplane-Worker"
+ROUTE_HEADER = "X-Loraplane-Route"
+_PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
+
+
+def _error(status: int, code: str, message: str, param: str | None = None,
+           **headers: str) -> web.Response:
+    body = {"error": {"message": message, "type": code, "param": param, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def serving_versions(records: list[AdapterRecord]) -> dict[str, list[AdapterRecord]]:
+    """adapter_id -> its records, newest first (as ``Serving.versions`` gives them)."""
+    out: dict[str, list[AdapterRecord]] = {}
+    for r in records:
+        out.setdefault(r.adapter_id, []).append(r)
+    for versions in out.values():
+        versions.sort(key=lambda r: version_key(r.version), reverse=True)
+    return out
+
+
+class Fleet:
+    """The router's view: the fleet index, fed worker states, and the verified registry."""
+
+    def __init__(self, index: FleetIndex, sink: EventSink, component: str) -> None:
+        self.index = index
+        self.sink = sink
+        self.component = component
+        self.versions: dict[str, list[AdapterRecord]] = {}
+        self.dead_lettered = 0
+
+    def take(self, record: Record) -> None:
+        """One worker-state record: indexed, or dead-lettered; never raises."""
+        if record.value is None:  # a tombstone: the worker is gone
+            self.index.remove((record.key or b"").decode("utf-8", "replace"))
+            return
+        try:
+            state = decode(WorkerState, record.value)
+            if (record.key or b"") != state.worker_id.encode():
+                raise SchemaError(DecodeReason.key_mismatch, [(
+                    "worker_id", f"message key {(record.key or b'')[:64]!r} is not "
+                                 f"{state.worker_id}")])
+        except SchemaError as exc:
+            self.dead_lettered += 1
+            log.warning("worker state at %s@%s dead-lettered: %s", record.partition,
+                        record.offset, str(exc)[:200])
+            letter = dead_letter_at(record.topic, record.partition, record.offset, record.key,
+                                    record.value, record.timestamp_ms / 1000, self.component,
+                                    exc.reason, str(exc)[:2048])
+            self.sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"),
+                           letter)
+            return
+        self.index.update(state)
+
+
+@dataclass
+class _Pools:
+    """One keep-alive pool per worker gateway URL."""
+
+    read_timeout_s: float
+    pools: dict[str, UpstreamPool]
+
+    def get(self, url: str) -> UpstreamPool:
+        pool = self.pools.get(url)
+        if pool is None:
+            parts = urlsplit(url)
+            pool = self.pools[url] = UpstreamPool(
+                parts.hostname or "127.0.0.1", parts.port or 80, connect_timeout_s=2.0,
+                read_timeout_s=self.read_timeout_s, limit=256)
+        return pool
+
+
+class Router:
+    def __init__(self, fleet: Fleet, *, api_keys: KeyLookup, budgets: RequestBudgets,
+                 secret: bytes, max_body_bytes: int = 1024 * 1024,
+                 read_timeout_s: float = 300.0, retry_after_s: int = 5,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.fleet = fleet
+        self.api_keys = api_keys
+        self.budgets = budgets
+        self.max_body_bytes = max_body_bytes
+        self.retry_after_s = retry_after_s
+        self._secret = secret
+        self._clock = clock
+        self._gate = TenantGate(budgets.tenants, time.monotonic)
+        self._pools = _Pools(read_timeout_s, {})
+        self.in_flight: dict[str, int] = {}
+        self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
+        self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
+        self._id_seq = itertools.count()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+            web.get("/healthz", self.healthz),
+            web.get("/metrics", self.metrics),
+        ])
+        return app
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        index = self.fleet.index
+        return web.json_response({"ok": True, "workers": len(index.workers),
+                                  "gpu_copies": sum(len(w.gpu) for w in index.workers.values()),
+                                  "adapters": len(self.fleet.versions)})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        lines = ["# TYPE loraplane_router_requests_total counter"]
+        lines += [f'loraplane_router_requests_total{{outcome="{k}"}} {v}'
+                  for k, v in sorted(self.outcomes.items())]
+        lines += ["# TYPE loraplane_router_workers gauge",
+                  f"loraplane_router_workers {len(self.fleet.index.workers)}",
+                  "# TYPE loraplane_router_dead_letters_total counter",
+                  f"loraplane_router_dead_letters_total {self.fleet.dead_lettered}"]
+        return web.Response(text="\n".join(lines) + "\n",
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
+        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
+        if tenant is None:
+            return _error(401, "unauthorized", "missing or unknown API key")
+        data = [{"id": aid, "object": "model", "created": 0, "owned_by": tenant}
+                for aid, versions in sorted(self.fleet.versions.items())
+                if all(r.tenant_id == tenant for r in versions) and any(
+                    r.status in (AdapterStatus.active, AdapterStatus.canary) for r in versions)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, Endpoint.completions)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, Endpoint.chat_completions)
+
+    def _refuse(self, status: int, code: str, message: str, param: str | None = None,
+                **headers: str) -> web.Response:
+        self.outcomes[code] += 1
+        return _error(status, code, message, param, **headers)
+
+    async def _handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        given_id = request.headers.get("X-Request-Id", "")
+        request_id = given_id if _TOKEN.fullmatch(given_id) else \
+            f"{self._id_prefix}-{next(self._id_seq):x}"
+        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
+        if tenant is None:
+            return self._refuse(401, "unauthorized", "missing or unknown API key")
+        try:
+            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
+        except ValueError:
+            return self._refuse(400, "bad_request_class",
+                                "X-Request-Class must be interactive, batch, canary or shadow")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(413, RequestRefusal.body_too_large,
+                                f"the body is over {self.max_body_bytes} bytes")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return self._refuse(400, "invalid_json", "the body is not JSON")
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not _ADAPTER_ID.match(model):
+            return self._refuse(400, "model_not_adapter_id",
+                                "model must be an adapter_id (lower-case id, never a path)")
+        try:
+            admit(endpoint, body, request_caps(self.budgets, request_class), len(raw))
+        except Refused as exc:
+            return self._refuse(exc.status, exc.reason, exc.message, exc.field or None)
+        versions = self.fleet.versions.get(model)
+        if not versions:
+            return self._refuse(404, "unknown_adapter", f"no adapter {model!r} here")
+        if any(r.tenant_id != tenant for r in versions):
+            return self._refuse(403, "forbidden", f"adapter {model!r} is not yours")
+        session = request.headers.get("X-Session-Key", "")
+        record = choose_version(versions, session_key=session or request_id,
+                                request_class=request_class)
+        if record is None:
+            return self._refuse(404, "no_serving_version",
+                                f"adapter {model!r} has no active or canary version")
+        gate = self._tenant_gate()
+        limited = gate.enter(tenant)
+        if limited is not None:
+            reason, retry_after = limited
+            return self._refuse(429, reason, f"tenant limit reached ({reason}); retry later",
+                                **{"Retry-After": str(retry_after)})
+        try:
+            signature = sign(self._secret, tenant, request_id, raw, self._clock())
+            extra = [f"X-Request-Id: {request_id}", f"X-Request-Class: {request_class.value}",
+                     f"{TENANT_HEADER}: {tenant}", f"{SIGNATURE_HEADER}: {signature}"]
+            if session and _TOKEN.fullmatch(session):
+                extra.append(f"X-Session-Key: {session}")
+            head = ("\r\n".join(extra) + "\r\n").encode("latin-1")
+            return await self._forward(request, endpoint, raw, record, head)
+        finally:
+            gate.leave(tenant, 0)  # tokens are the gateway's to charge: it reads the usage
+
+    def _tenant_gate(self) -> TenantGate:
+        if self._gate.limits is not self.budgets.tenants:
+            self._gate = TenantGate(self.budgets.tenants, time.monotonic)
+        return self._gate
+
+    async def _forward(self, request: web.Request, endpoint: Endpoint, raw: bytes,
+                       record: AdapterRecord, head: bytes) -> web.StreamResponse:
+        for _attempt in range(2):
+            route = self.fleet.index.route(record, self._clock(), self.in_flight)
+            if route is None:
+                return self._refuse(503, "no_live_worker",
+                                    f"no live worker serves base model {record.base_model}",
+                                    **{"Retry-After": str(self.retry_after_s)})
+            wid = route.worker_id
+            self.in_flight[wid] = self.in_flight.get(wid, 0) + 1
+            try:
+                try:
+                    resp = await self._pools.get(route.gateway_url).request(
+                        "POST", endpoint.value, raw, total_timeout_s=self._pools.read_timeout_s,
+                        headers=head)
+                except UpstreamError as exc:
+                    log.warning("worker %s gateway %s: %s; dropped from the view", wid,
+                                route.gateway_url, exc)
+                    self.fleet.index.remove(wid)
+                    continue
+                self.outcomes[route.kind.value] += 1
+                try:
+                    return await self._relay(request, resp, route)
+                finally:
+                    resp.close()
+            finally:
+                left = self.in_flight.get(wid, 1) - 1
+                if left > 0:
+                    self.in_flight[wid] = left
+                else:
+                    self.in_flight.pop(wid, None)
+        return self._refuse(503, "no_live_worker", "the chosen workers did not answer",
+                            **{"Retry-After": str(self.retry_after_s)})
+
+    async def _relay(self, request: web.Request, resp: UpstreamResponse,
+                     route: Route) -> web.StreamResponse:
+        headers = {k: v for k, v in resp.headers.items()
+                   if k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id"}
+        headers[WORKER_HEADER] = route.worker_id
+        headers[ROUTE_HEADER] = route.kind.value
+        if not headers.get("content-type", "").startswith("text/event-stream"):
+            body = await resp.read()
+            return web.Response(body=body, status=resp.status, headers=headers)
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        await out.prepare(request)
+        async for chunk in resp.iter_chunks():
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+
+
+# ---- the process ----------------------------------------------------------------------------
+def _consume_worker_states(settings: Settings, fleet: Fleet, stop: asyncio.Event,
+                           loop: asyncio.AbstractEventLoop, group: str) -> None:
+    """Runs in a thread: the worker-state topic from the start, each record handed to the
+    loop (the index is only touched there)."""
+    from loraplane.kernel import kafka
+    from loraplane.kernel.topics import topic_name
+
+    topic = topic_name(settings, "worker-state")
+    consumer = kafka.consumer(settings, group, client_id=group)
+    try:
+        consumer.subscribe([topic])
+        while not stop.is_set():
+            for msg in consumer.consume(500, 0.5):
+                if msg.error() is not None:
+                    continue
+                record = Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0,
+                                msg.key(), msg.value(), {}, msg.timestamp()[1])
+                loop.call_soon_threadsafe(fleet.take, record)
+    finally:
+        consumer.close()
+
+
+async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, every_s: float,
+                            drain_every_s: float) -> None:
+    last_drain = 0.0
+    while True:
+        try:
+            records = await asyncio.to_thread(registry.records)
+            fleet.versions = serving_versions(records)
+        except Exception as exc:  # a broker hiccup keeps the last verified view
+            log.warning("registry refresh failed, keeping the last view: %s", exc)
+        if time.monotonic() - last_drain >= drain_every_s:
+            last_drain = time.monotonic()
+            for wid in fleet.index.drain(time.time()):
+                log.info("worker %s drained: no heartbeat for %d intervals", wid, 3)
+        await asyncio.sleep(every_s)
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    port: int
+    router_id: str
+    heartbeat_s: float = 5.0  # the workers' heartbeat interval: silent for 3 is drained
+    registry_refresh_s: float = 5.0
+
+
+async def serve_router(settings: Settings, options: RouterOptions,
+                       ready: Callable[[int], None] | None = None) -> None:
+    from loraplane.workers.api_keys import ApiKeysFile
+    from loraplane.workers.event_sink import KafkaEventSink
+    from loraplane.workers.runner import gateway_secret
+
+    from loraplane.kernel.config import LOOPBACK
+    from loraplane.kernel.http_server import bound_port, start_site
+    from loraplane.kernel.registry_view import latest_registry_records
+
+    component = f"router-{options.router_id}"
+    sink = KafkaEventSink(settings, component)
+    fleet = Fleet(FleetIndex(settings.policy, options.heartbeat_s), sink, component)
+    registry = VerifiedRegistry(
+        KeyringFile(settings.keyring_path), lambda: latest_registry_records(settings),
+        sink=sink, component=component,
+        checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE)
+    router = Router(fleet, api_keys=ApiKeysFile.open(settings.api_keys_path),
+                    budgets=settings.policy.request_budgets,
+                    secret=gateway_secret(settings.router_secret_path, "router secret"),
+                    max_body_bytes=settings.http.max_body_bytes,
+                    retry_after_s=max(1, math.ceil(options.heartbeat_s)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # every router reads everything: a group of its own, under the prefix the ACLs grant
+    group = f"{settings.topic_prefix}-router-{component}-{uuid.uuid4().hex[:8]}"
+    consumer = asyncio.create_task(asyncio.to_thread(
+        _consume_worker_states, settings, fleet, stop, loop, group))
+    refresher = asyncio.create_task(_refresh_registry(
+        registry, fleet, options.registry_refresh_s, options.heartbeat_s))
+    runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
+                                 name="router")
+    port = bound_port(runner)
+    log.info("router %s on %s:%d", options.router_id, LOOPBACK, port)
+    if ready is not None:
+        ready(port)
+    try:
+        await stop.wait()
+    finally:
+        refresher.cancel()
+        await runner.cleanup()
+        await consumer
+        sink.flush(5.0)
+

@@ -1,0 +1,206 @@
+"""Which version and which worker serve a request: shared by the worker gateway and the fleet
+router (workers/router.py). Pure (no I/O), time passed in.
+
+Version: ``choose_version`` (active, or the canary for its sticky share of sessions), the
+one rule both the gateway and the router apply, so a session gets the same version whether
+it comes through a router or straight to a gateway.
+
+Worker (``FleetIndex.route``), among the live workers of the version's base model whose
+``max_lora_rank`` fits the adapter's rank:
+
+1. a GPU-resident copy, the one with the least in-flight requests (the router's own counts);
+2. else a host-warm copy, the same way;
+3. else a worker with a free GPU slot, chosen as the planner places a new copy
+   (streams/planner.py rule 5): the most free slots, ties to the lowest worker id, skipping
+   workers out of cold-load budget (``cold_loads_last_minute``) or above the HBM watermark;
+4. else ``cold_budget``: the fitting worker with the least in-flight requests, whose gateway
+   applies the request class's cold budget (base fallback, 429 + Retry-After, or a wait).
+
+A worker whose last heartbeat (``WorkerState.ts``) is older than ``3 * heartbeat_s`` is
+drained: never chosen. Lookups are by lora name (dicts of holders), and free-slot order is a
+list sorted once per change of the fleet, so a decision does not scan the fleet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.request_log import RequestClass
+from loraplane.schemas.worker_state import WorkerState
+
+from loraplane.kernel.policy import Policy
+
+DRAIN_AFTER_HEARTBEATS = 3
+"""A worker silent for this many heartbeat intervals is drained from routing."""
+
+
+def canary_bucket(adapter_id: str, session_key: str) -> float:
+    """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
+    digest = hashlib.sha256(f"{adapter_id}\x00{session_key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10_000 / 100
+
+
+def choose_version(versions: list[AdapterRecord], *, session_key: str,
+                   request_class: RequestClass) -> AdapterRecord | None:
+    """Active, or the canary for its share of sessions (always for class ``canary``)."""
+    active = next((r for r in versions if r.status == AdapterStatus.active), None)
+    canary = next((r for r in versions
+                   if r.status == AdapterStatus.canary and r.release.canary_percent > 0), None)
+    if canary is not None and (
+            request_class == RequestClass.canary or active is None
+            or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent):
+        return canary
+    return active
+
+
+class RouteKind(StrEnum):
+    """Why a worker was chosen (``X-Loraplane-Route``)."""
+
+    gpu = "gpu"  # it holds the version on GPU
+    host = "host"  # it holds the version in its host tier
+    free_slot = "free_slot"  # it has a free GPU slot: where the planner would load it
+    cold_budget = "cold_budget"  # no copy, no free slot: its gateway's cold budget applies
+
+
+@dataclass(frozen=True)
+class Route:
+    worker_id: str
+    gateway_url: str
+    kind: RouteKind
+
+
+@dataclass
+class _Worker:
+    state: WorkerState
+    beat: float  # epoch seconds of the heartbeat
+    gpu: frozenset[str]
+    host: frozenset[str]
+
+    @property
+    def free_slots(self) -> int:
+        return self.state.gpu_slots_total - len(self.gpu)
+
+
+@dataclass
+class FleetIndex:
+    """The latest WorkerState of every worker, indexed by base model and lora name."""
+
+    policy: Policy
+    heartbeat_s: float
+    workers: dict[str, _Worker] = field(default_factory=dict)
+    _gpu: dict[str, set[str]] = field(default_factory=dict)  # lora -> worker ids
+    _host: dict[str, set[str]] = field(default_factory=dict)
+    _by_base: dict[str, set[str]] = field(default_factory=dict)
+    _free_order: dict[str, list[str]] = field(default_factory=dict)  # base -> ids, cached
+
+    # ---- fed by the worker-state topic ----------------------------------------------------
+    def update(self, state: WorkerState) -> None:
+        """Take a worker's newer state (an older one, replayed, is ignored)."""
+        old = self.workers.get(state.worker_id)
+        if old is not None and old.state.ts > state.ts:
+            return
+        order = self._free_order.get(state.base_model)
+        self.remove(state.worker_id, keep_order=True)
+        gpu = frozenset(a.lora_name for a in state.adapters if a.tier == "gpu")
+        host = frozenset(a.lora_name for a in state.adapters if a.tier == "host") - gpu
+        wid = state.worker_id
+        w = self.workers[wid] = _Worker(state, state.ts.timestamp(), gpu, host)
+        for name in gpu:
+            self._gpu.setdefault(name, set()).add(wid)
+        for name in host:
+            self._host.setdefault(name, set()).add(wid)
+        self._by_base.setdefault(state.base_model, set()).add(wid)
+        # the free-slot order depends on (free slots, id) only: most heartbeats keep it
+        if (old is None or old.free_slots != w.free_slots
+                or old.state.base_model != state.base_model or order is None):
+            self._free_order.pop(state.base_model, None)
+            if old is not None:
+                self._free_order.pop(old.state.base_model, None)
+
+    def remove(self, worker_id: str, *, keep_order: bool = False) -> None:
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return
+        for names, index in ((w.gpu, self._gpu), (w.host, self._host)):
+            for name in names:
+                holders = index.get(name)
+                if holders is not None:
+                    holders.discard(worker_id)
+                    if not holders:
+                        del index[name]
+        base = w.state.base_model
+        self._by_base.get(base, set()).discard(worker_id)
+        if not keep_order:
+            self._free_order.pop(base, None)
+
+    def drain(self, now: float) -> list[str]:
+        """Forget workers silent for ``DRAIN_AFTER_HEARTBEATS`` intervals; their ids."""
+        gone = [wid for wid, w in self.workers.items() if not self._live(w, now)]
+        for wid in gone:
+            self.remove(wid)
+        return gone
+
+    # ---- deciding -------------------------------------------------------------------------
+    def _live(self, w: _Worker, now: float) -> bool:
+        return now - w.beat <= DRAIN_AFTER_HEARTBEATS * self.heartbeat_s
+
+    def live_workers(self, base_model: str, now: float) -> list[str]:
+        return sorted(wid for wid in self._by_base.get(base_model, ())
+                      if self._live(self.workers[wid], now))
+
+    def route(self, record: AdapterRecord, now: float,
+              in_flight: Mapping[str, int]) -> Route | None:
+        """Where ``record`` is served now; None when no live worker of its base model can
+        hold its rank."""
+        name, base, rank = record.lora_name, record.base_model, record.rank
+        for kind, index in ((RouteKind.gpu, self._gpu), (RouteKind.host, self._host)):
+            holders = index.get(name)
+            if holders:
+                best = self._least_busy(holders, base, rank, now, in_flight)
+                if best is not None:
+                    return Route(best, self.workers[best].state.gateway_url, kind)
+        free = self._free_worker(base, rank, now)
+        if free is not None:
+            return Route(free, self.workers[free].state.gateway_url, RouteKind.free_slot)
+        best = self._least_busy(self._by_base.get(base, ()), base, rank, now, in_flight)
+        if best is None:
+            return None
+        return Route(best, self.workers[best].state.gateway_url, RouteKind.cold_budget)
+
+    def _fits(self, w: _Worker, base: str, rank: int, now: float) -> bool:
+        return (w.state.base_model == base and w.state.max_lora_rank >= rank
+                and bool(w.state.gateway_url) and self._live(w, now))
+
+    def _least_busy(self, ids: set[str] | tuple[()], base: str, rank: int, now: float,
+                    in_flight: Mapping[str, int]) -> str | None:
+        best: tuple[int, str] | None = None
+        for wid in ids:
+            if self._fits(self.workers[wid], base, rank, now):
+                key = (in_flight.get(wid, 0), wid)
+                if best is None or key < best:
+                    best = key
+        return best[1] if best else None
+
+    def _free_worker(self, base: str, rank: int, now: float) -> str | None:
+        """The planner's rule 5 target: most free slots, then lowest id, among workers that
+        may still load (cold-load budget, HBM watermark)."""
+        order = self._free_order.get(base)
+        if order is None:
+            ids = [wid for wid in self._by_base.get(base, ())
+                   if self.workers[wid].free_slots > 0]
+            order = self._free_order[base] = sorted(
+                ids, key=lambda wid: (-self.workers[wid].free_slots, wid))
+        for wid in order:
+            w = self.workers[wid]
+            if self._fits(w, base, rank, now) and self._may_load(w):
+                return wid
+        return None
+
+    def _may_load(self, w: _Worker) -> bool:
+        hbm = w.state.hbm_usage
+        return (w.state.cold_loads_last_minute < self.policy.cold_loads_per_minute_per_worker
+                and (hbm is None or hbm <= self.policy.hbm_low_watermark))
