@@ -128,3 +128,27 @@ def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,
             add(LifecycleAction.revoke, r)
     assert state is not None
     return state.view
+
+
+def extended_view(key: SigningKey, view: AdapterView, action: LifecycleAction, version: str,
+                  keyring: Keyring, now: datetime, **fields: Any) -> AdapterView:
+    """``view`` with one more signed event (a revoke, say) folded on top of its evidence:
+    the only kind of newer view a worker that accepted ``view`` takes (its history must
+    extend the one accepted before)."""
+    from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
+
+    state: AdapterState | None = None
+
+    def current(_adapter_id: str) -> AdapterState | None:
+        return state
+
+    for event in view.evidence:
+        decision = evaluate(event, keyring, current, event.issued_at)
+        assert isinstance(decision, Accepted), decision
+        state = decision.state
+    event = signed_event(key, action, adapter_id=view.adapter_id, tenant_id=view.tenant_id,
+                         base_model=view.base_model, version=version,
+                         seq=max(view.last_seq + 1, time_seq()), now=now, **fields)
+    decision = evaluate(event, keyring, current, now)
+    assert isinstance(decision, Accepted), decision
+    return decision.state.view

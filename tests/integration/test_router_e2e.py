@@ -211,6 +211,21 @@ def test_the_official_openai_client(fleet: Fleet) -> None:
         client.completions.create(model="no-such-adapter", prompt="x", max_tokens=2)
 
 
+def test_fleet_status_shows_each_worker_and_the_hot_copy(fleet: Fleet) -> None:
+    """``loraplane fleet status --json`` on the real topic: the three live workers, the
+    hot copy of sql on w2 (one replica), and the same liveness rule as the router."""
+    import json
+
+    out = subprocess.run([LORAPLANE, "fleet", "status", "--json", "--heartbeat-s", "1"],
+                         env=fleet.env, capture_output=True, text=True, timeout=60, check=True)
+    (base,) = json.loads(out.stdout)["base_models"]
+    assert [w["worker_id"] for w in base["workers"]] == list(WORKERS)
+    assert all(w["live"] for w in base["workers"]) and base["live_workers"] == 3
+    assert base["replicas"] == {fleet.records["sql"].lora_name: 1}
+    w2 = next(w for w in base["workers"] if w["worker_id"] == "w2")
+    assert w2["gpu_versions"] == 1
+
+
 def test_a_stopped_worker_is_drained_within_the_bound(fleet: Fleet) -> None:
     fleet.kill("w3")
     start = time.monotonic()

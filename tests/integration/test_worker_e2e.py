@@ -52,7 +52,7 @@ from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from tests.lifecycle_kit import Kit, make_kit, signed_view
+from tests.lifecycle_kit import Kit, extended_view, make_kit, signed_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -535,8 +535,11 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     time.sleep(5)
     assert plat in world.vllm_names()
     # only the signed registry takes a protected copy off: a revoke unloads it at once
-    write_registry(world.settings, [world.adapters["plat-1"].record.model_copy(
-        update={"status": AdapterStatus.revoked})])
+    from loraplane.kernel.registry_view import load_registry
+
+    accepted = load_registry(world.settings)["plat"]
+    produce_sync(world.settings, topic_name(world.settings, "registry"), "plat", extended_view(
+        KIT.keys["ops"], accepted, LifecycleAction.revoke, "1", KIT.keyring, now_utc()))
     wait_for(lambda: plat not in world.vllm_names() or None, 60, "the revoked platinum gone")
 
 

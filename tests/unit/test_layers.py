@@ -44,6 +44,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.request_fields", DECISIONS),
     # version and worker choice, and the forwarded-tenant HMAC: the gateway and the router
     ("loraplane.workers.routing", DECISIONS), ("loraplane.workers.forwarded", DECISIONS),
+    # what `loraplane fleet status` shows, by the router's liveness rule
+    ("loraplane.workers.fleet_view", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
     # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
     ("loraplane.streams.score_store", RUNTIMES),

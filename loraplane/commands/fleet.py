@@ -1,0 +1,77 @@
+"""``loraplane fleet status [--json]``: per base model and worker, what the fleet holds now
+(slots, versions per tier, replicas, in-flight work, heartbeat age), from the compacted
+worker-state topic; ``workers/fleet_view.py`` decides what is shown."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The fleet as its workers report it.", no_args_is_help=True)
+
+    @group.command("status")
+    def status_cmd(
+        as_json: bool = typer.Option(False, "--json"),
+        heartbeat_s: float = typer.Option(
+            5.0, "--heartbeat-s", help="the workers' heartbeat interval: a worker silent for "
+                                       "three intervals shows as drained, as the router drains it"),
+        timeout_s: float = typer.Option(10.0, "--timeout-s", help="how long to read the topic"),
+    ) -> None:
+        """One row per worker; a worker state that does not decode is counted, not shown."""
+        import json
+        import time
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from loraplane.kernel import kafka
+        from loraplane.kernel.bus import read_topic
+        from loraplane.kernel.config import get_settings
+        from loraplane.kernel.topics import topic_name
+        from loraplane.schemas.codec import SchemaError, decode
+        from loraplane.schemas.worker_state import WorkerState
+        from loraplane.workers.fleet_view import fleet_view
+
+        kafka.act_as(kafka.Principal.reader)
+        settings = get_settings()
+        latest: dict[bytes, bytes | None] = {}
+        for record in read_topic(settings, topic_name(settings, "worker-state"),
+                                 timeout_s=timeout_s):
+            latest[record.key or b""] = record.value  # compacted: the last one per worker
+        states, malformed = [], 0
+        for value in latest.values():
+            if value is None:  # a tombstone: the worker is gone
+                continue
+            try:
+                states.append(decode(WorkerState, value))
+            except SchemaError:
+                malformed += 1
+        view = fleet_view(states, time.time(), heartbeat_s)
+        if as_json:
+            typer.echo(json.dumps({**view.as_json(), "malformed_states": malformed}, indent=2))
+            return
+        console = Console()
+        if not view.base_models:
+            console.print("no worker has reported a state yet")
+        for base in view.base_models:
+            table = Table("worker", "live", "heartbeat age s", "GPU used/free", "GPU versions",
+                          "host versions", "protected", "in flight", "cold loads/min", "HBM",
+                          title=f"{base.base_model}: {base.live_workers} live, "
+                                f"{base.gpu_slots_free} free GPU slots")
+            for w in base.workers:
+                table.add_row(w.worker_id, "yes" if w.live else "drained",
+                              f"{w.heartbeat_age_s:.1f}",
+                              f"{w.gpu_slots_used}/{w.gpu_slots_free}", str(w.gpu_versions),
+                              str(w.host_versions), str(w.protected), str(w.in_flight),
+                              str(w.cold_loads_last_minute),
+                              "-" if w.hbm_usage is None else f"{w.hbm_usage:.0%}")
+            console.print(table)
+            multi = {n: c for n, c in base.replicas.items() if c > 1}
+            console.print(f"GPU copies: {sum(base.replicas.values())} of "
+                          f"{len(base.replicas)} versions" +
+                          (f"; replicated: {multi}" if multi else ""))
+        if malformed:
+            console.print(f"[yellow]{malformed} worker state(s) did not decode[/yellow]")
+
+    app.add_typer(group, name="fleet")

@@ -1,0 +1,44 @@
+"""``loraplane fleet status``: what the view shows of the workers' latest states."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.workers.fleet_view import fleet_view
+
+NOW = 1_800_000_000.0
+
+
+def state(wid: str, base: str, gpu: list[str], host: list[str] = (), age_s: float = 1.0,
+          slots: int = 4, protected: tuple[str, ...] = (), in_flight: int = 0) -> WorkerState:
+    adapters = [LoadedAdapter(lora_name=n, adapter_id=n.split("@")[0], version="1",
+                              tenant_id="t", tier=tier, protected=n in protected,
+                              in_flight=in_flight)
+                for tier, names in (("gpu", gpu), ("host", host)) for n in names]
+    return WorkerState(worker_id=wid, base_model=base, ts=datetime.fromtimestamp(NOW - age_s, UTC),
+                       gpu_slots_used=len(gpu), gpu_slots_total=slots, host_bytes_used=0,
+                       host_bytes_budget=1, max_lora_rank=64, adapters=adapters)
+
+
+def test_rows_per_base_model_and_worker_with_replicas_on_live_workers_only() -> None:
+    view = fleet_view([
+        state("w2", "llama", ["a@1-aa", "b@1-bb"], ["c@1-cc"], protected=("a@1-aa",),
+              in_flight=2),
+        state("w1", "llama", ["a@1-aa"]),
+        state("w3", "llama", ["a@1-aa", "z@1-zz"], age_s=16.0),  # 3 x 5 s: drained
+        state("q1", "qwen", [], ["d@1-dd"]),
+    ], NOW, heartbeat_s=5.0)
+    llama, qwen = view.base_models
+    assert [w.worker_id for w in llama.workers] == ["w1", "w2", "w3"]
+    assert [w.live for w in llama.workers] == [True, True, False]
+    assert llama.live_workers == 2 and llama.gpu_slots_free == 3 + 2
+    assert llama.replicas == {"a@1-aa": 2, "b@1-bb": 1}  # w3's copies take no traffic
+    w2 = llama.workers[1]
+    assert (w2.gpu_versions, w2.host_versions, w2.protected, w2.in_flight) == (2, 1, 1, 6)
+    assert qwen.replicas == {} and qwen.workers[0].host_versions == 1
+    assert view.as_json()["base_models"][0]["workers"][2]["heartbeat_age_s"] == 16.0
+
+
+def test_no_state_no_rows() -> None:
+    assert fleet_view([], NOW, 5.0).base_models == ()

@@ -1,0 +1,77 @@
+"""What ops look at for the fleet (``loraplane fleet status``): per base model and worker,
+slots used and free, adapter versions per tier, replicas, in-flight work and heartbeat age,
+from the latest worker state of each worker. Pure (no I/O): the CLI reads the topic.
+
+A worker is *live* by the router's own rule (``routing.DRAIN_AFTER_HEARTBEATS`` intervals),
+so the view and the routing agree on which workers take traffic.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.workers.routing import DRAIN_AFTER_HEARTBEATS
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    worker_id: str
+    live: bool
+    heartbeat_age_s: float
+    gpu_slots_used: int
+    gpu_slots_free: int
+    gpu_versions: int
+    host_versions: int
+    protected: int  # GPU copies the worker holds never-evict
+    in_flight: int
+    cold_loads_last_minute: int
+    hbm_usage: float | None
+
+
+@dataclass(frozen=True)
+class BaseModelRow:
+    base_model: str
+    workers: tuple[WorkerRow, ...]
+    live_workers: int
+    gpu_slots_free: int  # on live workers
+    replicas: dict[str, int]  # lora name -> GPU copies on live workers
+
+
+@dataclass(frozen=True)
+class FleetView:
+    base_models: tuple[BaseModelRow, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {"base_models": [asdict(b) for b in self.base_models]}
+
+
+def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float) -> FleetView:
+    """The view of the latest ``states`` (one per worker) at epoch seconds ``now``."""
+    by_base: dict[str, list[WorkerState]] = {}
+    for s in states:
+        by_base.setdefault(s.base_model, []).append(s)
+    rows = []
+    for base in sorted(by_base):
+        workers, replicas = [], Counter[str]()
+        for s in sorted(by_base[base], key=lambda s: s.worker_id):
+            age = max(0.0, now - s.ts.timestamp())
+            live = age <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
+            gpu = [a for a in s.adapters if a.tier == "gpu"]
+            if live:
+                replicas.update(a.lora_name for a in gpu)
+            workers.append(WorkerRow(
+                worker_id=s.worker_id, live=live, heartbeat_age_s=round(age, 3),
+                gpu_slots_used=len(gpu), gpu_slots_free=max(0, s.gpu_slots_total - len(gpu)),
+                gpu_versions=len(gpu), host_versions=len(s.adapters) - len(gpu),
+                protected=sum(1 for a in gpu if a.protected),
+                in_flight=sum(a.in_flight for a in s.adapters),
+                cold_loads_last_minute=s.cold_loads_last_minute, hbm_usage=s.hbm_usage))
+        rows.append(BaseModelRow(
+            base_model=base, workers=tuple(workers),
+            live_workers=sum(1 for w in workers if w.live),
+            gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
+            replicas=dict(sorted(replicas.items()))))
+    return FleetView(tuple(rows))
