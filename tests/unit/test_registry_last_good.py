@@ -5,6 +5,7 @@ views survive a restart in the host tier and are re-verified on load."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from datetime import timedelta
@@ -100,7 +101,8 @@ def test_a_revoke_still_takes_effect_and_an_older_copy_never_wins(tmp_path: Path
     assert served(registry) == versions(VIEW_A)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, len(STEPS_A) - 1), min_size=1, max_size=12))
 def test_the_merge_keeps_the_newest_view_seen_whatever_order_reads_come_in(
         tmp_path_factory: pytest.TempPathFactory, order: list[int]) -> None:
@@ -115,7 +117,7 @@ def test_the_merge_keeps_the_newest_view_seen_whatever_order_reads_come_in(
 
 
 def test_newer_is_the_views_own_order() -> None:
-    assert all(newer(b, a) and not newer(a, b) for a, b in zip(STEPS_A, STEPS_A[1:]))
+    assert all(newer(b, a) and not newer(a, b) for a, b in itertools.pairwise(STEPS_A))
     assert newer(VIEW_A, None) and not newer(VIEW_A, VIEW_A)
 
 
