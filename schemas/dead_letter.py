@@ -25,11 +25,22 @@ class DeadLetter(StrictModel):
     reason: DeadLetterReason = Field(description="machine-readable code")
     detail: str = Field("", max_length=4096, description="human-readable, field-level")
     key_b64: str | None = Field(None, max_length=4096)
-    raw_b64: str = Field(max_length=16 * 1024 * 1024, description="the original value bytes")
+    raw_b64: str = Field(max_length=16 * 1024 * 1024,
+                         description="the original value bytes, at most the first 64 KiB")
+    raw_size: int = Field(0, ge=0, description="the original value's whole length in bytes")
+    raw_sha256: str = Field("", max_length=64,
+                            description="sha256 of the whole original value (hex)")
 
 
-MAX_DEAD_LETTER_RAW = 512 * 1024
-"""Raw bytes kept in a dead letter: keeps it under Kafka's default 1 MiB message limit."""
+MAX_DEAD_LETTER_RAW = 64 * 1024
+"""Raw bytes kept in a dead letter. With the other fields' caps (``MAX_DEAD_LETTER_BYTES``)
+no letter can come near the broker's 1 MiB ``max.message.bytes``, whatever it was built
+from: a poison message must not make a poison dead letter (issue #19: a 1 MB command's
+letter, refused by the broker, crash-looped the worker)."""
+MAX_DETAIL_CHARS = 4096
+MAX_KEY_BYTES = 3 * 1024  # 4 KiB of base64
+MAX_DEAD_LETTER_BYTES = 128 * 1024
+"""The encoded size no dead letter exceeds (checked by tests/unit/test_dead_letters.py)."""
 
 
 def dead_letter_id(topic: str, partition: int, offset: int, component: str) -> str:
@@ -69,12 +80,22 @@ def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, r
     ClickHouse (ReplacingMergeTree by id, partitioned by ``ts``). The component is part of
     the id because several consumers read one topic (the scoring agent and the metrics sink
     both refuse a malformed request log): each one's letter is kept."""
-    if len(raw) > MAX_DEAD_LETTER_RAW:
-        detail = f"{detail} [raw truncated from {len(raw)} bytes]"
+    digest = hashlib.sha256(raw).hexdigest()
+    detail = _printable(detail)[:MAX_DETAIL_CHARS - 128]
+    if len(raw) > MAX_DEAD_LETTER_RAW:  # said in the text too: ClickHouse keeps the detail
+        detail = f"{detail} [raw truncated from {len(raw)} bytes, sha256 {digest}]"
     return DeadLetter(
         event_id=dead_letter_id(topic, partition, offset, component),
-        ts=datetime.fromtimestamp(max(ts, 0), UTC), source_topic=topic, partition=partition,
-        offset=offset, component=component, reason=reason, detail=detail[:4096],
-        key_b64=base64.b64encode(key).decode()[:4096] if key else None,
+        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32), UTC), source_topic=topic[:249],
+        partition=max(partition, -1), offset=max(offset, -1), component=component[:64],
+        reason=reason, detail=detail,
+        key_b64=base64.b64encode(key[:MAX_KEY_BYTES]).decode() if key else None,
         raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
+        raw_size=len(raw), raw_sha256=digest,
     )
+
+
+def _printable(text: str) -> str:
+    """``text`` as valid UTF-8 (an exception's text may carry lone surrogates from the
+    bytes it quotes, which JSON encoding would refuse)."""
+    return text.encode("utf-8", "replace").decode("utf-8")

@@ -193,7 +193,15 @@ class WorkerAgent:
 
     # ---- registry -------------------------------------------------------------------
     async def refresh_registry(self) -> None:
-        records = await asyncio.to_thread(lambda: list(self._registry_loader()))
+        """Take the loader's records (``VerifiedRegistry.records``: the last good view,
+        merged per adapter, never emptied by a read that failed). A loader that raises
+        anyway leaves the current records as they are: serving never depends on Kafka."""
+        try:
+            records = await asyncio.to_thread(lambda: list(self._registry_loader()))
+        except Exception as exc:
+            log.warning("registry unreadable, keeping the %d records we have: %s",
+                        len(self.records), exc)
+            return
         self.records = registry_by_name(records)
         self.guard = Guard.of(self.records, self.config.policy, self.config.gpu_slots)
         if self.started:
@@ -279,10 +287,7 @@ class WorkerAgent:
         if skipped is None and cmd.lora_name not in self.records:
             # The planner saw a registry change before our periodic refresh did: read it now
             # rather than refuse a version that is simply newer than our copy.
-            try:
-                await self.refresh_registry()
-            except Exception as exc:  # unreadable registry: handled like an unknown name
-                log.warning("registry refresh for %s failed: %s", cmd.lora_name, exc)
+            await self.refresh_registry()
             if cmd.lora_name not in self.records:
                 # The registry topic may trail the planner by a moment: give the periodic
                 # refresh a grace period before refusing the name as not_in_registry.
@@ -366,16 +371,30 @@ class WorkerAgent:
                 t.cancel()
 
     async def _command_loop(self, feed: CommandFeed) -> None:
+        """Never ends by an exception: a command (or a broker hiccup on commit) that makes
+        one step fail is logged and the loop goes on. The consumer's position is already
+        past it, so the next commit covers it: one bad message can't crash-loop the agent
+        (and its gateway) on every restart."""
         while True:
-            delivery = await feed.next(0.5)
-            if delivery is None:
-                continue
-            skipped = await self.handle(delivery.command)
-            refusal = REFUSED_SKIPS.get(skipped) if skipped is not None else None
-            if refusal is not None:
-                feed.refuse(delivery, refusal, f"{delivery.command.action} "
-                            f"{delivery.command.lora_name}: {skipped}")
-            await feed.commit(delivery.message)
+            try:
+                await self._next_command(feed)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.command_loop_error()
+                log.exception("command loop step failed; going on")
+                await asyncio.sleep(1.0)
+
+    async def _next_command(self, feed: CommandFeed) -> None:
+        delivery = await feed.next(0.5)
+        if delivery is None:
+            return
+        skipped = await self.handle(delivery.command)
+        refusal = REFUSED_SKIPS.get(skipped) if skipped is not None else None
+        if refusal is not None:
+            feed.refuse(delivery, refusal, f"{delivery.command.action} "
+                        f"{delivery.command.lora_name}: {skipped}")
+        await feed.commit(delivery.message)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -392,10 +411,7 @@ class WorkerAgent:
     async def _registry_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.registry_refresh_s)
-            try:
-                await self.refresh_registry()
-            except Exception as exc:  # the registry being briefly unreadable must not stop us
-                log.warning("registry refresh failed: %s", exc)
+            await self.refresh_registry()
 
     # ---- actions ----------------------------------------------------------------------
     async def _execute(self, action: Action) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
 from pydantic import AwareDatetime, TypeAdapter, ValidationError
+
+from loraplane.kernel.atomic_file import write_atomic
 
 FILE_NAME = ".applied-commands.json"  # not a lora name, so the host-tier scan ignores it
 _APPLIED = TypeAdapter(dict[str, AwareDatetime])
@@ -46,11 +47,5 @@ def load_applied(path: Path, now: datetime) -> dict[str, datetime]:
 
 def save_applied(path: Path, applied: Mapping[str, datetime]) -> None:
     """Replace the file with ``applied``, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    body = json.dumps({"applied": {cid: d.isoformat() for cid, d in applied.items()}})
-    with tmp.open("w") as fh:
-        fh.write(body)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"applied": {cid: d.isoformat()
+                                               for cid, d in applied.items()}}))

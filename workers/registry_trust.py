@@ -9,10 +9,18 @@ never turned into records: nothing it names is fetched, loaded or served.
 
 - A refused newer record leaves the adapter at the last view this worker accepted, if that
   view still verifies under the current keyring (an attacker overwriting the topic freezes
-  an adapter at best; a revoked key withdraws what it signed at the next refresh).
+  an adapter at best; a revoked key withdraws what it signed at the next refresh, Kafka up
+  or not).
 - A view older than, or forking from, the last one accepted for the adapter is refused
   (``view_rollback``); the checkpoints of accepted views are kept in a small JSON file in
   the host tier, so a restart does not forget them.
+- Serving does not depend on Kafka (issue #19): a read is merged into what was accepted,
+  adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails,
+  times out or does not reach the end of the topic changes nothing (counted in
+  ``registry_read_failures_total``); an adapter goes away only by a tombstone on the topic.
+  The accepted views are written to ``.registry-views.json`` in the host tier after every
+  change, and a restarted agent starts from them, each re-verified with the keyring and the
+  checkpoints first (the file is trusted no more than the topic).
 - Verdicts are cached per topic position and keyring, so a refresh re-verifies only what
   changed.
 """
@@ -21,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,10 +44,23 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.streams.registry_evidence import Checkpoint, ViewRefused, verify_view
 from loraplane.workers.event_sink import EventSink
 
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.bus import Record
+from loraplane.kernel.registry_view import views_from_json, views_to_json
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
+VIEWS_FILE = ".registry-views.json"  # the last verified views, for a start without Kafka
+
+
+def newer(incoming: AdapterView, current: AdapterView | None) -> bool:
+    """Whether ``incoming`` replaces ``current`` for its adapter: the view's own order, its
+    highest accepted seq and then how many signed events it carries (a revoke may land
+    below ``last_seq`` but always adds an event). Equal is not newer."""
+    if current is None:
+        return True
+    return (incoming.last_seq, len(incoming.evidence)) > (current.last_seq,
+                                                           len(current.evidence))
 
 
 @dataclass(frozen=True)
@@ -54,49 +74,81 @@ class VerifiedRegistry:
 
     def __init__(self, keyring: KeyringFile, read: Callable[[], Iterable[Record]], *,
                  sink: EventSink, component: str, checkpoints_path: Path | None = None,
+                 views_path: Path | None = None,
                  on_refused: Callable[[ViewReason], None] | None = None,
+                 on_read_failed: Callable[[], None] | None = None,
                  clock: Callable[[], datetime] = now_utc) -> None:
         self._keyring_file = keyring
         self._read = read
         self._sink = sink
         self._component = component
         self._path = checkpoints_path
+        self._views_path = views_path
         self._on_refused = on_refused or (lambda _r: None)
+        self._on_read_failed = on_read_failed or (lambda: None)
         self._clock = clock
-        self.accepted: dict[str, AdapterView] = {}
         self.checkpoints: dict[str, Checkpoint] = self._load_checkpoints()
         self._cache: dict[tuple[int, int], _Verdict] = {}
         self._cache_keyring: Keyring | None = None
         self._reported: set[tuple[int, int, str]] = set()
         self.refused = 0
+        self.read_failures = 0
+        self.accepted: dict[str, AdapterView] = self._load_views()
 
     # ---- the loader ---------------------------------------------------------------------
     def records(self) -> list[AdapterRecord]:
-        self.refresh()
+        """Every version of every accepted view, after a refresh; a refresh that could not
+        read the topic serves the last good views (never raises for a broker away)."""
+        try:
+            self.refresh()
+        except Exception as exc:  # KafkaException, TopicReadIncomplete, OSError, ...
+            self.read_failures += 1
+            self._on_read_failed()
+            log.warning("registry read failed (%d so far); serving the %d views accepted "
+                        "before: %s", self.read_failures, len(self.accepted), exc)
         return [r for view in self.accepted.values() for r in view.versions]
 
     def refresh(self) -> None:
+        """Merge one read of the topic into the accepted views. The keyring is applied
+        first, so a revoked key takes effect even when the read then fails."""
         keyring = self._keyring()
-        if keyring is not self._cache_keyring:  # a new keyring: every verdict is redone
-            self._cache, self._cache_keyring = {}, keyring
-            self.accepted = {aid: v for aid, v in self.accepted.items()
-                             if not isinstance(self._verify(v, keyring, None), ViewRefused)}
-        seen: set[str] = set()
-        for record in self._read():
-            verdict = self._cache.get((record.partition, record.offset))
-            if verdict is None:
-                verdict = self._judge(record, keyring)
-                self._cache[(record.partition, record.offset)] = verdict
-            if verdict.view is not None:
-                seen.add(verdict.view.adapter_id)
-                self._accept(verdict.view)
-            elif verdict.refused is not None:
-                self._report(record, verdict.refused)
-                if (record.key or b"") and (aid := (record.key or b"").decode(
-                        "utf-8", "replace")) in self.accepted:
-                    seen.add(aid)  # keep the last view we verified of this adapter
-        for aid in set(self.accepted) - seen:  # tombstoned: never serve it again from here
-            del self.accepted[aid]
+        changed = self._apply_keyring(keyring)
+        try:
+            for record in self._read():
+                changed |= self._merge(record, keyring)
+        finally:
+            if changed:
+                self._save_views()
+
+    def _apply_keyring(self, keyring: Keyring | None) -> bool:
+        """On a new keyring every verdict is redone and accepted views that no longer
+        verify are withdrawn; True when that withdrew any."""
+        if keyring is self._cache_keyring:
+            return False
+        self._cache, self._cache_keyring = {}, keyring
+        before = len(self.accepted)
+        self.accepted = {aid: v for aid, v in self.accepted.items()
+                         if not isinstance(self._verify(v, keyring, None), ViewRefused)}
+        return len(self.accepted) != before
+
+    def _merge(self, record: Record, keyring: Keyring | None) -> bool:
+        """One record into the accepted views; True when they changed. A refused record
+        leaves its adapter at the view accepted before."""
+        if record.value is None:  # a tombstone: the adapter is gone, never serve it again
+            aid = (record.key or b"").decode("utf-8", "replace")
+            return self.accepted.pop(aid, None) is not None
+        verdict = self._cache.get((record.partition, record.offset))
+        if verdict is None:
+            verdict = self._judge(record, keyring)
+            self._cache[(record.partition, record.offset)] = verdict
+        if verdict.refused is not None:
+            self._report(record, verdict.refused)
+            return False
+        if verdict.view is None or not newer(verdict.view, self.accepted.get(
+                verdict.view.adapter_id)):
+            return False
+        self._accept(verdict.view)
+        return True
 
     # ---- deciding -------------------------------------------------------------------------
     def _keyring(self) -> Keyring | None:
@@ -163,9 +215,42 @@ class VerifiedRegistry:
     def _save_checkpoints(self) -> None:
         if self._path is None:
             return
-        body = json.dumps({aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
-                           for aid, c in sorted(self.checkpoints.items())})
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_name(f".{self._path.name}.tmp")
-        tmp.write_text(body)
-        os.replace(tmp, self._path)
+        write_atomic(self._path, json.dumps(
+            {aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
+             for aid, c in sorted(self.checkpoints.items())}))
+
+    # ---- the last verified views ------------------------------------------------------------
+    def _save_views(self) -> None:
+        """After the checkpoints (``_accept``): a crash in between leaves a file older than
+        its checkpoints, whose views are then refused on load, never a newer one."""
+        if self._views_path is None:
+            return
+        try:
+            write_atomic(self._views_path, views_to_json(self.accepted))
+        except OSError as exc:  # a full disk must not stop serving what we have
+            log.error("registry views not saved to %s: %s", self._views_path, exc)
+
+    def _load_views(self) -> dict[str, AdapterView]:
+        """The views saved before a restart that still verify with the keyring now and do
+        not go back from the checkpoints; none without a keyring (fail closed)."""
+        if self._views_path is None or not self._views_path.exists():
+            return {}
+        try:
+            saved = views_from_json(self._views_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            log.error("registry views %s unreadable (%s); starting without", self._views_path,
+                      str(exc)[:200])
+            return {}
+        keyring = self._keyring()
+        views: dict[str, AdapterView] = {}
+        for aid, view in saved.items():
+            refused = self._verify(view, keyring, self.checkpoints.get(aid))
+            if refused is not None:
+                log.warning("saved registry view of %s not used: %s: %s", aid, refused.reason,
+                            refused.detail[:200])
+                continue
+            views[aid] = view
+            self.checkpoints.setdefault(aid, Checkpoint.of(view))
+        log.info("registry: %d of %d saved views verified, serving them until Kafka answers",
+                 len(views), len(saved))
+        return views

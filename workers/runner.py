@@ -24,7 +24,7 @@ from loraplane.workers.command_feed import KafkaCommandFeed
 from loraplane.workers.event_sink import EventSink, KafkaEventSink
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
-from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
 from loraplane.workers.vllm_client import VllmClient
 from loraplane.workers.worker_metrics import WorkerMetrics
 
@@ -73,14 +73,17 @@ def verified_registry(settings: Settings, options: WorkerOptions, sink: EventSin
                       metrics: WorkerMetrics) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
-    dead-lettered and counted (workers/registry_trust.py)."""
+    dead-lettered and counted (workers/registry_trust.py). The last verified views are kept
+    in the host tier, so the agent serves them while Kafka is away, restarts included."""
     from loraplane.kernel.registry_view import latest_registry_records
 
     return VerifiedRegistry(KeyringFile(settings.keyring_path),
                             lambda: latest_registry_records(settings), sink=sink,
                             component=f"worker-{options.worker_id}",
                             checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
-                            on_refused=metrics.view_refused)
+                            views_path=options.host_tier_dir / VIEWS_FILE,
+                            on_refused=metrics.view_refused,
+                            on_read_failed=metrics.registry_read_failed)
 
 
 async def _site(settings: Settings, app: web.Application, port: int, name: str

@@ -70,6 +70,12 @@ class WorkerMetrics:
         self.registry_view_refused = Counter(
             "registry_view_refused", "Registry records refused: their signed lifecycle "
             "evidence does not verify with this worker's keyring", ("reason",), registry=r)
+        self.command_loop_errors = Counter(
+            "command_loop_errors", "Command-feed steps that failed (logged); the loop goes "
+            "on", registry=r)
+        self.registry_read_failures = Counter(
+            "registry_read_failures", "Registry reads that failed or did not reach the end "
+            "of the topic; the last good view kept serving", registry=r)
         self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
         self._series: dict[AdapterLabels, _RequestSeries] = {}
 
@@ -105,6 +111,12 @@ class WorkerMetrics:
 
     def view_refused(self, reason: str) -> None:
         self.registry_view_refused.labels(str(reason)).inc()
+
+    def command_loop_error(self) -> None:
+        self.command_loop_errors.inc()
+
+    def registry_read_failed(self) -> None:
+        self.registry_read_failures.inc()
 
     def conflict(self, labels: AdapterLabels) -> None:
         self.kv_namespace_conflict.labels(*labels.values()).inc()

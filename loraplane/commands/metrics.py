@@ -87,7 +87,8 @@ def sink(batch_size: int = typer.Option(5000, min=1),
     logging.getLogger("loraplane.metrics.sink").info("sink started, group %s", runner.group_id)
     stats = runner.run(stop)
     typer.echo(f"sink stopped: {stats.batches} batches, {stats.rows} rows, "
-               f"{stats.dead_letters} dead letters, {stats.retries} retries")
+               f"{stats.dead_letters} dead letters ({stats.dead_letters_lost} lost), "
+               f"{stats.retries} retries")
 
 
 def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d ..."),

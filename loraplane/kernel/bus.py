@@ -66,15 +66,27 @@ def _headers(raw: Headers) -> dict[str, bytes]:
     return {k: v.encode() if isinstance(v, str) else v or b"" for k, v in pairs}
 
 
+class TopicReadIncomplete(RuntimeError):
+    """A read that had to reach the end of a topic did not within its time (the broker is
+    away, or slow): what was read is not the whole topic."""
+
+
 def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
-               idle_s: float = 1.5, group: str | None = None) -> Iterator[Record]:
+               idle_s: float = 1.5, group: str | None = None,
+               to_end: bool = False) -> Iterator[Record]:
     """Read a topic from the beginning until it has been idle for ``idle_s`` (or timeout).
 
-    For CLIs and tests that need "everything so far"; no offsets are committed.
+    For CLIs and tests that need "everything so far"; no offsets are committed. With
+    ``to_end`` the read ends as soon as every partition has reached its end, and raises
+    ``TopicReadIncomplete`` when that did not happen in ``timeout_s``: a caller that
+    replaces state with what it read (the worker's registry) can tell a broker that is
+    away from a topic that is empty.
     """
     from confluent_kafka import KafkaException
 
-    consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}")
+    consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}",
+                              read_to_end=to_end)
+    at_end: set[int] = set()
     try:
         consumer.subscribe([topic])
         deadline = time.monotonic() + timeout_s
@@ -82,15 +94,24 @@ def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
         while time.monotonic() < deadline:
             msg = consumer.poll(0.2)
             if msg is None:
-                if time.monotonic() - last > idle_s and consumer.assignment():
+                assigned = consumer.assignment()
+                if to_end:
+                    if assigned and {tp.partition for tp in assigned} <= at_end:
+                        return
+                elif time.monotonic() - last > idle_s and assigned:
                     return
                 continue
             if (err := msg.error()) is not None:
                 if err.code() == -191:  # _PARTITION_EOF
+                    at_end.add(msg.partition() or 0)
                     continue
                 raise KafkaException(err)
             last = time.monotonic()
+            at_end.discard(msg.partition() or 0)
             yield Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0,
                          msg.key(), msg.value(), _headers(msg.headers()), msg.timestamp()[1])
+        if to_end:
+            raise TopicReadIncomplete(f"{topic}: the end was not reached within {timeout_s:.0f}s "
+                                      f"(is {settings.kafka.bootstrap} up?)")
     finally:
         consumer.close()

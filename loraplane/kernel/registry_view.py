@@ -37,16 +37,15 @@ def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, Adap
 
 
 def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
-    """The raw last record of every key of the registry topic (tombstoned keys left out),
-    for consumers that verify each view themselves (``streams.registry_evidence``) and
-    dead-letter what they refuse with its place on the topic."""
+    """The raw last record of every key of the whole registry topic (a tombstoned key's is
+    the tombstone, value None), for consumers that verify each view themselves
+    (``workers.registry_trust``) and dead-letter what they refuse with its place on the
+    topic. Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the read reached
+    the end of every partition: a broker that is away never reads as an empty registry."""
     latest: dict[bytes, Record] = {}
-    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s):
-        key = record.key or b""
-        if record.value is None:
-            latest.pop(key, None)
-        else:
-            latest[key] = record
+    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
+                             to_end=True):
+        latest[record.key or b""] = record
     return list(latest.values())
 
 

@@ -80,6 +80,7 @@ class SinkStats:
     batches: int = 0
     rows: int = 0
     dead_letters: int = 0
+    dead_letters_lost: int = 0  # refused by the broker for good (logged): never a stall
     retries: int = 0
     by_table: dict[str, int] = field(default_factory=dict)
 
@@ -363,21 +364,42 @@ class Sink:
                     self._insert(client, table, items[mid:]))
 
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Produce the batch's dead letters before its offsets are committed. A broker that
+        is away (a timeout, a retriable error) fails the batch, which is retried; a letter
+        the broker refuses for good (which the size bound of ``dead_letter_at`` should make
+        impossible) is counted in ``dead_letters_lost`` and logged instead, so one bad
+        letter can never stall the sink."""
+        from confluent_kafka import KafkaError, KafkaException
+
         if not letters:
             return
         p = kafka.producer(self.settings)
         failures: list[str] = []
+        lost: list[tuple[DeadLetter, str]] = []
 
-        def on_delivery(err: Any, _msg: Any) -> None:
-            if err is not None:
-                failures.append(str(err))
+        def on_delivery(letter: DeadLetter) -> Any:
+            def report(err: Any, _msg: Any) -> None:
+                if err is None:
+                    return
+                if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
+                    failures.append(str(err))
+                else:
+                    lost.append((letter, str(err)))
+            return report
 
         for letter in letters:
-            p.produce(self._dead_letter_topic, key=letter.source_topic, value=encode(letter),
-                      on_delivery=on_delivery)
+            try:
+                p.produce(self._dead_letter_topic, key=letter.source_topic,
+                          value=encode(letter), on_delivery=on_delivery(letter))
+            except KafkaException as exc:
+                lost.append((letter, str(exc)))
         if p.flush(20.0) > 0 or failures:
             raise DeliveryError(f"dead letters not acknowledged: {failures[:3] or 'timeout'}")
-        self.stats.dead_letters += len(letters)
+        for letter, why in lost:
+            log.error("dead letter of %s:%d:%d (%s) refused by the broker, lost: %s",
+                      letter.source_topic, letter.partition, letter.offset, letter.reason, why)
+        self.stats.dead_letters_lost += len(lost)
+        self.stats.dead_letters += len(letters) - len(lost)
         for letter in letters:
             log.warning("dead-lettered %s:%d:%d (%s)", letter.source_topic, letter.partition,
                         letter.offset, letter.reason)

@@ -868,3 +868,82 @@ def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World)
     grown = world.log_file.read_bytes()[size:]
     assert len(grown) < 8192, grown[-3000:]  # ~3,600 closed connections: a few lines
     assert b"Traceback" not in grown, grown[-3000:]
+
+
+def test_poison_messages_do_not_crash_loop_the_worker(world: World) -> None:
+    """Issue #19 fault 1: poison on ``commands`` and ``registry`` (empty, near the broker's
+    1 MiB limit, invalid UTF-8, a JSON bomb, the wrong type, no key): the agent stays up, its
+    gateway answers, each poison is dead-lettered once with a bounded size, and a restart
+    does not crash-loop (the commands were committed; registry letters keep their ids)."""
+    from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetter
+
+    if world.kind != "FAKE-vllm":
+        pytest.skip("the FAKE-vllm run covers it; vLLM plays no part")
+    if world.agent is None:
+        world.start_agent()
+    # The broker's default max.message.bytes is 1 MiB and the producer's 1,000,000 bytes:
+    # the largest value both take (1.5 MB cannot be written here at all).
+    values = [b"", b"x" * 990_000, b"\xff\xfe\x80" * 300, b"[" * 200_000,
+              b'{"a":' * 50_000, b'"a string"', b'{"command_id": 5}']
+    where: set[tuple[str, int, int]] = set()
+    for suffix in ("commands", "registry"):
+        topic = topic_name(world.settings, suffix)
+        for n, value in enumerate(values):
+            key: str | None = world.worker_id if suffix == "commands" else f"poison-{n}"
+            p, o = produce_sync(world.settings, topic, key, value)
+            where.add((topic, p, o))
+    # A keyless command is not this worker's: only committed. (The compacted registry
+    # topic's broker refuses keyless records itself: INVALID_RECORD.)
+    produce_sync(world.settings, topic_name(world.settings, "commands"), None, b"{}")
+
+    def letters() -> list[tuple[DeadLetter, int]]:
+        got = [(decode(DeadLetter, r.value), len(r.value or b""))
+               for r in read_topic(world.settings, topic_name(world.settings, "dead-letters"),
+                                   timeout_s=15, idle_s=1.0)]
+        mine = [(d, size) for d, size in got
+                if (d.source_topic, d.partition, d.offset) in where]
+        return mine if {(d.source_topic, d.partition, d.offset) for d, _ in mine} == where \
+            else []
+
+    found = wait_for(letters, 60, "dead letters of every poison")
+    assert max(size for _, size in found) <= MAX_DEAD_LETTER_BYTES
+    assert {d.raw_size for d, _ in found} >= {990_000}
+    assert len({d.event_id for d, _ in found}) == len(where)  # once per message
+    assert world.agent is not None and world.agent.poll() is None
+    assert _healthz(world.gateway_port)
+
+    world.kill_agent(signal.SIGTERM)
+    world.start_agent()
+    time.sleep(5)
+    assert world.agent is not None and world.agent.poll() is None, "crash loop"
+    assert _healthz(world.gateway_port)
+    assert len({d.event_id for d, _ in wait_for(letters, 60, "letters")}) == len(where)
+
+
+def test_a_hot_adapter_serves_while_kafka_is_unreachable(world: World) -> None:
+    """Issue #19 fault 4: an agent restarted with its Kafka unreachable (an unused port: the
+    module's broker is shared by the other tests) serves its hot adapter from the views it
+    saved in its host tier, re-verified with its keyring."""
+    if world.kind != "FAKE-vllm":
+        pytest.skip("the FAKE-vllm run covers it; vLLM plays no part")
+    if world.agent is None:
+        world.start_agent()
+    sql = world.adapters["sql-1"].record.lora_name
+    if sql not in world.vllm_names():
+        world.command("sql-1", CommandAction.load_gpu)
+        wait_for(lambda: sql in world.vllm_names() or None, 60, "sql loaded")
+    assert world.ask("sql", timeout_s=30).status_code == 200
+    saved = world.tmp / f"host-{world.worker_id}" / ".registry-views.json"
+    assert wait_for(lambda: saved.exists(), 30, "saved registry views")
+    world.kill_agent(signal.SIGTERM)
+    dead = str(free_port())
+    world.start_agent(env={"LORAPLANE_KAFKA__PORT": dead})
+    try:
+        for _ in range(5):
+            assert world.ask("sql", timeout_s=30).status_code == 200
+            time.sleep(1.5)  # registry refreshes (1 s) fail meanwhile: nothing is dropped
+        assert world.agent is not None and world.agent.poll() is None
+        assert b"registry read failed" in world.log_file.read_bytes()
+    finally:
+        world.kill_agent(signal.SIGTERM)
+        world.start_agent()

@@ -7,15 +7,19 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import (
+    MAX_DEAD_LETTER_BYTES,
     MAX_DEAD_LETTER_RAW,
+    DeadLetter,
     dead_letter_at,
     dead_letter_for,
     dead_letter_id,
@@ -73,8 +77,39 @@ def test_a_huge_message_is_kept_truncated_and_says_so() -> None:
     raw = b"x" * (MAX_DEAD_LETTER_RAW + 10)
     letter = dead_letter_at("t", 0, 0, b"k" * 5000, raw, 1.0, "registry", "too_large", "big")
     assert base64.b64decode(letter.raw_b64) == raw[:MAX_DEAD_LETTER_RAW]
+    assert (letter.raw_size, letter.raw_sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
     assert letter.detail.startswith("big") and "raw truncated" in letter.detail
+    assert letter.raw_sha256 in letter.detail  # ClickHouse keeps the detail
     assert letter.key_b64 is not None and len(letter.key_b64) <= 4096
+
+
+# Poison shapes (issue #19): empty, ~1.5 MB, invalid UTF-8, a JSON bomb, lone surrogates in
+# the detail (an exception quoting the bytes), huge keys, out-of-range positions.
+raws = st.one_of(st.binary(max_size=256), st.sampled_from([
+    b"", b"\xff\xfe" * 40_000, b"[" * 200_000, b"x" * 1_500_000,
+    b'{"a":' * 100_000, bytes(range(256)) * 5000]))
+details = st.one_of(st.text(max_size=300), st.just("\ud800" * 10_000),
+                    st.text(min_size=5000, max_size=6000))
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=raws, key=st.one_of(st.none(), st.binary(max_size=64), st.just(b"k" * 100_000)),
+       detail=details, topic=st.text(min_size=1, max_size=300),
+       partition=st.integers(-5, 2**31), offset=st.integers(-5, 2**62),
+       ts=st.floats(-1e12, 1e12, allow_nan=False), component=st.text(min_size=1, max_size=90))
+def test_no_dead_letter_exceeds_the_bound_whatever_it_was_built_from(
+        raw: bytes, key: bytes | None, detail: str, topic: str, partition: int, offset: int,
+        ts: float, component: str) -> None:
+    """The one owner of the bound: encoded, every letter is under MAX_DEAD_LETTER_BYTES (far
+    under the broker's 1 MiB), decodes again, and names the whole message by size+sha256."""
+    letter = dead_letter_at(topic, partition, offset, key, raw, ts, component, "malformed",
+                            detail)
+    wire = encode(letter)
+    assert len(wire) <= MAX_DEAD_LETTER_BYTES
+    again = decode(DeadLetter, wire)
+    assert base64.b64decode(again.raw_b64) == raw[:MAX_DEAD_LETTER_RAW]
+    assert (again.raw_size, again.raw_sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
+    assert again.event_id == dead_letter_id(topic, partition, offset, component)
 
 
 def test_a_faust_message_gives_the_same_letter_as_any_other_client() -> None:

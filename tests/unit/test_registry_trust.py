@@ -41,12 +41,10 @@ class Topic:
                                    1_700_000_000_000))
 
     def latest(self) -> list[Record]:
+        """As ``kernel.registry_view.latest_registry_records``: a tombstone is kept."""
         out: dict[bytes | None, Record] = {}
         for r in self.records:
-            if r.value is None:
-                out.pop(r.key, None)
-            else:
-                out[r.key] = r
+            out[r.key] = r
         return list(out.values())
 
 
