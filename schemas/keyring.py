@@ -34,6 +34,7 @@ unknown one). ``KeyringFile`` re-reads the file when it changes, so neither need
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -41,8 +42,10 @@ from typing import Literal
 
 from loraplane.schemas.adapter import Priority
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
-from loraplane.schemas.lifecycle import LifecycleAction
-from loraplane.schemas.signing import unb64
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.reasons import SignerProblem
+from loraplane.schemas.signing import public_key, unb64, verify
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 ANY: Literal["*"] = "*"
@@ -205,3 +208,43 @@ class KeyringFile:
             self._keyring = load_keyring(self.path)
         return self._keyring
 
+
+
+@dataclass(frozen=True)
+class SignerRefusal:
+    problem: SignerProblem
+    detail: str
+
+
+def signer(keyring: Keyring | None, signed: LifecycleEvent | CacheCommand, role: KeyRole,
+           now: datetime, publisher: str | None = None) -> KeyEntry | SignerRefusal:
+    """The key that vouches for ``signed`` at ``now``, or why none does, checked in the order
+    of ``SignerProblem``: the keyring is readable, the key is in it with ``role`` (and
+    ``publisher``, when given), not revoked, inside its window, and its Ed25519 signature
+    is of exactly these bytes. The one check of the registry and the worker (scopes are
+    theirs: an action for an event, a tenant for a command)."""
+    if keyring is None:
+        return SignerRefusal(SignerProblem.keyring_unavailable, "the keyring could not be read")
+    entry = keyring.get(signed.key_id)
+    if entry is None:
+        return SignerRefusal(SignerProblem.unknown_key,
+                             f"key_id {signed.key_id!r} is not in the keyring")
+    if entry.role is not role:
+        return SignerRefusal(SignerProblem.key_role_mismatch,
+                             f"key {entry.key_id} is a {entry.role} key, not a {role} key")
+    if publisher is not None and entry.publisher != publisher:
+        return SignerRefusal(SignerProblem.key_publisher_mismatch,
+                             f"key {entry.key_id} belongs to {entry.publisher}, not {publisher}")
+    if entry.revoked:
+        return SignerRefusal(SignerProblem.key_revoked, f"key {entry.key_id} is revoked")
+    problem = entry.window_problem(now)
+    if problem == "expired":
+        return SignerRefusal(SignerProblem.key_expired,
+                             f"key {entry.key_id} expired {entry.not_after}")
+    if problem == "not_yet_valid":
+        return SignerRefusal(SignerProblem.key_not_yet_valid,
+                             f"key {entry.key_id} is valid from {entry.not_before}")
+    if not verify(signed, public_key(entry.public_key)):
+        return SignerRefusal(SignerProblem.bad_signature,
+                             f"signature does not verify with key {entry.key_id}")
+    return entry

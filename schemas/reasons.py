@@ -101,6 +101,21 @@ class ConsumerFault(StrEnum):
     clickhouse_rejected = "clickhouse_rejected"  # ClickHouse refused the row on insert
 
 
+class SignerProblem(StrEnum):
+    """Why a signed message's key cannot vouch for it (``Keyring.signer``), in check order;
+    shared by the registry's and the worker's checks, each of which reports it as the
+    member of the same value in its own enum (``RegistryRejection``, ``CommandRejection``)."""
+
+    keyring_unavailable = "keyring_unavailable"
+    unknown_key = "unknown_key"
+    key_role_mismatch = "key_role_mismatch"
+    key_publisher_mismatch = "key_publisher_mismatch"
+    key_revoked = "key_revoked"
+    key_expired = "key_expired"
+    key_not_yet_valid = "key_not_yet_valid"
+    bad_signature = "bad_signature"
+
+
 class RegistryViewRejection(StrEnum):
     """Why a consumer of the registry topic (a worker, the fleet router) refused a record:
     it re-derives the view from the signed lifecycle events it carries

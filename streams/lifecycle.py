@@ -46,12 +46,11 @@ from loraplane.schemas.adapter import (
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_key
 from loraplane.schemas.codec import SchemaError, decode_signed, encode
-from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole
+from loraplane.schemas.keyring import Keyring, KeyRole, SignerRefusal, signer
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
-from loraplane.schemas.signing import public_key, verify
 from pydantic import Field
 
 MAX_EVENT_LIFETIME = timedelta(days=7)
@@ -136,27 +135,10 @@ def _decode(raw: bytes) -> LifecycleEvent:
 
 
 def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) -> None:
-    if keyring is None:
-        raise _Reject(Reason.keyring_unavailable, "the keyring could not be read")
-    entry: KeyEntry | None = keyring.get(event.key_id)
-    if entry is None:
-        raise _Reject(Reason.unknown_key, f"key_id {event.key_id!r} is not in the keyring")
-    if entry.role is not KeyRole.publisher:
-        raise _Reject(Reason.key_role_mismatch,
-                      f"key {entry.key_id} is a {entry.role} key: it cannot sign lifecycle events")
-    if entry.publisher != event.publisher:
-        raise _Reject(Reason.key_publisher_mismatch,
-                      f"key {entry.key_id} belongs to {entry.publisher}, not {event.publisher}")
-    if entry.revoked:
-        raise _Reject(Reason.key_revoked, f"key {entry.key_id} is revoked")
-    problem = entry.window_problem(now)
-    if problem == "expired":
-        raise _Reject(Reason.key_expired, f"key {entry.key_id} expired {entry.not_after}")
-    if problem == "not_yet_valid":
-        raise _Reject(Reason.key_not_yet_valid,
-                      f"key {entry.key_id} is valid from {entry.not_before}")
-    if not verify(event, public_key(entry.public_key)):
-        raise _Reject(Reason.bad_signature, f"signature does not verify with key {entry.key_id}")
+    entry = signer(keyring, event, KeyRole.publisher, now, publisher=event.publisher)
+    if isinstance(entry, SignerRefusal):
+        raise _Reject(Reason(entry.problem.value), entry.detail)
+    assert keyring is not None  # signer refuses a missing keyring
     if not entry.scopes.allows_action(event.action):
         raise _Reject(Reason.action_out_of_scope,
                       f"key {entry.key_id} may not sign {event.action}")

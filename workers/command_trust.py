@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole
+from loraplane.schemas.keyring import Keyring, KeyRole, SignerRefusal, signer
 from loraplane.schemas.reasons import CommandRejection as Reason
-from loraplane.schemas.signing import public_key, verify
 
 CLOCK_SKEW_S = 30.0
 """How far the planner's clock may run ahead of a worker's."""
@@ -52,25 +51,9 @@ def check_command(cmd: CacheCommand, keyring: Keyring | None, *, worker_id: str,
                         f"{worker_id!r}")
     if not cmd.signature or not cmd.key_id:
         return Rejected(Reason.unsigned, "command carries no signature")
-    if keyring is None:
-        return Rejected(Reason.keyring_unavailable, "the keyring could not be read")
-    entry: KeyEntry | None = keyring.get(cmd.key_id)
-    if entry is None:
-        return Rejected(Reason.unknown_key, f"key_id {cmd.key_id!r} is not in the keyring")
-    if entry.role is not KeyRole.planner:
-        return Rejected(Reason.key_role_mismatch,
-                        f"key {entry.key_id} is a {entry.role} key, not a planner key")
-    if entry.revoked:
-        return Rejected(Reason.key_revoked, f"key {entry.key_id} is revoked")
-    problem = entry.window_problem(now)
-    if problem == "expired":
-        return Rejected(Reason.key_expired, f"key {entry.key_id} expired {entry.not_after}")
-    if problem == "not_yet_valid":
-        return Rejected(Reason.key_not_yet_valid,
-                        f"key {entry.key_id} is valid from {entry.not_before}")
-    if not verify(cmd, public_key(entry.public_key)):
-        return Rejected(Reason.bad_signature,
-                        f"signature does not verify with key {entry.key_id}")
+    entry = signer(keyring, cmd, KeyRole.planner, now)
+    if isinstance(entry, SignerRefusal):
+        return Rejected(Reason(entry.problem.value), entry.detail)
     if not entry.scopes.allows_tenant(cmd.tenant_id):
         return Rejected(Reason.tenant_out_of_scope,
                         f"key {entry.key_id} may not command tenant {cmd.tenant_id}")

@@ -302,3 +302,14 @@ def test_a_forged_thousand_request_warmup_is_clamped_to_the_policy() -> None:
     state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=CANARY, warmup=1000))
     assert (state.intents[CANARY.lora_name].warmup_requests
             == POLICY.request_budgets.canary.warmup_requests == 3)
+
+
+def test_the_shared_signer_check_speaks_both_callers_reasons() -> None:
+    """``Keyring.signer`` is the one key check of events and commands; each caller turns its
+    problem into its own reason by value, so each enum must hold every value it can get."""
+    from loraplane.schemas.reasons import SignerProblem
+
+    values = {p.value for p in SignerProblem}
+    assert values <= {r.value for r in RegistryRejection}
+    # commands name no publisher, so key_publisher_mismatch never reaches the worker
+    assert values - {"key_publisher_mismatch"} <= {r.value for r in R}
