@@ -137,6 +137,15 @@ class Keyring(StrictModel):
             raise KeyringError(f"key_id {entry.key_id} is already in the keyring")
         return self.model_copy(update={"keys": [*self.keys, entry]})
 
+    def with_revoked(self, key_id: str) -> Keyring:
+        """The same keyring with ``key_id`` revoked. The entry stays, so its events are
+        reported as ``key_revoked``, not ``unknown_key``."""
+        if self.get(key_id) is None:
+            raise KeyringError(f"key_id {key_id} is not in the keyring")
+        return self.model_copy(update={"keys": [
+            k.model_copy(update={"revoked": True}) if k.key_id == key_id else k
+            for k in self.keys]})
+
     def to_yaml(self) -> str:
         import yaml
 

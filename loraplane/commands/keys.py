@@ -1,10 +1,18 @@
-"""``loraplane keys generate``: a publisher's Ed25519 key pair and its keyring entry."""
+"""``loraplane keys generate | rotate | revoke | tenant``: Ed25519 signing keys and the
+keyring that trusts them. Every keyring change is an atomic file replace that the registry
+agent and the workers pick up without a restart, and is audited (``audit`` topic,
+component ``cli``) when the stack is reachable."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from loraplane.schemas.keyring import KeyEntry, KeyRole, Scopes
+    from loraplane.schemas.signing import SigningKey
 
 
 def parse_scopes(items: list[str]) -> dict[str, list[str] | str]:
@@ -19,6 +27,62 @@ def parse_scopes(items: list[str]) -> dict[str, list[str] | str]:
         current = out[field]
         out[field] = "*" if value == "*" or current == "*" else [*current, value]
     return out
+
+
+def audit_keyring_change(action: str, key_id: str, publisher: str, detail: str) -> None:
+    """Best effort: one AuditRecord for a keyring change. The change itself is the file; a
+    broker that is down costs the record (said on stderr), never the change."""
+    import getpass
+    import uuid
+
+    from confluent_kafka import KafkaException
+
+    from loraplane.kernel.bus import DeliveryError, produce_sync
+    from loraplane.kernel.config import get_settings
+    from loraplane.kernel.kafka import KafkaAuthError
+    from loraplane.kernel.topics import topic_name
+    from loraplane.schemas.audit import AuditRecord
+    from loraplane.schemas.base import now_utc
+
+    settings = get_settings()
+    record = AuditRecord(event_id=f"keys-{uuid.uuid4().hex}", ts=now_utc(), component="cli",
+                         action=action, decision="applied", actor=getpass.getuser()[:128],
+                         subject_event_id=key_id[:128], detail=f"{publisher}: {detail}"[:2048])
+    try:
+        produce_sync(settings, topic_name(settings, "audit"), key_id, record, timeout_s=5.0)
+    except (DeliveryError, KafkaAuthError, KafkaException) as exc:  # the file change stands
+        typer.echo(f"warning: the keyring changed but its audit record was not written: "
+                   f"{exc}", err=True)
+
+
+def _new_key(publisher: str, kid: str, scopes: Scopes, role: KeyRole, valid_days: int,
+             out: Path | None) -> tuple[SigningKey, KeyEntry, Path]:
+    """A new key pair, its keyring entry, and where its private key goes (``out``, else the
+    planner key path for a planner key, else HOME/keys/KEY_ID.key)."""
+    from datetime import timedelta
+
+    from loraplane.kernel.config import get_settings
+    from loraplane.schemas.base import now_utc
+    from loraplane.schemas.keyring import KeyEntry, KeyRole
+    from loraplane.schemas.signing import SigningKey
+
+    now = now_utc()
+    key = SigningKey.generate(publisher, kid)
+    entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
+                     not_before=now, not_after=now + timedelta(days=valid_days),
+                     scopes=scopes, role=role)
+    settings = get_settings()
+    path = out or (settings.planner_key_path if role is KeyRole.planner
+                   else settings.home / "keys" / f"{kid}.key")
+    return key, entry, path
+
+
+def _save_new(key: SigningKey, path: Path) -> None:
+    try:
+        key.save(path)
+    except FileExistsError:
+        typer.echo(f"error: {path} exists; keys are never overwritten", err=True)
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -40,14 +104,10 @@ def register(app: typer.Typer) -> None:
                                  "(signs cache commands; default --out: the planner key path)"),
     ) -> None:
         """Write a new private key and print its keyring entry (YAML)."""
-        from datetime import timedelta
-
         from pydantic import ValidationError
 
-        from loraplane.kernel.config import get_settings
         from loraplane.schemas.base import now_utc
         from loraplane.schemas.keyring import (
-            KeyEntry,
             Keyring,
             KeyringError,
             KeyRole,
@@ -55,33 +115,90 @@ def register(app: typer.Typer) -> None:
             load_keyring,
             save_keyring,
         )
-        from loraplane.schemas.signing import SigningKey
 
-        now = now_utc()
-        kid = key_id or f"{publisher}-{now:%Y%m%d%H%M%S}"
-        key = SigningKey.generate(publisher, kid)
+        kid = key_id or f"{publisher}-{now_utc():%Y%m%d%H%M%S}"
         try:
-            entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
-                             not_before=now, not_after=now + timedelta(days=valid_days),
-                             scopes=Scopes.model_validate(parse_scopes(scope)),
-                             role=KeyRole(role))
+            key, entry, path = _new_key(publisher, kid,
+                                        Scopes.model_validate(parse_scopes(scope)),
+                                        KeyRole(role), valid_days, out)
             ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
             ring = ring.with_key(entry) if keyring else ring
         except (ValidationError, KeyringError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-        settings = get_settings()
-        path = out or (settings.planner_key_path if entry.role is KeyRole.planner
-                       else settings.home / "keys" / f"{kid}.key")
-        try:
-            key.save(path)
-        except FileExistsError:
-            typer.echo(f"error: {path} exists; keys are never overwritten", err=True)
-            raise typer.Exit(1) from None
+        _save_new(key, path)
         if keyring:
             save_keyring(ring, keyring)
         typer.echo(f"# private key: {path} (mode 0600)", err=True)
         typer.echo(Keyring(keys=[entry]).to_yaml(), nl=False)
+
+    @group.command("rotate")
+    def rotate_cmd(
+        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
+        key_id: str = typer.Option(..., "--key-id", help="The key being replaced."),
+        new_key_id: str | None = typer.Option(None, "--new-key-id",
+                                              help="Default: PUBLISHER-DATE."),
+        out: Path | None = typer.Option(None, "--out", help="The new private key (mode 0600)."),
+        valid_days: int = typer.Option(365, "--valid-days", min=1),
+        revoke_old: bool = typer.Option(
+            False, "--revoke-old", help="Revoke the old key in the same replace (default: both "
+            "stay valid, so CI can switch before `keys revoke`)."),
+        audit: bool = typer.Option(True, "--audit/--no-audit",
+                                   help="Write an audit record (needs the stack)."),
+    ) -> None:
+        """Add a new key for the same publisher, scopes and role as KEY_ID."""
+        from loraplane.schemas.base import now_utc
+        from loraplane.schemas.keyring import KeyringError, load_keyring, save_keyring
+
+        try:
+            ring = load_keyring(keyring)
+            old = ring.get(key_id)
+            if old is None:
+                raise KeyringError(f"key_id {key_id} is not in {keyring}")
+            kid = new_key_id or f"{old.publisher}-{now_utc():%Y%m%d%H%M%S}"
+            key, entry, path = _new_key(old.publisher, kid, old.scopes, old.role, valid_days, out)
+            ring = ring.with_key(entry)
+            if revoke_old:
+                ring = ring.with_revoked(key_id)
+        except KeyringError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        _save_new(key, path)
+        save_keyring(ring, keyring)
+        typer.echo(f"# private key: {path} (mode 0600)", err=True)
+        typer.echo(f"{kid}: added for {old.publisher} ({old.role})"
+                   + (f"; {key_id} revoked" if revoke_old else f"; {key_id} still valid"))
+        if audit:
+            audit_keyring_change("key_rotate", kid, old.publisher,
+                                 f"replaces {key_id}" + (" (revoked)" if revoke_old else ""))
+
+    @group.command("revoke")
+    def revoke_cmd(
+        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
+        key_id: str = typer.Option(..., "--key-id"),
+        audit: bool = typer.Option(True, "--audit/--no-audit",
+                                   help="Write an audit record (needs the stack)."),
+    ) -> None:
+        """Revoke KEY_ID: from now on its events and commands are refused (key_revoked)."""
+        from loraplane.schemas.keyring import KeyringError, load_keyring, save_keyring
+
+        try:
+            ring = load_keyring(keyring)
+            entry = ring.get(key_id)
+            if entry is None:
+                raise KeyringError(f"key_id {key_id} is not in {keyring}")
+            already = entry.revoked
+            ring = ring.with_revoked(key_id)
+        except KeyringError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        if already:
+            typer.echo(f"{key_id}: already revoked")
+            return
+        save_keyring(ring, keyring)
+        typer.echo(f"{key_id}: revoked ({entry.publisher}, {entry.role})")
+        if audit:
+            audit_keyring_change("key_revoke", key_id, entry.publisher, "revoked")
 
     @group.command("tenant")
     def tenant_cmd(
