@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,26 +77,31 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     data["versions"][0]["status"] = "retired"
     data["active_version"] = "2"
     produce_sync(env.settings, topic, aid, AdapterView.model_validate(data))
+
+    def letters(at_least: int) -> Callable[[], list[tuple[str, str]] | None]:
+        def probe() -> list[tuple[str, str]] | None:
+            # each refresh reads the topic again: a read cut short by its timeout on a
+            # loaded machine must not hide a record (a refused record is dead-lettered once)
+            registry.records()
+            sink.flush(10)
+            got = sorted(((r.key or b"").decode(), str(decode(DeadLetter, r.value).reason))
+                         for r in read_topic(env.settings, env.topic("dead-letters"),
+                                             timeout_s=10, idle_s=1.0)
+                         if r.value and decode(DeadLetter, r.value).component == "worker-test")
+            return got if len(got) >= at_least else None
+        return probe
+
+    # the edited view is seen (and refused) before the next write to its key supersedes it:
+    # a compacted topic's reader only ever sees the latest record of a key
+    assert wait_for(letters(2), "the bare and the edited views refused") == sorted([
+        (bare_id, "view_no_evidence"), (aid, "view_mismatch")])
     records = registry.records()
     assert {(r.adapter_id, r.version, r.sha256) for r in records} == {
         (aid, r.version, r.sha256) for r in current.versions}  # the verified view stays
     produce_sync(env.settings, topic, aid, older)  # genuine, but older than what we accepted
-    assert {r.version for r in registry.records()} == {"1", "2"}
-    sink.flush(10)
-
-    def letters() -> list[tuple[str, str]] | None:
-        # each refresh reads the topic again: a read cut short by its timeout on a loaded
-        # machine must not hide a record (a refused record is dead-lettered once)
-        registry.records()
-        sink.flush(10)
-        got = sorted(((r.key or b"").decode(), str(decode(DeadLetter, r.value).reason))
-                     for r in read_topic(env.settings, env.topic("dead-letters"), timeout_s=10,
-                                         idle_s=1.0)
-                     if r.value and decode(DeadLetter, r.value).component == "worker-test")
-        return got if len(got) >= 3 else None
-
-    assert wait_for(letters, "the worker's dead letters") == sorted([
+    assert wait_for(letters(3), "the worker's dead letters") == sorted([
         (bare_id, "view_no_evidence"), (aid, "view_mismatch"), (aid, "view_rollback")])
+    assert {r.version for r in registry.records()} == {"1", "2"}
     exposition = metrics.exposition().decode()
     for reason in ("view_no_evidence", "view_mismatch", "view_rollback"):
         assert f'registry_view_refused_total{{reason="{reason}"}} 1.0' in exposition
