@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from loraplane.schemas.keyring import KeyEntry, KeyRole, Scopes
+    from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes
     from loraplane.schemas.signing import SigningKey
 
 
@@ -75,6 +75,23 @@ def _new_key(publisher: str, kid: str, scopes: Scopes, role: KeyRole, valid_days
     path = out or (settings.planner_key_path if role is KeyRole.planner
                    else settings.home / "keys" / f"{kid}.key")
     return key, entry, path
+
+
+def _keyring_and_entry(keyring: Path, key_id: str) -> tuple[Keyring, KeyEntry]:
+    """The keyring file and its ``key_id`` entry; a clear error (exit 1) when either is
+    missing or invalid, before anything is written."""
+    from loraplane.schemas.keyring import KeyringError, load_keyring
+
+    try:
+        ring = load_keyring(keyring)
+    except KeyringError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    entry = ring.get(key_id)
+    if entry is None:
+        typer.echo(f"error: key_id {key_id} is not in {keyring}", err=True)
+        raise typer.Exit(1)
+    return ring, entry
 
 
 def _save_new(key: SigningKey, path: Path) -> None:
@@ -148,13 +165,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Add a new key for the same publisher, scopes and role as KEY_ID."""
         from loraplane.schemas.base import now_utc
-        from loraplane.schemas.keyring import KeyringError, load_keyring, save_keyring
+        from loraplane.schemas.keyring import KeyringError, save_keyring
 
+        ring, old = _keyring_and_entry(keyring, key_id)
         try:
-            ring = load_keyring(keyring)
-            old = ring.get(key_id)
-            if old is None:
-                raise KeyringError(f"key_id {key_id} is not in {keyring}")
             kid = new_key_id or f"{old.publisher}-{now_utc():%Y%m%d%H%M%S}"
             key, entry, path = _new_key(old.publisher, kid, old.scopes, old.role, valid_days, out)
             ring = ring.with_key(entry)
@@ -180,22 +194,13 @@ def register(app: typer.Typer) -> None:
                                    help="Write an audit record (needs the stack)."),
     ) -> None:
         """Revoke KEY_ID: from now on its events and commands are refused (key_revoked)."""
-        from loraplane.schemas.keyring import KeyringError, load_keyring, save_keyring
+        from loraplane.schemas.keyring import save_keyring
 
-        try:
-            ring = load_keyring(keyring)
-            entry = ring.get(key_id)
-            if entry is None:
-                raise KeyringError(f"key_id {key_id} is not in {keyring}")
-            already = entry.revoked
-            ring = ring.with_revoked(key_id)
-        except KeyringError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
-        if already:
+        ring, entry = _keyring_and_entry(keyring, key_id)
+        if entry.revoked:
             typer.echo(f"{key_id}: already revoked")
             return
-        save_keyring(ring, keyring)
+        save_keyring(ring.with_revoked(key_id), keyring)
         typer.echo(f"{key_id}: revoked ({entry.publisher}, {entry.role})")
         if audit:
             audit_keyring_change("key_revoke", key_id, entry.publisher, "revoked")
