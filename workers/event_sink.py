@@ -1,19 +1,38 @@
-"""Where the agent and gateway put their Kafka events without waiting for the broker.
+"""Where the agent, the gateway and the router put their Kafka events without waiting for
+the broker, and without losing them when it is away.
 
 ``emit`` only enqueues into librdkafka's in-memory queue (acks=all, idempotent producer); a
-background ``poll`` serves delivery reports. A request therefore never waits on Kafka, and
-a broker outage costs counted drops (``failed``/``dropped``), never a stuck response.
-``emit`` never raises: a message librdkafka refuses outright (too large, unknown topic) is
-counted in ``refused`` and logged, so no caller's loop (the command feed dead-lettering a
-poison message, a request being answered) can be crashed by the event it reports.
+background ``poll`` serves delivery reports. A request therefore never waits on Kafka. An
+event the broker did not take (its delivery report is an error after ``message.timeout.ms``,
+or the queue is full) goes to the client's durable spool (``workers.event_spool``) and is
+replayed from there, oldest first, once the broker answers; while the spool holds anything,
+new events join its tail, so none overtakes an older one. What the spool cannot take (its
+bound, a disk error) is counted in ``dropped`` and logged with the count; what Kafka refuses
+for good (too large) in ``refused``/``failed``. ``emit`` never raises, so no caller's loop
+(the command feed dead-lettering a poison message, a request being answered) can be crashed
+by the event it reports.
+
+A graceful stop (``close``) waits for deliveries, then spools what is still queued, so an
+agent stopped during an outage keeps its events for the next start. An event in flight when
+the process stops may be delivered twice (at least once, never lost); a SIGKILL loses what
+was only in librdkafka's memory (at most ``message.timeout.ms`` of events).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from loraplane.schemas.codec import encode
+from loraplane.workers.event_spool import EventSpool, SpooledEvent, SpoolUnavailable
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from loraplane.kernel import kafka
@@ -21,43 +40,277 @@ from loraplane.kernel.config import Settings
 
 log = logging.getLogger(__name__)
 
+REPLAY_BATCH = 500
+"""Spooled events produced per replay round; the next round waits for their reports."""
+RETRY_S = 2.0
+"""Pause after a replay round with a failure (the broker is still away)."""
+DROP_LOG_S = 10.0
+"""At most one 'dropped' log line per this many seconds (each says the running count)."""
+
+
+def _permanent_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    names = ("MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "INVALID_MSG", "INVALID_MSG_SIZE",
+             "INVALID_RECORD", "RECORD_LIST_TOO_LARGE", "_INVALID_ARG")
+    return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
+
 
 class EventSink(Protocol):
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
 
 
+@dataclass
+class _Round:
+    """One replay round: the spool's head as peeked, and its delivery reports so far."""
+
+    events: list[SpooledEvent]
+    pending: int = 0
+    failed: int = 0
+
+
+@dataclass
+class _Counts:
+    delivered: int = 0  # delivery reports without error (replayed ones included)
+    failed: int = 0  # delivery reports with a permanent error: lost, logged
+    refused: int = 0  # produce refused outright (too large, unknown topic): lost, logged
+    spooled: int = 0  # written to the spool
+    replayed: int = 0  # taken from the spool and delivered
+    dropped: int = 0  # not taken by the spool (bound, disk): lost, counted, logged
+    corrupt: int = 0  # spool lines that no longer parse: skipped, logged
+
+
+@dataclass
 class KafkaEventSink:
-    def __init__(self, settings: Settings, client_id: str) -> None:
+    """The one producer of a process's fire-and-forget events (``EventSink``)."""
+
+    settings: Settings
+    client_id: str
+    clock: Callable[[], float] = time.monotonic
+    counts: _Counts = field(default_factory=_Counts)
+
+    def __post_init__(self) -> None:
         from loraplane.kernel.topics import topic_name
 
-        self._topic = lambda suffix: topic_name(settings, suffix)
-        self._producer = kafka.producer(settings, client_id=client_id, linger_ms=20)
-        self.delivered = 0
-        self.failed = 0
-        self.dropped = 0
-        self.refused = 0
+        self._topic_name = topic_name
+        self._producer = kafka.producer(self.settings, client_id=self.client_id, linger_ms=20)
+        self._permanent = _permanent_codes()
+        self._spool_dir = self.settings.spool_dir / self.client_id
+        self._spool: EventSpool | None = None
+        self._spool_broken = False
+        self._round: _Round | None = None
+        self._done: set[int] = set()  # head indices delivered in a round that failed
+        self._next_round = 0.0
+        self._last_drop_log = -math.inf
+        self._lock = threading.RLock()  # delivery reports run in whichever thread polls
+        if any(self._spool_dir.glob("*.spool")):  # a previous run's backlog: replay it
+            self._open_spool()
 
-    def _on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is None:
-            self.delivered += 1
-        else:
-            self.failed += 1
+    # ---- counters the callers and tests read ----------------------------------------------
+    @property
+    def delivered(self) -> int:
+        return self.counts.delivered
 
+    @property
+    def failed(self) -> int:
+        return self.counts.failed
+
+    @property
+    def refused(self) -> int:
+        return self.counts.refused
+
+    @property
+    def dropped(self) -> int:
+        return self.counts.dropped
+
+    @property
+    def backlog(self) -> int:
+        """Events in the spool, not yet delivered."""
+        return self._spool.records if self._spool is not None else 0
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._spool.bytes if self._spool is not None else 0
+
+    # ---- sending --------------------------------------------------------------------------
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
         try:
-            self._producer.produce(self._topic(topic_suffix), key=key, value=encode(message),
-                                   on_delivery=self._on_delivery)
-        except BufferError:
-            self.dropped += 1
-        except Exception as exc:  # KafkaException (MSG_SIZE_TOO_LARGE, ...), encode errors
-            self.refused += 1
-            log.error("%s event for key %.64r not sent (%d refused so far): %s",
-                      topic_suffix, key, self.refused, exc)
-        self._producer.poll(0)
+            value = encode(message)
+            topic = self._topic_name(self.settings, topic_suffix)
+        except Exception as exc:
+            self._refuse(topic_suffix, key, exc)
+            return
+        with self._lock:
+            if self.backlog:  # nothing overtakes the spool
+                self._to_spool(topic, key.encode(), value)
+                return
+            try:
+                self._producer.produce(topic, key=key, value=value,
+                                       on_delivery=self._on_delivery)
+            except BufferError:  # librdkafka's queue is full: the broker is long away
+                self._to_spool(topic, key.encode(), value)
+            except Exception as exc:  # KafkaException (MSG_SIZE_TOO_LARGE, ...)
+                self._refuse(topic_suffix, key, exc)
+            self._producer.poll(0)
+
+    def _refuse(self, topic_suffix: str, key: str, exc: Exception) -> None:
+        self.counts.refused += 1
+        log.error("%s event for key %.64r not sent (%d refused so far): %s",
+                  topic_suffix, key, self.counts.refused, exc)
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        with self._lock:
+            if err is None:
+                self.counts.delivered += 1
+            elif err.code() in self._permanent:
+                self._lose(msg, err)
+            else:
+                self._to_spool(msg.topic(), msg.key(), msg.value())
+
+    def _lose(self, msg: Any, err: Any) -> None:
+        self.counts.failed += 1
+        log.error("event on %s not delivered for good (%d so far): %s", msg.topic(),
+                  self.counts.failed, err)
+
+    # ---- the spool ------------------------------------------------------------------------
+    def _open_spool(self) -> EventSpool | None:
+        if self._spool is None and not self._spool_broken:
+            try:
+                self._spool = EventSpool(self._spool_dir, self.settings.spool_max_bytes)
+            except SpoolUnavailable as exc:
+                self._spool_broken = True
+                log.error("no event spool for %s (events Kafka does not take will be "
+                          "dropped and counted): %s", self.client_id, exc)
+            else:
+                if self._spool.records:
+                    log.warning("event spool %s: %d events (%d bytes) to replay",
+                                self._spool_dir, self._spool.records, self._spool.bytes)
+        return self._spool
+
+    def _to_spool(self, topic: str, key: bytes | None, value: bytes) -> None:
+        spool = self._open_spool()
+        if spool is not None and spool.append(topic, key, value):
+            self.counts.spooled += 1
+            return
+        self.counts.dropped += 1
+        now = self.clock()
+        if now - self._last_drop_log >= DROP_LOG_S:
+            self._last_drop_log = now
+            why = ("no spool" if spool is None else
+                   f"spool full: {spool.bytes} of {spool.max_bytes} bytes")
+            log.error("%d events dropped so far by %s (%s)", self.counts.dropped,
+                      self.client_id, why)
 
     def poll(self) -> None:
+        """Serve delivery reports, make the spool durable, and replay from it."""
         self._producer.poll(0)
+        with self._lock:
+            if self._spool is not None:
+                self._spool.sync()
+                self._replay()
 
+    def _replay(self) -> None:
+        spool = self._spool
+        assert spool is not None
+        r = self._round
+        if r is not None:
+            if r.pending:
+                return
+            self._round = None
+            if r.failed:
+                self._next_round = self.clock() + RETRY_S
+            else:
+                spool.commit(r.events)
+                self._done.clear()
+        if not spool.records or self.clock() < self._next_round:
+            return
+        r = self._round = _Round(spool.peek(REPLAY_BATCH))
+        for i, event in enumerate(r.events):
+            if i in self._done:
+                continue
+            if not event.topic:
+                self.counts.corrupt += 1
+                log.error("event spool %s: skipped a line that does not parse", spool.directory)
+                self._done.add(i)
+                continue
+            try:
+                self._producer.produce(event.topic, key=event.key, value=event.value,
+                                       on_delivery=partial(self._on_replayed, r, i))
+            except BufferError:
+                r.failed += 1
+                break
+            except Exception as exc:
+                self._done.add(i)
+                self._refuse(event.topic, repr(event.key), exc)
+                continue
+            r.pending += 1
+
+    def _on_replayed(self, r: _Round, i: int, err: Any, msg: Any) -> None:
+        with self._lock:
+            r.pending -= 1
+            if err is None:
+                self.counts.delivered += 1
+                self.counts.replayed += 1
+                self._done.add(i)
+            elif err.code() in self._permanent:
+                self._lose(msg, err)
+                self._done.add(i)
+            else:
+                r.failed += 1
+
+    # ---- stopping -------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> int:
-        """Wait for outstanding deliveries; returns how many are still queued."""
-        return self._producer.flush(timeout_s)
+        """Wait for outstanding deliveries and the spool's replay; returns how many events
+        are still undelivered (queued in librdkafka or spooled)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            queued = self._producer.flush(max(0.0, min(0.5, deadline - time.monotonic())))
+            self.poll()
+            left = queued + self.backlog
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.05)
+
+    def close(self, timeout_s: float = 5.0) -> int:
+        """``flush``, then spool what librdkafka still holds (so it survives the stop);
+        returns how many events are spooled for the next start."""
+        if self.flush(timeout_s):
+            try:
+                self._producer.purge(in_queue=True, in_flight=True)
+            except Exception as exc:  # a fake or an old client: keep what we have
+                log.warning("could not purge the producer queue: %s", exc)
+            self._producer.flush(1.0)  # serves the purge's reports: they go to the spool
+        with self._lock:
+            if self._spool is not None:
+                self._spool.sync()
+            left = self.backlog
+            if left:
+                log.warning("%d events spooled in %s for the next start", left,
+                            self._spool_dir)
+        return left
+
+
+class SinkMetrics(Collector):
+    """The sink's counters and spool on a process's ``/metrics``: a loss is never silent."""
+
+    def __init__(self, sink: KafkaEventSink) -> None:
+        self.sink = sink
+
+    def collect(self) -> Iterator[Metric]:
+        c, labels = self.sink.counts, ["client"]
+        for name, value, text in (
+                ("event_sink_delivered", c.delivered, "Events Kafka acknowledged"),
+                ("event_sink_spooled", c.spooled, "Events written to the local spool"),
+                ("event_sink_replayed", c.replayed, "Spooled events delivered later"),
+                ("event_sink_dropped", c.dropped, "Events lost: the spool could not take them"),
+                ("event_sink_refused", c.refused + c.failed,
+                 "Events lost: Kafka refused them for good (too large, invalid)")):
+            family = CounterMetricFamily(name, text, labels=labels)
+            family.add_metric([self.sink.client_id], value)
+            yield family
+        for name, value, text in (
+                ("event_sink_spool_events", self.sink.backlog, "Events waiting in the spool"),
+                ("event_sink_spool_bytes", self.sink.backlog_bytes, "Bytes of the spool")):
+            gauge = GaugeMetricFamily(name, text, labels=labels)
+            gauge.add_metric([self.sink.client_id], value)
+            yield gauge

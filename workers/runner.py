@@ -21,7 +21,7 @@ from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import EventSink, KafkaEventSink
+from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
@@ -114,6 +114,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
+    metrics.registry.register(SinkMetrics(sink))
     registry = verified_registry(settings, options, sink, metrics)
     agent = WorkerAgent(
         WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
@@ -158,7 +159,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         for runner in runners:
             await runner.cleanup()
         agent.publish_state()
-        sink.flush(5.0)
+        sink.close(5.0)
         feed.close()
         await vllm.close()
 

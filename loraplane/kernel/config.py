@@ -168,6 +168,14 @@ class Settings(BaseSettings):
                           "creates it with mode 0600 when missing).")
     api_keys_file: Path | None = Field(
         None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
+    spool_dir: Path = Field(
+        default_factory=lambda data: data["home"] / "spool",
+        description="Events Kafka did not take (an outage), one folder per producing client, "
+                    "replayed in order when the broker is back (workers.event_spool).")
+    spool_max_bytes: int = Field(
+        512 * 1024 * 1024, ge=0,
+        description="Bound of each client's spool; an event past it is dropped, counted "
+                    "(event_sink_dropped_total) and logged with the count.")
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,234 @@
+"""A bounded, durable, in-order spool of the events Kafka did not take (issue #19, item 1).
+
+The event sink (``workers.event_sink``) never waits for the broker, so during an outage its
+events end in librdkafka's delivery reports as errors. Each such event is appended here, on
+local disk, and the sink replays the spool from its head once the broker answers again. A
+restarted process finds its spool and replays what the last one left.
+
+Layout: one directory per producing client (``home/spool/<client id>``) holding segment files
+``<n>.spool`` of JSON lines ``{"t": topic, "k": key b64, "v": value b64}`` and ``cursor.json``
+(segment and byte offset of the first event not yet delivered, replaced atomically). A torn
+last line (a crash mid-write) is cut when the spool is opened. The directory is locked
+(``flock``) by the process using it: a second process with the same client id gets no spool
+and says so, rather than interleaving writes.
+
+Bound: ``max_bytes`` of undelivered events. An event past it is not written; the caller
+counts it as dropped and logs the count, so nothing is lost without a counter.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from loraplane.kernel.atomic_file import write_atomic
+
+log = logging.getLogger(__name__)
+
+CURSOR_FILE = "cursor.json"
+SEGMENT_BYTES = 8 * 1024 * 1024
+_SUFFIX = ".spool"
+
+
+class SpoolUnavailable(Exception):
+    """The spool directory is locked by another process or cannot be written."""
+
+
+@dataclass(frozen=True)
+class SpooledEvent:
+    topic: str
+    key: bytes | None
+    value: bytes
+    size: int  # bytes of its line in the segment
+
+    def line(self) -> bytes:
+        return _line(self.topic, self.key, self.value)
+
+
+def _line(topic: str, key: bytes | None, value: bytes) -> bytes:
+    return json.dumps({"t": topic, "k": None if key is None else base64.b64encode(key).decode(),
+                       "v": base64.b64encode(value).decode()},
+                      separators=(",", ":")).encode() + b"\n"
+
+
+def _parse(line: bytes) -> SpooledEvent | None:
+    try:
+        d = json.loads(line)
+        key = None if d["k"] is None else base64.b64decode(d["k"], validate=True)
+        return SpooledEvent(str(d["t"]), key, base64.b64decode(d["v"], validate=True), len(line))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class EventSpool:
+    """A FIFO of undelivered events on disk: ``append`` at the tail, ``peek`` + ``commit``
+    at the head. Not thread-safe: the sink calls it from librdkafka's delivery reports,
+    which run inside the sink's own ``poll``."""
+
+    def __init__(self, directory: Path, max_bytes: int,
+                 segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._lock = (directory / ".lock").open("a")
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpoolUnavailable(f"{directory} is in use by another process") from None
+        except OSError as exc:
+            raise SpoolUnavailable(f"{directory}: {exc}") from None
+        self._head_segment, self._head_offset = self._read_cursor()
+        self.records = 0  # undelivered events
+        self.bytes = 0  # their bytes on disk
+        self._dirty = False
+        self._tail: IO[bytes] | None = None
+        self._scan()
+
+    # ---- state on disk ------------------------------------------------------------------
+    def _segments(self) -> list[int]:
+        return sorted(int(p.name[:-len(_SUFFIX)]) for p in self.directory.glob(f"*{_SUFFIX}")
+                      if p.name[:-len(_SUFFIX)].isdigit())
+
+    def _path(self, n: int) -> Path:
+        return self.directory / f"{n:012d}{_SUFFIX}"
+
+    def _read_cursor(self) -> tuple[int, int]:
+        try:
+            d = json.loads((self.directory / CURSOR_FILE).read_text())
+            return int(d["segment"]), int(d["offset"])
+        except (OSError, ValueError, KeyError, TypeError):
+            segments = self._segments()
+            return (segments[0] if segments else 0), 0
+
+    def _scan(self) -> None:
+        """Count what is undelivered; cut a torn last line; drop segments before the head."""
+        segments = self._segments()
+        for n in segments:
+            if n < self._head_segment:
+                self._path(n).unlink(missing_ok=True)
+        segments = [n for n in segments if n >= self._head_segment]
+        if segments and segments[0] != self._head_segment:  # the head segment went away
+            self._head_segment, self._head_offset = segments[0], 0
+        for n in segments:
+            data = self._path(n).read_bytes()
+            if data and not data.endswith(b"\n"):
+                cut = data.rfind(b"\n") + 1
+                log.warning("event spool %s: cut a torn last line (%d bytes) of segment %d",
+                            self.directory, len(data) - cut, n)
+                with self._path(n).open("r+b") as fh:
+                    fh.truncate(cut)
+                data = data[:cut]
+            start = self._head_offset if n == self._head_segment else 0
+            body = data[start:]
+            self.records += body.count(b"\n")
+            self.bytes += len(body)
+        self._tail_segment = segments[-1] if segments else self._head_segment
+
+    def _write_cursor(self) -> None:
+        write_atomic(self.directory / CURSOR_FILE, json.dumps(
+            {"segment": self._head_segment, "offset": self._head_offset}))
+
+    # ---- tail ---------------------------------------------------------------------------
+    def append(self, topic: str, key: bytes | None, value: bytes) -> bool:
+        """Write one event at the tail; False (nothing written) when over ``max_bytes`` or
+        the disk refuses it."""
+        line = _line(topic, key, value)
+        if self.bytes + len(line) > self.max_bytes:
+            return False
+        try:
+            fh = self._tail_file(len(line))
+            fh.write(line)
+        except OSError as exc:
+            log.error("event spool %s: could not write an event: %s", self.directory, exc)
+            return False
+        self.records += 1
+        self.bytes += len(line)
+        self._dirty = True
+        return True
+
+    def _tail_file(self, size: int) -> IO[bytes]:
+        if self._tail is not None and self._tail.tell() + size > self.segment_bytes:
+            self._close_tail()
+            self._tail_segment += 1
+        if self._tail is None:
+            self._tail = self._path(self._tail_segment).open("ab")
+        return self._tail
+
+    def _close_tail(self) -> None:
+        if self._tail is not None:
+            self.sync()
+            self._tail.close()
+            self._tail = None
+
+    def sync(self) -> None:
+        """Make what was appended durable (the sink calls it once per poll, not per event)."""
+        if self._dirty and self._tail is not None:
+            self._tail.flush()
+            os.fsync(self._tail.fileno())
+        self._dirty = False
+
+    # ---- head ---------------------------------------------------------------------------
+    def peek(self, limit: int) -> list[SpooledEvent]:
+        """Up to ``limit`` events from the head, oldest first (not removed)."""
+        if self._tail is not None:
+            self._tail.flush()
+        out: list[SpooledEvent] = []
+        segment, offset = self._head_segment, self._head_offset
+        while len(out) < limit and segment <= self._tail_segment:
+            path = self._path(segment)
+            if path.exists():
+                with path.open("rb") as fh:
+                    fh.seek(offset)
+                    for raw in fh:
+                        if not raw.endswith(b"\n"):
+                            break  # being written
+                        event = _parse(raw)
+                        out.append(event if event is not None
+                                   else SpooledEvent("", None, b"", len(raw)))
+                        if len(out) >= limit:
+                            break
+            segment, offset = segment + 1, 0
+        return out
+
+    def commit(self, events: list[SpooledEvent]) -> None:
+        """Remove ``events`` (the head, as ``peek`` returned it) for good."""
+        if not events:
+            return
+        segment, offset = self._head_segment, self._head_offset
+        size = self._size(segment)
+        for event in events:
+            while segment < self._tail_segment and offset >= size:
+                self._path(segment).unlink(missing_ok=True)
+                segment, offset = segment + 1, 0
+                size = self._size(segment)
+            offset += event.size
+            self.records -= 1
+            self.bytes -= event.size
+        if segment < self._tail_segment and offset >= size:
+            self._path(segment).unlink(missing_ok=True)
+            segment, offset = segment + 1, 0
+        self._head_segment, self._head_offset = segment, offset
+        if self.records == 0:  # empty: start afresh, no file left behind
+            self._close_tail()
+            for n in self._segments():
+                self._path(n).unlink(missing_ok=True)
+            self._head_segment = self._tail_segment = self._tail_segment + 1
+            self._head_offset = 0
+        self._write_cursor()
+
+    def _size(self, segment: int) -> int:
+        try:
+            return self._path(segment).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def close(self) -> None:
+        self._close_tail()
+        self._lock.close()
