@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.policies import policy_factory
 from loraplane.simulator.policies.dynamo import Dynamo
@@ -38,7 +40,7 @@ def test_a_saturated_worker_queues_and_the_wait_adds_to_latency() -> None:
                      policy_factory("lru"))
     assert roomy.queued == 0 and tight.queued == 5
     waits = tight.ttft_penalty_ms[1:]
-    assert all(b > a for a, b in zip(waits, waits[1:], strict=False))
+    assert all(b > a for a, b in pairwise(waits))
     assert waits[0] > 3000  # 4.44 s of service of the first, less its 1 s head start
     assert tight.weighted_miss_cost > roomy.weighted_miss_cost
 
