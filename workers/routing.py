@@ -19,14 +19,19 @@ Worker (``FleetIndex.route``), among the live workers of the version's base mode
 A worker whose last heartbeat (``WorkerState.ts``) is older than ``3 * heartbeat_s`` is
 drained: never chosen. Lookups are by lora name (dicts of holders), and free-slot order is a
 list sorted once per change of the fleet, so a decision does not scan the fleet.
+
+The rule itself is ``pick_worker`` (and ``free_slot_order``) over bare worker ids and
+callables, so the policy simulator (loraplane/simulator/engine.py) routes its simulated
+fleet with the same code, without building a WorkerState per request.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestClass
@@ -64,6 +69,47 @@ class RouteKind(StrEnum):
     host = "host"  # it holds the version in its host tier
     free_slot = "free_slot"  # it has a free GPU slot: where the planner would load it
     cold_budget = "cold_budget"  # no copy, no free slot: its gateway's cold budget applies
+
+
+W = TypeVar("W", str, int)
+"""A worker id: the router's ``worker_id``, the simulator's worker index."""
+
+
+def least_busy(ids: Iterable[W], fits: Callable[[W], bool],
+               busy: Callable[[W], int]) -> W | None:
+    """The fitting worker with the fewest in-flight requests, ties to the lowest id."""
+    best: tuple[int, W] | None = None
+    for wid in ids:
+        if fits(wid):
+            key = (busy(wid), wid)
+            if best is None or key < best:
+                best = key
+    return best[1] if best else None
+
+
+def free_slot_order(ids: Iterable[W], free: Callable[[W], int]) -> list[W]:
+    """Workers with a free GPU slot as the planner fills them (rule 5): most free first,
+    ties to the lowest id."""
+    return sorted((wid for wid in ids if free(wid) > 0), key=lambda wid: (-free(wid), wid))
+
+
+def pick_worker(gpu: Iterable[W], host: Iterable[W], free_order: Iterable[W],
+                fleet: Iterable[W], *, fits: Callable[[W], bool],
+                may_load: Callable[[W], bool],
+                busy: Callable[[W], int]) -> tuple[W, RouteKind] | None:
+    """The routing rule (module doc) on worker ids: holders of a GPU copy, of a host copy,
+    workers in free-slot order, and the whole fleet of the base model. ``fits``: live and
+    rank-fit; ``may_load``: within cold-load budget and HBM watermark; ``busy``: in-flight.
+    ``free_order`` is consumed only when no copy fits, so it may be lazy."""
+    for kind, holders in ((RouteKind.gpu, gpu), (RouteKind.host, host)):
+        best = least_busy(holders, fits, busy)
+        if best is not None:
+            return best, kind
+    for wid in free_order:
+        if fits(wid) and may_load(wid):
+            return wid, RouteKind.free_slot
+    best = least_busy(fleet, fits, busy)
+    return None if best is None else (best, RouteKind.cold_budget)
 
 
 @dataclass(frozen=True)
@@ -157,48 +203,32 @@ class FleetIndex:
         """Where ``record`` is served now; None when no live worker of its base model can
         hold its rank."""
         name, base, rank = record.lora_name, record.base_model, record.rank
-        for kind, index in ((RouteKind.gpu, self._gpu), (RouteKind.host, self._host)):
-            holders = index.get(name)
-            if holders:
-                best = self._least_busy(holders, base, rank, now, in_flight)
-                if best is not None:
-                    return Route(best, self.workers[best].state.gateway_url, kind)
-        free = self._free_worker(base, rank, now)
-        if free is not None:
-            return Route(free, self.workers[free].state.gateway_url, RouteKind.free_slot)
-        best = self._least_busy(self._by_base.get(base, ()), base, rank, now, in_flight)
-        if best is None:
+        workers = self.workers
+
+        def fits(wid: str) -> bool:
+            return self._fits(workers[wid], base, rank, now)
+
+        picked = pick_worker(
+            self._gpu.get(name, ()), self._host.get(name, ()), self._free_candidates(base),
+            self._by_base.get(base, ()), fits=fits,
+            may_load=lambda wid: self._may_load(workers[wid]),
+            busy=lambda wid: in_flight.get(wid, 0))
+        if picked is None:
             return None
-        return Route(best, self.workers[best].state.gateway_url, RouteKind.cold_budget)
+        wid, kind = picked
+        return Route(wid, workers[wid].state.gateway_url, kind)
 
     def _fits(self, w: _Worker, base: str, rank: int, now: float) -> bool:
         return (w.state.base_model == base and w.state.max_lora_rank >= rank
                 and bool(w.state.gateway_url) and self._live(w, now))
 
-    def _least_busy(self, ids: set[str] | tuple[()], base: str, rank: int, now: float,
-                    in_flight: Mapping[str, int]) -> str | None:
-        best: tuple[int, str] | None = None
-        for wid in ids:
-            if self._fits(self.workers[wid], base, rank, now):
-                key = (in_flight.get(wid, 0), wid)
-                if best is None or key < best:
-                    best = key
-        return best[1] if best else None
-
-    def _free_worker(self, base: str, rank: int, now: float) -> str | None:
-        """The planner's rule 5 target: most free slots, then lowest id, among workers that
-        may still load (cold-load budget, HBM watermark)."""
+    def _free_candidates(self, base: str) -> Iterator[str]:
+        """The cached free-slot order of ``base``, built on first use after a change."""
         order = self._free_order.get(base)
         if order is None:
-            ids = [wid for wid in self._by_base.get(base, ())
-                   if self.workers[wid].free_slots > 0]
-            order = self._free_order[base] = sorted(
-                ids, key=lambda wid: (-self.workers[wid].free_slots, wid))
-        for wid in order:
-            w = self.workers[wid]
-            if self._fits(w, base, rank, now) and self._may_load(w):
-                return wid
-        return None
+            order = self._free_order[base] = free_slot_order(
+                self._by_base.get(base, ()), lambda wid: self.workers[wid].free_slots)
+        yield from order
 
     def _may_load(self, w: _Worker) -> bool:
         hbm = w.state.hbm_usage

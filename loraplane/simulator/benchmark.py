@@ -15,7 +15,7 @@ from loraplane.simulator.catalog import Catalog, build_catalog
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.metrics import Counters
 from loraplane.simulator.optimum import optimum
-from loraplane.simulator.policies import policy_class
+from loraplane.simulator.policies import policy_factory
 from loraplane.simulator.requests import Requests, assign_adapters
 from loraplane.simulator.scenario import Scenario
 from loraplane.simulator.synthetic import arrivals
@@ -47,7 +47,7 @@ def run_policy(bench: Workbench, name: str, gpu_slots: int | None = None) -> Cou
     scenario = bench.scenario.for_policy(name)
     if gpu_slots:
         scenario = scenario.with_gpu_slots(gpu_slots)
-    return simulate(scenario, bench.catalog, bench.requests, policy_class(name))
+    return simulate(scenario, bench.catalog, bench.requests, policy_factory(name))
 
 
 def pool_slots(scenario: Scenario) -> dict[int, int]:

@@ -1,31 +1,43 @@
-"""The discrete-event engine: replays one request stream against one policy per base model.
+"""The discrete-event engine: replays one request stream against one policy per base model,
+on a fleet of workers that each have their own slots, host tier, budgets and capacity.
 
 Events are the requests (in time order) and, for planner policies, their timer ticks (run
 before the first request at or after each tick time). There is no randomness here: the
 stream and the catalog carry the seed, so a run is a pure function of the scenario.
 
-A request's adapter is a GPU hit if it is resident (or already being loaded: a delayed hit,
-charged the time left). Otherwise it is a miss: the load budget (rolling minute) is checked,
-the policy picks a victim (the victim is demoted to the host tier), the adapter is copied from
-host (swap) or fetched from S3 first (cold load), and the request-class budget decides what the
-request experiences (see ``fleet``). The host tier is an LRU over slots and bytes for every
-policy (vLLM's ``max_cpu_loras``).
+Every request is routed as the fleet router routes it, by the router's own code
+(``workers.routing.pick_worker``): a worker holding a GPU copy (a copy still loading counts:
+its gateway waits for it) with the fewest in-flight requests, else a host-warm copy, else a
+free slot where the planner would load (most free slots, within the worker's cold-load
+budget), else the least busy worker, whose cold budget applies. The router's view is the
+engine's truth here (no heartbeat lag).
+
+On the chosen worker the adapter is a GPU hit if it is resident (or being loaded: a delayed
+hit, charged the time left). Otherwise it is a miss: the worker's load budget (rolling minute)
+is checked, the policy picks that worker's victim (demoted to its host tier), the adapter is
+copied from host (swap) or fetched from S3 first (cold load), and the request-class budget
+decides what the request experiences (see ``fleet``). The host tier is an LRU over slots and
+bytes per worker for every policy (vLLM's ``max_cpu_loras``). Then the request takes one of
+the worker's ``max_concurrent`` serving places for its decode time; when all are taken it
+queues (first come, first served), and the wait adds to its TTFT penalty and to its charge.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Iterator
 
 from loraplane.simulator.catalog import Catalog
 from loraplane.simulator.fleet import CostModel, Outcome, Pool
 from loraplane.simulator.metrics import Counters
-from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
+from loraplane.simulator.policies import PolicyFactory
+from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Scenario
+from loraplane.workers.routing import free_slot_order, pick_worker
 
-PolicyFactory = Callable[[PolicyContext], CachePolicy]
 WINDOW_S = 60.0
 
 
@@ -33,102 +45,174 @@ class PolicyContractError(RuntimeError):
     """A policy answered something impossible (evicting an adapter that is not resident)."""
 
 
-class _PoolState:
-    """One base model's tiers, load budget and HBM accounting during a run."""
+class _Worker:
+    """One worker's tiers, load budget, load lane and serving places during a run."""
 
-    def __init__(self, pool: Pool, capacity: int, catalog: Catalog, costs: CostModel,
-                 counters: Counters) -> None:
-        self.pool = pool
-        self.capacity = capacity
-        self.sizes = [a.size_bytes for a in catalog.adapters]
-        self.costs = costs
-        self.c = counters
+    def __init__(self, index: int, fleet: _Fleet) -> None:
+        self.index = index
+        self.fleet = fleet
+        pool = fleet.pool
         self.resident: set[int] = set()
         self.ready: dict[int, float] = {}
         self.host: OrderedDict[int, float] = OrderedDict()
         self.host_bytes = 0.0
         self.loads: list[float] = []  # start times of GPU loads, sorted
-        self.lanes = [0.0] * pool.workers  # each worker copies one adapter at a time
+        self.lane = 0.0  # a worker copies one adapter at a time
         self.resident_bytes = 0.0
-        self.in_flight: list[tuple[float, float]] = []  # (ready time, bytes) of loads
-        self.fixed_bytes = pool.base_bytes + pool.kv_bytes
-        self.policy: CachePolicy
-        self.next_tick = float("inf")
+        self.staged: list[tuple[float, float]] = []  # (ready time, bytes) of loads
+        self.places = [0.0] * pool.max_concurrent  # heap: when each serving place frees
+        self.finishing: list[float] = []  # heap: when each in-flight request ends
+
+    def busy(self, now: float) -> int:
+        """In-flight requests (the router's count): dispatched and not yet answered."""
+        f = self.finishing
+        while f and f[0] <= now:
+            heapq.heappop(f)
+        return len(f)
+
+    def serve(self, ready: float, service_s: float) -> float:
+        """Take a serving place from ``ready`` for ``service_s``; returns the queue wait."""
+        start = max(ready, heapq.heappop(self.places))
+        end = start + service_s
+        heapq.heappush(self.places, end)
+        heapq.heappush(self.finishing, end)
+        return start - ready
 
     def host_put(self, adapter: int) -> None:
+        fl = self.fleet
         if adapter in self.host:
             self.host.move_to_end(adapter)
             return
-        self.host[adapter] = self.sizes[adapter]
-        self.host_bytes += self.sizes[adapter]
-        while len(self.host) > self.pool.host_slots or self.host_bytes > self.pool.host_bytes:
-            _, size = self.host.popitem(last=False)
+        self.host[adapter] = fl.sizes[adapter]
+        self.host_bytes += fl.sizes[adapter]
+        fl.host_holders.setdefault(adapter, set()).add(self.index)
+        while len(self.host) > fl.pool.host_slots or self.host_bytes > fl.pool.host_bytes:
+            gone, size = self.host.popitem(last=False)
             self.host_bytes -= size
+            fl.host_holders[gone].discard(self.index)
 
-    def budget_start(self, now: float) -> float:
-        """The earliest time a new GPU load may start under the rolling-minute budget."""
+    def recent_loads(self, now: float) -> int:
         loads = self.loads
         cut = bisect.bisect_right(loads, now - WINDOW_S)
         if cut:
             del loads[:cut]
-        over = len(loads) - self.pool.loads_per_minute
-        return now if over < 0 else max(now, loads[over] + WINDOW_S)
+        return len(loads)
+
+    def budget_start(self, now: float) -> float:
+        """The earliest time a new GPU load may start under the rolling-minute budget."""
+        over = self.recent_loads(now) - self.fleet.pool.loads_per_minute
+        return now if over < 0 else max(now, self.loads[over] + WINDOW_S)
+
+    def _add(self, adapter: int, ready: float) -> None:
+        self.resident.add(adapter)
+        self.ready[adapter] = ready
+        self.resident_bytes += self.fleet.sizes[adapter]
+        self.fleet.gpu_holders.setdefault(adapter, set()).add(self.index)
+
+    def preload(self, adapter: int) -> None:
+        self._add(adapter, 0.0)
+        self.host_put(adapter)
 
     def load(self, adapter: int, start: float, demand: bool) -> float:
         """Put ``adapter`` in a slot; returns when it is ready."""
-        size = self.sizes[adapter]
-        ms = self.costs.swap_ms(size)
+        fl, c = self.fleet, self.fleet.c
+        size = fl.sizes[adapter]
+        ms = fl.costs.swap_ms(size)
         if adapter not in self.host:
-            ms += self.costs.fetch_ms(size)
-            self.c.cold_loads += 1
+            ms += fl.costs.fetch_ms(size)
+            c.cold_loads += 1
         self.host_put(adapter)
-        self.c.swaps += 1
-        lane = min(range(len(self.lanes)), key=self.lanes.__getitem__)
-        ready = max(start, self.lanes[lane]) + ms / 1000.0
-        self.lanes[lane] = ready
+        c.swaps += 1
+        ready = max(start, self.lane) + ms / 1000.0
+        self.lane = ready
         if demand:
-            self.c.swap_ms_total += (ready - start) * 1000.0
-            self.c.demand_swaps += 1
+            c.swap_ms_total += (ready - start) * 1000.0
+            c.demand_swaps += 1
         bisect.insort(self.loads, start)
-        self.resident.add(adapter)
-        self.ready[adapter] = ready
-        self.resident_bytes += size
-        self.in_flight = [x for x in self.in_flight if x[0] > start]
-        self.in_flight.append((ready, size))
-        staged = sum(x[1] for x in self.in_flight)
-        ratio = (self.fixed_bytes + self.resident_bytes + staged) / self.pool.hbm_bytes
-        if ratio > self.c.hbm_peak_ratio:
-            self.c.hbm_peak_ratio = ratio
+        self._add(adapter, ready)
+        self.staged = [x for x in self.staged if x[0] > start]
+        self.staged.append((ready, size))
+        self.hbm_check(sum(x[1] for x in self.staged))
         return ready
+
+    def hbm_check(self, staged: float = 0.0) -> None:
+        pool = self.fleet.pool
+        ratio = (pool.base_bytes + pool.kv_bytes + self.resident_bytes + staged) / pool.hbm_bytes
+        if ratio > self.fleet.c.hbm_peak_ratio:
+            self.fleet.c.hbm_peak_ratio = ratio
 
     def evict(self, adapter: int) -> None:
         if adapter not in self.resident:
             raise PolicyContractError(
-                f"{self.policy.name} evicted adapter {adapter}, which is not resident")
+                f"{self.fleet.policy.name} evicted adapter {adapter}, which is not resident on "
+                f"worker {self.index}")
         self.resident.remove(adapter)
         del self.ready[adapter]
-        self.resident_bytes -= self.sizes[adapter]
+        self.resident_bytes -= self.fleet.sizes[adapter]
+        self.fleet.gpu_holders[adapter].discard(self.index)
         self.host_put(adapter)
 
+
+class _Fleet:
+    """One base model's workers, who holds what (the router's indexes) and its policy."""
+
+    def __init__(self, pool: Pool, catalog: Catalog, costs: CostModel,
+                 counters: Counters) -> None:
+        self.pool = pool
+        self.sizes = [a.size_bytes for a in catalog.adapters]
+        self.costs = costs
+        self.c = counters
+        self.gpu_holders: dict[int, set[int]] = {}  # adapter -> workers with a GPU copy
+        self.host_holders: dict[int, set[int]] = {}  # adapter -> workers with a host copy
+        self.workers = [_Worker(w, self) for w in range(pool.workers)]
+        self.ids = tuple(range(pool.workers))
+        self.policy: CachePolicy
+        self.next_tick = float("inf")
+
+    def route(self, adapter: int, now: float) -> tuple[int, str]:
+        """The router's choice for a request of ``adapter`` at ``now``."""
+        ws = self.workers
+        budget = self.pool.loads_per_minute
+        picked = pick_worker(
+            self.gpu_holders.get(adapter, ()), self.host_holders.get(adapter, ()),
+            self._free_order(), self.ids, fits=_always,
+            may_load=lambda w: ws[w].recent_loads(now) < budget,
+            busy=lambda w: ws[w].busy(now))
+        assert picked is not None  # every simulated worker fits every adapter
+        return picked
+
+    def recent_loads(self, worker: int, now: float) -> int:
+        return self.workers[worker].recent_loads(now)
+
+    def _free_order(self) -> Iterator[int]:
+        """Lazy: sorted only when no worker holds a copy (``pick_worker`` reaches it)."""
+        slots, ws = self.pool.gpu_slots, self.workers
+        yield from free_slot_order(self.ids, lambda w: slots - len(ws[w].resident))
+
     def apply(self, plan: Plan, now: float) -> None:
-        evicted: list[int] = []
-        for a in dict.fromkeys(plan.evict):
-            if a in self.resident:
-                self.evict(a)
-                evicted.append(a)
-        for a in plan.prewarm:
-            if a not in self.host:
+        evicted: list[Copy] = []
+        ws = self.workers
+        for w, a in dict.fromkeys(plan.evict):
+            if a in ws[w].resident:
+                ws[w].evict(a)
+                evicted.append((w, a))
+        for w, a in plan.prewarm:
+            if a not in ws[w].host:
                 self.c.cold_loads += 1
-                self.host_put(a)
-        loaded: list[int] = []
-        for a in plan.load:
-            if a in self.resident:
+                ws[w].host_put(a)
+        loaded: list[Copy] = []
+        for w, a in plan.load:
+            wk = ws[w]
+            if (a in wk.resident or len(wk.resident) >= self.pool.gpu_slots
+                    or wk.budget_start(now) > now):
                 continue
-            if len(self.resident) >= self.capacity or self.budget_start(now) > now:
-                break
-            self.load(a, now, demand=False)
-            loaded.append(a)
+            wk.load(a, now, demand=False)
+            loaded.append((w, a))
         self.policy.on_planned(loaded, evicted, now)
+
+
+def _always(worker: int) -> bool:
+    return True
 
 
 def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
@@ -136,23 +220,22 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     """Replay ``requests`` with one policy (one instance per base model)."""
     c = Counters(requests=len(requests))
     costs = CostModel(scenario.fleet.costs, scenario.policy)
-    states: list[_PoolState] = []
+    fleets: list[_Fleet] = []
     for index, spec in enumerate(scenario.fleet.base_models):
         pool = Pool.of(index, spec, scenario.policy)
-        st = _PoolState(pool, pool.gpu_slots, catalog, costs, c)
-        st.policy = factory(PolicyContext(pool, pool.gpu_slots, catalog, costs, scenario.policy,
-                                          requests, st.resident, st.host,
-                                          tuple(scenario.workload.peaks)))
-        for a in st.policy.preload():
-            st.resident.add(a)
-            st.ready[a] = 0.0
-            st.resident_bytes += st.sizes[a]
-            st.host_put(a)
-        c.hbm_peak_ratio = max(c.hbm_peak_ratio,
-                               (st.fixed_bytes + st.resident_bytes) / pool.hbm_bytes)
-        if st.policy.tick_s:
-            st.next_tick = requests.time_s[0] if len(requests) else 0.0
-        states.append(st)
+        fl = _Fleet(pool, catalog, costs, c)
+        ws = fl.workers
+        fl.policy = factory(PolicyContext(
+            pool, pool.gpu_slots, catalog, costs, scenario.policy, requests,
+            tuple(w.resident for w in ws), tuple(w.host for w in ws),
+            tuple(scenario.workload.peaks), recent_loads=fl.recent_loads))
+        for w, a in fl.policy.preload():
+            ws[w].preload(a)
+        for wk in ws:
+            wk.hbm_check()
+        if fl.policy.tick_s:
+            fl.next_tick = requests.time_s[0] if len(requests) else 0.0
+        fleets.append(fl)
 
     adapters = catalog.adapters
     pool_of = [a.base_model for a in adapters]
@@ -164,56 +247,61 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     hit_s = scenario.fleet.costs.gpu_hit_ms / 1000.0
     penalties = c.ttft_penalty_ms
     tps = c.tokens_per_s
+    routes = c.routes
     times, reqs, tokens, batches = (requests.time_s, requests.adapter, requests.output_tokens,
                                     requests.batch)
     for i in range(len(requests)):
         t = times[i]
         a = reqs[i]
         batch = batches[i]
-        st = states[pool_of[a]]
-        pol = st.policy
-        while st.next_tick <= t:
-            st.apply(pol.tick(st.next_tick), st.next_tick)
-            st.next_tick += pol.tick_s  # type: ignore[operator]
+        fl = fleets[pool_of[a]]
+        pol = fl.policy
+        while fl.next_tick <= t:
+            fl.apply(pol.tick(fl.next_tick), fl.next_tick)
+            fl.next_tick += pol.tick_s  # type: ignore[operator]
+        w, kind = fl.route(a, t)
+        routes[kind] = routes.get(kind, 0) + 1
+        wk = fl.workers[w]
         outcome: Outcome | None = None
         tier = "gpu"
-        if a in st.resident:
+        if a in wk.resident:
             c.gpu_hits += 1
-            pol.on_hit(a, i, t)
-            wait = st.ready[a] - t
+            pol.on_hit(w, a, i, t)
+            wait = wk.ready[a] - t
             if wait > 0:
                 outcome = costs.miss(wait * 1000.0, batch, False)
-            if a in st.host:
-                st.host.move_to_end(a)
+            if a in wk.host:
+                wk.host.move_to_end(a)
         else:
             if platinum[a]:
                 c.platinum_cold_starts += 1
             if canary[a]:
                 c.canary_cold_starts += 1
-            if a in st.host:
+            if a in wk.host:
                 c.host_hits += 1
                 tier = "host"
             else:
                 tier = "cold"
-            start = st.budget_start(t)
+            start = wk.budget_start(t)
             if start > t and not costs.may_wait(batch, (start - t) * 1000.0):
                 outcome = costs.miss(0.0, batch, True)
             else:
-                full = len(st.resident) >= st.capacity
-                victim = pol.on_miss(a, i, t, full)
+                full = len(wk.resident) >= fl.pool.gpu_slots
+                victim = pol.on_miss(w, a, i, t, full)
                 if victim == BYPASS:
                     outcome = costs.bypass()
                 else:
                     if full:
                         if victim is None:
-                            raise PolicyContractError(f"{pol.name} gave no victim in a full pool")
-                        st.evict(victim)
-                    ready = st.load(a, start, demand=True)
+                            raise PolicyContractError(
+                                f"{pol.name} gave no victim on a full worker {w}")
+                        wk.evict(victim)
+                    ready = wk.load(a, start, demand=True)
                     outcome = costs.miss((ready - t) * 1000.0, batch, False)
         out = tokens[i]
         if outcome is None:
             penalty = 0.0
-            tps.append(out / (hit_s + out / (base_tps if pol.merged else lora_tps)))
+            rate = base_tps if pol.merged else lora_tps
         else:
             penalty = outcome.ttft_penalty_ms
             if outcome.fallback:
@@ -221,10 +309,16 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
                 tier = "base_fallback"
             c.weighted_miss_cost += weight[a] * outcome.charged_ms
             rate = base_tps if (outcome.fallback or pol.merged) else lora_tps
-            tps.append(out / (penalty / 1000.0 + out / rate))
+        if outcome is None or not outcome.retry:
+            queued = wk.serve(t + penalty / 1000.0, hit_s + out / rate)
+            if queued > 0:
+                c.queued += 1
+                penalty += queued * 1000.0
+                c.weighted_miss_cost += weight[a] * queued * 1000.0
+        tps.append(out / (penalty / 1000.0 + hit_s + out / rate))
         penalties.append(penalty)
         if pol.observes:
-            pol.observe(a, i, t, tier, penalty)
+            pol.observe(w, a, i, t, tier, penalty)
             if pol.replan_now:
-                st.apply(pol.tick(t), t)
+                fl.apply(pol.tick(t), t)
     return c

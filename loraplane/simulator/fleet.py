@@ -1,9 +1,11 @@
 """The fleet and its costs: what a hit, a swap, a fetch and a fallback cost, per request class.
 
-GPU slots of the workers serving one base model are pooled (the gateway routes a request to
-the worker that holds its adapter), and so are their host tiers and cold-load budgets
-(``cold_loads_per_minute_per_worker * workers``, a rolling minute as in the seed's
-``cold_loads_last_minute()``). Request-class budgets come from the policy file:
+Each worker of a base model has its own GPU slots, host tier, cold-load budget
+(``cold_loads_per_minute_per_worker``, a rolling minute as in the seed's
+``cold_loads_last_minute()``), load lane (one copy at a time) and serving capacity
+(``max_concurrent_per_worker`` requests at once; above it requests queue, and the wait adds
+to their TTFT). Requests reach a worker the way the fleet router routes them (engine.py).
+Request-class budgets come from the policy file:
 - interactive: a miss whose penalty exceeds ``max_wait_ms`` (or that meets a spent load
   budget) is served by the base model (``fallback``, charged ``fallback_cost_ms``) or told to
   retry (``retry_later``, charged ``retry_after_s``); the adapter still loads in the background
@@ -24,7 +26,7 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Pool:
-    """The workers of one base model, seen as one pool of slots."""
+    """The workers of one base model; every size is per worker."""
 
     index: int
     name: str
@@ -36,14 +38,14 @@ class Pool:
     base_bytes: float
     kv_bytes: float
     loads_per_minute: int
+    max_concurrent: int
 
     @classmethod
     def of(cls, index: int, spec: BaseModelFleet, policy: Policy) -> Pool:
-        w = spec.workers
-        return cls(index, spec.name, w, spec.gpu_slots_per_worker * w,
-                   spec.host_slots_per_worker * w, spec.host_bytes_per_worker * w,
-                   spec.hbm_bytes_per_worker * w, spec.base_weights_bytes * w,
-                   spec.kv_reserved_bytes * w, policy.cold_loads_per_minute_per_worker * w)
+        return cls(index, spec.name, spec.workers, spec.gpu_slots_per_worker,
+                   spec.host_slots_per_worker, spec.host_bytes_per_worker,
+                   spec.hbm_bytes_per_worker, spec.base_weights_bytes, spec.kv_reserved_bytes,
+                   policy.cold_loads_per_minute_per_worker, spec.max_concurrent_per_worker)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Outcome:
     ttft_penalty_ms: float
     charged_ms: float
     fallback: bool
+    retry: bool = False
+    """Told to retry later (429): it takes no place on the worker."""
 
 
 class CostModel:
@@ -88,7 +92,7 @@ class CostModel:
         (``blocked``: the load budget is spent, nothing loads)."""
         max_wait, over, fallback = self._classes[batch]
         if blocked or penalty_ms > max_wait:
-            return Outcome(0.0 if fallback else over, over, fallback)
+            return Outcome(0.0 if fallback else over, over, fallback, not fallback)
         return Outcome(penalty_ms, penalty_ms, False)
 
     def bypass(self) -> Outcome:

@@ -17,6 +17,7 @@ class Counters:
     cold_loads: int = 0
     swaps: int = 0
     fallbacks: int = 0
+    queued: int = 0
     platinum_cold_starts: int = 0
     canary_cold_starts: int = 0
     weighted_miss_cost: float = 0.0
@@ -25,6 +26,8 @@ class Counters:
     hbm_peak_ratio: float = 0.0
     ttft_penalty_ms: list[float] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    routes: dict[str, int] = field(default_factory=dict)
+    """Requests per route kind of the router (``workers.routing.RouteKind``)."""
 
     def summary(self) -> dict[str, Any]:
         n = max(1, self.requests)
@@ -36,11 +39,13 @@ class Counters:
             "cold_loads": self.cold_loads,
             "swaps": self.swaps,
             "fallbacks": self.fallbacks,
+            "queued": self.queued,
             "ttft_penalty_ms": {k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"),
                                                                      pct, strict=True)},
             "weighted_miss_cost": round(self.weighted_miss_cost, 3),
             "platinum_cold_starts": self.platinum_cold_starts,
             "canary_cold_starts": self.canary_cold_starts,
+            "routes": {str(k): v for k, v in sorted(self.routes.items())},
         }
 
     def seed_columns(self) -> dict[str, float]:

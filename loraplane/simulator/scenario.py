@@ -100,6 +100,9 @@ class BaseModelFleet(_Strict):
     hbm_bytes_per_worker: float = Field(24e9, gt=0)
     base_weights_bytes: float = Field(16e9, ge=0)
     kv_reserved_bytes: float = Field(4e9, ge=0)
+    max_concurrent_per_worker: int = Field(
+        256, ge=1, description="requests a worker serves at once (vLLM max_num_seqs); "
+                               "more queue, and the wait adds to their TTFT")
 
 
 class Costs(_Strict):

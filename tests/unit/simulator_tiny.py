@@ -1,5 +1,5 @@
 """Tiny hand-built workloads for the simulator tests: one pool, equal adapters, generous
-budgets, requests one second apart (loads finish long before the next request)."""
+budgets, requests one second apart by default (loads finish long before the next request)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import BaseModelFleet, Fleet, Scenario
 
 
-def scenario(slots: int) -> Scenario:
-    fleet = Fleet(base_models=[BaseModelFleet(workers=1, gpu_slots_per_worker=slots,
+def scenario(slots: int, workers: int = 1, max_concurrent: int = 256) -> Scenario:
+    fleet = Fleet(base_models=[BaseModelFleet(workers=workers, gpu_slots_per_worker=slots,
                                               host_slots_per_worker=1000,
-                                              base_weights_bytes=1e9, kv_reserved_bytes=1e9)])
+                                              base_weights_bytes=1e9, kv_reserved_bytes=1e9,
+                                              max_concurrent_per_worker=max_concurrent)])
     policy = Policy.model_validate({
         "cold_loads_per_minute_per_worker": 10_000,
         "request_budgets": {"interactive": {"max_wait_ms": 60_000}}})
@@ -26,6 +27,7 @@ def catalog(n: int, priorities: list[str] | None = None) -> Catalog:
                                  size_bytes=16 * 1.7e6) for i in range(n)), n, {})
 
 
-def requests(trace: list[int], batch: list[bool] | None = None) -> Requests:
-    return Requests([float(i) for i in range(len(trace))], list(trace), [180] * len(trace),
+def requests(trace: list[int], batch: list[bool] | None = None,
+             gap_s: float = 1.0) -> Requests:
+    return Requests([i * gap_s for i in range(len(trace))], list(trace), [180] * len(trace),
                     batch or [False] * len(trace))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from loraplane.cli import app
 from loraplane.simulator import benchmark
 from loraplane.simulator.engine import simulate
-from loraplane.simulator.policies import ALL, policy_class, resolve
+from loraplane.simulator.policies import ALL, policy_factory, resolve
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import load_scenario
 from loraplane.simulator.trace import TraceError, load_trace
@@ -23,7 +23,7 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "bench" / "scenarios"
 
 def hits(name: str, trace: list[int], slots: int) -> int:
     n = max(trace) + 1
-    return simulate(scenario(slots), catalog(n), requests(trace), policy_class(name)).gpu_hits
+    return simulate(scenario(slots), catalog(n), requests(trace), policy_factory(name)).gpu_hits
 
 
 def test_lru_exact_hits_on_classic_trace() -> None:
@@ -51,7 +51,7 @@ def test_lru_and_belady_on_short_trace() -> None:
 
 def test_counters_on_a_known_trace() -> None:
     sc = scenario(2)
-    c = simulate(sc, catalog(3), requests([0, 1, 0, 2, 0, 1]), policy_class("lru"))
+    c = simulate(sc, catalog(3), requests([0, 1, 0, 2, 0, 1]), policy_factory("lru"))
     s = c.summary()
     assert (c.gpu_hits, c.swaps, c.cold_loads, c.host_hits) == (2, 4, 3, 1)
     assert s["fallbacks"] == 0
@@ -63,7 +63,7 @@ def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
     sc = scenario(1)
     sc = sc.model_copy(update={"policy": sc.policy.model_copy(
         update={"cold_loads_per_minute_per_worker": 1})})
-    c = simulate(sc, catalog(3), requests([0, 1, 2]), policy_class("lru"))
+    c = simulate(sc, catalog(3), requests([0, 1, 2]), policy_factory("lru"))
     assert (c.swaps, c.fallbacks) == (1, 2)
 
 
@@ -137,8 +137,9 @@ def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> No
     assert data["requests"] == 400 and set(data["policies"]) == set(ALL)
     for metrics in data["policies"].values():
         assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
-                                "fallbacks", "ttft_penalty_ms", "weighted_miss_cost",
-                                "platinum_cold_starts", "canary_cold_starts"}
+                                "fallbacks", "queued", "ttft_penalty_ms", "weighted_miss_cost",
+                                "platinum_cold_starts", "canary_cold_starts", "routes"}
+        assert sum(metrics["routes"].values()) == 400
         assert set(metrics["ttft_penalty_ms"]) == {"p50", "p95", "p99"}
     assert data["optimum"]["exact"] is True
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
@@ -165,7 +166,7 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     times = [float(i) for i in range(60)] + [7200.0 + i for i in range(60)]
     reqs = Requests(times, trace, [180] * 120, [False] * 120)
     cat = catalog(4, ["platinum"] * 4)
-    seed = simulate(sc, cat, reqs, policy_class("loraplane"))
-    demand = simulate(sc, cat, reqs, policy_class("loraplane-demand"))
+    seed = simulate(sc, cat, reqs, policy_factory("loraplane"))
+    demand = simulate(sc, cat, reqs, policy_factory("loraplane-demand"))
     assert seed.fallbacks < 10 and seed.gpu_hits > 110
     assert demand.fallbacks < 10 and demand.gpu_hits > 110

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.optimum import optimum, weighted_paging_cost
-from loraplane.simulator.policies import policy_class
+from loraplane.simulator.policies import policy_factory
 from tests.unit.simulator_tiny import catalog, requests, scenario
 
 ONLINE = ("lru", "fifo", "s3-fifo", "sieve", "gdsf")
@@ -34,11 +34,11 @@ def test_belady_and_optimum_bound_every_online_policy(trace: list[int], slots: i
                                                       batch: list[bool]) -> None:
     sc, cat = scenario(slots), catalog(6, prio)
     reqs = requests(trace, batch[: len(trace)])
-    best_hits = simulate(sc, cat, reqs, policy_class("belady")).gpu_hits
+    best_hits = simulate(sc, cat, reqs, policy_factory("belady")).gpu_hits
     best_cost = optimum(sc, cat, reqs, {0: slots})
     assert best_cost is not None and best_cost.exact
     for name in ONLINE:
-        c = simulate(sc, cat, reqs, policy_class(name))
+        c = simulate(sc, cat, reqs, policy_factory(name))
         assert c.gpu_hits <= best_hits, name
         assert best_cost.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
 

@@ -1,11 +1,25 @@
-"""Every simulated policy by name. ``loraplane`` and ``loraplane-demand`` (the real scorer and
-planner; the second with platinum pinning conditioned on demand) are imported lazily so the
-baselines work even while the streams package is incomplete."""
+"""Every simulated policy by name, as a factory the engine calls once per base model.
+
+Demand-loading caches run one instance per worker (``PerWorker``); ``dynamo`` and the two
+``loraplane`` policies plan the whole pool. ``loraplane`` and ``loraplane-demand`` (the real
+scorer and planner; the second with platinum pinning conditioned on demand) are imported
+lazily so the baselines work even while the streams package is incomplete."""
 
 from __future__ import annotations
 
-from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
+from collections.abc import Callable
+from functools import partial
+
+from loraplane.simulator.policies.base import (
+    BYPASS,
+    CachePolicy,
+    PerWorker,
+    Plan,
+    PolicyContext,
+    WorkerCache,
+)
 from loraplane.simulator.policies.belady import Belady
+from loraplane.simulator.policies.dynamo import Dynamo
 from loraplane.simulator.policies.fifo import FIFO
 from loraplane.simulator.policies.gdsf import GDSF
 from loraplane.simulator.policies.lru import LRU
@@ -13,18 +27,22 @@ from loraplane.simulator.policies.s3fifo import S3FIFO
 from loraplane.simulator.policies.sieve import SIEVE
 from loraplane.simulator.policies.static import StaticMerge
 
-BASELINES: dict[str, type[CachePolicy]] = {
+PolicyFactory = Callable[[PolicyContext], CachePolicy]
+BASELINES: dict[str, type[WorkerCache]] = {
     p.name: p for p in (LRU, FIFO, S3FIFO, SIEVE, GDSF, Belady, StaticMerge)}
-ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "loraplane", "loraplane-demand", "belady")
+ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "dynamo", "loraplane", "loraplane-demand",
+       "belady")
 
 
-def policy_class(name: str) -> type[CachePolicy]:
+def policy_factory(name: str) -> PolicyFactory:
     if name in ("loraplane", "loraplane-demand"):
         from loraplane.simulator.policies.loraplane import Loraplane, LoraplaneDemand
 
         return Loraplane if name == "loraplane" else LoraplaneDemand
+    if name == Dynamo.name:
+        return Dynamo
     try:
-        return BASELINES[name]
+        return partial(PerWorker, cache=BASELINES[name])
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join((*ALL, 'static-merge'))}"
                          ) from None
@@ -35,10 +53,11 @@ def resolve(names: list[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         for n in (ALL if name == "all" else (name,)):
-            policy_class(n)
+            policy_factory(n)
             if n not in out:
                 out.append(n)
     return out
 
 
-__all__ = ["ALL", "BYPASS", "CachePolicy", "Plan", "PolicyContext", "policy_class", "resolve"]
+__all__ = ["ALL", "BYPASS", "CachePolicy", "Plan", "PolicyContext", "PolicyFactory",
+           "WorkerCache", "policy_factory", "resolve"]

@@ -1,13 +1,15 @@
 """Belady's MIN (offline): evict the resident whose next request is farthest in the future,
 and do not load at all when the requested adapter's own next use is farther still (bypass).
 With equal miss costs this maximises the GPU hit rate of any policy that loads only on
-demand; it needs the future, so it is a bound, not a policy you can run."""
+demand; it needs the future, so it is a bound, not a policy you can run. Behind the router
+each worker runs its own MIN over the fleet-wide next request of each adapter (where that
+request will be routed is not known ahead): a strong offline heuristic, no longer a bound."""
 
 from __future__ import annotations
 
 import heapq
 
-from loraplane.simulator.policies.base import BYPASS, CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import BYPASS, PolicyContext, WorkerCache
 
 NEVER = 1 << 62
 
@@ -22,13 +24,24 @@ def next_uses(adapters: list[int]) -> list[int]:
     return nxt
 
 
-class Belady(CachePolicy):
+_last: tuple[list[int], list[int]] | None = None
+
+
+def _next_of(adapters: list[int]) -> list[int]:
+    """``next_uses`` of the stream being replayed, computed once for all its workers."""
+    global _last
+    if _last is None or _last[0] is not adapters:
+        _last = (adapters, next_uses(adapters))
+    return _last[1]
+
+
+class Belady(WorkerCache):
     name = "belady"
     online = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        self.next = next_uses(ctx.requests.adapter)
+        self.next = _next_of(ctx.requests.adapter)
         self.due: dict[int, int] = {}
         self.heap: list[tuple[int, int]] = []  # (-next use, adapter), stale entries skipped
 

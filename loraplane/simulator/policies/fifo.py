@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from loraplane.simulator.policies.base import CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
 
-class FIFO(CachePolicy):
+class FIFO(WorkerCache):
     name = "fifo"
 
     def __init__(self, ctx: PolicyContext) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import heapq
 
-from loraplane.simulator.policies.base import CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
 
-class GDSF(CachePolicy):
+class GDSF(WorkerCache):
     name = "gdsf"
 
     def __init__(self, ctx: PolicyContext) -> None:

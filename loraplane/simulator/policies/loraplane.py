@@ -4,15 +4,18 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
 - Every served request is folded into its version's ``ScoreState`` with
   ``streams.scores.observe`` (the scoring agent's job); a burst (``is_burst``) asks for a
   planning tick at once, as the app re-plans on significant events.
-- Every ``policy.planner_interval_s`` the pool's registry views, scores and per-worker
-  ``WorkerState`` go through ``streams.planner.plan``; its commands become the engine's plan
-  (``load_gpu`` -> load, ``demote_to_host``/``evict`` of a GPU copy -> evict, ``prewarm_host``
-  -> host prewarm, ``pin``/``unpin`` -> the pinned set). The planner's memory is kept across
-  ticks like the Faust table keeps it.
-- A request that misses between ticks is loaded by the worker on demand (the engine applies
-  the request-class and load budgets); the slot given up is the unpinned resident with the
-  lowest hot score of the last tick, least recently used first (the policy's
-  ``eviction_policy: weighted-lru``). When every resident is pinned the base model serves it.
+- Every ``policy.planner_interval_s`` the pool's registry views, scores and one
+  ``WorkerState`` per simulated worker (its own GPU and host copies, pins, HBM and recent
+  loads, from the engine) go through ``streams.planner.plan``; its commands become the
+  engine's plan on the worker they name (``load_gpu`` -> load, ``demote_to_host``/``evict``
+  of a GPU copy -> evict, ``prewarm_host`` -> host prewarm, ``pin``/``unpin`` -> the pinned
+  copies). A version may hold copies on several workers. The planner's memory is kept
+  across ticks like the Faust table keeps it.
+- A request that the router sends to a worker without a copy is loaded there on demand (the
+  engine applies the request-class and load budgets); the slot given up is that worker's
+  unpinned resident with the lowest hot score of the last tick, least recently used first
+  (the policy's ``eviction_policy: weighted-lru``). When every resident there is pinned the
+  base model serves it.
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
   minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
 Host copies that the planner would evict for host pressure are left to the engine's host
@@ -22,7 +25,6 @@ LRU, which enforces the same slot and byte limits.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -32,7 +34,7 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestStatus, Tier
 from loraplane.schemas.worker_state import LoadedAdapter, ResidentTier, WorkerState
 from loraplane.simulator.catalog import Adapter
-from loraplane.simulator.policies.base import BYPASS, CachePolicy, Plan, PolicyContext
+from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.streams import planner
 from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
 from loraplane.streams.scores import ScoreState, is_burst, observe, score_key
@@ -76,7 +78,6 @@ class Loraplane(CachePolicy):
         self.tick_s = ctx.policy.planner_interval_s
         self.workers = [f"{pool.name}-w{n}" for n in range(pool.workers)]
         self.worker_index = {w: n for n, w in enumerate(self.workers)}
-        self.slots_per_worker = pool.gpu_slots // pool.workers
         mine = [a for a in ctx.catalog.adapters if a.base_model == pool.index]
         self.records = {a.index: _record(a, pool.name) for a in mine}
         by_id: dict[str, list[AdapterRecord]] = {}
@@ -95,18 +96,16 @@ class Loraplane(CachePolicy):
         self.batch = ctx.requests.batch
         self.scores: dict[str, ScoreState] = {}
         self.memory: dict[str, planner.WorkerMemory] = {}
-        self.where: dict[int, int] = {}  # GPU resident -> worker index
-        self.pinned: set[int] = set()
+        self.pinned: set[Copy] = set()
         self.last_score: dict[int, float] = {}
         self.last_used: dict[int, float] = {}
-        self.planned_worker: dict[int, int] = {}
-        self.hbm_fixed = (pool.base_bytes + pool.kv_bytes) / pool.workers
-        self.hbm_per_worker = pool.hbm_bytes / pool.workers
+        self.hbm_fixed = pool.base_bytes + pool.kv_bytes
         self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
 
     # --- the request log -------------------------------------------------------------------
 
-    def observe(self, adapter: int, i: int, now: float, tier: str, ttft_ms: float) -> None:
+    def observe(self, worker: int, adapter: int, i: int, now: float, tier: str,
+                ttft_ms: float) -> None:
         key = self.key[adapter]
         before = self.scores.get(key, _EMPTY)
         after = observe(before, ts=SIM_EPOCH + now,
@@ -120,23 +119,17 @@ class Loraplane(CachePolicy):
 
     # --- the request path between ticks -----------------------------------------------------
 
-    def on_hit(self, adapter: int, i: int, now: float) -> None:
+    def on_hit(self, worker: int, adapter: int, i: int, now: float) -> None:
         pass
 
-    def on_miss(self, adapter: int, i: int, now: float, full: bool) -> int | None:
+    def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         if not full:
-            load = [0] * len(self.workers)
-            for w in self.where.values():
-                load[w] += 1
-            self.where[adapter] = min(range(len(load)), key=load.__getitem__)
             return None
-        evictable = [r for r in self.where if r not in self.pinned]
+        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
         if not evictable:
             return BYPASS
-        victim = min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
-                                               self.last_used.get(r, 0.0)))
-        self.where[adapter] = self.where.pop(victim)
-        return victim
+        return min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
+                                             self.last_used.get(r, 0.0), r))
 
     # --- the planner tick -------------------------------------------------------------------
 
@@ -153,27 +146,23 @@ class Loraplane(CachePolicy):
         return entry
 
     def _states(self, now: float) -> list[WorkerState]:
-        gpu: list[list[LoadedAdapter]] = [[] for _ in self.workers]
-        host: list[list[LoadedAdapter]] = [[] for _ in self.workers]
-        residents: tuple[tuple[ResidentTier, Iterable[tuple[int, int]]], ...] = (
-            ("gpu", self.where.items()),
-            ("host", ((a, a % len(self.workers)) for a in self.ctx.host if a not in self.where)))
-        for tier, members in residents:
-            for a, w in members:
-                (gpu if tier == "gpu" else host)[w].append(
-                    self._loaded(a, tier, a in self.pinned))
         ts = datetime.fromtimestamp(SIM_EPOCH + now, UTC)
         pool = self.ctx.pool
         states = []
         for n, wid in enumerate(self.workers):
-            used = sum(x.size_bytes for x in gpu[n])
+            gpu = [self._loaded(a, "gpu", (n, a) in self.pinned)
+                   for a in sorted(self.ctx.residents[n])]
+            host = [self._loaded(a, "host", False) for a in self.ctx.hosts[n]
+                    if a not in self.ctx.residents[n]]
+            used = sum(x.size_bytes for x in gpu)
             states.append(WorkerState.model_construct(
                 schema_version=1, worker_id=wid, base_model=pool.name, ts=ts, gateway_url="",
-                gpu_slots_used=len(gpu[n]), gpu_slots_total=self.slots_per_worker,
-                host_bytes_used=sum(x.size_bytes for x in host[n]) + used,
-                host_bytes_budget=int(pool.host_bytes / pool.workers),
-                hbm_usage=min(1.0, (self.hbm_fixed + used) / self.hbm_per_worker),
-                max_lora_rank=512, cold_loads_last_minute=0, adapters=gpu[n] + host[n]))
+                gpu_slots_used=len(gpu), gpu_slots_total=pool.gpu_slots,
+                host_bytes_used=sum(x.size_bytes for x in host) + used,
+                host_bytes_budget=int(pool.host_bytes),
+                hbm_usage=min(1.0, (self.hbm_fixed + used) / pool.hbm_bytes),
+                max_lora_rank=512, cold_loads_last_minute=self.ctx.recent_loads(n, now),
+                adapters=gpu + host))
         return states
 
     def tick(self, now: float) -> Plan:
@@ -187,29 +176,23 @@ class Loraplane(CachePolicy):
         self.last_score = {self.index_of[lora]: s for lora, s in result.scores.items()}
         out = Plan()
         for cmd in result.commands:
-            a = self.index_of[cmd.lora_name]
+            copy = (self.worker_index[cmd.worker_id], self.index_of[cmd.lora_name])
             match cmd.action:
                 case CommandAction.load_gpu:
-                    out.load.append(a)
-                    self.planned_worker[a] = self.worker_index[cmd.worker_id]
+                    out.load.append(copy)
                 case CommandAction.demote_to_host | CommandAction.evict:
-                    if a in self.where:
-                        out.evict.append(a)
+                    if copy[1] in self.ctx.residents[copy[0]]:
+                        out.evict.append(copy)
                 case CommandAction.prewarm_host:
-                    out.prewarm.append(a)
+                    out.prewarm.append(copy)
                 case CommandAction.pin:
-                    self.pinned.add(a)
+                    self.pinned.add(copy)
                 case CommandAction.unpin:
-                    self.pinned.discard(a)
+                    self.pinned.discard(copy)
         return out
 
-    def on_planned(self, loaded: list[int], evicted: list[int], now: float) -> None:
-        for a in evicted:
-            self.where.pop(a, None)
-            self.pinned.discard(a)
-        for a in loaded:
-            self.where[a] = self.planned_worker.pop(a)
-        self.planned_worker.clear()
+    def on_planned(self, loaded: list[Copy], evicted: list[Copy], now: float) -> None:
+        self.pinned.difference_update(evicted)
 
 
 PLATINUM = 'tenant_priority == "platinum"'

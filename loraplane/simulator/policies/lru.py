@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from loraplane.simulator.policies.base import CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
 
-class LRU(CachePolicy):
+class LRU(WorkerCache):
     name = "lru"
 
     def __init__(self, ctx: PolicyContext) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from loraplane.simulator.policies.base import CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
 
-class S3FIFO(CachePolicy):
+class S3FIFO(WorkerCache):
     name = "s3-fifo"
     small_share = 0.1
 

@@ -4,10 +4,10 @@ Survivors stay in place (no reordering), which keeps hits O(1) and lock-free in 
 
 from __future__ import annotations
 
-from loraplane.simulator.policies.base import CachePolicy, PolicyContext
+from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
 
-class SIEVE(CachePolicy):
+class SIEVE(WorkerCache):
     name = "sieve"
 
     def __init__(self, ctx: PolicyContext) -> None:
