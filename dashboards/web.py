@@ -5,6 +5,11 @@ page polls a tiny JSON API, ``GET /api/query/<name>?since=1h&adapter_id=...``, w
 query of the pack (``loraplane.metrics.queries``) with bound parameters; unknown names and bad
 durations are 400s, a ClickHouse failure is a 503 with the reason, so the page can show it.
 
+The fleet panel is ``GET /api/fleet``: ``workers.fleet_view`` (the view ``loraplane fleet
+status`` prints) of the compacted worker-state topic, read from Kafka, not ClickHouse: the
+latest heartbeat per worker is state, not history, so it gets no table. One read serves every
+page for ``refresh_s / 2``; a broker that does not answer is a 503 with the reason.
+
 It is an aiohttp app behind the shared connection bounds (``loraplane.kernel.http_server``,
 ``settings.http``): no thread per connection; queries run on a pool of ``QUERY_THREADS``.
 """
@@ -16,15 +21,19 @@ import contextlib
 import json
 import logging
 import mimetypes
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from loraplane.workers.fleet_view import fleet_view
 
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.http_server import bound_port, start_site
+from loraplane.kernel.worker_states import latest_worker_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 
@@ -34,6 +43,13 @@ if TYPE_CHECKING:
 STATIC = Path(__file__).resolve().parent / "static"
 FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
 QUERY_THREADS = 4
+FLEET_READ_TIMEOUT_S = 4.0  # with live workers beating the read never idles: bounded
+
+
+def no_queue_depths() -> Mapping[str, int] | None:
+    """The fleet panel's queue-depth hook (base model -> requests queued at the router):
+    None, shown as "-", until the router exports its flow-control queues."""
+    return None
 log = logging.getLogger("loraplane.dashboard")
 
 
@@ -47,10 +63,15 @@ def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
 
 
 class Dashboard:
-    def __init__(self, settings: Settings, refresh_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, refresh_s: float = 5.0,
+                 queue_depths: Callable[[], Mapping[str, int] | None] = no_queue_depths
+                 ) -> None:
         self.settings = settings
         self.refresh_s = refresh_s
+        self.queue_depths = queue_depths
         self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="dashboard-query")
+        self._fleet_lock = asyncio.Lock()
+        self._fleet_cache: tuple[float, dict[str, Any]] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024)  # GET only: no body to speak of
@@ -73,6 +94,8 @@ class Dashboard:
         if path.startswith("/api/query/"):
             return await self._query(path.removeprefix("/api/query/"),
                                      {k: request.query.getall(k)[-1] for k in request.query})
+        if path == "/api/fleet":
+            return await self._fleet()
         if path == "/api/queries":
             return _json(HTTPStatus.OK, [{"name": n, "summary": queries.load(n).summary}
                                          for n in queries.names()])
@@ -101,6 +124,27 @@ class Dashboard:
             reason = " ".join(str(exc).splitlines()[:2]) or repr(exc)
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"ClickHouse: {reason}"})
         return _json(HTTPStatus.OK, {"query": name, "rows": rows})
+
+    async def _fleet(self) -> web.Response:
+        async with self._fleet_lock:  # concurrent pages share one read of the topic
+            cached = self._fleet_cache
+            if cached is None or time.monotonic() - cached[0] > self.refresh_s / 2:
+                try:
+                    body = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, self._read_fleet)
+                except Exception as exc:  # the broker away: tell the page why
+                    reason = " ".join(str(exc).splitlines()[:2]) or repr(exc)
+                    return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"Kafka: {reason}"})
+                cached = self._fleet_cache = (time.monotonic(), body)
+        return _json(HTTPStatus.OK, cached[1])
+
+    def _read_fleet(self) -> dict[str, Any]:
+        latest = latest_worker_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S)
+        heartbeat_s = self.settings.policy.worker_heartbeat_s
+        view = fleet_view(latest.states.values(), time.time(), heartbeat_s,
+                          queue_depths=self.queue_depths())
+        return {**view.as_json(), "malformed_states": latest.malformed,
+                "heartbeat_s": heartbeat_s}
 
     def _run(self, name: str, params: queries.Params) -> Any:
         client = connect(self.settings, reader=True)

@@ -24,6 +24,10 @@ while planning: the planner's memory keeps commands unsigned and the resend afte
 signs them again. Planning waits for the key file too: an unsigned command would be refused
 by every worker.
 
+A worker whose last state is older than three ``policy.worker_heartbeat_s`` intervals
+(``workers.routing.heard_lately``: the router drains it by the same rule) is left out of the
+plan: its copies count for nothing, so the hot versions it held are loaded elsewhere.
+
 Planning waits for table recovery and the score states: a planner that ran on an empty
 memory would re-issue, one on empty scores would demote everything.
 The wall clock is the planner's ``now``; tests control time through the timestamps of the
@@ -59,6 +63,7 @@ from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
 from loraplane.streams.schedules import ScheduleFile, warmup_scores
 from loraplane.streams.score_store import ScoreStore
+from loraplane.workers.routing import heard_lately
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec
@@ -216,7 +221,9 @@ def plan_now(inputs: _Inputs, scores: ScoreStore, memory: dict[str, WorkerMemory
     current = inputs.views.current()
     scheduled = warmup_scores(schedule_file.current(),
                               ((v.adapter_id, v.tenant_id) for v in current), now)
-    workers = list(inputs.workers.of(worker_states.items()).values())
+    heartbeat_s = settings.policy.worker_heartbeat_s
+    workers = [w for w in inputs.workers.of(worker_states.items()).values()
+               if heard_lately(w, now, heartbeat_s)]  # a silent worker's copies take no traffic
     return inputs.planner.tick(current, scores.states(), workers, settings.policy, now,
                                memory, scheduled)
 

@@ -1,19 +1,23 @@
-"""What ops look at for the fleet (``loraplane fleet status``): per base model and worker,
-slots used and free, adapter versions per tier, replicas, in-flight work and heartbeat age,
-from the latest worker state of each worker. Pure (no I/O): the CLI reads the topic.
+"""What ops look at for the fleet (``loraplane fleet status`` and the dashboard's fleet panel,
+``GET /api/fleet``): per base model and worker, slots used and free, adapter versions per
+tier, replicas, in-flight work, queue depth and heartbeat age, from the latest worker state
+of each worker (``kernel.worker_states``). Pure (no I/O): the callers read the topic.
 
-A worker is *live* by the router's own rule (``routing.DRAIN_AFTER_HEARTBEATS`` intervals),
+Queue depth is the router's (requests waiting per base model, not a worker's): the hook is
+``queue_depths``; None (shown as "-") until the router exports its queues.
+
+A worker is *live* by the router's own rule (``routing.heard_lately``),
 so the view and the routing agree on which workers take traffic.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.workers.routing import DRAIN_AFTER_HEARTBEATS
+from loraplane.workers.routing import heard_lately
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class WorkerRow:
     in_flight: int
     cold_loads_last_minute: int
     hbm_usage: float | None
+    gpu_loras: tuple[str, ...] = ()  # the versions (lora names) per tier, sorted
+    host_loras: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class BaseModelRow:
     live_workers: int
     gpu_slots_free: int  # on live workers
     replicas: dict[str, int]  # lora name -> GPU copies on live workers
+    in_flight: int = 0  # on live workers
+    queue_depth: int | None = None  # the router's queue for this base model; None: unknown
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,11 @@ class FleetView:
         return {"base_models": [asdict(b) for b in self.base_models]}
 
 
-def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float) -> FleetView:
-    """The view of the latest ``states`` (one per worker) at epoch seconds ``now``."""
+def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
+               queue_depths: Mapping[str, int] | None = None) -> FleetView:
+    """The view of the latest ``states`` (one per worker) at epoch seconds ``now``;
+    ``queue_depths`` (base model -> requests queued at the router) is the hook for the
+    router's flow-control queues, None where it is not known."""
     by_base: dict[str, list[WorkerState]] = {}
     for s in states:
         by_base.setdefault(s.base_model, []).append(s)
@@ -58,7 +69,7 @@ def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float) ->
         workers, replicas = [], Counter[str]()
         for s in sorted(by_base[base], key=lambda s: s.worker_id):
             age = max(0.0, now - s.ts.timestamp())
-            live = age <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
+            live = heard_lately(s, now, heartbeat_s)
             gpu = [a for a in s.adapters if a.tier == "gpu"]
             if live:
                 replicas.update(a.lora_name for a in gpu)
@@ -68,10 +79,14 @@ def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float) ->
                 gpu_versions=len(gpu), host_versions=len(s.adapters) - len(gpu),
                 protected=sum(1 for a in gpu if a.protected),
                 in_flight=sum(a.in_flight for a in s.adapters),
-                cold_loads_last_minute=s.cold_loads_last_minute, hbm_usage=s.hbm_usage))
+                cold_loads_last_minute=s.cold_loads_last_minute, hbm_usage=s.hbm_usage,
+                gpu_loras=tuple(sorted(a.lora_name for a in gpu)),
+                host_loras=tuple(sorted(a.lora_name for a in s.adapters if a.tier != "gpu"))))
         rows.append(BaseModelRow(
             base_model=base, workers=tuple(workers),
             live_workers=sum(1 for w in workers if w.live),
             gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
-            replicas=dict(sorted(replicas.items()))))
+            replicas=dict(sorted(replicas.items())),
+            in_flight=sum(w.in_flight for w in workers if w.live),
+            queue_depth=None if queue_depths is None else queue_depths.get(base)))
     return FleetView(tuple(rows))

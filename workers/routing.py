@@ -43,6 +43,12 @@ DRAIN_AFTER_HEARTBEATS = 3
 """A worker silent for this many heartbeat intervals is drained from routing."""
 
 
+def heard_lately(state: WorkerState, now: float, heartbeat_s: float) -> bool:
+    """The liveness rule the router, the planner and the fleet view share: the worker's last
+    heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old at epoch seconds ``now``."""
+    return now - state.ts.timestamp() <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
+
+
 def canary_bucket(adapter_id: str, session_key: str) -> float:
     """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
     digest = hashlib.sha256(f"{adapter_id}\x00{session_key}".encode()).digest()

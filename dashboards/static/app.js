@@ -121,6 +121,56 @@ function drawSummary(rows) {
   }
 }
 
+function cells(tr, values) {
+  for (const [col, value] of Object.entries(values)) {
+    const td = document.createElement("td");
+    td.dataset.col = col;
+    td.textContent = Array.isArray(value) ? (value.join(", ") || "–") : fmt(value);
+    tr.appendChild(td);
+  }
+}
+
+// The fleet view of /api/fleet (workers/fleet_view.py): one row per worker and base model.
+async function refreshFleet() {
+  const status = document.getElementById("fleet-status");
+  const section = document.getElementById("fleet");
+  try {
+    const res = await fetch("/api/fleet", {cache: "no-store"});
+    const body = await res.json();
+    if (!res.ok) throw new Error(body.error || res.statusText);
+    const workers = document.querySelector("#fleet-workers tbody");
+    const models = document.querySelector("#fleet-models tbody");
+    workers.replaceChildren();
+    models.replaceChildren();
+    for (const b of body.base_models) {
+      for (const w of b.workers) {
+        const tr = document.createElement("tr");
+        tr.dataset.worker = w.worker_id;
+        tr.dataset.live = String(w.live);
+        cells(tr, {base_model: b.base_model, worker_id: w.worker_id,
+                   live: w.live ? "yes" : "drained", heartbeat_age_s: w.heartbeat_age_s,
+                   gpu_slots_used: w.gpu_slots_used, gpu_slots_free: w.gpu_slots_free,
+                   gpu_loras: w.gpu_loras, host_loras: w.host_loras, in_flight: w.in_flight,
+                   cold_loads_last_minute: w.cold_loads_last_minute});
+        workers.appendChild(tr);
+      }
+      const tr = document.createElement("tr");
+      tr.dataset.baseModel = b.base_model;
+      cells(tr, {base_model: b.base_model, live_workers: b.live_workers,
+                 gpu_slots_free: b.gpu_slots_free, in_flight: b.in_flight,
+                 queue_depth: b.queue_depth,  // null until the router exports its queues
+                 replicas: Object.entries(b.replicas).map(([n, c]) => `${n} ×${c}`)});
+      models.appendChild(tr);
+    }
+    status.className = "";
+    status.textContent = body.base_models.length ? "" : "no worker has reported a state yet";
+    section.dataset.loaded = "true";
+  } catch (err) {
+    status.className = "error";
+    status.textContent = `error: ${err.message}`;
+  }
+}
+
 async function refresh() {
   const pct = new FormData(form).get("pct");
   try {
@@ -148,4 +198,6 @@ for (const [k, v] of new URLSearchParams(location.search)) {
 }
 form.addEventListener("change", refresh);
 refresh();
-setInterval(refresh, Number(document.body.dataset.refreshMs) || 5000);
+refreshFleet();
+setInterval(() => { refresh(); refreshFleet(); },
+            Number(document.body.dataset.refreshMs) || 5000);

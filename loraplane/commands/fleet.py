@@ -13,9 +13,10 @@ def register(app: typer.Typer) -> None:
     @group.command("status")
     def status_cmd(
         as_json: bool = typer.Option(False, "--json"),
-        heartbeat_s: float = typer.Option(
-            5.0, "--heartbeat-s", help="the workers' heartbeat interval: a worker silent for "
-                                       "three intervals shows as drained, as the router drains it"),
+        heartbeat_s: float | None = typer.Option(
+            None, "--heartbeat-s", help="the workers' heartbeat interval (default: "
+                                        "policy.worker_heartbeat_s): a worker silent for three "
+                                        "intervals shows as drained, as the router drains it"),
         timeout_s: float = typer.Option(10.0, "--timeout-s", help="how long to read the topic"),
     ) -> None:
         """One row per worker; a worker state that does not decode is counted, not shown."""
@@ -26,28 +27,16 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from loraplane.kernel import kafka
-        from loraplane.kernel.bus import read_topic
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.topics import topic_name
-        from loraplane.schemas.codec import SchemaError, decode
-        from loraplane.schemas.worker_state import WorkerState
+        from loraplane.kernel.worker_states import latest_worker_states
         from loraplane.workers.fleet_view import fleet_view
 
         kafka.act_as(kafka.Principal.reader)
         settings = get_settings()
-        latest: dict[bytes, bytes | None] = {}
-        for record in read_topic(settings, topic_name(settings, "worker-state"),
-                                 timeout_s=timeout_s):
-            latest[record.key or b""] = record.value  # compacted: the last one per worker
-        states, malformed = [], 0
-        for value in latest.values():
-            if value is None:  # a tombstone: the worker is gone
-                continue
-            try:
-                states.append(decode(WorkerState, value))
-            except SchemaError:
-                malformed += 1
-        view = fleet_view(states, time.time(), heartbeat_s)
+        latest = latest_worker_states(settings, timeout_s=timeout_s)
+        states, malformed = list(latest.states.values()), latest.malformed
+        view = fleet_view(states, time.time(),
+                          heartbeat_s or settings.policy.worker_heartbeat_s)
         if as_json:
             typer.echo(json.dumps({**view.as_json(), "malformed_states": malformed}, indent=2))
             return

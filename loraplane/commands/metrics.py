@@ -137,7 +137,11 @@ def _cell(value: object) -> str:
 def dashboard(port: int = typer.Option(8787, min=1, max=65535),
               refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period.")
               ) -> None:
-    """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time)."""
+    """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time, the
+    fleet view of the workers' heartbeats)."""
     from loraplane.dashboards.web import serve
+    from loraplane.kernel import kafka
+
+    kafka.act_as(kafka.Principal.reader)  # the fleet panel reads the worker-state topic
 
     serve(get_settings(), port=port, refresh_s=refresh_s)

@@ -19,9 +19,10 @@ def run(
     port: int = typer.Option(18100, "--port", help="listen on 127.0.0.1:PORT (0: any free)"),
     router_id: str = typer.Option("r1", "--router-id",
                                   help="names its dead letters and registry checkpoints"),
-    heartbeat_s: float = typer.Option(
-        5.0, "--heartbeat-s", help="the workers' heartbeat interval: a worker silent for "
-                                   "three intervals is drained"),
+    heartbeat_s: float | None = typer.Option(
+        None, "--heartbeat-s", help="the workers' heartbeat interval (default: "
+                                    "policy.worker_heartbeat_s): a worker silent for three "
+                                    "intervals is drained"),
     registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
@@ -34,6 +35,8 @@ def run(
     kafka.act_as(kafka.Principal.router)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve_router(get_settings(), RouterOptions(
-        port=port, router_id=router_id, heartbeat_s=heartbeat_s,
+    settings = get_settings()
+    asyncio.run(serve_router(settings, RouterOptions(
+        port=port, router_id=router_id,
+        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
         registry_refresh_s=registry_refresh_s)))

@@ -129,10 +129,14 @@ def rejected_with_reason(rec: Recorded, s: Summary, f: Facts) -> Check:
 
 
 def targets_refused(rec: Recorded, s: Summary, f: Facts) -> Check:
-    rows = [r for r in rec.requests if r.adapter_id in f.targets]
-    served = [r for r in rows if r.status == "ok"]
-    return Check("requests_for_untrusted_refused", bool(rows) and not served,
-                 f"{len(rows) - len(served)}/{len(rows)} requests refused")
+    """Every request the client sent got a 4xx (the router refuses an adapter its verified
+    registry lacks before any worker, so there may be no RequestLog), and no worker served
+    a target."""
+    sent = sum(s.client_status.values())
+    refused = sum(n for status, n in s.client_status.items() if 400 <= status < 500)
+    served = [r for r in rec.requests if r.adapter_id in f.targets and r.status == "ok"]
+    return Check("requests_for_untrusted_refused", sent > 0 and refused == sent and not served,
+                 f"{refused}/{sent} requests refused (HTTP 4xx), {len(served)} served")
 
 
 def _revokes(rec: Recorded, f: Facts) -> dict[str, datetime]:

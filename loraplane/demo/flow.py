@@ -3,11 +3,12 @@
 1. the local stack (started only if it is not running; then stopped again at the end);
 2. the tiny base model and the demo's LoRA adapters, built here or reused;
 3. this run's namespace, keys, the Faust app, the ClickHouse sink, vLLM (real, or the FAKE
-   one when asked) and one worker agent + gateway per vLLM (two when memory allows);
+   one when asked), one worker agent + gateway per vLLM (two when memory allows) and the
+   fleet router in front of them;
 4. the adapters published through the signed CI path: gold ones, one platinum, one canary
    at 10%; then a schedules file announcing a peak;
-5. a trace replayed through the gateways with a burst and the scheduled peak, a canary
-   promote and a rollback while traffic flows;
+5. a trace replayed through the fleet router (``loraplane router run``) with a burst and
+   the scheduled peak, a canary promote and a rollback while traffic flows;
 6. the per-adapter report from ClickHouse, checked against ClickHouse queried directly and
    against what the client sent, and the dashboard's URL;
 7. everything left running until Ctrl-C (or ``--duration`` seconds), then stopped: exactly
@@ -34,7 +35,6 @@ from loraplane.demo.namespace import RunSpace
 from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import (
     Action,
-    GatewayRouter,
     Outcome,
     Replayer,
     TrafficShape,
@@ -128,24 +128,6 @@ def lifecycle_actions(system: LiveSystem, steps: Steps, replay_s: float) -> list
     return [(0.6 * replay_s, promote), (0.8 * replay_s, rollback)]
 
 
-def route_to_hot(system: LiveSystem, router: GatewayRouter) -> None:
-    """Point each adapter at a worker that has it on its GPU (from the heartbeats)."""
-    router.update({wid: {a.adapter_id for a in s.adapters if a.tier == "gpu"}
-                   for wid, s in system.worker_states().items()})
-
-
-def router_refreshes(system: LiveSystem, router: GatewayRouter, replay_s: float
-                     ) -> list[Action]:
-    """With several workers, refresh the routes every 5 s of the replay."""
-    if len(system.workers) < 2:
-        return []
-
-    async def refresh() -> None:
-        await asyncio.to_thread(route_to_hot, system, router)
-
-    return [(float(t), refresh) for t in range(5, int(replay_s), 5)]
-
-
 def _clock() -> str:
     return datetime.now(UTC).strftime("%H:%M:%S")
 
@@ -166,12 +148,8 @@ def replay(system: LiveSystem, steps: Steps, keys: dict[str, str], options: Demo
                f"{burst.share:.0%} of requests from +{burst.at_s:.0f}s for "
                f"{burst.duration_s:.0f}s")
     planned = plan(DEMO_CATALOG.adapters, shape, options.trace)
-    router = GatewayRouter({w.worker_id: w.gateway_url for w in system.workers})
-    if len(system.workers) > 1:
-        route_to_hot(system, router)
-    replayer = Replayer(router, keys, concurrency=8)
-    actions = lifecycle_actions(system, steps, shape.duration_s) + router_refreshes(
-        system, router, shape.duration_s)
+    replayer = Replayer(system.router_url, keys, concurrency=8)
+    actions = lifecycle_actions(system, steps, shape.duration_s)
     source = options.trace or "synthetic arrivals (no trace found)"
 
     def run() -> list[Outcome]:
@@ -184,12 +162,14 @@ def replay(system: LiveSystem, steps: Steps, keys: dict[str, str], options: Demo
             return asyncio.run(replayer.run(planned, actions, on_tick=tick))
 
     return steps.run(f"replay {len(planned)} requests over {shape.duration_s:.0f}s "
-                     "through the gateway(s)", run, _outcome_note)
+                     "through the fleet router", run, _outcome_note)
 
 
 def _outcome_note(outcomes: list[Outcome]) -> str:
     hot = sum(o.tier == "gpu" for o in outcomes)
-    return (f"HTTP {status_counts(outcomes)}, {hot} served hot, "
+    workers = sorted({o.worker for o in outcomes if o.worker})
+    return (f"HTTP {status_counts(outcomes)}, {hot} served hot, answered by "
+            f"{', '.join(workers) or 'no worker'}, "
             f"{sum(o.fallback for o in outcomes)} by the base model, max lag "
             f"{max((o.lag_s for o in outcomes), default=0):.1f}s")
 
@@ -198,7 +178,8 @@ def report(system: LiveSystem, steps: Steps, console: Console, since: datetime,
            outcomes: list[Outcome]) -> bool:
     """Print ``loraplane report`` and check it against ClickHouse and the client."""
     settings = system.settings
-    logged = sum(o.status != 0 for o in outcomes)
+    logged = sum(o.reached_worker for o in outcomes)  # the router's refusals log nothing
+    at_router = sum(o.status != 0 and not o.reached_worker for o in outcomes)
     until = datetime.now(UTC)
     steps.run("sink landed the request logs in ClickHouse", lambda: measure.wait_for_rows(
         lambda: measure.request_count(settings, since, until), logged), lambda n:
@@ -213,7 +194,8 @@ def report(system: LiveSystem, steps: Steps, console: Console, since: datetime,
     mark = "[green]✓[/]" if agree else "[red]✗[/]"
     console.print(f"{mark} report: {reported} requests; ClickHouse `SELECT count() FROM "
                   f"{system.space.database}.request_log FINAL`: {direct}; answered to the "
-                  f"client: {logged}", highlight=False)
+                  f"client: {logged} (by a worker; {at_router} refused by the router before "
+                  "any worker)", highlight=False)
     recorded = measure.fetch(settings, since, datetime.now(UTC))
     checks = evaluate("demo", recorded, summarize(recorded, status_counts(outcomes)), Facts(
         priorities={a.adapter_id: a.priority for a in DEMO_CATALOG.adapters}))

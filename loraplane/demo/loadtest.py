@@ -1,5 +1,6 @@
 """The seed's load-test scenarios, each against a live system of its own (its own topics,
-ClickHouse database, Faust app, sink, vLLM and worker on the shared stack):
+ClickHouse database, Faust app, sink, vLLM, worker and fleet router on the shared stack;
+all traffic goes through the router):
 
 - hot-adapter: one adapter, already hot, takes all traffic: it must keep hitting the GPU
   copy and interactive TTFT p99 must stay within budget.
@@ -41,7 +42,6 @@ from loraplane.demo.catalog import Adapter, Artifacts, Catalog
 from loraplane.demo.expectations import Check, Facts, evaluate
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.replay import (
-    GatewayRouter,
     Outcome,
     Planned,
     Replayer,
@@ -82,6 +82,7 @@ class Run:
     window_start: datetime = field(default_factory=lambda: datetime.now(UTC))
     client_status: Counter[int] = field(default_factory=Counter)
     sent: int = 0
+    reached_workers: int = 0  # requests a worker answered (and logged); the rest the router
     stop_s3: Callable[[], None] | None = None
 
     def mark(self) -> None:
@@ -91,7 +92,7 @@ class Run:
         time.sleep(1 - now.microsecond / 1e6)
         self.window_start = now.replace(microsecond=0) + timedelta(seconds=1)
         self.client_status.clear()
-        self.sent = 0
+        self.sent = self.reached_workers = 0
 
     def publish(self, adapters: Sequence[Adapter], *, promote: bool = True,
                 key: Path | None = None) -> None:
@@ -133,11 +134,11 @@ class Run:
         outcomes = asyncio.run(self._replayer().run(plan(adapters, shape, self.trace)))
         self.client_status.update(status_counts(outcomes))
         self.sent += len(outcomes)
+        self.reached_workers += sum(o.reached_worker for o in outcomes)
         return outcomes
 
     def _replayer(self) -> Replayer:
-        router = GatewayRouter({w.worker_id: w.gateway_url for w in self.system.workers})
-        return Replayer(router, self.api_keys, concurrency=4)
+        return Replayer(self.system.router_url, self.api_keys, concurrency=4)
 
 
 # -- the scenarios --------------------------------------------------------------------------
@@ -339,7 +340,7 @@ def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: boo
                 interactive_p99_budget_ms=BUDGET_MS["fake" if fake_vllm else "real"],
                 cold_loads_per_minute=base.policy.cold_loads_per_minute_per_worker)
             settings = system.settings
-            logged = run.sent - run.client_status.get(0, 0)
+            logged = run.reached_workers  # the router's own refusals are logged nowhere
             steps.run("wait for the sink to land every request log in ClickHouse", lambda:
                       measure.wait_for_rows(lambda: measure.request_count(
                           settings, run.window_start, until), logged, timeout_s=60),

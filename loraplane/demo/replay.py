@@ -1,13 +1,14 @@
-"""Replaying a trace through the gateways: real HTTP, real API keys, request classes, a burst
-and a scheduled peak, at a bounded rate.
+"""Replaying a trace through the fleet router (``loraplane router run``): real HTTP, real API
+keys, request classes, a burst and a scheduled peak, at a bounded rate.
 
 The request stream is the simulator's own (``loraplane.simulator``): arrival times and
 output tokens from an Azure LLM trace (or synthetic arrivals when no trace is at hand), and
 its request -> adapter mapping (power-law popularity, bursts, scheduled peaks, batch share),
 so the demo drives exactly the traffic the policy benchmarks model. The first arrivals of
 the trace are stretched or squeezed onto the run's duration, keeping their burstiness, and
-capped at ``max_qps`` on average (peaks come on top). The canary split is not planned here:
-the gateway makes it per session, as it would for real users.
+capped at ``max_qps`` on average (peaks come on top). The canary split and the worker are
+not planned here: the router picks both per request (sticky per session), as it would for
+real users; the replayer knows only the router's URL and the tenants' API keys.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +28,7 @@ from loraplane.simulator.requests import assign_adapters
 from loraplane.simulator.scenario import Burst, Peak, Workload
 from loraplane.simulator.synthetic import arrivals
 from loraplane.simulator.trace import load_trace
+from loraplane.workers.router import WORKER_HEADER
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,13 @@ class Outcome:
     fallback: bool = False
     version: str | None = None
     error: str | None = None
+    worker: str | None = None  # the worker that answered; None: refused by the router itself
+
+    @property
+    def reached_worker(self) -> bool:
+        """A worker's gateway answered (and wrote the request's RequestLog); the router's
+        own refusals (401/404/429/503 before any worker) are logged nowhere."""
+        return self.worker is not None
 
 
 def status_counts(outcomes: Sequence[Outcome]) -> dict[int, int]:
@@ -116,28 +124,6 @@ def status_counts(outcomes: Sequence[Outcome]) -> dict[int, int]:
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     return dict(sorted(counts.items()))
-
-
-class GatewayRouter:
-    """Which worker's gateway a request goes to: a worker that has the adapter on its GPU
-    (from the latest heartbeats), else a stable hash of the adapter id."""
-
-    def __init__(self, gateways: Mapping[str, str]) -> None:
-        if not gateways:
-            raise ValueError("no gateway to replay through")
-        self.gateways = dict(gateways)  # worker_id -> gateway URL
-        self.hot: dict[str, str] = {}  # adapter_id -> worker_id
-
-    def update(self, hot_by_worker: Mapping[str, set[str]]) -> None:
-        self.hot = {aid: wid for wid, aids in sorted(hot_by_worker.items()) for aid in aids
-                    if wid in self.gateways}
-
-    def pick(self, adapter_id: str) -> str:
-        worker = self.hot.get(adapter_id)
-        if worker is None:
-            ids = sorted(self.gateways)
-            worker = ids[zlib.crc32(adapter_id.encode()) % len(ids)]
-        return self.gateways[worker]
 
 
 @dataclass
@@ -149,13 +135,13 @@ class Progress:
 
 
 Action = tuple[float, Callable[[], Awaitable[None]]]
-"""Something to do at a second of the replay (a promote, a rollback, a router refresh)."""
+"""Something to do at a second of the replay (a promote, a rollback)."""
 
 
 class Replayer:
-    def __init__(self, router: GatewayRouter, api_keys: Mapping[str, str], *,
+    def __init__(self, router_url: str, api_keys: Mapping[str, str], *,
                  concurrency: int = 8, timeout_s: float = 60.0) -> None:
-        self.router = router
+        self.url = router_url.rstrip("/") + "/v1/completions"
         self.api_keys = dict(api_keys)  # tenant -> API key
         self.concurrency = concurrency
         self.timeout_s = timeout_s
@@ -205,13 +191,13 @@ class Replayer:
         body = {"model": p.adapter_id, "prompt": f"replayed request for {p.adapter_id}",
                 "max_tokens": p.max_tokens, "temperature": 0}
         try:
-            async with session.post(self.router.pick(p.adapter_id) + "/v1/completions",
-                                    json=body, headers=headers) as resp:
+            async with session.post(self.url, json=body, headers=headers) as resp:
                 await resp.read()
                 outcome = Outcome(p, lag, resp.status, (time.perf_counter() - t0) * 1000,
                                   tier=resp.headers.get("X-Loraplane-Tier"),
                                   fallback=resp.headers.get("X-Loraplane-Fallback") == "base",
-                                  version=resp.headers.get("X-Loraplane-Adapter-Version"))
+                                  version=resp.headers.get("X-Loraplane-Adapter-Version"),
+                                  worker=resp.headers.get(WORKER_HEADER))
         except (aiohttp.ClientError, TimeoutError) as exc:
             outcome = Outcome(p, lag, 0, (time.perf_counter() - t0) * 1000,
                               error=type(exc).__name__)

@@ -1,6 +1,7 @@
 """The live system of one run, assembled from loraplane's own commands as child processes:
 the Faust app, the ClickHouse sink, vLLM (real or FAKE), worker agents with their gateways,
-publisher keys, API keys and the signed CI path (publish / canary / promote / rollback).
+the fleet router in front of them (all traffic goes through it), publisher keys, API keys
+and the signed CI path (publish / canary / promote / rollback).
 
 Everything goes through a CLI or a process boundary, exactly as an operator would run it;
 the only in-process calls are reads (registry and worker-state topics) to wait for effects.
@@ -25,11 +26,9 @@ from loraplane.demo.namespace import RunSpace
 from loraplane.demo.steps import Steps
 from loraplane.demo.supervisor import Supervisor
 from loraplane.infra.processes import free_port
-from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import LOOPBACK, Settings
-from loraplane.kernel.secrets import ensure_secret
-from loraplane.kernel.topics import topic_name
-from loraplane.schemas.codec import SchemaError, decode
+from loraplane.kernel.secrets import ensure_secret, secret_key
+from loraplane.kernel.worker_states import latest_worker_states
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 
@@ -125,6 +124,7 @@ class LiveSystem:
     settings: Settings  # as the children see it (space.settings(...))
     workers: list[Worker] = field(default_factory=list)
     publisher_key: Path | None = None
+    router_url: str = ""
 
     # -- commands -----------------------------------------------------------------------
     def cli(self, name: str, *args: str, timeout_s: float = 180.0) -> str:
@@ -223,6 +223,27 @@ class LiveSystem:
         self.workers.append(worker)
         return worker
 
+    def router_health(self) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(self.router_url + "/healthz", timeout=2) as resp:
+                return dict(json.loads(resp.read()))
+        except (OSError, ValueError):
+            return {}
+
+    def start_router(self) -> str:
+        """``loraplane router run`` in front of the workers; ready once it sees them all
+        (the router secret, which the gateways read at start, was made before them)."""
+        port = free_port()
+        child = self.supervisor.start("router", [
+            LORAPLANE, "router", "run", "--port", str(port), "--router-id", "demo",
+            "--heartbeat-s", str(self.options.heartbeat_s),
+            "--registry-refresh-s", str(self.options.registry_refresh_s)])
+        self.router_url = f"http://{LOOPBACK}:{port}"
+        self.supervisor.wait_ready(
+            child, lambda: self.router_health().get("workers") == len(self.workers), 120,
+            f"seeing {len(self.workers)} worker(s)")
+        return self.router_url
+
     def start_dashboard(self) -> str:
         port = free_port()
         child = self.supervisor.start("dashboard", [LORAPLANE, "dashboard", "--port",
@@ -232,8 +253,9 @@ class LiveSystem:
         return url
 
     def bring_up(self, steps: Steps, tenants: list[str], workers: int) -> dict[str, str]:
-        """Namespace, keys, the Faust app, the sink, vLLM(s) and worker(s); returns the API
-        key of each tenant (written before the gateways start: they read it once)."""
+        """Namespace, keys, the Faust app, the sink, vLLM(s), worker(s) and the router;
+        returns the API key of each tenant (written before the gateways start: they read it
+        once)."""
         steps.run("topics and ClickHouse database of this run", self.prepare_namespace,
                   lambda _: f"prefix {self.space.topic_prefix}, database {self.space.database}")
         self.publisher_key = steps.run(
@@ -249,6 +271,9 @@ class LiveSystem:
         keys = steps.run("gateway API keys (loraplane worker add-key)",
                          lambda: {t: self.add_api_key(t) for t in tenants},
                          lambda k: ", ".join(k))
+        steps.run("router secret (the gateways believe a tenant the router signs with it)",
+                  lambda: secret_key(self.settings.router_secret_path),
+                  lambda _: str(self.settings.router_secret_path))
         steps.run("Faust app (loraplane streams run)", self.start_streams)
         steps.run("ClickHouse sink (loraplane metrics sink)", self.start_sink)
         urls = steps.run(f"{workers} x {self.options.vllm_label}, LoRA on",
@@ -257,6 +282,8 @@ class LiveSystem:
             steps.run(f"worker agent w{index} + gateway (loraplane worker run)",
                       partial(self.start_worker, index, url),
                       lambda w: f"gateway {w.gateway_url}")
+        steps.run("fleet router (loraplane router run), the one endpoint clients use",
+                  self.start_router)
         return keys
 
     # -- the signed CI path ---------------------------------------------------------------
@@ -292,17 +319,7 @@ class LiveSystem:
 
     def worker_states(self) -> dict[str, WorkerState]:
         """The latest heartbeat of each worker (compacted topic, key = worker_id)."""
-        states: dict[str, WorkerState] = {}
-        for record in read_topic(self.settings, topic_name(self.settings, "worker-state"),
-                                 timeout_s=15, idle_s=2.0):
-            if record.value is None:
-                continue
-            try:
-                state = decode(WorkerState, record.value)
-            except SchemaError:
-                continue
-            states[state.worker_id] = state
-        return states
+        return latest_worker_states(self.settings, timeout_s=15, idle_s=2.0).states
 
     def hot_names(self) -> set[str]:
         """LoRA names on a GPU of any worker, as the heartbeats say."""

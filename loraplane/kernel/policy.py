@@ -220,6 +220,10 @@ class Policy(_Strict):
     hysteresis_margin: float = Field(
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")
     planner_interval_s: float = Field(1.0, gt=0, le=3600)
+    worker_heartbeat_s: float = Field(
+        5.0, gt=0, le=3600, description="the workers' heartbeat interval (worker run's default): "
+        "a worker silent for 3 of them is drained by the router, shown drained by the fleet "
+        "view and left out by the planner, whose copies there are placed again")
     command_deadline_s: float = Field(60.0, gt=0, le=86_400)
     request_budgets: RequestBudgets = Field(default_factory=RequestBudgets)
 

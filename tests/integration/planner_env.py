@@ -31,6 +31,9 @@ class PlannerEnv(Env):
     def create(cls, stack: Settings, home: Path, **policy: object) -> PlannerEnv:
         env = super().create(stack, home)
         env.env["LORAPLANE_SCHEDULES_PATH"] = str(home / "schedules.yaml")
+        # one heartbeat stands for a worker for the whole test: the planner must not leave
+        # it out as silent (the planner's liveness rule is test_router_fleet's subject)
+        policy.setdefault("worker_heartbeat_s", 3600)
         for name, value in policy.items():
             env.env[f"LORAPLANE_POLICY__{name.upper()}"] = str(value)
         return env  # type: ignore[return-value]

@@ -8,167 +8,33 @@ Bound stated and asserted: a killed worker is drained within 3 heartbeats + one 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 import requests
-from loraplane.infra.processes import free_port
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
-from loraplane.schemas.keyring import save_keyring
-from loraplane.schemas.reasons import CommandRule
-from loraplane.workers.api_keys import key_digest
 
-from loraplane.kernel import topics
-from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
-from loraplane.kernel.secrets import ensure_secret, secret_key
-from loraplane.kernel.topics import topic_name
-from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from tests.integration.test_worker_e2e import (
-    KEY_A,
-    KEY_B,
-    KIT,
-    Moto,
-    _healthz,
-    _up,
-    publish,
-    wait_for,
-    write_registry,
+from tests.integration.router_env import (
+    E2E_ADAPTERS,
+    LORAPLANE,
+    WORKERS,
+    Fleet,
+    running_fleet,
 )
+from tests.integration.test_worker_e2e import KEY_A, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-ROOT = Path(__file__).resolve().parents[2]
-LORAPLANE = str(ROOT / ".venv/bin/loraplane")
-WORKERS = ("w1", "w2", "w3")
-
-
-@dataclass
-class Fleet:
-    settings: Settings
-    env: dict[str, str]
-    tmp: Path
-    records: dict[str, AdapterRecord]
-    router_url: str = ""
-    gateways: dict[str, int] = field(default_factory=dict)
-    vllms: dict[str, str] = field(default_factory=dict)
-    vllm_keys: dict[str, str] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def spawn(self, name: str, args: list[str]) -> None:
-        log = (self.tmp / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(args, env=self.env, cwd=ROOT, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(20)
-
-    def health(self) -> dict[str, Any]:
-        try:
-            return requests.get(self.router_url + "/healthz", timeout=2).json()
-        except requests.RequestException:
-            return {}
-
-    def load(self, wid: str, rec: AdapterRecord) -> None:
-        now = now_utc()
-        produce_sync(self.settings, topic_name(self.settings, "commands"), wid,
-                     KIT.keys["planner"].sign_command(CacheCommand(
-                         command_id=f"load-{uuid.uuid4().hex[:12]}", worker_id=wid,
-                         action=CommandAction.load_gpu, base_model=TINY_BASE_MODEL,
-                         tenant_id=rec.tenant_id, adapter_id=rec.adapter_id,
-                         version=rec.version, sha256=rec.sha256, lora_name=rec.lora_name,
-                         reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                         deadline=now + timedelta(minutes=1))))
-
-    def adapters_on(self, wid: str) -> set[str]:
-        data = requests.get(self.vllms[wid] + "/v1/models", timeout=5, headers={
-            "Authorization": f"Bearer {self.vllm_keys[wid]}"}).json()["data"]
-        return {m["id"] for m in data if m.get("parent")}
-
-    def ask(self, adapter: str, key: str = KEY_A) -> requests.Response:
-        return requests.post(self.router_url + "/v1/completions", timeout=30,
-                             json={"model": adapter, "prompt": "hello", "max_tokens": 4},
-                             headers={"Authorization": f"Bearer {key}"})
 
 
 @pytest.fixture(scope="module")
 def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("router")
-    prefix = f"lp-router-{uuid.uuid4().hex[:8]}"
-    settings = stack.model_copy(update={"topic_prefix": prefix})
-    topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
-    moto.start()
-    f: Fleet | None = None
-    try:
-        settings = settings.model_copy(update={"s3": moto.settings})
-        model_dir = build_model(tmp / "model")
-        records = {
-            "sql": publish(settings, build_adapter(tmp / "src/sql", seed=21), "sql", "1",
-                           "tenant-a", AdapterStatus.active),
-            "chat": publish(settings, build_adapter(tmp / "src/chat", seed=22), "chat", "1",
-                            "tenant-a", AdapterStatus.active),
-            "other": publish(settings, build_adapter(tmp / "src/other", seed=23), "other", "1",
-                             "tenant-b", AdapterStatus.active)}
-        write_registry(settings, list(records.values()))
-        home = tmp / "home"
-        home.mkdir(exist_ok=True)
-        keys = tmp / "api-keys.json"
-        keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
-                        f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
-        save_keyring(KIT.keyring, home / "keyring.yaml")
-        secret_key(home / "secrets" / "router-secret")  # the routers' and gateways' one secret
-        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
-               "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml"),
-               "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
-               "LORAPLANE_S3__PORT": str(moto.port),
-               "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
-        f = Fleet(settings, env, tmp, records)
-        for wid in WORKERS:
-            port, gw = free_port(), free_port()
-            f.vllms[wid], f.gateways[wid] = f"http://127.0.0.1:{port}", gw
-            # where `worker run` looks for its vLLM's key (secrets_dir/vllm-PORT.key)
-            f.vllm_keys[wid] = ensure_secret(home / "secrets" / f"vllm-{port}.key")
-            f.spawn(f"vllm-{wid}", [sys.executable, "-m", "loraplane.workers.fake_vllm",
-                                    "--model", str(model_dir), "--port", str(port),
-                                    "--api-key-file", str(home / "secrets" / f"vllm-{port}.key")])
-            wait_for(lambda u=f.vllms[wid]: _up(u + "/health"), 30, "FAKE vLLM")
-            f.spawn(wid, [LORAPLANE, "worker", "run", "--worker-id", wid, "--base-model",
-                          TINY_BASE_MODEL, "--vllm-url", f.vllms[wid], "--gateway-port",
-                          str(gw), "--host-tier-dir", str(tmp / f"host-{wid}"),
-                          "--model-dir", str(model_dir), "--tick-s", "0.2",
-                          "--heartbeat-s", "1", "--registry-refresh-s", "1"])
-        for wid in WORKERS:
-            wait_for(lambda p=f.gateways[wid]: _healthz(p), 90, f"{wid} /healthz")
-        rport = free_port()
-        f.router_url = f"http://127.0.0.1:{rport}"
-        f.spawn("router", [LORAPLANE, "router", "run", "--port", str(rport), "--router-id",
-                           "t1", "--heartbeat-s", "1", "--registry-refresh-s", "1"])
-        wait_for(lambda: f.health().get("workers") == 3 and f.health().get("adapters") == 3,
-                 60, "the router's view of 3 workers and 3 adapters")
-        f.load("w2", records["sql"])
+    with running_fleet(stack, tmp_path_factory.mktemp("router"), E2E_ADAPTERS) as f:
+        f.load("w2", f.records["sql"])
         wait_for(lambda: f.health().get("gpu_copies", 0) >= 1, 60, "sql hot on w2, seen")
         yield f
-    finally:
-        if f is not None:
-            for name in list(f.procs):
-                f.kill(name)
-        moto.stop()
 
 
 def test_a_hot_adapter_is_served_where_it_is_hot(fleet: Fleet) -> None:

@@ -1,8 +1,9 @@
 """The demo's pure parts and its process supervisor: trace replay plan, scheduled peak,
-gateway routing, run namespace, clean-up of every child (and its detached children)."""
+router replay, run namespace, clean-up of every child (and its detached children)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,11 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 from loraplane.streams.schedules import ScheduleFile
+from loraplane.workers.router import WORKER_HEADER
 
 from loraplane.demo.catalog import DEMO_CATALOG
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.peak import ScheduledPeak, write_schedule
-from loraplane.demo.replay import GatewayRouter, TrafficShape, plan
+from loraplane.demo.replay import Planned, Replayer, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
 from loraplane.demo.traces import DEFAULT_TRACE
 from loraplane.kernel.config import KafkaSettings, Settings
@@ -64,14 +66,41 @@ def test_scheduled_peak_window_covers_the_replayed_peak(tmp_path: Path) -> None:
     assert yaml.safe_load(path.read_text())["schedules"][0]["lead_minutes"] == 2.0
 
 
-def test_router_prefers_the_worker_with_the_adapter_hot() -> None:
-    router = GatewayRouter({"w1": "http://a", "w2": "http://b"})
-    default = router.pick("contracts")
-    other = "w2" if default == "http://a" else "w1"
-    router.update({other: {"contracts"}})
-    assert router.pick("contracts") == {"w1": "http://a", "w2": "http://b"}[other]
-    with pytest.raises(ValueError):
-        GatewayRouter({})
+async def _replay_once(url: str) -> list:
+    planned = [Planned(0.0, "contracts", "acme", "interactive", 4, "s1")]
+    return await Replayer(url, {"acme": "key-acme"}, timeout_s=5).run(planned)
+
+
+def test_the_replayer_sends_to_the_router_and_tells_who_answered() -> None:
+    """One URL (the router's) and the tenants' API keys: the request carries the key, the
+    class and the session; an answer with the router's worker header reached a worker, one
+    without it (the router's own refusal) did not."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    seen: list[tuple[str, dict]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append((request.headers["Authorization"], dict(request.headers)))
+        if len(seen) == 1:
+            return web.json_response({}, headers={WORKER_HEADER: "w2",
+                                                  "X-Loraplane-Tier": "gpu"})
+        return web.json_response({"error": {}}, status=429)
+
+    async def main() -> tuple[list, list]:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("/"))
+            return await _replay_once(url), await _replay_once(url)
+
+    first, second = asyncio.run(main())
+    assert first[0].status == 200 and first[0].worker == "w2" and first[0].reached_worker
+    assert first[0].tier == "gpu"
+    assert second[0].status == 429 and not second[0].reached_worker
+    auth, headers = seen[0]
+    assert auth == "Bearer key-acme" and headers["X-Session-Key"] == "s1"
+    assert headers["X-Request-Class"] == "interactive"
 
 
 def test_run_space_isolates_topics_database_and_home(tmp_path: Path) -> None:

@@ -159,13 +159,19 @@ def test_signature_failure_needs_dead_letters_and_no_load() -> None:
                req("w", status="refused", error="unknown_adapter", tier="cold", ttft=None)]
     dead = [DeadLetterRow("registry", "unknown_key", ""),
             DeadLetterRow("registry", "tenant_out_of_scope", "")]
-    assert all(checks("signature-failure", rec(refused, [], dead), facts).values())
-    assert not checks("signature-failure", rec(refused, [ev("fetch", "u")], dead),
-                      facts)["no_unsigned_load"]
-    assert not checks("signature-failure", rec(refused, [], dead[:1]),
-                      facts)["dead_lettered_with_reason"]
-    assert not checks("signature-failure", rec([req("u")], [], dead),
-                      facts)["requests_for_untrusted_refused"]
+    at_router = {404: 6}  # the router refused them all before any worker: no RequestLog
+    assert all(checks("signature-failure", rec([], [], dead), facts, at_router).values())
+    assert all(checks("signature-failure", rec(refused, [], dead), facts, {404: 2}).values())
+    assert not checks("signature-failure", rec([], [ev("fetch", "u")], dead), facts,
+                      at_router)["no_unsigned_load"]
+    assert not checks("signature-failure", rec([], [], dead[:1]), facts,
+                      at_router)["dead_lettered_with_reason"]
+    assert not checks("signature-failure", rec([req("u")], [], dead), facts,
+                      {200: 1})["requests_for_untrusted_refused"]
+    assert not checks("signature-failure", rec([], [], dead), facts,
+                      {404: 5, 503: 1})["requests_for_untrusted_refused"]
+    assert not checks("signature-failure", rec([], [], dead), facts,
+                      {})["requests_for_untrusted_refused"]  # nothing sent proves nothing
 
 
 def test_demo_flags_a_platinum_cold_start() -> None:

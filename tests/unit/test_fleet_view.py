@@ -42,3 +42,16 @@ def test_rows_per_base_model_and_worker_with_replicas_on_live_workers_only() -> 
 
 def test_no_state_no_rows() -> None:
     assert fleet_view([], NOW, 5.0).base_models == ()
+
+
+def test_versions_per_tier_in_flight_and_the_queue_depth_hook() -> None:
+    states = [state("w1", "llama", ["b@1-bb", "a@1-aa"], ["c@1-cc"], in_flight=1),
+              state("w2", "llama", ["a@1-aa"], in_flight=4, age_s=30.0)]  # drained
+    (llama,) = fleet_view(states, NOW, 5.0).base_models
+    w1 = llama.workers[0]
+    assert w1.gpu_loras == ("a@1-aa", "b@1-bb") and w1.host_loras == ("c@1-cc",)
+    assert llama.in_flight == 3  # live workers only
+    assert llama.queue_depth is None  # the router exports no queue depth (yet)
+    (queued,) = fleet_view(states, NOW, 5.0, queue_depths={"llama": 7}).base_models
+    assert queued.queue_depth == 7
+    assert fleet_view(states, NOW, 5.0, queue_depths={}).base_models[0].queue_depth is None
