@@ -4,7 +4,8 @@ fleet router (workers/router.py) versus straight to the worker gateway behind it
 Two processes, so the router's CPU is its own (user + system from /proc): a worker gateway
 (the real ``workers.gateway.Gateway``) over a worker that holds the adapter hot and whose
 "vLLM" answers at once, in the same process (so only the gateway's and the router's own
-costs are left), and the real ``Router`` with that worker as its whole fleet. The client
+costs are left), and the real ``Router`` with that worker as its whole fleet, on the loop
+``loraplane router run`` uses (``workers.router.run_router``: uvloop). The client
 sends ``--requests`` sequential completions each way per repetition, alternating which goes
 first. Goal: <= 0.5 ms added p50. Prints JSON.
 
@@ -206,6 +207,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gateway-port", type=int, default=0)
     args = parser.parse_args()
+    if args.serve == "router":
+        from loraplane.workers.router import run_router
+
+        run_router(_serve(args.serve, args.port, args.gateway_port))  # as `router run` does
+        return
     if args.serve:
         asyncio.run(_serve(args.serve, args.port, args.gateway_port))
         return

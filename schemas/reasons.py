@@ -263,6 +263,15 @@ class TenantLimit(StrEnum):
     tenant_token_rate = "tenant_token_rate"  # the tenant's token bucket is empty
 
 
+class QueueRefusal(StrEnum):
+    """Why the fleet router answered a request from its flow-control queues
+    (``workers.flow_control``) instead of forwarding it."""
+
+    queue_full = "queue_full"  # the (base model, band) queue holds its maximum (429)
+    tenant_queue_full = "tenant_queue_full"  # the tenant holds its share of the band (429)
+    queue_timeout = "queue_timeout"  # the class's TTL passed while it waited (503)
+
+
 class CommandRule(StrEnum):
     """Which planner rule issued a command (``CommandReason.rule``)."""
 

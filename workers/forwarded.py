@@ -23,7 +23,7 @@ MAX_SKEW_S = 30
 def _mac(secret: bytes, tenant: str, request_id: str, ts: int, body: bytes) -> str:
     digest = hashlib.sha256(body).hexdigest()
     message = f"{tenant}\n{request_id}\n{ts}\n{digest}".encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+    return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
 
 def sign(secret: bytes, tenant: str, request_id: str, body: bytes, now: float) -> str:

@@ -36,8 +36,9 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -46,11 +47,12 @@ from loraplane.schemas.base import ID_PATTERN, version_key
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import DecodeReason, RequestRefusal
+from loraplane.schemas.reasons import DecodeReason, QueueRefusal, RequestRefusal
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
+from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
 from loraplane.workers.gateway import request_caps
 from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
@@ -68,12 +70,19 @@ _TOKEN = re.compile(r"[\x21-\x7e]{1,128}")  # a header value we may copy into a 
 WORKER_HEADER = "X-Loraplane-Worker"
 ROUTE_HEADER = "X-Loraplane-Route"
 _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
+_CLASSES = {c.value: c for c in RequestClass}
+_GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 
 
 def _error(status: int, code: str, message: str, param: str | None = None,
            **headers: str) -> web.Response:
     body = {"error": {"message": message, "type": code, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
+    """Metric lines by base model, then band rank (keys start ``(base, band, ...)``)."""
+    return item[0][0], item[0][1].rank
 
 
 def serving_versions(records: list[AdapterRecord]) -> dict[str, list[AdapterRecord]]:
@@ -149,7 +158,17 @@ class Router:
         self.retry_after_s = retry_after_s
         self._secret = secret
         self._clock = clock
+        self._monotonic = time.monotonic
         self._gate = TenantGate(budgets.tenants, time.monotonic)
+        queues = budgets.queues
+        batch_ttl_s = budgets.batch.max_wait_ms / 1000
+        self.flow = FlowControl(
+            max_queued_per_band=queues.max_queued_per_band,
+            max_queued_per_tenant=queues.max_queued_per_tenant,
+            ttl_s={RequestClass.interactive: queues.interactive_ttl_ms / 1000,
+                   RequestClass.canary: batch_ttl_s, RequestClass.batch: batch_ttl_s,
+                   RequestClass.shadow: batch_ttl_s})
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._pools = _Pools(read_timeout_s, {})
         self.in_flight: dict[str, int] = {}
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
@@ -181,8 +200,37 @@ class Router:
                   f"loraplane_router_workers {len(self.fleet.index.workers)}",
                   "# TYPE loraplane_router_dead_letters_total counter",
                   f"loraplane_router_dead_letters_total {self.fleet.dead_lettered}"]
+        lines += self._flow_metrics()
         return web.Response(text="\n".join(lines) + "\n",
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    def _flow_metrics(self) -> list[str]:
+        flow = self.flow
+        lines = ["# TYPE loraplane_router_in_flight gauge"]
+        lines += [f'loraplane_router_in_flight{{base_model="{b}"}} {n}'
+                  for b, n in sorted(flow.in_flight.items())]
+        lines.append("# TYPE loraplane_router_queue_depth gauge")
+        lines += [f'loraplane_router_queue_depth{{base_model="{b}",band="{band.label}"}} {n}'
+                  for (b, band), n in sorted(flow.depth.items(), key=_by_band)]
+        lines.append("# TYPE loraplane_router_queue_wait_seconds histogram")
+        for (b, band), w in sorted(flow.waits.items(), key=_by_band):
+            labels = f'base_model="{b}",band="{band.label}"'
+            lines += [f'loraplane_router_queue_wait_seconds_bucket{{{labels},le="{le}"}} {n}'
+                      for le, n in w.cumulative()]
+            lines += [f'loraplane_router_queue_wait_seconds_bucket{{{labels},le="+Inf"}} '
+                      f"{w.total}",
+                      f"loraplane_router_queue_wait_seconds_sum{{{labels}}} {w.sum_s:.6f}",
+                      f"loraplane_router_queue_wait_seconds_count{{{labels}}} {w.total}"]
+        lines.append("# TYPE loraplane_router_queue_rejections_total counter")
+        lines += [f'loraplane_router_queue_rejections_total{{base_model="{b}",'
+                  f'band="{band.label}",reason="{reason}"}} {n}'
+                  for (b, band, reason), n in sorted(flow.refused.items(),
+                                                     key=lambda kv: (*_by_band(kv), kv[0][2]))]
+        lines.append("# TYPE loraplane_router_queue_withdrawn_total counter")
+        lines += [f'loraplane_router_queue_withdrawn_total{{base_model="{b}",'
+                  f'band="{band.label}"}} {n}'
+                  for (b, band), n in sorted(flow.withdrawn.items(), key=_by_band)]
+        return lines
 
     async def models(self, request: web.Request) -> web.Response:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
@@ -213,9 +261,8 @@ class Router:
         tenant = self.api_keys.tenant(request.headers.get("Authorization"))
         if tenant is None:
             return self._refuse(401, "unauthorized", "missing or unknown API key")
-        try:
-            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
-        except ValueError:
+        request_class = _CLASSES.get(request.headers.get("X-Request-Class", "interactive"))
+        if request_class is None:
             return self._refuse(400, "bad_request_class",
                                 "X-Request-Class must be interactive, batch, canary or shadow")
         try:
@@ -252,16 +299,84 @@ class Router:
             reason, retry_after = limited
             return self._refuse(429, reason, f"tenant limit reached ({reason}); retry later",
                                 **{"Retry-After": str(retry_after)})
+        ticket: Ticket | None = None
         try:
+            admitted = await self._admit(request, record, tenant, request_class)
+            if isinstance(admitted, web.StreamResponse):
+                return admitted
+            ticket = admitted
+            # signed after the wait: the signature's time is when the gateway gets it
             signature = sign(self._secret, tenant, request_id, raw, self._clock())
-            extra = [f"X-Request-Id: {request_id}", f"X-Request-Class: {request_class.value}",
-                     f"{TENANT_HEADER}: {tenant}", f"{SIGNATURE_HEADER}: {signature}"]
+            head = (f"X-Request-Id: {request_id}\r\nX-Request-Class: {request_class.value}"
+                    f"\r\n{TENANT_HEADER}: {tenant}\r\n{SIGNATURE_HEADER}: {signature}\r\n")
             if session and _TOKEN.fullmatch(session):
-                extra.append(f"X-Session-Key: {session}")
-            head = ("\r\n".join(extra) + "\r\n").encode("latin-1")
-            return await self._forward(request, endpoint, raw, record, head)
+                head += f"X-Session-Key: {session}\r\n"
+            return await self._forward(request, endpoint, raw, record, head.encode("latin-1"))
         finally:
+            if ticket is not None and ticket.state is TicketState.admitted:
+                self._wake(self.flow.release(ticket, self._limit(ticket.base),
+                                             self._monotonic()))
             gate.leave(tenant, 0)  # tokens are the gateway's to charge: it reads the usage
+
+    # ---- flow control (workers/flow_control.py) ---------------------------------------------
+    def _limit(self, base: str) -> int:
+        """A base model's requests in flight through this router: a per-worker share times
+        the workers of the base model in the view (drained ones leave it)."""
+        return (self.budgets.queues.max_in_flight_per_worker
+                * self.fleet.index.worker_count(base))
+
+    def _wake(self, step: Step) -> None:
+        for ticket in (*step.admitted, *step.expired):
+            waiter = self._waiters.pop(ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def _admit(self, request: web.Request, record: AdapterRecord, tenant: str,
+                     request_class: RequestClass) -> Ticket | web.StreamResponse | None:
+        """An admitted ticket (at once when nothing queues), a refusal, or None when the base
+        model has no worker in the view (forwarding answers that 503)."""
+        base = record.base_model
+        limit = self._limit(base)
+        if not limit:
+            return None
+        band = band_of(request_class, record.priority)
+        now = self._monotonic()
+        got = self.flow.offer(base, band, tenant, limit, now)
+        if isinstance(got, QueueRefusal):
+            return self._queue_refusal(got, request_class)
+        if got.state is TicketState.queued:
+            self._wake(self.flow.pump(base, limit, now))
+        if got.state is TicketState.queued:
+            waiter = self._waiters[got] = asyncio.get_running_loop().create_future()
+            try:
+                while not waiter.done():
+                    left = got.deadline - self._monotonic()
+                    if left <= 0:
+                        self.flow.withdraw(got, self._monotonic())
+                        break
+                    await asyncio.wait((waiter,), timeout=min(left, _GONE_POLL_S))
+                    transport = request.transport
+                    if not waiter.done() and (transport is None or transport.is_closing()):
+                        self.flow.withdraw(got, self._monotonic())  # the client left
+                        break
+            finally:
+                self._waiters.pop(got, None)
+                if got.state is TicketState.queued:  # cancelled while it waited
+                    self.flow.withdraw(got, self._monotonic())
+        if got.state is TicketState.admitted:
+            return got
+        if got.state is TicketState.expired:
+            return self._queue_refusal(QueueRefusal.queue_timeout, request_class)
+        return self._refuse(499, "client_gone", "the client left while queued")
+
+    def _queue_refusal(self, reason: QueueRefusal, request_class: RequestClass) -> web.Response:
+        retry_after = {RequestClass.interactive: self.budgets.interactive.retry_after_s,
+                       RequestClass.canary: self.budgets.canary.retry_after_s
+                       }.get(request_class, self.budgets.batch.retry_after_s)
+        status = 503 if reason is QueueRefusal.queue_timeout else 429
+        return self._refuse(status, reason, f"the {request_class.value} queue of this base "
+                            f"model is {'busy' if status == 503 else 'full'} ({reason}); "
+                            "retry later", **{"Retry-After": str(retry_after)})
 
     def _tenant_gate(self) -> TenantGate:
         if self._gate.limits is not self.budgets.tenants:
@@ -356,6 +471,15 @@ async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, every_s: f
             for wid in fleet.index.drain(time.time()):
                 log.info("worker %s drained: no heartbeat for %d intervals", wid, 3)
         await asyncio.sleep(every_s)
+
+
+def run_router(main: Coroutine[Any, Any, None]) -> None:
+    """Run the router's loop on uvloop: the asyncio loop's own Python (timers, handles,
+    selector) was a sixth of the router's CPU per request (bench/router_overhead.py)."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 @dataclass(frozen=True)

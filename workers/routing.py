@@ -200,6 +200,10 @@ class FleetIndex:
     def _live(self, w: _Worker, now: float) -> bool:
         return now - w.beat <= DRAIN_AFTER_HEARTBEATS * self.heartbeat_s
 
+    def worker_count(self, base_model: str) -> int:
+        """Workers of ``base_model`` in the view (the drain pass removes silent ones)."""
+        return len(self._by_base.get(base_model, ()))
+
     def live_workers(self, base_model: str, now: float) -> list[str]:
         return sorted(wid for wid in self._by_base.get(base_model, ())
                       if self._live(self.workers[wid], now))

@@ -20,7 +20,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httptools
 from loraplane.schemas.reasons import VllmErrorCode
@@ -176,7 +176,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         self._transport = transport
 
     def send(self, request: bytes, deadline: float) -> UpstreamResponse:

@@ -26,17 +26,16 @@ def run(
     registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
-    import asyncio
     import logging
 
     from loraplane.kernel import kafka
-    from loraplane.workers.router import RouterOptions, serve_router
+    from loraplane.workers.router import RouterOptions, run_router, serve_router
 
     kafka.act_as(kafka.Principal.router)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
-    asyncio.run(serve_router(settings, RouterOptions(
+    run_router(serve_router(settings, RouterOptions(
         port=port, router_id=router_id,
         heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
         registry_refresh_s=registry_refresh_s)))

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -108,7 +108,7 @@ class _Guard(asyncio.Protocol):
 
     # ---- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         state = self._state
         if state.open >= state.limits.max_connections:
             self._refused = True

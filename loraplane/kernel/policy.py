@@ -188,11 +188,27 @@ class CanaryBudget(_Strict):
     retry_after_s: int = Field(5, ge=1, le=300)
 
 
+class QueueBudget(_Strict):
+    """The fleet router's flow control (``workers.flow_control``, docs/router.md)."""
+
+    max_in_flight_per_worker: int = Field(
+        64, ge=1, le=100_000, description="requests one router forwards at once per worker: "
+        "a base model's limit is this times its workers in the router's view; more wait")
+    max_queued_per_band: int = Field(512, ge=1, le=1_000_000,
+                                     description="per (base model, band); over it: 429")
+    max_queued_per_tenant: int = Field(128, ge=1, le=1_000_000,
+                                       description="one tenant's share of one band")
+    interactive_ttl_ms: int = Field(
+        2000, ge=1, le=60_000, description="the longest an interactive request waits in a "
+        "queue; batch, canary and shadow wait batch.max_wait_ms")
+
+
 class RequestBudgets(_Strict):
     interactive: InteractiveBudget = Field(default_factory=InteractiveBudget)
     batch: BatchBudget = Field(default_factory=BatchBudget)
     canary: CanaryBudget = Field(default_factory=CanaryBudget)
     tenants: TenantLimits = Field(default_factory=TenantLimits)
+    queues: QueueBudget = Field(default_factory=QueueBudget)
 
 
 class Policy(_Strict):

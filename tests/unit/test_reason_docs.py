@@ -33,6 +33,7 @@ from loraplane.schemas.reasons import (
     DecodeReason,
     IntentRefusal,
     LoadDeferral,
+    QueueRefusal,
     RegistryRejection,
     RegistryViewRejection,
     RequestRefusal,
@@ -125,6 +126,11 @@ def test_worker_doc_lists_every_gateway_refusal() -> None:
     rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
     assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
         e.__name__: values(e) for e in (RequestRefusal, TenantLimit)}
+
+
+def test_router_doc_lists_every_queue_refusal() -> None:
+    rows = tables("docs/router.md")[("queue refusal", "status", "when")]
+    assert sorted(codes(rows)) == values(QueueRefusal)
 
 
 def test_planner_doc_lists_every_rule_and_waiting_reason() -> None:
