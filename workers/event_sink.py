@@ -290,6 +290,15 @@ class KafkaEventSink:
         return left
 
 
+async def poll_forever(sink: KafkaEventSink, every_s: float = 0.2) -> None:
+    """A process's background task: delivery reports, spool durability and replay."""
+    import asyncio
+
+    while True:
+        sink.poll()
+        await asyncio.sleep(every_s)
+
+
 class SinkMetrics(Collector):
     """The sink's counters and spool on a process's ``/metrics``: a loss is never silent."""
 

@@ -59,6 +59,7 @@ from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit
 from loraplane.workers.routing import FleetIndex, Route, choose_version
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
@@ -174,6 +175,7 @@ class Router:
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
+        self.collectors = CollectorRegistry(auto_describe=True)  # the event sink's, when run
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -201,6 +203,7 @@ class Router:
                   "# TYPE loraplane_router_dead_letters_total counter",
                   f"loraplane_router_dead_letters_total {self.fleet.dead_lettered}"]
         lines += self._flow_metrics()
+        lines.append(generate_latest(self.collectors).decode().rstrip("\n"))
         return web.Response(text="\n".join(lines) + "\n",
                             headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -493,7 +496,7 @@ class RouterOptions:
 async def serve_router(settings: Settings, options: RouterOptions,
                        ready: Callable[[int], None] | None = None) -> None:
     from loraplane.workers.api_keys import ApiKeysFile
-    from loraplane.workers.event_sink import KafkaEventSink
+    from loraplane.workers.event_sink import KafkaEventSink, SinkMetrics, poll_forever
     from loraplane.workers.runner import gateway_secret
 
     from loraplane.kernel.config import LOOPBACK
@@ -512,6 +515,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
                     secret=gateway_secret(settings.router_secret_path, "router secret"),
                     max_body_bytes=settings.http.max_body_bytes,
                     retry_after_s=max(1, math.ceil(options.heartbeat_s)))
+    router.collectors.register(SinkMetrics(sink))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -522,6 +526,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
         _consume_worker_states, settings, fleet, stop, loop, group))
     refresher = asyncio.create_task(_refresh_registry(
         registry, fleet, options.registry_refresh_s, options.heartbeat_s))
+    poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
                                  name="router")
     port = bound_port(runner)
@@ -532,7 +537,8 @@ async def serve_router(settings: Settings, options: RouterOptions,
         await stop.wait()
     finally:
         refresher.cancel()
+        poller.cancel()
         await runner.cleanup()
         await consumer
-        sink.flush(5.0)
+        sink.close(5.0)
 

@@ -21,7 +21,7 @@ from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics
+from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
@@ -147,7 +147,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     run = asyncio.create_task(agent.run(feed))
-    flusher = asyncio.create_task(_poll_forever(sink))
+    flusher = asyncio.create_task(poll_forever(sink))
     try:
         done, _ = await asyncio.wait({run, asyncio.create_task(stop.wait())},
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -162,9 +162,3 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         sink.close(5.0)
         feed.close()
         await vllm.close()
-
-
-async def _poll_forever(sink: KafkaEventSink) -> None:
-    while True:
-        sink.poll()
-        await asyncio.sleep(0.2)
