@@ -746,45 +746,64 @@ def _replicas(t: _BaseTick) -> None:
     copy (``replica_surplus``: unpinned first, never one the worker holds never-evict); a
     hot-set version under it gets more (``replica_demand``), each on the worker with the
     most free slots that fits its rank and holds none, within the GPU-copy budget and the
-    cold-load budgets. Only free slots: an extra copy never displaces another."""
+    cold-load budgets. Only free slots: an extra copy never displaces another. Reads only
+    what can change: versions with several copies (none in most ticks: one sum tells) and
+    hot versions whose demand exceeds one worker's band."""
     table, policy = t.table, t.policy
-    names = list(t.on_gpu)  # C-level maps: a steady tick reads every resident here
-    rows = np.fromiter(map(t.index.get, names, repeat(-1)), np.intp, len(names))
-    known = np.flatnonzero(rows >= 0)
-    if not known.size:
-        return
-    rows = rows[known]
-    copies = np.fromiter(map(len, t.on_gpu.values()), np.intp, len(names))[known]
-    demand = table.demand(rows)
-    ranks = table.registry.ranks[rows]
-    want = replica_targets(copies, demand, policy, t.fitting_counts(ranks))
-    changed = np.flatnonzero(want != copies)
-    if not changed.size:
-        return
     cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
-    adds: list[tuple[int, int, float]] = []  # (row, copies wanted, demand)
-    for k in changed.tolist():
-        i, lora, d = int(rows[k]), names[int(known[k])], float(demand[k])
-        n = int(copies[k])
-        if want[k] > n:
-            if lora in t.hot_names:
-                adds.append((i, int(want[k]), d))
-            continue
-        victims = [w for w in _keep_order(t.on_gpu[lora], lora) if lora not in w.protected]
-        if not victims or n < 2:
-            continue
-        w, r = victims[-1], table.record[i]
-        detail = f"demand {d:.2f} req/s < {n - 1} x {cap} x (1 - {h})"
-        if w.gpu[lora]:
-            t.planner.issue(w, CommandAction.unpin, r, lora, CommandRule.replica_surplus,
-                            table.score_of(i), detail)
-        t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
-                        table.score_of(i), detail)
-        t.drop_holder(lora, w)
-    if not adds:
+    if t.copies() > len(t.on_gpu):
+        multi = [lora for lora, holders in t.on_gpu.items()
+                 if len(holders) > 1 and lora in t.index]
+        rows = np.fromiter(map(t.index.__getitem__, multi), np.intp, len(multi))
+        copies = np.fromiter((len(t.on_gpu[lora]) for lora in multi), np.intp, len(multi))
+        demand = table.demand(rows)
+        want = replica_targets(copies, demand, policy,
+                               t.fitting_counts(table.registry.ranks[rows]))
+        for k in np.flatnonzero(want < copies).tolist():
+            _drop_replica(t, int(rows[k]), multi[k], float(demand[k]))
+    if not t.hot or t.copies() >= t.slots:
         return
+    hot = np.asarray(t.hot, np.intp)
+    demand = table.demand(hot)
+    over = np.flatnonzero(demand > cap * (1 + h))  # more than one copy's band
+    adds: list[tuple[int, int, float]] = []  # (row, copies wanted, demand), in rank order
+    for k in over.tolist():
+        i = int(hot[k])
+        holders = t.on_gpu.get(table.lora[i])
+        if holders:
+            wanted = int(replica_targets(np.array([len(holders)]), demand[k:k + 1], policy,
+                                         t.fitting_counts(table.registry.ranks[i:i + 1]))[0])
+            if wanted > len(holders):
+                adds.append((i, wanted, float(demand[k])))
+    if adds:
+        _add_replicas(t, adds)
+
+
+def _drop_replica(t: _BaseTick, i: int, lora: str, demand: float) -> None:
+    """Give back one copy of row ``i``: the last kept (``_keep_order``) that the worker
+    does not hold never-evict; unpinned first when pinned."""
+    policy, table = t.policy, t.table
+    holders = t.on_gpu[lora]
+    victims = [w for w in _keep_order(holders, lora) if lora not in w.protected]
+    if not victims:
+        return
+    w, r = victims[-1], table.record[i]
+    detail = (f"demand {demand:.2f} req/s < {len(holders) - 1} x {policy.worker_capacity_rps}"
+              f" x (1 - {policy.replica_hysteresis})")
+    if w.gpu[lora]:
+        t.planner.issue(w, CommandAction.unpin, r, lora, CommandRule.replica_surplus,
+                        table.score_of(i), detail)
+    t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
+                    table.score_of(i), detail)
+    t.drop_holder(lora, w)
+
+
+def _add_replicas(t: _BaseTick, adds: list[tuple[int, int, float]]) -> None:
+    """Load the extra copies ``adds`` asks for, best-ranked version first, while the
+    GPU-copy budget has room."""
+    table, policy = t.table, t.policy
+    cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
     in_use, free = t.copies(), _free_heaps(t.workers)
-    adds.sort(key=lambda a: table.rank(a[0], True, t.margin))
     for i, wanted, d in adds:
         lora, r = table.lora[i], table.record[i]
         holders = t.on_gpu[lora]
