@@ -283,6 +283,8 @@ class CommandRule(StrEnum):
     hot_score = "hot_score"
     slot_needed = "slot_needed"
     hot_score_displace = "hot_score_displace"
+    replica_demand = "replica_demand"
+    replica_surplus = "replica_surplus"
     never_evict = "never_evict"
     hbm_watermark = "hbm_watermark"
     host_tier = "host_tier"
@@ -294,6 +296,7 @@ class WaitReason(StrEnum):
 
     cold_load_budget = "cold_load_budget"  # free or displaceable slots exist, budget blocks
     no_gpu_slot = "no_gpu_slot"  # nothing can be displaced
+    no_worker_fits_rank = "no_worker_fits_rank"  # every worker's max_lora_rank is below its rank
 
 
 CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | IntentRefusal

@@ -25,16 +25,27 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
    hot set; a version in it stays where it is (no needless moves). Canaries are wanted from
    the moment they appear, so they are loaded before traffic reaches them.
 5. load: hot versions not on any GPU are loaded in rank order on the worker with the most
-   free slots, at most ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s
-   (sliding); the rest wait for a later tick. A worker above ``hbm_low_watermark`` gets no
-   loads. When no slot is free, the lowest-ranked resident outside the hot set is demoted
-   to make room ("slot_needed"); never a never-evict one. A canary's ``load_gpu`` asks for
+   free slots whose ``max_lora_rank`` fits the version's rank, at most
+   ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s (sliding); the rest
+   wait for a later tick (``no_worker_fits_rank`` when no worker of the base model can hold
+   the rank). A worker above ``hbm_low_watermark`` gets no loads. ``gpu_slots_per_base_model``
+   counts GPU copies: when no slot is free, an extra copy (a version's copies beyond its
+   first) is demoted to make room first, else the lowest-ranked resident outside the hot set
+   ("slot_needed"); never a never-evict one. A canary's ``load_gpu`` asks for
    ``request_budgets.canary.warmup_requests`` shadow/golden-set requests.
-6. pin: never-evict versions on GPU are pinned (a minimum hot copy).
-7. HBM: a worker above the watermark demotes its lowest-ranked evictable resident.
-8. host prewarm: wanted versions on no worker at all are prewarmed to the host tier (most
-   free host bytes first) within ``host_slots_per_base_model`` and each worker's budget.
-9. host pressure: host copies over either limit are evicted lowest rank first.
+6. replicas: a version with ``n`` GPU copies and demand ``d`` (the larger of its 1- and
+   10-minute request rates) gets more copies when ``d > n * c * (1 + h)`` (``c`` =
+   ``worker_capacity_rps``, ``h`` = ``replica_hysteresis``): ``ceil(d / c)``, at most one per
+   worker that fits its rank, each on the worker with the most free slots (lowest id) that
+   holds none, within the free slots, the GPU-copy budget and the cold-load budgets; it
+   gives one back (its copy on the highest worker id not held never-evict by the worker,
+   unpinned first) when ``d < (n - 1) * c * (1 - h)``. Inside the band nothing changes.
+7. pin: never-evict versions on GPU are pinned (a minimum hot copy).
+8. HBM: a worker above the watermark demotes its lowest-ranked evictable resident.
+9. host prewarm: wanted versions on no worker at all are prewarmed to the host tier (most
+   free host bytes first, among workers whose ``max_lora_rank`` fits) within
+   ``host_slots_per_base_model`` and each worker's budget.
+10. host pressure: host copies over either limit are evicted lowest rank first.
 
 Commands issued but not yet visible in a worker's state are remembered (``WorkerMemory``)
 and applied on top of that state, so nothing is issued twice; they are forgotten once the
@@ -53,11 +64,11 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import repeat
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -384,7 +395,7 @@ def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
 class _BaseTick:
     """What the rules share while planning one base model in one tick: the inputs, and what
     earlier rules leave for later ones (the hot set from rule 4 on, the host-only names from
-    rule 8 on). Rules mutate the workers (through ``planner.issue``) and the table (the
+    rule 9 on). Rules mutate the workers (through ``planner.issue``) and the table (the
     protected cap), never the inputs."""
 
     planner: _Planner
@@ -394,20 +405,41 @@ class _BaseTick:
     records: Mapping[str, AdapterRecord]  # every version of the registry by lora_name
     revoked: set[str]
     workers: list[_Worker]
-    slots: int = field(init=False)  # the hot set's size
+    slots: int = field(init=False)  # the hot set's size and the most GPU copies planned
     resident: set[str] = field(init=False)  # names on some GPU as the tick starts
     by_id: dict[str, _Worker] = field(init=False)
+    max_ranks: np.ndarray = field(init=False)  # the workers' max_lora_rank, sorted
     on_gpu: dict[str, list[_Worker]] = field(init=False)  # rule 4 on: name -> GPU holders
     wanted: Ranking = field(init=False)  # rule 4 on: wanted versions in rank order
     hot: list[int] = field(init=False)  # rule 4 on: the hot set's rows, in rank order
     hot_names: set[str] = field(init=False)
-    host_only: set[str] = field(init=False)  # rule 8 on: names held host-only somewhere
+    host_only: set[str] = field(init=False)  # rule 9 on: names held host-only somewhere
 
     def __post_init__(self) -> None:
         capacity = sum(max(0, w.state.gpu_slots_total) for w in self.workers)
         self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
         self.resident = set().union(*(w.gpu for w in self.workers))
         self.by_id = {w.id: w for w in self.workers}
+        self.max_ranks = np.sort(np.fromiter((w.state.max_lora_rank for w in self.workers),
+                                             np.int64, len(self.workers)))
+
+    def fitting(self, rank: int) -> int:
+        """How many workers of the base model can hold a version of ``rank``."""
+        return len(self.max_ranks) - int(np.searchsorted(self.max_ranks, rank))
+
+    def fitting_counts(self, ranks: np.ndarray) -> np.ndarray:
+        counts: np.ndarray = len(self.max_ranks) - np.searchsorted(self.max_ranks, ranks)
+        return counts
+
+    def copies(self) -> int:
+        """GPU copies on the base model's workers, as planned so far (rule 4 on)."""
+        return sum(map(len, self.on_gpu.values()))
+
+    def drop_holder(self, lora: str, w: _Worker) -> None:
+        holders = self.on_gpu[lora]
+        holders.remove(w)
+        if not holders:
+            del self.on_gpu[lora]
 
     @property
     def policy(self) -> Policy:
@@ -506,8 +538,9 @@ def _rank_hot_set(t: _BaseTick) -> None:
 
 def _load(t: _BaseTick) -> None:
     """5. Hot-set versions on no GPU are loaded in rank order (``hot_score``), into a free
-    slot, else into the slot of the lowest-ranked resident outside the hot set
-    (``slot_needed`` then ``hot_score_displace``); else they wait."""
+    slot of a worker that fits their rank, else into the slot of an extra copy or of the
+    lowest-ranked resident outside the hot set (``slot_needed`` then
+    ``hot_score_displace``); else they wait."""
     missing = t.hot_names - t.on_gpu.keys()  # loading one adds only itself to on_gpu
     if not missing:
         return
@@ -516,11 +549,12 @@ def _load(t: _BaseTick) -> None:
         lora = table.lora[i]
         if lora not in missing:
             continue
-        target, rule = slots.free_worker(t), CommandRule.hot_score
+        rank = table.record[i].rank
+        target, rule = slots.free_worker(t, rank), CommandRule.hot_score
         if target is None:
-            target, rule = _displace_for(t, slots, i), CommandRule.hot_score_displace
+            target, rule = _displace_for(t, slots, i, rank), CommandRule.hot_score_displace
         if target is None:
-            t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t)))
+            t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t, rank)))
             continue
         warmup = (policy.request_budgets.canary.warmup_requests
                   if table.record[i].status is AdapterStatus.canary else 0)
@@ -530,60 +564,112 @@ def _load(t: _BaseTick) -> None:
         t.on_gpu[lora].append(target)
 
 
+_T = TypeVar("_T", bound=tuple[Any, ...])
+
+
+class _RankHeaps(Generic[_T]):
+    """Min-heaps of entries, one per ``max_lora_rank`` of the worker an entry is about. A
+    version of rank r reads only the heaps of ranks >= r: a fleet has a handful of distinct
+    ranks, so a pick costs a few heap tops, never a scan of the fleet, and an entry that
+    does not fit one version stays for the next."""
+
+    def __init__(self, entries: Iterable[tuple[int, _T]]) -> None:
+        self.heaps: dict[int, list[_T]] = defaultdict(list)
+        for max_rank, entry in entries:
+            self.heaps[max_rank].append(entry)
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
+        self.ranks = sorted(self.heaps, reverse=True)
+
+    def fitting(self, rank: int) -> Iterator[list[_T]]:
+        for max_rank in self.ranks:
+            if max_rank < rank:
+                return
+            yield self.heaps[max_rank]
+
+    def push(self, max_rank: int, entry: _T) -> None:
+        if max_rank not in self.heaps:
+            self.ranks = sorted([*self.ranks, max_rank], reverse=True)
+        heapq.heappush(self.heaps[max_rank], entry)
+
+
+FreeHeaps = _RankHeaps[tuple[int, str]]  # (-free slots, worker id)
+_EXTRA = -2  # first element of an extra copy's worst-first key: displaced before any other
+
+
 @dataclass
 class _Slots:
-    """Where rule 5 may put a load: workers by free GPU slots (a heap, most free first) and
-    the residents outside the hot set that may give up their slot (a heap of distinct keys,
-    lowest rank first: the order it is built in does not matter)."""
+    """Where rule 5 may put a load: workers by free GPU slots (most free first) and the
+    copies that may give up their slot (distinct keys, worst first: extra copies, then
+    residents outside the hot set by rank), both per the worker's ``max_lora_rank``."""
 
-    free: list[tuple[int, str]]  # (-free slots, worker id)
-    displaceable: list[tuple[Rank, str, str]]  # (worst-first rank, lora_name, worker id)
-    in_use: int  # versions on some GPU
-    free_somewhere: bool | None = None  # any worker with a free slot, until the next load
+    free: FreeHeaps
+    displaceable: _RankHeaps[tuple[Rank, str, str]]  # (worst-first rank, lora_name, worker id)
+    in_use: int  # GPU copies
+    free_somewhere: dict[int, bool] = field(default_factory=dict)  # rank -> any free slot
 
     @classmethod
     def of(cls, t: _BaseTick) -> _Slots:
-        table = t.table
-        displaceable = [(_worst_first(table.rank(i, True, t.margin)), lora, w.id)
-                        for lora in t.on_gpu.keys() - t.hot_names
-                        if (i := t.index.get(lora)) is not None and not table.protected[i]
-                        for w in t.on_gpu[lora]]
-        heapq.heapify(displaceable)
-        free = [(-w.free_slots(), w.id) for w in t.workers]
-        heapq.heapify(free)
-        return cls(free, displaceable, len(t.on_gpu))
+        table, hot = t.table, t.hot_names
+        displaceable: list[tuple[int, tuple[Rank, str, str]]] = []
+        for lora, holders in t.on_gpu.items():
+            if (lora in hot and len(holders) < 2) or (i := t.index.get(lora)) is None \
+                    or table.protected[i]:
+                continue
+            key = _worst_first(table.rank(i, True, t.margin))
+            for n, w in enumerate(_keep_order(holders, lora)):
+                if n or lora not in hot:
+                    displaceable.append((w.state.max_lora_rank,
+                                         ((_EXTRA, key[1], key[2]) if n else key, lora, w.id)))
+        return cls(_free_heaps(t.workers), _RankHeaps(displaceable), t.copies())
 
-    def free_worker(self, t: _BaseTick) -> _Worker | None:
-        """The worker to load into a free slot, while the hot set has room on the GPUs."""
-        return _worker_with_free_slot(self.free, t.by_id, t.policy) \
+    def free_worker(self, t: _BaseTick, rank: int) -> _Worker | None:
+        """The worker to load into a free slot, while the GPU-copy budget has room."""
+        return _worker_with_free_slot(self.free, t.by_id, t.policy, rank) \
             if self.in_use < t.slots else None
 
-    def blocked(self, t: _BaseTick) -> WaitReason:
-        """Why a version waits. No victim left means ``displaceable`` is empty: only free
-        slots (out of budget or above the watermark) can block."""
-        if self.free_somewhere is None:
-            self.free_somewhere = any(w.free_slots() > 0 for w in t.workers)
-        return WaitReason.cold_load_budget if self.free_somewhere else WaitReason.no_gpu_slot
+    def blocked(self, t: _BaseTick, rank: int) -> WaitReason:
+        """Why a version waits. No victim left means no displaceable copy on a fitting
+        worker: only free slots (out of budget or above the watermark) can block."""
+        if not t.fitting(rank):
+            return WaitReason.no_worker_fits_rank
+        if rank not in self.free_somewhere:
+            self.free_somewhere[rank] = any(w.free_slots() > 0 for w in t.workers
+                                            if w.state.max_lora_rank >= rank)
+        return WaitReason.cold_load_budget if self.free_somewhere[rank] \
+            else WaitReason.no_gpu_slot
 
     def loaded(self, w: _Worker) -> None:
-        self.free_somewhere = None
+        self.free_somewhere.clear()
         self.in_use += 1
-        heapq.heappush(self.free, (-w.free_slots(), w.id))
+        self.free.push(w.state.max_lora_rank, (-w.free_slots(), w.id))
 
 
-def _displace_for(t: _BaseTick, slots: _Slots, i: int) -> _Worker | None:
-    """Demote the lowest-ranked displaceable resident for row ``i`` (``slot_needed``);
-    its worker, or None when none is left on a worker that may still load."""
-    victim = _pop_victim(slots.displaceable, t.by_id, t.policy)
+def _free_heaps(workers: Iterable[_Worker]) -> FreeHeaps:
+    return _RankHeaps((w.state.max_lora_rank, (-w.free_slots(), w.id)) for w in workers)
+
+
+def _keep_order(holders: list[_Worker], lora: str) -> list[_Worker]:
+    """A version's GPU copies, the one kept longest first: held never-evict by the worker,
+    then pinned, then by worker id. The last ones are its extra copies."""
+    return sorted(holders, key=lambda w: (lora not in w.protected, not w.gpu.get(lora), w.id))
+
+
+def _displace_for(t: _BaseTick, slots: _Slots, i: int, rank: int) -> _Worker | None:
+    """Demote the first displaceable copy on a worker that fits ``rank`` for row ``i``
+    (``slot_needed``); its worker, or None when none is left on a worker that may load."""
+    victim = _pop_victim(slots.displaceable, t.by_id, t.policy, rank)
     if victim is None:
         return None
     victim_lora, target = victim
     table, v = t.table, t.index[victim_lora]
     score, victim_score = table.score_of(i), table.score_of(v)
+    extra = "an extra copy, " if len(t.on_gpu[victim_lora]) > 1 else ""
     t.planner.issue(target, CommandAction.demote_to_host, table.record[v], victim_lora,
                     CommandRule.slot_needed, victim_score,
-                    f"for {table.lora[i]} scoring {score:.4f} "
+                    f"{extra}for {table.lora[i]} scoring {score:.4f} "
                     f"(> {victim_score:.4f} + margin {t.margin})")
+    t.drop_holder(victim_lora, target)
     slots.in_use -= 1
     return target
 
@@ -593,36 +679,150 @@ def _worst_first(rank: Rank) -> Rank:
     return (-rank[0], -rank[1], rank[2])
 
 
-def _worker_with_free_slot(free_heap: list[tuple[int, str]], by_id: Mapping[str, _Worker],
-                           policy: Policy) -> _Worker | None:
-    """The worker with the most free GPU slots that may still load; stale heap entries
-    and workers out of budget or above the HBM watermark are dropped."""
-    while free_heap:
-        neg_free, wid = free_heap[0]
-        w = by_id[wid]
-        if -neg_free != w.free_slots():
-            heapq.heapreplace(free_heap, (-w.free_slots(), wid))
-            continue
-        if w.free_slots() > 0 and w.loads_left(policy) > 0 and not w.above_watermark(policy):
-            heapq.heappop(free_heap)
-            return w
-        heapq.heappop(free_heap)
-    return None
+def _worker_with_free_slot(free: FreeHeaps, by_id: Mapping[str, _Worker], policy: Policy,
+                           rank: int, skip: Container[str] = ()) -> _Worker | None:
+    """The worker with the most free GPU slots (then the lowest id) that fits ``rank`` and
+    may still load, not in ``skip``; popped (the caller pushes it back once loaded). Stale
+    entries and workers out of budget or above the HBM watermark are dropped; skipped ones
+    are put back."""
+    best: list[tuple[int, str]] | None = None
+    skipped: list[tuple[list[tuple[int, str]], tuple[int, str]]] = []
+    for heap in free.fitting(rank):
+        while heap:
+            neg_free, wid = heap[0]
+            w = by_id[wid]
+            if -neg_free != w.free_slots():
+                heapq.heapreplace(heap, (-w.free_slots(), wid))
+            elif w.free_slots() <= 0 or w.loads_left(policy) <= 0 or w.above_watermark(policy):
+                heapq.heappop(heap)
+            elif wid in skip:
+                skipped.append((heap, heapq.heappop(heap)))
+            else:
+                break
+        if heap and (best is None or heap[0] < best[0]):
+            best = heap
+    chosen = by_id[heapq.heappop(best)[1]] if best is not None else None
+    for heap, entry in skipped:
+        heapq.heappush(heap, entry)
+    return chosen
 
 
-def _pop_victim(displaceable: list[tuple[Rank, str, str]], by_id: Mapping[str, _Worker],
-                policy: Policy) -> tuple[str, _Worker] | None:
-    """The lowest-ranked displaceable resident on a worker that may still load."""
-    while displaceable:
-        _, lora, wid = heapq.heappop(displaceable)
-        w = by_id[wid]
-        if lora in w.gpu and w.loads_left(policy) > 0 and not w.above_watermark(policy):
-            return lora, w
-    return None
+def _pop_victim(displaceable: _RankHeaps[tuple[Rank, str, str]], by_id: Mapping[str, _Worker],
+                policy: Policy, rank: int) -> tuple[str, _Worker] | None:
+    """The first displaceable copy on a worker that fits ``rank`` and may still load."""
+    best: list[tuple[Rank, str, str]] | None = None
+    for heap in displaceable.fitting(rank):
+        while heap:
+            _, lora, wid = heap[0]
+            w = by_id[wid]
+            if lora in w.gpu and w.loads_left(policy) > 0 and not w.above_watermark(policy):
+                break
+            heapq.heappop(heap)
+        if heap and (best is None or heap[0] < best[0]):
+            best = heap
+    if best is None:
+        return None
+    _, lora, wid = heapq.heappop(best)
+    return lora, by_id[wid]
+
+
+def replica_targets(copies: np.ndarray, demand: np.ndarray, policy: Policy,
+                    most: np.ndarray) -> np.ndarray:
+    """How many GPU copies each version should have, from its ``copies`` now (at least 1),
+    its ``demand`` (requests/s) and the ``most`` workers that may hold it: up to
+    ``ceil(demand / capacity)`` above ``n * capacity * (1 + h)``, one fewer below
+    ``(n - 1) * capacity * (1 - h)``, else unchanged (so copies do not flap)."""
+    cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
+    n = np.maximum(copies, 1)
+    up = demand > n * cap * (1 + h)
+    down = (n > 1) & (demand < (n - 1) * cap * (1 - h))
+    want = np.where(up, np.ceil(demand / cap), np.where(down, n - 1, n))
+    out: np.ndarray = np.maximum(1, np.minimum(want, most)).astype(np.intp)
+    return out
+
+
+def _replicas(t: _BaseTick) -> None:
+    """6. Copies by demand (``replica_targets``): a version over its band gives back one
+    copy (``replica_surplus``: unpinned first, never one the worker holds never-evict); a
+    hot-set version under it gets more (``replica_demand``), each on the worker with the
+    most free slots that fits its rank and holds none, within the GPU-copy budget and the
+    cold-load budgets. Only free slots: an extra copy never displaces another. Reads only
+    what can change: versions with several copies (none in most ticks: one sum tells) and
+    hot versions whose demand exceeds one worker's band."""
+    table, policy = t.table, t.policy
+    cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
+    if t.copies() > len(t.on_gpu):
+        multi = [lora for lora, holders in t.on_gpu.items()
+                 if len(holders) > 1 and lora in t.index]
+        rows = np.fromiter(map(t.index.__getitem__, multi), np.intp, len(multi))
+        copies = np.fromiter((len(t.on_gpu[lora]) for lora in multi), np.intp, len(multi))
+        demand = table.demand(rows)
+        want = replica_targets(copies, demand, policy,
+                               t.fitting_counts(table.registry.ranks[rows]))
+        for k in np.flatnonzero(want < copies).tolist():
+            _drop_replica(t, int(rows[k]), multi[k], float(demand[k]))
+    if not t.hot or t.copies() >= t.slots:
+        return
+    hot = np.asarray(t.hot, np.intp)
+    demand = table.demand(hot)
+    over = np.flatnonzero(demand > cap * (1 + h))  # more than one copy's band
+    adds: list[tuple[int, int, float]] = []  # (row, copies wanted, demand), in rank order
+    for k in over.tolist():
+        i = int(hot[k])
+        holders = t.on_gpu.get(table.lora[i])
+        if holders:
+            wanted = int(replica_targets(np.array([len(holders)]), demand[k:k + 1], policy,
+                                         t.fitting_counts(table.registry.ranks[i:i + 1]))[0])
+            if wanted > len(holders):
+                adds.append((i, wanted, float(demand[k])))
+    if adds:
+        _add_replicas(t, adds)
+
+
+def _drop_replica(t: _BaseTick, i: int, lora: str, demand: float) -> None:
+    """Give back one copy of row ``i``: the last kept (``_keep_order``) that the worker
+    does not hold never-evict; unpinned first when pinned."""
+    policy, table = t.policy, t.table
+    holders = t.on_gpu[lora]
+    victims = [w for w in _keep_order(holders, lora) if lora not in w.protected]
+    if not victims:
+        return
+    w, r = victims[-1], table.record[i]
+    detail = (f"demand {demand:.2f} req/s < {len(holders) - 1} x {policy.worker_capacity_rps}"
+              f" x (1 - {policy.replica_hysteresis})")
+    if w.gpu[lora]:
+        t.planner.issue(w, CommandAction.unpin, r, lora, CommandRule.replica_surplus,
+                        table.score_of(i), detail)
+    t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
+                    table.score_of(i), detail)
+    t.drop_holder(lora, w)
+
+
+def _add_replicas(t: _BaseTick, adds: list[tuple[int, int, float]]) -> None:
+    """Load the extra copies ``adds`` asks for, best-ranked version first, while the
+    GPU-copy budget has room."""
+    table, policy = t.table, t.policy
+    cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
+    in_use, free = t.copies(), _free_heaps(t.workers)
+    for i, wanted, d in adds:
+        lora, r = table.lora[i], table.record[i]
+        holders = t.on_gpu[lora]
+        while len(holders) < wanted and in_use < t.slots:
+            held = {c.id for c in holders}
+            target = _worker_with_free_slot(free, t.by_id, policy, r.rank, held)
+            if target is None:
+                break
+            t.planner.issue(target, CommandAction.load_gpu, r, lora, CommandRule.replica_demand,
+                            table.score_of(i),
+                            f"demand {d:.2f} req/s > {len(holders)} x {cap} x (1 + {h}): "
+                            f"copy {len(holders) + 1} of {wanted}")
+            holders.append(target)
+            in_use += 1
+            free.push(target.state.max_lora_rank, (-target.free_slots(), target.id))
 
 
 def _pin(t: _BaseTick) -> None:
-    """6. Pin every unpinned GPU copy of a protected version (a minimum hot copy; the
+    """7. Pin every unpinned GPU copy of a protected version (a minimum hot copy; the
     unpins came first, in rule 2)."""
     table = t.table
     protected_names = set(map(table.lora.__getitem__, t.rows[table.protected[t.rows]].tolist()))
@@ -634,7 +834,7 @@ def _pin(t: _BaseTick) -> None:
 
 
 def _relieve_hbm(t: _BaseTick) -> None:
-    """7. A worker above the HBM low watermark demotes its lowest-ranked unprotected
+    """8. A worker above the HBM low watermark demotes its lowest-ranked unprotected
     resident, one per tick, and none while an unload is pending (it has yet to show in
     the worker's HBM usage)."""
     table, policy = t.table, t.policy
@@ -653,28 +853,35 @@ def _relieve_hbm(t: _BaseTick) -> None:
 
 
 def _prewarm_host(t: _BaseTick) -> None:
-    """8. Wanted versions on no worker at all are prewarmed in rank order on the worker with
-    the most free host bytes, within ``host_slots_per_base_model`` and its byte budget."""
+    """9. Wanted versions on no worker at all are prewarmed in rank order on the worker with
+    the most free host bytes that fits their rank, within ``host_slots_per_base_model`` and
+    its byte budget."""
     table, workers = t.table, t.workers
     t.host_only = host_only = set().union(*(w.host for w in workers))
     slots_left = t.policy.host_slots_per_base_model - len(host_only)
     # Only a prewarm reads where versions are: a full host tier needs no such set.
     anywhere = host_only.union(*(w.gpu for w in workers)) if slots_left > 0 else host_only
-    byte_heap = [(-(w.state.host_bytes_budget - w.host_bytes), w.id) for w in workers]
-    heapq.heapify(byte_heap)
+    byte_heaps = _RankHeaps((w.state.max_lora_rank, (-(w.state.host_bytes_budget - w.host_bytes),
+                                                      w.id)) for w in workers)
     ranked = iter(t.wanted)
     smallest: int | None = None  # size of the smallest wanted version, once one did not fit
-    while slots_left > 0 and byte_heap and (i := next(ranked, None)) is not None:
+    while slots_left > 0 and workers and (i := next(ranked, None)) is not None:
         lora = table.lora[i]
         if lora in anywhere:
             continue
-        neg_free, wid = byte_heap[0]
+        # The heaps only change by the replace below, so each top is valid: the fitting
+        # worker with the most free host bytes heads one of the fitting heaps.
+        heap = min(byte_heaps.fitting(table.record[i].rank), key=lambda h: h[0], default=None)
+        if heap is None:
+            continue  # no worker holds its rank: nowhere to prewarm it
+        neg_free, wid = heap[0]
         if -neg_free < table.record[i].size_bytes:
             # Does not fit the emptiest worker: skip, smaller ones may fit. When none is small
-            # enough, stop (a fleet with full host tiers would walk the whole ranking).
+            # enough for any worker, stop (a fleet with full host tiers would walk the whole
+            # ranking).
             if smallest is None:
                 smallest = int(table.registry.size_bytes[t.wanted.rows].min())
-            if -neg_free < smallest:
+            if -min(h[0] for h in byte_heaps.fitting(0))[0] < smallest:
                 break
             continue
         w = t.by_id[wid]
@@ -682,11 +889,11 @@ def _prewarm_host(t: _BaseTick) -> None:
                         table.score_of(i), table.detail(i))
         host_only.add(lora)
         slots_left -= 1
-        heapq.heapreplace(byte_heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))
+        heapq.heapreplace(heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))
 
 
 def _evict_host(t: _BaseTick) -> None:
-    """9. Host-only copies are evicted lowest rank first (``host_pressure``): the versions
+    """10. Host-only copies are evicted lowest rank first (``host_pressure``): the versions
     over ``host_slots_per_base_model`` on every worker holding them, then each worker's
     copies over its ``host_bytes_budget``. Sorted only when a limit is exceeded (sorting is
     most of the host tier's cost)."""
@@ -728,8 +935,8 @@ def _evict_for_pressure(t: _BaseTick, w: _Worker, lora: str, detail: str) -> Non
 
 
 _RULES: tuple[Callable[[_BaseTick], None], ...] = (
-    _cap_protected, _unpin, _retire, _rank_hot_set, _load, _pin, _relieve_hbm, _prewarm_host,
-    _evict_host)
+    _cap_protected, _unpin, _retire, _rank_hot_set, _load, _replicas, _pin, _relieve_hbm,
+    _prewarm_host, _evict_host)
 """The planner rules of docs/planner.md, in their order (rule n is ``_RULES[n - 1]``)."""
 
 

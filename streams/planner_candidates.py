@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.streams.planner_columns import Categories, Registry, Scores
-from loraplane.streams.scores import MIN_ERROR_SAMPLES, TAU_10M_S, decayed_at, hot_scores_of
+from loraplane.streams.scores import (
+    MIN_ERROR_SAMPLES,
+    TAU_1M_S,
+    TAU_10M_S,
+    decayed_at,
+    hot_scores_of,
+)
 
 from loraplane.kernel.policy import Clause, Condition, Policy
 
@@ -83,6 +89,15 @@ class Candidates:
                 states = c.state
                 return Categories.of(states[i].dominant_class(now) for i in rows.tolist())
         raise ValueError(f"unknown fact {fact!r}")
+
+    def demand(self, rows: np.ndarray) -> np.ndarray:
+        """Requests/s of ``rows`` now: the larger of the 1- and 10-minute rates, so a burst
+        adds copies at once and they are given back only once both rates have fallen."""
+        x = self.columns.inputs
+        r1 = decayed_at(x.r1_value[rows], x.r1_at[rows], TAU_1M_S, self.now) / TAU_1M_S
+        r10 = decayed_at(x.r10_value[rows], x.r10_at[rows], TAU_10M_S, self.now) / TAU_10M_S
+        rate: np.ndarray = np.maximum(r1, r10)
+        return rate
 
     def score_of(self, i: int) -> float:
         return float(self.score[i])

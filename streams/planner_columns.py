@@ -93,6 +93,7 @@ class Registry:
         self.canary = self.status.codes == self.status.code(AdapterStatus.canary)
         self.priorities = Categories.of(map(str, map(attrgetter("priority"), self.record)))
         self.size_bytes = np.fromiter(map(attrgetter("size_bytes"), self.record), np.int64, n)
+        self.ranks = np.fromiter(map(attrgetter("rank"), self.record), np.int64, n)
         self.adapters = list(map(_ADAPTER_ID, self.record))
         self.keys = list(map(score_key, self.adapters, map(_VERSION, self.record)))
         active = np.flatnonzero(self.status.codes == self.status.code(AdapterStatus.active))

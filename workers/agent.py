@@ -45,6 +45,7 @@ from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import load_applied, save_applied
 from loraplane.workers.event_sink import EventSink
 from loraplane.workers.golden_set import send_golden_set
+from loraplane.workers.hbm import HbmProbe
 from loraplane.workers.reconcile import (
     Action,
     ActualState,
@@ -151,8 +152,11 @@ class WorkerAgent:
     def __init__(self, config: WorkerConfig, *, vllm: VllmClient, host_tier: HostTier,
                  registry_loader: Callable[[], Iterable[AdapterRecord]], sink: EventSink,
                  metrics: WorkerMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 hbm: Callable[[], float | None] | None = None) -> None:
+        """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU)."""
         self.config = config
+        self._hbm = hbm if hbm is not None else HbmProbe().usage
         self.vllm = vllm
         self.host_tier = host_tier
         self.sink = sink
@@ -580,7 +584,7 @@ class WorkerAgent:
                 pinned=bool(intent and intent.pinned),
                 protected=name in self.desired.protected,
                 origin=intent.origin if intent else None,
-                size_bytes=self._host[name].size_bytes if name in self._host else 0,
+                size_bytes=self._resident_bytes(name, record),
                 rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),
                 in_flight=self._rt.in_flight.get(name, 0)))
         now = self._clock()
@@ -589,10 +593,18 @@ class WorkerAgent:
             gateway_url=self.config.gateway_url, gpu_slots_used=len(self._rt.gpu),
             gpu_slots_total=self.config.gpu_slots,
             host_bytes_used=sum(e.size_bytes for e in self._host.values()),
-            host_bytes_budget=self.config.host_budget_bytes, hbm_usage=None,
+            host_bytes_budget=self.config.host_budget_bytes, hbm_usage=self._hbm(),
             max_lora_rank=self.config.max_lora_rank,
             cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
             adapters=adapters)
+
+    def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:
+        """A copy's bytes: its host-tier entry's, else (a GPU copy adopted without one, or
+        an entry that did not record its size) the manifest's, through the registry."""
+        entry = self._host.get(name)
+        if entry is not None and entry.size_bytes:
+            return entry.size_bytes
+        return record.size_bytes if record is not None else 0
 
     def publish_state(self) -> None:
         self.sink.emit("worker-state", self.config.worker_id, self.worker_state())

@@ -235,6 +235,12 @@ class Policy(_Strict):
     hbm_low_watermark: float = Field(0.82, gt=0, le=1)
     hysteresis_margin: float = Field(
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")
+    worker_capacity_rps: float = Field(
+        10.0, gt=0, le=1_000_000, description="requests/s one worker serves for one adapter: a "
+        "hot version gets ceil(demand / this) GPU copies (rule 6), at most one per worker")
+    replica_hysteresis: float = Field(
+        0.2, ge=0, lt=1, description="with n copies, one is added only above n x capacity x "
+        "(1 + this) and dropped only below (n - 1) x capacity x (1 - this)")
     planner_interval_s: float = Field(1.0, gt=0, le=3600)
     worker_heartbeat_s: float = Field(
         5.0, gt=0, le=3600, description="the workers' heartbeat interval (worker run's default): "

@@ -328,13 +328,18 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
 async def test_restart_adopts_running_state(world: World) -> None:
     await load(world, RECORDS[2])
     again = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,
-                        registry_loader=lambda: RECORDS, sink=world.sink)
+                        registry_loader=lambda: RECORDS, sink=world.sink, hbm=lambda: 0.42)
     loads_before = world.fake.load_calls
     await again.start()
     assert again.is_hot(RECORDS[2].lora_name)
     assert world.fake.load_calls == loads_before  # adopted, not reloaded
     state = again.worker_state()
     assert [(a.lora_name, a.tier) for a in state.adapters] == [(RECORDS[2].lora_name, "gpu")]
+    # what it can hold: HBM from the probe (NVML on a GPU), bytes per copy from the manifest
+    assert state.hbm_usage == 0.42
+    assert [(a.size_bytes, a.rank) for a in state.adapters] == [(RECORDS[2].size_bytes,
+                                                                 RECORDS[2].rank)]
+    assert RECORDS[2].size_bytes > 0
 
 
 class GatedVllm(VllmClient):

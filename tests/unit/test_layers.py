@@ -53,6 +53,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.score_store", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
     ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
+    ("loraplane.workers.hbm", RUNTIMES),  # NVML (optional nvidia-ml-py): reads the device
     # the fleet router: its own process, sharing the gateway's edges (keys, registry trust)
     ("loraplane.workers.router", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),

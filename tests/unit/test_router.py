@@ -100,16 +100,20 @@ def test_an_older_state_never_replaces_a_newer_one() -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4),
-                          st.sampled_from([None, 0.5, 0.95])), min_size=1, max_size=6))
+                          st.sampled_from([None, 0.5, 0.95]), st.sampled_from([8, 16, 64])),
+                min_size=1, max_size=6),
+       st.sampled_from([8, 16, 32]))
 def test_a_new_copy_goes_where_the_planner_would_load_it(
-        shape: list[tuple[int, int, float | None]]) -> None:
-    """The router's free-slot choice is the planner's rule-5 target for the same fleet (the
-    residents are in demand too, so no other rule frees a slot in the same tick)."""
-    a = record("a")
+        shape: list[tuple[int, int, float | None, int]], rank: int) -> None:
+    """The router's free-slot choice is the planner's rule-5 target for the same fleet,
+    ``max_lora_rank`` fit included (the residents are in demand too, so no other rule frees
+    a slot in the same tick)."""
+    a = record("a").model_copy(update={"rank": rank})
     states = []
-    for i, (used, extra, hbm) in enumerate(shape):
+    for i, (used, extra, hbm, max_rank) in enumerate(shape):
         residents = [record(f"x{i}-{j}") for j in range(used)]
-        states.append(worker(f"w{i}", gpu=residents, slots=used + extra, hbm=hbm))
+        states.append(worker(f"w{i}", gpu=residents, slots=used + extra, hbm=hbm)
+                      .model_copy(update={"max_lora_rank": max_rank}))
     residents = [record(x.adapter_id) for s in states for x in s.adapters]
     demand = {**scores(a=5.0), **{score_key(r.adapter_id, "1"): busy(1.0) for r in residents}}
     p = plan(views(a, *residents), demand, states, POLICY, NOW)  # residents stay: hot too
