@@ -66,6 +66,7 @@ from loraplane.streams.score_store import ScoreStore
 from loraplane.workers.routing import heard_lately
 
 from loraplane.kernel.config import get_settings
+from loraplane.kernel.progress import Progress
 from loraplane.kernel.topics import spec
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,10 @@ planner_memory = app.Table("planner-memory", partitions=3, use_partitioner=True,
 
 
 schedule_file = ScheduleFile(settings.schedules_path)
+progress = Progress(COMPONENT)
+"""The planning loop's hold-ups (Kafka not taking commands): logged as STALLED planner."""
+SEND_TIMEOUT_S = 30.0
+"""A tick's sends give up after this long (and the loop goes on) instead of hanging."""
 replan = asyncio.Event()
 """Set by significant events; the planning loop wakes up at once."""
 
@@ -260,14 +265,28 @@ async def planner_loop() -> None:
         for wid, mem in result.memory.items():
             if mem != memory.get(wid):
                 planner_memory[wid] = encode(mem.record())
-        if result.commands:
-            await app.producer.flush()  # memory is durable before any command leaves
-            for cmd in result.commands:
-                await _send(cmd, key)
-            log.info("planner issued %d commands: %s", len(result.commands),
-                     ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
-                               for c in result.commands[:20]))
-        waiting = await _announce_waiting(result, waiting)
+        try:
+            await asyncio.wait_for(_issue(result, key), SEND_TIMEOUT_S)
+            waiting = await asyncio.wait_for(_announce_waiting(result, waiting),
+                                             SEND_TIMEOUT_S)
+        except Exception as exc:  # Kafka away: planning goes on; the memory keeps them pending
+            progress.blocked(f"commands not sent: {exc or type(exc).__name__}")
+            progress.check()
+            log.error("planner: %d commands not sent (%s); planning goes on",
+                      len(result.commands), exc or type(exc).__name__)
+            continue
+        progress.advanced()
+
+
+async def _issue(result: Plan, key: SigningKey) -> None:
+    if not result.commands:
+        return
+    await app.producer.flush()  # memory is durable before any command leaves
+    for cmd in result.commands:
+        await _send(cmd, key)
+    log.info("planner issued %d commands: %s", len(result.commands),
+             ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
+                       for c in result.commands[:20]))
 
 
 async def _any_trigger(scores: ScoreStore) -> None:

@@ -22,6 +22,14 @@ One consumer thread owns the consumer and producer and is the only writer of the
 ``ScoreStore`` (streams.score_store: the planner reads consistent copies of it). The
 transactional id is per topic prefix: a second scoring worker on the same prefix fences
 the first (the planner assumes one worker).
+
+Broker restarts heal by themselves: every transaction call is bounded, a transaction that
+fails or times out is aborted and retried with the same batch (``kernel.transactions``:
+the store is updated only after the commit), a fatal or fenced producer ends the session
+and the next one builds a new producer and consumer (and reads the states back); reading
+the states back is bounded too (``RESTORE_TIMEOUT_S``). A watchdog thread logs
+``STALLED scoring: no progress for N s (step)`` while a batch cannot be committed, even
+if the thread hangs inside librdkafka (``kernel.progress``).
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
+from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topics import topic_name
+from loraplane.kernel.transactions import STEP_TIMEOUT_S, transact
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -56,9 +66,12 @@ RETRY_S = 2.0
 """Pause before a new session after a Kafka error (broker down, fenced, rebalanced)."""
 CLIENT_ID = "loraplane-scoring"
 COMPONENT = "scoring"
+RESTORE_TIMEOUT_S = 120.0
+"""Reading the scores topic back gives up (and the session restarts) after this long."""
 
-def restore(settings: Settings) -> dict[str, ScoreState]:
-    """The committed state of every score key: the scores topic read to its end."""
+def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[str, ScoreState]:
+    """The committed state of every score key: the scores topic read to its end (a
+    RuntimeError past ``timeout_s``: a broker away must not hang the read forever)."""
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     topic = topic_name(settings, "scores")
@@ -73,7 +86,11 @@ def restore(settings: Settings) -> dict[str, ScoreState]:
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         states: dict[str, ScoreState] = {}
         pending = set(partitions)
+        deadline = time.monotonic() + timeout_s
         while pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic} not read to its end within {timeout_s:.0f} s "
+                                   f"({len(pending)} partitions left)")
             for msg in reader.consume(num_messages=BATCH, timeout=1.0):
                 if (err := msg.error()) is not None:
                     if err.code() != KafkaError._PARTITION_EOF:
@@ -107,22 +124,32 @@ class ScoreKeeper:
         self.scores = topic_name(settings, "scores")
         self.dead_letters = topic_name(settings, "dead-letters")
         self.reload = False
+        self.progress = Progress(COMPONENT)
 
     def run(self, stop: threading.Event) -> None:
         from confluent_kafka import KafkaException
 
-        while not stop.is_set():
-            try:
-                self._session(stop)
-            except (KafkaException, RuntimeError) as exc:
-                log.error("scoring session ended (%s); restarting in %.0f s", exc, RETRY_S)
-                stop.wait(RETRY_S)
+        watchdog = Watchdog([self.progress]).start()
+        try:
+            while not stop.is_set():
+                try:
+                    self._session(stop)
+                except (KafkaException, RuntimeError) as exc:  # ProducerBroken included
+                    self.progress.blocked(f"session ended: {exc}")
+                    log.error("scoring session ended (%s); restarting in %.0f s", exc,
+                              RETRY_S)
+                    stop.wait(RETRY_S)
+        finally:
+            watchdog.stop()
 
     def _session(self, stop: threading.Event) -> None:
         prefix = self.settings.topic_prefix
         txn = kafka.transactional_producer(self.settings, f"{prefix}-scoring",
                                            client_id=CLIENT_ID)
-        txn.init_transactions(30)  # fences a previous instance and aborts its open batch
+        self.progress.blocked("init_transactions")
+        # Fences a previous instance (or this process's broken producer) and aborts its
+        # open batch.
+        txn.init_transactions(STEP_TIMEOUT_S)
         consumer = kafka.consumer(self.settings, f"{prefix}-scoring", client_id=CLIENT_ID,
                                   session_timeout_ms=10_000)
         try:
@@ -131,14 +158,17 @@ class ScoreKeeper:
             while not stop.is_set():
                 batch = consumer.consume(num_messages=BATCH, timeout=POLL_S)
                 if self.reload:  # new partitions: their states as last committed
+                    self.progress.blocked("reading the scores topic back")
                     committed = restore(self.settings)
                     self.store.replace_all(committed)
                     self.reload = False
                     log.info("scoring: %d score states read back; consuming from epoch %.3f",
                              len(committed), time.time())
                     self.on_ready()
+                    self.progress.advanced()
                 if batch:
                     self._commit(txn, consumer, batch)
+                    self.progress.advanced()
         finally:
             consumer.close()
             txn.flush(5)
@@ -157,22 +187,24 @@ class ScoreKeeper:
             messages.append(msg)
             ends[msg.partition()] = msg.offset() + 1
         folded = fold_batch(self.store.live(), messages)
-        txn.begin_transaction()
-        try:
+        for msg, exc in folded.refused:
+            log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(), exc)
+
+        def fill() -> None:
             for key, state in folded.touched.items():
                 txn.produce(self.scores, key=key, value=encode(snapshot(state)))
             for msg, exc in folded.refused:
-                log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(),
-                            exc)
                 txn.produce(self.dead_letters, key=msg.key(), value=encode(
                     dead_letter_for(msg, COMPONENT, exc.reason, str(exc))))
+            self.progress.blocked("send_offsets_to_transaction")
             txn.send_offsets_to_transaction(
                 [TopicPartition(self.requests, p, end) for p, end in ends.items()],
-                consumer.consumer_group_metadata(), 30)
-            txn.commit_transaction(30)
-        except BaseException:
-            txn.abort_transaction(30)
-            raise
+                consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
+
+        attempts = transact(txn, fill, on_step=self.progress.blocked)
+        if attempts > 1:
+            log.info("scoring batch of %d committed after %d attempts", len(messages),
+                     attempts)
         self.store.update(folded.touched)
         if folded.bursts:
             log.info("burst for %s", ", ".join(folded.bursts[:10]))

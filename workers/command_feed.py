@@ -12,11 +12,18 @@ keyring file, fresh) first; a refused one is counted (``commands_refused{reason}
 dead-lettered with its ``CommandRejection`` and committed, never applied. The keyring is
 re-read when the file changes (``KeyringFile``); if it is missing or invalid every command
 is refused (``keyring_unavailable``): fail closed.
+
+Broker restarts and rebalances heal inside librdkafka (the consumer rejoins and resumes from
+the committed offsets); what this module adds is that no call blocks without bound (a poll
+has its timeout, a commit gives up after ``COMMIT_TIMEOUT_S`` and the agent's loop logs it)
+and that a feed that cannot reach Kafka says so: ``progress`` (``kernel.progress``: a
+``STALLED worker-commands`` log line, ``consumer_stuck_seconds`` on the worker's /metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,14 +39,23 @@ from loraplane.workers.event_sink import EventSink
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
+from loraplane.kernel.progress import Progress
 
 COMPONENT = "worker-agent"
+COMMIT_TIMEOUT_S = 30.0
+PROBE_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
 class Delivery:
     command: CacheCommand
     message: Any  # the confluent_kafka.Message, for commit
+
+
+def _partition_eof() -> int:
+    from confluent_kafka import KafkaError
+
+    return KafkaError._PARTITION_EOF
 
 
 class KafkaCommandFeed:
@@ -60,12 +76,21 @@ class KafkaCommandFeed:
             settings, group_id or f"{settings.topic_prefix}-worker-{worker_id}",
             static_member=f"worker-{worker_id}", session_timeout_ms=15_000)
         self._consumer.subscribe([self._topic])
+        self.progress = Progress("worker-commands")
+        self._probed = 0.0
 
     async def next(self, timeout_s: float = 0.5) -> Delivery | None:
         """The next command for this worker, or None when none arrived in ``timeout_s``."""
         msg = await asyncio.to_thread(self._consumer.poll, timeout_s)
-        if msg is None or msg.error():
+        if msg is None:
+            await self._probe()
             return None
+        if (err := msg.error()) is not None:
+            if err.code() != _partition_eof():
+                self.progress.blocked(f"kafka: {err}")
+                self.progress.check()
+            return None
+        self.progress.advanced()
         if msg.key() != self.worker_id.encode():
             self._consumer.commit(message=msg, asynchronous=True)
             return None
@@ -85,6 +110,20 @@ class KafkaCommandFeed:
             return None
         return Delivery(command, msg)
 
+    async def _probe(self) -> None:
+        """While held up, ask the broker for the topic's metadata now and then: an idle
+        feed has no message to prove it is connected again."""
+        if self.progress.stuck_s() == 0.0 or time.monotonic() - self._probed < PROBE_EVERY_S:
+            return
+        self._probed = time.monotonic()
+        try:
+            await asyncio.to_thread(self._consumer.list_topics, self._topic, timeout=2.0)
+        except Exception as exc:
+            self.progress.blocked(f"kafka: {exc}")
+            self.progress.check()
+        else:
+            self.progress.advanced()
+
     def _current_keyring(self) -> Keyring | None:
         try:
             return self._keyring.current()
@@ -101,7 +140,14 @@ class KafkaCommandFeed:
         self._dead_letter(delivery.message, reason, detail)
 
     async def commit(self, message: Any) -> None:
-        await asyncio.to_thread(self._consumer.commit, message=message, asynchronous=False)
+        """Commit past ``message``; bounded, so a broker away cannot hold the loop (the
+        raised error is logged by the agent's loop and the next commit covers this one)."""
+        try:
+            await asyncio.wait_for(asyncio.to_thread(
+                self._consumer.commit, message=message, asynchronous=False), COMMIT_TIMEOUT_S)
+        except Exception as exc:
+            self.progress.blocked(f"commit: {exc or type(exc).__name__}")
+            raise
 
     def close(self) -> None:
         self._consumer.close()

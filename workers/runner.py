@@ -26,7 +26,7 @@ from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
 from loraplane.workers.vllm_client import VllmClient
-from loraplane.workers.worker_metrics import WorkerMetrics
+from loraplane.workers.worker_metrics import ProgressMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
@@ -136,6 +136,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     feed = KafkaCommandFeed(settings, options.worker_id, sink,
                             keyring=KeyringFile(settings.keyring_path),
                             on_refused=agent.metrics.command_refused)
+    metrics.registry.register(ProgressMetrics([feed.progress]))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
         metrics_app = web.Application(client_max_size=1024)

@@ -8,10 +8,15 @@ adds ``_total`` to counter names (``kv_namespace_conflict_total``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loraplane.kernel.progress import Progress
 
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
@@ -135,3 +140,24 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ProgressMetrics(Collector):
+    """Consumer hold-ups (``kernel.progress``) on /metrics: ``consumer_stuck_seconds`` is 0
+    while the consumer progresses and grows while it cannot; ``consumer_stalls_total``
+    counts hold-ups that lasted past the stall threshold."""
+
+    def __init__(self, progress: Iterable[Progress]) -> None:
+        self.progress = list(progress)
+
+    def collect(self) -> Iterator[Metric]:
+        stuck = GaugeMetricFamily("consumer_stuck_seconds", "Seconds this consumer has not "
+                                  "been able to make progress (0: fine)", labels=["component"])
+        stalls = CounterMetricFamily("consumer_stalls", "Hold-ups that lasted past the "
+                                     "stall threshold (each logged as STALLED)",
+                                     labels=["component"])
+        for p in self.progress:
+            stuck.add_metric([p.component], p.stuck_s())
+            stalls.add_metric([p.component], p.stalls)
+        yield stuck
+        yield stalls

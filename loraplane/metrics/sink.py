@@ -21,6 +21,13 @@ Guarantees:
 * ClickHouse (or Kafka for dead letters) unreachable: the consumer pauses its partitions and
   retries the same batch with exponential backoff; it keeps polling so it stays in the group,
   Kafka keeps everything that arrives meanwhile, and the sink catches up once it is back.
+* Rebalances (a broker restart moves the group coordinator, a member joins or dies) never
+  leave a partition paused: every (re)assignment resumes what it hands us, a rebalance during
+  a backoff rewinds every uncommitted message (including those read while backing off) and
+  resumes what we still own. Issue 19 found the sink stalled for good without this.
+* A hold-up that lasts (ClickHouse or Kafka away, a commit that keeps failing) is logged as
+  ``STALLED metrics-sink: no progress for N s (why)`` by a watchdog thread, and
+  ``RECOVERED`` when it ends (``kernel.progress``); the sink has no HTTP endpoint.
 * A message that does not decode, or a row ClickHouse rejects (found by bisecting the batch),
   goes to the dead-letters topic with its reason; the batch's other rows still land. Rows of
   the dead-letters topic itself are never dead-lettered again (logged instead), so a bad
@@ -43,6 +50,7 @@ from clickhouse_driver import errors as ch_errors
 
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import DeliveryError
+from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES, RowError, Table
@@ -140,6 +148,7 @@ class Sink:
         self._dead_letter_topic = topic_name(settings, "dead-letters")
         self._client: Client | None = None
         self._revoked = False
+        self.progress = Progress(COMPONENT)
 
     @property
     def group_id(self) -> str:
@@ -149,17 +158,28 @@ class Sink:
         consumer = kafka.consumer(self.settings, self.group_id, client_id=COMPONENT,
                                   session_timeout_ms=self.config.session_timeout_ms,
                                   quiet=True)
-        consumer.subscribe(list(self._tables), on_revoke=self._on_revoke)
+        consumer.subscribe(list(self._tables), on_assign=self._on_assign,
+                           on_revoke=self._on_revoke)
         return consumer
 
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
         # Called inside consume(); the loop reacts once consume returns (see _rewind).
         self._revoked = True
 
+    @staticmethod
+    def _on_assign(consumer: Consumer, partitions: list[Any]) -> None:
+        """Take the partitions and resume them: librdkafka keeps a partition's pause flag
+        across a revoke and a re-assign, so partitions paused by a backoff that a rebalance
+        interrupted would otherwise never be fetched again."""
+        consumer.assign(partitions)
+        if partitions:
+            consumer.resume(partitions)
+
     def run(self, stop: threading.Event | None = None) -> SinkStats:
         stop = stop or threading.Event()
         consumer = self._consumer()
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-sink-insert")
+        watchdog = Watchdog([self.progress]).start()
         pending: list[Message] = []
         inflight: _InFlight | None = None
         opened = 0.0
@@ -192,6 +212,7 @@ class Sink:
             if inflight is not None:
                 self._deliver(consumer, inflight, stop, later=[])
         finally:
+            watchdog.stop()
             writer.shutdown(wait=True)
             consumer.close()
             if self._client is not None:
@@ -221,9 +242,14 @@ class Sink:
         """Forget uncommitted messages after a rebalance without skipping them: partitions we
         still own are sought back to the first dropped offset; the others are re-read by
         their new owner from the committed offset."""
+        self._revoked = False
+        self._seek_first(consumer, dropped)
+
+    @staticmethod
+    def _seek_first(consumer: Consumer, dropped: list[Message]) -> None:
+        """Seek each owned partition of ``dropped`` back to its first dropped offset."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        self._revoked = False
         first: dict[tuple[str, int], int] = {}
         for msg in dropped:
             topic, partition, offset = _position(msg)
@@ -280,47 +306,68 @@ class Sink:
         attempt: Future[None] | None = flight.insert
         delay = self.config.backoff_initial_s
         paused: list[Any] = []
-        while True:
-            try:
-                if attempt is not None:
-                    first, attempt = attempt, None
-                    first.result()
-                else:
-                    self._write(batch)
-                if self._revoked:
-                    self._rewind(consumer, messages + later)
-                    return False
-                self._commit(consumer, batch)
-                break
-            except _transient() as exc:
-                if self._client is not None:
-                    self._client.disconnect()
-                self.stats.retries += 1
-                log.warning("batch of %d not delivered (%s); retrying in %.1fs", len(messages),
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__, delay)
-                if not paused:
-                    paused = consumer.assignment()
-                    consumer.pause(paused)
-                self._wait(consumer, delay)
-                delay = min(delay * 2, self.config.backoff_max_s)
-                if self._revoked:
-                    self._rewind(consumer, messages + later)
-                    return False
-                if stop.is_set():
-                    return False  # uncommitted: replayed by whoever owns the partitions next
-        if paused:
-            consumer.resume(paused)
+        try:
+            while True:
+                try:
+                    if attempt is not None:
+                        first, attempt = attempt, None
+                        first.result()
+                    else:
+                        self._write(batch)
+                    if self._revoked:
+                        self._rewind(consumer, messages + later)
+                        return False
+                    self._commit(consumer, batch)
+                    break
+                except _transient() as exc:
+                    if self._client is not None:
+                        self._client.disconnect()
+                    self.stats.retries += 1
+                    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    self.progress.blocked(f"batch of {len(messages)} not delivered: {why}")
+                    log.warning("batch of %d not delivered (%s); retrying in %.1fs",
+                                len(messages), why, delay)
+                    if not paused:
+                        paused = consumer.assignment()
+                        consumer.pause(paused)
+                    waited = self._wait(consumer, delay)
+                    delay = min(delay * 2, self.config.backoff_max_s)
+                    if self._revoked:
+                        self._rewind(consumer, messages + later + waited)
+                        return False
+                    self._seek_first(consumer, waited)  # read while paused: read it again
+                    if stop.is_set():
+                        return False  # uncommitted: replayed by whoever owns them next
+        finally:
+            if paused:
+                self._resume_owned(consumer, paused)
         self.stats.batches += 1
+        self.progress.advanced()
         return True
 
-    def _wait(self, consumer: Consumer, seconds: float) -> None:
+    @staticmethod
+    def _resume_owned(consumer: Consumer, paused: list[Any]) -> None:
+        """Resume what we paused and still own (a rebalance may have taken some away;
+        those it gave back were resumed on assignment already)."""
+        from confluent_kafka import KafkaException
+
+        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        mine = [tp for tp in paused if (tp.topic, tp.partition) in owned]
+        if mine:
+            with contextlib.suppress(KafkaException):
+                consumer.resume(mine)
+
+    def _wait(self, consumer: Consumer, seconds: float) -> list[Message]:
         """Back off while still polling, so the group keeps us (and rebalances reach us).
-        The partitions are paused, so no messages are returned meanwhile."""
+        Ends early at a rebalance. Returns the messages it read anyway (a partition the
+        rebalance assigned, resumed, is fetched at once): the caller rewinds them, so no
+        message is skipped."""
         deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            for msg in consumer.consume(num_messages=1, timeout=min(left, 0.5)):
-                if msg.error() is None:  # fetched before pause: it is re-read after resume
-                    log.debug("ignoring prefetched %s:%d", msg.topic(), msg.partition())
+        read: list[Message] = []
+        while (left := deadline - time.monotonic()) > 0 and not self._revoked:
+            read += [msg for msg in consumer.consume(num_messages=100, timeout=min(left, 0.5))
+                     if msg.error() is None]
+        return read
 
     def _write(self, batch: _Batch) -> None:
         client = self._connected()

@@ -5,8 +5,6 @@ ports, started through loraplane.infra.kafka like the stack's), never the shared
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +12,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from loraplane.infra.kafka import Kafka
-from loraplane.infra.processes import free_port, wait_until
 from loraplane.schemas.audit import AuditRecord
 from loraplane.workers.event_sink import KafkaEventSink
 
 from loraplane.kernel import kafka, topics
-from loraplane.kernel.config import KafkaSettings, Settings
+from loraplane.kernel.config import Settings
+from tests.integration.private_kafka import kill, start
+from tests.integration.private_kafka import private_kafka as private_kafka_of
 
 pytestmark = pytest.mark.integration
 
@@ -27,31 +26,10 @@ RATE_HZ = 40
 DOWN_S = 22.0  # past the producer's 15 s message.timeout.ms: reports turn into errors
 
 
-def _start(broker: Kafka) -> None:
-    broker.process.start(broker.prepare())
-    assert wait_until(broker.ready, 150, alive=broker.process.running), \
-        f"throwaway Kafka did not start: {broker.process.tail(30)}"
-
-
 @pytest.fixture
 def private_kafka(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
-    base = Settings()
-    cache = base.state_dir / "cache"
-    if not any(cache.glob("kafka_*")):
-        pytest.skip("no Kafka jars yet (loraplane stack up fetches them)")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "cache").symlink_to(cache)
-    k = KafkaSettings(port=free_port(), controller_port=free_port())
-    settings = Settings(home=home, kafka=k, topic_prefix="spooltest")
-    broker = Kafka(settings)
-    _start(broker)
-    broker.after_start()
-    topics.apply(settings, only=(topics.spec("audit"),))
-    try:
-        yield settings, broker
-    finally:
-        broker.process.stop(10)
+    with private_kafka_of(tmp_path, ("audit",), topic_prefix="spooltest") as found:
+        yield found
 
 
 def _event(n: int) -> AuditRecord:
@@ -100,14 +78,11 @@ def test_a_broker_killed_under_load_loses_no_event(
             time.sleep(1 / RATE_HZ)
 
     emit_for(3)
-    pid = broker.process.pid()
-    assert pid is not None
-    os.killpg(pid, signal.SIGKILL)
-    assert wait_until(lambda: not broker.process.running(), 20)
+    kill(broker)
     t_down = time.monotonic()
     emit_for(DOWN_S)
     spooled_while_down = sink.counts.spooled
-    _start(broker)
+    start(broker)
     down_s = time.monotonic() - t_down
     emit_for(3)
     deadline = time.monotonic() + 120

@@ -1,0 +1,120 @@
+"""One Kafka transaction, run to the end or given up cleanly: never a hang.
+
+librdkafka sorts transaction errors three ways (KIP-360): *retriable* (the same call may be
+made again: a timeout, a coordinator moving after a broker restart), *abortable* (the
+transaction must be aborted, then it may be tried anew) and *fatal* (a fenced or broken
+producer: only a new producer can go on). Issue 19 saw the scoring thread hang for minutes
+in ``send_offsets_to_transaction`` after a broker restart; here every call carries a
+timeout, a step that keeps failing aborts the transaction and the whole transaction is
+retried (``fill`` produces the same records again: callers fold first, then transact, and
+apply the result only after the commit), and a fatal error or too many attempts raise
+``ProducerBroken`` so the caller builds a new producer through ``kernel.kafka``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+STEP_TIMEOUT_S = 30.0
+"""Each librdkafka transaction call (send offsets, commit, abort) waits at most this long."""
+TRIES = 5
+"""Whole-transaction attempts (each one aborted if it failed) before the producer is
+rebuilt; commit retries of one attempt count separately (``TRIES`` too)."""
+BACKOFF_S = 1.0
+
+
+class TransactionalProducer(Protocol):
+    """The part of ``confluent_kafka.Producer`` a transaction uses (fakes in tests)."""
+
+    def begin_transaction(self) -> None: ...
+    def commit_transaction(self, timeout: float = ...) -> None: ...
+    def abort_transaction(self, timeout: float = ...) -> None: ...
+
+
+class ProducerBroken(RuntimeError):
+    """The producer cannot run transactions any more (fatal, fenced, or out of tries):
+    build a new one (``kernel.kafka.transactional_producer``) and start over."""
+
+
+def _error(exc: BaseException) -> Any:
+    """The KafkaError a KafkaException carries (None for any other exception)."""
+    args = getattr(exc, "args", ())
+    err = args[0] if args else None
+    return err if hasattr(err, "retriable") else None
+
+
+def _fatal(err: Any) -> bool:
+    return err is None or bool(err.fatal())
+
+
+def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
+             step_timeout_s: float = STEP_TIMEOUT_S, tries: int = TRIES,
+             backoff_s: float = BACKOFF_S, on_step: Callable[[str], None] = lambda _: None,
+             sleep: Callable[[float], None] = time.sleep) -> int:
+    """Begin, ``fill`` (produce, send offsets; it must pass ``step_timeout_s`` to its own
+    calls), commit. Returns how many attempts it took. ``on_step`` names the step that is
+    about to block (for ``kernel.progress``). Raises ``ProducerBroken``; any exception that
+    is not a Kafka one (a bug in ``fill``) aborts and propagates."""
+    from confluent_kafka import KafkaException
+
+    last = "no attempt"
+    for attempt in range(1, tries + 1):
+        on_step("begin_transaction")
+        try:
+            txn.begin_transaction()
+            on_step("fill")
+            fill()
+            _commit(txn, step_timeout_s, tries, on_step)
+            return attempt
+        except KafkaException as exc:
+            err = _error(exc)
+            if _fatal(err):
+                raise ProducerBroken(f"transaction failed fatally: {err}") from exc
+            last = str(err)
+            log.warning("transaction attempt %d/%d failed (%s); aborting and retrying",
+                        attempt, tries, err)
+            _abort(txn, step_timeout_s, tries, on_step)
+            sleep(backoff_s * attempt)
+        except BaseException:
+            _abort(txn, step_timeout_s, tries, on_step)
+            raise
+    raise ProducerBroken(f"transaction not committed after {tries} attempts: {last}")
+
+
+def _commit(txn: TransactionalProducer, timeout_s: float, tries: int,
+            on_step: Callable[[str], None]) -> None:
+    """Commit; a retriable error (a timeout) repeats the commit, as librdkafka allows."""
+    from confluent_kafka import KafkaException
+
+    for left in range(tries - 1, -1, -1):
+        on_step("commit_transaction")
+        try:
+            txn.commit_transaction(timeout_s)
+            return
+        except KafkaException as exc:
+            err = _error(exc)
+            if left == 0 or err is None or not err.retriable() or err.txn_requires_abort():
+                raise
+            log.warning("commit_transaction: %s; retrying the commit", err)
+
+
+def _abort(txn: TransactionalProducer, timeout_s: float, tries: int,
+           on_step: Callable[[str], None]) -> None:
+    """Abort; a retriable failure repeats it, anything else means a new producer."""
+    from confluent_kafka import KafkaException
+
+    for left in range(tries - 1, -1, -1):
+        on_step("abort_transaction")
+        try:
+            txn.abort_transaction(timeout_s)
+            return
+        except KafkaException as exc:
+            err = _error(exc)
+            if left == 0 or _fatal(err) or not err.retriable():
+                raise ProducerBroken(f"abort_transaction failed: {err}") from exc
+            log.warning("abort_transaction: %s; retrying the abort", err)

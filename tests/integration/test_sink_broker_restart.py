@@ -1,0 +1,114 @@
+"""The metrics sink heals from a broker SIGKILL by itself (issue 19 item 3: it used to stall
+for good). A throwaway Kafka of the test's own is killed -9 for ~20 s under steady request-log
+load and started again; the sink (in this process, never restarted) keeps consuming and
+every request log lands in ClickHouse exactly once (the shared stack's ClickHouse, a
+database of the test's own)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from loraplane.infra.kafka import Kafka
+from loraplane.schemas.request_log import RequestLog
+from loraplane.workers.event_sink import KafkaEventSink
+
+from loraplane.kernel.config import Settings
+from loraplane.metrics import migrations
+from loraplane.metrics.clickhouse import connect
+from loraplane.metrics.sink import Sink, SinkConfig
+from tests.integration.metrics_env import SINK_TOPICS, isolated, wait_for
+from tests.integration.private_kafka import kill, private_kafka, start
+
+pytestmark = pytest.mark.integration
+
+RATE_HZ = 50
+DOWN_S = 20.0
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
+    shared = isolated(Settings())
+    try:
+        connect(shared, database="", timeout_s=3).execute("SELECT 1")
+    except Exception as exc:
+        pytest.skip(f"no ClickHouse of the local stack (loraplane stack up): {exc}")
+    with private_kafka(tmp_path, SINK_TOPICS, topic_prefix=shared.topic_prefix,
+                       clickhouse=shared.clickhouse) as (settings, broker):
+        migrations.migrate(settings)
+        try:
+            yield settings, broker
+        finally:
+            client = connect(settings, database="")
+            client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
+            client.disconnect()
+
+
+def _log(n: int) -> RequestLog:
+    return RequestLog(event_id=f"b{n}", ts=datetime.now(UTC), request_id=f"r{n}",
+                      tenant_id="t", base_model="m", adapter_id="a", adapter_version="1",
+                      worker_id="w", tier_at_arrival="gpu", ttft_ms=1.0)
+
+
+def _stored(settings: Settings) -> tuple[int, int, int]:
+    """Rows under FINAL, distinct event ids, and raw rows (replays before a merge)."""
+    client = connect(settings)
+    try:
+        final, distinct = client.execute(
+            "SELECT count(), uniqExact(event_id) FROM request_log FINAL")[0]
+        raw = client.execute("SELECT count() FROM request_log")[0][0]
+        return int(final), int(distinct), int(raw)
+    finally:
+        client.disconnect()
+
+
+def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka]) -> None:
+    settings, broker = env
+    sink = Sink(settings, SinkConfig(batch_size=500, max_wait_s=0.2, backoff_max_s=2.0,
+                                     session_timeout_ms=6000))
+    stop = threading.Event()
+    runner = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
+    runner.start()
+    events = KafkaEventSink(settings, "worker-sink-restart-test")
+    n = 0
+
+    def emit_for(seconds: float) -> None:
+        nonlocal n
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            events.emit("requests", "k", _log(n))
+            n += 1
+            events.poll()
+            time.sleep(1 / RATE_HZ)
+
+    try:
+        emit_for(5)
+        wait_for(lambda: _stored(settings)[0] > 0, 60, "the sink's first rows")
+        kill(broker)
+        t_down = time.monotonic()
+        emit_for(DOWN_S)
+        start(broker)
+        down_s = time.monotonic() - t_down
+        t_up = time.monotonic()
+        emit_for(5)
+        deadline = time.monotonic() + 60
+        while (events.backlog or events.flush(0.5)) and time.monotonic() < deadline:
+            events.poll()
+        assert events.backlog == 0 and events.dropped == 0 and events.failed == 0
+        wait_for(lambda: _stored(settings)[1] >= n, 120, f"all {n} request logs stored")
+        caught_up_s = time.monotonic() - t_up
+        final, distinct, raw = _stored(settings)
+        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {n} emitted, {final} rows "
+              f"under FINAL ({distinct} distinct, {raw} raw), caught up {caught_up_s:.0f} s "
+              f"after the restart; sink retries {sink.stats.retries}, "
+              f"stalls reported {sink.progress.stalls}")
+        assert final == distinct == n, (final, distinct, n)
+        assert runner.is_alive(), "the sink died"
+    finally:
+        stop.set()
+        runner.join(30)
+        events.close(5)
