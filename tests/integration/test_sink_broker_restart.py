@@ -1,5 +1,6 @@
 """The metrics sink heals from a broker SIGKILL by itself (issue 19 item 3: it used to stall
-for good). A throwaway Kafka of the test's own is killed -9 for ~20 s under steady request-log
+for good), and the worker's event sink loses nothing over the outage (item 1: what Kafka did
+not take is spooled on disk and replayed). A throwaway Kafka of the test's own is killed -9 for ~20 s under steady request-log
 load and started again; the sink (in this process, never restarted) keeps consuming and
 every request log lands in ClickHouse exactly once (the shared stack's ClickHouse, a
 database of the test's own)."""
@@ -102,11 +103,14 @@ def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka
         wait_for(lambda: _stored(settings)[1] >= n, 120, f"all {n} request logs stored")
         caught_up_s = time.monotonic() - t_up
         final, distinct, raw = _stored(settings)
-        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {n} emitted, {final} rows "
+        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {n} emitted, "
+              f"{events.counts.spooled} spooled by the event sink and "
+              f"{events.counts.replayed} replayed, {final} rows "
               f"under FINAL ({distinct} distinct, {raw} raw), caught up {caught_up_s:.0f} s "
               f"after the restart; sink retries {sink.stats.retries}, "
               f"stalls reported {sink.progress.stalls}")
         assert final == distinct == n, (final, distinct, n)
+        assert events.counts.spooled > 0, "the outage should have reached the event spool"
         assert runner.is_alive(), "the sink died"
     finally:
         stop.set()
