@@ -86,35 +86,41 @@ def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
     raise ProducerBroken(f"transaction not committed after {tries} attempts: {last}")
 
 
-def _commit(txn: TransactionalProducer, timeout_s: float, tries: int,
-            on_step: Callable[[str], None]) -> None:
-    """Commit; a retriable error (a timeout) repeats the commit, as librdkafka allows."""
+def _repeat(step: str, call: Callable[[], None], tries: int,
+            on_step: Callable[[str], None], final: Callable[[Any, Exception], None]) -> None:
+    """Make one transaction call, repeating it while its error is retriable (librdkafka
+    allows the same call again then); ``final`` handles the error that ends the repeats."""
     from confluent_kafka import KafkaException
 
     for left in range(tries - 1, -1, -1):
-        on_step("commit_transaction")
+        on_step(step)
         try:
-            txn.commit_transaction(timeout_s)
+            call()
             return
         except KafkaException as exc:
             err = _error(exc)
-            if left == 0 or err is None or not err.retriable() or err.txn_requires_abort():
-                raise
-            log.warning("commit_transaction: %s; retrying the commit", err)
+            if left == 0 or err is None or not err.retriable() or (
+                    step == "commit_transaction" and err.txn_requires_abort()):
+                final(err, exc)
+            log.warning("%s: %s; retrying it", step, err)
+
+
+def _commit(txn: TransactionalProducer, timeout_s: float, tries: int,
+            on_step: Callable[[str], None]) -> None:
+    """Commit; a retriable error (a timeout) repeats the commit; any other propagates (the
+    caller aborts and retries the transaction)."""
+    def give_up(_err: Any, exc: Exception) -> None:
+        raise exc
+
+    _repeat("commit_transaction", lambda: txn.commit_transaction(timeout_s), tries, on_step,
+            give_up)
 
 
 def _abort(txn: TransactionalProducer, timeout_s: float, tries: int,
            on_step: Callable[[str], None]) -> None:
     """Abort; a retriable failure repeats it, anything else means a new producer."""
-    from confluent_kafka import KafkaException
+    def broken(err: Any, exc: Exception) -> None:
+        raise ProducerBroken(f"abort_transaction failed: {err}") from exc
 
-    for left in range(tries - 1, -1, -1):
-        on_step("abort_transaction")
-        try:
-            txn.abort_transaction(timeout_s)
-            return
-        except KafkaException as exc:
-            err = _error(exc)
-            if left == 0 or _fatal(err) or not err.retriable():
-                raise ProducerBroken(f"abort_transaction failed: {err}") from exc
-            log.warning("abort_transaction: %s; retrying the abort", err)
+    _repeat("abort_transaction", lambda: txn.abort_transaction(timeout_s), tries, on_step,
+            broken)
