@@ -5,7 +5,7 @@ streamed with its sha256, size checks, safetensors/PEFT verification against the
 shape, atomic rename; no fsync: the startup scan re-hashes every entry). The raw baseline
 is the faster of boto3's ``download_file`` and a streamed ``get_object`` of the same objects
 into a plain folder: what a worker without any checks would do. Both run against the
-shared moto S3 endpoint, interleaved (alternating which goes first), on adapters of several
+shared S3 endpoint, interleaved (alternating which goes first), on adapters of several
 sizes built for a Llama-shaped model with hidden size 1024 (1 MiB of rank-64 q/v weights per
 layer). Everything is uploaded under a unique prefix and deleted afterwards.
 

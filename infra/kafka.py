@@ -1,8 +1,8 @@
 """Apache Kafka in KRaft mode, one combined broker/controller, run straight from Maven jars.
 
-No tarball and no Docker: ``mvn dependency:build-classpath`` on a generated POM resolves
-``kafka_<scala>:<version>`` plus a log4j2 binding into ``~/.m2`` once, and we keep the
-resulting classpath in ``<home>/cache``. Kafka 4.x logs through slf4j 1.7 → log4j2.
+No tarball and no Docker: ``infra.maven`` resolves ``kafka_<scala>:<version>`` plus a
+log4j2 binding into ``~/.m2`` once, and we keep the resulting classpath in
+``<home>/cache``. Kafka 4.x logs through slf4j 1.7 → log4j2.
 
 Clients authenticate with SASL/SCRAM (one user per ``kafka.Principal``, random passwords
 in mode-0600 files under ``secrets/kafka``) and the ``StandardAuthorizer`` denies what
@@ -16,11 +16,8 @@ properties file, and Kafka logs password-typed configs as [hidden].
 from __future__ import annotations
 
 import base64
-import contextlib
-import os
 import re
 import secrets
-import shutil
 import socket
 import struct
 import subprocess
@@ -28,27 +25,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplane.infra import maven
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 
 from loraplane.kernel import kafka
 from loraplane.kernel.kafka import Principal
+from loraplane.kernel.secrets import write_private
 
 LOG4J_VERSION = "2.24.3"
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>loraplane</groupId><artifactId>kafka-runtime</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_{scala}</artifactId>
-      <version>{version}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
   <Appenders>
@@ -103,40 +88,23 @@ class Kafka(Service):
         path = kafka.password_path(self.settings, principal)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _write_secret(path, secrets.token_urlsafe(24))
+            write_private(path, secrets.token_urlsafe(24))
         return kafka.read_password(path)
 
     def fetch(self) -> Path:
         """Resolve the jars once (network only the first time); returns the classpath file."""
-        classpath = self.cache / "classpath.txt"
-        if classpath.is_file() and all(Path(j).is_file() for j in self._jars(classpath)):
-            return classpath
-        if shutil.which("mvn") is None or shutil.which("java") is None:
-            raise StackError("kafka needs `java` (17+) and `mvn` on PATH to fetch its jars; "
-                             "on Debian: apt-get install -y openjdk-17-jre-headless maven")
         k = self.settings.kafka
-        self.cache.mkdir(parents=True, exist_ok=True)
-        (self.cache / "pom.xml").write_text(
-            _POM.format(scala=k.scala_version, version=k.version, log4j=LOG4J_VERSION))
-        done = subprocess.run(
-            ["mvn", "-q", "-B", "dependency:build-classpath",
-             f"-Dmdep.outputFile={classpath}"],
-            cwd=self.cache, capture_output=True, text=True, check=False)
-        if done.returncode != 0 or not classpath.is_file():
-            raise StackError(f"could not fetch Kafka {k.version} jars with mvn "
-                             f"(in {self.cache}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        return classpath
-
-    @staticmethod
-    def _jars(classpath: Path) -> list[str]:
-        return [j for j in classpath.read_text().strip().split(":") if j]
+        return maven.classpath(self.cache, f"Kafka {k.version}", [
+            maven.Artifact("org.apache.kafka", f"kafka_{k.scala_version}", k.version),
+            maven.Artifact("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
+            maven.Artifact("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION)])
 
     def _java(self, *args: str) -> list[str]:
         heap = self.settings.kafka.heap
         return ["java", f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
                 "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
-                "-cp", ":".join(self._jars(self.fetch())), *args]
+                "-cp", ":".join(maven.jars(self.fetch())), *args]
 
     def prepare(self) -> list[str]:
         k = self.settings.kafka
@@ -178,7 +146,7 @@ class Kafka(Service):
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
         }
-        _write_secret(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
+        write_private(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
         formatted = (self.dir / "data" / "meta.properties").is_file()
         if formatted and not (self.dir / SCRAM_MARKER).is_file():
             raise StackError(
@@ -195,7 +163,7 @@ class Kafka(Service):
         argfile = self.dir / "format.args"
         mechanism = self.settings.kafka.sasl_mechanism
         scram = f"{mechanism}=[name={Principal.ops},password={ops_password}]"
-        _write_secret(argfile, "\n".join([
+        write_private(argfile, "\n".join([
             "kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
             "-c", str(self.properties_file), "--add-scram", f'"{scram}"']) + "\n")
         try:
@@ -282,16 +250,6 @@ NODE_USER = "node"
 SCRAM_MARKER = "loraplane-scram"
 """Written beside the data dir once it was formatted with the ops SCRAM user."""
 SCRAM_ITERATIONS = 8192
-
-
-def _write_secret(path: Path, text: str) -> None:
-    """Write ``text`` readable by its owner only, from the first byte on (no window in
-    which the file exists with the umask's mode)."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
 
 
 def _redact(text: str, secret: str) -> str:

@@ -1,8 +1,8 @@
 """``stack up | down | status``: the three services, in order, with progress and health waits.
 
 ``up`` is idempotent: a service whose PID file points at our live process is left alone.
-Everything is started first and waited for afterwards, so the JVM, ClickHouse and moto
-boot in parallel on a small machine.
+Everything is started first and waited for afterwards, so the JVMs (Kafka, s3proxy) and
+ClickHouse boot in parallel on a small machine.
 """
 
 from __future__ import annotations

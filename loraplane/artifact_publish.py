@@ -203,3 +203,50 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
             if name != MANIFEST_NAME:
                 client.download_file(bucket, key, str(Path(tmp) / name))
         yield Path(tmp)
+
+
+def registered_version(settings: Settings, adapter_id: str, version: str) -> AdapterRecord:
+    """The record of ``adapter_id`` ``version`` in the registry, from a view whose signed
+    evidence verifies with this machine's keyring (``settings.keyring_path``), as a worker
+    accepts it; ArtifactError otherwise."""
+    from loraplane.kernel.registry_view import load_registry
+    from loraplane.schemas.base import now_utc
+    from loraplane.schemas.keyring import KeyringError, load_keyring
+    from loraplane.streams.registry_evidence import ViewRefused, verify_view
+
+    view = load_registry(settings).get(adapter_id)
+    if view is None:
+        raise ArtifactError(f"{adapter_id} is not in the registry: nothing to re-upload")
+    try:
+        keyring = load_keyring(settings.keyring_path)
+    except KeyringError as exc:
+        raise ArtifactError(f"keyring: {exc}") from None
+    verdict = verify_view(view, keyring, now_utc())
+    if isinstance(verdict, ViewRefused):
+        raise ArtifactError(f"the registry view of {adapter_id} does not verify "
+                            f"({verdict.reason}: {verdict.detail}); refusing to re-upload")
+    record = next((r for r in view.versions if r.version == version), None)
+    if record is None:
+        raise ArtifactError(f"{adapter_id} has no version {version} in the registry "
+                            f"(registered: {', '.join(r.version for r in view.versions)})")
+    return record
+
+
+def reupload(settings: Settings, folder: Path, registered: AdapterRecord, *,
+             model: ModelShape | None = None) -> Manifest:
+    """Put a registered version's bytes back in the store (after the store lost them):
+    the folder is verified as ``publish`` verifies it, and its manifest digest must be the
+    signed ``registered.sha256``, else ArtifactError and nothing is written. No lifecycle
+    event: the registry already holds this version."""
+    record, manifest = build_record(folder, PublishRequest(
+        registered.adapter_id, registered.tenant_id, registered.base_model,
+        registered.version, registered.priority,
+        registered.compatibility.tokenizer_revision), settings.s3.bucket,
+        base_model_aliases=settings.base_model_aliases, model=model)
+    if record.sha256 != registered.sha256 or record.artifact_uri != registered.artifact_uri:
+        raise ArtifactError(
+            f"{folder}: manifest digest {record.sha256} is not the registered (signed) digest "
+            f"{registered.sha256} of {registered.adapter_id} {registered.version}: these are "
+            "not its bytes; refusing to upload")
+    upload(settings, folder, registered, manifest)
+    return manifest

@@ -126,6 +126,7 @@ class WorkerConfig:
     heartbeat_s: float = 5.0
     registry_refresh_s: float = 5.0
     load_backoff_s: float = 5.0
+    refusal_hold_s: float = 30.0  # an artifact refusal answers requests at once this long
     start_timeout_s: float = 120.0
     applied_commands_path: Path | None = None  # applied command ids survive restarts here
     policy: Policy = field(default_factory=Policy)  # never-evict rules, warm-up cap
@@ -142,6 +143,8 @@ class _Runtime:
     draining: set[str] = field(default_factory=set)
     cold_loads: list[float] = field(default_factory=list)
     backoff: dict[str, float] = field(default_factory=dict)
+    # name -> (the last fetch's outcome, until when requests get it at once, no new fetch)
+    last_failure: dict[str, tuple[LoadOutcome, float]] = field(default_factory=dict)
     awaiting_registry: dict[str, float] = field(default_factory=dict)  # name -> refuse after
     busy_reported: set[str] = field(default_factory=set)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
@@ -310,10 +313,28 @@ class WorkerAgent:
         if self.is_hot(name):
             fut.set_result(LoadOutcome(True))
             return fut
+        known = self.load_failure(name)
+        if known is not None and known.permanent:  # retrying will not help: say so at once
+            fut.set_result(known)  # and no new fetch until the hold ends
+            return fut
         self._fold(Ask.gateway_load(record))
         self._rt.waiters.setdefault(name, []).append(fut)
         self._wake.set()
         return fut
+
+    def load_failure(self, name: str) -> LoadOutcome | None:
+        """What the last fetch of ``name`` found, while it still holds (a refusal for
+        ``refusal_hold_s``, a transient failure until its backoff ends, with the seconds
+        left as ``retry_after_s``); None once it was fetched or the hold ended."""
+        held = self._rt.last_failure.get(name)
+        if held is None:
+            return None
+        outcome, until = held
+        left = until - self._clock()
+        if left <= 0:
+            del self._rt.last_failure[name]
+            return None
+        return outcome if outcome.permanent else replace(outcome, retry_after_s=left)
 
     def is_hot(self, name: str) -> bool:
         return name in self._rt.gpu and name not in self._rt.draining
@@ -488,11 +509,16 @@ class WorkerAgent:
                         command_id=cmd)
             if exc.is_failure:
                 self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
+                outcome = LoadOutcome(False, exc.reasons[0], self.config.load_backoff_s)
+                hold = self.config.load_backoff_s
             else:
                 self._fold(Outcome(name, Settled.refused))
-            self._resolve(name, LoadOutcome(False, exc.reasons[0],
-                                            self.config.load_backoff_s))
+                outcome = LoadOutcome(False, exc.reasons[0], permanent=True)
+                hold = self.config.refusal_hold_s
+            self._rt.last_failure[name] = (outcome, self._clock() + hold)
+            self._resolve(name, outcome)
             return None
+        self._rt.last_failure.pop(name, None)
         self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
         self._event(name, CacheEventKind.fetch, swap_ms=(time.perf_counter() - started) * 1000,
                     bytes_=record.size_bytes, command_id=cmd)

@@ -11,7 +11,12 @@ request class's budget (policy.request_budgets): interactive never waits longer 
 answers 429 + Retry-After while the load is queued; batch-like classes wait up to their
 budget, and at most ``batch.max_concurrent_cold_loads`` cold loads started by them run at
 once, so a batch burst cannot take the cold-load budget from interactive traffic. Retry-After
-is the agent's estimate, else the class's own ``retry_after_s``. The chosen lora name is held
+is the agent's estimate, else the class's own ``retry_after_s``. The reason is the agent's
+(``X-Loraplane-Fallback-Reason``; a failed fetch's own reason when the wait ran out during
+its backoff). When the version's artifact is refused (``ArtifactReason``: an object gone
+from the store, a digest mismatch) retrying cannot help: a fallback says so
+(``X-Loraplane-Fallback-Permanent: true``) and a request without fallback gets 424 with
+the reason and no Retry-After. The chosen lora name is held
 for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
 off. A RequestLog goes to Kafka through the non-blocking sink after the response is written.
 The gateway sees its worker only through ``workers.serving.Serving``. Behind a fleet router
@@ -51,6 +56,9 @@ from loraplane.kernel.policy import RequestBudgets, RequestCaps
 
 _ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
+FALLBACK_REASON_HEADER = "X-Loraplane-Fallback-Reason"
+FALLBACK_PERMANENT_HEADER = "X-Loraplane-Fallback-Permanent"  # "true": retrying will not help
+PERMANENT_STATUS = 424  # Failed Dependency: the version's artifact is refused (gone, bad)
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
 
@@ -341,21 +349,30 @@ class Gateway:
             if self.worker.is_warming(record.lora_name):  # a canary warming up: route again
                 return await self._route(request, path, body, trace)
             return await self._forward(request, path, body, trace, record.lora_name)
+        if outcome is None:  # the wait ran out: the last fetch's failure, if any, says why
+            outcome = self.worker.load_failure(record.lora_name)
         reason = (outcome.reason if outcome else LoadDeferral.load_queued if fut is not None
                   else LoadDeferral.batch_cold_loads_busy)
+        permanent = outcome is not None and outcome.permanent
         retry_after = max(1, round(outcome.retry_after_s if outcome and outcome.retry_after_s
                                    else budget.retry_after_s))
         if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
             trace.tier = Tier.base_fallback
             return await self._forward(request, path, body, trace, self.worker.base_served,
-                                       fallback_reason=reason)
+                                       fallback_reason=reason, permanent=permanent)
+        if permanent:  # no Retry-After: the same request will be refused the same way
+            trace.status, trace.error = RequestStatus.error, reason
+            return _error(PERMANENT_STATUS, "adapter_unavailable_permanent",
+                          f"version {record.version} of {record.adapter_id!r} cannot be "
+                          f"loaded ({reason}); retrying will not help until it is "
+                          "re-uploaded or another version is promoted")
         trace.status, trace.error = RequestStatus.retry_later, reason
         return _error(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
                       **{"Retry-After": str(retry_after)})
 
     async def _forward(self, request: web.Request, path: str, body: dict[str, Any],
-                       trace: _Trace, served_name: str,
-                       fallback_reason: str | None = None) -> web.StreamResponse:
+                       trace: _Trace, served_name: str, fallback_reason: str | None = None,
+                       permanent: bool = False) -> web.StreamResponse:
         record = trace.record
         assert record is not None
         trace.lora_name = None if fallback_reason else served_name
@@ -366,7 +383,8 @@ class Gateway:
             headers[CANARY_WARMING_HEADER] = trace.canary_warming
         if fallback_reason:
             headers[FALLBACK_HEADER] = "base"
-            headers["X-Loraplane-Fallback-Reason"] = fallback_reason
+            headers[FALLBACK_REASON_HEADER] = fallback_reason
+            headers[FALLBACK_PERMANENT_HEADER] = "true" if permanent else "false"
         else:
             headers["X-Loraplane-Lora-Name"] = served_name
         # the tenant's salt on every path (adapter and base fallback): no two tenants share

@@ -25,6 +25,7 @@ class LoadOutcome:
     ok: bool
     reason: CacheEventReason = NO_REASON
     retry_after_s: float = 0.0
+    permanent: bool = False  # retrying will not help: the artifact is refused (gone, bad)
 
 
 class Upstream(Protocol):
@@ -65,7 +66,13 @@ class Serving(Protocol):
     def is_warming(self, name: str) -> bool: ...
 
     def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
-        """Ask for a cold version to be loaded; the future tells how it went."""
+        """Ask for a cold version to be loaded; the future tells how it went (at once, as
+        ``permanent``, while the version's artifact is known to be refused)."""
+        ...
+
+    def load_failure(self, name: str) -> LoadOutcome | None:
+        """Why the last fetch of ``name`` failed, while that still holds: the reason a
+        request whose wait ran out is told instead of ``load_queued``."""
         ...
 
     def serving(self, name: str) -> AbstractContextManager[None]:

@@ -121,14 +121,42 @@ def _is_one_object(data: bytes) -> bool:
         return False
 
 
+def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
+              model_config: Path | None) -> None:
+    """``publish --reupload``: a registered version's bytes back into the store."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from loraplane.artifact_publish import (
+        ArtifactError,
+        local_folder,
+        registered_version,
+        reupload,
+    )
+    from loraplane.json_files import read_model_config
+
+    try:
+        record = registered_version(settings, adapter_id, version)
+        model = read_model_config(model_config) if model_config else None
+        with local_folder(settings, artifact) as folder:
+            manifest = reupload(settings, folder, record, model=model)
+    except (ArtifactError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    except (BotoCoreError, ClientError) as exc:
+        raise _fail(f"artifact store: {exc}") from None
+    typer.echo(json.dumps({"reuploaded": True, "adapter_id": adapter_id, "version": version,
+                           "sha256": record.sha256, "artifact_uri": record.artifact_uri,
+                           "files": len(manifest.files) + 1}))
+
+
 def register(app: typer.Typer) -> None:
     from loraplane.schemas.lifecycle import LifecycleAction
 
     @app.command("publish")
     def publish_cmd(
         adapter_id: str = ADAPTER_OPTION,
-        tenant: str = typer.Option(..., "--tenant"),
-        base_model: str = typer.Option(..., "--base-model"),
+        tenant: str | None = typer.Option(None, "--tenant", help="Required unless --reupload."),
+        base_model: str | None = typer.Option(None, "--base-model",
+                                              help="Required unless --reupload."),
         version: str = typer.Option(..., "--version"),
         priority: str = typer.Option("silver", "--priority",
                                      help="bronze | silver | gold | platinum"),
@@ -139,9 +167,15 @@ def register(app: typer.Typer) -> None:
         model_config: Path | None = typer.Option(
             None, "--model-config", help="the base model's config.json: also check that "
                                          "every module exists there with matching shapes"),
-        key_file: Path = KEY_OPTION,
+        key_file: Path | None = typer.Option(
+            None, "--key", help="Private key file (loraplane keys generate); required "
+                                "unless --reupload."),
         reason: str = REASON_OPTION,
         ttl_minutes: int = TTL_OPTION,
+        reupload: bool = typer.Option(
+            False, "--reupload", help="The version is registered already and the store lost "
+                                      "its bytes: upload them again once their digest is the "
+                                      "registry's signed one; no lifecycle event."),
     ) -> None:
         """Verify, upload and publish an adapter version (status: published)."""
         from datetime import timedelta
@@ -162,6 +196,11 @@ def register(app: typer.Typer) -> None:
         from loraplane.schemas.adapter import Priority
 
         settings = get_settings()
+        if reupload:
+            _reupload(settings, adapter_id, version, artifact, model_config)
+            return
+        if key_file is None or tenant is None or base_model is None:
+            raise _fail("publish needs --key, --tenant and --base-model (or --reupload)")
         key = _load_key(key_file)
         ttl = timedelta(minutes=ttl_minutes)
         try:

@@ -89,7 +89,10 @@ def logs(service: str = typer.Argument(..., help="kafka, clickhouse or s3"),
 
 @app.command()
 def fetch() -> None:
-    """Download the Kafka jars into the cache now (setup does this once)."""
+    """Download the Kafka and s3proxy jars into the cache now (setup does this once)."""
     from loraplane.infra.kafka import Kafka
+    from loraplane.infra.s3 import S3
 
-    typer.echo(f"kafka classpath: {Kafka(get_settings()).fetch()}")
+    settings = get_settings()
+    typer.echo(f"kafka classpath: {Kafka(settings).fetch()}")
+    typer.echo(f"s3proxy classpath: {S3(settings).fetch()}")

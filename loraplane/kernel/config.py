@@ -83,6 +83,8 @@ class S3Settings(_Section):
     bucket: str = "loraplane-artifacts"
     region: str = "us-east-1"
     access_key_id: str = "loraplane"
+    server_version: str = Field("3.0.0", description="org.gaul:s3proxy that `stack up` runs")
+    heap: str = "256m"
     secret_access_key: SecretStr | None = Field(
         None, description="default: the file credentials_file (stack up makes it)")
     credentials_file: Path | None = Field(None, description="default: secrets_dir/s3-secret")

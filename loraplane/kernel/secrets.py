@@ -29,6 +29,15 @@ def ensure_secret(path: Path, nbytes: int = 24) -> str:
     return read_secret(path)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only, from the first byte on (no window in
+    which the file exists with the umask's mode); replaces what was there."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 def _private(path: Path, hint: str) -> None:
     try:
         mode = path.stat().st_mode

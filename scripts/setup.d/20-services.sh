@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Binaries and jars of the local stack (loraplane stack up): ClickHouse from Debian, Kafka jars
-# from Maven Central into ~/.m2 (classpath cached under .loraplane/cache). Skips what is done.
+# Binaries and jars of the local stack (loraplane stack up): ClickHouse from Debian, Kafka and
+# s3proxy jars from Maven Central into ~/.m2 (classpaths cached under .loraplane/cache). Skips
+# what is done.
 set -euo pipefail
 if [ ! -x /usr/sbin/clickhouse-server ] && ! command -v clickhouse-server >/dev/null; then
   echo "installing clickhouse-server (Debian package; we run it ourselves, not its service)"
@@ -14,7 +15,7 @@ if [ ! -x /usr/sbin/clickhouse-server ] && ! command -v clickhouse-server >/dev/
   fi
 fi
 if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
-  echo "installing a JRE and Maven for Kafka"
+  echo "installing a JRE and Maven for Kafka and s3proxy"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends openjdk-17-jre-headless maven

@@ -1,5 +1,5 @@
 """Three real worker processes (`loraplane worker run`, each beside its own FAKE vLLM) and
-`loraplane router run` in front, on the real stack (Kafka, our own moto S3). Registry views
+`loraplane router run` in front, on the real stack (Kafka, our own S3: an s3proxy). Registry views
 are signed as in test_worker_e2e (the router and the workers verify them with its keyring);
 the router secret is a 0600 file of the fleet's LORAPLANE_HOME. Shared by test_router_e2e and
 test_router_fleet."""
@@ -33,11 +33,11 @@ from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret, secret_key
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from tests.integration.s3_env import PrivateS3
 from tests.integration.test_worker_e2e import (
     KEY_A,
     KEY_B,
     KIT,
-    Moto,
     _healthz,
     _up,
     publish,
@@ -112,11 +112,11 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
     prefix = f"lp-router-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
-    moto.start()
+    s3 = PrivateS3(tmp / "home")
+    s3.start()
     f: Fleet | None = None
     try:
-        settings = settings.model_copy(update={"s3": moto.settings})
+        settings = settings.model_copy(update={"s3": s3.settings})
         model_dir = build_model(tmp / "model")
         records = {name: publish(settings, build_adapter(tmp / f"src/{name}", seed=seed), name,
                                  "1", tenant, AdapterStatus.active)
@@ -131,8 +131,8 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
         secret_key(home / "secrets" / "router-secret")  # the routers' and gateways' one secret
         env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
                "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml"),
-               "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
-               "LORAPLANE_S3__PORT": str(moto.port),
+               "LORAPLANE_S3__ENDPOINT_URL": s3.settings.endpoint_url,
+               "LORAPLANE_S3__PORT": str(s3.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         f = Fleet(settings, env, tmp, records)
         for wid in WORKERS:
@@ -166,4 +166,4 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
         if f is not None:
             for name in list(f.procs):
                 f.kill(name)
-        moto.stop()
+        s3.stop()

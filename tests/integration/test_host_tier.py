@@ -1,4 +1,4 @@
-"""The host warm tier against the real S3 endpoint (moto server) of the shared stack.
+"""The host warm tier against the real S3 endpoint (s3proxy) of the shared stack.
 
 Every test uploads under its own key prefix. "S3 down" is made real without touching the
 shared endpoint: the tier talks to S3 through a TCP forwarder this test owns, which can be

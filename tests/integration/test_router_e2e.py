@@ -1,4 +1,4 @@
-"""The fleet router on the real stack: Kafka, our own moto S3, three real worker processes
+"""The fleet router on the real stack: Kafka, our own S3 (s3proxy), three real worker processes
 (`loraplane worker run`, each beside its own FAKE vLLM) and `loraplane router run` in front.
 Registry views are signed as in test_worker_e2e (the router and the workers verify them with
 the module's keyring); the router secret is a 0600 file of the shared LORAPLANE_HOME.

@@ -1,4 +1,4 @@
-"""The fleet router with three workers on the real stack (router_env: Kafka, moto S3, three
+"""The fleet router with three workers on the real stack (router_env: Kafka, an s3proxy S3, three
 `loraplane worker run` beside FAKE vLLMs with 2 GPU slots each, heartbeat 1 s), no planner:
 what the router alone does to residency.
 

