@@ -22,7 +22,6 @@ import json
 import logging
 import mimetypes
 import time
-from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from pathlib import Path
@@ -33,7 +32,7 @@ from loraplane.workers.fleet_view import fleet_view
 
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.http_server import bound_port, start_site
-from loraplane.kernel.worker_states import latest_worker_states
+from loraplane.kernel.worker_states import latest_router_states, latest_worker_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 
@@ -46,10 +45,6 @@ QUERY_THREADS = 4
 FLEET_READ_TIMEOUT_S = 4.0  # with live workers beating the read never idles: bounded
 
 
-def no_queue_depths() -> Mapping[str, int] | None:
-    """The fleet panel's queue-depth hook (base model -> requests queued at the router):
-    None, shown as "-", until the router exports its flow-control queues."""
-    return None
 log = logging.getLogger("loraplane.dashboard")
 
 
@@ -63,12 +58,9 @@ def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
 
 
 class Dashboard:
-    def __init__(self, settings: Settings, refresh_s: float = 5.0,
-                 queue_depths: Callable[[], Mapping[str, int] | None] = no_queue_depths
-                 ) -> None:
+    def __init__(self, settings: Settings, refresh_s: float = 5.0) -> None:
         self.settings = settings
         self.refresh_s = refresh_s
-        self.queue_depths = queue_depths
         self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="dashboard-query")
         self._fleet_lock = asyncio.Lock()
         self._fleet_cache: tuple[float, dict[str, Any]] | None = None
@@ -140,10 +132,11 @@ class Dashboard:
 
     def _read_fleet(self) -> dict[str, Any]:
         latest = latest_worker_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S)
+        routers = latest_router_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S / 2)
         heartbeat_s = self.settings.policy.worker_heartbeat_s
         view = fleet_view(latest.states.values(), time.time(), heartbeat_s,
-                          queue_depths=self.queue_depths())
-        return {**view.as_json(), "malformed_states": latest.malformed,
+                          routers.states.values())
+        return {**view.as_json(), "malformed_states": latest.malformed + routers.malformed,
                 "heartbeat_s": heartbeat_s}
 
     def _run(self, name: str, params: queries.Params) -> Any:

@@ -15,6 +15,7 @@ from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.score_snapshot import ScoreSnapshot
 from loraplane.schemas.worker_state import WorkerState
 from pydantic import BaseModel
@@ -30,6 +31,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "manifest": Manifest,
     "planner_memory": PlannerMemory,
     "request_log": RequestLog,
+    "router_state": RouterState,
     "score_snapshot": ScoreSnapshot,
     "worker_state": WorkerState,
 }

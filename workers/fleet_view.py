@@ -3,8 +3,9 @@
 tier, replicas, in-flight work, queue depth and heartbeat age, from the latest worker state
 of each worker (``kernel.worker_states``). Pure (no I/O): the callers read the topic.
 
-Queue depth is the router's (requests waiting per base model, not a worker's): the hook is
-``queue_depths``; None (shown as "-") until the router exports its queues.
+Queue depth is the routers' (requests waiting per base model at the flow-control queues of
+``workers.router``, not a worker's): the sum over the routers heard lately of their
+``RouterState``; None (shown as "-") when no router reports.
 
 A worker is *live* by the router's own rule (``routing.heard_lately``),
 so the view and the routing agree on which workers take traffic.
@@ -13,9 +14,10 @@ so the view and the routing agree on which workers take traffic.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.routing import heard_lately
 
@@ -45,7 +47,10 @@ class BaseModelRow:
     gpu_slots_free: int  # on live workers
     replicas: dict[str, int]  # lora name -> GPU copies on live workers
     in_flight: int = 0  # on live workers
-    queue_depth: int | None = None  # the router's queue for this base model; None: unknown
+    queue_depth: int | None = None  # the routers' queues for this base model; None: unknown
+    queued_by_band: dict[str, int] | None = None  # the same, per band
+    routers: int = 0  # routers heard lately
+    router_in_flight: int = 0  # forwarded by those routers, not yet answered
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,16 @@ class FleetView:
 
 
 def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
-               queue_depths: Mapping[str, int] | None = None) -> FleetView:
-    """The view of the latest ``states`` (one per worker) at epoch seconds ``now``;
-    ``queue_depths`` (base model -> requests queued at the router) is the hook for the
-    router's flow-control queues, None where it is not known."""
+               routers: Iterable[RouterState] = ()) -> FleetView:
+    """The view of the latest ``states`` (one per worker) and ``routers`` (one per router)
+    at epoch seconds ``now``; a silent router's queues do not count."""
+    live_routers = [r for r in routers if heard_lately(r, now, heartbeat_s)]
+    queued: dict[str, Counter[str]] = {}
+    in_flight: Counter[str] = Counter()
+    for r in live_routers:
+        for q in r.queues:
+            queued.setdefault(q.base_model, Counter())[q.band] += q.queued
+        in_flight.update(r.in_flight)
     by_base: dict[str, list[WorkerState]] = {}
     for s in states:
         by_base.setdefault(s.base_model, []).append(s)
@@ -88,5 +99,8 @@ def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
             gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
             replicas=dict(sorted(replicas.items())),
             in_flight=sum(w.in_flight for w in workers if w.live),
-            queue_depth=None if queue_depths is None else queue_depths.get(base)))
+            queue_depth=sum(queued.get(base, {}).values()) if live_routers else None,
+            queued_by_band=dict(sorted(queued.get(base, Counter()).items()))
+            if live_routers else None,
+            routers=len(live_routers), router_in_flight=in_flight.get(base, 0)))
     return FleetView(tuple(rows))

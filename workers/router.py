@@ -38,6 +38,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,6 +50,7 @@ from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.reasons import DecodeReason, QueueRefusal, RequestRefusal
 from loraplane.schemas.request_log import RequestClass
+from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
@@ -206,6 +208,15 @@ class Router:
         lines.append(generate_latest(self.collectors).decode().rstrip("\n"))
         return web.Response(text="\n".join(lines) + "\n",
                             headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    def state(self, router_id: str, now: float) -> RouterState:
+        """This router's heartbeat (``router-state``): what ops see of its queues."""
+        flow = self.flow
+        return RouterState(
+            router_id=router_id, ts=datetime.fromtimestamp(now, UTC),
+            in_flight={b: n for b, n in flow.in_flight.items() if n > 0},
+            queues=[QueueDepth(base_model=b, band=band.label, queued=n)
+                    for (b, band), n in sorted(flow.depth.items(), key=_by_band) if n > 0])
 
     def _flow_metrics(self) -> list[str]:
         flow = self.flow
@@ -460,6 +471,17 @@ def _consume_worker_states(settings: Settings, fleet: Fleet, stop: asyncio.Event
         consumer.close()
 
 
+async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
+                clock: Callable[[], float] = time.time) -> None:
+    """Publish the router's state every heartbeat (``fleet status``, the fleet panel)."""
+    while True:
+        try:
+            sink.emit("router-state", router_id, router.state(router_id, clock()))
+        except Exception:  # a bug here must not stop routing
+            log.exception("router state not published")
+        await asyncio.sleep(every_s)
+
+
 async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, every_s: float,
                             drain_every_s: float) -> None:
     last_drain = 0.0
@@ -527,6 +549,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
     refresher = asyncio.create_task(_refresh_registry(
         registry, fleet, options.registry_refresh_s, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
+    beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
     runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
                                  name="router")
     port = bound_port(runner)
@@ -538,6 +561,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
     finally:
         refresher.cancel()
         poller.cancel()
+        beat.cancel()
         await runner.cleanup()
         await consumer
         sink.close(5.0)

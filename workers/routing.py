@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestClass
@@ -43,9 +44,17 @@ DRAIN_AFTER_HEARTBEATS = 3
 """A worker silent for this many heartbeat intervals is drained from routing."""
 
 
-def heard_lately(state: WorkerState, now: float, heartbeat_s: float) -> bool:
-    """The liveness rule the router, the planner and the fleet view share: the worker's last
-    heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old at epoch seconds ``now``."""
+class Heartbeat(Protocol):
+    """A worker's or a router's state: when it was sent."""
+
+    @property
+    def ts(self) -> datetime: ...
+
+
+def heard_lately(state: Heartbeat, now: float, heartbeat_s: float) -> bool:
+    """The liveness rule the router, the planner and the fleet view share: the worker's (or
+    router's) last heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old at epoch
+    seconds ``now``."""
     return now - state.ts.timestamp() <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
 
 

@@ -158,7 +158,7 @@ async function refreshFleet() {
       tr.dataset.baseModel = b.base_model;
       cells(tr, {base_model: b.base_model, live_workers: b.live_workers,
                  gpu_slots_free: b.gpu_slots_free, in_flight: b.in_flight,
-                 queue_depth: b.queue_depth,  // null until the router exports its queues
+                 queue_depth: b.queue_depth,  // null when no router reports its queues
                  replicas: Object.entries(b.replicas).map(([n, c]) => `${n} ×${c}`)});
       models.appendChild(tr);
     }

@@ -28,15 +28,18 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.worker_states import latest_worker_states
+        from loraplane.kernel.worker_states import latest_router_states, latest_worker_states
         from loraplane.workers.fleet_view import fleet_view
 
         kafka.act_as(kafka.Principal.reader)
         settings = get_settings()
         latest = latest_worker_states(settings, timeout_s=timeout_s)
-        states, malformed = list(latest.states.values()), latest.malformed
+        routers = latest_router_states(settings, timeout_s=timeout_s / 2)
+        states = list(latest.states.values())
+        malformed = latest.malformed + routers.malformed
         view = fleet_view(states, time.time(),
-                          heartbeat_s or settings.policy.worker_heartbeat_s)
+                          heartbeat_s or settings.policy.worker_heartbeat_s,
+                          routers.states.values())
         if as_json:
             typer.echo(json.dumps({**view.as_json(), "malformed_states": malformed}, indent=2))
             return
@@ -60,7 +63,15 @@ def register(app: typer.Typer) -> None:
             console.print(f"GPU copies: {sum(base.replicas.values())} of "
                           f"{len(base.replicas)} versions" +
                           (f"; replicated: {multi}" if multi else ""))
+            if base.routers:
+                bands = ", ".join(f"{b} {n}" for b, n in (base.queued_by_band or {}).items())
+                console.print(f"routers: {base.routers} live, {base.router_in_flight} in "
+                              f"flight, {base.queue_depth} queued" +
+                              (f" ({bands})" if bands else ""))
+            else:
+                console.print("routers: none reporting (queue depth unknown)")
         if malformed:
-            console.print(f"[yellow]{malformed} worker state(s) did not decode[/yellow]")
+            console.print(f"[yellow]{malformed} worker or router state(s) did not decode"
+                          "[/yellow]")
 
     app.add_typer(group, name="fleet")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.workers.fleet_view import fleet_view
 
@@ -19,6 +20,14 @@ def state(wid: str, base: str, gpu: list[str], host: list[str] = (), age_s: floa
     return WorkerState(worker_id=wid, base_model=base, ts=datetime.fromtimestamp(NOW - age_s, UTC),
                        gpu_slots_used=len(gpu), gpu_slots_total=slots, host_bytes_used=0,
                        host_bytes_budget=1, max_lora_rank=64, adapters=adapters)
+
+
+def router(rid: str, in_flight: dict[str, int], queues: list[tuple[str, str, int]],
+           age_s: float = 1.0) -> RouterState:
+    return RouterState(router_id=rid, ts=datetime.fromtimestamp(NOW - age_s, UTC),
+                       in_flight=in_flight,
+                       queues=[QueueDepth(base_model=b, band=band, queued=n)
+                               for b, band, n in queues])
 
 
 def test_rows_per_base_model_and_worker_with_replicas_on_live_workers_only() -> None:
@@ -44,14 +53,22 @@ def test_no_state_no_rows() -> None:
     assert fleet_view([], NOW, 5.0).base_models == ()
 
 
-def test_versions_per_tier_in_flight_and_the_queue_depth_hook() -> None:
+def test_versions_per_tier_in_flight_and_the_routers_queues() -> None:
     states = [state("w1", "llama", ["b@1-bb", "a@1-aa"], ["c@1-cc"], in_flight=1),
               state("w2", "llama", ["a@1-aa"], in_flight=4, age_s=30.0)]  # drained
     (llama,) = fleet_view(states, NOW, 5.0).base_models
     w1 = llama.workers[0]
     assert w1.gpu_loras == ("a@1-aa", "b@1-bb") and w1.host_loras == ("c@1-cc",)
     assert llama.in_flight == 3  # live workers only
-    assert llama.queue_depth is None  # the router exports no queue depth (yet)
-    (queued,) = fleet_view(states, NOW, 5.0, queue_depths={"llama": 7}).base_models
-    assert queued.queue_depth == 7
-    assert fleet_view(states, NOW, 5.0, queue_depths={}).base_models[0].queue_depth is None
+    assert llama.queue_depth is None and llama.routers == 0  # no router reports
+    routers = [router("r1", {"llama": 3}, [("llama", "interactive-gold", 2),
+                                            ("llama", "batch-silver", 5)]),
+               router("r2", {"llama": 1}, [("llama", "batch-silver", 1),
+                                            ("qwen", "batch-silver", 9)]),
+               router("r3", {"llama": 50}, [("llama", "batch-silver", 40)], age_s=16.0)]
+    (queued,) = fleet_view(states, NOW, 5.0, routers).base_models
+    assert queued.routers == 2  # r3 is silent: its queues are not counted
+    assert queued.queue_depth == 8 and queued.router_in_flight == 4
+    assert queued.queued_by_band == {"batch-silver": 6, "interactive-gold": 2}
+    idle = fleet_view(states, NOW, 5.0, [router("r1", {}, [])]).base_models[0]
+    assert (idle.queue_depth, idle.queued_by_band) == (0, {})

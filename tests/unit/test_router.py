@@ -319,3 +319,26 @@ def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
 def test_versions_are_newest_first() -> None:
     chat = serving_versions(list(RECORDS))["chat"]
     assert [r.version for r in chat] == ["2", "1"]
+
+
+def test_the_router_state_reports_in_flight_and_non_empty_queues() -> None:
+    from loraplane.schemas.adapter import Priority
+    from loraplane.schemas.codec import decode, encode
+    from loraplane.schemas.request_log import RequestClass
+    from loraplane.schemas.router_state import RouterState
+    from loraplane.workers.flow_control import BANDS
+
+    router = Router(Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t"), api_keys=KEYS,
+                    budgets=RequestBudgets(), secret=SECRET)
+    band = BANDS[(RequestClass.batch, Priority.silver)]
+    now = 1_800_000_000.0
+    admitted = router.flow.offer("llama", band, "t1", 1, now)
+    queued = [router.flow.offer("llama", band, t, 1, now) for t in ("t1", "t2")]
+    state = decode(RouterState, encode(router.state("r1", now)))
+    assert state.in_flight == {"llama": 1}
+    assert [(q.base_model, q.band, q.queued) for q in state.queues] == [
+        ("llama", band.label, 2)]
+    for ticket in (admitted, *queued):
+        assert not isinstance(ticket, str)
+    router.flow.pump("llama", 10, now + 1)
+    assert router.state("r1", now + 1).queues == []
