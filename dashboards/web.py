@@ -32,7 +32,7 @@ from loraplane.workers.fleet_view import fleet_view
 
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.http_server import bound_port, start_site
-from loraplane.kernel.worker_states import latest_router_states, latest_worker_states
+from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 
@@ -131,12 +131,12 @@ class Dashboard:
         return _json(HTTPStatus.OK, cached[1])
 
     def _read_fleet(self) -> dict[str, Any]:
-        latest = latest_worker_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S)
-        routers = latest_router_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S / 2)
+        latest = latest_fleet_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S)
         heartbeat_s = self.settings.policy.worker_heartbeat_s
-        view = fleet_view(latest.states.values(), time.time(), heartbeat_s,
-                          routers.states.values())
-        return {**view.as_json(), "malformed_states": latest.malformed + routers.malformed,
+        view = fleet_view(latest.workers.values(), time.time(), heartbeat_s,
+                          latest.routers.values())
+        return {**view.as_json(), "malformed_states": latest.malformed,
+                "complete": latest.complete,
                 "heartbeat_s": heartbeat_s}
 
     def _run(self, name: str, params: queries.Params) -> Any:

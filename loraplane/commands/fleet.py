@@ -28,20 +28,19 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.worker_states import latest_router_states, latest_worker_states
+        from loraplane.kernel.worker_states import latest_fleet_states
         from loraplane.workers.fleet_view import fleet_view
 
         kafka.act_as(kafka.Principal.reader)
         settings = get_settings()
-        latest = latest_worker_states(settings, timeout_s=timeout_s)
-        routers = latest_router_states(settings, timeout_s=timeout_s / 2)
-        states = list(latest.states.values())
-        malformed = latest.malformed + routers.malformed
-        view = fleet_view(states, time.time(),
+        latest = latest_fleet_states(settings, timeout_s=timeout_s)
+        malformed = latest.malformed
+        view = fleet_view(latest.workers.values(), time.time(),
                           heartbeat_s or settings.policy.worker_heartbeat_s,
-                          routers.states.values())
+                          latest.routers.values())
         if as_json:
-            typer.echo(json.dumps({**view.as_json(), "malformed_states": malformed}, indent=2))
+            typer.echo(json.dumps({**view.as_json(), "malformed_states": malformed,
+                                   "complete": latest.complete}, indent=2))
             return
         console = Console()
         if not view.base_models:
@@ -73,5 +72,8 @@ def register(app: typer.Typer) -> None:
         if malformed:
             console.print(f"[yellow]{malformed} worker or router state(s) did not decode"
                           "[/yellow]")
+        if not latest.complete:
+            console.print(f"[yellow]the topics were not read to their end in {timeout_s:g} s: "
+                          "the view may be older than it says[/yellow]")
 
     app.add_typer(group, name="fleet")

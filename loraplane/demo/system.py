@@ -28,7 +28,7 @@ from loraplane.demo.supervisor import Supervisor
 from loraplane.infra.processes import free_port
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.secrets import ensure_secret, secret_key
-from loraplane.kernel.worker_states import latest_worker_states
+from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 
@@ -319,7 +319,7 @@ class LiveSystem:
 
     def worker_states(self) -> dict[str, WorkerState]:
         """The latest heartbeat of each worker (compacted topic, key = worker_id)."""
-        return latest_worker_states(self.settings, timeout_s=15, idle_s=2.0).states
+        return latest_fleet_states(self.settings, timeout_s=15).workers
 
     def hot_names(self) -> set[str]:
         """LoRA names on a GPU of any worker, as the heartbeats say."""

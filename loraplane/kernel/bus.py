@@ -6,7 +6,7 @@ is the fastest Python client and gives real delivery reports for ``acks=all``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +71,11 @@ class TopicReadIncomplete(RuntimeError):
     away, or slow): what was read is not the whole topic."""
 
 
-def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
+def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: float = 10.0,
                idle_s: float = 1.5, group: str | None = None,
                to_end: bool = False) -> Iterator[Record]:
-    """Read a topic from the beginning until it has been idle for ``idle_s`` (or timeout).
+    """Read a topic (or several at once, one consumer) from the beginning until it has been
+    idle for ``idle_s`` (or timeout).
 
     For CLIs and tests that need "everything so far"; no offsets are committed. With
     ``to_end`` the read ends as soon as every partition has reached its end, and raises
@@ -86,9 +87,10 @@ def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
 
     consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}",
                               read_to_end=to_end)
-    at_end: set[int] = set()
+    at_end: set[tuple[str, int]] = set()
     try:
-        consumer.subscribe([topic])
+        names = [topic] if isinstance(topic, str) else list(topic)
+        consumer.subscribe(names)
         deadline = time.monotonic() + timeout_s
         last = time.monotonic()
         while time.monotonic() < deadline:
@@ -96,19 +98,19 @@ def read_topic(settings: Settings, topic: str, *, timeout_s: float = 10.0,
             if msg is None:
                 assigned = consumer.assignment()
                 if to_end:
-                    if assigned and {tp.partition for tp in assigned} <= at_end:
+                    if assigned and {(tp.topic, tp.partition) for tp in assigned} <= at_end:
                         return
                 elif time.monotonic() - last > idle_s and assigned:
                     return
                 continue
             if (err := msg.error()) is not None:
                 if err.code() == -191:  # _PARTITION_EOF
-                    at_end.add(msg.partition() or 0)
+                    at_end.add((msg.topic() or "", msg.partition() or 0))
                     continue
                 raise KafkaException(err)
             last = time.monotonic()
-            at_end.discard(msg.partition() or 0)
-            yield Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0,
+            at_end.discard((msg.topic() or "", msg.partition() or 0))
+            yield Record(msg.topic() or names[0], msg.partition() or 0, msg.offset() or 0,
                          msg.key(), msg.value(), _headers(msg.headers()), msg.timestamp()[1])
         if to_end:
             raise TopicReadIncomplete(f"{topic}: the end was not reached within {timeout_s:.0f}s "

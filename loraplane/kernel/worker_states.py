@@ -1,63 +1,58 @@
 """The latest heartbeat of every worker and every fleet router, read from the compacted
-worker-state and router-state topics (key = worker_id / router_id): for ``loraplane fleet
-status``, the dashboard's fleet panel and the demo, which all show or wait on
-``workers.fleet_view`` of them. The router keeps its own live consumer.
+worker-state and router-state topics (key = worker_id / router_id) in one pass of one
+consumer, so both are as old as each other: for ``loraplane fleet status``, the dashboard's
+fleet panel and the demo, which all show or wait on ``workers.fleet_view`` of them. The
+router keeps its own live consumer.
+
+The read ends once every partition is at its end (live processes keep beating, so waiting
+for the topics to go idle would never end before the timeout); past ``timeout_s`` what was
+read so far is used and ``complete`` says it was cut.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel
-
-from loraplane.kernel.bus import read_topic
+from loraplane.kernel.bus import TopicReadIncomplete, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
-M = TypeVar("M", bound=BaseModel)
-
 
 @dataclass(frozen=True)
-class Latest(Generic[M]):
-    states: dict[str, M]  # key -> its last state (a tombstoned one is gone)
-    malformed: int  # last records that did not decode: counted, never shown
+class FleetStates:
+    workers: dict[str, WorkerState]  # worker_id -> its last state (a tombstoned one is gone)
+    routers: dict[str, RouterState] = field(default_factory=dict)  # router_id -> its last
+    malformed: int = 0  # last records that did not decode: counted, never shown
+    complete: bool = True  # False: the timeout cut the read short
 
 
-LatestStates = Latest[WorkerState]
-
-
-def _latest(settings: Settings, suffix: str, model: type[M], timeout_s: float,
-            idle_s: float) -> Latest[M]:
-    """Read from the start until the topic is idle for ``idle_s`` or ``timeout_s`` passed
-    (live processes keep beating, so "the end" is never reached for good), keeping each
-    key's last record."""
-    latest: dict[bytes, bytes | None] = {}
-    for record in read_topic(settings, topic_name(settings, suffix),
-                             timeout_s=timeout_s, idle_s=idle_s):
-        latest[record.key or b""] = record.value
-    states: dict[str, M] = {}
+def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetStates:
+    """Each key's last record of both topics."""
+    workers_topic = topic_name(settings, "worker-state")
+    latest: dict[tuple[str, bytes], bytes | None] = {}
+    complete = True
+    try:
+        for record in read_topic(settings, [workers_topic, topic_name(settings, "router-state")],
+                                 timeout_s=timeout_s, to_end=True):
+            latest[(record.topic, record.key or b"")] = record.value
+    except TopicReadIncomplete:
+        complete = False
+    workers: dict[str, WorkerState] = {}
+    routers: dict[str, RouterState] = {}
     malformed = 0
-    for key, value in latest.items():
+    for (topic, _), value in latest.items():
         if value is None:
             continue
         try:
-            states[key.decode("utf-8", "replace")] = decode(model, value)
+            if topic == workers_topic:
+                w = decode(WorkerState, value)
+                workers[w.worker_id] = w
+            else:
+                r = decode(RouterState, value)
+                routers[r.router_id] = r
         except SchemaError:
             malformed += 1
-    return Latest(states, malformed)
-
-
-def latest_worker_states(settings: Settings, timeout_s: float = 10.0,
-                         idle_s: float = 1.5) -> Latest[WorkerState]:
-    found = _latest(settings, "worker-state", WorkerState, timeout_s, idle_s)
-    return Latest({s.worker_id: s for s in found.states.values()}, found.malformed)
-
-
-def latest_router_states(settings: Settings, timeout_s: float = 5.0,
-                         idle_s: float = 1.0) -> Latest[RouterState]:
-    found = _latest(settings, "router-state", RouterState, timeout_s, idle_s)
-    return Latest({s.router_id: s for s in found.states.values()}, found.malformed)
+    return FleetStates(workers, routers, malformed, complete)

@@ -90,6 +90,8 @@ def test_fleet_status_shows_each_worker_and_the_hot_copy(fleet: Fleet) -> None:
     assert base["replicas"] == {fleet.records["sql"].lora_name: 1}
     w2 = next(w for w in base["workers"] if w["worker_id"] == "w2")
     assert w2["gpu_versions"] == 1
+    # the router's own heartbeat (router-state): live, nothing queued at rest
+    assert base["routers"] == 1 and base["queue_depth"] == 0, base
 
 
 def test_a_stopped_worker_is_drained_within_the_bound(fleet: Fleet) -> None:
