@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 from loraplane.infra.processes import free_port
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import now_utc
@@ -27,6 +26,7 @@ from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReaso
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.api_keys import key_digest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loraplane.kernel import topics
 from loraplane.kernel.bus import produce_sync
