@@ -8,7 +8,7 @@ what the router alone does to residency.
   gateways (a plain L4 balancer): cold loads (the workers' ``cold_loads_total``) + base
   fallbacks (``X-Loraplane-Fallback``) of the router's at most a fifth of round-robin's.
   Round-robin thrashes: every worker sees every adapter and its own slot rule keeps 2;
-  measured 5 + 5 = 10 against 12 + 110 = 122 (the router places each new version in its
+  measured 5 + 5..9 = 10..14 against 12 + 110 = 122 (the router places each new version in its
   own free slot, workers.routing "placed");
 - a worker SIGKILLed (agent and vLLM) under load: every request sent gets an answer (a
   success, or a retryable 429/503 with Retry-After; only requests already inside the killed
