@@ -222,6 +222,7 @@ class UnloadReason(StrEnum):
     demote = "demote"  # intent host, after draining
     evict = "evict"  # intent gone, after draining
     kv_namespace_conflict = "kv_namespace_conflict"  # a name the agent cannot vouch for
+    slot_needed = "slot_needed"  # the worker's own LRU: a load needed its GPU slot
 
 
 class IntentRefusal(StrEnum):
@@ -240,6 +241,7 @@ class LoadDeferral(StrEnum):
     load_queued = "load_queued"  # still loading when the request's wait ran out
     batch_cold_loads_busy = "batch_cold_loads_busy"  # no batch cold-load slot freed
     superseded_by_command = "superseded_by_command"  # a command moved the version away
+    no_free_slot = "no_free_slot"  # every GPU slot holds a pinned, protected or busy copy
 
 
 class RequestRefusal(StrEnum):

@@ -10,7 +10,10 @@ executor changes vLLM and the host tier, never the desired state. On start it re
 assuming an empty server, and reloads the command ids it applied before (so a redelivered
 command stays a no-op across restarts). A canary version loaded with ``warmup_requests`` is
 sent that many golden-set requests first; ``is_warming`` tells the gateway to keep real
-traffic off it until then. Every change is reported: CacheEvents per action, a WorkerState
+traffic off it until then. It never holds more than ``gpu_slots`` GPU copies: a load past them
+takes the slot of the least recently used idle copy (``reconcile.make_room``, fed the
+in-flight counts and ``touched`` times as ``Usage``), and waits for it to drain from vLLM.
+Every change is reported: CacheEvents per action, a WorkerState
 heartbeat (compacted topic, key worker_id) and Prometheus series. The agent is its
 gateway's ``workers.serving.Serving``.
 """
@@ -66,6 +69,7 @@ from loraplane.workers.reconcile import (
     RemoveHost,
     Settled,
     Unload,
+    Usage,
     adopt,
     fold,
     reconcile,
@@ -140,6 +144,7 @@ class _Runtime:
     loaded_by_agent: dict[str, str] = field(default_factory=dict)
     in_flight: Counter[str] = field(default_factory=Counter)
     last_used: dict[str, datetime] = field(default_factory=dict)
+    touched: dict[str, float] = field(default_factory=dict)  # last load or request (clock)
     draining: set[str] = field(default_factory=set)
     cold_loads: list[float] = field(default_factory=list)
     backoff: dict[str, float] = field(default_factory=dict)
@@ -265,9 +270,10 @@ class WorkerAgent:
 
     def _fold(self, change: Change) -> CommandSkip | None:
         """The one place the desired state changes (``start`` only sets its first value)."""
+        usage = Usage(dict(self._rt.in_flight), self._rt.touched)
         self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc(),
-                                      guard=self.guard)
+                                      guard=self.guard, usage=usage)
         return skipped
 
     def _report(self, done: Action) -> None:
@@ -317,7 +323,11 @@ class WorkerAgent:
         if known is not None and known.permanent:  # retrying will not help: say so at once
             fut.set_result(known)  # and no new fetch until the hold ends
             return fut
-        self._fold(Ask.gateway_load(record))
+        if self._fold(Ask.gateway_load(record)) is CommandSkip.no_free_slot:
+            log.info("no GPU slot may be freed for %s now: every copy is pinned, protected "
+                     "or busy", name)
+            fut.set_result(LoadOutcome(False, LoadDeferral.no_free_slot))
+            return fut
         self._rt.waiters.setdefault(name, []).append(fut)
         self._wake.set()
         return fut
@@ -350,11 +360,13 @@ class WorkerAgent:
     def serving(self, name: str) -> Iterator[None]:
         """Count a request in flight on ``name``: the drain rule waits for it."""
         self._rt.in_flight[name] += 1
+        self._rt.touched[name] = self._clock()
         try:
             yield
         finally:
             self._rt.in_flight[name] -= 1
             self._rt.last_used[name] = now_utc()
+            self._rt.touched[name] = self._clock()
             if self._rt.in_flight[name] <= 0:
                 del self._rt.in_flight[name]
                 self._wake.set()
@@ -373,7 +385,8 @@ class WorkerAgent:
             actions = reconcile(self.desired, actual, self.records,
                                 base_model=self.config.base_model, budget=budget, now=now,
                                 backoff=self._rt.backoff,
-                                awaiting_registry=self._rt.awaiting_registry)
+                                awaiting_registry=self._rt.awaiting_registry,
+                                gpu_slots=self.config.gpu_slots)
             for action in actions:
                 await self._execute(action)
             if actions:
@@ -453,6 +466,8 @@ class WorkerAgent:
             case Fetch(name, record, cmd):
                 await self._fetch(record, cmd)
             case Load(name, record, cmd, warmup):
+                if len(self._rt.gpu.keys() - {name}) >= self.config.gpu_slots:
+                    return  # the slot's copy got a request since reconcile looked: next tick
                 await self._load(record, cmd, warmup)
             case BusyRetry(name, retry_after_s, cmd):
                 self._resolve(name, LoadOutcome(False, LoadDeferral.busy_retry, retry_after_s))
@@ -492,6 +507,7 @@ class WorkerAgent:
                 return
         self._rt.gpu.pop(name, None)
         self._rt.loaded_by_agent.pop(name, None)
+        self._rt.touched.pop(name, None)
         self._rt.draining.discard(name)
         if reason != UnloadReason.kv_namespace_conflict:
             self._event(name, CacheEventKind.unload, reason=reason, command_id=cmd)
@@ -545,6 +561,7 @@ class WorkerAgent:
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
         self._rt.gpu[name] = str(path)
         self._rt.loaded_by_agent[name] = str(path)
+        self._rt.touched[name] = self._clock()
         self._rt.backoff.pop(name, None)
         self._rt.busy_reported.discard(name)
         self._event(name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes,

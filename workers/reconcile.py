@@ -23,7 +23,16 @@ workers/applied_commands.py), and the rules below are testable without a server:
   ``command_effects.protected_cap(policy, gpu_slots)`` copies are protected at once, the
   first to reach the GPU keeping theirs (``DesiredState.protected``), so no tenant's keys
   can fill a worker with immovable copies; a command's ``warmup_requests`` is clamped to the
-  policy's ``request_budgets.canary.warmup_requests``.
+  policy's ``request_budgets.canary.warmup_requests``;
+* at most ``gpu_slots`` copies are meant for the GPU (vLLM's ``--max-loras``; vLLM past its
+  own caches would evict silently, and the agent's view would no longer be vLLM's): a load
+  that would need one more demotes the least recently used GPU copy that may move
+  (``make_room``: not pinned, not protected, not in flight, per the fold's ``Usage``) to
+  the host tier (``slot_needed``). When none may move, the ask is refused (``no_free_slot``)
+  rather than exceed the slots. ``reconcile`` loads only into a slot that is free in vLLM
+  too, so a victim still draining holds its slot until its last request is done. A
+  planner's ``demote_to_host`` then ``load_gpu`` frees the slot first, so it evicts nothing
+  more.
 """
 
 from __future__ import annotations
@@ -65,6 +74,7 @@ class Intent:
     command_id: str | None = None  # the command that last changed it (None: gateway/adopted)
     warmup_requests: int = 0  # golden-set requests to send after each load (canary versions)
     origin: CopyOrigin = CopyOrigin.adopted
+    unload_reason: UnloadReason | None = None  # the worker's own (slot_needed), else derived
 
     @property
     def copy(self) -> Copy:
@@ -108,6 +118,7 @@ class CommandSkip(StrEnum):
     pinned = "pinned"  # it would move a pinned copy down a tier (command_effects.Refusal)
     protected = "protected"  # it would unpin/demote/evict a never-evict copy (the Guard)
     already_desired = "already_desired"  # a gateway ask the desired state already meets
+    no_free_slot = "no_free_slot"  # a load, but every GPU copy is pinned, protected or busy
 
 
 DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
@@ -115,14 +126,16 @@ DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
 
 @dataclass(frozen=True)
 class Guard:
-    """What no command decides on this worker, derived from its registry copy and the policy
-    (``Guard.of``): which versions are never-evict (lora name -> the ``never_evict_when``
-    condition that holds), how many GPU copies may be protected at once, and the most
-    golden-set requests one load may send."""
+    """What no command decides on this worker, derived from its registry copy, the policy
+    and its config (``Guard.of``): which versions are never-evict (lora name -> the
+    ``never_evict_when`` condition that holds), how many GPU copies may be protected at
+    once, the most golden-set requests one load may send, and how many GPU slots it has
+    (None: no limit, for callers that only fold)."""
 
     never_evict: Mapping[str, str] = field(default_factory=dict)
     max_protected: int = 0
     max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
+    gpu_slots: int | None = None
 
     @classmethod
     def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy, gpu_slots: int) -> Guard:
@@ -133,7 +146,7 @@ class Guard:
             if rule is not None:
                 never_evict[name] = rule.text
         return cls(never_evict, protected_cap(policy, gpu_slots),
-                   policy.request_budgets.canary.warmup_requests)
+                   policy.request_budgets.canary.warmup_requests, gpu_slots)
 
 
 def protect(state: DesiredState, guard: Guard) -> DesiredState:
@@ -154,6 +167,46 @@ def protect(state: DesiredState, guard: Guard) -> DesiredState:
 
 
 NO_PROTECTION = Guard()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the fold needs of the actual state to pick a slot's victim (``make_room``):
+    in-flight requests per name, and when each was last used or loaded (any clock, larger
+    is later; a name without one is the least recently used)."""
+
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    last_used: Mapping[str, float] = field(default_factory=dict)
+
+
+IDLE = Usage()
+
+
+def may_move_down(state: DesiredState, name: str, usage: Usage) -> bool:
+    """A GPU copy the worker may demote on its own: not pinned, not protected, idle."""
+    intent = state.intents.get(name)
+    return (intent is not None and intent.tier == "gpu" and not intent.pinned
+            and name not in state.protected and usage.in_flight.get(name, 0) == 0)
+
+
+def make_room(state: DesiredState, guard: Guard, usage: Usage,
+              keep: str | None = None) -> tuple[DesiredState, bool]:
+    """``state`` with its least recently used GPU copies that may move down
+    (``may_move_down``; never ``keep``, the one being loaded) demoted to the host tier with
+    reason ``slot_needed``, until at most ``guard.gpu_slots`` GPU intents are left; and
+    whether that many are left (False: too few could move, and as many as could did)."""
+    if guard.gpu_slots is None:
+        return state, True
+    on_gpu = [n for n, i in state.intents.items() if i.tier == "gpu"]
+    excess = len(on_gpu) - guard.gpu_slots
+    if excess <= 0:
+        return state, True
+    movable = sorted((n for n in on_gpu if n != keep and may_move_down(state, n, usage)),
+                     key=lambda n: (usage.last_used.get(n, float("-inf")), n))
+    for name in movable[:excess]:
+        state = state.with_intent(replace(state.intents[name], tier="host", command_id=None,
+                                          unload_reason=UnloadReason.slot_needed))
+    return state, len(movable) >= excess
 
 
 @dataclass(frozen=True)
@@ -209,11 +262,12 @@ Change = CacheCommand | Ask | Outcome | GuardChanged
 """Everything that changes a worker's desired state."""
 
 
-def ask(state: DesiredState, request: Ask,
-        guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
+def ask(state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION,
+        usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one ask into the desired state (``kernel.command_effects``; a copy the guard
     protects refuses to move down). A gateway ask that would not move the copy changes
-    nothing: the planner's word (its command id, a canary's warm-up) stays with the intent."""
+    nothing: the planner's word (its command id, a canary's warm-up) stays with the intent.
+    A copy raised to the GPU takes a slot (``make_room``), or the ask is refused."""
     current = state.intents.get(request.lora_name) or Intent(
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
     outcome = effect(request.action, current.copy,
@@ -224,15 +278,20 @@ def ask(state: DesiredState, request: Ask,
         return state, CommandSkip.already_desired
     warmup = (current.warmup_requests if request.warmup_requests is None
               else request.warmup_requests)
-    return state.with_intent(replace(current, tier=outcome.after.tier,
-                                     pinned=outcome.after.pinned, warmup_requests=warmup,
-                                     command_id=request.command_id,
-                                     origin=request.origin)), None
+    after = state.with_intent(replace(current, tier=outcome.after.tier,
+                                      pinned=outcome.after.pinned, warmup_requests=warmup,
+                                      command_id=request.command_id, origin=request.origin,
+                                      unload_reason=None))
+    if outcome.after.tier == "gpu" and current.tier != "gpu":
+        after, fits = make_room(after, guard, usage, keep=request.lora_name)
+        if not fits:
+            return state, CommandSkip.no_free_slot
+    return after, None
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime,
-                  guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
+                  now: datetime, guard: Guard = NO_PROTECTION,
+                  usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
@@ -247,7 +306,7 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
         return state, CommandSkip.expired
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
         return state, CommandSkip.lora_name_mismatch
-    return ask(state, Ask.of_command(cmd, guard.max_warmup_requests), guard)
+    return ask(state, Ask.of_command(cmd, guard.max_warmup_requests), guard, usage)
 
 
 def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
@@ -259,21 +318,23 @@ def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
 
 
 def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
-         now: datetime,
-         guard: Guard = NO_PROTECTION) -> tuple[DesiredState, CommandSkip | None]:
+         now: datetime, guard: Guard = NO_PROTECTION,
+         usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
-    changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap)."""
+    changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap, GPU
+    slots); ``usage``: in-flight and recency, for choosing which copy gives up a slot."""
     skipped: CommandSkip | None = None
     match change:
         case CacheCommand():
             state, skipped = apply_command(state, change, worker_id=worker_id,
-                                           base_model=base_model, now=now, guard=guard)
+                                           base_model=base_model, now=now, guard=guard,
+                                           usage=usage)
         case Ask():
-            state, skipped = ask(state, change, guard)
+            state, skipped = ask(state, change, guard, usage)
         case Outcome():
             state = settle(state, change)
-        case GuardChanged():
-            pass
+        case GuardChanged():  # fewer slots, or an adopted state over them: fit if we can
+            state, _ = make_room(protect(state, guard), guard, usage)
     return protect(state, guard), skipped
 
 
@@ -414,14 +475,17 @@ def _refusal(intent: Intent, record: AdapterRecord | None,
 def reconcile(desired: DesiredState, actual: ActualState,
               registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
               now: float, backoff: Mapping[str, float] | None = None,
-              awaiting_registry: Mapping[str, float] | None = None) -> list[Action]:
+              awaiting_registry: Mapping[str, float] | None = None,
+              gpu_slots: int | None = None) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
     failed, with the monotonic time before which they are not retried; ``awaiting_registry``
     names a command asked for before our registry copy knew them, with the monotonic time
     until which they are not refused. A protected copy (``desired.protected``) is unloaded or
-    removed only when revoked, whatever the intent says.
+    removed only when revoked, whatever the intent says. ``gpu_slots``: a load waits until
+    vLLM has a free slot (a copy leaving it may still be draining); an idle copy no intent
+    holds gives its slot up to one.
     """
     backoff = backoff or {}
     protected = desired.protected
@@ -442,8 +506,8 @@ def reconcile(desired: DesiredState, actual: ActualState,
             unloading.add(name)
         elif (intent is not None and intent.tier != "gpu" and not intent.pinned
               and name not in protected and actual.in_flight.get(name, 0) == 0):
-            actions.append(Unload(name, UnloadReason.demote if intent.tier == "host"
-                                  else UnloadReason.evict, cmd))
+            actions.append(Unload(name, intent.unload_reason or (
+                UnloadReason.demote if intent.tier == "host" else UnloadReason.evict), cmd))
             unloading.add(name)
 
     for name in sorted(actual.host):
@@ -458,6 +522,9 @@ def reconcile(desired: DesiredState, actual: ActualState,
             actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)
+    free = None if gpu_slots is None else gpu_slots - len(actual.gpu.keys() - unloading)
+    orphans = sorted(n for n in actual.gpu.keys() - unloading
+                     if n not in desired.intents and actual.in_flight.get(n, 0) == 0)
     wanted = sorted((i for i in desired.intents.values() if i.tier in ("gpu", "host")),
                     key=lambda i: not i.pinned)  # stable: pinned first, else command order
     for intent in wanted:
@@ -477,9 +544,13 @@ def reconcile(desired: DesiredState, actual: ActualState,
             continue
         if intent.tier == "host":
             actions.append(Fetch(name, record, intent.command_id))
+        elif free is not None and free <= 0:  # wait for the slot (next tick, or a drain)
+            if orphans:
+                actions.append(Unload(orphans.pop(0), UnloadReason.slot_needed, None))
         elif remaining > 0:
             actions.append(Load(name, record, intent.command_id, intent.warmup_requests))
             remaining -= 1
+            free = None if free is None else free - 1
         else:
             actions.append(BusyRetry(name, budget.retry_after_s(now), intent.command_id))
     return actions

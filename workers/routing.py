@@ -16,6 +16,15 @@ Worker (``FleetIndex.route``), among the live workers of the version's base mode
 4. else ``cold_budget``: the fitting worker with the least in-flight requests, whose gateway
    applies the request class's cold budget (base fallback, 429 + Retry-After, or a wait).
 
+A version this router just sent to a worker by rule 3 or 4 is *placed* there (``placed``)
+until that worker's heartbeat shows it on the GPU, or for ``DRAIN_AFTER_HEARTBEATS``
+intervals: its next requests follow it there (unless a GPU copy shows up elsewhere first),
+and the placement counts as a taken slot and a spent cold load of that worker. Without it,
+every new version in the heartbeat's lag went to the same "most free slots" worker, whose
+own slot rule then evicted them in turn (measured: 100 of 150 requests missed instead of 7,
+tests/integration/test_router_fleet.py). Placements are this router's own, like its in-flight
+counts.
+
 A worker whose last heartbeat (``WorkerState.ts``) is older than ``3 * heartbeat_s`` is
 drained: never chosen. Lookups are by lora name (dicts of holders), and free-slot order is a
 list sorted once per change of the fleet, so a decision does not scan the fleet.
@@ -27,6 +36,7 @@ fleet with the same code, without building a WorkerState per request.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +94,7 @@ class RouteKind(StrEnum):
     host = "host"  # it holds the version in its host tier
     free_slot = "free_slot"  # it has a free GPU slot: where the planner would load it
     cold_budget = "cold_budget"  # no copy, no free slot: its gateway's cold budget applies
+    placed = "placed"  # this router sent the version there moments ago (rule 3 or 4)
 
 
 W = TypeVar("W", str, int)
@@ -156,7 +167,10 @@ class FleetIndex:
     _gpu: dict[str, set[str]] = field(default_factory=dict)  # lora -> worker ids
     _host: dict[str, set[str]] = field(default_factory=dict)
     _by_base: dict[str, set[str]] = field(default_factory=dict)
-    _free_order: dict[str, list[str]] = field(default_factory=dict)  # base -> ids, cached
+    _free_order: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    """base -> (-free slots, id) of its workers with a free slot, sorted; cached."""
+    _placed: dict[str, tuple[str, float]] = field(default_factory=dict)  # lora -> (id, until)
+    _placed_on: dict[str, set[str]] = field(default_factory=dict)  # worker id -> loras
 
     # ---- fed by the worker-state topic ----------------------------------------------------
     def update(self, state: WorkerState) -> None:
@@ -175,6 +189,9 @@ class FleetIndex:
         for name in host:
             self._host.setdefault(name, set()).add(wid)
         self._by_base.setdefault(state.base_model, set()).add(wid)
+        for name in self._placed_on.get(wid, set()) & gpu:  # the copy shows: a plain holder
+            self._unplace(name)
+            order = None  # rebuilt: its keys were of the older state
         # the free-slot order depends on (free slots, id) only: most heartbeats keep it
         if (old is None or old.free_slots != w.free_slots
                 or old.state.base_model != state.base_model or order is None):
@@ -196,13 +213,62 @@ class FleetIndex:
         base = w.state.base_model
         self._by_base.get(base, set()).discard(worker_id)
         if not keep_order:
+            for name in list(self._placed_on.get(worker_id, ())):
+                self._unplace(name)
             self._free_order.pop(base, None)
+
+    def _unplace(self, name: str) -> None:
+        placed = self._placed.pop(name, None)
+        if placed is None:
+            return
+        wid = placed[0]
+        names = self._placed_on.get(wid)
+        if names is not None and name in names:
+            before = self._free_slots(wid) if wid in self.workers else 0
+            names.discard(name)
+            if not names:
+                del self._placed_on[wid]
+            if wid in self.workers:
+                self._shift(wid, before)
+
+    def _place(self, name: str, wid: str, now: float) -> None:
+        self._unplace(name)
+        before = self._free_slots(wid)
+        self._placed[name] = (wid, now + DRAIN_AFTER_HEARTBEATS * self.heartbeat_s)
+        self._placed_on.setdefault(wid, set()).add(name)
+        self._shift(wid, before)
+
+    def _shift(self, wid: str, before: int) -> None:
+        """Move ``wid`` in its cached free-slot order after its free count changed from
+        ``before`` (a bisect, not a re-sort: a new copy's decision stays a few µs)."""
+        order = self._free_order.get(self.workers[wid].state.base_model)
+        if order is None:
+            return
+        if before > 0:
+            i = bisect.bisect_left(order, (-before, wid))
+            if i == len(order) or order[i] != (-before, wid):  # out of step: rebuild
+                del self._free_order[self.workers[wid].state.base_model]
+                return
+            del order[i]
+        after = self._free_slots(wid)
+        if after > 0:
+            bisect.insort(order, (-after, wid))
+
+    def _expire(self, now: float) -> None:
+        """Forget placements past their time. They all last as long, and ``_place`` re-inserts,
+        so the dict is in expiry order: only the expired ones are looked at."""
+        while self._placed:
+            name, (_, until) = next(iter(self._placed.items()))
+            if until >= now:
+                return
+            self._unplace(name)
 
     def drain(self, now: float) -> list[str]:
         """Forget workers silent for ``DRAIN_AFTER_HEARTBEATS`` intervals; their ids."""
         gone = [wid for wid, w in self.workers.items() if not self._live(w, now)]
         for wid in gone:
             self.remove(wid)
+        self._expire(now)
         return gone
 
     # ---- deciding -------------------------------------------------------------------------
@@ -223,6 +289,8 @@ class FleetIndex:
         hold its rank."""
         name, base, rank = record.lora_name, record.base_model, record.rank
         workers = self.workers
+        if self._placed:
+            self._expire(now)
 
         def fits(wid: str) -> bool:
             return self._fits(workers[wid], base, rank, now)
@@ -235,6 +303,12 @@ class FleetIndex:
         if picked is None:
             return None
         wid, kind = picked
+        if kind is not RouteKind.gpu:
+            placed = self._placed.get(name)
+            if placed is not None and fits(placed[0]):
+                wid, kind = placed[0], RouteKind.placed
+            elif kind in (RouteKind.free_slot, RouteKind.cold_budget):
+                self._place(name, wid, now)
         return Route(wid, workers[wid].state.gateway_url, kind)
 
     def _fits(self, w: _Worker, base: str, rank: int, now: float) -> bool:
@@ -245,11 +319,18 @@ class FleetIndex:
         """The cached free-slot order of ``base``, built on first use after a change."""
         order = self._free_order.get(base)
         if order is None:
-            order = self._free_order[base] = free_slot_order(
-                self._by_base.get(base, ()), lambda wid: self.workers[wid].free_slots)
-        yield from order
+            order = self._free_order[base] = [
+                (-self._free_slots(wid), wid)
+                for wid in free_slot_order(self._by_base.get(base, ()), self._free_slots)]
+        for _, wid in order:
+            yield wid
+
+    def _free_slots(self, wid: str) -> int:
+        """Free GPU slots in the worker's heartbeat, less this router's placements there."""
+        return self.workers[wid].free_slots - len(self._placed_on.get(wid, ()))
 
     def _may_load(self, w: _Worker) -> bool:
         hbm = w.state.hbm_usage
-        return (w.state.cold_loads_last_minute < self.policy.cold_loads_per_minute_per_worker
+        loads = w.state.cold_loads_last_minute + len(self._placed_on.get(w.state.worker_id, ()))
+        return (loads < self.policy.cold_loads_per_minute_per_worker
                 and (hbm is None or hbm <= self.policy.hbm_low_watermark))

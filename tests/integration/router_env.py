@@ -26,6 +26,7 @@ from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReaso
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.api_keys import key_digest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loraplane.kernel import topics
 from loraplane.kernel.bus import produce_sync
@@ -97,6 +98,18 @@ class Fleet:
         data = requests.get(self.vllms[wid] + "/v1/models", timeout=5, headers={
             "Authorization": f"Bearer {self.vllm_keys[wid]}"}).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
+
+    def cold_loads(self) -> int:
+        """Cold loads attempted so far by the live workers (their ``cold_loads_total``)."""
+        total = 0.0
+        for wid, port in self.gateways.items():
+            if wid not in self.procs:
+                continue
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            total += sum(s.value for f in text_string_to_metric_families(text)
+                         if f.name == "cold_loads" for s in f.samples
+                         if s.name == "cold_loads_total")
+        return round(total)
 
     def ask(self, adapter: str, key: str = KEY_A) -> requests.Response:
         return requests.post(self.router_url + "/v1/completions", timeout=30,

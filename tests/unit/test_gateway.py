@@ -815,3 +815,31 @@ async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
             assert resp.status == 400, body
             assert body["error"]["type"] in ("invalid_json", "bad_field", "field_not_allowed")
             assert len(body["error"]["param"] or "") <= 64
+
+
+async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
+        world: World) -> None:
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    await load(world, sql, chat)  # 2 slots, both taken
+    status, _, _ = await world.post({"model": "sql", "prompt": "q"})
+    assert status == 200  # sql used since: chat is the least recently used
+    status, headers, _ = await world.post({"model": "other", "prompt": "q"},
+                                          Authorization="Bearer key-b")
+    assert status == 200 and headers[FALLBACK_HEADER] == "base"  # cold: falls back, loads
+    for _ in range(100):
+        if world.agent.is_hot(other.lora_name):
+            break
+        await asyncio.sleep(0.02)
+    state = world.agent.worker_state()
+    tiers = {a.lora_name: a.tier for a in state.adapters}
+    assert tiers == {sql.lora_name: "gpu", other.lora_name: "gpu", chat.lora_name: "host"}
+    assert state.gpu_slots_used == state.gpu_slots_total == 2
+    unloads = [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    assert [(e.lora_name, e.reason, e.command_id) for e in unloads] == [
+        (chat.lora_name, "slot_needed", None)]
+    # both slots busy: a third version is refused at once, nothing is unloaded
+    with world.agent.serving(sql.lora_name), world.agent.serving(other.lora_name):
+        outcome = await world.agent.request_load(chat)
+        assert outcome == LoadOutcome(False, "no_free_slot")
+        await world.agent.reconcile_once()
+        assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(other.lora_name)

@@ -13,6 +13,7 @@ from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
 from loraplane.streams import planner
 from loraplane.workers.reconcile import (
+    IDLE,
     ActualState,
     Ask,
     BusyRetry,
@@ -21,15 +22,21 @@ from loraplane.workers.reconcile import (
     Conflict,
     DesiredState,
     Fetch,
+    Guard,
+    GuardChanged,
     HostEntry,
     Intent,
     Load,
     LoadBudget,
+    Outcome,
     Refuse,
     RemoveHost,
+    Settled,
     Unload,
+    Usage,
     adopt,
     apply_command,
+    may_move_down,
     reconcile,
     registry_by_name,
     settled_by,
@@ -355,3 +362,152 @@ def test_the_planner_sees_a_command_shown_as_the_table_says() -> None:
     assert not planner._reflected(command(rec, CommandAction.demote_to_host, "d"), state)
     assert planner._reflected(command(rec, CommandAction.pin, "p"), state)
     assert not planner._reflected(command(rec, CommandAction.pin, "p"), {})
+
+
+# ---- the worker's own GPU slots (Guard.gpu_slots, make_room) ---------------------------
+
+SLOTS = Guard(gpu_slots=2)
+
+
+def gateway(state: DesiredState, rec: AdapterRecord, guard: Guard = SLOTS,
+            usage: Usage = IDLE) -> tuple[DesiredState, str | None]:
+    return fold_one(state, Ask.gateway_load(rec), worker_id=WORKER, base_model=BASE, now=NOW,
+                    guard=guard, usage=usage)
+
+
+def on_gpu(*recs: AdapterRecord) -> ActualState:
+    gpu = {r.lora_name: f"/host/{r.lora_name}" for r in recs}
+    return ActualState(gpu=gpu, loaded_by_agent=gpu, host={
+        r.lora_name: HostEntry(r.lora_name, f"/host/{r.lora_name}", r.sha256) for r in recs})
+
+
+def gpu_intents(state: DesiredState) -> set[str]:
+    return {n for n, i in state.intents.items() if i.tier == "gpu"}
+
+
+A0, A1, A2, A3 = (record(f"a{i}") for i in range(4))
+
+
+def test_a_load_past_the_slots_demotes_the_least_recently_used_copy() -> None:
+    state = DesiredState()
+    for rec in (A0, A1):
+        state, why = gateway(state, rec)
+        assert why is None
+    used = Usage(last_used={A0.lora_name: 10.0, A1.lora_name: 5.0})  # a1 is the older
+    state, why = gateway(state, A2, usage=used)
+    assert why is None and gpu_intents(state) == {A0.lora_name, A2.lora_name}
+    demoted = state.intents[A1.lora_name]
+    assert (demoted.tier, demoted.unload_reason) == ("host", "slot_needed")
+    actions = reconcile(state, on_gpu(A0, A1), REGISTRY, base_model=BASE,
+                        budget=LoadBudget(6), now=0.0, gpu_slots=2)
+    assert actions == [Unload(A1.lora_name, "slot_needed", None),
+                       Load(A2.lora_name, REGISTRY[A2.lora_name], None)]
+    reloaded, _ = gateway(state, A1, usage=Usage(last_used={A0.lora_name: 10.0,
+                                                           A2.lora_name: 11.0}))
+    assert reloaded.intents[A1.lora_name].unload_reason is None  # a plain GPU copy again
+    assert reloaded.intents[A0.lora_name].tier == "host"
+
+
+def test_pinned_protected_and_busy_copies_keep_their_slot_and_the_load_is_refused() -> None:
+    guard = Guard(never_evict={A1.lora_name: "tenant_priority == platinum"}, max_protected=1,
+                  gpu_slots=3)
+    state = fold(DesiredState(), [command(A0, CommandAction.pin, "p"),
+                                  command(A0, CommandAction.load_gpu, "l")])
+    for rec in (A1, A2):
+        state, _ = gateway(state, rec, guard)
+    assert state.protected == {A1.lora_name} and len(gpu_intents(state)) == 3
+    busy = Usage(in_flight={A2.lora_name: 1})
+    after, why = gateway(state, A3, guard, busy)
+    assert (after, why) == (state, CommandSkip.no_free_slot)  # nothing changed
+    after, why = fold_one(state, command(A3, CommandAction.load_gpu, "c"), worker_id=WORKER,
+                          base_model=BASE, now=NOW, guard=guard, usage=busy)
+    assert why == CommandSkip.no_free_slot and A3.lora_name not in after.intents
+    after, why = gateway(state, A3, guard)  # once a2 is idle, it is the one that moves
+    assert why is None and after.intents[A2.lora_name].tier == "host"
+
+
+def test_the_planners_demote_then_load_evicts_nothing_more() -> None:
+    state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0"),
+                                  command(A1, CommandAction.load_gpu, "l1")])
+    guard_state, _ = fold_one(state, command(A1, CommandAction.demote_to_host, "d1"),
+                              worker_id=WORKER, base_model=BASE, now=NOW, guard=SLOTS)
+    state, why = fold_one(guard_state, command(A2, CommandAction.load_gpu, "l2"),
+                          worker_id=WORKER, base_model=BASE, now=NOW, guard=SLOTS)
+    assert why is None and gpu_intents(state) == {A0.lora_name, A2.lora_name}
+    assert state.intents[A0.lora_name].command_id == "l0"  # untouched
+    assert state.intents[A1.lora_name].unload_reason is None  # the planner's demote
+    draining = replace(on_gpu(A0, A1), in_flight={A1.lora_name: 1})
+    run_ = reconcile(state, draining, REGISTRY, base_model=BASE, budget=LoadBudget(6),
+                     now=0.0, gpu_slots=2)
+    assert run_ == []  # a2 waits for a1's slot; nothing else leaves
+    drained = reconcile(state, on_gpu(A0, A1), REGISTRY, base_model=BASE,
+                        budget=LoadBudget(6), now=0.0, gpu_slots=2)
+    assert drained == [Unload(A1.lora_name, "demote", "d1"),
+                       Load(A2.lora_name, REGISTRY[A2.lora_name], "l2")]
+
+
+def test_an_idle_copy_no_intent_holds_gives_its_slot_to_a_waiting_load() -> None:
+    state, _ = gateway(DesiredState(), A2)
+    actual = on_gpu(A0, A1)  # vouched, but nothing holds them (a registry gap at adoption)
+    actions = reconcile(state, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6),
+                        now=0.0, gpu_slots=2)
+    assert actions == [Unload(A0.lora_name, "slot_needed", None)]
+    after = execute(actions, actual)
+    assert [type(a) for a in reconcile(state, after, REGISTRY, base_model=BASE,
+                                       budget=LoadBudget(6), now=0.0, gpu_slots=2)] == [Load]
+
+
+def test_a_guard_with_fewer_slots_demotes_the_excess_at_once() -> None:
+    state = adopt(on_gpu(A0, A1, A2), REGISTRY)
+    state, _ = fold_one(state, GuardChanged(), worker_id=WORKER, base_model=BASE, now=NOW,
+                        guard=SLOTS, usage=Usage(last_used={A0.lora_name: 1.0}))
+    assert gpu_intents(state) == {A0.lora_name, A2.lora_name}  # a1 never used: it goes
+
+
+SLOT_NAMES = [r.lora_name for r in RECORDS[:6]]
+change_st = st.one_of(
+    st.builds(lambda i, a, n: command(RECORDS[i], a, f"c{n}"), st.integers(0, 5),
+              st.sampled_from(list(CommandAction)), st.integers(0, 40)),
+    st.builds(lambda i: Ask.gateway_load(RECORDS[i]), st.integers(0, 5)),
+    st.builds(lambda i, s: Outcome(SLOT_NAMES[i], s), st.integers(0, 5),
+              st.sampled_from(list(Settled))),
+    st.just(GuardChanged()))
+usage_st = st.builds(
+    lambda busy, used: Usage({n: 1 for n in busy}, used),
+    st.sets(st.sampled_from(SLOT_NAMES), max_size=3),
+    st.dictionaries(st.sampled_from(SLOT_NAMES), st.floats(0, 100), max_size=6))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3), st.sets(st.sampled_from(SLOT_NAMES), max_size=3),
+       st.lists(st.tuples(change_st, usage_st), max_size=20))
+def test_no_sequence_of_changes_fills_more_slots_than_the_worker_has(
+        slots: int, never_evict: set[str], steps: list[tuple[Change, Usage]]) -> None:
+    guard = Guard({n: "tenant_priority == platinum" for n in never_evict}, max_protected=1,
+                  gpu_slots=slots)
+    state, actual = DesiredState(), EMPTY
+    for change, usage in steps:
+        before = state
+        state, _ = fold_one(state, change, worker_id=WORKER, base_model=BASE, now=NOW,
+                            guard=guard, usage=usage)
+        assert len(gpu_intents(state)) <= slots
+        victims = {n for n in gpu_intents(before) - gpu_intents(state)
+                   if (i := state.intents.get(n)) is not None
+                   and i.unload_reason == "slot_needed"}
+        for name in victims:
+            assert may_move_down(before, name, usage)  # not pinned, protected or in flight
+            asked = getattr(change, "lora_name", None)
+            assert name != asked
+            kept = [n for n in gpu_intents(state) if n != asked
+                    and may_move_down(before, n, usage)]
+            assert all(usage.last_used.get(n, -1.0) >= usage.last_used.get(name, -1.0)
+                       for n in kept)  # the least recently used went first
+        actual = replace(actual, in_flight=dict(usage.in_flight))
+        for _ in range(2):  # a perfect executor never puts more on vLLM than its slots
+            actions = reconcile(state, actual, REGISTRY, base_model=BASE,
+                                budget=LoadBudget(100), now=0.0, gpu_slots=slots)
+            actual = execute(actions, actual)
+            assert len(actual.gpu) <= slots
+            for outcome in filter(None, map(settled_by, actions)):
+                state, _ = fold_one(state, outcome, worker_id=WORKER, base_model=BASE,
+                                    now=NOW, guard=guard, usage=usage)

@@ -98,6 +98,29 @@ def test_an_older_state_never_replaces_a_newer_one() -> None:
     assert fleet.route(a, NOW, {}).kind is RouteKind.free_slot
 
 
+def test_new_versions_in_the_heartbeats_lag_spread_and_follow_their_placement() -> None:
+    """Between two heartbeats the router's own placements count as taken slots: three new
+    versions go to three slots, not all to the worker that looked emptiest; each one's next
+    requests follow it until its copy shows; then it is a plain GPU holder."""
+    a, b, c = record("a"), record("b"), record("c")
+    fleet = index(at(worker("w1", slots=2), NOW), at(worker("w2", slots=1), NOW),
+                  heartbeat_s=1.0)
+    first = [fleet.route(r, NOW, {}) for r in (a, b, c)]
+    assert [(r.worker_id, r.kind) for r in first] == [
+        ("w1", RouteKind.free_slot), ("w1", RouteKind.free_slot), ("w2", RouteKind.free_slot)]
+    again = fleet.route(b, NOW + 0.5, {"w1": 9})
+    assert (again.worker_id, again.kind) == ("w1", RouteKind.placed)  # in flight or not
+    fleet.update(at(worker("w1", gpu=[b], slots=2), NOW + 1))  # b shows, a is still loading
+    assert fleet.route(b, NOW + 1, {}).kind is RouteKind.gpu
+    assert fleet.route(a, NOW + 1, {}).kind is RouteKind.placed
+    d = record("d")  # every slot is taken or placed: the cold budget, and it is placed too
+    assert fleet.route(d, NOW + 1, {}).kind is RouteKind.cold_budget
+    fleet.update(at(worker("w1", gpu=[b], slots=2), NOW + 4))
+    fleet.update(at(worker("w2", slots=1), NOW + 4))
+    late = fleet.route(a, NOW + 4.5, {})  # 3 heartbeats and still not shown: placed anew
+    assert (late.worker_id, late.kind) == ("w1", RouteKind.free_slot)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4),
                           st.sampled_from([None, 0.5, 0.95]), st.sampled_from([8, 16, 64])),
