@@ -36,13 +36,19 @@ def b64(data: bytes) -> str:
 
 
 def unb64(text: str, length: int) -> bytes:
-    """Strict base64 of exactly ``length`` bytes; ValueError otherwise."""
+    """Strict, canonical base64 of exactly ``length`` bytes; ValueError otherwise.
+
+    Canonical: the one encoding ``b64`` gives those bytes. The unused low bits of the last
+    character before ``=`` are otherwise ignored by decoders, so several strings would carry
+    one signature, and an edited signature string would still verify."""
     try:
         raw = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise ValueError(f"not base64: {exc}") from None
     if len(raw) != length:
         raise ValueError(f"expected {length} bytes, got {len(raw)}")
+    if b64(raw) != text:
+        raise ValueError("not the canonical base64 of its bytes")
     return raw
 
 

@@ -283,3 +283,26 @@ def test_time_seq_is_seq_at_now() -> None:
 
     before = seq_at(datetime.now(UTC))
     assert before <= time_seq() <= seq_at(datetime.now(UTC) + timedelta(seconds=1))
+
+
+def test_a_non_canonical_signature_string_is_refused() -> None:
+    """Base64 decoders ignore the unused low bits of the last character before ``=``: a
+    64-byte signature has four spellings. Only the canonical one verifies, so a signature
+    string cannot be edited into another that still verifies (found by the hypothesis test
+    of registry_evidence: one-byte edits of a genuine view)."""
+    from loraplane.schemas.signing import verify
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    kit = make_kit(now)
+    event = kit.event("ci", "publish", "sql", "1", 1, now)
+    assert event.signature.endswith("==")
+    key = kit.keys["ci"].private_key.public_key()
+    assert verify(event, key)
+    last = event.signature[-3]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    base = alphabet.index(last) & ~0b1111
+    for alias in alphabet[base:base + 16]:
+        if alias == last:
+            continue
+        edited = event.model_copy(update={"signature": event.signature[:-3] + alias + "=="})
+        assert not verify(edited, key), alias
