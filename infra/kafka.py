@@ -1,4 +1,7 @@
-"""Apache Kafka in KRaft mode, one combined broker/controller, run straight from Maven jars.
+"""Apache Kafka in KRaft mode, run straight from Maven jars: one combined broker/controller,
+or ``kafka.brokers`` of them on loopback (a controller quorum of all nodes; node n listens on
+``port + 2(n-1)``, its controller on ``controller_port + 2(n-1)``, its files under
+``kafka`` for node 1 and ``kafka-<n>`` for the others).
 
 No tarball and no Docker: ``infra.maven`` resolves ``kafka_<scala>:<version>`` plus a
 log4j2 binding into ``~/.m2`` once, and we keep the resulting classpath in
@@ -8,9 +11,11 @@ Clients authenticate with SASL/SCRAM (one user per ``kafka.Principal``, random p
 in mode-0600 files under ``secrets/kafka``) and the ``StandardAuthorizer`` denies what
 no ACL allows (``kernel.acls``). The controller listener uses SASL/PLAIN (KRaft cannot
 check SCRAM there: the credentials live in the metadata it serves) with a per-start
-password only the node itself knows. No password reaches a command line or a log: the
-format step reads its SCRAM user from a java @argfile, the JAAS lines sit in the 0600
-properties file, and Kafka logs password-typed configs as [hidden].
+password only the node itself knows; the nodes of a cluster share one, kept in a 0600 file
+(``controller_password``), since each must log in to the others' controller listener. No
+password reaches a command line or a log: the format step reads its SCRAM user from a java
+@argfile, the JAAS lines sit in the 0600 properties file, and Kafka logs password-typed
+configs as [hidden].
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loraplane.infra import maven
 from loraplane.infra.processes import StackError
@@ -32,6 +38,9 @@ from loraplane.infra.service import Port, Service
 from loraplane.kernel import kafka
 from loraplane.kernel.kafka import Principal
 from loraplane.kernel.secrets import write_private
+
+if TYPE_CHECKING:
+    from loraplane.kernel.config import Settings
 
 LOG4J_VERSION = "2.24.3"
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
@@ -50,14 +59,42 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+def kafka_nodes(settings: Settings) -> list[Kafka]:
+    """The cluster's nodes: ``kafka.brokers`` of them, or as many as were formatted (so
+    ``stack down`` and ``status`` still see every node when the setting was not exported)."""
+    count = max(settings.kafka.brokers, Kafka(settings).formatted_brokers() or 1)
+    return [Kafka(settings, node) for node in range(1, count + 1)]
+
+
 @dataclass(frozen=True)
 class Kafka(Service):
     name = "kafka"
     start_timeout = 120.0
+    node: int = 1
+    """This node's id (from 1); node 1 keeps the one-broker stack's names."""
+
+    @property
+    def label(self) -> str:
+        return "kafka" if self.node == 1 else f"kafka-{self.node}"
 
     @property
     def dir(self) -> Path:
-        return self.home / "kafka"
+        return self.home / self.label
+
+    @property
+    def last(self) -> bool:
+        """The cluster-wide steps (the produce probe, the SCRAM users) run once, on the last
+        node, when every node is up."""
+        return self.node >= self.settings.kafka.brokers
+
+    def formatted_brokers(self) -> int | None:
+        """The cluster size node 1's data was formatted for (None: not formatted); data
+        formatted before ``kafka.brokers`` existed was a single node."""
+        first = self.home / "kafka"
+        if not (first / "data" / "meta.properties").is_file():
+            return None
+        record = first / CLUSTER_SIZE
+        return int(record.read_text().strip()) if record.is_file() else 1
 
     @property
     def cache(self) -> Path:
@@ -71,14 +108,19 @@ class Kafka(Service):
     def marker(self) -> str:
         return str(self.properties_file)
 
+    @property
+    def port(self) -> int:
+        return self.settings.kafka.node_port(self.node)
+
     def ports(self) -> list[Port]:
-        k = self.settings.kafka
-        return [Port("kafka listener", k.host, k.port, "LORAPLANE_KAFKA__PORT"),
-                Port("kafka controller", k.host, k.controller_port,
-                     "LORAPLANE_KAFKA__CONTROLLER_PORT")]
+        k, n = self.settings.kafka, self.node
+        step = "" if n == 1 else f" (+{2 * (n - 1)} for node {n})"
+        return [Port("kafka listener", k.host, self.port, f"LORAPLANE_KAFKA__PORT{step}"),
+                Port("kafka controller", k.host, k.node_controller_port(n),
+                     f"LORAPLANE_KAFKA__CONTROLLER_PORT{step}")]
 
     def endpoint(self) -> str:
-        return self.settings.kafka.bootstrap
+        return f"{self.settings.kafka.host}:{self.port}"
 
     def data_dirs(self) -> list[Path]:
         return [self.dir]
@@ -100,26 +142,50 @@ class Kafka(Service):
             maven.Artifact("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION)])
 
     def _java(self, *args: str) -> list[str]:
-        heap = self.settings.kafka.heap
+        heap = self.settings.kafka.heap_per_broker
         return ["java", f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
                 "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
                 "-cp", ":".join(maven.jars(self.fetch())), *args]
 
+    def controller_password(self) -> str:
+        """The controller listener's password: per start for a single node, shared by the
+        nodes of a cluster (a 0600 file, made the first time)."""
+        if self.settings.kafka.brokers == 1:
+            return secrets.token_urlsafe(24)
+        path = self.settings.secrets_dir / CONTROLLER_SECRET
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(path, secrets.token_urlsafe(24))
+        return kafka.read_password(path)
+
     def prepare(self) -> list[str]:
-        k = self.settings.kafka
+        from loraplane.kernel import topics
+
+        k, n = self.settings.kafka, self.node
+        formatted_for = self.formatted_brokers()
+        if formatted_for is not None and formatted_for != k.brokers:
+            raise StackError(
+                f"kafka data under {self.home} was formatted for {formatted_for} broker(s), "
+                f"kafka.brokers is {k.brokers}: set LORAPLANE_KAFKA__BROKERS={formatted_for}, "
+                "or `loraplane stack down --purge` and `stack up` again")
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.xml").write_text(_LOG4J2)
-        ops, node = self.password(Principal.ops), secrets.token_urlsafe(24)
+        ops, node = self.password(Principal.ops), self.controller_password()
         mechanism = k.sasl_mechanism
+        copies = topics.replicas(self.settings)
+        in_sync = str(topics.min_insync(copies))
+        voters = ",".join(f"{v}@{k.host}:{k.node_controller_port(v)}"
+                          for v in range(1, k.brokers + 1))
+        controller = k.node_controller_port(n)
         scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
         plain_module = "org.apache.kafka.common.security.plain.PlainLoginModule"
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{k.host}:{k.controller_port}",
-            "listeners": f"CLIENT://{k.host}:{k.port},CONTROLLER://{k.host}:{k.controller_port}",
-            "advertised.listeners": f"CLIENT://{k.host}:{k.port}",
+            "node.id": str(n),
+            "controller.quorum.voters": voters,
+            "listeners": f"CLIENT://{k.host}:{self.port},CONTROLLER://{k.host}:{controller}",
+            "advertised.listeners": f"CLIENT://{k.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "CLIENT",
             "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
@@ -138,14 +204,20 @@ class Kafka(Service):
             "allow.everyone.if.no.acl.found": "false",
             "log.dirs": str(self.dir / "data"),
             "num.partitions": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(copies),
+            "min.insync.replicas": in_sync,
+            "offsets.topic.replication.factor": str(copies),
             "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": str(copies),
+            "transaction.state.log.min.isr": in_sync,
+            "share.coordinator.state.topic.replication.factor": str(copies),
+            "share.coordinator.state.topic.min.isr": in_sync,
             "group.initial.rebalance.delay.ms": "0",
         }
+        if k.brokers > 1:
+            # A killed node's partitions move once the controller fences it: after 6 s
+            # without a heartbeat instead of Kafka's 9 s (produce waits that long).
+            props |= {"broker.session.timeout.ms": "6000", "broker.heartbeat.interval.ms": "1500"}
         write_private(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
         formatted = (self.dir / "data" / "meta.properties").is_file()
         if formatted and not (self.dir / SCRAM_MARKER).is_file():
@@ -164,7 +236,7 @@ class Kafka(Service):
         mechanism = self.settings.kafka.sasl_mechanism
         scram = f"{mechanism}=[name={Principal.ops},password={ops_password}]"
         write_private(argfile, "\n".join([
-            "kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+            "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
             "-c", str(self.properties_file), "--add-scram", f'"{scram}"']) + "\n")
         try:
             done = subprocess.run([*self._java(), f"@{argfile}"],
@@ -175,15 +247,36 @@ class Kafka(Service):
             raise StackError(f"kafka storage format failed:\n"
                              f"{_redact(done.stdout + done.stderr, ops_password)}")
         (self.dir / SCRAM_MARKER).write_text("SCRAM users created at format\n")
+        if self.node == 1:
+            (self.dir / CLUSTER_SIZE).write_text(f"{self.settings.kafka.brokers}\n")
+
+    def _cluster_id(self) -> str:
+        """Node 1 draws the cluster id; the other nodes take it from node 1's data (which
+        ``stack up`` formats first)."""
+        if self.node == 1:
+            return new_cluster_id()
+        meta = self.home / "kafka" / "data" / "meta.properties"
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+        raise StackError(f"kafka node {self.node}: no cluster.id in {meta}")
 
     def healthy(self) -> bool:
-        return bool(kafka.admin(self.settings).list_topics(timeout=3).brokers)
+        """A single node: any broker answers; in a cluster, this node is registered (the
+        metadata lists live, unfenced brokers only)."""
+        brokers = kafka.admin(self.settings).list_topics(timeout=3).brokers
+        cluster = self.settings.kafka.brokers > 1 or self.node > 1
+        return self.node in brokers if cluster else bool(brokers)
 
     def ready(self) -> bool:
-        """A topic can be created and a message produced and read back."""
+        """A topic can be created and a message produced and read back (a cluster: by the
+        last node, once each node is registered)."""
         from confluent_kafka import KafkaError, Message, TopicPartition
 
         from loraplane.kernel import topics
+
+        if not self.last:
+            return self.healthy()
 
         probe = topics.spec("stack-health")
         topics.apply(self.settings, only=(probe,), timeout=10)
@@ -211,7 +304,10 @@ class Kafka(Service):
     def after_start(self) -> None:
         """Every principal but ops (made at format) gets its SCRAM user, from its password
         file (a new random one when missing); re-run by every ``stack up``, so a replaced
-        or deleted file is a rotation. Topics and their ACLs come after, from ``stack up``."""
+        or deleted file is a rotation. Topics and their ACLs come after, from ``stack up``.
+        SCRAM users are cluster metadata: a cluster's last node sets them, once."""
+        if not self.last:
+            return
         from confluent_kafka.admin import (
             ScramCredentialInfo,
             ScramMechanism,
@@ -241,7 +337,8 @@ class Kafka(Service):
         if found:
             return found.group(1)
         k = self.settings.kafka
-        return "4.x (ApiVersions)" if speaks_kafka_4(api_versions(k.host, k.port)) else "< 4.0"
+        versions = api_versions(k.host, self.port)
+        return "4.x (ApiVersions)" if speaks_kafka_4(versions) else "< 4.0"
 
 
 FETCH_API = 1
@@ -250,6 +347,10 @@ NODE_USER = "node"
 SCRAM_MARKER = "loraplane-scram"
 """Written beside the data dir once it was formatted with the ops SCRAM user."""
 SCRAM_ITERATIONS = 8192
+CLUSTER_SIZE = "cluster-size"
+"""Written beside node 1's data dir at format: how many nodes the quorum was made of."""
+CONTROLLER_SECRET = "kafka-controller.password"
+"""Under secrets_dir: the controller listener's password shared by a cluster's nodes."""
 
 
 def _redact(text: str, secret: str) -> str:

@@ -36,9 +36,15 @@ class Service(ABC):
         return self.settings.state_dir
 
     @property
+    def label(self) -> str:
+        """This instance's name (PID file, log, ``stack status``); several instances of one
+        service (the Kafka nodes) differ here."""
+        return self.name
+
+    @property
     def process(self) -> Managed:
-        return Managed(self.home / "run" / f"{self.name}.pid",
-                       self.home / "logs" / f"{self.name}.log", self.marker())
+        return Managed(self.home / "run" / f"{self.label}.pid",
+                       self.home / "logs" / f"{self.label}.log", self.marker())
 
     @abstractmethod
     def marker(self) -> str:

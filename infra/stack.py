@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loraplane.infra.clickhouse import ClickHouse
-from loraplane.infra.kafka import Kafka
+from loraplane.infra.kafka import kafka_nodes
 from loraplane.infra.processes import StackError, port_in_use, wait_until
 from loraplane.infra.s3 import S3
 from loraplane.infra.service import Service
@@ -27,11 +27,11 @@ LOG_LINES_ON_FAILURE = 25
 
 
 def services(settings: Settings) -> list[Service]:
-    return [Kafka(settings), ClickHouse(settings), S3(settings)]
+    return [*kafka_nodes(settings), ClickHouse(settings), S3(settings)]
 
 
 def service(settings: Settings, name: str) -> Service:
-    found = {s.name: s for s in services(settings)}
+    found = {s.label: s for s in services(settings)}
     if name not in found:
         raise StackError(f"unknown service {name!r}; choose from {', '.join(found)}")
     return found[name]
@@ -57,7 +57,7 @@ def _probe(svc: Service) -> Health:
             version = svc.version()
         except Exception as exc:
             version = f"unknown ({exc})"
-    return Health(svc.name, svc.endpoint(), svc.process.pid(), ok, version)
+    return Health(svc.label, svc.endpoint(), svc.process.pid(), ok, version)
 
 
 def status(settings: Settings) -> list[Health]:
@@ -82,15 +82,15 @@ def _check_ports(svc: Service) -> None:
     for port in svc.ports():
         if port_in_use(port.host, port.number):
             raise StackError(
-                f"{svc.name}: port {port.number} ({port.what}) on {port.host} is already in use "
+                f"{svc.label}: port {port.number} ({port.what}) on {port.host} is already in use "
                 f"by another process; stop that process or set {port.env}")
 
 
 def _fail(svc: Service, why: str, console: Console) -> StackError:
-    console.print(f"[red]✗ {svc.name}: {why}[/]; last lines of {svc.process.log_file}:")
+    console.print(f"[red]✗ {svc.label}: {why}[/]; last lines of {svc.process.log_file}:")
     for line in svc.process.tail(LOG_LINES_ON_FAILURE):
         console.print(f"  {line}", markup=False, highlight=False)
-    return StackError(f"{svc.name}: {why} (log: {svc.process.log_file})")
+    return StackError(f"{svc.label}: {why} (log: {svc.process.log_file})")
 
 
 def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
@@ -98,17 +98,17 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
     started: list[Service] = []
     for svc in services(settings):
         if svc.process.running():
-            console.print(f"• {svc.name} already running (pid {svc.process.pid()})")
+            console.print(f"• {svc.label} already running (pid {svc.process.pid()})")
             continue
-        with console.status(f"{svc.name}: preparing"):
+        with console.status(f"{svc.label}: preparing"):
             _check_ports(svc)
             argv = svc.prepare()
         pid = svc.process.start(argv)
         started.append(svc)
-        console.print(f"• {svc.name} started (pid {pid}), log {svc.process.log_file}")
+        console.print(f"• {svc.label} started (pid {pid}), log {svc.process.log_file}")
     for svc in services(settings):
         t0 = time.monotonic()
-        with console.status(f"{svc.name}: waiting until ready at {svc.endpoint()}"):
+        with console.status(f"{svc.label}: waiting until ready at {svc.endpoint()}"):
             ok = wait_until(svc.ready, svc.start_timeout, alive=svc.process.running)
             if not ok:
                 dead = not svc.process.running()
@@ -116,7 +116,7 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
                             f"not ready after {svc.start_timeout:.0f}s", console)
             svc.after_start()
         if svc in started:
-            console.print(f"[green]✓ {svc.name} ready[/] in {time.monotonic() - t0:.1f}s")
+            console.print(f"[green]✓ {svc.label} ready[/] in {time.monotonic() - t0:.1f}s")
     if apply_topics:
         from loraplane.kernel import topics
 
@@ -132,9 +132,9 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
 def down(settings: Settings, console: Console, purge: bool = False) -> None:
     """Stop only what we started (PID file + command-line check); keep data unless purge."""
     for svc in reversed(services(settings)):
-        with console.status(f"{svc.name}: stopping"):
+        with console.status(f"{svc.label}: stopping"):
             stopped = svc.process.stop()
-        console.print(f"• {svc.name} {'stopped' if stopped else 'was not running'}")
+        console.print(f"• {svc.label} {'stopped' if stopped else 'was not running'}")
         if purge:
             for path in svc.data_dirs():
                 shutil.rmtree(path, ignore_errors=True)

@@ -16,6 +16,7 @@ from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.reasons import DeadLetterReason
 from loraplane.streams.score_store import ScoreStore
 
+from loraplane.kernel import topics
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.kafka import faust_broker
 
@@ -33,7 +34,7 @@ def _make_app() -> faust.App:
         **faust_broker(s),
         store="memory://",
         datadir=str(s.home / "faust"),
-        topic_replication_factor=1,
+        topic_replication_factor=topics.replicas(s),
         topic_partitions=3,
         web_enabled=False,
     )

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from loraplane.kernel.config import get_settings
+from loraplane.kernel.config import Settings, get_settings
 
 app = typer.Typer(help="Start, stop and inspect the local Kafka + ClickHouse + S3 stack.",
                   no_args_is_help=True)
@@ -16,7 +16,7 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="stack")
 
 
-def _run(action: str, **kwargs: bool) -> None:
+def _run(action: str, settings: Settings | None = None, **kwargs: bool) -> None:
     """Call ``infra.stack.<action>``; a StackError becomes a red message and exit code 1."""
     from rich.console import Console
 
@@ -26,16 +26,25 @@ def _run(action: str, **kwargs: bool) -> None:
 
     console = Console()
     try:
-        getattr(stack, action)(get_settings(), console, **kwargs)
+        getattr(stack, action)(settings or get_settings(), console, **kwargs)
     except (StackError, KafkaUnavailable) as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
 
 
 @app.command()
-def up() -> None:
+def up(brokers: int | None = typer.Option(
+        None, "--brokers", min=1, max=9,
+        help="Kafka nodes (default: kafka.brokers, 1). Clients and `topics apply` read "
+             "LORAPLANE_KAFKA__BROKERS: export it too.")) -> None:
     """Start every service that is not running, wait until healthy, apply the topics."""
-    _run("up")
+    settings = get_settings()
+    if brokers is not None and brokers != settings.kafka.brokers:
+        settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
+            update={"brokers": brokers})})
+        typer.echo(f"note: export LORAPLANE_KAFKA__BROKERS={brokers} so that clients name "
+                   "every broker and `topics apply` keeps the replication", err=True)
+    _run("up", settings)
 
 
 @app.command()
@@ -58,7 +67,7 @@ def status(quiet: bool = typer.Option(False, "--quiet", "-q",
 
 
 @app.command()
-def logs(service: str = typer.Argument(..., help="kafka, clickhouse or s3"),
+def logs(service: str = typer.Argument(..., help="kafka (kafka-2 … of a cluster), clickhouse, s3"),
          lines: int = typer.Option(50, "-n", "--lines"),
          follow: bool = typer.Option(False, "--follow", "-f")) -> None:
     """Print the end of a service's log, optionally following it."""

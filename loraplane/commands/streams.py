@@ -23,13 +23,17 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
-    from loraplane.kernel import kafka
+    from loraplane.kernel import kafka, topics
 
     admin = kafka.admin(settings)
+    copies = topics.replicas(settings)
     existing = admin.list_topics(timeout=15).topics
     missing = [NewTopic(t.changelog_topic_name,
                         num_partitions=t.partitions or faust_app.conf.topic_partitions,
-                        replication_factor=1, config={"cleanup.policy": "compact"})
+                        replication_factor=copies,
+                        config={"cleanup.policy": "compact"} | (
+                            {"min.insync.replicas": str(topics.min_insync(copies))}
+                            if copies > 1 else {}))
                for t in faust_app.tables.values() if t.changelog_topic_name not in existing]
     if not missing:
         return []

@@ -33,7 +33,14 @@ class KafkaSettings(_Section):
     controller_port: int = 19093
     version: str = "4.1.1"
     scala_version: str = "2.13"
-    heap: str = "768m"
+    brokers: int = Field(
+        1, ge=1, le=9,
+        description="KRaft nodes of the local cluster (each broker+controller). Node n (from "
+                    "1) listens on port + 2(n-1), its controller on controller_port + 2(n-1); "
+                    "stack up, topics apply (replication) and the bootstrap list read it.")
+    heap: str | None = Field(
+        None, description="-Xmx of each broker JVM; default 768m for one broker, 384m each "
+                          "when there are several (a 3-node cluster on a small machine).")
     username: str | None = Field(
         None, description="SASL/SCRAM user of this process. Unset: the principal its runtime "
                           "picks (loraplane.kernel.kafka.act_as) from credentials_dir.")
@@ -48,7 +55,19 @@ class KafkaSettings(_Section):
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        """Every node's listener, so a client starts even while one node is down."""
+        return ",".join(f"{self.host}:{self.node_port(n)}" for n in range(1, self.brokers + 1))
+
+    def node_port(self, node: int) -> int:
+        """Node ``node``'s (from 1) client listener: ``port``, then every second port."""
+        return self.port + 2 * (node - 1)
+
+    def node_controller_port(self, node: int) -> int:
+        return self.controller_port + 2 * (node - 1)
+
+    @property
+    def heap_per_broker(self) -> str:
+        return self.heap or ("768m" if self.brokers == 1 else "384m")
 
 
 class ClickHouseSettings(_Section):

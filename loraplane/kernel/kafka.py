@@ -251,7 +251,8 @@ def faust_broker(settings: Settings) -> FaustBroker:
     successor after 10 s, not Faust's 60 s default: the planner must not stay silent for a
     minute after a crash (the heartbeat must stay well under the session timeout). With
     credentials, aiokafka authenticates with the same SCRAM mechanism as our own clients."""
-    broker = FaustBroker(broker=f"kafka://{settings.kafka.bootstrap}", producer_acks=-1,
+    urls = ";".join(f"kafka://{node}" for node in settings.kafka.bootstrap.split(","))
+    broker = FaustBroker(broker=urls, producer_acks=-1,
                          consumer_auto_offset_reset=OffsetReset.earliest.value,
                          broker_session_timeout=10.0, broker_heartbeat_interval=2.0)
     creds = credentials(settings)

@@ -40,11 +40,14 @@ class TopicSpec:
     writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
     readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
-    def configs(self) -> dict[str, str]:
-        """The topic-level configs we own; anything else stays at the broker default."""
+    def configs(self, replicas: int = 1) -> dict[str, str]:
+        """The topic-level configs we own; anything else stays at the broker default. With
+        replicas, ``min.insync.replicas`` too: an acks=all write then survives a node."""
         wanted: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
         if self.retention_ms is not None:
             wanted["retention.ms"] = str(self.retention_ms)
+        if replicas > 1:
+            wanted["min.insync.replicas"] = str(min_insync(replicas))
         return wanted
 
 
@@ -87,6 +90,21 @@ TOPICS: tuple[TopicSpec, ...] = (
               retention_ms=HOUR_MS),
 )
 _BY_SUFFIX = {spec.suffix: spec for spec in TOPICS}
+
+
+MAX_REPLICAS = 3
+
+
+def replicas(settings: Settings) -> int:
+    """Copies of every partition (ours, Faust's and Kafka's internal topics): one per node,
+    up to three."""
+    return min(settings.kafka.brokers, MAX_REPLICAS)
+
+
+def min_insync(replicas: int) -> int:
+    """In-sync copies an acks=all write needs: all but one, so one node may be down and
+    no acknowledged write lives on a single disk (with three)."""
+    return max(1, replicas - 1)
 
 
 def spec(suffix: str) -> TopicSpec:
@@ -134,11 +152,13 @@ class Change:
         return f"{self.topic}: {self.action}" + (f" ({self.detail})" if self.detail else "")
 
 
-def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change]:
+def diff(name: str, wanted: TopicSpec, existing: Existing | None,
+         replicas: int = 1) -> list[Change]:
     """Pure comparison of a declaration with the broker's state: no I/O, easy to test."""
     if existing is None:
-        configs = ", ".join(f"{k}={v}" for k, v in wanted.configs().items())
-        return [Change(name, "create", f"{wanted.partitions} partitions, {configs}")]
+        configs = ", ".join(f"{k}={v}" for k, v in wanted.configs(replicas).items())
+        extra = f", {replicas} replicas" if replicas > 1 else ""
+        return [Change(name, "create", f"{wanted.partitions} partitions{extra}, {configs}")]
     changes: list[Change] = []
     if wanted.partitions > existing.partitions:
         changes.append(Change(name, "partitions",
@@ -148,7 +168,7 @@ def diff(name: str, wanted: TopicSpec, existing: Existing | None) -> list[Change
         changes.append(Change(name, "refused",
                               f"has {existing.partitions} partitions, declared "
                               f"{wanted.partitions}: Kafka cannot decrease partitions"))
-    for key, value in wanted.configs().items():
+    for key, value in wanted.configs(replicas).items():
         current = existing.configs.get(key)
         if current != value:
             changes.append(Change(name, "config", f"{key} from {current} to {value}",
@@ -196,13 +216,15 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
         raise kafka.KafkaUnavailable(
             f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
             "is the stack up? (loraplane stack status)") from None
-    changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name))]
+    copies = replicas(settings)
+    changes = [c for name, s in named.items()
+               for c in diff(name, s, existing.get(name), copies)]
     if dry_run:
         return changes
 
     futures: list[Future[None]] = []
     creates = [NewTopic(c.topic, num_partitions=named[c.topic].partitions,
-                        replication_factor=1, config=named[c.topic].configs())
+                        replication_factor=copies, config=named[c.topic].configs(copies))
                for c in changes if c.action == "create"]
     if creates:
         futures += admin.create_topics(creates, request_timeout=timeout).values()

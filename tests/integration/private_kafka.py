@@ -1,6 +1,6 @@
 """A throwaway Kafka of a test's own (tmp home, free ports, started through
-loraplane.infra.kafka like the stack's), for tests that kill and restart the broker: never
-the shared one."""
+loraplane.infra.kafka like the stack's), for tests that kill and restart brokers: never
+the shared one. One node, or a cluster of several (``private_cluster``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loraplane.infra.kafka import Kafka
-from loraplane.infra.processes import free_port, wait_until
+from loraplane.infra.kafka import Kafka, kafka_nodes
+from loraplane.infra.processes import free_port, port_in_use, wait_until
 
 from loraplane.kernel import topics
 from loraplane.kernel.config import KafkaSettings, Settings
@@ -33,23 +33,52 @@ def kill(broker: Kafka) -> None:
     assert wait_until(lambda: not broker.process.running(), 20)
 
 
+def _free_run(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports (node n takes port + 2(n-1)
+    and the controller port after it)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count < 65536 and not any(port_in_use("127.0.0.1", base + i)
+                                            for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 @contextmanager
-def private_kafka(tmp_path: Path, suffixes: tuple[str, ...],
-                  **settings: Any) -> Iterator[tuple[Settings, Kafka]]:
-    """A started broker with ``suffixes``' topics; ``settings`` go into its Settings."""
+def private_cluster(tmp_path: Path, suffixes: tuple[str, ...], brokers: int,
+                    **settings: Any) -> Iterator[tuple[Settings, list[Kafka]]]:
+    """``brokers`` started nodes with ``suffixes``' topics; ``settings`` go into its
+    Settings. The nodes start together (a quorum needs a majority), as ``stack up`` does."""
     cache = Settings().state_dir / "cache"
     if not any(cache.glob("kafka_*")):
         pytest.skip("no Kafka jars yet (loraplane stack up fetches them)")
     home = tmp_path / "home"
     home.mkdir()
     (home / "cache").symlink_to(cache)
-    k = KafkaSettings(port=free_port(), controller_port=free_port())
+    if brokers == 1:
+        k = KafkaSettings(port=free_port(), controller_port=free_port())
+    else:
+        base = _free_run(2 * brokers)
+        k = KafkaSettings(port=base, controller_port=base + 1, brokers=brokers)
     ours = Settings(home=home, kafka=k, **settings)
-    broker = Kafka(ours)
-    start(broker)
+    nodes = kafka_nodes(ours)
     try:
-        broker.after_start()
+        for node in nodes:
+            node.process.start(node.prepare())
+        for node in nodes:
+            assert wait_until(node.ready, 150, alive=node.process.running), \
+                f"throwaway {node.label} did not start: {node.process.tail(30)}"
+            node.after_start()
         topics.apply(ours, only=tuple(topics.spec(s) for s in suffixes))
-        yield ours, broker
+        yield ours, nodes
     finally:
-        broker.process.stop(10)
+        for node in nodes:
+            node.process.stop(10)
+
+
+@contextmanager
+def private_kafka(tmp_path: Path, suffixes: tuple[str, ...],
+                  **settings: Any) -> Iterator[tuple[Settings, Kafka]]:
+    """A started broker with ``suffixes``' topics; ``settings`` go into its Settings."""
+    with private_cluster(tmp_path, suffixes, 1, **settings) as (ours, [broker]):
+        yield ours, broker

@@ -153,6 +153,14 @@ def test_faust_gets_the_same_guarantees() -> None:
         "broker_heartbeat_interval": 2.0}
 
 
+def test_every_broker_of_a_cluster_is_bootstrapped() -> None:
+    three = Settings(kafka=KafkaSettings(port=30092, controller_port=30093, brokers=3))
+    assert three.kafka.bootstrap == "127.0.0.1:30092,127.0.0.1:30094,127.0.0.1:30096"
+    assert kafka.admin_config(three)["bootstrap.servers"] == three.kafka.bootstrap
+    assert kafka.faust_broker(three)["broker"] == (
+        "kafka://127.0.0.1:30092;kafka://127.0.0.1:30094;kafka://127.0.0.1:30096")
+
+
 @given(group=st.text(min_size=1, max_size=20), reset=st.sampled_from(kafka.OffsetReset),
        to_end=st.booleans(), session=st.none() | st.integers(6_000, 60_000),
        quiet=st.booleans())
