@@ -1,9 +1,9 @@
 """The metrics sink heals from a broker SIGKILL by itself (issue 19 item 3: it used to stall
 for good), and the worker's event sink loses nothing over the outage (item 1: what Kafka did
-not take is spooled on disk and replayed). A throwaway Kafka of the test's own is killed -9 for ~20 s under steady request-log
-load and started again; the sink (in this process, never restarted) keeps consuming and
-every request log lands in ClickHouse exactly once (the shared stack's ClickHouse, a
-database of the test's own)."""
+not take is spooled on disk and replayed). A throwaway Kafka of the test's own is killed -9
+for ~20 s under steady request-log load and started again; the sink (in this process, never
+restarted) keeps consuming and every request log lands in ClickHouse exactly once (the
+shared stack's ClickHouse, a database of the test's own)."""
 
 from __future__ import annotations
 
