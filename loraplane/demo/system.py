@@ -205,23 +205,26 @@ class LiveSystem:
             self.supervisor.wait_ready(child, partial(http_ok, url + "/health"), 300, "healthy")
         return [url for _, url in started]
 
-    def start_worker(self, index: int, vllm_url: str) -> Worker:
-        worker_id = f"w{index}"
-        port = free_port()
-        child = self.supervisor.start(f"worker-{worker_id}", [
-            LORAPLANE, "worker", "run", "--worker-id", worker_id, "--base-model", BASE_MODEL,
-            "--vllm-url", vllm_url, "--vllm-api-key-file", str(self.vllm_key_file(vllm_url)),
-            "--gateway-port", str(port),
-            "--model-dir", str(self.artifacts.model_dir),
-            "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
-            "--heartbeat-s", str(self.options.heartbeat_s),
-            "--registry-refresh-s", str(self.options.registry_refresh_s)])
-        gateway = f"http://{LOOPBACK}:{port}"
-        self.supervisor.wait_ready(child, lambda: http_ok(gateway + "/healthz"), 180,
-                                   "healthy (/healthz)")
-        worker = Worker(worker_id, vllm_url, gateway)
-        self.workers.append(worker)
-        return worker
+    def start_workers(self, vllm_urls: list[str]) -> list[Worker]:
+        """A worker agent + gateway (w1, w2, ...) beside each vLLM: all started, then each
+        waited for (most of a start is Python importing, which overlaps)."""
+        started = []
+        for index, vllm_url in enumerate(vllm_urls, 1):
+            worker_id, port = f"w{index}", free_port()
+            child = self.supervisor.start(f"worker-{worker_id}", [
+                LORAPLANE, "worker", "run", "--worker-id", worker_id, "--base-model",
+                BASE_MODEL, "--vllm-url", vllm_url, "--vllm-api-key-file",
+                str(self.vllm_key_file(vllm_url)), "--gateway-port", str(port),
+                "--model-dir", str(self.artifacts.model_dir),
+                "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
+                "--heartbeat-s", str(self.options.heartbeat_s),
+                "--registry-refresh-s", str(self.options.registry_refresh_s)])
+            started.append((child, Worker(worker_id, vllm_url, f"http://{LOOPBACK}:{port}")))
+        for child, worker in started:
+            self.supervisor.wait_ready(child, partial(http_ok, worker.gateway_url + "/healthz"),
+                                       180, "healthy (/healthz)")
+            self.workers.append(worker)
+        return [worker for _, worker in started]
 
     def router_health(self) -> dict[str, Any]:
         try:
@@ -278,10 +281,9 @@ class LiveSystem:
         steps.run("ClickHouse sink (loraplane metrics sink)", self.start_sink)
         urls = steps.run(f"{workers} x {self.options.vllm_label}, LoRA on",
                          lambda: self.start_vllms(workers), lambda u: ", ".join(u))
-        for index, url in enumerate(urls, 1):
-            steps.run(f"worker agent w{index} + gateway (loraplane worker run)",
-                      partial(self.start_worker, index, url),
-                      lambda w: f"gateway {w.gateway_url}")
+        steps.run(f"{workers} worker agent(s) + gateway (loraplane worker run)",
+                  partial(self.start_workers, urls),
+                  lambda ws: ", ".join(f"{w.worker_id} {w.gateway_url}" for w in ws))
         steps.run("fleet router (loraplane router run), the one endpoint clients use",
                   self.start_router)
         return keys

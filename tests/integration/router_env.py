@@ -2,7 +2,8 @@
 `loraplane router run` in front, on the real stack (Kafka, our own S3: an s3proxy). Registry views
 are signed as in test_worker_e2e (the router and the workers verify them with its keyring);
 the router secret is a 0600 file of the fleet's LORAPLANE_HOME. Shared by test_router_e2e and
-test_router_fleet."""
+test_router_fleet; ``Answer`` / ``ask`` (one request as the client saw it) also by
+test_planner_fleet."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,6 +54,48 @@ WORKERS = ("w1", "w2", "w3")
 Spec = tuple[int, str]  # (adapter build seed, tenant)
 E2E_ADAPTERS: dict[str, Spec] = {"sql": (21, "tenant-a"), "chat": (22, "tenant-a"),
                                  "other": (23, "tenant-b")}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the client saw for one request through the router (or a gateway)."""
+
+    adapter: str
+    status: int  # 0: no reply at all
+    worker: str | None
+    tier: str | None
+    fallback: bool
+    retry_after: bool
+    at: float  # monotonic time of the answer
+
+    @property
+    def miss(self) -> bool:
+        """The adapter was not on the answering worker's GPU: a cold/host load or the base
+        model."""
+        return self.status == 200 and (self.fallback or self.tier in ("cold", "host",
+                                                                      "base_fallback"))
+
+    @property
+    def kind(self) -> str:
+        """ok, retryable (429/503 with Retry-After), no reply, or failed STATUS."""
+        return ("ok" if self.status == 200 else
+                "retryable" if self.status in (429, 503) and self.retry_after else
+                "no reply" if self.status == 0 else f"failed {self.status}")
+
+
+def ask(url: str, adapter: str, session: requests.Session, *, key: str = KEY_A,
+        max_tokens: int = 2) -> Answer:
+    """One interactive completion; a request that got no reply at all is status 0."""
+    try:
+        resp = session.post(url + "/v1/completions", timeout=30, headers={
+            "Authorization": f"Bearer {key}", "X-Request-Class": "interactive"},
+            json={"model": adapter, "prompt": "hello", "max_tokens": max_tokens})
+    except requests.RequestException:
+        return Answer(adapter, 0, None, None, False, False, time.monotonic())
+    return Answer(adapter, resp.status_code, resp.headers.get("X-Loraplane-Worker"),
+                  resp.headers.get("X-Loraplane-Tier"),
+                  resp.headers.get("X-Loraplane-Fallback") == "base",
+                  "Retry-After" in resp.headers, time.monotonic())
 
 
 @dataclass

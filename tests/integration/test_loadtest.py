@@ -40,7 +40,11 @@ def drop_run(settings: Settings, output: str) -> None:
     found = re.search(r"prefix\s+((?:loadtest|demo)-[0-9a-z-]+),\s+database\s+(lp_\w+)", output)
     if found is None:
         return
-    prefix, database = found.groups()
+    drop_namespace(settings, *found.groups())
+
+
+def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
+    """Delete the topics under ``prefix`` and the ClickHouse ``database`` of one run."""
     admin = kafka.admin(settings)
     names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix + ".")
              or n.startswith(prefix + "-")]

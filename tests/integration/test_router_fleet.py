@@ -29,49 +29,17 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 import requests
 
 from loraplane.kernel.config import Settings
-from tests.integration.router_env import WORKERS, Fleet, running_fleet
-from tests.integration.test_worker_e2e import KEY_A, wait_for
+from tests.integration.router_env import WORKERS, Answer, Fleet, ask, running_fleet
+from tests.integration.test_worker_e2e import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 ADAPTERS = {f"a{i}": (40 + i, "tenant-a") for i in range(1, 7)}
 TRACE_REQUESTS, TRACE_QPS, CONCURRENCY = 150, 6.0, 4
-
-
-@dataclass(frozen=True)
-class Answer:
-    adapter: str
-    status: int  # 0: no reply at all
-    worker: str | None
-    tier: str | None
-    fallback: bool
-    retry_after: bool
-    at: float  # monotonic time of the answer
-
-    @property
-    def miss(self) -> bool:
-        """The adapter was not on the answering worker's GPU: a cold/host load or the base
-        model."""
-        return self.status == 200 and (self.fallback or self.tier in ("cold", "host",
-                                                                      "base_fallback"))
-
-
-def ask(url: str, adapter: str, session: requests.Session) -> Answer:
-    try:
-        resp = session.post(url + "/v1/completions", timeout=30, headers={
-            "Authorization": f"Bearer {KEY_A}", "X-Request-Class": "interactive"},
-            json={"model": adapter, "prompt": "hello", "max_tokens": 2})
-    except requests.RequestException:
-        return Answer(adapter, 0, None, None, False, False, time.monotonic())
-    return Answer(adapter, resp.status_code, resp.headers.get("X-Loraplane-Worker"),
-                  resp.headers.get("X-Loraplane-Tier"),
-                  resp.headers.get("X-Loraplane-Fallback") == "base",
-                  "Retry-After" in resp.headers, time.monotonic())
 
 
 def replay(trace: list[str], urls: Iterator[str]) -> list[Answer]:
@@ -170,9 +138,7 @@ def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(
         stop.set()
         for t in threads:
             t.join(60)
-    kinds = Counter("ok" if a.status == 200 else
-                    "retryable" if a.status in (429, 503) and a.retry_after else
-                    "no reply" if a.status == 0 else f"failed {a.status}" for a in answers)
+    kinds = Counter(a.kind for a in answers)
     print(f"killed {victim} (held {held}): drained after {drained_s:.1f}s, served from GPU "
           f"elsewhere after {moved_s:.1f}s; {len(answers)} requests: {dict(kinds)}")
     assert drained_s <= 10
