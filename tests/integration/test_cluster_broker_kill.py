@@ -23,6 +23,7 @@ from loraplane.workers.event_sink import KafkaEventSink
 
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
+from tests.integration.fault_report import report_fault
 from tests.integration.private_kafka import kill, private_cluster
 
 pytestmark = pytest.mark.integration
@@ -144,5 +145,10 @@ def test_a_leader_kill_loses_nothing(cluster: tuple[Settings, list[Kafka]]) -> N
         assert len(seen) == emitted_at_end, (len(seen), emitted_at_end)
         assert set(seen) == {f"c{i}" for i in range(emitted_at_end)}
         assert new_leader not in (leader, -1)
+        report_fault("Kafka (3 brokers) partition leader SIGKILL under load",
+                     answered=emitted_at_end, stored=len(seen),
+                     lost=emitted_at_end - len(seen), duplicated=sum(seen.values()) - len(seen),
+                     recovered=True, down_s=longest_gap, recovery_s=drained_s,
+                     note=f"new leader {new_leader}; nothing restarted")
     finally:
         events.close(5)

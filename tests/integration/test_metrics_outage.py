@@ -16,6 +16,7 @@ from loraplane.infra.processes import free_port, wait_until
 
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
+from tests.integration.fault_report import report_fault
 from tests.integration.metrics_env import (
     count,
     create_topics,
@@ -98,5 +99,10 @@ def test_clickhouse_down_under_load_then_back_counts_exact(
         print(f"ClickHouse down ~4s under load: {retries} retried batch attempts, "
               f"{count(settings, 'request_log', final=False)} raw rows, {N} FINAL")
         assert retries > 0, "the outage should have been noticed"
+        report_fault("ClickHouse stopped under load, started again", answered=N,
+                     stored=count(settings, "request_log"),
+                     lost=N - count(settings, "request_log"), duplicated=0,
+                     recovered=sink.poll() is None, down_s=4.0,
+                     note=f"{retries} batch retries; duplicates collapse under FINAL")
     finally:
         stop(sink)

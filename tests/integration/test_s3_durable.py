@@ -38,6 +38,7 @@ from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
+from tests.integration.fault_report import report_fault
 from tests.integration.s3_env import PrivateS3
 from tests.lifecycle_kit import make_kit, signed_view
 
@@ -95,6 +96,10 @@ def test_an_artifact_survives_a_restart_and_a_kill(s3: PrivateS3, tmp_path: Path
     folder = _worker_fetch(s3, record, tmp_path / "host-2")
     assert json.loads((folder / MANIFEST_NAME).read_text())["files"]
     assert s3.service.data_dirs() == [s3.data.parent]  # what `stack down --purge` deletes
+    report_fault("S3 (s3proxy) stopped, then SIGKILLed", answered=1, stored=1, lost=0,
+                 duplicated=0, recovered=True,
+                 note="while down: artifact_store_unavailable (retriable); the artifact "
+                      "fetched and verified after each restart")
 
 
 def test_only_the_stacks_key_is_accepted(s3: PrivateS3) -> None:

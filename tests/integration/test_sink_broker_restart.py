@@ -22,6 +22,7 @@ from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
+from tests.integration.fault_report import report_fault
 from tests.integration.metrics_env import SINK_TOPICS, isolated, wait_for
 from tests.integration.private_kafka import kill, private_kafka, start
 
@@ -111,6 +112,11 @@ def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka
               f"stalls reported {sink.progress.stalls}")
         assert final == distinct == n, (final, distinct, n)
         assert events.counts.spooled > 0, "the outage should have reached the event spool"
+        report_fault("Kafka (1 broker) SIGKILL under load, restarted", answered=n,
+                     stored=distinct, lost=n - distinct, duplicated=final - distinct,
+                     recovered=runner.is_alive(), down_s=down_s, recovery_s=caught_up_s,
+                     note=f"{events.counts.spooled} events spooled and replayed by the "
+                          f"worker's event sink; the metrics sink never restarted")
         assert runner.is_alive(), "the sink died"
     finally:
         stop.set()

@@ -1,0 +1,116 @@
+"""The fault suite as a tool (issue 19 item 7): runs each fault test, which injects its fault
+into services of its own (a throwaway broker, cluster, ClickHouse or S3 with a tmp home and
+free ports, or its own worker and router processes; the shared stack only for what it does
+not break), and prints the table: fault -> answered -> stored -> lost -> duplicated ->
+recovered by itself, with timings, as JSON; ``--doc`` also writes it into
+docs/reliability.md. Each row comes from the test's own measurement (``tests/integration/
+fault_report.py``), written only after the test's assertions passed; a failed test is a row
+with ``passed: false``. The same tests run in ``./run test`` (the short form); this tool
+adds the table.
+
+    .venv/bin/python -m bench.faults [--doc] [--only kafka-1,s3]   # needs `loraplane stack up`
+
+``lost_ratio`` is lost / answered per row (the goal: 0 everywhere, every row recovered by
+itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- faults:begin -->", "<!-- faults:end -->"
+
+FAULTS: dict[str, str] = {
+    "kafka-1": "tests/integration/test_sink_broker_restart.py",
+    "kafka-3": "tests/integration/test_cluster_broker_kill.py",
+    "clickhouse": "tests/integration/test_metrics_outage.py",
+    "s3": "tests/integration/test_s3_durable.py::test_an_artifact_survives_a_restart_and_a_kill",
+    "worker": "tests/integration/test_router_fleet.py::"
+              "test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere",
+    "poison": "tests/integration/test_worker_e2e.py::"
+              "test_poison_messages_do_not_crash_loop_the_worker",
+}
+
+
+def run_one(name: str, target: str) -> list[dict[str, Any]]:
+    """Run one fault test; its rows, or one failed row."""
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as report:
+        env = {**os.environ, "LORAPLANE_FAULT_REPORT": report.name}
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-o", "addopts=", target], cwd=ROOT, env=env,
+                              capture_output=True, text=True, check=False)
+        wall = round(time.monotonic() - t0, 1)
+        rows = [json.loads(line) for line in Path(report.name).read_text().splitlines()
+                if line.strip()]
+    if done.returncode != 0 or not rows:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        return [{"fault": name, "passed": False, "wall_s": wall, "note": " | ".join(tail)}]
+    for row in rows:
+        row |= {"id": name, "passed": True, "wall_s": wall,
+                "lost_ratio": round(row["lost"] / row["answered"], 6) if row["answered"] else 0}
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| fault | answered | stored | lost | duplicated | recovered by itself | down s "
+            "| recovery s | note |\n|---|---|---|---|---|---|---|---|---|\n")
+    body = []
+    for r in rows:
+        if not r.get("passed"):
+            body.append(f"| {r['fault']} | **test failed** | | | | | | | {r.get('note', '')} |")
+            continue
+        body.append(" | ".join([
+            f"| {r['fault']}", str(r["answered"]), str(r["stored"]), f"**{r['lost']}**",
+            str(r["duplicated"]), "yes" if r["recovered_by_itself"] else "**no**",
+            "-" if r["down_s"] is None else f"{r['down_s']:g}",
+            "-" if r["recovery_s"] is None else f"{r['recovery_s']:g}", f"{r['note']} |"]))
+    return head + "\n".join(body) + "\n"
+
+
+def write_doc(rows: list[dict[str, Any]], when: str) -> None:
+    text = DOC.read_text()
+    block = (f"{BEGIN}\n_Run {when} by `python -m bench.faults --doc`._\n\n{table(rows)}{END}")
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n## The fault table (`bench/faults.py`)\n\n" + block + "\n"
+    DOC.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated fault ids: " +
+                        ", ".join(FAULTS))
+    parser.add_argument("--doc", action="store_true", help="write the table into " + str(DOC))
+    args = parser.parse_args()
+    chosen = [f for f in args.only.split(",") if f] or list(FAULTS)
+    unknown = set(chosen) - FAULTS.keys()
+    if unknown:
+        parser.error(f"unknown fault ids: {sorted(unknown)}")
+    rows: list[dict[str, Any]] = []
+    for name in chosen:
+        print(f"fault {name}: {FAULTS[name]} ...", file=sys.stderr, flush=True)
+        rows += run_one(name, FAULTS[name])
+    ok = [r for r in rows if r.get("passed")]
+    result = {"faults": rows,
+              "every_row_passed": len(ok) == len(rows),
+              "lost_total": sum(r["lost"] for r in ok),
+              "every_row_recovered_by_itself": all(r["recovered_by_itself"] for r in ok)}
+    print(json.dumps(result, indent=2))
+    if args.doc:
+        write_doc(rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+
+
+if __name__ == "__main__":
+    main()
