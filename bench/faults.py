@@ -9,6 +9,7 @@ with ``passed: false``. The same tests run in ``./run test`` (the short form); t
 adds the table.
 
     .venv/bin/python -m bench.faults [--doc] [--only kafka-1,s3]   # needs `loraplane stack up`
+    .venv/bin/python -m bench.faults --only kafka-1 --outage-s 600   # the 10-minute outage
 
 ``lost_ratio`` is lost / answered per row (the goal: 0 everywhere, every row recovered by
 itself).
@@ -42,13 +43,18 @@ FAULTS: dict[str, str] = {
 }
 
 
-def run_one(name: str, target: str) -> list[dict[str, Any]]:
-    """Run one fault test; its rows, or one failed row."""
+def run_one(name: str, target: str, outage_s: float | None = None) -> list[dict[str, Any]]:
+    """Run one fault test; its rows, or one failed row. ``outage_s``: how long a killed
+    broker stays down (the tests that read ``LORAPLANE_FAULT_DOWN_S``)."""
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as report:
         env = {**os.environ, "LORAPLANE_FAULT_REPORT": report.name}
+        timeout = ["-o", "timeout=300"]
+        if outage_s is not None:
+            env["LORAPLANE_FAULT_DOWN_S"] = str(outage_s)
+            timeout = ["-o", f"timeout={int(outage_s) + 600}"]
         t0 = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "-o", "addopts=", target], cwd=ROOT, env=env,
+                               "-o", "addopts=", *timeout, target], cwd=ROOT, env=env,
                               capture_output=True, text=True, check=False)
         wall = round(time.monotonic() - t0, 1)
         rows = [json.loads(line) for line in Path(report.name).read_text().splitlines()
@@ -93,6 +99,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated fault ids: " +
                         ", ".join(FAULTS))
     parser.add_argument("--doc", action="store_true", help="write the table into " + str(DOC))
+    parser.add_argument("--outage-s", type=float, default=None,
+                        help="keep a killed broker down this long (default: the test's 20 s)")
     args = parser.parse_args()
     chosen = [f for f in args.only.split(",") if f] or list(FAULTS)
     unknown = set(chosen) - FAULTS.keys()
@@ -101,7 +109,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in chosen:
         print(f"fault {name}: {FAULTS[name]} ...", file=sys.stderr, flush=True)
-        rows += run_one(name, FAULTS[name])
+        rows += run_one(name, FAULTS[name], args.outage_s)
     ok = [r for r in rows if r.get("passed")]
     result = {"faults": rows,
               "every_row_passed": len(ok) == len(rows),

@@ -7,6 +7,7 @@ shared stack's ClickHouse, a database of the test's own)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from tests.integration.private_kafka import kill, private_kafka, start
 pytestmark = pytest.mark.integration
 
 RATE_HZ = 50
-DOWN_S = 20.0
+DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))
+"""How long the broker stays dead under load (``bench.faults --outage-s`` for the long form)."""
 
 
 @pytest.fixture
