@@ -323,6 +323,14 @@ class WorkerAgent:
         if known is not None and known.permanent:  # retrying will not help: say so at once
             fut.set_result(known)  # and no new fetch until the hold ends
             return fut
+        gpu_intents = sum(1 for i in self.desired.intents.values() if i.tier == "gpu")
+        if gpu_intents >= self.config.gpu_slots and not self.is_on_host(name):
+            # full, and its bytes are not here yet: fetch them first, and let a copy give
+            # its slot up only once they are verified (the next request loads it)
+            self._fold(Ask.gateway_prefetch(record))
+            self._rt.waiters.setdefault(name, []).append(fut)
+            self._wake.set()
+            return fut
         if self._fold(Ask.gateway_load(record)) is CommandSkip.no_free_slot:
             log.info("no GPU slot may be freed for %s now: every copy is pinned, protected "
                      "or busy", name)
@@ -464,7 +472,12 @@ class WorkerAgent:
                 self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
                 self._report(action)
             case Fetch(name, record, cmd):
-                await self._fetch(record, cmd)
+                fetched = await self._fetch(record, cmd) is not None
+                # a request waits on it (a prefetch because every slot was taken): now that
+                # its bytes are verified, a copy may give its slot up for it
+                if (fetched and self._rt.waiters.get(name)
+                        and self._fold(Ask.gateway_load(record)) is CommandSkip.no_free_slot):
+                    self._resolve(name, LoadOutcome(False, LoadDeferral.no_free_slot))
             case Load(name, record, cmd, warmup):
                 if len(self._rt.gpu.keys() - {name}) >= self.config.gpu_slots:
                     return  # the slot's copy got a request since reconcile looked: next tick

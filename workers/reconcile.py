@@ -238,6 +238,15 @@ class Ask:
         return cls(CommandAction.load_gpu, record.lora_name, record.adapter_id, record.version,
                    record.tenant_id, CopyOrigin.gateway_request)
 
+    @classmethod
+    def gateway_prefetch(cls, record: AdapterRecord) -> Ask:
+        """A request found ``record`` cold on a worker whose GPU slots are all taken, and its
+        bytes are not in the host tier yet: fetch and verify them first. A GPU copy gives up
+        its slot only for a version that is ready to load, so a version whose artifact cannot
+        be fetched never pushes a hot copy out."""
+        return cls(CommandAction.prewarm_host, record.lora_name, record.adapter_id,
+                   record.version, record.tenant_id, CopyOrigin.gateway_request)
+
 
 class Settled(StrEnum):
     """What executing an action found out about an intent, reported back to the one writer."""
