@@ -843,3 +843,20 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
         assert outcome == LoadOutcome(False, "no_free_slot")
         await world.agent.reconcile_once()
         assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(other.lora_name)
+
+
+async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
+        world: World) -> None:
+    """On a full worker a cold version is fetched first; a copy gives its slot up only once
+    the bytes are verified, so a version the store lost never costs a hot copy its slot (the
+    real-vLLM prefix-cache test found a hot adapter demoted for a load that then failed)."""
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    await load(world, sql, chat)  # 2 slots, both taken
+    world.tier.gone.add(other.lora_name)
+    for _ in range(3):
+        status, headers, _ = await world.post({"model": "other", "prompt": "q"},
+                                              Authorization="Bearer key-b")
+        assert status == 200 and headers[FALLBACK_HEADER] == "base"
+        await world.agent.reconcile_once()
+    assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
+    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
