@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -56,6 +57,9 @@ def register(app: typer.Typer) -> None:
             path = None
         options = DemoOptions(fake_vllm=fake_vllm, replay_s=replay_s, hold_s=duration,
                               workers=workers, max_qps=max_qps, trace=path)
+        # Ctrl-C stops the demo even when it was started from a script in the background,
+        # where the shell hands it SIGINT ignored (and Python then installs no handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             agreed = run_demo(get_settings(), options, console)
         except (ChildFailed, BringUpError) as exc:
