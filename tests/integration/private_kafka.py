@@ -6,17 +6,48 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from loraplane.infra.kafka import Kafka, kafka_nodes
 from loraplane.infra.processes import free_port, port_in_use, wait_until
+from loraplane.schemas.request_log import RequestLog
+from loraplane.workers.event_sink import KafkaEventSink
 
 from loraplane.kernel import topics
 from loraplane.kernel.config import KafkaSettings, Settings
+
+
+@dataclass
+class SteadyLoad:
+    """Request logs (ids ``<prefix><n>``) at ``rate_hz`` through one event sink, as the
+    broker-kill tests send them; ``poll`` serves the sink after each (default: its own)."""
+
+    events: KafkaEventSink
+    prefix: str
+    rate_hz: float
+    poll: Callable[[], None] | None = None
+    n: int = 0  # sent so far
+
+    def log(self, n: int) -> RequestLog:
+        return RequestLog(event_id=f"{self.prefix}{n}", ts=datetime.now(UTC),
+                          request_id=f"r{n}", tenant_id="t", base_model="m", adapter_id="a",
+                          adapter_version="1", worker_id="w", tier_at_arrival="gpu",
+                          ttft_ms=1.0)
+
+    def run_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.events.emit("requests", "k", self.log(self.n))
+            self.n += 1
+            (self.poll or self.events.poll)()
+            time.sleep(1 / self.rate_hz)
 
 
 def start(broker: Kafka) -> None:

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from loraplane.workers.event_sink import KafkaEventSink
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
 from tests.integration.fault_report import report_fault
-from tests.integration.private_kafka import kill, private_cluster
+from tests.integration.private_kafka import SteadyLoad, kill, private_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +38,6 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Settings, list[Kafka]]]:
                          topic_prefix=f"cluster-{uuid.uuid4().hex[:8]}") as found:
         yield found
 
-
-def _log(n: int) -> RequestLog:
-    return RequestLog(event_id=f"c{n}", ts=datetime.now(UTC), request_id=f"r{n}",
-                      tenant_id="t", base_model="m", adapter_id="a", adapter_version="1",
-                      worker_id="w", tier_at_arrival="gpu", ttft_ms=1.0)
 
 
 def _rss_mb(node: Kafka) -> float:
@@ -95,7 +89,7 @@ def test_a_leader_kill_loses_nothing(cluster: tuple[Settings, list[Kafka]]) -> N
     described = kafka.admin(settings).list_topics(name, timeout=10).topics[name]
     assert {len(p.replicas) for p in described.partitions.values()} == {3}
     events = KafkaEventSink(settings, "cluster-kill-test")
-    n, delivered_at = 0, [time.monotonic()]
+    delivered_at = [time.monotonic()]
 
     last = [0]
 
@@ -106,14 +100,8 @@ def test_a_leader_kill_loses_nothing(cluster: tuple[Settings, list[Kafka]]) -> N
             last[0] = events.delivered
             delivered_at.append(time.monotonic())
 
-    def emit_for(seconds: float) -> None:
-        nonlocal n
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            events.emit("requests", "k", _log(n))
-            n += 1
-            poll()
-            time.sleep(1 / RATE_HZ)
+    load = SteadyLoad(events, "c", RATE_HZ, poll)
+    emit_for = load.run_for
 
     try:
         emit_for(BEFORE_S)
@@ -123,7 +111,7 @@ def test_a_leader_kill_loses_nothing(cluster: tuple[Settings, list[Kafka]]) -> N
         t_kill = time.monotonic()
         kill(victim)
         emit_for(AFTER_KILL_S)
-        emitted_at_end = n
+        emitted_at_end = load.n
         deadline = time.monotonic() + 45
         while (events.backlog or events.flush(0.2)) and time.monotonic() < deadline:
             poll()

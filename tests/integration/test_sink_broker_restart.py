@@ -11,12 +11,10 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from loraplane.infra.kafka import Kafka
-from loraplane.schemas.request_log import RequestLog
 from loraplane.workers.event_sink import KafkaEventSink
 
 from loraplane.kernel.config import Settings
@@ -25,7 +23,7 @@ from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
 from tests.integration.metrics_env import SINK_TOPICS, isolated, wait_for
-from tests.integration.private_kafka import kill, private_kafka, start
+from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +50,6 @@ def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
             client.disconnect()
 
 
-def _log(n: int) -> RequestLog:
-    return RequestLog(event_id=f"b{n}", ts=datetime.now(UTC), request_id=f"r{n}",
-                      tenant_id="t", base_model="m", adapter_id="a", adapter_version="1",
-                      worker_id="w", tier_at_arrival="gpu", ttft_ms=1.0)
-
 
 def _stored(settings: Settings) -> tuple[int, int, int]:
     """Rows under FINAL, distinct event ids, and raw rows (replays before a merge)."""
@@ -78,16 +71,8 @@ def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka
     runner = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
     runner.start()
     events = KafkaEventSink(settings, "worker-sink-restart-test")
-    n = 0
-
-    def emit_for(seconds: float) -> None:
-        nonlocal n
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            events.emit("requests", "k", _log(n))
-            n += 1
-            events.poll()
-            time.sleep(1 / RATE_HZ)
+    load = SteadyLoad(events, "b", RATE_HZ)
+    emit_for = load.run_for
 
     try:
         emit_for(5)
@@ -103,19 +88,19 @@ def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka
         while (events.backlog or events.flush(0.5)) and time.monotonic() < deadline:
             events.poll()
         assert events.backlog == 0 and events.dropped == 0 and events.failed == 0
-        wait_for(lambda: _stored(settings)[1] >= n, 120, f"all {n} request logs stored")
+        wait_for(lambda: _stored(settings)[1] >= load.n, 120, f"all {load.n} request logs stored")
         caught_up_s = time.monotonic() - t_up
         final, distinct, raw = _stored(settings)
-        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {n} emitted, "
+        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {load.n} emitted, "
               f"{events.counts.spooled} spooled by the event sink and "
               f"{events.counts.replayed} replayed, {final} rows "
               f"under FINAL ({distinct} distinct, {raw} raw), caught up {caught_up_s:.0f} s "
               f"after the restart; sink retries {sink.stats.retries}, "
               f"stalls reported {sink.progress.stalls}")
-        assert final == distinct == n, (final, distinct, n)
+        assert final == distinct == load.n, (final, distinct, load.n)
         assert events.counts.spooled > 0, "the outage should have reached the event spool"
-        report_fault("Kafka (1 broker) SIGKILL under load, restarted", answered=n,
-                     stored=distinct, lost=n - distinct, duplicated=final - distinct,
+        report_fault("Kafka (1 broker) SIGKILL under load, restarted", answered=load.n,
+                     stored=distinct, lost=load.n - distinct, duplicated=final - distinct,
                      recovered=runner.is_alive(), down_s=down_s, recovery_s=caught_up_s,
                      note=f"{events.counts.spooled} events spooled and replayed by the "
                           f"worker's event sink; the metrics sink never restarted")
