@@ -46,6 +46,17 @@ def test_a_worker_cannot_write_registry_or_commands_but_writes_its_own(
     assert _produce(worker, "requests") is None
 
 
+def test_only_a_router_writes_router_state_and_a_router_forges_no_worker_state(
+        stack: Settings) -> None:
+    """ATTACK: the fleet view sums what ``router-state`` says of queues and in-flight work;
+    a worker (or any principal but router) cannot write it, and a router cannot pose as a
+    worker on ``worker-state``, which routing believes."""
+    router, worker = _as(stack, Principal.router), _as(stack, Principal.worker)
+    assert _produce(worker, "router-state") == "TOPIC_AUTHORIZATION_FAILED"
+    assert _produce(router, "worker-state") == "TOPIC_AUTHORIZATION_FAILED"
+    assert _produce(router, "router-state") is None
+
+
 def test_the_streams_app_writes_registry_and_commands_but_not_request_logs(
         stack: Settings) -> None:
     streams = _as(stack, Principal.streams)
