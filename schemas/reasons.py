@@ -141,6 +141,7 @@ class ArtifactReason(StrEnum):
     adapter_revoked = "adapter_revoked"
     host_budget_exceeded = "host_budget_exceeded"
     host_io_error = "host_io_error"
+    host_disk_full = "host_disk_full"  # ENOSPC/EDQUOT: the disk is smaller than the budget
     # the manifest and the files it pins
     manifest_missing = "manifest_missing"
     manifest_invalid = "manifest_invalid"
@@ -178,7 +179,7 @@ class ArtifactReason(StrEnum):
     def is_failure(self) -> bool:
         """True for transient I/O trouble (CacheEvent kind ``fail``), False for a refusal."""
         return self in (ArtifactReason.artifact_store_unavailable, ArtifactReason.fetch_failed,
-                        ArtifactReason.host_io_error)
+                        ArtifactReason.host_io_error, ArtifactReason.host_disk_full)
 
 
 class VllmErrorCode(StrEnum):

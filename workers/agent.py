@@ -534,6 +534,7 @@ class WorkerAgent:
             path = await asyncio.to_thread(self.host_tier.ensure, record)
         except ArtifactError as exc:
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
+            self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024],
                         command_id=cmd)
             if exc.is_failure:

@@ -11,7 +11,9 @@ An install downloads into a ``.partial-*`` folder inside ``root``, verifies it a
 it into place, so to a running worker an entry either exists complete and verified or not
 at all; a crash leaves only ``.partial-*`` folders, which the startup scan deletes. The scan
 also re-verifies every entry against its record and drops any that fails: an entry is never
-trusted just because it is on disk.
+trusted just because it is on disk. A disk smaller than the budget fills up before the
+budget does: the install that hits ENOSPC is removed and refused as ``host_disk_full`` (a
+failure, so the agent retries it after its backoff and it goes through once there is room).
 
 Installs are not fsynced. The tier is a cache of S3 whose every entry is re-hashed at
 startup, so what a power loss can tear (a renamed entry whose file contents never reached
@@ -25,6 +27,7 @@ From asyncio, call it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -178,8 +181,8 @@ class HostTier:
             raise ArtifactError.single(Reason.host_budget_exceeded, record.lora_name,
                                        f"{record.size_bytes} bytes > budget {self.budget_bytes}")
         partial = self.root / f"{_PARTIAL}{uuid.uuid4().hex}"
-        partial.mkdir()
         try:
+            partial.mkdir()  # inside: a full disk can refuse even the folder
             fetched = self._fetcher.fetch(record.artifact_uri, partial / ADAPTER_DIR,
                                           expected_sha256=record.sha256,
                                           max_total_bytes=self.limits.max_total_bytes,
@@ -198,8 +201,7 @@ class HostTier:
                 self._entries[entry.lora_name] = entry
         except OSError as exc:
             shutil.rmtree(partial, ignore_errors=True)
-            raise ArtifactError.single(Reason.host_io_error, record.lora_name,
-                                       f"{type(exc).__name__}: {exc.strerror}") from exc
+            raise self._disk_error(exc, record) from exc
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -208,6 +210,21 @@ class HostTier:
             if self._on_evict is not None:
                 self._on_evict(gone)
         return entry.path
+
+    def _disk_error(self, exc: OSError, record: AdapterRecord) -> ArtifactError:
+        """The refusal for a local disk error (the partial install already removed): a
+        full disk says how much room there is, so ops can tell it from a budget problem."""
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return ArtifactError.single(Reason.host_io_error, record.lora_name,
+                                        f"{type(exc).__name__}: {exc.strerror}")
+        try:
+            free = f"{shutil.disk_usage(self.root).free} bytes free"
+        except OSError:
+            free = "free space unknown"
+        detail = (f"{exc.strerror}: needs {record.size_bytes} bytes, {free} on the disk "
+                  f"({self.used_bytes} of the {self.budget_bytes}-byte budget in use)")
+        log.warning("host tier cannot install %s: %s", record.lora_name, detail)
+        return ArtifactError.single(Reason.host_disk_full, record.lora_name, detail)
 
     def _make_room(self, incoming_bytes: int, incoming: str) -> list[TierEntry]:
         """Evict (lock held) until ``incoming_bytes`` fit; all or nothing."""

@@ -72,6 +72,9 @@ class WorkerMetrics:
             "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
         self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
                                  LABELS, buckets=MS_BUCKETS, registry=r)
+        self.host_install_failures = Counter(
+            "host_install_failures", "Host-tier installs that failed or were refused, by "
+            "reason (schemas.reasons.ArtifactReason)", ("reason",), registry=r)
         self.registry_view_refused = Counter(
             "registry_view_refused", "Registry records refused: their signed lifecycle "
             "evidence does not verify with this worker's keyring", ("reason",), registry=r)
@@ -113,6 +116,9 @@ class WorkerMetrics:
         else:
             self.cold_load_failures.labels(*labels.values()).inc()
         self._ratio(self.cold_load_fail_ratio, "fail", labels, not ok)
+
+    def host_install_failed(self, reason: str) -> None:
+        self.host_install_failures.labels(str(reason)).inc()
 
     def view_refused(self, reason: str) -> None:
         self.registry_view_refused.labels(str(reason)).inc()

@@ -29,6 +29,7 @@ from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel.config import S3Settings, Settings
 from loraplane.tiny_model import TinyLlama, build_adapter
+from tests.integration.tmpfs import small_tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -295,3 +296,28 @@ def test_artifact_verify_cli_reads_from_s3(stack: Settings, prefix: str, tmp_pat
                                   "--record", str(forged)])
     assert refused.exit_code == 1
     assert refused.output.split()[0] == Reason.manifest_digest_mismatch.value
+
+
+def test_a_full_disk_refuses_with_its_reason_leaves_nothing_and_heals_with_room(
+        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    """The tier's folder is a real tmpfs, far smaller than the byte budget: the install
+    that does not fit is refused as ``host_disk_full`` (a failure: retried later), leaves
+    no partial file, keeps the entry already there, and succeeds once there is room."""
+    first = publish(stack, prefix, tmp_path, "a1", seed=1)
+    second = publish(stack, prefix, tmp_path, "a2", seed=2)
+    with small_tmpfs(tmp_path / "tier", 1 << 20) as disk:
+        host = tier(disk.path, stack.s3, budget=10**9)
+        kept = host.ensure(first)
+        disk.resize(disk.used + 8192)  # two pages left: the 35 KB adapter cannot fit
+        with pytest.raises(ArtifactError) as full:
+            host.ensure(second)
+        assert full.value.reasons == (Reason.host_disk_full,) and full.value.is_failure
+        assert "No space left on device" in str(full.value)
+        assert sorted(p.name for p in disk.path.iterdir()) == [first.lora_name]
+        assert [e.lora_name for e in host.entries()] == [first.lora_name]
+        assert host.ensure(first) == kept and (kept / "adapter_model.safetensors").is_file()
+        print(f"full disk: {full.value}")
+        disk.resize(1 << 20)
+        path = host.ensure(second)
+        assert (path / "adapter_model.safetensors").is_file()
+        assert {e.lora_name for e in host.entries()} == {first.lora_name, second.lora_name}

@@ -62,7 +62,7 @@ def test_every_content_reason_has_a_hostile_case() -> None:
     io_or_policy = {Reason.source_not_allowed, Reason.outside_owner_prefix,
                     Reason.artifact_store_unavailable,
                     Reason.fetch_failed, Reason.adapter_revoked, Reason.host_budget_exceeded,
-                    Reason.host_io_error}  # covered by the fetch and host-tier tests
+                    Reason.host_io_error, Reason.host_disk_full}  # the fetch and host-tier tests
     assert set(Reason) - io_or_policy - covered == set()
 
 
