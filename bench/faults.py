@@ -40,6 +40,7 @@ FAULTS: dict[str, str] = {
               "test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere",
     "poison": "tests/integration/test_worker_e2e.py::"
               "test_poison_messages_do_not_crash_loop_the_worker",
+    "host-disk-full": "tests/integration/test_host_disk_full.py",
 }
 
 

@@ -127,12 +127,13 @@ class Fleet:
         except requests.RequestException:
             return {}
 
-    def load(self, wid: str, rec: AdapterRecord) -> None:
+    def load(self, wid: str, rec: AdapterRecord,
+             action: CommandAction = CommandAction.load_gpu) -> None:
         now = now_utc()
         produce_sync(self.settings, topic_name(self.settings, "commands"), wid,
                      KIT.keys["planner"].sign_command(CacheCommand(
                          command_id=f"load-{uuid.uuid4().hex[:12]}", worker_id=wid,
-                         action=CommandAction.load_gpu, base_model=TINY_BASE_MODEL,
+                         action=action, base_model=TINY_BASE_MODEL,
                          tenant_id=rec.tenant_id, adapter_id=rec.adapter_id,
                          version=rec.version, sha256=rec.sha256, lora_name=rec.lora_name,
                          reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
@@ -163,9 +164,12 @@ class Fleet:
 
 @contextlib.contextmanager
 def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
-                  gpu_slots: int = 2, heartbeat_s: float = 1.0) -> Iterator[Fleet]:
-    """The fleet with ``adapters`` (all active), ready once the router sees 3 workers and
-    every adapter; every process it started is SIGKILLed (by group) on the way out."""
+                  gpu_slots: int = 2, heartbeat_s: float = 1.0,
+                  workers: tuple[str, ...] = WORKERS, router: bool = True) -> Iterator[Fleet]:
+    """The fleet with ``adapters`` (all active), ready once the router sees ``workers`` and
+    every adapter (without ``router``: once every gateway is up); every process it started
+    is SIGKILLed (by group) on the way out. Worker ``w``'s host tier is ``tmp/host-w`` (a
+    test may mount something there first)."""
     prefix = f"lp-router-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
     topics.apply(settings)
@@ -192,7 +196,7 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
                "LORAPLANE_S3__PORT": str(s3.port),
                "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
         f = Fleet(settings, env, tmp, records)
-        for wid in WORKERS:
+        for wid in workers:
             port, gw = free_port(), free_port()
             f.vllms[wid], f.gateways[wid] = f"http://127.0.0.1:{port}", gw
             # where `worker run` looks for its vLLM's key (secrets_dir/vllm-PORT.key)
@@ -208,16 +212,19 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
                           "--model-dir", str(model_dir), "--tick-s", "0.2",
                           "--gpu-slots", str(gpu_slots), "--heartbeat-s", f"{heartbeat_s:g}",
                           "--registry-refresh-s", "1"])
-        for wid in WORKERS:
+        for wid in workers:
             wait_for(lambda p=f.gateways[wid]: _healthz(p), 90, f"{wid} /healthz")
+        if not router:
+            yield f
+            return
         rport = free_port()
         f.router_url = f"http://127.0.0.1:{rport}"
         f.spawn("router", [LORAPLANE, "router", "run", "--port", str(rport), "--router-id",
                            "t1", "--heartbeat-s", f"{heartbeat_s:g}", "--registry-refresh-s",
                            "1"])
-        wait_for(lambda: f.health().get("workers") == 3
+        wait_for(lambda: f.health().get("workers") == len(workers)
                  and f.health().get("adapters") == len(adapters), 60,
-                 f"the router's view of 3 workers and {len(adapters)} adapters")
+                 f"the router's view of {len(workers)} workers and {len(adapters)} adapters")
         yield f
     finally:
         if f is not None:
