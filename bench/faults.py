@@ -41,6 +41,7 @@ FAULTS: dict[str, str] = {
     "poison": "tests/integration/test_worker_e2e.py::"
               "test_poison_messages_do_not_crash_loop_the_worker",
     "host-disk-full": "tests/integration/test_host_disk_full.py",
+    "kafka-3-agents": "tests/integration/test_cluster_agents.py",
 }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 from loraplane.infra.kafka import Kafka, kafka_nodes
 from loraplane.infra.processes import free_port, port_in_use, wait_until
 from loraplane.schemas.request_log import RequestLog
@@ -100,7 +101,14 @@ def private_cluster(tmp_path: Path, suffixes: tuple[str, ...], brokers: int,
             assert wait_until(node.ready, 150, alive=node.process.running), \
                 f"throwaway {node.label} did not start: {node.process.tail(30)}"
             node.after_start()
-        topics.apply(ours, only=tuple(topics.spec(s) for s in suffixes))
+        for attempt in range(3):  # a fresh quorum may drop the first admin call
+            try:
+                topics.apply(ours, only=tuple(topics.spec(s) for s in suffixes))
+                break
+            except KafkaException:
+                if attempt == 2:
+                    raise
+                time.sleep(2)
         yield ours, nodes
     finally:
         for node in nodes:

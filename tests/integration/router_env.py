@@ -30,7 +30,7 @@ from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.api_keys import key_digest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loraplane.kernel import topics
+from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret, secret_key
@@ -194,7 +194,12 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
                "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml"),
                "LORAPLANE_S3__ENDPOINT_URL": s3.settings.endpoint_url,
                "LORAPLANE_S3__PORT": str(s3.port),
-               "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+               "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1",
+               # the Kafka of ``stack`` (the shared one, or a test's private cluster)
+               **kafka.credentials_env(settings),
+               "LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
+               "LORAPLANE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
+               "LORAPLANE_KAFKA__BROKERS": str(settings.kafka.brokers)}
         f = Fleet(settings, env, tmp, records)
         for wid in workers:
             port, gw = free_port(), free_port()
