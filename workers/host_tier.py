@@ -107,6 +107,11 @@ class HostTier:
         self._entries: dict[str, TierEntry] = {}
         self._inflight: dict[str, Future[Path]] = {}
         root.mkdir(parents=True, exist_ok=True)
+        disk = shutil.disk_usage(root).total
+        if budget_bytes > disk:  # allowed (a disk may grow), but it will fill up first
+            log.warning("host tier budget %d bytes is larger than its disk (%d bytes): "
+                        "installs will fail as host_disk_full before the budget evicts",
+                        budget_bytes, disk)
         self.startup_report = self._scan()
 
     # ---- reading ---------------------------------------------------------------------
