@@ -40,6 +40,10 @@ FAULTS: dict[str, str] = {
               "test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere",
     "poison": "tests/integration/test_worker_e2e.py::"
               "test_poison_messages_do_not_crash_loop_the_worker",
+    "streams-kafka": "tests/integration/test_streams_broker_kill.py::"
+                     "test_the_app_heals_from_a_broker_kill_by_itself",
+    "streams-kill": "tests/integration/test_streams_broker_kill.py::"
+                    "test_a_killed_app_restarts_exact_and_reissues_nothing",
 }
 
 
