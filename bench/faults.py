@@ -42,6 +42,10 @@ FAULTS: dict[str, str] = {
               "test_poison_messages_do_not_crash_loop_the_worker",
     "host-disk-full": "tests/integration/test_host_disk_full.py",
     "kafka-3-agents": "tests/integration/test_cluster_agents.py",
+    "streams-kafka": "tests/integration/test_streams_broker_kill.py::"
+                     "test_the_app_heals_from_a_broker_kill_by_itself",
+    "streams-kill": "tests/integration/test_streams_broker_kill.py::"
+                    "test_a_killed_app_restarts_exact_and_reissues_nothing",
 }
 
 

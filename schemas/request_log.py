@@ -44,6 +44,8 @@ class RequestDemand(StrictModel):
 
     schema_version: Literal[1] = 1
     ts: AwareDatetime
+    event_id: Identifier = Field(description="a log delivered twice (the event sink's at-least-"
+                                             "once replay) is counted once by this id")
     adapter_id: Identifier
     adapter_version: Version | None = Field(None, description="None when none was chosen")
     request_class: RequestClass = RequestClass.interactive
@@ -58,7 +60,6 @@ class RequestLog(RequestDemand):
     model_config = ConfigDict(extra="forbid")
 
     ts: Timestamp
-    event_id: Identifier
     request_id: str = Field(min_length=1, max_length=128)
     tenant_id: Identifier
     base_model: Identifier

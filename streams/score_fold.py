@@ -5,10 +5,16 @@ Why per batch: each touched score key is written once per batch instead of once 
 request log, and the per-request work is the cheapest the semantics allow (validate the
 fields scores read, then ``scores.observe_many`` on floats). Refused messages come back
 with their reason, for the dead-letter topic.
+
+Request logs arrive at least once (the workers' event sink replays from its spool what the
+broker may already have written when its acknowledgement was lost), so a log whose
+``event_id`` is among the ``RecentIds`` of its partition, or earlier in the batch, is
+skipped: a replayed duplicate sits behind its original on the same partition (same key).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -26,6 +32,39 @@ class Folded:
     refused: list[tuple[KafkaMessage, SchemaError]] = field(default_factory=list)
     bursts: list[str] = field(default_factory=list)
     """Score keys where a request of this batch started a burst (``scores.is_burst``)."""
+    counted: list[tuple[int, str]] = field(default_factory=list)
+    """(partition, event_id) of every log counted, for ``RecentIds.add`` once committed."""
+    duplicates: int = 0
+    """Logs skipped because their event_id was already counted."""
+
+
+class RecentIds:
+    """The event ids of about the last ``size`` logs counted on each partition: a replayed
+    duplicate further behind its original than that is counted again (the bound keeps the
+    memory and the read-back after a rebalance finite)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._ids: dict[int, set[str]] = {}
+        self._order: dict[int, deque[str]] = {}
+
+    def __contains__(self, item: tuple[int, str]) -> bool:
+        partition, event_id = item
+        return event_id in self._ids.get(partition, ())
+
+    def add(self, items: Iterable[tuple[int, str]]) -> None:
+        for partition, event_id in items:
+            ids = self._ids.setdefault(partition, set())
+            if event_id in ids:
+                continue
+            order = self._order.setdefault(partition, deque())
+            ids.add(event_id)
+            order.append(event_id)
+            if len(order) > self.size:
+                ids.discard(order.popleft())
+
+    def __len__(self) -> int:
+        return sum(len(ids) for ids in self._ids.values())
 
 
 def demand_of(message: KafkaMessage) -> RequestDemand:
@@ -39,16 +78,25 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
     return demand
 
 
-def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage]) -> Folded:
-    """Fold ``messages`` (in consumption order) into ``states``, which is not modified."""
+def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage],
+               recent: RecentIds | None = None) -> Folded:
+    """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
+    neither is ``recent`` (the caller adds ``counted`` after its commit)."""
     out = Folded()
     samples: dict[str, list[Sample]] = {}
+    in_batch: set[tuple[int, str]] = set()
     for message in messages:
         try:
             d = demand_of(message)
         except SchemaError as exc:
             out.refused.append((message, exc))
             continue
+        seen = (message.partition() or 0, d.event_id)
+        if seen in in_batch or (recent is not None and seen in recent):
+            out.duplicates += 1
+            continue
+        in_batch.add(seen)
+        out.counted.append(seen)
         key = score_key(d.adapter_id, d.adapter_version)
         sample = Sample.of(d)
         if (group := samples.get(key)) is None:

@@ -12,6 +12,10 @@ offsets are committed. So a crash at any point neither loses nor double-counts a
 start (and on every partition reassignment) the states are re-read from the ``scores``
 topic (read-committed; records are ``schemas.score_snapshot.ScoreSnapshot``, an unreadable
 one is skipped with its reason) and consumption resumes from the committed offsets.
+A log the event sink delivered twice (at least once: a replay of what the broker took but
+did not acknowledge) is counted once: the fold skips event ids among the last ``RECENT``
+counted on the partition, which are read back from the requests topic, up to the committed
+offsets, with the states (``recent_ids``).
 
 Time is the log's own ``ts`` (event time), so replayed or late logs count as of when they
 happened and tests control time by the timestamps they write. A batch in which a log
@@ -35,6 +39,7 @@ if the thread hangs inside librdkafka (``kernel.progress``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -46,7 +51,7 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.score_snapshot import ScoreSnapshot
 from loraplane.streams.app import app, score_store
-from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.score_fold import RecentIds, demand_of, fold_batch
 from loraplane.streams.score_store import ScoreStore
 from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
 
@@ -68,6 +73,9 @@ CLIENT_ID = "loraplane-scoring"
 COMPONENT = "scoring"
 RESTORE_TIMEOUT_S = 120.0
 """Reading the scores topic back gives up (and the session restarts) after this long."""
+RECENT = 20_000
+"""Event ids remembered per requests partition (``RecentIds``): a duplicate at most this many
+logs of its partition behind its original is counted once."""
 
 def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[str, ScoreState]:
     """The committed state of every score key: the scores topic read to its end (a
@@ -110,6 +118,45 @@ def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[st
         reader.close()
 
 
+def recent_ids(settings: Settings, committed: list[Any],
+               timeout_s: float = RESTORE_TIMEOUT_S) -> RecentIds:
+    """The event ids of the last ``RECENT`` logs before each partition's ``committed``
+    offset (TopicPartitions of the requests topic): what the previous session counted last,
+    so a replayed duplicate of it is not counted again after a restart or a rebalance."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    recent = RecentIds(RECENT)
+    ends = {tp.partition: tp.offset for tp in committed if tp.offset > 0}
+    if not ends:
+        return recent
+    topic = topic_name(settings, "requests")
+    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore",
+                            read_to_end=True)
+    try:
+        reader.assign([TopicPartition(topic, p, max(0, end - RECENT)) for p, end in ends.items()])
+        deadline = time.monotonic() + timeout_s
+        while ends:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic} not read back within {timeout_s:.0f} s")
+            for msg in reader.consume(num_messages=BATCH, timeout=1.0):
+                p, offset = msg.partition() or 0, msg.offset() or 0
+                if (err := msg.error()) is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading {topic}: {err}")
+                    ends.pop(p, None)
+                    continue
+                if p not in ends or offset >= ends[p]:
+                    ends.pop(p, None)
+                    continue
+                with contextlib.suppress(SchemaError):  # refused then, never counted
+                    recent.add([(p, demand_of(msg).event_id)])
+                if offset + 1 >= ends[p]:
+                    del ends[p]
+        return recent
+    finally:
+        reader.close()
+
+
 class ScoreKeeper:
     """The consume -> fold -> transact loop. ``run`` blocks (a thread) until ``stop``."""
 
@@ -124,6 +171,7 @@ class ScoreKeeper:
         self.scores = topic_name(settings, "scores")
         self.dead_letters = topic_name(settings, "dead-letters")
         self.reload = False
+        self.recent = RecentIds(RECENT)
         self.progress = Progress(COMPONENT)
 
     def run(self, stop: threading.Event) -> None:
@@ -160,10 +208,13 @@ class ScoreKeeper:
                 if self.reload:  # new partitions: their states as last committed
                     self.progress.blocked("reading the scores topic back")
                     committed = restore(self.settings)
+                    self.recent = recent_ids(self.settings, consumer.committed(
+                        consumer.assignment(), timeout=STEP_TIMEOUT_S))
                     self.store.replace_all(committed)
                     self.reload = False
-                    log.info("scoring: %d score states read back; consuming from epoch %.3f",
-                             len(committed), time.time())
+                    log.info("scoring: %d score states and %d recent event ids read back; "
+                             "consuming from epoch %.3f", len(committed), len(self.recent),
+                             time.time())
                     self.on_ready()
                     self.progress.advanced()
                 if batch:
@@ -186,7 +237,10 @@ class ScoreKeeper:
                 continue
             messages.append(msg)
             ends[msg.partition()] = msg.offset() + 1
-        folded = fold_batch(self.store.live(), messages)
+        folded = fold_batch(self.store.live(), messages, self.recent)
+        if folded.duplicates:
+            log.info("scoring: %d request logs delivered again, counted once",
+                     folded.duplicates)
         for msg, exc in folded.refused:
             log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(), exc)
 
@@ -206,6 +260,7 @@ class ScoreKeeper:
             log.info("scoring batch of %d committed after %d attempts", len(messages),
                      attempts)
         self.store.update(folded.touched)
+        self.recent.add(folded.counted)
         if folded.bursts:
             log.info("burst for %s", ", ".join(folded.bursts[:10]))
             self.on_burst(folded.bursts)

@@ -28,27 +28,38 @@ from loraplane.kernel.config import KafkaSettings, Settings
 @dataclass
 class SteadyLoad:
     """Request logs (ids ``<prefix><n>``) at ``rate_hz`` through one event sink, as the
-    broker-kill tests send them; ``poll`` serves the sink after each (default: its own)."""
+    broker-kill tests send them; ``poll`` serves the sink after each (default: its own).
+    Keyed by their adapter, as workers send them (the scoring agent refuses other keys)."""
 
     events: KafkaEventSink
     prefix: str
     rate_hz: float
     poll: Callable[[], None] | None = None
+    adapter_id: str = "a"
     n: int = 0  # sent so far
 
     def log(self, n: int) -> RequestLog:
         return RequestLog(event_id=f"{self.prefix}{n}", ts=datetime.now(UTC),
-                          request_id=f"r{n}", tenant_id="t", base_model="m", adapter_id="a",
-                          adapter_version="1", worker_id="w", tier_at_arrival="gpu",
-                          ttft_ms=1.0)
+                          request_id=f"r{n}", tenant_id="t", base_model="m",
+                          adapter_id=self.adapter_id, adapter_version="1", worker_id="w",
+                          tier_at_arrival="gpu", ttft_ms=1.0)
 
     def run_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            self.events.emit("requests", "k", self.log(self.n))
+            self.events.emit("requests", self.adapter_id, self.log(self.n))
             self.n += 1
             (self.poll or self.events.poll)()
             time.sleep(1 / self.rate_hz)
+
+    def drain(self, timeout_s: float = 60) -> None:
+        """Serve the sink until its spool is replayed and Kafka acknowledged everything;
+        fails if anything was dropped or failed."""
+        deadline = time.monotonic() + timeout_s
+        while (self.events.backlog or self.events.flush(0.5)) and time.monotonic() < deadline:
+            self.events.poll()
+        assert self.events.backlog == 0 and self.events.dropped == 0 \
+            and self.events.failed == 0, (self.events.backlog, self.events.counts)
 
 
 def start(broker: Kafka) -> None:

@@ -10,17 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.request_log import RequestLog
-from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
-from loraplane.streams.scoring_agent import restore
 
 from bench.workload import request_logs
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from tests.integration.registry_env import Env
+from tests.integration.scores_env import committed, expected_states, wait_states
 
 pytestmark = pytest.mark.integration
 AGENT = ("loraplane.streams.scoring_agent",)
@@ -41,44 +38,6 @@ def produce(env: Env, messages: list[tuple[bytes, bytes]]) -> None:
     for key, value in messages:
         p.produce(env.topic("requests"), key=key, value=value)
     assert p.flush(30) == 0
-
-
-def committed(env: Env, suffix: str) -> list[bytes]:
-    """Every committed value of a topic (aborted batches are not part of the record)."""
-    topic = env.topic(suffix)
-    reader = kafka.consumer(env.settings, f"{env.settings.topic_prefix}-probe", read_to_end=True)
-    try:
-        parts = reader.list_topics(topic, timeout=10).topics[topic].partitions
-        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        values, pending = [], set(parts)
-        while pending:
-            for msg in reader.consume(1000, timeout=1.0):
-                if msg.error() is not None:
-                    pending.discard(msg.partition())
-                else:
-                    values.append(msg.value())
-        return values
-    finally:
-        reader.close()
-
-
-def expected_states(logs: list[RequestLog]) -> dict[str, dict]:
-    states: dict[str, ScoreState] = {}
-    for x in logs:  # one adapter's logs share a partition, so the agent sees them in order
-        key = score_key(x.adapter_id, x.adapter_version)
-        states[key] = observe_many(states.get(key) or ScoreState(), [Sample.of(x)])[0]
-    return {k: snapshot(v).model_dump() for k, v in states.items()}
-
-
-def wait_states(env: Env, want: dict[str, dict], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = {k: snapshot(v).model_dump() for k, v in restore(env.settings).items()}
-        if got == want:
-            return
-        assert time.monotonic() < deadline, (
-            f"{sum(got.get(k) == v for k, v in want.items())}/{len(want)} states as expected")
-        time.sleep(0.5)
 
 
 def test_sigkill_mid_stream_neither_loses_nor_double_counts(env: Env) -> None:

@@ -15,7 +15,7 @@ from loraplane.schemas.request_log import (
     RequestStatus,
     Tier,
 )
-from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.score_fold import RecentIds, fold_batch
 from loraplane.streams.scores import (
     Sample,
     ScoreState,
@@ -125,3 +125,28 @@ def test_a_dead_letter_is_named_by_where_its_message_was() -> None:
     assert (letter.source_topic, letter.partition, letter.offset) == ("t.requests", 2, 7)
     assert letter.event_id != dead_letter_for(Msg(b"x", b"k", part=2, off=8), "scoring",
                                               "malformed", "not JSON").event_id
+
+
+def test_a_log_delivered_again_is_counted_once() -> None:
+    logs = [log(i) for i in range(6)]
+    first = fold_batch({}, [Msg(encode(x), b"a1", off=i) for i, x in enumerate(logs[:4])])
+    recent = RecentIds(100)
+    recent.add(first.counted)
+    # the event sink's replay: logs 2 and 3 again (same partition), then new ones, one twice
+    again = [logs[2], logs[3], logs[4], logs[5], logs[5]]
+    out = fold_batch(first.touched, [Msg(encode(x), b"a1", off=10 + i)
+                                     for i, x in enumerate(again)], recent)
+    assert out.duplicates == 3 and out.counted == [(0, "e4"), (0, "e5")]
+    expected = ScoreState()
+    for x in logs:
+        expected = fold_one(expected, x)
+    assert out.touched == {"a1@1": expected}
+    # the same id on another partition is another log (ids are only compared per partition)
+    assert fold_batch({}, [Msg(encode(logs[2]), b"a1", part=1)], recent).duplicates == 0
+
+
+def test_recent_ids_keep_only_the_last_size_per_partition() -> None:
+    recent = RecentIds(3)
+    recent.add([(0, f"e{i}") for i in range(5)] + [(1, "e0"), (0, "e4")])
+    assert [(0, f"e{i}") in recent for i in range(5)] == [False, False, True, True, True]
+    assert (1, "e0") in recent and len(recent) == 4
