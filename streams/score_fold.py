@@ -4,7 +4,9 @@
 Why per batch: each touched score key is written once per batch instead of once per
 request log, and the per-request work is the cheapest the semantics allow (validate the
 fields scores read, then ``scores.observe_many`` on floats). Refused messages come back
-with their reason, for the dead-letter topic.
+with their reason, for the dead-letter topic. A log that may hold no score key
+(``streams.score_admission``: not in the registry, retired, revoked, refused) only adds to
+the batch's unknown count.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestDemand
-from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key
+from loraplane.schemas.score_snapshot import UnknownTally
+from loraplane.streams.score_admission import Known
+from loraplane.streams.scores import Sample, ScoreState, observe_many
 
 
 @dataclass
@@ -26,6 +30,17 @@ class Folded:
     refused: list[tuple[KafkaMessage, SchemaError]] = field(default_factory=list)
     bursts: list[str] = field(default_factory=list)
     """Score keys where a request of this batch started a burst (``scores.is_burst``)."""
+    unknown: int = 0
+    """Logs of this batch that hold no score key (``score_admission``)."""
+    unknown_last: float | None = None
+    """The latest event time among them."""
+
+    def tally(self, before: UnknownTally) -> UnknownTally:
+        """The unknown bucket after this batch."""
+        if not self.unknown:
+            return before
+        last = [t for t in (before.last, self.unknown_last) if t is not None]
+        return UnknownTally(logs=before.logs + self.unknown, last=max(last) if last else None)
 
 
 def demand_of(message: KafkaMessage) -> RequestDemand:
@@ -39,8 +54,10 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
     return demand
 
 
-def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage]) -> Folded:
-    """Fold ``messages`` (in consumption order) into ``states``, which is not modified."""
+def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage],
+               known: Known) -> Folded:
+    """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
+    only keys ``known`` admits are touched."""
     out = Folded()
     samples: dict[str, list[Sample]] = {}
     for message in messages:
@@ -49,8 +66,13 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
         except SchemaError as exc:
             out.refused.append((message, exc))
             continue
-        key = score_key(d.adapter_id, d.adapter_version)
         sample = Sample.of(d)
+        key = known.key_of(d.adapter_id, d.adapter_version, d.status)
+        if key is None:
+            out.unknown += 1
+            if out.unknown_last is None or sample.ts > out.unknown_last:
+                out.unknown_last = sample.ts
+            continue
         if (group := samples.get(key)) is None:
             samples[key] = [sample]
         else:

@@ -1,29 +1,37 @@
 """The scoring agent on the real broker: a SIGKILL in the middle of a stream neither loses nor
-double-counts a request log (one Kafka transaction per batch), and bad logs become exactly
-one dead letter each."""
+double-counts a request log (one Kafka transaction per batch), bad logs become exactly one
+dead letter each, and the state is bounded by the registry: 10k random pattern-valid ids
+create no score key (one unknown bucket counts them) and a revoke tombstones its keys."""
 
 from __future__ import annotations
 
+import random
 import signal
+import string
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.request_log import RequestLog, RequestStatus
+from loraplane.schemas.score_snapshot import UNKNOWN_KEY
 from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
-from loraplane.streams.scoring_agent import restore
+from loraplane.streams.scoring_agent import read_back, restore
 
 from bench.workload import request_logs
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
-from tests.integration.registry_env import Env
+from tests.integration.planner_env import PlannerEnv as Env
+from tests.integration.registry_env import wait_for
+from tests.lifecycle_kit import BASE
 
 pytestmark = pytest.mark.integration
-AGENT = ("loraplane.streams.scoring_agent",)
+# the scoring agent learns the registry from its topic: the registry agent fills it
+AGENT = ("loraplane.streams.registry_agent", "loraplane.streams.scoring_agent")
 
 
 @pytest.fixture
@@ -45,19 +53,24 @@ def produce(env: Env, messages: list[tuple[bytes, bytes]]) -> None:
 
 def committed(env: Env, suffix: str) -> list[bytes]:
     """Every committed value of a topic (aborted batches are not part of the record)."""
+    return [m.value() for m in committed_records(env, suffix)]
+
+
+def committed_records(env: Env, suffix: str) -> list[Message]:
+    """Every committed record of a topic, tombstones included."""
     topic = env.topic(suffix)
     reader = kafka.consumer(env.settings, f"{env.settings.topic_prefix}-probe", read_to_end=True)
     try:
         parts = reader.list_topics(topic, timeout=10).topics[topic].partitions
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        values, pending = [], set(parts)
+        out, pending = [], set(parts)
         while pending:
             for msg in reader.consume(1000, timeout=1.0):
                 if msg.error() is not None:
                     pending.discard(msg.partition())
                 else:
-                    values.append(msg.value())
-        return values
+                    out.append(msg)
+        return out
     finally:
         reader.close()
 
@@ -84,8 +97,10 @@ def wait_states(env: Env, want: dict[str, dict], timeout_s: float = 90) -> None:
 def test_sigkill_mid_stream_neither_loses_nor_double_counts(env: Env) -> None:
     logs = request_logs(40_000, adapters=50, seed=7)
     first, second = logs[:10_000], logs[10_000:]
-    produce(env, [(x.adapter_id.encode(), encode(x)) for x in first])
     env.start(AGENT)
+    records = [env.publish(a, BASE) for a in sorted({x.adapter_id for x in logs})]
+    env.wait_registered(*((r, "active") for r in records))
+    produce(env, [(x.adapter_id.encode(), encode(x)) for x in first])
     wait_states(env, expected_states(first))
 
     bad = [(b"a00001", b"{not json"),
@@ -102,3 +117,52 @@ def test_sigkill_mid_stream_neither_loses_nor_double_counts(env: Env) -> None:
     letters = [decode(DeadLetter, v) for v in committed(env, "dead-letters")]
     assert sorted((d.component, d.reason) for d in letters) == [
         ("scoring", "key_mismatch"), ("scoring", "malformed")]
+
+
+def random_ids(n: int, avoid: set[str], seed: int = 15) -> list[str]:
+    """``n`` distinct ids matching ``schemas.base.ID_PATTERN`` and none of ``avoid``."""
+    rng = random.Random(seed)
+    first, rest = string.ascii_lowercase + string.digits, string.ascii_lowercase + \
+        string.digits + "._-"
+    ids: set[str] = set()
+    while len(ids) < n:
+        ids.add(rng.choice(first) + "".join(rng.choices(rest, k=rng.randrange(0, 40))))
+    return sorted(ids - avoid) + [f"z{i}" for i in range(n - len(ids - avoid))]
+
+
+def test_random_ids_create_no_score_key_and_a_revoke_tombstones_its_keys(env: Env) -> None:
+    env.start(AGENT)
+    k1, k2 = env.publish("k1", BASE), env.publish("k2", BASE)
+    env.wait_registered((k1, "active"), (k2, "active"))
+    t0 = now_utc()
+    known = [x.model_copy(update={"adapter_id": a, "adapter_version": v, "ts": t0,
+                                  "event_id": f"k{i}", "status": status})
+             for i, (a, v, status) in enumerate(
+                 [("k1", "1", RequestStatus.ok)] * 50 + [("k2", "1", RequestStatus.ok)] * 50
+                 + [("k2", None, RequestStatus.ok)] * 10
+                 + [("k1", "1", RequestStatus.refused)] * 5)
+             for x in request_logs(1, adapters=1, seed=i)]
+    strangers = [x.model_copy(update={"adapter_id": aid, "adapter_version": "1" if n % 2
+                                      else None, "ts": t0})
+                 for n, (aid, x) in enumerate(zip(random_ids(10_000, {"k1", "k2"}),
+                                                  request_logs(10_000, seed=3), strict=True))]
+    produce(env, [(x.adapter_id.encode(), encode(x)) for x in known + strangers])
+
+    def state(keys: set[str], unknown: int) -> bool | None:
+        states, tally = read_back(env.settings)
+        return True if set(states) == keys and tally.logs == unknown else None
+
+    wait_for(lambda: state({"k1@1", "k2@1", "k2@*"}, 10_005), "scores of k1, k2 only")
+    states, _ = read_back(env.settings)
+    assert {k: snapshot(v).model_dump() for k, v in states.items()} == expected_states(
+        [x for x in known if x.status is not RequestStatus.refused])
+
+    env.send([(b"k2", env.kit.event("ops", "revoke", "k2", "1", env._next_seq(), now_utc(),
+                                    base_model=BASE))])
+    wait_for(lambda: state({"k1@1"}, 10_005), "k2's keys tombstoned")
+    produce(env, [(b"k2", encode(known[60]))])  # k2@1 is revoked: unknown from now on
+    wait_for(lambda: state({"k1@1"}, 10_006), "a revoked version's log counted unknown")
+    tombstoned = {m.key() for m in committed_records(env, "scores") if m.value() is None}
+    assert tombstoned == {b"k2@1", b"k2@*"}
+    assert UNKNOWN_KEY not in states
+
