@@ -166,3 +166,10 @@ def test_random_ids_create_no_score_key_and_a_revoke_tombstones_its_keys(env: En
     assert tombstoned == {b"k2@1", b"k2@*"}
     assert UNKNOWN_KEY not in states
 
+    # a log right after its publish reached the registry topic is scored, not unknown
+    k3 = env.publish("k3", BASE)
+    env.wait_registered((k3, "active"))
+    fresh = known[0].model_copy(update={"adapter_id": "k3", "event_id": "k3"})
+    produce(env, [(b"k3", encode(fresh))])
+    wait_for(lambda: state({"k1@1", "k3@1"}, 10_006), "k3's first log scored")
+
