@@ -50,7 +50,8 @@ SLOTS = 64
 
 class Background(threading.Thread):
     """Request logs for adapters outside the registry at ``rate``/s: work for the scoring
-    agent (and rows for its table) that the planner never acts on."""
+    agent (each one a count in its unknown bucket, no score key) that the planner never
+    acts on."""
 
     def __init__(self, settings: Settings, topic: str, rate: float) -> None:
         super().__init__(daemon=True)

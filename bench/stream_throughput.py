@@ -16,6 +16,10 @@ adapter_id, Zipf over ``--adapters`` adapters). Then, on that same topic:
   runs from the first committed message of the scores topic to the last sentinel's score
   write (broker timestamps), so start-up is not counted.
 
+Every adapter of the workload (and each sentinel) is registered first: signed views on the
+registry topic and the keyring they verify under in the worker's home, since the agent scores
+only versions its own registry copy lists (streams.score_admission).
+
 Rates are events/s; the ratio is loraplane / raw.
 
     .venv/bin/python -m bench.stream_throughput                  # 20k events, 3 repetitions
@@ -32,7 +36,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from loraplane.schemas.adapter import AdapterStatus
+from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
+from loraplane.schemas.keyring import save_keyring
+from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import fold_batch
 from loraplane.streams.scores import ScoreState
 
@@ -46,12 +54,33 @@ from loraplane.kernel.topics import topic_name
 
 AGENT = "loraplane.streams.scoring_agent"
 SENTINEL = "zzsentinel"
-TOPICS = ("requests", "scores", "dead-letters")
+TOPICS = ("requests", "scores", "dead-letters", "registry")
 CONSUMING = re.compile(r"consuming from epoch ([0-9.]+)")
 """The scoring agent's log line once its states are read back (streams.scoring_agent)."""
 
 
-def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 120) -> float:
+def register(settings: Settings, adapter_ids: list[str]) -> Known:
+    """Version 1 of each adapter, active: signed views on the registry topic and their
+    keyring as the worker's (``home/keyring.yaml``). Returns what the agent will know."""
+    from tests.lifecycle_kit import make_kit, record, signed_view
+
+    now = now_utc()
+    kit = make_kit(now)
+    save_keyring(kit.keyring, settings.home / "keyring.yaml")
+    producer = kafka.producer(settings, linger_ms=20)
+    records = [record(a, "1").model_copy(update={"status": AdapterStatus.active})
+               for a in adapter_ids]
+    for r in records:
+        view = signed_view(kit.keys["ci"], [r], now, kit.keyring)
+        producer.produce(topic_name(settings, "registry"), key=r.adapter_id,
+                         value=encode(view))
+    if producer.flush(30):
+        raise RuntimeError("registry views not acknowledged")
+    return Known.of(records)
+
+
+def raw_rate(settings: Settings, total: int, scored: bool, known: Known,
+             timeout_s: float = 120) -> float:
     """Events/s of a bare consumer (optionally doing the scoring work), from assign to the
     last message."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -72,13 +101,18 @@ def raw_rate(settings: Settings, total: int, scored: bool, timeout_s: float = 12
                     continue
                 seen += 1
             if scored and batch:
-                table.update(fold_batch(table, batch).touched)
+                table.update(fold_batch(table, batch, known).touched)
         done = time.perf_counter()
     finally:
         consumer.close()
     if seen < total:
         raise RuntimeError(f"raw consumer read {seen}/{total}")
     return total / (done - first)
+
+
+def partitions_of(settings: Settings) -> int:
+    topic = topic_name(settings, "requests")
+    return len(kafka.admin(settings).list_topics(topic, timeout=10).topics[topic].partitions)
 
 
 def produce_sentinels(settings: Settings) -> int:
@@ -144,8 +178,11 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
             with private_topics(settings, TOPICS):
                 logs = request_logs(total, adapters=adapters, seed=rep)
                 produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
-                rates["raw"].append(raw_rate(settings, total, scored=False))
-                rates["raw_scored"].append(raw_rate(settings, total, scored=True))
+                known = register(settings, sorted({x.adapter_id for x in logs} | {
+                    f"{SENTINEL}{p}" for p in range(partitions_of(settings))}))
+                rates["raw"].append(raw_rate(settings, total, scored=False, known=known))
+                rates["raw_scored"].append(raw_rate(settings, total, scored=True,
+                                                    known=known))
                 rate, started = faust_rate(settings, total, settings.home / "streams.log",
                                            worker, profile if rep == 0 else None)
                 rates["loraplane"].append(rate)

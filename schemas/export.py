@@ -16,7 +16,7 @@ from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.router_state import RouterState
-from loraplane.schemas.score_snapshot import ScoreSnapshot
+from loraplane.schemas.score_snapshot import ScoreSnapshot, UnknownTally
 from loraplane.schemas.worker_state import WorkerState
 from pydantic import BaseModel
 
@@ -33,6 +33,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "request_log": RequestLog,
     "router_state": RouterState,
     "score_snapshot": ScoreSnapshot,
+    "unknown_tally": UnknownTally,
     "worker_state": WorkerState,
 }
 

@@ -34,3 +34,19 @@ class ScoreSnapshot(StrictModel):
     classes: dict[Annotated[str, Field(max_length=64)], DecayedPair] = Field(
         max_length=64, description="requests per request class (10 min)")
     armed: bool = Field(True, description="the next burst may fire (absent in old records)")
+
+
+UNKNOWN_KEY = "(unknown)"
+"""The scores topic's one key for request logs that hold no score key (an adapter or version
+not in the registry, or a refused request). No adapter id can take it: ids match
+``schemas.base.ID_PATTERN``, which has no parentheses."""
+
+
+class UnknownTally(StrictModel):
+    """The value under ``UNKNOWN_KEY``: how many request logs were counted as unknown, so
+    hostile or stale ids cost one record, not one key each (docs/planner.md, "Bounded
+    state")."""
+
+    schema_version: Literal[1] = 1
+    logs: int = Field(ge=0, le=2**62, description="request logs counted unknown, ever")
+    last: Epoch | None = Field(None, description="event time of the last one (None: never)")

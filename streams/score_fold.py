@@ -10,6 +10,8 @@ Request logs arrive at least once (the workers' event sink replays from its spoo
 broker may already have written when its acknowledgement was lost), so a log whose
 ``event_id`` is among the ``RecentIds`` of its partition, or earlier in the batch, is
 skipped: a replayed duplicate sits behind its original on the same partition (same key).
+A log that may hold no score key (``streams.score_admission``: not in the registry,
+retired, revoked, refused) only adds to the batch's unknown count.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestDemand
-from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key
+from loraplane.schemas.score_snapshot import UnknownTally
+from loraplane.streams.score_admission import Known
+from loraplane.streams.scores import Sample, ScoreState, observe_many
 
 
 @dataclass
@@ -36,6 +40,17 @@ class Folded:
     """(partition, event_id) of every log counted, for ``RecentIds.add`` once committed."""
     duplicates: int = 0
     """Logs skipped because their event_id was already counted."""
+    unknown: int = 0
+    """Logs of this batch that hold no score key (``score_admission``)."""
+    unknown_last: float | None = None
+    """The latest event time among them."""
+
+    def tally(self, before: UnknownTally) -> UnknownTally:
+        """The unknown bucket after this batch."""
+        if not self.unknown:
+            return before
+        last = [t for t in (before.last, self.unknown_last) if t is not None]
+        return UnknownTally(logs=before.logs + self.unknown, last=max(last) if last else None)
 
 
 class RecentIds:
@@ -79,9 +94,10 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
 
 
 def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage],
-               recent: RecentIds | None = None) -> Folded:
+               known: Known, recent: RecentIds | None = None) -> Folded:
     """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
-    neither is ``recent`` (the caller adds ``counted`` after its commit)."""
+    only keys ``known`` admits are touched; ``recent`` is not modified either (the caller
+    adds ``counted`` after its commit)."""
     out = Folded()
     samples: dict[str, list[Sample]] = {}
     in_batch: set[tuple[int, str]] = set()
@@ -97,8 +113,13 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
             continue
         in_batch.add(seen)
         out.counted.append(seen)
-        key = score_key(d.adapter_id, d.adapter_version)
         sample = Sample.of(d)
+        key = known.key_of(d.adapter_id, d.adapter_version, d.status)
+        if key is None:
+            out.unknown += 1
+            if out.unknown_last is None or sample.ts > out.unknown_last:
+                out.unknown_last = sample.ts
+            continue
         if (group := samples.get(key)) is None:
             samples[key] = [sample]
         else:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.scores import ScoreState
 
 
@@ -27,6 +28,8 @@ class ScoreStore:
     """Set once the states were read back from the scores topic: the planner waits on it."""
     burst: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a request log started a burst: the planner re-plans now and clears it."""
+    unknown_logs: UnknownTally = field(default_factory=lambda: UnknownTally(logs=0))
+    """The unknown bucket as last committed (logs that hold no score key)."""
     _states: dict[str, ScoreState] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -50,3 +53,9 @@ class ScoreStore:
         """The states a committed batch changed."""
         with self._lock:
             self._states.update(touched)
+
+    def remove(self, keys: Iterable[str]) -> None:
+        """Keys tombstoned on the scores topic (their versions left the registry)."""
+        with self._lock:
+            for key in keys:
+                self._states.pop(key, None)

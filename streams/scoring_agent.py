@@ -34,6 +34,18 @@ and the next one builds a new producer and consumer (and reads the states back);
 the states back is bounded too (``RESTORE_TIMEOUT_S``). A watchdog thread logs
 ``STALLED scoring: no progress for N s (step)`` while a batch cannot be committed, even
 if the thread hangs inside librdkafka (``kernel.progress``).
+
+Bounded state (``streams.score_admission``): the agent learns the registry itself, from the
+compacted ``registry`` topic, through ``loraplane.registry_trust.VerifiedRegistry`` with its
+own keyring (so N scoring processes apart from the planner need no in-process registry); a
+``RegistryWatch`` thread re-reads it every ``REGISTRY_REFRESH_S``, and a batch with unknown
+logs is judged on a read that began after the batch was consumed, so a version published
+before its first log (as every served one is) is never counted unknown; a flood of unknown
+ids costs at most one registry read per batch. A log whose version is not live in it writes
+no score key: it adds to the one ``UNKNOWN_KEY`` record
+(``UnknownTally``) of the batch's transaction. A key the registry no longer backs (retired,
+revoked, withdrawn) is tombstoned on the scores topic and dropped from the store. Nothing is
+consumed before the first registry read succeeded (an empty registry would tombstone all).
 """
 
 from __future__ import annotations
@@ -49,17 +61,22 @@ from typing import Any
 import mode
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_for
-from loraplane.schemas.score_snapshot import ScoreSnapshot
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot, UnknownTally
 from loraplane.streams.app import app, score_store
+from loraplane.streams.score_admission import NOBODY, Known, stale_keys
 from loraplane.streams.score_fold import RecentIds, demand_of, fold_batch
 from loraplane.streams.score_store import ScoreStore
 from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
+from pydantic import BaseModel
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.progress import Progress, Watchdog
+from loraplane.kernel.registry_view import latest_registry_records
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, transact
+from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -76,10 +93,77 @@ RESTORE_TIMEOUT_S = 120.0
 RECENT = 20_000
 """Event ids remembered per requests partition (``RecentIds``): a duplicate at most this many
 logs of its partition behind its original is counted once."""
+REGISTRY_REFRESH_S = 1.0
+"""How often the registry topic is re-read in the background; a batch with unknown logs is
+judged again on a read that began after it was consumed (``RegistryWatch.known_since``)."""
+
+
+class _DeadLetters:
+    """The ``EventSink`` of the registry copy: refused registry records, dead-lettered."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.producer = kafka.producer(settings)
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        self.producer.produce(topic_name(self.settings, topic_suffix), key=key.encode(),
+                              value=encode(message))
+        self.producer.poll(0)
+
+
+class RegistryWatch:
+    """The live versions of the verified registry, re-read every ``REGISTRY_REFRESH_S`` in
+    its own thread and on demand (``known_since``). ``known`` is replaced, never changed;
+    ``ready`` is set after the first read that reached the end of the topic."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = VerifiedRegistry(
+            KeyringFile(settings.keyring_path), lambda: latest_registry_records(settings),
+            sink=_DeadLetters(settings), component=COMPONENT,
+            checkpoints_path=settings.home / "scoring" / CHECKPOINTS_FILE)
+        self.known: Known = NOBODY
+        self.read_from = -1.0
+        """``time.monotonic()`` when the read behind ``known`` began."""
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """One read of the registry topic; raises when it could not be read to its end."""
+        with self._lock:
+            began = time.monotonic()
+            self.registry.refresh()
+            self.known = Known.of(r for v in self.registry.accepted.values()
+                                  for r in v.versions)
+            self.read_from = began
+        self.ready.set()
+
+    def known_since(self, moment: float) -> Known:
+        """The registry as read by a read that began after ``moment`` (monotonic): any view
+        on the topic by then is in it. Reads now if the last read is older (it raises when
+        the topic cannot be read: the batch is then retried, never judged on old views)."""
+        if self.read_from < moment:
+            self.refresh()
+        return self.known
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.refresh()
+            except Exception as exc:  # KafkaException, TopicReadIncomplete, OSError, ...
+                log.warning("scoring: registry read failed, keeping the last one: %s", exc)
+            stop.wait(REGISTRY_REFRESH_S)
+
 
 def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[str, ScoreState]:
-    """The committed state of every score key: the scores topic read to its end (a
-    RuntimeError past ``timeout_s``: a broker away must not hang the read forever)."""
+    """The committed state of every score key (``read_back`` without the unknown bucket)."""
+    return read_back(settings, timeout_s)[0]
+
+
+def read_back(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S
+              ) -> tuple[dict[str, ScoreState], UnknownTally]:
+    """The committed state of every score key and the unknown bucket: the scores topic read
+    to its end (a RuntimeError past ``timeout_s``: a broker away must not hang the read
+    forever)."""
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     topic = topic_name(settings, "scores")
@@ -93,6 +177,7 @@ def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[st
         partitions = meta.partitions
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         states: dict[str, ScoreState] = {}
+        tally = UnknownTally(logs=0)
         pending = set(partitions)
         deadline = time.monotonic() + timeout_s
         while pending:
@@ -105,15 +190,18 @@ def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[st
                         raise RuntimeError(f"reading {topic}: {err}")
                     pending.discard(msg.partition())
                 elif (value := msg.value()) is None:
-                    states.pop((msg.key() or b"").decode(), None)
+                    states.pop((msg.key() or b"").decode("utf-8", "replace"), None)
                 else:
                     try:
-                        states[(msg.key() or b"").decode()] = from_snapshot(
-                            decode(ScoreSnapshot, value))
+                        key = (msg.key() or b"").decode()
+                        if key == UNKNOWN_KEY:
+                            tally = decode(UnknownTally, value)
+                        else:
+                            states[key] = from_snapshot(decode(ScoreSnapshot, value))
                     except (SchemaError, UnicodeDecodeError) as exc:
                         log.error("scores %s@%s unreadable, skipped: %s", msg.partition(),
                                   msg.offset(), exc)
-        return states
+        return states, tally
     finally:
         reader.close()
 
@@ -173,11 +261,17 @@ class ScoreKeeper:
         self.reload = False
         self.recent = RecentIds(RECENT)
         self.progress = Progress(COMPONENT)
+        self.watch = RegistryWatch(settings)
+        self.applied: Known | None = None
+        """The registry the store's keys were last checked against (tombstones)."""
+        self.unknown = UnknownTally(logs=0)
 
     def run(self, stop: threading.Event) -> None:
         from confluent_kafka import KafkaException
 
         watchdog = Watchdog([self.progress]).start()
+        threading.Thread(target=self.watch.run, args=(stop,), name="scoring-registry",
+                         daemon=True).start()
         try:
             while not stop.is_set():
                 try:
@@ -203,22 +297,31 @@ class ScoreKeeper:
         try:
             self.reload = True
             consumer.subscribe([self.requests], on_assign=self._assigned)
+            self.progress.blocked("reading the registry")
+            while not self.watch.ready.wait(0.2):  # unknown until then: nothing scored
+                if stop.is_set():
+                    return
             while not stop.is_set():
                 batch = consumer.consume(num_messages=BATCH, timeout=POLL_S)
+                consumed_at = time.monotonic()
                 if self.reload:  # new partitions: their states as last committed
                     self.progress.blocked("reading the scores topic back")
-                    committed = restore(self.settings)
+                    committed, self.unknown = read_back(self.settings)
                     self.recent = recent_ids(self.settings, consumer.committed(
                         consumer.assignment(), timeout=STEP_TIMEOUT_S))
                     self.store.replace_all(committed)
+                    self.store.unknown_logs = self.unknown
+                    self.applied = None
                     self.reload = False
                     log.info("scoring: %d score states and %d recent event ids read back; "
                              "consuming from epoch %.3f", len(committed), len(self.recent),
                              time.time())
                     self.on_ready()
                     self.progress.advanced()
+                if (known := self.watch.known) is not self.applied:
+                    self._tombstone(txn, known)
                 if batch:
-                    self._commit(txn, consumer, batch)
+                    self._commit(txn, consumer, batch, known, consumed_at)
                     self.progress.advanced()
         finally:
             consumer.close()
@@ -227,7 +330,22 @@ class ScoreKeeper:
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         self.reload = True
 
-    def _commit(self, txn: Any, consumer: Any, batch: list[Any]) -> None:
+    def _tombstone(self, txn: Any, known: Known) -> None:
+        """Tombstone every score key ``known`` no longer backs, in one transaction."""
+        stale = stale_keys(known, self.store.live())
+        if stale:
+            def fill() -> None:
+                for key in stale:
+                    txn.produce(self.scores, key=key, value=None)
+
+            transact(txn, fill, on_step=self.progress.blocked)
+            self.store.remove(stale)
+            log.info("scoring: %d score keys tombstoned (%s)", len(stale),
+                     ", ".join(stale[:10]))
+        self.applied = known
+
+    def _commit(self, txn: Any, consumer: Any, batch: list[Any], known: Known,
+                consumed_at: float) -> None:
         from confluent_kafka import TopicPartition
 
         messages, ends = [], {}
@@ -237,16 +355,24 @@ class ScoreKeeper:
                 continue
             messages.append(msg)
             ends[msg.partition()] = msg.offset() + 1
-        folded = fold_batch(self.store.live(), messages, self.recent)
+        folded = fold_batch(self.store.live(), messages, known, self.recent)
+        if folded.unknown and (fresh := self.watch.known_since(consumed_at)) is not known:
+            # a log may have come right after its version's publish: judge the batch again
+            # on a registry read after it was consumed (streams.score_admission, "Ordering")
+            self._tombstone(txn, fresh)
+            folded = fold_batch(self.store.live(), messages, fresh, self.recent)
         if folded.duplicates:
             log.info("scoring: %d request logs delivered again, counted once",
                      folded.duplicates)
+        unknown = folded.tally(self.unknown)
         for msg, exc in folded.refused:
             log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(), exc)
 
         def fill() -> None:
             for key, state in folded.touched.items():
                 txn.produce(self.scores, key=key, value=encode(snapshot(state)))
+            if unknown is not self.unknown:
+                txn.produce(self.scores, key=UNKNOWN_KEY, value=encode(unknown))
             for msg, exc in folded.refused:
                 txn.produce(self.dead_letters, key=msg.key(), value=encode(
                     dead_letter_for(msg, COMPONENT, exc.reason, str(exc))))
@@ -261,6 +387,8 @@ class ScoreKeeper:
                      attempts)
         self.store.update(folded.touched)
         self.recent.add(folded.counted)
+        if unknown is not self.unknown:
+            self.unknown = self.store.unknown_logs = unknown
         if folded.bursts:
             log.info("burst for %s", ", ".join(folded.bursts[:10]))
             self.on_burst(folded.bursts)

@@ -3,7 +3,7 @@
 A runtime of its own beside the worker agents, stateless apart from what it reads: the
 worker-state topic (``WorkerState`` per worker, into ``workers.routing.FleetIndex``) and the
 registry topic, believed only through the worker's own verification
-(``workers.registry_trust.VerifiedRegistry``: the signed evidence re-folded with the
+(``loraplane.registry_trust.VerifiedRegistry``: the signed evidence re-folded with the
 router's keyring). Several routers can run side by side behind any L4 balancer: they decide
 alike from the same topics and differ only in their own in-flight counts.
 
@@ -57,7 +57,6 @@ from loraplane.workers.event_sink import EventSink
 from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
 from loraplane.workers.gateway import request_caps
-from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit
 from loraplane.workers.routing import FleetIndex, Route, choose_version
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
@@ -66,6 +65,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.router")
 _ADAPTER_ID = re.compile(ID_PATTERN)

@@ -24,7 +24,6 @@ from loraplane.workers.command_feed import KafkaCommandFeed
 from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
-from loraplane.workers.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
 from loraplane.workers.vllm_client import VllmClient
 from loraplane.workers.worker_metrics import ProgressMetrics, WorkerMetrics
 
@@ -33,6 +32,7 @@ from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
 from loraplane.kernel.secrets import SecretError, secret_key
+from loraplane.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.worker")
 
@@ -73,7 +73,7 @@ def verified_registry(settings: Settings, options: WorkerOptions, sink: EventSin
                       metrics: WorkerMetrics) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
-    dead-lettered and counted (workers/registry_trust.py). The last verified views are kept
+    dead-lettered and counted (loraplane/registry_trust.py). The last verified views are kept
     in the host tier, so the agent serves them while Kafka is away, restarts included."""
     from loraplane.kernel.registry_view import latest_registry_records
 

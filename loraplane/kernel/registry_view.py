@@ -39,7 +39,7 @@ def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, Adap
 def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
     """The raw last record of every key of the whole registry topic (a tombstoned key's is
     the tombstone, value None), for consumers that verify each view themselves
-    (``workers.registry_trust``) and dead-letter what they refuse with its place on the
+    (``loraplane.registry_trust``) and dead-letter what they refuse with its place on the
     topic. Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the read reached
     the end of every partition: a broker that is away never reads as an empty registry."""
     latest: dict[bytes, Record] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from loraplane.schemas.request_log import RequestLog
 from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
 from loraplane.streams.scoring_agent import restore
@@ -17,19 +17,24 @@ from tests.integration.registry_env import Env
 
 def committed(env: Env, suffix: str) -> list[bytes]:
     """Every committed value of a topic (aborted batches are not part of the record)."""
+    return [m.value() for m in committed_records(env, suffix)]
+
+
+def committed_records(env: Env, suffix: str) -> list[Message]:
+    """Every committed record of a topic, tombstones included."""
     topic = env.topic(suffix)
     reader = kafka.consumer(env.settings, f"{env.settings.topic_prefix}-probe", read_to_end=True)
     try:
         parts = reader.list_topics(topic, timeout=10).topics[topic].partitions
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        values, pending = [], set(parts)
+        out, pending = [], set(parts)
         while pending:
             for msg in reader.consume(1000, timeout=1.0):
                 if msg.error() is not None:
                     pending.discard(msg.partition())
                 else:
-                    values.append(msg.value())
-        return values
+                    out.append(msg)
+        return out
     finally:
         reader.close()
 

@@ -114,6 +114,14 @@ def scored(env: PlannerEnv, load: SteadyLoad) -> int:
     return load.n
 
 
+def steady_adapter(env: PlannerEnv) -> str:
+    """The load's adapter, published (only registry versions are scored) for a base model
+    no worker serves, so the planner issues no command for it."""
+    steady = env.publish(uid("steady"), uid("b-nobody"))
+    env.wait_registered((steady, "active"))
+    return steady.adapter_id
+
+
 def plans_new_demand(env: PlannerEnv, base: str, what: str) -> CacheCommand:
     """A freshly published (signed) adapter is accepted by the registry and its first
     requests make the planner load it."""
@@ -131,7 +139,7 @@ def test_the_app_heals_from_a_broker_kill_by_itself(
     base = uid("b-kafka")
     env.heartbeat(uid("w"), base)
     events = KafkaEventSink(env.settings, "streams-broker-kill-test")
-    load = SteadyLoad(events, "s", RATE_HZ, adapter_id=uid("steady"))
+    load = SteadyLoad(events, "s", RATE_HZ, adapter_id=steady_adapter(env))
     try:
         load.run_for(3)
         committed_before = scored(env, load)
@@ -181,7 +189,7 @@ def test_a_killed_app_restarts_exact_and_reissues_nothing(env: PlannerEnv) -> No
     before = env.commands(base)
 
     events = KafkaEventSink(env.settings, "streams-app-kill-test")
-    load = SteadyLoad(events, "k", RATE_HZ, adapter_id=uid("steady"))
+    load = SteadyLoad(events, "k", RATE_HZ, adapter_id=steady_adapter(env))
     scored(env, load)
     sender = threading.Thread(target=load.run_for, args=(20,), name="load")
     sender.start()

@@ -30,12 +30,16 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
+    # the verified copy of the registry topic: workers, the router and the scoring agent
+    ("loraplane.registry_trust", RUNTIMES),
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
     ("loraplane.streams.lifecycle", DECISIONS),
     # a registry view verified by re-folding its evidence: workers and the router share it
     ("loraplane.streams.registry_evidence", DECISIONS),
     ("loraplane.streams.scores", DECISIONS),
     ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
+    # which request logs may hold a score key: the registry's live versions, nothing else
+    ("loraplane.streams.score_admission", DECISIONS),
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),

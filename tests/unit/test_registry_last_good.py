@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
 from loraplane.schemas.registry import AdapterView
-from loraplane.workers.registry_trust import VerifiedRegistry, newer
 from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
+from loraplane.registry_trust import VerifiedRegistry, newer
 from tests.unit.test_registry_evidence import HIST_A, HIST_B, KIT, NOW, fold
 from tests.unit.test_registry_trust import Sink, Topic
 

@@ -1,4 +1,4 @@
-"""ATTACK tests of the worker's registry copy (workers/registry_trust.py), without Kafka:
+"""ATTACK tests of the worker's registry copy (loraplane/registry_trust.py), without Kafka:
 records as a topic writer would write them, the worker's own keyring file, its dead letters
 and its metric."""
 
@@ -13,10 +13,10 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
 from loraplane.schemas.registry import AdapterView
-from loraplane.workers.registry_trust import VerifiedRegistry
 from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record
+from loraplane.registry_trust import VerifiedRegistry
 from tests.unit.test_registry_evidence import HIST_A, KIT, NOW, VIEW_A, fold
 
 

@@ -15,6 +15,7 @@ from loraplane.schemas.request_log import (
     RequestStatus,
     Tier,
 )
+from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import RecentIds, fold_batch
 from loraplane.streams.scores import (
     Sample,
@@ -28,6 +29,7 @@ from loraplane.streams.scores import (
 from tests.kafka_message import FakeMessage
 
 T0 = 1_800_000_000.0
+KNOWN = Known({"a1": frozenset({"1", "2"})})
 
 
 def Msg(raw: bytes | None, k: bytes | None, part: int = 0, off: int = 0) -> FakeMessage:
@@ -72,7 +74,7 @@ def test_fold_batch_scores_each_version_and_leaves_the_input_alone() -> None:
     logs = [log(i, version="1" if i % 3 else "2") for i in range(30)] + [log(40, version=None)]
     before = {score_key("a1", "1"): fold_one(ScoreState(), log(-5))}
     snapshot = dict(before)
-    out = fold_batch(before, [Msg(encode(x), b"a1") for x in logs])
+    out = fold_batch(before, [Msg(encode(x), b"a1") for x in logs], KNOWN)
     assert before == snapshot and out.refused == []
     expected: dict[str, ScoreState] = dict(before)
     for x in logs:
@@ -85,7 +87,7 @@ def test_fold_batch_scores_each_version_and_leaves_the_input_alone() -> None:
 def test_a_burst_is_reported_once_per_key() -> None:
     quiet = [log(i * 60) for i in range(10)]
     burst = [log(700 + i) for i in range(20)]
-    out = fold_batch({}, [Msg(encode(x), b"a1") for x in quiet + burst])
+    out = fold_batch({}, [Msg(encode(x), b"a1") for x in quiet + burst], KNOWN)
     assert out.bursts == ["a1@1"]
 
 
@@ -94,7 +96,7 @@ def test_bad_messages_are_refused_with_their_reason_and_the_rest_scored() -> Non
     bad_field = encode(good).replace(b'"tier_at_arrival":"gpu"', b'"tier_at_arrival":"moon"')
     msgs = [Msg(b"{not json", b"a1", off=0), Msg(encode(good), b"other", off=1),
             Msg(None, b"a1", off=2), Msg(bad_field, b"a1", off=3), Msg(encode(good), b"a1", off=4)]
-    out = fold_batch({}, msgs)
+    out = fold_batch({}, msgs, KNOWN)
     assert [(m.offset(), e.reason) for m, e in out.refused] == [
         (0, "malformed"), (1, "key_mismatch"), (2, "malformed"), (3, "invalid")]
     assert out.touched == {"a1@1": fold_one(ScoreState(), good)}
@@ -102,8 +104,8 @@ def test_bad_messages_are_refused_with_their_reason_and_the_rest_scored() -> Non
 
 @given(st.binary(max_size=600), st.binary(max_size=20) | st.none())
 def test_any_bytes_are_scored_or_refused_never_raised(raw: bytes, key: bytes | None) -> None:
-    out = fold_batch({}, [Msg(raw, key)])
-    assert len(out.refused) + len(out.touched) == 1
+    out = fold_batch({}, [Msg(raw, key)], KNOWN)
+    assert len(out.refused) + len(out.touched) + out.unknown == 1
 
 
 def test_demand_reads_a_whole_log_and_ignores_what_scores_do_not_need() -> None:
@@ -129,20 +131,22 @@ def test_a_dead_letter_is_named_by_where_its_message_was() -> None:
 
 def test_a_log_delivered_again_is_counted_once() -> None:
     logs = [log(i) for i in range(6)]
-    first = fold_batch({}, [Msg(encode(x), b"a1", off=i) for i, x in enumerate(logs[:4])])
+    first = fold_batch({}, [Msg(encode(x), b"a1", off=i) for i, x in enumerate(logs[:4])],
+                       KNOWN)
     recent = RecentIds(100)
     recent.add(first.counted)
     # the event sink's replay: logs 2 and 3 again (same partition), then new ones, one twice
     again = [logs[2], logs[3], logs[4], logs[5], logs[5]]
     out = fold_batch(first.touched, [Msg(encode(x), b"a1", off=10 + i)
-                                     for i, x in enumerate(again)], recent)
+                                     for i, x in enumerate(again)], KNOWN, recent)
     assert out.duplicates == 3 and out.counted == [(0, "e4"), (0, "e5")]
     expected = ScoreState()
     for x in logs:
         expected = fold_one(expected, x)
     assert out.touched == {"a1@1": expected}
     # the same id on another partition is another log (ids are only compared per partition)
-    assert fold_batch({}, [Msg(encode(logs[2]), b"a1", part=1)], recent).duplicates == 0
+    assert fold_batch({}, [Msg(encode(logs[2]), b"a1", part=1)], KNOWN,
+                      recent).duplicates == 0
 
 
 def test_recent_ids_keep_only_the_last_size_per_partition() -> None:

@@ -1,4 +1,7 @@
-"""The worker's copy of the registry: only views whose signed evidence it verified itself.
+"""A consumer's copy of the registry: only views whose signed evidence it verified itself.
+
+Shared by the runtimes that read the registry topic (the worker agent, the fleet router, the
+scoring agent): it sits beside them, not in one of their packages, so none imports another.
 
 The registry topic is a transport, not an authority. Every refresh reads the last record of
 each adapter and accepts it only through ``streams.registry_evidence.verify_view`` with the
@@ -33,7 +36,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
+from pydantic import BaseModel
+
+from loraplane.kernel.atomic_file import write_atomic
+from loraplane.kernel.bus import Record
+from loraplane.kernel.registry_view import views_from_json, views_to_json
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
@@ -42,15 +51,16 @@ from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.streams.registry_evidence import Checkpoint, ViewRefused, verify_view
-from loraplane.workers.event_sink import EventSink
-
-from loraplane.kernel.atomic_file import write_atomic
-from loraplane.kernel.bus import Record
-from loraplane.kernel.registry_view import views_from_json, views_to_json
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
 VIEWS_FILE = ".registry-views.json"  # the last verified views, for a start without Kafka
+
+
+class EventSink(Protocol):
+    """Where refused records go (``workers.event_sink.EventSink`` is one)."""
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
 
 
 def newer(incoming: AdapterView, current: AdapterView | None) -> bool:

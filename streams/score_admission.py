@@ -1,0 +1,78 @@
+"""Which request logs may hold a score key. Pure: the scoring agent asks it per log, with
+the registry it verified itself (``loraplane.registry_trust``, from the compacted
+``registry`` topic), and asks it which keys to tombstone when the registry changes.
+
+Why: a request log is written for any pattern-valid id a tenant sends, and a score key is
+state that lives on a compacted topic and in every scoring and planning process. Keyed by
+whatever arrived, one tenant with a valid API key grows that state without bound. So only
+a version the registry lists as live (published, canary, active) gets a key, plus its
+adapter's unattributed demand (``adapter@*``) while the adapter has a live version;
+everything else (an id not in the registry, a retired or revoked version, a refused request)
+is counted in the one unknown bucket (``schemas.score_snapshot.UNKNOWN_KEY``). When a
+version leaves the live set its key is tombstoned, so state follows the registry, not the
+traffic.
+
+Ordering: a log may reach the scoring side moments after its version's publish reached the
+registry topic. The scoring agent judges a batch with unknown logs again on a registry read
+that began after the batch was consumed (``streams.scoring_agent.RegistryWatch``): a worker
+serves a version only once its own registry copy, read from that topic, lists it, so every
+served log comes after its view is on the topic and is scored. No pending set is kept; a log
+older than its publish (forged or replayed) is counted unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.request_log import RequestStatus
+from loraplane.schemas.score_snapshot import UNKNOWN_KEY
+from loraplane.streams.scores import score_key
+
+LIVE = frozenset({AdapterStatus.published, AdapterStatus.canary, AdapterStatus.active})
+"""Statuses whose demand is scored: a retired version may come back only through a signed
+rollback, and then scores from that moment on."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """The live versions of the registry, adapter id -> versions. Immutable: the agent swaps
+    a new one in when the registry changes."""
+
+    versions: Mapping[str, frozenset[str]]
+
+    @classmethod
+    def of(cls, records: Iterable[AdapterRecord]) -> Known:
+        live: dict[str, set[str]] = {}
+        for r in records:
+            if r.status in LIVE:
+                live.setdefault(r.adapter_id, set()).add(r.version)
+        return cls({aid: frozenset(vs) for aid, vs in live.items()})
+
+    def admits(self, adapter_id: str, version: str | None) -> bool:
+        """Whether demand for ``(adapter_id, version)`` may hold a score key; ``None`` is the
+        adapter's unattributed demand, kept while the adapter has a live version."""
+        live = self.versions.get(adapter_id)
+        return live is not None and (version is None or version in live)
+
+    def key_of(self, adapter_id: str, version: str | None,
+               status: RequestStatus) -> str | None:
+        """The score key a request log folds into, or None: it counts as unknown."""
+        if status is RequestStatus.refused or not self.admits(adapter_id, version):
+            return None
+        return score_key(adapter_id, version)
+
+    def holds(self, key: str) -> bool:
+        """Whether an existing score key is still backed by the registry."""
+        adapter_id, at, version = key.rpartition("@")
+        return bool(at) and self.admits(adapter_id, None if version == "*" else version)
+
+
+NOBODY = Known({})
+
+
+def stale_keys(known: Known, keys: Iterable[str]) -> list[str]:
+    """The score keys to tombstone: every one the registry no longer backs (a retired or
+    revoked version, an adapter gone or withdrawn), in order; never the unknown bucket."""
+    return [k for k in keys if k != UNKNOWN_KEY and not known.holds(k)]
