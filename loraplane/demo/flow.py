@@ -84,7 +84,8 @@ def publish_catalog(system: LiveSystem) -> str:
     """Every adapter at version 1, promoted; canaries get version 2 at their percent."""
     def release(a: Adapter) -> None:
         system.publish(a.adapter_id, a.tenant_id, "1", system.artifacts.adapter_dir(a.seed),
-                       a.priority, promote=True)
+                       a.priority)
+        system.lifecycle("promote", a.adapter_id, "1", reason="demo release")
         if a.canary_seed is not None:
             system.publish(a.adapter_id, a.tenant_id, "2", system.artifacts.adapter_dir(
                 a.canary_seed), a.priority, canary_percent=a.canary_percent)
