@@ -163,6 +163,8 @@ def register(app: typer.Typer) -> None:
         artifact: str = typer.Option(..., "--artifact", help="Adapter folder or s3:// prefix."),
         canary: float | None = typer.Option(None, "--canary",
                                             help="Also start a canary at this percent."),
+        promote: bool = typer.Option(False, "--promote",
+                                     help="Also make this version the active one."),
         tokenizer_revision: str = typer.Option("", "--tokenizer-revision"),
         model_config: Path | None = typer.Option(
             None, "--model-config", help="the base model's config.json: also check that "
@@ -201,6 +203,8 @@ def register(app: typer.Typer) -> None:
             return
         if key_file is None or tenant is None or base_model is None:
             raise _fail("publish needs --key, --tenant and --base-model (or --reupload)")
+        if promote and canary is not None:
+            raise _fail("--canary or --promote, not both")
         key = _load_key(key_file)
         ttl = timedelta(minutes=ttl_minutes)
         try:
@@ -215,10 +219,19 @@ def register(app: typer.Typer) -> None:
             event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
                                  tenant_id=tenant, base_model=base_model, version=version,
                                  record=record, reason=reason, ttl=ttl)
-            follow = None if canary is None else signed_event(
-                key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
-                base_model=base_model, version=version, canary_percent=canary,
-                reason=reason, seq=event.seq + 1, ttl=ttl)
+            # The follow-up needs no registry look-up (promote alone does: the owner), so
+            # it cannot race the registry taking in the publish.
+            follow = None
+            if canary is not None:
+                follow = signed_event(
+                    key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
+                    base_model=base_model, version=version, canary_percent=canary,
+                    reason=reason, seq=event.seq + 1, ttl=ttl)
+            elif promote:
+                follow = signed_event(
+                    key, LifecycleAction.promote, adapter_id=adapter_id, tenant_id=tenant,
+                    base_model=base_model, version=version, reason=reason,
+                    seq=event.seq + 1, ttl=ttl)
         except (ArtifactError, ValueError, ValidationError) as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:  # --model-config unreadable
@@ -231,7 +244,7 @@ def register(app: typer.Typer) -> None:
                 "seq": event.seq}
         if follow is not None:
             _produce(settings, follow)
-            line["canary_event_id"] = follow.event_id
+            line[f"{follow.action}_event_id"] = follow.event_id
         typer.echo(json.dumps(line))
 
     @app.command("canary")

@@ -1,5 +1,5 @@
-"""``loraplane loadtest SCENARIO``: one of the seed's load-test scenarios against a live
-system of its own (see loraplane.demo.loadtest), with its numbers and verdict."""
+"""``loraplane loadtest SCENARIO [SCENARIO ...]``: the seed's load-test scenarios against a
+live system (see loraplane.demo.loadtest), with their numbers and verdicts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ SCENARIO_NAMES = ("hot-adapter", "cold-adapter", "burst-loading", "bulk-eviction
 def register(app: typer.Typer) -> None:
     @app.command("loadtest")
     def loadtest_cmd(
-        scenario: str = typer.Argument(..., help=" | ".join(SCENARIO_NAMES)),
+        scenarios: list[str] = typer.Argument(
+            ..., help=" | ".join(SCENARIO_NAMES) + "; several share one live system, "
+            "in the order given (artifact-store-unavailable always gets its own)."),
         duration: float = typer.Option(60.0, "--duration", min=3.0, max=240.0,
                                        help="Seconds of traffic (setup comes on top)."),
         fake_vllm: bool = typer.Option(False, "--fake-vllm",
@@ -22,23 +24,26 @@ def register(app: typer.Typer) -> None:
         trace: Path | None = typer.Option(None, "--trace",
                                           help="Azure LLM trace CSV (default: "
                                                "the shipped conversation trace)."),
-        as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout; "
+        as_json: bool = typer.Option(False, "--json", help="One JSON object (a list for several "
+                                     "scenarios) on stdout; "
                                      "progress goes to stderr."),
     ) -> None:
-        """Run one load-test scenario; exit 1 when its expectation is not met."""
+        """Run load-test scenarios; exit 1 when an expectation is not met."""
         import json
 
         from rich.console import Console
 
-        from loraplane.demo.loadtest import SCENARIOS, render, run_scenario
+        from loraplane.demo.loadtest import SCENARIOS, render, run_scenarios
         from loraplane.demo.supervisor import ChildFailed
         from loraplane.demo.system import ROOT, BringUpError
         from loraplane.demo.traces import TraceMissing, find_trace
         from loraplane.kernel.config import get_settings
         from loraplane.workers.vllm_process import vllm_installed
 
-        if scenario not in SCENARIOS:
-            raise typer.BadParameter(f"choose one of {', '.join(SCENARIOS)}",
+        unknown = [s for s in scenarios if s not in SCENARIOS]
+        if unknown or len(set(scenarios)) != len(scenarios):
+            raise typer.BadParameter(f"{', '.join(unknown) or 'a repeated scenario'}: choose "
+                                     f"each at most once of {', '.join(SCENARIOS)}",
                                      param_hint="SCENARIO")
         console = Console(stderr=as_json)
         if not fake_vllm and not vllm_installed(ROOT):
@@ -52,13 +57,15 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]warning:[/] {exc}; replaying synthetic arrivals")
             path = None
         try:
-            result = run_scenario(scenario, get_settings(), duration_s=duration,
-                                  fake_vllm=fake_vllm, trace=path, console=console)
+            results = run_scenarios(scenarios, get_settings(), duration_s=duration,
+                                    fake_vllm=fake_vllm, trace=path, console=console)
         except (ChildFailed, BringUpError) as exc:
             console.print(f"[red]error:[/] {exc}", highlight=False)
             raise typer.Exit(1) from None
-        if as_json:
-            typer.echo(json.dumps(result.to_json(), indent=2))
+        if as_json:  # one scenario: its object, as before; several: a list of them
+            objects = [r.to_json() for r in results]
+            typer.echo(json.dumps(objects[0] if len(objects) == 1 else objects, indent=2))
         else:
-            render(result, console)
-        raise typer.Exit(0 if result.passed else 1)
+            for result in results:
+                render(result, console)
+        raise typer.Exit(0 if all(r.passed for r in results) else 1)

@@ -1,6 +1,7 @@
-"""The seed's load-test scenarios, each against a live system of its own (its own topics,
-ClickHouse database, Faust app, sink, vLLM, worker and fleet router on the shared stack;
-all traffic goes through the router):
+"""The seed's load-test scenarios against a live system (its own topics, ClickHouse
+database, Faust app, sink, vLLM, worker and fleet router on the shared stack; all traffic
+goes through the router). Several scenarios of one run share one system, one after
+another (see ``run_scenarios``):
 
 - hot-adapter: one adapter, already hot, takes all traffic: it must keep hitting the GPU
   copy and interactive TTFT p99 must stay within budget.
@@ -39,6 +40,7 @@ from rich.table import Table
 from loraplane.demo import measure
 from loraplane.demo.catalog import Adapter, Artifacts, Catalog
 from loraplane.demo.expectations import Check, Facts, evaluate
+from loraplane.demo.measure import Recorded
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.replay import (
     Outcome,
@@ -93,15 +95,10 @@ class Run:
 
     def publish(self, adapters: Sequence[Adapter], *, promote: bool = True,
                 key: Path | None = None) -> None:
-        """Version 1 of each (and its promote): in order per adapter, adapters in
-        parallel."""
-        def one(a: Adapter) -> None:
-            self.system.publish(a.adapter_id, a.tenant_id, "1",
-                                self.system.artifacts.adapter_dir(a.seed), a.priority, key=key)
-            if promote:
-                self.system.lifecycle("promote", a.adapter_id, "1")
-
-        in_parallel(one, adapters)
+        """Version 1 of each (and its promote, in the same call), adapters in parallel."""
+        in_parallel(lambda a: self.system.publish(
+            a.adapter_id, a.tenant_id, "1", self.system.artifacts.adapter_dir(a.seed),
+            a.priority, key=key, promote=promote), adapters)
 
     def promote(self, adapters: Sequence[Adapter]) -> None:
         in_parallel(lambda a: self.system.lifecycle("promote", a.adapter_id, "1"), adapters)
@@ -301,55 +298,93 @@ def _private_s3(supervisor: Supervisor, settings: Settings,
     return s3.endpoint(), lambda: supervisor.stop(child)
 
 
-def run_scenario(name: str, base: Settings, *, duration_s: float, fake_vllm: bool,
-                 trace: Path | None, console: Console) -> LoadTestResult:
-    scenario = SCENARIOS[name]
-    t0 = time.monotonic()
+def run_scenarios(names: Sequence[str], base: Settings, *, duration_s: float,
+                  fake_vllm: bool, trace: Path | None, console: Console
+                  ) -> list[LoadTestResult]:
+    """``names`` (each once), results in that order. Those that need no S3 of their own run
+    one after another on ONE live system, since bringing a system up and down costs more
+    than most scenarios: each keeps its own adapters, measurement window and client
+    counts, so no check can see another's traffic. Each scenario with its own S3 gets a
+    system of its own."""
+    if len(set(names)) != len(names):
+        raise ValueError("each scenario at most once per run")
     steps = Steps(console)
     started_stack = False
     if not stack_healthy():
         steps.run("local stack (loraplane stack up)", lambda: stack_command("up"))
         started_stack = True
-    space = RunSpace.fresh(base.home, "loadtest", secrets_dir=base.secrets_dir)
-    artifacts = Artifacts(base.home / "demo")
-    options = SystemOptions(fake_vllm=fake_vllm)
+    shared = [SCENARIOS[n] for n in names if not SCENARIOS[n].private_s3]
+    groups = ([shared] if shared else []) + [[SCENARIOS[n]] for n in names
+                                              if SCENARIOS[n].private_s3]
+    results: dict[str, LoadTestResult] = {}
     try:
-        steps.run("tiny base model + adapters", lambda: artifacts.ensure(scenario.catalog),
-                  lambda n: f"{n} built, rest reused")
-        with Supervisor(space.log_dir, space.child_env(), ROOT) as supervisor:
-            stop_s3 = None
-            if scenario.private_s3:
-                url, stop_s3 = steps.run(
-                    "this scenario's own S3", lambda: _private_s3(
-                        supervisor, base, space.home / "s3-private"), lambda r: r[0])
-                space = space.with_s3(url)
-                supervisor.env = space.child_env()
-            system = LiveSystem(supervisor, space, artifacts, options, space.settings(base))
-            keys = system.bring_up(steps, scenario.catalog.tenants, workers=1)
-            run = Run(system, scenario.catalog, keys, steps, duration_s, trace, stop_s3=stop_s3)
-            facts = scenario.drive(run)
-            until = datetime.now(UTC)
-            facts = replace(
-                facts, priorities={a.adapter_id: a.priority for a in scenario.catalog.adapters},
-                interactive_p99_budget_ms=BUDGET_MS["fake" if fake_vllm else "real"],
-                cold_loads_per_minute=base.policy.cold_loads_per_minute_per_worker)
-            settings = system.settings
-            logged = run.reached_workers  # the router's own refusals are logged nowhere
-            steps.run("wait for the sink to land every request log in ClickHouse", lambda:
-                      measure.wait_for_rows(lambda: measure.request_count(
-                          settings, run.window_start, until), logged, timeout_s=60),
-                      lambda n: f"{n}/{logged}")
-            time.sleep(2.0)  # cache events travel the same path; let the last batch land
-            recorded = measure.fetch(settings, run.window_start, datetime.now(UTC),
-                                     scenario.catalog.ids)
-            summary = summarize(recorded, dict(run.client_status))
-            agents = {wid: sorted(a.lora_name for a in s.adapters if a.tier == "gpu")
-                      for wid, s in system.worker_states().items()}
+        for group in groups:
+            for result in _run_on_one_system(group, base, steps, duration_s=duration_s,
+                                             fake_vllm=fake_vllm, trace=trace):
+                results[result.scenario] = result
     finally:
         if started_stack:
             stack_command("down")
-    return LoadTestResult(name, options.vllm_label, time.monotonic() - t0, summary,
-                          evaluate(name, recorded, summary, facts), agents)
+    return [results[n] for n in names]
+
+
+def _run_on_one_system(scenarios: Sequence[Scenario], base: Settings, steps: Steps, *,
+                       duration_s: float, fake_vllm: bool, trace: Path | None
+                       ) -> list[LoadTestResult]:
+    """Bring one system up for ``scenarios`` and drive them in turn. A result's wall time
+    runs from the end of the one before (the first one's includes the bring-up)."""
+    t0 = time.monotonic()
+    catalog = Catalog(tuple(a for s in scenarios for a in s.catalog.adapters))
+    space = RunSpace.fresh(base.home, "loadtest", secrets_dir=base.secrets_dir)
+    artifacts = Artifacts(base.home / "demo")
+    options = SystemOptions(fake_vllm=fake_vllm)
+    steps.run("tiny base model + adapters", lambda: artifacts.ensure(catalog),
+              lambda n: f"{n} built, rest reused")
+    results = []
+    with Supervisor(space.log_dir, space.child_env(), ROOT) as supervisor:
+        stop_s3 = None
+        if any(s.private_s3 for s in scenarios):
+            url, stop_s3 = steps.run(
+                "this scenario's own S3", lambda: _private_s3(
+                    supervisor, base, space.home / "s3-private"), lambda r: r[0])
+            space = space.with_s3(url)
+            supervisor.env = space.child_env()
+        system = LiveSystem(supervisor, space, artifacts, options, space.settings(base))
+        keys = system.bring_up(steps, catalog.tenants, workers=1)
+        for scenario in scenarios:
+            if len(scenarios) > 1:
+                steps.note(f"[bold]scenario {scenario.name}[/]")
+            run = Run(system, scenario.catalog, keys, steps, duration_s, trace,
+                      stop_s3=stop_s3)
+            recorded, summary, facts = _drive_and_measure(scenario, run, base, fake_vllm)
+            agents = {wid: sorted(a.lora_name for a in s.adapters if a.tier == "gpu")
+                      for wid, s in system.worker_states().items()}
+            results.append(LoadTestResult(
+                scenario.name, options.vllm_label, time.monotonic() - t0, summary,
+                evaluate(scenario.name, recorded, summary, facts), agents))
+            t0 = time.monotonic()
+    return results
+
+
+def _drive_and_measure(scenario: Scenario, run: Run, base: Settings,
+                       fake_vllm: bool) -> tuple[Recorded, Summary, Facts]:
+    """Drive ``scenario``, then read back what ClickHouse recorded of its window and its
+    adapters only."""
+    facts = scenario.drive(run)
+    until = datetime.now(UTC)
+    facts = replace(
+        facts, priorities={a.adapter_id: a.priority for a in scenario.catalog.adapters},
+        interactive_p99_budget_ms=BUDGET_MS["fake" if fake_vllm else "real"],
+        cold_loads_per_minute=base.policy.cold_loads_per_minute_per_worker)
+    settings, ids = run.system.settings, scenario.catalog.ids
+    logged = run.reached_workers  # the router's own refusals are logged nowhere
+    run.steps.run("wait for the sink to land every request log in ClickHouse", lambda:
+                  measure.wait_for_rows(lambda: measure.request_count(
+                      settings, run.window_start, until, ids), logged, timeout_s=60),
+                  lambda n: f"{n}/{logged}")
+    time.sleep(2.0)  # cache events travel the same path; let the last batch land
+    recorded = measure.fetch(settings, run.window_start, datetime.now(UTC), ids)
+    return recorded, summarize(recorded, dict(run.client_status)), facts
 
 
 def render(result: LoadTestResult, console: Console) -> None:

@@ -77,8 +77,7 @@ AUDIT_SQL = f"""SELECT toUnixTimestamp(ts), action, adapter_id, decision FROM li
     FINAL WHERE {_FILTER} ORDER BY ts"""
 DEAD_LETTERS_SQL = """SELECT component, reason, detail FROM dead_letters FINAL
     WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)"""
-COUNT_SQL = """SELECT count() FROM request_log FINAL
-    WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)"""
+COUNT_SQL = f"SELECT count() FROM request_log FINAL WHERE {_FILTER}"
 
 
 def _params(since: datetime, until: datetime, adapter_ids: Sequence[str]) -> dict[str, Any]:
@@ -107,12 +106,14 @@ def fetch(settings: Settings, since: datetime, until: datetime,
         client.disconnect()
 
 
-def request_count(settings: Settings, since: datetime, until: datetime) -> int:
+def request_count(settings: Settings, since: datetime, until: datetime,
+                  adapter_ids: Sequence[str] = ()) -> int:
+    """Request-log rows of the window (of ``adapter_ids`` only, when given)."""
     from loraplane.metrics.clickhouse import connect
 
     client = connect(settings, reader=True)
     try:
-        return int(client.execute(COUNT_SQL, _params(since, until, ()))[0][0])
+        return int(client.execute(COUNT_SQL, _params(since, until, adapter_ids))[0][0])
     finally:
         client.disconnect()
 

@@ -291,13 +291,17 @@ class LiveSystem:
     # -- the signed CI path ---------------------------------------------------------------
     def publish(self, adapter_id: str, tenant: str, version: str, folder: Path,
                 priority: str, *, key: Path | None = None,
-                canary_percent: float | None = None) -> dict[str, Any]:
+                canary_percent: float | None = None, promote: bool = False) -> dict[str, Any]:
+        """``loraplane publish``; ``promote`` promotes in the same call (one CLI start less,
+        and no wait for the registry to know the adapter's owner)."""
         args = ["publish", "--adapter-id", adapter_id, "--tenant", tenant, "--base-model",
                 BASE_MODEL, "--version", version, "--priority", priority, "--artifact",
                 str(folder), "--key", str(key or self._key()),
                 "--reason", f"{self.space.run_id}: CI release"]
         if canary_percent is not None:
             args += ["--canary", f"{canary_percent:g}"]
+        if promote:
+            args.append("--promote")
         return json.loads(self.cli(f"publish-{adapter_id}", *args).strip().splitlines()[-1])
 
     def lifecycle(self, action: str, adapter_id: str, version: str, *extra: str,

@@ -1,6 +1,11 @@
 """Every load-test scenario, shortened, end to end through ``loraplane loadtest --json``
-against the real stack (Kafka, ClickHouse, S3) with the FAKE vLLM. Each run has its own
-topics and database; only the scenario's invariants are asserted, never a timing."""
+against the real stack (Kafka, ClickHouse, S3) with the FAKE vLLM; only the scenarios'
+invariants are asserted, never a timing.
+
+Bringing a live system up costs more than a shortened scenario, so the suite runs them as
+three ``loraplane loadtest`` commands side by side (RUNS); the scenarios of one command
+share one system, each with its own adapters and measurement window (see
+loraplane.demo.loadtest.run_scenarios). Each command has its own topics and database."""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ import json
 import re
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +24,7 @@ from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,11 +44,10 @@ MUST_PASS = {
 
 
 def drop_run(settings: Settings, output: str) -> None:
-    """Delete the topics and the ClickHouse database of the run named in ``output``."""
-    found = re.search(r"prefix\s+((?:loadtest|demo)-[0-9a-z-]+),\s+database\s+(lp_\w+)", output)
-    if found is None:
-        return
-    drop_namespace(settings, *found.groups())
+    """Delete the topics and the ClickHouse database of each run named in ``output``."""
+    for found in re.finditer(r"prefix\s+((?:loadtest|demo)-[0-9a-z-]+),\s+database\s+(lp_\w+)",
+                             output):
+        drop_namespace(settings, *found.groups())
 
 
 def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
@@ -57,17 +64,70 @@ def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
         client.disconnect()
 
 
+RUNS = (("signature-failure", "bulk-eviction", "hot-adapter"),
+        ("cold-adapter", "burst-loading"),
+        ("artifact-store-unavailable",))
+"""The commands, run side by side (most of a scenario is waiting, not CPU). In a shared run
+bulk-eviction comes before scenarios that load many adapters (the worker's rolling-minute
+load budget must leave it loads to evict); artifact-store-unavailable stops an S3 of its
+own and so gets a system of its own anyway."""
+
+
+@dataclass(frozen=True)
+class Ran:
+    result: dict[str, Any]
+    returncode: int  # of the whole command
+    all_passed: bool  # every scenario of the command
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    """The RUNS commands, started together (output to files: a full pipe would block one);
+    each scenario's JSON object by name."""
+    assert sorted(n for names in RUNS for n in names) == sorted(MUST_PASS)
+    folder = tmp_path_factory.mktemp("loadtest")
+    files = [(folder / f"{i}.json", folder / f"{i}.err") for i in range(len(RUNS))]
+    procs = []
+    for names, (out, err) in zip(RUNS, files, strict=True):
+        with out.open("w") as stdout, err.open("w") as stderr:
+            procs.append(subprocess.Popen(
+                [LORAPLANE, "loadtest", *names, "--fake-vllm", "--json", "--duration", "10"],
+                cwd=ROOT, stdout=stdout, stderr=stderr))
+    deadline = time.monotonic() + 540
+    try:
+        for p in procs:
+            p.wait(max(1.0, deadline - time.monotonic()))
+    finally:  # SIGTERM: a loadtest stops its children on it; SIGKILL would orphan them
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(90)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    ran: dict[str, Ran] = {}
+    for names, p, (out, err) in zip(RUNS, procs, files, strict=True):
+        stderr = err.read_text()
+        drop_run(stack, stderr)
+        assert out.read_text(), stderr[-3000:]
+        parsed = json.loads(out.read_text())
+        objects = parsed if isinstance(parsed, list) else [parsed]
+        assert [o["scenario"] for o in objects] == list(names)
+        for o in objects:
+            ran[o["scenario"]] = Ran(o, p.returncode, all(x["passed"] for x in objects),
+                                     stderr)
+    return ran
+
+
 @pytest.mark.parametrize("scenario", sorted(MUST_PASS))
-def test_scenario(stack: Settings, scenario: str) -> None:
-    done = subprocess.run([LORAPLANE, "loadtest", scenario, "--fake-vllm", "--json",
-                           "--duration", "10"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=290, check=False)
-    drop_run(stack, done.stderr)
-    assert done.stdout, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+def test_scenario(loadtests: dict[str, Ran], scenario: str) -> None:
+    ran = loadtests[scenario]
+    result = ran.result
     checks = {c["name"]: c for c in result["checks"]}
     failed = {n: checks[n]["detail"] for n in MUST_PASS[scenario] if not checks[n]["passed"]}
-    assert not failed, f"{failed}\n{done.stderr[-3000:]}"
+    assert not failed, f"{failed}\n{ran.stderr[-3000:]}"
     assert result["scenario"] == scenario and "FAKE" in result["vllm"]
     if scenario == "signature-failure":  # the router refuses them before any worker
         assert result["requests"] == 0 and set(result["client_status"]) == {"404"}
@@ -75,7 +135,7 @@ def test_scenario(stack: Settings, scenario: str) -> None:
         assert result["requests"] > 0
     for cls in result["ttft_by_class"].values():
         assert cls["requests"] > 0
-    assert done.returncode == (0 if result["passed"] else 1)
+    assert ran.returncode == (0 if ran.all_passed else 1)
     if scenario == "signature-failure":
         assert {"registry:unknown_key", "registry:tenant_out_of_scope"} <= set(
             result["refusals"])
