@@ -206,15 +206,13 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
                           TINY_BASE_MODEL, "--vllm-url", f.vllms[wid], "--gateway-port",
                           str(gw), "--host-tier-dir", str(tmp / f"host-{wid}"),
                           "--model-dir", str(model_dir), "--tick-s", "0.2",
-                          "--gpu-slots", str(gpu_slots), "--heartbeat-s", f"{heartbeat_s:g}",
-                          "--registry-refresh-s", "1"])
+                          "--gpu-slots", str(gpu_slots), "--heartbeat-s", f"{heartbeat_s:g}"])
         for wid in WORKERS:
             wait_for(lambda p=f.gateways[wid]: _healthz(p), 90, f"{wid} /healthz")
         rport = free_port()
         f.router_url = f"http://127.0.0.1:{rport}"
         f.spawn("router", [LORAPLANE, "router", "run", "--port", str(rport), "--router-id",
-                           "t1", "--heartbeat-s", f"{heartbeat_s:g}", "--registry-refresh-s",
-                           "1"])
+                           "t1", "--heartbeat-s", f"{heartbeat_s:g}"])
         wait_for(lambda: f.health().get("workers") == 3
                  and f.health().get("adapters") == len(adapters), 60,
                  f"the router's view of 3 workers and {len(adapters)} adapters")

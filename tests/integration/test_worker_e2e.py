@@ -118,7 +118,7 @@ class World:
              "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
              "--gateway-port", str(self.gateway_port), "--host-tier-dir",
              str(self.tmp / f"host-{self.worker_id}"), "--model-dir", str(self.model_dir),
-             "--tick-s", "0.2", "--heartbeat-s", "1", "--registry-refresh-s", "1", *extra],
+             "--tick-s", "0.2", "--heartbeat-s", "1", *extra],
             env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         wait_for(lambda: _healthz(self.gateway_port), 90, "agent /healthz")
@@ -434,7 +434,7 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert len(records) == len(HOSTILE_IDS)
     write_registry(world.settings, records)
     world.adapters.update({r.adapter_id: Published(world.tmp, r) for r in records})
-    time.sleep(2)  # the agent re-reads the registry every second (--registry-refresh-s 1)
+    time.sleep(2)  # the agent's live registry tail has a change within a second
     commands = {world.command(r.adapter_id, CommandAction.load_gpu): r.lora_name
                 for r in records}
 
