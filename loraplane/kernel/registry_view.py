@@ -40,10 +40,10 @@ def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, Adap
 
 def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
     """The raw last record of every key of the whole registry topic (a tombstoned key's is
-    the tombstone, value None), for consumers that verify each view themselves
-    (``workers.registry_trust``) and dead-letter what they refuse with its place on the
-    topic. Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the read reached
-    the end of every partition: a broker that is away never reads as an empty registry."""
+    the tombstone, value None), read once, for a ``workers.registry_trust.VerifiedRegistry``
+    outside a running worker (the tests; a worker and the router hold ``registry_tail``).
+    Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the read reached the end
+    of every partition: a broker that is away never reads as an empty registry."""
     latest: dict[bytes, Record] = {}
     for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
                              to_end=True):

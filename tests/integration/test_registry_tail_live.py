@@ -15,8 +15,8 @@ import statistics
 import threading
 import time
 import uuid
-from contextlib import suppress
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
