@@ -620,20 +620,25 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     got = wait_for(letters, 60, "a dead letter for every forged record")
     assert {a: got[a] for a in views} == {a: reason for a, (_, reason) in views.items()}
 
-    commands = {world.command(a, CommandAction.load_gpu): a for a in views}
+    for a in views:
+        world.command(a, CommandAction.load_gpu)
+    # By lora name, not command id: the names are unknown to the worker's registry, so each
+    # waits out the agent's registry grace period, and loads queued past the GPU slots are
+    # moved to the host tier meanwhile (``make_room``), which drops their command id.
+    names = {world.adapters[a].record.lora_name: a for a in views}
 
     def outcomes() -> dict[str, str]:
-        out = {commands[e.command_id]: f"{e.kind}:{e.reason}"
+        out = {names[e.lora_name]: f"{e.kind}:{e.reason}"
                for e in world.read("cache-events", CacheEvent)
-               if e.command_id in commands and e.kind in (CacheEventKind.refuse,
-                                                          CacheEventKind.fail)}
-        return out if len(out) == len(commands) else {}
+               if e.lora_name in names and e.kind in (CacheEventKind.refuse,
+                                                      CacheEventKind.fail)}
+        return out if len(out) == len(names) else {}
 
     seen = wait_for(outcomes, 90, "an outcome for every forged or stolen record")
     assert seen == {a: "refuse:not_in_registry" for a in views}
-    names = world.vllm_names()
+    served = world.vllm_names()
     for a in views:
-        assert world.adapters[a].record.lora_name not in names
+        assert world.adapters[a].record.lora_name not in served
         resp = world.ask(a)  # unknown to the worker: never its lora
         assert resp.status_code != 200, (a, resp.headers)
         assert resp.headers.get("X-Loraplane-Lora-Name") != world.adapters[a].record.lora_name
