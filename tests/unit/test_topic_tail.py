@@ -121,3 +121,23 @@ def test_the_verified_registry_reads_only_after_the_tail_moved(tmp_path: Path) -
     path.touch()
     registry.records()
     assert reads[0] == 3
+
+
+def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
+    """Not started: no view, not current (the worker's and the router's /metrics)."""
+    from loraplane.workers.worker_metrics import TailMetrics
+    from prometheus_client import CollectorRegistry
+
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "lp-registry", component="worker-w1-registry")
+    registry = CollectorRegistry()
+    registry.register(TailMetrics([tail]))
+    labels = {"component": "worker-w1-registry"}
+    assert registry.get_sample_value("topic_tail_caught_up", labels) == 0.0
+    assert registry.get_sample_value("topic_tail_current", labels) == 0.0
+    assert registry.get_sample_value("topic_tail_lag", labels) == 0.0
+    with pytest.raises(TopicReadIncomplete):
+        tail.snapshot()
+    assert not tail.wait_caught_up(0.05)
