@@ -13,7 +13,8 @@ worker states) this way, so a change reaches them as soon as the broker delivers
   the topic. librdkafka reconnects by itself; a consumer that fails anyway is rebuilt from
   the positions held (``RECONNECT_S``).
 - ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's present
-  (``progress``: ``kernel.progress``, a broker away shows as a hold-up).
+  (``progress``: ``kernel.progress``, a broker away shows as a hold-up and one ``STALLED``
+  line; the consumer is quiet, librdkafka would log every reconnect attempt).
 
 ``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
 Partitions added to a topic after the start are not read (the project's compacted topics
@@ -180,7 +181,7 @@ class TopicTail:
             try:
                 consumer = kafka.consumer(
                     self._settings, f"{READER_GROUP_PREFIX}tail-{time.monotonic_ns()}",
-                    client_id=self.component, read_to_end=True)
+                    client_id=self.component, read_to_end=True, quiet=True)
                 try:
                     self._assign(consumer)
                     probed = time.monotonic()
