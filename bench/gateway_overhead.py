@@ -231,7 +231,7 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                           "--vllm-url", vllm_url, "--vllm-api-key-file", str(vllm_key_file),
                           "--gateway-port", str(gw_port),
                           "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
-                          "--registry-refresh-s", "1", "--tick-s", "0.2"]
+                          "--tick-s", "0.2"]
                 vllm = vllm_command(model, vllm_port, real)
                 vllm_env = {**env, "VLLM_API_KEY": vllm_auth["Authorization"][7:]}
                 with child(vllm, work / "vllm.log", vllm_env) as vllm_pid, \

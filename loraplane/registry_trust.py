@@ -3,9 +3,11 @@
 Shared by the runtimes that read the registry topic (the worker agent, the fleet router, the
 scoring agent): it sits beside them, not in one of their packages, so none imports another.
 
-The registry topic is a transport, not an authority. Every refresh reads the last record of
-each adapter and accepts it only through ``streams.registry_evidence.verify_view`` with the
-worker's own keyring (``settings.keyring_path``, re-read when the file changes, as the
+The registry topic is a transport, not an authority. Every refresh takes the last record of
+each adapter (from the process's live tail of the topic, ``kernel.topic_tail``; only when
+the tail or the keyring changed) and accepts it only through
+``streams.registry_evidence.verify_view`` with the worker's own keyring
+(``settings.keyring_path``, re-read when the file changes, as the
 registry agent does). A refused record is dead-lettered once (reason
 ``RegistryViewRejection``), counted on ``/metrics`` (``registry_view_refused_total``) and
 never turned into records: nothing it names is fetched, loaded or served.
@@ -18,8 +20,8 @@ never turned into records: nothing it names is fetched, loaded or served.
   (``view_rollback``); the checkpoints of accepted views are kept in a small JSON file in
   the host tier, so a restart does not forget them.
 - Serving does not depend on Kafka (issue #19): a read is merged into what was accepted,
-  adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails,
-  times out or does not reach the end of the topic changes nothing (counted in
+  adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails
+  or has not reached the end of the topic yet changes nothing (counted in
   ``registry_read_failures_total``); an adapter goes away only by a tombstone on the topic.
   The accepted views are written to ``.registry-views.json`` in the host tier after every
   change, and a restarted agent starts from them, each re-verified with the keyring and the
@@ -87,9 +89,14 @@ class VerifiedRegistry:
                  views_path: Path | None = None,
                  on_refused: Callable[[ViewReason], None] | None = None,
                  on_read_failed: Callable[[], None] | None = None,
-                 clock: Callable[[], datetime] = now_utc) -> None:
+                 clock: Callable[[], datetime] = now_utc,
+                 version: Callable[[], int] | None = None) -> None:
+        """``version``: the source's change counter (``TopicTail.version``); with it a
+        refresh reads only after a change (or a new keyring), without it every time."""
         self._keyring_file = keyring
         self._read = read
+        self._version = version
+        self._read_version: int | None = None
         self._sink = sink
         self._component = component
         self._path = checkpoints_path
@@ -122,7 +129,14 @@ class VerifiedRegistry:
         """Merge one read of the topic into the accepted views. The keyring is applied
         first, so a revoked key takes effect even when the read then fails."""
         keyring = self._keyring()
+        new_keyring = keyring is not self._cache_keyring
         changed = self._apply_keyring(keyring)
+        version = None if self._version is None else self._version()
+        if version is not None and version == self._read_version and not new_keyring:
+            if changed:
+                self._save_views()
+            return
+        self._read_version = version  # a failed read is not retried until the source moves
         try:
             for record in self._read():
                 changed |= self._merge(record, keyring)

@@ -128,7 +128,7 @@ class WorkerConfig:
     gateway_url: str = ""
     tick_s: float = 1.0
     heartbeat_s: float = 5.0
-    registry_refresh_s: float = 5.0
+    registry_poll_s: float = 0.2  # how often the loader is asked (in memory: a live tail)
     load_backoff_s: float = 5.0
     refusal_hold_s: float = 30.0  # an artifact refusal answers requests at once this long
     start_timeout_s: float = 120.0
@@ -207,17 +207,20 @@ class WorkerAgent:
     async def refresh_registry(self) -> None:
         """Take the loader's records (``VerifiedRegistry.records``: the last good view,
         merged per adapter, never emptied by a read that failed). A loader that raises
-        anyway leaves the current records as they are: serving never depends on Kafka."""
+        anyway leaves the current records as they are: serving never depends on Kafka.
+        Unchanged records change nothing (the loader is asked every ``registry_poll_s``)."""
         try:
             records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         except Exception as exc:
             log.warning("registry unreadable, keeping the %d records we have: %s",
                         len(self.records), exc)
             return
-        self.records = registry_by_name(records)
-        self.guard = Guard.of(self.records, self.config.policy, self.config.gpu_slots)
-        if self.started:
-            self._fold(GuardChanged())
+        by_name = registry_by_name(records)
+        if by_name != self.records or not self.started:
+            self.records = by_name
+            self.guard = Guard.of(self.records, self.config.policy, self.config.gpu_slots)
+            if self.started:
+                self._fold(GuardChanged())
         now = self._clock()
         for name, until in list(self._rt.awaiting_registry.items()):
             if name in self.records or until <= now:  # known now, or refused by reconcile
@@ -298,12 +301,12 @@ class WorkerAgent:
         (before the caller commits the offset, so a redelivery after a crash is known)."""
         skipped = self.apply(cmd)
         if skipped is None and cmd.lora_name not in self.records:
-            # The planner saw a registry change before our periodic refresh did: read it now
+            # The planner saw a registry change before our tail delivered it: look now
             # rather than refuse a version that is simply newer than our copy.
             await self.refresh_registry()
             if cmd.lora_name not in self.records:
-                # The registry topic may trail the planner by a moment: give the periodic
-                # refresh a grace period before refusing the name as not_in_registry.
+                # The registry topic may trail the planner by a moment: give the tail a
+                # grace period before refusing the name as not_in_registry.
                 self._rt.awaiting_registry[cmd.lora_name] = self._clock() + REGISTRY_GRACE_S
         await self.reconcile_once()
         path = self.config.applied_commands_path
@@ -456,7 +459,7 @@ class WorkerAgent:
 
     async def _registry_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.registry_refresh_s)
+            await asyncio.sleep(self.config.registry_poll_s)
             await self.refresh_registry()
 
     # ---- actions ----------------------------------------------------------------------

@@ -68,6 +68,8 @@ from loraplane.kernel.policy import RequestBudgets
 from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.router")
+REGISTRY_POLL_S = 0.2  # how often the verified registry is asked (in memory: a live tail)
+FIRST_READ_S = 10.0  # how long a start waits for the whole registry before serving
 _ADAPTER_ID = re.compile(ID_PATTERN)
 _TOKEN = re.compile(r"[\x21-\x7e]{1,128}")  # a header value we may copy into a request head
 WORKER_HEADER = "X-Loraplane-Worker"
@@ -449,28 +451,6 @@ class Router:
 
 
 # ---- the process ----------------------------------------------------------------------------
-def _consume_worker_states(settings: Settings, fleet: Fleet, stop: asyncio.Event,
-                           loop: asyncio.AbstractEventLoop, group: str) -> None:
-    """Runs in a thread: the worker-state topic from the start, each record handed to the
-    loop (the index is only touched there)."""
-    from loraplane.kernel import kafka
-    from loraplane.kernel.topics import topic_name
-
-    topic = topic_name(settings, "worker-state")
-    consumer = kafka.consumer(settings, group, client_id=group)
-    try:
-        consumer.subscribe([topic])
-        while not stop.is_set():
-            for msg in consumer.consume(500, 0.5):
-                if msg.error() is not None:
-                    continue
-                record = Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0,
-                                msg.key(), msg.value(), {}, msg.timestamp()[1])
-                loop.call_soon_threadsafe(fleet.take, record)
-    finally:
-        consumer.close()
-
-
 async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
                 clock: Callable[[], float] = time.time) -> None:
     """Publish the router's state every heartbeat (``fleet status``, the fleet panel)."""
@@ -482,20 +462,22 @@ async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
         await asyncio.sleep(every_s)
 
 
-async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, every_s: float,
-                            drain_every_s: float) -> None:
+async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, drain_every_s: float,
+                            poll_s: float = REGISTRY_POLL_S) -> None:
+    """Take the verified registry (fed by the live tail: in memory, re-verified only on a
+    change) into the fleet's versions, and drain silent workers every heartbeat."""
     last_drain = 0.0
     while True:
         try:
             records = await asyncio.to_thread(registry.records)
             fleet.versions = serving_versions(records)
-        except Exception as exc:  # a broker hiccup keeps the last verified view
+        except Exception as exc:  # a bug here keeps the last verified view
             log.warning("registry refresh failed, keeping the last view: %s", exc)
         if time.monotonic() - last_drain >= drain_every_s:
             last_drain = time.monotonic()
             for wid in fleet.index.drain(time.time()):
                 log.info("worker %s drained: no heartbeat for %d intervals", wid, 3)
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(poll_s)
 
 
 def run_router(main: Coroutine[Any, Any, None]) -> None:
@@ -512,7 +494,6 @@ class RouterOptions:
     port: int
     router_id: str
     heartbeat_s: float = 5.0  # the workers' heartbeat interval: silent for 3 is drained
-    registry_refresh_s: float = 5.0
 
 
 async def serve_router(settings: Settings, options: RouterOptions,
@@ -520,34 +501,40 @@ async def serve_router(settings: Settings, options: RouterOptions,
     from loraplane.workers.api_keys import ApiKeysFile
     from loraplane.workers.event_sink import KafkaEventSink, SinkMetrics, poll_forever
     from loraplane.workers.runner import gateway_secret
+    from loraplane.workers.worker_metrics import ProgressMetrics, TailMetrics
 
     from loraplane.kernel.config import LOOPBACK
     from loraplane.kernel.http_server import bound_port, start_site
-    from loraplane.kernel.registry_view import latest_registry_records
+    from loraplane.kernel.registry_view import registry_tail
+    from loraplane.kernel.topic_tail import TopicTail
+    from loraplane.kernel.topics import topic_name
 
     component = f"router-{options.router_id}"
     sink = KafkaEventSink(settings, component)
     fleet = Fleet(FleetIndex(settings.policy, options.heartbeat_s), sink, component)
+    loop = asyncio.get_running_loop()
+    # Worker states: every record to the index, on the loop (the index is only touched there).
+    states = TopicTail(settings, topic_name(settings, "worker-state"),
+                       component=f"{component}-worker-state",
+                       on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r)).start()
+    tail = registry_tail(settings, component)
     registry = VerifiedRegistry(
-        KeyringFile(settings.keyring_path), lambda: latest_registry_records(settings),
-        sink=sink, component=component,
-        checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE)
+        KeyringFile(settings.keyring_path), tail.snapshot, sink=sink, component=component,
+        checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE,
+        version=lambda: tail.version)
+    await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S)
     router = Router(fleet, api_keys=ApiKeysFile.open(settings.api_keys_path),
                     budgets=settings.policy.request_budgets,
                     secret=gateway_secret(settings.router_secret_path, "router secret"),
                     max_body_bytes=settings.http.max_body_bytes,
                     retry_after_s=max(1, math.ceil(options.heartbeat_s)))
     router.collectors.register(SinkMetrics(sink))
+    router.collectors.register(TailMetrics([tail, states]))
+    router.collectors.register(ProgressMetrics([tail.progress, states.progress]))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # every router reads everything: a group of its own, under the prefix the ACLs grant
-    group = f"{settings.topic_prefix}-router-{component}-{uuid.uuid4().hex[:8]}"
-    consumer = asyncio.create_task(asyncio.to_thread(
-        _consume_worker_states, settings, fleet, stop, loop, group))
-    refresher = asyncio.create_task(_refresh_registry(
-        registry, fleet, options.registry_refresh_s, options.heartbeat_s))
+    refresher = asyncio.create_task(_refresh_registry(registry, fleet, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
     runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
@@ -563,6 +550,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
         poller.cancel()
         beat.cancel()
         await runner.cleanup()
-        await consumer
+        states.stop()
+        tail.stop()
         sink.close(5.0)
 

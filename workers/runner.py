@@ -25,16 +25,19 @@ from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics,
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.vllm_client import VllmClient
-from loraplane.workers.worker_metrics import ProgressMetrics, WorkerMetrics
+from loraplane.workers.worker_metrics import ProgressMetrics, TailMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
+from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.secrets import SecretError, secret_key
+from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.worker")
+FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,6 @@ class WorkerOptions:
     gpu_slots: int = 2
     tick_s: float = 1.0
     heartbeat_s: float = 5.0
-    registry_refresh_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
     vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
 
@@ -69,21 +71,20 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
                     is_protected=is_protected)
 
 
-def verified_registry(settings: Settings, options: WorkerOptions, sink: EventSink,
-                      metrics: WorkerMetrics) -> VerifiedRegistry:
+def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
+                      metrics: WorkerMetrics, keyring: KeyringFile) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
-    dead-lettered and counted (loraplane/registry_trust.py). The last verified views are kept
-    in the host tier, so the agent serves them while Kafka is away, restarts included."""
-    from loraplane.kernel.registry_view import latest_registry_records
-
-    return VerifiedRegistry(KeyringFile(settings.keyring_path),
-                            lambda: latest_registry_records(settings), sink=sink,
+    dead-lettered and counted (loraplane/registry_trust.py). Fed by the live ``tail``; the
+    last verified views are kept in the host tier, so the agent serves them while Kafka is
+    away, restarts included."""
+    return VerifiedRegistry(keyring, tail.snapshot, sink=sink,
                             component=f"worker-{options.worker_id}",
                             checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
                             views_path=options.host_tier_dir / VIEWS_FILE,
                             on_refused=metrics.view_refused,
-                            on_read_failed=metrics.registry_read_failed)
+                            on_read_failed=metrics.registry_read_failed,
+                            version=lambda: tail.version)
 
 
 async def _site(settings: Settings, app: web.Application, port: int, name: str
@@ -115,7 +116,13 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
     metrics.registry.register(SinkMetrics(sink))
-    registry = verified_registry(settings, options, sink, metrics)
+    tail = registry_tail(settings, f"worker-{options.worker_id}")
+    metrics.registry.register(TailMetrics([tail]))
+    if not await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S):
+        log.warning("registry not read to its end within %.0f s; serving the saved views "
+                    "until it is", FIRST_READ_S)
+    registry = verified_registry(options, tail, sink, metrics,
+                                 KeyringFile(settings.keyring_path))
     agent = WorkerAgent(
         WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
                      vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
@@ -123,7 +130,6 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
                      gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
-                     registry_refresh_s=options.registry_refresh_s,
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
                      policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
@@ -136,7 +142,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     feed = KafkaCommandFeed(settings, options.worker_id, sink,
                             keyring=KeyringFile(settings.keyring_path),
                             on_refused=agent.metrics.command_refused)
-    metrics.registry.register(ProgressMetrics([feed.progress]))
+    metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
         metrics_app = web.Application(client_max_size=1024)
@@ -162,4 +168,5 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         agent.publish_state()
         sink.close(5.0)
         feed.close()
+        tail.stop()
         await vllm.close()

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loraplane.kernel.progress import Progress
+from loraplane.kernel.topic_tail import TopicTail
 
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
@@ -167,3 +168,29 @@ class ProgressMetrics(Collector):
             stalls.add_metric([p.component], p.stalls)
         yield stuck
         yield stalls
+
+
+class TailMetrics(Collector):
+    """Whether a live topic tail (``kernel.topic_tail``: the registry) is the topic's
+    present: ``topic_tail_caught_up`` 0 until the first complete read, ``topic_tail_lag``
+    the records known to be unread, ``topic_tail_current`` 1 when caught up, not behind and
+    the broker answering (a view that is not current keeps serving, just older)."""
+
+    def __init__(self, tails: Iterable[TopicTail]) -> None:
+        self.tails = list(tails)
+
+    def collect(self) -> Iterator[Metric]:
+        caught_up = GaugeMetricFamily("topic_tail_caught_up", "1 once the topic was read to "
+                                      "its end", labels=["component"])
+        lag = GaugeMetricFamily("topic_tail_lag", "Records between the tail's position and "
+                                "the topic's end as last learned", labels=["component"])
+        current = GaugeMetricFamily("topic_tail_current", "1 when the view is the topic's "
+                                    "present (caught up, no lag, broker answering)",
+                                    labels=["component"])
+        for t in self.tails:
+            caught_up.add_metric([t.component], float(t.caught_up))
+            lag.add_metric([t.component], t.lag())
+            current.add_metric([t.component], float(t.current()))
+        yield caught_up
+        yield lag
+        yield current

@@ -23,7 +23,6 @@ def run(
         None, "--heartbeat-s", help="the workers' heartbeat interval (default: "
                                     "policy.worker_heartbeat_s): a worker silent for three "
                                     "intervals is drained"),
-    registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
     import logging
@@ -37,5 +36,4 @@ def run(
     settings = get_settings()
     run_router(serve_router(settings, RouterOptions(
         port=port, router_id=router_id,
-        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        registry_refresh_s=registry_refresh_s)))
+        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s)))

@@ -36,7 +36,6 @@ def run(
     heartbeat_s: float | None = typer.Option(
         None, "--heartbeat-s", help="default: policy.worker_heartbeat_s (what the router, "
                                     "the planner and the fleet view expect)"),
-    registry_refresh_s: float = typer.Option(5.0, "--registry-refresh-s"),
     model_dir: Path | None = typer.Option(
         None, "--model-dir", help="base model folder: adapters are checked against its shapes"),
     vllm_api_key_file: Path | None = typer.Option(
@@ -68,7 +67,6 @@ def run(
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        registry_refresh_s=registry_refresh_s,
         model_dir=model_dir, vllm_api_key=vllm_api_key)
     asyncio.run(serve_worker(settings, options))
 

@@ -104,12 +104,12 @@ class Run:
         in_parallel(lambda a: self.system.lifecycle("promote", a.adapter_id, "1"), adapters)
 
     def wait_serving(self, adapters: Sequence[Adapter]) -> None:
-        """Until the registry serves each, then one gateway registry refresh more."""
+        """Until the registry serves each, then until the workers' tails have it too."""
         ids = {a.adapter_id for a in adapters}
         self.system.wait(lambda: all(
             (v := self.system.registry().get(i)) is not None and v.active_version
             for i in ids), 90, f"registry to serve {', '.join(sorted(ids))}")
-        time.sleep(2 * self.system.options.registry_refresh_s + 1)
+        time.sleep(self.system.options.registry_settle_s)
 
     def warm(self, adapters: Sequence[Adapter], timeout_s: float = 90.0) -> None:
         """Send requests until each adapter answers from a GPU copy."""
@@ -222,7 +222,7 @@ def signature_failure(run: Run) -> Facts:
     run.steps.run("publish one with a key trusted only for another tenant", lambda:
                   run.publish([scoped], promote=False, key=run.system.generate_key(
                       "other-team", scopes=("tenant:someone-else", "action:*"))))
-    time.sleep(2 * run.system.options.registry_refresh_s + 1)
+    time.sleep(run.system.options.registry_settle_s)
     run.steps.run(f"replay {run.duration_s:.0f}s of requests for them", lambda: run.replay(
         [unknown, scoped], TrafficShape(run.duration_s, max_qps=2.0)), _sent)
     return Facts(targets=(unknown.adapter_id, scoped.adapter_id))

@@ -100,7 +100,7 @@ class SystemOptions:
     fake_token_delay_ms: float = 4.0
     tick_s: float = 0.5
     heartbeat_s: float = 2.0
-    registry_refresh_s: float = 2.0
+    registry_settle_s: float = 2.0  # a registry change is in every live tail within 1 s
 
     @property
     def vllm_label(self) -> str:
@@ -217,8 +217,7 @@ class LiveSystem:
                 str(self.vllm_key_file(vllm_url)), "--gateway-port", str(port),
                 "--model-dir", str(self.artifacts.model_dir),
                 "--gpu-slots", str(self.options.gpu_slots), "--tick-s", str(self.options.tick_s),
-                "--heartbeat-s", str(self.options.heartbeat_s),
-                "--registry-refresh-s", str(self.options.registry_refresh_s)])
+                "--heartbeat-s", str(self.options.heartbeat_s)])
             started.append((child, Worker(worker_id, vllm_url, f"http://{LOOPBACK}:{port}")))
         for child, worker in started:
             self.supervisor.wait_ready(child, partial(http_ok, worker.gateway_url + "/healthz"),
@@ -239,8 +238,7 @@ class LiveSystem:
         port = free_port()
         child = self.supervisor.start("router", [
             LORAPLANE, "router", "run", "--port", str(port), "--router-id", "demo",
-            "--heartbeat-s", str(self.options.heartbeat_s),
-            "--registry-refresh-s", str(self.options.registry_refresh_s)])
+            "--heartbeat-s", str(self.options.heartbeat_s)])
         self.router_url = f"http://{LOOPBACK}:{port}"
         self.supervisor.wait_ready(
             child, lambda: self.router_health().get("workers") == len(self.workers), 120,

@@ -66,6 +66,12 @@ def _headers(raw: Headers) -> dict[str, bytes]:
     return {k: v.encode() if isinstance(v, str) else v or b"" for k, v in pairs}
 
 
+def record_of(msg: Any, topic: str = "") -> Record:
+    """A consumed confluent-kafka message as a Record (``topic`` when it names none)."""
+    return Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0, msg.key(),
+                  msg.value(), _headers(msg.headers()), msg.timestamp()[1])
+
+
 class TopicReadIncomplete(RuntimeError):
     """A read that had to reach the end of a topic did not within its time (the broker is
     away, or slow): what was read is not the whole topic."""
@@ -110,8 +116,7 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
                 raise KafkaException(err)
             last = time.monotonic()
             at_end.discard((msg.topic() or "", msg.partition() or 0))
-            yield Record(msg.topic() or names[0], msg.partition() or 0, msg.offset() or 0,
-                         msg.key(), msg.value(), _headers(msg.headers()), msg.timestamp()[1])
+            yield record_of(msg, names[0])
         if to_end:
             raise TopicReadIncomplete(f"{topic}: the end was not reached within {timeout_s:.0f}s "
                                       f"(is {settings.kafka.bootstrap} up?)")

@@ -215,8 +215,7 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
                           TINY_BASE_MODEL, "--vllm-url", f.vllms[wid], "--gateway-port",
                           str(gw), "--host-tier-dir", str(tmp / f"host-{wid}"),
                           "--model-dir", str(model_dir), "--tick-s", "0.2",
-                          "--gpu-slots", str(gpu_slots), "--heartbeat-s", f"{heartbeat_s:g}",
-                          "--registry-refresh-s", "1"])
+                          "--gpu-slots", str(gpu_slots), "--heartbeat-s", f"{heartbeat_s:g}"])
         for wid in workers:
             wait_for(lambda p=f.gateways[wid]: _healthz(p), 90, f"{wid} /healthz")
         if not router:
@@ -225,8 +224,7 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
         rport = free_port()
         f.router_url = f"http://127.0.0.1:{rport}"
         f.spawn("router", [LORAPLANE, "router", "run", "--port", str(rport), "--router-id",
-                           "t1", "--heartbeat-s", f"{heartbeat_s:g}", "--registry-refresh-s",
-                           "1"])
+                           "t1", "--heartbeat-s", f"{heartbeat_s:g}"])
         wait_for(lambda: f.health().get("workers") == len(workers)
                  and f.health().get("adapters") == len(adapters), 60,
                  f"the router's view of {len(workers)} workers and {len(adapters)} adapters")

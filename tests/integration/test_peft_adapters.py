@@ -108,8 +108,7 @@ class Fleet:
              TINY_BASE_MODEL, "--vllm-url", self.vllm.url, "--vllm-api-key-file",
              str(self.tmp / "vllm.key"), "--gateway-port",
              str(self.gateway_port), "--host-tier-dir", str(self.tmp / "host"), "--model-dir",
-             str(self.model_dir), "--tick-s", "0.2", "--heartbeat-s", "1",
-             "--registry-refresh-s", "1"],
+             str(self.model_dir), "--tick-s", "0.2", "--heartbeat-s", "1"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(lambda: True if _get(f"{self.gateway}/healthz") else None, "agent /healthz",
                  timeout_s=90)

@@ -59,8 +59,7 @@ HEARTBEAT_S, TICK_S = 1.0, 0.5
 CAPACITY_RPS, HYSTERESIS = 3.0, 0.1
 POLICY = {"worker_capacity_rps": CAPACITY_RPS, "replica_hysteresis": HYSTERESIS,
           "planner_interval_s": TICK_S, "worker_heartbeat_s": HEARTBEAT_S}
-OPTIONS = SystemOptions(fake_vllm=True, gpu_slots=4, tick_s=0.2, heartbeat_s=HEARTBEAT_S,
-                        registry_refresh_s=1.0)
+OPTIONS = SystemOptions(fake_vllm=True, gpu_slots=4, tick_s=0.2, heartbeat_s=HEARTBEAT_S)
 TAU_1M_S = 60.0  # the planner's demand: the decayed 1-minute request count / 60 s
 HOT_RATE, KILL_RATE, CONCURRENCY = 14.0, 8.0, 4
 HOT = Adapter("hot", "acme", "gold", seed=301)

@@ -118,7 +118,7 @@ class World:
              "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
              "--gateway-port", str(self.gateway_port), "--host-tier-dir",
              str(self.tmp / f"host-{self.worker_id}"), "--model-dir", str(self.model_dir),
-             "--tick-s", "0.2", "--heartbeat-s", "1", "--registry-refresh-s", "1", *extra],
+             "--tick-s", "0.2", "--heartbeat-s", "1", *extra],
             env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         wait_for(lambda: _healthz(self.gateway_port), 90, "agent /healthz")
@@ -434,7 +434,7 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert len(records) == len(HOSTILE_IDS)
     write_registry(world.settings, records)
     world.adapters.update({r.adapter_id: Published(world.tmp, r) for r in records})
-    time.sleep(2)  # the agent re-reads the registry every second (--registry-refresh-s 1)
+    time.sleep(2)  # the agent's live registry tail has a change within a second
     commands = {world.command(r.adapter_id, CommandAction.load_gpu): r.lora_name
                 for r in records}
 
@@ -620,20 +620,25 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     got = wait_for(letters, 60, "a dead letter for every forged record")
     assert {a: got[a] for a in views} == {a: reason for a, (_, reason) in views.items()}
 
-    commands = {world.command(a, CommandAction.load_gpu): a for a in views}
+    for a in views:
+        world.command(a, CommandAction.load_gpu)
+    # By lora name, not command id: the names are unknown to the worker's registry, so each
+    # waits out the agent's registry grace period, and loads queued past the GPU slots are
+    # moved to the host tier meanwhile (``make_room``), which drops their command id.
+    names = {world.adapters[a].record.lora_name: a for a in views}
 
     def outcomes() -> dict[str, str]:
-        out = {commands[e.command_id]: f"{e.kind}:{e.reason}"
+        out = {names[e.lora_name]: f"{e.kind}:{e.reason}"
                for e in world.read("cache-events", CacheEvent)
-               if e.command_id in commands and e.kind in (CacheEventKind.refuse,
-                                                          CacheEventKind.fail)}
-        return out if len(out) == len(commands) else {}
+               if e.lora_name in names and e.kind in (CacheEventKind.refuse,
+                                                      CacheEventKind.fail)}
+        return out if len(out) == len(names) else {}
 
     seen = wait_for(outcomes, 90, "an outcome for every forged or stolen record")
     assert seen == {a: "refuse:not_in_registry" for a in views}
-    names = world.vllm_names()
+    served = world.vllm_names()
     for a in views:
-        assert world.adapters[a].record.lora_name not in names
+        assert world.adapters[a].record.lora_name not in served
         resp = world.ask(a)  # unknown to the worker: never its lora
         assert resp.status_code != 200, (a, resp.headers)
         assert resp.headers.get("X-Loraplane-Lora-Name") != world.adapters[a].record.lora_name

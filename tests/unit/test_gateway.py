@@ -166,7 +166,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     agent = WorkerAgent(
         WorkerConfig(worker_id="w1", base_model=BASE, vllm_url=str(vllm_server.make_url("")),
                      host_budget_bytes=10**9, tick_s=0.05, heartbeat_s=0.5,
-                     registry_refresh_s=60, load_backoff_s=60, cold_loads_per_minute=6),
+                     registry_poll_s=60, load_backoff_s=60, cold_loads_per_minute=6),
         vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2), host_tier=tier,
         registry_loader=lambda: RECORDS, sink=sink)
     budgets = RequestBudgets(interactive=InteractiveBudget(on_cold="fallback"),

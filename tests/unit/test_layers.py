@@ -27,6 +27,8 @@ LAYER_NAMES = {0: "kernel", 1: "decisions", 2: "runtimes", 3: "applications"}
 CONTRACT: list[tuple[str, int]] = [
     # what a cache command does to a copy: shared by the planner and the worker agent
     ("loraplane.kernel.command_effects", KERNEL),
+    # the one live tail of a compacted topic: the worker's and the router's registry
+    ("loraplane.kernel.topic_tail", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier

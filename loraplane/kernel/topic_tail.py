@@ -1,0 +1,268 @@
+"""A live tail of compacted topics: the last record of every key, kept current by one
+long-lived consumer instead of re-reading the whole topic every few seconds (issue #15
+item 4). The worker agents and the fleet router hold their registry (and the router its
+worker states) this way, so a change reaches them as soon as the broker delivers it.
+
+- The first view is complete: ``snapshot`` raises ``TopicReadIncomplete`` until every
+  partition has been read to its end once, so a broker that is away (or slow) never reads
+  as an empty topic.
+- Then each record (a tombstone too, kept as value None) replaces its key's last one as it
+  arrives; ``version`` counts the changes, so a user re-derives its view only on a change.
+- Partitions are assigned, not subscribed: no consumer group, no rebalance, and the
+  position lives in this process, so a broker restart neither loses the view nor re-reads
+  the topic. librdkafka reconnects by itself; a consumer that fails anyway is rebuilt from
+  the positions held (``RECONNECT_S``).
+- ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's present
+  (``progress``: ``kernel.progress``, a broker away shows as a hold-up and one ``STALLED``
+  line; the consumer is quiet, librdkafka would log every reconnect attempt).
+
+``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
+Partitions added to a topic after the start are not read (the project's compacted topics
+keep their partition count).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from loraplane.kernel import kafka
+from loraplane.kernel.acls import READER_GROUP_PREFIX
+from loraplane.kernel.bus import Record, TopicReadIncomplete, record_of
+from loraplane.kernel.config import Settings
+from loraplane.kernel.progress import Progress
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]  # (topic, partition)
+RECONNECT_S = 1.0  # a consumer that failed is rebuilt after this long
+PROBE_EVERY_S = 5.0  # an idle tail asks for metadata this often, to notice a broker away
+PARTITION_EOF = -191  # librdkafka's _PARTITION_EOF
+
+
+class TailView:
+    """The last record per (topic, key) and where each partition is read to. Not
+    thread-safe: ``TopicTail`` holds its lock around it."""
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple[str, bytes], Record] = {}
+        self._next: dict[Partition, int] = {}  # the next offset to read
+        self._end: dict[Partition, int] = {}  # the end as last learned from the broker
+        self._reached: set[Partition] = set()  # partitions read to their end at least once
+        self.caught_up = False
+        self.version = 0  # changes since caught up (+1 on catching up); 0: no view yet
+
+    def assign(self, ends: dict[Partition, int]) -> None:
+        """The partitions to read and each one's end now; one with nothing to read before
+        its end is reached at once."""
+        for tp, end in ends.items():
+            self._next.setdefault(tp, 0)
+            self._end[tp] = end
+            if self._next[tp] >= end:
+                self._reached.add(tp)
+        self._check_caught_up()
+
+    def positions(self) -> dict[Partition, int]:
+        """Where to resume each partition (a rebuilt consumer starts there)."""
+        return dict(self._next)
+
+    def apply(self, record: Record) -> None:
+        """One record in partition order: it replaces its key's last one."""
+        tp = (record.topic, record.partition)
+        key = (record.topic, record.key or b"")
+        self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
+        self._latest[key] = record
+        self._next[tp] = max(self._next.get(tp, 0), record.offset + 1)
+        if self._next[tp] >= self._end.get(tp, 0):
+            self._reached.add(tp)
+        if self.caught_up:
+            self.version += 1
+        else:
+            self._check_caught_up()
+
+    def at_end(self, tp: Partition, offset: int) -> None:
+        """The broker says the partition ends at ``offset`` (a transaction marker may sit
+        between the last record and the end)."""
+        self._next[tp] = max(self._next.get(tp, 0), offset)
+        self._end[tp] = max(self._end.get(tp, 0), offset)
+        self._reached.add(tp)
+        self._check_caught_up()
+
+    def set_end(self, tp: Partition, end: int) -> None:
+        """A newer end learned from the broker (its high watermark)."""
+        self._end[tp] = max(self._end.get(tp, 0), end)
+
+    def lag(self) -> int:
+        """Records (offsets) between the read positions and the ends last learned."""
+        return sum(max(0, end - self._next.get(tp, 0)) for tp, end in self._end.items())
+
+    def snapshot(self) -> list[Record]:
+        """The last record of every key, in arrival order."""
+        if not self.caught_up:
+            raise TopicReadIncomplete("the topic has not been read to its end yet")
+        return list(self._latest.values())
+
+    def _check_caught_up(self) -> None:
+        if not self.caught_up and self._end and self._reached >= set(self._end):
+            self.caught_up = True
+            self.version += 1
+
+
+class TopicTail:
+    """One consumer thread tailing ``topics`` into a ``TailView``. ``on_record`` (called on
+    that thread, each record as it is applied) is for users that index records themselves
+    (the router's fleet index)."""
+
+    def __init__(self, settings: Settings, topics: str | Sequence[str], *, component: str,
+                 on_record: Callable[[Record], object] | None = None) -> None:
+        self._settings = settings
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        self.component = component
+        self._on_record = on_record
+        self._view = TailView()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.progress = Progress(component)
+
+    # ---- what users read ------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._view.version
+
+    @property
+    def caught_up(self) -> bool:
+        with self._lock:
+            return self._view.caught_up
+
+    def lag(self) -> int:
+        with self._lock:
+            return self._view.lag()
+
+    def current(self) -> bool:
+        """Caught up, nothing known to be unread, and the broker answering."""
+        with self._lock:
+            fresh = self._view.caught_up and self._view.lag() == 0
+        return fresh and self.progress.stuck_s() == 0.0
+
+    def snapshot(self) -> list[Record]:
+        """The last record of every key; ``TopicReadIncomplete`` before the first complete
+        read."""
+        with self._lock:
+            return self._view.snapshot()
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Block until the first complete read (True) or ``timeout_s`` (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._view.caught_up, timeout_s)
+
+    # ---- the thread -------------------------------------------------------------------------
+    def start(self) -> TopicTail:
+        self._thread = threading.Thread(target=self._run, name=f"tail-{self.component}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                consumer = kafka.consumer(
+                    self._settings, f"{READER_GROUP_PREFIX}tail-{time.monotonic_ns()}",
+                    client_id=self.component, read_to_end=True, quiet=True)
+                try:
+                    self._assign(consumer)
+                    probed = time.monotonic()
+                    while not self._stop.is_set():
+                        if self._step(consumer):
+                            probed = time.monotonic()
+                        elif time.monotonic() - probed > PROBE_EVERY_S:
+                            probed = time.monotonic()
+                            self._probe(consumer)
+                finally:
+                    consumer.close()
+            except Exception as exc:  # KafkaException, a broker away at start, ...
+                self.progress.blocked(f"kafka: {exc}")
+                self.progress.check()
+                self._stop.wait(RECONNECT_S)
+
+    def _assign(self, consumer: Consumer) -> None:
+        """Every partition of the topics, from the positions held (the beginning at first);
+        raises while the broker cannot tell the partitions or their ends."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        parts: list[Partition] = []
+        for topic in self.topics:
+            meta = consumer.list_topics(topic, timeout=5.0).topics[topic]
+            if meta.error is not None:
+                raise RuntimeError(f"{topic}: {meta.error}")
+            parts += [(topic, p) for p in sorted(meta.partitions)]
+        ends = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1]
+                for tp in parts}
+        with self._changed:
+            self._view.assign(ends)
+            at = self._view.positions()
+            self._changed.notify_all()
+        consumer.assign([TopicPartition(t, p, at[(t, p)] or OFFSET_BEGINNING)
+                         for t, p in parts])
+        self.progress.advanced()
+
+    def _step(self, consumer: Consumer) -> bool:
+        """One batch; True when the broker answered with anything."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        messages = consumer.consume(500, 0.2)
+        answered = False
+        for msg in messages:
+            tp = (msg.topic() or self.topics[0], msg.partition() or 0)
+            if (err := msg.error()) is not None:
+                if err.code() == PARTITION_EOF:
+                    answered = True
+                    with self._changed:
+                        self._view.at_end(tp, msg.offset() or 0)
+                        self._changed.notify_all()
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                self.progress.blocked(f"kafka: {err}")  # librdkafka retries by itself
+                self.progress.check()
+                continue
+            answered = True
+            record = record_of(msg, tp[0])
+            with self._changed:
+                self._view.apply(record)
+                self._changed.notify_all()
+            if self._on_record is not None:
+                self._on_record(record)
+        if answered:
+            self.progress.advanced()
+            with self._lock:
+                parts = list(self._view.positions())
+            for t, p in parts:
+                _, high = consumer.get_watermark_offsets(TopicPartition(t, p), cached=True)
+                if high >= 0:
+                    with self._lock:
+                        self._view.set_end((t, p), high)
+        return answered
+
+    def _probe(self, consumer: Consumer) -> None:
+        """An idle tail has no message to prove the broker is there: ask for metadata."""
+        try:
+            consumer.list_topics(self.topics[0], timeout=2.0)
+        except Exception as exc:
+            self.progress.blocked(f"kafka: {exc}")
+            self.progress.check()
+        else:
+            self.progress.advanced()

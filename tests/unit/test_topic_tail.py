@@ -1,0 +1,143 @@
+"""The pure part of the live topic tail (kernel/topic_tail.py ``TailView``): a first view
+only once every partition was read to its end, then record by record with tombstones; and
+the verified registry re-reading its source only when the tail moved or the keyring
+changed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from loraplane.schemas.keyring import KeyringFile, save_keyring
+
+from loraplane.kernel.bus import Record, TopicReadIncomplete
+from loraplane.kernel.topic_tail import TailView
+from loraplane.registry_trust import VerifiedRegistry
+from tests.unit.test_registry_evidence import KIT, NOW, VIEW_A
+from tests.unit.test_registry_trust import Sink, Topic
+
+
+def rec(partition: int, offset: int, key: str, value: bytes | None = b"v") -> Record:
+    return Record("reg", partition, offset, key.encode(), value, {}, 0)
+
+
+def test_no_view_until_every_partition_reached_its_end() -> None:
+    """A partial first read must not look like a registry that lacks the rest."""
+    view = TailView()
+    view.assign({("reg", 0): 2, ("reg", 1): 1})
+    view.apply(rec(0, 0, "a"))
+    view.apply(rec(0, 1, "b"))
+    assert not view.caught_up and view.version == 0 and view.lag() == 1
+    with pytest.raises(TopicReadIncomplete):
+        view.snapshot()
+    view.apply(rec(1, 0, "c"))
+    assert view.caught_up and view.version == 1 and view.lag() == 0
+    assert [r.key for r in view.snapshot()] == [b"a", b"b", b"c"]
+
+
+def test_empty_partitions_are_at_their_end_at_once() -> None:
+    view = TailView()
+    view.assign({("reg", 0): 0, ("reg", 1): 0})
+    assert view.caught_up and view.snapshot() == []
+
+
+def test_no_partitions_known_yet_is_not_a_view() -> None:
+    view = TailView()
+    view.assign({})
+    assert not view.caught_up
+
+
+def test_a_transaction_marker_before_the_end_is_crossed_by_the_brokers_eof() -> None:
+    """read_committed: the last record sits below the end (the commit marker's offset);
+    the partition-EOF event says where the end is."""
+    view = TailView()
+    view.assign({("reg", 0): 3})
+    view.apply(rec(0, 1, "a"))
+    assert not view.caught_up
+    view.at_end(("reg", 0), 3)
+    assert view.caught_up and view.lag() == 0
+
+
+def test_each_change_replaces_its_key_and_counts_tombstones_included() -> None:
+    view = TailView()
+    view.assign({("reg", 0): 1})
+    view.apply(rec(0, 0, "a", b"a1"))
+    first = view.version
+    view.apply(rec(0, 1, "b", b"b1"))
+    view.apply(rec(0, 2, "a", b"a2"))
+    view.apply(rec(0, 3, "b", None))  # a tombstone stays, as the last word on its key
+    assert view.version == first + 3
+    assert [(r.key, r.value) for r in view.snapshot()] == [(b"a", b"a2"), (b"b", None)]
+
+
+def test_lag_follows_the_end_learned_from_the_broker() -> None:
+    view = TailView()
+    view.assign({("reg", 0): 1})
+    view.apply(rec(0, 0, "a"))
+    view.set_end(("reg", 0), 5)
+    assert view.caught_up and view.lag() == 4
+    view.set_end(("reg", 0), 2)  # an older answer never moves the end back
+    assert view.lag() == 4
+
+
+def test_positions_resume_where_the_tail_was() -> None:
+    """A rebuilt consumer (after a failure) starts at the positions held, not the start."""
+    view = TailView()
+    view.assign({("reg", 0): 2})
+    view.apply(rec(0, 0, "a"))
+    view.apply(rec(0, 1, "b"))
+    view.assign({("reg", 0): 4})  # the broker again, after a restart: more was written
+    assert view.positions() == {("reg", 0): 2}
+    assert view.caught_up  # the view it had stays a view
+    assert view.lag() == 2
+
+
+def test_the_verified_registry_reads_only_after_the_tail_moved(tmp_path: Path) -> None:
+    """With ``version`` the source is read once per change (and once per new keyring), and
+    a failed first read is not retried until the tail moves."""
+    path = tmp_path / "keyring.yaml"
+    save_keyring(KIT.keyring, path)
+    topic, reads, version = Topic(), [0], [0]
+
+    def read() -> list[Record]:
+        reads[0] += 1
+        if version[0] == 0:
+            raise TopicReadIncomplete("not at the end yet")
+        return topic.latest()
+
+    registry = VerifiedRegistry(KeyringFile(path), read, sink=Sink(), component="worker-w1",
+                                clock=lambda: NOW + timedelta(minutes=10),
+                                version=lambda: version[0])
+    assert registry.records() == [] and registry.read_failures == 1
+    registry.records()
+    assert reads[0] == 1 and registry.read_failures == 1  # not once per poll
+    topic.write(VIEW_A.adapter_id, VIEW_A)
+    version[0] = 1
+    assert registry.records() == VIEW_A.versions and reads[0] == 2
+    registry.records()
+    assert reads[0] == 2
+    save_keyring(KIT.keyring, path)  # rewritten: a new keyring re-judges the whole view
+    path.touch()
+    registry.records()
+    assert reads[0] == 3
+
+
+def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
+    """Not started: no view, not current (the worker's and the router's /metrics)."""
+    from loraplane.workers.worker_metrics import TailMetrics
+    from prometheus_client import CollectorRegistry
+
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "lp-registry", component="worker-w1-registry")
+    registry = CollectorRegistry()
+    registry.register(TailMetrics([tail]))
+    labels = {"component": "worker-w1-registry"}
+    assert registry.get_sample_value("topic_tail_caught_up", labels) == 0.0
+    assert registry.get_sample_value("topic_tail_current", labels) == 0.0
+    assert registry.get_sample_value("topic_tail_lag", labels) == 0.0
+    with pytest.raises(TopicReadIncomplete):
+        tail.snapshot()
+    assert not tail.wait_caught_up(0.05)
