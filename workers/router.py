@@ -501,10 +501,11 @@ async def serve_router(settings: Settings, options: RouterOptions,
     from loraplane.workers.api_keys import ApiKeysFile
     from loraplane.workers.event_sink import KafkaEventSink, SinkMetrics, poll_forever
     from loraplane.workers.runner import gateway_secret
-    from loraplane.workers.worker_metrics import ProgressMetrics, TailMetrics
+    from loraplane.workers.worker_metrics import TailMetrics
 
     from loraplane.kernel.config import LOOPBACK
     from loraplane.kernel.http_server import bound_port, start_site
+    from loraplane.kernel.progress_metrics import ProgressMetrics
     from loraplane.kernel.registry_view import registry_tail
     from loraplane.kernel.topic_tail import TopicTail
     from loraplane.kernel.topics import topic_name

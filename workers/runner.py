@@ -25,12 +25,13 @@ from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics,
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.vllm_client import VllmClient
-from loraplane.workers.worker_metrics import ProgressMetrics, TailMetrics, WorkerMetrics
+from loraplane.workers.worker_metrics import TailMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
+from loraplane.kernel.progress_metrics import ProgressMetrics
 from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.secrets import SecretError, secret_key
 from loraplane.kernel.topic_tail import TopicTail

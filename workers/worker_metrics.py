@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from loraplane.kernel.progress import Progress
 from loraplane.kernel.topic_tail import TopicTail
 
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
@@ -147,27 +146,6 @@ class WorkerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class ProgressMetrics(Collector):
-    """Consumer hold-ups (``kernel.progress``) on /metrics: ``consumer_stuck_seconds`` is 0
-    while the consumer progresses and grows while it cannot; ``consumer_stalls_total``
-    counts hold-ups that lasted past the stall threshold."""
-
-    def __init__(self, progress: Iterable[Progress]) -> None:
-        self.progress = list(progress)
-
-    def collect(self) -> Iterator[Metric]:
-        stuck = GaugeMetricFamily("consumer_stuck_seconds", "Seconds this consumer has not "
-                                  "been able to make progress (0: fine)", labels=["component"])
-        stalls = CounterMetricFamily("consumer_stalls", "Hold-ups that lasted past the "
-                                     "stall threshold (each logged as STALLED)",
-                                     labels=["component"])
-        for p in self.progress:
-            stuck.add_metric([p.component], p.stuck_s())
-            stalls.add_metric([p.component], p.stalls)
-        yield stuck
-        yield stalls
 
 
 class TailMetrics(Collector):

@@ -70,10 +70,14 @@ def sink(batch_size: int = typer.Option(5000, min=1),
          max_wait_s: float = typer.Option(1.0, min=0.01),
          group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
          session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
+         metrics_port: int = typer.Option(
+             0, "--metrics-port", min=0, max=65535,
+             help="Serve consumer_stuck_seconds on 127.0.0.1:PORT/metrics (0: none)."),
          ) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""
     from loraplane.kernel import kafka
+    from loraplane.kernel.progress_metrics import serve_progress
     from loraplane.metrics.sink import Sink, SinkConfig
 
     kafka.act_as(kafka.Principal.metrics)
@@ -84,6 +88,7 @@ def sink(batch_size: int = typer.Option(5000, min=1),
     runner = Sink(get_settings(), SinkConfig(batch_size=batch_size, max_wait_s=max_wait_s,
                                              group_id=group_id,
                                              session_timeout_ms=session_timeout_ms))
+    serve_progress(metrics_port)
     logging.getLogger("loraplane.metrics.sink").info("sink started, group %s", runner.group_id)
     stats = runner.run(stop)
     typer.echo(f"sink stopped: {stats.batches} batches, {stats.rows} rows, "

@@ -56,6 +56,10 @@ def register(app: typer.Typer) -> None:
             [], "--agent", help="Run only this agent module (repeatable); default: all of "
                                 "loraplane.streams.app.AGENT_MODULES."),
         loglevel: str = typer.Option("info", "--loglevel", "-l"),
+        metrics_port: int = typer.Option(
+            0, "--metrics-port", min=0, max=65535,
+            help="Serve consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
+                 "(0: none)."),
     ) -> None:
         """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
         import sys
@@ -76,7 +80,10 @@ def register(app: typer.Typer) -> None:
         load_agents(agent or AGENT_MODULES)
         for name in ensure_changelog_topics(get_settings(), faust_app):
             typer.echo(f"created changelog topic {name}")
-        # faust.Worker (unlike `faust worker`) honours web_enabled=False: no port is bound.
+        from loraplane.kernel.progress_metrics import serve_progress
+
+        serve_progress(metrics_port)  # the Faust web server stays off
+        # faust.Worker (unlike `faust worker`) honours web_enabled=False: Faust binds no port.
         faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
                      stdout=sys.stdout, stderr=sys.stdout).execute_from_commandline()
 

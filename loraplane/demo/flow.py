@@ -189,13 +189,15 @@ def report(system: LiveSystem, steps: Steps, console: Console, since: datetime,
                   highlight=False, markup=False, soft_wrap=True)
     rows = json.loads(system.cli("report-json", "report", "--since", minutes, "--json"))
     reported = sum(int(r.get("requests", 0)) for r in rows)
-    direct = measure.request_count(settings, since - timedelta(minutes=1), datetime.now(UTC))
-    agree = reported == direct == logged
+    window = (settings, since - timedelta(minutes=1), datetime.now(UTC))
+    direct = measure.request_count(*window)
+    shadow = measure.request_count(*window, shadow_only=True)  # golden sets: no client's
+    agree = reported == direct == logged + shadow
     mark = "[green]✓[/]" if agree else "[red]✗[/]"
     console.print(f"{mark} report: {reported} requests; ClickHouse `SELECT count() FROM "
                   f"{system.space.database}.request_log FINAL`: {direct}; answered to the "
                   f"client: {logged} (by a worker; {at_router} refused by the router before "
-                  "any worker)", highlight=False)
+                  f"any worker); the workers' own golden-set checks: {shadow}", highlight=False)
     recorded = measure.fetch(settings, since, datetime.now(UTC))
     checks = evaluate("demo", recorded, summarize(recorded, status_counts(outcomes)), Facts(
         priorities={a.adapter_id: a.priority for a in DEMO_CATALOG.adapters}))

@@ -78,6 +78,8 @@ AUDIT_SQL = f"""SELECT toUnixTimestamp(ts), action, adapter_id, decision FROM li
 DEAD_LETTERS_SQL = """SELECT component, reason, detail FROM dead_letters FINAL
     WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)"""
 COUNT_SQL = f"SELECT count() FROM request_log FINAL WHERE {_FILTER}"
+SHADOW_COUNT_SQL = COUNT_SQL + " AND request_class = 'shadow'"
+"""The agent's own golden-set requests (``workers.golden_set``): logged, never a client's."""
 
 
 def _params(since: datetime, until: datetime, adapter_ids: Sequence[str]) -> dict[str, Any]:
@@ -107,13 +109,15 @@ def fetch(settings: Settings, since: datetime, until: datetime,
 
 
 def request_count(settings: Settings, since: datetime, until: datetime,
-                  adapter_ids: Sequence[str] = ()) -> int:
-    """Request-log rows of the window (of ``adapter_ids`` only, when given)."""
+                  adapter_ids: Sequence[str] = (), *, shadow_only: bool = False) -> int:
+    """Request-log rows of the window (of ``adapter_ids`` only, when given; only the
+    agents' own golden-set requests with ``shadow_only``)."""
     from loraplane.metrics.clickhouse import connect
 
     client = connect(settings, reader=True)
     try:
-        return int(client.execute(COUNT_SQL, _params(since, until, adapter_ids))[0][0])
+        sql = SHADOW_COUNT_SQL if shadow_only else COUNT_SQL
+        return int(client.execute(sql, _params(since, until, adapter_ids))[0][0])
     finally:
         client.disconnect()
 

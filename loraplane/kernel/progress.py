@@ -5,8 +5,8 @@ not stay silent either (issue 19: the sink and the scoring thread stalled for mi
 logging nothing). Each loop reports ``blocked(why)`` when an attempt fails or a blocking
 call begins, and ``advanced()`` when work went through; ``check()`` logs one clearly named
 ``STALLED`` line (rate-limited) once a hold-up lasts past ``stall_after_s``, and a
-``RECOVERED`` line with its length when it ends. ``stuck_s()`` is the health signal a
-component with an HTTP endpoint exports; ``Watchdog`` calls ``check`` from its own thread
+``RECOVERED`` line with its length when it ends. ``stuck_s()`` is the health signal on
+/metrics (``kernel.progress_metrics``); ``Watchdog`` calls ``check`` from its own thread
 for loops whose thread may itself be stuck inside a C call.
 """
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 
 log = logging.getLogger("loraplane.progress")
 
@@ -23,6 +24,31 @@ STALL_AFTER_S = 30.0
 """Longer than any single bounded call (30 s transaction steps), shorter than an operator's
 patience: a hold-up this long is no longer a hiccup."""
 REPORT_EVERY_S = 30.0
+
+class _Everyone:
+    """Every live ``Progress`` of this process; iterating takes a snapshot (a component may
+    be built on another thread while an endpoint reads them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._all: weakref.WeakSet[Progress] = weakref.WeakSet()
+
+    def add(self, progress: Progress) -> None:
+        with self._lock:
+            self._all.add(progress)
+
+    def __iter__(self) -> Iterator[Progress]:
+        with self._lock:
+            return iter(list(self._all))
+
+
+_EVERY = _Everyone()
+
+
+def every_progress() -> Iterable[Progress]:
+    """Every live ``Progress`` of this process, read afresh at each iteration (for an
+    endpoint that serves them all)."""
+    return _EVERY
 
 
 class Progress:
@@ -41,6 +67,7 @@ class Progress:
         self._reported_at: float | None = None
         self.stalls = 0
         """How many hold-ups grew into a reported stall (a counter for /metrics)."""
+        _EVERY.add(self)
 
     def blocked(self, why: str) -> None:
         """A hold-up starts (or goes on, with a newer reason)."""

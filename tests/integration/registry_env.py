@@ -48,6 +48,8 @@ class Env:
     home: Path
     env: dict[str, str]
     worker: subprocess.Popen | None = None
+    metrics_port: int = 0
+    """When set, the app serves its consumers' hold-ups on it (``--metrics-port``)."""
 
     @classmethod
     def create(cls, stack: Settings, home: Path) -> Env:
@@ -73,7 +75,8 @@ class Env:
         with log_path.open("a") as log:
             self.worker = subprocess.Popen(
                 [LORAPLANE, "streams", "run", *(a for agent in agents
-                                                   for a in ("--agent", agent))],
+                                                   for a in ("--agent", agent)),
+                 *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ())],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: True if LOG_READY in log_path.read_text()[offset:] else None,
                  "the Faust worker to start", timeout_s=90)

@@ -6,8 +6,9 @@ request-log load through a worker's event sink (its spool takes what the broker 
    on the same ports and data; the app is not restarted: every request log on the topic
    is counted exactly once in the scores (also one the spool's replay delivered twice:
    what the dying broker took without acknowledging), a signed lifecycle event published after the
-   restart is accepted, the planner plans new demand, and every ``STALLED`` it logged is
-   followed by its ``RECOVERED``;
+   restart is accepted, the planner plans new demand, every ``STALLED`` it logged is
+   followed by its ``RECOVERED``, and its ``/metrics`` (``--metrics-port``) shows the
+   scoring and planner consumers at ``consumer_stuck_seconds`` 0 again;
 2. the app itself is SIGKILLed under load and started again: the scores are still exact
    and the planner re-issues nothing under new command ids.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from loraplane.infra.kafka import Kafka
+from loraplane.infra.processes import free_port
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.request_log import RequestLog
@@ -62,6 +64,7 @@ def env(broker: tuple[Settings, Kafka], tmp_path: Path) -> Iterator[PlannerEnv]:
     """The app on a prefix of its own, its children pointed at the throwaway broker."""
     settings, _ = broker
     e = PlannerEnv.create(settings, tmp_path, command_deadline_s=600)
+    e.metrics_port = free_port()
     e.env |= {"LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
               "LORAPLANE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
               "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(settings.kafka.credentials_dir)}
@@ -101,6 +104,17 @@ def hold_ups(env: PlannerEnv) -> tuple[Counter[str], set[str]]:
         else:
             open_.discard(component)
     return stalls, open_
+
+
+def stuck_seconds(env: PlannerEnv) -> dict[str, float]:
+    """``consumer_stuck_seconds`` per component, from the app's own /metrics."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{env.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("consumer_stuck_seconds{")}
 
 
 def scored(env: PlannerEnv, load: SteadyLoad) -> int:
@@ -167,6 +181,9 @@ def test_the_app_heals_from_a_broker_kill_by_itself(
           f"recovered {recovery_s:.0f} s after the restart")
     assert still == set(), f"still STALLED: {still}"
     assert spooled > 0, "the outage should have reached the event spool"
+    stuck = stuck_seconds(env)
+    assert {"scoring", "planner"} <= set(stuck), stuck
+    assert all(v == 0 for v in stuck.values()), f"a consumer still says it is stuck: {stuck}"
     report_fault("streams app: Kafka (1 broker) SIGKILL under load, restarted",
                  answered=load.n, stored=stored, lost=load.n - stored, duplicated=0,
                  recovered=True, down_s=down_s, recovery_s=recovery_s,

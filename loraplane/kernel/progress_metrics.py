@@ -1,0 +1,50 @@
+"""Consumer hold-ups on a Prometheus endpoint, for every runtime that has a loop to watch.
+
+The worker and the router put ``ProgressMetrics`` on their own /metrics; the streams app and
+the metrics sink have no HTTP server of their own, so ``serve_progress`` gives them one
+(loopback only, ``--metrics-port``): a component that cannot make progress says so in its
+log (``kernel.progress``: STALLED / RECOVERED) and in ``consumer_stuck_seconds`` (issue 19).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loraplane.kernel.config import LOOPBACK
+from loraplane.kernel.progress import Progress, every_progress
+
+
+class ProgressMetrics(Collector):
+    """``consumer_stuck_seconds`` is 0 while a consumer progresses and grows while it
+    cannot; ``consumer_stalls_total`` counts hold-ups that lasted past the stall threshold.
+    ``progress`` is read at each scrape (a live collection such as ``every_progress()``
+    shows the components built after the endpoint started)."""
+
+    def __init__(self, progress: Iterable[Progress]) -> None:
+        self.progress = progress
+
+    def collect(self) -> Iterator[Metric]:
+        stuck = GaugeMetricFamily("consumer_stuck_seconds", "Seconds this consumer has not "
+                                  "been able to make progress (0: fine)", labels=["component"])
+        stalls = CounterMetricFamily("consumer_stalls", "Hold-ups that lasted past the "
+                                     "stall threshold (each logged as STALLED)",
+                                     labels=["component"])
+        for p in sorted(self.progress, key=lambda p: p.component):
+            stuck.add_metric([p.component], p.stuck_s())
+            stalls.add_metric([p.component], p.stalls)
+        yield stuck
+        yield stalls
+
+
+def serve_progress(port: int) -> None:
+    """Serve every ``Progress`` of this process on ``http://127.0.0.1:PORT/metrics`` from a
+    daemon thread (it ends with the process). ``port`` 0: nothing is served."""
+    if not port:
+        return
+    registry = CollectorRegistry()
+    registry.register(ProgressMetrics(every_progress()))
+    start_http_server(port, addr=LOOPBACK, registry=registry)
