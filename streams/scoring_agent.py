@@ -75,7 +75,7 @@ from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.registry_view import latest_registry_records
 from loraplane.kernel.topics import topic_name
-from loraplane.kernel.transactions import STEP_TIMEOUT_S, transact
+from loraplane.kernel.transactions import STEP_TIMEOUT_S, send_offsets, transact
 from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger(__name__)
@@ -377,9 +377,8 @@ class ScoreKeeper:
                 txn.produce(self.dead_letters, key=msg.key(), value=encode(
                     dead_letter_for(msg, COMPONENT, exc.reason, str(exc))))
             self.progress.blocked("send_offsets_to_transaction")
-            txn.send_offsets_to_transaction(
-                [TopicPartition(self.requests, p, end) for p, end in ends.items()],
-                consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
+            send_offsets(txn, [TopicPartition(self.requests, p, end) for p, end in ends.items()],
+                         consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
 
         attempts = transact(txn, fill, on_step=self.progress.blocked)
         if attempts > 1:

@@ -9,11 +9,18 @@ timeout, a step that keeps failing aborts the transaction and the whole transact
 retried (``fill`` produces the same records again: callers fold first, then transact, and
 apply the result only after the commit), and a fatal error or too many attempts raise
 ``ProducerBroken`` so the caller builds a new producer through ``kernel.kafka``.
+
+librdkafka does not always keep its own timeout: ``send_offsets_to_transaction`` can block
+for good while the group coordinator is away (confluentinc/librdkafka#5456, #5511; seen here
+93 s and more after a broker SIGKILL). So each call runs on a helper thread and is abandoned
+past its timeout plus ``GRACE_S``: that raises ``ProducerBroken``, the caller builds a new
+producer with the same transactional id, and its ``init_transactions`` fences the stuck one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -26,6 +33,8 @@ TRIES = 5
 """Whole-transaction attempts (each one aborted if it failed) before the producer is
 rebuilt; commit retries of one attempt count separately (``TRIES`` too)."""
 BACKOFF_S = 1.0
+GRACE_S = 5.0
+"""How long past its own timeout a librdkafka call may take before it is abandoned."""
 
 
 class TransactionalProducer(Protocol):
@@ -46,6 +55,35 @@ def _error(exc: BaseException) -> Any:
     args = getattr(exc, "args", ())
     err = args[0] if args else None
     return err if hasattr(err, "retriable") else None
+
+
+def bounded(step: str, call: Callable[[], None], timeout_s: float) -> None:
+    """``call`` (a librdkafka call given ``timeout_s``), abandoned if it has not returned
+    ``GRACE_S`` after that: ``ProducerBroken``. Its exception, if it raises, is re-raised."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name=f"txn-{step}", daemon=True)
+    worker.start()
+    worker.join(timeout_s + GRACE_S)
+    if worker.is_alive():
+        raise ProducerBroken(f"{step} did not return within {timeout_s + GRACE_S:.0f} s "
+                             "(librdkafka ignored its timeout); the producer is abandoned")
+    if failed:
+        raise failed[0]
+
+
+def send_offsets(txn: Any, offsets: list[Any], group_metadata: Any,
+                 timeout_s: float = STEP_TIMEOUT_S) -> None:
+    """``send_offsets_to_transaction``, bounded (``bounded``)."""
+    bounded("send_offsets_to_transaction",
+            lambda: txn.send_offsets_to_transaction(offsets, group_metadata, timeout_s),
+            timeout_s)
 
 
 def _fatal(err: Any) -> bool:
@@ -80,6 +118,8 @@ def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
                         attempt, tries, err)
             _abort(txn, step_timeout_s, tries, on_step)
             sleep(backoff_s * attempt)
+        except ProducerBroken:
+            raise  # a stuck producer is not asked to abort: the next one fences it
         except BaseException:
             _abort(txn, step_timeout_s, tries, on_step)
             raise
@@ -112,8 +152,9 @@ def _commit(txn: TransactionalProducer, timeout_s: float, tries: int,
     def give_up(_err: Any, exc: Exception) -> None:
         raise exc
 
-    _repeat("commit_transaction", lambda: txn.commit_transaction(timeout_s), tries, on_step,
-            give_up)
+    _repeat("commit_transaction", lambda: bounded(
+        "commit_transaction", lambda: txn.commit_transaction(timeout_s), timeout_s),
+        tries, on_step, give_up)
 
 
 def _abort(txn: TransactionalProducer, timeout_s: float, tries: int,
@@ -122,5 +163,6 @@ def _abort(txn: TransactionalProducer, timeout_s: float, tries: int,
     def broken(err: Any, exc: Exception) -> None:
         raise ProducerBroken(f"abort_transaction failed: {err}") from exc
 
-    _repeat("abort_transaction", lambda: txn.abort_transaction(timeout_s), tries, on_step,
-            broken)
+    _repeat("abort_transaction", lambda: bounded(
+        "abort_transaction", lambda: txn.abort_transaction(timeout_s), timeout_s),
+        tries, on_step, broken)

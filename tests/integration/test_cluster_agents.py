@@ -29,7 +29,8 @@ from tests.integration.router_env import running_fleet
 from tests.integration.test_cluster_broker_kill import _written_partition
 from tests.integration.test_worker_e2e import KEY_A
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+# long (bench.faults runs it, docs/reliability.md): not in ./run test
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400), pytest.mark.fault_long]
 RATE_HZ = 20
 BEFORE_S = 4.0
 AFTER_KILL_S = 12.0

@@ -41,7 +41,8 @@ from tests.integration.planner_env import PlannerEnv
 from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
 from tests.integration.scores_env import committed, expected_states, wait_states
 
-pytestmark = pytest.mark.integration
+# long (bench.faults runs it, docs/reliability.md): not in ./run test
+pytestmark = [pytest.mark.integration, pytest.mark.fault_long]
 
 RATE_HZ = 50
 DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))

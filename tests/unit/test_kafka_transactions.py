@@ -108,3 +108,51 @@ def test_a_bug_in_fill_aborts_and_propagates() -> None:
     with pytest.raises(ValueError):
         transact(txn, broken, sleep=lambda _: None)
     assert txn.calls == ["begin", "abort"]
+
+
+def test_a_librdkafka_call_that_ignores_its_timeout_is_abandoned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka#5456: send_offsets_to_transaction can block past its timeout while the
+    coordinator is away; the call is abandoned (ProducerBroken: the caller's next producer
+    fences this one) instead of hanging the scoring thread, and no abort is asked of the
+    stuck producer."""
+    import threading
+
+    from loraplane.kernel import transactions
+
+    monkeypatch.setattr(transactions, "GRACE_S", 0.05)
+    release = threading.Event()
+    calls: list[str] = []
+
+    class Stuck:
+        def send_offsets_to_transaction(self, offsets: list, meta: object,
+                                        timeout: float) -> None:
+            release.wait(10)  # ignores ``timeout``
+
+        def begin_transaction(self) -> None:
+            calls.append("begin")
+
+        def commit_transaction(self, timeout: float = -1) -> None:
+            calls.append("commit")
+
+        def abort_transaction(self, timeout: float = -1) -> None:
+            calls.append("abort")
+
+    stuck = Stuck()
+    try:
+        with pytest.raises(transactions.ProducerBroken, match="did not return"):
+            transactions.transact(stuck, lambda: transactions.send_offsets(
+                stuck, [], None, timeout_s=0.05), sleep=lambda _: None)
+    finally:
+        release.set()
+    assert calls == ["begin"]
+
+
+def test_a_bounded_call_passes_its_error_on() -> None:
+    from loraplane.kernel import transactions
+
+    def boom() -> None:
+        raise KafkaException(_err(1, retriable=True))
+
+    with pytest.raises(KafkaException):
+        transactions.bounded("commit_transaction", boom, 1.0)
