@@ -23,7 +23,7 @@ from tests.integration.test_loadtest import drop_run
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
 AGREED = re.compile(r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
-                    r"(\d+)")
+                    r"(\d+) .*golden-set checks: (\d+)", re.S)
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -58,7 +58,8 @@ def _wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: flo
 def _check_output(out: str) -> str:
     agreed = AGREED.search(out)
     assert agreed, out[-4000:]
-    assert len(set(agreed.groups())) == 1 and int(agreed.group(1)) > 0
+    reported, direct, answered, shadow = map(int, agreed.groups())
+    assert reported == direct == answered + shadow and answered > 0, agreed.group(0)
     assert "✓ no process left behind" in out
     run_id = re.search(r"run (demo-[0-9a-z-]+): logs", out)
     assert run_id
