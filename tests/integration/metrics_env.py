@@ -71,10 +71,17 @@ def metrics_env(base: Settings) -> Iterator[Settings]:
     try:
         yield settings
     finally:
-        client = connect(settings, database="")
-        client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
-        client.disconnect()
+        drop_database(settings)
         delete_topics(settings)
+
+
+def drop_database(settings: Settings) -> None:
+    """Remove the test's own ClickHouse database (``settings.clickhouse.database``)."""
+    client = connect(settings, database="")
+    try:
+        client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
+    finally:
+        client.disconnect()
 
 
 def env_for(settings: Settings) -> dict[str, str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
@@ -81,6 +81,17 @@ class Env:
         wait_for(lambda: True if LOG_READY in log_path.read_text()[offset:] else None,
                  "the Faust worker to start", timeout_s=90)
 
+    @contextmanager
+    def run(self) -> Iterator[Self]:
+        """``start()`` (its default agents) for the block; stopped and its topics deleted
+        after, whatever the block did."""
+        try:
+            self.start()
+            yield self
+        finally:
+            self.stop()
+            self.delete_topics()
+
     def stop(self) -> None:
         if self.worker is None:
             return
@@ -125,10 +136,5 @@ class Env:
 def running(stack: Settings, folder: Path) -> Iterator[Env]:
     """An ``Env`` whose registry agent runs for the block; stopped and its topics deleted
     after, whatever the block did."""
-    env = Env.create(stack, folder)
-    try:
-        env.start()
+    with Env.create(stack, folder).run() as env:
         yield env
-    finally:
-        env.stop()
-        env.delete_topics()

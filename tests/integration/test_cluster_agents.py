@@ -23,7 +23,7 @@ from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
-from tests.integration.metrics_env import isolated, wait_for
+from tests.integration.metrics_env import drop_database, isolated, wait_for
 from tests.integration.private_kafka import kill, private_cluster
 from tests.integration.router_env import running_fleet
 from tests.integration.test_cluster_broker_kill import _written_partition
@@ -50,9 +50,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Settings, list[Kafka]]]:
         try:
             yield found
         finally:
-            client = connect(shared, database="")
-            client.execute(f"DROP DATABASE IF EXISTS `{shared.clickhouse.database}`")
-            client.disconnect()
+            drop_database(shared)
 
 
 def _stored(settings: Settings, prefix: str) -> tuple[int, int]:

@@ -36,12 +36,8 @@ def uid(name: str) -> str:
 def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlannerEnv]:
     e = PlannerEnv.create(stack, tmp_path_factory.mktemp("planner"),
                           command_deadline_s=600, cold_loads_per_minute_per_worker=BUDGET)
-    try:
-        e.start()
+    with e.run():
         yield e
-    finally:
-        e.stop()
-        e.delete_topics()
 
 
 def actions(cmds: list[CacheCommand]) -> set[tuple[str, str]]:

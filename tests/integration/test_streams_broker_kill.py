@@ -69,12 +69,8 @@ def env(broker: tuple[Settings, Kafka], tmp_path: Path) -> Iterator[PlannerEnv]:
     e.env |= {"LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
               "LORAPLANE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
               "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(settings.kafka.credentials_dir)}
-    try:
-        e.start()
+    with e.run():
         yield e
-    finally:
-        e.stop()
-        e.delete_topics()
 
 
 def exactly_once(env: PlannerEnv, load: SteadyLoad, timeout_s: float = 120) -> tuple[int, int]:
