@@ -11,12 +11,13 @@ One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at on
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
 writes the planner's memory (``schemas.planner_memory.PlannerMemory``) to the
 ``planner-memory`` table and flushes it *before* sending any command, then sends each
-command to the commands topic (key worker_id) and to the decisions topic, and its audit
-record to the audit topic. So after a crash the memory knows every command that may have
-gone out: nothing is re-decided under a new command_id, and on start the pending ones are
-sent again under their own ids (workers drop duplicates by command_id). A memory record
-that does not decode is skipped with its reason: the worker is planned as if it had none,
-and that tick's memory replaces the record.
+command to the commands topic (key worker_id, to the worker's partition:
+``kernel.command_partition``, by the count the broker reports, re-read every 30 s) and to
+the decisions topic, and its audit record to the audit topic. So after a crash the memory
+knows every command that may have gone out: nothing is re-decided under a new command_id,
+and on start the pending ones are sent again under their own ids (workers drop duplicates
+by command_id). A memory record that does not decode is skipped with its reason: the
+worker is planned as if it had none, and that tick's memory replaces the record.
 
 Every command is signed at send time (``_send``: ``SigningKey.sign_command`` with the key file
 ``settings.planner_key_path``, role ``planner`` in the keyring the workers verify with), not
@@ -65,6 +66,8 @@ from loraplane.streams.schedules import ScheduleFile, warmup_scores
 from loraplane.streams.score_store import ScoreStore
 from loraplane.workers.routing import heard_lately
 
+from loraplane.kernel import kafka
+from loraplane.kernel.command_partition import PartitionCount, commands_partitions
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.progress import Progress
 from loraplane.kernel.topics import spec
@@ -96,6 +99,15 @@ SEND_TIMEOUT_S = 30.0
 """A tick's sends give up after this long (and the loop goes on) instead of hanging."""
 replan = asyncio.Event()
 """Set by significant events; the planning loop wakes up at once."""
+_partitions: PartitionCount | None = None
+"""The commands topic's partition count (``kernel.command_partition``), made at first use."""
+
+
+def _command_partitions() -> PartitionCount:
+    global _partitions
+    if _partitions is None:
+        _partitions = commands_partitions(settings, kafka.admin(settings))
+    return _partitions
 
 
 @app.agent(worker_state_topic)
@@ -188,10 +200,21 @@ async def _planner_key() -> SigningKey:
             await asyncio.sleep(5.0)
 
 
+async def _send_command(cmd: CacheCommand, key: SigningKey) -> bytes:
+    """Signed, to the worker's own partition (``_refresh_partitions`` ran this tick)."""
+    payload = encode(key.sign_command(cmd))
+    await commands_topic.send(key=cmd.worker_id.encode(), value=payload,
+                              partition=_command_partitions().partition_of(cmd.worker_id))
+    return payload
+
+
+async def _refresh_partitions() -> None:
+    """Re-read the partition count off the event loop (a metadata call at most every 30 s)."""
+    await asyncio.to_thread(_command_partitions().current)
+
+
 async def _send(cmd: CacheCommand, key: SigningKey) -> None:
-    cmd = key.sign_command(cmd)
-    payload = encode(cmd)
-    await commands_topic.send(key=cmd.worker_id.encode(), value=payload)
+    payload = await _send_command(cmd, key)
     await audit_topic.send(key=cmd.adapter_id.encode(), value=encode(_audit(cmd)))
     # The decisions topic carries the commands themselves (ClickHouse `decisions` table).
     await decisions_topic.send(key=cmd.base_model.encode(), value=payload)
@@ -240,10 +263,16 @@ async def planner_loop() -> None:
     await score_store.ready.wait()
     key = await _planner_key()
     inputs = _Inputs()
+    while True:  # commands go to partitions by the broker's count: wait until it answers
+        try:
+            await _refresh_partitions()
+            break
+        except Exception as exc:
+            log.error("commands topic partitions unknown, no commands until known: %s", exc)
+            await asyncio.sleep(5.0)
     for mem in inputs.memory.of(list(planner_memory.items())).values():
         for cmd in mem.pending:  # resend what may not have gone out
-            await commands_topic.send(key=cmd.worker_id.encode(),
-                                      value=encode(key.sign_command(cmd)))
+            await _send_command(cmd, key)
     # What recovery loaded (tables, 100k score states) lives as long as the worker: out of
     # the collector's way, or a full collection over it adds up to a second to a tick.
     gc.collect()
@@ -282,6 +311,7 @@ async def _issue(result: Plan, key: SigningKey) -> None:
     if not result.commands:
         return
     await app.producer.flush()  # memory is durable before any command leaves
+    await _refresh_partitions()
     for cmd in result.commands:
         await _send(cmd, key)
     log.info("planner issued %d commands: %s", len(result.commands),

@@ -4,6 +4,7 @@ value, timestamp), for unit tests of the parts that take one: folds and dead let
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -36,3 +37,36 @@ class FakeMessage:
     def error(self) -> None:
         """A consumed message without a transport error."""
         return None
+
+
+@dataclass
+class _TopicMetadata:
+    partitions: dict[int, None]
+    error: None = None
+
+
+@dataclass
+class _ClusterMetadata:
+    topics: dict[str, _TopicMetadata]
+
+
+class AssignedConsumer:
+    """What a consumer that assigns itself partitions calls besides poll and commit (the
+    worker's command feed): the broker's partition count (``partitions``, changeable) and
+    the assignment, kept as a set of partition numbers."""
+
+    partitions = 64
+    assigned: set[int]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMetadata:
+        return _ClusterMetadata({topic or "": _TopicMetadata(dict.fromkeys(
+            range(self.partitions)))})
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = {tp.partition for tp in partitions}
+
+    def incremental_assign(self, partitions: list[Any]) -> None:
+        self.assigned |= {tp.partition for tp in partitions}
+
+    def incremental_unassign(self, partitions: list[Any]) -> None:
+        self.assigned -= {tp.partition for tp in partitions}

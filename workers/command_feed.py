@@ -1,7 +1,22 @@
 """The planner's cache commands for one worker, from the Kafka commands topic.
 
-Commands are keyed by worker_id on a shared topic; every worker reads it in its own consumer
-group and keeps the messages with its key. Offsets are committed by the caller only after a
+Commands are keyed by worker_id and sent to the partition ``kernel.command_partition.
+partition_of(worker_id, n)`` of the commands topic (n: its partition count as the broker
+reports it). A worker assigns itself that one partition (``assign``, no subscription: no
+group membership, no rebalance) and reads it from its group's committed offset, the
+earliest when it has none. A worker's partition also carries the commands of the workers
+whose ids hash alike; those are dropped by key (and committed past), as before. What it
+reads is counted, key + value bytes, its own and others' (``read_bytes``,
+``commands_read_bytes_total{own}`` on its /metrics).
+
+The partition count is read from the broker's metadata at start and again every
+``PARTITIONS_EVERY_S``. When the topic grew the worker assigns its new partition and keeps
+the old one for ``command_partition.DRAIN_S`` (longer than any planner goes on with the
+old count), so a command in flight on the old partition is still read; anything missed
+anyway (a restart during that window) is left to the planner, which decides it again once
+its deadline has passed, and command_id dedup drops a command read twice.
+
+Offsets are committed to the group ``{prefix}-worker-{id}`` by the caller only after a
 command has been applied (folded into the desired state and reconciled once), so a crash in
 between redelivers it, and command_id dedup plus idempotent actions make that harmless.
 Undecodable messages go to the dead-letter topic with their reason and are committed.
@@ -13,11 +28,11 @@ dead-lettered with its ``CommandRejection`` and committed, never applied. The ke
 re-read when the file changes (``KeyringFile``); if it is missing or invalid every command
 is refused (``keyring_unavailable``): fail closed.
 
-Broker restarts and rebalances heal inside librdkafka (the consumer rejoins and resumes from
-the committed offsets); what this module adds is that no call blocks without bound (a poll
-has its timeout, a commit gives up after ``COMMIT_TIMEOUT_S`` and the agent's loop logs it)
-and that a feed that cannot reach Kafka says so: ``progress`` (``kernel.progress``: a
-``STALLED worker-commands`` log line, ``consumer_stuck_seconds`` on the worker's /metrics).
+Broker restarts heal inside librdkafka (the fetcher reconnects and resumes from its
+position); what this module adds is that no call blocks without bound (a poll has its
+timeout, a commit gives up after ``COMMIT_TIMEOUT_S`` and the agent's loop logs it) and
+that a feed that cannot reach Kafka says so: ``progress`` (``kernel.progress``: a ``STALLED
+worker-commands`` log line, ``consumer_stuck_seconds`` on the worker's /metrics).
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loraplane.schemas.base import now_utc
@@ -38,12 +53,62 @@ from loraplane.workers.command_trust import check_command
 from loraplane.workers.event_sink import EventSink
 
 from loraplane.kernel import kafka
+from loraplane.kernel.command_partition import DRAIN_S, REFRESH_S, broker_partitions, partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress
 
 COMPONENT = "worker-agent"
 COMMIT_TIMEOUT_S = 30.0
 PROBE_EVERY_S = 5.0
+"""How often a held-up feed asks the broker whether it is back."""
+PARTITIONS_EVERY_S = REFRESH_S
+"""How often the feed re-reads the topic's partition count (as often as a sender does)."""
+METADATA_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Assignment:
+    """Which commands partitions a worker reads, as the partition count changes (pure, no
+    client: the feed applies the ``(add, drop)`` it returns). ``own`` is the partition of
+    the current count; ``draining`` the ones of earlier counts, each with the monotonic
+    time after which it is dropped."""
+
+    worker_id: str
+    partitions: int
+    own: int = field(init=False)
+    draining: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.own = partition_of(self.worker_id, self.partitions)
+
+    def assigned(self) -> list[int]:
+        return sorted({self.own, *self.draining})
+
+    def observe(self, partitions: int, now: float) -> tuple[list[int], list[int]]:
+        """The broker now says ``partitions``: what to assign and what to unassign."""
+        add: list[int] = []
+        if partitions != self.partitions:
+            self.partitions = partitions
+            own = partition_of(self.worker_id, partitions)
+            if own != self.own:
+                if own not in self.draining:
+                    add.append(own)
+                self.draining.pop(own, None)
+                self.draining[self.own] = now + DRAIN_S
+                self.own = own
+        drop = sorted(p for p, until in self.draining.items()
+                      if until <= now or p >= partitions)
+        for p in drop:
+            del self.draining[p]
+        return add, drop
+
+
+@dataclass
+class ReadBytes:
+    """Key + value bytes of every commands record this feed read: its own, others'."""
+
+    own: int = 0
+    other: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,20 +135,38 @@ class KafkaCommandFeed:
         self._on_refused = on_refused
         self._max_lifetime_s = settings.policy.command_deadline_s
         self._topic = topic_name(settings, "commands")
-        # Static membership: a restarted agent takes its partitions back at once instead of
-        # waiting for the killed one's session to time out.
+        self._key = worker_id.encode()
+        # The group only keeps offsets: an assigned consumer never joins it, so there is no
+        # membership (static or not) to take back after a restart.
         self._consumer = kafka.consumer(
-            settings, group_id or f"{settings.topic_prefix}-worker-{worker_id}",
-            static_member=f"worker-{worker_id}", session_timeout_ms=15_000)
-        self._consumer.subscribe([self._topic])
+            settings, group_id or f"{settings.topic_prefix}-worker-{worker_id}")
         self.progress = Progress("worker-commands")
-        self._probed = 0.0
+        self.read_bytes = ReadBytes()
+        self._probed = self._checked = time.monotonic()
+        try:
+            count = self._partitions()
+        except Exception as exc:  # broker away at start: the declared count until it answers
+            from loraplane.kernel.topics import spec
+
+            self.progress.blocked(f"kafka: {exc}")
+            count, self._checked = spec("commands").partitions, 0.0
+        self.assignment = Assignment(worker_id, count)
+        self._consumer.assign([self._partition(p) for p in self.assignment.assigned()])
+
+    def _partition(self, p: int) -> Any:
+        """Partition ``p`` at the group's committed offset (the reset policy without one)."""
+        from confluent_kafka import TopicPartition
+
+        return TopicPartition(self._topic, p)
+
+    def _partitions(self) -> int:
+        return broker_partitions(self._consumer, self._topic, METADATA_TIMEOUT_S)
 
     async def next(self, timeout_s: float = 0.5) -> Delivery | None:
         """The next command for this worker, or None when none arrived in ``timeout_s``."""
         msg = await asyncio.to_thread(self._consumer.poll, timeout_s)
+        await self._probe(idle=msg is None)
         if msg is None:
-            await self._probe()
             return None
         if (err := msg.error()) is not None:
             if err.code() != _partition_eof():
@@ -91,9 +174,13 @@ class KafkaCommandFeed:
                 self.progress.check()
             return None
         self.progress.advanced()
-        if msg.key() != self.worker_id.encode():
+        key = msg.key()
+        size = len(key or b"") + len(msg.value() or b"")
+        if key != self._key:  # a worker whose id hashes to the same partition
+            self.read_bytes.other += size
             self._consumer.commit(message=msg, asynchronous=True)
             return None
+        self.read_bytes.own += size
         try:
             command = decode(CacheCommand, msg.value())
         except SchemaError as exc:
@@ -110,19 +197,32 @@ class KafkaCommandFeed:
             return None
         return Delivery(command, msg)
 
-    async def _probe(self) -> None:
-        """While held up, ask the broker for the topic's metadata now and then: an idle
-        feed has no message to prove it is connected again."""
-        if self.progress.stuck_s() == 0.0 or time.monotonic() - self._probed < PROBE_EVERY_S:
+    async def _probe(self, *, idle: bool) -> None:
+        """Ask the broker for the topic's metadata every ``PARTITIONS_EVERY_S`` (has it
+        grown?) and, while idle and held up, every ``PROBE_EVERY_S``: an idle feed has no
+        message to prove it is connected again."""
+        now = time.monotonic()
+        stuck = idle and self.progress.stuck_s() > 0.0 and now - self._probed >= PROBE_EVERY_S
+        if not stuck and now - self._checked < PARTITIONS_EVERY_S:
             return
-        self._probed = time.monotonic()
+        self._probed = self._checked = now
         try:
-            await asyncio.to_thread(self._consumer.list_topics, self._topic, timeout=2.0)
+            count = await asyncio.to_thread(self._partitions)
         except Exception as exc:
             self.progress.blocked(f"kafka: {exc}")
             self.progress.check()
-        else:
+            return
+        if stuck:
             self.progress.advanced()
+        self.regroup(count, now)
+
+    def regroup(self, partitions: int, now: float) -> None:
+        """Follow a new partition count: assign the new own partition, drop drained ones."""
+        add, drop = self.assignment.observe(partitions, now)
+        if drop:
+            self._consumer.incremental_unassign([self._partition(p) for p in drop])
+        if add:
+            self._consumer.incremental_assign([self._partition(p) for p in add])
 
     def _current_keyring(self) -> Keyring | None:
         try:

@@ -25,7 +25,7 @@ from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics,
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.vllm_client import VllmClient
-from loraplane.workers.worker_metrics import TailMetrics, WorkerMetrics
+from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits
@@ -144,6 +144,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                             keyring=KeyringFile(settings.keyring_path),
                             on_refused=agent.metrics.command_refused)
     metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
+    metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
         metrics_app = web.Application(client_max_size=1024)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loraplane.kernel.topic_tail import TopicTail
+
+if TYPE_CHECKING:
+    from loraplane.workers.command_feed import ReadBytes
 
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
 MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
@@ -172,3 +175,21 @@ class TailMetrics(Collector):
         yield caught_up
         yield lag
         yield current
+
+
+class CommandBytesMetrics(Collector):
+    """``commands_read_bytes_total{own}``: key + value bytes of the commands records the
+    worker's feed read, its own (``own="true"``) and other workers' that share its
+    partition (``"false"``): what per-worker delivery costs it (issue #15: others' stay
+    well under its own)."""
+
+    def __init__(self, read: ReadBytes) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("commands_read_bytes", "Key + value bytes of the "
+                                     "commands records read, this worker's own or not",
+                                     labels=["own"])
+        family.add_metric(["true"], float(self.read.own))
+        family.add_metric(["false"], float(self.read.other))
+        yield family

@@ -4,11 +4,30 @@ One function, used by the planner when it sends and by the worker when it assign
 its partition, so the two can never disagree. A stable hash (crc32, not Python's salted
 ``hash``) of the worker id modulo the topic's partition count: with partitions well above
 the fleet size a worker's partition carries about its own commands only.
+
+Both sides take the count from the broker's metadata, never from the declaration
+(``kernel.topics``): a topic created before a grow, or grown by ``topics apply`` while the
+fleet runs, has what the broker says. ``PartitionCount`` is the sender's cache of it,
+re-read every ``REFRESH_S``; the worker's feed re-checks as often and keeps its old
+partition assigned for ``DRAIN_S`` after a grow, so commands a sender still addressed by
+the old count are read too (workers/command_feed.py).
 """
 
 from __future__ import annotations
 
+import time
 import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from loraplane.kernel.config import Settings
+
+REFRESH_S = 30.0
+"""How stale a sender's partition count may be: the broker's metadata is asked again after."""
+DRAIN_S = 2 * REFRESH_S
+"""How long a worker keeps reading its old partition after the topic grew: longer than any
+sender can go on using the old count."""
 
 
 def partition_of(worker_id: str, partitions: int) -> int:
@@ -16,3 +35,63 @@ def partition_of(worker_id: str, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, not {partitions}")
     return zlib.crc32(worker_id.encode("utf-8")) % partitions
+
+
+class MetadataClient(Protocol):
+    """What of a confluent-kafka Producer, Consumer or AdminClient is used here."""
+
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...
+
+
+def broker_partitions(client: MetadataClient, topic: str, timeout: float) -> int:
+    """``topic``'s partition count as the broker reports it now. Ask the client that sends
+    or reads: librdkafka refreshes its own metadata cache with the answer. Raises
+    ``LookupError`` when the broker does not know the topic (a KafkaException when it
+    cannot be reached)."""
+    metadata = client.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        why = metadata.error if metadata is not None else "absent"
+        raise LookupError(f"topic {topic} has no partitions in the broker's metadata ({why})")
+    return len(metadata.partitions)
+
+
+class PartitionCount:
+    """A sender's view of the commands topic's partition count: ``read`` (the broker's
+    metadata) at first use, then again once the value is ``refresh_s`` old. A read that
+    fails keeps the last count (retried at the next call) so a broker hiccup does not stop
+    sending; with no count yet the error is raised."""
+
+    def __init__(self, read: Callable[[], int], *, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._count: int | None = None
+        self._read_at = 0.0
+
+    def current(self) -> int:
+        """The count, re-read from the broker when stale (may block for one metadata call:
+        an async caller runs it in a thread once per tick, then ``partition_of`` is cached)."""
+        now = self._clock()
+        if self._count is None or now - self._read_at >= self._refresh_s:
+            try:
+                self._count = self._read()
+            except Exception:
+                if self._count is None:
+                    raise
+            self._read_at = now
+        return self._count
+
+    def partition_of(self, worker_id: str) -> int:
+        """Where a command for ``worker_id`` goes now."""
+        return partition_of(worker_id, self.current())
+
+
+def commands_partitions(settings: Settings, client: MetadataClient, *,
+                        timeout: float = 5.0) -> PartitionCount:
+    """The commands topic's count as ``client`` (the sender's own producer, or an admin
+    client) learns it from the broker."""
+    from loraplane.kernel.topics import topic_name
+
+    topic = topic_name(settings, "commands")
+    return PartitionCount(lambda: broker_partitions(client, topic, timeout))

@@ -64,7 +64,7 @@ TOPICS: tuple[TopicSpec, ...] = (
               "changelog, written in transactions)", "adapter_id@version",
               cleanup_policy="compact",
               writers=(Principal.streams,)),
-    TopicSpec("commands", 6, "cache commands: prewarm / pin / demote / evict", "worker_id",
+    TopicSpec("commands", 64, "cache commands: prewarm / pin / demote / evict", "worker_id",
               retention_ms=DAY_MS,
               writers=(Principal.streams,), readers=(Principal.worker,)),
     TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",

@@ -27,7 +27,7 @@ from loraplane.schemas.dead_letter import (
 from pydantic import BaseModel
 
 from loraplane.kernel.config import Settings
-from tests.kafka_message import FakeMessage
+from tests.kafka_message import AssignedConsumer, FakeMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "schemas" / "dead_letter.py"
@@ -134,12 +134,9 @@ class Sink:
 
 
 @dataclass
-class Consumer:
+class Consumer(AssignedConsumer):
     pending: list[Msg]
     commits: list[Msg] = field(default_factory=list)
-
-    def subscribe(self, topics: list[str]) -> None:
-        pass
 
     def poll(self, timeout: float) -> Msg | None:
         return self.pending.pop(0) if self.pending else None

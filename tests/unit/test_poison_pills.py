@@ -22,7 +22,7 @@ from loraplane.workers.vllm_client import VllmClient
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
-from tests.kafka_message import FakeMessage
+from tests.kafka_message import AssignedConsumer, FakeMessage
 
 POISON: list[tuple[bytes | None, bytes | None]] = [
     (b"w1", None), (b"w1", b""), (b"w1", b"x" * 1_500_000), (b"w1", b"\xff\xfe\x80" * 1000),
@@ -46,12 +46,9 @@ class Producer:
         return 0
 
 
-class Consumer:
+class Consumer(AssignedConsumer):
     def __init__(self, pending: list[FakeMessage]) -> None:
         self.pending, self.commits = pending, []  # type: list[FakeMessage], list[FakeMessage]
-
-    def subscribe(self, topics: list[str]) -> None:
-        pass
 
     def poll(self, timeout: float) -> FakeMessage | None:
         return self.pending.pop(0) if self.pending else None
