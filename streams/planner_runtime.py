@@ -322,6 +322,8 @@ class PlannerRuntime:
             while not stop.is_set():
                 epoch = self.lease.epoch
                 if not self.lease.holds(epoch):
+                    self.progress.advanced()  # a standby waits; it is not held up
+                    self.registry.records()  # verified ahead (only what changed): quick takeover
                     self.lease.wait_change(epoch, 0.5)
                     continue
                 try:
