@@ -1,4 +1,5 @@
-"""``loraplane streams run``: the Faust worker with every agent of streams.app."""
+"""``loraplane streams run``: the Faust worker with every agent of streams.app;
+``loraplane streams planner``: one planner runtime as its own process."""
 
 from __future__ import annotations
 
@@ -82,9 +83,39 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"created changelog topic {name}")
         from loraplane.kernel.progress_metrics import serve_progress
 
-        serve_progress(metrics_port)  # the Faust web server stays off
+        extra = []
+        if "loraplane.streams.planner_agent" in (agent or AGENT_MODULES):
+            from loraplane.streams.planner_agent import runtime
+
+            extra.append(runtime.metrics())  # planner_active
+        serve_progress(metrics_port, extra)  # the Faust web server stays off
         # faust.Worker (unlike `faust worker`) honours web_enabled=False: Faust binds no port.
         faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
                      stdout=sys.stdout, stderr=sys.stdout).execute_from_commandline()
+
+    @group.command("planner")
+    def planner_cmd(
+        base_model: str | None = typer.Option(
+            None, "--base-model", help="Plan only this base model (its own lease); default: "
+                                       "every base model."),
+        metrics_port: int = typer.Option(
+            0, "--metrics-port", min=0, max=65535,
+            help="Serve planner_active and consumer_stuck_seconds on 127.0.0.1:PORT/metrics "
+                 "(0: none)."),
+    ) -> None:
+        """Run one planner (active while it holds the lease, else standby) until
+        SIGTERM/SIGINT, without a Faust worker (docs/reliability.md)."""
+        import logging
+
+        from loraplane.kernel import kafka
+
+        kafka.act_as(kafka.Principal.streams)
+        from loraplane.kernel.config import get_settings
+        from loraplane.streams.planner_runtime import run_until_signal
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        settings = get_settings()
+        settings.home.mkdir(parents=True, exist_ok=True)
+        run_until_signal(settings, base_model, metrics_port)
 
     app.add_typer(group, name="streams")

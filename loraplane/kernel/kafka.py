@@ -189,14 +189,18 @@ def transactional_producer(settings: Settings, transactional_id: str, *,
 def consumer_config(settings: Settings, group: str, *, client_id: str | None = None,
                     offset_reset: OffsetReset = OffsetReset.earliest,
                     session_timeout_ms: int | None = None, static_member: str | None = None,
-                    read_to_end: bool = False, quiet: bool = False) -> Config:
+                    read_to_end: bool = False, quiet: bool = False,
+                    heartbeat_ms: int | None = None, sticky: bool = False) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
     scoring transactions are never read. ``session_timeout_ms`` shortens how long a killed
     member holds its partitions (librdkafka's default is 45 s); ``static_member`` (a
     ``group.instance.id``) lets a restarted process take them back at once. ``read_to_end``
-    turns on partition-EOF events, for readers that stop at the end of a topic."""
+    turns on partition-EOF events, for readers that stop at the end of a topic.
+    ``heartbeat_ms`` with a short session notices a dead member sooner; ``sticky``
+    (cooperative-sticky assignment) leaves an owned partition where it is when a member
+    joins (the planner lease: a standby joining must not take the lease away)."""
     conf = _common(settings, client_id, quiet)
     conf |= {"group.id": group, "enable.auto.commit": False,
              "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
@@ -205,20 +209,25 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
         conf["session.timeout.ms"] = session_timeout_ms
     if static_member is not None:
         conf["group.instance.id"] = static_member
+    if heartbeat_ms is not None:
+        conf["heartbeat.interval.ms"] = heartbeat_ms
+    if sticky:
+        conf["partition.assignment.strategy"] = "cooperative-sticky"
     return conf
 
 
 def consumer(settings: Settings, group: str, *, client_id: str | None = None,
              offset_reset: OffsetReset = OffsetReset.earliest,
              session_timeout_ms: int | None = None, static_member: str | None = None,
-             read_to_end: bool = False, quiet: bool = False) -> Consumer:
+             read_to_end: bool = False, quiet: bool = False,
+             heartbeat_ms: int | None = None, sticky: bool = False) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
     return Consumer(consumer_config(
         settings, group, client_id=client_id, offset_reset=offset_reset,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
-        read_to_end=read_to_end, quiet=quiet))
+        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, sticky=sticky))
 
 
 def admin_config(settings: Settings) -> Config:

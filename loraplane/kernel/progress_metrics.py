@@ -40,11 +40,14 @@ class ProgressMetrics(Collector):
         yield stalls
 
 
-def serve_progress(port: int) -> None:
-    """Serve every ``Progress`` of this process on ``http://127.0.0.1:PORT/metrics`` from a
-    daemon thread (it ends with the process). ``port`` 0: nothing is served."""
+def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
+    """Serve every ``Progress`` of this process (and the ``extra`` collectors: the planner's
+    lease) on ``http://127.0.0.1:PORT/metrics`` from a daemon thread (it ends with the
+    process). ``port`` 0: nothing is served."""
     if not port:
         return
     registry = CollectorRegistry()
     registry.register(ProgressMetrics(every_progress()))
+    for collector in extra:
+        registry.register(collector)
     start_http_server(port, addr=LOOPBACK, registry=registry)

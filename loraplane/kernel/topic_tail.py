@@ -159,6 +159,18 @@ class TopicTail:
         with self._lock:
             return self._view.snapshot()
 
+    def wait_reached(self, ends: dict[Partition, int], timeout_s: float) -> bool:
+        """Block until every partition of ``ends`` is read up to its offset there (True) or
+        ``timeout_s`` (False): "everything written before I asked is in the view" (the
+        planner reads its memory to the end this way when it takes the lease)."""
+        def reached() -> bool:
+            at = self._view.positions()
+            return self._view.caught_up and all(at.get(tp, 0) >= end
+                                                for tp, end in ends.items())
+
+        with self._changed:
+            return self._changed.wait_for(reached, timeout_s)
+
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Block until the first complete read (True) or ``timeout_s`` (False)."""
         with self._changed:

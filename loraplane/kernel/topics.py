@@ -86,6 +86,13 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("decisions", 3, "planner decisions with their inputs", "base_model",
               retention_ms=30 * DAY_MS,
               writers=(Principal.streams,)),
+    TopicSpec("planner-memory", 3, "the planner's memory per worker (PlannerMemory), written "
+              "in the transaction of the commands it remembers", "worker_id",
+              cleanup_policy="compact",
+              writers=(Principal.streams,)),
+    TopicSpec("planner-lease", 1, "the planner lease: the member of a base model's planner "
+              "group assigned its one partition plans (nothing is written)", "none",
+              retention_ms=HOUR_MS),
     TopicSpec("stack-health", 1, "stack up's produce/consume readiness probe", "none",
               retention_ms=HOUR_MS),
 )

@@ -1,16 +1,17 @@
-"""The planner agent plans only with workers heard lately (``routing.heard_lately``, policy
+"""The planner runtime plans only with workers heard lately (``routing.heard_lately``, policy
 ``worker_heartbeat_s``): a silent worker's copies count for nothing, as in the router."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import pytest
-from loraplane.streams import planner_agent
+from loraplane.schemas.codec import encode
 from loraplane.streams.planner import Plan
-from loraplane.streams.schedules import ScheduleFile
+from loraplane.streams.planner_runtime import PlannerRuntime
 
+from loraplane.kernel.config import get_settings
 from tests.unit.test_dashboard_fleet import aged
 from tests.unit.test_fleet_view import state
 
@@ -26,20 +27,30 @@ class SpyPlanner:
         return Plan({}, {}, [], [], {}, {})
 
 
-class NoScores:
-    def states(self) -> dict[str, Any]:
-        return {}
+def runtime_with(tmp_path: Path, base_model: str | None = None) -> PlannerRuntime:
+    """A runtime whose tails are not started: an empty registry, no schedule."""
+    settings = get_settings().model_copy(update={"schedules_path": tmp_path / "none.yaml"})
+    runtime = PlannerRuntime(settings, base_model)
+    runtime.registry_tail = SimpleNamespace(version=0)  # type: ignore[assignment]
+    runtime.registry = SimpleNamespace(accepted={})  # type: ignore[assignment]
+    return runtime
 
 
-def test_a_worker_silent_for_three_heartbeats_is_left_out_of_the_plan(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    hb = planner_agent.settings.policy.worker_heartbeat_s
+def test_a_worker_silent_for_three_heartbeats_is_left_out_of_the_plan(tmp_path: Path) -> None:
+    runtime = runtime_with(tmp_path)
+    hb = runtime.settings.policy.worker_heartbeat_s
     ages = {"w1": 0.1 * hb, "w2": 2.5 * hb, "w3": 3.5 * hb, "w4": 100 * hb}
-    states = {wid: aged(state(wid, "llama", ["a@1-aa"]), age).model_dump(mode="json")
-              for wid, age in ages.items()}
-    monkeypatch.setattr(planner_agent, "worker_states", states)
-    monkeypatch.setattr(planner_agent, "registry_table", {})
-    monkeypatch.setattr(planner_agent, "schedule_file", ScheduleFile(tmp_path / "none.yaml"))
+    for wid, age in ages.items():
+        runtime.workers.apply(wid.encode(), encode(aged(state(wid, "llama", ["a@1-aa"]), age)))
     spy = SpyPlanner()
-    planner_agent.plan_now(planner_agent._Inputs(planner=spy), NoScores(), {})  # type: ignore[arg-type]
+    runtime.plan_now(spy)  # type: ignore[arg-type]
     assert spy.workers == ["w1", "w2"]  # within 3 intervals; w3 and w4 are drained
+
+
+def test_a_planner_of_one_base_model_plans_only_its_workers(tmp_path: Path) -> None:
+    runtime = runtime_with(tmp_path, base_model="llama")
+    for wid, base in (("w1", "llama"), ("w2", "qwen")):
+        runtime.workers.apply(wid.encode(), encode(aged(state(wid, base, []), 1.0)))
+    spy = SpyPlanner()
+    runtime.plan_now(spy)  # type: ignore[arg-type]
+    assert spy.workers == ["w1"]

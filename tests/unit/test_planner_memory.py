@@ -63,17 +63,21 @@ def test_a_record_we_did_not_write_is_refused_with_a_reason(change: dict, field:
     assert any(loc == field for loc, _ in err.value.errors), err.value.errors
 
 
-def test_the_agent_skips_an_unreadable_record_once_with_its_reason(
+def test_the_runtime_skips_an_unreadable_record_with_its_reason(
         caplog: pytest.LogCaptureFixture) -> None:
-    """The planner agent plans a worker whose record does not decode as if it had no memory
-    (the tick's memory then replaces the record), and says why once, not every tick."""
-    from loraplane.streams.planner_agent import _Inputs
+    """The planner runtime plans a worker whose planner-memory record does not decode as if
+    it had no memory (the tick's memory then replaces the record), and says why; a
+    tombstone is no memory."""
+    from loraplane.streams.planner_runtime import memory_of
+
+    from loraplane.kernel.bus import Record
 
     good, bad = encode(next(iter(PLAN.memory.values())).record()), b'{"seq": -1}'
-    parsed = _Inputs().memory
+    records = [Record("m", 0, i, wid.encode(), value, {}, 0)
+               for i, (wid, value) in enumerate([("w1", good), ("w2", bad), ("w3", None)])]
     with caplog.at_level("ERROR"):
-        for _ in range(3):  # three ticks over the same table values
-            memory = parsed.of([("w1", good), ("w2", bad)])
-            assert list(memory) == ["w1"]
+        memory = memory_of(records)
+    assert list(memory) == ["w1"]
+    assert memory["w1"] == next(iter(PLAN.memory.values()))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("w2: unreadable value skipped: invalid: seq")

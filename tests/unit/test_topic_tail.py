@@ -141,3 +141,25 @@ def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
     with pytest.raises(TopicReadIncomplete):
         tail.snapshot()
     assert not tail.wait_caught_up(0.05)
+
+
+def test_wait_reached_waits_for_every_offset_asked_for() -> None:
+    """The planner's "memory read to its end": True only once each partition is read up to
+    the end it was given, woken by the record that gets it there."""
+    import threading
+
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "lp-memory", component="planner-memory")
+    tail._view.assign({("m", 0): 0, ("m", 1): 0})  # caught up on an empty topic
+    assert tail.wait_reached({("m", 0): 0}, 0.01)
+    assert not tail.wait_reached({("m", 1): 1}, 0.01)
+
+    def arrive() -> None:
+        with tail._changed:
+            tail._view.apply(Record("m", 1, 0, b"w1", b"{}", {}, 0))
+            tail._changed.notify_all()
+
+    threading.Timer(0.05, arrive).start()
+    assert tail.wait_reached({("m", 0): 0, ("m", 1): 1}, 5.0)

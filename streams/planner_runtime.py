@@ -1,0 +1,515 @@
+"""The planner runtime: the pure ``streams.planner.Planner`` fed from Kafka only, its memory
+and its commands written in one Kafka transaction, active only while it holds the lease
+(``streams.planner_lease``). ``loraplane streams planner`` runs one as its own process;
+``loraplane streams run`` runs one in a thread (``streams.planner_agent``).
+
+Inputs, each a live tail (``kernel.topic_tail``), kept current on the standby too so that a
+takeover plans at once:
+- ``scores`` into a ``ScoreView`` (a snapshot whose ``armed`` went True -> False is a
+  burst: plan now; ``(unknown)`` keys are not adapters; tombstones remove);
+- ``registry`` through ``VerifiedRegistry`` (the planner verifies the views it plans with,
+  as the workers and the router do); a change plans now;
+- ``worker-state`` into ``WorkerStates`` (the newest state per worker);
+- ``planner-memory`` (what the previous active remembered), read when the lease is taken;
+- the schedule file, re-read when it changes.
+Nothing is planned before every tail has read its topic to the end once: an empty score
+view would demote everything, an empty memory would re-issue.
+
+A tick (every ``policy.planner_interval_s``, or at once on a burst or a registry change)
+writes, in one transaction with the transactional id ``group_id`` (the lease's group):
+each command (signed at send time with ``settings.planner_key_path``) to the commands
+partition of its worker (``kernel.command_partition.partition_of`` over the topic's
+partition count from broker metadata), its decision and audit record, and the memory of
+every worker it changed. So memory and commands commit together or not at all: after a
+crash or a takeover the memory knows exactly what went out; the new active resends the
+pending commands under their own ids (workers drop duplicates by command_id) and never
+re-decides them under new ones. The in-process memory changes only after a commit.
+
+Taking the lease: ``init_transactions`` first (it fences the previous active's producer
+and aborts its open transaction), then the memory tail is waited on up to the topic's end
+as the broker reports it after that, then pending commands are resent, then planning goes
+on. Losing it (revoked, lost, or the producer fenced): planning stops at once; a tick that
+began under the old lease does not commit.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot
+from loraplane.schemas.signing import KeyFileError, SigningKey
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.planner import Plan, Planner, WorkerMemory
+from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
+from loraplane.streams.schedules import ScheduleFile, warmup_scores
+from loraplane.streams.scores import ScoreState, from_snapshot
+from loraplane.workers.routing import heard_lately
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel
+
+from loraplane.kernel import kafka
+from loraplane.kernel.bus import Record
+from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_of
+from loraplane.kernel.config import Settings
+from loraplane.kernel.progress import Progress, Watchdog
+from loraplane.kernel.registry_view import registry_tail
+from loraplane.kernel.topic_tail import TopicTail
+from loraplane.kernel.topics import topic_name
+from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
+from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+
+log = logging.getLogger(__name__)
+COMPONENT: Literal["planner"] = "planner"
+CLIENT_ID = "loraplane-planner"
+FIRST_READ_S = 120.0
+"""How long the first complete read of every input may take before it is logged again."""
+MEMORY_READ_S = 30.0
+"""Taking the lease gives up (and tries again) if the memory is not read to its end by then."""
+WAKE_POLL_S = 0.1
+RETRY_S = 1.0
+
+
+class LeaseLost(RuntimeError):
+    """The lease moved while a tick was being written: the transaction is aborted."""
+
+
+def _fenced(exc: BaseException) -> bool:
+    """Whether a producer error says another producer took our transactional id."""
+    from confluent_kafka import KafkaError
+
+    fenced = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    seen: BaseException | None = exc
+    while seen is not None:
+        args = getattr(seen, "args", ())
+        err: Any = args[0] if args else None
+        if err is not None and hasattr(err, "code") and err.code() in fenced:
+            return True
+        seen = seen.__cause__
+    return False
+
+
+@dataclass
+class ScoreView:
+    """The scores topic as the planner sees it: the last committed state of every adapter
+    key. ``apply`` says whether a record is a burst (its key's ``armed`` went True ->
+    False; a new key counts as armed before). Written by the tail thread, read by the
+    planner under ``lock``."""
+
+    states: dict[str, ScoreState] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    unreadable: int = 0
+
+    def apply(self, key: str, value: bytes | None) -> bool:
+        if key.startswith(UNKNOWN_KEY):
+            return False  # the unknown buckets hold counts, not adapters
+        if value is None:
+            with self.lock:
+                self.states.pop(key, None)
+            return False
+        try:
+            state = from_snapshot(decode(ScoreSnapshot, value))
+        except SchemaError as exc:
+            self.unreadable += 1
+            log.error("scores record %s unreadable, skipped: %s", key[:200], exc)
+            return False
+        with self.lock:
+            before = self.states.get(key)
+            self.states[key] = state
+        return (before is None or before.burst_armed) and not state.burst_armed
+
+    def copy(self) -> dict[str, ScoreState]:
+        with self.lock:
+            return dict(self.states)
+
+
+@dataclass
+class WorkerStates:
+    """The newest state per worker from the worker-state topic (a tombstone removes it). A
+    state object is replaced only by a newer record: the planner caches per state object."""
+
+    states: dict[str, WorkerState] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    unreadable: int = 0
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        wid = (key or b"").decode("utf-8", "replace")
+        if value is None:
+            with self.lock:
+                self.states.pop(wid, None)
+            return
+        try:
+            state = decode(WorkerState, value)
+            if state.worker_id != wid:
+                raise ValueError(f"key {wid[:64]!r} is not worker {state.worker_id}")
+        except (SchemaError, ValueError) as exc:
+            self.unreadable += 1
+            log.warning("worker state %s skipped: %s", wid[:64], str(exc)[:200])
+            return
+        with self.lock:
+            stored = self.states.get(wid)
+            if stored is None or stored.ts <= state.ts:
+                self.states[wid] = state
+
+    def copy(self) -> list[WorkerState]:
+        with self.lock:
+            return list(self.states.values())
+
+
+def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
+    """The memory per worker in the planner-memory topic's last records; one that does not
+    decode is skipped with its reason (the worker is planned as if it had none, and that
+    tick's memory replaces the record)."""
+    out: dict[str, WorkerMemory] = {}
+    for record in records:
+        wid = (record.key or b"").decode("utf-8", "replace")
+        if record.value is None:
+            continue
+        try:
+            out[wid] = WorkerMemory.of(decode(PlannerMemory, record.value))
+        except SchemaError as exc:
+            log.error("%s: unreadable value skipped: %s", wid, exc)
+    return out
+
+
+def audit_of(cmd: CacheCommand) -> AuditRecord:
+    return AuditRecord(
+        event_id=cmd.command_id, ts=cmd.issued_at, component=COMPONENT,
+        action=cmd.action.value, decision="issued", reason=cmd.reason.rule,
+        subject_event_id=cmd.command_id, tenant_id=cmd.tenant_id, adapter_id=cmd.adapter_id,
+        version=cmd.version, actor=cmd.worker_id,
+        detail=json.dumps({"worker_id": cmd.worker_id, "lora_name": cmd.lora_name,
+                           "score": cmd.reason.score, "detail": cmd.reason.detail}))
+
+
+def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
+    """One decision when the set of versions waiting for a load changes (not every tick)."""
+    names = [w.lora_name for w in result.waiting]
+    if not names or names == last:
+        return None
+    detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
+                          "reason": w.reason} for w in result.waiting[:50]])
+    return AuditRecord(
+        event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component=COMPONENT,
+        action="load_gpu", decision="refused", reason=result.waiting[0].reason,
+        detail=detail[:2048])
+
+
+class _DeadLetters:
+    """The ``EventSink`` of the planner's registry copy: refused records, dead-lettered."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.producer = kafka.producer(settings, client_id=CLIENT_ID)
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        self.producer.produce(topic_name(self.settings, topic_suffix), key=key.encode(),
+                              value=encode(message))
+        self.producer.poll(0)
+
+
+class LeaseMetrics(Collector):
+    """``planner_active``: 1 while this process holds the lease and plans (fenced the
+    previous active, read its memory, resent its pending commands), else 0."""
+
+    def __init__(self, runtime: PlannerRuntime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("planner_active", "1 while this planner holds the lease "
+                                  "of its base model and plans, 0 on standby",
+                                  labels=["base_model"])
+        gauge.add_metric([slug(self.runtime.base_model)],
+                         1.0 if self.runtime.planning() else 0.0)
+        yield gauge
+
+
+class PlannerRuntime:
+    """The planning thread (``run``) and the tails and lease it owns."""
+
+    def __init__(self, settings: Settings, base_model: str | None = None) -> None:
+        self.settings = settings
+        self.base_model = base_model
+        self.lease = Lease()
+        self.scores = ScoreView()
+        self.workers = WorkerStates()
+        self.wake = threading.Event()
+        self.progress = Progress(COMPONENT)
+        self.schedule = ScheduleFile(settings.schedules_path)
+        self.memory: dict[str, WorkerMemory] = {}
+        self._caught_up = False
+        self._partitions: PartitionCount | None = None
+        """The commands topic's partition count, from the active session's metadata client."""
+        self._planning_epoch: int | None = None
+
+    def metrics(self) -> Collector:
+        return LeaseMetrics(self)
+
+    def planning(self) -> bool:
+        """Active: the lease is held and its session is past the takeover steps."""
+        epoch = self._planning_epoch
+        return epoch is not None and self.lease.holds(epoch)
+
+    # ---- tails ----------------------------------------------------------------------------
+    def _score_record(self, record: Record) -> None:
+        key = (record.key or b"").decode("utf-8", "replace")
+        if self.scores.apply(key, record.value) and self._caught_up:
+            log.info("burst for %s", key)
+            self.wake.set()
+
+    def _start_tails(self) -> list[TopicTail]:
+        s = self.settings
+        self.score_tail = TopicTail(
+            s, topic_name(s, "scores"), component=f"{COMPONENT}-scores",
+            on_record=self._score_record).start()
+        self.state_tail = TopicTail(
+            s, topic_name(s, "worker-state"), component=f"{COMPONENT}-worker-state",
+            on_record=lambda r: self.workers.apply(r.key, r.value)).start()
+        self.memory_tail = TopicTail(s, topic_name(s, "planner-memory"),
+                                     component=f"{COMPONENT}-memory").start()
+        self.registry_tail = registry_tail(s, COMPONENT)
+        tail = self.registry_tail
+        self.registry = VerifiedRegistry(
+            KeyringFile(s.keyring_path), tail.snapshot, sink=_DeadLetters(s),
+            component=COMPONENT,
+            checkpoints_path=s.home / "planner" / slug(self.base_model) / CHECKPOINTS_FILE,
+            version=lambda: tail.version)
+        return [self.score_tail, self.state_tail, self.memory_tail, self.registry_tail]
+
+    # ---- the thread -----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Tails, then the lease, then plan whenever the lease is held, until ``stop``."""
+        (self.settings.home / "planner" / slug(self.base_model)).mkdir(parents=True,
+                                                                       exist_ok=True)
+        tails = self._start_tails()
+        watchdog = Watchdog([self.progress]).start()
+        holder: LeaseHolder | None = None
+        try:
+            for tail in tails:
+                self.progress.blocked(f"reading {tail.topics[0]} to its end")
+                while not tail.wait_caught_up(1.0):
+                    if stop.is_set():
+                        return
+            self._caught_up = True
+            key = self._planner_key(stop)
+            if key is None:
+                return
+            # What the first read loaded lives as long as the process: out of the
+            # collector's way, or a full collection over it adds up to a second to a tick.
+            gc.collect()
+            gc.freeze()
+            self.progress.advanced()
+            log.info("planner ready (%s): %d score keys, %d workers; joining %s",
+                     slug(self.base_model), len(self.scores.states), len(self.workers.states),
+                     group_id(self.settings, self.base_model))
+            holder = LeaseHolder(self.settings, self.base_model, self.lease).start()
+            while not stop.is_set():
+                epoch = self.lease.epoch
+                if not self.lease.holds(epoch):
+                    self.progress.advanced()  # a standby waits; it is not held up
+                    self.registry.records()  # verified ahead (only what changed): quick takeover
+                    self.lease.wait_change(epoch, 0.5)
+                    continue
+                try:
+                    self._session(epoch, key, stop)
+                except LeaseLost:
+                    log.info("planner: lease moved; the open tick was not committed")
+                except Exception as exc:  # ProducerBroken, KafkaException, ...
+                    if _fenced(exc):
+                        self.lease.fenced(epoch)
+                    else:
+                        self.progress.blocked(f"planner session ended: {exc}")
+                        log.error("planner session ended (%s); again in %.0f s", exc, RETRY_S)
+                        stop.wait(RETRY_S)
+        finally:
+            if holder is not None:
+                holder.stop()
+            watchdog.stop()
+            for tail in tails:
+                tail.stop()
+
+    def _planner_key(self, stop: threading.Event) -> SigningKey | None:
+        """The planner's signing key; waits (logging why) until the key file can be read:
+        an unsigned command would be refused by every worker."""
+        while not stop.is_set():
+            try:
+                return SigningKey.load(self.settings.planner_key_path)
+            except KeyFileError as exc:
+                log.error("planner key unavailable, no commands until it is: %s", exc)
+                stop.wait(5.0)
+        return None
+
+    def _session(self, epoch: int, key: SigningKey, stop: threading.Event) -> None:
+        """One lease epoch: fence, read the memory to its end, resend, plan."""
+        s = self.settings
+        txn = kafka.transactional_producer(s, group_id(s, self.base_model), client_id=CLIENT_ID)
+        meta = kafka.consumer(s, f"{group_id(s, self.base_model)}-meta", client_id=CLIENT_ID,
+                              quiet=True)
+        try:
+            self.progress.blocked("init_transactions")
+            bounded("init_transactions", lambda: txn.init_transactions(STEP_TIMEOUT_S),
+                    STEP_TIMEOUT_S)
+            self._read_memory(meta)
+            self._guard(epoch)
+            self._partitions = commands_partitions(s, meta)
+            self._partitions.current()  # known before the first send (raises if not)
+            self._resend(txn, key, epoch)
+            self._planning_epoch = epoch
+            planner = Planner()
+            waiting: list[str] = []
+            last_registry = -1
+            due = 0.0
+            interval = s.policy.planner_interval_s
+            while not stop.is_set():
+                self._guard(epoch)
+                version = self.registry_tail.version
+                if version == last_registry and time.monotonic() < due \
+                        and not self.wake.is_set():
+                    self.wake.wait(WAKE_POLL_S)
+                    continue
+                self.wake.clear()
+                last_registry = version
+                due = time.monotonic() + interval
+                try:
+                    result = self.plan_now(planner)
+                except Exception:  # a bad record must not stop planning for everyone else
+                    log.exception("planning tick failed; retrying at the next tick")
+                    continue
+                waiting = self._commit(txn, meta, key, epoch, result, waiting)
+                self.progress.advanced()
+        finally:
+            self._planning_epoch = None
+            meta.close()
+            txn.flush(1.0)
+
+    def _guard(self, epoch: int) -> None:
+        if not self.lease.holds(epoch):
+            raise LeaseLost("the lease moved")
+
+    def _read_memory(self, meta: Any) -> None:
+        """Wait until the memory tail holds everything committed before the fence."""
+        from confluent_kafka import TopicPartition
+
+        topic = topic_name(self.settings, "planner-memory")
+        self.progress.blocked("reading planner-memory to its end")
+        parts = meta.list_topics(topic, timeout=10.0).topics[topic].partitions
+        ends = {(topic, p): meta.get_watermark_offsets(TopicPartition(topic, p),
+                                                       timeout=10.0)[1] for p in parts}
+        if not self.memory_tail.wait_reached(ends, MEMORY_READ_S):
+            raise RuntimeError(f"planner-memory not read to its end within {MEMORY_READ_S} s")
+        self.memory = memory_of(self.memory_tail.snapshot())
+        log.info("planner: memory of %d workers read (%d pending commands)",
+                 len(self.memory), sum(len(m.pending) for m in self.memory.values()))
+
+    def _produce_command(self, txn: Any, cmd: CacheCommand, key: SigningKey,
+                         partitions: int) -> bytes:
+        payload = encode(key.sign_command(cmd))
+        txn.produce(topic_name(self.settings, "commands"), key=cmd.worker_id.encode(),
+                    value=payload, partition=partition_of(cmd.worker_id, partitions))
+        return payload
+
+    def _commands_partitions(self) -> int:
+        assert self._partitions is not None, "set when the session took the lease"
+        return self._partitions.current()
+
+    def _resend(self, txn: Any, key: SigningKey, epoch: int) -> None:
+        """The pending commands of the memory, under their own ids (the previous active may
+        have died after they committed but before the workers applied them)."""
+        pending = [cmd for mem in self.memory.values() for cmd in mem.pending]
+        if not pending:
+            return
+        partitions = self._commands_partitions()
+
+        def fill() -> None:
+            for cmd in pending:
+                self._produce_command(txn, cmd, key, partitions)
+            self._guard(epoch)
+
+        transact(txn, fill, on_step=self.progress.blocked)
+        log.info("planner resent %d pending commands under their own ids", len(pending))
+
+    def plan_now(self, planner: Planner) -> Plan:
+        now = time.time()
+        if self.registry_tail.version:
+            self.registry.records()  # refresh; a failed read keeps the last verified views
+        views: list[AdapterView] = list(self.registry.accepted.values())
+        workers = self.workers.copy()
+        if self.base_model is not None:
+            base = self.base_model
+            views = [v for v in views if any(r.base_model == base for r in v.versions)]
+            workers = [w for w in workers if w.base_model == base]
+        scheduled = warmup_scores(self.schedule.current(),
+                                  ((v.adapter_id, v.tenant_id) for v in views), now)
+        heartbeat_s = self.settings.policy.worker_heartbeat_s
+        live = [w for w in workers if heard_lately(w, now, heartbeat_s)]  # the router's rule
+        return planner.tick(views, self.scores.copy(), live, self.settings.policy, now,
+                            self.memory, scheduled)
+
+    def _commit(self, txn: Any, meta: Any, key: SigningKey, epoch: int, result: Plan,
+                waiting: list[str]) -> list[str]:
+        """The tick's commands, decisions, audit and changed memory in one transaction; the
+        in-process memory follows only once it committed."""
+        changed = {wid: mem for wid, mem in result.memory.items()
+                   if mem != self.memory.get(wid)}
+        wait_record = waiting_audit(result, waiting)
+        names = [w.lora_name for w in result.waiting]
+        if not result.commands and not changed and wait_record is None:
+            return names
+        s = self.settings
+        partitions = self._commands_partitions()
+        audit, decisions = topic_name(s, "audit"), topic_name(s, "decisions")
+        memory_topic = topic_name(s, "planner-memory")
+
+        def fill() -> None:
+            for cmd in result.commands:
+                payload = self._produce_command(txn, cmd, key, partitions)
+                txn.produce(audit, key=cmd.adapter_id.encode(), value=encode(audit_of(cmd)))
+                # The decisions topic carries the commands themselves (ClickHouse).
+                txn.produce(decisions, key=cmd.base_model.encode(), value=payload)
+            for wid, mem in changed.items():
+                txn.produce(memory_topic, key=wid.encode(), value=encode(mem.record()))
+            if wait_record is not None:
+                txn.produce(audit, key=b"planner", value=encode(wait_record))
+            self._guard(epoch)
+
+        transact(txn, fill, on_step=self.progress.blocked)
+        self.memory.update(changed)
+        if result.commands:
+            log.info("planner issued %d commands: %s", len(result.commands),
+                     ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
+                               for c in result.commands[:20]))
+        return names
+
+
+def run_until_signal(settings: Settings, base_model: str | None, metrics_port: int) -> None:
+    """``loraplane streams planner``: one runtime in this process until SIGTERM/SIGINT."""
+    import signal
+
+    from loraplane.kernel.progress_metrics import serve_progress
+
+    runtime = PlannerRuntime(settings, base_model)
+    serve_progress(metrics_port, [runtime.metrics()])
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    thread = threading.Thread(target=runtime.run, args=(stop,), name="planner", daemon=True)
+    thread.start()
+    while thread.is_alive() and not stop.is_set():
+        stop.wait(0.5)
+    stop.set()
+    thread.join(30)
+    log.info("planner stopped")

@@ -1,0 +1,122 @@
+"""The pure parts of the planner runtime (streams.planner_lease, streams.planner_runtime):
+what the lease's assignment, revocation and fencing mean, how a burst is read off the
+scores topic, and which worker state wins."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+from confluent_kafka import KafkaError, KafkaException
+from loraplane.schemas.codec import encode
+from loraplane.schemas.score_snapshot import UnknownTally
+from loraplane.streams.planner_lease import Lease, group_id, slug
+from loraplane.streams.planner_runtime import ScoreView, WorkerStates, _fenced
+from loraplane.streams.scores import TAU_1M_S, Decayed, ScoreState, snapshot
+
+from loraplane.kernel import kafka
+from loraplane.kernel.config import get_settings
+from loraplane.kernel.topics import spec
+from loraplane.kernel.transactions import ProducerBroken
+from tests.unit.test_fleet_view import state
+
+
+def test_assignment_makes_active_and_revocation_standby_each_a_new_epoch() -> None:
+    lease = Lease()
+    assert not lease.active and lease.epoch == 0
+    lease.assigned()
+    epoch = lease.epoch
+    assert lease.active and lease.holds(epoch)
+    lease.assigned()  # an incremental assignment of nothing new changes nothing
+    assert lease.epoch == epoch
+    lease.revoked()
+    assert not lease.active and not lease.holds(epoch)
+    lease.assigned()
+    assert lease.active and not lease.holds(epoch)  # a tick of the old epoch must not commit
+
+
+def test_a_fenced_planner_stays_standby_until_the_lease_moves() -> None:
+    lease = Lease()
+    lease.assigned()
+    epoch = lease.epoch
+    lease.fenced(epoch)
+    assert not lease.active and not lease.holds(epoch)
+    lease.fenced(epoch - 1)  # a stale fence is ignored
+    lease.revoked()
+    lease.assigned()
+    assert lease.active and lease.holds(lease.epoch)
+
+
+def test_wait_change_wakes_on_a_revoke() -> None:
+    lease = Lease()
+    lease.assigned()
+    epoch = lease.epoch
+    threading.Timer(0.05, lease.revoked).start()
+    assert lease.wait_change(epoch, 5.0)
+    assert not lease.wait_change(lease.epoch, 0.01)
+
+
+def test_the_lease_group_and_transactional_id_name_the_base_model() -> None:
+    settings = get_settings().model_copy(update={"topic_prefix": "p"})
+    assert group_id(settings, None) == "p-planner-all"
+    assert group_id(settings, "meta-llama/Llama 3") == "p-planner-meta-llama-Llama-3"
+    assert slug("///") == "all"
+    assert spec("planner-lease").partitions == 1
+    assert spec("planner-memory").cleanup_policy == "compact"
+
+
+def test_the_lease_consumer_heartbeats_often_and_keeps_its_partition_when_a_member_joins() -> None:
+    conf = kafka.consumer_config(get_settings(), "g", session_timeout_ms=6000,
+                                 heartbeat_ms=1000, sticky=True)
+    assert conf["session.timeout.ms"] == 6000 and conf["heartbeat.interval.ms"] == 1000
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky"
+    assert "partition.assignment.strategy" not in kafka.consumer_config(get_settings(), "g")
+
+
+def _record(armed: bool, r1: float = 1.0) -> bytes:
+    return encode(snapshot(ScoreState(requests_1m=Decayed(TAU_1M_S, r1, 1000.0),
+                                      burst_armed=armed)))
+
+
+def test_a_burst_is_a_key_whose_armed_went_true_to_false() -> None:
+    view = ScoreView()
+    assert not view.apply("a@1", _record(armed=True))
+    assert view.apply("a@1", _record(armed=False))  # disarmed: it fired
+    assert not view.apply("a@1", _record(armed=False, r1=9.0))  # still disarmed: no new burst
+    assert view.apply("b@1", _record(armed=False))  # a new key that fired at once
+    assert set(view.copy()) == {"a@1", "b@1"}
+    assert not view.apply("a@1", None)  # tombstone
+    assert set(view.copy()) == {"b@1"}
+
+
+def test_unknown_buckets_and_unreadable_records_hold_no_key() -> None:
+    view = ScoreView()
+    assert not view.apply("(unknown)", encode(UnknownTally(logs=3)))
+    assert not view.apply("(unknown)/4", encode(UnknownTally(logs=3)))
+    assert not view.apply("c@1", b'{"r10": "nope"}')
+    assert view.copy() == {} and view.unreadable == 1
+
+
+def test_the_newest_worker_state_wins_and_a_tombstone_removes_it() -> None:
+    states = WorkerStates()
+    new = state("w1", "llama", ["a@1"]).model_copy(update={"ts": datetime(2026, 1, 2, tzinfo=UTC)})
+    old = new.model_copy(update={"ts": datetime(2026, 1, 1, tzinfo=UTC), "gpu_slots_total": 9})
+    states.apply(b"w1", encode(new))
+    states.apply(b"w1", encode(old))  # late and older: ignored
+    (kept,) = states.copy()
+    assert kept.ts == new.ts
+    states.apply(b"w2", encode(new))  # keyed as another worker: refused
+    states.apply(b"w1", b"{}")
+    assert len(states.copy()) == 1 and states.unreadable == 2
+    states.apply(b"w1", None)
+    assert states.copy() == []
+
+
+def test_a_fenced_producer_is_told_from_a_broker_away() -> None:
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+    try:
+        raise ProducerBroken("transaction failed fatally") from fenced
+    except ProducerBroken as exc:
+        assert _fenced(exc)
+    assert not _fenced(ProducerBroken("not committed after 5 attempts"))
+    assert not _fenced(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
