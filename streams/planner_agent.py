@@ -2,10 +2,10 @@
 the worker, which keeps its columns between ticks) and says what it decided on Kafka.
 
 Inputs, all in this Faust worker: the registry table (streams.registry_agent), the score
-states (``streams.app.score_store``, kept by streams.scoring_agent and read back from the
-``scores`` topic before the first tick), the ``worker-states`` table (latest WorkerState per
-worker, from the compacted worker-state topic) and the schedule file (re-read when it
-changes).
+states (``score_store``: the ``scores`` topic, written by every scoring keeper, tailed into
+the planner's own store and read to its end before the first tick), the ``worker-states``
+table (latest WorkerState per worker, from the compacted worker-state topic) and the
+schedule file (re-read when it changes).
 
 One loop plans every ``policy.planner_interval_s`` seconds (the timer) and at once on a
 significant event: a burst (scoring agent) or a registry change (the registry topic). A tick
@@ -54,25 +54,64 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.score_snapshot import ScoreSnapshot, is_unknown_key
 from loraplane.schemas.signing import KeyFileError, SigningKey
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams import scoring_agent  # noqa: F401  (its service fills score_store)
-from loraplane.streams.app import app, dead_letter_of, raw_topic, score_store
+from loraplane.streams import scoring_agent  # noqa: F401  (a keeper runs beside the planner)
+from loraplane.streams.app import app, dead_letter_of, raw_topic
 from loraplane.streams.lifecycle import AdapterState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.registry_agent import registry_table
 from loraplane.streams.schedules import ScheduleFile, warmup_scores
 from loraplane.streams.score_store import ScoreStore
+from loraplane.streams.scores import from_snapshot
 from loraplane.workers.routing import heard_lately
 
+from loraplane.kernel.bus import Record
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.progress import Progress
-from loraplane.kernel.topics import spec
+from loraplane.kernel.topic_tail import TopicTail
+from loraplane.kernel.topics import spec, topic_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 COMPONENT: Literal["planner"] = "planner"
 settings = get_settings()
+
+
+score_store = ScoreStore()
+"""The score states the planner plans on: a bridge until the planner runtime of #15 item 2
+(``_follow_scores``: the scores topic tailed into this store; nothing shared with a keeper)."""
+
+
+def _take_score(record: Record, loop: asyncio.AbstractEventLoop) -> None:
+    """One scores record into ``score_store``; a key whose burst just fired (armed went
+    off) sets ``burst``, so the planner re-plans now."""
+    key = (record.key or b"").decode("utf-8", "replace")
+    if is_unknown_key(key):
+        return
+    if record.value is None:
+        score_store.remove([key])
+        return
+    try:
+        state = from_snapshot(decode(ScoreSnapshot, record.value))
+    except SchemaError as exc:
+        log.error("scores %s@%s unreadable, skipped: %s", record.partition, record.offset, exc)
+        return
+    before = score_store.live().get(key)
+    score_store.update({key: state})
+    if (before is None or before.burst_armed) and not state.burst_armed:
+        loop.call_soon_threadsafe(score_store.burst.set)
+
+
+@app.task
+async def _follow_scores() -> None:
+    loop = asyncio.get_running_loop()
+    tail = TopicTail(settings, topic_name(settings, "scores"), component="planner-scores",
+                     on_record=lambda r: _take_score(r, loop)).start()
+    while not await asyncio.to_thread(tail.wait_caught_up, 1.0):
+        pass
+    score_store.ready.set()
 
 
 worker_state_topic = raw_topic("worker-state")

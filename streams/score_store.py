@@ -1,13 +1,11 @@
-"""The score states of one streams worker: the scoring agent's consumer thread writes them,
-the planner agent reads them on the event loop.
+"""The planner's score states: one thread writes them (the planner's tail of the scores
+topic, ``streams.planner_agent``), the planner reads them on the event loop.
 
-One object, created with the app (``streams.app.score_store``) and handed to both agents,
-instead of module globals of the scoring agent that the planner reached into. Writes
-happen only on the scoring thread (after a batch's transaction committed, or all at once
-after a reassignment re-read the scores topic); ``states`` takes its copy under the same
-lock, so the planner never sees half a reload (it would demote everything it did not see).
-The events are asyncio's: the scoring thread sets them through the loop
-(``call_soon_threadsafe``), never directly.
+The scoring keepers keep their own (``streams.score_keeper``): nothing is shared between
+scoring and planning but the topic. ``states`` takes its copy under the lock, so the planner
+never sees half a reload (it would demote everything it did not see). The events are
+asyncio's: the writing thread sets them through the loop (``call_soon_threadsafe``), never
+directly.
 """
 
 from __future__ import annotations

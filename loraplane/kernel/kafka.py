@@ -176,27 +176,36 @@ def producer(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int =
 
 
 def transactional_producer(settings: Settings, transactional_id: str, *,
-                           client_id: str) -> Producer:
+                           client_id: str, transaction_timeout_ms: int | None = None
+                           ) -> Producer:
     """An idempotent producer (``producer_config``) whose writes and consumer offsets commit
-    atomically. The id is stable per deployment on purpose: ``init_transactions`` with it
-    fences a previous instance and aborts its open transaction."""
+    atomically. ``init_transactions`` with the same id fences a previous instance and aborts
+    its open transaction. ``transaction_timeout_ms`` bounds how long the transaction of a
+    process killed mid-batch holds back readers when no successor reuses its id (the
+    broker aborts it then; librdkafka's default is 60 s)."""
     from confluent_kafka import Producer
 
-    return Producer(producer_config(settings, client_id=client_id,
-                                    transactional_id=transactional_id))
+    conf = producer_config(settings, client_id=client_id, transactional_id=transactional_id)
+    if transaction_timeout_ms is not None:
+        conf["transaction.timeout.ms"] = transaction_timeout_ms
+    return Producer(conf)
 
 
 def consumer_config(settings: Settings, group: str, *, client_id: str | None = None,
                     offset_reset: OffsetReset = OffsetReset.earliest,
                     session_timeout_ms: int | None = None, static_member: str | None = None,
-                    read_to_end: bool = False, quiet: bool = False) -> Config:
+                    read_to_end: bool = False, quiet: bool = False,
+                    cooperative: bool = False) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
     scoring transactions are never read. ``session_timeout_ms`` shortens how long a killed
     member holds its partitions (librdkafka's default is 45 s); ``static_member`` (a
     ``group.instance.id``) lets a restarted process take them back at once. ``read_to_end``
-    turns on partition-EOF events, for readers that stop at the end of a topic."""
+    turns on partition-EOF events, for readers that stop at the end of a topic.
+    ``cooperative``: incremental rebalancing (``cooperative-sticky``), so a member joining
+    or leaving moves only the partitions that change hands, the others keep being consumed
+    (the scoring group: each move costs a read-back of that partition's scores)."""
     conf = _common(settings, client_id, quiet)
     conf |= {"group.id": group, "enable.auto.commit": False,
              "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
@@ -205,20 +214,23 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
         conf["session.timeout.ms"] = session_timeout_ms
     if static_member is not None:
         conf["group.instance.id"] = static_member
+    if cooperative:
+        conf["partition.assignment.strategy"] = "cooperative-sticky"
     return conf
 
 
 def consumer(settings: Settings, group: str, *, client_id: str | None = None,
              offset_reset: OffsetReset = OffsetReset.earliest,
              session_timeout_ms: int | None = None, static_member: str | None = None,
-             read_to_end: bool = False, quiet: bool = False) -> Consumer:
+             read_to_end: bool = False, quiet: bool = False,
+             cooperative: bool = False) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
     return Consumer(consumer_config(
         settings, group, client_id=client_id, offset_reset=offset_reset,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
-        read_to_end=read_to_end, quiet=quiet))
+        read_to_end=read_to_end, quiet=quiet, cooperative=cooperative))
 
 
 def admin_config(settings: Settings) -> Config:

@@ -141,3 +141,17 @@ def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
     with pytest.raises(TopicReadIncomplete):
         tail.snapshot()
     assert not tail.wait_caught_up(0.05)
+
+
+def test_read_to_holds_only_once_the_view_reached_ends_taken_later() -> None:
+    """The scoring keeper judges a batch on a view that has read up to the ends it took
+    after the batch: not before the tail applied everything below them."""
+    view = TailView()
+    view.assign({("reg", 0): 1, ("reg", 1): 0})
+    view.apply(rec(0, 0, "a", b"1"))
+    assert view.read_to({("reg", 0): 1, ("reg", 1): 0})
+    later = {("reg", 0): 2, ("reg", 1): 0}  # a record written after the first catch-up
+    view.set_end(("reg", 0), 2)
+    assert not view.read_to(later)
+    view.apply(rec(0, 1, "b", b"2"))
+    assert view.read_to(later)
