@@ -15,7 +15,7 @@ traffic.
 Ordering: a log may reach the scoring side moments after its version's publish reached the
 registry topic. The scoring agent judges a batch with unknown logs again once its live tail
 of the registry has read up to the ends the topic had after the batch was consumed
-(``streams.scoring_agent.ScoreKeeper``): a worker
+(``streams.score_keeper.ScoreKeeper``): a worker
 serves a version only once its own registry copy, read from that topic, lists it, so every
 served log comes after its view is on the topic and is scored. No pending set is kept; a log
 older than its publish (forged or replayed) is counted unknown.
