@@ -10,14 +10,17 @@ of them (docs/scale.md, "Scoring processes").
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
 import mode
 from loraplane.streams.app import app
-from loraplane.streams.score_keeper import ScoreKeeper
+from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
 
 from loraplane.kernel.config import get_settings
+
+log = logging.getLogger(__name__)
 
 
 @app.service
@@ -31,8 +34,14 @@ class ScoringService(mode.Service):
 
     async def on_start(self) -> None:
         keeper = ScoreKeeper(get_settings())
-        self._thread = threading.Thread(target=keeper.run, args=(self._stop,),
-                                        name="scoring", daemon=True)
+
+        def run() -> None:
+            try:
+                keeper.run(self._stop)
+            except PartitionMismatch as exc:  # the topics need fixing, not a retry
+                log.error("scoring stopped: %s", exc)
+
+        self._thread = threading.Thread(target=run, name="scoring", daemon=True)
         self._thread.start()
 
     async def on_stop(self) -> None:
