@@ -17,7 +17,7 @@ are timed for each size:
   where protected, host tier full), and before each timed tick: ``now`` one second later,
   1% of the score states (random versions) replaced by new ones that count one more
   request (``streams.scores.observe``) in a fresh copy of the score dict, as the scoring
-  agent's ``ScoreStore.states()`` hands it over; registry and worker states unchanged; the
+  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states unchanged; the
   planner memory of the previous tick carried over (as the agent's table does). The new
   requests now and then lift a version past a resident, so a tick may issue a few
   commands (``steady_commands``: those of the last tick).

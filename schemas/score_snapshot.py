@@ -1,5 +1,6 @@
 """One score key's state as committed to the compacted ``scores`` topic (key = score key,
-``adapter_id@version`` or ``adapter_id@*``); the scoring agent reads them all back on start.
+``adapter_id@version`` or ``adapter_id@*``), on the scores partition equal to the requests
+partition of its logs: a scoring process reads back only the partitions it owns.
 
 The wire form of ``streams.scores.ScoreState``: each decayed counter is a ``[value, at]``
 pair (its time constant is implied by the field), short field names because ~100k of these
@@ -9,6 +10,7 @@ that says otherwise was not written by us and is skipped on read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from loraplane.schemas.base import NonNegativeMs, StrictModel
@@ -37,16 +39,41 @@ class ScoreSnapshot(StrictModel):
 
 
 UNKNOWN_KEY = "(unknown)"
-"""The scores topic's one key for request logs that hold no score key (an adapter or version
-not in the registry, or a refused request). No adapter id can take it: ids match
-``schemas.base.ID_PATTERN``, which has no parentheses."""
+"""The prefix of the scores topic's keys for request logs that hold no score key (an adapter
+or version not in the registry, or a refused request): one key per partition,
+``unknown_key(p)``. No adapter id can take it: ids match ``schemas.base.ID_PATTERN``, which
+has no parentheses."""
+
+
+def unknown_key(partition: int) -> str:
+    """The unknown bucket of one requests partition, ``"(unknown)/{partition}"``: each scoring
+    process writes only the buckets of the partitions it owns (to the scores partition of
+    the same number), so N processes never overwrite each other's count. Readers sum them
+    (``UnknownTally.total``)."""
+    return f"{UNKNOWN_KEY}/{partition}"
+
+
+def is_unknown_key(key: str) -> bool:
+    """Whether a scores key is an unknown bucket (any key starting "(unknown)", the single
+    bucket of before included), never an adapter key."""
+    return key.startswith(UNKNOWN_KEY)
 
 
 class UnknownTally(StrictModel):
-    """The value under ``UNKNOWN_KEY``: how many request logs were counted as unknown, so
-    hostile or stale ids cost one record, not one key each (docs/planner.md, "Bounded
-    state")."""
+    """The value under ``unknown_key(p)``: how many request logs of partition p were counted
+    as unknown, so hostile or stale ids cost one record per partition, not one key each
+    (docs/planner.md, "Bounded state")."""
 
     schema_version: Literal[1] = 1
     logs: int = Field(ge=0, le=2**62, description="request logs counted unknown, ever")
     last: Epoch | None = Field(None, description="event time of the last one (None: never)")
+
+    @classmethod
+    def total(cls, tallies: Iterable[UnknownTally]) -> UnknownTally:
+        """The sum of the per-partition buckets (the whole unknown count)."""
+        logs, last = 0, None
+        for t in tallies:
+            logs += t.logs
+            if t.last is not None and (last is None or t.last > last):
+                last = t.last
+        return cls(logs=logs, last=last)

@@ -1,6 +1,7 @@
 """The one Faust application. Agents live in their own modules (AGENT_MODULES) and attach to
-``app``; ``loraplane streams run`` imports them all and starts the worker. State two agents
-share in this worker is created here, once, next to the app (``score_store``).
+``app``; ``loraplane streams run`` imports them all and starts the worker. The agents share
+no state in memory: each reads the topics it needs (the scoring keeper may run in other
+processes too, ``loraplane streams scoring``).
 
 Tables use Faust's in-memory store backed by changelog topics: on restart a worker rebuilds
 them from the changelog, so state survives a kill without a local RocksDB to manage.
@@ -14,7 +15,6 @@ from collections.abc import Iterable
 import faust
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.reasons import DeadLetterReason
-from loraplane.streams.score_store import ScoreStore
 
 from loraplane.kernel import topics
 from loraplane.kernel.config import get_settings
@@ -41,8 +41,6 @@ def _make_app() -> faust.App:
 
 
 app = _make_app()
-score_store = ScoreStore()
-"""Written by the scoring agent (its ScoringService), read by the planner agent."""
 
 
 def raw_topic(suffix: str) -> faust.TopicT:

@@ -134,7 +134,7 @@ class LeaseHolder:
                 consumer = kafka.consumer(
                     self.settings, self.group, client_id="loraplane-planner-lease",
                     session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS,
-                    sticky=True, quiet=True)
+                    cooperative=True, quiet=True)
             except Exception as exc:
                 log.error("planner lease consumer not built: %s", exc)
                 self._stop.wait(1.0)

@@ -60,10 +60,9 @@ from loraplane.streams.scores import ScoreState, from_snapshot
 from loraplane.workers.routing import heard_lately
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel
 
 from loraplane.kernel import kafka
-from loraplane.kernel.bus import Record
+from loraplane.kernel.bus import ProducerSink, Record
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
@@ -209,19 +208,6 @@ def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
         detail=detail[:2048])
 
 
-class _DeadLetters:
-    """The ``EventSink`` of the planner's registry copy: refused records, dead-lettered."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.producer = kafka.producer(settings, client_id=CLIENT_ID)
-
-    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
-        self.producer.produce(topic_name(self.settings, topic_suffix), key=key.encode(),
-                              value=encode(message))
-        self.producer.poll(0)
-
-
 class LeaseMetrics(Collector):
     """``planner_active``: 1 while this process holds the lease and plans (fenced the
     previous active, read its memory, resent its pending commands), else 0."""
@@ -284,7 +270,7 @@ class PlannerRuntime:
         self.registry_tail = registry_tail(s, COMPONENT)
         tail = self.registry_tail
         self.registry = VerifiedRegistry(
-            KeyringFile(s.keyring_path), tail.snapshot, sink=_DeadLetters(s),
+            KeyringFile(s.keyring_path), tail.snapshot, sink=ProducerSink(s, CLIENT_ID),
             component=COMPONENT,
             checkpoints_path=s.home / "planner" / slug(self.base_model) / CHECKPOINTS_FILE,
             version=lambda: tail.version)
@@ -363,7 +349,7 @@ class PlannerRuntime:
             self.progress.blocked("init_transactions")
             bounded("init_transactions", lambda: txn.init_transactions(STEP_TIMEOUT_S),
                     STEP_TIMEOUT_S)
-            self._read_memory(meta)
+            self._read_memory()
             self._guard(epoch)
             self._partitions = commands_partitions(s, meta)
             self._partitions.current()  # known before the first send (raises if not)
@@ -400,16 +386,11 @@ class PlannerRuntime:
         if not self.lease.holds(epoch):
             raise LeaseLost("the lease moved")
 
-    def _read_memory(self, meta: Any) -> None:
+    def _read_memory(self) -> None:
         """Wait until the memory tail holds everything committed before the fence."""
-        from confluent_kafka import TopicPartition
-
-        topic = topic_name(self.settings, "planner-memory")
         self.progress.blocked("reading planner-memory to its end")
-        parts = meta.list_topics(topic, timeout=10.0).topics[topic].partitions
-        ends = {(topic, p): meta.get_watermark_offsets(TopicPartition(topic, p),
-                                                       timeout=10.0)[1] for p in parts}
-        if not self.memory_tail.wait_reached(ends, MEMORY_READ_S):
+        ends = self.memory_tail.ends(10.0)  # taken after init_transactions fenced the last one
+        if not self.memory_tail.wait_read_to(ends, MEMORY_READ_S):
             raise RuntimeError(f"planner-memory not read to its end within {MEMORY_READ_S} s")
         self.memory = memory_of(self.memory_tail.snapshot())
         log.info("planner: memory of %d workers read (%d pending commands)",

@@ -8,13 +8,14 @@ whatever arrived, one tenant with a valid API key grows that state without bound
 a version the registry lists as live (published, canary, active) gets a key, plus its
 adapter's unattributed demand (``adapter@*``) while the adapter has a live version;
 everything else (an id not in the registry, a retired or revoked version, a refused request)
-is counted in the one unknown bucket (``schemas.score_snapshot.UNKNOWN_KEY``). When a
+is counted in the unknown bucket of its partition (``schemas.score_snapshot.unknown_key``). When a
 version leaves the live set its key is tombstoned, so state follows the registry, not the
 traffic.
 
 Ordering: a log may reach the scoring side moments after its version's publish reached the
-registry topic. The scoring agent judges a batch with unknown logs again on a registry read
-that began after the batch was consumed (``streams.scoring_agent.RegistryWatch``): a worker
+registry topic. The scoring agent judges a batch with unknown logs again once its live tail
+of the registry has read up to the ends the topic had after the batch was consumed
+(``streams.score_keeper.ScoreKeeper``): a worker
 serves a version only once its own registry copy, read from that topic, lists it, so every
 served log comes after its view is on the topic and is scored. No pending set is kept; a log
 older than its publish (forged or replayed) is counted unknown.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestStatus
-from loraplane.schemas.score_snapshot import UNKNOWN_KEY
+from loraplane.schemas.score_snapshot import is_unknown_key
 from loraplane.streams.scores import score_key
 
 LIVE = frozenset({AdapterStatus.published, AdapterStatus.canary, AdapterStatus.active})
@@ -75,4 +76,4 @@ NOBODY = Known({})
 def stale_keys(known: Known, keys: Iterable[str]) -> list[str]:
     """The score keys to tombstone: every one the registry no longer backs (a retired or
     revoked version, an adapter gone or withdrawn), in order; never the unknown bucket."""
-    return [k for k in keys if k != UNKNOWN_KEY and not known.holds(k)]
+    return [k for k in keys if not is_unknown_key(k) and not known.holds(k)]

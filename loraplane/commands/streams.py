@@ -1,5 +1,6 @@
 """``loraplane streams run``: the Faust worker with every agent of streams.app;
-``loraplane streams planner``: one planner runtime as its own process."""
+``loraplane streams planner``: one planner runtime as its own process;
+``loraplane streams scoring``: one more scoring keeper as a plain process."""
 
 from __future__ import annotations
 
@@ -117,5 +118,46 @@ def register(app: typer.Typer) -> None:
         settings = get_settings()
         settings.home.mkdir(parents=True, exist_ok=True)
         run_until_signal(settings, base_model, metrics_port)
+
+    @group.command("scoring")
+    def scoring_cmd(
+        instance: str = typer.Option(
+            "", "--instance", help="This keeper's name, unique among the running ones: its "
+                                   "transactional id is {prefix}-scoring-INSTANCE (a restart "
+                                   "under the same name fences its predecessor at once); "
+                                   "default host-pid."),
+        metrics_port: int = typer.Option(
+            0, "--metrics-port", min=0, max=65535,
+            help="Serve consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
+                 "(0: none)."),
+    ) -> None:
+        """Run one scoring keeper (no Faust worker) until SIGTERM/SIGINT: it shares the
+        requests partitions with every other keeper of the prefix (docs/scale.md)."""
+        import logging
+        import signal
+        import threading
+
+        from loraplane.kernel import kafka
+
+        kafka.act_as(kafka.Principal.streams)
+        from loraplane.kernel.config import get_settings
+        from loraplane.kernel.progress_metrics import serve_progress
+        from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        settings = get_settings()
+        settings.home.mkdir(parents=True, exist_ok=True)
+        keeper = ScoreKeeper(settings, instance or None)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        serve_progress(metrics_port)
+        typer.echo(f"scoring keeper {keeper.instance} starting")
+        try:
+            keeper.run(stop)
+        except PartitionMismatch as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        typer.echo(f"scoring keeper {keeper.instance} stopped")
 
     app.add_typer(group, name="streams")

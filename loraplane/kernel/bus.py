@@ -122,3 +122,20 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
                                       f"(is {settings.kafka.bootstrap} up?)")
     finally:
         consumer.close()
+
+
+class ProducerSink:
+    """An ``EventSink`` (``loraplane.registry_trust``) straight onto Kafka, without a spool:
+    for the stream processors, whose refused registry records are dead letters of a
+    record that stays on its topic (a lost one is written again on the next refusal)."""
+
+    def __init__(self, settings: Settings, client_id: str = kafka.CLIENT_ID) -> None:
+        self.settings = settings
+        self.producer = kafka.producer(settings, client_id=client_id)
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        from loraplane.kernel.topics import topic_name
+
+        self.producer.produce(topic_name(self.settings, topic_suffix), key=key.encode(),
+                              value=encode(message))
+        self.producer.poll(0)

@@ -176,21 +176,26 @@ def producer(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int =
 
 
 def transactional_producer(settings: Settings, transactional_id: str, *,
-                           client_id: str) -> Producer:
+                           client_id: str, transaction_timeout_ms: int | None = None
+                           ) -> Producer:
     """An idempotent producer (``producer_config``) whose writes and consumer offsets commit
-    atomically. The id is stable per deployment on purpose: ``init_transactions`` with it
-    fences a previous instance and aborts its open transaction."""
+    atomically. ``init_transactions`` with the same id fences a previous instance and aborts
+    its open transaction. ``transaction_timeout_ms`` bounds how long the transaction of a
+    process killed mid-batch holds back readers when no successor reuses its id (the
+    broker aborts it then; librdkafka's default is 60 s)."""
     from confluent_kafka import Producer
 
-    return Producer(producer_config(settings, client_id=client_id,
-                                    transactional_id=transactional_id))
+    conf = producer_config(settings, client_id=client_id, transactional_id=transactional_id)
+    if transaction_timeout_ms is not None:
+        conf["transaction.timeout.ms"] = transaction_timeout_ms
+    return Producer(conf)
 
 
 def consumer_config(settings: Settings, group: str, *, client_id: str | None = None,
                     offset_reset: OffsetReset = OffsetReset.earliest,
                     session_timeout_ms: int | None = None, static_member: str | None = None,
                     read_to_end: bool = False, quiet: bool = False,
-                    heartbeat_ms: int | None = None, sticky: bool = False) -> Config:
+                    heartbeat_ms: int | None = None, cooperative: bool = False) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
@@ -198,9 +203,11 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
     member holds its partitions (librdkafka's default is 45 s); ``static_member`` (a
     ``group.instance.id``) lets a restarted process take them back at once. ``read_to_end``
     turns on partition-EOF events, for readers that stop at the end of a topic.
-    ``heartbeat_ms`` with a short session notices a dead member sooner; ``sticky``
-    (cooperative-sticky assignment) leaves an owned partition where it is when a member
-    joins (the planner lease: a standby joining must not take the lease away)."""
+    ``heartbeat_ms`` with a short session notices a dead member sooner. ``cooperative``:
+    incremental rebalancing (``cooperative-sticky``), so a member joining or leaving moves
+    only the partitions that change hands and the others stay where they are (the scoring
+    group: each move costs a read-back of that partition's scores; the planner lease: a
+    standby joining must not take the lease away)."""
     conf = _common(settings, client_id, quiet)
     conf |= {"group.id": group, "enable.auto.commit": False,
              "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
@@ -211,7 +218,7 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
         conf["group.instance.id"] = static_member
     if heartbeat_ms is not None:
         conf["heartbeat.interval.ms"] = heartbeat_ms
-    if sticky:
+    if cooperative:
         conf["partition.assignment.strategy"] = "cooperative-sticky"
     return conf
 
@@ -220,14 +227,14 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
              offset_reset: OffsetReset = OffsetReset.earliest,
              session_timeout_ms: int | None = None, static_member: str | None = None,
              read_to_end: bool = False, quiet: bool = False,
-             heartbeat_ms: int | None = None, sticky: bool = False) -> Consumer:
+             heartbeat_ms: int | None = None, cooperative: bool = False) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
     return Consumer(consumer_config(
         settings, group, client_id=client_id, offset_reset=offset_reset,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
-        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, sticky=sticky))
+        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative))
 
 
 def admin_config(settings: Settings) -> Config:

@@ -98,6 +98,11 @@ class TailView:
         """A newer end learned from the broker (its high watermark)."""
         self._end[tp] = max(self._end.get(tp, 0), end)
 
+    def read_to(self, ends: dict[Partition, int]) -> bool:
+        """Whether every partition is read up to its offset in ``ends`` (offsets taken from
+        the broker at some moment: the view then holds everything written before it)."""
+        return self.caught_up and all(self._next.get(tp, 0) >= end for tp, end in ends.items())
+
     def lag(self) -> int:
         """Records (offsets) between the read positions and the ends last learned."""
         return sum(max(0, end - self._next.get(tp, 0)) for tp, end in self._end.items())
@@ -130,6 +135,7 @@ class TopicTail:
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._probe_consumer: Consumer | None = None  # ``ends``'s own, made on first use
         self.progress = Progress(component)
 
     # ---- what users read ------------------------------------------------------------------
@@ -159,22 +165,37 @@ class TopicTail:
         with self._lock:
             return self._view.snapshot()
 
-    def wait_reached(self, ends: dict[Partition, int], timeout_s: float) -> bool:
-        """Block until every partition of ``ends`` is read up to its offset there (True) or
-        ``timeout_s`` (False): "everything written before I asked is in the view" (the
-        planner reads its memory to the end this way when it takes the lease)."""
-        def reached() -> bool:
-            at = self._view.positions()
-            return self._view.caught_up and all(at.get(tp, 0) >= end
-                                                for tp, end in ends.items())
-
-        with self._changed:
-            return self._changed.wait_for(reached, timeout_s)
-
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Block until the first complete read (True) or ``timeout_s`` (False)."""
         with self._changed:
             return self._changed.wait_for(lambda: self._view.caught_up, timeout_s)
+
+    def ends(self, timeout_s: float = 5.0) -> dict[Partition, int]:
+        """Every partition's end on the broker now (a fresh query, not the cached end);
+        raises when the broker does not answer within ``timeout_s``."""
+        from confluent_kafka import TopicPartition
+
+        if self._probe_consumer is None:
+            self._probe_consumer = kafka.consumer(
+                self._settings, f"{READER_GROUP_PREFIX}ends", client_id=self.component,
+                quiet=True)
+        consumer = self._probe_consumer
+        out: dict[Partition, int] = {}
+        for topic in self.topics:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+            if meta.error is not None:
+                raise RuntimeError(f"{topic}: {meta.error}")
+            for p in meta.partitions:
+                out[(topic, p)] = consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=timeout_s)[1]
+        return out
+
+    def wait_read_to(self, ends: dict[Partition, int], timeout_s: float) -> bool:
+        """Block until the view holds everything before ``ends`` (True) or ``timeout_s``
+        passed (False): a user that took ``ends()`` after an event then judges it on a view
+        at least as new as the event."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._view.read_to(ends), timeout_s)
 
     # ---- the thread -------------------------------------------------------------------------
     def start(self) -> TopicTail:
@@ -187,6 +208,9 @@ class TopicTail:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._probe_consumer is not None:
+            self._probe_consumer.close()
+            self._probe_consumer = None
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -60,7 +60,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
               cleanup_policy="compact",
               writers=(Principal.streams,), readers=(Principal.worker, Principal.router)),
-    TopicSpec("scores", 6, "hot-score state per adapter version (the scoring agent's "
+    # as many partitions as requests: a key lives on the partition number of its logs
+    TopicSpec("scores", 6, "hot-score state per adapter version (the scoring keepers' "
               "changelog, written in transactions)", "adapter_id@version",
               cleanup_policy="compact",
               writers=(Principal.streams,)),

@@ -8,8 +8,8 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 from loraplane.schemas.request_log import RequestLog
+from loraplane.streams.score_keeper import restore
 from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
-from loraplane.streams.scoring_agent import restore
 
 from loraplane.kernel import kafka
 from tests.integration.registry_env import Env

@@ -1,7 +1,8 @@
 """The scoring agent on the real broker: a SIGKILL in the middle of a stream neither loses nor
 double-counts a request log (one Kafka transaction per batch), bad logs become exactly one
 dead letter each, and the state is bounded by the registry: 10k random pattern-valid ids
-create no score key (one unknown bucket counts them) and a revoke tombstones its keys."""
+create no score key (one unknown bucket per partition counts them) and a revoke
+tombstones its keys."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestStatus
-from loraplane.schemas.score_snapshot import UNKNOWN_KEY
+from loraplane.schemas.score_snapshot import is_unknown_key, unknown_key
+from loraplane.streams.score_keeper import read_back
 from loraplane.streams.scores import snapshot
-from loraplane.streams.scoring_agent import read_back
 
 from bench.workload import request_logs
 from loraplane.kernel import kafka
@@ -106,11 +107,15 @@ def test_random_ids_create_no_score_key_and_a_revoke_tombstones_its_keys(env: En
     produce(env, [(x.adapter_id.encode(), encode(x)) for x in known + strangers])
 
     def state(keys: set[str], unknown: int) -> bool | None:
-        states, tally = read_back(env.settings)
+        read = read_back(env.settings)
+        states, tally = read.merged(), read.unknown_total()
         return True if set(states) == keys and tally.logs == unknown else None
 
     wait_for(lambda: state({"k1@1", "k2@1", "k2@*"}, 10_005), "scores of k1, k2 only")
-    states, _ = read_back(env.settings)
+    read = read_back(env.settings)
+    states = read.merged()
+    # the unknown logs are counted on the partitions they came from, one bucket each
+    assert set(read.unknown) == set(range(6)) and read.unknown_total().logs == 10_005
     assert {k: snapshot(v).model_dump() for k, v in states.items()} == expected_states(
         [x for x in known if x.status is not RequestStatus.refused])
 
@@ -122,7 +127,10 @@ def test_random_ids_create_no_score_key_and_a_revoke_tombstones_its_keys(env: En
     wait_for(lambda: state({"k1@1"}, 10_006), "a revoked version's log counted unknown")
     tombstoned = {m.key() for m in committed_records(env, "scores") if m.value() is None}
     assert tombstoned == {b"k2@1", b"k2@*"}
-    assert UNKNOWN_KEY not in states
+    assert not any(is_unknown_key(k) for k in states)
+    buckets = {(m.key().decode(), m.partition()) for m in committed_records(env, "scores")
+               if is_unknown_key(m.key().decode())}
+    assert buckets == {(unknown_key(p), p) for p in range(6)}
 
     # a log right after its publish reached the registry topic is scored, not unknown
     k3 = env.publish("k3", BASE)

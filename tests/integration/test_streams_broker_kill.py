@@ -31,8 +31,8 @@ from loraplane.infra.processes import free_port
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.request_log import RequestLog
+from loraplane.streams.score_keeper import restore
 from loraplane.streams.scores import score_key
-from loraplane.streams.scoring_agent import restore
 from loraplane.workers.event_sink import KafkaEventSink
 
 from loraplane.kernel.config import Settings

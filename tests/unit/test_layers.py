@@ -55,8 +55,10 @@ CONTRACT: list[tuple[str, int]] = [
     # what `loraplane fleet status` shows, by the router's liveness rule
     ("loraplane.workers.fleet_view", DECISIONS),
     ("loraplane.lifecycle_events", DECISIONS),
-    # Shared by the scoring and planner agents of one worker (a lock and asyncio events).
-    ("loraplane.streams.score_store", RUNTIMES),
+    # The planner's score states (a lock and asyncio events), filled from the scores topic.
+    # One scoring process's consume -> fold -> transact loop (no Faust): `streams scoring`
+    # and the Faust worker's scoring_agent both run it.
+    ("loraplane.streams.score_keeper", RUNTIMES),
     ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
     ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
     ("loraplane.workers.hbm", RUNTIMES),  # NVML (optional nvidia-ml-py): reads the device

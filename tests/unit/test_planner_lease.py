@@ -67,7 +67,7 @@ def test_the_lease_group_and_transactional_id_name_the_base_model() -> None:
 
 def test_the_lease_consumer_heartbeats_often_and_keeps_its_partition_when_a_member_joins() -> None:
     conf = kafka.consumer_config(get_settings(), "g", session_timeout_ms=6000,
-                                 heartbeat_ms=1000, sticky=True)
+                                 heartbeat_ms=1000, cooperative=True)
     assert conf["session.timeout.ms"] == 6000 and conf["heartbeat.interval.ms"] == 1000
     assert conf["partition.assignment.strategy"] == "cooperative-sticky"
     assert "partition.assignment.strategy" not in kafka.consumer_config(get_settings(), "g")

@@ -143,7 +143,7 @@ def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
     assert not tail.wait_caught_up(0.05)
 
 
-def test_wait_reached_waits_for_every_offset_asked_for() -> None:
+def test_wait_read_to_waits_for_every_offset_asked_for() -> None:
     """The planner's "memory read to its end": True only once each partition is read up to
     the end it was given, woken by the record that gets it there."""
     import threading
@@ -153,8 +153,8 @@ def test_wait_reached_waits_for_every_offset_asked_for() -> None:
 
     tail = TopicTail(Settings(), "lp-memory", component="planner-memory")
     tail._view.assign({("m", 0): 0, ("m", 1): 0})  # caught up on an empty topic
-    assert tail.wait_reached({("m", 0): 0}, 0.01)
-    assert not tail.wait_reached({("m", 1): 1}, 0.01)
+    assert tail.wait_read_to({("m", 0): 0}, 0.01)
+    assert not tail.wait_read_to({("m", 1): 1}, 0.01)
 
     def arrive() -> None:
         with tail._changed:
@@ -162,4 +162,18 @@ def test_wait_reached_waits_for_every_offset_asked_for() -> None:
             tail._changed.notify_all()
 
     threading.Timer(0.05, arrive).start()
-    assert tail.wait_reached({("m", 0): 0, ("m", 1): 1}, 5.0)
+    assert tail.wait_read_to({("m", 0): 0, ("m", 1): 1}, 5.0)
+
+
+def test_read_to_holds_only_once_the_view_reached_ends_taken_later() -> None:
+    """The scoring keeper judges a batch on a view that has read up to the ends it took
+    after the batch: not before the tail applied everything below them."""
+    view = TailView()
+    view.assign({("reg", 0): 1, ("reg", 1): 0})
+    view.apply(rec(0, 0, "a", b"1"))
+    assert view.read_to({("reg", 0): 1, ("reg", 1): 0})
+    later = {("reg", 0): 2, ("reg", 1): 0}  # a record written after the first catch-up
+    view.set_end(("reg", 0), 2)
+    assert not view.read_to(later)
+    view.apply(rec(0, 1, "b", b"2"))
+    assert view.read_to(later)
