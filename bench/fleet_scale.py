@@ -25,12 +25,15 @@ Measured, in this order:
 * command delivery: request logs for ``--slots`` x W hot adapters; the planner places them
   (load_gpu / prewarm commands); per command, its ``issued_at`` (the planner tick's clock)
   to the worker's feed handing it over verified, and the broker timestamp to the same;
-* bytes read per worker from the commands topic against the bytes of its own commands
-  (``commands_read_bytes_total{own=...}`` of the worker's /metrics counts the same at the
-  agent; here the wrapper counts what the feed's consumer returned);
+* bytes read per worker from the commands topic against the bytes of its own commands: the
+  feed's own count where the build has it (``commands_read_bytes_total{own=...}``, #15
+  item 3), else the wrapper's count of what the feed's consumer returned;
 * the planner tick with its Kafka I/O: per tick (commands sharing one ``issued_at``), the
   tick's clock to the producer timestamp of its last command (plan, memory flush, sends);
-* standby takeover: only where ``loraplane streams planner`` exists (#15 item 2).
+* standby takeover, where ``loraplane streams planner`` exists (#15 item 2): the streams app
+  then runs without its planner, two ``streams planner`` processes share the lease, and at
+  the end the active one is killed with SIGKILL: seconds until the other serves
+  ``planner_active 1``. A build without it says "not measurable on this build".
 
 The baseline is the Kafka floor under any delivery: one message produced and consumed
 through the same broker, timed while the fleet runs. The ratio is floor p99 / delivery p99.
@@ -46,12 +49,16 @@ import asyncio
 import json
 import os
 import queue
+import re
+import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -198,6 +205,18 @@ async def _progress(sims: list[SimWorker]) -> None:
             _say(received=n)
 
 
+def _read_bytes(sim: SimWorker) -> dict[str, Any]:
+    """The feed's own count (``commands_read_bytes_total{own}``, #15 item 3) where this
+    build has it, else the wrapper's."""
+    counted = getattr(sim.feed, "read_bytes", None)
+    if counted is not None and hasattr(counted, "own"):
+        return {"read_bytes": counted.own + counted.other, "own_bytes": counted.own,
+                "bytes_from": "feed.read_bytes (commands_read_bytes_total)",
+                "wrapper_read_bytes": sim.counter.read_bytes}
+    return {"read_bytes": sim.counter.read_bytes, "own_bytes": sim.counter.own_bytes,
+            "bytes_from": "the bench's count of what the feed's consumer returned"}
+
+
 async def child(worker_ids: list[str], slots: int, heartbeat_s: float) -> None:
     """Runs until a line ``stop`` (or EOF) on stdin, then prints its figures as one line."""
     asyncio.get_running_loop().set_default_executor(
@@ -224,9 +243,10 @@ async def child(worker_ids: list[str], slots: int, heartbeat_s: float) -> None:
     for t in tasks:
         t.cancel()
     cpu = os.times()
-    _say(result={"cpu_s": round(cpu.user + cpu.system, 2), "workers": [
-        {"id": s.worker_id, "read_bytes": s.counter.read_bytes,
-         "own_bytes": s.counter.own_bytes, "read_messages": s.counter.read_messages,
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    _say(result={"cpu_s": round(cpu.user + cpu.system, 2), "max_rss_mb": round(rss_mb),
+                 "workers": [
+        {"id": s.worker_id, **_read_bytes(s), "read_messages": s.counter.read_messages,
          "own_messages": s.counter.own_messages, "deliveries": s.deliveries, "seen": s.seen}
         for s in sims]})
     sink.close(2.0)
@@ -276,6 +296,7 @@ class Child:
 
 
 def wait_until(done: Any, what: str, timeout_s: float, every_s: float = 0.05) -> float:
+    print(f"fleet_scale: waiting for {what}", file=sys.stderr, flush=True)
     started = time.monotonic()
     while not done():
         if time.monotonic() - started > timeout_s:
@@ -336,17 +357,61 @@ def planner_ticks(env: PlannerEnv) -> tuple[list[float], list[int], int]:
             total)
 
 
-def takeover() -> dict[str, Any]:
-    """Standby takeover needs ``loraplane streams planner`` (#15 item 2)."""
+def has_planner_command() -> bool:
+    """Whether this build has ``loraplane streams planner`` (#15 item 2)."""
     usage = subprocess.run([LORAPLANE, "streams", "--help"], capture_output=True, text=True,
                            timeout=60).stdout
-    if " planner " not in usage:
+    return " planner " in usage
+
+
+class PlannerProcess:
+    """One ``loraplane streams planner``: active while it holds its base model's lease."""
+
+    def __init__(self, env: PlannerEnv, name: str) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        with (env.home / f"{name}.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                [LORAPLANE, "streams", "planner", "--metrics-port", str(self.port)],
+                env=env.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def active(self) -> bool | None:
+        """``planner_active`` as its /metrics serves it (None: not served)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                        timeout=1) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        found = re.search(r"^planner_active(?:\{[^}]*\})? (\S+)$", text, re.M)
+        return None if found is None else float(found.group(1)) == 1.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
+    """kill -9 of the active planner -> the standby serves planner_active 1."""
+    if not planners:
         return {"measurable": False,
                 "why": "not measurable on this build: `loraplane streams planner` does not "
                        "exist (#15 item 2)"}
-    return {"measurable": False,
-            "why": "`loraplane streams planner` exists; this bench's kill -9 step is not "
-                   "written yet"}
+    active = next(p for p in planners if p.active())
+    standby = [p for p in planners if p is not active]
+    active.proc.kill()
+    killed = time.monotonic()
+    active.proc.wait(10)
+    waited = wait_until(lambda: any(p.active() for p in standby), "the standby to take over",
+                        60, 0.05)
+    return {"measurable": True, "kill_9_to_standby_active_s": round(waited, 2),
+            "measured_from": round(killed, 3), "goal": "<= 10 s (#15 item 2)"}
 
 
 def run(stack: Settings, workers: int, adapters: int, processes: int, probes: int,
@@ -360,8 +425,14 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         env = PlannerEnv.create(stack, Path(tmp), gpu_slots_per_base_model=workers * slots,
                                 cold_loads_per_minute_per_worker=max(6, slots * 2))
         children: list[Child] = []
+        planners: list[PlannerProcess] = []
         try:
-            env.start()
+            # The registry is published with the registry agent alone (a fleet's registry
+            # exists before its fleet): on this build the scoring agent in the same process
+            # re-reads and verifies the whole registry every second, and while 10k views
+            # are being written that starves the registry agent (~10 instead of ~160
+            # events/s measured on 2 cores, registry_ready_s) and stalls scoring.
+            env.start(("loraplane.streams.registry_agent",))
             ids = [f"fa{i:06d}" for i in range(adapters)]
             started = time.monotonic()
             publish_all(env, ids)
@@ -369,6 +440,16 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             wait_until(lambda: registered(env, adapters), f"{adapters} active views",
                        timeout_s, every_s=2.0)
             out["registry_ready_s"] = round(time.monotonic() - started, 2)
+            out["registry_events_per_s"] = round(2 * adapters / out["registry_ready_s"], 1)
+            env.stop()
+            if has_planner_command():  # the planner runs apart: two, one active (#15 item 2)
+                env.start(("loraplane.streams.registry_agent",
+                           "loraplane.streams.scoring_agent"))
+                planners = [PlannerProcess(env, f"planner-{i}") for i in (1, 2)]
+                wait_until(lambda: [p.active() for p in planners].count(True) == 1,
+                           "one planner to hold the lease", 120, 0.5)
+            else:
+                env.start()
 
             wids = [f"fw{j:04d}" for j in range(workers)]
             share = -(-workers // processes)
@@ -413,7 +494,10 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
                     last, quiet_since = n, time.monotonic()
                 return n > 0 and time.monotonic() - quiet_since > quiet_s
 
-            wait_until(settled, "the planner's commands to settle", timeout_s, 0.2)
+            try:
+                wait_until(settled, "the planner's commands to settle", timeout_s, 0.2)
+            except RuntimeError as exc:  # report what was measured, and that this was not
+                out["commands_timed_out"] = str(exc)
             floor_producer = kafka.producer(env.settings, linger_ms=0)
             floor_consumer = kafka.consumer(env.settings, f"bench-floor-{uuid.uuid4().hex[:8]}",
                                             offset_reset=kafka.OffsetReset.latest)
@@ -425,9 +509,12 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             results = [c.stop() for c in children]
             children = []
             ticks_ms, tick_counts, topic_bytes = planner_ticks(env)
+            out["takeover"] = takeover(planners)
         finally:
             for c in children:
                 c.proc.kill()
+            for p in planners:
+                p.stop()
             env.stop()
             env.delete_topics()
             kept = stack.home / "bench" / "fleet_scale-streams.log"
@@ -454,12 +541,13 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         "bytes_read_per_worker": dist([float(w["read_bytes"]) for w in sims]),
         "own_bytes_per_worker": dist([float(w["own_bytes"]) for w in sims]),
         "read_over_own": dist(ratios),
+        "bytes_counted_by": sorted({w["bytes_from"] for w in sims}),
         "workers_with_commands": len(own),
         "planner_tick_with_kafka_io_ms": dist(ticks_ms),
         "planner_ticks_with_commands": len(ticks_ms),
         "commands_per_tick_max": max(tick_counts, default=0),
-        "takeover": takeover(),
         "fleet_cpu_s": round(sum(r["cpu_s"] for r in results), 1),
+        "fleet_rss_mb_per_worker": round(sum(r["max_rss_mb"] for r in results) / workers, 1),
         "goal": "read_over_own <= 2 (#15 item 3), registry convergence <= 1000 ms (item 4)",
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
@@ -496,11 +584,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(parser, "bench.fleet_scale", argv)
     r = run(get_settings(), args.workers, args.adapters, args.processes, args.probes,
             args.slots, args.heartbeat_s, args.quiet_s, args.timeout_s)
+    emit(r, row(r), args)
+
+
+def row(r: dict[str, Any]) -> Row:
+    """The docs/benchmarks.md row of one run's result."""
     d, f = r["delivery_issued_to_received_ms"], r["kafka_round_trip_floor_ms"]
-    conv, ratio, tick = r["registry_convergence_ms"], r["read_over_own"], \
-        r["planner_tick_with_kafka_io_ms"]
-    emit(r, Row(
-        f"fleet scale ({args.workers} simulated workers x {args.adapters} adapters)",
+    conv, ratio = r["registry_convergence_ms"], r["read_over_own"]
+    tick = r["planner_tick_with_kafka_io_ms"]
+    return Row(
+        f"fleet scale ({r['workers']} simulated workers x {r['adapters']} adapters)",
         (f"delivery p50 {d['p50']:.0f} / p99 {d['p99']:.0f} ms ({d['n']} commands); "
          if d else "no command delivered; ")
         + (f"bytes read / own {ratio['p50']:.0f}x (max {ratio['max']:.0f}x); "
@@ -509,8 +602,7 @@ def main(argv: list[str] | None = None) -> None:
         + (f"tick+I/O p50 {tick['p50']:.0f} / max {tick['max']:.0f} ms" if tick else ""),
         f"p50 {f['p50']:.1f} / p99 {f['p99']:.1f} ms Kafka produce->consume" if f else "-",
         times(f["p99"] / d["p99"]) + " (floor p99 / delivery p99)" if d and f else "-",
-        r["goal"]), args)
-
+        r["goal"])
 
 if __name__ == "__main__":
     main()
