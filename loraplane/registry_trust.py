@@ -251,7 +251,7 @@ class VerifiedRegistry:
 
     # ---- the last verified views ------------------------------------------------------------
     def _save_views(self) -> None:
-        """After the checkpoints (``_accept``): a crash in between leaves a file older than
+        """After the checkpoints (``refresh``): a crash in between leaves a file older than
         its checkpoints, whose views are then refused on load, never a newer one."""
         if self._views_path is None:
             return
