@@ -105,6 +105,7 @@ class VerifiedRegistry:
         self._on_read_failed = on_read_failed or (lambda: None)
         self._clock = clock
         self.checkpoints: dict[str, Checkpoint] = self._load_checkpoints()
+        self._checkpoints_dirty = False
         self._cache: dict[tuple[int, int], _Verdict] = {}
         self._cache_keyring: Keyring | None = None
         self._reported: set[tuple[int, int, str]] = set()
@@ -141,6 +142,10 @@ class VerifiedRegistry:
             for record in self._read():
                 changed |= self._merge(record, keyring)
         finally:
+            # Once per read, not once per accepted view: a first read of N views wrote the
+            # whole checkpoints file (and fsynced it) N times, quadratic in the registry.
+            if self._checkpoints_dirty:
+                self._save_checkpoints()
             if changed:
                 self._save_views()
 
@@ -206,7 +211,7 @@ class VerifiedRegistry:
         checkpoint = Checkpoint.of(view)
         if self.checkpoints.get(view.adapter_id) != checkpoint:
             self.checkpoints[view.adapter_id] = checkpoint
-            self._save_checkpoints()
+            self._checkpoints_dirty = True  # saved by ``refresh``, before the views
 
     def _report(self, record: Record, refused: ViewRefused) -> None:
         where = (record.partition, record.offset, str(refused.reason))
@@ -237,6 +242,7 @@ class VerifiedRegistry:
             return {}
 
     def _save_checkpoints(self) -> None:
+        self._checkpoints_dirty = False
         if self._path is None:
             return
         write_atomic(self._path, json.dumps(
@@ -245,7 +251,7 @@ class VerifiedRegistry:
 
     # ---- the last verified views ------------------------------------------------------------
     def _save_views(self) -> None:
-        """After the checkpoints (``_accept``): a crash in between leaves a file older than
+        """After the checkpoints (``refresh``): a crash in between leaves a file older than
         its checkpoints, whose views are then refused on load, never a newer one."""
         if self._views_path is None:
             return

@@ -17,7 +17,7 @@ from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record
 from loraplane.registry_trust import VerifiedRegistry
-from tests.unit.test_registry_evidence import HIST_A, KIT, NOW, VIEW_A, fold
+from tests.unit.test_registry_evidence import HIST_A, KIT, NOW, VIEW_A, fold, history
 
 
 class Sink:
@@ -166,3 +166,27 @@ def test_unreadable_checkpoints_start_empty(tmp_path: Path) -> None:
     assert saved[VIEW_A.adapter_id]["last_seq"] == VIEW_A.last_seq
 
 
+
+
+def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path,
+                                                          monkeypatch: Any) -> None:
+    """A first read of N views saves the checkpoints file once, not N times (each save
+    rewrites and fsyncs the whole file: quadratic in the registry), and before the views."""
+    from loraplane import registry_trust
+
+    registry, topic, _, _, _ = world(tmp_path)
+    views = [fold(history(f"bulk-{i}", start=10 * i + 1000)) for i in range(20)]
+    for view in views:
+        assert view is not None
+        topic.write(view.adapter_id, view)
+    writes: list[str] = []
+    real = registry_trust.write_atomic
+    monkeypatch.setattr(registry_trust, "write_atomic",
+                        lambda path, text: (writes.append(Path(path).name), real(path, text)))
+    assert len(registry.records()) == sum(len(v.versions) for v in views if v is not None)
+    assert writes == [".checkpoints.json"]  # this registry keeps no views file
+    saved = json.loads((tmp_path / ".checkpoints.json").read_text())
+    assert sorted(saved) == sorted(v.adapter_id for v in views if v is not None)
+    writes.clear()
+    registry.records()  # nothing new on the topic: nothing written
+    assert writes == []

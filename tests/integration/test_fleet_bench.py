@@ -1,0 +1,33 @@
+"""``bench.fleet_scale`` at a tiny size on the real broker: it runs end to end and says what
+it measured (the figures themselves are docs/benchmarks.md's subject, not this test's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.fleet_scale import run
+from loraplane.kernel.config import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def test_fleet_bench_tiny(stack: Settings) -> None:
+    r = run(stack, workers=3, adapters=40, processes=2, probes=1, slots=2, heartbeat_s=5.0,
+            quiet_s=2.0, timeout_s=120.0)
+    json.dumps(r)  # the bench prints it as one JSON object
+    # every load the planner issued reached its worker's feed, verified, and only there
+    assert r["commands_issued"] == r["commands_received"] == r["hot_adapters"] == 6
+    assert r["workers_with_commands"] == 3
+    for name in ("delivery_issued_to_received_ms", "delivery_broker_to_received_ms",
+                 "kafka_round_trip_floor_ms", "planner_tick_with_kafka_io_ms"):
+        d = r[name]
+        assert 0 <= d["p50"] <= d["p99"] <= d["max"], name
+    assert r["delivery_issued_to_received_ms"]["n"] == 6
+    # a worker reads at least its own commands and at most the whole topic
+    assert 1 <= r["read_over_own"]["p50"] <= r["read_over_own"]["max"] <= 3
+    assert r["bytes_read_per_worker"]["max"] <= r["commands_topic_bytes"]
+    assert r["registry_convergence_ms"]["n"] == 1
+    assert r["registry_tail_first_read_s"] >= 0
+    assert isinstance(r["takeover"]["measurable"], bool) and r["takeover"]
