@@ -82,15 +82,21 @@ class Env:
                  "the Faust worker to start", timeout_s=90)
 
     @contextmanager
-    def run(self) -> Iterator[Self]:
-        """``start()`` (its default agents) for the block; stopped and its topics deleted
-        after, whatever the block did."""
+    def owned(self) -> Iterator[Self]:
+        """The block owns this env: stopped and its topics deleted after, whatever the block
+        did (a fixture's ``with Env.create(...).owned() as env: yield env``)."""
         try:
-            self.start()
             yield self
         finally:
             self.stop()
             self.delete_topics()
+
+    @contextmanager
+    def run(self) -> Iterator[Self]:
+        """``start()`` (its default agents) for the block, then as ``owned``."""
+        with self.owned():
+            self.start()
+            yield self
 
     def stop(self) -> None:
         if self.worker is None:

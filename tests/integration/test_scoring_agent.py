@@ -37,12 +37,8 @@ AGENT = ("loraplane.streams.registry_agent", "loraplane.streams.scoring_agent")
 
 @pytest.fixture
 def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
-    e = Env.create(stack, tmp_path)
-    try:
+    with Env.create(stack, tmp_path).owned() as e:
         yield e
-    finally:
-        e.stop()
-        e.delete_topics()
 
 
 def produce(env: Env, messages: list[tuple[bytes, bytes]]) -> None:

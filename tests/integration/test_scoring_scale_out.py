@@ -38,12 +38,8 @@ READ_BACK = re.compile(r"partitions \[([0-9, ]+)\] read back")
 
 @pytest.fixture
 def env(stack: Settings, tmp_path: Path) -> Iterator[Env]:
-    e = Env.create(stack, tmp_path)
-    try:
+    with Env.create(stack, tmp_path).owned() as e:
         yield e
-    finally:
-        e.stop()
-        e.delete_topics()
 
 
 class Load(threading.Thread):
