@@ -116,11 +116,13 @@ def _bounds(annotated: Any) -> dict[str, float]:
 
 _ID = re.compile(_unanchored(ID_PATTERN)).fullmatch
 _VERSION = re.compile(_unanchored(VERSION_PATTERN)).fullmatch
-_TS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
-                 r"(Z|[+-][0-9]{2}:[0-9]{2})").fullmatch
-"""The RFC 3339 form the gateway writes (pydantic's): other forms pydantic takes (a space,
-seven fraction digits, a number) go the slow way, where they decode as pydantic decodes them
-(msgspec's own datetime rounds a seventh digit, pydantic truncates)."""
+_TS = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+                 r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+                 r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])").fullmatch
+"""The RFC 3339 form the gateway writes (pydantic's), every part in its range (for the
+offset too: ``fromisoformat`` takes "+00:60", pydantic does not); other forms pydantic takes
+(a space, seven fraction digits, a number) go the slow way, where they decode as pydantic
+decodes them (msgspec's own datetime rounds a seventh digit, pydantic truncates)."""
 
 _VALID_CAP = 100_000
 _valid_ids: set[str] = set()
