@@ -12,21 +12,34 @@ broker may already have written when its acknowledgement was lost), so a log who
 skipped: a replayed duplicate sits behind its original on the same partition (same key).
 A log that may hold no score key (``streams.score_admission``: not in the registry,
 retired, revoked, refused) only adds to the batch's unknown count.
+
+The fast path: a compiled msgspec decoder (``_Demand``) reads only the fields scores need,
+with RequestDemand's constraints, from plain ASCII flat JSON. It may refuse more than
+pydantic does, never less, and never decodes a value differently
+(tests/unit/test_score_fast_path.py): whatever it refuses goes through ``demand_of``, the
+full pydantic validator, which either accepts it after all (a non-ASCII ignored field, a
+timestamp in another ISO form) or names the reason for the dead letter. Why: pydantic
+validation was most of the agent's per-log cost (docs/benchmarks.md, #15).
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from loraplane.schemas.codec import SchemaError, decode
+import msgspec
+from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN, NonNegativeMs
+from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
 from loraplane.schemas.reasons import DecodeReason
-from loraplane.schemas.request_log import RequestDemand
+from loraplane.schemas.request_log import RequestClass, RequestDemand, RequestStatus, Tier
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.score_admission import Known
-from loraplane.streams.scores import Sample, ScoreState, observe_many
+from loraplane.streams.scores import SampleRow, ScoreState, observe_many
 
 
 @dataclass
@@ -67,6 +80,10 @@ class RecentIds:
         partition, event_id = item
         return event_id in self._ids.get(partition, ())
 
+    def of(self, partition: int) -> Set[str]:
+        """The ids remembered for one partition (read-only; empty if none)."""
+        return self._ids.get(partition, _NONE)
+
     def add(self, items: Iterable[tuple[int, str]]) -> None:
         for partition, event_id in items:
             ids = self._ids.setdefault(partition, set())
@@ -80,6 +97,106 @@ class RecentIds:
 
     def __len__(self) -> int:
         return sum(len(ids) for ids in self._ids.values())
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _unanchored(pattern: str) -> str:
+    """A pydantic (Rust regex) ``^...$`` pattern for Python's ``re.fullmatch``: in
+    ``re.search``, ``$`` also matches before a final newline."""
+    return pattern.removeprefix("^").removesuffix("$")
+
+
+def _bounds(annotated: Any) -> dict[str, float]:
+    """The ge/le bounds of a pydantic ``Annotated[float, Field(...)]``, for msgspec."""
+    return {name: getattr(m, name) for info in annotated.__metadata__ for m in info.metadata
+            for name in ("ge", "le") if hasattr(m, name)}
+
+
+_ID = re.compile(_unanchored(ID_PATTERN)).fullmatch
+_VERSION = re.compile(_unanchored(VERSION_PATTERN)).fullmatch
+_TS = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+                 r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+                 r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])").fullmatch
+"""The RFC 3339 form the gateway writes (pydantic's), every part in its range (for the
+offset too: ``fromisoformat`` takes "+00:60", pydantic does not); other forms pydantic takes
+(a space, seven fraction digits, a number) go the slow way, where they decode as pydantic
+decodes them (msgspec's own datetime rounds a seventh digit, pydantic truncates)."""
+
+_VALID_CAP = 100_000
+_valid_ids: set[str] = set()
+_valid_versions: set[str] = set()
+"""Adapter ids and versions that matched their pattern (they repeat on every log of an
+adapter); emptied when full, so hostile ids cost a pattern each, not memory."""
+
+
+class _Demand(msgspec.Struct, gc=False):
+    """RequestDemand's fields, types and defaults for msgspec (checked against RequestDemand
+    in the tests); the string patterns are checked after decoding (``fast_demand``): msgspec's
+    own pattern check costs ~1 us a field. Other fields are ignored, as there."""
+
+    ts: str
+    event_id: str
+    adapter_id: str
+    tier_at_arrival: Tier
+    schema_version: Literal[1] = 1
+    adapter_version: str | None = None
+    request_class: RequestClass = RequestClass.interactive
+    ttft_ms: Annotated[float, msgspec.Meta(**_bounds(NonNegativeMs))] | None = None
+    status: RequestStatus = RequestStatus.ok
+
+
+_decode_fast = msgspec.json.Decoder(_Demand).decode
+_fromisoformat = datetime.fromisoformat
+
+Row = tuple[str, str, str | None, SampleRow]
+"""One decoded log as the fold reads it: event_id, adapter_id, adapter_version, the sample
+(``ts`` as epoch seconds)."""
+
+
+def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
+    """The fields of a log, or None where the fast path cannot prove them valid (the caller
+    asks ``demand_of``). Never accepts what ``demand_of`` refuses, key mismatch included."""
+    # A request log is flat ASCII JSON: one "{", no "[". Anything else goes the slow way,
+    # where pydantic refuses what msgspec would take: invalid UTF-8 in an ignored field, an
+    # ignored field nested deeper than pydantic's recursion limit.
+    if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii() or \
+            b"[" in raw or raw.find(b"{", 1) != -1:
+        return None
+    try:
+        d = _decode_fast(raw)
+    except msgspec.MsgspecError:
+        return None
+    adapter_id, version, stamp = d.adapter_id, d.adapter_version, d.ts
+    if adapter_id not in _valid_ids:
+        if not _ID(adapter_id):
+            return None
+        _remember(_valid_ids, adapter_id)
+    if version is not None and version not in _valid_versions:
+        if not _VERSION(version):
+            return None
+        _remember(_valid_versions, version)
+    if not _ID(d.event_id) or not _TS(stamp) or key != adapter_id.encode():
+        return None
+    try:
+        ts = _fromisoformat(stamp).timestamp()
+    except ValueError:  # a day or an hour out of range
+        return None
+    return (d.event_id, adapter_id, version,
+            (ts, d.request_class._value_, d.tier_at_arrival, d.status, d.ttft_ms))
+
+
+def _remember(valid: set[str], value: str) -> None:
+    if len(valid) >= _VALID_CAP:
+        valid.clear()
+    valid.add(value)
+
+
+def row_of(d: RequestDemand) -> Row:
+    """The row of a log pydantic validated (what ``fast_demand`` returns for it)."""
+    return (d.event_id, d.adapter_id, d.adapter_version,
+            (d.ts.timestamp(), d.request_class.value, d.tier_at_arrival, d.status, d.ttft_ms))
 
 
 def demand_of(message: KafkaMessage) -> RequestDemand:
@@ -97,33 +214,51 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
                known: Known, recent: RecentIds | None = None) -> Folded:
     """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
     only keys ``known`` admits are touched; ``recent`` is not modified either (the caller
-    adds ``counted`` after its commit)."""
+    adds ``counted`` after its commit).
+
+    Why one loop with local lookups: this runs per request log; the samples are grouped
+    per score key and each group is folded once (``observe_many``), and the key of an
+    (adapter, version) is asked of ``known`` once per batch."""
     out = Folded()
-    samples: dict[str, list[Sample]] = {}
+    samples: dict[str, list[SampleRow]] = {}
+    keys: dict[tuple[str, str | None], str | None] = {}
     in_batch: set[tuple[int, str]] = set()
+    seen_before: dict[int, Set[str]] = {}
+    counted = out.counted
+    refused = RequestStatus.refused
+    unknown, unknown_last = 0, None
     for message in messages:
-        try:
-            d = demand_of(message)
-        except SchemaError as exc:
-            out.refused.append((message, exc))
-            continue
-        seen = (message.partition() or 0, d.event_id)
-        if seen in in_batch or (recent is not None and seen in recent):
+        row = fast_demand(message.value(), message.key())
+        if row is None:
+            try:
+                row = row_of(demand_of(message))
+            except SchemaError as exc:
+                out.refused.append((message, exc))
+                continue
+        event_id, adapter_id, version, sample = row
+        partition = message.partition() or 0
+        seen = (partition, event_id)
+        if (before := seen_before.get(partition)) is None:
+            before = seen_before[partition] = _NONE if recent is None else recent.of(partition)
+        if seen in in_batch or event_id in before:
             out.duplicates += 1
             continue
         in_batch.add(seen)
-        out.counted.append(seen)
-        sample = Sample.of(d)
-        key = known.key_of(d.adapter_id, d.adapter_version, d.status)
+        counted.append(seen)
+        if sample[3] is refused:
+            key = None
+        elif (key := keys.get((adapter_id, version), "")) == "":
+            key = keys[adapter_id, version] = known.key_of(adapter_id, version, sample[3])
         if key is None:
-            out.unknown += 1
-            if out.unknown_last is None or sample.ts > out.unknown_last:
-                out.unknown_last = sample.ts
+            unknown += 1
+            if unknown_last is None or sample[0] > unknown_last:
+                unknown_last = sample[0]
             continue
         if (group := samples.get(key)) is None:
             samples[key] = [sample]
         else:
             group.append(sample)
+    out.unknown, out.unknown_last = unknown, unknown_last
     for key, group in samples.items():
         out.touched[key], burst = observe_many(states.get(key) or ScoreState(), group)
         if burst:

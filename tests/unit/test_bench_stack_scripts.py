@@ -49,6 +49,7 @@ def test_stream_throughput(stack: Settings, tmp_path: Path,
                    tmp_path, capsys)
     assert out["loraplane_events_s"]["median"] > 0 and out["raw_consume_events_s"]["median"] > 0
     assert out["ratio"] > 0
+    assert out["loraplane_events_per_cpu_s"]["median"] > 0 and out["cpu_ratio"] > 0
 
 
 def test_gateway_overhead(stack: Settings, tmp_path: Path,
