@@ -16,9 +16,9 @@ are timed for each size:
   to (the placement one tick would reach with no cold-load budget: hot set on GPU, pinned
   where protected, host tier full), and before each timed tick: ``now`` one second later,
   1% of the score states (random versions) replaced by new ones that count one more
-  request (``streams.scores.observe``) in a fresh copy of the score dict, as the scoring
-  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states unchanged; the
-  planner memory of the previous tick carried over (as the agent's table does). The new
+  request (``streams.scores.observe``) in a fresh copy of the score dict, as the planner
+  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states
+  unchanged; the planner memory of the previous tick carried over (as the agent's table does). The new
   requests now and then lift a version past a resident, so a tick may issue a few
   commands (``steady_commands``: those of the last tick).
 
