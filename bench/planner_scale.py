@@ -18,8 +18,8 @@ are timed for each size:
   1% of the score states (random versions) replaced by new ones that count one more
   request (``streams.scores.observe``) in a fresh copy of the score dict, as the planner
   runtime's score view hands it over (``ScoreView.copy()``); registry and worker states
-  unchanged; the planner memory of the previous tick carried over (as the agent's table does). The new
-  requests now and then lift a version past a resident, so a tick may issue a few
+  unchanged; the planner memory of the previous tick carried over (as the runtime's memory
+  is). The new requests now and then lift a version past a resident, so a tick may issue a few
   commands (``steady_commands``: those of the last tick).
 
 Inputs are built once, outside the timed part; each tick is timed ``--reps`` times. The
