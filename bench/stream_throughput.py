@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import os
 import re
 import tempfile
@@ -54,7 +55,7 @@ from loraplane.streams.scores import ScoreState
 
 from bench.isolation import isolated, private_topics, produce_all
 from bench.report import Row, Summary, emit, parse_args, times
-from bench.streams_process import streams_run, streams_worker
+from bench.streams_process import LORAPLANE, streams_run, streams_worker
 from bench.workload import request_logs
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
@@ -123,14 +124,15 @@ def partitions_of(settings: Settings) -> int:
     return len(kafka.admin(settings).list_topics(topic, timeout=10).topics[topic].partitions)
 
 
-def produce_sentinels(settings: Settings) -> int:
+def produce_sentinels(settings: Settings, round_: int = 0) -> int:
     """One request log per partition of the requests topic, after the workload: the agent
-    has scored everything once it has written all of their score keys. Returns how many."""
+    has scored everything once it has written all of their score keys. Returns how many.
+    A later ``round_`` has new event ids (the same ones would be skipped as duplicates)."""
     topic = topic_name(settings, "requests")
     producer = kafka.producer(settings)
     partitions = producer.list_topics(topic, timeout=10).topics[topic].partitions
     for p in partitions:
-        (log,) = request_logs(1, adapters=1, seed=p, prefix="sentinel")
+        (log,) = request_logs(1, adapters=1, seed=p, prefix=f"sentinel{round_}-")
         log = log.model_copy(update={"adapter_id": f"{SENTINEL}{p}"})
         producer.produce(topic, key=log.adapter_id, value=encode(log), partition=p)
     if producer.flush(20):
@@ -229,11 +231,86 @@ def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str]
             events / max(cpu.at_time(last) - cpu.at_time(started), cpu.resolution_s))
 
 
+OWNING = re.compile(r"; owning \[([0-9, ]*)\]")
+"""What a scoring keeper logs it owns after a read-back or a revoke (streams.score_keeper)."""
+SETTLED_S = 3.0
+
+
+def _owned(log_path: Path) -> set[int]:
+    """The partitions a keeper owns by its last read-back or revoke (its log says)."""
+    found = OWNING.findall(log_path.read_text())
+    return {int(p) for p in found[-1].split(",") if p.strip()} if found else set()
+
+
+def keepers_rate(settings: Settings, total: int, adapters: int, processes: int, round_: int,
+                 folder: Path, timeout_s: float = 300) -> tuple[float, float, list[int]]:
+    """(events/s, events per CPU-second of all of them, partitions each owned) of
+    ``processes`` plain scoring keepers (``loraplane streams scoring``) sharing the group.
+
+    They start first and the load is produced once the group settled (every requests
+    partition read back by one of them, nothing moved for ``SETTLED_S``): a load already on
+    the topic would be consumed by the first keeper before the others join. The load is a
+    fresh one (new event ids, the same adapters), and the rate runs from its first produce
+    to the last sentinel's score write (broker timestamps), so it includes producing it."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    changelog = topic_name(settings, "scores")
+    partitions = partitions_of(settings)
+    logs = request_logs(total, adapters=adapters, seed=1000 + round_, prefix=f"k{round_}-")
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for i in range(processes):
+            log_path = folder / f"keeper{round_}-{i}.log"
+            proc = stack.enter_context(streams_worker(
+                settings, [LORAPLANE, "streams", "scoring", "--instance", f"bench{round_}-{i}"],
+                log_path, ready="scoring keeper"))
+            procs.append((proc, log_path, stack.enter_context(CpuSamples(proc.pid).sampling())))
+        deadline, stable_since, last_owned = time.monotonic() + 120, time.monotonic(), None
+        while True:
+            owned = [_owned(path) for _, path, _ in procs]
+            if owned != last_owned:
+                last_owned, stable_since = owned, time.monotonic()
+            union = set().union(*owned)
+            if len(union) == partitions and sum(map(len, owned)) == partitions and \
+                    time.monotonic() - stable_since >= SETTLED_S:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the keepers' group did not settle: {owned}")
+            time.sleep(0.2)
+        began = time.time()
+        produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
+        sentinels = produce_sentinels(settings, round_ + 1)
+        reader = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
+            reader.assign([TopicPartition(changelog, p, OFFSET_BEGINNING) for p in parts])
+            last, seen = 0.0, set()
+            stop_at = time.monotonic() + timeout_s
+            while len(seen) < sentinels:
+                if time.monotonic() > stop_at:
+                    raise RuntimeError(f"the keepers never got to the end; see {folder}")
+                for msg in reader.consume(num_messages=1000, timeout=0.2):
+                    if msg.error() is not None or (at := msg.timestamp()[1] / 1000) < began:
+                        continue
+                    if SENTINEL.encode() in (msg.key() or b""):
+                        seen.add(msg.key())
+                        last = max(last, at)
+        finally:
+            reader.close()
+        cpu = sum(c.at_time(last) - c.at_time(began) for _, _, c in procs)
+        events = total + sentinels
+        return (events / (last - began), events / max(cpu, procs[0][2].resolution_s),
+                [len(o) for o in last_owned])
+
+
 def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
-        profile: Path | None = None) -> dict[str, Any]:
+        profile: Path | None = None, processes: tuple[int, ...] = ()) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"loraplane": [], "raw": [], "raw_scored": []}
     per_cpu: dict[str, list[float]] = {k: [] for k in rates}
     startup: list[float] = []
+    keepers: dict[int, dict[str, list[float]]] = {
+        n: {"rate": [], "per_cpu": []} for n in processes}
+    owned: dict[int, list[list[int]]] = {n: [] for n in processes}
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         for rep in range(reps):
             settings = isolated(base, "stream", home=Path(tmp) / f"home{rep}")
@@ -253,6 +330,12 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
                 rates["loraplane"].append(rate)
                 per_cpu["loraplane"].append(cpu_rate)
                 startup.append(started)
+                for round_, n in enumerate(processes, start=1):
+                    rate, cpu_rate, split = keepers_rate(settings, total, adapters, n,
+                                                         round_, settings.home)
+                    keepers[n]["rate"].append(rate)
+                    keepers[n]["per_cpu"].append(cpu_rate)
+                    owned[n].append(split)
     summary = {k: Summary.of(v) for k, v in rates.items()}
     cpu = {k: Summary.of(v) for k, v in per_cpu.items()}
     return {
@@ -272,6 +355,14 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
             summary["loraplane"].median / summary["raw_scored"].median, 3),
         "cpu_ratio": round(cpu["loraplane"].median / cpu["raw"].median, 4),
         "goal": ">= 0.3x (stretch 0.5x)",
+        "scoring_processes": {
+            str(n): {
+                "events_s": Summary.of(k["rate"]).as_dict(),
+                "events_per_cpu_s": Summary.of(k["per_cpu"]).as_dict(),
+                "ratio": round(Summary.of(k["rate"]).median / summary["raw"].median, 4),
+                "cpu_ratio": round(Summary.of(k["per_cpu"]).median / cpu["raw"].median, 4),
+                "partitions_owned": owned[n],
+            } for n, k in keepers.items()},
     }
 
 
@@ -280,11 +371,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--adapters", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--processes", default="",
+                        help="also N plain scoring keepers (`loraplane streams scoring`) "
+                             "sharing the group, e.g. 1,2 (each count on a fresh load)")
     parser.add_argument("--profile", type=Path, help="pyinstrument text report of the first "
                                                      "repetition's Faust worker (slows it)")
     args = parse_args(parser, "bench.stream_throughput", argv)
     worker = streams_run([AGENT])
-    result = run(get_settings(), args.events, args.adapters, args.reps, worker, args.profile)
+    processes = tuple(int(n) for n in args.processes.split(",") if n.strip())
+    result = run(get_settings(), args.events, args.adapters, args.reps, worker, args.profile,
+                 processes)
     result["worker"] = " ".join(worker[1:])
     emit(result, Row(
         "stream throughput (scoring agent)",

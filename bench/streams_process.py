@@ -27,9 +27,11 @@ def streams_run(agents: Sequence[str]) -> list[str]:
 @contextlib.contextmanager
 def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Path,
                    start_timeout_s: float = 120.0,
-                   profile: Path | None = None) -> Iterator[subprocess.Popen]:
+                   profile: Path | None = None,
+                   ready: str = LOG_READY) -> Iterator[subprocess.Popen]:
     """Start a Faust worker (``python_args``: a script and its arguments, or ``-m module
-    ...``) and wait for "Worker ready"; SIGTERM on exit. ``profile`` runs it under
+    ...``; or another runtime, whose log says ``ready`` once started) and wait for
+    ``ready`` in its log ("Worker ready"); SIGTERM on exit. ``profile`` runs it under
     pyinstrument, which writes its text report there when the worker exits."""
     environ = {**os.environ, **kafka.credentials_env(settings),
                "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
@@ -43,7 +45,7 @@ def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Pat
                                 stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + start_timeout_s
-        while LOG_READY not in log_path.read_text():
+        while ready not in log_path.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"streams worker did not start; see {log_path}:\n"
                                    + log_path.read_text()[-2000:])
