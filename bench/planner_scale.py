@@ -17,10 +17,10 @@ are timed for each size:
   where protected, host tier full), and before each timed tick: ``now`` one second later,
   1% of the score states (random versions) replaced by new ones that count one more
   request (``streams.scores.observe``) in a fresh copy of the score dict, as the scoring
-  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states unchanged; the
-  planner memory of the previous tick carried over (as the agent's table does). The new
-  requests now and then lift a version past a resident, so a tick may issue a few
-  commands (``steady_commands``: those of the last tick).
+  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states
+  unchanged; the planner memory of the previous tick carried over (as the agent's table
+  does). The new requests now and then lift a version past a resident, so a tick may issue
+  a few commands (``steady_commands``: those of the last tick).
 
 Inputs are built once, outside the timed part; each tick is timed ``--reps`` times. The
 garbage collector is frozen after the inputs are built (``gc.freeze``), as the planner agent
