@@ -431,6 +431,14 @@ def _grow_commands(env: PlannerEnv, partitions: int) -> int:
     from confluent_kafka.admin import NewPartitions
 
     admin, topic = kafka.admin(env.settings), env.topic("commands")
+
+    def known() -> int | None:  # a topic just made is not in every metadata answer yet
+        try:
+            return broker_partitions(admin, topic, 10.0)
+        except LookupError:
+            return None
+
+    wait_until(lambda: known() is not None, f"{topic} in the broker's metadata", 60, 0.5)
     count = broker_partitions(admin, topic, 10.0)
     if count < partitions:
         for done in admin.create_partitions([NewPartitions(topic, partitions)]).values():
