@@ -11,12 +11,15 @@ the agent's own Kafka pieces, packed ``--processes`` ways into one asyncio loop 
 
 * its command feed, ``workers.command_feed.KafkaCommandFeed`` (the consumer, signature check
   and commit the agent uses), whose consumer is wrapped to count the bytes it returns, its
-  own (key = its worker id) and the others';
+  own (key = its worker id) and the others'. Worker j has command slot j (``worker run
+  --command-slot``; the commands topic is grown to W partitions when it has fewer), or, with
+  ``--no-command-slots``, the hash of its id;
 * its registry, ``kernel.registry_view.registry_tail`` (the live tail the agent's
   ``VerifiedRegistry`` is fed from; visibility is measured at the tail, the one verify of a
   changed view is not in it);
-* its heartbeat, a ``WorkerState`` with ``--slots`` free GPU slots every ``--heartbeat-s``
-  through a ``KafkaEventSink`` (one per process, not one per worker).
+* its heartbeat, a ``WorkerState`` with ``--slots`` free GPU slots and the commands partition
+  its feed reads every ``--heartbeat-s`` through a ``KafkaEventSink`` (one per process, not
+  one per worker).
 
 Measured, in this order:
 
@@ -79,6 +82,7 @@ from bench.reaction_time import kafka_round_trip
 from bench.report import Row, emit, parse_args, percentile, times
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import read_topic
+from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.registry_view import load_registry, registry_tail
 from tests.integration.planner_env import PlannerEnv
@@ -144,10 +148,11 @@ class SimWorker:
     tail_version: int = -1
 
 
-def _state(worker_id: str, slots: int) -> WorkerState:
+def _state(worker_id: str, slots: int, command_partition: int) -> WorkerState:
     return WorkerState(worker_id=worker_id, base_model=BASE, ts=now_utc(), gpu_slots_used=0,
                        gpu_slots_total=slots, host_bytes_used=0, host_bytes_budget=10**12,
-                       hbm_usage=0.5, max_lora_rank=64, adapters=[])
+                       hbm_usage=0.5, max_lora_rank=64, adapters=[],
+                       command_partition=command_partition)
 
 
 def _say(**fields: Any) -> None:
@@ -191,7 +196,8 @@ async def _heartbeats(sink: KafkaEventSink, sims: list[SimWorker], slots: int,
                       every_s: float) -> None:
     while True:
         for sim in sims:
-            sink.emit("worker-state", sim.worker_id, _state(sim.worker_id, slots))
+            sink.emit("worker-state", sim.worker_id,
+                      _state(sim.worker_id, slots, sim.feed.partition))
         await asyncio.sleep(every_s)
 
 
@@ -217,16 +223,20 @@ def _read_bytes(sim: SimWorker) -> dict[str, Any]:
             "bytes_from": "the bench's count of what the feed's consumer returned"}
 
 
-async def child(worker_ids: list[str], slots: int, heartbeat_s: float) -> None:
-    """Runs until a line ``stop`` (or EOF) on stdin, then prints its figures as one line."""
+async def child(worker_ids: list[str], slots: int, heartbeat_s: float,
+                first_slot: int | None) -> None:
+    """Runs until a line ``stop`` (or EOF) on stdin, then prints its figures as one line.
+    ``first_slot``: the command slot of the first worker (the next ones count up); None:
+    hashed."""
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=len(worker_ids) + 8))  # a feed's poll is one thread
     settings = get_settings()
     sink = KafkaEventSink(settings, f"bench-fleet-{os.getpid()}")
     keyring = KeyringFile(settings.keyring_path)
     sims = []
-    for wid in worker_ids:
-        feed = KafkaCommandFeed(settings, wid, sink, keyring=keyring)
+    for i, wid in enumerate(worker_ids):
+        feed = KafkaCommandFeed(settings, wid, sink, keyring=keyring,
+                                slot=None if first_slot is None else first_slot + i)
         counter = CountingConsumer(feed._consumer, wid)
         feed._consumer = counter  # the feed polls through the counter
         sims.append(SimWorker(wid, feed, counter, registry_tail(settings, f"worker-{wid}")))
@@ -261,11 +271,12 @@ async def child(worker_ids: list[str], slots: int, heartbeat_s: float) -> None:
 class Child:
     """One child process and the lines it printed."""
 
-    def __init__(self, env: dict[str, str], ids: list[str], slots: int, heartbeat_s: float
-                 ) -> None:
+    def __init__(self, env: dict[str, str], ids: list[str], slots: int, heartbeat_s: float,
+                 first_slot: int | None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.fleet_scale", "--child", ",".join(ids),
-             "--slots", str(slots), "--heartbeat-s", str(heartbeat_s)],
+             "--slots", str(slots), "--heartbeat-s", str(heartbeat_s),
+             *([] if first_slot is None else ["--child-first-slot", str(first_slot)])],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             cwd=Path(__file__).resolve().parents[1])
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -414,16 +425,45 @@ def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
             "measured_from": round(killed, 3), "goal": "<= 10 s (#15 item 2)"}
 
 
+def _grow_commands(env: PlannerEnv, partitions: int) -> int:
+    """The commands topic's partition count, grown to ``partitions`` when it has fewer (a
+    slot per worker needs a partition per worker)."""
+    from confluent_kafka.admin import NewPartitions
+
+    admin, topic = kafka.admin(env.settings), env.topic("commands")
+
+    def known() -> int | None:  # a topic just made is not in every metadata answer yet
+        try:
+            return broker_partitions(admin, topic, 10.0)
+        except LookupError:
+            return None
+
+    wait_until(lambda: known() is not None, f"{topic} in the broker's metadata", 60, 0.5)
+    count = broker_partitions(admin, topic, 10.0)
+    if count < partitions:
+        for done in admin.create_partitions([NewPartitions(topic, partitions)]).values():
+            done.result(30)
+        wait_until(lambda: broker_partitions(admin, topic, 10.0) == partitions,
+                   f"{topic} with {partitions} partitions", 60, every_s=0.5)
+        count = partitions
+    return count
+
+
 def run(stack: Settings, workers: int, adapters: int, processes: int, probes: int,
-        slots: int, heartbeat_s: float, quiet_s: float, timeout_s: float) -> dict[str, Any]:
+        slots: int, heartbeat_s: float, quiet_s: float, timeout_s: float,
+        command_slots: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"workers": workers, "adapters": adapters, "processes": processes,
                            "gpu_slots_per_worker": slots,
+                           "command_partitions": "slots 0..W-1" if command_slots
+                           else "hash of the worker id",
                            "simulated": "the agents' Kafka pieces (command feed, registry "
                                         "tail, heartbeat), no vLLM, not whole agents"}
     hot = min(adapters, workers * slots)
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         env = PlannerEnv.create(stack, Path(tmp), gpu_slots_per_base_model=workers * slots,
                                 cold_loads_per_minute_per_worker=max(6, slots * 2))
+        if command_slots:  # before any planner starts: it reads the count at its lease
+            out["commands_topic_partitions"] = _grow_commands(env, workers)
         children: list[Child] = []
         planners: list[PlannerProcess] = []
         try:
@@ -454,7 +494,8 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             wids = [f"fw{j:04d}" for j in range(workers)]
             share = -(-workers // processes)
             started = time.monotonic()
-            children = [Child(env.env, wids[i:i + share], slots, heartbeat_s)
+            children = [Child(env.env, wids[i:i + share], slots, heartbeat_s,
+                              i if command_slots else None)
                         for i in range(0, workers, share)]
             wait_until(lambda: all(c.ready for c in children), "the workers' registry tails",
                        READY_S, every_s=0.5)
@@ -576,14 +617,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-s", type=float, default=5.0,
                         help="the commands have settled when none arrived for this long")
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument("--no-command-slots", action="store_true",
+                        help="workers read the hash of their id, not command slots 0..W-1")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-first-slot", type=int, default=None, help=argparse.SUPPRESS)
     if "--child" in (argv if argv is not None else sys.argv[1:]):
         args = parser.parse_args(argv)
-        asyncio.run(child(args.child.split(","), args.slots, args.heartbeat_s))
+        asyncio.run(child(args.child.split(","), args.slots, args.heartbeat_s,
+                          args.child_first_slot))
         return
     args = parse_args(parser, "bench.fleet_scale", argv)
     r = run(get_settings(), args.workers, args.adapters, args.processes, args.probes,
-            args.slots, args.heartbeat_s, args.quiet_s, args.timeout_s)
+            args.slots, args.heartbeat_s, args.quiet_s, args.timeout_s,
+            command_slots=not args.no_command_slots)
     emit(r, row(r), args)
 
 

@@ -51,3 +51,6 @@ class WorkerState(StrictModel):
     max_lora_rank: int = Field(ge=1, le=512)
     cold_loads_last_minute: int = Field(0, ge=0)
     adapters: list[LoadedAdapter] = Field(default_factory=list, max_length=100_000)
+    command_partition: int | None = Field(
+        None, ge=0, description="the commands partition this worker reads (its command slot, "
+        "else the hash of its id); the planner sends there. None: an older worker, the hash")

@@ -18,8 +18,9 @@ view would demote everything, an empty memory would re-issue.
 A tick (every ``policy.planner_interval_s``, or at once on a burst or a registry change)
 writes, in one transaction with the transactional id ``group_id`` (the lease's group):
 each command (signed at send time with ``settings.planner_key_path``) to the commands
-partition of its worker (``kernel.command_partition.partition_of`` over the topic's
-partition count from broker metadata), its decision and audit record, and the memory of
+partition of its worker (``kernel.command_partition.partition_for``: the partition the
+worker announced in its newest state, else the hash over the topic's partition count from
+broker metadata), its decision and audit record, and the memory of
 every worker it changed. So memory and commands commit together or not at all: after a
 crash or a takeover the memory knows exactly what went out; the new active resends the
 pending commands under their own ids (workers drop duplicates by command_id) and never
@@ -63,7 +64,7 @@ from prometheus_client.registry import Collector
 
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import ProducerSink, Record
-from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_of
+from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.registry_view import registry_tail
@@ -167,6 +168,12 @@ class WorkerStates:
     def copy(self) -> list[WorkerState]:
         with self.lock:
             return list(self.states.values())
+
+    def command_partition(self, worker_id: str) -> int | None:
+        """The commands partition ``worker_id`` announced in its newest state, if any."""
+        with self.lock:
+            state = self.states.get(worker_id)
+        return state.command_partition if state is not None else None
 
 
 def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
@@ -400,7 +407,9 @@ class PlannerRuntime:
                          partitions: int) -> bytes:
         payload = encode(key.sign_command(cmd))
         txn.produce(topic_name(self.settings, "commands"), key=cmd.worker_id.encode(),
-                    value=payload, partition=partition_of(cmd.worker_id, partitions))
+                    value=payload, partition=partition_for(
+                        cmd.worker_id, self.workers.command_partition(cmd.worker_id),
+                        partitions))
         return payload
 
     def _commands_partitions(self) -> int:

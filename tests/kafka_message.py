@@ -70,3 +70,6 @@ class AssignedConsumer:
 
     def incremental_unassign(self, partitions: list[Any]) -> None:
         self.assigned -= {tp.partition for tp in partitions}
+
+    def close(self) -> None:
+        self.closed = True

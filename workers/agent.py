@@ -161,9 +161,13 @@ class WorkerAgent:
                  registry_loader: Callable[[], Iterable[AdapterRecord]], sink: EventSink,
                  metrics: WorkerMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 hbm: Callable[[], float | None] | None = None) -> None:
-        """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU)."""
+                 hbm: Callable[[], float | None] | None = None,
+                 command_partition: Callable[[], int | None] = lambda: None) -> None:
+        """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU).
+        ``command_partition``: the commands partition its feed reads now, announced in its
+        state so the planner sends there (None: no feed, the planner hashes)."""
         self.config = config
+        self._command_partition = command_partition
         self._hbm = hbm if hbm is not None else HbmProbe().usage
         self.vllm = vllm
         self.host_tier = host_tier
@@ -656,7 +660,7 @@ class WorkerAgent:
             host_bytes_budget=self.config.host_budget_bytes, hbm_usage=self._hbm(),
             max_lora_rank=self.config.max_lora_rank,
             cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
-            adapters=adapters)
+            adapters=adapters, command_partition=self._command_partition())
 
     def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:
         """A copy's bytes: its host-tier entry's, else (a GPU copy adopted without one, or

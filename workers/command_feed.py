@@ -1,18 +1,21 @@
 """The planner's cache commands for one worker, from the Kafka commands topic.
 
-Commands are keyed by worker_id and sent to the partition ``kernel.command_partition.
-partition_of(worker_id, n)`` of the commands topic (n: its partition count as the broker
-reports it). A worker assigns itself that one partition (``assign``, no subscription: no
-group membership, no rebalance) and reads it from its group's committed offset, the
-earliest when it has none. A worker's partition also carries the commands of the workers
-whose ids hash alike; those are dropped by key (and committed past), as before. What it
-reads is counted, key + value bytes, its own and others' (``read_bytes``,
+Commands are keyed by worker_id. A worker reads one partition of the commands topic: its
+command slot when it has one (``--command-slot N``: partition N, fixed), else the hash
+``kernel.command_partition.partition_of(worker_id, n)`` (n: the partition count as the
+broker reports it). It announces that partition in its worker state, and the planner sends
+there (``command_partition.partition_for``). It assigns itself the partition (``assign``,
+no subscription: no group membership, no rebalance) and reads it from its group's
+committed offset, the earliest when it has none. A hashed partition also carries the
+commands of the workers whose ids hash alike; those are dropped by key (and committed
+past). What it reads is counted, key + value bytes, its own and others' (``read_bytes``,
 ``commands_read_bytes_total{own}`` on its /metrics).
 
 The partition count is read from the broker's metadata at start and again every
-``PARTITIONS_EVERY_S``. When the topic grew the worker assigns its new partition and keeps
-the old one for ``command_partition.DRAIN_S`` (longer than any planner goes on with the
-old count), so a command in flight on the old partition is still read; anything missed
+``PARTITIONS_EVERY_S``. A slot never moves (a slot not below the count stops the start).
+A hashed worker whose partition moved when the topic grew assigns its new partition and
+keeps the old one for ``command_partition.DRAIN_S`` (longer than any planner goes on with
+the old count), so a command in flight on the old partition is still read; anything missed
 anyway (a restart during that window) is left to the planner, which decides it again once
 its deadline has passed, and command_id dedup drops a command read twice.
 
@@ -66,20 +69,31 @@ PARTITIONS_EVERY_S = REFRESH_S
 METADATA_TIMEOUT_S = 2.0
 
 
+class CommandSlotError(ValueError):
+    """A command slot the commands topic has no partition for."""
+
+
 @dataclass
 class Assignment:
     """Which commands partitions a worker reads, as the partition count changes (pure, no
-    client: the feed applies the ``(add, drop)`` it returns). ``own`` is the partition of
-    the current count; ``draining`` the ones of earlier counts, each with the monotonic
-    time after which it is dropped."""
+    client: the feed applies the ``(add, drop)`` it returns). ``own`` is the slot, or the
+    hashed partition of the current count; ``draining`` the hashed ones of earlier counts,
+    each with the monotonic time after which it is dropped."""
 
     worker_id: str
     partitions: int
+    slot: int | None = None
     own: int = field(init=False)
     draining: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.own = partition_of(self.worker_id, self.partitions)
+        if self.slot is not None and not 0 <= self.slot < self.partitions:
+            raise CommandSlotError(
+                f"command slot {self.slot} needs a commands topic of more than {self.slot} "
+                f"partitions; it has {self.partitions} (grow it, or give slots 0.."
+                f"{self.partitions - 1})")
+        self.own = self.slot if self.slot is not None else partition_of(
+            self.worker_id, self.partitions)
 
     def assigned(self) -> list[int]:
         return sorted({self.own, *self.draining})
@@ -87,6 +101,9 @@ class Assignment:
     def observe(self, partitions: int, now: float) -> tuple[list[int], list[int]]:
         """The broker now says ``partitions``: what to assign and what to unassign."""
         add: list[int] = []
+        if self.slot is not None:  # fixed: a grow does not move it
+            self.partitions = partitions
+            return add, []
         if partitions != self.partitions:
             self.partitions = partitions
             own = partition_of(self.worker_id, partitions)
@@ -126,7 +143,8 @@ def _partition_eof() -> int:
 class KafkaCommandFeed:
     def __init__(self, settings: Settings, worker_id: str, sink: EventSink, *,
                  keyring: KeyringFile, on_refused: Callable[[str], None] = lambda _: None,
-                 group_id: str | None = None) -> None:
+                 group_id: str | None = None, slot: int | None = None) -> None:
+        """``slot``: the fixed partition to read (``--command-slot``); None: the hash."""
         from loraplane.kernel.topics import topic_name
 
         self.worker_id = worker_id
@@ -150,8 +168,17 @@ class KafkaCommandFeed:
 
             self.progress.blocked(f"kafka: {exc}")
             count, self._checked = spec("commands").partitions, 0.0
-        self.assignment = Assignment(worker_id, count)
+        try:
+            self.assignment = Assignment(worker_id, count, slot)
+        except CommandSlotError:
+            self._consumer.close()
+            raise
         self._consumer.assign([self._partition(p) for p in self.assignment.assigned()])
+
+    @property
+    def partition(self) -> int:
+        """The partition this worker reads its commands from now (announced in its state)."""
+        return self.assignment.own
 
     def _partition(self, p: int) -> Any:
         """Partition ``p`` at the group's committed offset (the reset policy without one)."""
@@ -176,7 +203,7 @@ class KafkaCommandFeed:
         self.progress.advanced()
         key = msg.key()
         size = len(key or b"") + len(msg.value() or b"")
-        if key != self._key:  # a worker whose id hashes to the same partition
+        if key != self._key:  # a worker whose id hashes to the same partition (or a stray)
             self.read_bytes.other += size
             self._consumer.commit(message=msg, asynchronous=True)
             return None

@@ -20,7 +20,7 @@ from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
-from loraplane.workers.command_feed import KafkaCommandFeed
+from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
@@ -56,6 +56,7 @@ class WorkerOptions:
     heartbeat_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
     vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
+    command_slot: int | None = None  # the commands partition to read (None: the id's hash)
 
 
 def build_host_tier(settings: Settings, options: WorkerOptions,
@@ -124,6 +125,14 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                     "until it is", FIRST_READ_S)
     registry = verified_registry(options, tail, sink, metrics,
                                  KeyringFile(settings.keyring_path))
+    try:
+        feed = KafkaCommandFeed(settings, options.worker_id, sink,
+                                keyring=KeyringFile(settings.keyring_path),
+                                on_refused=metrics.command_refused, slot=options.command_slot)
+    except CommandSlotError as exc:
+        tail.stop()
+        sink.close(1.0)
+        raise SystemExit(f"--command-slot: {exc}") from None
     agent = WorkerAgent(
         WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
                      vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
@@ -134,15 +143,13 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
                      policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
-        registry_loader=registry.records, sink=sink, metrics=metrics)
+        registry_loader=registry.records, sink=sink, metrics=metrics,
+        command_partition=lambda: feed.partition)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink,
                       cache_secret=gateway_secret(settings.gateway_secret_path),
                       router_secret=router_secret(settings),
                       max_body_bytes=settings.http.max_body_bytes)
-    feed = KafkaCommandFeed(settings, options.worker_id, sink,
-                            keyring=KeyringFile(settings.keyring_path),
-                            on_refused=agent.metrics.command_refused)
     metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
     metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]

@@ -42,6 +42,10 @@ def run(
         None, "--vllm-api-key-file",
         help="vLLM's API key (default: settings.vllm.api_key_file, else "
              "secrets_dir/vllm-PORT.key, written by `loraplane vllm serve`)"),
+    command_slot: int | None = typer.Option(
+        None, "--command-slot", min=0,
+        help="read commands partition N (e.g. the StatefulSet ordinal; give each worker its "
+             "own, below the topic's partition count); default: the hash of --worker-id"),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
     import asyncio
@@ -67,7 +71,7 @@ def run(
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        model_dir=model_dir, vllm_api_key=vllm_api_key)
+        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot)
     asyncio.run(serve_worker(settings, options))
 
 

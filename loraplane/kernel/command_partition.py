@@ -1,9 +1,14 @@
 """Which partition of the commands topic carries a worker's commands (issue #15 item 3).
 
-One function, used by the planner when it sends and by the worker when it assigns itself
-its partition, so the two can never disagree. A stable hash (crc32, not Python's salted
-``hash``) of the worker id modulo the topic's partition count: with partitions well above
-the fleet size a worker's partition carries about its own commands only.
+A worker either has a fixed command slot (``loraplane worker run --command-slot N``, e.g. a
+StatefulSet ordinal) and reads partition N, or, without one, the hash ``partition_of``: a
+stable crc32 (not Python's salted ``hash``) of the worker id modulo the partition count.
+Slots give every worker a partition of its own once partitions >= fleet size (it reads
+exactly its own commands); the hash needs ~4x the fleet to keep collisions rare.
+
+The worker announces the partition it reads in its ``WorkerState.command_partition``; the
+planner sends there through ``partition_for`` (the announcement when it is in range, else
+the hash, which is what a worker without one, or of an older build, reads).
 
 Both sides take the count from the broker's metadata, never from the declaration
 (``kernel.topics``): a topic created before a grow, or grown by ``topics apply`` while the
@@ -35,6 +40,15 @@ def partition_of(worker_id: str, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, not {partitions}")
     return zlib.crc32(worker_id.encode("utf-8")) % partitions
+
+
+def partition_for(worker_id: str, announced: int | None, partitions: int) -> int:
+    """Where the planner sends ``worker_id``'s commands: the partition the worker announced
+    in its latest state when it is in range, else ``partition_of``. A forged announcement
+    can only misdirect that one worker's commands (each is signed for its worker)."""
+    if announced is not None and 0 <= announced < partitions:
+        return announced
+    return partition_of(worker_id, partitions)
 
 
 class MetadataClient(Protocol):

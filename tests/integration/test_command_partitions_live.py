@@ -4,7 +4,8 @@ commands topic, commands produced the way the planner sends them (``kernel.comma
 by the broker's count). Each feed gets exactly its own commands, reads at most twice their
 bytes (one feed shares its partition with an offline worker's commands: the collision is
 read, dropped and counted as ``own=false``), and a feed closed with commands read but not
-committed gets them again after a restart, and nothing older.
+committed gets them again after a restart, and nothing older. With command slots, eight
+workers whose ids all hash to one partition each read exactly their own bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.reasons import CommandRule
-from loraplane.workers.command_feed import KafkaCommandFeed
+from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync
@@ -31,6 +32,7 @@ from loraplane.kernel.command_partition import (
     DRAIN_S,
     PartitionCount,
     commands_partitions,
+    partition_for,
     partition_of,
 )
 from loraplane.kernel.config import Settings
@@ -67,6 +69,7 @@ class Planner:
         self.partitions: PartitionCount = commands_partitions(settings, self.producer)
         self.topic = topic_name(settings, "commands")
         self.sent: dict[str, list[tuple[str, int]]] = {}  # worker -> (command_id, bytes)
+        self.announced: dict[str, int] = {}  # worker -> the partition its state announced
 
     def send(self, worker_id: str, count: int) -> None:
         now = now_utc()
@@ -80,7 +83,9 @@ class Planner:
                 deadline=now + timedelta(minutes=1)))
             value, key = encode(cmd), worker_id.encode()
             self.producer.produce(self.topic, key=key, value=value,
-                                  partition=self.partitions.partition_of(worker_id))
+                                  partition=partition_for(
+                                      worker_id, self.announced.get(worker_id),
+                                      self.partitions.current()))
             self.sent.setdefault(worker_id, []).append((cid, len(key) + len(value)))
         assert self.producer.flush(20) == 0
 
@@ -91,9 +96,9 @@ def _wait_partitions(settings: Settings, count: int) -> None:
              == count else None, f"{topic} with {count} partitions", timeout_s=30)
 
 
-def _feed(settings: Settings, worker_id: str) -> KafkaCommandFeed:
+def _feed(settings: Settings, worker_id: str, slot: int | None = None) -> KafkaCommandFeed:
     return KafkaCommandFeed(settings, worker_id, Sink(),  # type: ignore[arg-type]
-                            keyring=KeyringFile(settings.keyring_path))
+                            keyring=KeyringFile(settings.keyring_path), slot=slot)
 
 
 async def _take(feed: KafkaCommandFeed, count: int, *, commit: bool,
@@ -181,6 +186,51 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
         # tools that produce keyed records with confluent-kafka agree with the planner.
         partition, _ = produce_sync(env.settings, planner.topic, "w5", b"{}")
         assert partition == partition_of("w5", 64)
+    finally:
+        for feed in feeds.values():
+            feed.close()
+        env.delete_topics()
+
+
+def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
+        stack: Settings, tmp_path: Path) -> None:
+    """Eight workers whose ids all hash to one partition (hashing: each would read 8x its
+    own bytes) with slots 0..7: each reads its slot, announces it, the planner sends there,
+    and every feed reads its own commands and nothing else (ratio 1.00). A slot the topic
+    has no partition for stops the feed's start."""
+    env = Env.create(stack, tmp_path)
+    feeds: dict[str, KafkaCommandFeed] = {}
+    try:
+        _wait_partitions(env.settings, 64)  # a topic just made is not in every answer yet
+        planner = Planner(env)
+        assert planner.partitions.current() == 64
+        shared = partition_of("s0", 64)
+        workers = [w for n in range(100_000) if partition_of(w := f"s{n}", 64) == shared][:8]
+        feeds = {w: _feed(env.settings, w, slot) for slot, w in enumerate(workers)}
+        assert [f.assignment.assigned() for f in feeds.values()] == [[i] for i in range(8)]
+        planner.announced = {w: f.partition for w, f in feeds.items()}  # their worker states
+        for w in workers:
+            planner.send(w, PER_WORKER)
+
+        async def take_all() -> dict[str, tuple[list[str], list[str]]]:
+            got = await asyncio.gather(*(_take(feeds[w], PER_WORKER, commit=True)
+                                         for w in workers))
+            extra = await asyncio.gather(*(_quiet(feeds[w]) for w in workers))
+            return {w: (g, e) for w, g, e in zip(workers, got, extra, strict=True)}
+
+        delivered = asyncio.run(take_all())
+        ratios = {}
+        for w in workers:
+            got, extra = delivered[w]
+            assert got == [cid for cid, _ in planner.sent[w]] and extra == []
+            read, own = feeds[w].read_bytes, sum(size for _, size in planner.sent[w])
+            assert (read.own, read.other) == (own, 0)
+            ratios[w] = (read.own + read.other) / own
+        print("slotted: bytes read / own commands' bytes: " + ", ".join(
+            f"{w} {r:.2f}" for w, r in ratios.items()))
+        assert set(ratios.values()) == {1.0}
+        with pytest.raises(CommandSlotError, match="command slot 64 "):
+            _feed(env.settings, "s-too-far", 64)
     finally:
         for feed in feeds.values():
             feed.close()

@@ -25,8 +25,9 @@ def test_fleet_bench_tiny(stack: Settings) -> None:
         d = r[name]
         assert 0 <= d["p50"] <= d["p99"] <= d["max"], name
     assert r["delivery_issued_to_received_ms"]["n"] == 6
-    # a worker reads at least its own commands and at most the whole topic
-    assert 1 <= r["read_over_own"]["p50"] <= r["read_over_own"]["max"] <= 3
+    # worker j reads command slot j: exactly its own commands' bytes
+    assert r["command_partitions"] == "slots 0..W-1"
+    assert r["read_over_own"]["p50"] == r["read_over_own"]["max"] == 1.0
     assert r["bytes_read_per_worker"]["max"] <= r["commands_topic_bytes"]
     assert r["registry_convergence_ms"]["n"] == 1
     assert r["registry_tail_first_read_s"] >= 0

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.workers.command_feed import Assignment, KafkaCommandFeed
+from loraplane.workers.command_feed import Assignment, CommandSlotError, KafkaCommandFeed
 from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 from loraplane.kernel import kafka
@@ -40,14 +40,14 @@ class Sink:
 
 
 def _feed(monkeypatch: pytest.MonkeyPatch, consumer: Consumer,
-          worker_id: str = "w1") -> KafkaCommandFeed:
+          worker_id: str = "w1", slot: int | None = None) -> KafkaCommandFeed:
     def make(*args: object, **kwargs: object) -> Consumer:
         consumer.configs.append(dict(kwargs))
         return consumer
 
     monkeypatch.setattr(kafka, "consumer", make)
     return KafkaCommandFeed(Settings(), worker_id, Sink(),  # type: ignore[arg-type]
-                            keyring=KeyringFile(Path("/nonexistent")))
+                            keyring=KeyringFile(Path("/nonexistent")), slot=slot)
 
 
 def test_the_feed_assigns_its_own_partition_of_the_brokers_count_and_joins_no_group(
@@ -73,6 +73,27 @@ def test_a_grown_topic_adds_the_new_partition_and_drops_the_old_after_the_drain(
     assert consumer.assigned == {old, new}
     feed.regroup(64, now=100.0 + DRAIN_S)
     assert consumer.assigned == {new}
+
+
+def test_a_slotted_feed_reads_its_slot_and_does_not_move_when_the_topic_grows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer()
+    consumer.partitions = 8
+    feed = _feed(monkeypatch, consumer, slot=5)
+    assert consumer.assigned == {5} and feed.partition == 5
+    assert partition_of("w1", 8) != 5  # not the hash
+    feed.regroup(64, now=100.0)
+    feed.regroup(64, now=100.0 + DRAIN_S)
+    assert consumer.assigned == {5} and feed.partition == 5
+
+
+def test_a_slot_the_topic_has_no_partition_for_stops_the_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = Consumer()
+    consumer.partitions = 8
+    with pytest.raises(CommandSlotError, match=r"command slot 8 needs .* it has 8 \("):
+        _feed(monkeypatch, consumer, slot=8)
+    assert consumer.closed
 
 
 def test_the_periodic_check_follows_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from loraplane.kernel.command_partition import (
     PartitionCount,
     broker_partitions,
+    partition_for,
     partition_of,
 )
 
@@ -24,6 +25,24 @@ from loraplane.kernel.command_partition import (
 def test_the_rule_is_pinned_so_planner_and_workers_of_any_version_agree() -> None:
     assert [partition_of(w, 64) for w in ("w1", "w2", "worker-0")] == [52, 14, 54]
     assert partition_of("w1", 6) == partition_of("w2", 6) == 4  # a collision at 6
+
+
+def test_the_planner_sends_to_the_announced_partition_when_in_range_else_the_hash() -> None:
+    assert partition_for("w1", 3, 64) == 3  # a slot
+    assert partition_for("w1", None, 64) == partition_of("w1", 64) == 52  # an older worker
+    assert partition_for("w1", 64, 64) == 52  # a slot the topic has no partition for: hash
+
+
+@given(st.text(min_size=1, max_size=64), st.none() | st.integers(min_value=0, max_value=20_000),
+       st.integers(min_value=1, max_value=10_000))
+def test_partition_for_is_in_range_and_is_the_announcement_or_the_hash(
+        worker_id: str, announced: int | None, partitions: int) -> None:
+    got = partition_for(worker_id, announced, partitions)
+    assert 0 <= got < partitions
+    if announced is not None and announced < partitions:
+        assert got == announced
+    else:
+        assert got == partition_of(worker_id, partitions)
 
 
 def test_the_rule_does_not_depend_on_the_process_hash_seed() -> None:

@@ -392,6 +392,14 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
     assert 'kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
 
 
+async def test_the_state_announces_the_commands_partition_its_feed_reads(world: World) -> None:
+    assert world.agent.worker_state().command_partition is None  # no feed: the planner hashes
+    slotted = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,
+                          registry_loader=lambda: RECORDS, sink=world.sink,
+                          command_partition=lambda: 9)
+    assert slotted.worker_state().command_partition == 9
+
+
 async def test_restart_adopts_running_state(world: World) -> None:
     await load(world, RECORDS[2])
     again = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,

@@ -54,3 +54,22 @@ def test_a_planner_of_one_base_model_plans_only_its_workers(tmp_path: Path) -> N
     spy = SpyPlanner()
     runtime.plan_now(spy)  # type: ignore[arg-type]
     assert spy.workers == ["w1"]
+
+
+def test_a_command_goes_to_the_partition_its_worker_announced_else_the_hash(
+        tmp_path: Path) -> None:
+    from loraplane.kernel.command_partition import partition_of
+    from tests.unit.test_command_trust import command
+
+    runtime = runtime_with(tmp_path)
+    sent: list[tuple[bytes, int]] = []
+    txn = SimpleNamespace(produce=lambda topic, key, value, partition: sent.append(
+        (key, partition)))
+    key = SimpleNamespace(sign_command=lambda cmd: cmd)
+    slotted = state("w-slot", "b", []).model_copy(update={"command_partition": 7})
+    for s in (slotted, state("w-hash", "b", [])):
+        runtime.workers.apply(s.worker_id.encode(), encode(s))
+    for wid in ("w-slot", "w-hash", "w-unknown"):
+        runtime._produce_command(txn, command(worker=wid), key, 64)  # type: ignore[arg-type]
+    assert sent == [(b"w-slot", 7), (b"w-hash", partition_of("w-hash", 64)),
+                    (b"w-unknown", partition_of("w-unknown", 64))]
