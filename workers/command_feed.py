@@ -67,6 +67,8 @@ PROBE_EVERY_S = 5.0
 PARTITIONS_EVERY_S = REFRESH_S
 """How often the feed re-reads the topic's partition count (as often as a sender does)."""
 METADATA_TIMEOUT_S = 2.0
+START_METADATA_TIMEOUT_S = 10.0
+"""At start the feed waits longer for the count: guessing it is the worse outcome."""
 
 
 class CommandSlotError(ValueError):
@@ -162,12 +164,16 @@ class KafkaCommandFeed:
         self.read_bytes = ReadBytes()
         self._probed = self._checked = time.monotonic()
         try:
-            count = self._partitions()
+            count = self._partitions(START_METADATA_TIMEOUT_S)
         except Exception as exc:  # broker away at start: the declared count until it answers
             from loraplane.kernel.topics import spec
 
             self.progress.blocked(f"kafka: {exc}")
-            count, self._checked = spec("commands").partitions, 0.0
+            # A slot is trusted until the broker answers (``regroup`` checks it then): the
+            # declared count is only a guess, and the topic may have been grown for the fleet.
+            count = spec("commands").partitions if slot is None else max(
+                spec("commands").partitions, slot + 1)
+            self._checked = 0.0
         try:
             self.assignment = Assignment(worker_id, count, slot)
         except CommandSlotError:
@@ -186,8 +192,8 @@ class KafkaCommandFeed:
 
         return TopicPartition(self._topic, p)
 
-    def _partitions(self) -> int:
-        return broker_partitions(self._consumer, self._topic, METADATA_TIMEOUT_S)
+    def _partitions(self, timeout_s: float = METADATA_TIMEOUT_S) -> int:
+        return broker_partitions(self._consumer, self._topic, timeout_s)
 
     async def next(self, timeout_s: float = 0.5) -> Delivery | None:
         """The next command for this worker, or None when none arrived in ``timeout_s``."""
@@ -246,6 +252,11 @@ class KafkaCommandFeed:
     def regroup(self, partitions: int, now: float) -> None:
         """Follow a new partition count: assign the new own partition, drop drained ones."""
         add, drop = self.assignment.observe(partitions, now)
+        slot = self.assignment.slot
+        if slot is not None and slot >= partitions:  # trusted at start, refuted by the broker
+            self.progress.blocked(f"command slot {slot} has no partition: the commands topic "
+                                  f"has {partitions}; grow it, or give slots 0..{partitions - 1}")
+            self.progress.check()
         if drop:
             self._consumer.incremental_unassign([self._partition(p) for p in drop])
         if add:

@@ -96,6 +96,22 @@ def test_a_slot_the_topic_has_no_partition_for_stops_the_start(
     assert consumer.closed
 
 
+def test_a_slot_is_trusted_while_the_broker_cannot_say_and_checked_once_it_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet grown past the declared 64 partitions must not fail its starts because one
+    metadata call timed out: the slot is read at once and checked when the broker answers
+    (seen in bench.fleet_scale at 200 workers under load)."""
+    consumer = Consumer()
+    consumer.partitions = 0  # the broker does not answer: no metadata
+    feed = _feed(monkeypatch, consumer, slot=110)
+    assert consumer.assigned == {110} and feed.partition == 110
+    assert feed._checked == 0.0  # asks again at the next poll
+    feed.regroup(200, now=1.0)  # the broker's answer: the slot exists
+    assert consumer.assigned == {110}
+    feed.regroup(100, now=2.0)  # a broker that says otherwise: held up, said out loud
+    assert "command slot 110 has no partition" in feed.progress._why
+
+
 def test_the_periodic_check_follows_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     consumer = Consumer()
     consumer.partitions = 6
