@@ -134,6 +134,7 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
     env = Env.create(stack, tmp_path)
     feeds: dict[str, KafkaCommandFeed] = {}
     try:
+        _wait_partitions(env.settings, 64)  # a topic just made is not in every answer yet
         planner = Planner(env)
         assert planner.partitions.current() == spec("commands").partitions == 64
         neighbour = _offline_neighbour(WORKERS[0], 64)
