@@ -73,3 +73,35 @@ def test_a_command_goes_to_the_partition_its_worker_announced_else_the_hash(
         runtime._produce_command(txn, command(worker=wid), key, 64)  # type: ignore[arg-type]
     assert sent == [(b"w-slot", 7), (b"w-hash", partition_of("w-hash", 64)),
                     (b"w-unknown", partition_of("w-unknown", 64))]
+
+
+def test_a_view_the_planner_cannot_verify_is_never_planned(tmp_path: Path) -> None:
+    """ATTACK: the planner reads the registry topic itself now (no Faust table between), so
+    a view written straight into the topic, or signed by a key outside the keyring, must not
+    reach the plan: it is verified where it is used (``VerifiedRegistry``), dead-lettered."""
+    from tests.lifecycle_kit import make_kit
+    from tests.unit.test_registry_evidence import NOW, VIEW_A, fold
+    from tests.unit.test_registry_trust import world
+
+    class ViewSpy(SpyPlanner):
+        views: list[str] = []
+
+        def tick(self, views: Any, *rest: Any) -> Plan:
+            ViewSpy.views = sorted(v.adapter_id for v in views)
+            return super().tick(views, *rest)
+
+    runtime = runtime_with(tmp_path)
+    registry, topic, sink, _, _ = world(tmp_path)
+    runtime.registry = registry
+    runtime.registry_tail = SimpleNamespace(version=1)  # type: ignore[assignment]
+    stranger = make_kit(NOW)  # a key pair the keyring does not hold
+    topic.write(VIEW_A.adapter_id, VIEW_A)
+    forged = fold([stranger.event("ci", "publish", "forged-bot", "1", 1, NOW)],
+                  stranger.keyring)
+    assert forged is not None  # a well-formed view, only under a key nobody trusts
+    topic.write("forged-bot", forged)
+    bare = VIEW_A.model_copy(update={"evidence": []})
+    topic.write("bare-bot", bare.model_copy(update={"adapter_id": "bare-bot"}))
+    runtime.plan_now(ViewSpy())  # type: ignore[arg-type]
+    assert ViewSpy.views == [VIEW_A.adapter_id]
+    assert len(sink.letters()) == 2
