@@ -9,10 +9,14 @@ them from the changelog, so state survives a kill without a local RocksDB to man
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import threading
 from collections.abc import Iterable
+from typing import Any
 
 import faust
+import mode
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
 from loraplane.schemas.reasons import DeadLetterReason
 
@@ -41,6 +45,32 @@ def _make_app() -> faust.App:
 
 
 app = _make_app()
+
+
+class ThreadService(mode.Service):
+    """A blocking ``work(stop)`` (the scoring keeper, the planner runtime: confluent-kafka
+    loops, not asyncio) in its own thread for as long as the Faust worker runs; stopping the
+    worker sets ``stop`` and waits for the loop to end (so it leaves its groups cleanly)."""
+
+    thread_name = "service"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def work(self, stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    async def on_start(self) -> None:
+        self._thread = threading.Thread(target=self.work, args=(self._stop,),
+                                        name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    async def on_stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
 
 
 def raw_topic(suffix: str) -> faust.TopicT:

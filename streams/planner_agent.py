@@ -7,12 +7,9 @@ one of them plans, the others stand by (docs/reliability.md, "The planner lease"
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from typing import Any
 
-import mode
-from loraplane.streams.app import app
+from loraplane.streams.app import ThreadService, app
 from loraplane.streams.planner_runtime import PlannerRuntime
 
 from loraplane.kernel.config import get_settings
@@ -22,21 +19,11 @@ runtime = PlannerRuntime(get_settings())
 
 
 @app.service
-class PlannerService(mode.Service):
-    """Starts the planning thread with the worker and stops it (leaving the lease group, so
+class PlannerService(ThreadService):
+    """Runs the planning thread with the worker and stops it (leaving the lease group, so
     a standby takes over at once) with it."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    thread_name = "planner"
 
-    async def on_start(self) -> None:
-        self._thread = threading.Thread(target=runtime.run, args=(self._stop,),
-                                        name="planner", daemon=True)
-        self._thread.start()
-
-    async def on_stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
+    def work(self, stop: threading.Event) -> None:
+        runtime.run(stop)

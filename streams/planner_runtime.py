@@ -483,23 +483,3 @@ class PlannerRuntime:
                      ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
                                for c in result.commands[:20]))
         return names
-
-
-def run_until_signal(settings: Settings, base_model: str | None, metrics_port: int) -> None:
-    """``loraplane streams planner``: one runtime in this process until SIGTERM/SIGINT."""
-    import signal
-
-    from loraplane.kernel.progress_metrics import serve_progress
-
-    runtime = PlannerRuntime(settings, base_model)
-    serve_progress(metrics_port, [runtime.metrics()])
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    thread = threading.Thread(target=runtime.run, args=(stop,), name="planner", daemon=True)
-    thread.start()
-    while thread.is_alive() and not stop.is_set():
-        stop.wait(0.5)
-    stop.set()
-    thread.join(30)
-    log.info("planner stopped")

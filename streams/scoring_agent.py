@@ -9,13 +9,10 @@ of them (docs/scale.md, "Scoring processes").
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-from typing import Any
 
-import mode
-from loraplane.streams.app import app
+from loraplane.streams.app import ThreadService, app
 from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
 
 from loraplane.kernel.config import get_settings
@@ -24,27 +21,13 @@ log = logging.getLogger(__name__)
 
 
 @app.service
-class ScoringService(mode.Service):
+class ScoringService(ThreadService):
     """Runs a ScoreKeeper (instance host-pid) in a thread while the Faust worker runs."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    thread_name = "scoring"
 
-    async def on_start(self) -> None:
-        keeper = ScoreKeeper(get_settings())
-
-        def run() -> None:
-            try:
-                keeper.run(self._stop)
-            except PartitionMismatch as exc:  # the topics need fixing, not a retry
-                log.error("scoring stopped: %s", exc)
-
-        self._thread = threading.Thread(target=run, name="scoring", daemon=True)
-        self._thread.start()
-
-    async def on_stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
+    def work(self, stop: threading.Event) -> None:
+        try:
+            ScoreKeeper(get_settings()).run(stop)
+        except PartitionMismatch as exc:  # the topics need fixing, not a retry
+            log.error("scoring stopped: %s", exc)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import typer
@@ -46,6 +48,49 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     return [t.topic for t in missing]
+
+
+def plain_process() -> Settings:
+    """What a streams runtime outside the Faust worker needs first: the streams principal
+    (before any client is built), INFO logs on stderr, its home; returns the settings."""
+    import logging
+
+    from loraplane.kernel import kafka
+
+    kafka.act_as(kafka.Principal.streams)
+    from loraplane.kernel.config import get_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def run_until_signal(loop: Callable[[threading.Event], None], name: str) -> None:
+    """``loop(stop)`` in a thread until it returns or SIGTERM/SIGINT sets ``stop`` (the main
+    thread stays free for the signal, which a loop blocked inside librdkafka would delay);
+    waits up to 30 s for it to end. An exception of the loop is raised here."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop(stop)
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    while thread.is_alive() and not stop.is_set():
+        stop.wait(0.5)
+    stop.set()
+    thread.join(30)
+    if failure:
+        raise failure[0]
 
 
 def register(app: typer.Typer) -> None:
@@ -106,18 +151,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one planner (active while it holds the lease, else standby) until
         SIGTERM/SIGINT, without a Faust worker (docs/reliability.md)."""
-        import logging
+        from loraplane.kernel.progress_metrics import serve_progress
+        from loraplane.streams.planner_runtime import PlannerRuntime
 
-        from loraplane.kernel import kafka
-
-        kafka.act_as(kafka.Principal.streams)
-        from loraplane.kernel.config import get_settings
-        from loraplane.streams.planner_runtime import run_until_signal
-
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        settings = get_settings()
-        settings.home.mkdir(parents=True, exist_ok=True)
-        run_until_signal(settings, base_model, metrics_port)
+        runtime = PlannerRuntime(plain_process(), base_model)
+        serve_progress(metrics_port, [runtime.metrics()])
+        run_until_signal(runtime.run, "planner")
+        typer.echo("planner stopped")
 
     @group.command("scoring")
     def scoring_cmd(
@@ -133,28 +173,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one scoring keeper (no Faust worker) until SIGTERM/SIGINT: it shares the
         requests partitions with every other keeper of the prefix (docs/scale.md)."""
-        import logging
-        import signal
-        import threading
-
-        from loraplane.kernel import kafka
-
-        kafka.act_as(kafka.Principal.streams)
-        from loraplane.kernel.config import get_settings
         from loraplane.kernel.progress_metrics import serve_progress
         from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        settings = get_settings()
-        settings.home.mkdir(parents=True, exist_ok=True)
-        keeper = ScoreKeeper(settings, instance or None)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        keeper = ScoreKeeper(plain_process(), instance or None)
         serve_progress(metrics_port)
         typer.echo(f"scoring keeper {keeper.instance} starting")
         try:
-            keeper.run(stop)
+            run_until_signal(keeper.run, "scoring")
         except PartitionMismatch as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc

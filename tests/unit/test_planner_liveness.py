@@ -84,10 +84,8 @@ def test_a_view_the_planner_cannot_verify_is_never_planned(tmp_path: Path) -> No
     from tests.unit.test_registry_trust import world
 
     class ViewSpy(SpyPlanner):
-        views: list[str] = []
-
         def tick(self, views: Any, *rest: Any) -> Plan:
-            ViewSpy.views = sorted(v.adapter_id for v in views)
+            self.views = sorted(v.adapter_id for v in views)
             return super().tick(views, *rest)
 
     runtime = runtime_with(tmp_path)
@@ -102,6 +100,7 @@ def test_a_view_the_planner_cannot_verify_is_never_planned(tmp_path: Path) -> No
     topic.write("forged-bot", forged)
     bare = VIEW_A.model_copy(update={"evidence": []})
     topic.write("bare-bot", bare.model_copy(update={"adapter_id": "bare-bot"}))
-    runtime.plan_now(ViewSpy())  # type: ignore[arg-type]
-    assert ViewSpy.views == [VIEW_A.adapter_id]
+    spy = ViewSpy()
+    runtime.plan_now(spy)  # type: ignore[arg-type]
+    assert spy.views == [VIEW_A.adapter_id]
     assert len(sink.letters()) == 2
