@@ -71,6 +71,7 @@ from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
+from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger(__name__)
@@ -153,10 +154,8 @@ class WorkerStates:
                 self.states.pop(wid, None)
             return
         try:
-            state = decode(WorkerState, value)
-            if state.worker_id != wid:
-                raise ValueError(f"key {wid[:64]!r} is not worker {state.worker_id}")
-        except (SchemaError, ValueError) as exc:
+            state = worker_state_of(key, value)
+        except SchemaError as exc:
             self.unreadable += 1
             log.warning("worker state %s skipped: %s", wid[:64], str(exc)[:200])
             return

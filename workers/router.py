@@ -45,13 +45,12 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import ID_PATTERN, version_key
-from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import DecodeReason, QueueRefusal, RequestRefusal
+from loraplane.schemas.reasons import QueueRefusal, RequestRefusal
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
-from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
 from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
@@ -65,6 +64,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.router")
@@ -116,11 +116,7 @@ class Fleet:
             self.index.remove((record.key or b"").decode("utf-8", "replace"))
             return
         try:
-            state = decode(WorkerState, record.value)
-            if (record.key or b"") != state.worker_id.encode():
-                raise SchemaError(DecodeReason.key_mismatch, [(
-                    "worker_id", f"message key {(record.key or b'')[:64]!r} is not "
-                                 f"{state.worker_id}")])
+            state = worker_state_of(record.key, record.value)
         except SchemaError as exc:
             self.dead_lettered += 1
             log.warning("worker state at %s@%s dead-lettered: %s", record.partition,

@@ -17,8 +17,20 @@ from loraplane.kernel.bus import TopicReadIncomplete, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
+
+
+def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
+    """One worker-state record, decoded, whose Kafka key is its worker_id (a state under
+    another worker's key would stand in for that worker); ``SchemaError`` with its reason
+    otherwise. The router and the planner read the topic through this."""
+    state = decode(WorkerState, value)
+    if (key or b"") != state.worker_id.encode():
+        raise SchemaError(DecodeReason.key_mismatch, [(
+            "worker_id", f"message key {(key or b'')[:64]!r} is not {state.worker_id}")])
+    return state
 
 
 @dataclass(frozen=True)
