@@ -5,8 +5,8 @@ not break), and prints the table: fault -> answered -> stored -> lost -> duplica
 recovered by itself, with timings, as JSON; ``--doc`` also writes it into
 docs/reliability.md. Each row comes from the test's own measurement (``tests/integration/
 fault_report.py``), written only after the test's assertions passed; a failed test is a row
-with ``passed: false``. The same tests run in ``./run test`` (the short form); this tool
-adds the table.
+with ``passed: false``. The rows that do not kill a broker also run in ``./run test``; the
+others are marked ``fault_long`` (deselected there, for the suite's 25-minute budget).
 
     .venv/bin/python -m bench.faults [--doc] [--only kafka-1,s3]   # needs `loraplane stack up`
     .venv/bin/python -m bench.faults --only kafka-1 --outage-s 600   # the 10-minute outage

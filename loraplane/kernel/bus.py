@@ -80,10 +80,12 @@ class TopicReadIncomplete(RuntimeError):
 def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: float = 10.0,
                idle_s: float = 1.5, group: str | None = None,
                to_end: bool = False) -> Iterator[Record]:
-    """Read a topic (or several at once, one consumer) from the beginning until it has been
-    idle for ``idle_s`` (or timeout).
+    """Read a topic (or several at once, one consumer) from the beginning until every
+    assigned partition has reached its end and nothing came for ``idle_s`` (or timeout).
 
-    For CLIs and tests that need "everything so far"; no offsets are committed. With
+    For CLIs and tests that need "everything so far"; no offsets are committed. Idle time
+    alone never ends a read: on a loaded machine a 64-partition topic can take longer than
+    ``idle_s`` to be assigned and fetched, and an early return then read as "no records". With
     ``to_end`` the read ends as soon as every partition has reached its end, and raises
     ``TopicReadIncomplete`` when that did not happen in ``timeout_s``: a caller that
     replaces state with what it read (the worker's registry) can tell a broker that is
@@ -92,7 +94,7 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
     from confluent_kafka import KafkaException
 
     consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}",
-                              read_to_end=to_end)
+                              read_to_end=True)
     at_end: set[tuple[str, int]] = set()
     try:
         names = [topic] if isinstance(topic, str) else list(topic)
@@ -103,10 +105,8 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
             msg = consumer.poll(0.2)
             if msg is None:
                 assigned = consumer.assignment()
-                if to_end:
-                    if assigned and {(tp.topic, tp.partition) for tp in assigned} <= at_end:
-                        return
-                elif time.monotonic() - last > idle_s and assigned:
+                if assigned and {(tp.topic, tp.partition) for tp in assigned} <= at_end \
+                        and (to_end or time.monotonic() - last > idle_s):
                     return
                 continue
             if (err := msg.error()) is not None:

@@ -25,7 +25,7 @@ from loraplane.kernel.config import Settings
 from tests.integration.fault_report import report_fault
 from tests.integration.private_kafka import SteadyLoad, kill, private_cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fault_long]
 
 RATE_HZ = 50
 BEFORE_S = 4.0

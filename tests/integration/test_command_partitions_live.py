@@ -27,7 +27,7 @@ from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 
 from loraplane.kernel import kafka, topics
-from loraplane.kernel.bus import produce_sync
+from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.command_partition import (
     DRAIN_S,
     PartitionCount,
@@ -190,6 +190,25 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
     finally:
         for feed in feeds.values():
             feed.close()
+        env.delete_topics()
+
+
+def test_reading_everything_so_far_waits_for_every_partitions_end(
+        stack: Settings, tmp_path: Path) -> None:
+    """``read_topic`` on the 64-partition commands topic returns every record written, even
+    with no idle time to wait: a read ends at every partition's end, never on idle time
+    alone (a 64-partition assignment and fetch can outlast ``idle_s`` on a loaded machine,
+    and a test then read "no commands": the CI failure of stop 24)."""
+    env = Env.create(stack, tmp_path)
+    try:
+        _wait_partitions(env.settings, 64)
+        topic = topic_name(env.settings, "commands")
+        written = {produce_sync(env.settings, topic, w, f"{{\"w\": \"{w}\"}}".encode())
+                   for w in WORKERS}
+        for _ in range(3):
+            got = {(r.partition, r.offset) for r in read_topic(env.settings, topic, idle_s=0.0)}
+            assert got == written
+    finally:
         env.delete_topics()
 
 

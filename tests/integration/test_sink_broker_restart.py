@@ -25,7 +25,7 @@ from tests.integration.fault_report import report_fault
 from tests.integration.metrics_env import SINK_TOPICS, isolated, wait_for
 from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fault_long]
 
 RATE_HZ = 50
 DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))
