@@ -42,6 +42,8 @@ FAULTS: dict[str, str] = {
               "test_poison_messages_do_not_crash_loop_the_worker",
     "host-disk-full": "tests/integration/test_host_disk_full.py",
     "kafka-3-agents": "tests/integration/test_cluster_agents.py",
+    "registry-tail-kafka": "tests/integration/test_registry_tail_live.py::"
+                           "test_a_broker_restart_keeps_the_view_and_the_tail_resumes",
     "streams-kafka": "tests/integration/test_streams_broker_kill.py::"
                      "test_the_app_heals_from_a_broker_kill_by_itself",
     "streams-kill": "tests/integration/test_streams_broker_kill.py::"
