@@ -102,9 +102,9 @@ def test_pack_query_on_current_clickhouse(client: ChdbClient, name: str) -> None
 
 def test_filters_bind_through_the_driver_escaping(client: ChdbClient) -> None:
     """A label filter narrows the rows, and a quote in it is data, not SQL."""
-    params = queries.window("1h", adapter_id="beta")
+    params = pack_cases.window(adapter_id="beta")
     assert [r["adapter_id"] for r in queries.run(client, "adapter_summary", params)] == \
-        ["beta"]  # type: ignore[arg-type]
-    hostile = queries.window("1h", tenant_id="t0' OR '1'='1")
-    assert queries.run(client, "adapter_summary", hostile) == []  # type: ignore[arg-type]
+        ["beta"]
+    hostile = pack_cases.window(tenant_id="t0' OR '1'='1")
+    assert queries.run(client, "adapter_summary", hostile) == []
 

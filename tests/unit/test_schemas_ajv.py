@@ -33,8 +33,6 @@ from tests.lifecycle_kit import BASE, TENANT, make_kit, record, signed_view
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MODULES = ROOT / ".venv-node" / "node_modules"
-NOW = datetime.now(UTC).replace(microsecond=0)
-KIT = make_kit(NOW)
 
 # Reads {"schemas": {name: schema}, "cases": [[name, message], ...]} on stdin; prints one
 # [valid, errors] per case. Strict mode stays on: a keyword ajv does not know is an error.
@@ -84,39 +82,42 @@ def wire(message: BaseModel) -> Any:
 
 
 def messages() -> dict[str, BaseModel]:
-    """One real message per exported schema, as its producer builds it."""
+    """One real message per exported schema, as its producer builds it, signed now (the
+    registry refuses a sequence number from the future)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    kit = make_kit(now)
     rec = record("support-bot", "1")
     command = CacheCommand(
         command_id="cmd-1", worker_id="w0", action=CommandAction.load_gpu, base_model=BASE,
         tenant_id=TENANT, adapter_id=rec.adapter_id, version=rec.version, sha256=rec.sha256,
         lora_name=rec.lora_name, reason=CommandReason(rule=CommandRule.hot_score, score=0.7),
-        issued_at=NOW, deadline=NOW + timedelta(minutes=1), warmup_requests=2)
+        issued_at=now, deadline=now + timedelta(minutes=1), warmup_requests=2)
     return {
         "request_log": RequestLog(
-            event_id="r-1", ts=NOW, request_id="q1", tenant_id=TENANT, base_model=BASE,
+            event_id="r-1", ts=now, request_id="q1", tenant_id=TENANT, base_model=BASE,
             adapter_id=rec.adapter_id, adapter_version="1", lora_name=rec.lora_name,
             worker_id="w0", tier_at_arrival="gpu", ttft_ms=41.5, prompt_tokens=12,
             output_tokens=30),
         "worker_state": WorkerState(
-            worker_id="w0", base_model=BASE, ts=NOW, gpu_slots_used=1, gpu_slots_total=4,
+            worker_id="w0", base_model=BASE, ts=now, gpu_slots_used=1, gpu_slots_total=4,
             host_bytes_used=1000, host_bytes_budget=10**9, hbm_usage=0.4, max_lora_rank=16,
             command_partition=3,
             adapters=[LoadedAdapter(lora_name=rec.lora_name, adapter_id=rec.adapter_id,
                                     version="1", tenant_id=TENANT, tier="gpu", pinned=True,
-                                    size_bytes=1000, rank=8, last_used=NOW)]),
-        "cache_command": KIT.keys["planner"].sign_command(command),
+                                    size_bytes=1000, rank=8, last_used=now)]),
+        "cache_command": kit.keys["planner"].sign_command(command),
         "cache_event": CacheEvent(
-            event_id="c-1", ts=NOW, worker_id="w0", base_model=BASE, tenant_id=TENANT,
+            event_id="c-1", ts=now, worker_id="w0", base_model=BASE, tenant_id=TENANT,
             adapter_id=rec.adapter_id, adapter_version="1", lora_name=rec.lora_name,
             kind=CacheEventKind.fail, reason=ArtifactReason.fetch_failed, command_id="cmd-1"),
-        "lifecycle_event": KIT.event("ci", "publish", rec.adapter_id, "1", 1, NOW),
-        "adapter_view": signed_view(KIT.keys["ci"], [rec.model_copy(
-            update={"status": AdapterStatus.active})], NOW, KIT.keyring),
+        "lifecycle_event": kit.event("ci", "publish", rec.adapter_id, "1", 1, now),
+        "adapter_view": signed_view(kit.keys["ci"], [rec.model_copy(
+            update={"status": AdapterStatus.active})], now, kit.keyring),
         "audit_record": AuditRecord(
-            event_id="a-1", ts=NOW, component="planner", action="load_gpu", decision="issued",
+            event_id="a-1", ts=now, component="planner", action="load_gpu", decision="issued",
             reason=CommandRule.hot_score, adapter_id=rec.adapter_id, actor="cmd-1"),
         "dead_letter": dead_letter_at("loraplane.requests", 0, 7, b"k", b"{not json",
-                                      NOW.timestamp(), "scoring", DecodeReason.malformed,
+                                      now.timestamp(), "scoring", DecodeReason.malformed,
                                       "not JSON"),
     }
 
