@@ -1,7 +1,7 @@
 """The pack's answers on Debian's ClickHouse 18.16 for the rows of ``tests/pack_cases.py``:
 the same checks the unit suite runs on current ClickHouse (chdb,
 tests/unit/test_clickhouse_current.py), so one SQL text is shown to answer alike on both.
-Cheap: one migrated database, no topics, no sink (about a second)."""
+Cheap: one migrated database, no topics, no sink (under 2 s of test time)."""
 
 from __future__ import annotations
 
