@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loraplane.metrics.clickhouse import checked_database, connect
 
@@ -34,6 +34,12 @@ FILE_RE = re.compile(r"^(?P<version>\d{3})_(?P<name>[a-z0-9_]+)\.sql$")
 PLACEHOLDER_RE = re.compile(r"\{(?P<key>[a-z_]+)(?::(?P<arg>[a-z_]+))?\}")
 RAW_TTL_DAYS = 30
 AGGREGATE_TTL_DAYS = 400
+
+
+class Executor(Protocol):
+    """The part of clickhouse-driver's Client that applying migrations needs."""
+
+    def execute(self, query: str, params: Any = None) -> Any: ...
 
 
 class MigrationError(RuntimeError):
@@ -137,38 +143,45 @@ def migrate(settings: Settings, directory: Path = MIGRATIONS_DIR) -> MigrateResu
     database = checked_database(settings.clickhouse.database)
     client = connect(settings, database="")
     try:
-        server_version = str(client.execute("SELECT version()")[0][0])
-        features = ServerFeatures.parse(server_version)
-        client.execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
-        client.execute(_LEDGER.format(db=database))
-        recorded = dict(client.execute(
-            f"SELECT version, any(checksum) FROM `{database}`.schema_migrations GROUP BY version"))
-        applied, already = [], []
-        for migration in discover(directory):
-            label = f"{migration.version:03d}_{migration.name}"
-            if migration.version in recorded:
-                if recorded[migration.version] != migration.checksum:
-                    raise MigrationError(
-                        f"{label} was changed after it was applied (checksum "
-                        f"{recorded[migration.version]} -> {migration.checksum}); add a new "
-                        "migration instead of editing an applied one")
-                already.append(label)
-                continue
-            for statement in migration.render(database, features):
-                try:
-                    client.execute(statement)
-                except Exception as exc:
-                    raise MigrationError(f"{label} failed on ClickHouse {server_version}: "
-                                         f"{str(exc).splitlines()[0]}\n{statement}") from exc
-            client.execute(
-                f"INSERT INTO `{database}`.schema_migrations "
-                "(version, name, checksum, server_version, applied_at) VALUES",
-                [(migration.version, migration.name, migration.checksum, server_version,
-                  datetime.now(UTC))])
-            applied.append(label)
-        return MigrateResult(server_version, applied, already)
+        return apply(client, database, directory)
     finally:
         client.disconnect()
+
+
+def apply(client: Executor, database: str, directory: Path = MIGRATIONS_DIR) -> MigrateResult:
+    """``migrate`` on an open client: anything with clickhouse-driver's ``execute`` (the
+    unit suite passes an embedded current ClickHouse, chdb, through the same code)."""
+    database = checked_database(database)
+    server_version = str(client.execute("SELECT version()")[0][0])
+    features = ServerFeatures.parse(server_version)
+    client.execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+    client.execute(_LEDGER.format(db=database))
+    recorded = dict(client.execute(
+        f"SELECT version, any(checksum) FROM `{database}`.schema_migrations GROUP BY version"))
+    applied, already = [], []
+    for migration in discover(directory):
+        label = f"{migration.version:03d}_{migration.name}"
+        if migration.version in recorded:
+            if recorded[migration.version] != migration.checksum:
+                raise MigrationError(
+                    f"{label} was changed after it was applied (checksum "
+                    f"{recorded[migration.version]} -> {migration.checksum}); add a new "
+                    "migration instead of editing an applied one")
+            already.append(label)
+            continue
+        for statement in migration.render(database, features):
+            try:
+                client.execute(statement)
+            except Exception as exc:
+                raise MigrationError(f"{label} failed on ClickHouse {server_version}: "
+                                     f"{str(exc).splitlines()[0]}\n{statement}") from exc
+        client.execute(
+            f"INSERT INTO `{database}`.schema_migrations "
+            "(version, name, checksum, server_version, applied_at) VALUES",
+            [(migration.version, migration.name, migration.checksum, server_version,
+              datetime.now(UTC))])
+        applied.append(label)
+    return MigrateResult(server_version, applied, already)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the sink's decoding into rows and dead letters (no Kafka, no ClickHouse here).""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -94,6 +95,28 @@ def test_grafana_dashboard_is_generated_from_the_pack() -> None:
         "run: python -m loraplane.dashboards.grafana_export"
     for name in queries.names():
         assert "%(" not in queries.grafana_sql(name)
+
+
+def test_grafana_panels_run_the_pack_on_the_clickhouse_plugin() -> None:
+    """Built with grafana-foundation-sdk: every pack query is a panel whose one target is the
+    pack's SQL for grafana-clickhouse-datasource, and no two panels overlap on the grid."""
+    board = json.loads(grafana_export.OUT.read_text())
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert {p["description"].removeprefix("dashboards/queries/").removesuffix(".sql")
+            for p in panels} == set(queries.names())
+    for panel in panels:
+        [target] = panel["targets"]
+        name = panel["description"].removeprefix("dashboards/queries/").removesuffix(".sql")
+        assert queries.grafana_sql(name) in target["rawSql"]
+        assert panel["datasource"]["type"] == target["datasource"]["type"] == \
+            "grafana-clickhouse-datasource"
+        assert target["format"] == (0 if panel["type"] == "timeseries" else 1)
+    cells = [(x, y) for p in board["panels"] for g in [p["gridPos"]]
+             for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])]
+    assert len(cells) == len(set(cells)) and max(x for x, _ in cells) < 24
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["query"] == "grafana-clickhouse-datasource"
+    assert all(variables[v]["allValue"] == "" for v in ("base_model", "tenant", "adapter"))
 
 
 def test_adapter_view_joins_request_and_cache_rows() -> None:
