@@ -64,9 +64,15 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.hbm", RUNTIMES),  # NVML (optional nvidia-ml-py): reads the device
     # the fleet router: its own process, sharing the gateway's edges (keys, registry trust)
     ("loraplane.workers.router", RUNTIMES),
+    # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it
+    ("loraplane.workers.host_tier_entry", RUNTIMES),
+    # which host-tier folder vLLM may load on demand (reads and copies files; no vLLM import)
+    ("loraplane.workers.vllm_resolver", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
+    # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
+    ("loraplane.vllm_plugin", APPLICATIONS),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
 # Runtimes are separate processes; they share code only through lower layers.
