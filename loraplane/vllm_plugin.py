@@ -36,7 +36,7 @@ def register() -> None:
     decide = HostTierResolver(config)
     _log_to_stderr()
 
-    class HostTierLoRAResolver(LoRAResolver):  # type: ignore[misc]
+    class HostTierLoRAResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> Any:
             found = await asyncio.to_thread(decide.resolve, base_model_name, lora_name)
             if found is None:

@@ -5,9 +5,11 @@ vLLM resolves a request's unknown ``model`` through its LoRA resolver plugins wh
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on (the agent needs it on to load adapters), so a
 resolver that trusts a folder, as vLLM's own filesystem resolver does, loads bytes the
 control plane never verified. This one re-decides at resolve time, from the bytes vLLM will
-read: the entry's files are copied (no link followed) into a private folder of this process
-and that copy is verified against the entry's record, the way the host tier verified them;
-vLLM gets the copy, so a folder swapped on disk after the check is never what it loads.
+read: the entry's files are copied (no link followed) into a folder of this process
+(``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified against the entry's
+record, the way the host tier verified them; vLLM gets the copy, so a folder swapped on disk
+after the check is never what it loads. The worker agent vouches for such a copy as for the
+entry itself (workers/reconcile.py: ``vouched``), so it keeps, counts and evicts it.
 
 The vLLM-facing class is ``loraplane/vllm_plugin.py``; this module never imports vLLM, so the
 worker's venv and the unit tests run it as is. Configured through the environment that
@@ -22,7 +24,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 import threading
 import uuid
 from collections.abc import Mapping
@@ -37,7 +38,9 @@ from loraplane.workers.host_tier_entry import (
     ADAPTER_DIR,
     MAX_RECORD_BYTES,
     RECORD_FILE,
+    RESOLVER_COPIES,
     entry_record,
+    resolver_copy_name,
 )
 
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
@@ -119,8 +122,9 @@ def safe_name(lora_name: object) -> bool:
 
 class HostTierResolver:
     """``resolve`` is thread-safe and blocking (file I/O): call it through a thread from
-    asyncio. ``snapshot_root``: where the verified copies go (default: a private temporary
-    folder made at the first resolve, deleted at exit)."""
+    asyncio. ``snapshot_root``: where the verified copies go (default: the tier's
+    ``.resolver-copies/``, emptied of an earlier run's at the first resolve, deleted at
+    exit)."""
 
     def __init__(self, config: ResolverConfig, snapshot_root: Path | None = None) -> None:
         self.config = config
@@ -186,7 +190,7 @@ class HostTierResolver:
         return record
 
     def _verified_copy(self, entry: int, lora_name: str, record: AdapterRecord) -> Path:
-        dest = self._snapshots() / f"{lora_name}.{uuid.uuid4().hex}"
+        dest = self._snapshots() / resolver_copy_name(lora_name, uuid.uuid4().hex)
         dest.mkdir(mode=0o700)
         try:
             self._copy(entry, dest)
@@ -244,8 +248,11 @@ class HostTierResolver:
     def _snapshots(self) -> Path:
         with self._lock:
             if self._snapshot_root is None:
-                self._snapshot_root = Path(tempfile.mkdtemp(prefix="loraplane-resolver-"))
-                atexit.register(shutil.rmtree, self._snapshot_root, True)
+                root = self.config.host_tier / RESOLVER_COPIES
+                shutil.rmtree(root, ignore_errors=True)  # an earlier vLLM's: unused now
+                root.mkdir(mode=0o700)
+                atexit.register(shutil.rmtree, root, True)
+                self._snapshot_root = root
             return self._snapshot_root
 
 

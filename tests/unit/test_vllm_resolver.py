@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tomllib
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from loraplane.schemas.adapter import AdapterRecord, Priority
 from loraplane.schemas.manifest import Manifest
 from loraplane.workers.artifact_fetch import FetchedArtifact
 from loraplane.workers.host_tier import HostTier
+from loraplane.workers.host_tier_entry import RESOLVER_COPIES
+from loraplane.workers.reconcile import ActualState, HostEntry, vouched
 from loraplane.workers.vllm_process import PLUGIN_DIST, VllmProcess
 from loraplane.workers.vllm_resolver import (
     ENTRY_POINT,
@@ -274,3 +277,29 @@ def test_the_vllm_it_starts_gets_only_this_resolver(
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["vllm.general_plugins"] == {PLUGIN_NAME: ENTRY_POINT}
 
+
+
+def test_the_agent_vouches_for_the_resolvers_copy_and_nothing_like_it(tmp_path: Path) -> None:
+    """By default the copies live in the tier's .resolver-copies/, where the agent's
+    reconcile accepts them as the entry's bytes; a look-alike anywhere else is a conflict."""
+    world = World(tmp_path)
+    resolver = HostTierResolver(world.config)  # the default place
+    record = world.install("a1", seed=1)
+    stale = world.root / RESOLVER_COPIES / f"{record.lora_name}.old"
+    stale.mkdir(parents=True)  # an earlier vLLM's copy: emptied at the first resolve
+    found = resolver.resolve(str(world.model), record.lora_name)
+    assert found is not None and not stale.exists()
+    assert found.path.parent == world.root / RESOLVER_COPIES
+    assert stat.S_IMODE(found.path.parent.stat().st_mode) == 0o700
+    entry = HostEntry(record.lora_name, str(world.adapter(record)), record.sha256)
+    actual = ActualState(gpu={}, host={record.lora_name: entry})
+    assert vouched(record.lora_name, str(found.path), actual)
+    assert vouched(record.lora_name, str(world.adapter(record)), actual)
+    copies = world.root / RESOLVER_COPIES
+    for root in (tmp_path / "elsewhere" / found.path.name,  # not the tier's copies folder
+                 copies / f"b2@1-0123abcd.{found.path.name.rsplit('.', 1)[1]}",  # another name
+                 copies / f"{record.lora_name}.x/../..", copies / record.lora_name):
+        assert not vouched(record.lora_name, str(root), actual), root
+    other = HostEntry(record.lora_name, str(world.adapter(record)), "f" * 64)  # another digest
+    assert not vouched(record.lora_name, str(found.path),
+                       ActualState(gpu={}, host={record.lora_name: other}))
