@@ -303,3 +303,28 @@ def test_the_agent_vouches_for_the_resolvers_copy_and_nothing_like_it(tmp_path: 
     other = HostEntry(record.lora_name, str(world.adapter(record)), "f" * 64)  # another digest
     assert not vouched(record.lora_name, str(found.path),
                        ActualState(gpu={}, host={record.lora_name: other}))
+
+
+def test_vllm_serve_turns_the_resolver_on_only_with_a_base_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+
+    started: list[VllmProcess] = []
+
+    def enter(self: VllmProcess) -> VllmProcess:
+        started.append(self)
+        raise KeyboardInterrupt  # stands in for vLLM's start: the CLI stops there
+
+    monkeypatch.setattr(VllmProcess, "__enter__", enter)
+    monkeypatch.chdir(tmp_path)
+    base = ["vllm", "serve", "--port", "24998", "--model", str(tmp_path / "model"),
+            "--api-key-file", str(tmp_path / "vllm.key"), "--resolver-host-tier", "tier"]
+    refused = CliRunner().invoke(app, base)
+    assert refused.exit_code == 2 and "--base-model" in refused.output and not started
+    CliRunner().invoke(app, [*base, "--base-model", TINY_BASE_MODEL])
+    (proc,) = started
+    assert proc.resolver is not None
+    assert (proc.resolver.host_tier, proc.resolver.base_model) == (
+        tmp_path.resolve() / "tier", TINY_BASE_MODEL)
