@@ -182,6 +182,19 @@ class ArtifactReason(StrEnum):
                         ArtifactReason.host_io_error, ArtifactReason.host_disk_full)
 
 
+class ResolverRefusal(StrEnum):
+    """Why the host-tier LoRA resolver in vLLM (``workers/vllm_resolver.py``) handed vLLM
+    no folder for a name a request asked for, in the order its checks run."""
+
+    unsafe_name = "unsafe_name"  # not a lora name: a path, `..`, an absolute path, odd bytes
+    served_model_mismatch = "served_model_mismatch"  # vLLM serves a model it was not set up for
+    not_in_host_tier = "not_in_host_tier"  # no entry of that name in the host tier
+    unverified = "unverified"  # an entry without a readable record of its own name, a link
+    other_base_model = "other_base_model"  # the record or its config names another base model
+    tampered = "tampered"  # the files fail verification against the entry's record
+    io_error = "io_error"  # the entry could not be read or copied
+
+
 class VllmErrorCode(StrEnum):
     """Why a call to vLLM failed: its answer's class, or the transport's trouble."""
 

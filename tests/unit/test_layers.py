@@ -45,6 +45,9 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
+    # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it,
+    # reconcile vouches for the resolver's copies
+    ("loraplane.workers.host_tier_entry", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     # what of a request body may reach vLLM, its caps, salts and tenant limits
     ("loraplane.workers.request_fields", DECISIONS),
@@ -64,9 +67,13 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.hbm", RUNTIMES),  # NVML (optional nvidia-ml-py): reads the device
     # the fleet router: its own process, sharing the gateway's edges (keys, registry trust)
     ("loraplane.workers.router", RUNTIMES),
+    # which host-tier folder vLLM may load on demand (reads and copies files; no vLLM import)
+    ("loraplane.workers.vllm_resolver", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
+    # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
+    ("loraplane.vllm_plugin", APPLICATIONS),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
 # Runtimes are separate processes; they share code only through lower layers.

@@ -37,6 +37,7 @@ from loraplane.schemas.reasons import (
     RegistryRejection,
     RegistryViewRejection,
     RequestRefusal,
+    ResolverRefusal,
     TenantLimit,
     UnloadReason,
     VllmErrorCode,
@@ -107,6 +108,11 @@ def test_worker_doc_lists_every_artifact_reason() -> None:
     assert sorted(codes(rows)) == values(ArtifactReason)
     transient = {c for c, row in zip(codes(rows), rows, strict=True) if "†" in row[0]}
     assert transient == {r.value for r in ArtifactReason if r.is_failure}
+
+
+def test_worker_doc_lists_every_resolver_refusal() -> None:
+    rows = tables("docs/worker.md")[("resolver refusal", "when")]
+    assert sorted(codes(rows)) == values(ResolverRefusal)
 
 
 def test_worker_doc_lists_every_registry_view_rejection() -> None:

@@ -1,0 +1,263 @@
+"""Which folder vLLM may load for a LoRA name it was asked for on demand: only a verified
+entry of this worker's host tier, for this vLLM's base model. Everything else is refused.
+
+vLLM resolves a request's unknown ``model`` through its LoRA resolver plugins when
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on (the agent needs it on to load adapters), so a
+resolver that trusts a folder, as vLLM's own filesystem resolver does, loads bytes the
+control plane never verified. This one re-decides at resolve time, from the bytes vLLM will
+read: the entry's files are copied (no link followed) into a folder of this process
+(``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified against the entry's
+record, the way the host tier verified them; vLLM gets the copy, so a folder swapped on disk
+after the check is never what it loads. The worker agent vouches for such a copy as for the
+entry itself (workers/reconcile.py: ``vouched``), so it keeps, counts and evicts it.
+
+The vLLM-facing class is ``loraplane/vllm_plugin.py``; this module never imports vLLM, so the
+worker's venv and the unit tests run it as is. Configured through the environment that
+``workers/vllm_process.py`` gives the vLLM it starts (``resolver_env``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import stat
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import LORA_NAME_RE
+from loraplane.schemas.reasons import ArtifactReason
+from loraplane.schemas.reasons import ResolverRefusal as Refused
+from loraplane.workers.host_tier_entry import (
+    ADAPTER_DIR,
+    MAX_RECORD_BYTES,
+    RECORD_FILE,
+    RESOLVER_COPIES,
+    entry_record,
+    resolver_copy_name,
+)
+
+from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits, verify_artifact
+
+log = logging.getLogger("loraplane.vllm_resolver")
+
+PLUGIN_NAME = "loraplane_host_tier"  # the entry point's name, what VLLM_PLUGINS allows
+ENTRY_POINT = "loraplane.vllm_plugin:register"
+ENV_HOST_TIER = "LORAPLANE_RESOLVER_HOST_TIER"
+ENV_BASE_MODEL = "LORAPLANE_RESOLVER_BASE_MODEL"  # the registry's base_model id
+ENV_SERVED_MODEL = "LORAPLANE_RESOLVER_SERVED_MODEL"  # vLLM's --model: its base_model_name
+ENV_MAX_LORA_RANK = "LORAPLANE_RESOLVER_MAX_LORA_RANK"
+ENV_ALIASES = "LORAPLANE_RESOLVER_BASE_MODEL_ALIASES"  # JSON object, settings' aliases
+_CHUNK = 1024 * 1024
+
+
+class ResolverConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResolverConfig:
+    """One vLLM's resolver: the host tier it may load from and the base model it serves.
+    ``served_model`` is vLLM's ``--model``; ``VllmProcess`` sets it to its ``model_dir``."""
+
+    host_tier: Path
+    base_model: str
+    served_model: str
+    max_lora_rank: int
+    base_model_aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        return {ENV_HOST_TIER: str(self.host_tier), ENV_BASE_MODEL: self.base_model,
+                ENV_SERVED_MODEL: self.served_model, ENV_MAX_LORA_RANK: str(self.max_lora_rank),
+                ENV_ALIASES: json.dumps(dict(self.base_model_aliases))}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ResolverConfig | None:
+        """None when the environment names no host tier (the plugin then registers
+        nothing); ResolverConfigError when it names one but the rest is unusable."""
+        root = env.get(ENV_HOST_TIER)
+        if not root:
+            return None
+        try:
+            aliases = json.loads(env.get(ENV_ALIASES) or "{}")
+            config = cls(Path(root), env[ENV_BASE_MODEL], env[ENV_SERVED_MODEL],
+                         int(env[ENV_MAX_LORA_RANK]), aliases)
+        except (KeyError, ValueError) as exc:
+            raise ResolverConfigError(f"resolver environment incomplete: {exc!r}") from None
+        if not (isinstance(aliases, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())):
+            raise ResolverConfigError(f"{ENV_ALIASES} is not a JSON object of strings")
+        if not config.host_tier.is_absolute() or not config.base_model:
+            raise ResolverConfigError(f"{ENV_HOST_TIER} must be absolute, "
+                                      f"{ENV_BASE_MODEL} not empty")
+        return config
+
+
+@dataclass(frozen=True)
+class Resolved:
+    lora_name: str
+    path: Path  # this process's verified copy: what vLLM loads
+    record: AdapterRecord
+
+
+class _Refusal(Exception):
+    def __init__(self, reason: Refused, detail: str = "") -> None:
+        super().__init__(reason, detail)
+        self.reason, self.detail = reason, detail
+
+
+def safe_name(lora_name: object) -> bool:
+    """A lora name as the host tier names its entries: one path component, never a path."""
+    return (isinstance(lora_name, str) and LORA_NAME_RE.fullmatch(lora_name) is not None
+            and ".." not in lora_name)
+
+
+class HostTierResolver:
+    """``resolve`` is thread-safe and blocking (file I/O): call it through a thread from
+    asyncio. ``snapshot_root``: where the verified copies go (default: the tier's
+    ``.resolver-copies/``, emptied of an earlier run's at the first resolve, deleted at
+    exit)."""
+
+    def __init__(self, config: ResolverConfig, snapshot_root: Path | None = None) -> None:
+        self.config = config
+        shape = None
+        model_config = Path(config.served_model) / "config.json"
+        if model_config.is_file():  # a local model folder: adapters are checked against it
+            shape = ModelShape.from_hf_config(json.loads(model_config.read_text()))
+        self.limits = WorkerLimits(base_model=config.base_model,
+                                   max_lora_rank=config.max_lora_rank, model=shape,
+                                   base_model_aliases=dict(config.base_model_aliases))
+        self._snapshot_root = snapshot_root
+        self._copies: dict[str, Path] = {}  # lora name -> its latest verified copy
+        self._lock = threading.Lock()
+
+    def resolve(self, base_model_name: str, lora_name: str) -> Resolved | None:
+        """The verified copy of ``lora_name``'s host-tier entry, or None (logged with its
+        ``ResolverRefusal``) for anything else."""
+        shown = repr(lora_name)[:160]
+        try:
+            found = self._resolve(base_model_name, lora_name)
+        except _Refusal as refusal:
+            log.warning("lora resolver refused %s: %s%s", shown, refusal.reason.value,
+                        f" ({refusal.detail})" if refusal.detail else "")
+            return None
+        log.info("lora resolver resolved %s to its verified copy %s", shown, found.path)
+        return found
+
+    def _resolve(self, base_model_name: str, lora_name: str) -> Resolved:
+        if not safe_name(lora_name):
+            raise _Refusal(Refused.unsafe_name)
+        if base_model_name != self.config.served_model:
+            raise _Refusal(Refused.served_model_mismatch,
+                           f"{base_model_name[:120]!r} != {self.config.served_model[:120]!r}")
+        try:
+            entry = os.open(self.config.host_tier / lora_name,
+                            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise _Refusal(Refused.not_in_host_tier) from None
+        except OSError as exc:  # a link (ELOOP), a file (ENOTDIR): not an entry the tier made
+            raise _Refusal(Refused.unverified, f"entry: {exc.strerror}") from None
+        try:
+            record = self._record(entry, lora_name)
+            if record.base_model != self.config.base_model:
+                raise _Refusal(Refused.other_base_model,
+                               f"record base {record.base_model[:120]!r}")
+            copy = self._verified_copy(entry, lora_name, record)
+        finally:
+            os.close(entry)
+        return Resolved(lora_name, copy, record)
+
+    def _record(self, entry: int, lora_name: str) -> AdapterRecord:
+        try:
+            fd = os.open(RECORD_FILE, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=entry)
+        except OSError as exc:
+            raise _Refusal(Refused.unverified, f"{RECORD_FILE}: {exc.strerror}") from None
+        try:
+            raw = os.read(fd, MAX_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
+        record = entry_record(raw, lora_name)
+        if isinstance(record, str):
+            raise _Refusal(Refused.unverified, record)
+        return record
+
+    def _verified_copy(self, entry: int, lora_name: str, record: AdapterRecord) -> Path:
+        dest = self._snapshots() / resolver_copy_name(lora_name, uuid.uuid4().hex)
+        dest.mkdir(mode=0o700)
+        try:
+            self._copy(entry, dest)
+            verdict = verify_artifact(DirectoryArtifact(dest), self.limits, record)
+        except _Refusal:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        except OSError as exc:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise _Refusal(Refused.io_error, f"{type(exc).__name__}: {exc.strerror}") from None
+        if not verdict.ok:
+            shutil.rmtree(dest, ignore_errors=True)
+            reasons = ",".join(r.value for r in verdict.reasons)
+            if ArtifactReason.base_model_mismatch in verdict.reasons:
+                raise _Refusal(Refused.other_base_model, reasons)
+            raise _Refusal(Refused.tampered, reasons)
+        with self._lock:  # vLLM asks again only after an unload: the older copy is unused
+            older, self._copies[lora_name] = self._copies.get(lora_name), dest
+        if older is not None:
+            shutil.rmtree(older, ignore_errors=True)
+        return dest
+
+    def _copy(self, entry: int, dest: Path) -> None:
+        """The adapter folder's regular top-level files, each opened without following a
+        link; anything else stays behind, so the copy's verification misses it (a link in
+        place of a pinned file is a ``file_missing``)."""
+        try:
+            folder = os.open(ADAPTER_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                             dir_fd=entry)
+        except OSError as exc:
+            raise _Refusal(Refused.unverified, f"{ADAPTER_DIR}/: {exc.strerror}") from None
+        try:
+            total = 0
+            names = sorted(os.listdir(folder))[:MAX_ENTRIES]
+            for name in names:
+                try:
+                    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+                                  dir_fd=folder)
+                except OSError:
+                    continue  # a link or a vanished file: not copied
+                try:
+                    st = os.fstat(src)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    total += st.st_size
+                    if total > self.limits.max_total_bytes:
+                        raise _Refusal(Refused.tampered, f"over {self.limits.max_total_bytes} "
+                                                         "bytes")
+                    _copy_fd(src, dest / name)
+                finally:
+                    os.close(src)
+        finally:
+            os.close(folder)
+
+    def _snapshots(self) -> Path:
+        with self._lock:
+            if self._snapshot_root is None:
+                root = self.config.host_tier / RESOLVER_COPIES
+                shutil.rmtree(root, ignore_errors=True)  # an earlier vLLM's: unused now
+                root.mkdir(mode=0o700)
+                atexit.register(shutil.rmtree, root, True)
+                self._snapshot_root = root
+            return self._snapshot_root
+
+
+def _copy_fd(src: int, path: Path) -> None:
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(out, "wb") as sink:
+        while chunk := os.read(src, _CHUNK):
+            sink.write(chunk)
