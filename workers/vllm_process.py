@@ -48,6 +48,9 @@ class VllmProcess:
     max_cpu_loras: int = 4
     max_lora_rank: int = 8
     max_model_len: int = 256
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float | None = None  # vLLM's default when None
+    start_timeout_s: float = 180.0  # a large model on a GPU host loads for minutes
     api_key: str | None = None  # VLLM_API_KEY: /v1/* needs it as a bearer token
     _proc: subprocess.Popen[bytes] | None = None
 
@@ -63,7 +66,9 @@ class VllmProcess:
                 "--enable-lora", "--max-loras", str(self.max_loras),
                 "--max-cpu-loras", str(self.max_cpu_loras),
                 "--max-lora-rank", str(self.max_lora_rank),
-                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16"]
+                "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
+                *(("--gpu-memory-utilization", str(self.gpu_memory_utilization))
+                  if self.gpu_memory_utilization is not None else ())]
 
     def start(self) -> None:
         if not self.python.is_file():
@@ -118,7 +123,7 @@ class VllmProcess:
     def __enter__(self) -> VllmProcess:
         self.start()
         try:
-            self.wait_healthy()
+            self.wait_healthy(self.start_timeout_s)
         except BaseException:
             self.stop()
             raise

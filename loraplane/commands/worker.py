@@ -96,9 +96,19 @@ def serve(
                                           help="model folder (default: the tiny model)"),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     max_loras: int = typer.Option(2, "--max-loras"),
+    max_model_len: int = typer.Option(256, "--max-model-len", min=16,
+                                      help="context length (the tiny model's default)"),
+    dtype: str = typer.Option("bfloat16", "--dtype"),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization", min=0.05, max=0.99,
+        help="vLLM's share of the device (keep it below policy.hbm_low_watermark); "
+             "default: vLLM's"),
     api_key_file: Path | None = typer.Option(
         None, "--api-key-file", help="the API key its worker sends (made, mode 0600, when "
                                      "missing; default: secrets_dir/vllm-PORT.key)"),
+    start_timeout_s: float = typer.Option(
+        180.0, "--start-timeout-s", min=1.0,
+        help="give up (and stop vLLM) unless it is healthy by then"),
 ) -> None:
     """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C. Every path
     under /v1 needs the API key; /health and /metrics stay open."""
@@ -118,7 +128,9 @@ def serve(
             build_model(model_dir)
     proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
                        python=vllm_python(ROOT), max_loras=max_loras,
-                       max_lora_rank=max_lora_rank, api_key=api_key)
+                       max_lora_rank=max_lora_rank, max_model_len=max_model_len, dtype=dtype,
+                       gpu_memory_utilization=gpu_memory_utilization, api_key=api_key,
+                       start_timeout_s=start_timeout_s)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with proc:
         typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")
