@@ -26,6 +26,12 @@ def run(
     base_model: str = typer.Option(..., "--base-model", help="registry base_model id"),
     vllm_url: str = typer.Option(..., "--vllm-url"),
     gateway_port: int = typer.Option(18080, "--gateway-port"),
+    gateway_url: str | None = typer.Option(
+        None, "--gateway-url",
+        help="the http://HOST:PORT this worker announces to the routers (its worker "
+             "state): a forwarder to the loopback gateway on a private, encrypted network "
+             "when routers run on other hosts (docs/deploy.md); default "
+             "http://127.0.0.1:GATEWAY_PORT (routers on this host)"),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="separate /metrics port (default: gateway)"),
     host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
@@ -65,13 +71,18 @@ def run(
                                              "writes it, or pass --vllm-api-key-file")
     except SecretError as exc:
         raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
+    if gateway_url is not None and (urlsplit(gateway_url).scheme != "http"
+                                    or not urlsplit(gateway_url).hostname):
+        # the router speaks plain HTTP/1.1 to a gateway (workers/upstream_http.py)
+        raise typer.BadParameter("an http://HOST:PORT URL", param_hint="--gateway-url")
     options = WorkerOptions(
         worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
         gateway_port=gateway_port, metrics_port=metrics_port,
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot)
+        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot,
+        gateway_url=gateway_url)
     asyncio.run(serve_worker(settings, options))
 
 

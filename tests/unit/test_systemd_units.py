@@ -5,6 +5,7 @@ units where it is installed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -102,3 +103,16 @@ def test_systemd_analyze_verifies_the_units(tmp_path: Path) -> None:
     done = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_example_config_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """extra="forbid": a misspelt key of the example would fail here, not on a host."""
+    from loraplane.kernel.config import Settings
+
+    for name in [n for n in os.environ if n.startswith("LORAPLANE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LORAPLANE_CONFIG", str(EXAMPLES / "loraplane.yaml"))
+    s = Settings()
+    assert str(s.home) == environment_file(EXAMPLES / "loraplane.env")["LORAPLANE_HOME"]
+    assert s.kafka.bootstrap.split(",")[0] == "kafka.internal:9092"
+    assert s.policy.gpu_slots_per_base_model == 64
