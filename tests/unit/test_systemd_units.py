@@ -116,3 +116,22 @@ def test_the_example_config_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -
     assert str(s.home) == environment_file(EXAMPLES / "loraplane.env")["LORAPLANE_HOME"]
     assert s.kafka.bootstrap.split(",")[0] == "kafka.internal:9092"
     assert s.policy.gpu_slots_per_base_model == 64
+
+
+def test_the_vllm_unit_s_options_reach_vllm_s_command_line() -> None:
+    """What the GPU unit sets (context length, memory share) is what vLLM is started with;
+    left out, vLLM keeps its own default."""
+    from loraplane.workers.vllm_process import VllmProcess
+
+    *_, vllm = command_of("loraplane-vllm@.service")
+    proc = VllmProcess(Path(str(vllm["model_dir"])), int(str(vllm["port"])), Path("log"),
+                       python=Path("py"), max_loras=int(str(vllm["max_loras"])),
+                       max_lora_rank=int(str(vllm["max_lora_rank"])),
+                       max_model_len=int(str(vllm["max_model_len"])),
+                       gpu_memory_utilization=float(str(vllm["gpu_memory_utilization"])))
+    line = " ".join(proc.command())
+    assert "--host 127.0.0.1 --port 18000" in line
+    assert "--max-loras 16" in line and "--max-lora-rank 64" in line
+    assert "--max-model-len 8192" in line and "--gpu-memory-utilization 0.78" in line
+    assert "--gpu-memory-utilization" not in " ".join(
+        VllmProcess(Path("m"), 1, Path("log"), python=Path("py")).command())
