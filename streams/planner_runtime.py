@@ -13,7 +13,9 @@ takeover plans at once:
 - ``planner-memory`` (what the previous active remembered), read when the lease is taken;
 - the schedule file, re-read when it changes.
 Nothing is planned before every tail has read its topic to the end once: an empty score
-view would demote everything, an empty memory would re-issue.
+view would demote everything, an empty memory would re-issue. ``preview`` plans one tick
+the same way (``plan_tick``) on one read of the same topics and writes nothing: ``loraplane
+plan show``.
 
 A tick (every ``policy.planner_interval_s``, or at once on a burst or a registry change)
 writes, in one transaction with the transactional id ``group_id`` (the lease's group):
