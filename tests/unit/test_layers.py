@@ -66,6 +66,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.router", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
+    # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
+    ("loraplane.infra.systemd_units", APPLICATIONS),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
