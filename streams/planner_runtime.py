@@ -13,7 +13,9 @@ takeover plans at once:
 - ``planner-memory`` (what the previous active remembered), read when the lease is taken;
 - the schedule file, re-read when it changes.
 Nothing is planned before every tail has read its topic to the end once: an empty score
-view would demote everything, an empty memory would re-issue.
+view would demote everything, an empty memory would re-issue. ``preview`` plans one tick
+the same way (``plan_tick``) on one read of the same topics and writes nothing: ``loraplane
+plan show``.
 
 A tick (every ``policy.planner_interval_s``, or at once on a burst or a registry change)
 writes, in one transaction with the transactional id ``group_id`` (the lease's group):
@@ -40,7 +42,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,20 +52,22 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot
 from loraplane.schemas.signing import KeyFileError, SigningKey
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
-from loraplane.streams.schedules import ScheduleFile, warmup_scores
+from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
 from loraplane.streams.scores import ScoreState, from_snapshot
 from loraplane.workers.routing import heard_lately
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from pydantic import BaseModel
 
 from loraplane.kernel import kafka
-from loraplane.kernel.bus import ProducerSink, Record
+from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
@@ -212,6 +216,113 @@ def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
         event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component=COMPONENT,
         action="load_gpu", decision="refused", reason=result.waiting[0].reason,
         detail=detail[:2048])
+
+
+def of_base(base_model: str | None, views: Iterable[AdapterView],
+            workers: Iterable[WorkerState]) -> tuple[list[AdapterView], list[WorkerState]]:
+    """The views with a version of ``base_model`` and its workers (everything for None)."""
+    if base_model is None:
+        return list(views), list(workers)
+    return ([v for v in views if any(r.base_model == base_model for r in v.versions)],
+            [w for w in workers if w.base_model == base_model])
+
+
+def plan_tick(planner: Planner, settings: Settings, base_model: str | None,
+              views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
+              workers: Iterable[WorkerState], memory: Mapping[str, WorkerMemory],
+              schedule: Schedule, now: float) -> Plan:
+    """One tick on what the tails hold: the one place that narrows the inputs to
+    ``base_model``, adds the scheduled warm-ups and keeps only the workers heard lately (the
+    router's rule), shared by the runtime and ``loraplane plan show`` so that the preview
+    plans exactly what the active planner would."""
+    chosen, states = of_base(base_model, views, workers)
+    scheduled = warmup_scores(schedule, ((v.adapter_id, v.tenant_id) for v in chosen), now)
+    heartbeat_s = settings.policy.worker_heartbeat_s
+    live = [w for w in states if heard_lately(w, now, heartbeat_s)]
+    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled)
+
+
+PREVIEW_TOPICS = ("registry", "scores", "worker-state", "planner-memory")
+
+
+class _Unsent:
+    """The preview's ``EventSink``: a refused registry view is counted (``Preview``), never
+    dead-lettered; ``plan show`` writes nothing anywhere."""
+
+    def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What ``loraplane plan show`` prints: one tick's plan and the inputs it saw."""
+
+    plan: Plan
+    adapters: int  # verified views planned (of the base model, when one is named)
+    score_keys: int
+    workers: int  # worker states of the base model
+    live_workers: int  # those heard lately: the only ones planned for
+    memory_workers: int
+    pending: int  # commands the active planner still waits on (planner-memory)
+    refused: list[ViewReason]  # registry views refused by the keyring, with their reason
+
+
+def preview(settings: Settings, base_model: str | None, *, timeout_s: float = 10.0,
+            now: float | None = None) -> Preview:
+    """One tick on one read of every input the runtime tails, written nowhere (no command,
+    memory, audit or dead letter): what the active planner would issue now and why. The
+    records go through the runtime's own readers (``ScoreView``, ``WorkerStates``,
+    ``memory_of``, ``VerifiedRegistry`` with the keyring) and ``plan_tick``. Every topic
+    is read to its end or ``TopicReadIncomplete`` is raised: a broker away never reads as an
+    empty fleet. The active planner's view checkpoints are not consulted (a rolled-back view
+    it would refuse is planned here)."""
+    topics = {topic_name(settings, t): t for t in PREVIEW_TOPICS}
+    latest: dict[tuple[str, bytes], Record] = {}
+    for record in read_topic(settings, list(topics), timeout_s=timeout_s, to_end=True,
+                             quiet=True):
+        latest[(record.topic, record.key or b"")] = record
+    by_topic: dict[str, list[Record]] = {t: [] for t in PREVIEW_TOPICS}
+    for (topic, _key), record in latest.items():
+        by_topic[topics[topic]].append(record)
+    scores = ScoreView()
+    for record in by_topic["scores"]:
+        scores.apply((record.key or b"").decode("utf-8", "replace"), record.value)
+    workers = WorkerStates()
+    for record in by_topic["worker-state"]:
+        workers.apply(record.key, record.value)
+    memory = memory_of(by_topic["planner-memory"])
+    refused: list[ViewReason] = []
+    registry = VerifiedRegistry(KeyringFile(settings.keyring_path),
+                                lambda: by_topic["registry"], sink=_Unsent(),
+                                component=f"{COMPONENT}-preview", on_refused=refused.append)
+    registry.refresh()  # no readable keyring: every view refused (counted), as the runtime
+    views, states = of_base(base_model, registry.accepted.values(), workers.copy())
+    at = time.time() if now is None else now
+    result = plan_tick(Planner(), settings, base_model, views, scores.copy(), states, memory,
+                       ScheduleFile(settings.schedules_path).current(), at)
+    heartbeat_s = settings.policy.worker_heartbeat_s
+    return Preview(result, len(views), len(scores.states), len(states),
+                   sum(heard_lately(w, at, heartbeat_s) for w in states), len(memory),
+                   sum(len(m.pending) for m in memory.values()), refused)
+
+
+def preview_json(p: Preview) -> dict[str, Any]:
+    """``plan show --json``: the inputs counted, each command with its rule, score and
+    detail, each waiting version with its reason."""
+    return {
+        "inputs": {"adapters": p.adapters, "score_keys": p.score_keys, "workers": p.workers,
+                   "live_workers": p.live_workers, "memory_workers": p.memory_workers,
+                   "pending_commands": p.pending,
+                   "refused_views": [r.value for r in p.refused]},
+        "commands": [{"worker_id": c.worker_id, "base_model": c.base_model,
+                      "action": c.action.value, "lora_name": c.lora_name,
+                      "adapter_id": c.adapter_id, "version": c.version,
+                      "tenant_id": c.tenant_id, "rule": c.reason.rule.value,
+                      "score": c.reason.score, "detail": c.reason.detail,
+                      "command_id": c.command_id} for c in p.plan.commands],
+        "waiting": [{"lora_name": w.lora_name, "score": w.score, "reason": w.reason.value}
+                    for w in p.plan.waiting],
+    }
 
 
 class LeaseMetrics(Collector):
@@ -432,21 +543,11 @@ class PlannerRuntime:
         log.info("planner resent %d pending commands under their own ids", len(pending))
 
     def plan_now(self, planner: Planner) -> Plan:
-        now = time.time()
         if self.registry_tail.version:
             self.registry.records()  # refresh; a failed read keeps the last verified views
-        views: list[AdapterView] = list(self.registry.accepted.values())
-        workers = self.workers.copy()
-        if self.base_model is not None:
-            base = self.base_model
-            views = [v for v in views if any(r.base_model == base for r in v.versions)]
-            workers = [w for w in workers if w.base_model == base]
-        scheduled = warmup_scores(self.schedule.current(),
-                                  ((v.adapter_id, v.tenant_id) for v in views), now)
-        heartbeat_s = self.settings.policy.worker_heartbeat_s
-        live = [w for w in workers if heard_lately(w, now, heartbeat_s)]  # the router's rule
-        return planner.tick(views, self.scores.copy(), live, self.settings.policy, now,
-                            self.memory, scheduled)
+        return plan_tick(planner, self.settings, self.base_model,
+                         self.registry.accepted.values(), self.scores.copy(),
+                         self.workers.copy(), self.memory, self.schedule.current(), time.time())
 
     def _commit(self, txn: Any, meta: Any, key: SigningKey, epoch: int, result: Plan,
                 waiting: list[str]) -> list[str]:

@@ -57,6 +57,7 @@ class WorkerOptions:
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
     vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
     command_slot: int | None = None  # the commands partition to read (None: the id's hash)
+    gateway_url: str | None = None  # announced to the routers (None: the loopback gateway)
 
 
 def build_host_tier(settings: Settings, options: WorkerOptions,
@@ -138,7 +139,8 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
                      max_lora_rank=options.max_lora_rank, gpu_slots=options.gpu_slots,
                      cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
-                     gateway_url=f"http://{LOOPBACK}:{options.gateway_port}",
+                     gateway_url=options.gateway_url
+                     or f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
                      policy=settings.policy),

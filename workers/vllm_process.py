@@ -61,6 +61,9 @@ class VllmProcess:
     max_cpu_loras: int = 4
     max_lora_rank: int = 8
     max_model_len: int = 256
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float | None = None  # vLLM's default when None
+    start_timeout_s: float = 180.0  # a large model on a GPU host loads for minutes
     api_key: str | None = None  # VLLM_API_KEY: /v1/* needs it as a bearer token
     resolver: ResolverConfig | None = None  # on-demand loads from the host tier only
     _proc: subprocess.Popen[bytes] | None = None
@@ -77,7 +80,9 @@ class VllmProcess:
                 "--enable-lora", "--max-loras", str(self.max_loras),
                 "--max-cpu-loras", str(self.max_cpu_loras),
                 "--max-lora-rank", str(self.max_lora_rank),
-                "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16"]
+                "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
+                *(("--gpu-memory-utilization", str(self.gpu_memory_utilization))
+                  if self.gpu_memory_utilization is not None else ())]
 
     def environment(self) -> dict[str, str]:
         """vLLM's environment: this process's, with runtime LoRA updates on, its API key and
@@ -166,7 +171,7 @@ class VllmProcess:
     def __enter__(self) -> VllmProcess:
         self.start()
         try:
-            self.wait_healthy()
+            self.wait_healthy(self.start_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -26,6 +26,12 @@ def run(
     base_model: str = typer.Option(..., "--base-model", help="registry base_model id"),
     vllm_url: str = typer.Option(..., "--vllm-url"),
     gateway_port: int = typer.Option(18080, "--gateway-port"),
+    gateway_url: str | None = typer.Option(
+        None, "--gateway-url",
+        help="the http://HOST:PORT this worker announces to the routers (its worker "
+             "state): a forwarder to the loopback gateway on a private, encrypted network "
+             "when routers run on other hosts (docs/deploy.md); default "
+             "http://127.0.0.1:GATEWAY_PORT (routers on this host)"),
     metrics_port: int | None = typer.Option(None, "--metrics-port",
                                             help="separate /metrics port (default: gateway)"),
     host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
@@ -65,13 +71,18 @@ def run(
                                              "writes it, or pass --vllm-api-key-file")
     except SecretError as exc:
         raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
+    if gateway_url is not None and (urlsplit(gateway_url).scheme != "http"
+                                    or not urlsplit(gateway_url).hostname):
+        # the router speaks plain HTTP/1.1 to a gateway (workers/upstream_http.py)
+        raise typer.BadParameter("an http://HOST:PORT URL", param_hint="--gateway-url")
     options = WorkerOptions(
         worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
         gateway_port=gateway_port, metrics_port=metrics_port,
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot)
+        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot,
+        gateway_url=gateway_url)
     asyncio.run(serve_worker(settings, options))
 
 
@@ -96,6 +107,13 @@ def serve(
                                           help="model folder (default: the tiny model)"),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     max_loras: int = typer.Option(2, "--max-loras"),
+    max_model_len: int = typer.Option(256, "--max-model-len", min=16,
+                                      help="context length (the tiny model's default)"),
+    dtype: str = typer.Option("bfloat16", "--dtype"),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization", min=0.05, max=0.99,
+        help="vLLM's share of the device (keep it below policy.hbm_low_watermark); "
+             "default: vLLM's"),
     api_key_file: Path | None = typer.Option(
         None, "--api-key-file", help="the API key its worker sends (made, mode 0600, when "
                                      "missing; default: secrets_dir/vllm-PORT.key)"),
@@ -105,6 +123,9 @@ def serve(
              "(the worker's --host-tier-dir; docs/worker.md, the host-tier resolver)"),
     base_model: str | None = typer.Option(
         None, "--base-model", help="the registry base_model id of --model (for the resolver)"),
+    start_timeout_s: float = typer.Option(
+        180.0, "--start-timeout-s", min=1.0,
+        help="give up (and stop vLLM) unless it is healthy by then"),
 ) -> None:
     """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C. Every path
     under /v1 needs the API key; /health and /metrics stay open."""
@@ -131,7 +152,9 @@ def serve(
             build_model(model_dir)
     proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
                        python=vllm_python(ROOT), max_loras=max_loras,
-                       max_lora_rank=max_lora_rank, api_key=api_key, resolver=resolver)
+                       max_lora_rank=max_lora_rank, max_model_len=max_model_len, dtype=dtype,
+                       gpu_memory_utilization=gpu_memory_utilization, api_key=api_key,
+                       start_timeout_s=start_timeout_s, resolver=resolver)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with proc:
         typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")

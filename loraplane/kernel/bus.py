@@ -79,7 +79,7 @@ class TopicReadIncomplete(RuntimeError):
 
 def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: float = 10.0,
                idle_s: float = 1.5, group: str | None = None,
-               to_end: bool = False) -> Iterator[Record]:
+               to_end: bool = False, quiet: bool = False) -> Iterator[Record]:
     """Read a topic (or several at once, one consumer) from the beginning until every
     assigned partition has reached its end and nothing came for ``idle_s`` (or timeout).
 
@@ -89,12 +89,13 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
     ``to_end`` the read ends as soon as every partition has reached its end, and raises
     ``TopicReadIncomplete`` when that did not happen in ``timeout_s``: a caller that
     replaces state with what it read (the worker's registry) can tell a broker that is
-    away from a topic that is empty.
+    away from a topic that is empty. ``quiet``: librdkafka does not log every reconnect
+    attempt (a CLI that reports the failure itself).
     """
     from confluent_kafka import KafkaException
 
     consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}",
-                              read_to_end=True)
+                              read_to_end=True, quiet=quiet)
     at_end: set[tuple[str, int]] = set()
     try:
         names = [topic] if isinstance(topic, str) else list(topic)

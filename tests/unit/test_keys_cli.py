@@ -90,3 +90,56 @@ def test_an_unknown_key_is_a_clear_error_and_the_keyring_is_untouched(ring: Path
                             "--no-audit"])
     assert done.exit_code == 1 and "nobody is not in" in done.stderr
     assert ring.read_bytes() == before
+
+
+def test_a_cli_revoke_reaches_running_consumers_without_a_restart(ring: Path,
+                                                                   tmp_path: Path) -> None:
+    """The objects a worker, the router and the planner keep for their whole life (one
+    ``VerifiedRegistry``, one ``KeyringFile``) see ``keys revoke`` at their next read: the
+    views a revoked publisher key signed are withdrawn, commands of a revoked planner key
+    are refused."""
+    from datetime import UTC, datetime
+
+    from loraplane.schemas.adapter import AdapterStatus
+    from loraplane.schemas.codec import encode
+    from loraplane.schemas.reasons import CommandRejection
+    from loraplane.workers.command_trust import check_command
+
+    from loraplane.kernel.bus import Record
+    from loraplane.registry_trust import VerifiedRegistry
+    from tests.lifecycle_kit import signed_view
+    from tests.unit.test_command_trust import command
+
+    key = {}
+    for old, new in [("ops-ops", "ops-2027"), ("planner-planner", "planner-2027")]:
+        out = tmp_path / f"{new}.key"
+        done = RUN.invoke(app, ["keys", "rotate", "--keyring", str(ring), "--key-id", old,
+                                "--new-key-id", new, "--out", str(out), "--no-audit"])
+        assert done.exit_code == 0, done.output
+        key[new] = SigningKey.load(out)
+    now = datetime.now(UTC)  # the new keys are valid from their rotation on
+    rec = record("a1", "1").model_copy(update={"status": AdapterStatus.active})
+    view = signed_view(key["ops-2027"], [rec], now, load_keyring(ring))
+    topic = [Record("p.registry", 0, 0, b"a1", encode(view), {}, 0)]
+    keyring = KeyringFile(ring)
+    registry = VerifiedRegistry(keyring, lambda: topic, sink=_Unsent(), component="worker")
+    signed = key["planner-2027"].sign_command(command(issued=now))
+
+    def refusal() -> str | None:
+        found = check_command(signed, keyring.current(), worker_id=signed.worker_id,
+                              kafka_key=signed.worker_id.encode(), now=now,
+                              max_lifetime_s=600)
+        return None if found is None else str(found.reason)
+
+    assert registry.records() == view.versions and refusal() is None
+    for key_id in ("ops-2027", "planner-2027"):
+        done = RUN.invoke(app, ["keys", "revoke", "--keyring", str(ring), "--key-id", key_id,
+                                "--no-audit"])
+        assert done.exit_code == 0, done.output
+    assert registry.records() == []
+    assert refusal() == CommandRejection.key_revoked
+
+
+class _Unsent:
+    def emit(self, topic_suffix: str, key: str, message: object) -> None:
+        pass

@@ -71,6 +71,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.vllm_resolver", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
+    # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
+    ("loraplane.infra.systemd_units", APPLICATIONS),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
     ("loraplane.vllm_plugin", APPLICATIONS),
