@@ -67,6 +67,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
+    # request-log rows and worker states -> the simulator's workload and fleet (pure)
+    ("loraplane.simulator.replay", APPLICATIONS),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
 # Runtimes are separate processes; they share code only through lower layers.
