@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
             _usage("--trace and --from-clickhouse are two workloads: give one")
         if not from_clickhouse and (what_if != WhatIf()):
             _usage("--workers, --add-workers and --slots go with --from-clickhouse")
+        if workers is not None and add_workers:
+            _usage("--workers sets the count, --add-workers adds to the one seen: give one")
         if not from_clickhouse and scenario is None:
             _usage("give --scenario FILE or --from-clickhouse")
         replayed: Replay | None = None
@@ -163,17 +165,24 @@ def _read_rows(settings: Settings, params: Params, since: str) -> list[RequestRo
 def _fleet_facts(settings: Settings) -> tuple[list[WorkerState], list[AdapterView]]:
     """Worker states (the compacted worker-state topic: ClickHouse has no table of them) and
     registry views; a broker that is away leaves both empty, which the replay notes."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from confluent_kafka import KafkaException
 
+    from loraplane.kernel import kafka
+    from loraplane.kernel.bus import TopicReadIncomplete
     from loraplane.kernel.registry_view import load_registry
     from loraplane.kernel.worker_states import latest_fleet_states
 
-    try:
-        fleet = latest_fleet_states(settings, timeout_s=5.0)
-        views = load_registry(settings, timeout_s=5.0)
-    except KafkaException as exc:
-        typer.echo(f"simulate: Kafka unreadable ({exc}); fleet from the request rows only",
-                   err=True)
+    kafka.act_as(kafka.Principal.reader)  # reads two topics, writes nothing
+    try:  # side by side: each read is mostly waiting for its consumer's assignment
+        with ThreadPoolExecutor(2) as pool:
+            states = pool.submit(latest_fleet_states, settings, 5.0)
+            registry = pool.submit(load_registry, settings, 5.0, True)
+            fleet, views = states.result(), registry.result()
+    except (KafkaException, TopicReadIncomplete) as exc:
+        typer.echo(f"simulate: Kafka unreadable ({exc}); fleet from the request rows only, "
+                   "adapters unknown", err=True)
         return [], []
     if not fleet.complete:
         typer.echo("simulate: the worker-state read was cut short; fleet partly from the "

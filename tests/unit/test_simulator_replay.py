@@ -72,13 +72,12 @@ def test_any_rows_replay_as_the_same_requests_sorted_whatever_their_order(
                 a.adapter_id, a.base_model, False)
 
 
-def _rows(n: int, **fixed: object) -> list[RequestRow]:
-    fields: dict[str, object] = {
-        "base_model": "llama", "adapter_version": "1.0.0", "tenant_id": "acme",
-        "worker_id": "w0", "request_class": "interactive", "prompt_tokens": 10,
-        "output_tokens": 20}
-    fields.update(fixed)
-    return [RequestRow(ts=T0 + i, adapter_id=f"a{i % 3}", **fields) for i in range(n)]  # type: ignore[arg-type]
+def _rows(n: int, base_model: str = "llama", adapter_version: str = "1.0.0",
+          tenant_id: str = "acme", worker_id: str = "w0", request_class: str = "interactive",
+          ) -> list[RequestRow]:
+    """``n`` rows a second apart over adapters a0, a1, a2 in turn."""
+    return [RequestRow(T0 + i, base_model, f"a{i % 3}", adapter_version, tenant_id, worker_id,
+                       request_class, 10, 20) for i in range(n)]
 
 
 def test_a_replay_runs_every_kind_of_policy_and_is_deterministic_per_seed() -> None:
@@ -162,7 +161,8 @@ def test_a_clickhouse_row_converts_with_or_without_a_time_zone() -> None:
 
 @pytest.mark.parametrize(("args", "code", "said"), [
     (["--since", "1x"], 2, "invalid duration '1x'"),
-    (["--since", "1h", "--trace", __file__], 2, "give one"),
+    (["--since", "1h", "--trace", __file__], 2, "two workloads: give one"),
+    (["--workers", "3", "--add-workers", "1"], 2, "--workers sets the count"),
 ])
 def test_cli_usage_errors(args: list[str], code: int, said: str) -> None:
     result = CliRunner().invoke(app, ["simulate", "--from-clickhouse", *args])
