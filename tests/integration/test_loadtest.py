@@ -85,7 +85,8 @@ class Replayed:
     request_rows: int  # in the run's request_log
     answers: list[tuple[int, str]]  # exit status and output: as seen, what if, empty window
     reports: list[dict[str, Any]]  # the JSON of the first two ({} when none was written)
-    wall_s: float  # from the replayed run's end to the last replay's answer
+    ran_beside_s: float  # from the replayed run's end to the end of the last run
+    added_s: float  # what the replays added after that (they ran beside the others)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def finish_replays(settings: Settings, replaying: Replaying) -> Replayed:
     from loraplane.cli import app
     from loraplane.kernel.config import get_settings
 
+    finishing = time.monotonic()
     client = connect(settings, database=replaying.database)
     try:
         rows = client.execute("SELECT count() FROM request_log FINAL")[0][0]
@@ -158,7 +160,8 @@ def finish_replays(settings: Settings, replaying: Replaying) -> Replayed:
     finally:
         get_settings.cache_clear()
     answers.append((empty.exit_code, empty.output))
-    return Replayed(int(rows), answers, reports, round(time.monotonic() - replaying.started, 1))
+    return Replayed(int(rows), answers, reports, round(finishing - replaying.started, 1),
+                    round(time.monotonic() - finishing, 1))
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +255,8 @@ def test_the_runs_own_traffic_replays_in_the_simulator(loadtests: dict[str, Ran]
             assert sum(summary["routes"].values()) == replayed.request_rows
     code, said = replayed.answers[2]
     assert code == 1 and "no request rows in the last 1s" in said, said
-    print(f"replays answered {replayed.wall_s} s after their run ended", seen["replay"],
-          more["replay"], sep="\n")
+    print(f"replays: {replayed.ran_beside_s} s beside the other runs, {replayed.added_s} s "
+          "after them", seen["replay"], more["replay"], sep="\n")
 
 
 def test_unknown_scenario_is_a_usage_error() -> None:
