@@ -5,7 +5,9 @@ invariants are asserted, never a timing.
 Bringing a live system up costs more than a shortened scenario, so the suite runs them as
 three ``loraplane loadtest`` commands side by side (RUNS); the scenarios of one command
 share one system, each with its own adapters and measurement window (see
-loraplane.demo.loadtest.run_scenarios). Each command has its own topics and database."""
+loraplane.demo.loadtest.run_scenarios). Each command has its own topics and database; the
+rows one command leaves are replayed by ``loraplane simulate --from-clickhouse`` beside the
+others, before its database is dropped."""
 
 from __future__ import annotations
 
