@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"wrote {path}")
 
 
-def _usage(message: str) -> None:
+def _usage(message: str) -> NoReturn:
     typer.echo(f"simulate: {message}", err=True)
     raise typer.Exit(2)
 

@@ -169,9 +169,11 @@ def build(rows: Iterable[RequestRow], workers: Sequence[WorkerFacts],
                         [max(1, r.output_tokens) for r in ordered],
                         [r.request_class == "batch" for r in ordered])
     n_tenants = len({r.tenant_id for r in ordered})
-    # The report's workload says what was replayed (no bursts, peaks or canaries to draw).
+    # The report's workload says what was replayed (no bursts, peaks or canaries to draw);
+    # the base's per-policy deployments and seed rows describe another fleet than this one.
     scenario = base.model_copy(update={"fleet": fleet, "workload": Workload(
-        requests=len(ordered), adapters=max(1, catalog.regular), tenants=n_tenants)})
+        requests=len(ordered), adapters=max(1, catalog.regular), tenants=n_tenants),
+        "overrides": {}, "seed_reference": {}})
     unknown = sum(1 for k in demand if k not in facts)
     if unknown:
         notes.append(f"{unknown} of {len(demand)} adapter versions not in the registry or a "

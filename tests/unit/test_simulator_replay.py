@@ -113,6 +113,8 @@ def test_the_fleet_comes_from_the_worker_states_and_the_what_if_from_the_operato
     more = build(rows, states, {}, BASE, WhatIf(add_workers=2, gpu_slots=32))
     assert [(b.workers, b.gpu_slots_per_worker) for b in more.scenario.fleet.base_models] == [
         (4, 32), (3, 32)]
+    seeded = BASE.model_copy(update={"overrides": {"lru": {"gpu_slots_per_worker": 2}}})
+    assert build(rows, states, {}, seeded).scenario.overrides == {}  # the real fleet's slots
     exact = build(rows, states, {}, BASE, WhatIf(workers=5))
     assert [b.workers for b in exact.scenario.fleet.base_models] == [5, 5]
 
