@@ -1,22 +1,50 @@
-"""``loraplane simulate``: replay a scenario against every cache policy and compare."""
+"""``loraplane simulate``: replay a scenario (or the fleet's own traffic from ClickHouse)
+against every cache policy and compare."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from loraplane.kernel.config import Settings
+    from loraplane.metrics.queries import Params
+    from loraplane.schemas.registry import AdapterView
+    from loraplane.schemas.worker_state import WorkerState
+    from loraplane.simulator.replay import Replay, RequestRow, WhatIf
+    from loraplane.simulator.scenario import Scenario
+
+PROGRESS_ROWS = 100_000  # a progress line on stderr every this many rows read
 
 
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
-        scenario: Path = typer.Option(..., "--scenario", exists=True, dir_okay=False,
-                                      help="scenario YAML (bench/scenarios/*.yaml)"),
+        scenario: Path | None = typer.Option(
+            None, "--scenario", exists=True, dir_okay=False,
+            help="scenario YAML (bench/scenarios/*.yaml); with --from-clickhouse it supplies "
+                 "costs, policy and sweep only"),
         trace: Path | None = typer.Option(None, "--trace", exists=True, dir_okay=False,
                                           help="Azure LLM trace CSV; replaces the workload's"
                                                " arrivals"),
+        from_clickhouse: bool = typer.Option(
+            False, "--from-clickhouse",
+            help="replay the request_log rows of --since (and the fleet's worker states)"),
+        since: str = typer.Option("24h", "--since", help="--from-clickhouse window: 15m, 1h, "
+                                                          "24h, 7d ..."),
+        workers: int | None = typer.Option(None, "--workers", min=1,
+                                           help="--from-clickhouse: workers per base model"),
+        add_workers: int = typer.Option(0, "--add-workers", min=0,
+                                        help="--from-clickhouse: this many more per base model"),
+        slots: int | None = typer.Option(None, "--slots", min=1,
+                                         help="--from-clickhouse: GPU LoRA slots per worker"),
         policies: str | None = typer.Option(None, "--policies",
                                             help="comma-separated names, or 'all'"),
+        policy: list[str] = typer.Option([], "--policy",
+                                         help="one policy name; repeat for more"),
         json_out: Path | None = typer.Option(None, "--json", help="write the result here"),
         plot_dir: Path | None = typer.Option(None, "--plot",
                                              help="write hit-rate/cost vs GPU slots PNGs here"),
@@ -27,22 +55,44 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.simulator import benchmark, report
         from loraplane.simulator import policies as registry
-        from loraplane.simulator.scenario import load_scenario
+        from loraplane.simulator.replay import WhatIf
+        from loraplane.simulator.scenario import Scenario, load_scenario
         from loraplane.simulator.trace import TraceError
 
+        what_if = WhatIf(workers, add_workers, slots)
+        if from_clickhouse and trace is not None:
+            _usage("--trace and --from-clickhouse are two workloads: give one")
+        if not from_clickhouse and (what_if != WhatIf()):
+            _usage("--workers, --add-workers and --slots go with --from-clickhouse")
+        if workers is not None and add_workers:
+            _usage("--workers sets the count, --add-workers adds to the one seen: give one")
+        if not from_clickhouse and scenario is None:
+            _usage("give --scenario FILE or --from-clickhouse")
+        replayed: Replay | None = None
         try:
-            sc = load_scenario(scenario)
+            sc = load_scenario(scenario) if scenario else Scenario(name=f"replay-{since}")
             if trace is not None:
                 sc = sc.model_copy(update={"workload": sc.workload.model_copy(
                     update={"source": "trace", "trace": str(trace.resolve())})})
             if seed is not None:
                 sc = sc.model_copy(update={"seed": seed})
-            names = registry.resolve(policies.split(",") if policies else sc.policies)
-            bench = benchmark.prepare(sc)
+            chosen = [*(policies.split(",") if policies else []), *policy]
+            names = registry.resolve(chosen or sc.policies)
+            if from_clickhouse:
+                replayed = _replay(sc, since, what_if)
+                bench = benchmark.Workbench(replayed.scenario, replayed.catalog,
+                                            replayed.requests)
+            else:
+                bench = benchmark.prepare(sc)
         except (ValidationError, ValueError, TraceError, OSError) as exc:
             typer.echo(f"simulate: {exc}", err=True)
             raise typer.Exit(2) from exc
+        sc = bench.scenario
         result = benchmark.run(bench, names)
+        if replayed is not None:
+            result["replay"] = {**replayed.summary, "notes": list(replayed.notes)}
+            for note in replayed.notes:
+                typer.echo(f"note: {note}", err=True)
         typer.echo(f"{sc.name}: {result['requests']} requests, seed {sc.seed}")
         typer.echo(report.table(result))
         seed_rows = report.seed_table(result)
@@ -55,3 +105,86 @@ def register(app: typer.Typer) -> None:
         if plot_dir is not None:
             for path in report.plot(benchmark.sweep(bench, names), sc.name, plot_dir):
                 typer.echo(f"wrote {path}")
+
+
+def _usage(message: str) -> NoReturn:
+    typer.echo(f"simulate: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _replay(base: Scenario, since: str, what_if: WhatIf) -> Replay:
+    """The window's rows from ClickHouse (read-only login), the fleet's worker states and the
+    registry from Kafka; exits 1 when ClickHouse cannot be read or the window is empty."""
+    from loraplane.kernel.config import get_settings
+    from loraplane.metrics import queries
+    from loraplane.simulator import replay
+
+    params = queries.window(since)  # ValueError on a bad --since: a usage error
+    settings = get_settings()
+    rows = _read_rows(settings, params, since)
+    states, views = _fleet_facts(settings)
+    return replay.build(rows, replay.worker_facts(states), replay.adapter_facts(views, states),
+                        base, what_if)
+
+
+def _read_rows(settings: Settings, params: Params, since: str) -> list[RequestRow]:
+    from clickhouse_driver import errors as ch_errors
+
+    from loraplane.metrics import queries
+    from loraplane.metrics.clickhouse import connect
+    from loraplane.simulator.replay import row_of
+
+    # The driver logs each refused connection with a traceback; the error below says it once.
+    logging.getLogger("clickhouse_driver").setLevel(logging.CRITICAL)
+    c = settings.clickhouse
+    where = f"ClickHouse at {c.host}:{c.tcp_port}, database {c.database}"
+    rows: list[RequestRow] = []
+    try:
+        client = connect(settings, reader=True, timeout_s=60.0)
+        try:
+            total = queries.count_arrivals(client, params)
+            if total == 0:
+                typer.echo(f"simulate: no request rows in the last {since} ({where}): "
+                           "nothing to replay", err=True)
+                raise typer.Exit(1)
+            typer.echo(f"reading {total} request rows of the last {since} from {where}",
+                       err=True)
+            for values in queries.request_arrivals(client, params):
+                rows.append(row_of(values))
+                if len(rows) % PROGRESS_ROWS == 0:
+                    typer.echo(f"  {len(rows)}/{total} rows", err=True)
+        finally:
+            client.disconnect()
+    except (ch_errors.Error, OSError, EOFError) as exc:
+        first = " ".join(str(exc).split("Stack trace:")[0].split())  # the server's own lines
+        typer.echo(f"simulate: cannot read {where}: {first}", err=True)
+        raise typer.Exit(1) from exc
+    return rows
+
+
+def _fleet_facts(settings: Settings) -> tuple[list[WorkerState], list[AdapterView]]:
+    """Worker states (the compacted worker-state topic: ClickHouse has no table of them) and
+    registry views; a broker that is away leaves both empty, which the replay notes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from confluent_kafka import KafkaException
+
+    from loraplane.kernel import kafka
+    from loraplane.kernel.bus import TopicReadIncomplete
+    from loraplane.kernel.registry_view import load_registry
+    from loraplane.kernel.worker_states import latest_fleet_states
+
+    kafka.act_as(kafka.Principal.reader)  # reads two topics, writes nothing
+    try:  # side by side: each read is mostly waiting for its consumer's assignment
+        with ThreadPoolExecutor(2) as pool:
+            states = pool.submit(latest_fleet_states, settings, 5.0)
+            registry = pool.submit(load_registry, settings, 5.0, True)
+            fleet, views = states.result(), registry.result()
+    except (KafkaException, TopicReadIncomplete) as exc:
+        typer.echo(f"simulate: Kafka unreadable ({exc}); fleet from the request rows only, "
+                   "adapters unknown", err=True)
+        return [], []
+    if not fleet.complete:
+        typer.echo("simulate: the worker-state read was cut short; fleet partly from the "
+                   "request rows", err=True)
+    return list(fleet.workers.values()), list(views.values())

@@ -20,10 +20,14 @@ from loraplane.schemas.registry import AdapterView
 log = logging.getLogger(__name__)
 
 
-def load_registry(settings: Settings, timeout_s: float = 10.0) -> dict[str, AdapterView]:
-    """adapter_id -> its current view. Undecodable records are logged and skipped."""
+def load_registry(settings: Settings, timeout_s: float = 10.0,
+                  to_end: bool = False) -> dict[str, AdapterView]:
+    """adapter_id -> its current view. Undecodable records are logged and skipped.
+    ``to_end``: stop at the end of every partition instead of after an idle wait (faster;
+    ``TopicReadIncomplete`` if that takes longer than ``timeout_s``)."""
     views: dict[str, AdapterView] = {}
-    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s):
+    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
+                             to_end=to_end):
         key = (record.key or b"").decode("utf-8", "replace")
         if record.value is None:
             views.pop(key, None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from importlib.resources import files
@@ -155,3 +156,29 @@ def grafana_sql(name: str) -> str:
     if "%(" in sql:
         raise ValueError(f"{name}: parameter without a Grafana equivalent: {sql}")
     return sql
+
+
+# The replay's read (``loraplane simulate --from-clickhouse``): every request row of a window,
+# in arrival order, streamed. Plain SQL that Debian's 18.16 and current ClickHouse both run;
+# FINAL so that an event the sink delivered twice replays once.
+_ARRIVALS_WHERE = ("FROM request_log FINAL WHERE ts >= toDateTime(%(since)s) "
+                   "AND ts < toDateTime(%(until)s)")
+ARRIVALS_SQL = ("SELECT ts, base_model, adapter_id, adapter_version, tenant_id, worker_id, "
+                "request_class, prompt_tokens, output_tokens " + _ARRIVALS_WHERE
+                + " ORDER BY ts, event_id")
+ARRIVALS_COUNT_SQL = "SELECT count() " + _ARRIVALS_WHERE
+ARRIVAL_COLUMNS = ("ts", "base_model", "adapter_id", "adapter_version", "tenant_id",
+                   "worker_id", "request_class", "prompt_tokens", "output_tokens")
+
+
+def count_arrivals(client: Client, params: Params) -> int:
+    """How many request rows the window holds (the replay's progress total)."""
+    rows = client.execute(ARRIVALS_COUNT_SQL, params.bound())
+    return int(rows[0][0])
+
+
+def request_arrivals(client: Client, params: Params) -> Iterator[tuple[Any, ...]]:
+    """The window's request rows (``ARRIVAL_COLUMNS``; ``ts`` a datetime, UTC), oldest first,
+    streamed in blocks so a day of traffic is never one result in memory."""
+    yield from client.execute_iter(ARRIVALS_SQL, params.bound(),
+                                   settings={"max_block_size": 65_536})

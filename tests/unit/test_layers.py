@@ -76,6 +76,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
     ("loraplane.vllm_plugin", APPLICATIONS),
+    # request-log rows and worker states -> the simulator's workload and fleet (pure)
+    ("loraplane.simulator.replay", APPLICATIONS),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
 # Runtimes are separate processes; they share code only through lower layers.
