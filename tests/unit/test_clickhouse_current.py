@@ -108,3 +108,15 @@ def test_filters_bind_through_the_driver_escaping(client: ChdbClient) -> None:
     hostile = pack_cases.window(tenant_id="t0' OR '1'='1")
     assert queries.run(client, "adapter_summary", hostile) == []
 
+
+
+def test_the_replays_read_on_current_clickhouse(client: ChdbClient) -> None:
+    """``simulate --from-clickhouse`` reads its window with the same SQL on current ClickHouse
+    as on 18.16 (tests/integration/test_loadtest.py): each request once (FINAL drops the
+    sink's replayed row), oldest first, in ``ARRIVAL_COLUMNS``."""
+    params = pack_cases.window()
+    rows = client.execute(queries.ARRIVALS_SQL, params.bound())
+    assert queries.count_arrivals(client, params) == len(rows) == len(pack_cases.REQUESTS)
+    assert all(len(r) == len(queries.ARRIVAL_COLUMNS) for r in rows)
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert sorted(r[2] for r in rows) == sorted(x.adapter_id for x in pack_cases.REQUESTS)
