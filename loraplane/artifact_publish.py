@@ -122,7 +122,8 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
     listing = DirectoryArtifact(folder)
     odd = [f.path for f in listing.files() if f.kind != "file" and f.path != MANIFEST_NAME]
     if odd:
-        raise ArtifactError(f"not regular files (links are never followed): {', '.join(odd)}")
+        raise ArtifactError("not regular files (links are never followed, folders are never "
+                            f"part of an artifact): {', '.join(odd)}")
     try:
         prepared = prepare(folder)
         manifest = prepared.manifest

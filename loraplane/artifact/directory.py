@@ -39,8 +39,12 @@ class DirectoryArtifact:
                 yield FileFacts(rel, "symlink", 0)
             elif stat.S_ISREG(st.st_mode):
                 yield FileFacts(rel, "file", st.st_size)
-            elif stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
-                yield from self._walk(Path(entry.path), f"{rel}/", depth + 1)
+            elif stat.S_ISDIR(st.st_mode):
+                # A folder is never part of an artifact (the allowlist is flat): listed
+                # itself, so an empty one is refused too, then walked for its names.
+                yield FileFacts(rel, "other", 0)
+                if depth < MAX_DEPTH:
+                    yield from self._walk(Path(entry.path), f"{rel}/", depth + 1)
             else:
                 yield FileFacts(rel, "other", 0)
 

@@ -73,9 +73,10 @@ def register(app: typer.Typer) -> None:
             base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
             model=model, base_model_aliases=get_settings().base_model_aliases)
 
-        def report(refusals: tuple[Refusal, ...]) -> None:
+        def report(refusals: tuple[Refusal, ...], pinned: bool = True) -> None:
             if not refusals:
-                typer.echo("ok")
+                typer.echo("ok" if pinned else "ok: every file check passed; no digest is "
+                           "pinned yet (no manifest.json: publish writes one and pins it)")
                 return
             for refusal in refusals:
                 typer.echo(str(refusal))
@@ -97,7 +98,8 @@ def register(app: typer.Typer) -> None:
             for dropped in prepared.manifest.dropped:
                 typer.echo(f"publish drops {dropped.path} ({dropped.kind})", err=True)
             report(prepared.selection.refusals
-                   + verify_artifact(prepared.reader, limits, record).refusals)
+                   + verify_artifact(prepared.reader, limits, record).refusals,
+                   pinned=record is not None)
             return
         with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
             fetcher = ArtifactFetcher(get_settings().s3)
