@@ -63,6 +63,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loraplane.kernel import kafka
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import ProducerSink, Record
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
@@ -215,14 +216,14 @@ def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
 
 
 class LeaseMetrics(Collector):
-    """``planner_active``: 1 while this process holds the lease and plans (fenced the
+    """``loraplane_planner_active``: 1 while this process holds the lease and plans (fenced the
     previous active, read its memory, resent its pending commands), else 0."""
 
     def __init__(self, runtime: PlannerRuntime) -> None:
         self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily("planner_active", "1 while this planner holds the lease "
+        gauge = GaugeMetricFamily(m.PLANNER_ACTIVE, "1 while this planner holds the lease "
                                   "of its base model and plans, 0 on standby",
                                   labels=["base_model"])
         gauge.add_metric([slug(self.runtime.base_model)],

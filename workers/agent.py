@@ -78,7 +78,12 @@ from loraplane.workers.reconcile import (
 )
 from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
-from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
+from loraplane.workers.worker_metrics import (
+    AdapterLabels,
+    ResidencyMetrics,
+    Resident,
+    WorkerMetrics,
+)
 
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.policy import Policy
@@ -173,6 +178,7 @@ class WorkerAgent:
         self.host_tier = host_tier
         self.sink = sink
         self.metrics = metrics or WorkerMetrics()
+        self.metrics.registry.register(ResidencyMetrics(self.resident))
         self._registry_loader = registry_loader
         self._clock = clock
         self._desired = DesiredState()
@@ -635,6 +641,15 @@ class WorkerAgent:
                  detail[:200])
         self.sink.emit("cache-events", labels.adapter_id, event)
 
+    def resident(self) -> list[Resident]:
+        """What ``vllm:lora_adapter_loaded`` shows: GPU copies at level gpu, host-tier
+        copies not on GPU at level cpu."""
+        gpu = self._rt.gpu
+        return [Resident(name, "gpu" if name in gpu else "cpu",
+                         bool((i := self.desired.intents.get(name)) and i.pinned),
+                         r.rank if (r := self.records.get(name)) else 0)
+                for name in sorted(set(gpu) | set(self._host))]
+
     def worker_state(self) -> WorkerState:
         adapters = []
         for name in sorted(set(self._rt.gpu) | set(self._host)):
@@ -672,3 +687,4 @@ class WorkerAgent:
 
     def publish_state(self) -> None:
         self.sink.emit("worker-state", self.config.worker_id, self.worker_state())
+        self.metrics.heartbeat(time.time())
