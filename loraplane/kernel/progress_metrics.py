@@ -43,14 +43,19 @@ class ProgressMetrics(Collector):
         yield stalls
 
 
-def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
-    """Serve every ``Progress`` of this process (and the ``extra`` collectors: the planner's
-    lease) on ``http://127.0.0.1:PORT/metrics`` from a daemon thread (it ends with the
-    process). ``port`` 0: nothing is served."""
-    if not port:
-        return
+def progress_registry(extra: Iterable[Collector] = ()) -> CollectorRegistry:
+    """Every ``Progress`` of this process and the ``extra`` collectors (the planner's lease):
+    what ``serve_progress`` serves, and what promtool checks (tests/unit)."""
     registry = CollectorRegistry()
     registry.register(ProgressMetrics(every_progress()))
     for collector in extra:
         registry.register(collector)
-    start_http_server(port, addr=LOOPBACK, registry=registry)
+    return registry
+
+
+def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
+    """Serve ``progress_registry(extra)`` on ``http://127.0.0.1:PORT/metrics`` from a daemon
+    thread (it ends with the process). ``port`` 0: nothing is served."""
+    if not port:
+        return
+    start_http_server(port, addr=LOOPBACK, registry=progress_registry(extra))

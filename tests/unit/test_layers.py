@@ -29,6 +29,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel.command_effects", KERNEL),
     # the one live tail of a compacted topic: the worker's and the router's registry
     ("loraplane.kernel.topic_tail", KERNEL),
+    # every Prometheus series name: the worker, the router, the streams app, the rules' tests
+    ("loraplane.kernel.metric_names", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
@@ -66,6 +68,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.router", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
+    ("loraplane.infra.prometheus", RUNTIMES),  # a loopback Prometheus server and promtool
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
 ]
