@@ -62,11 +62,9 @@ def check_rules(path: Path = RULES_FILE) -> subprocess.CompletedProcess[str]:
     return _promtool("check", "rules", str(path))
 
 
-def test_rules(path: Path = RULES_TEST_FILE) -> subprocess.CompletedProcess[str]:
+def run_rule_tests(path: Path = RULES_TEST_FILE) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules``: the rules' own unit tests (input series, expected alerts)."""
     return _promtool("test", "rules", str(path))
-
-
-test_rules.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
 @dataclass
