@@ -642,8 +642,8 @@ class WorkerAgent:
         self.sink.emit("cache-events", labels.adapter_id, event)
 
     def resident(self) -> list[Resident]:
-        """What ``vllm:lora_adapter_loaded`` shows: GPU copies at level gpu, host-tier
-        copies not on GPU at level cpu."""
+        """Every copy this worker holds: GPU copies at level gpu, host-tier copies not on GPU
+        at level cpu (``vllm:lora_adapter_loaded``, and the heartbeat's adapters)."""
         gpu = self._rt.gpu
         return [Resident(name, "gpu" if name in gpu else "cpu",
                          bool((i := self.desired.intents.get(name)) and i.pinned),
@@ -652,19 +652,18 @@ class WorkerAgent:
 
     def worker_state(self) -> WorkerState:
         adapters = []
-        for name in sorted(set(self._rt.gpu) | set(self._host)):
+        for copy in self.resident():
+            name = copy.adapter_name
             labels = self.labels(name)
-            record = self.records.get(name)
             intent = self.desired.intents.get(name)
             adapters.append(LoadedAdapter(
                 lora_name=name[:200], adapter_id=labels.adapter_id,
                 version=labels.adapter_version, tenant_id=labels.tenant_id,
-                tier="gpu" if name in self._rt.gpu else "host",
-                pinned=bool(intent and intent.pinned),
+                tier="gpu" if copy.level == "gpu" else "host", pinned=copy.pinned,
                 protected=name in self.desired.protected,
                 origin=intent.origin if intent else None,
-                size_bytes=self._resident_bytes(name, record),
-                rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),
+                size_bytes=self._resident_bytes(name, self.records.get(name)),
+                rank=copy.rank, last_used=self._rt.last_used.get(name),
                 in_flight=self._rt.in_flight.get(name, 0)))
         now = self._clock()
         return WorkerState(
