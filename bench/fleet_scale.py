@@ -29,14 +29,14 @@ Measured, in this order:
   (load_gpu / prewarm commands); per command, its ``issued_at`` (the planner tick's clock)
   to the worker's feed handing it over verified, and the broker timestamp to the same;
 * bytes read per worker from the commands topic against the bytes of its own commands: the
-  feed's own count where the build has it (``commands_read_bytes_total{own=...}``, #15
+  feed's own count where the build has it (``loraplane_commands_read_bytes_total{own=...}``, #15
   item 3), else the wrapper's count of what the feed's consumer returned;
 * the planner tick with its Kafka I/O: per tick (commands sharing one ``issued_at``), the
   tick's clock to the producer timestamp of its last command (plan, memory flush, sends);
 * standby takeover, where ``loraplane streams planner`` exists (#15 item 2): the streams app
   then runs without its planner, two ``streams planner`` processes share the lease, and at
   the end the active one is killed with SIGKILL: seconds until the other serves
-  ``planner_active 1``. A build without it says "not measurable on this build".
+  ``loraplane_planner_active 1``. A build without it says "not measurable on this build".
 
 The baseline is the Kafka floor under any delivery: one message produced and consumed
 through the same broker, timed while the fleet runs. The ratio is floor p99 / delivery p99.
@@ -212,12 +212,12 @@ async def _progress(sims: list[SimWorker]) -> None:
 
 
 def _read_bytes(sim: SimWorker) -> dict[str, Any]:
-    """The feed's own count (``commands_read_bytes_total{own}``, #15 item 3) where this
+    """The feed's own count (``loraplane_commands_read_bytes_total{own}``, #15 item 3) where this
     build has it, else the wrapper's."""
     counted = getattr(sim.feed, "read_bytes", None)
     if counted is not None and hasattr(counted, "own"):
         return {"read_bytes": counted.own + counted.other, "own_bytes": counted.own,
-                "bytes_from": "feed.read_bytes (commands_read_bytes_total)",
+                "bytes_from": "feed.read_bytes (loraplane_commands_read_bytes_total)",
                 "wrapper_read_bytes": sim.counter.read_bytes}
     return {"read_bytes": sim.counter.read_bytes, "own_bytes": sim.counter.own_bytes,
             "bytes_from": "the bench's count of what the feed's consumer returned"}
@@ -388,14 +388,14 @@ class PlannerProcess:
                 env=env.env, stdout=log, stderr=subprocess.STDOUT)
 
     def active(self) -> bool | None:
-        """``planner_active`` as its /metrics serves it (None: not served)."""
+        """``loraplane_planner_active`` as its /metrics serves it (None: not served)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
                                         timeout=1) as r:
                 text = r.read().decode()
         except OSError:
             return None
-        found = re.search(r"^planner_active(?:\{[^}]*\})? (\S+)$", text, re.M)
+        found = re.search(r"^loraplane_planner_active(?:\{[^}]*\})? (\S+)$", text, re.M)
         return None if found is None else float(found.group(1)) == 1.0
 
     def stop(self) -> None:
@@ -409,7 +409,7 @@ class PlannerProcess:
 
 
 def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
-    """kill -9 of the active planner -> the standby serves planner_active 1."""
+    """kill -9 of the active planner -> the standby serves loraplane_planner_active 1."""
     if not planners:
         return {"measurable": False,
                 "why": "not measurable on this build: `loraplane streams planner` does not "

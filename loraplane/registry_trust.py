@@ -9,7 +9,7 @@ the tail or the keyring changed) and accepts it only through
 ``streams.registry_evidence.verify_view`` with the worker's own keyring
 (``settings.keyring_path``, re-read when the file changes, as the
 registry agent does). A refused record is dead-lettered once (reason
-``RegistryViewRejection``), counted on ``/metrics`` (``registry_view_refused_total``) and
+``RegistryViewRejection``), counted on ``/metrics`` (``loraplane_registry_view_refused_total``) and
 never turned into records: nothing it names is fetched, loaded or served.
 
 - A refused newer record leaves the adapter at the last view this worker accepted, if that
@@ -22,7 +22,8 @@ never turned into records: nothing it names is fetched, loaded or served.
 - Serving does not depend on Kafka (issue #19): a read is merged into what was accepted,
   adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails
   or has not reached the end of the topic yet changes nothing (counted in
-  ``registry_read_failures_total``); an adapter goes away only by a tombstone on the topic.
+  ``loraplane_registry_read_failures_total``); an adapter goes away only by a tombstone on
+  the topic.
   The accepted views are written to ``.registry-views.json`` in the host tier after every
   change, and a restarted agent starts from them, each re-verified with the keyring and the
   checkpoints first (the file is trusted no more than the topic).

@@ -67,6 +67,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from loraplane.kernel import kafka
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
@@ -326,14 +327,14 @@ def preview_json(p: Preview) -> dict[str, Any]:
 
 
 class LeaseMetrics(Collector):
-    """``planner_active``: 1 while this process holds the lease and plans (fenced the
+    """``loraplane_planner_active``: 1 while this process holds the lease and plans (fenced the
     previous active, read its memory, resent its pending commands), else 0."""
 
     def __init__(self, runtime: PlannerRuntime) -> None:
         self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily("planner_active", "1 while this planner holds the lease "
+        gauge = GaugeMetricFamily(m.PLANNER_ACTIVE, "1 while this planner holds the lease "
                                   "of its base model and plans, 0 on standby",
                                   labels=["base_model"])
         gauge.add_metric([slug(self.runtime.base_model)],

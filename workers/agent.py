@@ -78,7 +78,12 @@ from loraplane.workers.reconcile import (
 )
 from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
-from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
+from loraplane.workers.worker_metrics import (
+    AdapterLabels,
+    ResidencyMetrics,
+    Resident,
+    WorkerMetrics,
+)
 
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.policy import Policy
@@ -173,6 +178,7 @@ class WorkerAgent:
         self.host_tier = host_tier
         self.sink = sink
         self.metrics = metrics or WorkerMetrics()
+        self.metrics.registry.register(ResidencyMetrics(self.resident))
         self._registry_loader = registry_loader
         self._clock = clock
         self._desired = DesiredState()
@@ -635,21 +641,29 @@ class WorkerAgent:
                  detail[:200])
         self.sink.emit("cache-events", labels.adapter_id, event)
 
+    def resident(self) -> list[Resident]:
+        """Every copy this worker holds: GPU copies at level gpu, host-tier copies not on GPU
+        at level cpu (``vllm:lora_adapter_loaded``, and the heartbeat's adapters)."""
+        gpu = self._rt.gpu
+        return [Resident(name, "gpu" if name in gpu else "cpu",
+                         bool((i := self.desired.intents.get(name)) and i.pinned),
+                         r.rank if (r := self.records.get(name)) else 0)
+                for name in sorted(set(gpu) | set(self._host))]
+
     def worker_state(self) -> WorkerState:
         adapters = []
-        for name in sorted(set(self._rt.gpu) | set(self._host)):
+        for copy in self.resident():
+            name = copy.adapter_name
             labels = self.labels(name)
-            record = self.records.get(name)
             intent = self.desired.intents.get(name)
             adapters.append(LoadedAdapter(
                 lora_name=name[:200], adapter_id=labels.adapter_id,
                 version=labels.adapter_version, tenant_id=labels.tenant_id,
-                tier="gpu" if name in self._rt.gpu else "host",
-                pinned=bool(intent and intent.pinned),
+                tier="gpu" if copy.level == "gpu" else "host", pinned=copy.pinned,
                 protected=name in self.desired.protected,
                 origin=intent.origin if intent else None,
-                size_bytes=self._resident_bytes(name, record),
-                rank=record.rank if record else 0, last_used=self._rt.last_used.get(name),
+                size_bytes=self._resident_bytes(name, self.records.get(name)),
+                rank=copy.rank, last_used=self._rt.last_used.get(name),
                 in_flight=self._rt.in_flight.get(name, 0)))
         now = self._clock()
         return WorkerState(
@@ -672,3 +686,4 @@ class WorkerAgent:
 
     def publish_state(self) -> None:
         self.sink.emit("worker-state", self.config.worker_id, self.worker_state())
+        self.metrics.heartbeat(time.time())

@@ -9,7 +9,7 @@ no subscription: no group membership, no rebalance) and reads it from its group'
 committed offset, the earliest when it has none. A hashed partition also carries the
 commands of the workers whose ids hash alike; those are dropped by key (and committed
 past). What it reads is counted, key + value bytes, its own and others' (``read_bytes``,
-``commands_read_bytes_total{own}`` on its /metrics).
+``loraplane_commands_read_bytes_total{own}`` on its /metrics).
 
 The partition count is read from the broker's metadata at start and again every
 ``PARTITIONS_EVERY_S``. A slot never moves (a slot not below the count stops the start).
@@ -35,7 +35,7 @@ Broker restarts heal inside librdkafka (the fetcher reconnects and resumes from 
 position); what this module adds is that no call blocks without bound (a poll has its
 timeout, a commit gives up after ``COMMIT_TIMEOUT_S`` and the agent's loop logs it) and
 that a feed that cannot reach Kafka says so: ``progress`` (``kernel.progress``: a ``STALLED
-worker-commands`` log line, ``consumer_stuck_seconds`` on the worker's /metrics).
+worker-commands`` log line, ``loraplane_consumer_stuck_seconds`` on the worker's /metrics).
 """
 
 from __future__ import annotations

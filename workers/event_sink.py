@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from loraplane.kernel import kafka
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
 
 log = logging.getLogger(__name__)
@@ -308,18 +309,18 @@ class SinkMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         c, labels = self.sink.counts, ["client"]
         for name, value, text in (
-                ("event_sink_delivered", c.delivered, "Events Kafka acknowledged"),
-                ("event_sink_spooled", c.spooled, "Events written to the local spool"),
-                ("event_sink_replayed", c.replayed, "Spooled events delivered later"),
-                ("event_sink_dropped", c.dropped, "Events lost: the spool could not take them"),
-                ("event_sink_refused", c.refused + c.failed,
+                (m.SINK_DELIVERED, c.delivered, "Events Kafka acknowledged"),
+                (m.SINK_SPOOLED, c.spooled, "Events written to the local spool"),
+                (m.SINK_REPLAYED, c.replayed, "Spooled events delivered later"),
+                (m.SINK_DROPPED, c.dropped, "Events lost: the spool could not take them"),
+                (m.SINK_REFUSED, c.refused + c.failed,
                  "Events lost: Kafka refused them for good (too large, invalid)")):
             family = CounterMetricFamily(name, text, labels=labels)
             family.add_metric([self.sink.client_id], value)
             yield family
         for name, value, text in (
-                ("event_sink_spool_events", self.sink.backlog, "Events waiting in the spool"),
-                ("event_sink_spool_bytes", self.sink.backlog_bytes, "Bytes of the spool")):
+                (m.SINK_SPOOL_EVENTS, self.sink.backlog, "Events waiting in the spool"),
+                (m.SINK_SPOOL_BYTES, self.sink.backlog_bytes, "Bytes of the spool")):
             gauge = GaugeMetricFamily(name, text, labels=labels)
             gauge.add_metric([self.sink.client_id], value)
             yield gauge

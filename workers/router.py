@@ -36,7 +36,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -59,8 +59,17 @@ from loraplane.workers.gateway import request_caps
 from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit
 from loraplane.workers.routing import FleetIndex, Route, choose_version
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.policy import RequestBudgets
@@ -175,7 +184,8 @@ class Router:
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
-        self.collectors = CollectorRegistry(auto_describe=True)  # the event sink's, when run
+        self.collectors = CollectorRegistry(auto_describe=True)  # + the event sink's, when run
+        self.collectors.register(RouterMetrics(self))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -195,17 +205,8 @@ class Router:
                                   "adapters": len(self.fleet.versions)})
 
     async def metrics(self, _: web.Request) -> web.Response:
-        lines = ["# TYPE loraplane_router_requests_total counter"]
-        lines += [f'loraplane_router_requests_total{{outcome="{k}"}} {v}'
-                  for k, v in sorted(self.outcomes.items())]
-        lines += ["# TYPE loraplane_router_workers gauge",
-                  f"loraplane_router_workers {len(self.fleet.index.workers)}",
-                  "# TYPE loraplane_router_dead_letters_total counter",
-                  f"loraplane_router_dead_letters_total {self.fleet.dead_lettered}"]
-        lines += self._flow_metrics()
-        lines.append(generate_latest(self.collectors).decode().rstrip("\n"))
-        return web.Response(text="\n".join(lines) + "\n",
-                            headers={"Content-Type": "text/plain; version=0.0.4"})
+        return web.Response(body=generate_latest(self.collectors),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def state(self, router_id: str, now: float) -> RouterState:
         """This router's heartbeat (``router-state``): what ops see of its queues."""
@@ -215,34 +216,6 @@ class Router:
             in_flight={b: n for b, n in flow.in_flight.items() if n > 0},
             queues=[QueueDepth(base_model=b, band=band.label, queued=n)
                     for (b, band), n in sorted(flow.depth.items(), key=_by_band) if n > 0])
-
-    def _flow_metrics(self) -> list[str]:
-        flow = self.flow
-        lines = ["# TYPE loraplane_router_in_flight gauge"]
-        lines += [f'loraplane_router_in_flight{{base_model="{b}"}} {n}'
-                  for b, n in sorted(flow.in_flight.items())]
-        lines.append("# TYPE loraplane_router_queue_depth gauge")
-        lines += [f'loraplane_router_queue_depth{{base_model="{b}",band="{band.label}"}} {n}'
-                  for (b, band), n in sorted(flow.depth.items(), key=_by_band)]
-        lines.append("# TYPE loraplane_router_queue_wait_seconds histogram")
-        for (b, band), w in sorted(flow.waits.items(), key=_by_band):
-            labels = f'base_model="{b}",band="{band.label}"'
-            lines += [f'loraplane_router_queue_wait_seconds_bucket{{{labels},le="{le}"}} {n}'
-                      for le, n in w.cumulative()]
-            lines += [f'loraplane_router_queue_wait_seconds_bucket{{{labels},le="+Inf"}} '
-                      f"{w.total}",
-                      f"loraplane_router_queue_wait_seconds_sum{{{labels}}} {w.sum_s:.6f}",
-                      f"loraplane_router_queue_wait_seconds_count{{{labels}}} {w.total}"]
-        lines.append("# TYPE loraplane_router_queue_rejections_total counter")
-        lines += [f'loraplane_router_queue_rejections_total{{base_model="{b}",'
-                  f'band="{band.label}",reason="{reason}"}} {n}'
-                  for (b, band, reason), n in sorted(flow.refused.items(),
-                                                     key=lambda kv: (*_by_band(kv), kv[0][2]))]
-        lines.append("# TYPE loraplane_router_queue_withdrawn_total counter")
-        lines += [f'loraplane_router_queue_withdrawn_total{{base_model="{b}",'
-                  f'band="{band.label}"}} {n}'
-                  for (b, band), n in sorted(flow.withdrawn.items(), key=_by_band)]
-        return lines
 
     async def models(self, request: web.Request) -> web.Response:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
@@ -551,3 +524,51 @@ async def serve_router(settings: Settings, options: RouterOptions,
         tail.stop()
         sink.close(5.0)
 
+
+
+class RouterMetrics(Collector):
+    """The router's own series (``kernel.metric_names``): outcomes, fleet size, dead
+    letters and its flow-control queues, read from the router at each scrape."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        router, flow = self.router, self.router.flow
+        requests = CounterMetricFamily(m.ROUTER_REQUESTS, "Requests by outcome (a refusal "
+                                       "code or a route kind)", labels=["outcome"])
+        for outcome, n in sorted(router.outcomes.items()):
+            requests.add_metric([outcome], n)
+        yield requests
+        yield GaugeMetricFamily(m.ROUTER_WORKERS, "Workers in the router's fleet index",
+                                value=len(router.fleet.index.workers))
+        yield CounterMetricFamily(m.ROUTER_DEAD_LETTERS, "Records the router could not "
+                                  "read, sent to dead letters", value=router.fleet.dead_lettered)
+        in_flight = GaugeMetricFamily(m.ROUTER_IN_FLIGHT, "Requests forwarded and not done, "
+                                      "per base model", labels=["base_model"])
+        for b, n in sorted(flow.in_flight.items()):
+            in_flight.add_metric([b], n)
+        yield in_flight
+        banded = ["base_model", "band"]
+        depth = GaugeMetricFamily(m.ROUTER_QUEUE_DEPTH, "Requests waiting in a queue",
+                                  labels=banded)
+        for (b, band), n in sorted(flow.depth.items(), key=_by_band):
+            depth.add_metric([b, band.label], n)
+        yield depth
+        wait = HistogramMetricFamily(m.ROUTER_QUEUE_WAIT_SECONDS, "Seconds waited in a "
+                                     "queue by the requests admitted from it", labels=banded)
+        for (b, band), w in sorted(flow.waits.items(), key=_by_band):
+            buckets = [(floatToGoString(le), n) for le, n in w.cumulative()]
+            wait.add_metric([b, band.label], [*buckets, ("+Inf", w.total)], w.sum_s)
+        yield wait
+        rejected = CounterMetricFamily(m.ROUTER_QUEUE_REJECTIONS, "Requests a queue "
+                                       "refused, by reason", labels=[*banded, "reason"])
+        for (b, band, reason), n in sorted(flow.refused.items(),
+                                           key=lambda kv: (*_by_band(kv), kv[0][2])):
+            rejected.add_metric([b, band.label, str(reason)], n)
+        yield rejected
+        withdrawn = CounterMetricFamily(m.ROUTER_QUEUE_WITHDRAWN, "Queued requests withdrawn "
+                                        "(the client left, or the router gave up)", labels=banded)
+        for (b, band), n in sorted(flow.withdrawn.items(), key=_by_band):
+            withdrawn.add_metric([b, band.label], n)
+        yield withdrawn

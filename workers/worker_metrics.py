@@ -1,14 +1,16 @@
-"""The worker's Prometheus series, with the seed's names and labels.
+"""The worker's Prometheus series: the seed's series, named by ``kernel.metric_names``.
 
 Labels are ``adapter_id, adapter_version, tenant_id, base_model`` everywhere. The two
 ratios of the seed are exported as gauges next to the counters they are computed from, so
-dashboards can use either the ready ratio or ``rate()`` of the counters. prometheus-client
-adds ``_total`` to counter names (``kv_namespace_conflict_total``).
+dashboards can use either the ready ratio or ``rate()`` of the counters. Times are in
+seconds here (Prometheus' base unit); the seed's milliseconds stay in the events and in
+ClickHouse (``adapter_swap_ms``). ``ResidencyMetrics`` says which adapters are loaded in
+vLLM's proposed ``vllm:lora_adapter_loaded`` shape, for llm-d's lora-load-state scorer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +18,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.topic_tail import TopicTail
 
 if TYPE_CHECKING:
     from loraplane.workers.command_feed import ReadBytes
 
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
-MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
+SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 
 @dataclass(frozen=True)
@@ -53,40 +56,44 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("hot_adapter_requests", "Requests routed to an adapter",
+        self.requests = Counter(m.ADAPTER_REQUESTS, "Requests routed to an adapter",
                                 LABELS, registry=r)
-        self.hot_hits = Counter("hot_adapter_hits", "Requests that found their adapter on GPU",
+        self.hot_hits = Counter(m.ADAPTER_HITS, "Requests that found their adapter on GPU",
                                 LABELS, registry=r)
         self.hot_adapter_hit_rate = Gauge(
-            "hot_adapter_hit_rate", "Share of requests whose adapter was already on GPU",
+            m.ADAPTER_HIT_RATE, "Share of requests whose adapter was already on GPU",
             LABELS, registry=r)
-        self.adapter_swap_ms = Histogram("adapter_swap_ms", "Host -> vLLM load time (ms)",
-                                         LABELS, buckets=MS_BUCKETS, registry=r)
-        self.cold_loads = Counter("cold_loads", "Cold loads attempted", LABELS, registry=r)
-        self.cold_load_failures = Counter("cold_load_failures", "Cold loads that failed",
+        self.adapter_swap_seconds = Histogram(m.ADAPTER_SWAP_SECONDS, "Host -> vLLM load time (s)",
+                                              LABELS, buckets=SECONDS_BUCKETS, registry=r)
+        self.cold_loads = Counter(m.COLD_LOADS, "Cold loads attempted", LABELS, registry=r)
+        self.cold_load_failures = Counter(m.COLD_LOAD_FAILURES, "Cold loads that failed",
                                           LABELS, registry=r)
-        self.cold_load_fail_ratio = Gauge("cold_load_fail_ratio",
+        self.cold_load_fail_ratio = Gauge(m.COLD_LOAD_FAIL_RATIO,
                                           "Failed / attempted cold loads", LABELS, registry=r)
         self.kv_namespace_conflict = Counter(
-            "kv_namespace_conflict", "Names vLLM served that this agent did not load with "
+            m.KV_NAMESPACE_CONFLICTS, "Names vLLM served that this agent did not load with "
             "those bytes", LABELS, registry=r)
         self.commands_refused = Counter(
-            "commands_refused", "Cache commands refused before or by the fold, by reason "
+            m.COMMANDS_REFUSED, "Cache commands refused before or by the fold, by reason "
             "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
-        self.ttft_ms = Histogram("request_ttft_ms", "Time to first token through the gateway",
-                                 LABELS, buckets=MS_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram(m.REQUEST_TTFT_SECONDS, "Time to first token through the "
+                                      "gateway (s)", LABELS, buckets=SECONDS_BUCKETS,
+                                      registry=r)
         self.host_install_failures = Counter(
-            "host_install_failures", "Host-tier installs that failed or were refused, by "
+            m.HOST_INSTALL_FAILURES, "Host-tier installs that failed or were refused, by "
             "reason (schemas.reasons.ArtifactReason)", ("reason",), registry=r)
         self.registry_view_refused = Counter(
-            "registry_view_refused", "Registry records refused: their signed lifecycle "
+            m.REGISTRY_VIEW_REFUSED, "Registry records refused: their signed lifecycle "
             "evidence does not verify with this worker's keyring", ("reason",), registry=r)
         self.command_loop_errors = Counter(
-            "command_loop_errors", "Command-feed steps that failed (logged); the loop goes "
+            m.COMMAND_LOOP_ERRORS, "Command-feed steps that failed (logged); the loop goes "
             "on", registry=r)
         self.registry_read_failures = Counter(
-            "registry_read_failures", "Registry reads that failed or did not reach the end "
+            m.REGISTRY_READ_FAILURES, "Registry reads that failed or did not reach the end "
             "of the topic; the last good view kept serving", registry=r)
+        self.worker_heartbeat = Gauge(
+            m.WORKER_HEARTBEAT, "Unix time of the last worker-state heartbeat published",
+            registry=r)
         self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
         self._series: dict[AdapterLabels, _RequestSeries] = {}
 
@@ -115,7 +122,7 @@ class WorkerMetrics:
     def cold_load(self, labels: AdapterLabels, *, ok: bool, swap_ms: float = 0.0) -> None:
         self.cold_loads.labels(*labels.values()).inc()
         if ok:
-            self.adapter_swap_ms.labels(*labels.values()).observe(swap_ms)
+            self.adapter_swap_seconds.labels(*labels.values()).observe(swap_ms / 1000)
         else:
             self.cold_load_failures.labels(*labels.values()).inc()
         self._ratio(self.cold_load_fail_ratio, "fail", labels, not ok)
@@ -139,13 +146,19 @@ class WorkerMetrics:
         self.commands_refused.labels(reason).inc()
 
     def ttft(self, labels: AdapterLabels, ms: float) -> None:
+        """``ms`` as the gateway measures it (and the request log keeps); seconds out."""
         series = self._series.get(labels)
         if series is None:
-            self.ttft_ms.labels(*labels.values()).observe(ms)
+            self.ttft_seconds.labels(*labels.values()).observe(ms / 1000)
             return
         if series.ttft is None:
-            series.ttft = self.ttft_ms.labels(*labels.values())
-        series.ttft.observe(ms)
+            series.ttft = self.ttft_seconds.labels(*labels.values())
+        series.ttft.observe(ms / 1000)
+
+    def heartbeat(self, now: float) -> None:
+        """The wall-clock time of the last state the agent published (stale-heartbeat
+        alert: the loop may hang while /metrics still answers)."""
+        self.worker_heartbeat.set(now)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -153,19 +166,20 @@ class WorkerMetrics:
 
 class TailMetrics(Collector):
     """Whether a live topic tail (``kernel.topic_tail``: the registry) is the topic's
-    present: ``topic_tail_caught_up`` 0 until the first complete read, ``topic_tail_lag``
-    the records known to be unread, ``topic_tail_current`` 1 when caught up, not behind and
-    the broker answering (a view that is not current keeps serving, just older)."""
+    present: ``loraplane_topic_tail_caught_up`` 0 until the first complete read,
+    ``loraplane_topic_tail_lag`` the records known to be unread, ``.._current`` 1 when
+    caught up, not behind and the broker answering (a view that is not current keeps
+    serving, just older)."""
 
     def __init__(self, tails: Iterable[TopicTail]) -> None:
         self.tails = list(tails)
 
     def collect(self) -> Iterator[Metric]:
-        caught_up = GaugeMetricFamily("topic_tail_caught_up", "1 once the topic was read to "
+        caught_up = GaugeMetricFamily(m.TOPIC_TAIL_CAUGHT_UP, "1 once the topic was read to "
                                       "its end", labels=["component"])
-        lag = GaugeMetricFamily("topic_tail_lag", "Records between the tail's position and "
+        lag = GaugeMetricFamily(m.TOPIC_TAIL_LAG, "Records between the tail's position and "
                                 "the topic's end as last learned", labels=["component"])
-        current = GaugeMetricFamily("topic_tail_current", "1 when the view is the topic's "
+        current = GaugeMetricFamily(m.TOPIC_TAIL_CURRENT, "1 when the view is the topic's "
                                     "present (caught up, no lag, broker answering)",
                                     labels=["component"])
         for t in self.tails:
@@ -178,7 +192,7 @@ class TailMetrics(Collector):
 
 
 class CommandBytesMetrics(Collector):
-    """``commands_read_bytes_total{own}``: key + value bytes of the commands records the
+    """``loraplane_commands_read_bytes_total{own}``: key + value bytes of the commands records the
     worker's feed read, its own (``own="true"``) and other workers' that share its
     partition (``"false"``): what per-worker delivery costs it (issue #15: others' stay
     well under its own)."""
@@ -187,9 +201,38 @@ class CommandBytesMetrics(Collector):
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("commands_read_bytes", "Key + value bytes of the "
+        family = CounterMetricFamily(m.COMMANDS_READ_BYTES, "Key + value bytes of the "
                                      "commands records read, this worker's own or not",
                                      labels=["own"])
         family.add_metric(["true"], float(self.read.own))
         family.add_metric(["false"], float(self.read.other))
+        yield family
+
+
+@dataclass(frozen=True)
+class Resident:
+    """One adapter vLLM serves or the host tier holds, as ``vllm:lora_adapter_loaded``
+    labels it: ``level`` ``gpu`` (loaded in vLLM) or ``cpu`` (host tier only)."""
+
+    adapter_name: str  # the lora name vLLM serves it under
+    level: str
+    pinned: bool
+    rank: int
+
+
+class ResidencyMetrics(Collector):
+    """``vllm:lora_adapter_loaded{adapter_name,level,pinned,rank} 1`` per resident adapter,
+    the shape of vLLM's proposed gauge, so llm-d's lora-load-state scorer can read this
+    worker as it would a vLLM that has it. Read at each scrape from the agent."""
+
+    def __init__(self, resident: Callable[[], Iterable[Resident]]) -> None:
+        self.resident = resident
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(m.LORA_ADAPTER_LOADED, "1 per LoRA adapter resident on "
+                                   "this worker (level gpu: in vLLM; cpu: host tier only)",
+                                   labels=["adapter_name", "level", "pinned", "rank"])
+        for r in self.resident():
+            family.add_metric([r.adapter_name, r.level, str(r.pinned).lower(), str(r.rank)],
+                              1.0)
         yield family

@@ -72,7 +72,7 @@ def sink(batch_size: int = typer.Option(5000, min=1),
          session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
          metrics_port: int = typer.Option(
              0, "--metrics-port", min=0, max=65535,
-             help="Serve consumer_stuck_seconds on 127.0.0.1:PORT/metrics (0: none)."),
+             help="Serve loraplane_consumer_stuck_seconds on 127.0.0.1:PORT/metrics (0: none)."),
          ) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""

@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         loglevel: str = typer.Option("info", "--loglevel", "-l"),
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
-            help="Serve consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
+            help="Serve loraplane_consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
                  "(0: none)."),
     ) -> None:
         """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         if "loraplane.streams.planner_agent" in (agent or AGENT_MODULES):
             from loraplane.streams.planner_agent import runtime
 
-            extra.append(runtime.metrics())  # planner_active
+            extra.append(runtime.metrics())  # loraplane_planner_active
         serve_progress(metrics_port, extra)  # the Faust web server stays off
         # faust.Worker (unlike `faust worker`) honours web_enabled=False: Faust binds no port.
         faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
@@ -146,8 +146,8 @@ def register(app: typer.Typer) -> None:
                                        "every base model."),
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
-            help="Serve planner_active and consumer_stuck_seconds on 127.0.0.1:PORT/metrics "
-                 "(0: none)."),
+            help="Serve loraplane_planner_active and loraplane_consumer_stuck_seconds on "
+                 "127.0.0.1:PORT/metrics (0: none)."),
     ) -> None:
         """Run one planner (active while it holds the lease, else standby) until
         SIGTERM/SIGINT, without a Faust worker (docs/reliability.md)."""
@@ -168,7 +168,7 @@ def register(app: typer.Typer) -> None:
                                    "default host-pid."),
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
-            help="Serve consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
+            help="Serve loraplane_consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
                  "(0: none)."),
     ) -> None:
         """Run one scoring keeper (no Faust worker) until SIGTERM/SIGINT: it shares the

@@ -196,7 +196,7 @@ class Settings(BaseSettings):
     spool_max_bytes: int = Field(
         512 * 1024 * 1024, ge=0,
         description="Bound of each client's spool; an event past it is dropped, counted "
-                    "(event_sink_dropped_total) and logged with the count.")
+                    "(loraplane_event_sink_dropped_total) and logged with the count.")
 
     @classmethod
     def settings_customise_sources(

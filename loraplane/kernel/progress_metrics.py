@@ -3,7 +3,8 @@
 The worker and the router put ``ProgressMetrics`` on their own /metrics; the streams app and
 the metrics sink have no HTTP server of their own, so ``serve_progress`` gives them one
 (loopback only, ``--metrics-port``): a component that cannot make progress says so in its
-log (``kernel.progress``: STALLED / RECOVERED) and in ``consumer_stuck_seconds`` (issue 19).
+log (``kernel.progress``: STALLED / RECOVERED) and in ``loraplane_consumer_stuck_seconds``
+(issue 19).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.progress import Progress, every_progress
 
 
 class ProgressMetrics(Collector):
-    """``consumer_stuck_seconds`` is 0 while a consumer progresses and grows while it
-    cannot; ``consumer_stalls_total`` counts hold-ups that lasted past the stall threshold.
+    """``loraplane_consumer_stuck_seconds`` is 0 while a consumer progresses and grows
+    while it cannot; ``loraplane_consumer_stalls_total`` counts hold-ups that lasted past
+    the stall threshold.
     ``progress`` is read at each scrape (a live collection such as ``every_progress()``
     shows the components built after the endpoint started)."""
 
@@ -28,9 +31,9 @@ class ProgressMetrics(Collector):
         self.progress = progress
 
     def collect(self) -> Iterator[Metric]:
-        stuck = GaugeMetricFamily("consumer_stuck_seconds", "Seconds this consumer has not "
+        stuck = GaugeMetricFamily(m.CONSUMER_STUCK_SECONDS, "Seconds this consumer has not "
                                   "been able to make progress (0: fine)", labels=["component"])
-        stalls = CounterMetricFamily("consumer_stalls", "Hold-ups that lasted past the "
+        stalls = CounterMetricFamily(m.CONSUMER_STALLS, "Hold-ups that lasted past the "
                                      "stall threshold (each logged as STALLED)",
                                      labels=["component"])
         for p in sorted(self.progress, key=lambda p: p.component):
@@ -40,14 +43,19 @@ class ProgressMetrics(Collector):
         yield stalls
 
 
-def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
-    """Serve every ``Progress`` of this process (and the ``extra`` collectors: the planner's
-    lease) on ``http://127.0.0.1:PORT/metrics`` from a daemon thread (it ends with the
-    process). ``port`` 0: nothing is served."""
-    if not port:
-        return
+def progress_registry(extra: Iterable[Collector] = ()) -> CollectorRegistry:
+    """Every ``Progress`` of this process and the ``extra`` collectors (the planner's lease):
+    what ``serve_progress`` serves, and what promtool checks (tests/unit)."""
     registry = CollectorRegistry()
     registry.register(ProgressMetrics(every_progress()))
     for collector in extra:
         registry.register(collector)
-    start_http_server(port, addr=LOOPBACK, registry=registry)
+    return registry
+
+
+def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
+    """Serve ``progress_registry(extra)`` on ``http://127.0.0.1:PORT/metrics`` from a daemon
+    thread (it ends with the process). ``port`` 0: nothing is served."""
+    if not port:
+        return
+    start_http_server(port, addr=LOOPBACK, registry=progress_registry(extra))

@@ -27,8 +27,8 @@ Guarantees:
   resumes what we still own. Issue 19 found the sink stalled for good without this.
 * A hold-up that lasts (ClickHouse or Kafka away, a commit that keeps failing) is logged as
   ``STALLED metrics-sink: no progress for N s (why)`` by a watchdog thread, and
-  ``RECOVERED`` when it ends (``kernel.progress``), and shown as ``consumer_stuck_seconds``
-  on ``--metrics-port`` (``kernel.progress_metrics``).
+  ``RECOVERED`` when it ends (``kernel.progress``), and shown as
+  ``loraplane_consumer_stuck_seconds`` on ``--metrics-port`` (``kernel.progress_metrics``).
 * A message that does not decode, or a row ClickHouse rejects (found by bisecting the batch),
   goes to the dead-letters topic with its reason; the batch's other rows still land. Rows of
   the dead-letters topic itself are never dead-lettered again (logged instead), so a bad

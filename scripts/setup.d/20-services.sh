@@ -14,6 +14,17 @@ if [ ! -x /usr/sbin/clickhouse-server ] && ! command -v clickhouse-server >/dev/
     $SUDO systemctl disable --now clickhouse-server || true
   fi
 fi
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  echo "installing prometheus + promtool (Debian package; tests start their own on loopback)"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends prometheus
+  # Its service would listen on 0.0.0.0:9090; infra/prometheus.py runs ours on 127.0.0.1.
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus || true
+  fi
+fi
 if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   echo "installing a JRE and Maven for Kafka and s3proxy"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

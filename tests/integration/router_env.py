@@ -145,15 +145,16 @@ class Fleet:
         return {m["id"] for m in data if m.get("parent")}
 
     def cold_loads(self) -> int:
-        """Cold loads attempted so far by the live workers (their ``cold_loads_total``)."""
+        """Cold loads attempted so far by the live workers (their
+        ``loraplane_cold_loads_total``)."""
         total = 0.0
         for wid, port in self.gateways.items():
             if wid not in self.procs:
                 continue
             text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             total += sum(s.value for f in text_string_to_metric_families(text)
-                         if f.name == "cold_loads" for s in f.samples
-                         if s.name == "cold_loads_total")
+                         if f.name == "loraplane_cold_loads" for s in f.samples
+                         if s.name == "loraplane_cold_loads_total")
         return round(total)
 
     def ask(self, adapter: str, key: str = KEY_A) -> requests.Response:

@@ -43,8 +43,8 @@ def ask(f: Fleet, adapter: str, key: str = KEY_A,
 def install_failures(f: Fleet) -> dict[str, float]:
     text = requests.get(f"http://127.0.0.1:{f.gateways['w1']}/metrics", timeout=5).text
     return {s.labels["reason"]: s.value for fam in text_string_to_metric_families(text)
-            if fam.name == "host_install_failures" for s in fam.samples
-            if s.name == "host_install_failures_total"}
+            if fam.name == "loraplane_host_install_failures" for s in fam.samples
+            if s.name == "loraplane_host_install_failures_total"}
 
 
 def test_a_full_host_disk_refuses_keeps_serving_and_heals_without_restart(

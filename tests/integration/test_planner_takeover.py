@@ -54,13 +54,13 @@ class Planner:
                 env=env.env, stdout=out, stderr=subprocess.STDOUT)
 
     def active(self) -> bool | None:
-        """planner_active as served (None: not served yet)."""
+        """loraplane_planner_active as served (None: not served yet)."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
                 text = r.read().decode()
         except OSError:
             return None
-        found = re.search(r"^planner_active\{[^}]*\} (\S+)$", text, re.M)
+        found = re.search(r"^loraplane_planner_active\{[^}]*\} (\S+)$", text, re.M)
         return None if found is None else float(found.group(1)) == 1.0
 
     def stop(self) -> None:
@@ -100,7 +100,7 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
     stop_load = threading.Event()
     try:
         wait_for(lambda: True if all(p.active() is not None for p in planners) else None,
-                 "both planners to serve planner_active", timeout_s=90)
+                 "both planners to serve loraplane_planner_active", timeout_s=90)
         active = wait_for(lambda: next((p for p in planners if p.active()), None),
                           "one planner to take the lease", timeout_s=60)
         assert [p.active() for p in planners].count(True) == 1

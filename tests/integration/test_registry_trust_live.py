@@ -104,7 +104,7 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     assert {r.version for r in registry.records()} == {"1", "2"}
     exposition = metrics.exposition().decode()
     for reason in ("view_no_evidence", "view_mismatch", "view_rollback"):
-        assert f'registry_view_refused_total{{reason="{reason}"}} 1.0' in exposition
+        assert f'loraplane_registry_view_refused_total{{reason="{reason}"}} 1.0' in exposition
 
     # the worker's keyring revokes CI's key: without a restart, nothing CI signed serves
     ci = kit.keys["ci"].key_id

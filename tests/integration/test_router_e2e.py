@@ -4,18 +4,28 @@ Registry views are signed as in test_worker_e2e (the router and the workers veri
 the module's keyring); the router secret is a 0600 file of the shared LORAPLANE_HOME.
 
 Bound stated and asserted: a killed worker is drained within 3 heartbeats + one drain pass
-(heartbeat 1 s here: <= 5 s, asserted <= 8 s to leave room for a loaded machine)."""
+(heartbeat 1 s here: <= 5 s, asserted <= 8 s to leave room for a loaded machine).
+
+Last, on the same fleet (no start of its own: ~10 s), a real Prometheus (Debian's, through
+infra/prometheus.py, 127.0.0.1 only, the project's rules loaded) scrapes the live workers,
+the router and a ``streams planner`` every second, and the per-adapter series are read back
+through Prometheus' own HTTP API."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
 import requests
+from loraplane.infra.processes import free_port
+from loraplane.infra.prometheus import Prometheus, binary
+from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
 from tests.integration.router_env import (
     E2E_ADAPTERS,
@@ -100,3 +110,61 @@ def test_a_stopped_worker_is_drained_within_the_bound(fleet: Fleet) -> None:
     wait_for(lambda: fleet.health().get("workers") == 2, 15, "w3 drained")
     assert time.monotonic() - start <= 8
     assert fleet.ask("sql").headers["X-Loraplane-Worker"] == "w2"
+
+
+def _direct(url: str, name: str, **labels: str) -> float:
+    """The sum of one series as the endpoint serves it (what Prometheus must agree with)."""
+    text = requests.get(url + "/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+@pytest.mark.skipif(binary("prometheus") is None, reason="prometheus is missing: "
+                    "scripts/setup.d/20-services.sh installs Debian's (CI has it)")
+def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: Path) -> None:
+    sql = fleet.records["sql"]
+    planner_port = free_port()
+    fleet.spawn("planner", [LORAPLANE, "streams", "planner", "--metrics-port",
+                            str(planner_port)])
+    live = [w for w in WORKERS if w in fleet.procs]
+    server = Prometheus(tmp_path / "prometheus", free_port(), {
+        "loraplane-worker": [f"127.0.0.1:{fleet.gateways[w]}" for w in live],
+        "loraplane-router": [fleet.router_url.removeprefix("http://")],
+        "loraplane-streams": [f"127.0.0.1:{planner_port}"]})
+    server.start()
+    try:
+        for _ in range(3):
+            assert fleet.ask("sql").headers["X-Loraplane-Worker"] == "w2"
+        w2 = f"127.0.0.1:{fleet.gateways['w2']}"
+        served = {f"127.0.0.1:{fleet.gateways[w]}": n for w in live if (n := _direct(
+            f"http://127.0.0.1:{fleet.gateways[w]}", m.ADAPTER_REQUESTS,
+            adapter_id=sql.adapter_id))}
+        routed = _direct(fleet.router_url, m.ROUTER_REQUESTS)
+        assert served[w2] >= 3
+        wait_for(lambda: len(server.query("up == 1")) == len(live) + 2, 30,
+                 "every target up in Prometheus")
+
+        def per_adapter() -> dict[str, float]:
+            return {r["metric"]["instance"]: float(r["value"][1]) for r in server.query(
+                f'sum by (instance) ({m.ADAPTER_REQUESTS}{{adapter_id="{sql.adapter_id}",'
+                f'tenant_id="{sql.tenant_id}"}})')}
+
+        wait_for(lambda: per_adapter() == served, 10,
+                 "sql's requests per worker in Prometheus as the workers serve them")
+        loaded = server.query(f'{m.LORA_ADAPTER_LOADED}{{adapter_name="{sql.lora_name}"}}')
+        assert (w2, "gpu", "false", str(sql.rank), "1") in [
+            (r["metric"]["instance"], r["metric"]["level"], r["metric"]["pinned"],
+             r["metric"]["rank"], r["value"][1]) for r in loaded]
+        wait_for(lambda: float(server.query(f"sum({m.ROUTER_REQUESTS})")[0]["value"][1])
+                 == routed, 10, "the router's outcomes in Prometheus")
+        wait_for(lambda: server.query(m.PLANNER_ACTIVE), 20, "the planner's lease series")
+        wait_for(lambda: len(server.query("loraplane:worker_heartbeat_age_seconds"))
+                 == len(live), 10, "the heartbeat ages (a recording rule) evaluated")
+        ages = server.query("loraplane:worker_heartbeat_age_seconds")
+        assert all(float(a["value"][1]) < 15 for a in ages), ages  # the alert's threshold
+        groups = server.api("rules")["groups"]
+        assert {g["name"] for g in groups} == {"loraplane-recording", "loraplane-alerts"}
+        assert all(r["health"] != "err" for g in groups for r in g["rules"])
+    finally:
+        server.stop()
+        fleet.kill("planner")

@@ -5,7 +5,7 @@ what the router alone does to residency.
 - a hot adapter's requests all go to the worker that holds it; no cold load elsewhere;
 - the same trace (150 requests over 25 s, 6 adapters: three times one worker's 2 slots, as
   many as the fleet's 6) through the router, then round-robin straight to the worker
-  gateways (a plain L4 balancer): cold loads (the workers' ``cold_loads_total``) + base
+  gateways (a plain L4 balancer): cold loads (the workers' ``loraplane_cold_loads_total``) + base
   fallbacks (``X-Loraplane-Fallback``) of the router's at most a fifth of round-robin's.
   Round-robin thrashes: every worker sees every adapter and its own slot rule keeps 2;
   measured 5 + 5..9 = 10..14 against 12 + 110 = 122 (the router places each new version in its

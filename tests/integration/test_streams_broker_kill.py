@@ -8,7 +8,7 @@ request-log load through a worker's event sink (its spool takes what the broker 
    what the dying broker took without acknowledging), a signed lifecycle event published after the
    restart is accepted, the planner plans new demand, every ``STALLED`` it logged is
    followed by its ``RECOVERED``, and its ``/metrics`` (``--metrics-port``) shows the
-   scoring and planner consumers at ``consumer_stuck_seconds`` 0 again;
+   scoring and planner consumers at ``loraplane_consumer_stuck_seconds`` 0 again;
 2. the app itself is SIGKILLed under load and started again: the scores are still exact
    and the planner re-issues nothing under new command ids.
 """
@@ -104,14 +104,14 @@ def hold_ups(env: PlannerEnv) -> tuple[Counter[str], set[str]]:
 
 
 def stuck_seconds(env: PlannerEnv) -> dict[str, float]:
-    """``consumer_stuck_seconds`` per component, from the app's own /metrics."""
+    """``loraplane_consumer_stuck_seconds`` per component, from the app's own /metrics."""
     import urllib.request
 
     url = f"http://127.0.0.1:{env.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
     return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("consumer_stuck_seconds{")}
+            if line.startswith("loraplane_consumer_stuck_seconds{")}
 
 
 def scored(env: PlannerEnv, load: SteadyLoad) -> int:

@@ -662,7 +662,7 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     installed = {p.name for p in host.iterdir()} if host.exists() else set()
     assert not {world.adapters[a].record.lora_name for a in views} & installed
     metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
-    assert 'registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
+    assert 'loraplane_registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
     assert world.ask("sql", timeout_s=30).status_code == 200  # the genuine ones still serve
 
 

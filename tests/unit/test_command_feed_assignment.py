@@ -155,5 +155,5 @@ def test_read_bytes_count_own_and_others_and_others_are_dropped_and_committed(
     metrics = WorkerMetrics()
     metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
     text = metrics.exposition().decode()
-    assert 'commands_read_bytes_total{own="true"} 12.0' in text
-    assert 'commands_read_bytes_total{own="false"} 32.0' in text
+    assert 'loraplane_commands_read_bytes_total{own="true"} 12.0' in text
+    assert 'loraplane_commands_read_bytes_total{own="false"} 32.0' in text

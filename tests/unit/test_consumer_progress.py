@@ -56,8 +56,8 @@ def test_a_short_hold_up_ends_silently(caplog: pytest.LogCaptureFixture) -> None
 
 def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
     """The streams app and the sink have no HTTP server of their own: ``serve_progress``
-    shows each hold-up as ``consumer_stuck_seconds`` (0 once it progresses again), including
-    components built after the endpoint started."""
+    shows each hold-up as ``loraplane_consumer_stuck_seconds`` (0 once it progresses
+    again), including components built after the endpoint started."""
     import urllib.request
 
     from loraplane.infra.processes import free_port
@@ -74,12 +74,12 @@ def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
             text = reply.read().decode()
         return {line.split("{")[0] + "|" + line.split('"')[1]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines()
-                if line.startswith("consumer_") and 'component="late-component"' in line}
+                if line.startswith("loraplane_consumer_") and 'component="late-component"' in line}
 
-    assert scrape()["consumer_stuck_seconds|late-component"] > 0
+    assert scrape()["loraplane_consumer_stuck_seconds|late-component"] > 0
     late.advanced()
-    assert scrape()["consumer_stuck_seconds|late-component"] == 0
-    assert scrape()["consumer_stalls_total|late-component"] == 0
+    assert scrape()["loraplane_consumer_stuck_seconds|late-component"] == 0
+    assert scrape()["loraplane_consumer_stalls_total|late-component"] == 0
 
 
 def test_no_port_serves_nothing() -> None:

@@ -198,8 +198,8 @@ def test_past_the_bound_events_are_counted_and_exported(
     registry = CollectorRegistry()
     registry.register(SinkMetrics(sink))
     text = generate_latest(registry).decode()
-    assert f'event_sink_dropped_total{{client="w1"}} {float(sink.dropped)}' in text
-    assert f'event_sink_spool_events{{client="w1"}} {float(sink.backlog)}' in text
+    assert f'loraplane_event_sink_dropped_total{{client="w1"}} {float(sink.dropped)}' in text
+    assert f'loraplane_event_sink_spool_events{{client="w1"}} {float(sink.backlog)}' in text
     broker.up = True
     drain(sink, clock)
     kept = details(broker.log)

@@ -32,7 +32,9 @@ from loraplane.workers.flow_control import (
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.router import Fleet, Router, serving_versions
 from loraplane.workers.routing import FleetIndex
+from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.kernel import metric_names as m
 from loraplane.kernel.policy import QueueBudget, RequestBudgets, TenantLimits
 from tests.unit.test_gateway import (
     AUTH_A,
@@ -300,11 +302,13 @@ async def test_a_batch_flood_does_not_starve_interactive_traffic() -> None:
     assert {b["retry"] for b in refused} == {"5"}  # batch.retry_after_s
     assert len(serving.prompts) == 14  # 10 batch + 4 interactive reached vLLM, no more
     assert router.flow.in_flight == {} and not router.flow.queued
-    assert ('loraplane_router_queue_rejections_total{base_model="tiny-llama",band="batch-silver",'
-            'reason="queue_full"} 50') in text
-    assert 'loraplane_router_queue_depth{base_model="tiny-llama",band="batch-silver"} 0' in text
-    assert ('loraplane_router_queue_wait_seconds_count{base_model="tiny-llama",'
-            'band="interactive-silver"}') in text
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
+               for f in text_string_to_metric_families(text) for x in f.samples}
+    batch = (("band", "batch-silver"), ("base_model", "tiny-llama"))
+    assert samples[(m.ROUTER_QUEUE_REJECTIONS, (*batch, ("reason", "queue_full")))] == 50
+    assert samples[(m.ROUTER_QUEUE_DEPTH, batch)] == 0
+    assert (m.ROUTER_QUEUE_WAIT_SECONDS + "_count",
+            (("band", "interactive-silver"), ("base_model", "tiny-llama"))) in samples
 
 
 @pytest.mark.asyncio(loop_scope="session")

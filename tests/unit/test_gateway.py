@@ -386,10 +386,10 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
     assert [e.lora_name for e in conflicts] == [v1.lora_name]
     async with world.http.get(world.url + "/metrics") as resp:
         text = await resp.text()
-    for name in ("hot_adapter_hit_rate", "adapter_swap_ms", "cold_load_fail_ratio",
-                 "kv_namespace_conflict_total"):
+    for name in ("loraplane_hot_adapter_hit_rate", "loraplane_adapter_swap_seconds",
+                 "loraplane_cold_load_fail_ratio", "loraplane_kv_namespace_conflict_total"):
         assert name in text
-    assert 'kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
+    assert 'loraplane_kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
 
 
 async def test_the_state_announces_the_commands_partition_its_feed_reads(world: World) -> None:

@@ -29,6 +29,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel.command_effects", KERNEL),
     # the one live tail of a compacted topic: the worker's and the router's registry
     ("loraplane.kernel.topic_tail", KERNEL),
+    # every Prometheus series name: the worker, the router, the streams app, the rules' tests
+    ("loraplane.kernel.metric_names", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
@@ -73,6 +75,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
     ("loraplane.infra.systemd_units", APPLICATIONS),
+    ("loraplane.infra.prometheus", RUNTIMES),  # a loopback Prometheus server and promtool
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
     ("loraplane.vllm_plugin", APPLICATIONS),

@@ -123,7 +123,7 @@ async def test_a_failing_command_loop_step_is_counted_and_the_loop_goes_on() -> 
     await asyncio.sleep(1.3)
     assert not loop.done() and feed.calls > 2
     loop.cancel()
-    assert worker.metrics.registry.get_sample_value("command_loop_errors_total") == 1
+    assert worker.metrics.registry.get_sample_value("loraplane_command_loop_errors_total") == 1
     await worker.vllm.close()
 
 

@@ -75,7 +75,7 @@ def test_a_failed_read_keeps_every_view_and_is_counted(tmp_path: Path) -> None:
     reader.down = True
     for _ in range(3):
         assert served(registry) == versions(VIEW_A, VIEW_B)
-    assert metrics.registry.get_sample_value("registry_read_failures_total") == 3
+    assert metrics.registry.get_sample_value("loraplane_registry_read_failures_total") == 3
 
 
 def test_an_empty_or_cut_short_read_drops_nothing(tmp_path: Path) -> None:

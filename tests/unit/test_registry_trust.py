@@ -63,7 +63,8 @@ def world(tmp_path: Path, keyring: Keyring | None = None,
 
 
 def refused_count(metrics: WorkerMetrics, reason: str) -> float:
-    value = metrics.registry.get_sample_value("registry_view_refused_total", {"reason": reason})
+    value = metrics.registry.get_sample_value("loraplane_registry_view_refused_total",
+                                              {"reason": reason})
     return value or 0.0
 
 
@@ -88,7 +89,7 @@ def test_a_record_written_straight_into_the_topic_is_refused_counted_dead_letter
     assert all(d.component == "worker-w1" and d.source_topic == "lp-registry" for d in letters)
     assert refused_count(metrics, "view_no_evidence") == 1
     assert refused_count(metrics, "view_malformed") == 1
-    assert b"registry_view_refused_total" in metrics.exposition()
+    assert b"loraplane_registry_view_refused_total" in metrics.exposition()
 
 
 def test_a_view_under_another_key_is_malformed(tmp_path: Path) -> None:

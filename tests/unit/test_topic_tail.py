@@ -135,9 +135,9 @@ def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
     registry = CollectorRegistry()
     registry.register(TailMetrics([tail]))
     labels = {"component": "worker-w1-registry"}
-    assert registry.get_sample_value("topic_tail_caught_up", labels) == 0.0
-    assert registry.get_sample_value("topic_tail_current", labels) == 0.0
-    assert registry.get_sample_value("topic_tail_lag", labels) == 0.0
+    assert registry.get_sample_value("loraplane_topic_tail_caught_up", labels) == 0.0
+    assert registry.get_sample_value("loraplane_topic_tail_current", labels) == 0.0
+    assert registry.get_sample_value("loraplane_topic_tail_lag", labels) == 0.0
     with pytest.raises(TopicReadIncomplete):
         tail.snapshot()
     assert not tail.wait_caught_up(0.05)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
 
+from loraplane.kernel import metric_names as m
+
+TTFT_COUNT, TTFT_SUM = m.REQUEST_TTFT_SECONDS + "_count", m.REQUEST_TTFT_SECONDS + "_sum"
+
 
 def sample(metrics: WorkerMetrics, name: str, labels: AdapterLabels) -> float | None:
     return metrics.registry.get_sample_value(name, dict(zip(
@@ -16,17 +20,17 @@ def test_request_series_count_hits_and_ttft_per_adapter() -> None:
     metrics = WorkerMetrics()
     a, b = AdapterLabels("a", "1", "t", "base"), AdapterLabels("b", "1", "t", "base")
     metrics.request(a, hot=False)
-    assert sample(metrics, "hot_adapter_hits_total", a) is None  # no hit yet: no series
-    assert sample(metrics, "request_ttft_ms_count", a) is None
+    assert sample(metrics, m.ADAPTER_HITS, a) is None  # no hit yet: no series
+    assert sample(metrics, TTFT_COUNT, a) is None
     for hot in (True, True, False):
         metrics.request(a, hot=hot)
     metrics.request(b, hot=True)
     metrics.ttft(a, 12.0)
     metrics.ttft(AdapterLabels("c", "1", "t", "base"), 3.0)  # never routed: still observed
-    assert sample(metrics, "hot_adapter_requests_total", a) == 4
-    assert sample(metrics, "hot_adapter_hits_total", a) == 2
-    assert sample(metrics, "hot_adapter_hit_rate", a) == 0.5
-    assert sample(metrics, "hot_adapter_hit_rate", b) == 1.0
-    assert sample(metrics, "request_ttft_ms_count", a) == 1
-    assert sample(metrics, "request_ttft_ms_sum", a) == 12.0
-    assert sample(metrics, "request_ttft_ms_count", AdapterLabels("c", "1", "t", "base")) == 1
+    assert sample(metrics, m.ADAPTER_REQUESTS, a) == 4
+    assert sample(metrics, m.ADAPTER_HITS, a) == 2
+    assert sample(metrics, m.ADAPTER_HIT_RATE, a) == 0.5
+    assert sample(metrics, m.ADAPTER_HIT_RATE, b) == 1.0
+    assert sample(metrics, TTFT_COUNT, a) == 1
+    assert sample(metrics, TTFT_SUM, a) == 0.012
+    assert sample(metrics, TTFT_COUNT, AdapterLabels("c", "1", "t", "base")) == 1

@@ -1,0 +1,70 @@
+"""Every Prometheus series name the project serves, in one place (docs/observability.md).
+
+Names carry the ``loraplane_`` namespace and base units (seconds, bytes; counters end in
+``_total``) so ``promtool check metrics`` is clean on each /metrics and the rules in
+``dashboards/prometheus/`` read the same strings the code writes. The seed's names
+(``adapter_swap_ms``, ``request_ttft_ms`` ...) stay as ClickHouse columns and in reports;
+only the Prometheus side is named here. ``LORA_ADAPTER_LOADED`` follows vLLM's proposed
+``vllm:lora_adapter_loaded`` (llm-d's lora-load-state scorer reads residency in that
+shape); its colon is the one lint ``promtool check metrics`` reports, as on vLLM's own.
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "loraplane"
+VLLM_NAMESPACE = "vllm"
+
+
+def _n(name: str) -> str:
+    return f"{NAMESPACE}_{name}"
+
+
+# The worker agent: per adapter (adapter_id, adapter_version, tenant_id, base_model).
+ADAPTER_REQUESTS = _n("hot_adapter_requests_total")
+ADAPTER_HITS = _n("hot_adapter_hits_total")
+ADAPTER_HIT_RATE = _n("hot_adapter_hit_rate")
+ADAPTER_SWAP_SECONDS = _n("adapter_swap_seconds")
+COLD_LOADS = _n("cold_loads_total")
+COLD_LOAD_FAILURES = _n("cold_load_failures_total")
+COLD_LOAD_FAIL_RATIO = _n("cold_load_fail_ratio")
+KV_NAMESPACE_CONFLICTS = _n("kv_namespace_conflict_total")
+REQUEST_TTFT_SECONDS = _n("request_ttft_seconds")
+# The worker agent: by reason, or none.
+COMMANDS_REFUSED = _n("commands_refused_total")
+HOST_INSTALL_FAILURES = _n("host_install_failures_total")
+REGISTRY_VIEW_REFUSED = _n("registry_view_refused_total")
+COMMAND_LOOP_ERRORS = _n("command_loop_errors_total")
+REGISTRY_READ_FAILURES = _n("registry_read_failures_total")
+COMMANDS_READ_BYTES = _n("commands_read_bytes_total")
+WORKER_HEARTBEAT = _n("worker_heartbeat_timestamp_seconds")
+# Residency in vLLM's proposed shape: {adapter_name, level="gpu"|"cpu", pinned, rank} = 1.
+LORA_ADAPTER_LOADED = f"{VLLM_NAMESPACE}:lora_adapter_loaded"
+
+# Every runtime with a consumer loop or a topic tail (kernel.progress_metrics, TailMetrics).
+CONSUMER_STUCK_SECONDS = _n("consumer_stuck_seconds")
+CONSUMER_STALLS = _n("consumer_stalls_total")
+TOPIC_TAIL_CAUGHT_UP = _n("topic_tail_caught_up")
+TOPIC_TAIL_LAG = _n("topic_tail_lag")
+TOPIC_TAIL_CURRENT = _n("topic_tail_current")
+
+# The event sink of every producing runtime (workers.event_sink.SinkMetrics).
+SINK_DELIVERED = _n("event_sink_delivered_total")
+SINK_SPOOLED = _n("event_sink_spooled_total")
+SINK_REPLAYED = _n("event_sink_replayed_total")
+SINK_DROPPED = _n("event_sink_dropped_total")
+SINK_REFUSED = _n("event_sink_refused_total")
+SINK_SPOOL_EVENTS = _n("event_sink_spool_events")
+SINK_SPOOL_BYTES = _n("event_sink_spool_bytes")
+
+# The streams app's planner.
+PLANNER_ACTIVE = _n("planner_active")
+
+# The fleet router.
+ROUTER_REQUESTS = _n("router_requests_total")
+ROUTER_WORKERS = _n("router_workers")
+ROUTER_DEAD_LETTERS = _n("router_dead_letters_total")
+ROUTER_IN_FLIGHT = _n("router_in_flight")
+ROUTER_QUEUE_DEPTH = _n("router_queue_depth")
+ROUTER_QUEUE_WAIT_SECONDS = _n("router_queue_wait_seconds")
+ROUTER_QUEUE_REJECTIONS = _n("router_queue_rejections_total")
+ROUTER_QUEUE_WITHDRAWN = _n("router_queue_withdrawn_total")
