@@ -103,7 +103,7 @@ def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests) -> Bo
 
 
 def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits: PoolLimits,
-             batch_wait_s: float = 0.0, max_cells: int = 50_000,
+             batch_wait_s: float = 0.0, max_cells: int = 60_000,
              bucket_s: float | None = None) -> tuple[float, float, int]:
     """(bound, bucket seconds, adapter-bucket cells) of one pool's requests; ``costs[j]`` is
     what request ``j`` is charged at least when it finds no copy and loads nothing."""

@@ -161,7 +161,7 @@ class OptimumSettings(_Strict):
     segment_requests: int = Field(2000, ge=10, description="segment size of the lower bound")
     bound_max_requests: int = Field(200_000, ge=0, description="no bound above this (time)")
     bound_max_cells: int = Field(
-        50_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
+        60_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
                                    "(the bucket grows to fit)")
 
 
