@@ -85,6 +85,11 @@ class _Worker:
             heapq.heappop(f)
         return len(f)
 
+    def running_at(self, when: float) -> int:
+        """Requests dispatched so far that are still in flight at ``when`` (which may lie
+        ahead: a load waiting for the budget); unlike ``busy`` it changes nothing."""
+        return sum(1 for end in self.finishing if end > when)
+
     def serve(self, ready: float, service_s: float) -> float:
         """Take a serving place from ``ready`` for ``service_s``; returns the queue wait."""
         start = max(ready, heapq.heappop(self.places))
@@ -137,8 +142,9 @@ class _Worker:
         """Put ``adapter`` in a slot; returns when it is ready."""
         fl, c, inf = self.fleet, self.fleet.c, self.fleet.interference
         size = fl.sizes[adapter]
-        gpu_ms = (fl.costs.swap_ms(size) + inf.page_alloc_ms) * (
-            1.0 + inf.load_slowdown_per_request * self.busy(start))
+        gpu_ms = fl.costs.swap_ms(size) + inf.page_alloc_ms
+        if inf.load_slowdown_per_request:
+            gpu_ms *= 1.0 + inf.load_slowdown_per_request * self.running_at(start)
         ms = gpu_ms
         if adapter not in self.host:
             ms += fl.costs.fetch_ms(size)
