@@ -1,6 +1,6 @@
 """One benchmark run: build the request stream of a scenario, replay it with each policy,
-bound it with the offline optimum, and return the result in the shape of
-``loraplane simulate --json``."""
+bound it (the budgeted LP bound of each policy's deployment, and the budget-free offline
+optimum), and return the result in the shape of ``loraplane simulate --json``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from loraplane.simulator.bound import budget_bound
 from loraplane.simulator.catalog import Catalog, build_catalog
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.metrics import Counters
@@ -58,6 +59,8 @@ def run(bench: Workbench, policies: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"scenario": bench.scenario.model_dump(mode="json"),
                               "requests": len(bench.requests), "policies": {}, "timing_s": {}}
     seed_columns: dict[str, dict[str, float]] = {}
+    bounds: dict[tuple[object, ...], dict[str, float | int] | None] = {}
+    result["bounds"] = {}
     for name in policies:
         started = time.perf_counter()
         counters = run_policy(bench, name)
@@ -65,12 +68,30 @@ def run(bench: Workbench, policies: list[str]) -> dict[str, Any]:
         result["policies"][name] = counters.summary()
         seed_columns[name] = counters.seed_columns()
     started = time.perf_counter()
+    result["bound"] = _bound_of(bench, bench.scenario, bounds)
+    for name in policies:
+        result["bounds"][name] = _bound_of(bench, bench.scenario.for_policy(name), bounds)
+    result["timing_s"]["bound"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     best = optimum(bench.scenario, bench.catalog, bench.requests, pool_slots(bench.scenario))
     result["timing_s"]["optimum"] = round(time.perf_counter() - started, 3)
     result["optimum"] = best.as_dict() if best else None
     if bench.scenario.seed_reference:
         result["seed_comparison"] = seed_comparison(bench.scenario, seed_columns)
     return result
+
+
+def _bound_of(bench: Workbench, scenario: Scenario,
+              cache: dict[tuple[object, ...], dict[str, float | int] | None],
+              ) -> dict[str, float | int] | None:
+    """The budgeted bound of one deployment (slots and load budget), computed once per
+    deployment: policies with the scenario's own share it."""
+    key = (tuple(b.gpu_slots_per_worker for b in scenario.fleet.base_models),
+           scenario.policy.cold_loads_per_minute_per_worker)
+    if key not in cache:
+        found = budget_bound(scenario, bench.catalog, bench.requests)
+        cache[key] = found.as_dict() if found else None
+    return cache[key]
 
 
 def seed_comparison(scenario: Scenario, ours: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -110,8 +131,11 @@ def sweep(bench: Workbench, policies: list[str]) -> dict[str, Any]:
         rows = [run_policy(bench, name, s).summary() for s in slots]
         out["policies"][name] = {"gpu_hit_rate": [r["gpu_hit_rate"] for r in rows],
                                  "weighted_miss_cost": [r["weighted_miss_cost"] for r in rows]}
+    out["bound"] = []
     for s in slots:
         best = optimum(bench.scenario, bench.catalog, bench.requests,
                        pool_slots(bench.scenario.with_gpu_slots(s)))
         out["optimum"].append(best.weighted_miss_cost if best else None)
+        bound = budget_bound(bench.scenario.with_gpu_slots(s), bench.catalog, bench.requests)
+        out["bound"].append(bound.weighted_miss_cost if bound else None)
     return out

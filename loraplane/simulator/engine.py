@@ -20,6 +20,17 @@ decides what the request experiences (see ``fleet``). The host tier is an LRU ov
 bytes per worker for every policy (vLLM's ``max_cpu_loras``). Then the request takes one of
 the worker's ``max_concurrent`` serving places for its decode time; when all are taken it
 queues (first come, first served), and the wait adds to its TTFT penalty and to its charge.
+
+Interference (``fleet.interference``, all off by default): the GPU part of a load (page
+allocation + host→GPU copy) takes longer the more requests its worker is running, and while
+a load runs (its fetch included: vLLM reads an adapter missing from its CPU cache inside its
+step loop), the decode of every request on that worker runs at ``1 - stall_fraction`` of its
+rate; a request pays ``stall_fraction x`` its decode's overlap with each such window, whether
+the load was planned before it (seen at dispatch) or after (charged back to it then). The
+overlap is taken on the unstalled schedule and a stall does not hold the serving place
+longer: first order, so one pass stays linear. Adapter HBM shrinks the batch: with
+``kv_bytes_per_sequence`` a worker runs at most (HBM - base weights - slot reservations) / it
+requests at once.
 """
 
 from __future__ import annotations
@@ -29,13 +40,15 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Iterator
 
+import numpy as np
+
 from loraplane.simulator.catalog import Catalog
 from loraplane.simulator.fleet import CostModel, Outcome, Pool
 from loraplane.simulator.metrics import Counters
 from loraplane.simulator.policies import PolicyFactory
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.simulator.requests import Requests
-from loraplane.simulator.scenario import Scenario
+from loraplane.simulator.scenario import Interference, Scenario
 from loraplane.workers.routing import free_slot_order, pick_worker
 
 WINDOW_S = 60.0
@@ -62,6 +75,8 @@ class _Worker:
         self.staged: list[tuple[float, float]] = []  # (ready time, bytes) of loads
         self.places = [0.0] * pool.max_concurrent  # heap: when each serving place frees
         self.finishing: list[float] = []  # heap: when each in-flight request ends
+        self.windows: list[tuple[float, float]] = []  # load windows, disjoint, in order
+        self.running: list[tuple[float, float, int]] = []  # heap: (decode end, start, request)
 
     def busy(self, now: float) -> int:
         """In-flight requests (the router's count): dispatched and not yet answered."""
@@ -69,6 +84,11 @@ class _Worker:
         while f and f[0] <= now:
             heapq.heappop(f)
         return len(f)
+
+    def running_at(self, when: float) -> int:
+        """Requests dispatched so far that are still in flight at ``when`` (which may lie
+        ahead: a load waiting for the budget); unlike ``busy`` it changes nothing."""
+        return sum(1 for end in self.finishing if end > when)
 
     def serve(self, ready: float, service_s: float) -> float:
         """Take a serving place from ``ready`` for ``service_s``; returns the queue wait."""
@@ -110,14 +130,22 @@ class _Worker:
         self.fleet.gpu_holders.setdefault(adapter, set()).add(self.index)
 
     def preload(self, adapter: int) -> None:
+        """In a slot before the first request; its load time is counted, not waited for."""
+        fl = self.fleet
+        fl.c.preloads += 1
+        fl.c.preload_ms_total += fl.costs.swap_ms(fl.sizes[adapter]) + \
+            fl.interference.page_alloc_ms
         self._add(adapter, 0.0)
         self.host_put(adapter)
 
     def load(self, adapter: int, start: float, demand: bool) -> float:
         """Put ``adapter`` in a slot; returns when it is ready."""
-        fl, c = self.fleet, self.fleet.c
+        fl, c, inf = self.fleet, self.fleet.c, self.fleet.interference
         size = fl.sizes[adapter]
-        ms = fl.costs.swap_ms(size)
+        gpu_ms = fl.costs.swap_ms(size) + inf.page_alloc_ms
+        if inf.load_slowdown_per_request:
+            gpu_ms *= 1.0 + inf.load_slowdown_per_request * self.running_at(start)
+        ms = gpu_ms
         if adapter not in self.host:
             ms += fl.costs.fetch_ms(size)
             c.cold_loads += 1
@@ -131,13 +159,43 @@ class _Worker:
         bisect.insort(self.loads, start)
         self._add(adapter, ready)
         self.staged = [x for x in self.staged if x[0] > start]
-        self.staged.append((ready, size))
+        self.staged.append((ready, size + inf.staging_bytes_per_load))
         self.hbm_check(sum(x[1] for x in self.staged))
+        if fl.stall:
+            self._stall_running(ready - ms / 1000.0, ready)
         return ready
+
+    def _stall_running(self, lo: float, hi: float) -> None:
+        """A load window ``[lo, hi]``: requests already decoding here pay their overlap."""
+        self.windows.append((lo, hi))
+        run, fl = self.running, self.fleet
+        while run and run[0][0] <= lo:
+            heapq.heappop(run)
+        for end, begin, i in run:
+            overlap = min(end, hi) - max(begin, lo)
+            if overlap > 0:
+                fl.stall_request(i, overlap)
+
+    def decode(self, i: int, now: float, begin: float, end: float) -> None:
+        """Request ``i``, arrived at ``now``, decodes here over ``[begin, end]``: it pays its
+        overlap with the load windows already planned, and later ones as they are planned.
+        Windows over by ``now`` are dropped (a later request begins no earlier than it
+        arrives; begins themselves are not in order)."""
+        w, fl = self.windows, self.fleet
+        while w and w[0][1] <= now:
+            w.pop(0)
+        for lo, hi in w:
+            if lo >= end:
+                break
+            overlap = min(end, hi) - max(begin, lo)
+            if overlap > 0:
+                fl.stall_request(i, overlap)
+        heapq.heappush(self.running, (end, begin, i))
 
     def hbm_check(self, staged: float = 0.0) -> None:
         pool = self.fleet.pool
-        ratio = (pool.base_bytes + pool.kv_bytes + self.resident_bytes + staged) / pool.hbm_bytes
+        adapters = self.fleet.slot_reserve or self.resident_bytes
+        ratio = (pool.base_bytes + pool.kv_bytes + adapters + staged) / pool.hbm_bytes
         if ratio > self.fleet.c.hbm_peak_ratio:
             self.fleet.c.hbm_peak_ratio = ratio
 
@@ -157,17 +215,36 @@ class _Fleet:
     """One base model's workers, who holds what (the router's indexes) and its policy."""
 
     def __init__(self, pool: Pool, catalog: Catalog, costs: CostModel,
-                 counters: Counters) -> None:
+                 counters: Counters, interference: Interference,
+                 decode_s: list[float]) -> None:
         self.pool = pool
         self.sizes = [a.size_bytes for a in catalog.adapters]
         self.costs = costs
         self.c = counters
+        self.interference = interference
+        self.stall = interference.stall_fraction > 0
+        self.slot_reserve = 0.0  # HBM the slots reserve (set once the policy is known)
+        self.decode_s = decode_s  # per request: time in service, stalls included
         self.gpu_holders: dict[int, set[int]] = {}  # adapter -> workers with a GPU copy
         self.host_holders: dict[int, set[int]] = {}  # adapter -> workers with a host copy
         self.workers = [_Worker(w, self) for w in range(pool.workers)]
         self.ids = tuple(range(pool.workers))
         self.policy: CachePolicy
         self.next_tick = float("inf")
+
+    def stall_request(self, i: int, overlap_s: float) -> None:
+        self.decode_s[i] += self.interference.stall_fraction * overlap_s
+
+    def size_workers(self) -> None:
+        """Slot reservations and the batch they leave (merged weights reserve no slot)."""
+        pool, inf = self.pool, self.interference
+        if not self.policy.merged:
+            self.slot_reserve = pool.gpu_slots * inf.slot_reserved_bytes
+        if inf.kv_bytes_per_sequence > 0:
+            free = pool.hbm_bytes - pool.base_bytes - self.slot_reserve
+            batch = max(1, min(pool.max_concurrent, int(free // inf.kv_bytes_per_sequence)))
+            for wk in self.workers:
+                wk.places = [0.0] * batch
 
     def route(self, adapter: int, now: float) -> tuple[int, str]:
         """The router's choice for a request of ``adapter`` at ``now``."""
@@ -219,16 +296,18 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
              factory: PolicyFactory) -> Counters:
     """Replay ``requests`` with one policy (one instance per base model)."""
     c = Counters(requests=len(requests))
+    decode = [0.0] * len(requests)  # per request: time in service, stalls included
     costs = CostModel(scenario.fleet.costs, scenario.policy)
     fleets: list[_Fleet] = []
     for index, spec in enumerate(scenario.fleet.base_models):
         pool = Pool.of(index, spec, scenario.policy)
-        fl = _Fleet(pool, catalog, costs, c)
+        fl = _Fleet(pool, catalog, costs, c, scenario.fleet.interference, decode)
         ws = fl.workers
         fl.policy = factory(PolicyContext(
             pool, pool.gpu_slots, catalog, costs, scenario.policy, requests,
             tuple(w.resident for w in ws), tuple(w.host for w in ws),
             tuple(scenario.workload.peaks), recent_loads=fl.recent_loads))
+        fl.size_workers()
         for w, a in fl.policy.preload():
             ws[w].preload(a)
         for wk in ws:
@@ -246,7 +325,6 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     lora_tps = base_tps * (1 - scenario.fleet.costs.lora_decode_overhead)
     hit_s = scenario.fleet.costs.gpu_hit_ms / 1000.0
     penalties = c.ttft_penalty_ms
-    tps = c.tokens_per_s
     routes = c.routes
     times, reqs, tokens, batches = (requests.time_s, requests.adapter, requests.output_tokens,
                                     requests.batch)
@@ -309,16 +387,22 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
                 tier = "base_fallback"
             c.weighted_miss_cost += weight[a] * outcome.charged_ms
             rate = base_tps if (outcome.fallback or pol.merged) else lora_tps
+        service = hit_s + out / rate
+        decode[i] = service
         if outcome is None or not outcome.retry:
-            queued = wk.serve(t + penalty / 1000.0, hit_s + out / rate)
+            begin = t + penalty / 1000.0
+            queued = wk.serve(begin, service)
             if queued > 0:
                 c.queued += 1
                 penalty += queued * 1000.0
                 c.weighted_miss_cost += weight[a] * queued * 1000.0
-        tps.append(out / (penalty / 1000.0 + hit_s + out / rate))
+            if fl.stall:
+                wk.decode(i, t, begin + queued, begin + queued + service)
         penalties.append(penalty)
         if pol.observes:
             pol.observe(w, a, i, t, tier, penalty)
             if pol.replan_now:
                 fl.apply(pol.tick(t), t)
+    c.tokens_per_s = (np.asarray(tokens, dtype=float) / (
+        np.asarray(penalties) / 1000.0 + np.asarray(decode))).tolist()
     return c

@@ -99,6 +99,11 @@ class CostModel:
         """The policy declined to load: the base model serves the request."""
         return Outcome(0.0, self.costs.fallback_cost_ms, True)
 
+    def unloaded_miss_ms(self, batch: bool) -> float:
+        """The least a request of this class is charged when it finds no GPU copy and loads
+        nothing (spent budget, bypass, retry): the miss weight of the budgeted bound."""
+        return min(self._classes[batch][1], self.costs.fallback_cost_ms)
+
     def min_miss_ms(self, size_bytes: float, batch: bool) -> float:
         """The least any miss of this request can be charged, whatever the policy did: the
         weight of a miss in the offline optimum (so that it is a true lower bound)."""

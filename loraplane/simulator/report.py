@@ -11,13 +11,15 @@ COLUMNS = ("gpu_hit", "host_hit", "cold", "swaps", "fallbk", "queued", "p50", "p
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown table (also readable in a terminal): one row per policy, then the optimum."""
+    """Markdown table (also readable in a terminal): one row per policy, its weighted cost
+    also as a multiple of the budgeted bound of its own deployment, then the bounds."""
     head = "| policy | " + " | ".join(COLUMNS) + " |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
-    best = (result.get("optimum") or {}).get("weighted_miss_cost")
+    bounds = result.get("bounds") or {}
     for name, m in result["policies"].items():
         p = m["ttft_penalty_ms"]
         wcost = f"{m['weighted_miss_cost']:.4g}"
+        best = (bounds.get(name) or {}).get("weighted_miss_cost")
         if best:
             wcost += f" ({m['weighted_miss_cost'] / best:.2f}x)"
         cells = [f"{m['gpu_hit_rate']:.3f}", f"{m['host_hit_rate']:.3f}", str(m["cold_loads"]),
@@ -26,9 +28,15 @@ def table(result: dict[str, Any]) -> str:
                  f"{p['p99']:.0f}", wcost, str(m["platinum_cold_starts"]),
                  str(m["canary_cold_starts"]), f"{result['timing_s'].get(name, 0):.2f}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    bound = result.get("bound")
+    if bound:
+        lines.append(f"| budgeted LP bound ({bound['bucket_s']:g} s buckets) | " + " | ".join(
+            f"{bound['weighted_miss_cost']:.4g}" if c == "wcost" else "" for c in COLUMNS)
+            + " |")
     opt = result.get("optimum")
     if opt:
-        kind = "offline optimum" if opt["exact"] else f"lower bound ({opt['segments']} segments)"
+        kind = ("budget-free offline optimum" if opt["exact"]
+                else f"budget-free lower bound ({opt['segments']} segments)")
         lines.append(f"| {kind} | " + " | ".join(
             f"{opt['weighted_miss_cost']:.4g}" if c == "wcost" else "" for c in COLUMNS) + " |")
     return "\n".join(lines)
@@ -74,8 +82,11 @@ def plot(sweep: dict[str, Any], name: str, directory: Path) -> list[Path]:
         for policy, series in sweep["policies"].items():
             ax.plot(slots, series[metric], marker="o", label=policy)
         if metric == "weighted_miss_cost" and all(v is not None for v in sweep["optimum"]):
-            ax.plot(slots, sweep["optimum"], linestyle="--", color="black",
-                    label="offline optimum / bound")
+            ax.plot(slots, sweep["optimum"], linestyle=":", color="black",
+                    label="budget-free optimum / bound")
+        if metric == "weighted_miss_cost" and all(v is not None for v in sweep["bound"]):
+            ax.plot(slots, sweep["bound"], linestyle="--", color="black",
+                    label="budgeted LP bound")
         ax.set_xscale("log", base=2)
         ax.set_xticks(slots, [str(s) for s in slots])
         ax.set_xlabel("GPU slots per worker")

@@ -122,9 +122,34 @@ class Costs(_Strict):
     priority_weights: dict[PriorityName, float] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
 
 
+class Interference(_Strict):
+    """What a GPU load does to the batch running on its worker, and what adapter HBM does to
+    the batch size. Every default is "off", so a scenario without this section replays as
+    before. The seed scenario says which values were fitted (bench/scenarios/seed-004-*)."""
+
+    stall_fraction: float = Field(
+        0.0, ge=0, le=1, description="decode on the worker runs at (1 - this) of its rate "
+                                     "while a load runs on it (vLLM loads inside its step "
+                                     "loop: queue blocking, memory traffic)")
+    page_alloc_ms: float = Field(0.0, ge=0, description="added to every GPU load: allocating "
+                                                        "the adapter's pages")
+    load_slowdown_per_request: float = Field(
+        0.0, ge=0, description="the GPU part of a load takes (1 + this x requests in flight "
+                               "on the worker) times longer: the batch's memory traffic")
+    slot_reserved_bytes: float = Field(
+        0.0, ge=0, description="HBM each GPU slot reserves (vLLM preallocates max_loras x "
+                               "max_lora_rank); 0 = adapters take their own bytes")
+    staging_bytes_per_load: float = Field(
+        0.0, ge=0, description="HBM a load holds while queued or copying (staging buffer)")
+    kv_bytes_per_sequence: float = Field(
+        0.0, ge=0, description="KV cache one running sequence needs; > 0: a worker serves at "
+                               "most (HBM - base - slot reservations) / this at once")
+
+
 class Fleet(_Strict):
     base_models: list[BaseModelFleet] = Field(default_factory=lambda: [BaseModelFleet()])
     costs: Costs = Field(default_factory=Costs)
+    interference: Interference = Field(default_factory=Interference)
 
 
 class Sweep(_Strict):
@@ -135,6 +160,9 @@ class OptimumSettings(_Strict):
     exact_max_requests: int = Field(3000, ge=0, description="exact min-cost flow up to this")
     segment_requests: int = Field(2000, ge=10, description="segment size of the lower bound")
     bound_max_requests: int = Field(200_000, ge=0, description="no bound above this (time)")
+    bound_max_cells: int = Field(
+        60_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
+                                   "(the bucket grows to fit)")
 
 
 class SeedRow(_Strict):
@@ -147,6 +175,8 @@ class Override(_Strict):
     """A policy that stands for a deployment strategy gets its own slots or load budget."""
 
     gpu_slots_per_worker: int | None = Field(None, ge=1)
+    host_slots_per_worker: int | None = Field(
+        None, ge=1, description="vLLM's max_cpu_loras (its default is max_loras)")
     cold_loads_per_minute_per_worker: int | None = Field(None, ge=1)
 
 
@@ -171,14 +201,19 @@ class Scenario(_Strict):
         if o is None:
             return self
         out = self.with_gpu_slots(o.gpu_slots_per_worker) if o.gpu_slots_per_worker else self
+        if o.host_slots_per_worker:
+            out = out._with_base_models(host_slots_per_worker=o.host_slots_per_worker)
         if o.cold_loads_per_minute_per_worker:
             out = out.model_copy(update={"policy": out.policy.model_copy(update={
                 "cold_loads_per_minute_per_worker": o.cold_loads_per_minute_per_worker})})
         return out
 
     def with_gpu_slots(self, slots: int) -> Scenario:
+        return self._with_base_models(gpu_slots_per_worker=slots)
+
+    def _with_base_models(self, **update: int) -> Scenario:
         fleet = self.fleet.model_copy(update={"base_models": [
-            b.model_copy(update={"gpu_slots_per_worker": slots}) for b in self.fleet.base_models]})
+            b.model_copy(update=update) for b in self.fleet.base_models]})
         return self.model_copy(update={"fleet": fleet})
 
 
