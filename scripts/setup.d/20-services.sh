@@ -19,8 +19,17 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends prometheus
-  # Its service would listen on 0.0.0.0:9090; infra/prometheus.py runs ours on 127.0.0.1.
+  # Its service would listen on 0.0.0.0:9090 (infra/prometheus.py runs ours on 127.0.0.1):
+  # without systemd, the package's postinst starts it through invoke-rc.d unless a
+  # policy-rc.d says no, so one says no for the install (and only for it).
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    guard=1
+  fi
+  $SUDO apt-get install -y -q --no-install-recommends prometheus || { [ -z "$guard" ] || $SUDO rm -f /usr/sbin/policy-rc.d; exit 1; }
+  [ -z "$guard" ] || $SUDO rm -f /usr/sbin/policy-rc.d
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus || true
   fi

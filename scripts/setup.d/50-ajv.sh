@@ -21,6 +21,11 @@ if [ -f "$stamp" ]; then
 fi
 rm -rf "$TARGET"
 mkdir -p "$TARGET"
+# Node trusts only the CAs it was built with: a registry reached through a TLS-inspecting
+# proxy (whose CA is in the system's bundle, as pip and apt use) needs that bundle too.
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+  export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 npm install --prefix "$TARGET" --no-audit --no-fund --no-save \
   "ajv@$AJV_VERSION" "ajv-formats@$AJV_FORMATS_VERSION"
 (cd "$TARGET" && node -e 'require("ajv/dist/2020"); require("ajv-formats")')
