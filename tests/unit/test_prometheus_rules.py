@@ -81,15 +81,23 @@ async def test_the_worker_metrics_are_promtool_clean_and_show_residency(
     registry.register(TailMetrics([tail]))  # type: ignore[list-item]
     registry.register(ProgressMetrics([Progress("worker-commands")]))
     registry.register(CommandBytesMetrics(ReadBytes()))
-    async with world.http.get(world.url + "/metrics") as resp:
-        text = await resp.text()
+    # The request may start a load of another version in the background (a canary): the
+    # gauge and the agent's state are compared once no load moves them between the scrape
+    # and the comparison (the scrape is served while other coroutines run).
+    for _ in range(100):
+        async with world.http.get(world.url + "/metrics") as resp:
+            text = await resp.text()
+        loaded = samples(text, m.LORA_ADAPTER_LOADED)
+        resident = {dict(k)["adapter_name"]: dict(k)["level"] for k in loaded}
+        expected = {n: "gpu" if world.agent.is_hot(n) else "cpu"
+                    for n in set(world.agent._rt.gpu) | set(world.agent._host)}
+        if resident == expected:
+            break
+        await asyncio.sleep(0.05)
     assert prom.check_metrics(text) == []
-    loaded = samples(text, m.LORA_ADAPTER_LOADED)
     assert loaded[(("adapter_name", hot.lora_name), ("level", "gpu"), ("pinned", "false"),
                    ("rank", str(hot.rank)))] == 1.0
-    resident = {dict(k)["adapter_name"]: dict(k)["level"] for k in loaded}
-    assert resident == {n: "gpu" if world.agent.is_hot(n) else "cpu"
-                        for n in set(world.agent._rt.gpu) | set(world.agent._host)}
+    assert resident == expected
     assert set(loaded.values()) == {1.0}
     beat = samples(text, m.WORKER_HEARTBEAT)[()]
     assert abs(beat - time.time()) < 60
