@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 def load_registry(settings: Settings, timeout_s: float = 10.0,
                   to_end: bool = False) -> dict[str, AdapterView]:
     """adapter_id -> its current view. Undecodable records are logged and skipped.
-    ``to_end``: stop at the end of every partition instead of after an idle wait (faster;
-    ``TopicReadIncomplete`` if that takes longer than ``timeout_s``)."""
+    Every read waits for the end of every partition (``read_topic``); ``to_end`` also
+    ends it there at once, without the idle wait, and raises ``TopicReadIncomplete`` when
+    the end is not reached in ``timeout_s`` instead of returning what was read."""
     views: dict[str, AdapterView] = {}
     for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
                              to_end=to_end):
