@@ -7,7 +7,8 @@ stream and the catalog carry the seed, so a run is a pure function of the scenar
 
 Every request is routed as the fleet router routes it, by the router's own code
 (``workers.routing.pick_worker``): a worker holding a GPU copy (a copy still loading counts:
-its gateway waits for it) with the fewest in-flight requests, else a host-warm copy, else a
+its gateway waits for it) with the fewest in-flight requests (ties: the one chosen least
+recently, as the router's ``turn``), else a host-warm copy, else a
 free slot where the planner would load (most free slots, within the worker's cold-load
 budget), else the least busy worker, whose cold budget applies. The router's view is the
 engine's truth here (no heartbeat lag).
@@ -229,6 +230,8 @@ class _Fleet:
         self.host_holders: dict[int, set[int]] = {}  # adapter -> workers with a host copy
         self.workers = [_Worker(w, self) for w in range(pool.workers)]
         self.ids = tuple(range(pool.workers))
+        self.turns = [0] * pool.workers  # the route that last chose each worker (``turn``)
+        self.routes = 0
         self.policy: CachePolicy
         self.next_tick = float("inf")
 
@@ -254,8 +257,10 @@ class _Fleet:
             self.gpu_holders.get(adapter, ()), self.host_holders.get(adapter, ()),
             self._free_order(), self.ids, fits=_always,
             may_load=lambda w: ws[w].recent_loads(now) < budget,
-            busy=lambda w: ws[w].busy(now))
+            busy=lambda w: ws[w].busy(now), turn=self.turns.__getitem__)
         assert picked is not None  # every simulated worker fits every adapter
+        self.routes += 1
+        self.turns[picked[0]] = self.routes
         return picked
 
     def recent_loads(self, worker: int, now: float) -> int:

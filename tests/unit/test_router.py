@@ -76,6 +76,9 @@ def test_least_in_flight_among_copies_and_drained_and_rank_fit() -> None:
     w1, w2 = at(worker("w1", gpu=[a]), NOW), at(worker("w2", gpu=[a]), NOW)
     assert index(w1, w2).route(a, NOW, {"w1": 3, "w2": 1}).worker_id == "w2"
     assert index(w1, w2).route(a, NOW, {}).worker_id == "w1"  # ties: lowest id
+    taking_turns = index(w1, w2)  # idle copies take turns: an extra copy shares the traffic
+    assert [taking_turns.route(a, NOW, {}).worker_id for _ in range(4)] == ["w1", "w2"] * 2
+    assert taking_turns.route(a, NOW, {"w1": 1}).worker_id == "w2"  # busy first, turns second
     stale = at(worker("w1", gpu=[a]), NOW - 16)  # > 3 heartbeats of 5 s
     assert index(stale, w2).route(a, NOW, {}).worker_id == "w2"
     assert index(stale).route(a, NOW, {}) is None
