@@ -45,19 +45,17 @@ from pydantic import BaseModel
 
 from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.bus import Record
-from loraplane.kernel.registry_view import views_from_json, views_to_json
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
-from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.registry import AdapterView, views_from_json, views_to_json
 from loraplane.streams.registry_evidence import Checkpoint, ViewRefused, verify_view
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
-VIEWS_FILE = ".registry-views.json"  # the last verified views, for a start without Kafka
 
 
 class EventSink(Protocol):

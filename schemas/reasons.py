@@ -190,6 +190,8 @@ class ResolverRefusal(StrEnum):
     served_model_mismatch = "served_model_mismatch"  # vLLM serves a model it was not set up for
     not_in_host_tier = "not_in_host_tier"  # no entry of that name in the host tier
     unverified = "unverified"  # an entry without a readable record of its own name, a link
+    unvouched = "unvouched"  # no view the keyring verifies names this lora name (the digest)
+    withdrawn = "withdrawn"  # the verified view has the version retired or revoked
     other_base_model = "other_base_model"  # the record or its config names another base model
     tampered = "tampered"  # the files fail verification against the entry's record
     io_error = "io_error"  # the entry could not be read or copied

@@ -7,6 +7,7 @@ planner needs the revoked ones to order evictions.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -92,3 +93,25 @@ class AdapterView(StrictModel):
     def must_evict(self) -> list[str]:
         """LoRA names of revoked versions: workers must unload and delete them."""
         return [r.lora_name for r in self.versions if r.status is AdapterStatus.revoked]
+
+
+def views_to_json(views: dict[str, AdapterView]) -> str:
+    """The whole registry as one JSON object, adapter_id -> view (``registry list --json``,
+    the agent's saved views that the host-tier resolver reads too)."""
+    return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
+                      indent=2)
+
+
+def views_from_json(data: bytes) -> dict[str, AdapterView]:
+    """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
+    from loraplane.schemas.strict_json import strict_loads
+
+    raw = strict_loads(data, max_bytes=256 * 1024 * 1024)  # StrictJsonError is a ValueError
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object adapter_id -> view")
+    views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)
+             for aid, v in raw.items()}
+    for aid, view in views.items():
+        if view.adapter_id != aid:
+            raise ValueError(f"{aid}: holds the view of {view.adapter_id}")
+    return views

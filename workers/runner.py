@@ -24,6 +24,7 @@ from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
+from loraplane.workers.host_tier_entry import VIEWS_FILE
 from loraplane.workers.vllm_client import VllmClient
 from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics, WorkerMetrics
 
@@ -35,7 +36,7 @@ from loraplane.kernel.progress_metrics import ProgressMetrics
 from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.secrets import SecretError, secret_key
 from loraplane.kernel.topic_tail import TopicTail
-from loraplane.registry_trust import CHECKPOINTS_FILE, VIEWS_FILE, VerifiedRegistry
+from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 
 log = logging.getLogger("loraplane.worker")
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)

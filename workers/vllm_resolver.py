@@ -1,15 +1,19 @@
-"""Which folder vLLM may load for a LoRA name it was asked for on demand: only a verified
-entry of this worker's host tier, for this vLLM's base model. Everything else is refused.
+"""Which folder vLLM may load for a LoRA name it was asked for on demand: only an entry of
+this worker's host tier that a signed release names, for this vLLM's base model. Everything
+else is refused.
 
 vLLM resolves a request's unknown ``model`` through its LoRA resolver plugins when
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on (the agent needs it on to load adapters), so a
 resolver that trusts a folder, as vLLM's own filesystem resolver does, loads bytes the
 control plane never verified. This one re-decides at resolve time, from the bytes vLLM will
 read: the entry's files are copied (no link followed) into a folder of this process
-(``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified against the entry's
-record, the way the host tier verified them; vLLM gets the copy, so a folder swapped on disk
-after the check is never what it loads. The worker agent vouches for such a copy as for the
-entry itself (workers/reconcile.py: ``vouched``), so it keeps, counts and evicts it.
+(``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified, the way the host tier
+verified them, against the record of the agent's saved registry view that the keyring verifies
+(workers/registry_vouch.py), never against the entry's own ``record.json`` (whoever can write
+the tier can write one to match any files); a retired or revoked version is refused. vLLM gets
+the copy, so a folder swapped on disk after the check is never what it loads. The worker
+agent vouches for such a copy as for the entry itself (workers/reconcile.py: ``vouched``), so
+it keeps, counts and evicts it.
 
 The vLLM-facing class is ``loraplane/vllm_plugin.py``; this module never imports vLLM, so the
 worker's venv and the unit tests run it as is. Configured through the environment that
@@ -31,17 +35,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.base import LORA_NAME_RE
+from loraplane.schemas.base import LORA_NAME_RE, now_utc
+from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import ArtifactReason
 from loraplane.schemas.reasons import ResolverRefusal as Refused
+from loraplane.schemas.registry import AdapterView, views_from_json
 from loraplane.workers.host_tier_entry import (
     ADAPTER_DIR,
     MAX_RECORD_BYTES,
     RECORD_FILE,
     RESOLVER_COPIES,
+    VIEWS_FILE,
     entry_record,
     resolver_copy_name,
 )
+from loraplane.workers.registry_vouch import Unvouched, vouched_record
 
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
 from loraplane.artifact.model_shape import ModelShape
@@ -56,6 +64,8 @@ ENV_BASE_MODEL = "LORAPLANE_RESOLVER_BASE_MODEL"  # the registry's base_model id
 ENV_SERVED_MODEL = "LORAPLANE_RESOLVER_SERVED_MODEL"  # vLLM's --model: its base_model_name
 ENV_MAX_LORA_RANK = "LORAPLANE_RESOLVER_MAX_LORA_RANK"
 ENV_ALIASES = "LORAPLANE_RESOLVER_BASE_MODEL_ALIASES"  # JSON object, settings' aliases
+ENV_KEYRING = "LORAPLANE_RESOLVER_KEYRING"  # the worker's keyring file (settings.keyring_path)
+MAX_VIEWS_BYTES = 256 * 1024 * 1024
 _CHUNK = 1024 * 1024
 
 
@@ -66,18 +76,22 @@ class ResolverConfigError(ValueError):
 @dataclass(frozen=True)
 class ResolverConfig:
     """One vLLM's resolver: the host tier it may load from and the base model it serves.
-    ``served_model`` is vLLM's ``--model``; ``VllmProcess`` sets it to its ``model_dir``."""
+    ``served_model`` is vLLM's ``--model``; ``VllmProcess`` sets it to its ``model_dir``.
+    ``keyring``: the file the worker verifies the registry with; without one every name is
+    refused (``unvouched``: fail closed)."""
 
     host_tier: Path
     base_model: str
     served_model: str
     max_lora_rank: int
     base_model_aliases: Mapping[str, str] = field(default_factory=dict)
+    keyring: Path | None = None
 
     def env(self) -> dict[str, str]:
         return {ENV_HOST_TIER: str(self.host_tier), ENV_BASE_MODEL: self.base_model,
                 ENV_SERVED_MODEL: self.served_model, ENV_MAX_LORA_RANK: str(self.max_lora_rank),
-                ENV_ALIASES: json.dumps(dict(self.base_model_aliases))}
+                ENV_ALIASES: json.dumps(dict(self.base_model_aliases)),
+                ENV_KEYRING: str(self.keyring or "")}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ResolverConfig | None:
@@ -88,8 +102,10 @@ class ResolverConfig:
             return None
         try:
             aliases = json.loads(env.get(ENV_ALIASES) or "{}")
+            keyring = env.get(ENV_KEYRING)
             config = cls(Path(root), env[ENV_BASE_MODEL], env[ENV_SERVED_MODEL],
-                         int(env[ENV_MAX_LORA_RANK]), aliases)
+                         int(env[ENV_MAX_LORA_RANK]), aliases,
+                         Path(keyring) if keyring else None)
         except (KeyError, ValueError) as exc:
             raise ResolverConfigError(f"resolver environment incomplete: {exc!r}") from None
         if not (isinstance(aliases, dict)
@@ -98,6 +114,8 @@ class ResolverConfig:
         if not config.host_tier.is_absolute() or not config.base_model:
             raise ResolverConfigError(f"{ENV_HOST_TIER} must be absolute, "
                                       f"{ENV_BASE_MODEL} not empty")
+        if config.keyring is not None and not config.keyring.is_absolute():
+            raise ResolverConfigError(f"{ENV_KEYRING} must be absolute")
         return config
 
 
@@ -138,6 +156,8 @@ class HostTierResolver:
         self._snapshot_root = snapshot_root
         self._copies: dict[str, Path] = {}  # lora name -> its latest verified copy
         self._lock = threading.Lock()
+        self._keyring = KeyringFile(config.keyring) if config.keyring is not None else None
+        self._views: tuple[tuple[int, int, int], dict[str, AdapterView]] | None = None
 
     def resolve(self, base_model_name: str, lora_name: str) -> Resolved | None:
         """The verified copy of ``lora_name``'s host-tier entry, or None (logged with its
@@ -166,7 +186,8 @@ class HostTierResolver:
         except OSError as exc:  # a link (ELOOP), a file (ENOTDIR): not an entry the tier made
             raise _Refusal(Refused.unverified, f"entry: {exc.strerror}") from None
         try:
-            record = self._record(entry, lora_name)
+            self._record(entry, lora_name)  # an entry the tier completed
+            record = self._vouched(lora_name)
             if record.base_model != self.config.base_model:
                 raise _Refusal(Refused.other_base_model,
                                f"record base {record.base_model[:120]!r}")
@@ -188,6 +209,52 @@ class HostTierResolver:
         if isinstance(record, str):
             raise _Refusal(Refused.unverified, record)
         return record
+
+    def _vouched(self, lora_name: str) -> AdapterRecord:
+        """The record a signed release gives ``lora_name`` (workers/registry_vouch.py)."""
+        found = vouched_record(lora_name, self._saved_views(), self._current_keyring(),
+                               now_utc())
+        if isinstance(found, Unvouched):
+            raise _Refusal(found.reason, found.detail)
+        return found
+
+    def _current_keyring(self) -> Keyring | None:
+        if self._keyring is None:
+            return None
+        try:
+            return self._keyring.current()
+        except KeyringError as exc:
+            log.error("lora resolver: keyring unreadable, refusing every name: %s", exc)
+            return None
+
+    def _saved_views(self) -> dict[str, AdapterView]:
+        """The agent's saved views, parsed again only when the file changed; none when it is
+        missing or unreadable (then every name is refused)."""
+        try:
+            fd = os.open(self.config.host_tier / VIEWS_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return {}
+        try:
+            st = os.fstat(fd)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            with self._lock:
+                if self._views is not None and self._views[0] == stamp:
+                    return self._views[1]
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_VIEWS_BYTES:
+                return {}
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(MAX_VIEWS_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            views = views_from_json(raw)
+        except ValueError as exc:
+            log.error("lora resolver: %s unreadable, refusing every name: %s", VIEWS_FILE,
+                      str(exc)[:200])
+            views = {}
+        with self._lock:
+            self._views = (stamp, views)
+        return views
 
     def _verified_copy(self, entry: int, lora_name: str, record: AdapterRecord) -> Path:
         dest = self._snapshots() / resolver_copy_name(lora_name, uuid.uuid4().hex)

@@ -284,9 +284,9 @@ def register(app: typer.Typer) -> None:
                                           "the output of `loraplane registry list --json`."),
     ) -> None:
         """Apply the events in order as the registry would; exit 1 if any is rejected."""
-        from loraplane.kernel.registry_view import views_from_json
         from loraplane.schemas.base import now_utc
         from loraplane.schemas.keyring import KeyringError, load_keyring
+        from loraplane.schemas.registry import views_from_json
         from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
 
         try:

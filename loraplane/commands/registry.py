@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.registry_view import load_registry, views_to_json
+        from loraplane.kernel.registry_view import load_registry
+        from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)
         views = load_registry(get_settings())
@@ -43,7 +44,8 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.registry_view import load_registry, views_to_json
+        from loraplane.kernel.registry_view import load_registry
+        from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)
         view = load_registry(get_settings()).get(adapter_id)

@@ -142,7 +142,8 @@ def serve(
         if not base_model:
             raise typer.BadParameter("the resolver needs --base-model", param_hint="--base-model")
         resolver = ResolverConfig(resolver_host_tier.resolve(), base_model, "", max_lora_rank,
-                                  settings.base_model_aliases)
+                                  settings.base_model_aliases,
+                                  keyring=settings.keyring_path.resolve())
     api_key = ensure_secret(api_key_file or settings.vllm_api_key_path(port))
     if model_dir is None:
         from loraplane.tiny_model import build_model

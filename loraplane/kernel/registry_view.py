@@ -7,7 +7,6 @@ gives the whole registry without talking to the Faust app.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from loraplane.kernel.bus import Record, read_topic
@@ -62,24 +61,3 @@ def registry_tail(settings: Settings, component: str) -> TopicTail:
     the router's registry, current within the broker's delivery instead of a re-read."""
     return TopicTail(settings, topic_name(settings, "registry"),
                      component=f"{component}-registry").start()
-
-
-def views_to_json(views: dict[str, AdapterView]) -> str:
-    """The whole registry as one JSON object, adapter_id -> view (``registry list --json``)."""
-    return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
-                      indent=2)
-
-
-def views_from_json(data: bytes) -> dict[str, AdapterView]:
-    """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
-    from loraplane.schemas.strict_json import strict_loads
-
-    raw = strict_loads(data, max_bytes=256 * 1024 * 1024)  # StrictJsonError is a ValueError
-    if not isinstance(raw, dict):
-        raise ValueError("expected a JSON object adapter_id -> view")
-    views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)
-             for aid, v in raw.items()}
-    for aid, view in views.items():
-        if view.adapter_id != aid:
-            raise ValueError(f"{aid}: holds the view of {view.adapter_id}")
-    return views

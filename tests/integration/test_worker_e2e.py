@@ -273,7 +273,8 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                                       python=ROOT / ".venv-vllm/bin/python", max_model_len=512,
                                       api_key=api_key, resolver=ResolverConfig(
                                           host_tier_dir(tmp, worker_id), TINY_BASE_MODEL,
-                                          str(model_dir), 8))
+                                          str(model_dir), 8,
+                                          keyring=tmp / "home" / "keyring.yaml"))
             server.start()
             server.wait_healthy(240)
         else:
@@ -411,8 +412,9 @@ def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
     weights, from the resolver's verified copy in the tier's ``.resolver-copies/``; the
     agent vouches for that copy and keeps it on the GPU (no unload, no
     kv_namespace_conflict over its next ticks). An absolute path, ``../N``, an unverified
-    folder put in the tier by hand, another base model's entry and an entry edited after
-    verification are refused (404), each with its ResolverRefusal in vLLM's log."""
+    folder put in the tier by hand, an entry copied under a name no signed release has (its
+    record.json rewritten to match) and an entry edited after verification are refused (404),
+    each with its ResolverRefusal in vLLM's log."""
     if world.kind != "real-vllm":
         pytest.skip("the FAKE vLLM runs no resolver plugin (its checks: tests/unit)")
     if world.agent is None:
@@ -450,7 +452,9 @@ def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
         refused = {str(tier / held.lora_name): ResolverRefusal.unsafe_name,
                    f"../{held.lora_name}": ResolverRefusal.unsafe_name,
                    unverified.name: ResolverRefusal.unverified,
-                   other.lora_name: ResolverRefusal.other_base_model,
+                   # a copy of a verified entry, its record.json rewritten to match: no
+                   # signed release names it
+                   other.lora_name: ResolverRefusal.unvouched,
                    edited.lora_name: ResolverRefusal.tampered}
         for name in refused:
             resp = chat(name)

@@ -50,6 +50,8 @@ CONTRACT: list[tuple[str, int]] = [
     # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it,
     # reconcile vouches for the resolver's copies
     ("loraplane.workers.host_tier_entry", DECISIONS),
+    # whether a signed registry view names a lora name: vLLM's resolver asks before a load
+    ("loraplane.workers.registry_vouch", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     # what of a request body may reach vLLM, its caps, salts and tenant limits
     ("loraplane.workers.request_fields", DECISIONS),

@@ -20,11 +20,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.keyring import save_keyring
+from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.registry import AdapterView, views_to_json
 from loraplane.workers.artifact_fetch import FetchedArtifact
 from loraplane.workers.host_tier import HostTier
-from loraplane.workers.host_tier_entry import RESOLVER_COPIES
+from loraplane.workers.host_tier_entry import RESOLVER_COPIES, VIEWS_FILE
 from loraplane.workers.reconcile import ActualState, HostEntry, vouched
 from loraplane.workers.vllm_process import PLUGIN_DIST, VllmProcess
 from loraplane.workers.vllm_resolver import (
@@ -39,6 +43,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record
 from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
+from tests.lifecycle_kit import extended_view, make_kit, signed_view
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_BASE = "other-llama"
@@ -70,11 +75,19 @@ class World:
         self.shape = ModelShape.from_hf_config(hf)
         self.root = tmp / "tier"
         self.fetcher = LocalFetcher()
-        self.config = ResolverConfig(self.root, TINY_BASE_MODEL, str(self.model), 8)
+        self.kit, self.now = make_kit(now_utc()), now_utc()
+        self.keyring = tmp / "keyring.yaml"  # the worker's (settings.keyring_path)
+        save_keyring(self.kit.keyring, self.keyring)
+        self.views: dict[str, AdapterView] = {}
+        self.config = ResolverConfig(self.root, TINY_BASE_MODEL, str(self.model), 8,
+                                     keyring=self.keyring)
         self.resolver = HostTierResolver(self.config, snapshot_root=tmp / "copies")
         (tmp / "copies").mkdir()
 
-    def install(self, adapter_id: str, seed: int, base: str = TINY_BASE_MODEL) -> AdapterRecord:
+    def install(self, adapter_id: str, seed: int, base: str = TINY_BASE_MODEL, *,
+                vouch: bool = True) -> AdapterRecord:
+        """An entry installed by the real HostTier and, with ``vouch``, its version active
+        in a signed view among the agent's saved views (as the agent's registry leaves it)."""
         folder = build_adapter(self.tmp / "src" / adapter_id, seed=seed, base_model_name=base)
         record, manifest = build_record(
             folder, PublishRequest(adapter_id, "t1", base, "1", Priority.silver), "bucket")
@@ -82,7 +95,14 @@ class World:
         limits = WorkerLimits(base_model=base, max_lora_rank=8, model=self.shape)
         HostTier(self.root, budget_bytes=10**8, limits=limits, fetcher=self.fetcher
                  ).ensure(record)
+        if vouch:
+            self.save_view(signed_view(self.kit.keys["ops"], [record.model_copy(
+                update={"status": AdapterStatus.active})], self.now, self.kit.keyring))
         return record
+
+    def save_view(self, view: AdapterView) -> None:
+        self.views[view.adapter_id] = view
+        (self.root / VIEWS_FILE).write_text(views_to_json(self.views))
 
     def adapter(self, record: AdapterRecord) -> Path:
         return self.root / record.lora_name / "adapter"
@@ -101,7 +121,8 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_verified_entry_resolves_to_a_private_verified_copy(world: World) -> None:
     record = world.install("a1", seed=1)
     found = world.resolver.resolve(str(world.model), record.lora_name)
-    assert found is not None and found.record == record
+    assert found is not None  # with the signed view's record: the same version and digest
+    assert found.record == record.model_copy(update={"status": AdapterStatus.active})
     assert found.path.parent == world.tmp / "copies"  # never the tier's folder itself
     tier_files = {p.name: p.read_bytes() for p in world.adapter(record).iterdir()}
     assert {p.name: p.read_bytes() for p in found.path.iterdir()} == tier_files
@@ -153,14 +174,66 @@ def test_an_adapter_of_another_base_model_is_refused(
                                 f"other_base_model (record base {OTHER_BASE!r})"]
 
 
-def test_a_record_edited_to_claim_this_base_model_fails_the_config_check(
+def test_an_edited_record_json_changes_nothing_the_signed_record_decides(
         world: World, caplog: pytest.LogCaptureFixture) -> None:
     other = world.install("o1", seed=3, base=OTHER_BASE)
     forged = other.model_copy(update={"base_model": TINY_BASE_MODEL})
     assert forged.lora_name == other.lora_name
     (world.root / other.lora_name / "record.json").write_text(forged.model_dump_json())
     assert world.resolver.resolve(str(world.model), other.lora_name) is None
-    assert refusals(caplog)[0].endswith("other_base_model (base_model_mismatch)")
+    assert refusals(caplog) == [f"lora resolver refused {other.lora_name!r}: "
+                                f"other_base_model (record base {OTHER_BASE!r})"]
+
+
+def test_an_entry_no_signed_view_names_is_refused_however_consistent(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """ATTACK: write access to the tier. Files and a record.json that match each other (the
+    real tier installed them) but no signed release names them: never loaded."""
+    forged = world.install("f5", seed=5, vouch=False)
+    assert world.resolver.resolve(str(world.model), forged.lora_name) is None
+    genuine = world.install("a1", seed=1)
+    other_digest = forged.model_copy(update={"adapter_id": "a1"})  # a1's id, f5's bytes
+    assert world.resolver.resolve(str(world.model), other_digest.lora_name) is None
+    assert world.resolver.resolve(str(world.model), genuine.lora_name) is not None
+    assert [m.split(": ", 1)[1] for m in refusals(caplog)] == [
+        "unvouched (no saved registry view of f5)", "not_in_host_tier"]
+
+
+def test_an_edited_view_or_a_keyring_away_vouches_for_nothing(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    a1 = world.install("a1", seed=1)
+    forged = world.install("f5", seed=5, vouch=False)
+    view = world.views["a1"]  # a1's genuine view, given f5's version: its evidence disagrees
+    world.save_view(view.model_copy(update={"versions": [*view.versions, forged.model_copy(
+        update={"adapter_id": "a1", "version": "2"})]}))
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is None
+    world.save_view(view)
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is not None
+    world.keyring.unlink()
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is None
+    save_keyring(world.kit.keyring, world.keyring)
+    (world.root / VIEWS_FILE).write_text("{not json")
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is None
+    blind = HostTierResolver(ResolverConfig(world.root, TINY_BASE_MODEL, str(world.model), 8),
+                             snapshot_root=world.tmp / "copies")  # no keyring configured
+    world.save_view(view)
+    assert blind.resolve(str(world.model), a1.lora_name) is None
+    assert [m.split(": ", 1)[1] for m in refusals(caplog)] == [
+        "unvouched (the view of a1: view_mismatch)",
+        "unvouched (the view of a1: view_keyring_unavailable)",
+        "unvouched (no saved registry view of a1)",
+        "unvouched (the view of a1: view_keyring_unavailable)"]
+
+
+def test_a_retired_or_revoked_version_is_withdrawn(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    a1 = world.install("a1", seed=1)
+    key, ring = world.kit.keys["ops"], world.kit.keyring
+    world.save_view(extended_view(key, world.views["a1"], LifecycleAction.revoke, "1", ring,
+                                  world.now))
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is None
+    assert refusals(caplog) == [f"lora resolver refused {a1.lora_name!r}: "
+                                f"withdrawn ({a1.lora_name} is revoked)"]
 
 
 def test_a_file_changed_after_verification_is_refused(
@@ -244,10 +317,11 @@ def test_no_name_but_a_held_entry_ever_resolves(world: World, name: str) -> None
 
 def test_the_config_travels_through_the_environment() -> None:
     config = ResolverConfig(Path("/srv/tier"), TINY_BASE_MODEL, "/models/tiny", 16,
-                            {"acme/tiny": TINY_BASE_MODEL})
+                            {"acme/tiny": TINY_BASE_MODEL}, keyring=Path("/etc/lp/keyring.yaml"))
     assert ResolverConfig.from_env(config.env()) == config
     assert ResolverConfig.from_env({}) is None
     for broken in ({**config.env(), "LORAPLANE_RESOLVER_MAX_LORA_RANK": "x"},
+                   {**config.env(), "LORAPLANE_RESOLVER_KEYRING": "keyring.yaml"},
                    {**config.env(), "LORAPLANE_RESOLVER_HOST_TIER": "relative/tier"},
                    {**config.env(), "LORAPLANE_RESOLVER_BASE_MODEL_ALIASES": "[1]"},
                    {k: v for k, v in config.env().items() if "SERVED" not in k}):
