@@ -331,6 +331,11 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     hit_s = scenario.fleet.costs.gpu_hit_ms / 1000.0
     penalties = c.ttft_penalty_ms
     routes = c.routes
+    slo_ms = scenario.fleet.costs.slo_ttft_ms
+    budget_ms = (slo_ms["interactive"] - hit_s * 1000.0, slo_ms["batch"] - hit_s * 1000.0)
+    slo = c.slo
+    attained = (slo.setdefault("interactive", [0, 0]), slo.setdefault("batch", [0, 0]))
+    canary_attained = [0, 0]
     times, reqs, tokens, batches = (requests.time_s, requests.adapter, requests.output_tokens,
                                     requests.batch)
     for i in range(len(requests)):
@@ -404,10 +409,20 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
             if fl.stall:
                 wk.decode(i, t, begin + queued, begin + queued + service)
         penalties.append(penalty)
+        met = (outcome is None or not (outcome.fallback or outcome.retry)) and \
+            penalty <= budget_ms[batch]
+        row = attained[batch]
+        row[0] += 1
+        row[1] += met
+        if canary[a]:
+            canary_attained[0] += 1
+            canary_attained[1] += met
         if pol.observes:
             pol.observe(w, a, i, t, tier, penalty)
             if pol.replan_now:
                 fl.apply(pol.tick(t), t)
+    if canary_attained[0]:
+        slo["canary"] = canary_attained
     c.tokens_per_s = (np.asarray(tokens, dtype=float) / (
         np.asarray(penalties) / 1000.0 + np.asarray(decode))).tolist()
     return c

@@ -30,6 +30,9 @@ class Counters:
     tokens_per_s: list[float] = field(default_factory=list)
     routes: dict[str, int] = field(default_factory=dict)
     """Requests per route kind of the router (``workers.routing.RouteKind``)."""
+    slo: dict[str, list[int]] = field(default_factory=dict)
+    """Per request class (and ``canary``: the requests of canary versions, by their class's
+    budget): [requests, requests within their class's TTFT budget] (``Costs.slo_ttft_ms``)."""
 
     def summary(self) -> dict[str, Any]:
         n = max(1, self.requests)
@@ -48,6 +51,8 @@ class Counters:
             "platinum_cold_starts": self.platinum_cold_starts,
             "canary_cold_starts": self.canary_cold_starts,
             "routes": {str(k): v for k, v in sorted(self.routes.items())},
+            "slo_attainment": {k: round(met / n_k, 6) for k, (n_k, met) in sorted(
+                self.slo.items()) if n_k},
         }
 
     def seed_columns(self) -> dict[str, float]:

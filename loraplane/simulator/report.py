@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("gpu_hit", "host_hit", "cold", "swaps", "fallbk", "queued", "p50", "p95", "p99",
-           "wcost", "plat_cs", "can_cs", "time_s")
+           "wcost", "plat_cs", "can_cs", "slo i/b/c", "time_s")
+SLO_CLASSES = ("interactive", "batch", "canary")
+
+
+def _slo_cell(attainment: dict[str, float]) -> str:
+    """SLO attainment of interactive / batch / canary requests ("-": none of that class)."""
+    return "/".join(f"{attainment[k]:.3f}" if k in attainment else "-" for k in SLO_CLASSES)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -26,7 +32,8 @@ def table(result: dict[str, Any]) -> str:
                  str(m["swaps"]), str(m["fallbacks"]), str(m["queued"]), f"{p['p50']:.0f}",
                  f"{p['p95']:.0f}",
                  f"{p['p99']:.0f}", wcost, str(m["platinum_cold_starts"]),
-                 str(m["canary_cold_starts"]), f"{result['timing_s'].get(name, 0):.2f}"]
+                 str(m["canary_cold_starts"]), _slo_cell(m.get("slo_attainment", {})),
+                 f"{result['timing_s'].get(name, 0):.2f}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     bound = result.get("bound")
     if bound:

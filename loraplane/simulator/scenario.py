@@ -120,6 +120,11 @@ class Costs(_Strict):
     lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
     adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
     priority_weights: dict[PriorityName, float] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
+    slo_ttft_ms: dict[Literal["interactive", "batch"], float] = Field(
+        default_factory=lambda: {"interactive": 1000.0, "batch": 30_000.0},
+        description="each request class's TTFT budget: a request attains its SLO when it is "
+                    "served by its adapter (no base-model fallback, no retry) within it "
+                    "(gpu_hit_ms + its TTFT penalty, queueing included)")
 
 
 class Interference(_Strict):

@@ -67,6 +67,30 @@ def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
     assert (c.swaps, c.fallbacks) == (1, 2)
 
 
+def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budget(
+        tmp_path: Path) -> None:
+    """A request attains its class's SLO when its adapter served it (no base-model fallback,
+    no retry) within the class's TTFT budget; canary versions' requests are counted apart."""
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    small = load_scenario(path)
+    costs = small.fleet.costs
+    for budget_ms in (0.0, 250.0, 1e9):
+        sc = small.model_copy(update={"fleet": small.fleet.model_copy(update={
+            "costs": costs.model_copy(update={"slo_ttft_ms": {"interactive": budget_ms,
+                                                              "batch": budget_ms}})})})
+        bench = benchmark.prepare(sc)
+        for name in ("lru", "gdsf", "loraplane"):
+            c = benchmark.run_policy(bench, name)
+            within = sum(p <= budget_ms for p in c.ttft_penalty_ms)
+            (n_i, met_i), (n_b, met_b) = c.slo["interactive"], c.slo["batch"]
+            assert n_i + n_b == c.requests and 0 < n_b < c.requests
+            assert met_i + met_b == within - c.fallbacks  # a fallback waits 0 ms, misses
+            assert c.slo["canary"][0] > 0 and c.slo["canary"][1] <= c.slo["canary"][0]
+            if budget_ms == 1e9:
+                assert met_i + met_b == c.requests - c.fallbacks
+
+
 SMALL = """
 name: small
 seed: 5
@@ -138,7 +162,10 @@ def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> No
     for metrics in data["policies"].values():
         assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
                                 "fallbacks", "queued", "ttft_penalty_ms", "weighted_miss_cost",
-                                "platinum_cold_starts", "canary_cold_starts", "routes"}
+                                "platinum_cold_starts", "canary_cold_starts", "routes",
+                                "slo_attainment"}
+        assert set(metrics["slo_attainment"]) <= {"interactive", "batch", "canary"}
+        assert all(0 <= v <= 1 for v in metrics["slo_attainment"].values())
         assert sum(metrics["routes"].values()) == 400
         assert set(metrics["ttft_penalty_ms"]) == {"p50", "p95", "p99"}
     assert data["optimum"]["exact"] is True
