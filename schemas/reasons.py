@@ -193,7 +193,7 @@ class ResolverRefusal(StrEnum):
     unvouched = "unvouched"  # no view the keyring verifies names this lora name (the digest)
     withdrawn = "withdrawn"  # the verified view has the version retired or revoked
     other_base_model = "other_base_model"  # the record or its config names another base model
-    tampered = "tampered"  # the files fail verification against the entry's record
+    tampered = "tampered"  # the files fail verification against the signed record
     io_error = "io_error"  # the entry could not be read or copied
 
 

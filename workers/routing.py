@@ -18,8 +18,8 @@ Worker (``FleetIndex.route``), among the live workers of the version's base mode
    (streams/planner.py rule 5): the most free slots, ties to the lowest worker id, skipping
    workers out of cold-load budget (``cold_loads_last_minute``) or above the HBM watermark;
 4. else ``cold_budget``: the fitting worker with the least in-flight requests (ties as in 1),
-   whose gateway
-   applies the request class's cold budget (base fallback, 429 + Retry-After, or a wait).
+   whose gateway applies the request class's cold budget (base fallback, 429 + Retry-After,
+   or a wait).
 
 A version this router just sent to a worker by rule 3 or 4 is *placed* there (``placed``)
 until that worker's heartbeat shows it on the GPU, or for ``DRAIN_AFTER_HEARTBEATS``
