@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from loraplane.kernel.policy import Policy
 
 PriorityName = Literal["bronze", "silver", "gold", "platinum"]
+SloClass = Literal["interactive", "batch"]
+_SLO_TTFT_MS: dict[SloClass, float] = {"interactive": 1000.0, "batch": 30_000.0}
 PRIORITIES: tuple[PriorityName, ...] = get_args(PriorityName)
 _PRIORITY_MIX: dict[PriorityName, float] = {
     "bronze": 0.5, "silver": 0.3, "gold": 0.15, "platinum": 0.05}
@@ -120,8 +122,8 @@ class Costs(_Strict):
     lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
     adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
     priority_weights: dict[PriorityName, float] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
-    slo_ttft_ms: dict[Literal["interactive", "batch"], float] = Field(
-        default_factory=lambda: {"interactive": 1000.0, "batch": 30_000.0},
+    slo_ttft_ms: dict[SloClass, float] = Field(
+        default_factory=lambda: _SLO_TTFT_MS.copy(),
         description="each request class's TTFT budget: a request attains its SLO when it is "
                     "served by its adapter (no base-model fallback, no retry) within it "
                     "(gpu_hit_ms + its TTFT penalty, queueing included)")
