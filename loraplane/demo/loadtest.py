@@ -108,7 +108,8 @@ class Run:
         ids = {a.adapter_id for a in adapters}
         self.system.wait(lambda: all(
             (v := self.system.registry().get(i)) is not None and v.active_version
-            for i in ids), 90, f"registry to serve {', '.join(sorted(ids))}")
+            for i in ids), 180, f"registry to serve {', '.join(sorted(ids))}")  # several
+        # loadtests at once on 2 cores took over 90 s in a clean run
         time.sleep(self.system.options.registry_settle_s)
 
     def warm(self, adapters: Sequence[Adapter], timeout_s: float = 90.0) -> None:

@@ -79,7 +79,7 @@ class Env:
                  *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ())],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: True if LOG_READY in log_path.read_text()[offset:] else None,
-                 "the Faust worker to start", timeout_s=90)
+                 "the Faust worker to start", timeout_s=180)  # 90 s missed once under load
 
     @contextmanager
     def owned(self) -> Iterator[Self]:
