@@ -95,6 +95,10 @@ class AdapterView(StrictModel):
         return [r.lora_name for r in self.versions if r.status is AdapterStatus.revoked]
 
 
+MAX_VIEWS_BYTES = 256 * 1024 * 1024
+"""The most a saved views file (``views_to_json``) may hold: what its readers accept."""
+
+
 def views_to_json(views: dict[str, AdapterView]) -> str:
     """The whole registry as one JSON object, adapter_id -> view (``registry list --json``,
     the agent's saved views that the host-tier resolver reads too)."""
@@ -106,7 +110,7 @@ def views_from_json(data: bytes) -> dict[str, AdapterView]:
     """The inverse of views_to_json; ValueError (pydantic's included) when it is not one."""
     from loraplane.schemas.strict_json import strict_loads
 
-    raw = strict_loads(data, max_bytes=256 * 1024 * 1024)  # StrictJsonError is a ValueError
+    raw = strict_loads(data, max_bytes=MAX_VIEWS_BYTES)  # StrictJsonError is a ValueError
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object adapter_id -> view")
     views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)

@@ -39,7 +39,7 @@ from loraplane.schemas.base import LORA_NAME_RE, now_utc
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import ArtifactReason
 from loraplane.schemas.reasons import ResolverRefusal as Refused
-from loraplane.schemas.registry import AdapterView, views_from_json
+from loraplane.schemas.registry import MAX_VIEWS_BYTES, AdapterView, views_from_json
 from loraplane.workers.host_tier_entry import (
     ADAPTER_DIR,
     MAX_RECORD_BYTES,
@@ -65,7 +65,6 @@ ENV_SERVED_MODEL = "LORAPLANE_RESOLVER_SERVED_MODEL"  # vLLM's --model: its base
 ENV_MAX_LORA_RANK = "LORAPLANE_RESOLVER_MAX_LORA_RANK"
 ENV_ALIASES = "LORAPLANE_RESOLVER_BASE_MODEL_ALIASES"  # JSON object, settings' aliases
 ENV_KEYRING = "LORAPLANE_RESOLVER_KEYRING"  # the worker's keyring file (settings.keyring_path)
-MAX_VIEWS_BYTES = 256 * 1024 * 1024
 _CHUNK = 1024 * 1024
 
 
