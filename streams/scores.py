@@ -347,8 +347,22 @@ def _scheduled(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, poli
     return _clip(scheduled)
 
 
+def _weighted_demand(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
+                     policy: Policy, now: float) -> np.ndarray:
+    """Forecast requests/s times the tenant's priority value: what a miss of this version
+    costs per second, the quantity a budgeted cache should rank by (a product, so an idle
+    platinum version does not outrank a busy bronze one as an added priority term would).
+    The forecast is the 10-minute rate plus ``demand_trend_weight`` of a rise of the 1-minute
+    rate above it; a fall is left to the 10-minute decay, so a lull does not drop a copy."""
+    r10 = decayed_at(x.r10_value, x.r10_at, TAU_10M_S, now) / TAU_10M_S
+    r1 = decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
+    forecast = r10 + policy.demand_trend_weight * np.maximum(0.0, r1 - r10)
+    return _clip(forecast * priority / policy.normalisation.weighted_demand)
+
+
 _TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_penalty,
-          "tenant_priority": _priority, "scheduled_warmup_score": _scheduled}
+          "tenant_priority": _priority, "scheduled_warmup_score": _scheduled,
+          "weighted_demand": _weighted_demand}
 
 
 def priority_values(priorities: Iterable[str], policy: Policy) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCORE_TERMS = ("qps_10m", "qps_1m", "ttft_penalty_if_cold", "tenant_priority",
-               "scheduled_warmup_score")
+               "scheduled_warmup_score", "weighted_demand")
 FACTS = ("status", "canary_percent", "tenant_priority", "no_request_for_minutes",
          "error_rate_after_load", "request_class")
 DEFAULT_FORMULA = (
@@ -129,6 +129,8 @@ class Normalisation(_Strict):
     qps_10m: float = Field(1.0, gt=0, description="requests/s over 10 min that scores 1.0")
     qps_1m: float = Field(2.0, gt=0, description="requests/s over 1 min that scores 1.0")
     ttft_penalty_ms: float = Field(2000.0, gt=0, description="cold TTFT penalty scoring 1.0")
+    weighted_demand: float = Field(
+        1.0, gt=0, description="forecast requests/s x tenant priority value scoring 1.0")
 
 
 class RequestCaps(_Strict):
@@ -226,6 +228,9 @@ class Policy(_Strict):
     tenant_priority_values: dict[str, float] = Field(
         default_factory=lambda: {"bronze": 0.25, "silver": 0.5, "gold": 0.75, "platinum": 1.0})
     normalisation: Normalisation = Field(default_factory=Normalisation)
+    demand_trend_weight: float = Field(
+        0.5, ge=0, le=1, description="weighted_demand's forecast: the 10-minute rate plus this "
+        "share of a rise of the 1-minute rate above it")
     ttft_penalty_prior_ms: float = Field(800.0, ge=0,
                                          description="cold TTFT penalty until one is observed")
     cold_loads_per_minute_per_worker: int = Field(6, ge=1, le=10_000)

@@ -187,3 +187,38 @@ def test_burst_state_survives_the_changelog_round_trip() -> None:
     assert read(wire(state)) == state
     assert read(json.dumps({k: v for k, v in json.loads(wire(state)).items()
                             if k != "armed"})).burst_armed
+
+
+COST = Policy(hot_score_formula="1.0 * weighted_demand")
+
+
+def test_weighted_demand_ranks_a_busy_bronze_version_above_an_idle_platinum_one() -> None:
+    """What a miss costs is rate times priority: the seed's sum would rank them the other
+    way round (priority adds 0.15 of score, as much as 0.33 requests/s of demand)."""
+    busy_bronze, idle_platinum = steady(0.2, T0), steady(0.01, T0)
+    assert (hot_score(busy_bronze, "bronze", 0, COST, T0)
+            > hot_score(idle_platinum, "platinum", 0, COST, T0))
+    assert (hot_score(busy_bronze, "bronze", 0, POLICY, T0)
+            < hot_score(idle_platinum, "platinum", 0, POLICY, T0))
+
+
+@given(qps, qps, prio)
+def test_weighted_demand_is_monotonic_and_bounded(a: float, b: float, priority: str) -> None:
+    lo, hi = sorted((a, b))
+    low, high = (hot_score(steady(r, T0), priority, 0, COST, T0) for r in (lo, hi))
+    assert 0.0 <= low <= high + 1e-12 <= 1.0 + 1e-12
+
+
+@given(st.floats(min_value=0.01, max_value=0.5), st.floats(min_value=2, max_value=10))
+def test_weighted_demand_counts_a_rise_early_and_a_fall_late(rate: float, factor: float) -> None:
+    """The forecast adds ``demand_trend_weight`` of a 1-minute rate above the 10-minute one;
+    a 1-minute rate below it changes nothing (a lull keeps the copy)."""
+    base = steady(rate, T0)
+    rising = replace(base, requests_1m=Decayed(TAU_1M_S, rate * factor * TAU_1M_S, T0))
+    falling = replace(base, requests_1m=Decayed(TAU_1M_S, rate / factor * TAU_1M_S, T0))
+    flat = Policy(hot_score_formula="1.0 * weighted_demand", demand_trend_weight=0.0)
+    assert hot_score(rising, "silver", 0, COST, T0) > hot_score(base, "silver", 0, COST, T0)
+    assert math.isclose(hot_score(rising, "silver", 0, flat, T0),
+                        hot_score(base, "silver", 0, flat, T0))
+    assert math.isclose(hot_score(falling, "silver", 0, COST, T0),
+                        hot_score(base, "silver", 0, COST, T0))

@@ -29,7 +29,9 @@ POLICIES = [Policy(), Policy(hot_score_formula="0.3 * qps_1m + 0.3 * qps_10m + 0
                              "ttft_penalty_if_cold + 0.1 * tenant_priority + 0.1 * "
                              "scheduled_warmup_score",
                              normalisation={"qps_10m": 0.5, "qps_1m": 3.0,
-                                            "ttft_penalty_ms": 700.0})]
+                                            "ttft_penalty_ms": 700.0}),
+            Policy(hot_score_formula="0.9 * weighted_demand + 0.1 * scheduled_warmup_score",
+                   normalisation={"weighted_demand": 0.3}, demand_trend_weight=0.7)]
 
 
 def clip(x: float) -> float:
@@ -46,6 +48,10 @@ def reference(state: ScoreState, priority: str, scheduled: float, policy: Policy
                                      / norm.ttft_penalty_ms),
         "tenant_priority": clip(policy.tenant_priority_values.get(priority, 0.0)),
         "scheduled_warmup_score": clip(scheduled),
+        "weighted_demand": clip(
+            (state.qps_10m(now) + policy.demand_trend_weight
+             * max(0.0, state.qps_1m(now) - state.qps_10m(now)))
+            * policy.tenant_priority_values.get(priority, 0.0) / norm.weighted_demand),
     }
     return sum(w * terms[name] for name, w in policy.weights.items())
 

@@ -18,7 +18,7 @@ from tests.unit.simulator_tiny import catalog, scenario
 
 WINDOW_S = 60.0
 POLICIES = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "belady", "static-merge", "dynamo",
-            "loraplane")
+            "loraplane", "loraplane-cost")
 
 
 def _exhaustive(times: tuple[float, ...], seq: tuple[int, ...], costs: tuple[float, ...],

@@ -89,7 +89,7 @@ def test_every_policy_runs_on_several_workers_and_is_deterministic() -> None:
     trace = [(i * 7) % 9 for i in range(300)]
     reqs = requests(trace, gap_s=0.3)
     for name in ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "belady", "static-merge",
-                 "dynamo", "loraplane", "loraplane-demand"):
+                 "dynamo", "loraplane", "loraplane-demand", "loraplane-cost"):
         a = simulate(sc, catalog(9), reqs, policy_factory(name)).summary()
         b = simulate(sc, catalog(9), reqs, policy_factory(name)).summary()
         assert a == b, name

@@ -212,3 +212,18 @@ class LoraplaneDemand(Loraplane):
                   for c in ctx.policy.never_evict_when]
         super().__init__(replace(ctx, policy=ctx.policy.model_copy(
             update={"never_evict_when": guards})))
+
+
+COST_FORMULA = "0.9 * weighted_demand + 0.1 * scheduled_warmup_score"
+
+
+class LoraplaneCost(Loraplane):
+    """loraplane ranking by what a miss costs: ``weighted_demand`` (forecast rate times the
+    tenant's priority value) instead of the seed's sum of rate, TTFT penalty and priority;
+    schedules keep their term. Every guard, budget and rule is the policy file's."""
+
+    name = "loraplane-cost"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(replace(ctx, policy=ctx.policy.model_copy(
+            update={"hot_score_formula": COST_FORMULA})))
