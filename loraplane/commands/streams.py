@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -12,17 +13,25 @@ import typer
 
 if TYPE_CHECKING:
     import faust
+    from confluent_kafka.admin import AdminClient
 
     from loraplane.kernel.config import Settings
+
+
+CHANGELOG_VISIBLE_S = 30.0
+"""How long a changelog topic may take to show in the broker's metadata with all its
+partitions led (moments on a healthy cluster)."""
 
 
 def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[str]:
     """Create the tables' changelog topics before the worker starts.
 
     Faust would create them itself, but on a fresh prefix its consumer can see a just-created
-    changelog with 0 partitions, fail the table's partition check and crash the agent on its
-    first write (seen against Kafka 4.1.1). Created here, they exist with their partitions
-    before Faust's first metadata fetch. Returns the names created.
+    changelog with 0 partitions, fail the table's partition check on every write and keep
+    failing until its metadata is refreshed, minutes later (seen against Kafka 4.1.1: a
+    clean CI run lost the publishes of one load test that way). Created here, and waited for
+    until the broker's metadata lists every partition with a leader, they exist with their
+    partitions before Faust's first metadata fetch. Returns the names created.
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
@@ -39,15 +48,40 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
                             {"min.insync.replicas": str(topics.min_insync(copies))}
                             if copies > 1 else {}))
                for t in faust_app.tables.values() if t.changelog_topic_name not in existing]
-    if not missing:
-        return []
-    for future in admin.create_topics(missing, request_timeout=30).values():
-        try:
-            future.result(timeout=30)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    if missing:
+        for future in admin.create_topics(missing, request_timeout=30).values():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    for t in faust_app.tables.values():
+        _wait_listed(admin, t.changelog_topic_name,
+                     t.partitions or faust_app.conf.topic_partitions)
     return [t.topic for t in missing]
+
+
+def _wait_listed(admin: AdminClient, name: str, partitions: int,
+                 timeout_s: float = CHANGELOG_VISIBLE_S) -> None:
+    """Until the broker's metadata lists ``name`` with ``partitions`` partitions, each with a
+    leader: a creation the controller acknowledged can take a moment to reach the metadata
+    Faust's consumer reads. Raises ``RuntimeError`` naming the topic when it does not."""
+    deadline = time.monotonic() + timeout_s
+    seen = "not listed"
+    while True:
+        meta = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        if meta is not None and meta.error is None:
+            led = sum(1 for p in meta.partitions.values() if p.leader >= 0)
+            if len(meta.partitions) == partitions and led == partitions:
+                return
+            seen = f"{len(meta.partitions)} partitions, {led} with a leader"
+        elif meta is not None:
+            seen = str(meta.error)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"changelog topic {name} is not ready after {timeout_s:.0f} s "
+                               f"({seen}; want {partitions} partitions with leaders): is "
+                               "every broker up?")
+        time.sleep(0.2)
 
 
 def plain_process() -> Settings:

@@ -1,0 +1,64 @@
+"""``loraplane streams run`` waits for its changelog topics to show in the broker's metadata
+with every partition led before Faust starts (a consumer that first sees a just-created
+changelog without partitions fails every table write until its metadata refreshes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from loraplane.commands import streams
+
+
+@dataclass
+class _Partition:
+    leader: int
+
+
+@dataclass
+class _Topic:
+    partitions: dict[int, _Partition]
+    error: Any = None
+
+
+@dataclass
+class _Metadata:
+    topics: dict[str, _Topic]
+
+
+@dataclass
+class _Admin:
+    """What the broker's metadata says, one answer per ``list_topics`` call."""
+
+    answers: list[dict[str, _Topic]]
+    calls: int = 0
+    asked: list[str] = field(default_factory=list)
+
+    def list_topics(self, topic: str, timeout: float) -> _Metadata:
+        self.asked.append(topic)
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        return _Metadata(answer)
+
+
+def _led(n: int, leaderless: int = 0) -> _Topic:
+    return _Topic({p: _Partition(-1 if p < leaderless else 1) for p in range(n)})
+
+
+def test_it_waits_until_every_partition_has_a_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams.time, "sleep", lambda s: None)
+    name = "p-streams-registry-changelog"
+    admin = _Admin([{}, {name: _Topic({}, error="UNKNOWN_TOPIC_OR_PART")}, {name: _led(3, 2)},
+                    {name: _led(3)}])
+    streams._wait_listed(admin, name, 3)  # type: ignore[arg-type]
+    assert admin.calls == 4 and set(admin.asked) == {name}
+
+
+def test_it_names_the_topic_and_what_it_saw_when_it_never_gets_ready() -> None:
+    name = "p-streams-registry-changelog"
+    admin = _Admin([{name: _led(2)}])
+    with pytest.raises(RuntimeError, match=rf"{name} is not ready.*2 partitions, 2 with a "
+                                           r"leader; want 3"):
+        streams._wait_listed(admin, name, 3, timeout_s=0.3)  # type: ignore[arg-type]
