@@ -1,6 +1,6 @@
 """Every simulated policy by name, as a factory the engine calls once per base model.
 
-Demand-loading caches run one instance per worker (``PerWorker``); ``dynamo`` and the two
+Demand-loading caches run one instance per worker (``PerWorker``); ``dynamo`` and the
 ``loraplane`` policies plan the whole pool. ``loraplane``, ``loraplane-demand`` and
 ``loraplane-cost`` (the real scorer and planner; the second with platinum pinning conditioned
 on demand, the third ranking by ``weighted_demand``) are imported
