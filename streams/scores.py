@@ -319,16 +319,22 @@ _R1 = attrgetter("requests_1m")
 
 
 # Each term maps the inputs of many versions to one normalised column.
+def _rate_10m(x: ScoreInputs, now: float) -> np.ndarray:
+    return decayed_at(x.r10_value, x.r10_at, TAU_10M_S, now) / TAU_10M_S
+
+
+def _rate_1m(x: ScoreInputs, now: float) -> np.ndarray:
+    return decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
+
+
 def _qps_10m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
              now: float) -> np.ndarray:
-    return _clip(decayed_at(x.r10_value, x.r10_at, TAU_10M_S, now) / TAU_10M_S
-                 / policy.normalisation.qps_10m)
+    return _clip(_rate_10m(x, now) / policy.normalisation.qps_10m)
 
 
 def _qps_1m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
             now: float) -> np.ndarray:
-    return _clip(decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
-                 / policy.normalisation.qps_1m)
+    return _clip(_rate_1m(x, now) / policy.normalisation.qps_1m)
 
 
 def _ttft_penalty(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
@@ -354,8 +360,7 @@ def _weighted_demand(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray
     platinum version does not outrank a busy bronze one as an added priority term would).
     The forecast is the 10-minute rate plus ``demand_trend_weight`` of a rise of the 1-minute
     rate above it; a fall is left to the 10-minute decay, so a lull does not drop a copy."""
-    r10 = decayed_at(x.r10_value, x.r10_at, TAU_10M_S, now) / TAU_10M_S
-    r1 = decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
+    r10, r1 = _rate_10m(x, now), _rate_1m(x, now)
     forecast = r10 + policy.demand_trend_weight * np.maximum(0.0, r1 - r10)
     return _clip(forecast * priority / policy.normalisation.weighted_demand)
 

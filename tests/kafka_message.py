@@ -40,14 +40,22 @@ class FakeMessage:
 
 
 @dataclass
-class _TopicMetadata:
-    partitions: dict[int, None]
-    error: None = None
+class PartitionMetadata:
+    leader: int = 1
+    """The broker leading the partition; -1 while none does."""
 
 
 @dataclass
-class _ClusterMetadata:
-    topics: dict[str, _TopicMetadata]
+class TopicMetadata:
+    """``list_topics``'s answer for one topic: its partitions, or the error the broker gave."""
+
+    partitions: dict[int, PartitionMetadata]
+    error: Any = None
+
+
+@dataclass
+class ClusterMetadata:
+    topics: dict[str, TopicMetadata]
 
 
 class AssignedConsumer:
@@ -58,9 +66,9 @@ class AssignedConsumer:
     partitions = 64
     assigned: set[int]
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _ClusterMetadata:
-        return _ClusterMetadata({topic or "": _TopicMetadata(dict.fromkeys(
-            range(self.partitions)))})
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        return ClusterMetadata({topic or "": TopicMetadata(
+            {p: PartitionMetadata() for p in range(self.partitions)})})
 
     def assign(self, partitions: list[Any]) -> None:
         self.assigned = {tp.partition for tp in partitions}

@@ -5,53 +5,37 @@ changelog without partitions fails every table write until its metadata refreshe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 from loraplane.commands import streams
-
-
-@dataclass
-class _Partition:
-    leader: int
-
-
-@dataclass
-class _Topic:
-    partitions: dict[int, _Partition]
-    error: Any = None
-
-
-@dataclass
-class _Metadata:
-    topics: dict[str, _Topic]
+from tests.kafka_message import ClusterMetadata, PartitionMetadata, TopicMetadata
 
 
 @dataclass
 class _Admin:
     """What the broker's metadata says, one answer per ``list_topics`` call."""
 
-    answers: list[dict[str, _Topic]]
+    answers: list[dict[str, TopicMetadata]]
     calls: int = 0
     asked: list[str] = field(default_factory=list)
 
-    def list_topics(self, topic: str, timeout: float) -> _Metadata:
+    def list_topics(self, topic: str, timeout: float) -> ClusterMetadata:
         self.asked.append(topic)
         answer = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
-        return _Metadata(answer)
+        return ClusterMetadata(answer)
 
 
-def _led(n: int, leaderless: int = 0) -> _Topic:
-    return _Topic({p: _Partition(-1 if p < leaderless else 1) for p in range(n)})
+def _led(n: int, leaderless: int = 0) -> TopicMetadata:
+    return TopicMetadata({p: PartitionMetadata(-1 if p < leaderless else 1) for p in range(n)})
 
 
 def test_it_waits_until_every_partition_has_a_leader(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streams.time, "sleep", lambda s: None)
     name = "p-streams-registry-changelog"
-    admin = _Admin([{}, {name: _Topic({}, error="UNKNOWN_TOPIC_OR_PART")}, {name: _led(3, 2)},
-                    {name: _led(3)}])
+    admin = _Admin([{}, {name: TopicMetadata({}, error="UNKNOWN_TOPIC_OR_PART")},
+                    {name: _led(3, 2)}, {name: _led(3)}])
     streams._wait_listed(admin, name, 3)  # type: ignore[arg-type]
     assert admin.calls == 4 and set(admin.asked) == {name}
 

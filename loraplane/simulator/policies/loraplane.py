@@ -195,6 +195,11 @@ class Loraplane(CachePolicy):
         self.pinned.difference_update(evicted)
 
 
+def _with_policy(ctx: PolicyContext, **update: object) -> PolicyContext:
+    """The context with some policy fields replaced: a variant row of the same planner."""
+    return replace(ctx, policy=ctx.policy.model_copy(update=update))
+
+
 PLATINUM = 'tenant_priority == "platinum"'
 PLATINUM_WITH_DEMAND = 'tenant_priority == "platinum" and no_request_for_minutes < 60'
 
@@ -210,8 +215,7 @@ class LoraplaneDemand(Loraplane):
     def __init__(self, ctx: PolicyContext) -> None:
         guards = [PLATINUM_WITH_DEMAND if c.strip() == PLATINUM else c
                   for c in ctx.policy.never_evict_when]
-        super().__init__(replace(ctx, policy=ctx.policy.model_copy(
-            update={"never_evict_when": guards})))
+        super().__init__(_with_policy(ctx, never_evict_when=guards))
 
 
 COST_FORMULA = "0.9 * weighted_demand + 0.1 * scheduled_warmup_score"
@@ -225,5 +229,4 @@ class LoraplaneCost(Loraplane):
     name = "loraplane-cost"
 
     def __init__(self, ctx: PolicyContext) -> None:
-        super().__init__(replace(ctx, policy=ctx.policy.model_copy(
-            update={"hot_score_formula": COST_FORMULA})))
+        super().__init__(_with_policy(ctx, hot_score_formula=COST_FORMULA))
