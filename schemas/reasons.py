@@ -258,6 +258,8 @@ class LoadDeferral(StrEnum):
     batch_cold_loads_busy = "batch_cold_loads_busy"  # no batch cold-load slot freed
     superseded_by_command = "superseded_by_command"  # a command moved the version away
     no_free_slot = "no_free_slot"  # every GPU slot holds a pinned, protected or busy copy
+    # every copy that could give its slot had more recent demand at this worker
+    busier_copies = "busier_copies"
 
 
 class RequestRefusal(StrEnum):

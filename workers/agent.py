@@ -46,6 +46,7 @@ from loraplane.schemas.reasons import (
 )
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import load_applied, save_applied
+from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.event_sink import EventSink
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
@@ -142,6 +143,15 @@ class WorkerConfig:
     policy: Policy = field(default_factory=Policy)  # never-evict rules, warm-up cap
 
 
+_NOT_LOADED = {CommandSkip.no_free_slot: LoadDeferral.no_free_slot,
+               CommandSkip.busier_copies: LoadDeferral.busier_copies}
+
+
+def _not_loaded(skip: CommandSkip | None) -> LoadDeferral | None:
+    """What a gateway waiter is told when its load ask found no slot to take (else None)."""
+    return None if skip is None else _NOT_LOADED.get(skip)
+
+
 @dataclass
 class _Runtime:
     """Mutable facts the agent learns by acting (not recoverable from vLLM alone)."""
@@ -187,6 +197,8 @@ class WorkerAgent:
         self.records: dict[str, AdapterRecord] = {}
         self.guard = Guard.of({}, config.policy, config.gpu_slots)  # records + policy
         self._rt = _Runtime()
+        tau = config.policy.demand_admission_tau_s
+        self._demand = DemandCounts(tau) if tau > 0 else None  # None: admission off
         self._host: dict[str, HostEntry] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -207,7 +219,13 @@ class WorkerAgent:
         return self.vllm
 
     def count_request(self, name: str, *, hot: bool) -> None:
+        """Every request the gateway routes to a version here, before its load is asked."""
         self.metrics.request(self.labels(name), hot=hot)
+        if self._demand is not None:
+            record = self.records.get(name)
+            weight = (self.config.policy.tenant_priority_values.get(record.priority.value, 0.0)
+                      if record is not None else 0.0)
+            self._demand.observe(name, weight, self._clock())
 
     def observe_ttft(self, name: str, ms: float) -> None:
         self.metrics.ttft(self.labels(name), ms)
@@ -285,7 +303,9 @@ class WorkerAgent:
 
     def _fold(self, change: Change) -> CommandSkip | None:
         """The one place the desired state changes (``start`` only sets its first value)."""
-        usage = Usage(dict(self._rt.in_flight), self._rt.touched)
+        demand, now = self._demand, self._clock()
+        usage = Usage(dict(self._rt.in_flight), self._rt.touched,
+                      None if demand is None else lambda c, n: demand.admits(c, n, now))
         self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc(),
                                       guard=self.guard, usage=usage)
@@ -346,10 +366,10 @@ class WorkerAgent:
             self._rt.waiters.setdefault(name, []).append(fut)
             self._wake.set()
             return fut
-        if self._fold(Ask.gateway_load(record)) is CommandSkip.no_free_slot:
-            log.info("no GPU slot may be freed for %s now: every copy is pinned, protected "
-                     "or busy", name)
-            fut.set_result(LoadOutcome(False, LoadDeferral.no_free_slot))
+        refused = _not_loaded(self._fold(Ask.gateway_load(record)))
+        if refused is not None:
+            log.info("no GPU slot may be freed for %s now: %s", name, refused)
+            fut.set_result(LoadOutcome(False, refused))
             return fut
         self._rt.waiters.setdefault(name, []).append(fut)
         self._wake.set()
@@ -508,9 +528,10 @@ class WorkerAgent:
                 fetched = await self._fetch(record, cmd) is not None
                 # a request waits on it (a prefetch because every slot was taken): now that
                 # its bytes are verified, a copy may give its slot up for it
-                if (fetched and self._rt.waiters.get(name)
-                        and self._fold(Ask.gateway_load(record)) is CommandSkip.no_free_slot):
-                    self._resolve(name, LoadOutcome(False, LoadDeferral.no_free_slot))
+                if fetched and self._rt.waiters.get(name):
+                    refused = _not_loaded(self._fold(Ask.gateway_load(record)))
+                    if refused is not None:
+                        self._resolve(name, LoadOutcome(False, refused))
             case Load(name, record, cmd, warmup):
                 if len(self._rt.gpu.keys() - {name}) >= self.config.gpu_slots:
                     return  # the slot's copy got a request since reconcile looked: next tick

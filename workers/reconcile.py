@@ -29,18 +29,21 @@ workers/applied_commands.py), and the rules below are testable without a server:
   that would need one more demotes the least recently used GPU copy that may move
   (``make_room``: not pinned, not protected, not in flight, per the fold's ``Usage``) to
   the host tier (``slot_needed``). When none may move, the ask is refused (``no_free_slot``)
-  rather than exceed the slots. ``reconcile`` loads only into a slot that is free in vLLM
-  too, so a victim still draining holds its slot until its last request is done. A
-  planner's ``demote_to_host`` then ``load_gpu`` frees the slot first, so it evicts nothing
-  more.
+  rather than exceed the slots. A request's own load (origin ``gateway_request``) may take
+  only the slot of a copy ``Usage.admits`` lets it replace (``demand_admission``, when the
+  policy turns it on), else it is refused as ``busier_copies``. ``reconcile`` loads only
+  into a slot that is free in vLLM too, so a victim still draining holds its slot until its
+  last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the slot
+  first, so it evicts nothing more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE, lora_name
@@ -120,6 +123,8 @@ class CommandSkip(StrEnum):
     protected = "protected"  # it would unpin/demote/evict a never-evict copy (the Guard)
     already_desired = "already_desired"  # a gateway ask the desired state already meets
     no_free_slot = "no_free_slot"  # a load, but every GPU copy is pinned, protected or busy
+    # a request's load, but every copy that could give its slot had more recent demand here
+    busier_copies = "busier_copies"
 
 
 DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
@@ -178,6 +183,9 @@ class Usage:
 
     in_flight: Mapping[str, int] = field(default_factory=dict)
     last_used: Mapping[str, float] = field(default_factory=dict)
+    admits: Callable[[str, str], bool] | None = None
+    """May a request's demand load of the first name take the slot of the second
+    (``demand_admission``)? None: any copy that may move down."""
 
 
 IDLE = Usage()
@@ -191,18 +199,21 @@ def may_move_down(state: DesiredState, name: str, usage: Usage) -> bool:
 
 
 def make_room(state: DesiredState, guard: Guard, usage: Usage,
-              keep: str | None = None) -> tuple[DesiredState, bool]:
+              keep: str | None = None,
+              may_take: Callable[[str], bool] | None = None) -> tuple[DesiredState, bool]:
     """``state`` with its least recently used GPU copies that may move down
-    (``may_move_down``; never ``keep``, the one being loaded) demoted to the host tier with
-    reason ``slot_needed``, until at most ``guard.gpu_slots`` GPU intents are left; and
-    whether that many are left (False: too few could move, and as many as could did)."""
+    (``may_move_down``, and ``may_take``, if given; never ``keep``, the one being loaded)
+    demoted to the host tier with reason ``slot_needed``, until at most ``guard.gpu_slots``
+    GPU intents are left; and whether that many are left (False: too few could move, and as
+    many as could did)."""
     if guard.gpu_slots is None:
         return state, True
     on_gpu = [n for n, i in state.intents.items() if i.tier == "gpu"]
     excess = len(on_gpu) - guard.gpu_slots
     if excess <= 0:
         return state, True
-    movable = sorted((n for n in on_gpu if n != keep and may_move_down(state, n, usage)),
+    movable = sorted((n for n in on_gpu if n != keep and may_move_down(state, n, usage)
+                      and (may_take is None or may_take(n))),
                      key=lambda n: (usage.last_used.get(n, float("-inf")), n))
     for name in movable[:excess]:
         state = state.with_intent(replace(state.intents[name], tier="host", command_id=None,
@@ -293,9 +304,14 @@ def ask(state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION,
                                       command_id=request.command_id, origin=request.origin,
                                       unload_reason=None))
     if outcome.after.tier == "gpu" and current.tier != "gpu":
-        after, fits = make_room(after, guard, usage, keep=request.lora_name)
+        admits = usage.admits if request.origin is CopyOrigin.gateway_request else None
+        may_take = None if admits is None else partial(admits, request.lora_name)
+        room, fits = make_room(after, guard, usage, keep=request.lora_name, may_take=may_take)
         if not fits:
+            if may_take is not None and make_room(after, guard, usage, keep=request.lora_name)[1]:
+                return state, CommandSkip.busier_copies
             return state, CommandSkip.no_free_slot
+        after = room
     return after, None
 
 

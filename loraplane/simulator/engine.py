@@ -377,7 +377,7 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
                 full = len(wk.resident) >= fl.pool.gpu_slots
                 victim = pol.on_miss(w, a, i, t, full)
                 if victim == BYPASS:
-                    outcome = costs.bypass()
+                    outcome = costs.bypass(batch)
                 else:
                     if full:
                         if victim is None:
@@ -395,6 +395,7 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
             if outcome.fallback:
                 c.fallbacks += 1
                 tier = "base_fallback"
+            c.retries += outcome.retry
             c.weighted_miss_cost += weight[a] * outcome.charged_ms
             rate = base_tps if (outcome.fallback or pol.merged) else lora_tps
         service = hit_s + out / rate

@@ -11,7 +11,8 @@ Request-class budgets come from the policy file:
   retry (``retry_later``, charged ``retry_after_s``); the adapter still loads in the background
   unless the load budget is spent;
 - batch: waits for the load budget and the load up to its ``max_wait_ms`` and is charged what
-  it waited; beyond that it is served by the base model (charged ``fallback_cost_ms``).
+  it waited; beyond that it is told to retry (429 + Retry-After, as the worker gateway answers
+  it: ``workers/gateway.py``), charged its ``retry_after_s``.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class CostModel:
         interactive_over = (fallback if self.interactive.on_cold == "fallback"
                             else self.interactive.retry_after_s * 1000.0)
         # per class (interactive, batch): max wait, charge when over it, is that a fallback
+        # (else a 429 + Retry-After: batch always, as the gateway answers it)
         self._classes = ((float(self.interactive.max_wait_ms), interactive_over,
                           self.interactive.on_cold == "fallback"),
-                         (float(budgets.batch.max_wait_ms), fallback, True))
+                         (float(budgets.batch.max_wait_ms), budgets.batch.retry_after_s * 1000.0,
+                          False))
 
     def swap_ms(self, size_bytes: float) -> float:
         """Host memory → GPU slot."""
@@ -95,19 +98,20 @@ class CostModel:
             return Outcome(0.0 if fallback else over, over, fallback, not fallback)
         return Outcome(penalty_ms, penalty_ms, False)
 
-    def bypass(self) -> Outcome:
-        """The policy declined to load: the base model serves the request."""
-        return Outcome(0.0, self.costs.fallback_cost_ms, True)
+    def bypass(self, batch: bool) -> Outcome:
+        """The policy declined to load: as when the budget is spent, the class's answer (an
+        interactive request gets the base model or a 429 as ``on_cold`` says, a batch one a
+        429: the gateway never serves batch with the base model)."""
+        return self.miss(0.0, batch, True)
 
     def unloaded_miss_ms(self, batch: bool) -> float:
-        """The least a request of this class is charged when it finds no GPU copy and loads
-        nothing (spent budget, bypass, retry): the miss weight of the budgeted bound."""
-        return min(self._classes[batch][1], self.costs.fallback_cost_ms)
+        """What a request of this class is charged when it finds no GPU copy and loads
+        nothing (spent budget, bypass): the miss weight of the budgeted bound."""
+        return self._classes[batch][1]
 
     def min_miss_ms(self, size_bytes: float, batch: bool) -> float:
         """The least any miss of this request can be charged, whatever the policy did: the
         weight of a miss in the offline optimum (so that it is a true lower bound)."""
         max_wait, over, _ = self._classes[batch]
-        floor = min(over, self.costs.fallback_cost_ms)
         swap = self.swap_ms(size_bytes)
-        return floor if swap > max_wait else min(swap, floor)
+        return over if swap > max_wait else min(swap, over)

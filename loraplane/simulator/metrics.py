@@ -17,6 +17,8 @@ class Counters:
     cold_loads: int = 0
     swaps: int = 0
     fallbacks: int = 0
+    retries: int = 0
+    """Requests told to retry later (429 + Retry-After): not served, charged the wait."""
     queued: int = 0
     platinum_cold_starts: int = 0
     canary_cold_starts: int = 0
@@ -44,6 +46,7 @@ class Counters:
             "cold_loads": self.cold_loads,
             "swaps": self.swaps,
             "fallbacks": self.fallbacks,
+            "retries": self.retries,
             "queued": self.queued,
             "ttft_penalty_ms": {k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"),
                                                                      pct, strict=True)},

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("gpu_hit", "host_hit", "cold", "swaps", "fallbk", "queued", "p50", "p95", "p99",
+COLUMNS = ("gpu_hit", "host_hit", "cold", "swaps", "fallbk", "retry", "queued", "p50", "p95", "p99",
            "wcost", "plat_cs", "can_cs", "slo i/b/c", "time_s")
 SLO_CLASSES = ("interactive", "batch", "canary")
 
@@ -29,7 +29,8 @@ def table(result: dict[str, Any]) -> str:
         if best:
             wcost += f" ({m['weighted_miss_cost'] / best:.2f}x)"
         cells = [f"{m['gpu_hit_rate']:.3f}", f"{m['host_hit_rate']:.3f}", str(m["cold_loads"]),
-                 str(m["swaps"]), str(m["fallbacks"]), str(m["queued"]), f"{p['p50']:.0f}",
+                 str(m["swaps"]), str(m["fallbacks"]),
+                 str(m.get("retries", 0)), str(m["queued"]), f"{p['p50']:.0f}",
                  f"{p['p95']:.0f}",
                  f"{p['p99']:.0f}", wcost, str(m["platinum_cold_starts"]),
                  str(m["canary_cold_starts"]), _slo_cell(m.get("slo_attainment", {})),

@@ -53,6 +53,7 @@ from loraplane.kernel.policy import (
     BatchBudget,
     CanaryBudget,
     InteractiveBudget,
+    Policy,
     RequestBudgets,
     TenantLimits,
 )
@@ -156,7 +157,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
+async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    """A worker agent and its gateway on a fake vLLM; ``indirect`` params are policy fields."""
     sources = {r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
                for i, r in enumerate(RECORDS)}
     fake = FakeVllm(str(tmp_path / "model"))
@@ -167,7 +169,8 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     agent = WorkerAgent(
         WorkerConfig(worker_id="w1", base_model=BASE, vllm_url=str(vllm_server.make_url("")),
                      host_budget_bytes=10**9, tick_s=0.05, heartbeat_s=0.5,
-                     registry_poll_s=60, load_backoff_s=60, cold_loads_per_minute=6),
+                     registry_poll_s=60, load_backoff_s=60, cold_loads_per_minute=6,
+                     policy=Policy(**getattr(request, "param", {}))),
         vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2), host_tier=tier,
         registry_loader=lambda: RECORDS, sink=sink)
     budgets = RequestBudgets(interactive=InteractiveBudget(on_cold="fallback"),
@@ -876,6 +879,44 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
         assert outcome == LoadOutcome(False, "no_free_slot")
         await world.agent.reconcile_once()
         assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(other.lora_name)
+
+
+@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0}], indirect=True)
+async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_copy_out(
+        world: World) -> None:
+    """demand_admission_tau_s on: a cold version's request takes a slot only once its
+    version has had as many (priority-weighted) requests here as the least recently used
+    copy; until then it falls back (the first while its bytes are fetched to the host tier,
+    the next with reason busier_copies) and nothing is unloaded."""
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    await load(world, sql, chat)
+    stable = session_for("chat", canary=False)  # chat's active version, not its canary
+    for model in ("chat", "sql") * 3:  # three requests each
+        status, headers, _ = await world.post({"model": model, "prompt": "q"},
+                                              **{"X-Session-Key": stable})
+        assert status == 200 and FALLBACK_HEADER not in headers
+    reasons = []
+    for _ in range(2):
+        status, headers, _ = await world.post({"model": "other", "prompt": "q"},
+                                              Authorization="Bearer key-b")
+        assert status == 200 and headers[FALLBACK_HEADER] == "base"
+        reasons.append(headers[FALLBACK_REASON_HEADER])
+        for _ in range(100):  # the first one fetches its bytes to the host tier first
+            await world.agent.reconcile_once()
+            if world.agent.is_on_host(other.lora_name):
+                break
+            await asyncio.sleep(0.02)
+        assert world.agent.is_hot(chat.lora_name) and world.agent.is_hot(sql.lora_name)
+    assert reasons == ["load_queued", "busier_copies"]
+    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    # a third request: as many as chat, the least recently used, so it takes chat's slot
+    await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
+    for _ in range(100):
+        if world.agent.is_hot(other.lora_name):
+            break
+        await asyncio.sleep(0.02)
+    tiers = {a.lora_name: a.tier for a in world.agent.worker_state().adapters}
+    assert tiers == {sql.lora_name: "gpu", other.lora_name: "gpu", chat.lora_name: "host"}
 
 
 async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(

@@ -47,6 +47,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
     ("loraplane.workers.reconcile", DECISIONS),
+    # which request's load may take a copy's slot: the agent's fold and the simulator's
+    ("loraplane.workers.demand_admission", DECISIONS),
     # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it,
     # reconcile vouches for the resolver's copies
     ("loraplane.workers.host_tier_entry", DECISIONS),

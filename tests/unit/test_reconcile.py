@@ -12,6 +12,7 @@ from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReaso
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
 from loraplane.streams import planner
+from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.reconcile import (
     IDLE,
     ActualState,
@@ -424,6 +425,36 @@ def test_pinned_protected_and_busy_copies_keep_their_slot_and_the_load_is_refuse
     assert why == CommandSkip.no_free_slot and A3.lora_name not in after.intents
     after, why = gateway(state, A3, guard)  # once a2 is idle, it is the one that moves
     assert why is None and after.intents[A2.lora_name].tier == "host"
+
+
+def test_a_requests_load_takes_only_the_slot_of_a_copy_in_no_more_demand() -> None:
+    """Demand admission: a gateway load may take only a slot its version outranks in
+    (decayed, priority-weighted) demand here; refused as busier_copies, nothing changed; a
+    planner load of the same version still takes the LRU slot."""
+    state = DesiredState()
+    for rec in (A0, A1):
+        state, _ = gateway(state, rec)
+    counts = DemandCounts(600.0)
+    for name, n in ((A0.lora_name, 5), (A1.lora_name, 3), (A2.lora_name, 2)):
+        for _ in range(n):
+            counts.observe(name, 1.0, 0.0)
+    used = Usage(last_used={A0.lora_name: 5.0, A1.lora_name: 10.0},
+                 admits=lambda c, n: counts.admits(c, n, 0.0))
+    after, why = gateway(state, A2, usage=used)
+    assert (after, why) == (state, CommandSkip.busier_copies)
+    after, why = fold_one(state, command(A2, CommandAction.load_gpu, "p"), worker_id=WORKER,
+                          base_model=BASE, now=NOW, usage=used, guard=SLOTS)
+    assert why is None and after.intents[A0.lora_name].tier == "host"  # the LRU copy
+    counts.observe(A2.lora_name, 1.0, 0.0)  # a third request: now a1 (3) may give way
+    after, why = gateway(state, A2, usage=used)
+    assert why is None and after.intents[A1.lora_name].tier == "host"
+    assert after.intents[A0.lora_name].tier == "gpu"
+    # with every copy that may move outranking it, but another pinned, still busier_copies;
+    # with nothing that may move at all, no_free_slot as before
+    pinned = fold(state, [command(A0, CommandAction.pin, "pin")])
+    assert gateway(pinned, A3, usage=used)[1] == CommandSkip.busier_copies
+    busy = Usage(in_flight={A0.lora_name: 1, A1.lora_name: 1}, admits=used.admits)
+    assert gateway(state, A3, usage=busy)[1] == CommandSkip.no_free_slot
 
 
 def test_the_planners_demote_then_load_evicts_nothing_more() -> None:

@@ -70,11 +70,13 @@ def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
 def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budget(
         tmp_path: Path) -> None:
     """A request attains its class's SLO when its adapter served it (no base-model fallback,
-    no retry) within the class's TTFT budget; canary versions' requests are counted apart."""
+    no 429 retry) within the class's TTFT budget; canary versions' requests are counted apart."""
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
     small = load_scenario(path)
     costs = small.fleet.costs
+    assert small.policy.request_budgets.interactive.on_cold == "fallback"
+    retry_ms = small.policy.request_budgets.batch.retry_after_s * 1000.0
     for budget_ms in (0.0, 250.0, 1e9):
         sc = small.model_copy(update={"fleet": small.fleet.model_copy(update={
             "costs": costs.model_copy(update={"slo_ttft_ms": {"interactive": budget_ms,
@@ -85,10 +87,13 @@ def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budg
             within = sum(p <= budget_ms for p in c.ttft_penalty_ms)
             (n_i, met_i), (n_b, met_b) = c.slo["interactive"], c.slo["batch"]
             assert n_i + n_b == c.requests and 0 < n_b < c.requests
-            assert met_i + met_b == within - c.fallbacks  # a fallback waits 0 ms, misses
+            # a fallback waits 0 ms and a batch retry its Retry-After: both miss
+            assert c.retries > 0
+            assert met_i + met_b == within - c.fallbacks - (
+                c.retries if budget_ms >= retry_ms else 0)
             assert c.slo["canary"][0] > 0 and c.slo["canary"][1] <= c.slo["canary"][0]
             if budget_ms == 1e9:
-                assert met_i + met_b == c.requests - c.fallbacks
+                assert met_i + met_b == c.requests - c.fallbacks - c.retries
 
 
 SMALL = """
@@ -161,7 +166,8 @@ def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> No
     assert data["requests"] == 400 and set(data["policies"]) == set(ALL)
     for metrics in data["policies"].values():
         assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
-                                "fallbacks", "queued", "ttft_penalty_ms", "weighted_miss_cost",
+                                "fallbacks", "retries", "queued", "ttft_penalty_ms",
+                                "weighted_miss_cost",
                                 "platinum_cold_starts", "canary_cold_starts", "routes",
                                 "slo_attainment"}
         assert set(metrics["slo_attainment"]) <= {"interactive", "batch", "canary"}

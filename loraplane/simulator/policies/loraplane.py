@@ -14,8 +14,10 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
 - A request that the router sends to a worker without a copy is loaded there on demand (the
   engine applies the request-class and load budgets); the slot given up is that worker's
   unpinned resident with the lowest hot score of the last tick, least recently used first
-  (the policy's ``eviction_policy: weighted-lru``). When every resident there is pinned the
-  base model serves it.
+  (the policy's ``eviction_policy: weighted-lru``). With ``demand_admission_tau_s`` set, only
+  a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's version
+  replace may give its slot (the same counts, per worker, of every request routed there).
+  When no resident may, the request gets its class's cold answer (base model or 429).
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
   minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
 Host copies that the planner would evict for host pressure are left to the engine's host
@@ -38,6 +40,7 @@ from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, P
 from loraplane.streams import planner
 from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
 from loraplane.streams.scores import ScoreState, is_burst, observe, score_key
+from loraplane.workers.demand_admission import DemandCounts
 
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
 _EMPTY = ScoreState()
@@ -101,6 +104,11 @@ class Loraplane(CachePolicy):
         self.last_used: dict[int, float] = {}
         self.hbm_fixed = pool.base_bytes + pool.kv_bytes
         self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
+        tau = ctx.policy.demand_admission_tau_s
+        self.demand = [DemandCounts(tau) for _ in self.workers] if tau > 0 else None
+        values = ctx.policy.tenant_priority_values
+        self.demand_weight = {i: values.get(r.priority.value, 0.0)
+                              for i, r in self.records.items()}
 
     # --- the request log -------------------------------------------------------------------
 
@@ -114,6 +122,9 @@ class Loraplane(CachePolicy):
                         tier=_TIERS[tier], status=RequestStatus.ok, ttft_ms=ttft_ms)
         self.scores[key] = after
         self.last_used[adapter] = now
+        if self.demand is not None:
+            self.demand[worker].observe(self.records[adapter].lora_name,
+                                        self.demand_weight[adapter], now)
         if is_burst(before, after, SIM_EPOCH + now):
             self.replan_now = True
 
@@ -126,6 +137,13 @@ class Loraplane(CachePolicy):
         if not full:
             return None
         evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
+        if self.demand is not None and evictable:
+            # the request is counted before its load is asked, as the gateway counts it
+            counts = self.demand[worker]
+            challenger = (counts.count(self.records[adapter].lora_name, now)
+                          + self.demand_weight[adapter])
+            evictable = [r for r in evictable
+                         if counts.count(self.records[r].lora_name, now) <= challenger]
         if not evictable:
             return BYPASS
         return min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
@@ -230,3 +248,17 @@ class LoraplaneCost(Loraplane):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(_with_policy(ctx, hot_score_formula=COST_FORMULA))
+
+
+ADMISSION_TAU_S = 600.0
+
+
+class LoraplaneAdmit(LoraplaneCost):
+    """``loraplane-cost`` with the workers' demand admission on
+    (``demand_admission_tau_s`` 600 s): a request's load takes only the slot of a copy with
+    no more priority-weighted requests at that worker in the last ~10 minutes."""
+
+    name = "loraplane-admit"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(_with_policy(ctx, demand_admission_tau_s=ADMISSION_TAU_S))
