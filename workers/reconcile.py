@@ -30,8 +30,8 @@ workers/applied_commands.py), and the rules below are testable without a server:
   (``make_room``: not pinned, not protected, not in flight, per the fold's ``Usage``) to
   the host tier (``slot_needed``). When none may move, the ask is refused (``no_free_slot``)
   rather than exceed the slots. A request's own load (origin ``gateway_request``) may take
-  only the slot of a copy ``Usage.admits`` lets it replace (``demand_admission``, when the
-  policy turns it on), else it is refused as ``busier_copies``. ``reconcile`` loads only
+  only the slot of a copy ``Usage.admits`` lets it replace (``demand_admission``, unless the
+  policy turns it off), else it is refused as ``busier_copies``. ``reconcile`` loads only
   into a slot that is free in vLLM too, so a victim still draining holds its slot until its
   last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the slot
   first, so it evicts nothing more.

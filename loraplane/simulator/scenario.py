@@ -185,6 +185,9 @@ class Override(_Strict):
     host_slots_per_worker: int | None = Field(
         None, ge=1, description="vLLM's max_cpu_loras (its default is max_loras)")
     cold_loads_per_minute_per_worker: int | None = Field(None, ge=1)
+    demand_admission_tau_s: float | None = Field(
+        None, ge=0, description="the policy's demand admission (0: off, as the seed's pooled "
+                                "hot set had none)")
 
 
 class Scenario(_Strict):
@@ -210,9 +213,11 @@ class Scenario(_Strict):
         out = self.with_gpu_slots(o.gpu_slots_per_worker) if o.gpu_slots_per_worker else self
         if o.host_slots_per_worker:
             out = out._with_base_models(host_slots_per_worker=o.host_slots_per_worker)
-        if o.cold_loads_per_minute_per_worker:
-            out = out.model_copy(update={"policy": out.policy.model_copy(update={
-                "cold_loads_per_minute_per_worker": o.cold_loads_per_minute_per_worker})})
+        policy = {k: v for k, v in (
+            ("cold_loads_per_minute_per_worker", o.cold_loads_per_minute_per_worker),
+            ("demand_admission_tau_s", o.demand_admission_tau_s)) if v is not None}
+        if policy:
+            out = out.model_copy(update={"policy": out.policy.model_copy(update=policy)})
         return out
 
     def with_gpu_slots(self, slots: int) -> Scenario:

@@ -1,10 +1,9 @@
 """Every simulated policy by name, as a factory the engine calls once per base model.
 
 Demand-loading caches run one instance per worker (``PerWorker``); ``dynamo`` and the
-``loraplane`` policies plan the whole pool. ``loraplane``, ``loraplane-demand``,
-``loraplane-cost`` and ``loraplane-admit`` (the real scorer and planner; the second with
-platinum pinning conditioned on demand, the third ranking by ``weighted_demand``, the fourth
-that and the workers' demand admission) are imported
+``loraplane`` policies plan the whole pool. ``loraplane``, ``loraplane-demand`` and
+``loraplane-cost`` (the real scorer and planner; the second with platinum pinning conditioned
+on demand, the third ranking by ``weighted_demand``) are imported
 lazily so the baselines work even while the streams package is incomplete."""
 
 from __future__ import annotations
@@ -33,21 +32,16 @@ PolicyFactory = Callable[[PolicyContext], CachePolicy]
 BASELINES: dict[str, type[WorkerCache]] = {
     p.name: p for p in (LRU, FIFO, S3FIFO, SIEVE, GDSF, Belady, StaticMerge)}
 ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "dynamo", "loraplane", "loraplane-demand",
-       "loraplane-cost", "loraplane-admit", "belady")
-_LORAPLANE = ("loraplane", "loraplane-demand", "loraplane-cost", "loraplane-admit")
+       "loraplane-cost", "belady")
+_LORAPLANE = ("loraplane", "loraplane-demand", "loraplane-cost")
 
 
 def policy_factory(name: str) -> PolicyFactory:
     if name in _LORAPLANE:
-        from loraplane.simulator.policies.loraplane import (
-            Loraplane,
-            LoraplaneAdmit,
-            LoraplaneCost,
-            LoraplaneDemand,
-        )
+        from loraplane.simulator.policies.loraplane import Loraplane, LoraplaneCost, LoraplaneDemand
 
         return {"loraplane": Loraplane, "loraplane-demand": LoraplaneDemand,
-                "loraplane-cost": LoraplaneCost, "loraplane-admit": LoraplaneAdmit}[name]
+                "loraplane-cost": LoraplaneCost}[name]
     if name == Dynamo.name:
         return Dynamo
     try:

@@ -14,7 +14,7 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
 - A request that the router sends to a worker without a copy is loaded there on demand (the
   engine applies the request-class and load budgets); the slot given up is that worker's
   unpinned resident with the lowest hot score of the last tick, least recently used first
-  (the policy's ``eviction_policy: weighted-lru``). With ``demand_admission_tau_s`` set, only
+  (the policy's ``eviction_policy: weighted-lru``). With ``demand_admission_tau_s`` on, only
   a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's version
   replace may give its slot (the same counts, per worker, of every request routed there).
   When no resident may, the request gets its class's cold answer (base model or 429).
@@ -249,16 +249,3 @@ class LoraplaneCost(Loraplane):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(_with_policy(ctx, hot_score_formula=COST_FORMULA))
 
-
-ADMISSION_TAU_S = 600.0
-
-
-class LoraplaneAdmit(LoraplaneCost):
-    """``loraplane-cost`` with the workers' demand admission on
-    (``demand_admission_tau_s`` 600 s): a request's load takes only the slot of a copy with
-    no more priority-weighted requests at that worker in the last ~10 minutes."""
-
-    name = "loraplane-admit"
-
-    def __init__(self, ctx: PolicyContext) -> None:
-        super().__init__(_with_policy(ctx, demand_admission_tau_s=ADMISSION_TAU_S))
