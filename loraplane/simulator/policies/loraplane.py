@@ -248,4 +248,3 @@ class LoraplaneCost(Loraplane):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(_with_policy(ctx, hot_score_formula=COST_FORMULA))
-
