@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -371,8 +370,8 @@ _TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_
 
 
 def priority_values(priorities: Iterable[str], policy: Policy) -> np.ndarray:
-    """``policy.tenant_priority_values`` of each priority (0 for an unknown one)."""
-    return np.fromiter(map(policy.tenant_priority_values.get, priorities, repeat(0.0)), float)
+    """``policy.priority_value`` of each priority (0 for an unknown one)."""
+    return np.fromiter(map(policy.priority_value, priorities), float)
 
 
 def hot_scores_of(inputs: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,

@@ -223,8 +223,7 @@ class WorkerAgent:
         self.metrics.request(self.labels(name), hot=hot)
         if self._demand is not None:
             record = self.records.get(name)
-            weight = (self.config.policy.tenant_priority_values.get(record.priority.value, 0.0)
-                      if record is not None else 0.0)
+            weight = 0.0 if record is None else self.config.policy.priority_value(record.priority)
             self._demand.observe(name, weight, self._clock())
 
     def observe_ttft(self, name: str, ms: float) -> None:

@@ -12,8 +12,9 @@ the slot keeps the busier copy. Pure: the caller passes the clock.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from loraplane.streams.scores import Decayed
 
 MAX_NAMES = 4096
 """Lora names remembered; over it the least-demanded half is forgotten (a forgotten name
@@ -23,31 +24,26 @@ counts 0 again: it was among the least demanded anyway)."""
 @dataclass
 class DemandCounts:
     """Per lora name, the priority-weighted count of requests seen, each decaying with time
-    constant ``tau_s`` (``tau_s`` x the weighted request rate, in steady traffic)."""
+    constant ``tau_s`` (``tau_s`` x the weighted request rate, in steady traffic): the
+    scores' ``Decayed`` counter, one per name."""
 
     tau_s: float
     max_names: int = MAX_NAMES
-    _counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (n, at)
+    _counts: dict[str, Decayed] = field(default_factory=dict)
 
     def count(self, name: str, now: float) -> float:
         """The decayed weighted count of ``name`` at ``now`` (0 for a name never seen)."""
         seen = self._counts.get(name)
-        if seen is None:
-            return 0.0
-        n, at = seen
-        return n * math.exp(-(now - at) / self.tau_s) if now > at else n
+        return 0.0 if seen is None else seen.at_time(now)
 
     def observe(self, name: str, weight: float, now: float) -> None:
         """One request for ``name`` worth ``weight`` (the tenant's priority value)."""
-        self._counts[name] = (self.count(name, now) + max(0.0, weight), max(now, self._at(name)))
+        seen = self._counts.get(name) or Decayed(self.tau_s)
+        self._counts[name] = seen.add(now, max(0.0, weight))
         if len(self._counts) > self.max_names:
             ranked = sorted(self._counts, key=lambda k: self.count(k, now))
             for k in ranked[:len(ranked) // 2]:
                 del self._counts[k]
-
-    def _at(self, name: str) -> float:
-        seen = self._counts.get(name)
-        return seen[1] if seen is not None else float("-inf")
 
     def admits(self, challenger: str, name: str, now: float) -> bool:
         """May a demand load of ``challenger`` take the slot of ``name``? When ``name``'s count

@@ -259,6 +259,11 @@ class Policy(_Strict):
     command_deadline_s: float = Field(60.0, gt=0, le=86_400)
     request_budgets: RequestBudgets = Field(default_factory=RequestBudgets)
 
+    def priority_value(self, priority: str) -> float:
+        """``tenant_priority_values`` of one priority (0 for an unknown one): the weight of a
+        tenant's demand in scores and in the workers' demand admission."""
+        return self.tenant_priority_values.get(priority, 0.0)
+
     @field_validator("hot_score_formula")
     @classmethod
     def _formula_parses(cls, v: str) -> str:

@@ -30,7 +30,7 @@ def table(result: dict[str, Any]) -> str:
             wcost += f" ({m['weighted_miss_cost'] / best:.2f}x)"
         cells = [f"{m['gpu_hit_rate']:.3f}", f"{m['host_hit_rate']:.3f}", str(m["cold_loads"]),
                  str(m["swaps"]), str(m["fallbacks"]),
-                 str(m.get("retries", 0)), str(m["queued"]), f"{p['p50']:.0f}",
+                 str(m["retries"]), str(m["queued"]), f"{p['p50']:.0f}",
                  f"{p['p95']:.0f}",
                  f"{p['p99']:.0f}", wcost, str(m["platinum_cold_starts"]),
                  str(m["canary_cold_starts"]), _slo_cell(m.get("slo_attainment", {})),

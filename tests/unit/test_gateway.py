@@ -919,6 +919,25 @@ async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_co
     assert tiers == {sql.lora_name: "gpu", other.lora_name: "gpu", chat.lora_name: "host"}
 
 
+@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0}], indirect=True)
+async def test_refused_requests_count_for_no_version_in_demand_admission(world: World) -> None:
+    """Attack: only a request the gateway routes to a version counts towards it. A tenant
+    naming another tenant's adapter (403) or none that exists (404) adds to no count, so it
+    can neither keep someone else's copy hot nor make room for its own."""
+    chat, other = RECORDS[0], RECORDS[3]
+    await load(world, chat)
+    demand = world.agent._demand
+    assert demand is not None
+    for _ in range(20):
+        assert (await world.post({"model": "chat", "prompt": "q"},
+                                 Authorization="Bearer key-b"))[0] == 403
+        assert (await world.post({"model": "no-such-adapter", "prompt": "q"},
+                                 Authorization="Bearer key-b"))[0] == 404
+    assert len(demand._counts) == 0  # chat's copy is no busier for it
+    await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
+    assert list(demand._counts) == [other.lora_name]
+
+
 async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
         world: World) -> None:
     """On a full worker a cold version is fetched first; a copy gives its slot up only once

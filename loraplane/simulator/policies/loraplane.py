@@ -106,9 +106,9 @@ class Loraplane(CachePolicy):
         self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
         tau = ctx.policy.demand_admission_tau_s
         self.demand = [DemandCounts(tau) for _ in self.workers] if tau > 0 else None
-        values = ctx.policy.tenant_priority_values
-        self.demand_weight = {i: values.get(r.priority.value, 0.0)
+        self.demand_weight = {i: ctx.policy.priority_value(r.priority)
                               for i, r in self.records.items()}
+        self.counted = -1  # the request on_miss counted already (observe skips it)
 
     # --- the request log -------------------------------------------------------------------
 
@@ -122,9 +122,8 @@ class Loraplane(CachePolicy):
                         tier=_TIERS[tier], status=RequestStatus.ok, ttft_ms=ttft_ms)
         self.scores[key] = after
         self.last_used[adapter] = now
-        if self.demand is not None:
-            self.demand[worker].observe(self.records[adapter].lora_name,
-                                        self.demand_weight[adapter], now)
+        if i != self.counted:
+            self._count(worker, adapter, now)
         if is_burst(before, after, SIM_EPOCH + now):
             self.replan_now = True
 
@@ -138,16 +137,22 @@ class Loraplane(CachePolicy):
             return None
         evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
         if self.demand is not None and evictable:
-            # the request is counted before its load is asked, as the gateway counts it
-            counts = self.demand[worker]
-            challenger = (counts.count(self.records[adapter].lora_name, now)
-                          + self.demand_weight[adapter])
+            # counted before its load is asked, as the gateway counts it
+            self._count(worker, adapter, now)
+            self.counted = i
+            counts, name = self.demand[worker], self.records[adapter].lora_name
             evictable = [r for r in evictable
-                         if counts.count(self.records[r].lora_name, now) <= challenger]
+                         if counts.admits(name, self.records[r].lora_name, now)]
         if not evictable:
             return BYPASS
         return min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
                                              self.last_used.get(r, 0.0), r))
+
+    def _count(self, worker: int, adapter: int, now: float) -> None:
+        """One request routed to ``worker`` in its demand counts (demand admission on)."""
+        if self.demand is not None:
+            self.demand[worker].observe(self.records[adapter].lora_name,
+                                        self.demand_weight[adapter], now)
 
     # --- the planner tick -------------------------------------------------------------------
 
