@@ -155,10 +155,14 @@ def producer_config(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms
     15 s, not librdkafka's 5 min, so a broker outage surfaces as a delivery error quickly
     (``bus.produce_sync``, the event sink's ``failed`` count) instead of a hang.
     ``linger_ms`` 5 batches a burst without adding noticeable latency; the event sink,
-    which never waits for delivery, lingers longer."""
+    which never waits for delivery, lingers longer. ``partitioner`` ``murmur2_random`` puts a
+    key in the partition Faust (aiokafka) and Java clients put it in (librdkafka's default,
+    CRC32, does not): the registry topic is written by Faust, lifecycle events may come from
+    producers in other languages, and a key in two partitions of a compacted topic has no
+    single latest record and no order across them."""
     conf = _common(settings, client_id, quiet)
     conf |= {"acks": "all", "enable.idempotence": True, "linger.ms": linger_ms,
-             "message.timeout.ms": 15_000}
+             "message.timeout.ms": 15_000, "partitioner": "murmur2_random"}
     if batch_messages is not None:
         conf["batch.num.messages"] = batch_messages
     if transactional_id is not None:

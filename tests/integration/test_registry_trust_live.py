@@ -135,3 +135,25 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     save_keyring(Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci})
                                for k in kit.keyring.keys]), keyring)
     assert registry.records() == []
+
+
+def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> None:
+    """The registry agent (Faust, aiokafka: murmur2, as Java clients) writes each view to its
+    key's partition; a record for the same key from the project's producer factory must land
+    in that same partition, or a compacted topic holds the key twice with no single latest
+    record (seen in CI: the attack above landed beside the genuine view, not over it, so
+    readers kept finding the genuine one last). librdkafka's default partitioner put 8 of 12
+    such keys elsewhere."""
+    now, ids = now_utc(), [f"part-{uuid.uuid4().hex[:8]}" for _ in range(12)]
+    env.send([(aid.encode(), env.kit.event("ci", "publish", aid, "1", 1, now)) for aid in ids])
+    faust_partition: dict[str, int] = {}
+
+    def all_written() -> dict[str, int] | None:
+        for r in read_topic(env.settings, env.topic("registry"), timeout_s=10, to_end=True):
+            faust_partition[(r.key or b"").decode()] = r.partition
+        return faust_partition if set(ids) <= set(faust_partition) else None
+
+    wait_for(all_written, "the registry agent's views")
+    ours = {aid: produce_sync(env.settings, env.topic("registry"), aid, b"not a view")[0]
+            for aid in ids}
+    assert ours == {aid: faust_partition[aid] for aid in ids}

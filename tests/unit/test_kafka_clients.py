@@ -111,7 +111,8 @@ BOOTSTRAP = SETTINGS.kafka.bootstrap
 def test_the_default_producer_is_the_old_bus_producer() -> None:
     assert kafka.producer_config(SETTINGS) == {
         "bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True,
-        "linger.ms": 5, "message.timeout.ms": 15_000, "client.id": "loraplane"}
+        "linger.ms": 5, "message.timeout.ms": 15_000, "client.id": "loraplane",
+        "partitioner": "murmur2_random"}  # a key's partition as Faust and Java clients pick it
 
 
 def test_the_scoring_transactional_producer_keeps_its_settings() -> None:
@@ -119,7 +120,7 @@ def test_the_scoring_transactional_producer_keeps_its_settings() -> None:
                                  transactional_id="p-scoring") == {
         "bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True,
         "linger.ms": 5, "message.timeout.ms": 15_000, "client.id": "loraplane-scoring",
-        "transactional.id": "p-scoring"}
+        "transactional.id": "p-scoring", "partitioner": "murmur2_random"}
 
 
 def test_the_command_feed_consumer_keeps_its_settings() -> None:
