@@ -1,8 +1,10 @@
 """Which partition of the commands topic carries a worker's commands (issue #15 item 3).
 
 A worker either has a fixed command slot (``loraplane worker run --command-slot N``, e.g. a
-StatefulSet ordinal) and reads partition N, or, without one, the hash ``partition_of``: a
-stable crc32 (not Python's salted ``hash``) of the worker id modulo the partition count.
+StatefulSet ordinal) and reads partition N, or, without one, the hash ``partition_of``:
+Kafka's own key hash (murmur2, as Java clients, Faust and our producers' ``murmur2_random``
+partitioner place a key; not Python's salted ``hash``) of the worker id modulo the partition
+count, so a keyed write by any of them lands where the rule says.
 Slots give every worker a partition of its own once partitions >= fleet size (it reads
 exactly its own commands); the hash needs ~4x the fleet to keep collisions rare.
 
@@ -21,7 +23,6 @@ the old count are read too (workers/command_feed.py).
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,11 +36,31 @@ DRAIN_S = 2 * REFRESH_S
 sender can go on using the old count."""
 
 
+def murmur2(data: bytes) -> int:
+    """Kafka's key hash (``org.apache.kafka.common.utils.Utils.murmur2``), unsigned 32 bits."""
+    m, length = 0x5BD1E995, len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i:i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = data[length - length % 4:]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
 def partition_of(worker_id: str, partitions: int) -> int:
-    """The commands partition of ``worker_id`` on a topic of ``partitions`` partitions."""
+    """The commands partition of ``worker_id`` on a topic of ``partitions`` partitions: the
+    one Kafka's default partitioner gives the key (``toPositive(murmur2(key)) % n``)."""
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, not {partitions}")
-    return zlib.crc32(worker_id.encode("utf-8")) % partitions
+    return (murmur2(worker_id.encode("utf-8")) & 0x7FFFFFFF) % partitions
 
 
 def partition_for(worker_id: str, announced: int | None, partitions: int) -> int:

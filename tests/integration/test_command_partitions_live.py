@@ -183,8 +183,8 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
         assert resumed == second[5:] and extra == []  # from the commit: nothing lost or old
         print(f"after restart {w} read {feeds[w].read_bytes}")
 
-        # A keyed write by librdkafka's default partitioner (crc32) lands where the rule says:
-        # tools that produce keyed records with confluent-kafka agree with the planner.
+        # A keyed write by our producer factory (murmur2_random, Kafka's own hash) lands where
+        # the rule says: tools that produce keyed records agree with the planner.
         partition, _ = produce_sync(env.settings, planner.topic, "w5", b"{}")
         assert partition == partition_of("w5", 64)
     finally:

@@ -17,20 +17,36 @@ from hypothesis import strategies as st
 from loraplane.kernel.command_partition import (
     PartitionCount,
     broker_partitions,
+    murmur2,
     partition_for,
     partition_of,
 )
 
 
 def test_the_rule_is_pinned_so_planner_and_workers_of_any_version_agree() -> None:
-    assert [partition_of(w, 64) for w in ("w1", "w2", "worker-0")] == [52, 14, 54]
-    assert partition_of("w1", 6) == partition_of("w2", 6) == 4  # a collision at 6
+    assert [partition_of(w, 64) for w in ("w1", "w2", "worker-0")] == [15, 2, 10]
+    assert partition_of("w1", 6) == partition_of("w6", 6) == 5  # a collision at 6
+
+
+# Kafka's own test vectors of Utils.murmur2 (clients/src/test/.../UtilsTest.java), as Java ints
+KAFKA_MURMUR2 = {"21": -973932308, "foobar": -790332482, "a-little-bit-long-string": -985981536,
+                 "a-little-bit-longer-string": -1486304829,
+                 "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, "abc": 479470107}
+
+
+def test_the_hash_is_kafkas_own() -> None:
+    """murmur2 as Kafka's Java client, aiokafka (Faust's producer) and librdkafka's
+    ``murmur2_random`` compute it, so a keyed record from any of them lands where the rule
+    says (against the broker itself: test_command_partitions_live and
+    test_registry_trust_live's partition check)."""
+    assert {k: murmur2(k.encode()) for k in KAFKA_MURMUR2} == {
+        k: v & 0xFFFFFFFF for k, v in KAFKA_MURMUR2.items()}
 
 
 def test_the_planner_sends_to_the_announced_partition_when_in_range_else_the_hash() -> None:
     assert partition_for("w1", 3, 64) == 3  # a slot
-    assert partition_for("w1", None, 64) == partition_of("w1", 64) == 52  # an older worker
-    assert partition_for("w1", 64, 64) == 52  # a slot the topic has no partition for: hash
+    assert partition_for("w1", None, 64) == partition_of("w1", 64) == 15  # an older worker
+    assert partition_for("w1", 64, 64) == 15  # a slot the topic has no partition for: hash
 
 
 @given(st.text(min_size=1, max_size=64), st.none() | st.integers(min_value=0, max_value=20_000),
