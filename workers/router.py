@@ -20,8 +20,10 @@ it is, plus ``X-Loraplane-Worker`` and ``X-Loraplane-Route``. The gateway keeps 
 Refused here, before any worker: 401 (key), 400/413 (body), 404 ``unknown_adapter`` (no
 state created: nothing is logged or counted per adapter), 403, 429 (tenant limits), 503 +
 Retry-After (no live worker for the base model). A gateway that refuses the connection is
-dropped from the view and the request is routed once more. A worker state that does not
-decode is dead-lettered (``DecodeReason``), never a crash.
+dropped from the view and the request is routed once more; one that dies after its answer's
+head (killed mid-answer) is dropped too, and the request gets 503 ``worker_lost`` +
+Retry-After (a stream already under way is cut, never ended as if whole). A worker state
+that does not decode is dead-lettered (``DecodeReason``), never a crash.
 """
 
 from __future__ import annotations
@@ -384,9 +386,7 @@ class Router:
                         "POST", endpoint.value, raw, total_timeout_s=self._pools.read_timeout_s,
                         headers=head)
                 except UpstreamError as exc:
-                    log.warning("worker %s gateway %s: %s; dropped from the view", wid,
-                                route.gateway_url, exc)
-                    self.fleet.index.remove(wid)
+                    self._drop(route, exc)
                     continue
                 self.outcomes[route.kind.value] += 1
                 try:
@@ -409,14 +409,37 @@ class Router:
         headers[WORKER_HEADER] = route.worker_id
         headers[ROUTE_HEADER] = route.kind.value
         if not headers.get("content-type", "").startswith("text/event-stream"):
-            body = await resp.read()
+            try:
+                body = await resp.read()
+            except UpstreamError as exc:
+                # The worker died after its head (killed mid-answer): the client gets a
+                # retryable answer, not a 500. Not sent again here: the worker may have
+                # run it already, which only the client can judge.
+                self._drop(route, exc, "closed mid-answer")
+                return self._refuse(503, "worker_lost",
+                                    f"worker {route.worker_id} closed mid-answer; try again",
+                                    **{"Retry-After": str(self.retry_after_s)})
             return web.Response(body=body, status=resp.status, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
-        async for chunk in resp.iter_chunks():
-            await out.write(chunk)
+        try:
+            async for chunk in resp.iter_chunks():
+                await out.write(chunk)
+        except UpstreamError as exc:
+            # the status is sent: end the connection without the stream's end, so the client
+            # sees a cut stream, never a short one that looks whole
+            self._drop(route, exc, "closed mid-stream")
+            if request.transport is not None:
+                request.transport.abort()
+            return out
         await out.write_eof()
         return out
+
+    def _drop(self, route: Route, exc: UpstreamError, when: str = "did not answer") -> None:
+        """A gateway that failed a request leaves the view until its next heartbeat."""
+        log.warning("worker %s gateway %s %s: %s; dropped from the view", route.worker_id,
+                    route.gateway_url, when, exc)
+        self.fleet.index.remove(route.worker_id)
 
 
 # ---- the process ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ in one process with FakeServing workers."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
+from aiohttp import ClientPayloadError, ClientSession
 from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -295,6 +296,64 @@ async def test_a_gateway_that_is_gone_is_dropped_and_the_request_rerouted(stack:
     status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
     assert "w0" not in stack.router.fleet.index.workers
+
+
+async def _dies_mid_answer(head: bytes) -> tuple[asyncio.AbstractServer, str]:
+    """A gateway that reads a request, sends ``head`` and part of a body, and closes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id",
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    b"\r\n5\r\n{\"id\"",
+])
+async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
+        stack: Stack, head: bytes) -> None:
+    sql = RECORDS[2]
+    server, url = await _dies_mid_answer(head)
+    try:  # w0: the lowest id among the idle copies, so the router picks it first
+        stack.router.fleet.index.update(at(worker("w0", gpu=[sql], base=sql.base_model),
+                                           datetime.now(UTC).timestamp(), url, max_lora_rank=64))
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 503 and headers["Retry-After"] == "5", body
+        assert body["error"]["type"] == "worker_lost"
+        assert "w0" not in stack.router.fleet.index.workers
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_stream_cut_by_a_killed_worker_is_cut_for_the_client(stack: Stack) -> None:
+    sql = RECORDS[2]
+    server, url = await _dies_mid_answer(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
+        b"\r\n\r\n10\r\ndata: {\"a\": 1}\n\n\r\n")
+    try:
+        stack.router.fleet.index.update(at(worker("w0", gpu=[sql], base=sql.base_model),
+                                           datetime.now(UTC).timestamp(), url, max_lora_rank=64))
+        async with stack.http.post(stack.url + "/v1/completions", headers=AUTH_A,
+                                   json={"model": "sql", "prompt": "q", "stream": True}) as resp:
+            assert resp.status == 200
+            with pytest.raises(ClientPayloadError):
+                await resp.read()  # cut, never a stream that looks whole
+        assert "w0" not in stack.router.fleet.index.workers
+        status, _, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200  # the router goes on
+    finally:
+        server.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")
