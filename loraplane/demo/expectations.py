@@ -40,6 +40,9 @@ class Facts:
     interactive_p99_budget_ms: float = 1000.0
     cold_loads_per_minute: int = 6
     min_hit_rate: float = 0.9
+    gone_after: tuple[str, ...] = ()
+    """LoRA names the workers' heartbeats listed on a GPU just before the scenario's revoke:
+    the rows the measure waits for (their load, then their unload or evict)."""
 
 
 Rule = Callable[[Recorded, Summary, Facts], Check]

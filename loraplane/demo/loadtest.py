@@ -187,13 +187,25 @@ def bulk_eviction(run: Run) -> Facts:
     half = TrafficShape(max(5.0, run.duration_s / 2), max_qps=4.0, alpha=0.5)
     run.steps.run("traffic to all of them", lambda: run.replay(run.catalog.adapters, half),
                   _sent)
+    ids = {a.adapter_id for a in doomed}
+
+    def on_gpu() -> tuple[str, ...]:
+        return tuple(sorted({a.lora_name for s in run.system.worker_states().values()
+                             for a in s.adapters if a.tier == "gpu" and a.adapter_id in ids}))
+
+    gone_after = on_gpu()
+    if not gone_after:  # traffic may leave them all cold (4 slots, demand admission, the
+        # budget): one on a GPU, so the check has a copy to see go
+        run.steps.run(f"{doomed[0].adapter_id} answers from a GPU copy",
+                      lambda: run.warm(doomed[:1]))
+        gone_after = on_gpu()
     run.steps.run(f"revoke {len(doomed)} adapters at once (signed)", lambda: in_parallel(
         lambda a: run.system.lifecycle("revoke", a.adapter_id, "1", reason="bulk eviction"),
         doomed))
     run.steps.run("traffic to all of them again", lambda: run.replay(
         run.catalog.adapters, TrafficShape(half.duration_s, max_qps=4.0, seed=1)), _sent)
     time.sleep(2 * run.system.options.heartbeat_s)
-    return Facts(targets=tuple(a.adapter_id for a in doomed))
+    return Facts(targets=tuple(a.adapter_id for a in doomed), gone_after=gone_after)
 
 
 def artifact_store_unavailable(run: Run) -> Facts:
@@ -384,8 +396,24 @@ def _drive_and_measure(scenario: Scenario, run: Run, base: Settings,
                       settings, run.window_start, until, ids), logged, timeout_s=60),
                   lambda n: f"{n}/{logged}")
     time.sleep(2.0)  # cache events travel the same path; let the last batch land
+    if facts.gone_after:  # and on a loaded machine they can lag: wait for the ones expected
+        run.steps.run("wait for the sink to land the load and the unload of each revoked copy",
+                      lambda: measure.wait_for_rows(lambda: _loaded_and_gone(
+                          settings, run.window_start, ids, facts.gone_after),
+                          len(facts.gone_after), timeout_s=60),
+                      lambda n: f"{n}/{len(facts.gone_after)}")
     recorded = measure.fetch(settings, run.window_start, datetime.now(UTC), ids)
     return recorded, summarize(recorded, dict(run.client_status)), facts
+
+
+def _loaded_and_gone(settings: Settings, since: datetime, ids: Sequence[str],
+                     names: Sequence[str]) -> int:
+    """How many of ``names`` have both a load and a later unload or evict row landed."""
+    rows = measure.fetch(settings, since, datetime.now(UTC), ids).cache
+    loaded = {c.lora_name: c.ts for c in reversed(rows) if c.kind == "load"}  # the first
+    return sum(1 for name in names if name in loaded and any(
+        c.lora_name == name and c.kind in ("unload", "evict") and c.ts >= loaded[name]
+        for c in rows))
 
 
 def render(result: LoadTestResult, console: Console) -> None:
