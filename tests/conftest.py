@@ -6,8 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from loraplane.kernel.config import Settings, get_settings
+
+# Property tests assert behaviour, not speed: no per-example deadline (on a loaded CI machine
+# the first examples, cold imports included, can pass 200 ms and fail a correct test).
+hypothesis_settings.register_profile("loraplane", deadline=None)
+hypothesis_settings.load_profile("loraplane")
 
 
 @pytest.fixture(scope="session")
