@@ -8,34 +8,53 @@ or a retry. This bound charges exactly that.
 
 Per base model with ``W`` workers of ``S`` slots and ``L`` loads a minute each, the trace is cut
 into buckets of ``B`` seconds. Variables per adapter ``a`` and bucket ``t``: ``y`` (a has a GPU
-copy on some worker at the bucket's start), ``l`` (GPU loads of a decided in the bucket, all
-workers) and ``z`` (a's requests in the bucket that reach a copy). Constraints::
+copy on some worker at the bucket's start whose load has *started*), ``l`` (GPU loads of a that
+*start* in the bucket, all workers) and ``z`` (a's requests in the bucket reach a copy started by
+the bucket's end); per request ``j`` and later bucket ``k`` its wait still reaches, ``x``
+(``j`` is served by a copy whose load starts in ``k``: it waits at least ``s = start of k -
+arrival``, so only where ``s`` is within the class's ``max_wait_ms`` and costs less than ``U``).
+Constraints::
 
-    z[a,t] <= y[a,t] + l[a,t],  z <= 1          a request reaches a copy only if one was there
-                                                 or a load of a was decided in the bucket
-    y[a,t+1] <= y[a,t] + l[a,t]                  a copy at t+1 was there at t or loaded in t
+    z[a,t] <= y[a,t] + l[a,t],  z <= 1          a request reaches a copy only if one had
+                                                 started by the bucket's start or starts in it
+    x[j,k] <= l[a,k],  z[a,t] + sum_k x[j,k] <= 1
+    y[a,t+1] <= y[a,t] + l[a,t]                  a started copy at t+1 was there at t or
+                                                 started in t
     sum_a y[a,t] <= W * S                        slots (y <= 1: any copy counts once)
-    sum of l over buckets inside any span of
-      60 - D seconds <= W * L                    the rolling-minute budget, by decision time
+    sum of l over any floor(60 / B)
+      consecutive buckets <= W * L               the rolling-minute budget, by start time
 
-Cost ``sum U[a,t] (1 - z[a,t])``, ``U`` = the weighted least charge of a request that neither
-finds a copy nor triggers a load (``CostModel.unloaded_miss_ms``). Why it is a lower bound of
-every policy the engine replays, prefetching planners included: take any run and set ``y`` to
-1 where the adapter was resident (a copy still loading counts) at a bucket start, ``l`` to the
-loads decided in the bucket and ``z`` to 1 where ``y + l >= 1``. That satisfies every
-constraint: the router sends a request to a GPU copy whenever one exists, so a request without
-one was not resident anywhere; a load needs a slot only from its decision on; and the engine
-lets a load *start* only with fewer than ``L`` starts in the minute before it, so any 60 s of
-starts holds at most ``L`` per worker, and a load starts at most ``D`` after its decision
-(``D`` = the batch class's wait, 0 without batch requests), so decisions inside ``60 - D``
-seconds start inside 60 s. Its cost is at most the run's: requests with ``z = 1`` are charged
-0 here (>= 0 in the run), the others found no copy and triggered no load, so the run charged
-each of them a fallback, a retry or a bypass, at least ``U``. The LP's optimum is at most that
-point's cost. Relaxed away (so it stays below): load times, queueing, which worker, what a
-loading request pays, evictions inside a bucket (coverage by ``y`` lasts the whole bucket).
+Cost ``sum U[a,t] (1 - z[a,t]) - sum (U[j] - weight[j] * s[j,k]) x[j,k]``, ``U`` = the
+weighted least charge of a request that neither finds a copy nor triggers a load
+(``CostModel.unloaded_miss_ms``). Why it is a lower bound of every policy the engine replays,
+prefetching planners included: take any run and set ``y`` to 1 where a copy whose load had
+started was resident (on any worker) at a bucket start, ``l`` to the loads started in the
+bucket, ``z`` to 1 where ``y + l >= 1``, and, where ``z = 0``, ``x[j,k]`` to 1 for a request
+served by a copy that started in ``k``. That satisfies every constraint: a copy is resident
+from its load's decision until its eviction, so a started copy at ``t+1`` either started in
+``t`` or was resident and started at ``t``; started copies hold slots; and the engine lets a
+load *start* only with fewer than ``L`` starts in the minute before it, so any 60 s of starts
+holds at most ``L`` per worker, and ``floor(60 / B)`` buckets span at most 60 s. A request
+served by a copy on its worker found it resident on arrival and ready within its class's wait
+(a longer wait gets the class's cold answer, ``CostModel.miss``), so that copy's load started
+before the bucket (the copy was resident since: ``y = 1``), in it (``l``), or in a later bucket
+``k`` with ``s <= max_wait``, and the run charged it its wait, at least ``weight * s``. Every
+other request got a fallback, a retry or a bypass, at least ``U``. So the point's cost is at
+most the run's, and the LP's optimum at most the point's. Relaxed away (so it stays below):
+load times, queueing, which worker, the slot a copy holds between its decision and its start,
+evictions inside a bucket (coverage by ``y`` lasts the whole bucket). Only a batch request
+waits for the budget; interactive misses and the planner's loads start at once or not at all,
+so where a pool has no batch request every load starts when it is decided, a copy resident on
+arrival had started, and no request gets a lookahead.
+
+(Until 2026-12-03 ``l`` counted load *decisions* in the bucket and the budget was kept over
+``60 - D`` seconds of decisions, ``D`` the batch class's wait: with batch's 30 s the LP could
+spend twice the budget. Counting starts keeps the whole minute; the waits it lets a request
+have are charged.)
 
 Size: ``B`` is the smallest of ``BUCKETS_S`` that keeps adapters x buckets under
-``optimum.bound_max_cells``; coarser buckets only loosen the bound.
+``optimum.bound_max_cells``; coarser buckets only loosen the bound. A trace that would need
+buckets over ``SEGMENT_BUCKET_S`` is bounded in time segments instead (``_segments``).
 """
 
 from __future__ import annotations
@@ -81,32 +100,81 @@ def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests) -> Bo
         return None
     cm = CostModel(scenario.fleet.costs, scenario.policy)
     budget = scenario.policy.cold_loads_per_minute_per_worker
-    has_batch = any(requests.batch)
-    wait_s = scenario.policy.request_budgets.batch.max_wait_ms / 1000.0 if has_batch else 0.0
-    per_pool: dict[int, tuple[list[float], list[int], list[float]]] = {}
+    wait_s = (cm.max_wait_ms(False) / 1000.0, cm.max_wait_ms(True) / 1000.0)
+    per_pool: dict[int, tuple[list[float], list[int], list[float], list[float], list[float]]] = {}
     for t, a, batch in zip(requests.time_s, requests.adapter, requests.batch, strict=True):
         spec = catalog.adapters[a]
-        ts, adapters, costs = per_pool.setdefault(spec.base_model, ([], [], []))
+        ts, adapters, costs, waits, rates = per_pool.setdefault(spec.base_model,
+                                                                ([], [], [], [], []))
+        weight = cm.weight(spec.priority)
         ts.append(t)
         adapters.append(a)
-        costs.append(cm.weight(spec.priority) * cm.unloaded_miss_ms(batch))
+        costs.append(weight * cm.unloaded_miss_ms(batch))
+        waits.append(wait_s[batch])
+        rates.append(weight * 1000.0)  # a second's wait, charged in weighted ms
+    batch_pools = {catalog.adapters[a].base_model for a, batch in
+                   zip(requests.adapter, requests.batch, strict=True) if batch}
     total, bucket, cells = 0.0, 0.0, 0
-    for pool, (ts, adapters, costs) in per_pool.items():
+    for pool, (ts, adapters, costs, waits, rates) in per_pool.items():
+        if pool not in batch_pools:
+            waits = [0.0] * len(ts)  # no load starts after its decision (docstring)
         fleet = scenario.fleet.base_models[pool]
         limits = PoolLimits(fleet.workers, fleet.gpu_slots_per_worker, budget)
-        cost, b, n = lp_bound(ts, adapters, costs, limits, wait_s,
-                              scenario.optimum.bound_max_cells)
-        total += cost
-        bucket = max(bucket, b)
-        cells += n
+        cap = scenario.optimum.bound_max_cells
+        for s_ts, s_adapters, s_costs, s_waits, s_rates in _segments(
+                ts, adapters, costs, waits, rates, cap):
+            cost, b, n = lp_bound(s_ts, s_adapters, s_costs, limits, s_waits, s_rates, cap)
+            total += cost
+            bucket = max(bucket, b)
+            cells += n
     return BoundResult(total, bucket, cells)
 
 
+SEGMENT_BUCKET_S = 15.0
+"""A trace that would need buckets coarser than this to fit is cut into time segments that
+each fit at it (a 600 s bucket lets one copy serve ten minutes of requests: no bound)."""
+
+Segment = tuple[list[float], list[int], list[float], list[float], list[float]]
+
+
+def _segments(ts: list[float], adapters: list[int], costs: list[float], waits: list[float],
+              rates: list[float], max_cells: int) -> list[Segment]:
+    """The pool's requests in consecutive time segments whose LPs each fit ``max_cells`` at
+    ``SEGMENT_BUCKET_S`` (one segment when the whole trace does). The sum of the segments'
+    bounds is a bound: each segment relaxes the state it starts with (any copies, in the
+    slots) and the budget windows across its start; a request whose wait reaches past its
+    segment's end may be served by a load in the next, so it is charged 0 there."""
+    if not ts:
+        return []
+    t0, span = min(ts), max(ts) - min(ts)
+    n_a = len(set(adapters))
+    need = n_a * (math.floor(span / SEGMENT_BUCKET_S) + 1)
+    k = max(1, math.ceil(need / max_cells))
+    if k == 1:
+        return [(ts, adapters, costs, waits, rates)]
+    length = span / k
+    t = np.asarray(ts)
+    seg = np.minimum(k - 1, ((t - t0) // length).astype(np.int64))
+    end = t0 + (seg + 1) * length
+    crosses = (seg < k - 1) & (t + np.asarray(waits) >= end)
+    cost = np.where(crosses, 0.0, np.asarray(costs))
+    out: list[Segment] = []
+    for i in range(k):
+        rows = np.flatnonzero(seg == i)
+        out.append((t[rows].tolist(), np.asarray(adapters)[rows].tolist(),
+                    cost[rows].tolist(), np.asarray(waits)[rows].tolist(),
+                    np.asarray(rates)[rows].tolist()))
+    return out
+
+
 def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits: PoolLimits,
-             batch_wait_s: float = 0.0, max_cells: int = 60_000,
+             waits_s: list[float] | None = None, wait_cost_per_s: list[float] | None = None,
+             max_cells: int = 120_000,
              bucket_s: float | None = None) -> tuple[float, float, int]:
-    """(bound, bucket seconds, adapter-bucket cells) of one pool's requests; ``costs[j]`` is
-    what request ``j`` is charged at least when it finds no copy and loads nothing."""
+    """(bound, bucket seconds, adapter-bucket cells) of one pool's requests: ``costs[j]`` is
+    what request ``j`` is charged at least when it finds no copy and loads nothing,
+    ``waits_s[j]`` how long after its arrival a copy's load may start and still serve it, and
+    ``wait_cost_per_s[j]`` what each second of that wait is charged (none given: no wait)."""
     if not times:
         return 0.0, 0.0, 0
     ids = {a: k for k, a in enumerate(dict.fromkeys(adapters))}
@@ -116,18 +184,44 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
         bucket_s = next((b for b in BUCKETS_S if n_a * (math.floor(span / b) + 1) <= max_cells),
                         BUCKETS_S[-1])
     n_t = math.floor(span / bucket_s) + 1
-    u = np.zeros((n_a, n_t))
-    for t, a, c in zip(times, adapters, costs, strict=True):
-        u[ids[a], min(n_t - 1, int((t - t0) // bucket_s))] += c
-    total = float(u.sum())
+    cells = n_a * n_t
     slots = limits.workers * limits.slots_per_worker
     if slots >= n_a:
-        return 0.0, bucket_s, n_a * n_t  # every adapter may keep a copy from the start
-    cells = n_a * n_t
-    covered = np.flatnonzero(u.ravel() > 0)
-    # variable layout: y (cells), l (cells), z (one per covered cell)
-    n_z = covered.size
+        return 0.0, bucket_s, cells  # every adapter may keep a copy from the start
+    u = np.zeros(cells)
+    # lookahead: (request's row, cell of the later bucket, saving over not being served)
+    look_req: list[int] = []
+    look_cell: list[int] = []
+    look_save: list[float] = []
+    waits = waits_s or [0.0] * len(times)
+    rates = wait_cost_per_s or [0.0] * len(times)
+    n_j = 0
+    req_cell: list[int] = []
+    for t, a, c, w, rate in zip(times, adapters, costs, waits, rates, strict=True):
+        first = min(n_t - 1, int((t - t0) // bucket_s))
+        cell = ids[a] * n_t + first
+        u[cell] += c
+        k, found = first + 1, False
+        while k < n_t:
+            wait = t0 + k * bucket_s - t
+            if wait > w or wait * rate >= c:
+                break
+            look_req.append(n_j)
+            look_cell.append(cell + k - first)
+            look_save.append(c - wait * rate)
+            found = True
+            k += 1
+        if found:
+            req_cell.append(cell)
+            n_j += 1
+    total = float(u.sum())
+    covered = np.flatnonzero(u > 0)
+    z_of = np.full(cells, -1, dtype=np.int64)
+    z_of[covered] = np.arange(covered.size)
+    n_z, n_x = covered.size, len(look_req)
+    # variable layout: y (cells), l (cells), z (one per covered cell), x (lookahead)
     y0, l0, z0 = 0, cells, 2 * cells
+    x0 = z0 + n_z
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
@@ -146,6 +240,18 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     add(r, l0 + covered, -1.0)
     rhs.append(np.zeros(n_z))
     row += n_z
+    if n_x:
+        xs = np.arange(n_x)
+        # x[j,k] <= l[a,k]
+        add(row + xs, x0 + xs, 1.0)
+        add(row + xs, l0 + np.asarray(look_cell), -1.0)
+        rhs.append(np.zeros(n_x))
+        row += n_x
+        # z[a,t] + sum_k x[j,k] <= 1, one row per request with lookahead
+        add(row + np.arange(n_j), z0 + z_of[np.asarray(req_cell)], 1.0)
+        add(row + np.asarray(look_req), x0 + xs, 1.0)
+        rhs.append(np.ones(n_j))
+        row += n_j
     # y[a,t+1] <= y[a,t] + l[a,t]
     idx = np.arange(cells).reshape(n_a, n_t)
     nxt, cur = idx[:, 1:].ravel(), idx[:, :-1].ravel()
@@ -160,12 +266,13 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     add(r, y0 + idx.T.ravel(), 1.0)
     rhs.append(np.full(n_t, float(slots)))
     row += n_t
-    # the budget: buckets inside a span of (60 - D) seconds; a longer bucket gets its share.
-    # Through one total per bucket (n[t] >= sum_a l[a,t]), so a window row has `run` entries.
-    span_s = max(BUDGET_WINDOW_S - batch_wait_s, 1e-9)
-    per_window = limits.workers * limits.loads_per_minute * math.ceil(bucket_s / span_s - 1e-9)
-    run = max(1, math.floor(span_s / bucket_s + 1e-9))
-    n0 = 2 * cells + n_z
+    # the budget: starts inside any `run` consecutive buckets (at most 60 s); a bucket longer
+    # than a minute gets its share. Through one total per bucket (n[t] >= sum_a l[a,t]), so a
+    # window row has `run` entries.
+    per_window = limits.workers * limits.loads_per_minute * \
+        math.ceil(bucket_s / BUDGET_WINDOW_S - 1e-9)
+    run = max(1, math.floor(BUDGET_WINDOW_S / bucket_s + 1e-9))
+    n0 = x0 + n_x
     n_vars = n0
     if per_window < n_a * run:  # else it never binds (no cell needs more than one load)
         n_vars += n_t
@@ -182,7 +289,8 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(row, n_vars)).tocsr()
     objective = np.zeros(n_vars)
-    objective[z0:n0] = -u.ravel()[covered]
+    objective[z0:x0] = -u[covered]
+    objective[x0:n0] = -np.asarray(look_save, dtype=float)
     bounds = np.zeros((n_vars, 2))
     bounds[:, 1] = 1.0
     bounds[l0:z0, 1] = np.inf

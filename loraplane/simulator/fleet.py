@@ -104,6 +104,11 @@ class CostModel:
         429: the gateway never serves batch with the base model)."""
         return self.miss(0.0, batch, True)
 
+    def max_wait_ms(self, batch: bool) -> float:
+        """The longest a request of this class is served after (a wait for its copy beyond
+        it gets the class's cold answer): how far ahead a load may start and still serve it."""
+        return self._classes[batch][0]
+
     def unloaded_miss_ms(self, batch: bool) -> float:
         """What a request of this class is charged when it finds no GPU copy and loads
         nothing (spent budget, bypass): the miss weight of the budgeted bound."""

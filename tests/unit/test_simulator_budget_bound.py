@@ -107,6 +107,58 @@ def test_every_policy_pays_at_least_the_bound(seq: list[int], gaps: list[float],
     sc, cat = _budgeted(slots, workers, budget), catalog(6, prio)
     bound = budget_bound(sc, cat, reqs)
     assert bound is not None
+    # and in time segments (a cap of 20 cells cuts these traces into several)
+    cut = budget_bound(sc.model_copy(update={"optimum": sc.optimum.model_copy(
+        update={"bound_max_cells": 20})}), cat, reqs)
+    assert cut is not None
     for name in POLICIES:
         c = simulate(sc, cat, reqs, policy_factory(name))
         assert bound.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
+        assert cut.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
+
+
+def test_batch_waits_do_not_double_the_budget() -> None:
+    """Three adapters, one request each, 20 s apart, one slot and one load a minute, all
+    batch: the initial copy serves one, and at most one load starts in the 40 s (waiting
+    for the next allowed start costs more than the 5 s retry), so one request is not served.
+    The bound that counted load decisions over 60 - 30 s fitted two loads and said 0."""
+    seq = [0, 1, 2]
+    times = [20.0 * j for j in range(len(seq))]
+    reqs = Requests(times, seq, [180] * len(seq), [True] * len(seq))
+    sc, cat = _budgeted(1, 1, 1), catalog(3)
+    bound = budget_bound(sc, cat, reqs)
+    assert bound is not None
+    assert bound.weighted_miss_cost >= 5000.0 - 0.01  # HiGHS's tolerance, given away
+    for name in POLICIES:
+        c = simulate(sc, cat, reqs, policy_factory(name))
+        assert bound.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
+
+
+def test_a_wait_for_a_later_start_is_charged() -> None:
+    """One slot, one load a minute, 10 s buckets: interactive requests of adapters 0 and 1
+    at 0 s and 5 s (one is the initial copy, the other spends the minute's load), then a batch
+    request of adapter 2 at 59 s. Its copy can start no earlier than 60 s, the next minute: it
+    may be served, but it waits at least 1 s, and the bound charges that second."""
+    times, seq = [0.0, 5.0, 59.0], [0, 1, 2]
+    costs, waits, rates = [1000.0, 1000.0, 5000.0], [0.25, 0.25, 30.0], [1000.0] * 3
+    bound, _, _ = lp_bound(times, seq, costs, PoolLimits(1, 1, 1), waits, rates,
+                           bucket_s=10.0)
+    assert abs(bound - 1000.0) < 1e-3
+    free, _, _ = lp_bound(times, seq, costs, PoolLimits(1, 1, 2), waits, rates, bucket_s=10.0)
+    assert free < 1e-3  # with two loads a minute the third copy starts in time, no wait
+
+
+def test_segments_of_a_long_trace_each_fit_and_bound_no_higher_than_the_whole() -> None:
+    """An hour of one request a second over 12 adapters: at a cap of 600 cells the whole
+    trace would need 120 s buckets; it is cut into segments that each fit at 15 s or finer,
+    and their sum is positive and (here) below the whole trace's bound at 1 s buckets."""
+    times = [float(j) for j in range(3600)]
+    seq = [(j * 7) % 12 for j in range(3600)]
+    reqs = Requests(times, seq, [180] * len(seq), [j % 5 == 0 for j in range(len(seq))])
+    sc, cat = _budgeted(1, 2, 1), catalog(12)
+    whole = budget_bound(sc, cat, reqs)
+    cut = budget_bound(sc.model_copy(update={"optimum": sc.optimum.model_copy(
+        update={"bound_max_cells": 600})}), cat, reqs)
+    assert whole is not None and cut is not None
+    assert cut.bucket_s <= 15.0 and cut.cells > 600  # several segments of at most 600
+    assert 0 < cut.weighted_miss_cost <= whole.weighted_miss_cost + 1e-3
