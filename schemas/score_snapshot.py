@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from loraplane.schemas.base import NonNegativeMs, StrictModel
-from pydantic import Field
+from pydantic import Field, model_validator
 
 Count = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 """A decayed event count (as of its ``at``)."""
@@ -22,6 +22,10 @@ Epoch = Annotated[float, Field(allow_inf_nan=False)]
 """Seconds since the epoch."""
 DecayedPair = tuple[Count, Epoch]
 """``(value, at)`` of an exponentially decayed counter."""
+Harmonic = Annotated[float, Field(allow_inf_nan=False)]
+DailySums = tuple[Count, Harmonic, Harmonic, Harmonic, Harmonic, Epoch]
+"""``(n, c1, s1, c2, s2, at)`` of ``streams.scores.Daily``: decayed sums of 1 and of the cos and
+sin of each request's phase of day (one and two cycles), as of ``at``."""
 
 
 class ScoreSnapshot(StrictModel):
@@ -36,6 +40,19 @@ class ScoreSnapshot(StrictModel):
     classes: dict[Annotated[str, Field(max_length=64)], DecayedPair] = Field(
         max_length=64, description="requests per request class (10 min)")
     armed: bool = Field(True, description="the next burst may fire (absent in old records)")
+    day: DailySums | None = Field(
+        None, description="daily profile: requests over the time of day, 3-day decay (absent "
+        "in old records: no profile yet)")
+    since: Epoch | None = Field(None, description="time of the first request in the profile")
+
+    @model_validator(mode="after")
+    def _harmonics_within_count(self) -> ScoreSnapshot:
+        # each sum of cos or sin of n requests is at most n in size: more would forecast a
+        # rate no request stream can produce
+        if self.day is not None and any(abs(h) > self.day[0] * (1 + 1e-9) + 1e-9
+                                        for h in self.day[1:5]):
+            raise ValueError("day: a harmonic exceeds the request count")
+        return self
 
 
 UNKNOWN_KEY = "(unknown)"

@@ -167,8 +167,7 @@ class Scores:
         self.unattributed: list[ScoreState | object | None] = [_STALE] * n
         self.state: list[ScoreState] = [EMPTY] * n
         zeros = np.zeros
-        self.inputs = ScoreInputs(zeros(n), zeros(n), zeros(n), zeros(n), zeros(n, bool),
-                                  zeros(n))
+        self.inputs = ScoreInputs.zeros(n)
         self.last = zeros(n)  # last request time, NaN when never
         self.served_value, self.served_at = zeros(n), zeros(n)
         self.errors_value, self.errors_at = zeros(n), zeros(n)
@@ -188,8 +187,7 @@ class Scores:
         out.own, out.unattributed = rows(self.own), rows(self.unattributed)
         out.state = [self.state[i] if i >= 0 else EMPTY for i in picked]
         x = self.inputs
-        out.inputs = ScoreInputs(x.r10_value[take], x.r10_at[take], x.r1_value[take],
-                                 x.r1_at[take], x.ttft_known[take], x.ttft_gap_ms[take])
+        out.inputs = x.rows(take)
         out.last = self.last[take]
         out.served_value, out.served_at = self.served_value[take], self.served_at[take]
         out.errors_value, out.errors_at = self.errors_value[take], self.errors_at[take]
@@ -243,7 +241,7 @@ class Scores:
         for column, values in ((x.r10_value, fresh.r10_value), (x.r10_at, fresh.r10_at),
                                (x.r1_value, fresh.r1_value), (x.r1_at, fresh.r1_at),
                                (x.ttft_known, fresh.ttft_known),
-                               (x.ttft_gap_ms, fresh.ttft_gap_ms)):
+                               (x.ttft_gap_ms, fresh.ttft_gap_ms), (x.daily, fresh.daily)):
             column[rows] = values
         self.last[rows] = np.array(list(map(_LAST_REQUEST, states)), dtype=float)
         served, errors = list(map(_SERVED, states)), list(map(_ERRORS, states))

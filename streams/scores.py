@@ -10,6 +10,10 @@ For a steady arrival rate ``r`` a counter with time constant ``tau`` converges t
 weighing most. Out-of-order events are exact: an event older than the last update is added
 already decayed.
 
+The daily profile (``Daily``) is the demand forecast's second part: the first two harmonics of
+a version's requests over the time of day, decayed over days, so a version busy every morning
+is placed before the morning comes (a rate decayed over minutes only follows it there).
+
 Inputs that need a version (TTFT, errors after load) are kept per version; demand that the
 gateway could not attribute to a version (``adapter_version`` is None) is kept under
 ``score_key(adapter_id, None)`` and the planner counts it for the active version.
@@ -31,6 +35,10 @@ from loraplane.kernel.policy import Policy
 
 TAU_10M_S = 600.0
 TAU_1M_S = 60.0
+DAY_S = 86_400.0
+TAU_DAYS_S = 3 * DAY_S
+"""Memory of the daily profile: the last ~3 days count, older ones fade."""
+_OMEGA = 2 * math.pi / DAY_S
 TTFT_SMOOTHING = 0.2
 """Weight of a new TTFT sample in the moving average: ~5 samples to follow a change."""
 MIN_ERROR_SAMPLES = 20.0
@@ -74,6 +82,35 @@ def _tau10() -> Decayed:
 
 
 @dataclass(frozen=True)
+class Daily:
+    """Requests over the time of day: decayed (``TAU_DAYS_S``) sums of 1, cos and sin of the
+    request's phase (one and two cycles a day), as of ``at``, and the first request's time.
+
+    Why harmonics rather than 24 hourly counters: five floats per version whatever its
+    traffic, and a smooth profile that one day of data already pins down. The rate is read
+    back by a weighted least-squares fit (``daily_rates_at``), not by reading the sums as
+    Fourier coefficients: the decay weighs the latest hours most, which would itself look
+    like a daily cycle (~10% at a 3-day decay)."""
+
+    n: float = 0.0
+    c1: float = 0.0
+    s1: float = 0.0
+    c2: float = 0.0
+    s2: float = 0.0
+    at: float = 0.0
+    since: float | None = None
+
+    def rate_at(self, when: float, now: float) -> float:
+        """Requests per second the profile says for the time of day of ``when``, from what
+        was seen by ``now`` (a batch of one of ``daily_rates_at``)."""
+        return float(daily_rates_at(np.array([_daily_row(self)]), when, now)[0])
+
+
+def _phase(ts: float) -> float:
+    return math.fmod(ts, DAY_S) * _OMEGA
+
+
+@dataclass(frozen=True)
 class ScoreState:
     """What the request logs say about one adapter version (or its unattributed demand).
 
@@ -90,6 +127,7 @@ class ScoreState:
     errors_after_load: Decayed = field(default_factory=_tau10)
     classes: dict[str, Decayed] = field(default_factory=dict)
     burst_armed: bool = True
+    daily: Daily = field(default_factory=Daily)
 
     def qps_10m(self, now: float) -> float:
         return self.requests_10m.rate(now)
@@ -178,6 +216,9 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
     classes = {k: (d.value, d.at) for k, d in state.classes.items()}
     cold, hot, last, armed = state.ttft_cold_ms, state.ttft_hot_ms, state.last_request, \
         state.burst_armed
+    d = state.daily
+    dn, dc1, ds1, dc2, ds2, dat, dsince = d.n, d.c1, d.s1, d.c2, d.s2, d.at, d.since
+    cos, sin, fmod = math.cos, math.sin, math.fmod
     fired = False
     exp = math.exp
     refused, ok, error = RequestStatus.refused, RequestStatus.ok, RequestStatus.error
@@ -231,13 +272,26 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             armed, fired = False, True  # fired: is_burst sees armed -> disarmed
         if last is None or ts > last:
             last = ts
+        # the daily sums (the reference form, one call per request, is the test's)
+        ph = fmod(ts, DAY_S) * _OMEGA
+        c, s = cos(ph), sin(ph)
+        c2, s2 = c * c - s * s, 2 * s * c
+        if dsince is None or ts < dsince:
+            dsince = ts
+        if ts >= dat:
+            k = exp((dat - ts) / TAU_DAYS_S) if dn else 0.0
+            dn, dc1, ds1, dc2, ds2, dat = (dn * k + 1.0, dc1 * k + c, ds1 * k + s, dc2 * k + c2,
+                                           ds2 * k + s2, ts)
+        else:
+            k = exp((ts - dat) / TAU_DAYS_S)
+            dn, dc1, ds1, dc2, ds2 = dn + k, dc1 + k * c, ds1 + k * s, dc2 + k * c2, ds2 + k * s2
     return ScoreState(
         requests_10m=Decayed(TAU_10M_S, r10, r10_at), requests_1m=Decayed(TAU_1M_S, r1, r1_at),
         last_request=last, ttft_cold_ms=cold, ttft_hot_ms=hot,
         served_after_load=Decayed(TAU_10M_S, served, served_at),
         errors_after_load=Decayed(TAU_10M_S, errors, errors_at),
         classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
-        burst_armed=armed), fired
+        burst_armed=armed, daily=Daily(dn, dc1, ds1, dc2, ds2, dat, dsince)), fired
 
 
 _ZERO = (0.0, 0.0)
@@ -266,7 +320,22 @@ def merged(a: ScoreState, b: ScoreState) -> ScoreState:
     last = [t for t in (a.last_request, b.last_request) if t is not None]
     return replace(a, requests_10m=add(a.requests_10m, b.requests_10m),
                    requests_1m=add(a.requests_1m, b.requests_1m),
-                   last_request=max(last) if last else None, classes=classes)
+                   last_request=max(last) if last else None, classes=classes,
+                   daily=daily_merged(a.daily, b.daily))
+
+
+def daily_merged(a: Daily, b: Daily) -> Daily:
+    """The profile of both request streams together."""
+    if not b.n:
+        return a
+    if not a.n:
+        return b
+    at = max(a.at, b.at)
+    ka, kb = math.exp((a.at - at) / TAU_DAYS_S), math.exp((b.at - at) / TAU_DAYS_S)
+    since = min(x for x in (a.since, b.since) if x is not None) \
+        if a.since is not None or b.since is not None else None
+    return Daily(a.n * ka + b.n * kb, a.c1 * ka + b.c1 * kb, a.s1 * ka + b.s1 * kb,
+                 a.c2 * ka + b.c2 * kb, a.s2 * ka + b.s2 * kb, at, since)
 
 
 def _clip(x: np.ndarray) -> np.ndarray:
@@ -297,10 +366,12 @@ class ScoreInputs:
     r1_at: np.ndarray
     ttft_known: np.ndarray  # bool: both cold and hot TTFT observed
     ttft_gap_ms: np.ndarray  # cold minus hot TTFT where known, else 0
+    daily: np.ndarray  # (n, 7): Daily's n, c1, s1, c2, s2, at, since (NaN: never)
 
     @classmethod
     def of(cls, states: Sequence[ScoreState]) -> ScoreInputs:
         n = len(states)
+        daily = np.array([_daily_row(s.daily) for s in states], dtype=float).reshape(n, 7)
         r10 = list(map(_R10, states))
         r1 = list(map(_R1, states))
         gap = [None if s.ttft_cold_ms is None or s.ttft_hot_ms is None
@@ -308,7 +379,85 @@ class ScoreInputs:
         return cls(np.fromiter(map(_VALUE, r10), float, n), np.fromiter(map(_AT, r10), float, n),
                    np.fromiter(map(_VALUE, r1), float, n), np.fromiter(map(_AT, r1), float, n),
                    np.fromiter((g is not None for g in gap), bool, n),
-                   np.fromiter((0.0 if g is None else g for g in gap), float, n))
+                   np.fromiter((0.0 if g is None else g for g in gap), float, n), daily)
+
+    @classmethod
+    def zeros(cls, n: int) -> ScoreInputs:
+        """Columns of ``n`` versions with no requests."""
+        daily = np.zeros((n, 7))
+        daily[:, 6] = np.nan
+        z = np.zeros
+        return cls(z(n), z(n), z(n), z(n), z(n, bool), z(n), daily)
+
+    def rows(self, take: np.ndarray) -> ScoreInputs:
+        """The rows ``take``, in that order."""
+        return ScoreInputs(self.r10_value[take], self.r10_at[take], self.r1_value[take],
+                           self.r1_at[take], self.ttft_known[take], self.ttft_gap_ms[take],
+                           self.daily[take])
+
+
+def _daily_row(d: Daily) -> tuple[float, ...]:
+    return (d.n, d.c1, d.s1, d.c2, d.s2, d.at, math.nan if d.since is None else d.since)
+
+
+_HARMONIC = np.array([0, 1, 1, 2, 2])
+_FIT_STEP_S = 3600.0
+_IS_SIN = np.array([False, False, True, False, True])
+
+
+def _gram(now: float, seen: np.ndarray) -> np.ndarray:
+    """(n, 5, 5): the integrals over the last ``seen`` seconds, weighted as the sums decay,
+    of the products of 1, cos, sin, cos 2, sin 2 of the phase: what the sums of a request
+    stream of rate ``theta . f(phase)`` converge to is ``gram @ theta``."""
+    k = np.arange(5)
+    rate = 1.0 / TAU_DAYS_S + 1j * k * _OMEGA
+    # K_k = int_0^seen exp(-u / tau) exp(i k w (now - u)) du
+    big_k = np.exp(1j * k * _phase(now))[None, :] * \
+        -np.expm1(-seen[:, None] * rate[None, :]) / rate[None, :]
+    cos_k, sin_k = big_k.real, big_k.imag
+
+    def c(j: np.ndarray) -> np.ndarray:
+        out: np.ndarray = cos_k[:, np.abs(j)]
+        return out
+
+    def s(j: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.sign(j) * sin_k[:, np.abs(j)]
+        return out
+
+    a, b = np.meshgrid(_HARMONIC, _HARMONIC, indexing="ij")
+    sa, sb = np.meshgrid(_IS_SIN, _IS_SIN, indexing="ij")
+    cc = (c(a - b) + c(a + b)) / 2
+    ss = (c(a - b) - c(a + b)) / 2
+    cs = (s(a + b) - s(a - b)) / 2  # cos(a) sin(b)
+    sc = (s(a + b) + s(a - b)) / 2  # sin(a) cos(b)
+    gram: np.ndarray = np.where(sa & sb, ss, np.where(sa, sc, np.where(sb, cs, cc)))
+    return gram
+
+
+def daily_rates_at(daily: np.ndarray, when: float, now: float) -> np.ndarray:
+    """Requests per second each profile (rows of ``ScoreInputs.daily``) says for the time of
+    day of ``when``, from what was seen by ``now``: the rate ``theta . (1, cos, sin, cos 2,
+    sin 2)(phase)`` whose decayed integrals equal the sums (least squares of a Poisson
+    intensity under the same weights, over the time since the hour of the first request),
+    clipped at 0. 0 before a whole day was seen: a partial day would read one morning as
+    every morning."""
+    out = np.zeros(len(daily))
+    seen = now - daily[:, 6]  # NaN where never: compares False
+    ok = np.flatnonzero((seen >= DAY_S) & (daily[:, 0] != 0.0))
+    if not ok.size:
+        return out
+    rows = daily[ok]
+    sums = rows[:, :5] * np.exp(-np.maximum(0.0, now - rows[:, 5]) / TAU_DAYS_S)[:, None]
+    # The fit's window starts at the hour of the first request (one Gram matrix per distinct
+    # hour, not per version: 100k versions cost one small inverse each otherwise, ~0.5 s)
+    start_hour = np.floor(rows[:, 6] / _FIT_STEP_S) * _FIT_STEP_S
+    hours, which = np.unique(start_hour, return_inverse=True)
+    inverse = np.linalg.inv(_gram(now, now - hours))
+    theta = np.einsum("nij,nj->ni", inverse[which], sums)
+    ph = _phase(when)
+    f = np.array([1.0, math.cos(ph), math.sin(ph), math.cos(2 * ph), math.sin(2 * ph)])
+    out[ok] = np.maximum(0.0, theta @ f)
+    return out
 
 
 _VALUE = attrgetter("value")
@@ -358,9 +507,14 @@ def _weighted_demand(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray
     costs per second, the quantity a budgeted cache should rank by (a product, so an idle
     platinum version does not outrank a busy bronze one as an added priority term would).
     The forecast is the 10-minute rate plus ``demand_trend_weight`` of a rise of the 1-minute
-    rate above it; a fall is left to the 10-minute decay, so a lull does not drop a copy."""
+    rate above it, and at least ``demand_diurnal_weight`` of what the daily profile says for
+    ``demand_diurnal_lead_s`` ahead; a fall is left to the 10-minute decay, so a lull does not
+    drop a copy."""
     r10, r1 = _rate_10m(x, now), _rate_1m(x, now)
     forecast = r10 + policy.demand_trend_weight * np.maximum(0.0, r1 - r10)
+    if policy.demand_diurnal_weight:
+        ahead = daily_rates_at(x.daily, now + policy.demand_diurnal_lead_s, now)
+        forecast = np.maximum(forecast, policy.demand_diurnal_weight * ahead)
     return _clip(forecast * priority / policy.normalisation.weighted_demand)
 
 
@@ -414,7 +568,12 @@ def snapshot(state: ScoreState) -> ScoreSnapshot:
         r10=_pair(state.requests_10m), r1=_pair(state.requests_1m), last=state.last_request,
         cold=state.ttft_cold_ms, hot=state.ttft_hot_ms, served=_pair(state.served_after_load),
         errors=_pair(state.errors_after_load),
-        classes={k: _pair(v) for k, v in state.classes.items()}, armed=state.burst_armed)
+        classes={k: _pair(v) for k, v in state.classes.items()}, armed=state.burst_armed,
+        day=_daily_sums(state.daily), since=state.daily.since)
+
+
+def _daily_sums(d: Daily) -> tuple[float, float, float, float, float, float] | None:
+    return None if not d.n else (d.n, d.c1, d.s1, d.c2, d.s2, d.at)
 
 
 def from_snapshot(record: ScoreSnapshot) -> ScoreState:
@@ -425,4 +584,5 @@ def from_snapshot(record: ScoreSnapshot) -> ScoreState:
         served_after_load=Decayed(TAU_10M_S, *record.served),
         errors_after_load=Decayed(TAU_10M_S, *record.errors),
         classes={k: Decayed(TAU_10M_S, *v) for k, v in record.classes.items()},
-        burst_armed=record.armed)
+        burst_armed=record.armed,
+        daily=Daily() if record.day is None else Daily(*record.day, since=record.since))

@@ -231,6 +231,13 @@ class Policy(_Strict):
     demand_trend_weight: float = Field(
         0.5, ge=0, le=1, description="weighted_demand's forecast: the 10-minute rate plus this "
         "share of a rise of the 1-minute rate above it")
+    demand_diurnal_weight: float = Field(
+        1.0, ge=0, le=10, description="weighted_demand's forecast is at least this share of the "
+        "rate the version's daily profile gives for demand_diurnal_lead_s ahead, once a whole "
+        "day of its requests was seen (streams.scores.Daily); 0: off")
+    demand_diurnal_lead_s: float = Field(
+        600.0, ge=0, le=86_400, description="how far ahead the daily profile is read: a copy "
+        "wanted then is placed now")
     ttft_penalty_prior_ms: float = Field(800.0, ge=0,
                                          description="cold TTFT penalty until one is observed")
     cold_loads_per_minute_per_worker: int = Field(6, ge=1, le=10_000)

@@ -2,6 +2,9 @@
 
 How requests are mapped to adapters (the Azure traces have none), deterministically for a seed:
 1. popularity: each request picks adapter ``i`` with probability ∝ ``(i + 1) ** -alpha``;
+   with ``office_hours``, times its tenant's share at that hour (``OfficeHours``: a request
+   drawn for a tenant outside its hours is kept with probability ``off_share``, else drawn
+   again);
 2. bursts: inside a burst window, each request goes to the burst adapter with probability
    ``share`` (an adapter that was cold becomes hot at once);
 3. scheduled peaks: extra arrivals at ``qps`` (exponential gaps) for the peak adapter;
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loraplane.simulator.catalog import Catalog
-from loraplane.simulator.scenario import Workload
+from loraplane.simulator.scenario import OfficeHours, Workload
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,38 @@ def popularity(n: int, alpha: float) -> np.ndarray:
     return p / p.sum()
 
 
+def _in_office_hours(times: np.ndarray, adapter: np.ndarray, p: np.ndarray,
+                     hours: OfficeHours, catalog: Catalog, rng: np.random.Generator
+                     ) -> np.ndarray:
+    """Thinning: a draw outside its tenant's hours is kept with ``off_share``, else redrawn
+    (by popularity) until kept, so each request's adapter has probability ∝ popularity x its
+    tenant's share at that time."""
+    tenants = sorted({a.tenant for a in catalog.adapters[:catalog.regular]})
+    index = {t: k for k, t in enumerate(tenants)}
+    offset = np.array([hours.spread_s * index[a.tenant] / len(tenants)
+                       for a in catalog.adapters[:catalog.regular]])
+    adapter = adapter.copy()
+    todo = np.arange(len(times))
+    for _ in range(10_000):
+        local_h = np.mod(times[todo] + offset[adapter[todo]], 86_400.0) / 3600.0
+        on = (local_h >= hours.start_h) & (local_h < hours.end_h)
+        keep = on | (rng.random(len(todo)) < hours.off_share)
+        todo = todo[~keep]
+        if not todo.size:
+            break
+        adapter[todo] = rng.choice(catalog.regular, size=len(todo), p=p)
+    return adapter
+
+
 def assign_adapters(times: np.ndarray, tokens: np.ndarray, workload: Workload, catalog: Catalog,
                     rng: np.random.Generator) -> Requests:
     """Map arrivals (seconds from start, sorted) to adapters as described in the module doc."""
     times = np.asarray(times, dtype=float)
     tokens = np.asarray(tokens, dtype=np.int64)
-    adapter = rng.choice(catalog.regular, size=len(times),
-                         p=popularity(catalog.regular, workload.alpha))
+    p = popularity(catalog.regular, workload.alpha)
+    adapter = rng.choice(catalog.regular, size=len(times), p=p)
+    if workload.office_hours is not None:
+        adapter = _in_office_hours(times, adapter, p, workload.office_hours, catalog, rng)
     for burst in workload.bursts:
         window = (times >= burst.at_s) & (times < burst.at_s + burst.duration_s)
         hit = window & (rng.random(len(times)) < burst.share)

@@ -37,6 +37,26 @@ class Diurnal(_Strict):
     phase_s: float = 0.0
 
 
+class OfficeHours(_Strict):
+    """Each tenant's share of the requests follows its own working day: inside
+    ``[start_h, end_h)`` of its local time its adapters draw requests as their popularity
+    says, outside it only ``off_share`` of that. Tenant ``k`` of ``n`` is ``k / n`` of
+    ``spread_s`` ahead of UTC, so with the whole day as spread the mornings come one after
+    another. The arrivals themselves are unchanged: the busy tenants take the others' share."""
+
+    start_h: float = Field(9.0, ge=0, lt=24)
+    end_h: float = Field(17.0, gt=0, le=24)
+    off_share: float = Field(0.05, gt=0, le=1, description="above 0: at an hour when no "
+                             "tenant is in its hours a request still finds an adapter")
+    spread_s: float = Field(86_400.0, ge=0)
+
+    @model_validator(mode="after")
+    def _a_day(self) -> OfficeHours:
+        if self.end_h <= self.start_h:
+            raise ValueError("office_hours: end_h must be after start_h")
+        return self
+
+
 class Burst(_Strict):
     """From ``at_s`` for ``duration_s``, ``share`` of all requests go to one adapter that was
     cold: the adapter at popularity rank ``rank`` (0 = most popular)."""
@@ -73,6 +93,8 @@ class Workload(_Strict):
     rate_qps: float = Field(10.0, gt=0, description="synthetic: mean arrival rate")
     cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrivals")
     diurnal: Diurnal = Field(default_factory=Diurnal)
+    office_hours: OfficeHours | None = Field(
+        None, description="tenants' shares follow their own working day (none: constant)")
     output_tokens: int = Field(180, ge=1, description="synthetic: mean output tokens")
     adapters: int = Field(100, ge=1)
     alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
@@ -168,7 +190,7 @@ class OptimumSettings(_Strict):
     segment_requests: int = Field(2000, ge=10, description="segment size of the lower bound")
     bound_max_requests: int = Field(200_000, ge=0, description="no bound above this (time)")
     bound_max_cells: int = Field(
-        60_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
+        120_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
                                    "(the bucket grows to fit)")
 
 

@@ -24,9 +24,12 @@ from loraplane.streams.scores import (
     BURST_FACTOR,
     BURST_MIN_REQUESTS_1M,
     BURST_REARM_REQUESTS_1M,
+    DAY_S,
     TAU_1M_S,
     TAU_10M_S,
+    TAU_DAYS_S,
     TTFT_SMOOTHING,
+    Daily,
     Decayed,
     Sample,
     ScoreState,
@@ -202,6 +205,20 @@ def _ewma(old: float | None, sample: float) -> float:
     return sample if old is None else old + TTFT_SMOOTHING * (sample - old)
 
 
+def _daily_add(d: Daily, ts: float) -> Daily:
+    """``Daily`` with one request at ``ts``, as ``observe_many`` folds it inline."""
+    ph = math.fmod(ts, DAY_S) * (2 * math.pi / DAY_S)  # the phase, as scores computes it
+    c, s = math.cos(ph), math.sin(ph)
+    c2, s2 = c * c - s * s, 2 * s * c
+    since = ts if d.since is None or ts < d.since else d.since
+    if ts >= d.at:
+        k = math.exp((d.at - ts) / TAU_DAYS_S) if d.n else 0.0
+        return Daily(d.n * k + 1.0, d.c1 * k + c, d.s1 * k + s, d.c2 * k + c2, d.s2 * k + s2,
+                     ts, since)
+    k = math.exp((ts - d.at) / TAU_DAYS_S)
+    return Daily(d.n + k, d.c1 + k * c, d.s1 + k * s, d.c2 + k * c2, d.s2 + k * s2, d.at, since)
+
+
 def reference_observe_many(state: ScoreState, samples: list[Sample]) -> tuple[ScoreState, bool]:
     """``scores.observe_many`` as it was before the fast path (helper call per counter)."""
     r10, r10_at = state.requests_10m.value, state.requests_10m.at
@@ -211,6 +228,7 @@ def reference_observe_many(state: ScoreState, samples: list[Sample]) -> tuple[Sc
     classes = {k: (d.value, d.at) for k, d in state.classes.items()}
     cold, hot, last, armed = state.ttft_cold_ms, state.ttft_hot_ms, state.last_request, \
         state.burst_armed
+    daily = state.daily
     fired = False
     for ts, request_class, tier, status, ttft_ms in samples:
         if status is RequestStatus.refused:
@@ -235,13 +253,14 @@ def reference_observe_many(state: ScoreState, samples: list[Sample]) -> tuple[Sc
         if armed and _bursting(r1, r1_at, r10, r10_at, ts) and not _bursting(*before):
             armed, fired = False, True
         last = ts if last is None else max(last, ts)
+        daily = _daily_add(daily, ts)
     return ScoreState(
         requests_10m=Decayed(TAU_10M_S, r10, r10_at), requests_1m=Decayed(TAU_1M_S, r1, r1_at),
         last_request=last, ttft_cold_ms=cold, ttft_hot_ms=hot,
         served_after_load=Decayed(TAU_10M_S, served, served_at),
         errors_after_load=Decayed(TAU_10M_S, errors, errors_at),
         classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
-        burst_armed=armed), fired
+        burst_armed=armed, daily=daily), fired
 
 
 times = st.floats(T0 - 2000, T0 + 2000) | st.sampled_from([T0, T0 + 1e-9, 0.0, -0.0])
@@ -259,7 +278,8 @@ states = st.builds(
     errors_after_load=decayed(TAU_10M_S),
     classes=st.dictionaries(st.sampled_from([c.value for c in RequestClass]),
                             decayed(TAU_10M_S), max_size=3),
-    burst_armed=st.booleans())
+    burst_armed=st.booleans(),
+    daily=st.builds(Daily, counts, *[st.floats(-1e6, 1e6)] * 4, times, st.none() | times))
 sample_lists = st.lists(st.builds(
     Sample, ts=times, request_class=st.sampled_from([c.value for c in RequestClass]),
     tier=st.sampled_from(list(Tier)), status=st.sampled_from(list(RequestStatus)),

@@ -6,7 +6,7 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
   planning tick at once, as the app re-plans on significant events.
 - Every ``policy.planner_interval_s`` the pool's registry views, scores and one
   ``WorkerState`` per simulated worker (its own GPU and host copies, pins, HBM and recent
-  loads, from the engine) go through ``streams.planner.plan``; its commands become the
+  loads, from the engine) go through one ``streams.planner.Planner``; its commands become the
   engine's plan on the worker they name (``load_gpu`` -> load, ``demote_to_host``/``evict``
   of a GPU copy -> evict, ``prewarm_host`` -> host prewarm, ``pin``/``unpin`` -> the pinned
   copies). A version may hold copies on several workers. The planner's memory is kept
@@ -99,6 +99,9 @@ class Loraplane(CachePolicy):
         self.batch = ctx.requests.batch
         self.scores: dict[str, ScoreState] = {}
         self.memory: dict[str, planner.WorkerMemory] = {}
+        # one planner for the run, as the product's runtime keeps one: a tick re-derives
+        # only the score rows whose state changed (the same plan as a fresh one)
+        self.planner = planner.Planner()
         self.pinned: set[Copy] = set()
         self.last_score: dict[int, float] = {}
         self.last_used: dict[int, float] = {}
@@ -193,8 +196,8 @@ class Loraplane(CachePolicy):
         at = SIM_EPOCH + now
         scheduled = warmup_scores(self.schedule, self.pairs, at) if self.schedule.schedules \
             else {}
-        result = planner.plan(self.views, self.scores, self._states(now), self.ctx.policy, at,
-                              self.memory, scheduled)
+        result = self.planner.tick(self.views, self.scores, self._states(now), self.ctx.policy,
+                                   at, self.memory, scheduled)
         self.memory = result.memory
         self.last_score = {self.index_of[lora]: s for lora, s in result.scores.items()}
         out = Plan()
