@@ -451,9 +451,12 @@ class _BaseTick:
 
 
 def _cap_protected(t: _BaseTick) -> None:
-    """1. Unprotect the never-evict versions beyond ``protected_cap``, lowest rank first (a
-    resident ranks with the hysteresis margin, so the protected set does not flap). They
-    then compete by score, may be demoted or displaced, and are unpinned."""
+    """1. Unprotect the never-evict versions beyond ``protected_cap``, canaries last, then
+    lowest rank first (a resident ranks with the hysteresis margin, so the protected set does
+    not flap). They then compete by score, may be demoted or displaced, and are unpinned. A
+    canary keeps its protection before any other version: it is a release under test, its
+    share of the traffic is small by design (so its score is low), and a cold start there is
+    what the canary's warm-up exists to prevent."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
     held = set().union(*(w.protected for w in t.workers))  # no command moves these down
@@ -461,7 +464,7 @@ def _cap_protected(t: _BaseTick) -> None:
               sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
         return
-    protected.sort(key=lambda i: (table.lora[i] not in held,
+    protected.sort(key=lambda i: (table.lora[i] not in held, not table.canary[i],
                                   table.rank(i, table.lora[i] in t.resident, t.margin)))
     note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
             f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "

@@ -280,6 +280,23 @@ def test_protected_cap_ties_go_by_lora_name_and_idle_over_cap_versions_are_demot
     assert {c.reason.rule for c in demoted} == {"demote"}
 
 
+def test_a_canary_keeps_its_protection_before_busier_platinum_versions() -> None:
+    """Over the protected cap a canary is the last to lose protection: its share of the
+    traffic is small by design (a low score), yet a cold start there is what the canary's
+    warm-up exists to prevent (the simulator found canary cold starts on Azure traces when
+    the cap went by score alone)."""
+    policy = Policy(max_protected_gpu_share=0.5)  # 2 of 4 slots
+    plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(3)]
+    canary = record("plat0", "2", status=AdapterStatus.canary, priority=Priority.platinum,
+                    canary=10.0)
+    busy_plats = scores(plat0=0.9, plat1=0.8, plat2=0.7)
+    p = plan(views(*plats, canary), busy_plats, [worker("w1", gpu=[*plats, canary], slots=4)],
+             policy, NOW)
+    pinned = {c.lora_name for c in cmds(p, CommandAction.pin)}
+    assert canary.lora_name in pinned and len(pinned) == 2
+    assert plats[0].lora_name in pinned  # the busiest platinum version takes the other place
+
+
 def test_protected_cap_is_a_share_of_the_hot_set_rounded_up() -> None:
     assert protected_cap(Policy(), 16) == 8
     assert protected_cap(Policy(), 3) == 2
