@@ -371,8 +371,10 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
             else:
                 tier = "cold"
             start = wk.budget_start(t)
-            if start > t and not costs.may_wait(batch, (start - t) * 1000.0):
-                outcome = costs.miss(0.0, batch, True)
+            budget_wait_ms = (start - t) * 1000.0  # > 0: the budget is spent until start
+            if start > t and not costs.may_wait(batch, budget_wait_ms):
+                # the gateway's 429 says to come back once the budget frees: that long
+                outcome = costs.miss(0.0, batch, True, budget_wait_ms)
             else:
                 full = len(wk.resident) >= fl.pool.gpu_slots
                 victim = pol.on_miss(w, a, i, t, full)

@@ -12,7 +12,9 @@ Request-class budgets come from the policy file:
   unless the load budget is spent;
 - batch: waits for the load budget and the load up to its ``max_wait_ms`` and is charged what
   it waited; beyond that it is told to retry (429 + Retry-After, as the worker gateway answers
-  it: ``workers/gateway.py``), charged its ``retry_after_s``.
+  it: ``workers/gateway.py``), charged its ``retry_after_s``, or the time until the worker's
+  budget frees when that is longer (the Retry-After the gateway sends then: a client cannot
+  be served before it).
 """
 
 from __future__ import annotations
@@ -90,18 +92,24 @@ class CostModel:
         """May a request of this class wait ``wait_ms`` for the load budget?"""
         return batch and wait_ms <= self._classes[1][0]
 
-    def miss(self, penalty_ms: float, batch: bool, blocked: bool) -> Outcome:
+    def miss(self, penalty_ms: float, batch: bool, blocked: bool,
+             retry_after_ms: float = 0.0) -> Outcome:
         """Apply the request-class budget to a miss that would wait ``penalty_ms``
-        (``blocked``: the load budget is spent, nothing loads)."""
+        (``blocked``: nothing loads for it). A 429 is charged its ``Retry-After``: the
+        class's ``retry_after_s``, or ``retry_after_ms`` when longer (the time until the
+        worker's cold-load budget frees, which the gateway sends: a client told to come back
+        then waits that long whatever the policy)."""
         max_wait, over, fallback = self._classes[batch]
         if blocked or penalty_ms > max_wait:
-            return Outcome(0.0 if fallback else over, over, fallback, not fallback)
+            charged = over if fallback else max(over, retry_after_ms)
+            return Outcome(0.0 if fallback else charged, charged, fallback, not fallback)
         return Outcome(penalty_ms, penalty_ms, False)
 
     def bypass(self, batch: bool) -> Outcome:
-        """The policy declined to load: as when the budget is spent, the class's answer (an
-        interactive request gets the base model or a 429 as ``on_cold`` says, a batch one a
-        429: the gateway never serves batch with the base model)."""
+        """The policy declined to load (as the gateway refuses a load that admission does not
+        let in, before it looks at the budget): the class's answer (an interactive request
+        gets the base model or a 429 as ``on_cold`` says, a batch one a 429: the gateway never
+        serves batch with the base model), a 429 with the class's own ``Retry-After``."""
         return self.miss(0.0, batch, True)
 
     def max_wait_ms(self, batch: bool) -> float:

@@ -67,6 +67,22 @@ def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
     assert (c.swaps, c.fallbacks) == (1, 2)
 
 
+def test_a_429_for_a_spent_budget_is_charged_its_retry_after() -> None:
+    """One slot, one load a minute, batch requests 5 s apart: the first loads, the second
+    finds the budget spent for 55 s, more than batch's 30 s wait, and gets a 429 whose
+    Retry-After is those 55 s (what the gateway sends: ``LoadBudget.retry_after_s``). It is
+    charged them, not the class's 5 s, which is for a refusal that has nothing to wait for."""
+    sc = scenario(1)
+    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
+        update={"cold_loads_per_minute_per_worker": 1})})
+    c = simulate(sc, catalog(2), requests([0, 1], batch=[True, True], gap_s=5.0),
+                 policy_factory("lru"))
+    assert (c.swaps, c.retries) == (1, 1)
+    first = c.ttft_penalty_ms[0]  # the load of the first (fetch + swap)
+    assert c.ttft_penalty_ms[1] == pytest.approx(55_000.0)
+    assert c.weighted_miss_cost == pytest.approx(first + 55_000.0)  # bronze: weight 1
+
+
 def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budget(
         tmp_path: Path) -> None:
     """A request attains its class's SLO when its adapter served it (no base-model fallback,
