@@ -12,12 +12,12 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
   copies). A version may hold copies on several workers. The planner's memory is kept
   across ticks like the Faust table keeps it.
 - A request that the router sends to a worker without a copy is loaded there on demand (the
-  engine applies the request-class and load budgets); the slot given up is that worker's
-  unpinned resident with the lowest hot score of the last tick, least recently used first
-  (the policy's ``eviction_policy: weighted-lru``). With ``demand_admission_tau_s`` on, only
-  a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's version
-  replace may give its slot (the same counts, per worker, of every request routed there).
-  When no resident may, the request gets its class's cold answer (base model or 429).
+  engine applies the request-class and load budgets); the slot given up is the one the worker
+  agent gives up (``workers.reconcile.make_room``): its unpinned resident touched (loaded or
+  requested there) least recently, then by lora name. With ``demand_admission_tau_s`` on,
+  only a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's
+  version replace may give its slot (the same counts, per worker, of every request routed
+  there). When no resident may, the request gets its class's cold answer (base model or 429).
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
   minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
 Host copies that the planner would evict for host pressure are left to the engine's host
@@ -27,6 +27,7 @@ LRU, which enforces the same slot and byte limits.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -103,8 +104,7 @@ class Loraplane(CachePolicy):
         # only the score rows whose state changed (the same plan as a fresh one)
         self.planner = planner.Planner()
         self.pinned: set[Copy] = set()
-        self.last_score: dict[int, float] = {}
-        self.last_used: dict[int, float] = {}
+        self.touched: dict[Copy, float] = {}  # the agent's ``touched``: last load or request
         self.hbm_fixed = pool.base_bytes + pool.kv_bytes
         self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
         tau = ctx.policy.demand_admission_tau_s
@@ -124,7 +124,7 @@ class Loraplane(CachePolicy):
                                        else RequestClass.interactive).value,
                         tier=_TIERS[tier], status=RequestStatus.ok, ttft_ms=ttft_ms)
         self.scores[key] = after
-        self.last_used[adapter] = now
+        self.touched[(worker, adapter)] = now
         if i != self.counted:
             self._count(worker, adapter, now)
         if is_burst(before, after, SIM_EPOCH + now):
@@ -148,8 +148,10 @@ class Loraplane(CachePolicy):
                          if counts.admits(name, self.records[r].lora_name, now)]
         if not evictable:
             return BYPASS
-        return min(evictable, key=lambda r: (self.last_score.get(r, 0.0),
-                                             self.last_used.get(r, 0.0), r))
+        self.touched[(worker, adapter)] = now
+        touched = self.touched
+        return min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
+                                             self.records[r].lora_name))
 
     def _count(self, worker: int, adapter: int, now: float) -> None:
         """One request routed to ``worker`` in its demand counts (demand admission on)."""
@@ -199,7 +201,6 @@ class Loraplane(CachePolicy):
         result = self.planner.tick(self.views, self.scores, self._states(now), self.ctx.policy,
                                    at, self.memory, scheduled)
         self.memory = result.memory
-        self.last_score = {self.index_of[lora]: s for lora, s in result.scores.items()}
         out = Plan()
         for cmd in result.commands:
             copy = (self.worker_index[cmd.worker_id], self.index_of[cmd.lora_name])
@@ -219,6 +220,8 @@ class Loraplane(CachePolicy):
 
     def on_planned(self, loaded: list[Copy], evicted: list[Copy], now: float) -> None:
         self.pinned.difference_update(evicted)
+        for copy in loaded:
+            self.touched[copy] = now
 
 
 def _with_policy(ctx: PolicyContext, **update: object) -> PolicyContext:
