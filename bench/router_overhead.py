@@ -95,6 +95,9 @@ class InstantWorker:
     def observe_ttft(self, name: str, ms: float) -> None:
         pass
 
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        pass
+
     def metrics_exposition(self) -> bytes:
         return b""
 

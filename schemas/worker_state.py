@@ -50,7 +50,22 @@ class WorkerState(StrictModel):
     hbm_usage: float | None = Field(None, ge=0, le=1, description="None if vLLM hides it")
     max_lora_rank: int = Field(ge=1, le=512)
     cold_loads_last_minute: int = Field(0, ge=0)
+    cold_load_budget: int | None = Field(
+        None, ge=1, le=10_000, description="loads a rolling minute this worker allows itself "
+        "now (policy.load_stall_share: adapted to what its loads cost; readers cap it at the "
+        "policy's cold_loads_per_minute_per_worker). None: the policy's constant")
+    load_stall: float | None = Field(
+        None, ge=0, le=1, description="the share of decode rate a load takes here, measured "
+        "(None until enough requests ran beside a load and without one)")
+    load_seconds: float | None = Field(None, ge=0, le=3600,
+                                       description="how long a GPU load takes here (average)")
     adapters: list[LoadedAdapter] = Field(default_factory=list, max_length=100_000)
     command_partition: int | None = Field(
         None, ge=0, description="the commands partition this worker reads (its command slot, "
         "else the hash of its id); the planner sends there. None: an older worker, the hash")
+
+    def load_budget(self, ceiling: int) -> int:
+        """Loads a rolling minute to plan with for this worker: the budget it reports, never
+        above the policy's ``ceiling`` (a heartbeat may lower what is sent its way, not
+        raise it past what the policy allows)."""
+        return ceiling if self.cold_load_budget is None else min(ceiling, self.cold_load_budget)

@@ -26,7 +26,8 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
    the moment they appear, so they are loaded before traffic reaches them.
 5. load: hot versions not on any GPU are loaded in rank order on the worker with the most
    free slots whose ``max_lora_rank`` fits the version's rank, at most
-   ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s (sliding); the rest
+   ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s (sliding; less where a
+   worker reports a lower ``cold_load_budget``: ``policy.load_stall_share``); the rest
    wait for a later tick (``no_worker_fits_rank`` when no worker of the base model can hold
    the rank). A worker above ``hbm_low_watermark`` gets no loads. ``gpu_slots_per_base_model``
    counts GPU copies: when no slot is free, an extra copy (a version's copies beyond its
@@ -199,7 +200,7 @@ class _Worker:
         return self.state.gpu_slots_total - len(self.gpu)
 
     def loads_left(self, policy: Policy) -> int:
-        return policy.cold_loads_per_minute_per_worker - len(self.loads)
+        return self.state.load_budget(policy.cold_loads_per_minute_per_worker) - len(self.loads)
 
     def above_watermark(self, policy: Policy) -> bool:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark

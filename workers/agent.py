@@ -50,6 +50,7 @@ from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.event_sink import EventSink
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
+from loraplane.workers.load_interference import LoadWindows, StallEstimate, adapted_budget
 from loraplane.workers.reconcile import (
     Action,
     ActualState,
@@ -199,6 +200,8 @@ class WorkerAgent:
         self._rt = _Runtime()
         tau = config.policy.demand_admission_tau_s
         self._demand = DemandCounts(tau) if tau > 0 else None  # None: admission off
+        self._stall = StallEstimate()  # what a load costs the batch beside it, measured
+        self._loads = LoadWindows()  # when this worker's loads ran, and how long they take
         self._host: dict[str, HostEntry] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -228,6 +231,22 @@ class WorkerAgent:
 
     def observe_ttft(self, name: str, ms: float) -> None:
         self.metrics.ttft(self.labels(name), ms)
+
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        """A finished request: one point of the stall estimate (its tokens per second
+        against the share of its time that ran beside a load here)."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        now = self._clock()
+        self._stall.observe(self._loads.overlap(now - seconds, now), tokens / seconds, now)
+
+    def cold_load_budget(self) -> int:
+        """Loads a rolling minute this worker allows itself now: the policy's constant, or
+        with ``load_stall_share`` the budget its measured load cost leaves
+        (``load_interference.adapted_budget``)."""
+        return adapted_budget(self.config.cold_loads_per_minute,
+                              self.config.policy.load_stall_share, self._stall.stall(),
+                              self._loads.load_s)
 
     def metrics_exposition(self) -> bytes:
         return self.metrics.exposition()
@@ -424,7 +443,7 @@ class WorkerAgent:
             self._adopt_resolved(actual)
             now = self._clock()
             self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]
-            budget = LoadBudget(self.config.cold_loads_per_minute, tuple(self._rt.cold_loads))
+            budget = LoadBudget(self.cold_load_budget(), tuple(self._rt.cold_loads))
             actions = reconcile(self.desired, actual, self.records,
                                 base_model=self.config.base_model, budget=budget, now=now,
                                 backoff=self._rt.backoff,
@@ -614,7 +633,8 @@ class WorkerAgent:
         if path is None:
             self.metrics.cold_load(labels, ok=False)
             return
-        self._rt.cold_loads.append(self._clock())
+        started = self._clock()
+        self._rt.cold_loads.append(started)
         try:
             swap_ms = await self.vllm.load(name, str(path))
         except VllmError as exc:
@@ -626,6 +646,7 @@ class WorkerAgent:
                                             self.config.load_backoff_s))
             return
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
+        self._loads.add(started, self._clock())  # vLLM loads in its step loop: the batch waits
         self._rt.gpu[name] = str(path)
         self._rt.loaded_by_agent[name] = str(path)
         self._rt.touched[name] = self._clock()
@@ -714,6 +735,9 @@ class WorkerAgent:
             host_bytes_budget=self.config.host_budget_bytes, hbm_usage=self._hbm(),
             max_lora_rank=self.config.max_lora_rank,
             cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
+            cold_load_budget=(self.cold_load_budget() if self.config.policy.load_stall_share
+                              else None),
+            load_stall=self._stall.stall(), load_seconds=self._loads.load_s,
             adapters=adapters, command_partition=self._command_partition())
 
     def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:

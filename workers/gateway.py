@@ -470,6 +470,10 @@ class Gateway:
         record = trace.record
         if record is not None and trace.ttft_ms is not None:
             self.worker.observe_ttft(record.lora_name, trace.ttft_ms)
+        if trace.status == RequestStatus.ok and trace.output_tokens and trace.queue_ms is not None:
+            # vLLM's time on it: from the forward (queue_ms after its start) to now
+            seconds = time.perf_counter() - trace.started - trace.queue_ms / 1000
+            self.worker.observe_decode(seconds, trace.output_tokens)
         log = RequestLog(
             event_id=self._new_id(), ts=now_utc(), request_id=trace.request_id,
             tenant_id=trace.tenant_id, base_model=self.worker.base_model,

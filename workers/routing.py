@@ -16,7 +16,8 @@ Worker (``FleetIndex.route``), among the live workers of the version's base mode
 2. else a host-warm copy, the same way;
 3. else a worker with a free GPU slot, chosen as the planner places a new copy
    (streams/planner.py rule 5): the most free slots, ties to the lowest worker id, skipping
-   workers out of cold-load budget (``cold_loads_last_minute``) or above the HBM watermark;
+   workers out of cold-load budget (``cold_loads_last_minute`` against the budget it reports,
+   at most the policy's: ``WorkerState.load_budget``) or above the HBM watermark;
 4. else ``cold_budget``: the fitting worker with the least in-flight requests (ties as in 1),
    whose gateway applies the request class's cold budget (base fallback, 429 + Retry-After,
    or a wait).
@@ -351,5 +352,5 @@ class FleetIndex:
     def _may_load(self, w: _Worker) -> bool:
         hbm = w.state.hbm_usage
         loads = w.state.cold_loads_last_minute + len(self._placed_on.get(w.state.worker_id, ()))
-        return (loads < self.policy.cold_loads_per_minute_per_worker
+        return (loads < w.state.load_budget(self.policy.cold_loads_per_minute_per_worker)
                 and (hbm is None or hbm <= self.policy.hbm_low_watermark))

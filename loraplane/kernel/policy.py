@@ -240,7 +240,15 @@ class Policy(_Strict):
         "wanted then is placed now")
     ttft_penalty_prior_ms: float = Field(800.0, ge=0,
                                          description="cold TTFT penalty until one is observed")
-    cold_loads_per_minute_per_worker: int = Field(6, ge=1, le=10_000)
+    cold_loads_per_minute_per_worker: int = Field(
+        6, ge=1, le=10_000, description="GPU loads per worker per rolling minute (the seed's "
+        "budget); with load_stall_share on, the ceiling of the budget each worker adapts")
+    load_stall_share: float = Field(
+        0.0, ge=0, le=1, description="0: the cold-load budget is the constant above. Above 0, "
+        "each worker measures how much a load slows the batch beside it and loads at most "
+        "floor(this x 60 s / (stall x seconds per load)) times a minute, so loads take at most "
+        "this share of its decode time (workers.load_interference); the planner and the router "
+        "plan with the budget it reports")
     max_protected_gpu_share: float = Field(
         0.5, gt=0, le=1, description="the most never-evict versions protected per base model, "
         "as a share of its GPU slots (rounded up, at least 1); the rest compete by score")

@@ -119,9 +119,13 @@ class _Worker:
             del loads[:cut]
         return len(loads)
 
+    def budget(self) -> int:
+        """This worker's loads per rolling minute: the pool's, or what the policy adapted."""
+        return self.fleet.policy.loads_per_minute(self.index) or self.fleet.pool.loads_per_minute
+
     def budget_start(self, now: float) -> float:
         """The earliest time a new GPU load may start under the rolling-minute budget."""
-        over = self.recent_loads(now) - self.fleet.pool.loads_per_minute
+        over = self.recent_loads(now) - self.budget()
         return now if over < 0 else max(now, self.loads[over] + WINDOW_S)
 
     def _add(self, adapter: int, ready: float) -> None:
@@ -164,6 +168,7 @@ class _Worker:
         self.hbm_check(sum(x[1] for x in self.staged))
         if fl.stall:
             self._stall_running(ready - ms / 1000.0, ready)
+        fl.policy.on_loaded(self.index, ready - ms / 1000.0, ready)
         return ready
 
     def _stall_running(self, lo: float, hi: float) -> None:
@@ -252,11 +257,10 @@ class _Fleet:
     def route(self, adapter: int, now: float) -> tuple[int, str]:
         """The router's choice for a request of ``adapter`` at ``now``."""
         ws = self.workers
-        budget = self.pool.loads_per_minute
         picked = pick_worker(
             self.gpu_holders.get(adapter, ()), self.host_holders.get(adapter, ()),
             self._free_order(), self.ids, fits=_always,
-            may_load=lambda w: ws[w].recent_loads(now) < budget,
+            may_load=lambda w: ws[w].recent_loads(now) < ws[w].budget(),
             busy=lambda w: ws[w].busy(now), turn=self.turns.__getitem__)
         assert picked is not None  # every simulated worker fits every adapter
         self.routes += 1
@@ -311,7 +315,8 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
         fl.policy = factory(PolicyContext(
             pool, pool.gpu_slots, catalog, costs, scenario.policy, requests,
             tuple(w.resident for w in ws), tuple(w.host for w in ws),
-            tuple(scenario.workload.peaks), recent_loads=fl.recent_loads))
+            tuple(scenario.workload.peaks), recent_loads=fl.recent_loads,
+            stall_fraction=scenario.fleet.interference.stall_fraction))
         fl.size_workers()
         for w, a in fl.policy.preload():
             ws[w].preload(a)

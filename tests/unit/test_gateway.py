@@ -683,6 +683,9 @@ class FakeServing:
     def observe_ttft(self, name: str, ms: float) -> None:
         pass
 
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        pass
+
     def metrics_exposition(self) -> bytes:
         return b"# nothing\n"
 
@@ -936,6 +939,40 @@ async def test_refused_requests_count_for_no_version_in_demand_admission(world: 
     assert len(demand._counts) == 0  # chat's copy is no busier for it
     await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
     assert list(demand._counts) == [other.lora_name]
+
+
+@pytest.mark.parametrize("world", [{"load_stall_share": 0.02}], indirect=True)
+async def test_a_worker_whose_loads_stall_its_batch_lowers_its_own_load_budget(
+        world: World) -> None:
+    """load_stall_share 0.02: loads may take 2% of decode time. Here a load takes 2 s and
+    requests beside it decode at half the rate of the others (stall 0.5), so a load costs
+    1 s of decode: one load a minute. The worker enforces it (the next load waits for the
+    budget: busy_retry) and reports it, with what it measured, in its heartbeat."""
+    chat, sql = RECORDS[0], RECORDS[2]
+    agent = world.agent
+    clock = [1000.0]
+    agent._clock = lambda: clock[0]
+    real_load = agent.vllm.load
+
+    async def slow_load(name: str, path: str) -> float:
+        clock[0] += 2.0  # the load runs 2 s on this worker
+        return await real_load(name, path)
+
+    agent.vllm.load = slow_load  # type: ignore[method-assign]
+    assert agent.cold_load_budget() == 6  # nothing measured yet: the policy's
+    await load(world, sql)  # ran over [1000, 1002]
+    for _ in range(30):  # requests that ran beside it, at half the rate
+        agent.observe_decode(2.0, 20)
+    clock[0] += 10.0
+    for _ in range(30):  # requests with no load beside them
+        agent.observe_decode(2.0, 40)
+    assert agent.cold_load_budget() == 1
+    state = agent.worker_state()
+    assert state.cold_load_budget == 1 and state.load_seconds == pytest.approx(2.0)
+    assert state.load_stall == pytest.approx(0.5)
+    outcome = await agent.request_load(chat)  # the minute's one load is spent
+    assert outcome == LoadOutcome(False, "busy_retry", pytest.approx(48.0))
+    assert not agent.is_hot(chat.lora_name)
 
 
 async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(

@@ -49,6 +49,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.reconcile", DECISIONS),
     # which request's load may take a copy's slot: the agent's fold and the simulator's
     ("loraplane.workers.demand_admission", DECISIONS),
+    # what a load costs the batch beside it, measured, and the budget that follows
+    ("loraplane.workers.load_interference", DECISIONS),
     # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it,
     # reconcile vouches for the resolver's copies
     ("loraplane.workers.host_tier_entry", DECISIONS),

@@ -144,6 +144,19 @@ def test_cold_load_budget_per_worker_per_minute_in_score_order() -> None:
         [r.adapter_id for r in reversed(rs)][6:12]
 
 
+def test_a_worker_reporting_a_lower_load_budget_gets_fewer_loads_never_more() -> None:
+    """A worker that measured its loads to be costly reports a lower ``cold_load_budget``
+    (``policy.load_stall_share``): the planner sends it that many. Attack: a heartbeat that
+    reports more than the policy allows (any writer of the worker-state topic could) still
+    gets the policy's budget, not a flood of loads."""
+    rs = [record(f"a{i:02d}") for i in range(20)]
+    sc = {score_key(r.adapter_id, "1"): busy(0.05 * (i + 1)) for i, r in enumerate(rs)}
+    for reported, sent in ((2, 2), (10_000, POLICY.cold_loads_per_minute_per_worker)):
+        w = worker("w1", slots=64).model_copy(update={"cold_load_budget": reported})
+        p = plan(views(*rs), sc, [w], POLICY, NOW)
+        assert len(cmds(p, CommandAction.load_gpu)) == sent
+
+
 def test_hysteresis_margin_prevents_swaps_between_close_scores() -> None:
     resident, close, far = record("resident"), record("close"), record("far")
     policy = Policy(gpu_slots_per_base_model=1)

@@ -72,6 +72,19 @@ def test_gpu_copy_then_host_copy_then_free_slot_then_cold_budget() -> None:
     assert (route.worker_id, route.kind) == ("w4", RouteKind.cold_budget)
 
 
+def test_a_free_slot_counts_only_within_the_budget_the_worker_reports_capped() -> None:
+    """Rule 3 skips a worker out of cold-load budget: the budget it reports in its heartbeat
+    (lowered by its measured load cost), never more than the policy's (attack: a heartbeat
+    claiming a huge budget gets no more cold requests than the policy allows)."""
+    a = record("a")
+    spent = POLICY.cold_loads_per_minute_per_worker
+    for reported, loads, kind in ((2, 2, RouteKind.cold_budget), (2, 1, RouteKind.free_slot),
+                                  (10_000, spent, RouteKind.cold_budget)):
+        w = at(worker("w1", slots=4), NOW, cold_load_budget=reported,
+               cold_loads_last_minute=loads)
+        assert index(w).route(a, NOW, {}).kind is kind, (reported, loads)
+
+
 def test_least_in_flight_among_copies_and_drained_and_rank_fit() -> None:
     a = record("a")
     w1, w2 = at(worker("w1", gpu=[a]), NOW), at(worker("w2", gpu=[a]), NOW)

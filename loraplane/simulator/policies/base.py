@@ -50,6 +50,9 @@ class PolicyContext:
     """GPU loads a worker started in the rolling minute before ``now`` (its load budget)."""
     worker: int = 0
     """The worker a ``WorkerCache`` manages."""
+    stall_fraction: float = 0.0
+    """The share of decode rate a load takes (``Interference.stall_fraction``): what a worker
+    measures of its loads (``workers.load_interference``), here known."""
 
     @property
     def resident(self) -> frozenset[int] | set[int]:
@@ -106,6 +109,13 @@ class CachePolicy:
 
     def tick(self, now: float) -> Plan:
         return Plan()
+
+    def loads_per_minute(self, worker: int) -> int | None:
+        """The worker's cold-load budget now, when the policy adapts it (None: the pool's)."""
+        return None
+
+    def on_loaded(self, worker: int, start: float, end: float) -> None:
+        """A GPU load ran on ``worker`` over ``[start, end]`` (its fetch included)."""
 
     def on_planned(self, loaded: list[Copy], evicted: list[Copy], now: float) -> None:
         """The part of the last ``tick``'s plan that the engine applied."""

@@ -42,6 +42,7 @@ from loraplane.streams import planner
 from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
 from loraplane.streams.scores import ScoreState, is_burst, observe, score_key
 from loraplane.workers.demand_admission import DemandCounts
+from loraplane.workers.load_interference import LoadWindows, adapted_budget
 
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
 _EMPTY = ScoreState()
@@ -112,6 +113,10 @@ class Loraplane(CachePolicy):
         self.demand_weight = {i: ctx.policy.priority_value(r.priority)
                               for i, r in self.records.items()}
         self.counted = -1  # the request on_miss counted already (observe skips it)
+        # load_stall_share on: each worker's budget follows what its loads cost, as the agent's
+        # does (the stall is the interference model's, which a worker would measure)
+        self.stall_share = ctx.policy.load_stall_share
+        self.loads = [LoadWindows() for _ in self.workers]
 
     # --- the request log -------------------------------------------------------------------
 
@@ -159,6 +164,19 @@ class Loraplane(CachePolicy):
             self.demand[worker].observe(self.records[adapter].lora_name,
                                         self.demand_weight[adapter], now)
 
+    # --- the cold-load budget -----------------------------------------------------------------
+
+    def loads_per_minute(self, worker: int) -> int | None:
+        if not self.stall_share:
+            return None
+        load_s = self.loads[worker].load_s
+        return adapted_budget(self.ctx.pool.loads_per_minute, self.stall_share,
+                              None if load_s is None else self.ctx.stall_fraction, load_s)
+
+    def on_loaded(self, worker: int, start: float, end: float) -> None:
+        if self.stall_share:
+            self.loads[worker].add(start, end)
+
     # --- the planner tick -------------------------------------------------------------------
 
     def _loaded(self, adapter: int, tier: ResidentTier, pinned: bool) -> LoadedAdapter:
@@ -190,6 +208,7 @@ class Loraplane(CachePolicy):
                 host_bytes_budget=int(pool.host_bytes),
                 hbm_usage=min(1.0, (self.hbm_fixed + used) / pool.hbm_bytes),
                 max_lora_rank=512, cold_loads_last_minute=self.ctx.recent_loads(n, now),
+                cold_load_budget=self.loads_per_minute(n),
                 adapters=gpu + host))
         return states
 
