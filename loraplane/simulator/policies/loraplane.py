@@ -78,8 +78,14 @@ class Loraplane(CachePolicy):
     observes = True
 
     def __init__(self, ctx: PolicyContext) -> None:
-        super().__init__(ctx)
         pool = ctx.pool
+        # The simulated host tier holds at most host_slots copies per worker, its GPU copies
+        # among them (vLLM's max_cpu_loras): the planner is told that many host-only copies,
+        # or each tick's prewarm pushes out a copy it wanted, to be fetched again next tick
+        host_only = pool.workers * max(1, pool.host_slots - pool.gpu_slots)
+        if ctx.policy.host_slots_per_base_model > host_only:
+            ctx = _with_policy(ctx, host_slots_per_base_model=host_only)
+        super().__init__(ctx)
         self.tick_s = ctx.policy.planner_interval_s
         self.workers = [f"{pool.name}-w{n}" for n in range(pool.workers)]
         self.worker_index = {w: n for n, w in enumerate(self.workers)}
