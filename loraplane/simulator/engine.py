@@ -377,11 +377,13 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
                 tier = "cold"
             start = wk.budget_start(t)
             budget_wait_ms = (start - t) * 1000.0  # > 0: the budget is spent until start
+            full = len(wk.resident) >= fl.pool.gpu_slots
             if start > t and not costs.may_wait(batch, budget_wait_ms):
-                # the gateway's 429 says to come back once the budget frees: that long
-                outcome = costs.miss(0.0, batch, True, budget_wait_ms)
+                # the gateway's 429 says to come back once the budget frees: that long, unless
+                # admission refuses the load anyway (it is asked first): the class's answer
+                declined = pol.declines(w, a, i, t, full)
+                outcome = costs.miss(0.0, batch, True, 0.0 if declined else budget_wait_ms)
             else:
-                full = len(wk.resident) >= fl.pool.gpu_slots
                 victim = pol.on_miss(w, a, i, t, full)
                 if victim == BYPASS:
                     outcome = costs.bypass(batch)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from loraplane.cli import app
 from loraplane.simulator import benchmark
 from loraplane.simulator.engine import simulate
-from loraplane.simulator.policies import ALL, policy_factory, resolve
+from loraplane.simulator.policies import ALL, BYPASS, CachePolicy, policy_factory, resolve
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import load_scenario
 from loraplane.simulator.trace import TraceError, load_trace
@@ -81,6 +81,37 @@ def test_a_429_for_a_spent_budget_is_charged_its_retry_after() -> None:
     first = c.ttft_penalty_ms[0]  # the load of the first (fetch + swap)
     assert c.ttft_penalty_ms[1] == pytest.approx(55_000.0)
     assert c.weighted_miss_cost == pytest.approx(first + 55_000.0)  # bronze: weight 1
+
+
+class _Declines(CachePolicy):
+    """Loads anything on a miss, evicting its only resident, except adapter 2, whose load its
+    admission refuses whatever the budget."""
+
+    name = "declines-2"
+
+    def on_hit(self, worker: int, adapter: int, i: int, now: float) -> None:
+        pass
+
+    def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
+        if adapter == 2:
+            return BYPASS
+        return next(iter(self.ctx.residents[worker])) if full else None
+
+    def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
+        return adapter == 2
+
+
+def test_a_load_admission_refuses_gets_the_class_answer_even_while_the_budget_is_spent() -> None:
+    """The gateway asks admission before the budget: a request whose load would be refused
+    anyway is told the class's own Retry-After (5 s), not the wait for the budget (55 s)."""
+    sc = scenario(1)
+    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
+        update={"cold_loads_per_minute_per_worker": 1})})
+    reqs = Requests([0.0, 5.0, 6.0], [0, 1, 2], [180] * 3, [True] * 3)
+    c = simulate(sc, catalog(3), reqs, _Declines)
+    assert c.retries == 2
+    assert c.ttft_penalty_ms[1] == pytest.approx(55_000.0)  # admitted, waits for the budget
+    assert c.ttft_penalty_ms[2] == pytest.approx(5_000.0)  # refused by admission
 
 
 def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budget(

@@ -110,6 +110,13 @@ class CachePolicy:
     def tick(self, now: float) -> Plan:
         return Plan()
 
+    def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
+        """Would the policy refuse this miss's load whatever the budget (the worker's
+        admission, which the gateway asks before it looks at the budget)? Asked only when the
+        budget is spent: a declined request gets its class's own answer, not the wait for the
+        budget. No side effects beyond what ``on_miss`` would do first (demand counting)."""
+        return False
+
     def loads_per_minute(self, worker: int) -> int | None:
         """The worker's cold-load budget now, when the policy adapts it (None: the pool's)."""
         return None

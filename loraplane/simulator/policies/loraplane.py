@@ -149,20 +149,30 @@ class Loraplane(CachePolicy):
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         if not full:
             return None
-        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
-        if self.demand is not None and evictable:
-            # counted before its load is asked, as the gateway counts it
-            self._count(worker, adapter, now)
-            self.counted = i
-            counts, name = self.demand[worker], self.records[adapter].lora_name
-            evictable = [r for r in evictable
-                         if counts.admits(name, self.records[r].lora_name, now)]
+        evictable = self._may_give_slot(worker, adapter, i, now)
         if not evictable:
             return BYPASS
         self.touched[(worker, adapter)] = now
         touched = self.touched
         return min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
                                              self.records[r].lora_name))
+
+    def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
+        return full and not self._may_give_slot(worker, adapter, i, now)
+
+    def _may_give_slot(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
+        """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
+        take: unpinned, and (demand admission on) no busier here than its version, with the
+        request counted first, as the gateway counts it before it asks for the load."""
+        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
+        if self.demand is not None and evictable:
+            if self.counted != i:
+                self._count(worker, adapter, now)
+                self.counted = i
+            counts, name = self.demand[worker], self.records[adapter].lora_name
+            evictable = [r for r in evictable
+                         if counts.admits(name, self.records[r].lora_name, now)]
+        return evictable
 
     def _count(self, worker: int, adapter: int, now: float) -> None:
         """One request routed to ``worker`` in its demand counts (demand admission on)."""
