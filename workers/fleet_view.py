@@ -35,6 +35,8 @@ class WorkerRow:
     in_flight: int
     cold_loads_last_minute: int
     hbm_usage: float | None
+    cold_load_budget: int | None = None  # the budget it reports (load_stall_share), if any
+    load_stall: float | None = None  # the share of decode rate its loads take, measured
     gpu_loras: tuple[str, ...] = ()  # the versions (lora names) per tier, sorted
     host_loras: tuple[str, ...] = ()
 
@@ -91,6 +93,7 @@ def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
                 protected=sum(1 for a in gpu if a.protected),
                 in_flight=sum(a.in_flight for a in s.adapters),
                 cold_loads_last_minute=s.cold_loads_last_minute, hbm_usage=s.hbm_usage,
+                cold_load_budget=s.cold_load_budget, load_stall=s.load_stall,
                 gpu_loras=tuple(sorted(a.lora_name for a in gpu)),
                 host_loras=tuple(sorted(a.lora_name for a in s.adapters if a.tier != "gpu"))))
         rows.append(BaseModelRow(

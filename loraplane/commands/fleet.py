@@ -47,7 +47,8 @@ def register(app: typer.Typer) -> None:
             console.print("no worker has reported a state yet")
         for base in view.base_models:
             table = Table("worker", "live", "heartbeat age s", "GPU used/free", "GPU versions",
-                          "host versions", "protected", "in flight", "cold loads/min", "HBM",
+                          "host versions", "protected", "in flight", "cold loads/min",
+                          "load stall", "HBM",
                           title=f"{base.base_model}: {base.live_workers} live, "
                                 f"{base.gpu_slots_free} free GPU slots")
             for w in base.workers:
@@ -55,7 +56,10 @@ def register(app: typer.Typer) -> None:
                               f"{w.heartbeat_age_s:.1f}",
                               f"{w.gpu_slots_used}/{w.gpu_slots_free}", str(w.gpu_versions),
                               str(w.host_versions), str(w.protected), str(w.in_flight),
-                              str(w.cold_loads_last_minute),
+                              str(w.cold_loads_last_minute) + (
+                                  "" if w.cold_load_budget is None
+                                  else f" of {w.cold_load_budget}"),
+                              "-" if w.load_stall is None else f"{w.load_stall:.0%}",
                               "-" if w.hbm_usage is None else f"{w.hbm_usage:.0%}")
             console.print(table)
             multi = {n: c for n, c in base.replicas.items() if c > 1}
