@@ -1,9 +1,12 @@
 """loraplane's policy in the simulator: the real ``streams.scores`` and ``streams.planner``
 code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
 
-- Every served request is folded into its version's ``ScoreState`` with
-  ``streams.scores.observe`` (the scoring agent's job); a burst (``is_burst``) asks for a
-  planning tick at once, as the app re-plans on significant events.
+- Every served request is a request log; the logs are folded into their versions'
+  ``ScoreState`` with ``streams.scores.observe_many`` in batches of at most
+  ``KEEPER_BATCH_S`` of simulated time, one fold per version, and before every planning
+  tick (the scoring keeper's job: it folds each batch it consumes the same way). A batch
+  that fires a burst asks for a planning tick at once, as the planner re-plans when the
+  scores topic shows one.
 - Every ``policy.planner_interval_s`` the pool's registry views, scores and one
   ``WorkerState`` per simulated worker (its own GPU and host copies, pins, HBM and recent
   loads, from the engine) go through one ``streams.planner.Planner``; its commands become the
@@ -40,13 +43,17 @@ from loraplane.simulator.catalog import Adapter
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.streams import planner
 from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
-from loraplane.streams.scores import ScoreState, is_burst, observe, score_key
+from loraplane.streams.scores import SampleRow, ScoreState, observe_many, score_key
 from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.load_interference import LoadWindows, adapted_budget
 
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
 _EMPTY = ScoreState()
 _TIERS = {t.value: t for t in Tier}
+_CLASS = {False: RequestClass.interactive.value, True: RequestClass.batch.value}
+KEEPER_BATCH_S = 1.0
+"""The request logs the scoring keeper folds at once: about a second's worth (it polls up to
+10,000 logs at a time, and a burst reaches the planner with the batch that fired it)."""
 
 
 def _record(a: Adapter, base_model: str) -> AdapterRecord:
@@ -106,6 +113,9 @@ class Loraplane(CachePolicy):
         self.schedule = _schedule(ctx)
         self.batch = ctx.requests.batch
         self.scores: dict[str, ScoreState] = {}
+        self.logs: dict[str, list[SampleRow]] = {}  # request logs not folded yet, per key
+        self.folded_at = -math.inf
+        self.lora_of = {i: r.lora_name for i, r in self.records.items()}
         self.memory: dict[str, planner.WorkerMemory] = {}
         # one planner for the run, as the product's runtime keeps one: a tick re-derives
         # only the score rows whose state changed (the same plan as a fresh one)
@@ -128,18 +138,24 @@ class Loraplane(CachePolicy):
 
     def observe(self, worker: int, adapter: int, i: int, now: float, tier: str,
                 ttft_ms: float) -> None:
-        key = self.key[adapter]
-        before = self.scores.get(key, _EMPTY)
-        after = observe(before, ts=SIM_EPOCH + now,
-                        request_class=(RequestClass.batch if self.batch[i]
-                                       else RequestClass.interactive).value,
-                        tier=_TIERS[tier], status=RequestStatus.ok, ttft_ms=ttft_ms)
-        self.scores[key] = after
+        self.logs.setdefault(self.key[adapter], []).append(
+            (SIM_EPOCH + now, _CLASS[self.batch[i]], _TIERS[tier], RequestStatus.ok, ttft_ms))
         self.touched[(worker, adapter)] = now
         if i != self.counted:
             self._count(worker, adapter, now)
-        if is_burst(before, after, SIM_EPOCH + now):
+        if now - self.folded_at >= KEEPER_BATCH_S and self._fold_logs(now):
             self.replan_now = True
+
+    def _fold_logs(self, now: float) -> bool:
+        """The request logs not folded yet, per version, in time order; whether a burst
+        fired among them."""
+        scores, fired = self.scores, False
+        for key, rows in self.logs.items():
+            scores[key], burst = observe_many(scores.get(key, _EMPTY), rows)
+            fired |= burst
+        self.logs.clear()
+        self.folded_at = now
+        return fired
 
     # --- the request path between ticks -----------------------------------------------------
 
@@ -155,7 +171,7 @@ class Loraplane(CachePolicy):
         self.touched[(worker, adapter)] = now
         touched = self.touched
         return min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
-                                             self.records[r].lora_name))
+                                             self.lora_of[r]))
 
     def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
         return full and not self._may_give_slot(worker, adapter, i, now)
@@ -169,15 +185,15 @@ class Loraplane(CachePolicy):
             if self.counted != i:
                 self._count(worker, adapter, now)
                 self.counted = i
-            counts, name = self.demand[worker], self.records[adapter].lora_name
+            counts, name = self.demand[worker], self.lora_of[adapter]
             evictable = [r for r in evictable
-                         if counts.admits(name, self.records[r].lora_name, now)]
+                         if counts.admits(name, self.lora_of[r], now)]
         return evictable
 
     def _count(self, worker: int, adapter: int, now: float) -> None:
         """One request routed to ``worker`` in its demand counts (demand admission on)."""
         if self.demand is not None:
-            self.demand[worker].observe(self.records[adapter].lora_name,
+            self.demand[worker].observe(self.lora_of[adapter],
                                         self.demand_weight[adapter], now)
 
     # --- the cold-load budget -----------------------------------------------------------------
@@ -230,6 +246,7 @@ class Loraplane(CachePolicy):
 
     def tick(self, now: float) -> Plan:
         self.replan_now = False
+        self._fold_logs(now)
         at = SIM_EPOCH + now
         scheduled = warmup_scores(self.schedule, self.pairs, at) if self.schedule.schedules \
             else {}
