@@ -61,6 +61,9 @@ FALLBACK_PERMANENT_HEADER = "X-Loraplane-Fallback-Permanent"  # "true": retrying
 PERMANENT_STATUS = 424  # Failed Dependency: the version's artifact is refused (gone, bad)
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
+CLIENT_PACED_SHARE = 0.05
+"""A stream whose writes to the client waited longer than this share of its decode time was
+paced by its client, not by vLLM: it gives no point of the load-stall estimate."""
 
 
 class _ModelName:
@@ -417,9 +420,13 @@ class Gateway:
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
         pending, events, usage_seen = b"", 0, False
+        first = last = None
+        held = 0.0  # seconds our writes waited for the client (its pace, not vLLM's)
         async for chunk in resp.iter_chunks():
-            if trace.ttft_ms is None:
-                trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
+            last = time.perf_counter()
+            if first is None:
+                first = last
+                trace.ttft_ms = (first - trace.started) * 1000
             *whole, pending = (pending + chunk).split(b"\n\n")
             passed = []
             for event in whole:
@@ -435,13 +442,27 @@ class Gateway:
                 passed.append(pending)
                 pending = b""
             if passed:
+                before = time.perf_counter()
                 await out.write(b"".join(passed))
-        if pending:
-            await out.write(pending)
+                held += time.perf_counter() - before
         if not usage_seen:  # an upstream without usage records: one event, one token
             trace.output_tokens = events
+        if first is not None and last is not None:
+            self._observe_decode(last - first, held, trace.output_tokens)
+        if pending:
+            await out.write(pending)
         await out.write_eof()
         return out
+
+    def _observe_decode(self, seconds: float, held: float, tokens: int) -> None:
+        """One point of the load-stall estimate, where vLLM's pace is what was measured: the
+        tokens after the first over the time from the first streamed chunk to the last (no
+        prefill: the prompt's length is the client's), and only when the client held the
+        writes for at most ``CLIENT_PACED_SHARE`` of it (a slow reader paces the upstream read
+        through us, and would make loads look costlier than they are). Called as the last
+        chunk arrives, so the worker matches the span against its loads on its own clock."""
+        if tokens > 1 and seconds > 0 and held <= CLIENT_PACED_SHARE * seconds:
+            self.worker.observe_decode(seconds, tokens - 1)
 
     @staticmethod
     def _stream_usage(data: bytes, trace: _Trace) -> tuple[bool, bool]:
@@ -470,10 +491,6 @@ class Gateway:
         record = trace.record
         if record is not None and trace.ttft_ms is not None:
             self.worker.observe_ttft(record.lora_name, trace.ttft_ms)
-        if trace.status == RequestStatus.ok and trace.output_tokens and trace.queue_ms is not None:
-            # vLLM's time on it: from the forward (queue_ms after its start) to now
-            seconds = time.perf_counter() - trace.started - trace.queue_ms / 1000
-            self.worker.observe_decode(seconds, trace.output_tokens)
         log = RequestLog(
             event_id=self._new_id(), ts=now_utc(), request_id=trace.request_id,
             tenant_id=trace.tenant_id, base_model=self.worker.base_model,

@@ -7,8 +7,9 @@ tokens/s falling from 40 to 31 with loads on the request path). A constant "N lo
 is right for one model, one GPU and one adapter size only. Here the worker measures two
 things and the budget follows them:
 
-* ``stall``: the share of decode rate lost while a load runs. Each finished request gives
-  one point (the share of its time that overlapped a load, its tokens per second); a
+* ``stall``: the share of decode rate lost while a load runs. Each streamed answer whose
+  pace was vLLM's gives one point (the share of its decode time that overlapped a load, its
+  tokens per second; the gateway leaves out prefill and client-paced streams); a
   decayed least-squares line through them, ``rate = r0 (1 - stall x overlap)``, gives
   ``stall = -slope / intercept``. No point needs to be labelled, and requests of every
   length count by how much of them overlapped.

@@ -84,8 +84,9 @@ class Serving(Protocol):
     def observe_ttft(self, name: str, ms: float) -> None: ...
 
     def observe_decode(self, seconds: float, tokens: int) -> None:
-        """A request vLLM just finished: ``tokens`` out in its last ``seconds`` (what a load
-        beside it costs is measured from these: ``workers.load_interference``)."""
+        """A streamed answer vLLM just finished: ``tokens`` decoded in its last ``seconds``, at
+        vLLM's pace (what a load beside it costs is measured from these:
+        ``workers.load_interference``)."""
         ...
 
     def metrics_exposition(self) -> bytes: ...

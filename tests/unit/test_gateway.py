@@ -713,6 +713,85 @@ async def test_the_gateway_needs_only_the_serving_interface() -> None:
     assert (log.worker_id, log.lora_name, log.output_tokens) == ("w9", name, 2)
 
 
+@dataclass
+class Streamed:
+    """A streamed upstream answer: ``events`` SSE events of ``event_bytes`` each, ``gap_s``
+    apart, then vLLM's usage chunk (``tokens`` completion tokens)."""
+
+    events: int
+    event_bytes: int
+    gap_s: float
+    tokens: int
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        text = "x" * self.event_bytes
+        for _ in range(self.events):
+            yield b"data: " + json.dumps({"model": "m", "choices": [{"text": text}]}).encode() \
+                + b"\n\n"
+            await asyncio.sleep(self.gap_s)
+        yield b'data: {"choices": [], "usage": {"completion_tokens": %d}}\n\n' % self.tokens
+        yield b"data: [DONE]\n\n"
+
+
+@dataclass
+class StreamingServing(FakeServing):
+    """FakeServing whose upstream streams ``answer`` and which keeps the decode points the
+    gateway reports (the load-stall estimate's input)."""
+
+    answer: Streamed = field(default_factory=lambda: Streamed(5, 10, 0.05, 5))
+    decoded: list[tuple[float, int]] = field(default_factory=list)
+
+    @asynccontextmanager
+    async def completion(self, path: str, body: dict[str, Any]  # type: ignore[override]
+                         ) -> AsyncIterator[Streamed]:
+        yield self.answer
+
+    def observe_decode(self, seconds: float, tokens: int) -> None:
+        self.decoded.append((seconds, tokens))
+
+
+async def _stream_through(worker: StreamingServing, stream: bool, read_after_s: float) -> int:
+    """One request through a gateway in front of ``worker``; the client reads the answer only
+    ``read_after_s`` after its headers came (a slow reader). The bytes it got."""
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink())
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession() as http, http.post(
+                str(server.make_url("/v1/completions")), headers=AUTH_A,
+                json={"model": "sql", "prompt": "q", "stream": stream}) as resp:
+            assert resp.status == 200
+            await asyncio.sleep(read_after_s)
+            return len(await resp.read())
+    finally:
+        await server.close()
+
+
+async def test_a_streamed_answer_gives_the_stall_estimate_vllms_decode_pace() -> None:
+    """The point is the tokens after the first over vLLM's first to last chunk (no prefill:
+    the prompt's length is the client's to choose); a non-streamed answer gives none (its
+    time is prefill and decode together)."""
+    worker = StreamingServing(hot={RECORDS[2].lora_name})
+    await _stream_through(worker, stream=True, read_after_s=0.0)
+    ((seconds, tokens),) = worker.decoded
+    assert tokens == 4 and 0.2 <= seconds < 1.0  # 5 gaps of 50 ms, the usage chunk last
+    plain = StreamingServing(hot={RECORDS[2].lora_name})
+    plain.completion = FakeServing.completion.__get__(plain)  # type: ignore[method-assign]
+    await _stream_through(plain, stream=False, read_after_s=0.0)
+    assert plain.decoded == []
+
+
+async def test_attack_a_slow_reader_cannot_make_loads_look_costly() -> None:
+    """A client that stops reading holds the gateway's writes, and through them the upstream
+    read: its stream would look slow to the stall estimate (and, timed with the loads a
+    tenant can trigger, lower the worker's load budget for every tenant). Its answer is
+    still served whole, but gives no point. Before: every request's whole time counted."""
+    big = Streamed(events=48, event_bytes=256 * 1024, gap_s=0.0, tokens=48)  # 12 MiB
+    worker = StreamingServing(hot={RECORDS[2].lora_name}, answer=big)
+    got = await _stream_through(worker, stream=True, read_after_s=1.5)
+    assert got > 48 * 256 * 1024 and worker.decoded == []
+
+
 # ---- ATTACK tests: what a client's body may make vLLM do (workers/request_fields.py) -------
 AUTH_B = {"Authorization": "Bearer key-b"}
 
