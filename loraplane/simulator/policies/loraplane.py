@@ -165,7 +165,7 @@ class Loraplane(CachePolicy):
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         if not full:
             return None
-        evictable = self._may_give_slot(worker, adapter, i, now)
+        evictable = self._evictable(worker, adapter, i, now)
         if not evictable:
             return BYPASS
         self.touched[(worker, adapter)] = now
@@ -174,9 +174,9 @@ class Loraplane(CachePolicy):
                                              self.lora_of[r]))
 
     def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
-        return full and not self._may_give_slot(worker, adapter, i, now)
+        return full and not self._evictable(worker, adapter, i, now)
 
-    def _may_give_slot(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
+    def _evictable(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
         """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
         take: unpinned, and (demand admission on) no busier here than its version, with the
         request counted first, as the gateway counts it before it asks for the load."""
