@@ -1,11 +1,13 @@
-"""vLLM's end of the host-tier LoRA resolver: the ``vllm.general_plugins`` entry point.
+"""vLLM's end of loraplane: the host-tier LoRA resolver and the route guard.
 
 Only vLLM's Python imports this module (nothing in loraplane does: the worker's venv has no
-vLLM). ``register`` runs in every vLLM process; it registers a ``LoRAResolver`` whose
-decision is ``workers/vllm_resolver.py`` when the environment names a host tier, and
-nothing otherwise. Installed with loraplane (pyproject's entry point) or, for the
-``.venv-vllm`` of a checkout, made importable by ``workers/vllm_process.py`` (a generated
-``PYTHONPATH`` folder); in that case the pyproject package-dir mapping is applied here.
+vLLM). ``register``, the ``vllm.general_plugins`` entry point, runs in every vLLM process; it
+registers a ``LoRAResolver`` whose decision is ``workers/vllm_resolver.py`` when the
+environment names a host tier, and nothing otherwise. ``RouteGuard`` is vLLM's
+``--middleware``: the key check of ``workers/vllm_guard.py`` on every route. Installed with
+loraplane (pyproject's entry point) or, for the ``.venv-vllm`` of a checkout, made
+importable by ``workers/vllm_process.py`` (a generated ``PYTHONPATH`` folder); in that case
+the pyproject package-dir mapping is applied here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,21 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("loraplane.vllm_plugin")
+
+
+class RouteGuard:
+    """``--middleware loraplane.vllm_plugin.RouteGuard``: vLLM builds it around its app (a
+    class, as vLLM requires); the guard gets the key vLLM itself reads, ``VLLM_API_KEY``."""
+
+    def __new__(cls, app: Any) -> Any:
+        _map_package_dirs()
+        from loraplane.workers.vllm_guard import RouteGuard as Guard
+
+        key = os.environ.get("VLLM_API_KEY") or None
+        if key is None:
+            log.warning("loraplane route guard: no VLLM_API_KEY, only the open probes are "
+                        "served")
+        return Guard(app, key)
 
 
 def register() -> None:

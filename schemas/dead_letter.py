@@ -95,6 +95,20 @@ def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, r
     )
 
 
+def dead_letter_of_observation(source: str, subject: str, raw: bytes, ts: float,
+                               component: str, reason: DeadLetterReason,
+                               detail: str) -> DeadLetter:
+    """``component``'s dead letter of something it observed rather than consumed (vLLM
+    serving a copy the worker did not load): ``source`` says where (``vllm:/v1/models``),
+    ``subject`` what (a lora name), ``raw`` the observation. Its id is derived from all of
+    them and ``ts``, so the letter of one observation is one record."""
+    where = f"{source}:{subject}:{ts:.6f}:{component}:{reason}"
+    letter = dead_letter_at(source, -1, -1, subject.encode()[:MAX_KEY_BYTES], raw, ts,
+                            component, reason, detail)
+    return letter.model_copy(
+        update={"event_id": "dl-" + hashlib.sha256(where.encode()).hexdigest()[:32]})
+
+
 def _printable(text: str) -> str:
     """``text`` as valid UTF-8 (an exception's text may carry lone surrogates from the
     bytes it quotes, which JSON encoding would refuse)."""

@@ -241,6 +241,14 @@ class UnloadReason(StrEnum):
     slot_needed = "slot_needed"  # the worker's own LRU: a load needed its GPU slot
 
 
+class ForeignChange(StrEnum):
+    """A change to vLLM's adapters that this worker's agent did not make, found by reconcile
+    within one tick: counted on ``/metrics`` and dead-lettered (docs/worker.md)."""
+
+    unvouched_copy = "unvouched_copy"  # a name served from bytes the agent cannot vouch for
+    copy_vanished = "copy_vanished"  # a copy the agent loaded is gone from vLLM
+
+
 class IntentRefusal(StrEnum):
     """Why the agent drops an intent that the registry cannot back (a ``refuse`` event)."""
 
@@ -324,7 +332,7 @@ CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | 
 """A cache event's reason: empty for a success, else the code of what happened."""
 
 DeadLetterReason = (DecodeReason | RegistryRejection | RegistryViewRejection | CommandRejection
-                    | ConsumerFault)
+                    | ConsumerFault | ForeignChange)
 """Why a message went to the dead-letter topic."""
 
 AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason

@@ -21,6 +21,7 @@ gateway's ``workers.serving.Serving``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -36,10 +37,12 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.dead_letter import dead_letter_of_observation
 from loraplane.schemas.reasons import (
     NO_REASON,
     CacheEventReason,
     CommandRejection,
+    ForeignChange,
     LoadDeferral,
     UnloadReason,
     VllmErrorCode,
@@ -72,6 +75,7 @@ from loraplane.workers.reconcile import (
     Settled,
     Unload,
     Usage,
+    Vanished,
     adopt,
     fold,
     reconcile,
@@ -301,11 +305,15 @@ class WorkerAgent:
     async def start(self) -> None:
         """Read vLLM's actual state first and adopt what this agent can vouch for."""
         await self.vllm.wait_healthy(self.config.start_timeout_s)
+        await self.vllm.require_guard()
         await self.refresh_registry()
         actual = await self.read_actual()
         applied = {} if self.config.applied_commands_path is None else await asyncio.to_thread(
             load_applied, self.config.applied_commands_path, now_utc())
         self._desired = replace(adopt(actual, self.records), seen_commands=applied)
+        # the copies it vouches for are its own from now on: one that vanishes is reported
+        self._rt.loaded_by_agent.update(
+            (name, root) for name, root in actual.gpu.items() if vouched(name, root, actual))
         self._fold(GuardChanged())
         self.started = True
         log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
@@ -469,6 +477,7 @@ class WorkerAgent:
                     or (name, root) in self._rt.resolved or not vouched(name, root, actual)):
                 continue
             self._rt.resolved.add((name, root))
+            self._rt.loaded_by_agent[name] = root
             log.info("vLLM resolved %s from the host tier on demand: kept on the GPU", name)
             self._fold(Ask.gateway_load(record))
 
@@ -535,6 +544,11 @@ class WorkerAgent:
         match action:
             case Conflict(name, root):
                 await self._conflict(name, root)
+            case Vanished(name, path):
+                self._rt.loaded_by_agent.pop(name, None)
+                self._foreign(ForeignChange.copy_vanished, name, path,
+                              f"vLLM no longer serves {name!r}, which this agent loaded from "
+                              f"{path!r}: unloaded behind the agent's back, or vLLM restarted")
             case Unload(name, reason, cmd):
                 await self._unload(name, reason, cmd)
             case RemoveHost(name, reason, cmd):
@@ -568,6 +582,8 @@ class WorkerAgent:
 
     async def _conflict(self, name: str, root: str) -> None:
         self.metrics.conflict(self.labels(name))
+        self._foreign(ForeignChange.unvouched_copy, name, root,
+                      f"vLLM serves {name!r} from {root!r}, bytes this agent cannot vouch for")
         self._event(name, CacheEventKind.kv_namespace_conflict,
                     reason=UnloadReason.kv_namespace_conflict,
                     detail=f"vLLM serves {name!r} from {root!r}, not loaded by this agent")
@@ -677,6 +693,17 @@ class WorkerAgent:
                 fut.set_result(outcome)
 
     # ---- reporting --------------------------------------------------------------------
+    def _foreign(self, reason: ForeignChange, name: str, path: str, detail: str) -> None:
+        """A change to vLLM this agent did not make: a counter by reason and a dead letter
+        with what was observed (vLLM's route guard should make it impossible)."""
+        self.metrics.foreign_change(reason)
+        log.warning("%s: %s", reason.value, detail)
+        observed = json.dumps({"lora_name": name, "path": path,
+                               "worker_id": self.config.worker_id}).encode()
+        self.sink.emit("dead-letters", self.config.worker_id, dead_letter_of_observation(
+            "vllm:/v1/models", name, observed, time.time(),
+            "worker-agent", reason, detail))
+
     def labels(self, name: str) -> AdapterLabels:
         record = self.records.get(name)
         if record is not None:

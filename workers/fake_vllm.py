@@ -23,10 +23,12 @@ vLLM"):
 * ``stream_options.include_usage``: only with ``stream: true`` (else 400, like vLLM); a
   final chunk with ``"choices": []`` and the ``usage`` comes before ``[DONE]``.
 * every completion body received is kept in ``requests`` (what the gateway forwarded).
-* ``api_key`` (``VLLM_API_KEY`` or ``--api-key-file``), as vLLM's AuthenticationMiddleware:
-  every path under ``/v1`` needs ``Authorization: Bearer KEY`` (else 401
-  ``{"error": "Unauthorized"}``); ``/health``, ``/version`` and ``/metrics`` stay open, as
-  they do on vLLM. Without a key everything is open, as on vLLM.
+* every route the real vLLM serves (``workers.vllm_routes``), guarded as the vLLM a worker
+  starts is guarded (``workers.vllm_guard``, the same decision): without
+  ``Authorization: Bearer KEY`` (``api_key``: ``VLLM_API_KEY`` or ``--api-key-file``) every
+  route but the open probes answers vLLM's 401 ``{"error": "Unauthorized"}``; without a
+  configured key only the open probes are served. A route of the real vLLM that the fake
+  does not implement (``/tokenize``, the SageMaker routes, ...) answers 501 with the key.
 
 Run it alone with ``python -m loraplane.workers.fake_vllm --model DIR --port P``.
 """
@@ -36,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import hmac
 import json
 import os
 import struct
@@ -48,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from loraplane.workers.vllm_guard import UNAUTHORIZED, admits, key_digest
+from loraplane.workers.vllm_routes import ROUTES
 
 LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj", "embed_tokens", "lm_head"})
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 BLOCK_WORDS = 4
-GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's authenticated paths
 _WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "iris",
           "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven",
           "sable", "thistle", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
@@ -115,32 +117,39 @@ class FakeVllm:
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.api_key and request.method != "OPTIONS" and request.path.startswith(
-                GUARDED_PREFIX):
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    hashlib.sha256(token.encode()).digest(),
-                    hashlib.sha256(self.api_key.encode()).digest()):
-                return web.json_response({"error": "Unauthorized"}, status=401)
+        key = key_digest(self.api_key) if self.api_key else None
+        if not admits(request.method, request.path, request.headers.get("Authorization"),
+                      key):
+            return web.Response(body=UNAUTHORIZED, status=401,
+                                content_type="application/json")
         response: web.StreamResponse = await handler(request)
         return response
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate])
-        app.add_routes([
-            web.post("/v1/load_lora_adapter", self.load),
-            web.post("/v1/unload_lora_adapter", self.unload),
-            web.get("/v1/models", self.models),
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/health", self.health),
-            web.get("/version", self.version),
-            web.get("/metrics", self.metrics),
-        ])
+        served = {
+            ("POST", "/v1/load_lora_adapter"): self.load,
+            ("POST", "/v1/unload_lora_adapter"): self.unload,
+            ("GET", "/v1/models"): self.models,
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/chat/completions"): self.chat_completions,
+            ("GET", "/health"): self.health,
+            ("GET", "/ping"): self.health,
+            ("GET", "/version"): self.version,
+            ("GET", "/metrics"): self.metrics,
+        }
+        for route in ROUTES:
+            handler = served.get((route.method, route.path), self.not_implemented)
+            app.router.add_route(route.method, route.path, handler)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def not_implemented(self, request: web.Request) -> web.Response:
+        """A route of the real vLLM that this fake does not serve (reached with the key)."""
+        return _error(501, f"the FAKE vLLM does not serve {request.method} {request.path}",
+                      "NotImplementedError")
 
     async def version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": "fake-vllm"})
@@ -338,13 +347,26 @@ def main() -> None:
     parser.add_argument("--max-loras", type=int, default=2)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--api-key-file", type=Path, default=None,
-                        help="the API key (default: $VLLM_API_KEY, like vLLM; none: open)")
+                        help="the API key (default: $VLLM_API_KEY, like vLLM; none: only the "
+                             "open probes are served)")
     args = parser.parse_args()
     api_key = (args.api_key_file.read_text().strip() if args.api_key_file
                else os.environ.get("VLLM_API_KEY"))
     fake = FakeVllm(args.model, max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
                     token_delay_s=args.token_delay_ms / 1000, api_key=api_key or None)
-    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
+    app = fake.app()
+    for path, methods in route_table(app).items():  # as vLLM logs its own at start
+        print(f"Route: {path}, Methods: {', '.join(sorted(methods))}", flush=True)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+
+
+def route_table(app: web.Application) -> dict[str, set[str]]:
+    """Path -> methods served, HEAD left out (aiohttp adds it to every GET)."""
+    table: dict[str, set[str]] = {}
+    for route in app.router.routes():
+        if route.resource is not None and route.method != "HEAD":
+            table.setdefault(route.resource.canonical, set()).add(route.method)
+    return table
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ workers/applied_commands.py), and the rules below are testable without a server:
 
 * a name vLLM reports that this agent cannot vouch for (it did not load it, or it is not
   the verified host-tier folder with the digest its name claims) is a KV-namespace
-  conflict: vLLM keys its prefix cache by name, so such a name is unloaded at once;
+  conflict: vLLM keys its prefix cache by name, so such a name is unloaded at once; a copy
+  this agent loaded that vLLM no longer reports was removed behind its back (``Vanished``);
 * a revoked adapter is removed from vLLM and the host tier now, in-flight or not;
 * any other unload waits until the name's in-flight count is 0 (drain), so a request keeps
   the version it started with while the new version loads beside it;
@@ -452,6 +453,15 @@ class Conflict:
 
 
 @dataclass(frozen=True)
+class Vanished:
+    """A copy this agent loaded is gone from vLLM, unloaded by someone else (or vLLM
+    restarted): report it; its intent loads it again like any missing copy."""
+
+    lora_name: str
+    path: str
+
+
+@dataclass(frozen=True)
 class Refuse:
     """The intent cannot be satisfied from the registry; the agent drops it."""
 
@@ -460,7 +470,7 @@ class Refuse:
     command_id: str | None
 
 
-Action = Load | Fetch | Unload | RemoveHost | BusyRetry | Conflict | Refuse
+Action = Load | Fetch | Unload | RemoveHost | BusyRetry | Conflict | Vanished | Refuse
 
 
 def settled_by(action: Action) -> Outcome | None:
@@ -518,7 +528,9 @@ def reconcile(desired: DesiredState, actual: ActualState,
     backoff = backoff or {}
     protected = desired.protected
     awaiting_registry = awaiting_registry or {}
-    actions: list[Action] = []
+    actions: list[Action] = [Vanished(name, path)
+                             for name, path in sorted(actual.loaded_by_agent.items())
+                             if name not in actual.gpu]
     unloading: set[str] = set()
 
     for name, root in sorted(actual.gpu.items()):

@@ -25,7 +25,7 @@ from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics,
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.host_tier_entry import VIEWS_FILE
-from loraplane.workers.vllm_client import VllmClient
+from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
 from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
@@ -171,7 +171,10 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         done, _ = await asyncio.wait({run, asyncio.create_task(stop.wait())},
                                      return_when=asyncio.FIRST_COMPLETED)
         if run in done:
-            run.result()  # surface a crash of the loop
+            try:
+                run.result()  # surface a crash of the loop
+            except VllmUnguarded as exc:  # a start refused with its reason, no traceback
+                raise SystemExit(f"worker {options.worker_id}: {exc}") from None
     finally:
         run.cancel()
         flusher.cancel()

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+from loraplane.workers.vllm_guard import MIDDLEWARE, PROBE_PATH
 
 
 class VllmError(RuntimeError):
@@ -39,6 +40,11 @@ class VllmError(RuntimeError):
         self.status = status
         self.message = message
         super().__init__(f"{reason}" + (f" (HTTP {status})" if status else "") + f": {message}")
+
+
+class VllmUnguarded(RuntimeError):
+    """The vLLM serves a route without its API key: anyone who reaches its port could load,
+    unload or generate through routes vLLM does not guard itself (docs/security.md)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,22 @@ class VllmClient:
         except VllmError:
             return False
         return True
+
+    async def require_guard(self) -> None:
+        """Raise ``VllmUnguarded`` unless a path no vLLM serves answers 401 without the key
+        (the route guard refuses it; an unguarded vLLM says 404)."""
+        try:
+            async with aiohttp.ClientSession() as bare, bare.get(
+                    self.base_url + PROBE_PATH, timeout=self._timeout) as resp:
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise VllmError(VllmErrorCode.unreachable, f"GET {PROBE_PATH}: {exc}") from None
+        if status != 401:
+            raise VllmUnguarded(
+                f"the vLLM at {self.base_url} answered GET {PROBE_PATH} without its API key "
+                f"with {status}, not 401: it serves routes to anyone who reaches it. Start it "
+                f"with `--middleware {MIDDLEWARE}` and loraplane importable "
+                "(`loraplane vllm serve` does; docs/security.md)")
 
     async def wait_healthy(self, timeout_s: float, interval_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout_s

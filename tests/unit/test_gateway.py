@@ -7,6 +7,7 @@ The host tier here is a test double that copies local adapter folders; the real 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import shutil
@@ -19,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
+from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.reasons import ArtifactReason as Reason
-from loraplane.schemas.reasons import CommandRule
+from loraplane.schemas.reasons import CommandRule, ForeignChange
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
@@ -46,7 +48,7 @@ from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
-from loraplane.workers.vllm_client import VllmClient
+from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
 
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.policy import (
@@ -161,7 +163,7 @@ async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
     """A worker agent and its gateway on a fake vLLM; ``indirect`` params are policy fields."""
     sources = {r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
                for i, r in enumerate(RECORDS)}
-    fake = FakeVllm(str(tmp_path / "model"))
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k-vllm")
     vllm_server = TestServer(fake.app(), host="127.0.0.1")
     await vllm_server.start_server()
     sink = ListSink()
@@ -171,7 +173,8 @@ async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
                      host_budget_bytes=10**9, tick_s=0.05, heartbeat_s=0.5,
                      registry_poll_s=60, load_backoff_s=60, cold_loads_per_minute=6,
                      policy=Policy(**getattr(request, "param", {}))),
-        vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2), host_tier=tier,
+        vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2, api_key="k-vllm"),
+        host_tier=tier,
         registry_loader=lambda: RECORDS, sink=sink)
     budgets = RequestBudgets(interactive=InteractiveBudget(on_cold="fallback"),
                              batch=BatchBudget(max_wait_ms=3000))
@@ -394,6 +397,51 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
                  "loraplane_cold_load_fail_ratio", "loraplane_kv_namespace_conflict_total"):
         assert name in text
     assert 'loraplane_kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
+    assert 'loraplane_vllm_foreign_changes_total{reason="unvouched_copy"} 1.0' in text
+    (letter,) = world.sink.of(DeadLetter)
+    assert letter.reason == ForeignChange.unvouched_copy and letter.component == "worker-agent"
+    assert json.loads(base64.b64decode(letter.raw_b64)) == {
+        "lora_name": v1.lora_name, "path": str(folder), "worker_id": "w1"}
+
+
+async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
+        world: World) -> None:
+    """vLLM's SageMaker DELETE /adapters/{name} (or a vLLM restart) removes a copy the agent
+    loaded: the next tick counts it, dead-letters it with its reason and loads it again."""
+    v1 = RECORDS[0]
+    await load(world, v1)
+    path = world.fake.adapters.pop(v1.lora_name)[0]  # what the route did, not the agent
+    await world.agent.reconcile_once()
+    (letter,) = world.sink.of(DeadLetter)
+    assert letter.reason == ForeignChange.copy_vanished
+    assert json.loads(base64.b64decode(letter.raw_b64))["path"] == path
+    async with world.http.get(world.url + "/metrics") as resp:
+        assert 'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0' in (
+            await resp.text())
+    assert world.fake.adapters[v1.lora_name][0] == path  # its intent loaded it again
+    assert world.agent.is_hot(v1.lora_name)
+    await world.agent.reconcile_once()
+    assert len(world.sink.of(DeadLetter)) == 1  # reported once
+
+
+async def test_the_agent_will_not_drive_an_unguarded_vllm(tmp_path: Path) -> None:
+    """A vLLM without the route guard (404 for the probe path without the key, not 401):
+    the agent refuses to start, naming the fix."""
+    app = web.Application()
+    app.router.add_get("/health", lambda _: web.Response())
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    vllm = VllmClient(str(server.make_url("")), timeout_s=2, api_key="k")
+    agent = WorkerAgent(WorkerConfig(worker_id="w1", base_model=BASE,
+                                     vllm_url=str(server.make_url("")), host_budget_bytes=1),
+                        vllm=vllm, host_tier=FolderHostTier(tmp_path / "host", {}),
+                        registry_loader=lambda: RECORDS, sink=ListSink())
+    try:
+        with pytest.raises(VllmUnguarded, match=r"--middleware loraplane\.vllm_plugin"):
+            await agent.start()
+    finally:
+        await vllm.close()
+        await server.close()
 
 
 async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> None:
@@ -449,8 +497,8 @@ class GatedVllm(VllmClient):
     """The agent's vLLM client, holding completions for one lora name until ``gate`` is set:
     the test decides when the canary's warm-up may finish."""
 
-    def __init__(self, base_url: str, gated: str) -> None:
-        super().__init__(base_url, timeout_s=2)
+    def __init__(self, base_url: str, gated: str, api_key: str) -> None:
+        super().__init__(base_url, timeout_s=2, api_key=api_key)
         self.gated = gated
         self.gate = asyncio.Event()
         self.prompts: list[str] = []
@@ -477,7 +525,7 @@ async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
     v1, v2 = RECORDS[0], RECORDS[1]
     await load(world, v1)
     plain = world.agent.vllm
-    gated = world.agent.vllm = GatedVllm(plain.base_url, v2.lora_name)
+    gated = world.agent.vllm = GatedVllm(plain.base_url, v2.lora_name, api_key="k-vllm")
     await plain.close()
     world.agent.apply(cmd(v2, CommandAction.load_gpu, "canary").model_copy(
         update={"warmup_requests": 3}))

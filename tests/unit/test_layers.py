@@ -56,6 +56,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.host_tier_entry", DECISIONS),
     # whether a signed registry view names a lora name: vLLM's resolver asks before a load
     ("loraplane.workers.registry_vouch", DECISIONS),
+    # which vLLM routes answer without the key (the judged table) and the guard vLLM runs
+    ("loraplane.workers.vllm_routes", DECISIONS), ("loraplane.workers.vllm_guard", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
     # what of a request body may reach vLLM, its caps, salts and tenant limits
     ("loraplane.workers.request_fields", DECISIONS),

@@ -31,6 +31,7 @@ from loraplane.schemas.reasons import (
     ConsumerFault,
     DeadLetterReason,
     DecodeReason,
+    ForeignChange,
     IntentRefusal,
     LoadDeferral,
     QueueRefusal,
@@ -126,6 +127,11 @@ def test_worker_doc_lists_the_agents_own_reasons() -> None:
     assert {name: sorted(c) for name, c in grouped.items()} == {
         e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)}
     assert sorted(codes(docs[("code", "when")])) == values(VllmErrorCode)
+
+
+def test_worker_doc_lists_every_foreign_change() -> None:
+    rows = tables("docs/worker.md")[("foreign change", "when")]
+    assert sorted(codes(rows)) == values(ForeignChange)
 
 
 def test_worker_doc_lists_every_gateway_refusal() -> None:

@@ -35,6 +35,7 @@ from loraplane.workers.reconcile import (
     Settled,
     Unload,
     Usage,
+    Vanished,
     adopt,
     apply_command,
     may_move_down,
@@ -104,6 +105,8 @@ def execute(actions: list, actual: ActualState) -> ActualState:
                     gpu[name] = ours[name] = f"/host/{name}"
             case Unload(name, _, _) | Conflict(name, _):
                 gpu.pop(name, None)
+                ours.pop(name, None)
+            case Vanished(name, _):
                 ours.pop(name, None)
             case RemoveHost(name, _, _):
                 host.pop(name, None)
@@ -186,6 +189,21 @@ def test_unvouched_name_is_a_conflict() -> None:
                    ActualState(gpu={"rogue": "/x"}, host={})):
         (name, root), = actual.gpu.items()
         assert run(DesiredState(), actual)[0] == Conflict(name, root)
+
+
+def test_a_copy_removed_behind_the_agents_back_is_reported_and_loaded_again() -> None:
+    """Someone unloaded a copy the agent loaded (vLLM's unguarded SageMaker DELETE, or a
+    vLLM restart): the very next reconcile reports it, and the intent loads it again."""
+    rec = record("a1", "1")
+    desired = fold(DesiredState(), [command(rec, CommandAction.load_gpu, "c1")])
+    loaded = ActualState(gpu={rec.lora_name: "/h/a1"},
+                         host={rec.lora_name: HostEntry(rec.lora_name, "/h/a1", rec.sha256)},
+                         loaded_by_agent={rec.lora_name: "/h/a1"})
+    assert not any(isinstance(a, Vanished) for a in run(desired, loaded))
+    gone = replace(loaded, gpu={})
+    actions = run(desired, gone)
+    assert actions[0] == Vanished(rec.lora_name, "/h/a1")
+    assert any(isinstance(a, Load) and a.lora_name == rec.lora_name for a in actions)
 
 
 def test_restart_adopts_what_it_can_vouch_for() -> None:

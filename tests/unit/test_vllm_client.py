@@ -39,9 +39,9 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[VllmClient]:
-    server = TestServer(FakeVllm("/models/tiny").app(), host="127.0.0.1")
+    server = TestServer(FakeVllm("/models/tiny", api_key="k-1").app(), host="127.0.0.1")
     await server.start_server()
-    vllm = VllmClient(str(server.make_url("/")), timeout_s=2)
+    vllm = VllmClient(str(server.make_url("/")), timeout_s=2, api_key="k-1")
     yield vllm
     await vllm.close()
     await server.close()
@@ -127,10 +127,12 @@ def test_classify_plain_text_and_json() -> None:
 
 
 @session_loop
-async def test_the_api_key_guards_v1_like_vllm(adapters: dict[str, Path]) -> None:
-    """With a key, the FAKE refuses /v1/* without it (401, vLLM's body) and leaves /health
-    and /metrics open, as vLLM's AuthenticationMiddleware does; the client with the key
-    loads, lists and completes, on both its HTTP paths (aiohttp and the upstream pool)."""
+async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
+        adapters: dict[str, Path]) -> None:
+    """The FAKE refuses every route without the key (401, vLLM's body) but the open probes
+    (/health, /metrics), as the route guard of the vLLM a worker starts does; the client
+    with the key loads, lists and completes, on both its HTTP paths (aiohttp and the
+    upstream pool)."""
     server = TestServer(FakeVllm("/models/tiny", api_key="k-123").app(), host="127.0.0.1")
     await server.start_server()
     base = str(server.make_url("/"))
@@ -146,6 +148,12 @@ async def test_the_api_key_guards_v1_like_vllm(adapters: dict[str, Path]) -> Non
             assert await refused.health()
         async with keyless._http().get(base + "metrics") as resp:
             assert resp.status == 200
+        for method, path in (("POST", "adapters"), ("DELETE", "adapters/a1"),
+                             ("POST", "invocations"), ("POST", "tokenize")):
+            async with keyless._http().request(method, base + path, json={}) as resp:
+                assert resp.status == 401, (method, path)
+            async with keyed._http().request(method, base + path, json={}) as resp:
+                assert resp.status == 501, (method, path)  # served by vLLM, not by the fake
         await keyed.load("a1@1-00000000", str(adapters["a1"]))
         assert [m.id for m in await keyed.models()] == ["/models/tiny", "a1@1-00000000"]
         body = {"model": "a1@1-00000000", "prompt": "hi", "max_tokens": 2}
