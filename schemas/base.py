@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeGuard
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
+# pydantic-core runs ``pattern=`` with Rust's regex, where ``$`` is the end of the text. In
+# Python's ``re`` it also matches before a final newline (and ``match`` anchors only the
+# start), so Python code applies these patterns with ``fullmatch`` (``is_id``), never
+# ``match`` or ``search`` (tests/unit/test_input_patterns.py audits the source).
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 VERSION_PATTERN = r"^v?[0-9]{1,9}(\.[0-9]{1,9}){0,3}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+_ID_RE = re.compile(ID_PATTERN)
+
+
+def is_id(text: object) -> TypeGuard[str]:
+    """Whether ``text`` is an ``Identifier``, the whole of it (no trailing newline)."""
+    return isinstance(text, str) and _ID_RE.fullmatch(text) is not None
+
 
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 """Adapter, tenant, base model, worker, publisher and event ids: lower-case, no paths."""

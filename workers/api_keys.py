@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from loraplane.schemas.base import ID_PATTERN
+from loraplane.schemas.base import is_id
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TENANT = re.compile(ID_PATTERN)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _UNREAD = (-1, -1, -1)
 log = logging.getLogger("loraplane.worker")
 
@@ -42,14 +41,16 @@ class ApiKeys:
     _known: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def tenant(self, authorization: str | None) -> str | None:
-        """The tenant of an ``Authorization: Bearer KEY`` header, None when unknown."""
+        """The tenant of an ``Authorization: Bearer KEY`` header, None when unknown. Keys
+        are ASCII (``add_key``); other bytes a client sends (aiohttp hands them over as
+        surrogates) are no key, never an encoding error."""
         if not authorization:
             return None
         tenant = self._known.get(authorization)
         if tenant is not None or not authorization.startswith("Bearer "):
             return tenant
         key = authorization[len("Bearer "):].strip()
-        tenant = self.tenants_by_digest.get(key_digest(key)) if key else None
+        tenant = self.tenants_by_digest.get(key_digest(key)) if key and key.isascii() else None
         if tenant is not None and len(key) + len("Bearer ") == len(authorization):
             self._known[authorization] = tenant
         return tenant
@@ -63,7 +64,7 @@ def load_api_keys(path: Path) -> ApiKeys:
     if not isinstance(keys, dict):
         raise ValueError(f"{path}: expected {{\"keys\": {{sha256: tenant_id}}}}")
     for digest, tenant in keys.items():
-        if not _SHA256.match(str(digest)) or not _TENANT.match(str(tenant)):
+        if not _SHA256.fullmatch(str(digest)) or not is_id(tenant):
             raise ValueError(f"{path}: bad entry {digest!r}: {tenant!r}")
     return ApiKeys(dict(keys))
 
@@ -123,7 +124,7 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 def add_key(path: Path, tenant_id: str) -> str:
     """Create a new key for ``tenant_id``, store its digest, return the key (shown once)."""
-    if not _TENANT.match(tenant_id):
+    if not is_id(tenant_id):
         raise ValueError(f"not a tenant id: {tenant_id!r}")
     current = load_api_keys(path).tenants_by_digest
     key = "lp-" + secrets.token_urlsafe(24)

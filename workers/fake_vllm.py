@@ -113,7 +113,7 @@ class FakeVllm:
     load_calls: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     prefix_blocks: set[tuple[str, str, tuple[str, ...]]] = field(default_factory=set)
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:

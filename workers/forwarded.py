@@ -6,18 +6,25 @@ the gateway then believes ``X-Loraplane-Tenant`` only with a valid
 ``tenant \\n request id \\n ts \\n sha256(body)`` keyed with the router secret (a file of
 mode 0600 that the routers and the gateways of a fleet hold, ``settings.router_secret_path``).
 The signature binds the body and the request id, and ``ts`` must be within ``MAX_SKEW_S`` of
-the gateway's clock, so a captured header pair serves no other body and expires. Pure: the
-secret and the time are passed in.
+the gateway's clock, so a captured header pair serves no other body and expires. Anything
+else a client puts in these headers (a tenant that is no id, a request id that is no header
+token, a signature that is not ``digits.hex``, bytes that are not ASCII) is refused before
+any HMAC is computed. Pure: the secret and the time are passed in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+
+from loraplane.schemas.base import is_id
+from loraplane.workers.request_fields import header_token
 
 TENANT_HEADER = "X-Loraplane-Tenant"
 SIGNATURE_HEADER = "X-Loraplane-Forwarded"
 MAX_SKEW_S = 30
+_SIGNATURE = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})")
 
 
 def _mac(secret: bytes, tenant: str, request_id: str, ts: int, body: bytes) -> str:
@@ -35,12 +42,12 @@ def sign(secret: bytes, tenant: str, request_id: str, body: bytes, now: float) -
 def verify(secret: bytes | None, tenant: str, request_id: str, body: bytes,
            signature: str | None, now: float) -> bool:
     """True when ``signature`` vouches for ``tenant`` on this request now."""
-    if not secret or not signature or not tenant or not request_id:
+    if not secret or not signature or not is_id(tenant) or not header_token(request_id):
         return False
-    ts_text, _, mac = signature.partition(".")
-    if not ts_text.isdigit() or len(ts_text) > 12 or len(mac) != 64:
+    parts = _SIGNATURE.fullmatch(signature)
+    if parts is None:
         return False
-    ts = int(ts_text)
+    ts, mac = int(parts[1]), parts[2]
     if abs(now - ts) > MAX_SKEW_S:
         return False
     return hmac.compare_digest(mac, _mac(secret, tenant, request_id, ts, body))

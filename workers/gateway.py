@@ -31,7 +31,6 @@ import asyncio
 import itertools
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -40,13 +39,20 @@ from typing import Any
 
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import ID_PATTERN, now_utc
+from loraplane.schemas.base import is_id, now_utc
 from loraplane.schemas.reasons import LoadDeferral, RequestRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.api_keys import KeyLookup
 from loraplane.workers.event_sink import EventSink
 from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, verify
-from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, cache_salt
+from loraplane.workers.request_fields import (
+    Endpoint,
+    Refused,
+    TenantGate,
+    admit,
+    cache_salt,
+    header_token,
+)
 from loraplane.workers.routing import choose_version
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.upstream_http import UpstreamResponse
@@ -54,7 +60,6 @@ from loraplane.workers.vllm_client import VllmError
 
 from loraplane.kernel.policy import RequestBudgets, RequestCaps
 
-_ADAPTER_ID = re.compile(ID_PATTERN)
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 FALLBACK_REASON_HEADER = "X-Loraplane-Fallback-Reason"
 FALLBACK_PERMANENT_HEADER = "X-Loraplane-Fallback-Permanent"  # "true": retrying will not help
@@ -238,7 +243,7 @@ class Gateway:
 
     async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
-        request_id = request.headers.get("X-Request-Id", "")[:128] or self._new_id()
+        request_id = header_token(request.headers.get("X-Request-Id")) or self._new_id()
         forwarded = request.headers.get(TENANT_HEADER)
         tenant = forwarded if forwarded is not None else self.api_keys.tenant(
             request.headers.get("Authorization"))
@@ -264,7 +269,7 @@ class Gateway:
         except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return _error(400, "invalid_json", "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(model, str) or not _ADAPTER_ID.match(model):
+        if not is_id(model):
             return _error(400, "model_not_adapter_id",
                           "model must be an adapter_id (lower-case id, never a path)")
         trace = _Trace(request_id, tenant, model, request_class, started)
@@ -312,7 +317,7 @@ class Gateway:
         if any(r.tenant_id != trace.tenant_id for r in versions):
             trace.status, trace.error = RequestStatus.refused, "forbidden"
             return _error(403, "forbidden", f"adapter {trace.adapter_id!r} is not yours")
-        session = request.headers.get("X-Session-Key") or trace.request_id
+        session = header_token(request.headers.get("X-Session-Key")) or trace.request_id
         record = choose_version(versions, session_key=session,
                                 request_class=trace.request_class)
         if record is None:

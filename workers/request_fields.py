@@ -15,6 +15,8 @@ and the field it names). Only documented OpenAI fields whose cost is bounded her
   class default when absent), prompts per request, ``logprobs``/``top_logprobs``, stop
   sequences, chat messages (text only: no image/audio URL for vLLM to fetch)).
 
+``header_token`` is the rule for the client's own header values that are copied into a
+request head, a hash or a RequestLog (``X-Request-Id``, ``X-Session-Key``).
 ``cache_salt`` derives the per-tenant salt that keeps tenants' prefix-cache blocks apart, and
 ``TokenBucket``/``TenantGate`` are the per-tenant limits, with time passed in.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -53,6 +56,14 @@ MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 MAX_LOGIT_BIAS = 300
 MAX_NAME_CHARS = 64
+_TOKEN = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def header_token(value: str | None) -> str | None:
+    """``value`` when it is 1 to 128 visible ASCII characters, else None: what of a client's
+    header may be copied into a request head, hashed or logged. aiohttp hands other bytes
+    over as surrogates, which no encoder takes; an empty or odd value counts as absent."""
+    return value if value is not None and _TOKEN.fullmatch(value) else None
 
 
 class Refused(Exception):
@@ -113,7 +124,7 @@ def _int_in(body: Mapping[str, Any], name: str, low: int, cap: int,
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> None:
     value = body.get(name)
-    if value is not None and (not _is_number(value) or not low <= float(value) <= high):
+    if value is not None and (not _is_number(value) or not low <= value <= high):
         raise _bad(name, f"a number in [{low}, {high}]")
 
 
@@ -191,8 +202,9 @@ def _logit_bias(bias: object) -> None:
     if bias is None:
         return
     if (not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS
-            or not all(isinstance(k, str) and k.isdigit() and len(k) <= 9 for k in bias)
-            or not all(_is_number(v) and -100 <= float(v) <= 100 for v in bias.values())):
+            or not all(isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9
+                       for k in bias)
+            or not all(_is_number(v) and -100 <= v <= 100 for v in bias.values())):
         raise _bad("logit_bias", f"an object of at most {MAX_LOGIT_BIAS} token ids -> "
                                  "numbers in [-100, 100]")
 

@@ -33,7 +33,6 @@ import itertools
 import json
 import logging
 import math
-import re
 import signal
 import time
 import uuid
@@ -46,7 +45,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import ID_PATTERN, version_key
+from loraplane.schemas.base import is_id, version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
@@ -58,7 +57,7 @@ from loraplane.workers.event_sink import EventSink
 from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
 from loraplane.workers.gateway import request_caps
-from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit
+from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, header_token
 from loraplane.workers.routing import FleetIndex, Route, choose_version
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -81,8 +80,6 @@ from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
 log = logging.getLogger("loraplane.router")
 REGISTRY_POLL_S = 0.2  # how often the verified registry is asked (in memory: a live tail)
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry before serving
-_ADAPTER_ID = re.compile(ID_PATTERN)
-_TOKEN = re.compile(r"[\x21-\x7e]{1,128}")  # a header value we may copy into a request head
 WORKER_HEADER = "X-Loraplane-Worker"
 ROUTE_HEADER = "X-Loraplane-Route"
 _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
@@ -242,8 +239,7 @@ class Router:
         return _error(status, code, message, param, **headers)
 
     async def _handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        given_id = request.headers.get("X-Request-Id", "")
-        request_id = given_id if _TOKEN.fullmatch(given_id) else \
+        request_id = header_token(request.headers.get("X-Request-Id")) or \
             f"{self._id_prefix}-{next(self._id_seq):x}"
         tenant = self.api_keys.tenant(request.headers.get("Authorization"))
         if tenant is None:
@@ -262,7 +258,7 @@ class Router:
         except (ValueError, RecursionError):
             return self._refuse(400, "invalid_json", "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(model, str) or not _ADAPTER_ID.match(model):
+        if not is_id(model):
             return self._refuse(400, "model_not_adapter_id",
                                 "model must be an adapter_id (lower-case id, never a path)")
         try:
@@ -274,7 +270,7 @@ class Router:
             return self._refuse(404, "unknown_adapter", f"no adapter {model!r} here")
         if any(r.tenant_id != tenant for r in versions):
             return self._refuse(403, "forbidden", f"adapter {model!r} is not yours")
-        session = request.headers.get("X-Session-Key", "")
+        session = header_token(request.headers.get("X-Session-Key"))
         record = choose_version(versions, session_key=session or request_id,
                                 request_class=request_class)
         if record is None:
@@ -296,7 +292,7 @@ class Router:
             signature = sign(self._secret, tenant, request_id, raw, self._clock())
             head = (f"X-Request-Id: {request_id}\r\nX-Request-Class: {request_class.value}"
                     f"\r\n{TENANT_HEADER}: {tenant}\r\n{SIGNATURE_HEADER}: {signature}\r\n")
-            if session and _TOKEN.fullmatch(session):
+            if session:
                 head += f"X-Session-Key: {session}\r\n"
             return await self._forward(request, endpoint, raw, record, head.encode("latin-1"))
         finally:

@@ -38,7 +38,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    """sha256 of the key; a header's undecodable bytes (aiohttp keeps them as surrogates)
+    hash as themselves instead of raising."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 def admits(method: str, path: str, authorization: str | None, key: bytes | None) -> bool:

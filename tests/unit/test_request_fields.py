@@ -22,6 +22,7 @@ from loraplane.workers.request_fields import (
     TokenBucket,
     admit,
     cache_salt,
+    header_token,
 )
 
 from loraplane.kernel.policy import RequestCaps, TenantLimits
@@ -54,6 +55,30 @@ def test_admit_forwards_only_allowlisted_bounded_bodies(endpoint: Endpoint,
     assert 1 <= ok.max_tokens <= CAPS.max_tokens
     assert ok.max_output_tokens <= CAPS.max_prompts * CAPS.max_n * CAPS.max_tokens
     assert "max_tokens" in ok.body or "max_completion_tokens" in ok.body
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"temperature": 10**400}, "temperature"), ({"top_p": -(10**400)}, "top_p"),
+    ({"presence_penalty": 10**309}, "presence_penalty"),
+    ({"logit_bias": {"1": 10**400}}, "logit_bias"),
+    ({"logit_bias": {"\u0661\u0662": 1}}, "logit_bias"),  # Arabic-Indic digits: no token id
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias")])  # a superscript two is a digit to isdigit
+def test_attack_huge_integers_and_non_ascii_digits_are_bad_fields(
+        extra: dict[str, Any], param: str) -> None:
+    """A JSON integer too large for a float is refused, never an OverflowError (a 500)."""
+    with pytest.raises(Refused) as refused:
+        admit(Endpoint.completions, {"model": "m", "prompt": "q", **extra}, CAPS)
+    assert (refused.value.reason, refused.value.field) == (RequestRefusal.bad_field, param)
+
+
+@given(st.text(max_size=200) | st.binary(max_size=20).map(
+    lambda b: b.decode("utf-8", "surrogateescape")))
+def test_a_header_token_is_visible_ascii_and_can_always_be_encoded(value: str) -> None:
+    token = header_token(value)
+    if token is None:
+        assert not value or len(value) > 128 or any(not "!" <= c <= "~" for c in value)
+    else:
+        assert token == value and token.encode("ascii") and 1 <= len(token) <= 128
 
 
 @settings(max_examples=200, deadline=None)

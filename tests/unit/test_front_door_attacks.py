@@ -1,0 +1,272 @@
+"""ATTACK: every id and header a client sends to the front door, with control characters,
+other bytes and trailing newlines, through the fleet router and the worker gateway (on
+FakeServing workers): a clean 4xx with its reason (or the request served when the odd value
+was an optional header, which is then ignored), never a 500, and the gateway's one
+RequestLog exactly when the request passed auth, class, JSON and ``model``. Worker states
+whose ids carry the same characters are dead-lettered by the router.
+
+The servers run on an event loop in a thread of their own, so hypothesis drives them from
+plain blocking sockets that send any bytes, which aiohttp's own client would refuse to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from loraplane.schemas.base import is_id
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
+from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.workers.gateway import Gateway
+from loraplane.workers.request_fields import header_token
+from loraplane.workers.router import Fleet, Router, serving_versions
+from loraplane.workers.routing import FleetIndex
+
+from loraplane.kernel.bus import Record
+from loraplane.kernel.policy import RequestBudgets
+from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
+from tests.unit.test_planner import POLICY, worker
+
+SECRET = b"r" * 32
+CONTROL = [chr(c) for c in (*range(0x20), 0x7F, 0x85, 0xA0, 0x2028, 0x2029, 0xFEFF)]
+IDS = ["sql", "chat", "other", "nope"]  # served, canary split, another tenant's, unknown
+UNLOGGED = ("unauthorized", "bad_request_class", "invalid_json", "model_not_adapter_id")
+"""Refusals made before a RequestLog can be keyed (no tenant, class or adapter id yet)."""
+EXAMPLES = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def hostile(base: str) -> st.SearchStrategy[str]:
+    """``base`` with a control or separator character at its end, start or inside."""
+    return st.builds(lambda c, at: {"end": base + c, "start": c + base,
+                                    "inside": base[:1] + c + base[1:]}[at],
+                     st.sampled_from(CONTROL), st.sampled_from(["end", "start", "inside"]))
+
+
+def maybe_hostile(base: str) -> st.SearchStrategy[str]:
+    return st.one_of(st.just(base), hostile(base))
+
+
+def header_value() -> st.SearchStrategy[bytes | None]:
+    """Absent, a plain token, or bytes no header should hold (controls, non-UTF-8, long)."""
+    return st.one_of(st.none(), st.just(b"req-1"), st.just(b""), st.just(b"x" * 300),
+                     hostile("req-1").map(lambda s: s.encode("utf-8")),
+                     st.binary(min_size=1, max_size=12).filter(lambda b: b"\r" not in b
+                                                               and b"\n" not in b))
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: bytes
+    body: bytes
+
+    def error_type(self) -> str:
+        """The OpenAI error's ``type``: the reason of every 4xx our handlers answer; a 400
+        from aiohttp's own header parser is text naming what it refused."""
+        if b"application/json" in self.headers.lower():
+            return str(json.loads(self.body)["error"]["type"])
+        assert self.status == 400 and self.body, (self.status, self.body)
+        return "http_parser"
+
+
+def send(port: int, path: str, lines: list[bytes], body: bytes = b"",
+         method: bytes = b"POST") -> Reply:
+    """One request with exactly these header lines; the whole answer (the server closes)."""
+    head = b"".join(line + b"\r\n" for line in lines)
+    request = (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               + head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    raw = b"".join(chunks)
+    head_part, _, content = raw.partition(b"\r\n\r\n")
+    return Reply(int(head_part.split(b" ", 2)[1]), head_part, content)
+
+
+class Loop:
+    """An event loop in a daemon thread; ``run`` waits for a coroutine's result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class FrontDoor:
+    loop: Loop
+    gateway: int  # ports
+    router: int
+    sink: ListSink  # the gateway's: its RequestLogs
+    router_sink: ListSink
+
+
+async def serve(app: web.Application) -> TestServer:
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+@pytest.fixture(scope="module")
+def door() -> Iterator[FrontDoor]:
+    loop = Loop()
+    sql = RECORDS[2]
+    sink, router_sink = ListSink(), ListSink()
+    serving = FakeServing(hot={sql.lora_name}, worker_id="w1")
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink,
+                      router_secret=SECRET)
+    gw = loop.run(serve(gateway.app()))
+    fleet = Fleet(FleetIndex(POLICY, 3600.0), router_sink, "router-t")  # never stale here
+    state = worker("w1", gpu=[sql], slots=4, base=sql.base_model)
+    fleet.index.update(state.model_copy(update={
+        "ts": datetime.now(UTC), "gateway_url": str(gw.make_url("")).rstrip("/")}))
+    fleet.versions = serving_versions(list(RECORDS))
+    router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
+    rs = loop.run(serve(router.app()))
+    yield FrontDoor(loop, gw.port, rs.port, sink, router_sink)  # type: ignore[arg-type]
+    loop.run(rs.close())
+    loop.run(gw.close())
+    loop.close()
+
+
+def _lines(key: bytes | None, request_id: bytes | None, session: bytes | None,
+           request_class: bytes | None) -> list[bytes]:
+    lines = [b"Content-Type: application/json"]
+    for name, value in ((b"Authorization", None if key is None else b"Bearer " + key),
+                        (b"X-Request-Id", request_id), (b"X-Session-Key", session),
+                        (b"X-Request-Class", request_class)):
+        if value is not None:
+            lines.append(name + b": " + value)
+    return lines
+
+
+def _refused_unless_an_id(reply: Reply, model: str) -> None:
+    """A ``model`` that is not wholly an id is a 400 (or refused earlier), never looked up."""
+    if not is_id(model):
+        assert reply.status >= 400
+        assert reply.error_type() in ("model_not_adapter_id", *UNLOGGED, "http_parser")
+
+
+def _check_logs(new: list[RequestLog], reply: Reply, model: str) -> None:
+    """One valid RequestLog exactly when the request got past the checks that key it."""
+    kind = reply.error_type() if reply.status >= 400 else "ok"
+    if kind in (*UNLOGGED, "http_parser"):
+        assert new == [], (kind, new)
+        return
+    assert len(new) == 1, (reply, new)
+    (log,) = new
+    assert log.adapter_id == model and is_id(log.tenant_id)
+    assert header_token(log.request_id) == log.request_id
+    RequestLog.model_validate_json(log.model_dump_json())  # the bytes Kafka would carry
+
+
+REQUESTS = dict(
+    model=st.one_of(st.sampled_from(IDS), st.sampled_from(IDS).flatmap(hostile)),
+    key=st.one_of(st.just(b"key-a"), st.just(b"key-b"), st.none(), header_value()),
+    request_id=header_value(), session=header_value(),
+    request_class=st.one_of(st.none(), st.just(b"batch"), header_value()))
+
+
+ISSUE_CASE = dict(model="sql\n", key=b"key-a", request_id=None, session=None,
+                  request_class=None)  # Python's `$` matched before the final newline
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@EXAMPLES
+@given(**REQUESTS)
+@example(**ISSUE_CASE)  # type: ignore[arg-type]
+def test_attack_ids_and_headers_get_a_clean_answer(
+        door: FrontDoor, through: str, model: str, key: bytes | None,
+        request_id: bytes | None, session: bytes | None, request_class: bytes | None) -> None:
+    before = len(door.sink.of(RequestLog))
+    body = json.dumps({"model": model, "prompt": "q"}).encode()
+    reply = send(getattr(door, through), "/v1/completions",
+                 _lines(key, request_id, session, request_class), body)
+    assert reply.status < 500, reply
+    _refused_unless_an_id(reply, model)
+    new = door.sink.of(RequestLog)[before:]
+    if through == "gateway":
+        _check_logs(new, reply, model)
+    elif reply.status >= 400:  # the router's own refusals reach no gateway
+        assert reply.error_type()
+        assert new == [] or (len(new) == 1 and new[0].status != "ok")
+    else:
+        assert len(new) == 1 and new[0].adapter_id == model
+        assert header_token(new[0].request_id) == new[0].request_id
+    assert not door.router_sink.of(RequestLog)
+
+
+@EXAMPLES
+@given(tenant=maybe_hostile("tenant-a"), request_id=maybe_hostile("r1"),
+       signature=st.one_of(st.none(), st.sampled_from(["good", "junk", "non-ascii", "digits"])))
+def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
+        door: FrontDoor, tenant: str, request_id: str, signature: str | None) -> None:
+    """Even signed with the router secret, a tenant that is no id (or a request id that is
+    no header token) is a 401: the gateway never keys a log by it."""
+    body = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    now = time.time()
+    value = {None: None, "good": sign(SECRET, tenant, request_id, body, now),
+             "junk": "1.zz", "non-ascii": f"{int(now)}." + "é" * 64,
+             "digits": "١٢٣." + "0" * 64}[signature]
+    lines = [b"Content-Type: application/json",
+             TENANT_HEADER.encode() + b": " + tenant.encode(),
+             b"X-Request-Id: " + request_id.encode()]
+    if value is not None:
+        lines.append(SIGNATURE_HEADER.encode() + b": " + value.encode())
+    before = len(door.sink.of(RequestLog))
+    reply = send(door.gateway, "/v1/completions", lines, body)
+    assert reply.status < 500, reply
+    clean = is_id(tenant) and header_token(request_id) == request_id and signature == "good"
+    if clean:
+        assert reply.status == 200
+        (log,) = door.sink.of(RequestLog)[before:]
+        assert (log.tenant_id, log.request_id) == (tenant, request_id)
+    else:
+        assert reply.status in (400, 401), reply
+        assert door.sink.of(RequestLog)[before:] == []
+
+
+@EXAMPLES
+@given(field=st.sampled_from(["worker_id", "base_model", "lora_name", "adapter_id",
+                              "version", "tenant_id"]),
+       control=st.sampled_from(CONTROL), at=st.sampled_from(["end", "start", "inside"]))
+def test_attack_worker_states_with_odd_ids_are_dead_lettered(
+        field: str, control: str, at: str) -> None:
+    sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
+    state = json.loads(worker("w1", gpu=[RECORDS[2]]).model_dump_json())
+    where = state if field in ("worker_id", "base_model") else state["adapters"][0]
+    value = where[field]
+    where[field] = {"end": value + control, "start": control + value,
+                    "inside": value[:1] + control + value[1:]}[at]
+    key = state["worker_id"].encode("utf-8")
+    fleet.take(Record("lp.worker-state", 0, 7, key, json.dumps(state).encode(), {}, 0))
+    if field == "lora_name":  # a name vLLM reports is data, not an id: only ever compared
+        assert fleet.dead_lettered == 0  # with the registry's names, which it never equals
+        assert RECORDS[2].lora_name not in fleet.index.workers["w1"].gpu
+        return
+    assert not fleet.index.workers and fleet.dead_lettered == 1
+    assert len(sink.of(DeadLetter)) == 1
