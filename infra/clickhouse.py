@@ -73,7 +73,7 @@ def users_xml(logins: list[tuple[str, str, str]]) -> str:
     """users.xml for (user, password, profile) triples; only the passwords' sha256 is
     written, so the file leaks no secret."""
     for user, _, _ in logins:
-        if not _NAME.match(user):
+        if not _NAME.fullmatch(user):
             raise StackError(f"invalid ClickHouse user name {user!r}: use letters, digits, _")
     return _USERS.format(users="".join(
         _USER.format(user=user, digest=hashlib.sha256(password.encode()).hexdigest(),

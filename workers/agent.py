@@ -709,7 +709,7 @@ class WorkerAgent:
         if record is not None:
             return AdapterLabels(record.adapter_id, record.version, record.tenant_id,
                                  self.config.base_model)
-        parsed = LORA_NAME_RE.match(name)
+        parsed = LORA_NAME_RE.fullmatch(name)
         if parsed is None:
             return AdapterLabels("unknown", "0", "unknown", self.config.base_model)
         return AdapterLabels(parsed["adapter_id"], parsed["version"], "unknown",

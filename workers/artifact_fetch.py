@@ -75,7 +75,7 @@ class FetchedArtifact:
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b/")``; ArtifactError for anything else."""
-    m = _URI.match(uri)
+    m = _URI.fullmatch(uri)
     if m is None or any(seg in (".", "..") for seg in m.group("prefix").split("/")):
         raise ArtifactError.single(Reason.source_not_allowed, uri[:200],
                                    "not an s3://bucket/prefix/ folder URI")

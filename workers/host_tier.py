@@ -272,7 +272,7 @@ class HostTier:
             if name.startswith((_PARTIAL, _REMOVING)):
                 shutil.rmtree(child, ignore_errors=True)
                 dropped.append((name, "partial"))
-            elif LORA_NAME_RE.match(name):
+            elif LORA_NAME_RE.fullmatch(name):
                 why = self._adopt(child) if child.is_dir() and not child.is_symlink() \
                     else "not_a_folder"
                 if why:

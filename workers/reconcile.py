@@ -491,7 +491,7 @@ def vouched(name: str, root: str, actual: ActualState) -> bool:
     if actual.loaded_by_agent.get(name) == root:
         return True
     entry = actual.host.get(name)
-    parsed = LORA_NAME_RE.match(name)
+    parsed = LORA_NAME_RE.fullmatch(name)
     return (entry is not None and parsed is not None
             and (entry.path == root or is_resolver_copy(root, entry.path, name))
             and entry.sha256.startswith(parsed["sha8"]))
@@ -606,7 +606,7 @@ def adopt(actual: ActualState, registry: Mapping[str, AdapterRecord]) -> Desired
     vouched for (a restart must not unload a warm GPU or wipe the host tier)."""
     intents: dict[str, Intent] = {}
     for name in actual.host:
-        parsed = LORA_NAME_RE.match(name)
+        parsed = LORA_NAME_RE.fullmatch(name)
         record = registry.get(name)
         if parsed is None or record is None:
             continue

@@ -281,7 +281,7 @@ class UpstreamPool:
         wait for the answer, head and body, ends by ``total_timeout_s`` from now.
         ``headers``: extra header lines, each ending in CRLF (the caller's own values, which
         must hold no CR or LF)."""
-        if not _PATH.match(path):
+        if not _PATH.fullmatch(path):
             raise ValueError(f"not a request path: {path!r}")
         request = b"".join((
             f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header, headers,

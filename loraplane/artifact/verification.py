@@ -381,7 +381,7 @@ def _check_tensors(tensors: list[tuple[str, TensorInfo]], config: LoraConfig,
 
 
 def _site_in_model(model: ModelShape, site: str, module: str) -> bool:
-    m = _LAYER_SITE.match(site)
+    m = _LAYER_SITE.fullmatch(site)
     return (m is not None and module in model.modules and int(m.group(1)) < model.num_layers
             and m.group(2) == model.modules[module].block)
 

@@ -48,7 +48,7 @@ def parse_formula(text: str) -> dict[str, float]:
     if not text.strip():
         raise PolicyError("hot_score_formula is empty")
     for raw in text.replace("\n", " ").split("+"):
-        m = _TERM_RE.match(raw)
+        m = _TERM_RE.fullmatch(raw)
         if not m:
             raise PolicyError(f"hot_score_formula: cannot parse term {raw.strip()!r}"
                               " (expected WEIGHT * NAME)")
@@ -100,7 +100,7 @@ class Condition:
 def parse_condition(text: str) -> Condition:
     clauses = []
     for raw in re.split(r"\s+and\s+", text.strip()):
-        m = _CLAUSE_RE.match(raw)
+        m = _CLAUSE_RE.fullmatch(raw)
         if not m:
             raise PolicyError(f"condition {text!r}: cannot parse {raw!r} (expected NAME OP VALUE)")
         fact, op, lit = m.groups()

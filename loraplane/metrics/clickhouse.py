@@ -16,7 +16,7 @@ DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def checked_database(name: str) -> str:
     """Database names end up in DDL (they cannot be bound as parameters), so only plain
     identifiers are accepted."""
-    if not DATABASE_RE.match(name):
+    if not DATABASE_RE.fullmatch(name):
         raise ValueError(f"invalid ClickHouse database name {name!r}: use letters, digits, _")
     return name
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # The migrations ship with infra/ (the services it starts), found as package data.
 MIGRATIONS_DIR = Path(str(files("loraplane.infra") / "clickhouse" / "migrations"))
-FILE_RE = re.compile(r"^(?P<version>\d{3})_(?P<name>[a-z0-9_]+)\.sql$")
+FILE_RE = re.compile(r"^(?P<version>[0-9]{3})_(?P<name>[a-z0-9_]+)\.sql$")
 PLACEHOLDER_RE = re.compile(r"\{(?P<key>[a-z_]+)(?::(?P<arg>[a-z_]+))?\}")
 RAW_TTL_DAYS = 30
 AGGREGATE_TTL_DAYS = 400
@@ -115,7 +115,7 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     """The migration files in version order; duplicate or malformed names are errors."""
     found: dict[int, Migration] = {}
     for path in sorted(directory.glob("*.sql")):
-        m = FILE_RE.match(path.name)
+        m = FILE_RE.fullmatch(path.name)
         if m is None:
             raise MigrationError(f"{path}: migration files are named NNN_lower_snake.sql")
         version = int(m["version"])

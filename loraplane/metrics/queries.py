@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 # The query pack is data of the dashboards folder (ops read it there), found as package data.
 QUERIES_DIR = Path(str(files("loraplane.dashboards") / "queries"))
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-DURATION_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[smhdw])$")
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+DURATION_RE = re.compile(r"(?P<n>[0-9]+)(?P<unit>[smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -59,7 +59,7 @@ class Params:
 
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` -> timedelta."""
-    m = DURATION_RE.match(text.strip())
+    m = DURATION_RE.fullmatch(text.strip())
     if m is None:
         raise ValueError(f"invalid duration {text!r}: use e.g. 15m, 1h, 7d")
     return timedelta(seconds=int(m["n"]) * _UNIT_SECONDS[m["unit"]])
@@ -73,7 +73,7 @@ def window(since: str, now: datetime | None = None, **filters: Any) -> Params:
 
 
 def load(name: str, directory: Path = QUERIES_DIR) -> Query:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise KeyError(f"invalid query name {name!r}")
     path = directory / f"{name}.sql"
     if not path.is_file():
