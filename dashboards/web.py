@@ -2,8 +2,11 @@
 
 Self-contained assets in ``dashboards/static`` (no CDN: the machines have no internet). The
 page polls a tiny JSON API, ``GET /api/query/<name>?since=1h&adapter_id=...``, which runs one
-query of the pack (``loraplane.metrics.queries``) with bound parameters; unknown names and bad
-durations are 400s, a ClickHouse failure is a 503 with the reason, so the page can show it.
+query of the pack (``loraplane.metrics.queries``) with bound parameters. Every parameter is
+checked before a query runs (``query_params``): an unknown name, a bad or out-of-range
+``since`` (longer than ``queries.MAX_WINDOW``) or ``limit`` (1 to ``queries.MAX_LIMIT``), and
+a filter that is not an id (a version for ``adapter_version``) are 400s with the reason; a
+ClickHouse failure is a 503 with the reason, so the page can show it.
 
 The fleet panel is ``GET /api/fleet``: ``workers.fleet_view`` (the view ``loraplane fleet
 status`` prints) of the compacted worker-state topic, read from Kafka, not ClickHouse: the
@@ -21,6 +24,7 @@ import contextlib
 import json
 import logging
 import mimetypes
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from loraplane.schemas.base import VERSION_PATTERN, is_id
 from loraplane.workers.fleet_view import fleet_view
 
 from loraplane.kernel.config import LOOPBACK
@@ -43,9 +48,26 @@ STATIC = Path(__file__).resolve().parent / "static"
 FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
 QUERY_THREADS = 4
 FLEET_READ_TIMEOUT_S = 4.0  # with live workers beating the read never idles: bounded
+DEFAULT_LIMIT = "5000"
+_VERSION = re.compile(VERSION_PATTERN)
 
 
 log = logging.getLogger("loraplane.dashboard")
+
+
+def query_params(given: dict[str, str]) -> queries.Params:
+    """The pack's parameters from a page's query string; ValueError naming the parameter
+    and the reason for anything out of range. A filter is '' (all) or what the column can
+    hold: no query runs for a value that can match nothing."""
+    for name in FILTERS:
+        value = given.get(name, "")
+        version = name == "adapter_version"
+        if value and not (_VERSION.fullmatch(value) if version else is_id(value)):
+            what = "a version" if version else "an id"
+            raise ValueError(f"{name} must be {what} or empty, not {value[:40]!r}")
+    return queries.window(given.get("since", "1h"), now=None,
+                          limit=queries.parse_limit(given.get("limit", DEFAULT_LIMIT)),
+                          **{k: given.get(k, "") for k in FILTERS})
 
 
 def _json(status: HTTPStatus, body: Any) -> web.Response:
@@ -104,9 +126,7 @@ class Dashboard:
     async def _query(self, name: str, one: dict[str, str]) -> web.Response:
         try:
             queries.load(name)
-            params = queries.window(one.get("since", "1h"), now=None,
-                                    limit=int(one.get("limit", 5000)),
-                                    **{k: one.get(k, "") for k in FILTERS})
+            params = query_params(one)
         except (KeyError, ValueError) as exc:
             return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         try:

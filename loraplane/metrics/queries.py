@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 # The query pack is data of the dashboards folder (ops read it there), found as package data.
 QUERIES_DIR = Path(str(files("loraplane.dashboards") / "queries"))
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
-DURATION_RE = re.compile(r"(?P<n>[0-9]+)(?P<unit>[smhdw])")
+DURATION_RE = re.compile(r"(?P<n>[0-9]{1,12})(?P<unit>[smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_WINDOW = timedelta(days=3650)
+"""The longest ``since``: ten years, past any retention, and always after 1970 (ClickHouse's
+DateTime starts there; a longer window would overflow a datetime or that type)."""
+MAX_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -53,16 +57,28 @@ class Params:
         values = asdict(self)
         values["since"] = int(self.since.timestamp())
         values["until"] = int(self.until.timestamp())
-        values["limit"] = max(1, min(int(self.limit), 100_000))
+        values["limit"] = max(1, min(int(self.limit), MAX_LIMIT))
         return values
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` -> timedelta."""
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` -> timedelta, at most ``MAX_WINDOW``;
+    ValueError with the reason for anything else."""
     m = DURATION_RE.fullmatch(text.strip())
     if m is None:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 15m, 1h, 7d")
-    return timedelta(seconds=int(m["n"]) * _UNIT_SECONDS[m["unit"]])
+        raise ValueError(f"invalid duration {text[:40]!r}: use e.g. 15m, 1h, 7d")
+    seconds = int(m["n"]) * _UNIT_SECONDS[m["unit"]]
+    if seconds > MAX_WINDOW.total_seconds():
+        raise ValueError(f"duration {text.strip()!r} is longer than the longest window, "
+                         f"{MAX_WINDOW.days}d")
+    return timedelta(seconds=seconds)
+
+
+def parse_limit(text: str) -> int:
+    """A row limit from 1 to ``MAX_LIMIT`` written in ASCII digits; ValueError otherwise."""
+    if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, not {text[:40]!r}")
+    return int(text)
 
 
 def window(since: str, now: datetime | None = None, **filters: Any) -> Params:

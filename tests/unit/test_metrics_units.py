@@ -59,17 +59,30 @@ def test_bad_migration_names_and_databases_are_refused(tmp_path: Path) -> None:
         migrations.discover()[0].render("x`; DROP", OLD)
 
 
-@given(st.integers(min_value=0, max_value=10_000), st.sampled_from("smhdw"))
-def test_durations_parse(n: int, unit: str) -> None:
-    seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
-    assert queries.parse_duration(f"{n}{unit}") == timedelta(seconds=n * seconds)
+@given(st.integers(min_value=0, max_value=10**15), st.sampled_from("smhdw"))
+def test_durations_parse_up_to_the_longest_window(n: int, unit: str) -> None:
+    seconds = n * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    if seconds <= queries.MAX_WINDOW.total_seconds():
+        assert queries.parse_duration(f"{n}{unit}") == timedelta(seconds=seconds)
+    else:  # a ValueError with the reason, never an OverflowError (a datetime's range)
+        with pytest.raises(ValueError, match=r"longer than the longest window|invalid"):
+            queries.parse_duration(f"{n}{unit}")
 
 
 @given(st.text(max_size=8))
 def test_anything_else_is_not_a_duration(text: str) -> None:
-    if not re.fullmatch(r"\s*\d+[smhdw]\s*", text):
+    if not re.fullmatch(r"\s*[0-9]+[smhdw]\s*", text):
         with pytest.raises(ValueError):
             queries.parse_duration(text)
+
+
+@given(st.text(max_size=8) | st.integers(-(10**9), 10**9).map(str))
+def test_a_limit_is_1_to_the_cap_in_ascii_digits(text: str) -> None:
+    if re.fullmatch(r"[0-9]{1,6}", text) and 1 <= int(text) <= queries.MAX_LIMIT:
+        assert queries.parse_limit(text) == int(text)
+    else:
+        with pytest.raises(ValueError, match="limit must be"):
+            queries.parse_limit(text)
 
 
 def test_every_pack_query_is_documented_and_uses_only_known_parameters() -> None:
