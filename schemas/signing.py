@@ -15,7 +15,7 @@ import binascii
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -60,7 +60,7 @@ def public_key(text: str) -> Ed25519PublicKey:
 class SigningKey:
     publisher: str
     key_id: str
-    private_key: Ed25519PrivateKey
+    private_key: Ed25519PrivateKey = field(repr=False)
 
     @classmethod
     def generate(cls, publisher: str, key_id: str) -> SigningKey:

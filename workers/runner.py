@@ -11,7 +11,7 @@ import json
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -56,7 +56,7 @@ class WorkerOptions:
     tick_s: float = 1.0
     heartbeat_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
-    vllm_api_key: str | None = None  # vLLM's VLLM_API_KEY (bearer token on every call)
+    vllm_api_key: str | None = field(default=None, repr=False)  # vLLM's VLLM_API_KEY
     command_slot: int | None = None  # the commands partition to read (None: the id's hash)
     gateway_url: str | None = None  # announced to the routers (None: the loopback gateway)
 

@@ -207,6 +207,24 @@ def report(system: LiveSystem, steps: Steps, console: Console, since: datetime,
     return agree
 
 
+def show_keys(console: Console, router_url: str, keys: dict[str, str]) -> None:
+    """The router's URL and the tenants' API keys, shown once and only on a terminal: the
+    demo writes a key to no file and no log, so output sent to a file gets the way to make
+    one instead."""
+    console.print(f"[bold]router:[/] {router_url}/v1/completions", highlight=False)
+    try:
+        terminal = console.file.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    if terminal:
+        console.print("[bold]API keys[/] (shown once, stored nowhere): " + ", ".join(
+            f"{tenant} {key}" for tenant, key in keys.items()), highlight=False)
+    else:
+        console.print("API keys are shown on a terminal only; make one for tenant T with "
+                      "the variables above and `loraplane worker add-key --tenant T`",
+                      highlight=False)
+
+
 def hold(supervisor: Supervisor, console: Console, hold_s: float | None) -> None:
     """Until Ctrl-C or ``hold_s``; warns once about any child that dies meanwhile."""
     console.print("everything keeps running; " + (
@@ -264,6 +282,7 @@ def run_demo(base: Settings, options: DemoOptions, console: Console) -> bool:
                           + " ".join(f"{k}={v}" for k, v in space.env().items()
                                      if k != "PYTHONUNBUFFERED")
                           + " loraplane report", highlight=False)
+            show_keys(console, system.router_url, keys)
             try:
                 hold(supervisor, console, options.hold_s)
             except KeyboardInterrupt:

@@ -1,13 +1,14 @@
 """The child processes of one demo or load-test run, and the guarantee that none outlives it.
 
 Every child starts in its own session (so its process group can be signalled as a whole)
-with its output in ``LOG_DIR/NAME.log``. Some children put grandchildren into sessions of
-their own (``loraplane vllm serve`` does, for vLLM's engine processes), where a group
-signal cannot reach them; so before stopping a child we snapshot its whole process tree
-from /proc and, once the child is gone, kill whatever of that snapshot is still alive
-(checked by start time, never by name, so a reused PID is left alone). ``stop_all`` runs on
-a normal exit, an exception, Ctrl-C and SIGTERM (turned into KeyboardInterrupt while the
-supervisor is entered).
+with its output in ``LOG_DIR/NAME.log``; the folder is the user's alone (0700, each log
+0600), and the output of a command that prints a secret (an API key) is never written
+there. Some children put grandchildren into sessions of their own (``loraplane vllm
+serve`` does, for vLLM's engine processes), where a group signal cannot reach them; so
+before stopping a child we snapshot its whole process tree from /proc and, once the child
+is gone, kill whatever of that snapshot is still alive (checked by start time, never by
+name, so a reused PID is left alone). ``stop_all`` runs on a normal exit, an exception,
+Ctrl-C and SIGTERM (turned into KeyboardInterrupt while the supervisor is entered).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import BinaryIO
 
 LOG_TAIL_LINES = 25
 ORPHAN_GRACE_S = 5.0
@@ -99,7 +101,8 @@ class Supervisor:
 
     # -- lifetime -----------------------------------------------------------------------
     def __enter__(self) -> Supervisor:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log_dir.chmod(0o700)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 self._previous[sig] = signal.signal(sig, _interrupt)
@@ -124,7 +127,7 @@ class Supervisor:
               env: Mapping[str, str] | None = None) -> Child:
         """Start ``argv`` in its own session, output appended to ``LOG_DIR/NAME.log``."""
         log_path = self.log_dir / f"{name}.log"
-        with log_path.open("ab") as log:
+        with _open_log(log_path) as log:
             popen = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
@@ -150,13 +153,14 @@ class Supervisor:
         return lambda: text in child.log_path.read_text(errors="replace")
 
     def run(self, name: str, argv: Sequence[str], *, timeout_s: float = 180.0,
-            env: Mapping[str, str] | None = None) -> str:
-        """Run a one-shot command to completion; its stdout is returned, its stderr logged.
+            env: Mapping[str, str] | None = None, secret_output: bool = False) -> str:
+        """Run a one-shot command to completion; its stdout is returned and logged (unless
+        ``secret_output``: then only its length is), its stderr logged.
 
         It too gets its own session, so a timeout (or Ctrl-C) kills all of it.
         """
         log_path = self.log_dir / f"{name}.log"
-        with log_path.open("ab") as log:
+        with _open_log(log_path) as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             popen = subprocess.Popen(
@@ -172,7 +176,8 @@ class Supervisor:
                 self.stop(child, grace_s=5)
                 raise
             text = out.decode(errors="replace")
-            log.write(out)
+            log.write(f"(stdout withheld: {len(out)} bytes holding a secret)\n".encode()
+                      if secret_output else out)
         if popen.returncode != 0:
             raise self._failure(child, f"exited with {popen.returncode}")
         return text
@@ -219,6 +224,11 @@ class Supervisor:
     def _failure(self, child: Child, why: str) -> ChildFailed:
         return ChildFailed(f"{child.name}: {why}; last lines of {child.log_path}:\n"
                            f"{tail(child.log_path)}")
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """``path`` for appending, readable by its owner only from its first byte on."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

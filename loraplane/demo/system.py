@@ -127,9 +127,12 @@ class LiveSystem:
     router_url: str = ""
 
     # -- commands -----------------------------------------------------------------------
-    def cli(self, name: str, *args: str, timeout_s: float = 180.0) -> str:
-        """Run ``loraplane ARGS`` in this run's namespace; its stdout."""
-        return self.supervisor.run(name, [LORAPLANE, *args], timeout_s=timeout_s)
+    def cli(self, name: str, *args: str, timeout_s: float = 180.0,
+            secret_output: bool = False) -> str:
+        """Run ``loraplane ARGS`` in this run's namespace; its stdout (kept out of the log
+        when it is a secret)."""
+        return self.supervisor.run(name, [LORAPLANE, *args], timeout_s=timeout_s,
+                                   secret_output=secret_output)
 
     def prepare_namespace(self) -> None:
         """This run's topics and ClickHouse database."""
@@ -162,8 +165,9 @@ class LiveSystem:
         return path
 
     def add_api_key(self, tenant: str) -> str:
+        """A new API key of ``tenant``: held in memory only, never written to a log."""
         return self.cli("api-keys", "worker", "add-key", "--tenant", tenant,
-                        timeout_s=60).strip()
+                        timeout_s=60, secret_output=True).strip()
 
     # -- long-running children ------------------------------------------------------------
     def start_streams(self) -> float:

@@ -4,6 +4,7 @@ router replay, run namespace, clean-up of every child (and its detached children
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import subprocess
@@ -15,13 +16,17 @@ from pathlib import Path
 import pytest
 import yaml
 from loraplane.streams.schedules import ScheduleFile
+from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.router import WORKER_HEADER
+from rich.console import Console
 
-from loraplane.demo.catalog import DEMO_CATALOG
+from loraplane.demo.catalog import DEMO_CATALOG, Artifacts
+from loraplane.demo.flow import show_keys
 from loraplane.demo.namespace import RunSpace
 from loraplane.demo.peak import ScheduledPeak, write_schedule
 from loraplane.demo.replay import Planned, Replayer, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
+from loraplane.demo.system import ROOT, LiveSystem, SystemOptions
 from loraplane.demo.traces import DEFAULT_TRACE
 from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.simulator.scenario import Burst, Peak
@@ -168,6 +173,47 @@ def test_run_reports_a_failing_command_with_its_log(tmp_path: Path) -> None:
         child = sup.start("dies", [sys.executable, "-c", "print('bye')"])
         with pytest.raises(ChildFailed, match="exited with 0 before ready"):
             sup.wait_ready(child, lambda: False, 10, "ready")
+
+
+def _private_files(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+
+
+def test_attack_an_api_key_never_reaches_a_log_and_logs_are_the_users_alone(
+        tmp_path: Path) -> None:
+    """``loraplane worker add-key`` as the demo runs it: the key comes back to the caller,
+    its log holds the command and the key's length only, every log is 0600 in a 0700
+    folder (a run's logs said what tenants sent, and held the keys, world-readable)."""
+    space = RunSpace.fresh(tmp_path / "state", "demo")
+    logs = space.log_dir
+    with Supervisor(logs, space.child_env(), ROOT) as sup:
+        system = LiveSystem(sup, space, Artifacts(tmp_path / "artifacts"), SystemOptions(),
+                            space.settings(Settings(home=tmp_path / "state")))
+        key = system.add_api_key("tenant-a")
+        sup.start("talker", [sys.executable, "-c", "print('ready')"]).popen.wait(30)
+    assert key.startswith("lp-") and len(key) > 20
+    assert ApiKeysFile.open(space.home / "api-keys.json").tenant(f"Bearer {key}") == "tenant-a"
+    every = {p: p.read_bytes() for p in logs.parent.rglob("*") if p.is_file()}
+    assert every and not [p for p, raw in every.items() if key.encode() in raw]
+    assert "worker add-key --tenant tenant-a" in (logs / "api-keys.log").read_text()
+    assert logs.stat().st_mode & 0o777 == 0o700
+    assert _private_files(logs) == {"api-keys.log": 0o600, "talker.log": 0o600}
+
+
+def test_the_demo_shows_keys_on_a_terminal_only(tmp_path: Path) -> None:
+    piped = io.StringIO()
+    show_keys(Console(file=piped, width=200), "http://127.0.0.1:1", {"tenant-a": "lp-secret"})
+    assert "lp-secret" not in piped.getvalue()
+    assert "worker add-key --tenant T" in piped.getvalue()
+    leader, follower = os.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            show_keys(Console(file=tty, width=200), "http://127.0.0.1:1",
+                      {"tenant-a": "lp-secret"})
+        assert b"tenant-a lp-secret" in os.read(leader, 65536)
+    finally:
+        os.close(leader)
+        os.close(follower)
 
 
 def test_process_tree_of_a_leaf_is_empty() -> None:
