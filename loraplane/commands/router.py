@@ -28,8 +28,11 @@ def run(
     import logging
 
     from loraplane.kernel import kafka
+    from loraplane.schemas.base import is_id
     from loraplane.workers.router import RouterOptions, run_router, serve_router
 
+    if not is_id(router_id):  # it keys the router's state, dead letters and checkpoints
+        raise typer.BadParameter(f"{router_id!r} is not an id", param_hint="--router-id")
     kafka.act_as(kafka.Principal.router)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -62,6 +62,7 @@ def run(
     from loraplane.kernel.secrets import SecretError, read_secret
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
+    _ids(("--worker-id", worker_id), ("--base-model", base_model))
     kafka.act_as(kafka.Principal.worker)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
@@ -91,7 +92,19 @@ def add_key(tenant: str = typer.Option(..., "--tenant")) -> None:
     """Create an API key for a tenant; prints the key once (only its digest is stored)."""
     from loraplane.workers.api_keys import add_key as add
 
+    _ids(("--tenant", tenant))
     typer.echo(add(get_settings().api_keys_path, tenant))
+
+
+def _ids(*given: tuple[str, str]) -> None:
+    """A usage error unless each option's value is wholly an id (it keys logs, states and
+    paths: a trailing newline would fail every one of them later)."""
+    from loraplane.schemas.base import is_id
+
+    for option, value in given:
+        if not is_id(value):
+            raise typer.BadParameter(f"{value!r} is not an id (lower-case letters, digits, "
+                                     "'.', '_', '-'; at most 128)", param_hint=option)
 
 
 @vllm_app.command("setup")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +35,9 @@ from loraplane.workers.gateway import Gateway
 from loraplane.workers.request_fields import header_token
 from loraplane.workers.router import Fleet, Router, serving_versions
 from loraplane.workers.routing import FleetIndex
+from typer.testing import CliRunner
 
+from loraplane.cli import app
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
@@ -270,3 +273,18 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
         return
     assert not fleet.index.workers and fleet.dead_lettered == 1
     assert len(sink.of(DeadLetter)) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["worker", "add-key", "--tenant", "tenant-a\n"],
+    ["worker", "run", "--worker-id", "w1\n", "--base-model", "b", "--vllm-url", "http://x:1"],
+    ["worker", "run", "--worker-id", "w1", "--base-model", "B", "--vllm-url", "http://x:1"],
+    ["router", "run", "--router-id", "r\x001"]])
+def test_an_operators_id_that_is_not_wholly_an_id_is_a_usage_error(
+        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It keys every log, state and path of the process: refused before anything starts
+    (a tenant "tenant-a\\n" in the key file made every one of its requests a 500)."""
+    monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "is not an id" in result.output, result.output
+    assert not (tmp_path / "api-keys.json").exists()
