@@ -22,6 +22,7 @@ from tests.integration.test_loadtest import drop_run
 
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
+API_KEY = re.compile(rb"lp-[A-Za-z0-9_-]{32}")  # workers/api_keys.py: add_key
 AGREED = re.compile(r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
                     r"(\d+) .*golden-set checks: (\d+)", re.S)
 
@@ -96,6 +97,16 @@ def test_demo_runs_until_ctrl_c_and_leaves_nothing(stack: Settings, tmp_path: Pa
     drop_run(stack, log.read_text())
     assert _check_output(log.read_text()) == run_id
     assert run_processes(run_id) == []
+    # ATTACK: the tenants' keys reach no log and no file of the run; sent to a file, the
+    # demo's own output holds none either
+    assert "API keys are shown on a terminal only" in text
+    run_files = [p for folder in (stack.home / "demo" / "logs" / run_id,
+                                  stack.home / "demo" / "runs" / run_id, tmp_path)
+                 for p in folder.rglob("*") if p.is_file()]
+    assert run_files and not [p for p in run_files if API_KEY.search(p.read_bytes())]
+    logs = stack.home / "demo" / "logs" / run_id
+    assert {oct(p.stat().st_mode & 0o777) for p in [logs, *logs.iterdir()]} <= {"0o700",
+                                                                               "0o600"}
 
 
 def test_demo_without_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,7 +115,9 @@ def test_charts_and_table_show_the_known_rows(dashboard, tmp_path: Path) -> None
 def test_api_rejects_unknown_queries_and_bad_windows(dashboard) -> None:
     url, _ = dashboard
     for path in ("api/query/nope", "api/query/adapter_summary?since=forever",
-                 "api/query/..%2Fsecret"):
+                 "api/query/..%2Fsecret", "api/query/adapter_summary?since=99999999999d",
+                 "api/query/adapter_summary?limit=0", "api/query/adapter_summary?limit=10"
+                 + "0" * 30, "api/query/adapter_summary?adapter_id=alpha%0A"):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(url + path, timeout=5)
         assert err.value.code in (400, 404)
