@@ -15,6 +15,11 @@ worker states) this way, so a change reaches them as soon as the broker delivers
 - ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's present
   (``progress``: ``kernel.progress``, a broker away shows as a hold-up and one ``STALLED``
   line; the consumer is quiet, librdkafka would log every reconnect attempt).
+- ``current_span`` says since when it has been, without a gap: the broker answered (a
+  record, a partition end, an idle probe every ``probe_every_s``) while the view had nothing
+  known unread, answers at most ``2 * probe_every_s + 1`` s apart (``CurrentSpan``). It
+  stops at the last answer the moment the broker goes away, with no detection delay: the
+  router judges heartbeat ages by it (``workers.liveness``).
 
 ``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
 Partitions added to a topic after the start are not read (the project's compacted topics
@@ -119,17 +124,44 @@ class TailView:
             self.version += 1
 
 
+class CurrentSpan:
+    """When a view was current without a gap: answers at its end (epoch seconds) no more
+    than ``max_gap_s`` apart, from ``since`` to ``last``. Not thread-safe (``TopicTail``
+    holds its lock)."""
+
+    def __init__(self, max_gap_s: float) -> None:
+        self.max_gap_s = max_gap_s
+        self.since: float | None = None
+        self.last: float | None = None
+
+    def answered(self, at: float) -> None:
+        if self.last is None or at - self.last > self.max_gap_s:
+            self.since = at
+        self.last = at if self.last is None else max(self.last, at)
+
+    def value(self) -> tuple[float, float] | None:
+        if self.since is None or self.last is None:
+            return None
+        return self.since, self.last
+
+
 class TopicTail:
     """One consumer thread tailing ``topics`` into a ``TailView``. ``on_record`` (called on
     that thread, each record as it is applied) is for users that index records themselves
-    (the router's fleet index)."""
+    (the router's fleet index). ``probe_every_s``: how often an idle tail asks the broker
+    for metadata (the router's worker-state tail: twice per heartbeat)."""
 
     def __init__(self, settings: Settings, topics: str | Sequence[str], *, component: str,
-                 on_record: Callable[[Record], object] | None = None) -> None:
+                 on_record: Callable[[Record], object] | None = None,
+                 probe_every_s: float = PROBE_EVERY_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self._settings = settings
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.component = component
         self._on_record = on_record
+        self._probe_every_s = probe_every_s
+        self._clock = clock
+        self._span = CurrentSpan(2 * probe_every_s + 1.0)
         self._view = TailView()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -158,6 +190,18 @@ class TopicTail:
         with self._lock:
             fresh = self._view.caught_up and self._view.lag() == 0
         return fresh and self.progress.stuck_s() == 0.0
+
+    def current_span(self) -> tuple[float, float] | None:
+        """(since, last): the view was current without a gap from ``since`` to its latest
+        answer ``last`` (epoch seconds); None before its first."""
+        with self._lock:
+            return self._span.value()
+
+    def _answered(self) -> None:
+        """The broker answered: a point of the current span if nothing is known unread."""
+        with self._lock:
+            if self._view.caught_up and self._view.lag() == 0:
+                self._span.answered(self._clock())
 
     def snapshot(self) -> list[Record]:
         """The last record of every key; ``TopicReadIncomplete`` before the first complete
@@ -224,7 +268,7 @@ class TopicTail:
                     while not self._stop.is_set():
                         if self._step(consumer):
                             probed = time.monotonic()
-                        elif time.monotonic() - probed > PROBE_EVERY_S:
+                        elif time.monotonic() - probed > self._probe_every_s:
                             probed = time.monotonic()
                             self._probe(consumer)
                 finally:
@@ -291,6 +335,7 @@ class TopicTail:
                 if high >= 0:
                     with self._lock:
                         self._view.set_end((t, p), high)
+            self._answered()
         return answered
 
     def _probe(self, consumer: Consumer) -> None:
@@ -302,3 +347,4 @@ class TopicTail:
             self.progress.check()
         else:
             self.progress.advanced()
+            self._answered()

@@ -12,7 +12,7 @@ import pytest
 from loraplane.schemas.keyring import KeyringFile, save_keyring
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
-from loraplane.kernel.topic_tail import TailView
+from loraplane.kernel.topic_tail import CurrentSpan, TailView
 from loraplane.registry_trust import VerifiedRegistry
 from tests.unit.test_registry_evidence import KIT, NOW, VIEW_A
 from tests.unit.test_registry_trust import Sink, Topic
@@ -177,3 +177,35 @@ def test_read_to_holds_only_once_the_view_reached_ends_taken_later() -> None:
     assert not view.read_to(later)
     view.apply(rec(0, 1, "b", b"2"))
     assert view.read_to(later)
+
+
+def test_the_current_span_restarts_after_a_gap() -> None:
+    """Since when the view has been current without a gap (the router judges heartbeat ages
+    by it, workers/liveness.py): a gap longer than the bound starts a new span."""
+    span = CurrentSpan(max_gap_s=1.5)
+    assert span.value() is None
+    for at_s in (10.0, 11.0, 12.4):
+        span.answered(at_s)
+    assert span.value() == (10.0, 12.4)
+    span.answered(80.0)  # the broker was away in between
+    assert span.value() == (80.0, 80.0)
+    span.answered(79.0)  # an answer noted late never moves it back
+    assert span.value() == (80.0, 80.0)
+
+
+def test_a_tail_answers_only_while_nothing_is_known_unread() -> None:
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    clock = iter([100.0, 101.0, 102.0])
+    tail = TopicTail(Settings(), "lp-ws", component="router-ws", probe_every_s=0.5,
+                     clock=lambda: next(clock))
+    tail._answered()  # no view yet
+    assert tail.current_span() is None
+    tail._view.assign({("lp-ws", 0): 2})
+    tail._view.set_end(("lp-ws", 0), 2)
+    tail._answered()  # reading its first records
+    assert tail.current_span() is None
+    tail._view.at_end(("lp-ws", 0), 2)
+    tail._answered()
+    assert tail.current_span() == (100.0, 100.0)
