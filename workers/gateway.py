@@ -233,7 +233,10 @@ class Gateway:
 
     async def healthz(self, _: web.Request) -> web.Response:
         started = self.worker.started
-        return web.json_response({"ok": started}, status=200 if started else 503)
+        # the worker's id: a router's probe believes only an answer naming the worker it
+        # asks about (workers.liveness.probe_ok)
+        return web.json_response({"ok": started, "worker_id": self.worker.worker_id},
+                                 status=200 if started else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/completions")

@@ -20,10 +20,16 @@ it is, plus ``X-Loraplane-Worker`` and ``X-Loraplane-Route``. The gateway keeps 
 Refused here, before any worker: 401 (key), 400/413 (body), 404 ``unknown_adapter`` (no
 state created: nothing is logged or counted per adapter), 403, 429 (tenant limits), 503 +
 Retry-After (no live worker for the base model). A gateway that refuses the connection is
-dropped from the view and the request is routed once more; one that dies after its answer's
-head (killed mid-answer) is dropped too, and the request gets 503 ``worker_lost`` +
+parked out of the view and the request is routed once more; one that dies after its answer's
+head (killed mid-answer) is parked too, and the request gets 503 ``worker_lost`` +
 Retry-After (a stream already under way is cut, never ended as if whole). A worker state
 that does not decode is dead-lettered (``DecodeReason``), never a crash.
+
+Which workers are in the view is ``workers.liveness`` (``_watch_fleet``, every heartbeat):
+heartbeats count only against a worker-state feed that was current
+(``TopicTail.current_span``); while the feed cannot vouch (Kafka away, or just back) a
+worker with an old heartbeat stays, on its last known residency, as long as its gateway
+answers a ``/healthz`` probe naming it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from loraplane.workers.event_sink import EventSink
 from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
 from loraplane.workers.gateway import request_caps
+from loraplane.workers.liveness import DRAIN_AFTER_HEARTBEATS, Feed, probe_ok
 from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, header_token
 from loraplane.workers.routing import FleetIndex, Route, choose_version
 from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
@@ -85,6 +92,7 @@ ROUTE_HEADER = "X-Loraplane-Route"
 _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
 _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
+PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 
 
 def _error(status: int, code: str, message: str, param: str | None = None,
@@ -111,17 +119,19 @@ def serving_versions(records: list[AdapterRecord]) -> dict[str, list[AdapterReco
 class Fleet:
     """The router's view: the fleet index, fed worker states, and the verified registry."""
 
-    def __init__(self, index: FleetIndex, sink: EventSink, component: str) -> None:
+    def __init__(self, index: FleetIndex, sink: EventSink, component: str,
+                 clock: Callable[[], float] = time.time) -> None:
         self.index = index
         self.sink = sink
         self.component = component
         self.versions: dict[str, list[AdapterRecord]] = {}
         self.dead_lettered = 0
+        self._clock = clock
 
     def take(self, record: Record) -> None:
-        """One worker-state record: indexed, or dead-lettered; never raises."""
+        """One worker-state record: indexed (arrived now), or dead-lettered; never raises."""
         if record.value is None:  # a tombstone: the worker is gone
-            self.index.remove((record.key or b"").decode("utf-8", "replace"))
+            self.index.forget((record.key or b"").decode("utf-8", "replace"))
             return
         try:
             state = worker_state_of(record.key, record.value)
@@ -135,7 +145,7 @@ class Fleet:
             self.sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"),
                            letter)
             return
-        self.index.update(state)
+        self.index.update(state, self._clock())
 
 
 @dataclass
@@ -179,6 +189,7 @@ class Router:
                    RequestClass.shadow: batch_ttl_s})
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._pools = _Pools(read_timeout_s, {})
+        self._probes = _Pools(PROBE_TIMEOUT_S, {})  # apart: never queued behind requests
         self.in_flight: dict[str, int] = {}
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
@@ -200,6 +211,7 @@ class Router:
     async def healthz(self, _: web.Request) -> web.Response:
         index = self.fleet.index
         return web.json_response({"ok": True, "workers": len(index.workers),
+                                  "parked": len(index.parked),
                                   "gpu_copies": sum(len(w.gpu) for w in index.workers.values()),
                                   "adapters": len(self.fleet.versions)})
 
@@ -432,10 +444,26 @@ class Router:
         return out
 
     def _drop(self, route: Route, exc: UpstreamError, when: str = "did not answer") -> None:
-        """A gateway that failed a request leaves the view until its next heartbeat."""
-        log.warning("worker %s gateway %s %s: %s; dropped from the view", route.worker_id,
+        """A gateway that failed a request leaves the view until its next heartbeat or its
+        next good probe."""
+        log.warning("worker %s gateway %s %s: %s; parked out of the view", route.worker_id,
                     route.gateway_url, when, exc)
-        self.fleet.index.remove(route.worker_id)
+        self.fleet.index.failed(route.worker_id, self._clock())
+
+    async def probe(self, worker_id: str, url: str) -> bool:
+        """Whether the gateway at ``url`` answers ``/healthz`` as ``worker_id``
+        (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``."""
+        try:
+            resp = await self._probes.get(url).request("GET", "/healthz", b"",
+                                                       total_timeout_s=PROBE_TIMEOUT_S)
+            try:
+                body = await resp.json()
+            finally:
+                resp.close()
+        except (UpstreamError, ValueError) as exc:
+            log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
+            return False
+        return probe_ok(worker_id, resp.status, body)
 
 
 # ---- the process ----------------------------------------------------------------------------
@@ -450,21 +478,66 @@ async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
         await asyncio.sleep(every_s)
 
 
-async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet, drain_every_s: float,
+async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet,
                             poll_s: float = REGISTRY_POLL_S) -> None:
     """Take the verified registry (fed by the live tail: in memory, re-verified only on a
-    change) into the fleet's versions, and drain silent workers every heartbeat."""
-    last_drain = 0.0
+    change) into the fleet's versions."""
     while True:
         try:
             records = await asyncio.to_thread(registry.records)
             fleet.versions = serving_versions(records)
         except Exception as exc:  # a bug here keeps the last verified view
             log.warning("registry refresh failed, keeping the last view: %s", exc)
-        if time.monotonic() - last_drain >= drain_every_s:
-            last_drain = time.monotonic()
-            for wid in fleet.index.drain(time.time()):
-                log.info("worker %s drained: no heartbeat for %d intervals", wid, 3)
+        await asyncio.sleep(poll_s)
+
+
+async def _watch_fleet(router: Router, span: Callable[[], tuple[float, float] | None],
+                       heartbeat_s: float, poll_s: float = REGISTRY_POLL_S) -> None:
+    """Keep the fleet index's view of its feed (``span``: the worker-state tail's
+    ``current_span``) up to date, and every heartbeat drain it (``liveness``): forget the
+    workers a current feed shows silent, probe the gateways it cannot vouch for."""
+    index = router.fleet.index
+    probes: set[asyncio.Task[None]] = set()
+
+    async def probe(wid: str, url: str) -> None:
+        try:
+            ok = await router.probe(wid, url)
+        except Exception:  # a bug: counted as a failed probe, and the next pass asks again
+            log.exception("probe of worker %s failed", wid)
+            ok = False
+        was_parked = wid in index.parked
+        index.probed(wid, url, ok, time.time())
+        if was_parked and wid in index.workers:
+            log.info("worker %s back in the view: its gateway answered a probe", wid)
+
+    last_drain = 0.0
+    unvouched = 0  # workers kept on their gateways' probes at the last pass: logged on a change
+    while True:
+        try:
+            got = span()
+            index.feed = None if got is None else Feed(*got)
+            if time.monotonic() - last_drain >= heartbeat_s:
+                last_drain = time.monotonic()
+                now = time.time()
+                drained = index.drain(now)
+                for wid in drained.gone:
+                    log.info("worker %s drained: no heartbeat for %d intervals of a current "
+                             "worker-state feed", wid, DRAIN_AFTER_HEARTBEATS)
+                for wid, url in drained.probe:
+                    task = asyncio.create_task(probe(wid, url))
+                    probes.add(task)
+                    task.add_done_callback(probes.discard)
+                if drained.unvouched != unvouched:
+                    if drained.unvouched:
+                        log.warning("worker-state feed (last current %s) cannot vouch for "
+                                    "%d worker(s): routing on their gateways' probes",
+                                    "never" if got is None else f"{now - got[1]:.0f} s ago",
+                                    drained.unvouched)
+                    else:
+                        log.info("every worker heard again: heartbeats decide")
+                    unvouched = drained.unvouched
+        except Exception:  # a bug here must not stop routing
+            log.exception("fleet watch pass failed")
         await asyncio.sleep(poll_s)
 
 
@@ -502,10 +575,12 @@ async def serve_router(settings: Settings, options: RouterOptions,
     sink = KafkaEventSink(settings, component)
     fleet = Fleet(FleetIndex(settings.policy, options.heartbeat_s), sink, component)
     loop = asyncio.get_running_loop()
-    # Worker states: every record to the index, on the loop (the index is only touched there).
+    # Worker states: every record to the index, on the loop (the index is only touched there);
+    # probed twice a heartbeat when idle, so its current span shows a broker away at once.
     states = TopicTail(settings, topic_name(settings, "worker-state"),
                        component=f"{component}-worker-state",
-                       on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r)).start()
+                       on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
+                       probe_every_s=options.heartbeat_s / 2).start()
     tail = registry_tail(settings, component)
     registry = VerifiedRegistry(
         KeyringFile(settings.keyring_path), tail.snapshot, sink=sink, component=component,
@@ -523,7 +598,8 @@ async def serve_router(settings: Settings, options: RouterOptions,
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    refresher = asyncio.create_task(_refresh_registry(registry, fleet, options.heartbeat_s))
+    refresher = asyncio.create_task(_refresh_registry(registry, fleet))
+    watcher = asyncio.create_task(_watch_fleet(router, states.current_span, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
     runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
@@ -536,6 +612,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
         await stop.wait()
     finally:
         refresher.cancel()
+        watcher.cancel()
         poller.cancel()
         beat.cancel()
         await runner.cleanup()

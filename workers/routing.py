@@ -31,9 +31,14 @@ own slot rule then evicted them in turn (measured: 100 of 150 requests missed in
 tests/integration/test_router_fleet.py). Placements are this router's own, like its in-flight
 counts.
 
-A worker whose last heartbeat (``WorkerState.ts``) is older than ``3 * heartbeat_s`` is
-drained: never chosen. Lookups are by lora name (dicts of holders), and free-slot order is a
-list sorted once per change of the fleet, so a decision does not scan the fleet.
+Which workers are chosen at all is ``workers.liveness``: a worker whose last heartbeat is
+older than ``3 * heartbeat_s`` is drained, but only as far as the worker-state feed, current,
+can tell (``FleetIndex.feed``); while it cannot, the worker's gateway is probed
+(``FleetIndex.drain`` names them, ``probed`` takes the answer) and the worker is routed on its
+last known residency. A gateway that failed a request or a probe is parked (``failed``): out
+of the view until its next heartbeat or good probe. Lookups are by lora name (dicts of
+holders), and free-slot order is a list sorted once per change of the fleet, so a decision
+does not scan the fleet.
 
 The rule itself is ``pick_worker`` (and ``free_slot_order``) over bare worker ids and
 callables, so the policy simulator (loraplane/simulator/engine.py) routes its simulated
@@ -53,11 +58,16 @@ from typing import Protocol, TypeVar
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.worker_state import WorkerState
+from loraplane.workers.liveness import (
+    DRAIN_AFTER_HEARTBEATS,
+    Feed,
+    Gateway,
+    Verdict,
+    beat_of,
+    verdict,
+)
 
 from loraplane.kernel.policy import Policy
-
-DRAIN_AFTER_HEARTBEATS = 3
-"""A worker silent for this many heartbeat intervals is drained from routing."""
 
 
 class Heartbeat(Protocol):
@@ -153,6 +163,16 @@ def pick_worker(gpu: Iterable[W], host: Iterable[W], free_order: Iterable[W],
 
 
 @dataclass(frozen=True)
+class Drained:
+    """One drain pass: the workers forgotten, the (worker id, gateway URL) to probe, and
+    how many kept workers have a heartbeat too old to count (their gateways decide)."""
+
+    gone: list[str]
+    probe: list[tuple[str, str]]
+    unvouched: int = 0
+
+
+@dataclass(frozen=True)
 class Route:
     worker_id: str
     gateway_url: str
@@ -162,9 +182,10 @@ class Route:
 @dataclass
 class _Worker:
     state: WorkerState
-    beat: float  # epoch seconds of the heartbeat
+    beat: float  # epoch seconds the heartbeat counts from (``liveness.beat_of``)
     gpu: frozenset[str]
     host: frozenset[str]
+    gateway: Gateway = field(default_factory=Gateway)
 
     @property
     def free_slots(self) -> int:
@@ -188,19 +209,43 @@ class FleetIndex:
     _turns: dict[str, int] = field(default_factory=dict)
     """worker id -> the number of this index's route that last chose it (``turn``)."""
     _routes: int = 0
+    feed: Feed | None = None
+    """Where the worker-state feed answered without a gap (the router sets it from its tail);
+    None: the heartbeat alone decides (``liveness.verdict``)."""
+    parked: dict[str, _Worker] = field(default_factory=dict)
+    """Workers whose gateway failed since their last heartbeat (``Verdict.out``): not
+    routed, their last state kept, probed until they answer or go."""
 
     # ---- fed by the worker-state topic ----------------------------------------------------
-    def update(self, state: WorkerState) -> None:
-        """Take a worker's newer state (an older one, replayed, is ignored)."""
-        old = self.workers.get(state.worker_id)
-        if old is not None and old.state.ts > state.ts:
+    def update(self, state: WorkerState, arrived: float | None = None) -> None:
+        """Take a worker's newer state, which arrived at epoch seconds ``arrived`` (None:
+        its own ``ts``); one whose heartbeat counts from earlier than the held one's (a
+        replay) is ignored."""
+        ts = state.ts.timestamp()
+        wid = state.worker_id
+        now = ts if arrived is None else arrived
+        beat = beat_of(ts, now)
+        held = self.workers.get(wid) or self.parked.get(wid)
+        if held is not None and held.beat > beat:
             return
-        order = self._free_order.get(state.base_model)
-        self.remove(state.worker_id, keep_order=True)
         gpu = frozenset(a.lora_name for a in state.adapters if a.tier == "gpu")
         host = frozenset(a.lora_name for a in state.adapters if a.tier == "host") - gpu
-        wid = state.worker_id
-        w = self.workers[wid] = _Worker(state, state.ts.timestamp(), gpu, host)
+        same_gateway = held is not None and held.state.gateway_url == state.gateway_url
+        w = _Worker(state, beat, gpu, host, held.gateway if same_gateway and held
+                    else Gateway())
+        self.parked.pop(wid, None)
+        if self._verdict(w, now) is Verdict.out:  # sent before its gateway failed
+            self.remove(wid)
+            self.parked[wid] = w
+            return
+        self._insert(w)
+
+    def _insert(self, w: _Worker) -> None:
+        state, wid, gpu, host = w.state, w.state.worker_id, w.gpu, w.host
+        old = self.workers.get(wid)
+        order = self._free_order.get(state.base_model)
+        self.remove(wid, keep_order=True)
+        self.workers[wid] = w
         for name in gpu:
             self._gpu.setdefault(name, set()).add(wid)
         for name in host:
@@ -215,6 +260,11 @@ class FleetIndex:
             self._free_order.pop(state.base_model, None)
             if old is not None:
                 self._free_order.pop(old.state.base_model, None)
+
+    def forget(self, worker_id: str) -> None:
+        """The worker is gone (a tombstone, or a current feed shows it silent)."""
+        self.parked.pop(worker_id, None)
+        self.remove(worker_id)
 
     def remove(self, worker_id: str, *, keep_order: bool = False) -> None:
         w = self.workers.pop(worker_id, None)
@@ -281,25 +331,71 @@ class FleetIndex:
                 return
             self._unplace(name)
 
-    def drain(self, now: float) -> list[str]:
-        """Forget workers silent for ``DRAIN_AFTER_HEARTBEATS`` intervals; their ids."""
-        gone = [wid for wid, w in self.workers.items() if not self._live(w, now)]
+    # ---- fed by the router: its gateways' own answers --------------------------------------
+    def failed(self, worker_id: str, now: float) -> None:
+        """The worker's gateway failed a request or a probe at ``now``: parked."""
+        w = self.workers.get(worker_id) or self.parked.get(worker_id)
+        if w is None:
+            return
+        w.gateway.failed_at = now
+        if worker_id in self.workers:
+            self.remove(worker_id)
+            self.parked[worker_id] = w
+
+    def probed(self, worker_id: str, url: str, ok: bool, now: float) -> None:
+        """A probe of the worker's gateway at ``url`` answered (``liveness.probe_ok``) or
+        not; a good one brings a parked worker back on its last state. A probe of a URL the
+        worker no longer has is ignored."""
+        w = self.workers.get(worker_id) or self.parked.get(worker_id)
+        if w is None or w.state.gateway_url != url:
+            return
+        w.gateway.probing = False
+        if not ok:
+            self.failed(worker_id, now)
+            return
+        w.gateway.ok_at = now
+        if self.parked.pop(worker_id, None) is not None:
+            self._insert(w)
+
+    def drain(self, now: float) -> Drained:
+        """Forget the workers gone (``liveness.verdict``), and name the gateways to probe now
+        (verdict ``check`` or ``out``, none already being probed; each marked as being)."""
+        gone: list[str] = []
+        probe: list[tuple[str, str]] = []
+        unvouched = 0
+        limit = DRAIN_AFTER_HEARTBEATS * self.heartbeat_s
+        for held in (self.workers, self.parked):
+            for wid, w in held.items():
+                v = self._verdict(w, now)
+                if v is Verdict.gone:
+                    gone.append(wid)
+                    continue
+                if now - w.beat > limit:
+                    unvouched += 1
+                if v in (Verdict.check, Verdict.out) and not w.gateway.probing \
+                        and w.state.gateway_url:
+                    w.gateway.probing = True
+                    probe.append((wid, w.state.gateway_url))
         for wid in gone:
-            self.remove(wid)
+            self.forget(wid)
         self._expire(now)
-        return gone
+        return Drained(gone, probe, unvouched)
 
     # ---- deciding -------------------------------------------------------------------------
+    def _verdict(self, w: _Worker, now: float) -> Verdict:
+        return verdict(w.beat, now, self.heartbeat_s, self.feed, w.gateway)
+
     def _live(self, w: _Worker, now: float) -> bool:
-        return now - w.beat <= DRAIN_AFTER_HEARTBEATS * self.heartbeat_s
+        """Routed: ``live`` or ``check`` (the quick case first: a fresh heartbeat and no
+        failed gateway)."""
+        if w.gateway.failed_at is None and now - w.beat <= DRAIN_AFTER_HEARTBEATS \
+                * self.heartbeat_s:
+            return True
+        return self._verdict(w, now) in (Verdict.live, Verdict.check)
 
     def worker_count(self, base_model: str) -> int:
-        """Workers of ``base_model`` in the view (the drain pass removes silent ones)."""
+        """Workers of ``base_model`` in the view (parked and forgotten ones are not)."""
         return len(self._by_base.get(base_model, ()))
-
-    def live_workers(self, base_model: str, now: float) -> list[str]:
-        return sorted(wid for wid in self._by_base.get(base_model, ())
-                      if self._live(self.workers[wid], now))
 
     def route(self, record: AdapterRecord, now: float,
               in_flight: Mapping[str, int]) -> Route | None:

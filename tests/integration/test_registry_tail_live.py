@@ -120,7 +120,7 @@ def test_a_change_is_in_the_workers_and_the_routers_view_within_a_second(
 
     def run_router_loop() -> None:
         with suppress(asyncio.CancelledError):
-            loop.run_until_complete(_refresh_registry(router_registry, fleet, 5.0))
+            loop.run_until_complete(_refresh_registry(router_registry, fleet))
 
     router_loop = threading.Thread(target=run_router_loop, daemon=True)
     router_loop.start()

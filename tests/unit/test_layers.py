@@ -63,6 +63,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.workers.request_fields", DECISIONS),
     # version and worker choice, and the forwarded-tenant HMAC: the gateway and the router
     ("loraplane.workers.routing", DECISIONS), ("loraplane.workers.forwarded", DECISIONS),
+    # which workers the router routes to: heartbeats against a current feed, else probes
+    ("loraplane.workers.liveness", DECISIONS),
     # the router's flow-control queues (bands, tenant turns, TTLs); the router waits
     ("loraplane.workers.flow_control", DECISIONS),
     # what `loraplane fleet status` shows, by the router's liveness rule

@@ -97,7 +97,7 @@ def test_least_in_flight_among_copies_and_drained_and_rank_fit() -> None:
     assert index(stale, w2).route(a, NOW, {}).worker_id == "w2"
     assert index(stale).route(a, NOW, {}) is None
     fleet = index(stale, w2)
-    assert fleet.drain(NOW) == ["w1"] and set(fleet.workers) == {"w2"}
+    assert fleet.drain(NOW).gone == ["w1"] and set(fleet.workers) == {"w2"}
     big = a.model_copy(update={"rank": 32})
     small = at(worker("w1", gpu=[a], slots=4), NOW, max_lora_rank=16)
     assert index(small).route(big, NOW, {}) is None  # never below the adapter's rank
