@@ -48,6 +48,7 @@ FAULTS: dict[str, str] = {
                      "test_the_app_heals_from_a_broker_kill_by_itself",
     "streams-kill": "tests/integration/test_streams_broker_kill.py::"
                     "test_a_killed_app_restarts_exact_and_reissues_nothing",
+    "router-kafka": "tests/integration/test_router_kafka_outage.py",
 }
 
 
