@@ -8,7 +8,9 @@ request-log load through a worker's event sink (its spool takes what the broker 
    what the dying broker took without acknowledging), a signed lifecycle event published after the
    restart is accepted, the planner plans new demand, every ``STALLED`` it logged is
    followed by its ``RECOVERED``, and its ``/metrics`` (``--metrics-port``) shows the
-   scoring and planner consumers at ``loraplane_consumer_stuck_seconds`` 0 again;
+   scoring and planner consumers at ``loraplane_consumer_stuck_seconds`` 0 again; the
+   planner's lease was lost while the broker was away and taken again after
+   (docs/reliability.md, "Kafka away");
 2. the app itself is SIGKILLed under load and started again: the scores are still exact
    and the planner re-issues nothing under new command ids.
 """
@@ -48,6 +50,7 @@ RATE_HZ = 50
 DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))
 """How long the broker stays dead under load (``bench.faults --outage-s`` for the long form)."""
 HOLD_UP = re.compile(r"(STALLED|RECOVERED) (\S+):")
+LEASE = re.compile(r"planner lease: (ACTIVE|STANDBY) \(([^)]*)\)")
 
 
 def uid(name: str) -> str:
@@ -103,6 +106,12 @@ def hold_ups(env: PlannerEnv) -> tuple[Counter[str], set[str]]:
     return stalls, open_
 
 
+def lease_changes(env: PlannerEnv) -> list[str]:
+    """The planner lease's changes in the app's log: ``ACTIVE``, ``STANDBY (why)``."""
+    return [state if state == "ACTIVE" else f"{state} ({why})"
+            for state, why in LEASE.findall((env.home / "streams.log").read_text())]
+
+
 def stuck_seconds(env: PlannerEnv) -> dict[str, float]:
     """``loraplane_consumer_stuck_seconds`` per component, from the app's own /metrics."""
     import urllib.request
@@ -155,6 +164,7 @@ def test_the_app_heals_from_a_broker_kill_by_itself(
         load.run_for(3)
         committed_before = scored(env, load)
         load.run_for(2)
+        leases_before = len(lease_changes(env))
         kill(kafka_node)
         t_down = time.monotonic()
         load.run_for(DOWN_S)
@@ -175,8 +185,12 @@ def test_the_app_heals_from_a_broker_kill_by_itself(
     print(f"broker down {down_s:.0f} s: {load.n} request logs ({committed_before} sent "
           f"before a batch was committed), {spooled} spooled, all "
           f"counted once; {load_cmd.action.value} {load_cmd.lora_name}; stalls {dict(stalls)}; "
-          f"recovered {recovery_s:.0f} s after the restart")
+          f"recovered {recovery_s:.0f} s after the restart; planner lease "
+          f"{lease_changes(env)[max(0, leases_before - 1):]}")
     assert still == set(), f"still STALLED: {still}"
+    leases = lease_changes(env)[max(0, leases_before - 1):]  # from the one held at the kill
+    assert leases[0] == "ACTIVE" and leases[-1] == "ACTIVE", leases
+    assert any(c.startswith("STANDBY (lost") for c in leases), leases
     assert spooled > 0, "the outage should have reached the event spool"
     stuck = stuck_seconds(env)
     assert {"scoring", "planner"} <= set(stuck), stuck
