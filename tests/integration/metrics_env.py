@@ -39,6 +39,17 @@ def isolated(base: Settings, tag: str | None = None) -> Settings:
     })
 
 
+def isolated_clickhouse() -> Settings:
+    """``isolated`` on the local stack's ClickHouse, for a test that brings its own Kafka;
+    skips the test when that ClickHouse does not answer."""
+    shared = isolated(Settings())
+    try:
+        connect(shared, database="", timeout_s=3).execute("SELECT 1")
+    except Exception as exc:
+        pytest.skip(f"no ClickHouse of the local stack (loraplane stack up): {exc}")
+    return shared
+
+
 def require_stack(settings: Settings) -> None:
     try:
         client = connect(settings, database="", timeout_s=3)

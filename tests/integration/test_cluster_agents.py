@@ -23,7 +23,7 @@ from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
-from tests.integration.metrics_env import drop_database, isolated, wait_for
+from tests.integration.metrics_env import drop_database, isolated_clickhouse, wait_for
 from tests.integration.private_kafka import kill, private_cluster
 from tests.integration.router_env import running_fleet
 from tests.integration.test_cluster_broker_kill import _written_partition
@@ -38,11 +38,7 @@ AFTER_KILL_S = 12.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Settings, list[Kafka]]]:
-    shared = isolated(Settings())
-    try:
-        connect(shared, database="", timeout_s=3).execute("SELECT 1")
-    except Exception as exc:
-        pytest.skip(f"no ClickHouse of the local stack (loraplane stack up): {exc}")
+    shared = isolated_clickhouse()
     (tmp_path / "kafka").mkdir()
     with private_cluster(tmp_path / "kafka", ("requests",), 3,
                          topic_prefix=shared.topic_prefix,

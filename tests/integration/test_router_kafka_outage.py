@@ -36,7 +36,7 @@ from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
-from tests.integration.metrics_env import drop_database, isolated
+from tests.integration.metrics_env import drop_database, isolated_clickhouse
 from tests.integration.private_kafka import kill, private_kafka, start
 from tests.integration.router_env import Fleet, running_fleet
 from tests.integration.test_worker_e2e import KEY_A, wait_for
@@ -64,11 +64,7 @@ class Sent:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
-    shared = isolated(Settings())
-    try:
-        connect(shared, database="", timeout_s=3).execute("SELECT 1")
-    except Exception as exc:
-        pytest.skip(f"no ClickHouse of the local stack (loraplane stack up): {exc}")
+    shared = isolated_clickhouse()
     (tmp_path / "kafka").mkdir()
     with private_kafka(tmp_path / "kafka", (), topic_prefix=shared.topic_prefix,
                        clickhouse=shared.clickhouse) as found:

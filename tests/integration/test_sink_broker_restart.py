@@ -22,7 +22,7 @@ from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
-from tests.integration.metrics_env import SINK_TOPICS, isolated, wait_for
+from tests.integration.metrics_env import SINK_TOPICS, isolated_clickhouse, wait_for
 from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault_long]
@@ -34,11 +34,7 @@ DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
-    shared = isolated(Settings())
-    try:
-        connect(shared, database="", timeout_s=3).execute("SELECT 1")
-    except Exception as exc:
-        pytest.skip(f"no ClickHouse of the local stack (loraplane stack up): {exc}")
+    shared = isolated_clickhouse()
     with private_kafka(tmp_path, SINK_TOPICS, topic_prefix=shared.topic_prefix,
                        clickhouse=shared.clickhouse) as (settings, broker):
         migrations.migrate(settings)
