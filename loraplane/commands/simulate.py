@@ -53,6 +53,10 @@ def register(app: typer.Typer) -> None:
         """Print a table of every policy on the scenario; optionally JSON and plots."""
         from pydantic import ValidationError
 
+        from loraplane.extras import require
+
+        require("sim", "simulate")
+
         from loraplane.simulator import benchmark, report
         from loraplane.simulator import policies as registry
         from loraplane.simulator.replay import WhatIf

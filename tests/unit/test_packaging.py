@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.install_size import build_wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True)
-    (built,) = out.glob("loraplane-*.whl")
-    return zipfile.ZipFile(built)
+    return zipfile.ZipFile(build_wheel(tmp_path_factory.mktemp("wheel")))
 
 
 def _metadata(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
@@ -57,3 +55,51 @@ def test_the_notice_names_every_shipped_file_under_another_licence(
 def test_the_wheel_carries_no_tests_or_benchmarks(wheel: zipfile.ZipFile) -> None:
     tops = {n.split("/", 1)[0] for n in wheel.namelist()}
     assert tops == {"loraplane", next(t for t in tops if t.endswith(".dist-info"))}
+
+
+SIM_LIBRARIES = ("scipy", "matplotlib", "networkx")
+RUNTIMES = ("loraplane.cli", "loraplane.workers.router", "loraplane.workers.runner",
+            "loraplane.workers.gateway", "loraplane.streams.app",
+            "loraplane.streams.planner_runtime", "loraplane.streams.score_keeper",
+            "loraplane.metrics.sink", "loraplane.commands.demo", "loraplane.demo.flow")
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is not installed (blocked by the test)")
+        return None
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _without_sim(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a Python where the simulator's libraries cannot be imported."""
+    script = BLOCK.format(blocked=SIM_LIBRARIES) + code
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_the_base_install_needs_no_simulator_library(wheel: zipfile.ZipFile) -> None:
+    """scipy, matplotlib and networkx come only with [sim]; [dev] pulls [sim] in."""
+    requires = _metadata(wheel)["Requires-Dist"]
+    for name in SIM_LIBRARIES:
+        lines = [r for r in requires if r.split("[")[0].split("<")[0].split(">")[0].strip()
+                 == name]
+        assert lines and all('extra == "sim"' in r for r in lines), (name, lines)
+    assert any(r.startswith("loraplane[sim]") and 'extra == "dev"' in r for r in requires)
+    assert any(r.startswith("nvidia-ml-py") and 'extra == "gpu"' in r for r in requires)
+    out = _without_sim("import importlib\n"
+                       f"for m in {RUNTIMES!r}:\n    importlib.import_module(m)\n")
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_command_that_needs_an_extra_names_it_and_exits_2() -> None:
+    scenario = ROOT / "bench" / "scenarios" / "zipf-steady.yaml"
+    out = _without_sim("import sys\nfrom loraplane.cli import main\n"
+                       f"sys.argv = ['loraplane', 'simulate', '--scenario', {str(scenario)!r}]\n"
+                       "main()\n")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "pip install 'loraplane[sim]'" in out.stderr
+    assert "scipy, matplotlib, networkx not installed" in out.stderr
