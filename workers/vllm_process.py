@@ -68,7 +68,7 @@ class VllmProcess:
     dtype: str = "bfloat16"
     gpu_memory_utilization: float | None = None  # vLLM's default when None
     start_timeout_s: float = 180.0  # a large model on a GPU host loads for minutes
-    api_key: str | None = field(default=None, repr=False)  # VLLM_API_KEY: every route but GET probes
+    api_key: str | None = field(default=None, repr=False)  # VLLM_API_KEY, for every route
     resolver: ResolverConfig | None = None  # on-demand loads from the host tier only
     _proc: subprocess.Popen[bytes] | None = None
 
