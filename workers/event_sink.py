@@ -1,21 +1,32 @@
 """Where the agent, the gateway and the router put their Kafka events without waiting for
-the broker, and without losing them when it is away.
+the broker, and without losing them when it is away or the process is killed.
 
-``emit`` only enqueues into librdkafka's in-memory queue (acks=all, idempotent producer); a
-background ``poll`` serves delivery reports. A request therefore never waits on Kafka. An
-event the broker did not take (its delivery report is an error after ``message.timeout.ms``,
-or the queue is full) goes to the client's durable spool (``workers.event_spool``) and is
-replayed from there, oldest first, once the broker answers; while the spool holds anything,
-new events join its tail, so none overtakes an older one. What the spool cannot take (its
-bound, a disk error) is counted in ``dropped`` and logged with the count; what Kafka refuses
-for good (too large) in ``refused``/``failed``. ``emit`` never raises, so no caller's loop
-(the command feed dead-lettering a poison message, a request being answered) can be crashed
-by the event it reports.
+``emit`` enqueues into librdkafka's in-memory queue (acks=all, idempotent producer); a
+background ``poll`` serves delivery reports. A request therefore never waits on Kafka.
+
+An event of a log topic (``cleanup.policy=delete``: request logs, cache events, dead
+letters, audits) is first appended to the client's write-ahead journal
+(``workers.event_journal``): one ``write`` to a local file, in the kernel before ``emit``
+returns, so a process killed -9 right after loses none of them; the next start with the same
+client id spools what the journal holds without an ack. States on compacted topics (worker
+and router state) are not journaled: the next one replaces them, and a restarted process
+publishes its own. The journal is fsynced once per poll, off the event loop.
+
+An event the broker did not take (its delivery report is an error after
+``message.timeout.ms``, or the queue is full) goes to the client's durable spool
+(``workers.event_spool``) and is replayed from there, oldest first, once the broker answers;
+while the spool holds anything, new events join its tail, so none overtakes an older one.
+What the spool cannot take (its bound, a disk error) is counted in ``dropped`` and logged
+with the count; what Kafka refuses for good (too large) in ``refused``/``failed``; an event
+the journal could not take (a disk error) in ``unjournaled``. ``emit`` never raises, so no
+caller's loop (the command feed dead-lettering a poison message, a request being answered)
+can be crashed by the event it reports.
 
 A graceful stop (``close``) waits for deliveries, then spools what is still queued, so an
-agent stopped during an outage keeps its events for the next start. An event in flight when
-the process stops may be delivered twice (at least once, never lost); a SIGKILL loses what
-was only in librdkafka's memory (at most ``message.timeout.ms`` of events).
+agent stopped during an outage keeps its events for the next start. Delivery is at least
+once: an event in flight when the process stops (stored by the broker, its ack not yet
+seen) is sent again; it keeps its ``event_id``, by which ClickHouse and the scoring fold
+keep it once.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from loraplane.schemas.codec import encode
+from loraplane.workers.event_journal import EventJournal, JournalUnavailable
 from loraplane.workers.event_spool import EventSpool, SpooledEvent, SpoolUnavailable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -79,6 +91,8 @@ class _Counts:
     replayed: int = 0  # taken from the spool and delivered
     dropped: int = 0  # not taken by the spool (bound, disk): lost, counted, logged
     corrupt: int = 0  # spool lines that no longer parse: skipped, logged
+    recovered: int = 0  # left in the journal by a killed process: spooled at this start
+    unjournaled: int = 0  # sent without a journal record (disk error): a kill may lose them
 
 
 @dataclass
@@ -91,21 +105,28 @@ class KafkaEventSink:
     counts: _Counts = field(default_factory=_Counts)
 
     def __post_init__(self) -> None:
-        from loraplane.kernel.topics import topic_name
+        from loraplane.kernel.topics import TOPICS, topic_name
 
         self._topic_name = topic_name
+        self._journaled = frozenset(t.suffix for t in TOPICS if t.cleanup_policy == "delete"
+                                    and self.settings.event_journal)
         self._producer = kafka.producer(self.settings, client_id=self.client_id, linger_ms=20)
         self._permanent = _permanent_codes()
         self._spool_dir = self.settings.spool_dir / self.client_id
         self._spool: EventSpool | None = None
         self._spool_broken = False
+        self._journal: EventJournal | None = None
+        self._journal_broken = False
         self._round: _Round | None = None
         self._done: set[int] = set()  # head indices delivered in a round that failed
         self._next_round = 0.0
-        self._last_drop_log = -math.inf
+        self._last_drop_log = self._last_journal_log = -math.inf
         self._lock = threading.RLock()  # delivery reports run in whichever thread polls
         if any(self._spool_dir.glob("*.spool")):  # a previous run's backlog: replay it
             self._open_spool()
+        if any((self._spool_dir / "journal").glob("*.journal")):  # a killed run's events
+            with self._lock:
+                self._open_journal()
 
     # ---- counters the callers and tests read ----------------------------------------------
     @property
@@ -133,33 +154,45 @@ class KafkaEventSink:
     def backlog_bytes(self) -> int:
         return self._spool.bytes if self._spool is not None else 0
 
+    @property
+    def journal_pending(self) -> int:
+        """Journaled events Kafka has not acknowledged (nor the spool taken) yet."""
+        return self._journal.pending if self._journal is not None else 0
+
     # ---- sending --------------------------------------------------------------------------
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
         try:
             value = encode(message)
             topic = self._topic_name(self.settings, topic_suffix)
+            raw_key = key.encode()
         except Exception as exc:
             self._refuse(topic_suffix, key, exc)
             return
         with self._lock:
-            if self.backlog:  # nothing overtakes the spool
-                self._to_spool(topic, key.encode(), value)
+            if self.backlog:  # nothing overtakes the spool (its append outlives a kill too)
+                self._to_spool(topic, raw_key, value)
                 return
+            seq = (self._journal_append(topic, raw_key, value)
+                   if topic_suffix in self._journaled else None)
             try:
-                self._producer.produce(topic, key=key, value=value,
-                                       on_delivery=self._on_delivery)
+                self._producer.produce(topic, key=raw_key, value=value,
+                                       on_delivery=partial(self._on_delivery, seq))
             except BufferError:  # librdkafka's queue is full: the broker is long away
-                self._to_spool(topic, key.encode(), value)
+                self._to_spool(topic, raw_key, value)
+                self._journal_done(seq)
             except Exception as exc:  # KafkaException (MSG_SIZE_TOO_LARGE, ...)
                 self._refuse(topic_suffix, key, exc)
+                self._journal_done(seq)
             self._producer.poll(0)
+            if self._journal is not None:
+                self._journal.write_acks()
 
     def _refuse(self, topic_suffix: str, key: str, exc: Exception) -> None:
         self.counts.refused += 1
         log.error("%s event for key %.64r not sent (%d refused so far): %s",
                   topic_suffix, key, self.counts.refused, exc)
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
+    def _on_delivery(self, seq: int | None, err: Any, msg: Any) -> None:
         with self._lock:
             if err is None:
                 self.counts.delivered += 1
@@ -167,11 +200,67 @@ class KafkaEventSink:
                 self._lose(msg, err)
             else:
                 self._to_spool(msg.topic(), msg.key(), msg.value())
+            self._journal_done(seq)
 
     def _lose(self, msg: Any, err: Any) -> None:
         self.counts.failed += 1
         log.error("event on %s not delivered for good (%d so far): %s", msg.topic(),
                   self.counts.failed, err)
+
+    # ---- the journal ----------------------------------------------------------------------
+    def _open_journal(self) -> EventJournal | None:
+        """The journal, opened on first use; a killed run's leftovers go to the spool."""
+        if self._journal is None and not self._journal_broken:
+            try:
+                journal = EventJournal(self._spool_dir / "journal")
+            except JournalUnavailable as exc:
+                self._journal_broken = True
+                log.error("no event journal for %s (a kill -9 loses the events Kafka has not "
+                          "acknowledged yet; counted as unjournaled): %s", self.client_id, exc)
+                return None
+            if journal.recovered:
+                for event in journal.recovered:
+                    self._to_spool(event.topic, event.key, event.value)
+                self.counts.recovered += len(journal.recovered)
+                if self._spool is not None:
+                    self._spool.sync()
+                log.warning("event journal %s: %d events a stopped process had not delivered, "
+                            "spooled for replay", journal.directory, len(journal.recovered))
+            journal.forget()
+            self._journal = journal
+        return self._journal
+
+    def _journal_append(self, topic: str, key: bytes, value: bytes) -> int | None:
+        journal = self._open_journal()
+        if journal is not None:
+            try:
+                return journal.append(topic, key, value)
+            except OSError as exc:
+                error: object = exc
+        else:
+            error = "no journal"
+        self.counts.unjournaled += 1
+        now = self.clock()
+        if now - self._last_journal_log >= DROP_LOG_S:
+            self._last_journal_log = now
+            log.error("%d events sent without a journal record so far by %s (%s)",
+                      self.counts.unjournaled, self.client_id, error)
+        return None
+
+    def _journal_done(self, seq: int | None) -> None:
+        if seq is not None and self._journal is not None:
+            self._journal.done(seq)
+
+    @property
+    def unsynced(self) -> bool:
+        """The journal has writes that are not fsynced yet."""
+        return self._journal is not None and self._journal.unsynced
+
+    def sync(self) -> None:
+        """fsync the journal's writes since the last call (safe from another thread)."""
+        journal = self._journal
+        if journal is not None:
+            journal.sync()
 
     # ---- the spool ------------------------------------------------------------------------
     def _open_spool(self) -> EventSpool | None:
@@ -206,6 +295,8 @@ class KafkaEventSink:
         """Serve delivery reports, make the spool durable, and replay from it."""
         self._producer.poll(0)
         with self._lock:
+            if self._journal is not None:
+                self._journal.write_acks()
             if self._spool is not None:
                 self._spool.sync()
                 self._replay()
@@ -284,6 +375,10 @@ class KafkaEventSink:
         with self._lock:
             if self._spool is not None:
                 self._spool.sync()
+            if self._journal is not None:  # what is still pending stays for the next start
+                self._journal.sync()
+                self._journal.close()
+                self._journal = None
             left = self.backlog
             if left:
                 log.warning("%d events spooled in %s for the next start", left,
@@ -292,11 +387,15 @@ class KafkaEventSink:
 
 
 async def poll_forever(sink: KafkaEventSink, every_s: float = 0.2) -> None:
-    """A process's background task: delivery reports, spool durability and replay."""
+    """A process's background task: delivery reports, spool durability and replay, and the
+    journal's group commit (its fsync, in a thread: the event loop never waits on the
+    disk)."""
     import asyncio
 
     while True:
         sink.poll()
+        if sink.unsynced:
+            await asyncio.to_thread(sink.sync)
         await asyncio.sleep(every_s)
 
 
@@ -314,13 +413,20 @@ class SinkMetrics(Collector):
                 (m.SINK_REPLAYED, c.replayed, "Spooled events delivered later"),
                 (m.SINK_DROPPED, c.dropped, "Events lost: the spool could not take them"),
                 (m.SINK_REFUSED, c.refused + c.failed,
-                 "Events lost: Kafka refused them for good (too large, invalid)")):
+                 "Events lost: Kafka refused them for good (too large, invalid)"),
+                (m.SINK_RECOVERED, c.recovered,
+                 "Events a killed process left in its journal, spooled at this start"),
+                (m.SINK_UNJOURNALED, c.unjournaled,
+                 "Events sent without a journal record (a disk error): a kill -9 before "
+                 "Kafka's ack would lose them")):
             family = CounterMetricFamily(name, text, labels=labels)
             family.add_metric([self.sink.client_id], value)
             yield family
         for name, value, text in (
                 (m.SINK_SPOOL_EVENTS, self.sink.backlog, "Events waiting in the spool"),
-                (m.SINK_SPOOL_BYTES, self.sink.backlog_bytes, "Bytes of the spool")):
+                (m.SINK_SPOOL_BYTES, self.sink.backlog_bytes, "Bytes of the spool"),
+                (m.SINK_JOURNAL_EVENTS, self.sink.journal_pending,
+                 "Journaled events not yet acknowledged by Kafka")):
             gauge = GaugeMetricFamily(name, text, labels=labels)
             gauge.add_metric([self.sink.client_id], value)
             yield gauge

@@ -137,14 +137,18 @@ class EventSpool:
 
     # ---- tail ---------------------------------------------------------------------------
     def append(self, topic: str, key: bytes | None, value: bytes) -> bool:
-        """Write one event at the tail; False (nothing written) when over ``max_bytes`` or
-        the disk refuses it."""
+        """Write one event at the tail, one ``write`` (in the kernel once it returns, so it
+        survives the process; on the disk at the next ``sync``); False (nothing written)
+        when over ``max_bytes`` or the disk refuses it."""
         line = _line(topic, key, value)
         if self.bytes + len(line) > self.max_bytes:
             return False
         try:
             fh = self._tail_file(len(line))
-            fh.write(line)
+            size = fh.tell()
+            if fh.write(line) != len(line):  # a full disk: cut the partial line off again
+                fh.truncate(size)
+                raise OSError(f"short write ({len(line)} bytes asked)")
         except OSError as exc:
             log.error("event spool %s: could not write an event: %s", self.directory, exc)
             return False
@@ -157,8 +161,8 @@ class EventSpool:
         if self._tail is not None and self._tail.tell() + size > self.segment_bytes:
             self._close_tail()
             self._tail_segment += 1
-        if self._tail is None:
-            self._tail = self._path(self._tail_segment).open("ab")
+        if self._tail is None:  # unbuffered: an appended event outlives a kill of the process
+            self._tail = self._path(self._tail_segment).open("ab", buffering=0)
         return self._tail
 
     def _close_tail(self) -> None:

@@ -56,6 +56,9 @@ SINK_DROPPED = _n("event_sink_dropped_total")
 SINK_REFUSED = _n("event_sink_refused_total")
 SINK_SPOOL_EVENTS = _n("event_sink_spool_events")
 SINK_SPOOL_BYTES = _n("event_sink_spool_bytes")
+SINK_RECOVERED = _n("event_sink_recovered_total")
+SINK_UNJOURNALED = _n("event_sink_unjournaled_total")
+SINK_JOURNAL_EVENTS = _n("event_sink_journal_events")
 
 # The streams app's planner.
 PLANNER_ACTIVE = _n("planner_active")

@@ -206,14 +206,17 @@ def test_past_the_bound_events_are_counted_and_exported(
     assert kept == sorted(kept) and len(kept) == 100 - sink.dropped
 
 
-def test_a_healthy_broker_never_touches_the_disk(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_healthy_broker_never_spools_and_leaves_no_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     broker, clock = Broker(), Clock()
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
     for i in range(50):
         sink.emit("audit", "k", event(i))
         sink.poll()
-    assert not (tmp_path / "spool").exists() and sink.delivered == 50
+    assert sink.delivered == 50 and sink.journal_pending == 0
+    assert not list((tmp_path / "spool").rglob("*.spool"))
+    sink.close(1.0)
+    assert not list((tmp_path / "spool").rglob("*.journal"))
 
 
 @settings(max_examples=60, deadline=None)
