@@ -18,7 +18,10 @@ from the store, a digest mismatch) retrying cannot help: a fallback says so
 (``X-Loraplane-Fallback-Permanent: true``) and a request without fallback gets 424 with
 the reason and no Retry-After. The chosen lora name is held
 for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
-off. A RequestLog goes to Kafka through the non-blocking sink after the response is written.
+off. Every answer's one RequestLog is handed to the sink before the answer's last bytes are
+written (a whole answer before it is sent, a stream before its ``[DONE]`` event or its end),
+and the sink journals it to local disk before it returns (``workers.event_journal``), so a
+worker killed -9 after an answer still delivers its log; the sink never waits for Kafka.
 The gateway sees its worker only through ``workers.serving.Serving``. Behind a fleet router
 (workers/router.py) the tenant may instead come as ``X-Loraplane-Tenant``, believed only
 with the router's valid HMAC (workers/forwarded.py; a 401 otherwise); every other check
@@ -111,6 +114,7 @@ class _Trace:
     prompts: int = 1
     stream: bool = False
     client_wants_usage: bool = False  # pass vLLM's usage chunk on (stream_options)
+    logged: bool = False  # its RequestLog is with the sink (one per request)
 
 
 @dataclass(frozen=True)
@@ -427,7 +431,7 @@ class Gateway:
         out = web.StreamResponse(status=200, headers={
             **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
-        pending, events, usage_seen = b"", 0, False
+        pending, events, usage_seen, ended = b"", 0, False, False
         first = last = None
         held = 0.0  # seconds our writes waited for the client (its pace, not vLLM's)
         async for chunk in resp.iter_chunks():
@@ -443,24 +447,35 @@ class Gateway:
                     usage_seen = usage_seen or found
                     if usage_only and not trace.client_wants_usage:
                         continue  # we asked for it, the client did not
-                if event.startswith(b"data: ") and event != b"data: [DONE]":
+                if event == b"data: [DONE]":
+                    ended = True
+                elif event.startswith(b"data: "):
                     events += 1
                 passed.append(rename(event) + b"\n\n")
             if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
                 passed.append(pending)
                 pending = b""
             if passed:
+                if ended:  # the stream's last event: its log goes first
+                    self._end_stream(trace, events, usage_seen)
                 before = time.perf_counter()
                 await out.write(b"".join(passed))
                 held += time.perf_counter() - before
-        if not usage_seen:  # an upstream without usage records: one event, one token
-            trace.output_tokens = events
+        self._end_stream(trace, events, usage_seen)
         if first is not None and last is not None:
             self._observe_decode(last - first, held, trace.output_tokens)
         if pending:
             await out.write(pending)
         await out.write_eof()
         return out
+
+    def _end_stream(self, trace: _Trace, events: int, usage_seen: bool) -> None:
+        """The stream's counts are final: its RequestLog goes to the sink (once), before the
+        stream's last bytes are written."""
+        if not trace.logged:
+            if not usage_seen:  # an upstream without usage records: one event, one token
+                trace.output_tokens = events
+            self._log(trace)
 
     def _observe_decode(self, seconds: float, held: float, tokens: int) -> None:
         """One point of the load-stall estimate, where vLLM's pace is what was measured: the
@@ -496,6 +511,10 @@ class Gateway:
             pass
 
     def _log(self, trace: _Trace) -> None:
+        """Hand the request's one RequestLog to the sink (a second call does nothing)."""
+        if trace.logged:
+            return
+        trace.logged = True
         record = trace.record
         if record is not None and trace.ttft_ms is not None:
             self.worker.observe_ttft(record.lora_name, trace.ttft_ms)

@@ -840,6 +840,67 @@ async def test_attack_a_slow_reader_cannot_make_loads_look_costly() -> None:
     assert got > 48 * 256 * 1024 and worker.decoded == []
 
 
+@dataclass
+class NoDone(Streamed):
+    """An upstream stream that ends without ``data: [DONE]``."""
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in super().iter_chunks():
+            if chunk != b"data: [DONE]\n\n":
+                yield chunk
+
+
+@pytest.mark.parametrize("answer", ["stream", "stream without [DONE]", "whole"])
+async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
+        answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink journals a log before ``emit`` returns (workers/event_journal.py), so a log
+    handed over before the answer's end outlives a kill -9 right after the answer. Before, a
+    stream's log was emitted after its end: a worker killed then lost it."""
+    from aiohttp import web
+
+    wire: list[tuple[str, bytes]] = []  # what the gateway did, in order
+    write, write_eof = web.StreamResponse.write, web.StreamResponse.write_eof
+
+    async def noted_write(self: web.StreamResponse, data: bytes) -> None:
+        wire.append(("write", bytes(data)))
+        await write(self, data)
+
+    async def noted_eof(self: web.StreamResponse, data: bytes = b"") -> None:
+        wire.append(("eof", bytes(data)))
+        await write_eof(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", noted_write)
+    monkeypatch.setattr(web.StreamResponse, "write_eof", noted_eof)
+
+    class NotingSink(ListSink):
+        def emit(self, topic_suffix: str, key: str, message: Any) -> None:
+            wire.append(("log", b""))
+            super().emit(topic_suffix, key, message)
+
+    streamed = (NoDone if answer == "stream without [DONE]" else Streamed)(3, 10, 0.0, 3)
+    worker = StreamingServing(hot={RECORDS[2].lora_name}, answer=streamed)
+    if answer == "whole":
+        worker.completion = FakeServing.completion.__get__(worker)  # type: ignore[method-assign]
+    sink = NotingSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with ClientSession() as http, http.post(
+                str(server.make_url("/v1/completions")), headers=AUTH_A,
+                json={"model": "sql", "prompt": "q", "stream": answer != "whole"}) as resp:
+            got = await resp.read()
+    finally:
+        await server.close()
+    assert resp.status == 200 and len(sink.of(RequestLog)) == 1
+    logged = wire.index(("log", b""))
+    last = next(i for i, (what, data) in enumerate(wire)
+                if b"[DONE]" in data or what == "eof")
+    assert logged < last, wire
+    assert (b"data: [DONE]" in got) == (answer == "stream")
+    assert sink.of(RequestLog)[0].output_tokens == (2 if answer == "whole" else 3)
+
+
 # ---- ATTACK tests: what a client's body may make vLLM do (workers/request_fields.py) -------
 AUTH_B = {"Authorization": "Bearer key-b"}
 
