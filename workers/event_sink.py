@@ -80,6 +80,7 @@ class _Round:
     events: list[SpooledEvent]
     pending: int = 0
     failed: int = 0
+    to_tail: bool = False  # it holds the whole spool, and nothing was spooled since
 
 
 @dataclass
@@ -169,8 +170,8 @@ class KafkaEventSink:
             self._refuse(topic_suffix, key, exc)
             return
         with self._lock:
-            if self.backlog:  # nothing overtakes the spool (its append outlives a kill too)
-                self._to_spool(topic, raw_key, value)
+            if self.backlog and not self._replaying_to_tail():
+                self._to_spool(topic, raw_key, value)  # nothing overtakes the spool
                 return
             seq = (self._journal_append(topic, raw_key, value)
                    if topic_suffix in self._journaled else None)
@@ -186,6 +187,15 @@ class KafkaEventSink:
             self._producer.poll(0)
             if self._journal is not None:
                 self._journal.write_acks()
+
+    def _replaying_to_tail(self) -> bool:
+        """The spool's every event is produced, in a round without a failure so far: a new
+        event produced now queues behind them (librdkafka keeps a partition's order), and
+        if the broker fails it after all, it is spooled behind them. Without this, a steady
+        load kept the sink in the spool for good after an outage or a restart (new events
+        joined the tail faster than a round could find it empty)."""
+        r = self._round
+        return r is not None and r.to_tail and not r.failed
 
     def _refuse(self, topic_suffix: str, key: str, exc: Exception) -> None:
         self.counts.refused += 1
@@ -281,6 +291,8 @@ class KafkaEventSink:
         spool = self._open_spool()
         if spool is not None and spool.append(topic, key, value):
             self.counts.spooled += 1
+            if self._round is not None:
+                self._round.to_tail = False
             return
         self.counts.dropped += 1
         now = self.clock()
@@ -317,6 +329,7 @@ class KafkaEventSink:
         if not spool.records or self.clock() < self._next_round:
             return
         r = self._round = _Round(spool.peek(REPLAY_BATCH))
+        r.to_tail = len(r.events) == spool.records
         for i, event in enumerate(r.events):
             if i in self._done:
                 continue
