@@ -30,7 +30,6 @@ scoring fold keep once.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import struct
@@ -39,6 +38,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from loraplane.workers.event_spool import locked_folder
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +111,11 @@ class EventJournal:
     def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self._lock_file = locked_folder(directory, JournalUnavailable)
         try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._lock_file = (directory / ".lock").open("a")
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        except BlockingIOError:
-            raise JournalUnavailable(f"{directory} is in use by another process") from None
         except OSError as exc:
+            self._lock_file.close()
             raise JournalUnavailable(f"{directory}: {exc}") from None
         self._lock = threading.Lock()  # ``sync`` runs in a thread of its own
         self._segments: dict[int, _Segment] = {}
@@ -201,7 +199,7 @@ class EventJournal:
             if self._acks:
                 acks, self._acks = self._acks, []
                 try:
-                    self._write(_record(_ACKS, b"".join(_SEQ.pack(s) for s in acks)))
+                    self._write(_record(_ACKS, struct.pack(f"<{len(acks)}Q", *acks)))
                 except OSError as exc:
                     log.warning("event journal %s: %d acks not written: %s", self.directory,
                                 len(acks), exc)

@@ -40,6 +40,24 @@ class SpoolUnavailable(Exception):
     """The spool directory is locked by another process or cannot be written."""
 
 
+def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:
+    """``directory`` (made 0700 when missing), locked with ``flock`` for this process until
+    the returned lock file is closed; ``unavailable`` when another process holds it or it
+    cannot be made. One writer per client id: a second process must not interleave."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = (directory / ".lock").open("a")
+    except OSError as exc:
+        raise unavailable(f"{directory}: {exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        lock.close()
+        why = "is in use by another process" if isinstance(exc, BlockingIOError) else exc
+        raise unavailable(f"{directory} {why}") from None
+    return lock
+
+
 @dataclass(frozen=True)
 class SpooledEvent:
     topic: str
@@ -76,14 +94,7 @@ class EventSpool:
         self.directory = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
-        try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._lock = (directory / ".lock").open("a")
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SpoolUnavailable(f"{directory} is in use by another process") from None
-        except OSError as exc:
-            raise SpoolUnavailable(f"{directory}: {exc}") from None
+        self._lock = locked_folder(directory, SpoolUnavailable)
         self._head_segment, self._head_offset = self._read_cursor()
         self.records = 0  # undelivered events
         self.bytes = 0  # their bytes on disk

@@ -105,6 +105,21 @@ def drain(sink: KafkaEventSink, clock: Clock, rounds: int = 200) -> None:
     raise AssertionError(f"spool not drained: {sink.backlog} left")
 
 
+def step(op: str, sink: KafkaEventSink, broker: Broker, clock: Clock, n: int) -> int:
+    """One operation of a property test (emit event ``n``, poll, the broker down or up, the
+    clock on); the number of the next event."""
+    if op == "emit":
+        sink.emit("audit", f"k{n % 3}", event(n))
+        return n + 1
+    if op == "poll":
+        sink.poll()
+    elif op in ("down", "up"):
+        broker.up = op == "up"
+    else:
+        clock.t += 1
+    return n
+
+
 # ---- the spool on its own ---------------------------------------------------------------------
 def test_spool_keeps_order_across_segments_and_restarts(tmp_path: Path) -> None:
     spool = EventSpool(tmp_path / "s", 10**9, segment_bytes=300)
@@ -230,17 +245,7 @@ def test_any_outage_pattern_delivers_every_event_once_in_order(ops: list[str]) -
         sink = sink_on(broker, Path(tmp), mp, clock)
         n = 0
         for op in ops:
-            if op == "emit":
-                sink.emit("audit", f"k{n % 3}", event(n))
-                n += 1
-            elif op == "poll":
-                sink.poll()
-            elif op == "down":
-                broker.up = False
-            elif op == "up":
-                broker.up = True
-            else:
-                clock.t += 1
+            n = step(op, sink, broker, clock, n)
         broker.up = True
         drain(sink, clock)
         assert details(broker.log) == list(range(n))

@@ -74,7 +74,7 @@ async def test_the_worker_metrics_are_promtool_clean_and_show_residency(
     world.agent.publish_state()
     registry = world.agent.metrics.registry
     sink = SimpleNamespace(counts=_Counts(), client_id="worker-w1", backlog=0,
-                           backlog_bytes=0)
+                           backlog_bytes=0, journal_pending=0)
     tail = SimpleNamespace(component="worker-w1-registry", caught_up=True, lag=lambda: 0,
                            current=lambda: True)
     registry.register(SinkMetrics(sink))  # type: ignore[arg-type]
