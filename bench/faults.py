@@ -38,6 +38,7 @@ FAULTS: dict[str, str] = {
     "s3": "tests/integration/test_s3_durable.py::test_an_artifact_survives_a_restart_and_a_kill",
     "worker": "tests/integration/test_router_fleet.py::"
               "test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere",
+    "worker-logs": "tests/integration/test_worker_kill_request_log.py",
     "poison": "tests/integration/test_worker_e2e.py::"
               "test_poison_messages_do_not_crash_loop_the_worker",
     "host-disk-full": "tests/integration/test_host_disk_full.py",

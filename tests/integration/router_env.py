@@ -67,6 +67,7 @@ class Answer:
     fallback: bool
     retry_after: bool
     at: float  # monotonic time of the answer
+    request_id: str | None = None  # the gateway's X-Request-Id (its request_log row's)
 
     @property
     def miss(self) -> bool:
@@ -95,7 +96,8 @@ def ask(url: str, adapter: str, session: requests.Session, *, key: str = KEY_A,
     return Answer(adapter, resp.status_code, resp.headers.get("X-Loraplane-Worker"),
                   resp.headers.get("X-Loraplane-Tier"),
                   resp.headers.get("X-Loraplane-Fallback") == "base",
-                  "Retry-After" in resp.headers, time.monotonic())
+                  "Retry-After" in resp.headers, time.monotonic(),
+                  resp.headers.get("X-Request-Id"))
 
 
 @dataclass
@@ -109,11 +111,18 @@ class Fleet:
     vllms: dict[str, str] = field(default_factory=dict)
     vllm_keys: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
 
     def spawn(self, name: str, args: list[str]) -> None:
         log = (self.tmp / f"{name}.log").open("ab")
+        self.commands[name] = args
         self.procs[name] = subprocess.Popen(args, env=self.env, cwd=ROOT, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+
+    def respawn(self, name: str) -> None:
+        """Start ``name`` again with its first command line (as a supervisor would after a
+        kill): the same id, ports and home, so it finds what the killed one left."""
+        self.spawn(name, self.commands[name])
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name, None)
