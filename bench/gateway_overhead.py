@@ -197,22 +197,35 @@ def vllm_command(model: Path, port: int, real: bool, log: Path, key: str,
     return proc.command(), {**env, **proc.environment()}
 
 
+def worker_home(base: Settings, name: str, work: Path) -> tuple[Settings, dict[str, str]]:
+    """Settings on a private topic prefix with their home in ``work``, and the environment
+    a worker process started there needs (the stack's logins, no per-tenant limits)."""
+    settings = isolated(base, name, home=work / "home")
+    settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
+    settings.home.mkdir()
+    env = {**os.environ, **kafka.credentials_env(settings),
+           "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+           "LORAPLANE_HOME": str(settings.home),
+           "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
+           # the overhead, not the per-tenant limits: one tenant sends every request
+           "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
+           "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
+           "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)}
+    return settings, env
+
+
+def with_logs(exc: Exception, work: Path, names: tuple[str, ...]) -> RuntimeError:
+    """``exc`` with the last lines of the children's logs in ``work``."""
+    logs = {name: (work / name).read_text()[-1500:] for name in names}
+    return RuntimeError(f"{exc}\n{logs}")
+
+
 def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
         profile: Path | None = None) -> dict[str, Any]:
     adapter_id = f"bench-gw-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)
-        settings = isolated(base, "gw", home=work / "home")
-        settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
-        settings.home.mkdir()
-        env = {**os.environ, **kafka.credentials_env(settings),
-               "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-               "LORAPLANE_HOME": str(settings.home),
-               "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
-               # the overhead, not the per-tenant limits: one tenant sends every request
-               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
-               "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
-               "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)}
+        settings, env = worker_home(base, "gw", work)
         if real:
             env.update({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
                         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -252,9 +265,7 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                         results = asyncio.run(measure(direct, gateway, total, concurrency,
                                                       reps))
                     except Exception as exc:
-                        logs = {p: (work / p).read_text()[-1500:]
-                                for p in ("worker.log", "vllm.log")}
-                        raise RuntimeError(f"{exc}\n{logs}") from exc
+                        raise with_logs(exc, work, ("worker.log", "vllm.log")) from exc
             finally:
                 delete_s3_prefix(settings, f"{TENANT}/{adapter_id}/")
     return summarise(results, total, concurrency, reps, real)
