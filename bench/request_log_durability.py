@@ -136,8 +136,9 @@ def measure_emit(settings: Settings, adapter_id: str, events: int,
     from loraplane.schemas.request_log import RequestLog
     from loraplane.workers.event_sink import KafkaEventSink
 
-    sinks = {p: KafkaEventSink(settings.model_copy(update={"event_journal": p == "journal"}),
-                               f"bench-emit-{p}") for p in PATHS}
+    sinks = {p: KafkaEventSink(settings.model_copy(update={
+        "event_journal": p == "journal", "spool_dir": settings.home / "spool"}),
+        f"bench-emit-{p}") for p in PATHS}
     log = RequestLog(event_id="e", ts=datetime.now(UTC), request_id="r" * 24,
                      tenant_id=TENANT, base_model=TINY_BASE_MODEL, adapter_id=adapter_id,
                      adapter_version="1", lora_name=f"{adapter_id}@1-0123abcd",

@@ -58,24 +58,24 @@ class Consumer(AssignedConsumer):
 
 
 def test_the_event_sink_never_raises_for_a_message_the_client_refuses(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     producer = Producer()
     monkeypatch.setattr(kafka, "producer", lambda *a, **k: producer)
-    sink = KafkaEventSink(Settings(), "w1")
+    sink = KafkaEventSink(Settings(home=tmp_path), "w1")  # its journal and spool: the test's
     huge = DeadLetter.model_construct(event_id="dl-x", raw_b64="A" * 2_000_000)
     sink.emit("dead-letters", "w1", huge)  # built around the bound on purpose
     assert (sink.refused, producer.sent) == (1, [])
 
 
 def test_every_poison_on_commands_is_committed_and_dead_lettered_within_the_bound(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     producer = Producer()
     monkeypatch.setattr(kafka, "producer", lambda *a, **k: producer)
     messages = [FakeMessage(v, k, "lp.commands", 0, n, 1_800_000_000_000)
                 for n, (k, v) in enumerate(POISON)]
     consumer = Consumer(list(messages))
     monkeypatch.setattr(kafka, "consumer", lambda *a, **k: consumer)
-    sink = KafkaEventSink(Settings(), "w1")
+    sink = KafkaEventSink(Settings(home=tmp_path), "w1")
     feed = KafkaCommandFeed(Settings(), "w1", sink, keyring=KeyringFile(Path("/nonexistent")))
 
     async def drain() -> None:
