@@ -77,9 +77,10 @@ def run(base: Settings, total: int, concurrency: int, reps: int,
                 keys = {p: work / f"vllm-{p}.key" for p in PATHS}
 
                 def vllm(path: str) -> Any:
-                    return child(vllm_command(model, vllm_ports[path], False),
-                                 work / f"vllm-{path}.log",
-                                 {**env, "VLLM_API_KEY": ensure_secret(keys[path])})
+                    log = work / f"vllm-{path}.log"
+                    command, vllm_env = vllm_command(model, vllm_ports[path], False, log,
+                                                     ensure_secret(keys[path]), env)
+                    return child(command, log, vllm_env)
 
                 def worker(path: str, extra: dict[str, str]) -> Any:
                     return child([str(bin_dir / "loraplane"), "worker", "run", "--worker-id",
