@@ -564,7 +564,6 @@ async def serve_router(settings: Settings, options: RouterOptions,
     from loraplane.workers.runner import gateway_secret
     from loraplane.workers.worker_metrics import TailMetrics
 
-    from loraplane.kernel.config import LOOPBACK
     from loraplane.kernel.http_server import bound_port, start_site
     from loraplane.kernel.progress_metrics import ProgressMetrics
     from loraplane.kernel.registry_view import registry_tail
@@ -602,10 +601,10 @@ async def serve_router(settings: Settings, options: RouterOptions,
     watcher = asyncio.create_task(_watch_fleet(router, states.current_span, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
-    runner, _ = await start_site(router.app(), LOOPBACK, options.port, settings.http,
-                                 name="router")
+    runner, _ = await start_site(router.app(), settings.listen_host, options.port,
+                                 settings.http, name="router")
     port = bound_port(runner)
-    log.info("router %s on %s:%d", options.router_id, LOOPBACK, port)
+    log.info("router %s on %s:%d", options.router_id, settings.listen_host, port)
     if ready is not None:
         ready(port)
     try:

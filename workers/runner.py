@@ -59,6 +59,7 @@ class WorkerOptions:
     vllm_api_key: str | None = field(default=None, repr=False)  # vLLM's VLLM_API_KEY
     command_slot: int | None = None  # the commands partition to read (None: the id's hash)
     gateway_url: str | None = None  # announced to the routers (None: the loopback gateway)
+    vllm_start_timeout_s: float = 120.0  # vLLM healthy by then at the start, else exit
 
 
 def build_host_tier(settings: Settings, options: WorkerOptions,
@@ -93,8 +94,8 @@ def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
 
 async def _site(settings: Settings, app: web.Application, port: int, name: str
                 ) -> web.AppRunner:
-    """Every listener within the shared ``settings.http`` bounds."""
-    runner, _ = await start_site(app, LOOPBACK, port, settings.http, name=name)
+    """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``."""
+    runner, _ = await start_site(app, settings.listen_host, port, settings.http, name=name)
     return runner
 
 
@@ -143,6 +144,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
                      gateway_url=options.gateway_url
                      or f"http://{LOOPBACK}:{options.gateway_port}",
                      tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
+                     start_timeout_s=options.vllm_start_timeout_s,
                      applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
                      policy=settings.policy),
         vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
@@ -160,7 +162,8 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         metrics_app = web.Application(client_max_size=1024)
         metrics_app.router.add_get("/metrics", gateway.metrics)
         runners.append(await _site(settings, metrics_app, options.metrics_port, "metrics"))
-    log.info("worker %s: gateway on %s:%d", options.worker_id, LOOPBACK, options.gateway_port)
+    log.info("worker %s: gateway on %s:%d", options.worker_id, settings.listen_host,
+             options.gateway_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -72,7 +72,8 @@ def sink(batch_size: int = typer.Option(5000, min=1),
          session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
          metrics_port: int = typer.Option(
              0, "--metrics-port", min=0, max=65535,
-             help="Serve loraplane_consumer_stuck_seconds on 127.0.0.1:PORT/metrics (0: none)."),
+             help="Serve loraplane_consumer_stuck_seconds on listen_host:PORT/metrics "
+                  "(0: none)."),
          ) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""
@@ -85,10 +86,10 @@ def sink(batch_size: int = typer.Option(5000, min=1),
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    runner = Sink(get_settings(), SinkConfig(batch_size=batch_size, max_wait_s=max_wait_s,
-                                             group_id=group_id,
-                                             session_timeout_ms=session_timeout_ms))
-    serve_progress(metrics_port)
+    settings = get_settings()
+    runner = Sink(settings, SinkConfig(batch_size=batch_size, max_wait_s=max_wait_s,
+                                       group_id=group_id, session_timeout_ms=session_timeout_ms))
+    serve_progress(metrics_port, host=settings.listen_host)
     logging.getLogger("loraplane.metrics.sink").info("sink started, group %s", runner.group_id)
     stats = runner.run(stop)
     typer.echo(f"sink stopped: {stats.batches} batches, {stats.rows} rows, "

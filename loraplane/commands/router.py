@@ -16,7 +16,8 @@ def register(root: typer.Typer) -> None:
 
 @router_app.command("run")
 def run(
-    port: int = typer.Option(18100, "--port", help="listen on 127.0.0.1:PORT (0: any free)"),
+    port: int = typer.Option(18100, "--port",
+                             help="listen on listen_host:PORT (127.0.0.1; 0: any free)"),
     router_id: str = typer.Option("r1", "--router-id",
                                   help="names its dead letters and registry checkpoints"),
     heartbeat_s: float | None = typer.Option(

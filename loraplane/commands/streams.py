@@ -139,8 +139,8 @@ def register(app: typer.Typer) -> None:
         loglevel: str = typer.Option("info", "--loglevel", "-l"),
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
-            help="Serve loraplane_consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
-                 "(0: none)."),
+            help="Serve loraplane_consumer_stuck_seconds per component on "
+                 "listen_host:PORT/metrics (0: none)."),
     ) -> None:
         """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
         import sys
@@ -168,7 +168,8 @@ def register(app: typer.Typer) -> None:
             from loraplane.streams.planner_agent import runtime
 
             extra.append(runtime.metrics())  # loraplane_planner_active
-        serve_progress(metrics_port, extra)  # the Faust web server stays off
+        # the Faust web server stays off
+        serve_progress(metrics_port, extra, host=get_settings().listen_host)
         # faust.Worker (unlike `faust worker`) honours web_enabled=False: Faust binds no port.
         faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
                      stdout=sys.stdout, stderr=sys.stdout).execute_from_commandline()
@@ -181,15 +182,16 @@ def register(app: typer.Typer) -> None:
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
             help="Serve loraplane_planner_active and loraplane_consumer_stuck_seconds on "
-                 "127.0.0.1:PORT/metrics (0: none)."),
+                 "listen_host:PORT/metrics (0: none)."),
     ) -> None:
         """Run one planner (active while it holds the lease, else standby) until
         SIGTERM/SIGINT, without a Faust worker (docs/reliability.md)."""
         from loraplane.kernel.progress_metrics import serve_progress
         from loraplane.streams.planner_runtime import PlannerRuntime
 
-        runtime = PlannerRuntime(plain_process(), base_model)
-        serve_progress(metrics_port, [runtime.metrics()])
+        settings = plain_process()
+        runtime = PlannerRuntime(settings, base_model)
+        serve_progress(metrics_port, [runtime.metrics()], host=settings.listen_host)
         run_until_signal(runtime.run, "planner")
         typer.echo("planner stopped")
 
@@ -202,16 +204,17 @@ def register(app: typer.Typer) -> None:
                                    "default host-pid."),
         metrics_port: int = typer.Option(
             0, "--metrics-port", min=0, max=65535,
-            help="Serve loraplane_consumer_stuck_seconds per component on 127.0.0.1:PORT/metrics "
-                 "(0: none)."),
+            help="Serve loraplane_consumer_stuck_seconds per component on "
+                 "listen_host:PORT/metrics (0: none)."),
     ) -> None:
         """Run one scoring keeper (no Faust worker) until SIGTERM/SIGINT: it shares the
         requests partitions with every other keeper of the prefix (docs/scale.md)."""
         from loraplane.kernel.progress_metrics import serve_progress
         from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
 
-        keeper = ScoreKeeper(plain_process(), instance or None)
-        serve_progress(metrics_port)
+        settings = plain_process()
+        keeper = ScoreKeeper(settings, instance or None)
+        serve_progress(metrics_port, host=settings.listen_host)
         typer.echo(f"scoring keeper {keeper.instance} starting")
         try:
             run_until_signal(keeper.run, "scoring")

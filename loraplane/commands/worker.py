@@ -52,6 +52,10 @@ def run(
         None, "--command-slot", min=0,
         help="read commands partition N (e.g. the StatefulSet ordinal; give each worker its "
              "own, below the topic's partition count); default: the hash of --worker-id"),
+    vllm_start_timeout_s: float = typer.Option(
+        120.0, "--vllm-start-timeout-s", min=1.0,
+        help="wait this long for vLLM to be healthy at the start, then exit (a vLLM "
+             "started beside it may load a large model for minutes)"),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
     import asyncio
@@ -83,7 +87,7 @@ def run(
         host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
         model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot,
-        gateway_url=gateway_url)
+        gateway_url=gateway_url, vllm_start_timeout_s=vllm_start_timeout_s)
     asyncio.run(serve_worker(settings, options))
 
 

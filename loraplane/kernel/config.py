@@ -2,18 +2,21 @@
 
 Sources, later ones winning: defaults, the YAML file (``LORAPLANE_CONFIG`` or
 ``./loraplane.yaml``), then environment variables such as ``LORAPLANE_KAFKA__PORT=29092``.
-Every local service binds to loopback only; the defaults avoid the services' usual ports so
-that a developer's own Kafka or ClickHouse is never touched.
+Every local service binds to loopback only, and so does every listener of loraplane's own
+runtimes unless ``listen_host`` says otherwise (a pod network only: the Helm chart); the
+defaults avoid the services' usual ports so that a developer's own Kafka or ClickHouse is
+never touched.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from loraplane.kernel.policy import Policy
@@ -52,10 +55,17 @@ class KafkaSettings(_Section):
                           "writes them (default: secrets_dir/kafka). When it does not "
                           "exist and username is unset, clients speak PLAINTEXT.")
     sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
+    bootstrap_servers: str | None = Field(
+        None, description="HOST:PORT[,HOST:PORT...] clients bootstrap from, as given (a "
+                          "managed cluster's bootstrap Service, e.g. Strimzi's "
+                          "CLUSTER-kafka-bootstrap:9092); default: every node of host, "
+                          "port and brokers. brokers still sets the topics' copies.")
 
     @property
     def bootstrap(self) -> str:
         """Every node's listener, so a client starts even while one node is down."""
+        if self.bootstrap_servers:
+            return self.bootstrap_servers
         return ",".join(f"{self.host}:{self.node_port(n)}" for n in range(1, self.brokers + 1))
 
     def node_port(self, node: int) -> int:
@@ -180,6 +190,12 @@ class Settings(BaseSettings):
                     "the trainer loaded) -> the base-model id it stands for. Publishers and "
                     "workers must read the same map.")
     http: HttpLimits = Field(default_factory=HttpLimits)
+    listen_host: str = Field(
+        LOOPBACK, description="The address the runtimes' listeners bind: the router, the "
+                              "worker's gateway and /metrics, every --metrics-port. Keep "
+                              "127.0.0.1 on a host; only a pod, whose network namespace is "
+                              "its own, binds 0.0.0.0 (the Helm chart sets it). vLLM and the "
+                              "dashboard stay on loopback whatever it says.")
     gateway_secret_file: Path | None = Field(
         None, description="The gateway's secret for per-tenant cache salts (default: "
                           "home/gateway-secret; created with mode 0600 when missing).")
@@ -213,6 +229,13 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    @field_validator("listen_host")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        """An IP address, never a name: what a listener binds is decided here, not by DNS."""
+        ipaddress.ip_address(value)
+        return value
 
     @model_validator(mode="after")
     def _secret_paths(self) -> Settings:

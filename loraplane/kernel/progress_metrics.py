@@ -2,9 +2,9 @@
 
 The worker and the router put ``ProgressMetrics`` on their own /metrics; the streams app and
 the metrics sink have no HTTP server of their own, so ``serve_progress`` gives them one
-(loopback only, ``--metrics-port``): a component that cannot make progress says so in its
-log (``kernel.progress``: STALLED / RECOVERED) and in ``loraplane_consumer_stuck_seconds``
-(issue 19).
+(``--metrics-port``, on ``settings.listen_host``: loopback unless in a pod): a component
+that cannot make progress says so in its log (``kernel.progress``: STALLED / RECOVERED) and
+in ``loraplane_consumer_stuck_seconds``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loraplane.kernel import metric_names as m
-from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.progress import Progress, every_progress
 
 
@@ -53,9 +52,10 @@ def progress_registry(extra: Iterable[Collector] = ()) -> CollectorRegistry:
     return registry
 
 
-def serve_progress(port: int, extra: Iterable[Collector] = ()) -> None:
-    """Serve ``progress_registry(extra)`` on ``http://127.0.0.1:PORT/metrics`` from a daemon
-    thread (it ends with the process). ``port`` 0: nothing is served."""
+def serve_progress(port: int, extra: Iterable[Collector] = (), *, host: str) -> None:
+    """Serve ``progress_registry(extra)`` on ``http://HOST:PORT/metrics`` (``host``: the
+    settings' ``listen_host``) from a daemon thread (it ends with the process). ``port`` 0:
+    nothing is served."""
     if not port:
         return
-    start_http_server(port, addr=LOOPBACK, registry=progress_registry(extra))
+    start_http_server(port, addr=host, registry=progress_registry(extra))

@@ -65,7 +65,7 @@ def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
     from loraplane.kernel.progress_metrics import serve_progress
 
     port = free_port()
-    serve_progress(port)
+    serve_progress(port, host="127.0.0.1")
     late = Progress("late-component")  # built after the endpoint started
     late.blocked("broker away")
 
@@ -85,4 +85,4 @@ def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
 def test_no_port_serves_nothing() -> None:
     from loraplane.kernel.progress_metrics import serve_progress
 
-    serve_progress(0)  # returns without binding anything
+    serve_progress(0, host="127.0.0.1")  # returns without binding anything
