@@ -29,13 +29,13 @@ def ensure_secret(path: Path, nbytes: int = 24) -> str:
     return read_secret(path)
 
 
-def write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str | bytes) -> None:
     """Write ``text`` readable by its owner only, from the first byte on (no window in
     which the file exists with the umask's mode); replaces what was there."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(text.encode() if isinstance(text, str) else text)
 
 
 def _private(path: Path, hint: str) -> None:
@@ -68,3 +68,37 @@ def read_secret(path: Path, hint: str = "run `loraplane stack up`") -> str:
     if not value:
         raise SecretError(f"{path}: secret file is empty ({hint})")
     return value
+
+
+def install_private(source: Path, target: Path) -> list[Path]:
+    """Copy every secret file under ``source`` to the same relative path under ``target``,
+    each readable by its owner only (folders 0700); returns the paths written.
+
+    For a Kubernetes Secret volume, whose files are links into a ``..data`` folder and
+    readable by the pod's group (``fsGroup``), which ``read_secret`` refuses: the copies, on
+    a memory-backed emptyDir, are the files the runtimes read. Entries whose names start
+    with ``..`` (the volume's own bookkeeping) are skipped, and so is a link that leads out
+    of ``source`` or to anything but a file or folder."""
+    root = source.resolve()
+    if not root.is_dir():
+        raise SecretError(f"{source}: not a folder of secret files")
+    written: list[Path] = []
+
+    def walk(folder: Path, rel: Path) -> None:
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith(".."):
+                continue
+            real = entry.resolve()
+            if not real.is_relative_to(root):
+                continue
+            if real.is_dir():
+                walk(real, rel / entry.name)
+            elif real.is_file():
+                dest = target / rel / entry.name
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                write_private(dest, real.read_bytes())
+                written.append(dest)
+
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    walk(root, Path())
+    return written

@@ -1,5 +1,6 @@
 """Local service credentials: made private, read back, refused when others could read them,
-and resolved by the settings without ever appearing in their repr."""
+resolved by the settings without ever appearing in their repr, and installed private from a
+Kubernetes Secret volume's layout."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from pydantic import SecretStr
 
 from loraplane.kernel.config import Settings
-from loraplane.kernel.secrets import SecretError, ensure_secret, read_secret
+from loraplane.kernel.kafka import read_password
+from loraplane.kernel.secrets import SecretError, ensure_secret, install_private, read_secret
 
 
 def test_a_secret_is_made_once_private_and_then_kept(tmp_path: Path) -> None:
@@ -52,3 +54,52 @@ def test_settings_find_each_login_under_secrets_dir(tmp_path: Path) -> None:
     assert given.clickhouse.login() == ("loraplane", "given-password")
     assert "given-secret" not in repr(given) and "given-password" not in repr(given)
     assert isinstance(given.s3.secret_access_key, SecretStr)
+
+
+def secret_volume(root: Path, files: dict[str, bytes]) -> Path:
+    """A Secret volume as the kubelet lays it out: the files in a timestamped folder,
+    ``..data`` a link to it, each top-level name a link through ``..data``, mode 0440
+    (``fsGroup`` adds group read)."""
+    volume = root / "volume"
+    stamp = volume / "..2026_01_01_00_00_00.000000001"
+    for rel, data in files.items():
+        path = stamp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o440)
+    (volume / "..data").symlink_to(stamp.name)
+    for top in {rel.split("/")[0] for rel in files}:
+        (volume / top).symlink_to(f"..data/{top}")
+    return volume
+
+
+def test_a_secret_volume_is_installed_private_where_the_runtimes_read_it(
+        tmp_path: Path) -> None:
+    files = {"kafka/worker.password": b"pw-of-the-worker", "router-secret": b"\x00\xffkey" * 4,
+             "s3-secret": b"s3-secret-key\n"}
+    volume = secret_volume(tmp_path, files)
+    with pytest.raises(SecretError, match="chmod 600"):
+        read_secret(volume / "s3-secret")  # as mounted: group-readable, refused
+    target = tmp_path / "secrets"
+    written = install_private(volume, target)
+    assert sorted(p.relative_to(target).as_posix() for p in written) == sorted(files)
+    for rel, data in files.items():
+        assert (target / rel).read_bytes() == data
+        assert (target / rel).stat().st_mode & 0o777 == 0o600
+    assert (target / "kafka").stat().st_mode & 0o777 == 0o700
+    assert not list(target.glob("..*"))  # the volume's bookkeeping stays behind
+    settings = Settings(home=tmp_path, secrets_dir=target)
+    assert settings.s3.secret() == "s3-secret-key"
+    assert read_password(settings.kafka.credentials_dir / "worker.password") == "pw-of-the-worker"
+    assert install_private(volume, target) == written  # a second run replaces them
+
+
+def test_a_link_out_of_the_secret_volume_is_not_followed(tmp_path: Path) -> None:
+    volume = secret_volume(tmp_path, {"router-secret": b"k" * 32})
+    outside = tmp_path / "elsewhere"
+    outside.write_text("not a secret of this pod")
+    (volume / "stolen").symlink_to(outside)
+    written = install_private(volume, tmp_path / "secrets")
+    assert [p.name for p in written] == ["router-secret"]
+    with pytest.raises(SecretError, match="not a folder"):
+        install_private(tmp_path / "missing", tmp_path / "secrets")
