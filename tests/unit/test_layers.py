@@ -85,6 +85,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
     ("loraplane.infra.systemd_units", APPLICATIONS),
+    # the Helm chart rendered by a real Helm, its containers parsed by the CLI: the same
+    ("loraplane.infra.helm_chart", APPLICATIONS),
     ("loraplane.infra.prometheus", RUNTIMES),  # a loopback Prometheus server and promtool
     ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
     # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does

