@@ -1,29 +1,41 @@
 """The one way loraplane listens for HTTP: an aiohttp app behind connection bounds.
 
-Every server the project runs (the gateway, the worker's /metrics listener, the dashboard)
-starts through ``start_site`` with the shared ``settings.http`` limits (``HttpLimits``):
+Every server the project runs (the router, the gateway, the worker's /metrics listener, the
+dashboard) starts through ``start_site`` with the shared ``settings.http`` limits
+(``HttpLimits``):
 
-* a request head (request line + headers) must be complete within ``header_timeout_s`` of
-  the connection opening, or of the previous response ending plus ``keepalive_timeout_s``,
-  and be at most ``max_header_bytes`` (else the connection is closed: 431 is written first);
+* a new connection's first byte must arrive within ``first_byte_timeout_s``, its request
+  head (request line + headers) within ``header_timeout_s`` of the connection opening, or
+  of the previous response ending plus ``keepalive_timeout_s``, and be at most
+  ``max_header_bytes`` (else the connection is closed: 431 is written first);
 * a request body must be complete within ``body_timeout_s`` of its head (slowloris);
 * an idle keep-alive connection is closed after ``keepalive_timeout_s`` (aiohttp's own);
-* at most ``max_connections`` are open; a connection over the cap is closed at once, so
-  file descriptors are never exhausted by one peer;
-* errors of connections (caps, deadlines, oversized heads, accept failures such as EMFILE,
-  aiohttp's parse and handler errors) are logged through ``ErrorBurst``: the first of a kind
-  in an interval is logged, the rest of the interval only as a count.
+* at most ``max_connections`` are open per server, and all the servers of a process hold at
+  most what its descriptor limit allows (``connection_budget``; the soft limit is first
+  raised to the hard one). At either cap a new connection is not refused: the connection
+  that has kept the server waiting longest is closed instead (shed). A connection waits on
+  its client until its request is in, and again from its answer to its next request;
+  legitimate clients send a request within milliseconds of connecting and reuse their
+  connections at once, so slow or idle ones go first, however many an attacker opens from
+  the same address. Only when every held connection is busy (its request being answered)
+  is the new one closed;
+* errors of connections (caps, sheds, deadlines, oversized heads, accept failures such as
+  EMFILE, aiohttp's parse and handler errors) are logged through ``ErrorBurst``: the first
+  of a kind in an interval is logged, the rest of the interval only as a count.
 
-The timers live in a thin protocol around aiohttp's ``RequestHandler`` (``_Guard``); a
-middleware tells it when a request's head was dispatched and its body read.
+The timers and the order of waiting live in a thin protocol around aiohttp's
+``RequestHandler`` (``_Guard``), which makes the handler only when the first byte comes; a
+middleware tells it when a request's body was read and its answer written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import resource
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -33,6 +45,8 @@ from loraplane.kernel.config import HttpLimits
 
 log = logging.getLogger("loraplane.http")
 _HEAD_END = b"\r\n\r\n"
+_BACKLOG = 4096  # the kernel's accept queue (capped by net.core.somaxconn): absorbs bursts
+_FD_RESERVE = 256  # descriptors left to everything but listeners (Kafka, pools, files)
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
               b"Connection: close\r\n\r\n")
 
@@ -85,45 +99,95 @@ class _BurstFilter(logging.Filter):
         return self.burst.note(str(record.msg).replace(" from %s", "")[:80])
 
 
+class _Table:
+    """The connections the listeners of this process hold, within the descriptor budget.
+
+    A connection is *waiting* while the server waits on its client (no complete request yet,
+    a body still coming, or idle between keep-alive requests) and *busy* from the moment its
+    request is read until its answer is written. ``waiting`` is in the order the waits began,
+    so its first is the connection that has kept the server waiting longest."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.open = 0
+        self.waiting: OrderedDict[_Guard, None] = OrderedDict()
+
+
 class _State:
-    def __init__(self, limits: HttpLimits, burst: ErrorBurst) -> None:
+    """One listener: its limits, its cap, its connections."""
+
+    def __init__(self, limits: HttpLimits, burst: ErrorBurst, table: _Table) -> None:
         self.limits = limits
         self.burst = burst
+        self.table = table
+        self.cap = min(limits.max_connections, table.budget)
         self.open = 0
         self.guards: dict[asyncio.BaseTransport, _Guard] = {}
+        self.waiting: OrderedDict[_Guard, None] = OrderedDict()
+
+    def make_room(self) -> bool:
+        """Room for one more connection: at the cap (this listener's, or the process's
+        descriptor budget), the connection waiting longest is shed. False when every held
+        connection is busy."""
+        if self.open >= self.cap:
+            waiting = self.waiting
+        elif self.table.open >= self.table.budget:
+            waiting = self.table.waiting
+        else:
+            return True
+        if not waiting:
+            return False
+        next(iter(waiting)).shed()
+        return True
 
 
 class _Guard(asyncio.Protocol):
-    """Deadlines and caps around one aiohttp RequestHandler."""
+    """Deadlines, caps and shedding around one aiohttp RequestHandler, which is made when the
+    first byte arrives (a connection that sends nothing costs no handler, task or timer of
+    aiohttp's)."""
 
-    def __init__(self, inner: asyncio.Protocol, state: _State) -> None:
-        self._inner = inner
+    def __init__(self, make_inner: Callable[[], asyncio.Protocol], state: _State) -> None:
+        self._make_inner = make_inner
+        self._inner: asyncio.Protocol | None = None
         self._state = state
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._held = False  # counted in the caps (from accepted to lost or shed)
+        self._opened = 0.0
         self._in_head = True
         self._head_bytes = 0
         self._tail = b""
-        self._refused = False
 
     # ---- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         state = self._state
-        if state.open >= state.limits.max_connections:
-            self._refused = True
-            state.burst.note("connection_cap", f"{state.limits.max_connections} open")
+        if not state.make_room():
+            state.burst.note("connection_cap", f"{state.cap} open, all busy")
             transport.abort()
             return
+        self._held = True
         state.open += 1
+        state.table.open += 1
         state.guards[transport] = self
+        self._wait()
         self._transport = transport
-        self._inner.connection_made(transport)
-        self._arm(state.limits.header_timeout_s, "header_timeout")
+        limits = state.limits
+        self._opened = _now()
+        if limits.first_byte_timeout_s < limits.header_timeout_s:
+            self._arm(limits.first_byte_timeout_s, "first_byte_timeout")
+        else:
+            self._arm(limits.header_timeout_s, "header_timeout")
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._transport is None or self._transport.is_closing():
+        transport = self._transport
+        if not self._held or transport is None or transport.is_closing():
             return
+        if self._inner is None:
+            self._inner = self._make_inner()
+            self._inner.connection_made(transport)
+            left = self._opened + self._state.limits.header_timeout_s - _now()
+            self._arm(max(0.0, left), "header_timeout")
         if self._in_head:
             window = self._tail + data
             end = window.find(_HEAD_END)
@@ -131,8 +195,8 @@ class _Guard(asyncio.Protocol):
             if self._head_bytes > self._state.limits.max_header_bytes:
                 self._state.burst.note("header_too_large")
                 self._cancel()
-                self._transport.write(_TOO_LARGE)
-                self._transport.close()
+                transport.write(_TOO_LARGE)
+                transport.close()
                 return
             if end < 0:
                 self._tail = window[-(len(_HEAD_END) - 1):]
@@ -142,36 +206,67 @@ class _Guard(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        if self._refused:
-            return None
+        if self._inner is None:
+            return None  # nothing was asked: close
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
-        if not self._refused:
+        if self._inner is not None:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if not self._refused:
+        if self._inner is not None:
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
-            return
-        self._cancel()
-        self._state.open -= 1
-        if self._transport is not None:
-            self._state.guards.pop(self._transport, None)
-        self._inner.connection_lost(exc)
+        self._release()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
 
     # ---- told by the middleware -------------------------------------------------------
     def body_read(self) -> None:
+        """Busy: the request is in; its answer is being made."""
         self._cancel()
+        self._state.waiting.pop(self, None)
+        self._state.table.waiting.pop(self, None)
 
     def response_done(self) -> None:
         """The next request's head is due within keep-alive + header timeout."""
+        if not self._held:
+            return
         self._in_head, self._head_bytes, self._tail = True, 0, b""
+        self._wait()
         limits = self._state.limits
         self._arm(limits.keepalive_timeout_s + limits.header_timeout_s, "header_timeout")
+
+    # ---- shedding ---------------------------------------------------------------------
+    def _wait(self) -> None:
+        self._state.waiting[self] = None
+        self._state.table.waiting[self] = None
+
+    def shed(self) -> None:
+        """Closed to make room for a new connection: it kept the server waiting longest."""
+        self._state.burst.note("connection_shed", "at the cap, the longest waiting")
+        self.drop()
+
+    def drop(self) -> None:
+        transport = self._transport
+        self._release()
+        if transport is not None:
+            transport.abort()
+
+    def _release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        self._cancel()
+        state = self._state
+        state.open -= 1
+        state.table.open -= 1
+        state.waiting.pop(self, None)
+        state.table.waiting.pop(self, None)
+        if self._transport is not None:
+            state.guards.pop(self._transport, None)
 
     # ---- timers -----------------------------------------------------------------------
     def _arm(self, delay_s: float, kind: str) -> None:
@@ -191,6 +286,43 @@ class _Guard(asyncio.Protocol):
             self._transport.abort()
 
 
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard one; the soft limit after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. a sandbox that forbids it
+            log.warning("the descriptor limit stays at %d (hard %d): %s", soft, hard, exc)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_budget(soft_limit: int) -> int:
+    """Connections all the listeners of a process may hold: its descriptor limit less what
+    everything else it opens may need (a quarter, at least ``_FD_RESERVE`` but at most
+    half)."""
+    return max(1, soft_limit - max(soft_limit // 4, min(_FD_RESERVE, soft_limit // 2)))
+
+
+_tables: dict[asyncio.AbstractEventLoop, _Table] = {}
+
+
+def _table() -> _Table:
+    """The process's connection table (one per event loop: tests run several loops)."""
+    loop = asyncio.get_running_loop()
+    table = _tables.get(loop)
+    if table is None:
+        for old in [old for old in _tables if old.is_closed()]:
+            del _tables[old]
+        table = _tables[loop] = _Table(connection_budget(raise_fd_limit()))
+    return table
+
+
 def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
     async def bounded(request: web.Request,
@@ -206,7 +338,15 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                     return web.Response(status=408)
             if guard is not None:
                 guard.body_read()
-            return await handler(request)
+            response = await handler(request)
+            if guard is not None and not response.prepared:
+                # Written here, not after the middleware returns, so the connection counts
+                # as busy (never shed) until its answer is out. aiohttp's own prepare and
+                # write_eof that follow find it sent.
+                with contextlib.suppress(ConnectionError):
+                    await response.prepare(request)
+                    await response.write_eof()
+            return response
         finally:
             if guard is not None:
                 guard.response_done()
@@ -216,7 +356,7 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
 
 class _BoundedSite(web.TCPSite):
     def __init__(self, runner: web.AppRunner, host: str, port: int, state: _State) -> None:
-        super().__init__(runner, host, port, backlog=min(1024, state.limits.max_connections))
+        super().__init__(runner, host, port, backlog=min(_BACKLOG, state.cap))
         self._state = state
 
     async def start(self) -> None:
@@ -226,9 +366,15 @@ class _BoundedSite(web.TCPSite):
         assert server is not None
         state = self._state
         self._server = await loop.create_server(
-            lambda: _Guard(server(), state), self._host, self._port,
+            lambda: _Guard(server, state), self._host, self._port,
             backlog=self._backlog, reuse_address=self._reuse_address)
         self._bound_port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await super().stop()
+        for guard in list(self._state.guards.values()):
+            if guard._inner is None:  # aiohttp's shutdown closes the ones it handles
+                guard.drop()
 
 
 def _throttle_loop_errors(loop: asyncio.AbstractEventLoop, burst: ErrorBurst) -> None:
@@ -254,7 +400,11 @@ async def start_site(app: web.Application, host: str, port: int, limits: HttpLim
     """Serve ``app`` on ``host:port`` (0: any free port, see ``bound_port``) within
     ``limits``. The caller ends it with ``runner.cleanup()``."""
     burst = ErrorBurst(name, limits.error_log_interval_s)
-    state = _State(limits, burst)
+    state = _State(limits, burst, _table())
+    if state.cap < limits.max_connections:
+        log.warning("%s: at most %d connections, not max_connections=%d: the descriptor "
+                    "limit (ulimit -n) allows %d to all listeners; raise it", name, state.cap,
+                    limits.max_connections, state.table.budget)
     app.middlewares.insert(0, _middleware(state))
     server_log = logging.getLogger(f"loraplane.http.{name}")
     server_log.addFilter(_BurstFilter(burst))

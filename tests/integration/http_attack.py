@@ -4,7 +4,8 @@ dashboard runs (test_http_bounds.py) and the worker process as it runs (test_wor
 ``attack(port, path)`` holds ``SLOW`` sockets that send nothing, half a request head, or a
 head with a body that never comes; asserts a real GET of ``path`` is answered meanwhile and
 every slow one is closed by its deadline; then opens ``max_connections + SLOW`` more (over
-the cap) and asserts they are all closed and the server still answers. The server must run
+the cap: the ones waiting longest are shed) and asserts they are all closed and the server
+still answers. The server must run
 with ``LIMITS`` (``limits_env`` gives them as LORAPLANE_HTTP__* variables for a process).
 """
 
@@ -58,7 +59,7 @@ async def attack(port: int, real_request: str) -> None:
         assert resp.status == 200  # answered while 500 slow ones are held
     took = await _all_closed(conns, 10)
     assert took < 5, f"slow connections held {took:.1f}s"
-    # over the cap: the extra ones are closed at once, the held ones by their deadline
+    # over the cap: the oldest are shed as new ones come, the rest closed by their deadline
     conns = await _open_slow(port, int(LIMITS["max_connections"]) + SLOW)
     await _all_closed(conns, 10)
     async with ClientSession() as http, \

@@ -8,7 +8,10 @@ connections hit EMFILE) and one log line per failed accept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import resource
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +19,13 @@ from aiohttp import ClientSession, web
 from loraplane.dashboards.web import Dashboard
 
 from loraplane.kernel.config import HttpLimits, Settings
-from loraplane.kernel.http_server import ErrorBurst, bound_port, open_connections, start_site
+from loraplane.kernel.http_server import (
+    ErrorBurst,
+    bound_port,
+    connection_budget,
+    open_connections,
+    start_site,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LIMITS = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5,
@@ -110,25 +119,182 @@ async def test_an_idle_keepalive_connection_is_closed(site) -> None:
     writer.close()
 
 
-async def test_connections_over_the_cap_are_closed_and_counted_not_logged_each(
-        site, caplog: pytest.LogCaptureFixture) -> None:
-    port, runner, burst = site
-    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(LIMITS.max_connections)]
-    assert await _open_connections_become(runner, LIMITS.max_connections) == \
-        LIMITS.max_connections
-    with caplog.at_level(logging.WARNING, logger="loraplane.http"):
-        extra = [await asyncio.open_connection("127.0.0.1", port) for _ in range(30)]
-        for reader, _ in extra:
-            assert await _closed_within(reader, 2) == b""
-    assert burst.total["connection_cap"] == 30
-    assert len([r for r in caplog.records if "connection_cap" in r.getMessage()]) == 1
-    for reader, writer in held:  # every held one dies by its head deadline
-        assert await _closed_within(reader, 2) == b""
+@contextlib.asynccontextmanager
+async def _server(limits: HttpLimits) -> AsyncIterator[tuple[int, web.AppRunner, ErrorBurst]]:
+    app = web.Application(client_max_size=4096)
+    app.router.add_route("*", "/", _hello)
+    app.router.add_get("/stream", _slow_stream)
+    runner, burst = await start_site(app, "127.0.0.1", 0, limits, name="test")
+    try:
+        yield bound_port(runner), runner, burst
+    finally:
+        await runner.cleanup()
+
+
+async def _is_closed(reader: asyncio.StreamReader, seconds: float = 2.0) -> bool:
+    """True when the server closed it (end of stream or a reset) within ``seconds``."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), seconds):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+async def _open(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    return reader, writer
+
+
+async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One GET / on a kept-alive connection; its whole answer."""
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    return await asyncio.wait_for(reader.readuntil(b"ok 0"), 2)
+
+
+SHEDDING = HttpLimits(first_byte_timeout_s=30, header_timeout_s=30, body_timeout_s=30,
+                      keepalive_timeout_s=30, max_connections=4, error_log_interval_s=60)
+HALF_HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n"
+
+
+async def test_at_the_cap_the_connection_waiting_longest_is_shed_not_the_new_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with _server(SHEDDING) as (port, runner, burst):
+        held = [await _open(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100"
+                                  b"\r\n\r\nabc")]  # a body that trickles
+        held += [await _open(port, data) for data in (b"", HALF_HEAD, HALF_HEAD)]
+        assert await _open_connections_become(runner, 4) == 4
+        with caplog.at_level(logging.WARNING, logger="loraplane.http"):
+            held.append(await _open(port, HALF_HEAD))  # the fifth: the first is shed
+            assert await _is_closed(held[0][0])
+            assert not await _is_closed(held[1][0], 0.2)
+            assert await _get(port) == (200, "ok 0")  # a real request: the second is shed
+            assert await _is_closed(held[1][0])
+        assert [await _is_closed(r, 0.2) for r, _ in held[2:]] == [False] * 3
+        assert burst.total["connection_shed"] == 2 and not burst.total["connection_cap"]
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "connection_shed" in lines[0], lines  # no handler error
+        for _, writer in held:
+            writer.close()
+
+
+async def test_a_keepalive_connection_waits_from_its_last_answer() -> None:
+    """The order of shedding is how long each connection has kept the server waiting: a
+    client that reuses its connection (the router's pool) is behind every slow one."""
+    async with _server(SHEDDING) as (port, runner, burst):
+        slow = [await _open(port, HALF_HEAD)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert (await _ask(reader, writer)).startswith(b"HTTP/1.1 200")
+        slow += [await _open(port, HALF_HEAD) for _ in range(2)]
+        assert await _open_connections_become(runner, 4) == 4
+        assert (await _ask(reader, writer)).startswith(b"HTTP/1.1 200")  # waits anew
+        slow += [await _open(port, HALF_HEAD) for _ in range(3)]  # three shed
+        assert [await _is_closed(r, 0.5) for r, _ in slow] == [True] * 3 + [False] * 3
+        assert (await _ask(reader, writer)).startswith(b"HTTP/1.1 200")
+        assert burst.total["connection_shed"] == 3
+        for _, w in [*slow, (reader, writer)]:
+            w.close()
+
+
+async def test_busy_connections_are_never_shed_a_new_one_is_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with _server(SHEDDING) as (port, runner, burst):
+        async with ClientSession() as http:
+            streams = [asyncio.create_task(_get(port, "/stream")) for _ in range(4)]
+            assert await _open_connections_become(runner, 4) == 4
+            await asyncio.sleep(0.1)  # every one is in its handler
+            with caplog.at_level(logging.WARNING, logger="loraplane.http"):
+                extra = [await _open(port, HALF_HEAD) for _ in range(30)]
+                assert [await _is_closed(r) for r, _ in extra] == [True] * 30
+            assert await asyncio.gather(*streams) == [(200, "x" * 8)] * 4
+            async with http.get(f"http://127.0.0.1:{port}/") as resp:
+                assert resp.status == 200
+        assert burst.total["connection_cap"] == 30 and not burst.total["connection_shed"]
+        assert len([r for r in caplog.records if "connection_cap" in r.getMessage()]) == 1
+        for _, writer in extra:
+            writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_by_its_first_byte_deadline() -> None:
+    limits = HttpLimits(first_byte_timeout_s=0.2, header_timeout_s=5, body_timeout_s=5,
+                        keepalive_timeout_s=5, error_log_interval_s=60)
+    async with _server(limits) as (port, _, burst):
+        silent, _ = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await _open(port, b"G")  # a first byte: the head's own deadline
+        assert await _is_closed(silent, 3)
+        assert burst.total["first_byte_timeout"] == 1
+        await asyncio.sleep(0.3)
+        writer.write(b"ET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"ok 0"), 2)).startswith(
+            b"HTTP/1.1 200")
+        assert not burst.total["header_timeout"]
         writer.close()
-    for _, writer in extra:
-        writer.close()
-    assert await _open_connections_become(runner, 0) == 0
-    assert await _get(port) == (200, "ok 0")
+
+
+async def test_the_connection_budget_leaves_descriptors_to_the_rest() -> None:
+    assert connection_budget(1024) == 768
+    assert connection_budget(512) == 256
+    assert connection_budget(200) == 100
+    assert connection_budget(1_048_576) == 786_432
+
+
+_LOW_LIMIT_SERVER = """
+import asyncio, resource, sys
+from aiohttp import web
+from loraplane.kernel.config import HttpLimits
+from loraplane.kernel.http_server import bound_port, start_site
+
+async def hello(request):
+    return web.Response(text="ok")
+
+async def main():
+    limits = HttpLimits(first_byte_timeout_s=60, header_timeout_s=60)
+    ports = []
+    for name in ("a", "b"):
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner, _ = await start_site(app, "127.0.0.1", 0, limits, name=name)
+        ports.append(bound_port(runner))
+    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], *ports, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_low_descriptor_limit_is_raised_and_shared_by_the_listeners() -> None:
+    """``ulimit -n`` 300 (hard 512): the soft limit is raised to 512, both listeners share
+    the 256 connections it leaves; 400 slow ones on the first cannot keep a request out of
+    either, and no accept fails for want of a descriptor."""
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, 512))
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _LOW_LIMIT_SERVER, preexec_fn=low_limit,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        soft, port_a, port_b = map(int, (await asyncio.wait_for(child.stdout.readline(), 30)
+                                          ).split())
+        assert soft == 512
+        slow = [await _open(port_a, HALF_HEAD) for _ in range(400)]
+        for port in (port_a, port_b):
+            assert await _get(port) == (200, "ok")
+        closed = [await _is_closed(r, 0.01) for r, _ in slow]
+        assert 400 - 256 <= closed.count(True) < 400 - 200  # the oldest, shed
+        assert closed.index(False) == closed.count(True)  # in the order they came
+        for _, writer in slow:
+            writer.close()
+    finally:
+        child.kill()
+        _, err = await child.communicate()
+    log = err.decode()
+    assert "at most 256 connections, not max_connections=8192" in log, log
+    assert "accept_error" not in log and "Traceback" not in log, log
 
 
 async def test_a_long_response_is_not_cut_by_the_deadlines(site) -> None:
