@@ -24,7 +24,7 @@ dashboard) starts through ``start_site`` with the shared ``settings.http`` limit
   of a kind in an interval is logged, the rest of the interval only as a count.
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
-``RequestHandler`` (``_Guard``), which makes the handler only when the first byte comes; a
+``RequestHandler`` (``_Guard``), which makes the handler only once a first head is whole; a
 middleware tells it when a request's body was read and its answer written.
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import time
@@ -47,6 +48,7 @@ log = logging.getLogger("loraplane.http")
 _HEAD_END = b"\r\n\r\n"
 _BACKLOG = 4096  # the kernel's accept queue (capped by net.core.somaxconn): absorbs bursts
 _FD_RESERVE = 256  # descriptors left to everything but listeners (Kafka, pools, files)
+_GC_OLDEST_AFTER = 1000  # young collections between full ones (CPython's default: 10)
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
               b"Connection: close\r\n\r\n")
 
@@ -143,8 +145,9 @@ class _State:
 
 class _Guard(asyncio.Protocol):
     """Deadlines, caps and shedding around one aiohttp RequestHandler, which is made when the
-    first byte arrives (a connection that sends nothing costs no handler, task or timer of
-    aiohttp's)."""
+    connection's first request head is whole: until then a connection costs this object, its
+    bytes and one timer, not aiohttp's handler, task and timers (the collector scans every
+    object of every held connection, so thousands of slow ones would lengthen its pauses)."""
 
     def __init__(self, make_inner: Callable[[], asyncio.Protocol], state: _State) -> None:
         self._make_inner = make_inner
@@ -153,6 +156,7 @@ class _Guard(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._held = False  # counted in the caps (from accepted to lost or shed)
+        self._pending = bytearray()  # a first head, until it is whole
         self._opened = 0.0
         self._in_head = True
         self._head_bytes = 0
@@ -183,9 +187,7 @@ class _Guard(asyncio.Protocol):
         transport = self._transport
         if not self._held or transport is None or transport.is_closing():
             return
-        if self._inner is None:
-            self._inner = self._make_inner()
-            self._inner.connection_made(transport)
+        if self._inner is None and not self._pending:  # its first bytes
             left = self._opened + self._state.limits.header_timeout_s - _now()
             self._arm(max(0.0, left), "header_timeout")
         if self._in_head:
@@ -200,9 +202,17 @@ class _Guard(asyncio.Protocol):
                 return
             if end < 0:
                 self._tail = window[-(len(_HEAD_END) - 1):]
+                if self._inner is None:  # held here until the head is whole
+                    self._pending += data
+                    return
             else:
                 self._in_head, self._tail = False, b""
                 self._arm(self._state.limits.body_timeout_s, "body_timeout")
+        if self._inner is None:
+            self._inner = self._make_inner()
+            self._inner.connection_made(transport)
+            if self._pending:
+                data, self._pending = bytes(self._pending) + data, bytearray()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -309,6 +319,17 @@ def connection_budget(soft_limit: int) -> int:
     return max(1, soft_limit - max(soft_limit // 4, min(_FD_RESERVE, soft_limit // 2)))
 
 
+def _collect_the_oldest_rarely() -> None:
+    """A full collection scans every object of every held connection: with thousands of
+    slow ones held and reopened, CPython's default (a full collection after ten young ones,
+    once a quarter of the old objects are new) ran one or two a second, each stalling the
+    loop for hundreds of milliseconds. The young generations are collected as before; the
+    oldest about a hundred times less often (cyclic garbage that reached it waits longer)."""
+    young, middle, oldest = gc.get_threshold()
+    if young and oldest < _GC_OLDEST_AFTER:
+        gc.set_threshold(young, middle, _GC_OLDEST_AFTER)
+
+
 _tables: dict[asyncio.AbstractEventLoop, _Table] = {}
 
 
@@ -320,6 +341,7 @@ def _table() -> _Table:
         for old in [old for old in _tables if old.is_closed()]:
             del _tables[old]
         table = _tables[loop] = _Table(connection_budget(raise_fd_limit()))
+        _collect_the_oldest_rarely()
     return table
 
 
