@@ -33,7 +33,7 @@ from loraplane.workers.api_keys import ApiKeys, key_digest
 from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.upstream_http import UpstreamPool
 
-from loraplane.kernel.config import LOOPBACK, HttpLimits
+from loraplane.kernel.config import LOOPBACK, get_settings
 from loraplane.kernel.policy import Policy, RequestBudgets, TenantLimits
 
 KEY, TENANT, BASE, SECRET = "bench-key", "tenant-a", "llama", b"r" * 32
@@ -127,7 +127,7 @@ async def _serve(role: str, port: int, gateway_port: int) -> None:
                                     tenant_id=TENANT, tier="gpu")]))
         fleet.versions = serving_versions([RECORD])
         app = Router(fleet, api_keys=KEYS, budgets=BUDGETS, secret=SECRET).app()
-    await start_site(app, LOOPBACK, port, HttpLimits(), name=role)
+    await start_site(app, LOOPBACK, port, get_settings().http, name=role)  # LORAPLANE_HTTP__*
     print("ready", flush=True)
     await asyncio.Event().wait()
 
