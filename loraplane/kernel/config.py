@@ -139,8 +139,6 @@ class HttpLimits(_Section):
     """Connection bounds shared by every HTTP server loraplane runs (the gateway, the
     worker's /metrics listener, the dashboard): ``loraplane.kernel.http_server``."""
 
-    first_byte_timeout_s: float = Field(
-        2.0, gt=0, le=300, description="a new connection's first byte must arrive by then")
     header_timeout_s: float = Field(10.0, gt=0, le=300,
                                     description="a request head must be complete by then")
     body_timeout_s: float = Field(30.0, gt=0, le=600,
@@ -148,7 +146,7 @@ class HttpLimits(_Section):
     keepalive_timeout_s: float = Field(15.0, gt=0, le=3600,
                                        description="an idle keep-alive connection is closed")
     max_connections: int = Field(
-        8192, ge=1, le=1_000_000,
+        16_384, ge=1, le=1_000_000,
         description="open connections per server (and all servers of a process within its "
                     "descriptor limit); at the cap the one waiting longest on its client is "
                     "closed")

@@ -4,10 +4,9 @@ Every server the project runs (the router, the gateway, the worker's /metrics li
 dashboard) starts through ``start_site`` with the shared ``settings.http`` limits
 (``HttpLimits``):
 
-* a new connection's first byte must arrive within ``first_byte_timeout_s``, its request
-  head (request line + headers) within ``header_timeout_s`` of the connection opening, or
-  of the previous response ending plus ``keepalive_timeout_s``, and be at most
-  ``max_header_bytes`` (else the connection is closed: 431 is written first);
+* a request head (request line + headers) must be complete within ``header_timeout_s`` of
+  the connection opening, or of the previous response ending plus ``keepalive_timeout_s``,
+  and be at most ``max_header_bytes`` (else the connection is closed: 431 is written first);
 * a request body must be complete within ``body_timeout_s`` of its head (slowloris);
 * an idle keep-alive connection is closed after ``keepalive_timeout_s`` (aiohttp's own);
 * at most ``max_connections`` are open per server, and all the servers of a process hold at
@@ -157,7 +156,6 @@ class _Guard(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._held = False  # counted in the caps (from accepted to lost or shed)
         self._pending = bytearray()  # a first head, until it is whole
-        self._opened = 0.0
         self._in_head = True
         self._head_bytes = 0
         self._tail = b""
@@ -176,20 +174,12 @@ class _Guard(asyncio.Protocol):
         state.guards[transport] = self
         self._wait()
         self._transport = transport
-        limits = state.limits
-        self._opened = _now()
-        if limits.first_byte_timeout_s < limits.header_timeout_s:
-            self._arm(limits.first_byte_timeout_s, "first_byte_timeout")
-        else:
-            self._arm(limits.header_timeout_s, "header_timeout")
+        self._arm(state.limits.header_timeout_s, "header_timeout")
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
         if not self._held or transport is None or transport.is_closing():
             return
-        if self._inner is None and not self._pending:  # its first bytes
-            left = self._opened + self._state.limits.header_timeout_s - _now()
-            self._arm(max(0.0, left), "header_timeout")
         if self._in_head:
             window = self._tail + data
             end = window.find(_HEAD_END)
@@ -293,11 +283,7 @@ class _Guard(asyncio.Protocol):
         self._timer = None
         if self._transport is not None and not self._transport.is_closing():
             self._state.burst.note(kind)
-            self._transport.abort()
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()
+            self.drop()
 
 
 def raise_fd_limit() -> int:
