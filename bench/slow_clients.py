@@ -45,24 +45,40 @@ from tests.integration.slow_clients import slow_clients
 HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 
 
-def _ask(port: int) -> float | None:
-    """One completion on a new connection: seconds to the whole answer, None unless 200."""
+def _ask(port: int) -> tuple[float | None, float]:
+    """One completion on a new connection: seconds to the whole answer (None unless 200),
+    and seconds its connect took."""
     started = time.perf_counter()
     conn = http.client.HTTPConnection(LOOPBACK, port, timeout=30)
+    connected = started
     try:
+        conn.connect()
+        connected = time.perf_counter()
         conn.request("POST", "/v1/completions", BODY, HEADERS)
         resp = conn.getresponse()
         resp.read()
-        return time.perf_counter() - started if resp.status == 200 else None
+        return (time.perf_counter() - started if resp.status == 200 else None,
+                connected - started)
     except OSError:
-        return None
+        return None, connected - started
     finally:
         conn.close()
 
 
-def _legit(ports: dict[str, int], n: int, interval_s: float) -> dict[str, list[float | None]]:
+def _listen_overflows() -> int:
+    """The host's count of connections its accept queues could not take (a SYN dropped, the
+    client retries after 1 s): every process's, not only the bench's."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    return 0
+
+
+def _legit(ports: dict[str, int], n: int, interval_s: float
+           ) -> dict[str, list[tuple[float | None, float]]]:
     """``n`` requests to each of ``ports`` (by way), interleaved, one every ``interval_s``."""
-    out: dict[str, list[float | None]] = {way: [] for way in ports}
+    out: dict[str, list[tuple[float | None, float]]] = {way: [] for way in ports}
     for _ in range(n):
         for way, port in ports.items():
             started = time.perf_counter()
@@ -71,9 +87,10 @@ def _legit(ports: dict[str, int], n: int, interval_s: float) -> dict[str, list[f
     return out
 
 
-def _summary(base: list[float | None], attacked: list[float | None]) -> dict[str, Any]:
-    ok_base = [s * 1000 for s in base if s is not None]
-    ok = [s * 1000 for s in attacked if s is not None]
+def _summary(base: list[tuple[float | None, float]],
+             attacked: list[tuple[float | None, float]]) -> dict[str, Any]:
+    ok_base = [s * 1000 for s, _ in base if s is not None]
+    ok = [s * 1000 for s, _ in attacked if s is not None]
     row: dict[str, Any] = {"requests": len(attacked),
                            "answered_ratio": round(len(ok) / len(attacked), 4),
                            "baseline_answered_ratio": round(len(ok_base) / len(base), 4)}
@@ -83,6 +100,7 @@ def _summary(base: list[float | None], attacked: list[float | None]) -> dict[str
             row[f"attack_{name}_ms"] = round(_pct(ok, q), 2)
             row[f"added_{name}_ms"] = round(_pct(ok, q) - _pct(ok_base, q), 2)
         row["attack_max_ms"] = round(max(ok), 2)
+    row["connects_over_1s"] = sum(c >= 1.0 for _, c in attacked)  # a SYN dropped, retried
     row["passed"] = row["answered_ratio"] >= 0.95 and row.get("added_p99_ms", 1e9) < 1000
     return row
 
@@ -124,15 +142,18 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             base = _legit(ways, args.requests, interval_s)
             with slow_clients(ports[target], args.connections) as attack:
                 cpu = {role: _cpu_s(p.pid) for role, p in procs.items()}
+                overflows = _listen_overflows()
                 started = time.monotonic()
                 attacked = _legit(ways, args.requests, interval_s)
                 took = time.monotonic() - started
                 cpu = {role: round((_cpu_s(p.pid) - cpu[role]) / took, 3)
                        for role, p in procs.items()}
+                overflows = _listen_overflows() - overflows
                 counts = dict(attack.counts)
             out[f"attack_on_{target}"] = {
                 **{f"legit_via_{way}": _summary(base[way], attacked[way]) for way in ways},
-                "attacker": counts, "server_cpu_s_per_s": cpu}
+                "attacker": counts, "server_cpu_s_per_s": cpu,
+                "host_listen_overflows": overflows, "load_average": os.getloadavg()}
     out["passed"] = all(row["passed"] for key, attack in out.items()
                         if key.startswith("attack_on_") for way, row in attack.items()
                         if way.startswith("legit_via_"))
