@@ -66,6 +66,7 @@ class _NoAdapters:
     """A worker with nothing on it: enough for /healthz and the gateway's own refusals."""
 
     started = True
+    worker_id = "w-none"  # named by /healthz
 
     def metrics_exposition(self) -> bytes:
         return b"# nothing\n"
