@@ -21,6 +21,8 @@ dashboard) starts through ``start_site`` with the shared ``settings.http`` limit
 * errors of connections (caps, sheds, deadlines, oversized heads, accept failures such as
   EMFILE, aiohttp's parse and handler errors) are logged through ``ErrorBurst``: the first
   of a kind in an interval is logged, the rest of the interval only as a count.
+* a process that serves HTTP runs CPython's full collection rarely
+  (``_collect_the_oldest_rarely``): it scans every object of every held connection.
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
 ``RequestHandler`` (``_Guard``), which makes the handler only once a first head is whole; a
@@ -47,7 +49,7 @@ log = logging.getLogger("loraplane.http")
 _HEAD_END = b"\r\n\r\n"
 _BACKLOG = 4096  # the kernel's accept queue (capped by net.core.somaxconn): absorbs bursts
 _FD_RESERVE = 256  # descriptors left to everything but listeners (Kafka, pools, files)
-_GC_OLDEST_AFTER = 1000  # young collections between full ones (CPython's default: 10)
+_GC_OLDEST_AFTER = 1000  # middle-generation collections between full ones (CPython: 10)
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
               b"Connection: close\r\n\r\n")
 
