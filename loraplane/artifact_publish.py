@@ -52,7 +52,12 @@ from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
 
 class ArtifactError(ValueError):
-    """The artifact cannot be published; the message says why, for CI logs."""
+    """The artifact cannot be published; the message says why, for CI logs, and
+    ``refusals`` each reason of the verifier's, when it gave them."""
+
+    def __init__(self, message: str, refusals: Sequence[Refusal] = ()) -> None:
+        super().__init__(message)
+        self.refusals = tuple(refusals)
 
 
 @dataclass(frozen=True)
@@ -143,21 +148,21 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
     except (ValueError, ValidationError) as exc:  # JSON, LoRA config and model errors
         raise ArtifactError(f"{folder}: {exc}") from None
     if prepared.selection.refusals:
-        raise ArtifactError(_refused(prepared.selection.refusals))
+        raise _refused(prepared.selection.refusals)
     verdict = verify_artifact(prepared.reader,
                               WorkerLimits(base_model=release.base_model,
                                            max_lora_rank=record.rank, model=model,
                                            base_model_aliases=base_model_aliases or {}),
                               record)
     if not verdict.ok:
-        raise ArtifactError(_refused(verdict.refusals))
+        raise _refused(verdict.refusals)
     return record, manifest
 
 
-def _refused(refusals: Sequence[Refusal]) -> str:
-    return "refused: " + "; ".join(
+def _refused(refusals: Sequence[Refusal]) -> ArtifactError:
+    return ArtifactError("refused: " + "; ".join(
         f"{r.reason}" + (f" {r.path}" if r.path else "") + (f" ({r.detail})" if r.detail else "")
-        for r in refusals)
+        for r in refusals), refusals)
 
 
 def s3_client(settings: Settings) -> Any:
@@ -190,7 +195,7 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
     try:
         bucket, prefix = check_allowed(uri, settings.s3.allowed_prefixes)
     except FetchRefused as exc:
-        raise ArtifactError(str(exc)) from None
+        raise ArtifactError(str(exc), exc.refusals) from None
     client = s3_client(settings)
     with tempfile.TemporaryDirectory(prefix="loraplane-publish-") as tmp:
         listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")

@@ -13,6 +13,7 @@ from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.publish_result import PublishResult
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.router_state import RouterState
@@ -30,6 +31,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "lifecycle_event": LifecycleEvent,
     "manifest": Manifest,
     "planner_memory": PlannerMemory,
+    "publish_result": PublishResult,
     "request_log": RequestLog,
     "router_state": RouterState,
     "score_snapshot": ScoreSnapshot,

@@ -327,6 +327,24 @@ class WaitReason(StrEnum):
     no_worker_fits_rank = "no_worker_fits_rank"  # every worker's max_lora_rank is below its rank
 
 
+class PublishFailure(StrEnum):
+    """Why ``loraplane publish`` did not publish (``error.code`` of its JSON result); each
+    belongs to one outcome, and so one exit code (``schemas.publish_result``)."""
+
+    options_invalid = "options_invalid"  # missing, conflicting or unknown-value options
+    key_unusable = "key_unusable"  # the --key file is missing, malformed or not mode 0600
+    settings_invalid = "settings_invalid"  # settings or their secret files are unusable
+    release_invalid = "release_invalid"  # adapter id, version, tenant... refused by the schema
+    model_config_invalid = "model_config_invalid"  # --model-config unreadable or not a config
+    artifact_refused = "artifact_refused"  # the workers' verifier (or publish) refused it
+    artifact_store_unavailable = "artifact_store_unavailable"  # S3 failed; nothing produced
+    bus_unavailable = "bus_unavailable"  # Kafka did not acknowledge; nothing produced
+    follow_up_not_acknowledged = "follow_up_not_acknowledged"  # publish sent, canary/promote not
+    registry_rejected = "registry_rejected"  # --wait-s: the registry rejected an event
+    registry_undecided = "registry_undecided"  # --wait-s: no decision in time
+    internal_error = "internal_error"  # a bug: the traceback is on stderr
+
+
 CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | IntentRefusal
                     | LoadDeferral)
 """A cache event's reason: empty for a success, else the code of what happened."""

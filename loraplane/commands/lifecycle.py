@@ -4,7 +4,9 @@
 Each command signs one event with ``--key`` and produces it with acks=all; it exits 0 only
 once the broker acknowledged it and prints one JSON line for CI logs. The registry agent
 decides later; an acknowledged event may still be rejected (see the audit topic or
-``loraplane registry show``). seq is time-based, see loraplane.lifecycle_events.
+``loraplane registry show``); ``publish --wait-s`` waits for that decision. ``publish``'s
+output and exit codes are a stable interface (``schemas.publish_result``, written by
+``loraplane.publish_output``). seq is time-based, see loraplane.lifecycle_events.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from loraplane.publish_output import PublishFailed, PublishReport
+from loraplane.schemas.reasons import PublishFailure
+
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
+    from loraplane.registry_decisions import DecisionWatch
     from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 
 KEY_OPTION = typer.Option(..., "--key", help="Private key file (loraplane keys generate).")
@@ -148,6 +154,78 @@ def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
                            "files": len(manifest.files) + 1}))
 
 
+def _publish_settings(get_settings: Callable[[], Settings]) -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return get_settings()
+    except (ValidationError, ValueError) as exc:
+        raise PublishFailed(PublishFailure.settings_invalid, f"settings: {exc}") from None
+
+
+def _check_release(adapter_id: str, tenant: str, base_model: str, version: str) -> None:
+    """Ids and version as the signed event needs them, before any byte is read or sent."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from loraplane.schemas.base import Identifier, Version
+
+    ids = "an id (lower-case letters, digits, '.', '_', '-'; at most 128)"
+    for option, value, kind, what in (
+            ("--adapter-id", adapter_id, Identifier, ids), ("--tenant", tenant, Identifier, ids),
+            ("--base-model", base_model, Identifier, ids),
+            ("--version", version, Version, "a version (1, v2, 1.4.0: up to 4 numbers)")):
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError:
+            raise PublishFailed(PublishFailure.release_invalid,
+                                f"{option} {value[:100]!r} is not {what}") from None
+
+
+def _publish_key(path: Path) -> Any:
+    from loraplane.schemas.signing import KeyFileError, SigningKey
+
+    try:
+        return SigningKey.load(path)
+    except KeyFileError as exc:
+        raise PublishFailed(PublishFailure.key_unusable, str(exc)) from None
+
+
+def _decision_watch(settings: Settings) -> DecisionWatch:
+    """Where the audit topic ends before the events go out (``publish --wait-s``)."""
+    from loraplane.kernel.kafka import KafkaAuthError, KafkaUnavailable
+    from loraplane.registry_decisions import DecisionWatch
+
+    try:
+        return DecisionWatch(settings)
+    except KafkaUnavailable as exc:
+        raise PublishFailed(PublishFailure.bus_unavailable, f"audit topic: {exc}") from None
+    except KafkaAuthError as exc:
+        raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
+
+
+def _await_registry(report: PublishReport, watch: DecisionWatch, wait_s: float) -> None:
+    """The registry's decision on every sent event, or the failure that says what is known."""
+    from confluent_kafka import KafkaException
+
+    ids = [e.event_id for e in report.events]
+    report.progress(f"waiting up to {wait_s:g} s for the registry's decision")
+    try:
+        audits = watch.wait(ids, wait_s)
+    except KafkaException as exc:
+        raise PublishFailed(PublishFailure.registry_undecided,
+                            f"reading the audit topic: {exc}") from None
+    rejected = report.decided(audits)
+    if rejected:
+        raise PublishFailed(PublishFailure.registry_rejected, "; ".join(
+            f"the registry rejected {d.action} event {d.event_id}: {d.reason} {d.detail}".rstrip()
+            for d in rejected))
+    missing = [i for i in ids if i not in audits]
+    if missing:
+        raise PublishFailed(PublishFailure.registry_undecided,
+                            f"no decision on {', '.join(missing)} within {wait_s:g} s (is the "
+                            "registry agent, `loraplane streams run`, running?)")
+
+
 def register(app: typer.Typer) -> None:
     from loraplane.schemas.lifecycle import LifecycleAction
 
@@ -174,12 +252,24 @@ def register(app: typer.Typer) -> None:
                                 "unless --reupload."),
         reason: str = REASON_OPTION,
         ttl_minutes: int = TTL_OPTION,
+        wait_s: float = typer.Option(
+            0.0, "--wait-s", min=0, max=3600,
+            help="Also wait this long for the registry's decision on each event (read "
+                 "from the audit topic); 0: exit once the broker acknowledged them."),
+        json_output: bool = typer.Option(
+            False, "--json", help="Print the result object (stdout) whatever happens, "
+                                  "failures included: the stable interface for scripts."),
         reupload: bool = typer.Option(
             False, "--reupload", help="The version is registered already and the store lost "
                                       "its bytes: upload them again once their digest is the "
                                       "registry's signed one; no lifecycle event."),
     ) -> None:
-        """Verify, upload and publish an adapter version (status: published)."""
+        """Verify, upload and publish an adapter version (status: published).
+
+        Exit codes: 0 published, 1 internal error, 2 invalid input, 3 artifact refused,
+        4 registry rejected (--wait-s), 5 S3/Kafka unavailable (nothing sent: re-run),
+        6 undecided (events sent, outcome unknown). docs/lifecycle.md, "Publishing from CI".
+        """
         from datetime import timedelta
 
         from botocore.exceptions import BotoCoreError, ClientError
@@ -193,59 +283,97 @@ def register(app: typer.Typer) -> None:
             upload,
         )
         from loraplane.json_files import read_model_config
+        from loraplane.kernel.bus import DeliveryError, produce_sync
         from loraplane.kernel.config import get_settings
+        from loraplane.kernel.kafka import KafkaAuthError
+        from loraplane.kernel.secrets import SecretError
+        from loraplane.kernel.topics import topic_name
         from loraplane.lifecycle_events import signed_event
         from loraplane.schemas.adapter import Priority
 
-        settings = get_settings()
-        if reupload:
-            _reupload(settings, adapter_id, version, artifact, model_config)
+        if reupload and not json_output:
+            _reupload(get_settings(), adapter_id, version, artifact, model_config)
             return
-        if key_file is None or tenant is None or base_model is None:
-            raise _fail("publish needs --key, --tenant and --base-model (or --reupload)")
-        if promote and canary is not None:
-            raise _fail("--canary or --promote, not both")
-        key = _load_key(key_file)
-        ttl = timedelta(minutes=ttl_minutes)
-        try:
-            request = PublishRequest(adapter_id, tenant, base_model, version, Priority(priority),
-                                     tokenizer_revision)
-            model = read_model_config(model_config) if model_config else None
-            with local_folder(settings, artifact) as folder:
-                record, manifest = build_record(folder, request, settings.s3.bucket,
-                                                base_model_aliases=settings.base_model_aliases,
-                                                model=model)
-                upload(settings, folder, record, manifest)
-            event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
-                                 tenant_id=tenant, base_model=base_model, version=version,
-                                 record=record, reason=reason, ttl=ttl)
-            # The follow-up needs no registry look-up (promote alone does: the owner), so
-            # it cannot race the registry taking in the publish.
-            follow = None
-            if canary is not None:
-                follow = signed_event(
-                    key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
-                    base_model=base_model, version=version, canary_percent=canary,
-                    reason=reason, seq=event.seq + 1, ttl=ttl)
-            elif promote:
-                follow = signed_event(
-                    key, LifecycleAction.promote, adapter_id=adapter_id, tenant_id=tenant,
-                    base_model=base_model, version=version, reason=reason,
-                    seq=event.seq + 1, ttl=ttl)
-        except (ArtifactError, ValueError, ValidationError) as exc:
-            raise _fail(str(exc)) from None
-        except OSError as exc:  # --model-config unreadable
-            raise _fail(str(exc)) from None
-        except (BotoCoreError, ClientError) as exc:
-            raise _fail(f"artifact store: {exc}") from None
-        _produce(settings, event)
-        line = {"event_id": event.event_id, "version": version, "sha256": record.sha256,
-                "artifact_uri": record.artifact_uri, "lora_name": record.lora_name,
-                "seq": event.seq}
-        if follow is not None:
-            _produce(settings, follow)
-            line[f"{follow.action}_event_id"] = follow.event_id
-        typer.echo(json.dumps(line))
+        report = PublishReport(adapter_id, version, tenant_id=tenant, base_model=base_model,
+                               json_output=json_output)
+        with report.running():
+            if reupload:
+                raise PublishFailed(PublishFailure.options_invalid,
+                                    "--json is for publishing; --reupload prints its own line")
+            if key_file is None or tenant is None or base_model is None:
+                raise PublishFailed(PublishFailure.options_invalid,
+                                    "publish needs --key, --tenant and --base-model "
+                                    "(or --reupload)")
+            if promote and canary is not None:
+                raise PublishFailed(PublishFailure.options_invalid,
+                                    "--canary or --promote, not both")
+            settings = _publish_settings(get_settings)
+            _check_release(adapter_id, tenant, base_model, version)
+            key = _publish_key(key_file)
+            ttl = timedelta(minutes=ttl_minutes)
+            try:
+                request = PublishRequest(adapter_id, tenant, base_model, version,
+                                         Priority(priority), tokenizer_revision)
+            except ValueError as exc:
+                raise PublishFailed(PublishFailure.options_invalid, str(exc)) from None
+            try:
+                model = read_model_config(model_config) if model_config else None
+            except (OSError, ValueError) as exc:
+                raise PublishFailed(PublishFailure.model_config_invalid, str(exc)) from None
+            try:
+                with local_folder(settings, artifact) as folder:
+                    report.progress(f"verifying {artifact} as a worker would")
+                    record, manifest = build_record(
+                        folder, request, settings.s3.bucket,
+                        base_model_aliases=settings.base_model_aliases, model=model)
+                    report.artifact(record)
+                    report.progress(f"uploading {len(manifest.files)} files and the manifest "
+                                    f"to {record.artifact_uri}")
+                    upload(settings, folder, record, manifest)
+            except ArtifactError as exc:
+                raise PublishFailed(PublishFailure.artifact_refused, str(exc),
+                                    exc.refusals) from None
+            except OSError as exc:  # the folder could not be read
+                raise PublishFailed(PublishFailure.artifact_refused, str(exc)) from None
+            except (BotoCoreError, ClientError) as exc:
+                raise PublishFailed(PublishFailure.artifact_store_unavailable,
+                                    f"artifact store: {exc}") from None
+            except SecretError as exc:  # the S3 secret file
+                raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
+            try:
+                event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
+                                     tenant_id=tenant, base_model=base_model, version=version,
+                                     record=record, reason=reason, ttl=ttl)
+                # The follow-up needs no registry look-up (promote alone does: the owner), so
+                # it cannot race the registry taking in the publish.
+                follow = None
+                if canary is not None:
+                    follow = signed_event(
+                        key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
+                        base_model=base_model, version=version, canary_percent=canary,
+                        reason=reason, seq=event.seq + 1, ttl=ttl)
+                elif promote:
+                    follow = signed_event(
+                        key, LifecycleAction.promote, adapter_id=adapter_id, tenant_id=tenant,
+                        base_model=base_model, version=version, reason=reason,
+                        seq=event.seq + 1, ttl=ttl)
+            except (ValueError, ValidationError) as exc:
+                raise PublishFailed(PublishFailure.release_invalid, str(exc)) from None
+            watch = _decision_watch(settings) if wait_s else None
+            lifecycle = topic_name(settings, "lifecycle")
+            for sent in (event, follow):
+                if sent is None:
+                    continue
+                try:
+                    report.sent(sent, *produce_sync(settings, lifecycle, adapter_id, sent))
+                except DeliveryError as exc:
+                    raise PublishFailed(PublishFailure.bus_unavailable if sent is event
+                                        else PublishFailure.follow_up_not_acknowledged,
+                                        str(exc)) from None
+                except KafkaAuthError as exc:  # before the first event: nothing was sent
+                    raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
+            if watch is not None:
+                _await_registry(report, watch, wait_s)
 
     @app.command("canary")
     def canary_cmd(adapter_id: str = ADAPTER_OPTION, version: str = VERSION_OPTION,

@@ -6,7 +6,7 @@ is the fastest Python client and gives real delivery reports for ``acks=all``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,54 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
         if to_end:
             raise TopicReadIncomplete(f"{topic}: the end was not reached within {timeout_s:.0f}s "
                                       f"(is {settings.kafka.bootstrap} up?)")
+    finally:
+        consumer.close()
+
+
+def end_offsets(settings: Settings, topic: str, *, timeout_s: float = 10.0) -> dict[int, int]:
+    """The next offset of every partition of ``topic`` now: where a read of only what is
+    written from here on starts (``read_since``). Raises ``KafkaUnavailable`` when the
+    broker does not answer within ``timeout_s``."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    consumer = kafka.consumer(settings, f"loraplane-reader-ends-{time.monotonic_ns()}",
+                              quiet=True)
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise kafka.KafkaUnavailable(f"{topic}: {meta.error if meta else 'no such topic'}")
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                  timeout=timeout_s)[1]
+                for p in sorted(meta.partitions)}
+    except KafkaException as exc:
+        raise kafka.KafkaUnavailable(f"{settings.kafka.bootstrap}: {exc}") from None
+    finally:
+        consumer.close()
+
+
+def read_since(settings: Settings, topic: str, offsets: dict[int, int], *,
+               timeout_s: float) -> Generator[Record]:
+    """The records of ``topic`` from ``offsets`` (``end_offsets`` taken earlier) on, as
+    they arrive, until the caller stops or ``timeout_s`` passed. Partitions are assigned,
+    not subscribed: no group, nothing committed, no rebalance to wait for."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    consumer = kafka.consumer(settings, f"loraplane-reader-since-{time.monotonic_ns()}",
+                              read_to_end=True, quiet=True)
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            msg = consumer.poll(min(0.5, left))
+            if msg is None:
+                continue
+            if (err := msg.error()) is not None:
+                if err.code() == -191:  # _PARTITION_EOF: caught up, more may come
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                continue  # librdkafka retries a transient error by itself
+            yield record_of(msg, topic)
     finally:
         consumer.close()
 

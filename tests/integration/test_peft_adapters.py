@@ -186,7 +186,7 @@ def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
 
     no_aliases = {k: v for k, v in fleet.env.items() if k != "LORAPLANE_BASE_MODEL_ALIASES"}
     refused = fleet.publish("peft-path", by_path, env=no_aliases)
-    assert refused.returncode == 1
+    assert refused.returncode == 3  # artifact_refused (schemas.publish_result)
     assert f"base_model_mismatch adapter_config.json ('{fleet.model_dir}' != " \
            f"'{TINY_BASE_MODEL}')" in refused.stderr
 

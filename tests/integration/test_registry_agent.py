@@ -154,4 +154,4 @@ def test_cli_publish_uploads_signs_and_reaches_the_registry(env: Env) -> None:
     (folder / "extra.bin").write_bytes(b"\x80\x04pickle")
     refused = cli("publish", *common, "--tenant", "acme", "--base-model", "tiny-llama",
                   "--version", "2.0", "--artifact", str(folder))
-    assert refused.returncode == 1 and "pickle" in refused.stderr
+    assert refused.returncode == 3 and "pickle" in refused.stderr  # artifact_refused
