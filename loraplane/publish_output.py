@@ -82,7 +82,7 @@ class PublishReport:
             for e in self.events if (a := audits.get(e.event_id)) is not None]
         for d in self.registry:
             self.progress(f"the registry {d.decision} {d.action} event {d.event_id}"
-                          + (f": {d.reason} {d.detail}".rstrip() if d.reason else ""))
+                          + (f": {d.why}" if d.reason else ""))
         return [d for d in self.registry if d.decision == "rejected"]
 
     def result(self, error: PublishError | None = None) -> PublishResult:

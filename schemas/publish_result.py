@@ -89,6 +89,11 @@ class RegistryDecision(_Output):
     reason: AuditReason = Field("", description="the rejection reason; empty when accepted")
     detail: str = Field("", max_length=2048)
 
+    @property
+    def why(self) -> str:
+        """The reason with its detail, for a log line."""
+        return f"{self.reason} ({self.detail})" if self.detail else str(self.reason)
+
 
 class ArtifactRefusal(_Output):
     """One reason the workers' verifier (or publish itself) refused the artifact."""

@@ -217,8 +217,7 @@ def _await_registry(report: PublishReport, watch: DecisionWatch, wait_s: float) 
     rejected = report.decided(audits)
     if rejected:
         raise PublishFailed(PublishFailure.registry_rejected, "; ".join(
-            f"the registry rejected {d.action} event {d.event_id}: {d.reason} {d.detail}".rstrip()
-            for d in rejected))
+            f"the registry rejected {d.action} event {d.event_id}: {d.why}" for d in rejected))
     missing = [i for i in ids if i not in audits]
     if missing:
         raise PublishFailed(PublishFailure.registry_undecided,
@@ -267,7 +266,7 @@ def register(app: typer.Typer) -> None:
         """Verify, upload and publish an adapter version (status: published).
 
         Exit codes: 0 published, 1 internal error, 2 invalid input, 3 artifact refused,
-        4 registry rejected (--wait-s), 5 S3/Kafka unavailable (nothing sent: re-run),
+        4 registry rejected (--wait-s), 5 unavailable (S3 or Kafka; nothing sent: re-run),
         6 undecided (events sent, outcome unknown). docs/lifecycle.md, "Publishing from CI".
         """
         from datetime import timedelta

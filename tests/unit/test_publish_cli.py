@@ -353,6 +353,20 @@ def test_exit_codes_are_distinct_and_every_failure_has_an_outcome() -> None:
         PublishOutcome.published}
 
 
+def test_the_documented_exit_codes_are_the_codes() -> None:
+    from tests.unit.test_reason_docs import tables
+
+    rows = tables("docs/lifecycle.md")[("exit", "outcome", "meaning", "what the CI job does")]
+    assert {int(r[0].strip("`")): r[1].strip("`") for r in rows} == {
+        code: outcome.value for outcome, code in EXIT_CODE.items()}
+    script = (ROOT / "examples/ci/publish-adapter.sh").read_text().replace("#", " ")
+    help_text = RUN.invoke(app, ["publish", "--help"], terminal_width=200).stdout
+    said = [" ".join(text.replace("│", " ").split()) for text in (script, help_text)]
+    for outcome, code in EXIT_CODE.items():  # the script's header and --help say them too
+        words = outcome.value.replace("_", " ")
+        assert all(f"{code} {words}" in text for text in said), words
+
+
 @given(st.sampled_from([None, *PublishFailure]), st.text(max_size=40),
        st.lists(st.sampled_from(["canary", "promote"]), max_size=1))
 def test_a_result_round_trips_and_its_code_follows_its_error(

@@ -34,6 +34,7 @@ from loraplane.schemas.reasons import (
     ForeignChange,
     IntentRefusal,
     LoadDeferral,
+    PublishFailure,
     QueueRefusal,
     RegistryRejection,
     RegistryViewRejection,
@@ -102,6 +103,15 @@ def test_lifecycle_doc_lists_every_registry_rejection() -> None:
     rows = tables("docs/lifecycle.md")[("reason", "fires when")]
     assert sorted(codes(rows)) == sorted([*values(RegistryRejection),
                                           ConsumerFault.internal_error.value])
+
+
+def test_lifecycle_doc_lists_every_publish_failure_with_its_outcome() -> None:
+    from loraplane.schemas.publish_result import FAILURE_OUTCOME
+
+    rows = tables("docs/lifecycle.md")[("failure", "outcome", "when")]
+    assert sorted(codes(rows)) == values(PublishFailure)
+    assert {code: row[1].strip("`") for code, row in zip(codes(rows), rows, strict=True)} == {
+        f.value: FAILURE_OUTCOME[f].value for f in PublishFailure}
 
 
 def test_worker_doc_lists_every_artifact_reason() -> None:
