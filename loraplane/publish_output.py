@@ -99,6 +99,8 @@ class PublishReport:
         except PublishFailed as exc:
             self._finish(PublishError(code=exc.code, message=exc.message,
                                       refusals=exc.refusals))
+        except typer.Exit:
+            raise  # a step that ends the command itself has said why already
         except Exception as exc:
             traceback.print_exc()
             self._finish(PublishError(code=PublishFailure.internal_error,
