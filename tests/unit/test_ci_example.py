@@ -62,6 +62,13 @@ def test_actionlint_does_find_a_mistake_in_it(tmp_path: Path) -> None:
                                    "steps.pubilsh.outputs.lora_name"))
     done = lint(broken)
     assert done.returncode == 1 and "pubilsh" in done.stdout, done.stdout + done.stderr
+    if shutil.which("shellcheck") is None:
+        return  # actionlint checks `run:` blocks only with shellcheck on PATH
+    quoted = 'rm -rf "$RUNNER_TEMP/loraplane-secrets"'
+    assert quoted in text
+    broken.write_text(text.replace(quoted, quoted.replace('"', "")))
+    done = lint(broken)
+    assert done.returncode == 1 and "SC2086" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_script_passes_shellcheck() -> None:
