@@ -46,8 +46,22 @@ class Release(StrictModel):
     rollback_to: Version | None = None
 
 
+class ModelSignature(StrictModel):
+    """The OpenSSF model-signing bundle publish verified: ``model.sig`` in the artifact
+    (pinned by the manifest like every file), who signed it, as the keyring names them.
+    Workers verify the bundle again before the bytes are used
+    (loraplane.artifact.model_signature)."""
+
+    bundle_sha256: Sha256 = Field(description="sha256 of the bundle file, model.sig")
+    signer_id: Identifier = Field(description="the keyring's model_signers entry that verified it")
+    identity: str = Field(min_length=1, max_length=1024,
+                          description="sha256:<hex> of the signing key's PEM, or the signing "
+                                      "certificate's subject")
+
+
 class AdapterRecord(StrictModel):
-    """Field names follow the seed's registry table."""
+    """Field names follow the seed's registry table. ``model_signature`` is left out of the
+    bytes when absent, so the signatures of records that predate it still verify."""
 
     schema_version: Literal[1] = 1
     adapter_id: Identifier
@@ -64,6 +78,7 @@ class AdapterRecord(StrictModel):
     priority: Priority = Priority.silver
     compatibility: Compatibility
     release: Release = Field(default_factory=Release)
+    model_signature: ModelSignature | None = Field(None, exclude_if=lambda v: v is None)
 
     @field_validator("artifact_uri")
     @classmethod

@@ -23,7 +23,28 @@ never evicted, so it is granted explicitly):
 ```yaml
 default_max_priority: gold         # tenants not listed below (default: gold)
 tenants:
-  acme: {max_priority: platinum}
+  acme: {max_priority: platinum, require_model_signature: true}
+```
+
+OpenSSF model-signing keys and certificate authorities (``model_signers``) vouch for an
+artifact's bytes, each for the tenants it names; a tenant with ``require_model_signature``
+gets no artifact published or loaded without a bundle one of them verifies
+(loraplane.artifact.model_signature):
+
+```yaml
+model_signers:
+  - signer_id: acme-models-2026    # unique; recorded in the adapter record as the signer
+    tenants: [acme]                # whose adapters it may sign, or "*"
+    public_key: |                  # an EC (P-256/384/521) public key, PEM: key-based signing
+      -----BEGIN PUBLIC KEY-----
+      ...
+  - signer_id: acme-release-ca
+    tenants: [acme]
+    ca_certificates: |             # or certificate signing: the chain's trust anchors, PEM,
+      -----BEGIN CERTIFICATE-----  # and the one signing-certificate subject they may vouch for
+      ...
+    certificate_subject: CN=acme-release,O=Acme
+    revoked: false
 ```
 
 Rotation is two keys of one publisher valid at once; revocation sets ``revoked: true``
@@ -109,17 +130,84 @@ DEFAULT_MAX_PRIORITY = Priority.gold
 
 
 class TenantPolicy(StrictModel):
-    max_priority: Priority = Field(description="the highest priority its records may carry")
+    max_priority: Priority | None = Field(
+        None, description="the highest priority its records may carry (None: the default)",
+        exclude_if=lambda v: v is None)
+    require_model_signature: bool = Field(
+        False, description="publish and load only artifacts with a verified model-signing "
+                           "bundle", exclude_if=lambda v: not v)
+
+
+class ModelSignerEntry(StrictModel):
+    """A key or certificate authority trusted for OpenSSF model-signing bundles, bound to the
+    tenants whose artifacts it may sign (a valid bundle of another tenant's key is refused).
+    Exactly one of ``public_key`` (key-based signing) or ``ca_certificates`` with
+    ``certificate_subject`` (certificate signing: any chain to these anchors, but only the
+    signing certificate with exactly this subject)."""
+
+    signer_id: Identifier
+    tenants: list[Identifier] | Literal["*"] = Field(min_length=1)
+    public_key: str | None = Field(None, max_length=4096, description="EC public key, PEM")
+    ca_certificates: str | None = Field(None, max_length=256 * 1024,
+                                        description="trust anchors, PEM")
+    certificate_subject: str | None = Field(None, min_length=1, max_length=1024,
+                                            description="RFC 4514 subject of the signing "
+                                                        "certificate")
+    revoked: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelSignerEntry:
+        from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key
+
+        if (self.public_key is None) == (self.ca_certificates is None):
+            raise ValueError("give exactly one of public_key or ca_certificates")
+        if self.public_key is not None:
+            if self.certificate_subject is not None:
+                raise ValueError("certificate_subject goes with ca_certificates")
+            check_ec_public_key(self.public_key)
+        else:
+            if self.certificate_subject is None:
+                raise ValueError("ca_certificates needs the certificate_subject it vouches for")
+            check_ca_certificates(self.ca_certificates or "")
+        return self
+
+    def allows_tenant(self, tenant_id: str) -> bool:
+        return self.tenants == ANY or tenant_id in self.tenants
+
+    @property
+    def identity(self) -> str:
+        """Who signs with it: ``sha256:<hex>`` of the public key's PEM (the key hint a
+        model-signing bundle carries), or the signing certificate's subject."""
+        from loraplane.schemas.pem import key_fingerprint
+
+        if self.public_key is not None:
+            return key_fingerprint(self.public_key)
+        return self.certificate_subject or ""
 
 
 class Keyring(StrictModel):
     keys: list[KeyEntry] = Field(default_factory=list, max_length=10_000)
     default_max_priority: Priority = DEFAULT_MAX_PRIORITY
     tenants: dict[Identifier, TenantPolicy] = Field(default_factory=dict, max_length=100_000)
+    model_signers: list[ModelSignerEntry] = Field(default_factory=list, max_length=10_000)
 
     def max_priority(self, tenant_id: str) -> Priority:
         policy = self.tenants.get(tenant_id)
-        return policy.max_priority if policy else self.default_max_priority
+        if policy is None or policy.max_priority is None:
+            return self.default_max_priority
+        return policy.max_priority
+
+    def requires_model_signature(self, tenant_id: str) -> bool:
+        policy = self.tenants.get(tenant_id)
+        return policy is not None and policy.require_model_signature
+
+    @field_validator("model_signers")
+    @classmethod
+    def _unique_signers(cls, v: list[ModelSignerEntry]) -> list[ModelSignerEntry]:
+        ids = [s.signer_id for s in v]
+        if len(set(ids)) != len(ids):
+            raise ValueError("duplicate signer_id")
+        return v
 
     @field_validator("keys")
     @classmethod
@@ -149,9 +237,11 @@ class Keyring(StrictModel):
     def to_yaml(self) -> str:
         import yaml
 
-        data = self.model_dump(mode="json")
+        data = self.model_dump(mode="json", exclude_none=True)
         if not self.tenants:  # defaults left out: a printed entry is just ``keys:``
             del data["tenants"]
+        if not self.model_signers:
+            del data["model_signers"]
         if self.default_max_priority is DEFAULT_MAX_PRIORITY:
             del data["default_max_priority"]
         return yaml.safe_dump(data, sort_keys=False)

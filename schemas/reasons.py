@@ -174,12 +174,21 @@ class ArtifactReason(StrEnum):
     module_not_in_model = "module_not_in_model"
     target_module_missing = "target_module_missing"
     lora_pair_incomplete = "lora_pair_incomplete"
+    # the OpenSSF model-signing bundle (model.sig) against the keyring's model_signers
+    model_signature_required = "model_signature_required"  # the tenant requires one; none
+    model_signature_invalid = "model_signature_invalid"  # malformed, or no trusted key verifies
+    model_signer_out_of_scope = "model_signer_out_of_scope"  # a trusted signer of other tenants
+    model_signer_revoked = "model_signer_revoked"
+    model_signature_mismatch = "model_signature_mismatch"  # signed digests != the artifact's
+    model_signing_unavailable = "model_signing_unavailable"  # no model-signing package here
 
     @property
     def is_failure(self) -> bool:
-        """True for transient I/O trouble (CacheEvent kind ``fail``), False for a refusal."""
+        """True for transient trouble (CacheEvent kind ``fail``), False for a refusal: I/O,
+        or a worker without the model-signing package (installing it lets a retry pass)."""
         return self in (ArtifactReason.artifact_store_unavailable, ArtifactReason.fetch_failed,
-                        ArtifactReason.host_io_error, ArtifactReason.host_disk_full)
+                        ArtifactReason.host_io_error, ArtifactReason.host_disk_full,
+                        ArtifactReason.model_signing_unavailable)
 
 
 class ResolverRefusal(StrEnum):

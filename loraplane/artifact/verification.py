@@ -7,8 +7,10 @@ offline ``loraplane artifact verify`` and the hostile-artifact tests.
 What is checked, each failure with its own ``Reason``:
 - the manifest's digest equals the signed registry record's ``sha256``; every file's size
   and sha256 equal the manifest's; the total is under the limit; nothing unlisted;
-- only top-level ``*.safetensors`` and ``adapter_config.json`` (plus ``manifest.json``):
-  no pickle, no symlinks, no ``..`` or absolute names;
+- only top-level ``*.safetensors`` and ``adapter_config.json`` (plus ``manifest.json`` and an
+  OpenSSF model-signing bundle ``model.sig`` of at most ``MAX_BUNDLE_BYTES``): no pickle,
+  no symlinks, no ``..`` or absolute names; the bundle is in the manifest exactly when the
+  record names it, with its sha256 (its signature: loraplane.artifact.model_signature);
 - each safetensors header is read with a bounded length (the first 8 bytes announce it; an
   announcement over ``max_header_bytes`` is refused before anything else is read) and
   validated: dtypes, shapes, offsets inside the file, contiguous and non-overlapping;
@@ -45,6 +47,8 @@ from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 MANIFEST_NAME = "manifest.json"
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+BUNDLE_NAME = "model.sig"  # OpenSSF model signing's bundle (the model_signing CLI's default name)
+MAX_BUNDLE_BYTES = 1024 * 1024  # a key-signed bundle of a few files is ~2 KiB
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 MAX_JSON_FILE_BYTES = 256 * 1024
@@ -139,10 +143,11 @@ def name_refusal(path: str) -> Refusal | None:
         return Refusal(Reason.unsafe_path, path)
     if path.lower().endswith(PICKLE_SUFFIXES):
         return Refusal(Reason.pickle_weights, path, "pickle can run code when loaded")
-    if path in (CONFIG_NAME, MANIFEST_NAME) or ("/" not in path and path.endswith(".safetensors")):
+    if path in (CONFIG_NAME, MANIFEST_NAME, BUNDLE_NAME) or (
+            "/" not in path and path.endswith(".safetensors")):
         return None
     return Refusal(Reason.disallowed_file, path,
-                   "only top-level *.safetensors and adapter_config.json")
+                   f"only top-level *.safetensors, {CONFIG_NAME} and {BUNDLE_NAME}")
 
 
 def _check_names(facts: dict[str, FileFacts], manifest: Manifest | None,
@@ -202,7 +207,30 @@ def _check_manifest(reader: ArtifactReader, facts: dict[str, FileFacts], limits:
     if manifest.total_size > limits.max_total_bytes:
         out.append(Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > "
                                                     f"{limits.max_total_bytes}"))
+    bundle = manifest.file(BUNDLE_NAME)
+    if bundle is not None and bundle.size > MAX_BUNDLE_BYTES:
+        out.append(Refusal(Reason.too_large, BUNDLE_NAME,
+                           f"{bundle.size} bytes > {MAX_BUNDLE_BYTES} for a bundle"))
+    if record is not None:
+        out.extend(_bundle_record_mismatch(record, bundle.sha256 if bundle else None))
     return manifest
+
+
+def _bundle_record_mismatch(record: AdapterRecord, bundle_sha256: str | None) -> list[Refusal]:
+    """The artifact carries a model-signing bundle exactly when the signed record names it,
+    and the very one it names: a bundle cannot be added, dropped or swapped after publish."""
+    claimed = record.model_signature
+    if claimed is None and bundle_sha256 is not None:
+        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
+                        "the artifact has a model-signing bundle; the record names none")]
+    if claimed is not None and bundle_sha256 is None:
+        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
+                        "the record names a model-signing bundle; the artifact has none")]
+    if claimed is not None and claimed.bundle_sha256 != bundle_sha256:
+        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
+                        f"bundle {str(bundle_sha256)[:12]} != record "
+                        f"{claimed.bundle_sha256[:12]}")]
+    return []
 
 
 def _check_files_against_manifest(reader: ArtifactReader, facts: dict[str, FileFacts],

@@ -34,6 +34,8 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
+    # runs the model-signing library on a bundle file for the pure model_signature check
+    ("loraplane.artifact.model_signing_bundle", RUNTIMES),
     # the verified copy of the registry topic: workers, the router and the scoring agent
     ("loraplane.registry_trust", RUNTIMES),
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
