@@ -11,6 +11,11 @@ the owner's prefix ``s3://BUCKET/TENANT_ID/ADAPTER_ID/VERSION-SHA8/``
 (``loraplane.artifact.owner``, the same function the worker's fetcher checks) with
 ``manifest.json`` beside the files, so a worker fetches the manifest, checks its digest
 against the signed ``sha256`` and then every file against the manifest.
+
+A folder signed with OpenSSF model signing carries its bundle, ``model.sig``: it is verified
+with the keyring's ``model_signers`` (``settings.keyring_path``; a signer allowed for the
+tenant, files as signed: loraplane.artifact.model_signature), uploaded with the files and
+named in the record (``model_signature``), and workers verify it again before loading.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.inert_files import Selection, select_for_publish
 from loraplane.artifact.lora_config import parse_lora_config
 from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.model_signature import Signed
+from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
 from loraplane.artifact.refusal import ArtifactError as FetchRefused
 from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import (
@@ -47,6 +54,7 @@ from loraplane.schemas.adapter import (
     Priority,
     expected_artifact_prefix,
 )
+from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
@@ -58,6 +66,11 @@ class ArtifactError(ValueError):
     def __init__(self, message: str, refusals: Sequence[Refusal] = ()) -> None:
         super().__init__(message)
         self.refusals = tuple(refusals)
+
+
+class SigningUnavailable(ArtifactError):
+    """The folder carries a model-signing bundle and the library to verify it is not
+    installed here (``pip install 'loraplane[signing]'``)."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +132,23 @@ def prepare(folder: Path) -> Prepared:
                     selection)
 
 
+def publish_keyring(settings: Settings) -> Keyring | None:
+    """The keyring a publish checks model-signing bundles with (``settings.keyring_path``);
+    None when there is none to read (then a bundle is refused, and no tenant's
+    ``require_model_signature`` is known here: the workers still apply it)."""
+    try:
+        return load_keyring(settings.keyring_path)
+    except KeyringError:
+        return None
+
+
 def build_record(folder: Path, release: PublishRequest, bucket: str, *,
                  base_model_aliases: Mapping[str, str] | None = None,
-                 model: ModelShape | None = None) -> tuple[AdapterRecord, Manifest]:
+                 model: ModelShape | None = None,
+                 keyring: Keyring | None = None) -> tuple[AdapterRecord, Manifest]:
     """Manifest and registry record of a local adapter folder, verified as a worker would
-    (``model``: the base model's shapes, when the publisher has its config.json)."""
+    (``model``: the base model's shapes, when the publisher has its config.json), its
+    model-signing bundle, if any, with ``keyring``'s model signers."""
     listing = DirectoryArtifact(folder)
     odd = [f.path for f in listing.files() if f.kind != "file" and f.path != MANIFEST_NAME]
     if odd:
@@ -149,6 +174,16 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
         raise ArtifactError(f"{folder}: {exc}") from None
     if prepared.selection.refusals:
         raise _refused(prepared.selection.refusals)
+    # The manifest was hashed from these very files, so the bundle is checked against it.
+    signed = check_folder(folder, manifest, release.tenant_id, keyring)
+    if isinstance(signed, tuple):
+        if any(r.reason.is_failure for r in signed):
+            raise SigningUnavailable(f"{folder} carries a model-signing bundle and the "
+                                     "model-signing library is not installed: "
+                                     f"pip install '{SIGNING_EXTRA}'")
+        raise _refused(signed)
+    if isinstance(signed, Signed):
+        record = record.model_copy(update={"model_signature": signed.signature})
     verdict = verify_artifact(prepared.reader,
                               WorkerLimits(base_model=release.base_model,
                                            max_lora_rank=record.rank, model=model,
@@ -248,7 +283,8 @@ def reupload(settings: Settings, folder: Path, registered: AdapterRecord, *,
         registered.adapter_id, registered.tenant_id, registered.base_model,
         registered.version, registered.priority,
         registered.compatibility.tokenizer_revision), settings.s3.bucket,
-        base_model_aliases=settings.base_model_aliases, model=model)
+        base_model_aliases=settings.base_model_aliases, model=model,
+        keyring=publish_keyring(settings))
     if record.sha256 != registered.sha256 or record.artifact_uri != registered.artifact_uri:
         raise ArtifactError(
             f"{folder}: manifest digest {record.sha256} is not the registered (signed) digest "

@@ -51,6 +51,7 @@ FAILURE_OUTCOME: dict[PublishFailure, PublishOutcome] = {
     PublishFailure.settings_invalid: PublishOutcome.invalid_input,
     PublishFailure.release_invalid: PublishOutcome.invalid_input,
     PublishFailure.model_config_invalid: PublishOutcome.invalid_input,
+    PublishFailure.extra_missing: PublishOutcome.invalid_input,
     PublishFailure.artifact_refused: PublishOutcome.artifact_refused,
     PublishFailure.artifact_store_unavailable: PublishOutcome.unavailable,
     PublishFailure.bus_unavailable: PublishOutcome.unavailable,

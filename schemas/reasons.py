@@ -345,6 +345,7 @@ class PublishFailure(StrEnum):
     settings_invalid = "settings_invalid"  # settings or their secret files are unusable
     release_invalid = "release_invalid"  # adapter id, version, tenant... refused by the schema
     model_config_invalid = "model_config_invalid"  # --model-config unreadable or not a config
+    extra_missing = "extra_missing"  # a signed folder, without loraplane[signing] installed
     artifact_refused = "artifact_refused"  # the workers' verifier (or publish) refused it
     artifact_store_unavailable = "artifact_store_unavailable"  # S3 failed; nothing produced
     bus_unavailable = "bus_unavailable"  # Kafka did not acknowledge; nothing produced

@@ -43,18 +43,27 @@ from typing import Protocol
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
+from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import FetchedArtifact
 from loraplane.workers.host_tier_entry import ADAPTER_DIR, RECORD_FILE, entry_record
 
 from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.model_signing_bundle import SignatureCheck
 from loraplane.artifact.refusal import ArtifactError, Refusal
-from loraplane.artifact.verification import WorkerLimits, verify_artifact
+from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
 
 log = logging.getLogger("loraplane.host_tier")
 
 _PARTIAL = ".partial-"
 _REMOVING = ".removing-"
+
+
+class CheckSignature(Protocol):
+    """Raises ArtifactError unless the verified folder's model-signing bundle (or its
+    absence) is acceptable for ``record`` (loraplane.artifact.model_signing_bundle)."""
+
+    def __call__(self, folder: Path, manifest: Manifest, record: AdapterRecord) -> None: ...
 
 
 class Fetcher(Protocol):
@@ -85,13 +94,16 @@ class HostTier:
     """``score(entry)`` ranks eviction candidates (lowest goes first, ties by least recent
     use; default: plain LRU). ``is_protected(lora_name)`` marks entries that must stay, e.g.
     those vLLM has registered and may re-read from disk. ``on_evict`` hears every entry
-    removed to make room."""
+    removed to make room. ``check_signature`` runs on every verified folder, installs and
+    the startup scan alike (default: no keyring, so a record naming a model-signing bundle
+    is refused; the worker passes its keyring's)."""
 
     def __init__(self, root: Path, *, budget_bytes: int, limits: WorkerLimits,
                  fetcher: Fetcher,
                  score: Callable[[TierEntry], float] | None = None,
                  is_protected: Callable[[str], bool] = lambda _name: False,
                  on_evict: Callable[[TierEntry], None] | None = None,
+                 check_signature: CheckSignature | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.root = root
         self.budget_bytes = budget_bytes
@@ -100,6 +112,7 @@ class HostTier:
         self._score = score or (lambda _entry: 0.0)
         self._is_protected = is_protected
         self._on_evict = on_evict
+        self._check_signature = check_signature or SignatureCheck(lambda: None)
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, TierEntry] = {}
@@ -194,6 +207,7 @@ class HostTier:
                                       self.limits, record)
             if not verdict.ok:
                 raise ArtifactError(verdict.refusals)
+            self._check_signature(fetched.root, fetched.manifest, record)
             (partial / RECORD_FILE).write_text(record.model_dump_json())
             with self._lock:
                 evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
@@ -302,6 +316,14 @@ class HostTier:
             return f"unreadable: {exc.strerror}"
         if not verdict.ok:
             return ",".join(r.value for r in verdict.reasons)
+        try:  # the verifier parsed this manifest already: it is valid
+            manifest = Manifest.model_validate_json(
+                (folder / ADAPTER_DIR / MANIFEST_NAME).read_bytes())
+            self._check_signature(folder / ADAPTER_DIR, manifest, record)
+        except ArtifactError as exc:
+            return ",".join(r.value for r in exc.reasons)
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
         size = sum(f.size for f in artifact.files())
         self._entries[record.lora_name] = TierEntry(record.lora_name, folder / ADAPTER_DIR,
                                                     record, size, folder.stat().st_mtime)

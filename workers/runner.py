@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
-from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
@@ -29,6 +29,7 @@ from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
 from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
@@ -73,7 +74,29 @@ def build_host_tier(settings: Settings, options: WorkerOptions,
                           model=shape, base_model_aliases=settings.base_model_aliases)
     return HostTier(options.host_tier_dir, budget_bytes=options.host_budget_bytes,
                     limits=limits, fetcher=ArtifactFetcher(settings.s3),
-                    is_protected=is_protected)
+                    is_protected=is_protected,
+                    check_signature=SignatureCheck(model_signers(settings.keyring_path)))
+
+
+def model_signers(path: Path) -> Callable[[], Keyring | None]:
+    """The worker's keyring for model-signing bundles, re-read when the file changes; None
+    (signed artifacts refused) while it cannot be read. Says at start when the keyring
+    trusts model signers but the library is not installed (their artifacts then fail with
+    ``model_signing_unavailable`` until it is)."""
+    keyring = KeyringFile(path)
+
+    def current() -> Keyring | None:
+        try:
+            return keyring.current()
+        except KeyringError:
+            return None
+
+    ring = current()
+    if ring is not None and ring.model_signers and not signing_installed():
+        log.error("the keyring trusts %d model signer(s) but the model-signing library is "
+                  "not installed: signed adapters will not load; pip install '%s'",
+                  len(ring.model_signers), SIGNING_EXTRA)
+    return current
 
 
 def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,

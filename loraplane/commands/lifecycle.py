@@ -41,6 +41,12 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
+def _missing_extra(message: str) -> typer.Exit:
+    """An optional part of loraplane this command needs is not installed: exit 2."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
 def _produce(settings: Settings, event: LifecycleEvent) -> tuple[int, int]:
     from loraplane.kernel.bus import DeliveryError, produce_sync
     from loraplane.kernel.topics import topic_name
@@ -134,6 +140,7 @@ def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
 
     from loraplane.artifact_publish import (
         ArtifactError,
+        SigningUnavailable,
         local_folder,
         registered_version,
         reupload,
@@ -145,6 +152,8 @@ def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
         model = read_model_config(model_config) if model_config else None
         with local_folder(settings, artifact) as folder:
             manifest = reupload(settings, folder, record, model=model)
+    except SigningUnavailable as exc:
+        raise _missing_extra(str(exc)) from None
     except (ArtifactError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
     except (BotoCoreError, ClientError) as exc:
@@ -277,8 +286,10 @@ def register(app: typer.Typer) -> None:
         from loraplane.artifact_publish import (
             ArtifactError,
             PublishRequest,
+            SigningUnavailable,
             build_record,
             local_folder,
+            publish_keyring,
             upload,
         )
         from loraplane.json_files import read_model_config
@@ -324,11 +335,14 @@ def register(app: typer.Typer) -> None:
                     report.progress(f"verifying {artifact} as a worker would")
                     record, manifest = build_record(
                         folder, request, settings.s3.bucket,
-                        base_model_aliases=settings.base_model_aliases, model=model)
+                        base_model_aliases=settings.base_model_aliases, model=model,
+                        keyring=publish_keyring(settings))
                     report.artifact(record)
                     report.progress(f"uploading {len(manifest.files)} files and the manifest "
                                     f"to {record.artifact_uri}")
                     upload(settings, folder, record, manifest)
+            except SigningUnavailable as exc:
+                raise PublishFailed(PublishFailure.extra_missing, str(exc)) from None
             except ArtifactError as exc:
                 raise PublishFailed(PublishFailure.artifact_refused, str(exc),
                                     exc.refusals) from None
