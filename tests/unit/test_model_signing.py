@@ -511,3 +511,39 @@ def test_records_without_a_model_signature_keep_their_bytes(signed: Path,
     assert decoded.model_signature is None
     assert json.loads(decoded.model_dump_json()) == old
     assert AdapterRecord.model_validate_json(record.model_dump_json()) == record
+
+
+def test_keys_cli_trusts_revokes_and_requires_model_signers(
+        tmp_path: Path, keys: dict[str, EcKey]) -> None:
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.schemas.keyring import load_keyring
+
+    path = tmp_path / "keyring.yaml"
+    pem = tmp_path / "acme.pub"
+    pem.write_text(keys["acme"].public_pem)
+    runner = CliRunner()
+    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
+                               "acme-models", "--tenant", "acme", "--public-key", str(pem)])
+    assert done.exit_code == 0, done.output
+    assert key_fingerprint(keys["acme"].public_pem) in done.output
+    done = runner.invoke(app, ["keys", "tenant", "--keyring", str(path), "--tenant", "acme",
+                               "--max-priority", "platinum"])
+    done = runner.invoke(app, ["keys", "tenant", "--keyring", str(path), "--tenant", "acme",
+                               "--require-model-signature"])
+    assert done.exit_code == 0 and "max_priority platinum, model signature required" \
+        in done.output  # the ceiling set before is kept
+    ring = load_keyring(path)
+    assert ring.requires_model_signature("acme")
+    assert ring.max_priority("acme") is Priority.platinum
+    assert [s.signer_id for s in ring.model_signers] == ["acme-models"]
+    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
+                               "acme-models", "--tenant", "acme", "--revoke"])
+    assert done.exit_code == 0 and "acme-models: revoked" in done.output
+    assert load_keyring(path).model_signers[0].revoked
+    not_ec = tmp_path / "ed25519.pub"
+    not_ec.write_text(_ed25519_pem())
+    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
+                               "bad", "--tenant", "acme", "--public-key", str(not_ec)])
+    assert done.exit_code == 1 and "must be an EC key" in done.output
