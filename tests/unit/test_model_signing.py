@@ -515,10 +515,10 @@ def test_records_without_a_model_signature_keep_their_bytes(signed: Path,
 
 def test_keys_cli_trusts_revokes_and_requires_model_signers(
         tmp_path: Path, keys: dict[str, EcKey]) -> None:
+    from loraplane.schemas.keyring import load_keyring
     from typer.testing import CliRunner
 
     from loraplane.cli import app
-    from loraplane.schemas.keyring import load_keyring
 
     path = tmp_path / "keyring.yaml"
     pem = tmp_path / "acme.pub"
