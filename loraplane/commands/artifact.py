@@ -28,20 +28,27 @@ def register(app: typer.Typer) -> None:
         model_config: Path | None = typer.Option(
             None, "--model-config", help="the base model's config.json: also check that "
                                          "every module exists there with matching shapes"),
+        tenant: str | None = typer.Option(
+            None, "--tenant", help="check the OpenSSF model-signing bundle (model.sig) for "
+                                   "this tenant with the keyring (default: the record's)"),
     ) -> None:
         """Print ``ok``, or one line per refusal reason; exit 1 when refused. A folder
         without manifest.json is checked as ``loraplane publish`` would upload it: inert
-        files it would drop are named on stderr."""
+        files it would drop are named on stderr. With a tenant (``--tenant`` or the
+        record's), the model-signing bundle is checked as a worker checks it, with
+        ``settings.keyring_path``."""
         from pydantic import ValidationError
 
         from loraplane.artifact.directory import DirectoryArtifact
+        from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
         from loraplane.artifact.refusal import ArtifactError, Refusal
         from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
-        from loraplane.artifact_publish import prepare
+        from loraplane.artifact_publish import prepare, publish_keyring
         from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
         from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode_signed
+        from loraplane.schemas.manifest import Manifest
         from loraplane.schemas.reasons import ArtifactReason as Reason
         from loraplane.workers.artifact_fetch import ArtifactFetcher
 
@@ -73,6 +80,23 @@ def register(app: typer.Typer) -> None:
             base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
             model=model, base_model_aliases=get_settings().base_model_aliases)
 
+        owner = tenant or (record.tenant_id if record is not None else None)
+
+        def signature(folder: Path, manifest: Manifest | None) -> tuple[Refusal, ...]:
+            """The bundle's refusals, once the files passed (their digests are then the
+            manifest's); nothing without a tenant to check it for."""
+            if owner is None or manifest is None:
+                return ()
+            outcome = check_folder(folder, manifest, owner, publish_keyring(get_settings()),
+                                   record)
+            if not isinstance(outcome, tuple):
+                return ()
+            if any(r.reason is Reason.model_signing_unavailable for r in outcome):
+                typer.echo(f"{target} carries a model-signing bundle and the model-signing "
+                           f"library is not installed: pip install '{SIGNING_EXTRA}'", err=True)
+                raise typer.Exit(2)
+            return outcome
+
         def report(refusals: tuple[Refusal, ...], pinned: bool = True) -> None:
             if not refusals:
                 typer.echo("ok" if pinned else "ok: every file check passed; no digest is "
@@ -88,7 +112,11 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{target}: not a folder", err=True)
                 raise typer.Exit(2)
             if (folder / MANIFEST_NAME).exists():
-                report(verify_artifact(DirectoryArtifact(folder), limits, record).refusals)
+                refusals = verify_artifact(DirectoryArtifact(folder), limits, record).refusals
+                if not refusals:
+                    refusals = signature(folder, Manifest.model_validate_json(
+                        (folder / MANIFEST_NAME).read_bytes()))
+                report(refusals)
                 return
             try:
                 prepared = prepare(folder)
@@ -97,9 +125,9 @@ def register(app: typer.Typer) -> None:
                 return
             for dropped in prepared.manifest.dropped:
                 typer.echo(f"publish drops {dropped.path} ({dropped.kind})", err=True)
-            report(prepared.selection.refusals
-                   + verify_artifact(prepared.reader, limits, record).refusals,
-                   pinned=record is not None)
+            refusals = prepared.selection.refusals + verify_artifact(
+                prepared.reader, limits, record).refusals
+            report(refusals or signature(folder, prepared.manifest), pinned=record is not None)
             return
         with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
             fetcher = ArtifactFetcher(get_settings().s3)
@@ -115,6 +143,7 @@ def register(app: typer.Typer) -> None:
                 report(exc.refusals)
                 return
             artifact = DirectoryArtifact(fetched.root, fetched.digests)
-            report(verify_artifact(artifact, limits, record).refusals)
+            report(verify_artifact(artifact, limits, record).refusals
+                   or signature(fetched.root, fetched.manifest))
 
     app.add_typer(group, name="artifact")

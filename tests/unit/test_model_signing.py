@@ -547,3 +547,29 @@ def test_keys_cli_trusts_revokes_and_requires_model_signers(
     done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
                                "bad", "--tenant", "acme", "--public-key", str(not_ec)])
     assert done.exit_code == 1 and "must be an EC key" in done.output
+
+
+def test_artifact_verify_checks_the_bundle_for_a_tenant(
+        signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.schemas.keyring import save_keyring
+
+    path = tmp_path / "keyring.yaml"
+    save_keyring(keyring, path)
+    monkeypatch.setenv("LORAPLANE_KEYRING_PATH", str(path))
+    runner = CliRunner()
+    done = runner.invoke(app, ["artifact", "verify", str(signed), "--tenant", "acme"])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(app, ["artifact", "verify", str(signed), "--tenant", "globex"])
+    assert done.exit_code == 1 and "model_signer_out_of_scope model.sig" in done.output
+    _, manifest = publish(signed, keyring)
+    copy = uploaded(signed, manifest, tmp_path / "worker")
+    flip = bytearray((copy / BUNDLE_NAME).read_bytes())
+    done = runner.invoke(app, ["artifact", "verify", str(copy), "--tenant", "acme"])
+    assert done.exit_code == 0, done.output
+    flip[len(flip) // 2] ^= 0x01  # the bundle the manifest pins is no longer the one here
+    (copy / BUNDLE_NAME).write_bytes(bytes(flip))
+    done = runner.invoke(app, ["artifact", "verify", str(copy), "--tenant", "acme"])
+    assert done.exit_code == 1 and done.output == "sha256_mismatch model.sig\n"
