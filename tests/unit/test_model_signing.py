@@ -551,10 +551,10 @@ def test_keys_cli_trusts_revokes_and_requires_model_signers(
 
 def test_artifact_verify_checks_the_bundle_for_a_tenant(
         signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loraplane.schemas.keyring import save_keyring
     from typer.testing import CliRunner
 
     from loraplane.cli import app
-    from loraplane.schemas.keyring import save_keyring
 
     path = tmp_path / "keyring.yaml"
     save_keyring(keyring, path)
@@ -573,3 +573,48 @@ def test_artifact_verify_checks_the_bundle_for_a_tenant(
     (copy / BUNDLE_NAME).write_bytes(bytes(flip))
     done = runner.invoke(app, ["artifact", "verify", str(copy), "--tenant", "acme"])
     assert done.exit_code == 1 and done.output == "sha256_mismatch model.sig\n"
+
+
+class FolderFetcher:
+    """The S3 fetch's stand-in: a published folder's manifest files, by artifact URI."""
+
+    def __init__(self, sources: dict[str, tuple[Path, Manifest]]) -> None:
+        self.sources = sources
+
+    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
+              max_total_bytes: int, owner: AdapterRecord | None) -> Any:
+        from loraplane.workers.artifact_fetch import FetchedArtifact
+
+        folder, manifest = self.sources[artifact_uri]
+        uploaded(folder, manifest, dest)
+        return FetchedArtifact(dest, manifest, {}, manifest.total_size, 0.0)
+
+
+def test_the_host_tier_checks_bundles_at_install_and_in_its_startup_scan(
+        signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path) -> None:
+    from loraplane.workers.host_tier import HostTier
+
+    record, manifest = publish(signed, keyring)
+    fetcher = FolderFetcher({record.artifact_uri: (signed, manifest)})
+    current: list[Keyring | None] = [keyring]
+
+    def tier() -> HostTier:
+        return HostTier(tmp_path / "tier", budget_bytes=10**8, limits=LIMITS, fetcher=fetcher,
+                        check_signature=SignatureCheck(lambda: current[0]))
+
+    path = tier().ensure(record)
+    assert (path / BUNDLE_NAME).is_file()
+    assert tier().startup_report.kept == (record.lora_name,)  # re-verified, kept
+    current[0] = keyring.model_copy(update={"model_signers": [
+        key_signer("acme-models", ["acme"], keys["acme"], revoked=True)]})
+    report = tier().startup_report  # revoked since: the next start drops it
+    assert report.dropped == ((record.lora_name, "model_signer_revoked"),)
+    with pytest.raises(Refused) as refused:
+        tier().ensure(record)
+    assert refused.value.reasons == (Reason.model_signer_revoked,)
+    assert not list((tmp_path / "tier").glob(".partial-*"))
+    # A tier built without a keyring (the default) refuses signed records, loads others.
+    bare = HostTier(tmp_path / "bare", budget_bytes=10**8, limits=LIMITS, fetcher=fetcher)
+    with pytest.raises(Refused) as refused:
+        bare.ensure(record)
+    assert refused.value.reasons == (Reason.model_signature_invalid,)
