@@ -65,6 +65,7 @@ from loraplane.schemas.adapter import Priority
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
+from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key, key_fingerprint
 from loraplane.schemas.reasons import SignerProblem
 from loraplane.schemas.signing import public_key, unb64, verify
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -157,8 +158,6 @@ class ModelSignerEntry(StrictModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ModelSignerEntry:
-        from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key
-
         if (self.public_key is None) == (self.ca_certificates is None):
             raise ValueError("give exactly one of public_key or ca_certificates")
         if self.public_key is not None:
@@ -178,8 +177,6 @@ class ModelSignerEntry(StrictModel):
     def identity(self) -> str:
         """Who signs with it: ``sha256:<hex>`` of the public key's PEM (the key hint a
         model-signing bundle carries), or the signing certificate's subject."""
-        from loraplane.schemas.pem import key_fingerprint
-
         if self.public_key is not None:
             return key_fingerprint(self.public_key)
         return self.certificate_subject or ""
