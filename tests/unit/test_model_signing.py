@@ -550,15 +550,19 @@ def test_keys_cli_trusts_revokes_and_requires_model_signers(
 
 
 def test_artifact_verify_checks_the_bundle_for_a_tenant(
-        signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
     from loraplane.schemas.keyring import save_keyring
     from typer.testing import CliRunner
 
     from loraplane.cli import app
+    from loraplane.kernel.config import get_settings
 
     path = tmp_path / "keyring.yaml"
     save_keyring(keyring, path)
     monkeypatch.setenv("LORAPLANE_KEYRING_PATH", str(path))
+    get_settings.cache_clear()  # the CLI's settings: read again with this keyring
+    request.addfinalizer(get_settings.cache_clear)
     runner = CliRunner()
     done = runner.invoke(app, ["artifact", "verify", str(signed), "--tenant", "acme"])
     assert done.exit_code == 0, done.output
