@@ -1,4 +1,5 @@
-"""Installed size of each install profile: base, [sim], [gpu] and [dev], in fresh venvs.
+"""Installed size of each install profile: base, [sim], [gpu], [signing] and [dev], in fresh
+venvs.
 
 Builds the wheel once, installs it with each profile into its own virtualenv (pip and its
 cache as configured, e.g. PIP_FIND_LINKS), and measures the bytes under site-packages
@@ -6,7 +7,7 @@ cache as configured, e.g. PIP_FIND_LINKS), and measures the bytes under site-pac
 ``loraplane simulate`` to show the missing extra's answer (exit 2, the install line).
 Prints one JSON object; writes nothing tracked.
 
-    python -m bench.install_size [--profiles base,sim,gpu,dev]
+    python -m bench.install_size [--profiles base,sim,gpu,signing,dev]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = {"base": "", "sim": "[sim]", "gpu": "[gpu]", "dev": "[dev]"}
+PROFILES = {"base": "", "sim": "[sim]", "gpu": "[gpu]", "signing": "[signing]", "dev": "[dev]"}
 TOOLING = ("pip", "setuptools", "wheel", "_distutils_hack", "pkg_resources")
 
 
@@ -76,7 +77,7 @@ def build_wheel(out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profiles", default="base,sim,gpu,dev")
+    parser.add_argument("--profiles", default="base,sim,gpu,signing,dev")
     args = parser.parse_args(argv)
     names = [p for p in args.profiles.split(",") if p]
     with tempfile.TemporaryDirectory(prefix="bench-install-") as tmp:
@@ -97,8 +98,10 @@ def main(argv: list[str] | None = None) -> None:
             result["base_simulate"] = {"exit_code": out.returncode,
                                        "stderr": out.stderr.strip()[-300:]}
         profiles = result["profiles"]
-        if "base" in profiles and "sim" in profiles:
-            result["sim_over_base"] = round(profiles["sim"]["mb"] / profiles["base"]["mb"], 2)
+        for extra in ("sim", "signing"):
+            if "base" in profiles and extra in profiles:
+                result[f"{extra}_over_base"] = round(profiles[extra]["mb"]
+                                                     / profiles["base"]["mb"], 2)
     print(json.dumps(result))
 
 

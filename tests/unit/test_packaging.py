@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -73,11 +74,13 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def _without_sim(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a Python where the simulator's libraries cannot be imported."""
-    script = BLOCK.format(blocked=SIM_LIBRARIES) + code
+def _without_sim(code: str, blocked: tuple[str, ...] = SIM_LIBRARIES,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a Python where the simulator's libraries (or ``blocked``) cannot be
+    imported."""
+    script = BLOCK.format(blocked=blocked) + code
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=120, env=env)
 
 
 def test_the_base_install_needs_no_simulator_library(wheel: zipfile.ZipFile) -> None:
@@ -103,3 +106,49 @@ def test_a_command_that_needs_an_extra_names_it_and_exits_2() -> None:
     assert "Traceback" not in out.stderr
     assert "pip install 'loraplane[sim]'" in out.stderr
     assert "scipy, matplotlib, networkx not installed" in out.stderr
+
+
+SIGNING_LIBRARIES = ("model_signing", "sigstore", "OpenSSL", "tuf")
+
+
+def test_model_signing_is_the_signing_extra_and_no_runtime_imports_it(
+        wheel: zipfile.ZipFile) -> None:
+    """model-signing (and the pyOpenSSL it imports undeclared) come only with [signing];
+    [dev] pulls it in for the tests; every runtime starts without them."""
+    requires = _metadata(wheel)["Requires-Dist"]
+    for name in ("model-signing", "pyopenssl"):
+        lines = [r for r in requires if r.lower().startswith(name)]
+        assert lines and all('extra == "signing"' in r for r in lines), (name, lines)
+    assert any(r.startswith("loraplane[signing]") and 'extra == "dev"' in r for r in requires)
+    out = _without_sim("import importlib\n"
+                       f"for m in {RUNTIMES!r}:\n    importlib.import_module(m)\n",
+                       blocked=SIGNING_LIBRARIES)
+    assert out.returncode == 0, out.stderr
+
+
+def test_publishing_a_signed_folder_without_the_extra_names_it_and_exits_2(
+        tmp_path: Path) -> None:
+    from loraplane.schemas.keyring import Keyring, save_keyring
+    from loraplane.schemas.signing import SigningKey
+
+    from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter
+    from tests.model_signing_kit import ec_key, key_signer, sign_with_key
+
+    folder = build_adapter(tmp_path / "adapter", seed=1)
+    key = ec_key(tmp_path / "keys", "acme")
+    sign_with_key(folder, key)
+    home = tmp_path / "home"
+    save_keyring(Keyring(model_signers=[key_signer("acme-models", ["acme"], key)]),
+                 home / "keyring.yaml")
+    SigningKey.generate("ci-acme", "ci-acme-1").save(tmp_path / "ci.key")
+    out = _without_sim(
+        "import sys\nfrom loraplane.cli import main\n"
+        f"sys.argv = ['loraplane', 'publish', '--adapter-id', 'chat', '--tenant', 'acme', "
+        f"'--base-model', {TINY_BASE_MODEL!r}, '--version', '1', '--artifact', "
+        f"{str(folder)!r}, '--key', {str(tmp_path / 'ci.key')!r}]\nmain()\n",
+        blocked=SIGNING_LIBRARIES, env={**os.environ, "LORAPLANE_HOME": str(home),
+                                        "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml")})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "carries a model-signing bundle and the model-signing library is not installed: " \
+           "pip install 'loraplane[signing]'" in out.stderr
