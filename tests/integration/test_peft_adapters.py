@@ -314,7 +314,7 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     }
     for folder, reason in attacks.items():
         refused = fleet.publish("peft-signed", folder)
-        assert refused.returncode == 1 and reason in refused.stderr, (folder, refused.stderr)
+        assert refused.returncode == 3 and reason in refused.stderr, (folder, refused.stderr)
 
     # The signed folder publishes with its signer, uploads its bundle and serves.
     done = fleet.publish("peft-signed", signed)
