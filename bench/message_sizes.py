@@ -20,13 +20,13 @@ import statistics
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.request_log import RequestStatus, Tier
-from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
 from loraplane.streams.planner import plan
 from loraplane.streams.scores import ScoreState, observe, score_key, snapshot
 
 from bench.planner_scale import NOW, SLOTS, converged, fleet, registry
 from bench.workload import request_logs
 from loraplane.kernel.policy import Policy
+from loraplane.registry.fold import Accepted, AdapterState, evaluate
 from tests.lifecycle_kit import make_kit, record
 
 

@@ -50,9 +50,10 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestStatus, Tier
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Planner, plan
-from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, observe, score_key
+from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, observe, score_key
 
 from bench.report import Row, Summary, emit, parse_args
+from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0

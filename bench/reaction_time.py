@@ -37,10 +37,10 @@ from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import KafkaEventSink
 
 from bench.report import Row, emit, parse_args, percentile, times
 from bench.workload import request_logs
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.config import Settings, get_settings
 from tests.integration.planner_env import PlannerEnv
 

@@ -1,5 +1,5 @@
 """The cost of a durable request log: added p50/p99 latency and worker CPU per request of the
-event journal (workers/event_journal.py) against the path without it, in the same run.
+event journal (loraplane/eventlog/journal.py) against the path without it, in the same run.
 
 Two `loraplane worker run` processes, each beside its own FAKE vLLM (it answers at once, so
 what is measured is the worker's own cost), on a private topic prefix of the stack's Kafka: one with
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from loraplane.infra.processes import free_port
-from loraplane.workers.api_keys import add_key
 
 from bench.gateway_overhead import (
     PROMPT,
@@ -50,6 +49,7 @@ from bench.gateway_overhead import (
 )
 from bench.isolation import delete_s3_prefix, private_topics
 from bench.report import Summary, percentile
+from loraplane.frontdoor.api_keys import add_key
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import TOPICS
@@ -135,7 +135,8 @@ def measure_emit(settings: Settings, adapter_id: str, events: int,
     from datetime import UTC, datetime
 
     from loraplane.schemas.request_log import RequestLog
-    from loraplane.workers.event_sink import KafkaEventSink
+
+    from loraplane.eventlog.sink import KafkaEventSink
 
     sinks = {p: KafkaEventSink(settings.model_copy(update={
         "event_journal": p == "journal", "spool_dir": settings.home / "spool"}),

@@ -1,4 +1,4 @@
-"""Routing decision time (workers/routing.py) at fleet scale: 1,000 workers x 10,000 resident
+"""Routing decision time (router/routing.py) at fleet scale: 1,000 workers x 10,000 resident
 copies by default. Prints JSON: µs per decision (p50 / p99 / mean) for each path — a GPU copy,
 a host copy, a new copy (the planner's free-slot worker) — and the cost of one heartbeat
 (``FleetIndex.update``) and of the first decision after it (the free-slot order is rebuilt).
@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 
 from loraplane.schemas.adapter import AdapterRecord, Compatibility
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.workers.routing import FleetIndex
 
 from loraplane.kernel.policy import Policy
+from loraplane.router.routing import FleetIndex
 
 BASE = "llama"
 

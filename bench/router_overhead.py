@@ -1,11 +1,11 @@
 """Router overhead: added p50 / p99 latency and the router's CPU µs per request, through the
-fleet router (workers/router.py) versus straight to the worker gateway behind it.
+fleet router (loraplane/router/server.py) versus straight to the worker gateway behind it.
 
 Two processes, so the router's CPU is its own (user + system from /proc): a worker gateway
 (the real ``workers.gateway.Gateway``) over a worker that holds the adapter hot and whose
 "vLLM" answers at once, in the same process (so only the gateway's and the router's own
 costs are left), and the real ``Router`` with that worker as its whole fleet, on the loop
-``loraplane router run`` uses (``workers.router.run_router``: uvloop). The client
+``loraplane router run`` uses (``router.server.run_router``: uvloop). The client
 sends ``--requests`` sequential completions each way per repetition, alternating which goes
 first. Goal: <= 0.5 ms added p50. Prints JSON.
 
@@ -29,10 +29,10 @@ from typing import Any
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.workers.api_keys import ApiKeys, key_digest
 from loraplane.workers.serving import LoadOutcome
-from loraplane.workers.upstream_http import UpstreamPool
 
+from loraplane.frontdoor.api_keys import ApiKeys, key_digest
+from loraplane.frontdoor.upstream_http import UpstreamPool
 from loraplane.kernel.config import LOOPBACK, get_settings
 from loraplane.kernel.policy import Policy, RequestBudgets, TenantLimits
 
@@ -109,10 +109,10 @@ class NoSink:
 
 async def _serve(role: str, port: int, gateway_port: int) -> None:
     from loraplane.workers.gateway import Gateway
-    from loraplane.workers.router import Fleet, Router, serving_versions
-    from loraplane.workers.routing import FleetIndex
 
     from loraplane.kernel.http_server import start_site
+    from loraplane.router.routing import FleetIndex
+    from loraplane.router.server import Fleet, Router, serving_versions
 
     if role == "gateway":
         app = Gateway(InstantWorker(), api_keys=KEYS, budgets=BUDGETS, sink=NoSink(),
@@ -211,7 +211,7 @@ def main() -> None:
     parser.add_argument("--gateway-port", type=int, default=0)
     args = parser.parse_args()
     if args.serve == "router":
-        from loraplane.workers.router import run_router
+        from loraplane.router.server import run_router
 
         run_router(_serve(args.serve, args.port, args.gateway_port))  # as `router run` does
         return

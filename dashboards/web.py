@@ -8,7 +8,7 @@ checked before a query runs (``query_params``): an unknown name, a bad or out-of
 a filter that is not an id (a version for ``adapter_version``) are 400s with the reason; a
 ClickHouse failure is a 503 with the reason, so the page can show it.
 
-The fleet panel is ``GET /api/fleet``: ``workers.fleet_view`` (the view ``loraplane fleet
+The fleet panel is ``GET /api/fleet``: ``router.fleet_view`` (the view ``loraplane fleet
 status`` prints) of the compacted worker-state topic, read from Kafka, not ClickHouse: the
 latest heartbeat per worker is state, not history, so it gets no table. One read serves every
 page for ``refresh_s / 2``; a broker that does not answer is a 503 with the reason.
@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from loraplane.schemas.base import VERSION_PATTERN, is_id
-from loraplane.workers.fleet_view import fleet_view
 
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.http_server import bound_port, start_site
 from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
+from loraplane.router.fleet_view import fleet_view
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings

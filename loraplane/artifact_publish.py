@@ -250,10 +250,10 @@ def registered_version(settings: Settings, adapter_id: str, version: str) -> Ada
     """The record of ``adapter_id`` ``version`` in the registry, from a view whose signed
     evidence verifies with this machine's keyring (``settings.keyring_path``), as a worker
     accepts it; ArtifactError otherwise."""
-    from loraplane.kernel.registry_view import load_registry
+    from loraplane.registry.evidence import ViewRefused, verify_view
+    from loraplane.registry.topic import load_registry
     from loraplane.schemas.base import now_utc
     from loraplane.schemas.keyring import KeyringError, load_keyring
-    from loraplane.streams.registry_evidence import ViewRefused, verify_view
 
     view = load_registry(settings).get(adapter_id)
     if view is None:

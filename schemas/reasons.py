@@ -25,7 +25,7 @@ class DecodeReason(StrEnum):
 
 
 class RegistryRejection(StrEnum):
-    """Why the registry rejected a lifecycle event (``streams.lifecycle.evaluate``), in the
+    """Why the registry rejected a lifecycle event (``registry.fold.evaluate``), in the
     order its checks run."""
 
     # the bytes
@@ -119,7 +119,7 @@ class SignerProblem(StrEnum):
 class RegistryViewRejection(StrEnum):
     """Why a consumer of the registry topic (a worker, the fleet router) refused a record:
     it re-derives the view from the signed lifecycle events it carries
-    (``streams.registry_evidence.verify_view``) with its own keyring."""
+    (``registry.evidence.verify_view``) with its own keyring."""
 
     malformed = "view_malformed"  # the value is not an AdapterView (or its key is not its id)
     keyring_unavailable = "view_keyring_unavailable"  # our keyring is missing or invalid
@@ -281,7 +281,7 @@ class LoadDeferral(StrEnum):
 
 class RequestRefusal(StrEnum):
     """Why the gateway refused a request body before it reached vLLM (a 400 or 413 whose
-    ``error.param`` names the field; ``workers.request_fields.admit``)."""
+    ``error.param`` names the field; ``frontdoor.request_fields.admit``)."""
 
     field_not_allowed = "field_not_allowed"  # not on the endpoint's allowlist
     bad_field = "bad_field"  # an allowed field of the wrong type or shape
@@ -302,7 +302,7 @@ class TenantLimit(StrEnum):
 
 class QueueRefusal(StrEnum):
     """Why the fleet router answered a request from its flow-control queues
-    (``workers.flow_control``) instead of forwarding it."""
+    (``router.flow_control``) instead of forwarding it."""
 
     queue_full = "queue_full"  # the (base model, band) queue holds its maximum (429)
     tenant_queue_full = "tenant_queue_full"  # the tenant holds its share of the band (429)

@@ -1,7 +1,7 @@
 """A fleet router's heartbeat: its own in-flight work and flow-control queues (compacted
 topic ``router-state``, key = router_id). Routers are otherwise stateless; this is what ops
 see of them in ``loraplane fleet status`` and the dashboard's fleet panel, summed over the
-routers heard lately (``workers.routing.heard_lately``)."""
+routers heard lately (``kernel.heartbeat.heard_lately``)."""
 
 from __future__ import annotations
 

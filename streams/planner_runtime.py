@@ -61,7 +61,6 @@ from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
 from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
 from loraplane.streams.scores import ScoreState, from_snapshot
-from loraplane.workers.routing import heard_lately
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
@@ -71,13 +70,14 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
+from loraplane.kernel.heartbeat import heard_lately
 from loraplane.kernel.progress import Progress, Watchdog
-from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
 from loraplane.kernel.worker_states import worker_state_of
-from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.topic import registry_tail
 
 log = logging.getLogger(__name__)
 COMPONENT: Literal["planner"] = "planner"

@@ -1,7 +1,7 @@
 """The registry agent: signed lifecycle events in, the adapter registry out.
 
 It reads the lifecycle topic as raw bytes (so hostile bytes reach our decoder, not Faust's),
-asks the pure ``streams.lifecycle.evaluate`` for a decision, and then:
+asks the pure ``registry.fold.evaluate`` for a decision, and then:
 - accepted: the adapter's new state goes to the ``registry`` table (changelog-backed, rebuilt
   on restart) and its public view to the compacted registry topic;
 - rejected: a DeadLetter with the reason, the detail and the original bytes;
@@ -24,10 +24,10 @@ from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import ConsumerFault
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.streams.app import app, dead_letter_of, raw_topic
-from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, evaluate
 
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec
+from loraplane.registry.fold import Accepted, AdapterState, Decision, evaluate
 
 log = logging.getLogger(__name__)
 settings = get_settings()

@@ -1,5 +1,5 @@
 """Which request logs may hold a score key. Pure: the scoring agent asks it per log, with
-the registry it verified itself (``loraplane.registry_trust``, from the compacted
+the registry it verified itself (``loraplane.registry.live``, from the compacted
 ``registry`` topic), and asks it which keys to tombstone when the registry changes.
 
 Why: a request log is written for any pattern-valid id a tenant sends, and a score key is

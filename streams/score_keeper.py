@@ -43,8 +43,8 @@ commit), a fatal or fenced producer ends the session and the next one builds a n
 and consumer; a watchdog thread logs ``STALLED scoring: no progress for N s (step)``.
 
 Bounded state (``streams.score_admission``): the keeper learns the registry itself, through
-a live tail of the compacted ``registry`` topic (``kernel.registry_view.registry_tail``) and
-``loraplane.registry_trust.VerifiedRegistry`` with its own keyring. A batch with unknown logs
+a live tail of the compacted ``registry`` topic (``registry.topic.registry_tail``) and
+``loraplane.registry.live.VerifiedRegistry`` with its own keyring. A batch with unknown logs
 is judged again once the tail has read up to the registry's ends taken after the batch was
 consumed (bounded by ``REGISTRY_WAIT_S``), so a version published before its first log (as
 every served one is) is never counted unknown. A log whose version is not live adds to its
@@ -82,10 +82,10 @@ from loraplane.kernel import kafka
 from loraplane.kernel.bus import ProducerSink
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
-from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, send_offsets, transact
-from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.topic import registry_tail
 
 if TYPE_CHECKING:
     from loraplane.kernel.topic_tail import TopicTail

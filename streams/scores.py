@@ -31,6 +31,7 @@ import numpy as np
 from loraplane.schemas.request_log import RequestDemand, RequestStatus, Tier
 from loraplane.schemas.score_snapshot import ScoreSnapshot
 
+from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
 
 TAU_10M_S = 600.0
@@ -50,31 +51,6 @@ BURST_REARM_REQUESTS_1M = 1.5
 """A Schmitt trigger: after a burst fires, the next one needs the 1-minute count to have
 fallen below this first. Without it, a tail adapter whose decayed count hovers around the
 floor "bursts" on almost every request and the planner re-plans for noise."""
-
-
-@dataclass(frozen=True)
-class Decayed:
-    """An exponentially decayed event count with time constant ``tau`` seconds."""
-
-    tau: float
-    value: float = 0.0
-    at: float = 0.0
-
-    def at_time(self, now: float) -> float:
-        if not self.value:
-            return 0.0  # an empty counter (most of a large registry): no exp
-        return self.value * math.exp(-max(0.0, now - self.at) / self.tau)
-
-    def add(self, ts: float, amount: float = 1.0) -> Decayed:
-        # The constructor, not ``dataclasses.replace``: this runs once per request log.
-        if ts >= self.at:
-            return Decayed(self.tau, self.at_time(ts) + amount, ts)
-        return Decayed(self.tau, self.value + amount * math.exp(-(self.at - ts) / self.tau),
-                       self.at)
-
-    def rate(self, now: float) -> float:
-        """Events per second over the last ~tau seconds."""
-        return self.at_time(now) / self.tau
 
 
 def _tau10() -> Decayed:

@@ -89,10 +89,10 @@ def make_kit(now: datetime, platinum: tuple[str, ...] = (TENANT,)) -> Kit:
 def signed_view(key: SigningKey, records: list[AdapterRecord], now: datetime,
                 keyring: Keyring) -> AdapterView:
     """The registry's view of one adapter whose versions end in ``records``' statuses, made
-    the only way a worker accepts one: signed events folded by ``streams.lifecycle`` (its
+    the only way a worker accepts one: signed events folded by ``registry.fold`` (its
     evidence is those events). Publish every version, then canary / promote / retire /
     revoke to reach each status."""
-    from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
+    from loraplane.registry.fold import Accepted, AdapterState, evaluate
 
     ordered = sorted(records, key=lambda r: version_key(r.version))
     seq = time_seq()
@@ -135,7 +135,7 @@ def extended_view(key: SigningKey, view: AdapterView, action: LifecycleAction, v
     """``view`` with one more signed event (a revoke, say) folded on top of its evidence:
     the only kind of newer view a worker that accepted ``view`` takes (its history must
     extend the one accepted before)."""
-    from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
+    from loraplane.registry.fold import Accepted, AdapterState, evaluate
 
     state: AdapterState | None = None
 

@@ -50,7 +50,6 @@ from loraplane.schemas.reasons import (
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import load_applied, save_applied
 from loraplane.workers.demand_admission import DemandCounts
-from loraplane.workers.event_sink import EventSink
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
 from loraplane.workers.load_interference import LoadWindows, StallEstimate, adapted_budget
@@ -93,6 +92,7 @@ from loraplane.workers.worker_metrics import (
 )
 
 from loraplane.artifact.refusal import ArtifactError
+from loraplane.eventlog.sink import EventSink
 from loraplane.kernel.policy import Policy
 
 REGISTRY_GRACE_S = 15.0

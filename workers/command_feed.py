@@ -53,8 +53,8 @@ from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import CommandRejection
 from loraplane.workers.command_trust import check_command
-from loraplane.workers.event_sink import EventSink
 
+from loraplane.eventlog.sink import EventSink
 from loraplane.kernel import kafka
 from loraplane.kernel.command_partition import DRAIN_S, REFRESH_S, broker_partitions, partition_of
 from loraplane.kernel.config import Settings

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loraplane.streams.scores import Decayed
+from loraplane.kernel.decayed import Decayed
 
 MAX_NAMES = 4096
 """Lora names remembered; over it the least-demanded half is forgotten (a forgotten name

@@ -20,11 +20,11 @@ the reason and no Retry-After. The chosen lora name is held
 for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
 off. Every answer's one RequestLog is handed to the sink before the answer's last bytes are
 written (a whole answer before it is sent, a stream before its ``[DONE]`` event or its end),
-and the sink journals it to local disk before it returns (``workers.event_journal``), so a
+and the sink journals it to local disk before it returns (``eventlog.journal``), so a
 worker killed -9 after an answer still delivers its log; the sink never waits for Kafka.
 The gateway sees its worker only through ``workers.serving.Serving``. Behind a fleet router
-(workers/router.py) the tenant may instead come as ``X-Loraplane-Tenant``, believed only
-with the router's valid HMAC (workers/forwarded.py; a 401 otherwise); every other check
+(loraplane/router/server.py) the tenant may instead come as ``X-Loraplane-Tenant``, believed only
+with the router's valid HMAC (loraplane/frontdoor/forwarded.py; a 401 otherwise); every other check
 still runs here.
 """
 
@@ -45,23 +45,24 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import is_id, now_utc
 from loraplane.schemas.reasons import LoadDeferral, RequestRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from loraplane.workers.api_keys import KeyLookup
-from loraplane.workers.event_sink import EventSink
-from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, verify
-from loraplane.workers.request_fields import (
+from loraplane.workers.serving import LoadOutcome, Serving
+from loraplane.workers.vllm_client import VllmError
+
+from loraplane.eventlog.sink import EventSink
+from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, verify
+from loraplane.frontdoor.request_fields import (
     Endpoint,
     Refused,
     TenantGate,
     admit,
     cache_salt,
     header_token,
+    request_caps,
 )
-from loraplane.workers.routing import choose_version
-from loraplane.workers.serving import LoadOutcome, Serving
-from loraplane.workers.upstream_http import UpstreamResponse
-from loraplane.workers.vllm_client import VllmError
-
-from loraplane.kernel.policy import RequestBudgets, RequestCaps
+from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.frontdoor.version_choice import choose_version
+from loraplane.kernel.policy import RequestBudgets
 
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 FALLBACK_REASON_HEADER = "X-Loraplane-Fallback-Reason"
@@ -178,15 +179,6 @@ class ColdLoadSlots:
         self._freed = asyncio.Event()
 
 
-def request_caps(budgets: RequestBudgets, request_class: RequestClass) -> RequestCaps:
-    """The caps of a request class; shadow follows batch."""
-    if request_class == RequestClass.interactive:
-        return budgets.interactive.caps
-    if request_class == RequestClass.canary:
-        return budgets.canary.caps
-    return budgets.batch.caps
-
-
 def _error(status: int, code: str, message: str, param: str | None = None,
            **headers: str) -> web.Response:
     body = {"error": {"message": message, "type": code, "param": param, "code": status}}
@@ -207,7 +199,7 @@ class Gateway:
         # per tenant, only the prefix cache does not survive a gateway restart
         self._cache_secret = cache_secret if cache_secret else os.urandom(32)
         # a tenant forwarded by a fleet router is believed only under this secret's HMAC
-        # (workers/forwarded.py); without one, only API keys are
+        # (loraplane/frontdoor/forwarded.py); without one, only API keys are
         self._router_secret = router_secret
         self._salts: dict[str, str] = {}
         self._clock = clock
@@ -238,7 +230,7 @@ class Gateway:
     async def healthz(self, _: web.Request) -> web.Response:
         started = self.worker.started
         # the worker's id: a router's probe believes only an answer naming the worker it
-        # asks about (workers.liveness.probe_ok)
+        # asks about (router.liveness.probe_ok)
         return web.json_response({"ok": started, "worker_id": self.worker.worker_id},
                                  status=200 if started else 503)
 

@@ -19,7 +19,7 @@ ADAPTER_DIR = "adapter"  # {lora_name}/adapter/: the folder handed to vLLM
 RECORD_FILE = "record.json"  # {lora_name}/record.json: the registry record it was verified against
 RESOLVER_COPIES = ".resolver-copies"  # {root}/.resolver-copies/{lora_name}.{hex}/: vLLM's
 VIEWS_FILE = ".registry-views.json"  # {root}/: the agent's last verified registry views
-"""Written by the agent (``loraplane.registry_trust``: a start without Kafka serves them);
+"""Written by the agent (``loraplane.registry.live``: a start without Kafka serves them);
 the resolver vouches for an entry only through them. Not a lora name: scans skip it."""
 MAX_RECORD_BYTES = 256 * 1024
 

@@ -17,27 +17,27 @@ from pathlib import Path
 from aiohttp import web
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.api_keys import ApiKeysFile
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
 from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
-from loraplane.workers.event_sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.host_tier_entry import VIEWS_FILE
 from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
-from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics, WorkerMetrics
+from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
 from loraplane.artifact.verification import WorkerLimits
+from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
+from loraplane.frontdoor.api_keys import ApiKeysFile
+from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
-from loraplane.kernel.progress_metrics import ProgressMetrics
-from loraplane.kernel.registry_view import registry_tail
-from loraplane.kernel.secrets import SecretError, secret_key
+from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
-from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.topic import registry_tail
 
 log = logging.getLogger("loraplane.worker")
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
@@ -103,7 +103,7 @@ def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
                       metrics: WorkerMetrics, keyring: KeyringFile) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
-    dead-lettered and counted (loraplane/registry_trust.py). Fed by the live ``tail``; the
+    dead-lettered and counted (loraplane/registry/live.py). Fed by the live ``tail``; the
     last verified views are kept in the host tier, so the agent serves them while Kafka is
     away, restarts included."""
     return VerifiedRegistry(keyring, tail.snapshot, sink=sink,
@@ -120,23 +120,6 @@ async def _site(settings: Settings, app: web.Application, port: int, name: str
     """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``."""
     runner, _ = await start_site(app, settings.listen_host, port, settings.http, name=name)
     return runner
-
-
-def gateway_secret(path: Path, what: str = "gateway secret") -> bytes:
-    """An HMAC key file (``kernel.secrets.secret_key``: made once, mode 0600, never logged):
-    the gateway's cache-salt secret, the router secret. One that is not a secret (short,
-    readable by others) stops the start with the reason."""
-    try:
-        return secret_key(path)
-    except SecretError as exc:
-        raise SystemExit(f"the {what}: {exc}") from None
-
-
-def router_secret(settings: Settings) -> bytes | None:
-    """The fleet routers' secret when this host has one (then a forwarded tenant signed
-    with it is believed, workers/forwarded.py); without the file, API keys only."""
-    path = settings.router_secret_path
-    return gateway_secret(path, "router secret") if path.exists() else None
 
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
@@ -175,7 +158,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         command_partition=lambda: feed.partition)
     gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
                       budgets=settings.policy.request_budgets, sink=sink,
-                      cache_secret=gateway_secret(settings.gateway_secret_path),
+                      cache_secret=hmac_key(settings.gateway_secret_path),
                       router_secret=router_secret(settings),
                       max_body_bytes=settings.http.max_body_bytes)
     metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))

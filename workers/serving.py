@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.reasons import NO_REASON, CacheEventReason
-from loraplane.workers.upstream_http import UpstreamResponse
+
+from loraplane.frontdoor.upstream_http import UpstreamResponse
 
 
 @dataclass(frozen=True)

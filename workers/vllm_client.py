@@ -5,7 +5,7 @@ vLLM answers a successful load/unload with a *plain-text* 200 and every failure 
 module turns those answers into a typed ``VllmError`` whose ``reason`` is a stable code the
 agent can put on the cache-events topic, so callers never parse vLLM's prose themselves.
 Completions (every proxied request) go through the lean keep-alive client of
-``workers.upstream_http``; the rare control calls keep aiohttp.
+``frontdoor.upstream_http``; the rare control calls keep aiohttp.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from loraplane.schemas.reasons import VllmErrorCode
-from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 from loraplane.workers.vllm_guard import MIDDLEWARE, PROBE_PATH
+
+from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 
 
 class VllmError(RuntimeError):

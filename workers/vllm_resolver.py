@@ -9,7 +9,7 @@ control plane never verified. This one re-decides at resolve time, from the byte
 read: the entry's files are copied (no link followed) into a folder of this process
 (``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified, the way the host tier
 verified them, against the record of the agent's saved registry view that the keyring verifies
-(workers/registry_vouch.py), never against the entry's own ``record.json`` (whoever can write
+(loraplane/registry/vouch.py), never against the entry's own ``record.json`` (whoever can write
 the tier can write one to match any files); a retired or revoked version is refused. vLLM gets
 the copy, so a folder swapped on disk after the check is never what it loads. The worker
 agent vouches for such a copy as for the entry itself (workers/reconcile.py: ``vouched``), so
@@ -49,11 +49,11 @@ from loraplane.workers.host_tier_entry import (
     entry_record,
     resolver_copy_name,
 )
-from loraplane.workers.registry_vouch import Unvouched, vouched_record
 
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits, verify_artifact
+from loraplane.registry.vouch import Unvouched, vouched_record
 
 log = logging.getLogger("loraplane.vllm_resolver")
 
@@ -210,7 +210,7 @@ class HostTierResolver:
         return record
 
     def _vouched(self, lora_name: str) -> AdapterRecord:
-        """The record a signed release gives ``lora_name`` (workers/registry_vouch.py)."""
+        """The record a signed release gives ``lora_name`` (loraplane/registry/vouch.py)."""
         found = vouched_record(lora_name, self._saved_views(), self._current_keyring(),
                                now_utc())
         if isinstance(found, Unvouched):

@@ -130,7 +130,7 @@ function cells(tr, values) {
   }
 }
 
-// The fleet view of /api/fleet (workers/fleet_view.py): one row per worker and base model.
+// The fleet view of /api/fleet (loraplane/router/fleet_view.py): one row per worker and base model.
 async function refreshFleet() {
   const status = document.getElementById("fleet-status");
   const section = document.getElementById("fleet");

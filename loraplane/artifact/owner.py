@@ -3,7 +3,7 @@
 The layout itself (``s3://BUCKET/<tenant_id>/<adapter_id>/<version>-<sha8>/``) has one owner,
 ``schemas.adapter.expected_artifact_prefix``: publishing uploads there
 (loraplane.artifact_publish), the registry refuses a publish whose URI is elsewhere
-(streams.lifecycle) and a worker fetches only from there (workers/artifact_fetch.py), so a
+(registry.fold) and a worker fetches only from there (workers/artifact_fetch.py), so a
 record can never point a worker at another tenant's or another adapter's objects, even a
 record that carries genuine signatures for the wrong place: the check is made again where
 the bytes are fetched, on the record being loaded.

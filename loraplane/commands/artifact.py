@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("give --record FILE, or --adapter-id with --version", err=True)
             raise typer.Exit(2)
         if adapter_id is not None and version is not None:
-            from loraplane.kernel.registry_view import load_registry
+            from loraplane.registry.topic import load_registry
 
             view = load_registry(get_settings()).get(adapter_id)
             record = view.version(version) if view is not None else None

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
             help="Keep everything running this many seconds after the report, then stop "
                  "(default: until Ctrl-C)."),
         fake_vllm: bool = typer.Option(False, "--fake-vllm",
-                                       help="Use the FAKE vLLM (workers/fake_vllm.py) when "
+                                       help="Use the FAKE vLLM (loraplane.testing.fake_vllm) when "
                                             "the real one is not installed."),
         replay_s: float = typer.Option(180.0, "--replay", min=5.0, max=1800.0,
                                        help="Seconds of trace replay."),

@@ -1,6 +1,6 @@
 """``loraplane fleet status [--json]``: per base model and worker, what the fleet holds now
 (slots, versions per tier, replicas, in-flight work, heartbeat age), from the compacted
-worker-state topic; ``workers/fleet_view.py`` decides what is shown."""
+worker-state topic; ``loraplane/router/fleet_view.py`` decides what is shown."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.worker_states import latest_fleet_states
-        from loraplane.workers.fleet_view import fleet_view
+        from loraplane.router.fleet_view import fleet_view
 
         kafka.act_as(kafka.Principal.reader)
         settings = get_settings()

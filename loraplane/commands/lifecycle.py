@@ -23,7 +23,7 @@ from loraplane.schemas.reasons import PublishFailure
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
-    from loraplane.registry_decisions import DecisionWatch
+    from loraplane.registry.decisions import DecisionWatch
     from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 
 KEY_OPTION = typer.Option(..., "--key", help="Private key file (loraplane keys generate).")
@@ -71,7 +71,7 @@ def _owner(settings: Settings, adapter_id: str, tenant: str | None,
     """Tenant and base model from the options, else from the registry topic."""
     if tenant and base_model:
         return tenant, base_model
-    from loraplane.kernel.registry_view import load_registry
+    from loraplane.registry.topic import load_registry
 
     view = load_registry(settings).get(adapter_id)
     if view is None:
@@ -202,7 +202,7 @@ def _publish_key(path: Path) -> Any:
 def _decision_watch(settings: Settings) -> DecisionWatch:
     """Where the audit topic ends before the events go out (``publish --wait-s``)."""
     from loraplane.kernel.kafka import KafkaAuthError, KafkaUnavailable
-    from loraplane.registry_decisions import DecisionWatch
+    from loraplane.registry.decisions import DecisionWatch
 
     try:
         return DecisionWatch(settings)
@@ -425,10 +425,10 @@ def register(app: typer.Typer) -> None:
                                           "the output of `loraplane registry list --json`."),
     ) -> None:
         """Apply the events in order as the registry would; exit 1 if any is rejected."""
+        from loraplane.registry.fold import Accepted, AdapterState, evaluate
         from loraplane.schemas.base import now_utc
         from loraplane.schemas.keyring import KeyringError, load_keyring
         from loraplane.schemas.registry import views_from_json
-        from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
 
         try:
             ring = load_keyring(keyring)

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         duration: float = typer.Option(60.0, "--duration", min=3.0, max=240.0,
                                        help="Seconds of traffic (setup comes on top)."),
         fake_vllm: bool = typer.Option(False, "--fake-vllm",
-                                       help="Use the FAKE vLLM (workers/fake_vllm.py)."),
+                                       help="Use the FAKE vLLM (loraplane/testing/fake_vllm.py)."),
         trace: Path | None = typer.Option(None, "--trace",
                                           help="Azure LLM trace CSV (default: "
                                                "the shipped conversation trace)."),

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.registry_view import load_registry
+        from loraplane.registry.topic import load_registry
         from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
-        from loraplane.kernel.registry_view import load_registry
+        from loraplane.registry.topic import load_registry
         from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)

@@ -29,8 +29,8 @@ def run(
     import logging
 
     from loraplane.kernel import kafka
+    from loraplane.router.server import RouterOptions, run_router, serve_router
     from loraplane.schemas.base import is_id
-    from loraplane.workers.router import RouterOptions, run_router, serve_router
 
     if not is_id(router_id):  # it keys the router's state, dead letters and checkpoints
         raise typer.BadParameter(f"{router_id!r} is not an id", param_hint="--router-id")

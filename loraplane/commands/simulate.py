@@ -175,8 +175,8 @@ def _fleet_facts(settings: Settings) -> tuple[list[WorkerState], list[AdapterVie
 
     from loraplane.kernel import kafka
     from loraplane.kernel.bus import TopicReadIncomplete
-    from loraplane.kernel.registry_view import load_registry
     from loraplane.kernel.worker_states import latest_fleet_states
+    from loraplane.registry.topic import load_registry
 
     kafka.act_as(kafka.Principal.reader)  # reads two topics, writes nothing
     try:  # side by side: each read is mostly waiting for its consumer's assignment

@@ -78,7 +78,7 @@ def run(
         raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
     if gateway_url is not None and (urlsplit(gateway_url).scheme != "http"
                                     or not urlsplit(gateway_url).hostname):
-        # the router speaks plain HTTP/1.1 to a gateway (workers/upstream_http.py)
+        # the router speaks plain HTTP/1.1 to a gateway (loraplane/frontdoor/upstream_http.py)
         raise typer.BadParameter("an http://HOST:PORT URL", param_hint="--gateway-url")
     options = WorkerOptions(
         worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
@@ -94,7 +94,7 @@ def run(
 @worker_app.command("add-key")
 def add_key(tenant: str = typer.Option(..., "--tenant")) -> None:
     """Create an API key for a tenant; prints the key once (only its digest is stored)."""
-    from loraplane.workers.api_keys import add_key as add
+    from loraplane.frontdoor.api_keys import add_key as add
 
     _ids(("--tenant", tenant))
     typer.echo(add(get_settings().api_keys_path, tenant))

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from loraplane.demo.catalog import Adapter
+from loraplane.router.server import WORKER_HEADER
 from loraplane.simulator.catalog import Catalog as SimCatalog
 from loraplane.simulator.requests import assign_adapters
 from loraplane.simulator.scenario import Burst, Peak, Workload
 from loraplane.simulator.synthetic import arrivals
 from loraplane.simulator.trace import load_trace
-from loraplane.workers.router import WORKER_HEADER
 
 
 @dataclass(frozen=True)

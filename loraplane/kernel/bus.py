@@ -174,7 +174,7 @@ def read_since(settings: Settings, topic: str, offsets: dict[int, int], *,
 
 
 class ProducerSink:
-    """An ``EventSink`` (``loraplane.registry_trust``) straight onto Kafka, without a spool:
+    """An ``EventSink`` (``loraplane.registry.live``) straight onto Kafka, without a spool:
     for the stream processors, whose refused registry records are dead letters of a
     record that stays on its topic (a lost one is written again on the next refusal)."""
 

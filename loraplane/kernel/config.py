@@ -211,11 +211,11 @@ class Settings(BaseSettings):
     spool_dir: Path = Field(
         default_factory=lambda data: data["home"] / "spool",
         description="Events Kafka did not take (an outage), one folder per producing client, "
-                    "replayed in order when the broker is back (workers.event_spool).")
+                    "replayed in order when the broker is back (eventlog.spool).")
     event_journal: bool = Field(
         True, description="Journal every event of a log topic (request logs, cache events, "
                           "dead letters) to local disk before emit returns, until Kafka acks "
-                          "it, so a process killed -9 loses none (workers.event_journal). "
+                          "it, so a process killed -9 loses none (eventlog.journal). "
                           "Off: a kill loses what librdkafka held in memory.")
     spool_max_bytes: int = Field(
         512 * 1024 * 1024, ge=0,

@@ -48,7 +48,7 @@ TOPIC_TAIL_CAUGHT_UP = _n("topic_tail_caught_up")
 TOPIC_TAIL_LAG = _n("topic_tail_lag")
 TOPIC_TAIL_CURRENT = _n("topic_tail_current")
 
-# The event sink of every producing runtime (workers.event_sink.SinkMetrics).
+# The event sink of every producing runtime (eventlog.sink.SinkMetrics).
 SINK_DELIVERED = _n("event_sink_delivered_total")
 SINK_SPOOLED = _n("event_sink_spooled_total")
 SINK_REPLAYED = _n("event_sink_replayed_total")

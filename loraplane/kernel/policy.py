@@ -134,7 +134,7 @@ class Normalisation(_Strict):
 
 
 class RequestCaps(_Strict):
-    """What one request of a class may ask of vLLM (``workers.request_fields.admit``)."""
+    """What one request of a class may ask of vLLM (``frontdoor.request_fields.admit``)."""
 
     max_n: int = Field(4, ge=1, le=128, description="n and best_of, each")
     max_tokens: int = Field(1024, ge=1, le=1_000_000,
@@ -191,7 +191,7 @@ class CanaryBudget(_Strict):
 
 
 class QueueBudget(_Strict):
-    """The fleet router's flow control (``workers.flow_control``, docs/router.md)."""
+    """The fleet router's flow control (``router.flow_control``, docs/router.md)."""
 
     max_in_flight_per_worker: int = Field(
         64, ge=1, le=100_000, description="requests one router forwards at once per worker: "

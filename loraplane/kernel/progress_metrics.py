@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.progress import Progress, every_progress
+from loraplane.kernel.topic_tail import TopicTail
 
 
 class ProgressMetrics(Collector):
@@ -59,3 +60,30 @@ def serve_progress(port: int, extra: Iterable[Collector] = (), *, host: str) -> 
     if not port:
         return
     start_http_server(port, addr=host, registry=progress_registry(extra))
+
+
+class TailMetrics(Collector):
+    """Whether a live topic tail (``kernel.topic_tail``: the registry) is the topic's
+    present: ``loraplane_topic_tail_caught_up`` 0 until the first complete read,
+    ``loraplane_topic_tail_lag`` the records known to be unread, ``.._current`` 1 when
+    caught up, not behind and the broker answering (a view that is not current keeps
+    serving, just older)."""
+
+    def __init__(self, tails: Iterable[TopicTail]) -> None:
+        self.tails = list(tails)
+
+    def collect(self) -> Iterator[Metric]:
+        caught_up = GaugeMetricFamily(m.TOPIC_TAIL_CAUGHT_UP, "1 once the topic was read to "
+                                      "its end", labels=["component"])
+        lag = GaugeMetricFamily(m.TOPIC_TAIL_LAG, "Records between the tail's position and "
+                                "the topic's end as last learned", labels=["component"])
+        current = GaugeMetricFamily(m.TOPIC_TAIL_CURRENT, "1 when the view is the topic's "
+                                    "present (caught up, no lag, broker answering)",
+                                    labels=["component"])
+        for t in self.tails:
+            caught_up.add_metric([t.component], float(t.caught_up))
+            lag.add_metric([t.component], t.lag())
+            current.add_metric([t.component], float(t.current()))
+        yield caught_up
+        yield lag
+        yield current

@@ -19,7 +19,7 @@ worker states) this way, so a change reaches them as soon as the broker delivers
   record, a partition end, an idle probe every ``probe_every_s``) while the view had nothing
   known unread, answers at most ``2 * probe_every_s + 1`` s apart (``CurrentSpan``). It
   stops at the last answer the moment the broker goes away, with no detection delay: the
-  router judges heartbeat ages by it (``workers.liveness``).
+  router judges heartbeat ages by it (``router.liveness``).
 
 ``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
 Partitions added to a topic after the start are not read (the project's compacted topics

@@ -1,7 +1,7 @@
 """The latest heartbeat of every worker and every fleet router, read from the compacted
 worker-state and router-state topics (key = worker_id / router_id) in one pass of one
 consumer, so both are as old as each other: for ``loraplane fleet status``, the dashboard's
-fleet panel and the demo, which all show or wait on ``workers.fleet_view`` of them. The
+fleet panel and the demo, which all show or wait on ``router.fleet_view`` of them. The
 router keeps its own live consumer.
 
 The read ends once every partition is at its end (live processes keep beating, so waiting

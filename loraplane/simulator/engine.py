@@ -6,7 +6,7 @@ before the first request at or after each tick time). There is no randomness her
 stream and the catalog carry the seed, so a run is a pure function of the scenario.
 
 Every request is routed as the fleet router routes it, by the router's own code
-(``workers.routing.pick_worker``): a worker holding a GPU copy (a copy still loading counts:
+(``router.routing.pick_worker``): a worker holding a GPU copy (a copy still loading counts:
 its gateway waits for it) with the fewest in-flight requests (ties: the one chosen least
 recently, as the router's ``turn``), else a host-warm copy, else a
 free slot where the planner would load (most free slots, within the worker's cold-load
@@ -43,6 +43,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from loraplane.router.routing import free_slot_order, pick_worker
 from loraplane.simulator.catalog import Catalog
 from loraplane.simulator.fleet import CostModel, Outcome, Pool
 from loraplane.simulator.metrics import Counters
@@ -50,7 +51,6 @@ from loraplane.simulator.policies import PolicyFactory
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Interference, Scenario
-from loraplane.workers.routing import free_slot_order, pick_worker
 
 WINDOW_S = 60.0
 

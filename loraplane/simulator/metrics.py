@@ -31,7 +31,7 @@ class Counters:
     ttft_penalty_ms: list[float] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
     routes: dict[str, int] = field(default_factory=dict)
-    """Requests per route kind of the router (``workers.routing.RouteKind``)."""
+    """Requests per route kind of the router (``router.routing.RouteKind``)."""
     slo: dict[str, list[int]] = field(default_factory=dict)
     """Per request class (and ``canary``: the requests of canary versions, by their class's
     budget): [requests, requests within their class's TTFT budget] (``Costs.slo_ttft_ms``)."""

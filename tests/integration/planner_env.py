@@ -17,7 +17,7 @@ from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
-from loraplane.kernel.registry_view import load_registry
+from loraplane.registry.topic import load_registry
 from tests.integration.registry_env import Env, wait_for
 from tests.lifecycle_kit import TENANT, record
 

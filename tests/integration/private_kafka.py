@@ -19,8 +19,8 @@ from confluent_kafka import KafkaException
 from loraplane.infra.kafka import Kafka, kafka_nodes
 from loraplane.infra.processes import free_port, port_in_use, wait_until
 from loraplane.schemas.request_log import RequestLog
-from loraplane.workers.event_sink import KafkaEventSink
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import topics
 from loraplane.kernel.config import KafkaSettings, Settings
 

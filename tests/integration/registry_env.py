@@ -23,7 +23,7 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import Settings
-from loraplane.kernel.registry_view import load_registry
+from loraplane.registry.topic import load_registry
 from tests.lifecycle_kit import Kit, make_kit
 
 LOG_READY = "Worker ready"

@@ -27,9 +27,9 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.reasons import CommandRule
-from loraplane.workers.api_keys import key_digest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.frontdoor.api_keys import key_digest
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
@@ -216,7 +216,7 @@ def running_fleet(stack: Settings, tmp: Path, adapters: dict[str, Spec], *,
             f.vllms[wid], f.gateways[wid] = f"http://127.0.0.1:{port}", gw
             # where `worker run` looks for its vLLM's key (secrets_dir/vllm-PORT.key)
             f.vllm_keys[wid] = ensure_secret(home / "secrets" / f"vllm-{port}.key")
-            f.spawn(f"vllm-{wid}", [sys.executable, "-m", "loraplane.workers.fake_vllm",
+            f.spawn(f"vllm-{wid}", [sys.executable, "-m", "loraplane.testing.fake_vllm",
                                     "--model", str(model_dir), "--port", str(port),
                                     "--max-loras", str(gpu_slots),
                                     "--api-key-file", str(home / "secrets" / f"vllm-{port}.key")])

@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, TopicPartition
 from loraplane.infra.kafka import Kafka
 from loraplane.schemas.codec import decode
 from loraplane.schemas.request_log import RequestLog
-from loraplane.workers.event_sink import KafkaEventSink
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
 from tests.integration.fault_report import report_fault

@@ -22,7 +22,7 @@ from tests.integration.test_loadtest import drop_run
 
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
-API_KEY = re.compile(rb"lp-[A-Za-z0-9_-]{32}")  # workers/api_keys.py: add_key
+API_KEY = re.compile(rb"lp-[A-Za-z0-9_-]{32}")  # loraplane/frontdoor/api_keys.py: add_key
 AGREED = re.compile(r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
                     r"(\d+) .*golden-set checks: (\d+)", re.S)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from loraplane.infra.processes import free_port
-from loraplane.workers.api_keys import ApiKeys
 from loraplane.workers.gateway import Gateway
 
+from loraplane.frontdoor.api_keys import ApiKeys
 from loraplane.kernel.config import HttpLimits, get_settings
 from loraplane.kernel.http_server import bound_port, open_connections, start_site
 from loraplane.kernel.policy import RequestBudgets

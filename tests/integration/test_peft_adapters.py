@@ -42,12 +42,12 @@ from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.pem import key_fingerprint
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.signing import SigningKey
-from loraplane.workers.api_keys import key_digest
 from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 
 from loraplane.artifact.verification import BUNDLE_NAME, WEIGHTS_NAME
 from loraplane.artifact_publish import prepare, upload
+from loraplane.frontdoor.api_keys import key_digest
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret

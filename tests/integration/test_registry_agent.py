@@ -22,7 +22,7 @@ from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.reasons import RegistryRejection as Reason
 
 from loraplane.kernel.config import Settings
-from loraplane.kernel.registry_view import load_registry
+from loraplane.registry.topic import load_registry
 from tests.integration.registry_env import LORAPLANE, Env, running, wait_for
 from tests.lifecycle_kit import record
 

@@ -26,18 +26,18 @@ from loraplane.schemas.codec import decode
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.registry import AdapterView
 from loraplane.workers.agent import WorkerConfig
-from loraplane.workers.router import Fleet, _refresh_registry
-from loraplane.workers.routing import FleetIndex
 from loraplane.workers.runner import WorkerOptions, verified_registry
 from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings
-from loraplane.kernel.registry_view import registry_tail
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
-from loraplane.registry_trust import VerifiedRegistry
+from loraplane.registry.live import VerifiedRegistry
+from loraplane.registry.topic import registry_tail
+from loraplane.router.routing import FleetIndex
+from loraplane.router.server import Fleet, _refresh_registry
 from tests.integration.fault_report import report_fault
 from tests.integration.private_kafka import kill, private_kafka, start
 from tests.integration.registry_env import Env, running, wait_for

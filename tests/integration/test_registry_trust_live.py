@@ -1,7 +1,7 @@
 """The real registry agent's views verify at a worker; what a topic writer adds does not.
 
 Real Kafka and the real ``loraplane streams run`` registry agent on a topic prefix of their
-own; the worker side is its verified registry (loraplane/registry_trust.py) with a real Kafka
+own; the worker side is its verified registry (loraplane/registry/live.py) with a real Kafka
 sink, reading the real registry topic with its own copy of the keyring file.
 """
 
@@ -19,13 +19,13 @@ from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
 from loraplane.schemas.registry import AdapterView
-from loraplane.workers.event_sink import KafkaEventSink
 from loraplane.workers.worker_metrics import WorkerMetrics
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
-from loraplane.kernel.registry_view import latest_registry_records
-from loraplane.registry_trust import VerifiedRegistry
+from loraplane.registry.live import VerifiedRegistry
+from loraplane.registry.topic import latest_registry_records
 from tests.integration.registry_env import Env, running, wait_for
 
 pytestmark = pytest.mark.integration

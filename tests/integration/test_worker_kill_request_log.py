@@ -9,7 +9,7 @@ under FINAL, and no request has two.
 The window this closes: an answer's log was in librdkafka's memory for up to ``linger.ms``
 (20 ms) and until the broker's ack, so a kill right after the answer lost it (a live run:
 1520 of 1521). Now the gateway hands the log to the sink before the answer's last bytes and
-the sink journals it before ``emit`` returns (workers/event_journal.py); the restarted worker
+the sink journals it before ``emit`` returns (loraplane/eventlog/journal.py); the restarted worker
 spools what the killed one's journal held without an ack."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_a_lifecycle_signature_never_verifies_as_a_command_signature() -> None:
 
 
 def test_the_registry_refuses_an_event_signed_by_the_planner_key() -> None:
-    from loraplane.streams.lifecycle import evaluate
+    from loraplane.registry.fold import evaluate
 
     event = KIT.event("planner", "publish", "a1", "1", 1, NOW)
     decision = evaluate(event, KIT.keyring, {}.get, NOW)

@@ -1,5 +1,5 @@
 """The dashboard's fleet panel API (``GET /api/fleet``, dashboards/web.py): the fleet view
-(workers/fleet_view.py) of the latest worker and router states, with fake states in place
+(loraplane/router/fleet_view.py) of the latest worker and router states, with fake states in place
 of the worker-state / router-state topic read."""
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 from loraplane.streams.schedules import ScheduleFile
-from loraplane.workers.api_keys import ApiKeysFile
-from loraplane.workers.router import WORKER_HEADER
 from rich.console import Console
 
 from loraplane.demo.catalog import DEMO_CATALOG, Artifacts
@@ -29,7 +27,9 @@ from loraplane.demo.replay import Planned, Replayer, TrafficShape, plan
 from loraplane.demo.supervisor import ChildFailed, Supervisor, process_tree
 from loraplane.demo.system import ROOT, LiveSystem, SystemOptions
 from loraplane.demo.traces import DEFAULT_TRACE
+from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.kernel.config import KafkaSettings, Settings
+from loraplane.router.server import WORKER_HEADER
 from loraplane.simulator.scenario import Burst, Peak
 
 TRACE = DEFAULT_TRACE

@@ -1,4 +1,4 @@
-"""The event sink's write-ahead journal (workers/event_journal.py): an emitted event of a log
+"""The event sink's write-ahead journal (loraplane/eventlog/journal.py): an emitted event of a log
 topic outlives a kill -9 of its process, and comes back once, at the next start, only if
 Kafka had not acknowledged it."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.workers.event_journal import EventJournal, JournalUnavailable
-from loraplane.workers.event_sink import REPLAY_BATCH, KafkaEventSink, SinkMetrics
 from prometheus_client import CollectorRegistry, generate_latest
 
+from loraplane.eventlog.journal import EventJournal, JournalUnavailable
+from loraplane.eventlog.sink import REPLAY_BATCH, KafkaEventSink, SinkMetrics
 from loraplane.kernel.config import Settings
 from tests.unit.test_event_spool import Broker, Clock, details, drain, event, sink_on, step
 

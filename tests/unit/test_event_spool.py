@@ -11,10 +11,10 @@ from confluent_kafka import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.audit import AuditRecord
-from loraplane.workers.event_sink import KafkaEventSink, SinkMetrics
-from loraplane.workers.event_spool import EventSpool, SpoolUnavailable
 from prometheus_client import CollectorRegistry, generate_latest
 
+from loraplane.eventlog.sink import KafkaEventSink, SinkMetrics
+from loraplane.eventlog.spool import EventSpool, SpoolUnavailable
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 

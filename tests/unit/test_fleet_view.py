@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.workers.fleet_view import fleet_view
+
+from loraplane.router.fleet_view import fleet_view
 
 NOW = 1_800_000_000.0
 

@@ -1,4 +1,4 @@
-"""The router's flow control: the pure queues (workers/flow_control.py) by property and by
+"""The router's flow control: the pure queues (loraplane/router/flow_control.py) by property and by
 example, and the ATTACK test through the real router: one tenant floods batch requests at
 a slow worker while another sends interactive ones."""
 
@@ -22,20 +22,20 @@ from hypothesis import strategies as st
 from loraplane.schemas.adapter import Priority
 from loraplane.schemas.reasons import QueueRefusal
 from loraplane.schemas.request_log import RequestClass
-from loraplane.workers.flow_control import (
+from loraplane.workers.gateway import Gateway
+from prometheus_client.parser import text_string_to_metric_families
+
+from loraplane.kernel import metric_names as m
+from loraplane.kernel.policy import QueueBudget, RequestBudgets, TenantLimits
+from loraplane.router.flow_control import (
     BANDS,
     FlowControl,
     Ticket,
     TicketState,
     band_of,
 )
-from loraplane.workers.gateway import Gateway
-from loraplane.workers.router import Fleet, Router, serving_versions
-from loraplane.workers.routing import FleetIndex
-from prometheus_client.parser import text_string_to_metric_families
-
-from loraplane.kernel import metric_names as m
-from loraplane.kernel.policy import QueueBudget, RequestBudgets, TenantLimits
+from loraplane.router.routing import FleetIndex
+from loraplane.router.server import Fleet, Router, serving_versions
 from tests.unit.test_gateway import (
     AUTH_A,
     AUTH_B,

@@ -30,16 +30,16 @@ from hypothesis import strategies as st
 from loraplane.schemas.base import is_id
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
-from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
 from loraplane.workers.gateway import Gateway
-from loraplane.workers.request_fields import header_token
-from loraplane.workers.router import Fleet, Router, serving_versions
-from loraplane.workers.routing import FleetIndex
 from typer.testing import CliRunner
 
 from loraplane.cli import app
+from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.frontdoor.request_fields import header_token
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.router.routing import FleetIndex
+from loraplane.router.server import Fleet, Router, serving_versions
 from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import POLICY, worker
 

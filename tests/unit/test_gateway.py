@@ -1,4 +1,4 @@
-"""Gateway + agent against the FAKE vLLM (workers/fake_vllm.py), with an in-memory host tier.
+"""Gateway + agent against the FAKE vLLM (testing/fake_vllm.py), with an in-memory host tier.
 
 The host tier here is a test double that copies local adapter folders; the real one
 (workers/host_tier.py, S3 + verification) is exercised by the integration test.
@@ -32,9 +32,7 @@ from loraplane.schemas.reasons import CommandRule, ForeignChange
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
 from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
-from loraplane.workers.fake_vllm import FakeVllm
 from loraplane.workers.gateway import (
     CANARY_WARMING_HEADER,
     FALLBACK_HEADER,
@@ -45,12 +43,13 @@ from loraplane.workers.gateway import (
 )
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
 from loraplane.workers.host_tier_entry import RESOLVER_COPIES
-from loraplane.workers.routing import canary_bucket
 from loraplane.workers.serving import LoadOutcome, Serving
-from loraplane.workers.upstream_http import UpstreamResponse
 from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
 
 from loraplane.artifact.refusal import ArtifactError
+from loraplane.frontdoor.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
+from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel.policy import (
     BatchBudget,
     CanaryBudget,
@@ -59,6 +58,7 @@ from loraplane.kernel.policy import (
     RequestBudgets,
     TenantLimits,
 )
+from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -853,7 +853,7 @@ class NoDone(Streamed):
 @pytest.mark.parametrize("answer", ["stream", "stream without [DONE]", "whole"])
 async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
         answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sink journals a log before ``emit`` returns (workers/event_journal.py), so a log
+    """The sink journals a log before ``emit`` returns (loraplane/eventlog/journal.py), so a log
     handed over before the answer's end outlives a kill -9 right after the answer. Before, a
     stream's log was emitted after its end: a worker killed then lost it."""
     from aiohttp import web
@@ -901,7 +901,7 @@ async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
     assert sink.of(RequestLog)[0].output_tokens == (2 if answer == "whole" else 3)
 
 
-# ---- ATTACK tests: what a client's body may make vLLM do (workers/request_fields.py) -------
+# ---- ATTACK tests: what a client's body may make vLLM do (frontdoor/request_fields.py) --------
 AUTH_B = {"Authorization": "Bearer key-b"}
 
 

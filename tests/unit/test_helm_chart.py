@@ -328,7 +328,7 @@ def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, An
 
 
 def router_paths() -> set[str]:
-    from loraplane.workers.router import Router
+    from loraplane.router.server import Router
 
     router = Router.__new__(Router)
     router.max_body_bytes = 1024

@@ -10,11 +10,11 @@ from loraplane.schemas.keyring import KeyringFile, KeyRole, load_keyring, save_k
 from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.reasons import RegistryRejection
 from loraplane.schemas.signing import SigningKey
-from loraplane.streams.lifecycle import Accepted, evaluate
 from typer.testing import CliRunner
 
 from loraplane.cli import app
 from loraplane.lifecycle_events import signed_event
+from loraplane.registry.fold import Accepted, evaluate
 from tests.lifecycle_kit import make_kit, record
 
 RUN = CliRunner()
@@ -106,7 +106,7 @@ def test_a_cli_revoke_reaches_running_consumers_without_a_restart(ring: Path,
     from loraplane.workers.command_trust import check_command
 
     from loraplane.kernel.bus import Record
-    from loraplane.registry_trust import VerifiedRegistry
+    from loraplane.registry.live import VerifiedRegistry
     from tests.lifecycle_kit import signed_view
     from tests.unit.test_command_trust import command
 

@@ -9,6 +9,7 @@ Lazy imports inside functions count too: they are the ones that hid cycles befor
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -33,21 +34,36 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel.metric_names", KERNEL),
     ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
     ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
+    # --- the registry: the wire model is schemas.registry; here its pure decisions and the
+    # runtime side every consumer shares (a library of the runtimes, not a runtime)
+    ("loraplane.registry.fold", DECISIONS),  # lifecycle events -> versions
+    ("loraplane.registry.evidence", DECISIONS),  # a view re-derived from its signed events
+    ("loraplane.registry.vouch", DECISIONS),  # does a verified view name this lora name
+    ("loraplane.registry", RUNTIMES), ("loraplane.registry.*", RUNTIMES),  # topic, live, ...
+    # --- artifacts: pure verification, and the two that read files for it
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
     # runs the model-signing library on a bundle file for the pure model_signature check
     ("loraplane.artifact.model_signing_bundle", RUNTIMES),
-    # the verified copy of the registry topic: workers, the router and the scoring agent
-    ("loraplane.registry_trust", RUNTIMES),
     ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
-    ("loraplane.streams.lifecycle", DECISIONS),
-    # a registry view verified by re-folding its evidence: workers and the router share it
-    ("loraplane.streams.registry_evidence", DECISIONS),
+    # --- the front door, shared by the router and the worker's gateway: the admission of a
+    # request and its version, fields and caps, the signed forward (pure); API keys and the
+    # upstream client (a library of both runtimes)
+    ("loraplane.frontdoor.admission", DECISIONS),
+    ("loraplane.frontdoor.version_choice", DECISIONS),
+    ("loraplane.frontdoor.request_fields", DECISIONS),
+    ("loraplane.frontdoor.forwarded", DECISIONS),
+    ("loraplane.frontdoor", RUNTIMES), ("loraplane.frontdoor.*", RUNTIMES),
+    # --- the event log every runtime writes through (sink, spool, journal): a library
+    ("loraplane.eventlog", RUNTIMES), ("loraplane.eventlog.*", RUNTIMES),
+    # --- streams: pure scores and planning
     ("loraplane.streams.scores", DECISIONS),
     ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
     # which request logs may hold a score key: the registry's live versions, nothing else
     ("loraplane.streams.score_admission", DECISIONS),
     ("loraplane.streams.planner_columns", DECISIONS),
     ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
+    ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
+    # --- the worker (one per GPU host): pure reconcile and its rules, then the runtime
     ("loraplane.workers.reconcile", DECISIONS),
     # which request's load may take a copy's slot: the agent's fold and the simulator's
     ("loraplane.workers.demand_admission", DECISIONS),
@@ -56,34 +72,16 @@ CONTRACT: list[tuple[str, int]] = [
     # a host-tier entry's layout and record: the tier writes it, vLLM's resolver reads it,
     # reconcile vouches for the resolver's copies
     ("loraplane.workers.host_tier_entry", DECISIONS),
-    # whether a signed registry view names a lora name: vLLM's resolver asks before a load
-    ("loraplane.workers.registry_vouch", DECISIONS),
     # which vLLM routes answer without the key (the judged table) and the guard vLLM runs
     ("loraplane.workers.vllm_routes", DECISIONS), ("loraplane.workers.vllm_guard", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
-    # what of a request body may reach vLLM, its caps, salts and tenant limits
-    ("loraplane.workers.request_fields", DECISIONS),
-    # version and worker choice, and the forwarded-tenant HMAC: the gateway and the router
-    ("loraplane.workers.routing", DECISIONS), ("loraplane.workers.forwarded", DECISIONS),
-    # which workers the router routes to: heartbeats against a current feed, else probes
-    ("loraplane.workers.liveness", DECISIONS),
-    # the router's flow-control queues (bands, tenant turns, TTLs); the router waits
-    ("loraplane.workers.flow_control", DECISIONS),
-    # what `loraplane fleet status` shows, by the router's liveness rule
-    ("loraplane.workers.fleet_view", DECISIONS),
-    ("loraplane.lifecycle_events", DECISIONS),
-    # The planner's score states (a lock and asyncio events), filled from the scores topic.
-    # One scoring process's consume -> fold -> transact loop (no Faust): `streams scoring`
-    # and the Faust worker's scoring_agent both run it.
-    ("loraplane.streams.score_keeper", RUNTIMES),
-    ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
-    ("loraplane.workers.serving", RUNTIMES),  # the gateway's view of its worker
-    ("loraplane.workers.hbm", RUNTIMES),  # NVML (optional nvidia-ml-py): reads the device
-    # the fleet router: its own process, sharing the gateway's edges (keys, registry trust)
-    ("loraplane.workers.router", RUNTIMES),
-    # which host-tier folder vLLM may load on demand (reads and copies files; no vLLM import)
-    ("loraplane.workers.vllm_resolver", RUNTIMES),
     ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
+    # --- the fleet router (its own process): pure routing, liveness, flow control and the
+    # fleet view (also what `loraplane fleet status` shows), then its HTTP front
+    ("loraplane.router.routing", DECISIONS), ("loraplane.router.liveness", DECISIONS),
+    ("loraplane.router.flow_control", DECISIONS), ("loraplane.router.fleet_view", DECISIONS),
+    ("loraplane.router", RUNTIMES), ("loraplane.router.*", RUNTIMES),
+    ("loraplane.lifecycle_events", DECISIONS),
     ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
     # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
     ("loraplane.infra.systemd_units", APPLICATIONS),
@@ -95,11 +93,22 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.vllm_plugin", APPLICATIONS),
     # request-log rows and worker states -> the simulator's workload and fleet (pure)
     ("loraplane.simulator.replay", APPLICATIONS),
-    ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),
+    ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),  # the fake vLLM is testing.*
 ]
-# Runtimes are separate processes; they share code only through lower layers.
-RUNTIME_PACKAGES = ("loraplane.streams", "loraplane.workers", "loraplane.metrics",
-                    "loraplane.infra")
+# Runtimes are separate processes: none imports another's modules, pure or not; they share
+# code only through the packages below them (kernel, schemas, registry, frontdoor, eventlog).
+RUNTIME_PACKAGES = ("loraplane.streams", "loraplane.workers", "loraplane.router",
+                    "loraplane.metrics", "loraplane.infra")
+# The processes of streams/: the registry agent (in the Faust app), the scoring keepers
+# (`streams scoring`, or a thread of the Faust app) and the planner (`streams planner`, or a
+# thread of the Faust app). `streams.app` is the Faust app that hosts them; one process's
+# runtime modules never import another's (their pure modules are shared decisions).
+STREAMS_PROCESSES = {
+    "registry agent": ("loraplane.streams.registry_agent",),
+    "scoring keeper": ("loraplane.streams.score_keeper", "loraplane.streams.scoring_agent"),
+    "planner": ("loraplane.streams.planner_runtime", "loraplane.streams.planner_lease",
+                "loraplane.streams.planner_agent"),
+}
 IO_LIBRARIES = ("aiohttp", "boto3", "botocore", "clickhouse_driver", "confluent_kafka",
                 "faust", "aiokafka", "httptools", "requests", "socket", "subprocess",
                 "urllib.request", "http.client", "asyncio")
@@ -208,10 +217,18 @@ def violations() -> list[str]:
             out.append(f"{where}: {imp.source} ({LAYER_NAMES[src_layer]}) imports {target} "
                        f"({LAYER_NAMES[dst_layer]}), a higher layer")
         src_rt, dst_rt = _runtime_package(imp.source), _runtime_package(target)
-        if (src_layer == RUNTIMES and dst_layer == RUNTIMES and src_rt and dst_rt
-                and src_rt != dst_rt):
+        if src_rt and dst_rt and src_rt != dst_rt:
             out.append(f"{where}: runtime {imp.source} imports another runtime's {target}")
+        src_proc, dst_proc = _streams_process(imp.source), _streams_process(target)
+        if src_proc and dst_proc and src_proc != dst_proc:
+            out.append(f"{where}: {imp.source} (streams {src_proc}) imports {target} "
+                       f"(streams {dst_proc}), another process's")
     return out
+
+
+def _streams_process(module: str) -> str | None:
+    return next((name for name, modules in STREAMS_PROCESSES.items() if module in modules),
+                None)
 
 
 def cycles() -> list[list[str]]:
@@ -244,6 +261,12 @@ def test_no_import_cycles() -> None:
     assert cycles() == []
 
 
+def test_every_streams_process_module_exists() -> None:
+    modules = set(source_files())
+    for process in STREAMS_PROCESSES.values():
+        assert set(process) <= modules
+
+
 def test_the_checker_sees_a_bad_import(tmp_path: Path) -> None:
     """The contract bites: a kernel module importing a runtime, or a pure module importing a
     broker client, is reported (checked on synthetic sources through the same functions)."""
@@ -272,3 +295,21 @@ def test_one_import_name_in_the_package_config() -> None:
     packaged = {p for p in config["packages"]}
     on_disk = {m for m, path in source_files().items() if path.name == "__init__.py"}
     assert on_disk == packaged, on_disk ^ packaged
+
+
+def test_the_readmes_what_runs_where_is_the_contract() -> None:
+    """README's process table names exactly the runtime packages and the streams processes
+    of the contract, so the two cannot drift."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| process | command | code | runs on |"):]
+    lines = table.splitlines()[2:]
+    rows = lines[:next((i for i, r in enumerate(lines) if not r.startswith("|")), len(lines))]
+    named: dict[str, set[str]] = {}
+    for row in rows:
+        process, _, code, _ = (c.strip() for c in row.strip("|").split("|"))
+        named[process] = set(re.findall(r"`(loraplane[\w.]*)`", code))
+    streams = {name: set(modules) for name, modules in STREAMS_PROCESSES.items()}
+    assert {n: m for n, m in named.items() if n in streams} == streams
+    packages = set().union(*(m for n, m in named.items() if n not in streams))
+    assert packages == set(RUNTIME_PACKAGES) - {"loraplane.streams"}
+    assert set(named) - set(streams) and set(streams) <= set(named)

@@ -1,4 +1,4 @@
-"""The registry's trust checks and state machine (streams.lifecycle), without Kafka."""
+"""The registry's trust checks and state machine (registry.fold), without Kafka."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.streams.lifecycle import Accepted, AdapterState, Decision, Rejected, evaluate
 
+from loraplane.registry.fold import Accepted, AdapterState, Decision, Rejected, evaluate
 from tests.lifecycle_kit import Kit, make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

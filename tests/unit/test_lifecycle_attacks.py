@@ -14,9 +14,9 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.lifecycle import MAX_SEQ, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.streams.lifecycle import CLOCK_SKEW, Accepted, AdapterState, Decision, Rejected
-from loraplane.streams.lifecycle import evaluate as real_evaluate
 
+from loraplane.registry.fold import CLOCK_SKEW, Accepted, AdapterState, Decision, Rejected
+from loraplane.registry.fold import evaluate as real_evaluate
 from tests.lifecycle_kit import Kit, make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -59,7 +59,7 @@ def test_the_wheel_carries_no_tests_or_benchmarks(wheel: zipfile.ZipFile) -> Non
 
 
 SIM_LIBRARIES = ("scipy", "matplotlib", "networkx")
-RUNTIMES = ("loraplane.cli", "loraplane.workers.router", "loraplane.workers.runner",
+RUNTIMES = ("loraplane.cli", "loraplane.router.server", "loraplane.workers.runner",
             "loraplane.workers.gateway", "loraplane.streams.app",
             "loraplane.streams.planner_runtime", "loraplane.streams.score_keeper",
             "loraplane.metrics.sink", "loraplane.commands.demo", "loraplane.demo.flow")

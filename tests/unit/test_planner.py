@@ -14,9 +14,10 @@ from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, plan
-from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, Decayed, ScoreState, score_key
+from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, score_key
 
 from loraplane.kernel.command_effects import protected_cap
+from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0

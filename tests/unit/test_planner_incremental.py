@@ -14,8 +14,9 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Planner, WorkerMemory, plan
-from loraplane.streams.scores import TAU_10M_S, Decayed, ScoreState, score_key
+from loraplane.streams.scores import TAU_10M_S, ScoreState, score_key
 
+from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
 from tests.unit.test_planner import MB, NOW, busy, record, views, worker
 

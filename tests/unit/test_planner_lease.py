@@ -12,10 +12,11 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.planner_lease import Lease, group_id, slug
 from loraplane.streams.planner_runtime import ScoreView, WorkerStates, _fenced
-from loraplane.streams.scores import TAU_1M_S, Decayed, ScoreState, snapshot
+from loraplane.streams.scores import TAU_1M_S, ScoreState, snapshot
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import get_settings
+from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.topics import spec
 from loraplane.kernel.transactions import ProducerBroken
 from tests.unit.test_fleet_view import state

@@ -1,4 +1,4 @@
-"""The planner runtime plans only with workers heard lately (``routing.heard_lately``, policy
+"""The planner runtime plans only with workers heard lately (``heard_lately``, policy
 ``worker_heartbeat_s``): a silent worker's copies count for nothing, as in the router."""
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetter
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.command_feed import KafkaCommandFeed
-from loraplane.workers.event_sink import KafkaEventSink
 from loraplane.workers.vllm_client import VllmClient
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from tests.kafka_message import AssignedConsumer, FakeMessage

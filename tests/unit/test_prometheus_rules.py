@@ -13,14 +13,14 @@ import pytest
 from loraplane.infra import prometheus as prom
 from loraplane.streams.planner_runtime import LeaseMetrics
 from loraplane.workers.command_feed import ReadBytes
-from loraplane.workers.event_sink import SinkMetrics, _Counts
-from loraplane.workers.worker_metrics import CommandBytesMetrics, TailMetrics
+from loraplane.workers.worker_metrics import CommandBytesMetrics
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.eventlog.sink import SinkMetrics, _Counts
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.progress import Progress
-from loraplane.kernel.progress_metrics import ProgressMetrics, progress_registry
+from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics, progress_registry
 from tests.unit.test_flow_control import _post, slow_fleet
 from tests.unit.test_gateway import AUTH_A, RECORDS, World, load, world  # noqa: F401 (fixture)
 

@@ -53,7 +53,7 @@ class Fakes:
 @pytest.fixture
 def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
     import loraplane.artifact_publish as artifact_publish
-    import loraplane.registry_decisions as registry_decisions
+    import loraplane.registry.decisions as registry_decisions
 
     monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path / "home"))
     get_settings.cache_clear()

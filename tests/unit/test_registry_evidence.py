@@ -1,4 +1,4 @@
-"""ATTACK tests of the registry view's evidence (streams.registry_evidence.verify_view).
+"""ATTACK tests of the registry view's evidence (registry.evidence.verify_view).
 
 Before this change a consumer believed any AdapterView on the registry topic; each test here
 builds what a topic writer can build (from genuine signed events too) and checks the verdict.
@@ -18,14 +18,14 @@ from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import SigningKey
-from loraplane.streams.lifecycle import Accepted, AdapterState, evaluate
-from loraplane.streams.registry_evidence import (
+
+from loraplane.registry.evidence import (
     Checkpoint,
     ViewRefused,
     ViewVerified,
     verify_view,
 )
-
+from loraplane.registry.fold import Accepted, AdapterState, evaluate
 from tests.lifecycle_kit import make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
-from loraplane.registry_trust import VerifiedRegistry, newer
+from loraplane.registry.live import VerifiedRegistry, newer
 from tests.unit.test_registry_evidence import HIST_A, HIST_B, KIT, NOW, fold
 from tests.unit.test_registry_trust import Sink, Topic
 

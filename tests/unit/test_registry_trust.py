@@ -1,4 +1,4 @@
-"""ATTACK tests of the worker's registry copy (loraplane/registry_trust.py), without Kafka:
+"""ATTACK tests of the worker's registry copy (loraplane/registry/live.py), without Kafka:
 records as a topic writer would write them, the worker's own keyring file, its dead letters
 and its metric."""
 
@@ -16,7 +16,7 @@ from loraplane.schemas.registry import AdapterView
 from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record
-from loraplane.registry_trust import VerifiedRegistry
+from loraplane.registry.live import VerifiedRegistry
 from tests.unit.test_registry_evidence import HIST_A, KIT, NOW, VIEW_A, fold, history
 
 
@@ -41,7 +41,7 @@ class Topic:
                                    1_700_000_000_000))
 
     def latest(self) -> list[Record]:
-        """As ``kernel.registry_view.latest_registry_records``: a tombstone is kept."""
+        """As ``registry.topic.latest_registry_records``: a tombstone is kept."""
         out: dict[bytes | None, Record] = {}
         for r in self.records:
             out[r.key] = r
@@ -173,7 +173,7 @@ def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path,
                                                           monkeypatch: Any) -> None:
     """A first read of N views saves the checkpoints file once, not N times (each save
     rewrites and fsyncs the whole file: quadratic in the registry), and before the views."""
-    from loraplane import registry_trust
+    from loraplane.registry import live as registry_trust
 
     registry, topic, _, _, _ = world(tmp_path)
     views = [fold(history(f"bulk-{i}", start=10 * i + 1000)) for i in range(20)]

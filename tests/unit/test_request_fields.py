@@ -1,4 +1,4 @@
-"""The gateway's request allowlist, caps, salts and tenant limits (workers/request_fields.py).
+"""The gateway's request allowlist, caps, salts and tenant limits (frontdoor/request_fields.py).
 
 Properties over arbitrary JSON bodies: ``admit`` either refuses with a ``RequestRefusal`` or
 forwards only allowlisted fields, never ``model``/``cache_salt``/``request_id``/``user``, and
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.reasons import RequestRefusal, TenantLimit
-from loraplane.workers.request_fields import (
+
+from loraplane.frontdoor.request_fields import (
     ALLOWED,
     DROPPED,
     Endpoint,
@@ -24,7 +25,6 @@ from loraplane.workers.request_fields import (
     cache_salt,
     header_token,
 )
-
 from loraplane.kernel.policy import RequestCaps, TenantLimits
 
 CAPS = RequestCaps()
@@ -148,18 +148,18 @@ def test_tenant_gate_counts_in_flight_per_tenant() -> None:
 
 def test_the_gateway_secret_is_made_private_and_a_readable_one_stops_the_start(
         tmp_path, caplog: pytest.LogCaptureFixture) -> None:
-    from loraplane.workers.runner import gateway_secret
+    from loraplane.frontdoor.hmac_keys import hmac_key
 
     path = tmp_path / "home" / "gateway-secret"
     with caplog.at_level("DEBUG"):
-        secret = gateway_secret(path)
+        secret = hmac_key(path)
     assert len(secret) >= 32 and path.stat().st_mode & 0o777 == 0o600
-    assert gateway_secret(path) == secret  # stable across restarts: the cache stays warm
+    assert hmac_key(path) == secret  # stable across restarts: the cache stays warm
     assert secret.decode() not in caplog.text and cache_salt(secret, "t") not in caplog.text
     path.chmod(0o644)  # ATTACK: a secret others can read lets them compute any salt
     with pytest.raises(SystemExit, match="readable by others"):
-        gateway_secret(path)
+        hmac_key(path)
     path.chmod(0o600)
     path.write_bytes(b"short")
     with pytest.raises(SystemExit, match="at least 16 bytes"):
-        gateway_secret(path)
+        hmac_key(path)

@@ -1,5 +1,5 @@
-"""The fleet router: the pure routing decision (workers/routing.py), the forwarded-tenant
-HMAC (workers/forwarded.py) and the router in front of real gateways (workers/router.py),
+"""The fleet router: the pure routing decision (loraplane/router/routing.py), the forwarded-tenant
+HMAC (frontdoor/forwarded.py) and the router in front of real gateways (router/server.py),
 in one process with FakeServing workers."""
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.scores import score_key
-from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign, verify
 from loraplane.workers.gateway import Gateway
-from loraplane.workers.router import Fleet, Router, serving_versions
-from loraplane.workers.routing import FleetIndex, RouteKind
 from multidict import CIMultiDict
 
+from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign, verify
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.router.routing import FleetIndex, RouteKind
+from loraplane.router.server import Fleet, Router, serving_versions
 from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import (
     NOW,
@@ -424,7 +424,8 @@ def test_the_router_state_reports_in_flight_and_non_empty_queues() -> None:
     from loraplane.schemas.codec import decode, encode
     from loraplane.schemas.request_log import RequestClass
     from loraplane.schemas.router_state import RouterState
-    from loraplane.workers.flow_control import BANDS
+
+    from loraplane.router.flow_control import BANDS
 
     router = Router(Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t"), api_keys=KEYS,
                     budgets=RequestBudgets(), secret=SECRET)

@@ -1,5 +1,5 @@
 """Which workers the router routes to while Kafka, which carries their heartbeats, is away
-(workers/liveness.py, ``FleetIndex`` in workers/routing.py, the probe in workers/router.py):
+(router/liveness.py, ``FleetIndex`` in router/routing.py, the probe in router/server.py):
 a heartbeat's age counts only against a worker-state feed that was current; otherwise the
 worker's gateway decides, by a probe that must name the worker. Attack tests: a forged or
 replayed worker state keeps neither a dead worker in the view for good nor a live one out."""
@@ -15,7 +15,9 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 from loraplane.workers.gateway import Gateway
-from loraplane.workers.liveness import (
+
+from loraplane.kernel.policy import RequestBudgets
+from loraplane.router.liveness import (
     RECONNECT_GRACE_S,
     Feed,
     Verdict,
@@ -23,11 +25,9 @@ from loraplane.workers.liveness import (
     probe_ok,
     verdict,
 )
-from loraplane.workers.liveness import Gateway as GatewaySeen
-from loraplane.workers.router import Fleet, Router, _watch_fleet, serving_versions
-from loraplane.workers.routing import FleetIndex, RouteKind
-
-from loraplane.kernel.policy import RequestBudgets
+from loraplane.router.liveness import Gateway as GatewaySeen
+from loraplane.router.routing import FleetIndex, RouteKind
+from loraplane.router.server import Fleet, Router, _watch_fleet, serving_versions
 from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import NOW, POLICY, record, worker
 from tests.unit.test_router import SECRET, at

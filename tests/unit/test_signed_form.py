@@ -23,7 +23,8 @@ from loraplane.schemas.codec import decode_signed, encode
 from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.signing import SigningKey, b64, public_key, verify
-from loraplane.streams.lifecycle import Accepted, evaluate
+
+from loraplane.registry.fold import Accepted, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests/data/lifecycle_vectors/vectors.json"

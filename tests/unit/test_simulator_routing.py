@@ -1,5 +1,5 @@
 """The simulator without pooled slots: per-worker slots behind the router's own rule
-(``workers.routing.pick_worker``), per-worker serving capacity, and the Dynamo-style baseline."""
+(``router.routing.pick_worker``), per-worker serving capacity, and the Dynamo-style baseline."""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.schemas.strict_json import MAX_DEPTH, StrictJsonError, nesting_depth, strict_loads
-from loraplane.streams.lifecycle import Rejected, evaluate
 from typer.testing import CliRunner
 
 from loraplane.cli import app
+from loraplane.registry.fold import Rejected, evaluate
 from tests.lifecycle_kit import make_kit
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

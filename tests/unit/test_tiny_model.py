@@ -154,13 +154,13 @@ def test_cli_builds_and_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from loraplane.schemas.adapter import AdapterRecord
     from loraplane.schemas.registry import AdapterView
 
-    import loraplane.kernel.registry_view
+    import loraplane.registry.topic
 
     record = AdapterRecord.model_validate(lines[1]["record"])
     view = AdapterView(adapter_id=record.adapter_id, tenant_id=record.tenant_id,
                        base_model=record.base_model, versions=[record], last_seq=1,
                        last_event_id="e1", updated_at=datetime.now(UTC))
-    monkeypatch.setattr(loraplane.kernel.registry_view, "load_registry",
+    monkeypatch.setattr(loraplane.registry.topic, "load_registry",
                         lambda _settings: {record.adapter_id: view})
     by_id = runner.invoke(app, ["artifact", "verify", str(adapter), "--adapter-id",
                                 record.adapter_id, "--version", "1"])

@@ -13,7 +13,7 @@ from loraplane.schemas.keyring import KeyringFile, save_keyring
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
 from loraplane.kernel.topic_tail import CurrentSpan, TailView
-from loraplane.registry_trust import VerifiedRegistry
+from loraplane.registry.live import VerifiedRegistry
 from tests.unit.test_registry_evidence import KIT, NOW, VIEW_A
 from tests.unit.test_registry_trust import Sink, Topic
 
@@ -125,10 +125,10 @@ def test_the_verified_registry_reads_only_after_the_tail_moved(tmp_path: Path) -
 
 def test_a_tail_that_never_reached_the_broker_says_so_on_metrics() -> None:
     """Not started: no view, not current (the worker's and the router's /metrics)."""
-    from loraplane.workers.worker_metrics import TailMetrics
     from prometheus_client import CollectorRegistry
 
     from loraplane.kernel.config import Settings
+    from loraplane.kernel.progress_metrics import TailMetrics
     from loraplane.kernel.topic_tail import TopicTail
 
     tail = TopicTail(Settings(), "lp-registry", component="worker-w1-registry")
@@ -181,7 +181,7 @@ def test_read_to_holds_only_once_the_view_reached_ends_taken_later() -> None:
 
 def test_the_current_span_restarts_after_a_gap() -> None:
     """Since when the view has been current without a gap (the router judges heartbeat ages
-    by it, workers/liveness.py): a gap longer than the bound starts a new span."""
+    by it, loraplane/router/liveness.py): a gap longer than the bound starts a new span."""
     span = CurrentSpan(max_gap_s=1.5)
     assert span.value() is None
     for at_s in (10.0, 11.0, 12.4):

@@ -1,4 +1,4 @@
-"""The lean upstream client of the gateway (workers/upstream_http.py) against scripted raw
+"""The lean upstream client of the gateway (frontdoor/upstream_http.py) against scripted raw
 HTTP servers: keep-alive reuse, streaming, a stale keep-alive connection, every failure as
 an UpstreamError with its reason, flow control, and no slot leaked by a failure."""
 
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loraplane.schemas.reasons import VllmErrorCode
-from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, _Connection
+
+from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, _Connection
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

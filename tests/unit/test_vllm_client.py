@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from loraplane.workers.fake_vllm import FakeVllm
 from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 
+from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
 
 session_loop = pytest.mark.asyncio(loop_scope="session")

@@ -11,9 +11,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.workers.fake_vllm import FakeVllm, route_table
 from loraplane.workers.vllm_guard import UNAUTHORIZED, RouteGuard, admits, key_digest
 from loraplane.workers.vllm_routes import DANGEROUS, OPEN_ROUTES, ROUTES
+
+from loraplane.testing.fake_vllm import FakeVllm, route_table
 
 KEY = "k-0123456789"
 DIGEST = key_digest(KEY)

@@ -4,7 +4,7 @@ The registry topic is only a transport: anyone who can write to it can write any
 ``AdapterView``. A view therefore carries the signed lifecycle events that produced it
 (``AdapterView.evidence``, every accepted event of the adapter in order), and a consumer (a
 worker, the fleet router) accepts it only when folding those events through the registry's
-own ``streams.lifecycle.evaluate``, with the consumer's own keyring, yields exactly that
+own ``registry.fold.evaluate``, with the consumer's own keyring, yields exactly that
 view. Nothing in the view is believed that no signature vouches for: an edited field
 (``sha256``, ``artifact_uri``, ``tenant_id``, a status) folds into a different view; a
 forged, re-signed or out-of-scope event is refused by ``evaluate``'s key, signature and
@@ -27,10 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from loraplane.registry.fold import CLOCK_SKEW, AdapterState, Rejected, evaluate
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
-from loraplane.streams.lifecycle import CLOCK_SKEW, AdapterState, Rejected, evaluate
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ about to load (vLLM's host-tier resolver, workers/vllm_resolver.py). Pure.
 An entry's ``record.json`` says what its files were verified against, but anyone who can
 write the host tier can write a record to match any files. The resolver decides from the
 agent's saved views instead (``host_tier_entry.VIEWS_FILE``): the adapter's view must verify
-with the keyring (``streams.registry_evidence.verify_view``: its signed events fold into
+with the keyring (``registry.evidence.verify_view``: its signed events fold into
 exactly it), name a version whose lora name (id, version and digest) is the one asked for,
 and not have that version retired or revoked. The record of that signed view is then the
 one the files are checked against, so the bytes vLLM loads are the ones a signed release
@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from loraplane.registry.evidence import ViewRefused, verify_view
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.reasons import ResolverRefusal
 from loraplane.schemas.registry import AdapterView
-from loraplane.streams.registry_evidence import ViewRefused, verify_view
 
 WITHDRAWN = (AdapterStatus.retired, AdapterStatus.revoked)
 

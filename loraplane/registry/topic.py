@@ -44,7 +44,7 @@ def load_registry(settings: Settings, timeout_s: float = 10.0,
 
 def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
     """The raw last record of every key of the whole registry topic (a tombstoned key's is
-    the tombstone, value None), read once, for a ``loraplane.registry_trust.VerifiedRegistry``
+    the tombstone, value None), read once, for a ``loraplane.registry.live.VerifiedRegistry``
     outside a worker or the router (the scoring agent, the tests; a worker and the router hold
     ``registry_tail``). Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the
     read reached the end of every partition: a broker that is away never reads as an empty

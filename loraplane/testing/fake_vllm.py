@@ -30,7 +30,7 @@ vLLM"):
   configured key only the open probes are served. A route of the real vLLM that the fake
   does not implement (``/tokenize``, the SageMaker routes, ...) answers 501 with the key.
 
-Run it alone with ``python -m loraplane.workers.fake_vllm --model DIR --port P``.
+Run it alone with ``python -m loraplane.testing.fake_vllm --model DIR --port P``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
 from loraplane.workers.vllm_guard import UNAUTHORIZED, admits, key_digest
 from loraplane.workers.vllm_routes import ROUTES
 

@@ -6,7 +6,7 @@ background ``poll`` serves delivery reports. A request therefore never waits on 
 
 An event of a log topic (``cleanup.policy=delete``: request logs, cache events, dead
 letters, audits) is first appended to the client's write-ahead journal
-(``workers.event_journal``): one ``write`` to a local file, in the kernel before ``emit``
+(``eventlog.journal``): one ``write`` to a local file, in the kernel before ``emit``
 returns, so a process killed -9 right after loses none of them; the next start with the same
 client id spools what the journal holds without an ack. States on compacted topics (worker
 and router state) are not journaled: the next one replaces them, and a restarted process
@@ -14,7 +14,7 @@ publishes its own. The journal is fsynced once per poll, off the event loop.
 
 An event the broker did not take (its delivery report is an error after
 ``message.timeout.ms``, or the queue is full) goes to the client's durable spool
-(``workers.event_spool``) and is replayed from there, oldest first, once the broker answers;
+(``eventlog.spool``) and is replayed from there, oldest first, once the broker answers;
 while the spool holds anything, new events join its tail, so none overtakes an older one.
 What the spool cannot take (its bound, a disk error) is counted in ``dropped`` and logged
 with the count; what Kafka refuses for good (too large) in ``refused``/``failed``; an event
@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from loraplane.schemas.codec import encode
-from loraplane.workers.event_journal import EventJournal, JournalUnavailable
-from loraplane.workers.event_spool import EventSpool, SpooledEvent, SpoolUnavailable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
+from loraplane.eventlog.journal import EventJournal, JournalUnavailable
+from loraplane.eventlog.spool import EventSpool, SpooledEvent, SpoolUnavailable
 from loraplane.kernel import kafka
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
+from loraplane.schemas.codec import encode
 
 log = logging.getLogger(__name__)
 

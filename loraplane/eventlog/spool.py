@@ -1,6 +1,6 @@
 """A bounded, durable, in-order spool of the events Kafka did not take (issue #19, item 1).
 
-The event sink (``workers.event_sink``) never waits for the broker, so during an outage its
+The event sink (``eventlog.sink``) never waits for the broker, so during an outage its
 events end in librdkafka's delivery reports as errors. Each such event is appended here, on
 local disk, and the sink replays the spool from its head once the broker answers again. A
 restarted process finds its spool and replays what the last one left.

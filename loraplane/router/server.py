@@ -1,9 +1,9 @@
 """The fleet router (``loraplane router run``): one OpenAI-compatible endpoint for every worker.
 
 A runtime of its own beside the worker agents, stateless apart from what it reads: the
-worker-state topic (``WorkerState`` per worker, into ``workers.routing.FleetIndex``) and the
+worker-state topic (``WorkerState`` per worker, into ``router.routing.FleetIndex``) and the
 registry topic, believed only through the worker's own verification
-(``loraplane.registry_trust.VerifiedRegistry``: the signed evidence re-folded with the
+(``loraplane.registry.live.VerifiedRegistry``: the signed evidence re-folded with the
 router's keyring). Several routers can run side by side behind any L4 balancer: they decide
 alike from the same topics and differ only in their own in-flight counts.
 
@@ -12,7 +12,7 @@ hot-reloaded) gives the tenant; ``model`` must be an adapter_id the tenant owns;
 passes ``request_fields.admit`` with the class's caps and the tenant's limits
 (``TenantGate``); the version is ``routing.choose_version`` (sticky canary split); the worker
 is ``FleetIndex.route``. The request then goes to that worker's gateway (``gateway_url``)
-with the tenant signed (``workers.forwarded``) instead of the API key, and the gateway's
+with the tenant signed (``frontdoor.forwarded``) instead of the API key, and the gateway's
 answer (status, body, stream, ``Retry-After`` and ``X-Loraplane-*`` headers) comes back as
 it is, plus ``X-Loraplane-Worker`` and ``X-Loraplane-Route``. The gateway keeps every check
 (defence in depth) and writes the request's one RequestLog; the router writes none.
@@ -25,7 +25,7 @@ head (killed mid-answer) is parked too, and the request gets 503 ``worker_lost``
 Retry-After (a stream already under way is cut, never ended as if whole). A worker state
 that does not decode is dead-lettered (``DecodeReason``), never a crash.
 
-Which workers are in the view is ``workers.liveness`` (``_watch_fleet``, every heartbeat):
+Which workers are in the view is ``router.liveness`` (``_watch_fleet``, every heartbeat):
 heartbeats count only against a worker-state feed that was current
 (``TopicTail.current_span``); while the feed cannot vouch (Kafka away, or just back) a
 worker with an old heartbeat stays, on its last known residency, as long as its gateway
@@ -50,23 +50,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import is_id, version_key
-from loraplane.schemas.codec import SchemaError
-from loraplane.schemas.dead_letter import dead_letter_at
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import QueueRefusal, RequestRefusal
-from loraplane.schemas.request_log import RequestClass
-from loraplane.schemas.router_state import QueueDepth, RouterState
-from loraplane.workers.api_keys import KeyLookup
-from loraplane.workers.event_sink import EventSink
-from loraplane.workers.flow_control import FlowControl, Step, Ticket, TicketState, band_of
-from loraplane.workers.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
-from loraplane.workers.gateway import request_caps
-from loraplane.workers.liveness import DRAIN_AFTER_HEARTBEATS, Feed, probe_ok
-from loraplane.workers.request_fields import Endpoint, Refused, TenantGate, admit, header_token
-from loraplane.workers.routing import FleetIndex, Route, choose_version
-from loraplane.workers.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -77,12 +60,37 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from loraplane.eventlog.sink import EventSink
+from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.frontdoor.request_fields import (
+    Endpoint,
+    Refused,
+    TenantGate,
+    admit,
+    header_token,
+    request_caps,
+)
+from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+from loraplane.frontdoor.version_choice import choose_version
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
+from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.worker_states import worker_state_of
-from loraplane.registry_trust import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState, band_of
+from loraplane.router.liveness import Feed, probe_ok
+from loraplane.router.routing import FleetIndex, Route
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import is_id, version_key
+from loraplane.schemas.codec import SchemaError
+from loraplane.schemas.dead_letter import dead_letter_at
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.reasons import QueueRefusal, RequestRefusal
+from loraplane.schemas.request_log import RequestClass
+from loraplane.schemas.router_state import QueueDepth, RouterState
 
 log = logging.getLogger("loraplane.router")
 REGISTRY_POLL_S = 0.2  # how often the verified registry is asked (in memory: a live tail)
@@ -313,7 +321,7 @@ class Router:
                                              self._monotonic()))
             gate.leave(tenant, 0)  # tokens are the gateway's to charge: it reads the usage
 
-    # ---- flow control (workers/flow_control.py) ---------------------------------------------
+    # ---- flow control (router/flow_control.py) -----------------------------------------------
     def _limit(self, base: str) -> int:
         """A base model's requests in flight through this router: a per-worker share times
         the workers of the base model in the view (drained ones leave it)."""
@@ -559,16 +567,14 @@ class RouterOptions:
 
 async def serve_router(settings: Settings, options: RouterOptions,
                        ready: Callable[[int], None] | None = None) -> None:
-    from loraplane.workers.api_keys import ApiKeysFile
-    from loraplane.workers.event_sink import KafkaEventSink, SinkMetrics, poll_forever
-    from loraplane.workers.runner import gateway_secret
-    from loraplane.workers.worker_metrics import TailMetrics
-
+    from loraplane.eventlog.sink import KafkaEventSink, SinkMetrics, poll_forever
+    from loraplane.frontdoor.api_keys import ApiKeysFile
+    from loraplane.frontdoor.hmac_keys import hmac_key
     from loraplane.kernel.http_server import bound_port, start_site
-    from loraplane.kernel.progress_metrics import ProgressMetrics
-    from loraplane.kernel.registry_view import registry_tail
+    from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
     from loraplane.kernel.topic_tail import TopicTail
     from loraplane.kernel.topics import topic_name
+    from loraplane.registry.topic import registry_tail
 
     component = f"router-{options.router_id}"
     sink = KafkaEventSink(settings, component)
@@ -588,7 +594,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
     await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S)
     router = Router(fleet, api_keys=ApiKeysFile.open(settings.api_keys_path),
                     budgets=settings.policy.request_budgets,
-                    secret=gateway_secret(settings.router_secret_path, "router secret"),
+                    secret=hmac_key(settings.router_secret_path, "router secret"),
                     max_body_bytes=settings.http.max_body_bytes,
                     retry_after_s=max(1, math.ceil(options.heartbeat_s)))
     router.collectors.register(SinkMetrics(sink))

@@ -1,9 +1,6 @@
-"""Which version and which worker serve a request: shared by the worker gateway and the fleet
-router (workers/router.py). Pure (no I/O), time passed in.
-
-Version: ``choose_version`` (active, or the canary for its sticky share of sessions), the
-one rule both the gateway and the router apply, so a session gets the same version whether
-it comes through a router or straight to a gateway.
+"""Which worker serves a request's version: the fleet router's view of the fleet
+(``FleetIndex``) and its rule (``pick_worker``). Pure (no I/O), time passed in. The version
+is chosen before, once (``loraplane.frontdoor.version_choice``).
 
 Worker (``FleetIndex.route``), among the live workers of the version's base model whose
 ``max_lora_rank`` fits the adapter's rank:
@@ -31,7 +28,7 @@ own slot rule then evicted them in turn (measured: 100 of 150 requests missed in
 tests/integration/test_router_fleet.py). Placements are this router's own, like its in-flight
 counts.
 
-Which workers are chosen at all is ``workers.liveness``: a worker whose last heartbeat is
+Which workers are chosen at all is ``router.liveness``: a worker whose last heartbeat is
 older than ``3 * heartbeat_s`` is drained, but only as far as the worker-state feed, current,
 can tell (``FleetIndex.feed``); while it cannot, the worker's gateway is probed
 (``FleetIndex.drain`` names them, ``probed`` takes the answer) and the worker is routed on its
@@ -48,59 +45,22 @@ fleet with the same code, without building a WorkerState per request.
 from __future__ import annotations
 
 import bisect
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.request_log import RequestClass
-from loraplane.schemas.worker_state import WorkerState
-from loraplane.workers.liveness import (
-    DRAIN_AFTER_HEARTBEATS,
+from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
+from loraplane.kernel.policy import Policy
+from loraplane.router.liveness import (
     Feed,
     Gateway,
     Verdict,
     beat_of,
     verdict,
 )
-
-from loraplane.kernel.policy import Policy
-
-
-class Heartbeat(Protocol):
-    """A worker's or a router's state: when it was sent."""
-
-    @property
-    def ts(self) -> datetime: ...
-
-
-def heard_lately(state: Heartbeat, now: float, heartbeat_s: float) -> bool:
-    """The liveness rule the router, the planner and the fleet view share: the worker's (or
-    router's) last heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old at epoch
-    seconds ``now``."""
-    return now - state.ts.timestamp() <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
-
-
-def canary_bucket(adapter_id: str, session_key: str) -> float:
-    """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
-    digest = hashlib.sha256(f"{adapter_id}\x00{session_key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 10_000 / 100
-
-
-def choose_version(versions: list[AdapterRecord], *, session_key: str,
-                   request_class: RequestClass) -> AdapterRecord | None:
-    """Active, or the canary for its share of sessions (always for class ``canary``)."""
-    active = next((r for r in versions if r.status == AdapterStatus.active), None)
-    canary = next((r for r in versions
-                   if r.status == AdapterStatus.canary and r.release.canary_percent > 0), None)
-    if canary is not None and (
-            request_class == RequestClass.canary or active is None
-            or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent):
-        return canary
-    return active
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.worker_state import WorkerState
 
 
 class RouteKind(StrEnum):

@@ -18,8 +18,8 @@ import hashlib
 import hmac
 import re
 
+from loraplane.frontdoor.request_fields import header_token
 from loraplane.schemas.base import is_id
-from loraplane.workers.request_fields import header_token
 
 TENANT_HEADER = "X-Loraplane-Tenant"
 SIGNATURE_HEADER = "X-Loraplane-Forwarded"

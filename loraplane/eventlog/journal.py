@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.workers.event_spool import locked_folder
+from loraplane.eventlog.spool import locked_folder
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-DRAIN_AFTER_HEARTBEATS = 3
-"""A worker silent for this many heartbeat intervals (of a current feed) is drained."""
+from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
+
 RECONNECT_GRACE_S = 15.0
 """After the feed comes back, how long a worker's own producer may take to reconnect
 (librdkafka backs off up to 10 s between attempts) and send a heartbeat before the feed's

@@ -1,4 +1,4 @@
-"""Flow control in front of the fleet router's forwarding (workers/router.py). Pure: no I/O,
+"""Flow control in front of the fleet router's forwarding (router/server.py). Pure: no I/O,
 time passed in; the router owns the asyncio waiting.
 
 A request is admitted at once while its base model has fewer requests in flight (through this

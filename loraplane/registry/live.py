@@ -6,7 +6,7 @@ scoring agent): it sits beside them, not in one of their packages, so none impor
 The registry topic is a transport, not an authority. Every refresh takes the last record of
 each adapter (from the process's live tail of the topic, ``kernel.topic_tail``; only when
 the tail or the keyring changed) and accepts it only through
-``streams.registry_evidence.verify_view`` with the worker's own keyring
+``registry.evidence.verify_view`` with the worker's own keyring
 (``settings.keyring_path``, re-read when the file changes, as the
 registry agent does). A refused record is dead-lettered once (reason
 ``RegistryViewRejection``), counted on ``/metrics`` (``loraplane_registry_view_refused_total``) and
@@ -45,6 +45,7 @@ from pydantic import BaseModel
 
 from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.bus import Record
+from loraplane.registry.evidence import Checkpoint, ViewRefused, verify_view
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
@@ -52,14 +53,13 @@ from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView, views_from_json, views_to_json
-from loraplane.streams.registry_evidence import Checkpoint, ViewRefused, verify_view
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
 
 
 class EventSink(Protocol):
-    """Where refused records go (``workers.event_sink.EventSink`` is one)."""
+    """Where refused records go (``eventlog.sink.EventSink`` is one)."""
 
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
 

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import httptools
+
 from loraplane.schemas.reasons import VllmErrorCode
 
 _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled

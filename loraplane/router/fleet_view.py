@@ -4,10 +4,10 @@ tier, replicas, in-flight work, queue depth and heartbeat age, from the latest w
 of each worker (``kernel.worker_states``). Pure (no I/O): the callers read the topic.
 
 Queue depth is the routers' (requests waiting per base model at the flow-control queues of
-``workers.router``, not a worker's): the sum over the routers heard lately of their
+``router.server``, not a worker's): the sum over the routers heard lately of their
 ``RouterState``; None (shown as "-") when no router reports.
 
-A worker is *live* by the router's own rule (``routing.heard_lately``),
+A worker is *live* by the router's own rule (``kernel.heartbeat.heard_lately``),
 so the view and the routing agree on which workers take traffic.
 """
 
@@ -17,9 +17,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from loraplane.kernel.heartbeat import heard_lately
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.workers.routing import heard_lately
 
 
 @dataclass(frozen=True)

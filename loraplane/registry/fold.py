@@ -22,7 +22,7 @@ order, so each hostile event gets one reason:
 
 The new view carries every accepted event of the adapter (``AdapterView.evidence``), so a
 consumer of the registry topic can fold them again through this function with its own
-keyring (``streams.registry_evidence.verify_view``) instead of trusting the topic.
+keyring (``registry.evidence.verify_view``) instead of trusting the topic.
 
 Redelivery after a crash cannot double-apply an event: the replay set and the seq check
 reject the second copy. The replay set keeps each event id until the event expires, so it
@@ -35,6 +35,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from pydantic import Field
 
 from loraplane.schemas.adapter import (
     AdapterRecord,
@@ -51,7 +53,6 @@ from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
-from pydantic import Field
 
 MAX_EVENT_LIFETIME = timedelta(days=7)
 """Bounds the replay set: an event id is remembered until its event expires."""

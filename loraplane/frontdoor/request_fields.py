@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from loraplane.kernel.policy import RequestBudgets, RequestCaps, TenantLimits
 from loraplane.schemas.reasons import RequestRefusal, TenantLimit
-
-from loraplane.kernel.policy import RequestCaps, TenantLimits
+from loraplane.schemas.request_log import RequestClass
 
 
 class Endpoint(StrEnum):
@@ -343,3 +343,12 @@ class TenantGate:
         else:
             self.in_flight.pop(tenant, None)
         self._bucket(tenant, now).charge(tokens, now)
+
+
+def request_caps(budgets: RequestBudgets, request_class: RequestClass) -> RequestCaps:
+    """The caps of a request class; shadow follows batch."""
+    if request_class == RequestClass.interactive:
+        return budgets.interactive.caps
+    if request_class == RequestClass.canary:
+        return budgets.canary.caps
+    return budgets.batch.caps
