@@ -293,6 +293,21 @@ class RequestRefusal(StrEnum):
     body_too_large = "body_too_large"  # over the class's body cap (413)
 
 
+class AdmissionRefusal(StrEnum):
+    """Why the front door refused a request, at the router or the gateway alike
+    (``frontdoor.admission``), besides a field's ``RequestRefusal`` and a ``TenantLimit``."""
+
+    unauthorized = "unauthorized"  # no or an unknown API key, or a forward not signed (401)
+    bad_request_class = "bad_request_class"  # an unknown X-Request-Class (400)
+    invalid_json = "invalid_json"  # the body is not JSON (400)
+    model_not_adapter_id = "model_not_adapter_id"  # model is not wholly an adapter id (400)
+    unknown_adapter = "unknown_adapter"  # no verified version of that adapter here (404)
+    forbidden = "forbidden"  # the adapter is another tenant's (403)
+    no_serving_version = "no_serving_version"  # neither active nor canary (404)
+    version_unknown = "version_unknown"  # the router's version is not in this view yet (503)
+    version_revoked = "version_revoked"  # the router's version was revoked since (410)
+
+
 class TenantLimit(StrEnum):
     """Why the gateway answered 429 + Retry-After for a tenant's own limits."""
 

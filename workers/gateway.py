@@ -1,31 +1,15 @@
 """The OpenAI-compatible request path of one worker: the only way a request reaches an adapter.
 
-Per request: the tenant comes from ``Authorization: Bearer KEY``; ``model`` must be an
-adapter_id (a path or anything else is a 400, so a tenant can never point vLLM at a
-folder); the tenant must own the adapter (403); the version is the active one, or the
-canary for ``canary_percent`` of sessions (sticky by ``X-Session-Key``); while a canary
-version's golden-set warm-up runs, its sessions are served by the active version
-(``X-Loraplane-Canary-Warming``). A hot adapter is forwarded at once. A cold one follows its
-request class's budget (policy.request_budgets): interactive never waits longer than
-``max_wait_ms`` and then falls back to the base model (``X-Loraplane-Fallback: base``) or
-answers 429 + Retry-After while the load is queued; batch-like classes wait up to their
-budget, and at most ``batch.max_concurrent_cold_loads`` cold loads started by them run at
-once, so a batch burst cannot take the cold-load budget from interactive traffic. Retry-After
-is the agent's estimate, else the class's own ``retry_after_s``. The reason is the agent's
-(``X-Loraplane-Fallback-Reason``; a failed fetch's own reason when the wait ran out during
-its backoff). When the version's artifact is refused (``ArtifactReason``: an object gone
-from the store, a digest mismatch) retrying cannot help: a fallback says so
-(``X-Loraplane-Fallback-Permanent: true``) and a request without fallback gets 424 with
-the reason and no Retry-After. The chosen lora name is held
-for the whole request (``Serving.serving``), so a version swap drains instead of cutting it
-off. Every answer's one RequestLog is handed to the sink before the answer's last bytes are
-written (a whole answer before it is sent, a stream before its ``[DONE]`` event or its end),
-and the sink journals it to local disk before it returns (``eventlog.journal``), so a
-worker killed -9 after an answer still delivers its log; the sink never waits for Kafka.
-The gateway sees its worker only through ``workers.serving.Serving``. Behind a fleet router
-(loraplane/router/server.py) the tenant may instead come as ``X-Loraplane-Tenant``, believed only
-with the router's valid HMAC (loraplane/frontdoor/forwarded.py; a 401 otherwise); every other check
-still runs here.
+Every request passes the one front door (``frontdoor.admission``: tenant, fields and caps,
+ownership, the version decided once, tenant limits), reached directly or behind a fleet
+router (whose signed tenant and version it then believes and serves exactly). A hot copy is
+forwarded at once; a cold one follows its request class's budget (a wait, the base model's
+fallback, or 429 + Retry-After; 424 when its artifact is refused for good); a canary still
+warming up here is served by the stable version the same decision named. The lora name is
+held for the whole request (``Serving.serving``), so a swap drains instead of cutting it.
+Every answer's one RequestLog is with the sink, journaled to disk, before the answer's last
+bytes leave. The gateway sees its worker only through ``workers.serving.Serving``; the rules
+and headers are in docs/worker.md, "The gateway".
 """
 
 from __future__ import annotations
@@ -41,27 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import is_id, now_utc
-from loraplane.schemas.reasons import LoadDeferral, RequestRefusal, VllmErrorCode
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.vllm_client import VllmError
 
 from loraplane.eventlog.sink import EventSink
+from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
-from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, verify
+from loraplane.frontdoor.http import admit_request, error_response, refusal_response
 from loraplane.frontdoor.request_fields import (
     Endpoint,
-    Refused,
-    TenantGate,
-    admit,
     cache_salt,
     header_token,
-    request_caps,
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
-from loraplane.frontdoor.version_choice import choose_version
 from loraplane.kernel.policy import RequestBudgets
 
 FALLBACK_HEADER = "X-Loraplane-Fallback"
@@ -179,36 +159,44 @@ class ColdLoadSlots:
         self._freed = asyncio.Event()
 
 
-def _error(status: int, code: str, message: str, param: str | None = None,
-           **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": code, "param": param, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
-
-
 class Gateway:
     def __init__(self, worker: Serving, *, api_keys: KeyLookup, budgets: RequestBudgets,
                  sink: EventSink, cache_secret: bytes | None = None,
                  router_secret: bytes | None = None, max_body_bytes: int = 1024 * 1024,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
-        self.api_keys = api_keys
-        self.budgets = budgets
+        # the one front door (frontdoor.admission), with this worker's verified versions; a
+        # tenant and version forwarded by a fleet router are believed only under the router
+        # secret's HMAC (frontdoor.forwarded); without one, only API keys are
+        self.door = FrontDoor(keys=api_keys, budgets=budgets, versions=worker.versions,
+                              router_secret=router_secret, clock=clock)
         self.sink = sink
         self.max_body_bytes = max_body_bytes
         # never logged; without one (tests) a random secret per process: salts still differ
         # per tenant, only the prefix cache does not survive a gateway restart
         self._cache_secret = cache_secret if cache_secret else os.urandom(32)
-        # a tenant forwarded by a fleet router is believed only under this secret's HMAC
-        # (loraplane/frontdoor/forwarded.py); without one, only API keys are
-        self._router_secret = router_secret
         self._salts: dict[str, str] = {}
-        self._clock = clock
-        self._gate = TenantGate(budgets.tenants, clock)
         self.batch_loads = ColdLoadSlots()
         # ids of request logs (and of requests that came without one): a random prefix per
         # gateway and a counter, unique like uuid4 but without its urandom call per request
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_seq = itertools.count()
+
+    @property
+    def api_keys(self) -> KeyLookup:
+        return self.door.keys
+
+    @api_keys.setter
+    def api_keys(self, keys: KeyLookup) -> None:  # a new key file
+        self.door.keys = keys
+
+    @property
+    def budgets(self) -> RequestBudgets:
+        return self.door.budgets
+
+    @budgets.setter
+    def budgets(self, budgets: RequestBudgets) -> None:  # a reload: the door follows
+        self.door.budgets = budgets
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}-{next(self._id_seq):x}"
@@ -243,63 +231,28 @@ class Gateway:
     async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
         request_id = header_token(request.headers.get("X-Request-Id")) or self._new_id()
-        forwarded = request.headers.get(TENANT_HEADER)
-        tenant = forwarded if forwarded is not None else self.api_keys.tenant(
-            request.headers.get("Authorization"))
-        if tenant is None:
-            return _error(401, "unauthorized", "missing or unknown API key")
+        admission, _ = await admit_request(self.door, request, Endpoint(path), request_id,
+                                           self.max_body_bytes)
+        if isinstance(admission, Refusal):
+            if admission.adapter_id is not None and admission.tenant_id is not None \
+                    and admission.request_class is not None:  # past `model`: logged
+                trace = _Trace(request_id, admission.tenant_id, admission.adapter_id,
+                               admission.request_class, started)
+                trace.status = (RequestStatus.retry_later if admission.retry_after_s is not None
+                                else RequestStatus.refused)
+                trace.error = admission.reason.value
+                self._log(trace)
+            return refusal_response(admission)
+        trace = _Trace(request_id, admission.tenant_id, admission.adapter_id,
+                       admission.request_class, started)
+        trace.prompts, trace.stream = admission.request.prompts, admission.request.stream
+        trace.client_wants_usage = admission.request.client_wants_usage
         try:
-            request_class = RequestClass(request.headers.get("X-Request-Class", "interactive"))
-        except ValueError:
-            return _error(400, "bad_request_class",
-                          "X-Request-Class must be interactive, batch, canary or shadow")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, RequestRefusal.body_too_large,
-                          f"the body is over {self.max_body_bytes} bytes")
-        if forwarded is not None and not verify(
-                self._router_secret, forwarded, request.headers.get("X-Request-Id", ""), raw,
-                request.headers.get(SIGNATURE_HEADER), time.time()):
-            return _error(401, "unauthorized", "a forwarded tenant needs a valid router "
-                          "signature")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
-            return _error(400, "invalid_json", "the body is not JSON")
-        model = body.get("model") if isinstance(body, dict) else None
-        if not is_id(model):
-            return _error(400, "model_not_adapter_id",
-                          "model must be an adapter_id (lower-case id, never a path)")
-        trace = _Trace(request_id, tenant, model, request_class, started)
-        try:
-            admitted = admit(Endpoint(path), body, request_caps(self.budgets, request_class),
-                             len(raw))
-        except Refused as exc:
-            trace.status, trace.error = RequestStatus.refused, exc.reason.value
-            self._log(trace)
-            return _error(exc.status, exc.reason, exc.message, exc.field or None)
-        trace.prompts, trace.stream = admitted.prompts, admitted.stream
-        trace.client_wants_usage = admitted.client_wants_usage
-        gate = self._tenant_gate()
-        limited = gate.enter(tenant)
-        if limited is not None:
-            reason, retry_after = limited
-            trace.status, trace.error = RequestStatus.retry_later, reason.value
-            self._log(trace)
-            return _error(429, reason, f"tenant limit reached ({reason}); retry later",
-                          **{"Retry-After": str(retry_after)})
-        try:
-            return await self._route(request, path, admitted.body, trace)
+            return await self._route(request, path, admission.request.body, trace,
+                                     admission.choice)
         finally:
-            gate.leave(tenant, trace.prompt_tokens + max(0, trace.output_tokens))
+            self.door.leave(admission, trace.prompt_tokens + max(0, trace.output_tokens))
             self._log(trace)
-
-    def _tenant_gate(self) -> TenantGate:
-        """The gate of the current budgets (tests and reloads may replace them)."""
-        if self._gate.limits is not self.budgets.tenants:
-            self._gate = TenantGate(self.budgets.tenants, self._clock)
-        return self._gate
 
     def cache_salt(self, tenant_id: str) -> str:
         salt = self._salts.get(tenant_id)
@@ -308,39 +261,29 @@ class Gateway:
         return salt
 
     async def _route(self, request: web.Request, path: str, body: dict[str, Any],
-                     trace: _Trace) -> web.StreamResponse:
-        versions = self.worker.versions(trace.adapter_id)
-        if not versions:
-            trace.status, trace.error = RequestStatus.refused, "unknown_adapter"
-            return _error(404, "unknown_adapter", f"no adapter {trace.adapter_id!r} here")
-        if any(r.tenant_id != trace.tenant_id for r in versions):
-            trace.status, trace.error = RequestStatus.refused, "forbidden"
-            return _error(403, "forbidden", f"adapter {trace.adapter_id!r} is not yours")
-        session = header_token(request.headers.get("X-Session-Key")) or trace.request_id
-        record = choose_version(versions, session_key=session,
-                                request_class=trace.request_class)
-        if record is None:
-            trace.status, trace.error = RequestStatus.refused, "no_serving_version"
-            return _error(404, "no_serving_version",
-                          f"adapter {trace.adapter_id!r} has no active or canary version")
-        if record.status == AdapterStatus.canary and self.worker.is_warming(record.lora_name):
+                     trace: _Trace, choice: Choice) -> web.StreamResponse:
+        """Serve the version the front door chose, decided once: while it is a canary still
+        warming up here, the stable (active) version the same decision named serves."""
+        record = choice.record
+        if self.worker.is_warming(record.lora_name):
             trace.canary_warming = record.version
-            record = next((r for r in versions if r.status == AdapterStatus.active), None)
-            if record is None:
+            if choice.stable is None:
                 trace.status, trace.error = RequestStatus.retry_later, "canary_warming"
                 retry = cold_budget(self.budgets, trace.request_class).retry_after_s
-                return _error(429, "canary_warming", "the canary version is warming up; "
-                              "retry later", **{"Retry-After": str(retry)})
+                return error_response(429, "canary_warming", "the canary version is warming "
+                                      "up; retry later", **{"Retry-After": str(retry)})
+            record = choice.stable
         trace.record, name = record, record.lora_name
         hot = self.worker.is_hot(name)
         trace.tier = Tier.gpu if hot else Tier.host if self.worker.is_on_host(name) else Tier.cold
         self.worker.count_request(name, hot=hot)
         if hot:
             return await self._forward(request, path, body, trace, name)
-        return await self._cold(request, path, body, trace, record)
+        return await self._cold(request, path, body, trace, record, choice)
 
     async def _cold(self, request: web.Request, path: str, body: dict[str, Any],
-                    trace: _Trace, record: AdapterRecord) -> web.StreamResponse:
+                    trace: _Trace, record: AdapterRecord, choice: Choice
+                    ) -> web.StreamResponse:
         budget = cold_budget(self.budgets, trace.request_class)
         waited = time.perf_counter()
         if budget.batch_like:
@@ -354,7 +297,7 @@ class Gateway:
         trace.swap_ms = (time.perf_counter() - waited) * 1000
         if outcome is not None and outcome.ok:
             if self.worker.is_warming(record.lora_name):  # a canary warming up: route again
-                return await self._route(request, path, body, trace)
+                return await self._route(request, path, body, trace, choice)
             return await self._forward(request, path, body, trace, record.lora_name)
         if outcome is None:  # the wait ran out: the last fetch's failure, if any, says why
             outcome = self.worker.load_failure(record.lora_name)
@@ -369,12 +312,12 @@ class Gateway:
                                        fallback_reason=reason, permanent=permanent)
         if permanent:  # no Retry-After: the same request will be refused the same way
             trace.status, trace.error = RequestStatus.error, reason
-            return _error(PERMANENT_STATUS, "adapter_unavailable_permanent",
+            return error_response(PERMANENT_STATUS, "adapter_unavailable_permanent",
                           f"version {record.version} of {record.adapter_id!r} cannot be "
                           f"loaded ({reason}); retrying will not help until it is "
                           "re-uploaded or another version is promoted")
         trace.status, trace.error = RequestStatus.retry_later, reason
-        return _error(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
+        return error_response(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
                       **{"Retry-After": str(retry_after)})
 
     async def _forward(self, request: web.Request, path: str, body: dict[str, Any],
@@ -414,8 +357,9 @@ class Gateway:
             except VllmError as exc:
                 trace.status, trace.error = RequestStatus.error, exc.reason.failure
                 if exc.reason == VllmErrorCode.not_found:  # unloaded under us: ask again later
-                    return _error(503, "adapter_unavailable", exc.message, **{"Retry-After": "1"})
-                return _error(502, exc.reason.failure, exc.message)
+                    return error_response(503, "adapter_unavailable", exc.message,
+                                          **{"Retry-After": "1"})
+                return error_response(502, exc.reason.failure, exc.message)
 
     async def _stream(self, request: web.Request, resp: UpstreamResponse,
                       headers: dict[str, str], trace: _Trace,

@@ -1,15 +1,18 @@
-"""The tenant a fleet router forwards to a worker gateway, signed so no one else can claim it.
+"""What a fleet router forwards to a worker gateway, signed so no one else can claim it: the
+tenant, the request class and the version the router chose.
 
 The router authenticates the client's API key itself and forwards the request without it;
-the gateway then believes ``X-Loraplane-Tenant`` only with a valid
-``X-Loraplane-Forwarded: <unix ts>.<hex HMAC-SHA256>`` over
-``tenant \\n request id \\n ts \\n sha256(body)`` keyed with the router secret (a file of
-mode 0600 that the routers and the gateways of a fleet hold, ``settings.router_secret_path``).
-The signature binds the body and the request id, and ``ts`` must be within ``MAX_SKEW_S`` of
-the gateway's clock, so a captured header pair serves no other body and expires. Anything
-else a client puts in these headers (a tenant that is no id, a request id that is no header
-token, a signature that is not ``digits.hex``, bytes that are not ASCII) is refused before
-any HMAC is computed. Pure: the secret and the time are passed in.
+the gateway then believes the ``X-Loraplane-Tenant``, ``X-Request-Class`` and the version
+headers only with a valid ``X-Loraplane-Forwarded: <unix ts>.<hex HMAC-SHA256>`` over
+``tenant \\n request id \\n ts \\n sha256(body) \\n class \\n version \\n reason \\n stable``
+keyed with the router secret (a file of mode 0600 that the routers and the gateways of a
+fleet hold, ``settings.router_secret_path``). The version is decided once, at the router
+(``frontdoor.admission``): the gateway serves exactly it, or refuses. The signature binds
+the body and the request id, and ``ts`` must be within ``MAX_SKEW_S`` of the gateway's clock,
+so a captured header set serves no other body, class or version, and expires. Anything else
+a client puts in these headers (a tenant that is no id, a request id or version that is no
+header token, a signature that is not ``digits.hex``, bytes that are not ASCII) is refused
+before any HMAC is computed. Pure: the secret and the time are passed in.
 """
 
 from __future__ import annotations
@@ -17,32 +20,65 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from dataclasses import dataclass
 
 from loraplane.frontdoor.request_fields import header_token
 from loraplane.schemas.base import is_id
 
 TENANT_HEADER = "X-Loraplane-Tenant"
 SIGNATURE_HEADER = "X-Loraplane-Forwarded"
+VERSION_HEADER = "X-Loraplane-Version"  # the version to serve
+VERSION_REASON_HEADER = "X-Loraplane-Version-Reason"  # why: active, or its canary share
+STABLE_VERSION_HEADER = "X-Loraplane-Stable-Version"  # the active one, while a canary warms
 MAX_SKEW_S = 30
 _SIGNATURE = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})")
 
 
-def _mac(secret: bytes, tenant: str, request_id: str, ts: int, body: bytes) -> str:
+@dataclass(frozen=True)
+class Forward:
+    """The router's decisions about one request, as they travel to the gateway."""
+
+    tenant: str
+    request_class: str
+    version: str
+    reason: str
+    stable: str = ""  # "" when there is no active version to fall back to
+
+
+def _mac(secret: bytes, request_id: str, ts: int, body: bytes, forward: Forward) -> str:
     digest = hashlib.sha256(body).hexdigest()
-    message = f"{tenant}\n{request_id}\n{ts}\n{digest}".encode()
+    message = (f"{forward.tenant}\n{request_id}\n{ts}\n{digest}\n{forward.request_class}\n"
+               f"{forward.version}\n{forward.reason}\n{forward.stable}").encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
 
-def sign(secret: bytes, tenant: str, request_id: str, body: bytes, now: float) -> str:
+def sign(secret: bytes, forward: Forward, request_id: str, body: bytes, now: float) -> str:
     """The ``X-Loraplane-Forwarded`` value for one forwarded request."""
     ts = int(now)
-    return f"{ts}.{_mac(secret, tenant, request_id, ts, body)}"
+    return f"{ts}.{_mac(secret, request_id, ts, body, forward)}"
 
 
-def verify(secret: bytes | None, tenant: str, request_id: str, body: bytes,
+def headers(secret: bytes, forward: Forward, request_id: str, body: bytes, now: float,
+            session_key: str | None) -> bytes:
+    """The header lines (CRLF-ended) the router adds to a forwarded request."""
+    head = (f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
+            f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
+            f"{VERSION_REASON_HEADER}: {forward.reason}\r\n"
+            f"{SIGNATURE_HEADER}: {sign(secret, forward, request_id, body, now)}\r\n")
+    if forward.stable:
+        head += f"{STABLE_VERSION_HEADER}: {forward.stable}\r\n"
+    if session_key:
+        head += f"X-Session-Key: {session_key}\r\n"
+    return head.encode("latin-1")
+
+
+def verify(secret: bytes | None, forward: Forward, request_id: str, body: bytes,
            signature: str | None, now: float) -> bool:
-    """True when ``signature`` vouches for ``tenant`` on this request now."""
-    if not secret or not signature or not is_id(tenant) or not header_token(request_id):
+    """True when ``signature`` vouches for ``forward`` on this request now."""
+    if (not secret or not signature or not is_id(forward.tenant)
+            or not header_token(request_id) or not header_token(forward.version)
+            or not header_token(forward.request_class) or not header_token(forward.reason)
+            or (forward.stable and not header_token(forward.stable))):
         return False
     parts = _SIGNATURE.fullmatch(signature)
     if parts is None:
@@ -50,4 +86,4 @@ def verify(secret: bytes | None, tenant: str, request_id: str, body: bytes,
     ts, mac = int(parts[1]), parts[2]
     if abs(now - ts) > MAX_SKEW_S:
         return False
-    return hmac.compare_digest(mac, _mac(secret, tenant, request_id, ts, body))
+    return hmac.compare_digest(mac, _mac(secret, request_id, ts, body, forward))

@@ -346,6 +346,10 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                     await request.read()  # cached: the handler's own read() returns it
                 except ConnectionResetError:  # the body deadline closed it (or the peer did)
                     return web.Response(status=408)
+                except RuntimeError:  # aiohttp's "Connection closed.": shed mid-body
+                    if transport is not None and not transport.is_closing():
+                        raise
+                    return web.Response(status=408)
             if guard is not None:
                 guard.body_read()
             response = await handler(request)

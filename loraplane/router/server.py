@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import math
 import signal
@@ -61,18 +60,16 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from loraplane.eventlog.sink import EventSink
+from loraplane.frontdoor.admission import FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
-from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.frontdoor.forwarded import TENANT_HEADER, VERSION_HEADER, Forward
+from loraplane.frontdoor.forwarded import headers as forward_headers
+from loraplane.frontdoor.http import admit_request, error_response, refusal_response
 from loraplane.frontdoor.request_fields import (
     Endpoint,
-    Refused,
-    TenantGate,
-    admit,
     header_token,
-    request_caps,
 )
 from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
-from loraplane.frontdoor.version_choice import choose_version
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
@@ -84,11 +81,11 @@ from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState
 from loraplane.router.liveness import Feed, probe_ok
 from loraplane.router.routing import FleetIndex, Route
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import is_id, version_key
+from loraplane.schemas.base import version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import QueueRefusal, RequestRefusal
+from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 
@@ -101,12 +98,6 @@ _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplan
 _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
-
-
-def _error(status: int, code: str, message: str, param: str | None = None,
-           **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": code, "param": param, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
 
 
 def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
@@ -179,14 +170,15 @@ class Router:
                  read_timeout_s: float = 300.0, retry_after_s: int = 5,
                  clock: Callable[[], float] = time.time) -> None:
         self.fleet = fleet
-        self.api_keys = api_keys
-        self.budgets = budgets
+        # the one front door (frontdoor.admission), with the router's verified versions
+        self.door = FrontDoor(keys=api_keys, budgets=budgets,
+                              versions=lambda model: self.fleet.versions.get(model, ()),
+                              clock=time.monotonic)
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
         self._secret = secret
         self._clock = clock
         self._monotonic = time.monotonic
-        self._gate = TenantGate(budgets.tenants, time.monotonic)
         queues = budgets.queues
         batch_ttl_s = budgets.batch.max_wait_ms / 1000
         self.flow = FlowControl(
@@ -204,6 +196,22 @@ class Router:
         self._id_seq = itertools.count()
         self.collectors = CollectorRegistry(auto_describe=True)  # + the event sink's, when run
         self.collectors.register(RouterMetrics(self))
+
+    @property
+    def budgets(self) -> RequestBudgets:
+        return self.door.budgets
+
+    @budgets.setter
+    def budgets(self, budgets: RequestBudgets) -> None:
+        self.door.budgets = budgets
+
+    @property
+    def api_keys(self) -> KeyLookup:
+        return self.door.keys
+
+    @api_keys.setter
+    def api_keys(self, keys: KeyLookup) -> None:
+        self.door.keys = keys
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -240,7 +248,8 @@ class Router:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
         tenant = self.api_keys.tenant(request.headers.get("Authorization"))
         if tenant is None:
-            return _error(401, "unauthorized", "missing or unknown API key")
+            return error_response(401, AdmissionRefusal.unauthorized,
+                                  "missing or unknown API key")
         data = [{"id": aid, "object": "model", "created": 0, "owned_by": tenant}
                 for aid, versions in sorted(self.fleet.versions.items())
                 if all(r.tenant_id == tenant for r in versions) and any(
@@ -256,70 +265,39 @@ class Router:
     def _refuse(self, status: int, code: str, message: str, param: str | None = None,
                 **headers: str) -> web.Response:
         self.outcomes[code] += 1
-        return _error(status, code, message, param, **headers)
+        return error_response(status, code, message, param, **headers)
 
     async def _handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         request_id = header_token(request.headers.get("X-Request-Id")) or \
             f"{self._id_prefix}-{next(self._id_seq):x}"
-        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
-        if tenant is None:
-            return self._refuse(401, "unauthorized", "missing or unknown API key")
-        request_class = _CLASSES.get(request.headers.get("X-Request-Class", "interactive"))
-        if request_class is None:
-            return self._refuse(400, "bad_request_class",
-                                "X-Request-Class must be interactive, batch, canary or shadow")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(413, RequestRefusal.body_too_large,
-                                f"the body is over {self.max_body_bytes} bytes")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            return self._refuse(400, "invalid_json", "the body is not JSON")
-        model = body.get("model") if isinstance(body, dict) else None
-        if not is_id(model):
-            return self._refuse(400, "model_not_adapter_id",
-                                "model must be an adapter_id (lower-case id, never a path)")
-        try:
-            admit(endpoint, body, request_caps(self.budgets, request_class), len(raw))
-        except Refused as exc:
-            return self._refuse(exc.status, exc.reason, exc.message, exc.field or None)
-        versions = self.fleet.versions.get(model)
-        if not versions:
-            return self._refuse(404, "unknown_adapter", f"no adapter {model!r} here")
-        if any(r.tenant_id != tenant for r in versions):
-            return self._refuse(403, "forbidden", f"adapter {model!r} is not yours")
-        session = header_token(request.headers.get("X-Session-Key"))
-        record = choose_version(versions, session_key=session or request_id,
-                                request_class=request_class)
-        if record is None:
-            return self._refuse(404, "no_serving_version",
-                                f"adapter {model!r} has no active or canary version")
-        gate = self._tenant_gate()
-        limited = gate.enter(tenant)
-        if limited is not None:
-            reason, retry_after = limited
-            return self._refuse(429, reason, f"tenant limit reached ({reason}); retry later",
-                                **{"Retry-After": str(retry_after)})
+        if request.headers.get(TENANT_HEADER) is not None:  # only gateways take forwards
+            return self._refuse(401, AdmissionRefusal.unauthorized,
+                                "a router takes no forwarded requests")
+        admission, raw = await admit_request(self.door, request, endpoint, request_id,
+                                             self.max_body_bytes)
+        if isinstance(admission, Refusal):
+            self.outcomes[admission.reason] += 1
+            return refusal_response(admission)
+        choice, tenant = admission.choice, admission.tenant_id
         ticket: Ticket | None = None
         try:
-            admitted = await self._admit(request, record, tenant, request_class)
+            admitted = await self._admit(request, choice.record, tenant,
+                                         admission.request_class)
             if isinstance(admitted, web.StreamResponse):
                 return admitted
             ticket = admitted
+            forward = Forward(tenant, admission.request_class.value, choice.record.version,
+                              choice.reason.value,
+                              choice.stable.version if choice.stable is not None else "")
             # signed after the wait: the signature's time is when the gateway gets it
-            signature = sign(self._secret, tenant, request_id, raw, self._clock())
-            head = (f"X-Request-Id: {request_id}\r\nX-Request-Class: {request_class.value}"
-                    f"\r\n{TENANT_HEADER}: {tenant}\r\n{SIGNATURE_HEADER}: {signature}\r\n")
-            if session:
-                head += f"X-Session-Key: {session}\r\n"
-            return await self._forward(request, endpoint, raw, record, head.encode("latin-1"))
+            head = forward_headers(self._secret, forward, request_id, raw, self._clock(),
+                                   header_token(request.headers.get("X-Session-Key")))
+            return await self._forward(request, endpoint, raw, choice.record, head)
         finally:
             if ticket is not None and ticket.state is TicketState.admitted:
                 self._wake(self.flow.release(ticket, self._limit(ticket.base),
                                              self._monotonic()))
-            gate.leave(tenant, 0)  # tokens are the gateway's to charge: it reads the usage
+            self.door.leave(admission, 0)  # tokens are the gateway's to charge (its usage)
 
     # ---- flow control (router/flow_control.py) -----------------------------------------------
     def _limit(self, base: str) -> int:
@@ -381,11 +359,6 @@ class Router:
                             f"model is {'busy' if status == 503 else 'full'} ({reason}); "
                             "retry later", **{"Retry-After": str(retry_after)})
 
-    def _tenant_gate(self) -> TenantGate:
-        if self._gate.limits is not self.budgets.tenants:
-            self._gate = TenantGate(self.budgets.tenants, time.monotonic)
-        return self._gate
-
     async def _forward(self, request: web.Request, endpoint: Endpoint, raw: bytes,
                        record: AdapterRecord, head: bytes) -> web.StreamResponse:
         for _attempt in range(2):
@@ -406,7 +379,7 @@ class Router:
                     continue
                 self.outcomes[route.kind.value] += 1
                 try:
-                    return await self._relay(request, resp, route)
+                    return await self._relay(request, resp, route, record.version)
                 finally:
                     resp.close()
             finally:
@@ -419,11 +392,12 @@ class Router:
                             **{"Retry-After": str(self.retry_after_s)})
 
     async def _relay(self, request: web.Request, resp: UpstreamResponse,
-                     route: Route) -> web.StreamResponse:
+                     route: Route, version: str) -> web.StreamResponse:
         headers = {k: v for k, v in resp.headers.items()
                    if k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id"}
         headers[WORKER_HEADER] = route.worker_id
         headers[ROUTE_HEADER] = route.kind.value
+        headers[VERSION_HEADER] = version  # decided here; the gateway serves exactly it
         if not headers.get("content-type", "").startswith("text/event-stream"):
             try:
                 body = await resp.read()

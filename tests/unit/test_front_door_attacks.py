@@ -34,7 +34,14 @@ from loraplane.workers.gateway import Gateway
 from typer.testing import CliRunner
 
 from loraplane.cli import app
-from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign
+from loraplane.frontdoor.forwarded import (
+    SIGNATURE_HEADER,
+    TENANT_HEADER,
+    VERSION_HEADER,
+    VERSION_REASON_HEADER,
+    Forward,
+    sign,
+)
 from loraplane.frontdoor.request_fields import header_token
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
@@ -231,12 +238,14 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
     no header token) is a 401: the gateway never keys a log by it."""
     body = json.dumps({"model": "sql", "prompt": "q"}).encode()
     now = time.time()
-    value = {None: None, "good": sign(SECRET, tenant, request_id, body, now),
+    fwd = Forward(tenant, "interactive", "1", "active")
+    value = {None: None, "good": sign(SECRET, fwd, request_id, body, now),
              "junk": "1.zz", "non-ascii": f"{int(now)}." + "é" * 64,
              "digits": "١٢٣." + "0" * 64}[signature]
     lines = [b"Content-Type: application/json",
              TENANT_HEADER.encode() + b": " + tenant.encode(),
-             b"X-Request-Id: " + request_id.encode()]
+             b"X-Request-Id: " + request_id.encode(), b"X-Request-Class: interactive",
+             VERSION_HEADER.encode() + b": 1", VERSION_REASON_HEADER.encode() + b": active"]
     if value is not None:
         lines.append(SIGNATURE_HEADER.encode() + b": " + value.encode())
     before = len(door.sink.of(RequestLog))

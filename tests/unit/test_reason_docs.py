@@ -24,6 +24,7 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.export import render
 from loraplane.schemas.reasons import (
+    AdmissionRefusal,
     ArtifactReason,
     AuditReason,
     CacheEventReason,
@@ -147,7 +148,7 @@ def test_worker_doc_lists_every_foreign_change() -> None:
 def test_worker_doc_lists_every_gateway_refusal() -> None:
     rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
     assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
-        e.__name__: values(e) for e in (RequestRefusal, TenantLimit)}
+        e.__name__: values(e) for e in (RequestRefusal, TenantLimit, AdmissionRefusal)}
 
 
 def test_router_doc_lists_every_queue_refusal() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from aiohttp import ClientPayloadError, ClientSession
 from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
@@ -24,12 +26,21 @@ from loraplane.streams.scores import score_key
 from loraplane.workers.gateway import Gateway
 from multidict import CIMultiDict
 
-from loraplane.frontdoor.forwarded import SIGNATURE_HEADER, TENANT_HEADER, sign, verify
+from loraplane.frontdoor.forwarded import (
+    SIGNATURE_HEADER,
+    TENANT_HEADER,
+    VERSION_HEADER,
+    VERSION_REASON_HEADER,
+    Forward,
+    sign,
+    verify,
+)
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import Fleet, Router, serving_versions
-from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
+from tests.unit.test_gateway import AUTH_A, BASE, KEYS, RECORDS, FakeServing, ListSink
+from tests.unit.test_gateway import record as tenant_a_record
 from tests.unit.test_planner import (
     NOW,
     POLICY,
@@ -195,17 +206,34 @@ def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -
 
 
 # ---- the forwarded tenant -------------------------------------------------------------------
-def test_the_signature_binds_tenant_request_body_and_time() -> None:
-    sig = sign(SECRET, "tenant-a", "r1", b"{}", 1000.0)
-    assert verify(SECRET, "tenant-a", "r1", b"{}", sig, 1010.0)
-    assert not verify(SECRET, "tenant-b", "r1", b"{}", sig, 1010.0)
-    assert not verify(SECRET, "tenant-a", "r2", b"{}", sig, 1010.0)
-    assert not verify(SECRET, "tenant-a", "r1", b'{"x":1}', sig, 1010.0)
-    assert not verify(SECRET, "tenant-a", "r1", b"{}", sig, 1031.0)  # expired
-    assert not verify(b"t" * 32, "tenant-a", "r1", b"{}", sig, 1010.0)
-    assert not verify(None, "tenant-a", "r1", b"{}", sig, 1010.0)
+def test_the_signature_binds_tenant_request_body_class_version_and_time() -> None:
+    fwd = Forward("tenant-a", "interactive", "2", "canary", "1")
+    sig = sign(SECRET, fwd, "r1", b"{}", 1000.0)
+    assert verify(SECRET, fwd, "r1", b"{}", sig, 1010.0)
+    for other in (Forward("tenant-b", "interactive", "2", "canary", "1"),
+                  Forward("tenant-a", "batch", "2", "canary", "1"),
+                  Forward("tenant-a", "interactive", "1", "canary", "1"),
+                  Forward("tenant-a", "interactive", "2", "active", "1"),
+                  Forward("tenant-a", "interactive", "2", "canary", "")):
+        assert not verify(SECRET, other, "r1", b"{}", sig, 1010.0)
+    assert not verify(SECRET, fwd, "r2", b"{}", sig, 1010.0)
+    assert not verify(SECRET, fwd, "r1", b'{"x":1}', sig, 1010.0)
+    assert not verify(SECRET, fwd, "r1", b"{}", sig, 1031.0)  # expired
+    assert not verify(b"t" * 32, fwd, "r1", b"{}", sig, 1010.0)
+    assert not verify(None, fwd, "r1", b"{}", sig, 1010.0)
     for junk in ("", "x", "1000.", "abc." + "0" * 64, sig + "0"):
-        assert not verify(SECRET, "tenant-a", "r1", b"{}", junk, 1010.0)
+        assert not verify(SECRET, fwd, "r1", b"{}", junk, 1010.0)
+
+
+def forwarded(tenant: str, request_id: str, raw: bytes, now: float, version: str = "1",
+              request_class: str = "interactive") -> dict[str, str]:
+    """The headers a router puts on a forwarded request, signed with the test secret."""
+    fwd = Forward(tenant, request_class, version, "active")
+    return {TENANT_HEADER: tenant, "X-Request-Id": request_id,
+            "X-Request-Class": request_class, VERSION_HEADER: version,
+            VERSION_REASON_HEADER: "active",
+            SIGNATURE_HEADER: sign(SECRET, fwd, request_id, raw, now),
+            "Content-Type": "application/json"}
 
 
 # ---- the router in front of gateways --------------------------------------------------------
@@ -383,18 +411,18 @@ async def test_gateway_believes_a_forwarded_tenant_only_when_signed(stack: Stack
     url = stack.router.fleet.index.workers["w2"].state.gateway_url + "/v1/completions"
     raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
     now = datetime.now(UTC).timestamp()
-    good = {TENANT_HEADER: "tenant-a", "X-Request-Id": "r1",
-            SIGNATURE_HEADER: sign(SECRET, "tenant-a", "r1", raw, now),
-            "Content-Type": "application/json"}
+    good = forwarded("tenant-a", "r1", raw, now)
     cases = [(good, 200), ({**good, SIGNATURE_HEADER: "0." + "0" * 64}, 401),
              ({k: v for k, v in good.items() if k != SIGNATURE_HEADER}, 401),
              ({**good, TENANT_HEADER: "tenant-b"}, 401),
              ({**good, **AUTH_A, TENANT_HEADER: "tenant-b"}, 401),  # a key does not help
-             ({**good, "X-Request-Id": "r2"}, 401)]
+             ({**good, "X-Request-Id": "r2"}, 401),
+             ({**good, "X-Request-Class": "batch"}, 401),  # the class is signed too
+             ({**good, VERSION_HEADER: "2"}, 401)]  # and the version
     for headers, want in cases:
         async with stack.http.post(url, data=raw, headers=headers) as resp:
             assert resp.status == want, headers
-    stale = {**good, SIGNATURE_HEADER: sign(SECRET, "tenant-a", "r1", raw, now - 120)}
+    stale = forwarded("tenant-a", "r1", raw, now - 120)
     async with stack.http.post(url, data=raw, headers=stale) as resp:
         assert resp.status == 401
 
@@ -441,3 +469,91 @@ def test_the_router_state_reports_in_flight_and_non_empty_queues() -> None:
         assert not isinstance(ticket, str)
     router.flow.pump("llama", 10, now + 1)
     assert router.state("r1", now + 1).queues == []
+
+
+class LaggingServing(FakeServing):
+    """A gateway's worker whose registry view is its own, behind or ahead of the router's."""
+
+    def __init__(self, records: list[AdapterRecord], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.records = records
+
+    def versions(self, adapter_id: str) -> list[AdapterRecord]:
+        return [r for r in self.records if r.adapter_id == adapter_id]
+
+
+def _statused(v1: AdapterStatus, v2: AdapterStatus, canary: float = 0.0) -> list[AdapterRecord]:
+    return [tenant_a_record("race", "1", v1), tenant_a_record("race", "2", v2, canary=canary)]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_promote_and_a_rollback_racing_requests_never_split_the_version() -> None:
+    """The version is decided once, at the router: whatever either registry view says while
+    a promote (canary 2 -> active) and a rollback (back to 1) reach the router and the
+    gateway at different moments, every answer is served by exactly the version the router
+    chose, or refused with the reason (a version revoked meanwhile)."""
+    stages = [_statused(AdapterStatus.active, AdapterStatus.canary, 50.0),
+              _statused(AdapterStatus.retired, AdapterStatus.active),  # promote
+              _statused(AdapterStatus.active, AdapterStatus.retired),  # rollback
+              _statused(AdapterStatus.active, AdapterStatus.revoked)]  # 2 revoked
+    names = {r.lora_name for stage in stages for r in stage}
+    serving = LaggingServing(list(stages[0]), hot=set(names), worker_id="w1")
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(),
+                      router_secret=SECRET)
+    gw_server = TestServer(gateway.app(), host="127.0.0.1")
+    await gw_server.start_server()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    fleet.index.update(at(worker("w1", gpu=list(stages[0]), slots=4, base=BASE),
+                          datetime.now(UTC).timestamp(), str(gw_server.make_url("")).rstrip("/"),
+                          max_lora_rank=64))
+    fleet.versions = serving_versions(list(stages[0]))
+    router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
+    rt_server = TestServer(router.app(), host="127.0.0.1")
+    await rt_server.start_server()
+    url = str(rt_server.make_url("/v1/completions"))
+    seen: list[tuple[int, str | None, str | None, str | None]] = []
+    done = asyncio.Event()
+    rng = random.Random(7)
+
+    async def clients(http: ClientSession, n: int) -> None:
+        while not done.is_set():
+            headers = {**AUTH_A, "X-Session-Key": f"s{n}-{rng.randrange(10**6)}"}
+            async with http.post(url, json={"model": "race", "prompt": "q"},
+                                 headers=headers) as resp:
+                body = await resp.json()
+                seen.append((resp.status, resp.headers.get("X-Loraplane-Version"),
+                             resp.headers.get("X-Loraplane-Adapter-Version"),
+                             body.get("error", {}).get("type") if resp.status >= 400 else None))
+
+    async def registry() -> None:
+        for _ in range(6):
+            for stage in stages[1:]:
+                def to_router(stage: list[AdapterRecord] = stage) -> None:
+                    fleet.versions = serving_versions(list(stage))
+
+                def to_gateway(stage: list[AdapterRecord] = stage) -> None:
+                    serving.records = list(stage)
+
+                first, second = to_router, to_gateway
+                if rng.random() < 0.5:
+                    first, second = second, first
+                first()
+                await asyncio.sleep(rng.uniform(0.0, 0.03))  # one view lags the other
+                second()
+                await asyncio.sleep(rng.uniform(0.01, 0.03))
+            fleet.versions = serving_versions(list(stages[0]))
+            serving.records = list(stages[0])
+        done.set()
+
+    try:
+        async with ClientSession() as http:
+            await asyncio.gather(registry(), *(clients(http, n) for n in range(4)))
+    finally:
+        await rt_server.close()
+        await gw_server.close()
+    served = [s for s in seen if s[0] == 200]
+    assert len(served) > 50 and {s[1] for s in served} == {"1", "2"}
+    assert all(decided == used for _, decided, used, _ in served), served
+    refused = [s for s in seen if s[0] != 200]
+    assert all(s[3] in ("version_revoked", "version_unknown", "no_serving_version")
+               for s in refused), refused

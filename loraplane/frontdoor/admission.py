@@ -1,0 +1,247 @@
+"""The one admission of a request, at the fleet router and at a worker's gateway alike.
+
+In order, each step refusing with its reason (``AdmissionRefusal``, a field's
+``RequestRefusal``, a ``TenantLimit``):
+
+1. the tenant: an API key, or at a gateway a router's signed forward (``identify``, before
+   the body is read); the request class;
+2. with the body (``admit``): the forward's signature over the body, the class and the
+   version; JSON; ``model`` wholly an adapter id; the body's fields and the class's caps
+   (``request_fields.admit``);
+3. the adapter: known here (404), the tenant's own (403);
+4. the version, decided once: at the first door (the router, or a gateway reached
+   directly) ``version_choice.choose_version`` (active, or the canary for its sticky share
+   of sessions), with the active version as the stable one to serve while a canary warms;
+   at a gateway behind a router exactly the version the router signed, or a refusal when
+   this worker's verified registry does not have it (``version_unknown``, retryable) or it
+   was revoked since (``version_revoked``): never another version;
+5. the tenant's limits (``TenantGate``: concurrency and tokens); the caller leaves the gate
+   when the request is done.
+
+Pure: the keys, the versions and the clock are passed in; the HTTP side is
+``frontdoor.http``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from loraplane.frontdoor.forwarded import Forward, verify
+from loraplane.frontdoor.request_fields import (
+    Admitted,
+    Endpoint,
+    Refused,
+    TenantGate,
+    admit,
+    request_caps,
+)
+from loraplane.frontdoor.version_choice import choose_version
+from loraplane.kernel.policy import RequestBudgets
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import is_id
+from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, TenantLimit
+from loraplane.schemas.request_log import RequestClass
+
+_CLASSES = {c.value: c for c in RequestClass}
+
+
+class VersionReason(StrEnum):
+    """Why a version serves a request (``X-Loraplane-Version-Reason``)."""
+
+    active = "active"  # the adapter's active version
+    canary = "canary"  # the canary, for its share of sessions or a canary-class request
+
+
+class Keys(Protocol):
+    """Tenant of an ``Authorization`` header (``frontdoor.api_keys``), None when unknown."""
+
+    def tenant(self, authorization: str | None) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Head:
+    """What the front door reads before the body."""
+
+    request_id: str
+    authorization: str | None = None
+    request_class: str | None = None  # X-Request-Class as sent; None: interactive
+    session_key: str | None = None  # a header token, else None
+    forward: Forward | None = None  # a router's forwarded headers
+    signature: str | None = None  # X-Loraplane-Forwarded
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer without a worker: ``status`` and ``reason``; ``adapter_id`` once ``model``
+    was read (the gateway logs such a request); ``retry_after_s`` for a retryable one."""
+
+    status: int
+    reason: AdmissionRefusal | RequestRefusal | TenantLimit
+    message: str
+    param: str | None = None
+    retry_after_s: int | None = None
+    tenant_id: str | None = None
+    request_class: RequestClass | None = None
+    adapter_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    tenant_id: str
+    request_class: RequestClass
+    forward: Forward | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The version decision, made once: ``record`` serves; while it is a canary still warming
+    up on the worker, ``stable`` (the active version) serves instead, if there is one."""
+
+    record: AdapterRecord
+    reason: VersionReason
+    stable: AdapterRecord | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    tenant_id: str
+    request_class: RequestClass
+    adapter_id: str
+    request: Admitted  # the body to forward and what it may cost
+    choice: Choice
+    versions: tuple[AdapterRecord, ...]  # every version of the adapter in this view
+    forwarded: bool  # a router decided the version
+
+
+class FrontDoor:
+    """The admission rules of one door. ``versions`` maps an adapter id to its verified
+    versions in this door's view (the router's registry, or the worker's); ``router_secret``
+    (a gateway's) lets a router's signed forward stand in for an API key; ``budgets`` may be
+    replaced while serving (a reload): the tenant gate follows it."""
+
+    def __init__(self, *, keys: Keys, budgets: RequestBudgets,
+                 versions: Callable[[str], Sequence[AdapterRecord]],
+                 router_secret: bytes | None = None,
+                 clock: Callable[[], float]) -> None:
+        self.keys = keys
+        self.budgets = budgets
+        self.versions = versions
+        self.router_secret = router_secret
+        self._clock = clock
+        self._gate = TenantGate(budgets.tenants, clock)
+
+    def gate(self) -> TenantGate:
+        """The gate of the current budgets."""
+        if self._gate.limits is not self.budgets.tenants:
+            self._gate = TenantGate(self.budgets.tenants, self._clock)
+        return self._gate
+
+    def identify(self, head: Head) -> Identity | Refusal:
+        """Step 1: the tenant and the class, before the body is read."""
+        if head.forward is not None:
+            if self.router_secret is None:
+                return Refusal(401, AdmissionRefusal.unauthorized,
+                               "this gateway takes no forwarded requests")
+            tenant: str | None = head.forward.tenant
+            class_name: str | None = head.forward.request_class
+        else:
+            tenant = self.keys.tenant(head.authorization)
+            class_name = head.request_class
+        if tenant is None:
+            return Refusal(401, AdmissionRefusal.unauthorized, "missing or unknown API key")
+        request_class = _CLASSES.get(class_name or RequestClass.interactive.value)
+        if request_class is None:
+            return Refusal(400, AdmissionRefusal.bad_request_class,
+                           "X-Request-Class must be interactive, batch, canary or shadow")
+        return Identity(tenant, request_class, head.forward)
+
+    def admit(self, identity: Identity, head: Head, endpoint: Endpoint, raw: bytes,
+              now: float) -> Admission | Refusal:
+        """Steps 2 to 5 (``now``: epoch seconds, for a forward's signature). An
+        ``Admission`` holds a place in the tenant gate: ``leave`` it when done."""
+        tenant, request_class = identity.tenant_id, identity.request_class
+        forward = identity.forward
+        if forward is not None and not verify(self.router_secret, forward, head.request_id,
+                                              raw, head.signature, now):
+            return Refusal(401, AdmissionRefusal.unauthorized,
+                           "a forwarded request needs a valid router signature")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
+            return Refusal(400, AdmissionRefusal.invalid_json, "the body is not JSON")
+        model = body.get("model") if isinstance(body, dict) else None
+        if not is_id(model):
+            return Refusal(400, AdmissionRefusal.model_not_adapter_id,
+                           "model must be an adapter_id (lower-case id, never a path)")
+
+        def refuse(status: int, reason: AdmissionRefusal | RequestRefusal | TenantLimit,
+                   message: str, param: str | None = None,
+                   retry_after_s: int | None = None) -> Refusal:
+            return Refusal(status, reason, message, param, retry_after_s, tenant,
+                           request_class, model)
+
+        try:
+            request = admit(endpoint, body, request_caps(self.budgets, request_class), len(raw))
+        except Refused as exc:
+            return refuse(exc.status, exc.reason, exc.message, exc.field or None)
+        versions = tuple(self.versions(model))
+        if not versions:
+            return refuse(404, AdmissionRefusal.unknown_adapter, f"no adapter {model!r} here")
+        if any(r.tenant_id != tenant for r in versions):
+            return refuse(403, AdmissionRefusal.forbidden, f"adapter {model!r} is not yours")
+        choice = (self._forwarded(forward, versions) if forward is not None
+                  else self._choose(versions, head.session_key or head.request_id,
+                                    request_class))
+        if isinstance(choice, Refusal):
+            return refuse(choice.status, choice.reason, choice.message,
+                          retry_after_s=choice.retry_after_s)
+        limited = self.gate().enter(tenant)
+        if limited is not None:
+            reason, retry_after = limited
+            return refuse(429, reason, f"tenant limit reached ({reason}); retry later",
+                          retry_after_s=retry_after)
+        return Admission(tenant, request_class, model, request, choice, versions,
+                         forwarded=forward is not None)
+
+    def leave(self, admission: Admission, tokens: int) -> None:
+        """The request is done: its place in the gate is free, ``tokens`` charged."""
+        self.gate().leave(admission.tenant_id, tokens)
+
+    @staticmethod
+    def _choose(versions: Sequence[AdapterRecord], session_key: str,
+                request_class: RequestClass) -> Choice | Refusal:
+        record = choose_version(list(versions), session_key=session_key,
+                                request_class=request_class)
+        if record is None:
+            return Refusal(404, AdmissionRefusal.no_serving_version,
+                           "the adapter has no active or canary version")
+        active = next((r for r in versions if r.status == AdapterStatus.active), None)
+        reason = (VersionReason.canary if record.status == AdapterStatus.canary
+                  else VersionReason.active)
+        return Choice(record, reason, active if record is not active else None)
+
+    @staticmethod
+    def _forwarded(forward: Forward, versions: Sequence[AdapterRecord]) -> Choice | Refusal:
+        """Exactly the router's version, or a refusal that says why not."""
+        by_version = {r.version: r for r in versions}
+        record = by_version.get(forward.version)
+        if record is None:
+            return Refusal(503, AdmissionRefusal.version_unknown,
+                           f"version {forward.version!r} is not in this worker's registry "
+                           "yet; retry", retry_after_s=1)
+        if record.status == AdapterStatus.revoked:
+            return Refusal(410, AdmissionRefusal.version_revoked,
+                           f"version {forward.version!r} was revoked")
+        try:
+            reason = VersionReason(forward.reason)
+        except ValueError:
+            reason = VersionReason.active
+        stable = by_version.get(forward.stable) if forward.stable else None
+        if stable is not None and (stable.status == AdapterStatus.revoked
+                                   or stable is record):
+            stable = None
+        return Choice(record, reason, stable)
