@@ -5,7 +5,7 @@ Two processes, so the router's CPU is its own (user + system from /proc): a work
 (the real ``workers.gateway.Gateway``) over a worker that holds the adapter hot and whose
 "vLLM" answers at once, in the same process (so only the gateway's and the router's own
 costs are left), and the real ``Router`` with that worker as its whole fleet, on the loop
-``loraplane router run`` uses (``router.server.run_router``: uvloop). The client
+``loraplane router run`` uses (``kernel.http_server.run_serving``: uvloop). The client
 sends ``--requests`` sequential completions each way per repetition, alternating which goes
 first. Goal: <= 0.5 ms added p50. Prints JSON.
 
@@ -211,9 +211,9 @@ def main() -> None:
     parser.add_argument("--gateway-port", type=int, default=0)
     args = parser.parse_args()
     if args.serve == "router":
-        from loraplane.router.server import run_router
+        from loraplane.kernel.http_server import run_serving
 
-        run_router(_serve(args.serve, args.port, args.gateway_port))  # as `router run` does
+        run_serving(_serve(args.serve, args.port, args.gateway_port))  # as `router run` does
         return
     if args.serve:
         asyncio.run(_serve(args.serve, args.port, args.gateway_port))

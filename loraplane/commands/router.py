@@ -29,7 +29,8 @@ def run(
     import logging
 
     from loraplane.kernel import kafka
-    from loraplane.router.server import RouterOptions, run_router, serve_router
+    from loraplane.kernel.http_server import run_serving
+    from loraplane.router.server import RouterOptions, serve_router
     from loraplane.schemas.base import is_id
 
     if not is_id(router_id):  # it keys the router's state, dead letters and checkpoints
@@ -38,6 +39,6 @@ def run(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
-    run_router(serve_router(settings, RouterOptions(
+    run_serving(serve_router(settings, RouterOptions(
         port=port, router_id=router_id,
         heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s)))

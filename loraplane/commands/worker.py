@@ -58,11 +58,11 @@ def run(
              "started beside it may load a large model for minutes)"),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
-    import asyncio
     import logging
     from urllib.parse import urlsplit
 
     from loraplane.kernel import kafka
+    from loraplane.kernel.http_server import run_serving
     from loraplane.kernel.secrets import SecretError, read_secret
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
@@ -88,7 +88,7 @@ def run(
         tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
         model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot,
         gateway_url=gateway_url, vllm_start_timeout_s=vllm_start_timeout_s)
-    asyncio.run(serve_worker(settings, options))
+    run_serving(serve_worker(settings, options))
 
 
 @worker_app.command("add-key")

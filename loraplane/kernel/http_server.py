@@ -38,7 +38,7 @@ import logging
 import resource
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from aiohttp import web
@@ -444,3 +444,14 @@ def open_connections(runner: web.AppRunner) -> int:
         if isinstance(site, _BoundedSite):
             return site._state.open
     return 0
+
+
+def run_serving(main: Coroutine[Any, Any, None]) -> None:
+    """Run a serving process's loop (the router's, a worker's) on uvloop: the asyncio loop's
+    own Python (timers, handles, selector, accepts) was a sixth of the router's CPU per
+    request (bench/router_overhead.py), and the default loop accepted slow-client floods
+    several times slower (bench/slow_clients.py)."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)

@@ -42,7 +42,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -521,15 +521,6 @@ async def _watch_fleet(router: Router, span: Callable[[], tuple[float, float] | 
         except Exception:  # a bug here must not stop routing
             log.exception("fleet watch pass failed")
         await asyncio.sleep(poll_s)
-
-
-def run_router(main: Coroutine[Any, Any, None]) -> None:
-    """Run the router's loop on uvloop: the asyncio loop's own Python (timers, handles,
-    selector) was a sixth of the router's CPU per request (bench/router_overhead.py)."""
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
 
 
 @dataclass(frozen=True)
