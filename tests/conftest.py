@@ -16,6 +16,16 @@ hypothesis_settings.register_profile("loraplane", deadline=None)
 hypothesis_settings.load_profile("loraplane")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the real local stack is marked ``stack``: the fast loop
+    (``./run test --unit``) leaves it out, since it starts no service."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.get("stack", ()) if info is not None else ()
+        if defs and defs[-1].func is stack.__wrapped__:  # ours, not a module's own `stack`
+            item.add_marker(pytest.mark.stack)
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Settings]:
     """Settings of a healthy local stack; stopped at the end only if this session started it."""

@@ -152,3 +152,8 @@ def test_publishing_a_signed_folder_without_the_extra_names_it_and_exits_2(
     assert "Traceback" not in out.stderr
     assert "carries a model-signing bundle and the model-signing library is not installed: " \
            "pip install 'loraplane[signing]'" in out.stderr
+
+
+def test_the_wheel_says_it_is_typed(wheel: zipfile.ZipFile) -> None:
+    """PEP 561: type checkers use loraplane's inline annotations (schemas for producers)."""
+    assert "loraplane/py.typed" in wheel.namelist()
