@@ -71,6 +71,9 @@ class _NoAdapters:
     def metrics_exposition(self) -> bytes:
         return b"# nothing\n"
 
+    def versions(self, adapter_id: str) -> list[object]:
+        return []
+
 
 @pytest.mark.asyncio
 async def test_the_gateway_site_sheds_slow_connections(caplog: pytest.LogCaptureFixture) -> None:
