@@ -71,6 +71,7 @@ from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import heard_lately
+from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
@@ -88,6 +89,8 @@ MEMORY_READ_S = 30.0
 """Taking the lease gives up (and tries again) if the memory is not read to its end by then."""
 WAKE_POLL_S = 0.1
 RETRY_S = 1.0
+LOG_EVERY_S = 30.0
+"""An error that would repeat every tick is logged once per kind this often, with a count."""
 
 
 class LeaseLost(RuntimeError):
@@ -359,6 +362,7 @@ class PlannerRuntime:
         self._partitions: PartitionCount | None = None
         """The commands topic's partition count, from the active session's metadata client."""
         self._planning_epoch: int | None = None
+        self._errors = LogBurst("planner", LOG_EVERY_S, logger=log)
 
     def metrics(self) -> Collector:
         return LeaseMetrics(self)
@@ -491,7 +495,8 @@ class PlannerRuntime:
                 try:
                     result = self.plan_now(planner)
                 except Exception:  # a bad record must not stop planning for everyone else
-                    log.exception("planning tick failed; retrying at the next tick")
+                    self._errors.note("planning tick failed; retrying at the next tick",
+                                      exc_info=True)
                     continue
                 waiting = self._commit(txn, meta, key, epoch, result, waiting)
                 self.progress.advanced()

@@ -19,8 +19,9 @@ dashboard) starts through ``start_site`` with the shared ``settings.http`` limit
   the same address. Only when every held connection is busy (its request being answered)
   is the new one closed;
 * errors of connections (caps, sheds, deadlines, oversized heads, accept failures such as
-  EMFILE, aiohttp's parse and handler errors) are logged through ``ErrorBurst``: the first
-  of a kind in an interval is logged, the rest of the interval only as a count.
+  EMFILE, aiohttp's parse and handler errors) are logged through
+  ``kernel.log_burst.LogBurst``: the first of a kind in an interval is logged, the rest of
+  the interval only as a count.
 * a process that serves HTTP runs CPython's full collection rarely
   (``_collect_the_oldest_rarely``): it scans every object of every held connection.
 
@@ -36,14 +37,14 @@ import contextlib
 import gc
 import logging
 import resource
-import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from aiohttp import web
 
 from loraplane.kernel.config import HttpLimits
+from loraplane.kernel.log_burst import LogBurst
 
 log = logging.getLogger("loraplane.http")
 _HEAD_END = b"\r\n\r\n"
@@ -54,45 +55,10 @@ _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 
               b"Connection: close\r\n\r\n")
 
 
-class ErrorBurst:
-    """Rate-limited error log: per kind, one line when a kind first shows in an interval,
-    then one line with the count of the rest when the next interval opens."""
-
-    def __init__(self, name: str, interval_s: float, *, logger: logging.Logger = log,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.name = name
-        self.interval_s = interval_s
-        self.logger = logger
-        self.clock = clock
-        self.total: Counter[str] = Counter()  # every note, for tests and metrics
-        self._pending: Counter[str] = Counter()
-        self._since: dict[str, float] = {}
-
-    def note(self, kind: str, detail: str = "") -> bool:
-        """Count one error; True when this one was logged."""
-        self.total[kind] += 1
-        now = self.clock()
-        since = self._since.get(kind)
-        if since is not None and now - since < self.interval_s:
-            self._pending[kind] += 1
-            return False
-        self._since[kind] = now
-        more = self._pending.pop(kind, 0)
-        self.logger.warning("%s: %s%s%s", self.name, kind, f" ({detail})" if detail else "",
-                            f"; {more} more in the last {now - since:.0f}s" if more and since
-                            is not None else "")
-        return True
-
-    def flush(self) -> None:
-        for kind, more in sorted(self._pending.items()):
-            self.logger.warning("%s: %d more %s", self.name, more, kind)
-        self._pending.clear()
-
-
 class _BurstFilter(logging.Filter):
-    """aiohttp's server logger through an ErrorBurst (its message is the kind)."""
+    """aiohttp's server logger through an LogBurst (its message is the kind)."""
 
-    def __init__(self, burst: ErrorBurst) -> None:
+    def __init__(self, burst: LogBurst) -> None:
         super().__init__()
         self.burst = burst
 
@@ -119,7 +85,7 @@ class _Table:
 class _State:
     """One listener: its limits, its cap, its connections."""
 
-    def __init__(self, limits: HttpLimits, burst: ErrorBurst, table: _Table) -> None:
+    def __init__(self, limits: HttpLimits, burst: LogBurst, table: _Table) -> None:
         self.limits = limits
         self.burst = burst
         self.table = table
@@ -391,7 +357,7 @@ class _BoundedSite(web.TCPSite):
                 guard.drop()
 
 
-def _throttle_loop_errors(loop: asyncio.AbstractEventLoop, burst: ErrorBurst) -> None:
+def _throttle_loop_errors(loop: asyncio.AbstractEventLoop, burst: LogBurst) -> None:
     """asyncio logs every failed accept (EMFILE: one line a second per listener, each with a
     traceback); count them instead."""
     previous = loop.get_exception_handler()
@@ -410,10 +376,10 @@ def _throttle_loop_errors(loop: asyncio.AbstractEventLoop, burst: ErrorBurst) ->
 
 
 async def start_site(app: web.Application, host: str, port: int, limits: HttpLimits, *,
-                     name: str) -> tuple[web.AppRunner, ErrorBurst]:
+                     name: str) -> tuple[web.AppRunner, LogBurst]:
     """Serve ``app`` on ``host:port`` (0: any free port, see ``bound_port``) within
     ``limits``. The caller ends it with ``runner.cleanup()``."""
-    burst = ErrorBurst(name, limits.error_log_interval_s)
+    burst = LogBurst(name, limits.error_log_interval_s, logger=log)
     state = _State(limits, burst, _table())
     if state.cap < limits.max_connections:
         log.warning("%s: at most %d connections, not max_connections=%d: the descriptor "

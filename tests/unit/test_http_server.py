@@ -20,12 +20,13 @@ from loraplane.dashboards.web import Dashboard
 
 from loraplane.kernel.config import HttpLimits, Settings
 from loraplane.kernel.http_server import (
-    ErrorBurst,
     bound_port,
     connection_budget,
+    log,
     open_connections,
     start_site,
 )
+from loraplane.kernel.log_burst import LogBurst
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LIMITS = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5,
@@ -48,7 +49,7 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[tuple[int, web.AppRunner, ErrorBurst]]:
+async def site() -> AsyncIterator[tuple[int, web.AppRunner, LogBurst]]:
     app = web.Application(client_max_size=4096)
     app.router.add_route("*", "/", _hello)
     app.router.add_get("/stream", _slow_stream)
@@ -120,7 +121,7 @@ async def test_an_idle_keepalive_connection_is_closed(site) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _server(limits: HttpLimits) -> AsyncIterator[tuple[int, web.AppRunner, ErrorBurst]]:
+async def _server(limits: HttpLimits) -> AsyncIterator[tuple[int, web.AppRunner, LogBurst]]:
     app = web.Application(client_max_size=4096)
     app.router.add_route("*", "/", _hello)
     app.router.add_get("/stream", _slow_stream)
@@ -297,7 +298,7 @@ async def test_a_long_response_is_not_cut_by_the_deadlines(site) -> None:
 
 async def test_error_burst_logs_a_count_not_a_line_each(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    burst = ErrorBurst("t", 10, clock=lambda: now[0])
+    burst = LogBurst("t", 10, logger=log, clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="loraplane.http"):
         logged = [burst.note("accept_error") for _ in range(1000)]
         now[0] = 11
