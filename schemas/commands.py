@@ -39,9 +39,12 @@ class CommandReason(StrictModel):
     detail: str = Field("", max_length=512)
 
 
+COMMAND_ID_PATTERN = r"^[a-z0-9][a-z0-9._:@-]{0,199}$"
+
+
 class CacheCommand(StrictModel):
     schema_version: Literal[1] = 1
-    command_id: str = Field(pattern=r"^[a-z0-9][a-z0-9._:@-]{0,199}$")
+    command_id: str = Field(pattern=COMMAND_ID_PATTERN)
     worker_id: Identifier
     action: CommandAction
     base_model: Identifier

@@ -91,6 +91,7 @@ class CommandRejection(StrEnum):
     replayed_command = "replayed_command"  # a command_id this worker already applied
     # the worker's own rules, after the fold
     protected_copy = "protected_copy"  # it would unpin, demote or evict a never-evict copy
+    pinned_copy = "pinned_copy"  # it would demote or evict a pinned copy
 
 
 class ConsumerFault(StrEnum):
@@ -277,6 +278,8 @@ class LoadDeferral(StrEnum):
     no_free_slot = "no_free_slot"  # every GPU slot holds a pinned, protected or busy copy
     # every copy that could give its slot had more recent demand at this worker
     busier_copies = "busier_copies"
+    # every copy that could give its slot was loaded within the policy's min_residency_s
+    min_residency = "min_residency"
 
 
 class RequestRefusal(StrEnum):
@@ -348,6 +351,7 @@ class WaitReason(StrEnum):
 
     cold_load_budget = "cold_load_budget"  # free or displaceable slots exist, budget blocks
     no_gpu_slot = "no_gpu_slot"  # nothing can be displaced
+    min_residency = "min_residency"  # only copies within the policy's min_residency_s could
     no_worker_fits_rank = "no_worker_fits_rank"  # every worker's max_lora_rank is below its rank
 
 

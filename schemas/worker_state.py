@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
-from pydantic import Field
+from loraplane.schemas.commands import COMMAND_ID_PATTERN
+from pydantic import Field, StringConstraints
+
+MAX_SKIPPED_REPORTED = 256
+"""The most skipped command ids one heartbeat carries (the latest ones)."""
 
 ResidentTier = Literal["gpu", "host"]  # where a loaded adapter lives on a worker
 
@@ -32,6 +36,9 @@ class LoadedAdapter(StrictModel):
     size_bytes: int = Field(0, ge=0)
     rank: int = Field(0, ge=0, le=512)
     last_used: Timestamp | None = None
+    loaded_at: Timestamp | None = Field(
+        None, description="when this worker loaded the GPU copy into vLLM (policy "
+        "min_residency_s counts from it); None: a host copy, or one found on vLLM at start")
     in_flight: int = Field(0, ge=0)
     origin: CopyOrigin | None = Field(
         None, description="who asked for this copy; None: nobody now (it is being removed)")
@@ -60,6 +67,11 @@ class WorkerState(StrictModel):
     load_seconds: float | None = Field(None, ge=0, le=3600,
                                        description="how long a GPU load takes here (average)")
     adapters: list[LoadedAdapter] = Field(default_factory=list, max_length=100_000)
+    skipped_commands: list[Annotated[str, StringConstraints(pattern=COMMAND_ID_PATTERN)]] = \
+        Field(default_factory=list, max_length=MAX_SKIPPED_REPORTED,
+              description="ids of planner commands this worker will not carry out (refused by "
+              "its rules, no slot it may take, a version its registry cannot back), until "
+              "their deadline: the planner stops expecting them at once")
     command_partition: int | None = Field(
         None, ge=0, description="the commands partition this worker reads (its command slot, "
         "else the hash of its id); the planner sends there. None: an older worker, the hash")

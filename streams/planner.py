@@ -10,7 +10,10 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
    unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
    cannot hold every slot while hot ones fall back to the base model. A copy a worker
    reports ``protected`` (its own never-evict rule, ``workers.reconcile.protect``) refuses
-   every move down, so its version keeps its place first, over the cap if need be.
+   every move down, so its version keeps its place first, over the cap if need be; and a
+   copy the worker *may* protect by the time a command arrives
+   (``command_effects.may_protect``: its rule holds and its reported protected copies leave
+   room under its cap) is never moved down or displaced either.
 2. unpin: pinned GPU copies of versions no longer protected (over the cap, or not protected
    by any condition, not serving, revoked) are unpinned first: a worker refuses to unload a
    pinned copy, so the unpin must precede any demote or evict of it in the same tick.
@@ -32,25 +35,33 @@ in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
    the rank). A worker above ``hbm_low_watermark`` gets no loads. ``gpu_slots_per_base_model``
    counts GPU copies: when no slot is free, an extra copy (a version's copies beyond its
    first) is demoted to make room first, else the lowest-ranked resident outside the hot set
-   ("slot_needed"); never a never-evict one. A canary's ``load_gpu`` asks for
+   ("slot_needed"); never a never-evict one, and one loaded within ``policy.min_residency_s``
+   only for a never-evict version (else it waits: ``min_residency``). A canary's ``load_gpu``
+   asks for
    ``request_budgets.canary.warmup_requests`` shadow/golden-set requests.
 6. replicas: a version with ``n`` GPU copies and demand ``d`` (the larger of its 1- and
    10-minute request rates) gets more copies when ``d > n * c * (1 + h)`` (``c`` =
    ``worker_capacity_rps``, ``h`` = ``replica_hysteresis``): ``ceil(d / c)``, at most one per
    worker that fits its rank, each on the worker with the most free slots (lowest id) that
    holds none, within the free slots, the GPU-copy budget and the cold-load budgets; it
-   gives one back (its copy on the highest worker id not held never-evict by the worker,
-   unpinned first) when ``d < (n - 1) * c * (1 - h)``. Inside the band nothing changes.
+   gives one back (its copy on the highest worker id not held never-evict by the worker
+   nor within the minimum residency, unpinned first) when ``d < (n - 1) * c * (1 - h)``.
+   Inside the band nothing changes.
 7. pin: never-evict versions on GPU are pinned (a minimum hot copy).
-8. HBM: a worker above the watermark demotes its lowest-ranked evictable resident.
+8. HBM: a worker above the watermark demotes its lowest-ranked evictable resident past the
+   minimum residency.
 9. host prewarm: wanted versions on no worker at all are prewarmed to the host tier (most
    free host bytes first, among workers whose ``max_lora_rank`` fits) within
    ``host_slots_per_base_model`` and each worker's budget.
 10. host pressure: host copies over either limit are evicted lowest rank first.
 
 Commands issued but not yet visible in a worker's state are remembered (``WorkerMemory``)
-and applied on top of that state, so nothing is issued twice; they are forgotten once the
-state shows them or their deadline passes. ``command_id`` is a hash of worker, action, LoRA
+and applied on top of that state, so nothing is issued twice (``still_pending``); they are
+forgotten once the state shows them and every earlier command on the same copy, or their
+deadline passes; one the worker reports it will not carry out (``skipped_commands``) is no
+longer expected but kept to its deadline, so the same command is not sent again. A command
+that would change nothing on top of what is expected, or that the worker would refuse
+(``command_effects.effect``), is never issued. ``command_id`` is a hash of worker, action, LoRA
 name and the worker's command sequence number from that memory, so a restarted planner with
 its memory restored neither re-issues a pending decision nor reuses an old id.
 
@@ -83,10 +94,11 @@ from loraplane.streams.planner_columns import BaseRows, Columns, Registry
 from loraplane.streams.scores import ScoreState
 
 from loraplane.kernel.command_effects import (
-    UNPROTECTING,
     Copy,
     copy_at,
     effect,
+    may_protect,
+    never_evict_rule,
     protected_cap,
     shows,
 )
@@ -178,7 +190,13 @@ class _Worker:
     seq: int  # commands issued to this worker so far
     pending: list[CacheCommand] = field(default_factory=list)
     host_pinned: set[str] | frozenset[str] = frozenset()  # host-only copies that are pinned
-    protected: frozenset[str] = frozenset()  # copies the worker refuses to move down (its rule)
+    protected: frozenset[str] = frozenset()  # copies the worker may refuse to move down
+    held: frozenset[str] = frozenset()  # copies the worker reported protected
+    room: bool = False  # its reported protected copies leave room under its cap
+    loaded_at: Mapping[str, float] = field(default_factory=dict)  # GPU copy -> its load (epoch)
+    recent: dict[str, float] = field(default_factory=dict)  # lora -> a pending load's issue time
+    # (action, lora) of pending commands the worker will not carry out: not issued again
+    failed: set[tuple[CommandAction, str]] = field(default_factory=set)
     shared: bool = True
     """``gpu``, ``host`` and ``host_pinned`` are still the worker state's own (``_Tiers``,
     kept between ticks): copied on the first change only, as most workers see none in a tick
@@ -208,6 +226,22 @@ class _Worker:
     def memory(self) -> WorkerMemory:
         return WorkerMemory(seq=self.seq, pending=tuple(self.pending), loads=tuple(self.loads))
 
+    def may_protect(self, lora: str, rule: Callable[[str], bool]) -> None:
+        """A copy of ``lora`` is expected here now: with room under its cap, the worker may
+        protect it if its never-evict ``rule`` holds (``command_effects.may_protect``)."""
+        if self.room and lora not in self.protected and rule(lora) \
+                and (lora in self.gpu or lora in self.host):
+            self.protected = self.protected | {lora}
+
+    def settled(self, lora: str, now: float, policy: Policy) -> bool:
+        """Is this worker's GPU copy of ``lora`` past ``policy.min_residency_s`` since its
+        load (the worker's ``loaded_at``, else the issue time of a load still pending)? A
+        copy whose load time is unknown (found on vLLM when the worker started) is."""
+        at = self.recent.get(lora)
+        if at is None:
+            at = self.loaded_at.get(lora)
+        return at is None or now - at >= policy.min_residency_s
+
 
 def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     """Does the worker's reported state (``loaded``: its adapters by name) already show the
@@ -216,38 +250,85 @@ def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     return shows(cmd.action, Copy() if a is None else Copy(a.tier, a.pinned))
 
 
+def still_pending(pending: Iterable[CacheCommand], loaded: Mapping[str, LoadedAdapter],
+                  now: float, skipped: Container[str] = ()) -> list[CacheCommand]:
+    """The commands of ``pending`` (in issue order) to keep within their deadline: those
+    the worker reported it will not carry out (``skipped``: remembered, so the same command
+    is not issued again before its deadline, but no longer expected), and those not shown in
+    its state (``loaded``) or issued after a command of the same name that is kept. The
+    worker applies one name's commands in order, so a later one that shows (an ``unpin``
+    after a ``pin`` it has not applied yet, a ``demote_to_host`` after a ``load_gpu`` still
+    waiting for the load budget) is not done until the earlier ones are: forgetting it alone
+    would leave the earlier one expected on its own, and the rule that issued the later one
+    would issue it again every tick until the earlier one's deadline."""
+    kept: list[CacheCommand] = []
+    waiting: set[str] = set()  # names with an earlier command expected
+    for c in pending:
+        if c.deadline.timestamp() <= now:
+            continue
+        if c.command_id in skipped:
+            kept.append(c)
+        elif c.lora_name in waiting or not _reflected(c, loaded):
+            kept.append(c)
+            waiting.add(c.lora_name)
+    return kept
+
+
 @dataclass(frozen=True)
 class _Tiers:
-    """What a worker state says it holds (a worker copies it before changing it)."""
+    """What a worker state says it holds (a worker copies it before changing it), and what
+    the worker may refuse to move down by its own never-evict rule."""
 
     gpu: dict[str, bool]  # lora -> pinned
     host: frozenset[str]  # host-only copies
     host_pinned: frozenset[str] = frozenset()  # host-only copies that are pinned
-    protected: frozenset[str] = frozenset()  # GPU copies the worker holds never-evict
+    held: frozenset[str] = frozenset()  # copies the worker reports protected
+    protected: frozenset[str] = frozenset()  # copies it may protect (``may_protect``)
+    room: bool = False  # the protected copies it reported leave room under its cap
+    loaded_at: Mapping[str, float] = field(default_factory=dict)  # GPU copy -> load (epoch)
 
     @classmethod
-    def of(cls, state: WorkerState) -> _Tiers:
+    def of(cls, state: WorkerState, rule: Callable[[str], bool] = lambda _: False,
+           cap: int = 1) -> _Tiers:
+        """``rule``: does the worker's never-evict rule hold for a lora name
+        (``command_effects.never_evict_rule`` on the planner's record); ``cap``: how many
+        copies it protects at most (``command_effects.protected_cap`` of its slots)."""
         adapters = state.adapters
+        names = [a.lora_name for a in adapters]
+        held = frozenset(a.lora_name for a in adapters if a.protected)
+        may = may_protect(held, names, frozenset(filter(rule, names)), cap)
         return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
                    frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
                    frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned),
-                   frozenset(a.lora_name for a in adapters if a.tier == "gpu" and a.protected))
+                   held, may.copies, may.room,
+                   {a.lora_name: a.loaded_at.timestamp() for a in adapters
+                    if a.tier == "gpu" and a.loaded_at is not None})
 
 
 def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
-               records: Mapping[str, AdapterRecord], now: float) -> _Worker:
+               records: Mapping[str, AdapterRecord], now: float,
+               rule: Callable[[str], bool] = lambda _: False) -> _Worker:
+    """The worker as the planner expects it once its pending commands apply (``rule``: the
+    worker's never-evict rule, for the copies they bring)."""
     adapters = state.adapters
     w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
-                protected=tiers.protected, host_bytes=state.host_bytes_used,
+                protected=tiers.protected, held=tiers.held, room=tiers.room,
+                loaded_at=tiers.loaded_at, host_bytes=state.host_bytes_used,
                 loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
     if memory.pending:
-        loaded = {a.lora_name: a for a in adapters}
-        w.pending = [c for c in memory.pending
-                     if c.deadline.timestamp() > now and not _reflected(c, loaded)]
+        skipped = frozenset(state.skipped_commands)
+        w.pending = still_pending(memory.pending, {a.lora_name: a for a in adapters}, now,
+                                  skipped)
         for c in w.pending:
+            if c.command_id in skipped:
+                w.failed.add((c.action, c.lora_name))
+                continue
+            if c.action is CommandAction.load_gpu:
+                w.recent[c.lora_name] = c.issued_at.timestamp()
             r = records.get(c.lora_name)
             _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0,
                    c.lora_name in w.protected)
+            w.may_protect(c.lora_name, rule)
     return w
 
 
@@ -291,9 +372,12 @@ def command_id(worker_id: str, action: str, lora: str, seq: int) -> str:
 
 
 class _Planner:
-    def __init__(self, policy: Policy, now: float) -> None:
+    def __init__(self, policy: Policy, now: float,
+                 rule: Callable[[str], bool] = lambda _: False) -> None:
+        """``rule``: does a worker's never-evict rule hold for a lora name."""
         self.policy = policy
         self.now = now
+        self.rule = rule
         self.commands: list[CacheCommand] = []
         self.waiting: list[Waiting] = []
         self.issued_at = datetime.fromtimestamp(now, UTC)
@@ -301,14 +385,20 @@ class _Planner:
         self.validated: CacheCommand | None = None
 
     def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
-              rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> None:
-        """Issue one command. Its fields come from validated records, worker states and the
-        policy, so only the tick's first command is validated; the others are copies of it
-        with every field replaced (a cold tick issues ~30k commands; validating each
-        doubled their cost). Never one the worker refuses by its own rule: a move down of a
-        copy it reports protected (``LoadedAdapter.protected``)."""
-        if action in UNPROTECTING and lora in w.protected:
-            return
+              rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> bool:
+        """Issue one command; whether it was. Never one the worker would refuse by its own
+        rules (``command_effects.effect`` on the copy expected there: a move down of a pinned
+        copy, or of one it may protect, ``_Worker.protected``), nor one that would change
+        nothing there (a command still pending already asks for it), nor the same command as
+        one the worker reported it will not carry out, before that one's deadline. Its fields
+        come from validated records, worker states and the policy, so only the tick's first
+        command is validated; the others are copies of it with every field replaced (a cold
+        tick issues ~30k commands; validating each doubled their cost)."""
+        before = _copy_on(w, lora)
+        protected = lora in w.protected
+        outcome = effect(action, before, protected)
+        if outcome.refused is not None or outcome.after == before or (action, lora) in w.failed:
+            return False
         w.seq += 1
         fields = {
             "command_id": command_id(w.id, action.value, lora, w.seq), "worker_id": w.id,
@@ -325,8 +415,11 @@ class _Planner:
         w.pending.append(cmd)
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
-        _apply(w, action, lora, record.size_bytes)
+            w.recent[lora] = self.now
+        _apply(w, action, lora, record.size_bytes, protected)
+        w.may_protect(lora, self.rule)
         self.commands.append(cmd)
+        return True
 
 
 class Planner:
@@ -338,6 +431,8 @@ class Planner:
         self._columns = Columns()
         self._tiers: dict[str, _Tiers] = {}  # worker_id -> tiers of its last state object
         self._tiers_of: dict[str, WorkerState] = {}
+        self._rules_of: tuple[Registry, Policy] | None = None  # what ``_never_evict`` is of
+        self._never_evict: dict[str, bool] = {}  # lora -> the workers' never-evict rule holds
 
     def tick(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
              workers: Iterable[WorkerState], policy: Policy, now: float,
@@ -351,15 +446,18 @@ class Planner:
         table = Candidates(registry, columns, scheduled or {}, policy, now)
         fleet: dict[str, list[_Worker]] = defaultdict(list)
         states = sorted(workers, key=lambda s: s.worker_id)
+        rule = self._worker_rule(registry, policy)
         self._tiers = {s.worker_id: self._tiers[s.worker_id]
-                       if self._tiers_of.get(s.worker_id) is s else _Tiers.of(s) for s in states}
+                       if self._tiers_of.get(s.worker_id) is s
+                       else _Tiers.of(s, rule, protected_cap(policy, s.gpu_slots_total))
+                       for s in states}
         self._tiers_of = {s.worker_id: s for s in states}
         for state in states:
             fleet[state.base_model].append(_effective(
                 state, self._tiers[state.worker_id], memory.get(state.worker_id, WorkerMemory()),
-                records, now))
+                records, now, rule))
 
-        p = _Planner(policy, now)
+        p = _Planner(policy, now, rule)
         no_rows = BaseRows({}, np.zeros(0, np.intp))
         for base in sorted(set(registry.bases) | set(fleet)):
             _plan_base(p, table, registry.bases.get(base, no_rows), registry,
@@ -373,6 +471,24 @@ class Planner:
                     _Lazy(lambda: dict(zip(registry.ranked_names,
                                            table.score[registry.ranked_rows].tolist(),
                                            strict=True))))
+
+
+    def _worker_rule(self, registry: Registry, policy: Policy) -> Callable[[str], bool]:
+        """Does a worker's never-evict rule hold for a lora name: the workers' own
+        predicate (``command_effects.never_evict_rule``, on the record and the policy alone)
+        on our record of it, remembered until the registry or the policy changes (then the
+        cached worker tiers, which read it, are derived again)."""
+        if self._rules_of is None or self._rules_of[0] is not registry \
+                or self._rules_of[1] is not policy:
+            self._rules_of, self._never_evict, self._tiers_of = (registry, policy), {}, {}
+        memo, records, conditions = self._never_evict, registry.records, policy.never_evict
+
+        def rule(lora: str) -> bool:
+            holds = memo.get(lora)
+            if holds is None:
+                holds = memo[lora] = never_evict_rule(records.get(lora), conditions) is not None
+            return holds
+        return rule
 
 
 def _placement(workers: list[_Worker], tier: str) -> dict[str, tuple[str, ...]]:
@@ -415,8 +531,15 @@ class _BaseTick:
     hot: list[int] = field(init=False)  # rule 4 on: the hot set's rows, in rank order
     hot_names: set[str] = field(init=False)
     host_only: set[str] = field(init=False)  # rule 9 on: names held host-only somewhere
+    # lora -> workers that will not carry out a load of it still within its deadline
+    failed_loads: dict[str, set[str]] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.failed_loads = defaultdict(set)
+        for w in self.workers:
+            for action, lora in w.failed:
+                if action is CommandAction.load_gpu:
+                    self.failed_loads[lora].add(w.id)
         capacity = sum(max(0, w.state.gpu_slots_total) for w in self.workers)
         self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
         self.resident = set().union(*(w.gpu for w in self.workers))
@@ -460,7 +583,7 @@ def _cap_protected(t: _BaseTick) -> None:
     what the canary's warm-up exists to prevent."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
-    held = set().union(*(w.protected for w in t.workers))  # no command moves these down
+    held = set().union(*(w.held for w in t.workers))  # no command moves these down
     cap = max(protected_cap(policy, t.slots),
               sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
@@ -553,19 +676,21 @@ def _load(t: _BaseTick) -> None:
         lora = table.lora[i]
         if lora not in missing:
             continue
-        rank = table.record[i].rank
-        target, rule = slots.free_worker(t, rank), CommandRule.hot_score
+        rank, skip = table.record[i].rank, t.failed_loads.get(lora, ())
+        target, rule = slots.free_worker(t, rank, skip), CommandRule.hot_score
         if target is None:
-            target, rule = _displace_for(t, slots, i, rank), CommandRule.hot_score_displace
+            target, rule = _displace_for(t, slots, i, rank, skip), CommandRule.hot_score_displace
         if target is None:
             t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t, rank)))
             continue
         warmup = (policy.request_budgets.canary.warmup_requests
                   if table.record[i].status is AdapterStatus.canary else 0)
-        t.planner.issue(target, CommandAction.load_gpu, table.record[i], lora, rule,
-                        table.score_of(i), table.detail(i), warmup)
-        slots.loaded(target)
-        t.on_gpu[lora].append(target)
+        if t.planner.issue(target, CommandAction.load_gpu, table.record[i], lora, rule,
+                           table.score_of(i), table.detail(i), warmup):
+            slots.loaded(target)
+            t.on_gpu[lora].append(target)
+        else:
+            slots.free.push(target.state.max_lora_rank, (-target.free_slots(), target.id))
 
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
@@ -601,35 +726,44 @@ FreeHeaps = _RankHeaps[tuple[int, str]]  # (-free slots, worker id)
 _EXTRA = -2  # first element of an extra copy's worst-first key: displaced before any other
 
 
+Displaceable = _RankHeaps[tuple[Rank, str, str]]  # (worst-first rank, lora_name, worker id)
+
+
 @dataclass
 class _Slots:
     """Where rule 5 may put a load: workers by free GPU slots (most free first) and the
     copies that may give up their slot (distinct keys, worst first: extra copies, then
-    residents outside the hot set by rank), both per the worker's ``max_lora_rank``."""
+    residents outside the hot set by rank), both per the worker's ``max_lora_rank``. A copy
+    the worker may protect never gives its slot; one within ``min_residency_s`` of its load
+    (``recent``) only to a never-evict version."""
 
     free: FreeHeaps
-    displaceable: _RankHeaps[tuple[Rank, str, str]]  # (worst-first rank, lora_name, worker id)
+    displaceable: Displaceable
+    recent: Displaceable
     in_use: int  # GPU copies
     free_somewhere: dict[int, bool] = field(default_factory=dict)  # rank -> any free slot
 
     @classmethod
     def of(cls, t: _BaseTick) -> _Slots:
-        table, hot = t.table, t.hot_names
-        displaceable: list[tuple[int, tuple[Rank, str, str]]] = []
+        table, hot, now, policy = t.table, t.hot_names, t.planner.now, t.policy
+        settled: list[tuple[int, tuple[Rank, str, str]]] = []
+        recent: list[tuple[int, tuple[Rank, str, str]]] = []
         for lora, holders in t.on_gpu.items():
             if (lora in hot and len(holders) < 2) or (i := t.index.get(lora)) is None \
                     or table.protected[i]:
                 continue
             key = _worst_first(table.rank(i, True, t.margin))
             for n, w in enumerate(_keep_order(holders, lora)):
-                if n or lora not in hot:
-                    displaceable.append((w.state.max_lora_rank,
-                                         ((_EXTRA, key[1], key[2]) if n else key, lora, w.id)))
-        return cls(_free_heaps(t.workers), _RankHeaps(displaceable), t.copies())
+                if (n or lora not in hot) and lora not in w.protected:
+                    (settled if w.settled(lora, now, policy) else recent).append(
+                        (w.state.max_lora_rank,
+                         ((_EXTRA, key[1], key[2]) if n else key, lora, w.id)))
+        return cls(_free_heaps(t.workers), _RankHeaps(settled), _RankHeaps(recent), t.copies())
 
-    def free_worker(self, t: _BaseTick, rank: int) -> _Worker | None:
-        """The worker to load into a free slot, while the GPU-copy budget has room."""
-        return _worker_with_free_slot(self.free, t.by_id, t.policy, rank) \
+    def free_worker(self, t: _BaseTick, rank: int, skip: Container[str] = ()) -> _Worker | None:
+        """The worker (not in ``skip``) to load into a free slot, while the GPU-copy budget
+        has room."""
+        return _worker_with_free_slot(self.free, t.by_id, t.policy, rank, skip) \
             if self.in_use < t.slots else None
 
     def blocked(self, t: _BaseTick, rank: int) -> WaitReason:
@@ -640,7 +774,9 @@ class _Slots:
         if rank not in self.free_somewhere:
             self.free_somewhere[rank] = any(w.free_slots() > 0 for w in t.workers
                                             if w.state.max_lora_rank >= rank)
-        return WaitReason.cold_load_budget if self.free_somewhere[rank] \
+        if self.free_somewhere[rank]:
+            return WaitReason.cold_load_budget
+        return WaitReason.min_residency if any(self.recent.fitting(rank)) \
             else WaitReason.no_gpu_slot
 
     def loaded(self, w: _Worker) -> None:
@@ -659,23 +795,29 @@ def _keep_order(holders: list[_Worker], lora: str) -> list[_Worker]:
     return sorted(holders, key=lambda w: (lora not in w.protected, not w.gpu.get(lora), w.id))
 
 
-def _displace_for(t: _BaseTick, slots: _Slots, i: int, rank: int) -> _Worker | None:
-    """Demote the first displaceable copy on a worker that fits ``rank`` for row ``i``
-    (``slot_needed``); its worker, or None when none is left on a worker that may load."""
-    victim = _pop_victim(slots.displaceable, t.by_id, t.policy, rank)
-    if victim is None:
-        return None
-    victim_lora, target = victim
-    table, v = t.table, t.index[victim_lora]
-    score, victim_score = table.score_of(i), table.score_of(v)
-    extra = "an extra copy, " if len(t.on_gpu[victim_lora]) > 1 else ""
-    t.planner.issue(target, CommandAction.demote_to_host, table.record[v], victim_lora,
-                    CommandRule.slot_needed, victim_score,
-                    f"{extra}for {table.lora[i]} scoring {score:.4f} "
-                    f"(> {victim_score:.4f} + margin {t.margin})")
-    t.drop_holder(victim_lora, target)
-    slots.in_use -= 1
-    return target
+def _displace_for(t: _BaseTick, slots: _Slots, i: int, rank: int,
+                  skip: Container[str] = ()) -> _Worker | None:
+    """Demote the first displaceable copy on a worker that fits ``rank`` (not in ``skip``)
+    for row ``i`` (``slot_needed``): a copy within ``min_residency_s`` of its load only for a
+    never-evict version; its worker, or None when none is left on a worker that may load."""
+    table = t.table
+    while True:
+        victim = _pop_victim(slots.displaceable, t.by_id, t.policy, rank, skip)
+        if victim is None and table.protected[i]:
+            victim = _pop_victim(slots.recent, t.by_id, t.policy, rank, skip)
+        if victim is None:
+            return None
+        victim_lora, target = victim
+        v = t.index[victim_lora]
+        score, victim_score = table.score_of(i), table.score_of(v)
+        extra = "an extra copy, " if len(t.on_gpu[victim_lora]) > 1 else ""
+        if t.planner.issue(target, CommandAction.demote_to_host, table.record[v], victim_lora,
+                           CommandRule.slot_needed, victim_score,
+                           f"{extra}for {table.lora[i]} scoring {score:.4f} "
+                           f"(> {victim_score:.4f} + margin {t.margin})"):
+            t.drop_holder(victim_lora, target)
+            slots.in_use -= 1
+            return target
 
 
 def _worst_first(rank: Rank) -> Rank:
@@ -711,23 +853,28 @@ def _worker_with_free_slot(free: FreeHeaps, by_id: Mapping[str, _Worker], policy
     return chosen
 
 
-def _pop_victim(displaceable: _RankHeaps[tuple[Rank, str, str]], by_id: Mapping[str, _Worker],
-                policy: Policy, rank: int) -> tuple[str, _Worker] | None:
-    """The first displaceable copy on a worker that fits ``rank`` and may still load."""
+def _pop_victim(displaceable: Displaceable, by_id: Mapping[str, _Worker], policy: Policy,
+                rank: int, skip: Container[str] = ()) -> tuple[str, _Worker] | None:
+    """The first displaceable copy on a worker that fits ``rank``, may still load and is
+    not in ``skip`` (those are put back)."""
     best: list[tuple[Rank, str, str]] | None = None
+    skipped: list[tuple[list[tuple[Rank, str, str]], tuple[Rank, str, str]]] = []
     for heap in displaceable.fitting(rank):
         while heap:
             _, lora, wid = heap[0]
             w = by_id[wid]
-            if lora in w.gpu and w.loads_left(policy) > 0 and not w.above_watermark(policy):
+            if lora not in w.gpu or w.loads_left(policy) <= 0 or w.above_watermark(policy):
+                heapq.heappop(heap)
+            elif wid in skip:
+                skipped.append((heap, heapq.heappop(heap)))
+            else:
                 break
-            heapq.heappop(heap)
         if heap and (best is None or heap[0] < best[0]):
             best = heap
-    if best is None:
-        return None
-    _, lora, wid = heapq.heappop(best)
-    return lora, by_id[wid]
+    chosen = heapq.heappop(best) if best is not None else None
+    for heap, entry in skipped:
+        heapq.heappush(heap, entry)
+    return None if chosen is None else (chosen[1], by_id[chosen[2]])
 
 
 def replica_targets(copies: np.ndarray, demand: np.ndarray, policy: Policy,
@@ -788,7 +935,8 @@ def _drop_replica(t: _BaseTick, i: int, lora: str, demand: float) -> None:
     does not hold never-evict; unpinned first when pinned."""
     policy, table = t.policy, t.table
     holders = t.on_gpu[lora]
-    victims = [w for w in _keep_order(holders, lora) if lora not in w.protected]
+    victims = [w for w in _keep_order(holders, lora) if lora not in w.protected
+               and w.settled(lora, t.planner.now, policy)]
     if not victims:
         return
     w, r = victims[-1], table.record[i]
@@ -797,9 +945,9 @@ def _drop_replica(t: _BaseTick, i: int, lora: str, demand: float) -> None:
     if w.gpu[lora]:
         t.planner.issue(w, CommandAction.unpin, r, lora, CommandRule.replica_surplus,
                         table.score_of(i), detail)
-    t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
-                    table.score_of(i), detail)
-    t.drop_holder(lora, w)
+    if t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
+                       table.score_of(i), detail):
+        t.drop_holder(lora, w)
 
 
 def _add_replicas(t: _BaseTick, adds: list[tuple[int, int, float]]) -> None:
@@ -812,7 +960,7 @@ def _add_replicas(t: _BaseTick, adds: list[tuple[int, int, float]]) -> None:
         lora, r = table.lora[i], table.record[i]
         holders = t.on_gpu[lora]
         while len(holders) < wanted and in_use < t.slots:
-            held = {c.id for c in holders}
+            held = {c.id for c in holders} | t.failed_loads.get(lora, set())
             target = _worker_with_free_slot(free, t.by_id, policy, r.rank, held)
             if target is None:
                 break
@@ -848,7 +996,8 @@ def _relieve_hbm(t: _BaseTick) -> None:
                 for c in w.pending):
             continue
         evictable = [i for lora in w.gpu
-                     if (i := t.index.get(lora)) is not None and not table.protected[i]]
+                     if (i := t.index.get(lora)) is not None and not table.protected[i]
+                     and lora not in w.protected and w.settled(lora, t.planner.now, policy)]
         if evictable:
             worst = max(evictable, key=lambda i: table.rank(i, True, t.margin))
             t.planner.issue(w, CommandAction.demote_to_host, table.record[worst],
@@ -889,8 +1038,9 @@ def _prewarm_host(t: _BaseTick) -> None:
                 break
             continue
         w = t.by_id[wid]
-        t.planner.issue(w, CommandAction.prewarm_host, table.record[i], lora, CommandRule.host_tier,
-                        table.score_of(i), table.detail(i))
+        if not t.planner.issue(w, CommandAction.prewarm_host, table.record[i], lora,
+                               CommandRule.host_tier, table.score_of(i), table.detail(i)):
+            continue  # the worker reported it will not: left for after that one's deadline
         host_only.add(lora)
         slots_left -= 1
         heapq.heapreplace(heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))

@@ -8,14 +8,20 @@ loads its gateway asks for on a cold request (``request_load``, an ``Ask`` with 
 executor changes vLLM and the host tier, never the desired state. On start it reads vLLM
 *first* and adopts what it can vouch for, so a restarted agent converges instead of
 assuming an empty server, and reloads the command ids it applied before (so a redelivered
-command stays a no-op across restarts). A canary version loaded with ``warmup_requests`` is
-sent that many golden-set requests first; ``is_warming`` tells the gateway to keep real
-traffic off it until then. It never holds more than ``gpu_slots`` GPU copies: a load past them
-takes the slot of the least recently used idle copy (``reconcile.make_room``, fed the
-in-flight counts and ``touched`` times as ``Usage``), and waits for it to drain from vLLM.
-Every change is reported: CacheEvents per action, a WorkerState
-heartbeat (compacted topic, key worker_id) and Prometheus series. The agent is its
-gateway's ``workers.serving.Serving``.
+command stays a no-op across restarts) and the copies it held protected (so a restart keeps
+the set the planner planned with). A command it will not carry out (refused by its own
+rules, no slot it may take, a version its registry cannot back, its intent given up to
+another load) is reported in the heartbeat's ``skipped_commands`` until its deadline, so the
+planner stops expecting it at once and does not send it again. A canary version loaded with
+``warmup_requests`` is sent that many golden-set requests first; ``is_warming`` tells the
+gateway to keep real traffic off it until then. It never holds more than ``gpu_slots`` GPU
+copies: a load past them takes the slot of the least recently used idle copy loaded more than
+``policy.min_residency_s`` ago (``reconcile.make_room``, fed the in-flight counts, ``touched``
+and load times as ``Usage``), and waits for it to drain from vLLM. Every change is reported:
+CacheEvents per action, a WorkerState heartbeat (compacted topic, key worker_id, each GPU
+copy with its ``loaded_at``) and Prometheus series. Lines that could repeat at request or tick
+rate are logged once per kind per ``LOG_EVERY_S`` with a count (``kernel.log_burst``). The
+agent is its gateway's ``workers.serving.Serving``.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ from loraplane.schemas.reasons import (
     UnloadReason,
     VllmErrorCode,
 )
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.workers.applied_commands import load_applied, save_applied
+from loraplane.schemas.worker_state import MAX_SKIPPED_REPORTED, LoadedAdapter, WorkerState
+from loraplane.workers.applied_commands import Remembered, load_remembered, save_applied
 from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
@@ -77,6 +83,7 @@ from loraplane.workers.reconcile import (
     Vanished,
     adopt,
     fold,
+    overridden,
     reconcile,
     registry_by_name,
     settled_by,
@@ -93,10 +100,14 @@ from loraplane.workers.worker_metrics import (
 
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.eventlog.sink import EventSink
+from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import Policy
 
 REGISTRY_GRACE_S = 15.0
 """How long a commanded name unknown to our registry copy waits before it is refused."""
+LOG_EVERY_S = 30.0
+"""A line that could repeat at request or tick rate is logged once per kind this often, with
+a count of the rest (``kernel.log_burst``)."""
 log = logging.getLogger("loraplane.worker")
 
 
@@ -124,8 +135,11 @@ class CommandFeed(Protocol):
 REFUSED_SKIPS: dict[CommandSkip, CommandRejection] = {
     CommandSkip.duplicate: CommandRejection.replayed_command,
     CommandSkip.protected: CommandRejection.protected_copy,
+    CommandSkip.pinned: CommandRejection.pinned_copy,
 }
-"""The fold's skips that are refusals of the command (dead-lettered, counted)."""
+"""The fold's skips that are refusals of the command (dead-lettered, counted): a replay, and
+a move down the command effects refuse, which the planner predicts and never sends (one is
+a disagreement between planner and worker, and pages: dashboards/prometheus)."""
 
 
 @dataclass(frozen=True)
@@ -144,12 +158,14 @@ class WorkerConfig:
     load_backoff_s: float = 5.0
     refusal_hold_s: float = 30.0  # an artifact refusal answers requests at once this long
     start_timeout_s: float = 120.0
-    applied_commands_path: Path | None = None  # applied command ids survive restarts here
+    # applied command ids and the protected copies survive restarts here
+    applied_commands_path: Path | None = None
     policy: Policy = field(default_factory=Policy)  # never-evict rules, warm-up cap
 
 
 _NOT_LOADED = {CommandSkip.no_free_slot: LoadDeferral.no_free_slot,
-               CommandSkip.busier_copies: LoadDeferral.busier_copies}
+               CommandSkip.busier_copies: LoadDeferral.busier_copies,
+               CommandSkip.min_residency: LoadDeferral.min_residency}
 
 
 def _not_loaded(skip: CommandSkip | None) -> LoadDeferral | None:
@@ -166,6 +182,8 @@ class _Runtime:
     in_flight: Counter[str] = field(default_factory=Counter)
     last_used: dict[str, datetime] = field(default_factory=dict)
     touched: dict[str, float] = field(default_factory=dict)  # last load or request (clock)
+    # name -> when this agent loaded it into vLLM (clock, wall): policy.min_residency_s
+    loaded_at: dict[str, tuple[float, datetime]] = field(default_factory=dict)
     draining: set[str] = field(default_factory=set)
     cold_loads: list[float] = field(default_factory=list)
     backoff: dict[str, float] = field(default_factory=dict)
@@ -173,6 +191,9 @@ class _Runtime:
     last_failure: dict[str, tuple[LoadOutcome, float]] = field(default_factory=dict)
     awaiting_registry: dict[str, float] = field(default_factory=dict)  # name -> refuse after
     busy_reported: set[str] = field(default_factory=set)
+    # planner commands that will not be carried out -> their deadline (the heartbeat's
+    # skipped_commands: the planner stops expecting them)
+    skipped: dict[str, datetime] = field(default_factory=dict)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
     resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
@@ -209,6 +230,12 @@ class WorkerAgent:
         self._host: dict[str, HostEntry] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._warnings = LogBurst("worker", LOG_EVERY_S, logger=log, clock=clock)
+        self._skipped_log = LogBurst("command skipped", LOG_EVERY_S, logger=log,
+                                     level=logging.INFO, clock=clock)
+        self._no_slot_log = LogBurst("no GPU slot may be freed for a request's load",
+                                     LOG_EVERY_S, logger=log, level=logging.INFO, clock=clock)
+        self._saved_protected: frozenset[str] = frozenset()
         self.started = False
         self.base_served = ""  # the id vLLM serves the base model under (its model path)
 
@@ -264,8 +291,8 @@ class WorkerAgent:
         try:
             records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         except Exception as exc:
-            log.warning("registry unreadable, keeping the %d records we have: %s",
-                        len(self.records), exc)
+            self._warnings.note("registry unreadable", f"keeping the {len(self.records)} "
+                                f"records we have: {exc}"[:300])
             return
         by_name = registry_by_name(records)
         if by_name != self.records or not self.started:
@@ -296,6 +323,8 @@ class WorkerAgent:
     async def read_actual(self) -> ActualState:
         models = await self.vllm.models()
         self._rt.gpu = {m.id: m.root for m in models if m.is_adapter}
+        for gone in self._rt.loaded_at.keys() - self._rt.gpu.keys():
+            del self._rt.loaded_at[gone]
         self.base_served = next((m.id for m in models if not m.is_adapter), self.base_served)
         self._host = await asyncio.to_thread(self._read_host)
         return ActualState(gpu=dict(self._rt.gpu), host=dict(self._host),
@@ -308,9 +337,12 @@ class WorkerAgent:
         await self.vllm.require_guard()
         await self.refresh_registry()
         actual = await self.read_actual()
-        applied = {} if self.config.applied_commands_path is None else await asyncio.to_thread(
-            load_applied, self.config.applied_commands_path, now_utc())
-        self._desired = replace(adopt(actual, self.records), seen_commands=applied)
+        kept = Remembered() if self.config.applied_commands_path is None else \
+            await asyncio.to_thread(load_remembered, self.config.applied_commands_path,
+                                    now_utc())
+        self._desired = replace(adopt(actual, self.records), seen_commands=kept.applied,
+                                protected=kept.protected)  # the fold keeps what still holds
+        self._saved_protected = kept.protected
         # the copies it vouches for are its own from now on: one that vanishes is reported
         self._rt.loaded_by_agent.update(
             (name, root) for name, root in actual.gpu.items() if vouched(name, root, actual))
@@ -331,10 +363,16 @@ class WorkerAgent:
         """The one place the desired state changes (``start`` only sets its first value)."""
         demand, now = self._demand, self._clock()
         usage = Usage(dict(self._rt.in_flight), self._rt.touched,
-                      None if demand is None else lambda c, n: demand.admits(c, n, now))
-        self._desired, skipped = fold(self._desired, change, worker_id=self.config.worker_id,
+                      None if demand is None else lambda c, n: demand.admits(c, n, now),
+                      {n: at for n, (at, _) in self._rt.loaded_at.items()}, now)
+        before = self._desired
+        self._desired, skipped = fold(before, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc(),
                                       guard=self.guard, usage=usage)
+        for cid in overridden(before, self._desired):
+            deadline = self._desired.seen_commands.get(cid)
+            if deadline is not None:
+                self._not_carried_out(cid, deadline)
         return skipped
 
     def _report(self, done: Action) -> None:
@@ -346,7 +384,9 @@ class WorkerAgent:
     def apply(self, cmd: CacheCommand) -> CommandSkip | None:
         skipped = self._fold(cmd)
         if skipped:
-            log.info("command %s skipped: %s", cmd.command_id, skipped)
+            self._skipped_log.note(skipped.value, f"{cmd.action} {cmd.lora_name[:80]}")
+        if skipped is not None and skipped is not CommandSkip.duplicate:
+            self._not_carried_out(cmd.command_id, cmd.deadline)
         intent = self.desired.intents.get(cmd.lora_name)
         if intent is None or intent.tier != "gpu":  # a gateway waiter must not wait forever
             self._resolve(cmd.lora_name, LoadOutcome(False, LoadDeferral.superseded_by_command))
@@ -367,10 +407,29 @@ class WorkerAgent:
                 # grace period before refusing the name as not_in_registry.
                 self._rt.awaiting_registry[cmd.lora_name] = self._clock() + REGISTRY_GRACE_S
         await self.reconcile_once()
-        path = self.config.applied_commands_path
-        if path is not None and skipped is not CommandSkip.duplicate:
-            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands))
+        if skipped is not None and skipped is not CommandSkip.duplicate:
+            self.publish_state()  # the planner stops expecting it at once
+        if skipped is not CommandSkip.duplicate:
+            await self._remember()
         return skipped
+
+    async def _remember(self) -> None:
+        """Store the applied ids and the protected copies (``applied_commands``)."""
+        path = self.config.applied_commands_path
+        if path is not None:
+            protected = self.desired.protected
+            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands),
+                                    protected)
+            self._saved_protected = protected
+
+    def _not_carried_out(self, command_id: str, deadline: datetime) -> None:
+        """Report ``command_id`` in the heartbeat's ``skipped_commands`` until its deadline."""
+        now = now_utc()
+        self._rt.skipped = {c: d for c, d in self._rt.skipped.items() if d > now}
+        if deadline > now:
+            self._rt.skipped[command_id] = deadline
+        while len(self._rt.skipped) > MAX_SKIPPED_REPORTED:
+            del self._rt.skipped[next(iter(self._rt.skipped))]
 
     def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
         """Called by the gateway for a cold adapter: ask for a load (folded like a command,
@@ -394,7 +453,7 @@ class WorkerAgent:
             return fut
         refused = _not_loaded(self._fold(Ask.gateway_load(record)))
         if refused is not None:
-            log.info("no GPU slot may be freed for %s now: %s", name, refused)
+            self._no_slot_log.note(refused.value, name[:80])
             fut.set_result(LoadOutcome(False, refused))
             return fut
         self._rt.waiters.setdefault(name, []).append(fut)
@@ -446,7 +505,7 @@ class WorkerAgent:
             try:
                 actual = await self.read_actual()
             except VllmError as exc:
-                log.warning("vLLM unreadable, skipping tick: %s", exc)
+                self._warnings.note("vLLM unreadable, skipping ticks", str(exc)[:300])
                 return []
             self._adopt_resolved(actual)
             now = self._clock()
@@ -461,6 +520,8 @@ class WorkerAgent:
                 await self._execute(action)
             if actions:
                 self.publish_state()
+            if self.desired.protected != self._saved_protected:  # a request's load, a registry
+                await self._remember()  # change: protection survives a restart as it is now
             return actions
 
     def _adopt_resolved(self, actual: ActualState) -> None:
@@ -508,7 +569,7 @@ class WorkerAgent:
                 raise
             except Exception:
                 self.metrics.command_loop_error()
-                log.exception("command loop step failed; going on")
+                self._warnings.note("command loop step failed; going on", exc_info=True)
                 await asyncio.sleep(1.0)
 
     async def _next_command(self, feed: CommandFeed) -> None:
@@ -577,6 +638,9 @@ class WorkerAgent:
                                 command_id=cmd)
             case Refuse(name, reason, cmd):
                 self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
+                deadline = None if cmd is None else self.desired.seen_commands.get(cmd)
+                if cmd is not None and deadline is not None:
+                    self._not_carried_out(cmd, deadline)
                 self._resolve(name, LoadOutcome(False, reason))
                 self._report(action)
 
@@ -609,6 +673,7 @@ class WorkerAgent:
         self._rt.gpu.pop(name, None)
         self._rt.loaded_by_agent.pop(name, None)
         self._rt.touched.pop(name, None)
+        self._rt.loaded_at.pop(name, None)
         self._rt.draining.discard(name)
         if reason != UnloadReason.kv_namespace_conflict:
             self._event(name, CacheEventKind.unload, reason=reason, command_id=cmd)
@@ -666,6 +731,7 @@ class WorkerAgent:
         self._rt.gpu[name] = str(path)
         self._rt.loaded_by_agent[name] = str(path)
         self._rt.touched[name] = self._clock()
+        self._rt.loaded_at[name] = (self._clock(), now_utc())
         self._rt.backoff.pop(name, None)
         self._rt.busy_reported.discard(name)
         self._event(name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes,
@@ -752,6 +818,8 @@ class WorkerAgent:
                 origin=intent.origin if intent else None,
                 size_bytes=self._resident_bytes(name, self.records.get(name)),
                 rank=copy.rank, last_used=self._rt.last_used.get(name),
+                loaded_at=(loaded[1] if copy.level == "gpu"
+                           and (loaded := self._rt.loaded_at.get(name)) is not None else None),
                 in_flight=self._rt.in_flight.get(name, 0)))
         now = self._clock()
         return WorkerState(
@@ -765,7 +833,8 @@ class WorkerAgent:
             cold_load_budget=(self.cold_load_budget() if self.config.policy.load_stall_share
                               else None),
             load_stall=self._stall.stall(), load_seconds=self._loads.load_s,
-            adapters=adapters, command_partition=self._command_partition())
+            adapters=adapters, command_partition=self._command_partition(),
+            skipped_commands=[c for c, d in self._rt.skipped.items() if d > now_utc()])
 
     def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:
         """A copy's bytes: its host-tier entry's, else (a GPU copy adopted without one, or

@@ -59,6 +59,7 @@ from loraplane.kernel.command_effects import (
     effect,
     never_evict_rule,
     protected_cap,
+    protected_copies,
 )
 from loraplane.kernel.policy import Policy
 
@@ -126,6 +127,9 @@ class CommandSkip(StrEnum):
     no_free_slot = "no_free_slot"  # a load, but every GPU copy is pinned, protected or busy
     # a request's load, but every copy that could give its slot had more recent demand here
     busier_copies = "busier_copies"
+    # a request's load, but every copy that could give its slot was loaded within the
+    # policy's min_residency_s
+    min_residency = "min_residency"
 
 
 DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
@@ -143,6 +147,7 @@ class Guard:
     max_protected: int = 0
     max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
     gpu_slots: int | None = None
+    min_residency_s: float = 0.0  # a request's load takes no slot of a copy loaded sooner
 
     @classmethod
     def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy, gpu_slots: int) -> Guard:
@@ -153,23 +158,18 @@ class Guard:
             if rule is not None:
                 never_evict[name] = rule.text
         return cls(never_evict, protected_cap(policy, gpu_slots),
-                   policy.request_budgets.canary.warmup_requests, gpu_slots)
+                   policy.request_budgets.canary.warmup_requests, gpu_slots,
+                   policy.min_residency_s)
 
 
 def protect(state: DesiredState, guard: Guard) -> DesiredState:
-    """Which GPU copies are protected now: those already protected whose version is still
-    never-evict, then the others meant for the GPU in the order they were asked for, up to
-    ``guard.max_protected``. Sticky, so a newly published platinum version cannot take a slot
-    guarantee from one already held."""
-    kept = [n for n in sorted(state.protected)
-            if n in guard.never_evict and (i := state.intents.get(n)) is not None
-            and i.tier == "gpu"][:guard.max_protected]
-    for name, intent in state.intents.items():
-        if len(kept) >= guard.max_protected:
-            break
-        if intent.tier == "gpu" and name in guard.never_evict and name not in kept:
-            kept.append(name)
-    protected = frozenset(kept)
+    """Which GPU copies are protected now (``command_effects.protected_copies``, the rule
+    the planner expects: ``command_effects.may_protect``): those already protected whose
+    version is still never-evict, then the others meant for the GPU in the order they were
+    asked for, up to ``guard.max_protected``."""
+    protected = protected_copies(
+        state.protected, (n for n, i in state.intents.items() if i.tier == "gpu"),
+        guard.never_evict, guard.max_protected)
     return state if protected == state.protected else replace(state, protected=protected)
 
 
@@ -187,6 +187,14 @@ class Usage:
     admits: Callable[[str, str], bool] | None = None
     """May a request's demand load of the first name take the slot of the second
     (``demand_admission``)? None: any copy that may move down."""
+    loaded_at: Mapping[str, float] = field(default_factory=dict)
+    """When each GPU copy was loaded here, on the clock of ``now`` (none: found at start)."""
+    now: float = 0.0
+
+    def settled(self, name: str, guard: Guard) -> bool:
+        """Is the copy past ``guard.min_residency_s`` since its load (or of unknown load)?"""
+        at = self.loaded_at.get(name)
+        return at is None or self.now - at >= guard.min_residency_s
 
 
 IDLE = Usage()
@@ -305,15 +313,47 @@ def ask(state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION,
                                       command_id=request.command_id, origin=request.origin,
                                       unload_reason=None))
     if outcome.after.tier == "gpu" and current.tier != "gpu":
-        admits = usage.admits if request.origin is CopyOrigin.gateway_request else None
-        may_take = None if admits is None else partial(admits, request.lora_name)
-        room, fits = make_room(after, guard, usage, keep=request.lora_name, may_take=may_take)
+        name = request.lora_name
+        urgent = _protected_here(state, guard, name)
+        may_take = partial(_may_take, request, guard, usage, urgent)
+        room, fits = make_room(after, guard, usage, keep=name, may_take=may_take)
         if not fits:
-            if may_take is not None and make_room(after, guard, usage, keep=request.lora_name)[1]:
-                return state, CommandSkip.busier_copies
-            return state, CommandSkip.no_free_slot
+            return state, _no_slot(after, guard, usage, request, urgent)
         after = room
     return after, None
+
+
+def _protected_here(state: DesiredState, guard: Guard, name: str) -> bool:
+    """Would a GPU copy of ``name`` be protected here (never-evict, and room under the cap)?
+    Only such a load may take the slot of a copy within the minimum residency: one the
+    worker would not protect is an ordinary copy, and two of them would take each other's
+    slot in turn."""
+    return name in guard.never_evict and (name in state.protected
+                                          or len(state.protected) < guard.max_protected)
+
+
+def _may_take(request: Ask, guard: Guard, usage: Usage, urgent: bool, victim: str) -> bool:
+    """May ``request``'s load take ``victim``'s slot: a copy past the policy's minimum
+    residency (any copy for an ``urgent`` load: ``_protected_here``), and for a request's own
+    load one that demand admission (if on) lets it replace."""
+    if not urgent and not usage.settled(victim, guard):
+        return False
+    return (request.origin is not CopyOrigin.gateway_request or usage.admits is None
+            or usage.admits(request.lora_name, victim))
+
+
+def _no_slot(state: DesiredState, guard: Guard, usage: Usage, request: Ask,
+             urgent: bool) -> CommandSkip:
+    """Why ``request``'s load found no slot in ``state``: no copy may move at all
+    (``no_free_slot``), those that may were all loaded within the minimum residency
+    (``min_residency``), or admission lets it replace none of the rest (``busier_copies``)."""
+    name = request.lora_name
+    if not make_room(state, guard, usage, keep=name)[1]:
+        return CommandSkip.no_free_slot
+    if not urgent and not make_room(state, guard, usage, keep=name,
+                                    may_take=partial(Usage.settled, usage, guard=guard))[1]:
+        return CommandSkip.min_residency
+    return CommandSkip.busier_copies
 
 
 def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
@@ -334,6 +374,16 @@ def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, bas
     if cmd.lora_name != lora_name(cmd.adapter_id, cmd.version, cmd.sha256):
         return state, CommandSkip.lora_name_mismatch
     return ask(state, Ask.of_command(cmd, guard.max_warmup_requests), guard, usage)
+
+
+def overridden(before: DesiredState, after: DesiredState) -> list[str]:
+    """The planner commands a fold from ``before`` to ``after`` undid by the worker's own slot
+    rule (``make_room``: their copy gave its GPU slot to another load): they will not be
+    carried out, so the worker reports them (``WorkerState.skipped_commands``)."""
+    return [cid for name, intent in after.intents.items()
+            if intent.unload_reason is UnloadReason.slot_needed
+            and (old := before.intents.get(name)) is not None and old.tier == "gpu"
+            and (cid := old.command_id) is not None]
 
 
 def settle(state: DesiredState, outcome: Outcome) -> DesiredState:

@@ -39,7 +39,7 @@ expects the same (and counts the bytes such a copy takes on the host tier).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -149,6 +149,54 @@ def never_evict_rule(record: AdapterRecord | None,
         return None
     facts = record_facts(record)
     return next((c for c in conditions if c.holds(facts)), None)
+
+
+def _kept(held: Iterable[str], on_worker: Container[str], never_evict: Container[str],
+          cap: int) -> list[str]:
+    """The protected copies that stay protected: still never-evict and still held, by name,
+    at most ``cap``."""
+    return [n for n in sorted(held) if n in never_evict and n in on_worker][:cap]
+
+
+def protected_copies(held: Iterable[str], asked: Iterable[str], never_evict: Container[str],
+                     cap: int) -> frozenset[str]:
+    """The worker's rule for which of its GPU copies are protected (``workers.reconcile``):
+    those protected so far (``held``) that are still never-evict and meant for the GPU,
+    then the other never-evict ones of ``asked`` (its GPU copies, in the order they were
+    asked for), at most ``cap`` (``protected_cap``). Sticky, so a version published later
+    does not take the guarantee from one already held."""
+    asked = list(asked)
+    kept = _kept(held, set(asked), never_evict, cap)
+    for name in asked:
+        if len(kept) >= cap:
+            break
+        if name in never_evict and name not in kept:
+            kept.append(name)
+    return frozenset(kept)
+
+
+@dataclass(frozen=True)
+class MayProtect:
+    """What a worker may hold protected, seen from outside (``may_protect``)."""
+
+    copies: frozenset[str]
+    room: bool  # under its cap: a never-evict copy it is about to hold may be protected too
+
+
+def may_protect(held: Iterable[str], copies: Iterable[str], never_evict: Container[str],
+                cap: int) -> MayProtect:
+    """The copies a worker may hold protected (``protected_copies``) by the time a command
+    reaches it, seen from outside (the planner): those it reported protected (``held``: its
+    registry copy may still protect them when ours no longer does); and, unless those that
+    stay protected fill ``cap``, every other never-evict copy it holds or is about to hold
+    (``copies``), since which of them it protects depends on the order it was asked for them
+    in, which only it knows. A command never moves one of these down (``UNPROTECTING``):
+    the worker would refuse it."""
+    copies = set(copies)
+    held = frozenset(held)
+    if len(_kept(held, copies, never_evict, cap)) >= cap:
+        return MayProtect(held, False)
+    return MayProtect(held.union(n for n in copies if n in never_evict), True)
 
 
 def protected_cap(policy: Policy, slots: int) -> int:

@@ -6,7 +6,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from loraplane.schemas.commands import CommandAction
 
-from loraplane.kernel.command_effects import LEVEL, TABLE, Copy, Refusal, effect, shows
+from loraplane.kernel.command_effects import (
+    LEVEL,
+    TABLE,
+    Copy,
+    Refusal,
+    effect,
+    may_protect,
+    protected_copies,
+    shows,
+)
 
 COPIES = [Copy(), Copy("host"), Copy("host", True), Copy("gpu"), Copy("gpu", True)]
 copies_st = st.sampled_from(COPIES)
@@ -43,3 +52,31 @@ def test_a_command_is_idempotent_and_then_shown(action: CommandAction, before: C
         assert shows(action, outcome.after)
     else:
         assert not shows(action, before)
+
+
+NAMES = [f"n{i}" for i in range(6)]
+
+
+@given(st.sets(st.sampled_from(NAMES)), st.permutations(NAMES), st.sets(st.sampled_from(NAMES)),
+       st.integers(1, 4), st.permutations(NAMES))
+def test_what_the_planner_expects_a_worker_may_protect_covers_what_it_does(
+        held: set[str], asked: list[str], never_evict: set[str], cap: int,
+        arrival: list[str]) -> None:
+    """The worker protects (``protected_copies``) from what it held and its copies in the
+    order it was asked for them; the planner, which reported ``held`` and saw the copies but
+    not that order, expects a superset whatever the order (``may_protect``), and exactly the
+    worker's set once the reported ones fill the cap."""
+    reported = protected_copies(held, asked, never_evict, cap)  # what the heartbeat says
+    may = may_protect(reported, asked, never_evict, cap)
+    later = protected_copies(reported, arrival, never_evict, cap)  # the copies, asked anew
+    assert later <= may.copies
+    assert len(reported) <= cap and reported <= never_evict
+    if not may.room:
+        assert later == reported == may.copies
+
+
+def test_protection_is_sticky_and_capped() -> None:
+    assert protected_copies((), ["a", "b", "c"], {"a", "b", "c"}, 2) == {"a", "b"}
+    assert protected_copies({"c"}, ["a", "b", "c"], {"a", "b", "c"}, 2) == {"c", "a"}
+    assert protected_copies({"c"}, ["a", "b"], {"a", "b", "c"}, 2) == {"a", "b"}  # c left
+    assert protected_copies({"a"}, ["a", "b"], {"b"}, 2) == {"b"}  # a no longer never-evict

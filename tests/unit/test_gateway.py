@@ -32,7 +32,12 @@ from loraplane.schemas.reasons import CommandRule, ForeignChange
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.applied_commands import FILE_NAME, load_applied, save_applied
+from loraplane.workers.applied_commands import (
+    FILE_NAME,
+    load_applied,
+    load_remembered,
+    save_applied,
+)
 from loraplane.workers.gateway import (
     CANARY_WARMING_HEADER,
     FALLBACK_HEADER,
@@ -641,6 +646,55 @@ async def test_redelivered_command_after_restart_changes_nothing(world: World,
     assert again.is_hot(sql.lora_name) and await again.reconcile_once() == []
 
 
+@pytest.mark.parametrize("world", [{"never_evict_when": ['status == "active"']}], indirect=True)
+async def test_a_restart_keeps_the_copies_it_held_protected(world: World, tmp_path: Path) -> None:
+    """Every active version is never-evict here and a worker of 2 slots protects 1: the one it
+    held protected before a restart stays the one (the applied-commands file keeps it), not
+    the first its restart happens to adopt."""
+    chat, sql = RECORDS[0], RECORDS[2]
+    path = tmp_path / "host" / FILE_NAME
+    config = replace(world.agent.config, applied_commands_path=path)
+    await load(world, sql, chat)
+    assert world.agent.desired.protected == {sql.lora_name}
+    save_applied(path, {}, [chat.lora_name])  # as if chat had been the first
+    again = WorkerAgent(config, vllm=world.agent.vllm, host_tier=world.tier,
+                        registry_loader=lambda: RECORDS, sink=world.sink)
+    await again.start()
+    assert again.desired.protected == {chat.lora_name}
+    assert load_remembered(path, now_utc()).protected == {chat.lora_name}
+    protected = {a.lora_name for a in again.worker_state().adapters if a.protected}
+    assert protected == {chat.lora_name}
+
+
+async def test_a_command_the_worker_will_not_carry_out_is_in_its_heartbeat(
+        world: World) -> None:
+    """A refused command (dead-lettered, counted) and a load with no slot it may take are
+    listed in the heartbeat's skipped_commands until their deadline: the planner stops
+    expecting them at once."""
+    _, canary, sql, other = RECORDS
+    await load(world, sql, canary)  # the canary is never-evict: protected, 1 of 2 slots
+    refused = await world.agent.handle(cmd(canary, CommandAction.demote_to_host, "d-canary"))
+    assert refused == "protected"
+    no_slot = await world.agent.handle(cmd(other, CommandAction.load_gpu, "l-other"))
+    assert no_slot == "min_residency"  # sql was loaded just now
+    assert world.agent.worker_state().skipped_commands == ["d-canary", "l-other"]
+    assert await world.agent.handle(cmd(other, CommandAction.load_gpu, "l-other")) == \
+        "duplicate"
+    assert world.agent.worker_state().skipped_commands == ["d-canary", "l-other"]
+
+
+async def test_a_refused_request_load_is_logged_once_a_burst_with_a_count(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    await load(world, sql, chat)
+    await world.agent.request_load(other)  # fetched first, then refused: min_residency
+    with caplog.at_level(logging.INFO, logger="loraplane.worker"):
+        outcomes = [await world.agent.request_load(other) for _ in range(50)]
+    assert outcomes == [LoadOutcome(False, "min_residency")] * 50
+    lines = [r.getMessage() for r in caplog.records if "no GPU slot" in r.getMessage()]
+    assert len(lines) == 1 and "min_residency" in lines[0]  # the other 49 count on the next
+
+
 async def test_applied_ids_file_drops_expired_and_survives_corruption(tmp_path: Path) -> None:
     path = tmp_path / FILE_NAME
     now = now_utc()
@@ -1044,6 +1098,7 @@ async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
             assert len(body["error"]["param"] or "") <= 64
 
 
+@pytest.mark.parametrize("world", [{"min_residency_s": 0.0}], indirect=True)
 async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
         world: World) -> None:
     chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
@@ -1072,7 +1127,26 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
         assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(other.lora_name)
 
 
-@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0}], indirect=True)
+async def test_a_request_takes_no_slot_of_a_copy_loaded_within_the_minimum_residency(
+        world: World) -> None:
+    """min_residency_s (180 s by default): a cold version's request does not push out a copy
+    loaded since; it gets its cold answer with reason min_residency and nothing unloads. The
+    heartbeat carries each GPU copy's loaded_at, which the planner respects too."""
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    await load(world, sql, chat)  # 2 slots, both taken just now
+    loaded = {a.lora_name: a.loaded_at for a in world.agent.worker_state().adapters}
+    assert loaded[sql.lora_name] is not None and loaded[chat.lora_name] is not None
+    outcome = await world.agent.request_load(other)  # its bytes are fetched first
+    assert outcome == LoadOutcome(False, "min_residency") and world.agent.is_on_host(
+        other.lora_name)
+    assert await world.agent.request_load(other) == LoadOutcome(False, "min_residency")
+    await world.agent.reconcile_once()
+    assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
+    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+
+
+@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}],
+                         indirect=True)
 async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_copy_out(
         world: World) -> None:
     """demand_admission_tau_s on: a cold version's request takes a slot only once its

@@ -16,7 +16,7 @@ from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, plan
 from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, score_key
 
-from loraplane.kernel.command_effects import protected_cap
+from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
 from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
 
@@ -51,10 +51,14 @@ def views(*records: AdapterRecord) -> list[AdapterView]:
 
 def worker(wid: str, gpu: list[AdapterRecord] = (), host: list[AdapterRecord] = (),
            slots: int = 8, pinned: set[str] = frozenset(), hbm: float | None = 0.5,
-           host_budget: int = 10_000 * MB, base: str = "llama") -> WorkerState:
+           host_budget: int = 10_000 * MB, base: str = "llama",
+           protected: set[str] = frozenset()) -> WorkerState:
+    """``pinned``, ``protected``: adapter ids (``protected``: held never-evict by the
+    worker's own rule, as it reports it)."""
     loaded = [LoadedAdapter(lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
                             tenant_id=r.tenant_id, tier=tier, size_bytes=r.size_bytes,
-                            pinned=r.adapter_id in pinned)
+                            pinned=r.adapter_id in pinned,
+                            protected=tier == "gpu" and r.adapter_id in protected)
               for tier, rs in (("gpu", gpu), ("host", host)) for r in rs]
     return WorkerState(worker_id=wid, base_model=base, ts=datetime.fromtimestamp(NOW, UTC),
                        gpu_slots_used=len(gpu), gpu_slots_total=slots,
@@ -238,10 +242,12 @@ def test_waiting_adapters_are_prewarmed_on_host_within_byte_budget() -> None:
 
 
 def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -> None:
-    # 4 platinum versions pinned on 4 slots; max_protected_gpu_share 0.5 protects 2.
+    # 4 platinum versions pinned on 4 slots; max_protected_gpu_share 0.5 protects 2 (the
+    # worker too: the first two it was asked for)
     plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(4)]
     hot = [record(f"hot{i}") for i in range(2)]
-    ws = [worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats})]
+    ws = [worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats},
+                 protected={"plat0", "plat1"})]
     p = plan(views(*plats, *hot), scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01,
                                          hot0=5, hot1=5), ws, POLICY, NOW)
     over = {plats[2].lora_name, plats[3].lora_name}
@@ -286,7 +292,8 @@ def test_copies_a_worker_holds_protected_keep_their_place_even_over_the_cap() ->
 def test_protected_cap_ties_go_by_lora_name_and_idle_over_cap_versions_are_demoted() -> None:
     policy = Policy(max_protected_gpu_share=0.25)  # 1 of 4 slots
     plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(3)]
-    p = plan(views(*plats), {}, [worker("w1", gpu=plats, slots=4)], policy, NOW)
+    p = plan(views(*plats), {}, [worker("w1", gpu=plats, slots=4, protected={"plat0"})], policy,
+             NOW)
     kept = min(r.lora_name for r in plats)  # no demand: equal scores, and all idle
     assert [c.lora_name for c in cmds(p, CommandAction.pin)] == [kept]
     demoted = cmds(p, CommandAction.demote_to_host)
@@ -388,22 +395,38 @@ def test_no_plan_exceeds_any_slot_byte_or_budget_limit(fleet: tuple, ticks: int)
         assert not revoked & (set(p.gpu) | set(p.host))
 
 
+def as_reported(state: WorkerState, records: list[AdapterRecord], policy: Policy) -> WorkerState:
+    """``state`` with the ``protected`` flags its worker reports: its own never-evict rule
+    over its GPU copies in the order it holds them (``command_effects.protected_copies``)."""
+    by_name = {r.lora_name: r for r in records}
+    gpu = [a.lora_name for a in state.adapters if a.tier == "gpu"]
+    never_evict = {n for n in gpu if never_evict_rule(by_name[n], policy.never_evict)}
+    held = protected_copies((), gpu, never_evict, protected_cap(policy, state.gpu_slots_total))
+    return state.model_copy(update={"adapters": [
+        a.model_copy(update={"protected": a.lora_name in held}) for a in state.adapters]})
+
+
 @st.composite
 def pinned_fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy]:
-    """``fleets`` with some GPU copies already pinned and a drawn protected share."""
+    """``fleets`` with some GPU copies already pinned, a drawn protected share, and each
+    worker reporting the copies it protects by its own rule."""
     recs, sc, ws, policy, _ = draw(fleets())
-    ws = [w.model_copy(update={"adapters": [
-        a.model_copy(update={"pinned": a.tier == "gpu" and draw(st.booleans())})
-        for a in w.adapters]}) for w in ws]
     share = draw(st.sampled_from([0.1, 0.25, 0.5, 1.0]))
-    return recs, sc, ws, policy.model_copy(update={"max_protected_gpu_share": share})
+    policy = policy.model_copy(update={"max_protected_gpu_share": share})
+    ws = [as_reported(w.model_copy(update={"adapters": [
+        a.model_copy(update={"pinned": a.tier == "gpu" and draw(st.booleans())})
+        for a in w.adapters]}), recs, policy) for w in ws]
+    return recs, sc, ws, policy
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pinned_fleets(), st.integers(1, 3))
 def test_pinned_versions_never_exceed_the_protected_cap(fleet: tuple, ticks: int) -> None:
+    """Beyond the versions the workers hold protected themselves (which no command may
+    unpin), the planner keeps no more pinned than its cap."""
     recs, sc, ws, policy = fleet
     slots = min(policy.gpu_slots_per_base_model, sum(w.gpu_slots_total for w in ws))
+    held = {a.lora_name for w in ws for a in w.adapters if a.protected}
     pinned = {(w.worker_id, a.lora_name) for w in ws for a in w.adapters if a.pinned}
     memory: dict[str, WorkerMemory] = {}
     for t in range(ticks):
@@ -417,4 +440,4 @@ def test_pinned_versions_never_exceed_the_protected_cap(fleet: tuple, ticks: int
                 pinned.discard(key)
             elif c.action in (CommandAction.demote_to_host, CommandAction.evict):
                 assert key not in pinned  # a worker refuses to unload a pinned copy
-        assert len({lora for _, lora in pinned}) <= protected_cap(policy, slots)
+        assert len({lora for _, lora in pinned}) <= max(protected_cap(policy, slots), len(held))

@@ -89,15 +89,38 @@ def test_hysteresis_no_change_inside_the_band_one_copy_fewer_below_it() -> None:
 
 
 def test_a_pinned_surplus_copy_is_unpinned_first_and_the_pinned_copy_kept() -> None:
+    """``plat`` is protected by the planner, but no worker holds its copy protected: each
+    protects another platinum version, which fills its own cap (one of its two slots at
+    share 0.34); w4's empty slots raise the planner's cap to all four versions."""
+    policy = Policy(max_protected_gpu_share=0.34)
     plat = record("plat", priority=Priority.platinum)
-    fleet = [worker("w1", gpu=[plat], pinned={"plat"}), worker("w2", gpu=[plat], pinned={"plat"}),
-             worker("w3", gpu=[plat])]
-    p = plan(views(plat), scores(plat=0.5), fleet, POLICY, NOW)
+    own = [record(f"own{i}", priority=Priority.platinum) for i in range(3)]
+    fleet = [worker(f"w{i + 1}", gpu=[own[i], plat], slots=2, protected={own[i].adapter_id},
+                    pinned={own[i].adapter_id, *(("plat",) if i < 2 else ())})
+             for i in range(3)] + [worker("w4", slots=4)]
+    p = plan(views(plat, *own), scores(plat=0.5), fleet, policy, NOW)
     # w3's copy is not pinned: the pinned ones are kept longest; one copy per tick
     assert moves(p, plat.lora_name) == [("demote_to_host", "w3", "replica_surplus")]
-    p = plan(views(plat), scores(plat=0.5), fleet[:2], POLICY, NOW)
+    p = plan(views(plat, *own), scores(plat=0.5), [*fleet[:2], fleet[3]], policy, NOW)
     assert moves(p, plat.lora_name) == [("unpin", "w2", "replica_surplus"),
                                         ("demote_to_host", "w2", "replica_surplus")]
+
+
+def test_a_copy_the_worker_may_protect_is_never_the_surplus() -> None:
+    """Each worker protects the never-evict copies it holds up to its own cap, in the order it
+    was asked for them: one that reports room under its cap may hold any never-evict copy
+    protected by the time a command arrives, so no copy of such a version there is given
+    back; here only w3's own copy is known to be unprotected."""
+    plat = record("plat", priority=Priority.platinum)
+    other = record("other", priority=Priority.platinum)
+    fleet = [worker("w1", gpu=[plat], slots=2), worker("w2", gpu=[plat], slots=2),
+             worker("w3", gpu=[other, plat], slots=2, protected={"other"})]
+    def surplus(p: Plan) -> list[tuple[str, str, str]]:
+        return [m for m in moves(p, plat.lora_name) if m[2] == "replica_surplus"]
+
+    p = plan(views(plat, other), scores(plat=0.5), fleet, POLICY, NOW)
+    assert surplus(p) == [("demote_to_host", "w3", "replica_surplus")]
+    assert surplus(plan(views(plat, other), scores(plat=0.5), fleet[:2], POLICY, NOW)) == []
 
 
 def test_extra_copies_are_the_first_to_go_when_a_slot_is_needed() -> None:

@@ -39,6 +39,7 @@ from loraplane.workers.reconcile import (
     adopt,
     apply_command,
     may_move_down,
+    overridden,
     reconcile,
     registry_by_name,
     settled_by,
@@ -473,6 +474,41 @@ def test_a_requests_load_takes_only_the_slot_of_a_copy_in_no_more_demand() -> No
     assert gateway(pinned, A3, usage=used)[1] == CommandSkip.busier_copies
     busy = Usage(in_flight={A0.lora_name: 1, A1.lora_name: 1}, admits=used.admits)
     assert gateway(state, A3, usage=busy)[1] == CommandSkip.no_free_slot
+
+
+def test_no_load_takes_the_slot_of_a_copy_within_the_minimum_residency() -> None:
+    """Guard.min_residency_s: neither a request's load nor a planner's takes the slot of a
+    copy loaded sooner (refused as min_residency, nothing changed); once it is past, the LRU
+    copy gives way; a never-evict version the worker will protect may take it at once, one
+    it will not protect (its cap full) may not."""
+    state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0"),
+                                  command(A1, CommandAction.load_gpu, "l1")])
+    guard = Guard(gpu_slots=2, min_residency_s=180.0)
+    fresh = Usage(loaded_at={A0.lora_name: 100.0, A1.lora_name: 50.0}, now=200.0)
+    assert gateway(state, A2, guard, fresh) == (state, CommandSkip.min_residency)
+    after, why = fold_one(state, command(A2, CommandAction.load_gpu, "l2"), worker_id=WORKER,
+                          base_model=BASE, now=NOW, guard=guard, usage=fresh)
+    assert why == CommandSkip.min_residency and A2.lora_name not in after.intents
+    later = replace(fresh, now=240.0)  # a1 was loaded 190 s ago
+    after, why = gateway(state, A2, guard, later)
+    assert why is None and after.intents[A1.lora_name].tier == "host"
+    urgent = replace(guard, never_evict={A2.lora_name: "platinum", A3.lora_name: "platinum"},
+                     max_protected=1)
+    after, why = gateway(state, A2, urgent, fresh)
+    assert why is None and after.protected == {A2.lora_name}
+    assert gateway(after, A3, urgent, replace(fresh, loaded_at={
+        **fresh.loaded_at, A2.lora_name: 199.0}))[1] == CommandSkip.min_residency
+
+
+def test_a_planner_load_whose_slot_goes_to_another_load_is_reported_not_carried_out() -> None:
+    """``overridden``: the worker's own slot rule took the GPU intent of a planner command
+    away; the agent reports its id in the heartbeat's skipped_commands."""
+    state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0"),
+                                  command(A1, CommandAction.load_gpu, "l1")])
+    used = Usage(last_used={A0.lora_name: 5.0, A1.lora_name: 10.0})
+    after, why = gateway(state, A2, usage=used)
+    assert why is None and overridden(state, after) == ["l0"]
+    assert overridden(after, after) == []
 
 
 def test_the_planners_demote_then_load_evicts_nothing_more() -> None:
