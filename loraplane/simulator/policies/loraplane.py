@@ -16,11 +16,15 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
   across ticks like the Faust table keeps it.
 - A request that the router sends to a worker without a copy is loaded there on demand (the
   engine applies the request-class and load budgets); the slot given up is the one the worker
-  agent gives up (``workers.reconcile.make_room``): its unpinned resident touched (loaded or
-  requested there) least recently, then by lora name. With ``demand_admission_tau_s`` on,
-  only a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's
-  version replace may give its slot (the same counts, per worker, of every request routed
-  there). When no resident may, the request gets its class's cold answer (base model or 429).
+  agent gives up (``workers.reconcile.make_room``): its resident neither pinned nor protected
+  (the worker's own never-evict rule, ``command_effects.protected_copies``, each worker with
+  its own cap) and loaded more than ``min_residency_s`` ago (any age for the load of a
+  never-evict version the worker will protect), touched (loaded or requested there) least
+  recently, then by lora name. With ``demand_admission_tau_s`` on, only a resident the worker's
+  ``workers.demand_admission.DemandCounts`` lets the request's version replace may give its
+  slot (the same counts, per worker, of every request routed there). When no resident may,
+  the request gets its class's cold answer (base model or 429). The worker states the
+  planner reads carry the same ``protected`` copies and each GPU copy's ``loaded_at``.
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
   minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
 Host copies that the planner would evict for host pressure are left to the engine's host
@@ -34,6 +38,7 @@ import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.registry import AdapterView
@@ -122,8 +127,14 @@ class Loraplane(CachePolicy):
         self.planner = planner.Planner()
         self.pinned: set[Copy] = set()
         self.touched: dict[Copy, float] = {}  # the agent's ``touched``: last load or request
+        self.loaded_at: dict[Copy, float] = {}  # the agent's load times (min_residency_s)
+        conditions = ctx.policy.never_evict
+        self.never_evict = {r.lora_name for r in self.records.values()
+                            if never_evict_rule(r, conditions) is not None}
+        self.protect_cap = protected_cap(ctx.policy, pool.gpu_slots)
+        self.held: list[frozenset[str]] = [frozenset() for _ in self.workers]
         self.hbm_fixed = pool.base_bytes + pool.kv_bytes
-        self.loaded: dict[tuple[int, ResidentTier, bool], LoadedAdapter] = {}
+        self.loaded: dict[tuple[int, ResidentTier, bool, bool, float | None], LoadedAdapter] = {}
         tau = ctx.policy.demand_admission_tau_s
         self.demand = [DemandCounts(tau) for _ in self.workers] if tau > 0 else None
         self.demand_weight = {i: ctx.policy.priority_value(r.priority)
@@ -164,11 +175,13 @@ class Loraplane(CachePolicy):
 
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         if not full:
+            self.loaded_at[(worker, adapter)] = now
             return None
         evictable = self._evictable(worker, adapter, i, now)
         if not evictable:
             return BYPASS
         self.touched[(worker, adapter)] = now
+        self.loaded_at[(worker, adapter)] = now
         touched = self.touched
         return min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
                                              self.lora_of[r]))
@@ -178,9 +191,15 @@ class Loraplane(CachePolicy):
 
     def _evictable(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
         """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
-        take: unpinned, and (demand admission on) no busier here than its version, with the
+        take: neither pinned nor protected, past the minimum residency unless ``adapter`` is
+        never-evict, and (demand admission on) no busier here than its version, with the
         request counted first, as the gateway counts it before it asks for the load."""
-        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned]
+        protected, name = self._protected(worker), self.lora_of[adapter]
+        urgent = name in self.never_evict and (name in protected
+                                               or len(protected) < self.protect_cap)
+        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned
+                     and self.lora_of[r] not in protected
+                     and (urgent or self._settled(worker, r, now))]
         if self.demand is not None and evictable:
             if self.counted != i:
                 self._count(worker, adapter, now)
@@ -189,6 +208,22 @@ class Loraplane(CachePolicy):
             evictable = [r for r in evictable
                          if counts.admits(name, self.lora_of[r], now)]
         return evictable
+
+    def _settled(self, worker: int, adapter: int, now: float) -> bool:
+        """Loaded on ``worker`` at least ``min_residency_s`` ago (or at an unknown time)?"""
+        at = self.loaded_at.get((worker, adapter))
+        return at is None or now - at >= self.ctx.policy.min_residency_s
+
+    def _protected(self, worker: int) -> frozenset[str]:
+        """The copies ``worker``'s agent protects (``command_effects.protected_copies``, its
+        GPU copies in the order they were loaded), kept sticky as the agent keeps them."""
+        loaded_at = self.loaded_at
+        residents = sorted(self.ctx.residents[worker],
+                           key=lambda a: (loaded_at.get((worker, a), -math.inf), a))
+        held = protected_copies(self.held[worker], map(self.lora_of.__getitem__, residents),
+                                self.never_evict, self.protect_cap)
+        self.held[worker] = held
+        return held
 
     def _count(self, worker: int, adapter: int, now: float) -> None:
         """One request routed to ``worker`` in its demand counts (demand admission on)."""
@@ -211,16 +246,20 @@ class Loraplane(CachePolicy):
 
     # --- the planner tick -------------------------------------------------------------------
 
-    def _loaded(self, adapter: int, tier: ResidentTier, pinned: bool) -> LoadedAdapter:
-        """The worker-state entry of an adapter; immutable, so built once per (tier, pin)."""
-        key = (adapter, tier, pinned)
+    def _loaded(self, adapter: int, tier: ResidentTier, pinned: bool, protected: bool = False,
+                loaded_at: float | None = None) -> LoadedAdapter:
+        """The worker-state entry of an adapter; immutable, so built once per (tier, pin,
+        protection, load time)."""
+        key = (adapter, tier, pinned, protected, loaded_at)
         entry = self.loaded.get(key)
         if entry is None:
             r = self.records[adapter]
             entry = self.loaded[key] = LoadedAdapter.model_construct(
                 lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
-                tenant_id=r.tenant_id, tier=tier, pinned=pinned, size_bytes=r.size_bytes,
-                rank=r.rank, last_used=None, in_flight=0)
+                tenant_id=r.tenant_id, tier=tier, pinned=pinned, protected=protected,
+                size_bytes=r.size_bytes, rank=r.rank, last_used=None, in_flight=0,
+                loaded_at=None if loaded_at is None else datetime.fromtimestamp(
+                    SIM_EPOCH + loaded_at, UTC), origin=None)
         return entry
 
     def _states(self, now: float) -> list[WorkerState]:
@@ -228,7 +267,9 @@ class Loraplane(CachePolicy):
         pool = self.ctx.pool
         states = []
         for n, wid in enumerate(self.workers):
-            gpu = [self._loaded(a, "gpu", (n, a) in self.pinned)
+            protected = self._protected(n)
+            gpu = [self._loaded(a, "gpu", (n, a) in self.pinned, self.lora_of[a] in protected,
+                                self.loaded_at.get((n, a)))
                    for a in sorted(self.ctx.residents[n])]
             host = [self._loaded(a, "host", False) for a in self.ctx.hosts[n]
                     if a not in self.ctx.residents[n]]
@@ -272,8 +313,11 @@ class Loraplane(CachePolicy):
 
     def on_planned(self, loaded: list[Copy], evicted: list[Copy], now: float) -> None:
         self.pinned.difference_update(evicted)
+        for copy in evicted:
+            self.loaded_at.pop(copy, None)
         for copy in loaded:
             self.touched[copy] = now
+            self.loaded_at[copy] = now
 
 
 def _with_policy(ctx: PolicyContext, **update: object) -> PolicyContext:
