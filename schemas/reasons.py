@@ -278,7 +278,7 @@ class LoadDeferral(StrEnum):
     no_free_slot = "no_free_slot"  # every GPU slot holds a pinned, protected or busy copy
     # every copy that could give its slot had more recent demand at this worker
     busier_copies = "busier_copies"
-    # every copy that could give its slot was loaded within the policy's min_residency_s
+    # every copy that could give its slot was loaded for the planner within min_residency_s
     min_residency = "min_residency"
 
 

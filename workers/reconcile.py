@@ -32,7 +32,11 @@ workers/applied_commands.py), and the rules below are testable without a server:
   the host tier (``slot_needed``). When none may move, the ask is refused (``no_free_slot``)
   rather than exceed the slots. A request's own load (origin ``gateway_request``) may take
   only the slot of a copy ``Usage.admits`` lets it replace (``demand_admission``, unless the
-  policy turns it off), else it is refused as ``busier_copies``. ``reconcile`` loads only
+  policy turns it off), else it is refused as ``busier_copies``. A copy loaded within the
+  policy's ``min_residency_s`` (``Usage.loaded_at``) keeps its slot from a planner's load, and
+  from a request's own load when the planner asked for it (``min_residency``), unless the
+  version loading is never-evict and will be protected here; the planner keeps the same
+  residency on its side, so neither undoes the other's load within seconds. ``reconcile`` loads only
   into a slot that is free in vLLM too, so a victim still draining holds its slot until its
   last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the slot
   first, so it evicts nothing more.
@@ -127,8 +131,8 @@ class CommandSkip(StrEnum):
     no_free_slot = "no_free_slot"  # a load, but every GPU copy is pinned, protected or busy
     # a request's load, but every copy that could give its slot had more recent demand here
     busier_copies = "busier_copies"
-    # a request's load, but every copy that could give its slot was loaded within the
-    # policy's min_residency_s
+    # a load, but every copy that could give its slot is kept by the policy's
+    # min_residency_s (``_resident``)
     min_residency = "min_residency"
 
 
@@ -147,7 +151,7 @@ class Guard:
     max_protected: int = 0
     max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
     gpu_slots: int | None = None
-    min_residency_s: float = 0.0  # a request's load takes no slot of a copy loaded sooner
+    min_residency_s: float = 0.0  # a load takes no slot of a copy loaded sooner (``_resident``)
 
     @classmethod
     def of(cls, registry: Mapping[str, AdapterRecord], policy: Policy, gpu_slots: int) -> Guard:
@@ -315,7 +319,7 @@ def ask(state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION,
     if outcome.after.tier == "gpu" and current.tier != "gpu":
         name = request.lora_name
         urgent = _protected_here(state, guard, name)
-        may_take = partial(_may_take, request, guard, usage, urgent)
+        may_take = partial(_may_take, request, state, guard, usage, urgent)
         room, fits = make_room(after, guard, usage, keep=name, may_take=may_take)
         if not fits:
             return state, _no_slot(after, guard, usage, request, urgent)
@@ -332,11 +336,27 @@ def _protected_here(state: DesiredState, guard: Guard, name: str) -> bool:
                                           or len(state.protected) < guard.max_protected)
 
 
-def _may_take(request: Ask, guard: Guard, usage: Usage, urgent: bool, victim: str) -> bool:
-    """May ``request``'s load take ``victim``'s slot: a copy past the policy's minimum
-    residency (any copy for an ``urgent`` load: ``_protected_here``), and for a request's own
-    load one that demand admission (if on) lets it replace."""
-    if not urgent and not usage.settled(victim, guard):
+def _resident(request: Ask, state: DesiredState, guard: Guard, usage: Usage,
+              victim: str) -> bool:
+    """Does the minimum residency keep ``victim``'s slot from ``request``'s load? A copy
+    loaded here within ``min_residency_s``: from a planner's load any such copy, from a
+    request's own load one the planner asked for (the copies requests loaded compete for
+    their slots by recency and demand admission, as before: a worker lost then has its hot
+    versions placed on the others at once)."""
+    if usage.settled(victim, guard):
+        return False
+    if request.origin is not CopyOrigin.gateway_request:
+        return True
+    intent = state.intents.get(victim)
+    return intent is not None and intent.origin is CopyOrigin.planner
+
+
+def _may_take(request: Ask, state: DesiredState, guard: Guard, usage: Usage, urgent: bool,
+              victim: str) -> bool:
+    """May ``request``'s load take ``victim``'s slot: one the minimum residency does not
+    keep (``_resident``; any for an ``urgent`` load: ``_protected_here``), and for a
+    request's own load one that demand admission (if on) lets it replace."""
+    if not urgent and _resident(request, state, guard, usage, victim):
         return False
     return (request.origin is not CopyOrigin.gateway_request or usage.admits is None
             or usage.admits(request.lora_name, victim))
@@ -345,13 +365,13 @@ def _may_take(request: Ask, guard: Guard, usage: Usage, urgent: bool, victim: st
 def _no_slot(state: DesiredState, guard: Guard, usage: Usage, request: Ask,
              urgent: bool) -> CommandSkip:
     """Why ``request``'s load found no slot in ``state``: no copy may move at all
-    (``no_free_slot``), those that may were all loaded within the minimum residency
+    (``no_free_slot``), those that may were all kept by the minimum residency
     (``min_residency``), or admission lets it replace none of the rest (``busier_copies``)."""
     name = request.lora_name
     if not make_room(state, guard, usage, keep=name)[1]:
         return CommandSkip.no_free_slot
-    if not urgent and not make_room(state, guard, usage, keep=name,
-                                    may_take=partial(Usage.settled, usage, guard=guard))[1]:
+    if not urgent and not make_room(state, guard, usage, keep=name, may_take=lambda v: not
+                                    _resident(request, state, guard, usage, v))[1]:
         return CommandSkip.min_residency
     return CommandSkip.busier_copies
 

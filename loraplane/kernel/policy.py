@@ -257,10 +257,11 @@ class Policy(_Strict):
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")
     min_residency_s: float = Field(
         180.0, ge=0, le=86_400, description="a GPU copy stays at least this long after its load "
-        "(the worker's loaded_at): the planner neither demotes it nor lets it give its slot "
-        "sooner, and a request's load on the worker takes no such copy's slot. Only a revoke, "
-        "a version no longer serving, a demote_when condition (an error rate) or a never-evict "
-        "version's load may undo a load sooner; 0: off")
+        "(the worker's loaded_at): the planner neither demotes it nor gives its slot away "
+        "sooner, and on the worker a planner's load takes no such copy's slot, a request's "
+        "own load none the planner loaded. Only a revoke, a version no longer serving, a "
+        "demote_when condition (an error rate) or the load of a never-evict version it then "
+        "protects may undo a load sooner; 0: off")
     worker_capacity_rps: float = Field(
         10.0, gt=0, le=1_000_000, description="requests/s one worker serves for one adapter: a "
         "hot version gets ceil(demand / this) GPU copies (rule 6), at most one per worker")

@@ -109,6 +109,7 @@ class Move:
     reason: UnloadReason | None = None  # an unload's
     command: CacheCommand | None = None  # the planner command that asked for it, if any
     for_never_evict: bool = False  # it made room for a never-evict version's load
+    for_request: bool = False  # the worker's own slot_needed, for a request's own load
 
 
 @dataclass
@@ -129,8 +130,9 @@ class SimWorker:
     demand: DemandCounts | None = None
     inbox: deque[tuple[float, CacheCommand]] = field(default_factory=deque)
     commanded: dict[str, CacheCommand] = field(default_factory=dict)  # lora -> last command
-    # make_room's victims whose slot went to a never-evict version's load
+    # make_room's victims whose slot went to a never-evict version's load / to a request's
     displaced_for_never_evict: set[str] = field(default_factory=set)
+    displaced_for_request: set[str] = field(default_factory=set)
     started_at: float = -1e18  # its agent's last start (a load before it is not known)
     asked_at: dict[str, float] = field(default_factory=dict)  # a request's load asked, by name
     skipped: dict[str, datetime] = field(default_factory=dict)  # commands it will not carry out
@@ -261,10 +263,15 @@ class Loop:
                 w.skipped[cid] = w.desired.seen_commands[cid]
         for name, intent in w.desired.intents.items():
             if intent.unload_reason is UnloadReason.slot_needed and before.get(name) is not intent:
-                if isinstance(change, CacheCommand | Ask) and change.lora_name in guard.never_evict:
-                    w.displaced_for_never_evict.add(name)
-                else:
-                    w.displaced_for_never_evict.discard(name)
+                urgent = isinstance(change, CacheCommand | Ask) and \
+                    change.lora_name in guard.never_evict
+                request = isinstance(change, Ask)
+                for flag, marked in ((urgent, w.displaced_for_never_evict),
+                                     (request, w.displaced_for_request)):
+                    if flag:
+                        marked.add(name)
+                    else:
+                        marked.discard(name)
         return skipped
 
     def deliver(self, w: SimWorker) -> None:
@@ -345,8 +352,10 @@ class Loop:
                         self.now, w.id, name, False,
                         reason if isinstance(reason, UnloadReason) else None, cmd,
                         name in w.displaced_for_never_evict
-                        or (cmd is not None and cmd.command_id in self.urgent)))
+                        or (cmd is not None and cmd.command_id in self.urgent),
+                        name in w.displaced_for_request))
                     w.displaced_for_never_evict.discard(name)
+                    w.displaced_for_request.discard(name)
             case RemoveHost(name, _, _):
                 w.host.pop(name, None)
             case Refuse(_, _, cmd) if cmd is not None and cmd in w.desired.seen_commands:
@@ -467,8 +476,10 @@ class Loop:
     def undone_too_soon(self) -> list[tuple[Move, Move]]:
         """Each (load, unload) of a GPU copy less than ``min_residency_s`` apart that no rule
         allowed: a revoke, a version no longer serving or a ``demote_when`` condition (the
-        planner's ``revoke``, ``not_serving``, ``demote``), or a never-evict version's load
-        taking the slot. A load before the worker's last restart is not known to it."""
+        planner's ``revoke``, ``not_serving``, ``demote``), a never-evict version's load
+        taking the slot, or a request's own load taking the slot of a copy a request loaded
+        (those compete by recency and demand admission, not the planner's residency). A load
+        before the worker's last restart is not known to it."""
         last: dict[tuple[str, str], Move] = {}
         started = {w.id: w.started_at for w in self.workers}
         out = []
@@ -480,7 +491,8 @@ class Loop:
             load = last.get(key)
             if load is None or m.at - load.at >= self.policy.min_residency_s \
                     or load.at < started[m.worker] or m.for_never_evict \
-                    or m.reason is UnloadReason.revoked:
+                    or m.reason is UnloadReason.revoked \
+                    or (m.for_request and load.command is None):
                 continue
             if m.command is not None and m.command.reason.rule in (
                     CommandRule.revoke, CommandRule.not_serving, CommandRule.demote):

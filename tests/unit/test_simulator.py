@@ -238,9 +238,8 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     # Four platinum adapters, two slots. The first hour wants a0 and a1, two hours later only
     # a2 and a3. Conditioned on demand, the idle pins go and a2, a3 get slots. With the seed's
     # guard all four are never-evict: the worker protects the first it loaded for good (its
-    # own cap, max_protected_gpu_share of its 2 slots), so a2 and a3 share the other slot; the
-    # first there keeps it (min_residency_s: neither takes the other's slot in turn) and the
-    # other falls back.
+    # own cap, max_protected_gpu_share of its 2 slots), so a2 and a3 share the other slot and
+    # take it in turn (each request's own load; the planner's cap does not bind the worker).
     sc = scenario(2)
     sc = sc.model_copy(update={"policy": sc.policy.model_copy(
         update={"planner_interval_s": 60.0})})
@@ -250,5 +249,5 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     cat = catalog(4, ["platinum"] * 4)
     seed = simulate(sc, cat, reqs, policy_factory("loraplane"))
     demand = simulate(sc, cat, reqs, policy_factory("loraplane-demand"))
-    assert seed.fallbacks == 30 and seed.gpu_hits == 88 and seed.demand_swaps <= 2
+    assert seed.fallbacks == 0 and 55 <= seed.gpu_hits <= 65 and seed.demand_swaps >= 55
     assert demand.fallbacks < 10 and demand.gpu_hits > 110

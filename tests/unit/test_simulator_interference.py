@@ -100,17 +100,14 @@ def test_with_load_stall_share_the_loraplane_workers_load_as_often_as_their_load
     (``load_interference.adapted_budget``) from its loads' time and the modelled stall. A
     load here takes ~0.1 s (a fetch and a swap) and stalls decode by half, so at a share of
     0.001 (0.06 s of decode a minute) a worker may load once a minute: one load per minute
-    per worker in a stream of misses, where the constant budget would allow 10,000 (with no
-    minimum residency, which would keep each copy 180 s)."""
+    per worker in a stream of misses, where the constant budget would allow 10,000."""
     base = _with(scenario(1, workers=1), stall_fraction=0.5)
     sc = base.model_copy(update={"policy": base.policy.model_copy(
-        update={"load_stall_share": 0.001, "demand_admission_tau_s": 0.0,
-                "min_residency_s": 0.0})})
+        update={"load_stall_share": 0.001, "demand_admission_tau_s": 0.0})})
     times = [float(t) for t in range(0, 180, 3)]  # a miss every 3 s for 3 minutes
     adapters = [k % 4 for k in range(len(times))]
     c = _run(sc, times, adapters, policy="loraplane")
     free = _run(base.model_copy(update={"policy": base.policy.model_copy(
-        update={"demand_admission_tau_s": 0.0, "min_residency_s": 0.0})}), times, adapters,
-                policy="loraplane")
+        update={"demand_admission_tau_s": 0.0})}), times, adapters, policy="loraplane")
     assert free.swaps > 30
     assert 3 <= c.swaps <= 4  # the first, then one a minute

@@ -18,11 +18,12 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
   engine applies the request-class and load budgets); the slot given up is the one the worker
   agent gives up (``workers.reconcile.make_room``): its resident neither pinned nor protected
   (the worker's own never-evict rule, ``command_effects.protected_copies``, each worker with
-  its own cap) and loaded more than ``min_residency_s`` ago (any age for the load of a
-  never-evict version the worker will protect), touched (loaded or requested there) least
-  recently, then by lora name. With ``demand_admission_tau_s`` on, only a resident the worker's
-  ``workers.demand_admission.DemandCounts`` lets the request's version replace may give its
-  slot (the same counts, per worker, of every request routed there). When no resident may,
+  its own cap), a copy the planner loaded only ``min_residency_s`` after its load (at once
+  for the load of a never-evict version the worker will protect), touched (loaded or
+  requested there) least recently, then by lora name. With ``demand_admission_tau_s`` on,
+  only a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's
+  version replace may give its slot (the same counts, per worker, of every request routed
+  there). When no resident may,
   the request gets its class's cold answer (base model or 429). The worker states the
   planner reads carry the same ``protected`` copies and each GPU copy's ``loaded_at``.
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
@@ -128,6 +129,7 @@ class Loraplane(CachePolicy):
         self.pinned: set[Copy] = set()
         self.touched: dict[Copy, float] = {}  # the agent's ``touched``: last load or request
         self.loaded_at: dict[Copy, float] = {}  # the agent's load times (min_residency_s)
+        self.planned: set[Copy] = set()  # copies the planner loaded (origin planner)
         conditions = ctx.policy.never_evict
         self.never_evict = {r.lora_name for r in self.records.values()
                             if never_evict_rule(r, conditions) is not None}
@@ -175,31 +177,39 @@ class Loraplane(CachePolicy):
 
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         if not full:
-            self.loaded_at[(worker, adapter)] = now
+            self._demand_load(worker, adapter, now)
             return None
         evictable = self._evictable(worker, adapter, i, now)
         if not evictable:
             return BYPASS
         self.touched[(worker, adapter)] = now
-        self.loaded_at[(worker, adapter)] = now
+        self._demand_load(worker, adapter, now)
         touched = self.touched
-        return min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
-                                             self.lora_of[r]))
+        victim = min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
+                                               self.lora_of[r]))
+        self.planned.discard((worker, victim))
+        return victim
+
+    def _demand_load(self, worker: int, adapter: int, now: float) -> None:
+        self.loaded_at[(worker, adapter)] = now
+        self.planned.discard((worker, adapter))
 
     def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
         return full and not self._evictable(worker, adapter, i, now)
 
     def _evictable(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
         """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
-        take: neither pinned nor protected, past the minimum residency unless ``adapter`` is
-        never-evict, and (demand admission on) no busier here than its version, with the
-        request counted first, as the gateway counts it before it asks for the load."""
+        take: neither pinned nor protected, past the minimum residency if the planner loaded
+        it (unless ``adapter`` is never-evict and would be protected), and (demand admission
+        on) no busier here than its version, with the request counted first, as the gateway
+        counts it before it asks for the load."""
         protected, name = self._protected(worker), self.lora_of[adapter]
         urgent = name in self.never_evict and (name in protected
                                                or len(protected) < self.protect_cap)
         evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned
                      and self.lora_of[r] not in protected
-                     and (urgent or self._settled(worker, r, now))]
+                     and (urgent or (worker, r) not in self.planned
+                          or self._settled(worker, r, now))]
         if self.demand is not None and evictable:
             if self.counted != i:
                 self._count(worker, adapter, now)
@@ -315,9 +325,11 @@ class Loraplane(CachePolicy):
         self.pinned.difference_update(evicted)
         for copy in evicted:
             self.loaded_at.pop(copy, None)
+            self.planned.discard(copy)
         for copy in loaded:
             self.touched[copy] = now
             self.loaded_at[copy] = now
+            self.planned.add(copy)
 
 
 def _with_policy(ctx: PolicyContext, **update: object) -> PolicyContext:
