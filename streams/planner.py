@@ -472,7 +472,6 @@ class Planner:
                                            table.score[registry.ranked_rows].tolist(),
                                            strict=True))))
 
-
     def _worker_rule(self, registry: Registry, policy: Policy) -> Callable[[str], bool]:
         """Does a worker's never-evict rule hold for a lora name: the workers' own
         predicate (``command_effects.never_evict_rule``, on the record and the policy alone)
