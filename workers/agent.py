@@ -15,13 +15,13 @@ another load) is reported in the heartbeat's ``skipped_commands`` until its dead
 planner stops expecting it at once and does not send it again. A canary version loaded with
 ``warmup_requests`` is sent that many golden-set requests first; ``is_warming`` tells the
 gateway to keep real traffic off it until then. It never holds more than ``gpu_slots`` GPU
-copies: a load past them takes the slot of the least recently used idle copy loaded more than
-``policy.min_residency_s`` ago (``reconcile.make_room``, fed the in-flight counts, ``touched``
-and load times as ``Usage``), and waits for it to drain from vLLM. Every change is reported:
-CacheEvents per action, a WorkerState heartbeat (compacted topic, key worker_id, each GPU
-copy with its ``loaded_at``) and Prometheus series. Lines that could repeat at request or tick
-rate are logged once per kind per ``LOG_EVERY_S`` with a count (``kernel.log_burst``). The
-agent is its gateway's ``workers.serving.Serving``.
+copies: a load past them takes the slot of the least recently used idle copy that the
+minimum residency does not keep (``reconcile.make_room``, fed the in-flight counts,
+``touched`` and load times as ``Usage``), and waits for it to drain from vLLM. Every change
+is reported: CacheEvents per action, a WorkerState heartbeat (compacted topic, key
+worker_id, each GPU copy with its ``loaded_at``) and Prometheus series. Lines that could
+repeat at request or tick rate are logged once per kind per ``LOG_EVERY_S`` with a count
+(``kernel.log_burst``). The agent is its gateway's ``workers.serving.Serving``.
 """
 
 from __future__ import annotations
