@@ -125,7 +125,7 @@ def run(settings: Settings, sizes: list[int], reps: int) -> dict[str, Any]:
                     totals[path].append(moved[path] / MIB / elapsed[path])
         finally:
             delete_s3_prefix(settings, f"bench/{prefix}")  # TENANT/ADAPTER_ID/...
-    summary = {p: Summary.of(v) for p, v in totals.items()}
+    summary = {p: Summary.from_samples(v) for p, v in totals.items()}
     best = max(RAW, key=lambda p: summary[p].median)
     ratios = [a / b for a, b in zip(totals["loraplane"], totals[best], strict=True)]
     return {
@@ -140,8 +140,8 @@ def run(settings: Settings, sizes: list[int], reps: int) -> dict[str, Any]:
                                     / summary["get_object_sha256"].median, 3),
         "baseline": best,
         "ratio": round(summary["loraplane"].median / summary[best].median, 3),
-        "ratio_per_rep": Summary.of(ratios).as_dict(),
-        "per_size_mib_s": {str(s): {p: round(Summary.of(v[p]).median, 1) for p in PATHS}
+        "ratio_per_rep": Summary.from_samples(ratios).as_dict(),
+        "per_size_mib_s": {str(s): {p: round(Summary.from_samples(v[p]).median, 1) for p in PATHS}
                            for s, v in per_size.items()},
         "goal": ">= 0.9x",
     }

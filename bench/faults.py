@@ -1,14 +1,15 @@
-"""The fault suite as a tool (issue 19 item 7): runs each fault test, which injects its fault
-into services of its own (a throwaway broker, cluster, ClickHouse or S3 with a tmp home and
-free ports, or its own worker and router processes; the shared stack only for what it does
-not break), and prints the table: fault -> answered -> stored -> lost -> duplicated ->
-recovered by itself, with timings, as JSON; ``--doc`` also writes it into
-docs/reliability.md. Each row comes from the test's own measurement (``tests/integration/
-fault_report.py``), written only after the test's assertions passed; a failed test is a row
-with ``passed: false``. The rows that do not kill a broker also run in ``./run test``; the
-others are marked ``fault_long`` (deselected there, for the suite's 25-minute budget).
+"""The fault suite as a tool: runs each fault test, which injects its fault into services of
+its own (a throwaway broker, cluster, ClickHouse or S3 with a tmp home and free ports, or its
+own worker and router processes; the shared stack only for what it does not break), and
+prints the table: fault -> answered -> stored -> lost -> duplicated -> recovered by itself,
+with timings, as JSON. ``--write-doc`` also writes it into docs/reliability.md; nothing is
+written without it. Each row comes from the test's own measurement
+(``tests/integration/fault_report.py``), written only after the test's assertions passed; a
+failed test is a row with ``passed: false``. The rows that do not kill a broker also run in
+``./run test``; the others are marked ``fault_long`` (deselected there, for the suite's
+25-minute budget).
 
-    .venv/bin/python -m bench.faults [--doc] [--only kafka-1,s3]   # needs `loraplane stack up`
+    .venv/bin/python -m bench.faults [--write-doc] [--only kafka-1,s3]  # needs `loraplane stack up`
     .venv/bin/python -m bench.faults --only kafka-1 --outage-s 600   # the 10-minute outage
 
 ``lost_ratio`` is lost / answered per row (the goal: 0 everywhere, every row recovered by
@@ -26,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.report import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
@@ -94,9 +97,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "\n".join(body) + "\n"
 
 
-def write_doc(rows: list[dict[str, Any]], when: str) -> None:
+def write_doc(rows: list[dict[str, Any]], where: str) -> None:
+    """Replace the table between the markers of ``DOC`` (or add it at the end)."""
     text = DOC.read_text()
-    block = (f"{BEGIN}\n_Run {when} by `python -m bench.faults --doc`._\n\n{table(rows)}{END}")
+    block = (f"{BEGIN}\n_Measured by `python -m bench.faults` on {where}._\n\n"
+             f"{table(rows)}{END}")
     if BEGIN in text and END in text:
         text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
     else:
@@ -108,7 +113,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated fault ids: " +
                         ", ".join(FAULTS))
-    parser.add_argument("--doc", action="store_true", help="write the table into " + str(DOC))
+    parser.add_argument("--write-doc", action="store_true",
+                        help="also write the table into " + str(DOC.relative_to(ROOT)))
     parser.add_argument("--outage-s", type=float, default=None,
                         help="keep a killed broker down this long (default: the test's 20 s)")
     args = parser.parse_args()
@@ -126,8 +132,8 @@ def main() -> None:
               "lost_total": sum(r["lost"] for r in ok),
               "every_row_recovered_by_itself": all(r["recovered_by_itself"] for r in ok)}
     print(json.dumps(result, indent=2))
-    if args.doc:
-        write_doc(rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if args.write_doc:
+        write_doc(rows, machine())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Fleet scale: the control plane's Kafka paths with W simulated workers and N adapters, on
-the real broker of the local stack (issue #15 item 7).
+the real broker of the local stack.
 
 The streams app runs as ``loraplane streams run`` (registry, scoring and planner agents) on a
 private topic prefix (``tests/integration/planner_env.PlannerEnv``). N adapters are
@@ -29,11 +29,11 @@ Measured, in this order:
   (load_gpu / prewarm commands); per command, its ``issued_at`` (the planner tick's clock)
   to the worker's feed handing it over verified, and the broker timestamp to the same;
 * bytes read per worker from the commands topic against the bytes of its own commands: the
-  feed's own count where the build has it (``loraplane_commands_read_bytes_total{own=...}``, #15
-  item 3), else the wrapper's count of what the feed's consumer returned;
+  feed's own count where the build has it (``loraplane_commands_read_bytes_total{own=...}``),
+  else the wrapper's count of what the feed's consumer returned;
 * the planner tick with its Kafka I/O: per tick (commands sharing one ``issued_at``), the
   tick's clock to the producer timestamp of its last command (plan, memory flush, sends);
-* standby takeover, where ``loraplane streams planner`` exists (#15 item 2): the streams app
+* standby takeover, where ``loraplane streams planner`` exists: the streams app
   then runs without its planner, two ``streams planner`` processes share the lease, and at
   the end the active one is killed with SIGKILL: seconds until the other serves
   ``loraplane_planner_active 1``. A build without it says "not measurable on this build".
@@ -212,7 +212,7 @@ async def _progress(sims: list[SimWorker]) -> None:
 
 
 def _read_bytes(sim: SimWorker) -> dict[str, Any]:
-    """The feed's own count (``loraplane_commands_read_bytes_total{own}``, #15 item 3) where this
+    """The feed's own count (``loraplane_commands_read_bytes_total{own}``) where this
     build has it, else the wrapper's."""
     counted = getattr(sim.feed, "read_bytes", None)
     if counted is not None and hasattr(counted, "own"):
@@ -369,7 +369,7 @@ def planner_ticks(env: PlannerEnv) -> tuple[list[float], list[int], int]:
 
 
 def has_planner_command() -> bool:
-    """Whether this build has ``loraplane streams planner`` (#15 item 2)."""
+    """Whether this build has ``loraplane streams planner``."""
     usage = subprocess.run([LORAPLANE, "streams", "--help"], capture_output=True, text=True,
                            timeout=60).stdout
     return " planner " in usage
@@ -413,7 +413,7 @@ def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
     if not planners:
         return {"measurable": False,
                 "why": "not measurable on this build: `loraplane streams planner` does not "
-                       "exist (#15 item 2)"}
+                       "exist"}
     active = next(p for p in planners if p.active())
     standby = [p for p in planners if p is not active]
     active.proc.kill()
@@ -422,7 +422,7 @@ def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
     waited = wait_until(lambda: any(p.active() for p in standby), "the standby to take over",
                         60, 0.05)
     return {"measurable": True, "kill_9_to_standby_active_s": round(waited, 2),
-            "measured_from": round(killed, 3), "goal": "<= 10 s (#15 item 2)"}
+            "measured_from": round(killed, 3), "goal": "<= 10 s"}
 
 
 def _grow_commands(env: PlannerEnv, partitions: int) -> int:
@@ -482,7 +482,7 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             out["registry_ready_s"] = round(time.monotonic() - started, 2)
             out["registry_events_per_s"] = round(2 * adapters / out["registry_ready_s"], 1)
             env.stop()
-            if has_planner_command():  # the planner runs apart: two, one active (#15 item 2)
+            if has_planner_command():  # the planner runs apart: two, one active
                 env.start(("loraplane.streams.registry_agent",
                            "loraplane.streams.scoring_agent"))
                 planners = [PlannerProcess(env, f"planner-{i}") for i in (1, 2)]
@@ -589,7 +589,7 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         "commands_per_tick_max": max(tick_counts, default=0),
         "fleet_cpu_s": round(sum(r["cpu_s"] for r in results), 1),
         "fleet_rss_mb_per_worker": round(sum(r["max_rss_mb"] for r in results) / workers, 1),
-        "goal": "read_over_own <= 2 (#15 item 3), registry convergence <= 1000 ms (item 4)",
+        "goal": "read_over_own <= 2, registry convergence <= 1000 ms",
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     ratio = out["read_over_own"]

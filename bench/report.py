@@ -1,5 +1,5 @@
 """What every pipeline benchmark shares: summary statistics, the one JSON object it prints,
-and the row it appends to ``docs/benchmarks.md`` under ``## Pipeline benchmarks``.
+and, only when asked (``--write-doc``), its row among the latest results of a doc.
 
 Every figure is a ratio against a raw baseline measured in the same run, because the
 machines are shared and noisy: absolute numbers move with the neighbours' load, the ratio
@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-HEADING = "## Pipeline benchmarks"
 DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-_TABLE_HEAD = ("| date (UTC) | benchmark | command | loraplane | raw baseline | ratio | goal |\n"
-               "|---|---|---|---|---|---|---|\n")
-_INTRO = ("Each row: one run of a `bench/*.py` script against the real local stack; loraplane's "
-          "path and its raw baseline are measured in the same run (median of the repetitions, "
-          "spread in brackets). Full figures: the script's JSON output.\n\n")
+TABLE_HEAD = ("| configuration | loraplane | raw baseline | ratio | goal | command | machine |\n"
+              "|---|---|---|---|---|---|---|\n")
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class Summary:
     n: int
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Summary:
+    def from_samples(cls, values: Sequence[float]) -> Summary:
         if not values:
             raise ValueError("no samples")
         return cls(statistics.median(values), min(values), max(values), len(values))
@@ -61,20 +57,42 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def parse_args(parser: argparse.ArgumentParser, module: str,
                argv: list[str] | None) -> argparse.Namespace:
-    """Adds the shared options, parses, and records the command as a reader would re-run
-    it from the repository root (``args.command``)."""
-    parser.add_argument("--doc", type=Path, default=DEFAULT_DOC,
-                        help="markdown file to append the result row to")
-    parser.add_argument("--no-doc", action="store_true", help="print the JSON only")
+    """Adds ``--write-doc``, parses, and records the command as a reader would re-run it from
+    the repository root (``args.command``, without ``--write-doc``) and the module
+    (``args.module``, which names the doc's block)."""
+    parser.add_argument("--write-doc", nargs="?", type=Path, const=DEFAULT_DOC, default=None,
+                        metavar="DOC",
+                        help="also record the result as this benchmark's row of the latest "
+                             "results in DOC (default docs/benchmarks.md); without it the "
+                             "benchmark only prints its JSON")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    args.command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "-m", module, *argv])
+    args.module = module
+    args.command = " ".join(shlex.quote(a) for a in
+                            [".venv/bin/python", "-m", module, *_without_write_doc(argv)])
     return args
+
+
+def _without_write_doc(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            if not a.startswith("-"):
+                continue
+        if a == "--write-doc":
+            skip = True
+            continue
+        if a.startswith("--write-doc="):
+            continue
+        out.append(a)
+    return out
 
 
 @dataclass(frozen=True)
 class Row:
-    benchmark: str
+    benchmark: str  # the configuration measured, e.g. "gateway overhead (fake vLLM, ...)"
     loraplane: str  # key figure of loraplane's path, with unit and spread
     baseline: str  # the same for the raw baseline
     ratio: str  # e.g. "0.62x" (loraplane / baseline, higher is better) or a cost multiple
@@ -86,31 +104,54 @@ def times(ratio: float) -> str:
     return f"{ratio:.2f}x" if ratio >= 0.01 else f"{ratio:.2g}x"
 
 
+def machine() -> str:
+    """The machine a result was measured on, as the doc's ``machine`` column says it: cores,
+    CPU model and the load average while it ran (the neighbours' share of those cores)."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = " " + line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores{model}, load {os.getloadavg()[0]:.1f}"
+
+
 def emit(result: dict[str, Any], row: Row, args: argparse.Namespace) -> None:
-    """Print the one JSON object (with the command) and append the doc row."""
+    """Print the one JSON object (with the command); with ``--write-doc``, also record the row."""
     print(json.dumps({"benchmark": row.benchmark, "command": args.command, **result}))
-    if not args.no_doc:
-        append_row(args.doc, row, args.command)
+    if args.write_doc is not None:
+        record_latest(args.write_doc, args.module, row, args.command, machine())
 
 
-def append_row(doc: Path, row: Row, command: str, now: datetime | None = None) -> None:
-    """Insert the row at the end of the ``## Pipeline benchmarks`` table, creating the
-    section at the end of the file when it is missing; other sections are left as they are."""
-    now = now or datetime.now(UTC)
-    line = (f"| {now:%Y-%m-%d %H:%M} | {row.benchmark} | `{command}` | {row.loraplane} | "
-            f"{row.baseline} | {row.ratio} | {row.goal} |\n")
+def markers(module: str) -> tuple[str, str]:
+    """The comments around a benchmark's block of latest results in a doc."""
+    return f"<!-- latest:{module} -->", f"<!-- /latest:{module} -->"
+
+
+def record_latest(doc: Path, module: str, row: Row, command: str, where: str) -> None:
+    """Make ``row`` the latest result of its configuration in ``module``'s block of ``doc``:
+    the row of the same configuration is replaced, a new configuration is added after the
+    others, and nothing outside the block changes. A doc without the block gets one, in a
+    section of its own at its end. Results of earlier runs are not kept: they live in git."""
+    line = (f"| {row.benchmark} | {row.loraplane} | {row.baseline} | {row.ratio} | "
+            f"{row.goal} | `{command}` | {where} |\n")
+    begin, end = markers(module)
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = text.find(f"\n{HEADING}\n")
-    if start < 0:
+    start = text.find(begin)
+    stop = text.find(end, start) if start >= 0 else -1
+    if start < 0 or stop < 0:
         sep = "" if text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
-        text = f"{text}{sep}{HEADING}\n\n{_INTRO}{_TABLE_HEAD}{line}"
+        text = f"{text}{sep}## {module}\n\n{begin}\n{TABLE_HEAD}{line}{end}\n"
     else:
-        body = start + len(HEADING) + 2
-        nxt = text.find("\n## ", body)
-        end = len(text) if nxt < 0 else nxt + 1
-        section = text[body:end].rstrip("\n") + "\n"
-        if _TABLE_HEAD not in section:
-            section += "\n" + _TABLE_HEAD
-        text = text[:body] + section + line + ("\n" if nxt >= 0 else "") + text[end:]
+        body = text[start + len(begin):stop].strip("\n")
+        rows = [r for r in body.splitlines()
+                if r.startswith("| ") and not r.startswith("| configuration |")]
+        key = f"| {row.benchmark} |"
+        kept = [line if r.startswith(key) else r + "\n" for r in rows]
+        if line not in kept:
+            kept.append(line)
+        text = f"{text[:start]}{begin}\n{TABLE_HEAD}{''.join(kept)}{text[stop:]}"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)

@@ -165,8 +165,8 @@ def measure_emit(settings: Settings, adapter_id: str, events: int,
                 wall[path].append((time.perf_counter() - w0) / events * 1e6)
     for sink in sinks.values():
         sink.close(5)
-    c = {p: Summary.of(v) for p, v in cpu.items()}
-    w = {p: Summary.of(v) for p, v in wall.items()}
+    c = {p: Summary.from_samples(v) for p, v in cpu.items()}
+    w = {p: Summary.from_samples(v) for p, v in wall.items()}
     return {"events": events, "unit": "us per emit (process CPU, all threads; wall)",
             **{f"{p}_cpu_us": c[p].as_dict() for p in PATHS},
             **{f"{p}_wall_us": w[p].as_dict() for p in PATHS},
@@ -181,12 +181,13 @@ def summarise(results: dict[str, dict[str, list[Run]]], total: int, concurrency:
         "unit": "latency ms; worker CPU ms per request", "requests": total,
         "concurrency": concurrency, "reps": reps}
     for kind, by_path in results.items():
-        p50 = {p: Summary.of([percentile(r.latencies, 50) for r in runs])
+        p50 = {p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
                for p, runs in by_path.items()}
-        p99 = {p: Summary.of([percentile(r.latencies, 99) for r in runs])
+        p99 = {p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
                for p, runs in by_path.items()}
-        cpu = {p: Summary.of([r.cpu_ms_per_request for r in runs]) for p, runs in by_path.items()}
-        rps = {p: Summary.of([r.rps for r in runs]) for p, runs in by_path.items()}
+        cpu = {p: Summary.from_samples([r.cpu_ms_per_request for r in runs])
+               for p, runs in by_path.items()}
+        rps = {p: Summary.from_samples([r.rps for r in runs]) for p, runs in by_path.items()}
         out[kind] = {
             **{f"{p}_p50_ms": p50[p].as_dict() for p in PATHS},
             **{f"{p}_p99_ms": p99[p].as_dict() for p in PATHS},

@@ -104,7 +104,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
             for db in (settings.clickhouse.database, raw_db.clickhouse.database):
                 client.execute(f"DROP DATABASE IF EXISTS `{db}`")
             client.disconnect()
-    lp, raw = Summary.of(sink_rates), Summary.of(raw_rates)
+    lp, raw = Summary.from_samples(sink_rates), Summary.from_samples(raw_rates)
     return {
         "unit": "rows/s",
         "rows": total,
@@ -112,7 +112,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
         "reps": reps,
         "sink_rows_s": lp.as_dict(),
         "raw_insert_rows_s": raw.as_dict(),
-        "sink_first_batch_s": Summary.of(joins).as_dict(),
+        "sink_first_batch_s": Summary.from_samples(joins).as_dict(),
         "ratio": round(lp.median / raw.median, 3),
         "goal": ">= 0.5x",
     }

@@ -336,8 +336,8 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
                     keepers[n]["rate"].append(rate)
                     keepers[n]["per_cpu"].append(cpu_rate)
                     owned[n].append(split)
-    summary = {k: Summary.of(v) for k, v in rates.items()}
-    cpu = {k: Summary.of(v) for k, v in per_cpu.items()}
+    summary = {k: Summary.from_samples(v) for k, v in rates.items()}
+    cpu = {k: Summary.from_samples(v) for k, v in per_cpu.items()}
     return {
         "unit": "events/s",
         "events": total,
@@ -349,7 +349,7 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
         "loraplane_events_per_cpu_s": cpu["loraplane"].as_dict(),
         "raw_consume_events_per_cpu_s": cpu["raw"].as_dict(),
         "raw_consume_and_score_events_per_cpu_s": cpu["raw_scored"].as_dict(),
-        "worker_start_to_consuming_s": Summary.of(startup).as_dict(),
+        "worker_start_to_consuming_s": Summary.from_samples(startup).as_dict(),
         "ratio": round(summary["loraplane"].median / summary["raw"].median, 4),
         "ratio_vs_raw_scored": round(
             summary["loraplane"].median / summary["raw_scored"].median, 3),
@@ -357,10 +357,11 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
         "goal": ">= 0.3x (stretch 0.5x)",
         "scoring_processes": {
             str(n): {
-                "events_s": Summary.of(k["rate"]).as_dict(),
-                "events_per_cpu_s": Summary.of(k["per_cpu"]).as_dict(),
-                "ratio": round(Summary.of(k["rate"]).median / summary["raw"].median, 4),
-                "cpu_ratio": round(Summary.of(k["per_cpu"]).median / cpu["raw"].median, 4),
+                "events_s": Summary.from_samples(k["rate"]).as_dict(),
+                "events_per_cpu_s": Summary.from_samples(k["per_cpu"]).as_dict(),
+                "ratio": round(Summary.from_samples(k["rate"]).median / summary["raw"].median, 4),
+                "cpu_ratio": round(Summary.from_samples(k["per_cpu"]).median
+                                   / cpu["raw"].median, 4),
                 "partitions_owned": owned[n],
             } for n, k in keepers.items()},
     }

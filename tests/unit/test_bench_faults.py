@@ -40,7 +40,7 @@ def test_the_doc_block_is_replaced_not_appended(tmp_path: Path,
     row = {"fault": "f", "passed": True, "answered": 1, "stored": 1, "lost": 0,
            "duplicated": 0, "recovered_by_itself": True, "down_s": None, "recovery_s": None,
            "note": ""}
-    faults.write_doc([row], "today")
-    faults.write_doc([row], "tomorrow")
+    faults.write_doc([row], "machine one")
+    faults.write_doc([row], "machine two")
     text = doc.read_text()
-    assert text.count(faults.BEGIN) == 1 and "tomorrow" in text and "today" not in text
+    assert text.count(faults.BEGIN) == 1 and "machine two" in text and "machine one" not in text

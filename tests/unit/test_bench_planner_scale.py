@@ -10,11 +10,11 @@ import pytest
 from bench import planner_scale
 
 
-def test_tiny_run_prints_json_and_appends_a_row(tmp_path: Path,
+def test_tiny_run_prints_json_and_writes_its_row_when_asked(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     doc = tmp_path / "benchmarks.md"
     planner_scale.main(["--adapters", "50", "200", "--workers", "10", "20", "--reps", "1",
-                        "--doc", str(doc)])
+                        "--write-doc", str(doc)])
     out = json.loads(capsys.readouterr().out)
     assert [(c["adapters"], c["workers"]) for c in out["cases"]] == [
         (50, 10), (50, 20), (200, 10), (200, 20)]
