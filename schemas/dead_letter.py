@@ -35,8 +35,8 @@ class DeadLetter(StrictModel):
 MAX_DEAD_LETTER_RAW = 64 * 1024
 """Raw bytes kept in a dead letter. With the other fields' caps (``MAX_DEAD_LETTER_BYTES``)
 no letter can come near the broker's 1 MiB ``max.message.bytes``, whatever it was built
-from: a poison message must not make a poison dead letter (issue #19: a 1 MB command's
-letter, refused by the broker, crash-looped the worker)."""
+from: a poison message must not make a poison dead letter (a letter the broker refuses
+would crash-loop the component that writes it)."""
 MAX_DETAIL_CHARS = 4096
 MAX_KEY_BYTES = 3 * 1024  # 4 KiB of base64
 MAX_DEAD_LETTER_BYTES = 128 * 1024

@@ -1,4 +1,4 @@
-"""The planner lease: one active planner per base model (issue #15 item 2).
+"""The planner lease: one active planner per base model.
 
 The lease is the one partition of the ``planner-lease`` topic (nothing is ever written to
 it): every planner process of a base model joins the consumer group

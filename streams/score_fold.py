@@ -19,7 +19,7 @@ pydantic does, never less, and never decodes a value differently
 (tests/unit/test_score_fast_path.py): whatever it refuses goes through ``demand_of``, the
 full pydantic validator, which either accepts it after all (a non-ASCII ignored field, a
 timestamp in another ISO form) or names the reason for the dead letter. Why: pydantic
-validation was most of the agent's per-log cost (docs/benchmarks.md, #15).
+validation was most of the agent's per-log cost (docs/benchmarks.md, "Scoring throughput").
 """
 
 from __future__ import annotations

@@ -172,8 +172,8 @@ class WorkerMetrics:
 class CommandBytesMetrics(Collector):
     """``loraplane_commands_read_bytes_total{own}``: key + value bytes of the commands records the
     worker's feed read, its own (``own="true"``) and other workers' that share its
-    partition (``"false"``): what per-worker delivery costs it (issue #15: others' stay
-    well under its own)."""
+    partition (``"false"``): what per-worker delivery costs it (others' should stay well
+    under its own)."""
 
     def __init__(self, read: ReadBytes) -> None:
         self.read = read

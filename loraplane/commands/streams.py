@@ -28,8 +28,8 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
 
     Faust would create them itself, but on a fresh prefix its consumer can see a just-created
     changelog with 0 partitions, fail the table's partition check on every write and keep
-    failing until its metadata is refreshed, minutes later (seen against Kafka 4.1.1: a
-    clean CI run lost the publishes of one load test that way). Created here, and waited for
+    failing until its metadata is refreshed, minutes later (Kafka 4.1.1 does this; the
+    writes of those minutes are lost). Created here, and waited for
     until the broker's metadata lists every partition with a leader, they exist with their
     partitions before Faust's first metadata fetch. Returns the names created.
     """

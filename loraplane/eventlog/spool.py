@@ -1,4 +1,4 @@
-"""A bounded, durable, in-order spool of the events Kafka did not take (issue #19, item 1).
+"""A bounded, durable, in-order spool of the events Kafka did not take.
 
 The event sink (``eventlog.sink``) never waits for the broker, so during an outage its
 events end in librdkafka's delivery reports as errors. Each such event is appended here, on

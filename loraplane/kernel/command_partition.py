@@ -1,4 +1,4 @@
-"""Which partition of the commands topic carries a worker's commands (issue #15 item 3).
+"""Which partition of the commands topic carries a worker's commands.
 
 A worker either has a fixed command slot (``loraplane worker run --command-slot N``, e.g. a
 StatefulSet ordinal) and reads partition N, or, without one, the hash ``partition_of``:

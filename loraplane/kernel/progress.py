@@ -1,8 +1,8 @@
 """Stall detection for consumers: a component that cannot make progress says so.
 
 A consumer that waits on a broker or a database is not broken while it retries, but it must
-not stay silent either (issue 19: the sink and the scoring thread stalled for minutes
-logging nothing). Each loop reports ``blocked(why)`` when an attempt fails or a blocking
+not stay silent either: a sink or scoring thread that stalls for minutes while logging
+nothing looks healthy. Each loop reports ``blocked(why)`` when an attempt fails or a blocking
 call begins, and ``advanced()`` when work went through; ``check()`` logs one clearly named
 ``STALLED`` line (rate-limited) once a hold-up lasts past ``stall_after_s``, and a
 ``RECOVERED`` line with its length when it ends. ``stuck_s()`` is the health signal on

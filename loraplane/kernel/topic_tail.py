@@ -1,6 +1,6 @@
 """A live tail of compacted topics: the last record of every key, kept current by one
-long-lived consumer instead of re-reading the whole topic every few seconds (issue #15
-item 4). The worker agents and the fleet router hold their registry (and the router its
+long-lived consumer instead of re-reading the whole topic every few seconds. The worker
+agents and the fleet router hold their registry (and the router its
 worker states) this way, so a change reaches them as soon as the broker delivers it.
 
 - The first view is complete: ``snapshot`` raises ``TopicReadIncomplete`` until every

@@ -1,20 +1,19 @@
 """One Kafka transaction, run to the end or given up cleanly: never a hang.
 
 librdkafka sorts transaction errors three ways (KIP-360): *retriable* (the same call may be
-made again: a timeout, a coordinator moving after a broker restart), *abortable* (the
-transaction must be aborted, then it may be tried anew) and *fatal* (a fenced or broken
-producer: only a new producer can go on). Issue 19 saw the scoring thread hang for minutes
-in ``send_offsets_to_transaction`` after a broker restart; here every call carries a
-timeout, a step that keeps failing aborts the transaction and the whole transaction is
-retried (``fill`` produces the same records again: callers fold first, then transact, and
-apply the result only after the commit), and a fatal error or too many attempts raise
-``ProducerBroken`` so the caller builds a new producer through ``kernel.kafka``.
+made again: a timeout, a coordinator moving after a broker restart), *abortable* (abort,
+then try anew) and *fatal* (a fenced or broken producer: only a new producer can go on).
+Every call carries a timeout; a step that keeps failing aborts the transaction and the
+whole transaction is retried (``fill`` produces the same records again: callers fold first,
+then transact, and apply the result only after the commit); a fatal error or too many
+attempts raise ``ProducerBroken`` so the caller builds a new producer through
+``kernel.kafka``.
 
 librdkafka does not always keep its own timeout: ``send_offsets_to_transaction`` can block
-for good while the group coordinator is away (confluentinc/librdkafka#5456, #5511; seen here
-93 s and more after a broker SIGKILL). So each call runs on a helper thread and is abandoned
-past its timeout plus ``GRACE_S``: that raises ``ProducerBroken``, the caller builds a new
-producer with the same transactional id, and its ``init_transactions`` fences the stuck one.
+for good while the group coordinator is away, e.g. for minutes after a broker SIGKILL
+(confluentinc/librdkafka#5456, confluentinc/librdkafka#5511). So each call runs on a helper
+thread and is abandoned past its timeout plus ``GRACE_S``: that raises ``ProducerBroken``,
+and the new producer's ``init_transactions`` (same transactional id) fences the stuck one.
 """
 
 from __future__ import annotations

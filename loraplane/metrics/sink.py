@@ -24,7 +24,7 @@ Guarantees:
 * Rebalances (a broker restart moves the group coordinator, a member joins or dies) never
   leave a partition paused: every (re)assignment resumes what it hands us, a rebalance during
   a backoff rewinds every uncommitted message (including those read while backing off) and
-  resumes what we still own. Issue 19 found the sink stalled for good without this.
+  resumes what we still own (without it a paused partition stalls the sink for good).
 * A hold-up that lasts (ClickHouse or Kafka away, a commit that keeps failing) is logged as
   ``STALLED metrics-sink: no progress for N s (why)`` by a watchdog thread, and
   ``RECOVERED`` when it ends (``kernel.progress``), and shown as

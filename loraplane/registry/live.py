@@ -19,7 +19,7 @@ never turned into records: nothing it names is fetched, loaded or served.
 - A view older than, or forking from, the last one accepted for the adapter is refused
   (``view_rollback``); the checkpoints of accepted views are kept in a small JSON file in
   the host tier, so a restart does not forget them.
-- Serving does not depend on Kafka (issue #19): a read is merged into what was accepted,
+- Serving does not depend on Kafka: a read is merged into what was accepted,
   adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails
   or has not reached the end of the topic yet changes nothing (counted in
   ``loraplane_registry_read_failures_total``); an adapter goes away only by a tombstone on
