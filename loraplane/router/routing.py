@@ -2,44 +2,16 @@
 (``FleetIndex``) and its rule (``pick_worker``). Pure (no I/O), time passed in. The version
 is chosen before, once (``loraplane.frontdoor.version_choice``).
 
-Worker (``FleetIndex.route``), among the live workers of the version's base model whose
-``max_lora_rank`` fits the adapter's rank:
+The rule, among the live workers of the version's base model whose rank fits: a GPU copy
+(least in flight, idle copies taking turns), else a host-warm copy, else a free GPU slot
+where the planner would place a new copy, else the least busy worker, whose gateway applies
+the class's cold budget. A version just sent to a worker without a copy is *placed* there
+until a heartbeat shows it, so the requests in the heartbeat's lag follow it instead of
+filling another worker's slots. Which workers count as live is ``router.liveness``.
+docs/router.md, "How it picks", gives each step and why.
 
-1. a GPU-resident copy, the one with the least in-flight requests (the router's own counts),
-   ties to the copy this router chose least recently (``turn``), then the lowest id: copies
-   that are all idle take turns, so an extra copy added for demand shares the traffic even
-   when every request is done before the next one comes (measured: a second copy took 0 of
-   42 requests at 14 req/s with ties to the lowest id alone, in a CI run of 2026-12-02);
-2. else a host-warm copy, the same way;
-3. else a worker with a free GPU slot, chosen as the planner places a new copy
-   (streams/planner.py rule 5): the most free slots, ties to the lowest worker id, skipping
-   workers out of cold-load budget (``cold_loads_last_minute`` against the budget it reports,
-   at most the policy's: ``WorkerState.load_budget``) or above the HBM watermark;
-4. else ``cold_budget``: the fitting worker with the least in-flight requests (ties as in 1),
-   whose gateway applies the request class's cold budget (base fallback, 429 + Retry-After,
-   or a wait).
-
-A version this router just sent to a worker by rule 3 or 4 is *placed* there (``placed``)
-until that worker's heartbeat shows it on the GPU, or for ``DRAIN_AFTER_HEARTBEATS``
-intervals: its next requests follow it there (unless a GPU copy shows up elsewhere first),
-and the placement counts as a taken slot and a spent cold load of that worker. Without it,
-every new version in the heartbeat's lag went to the same "most free slots" worker, whose
-own slot rule then evicted them in turn (measured: 100 of 150 requests missed instead of 7,
-tests/integration/test_router_fleet.py). Placements are this router's own, like its in-flight
-counts.
-
-Which workers are chosen at all is ``router.liveness``: a worker whose last heartbeat is
-older than ``3 * heartbeat_s`` is drained, but only as far as the worker-state feed, current,
-can tell (``FleetIndex.feed``); while it cannot, the worker's gateway is probed
-(``FleetIndex.drain`` names them, ``probed`` takes the answer) and the worker is routed on its
-last known residency. A gateway that failed a request or a probe is parked (``failed``): out
-of the view until its next heartbeat or good probe. Lookups are by lora name (dicts of
-holders), and free-slot order is a list sorted once per change of the fleet, so a decision
-does not scan the fleet.
-
-The rule itself is ``pick_worker`` (and ``free_slot_order``) over bare worker ids and
-callables, so the policy simulator (loraplane/simulator/engine.py) routes its simulated
-fleet with the same code, without building a WorkerState per request.
+``pick_worker`` (and ``free_slot_order``) work over bare worker ids and callables, so the
+policy simulator routes its simulated fleet with the same code.
 """
 
 from __future__ import annotations
@@ -140,7 +112,10 @@ class Route:
 
 
 @dataclass
-class _Worker:
+class _IndexedWorker:
+    """One worker as the index holds it: its last state, when its heartbeat counts from, the
+    lora names resident on its GPU and host tier, and its gateway's health."""
+
     state: WorkerState
     beat: float  # epoch seconds the heartbeat counts from (``liveness.beat_of``)
     gpu: frozenset[str]
@@ -158,7 +133,7 @@ class FleetIndex:
 
     policy: Policy
     heartbeat_s: float
-    workers: dict[str, _Worker] = field(default_factory=dict)
+    workers: dict[str, _IndexedWorker] = field(default_factory=dict)
     _gpu: dict[str, set[str]] = field(default_factory=dict)  # lora -> worker ids
     _host: dict[str, set[str]] = field(default_factory=dict)
     _by_base: dict[str, set[str]] = field(default_factory=dict)
@@ -172,7 +147,7 @@ class FleetIndex:
     feed: Feed | None = None
     """Where the worker-state feed answered without a gap (the router sets it from its tail);
     None: the heartbeat alone decides (``liveness.verdict``)."""
-    parked: dict[str, _Worker] = field(default_factory=dict)
+    parked: dict[str, _IndexedWorker] = field(default_factory=dict)
     """Workers whose gateway failed since their last heartbeat (``Verdict.out``): not
     routed, their last state kept, probed until they answer or go."""
 
@@ -191,7 +166,7 @@ class FleetIndex:
         gpu = frozenset(a.lora_name for a in state.adapters if a.tier == "gpu")
         host = frozenset(a.lora_name for a in state.adapters if a.tier == "host") - gpu
         same_gateway = held is not None and held.state.gateway_url == state.gateway_url
-        w = _Worker(state, beat, gpu, host, held.gateway if same_gateway and held
+        w = _IndexedWorker(state, beat, gpu, host, held.gateway if same_gateway and held
                     else Gateway())
         self.parked.pop(wid, None)
         if self._verdict(w, now) is Verdict.out:  # sent before its gateway failed
@@ -200,7 +175,7 @@ class FleetIndex:
             return
         self._insert(w)
 
-    def _insert(self, w: _Worker) -> None:
+    def _insert(self, w: _IndexedWorker) -> None:
         state, wid, gpu, host = w.state, w.state.worker_id, w.gpu, w.host
         old = self.workers.get(wid)
         order = self._free_order.get(state.base_model)
@@ -342,10 +317,10 @@ class FleetIndex:
         return Drained(gone, probe, unvouched)
 
     # ---- deciding -------------------------------------------------------------------------
-    def _verdict(self, w: _Worker, now: float) -> Verdict:
+    def _verdict(self, w: _IndexedWorker, now: float) -> Verdict:
         return verdict(w.beat, now, self.heartbeat_s, self.feed, w.gateway)
 
-    def _live(self, w: _Worker, now: float) -> bool:
+    def _live(self, w: _IndexedWorker, now: float) -> bool:
         """Routed: ``live`` or ``check`` (the quick case first: a fresh heartbeat and no
         failed gateway)."""
         if w.gateway.failed_at is None and now - w.beat <= DRAIN_AFTER_HEARTBEATS \
@@ -387,7 +362,7 @@ class FleetIndex:
         self._turns[wid] = self._routes
         return Route(wid, workers[wid].state.gateway_url, kind)
 
-    def _fits(self, w: _Worker, base: str, rank: int, now: float) -> bool:
+    def _fits(self, w: _IndexedWorker, base: str, rank: int, now: float) -> bool:
         return (w.state.base_model == base and w.state.max_lora_rank >= rank
                 and bool(w.state.gateway_url) and self._live(w, now))
 
@@ -405,7 +380,7 @@ class FleetIndex:
         """Free GPU slots in the worker's heartbeat, less this router's placements there."""
         return self.workers[wid].free_slots - len(self._placed_on.get(wid, ()))
 
-    def _may_load(self, w: _Worker) -> bool:
+    def _may_load(self, w: _IndexedWorker) -> bool:
         hbm = w.state.hbm_usage
         loads = w.state.cold_loads_last_minute + len(self._placed_on.get(w.state.worker_id, ()))
         return (loads < w.state.load_budget(self.policy.cold_loads_per_minute_per_worker)
