@@ -1,25 +1,14 @@
 """The host warm tier: verified adapter folders on local disk, within a byte budget.
 
-Layout under ``root`` (one folder per entry, named by lora name, so a name always means the
-same bytes)::
-
-    {lora_name}/adapter/      the folder handed to vLLM (manifest.json + the files it pins)
-    {lora_name}/record.json   the registry record it was verified against
-    .partial-*/               an install in progress; .removing-*/ a removal in progress
-
-An install downloads into a ``.partial-*`` folder inside ``root``, verifies it and renames
-it into place, so to a running worker an entry either exists complete and verified or not
-at all; a crash leaves only ``.partial-*`` folders, which the startup scan deletes. The scan
-also re-verifies every entry against its record and drops any that fails: an entry is never
-trusted just because it is on disk. A disk smaller than the budget fills up before the
-budget does: the install that hits ENOSPC is removed and refused as ``host_disk_full`` (a
-failure, so the agent retries it after its backoff and it goes through once there is room).
-
-Installs are not fsynced. The tier is a cache of S3 whose every entry is re-hashed at
-startup, so what a power loss can tear (a renamed entry whose file contents never reached
-the disk) is dropped there and fetched again; an fsync of every file would buy only fewer
-re-downloads after a power loss, and it cost ~20% of every install (docs/benchmarks.md,
-finding 4). A process crash loses nothing: written pages stay in the page cache.
+One folder per entry, named by lora name, so a name always means the same bytes: its
+``adapter/`` (the folder handed to vLLM) and ``record.json`` (the record it was verified
+against). An install downloads into a ``.partial-*`` folder, verifies it and renames it into
+place, so an entry either exists complete and verified or not at all; the startup scan
+deletes partial folders and re-verifies every entry, dropping any that fails (an entry is
+never trusted just because it is on disk). ENOSPC refuses the install as
+``host_disk_full``, retried after the agent's backoff. Installs are not fsynced: what a
+power loss tears is dropped by that scan and fetched again, and an fsync of every file
+would cost ~20% of an install. docs/worker.md, "Host warm tier and artifact verification".
 
 Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight).
 From asyncio, call it through ``asyncio.to_thread``.
