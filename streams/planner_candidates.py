@@ -87,7 +87,7 @@ class Candidates:
                 return rates
             case "request_class":
                 states = c.state
-                return Categories.of(states[i].dominant_class(now) for i in rows.tolist())
+                return Categories.encode(states[i].dominant_class(now) for i in rows.tolist())
         raise ValueError(f"unknown fact {fact!r}")
 
     def demand(self, rows: np.ndarray) -> np.ndarray:
@@ -135,7 +135,7 @@ def _holds(clause: Clause, values: np.ndarray | Categories) -> np.ndarray:
         if values.dtype != object and not isinstance(clause.value, str):
             compared: np.ndarray = ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
             return compared
-        values = Categories.of(None if isinstance(v, float) and math.isnan(v) else v
+        values = Categories.encode(None if isinstance(v, float) and math.isnan(v) else v
                                for v in values.tolist())
     holds = np.array([clause.holds({clause.fact: v}) for v in values.values], dtype=np.bool_)
     held: np.ndarray = holds[values.codes]

@@ -49,7 +49,7 @@ class Categories:
     values: list[Any]  # statuses, priority names, request classes: whatever the column holds
 
     @classmethod
-    def of(cls, items: Iterable[Hashable]) -> Categories:
+    def encode(cls, items: Iterable[Hashable]) -> Categories:
         items = list(items)
         values = list(dict.fromkeys(items))
         index = {v: code for code, v in enumerate(values)}
@@ -79,7 +79,7 @@ class Registry:
         loras = list(map(lora_name, map(_ADAPTER_ID, versions), map(_VERSION, versions),
                          map(attrgetter("sha256"), versions)))
         self.records: dict[str, AdapterRecord] = dict(zip(loras, versions, strict=True))
-        status = Categories.of(map(_STATUS, versions))
+        status = Categories.encode(map(_STATUS, versions))
         # A name seen twice is its last record's (as the dict says).
         self.revoked = {lora for lora in map(loras.__getitem__, np.flatnonzero(
             status.codes == status.code(AdapterStatus.revoked)).tolist())
@@ -91,7 +91,7 @@ class Registry:
         n = len(serving)
         self.status = status.take(np.array(serving, dtype=np.intp))
         self.canary = self.status.codes == self.status.code(AdapterStatus.canary)
-        self.priorities = Categories.of(map(str, map(attrgetter("priority"), self.record)))
+        self.priorities = Categories.encode(map(str, map(attrgetter("priority"), self.record)))
         self.size_bytes = np.fromiter(map(attrgetter("size_bytes"), self.record), np.int64, n)
         self.ranks = np.fromiter(map(attrgetter("rank"), self.record), np.int64, n)
         self.adapters = list(map(_ADAPTER_ID, self.record))
@@ -112,7 +112,7 @@ class Registry:
         else:
             # every active row has an unattributed key (set just above): no None among them
             self.row_of_key.update(cast(dict[str, int], read))
-        self.bases = _bases(Categories.of(map(attrgetter("base_model"), self.record)),
+        self.bases = _bases(Categories.encode(map(attrgetter("base_model"), self.record)),
                             self.lora)
         ranked = [self.bases[base] for base in sorted(self.bases)]
         self.ranked_names = list(chain.from_iterable(b.index for b in ranked))
@@ -236,7 +236,7 @@ class Scores:
             self.state[i] = state = self.own[i] if u is None else merged(self.own[i], u)
             states.append(state)
         m = len(states)
-        fresh = ScoreInputs.of(states)
+        fresh = ScoreInputs.from_states(states)
         x = self.inputs
         for column, values in ((x.r10_value, fresh.r10_value), (x.r10_at, fresh.r10_at),
                                (x.r1_value, fresh.r1_value), (x.r1_at, fresh.r1_at),

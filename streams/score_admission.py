@@ -44,7 +44,7 @@ class Known:
     versions: Mapping[str, frozenset[str]]
 
     @classmethod
-    def of(cls, records: Iterable[AdapterRecord]) -> Known:
+    def from_records(cls, records: Iterable[AdapterRecord]) -> Known:
         live: dict[str, set[str]] = {}
         for r in records:
             if r.status in LIVE:

@@ -80,7 +80,7 @@ class RecentIds:
         partition, event_id = item
         return event_id in self._ids.get(partition, ())
 
-    def of(self, partition: int) -> Set[str]:
+    def ids_on(self, partition: int) -> Set[str]:
         """The ids remembered for one partition (read-only; empty if none)."""
         return self._ids.get(partition, _NONE)
 
@@ -239,7 +239,7 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
         partition = message.partition() or 0
         seen = (partition, event_id)
         if (before := seen_before.get(partition)) is None:
-            before = seen_before[partition] = _NONE if recent is None else recent.of(partition)
+            before = seen_before[partition] = _NONE if recent is None else recent.ids_on(partition)
         if seen in in_batch or event_id in before:
             out.duplicates += 1
             continue

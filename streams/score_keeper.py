@@ -412,7 +412,8 @@ class ScoreKeeper:
                 self._verified.refresh()
             except Exception as exc:  # the views accepted before stay (registry_trust)
                 log.warning("scoring: registry refresh failed, keeping the last: %s", exc)
-            known = Known.of(r for v in self._verified.accepted.values() for r in v.versions)
+            known = Known.from_records(r for v in self._verified.accepted.values()
+                                       for r in v.versions)
             if self._known is None or known != self._known:
                 self._known = known
             self._known_version, self._known_at = version, now

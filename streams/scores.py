@@ -158,7 +158,7 @@ class Sample(NamedTuple):
     ttft_ms: float | None
 
     @classmethod
-    def of(cls, log: RequestDemand) -> Sample:
+    def from_demand(cls, log: RequestDemand) -> Sample:
         return cls(log.ts.timestamp(), log.request_class.value, log.tier_at_arrival, log.status,
                    log.ttft_ms)
 
@@ -345,7 +345,7 @@ class ScoreInputs:
     daily: np.ndarray  # (n, 7): Daily's n, c1, s1, c2, s2, at, since (NaN: never)
 
     @classmethod
-    def of(cls, states: Sequence[ScoreState]) -> ScoreInputs:
+    def from_states(cls, states: Sequence[ScoreState]) -> ScoreInputs:
         n = len(states)
         daily = np.array([_daily_row(s.daily) for s in states], dtype=float).reshape(n, 7)
         r10 = list(map(_R10, states))
@@ -525,7 +525,8 @@ def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy:
     whether or not the adapter is hot right now: dropping it once loaded would lower the
     score of every adapter the moment it is placed and make residents swap back and forth.
     """
-    return float(hot_scores_of(ScoreInputs.of([state]), priority_values([priority], policy),
+    return float(hot_scores_of(ScoreInputs.from_states([state]),
+                               priority_values([priority], policy),
                                np.array([scheduled_warmup], dtype=float), policy, now,
                                weights)[0])
 

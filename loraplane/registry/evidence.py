@@ -43,7 +43,7 @@ class Checkpoint:
     event_ids: tuple[str, ...]
 
     @classmethod
-    def of(cls, view: AdapterView) -> Checkpoint:
+    def from_view(cls, view: AdapterView) -> Checkpoint:
         return cls(view.adapter_id, view.last_seq, tuple(e.event_id for e in view.evidence))
 
 
@@ -104,7 +104,7 @@ def verify_view(view: AdapterView, keyring: Keyring | None, now: datetime,
     if derived != view:
         return ViewRefused(ViewReason.mismatch, f"{view.adapter_id}: " + _differences(
             derived, view))
-    return ViewVerified(view, Checkpoint.of(view))
+    return ViewVerified(view, Checkpoint.from_view(view))
 
 
 def _goes_back(view: AdapterView, previous: Checkpoint | None) -> ViewRefused | None:

@@ -207,7 +207,7 @@ class VerifiedRegistry:
 
     def _accept(self, view: AdapterView) -> None:
         self.accepted[view.adapter_id] = view
-        checkpoint = Checkpoint.of(view)
+        checkpoint = Checkpoint.from_view(view)
         if self.checkpoints.get(view.adapter_id) != checkpoint:
             self.checkpoints[view.adapter_id] = checkpoint
             self._checkpoints_dirty = True  # saved by ``refresh``, before the views
@@ -279,7 +279,7 @@ class VerifiedRegistry:
                             refused.detail[:200])
                 continue
             views[aid] = view
-            self.checkpoints.setdefault(aid, Checkpoint.of(view))
+            self.checkpoints.setdefault(aid, Checkpoint.from_view(view))
         log.info("registry: %d of %d saved views verified, serving them until Kafka answers",
                  len(views), len(saved))
         return views

@@ -43,7 +43,7 @@ def expected_states(logs: list[RequestLog]) -> dict[str, dict]:
     states: dict[str, ScoreState] = {}
     for x in logs:  # one adapter's logs share a partition, so the agent sees them in order
         key = score_key(x.adapter_id, x.adapter_version)
-        states[key] = observe_many(states.get(key) or ScoreState(), [Sample.of(x)])[0]
+        states[key] = observe_many(states.get(key) or ScoreState(), [Sample.from_demand(x)])[0]
     return {k: snapshot(v).model_dump() for k, v in states.items()}
 
 

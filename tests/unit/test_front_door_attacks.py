@@ -211,13 +211,13 @@ ISSUE_CASE = dict(model="sql\n", key=b"key-a", request_id=None, session=None,
 def test_attack_ids_and_headers_get_a_clean_answer(
         door: FrontDoor, through: str, model: str, key: bytes | None,
         request_id: bytes | None, session: bytes | None, request_class: bytes | None) -> None:
-    before = len(door.sink.of(RequestLog))
+    before = len(door.sink.messages(RequestLog))
     body = json.dumps({"model": model, "prompt": "q"}).encode()
     reply = send(getattr(door, through), "/v1/completions",
                  _lines(key, request_id, session, request_class), body)
     assert reply.status < 500, reply
     _refused_unless_an_id(reply, model)
-    new = door.sink.of(RequestLog)[before:]
+    new = door.sink.messages(RequestLog)[before:]
     if through == "gateway":
         _check_logs(new, reply, model)
     elif reply.status >= 400:  # the router's own refusals reach no gateway
@@ -226,7 +226,7 @@ def test_attack_ids_and_headers_get_a_clean_answer(
     else:
         assert len(new) == 1 and new[0].adapter_id == model
         assert header_token(new[0].request_id) == new[0].request_id
-    assert not door.router_sink.of(RequestLog)
+    assert not door.router_sink.messages(RequestLog)
 
 
 @EXAMPLES
@@ -248,17 +248,17 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
              VERSION_HEADER.encode() + b": 1", VERSION_REASON_HEADER.encode() + b": active"]
     if value is not None:
         lines.append(SIGNATURE_HEADER.encode() + b": " + value.encode())
-    before = len(door.sink.of(RequestLog))
+    before = len(door.sink.messages(RequestLog))
     reply = send(door.gateway, "/v1/completions", lines, body)
     assert reply.status < 500, reply
     clean = is_id(tenant) and header_token(request_id) == request_id and signature == "good"
     if clean:
         assert reply.status == 200
-        (log,) = door.sink.of(RequestLog)[before:]
+        (log,) = door.sink.messages(RequestLog)[before:]
         assert (log.tenant_id, log.request_id) == (tenant, request_id)
     else:
         assert reply.status in (400, 401), reply
-        assert door.sink.of(RequestLog)[before:] == []
+        assert door.sink.messages(RequestLog)[before:] == []
 
 
 @EXAMPLES
@@ -281,7 +281,7 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
         assert RECORDS[2].lora_name not in fleet.index.workers["w1"].gpu
         return
     assert not fleet.index.workers and fleet.dead_lettered == 1
-    assert len(sink.of(DeadLetter)) == 1
+    assert len(sink.messages(DeadLetter)) == 1
 
 
 @pytest.mark.parametrize("args", [

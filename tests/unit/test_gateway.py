@@ -134,7 +134,7 @@ class ListSink:
     def emit(self, topic_suffix: str, key: str, message: Any) -> None:
         self.events.append((topic_suffix, key, message))
 
-    def of(self, cls: type) -> list:
+    def messages(self, cls: type) -> list:
         return [m for _, _, m in self.events if isinstance(m, cls)]
 
 
@@ -230,7 +230,7 @@ async def test_hot_adapter_is_served_by_its_version(world: World) -> None:
             assert headers["X-Loraplane-Lora-Name"] == rec.lora_name
             texts[rec.version] = body["choices"][0]["text"]
     assert texts["1"] != texts["2"]
-    logs = world.sink.of(RequestLog)
+    logs = world.sink.messages(RequestLog)
     assert {(log.adapter_version, log.tier_at_arrival) for log in logs} == {("1", Tier.gpu),
                                                                            ("2", Tier.gpu)}
     assert all(log.ttft_ms is not None and log.tenant_id == "tenant-a" for log in logs)
@@ -262,7 +262,7 @@ async def test_cold_interactive_falls_back_then_loads(world: World) -> None:
     status, headers, body = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == sql.lora_name
     assert body["model"] == "sql"  # not the internal lora name
-    tiers = [log.tier_at_arrival for log in world.sink.of(RequestLog)]
+    tiers = [log.tier_at_arrival for log in world.sink.messages(RequestLog)]
     assert tiers == [Tier.base_fallback, Tier.gpu]
 
 
@@ -309,9 +309,9 @@ async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World
         assert "Retry-After" not in headers
         assert body["error"]["type"] == "adapter_unavailable_permanent"
         assert "manifest_missing" in body["error"]["message"]
-    fails = [e for e in world.sink.of(CacheEvent) if e.reason == Reason.manifest_missing]
+    fails = [e for e in world.sink.messages(CacheEvent) if e.reason == Reason.manifest_missing]
     assert len(fails) == 1  # held: the store was asked once, not once per request
-    assert world.sink.of(RequestLog)[-1].status == RequestStatus.error
+    assert world.sink.messages(RequestLog)[-1].status == RequestStatus.error
     world.tier.gone.clear()  # re-uploaded: once the hold ends, the next request loads it
     world.agent._rt.last_failure.clear()
     await world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
@@ -346,7 +346,7 @@ async def test_streaming_chat_passes_through(world: World) -> None:
     chunks = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]" and len(chunks) == 5
     assert {json.loads(c)["model"] for c in chunks[:-1]} == {"sql"}
-    log = world.sink.of(RequestLog)[-1]
+    log = world.sink.messages(RequestLog)[-1]
     # vLLM's usage record (asked for upstream, not passed on: the client did not ask):
     # 3 tokens, not the 4 SSE events (the role chunk carries none)
     assert log.output_tokens == 3 and log.prompt_tokens == 1 and log.ttft_ms is not None
@@ -365,7 +365,7 @@ async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -
     gate.set()
     status, headers, body = await asyncio.wait_for(batch, 5)
     assert status == 429 and body["error"]["message"].count("artifact_store_unavailable")
-    fails = [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.fail]
+    fails = [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.fail]
     assert fails and fails[0].reason == "artifact_store_unavailable"
     world.tier.down = False  # S3 back: the next command loads
     world.agent._rt.backoff.clear()
@@ -393,7 +393,7 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
     await world.agent.vllm.load(v1.lora_name, str(folder))  # not by the agent
     await world.agent.reconcile_once()
     assert v1.lora_name not in world.fake.adapters
-    conflicts = [e for e in world.sink.of(CacheEvent)
+    conflicts = [e for e in world.sink.messages(CacheEvent)
                  if e.kind == CacheEventKind.kv_namespace_conflict]
     assert [e.lora_name for e in conflicts] == [v1.lora_name]
     async with world.http.get(world.url + "/metrics") as resp:
@@ -403,7 +403,7 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
         assert name in text
     assert 'loraplane_kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
     assert 'loraplane_vllm_foreign_changes_total{reason="unvouched_copy"} 1.0' in text
-    (letter,) = world.sink.of(DeadLetter)
+    (letter,) = world.sink.messages(DeadLetter)
     assert letter.reason == ForeignChange.unvouched_copy and letter.component == "worker-agent"
     assert json.loads(base64.b64decode(letter.raw_b64)) == {
         "lora_name": v1.lora_name, "path": str(folder), "worker_id": "w1"}
@@ -417,7 +417,7 @@ async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
     await load(world, v1)
     path = world.fake.adapters.pop(v1.lora_name)[0]  # what the route did, not the agent
     await world.agent.reconcile_once()
-    (letter,) = world.sink.of(DeadLetter)
+    (letter,) = world.sink.messages(DeadLetter)
     assert letter.reason == ForeignChange.copy_vanished
     assert json.loads(base64.b64decode(letter.raw_b64))["path"] == path
     async with world.http.get(world.url + "/metrics") as resp:
@@ -426,7 +426,7 @@ async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
     assert world.fake.adapters[v1.lora_name][0] == path  # its intent loaded it again
     assert world.agent.is_hot(v1.lora_name)
     await world.agent.reconcile_once()
-    assert len(world.sink.of(DeadLetter)) == 1  # reported once
+    assert len(world.sink.messages(DeadLetter)) == 1  # reported once
 
 
 async def test_the_agent_will_not_drive_an_unguarded_vllm(tmp_path: Path) -> None:
@@ -465,7 +465,7 @@ async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> 
     assert world.fake.adapters.get(rec.lora_name) is not None
     assert [(a.lora_name, a.tier) for a in world.agent.worker_state().adapters] == [
         (rec.lora_name, "gpu")]
-    moved = [e for e in world.sink.of(CacheEvent)
+    moved = [e for e in world.sink.messages(CacheEvent)
              if e.kind in (CacheEventKind.kv_namespace_conflict, CacheEventKind.unload)]
     assert moved == []
     world.agent.apply(cmd(rec, CommandAction.demote_to_host, "demote"))
@@ -549,7 +549,7 @@ async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
     status, headers, _ = await world.post({"model": "chat", "prompt": "hi"}, **canary_session)
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == v2.lora_name
     assert CANARY_WARMING_HEADER not in headers
-    logs = world.sink.of(RequestLog)
+    logs = world.sink.messages(RequestLog)
     shadow = [log for log in logs if log.request_class == RequestClass.shadow]
     assert [(log.lora_name, log.adapter_version, log.status) for log in shadow] == \
         [(v2.lora_name, "2", RequestStatus.ok)] * 3
@@ -811,7 +811,7 @@ async def test_the_gateway_needs_only_the_serving_interface() -> None:
         await server.close()
     name = RECORDS[2].lora_name
     assert (worker.asked, worker.counted, worker.held) == ([name], [(name, False)], [name])
-    (log,) = sink.of(RequestLog)
+    (log,) = sink.messages(RequestLog)
     assert (log.worker_id, log.lora_name, log.output_tokens) == ("w9", name, 2)
 
 
@@ -946,13 +946,13 @@ async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
             got = await resp.read()
     finally:
         await server.close()
-    assert resp.status == 200 and len(sink.of(RequestLog)) == 1
+    assert resp.status == 200 and len(sink.messages(RequestLog)) == 1
     logged = wire.index(("log", b""))
     last = next(i for i, (what, data) in enumerate(wire)
                 if b"[DONE]" in data or what == "eof")
     assert logged < last, wire
     assert (b"data: [DONE]" in got) == (answer == "stream")
-    assert sink.of(RequestLog)[0].output_tokens == (2 if answer == "whole" else 3)
+    assert sink.messages(RequestLog)[0].output_tokens == (2 if answer == "whole" else 3)
 
 
 # ---- ATTACK tests: what a client's body may make vLLM do (frontdoor/request_fields.py) --------
@@ -1053,7 +1053,7 @@ async def test_tenant_limits_answer_429_with_retry_after(world: World) -> None:
     status, headers, body = await world.post({"model": "sql", "prompt": "q"})
     assert (status, body["error"]["type"]) == (429, "tenant_token_rate")
     assert int(headers["Retry-After"]) >= 10  # 16 tokens over at 1 token/s
-    logs = world.sink.of(RequestLog)
+    logs = world.sink.messages(RequestLog)
     assert [log.error for log in logs[-4:]] == ["tenant_concurrency", None, None,
                                                 "tenant_token_rate"]
 
@@ -1073,16 +1073,16 @@ async def test_stream_usage_comes_from_vllm_and_reaches_the_client_only_if_asked
                   if line.startswith("data: {")]
         usage = [e for e in events if e.get("usage")]
         assert len(usage) == (1 if asked else 0)
-        log = world.sink.of(RequestLog)[-1]
+        log = world.sink.messages(RequestLog)[-1]
         assert (log.prompt_tokens, log.output_tokens, log.prompts) == (2, 3, 1)
 
 
 async def test_one_request_log_per_request_counts_its_prompts(world: World) -> None:
     await load(world, RECORDS[2])
-    before = len(world.sink.of(RequestLog))
+    before = len(world.sink.messages(RequestLog))
     status, _, _ = await world.post({"model": "sql", "prompt": ["a", "b", "c"]})
     assert status == 200
-    logs = world.sink.of(RequestLog)[before:]
+    logs = world.sink.messages(RequestLog)[before:]
     assert len(logs) == 1 and logs[0].prompts == 3
 
 
@@ -1116,7 +1116,7 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
     tiers = {a.lora_name: a.tier for a in state.adapters}
     assert tiers == {sql.lora_name: "gpu", other.lora_name: "gpu", chat.lora_name: "host"}
     assert state.gpu_slots_used == state.gpu_slots_total == 2
-    unloads = [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    unloads = [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
     assert [(e.lora_name, e.reason, e.command_id) for e in unloads] == [
         (chat.lora_name, "slot_needed", None)]
     # both slots busy: a third version is refused at once, nothing is unloaded
@@ -1173,7 +1173,7 @@ async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_co
             await asyncio.sleep(0.02)
         assert world.agent.is_hot(chat.lora_name) and world.agent.is_hot(sql.lora_name)
     assert reasons == ["load_queued", "busier_copies"]
-    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    assert not [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
     # a third request: as many as chat, the least recently used, so it takes chat's slot
     await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
     for _ in range(100):
@@ -1251,4 +1251,4 @@ async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
         assert status == 200 and headers[FALLBACK_HEADER] == "base"
         await world.agent.reconcile_once()
     assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
-    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    assert not [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]

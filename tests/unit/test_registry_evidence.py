@@ -180,7 +180,7 @@ def test_a_replayed_older_view_is_refused_once_a_newer_one_was_accepted() -> Non
     assert old is not None and old.active_version == "2"
     fresh = verify_view(old, KIT.keyring, NOW)
     assert isinstance(fresh, ViewVerified)  # alone it is genuine (the residual risk)
-    seen = Checkpoint.of(VIEW_A)
+    seen = Checkpoint.from_view(VIEW_A)
     assert refused(verify_view(old, KIT.keyring, NOW, seen)) is ViewReason.rollback
     assert isinstance(verify_view(VIEW_A, KIT.keyring, NOW, seen), ViewVerified)
 
@@ -188,7 +188,7 @@ def test_a_replayed_older_view_is_refused_once_a_newer_one_was_accepted() -> Non
 def test_a_truncated_or_forked_history_is_refused() -> None:
     """ATTACK: drop a middle event (the canary) and fold the rest: a genuine-looking view
     whose history does not extend the accepted one."""
-    accepted = Checkpoint.of(fold(HIST_A[:3]))  # type: ignore[arg-type]
+    accepted = Checkpoint.from_view(fold(HIST_A[:3]))  # type: ignore[arg-type]
     skipped = fold([HIST_A[0], *HIST_A[2:]])
     assert skipped is not None
     assert refused(verify_view(skipped, KIT.keyring, NOW, accepted)) is ViewReason.rollback
@@ -247,7 +247,7 @@ def test_every_genuine_prefix_is_a_rollback_after_the_full_history(n: int) -> No
     checkpoint of the full one."""
     view = fold(HIST_A[:n])
     assert view is not None
-    assert refused(verify_view(view, KIT.keyring, NOW, Checkpoint.of(VIEW_A))) \
+    assert refused(verify_view(view, KIT.keyring, NOW, Checkpoint.from_view(VIEW_A))) \
         is ViewReason.rollback
 
 

@@ -295,8 +295,8 @@ async def test_requests_for_a_hot_adapter_go_to_its_worker(stack: Stack) -> None
         assert headers["X-Loraplane-Adapter-Version"] == sql.version
         assert headers["X-Loraplane-Tier"] == "gpu"
     assert stack.workers["w1"].asked == stack.workers["w3"].asked == []  # no cold load
-    assert len(stack.sinks["w2"].of(RequestLog)) == 5  # one log per request, by the gateway
-    assert not stack.router_sink.of(RequestLog)
+    assert len(stack.sinks["w2"].messages(RequestLog)) == 5  # one log per request, by the gateway
+    assert not stack.router_sink.messages(RequestLog)
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -315,7 +315,7 @@ async def test_refusals_before_any_worker(stack: Stack) -> None:
     assert status == 400 and body["error"]["param"] == "vllm_xargs"
     assert (await stack.post({"model": "/etc/passwd", "prompt": "q"}))[0] == 400
     for sink in stack.sinks.values():
-        assert not sink.of(RequestLog)  # nothing reached a gateway, nothing was logged
+        assert not sink.messages(RequestLog)  # nothing reached a gateway, nothing was logged
     for w in stack.workers.values():
         assert w.asked == [] and w.counted == []  # no state for an unknown adapter anywhere
 
@@ -435,7 +435,7 @@ def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
                        (b"w2", good.model_dump_json().encode())):
         fleet.take(Record("lp.worker-state", 0, 7, key, value, {}, 0))
     fleet.take(Record("lp.worker-state", 0, 8, b"w1", good.model_dump_json().encode(), {}, 0))
-    reasons = [d.reason for d in sink.of(DeadLetter)]
+    reasons = [d.reason for d in sink.messages(DeadLetter)]
     assert reasons == ["malformed", "invalid", "key_mismatch"]
     assert set(fleet.index.workers) == {"w1"} and fleet.dead_lettered == 3
     fleet.take(Record("lp.worker-state", 0, 9, b"w1", None, {}, 0))  # tombstone

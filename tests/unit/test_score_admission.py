@@ -30,7 +30,7 @@ wanted = st.tuples(ADAPTERS | st.from_regex(ID_PATTERN, fullmatch=True),
 
 
 def known_of(rows: list[tuple[str, str, AdapterStatus]]) -> Known:
-    return Known.of(record(a, v).model_copy(update={"status": s}) for a, v, s in rows)
+    return Known.from_records(record(a, v).model_copy(update={"status": s}) for a, v, s in rows)
 
 
 def log(i: int, adapter: str, version: str | None,

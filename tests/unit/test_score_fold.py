@@ -46,7 +46,7 @@ def log(i: int, adapter: str = "a1", version: str | None = "1", **kw: object) ->
 
 
 def fold_one(state: ScoreState, x: RequestLog) -> ScoreState:
-    return observe_many(state, [Sample.of(x)])[0]
+    return observe_many(state, [Sample.from_demand(x)])[0]
 
 
 samples = st.lists(st.builds(

@@ -81,7 +81,7 @@ def test_the_columns_read_as_each_profile(times: list[float], after: float,
                                           ahead: float) -> None:
     states = [fold(sorted(times)), fold(times), ScoreState()]
     now = T0 + after
-    cols = daily_rates_at(ScoreInputs.of(states).daily, now + ahead, now)
+    cols = daily_rates_at(ScoreInputs.from_states(states).daily, now + ahead, now)
     for state, col in zip(states, cols, strict=True):
         assert col == pytest.approx(state.daily.rate_at(now + ahead, now), rel=1e-9, abs=1e-15)
         assert col >= 0
@@ -133,4 +133,4 @@ def test_old_records_without_a_profile_read_as_none_yet() -> None:
     del record["day"], record["since"]
     state = from_snapshot(decode(ScoreSnapshot, encode_raw(record)))
     assert state.daily == Daily()
-    assert np.isnan(ScoreInputs.of([state]).daily[0, 6])
+    assert np.isnan(ScoreInputs.from_states([state]).daily[0, 6])

@@ -70,7 +70,7 @@ rows = st.tuples(states, st.sampled_from(["bronze", "silver", "gold", "platinum"
 
 def hot_scores(states: list[ScoreState], priorities: list[str], scheduled: list[float],
                policy: Policy, now: float) -> np.ndarray:
-    return hot_scores_of(ScoreInputs.of(states), priority_values(priorities, policy),
+    return hot_scores_of(ScoreInputs.from_states(states), priority_values(priorities, policy),
                          np.asarray(scheduled, dtype=float).reshape(len(states)), policy, now)
 
 
