@@ -1,55 +1,16 @@
-"""Who may sign what: the keyring file the registry trusts (YAML, or JSON which is YAML).
+"""Who may sign what: the keyring file the registry, the workers and the router trust (YAML,
+or JSON which is YAML).
 
-```yaml
-keys:
-  - key_id: ci-acme-2026a          # unique; events name it in ``key_id``
-    publisher: ci-acme             # events must name the same publisher
-    public_key: <base64 of the raw 32-byte Ed25519 public key>
-    not_before: 2026-01-01T00:00:00Z
-    not_after: 2027-01-01T00:00:00Z
-    revoked: false
-    scopes: {tenants: [acme], actions: [publish, canary]}   # or "*" for either
-    role: publisher                # default; "planner" keys sign cache commands only
-```
+Each key has one ``role``: a ``publisher`` key signs lifecycle events within its scopes
+(tenants, actions) and validity window, a ``planner`` key signs cache commands only (its
+``tenants`` bound whose copies it may move), so a CI key can never move a GPU copy. Per
+tenant, a priority ceiling (``platinum`` means never evicted, so it is granted explicitly)
+and whether artifacts need an OpenSSF model signature, verified against ``model_signers``
+(keys or certificate authorities, each for the tenants it names). Rotation is two keys of
+one publisher valid at once; a revoked key stays in the file so its events are reported as
+revoked, not unknown. ``KeyringFile`` re-reads the file when it changes.
 
-A key has one ``role``: a ``publisher`` key signs lifecycle events (the registry refuses a
-command key there) and a ``planner`` key signs cache commands (workers refuse any other key,
-so a CI key can never move a GPU copy). A planner key's ``tenants`` scope bounds whose
-copies its commands may move; its ``actions`` scope (lifecycle actions) does not apply.
-
-A tenant's adapters may not be published above its priority ceiling (``platinum`` means
-never evicted, so it is granted explicitly):
-
-```yaml
-default_max_priority: gold         # tenants not listed below (default: gold)
-tenants:
-  acme: {max_priority: platinum, require_model_signature: true}
-```
-
-OpenSSF model-signing keys and certificate authorities (``model_signers``) vouch for an
-artifact's bytes, each for the tenants it names; a tenant with ``require_model_signature``
-gets no artifact published or loaded without a bundle one of them verifies
-(loraplane.artifact.model_signature):
-
-```yaml
-model_signers:
-  - signer_id: acme-models-2026    # unique; recorded in the adapter record as the signer
-    tenants: [acme]                # whose adapters it may sign, or "*"
-    public_key: |                  # an EC (P-256/384/521) public key, PEM: key-based signing
-      -----BEGIN PUBLIC KEY-----
-      ...
-  - signer_id: acme-release-ca
-    tenants: [acme]
-    ca_certificates: |             # or certificate signing: the chain's trust anchors, PEM,
-      -----BEGIN CERTIFICATE-----  # and the one signing-certificate subject they may vouch for
-      ...
-    certificate_subject: CN=acme-release,O=Acme
-    revoked: false
-```
-
-Rotation is two keys of one publisher valid at once; revocation sets ``revoked: true``
-(the entry stays so that its events are reported as signed by a revoked key, not an
-unknown one). ``KeyringFile`` re-reads the file when it changes, so neither needs a restart.
+The format, an example and every rule: docs/lifecycle.md, "Keyring file".
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""Which request logs may hold a score key. Pure: the scoring agent asks it per log, with
-the registry it verified itself (``loraplane.registry.live``, from the compacted
-``registry`` topic), and asks it which keys to tombstone when the registry changes.
+"""Which request logs may hold a score key. Pure: the scoring keeper asks it per log, with
+the registry it verified itself (``loraplane.registry.live``), and asks it which keys to
+tombstone when the registry changes.
 
 Why: a request log is written for any pattern-valid id a tenant sends, and a score key is
-state that lives on a compacted topic and in every scoring and planning process. Keyed by
-whatever arrived, one tenant with a valid API key grows that state without bound. So only
-a version the registry lists as live (published, canary, active) gets a key, plus its
-adapter's unattributed demand (``adapter@*``) while the adapter has a live version;
-everything else (an id not in the registry, a retired or revoked version, a refused request)
-is counted in the unknown bucket of its partition (``schemas.score_snapshot.unknown_key``). When a
-version leaves the live set its key is tombstoned, so state follows the registry, not the
-traffic.
-
-Ordering: a log may reach the scoring side moments after its version's publish reached the
-registry topic. The scoring agent judges a batch with unknown logs again once its live tail
-of the registry has read up to the ends the topic had after the batch was consumed
-(``streams.score_keeper.ScoreKeeper``): a worker
-serves a version only once its own registry copy, read from that topic, lists it, so every
-served log comes after its view is on the topic and is scored. No pending set is kept; a log
-older than its publish (forged or replayed) is counted unknown.
+state on a compacted topic and in every scoring and planning process; keyed by whatever
+arrived, one tenant with a valid API key would grow it without bound. So only a version the
+registry lists as live (published, canary, active) gets a key, plus its adapter's
+unattributed demand (``adapter@*``) while the adapter has a live version; everything else is
+counted in the unknown bucket of its partition, and a version leaving the live set has its
+key tombstoned. A worker serves a version only once its own registry copy lists it, so a
+served log never precedes its view on the topic. docs/planner.md, "Bounded state".
 """
 
 from __future__ import annotations

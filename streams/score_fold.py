@@ -1,25 +1,19 @@
-"""One batch of request-log messages folded into score states. Pure: the scoring agent
-(streams.scoring_agent) consumes, calls ``fold_batch`` and writes what it returns.
+"""One batch of request-log messages folded into score states. Pure: the scoring keeper
+consumes, calls ``fold_batch`` and writes what it returns.
 
-Why per batch: each touched score key is written once per batch instead of once per
-request log, and the per-request work is the cheapest the semantics allow (validate the
-fields scores read, then ``scores.observe_many`` on floats). Refused messages come back
-with their reason, for the dead-letter topic.
-
-Request logs arrive at least once (the workers' event sink replays from its spool what the
-broker may already have written when its acknowledgement was lost), so a log whose
+Why per batch: each touched score key is written once per batch instead of once per log,
+and the per-log work is the cheapest the semantics allow. Refused messages come back with
+their reason, for the dead-letter topic. Logs arrive at least once, so a log whose
 ``event_id`` is among the ``RecentIds`` of its partition, or earlier in the batch, is
-skipped: a replayed duplicate sits behind its original on the same partition (same key).
-A log that may hold no score key (``streams.score_admission``: not in the registry,
-retired, revoked, refused) only adds to the batch's unknown count.
+skipped (a replay sits behind its original on the same partition). A log that may hold no
+score key (``streams.score_admission``) only adds to the batch's unknown count.
 
 The fast path: a compiled msgspec decoder (``_Demand``) reads only the fields scores need,
 with RequestDemand's constraints, from plain ASCII flat JSON. It may refuse more than
 pydantic does, never less, and never decodes a value differently
-(tests/unit/test_score_fast_path.py): whatever it refuses goes through ``demand_of``, the
-full pydantic validator, which either accepts it after all (a non-ASCII ignored field, a
-timestamp in another ISO form) or names the reason for the dead letter. Why: pydantic
-validation was most of the agent's per-log cost (docs/benchmarks.md, "Scoring throughput").
+(tests/unit/test_score_fast_path.py); whatever it refuses goes through ``demand_of``, the
+full pydantic validator, which accepts it after all or names the reason. Why: pydantic
+validation was most of the per-log cost (docs/benchmarks.md, "Scoring throughput").
 """
 
 from __future__ import annotations

@@ -1,56 +1,20 @@
 """The scoring keeper: request logs in, per adapter-version score state out, in batches, on
 as many processes as there are requests partitions to share.
 
-It consumes and produces with confluent-kafka itself (no Faust: it is the busiest consumer of
-the system; docs/benchmarks.md). It runs as its own process (``loraplane streams scoring``)
-or as a thread of the Faust worker (``streams.scoring_agent``); every keeper joins the
-consumer group ``{prefix}-scoring`` and the group shares the requests partitions among them
-(cooperative-sticky: a member joining or leaving moves only the partitions that change
-hands). Each batch of up to ``BATCH`` logs is folded by the pure
-``streams.score_fold.fold_batch``; then, in one Kafka transaction, every touched score key is
-written once to the compacted ``scores`` topic, refused logs go to the dead-letter topic with
-their reason, and the batch's consumer offsets are committed.
+It consumes and produces with confluent-kafka itself, not Faust: it is the busiest consumer
+of the system. It runs as its own process (``loraplane streams scoring``) or as a thread of
+the Faust worker (``streams.scoring_agent``), every keeper in the consumer group
+``{prefix}-scoring``. Each batch of up to ``BATCH`` logs is folded by the pure
+``streams.score_fold.fold_batch`` (event time: the log's own ``ts``); then one Kafka
+transaction writes every touched score key once to the compacted ``scores`` topic, refused
+logs to the dead-letter topic, and the batch's offsets. A score key lives on the scores
+partition numbered as its logs' requests partition, so a keeper owns exactly the keys of
+its assigned partitions and reads back only those; only versions its own verified registry
+tail lists get a key (``streams.score_admission``).
 
-Partition-aligned state: a score key's record goes to the scores partition equal to the
-requests partition its logs came from (logs are keyed by adapter id, so an adapter's logs and
-keys share one partition number), and so does the unknown bucket of that partition
-(``schemas.score_snapshot.unknown_key``). The two topics must have the same partition count
-(checked at the start of every session, ``PartitionMismatch``). So a keeper owns exactly the
-score keys of its assigned partitions: on an assignment it reads back only those scores
-partitions (read-committed; an unreadable record is skipped with its reason) and the event
-ids of the last ``RECENT`` logs before each one's committed offset (a log the event sink
-delivered twice is counted once); on a revoke (or a lost assignment) it forgets their keys.
-
-Exactly once across processes and handovers:
-- One transactional id per process, ``{prefix}-scoring-{instance}`` (``--instance``, default
-  host-pid); a restart under the same instance fences its predecessor. Fencing between
-  processes is KIP-447's: offsets are sent with the consumer's group metadata, so a member
-  whose partitions were given to another (a zombie past its session timeout) has its
-  transaction refused and aborted. Tombstone-only transactions send the partitions' offsets
-  as committed too, for the same fencing.
-- The callbacks of a rebalance run inside ``consume`` on the keeper's only thread, between
-  batches: when a partition is given up no transaction of it is open. Logs of partitions not
-  owned (any more, or not read back yet) are never folded.
-- The new owner learns the partition's committed offset first (librdkafka asks for stable
-  offsets under read_committed: it waits for a previous owner's open transaction to end),
-  then reads the scores partition to its end (read-committed). The crashed process's open
-  transaction ends when the broker aborts it (``TRANSACTION_TIMEOUT_MS``) or a restart with
-  the same instance fences it.
-
-Time is the log's own ``ts`` (event time). Broker restarts heal by themselves: every
-transaction call is bounded (``kernel.transactions``: the state is updated only after the
-commit), a fatal or fenced producer ends the session and the next one builds a new producer
-and consumer; a watchdog thread logs ``STALLED scoring: no progress for N s (step)``.
-
-Bounded state (``streams.score_admission``): the keeper learns the registry itself, through
-a live tail of the compacted ``registry`` topic (``registry.topic.registry_tail``) and
-``loraplane.registry.live.VerifiedRegistry`` with its own keyring. A batch with unknown logs
-is judged again once the tail has read up to the registry's ends taken after the batch was
-consumed (bounded by ``REGISTRY_WAIT_S``), so a version published before its first log (as
-every served one is) is never counted unknown. A log whose version is not live adds to its
-partition's unknown bucket; a key the registry no longer backs is tombstoned (on its own
-partition, by its owner) and forgotten. Nothing is consumed before the tail's first complete
-read (an empty registry would tombstone all).
+docs/planner.md (the keeper and its bounded state), docs/scale.md ("Scoring processes") and
+docs/reliability.md ("A scoring process joins, leaves or is killed -9 under load", "Kafka
+broker restarted") give the rules: exactly once across handovers, fencing, broker restarts.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Per adapter-version score state from request logs, and the hot score. Pure: time is an
 argument (epoch seconds), so the simulator replays it with simulated time.
 
-Why exponentially decayed counters rather than windowed counts: a decayed counter is two
-floats (value, time of last update) per rate, so the state of one adapter version is O(1)
-whatever its traffic, serialises to a small record (schemas.score_snapshot) for the
-compacted scores topic, and is updated and read without keeping or expiring window buckets.
-For a steady arrival rate ``r`` a counter with time constant ``tau`` converges to
-``r * tau``, so ``value / tau`` is the rate "over the last tau seconds" with recent requests
-weighing most. Out-of-order events are exact: an event older than the last update is added
-already decayed.
-
-The daily profile (``Daily``) is the demand forecast's second part: the first two harmonics of
-a version's requests over the time of day, decayed over days, so a version busy every morning
-is placed before the morning comes (a rate decayed over minutes only follows it there).
-
-Inputs that need a version (TTFT, errors after load) are kept per version; demand that the
-gateway could not attribute to a version (``adapter_version`` is None) is kept under
-``score_key(adapter_id, None)`` and the planner counts it for the active version.
+Why exponentially decayed counters rather than windowed counts: a counter is two floats
+(value, time of last update) per rate, so a version's state is O(1) whatever its traffic,
+serialises to a small record (schemas.score_snapshot) and needs no window buckets; for a
+steady rate ``r`` it converges to ``r * tau``, so ``value / tau`` is the recent rate, and an
+event older than the last update is added already decayed (out of order is exact). The daily
+profile (``Daily``: two harmonics of a version's requests over the time of day, decayed over
+days) places a version busy every morning before the morning comes. Demand the gateway could
+not attribute to a version is kept under ``score_key(adapter_id, None)`` and counted for the
+active version. docs/planner.md, "Hot score".
 """
 
 from __future__ import annotations

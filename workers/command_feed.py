@@ -1,41 +1,19 @@
 """The planner's cache commands for one worker, from the Kafka commands topic.
 
-Commands are keyed by worker_id. A worker reads one partition of the commands topic: its
-command slot when it has one (``--command-slot N``: partition N, fixed), else the hash
-``kernel.command_partition.partition_of(worker_id, n)`` (n: the partition count as the
-broker reports it). It announces that partition in its worker state, and the planner sends
-there (``command_partition.partition_for``). It assigns itself the partition (``assign``,
-no subscription: no group membership, no rebalance) and reads it from its group's
-committed offset, the earliest when it has none. A hashed partition also carries the
-commands of the workers whose ids hash alike; those are dropped by key (and committed
-past). What it reads is counted, key + value bytes, its own and others' (``read_bytes``,
-``loraplane_commands_read_bytes_total{own}`` on its /metrics).
+A worker reads one partition: its command slot, else the hash of its id
+(``kernel.command_partition``), announced in its worker state so the planner sends there.
+It assigns itself that partition (no group membership, no rebalance), drops by key the
+commands of workers that share it, and counts the bytes it reads, its own and others'
+(``loraplane_commands_read_bytes_total{own}``). A hashed worker whose partition moved when
+the topic grew keeps reading the old one for ``command_partition.DRAIN_S``.
 
-The partition count is read from the broker's metadata at start and again every
-``PARTITIONS_EVERY_S``. A slot never moves (a slot not below the count stops the start).
-A hashed worker whose partition moved when the topic grew assigns its new partition and
-keeps the old one for ``command_partition.DRAIN_S`` (longer than any planner goes on with
-the old count), so a command in flight on the old partition is still read; anything missed
-anyway (a restart during that window) is left to the planner, which decides it again once
-its deadline has passed, and command_id dedup drops a command read twice.
-
-Offsets are committed to the group ``{prefix}-worker-{id}`` by the caller only after a
-command has been applied (folded into the desired state and reconciled once), so a crash in
-between redelivers it, and command_id dedup plus idempotent actions make that harmless.
-Undecodable messages go to the dead-letter topic with their reason and are committed.
-
-Nothing reaches the fold unverified: every decoded command goes through
-``workers.command_trust.check_command`` (this worker's key, a planner signature from the
-keyring file, fresh) first; a refused one is counted (``commands_refused{reason}``),
-dead-lettered with its ``CommandRejection`` and committed, never applied. The keyring is
-re-read when the file changes (``KeyringFile``); if it is missing or invalid every command
-is refused (``keyring_unavailable``): fail closed.
-
-Broker restarts heal inside librdkafka (the fetcher reconnects and resumes from its
-position); what this module adds is that no call blocks without bound (a poll has its
-timeout, a commit gives up after ``COMMIT_TIMEOUT_S`` and the agent's loop logs it) and
-that a feed that cannot reach Kafka says so: ``progress`` (``kernel.progress``: a ``STALLED
-worker-commands`` log line, ``loraplane_consumer_stuck_seconds`` on the worker's /metrics).
+Nothing reaches the fold unverified: every command goes through
+``workers.command_trust.check_command`` first; a refused or undecodable one is dead-lettered
+with its reason and committed, never applied. Offsets are committed by the caller only after
+a command was applied, so a crash redelivers it and command_id dedup makes that harmless. No
+call blocks without bound, and a feed that cannot reach Kafka says so (``progress``).
+docs/architecture.md, "Command delivery", and docs/reliability.md, "Kafka away", give the
+rules.
 """
 
 from __future__ import annotations

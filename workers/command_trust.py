@@ -2,24 +2,13 @@
 where the command is used, before it is folded into the desired state (pure: no I/O).
 
 Anyone who can write to the commands topic can put bytes there, so a decoded command is
-trusted only when all of these hold, checked in this order (the first failure is the
-reason, ``schemas.reasons.CommandRejection``):
-
-1. it is for this worker: the Kafka key and ``worker_id`` both name it (``wrong_worker``) —
-   a planner-signed command copied onto another worker's key is refused here;
-2. it is signed (``unsigned``) by a key in the keyring (``keyring_unavailable``,
-   ``unknown_key``) whose role is ``planner`` (``key_role_mismatch``: a CI key cannot sign
-   commands), not revoked, inside its validity window (``key_revoked``, ``key_expired``,
-   ``key_not_yet_valid``), and the Ed25519 signature over ``CacheCommand.signed_bytes()``
-   (domain ``loraplane.command.v1``: a lifecycle signature never verifies) is good
-   (``bad_signature``: any field edited after signing), for a tenant in the key's scope
-   (``tenant_out_of_scope``);
-3. it is fresh: not issued ahead of the worker's clock by more than the skew
-   (``command_from_future``), its deadline at most the policy's ``command_deadline_s``
-   (plus skew) after ``issued_at`` (``command_lifetime_too_long``) and not passed
-   (``command_expired``). So a signed command can be replayed only until its deadline, and
-   until then the worker remembers its id (``reconcile.remember``) and refuses it as
-   ``replayed_command``.
+trusted only when it is for this worker (the Kafka key and ``worker_id`` both name it),
+signed by a ``planner`` key of the keyring that is valid now and whose tenants scope covers
+the command (a CI key cannot sign commands; the signature's domain keeps a lifecycle
+signature from verifying), and fresh (not from the future, a bounded lifetime, its deadline
+not passed, its id not applied before). The checks run in a fixed order and the first
+failure is the reason (``schemas.reasons.CommandRejection``): docs/worker.md, "Authenticated
+commands", lists them.
 """
 
 from __future__ import annotations

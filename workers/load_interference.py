@@ -1,25 +1,15 @@
 """What a GPU load costs the batch running beside it, measured on the worker, and the
-cold-load budget that follows from it (``policy.load_stall_share``).
+cold-load budget that follows from it (``policy.load_stall_share``). Pure: the caller passes
+the clock and the measurements.
 
 Why: a load slows every request decoding on its worker while it runs (vLLM loads inside its
-step loop: page allocation, the host-to-GPU copy, queue blocking; the seed measured P95
-tokens/s falling from 40 to 31 with loads on the request path). A constant "N loads a minute"
-is right for one model, one GPU and one adapter size only. Here the worker measures two
-things and the budget follows them:
-
-* ``stall``: the share of decode rate lost while a load runs. Each streamed answer whose
-  pace was vLLM's gives one point (the share of its decode time that overlapped a load, its
-  tokens per second; the gateway leaves out prefill and client-paced streams); a
-  decayed least-squares line through them, ``rate = r0 (1 - stall x overlap)``, gives
-  ``stall = -slope / intercept``. No point needs to be labelled, and requests of every
-  length count by how much of them overlapped.
-* ``load_s``: the seconds a load takes on this worker (a moving average).
-
-A load then costs ``stall x load_s`` seconds of the worker's decode; the budget is the most
-loads a minute that keep that under ``share`` of the minute, never above the policy's
-constant (``cold_loads_per_minute_per_worker`` stays the ceiling, and the planner's and the
-router's view of a worker are capped by it too) and never below one. Pure: the caller passes
-the clock and the measurements.
+step loop), and a constant "N loads a minute" is right for one model, GPU and adapter size
+only. The worker measures ``stall`` (the share of decode rate lost while a load runs: a
+decayed least-squares line ``rate = r0 (1 - stall x overlap)`` through the streamed answers
+whose pace was vLLM's) and ``load_s`` (a load's seconds, a moving average). A load costs
+``stall x load_s`` seconds of decode; the budget is the most loads a minute that keep that
+under ``share`` of the minute, between one and the policy's constant. docs/worker.md, "The
+reconcile loop" (the cold-load budget), gives the rules.
 """
 
 from __future__ import annotations

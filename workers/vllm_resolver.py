@@ -2,22 +2,15 @@
 this worker's host tier that a signed release names, for this vLLM's base model. Everything
 else is refused.
 
-vLLM resolves a request's unknown ``model`` through its LoRA resolver plugins when
-``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is on (the agent needs it on to load adapters), so a
-resolver that trusts a folder, as vLLM's own filesystem resolver does, loads bytes the
-control plane never verified. This one re-decides at resolve time, from the bytes vLLM will
-read: the entry's files are copied (no link followed) into a folder of this process
-(``{host tier}/.resolver-copies/``, mode 0700) and that copy is verified, the way the host tier
-verified them, against the record of the agent's saved registry view that the keyring verifies
-(loraplane/registry/vouch.py), never against the entry's own ``record.json`` (whoever can write
-the tier can write one to match any files); a retired or revoked version is refused. vLLM gets
-the copy, so a folder swapped on disk after the check is never what it loads. The worker
-agent vouches for such a copy as for the entry itself (workers/reconcile.py: ``vouched``), so
-it keeps, counts and evicts it.
-
-The vLLM-facing class is ``loraplane/vllm_plugin.py``; this module never imports vLLM, so the
-worker's venv and the unit tests run it as is. Configured through the environment that
-``workers/vllm_process.py`` gives the vLLM it starts (``resolver_env``).
+With runtime LoRA updating on (the agent needs it), vLLM resolves a request's unknown
+``model`` through its resolver plugins, and one that trusts a folder loads bytes the control
+plane never verified. This one re-decides at resolve time, from the bytes vLLM will read:
+the entry's files are copied (no link followed) into a folder of this process and that copy
+is verified against the record of the agent's saved registry view that the keyring verifies
+(never the entry's own ``record.json``); vLLM gets the copy, so a folder swapped on disk
+after the check is never what it loads. The vLLM-facing class is
+``loraplane/vllm_plugin.py``; this module never imports vLLM. docs/worker.md, "vLLM's
+on-demand loads: the host-tier resolver".
 """
 
 from __future__ import annotations

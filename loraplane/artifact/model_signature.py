@@ -2,27 +2,16 @@
 it signed is exactly what is served. Pure: the cryptography is the model-signing library's,
 handed in as ``verify_with`` (loraplane.artifact.model_signing_bundle runs it on a bundle file).
 
-A folder signed with the ``model-signing`` package carries its bundle as ``model.sig`` (a
-Sigstore bundle: a DSSE envelope over an in-toto statement listing every signed file with its
-digest). Publish uploads it like any file, so the manifest pins its bytes and the record's
-``sha256`` pins the manifest; the record also names it (``model_signature``: its sha256,
-the keyring's signer and that signer's identity). The same check runs at publish and on a
-worker before the bytes are used:
-
-1. a tenant whose keyring policy says ``require_model_signature`` has no artifact without a
-   bundle (``model_signature_required``);
-2. the bundle verifies with a ``model_signers`` key or certificate authority of the keyring
-   that may sign this tenant's adapters; a bundle only a signer of other tenants verifies is
-   ``model_signer_out_of_scope`` (a tenant's valid key never signs another's adapter), one
-   only a revoked signer verifies is ``model_signer_revoked``, one nobody verifies (an
-   untrusted key, a broken signature, not a bundle) ``model_signature_invalid``;
-3. what it signed is what is served, file by file: every served file (manifest ``files``,
-   the bundle itself aside) is signed with the same sha256, and every signed file is served
-   or was dropped at publish with the same sha256 (manifest ``dropped``: PEFT's model card,
-   which the signer may have signed or left out). A changed byte, an added file or a bundle
-   of other files is ``model_signature_mismatch``; only sha256 file hashing (the library's
-   default) compares with the manifest;
-4. on a worker, the record names this bundle and this signer (``record_mismatch``).
+A folder signed with the ``model-signing`` package carries its bundle as ``model.sig``, which
+publish uploads like any file (so the manifest pins its bytes) and the record names. The same
+check runs at publish and on a worker before the bytes are used: a bundle where the tenant
+requires one, verified by a ``model_signers`` entry that may sign this tenant's adapters and
+is not revoked, signing exactly the served files (and those dropped at publish) with their
+manifest sha256, and, on a worker, the bundle and signer the record names. Each failure has
+its reason (``model_signature_required``, ``model_signer_out_of_scope``,
+``model_signer_revoked``, ``model_signature_invalid``, ``model_signature_mismatch``,
+``record_mismatch``): docs/worker.md, "OpenSSF model signing on the worker", and
+docs/lifecycle.md, "Publishing a signed folder".
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Verification of a PEFT LoRA artifact before anything reaches vLLM. Pure: no I/O.
 
 The artifact is seen through an ``ArtifactReader`` (a local folder, a fetch in progress, an
-in-memory dict in tests), so every check here runs the same for the host tier, the
-offline ``loraplane artifact verify`` and the hostile-artifact tests.
-
-What is checked, each failure with its own ``Reason``:
-- the manifest's digest equals the signed registry record's ``sha256``; every file's size
-  and sha256 equal the manifest's; the total is under the limit; nothing unlisted;
-- only top-level ``*.safetensors`` and ``adapter_config.json`` (plus ``manifest.json`` and an
-  OpenSSF model-signing bundle ``model.sig`` of at most ``MAX_BUNDLE_BYTES``): no pickle,
-  no symlinks, no ``..`` or absolute names; the bundle is in the manifest exactly when the
-  record names it, with its sha256 (its signature: loraplane.artifact.model_signature);
-- each safetensors header is read with a bounded length (the first 8 bytes announce it; an
-  announcement over ``max_header_bytes`` is refused before anything else is read) and
-  validated: dtypes, shapes, offsets inside the file, contiguous and non-overlapping;
-- tensors agree with ``r`` and ``target_modules`` of adapter_config.json: every target
-  module has lora_A ``[r, in]`` and lora_B ``[out, r]``, no weights for other modules, and
-  (when the base model's shape is known) the module exists there with those dimensions.
-  vLLM itself accepts a config naming modules the model lacks; we do not;
-- adapter_config.json is a LoRA vLLM serves (``lora_config``); rank within the worker's
-  ``max_lora_rank``; base model the worker's, through the aliases (``base_model``); config
-  agrees with the registry record.
-Any input yields a ``Verdict``; hostile bytes never raise.
+in-memory dict in tests), so every check here runs the same for the host tier, the offline
+``loraplane artifact verify`` and the hostile-artifact tests. Checked, each failure with its
+own ``Reason``: the manifest against the signed record and every file against the manifest;
+only the allowed files (no pickle, no links, no path games); each safetensors header read
+with a bounded length and validated; tensors against ``r`` and ``target_modules`` of
+adapter_config.json and, when known, the base model's shape (vLLM itself accepts a config
+naming modules the model lacks; this does not); the config is a LoRA vLLM serves
+(``lora_config``), within the worker's rank, for its base model (``base_model``), and agrees
+with the record. Any input yields a ``Verdict``; hostile bytes never raise. docs/worker.md,
+"Host warm tier and artifact verification", lists every rule.
 """
 
 from __future__ import annotations

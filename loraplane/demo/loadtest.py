@@ -1,21 +1,9 @@
 """The seed's load-test scenarios against a live system (its own topics, ClickHouse
 database, Faust app, sink, vLLM, worker and fleet router on the shared stack; all traffic
 goes through the router). Several scenarios of one run share one system, one after
-another (see ``run_scenarios``):
-
-- hot-adapter: one adapter, already hot, takes all traffic: it must keep hitting the GPU
-  copy and interactive TTFT p99 must stay within budget.
-- cold-adapter: a never-seen adapter gets traffic: interactive requests must not wait for
-  its load (base-model fallback), and it must become hot.
-- burst-loading: eight adapters go hot at once on a worker with four slots: loads stay
-  within the per-worker budget (BusyRetry), nobody waits, nothing errors.
-- bulk-eviction: five adapters are revoked at once while a platinum one serves: every
-  loaded revoked version is evicted, none is loaded again, the platinum copy stays.
-- artifact-store-unavailable: the S3 endpoint (an s3proxy this scenario starts for
-  itself, never the shared one) goes down before cold adapters are promoted: fetches fail
-  with a reason, nothing loads without its artifact, a hot adapter keeps serving.
-- signature-failure: adapters published with an unknown key and with a key scoped to
-  another tenant: nothing loads, the registry dead-letters each event with its reason.
+another (``run_scenarios``): hot-adapter, cold-adapter, burst-loading, bulk-eviction,
+artifact-store-unavailable (against an s3proxy of its own, never the shared one) and
+signature-failure; what each sends and expects is the table of docs/demo.md.
 
 The measurement window starts after the scenario's setup (publishing, warming), so the
 numbers describe the scenario's traffic only; they come from ClickHouse (and the workers'

@@ -1,31 +1,17 @@
 """The event sink's write-ahead journal: an event of a log topic is in the kernel, in a local
 file, before ``emit`` returns, and stays there until Kafka acknowledges it or the spool takes
-it, so a process killed -9 loses no event it emitted (a request log written before its
-answer's last byte, say).
+it, so a process killed -9 loses no event it emitted.
 
-Why a journal: librdkafka holds a produced event in the process's memory for ``linger.ms``
-and then until the broker's ack; a SIGKILL in that window lost it. Waiting for the ack would
-add a broker round trip to every request; one ``write`` to a local file does not.
+Why: librdkafka holds a produced event in the process's memory until the broker's ack, and
+waiting for the ack would add a broker round trip to every request; one ``write`` to a local
+file does not. It is on the disk once ``sync`` has run (once per poll, one fsync for the
+interval), so a host crash can lose that last interval, as a broker's own page cache can.
 
-What it guarantees: an event is in the kernel's page cache once ``append`` returns, which
-outlives the process (SIGKILL, the OOM killer, a crash of the interpreter). It is on the
-disk once ``sync`` has run: the sink runs it once per poll (0.2 s) off the event loop, one
-fsync for every event of the interval (a group commit), so a crash of the whole host (power,
-kernel) can lose that last interval, as a broker's own page cache can (Kafka does not fsync
-per message either).
-
-Layout: one directory per producing client (``<spool dir>/<client id>/journal``, locked with
-``flock`` by the process using it) of segments ``<n>.journal``. Each record is one ``write``
-on an ``O_APPEND`` descriptor: ``kind (1 byte) | body length (4) | body | crc32 (4)``. Kind
-``E`` is an event (seq, topic, key, value); kind ``A`` lists the seqs of events that are done
-(acknowledged, spooled, or lost and counted). A segment is removed once every event in it is
-done and a newer segment takes the appends.
-
-Recovery (the next process with the same client id, ``recovered``): the events without an
-ack, oldest first; reading a segment stops at a torn or corrupt record (a write the kill cut
-short). An event Kafka stored whose ack was not written yet (in flight at the kill) comes
-back too: the same bytes, so the same ``event_id``, which ClickHouse (``FINAL``) and the
-scoring fold keep once.
+Layout: ``<spool dir>/<client id>/journal`` (``flock``-ed by its process), segments
+``<n>.journal`` of records ``kind (1 byte) | body length (4) | body | crc32 (4)``, each one
+``write`` on an ``O_APPEND`` descriptor: ``E`` an event (seq, topic, key, value), ``A`` the
+seqs now done. Recovery returns the events without an ack, oldest first, and stops reading
+a segment at a torn record. docs/worker.md, "The event journal".
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """Where the agent, the gateway and the router put their Kafka events without waiting for
 the broker, and without losing them when it is away or the process is killed.
 
-``emit`` enqueues into librdkafka's in-memory queue (acks=all, idempotent producer); a
-background ``poll`` serves delivery reports. A request therefore never waits on Kafka.
-
-An event of a log topic (``cleanup.policy=delete``: request logs, cache events, dead
-letters, audits) is first appended to the client's write-ahead journal
-(``eventlog.journal``): one ``write`` to a local file, in the kernel before ``emit``
-returns, so a process killed -9 right after loses none of them; the next start with the same
-client id spools what the journal holds without an ack. States on compacted topics (worker
-and router state) are not journaled: the next one replaces them, and a restarted process
-publishes its own. The journal is fsynced once per poll, off the event loop.
-
-An event the broker did not take (its delivery report is an error after
-``message.timeout.ms``, or the queue is full) goes to the client's durable spool
-(``eventlog.spool``) and is replayed from there, oldest first, once the broker answers;
-while the spool holds anything, new events join its tail, so none overtakes an older one.
-What the spool cannot take (its bound, a disk error) is counted in ``dropped`` and logged
-with the count; what Kafka refuses for good (too large) in ``refused``/``failed``; an event
-the journal could not take (a disk error) in ``unjournaled``. ``emit`` never raises, so no
-caller's loop (the command feed dead-lettering a poison message, a request being answered)
-can be crashed by the event it reports.
-
-A graceful stop (``close``) waits for deliveries, then spools what is still queued, so an
-agent stopped during an outage keeps its events for the next start. Delivery is at least
-once: an event in flight when the process stops (stored by the broker, its ack not yet
-seen) is sent again; it keeps its ``event_id``, by which ClickHouse and the scoring fold
-keep it once.
+``emit`` enqueues into librdkafka (acks=all, idempotent), so a request never waits on
+Kafka. An event of a log topic (request logs, cache events, dead letters, audits) is first
+appended to the client's write-ahead journal (``eventlog.journal``), so a process killed -9
+right after loses none; states on compacted topics are not journaled (the next one replaces
+them). An event the broker did not take goes to the client's durable spool
+(``eventlog.spool``) and is replayed, oldest first, once the broker answers; while the spool
+holds anything new events join its tail, so none overtakes an older one. What cannot be
+kept is counted and logged (``dropped``, ``refused``, ``unjournaled``), and ``emit`` never
+raises, so no caller can be crashed by the event it reports. Delivery is at least once; an
+event sent twice keeps its ``event_id``, by which ClickHouse and the scoring fold keep it
+once. docs/worker.md ("The event journal", "The event spool") and docs/reliability.md give
+the rules.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The one admission of a request, at the fleet router and at a worker's gateway alike.
 
 In order, each step refusing with its reason (``AdmissionRefusal``, a field's
-``RequestRefusal``, a ``TenantLimit``):
-
-1. the tenant: an API key, or at a gateway a router's signed forward (``identify``, before
-   the body is read); the request class;
-2. with the body (``admit``): the forward's signature over the body, the class and the
-   version; JSON; ``model`` wholly an adapter id; the body's fields and the class's caps
-   (``request_fields.admit``);
-3. the adapter: known here (404), the tenant's own (403);
-4. the version, decided once: at the first door (the router, or a gateway reached
-   directly) ``version_choice.choose_version`` (active, or the canary for its sticky share
-   of sessions), with the active version as the stable one to serve while a canary warms;
-   at a gateway behind a router exactly the version the router signed, or a refusal when
-   this worker's verified registry does not have it (``version_unknown``, retryable) or it
-   was revoked since (``version_revoked``): never another version;
-5. the tenant's limits (``TenantGate``: concurrency and tokens); the caller leaves the gate
-   when the request is done.
+``RequestRefusal``, a ``TenantLimit``): the tenant (an API key, or at a gateway a router's
+signed forward: ``identify``, before the body is read) and the request class; with the body
+(``admit``) the forward's signature, ``model`` wholly an adapter id, the fields and the
+class's caps; the adapter known here and the tenant's own; the version, decided once (at the
+first door ``version_choice.choose_version``; behind a router exactly the version the router
+signed, or ``version_unknown`` / ``version_revoked``, never another); the tenant's limits
+(``TenantGate``), which the caller leaves when the request is done. docs/router.md, "How it
+picks", and docs/worker.md, "The gateway", give each step.
 
 Pure: the keys, the versions and the clock are passed in; the HTTP side is
 ``frontdoor.http``.

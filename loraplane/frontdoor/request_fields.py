@@ -1,24 +1,15 @@
-"""What of a client's request body may reach vLLM: the gateway's allowlist, caps and salts.
+"""What of a client's request body may reach vLLM: the front door's allowlist, caps and salts.
 
 Pure code (no I/O): ``admit`` takes the parsed body of ``/v1/completions`` or
 ``/v1/chat/completions`` and the request class's ``RequestCaps`` and returns either the body
 to forward (without ``model``, which the gateway sets) or the refusal (a ``RequestRefusal``
-and the field it names). Only documented OpenAI fields whose cost is bounded here pass:
-
-* a field on ``DROPPED`` is removed silently (``user``; ``cache_salt``, ``request_id`` and
-  ``stream_options`` are the gateway's to set);
-* any other field off the endpoint's allowlist is refused, naming it (``field_not_allowed``):
-  vLLM's extensions (``priority``, ``kv_transfer_params``, ``vllm_xargs``, ``ignore_eos``,
-  guided decoding, ``chat_template``, ...) would let a tenant change scheduling, KV transfer,
-  templates or costs of the shared engine;
-* allowed fields are type-checked and capped (``n``/``best_of``, ``max_tokens`` (set to the
-  class default when absent), prompts per request, ``logprobs``/``top_logprobs``, stop
-  sequences, chat messages (text only: no image/audio URL for vLLM to fetch)).
-
-``header_token`` is the rule for the client's own header values that are copied into a
-request head, a hash or a RequestLog (``X-Request-Id``, ``X-Session-Key``).
-``cache_salt`` derives the per-tenant salt that keeps tenants' prefix-cache blocks apart, and
-``TokenBucket``/``TenantGate`` are the per-tenant limits, with time passed in.
+and the field it names). Only documented OpenAI fields whose cost is bounded here pass,
+type-checked and capped; a few are dropped silently (``DROPPED``); anything else is refused
+by name (``field_not_allowed``), since vLLM's extensions would let a tenant change the
+shared engine's scheduling, KV transfer, templates or costs. ``header_token`` is the rule for
+client header values copied into a request head, a hash or a log; ``cache_salt`` keeps
+tenants' prefix-cache blocks apart; ``TokenBucket`` and ``TenantGate`` are the per-tenant
+limits. docs/worker.md, "Request fields", has the table.
 """
 
 from __future__ import annotations

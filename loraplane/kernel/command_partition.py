@@ -2,22 +2,13 @@
 
 A worker either has a fixed command slot (``loraplane worker run --command-slot N``, e.g. a
 StatefulSet ordinal) and reads partition N, or, without one, the hash ``partition_of``:
-Kafka's own key hash (murmur2, as Java clients, Faust and our producers' ``murmur2_random``
-partitioner place a key; not Python's salted ``hash``) of the worker id modulo the partition
-count, so a keyed write by any of them lands where the rule says.
-Slots give every worker a partition of its own once partitions >= fleet size (it reads
-exactly its own commands); the hash needs ~4x the fleet to keep collisions rare.
-
-The worker announces the partition it reads in its ``WorkerState.command_partition``; the
-planner sends there through ``partition_for`` (the announcement when it is in range, else
-the hash, which is what a worker without one, or of an older build, reads).
-
-Both sides take the count from the broker's metadata, never from the declaration
-(``kernel.topics``): a topic created before a grow, or grown by ``topics apply`` while the
-fleet runs, has what the broker says. ``PartitionCount`` is the sender's cache of it,
-re-read every ``REFRESH_S``; the worker's feed re-checks as often and keeps its old
-partition assigned for ``DRAIN_S`` after a grow, so commands a sender still addressed by
-the old count are read too (workers/command_feed.py).
+Kafka's own key hash (murmur2, where Java clients, Faust and our producers place a key; not
+Python's salted ``hash``) of the worker id modulo the partition count, so a keyed write by
+any of them lands where the rule says. The worker announces its partition in its
+``WorkerState``; the planner sends there through ``partition_for``. Both sides take the
+count from the broker's metadata (``PartitionCount``, re-read every ``REFRESH_S``), never
+from the declaration, and a hashed worker keeps its old partition for ``DRAIN_S`` after a
+grow. docs/architecture.md, "Command delivery"; docs/scale.md sizes the topic.
 """
 
 from __future__ import annotations

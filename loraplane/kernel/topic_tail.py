@@ -1,25 +1,16 @@
 """A live tail of compacted topics: the last record of every key, kept current by one
 long-lived consumer instead of re-reading the whole topic every few seconds. The worker
-agents and the fleet router hold their registry (and the router its
-worker states) this way, so a change reaches them as soon as the broker delivers it.
+agents, the router, the scoring keepers and the planner hold their registry (and the router
+its worker states) this way, so a change reaches them as soon as the broker delivers it.
 
-- The first view is complete: ``snapshot`` raises ``TopicReadIncomplete`` until every
-  partition has been read to its end once, so a broker that is away (or slow) never reads
-  as an empty topic.
-- Then each record (a tombstone too, kept as value None) replaces its key's last one as it
-  arrives; ``version`` counts the changes, so a user re-derives its view only on a change.
-- Partitions are assigned, not subscribed: no consumer group, no rebalance, and the
-  position lives in this process, so a broker restart neither loses the view nor re-reads
-  the topic. librdkafka reconnects by itself; a consumer that fails anyway is rebuilt from
-  the positions held (``RECONNECT_S``).
-- ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's present
-  (``progress``: ``kernel.progress``, a broker away shows as a hold-up and one ``STALLED``
-  line; the consumer is quiet, librdkafka would log every reconnect attempt).
-- ``current_span`` says since when it has been, without a gap: the broker answered (a
-  record, a partition end, an idle probe every ``probe_every_s``) while the view had nothing
-  known unread, answers at most ``2 * probe_every_s + 1`` s apart (``CurrentSpan``). It
-  stops at the last answer the moment the broker goes away, with no detection delay: the
-  router judges heartbeat ages by it (``router.liveness``).
+The first view is complete (``snapshot`` raises ``TopicReadIncomplete`` until every
+partition was read to its end once, so a broker that is away never reads as an empty
+topic); then each record, tombstones too, replaces its key's last one, and ``version``
+counts the changes. Partitions are assigned, not subscribed: no group, no rebalance, and
+the positions live in the process, so a broker restart neither loses the view nor re-reads
+the topic. ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's
+present; ``current_span`` says since when it has been without a gap, which the router
+judges heartbeat ages by (``router.liveness``).
 
 ``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
 Partitions added to a topic after the start are not read (the project's compacted topics

@@ -1,38 +1,15 @@
 """Kafka -> ClickHouse: the consumer group that fills the raw metric tables.
 
-Why a confluent-kafka consumer and not a Faust agent: the sink is a pure batch mover with no
-tables, windows or joins. librdkafka prefetches in C threads and ``consume(num_messages,
-timeout)`` hands over up to thousands of messages in one call, which is exactly the shape of a
-columnar ClickHouse insert; an agent would iterate message by message through asyncio
-(aiokafka) and need its own batching on top. It also gives explicit, synchronous offset
-commits, which the exactly-counted design below depends on.
-
-Guarantees:
-
-* Batches close by size (``batch_size``) or age (``max_wait_s``), whichever comes first.
-* Offsets are committed only after every row of the batch was inserted (or dead-lettered and
-  acknowledged by Kafka), batch after batch in order. A crash in between replays the batch;
-  the replayed rows collapse because every raw table is a ReplacingMergeTree keyed by the
-  event id, and the query pack reads with FINAL, so counts stay exact.
-* Pipelined: one batch is inserted in a writer thread while the loop polls and decodes the
-  next one (the insert mostly waits on ClickHouse, and the driver releases the GIL while it
-  does). At most one batch is in flight; the next is handed over only once the previous is
-  committed, so a failure never lets a later batch's offsets pass an earlier one's rows.
-* ClickHouse (or Kafka for dead letters) unreachable: the consumer pauses its partitions and
-  retries the same batch with exponential backoff; it keeps polling so it stays in the group,
-  Kafka keeps everything that arrives meanwhile, and the sink catches up once it is back.
-* Rebalances (a broker restart moves the group coordinator, a member joins or dies) never
-  leave a partition paused: every (re)assignment resumes what it hands us, a rebalance during
-  a backoff rewinds every uncommitted message (including those read while backing off) and
-  resumes what we still own (without it a paused partition stalls the sink for good).
-* A hold-up that lasts (ClickHouse or Kafka away, a commit that keeps failing) is logged as
-  ``STALLED metrics-sink: no progress for N s (why)`` by a watchdog thread, and
-  ``RECOVERED`` when it ends (``kernel.progress``), and shown as
-  ``loraplane_consumer_stuck_seconds`` on ``--metrics-port`` (``kernel.progress_metrics``).
-* A message that does not decode, or a row ClickHouse rejects (found by bisecting the batch),
-  goes to the dead-letters topic with its reason; the batch's other rows still land. Rows of
-  the dead-letters topic itself are never dead-lettered again (logged instead), so a bad
-  dead letter cannot loop.
+A confluent-kafka consumer, not a Faust agent: the sink is a pure batch mover, and
+``consume(num_messages, timeout)`` hands over batches in the shape of a columnar insert with
+explicit, synchronous offset commits. Batches close by size or age; offsets are committed
+only after every row of the batch was inserted (or dead-lettered), in order, so a crash
+replays a batch whose rows collapse under ``FINAL`` (ReplacingMergeTree by event id): counts
+stay exact. One batch is inserted in a writer thread while the next is decoded. ClickHouse
+or Kafka away: the partitions are paused and the batch retried with backoff, and every
+(re)assignment resumes what it hands over, so a rebalance never leaves one paused. A message
+that does not decode or a row ClickHouse rejects goes to the dead-letters topic with its
+reason. docs/reliability.md, "The metrics sink: every row once", gives the rules.
 """
 
 from __future__ import annotations

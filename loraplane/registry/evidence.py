@@ -2,24 +2,14 @@
 
 The registry topic is only a transport: anyone who can write to it can write any
 ``AdapterView``. A view therefore carries the signed lifecycle events that produced it
-(``AdapterView.evidence``, every accepted event of the adapter in order), and a consumer (a
-worker, the fleet router) accepts it only when folding those events through the registry's
-own ``registry.fold.evaluate``, with the consumer's own keyring, yields exactly that
-view. Nothing in the view is believed that no signature vouches for: an edited field
-(``sha256``, ``artifact_uri``, ``tenant_id``, a status) folds into a different view; a
-forged, re-signed or out-of-scope event is refused by ``evaluate``'s key, signature and
-scope checks; an event of another adapter is foreign.
-
-Each event is evaluated at its own (signed) ``issued_at``: the key must have been valid then,
-not now, so a view stays verifiable after its events expire. A revoked key is refused at any
-time, so revoking a key withdraws everything it signed.
-
-Freeze and rollback (TUF): a topic writer can replay an older view of the adapter whose
-evidence is genuine (say, from before a revoke). ``verify_view`` refuses a view whose
-history does not extend the one the consumer accepted before (``previous``): a lower
-``last_seq``, or an evidence list whose earlier events are not the previously accepted
-ones. A consumer that never saw the newer view cannot tell; that is the residual risk a
-signed timestamp role would close (docs/worker.md, "Threat model").
+(``AdapterView.evidence``), and a consumer accepts it only when folding those events through
+the registry's own ``registry.fold.evaluate``, with the consumer's own keyring, yields
+exactly that view: an edited field folds into a different view, a forged or out-of-scope
+event is refused. Each event is evaluated at its own signed ``issued_at``, so a view stays
+verifiable after its events expire; a revoked key is refused at any time. ``verify_view``
+also refuses a view whose history does not extend the one the consumer accepted before
+(``previous``: rollback and freeze, as in TUF); a consumer that never saw the newer view
+cannot tell. docs/lifecycle.md, "Signed all the way to the worker".
 """
 
 from __future__ import annotations

@@ -2,31 +2,17 @@
 
 ``evaluate`` takes one lifecycle message (raw bytes as they came off Kafka, or a decoded
 event), the keyring, the registry's current state of that adapter and ``now``, and returns
-``Accepted`` (the adapter's new state) or ``Rejected`` (a stable ``Reason`` code, i.e.
-``schemas.reasons.RegistryRejection``, and a human-readable detail). Checks run in this
-order, so each hostile event gets one reason:
-
-1. bytes -> event (malformed / invalid / too_large / canary_percent_out_of_range), and the
-   Kafka key must be the event's adapter_id (the table is partitioned by it);
-2. the key: known, bound to the event's publisher, not revoked, inside its validity window;
-   then the Ed25519 signature over ``LifecycleEvent.signed_bytes()``; then the key's scopes;
-   then the keyring's per-tenant priority ceiling on a published record;
-3. freshness: not expired, not issued in the future, a bounded lifetime, seq not above the
-   now-derived ceiling ``seq_at(now + CLOCK_SKEW)``, event_id not seen while still
-   unexpired, seq greater than the adapter's last accepted seq (revoke excepted: a revoke
-   only ever moves a version to its final state, so no seq game can keep it out);
-4. ownership: the adapter's tenant and base model never change;
-5. the action's own rules (publish only under the adapter's own artifact prefix and only
-   versions newer than every unrevoked one, canary/promote only known, unrevoked versions,
-   rollback only from the active version to one that has served, ...).
+``Accepted`` (the adapter's new state) or ``Rejected`` (a stable
+``schemas.reasons.RegistryRejection`` and a detail). The checks run in a fixed order (bytes
+and key, the signing key and its signature, scopes and priority ceiling, freshness and seq,
+ownership, the action's own rules), so each hostile event gets one reason: the order and
+every reason are in docs/lifecycle.md, "Rejection reasons".
 
 The new view carries every accepted event of the adapter (``AdapterView.evidence``), so a
 consumer of the registry topic can fold them again through this function with its own
-keyring (``registry.evidence.verify_view``) instead of trusting the topic.
-
-Redelivery after a crash cannot double-apply an event: the replay set and the seq check
-reject the second copy. The replay set keeps each event id until the event expires, so it
-stays bounded by the events of one lifetime window.
+keyring (``registry.evidence.verify_view``) instead of trusting the topic. Redelivery after
+a crash cannot double-apply an event: the replay set (each event id until the event
+expires) and the seq check reject the second copy.
 """
 
 from __future__ import annotations

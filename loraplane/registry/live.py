@@ -1,34 +1,17 @@
 """A consumer's copy of the registry: only views whose signed evidence it verified itself.
 
-Shared by the runtimes that read the registry topic (the worker agent, the fleet router, the
-scoring agent): it sits beside them, not in one of their packages, so none imports another.
-
-The registry topic is a transport, not an authority. Every refresh takes the last record of
-each adapter (from the process's live tail of the topic, ``kernel.topic_tail``; only when
-the tail or the keyring changed) and accepts it only through
-``registry.evidence.verify_view`` with the worker's own keyring
-(``settings.keyring_path``, re-read when the file changes, as the
-registry agent does). A refused record is dead-lettered once (reason
-``RegistryViewRejection``), counted on ``/metrics`` (``loraplane_registry_view_refused_total``) and
-never turned into records: nothing it names is fetched, loaded or served.
-
-- A refused newer record leaves the adapter at the last view this worker accepted, if that
-  view still verifies under the current keyring (an attacker overwriting the topic freezes
-  an adapter at best; a revoked key withdraws what it signed at the next refresh, Kafka up
-  or not).
-- A view older than, or forking from, the last one accepted for the adapter is refused
-  (``view_rollback``); the checkpoints of accepted views are kept in a small JSON file in
-  the host tier, so a restart does not forget them.
-- Serving does not depend on Kafka: a read is merged into what was accepted,
-  adapter by adapter, newest first (``newer``), never swapped in whole. A read that fails
-  or has not reached the end of the topic yet changes nothing (counted in
-  ``loraplane_registry_read_failures_total``); an adapter goes away only by a tombstone on
-  the topic.
-  The accepted views are written to ``.registry-views.json`` in the host tier after every
-  change, and a restarted agent starts from them, each re-verified with the keyring and the
-  checkpoints first (the file is trusted no more than the topic).
-- Verdicts are cached per topic position and keyring, so a refresh re-verifies only what
-  changed.
+Shared by the runtimes that read the registry topic (the worker agent, the fleet router,
+the scoring keepers, the planner): it sits beside them, so none imports another. The topic
+is a transport, not an authority: the last record of each adapter (from the process's live
+tail, ``kernel.topic_tail``) is accepted only through ``registry.evidence.verify_view`` with
+the process's own keyring. A refused record is dead-lettered once
+(``RegistryViewRejection``), counted (``loraplane_registry_view_refused_total``) and never
+turned into records. A refused newer record leaves the adapter at the last view accepted
+(if it still verifies), a view older than or forking from that one is refused
+(``view_rollback``), and a read is merged into what was accepted, never swapped in whole,
+so serving does not depend on Kafka. Checkpoints and the accepted views are kept in the host
+tier and re-verified on a restart. docs/worker.md, "Host warm tier and artifact
+verification", and docs/lifecycle.md give the rules.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Flow control in front of the fleet router's forwarding (router/server.py). Pure: no I/O,
 time passed in; the router owns the asyncio waiting.
 
-A request is admitted at once while its base model has fewer requests in flight (through this
-router) than its limit and nobody of that base model is queued: the fast path, a dict lookup
-and an increment. Otherwise it waits in the queue of its (base model, band):
-
-* the band is (request class, adapter priority), served in strict order: every interactive
-  band before canary, canary before batch, batch before shadow; inside a class, platinum
-  before gold, silver, bronze. A higher band is never passed over for a lower one;
-* inside a band, tenants take turns (round-robin by tenant_id): while tenant A has requests
-  queued in a band, every other tenant of that band is served at most once between two of
-  A's, so one tenant's burst cannot starve another tenant of the same band;
-* a band holds at most ``max_queued_per_band`` requests and one tenant at most
-  ``max_queued_per_tenant`` of them: over either, the request is refused
-  (``QueueRefusal.queue_full`` / ``tenant_queue_full``), so memory and the wait stay bounded;
-* a request waits at most its class's TTL (``ttl_s``): past its deadline it is never
-  admitted (``queue_timeout``); one whose client left is withdrawn, never forwarded.
-
-Each ticket moves ``queued -> admitted -> done`` or ``queued -> expired / withdrawn``, once.
+A request is admitted at once while its base model has fewer requests in flight (through
+this router) than its limit and nothing of it is queued: the fast path. Otherwise it waits
+in the queue of its (base model, band): bands (request class, adapter priority) are served
+in strict order, tenants take turns inside a band, a band and a tenant's share of it are
+bounded (``queue_full``, ``tenant_queue_full``), and a request waits at most its class's TTL
+(``queue_timeout``); one whose client left is withdrawn, never forwarded. Each ticket moves
+``queued -> admitted -> done`` or ``queued -> expired / withdrawn``, once. docs/router.md,
+"Flow control".
 """
 
 from __future__ import annotations

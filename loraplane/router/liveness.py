@@ -2,30 +2,15 @@
 carries it can tell, and else its gateway's own answer. Pure (no I/O); times are epoch
 seconds of the router's clock, passed in.
 
-Heartbeats (``WorkerState``) reach the router through Kafka. A broker that is away stops
-every heartbeat at once, so a heartbeat's age alone would drain every healthy worker within
-three intervals of an outage. A worker is therefore *silent* only relative to a feed that
-was current: ``Feed`` is the span over which the router's worker-state tail answered without
-a gap (``kernel.topic_tail.TopicTail.current_span``), and the verdict (``verdict``) is:
-
-- ``out``: its gateway failed (a refused or cut request, a failed probe) after its last
-  heartbeat and answered no probe since: not routed; probed every interval; back on its
-  next heartbeat or its next good probe;
-- ``live``: its heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old, or, while the
-  feed cannot vouch for it, its gateway answered a probe within the last interval;
-- ``gone``: the feed shows it silent: the feed answered without a gap from the heartbeat on
-  for more than three intervals (when the feed came back after the heartbeat: from its
-  return, plus ``RECONNECT_GRACE_S`` for the worker's own producer to reconnect and send).
-  Forgotten until its next heartbeat;
-- ``check``: its heartbeat is old but the feed cannot vouch for that (away, or back too
-  recently): routed on its last known residency, and its gateway is probed now.
-
-A heartbeat counts from ``min(ts, arrival)`` (``beat_of``): a state stamped in the future
-(forged, or a skewed clock) is as fresh as one that just arrived, never fresher, so it
-cannot keep a dead worker in the view beyond three intervals of a current feed, nor hold
-back the worker's own later states (``FleetIndex.update`` orders states by this beat). A
-replayed old state is as old as its ``ts``. A probe counts only when the gateway names the
-worker (``probe_ok``): a state pointing at another worker's gateway does not pass.
+Heartbeats reach the router through Kafka, and a broker that is away stops them all at
+once, so a heartbeat's age alone would drain every healthy worker within three intervals of
+an outage. A worker is *silent* only relative to a ``Feed`` that was current (the span over
+which the worker-state tail answered without a gap). ``verdict`` says ``live``, ``gone`` (the
+feed shows it silent), ``check`` (old, but the feed cannot vouch: routed on its last known
+residency while its gateway is probed) or ``out`` (its gateway failed since its heartbeat).
+A heartbeat counts from ``min(ts, arrival)`` (``beat_of``), so a state stamped in the future
+is never fresher than its arrival, and a probe counts only when the gateway names the
+worker (``probe_ok``). docs/router.md, "Kafka away", gives the rules.
 """
 
 from __future__ import annotations

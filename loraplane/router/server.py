@@ -1,35 +1,18 @@
 """The fleet router (``loraplane router run``): one OpenAI-compatible endpoint for every worker.
 
 A runtime of its own beside the worker agents, stateless apart from what it reads: the
-worker-state topic (``WorkerState`` per worker, into ``router.routing.FleetIndex``) and the
-registry topic, believed only through the worker's own verification
-(``loraplane.registry.live.VerifiedRegistry``: the signed evidence re-folded with the
-router's keyring). Several routers can run side by side behind any L4 balancer: they decide
-alike from the same topics and differ only in their own in-flight counts.
+worker-state topic (into ``router.routing.FleetIndex``) and the registry topic, believed
+only through its own verification (``loraplane.registry.live.VerifiedRegistry``). Several
+routers run side by side behind any L4 balancer and decide alike.
 
-Per request, with the worker gateway's own rules and code: the API key (``ApiKeysFile``,
-hot-reloaded) gives the tenant; ``model`` must be an adapter_id the tenant owns; the body
-passes ``request_fields.admit`` with the class's caps and the tenant's limits
-(``TenantGate``); the version is ``routing.choose_version`` (sticky canary split); the worker
-is ``FleetIndex.route``. The request then goes to that worker's gateway (``gateway_url``)
-with the tenant signed (``frontdoor.forwarded``) instead of the API key, and the gateway's
-answer (status, body, stream, ``Retry-After`` and ``X-Loraplane-*`` headers) comes back as
-it is, plus ``X-Loraplane-Worker`` and ``X-Loraplane-Route``. The gateway keeps every check
-(defence in depth) and writes the request's one RequestLog; the router writes none.
-
-Refused here, before any worker: 401 (key), 400/413 (body), 404 ``unknown_adapter`` (no
-state created: nothing is logged or counted per adapter), 403, 429 (tenant limits), 503 +
-Retry-After (no live worker for the base model). A gateway that refuses the connection is
-parked out of the view and the request is routed once more; one that dies after its answer's
-head (killed mid-answer) is parked too, and the request gets 503 ``worker_lost`` +
-Retry-After (a stream already under way is cut, never ended as if whole). A worker state
-that does not decode is dead-lettered (``DecodeReason``), never a crash.
-
-Which workers are in the view is ``router.liveness`` (``_watch_fleet``, every heartbeat):
-heartbeats count only against a worker-state feed that was current
-(``TopicTail.current_span``); while the feed cannot vouch (Kafka away, or just back) a
-worker with an old heartbeat stays, on its last known residency, as long as its gateway
-answers a ``/healthz`` probe naming it.
+Per request: the front door's one admission (``frontdoor.admission``, the gateway's too:
+tenant, fields and caps, ownership, the version decided once, tenant limits), the queues
+(``router.flow_control``), then the worker (``FleetIndex.route``). The request goes to that
+worker's gateway with the tenant and version signed (``frontdoor.forwarded``) instead of the
+API key, and the gateway's answer comes back as it is, plus ``X-Loraplane-Worker`` and
+``X-Loraplane-Route``; the gateway writes the request's one RequestLog. Which workers are in
+the view is ``router.liveness``. docs/router.md gives every refusal, the parking of a
+gateway that fails, and the rules.
 """
 
 from __future__ import annotations

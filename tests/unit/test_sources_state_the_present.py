@@ -1,9 +1,11 @@
 """The package's sources say what and why, never when or how something was measured: no
 calendar dates, no "issue #N" history, no CI-run anecdotes, no "used to". History lives in
-git; measurements live in docs/benchmarks.md and the docs of the components."""
+git; measurements live in docs/benchmarks.md and the docs of the components. A module's
+docstring says what the module is and why, briefly; the rules in detail belong in docs/."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,6 +48,7 @@ NOT_YET_CLEANED = frozenset({
     "workers/serving.py",
 })
 NOT_YET_CLEANED_DIRS = ("loraplane/simulator/",)
+MAX_MODULE_DOCSTRING_LINES = 20
 
 
 def sources() -> list[Path]:
@@ -97,3 +100,15 @@ def test_no_source_module_carries_a_date_or_its_history() -> None:
              if (f := findings(p.read_text(encoding="utf-8")))}
     assert found == {}, "say what and why; history lives in git:\n" + "\n".join(
         f"{path}:{line}" for path, lines in found.items() for line in lines)
+
+
+def test_module_docstrings_stay_short() -> None:
+    long = {}
+    for path in sources():
+        if not checked(path):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        if doc and doc.count("\n") + 1 > MAX_MODULE_DOCSTRING_LINES:
+            long[path.relative_to(ROOT).as_posix()] = doc.count("\n") + 1
+    assert long == {}, (f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines: say what "
+                        f"and why, and move the detail to the component's doc: {long}")
