@@ -12,6 +12,13 @@ the topic. ``caught_up``, ``lag`` and ``current`` say whether the view is the to
 present; ``current_span`` says since when it has been without a gap, which the router
 judges heartbeat ages by (``router.liveness``).
 
+- ``select`` (optional) keeps a consumer to its share of a topic: a record of a key the view
+  holds nothing for (no record, or a tombstone) is kept only when ``select`` says so;
+  the others are read past (positions move, ``skipped`` counts them, ``version`` does not).
+  Once a key is in the view, every later record of it is kept whatever ``select`` says, so
+  the view follows the topic for every key it ever held (the registry's per base model
+  scope, ``registry.topic.RegistryScope``).
+
 ``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
 Partitions added to a topic after the start are not read (the project's compacted topics
 keep their partition count).
@@ -44,9 +51,12 @@ PARTITION_EOF = -191  # librdkafka's _PARTITION_EOF
 
 class TailView:
     """The last record per (topic, key) and where each partition is read to. Not
-    thread-safe: ``TopicTail`` holds its lock around it."""
+    thread-safe: ``TopicTail`` holds its lock around it. ``select``: which records of a key
+    not held yet are kept (None: all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, select: Callable[[Record], bool] | None = None) -> None:
+        self._select = select
+        self.skipped = 0  # records read past: not selected, for a key not held
         self._latest: dict[tuple[str, bytes], Record] = {}
         self._next: dict[Partition, int] = {}  # the next offset to read
         self._end: dict[Partition, int] = {}  # the end as last learned from the broker
@@ -68,19 +78,27 @@ class TailView:
         """Where to resume each partition (a rebuilt consumer starts there)."""
         return dict(self._next)
 
-    def apply(self, record: Record) -> None:
-        """One record in partition order: it replaces its key's last one."""
+    def apply(self, record: Record) -> bool:
+        """One record in partition order: it replaces its key's last one, unless it is not
+        selected and its key holds nothing (then only the position moves). True when kept."""
         tp = (record.topic, record.partition)
         key = (record.topic, record.key or b"")
-        self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
-        self._latest[key] = record
+        held = self._latest.get(key)
+        kept = (self._select is None or (held is not None and held.value is not None)
+                or self._select(record))
+        if kept:
+            self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
+            self._latest[key] = record
+        else:
+            self.skipped += 1
         self._next[tp] = max(self._next.get(tp, 0), record.offset + 1)
         if self._next[tp] >= self._end.get(tp, 0):
             self._reached.add(tp)
         if self.caught_up:
-            self.version += 1
+            self.version += kept
         else:
             self._check_caught_up()
+        return kept
 
     def at_end(self, tp: Partition, offset: int) -> None:
         """The broker says the partition ends at ``offset`` (a transaction marker may sit
@@ -140,12 +158,14 @@ class TopicTail:
     """One consumer thread tailing ``topics`` into a ``TailView``. ``on_record`` (called on
     that thread, each record as it is applied) is for users that index records themselves
     (the router's fleet index). ``probe_every_s``: how often an idle tail asks the broker
-    for metadata (the router's worker-state tail: twice per heartbeat)."""
+    for metadata (the router's worker-state tail: twice per heartbeat). ``select``: which
+    records of a key not held yet are kept (``TailView``; called on the tail's thread)."""
 
     def __init__(self, settings: Settings, topics: str | Sequence[str], *, component: str,
                  on_record: Callable[[Record], object] | None = None,
                  probe_every_s: float = PROBE_EVERY_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 select: Callable[[Record], bool] | None = None) -> None:
         self._settings = settings
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.component = component
@@ -153,7 +173,7 @@ class TopicTail:
         self._probe_every_s = probe_every_s
         self._clock = clock
         self._span = CurrentSpan(2 * probe_every_s + 1.0)
-        self._view = TailView()
+        self._view = TailView(select)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -171,6 +191,12 @@ class TopicTail:
     def caught_up(self) -> bool:
         with self._lock:
             return self._view.caught_up
+
+    @property
+    def skipped(self) -> int:
+        """Records read past because ``select`` did not keep them."""
+        with self._lock:
+            return self._view.skipped
 
     def lag(self) -> int:
         with self._lock:
@@ -313,9 +339,9 @@ class TopicTail:
             answered = True
             record = record_of(msg, tp[0])
             with self._changed:
-                self._view.apply(record)
+                kept = self._view.apply(record)
                 self._changed.notify_all()
-            if self._on_record is not None:
+            if kept and self._on_record is not None:
                 self._on_record(record)
         if answered:
             self.progress.advanced()

@@ -71,6 +71,25 @@ def test_each_change_replaces_its_key_and_counts_tombstones_included() -> None:
     assert [(r.key, r.value) for r in view.snapshot()] == [(b"a", b"a2"), (b"b", None)]
 
 
+def test_a_selecting_view_reads_past_what_it_does_not_select_for_keys_it_holds_nothing_of(
+        ) -> None:
+    """``select`` decides only for a key the view holds nothing of (no record, or a
+    tombstone); once a key is in, the view follows the topic for it."""
+    view = TailView(select=lambda r: r.value == b"ours")
+    view.assign({("reg", 0): 2})
+    view.apply(rec(0, 0, "a", b"ours"))
+    view.apply(rec(0, 1, "b", b"theirs"))  # read past, yet the first read is complete
+    assert view.caught_up and view.skipped == 1 and view.lag() == 0
+    first = view.version
+    assert not view.apply(rec(0, 2, "b", b"theirs"))
+    assert view.version == first  # nothing changed for its users
+    assert view.apply(rec(0, 3, "a", b"theirs"))  # a key held: kept, whatever it says
+    view.apply(rec(0, 4, "a", None))
+    assert not view.apply(rec(0, 5, "a", b"theirs"))  # after its tombstone: not held
+    assert view.version == first + 2 and view.positions() == {("reg", 0): 6}
+    assert [(r.key, r.value) for r in view.snapshot()] == [(b"a", None)]
+
+
 def test_lag_follows_the_end_learned_from_the_broker() -> None:
     view = TailView()
     view.assign({("reg", 0): 1})
