@@ -8,6 +8,7 @@ planner needs the revoked ones to order evictions.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Literal
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
@@ -104,6 +105,14 @@ def views_to_json(views: dict[str, AdapterView]) -> str:
     the agent's saved views that the host-tier resolver reads too)."""
     return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
                       indent=2)
+
+
+def signed_views_json(signed: Mapping[str, bytes]) -> str:
+    """``views_to_json``'s object written from each view's own encoded bytes
+    (``schemas.codec.encode``: canonical UTF-8 JSON) instead of re-encoding every view:
+    what ``views_from_json`` reads back, for a consumer that keeps its views as bytes."""
+    return "{" + ",\n".join(f"{json.dumps(aid)}:{raw.decode()}"
+                             for aid, raw in sorted(signed.items())) + "}"
 
 
 def views_from_json(data: bytes) -> dict[str, AdapterView]:

@@ -78,7 +78,7 @@ from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
-from loraplane.registry.topic import registry_tail
+from loraplane.registry.topic import RegistryScope, registry_tail
 
 log = logging.getLogger(__name__)
 COMPONENT: Literal["planner"] = "planner"
@@ -389,13 +389,15 @@ class PlannerRuntime:
             on_record=lambda r: self.workers.apply(r.key, r.value)).start()
         self.memory_tail = TopicTail(s, topic_name(s, "planner-memory"),
                                      component=f"{COMPONENT}-memory").start()
-        self.registry_tail = registry_tail(s, COMPONENT)
+        scope = RegistryScope(None if self.base_model is None else [self.base_model])
+        self.registry_tail = registry_tail(s, COMPONENT, scope, start=False)
         tail = self.registry_tail
         self.registry = VerifiedRegistry(
             KeyringFile(s.keyring_path), tail.snapshot, sink=ProducerSink(s, CLIENT_ID),
             component=COMPONENT,
             checkpoints_path=s.home / "planner" / slug(self.base_model) / CHECKPOINTS_FILE,
-            version=lambda: tail.version)
+            version=lambda: tail.version, scope=scope)
+        tail.start()
         return [self.score_tail, self.state_tail, self.memory_tail, self.registry_tail]
 
     # ---- the thread -----------------------------------------------------------------------

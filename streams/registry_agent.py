@@ -3,7 +3,8 @@
 It reads the lifecycle topic as raw bytes (so hostile bytes reach our decoder, not Faust's),
 asks the pure ``registry.fold.evaluate`` for a decision, and then:
 - accepted: the adapter's new state goes to the ``registry`` table (changelog-backed, rebuilt
-  on restart) and its public view to the compacted registry topic;
+  on restart) and its public view to the compacted registry topic, with its base model in
+  a header (``registry.topic.view_headers``: consumers of other base models skip it);
 - rejected: a DeadLetter with the reason, the detail and the original bytes;
 - always: an AuditRecord of the decision.
 
@@ -28,6 +29,7 @@ from loraplane.streams.app import app, dead_letter_of, raw_topic
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.topics import spec
 from loraplane.registry.fold import Accepted, AdapterState, Decision, evaluate
+from loraplane.registry.topic import view_headers
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -64,8 +66,9 @@ async def _publish(decision: Decision, message: faust.types.Message,
                    key: bytes | None) -> None:
     if isinstance(decision, Accepted):
         registry_table[decision.adapter_id] = decision.state.model_dump(mode="json")
-        await registry_topic.send(key=decision.adapter_id.encode(),
-                                  value=encode(decision.state.view))
+        view = decision.state.view
+        await registry_topic.send(key=decision.adapter_id.encode(), value=encode(view),
+                                  headers=view_headers(view))
     else:
         await dead_letter_topic.send(key=key, value=encode(dead_letter_of(
             message, COMPONENT, decision.reason, decision.detail)))
@@ -73,7 +76,8 @@ async def _publish(decision: Decision, message: faust.types.Message,
         state = adapter_state(event.adapter_id) if event else None
         if (decision.reason is Reason.replayed_event_id and event is not None
                 and state is not None and state.view.last_event_id == event.event_id):
-            await registry_topic.send(key=event.adapter_id.encode(), value=encode(state.view))
+            await registry_topic.send(key=event.adapter_id.encode(), value=encode(state.view),
+                                      headers=view_headers(state.view))
     await audit_topic.send(key=decision.audit.adapter_id.encode()
                            if decision.audit.adapter_id else key,
                            value=encode(decision.audit))

@@ -37,7 +37,7 @@ from loraplane.kernel.http_server import start_site
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
-from loraplane.registry.topic import registry_tail
+from loraplane.registry.topic import RegistryScope, registry_tail
 
 log = logging.getLogger("loraplane.worker")
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
@@ -100,19 +100,21 @@ def model_signers(path: Path) -> Callable[[], Keyring | None]:
 
 
 def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
-                      metrics: WorkerMetrics, keyring: KeyringFile) -> VerifiedRegistry:
+                      metrics: WorkerMetrics, keyring: KeyringFile,
+                      scope: RegistryScope | None = None) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
-    dead-lettered and counted (loraplane/registry/live.py). Fed by the live ``tail``; the
-    last verified views are kept in the host tier, so the agent serves them while Kafka is
-    away, restarts included."""
+    dead-lettered and counted (loraplane/registry/live.py). Fed by the live ``tail``
+    (scoped to the worker's base model: ``scope``, registry/topic.py); the last verified
+    views are kept in the host tier, so the agent serves them while Kafka is away,
+    restarts included."""
     return VerifiedRegistry(keyring, tail.snapshot, sink=sink,
                             component=f"worker-{options.worker_id}",
                             checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
                             views_path=options.host_tier_dir / VIEWS_FILE,
                             on_refused=metrics.view_refused,
                             on_read_failed=metrics.registry_read_failed,
-                            version=lambda: tail.version)
+                            version=lambda: tail.version, scope=scope)
 
 
 async def _site(settings: Settings, app: web.Application, port: int, name: str
@@ -127,13 +129,17 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
     metrics.registry.register(SinkMetrics(sink))
-    tail = registry_tail(settings, f"worker-{options.worker_id}")
+    # Only its base model's views (registry/topic.py); the saved ones are loaded before the
+    # tail starts, so no record of an adapter held from before a restart is skipped.
+    scope = RegistryScope([options.base_model])
+    tail = registry_tail(settings, f"worker-{options.worker_id}", scope, start=False)
+    registry = verified_registry(options, tail, sink, metrics,
+                                 KeyringFile(settings.keyring_path), scope)
+    tail.start()
     metrics.registry.register(TailMetrics([tail]))
     if not await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S):
         log.warning("registry not read to its end within %.0f s; serving the saved views "
                     "until it is", FIRST_READ_S)
-    registry = verified_registry(options, tail, sink, metrics,
-                                 KeyringFile(settings.keyring_path))
     try:
         feed = KafkaCommandFeed(settings, options.worker_id, sink,
                                 keyring=KeyringFile(settings.keyring_path),

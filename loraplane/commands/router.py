@@ -24,6 +24,9 @@ def run(
         None, "--heartbeat-s", help="the workers' heartbeat interval (default: "
                                     "policy.worker_heartbeat_s): a worker silent for three "
                                     "intervals is drained"),
+    base_models: list[str] | None = typer.Option(
+        None, "--base-model", help="hold only these base models' registry views and route "
+                                   "only their adapters (repeat; default: every base model)"),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
     import logging
@@ -35,10 +38,14 @@ def run(
 
     if not is_id(router_id):  # it keys the router's state, dead letters and checkpoints
         raise typer.BadParameter(f"{router_id!r} is not an id", param_hint="--router-id")
+    for base in base_models or []:
+        if not is_id(base):
+            raise typer.BadParameter(f"{base!r} is not an id", param_hint="--base-model")
     kafka.act_as(kafka.Principal.router)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
     run_serving(serve_router(settings, RouterOptions(
         port=port, router_id=router_id,
-        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s)))
+        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
+        base_models=tuple(base_models or ()))))

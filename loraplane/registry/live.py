@@ -10,8 +10,10 @@ turned into records. A refused newer record leaves the adapter at the last view 
 (if it still verifies), a view older than or forking from that one is refused
 (``view_rollback``), and a read is merged into what was accepted, never swapped in whole,
 so serving does not depend on Kafka. Checkpoints and the accepted views are kept in the host
-tier and re-verified on a restart. docs/worker.md, "Host warm tier and artifact
-verification", and docs/lifecycle.md give the rules.
+tier and re-verified on a restart. An accepted view is held beside the signed bytes it was
+accepted from, without its decoded evidence, and a consumer given a
+``registry.topic.RegistryScope`` holds only its base models' adapters. docs/worker.md,
+"Host warm tier and artifact verification", and docs/lifecycle.md give the rules.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
@@ -31,11 +33,14 @@ from loraplane.kernel.bus import Record
 from loraplane.registry.evidence import Checkpoint, ViewRefused, verify_view
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
-from loraplane.schemas.registry import AdapterView, views_from_json, views_to_json
+from loraplane.schemas.registry import AdapterView, signed_views_json, views_from_json
+
+if TYPE_CHECKING:
+    from loraplane.registry.topic import RegistryScope
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
@@ -47,20 +52,37 @@ class EventSink(Protocol):
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
 
 
-def newer(incoming: AdapterView, current: AdapterView | None) -> bool:
-    """Whether ``incoming`` replaces ``current`` for its adapter: the view's own order, its
-    highest accepted seq and then how many signed events it carries (a revoke may land
-    below ``last_seq`` but always adds an event). Equal is not newer."""
+def newer(incoming: AdapterView | Checkpoint,
+          current: AdapterView | Checkpoint | None) -> bool:
+    """Whether ``incoming`` replaces ``current`` for its adapter (a view, or its
+    checkpoint): the view's own order, its highest accepted seq and then how many signed
+    events it carries (a revoke may land below ``last_seq`` but always adds an event).
+    Equal is not newer."""
     if current is None:
         return True
-    return (incoming.last_seq, len(incoming.evidence)) > (current.last_seq,
-                                                           len(current.evidence))
+    return _order(incoming) > _order(current)
+
+
+def _order(view: AdapterView | Checkpoint) -> tuple[int, int]:
+    if isinstance(view, Checkpoint):
+        return view.last_seq, len(view.event_ids)
+    return view.last_seq, len(view.evidence)
 
 
 @dataclass(frozen=True)
 class _Verdict:
-    view: AdapterView | None
+    view: AdapterView | None  # verified, without its evidence
     refused: ViewRefused | None
+    signed: bytes = b""  # the view's canonical bytes, evidence included
+    checkpoint: Checkpoint | None = None
+
+
+def _held(view: AdapterView, raw: bytes) -> _Verdict:
+    """The verdict of a verified ``view``: kept without its decoded evidence (most of a
+    decoded view's memory), beside its canonical bytes: ``raw`` itself when it is them."""
+    canonical = encode(view)
+    return _Verdict(view.model_copy(update={"evidence": []}), None,
+                    raw if raw == canonical else canonical, Checkpoint.of(view))
 
 
 class VerifiedRegistry:
@@ -72,9 +94,13 @@ class VerifiedRegistry:
                  on_refused: Callable[[ViewReason], None] | None = None,
                  on_read_failed: Callable[[], None] | None = None,
                  clock: Callable[[], datetime] = now_utc,
-                 version: Callable[[], int] | None = None) -> None:
+                 version: Callable[[], int] | None = None,
+                 scope: RegistryScope | None = None) -> None:
         """``version``: the source's change counter (``TopicTail.version``); with it a
-        refresh reads only after a change (or a new keyring), without it every time."""
+        refresh reads only after a change (or a new keyring), without it every time.
+        ``scope``: the source tail's (``registry.topic.RegistryScope``), told which
+        adapters this registry holds once the saved views are loaded: start the tail
+        after this."""
         self._keyring_file = keyring
         self._read = read
         self._version = version
@@ -93,7 +119,14 @@ class VerifiedRegistry:
         self._reported: set[tuple[int, int, str]] = set()
         self.refused = 0
         self.read_failures = 0
-        self.accepted: dict[str, AdapterView] = self._load_views()
+        self.signed: dict[str, bytes] = {}  # adapter_id -> its accepted view's bytes
+        self.accepted: dict[str, AdapterView] = self._load_views()  # without evidence
+        if scope is not None:
+            scope.held_by(self.holds)
+
+    def holds(self, adapter_id: str) -> bool:
+        """Whether a view of ``adapter_id`` is accepted (safe from the tail's thread)."""
+        return adapter_id in self.accepted
 
     # ---- the loader ---------------------------------------------------------------------
     def records(self) -> list[AdapterRecord]:
@@ -120,9 +153,15 @@ class VerifiedRegistry:
                 self._save_views()
             return
         self._read_version = version  # a failed read is not retried until the source moves
+        read: set[tuple[int, int]] = set()
         try:
             for record in self._read():
+                read.add((record.partition, record.offset))
                 changed |= self._merge(record, keyring)
+            # The verdicts of records no longer in the source go: the cache stays the size
+            # of the topic's present, not of every record ever read.
+            for gone in self._cache.keys() - read:
+                del self._cache[gone]
         finally:
             # Once per read, not once per accepted view: a first read of N views wrote the
             # whole checkpoints file (and fsynced it) N times, quadratic in the registry.
@@ -137,16 +176,19 @@ class VerifiedRegistry:
         if keyring is self._cache_keyring:
             return False
         self._cache, self._cache_keyring = {}, keyring
-        before = len(self.accepted)
-        self.accepted = {aid: v for aid, v in self.accepted.items()
-                         if not isinstance(self._verify(v, keyring, None), ViewRefused)}
-        return len(self.accepted) != before
+        withdrawn = [aid for aid in self.accepted
+                     if self._verify(decode(AdapterView, self.signed[aid]), keyring, None)
+                     is not None]
+        for aid in withdrawn:
+            del self.accepted[aid], self.signed[aid]
+        return bool(withdrawn)
 
     def _merge(self, record: Record, keyring: Keyring | None) -> bool:
         """One record into the accepted views; True when they changed. A refused record
         leaves its adapter at the view accepted before."""
         if record.value is None:  # a tombstone: the adapter is gone, never serve it again
             aid = (record.key or b"").decode("utf-8", "replace")
+            self.signed.pop(aid, None)
             return self.accepted.pop(aid, None) is not None
         verdict = self._cache.get((record.partition, record.offset))
         if verdict is None:
@@ -155,10 +197,15 @@ class VerifiedRegistry:
         if verdict.refused is not None:
             self._report(record, verdict.refused)
             return False
-        if verdict.view is None or not newer(verdict.view, self.accepted.get(
-                verdict.view.adapter_id)):
+        if verdict.view is None or verdict.checkpoint is None:
             return False
-        self._accept(verdict.view)
+        aid = verdict.view.adapter_id
+        held = self.checkpoints.get(aid) if aid in self.accepted else None
+        if not newer(verdict.checkpoint, held):
+            if verdict.signed == self.signed.get(aid):
+                self.signed[aid] = verdict.signed  # one copy of the bytes, the tail's
+            return False
+        self._accept(verdict)
         return True
 
     # ---- deciding -------------------------------------------------------------------------
@@ -181,18 +228,20 @@ class VerifiedRegistry:
         verdict = self._verify(view, keyring, self.checkpoints.get(view.adapter_id))
         if isinstance(verdict, ViewRefused):
             return _Verdict(None, verdict)
-        return _Verdict(view, None)
+        return _held(view, record.value or b"")
 
     def _verify(self, view: AdapterView, keyring: Keyring | None,
                 previous: Checkpoint | None) -> ViewRefused | None:
         verdict = verify_view(view, keyring, self._clock(), previous)
         return verdict if isinstance(verdict, ViewRefused) else None
 
-    def _accept(self, view: AdapterView) -> None:
-        self.accepted[view.adapter_id] = view
-        checkpoint = Checkpoint.from_view(view)
-        if self.checkpoints.get(view.adapter_id) != checkpoint:
-            self.checkpoints[view.adapter_id] = checkpoint
+    def _accept(self, verdict: _Verdict) -> None:
+        assert verdict.view is not None and verdict.checkpoint is not None
+        aid = verdict.view.adapter_id
+        self.accepted[aid] = verdict.view
+        self.signed[aid] = verdict.signed
+        if self.checkpoints.get(aid) != verdict.checkpoint:
+            self.checkpoints[aid] = verdict.checkpoint
             self._checkpoints_dirty = True  # saved by ``refresh``, before the views
 
     def _report(self, record: Record, refused: ViewRefused) -> None:
@@ -238,7 +287,7 @@ class VerifiedRegistry:
         if self._views_path is None:
             return
         try:
-            write_atomic(self._views_path, views_to_json(self.accepted))
+            write_atomic(self._views_path, signed_views_json(self.signed))
         except OSError as exc:  # a full disk must not stop serving what we have
             log.error("registry views not saved to %s: %s", self._views_path, exc)
 
@@ -261,8 +310,13 @@ class VerifiedRegistry:
                 log.warning("saved registry view of %s not used: %s: %s", aid, refused.reason,
                             refused.detail[:200])
                 continue
-            views[aid] = view
-            self.checkpoints.setdefault(aid, Checkpoint.from_view(view))
+            held = _held(view, b"")
+            assert held.view is not None and held.checkpoint is not None
+            views[aid], self.signed[aid] = held.view, held.signed
+            # it extends the checkpoint it verified against: it is the one held now
+            if self.checkpoints.get(aid) != held.checkpoint:
+                self.checkpoints[aid] = held.checkpoint
+                self._checkpoints_dirty = True
         log.info("registry: %d of %d saved views verified, serving them until Kafka answers",
                  len(views), len(saved))
         return views

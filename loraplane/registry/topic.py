@@ -3,11 +3,35 @@ or as a live tail (the worker agents and the router).
 
 The topic holds one AdapterView per adapter_id (the latest wins); reading it from the start
 gives the whole registry without talking to the Faust app.
+
+Per base model (``RegistryScope``): a worker agent needs the views of its own base model
+only, a router or a planner those of the base models it serves. The key stays the
+adapter_id (compaction and every consumer's key check depend on it) and the partitions
+stay the adapter's hash; the registry agent writes each view with a ``base_model`` header
+(``view_headers``) and a scoped tail reads past the records of other base models without
+decoding them. The header is not signed: it only selects, it is never believed.
+
+- A record of an adapter the consumer holds a view of (``VerifiedRegistry.holds``), or
+  whose key its tail already keeps, is kept whatever its header says, and judged as before
+  (verified, refused and dead-lettered): a header cannot hide a revoke, or any later
+  record, from a consumer that holds the adapter.
+- What the header can do is what writing the topic already could: a record that claims
+  another base model keeps an adapter the consumer never held out of its view, as a junk
+  record or a tombstone over the same key does to every consumer. The consumers of every
+  base model (the scoring keepers, an unscoped router) still read it and dead-letter it.
+- A record without the header (written before it existed) is peeked at: its
+  ``base_model`` field alone is read with a compiled decoder, nothing verified; a value that
+  does not even give that is kept, so it is refused and dead-lettered as before.
+- An adapter's base model never changes (``registry.fold``: ``base_model_mismatch``), so a
+  scoped consumer never misses a genuine view of an adapter of its own base model.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
+
+import msgspec
 
 from loraplane.kernel.bus import Record, read_topic
 from loraplane.kernel.config import Settings
@@ -17,6 +41,62 @@ from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.registry import AdapterView
 
 log = logging.getLogger(__name__)
+BASE_MODEL_HEADER = "base_model"
+
+
+def view_headers(view: AdapterView) -> dict[str, bytes]:
+    """The headers the registry agent writes a view with (``RegistryScope`` reads them)."""
+    return {BASE_MODEL_HEADER: view.base_model.encode()}
+
+
+class _BaseModelOnly(msgspec.Struct):
+    base_model: str
+
+
+_PEEK = msgspec.json.Decoder(_BaseModelOnly)
+
+
+def base_model_of(record: Record) -> bytes | None:
+    """The base model a registry record claims: its header, else (a record written before
+    the header) the value's own ``base_model`` field; None when neither says."""
+    named = record.headers.get(BASE_MODEL_HEADER)
+    if named is not None or record.value is None:
+        return named
+    try:
+        return _PEEK.decode(record.value).base_model.encode()
+    except (msgspec.DecodeError, UnicodeEncodeError):
+        return None
+
+
+def _holds_nothing(_adapter_id: str) -> bool:
+    return False
+
+
+class RegistryScope:
+    """Which records of the registry topic a consumer's tail keeps: those of the base
+    models it serves (``base_models``; None: every one, a tail without a filter) and every
+    record of an adapter it holds a view of (``held_by``: its ``VerifiedRegistry``)."""
+
+    def __init__(self, base_models: Iterable[str] | None = None) -> None:
+        self.base_models = None if base_models is None else frozenset(
+            b.encode() for b in base_models)
+        self._holds: Callable[[str], bool] = _holds_nothing
+
+    def held_by(self, holds: Callable[[str], bool]) -> None:
+        self._holds = holds
+
+    def keeps(self, record: Record) -> bool:
+        """Whether a record of a key the tail keeps nothing for yet is kept (``TailView``'s
+        ``select``): a tombstone only for an adapter held; a view when it is held or claims
+        one of ``base_models`` or claims nothing readable."""
+        if self.base_models is None:
+            return True
+        if self._holds((record.key or b"").decode("utf-8", "replace")):
+            return True
+        if record.value is None:
+            return False
+        named = base_model_of(record)
+        return named is None or named in self.base_models
 
 
 def load_registry(settings: Settings, timeout_s: float = 10.0,
@@ -56,8 +136,14 @@ def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list
     return list(latest.values())
 
 
-def registry_tail(settings: Settings, component: str) -> TopicTail:
-    """A started live tail of the registry topic (``kernel.topic_tail``): the worker's and
-    the router's registry, current within the broker's delivery instead of a re-read."""
-    return TopicTail(settings, topic_name(settings, "registry"),
-                     component=f"{component}-registry").start()
+def registry_tail(settings: Settings, component: str, scope: RegistryScope | None = None,
+                  *, start: bool = True) -> TopicTail:
+    """A live tail of the registry topic (``kernel.topic_tail``): the worker's and the
+    router's registry, current within the broker's delivery instead of a re-read. With a
+    ``scope`` of some base models it keeps only theirs; ``start=False`` leaves starting it
+    to the caller, once the ``VerifiedRegistry`` given the same scope exists (it then knows
+    the adapters held from before a restart)."""
+    select = None if scope is None or scope.base_models is None else scope.keeps
+    tail = TopicTail(settings, topic_name(settings, "registry"),
+                     component=f"{component}-registry", select=select)
+    return tail.start() if start else tail

@@ -511,6 +511,7 @@ class RouterOptions:
     port: int
     router_id: str
     heartbeat_s: float = 5.0  # the workers' heartbeat interval: silent for 3 is drained
+    base_models: tuple[str, ...] = ()  # the registry views it holds (empty: every one)
 
 
 async def serve_router(settings: Settings, options: RouterOptions,
@@ -522,7 +523,7 @@ async def serve_router(settings: Settings, options: RouterOptions,
     from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
     from loraplane.kernel.topic_tail import TopicTail
     from loraplane.kernel.topics import topic_name
-    from loraplane.registry.topic import registry_tail
+    from loraplane.registry.topic import RegistryScope, registry_tail
 
     component = f"router-{options.router_id}"
     sink = KafkaEventSink(settings, component)
@@ -534,11 +535,13 @@ async def serve_router(settings: Settings, options: RouterOptions,
                        component=f"{component}-worker-state",
                        on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
                        probe_every_s=options.heartbeat_s / 2).start()
-    tail = registry_tail(settings, component)
+    scope = RegistryScope(options.base_models or None)  # registry/topic.py
+    tail = registry_tail(settings, component, scope, start=False)
     registry = VerifiedRegistry(
         KeyringFile(settings.keyring_path), tail.snapshot, sink=sink, component=component,
         checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE,
-        version=lambda: tail.version)
+        version=lambda: tail.version, scope=scope)
+    tail.start()
     await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S)
     router = Router(fleet, api_keys=ApiKeysFile.open(settings.api_keys_path),
                     budgets=settings.policy.request_budgets,
