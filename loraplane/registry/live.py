@@ -82,7 +82,7 @@ def _held(view: AdapterView, raw: bytes) -> _Verdict:
     decoded view's memory), beside its canonical bytes: ``raw`` itself when it is them."""
     canonical = encode(view)
     return _Verdict(view.model_copy(update={"evidence": []}), None,
-                    raw if raw == canonical else canonical, Checkpoint.of(view))
+                    raw if raw == canonical else canonical, Checkpoint.from_view(view))
 
 
 class VerifiedRegistry:
