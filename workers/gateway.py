@@ -4,9 +4,11 @@ Every request passes the one front door (``frontdoor.admission``: tenant, fields
 ownership, the version decided once, tenant limits), reached directly or behind a fleet
 router (whose signed tenant and version it then believes and serves exactly). A hot copy is
 forwarded at once; a cold one follows its request class's budget (a wait, the base model's
-fallback, or 429 + Retry-After; 424 when its artifact is refused for good); a canary still
-warming up here is served by the stable version the same decision named. The lora name is
-held for the whole request (``Serving.serving``), so a swap drains instead of cutting it.
+fallback, or 429 + Retry-After; 424 when its artifact is refused for good; a batch-like
+request also waits for the worker's cold-load budget when it frees within its wait); a
+canary still warming up here is served by the stable version the same decision named. The
+lora name is held for the whole request (``Serving.serving``), so a swap drains instead of
+cutting it.
 Every answer's one RequestLog is with the sink, journaled to disk, before the answer's last
 bytes leave. The gateway sees its worker only through ``workers.serving.Serving``; the rules
 and headers are in docs/worker.md, "The gateway".
@@ -286,14 +288,19 @@ class Gateway:
                     ) -> web.StreamResponse:
         budget = cold_budget(self.budgets, trace.request_class)
         waited = time.perf_counter()
-        if budget.batch_like:
-            fut = await self.batch_loads.start(
-                record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
-                lambda: self.worker.request_load(record), budget.wait_s)
-        else:
-            fut = self.worker.request_load(record)
-        remaining = budget.wait_s - (time.perf_counter() - waited)
-        outcome = await _wait(fut, remaining) if fut is not None else None
+
+        def left() -> float:
+            return budget.wait_s - (time.perf_counter() - waited)
+
+        fut = await self._ask_load(record, budget, left())
+        outcome = await _wait(fut, left()) if fut is not None else None
+        while budget.batch_like and _budget_frees_in_time(outcome, left()):
+            # the worker's cold-load budget is spent and frees within this request's own
+            # wait: it waits for it, as its class may, instead of a 429 at once
+            assert outcome is not None
+            await asyncio.sleep(outcome.retry_after_s)
+            fut = await self._ask_load(record, budget, left())
+            outcome = await _wait(fut, left()) if fut is not None else None
         trace.swap_ms = (time.perf_counter() - waited) * 1000
         if outcome is not None and outcome.ok:
             if self.worker.is_warming(record.lora_name):  # a canary warming up: route again
@@ -319,6 +326,16 @@ class Gateway:
         trace.status, trace.error = RequestStatus.retry_later, reason
         return error_response(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
                       **{"Retry-After": str(retry_after)})
+
+    async def _ask_load(self, record: AdapterRecord, budget: ColdBudget,
+                        wait_s: float) -> asyncio.Future[LoadOutcome] | None:
+        """The load's future; a batch-like class's through its bounded cold loads (None: no
+        slot of them freed within ``wait_s``)."""
+        if budget.batch_like:
+            return await self.batch_loads.start(
+                record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
+                lambda: self.worker.request_load(record), wait_s)
+        return self.worker.request_load(record)
 
     async def _forward(self, request: web.Request, path: str, body: dict[str, Any],
                        trace: _Trace, served_name: str, fallback_reason: str | None = None,
@@ -470,6 +487,14 @@ class Gateway:
 def _count(tokens: int) -> int:
     """A token count as a RequestLog holds it (an upstream's odd number never fails a log)."""
     return min(max(0, tokens), 10_000_000)
+
+
+def _budget_frees_in_time(outcome: LoadOutcome | None, remaining_s: float) -> bool:
+    """The load was deferred only because the cold-load budget is spent
+    (``LoadDeferral.busy_retry``), and the budget frees before ``remaining_s`` runs out."""
+    return (outcome is not None and not outcome.ok
+            and outcome.reason == LoadDeferral.busy_retry
+            and 0 < outcome.retry_after_s < remaining_s)
 
 
 async def _wait(fut: asyncio.Future[LoadOutcome], timeout_s: float) -> LoadOutcome | None:

@@ -12,6 +12,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
@@ -1142,7 +1143,7 @@ async def test_a_request_takes_no_slot_of_a_copy_loaded_within_the_minimum_resid
     assert await world.agent.request_load(other) == LoadOutcome(False, "min_residency")
     await world.agent.reconcile_once()
     assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
-    assert not [e for e in world.sink.of(CacheEvent) if e.kind == CacheEventKind.unload]
+    assert not [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
 
 
 @pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}],
@@ -1252,3 +1253,30 @@ async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
         await world.agent.reconcile_once()
     assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
     assert not [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
+
+
+async def test_a_batch_request_waits_for_the_cold_load_budget_that_frees_within_its_wait(
+        world: World) -> None:
+    """One load a minute, spent: the agent answers busy_retry at once, with the seconds until
+    the budget frees. A batch request (3 s wait) whose budget frees in 0.3 s waits for it and
+    is served by its adapter, not sent a 429; one whose budget frees only in a minute gets the
+    429 with that Retry-After; an interactive request never waits for it (base model)."""
+    chat, sql = RECORDS[0], RECORDS[2]
+    agent = world.agent
+    agent.config = replace(agent.config, cold_loads_per_minute=1)
+    began, offset = time.monotonic(), [1000.0]
+    agent._clock = lambda: offset[0] + time.monotonic() - began
+    await load(world, sql)  # the minute's one load
+    offset[0] += 59.7  # it frees in about 0.3 s
+    stable = {"X-Session-Key": session_for("chat", False)}
+    status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **stable,
+                                             **{"X-Request-Class": "batch"})
+    assert status == 200 and headers["X-Loraplane-Lora-Name"] == chat.lora_name, body
+    status, headers, body = await world.post({"model": "other", "prompt": "q"},
+                                             Authorization="Bearer key-b",
+                                             **{"X-Request-Class": "batch"})
+    assert status == 429 and 55 <= int(headers["Retry-After"]) <= 60, body
+    assert "busy_retry" in body["error"]["message"]
+    status, headers, _ = await world.post({"model": "other", "prompt": "q"},
+                                          Authorization="Bearer key-b")
+    assert status == 200 and headers["X-Loraplane-Fallback"] == "base"
