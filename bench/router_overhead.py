@@ -82,7 +82,8 @@ class InstantWorker:
     def is_warming(self, name: str) -> bool:
         return False
 
-    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+    def request_load(self, record: AdapterRecord, *,
+                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
         raise AssertionError("the adapter is hot")
 
     @contextmanager

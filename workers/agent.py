@@ -55,7 +55,7 @@ from loraplane.schemas.reasons import (
 )
 from loraplane.schemas.worker_state import MAX_SKIPPED_REPORTED, LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import Remembered, load_remembered, save_applied
-from loraplane.workers.demand_admission import DemandCounts
+from loraplane.workers.demand_admission import DemandCounts, WaitingMisses, any_slot
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
 from loraplane.workers.load_interference import LoadWindows, StallEstimate, adapted_budget
@@ -225,6 +225,7 @@ class WorkerAgent:
         self._rt = _Runtime()
         tau = config.policy.demand_admission_tau_s
         self._demand = DemandCounts(tau) if tau > 0 else None  # None: admission off
+        self._waiting = WaitingMisses()  # requests that may wait and needed a load here
         self._stall = StallEstimate()  # what a load costs the batch beside it, measured
         self._loads = LoadWindows()  # when this worker's loads ran, and how long they take
         self._host: dict[str, HostEntry] = {}
@@ -359,12 +360,13 @@ class WorkerAgent:
         """Read-only outside ``_fold``."""
         return self._desired
 
-    def _fold(self, change: Change) -> CommandSkip | None:
-        """The one place the desired state changes (``start`` only sets its first value)."""
+    def _fold(self, change: Change, wait_s: float = 0.0) -> CommandSkip | None:
+        """The one place the desired state changes (``start`` only sets its first value);
+        ``wait_s``: a request's own load may wait that long for the cold-load budget."""
         demand, now = self._demand, self._clock()
-        usage = Usage(dict(self._rt.in_flight), self._rt.touched,
-                      None if demand is None else lambda c, n: demand.admits(c, n, now),
-                      {n: at for n, (at, _) in self._rt.loaded_at.items()}, now)
+        usage = Usage(dict(self._rt.in_flight), self._rt.touched, self._admits(wait_s, now),
+                      demand=None if demand is None else lambda n: demand.count(n, now),
+                      loaded_at={n: at for n, (at, _) in self._rt.loaded_at.items()}, now=now)
         before = self._desired
         self._desired, skipped = fold(before, change, worker_id=self.config.worker_id,
                                       base_model=self.config.base_model, now=now_utc(),
@@ -374,6 +376,21 @@ class WorkerAgent:
             if deadline is not None:
                 self._not_carried_out(cid, deadline)
         return skipped
+
+    def _admits(self, wait_s: float, now: float) -> Callable[[str, str], bool] | None:
+        """Demand admission of a request's load (``workers.demand_admission``): None (any
+        copy that may move) when ``any_slot`` says so, else a version may replace only a
+        copy no busier here."""
+        demand = self._demand
+        if demand is None:
+            return None
+        budget = LoadBudget(self.cold_load_budget(), tuple(self._rt.cold_loads))
+        in_time = budget.remaining(now) > 0 or budget.retry_after_s(now) <= wait_s
+        if any_slot(may_wait=wait_s > 0, in_time=in_time,
+                    used=len(budget.used(now)), per_minute=budget.per_minute,
+                    waiting=self._waiting.count(now)):
+            return None
+        return lambda c, n: demand.admits(c, n, now)
 
     def _report(self, done: Action) -> None:
         """Feed what a carried-out action found out back into the desired state."""
@@ -431,10 +448,15 @@ class WorkerAgent:
         while len(self._rt.skipped) > MAX_SKIPPED_REPORTED:
             del self._rt.skipped[next(iter(self._rt.skipped))]
 
-    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+    def request_load(self, record: AdapterRecord, *,
+                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
         """Called by the gateway for a cold adapter: ask for a load (folded like a command,
-        origin ``gateway_request``), get its outcome later."""
+        origin ``gateway_request``), get its outcome later. ``wait_s``: how long the
+        request's class may still wait for the cold-load budget (batch-like; 0: it may
+        not), which demand admission weighs (``workers.demand_admission``)."""
         name = record.lora_name
+        if wait_s > 0:
+            self._waiting.add(self._clock())
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
         if self.is_hot(name):
             fut.set_result(LoadOutcome(True))
@@ -451,7 +473,7 @@ class WorkerAgent:
             self._rt.waiters.setdefault(name, []).append(fut)
             self._wake.set()
             return fut
-        refused = _not_loaded(self._fold(Ask.gateway_load(record)))
+        refused = _not_loaded(self._fold(Ask.gateway_load(record), wait_s=wait_s))
         if refused is not None:
             self._no_slot_log.note(refused.value, name[:80])
             fut.set_result(LoadOutcome(False, refused))

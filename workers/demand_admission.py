@@ -1,17 +1,33 @@
-"""Which request may take a GPU slot by loading on demand: a worker-local admission by
-priority-weighted demand, in the spirit of TinyLFU's.
+"""Which request may take a GPU slot by loading on demand, and which copy gives its slot up:
+a worker-local admission by the cold-load budget and by priority-weighted demand.
 
-Why: the cold-load budget is what binds a busy pool (every policy of the simulator spends all
-of it), and a demand load spends it on whatever request came first, giving up the slot of a
-copy that may be in far more demand. A load the planner orders is not subject to this (it
-ranks by the fleet's scores); a request's load is admitted only when its version has had at
-least as many priority-weighted requests at this worker, recently, as the copy it would
-replace. Otherwise the request gets its class's cold answer (the base model or a 429) and
-the slot keeps the busier copy. Pure: the caller passes the clock.
+A request's own load spends two things: a slot, and one load of the worker's rolling-minute
+cold-load budget (a load not spent within the minute is lost). The rule, per request class:
+
+- **a request that may wait** (batch, canary, shadow: ``request_budgets.batch.max_wait_ms``)
+  is admitted whenever the budget has a load for it within its wait (it waits for it): it
+  has no other answer than its adapter (the gateway never serves it with the base model; a
+  429 sends it away). Only when the budget is spent beyond its wait does the demand
+  comparison below decide (the slot keeps the busier copy, the request its class's
+  Retry-After): that comparison alone sent batch requests away while the budget sat unspent;
+- **an interactive request** has the base model to fall back on within its ``max_wait_ms``.
+  Its load is admitted while the budget keeps a reserve for the requests that may wait (as
+  many loads as they needed here in the last minute, plus one: ``any_slot``); once the budget
+  is that tight, only when its version has had at least as many priority-weighted requests
+  here, recently, as the copy it would replace (``DemandCounts.admits``, in the spirit of
+  TinyLFU): the slot then keeps the busier copy and the budget the loads that cannot wait.
+
+The copy that gives up its slot (``give_up_order``): one this worker loaded for a request
+before one the planner placed (the planner ranks by the fleet's scores and would load it
+back), then the least priority-weighted demand here, then the least recently used. A load
+the planner orders is not subject to any of this.
+
+Pure: the caller passes the clock and the budget's load times.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from loraplane.kernel.decayed import Decayed
@@ -19,6 +35,8 @@ from loraplane.kernel.decayed import Decayed
 MAX_NAMES = 4096
 """Lora names remembered; over it the least-demanded half is forgotten (a forgotten name
 counts 0 again: it was among the least demanded anyway)."""
+WINDOW_S = 60.0
+"""The cold-load budget's rolling window."""
 
 
 @dataclass
@@ -49,3 +67,46 @@ class DemandCounts:
         """May a demand load of ``challenger`` take the slot of ``name``? When ``name``'s count
         is not above the challenger's (ties admit: an idle copy's slot goes to a newcomer)."""
         return self.count(name, now) <= self.count(challenger, now)
+
+
+@dataclass
+class WaitingMisses:
+    """When requests that may wait needed a load here: the budget's reserve for them."""
+
+    window_s: float = WINDOW_S
+    _times: deque[float] = field(default_factory=deque)
+
+    def add(self, now: float) -> None:
+        self._times.append(now)
+
+    def count(self, now: float) -> int:
+        """Those in the window before ``now``."""
+        times = self._times
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        return len(times)
+
+
+def has_room(used: int, per_minute: int, keep: int) -> bool:
+    """Does the rolling-minute budget (``per_minute`` loads, ``used`` of them started in the
+    last minute or to start) leave more than ``keep`` loads?"""
+    return used + keep < per_minute
+
+
+def any_slot(*, may_wait: bool, in_time: bool, used: int, per_minute: int,
+             waiting: int) -> bool:
+    """May a request's load take the slot of any copy that may move, without the demand
+    comparison? One that ``may_wait`` when the budget has a load for it within its wait
+    (``in_time``); an interactive one while the budget leaves more than its ``reserve``
+    (``waiting``: the requests that may wait and needed a load here in the last minute)."""
+    if may_wait:
+        return in_time
+    return has_room(used, per_minute, waiting + 1)
+
+
+def give_up_order(name: str, *, planned: bool, demand: float,
+                  last_used: float) -> tuple[bool, float, float, str]:
+    """The sort key of the copies that may give up their slot to a request's load, first
+    first: copies loaded for requests before the planner's, then the least demanded here,
+    then the least recently used (then by name, so the order is total)."""
+    return (planned, demand, last_used, name)

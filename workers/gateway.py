@@ -334,7 +334,7 @@ class Gateway:
         if budget.batch_like:
             return await self.batch_loads.start(
                 record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
-                lambda: self.worker.request_load(record), wait_s)
+                lambda: self.worker.request_load(record, wait_s=wait_s), wait_s)
         return self.worker.request_load(record)
 
     async def _forward(self, request: web.Request, path: str, body: dict[str, Any],

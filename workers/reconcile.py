@@ -27,19 +27,21 @@ workers/applied_commands.py), and the rules below are testable without a server:
   policy's ``request_budgets.canary.warmup_requests``;
 * at most ``gpu_slots`` copies are meant for the GPU (vLLM's ``--max-loras``; vLLM past its
   own caches would evict silently, and the agent's view would no longer be vLLM's): a load
-  that would need one more demotes the least recently used GPU copy that may move
-  (``make_room``: not pinned, not protected, not in flight, per the fold's ``Usage``) to
-  the host tier (``slot_needed``). When none may move, the ask is refused (``no_free_slot``)
-  rather than exceed the slots. A request's own load (origin ``gateway_request``) may take
-  only the slot of a copy ``Usage.admits`` lets it replace (``demand_admission``, unless the
-  policy turns it off), else it is refused as ``busier_copies``. A copy loaded within the
-  policy's ``min_residency_s`` (``Usage.loaded_at``) keeps its slot from a planner's load, and
-  from a request's own load when the planner asked for it (``min_residency``), unless the
-  version loading is never-evict and will be protected here; the planner keeps the same
-  residency on its side, so neither undoes the other's load within seconds. ``reconcile`` loads only
-  into a slot that is free in vLLM too, so a victim still draining holds its slot until its
-  last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the slot
-  first, so it evicts nothing more.
+  that would need one more demotes a GPU copy that may move (``make_room``: not pinned, not
+  protected, not in flight, per the fold's ``Usage``) to the host tier (``slot_needed``):
+  with the demand known, the first by ``demand_admission.give_up_order`` (a request's copy
+  before the planner's, the least demanded here), else the least recently used. When none
+  may move, the ask is refused (``no_free_slot``) rather than exceed the slots. A request's
+  own load (origin ``gateway_request``) may take only the slot of a copy ``Usage.admits``
+  lets it replace (``demand_admission``: the agent builds it per request, from its class and
+  the cold-load budget), else it is refused as ``busier_copies``. A copy loaded within the
+  policy's ``min_residency_s`` (``Usage.loaded_at``) keeps its slot from a planner's load,
+  and from a request's own load when the planner asked for it (``min_residency``), unless
+  the version loading is never-evict and will be protected here; the planner keeps the same
+  residency on its side, so neither undoes the other's load within seconds. ``reconcile``
+  loads only into a slot that is free in vLLM too, so a victim still draining holds its slot
+  until its last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the
+  slot first, so it evicts nothing more.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from loraplane.schemas.base import LORA_NAME_RE, lora_name
 from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import IntentRefusal, UnloadReason
 from loraplane.schemas.worker_state import CopyOrigin
+from loraplane.workers.demand_admission import give_up_order
 from loraplane.workers.host_tier_entry import is_resolver_copy
 
 from loraplane.kernel.command_effects import (
@@ -191,6 +194,9 @@ class Usage:
     admits: Callable[[str, str], bool] | None = None
     """May a request's demand load of the first name take the slot of the second
     (``demand_admission``)? None: any copy that may move down."""
+    demand: Callable[[str], float] | None = None
+    """A name's priority-weighted recent demand here: a request's load then takes the slot
+    of ``demand_admission.give_up_order``'s first copy; None: the least recently used."""
     loaded_at: Mapping[str, float] = field(default_factory=dict)
     """When each GPU copy was loaded here, on the clock of ``now`` (none: found at start)."""
     now: float = 0.0
@@ -226,12 +232,21 @@ def make_room(state: DesiredState, guard: Guard, usage: Usage,
     if excess <= 0:
         return state, True
     movable = sorted((n for n in on_gpu if n != keep and may_move_down(state, n, usage)
-                      and (may_take is None or may_take(n))),
-                     key=lambda n: (usage.last_used.get(n, float("-inf")), n))
+                      and (may_take is None or may_take(n))), key=_order(state, usage))
     for name in movable[:excess]:
         state = state.with_intent(replace(state.intents[name], tier="host", command_id=None,
                                           unload_reason=UnloadReason.slot_needed))
     return state, len(movable) >= excess
+
+
+def _order(state: DesiredState, usage: Usage) -> Callable[[str], tuple[object, ...]]:
+    """Which copy gives up its slot first: by ``demand_admission.give_up_order`` when the
+    demand is known, else the least recently used."""
+    demand, used = usage.demand, usage.last_used
+    if demand is None:
+        return lambda n: (used.get(n, float("-inf")), n)
+    return lambda n: give_up_order(n, planned=state.intents[n].origin is CopyOrigin.planner,
+                                   demand=demand(n), last_used=used.get(n, float("-inf")))
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,11 @@ class Serving(Protocol):
 
     def is_warming(self, name: str) -> bool: ...
 
-    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+    def request_load(self, record: AdapterRecord, *,
+                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
         """Ask for a cold version to be loaded; the future tells how it went (at once, as
-        ``permanent``, while the version's artifact is known to be refused)."""
+        ``permanent``, while the version's artifact is known to be refused). ``wait_s``: how
+        long the request may still wait for the cold-load budget (batch-like; 0: not)."""
         ...
 
     def load_failure(self, name: str) -> LoadOutcome | None:

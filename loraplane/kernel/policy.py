@@ -269,10 +269,13 @@ class Policy(_Strict):
         0.2, ge=0, lt=1, description="with n copies, one is added only above n x capacity x "
         "(1 + this) and dropped only below (n - 1) x capacity x (1 - this)")
     demand_admission_tau_s: float = Field(
-        600.0, ge=0, le=86_400, description="a request's demand load may take only the slot of a "
-        "copy with no more priority-weighted requests at that worker, each request's weight "
-        "decaying with this time constant (s); 0: off, any idle unpinned copy may give its slot "
-        "(workers.demand_admission; docs/benchmarks.md: the budget then goes to demand)")
+        600.0, ge=0, le=86_400, description="a request's own load is admitted by its class and "
+        "the cold-load budget: one that may wait (batch) whenever the budget has a load for it "
+        "within its wait, an interactive one while the budget keeps a reserve for those; else "
+        "it may take only the slot of a copy with no more priority-weighted requests at that "
+        "worker, each request's weight decaying with this time constant (s), and the least "
+        "demanded copy gives its slot; 0: off, the least recently used idle unpinned copy "
+        "gives its slot to any request (workers.demand_admission)")
     planner_interval_s: float = Field(1.0, gt=0, le=3600)
     worker_heartbeat_s: float = Field(
         5.0, gt=0, le=3600, description="the workers' heartbeat interval (worker run's default): "

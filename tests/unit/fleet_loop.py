@@ -155,8 +155,9 @@ class SimWorker:
     def usage(self, now: float) -> Usage:
         demand = self.demand
         return Usage({}, self.touched,
-                     None if demand is None else lambda c, n: demand.admits(c, n, now),
-                     self.loaded_at, now)
+                     admits=None if demand is None else lambda c, n: demand.admits(c, n, now),
+                     demand=None if demand is None else lambda n: demand.count(n, now),
+                     loaded_at=self.loaded_at, now=now)
 
 
 @dataclass

@@ -768,7 +768,8 @@ class FakeServing:
     def load_failure(self, name: str) -> LoadOutcome | None:
         return None
 
-    def request_load(self, record: AdapterRecord) -> asyncio.Future[LoadOutcome]:
+    def request_load(self, record: AdapterRecord, *,
+                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
         self.asked.append(record.lora_name)
         self.hot.add(record.lora_name)
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
@@ -1150,11 +1151,13 @@ async def test_a_request_takes_no_slot_of_a_copy_loaded_within_the_minimum_resid
                          indirect=True)
 async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_copy_out(
         world: World) -> None:
-    """demand_admission_tau_s on: a cold version's request takes a slot only once its
-    version has had as many (priority-weighted) requests here as the least recently used
-    copy; until then it falls back (the first while its bytes are fetched to the host tier,
-    the next with reason busier_copies) and nothing is unloaded."""
+    """demand_admission_tau_s on, and a cold-load budget of 3 a minute of which the two
+    loads below leave one, its reserve: an interactive request of a cold version takes a slot
+    only once its version has had as many (priority-weighted) requests here as the least
+    demanded copy; until then it falls back (the first while its bytes are fetched to the
+    host tier, the next with reason busier_copies) and nothing is unloaded."""
     chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    world.agent.config = replace(world.agent.config, cold_loads_per_minute=3)
     await load(world, sql, chat)
     stable = session_for("chat", canary=False)  # chat's active version, not its canary
     for model in ("chat", "sql") * 3:  # three requests each
@@ -1280,3 +1283,50 @@ async def test_a_batch_request_waits_for_the_cold_load_budget_that_frees_within_
     status, headers, _ = await world.post({"model": "other", "prompt": "q"},
                                           Authorization="Bearer key-b")
     assert status == 200 and headers["X-Loraplane-Fallback"] == "base"
+
+
+@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}],
+                         indirect=True)
+async def test_demand_admission_lets_a_load_in_while_the_budget_has_room_and_batch_always(
+        world: World) -> None:
+    """The budget (6 a minute) has room: a one-off interactive request of a cold version is
+    let in, and the copy that gives its slot is the least demanded here (sql: one request),
+    not the least recently used (chat: three, the last one earlier). With the budget tight
+    (3 a minute, 2 spent: only the reserve left) an interactive request of sql, less
+    demanded than both copies, is refused (busier_copies) but a batch one is let in: it has
+    no other answer, and waits for the budget within its wait."""
+    chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
+    agent = world.agent
+    await load(world, sql, chat)
+    stable = {"X-Session-Key": session_for("chat", canary=False)}
+    for _ in range(3):
+        await world.post({"model": "chat", "prompt": "q"}, **stable)
+    await world.post({"model": "sql", "prompt": "q"})
+    agent._rt.touched[chat.lora_name] -= 100  # chat the least recently used
+    agent._rt.touched[other.lora_name] = 0.0
+    outcome = await _loaded(world, other)
+    assert outcome.ok
+    tiers = {a.lora_name: a.tier for a in agent.worker_state().adapters}
+    assert tiers[chat.lora_name] == "gpu" and tiers[sql.lora_name] == "host"
+
+    for _ in range(3):  # other as busy as chat: both busier than sql
+        await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
+    agent.config = replace(agent.config, cold_loads_per_minute=3)
+    agent._rt.cold_loads = agent._rt.cold_loads[-2:]  # 2 spent: 1 left, the reserve
+    assert (await _loaded(world, sql)).reason == "busier_copies"
+    outcome = await _loaded(world, sql, wait_s=3.0)
+    assert outcome.ok
+
+
+async def _loaded(world: World, record: AdapterRecord, wait_s: float = 0.0) -> LoadOutcome:
+    """A request's load of ``record`` (its bytes fetched first when it has none here)."""
+    for _ in range(100):
+        outcome = await world.agent.request_load(record, wait_s=wait_s) \
+            if world.agent.is_on_host(record.lora_name) else None
+        if outcome is not None:
+            return outcome
+        world.agent.request_load(record, wait_s=wait_s)
+        await world.agent.reconcile_once()
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{record.lora_name} never reached the host tier")
+

@@ -511,6 +511,21 @@ def test_a_planner_load_whose_slot_goes_to_another_load_is_reported_not_carried_
     assert overridden(after, after) == []
 
 
+def test_with_the_demand_known_a_requests_copy_gives_its_slot_before_the_planners() -> None:
+    """``Usage.demand`` given: the copy that gives up its slot is one a request loaded before
+    one the planner placed, then the least demanded, whatever was used last."""
+    state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0")])
+    state, _ = gateway(state, A1)  # a request's copy
+    demand = {A0.lora_name: 0.0, A1.lora_name: 9.0}
+    used = Usage(last_used={A0.lora_name: 1.0, A1.lora_name: 50.0}, demand=demand.__getitem__)
+    after, why = gateway(state, A2, usage=used)
+    assert why is None and after.intents[A1.lora_name].tier == "host"  # busier, but not planned
+    state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0"),
+                                  command(A1, CommandAction.load_gpu, "l1")])
+    after, why = gateway(state, A2, usage=used)  # both planned: the least demanded goes
+    assert why is None and after.intents[A0.lora_name].tier == "host"
+
+
 def test_the_planners_demote_then_load_evicts_nothing_more() -> None:
     state = fold(DesiredState(), [command(A0, CommandAction.load_gpu, "l0"),
                                   command(A1, CommandAction.load_gpu, "l1")])

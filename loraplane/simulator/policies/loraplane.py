@@ -15,17 +15,22 @@ code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
   copies). A version may hold copies on several workers. The planner's memory is kept
   across ticks like the Faust table keeps it.
 - A request that the router sends to a worker without a copy is loaded there on demand (the
-  engine applies the request-class and load budgets); the slot given up is the one the worker
-  agent gives up (``workers.reconcile.make_room``): its resident neither pinned nor protected
-  (the worker's own never-evict rule, ``command_effects.protected_copies``, each worker with
-  its own cap), a copy the planner loaded only ``min_residency_s`` after its load (at once
-  for the load of a never-evict version the worker will protect), touched (loaded or
-  requested there) least recently, then by lora name. With ``demand_admission_tau_s`` on,
-  only a resident the worker's ``workers.demand_admission.DemandCounts`` lets the request's
-  version replace may give its slot (the same counts, per worker, of every request routed
-  there). When no resident may,
-  the request gets its class's cold answer (base model or 429). The worker states the
-  planner reads carry the same ``protected`` copies and each GPU copy's ``loaded_at``.
+  engine applies the request-class and load budgets), by the worker agent's own rule
+  (``workers.demand_admission``, the same functions): with ``demand_admission_tau_s`` on, a
+  batch request's load is admitted whenever the budget frees within its wait, an interactive
+  one's while the budget keeps its reserve for the batch requests (``any_slot``: as many as
+  needed a load on that worker in the last minute, plus one), else only when its version is
+  no less demanded there than the copy it replaces (``DemandCounts``, the same counts, per
+  worker, of every request routed there). Only residents the agent's ``make_room`` may move
+  give their slot: neither pinned nor protected (the worker's own never-evict rule,
+  ``command_effects.protected_copies``, each worker with its own cap), and a copy the planner
+  loaded only ``min_residency_s`` after its load (at once for the load of a never-evict
+  version the worker will protect); of those, the first by ``give_up_order`` (a copy loaded
+  for a request before one the planner placed, the least demanded there, then the one
+  touched, loaded or requested there, least recently); with admission off, the one touched
+  least recently. When no resident may give its slot, the request gets its class's cold
+  answer (base model or 429). The worker states the planner reads carry the same
+  ``protected`` copies and each GPU copy's ``loaded_at``.
 - Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
   minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
 Host copies that the planner would evict for host pressure are left to the engine's host
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -50,7 +56,12 @@ from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, P
 from loraplane.streams import planner
 from loraplane.streams.schedules import Schedule, ScheduleEntry, warmup_scores
 from loraplane.streams.scores import SampleRow, ScoreState, observe_many, score_key
-from loraplane.workers.demand_admission import DemandCounts
+from loraplane.workers.demand_admission import (
+    DemandCounts,
+    WaitingMisses,
+    any_slot,
+    give_up_order,
+)
 from loraplane.workers.load_interference import LoadWindows, adapted_budget
 
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
@@ -139,9 +150,11 @@ class Loraplane(CachePolicy):
         self.loaded: dict[tuple[int, ResidentTier, bool, bool, float | None], LoadedAdapter] = {}
         tau = ctx.policy.demand_admission_tau_s
         self.demand = [DemandCounts(tau) for _ in self.workers] if tau > 0 else None
+        self.waiting = [WaitingMisses() for _ in self.workers]  # batch misses, per worker
         self.demand_weight = {i: ctx.policy.priority_value(r.priority)
                               for i, r in self.records.items()}
         self.counted = -1  # the request on_miss counted already (observe skips it)
+        self.asked = -1  # the request that last asked for a load (counted once as waiting)
         # load_stall_share on: each worker's budget follows what its loads cost, as the agent's
         # does (the stall is the interference model's, which a worker would measure)
         self.stall_share = ctx.policy.load_stall_share
@@ -176,17 +189,16 @@ class Loraplane(CachePolicy):
         pass
 
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
+        self._asked(worker, i, now)
         if not full:
             self._demand_load(worker, adapter, now)
             return None
-        evictable = self._evictable(worker, adapter, i, now)
+        evictable = self._evictable(worker, adapter, i, now, in_time=True)
         if not evictable:
             return BYPASS
         self.touched[(worker, adapter)] = now
         self._demand_load(worker, adapter, now)
-        touched = self.touched
-        victim = min(evictable, key=lambda r: (touched.get((worker, r), -math.inf),
-                                               self.lora_of[r]))
+        victim = min(evictable, key=self._give_up(worker, now))
         self.planned.discard((worker, victim))
         return victim
 
@@ -195,14 +207,34 @@ class Loraplane(CachePolicy):
         self.planned.discard((worker, adapter))
 
     def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
-        return full and not self._evictable(worker, adapter, i, now)
+        self._asked(worker, i, now)  # asked only when the budget is spent beyond the wait
+        return full and not self._evictable(worker, adapter, i, now, in_time=False)
 
-    def _evictable(self, worker: int, adapter: int, i: int, now: float) -> list[int]:
+    def _asked(self, worker: int, i: int, now: float) -> None:
+        """A request asked for a load here (once per request): a batch one counts towards
+        the budget's reserve for the requests that may wait, as the agent counts it."""
+        if self.batch[i] and self.asked != i:
+            self.waiting[worker].add(now)
+        self.asked = i
+
+    def _give_up(self, worker: int, now: float) -> Callable[[int], tuple[object, ...]]:
+        """The order the agent's ``make_room`` gives slots up in."""
+        touched, lora = self.touched, self.lora_of
+        if self.demand is None:
+            return lambda r: (touched.get((worker, r), -math.inf), lora[r])
+        counts, planned = self.demand[worker], self.planned
+        return lambda r: give_up_order(lora[r], planned=(worker, r) in planned,
+                                       demand=counts.count(lora[r], now),
+                                       last_used=touched.get((worker, r), -math.inf))
+
+    def _evictable(self, worker: int, adapter: int, i: int, now: float,
+                   in_time: bool) -> list[int]:
         """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
         take: neither pinned nor protected, past the minimum residency if the planner loaded
-        it (unless ``adapter`` is never-evict and would be protected), and (demand admission
-        on) no busier here than its version, with the request counted first, as the gateway
-        counts it before it asks for the load."""
+        it (unless ``adapter`` is never-evict and would be protected); and (demand admission
+        on) any of those when ``any_slot`` says so (``in_time``: the budget has a load for it
+        within its class's wait), else those no busier here than its version, with the
+        request counted first, as the gateway counts it before it asks for the load."""
         protected, name = self._protected(worker), self.lora_of[adapter]
         urgent = name in self.never_evict and (name in protected
                                                or len(protected) < self.protect_cap)
@@ -214,6 +246,11 @@ class Loraplane(CachePolicy):
             if self.counted != i:
                 self._count(worker, adapter, now)
                 self.counted = i
+            budget = self.loads_per_minute(worker) or self.ctx.pool.loads_per_minute
+            if any_slot(may_wait=self.batch[i], in_time=in_time,
+                        used=self.ctx.recent_loads(worker, now), per_minute=budget,
+                        waiting=self.waiting[worker].count(now)):
+                return evictable
             counts, name = self.demand[worker], self.lora_of[adapter]
             evictable = [r for r in evictable
                          if counts.admits(name, self.lora_of[r], now)]
@@ -325,11 +362,11 @@ class Loraplane(CachePolicy):
         self.pinned.difference_update(evicted)
         for copy in evicted:
             self.loaded_at.pop(copy, None)
-            self.planned.discard(copy)
+        self.planned.difference_update(evicted)
+        self.planned.update(loaded)
         for copy in loaded:
             self.touched[copy] = now
             self.loaded_at[copy] = now
-            self.planned.add(copy)
 
 
 def _with_policy(ctx: PolicyContext, **update: object) -> PolicyContext:
