@@ -96,9 +96,10 @@ def has_room(used: int, per_minute: int, keep: int) -> bool:
 def any_slot(*, may_wait: bool, in_time: bool, used: int, per_minute: int,
              waiting: int) -> bool:
     """May a request's load take the slot of any copy that may move, without the demand
-    comparison? One that ``may_wait`` when the budget has a load for it within its wait
-    (``in_time``); an interactive one while the budget leaves more than its ``reserve``
-    (``waiting``: the requests that may wait and needed a load here in the last minute)."""
+    comparison? ``waiting``: the requests that may wait and needed a load here in the last
+    minute (this one included). One that ``may_wait`` when the budget has a load for it
+    within its wait (``in_time``); an interactive one while the budget leaves more than its
+    reserve: their loads, plus one."""
     if may_wait:
         return in_time
     return has_room(used, per_minute, waiting + 1)
