@@ -50,7 +50,7 @@ from loraplane.simulator.metrics import Counters
 from loraplane.simulator.policies import PolicyFactory
 from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, PolicyContext
 from loraplane.simulator.requests import Requests
-from loraplane.simulator.scenario import Interference, Scenario
+from loraplane.simulator.scenario import PRIORITIES, Interference, Scenario
 
 WINDOW_S = 60.0
 
@@ -330,11 +330,13 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     pool_of = [a.base_model for a in adapters]
     weight = [costs.weight(a.priority) for a in adapters]
     platinum = [a.priority == "platinum" for a in adapters]
+    tier_rows = {p: c.slo_priority.setdefault(p, [0, 0]) for p in PRIORITIES}
+    tier_of = [tier_rows[a.priority] for a in adapters]
     canary = [a.is_canary for a in adapters]
     base_tps = scenario.fleet.costs.decode_tokens_per_s
     lora_tps = base_tps * (1 - scenario.fleet.costs.lora_decode_overhead)
     hit_s = scenario.fleet.costs.gpu_hit_ms / 1000.0
-    penalties = c.ttft_penalty_ms
+    penalties = c.ttft_penalty_ms = [0.0] * len(requests)
     routes = c.routes
     slo_ms = scenario.fleet.costs.slo_ttft_ms
     budget_ms = (slo_ms["interactive"] - hit_s * 1000.0, slo_ms["batch"] - hit_s * 1000.0)
@@ -343,6 +345,80 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     canary_attained = [0, 0]
     times, reqs, tokens, batches = (requests.time_s, requests.adapter, requests.output_tokens,
                                     requests.batch)
+
+    def ask(fl: _Fleet, i: int, w: int, t: float) -> Outcome:
+        """Request ``i``'s miss on worker ``w`` at ``t``: its load, waited for or not, or its
+        class's answer. A batch request whose load can start within its wait takes its slot
+        now and waits for the budget (the agent folds its load at once; the load starts when
+        the budget frees)."""
+        a, batch = reqs[i], batches[i]
+        wk, pol = fl.workers[w], fl.policy
+        start = wk.budget_start(t)
+        budget_wait_ms = (start - t) * 1000.0  # > 0: the budget is spent until start
+        full = len(wk.resident) >= fl.pool.gpu_slots
+        if start > t and not costs.may_wait(batch, budget_wait_ms):
+            # the gateway's 429 says to come back once the budget frees: that long, unless
+            # admission refuses the load anyway (it is asked first): the class's answer
+            declined = pol.declines(w, a, i, t, full)
+            c.declined += declined
+            return costs.miss(0.0, batch, True, 0.0 if declined else budget_wait_ms)
+        victim = pol.on_miss(w, a, i, t, full)
+        if victim == BYPASS:
+            c.declined += 1
+            return costs.bypass(batch)
+        if full:
+            if victim is None:
+                raise PolicyContractError(f"{pol.name} gave no victim on a full worker {w}")
+            wk.evict(victim)
+        ready = wk.load(a, start, demand=True)
+        return costs.miss((ready - t) * 1000.0, batch, False)
+
+    def finish(fl: _Fleet, i: int, w: int, outcome: Outcome | None, tier: str,
+               now: float) -> None:
+        """Serve (or answer) request ``i`` on worker ``w`` as ``outcome`` says, and count it."""
+        t, a, batch = times[i], reqs[i], batches[i]
+        wk, pol = fl.workers[w], fl.policy
+        if outcome is None:
+            penalty = 0.0
+            rate = base_tps if pol.merged else lora_tps
+        else:
+            penalty = outcome.ttft_penalty_ms
+            if outcome.fallback:
+                c.fallbacks += 1
+                tier = "base_fallback"
+            if outcome.retry:
+                c.retries += 1
+                c.retry_wait_ms += outcome.charged_ms
+            c.weighted_miss_cost += weight[a] * outcome.charged_ms
+            rate = base_tps if (outcome.fallback or pol.merged) else lora_tps
+        service = hit_s + tokens[i] / rate
+        decode[i] = service
+        if outcome is None or not outcome.retry:
+            begin = t + penalty / 1000.0
+            queued = wk.serve(begin, service)
+            if queued > 0:
+                c.queued += 1
+                penalty += queued * 1000.0
+                c.weighted_miss_cost += weight[a] * queued * 1000.0
+            if fl.stall:
+                wk.decode(i, t, begin + queued, begin + queued + service)
+        penalties[i] = penalty
+        met = (outcome is None or not (outcome.fallback or outcome.retry)) and \
+            penalty <= budget_ms[batch]
+        row = attained[batch]
+        row[0] += 1
+        row[1] += met
+        row = tier_of[a]
+        row[0] += 1
+        row[1] += met
+        if canary[a]:
+            canary_attained[0] += 1
+            canary_attained[1] += met
+        if pol.observes:
+            pol.observe(w, a, i, t, tier, penalty)
+            if pol.replan_now:
+                fl.apply(pol.tick(now), now)
+
     for i in range(len(requests)):
         t = times[i]
         a = reqs[i]
@@ -375,62 +451,8 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
                 tier = "host"
             else:
                 tier = "cold"
-            start = wk.budget_start(t)
-            budget_wait_ms = (start - t) * 1000.0  # > 0: the budget is spent until start
-            full = len(wk.resident) >= fl.pool.gpu_slots
-            if start > t and not costs.may_wait(batch, budget_wait_ms):
-                # the gateway's 429 says to come back once the budget frees: that long, unless
-                # admission refuses the load anyway (it is asked first): the class's answer
-                declined = pol.declines(w, a, i, t, full)
-                outcome = costs.miss(0.0, batch, True, 0.0 if declined else budget_wait_ms)
-            else:
-                victim = pol.on_miss(w, a, i, t, full)
-                if victim == BYPASS:
-                    outcome = costs.bypass(batch)
-                else:
-                    if full:
-                        if victim is None:
-                            raise PolicyContractError(
-                                f"{pol.name} gave no victim on a full worker {w}")
-                        wk.evict(victim)
-                    ready = wk.load(a, start, demand=True)
-                    outcome = costs.miss((ready - t) * 1000.0, batch, False)
-        out = tokens[i]
-        if outcome is None:
-            penalty = 0.0
-            rate = base_tps if pol.merged else lora_tps
-        else:
-            penalty = outcome.ttft_penalty_ms
-            if outcome.fallback:
-                c.fallbacks += 1
-                tier = "base_fallback"
-            c.retries += outcome.retry
-            c.weighted_miss_cost += weight[a] * outcome.charged_ms
-            rate = base_tps if (outcome.fallback or pol.merged) else lora_tps
-        service = hit_s + out / rate
-        decode[i] = service
-        if outcome is None or not outcome.retry:
-            begin = t + penalty / 1000.0
-            queued = wk.serve(begin, service)
-            if queued > 0:
-                c.queued += 1
-                penalty += queued * 1000.0
-                c.weighted_miss_cost += weight[a] * queued * 1000.0
-            if fl.stall:
-                wk.decode(i, t, begin + queued, begin + queued + service)
-        penalties.append(penalty)
-        met = (outcome is None or not (outcome.fallback or outcome.retry)) and \
-            penalty <= budget_ms[batch]
-        row = attained[batch]
-        row[0] += 1
-        row[1] += met
-        if canary[a]:
-            canary_attained[0] += 1
-            canary_attained[1] += met
-        if pol.observes:
-            pol.observe(w, a, i, t, tier, penalty)
-            if pol.replan_now:
-                fl.apply(pol.tick(t), t)
+            outcome = ask(fl, i, w, t)
+        finish(fl, i, w, outcome, tier, t)
     if canary_attained[0]:
         slo["canary"] = canary_attained
     c.tokens_per_s = (np.asarray(tokens, dtype=float) / (

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from loraplane.simulator.scenario import PRIORITIES
+
 
 @dataclass
 class Counters:
@@ -19,6 +21,10 @@ class Counters:
     fallbacks: int = 0
     retries: int = 0
     """Requests told to retry later (429 + Retry-After): not served, charged the wait."""
+    retry_wait_ms: float = 0.0
+    """The Retry-After of those 429s, summed: what the tenants were told to wait."""
+    declined: int = 0
+    """Of the 429s and fallbacks, those the policy's admission gave (it would not load)."""
     queued: int = 0
     platinum_cold_starts: int = 0
     canary_cold_starts: int = 0
@@ -35,6 +41,8 @@ class Counters:
     slo: dict[str, list[int]] = field(default_factory=dict)
     """Per request class (and ``canary``: the requests of canary versions, by their class's
     budget): [requests, requests within their class's TTFT budget] (``Costs.slo_ttft_ms``)."""
+    slo_priority: dict[str, list[int]] = field(default_factory=dict)
+    """The same per tenant priority tier (bronze, silver, gold, platinum)."""
 
     def summary(self) -> dict[str, Any]:
         n = max(1, self.requests)
@@ -47,6 +55,9 @@ class Counters:
             "swaps": self.swaps,
             "fallbacks": self.fallbacks,
             "retries": self.retries,
+            "retry_wait_s_mean": round(self.retry_wait_ms / self.retries / 1000.0, 3)
+            if self.retries else 0.0,
+            "declined": self.declined,
             "queued": self.queued,
             "ttft_penalty_ms": {k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"),
                                                                      pct, strict=True)},
@@ -56,6 +67,8 @@ class Counters:
             "routes": {str(k): v for k, v in sorted(self.routes.items())},
             "slo_attainment": {k: round(met / n_k, 6) for k, (n_k, met) in sorted(
                 self.slo.items()) if n_k},
+            "slo_attainment_by_priority": {k: round(met / n_k, 6) for k, (n_k, met) in sorted(
+                self.slo_priority.items(), key=lambda kv: PRIORITIES.index(kv[0])) if n_k},
         }
 
     def seed_columns(self) -> dict[str, float]:
