@@ -47,10 +47,19 @@ waits for the budget; interactive misses and the planner's loads start at once o
 so where a pool has no batch request every load starts when it is decided, a copy resident on
 arrival had started, and no request gets a lookahead.
 
-(Until 2026-12-03 ``l`` counted load *decisions* in the bucket and the budget was kept over
-``60 - D`` seconds of decisions, ``D`` the batch class's wait: with batch's 30 s the LP could
-spend twice the budget. Counting starts keeps the whole minute; the waits it lets a request
-have are charged.)
+The cold start: every worker starts with no copy (only a merged deployment, the seed's
+static merge, preloads its slots), and no load starts before the first request (a planner's
+first tick is at it), so ``y`` is 0 in the first bucket, and a request that arrives before any
+copy of its adapter could be ready (``first arrival + swap_ms + page_alloc_ms``) is charged at
+least its wait for it or its class's answer (``CostModel.early_miss_ms``); those requests are
+taken out of the LP, whose remaining requests it still bounds. So the bound is positive
+whenever the trace has a request (the first one cannot be served at once).
+
+When the slots and the budget never bind (a fleet with room for every version the trace
+needs, or a budget that lets every copy start before its request), the LP's part is 0: a
+planner that knew every arrival could start each copy in time, and only the cold start is
+left. The result says so (``BoundResult.binds``, ``reason``): such a bound is correct but says
+nothing about an online policy, whose cost there comes from not knowing the arrivals.
 
 Size: ``B`` is the smallest of ``BUCKETS_S`` that keeps adapters x buckets under
 ``optimum.bound_max_cells``; coarser buckets only loosen the bound. A trace that would need
@@ -77,13 +86,37 @@ BUCKETS_S = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1
 
 @dataclass(frozen=True)
 class BoundResult:
-    weighted_miss_cost: float
-    bucket_s: float
-    cells: int
+    """``weighted_miss_cost`` None: not computed (``reason`` says why); else a lower bound,
+    of which ``cold_start`` is the part charged to requests no copy could be ready for, and
+    ``binds`` whether the slots or the budget bound anything beyond it (``reason``: why not)."""
 
-    def as_dict(self) -> dict[str, float | int]:
-        return {"weighted_miss_cost": round(self.weighted_miss_cost, 3),
-                "bucket_s": self.bucket_s, "cells": self.cells}
+    weighted_miss_cost: float | None
+    bucket_s: float = 0.0
+    cells: int = 0
+    cold_start: float = 0.0
+    binds: bool = False
+    reason: str = ""
+
+    @property
+    def computed(self) -> bool:
+        return self.weighted_miss_cost is not None
+
+    def as_dict(self) -> dict[str, float | int | bool | str | None]:
+        cost = self.weighted_miss_cost
+        return {"weighted_miss_cost": None if cost is None else round(cost, 3),
+                "bucket_s": self.bucket_s, "cells": self.cells,
+                "cold_start": round(self.cold_start, 3), "binds": self.binds,
+                "reason": self.reason}
+
+
+class BoundNotSolved(RuntimeError):
+    """HiGHS did not reach an optimum (its message): no bound can be claimed."""
+
+
+NO_BINDING = ("the GPU slots and the cold-load budget never bind: a planner that knew every "
+              "arrival could start each request's copy before it, so only the cold start is "
+              "bounded; an online policy's cost here comes from not knowing the arrivals "
+              "(compare it with the hindsight per-window set)")
 
 
 @dataclass(frozen=True)
@@ -93,20 +126,34 @@ class PoolLimits:
     loads_per_minute: int
 
 
-def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests) -> BoundResult | None:
+def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests,
+                 preloaded: bool = False) -> BoundResult:
     """The LP bound of the scenario's deployment (its slots and load budget per pool);
-    ``None`` above ``optimum.bound_max_requests``."""
+    ``preloaded``: the deployment starts with copies in its slots (static merge), so neither
+    the empty start nor the cold start is charged. Not computed above
+    ``optimum.bound_max_requests`` or when HiGHS finds no optimum (the reason says which)."""
     if len(requests) > scenario.optimum.bound_max_requests:
-        return None
+        return BoundResult(None, reason=f"{len(requests)} requests: above "
+                           f"optimum.bound_max_requests ({scenario.optimum.bound_max_requests})")
     cm = CostModel(scenario.fleet.costs, scenario.policy)
     budget = scenario.policy.cold_loads_per_minute_per_worker
     wait_s = (cm.max_wait_ms(False) / 1000.0, cm.max_wait_ms(True) / 1000.0)
+    page_ms = scenario.fleet.interference.page_alloc_ms
+    first: dict[int, float] = {}  # per pool: its first request, before which nothing loads
+    for t, a in zip(requests.time_s, requests.adapter, strict=True):
+        first.setdefault(catalog.adapters[a].base_model, t)
+    cold_start = 0.0
     per_pool: dict[int, tuple[list[float], list[int], list[float], list[float], list[float]]] = {}
     for t, a, batch in zip(requests.time_s, requests.adapter, requests.batch, strict=True):
         spec = catalog.adapters[a]
+        weight = cm.weight(spec.priority)
+        if not preloaded:
+            ready = first[spec.base_model] + (cm.swap_ms(spec.size_bytes) + page_ms) / 1000.0
+            if t < ready:  # no copy of it can be ready yet: out of the LP, charged here
+                cold_start += weight * cm.early_miss_ms((ready - t) * 1000.0, batch)
+                continue
         ts, adapters, costs, waits, rates = per_pool.setdefault(spec.base_model,
                                                                 ([], [], [], [], []))
-        weight = cm.weight(spec.priority)
         ts.append(t)
         adapters.append(a)
         costs.append(weight * cm.unloaded_miss_ms(batch))
@@ -121,13 +168,20 @@ def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests) -> Bo
         fleet = scenario.fleet.base_models[pool]
         limits = PoolLimits(fleet.workers, fleet.gpu_slots_per_worker, budget)
         cap = scenario.optimum.bound_max_cells
-        for s_ts, s_adapters, s_costs, s_waits, s_rates in _segments(
-                ts, adapters, costs, waits, rates, cap):
-            cost, b, n = lp_bound(s_ts, s_adapters, s_costs, limits, s_waits, s_rates, cap)
+        for n_seg, (s_ts, s_adapters, s_costs, s_waits, s_rates) in enumerate(_segments(
+                ts, adapters, costs, waits, rates, cap)):
+            try:
+                cost, b, n = lp_bound(s_ts, s_adapters, s_costs, limits, s_waits, s_rates, cap,
+                                      empty_start=not preloaded and n_seg == 0,
+                                      start_s=first[pool] if n_seg == 0 else None)
+            except BoundNotSolved as exc:
+                return BoundResult(None, reason=str(exc))
             total += cost
             bucket = max(bucket, b)
             cells += n
-    return BoundResult(total, bucket, cells)
+    binds = total > 0
+    return BoundResult(total + cold_start, bucket, cells, cold_start, binds,
+                       "" if binds else NO_BINDING)
 
 
 SEGMENT_BUCKET_S = 15.0
@@ -169,24 +223,28 @@ def _segments(ts: list[float], adapters: list[int], costs: list[float], waits: l
 
 def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits: PoolLimits,
              waits_s: list[float] | None = None, wait_cost_per_s: list[float] | None = None,
-             max_cells: int = 120_000,
-             bucket_s: float | None = None) -> tuple[float, float, int]:
+             max_cells: int = 120_000, bucket_s: float | None = None,
+             empty_start: bool = False, start_s: float | None = None,
+             ) -> tuple[float, float, int]:
     """(bound, bucket seconds, adapter-bucket cells) of one pool's requests: ``costs[j]`` is
     what request ``j`` is charged at least when it finds no copy and loads nothing,
     ``waits_s[j]`` how long after its arrival a copy's load may start and still serve it, and
-    ``wait_cost_per_s[j]`` what each second of that wait is charged (none given: no wait)."""
+    ``wait_cost_per_s[j]`` what each second of that wait is charged (none given: no wait).
+    ``empty_start``: no copy before the first bucket, which begins at ``start_s`` (default: the
+    first request), when the pool's first load may start. Raises ``BoundNotSolved``."""
     if not times:
         return 0.0, 0.0, 0
     ids = {a: k for k, a in enumerate(dict.fromkeys(adapters))}
     n_a = len(ids)
-    t0, span = min(times), max(times) - min(times)
+    t0 = min(times) if start_s is None else min(start_s, min(times))
+    span = max(times) - t0
     if bucket_s is None:
         bucket_s = next((b for b in BUCKETS_S if n_a * (math.floor(span / b) + 1) <= max_cells),
                         BUCKETS_S[-1])
     n_t = math.floor(span / bucket_s) + 1
     cells = n_a * n_t
     slots = limits.workers * limits.slots_per_worker
-    if slots >= n_a:
+    if slots >= n_a and not empty_start:
         return 0.0, bucket_s, cells  # every adapter may keep a copy from the start
     u = np.zeros(cells)
     # lookahead: (request's row, cell of the later bucket, saving over not being served)
@@ -295,9 +353,11 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     bounds[:, 1] = 1.0
     bounds[l0:z0, 1] = np.inf
     bounds[n0:, 1] = np.inf
+    if empty_start:
+        bounds[y0 + idx[:, 0], 1] = 0.0
     res = linprog(objective, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds, method="highs")
-    if res.status != 0:
-        raise RuntimeError(f"LP bound: HiGHS says {res.message}")
+    if res.status != 0 or res.fun is None:
+        raise BoundNotSolved(f"not computed: HiGHS found no optimum ({res.message})")
     # The dual bound is what HiGHS proves; the primal objective of a solved LP equals it up to
     # its tolerance, which we give away (so the bound never exceeds the true LP optimum).
     saved = -float(res.fun)

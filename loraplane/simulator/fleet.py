@@ -122,6 +122,13 @@ class CostModel:
         nothing (spent budget, bypass): the miss weight of the budgeted bound."""
         return self._classes[batch][1]
 
+    def early_miss_ms(self, wait_ms: float, batch: bool) -> float:
+        """The least a request of this class is charged when no copy of its adapter can be
+        ready for ``wait_ms``: that wait (a delayed hit) within its class's ``max_wait_ms``
+        when cheaper than its cold answer, else the answer."""
+        max_wait, over, _ = self._classes[batch]
+        return over if wait_ms > max_wait else min(wait_ms, over)
+
     def min_miss_ms(self, size_bytes: float, batch: bool) -> float:
         """The least any miss of this request can be charged, whatever the policy did: the
         weight of a miss in the offline optimum (so that it is a true lower bound)."""

@@ -5,10 +5,13 @@ policy the engine replays, loraplane's prefetching planner included."""
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loraplane.simulator import bound as bound_module
 from loraplane.simulator.bound import PoolLimits, budget_bound, lp_bound
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.policies import policy_factory
@@ -105,33 +108,39 @@ def test_every_policy_pays_at_least_the_bound(seq: list[int], gaps: list[float],
     times = [sum(gaps[:j + 1]) for j in range(len(seq))]
     reqs = Requests(times, list(seq), [180] * len(seq), batch[: len(seq)])
     sc, cat = _budgeted(slots, workers, budget), catalog(6, prio)
-    bound = budget_bound(sc, cat, reqs)
-    assert bound is not None
-    # and in time segments (a cap of 20 cells cuts these traces into several)
-    cut = budget_bound(sc.model_copy(update={"optimum": sc.optimum.model_copy(
-        update={"bound_max_cells": 20})}), cat, reqs)
-    assert cut is not None
-    for name in POLICIES:
-        c = simulate(sc, cat, reqs, policy_factory(name))
-        assert bound.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
-        assert cut.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
+    cut_sc = sc.model_copy(update={"optimum": sc.optimum.model_copy(
+        update={"bound_max_cells": 20})})  # a cap of 20 cells cuts these into segments
+    for preloaded in (False, True):
+        bound = budget_bound(sc, cat, reqs, preloaded).weighted_miss_cost
+        cut = budget_bound(cut_sc, cat, reqs, preloaded).weighted_miss_cost
+        assert bound is not None and cut is not None
+        for name in POLICIES:
+            if preloaded != (name == "static-merge"):  # only a merged deployment preloads
+                continue
+            c = simulate(sc, cat, reqs, policy_factory(name))
+            assert bound <= c.weighted_miss_cost + 1e-6, name
+            assert cut <= c.weighted_miss_cost + 1e-6, name
 
 
 def test_batch_waits_do_not_double_the_budget() -> None:
     """Three adapters, one request each, 20 s apart, one slot and one load a minute, all
-    batch: the initial copy serves one, and at most one load starts in the 40 s (waiting
-    for the next allowed start costs more than the 5 s retry), so one request is not served.
-    The bound that counted load decisions over 60 - 30 s fitted two loads and said 0."""
+    batch: with a copy there from the start (a merged deployment's preload) it serves one,
+    and at most one load starts in the 40 s (waiting for the next allowed start costs more
+    than the 5 s retry), so one request is not served. The bound that counted load decisions
+    over 60 - 30 s fitted two loads and said 0. Starting empty, as every other deployment
+    does, the first request also waits for its copy: the bound is higher by that wait."""
     seq = [0, 1, 2]
     times = [20.0 * j for j in range(len(seq))]
     reqs = Requests(times, seq, [180] * len(seq), [True] * len(seq))
     sc, cat = _budgeted(1, 1, 1), catalog(3)
-    bound = budget_bound(sc, cat, reqs)
-    assert bound is not None
-    assert bound.weighted_miss_cost >= 5000.0 - 0.01  # HiGHS's tolerance, given away
+    preloaded = budget_bound(sc, cat, reqs, preloaded=True).weighted_miss_cost
+    empty = budget_bound(sc, cat, reqs).weighted_miss_cost
+    assert preloaded is not None and empty is not None
+    assert preloaded >= 5000.0 - 0.01  # HiGHS's tolerance, given away
+    assert empty > preloaded
     for name in POLICIES:
         c = simulate(sc, cat, reqs, policy_factory(name))
-        assert bound.weighted_miss_cost <= c.weighted_miss_cost + 1e-6, name
+        assert (preloaded if name == "static-merge" else empty) <= c.weighted_miss_cost + 1e-6
 
 
 def test_a_wait_for_a_later_start_is_charged() -> None:
@@ -159,6 +168,70 @@ def test_segments_of_a_long_trace_each_fit_and_bound_no_higher_than_the_whole() 
     whole = budget_bound(sc, cat, reqs)
     cut = budget_bound(sc.model_copy(update={"optimum": sc.optimum.model_copy(
         update={"bound_max_cells": 600})}), cat, reqs)
-    assert whole is not None and cut is not None
+    assert whole.weighted_miss_cost is not None and cut.weighted_miss_cost is not None
     assert cut.bucket_s <= 15.0 and cut.cells > 600  # several segments of at most 600
     assert 0 < cut.weighted_miss_cost <= whole.weighted_miss_cost + 1e-3
+
+
+@settings(max_examples=40, deadline=None)
+@given(seq=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+       gaps=st.lists(st.floats(0.0, 12.0), min_size=30, max_size=30),
+       batch=st.lists(st.booleans(), min_size=30, max_size=30),
+       prio=st.lists(st.sampled_from(["bronze", "silver", "gold", "platinum"]), min_size=6,
+                     max_size=6),
+       slots=st.integers(1, 4), workers=st.integers(1, 3), budget=st.integers(1, 12))
+def test_the_bound_is_below_beladys_cost_and_positive_whenever_a_policy_pays(
+        seq: list[int], gaps: list[float], batch: list[bool], prio: list[str], slots: int,
+        workers: int, budget: int) -> None:
+    """Random small scenarios, tight budgets and generous ones: the bound is computed, at
+    most what offline Belady pays, and never 0 while a policy pays something (every worker
+    starts empty, so the first request waits for a copy at least). Where the slots and the
+    budget bind nothing, it says so."""
+    times = [sum(gaps[:j + 1]) for j in range(len(seq))]
+    reqs = Requests(times, list(seq), [180] * len(seq), batch[: len(seq)])
+    sc, cat = _budgeted(slots, workers, budget), catalog(6, prio)
+    found = budget_bound(sc, cat, reqs)
+    assert found.weighted_miss_cost is not None
+    belady = simulate(sc, cat, reqs, policy_factory("belady")).weighted_miss_cost
+    assert found.weighted_miss_cost <= belady + 1e-6
+    paid = max(simulate(sc, cat, reqs, policy_factory(n)).weighted_miss_cost
+               for n in ("lru", "belady", "loraplane"))
+    if paid > 0:
+        assert found.weighted_miss_cost > 0
+    assert found.cold_start > 0 and found.binds == (found.reason == "")
+
+
+def test_a_fleet_with_room_for_everything_gets_a_positive_bound_that_says_so() -> None:
+    """8 workers x 16 slots and 12 loads a minute each, 40 adapters: the LP relaxation binds
+    nothing (the bound printed 0 on such a fleet while every policy paid), so the bound is
+    the cold start alone, positive, and marked as not binding, with the reason."""
+    sc, cat = _budgeted(16, 8, 12), catalog(40)
+    times = [0.5 * j for j in range(2000)]
+    reqs = Requests(times, [(j * 7) % 40 for j in range(2000)], [180] * 2000,
+                    [j % 5 == 0 for j in range(2000)])
+    found = budget_bound(sc, cat, reqs)
+    assert found.weighted_miss_cost is not None and found.weighted_miss_cost > 0
+    assert not found.binds and "never bind" in found.reason
+    assert found.weighted_miss_cost == found.cold_start
+    for name in ("lru", "belady"):
+        assert found.weighted_miss_cost <= simulate(sc, cat, reqs,
+                                                    policy_factory(name)).weighted_miss_cost
+
+
+def test_a_bound_that_cannot_be_computed_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above bound_max_requests, or when HiGHS ends without an optimum (its status is read,
+    not assumed), the result carries no number, and the reason."""
+    sc, cat = _budgeted(1, 1, 1), catalog(3)
+    reqs = Requests([0.0, 5.0, 6.0], [0, 1, 2], [180] * 3, [False] * 3)
+    small = sc.model_copy(update={"optimum": sc.optimum.model_copy(
+        update={"bound_max_requests": 2})})
+    over = budget_bound(small, cat, reqs)
+    assert over.weighted_miss_cost is None and "bound_max_requests" in over.reason
+
+    def stopped(*args: object, **kwargs: object) -> SimpleNamespace:
+        return SimpleNamespace(status=1, fun=None, message="Iteration limit reached")
+
+    monkeypatch.setattr(bound_module, "linprog", stopped)
+    failed = budget_bound(sc, cat, reqs)
+    assert failed.weighted_miss_cost is None and "Iteration limit" in failed.reason
+
