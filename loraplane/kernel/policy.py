@@ -25,10 +25,16 @@ SCORE_TERMS = ("qps_10m", "qps_1m", "ttft_penalty_if_cold", "tenant_priority",
                "scheduled_warmup_score", "weighted_demand")
 FACTS = ("status", "canary_percent", "tenant_priority", "no_request_for_minutes",
          "error_rate_after_load", "request_class")
-DEFAULT_FORMULA = (
+SEED_FORMULA = (
     "0.45 * qps_10m + 0.25 * ttft_penalty_if_cold + 0.20 * tenant_priority"
     " + 0.10 * scheduled_warmup_score"
 )
+"""The seed's hot score: rate, cold penalty and priority added up."""
+COST_FORMULA = "0.9 * weighted_demand + 0.1 * scheduled_warmup_score"
+"""What a miss costs a second (forecast rate times the tenant's priority value), schedules
+kept: measured better than the seed's on the decision-quality scenarios
+(docs/benchmarks.md), so it is the default."""
+DEFAULT_FORMULA = COST_FORMULA
 
 
 class PolicyError(ValueError):
@@ -250,8 +256,10 @@ class Policy(_Strict):
         "this share of its decode time (workers.load_interference); the planner and the router "
         "plan with the budget it reports")
     max_protected_gpu_share: float = Field(
-        0.5, gt=0, le=1, description="the most never-evict versions protected per base model, "
-        "as a share of its GPU slots (rounded up, at least 1); the rest compete by score")
+        0.25, gt=0, le=1, description="the most never-evict versions protected per base "
+        "model, as a share of its GPU slots (rounded up, at least 1); the rest compete by "
+        "score (the seed's 0.5 held half the slots for idle platinum versions where they do "
+        "not all fit: docs/benchmarks.md)")
     hbm_low_watermark: float = Field(0.82, gt=0, le=1)
     hysteresis_margin: float = Field(
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")

@@ -42,7 +42,7 @@ from tests.lifecycle_kit import record as kit_record
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 WORKER = "w1"
 BASE = "tiny-llama"
-POLICY = Policy()
+POLICY = Policy(max_protected_gpu_share=0.5)  # the seed's share: half the slots protected
 KIT = make_kit(NOW)
 PLANNER = KIT.keys["planner"]
 CI = KIT.keys["ci"]

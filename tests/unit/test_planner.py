@@ -18,10 +18,12 @@ from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, score_key
 
 from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
 from loraplane.kernel.decayed import Decayed
-from loraplane.kernel.policy import Policy
+from loraplane.kernel.policy import SEED_FORMULA, Policy
 
 NOW = 1_800_000_000.0
-POLICY = Policy()
+POLICY = Policy(hot_score_formula=SEED_FORMULA, max_protected_gpu_share=0.5)
+"""The seed's policy (its hot score, half the slots protected): the rules below are written
+against its numbers; the defaults differ (test_protected_cap_is_a_share_of_the_hot_set...)."""
 MB = 1024**2
 
 
@@ -319,8 +321,9 @@ def test_a_canary_keeps_its_protection_before_busier_platinum_versions() -> None
 
 
 def test_protected_cap_is_a_share_of_the_hot_set_rounded_up() -> None:
-    assert protected_cap(Policy(), 16) == 8
-    assert protected_cap(Policy(), 3) == 2
+    assert protected_cap(Policy(), 16) == 4  # the default share, 0.25
+    assert protected_cap(POLICY, 16) == 8  # the seed's, 0.5
+    assert protected_cap(POLICY, 3) == 2
     assert protected_cap(Policy(max_protected_gpu_share=0.3), 10) == 3
     assert protected_cap(Policy(max_protected_gpu_share=0.01), 16) == 1
     assert protected_cap(Policy(), 0) == 1
