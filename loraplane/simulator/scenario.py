@@ -122,8 +122,11 @@ class BaseModelFleet(_Strict):
     host_slots_per_worker: int = Field(64, ge=1)
     host_bytes_per_worker: float = Field(32e9, gt=0)
     hbm_bytes_per_worker: float = Field(24e9, gt=0)
-    base_weights_bytes: float = Field(16e9, ge=0)
-    kv_reserved_bytes: float = Field(4e9, ge=0)
+    base_weights_bytes: float = Field(
+        14e9, ge=0, description="with kv_reserved_bytes, below the policy's "
+        "hbm_low_watermark of hbm_bytes_per_worker (0.77 of it by default), or the planner "
+        "loads nothing on these workers")
+    kv_reserved_bytes: float = Field(4.5e9, ge=0)
     max_concurrent_per_worker: int = Field(
         256, ge=1, description="requests a worker serves at once (vLLM max_num_seqs); "
                                "more queue, and the wait adds to their TTFT")
