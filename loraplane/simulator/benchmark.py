@@ -5,6 +5,7 @@ optimum), and return the result in the shape of ``loraplane simulate --json``.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ import numpy as np
 from loraplane.simulator.bound import budget_bound
 from loraplane.simulator.catalog import Catalog, build_catalog
 from loraplane.simulator.engine import simulate
+from loraplane.simulator.hindsight import hindsight_set
 from loraplane.simulator.metrics import Counters
 from loraplane.simulator.optimum import optimum
-from loraplane.simulator.policies import policy_factory
+from loraplane.simulator.policies import BASELINES, is_loraplane, policy_factory
 from loraplane.simulator.requests import Requests, assign_adapters
 from loraplane.simulator.scenario import Scenario
 from loraplane.simulator.synthetic import arrivals
@@ -55,23 +57,47 @@ def pool_slots(scenario: Scenario) -> dict[int, int]:
     return {i: b.gpu_slots_per_worker * b.workers for i, b in enumerate(scenario.fleet.base_models)}
 
 
-def run(bench: Workbench, policies: list[str]) -> dict[str, Any]:
+def kind(scenario: Scenario, name: str) -> dict[str, bool]:
+    """What a row stands for: ``online`` (decides without the future), ``baseline`` (not a
+    loraplane row) and ``own_deployment`` (an override gives it other slots or budget, so its
+    cost is not comparable row for row)."""
+    cache = BASELINES.get(name)
+    return {"online": cache.online if cache is not None else True,
+            "baseline": not is_loraplane(name),
+            "own_deployment": name in scenario.overrides,
+            "preloads": bool(cache is not None and cache.merged)}
+
+
+def run(bench: Workbench, policies: list[str],
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every policy on the workbench, the bounds of each deployment and the hindsight
+    reference; ``progress`` is told each step as it starts."""
+    tell = progress or (lambda _: None)
     result: dict[str, Any] = {"scenario": bench.scenario.model_dump(mode="json"),
-                              "requests": len(bench.requests), "policies": {}, "timing_s": {}}
+                              "requests": len(bench.requests), "policies": {}, "timing_s": {},
+                              "kinds": {}}
     seed_columns: dict[str, dict[str, float]] = {}
-    bounds: dict[tuple[object, ...], dict[str, float | int] | None] = {}
+    bounds: dict[tuple[object, ...], dict[str, Any]] = {}
     result["bounds"] = {}
-    for name in policies:
+    for n, name in enumerate(policies, 1):
+        tell(f"policy {n}/{len(policies)}: {name}")
         started = time.perf_counter()
         counters = run_policy(bench, name)
         result["timing_s"][name] = round(time.perf_counter() - started, 3)
         result["policies"][name] = counters.summary()
+        result["kinds"][name] = kind(bench.scenario, name)
         seed_columns[name] = counters.seed_columns()
+    tell("the budgeted LP bound")
     started = time.perf_counter()
-    result["bound"] = _bound_of(bench, bench.scenario, bounds)
+    result["bound"] = _bound_of(bench, bench.scenario, bounds, preloaded=False)
     for name in policies:
-        result["bounds"][name] = _bound_of(bench, bench.scenario.for_policy(name), bounds)
+        result["bounds"][name] = _bound_of(bench, bench.scenario.for_policy(name), bounds,
+                                           preloaded=result["kinds"][name]["preloads"])
     result["timing_s"]["bound"] = round(time.perf_counter() - started, 3)
+    tell("the hindsight per-window set")
+    result["hindsight"] = hindsight_set(bench.scenario, bench.catalog,
+                                        bench.requests).as_dict()
+    tell("the budget-free optimum")
     started = time.perf_counter()
     best = optimum(bench.scenario, bench.catalog, bench.requests, pool_slots(bench.scenario))
     result["timing_s"]["optimum"] = round(time.perf_counter() - started, 3)
@@ -81,16 +107,14 @@ def run(bench: Workbench, policies: list[str]) -> dict[str, Any]:
     return result
 
 
-def _bound_of(bench: Workbench, scenario: Scenario,
-              cache: dict[tuple[object, ...], dict[str, float | int] | None],
-              ) -> dict[str, float | int] | None:
-    """The budgeted bound of one deployment (slots and load budget), computed once per
-    deployment: policies with the scenario's own share it."""
+def _bound_of(bench: Workbench, scenario: Scenario, cache: dict[tuple[object, ...], dict[str, Any]],
+              preloaded: bool) -> dict[str, Any]:
+    """The budgeted bound of one deployment (slots, load budget, and whether its slots start
+    filled), computed once per deployment: policies with the scenario's own share it."""
     key = (tuple(b.gpu_slots_per_worker for b in scenario.fleet.base_models),
-           scenario.policy.cold_loads_per_minute_per_worker)
+           scenario.policy.cold_loads_per_minute_per_worker, preloaded)
     if key not in cache:
-        found = budget_bound(scenario, bench.catalog, bench.requests)
-        cache[key] = found.as_dict() if found else None
+        cache[key] = budget_bound(scenario, bench.catalog, bench.requests, preloaded).as_dict()
     return cache[key]
 
 
@@ -137,5 +161,5 @@ def sweep(bench: Workbench, policies: list[str]) -> dict[str, Any]:
                        pool_slots(bench.scenario.with_gpu_slots(s)))
         out["optimum"].append(best.weighted_miss_cost if best else None)
         bound = budget_bound(bench.scenario.with_gpu_slots(s), bench.catalog, bench.requests)
-        out["bound"].append(bound.weighted_miss_cost if bound else None)
+        out["bound"].append(bound.weighted_miss_cost if bound.binds else None)
     return out

@@ -6,48 +6,88 @@ import json
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("gpu_hit", "host_hit", "cold", "swaps", "fallbk", "retry", "queued", "p50", "p95", "p99",
-           "wcost", "plat_cs", "can_cs", "slo i/b/c", "time_s")
+COLUMNS = ("interactive", "batch", "canary", "bronze/silver/gold/platinum", "wcost",
+           "/ best online", "/ hindsight", "/ bound", "wrong-model answers",
+           "429s (mean wait s)", "gpu_hit", "plat/can cold", "time_s")
 SLO_CLASSES = ("interactive", "batch", "canary")
+TIERS = ("bronze", "silver", "gold", "platinum")
 
 
-def _slo_cell(attainment: dict[str, float]) -> str:
-    """SLO attainment of interactive / batch / canary requests ("-": none of that class)."""
-    return "/".join(f"{attainment[k]:.3f}" if k in attainment else "-" for k in SLO_CLASSES)
+def best_online(result: dict[str, Any]) -> str | None:
+    """The online baseline of the scenario's own deployment with the lowest weighted cost."""
+    kinds = result.get("kinds") or {}
+    rows = [n for n, k in kinds.items()
+            if k["online"] and k["baseline"] and not k["own_deployment"]]
+    return min(rows, key=lambda n: result["policies"][n]["weighted_miss_cost"], default=None)
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def _share(attainment: dict[str, float], key: str) -> str:
+    return f"{attainment[key]:.3f}" if key in attainment else "-"
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown table (also readable in a terminal): one row per policy, its weighted cost
-    also as a multiple of the budgeted bound of its own deployment, then the bounds."""
+    """Markdown table (also readable in a terminal), one row per policy: SLO attainment per
+    request class and per priority tier first, then the weighted cost and its ratios to the
+    best online baseline, the hindsight per-window set and the budgeted bound of the row's
+    own deployment; then what a tenant got instead of its adapter: an answer of the base model
+    (a wrong-model answer) or a 429 (a wait, its mean Retry-After). The references follow."""
     head = "| policy | " + " | ".join(COLUMNS) + " |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
     bounds = result.get("bounds") or {}
+    best = best_online(result)
+    best_cost = result["policies"][best]["weighted_miss_cost"] if best else None
+    hindsight = (result.get("hindsight") or {}).get("weighted_miss_cost")
     for name, m in result["policies"].items():
-        p = m["ttft_penalty_ms"]
-        wcost = f"{m['weighted_miss_cost']:.4g}"
-        best = (bounds.get(name) or {}).get("weighted_miss_cost")
-        if best:
-            wcost += f" ({m['weighted_miss_cost'] / best:.2f}x)"
-        cells = [f"{m['gpu_hit_rate']:.3f}", f"{m['host_hit_rate']:.3f}", str(m["cold_loads"]),
-                 str(m["swaps"]), str(m["fallbacks"]),
-                 str(m["retries"]), str(m["queued"]), f"{p['p50']:.0f}",
-                 f"{p['p95']:.0f}",
-                 f"{p['p99']:.0f}", wcost, str(m["platinum_cold_starts"]),
-                 str(m["canary_cold_starts"]), _slo_cell(m.get("slo_attainment", {})),
+        slo = m.get("slo_attainment", {})
+        tiers = m.get("slo_attainment_by_priority", {})
+        cost = m["weighted_miss_cost"]
+        bound = bounds.get(name) or {}
+        own = (result.get("kinds") or {}).get(name, {}).get("own_deployment", False)
+        cells = [_share(slo, "interactive"), _share(slo, "batch"), _share(slo, "canary"),
+                 "/".join(f"{tiers[k]:.2f}" if k in tiers else "-" for k in TIERS),
+                 f"{cost:.4g}", "-" if own else _ratio(cost, best_cost),
+                 "-" if own else _ratio(cost, hindsight),
+                 _ratio(cost, bound.get("weighted_miss_cost")) if bound.get("binds") else "-",
+                 str(m["fallbacks"]), f"{m['retries']} ({m.get('retry_wait_s_mean', 0):.1f})",
+                 f"{m['gpu_hit_rate']:.3f}",
+                 f"{m['platinum_cold_starts']}/{m['canary_cold_starts']}",
                  f"{result['timing_s'].get(name, 0):.2f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        label = f"{name} (own deployment)" if own else name
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [_reference(label, cost) for label, cost in _references(result)]
+    return "\n".join(lines)
+
+
+def _references(result: dict[str, Any]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    hs = result.get("hindsight")
+    if hs:
+        out.append((f"hindsight per-window set ({hs['window_s']:g} s windows, {hs['loads']} "
+                    "loads; a reference, not a bound)", f"{hs['weighted_miss_cost']:.4g}"))
     bound = result.get("bound")
     if bound:
-        lines.append(f"| budgeted LP bound ({bound['bucket_s']:g} s buckets) | " + " | ".join(
-            f"{bound['weighted_miss_cost']:.4g}" if c == "wcost" else "" for c in COLUMNS)
-            + " |")
+        if bound["weighted_miss_cost"] is None:
+            out.append(("budgeted LP bound", bound["reason"]))
+        elif bound["binds"]:
+            out.append((f"budgeted LP bound ({bound['bucket_s']:g} s buckets)",
+                        f"{bound['weighted_miss_cost']:.4g}"))
+        else:
+            out.append(("budgeted LP bound: the cold start only",
+                        f"{bound['weighted_miss_cost']:.4g}: {bound['reason']}"))
     opt = result.get("optimum")
     if opt:
         kind = ("budget-free offline optimum" if opt["exact"]
                 else f"budget-free lower bound ({opt['segments']} segments)")
-        lines.append(f"| {kind} | " + " | ".join(
-            f"{opt['weighted_miss_cost']:.4g}" if c == "wcost" else "" for c in COLUMNS) + " |")
-    return "\n".join(lines)
+        out.append((kind, f"{opt['weighted_miss_cost']:.4g}"))
+    return out
+
+
+def _reference(label: str, cost: str) -> str:
+    return f"| {label} | " + " | ".join(cost if c == "wcost" else "" for c in COLUMNS) + " |"
 
 
 def seed_table(result: dict[str, Any]) -> str:

@@ -209,15 +209,18 @@ def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> No
                                       "--json", str(out), "--plot", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert {"scenario", "requests", "policies", "optimum"} <= set(data)
+    assert {"scenario", "requests", "policies", "optimum", "bound", "bounds", "hindsight",
+            "kinds"} <= set(data)
     assert data["requests"] == 400 and set(data["policies"]) == set(ALL)
     for metrics in data["policies"].values():
         assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
-                                "fallbacks", "retries", "queued", "ttft_penalty_ms",
-                                "weighted_miss_cost",
+                                "fallbacks", "retries", "retry_wait_s_mean", "declined",
+                                "queued", "ttft_penalty_ms", "weighted_miss_cost",
                                 "platinum_cold_starts", "canary_cold_starts", "routes",
-                                "slo_attainment"}
+                                "slo_attainment", "slo_attainment_by_priority"}
         assert set(metrics["slo_attainment"]) <= {"interactive", "batch", "canary"}
+        assert set(metrics["slo_attainment_by_priority"]) <= {"bronze", "silver", "gold",
+                                                              "platinum"}
         assert all(0 <= v <= 1 for v in metrics["slo_attainment"].values())
         assert sum(metrics["routes"].values()) == 400
         assert set(metrics["ttft_penalty_ms"]) == {"p50", "p95", "p99"}

@@ -46,6 +46,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
+from loraplane.kernel.policy import COST_FORMULA, SEED_FORMULA
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.registry import AdapterView
@@ -392,11 +393,9 @@ class LoraplaneDemand(Loraplane):
         super().__init__(_with_policy(ctx, never_evict_when=guards))
 
 
-COST_FORMULA = "0.9 * weighted_demand + 0.1 * scheduled_warmup_score"
-
-
 class LoraplaneCost(Loraplane):
-    """loraplane ranking by what a miss costs: ``weighted_demand`` (forecast rate times the
+    """loraplane ranking by what a miss costs (``kernel.policy.COST_FORMULA``, the default),
+    whatever the scenario's policy file names: ``weighted_demand`` (forecast rate times the
     tenant's priority value) instead of the seed's sum of rate, TTFT penalty and priority;
     schedules keep their term. Every guard, budget and rule is the policy file's."""
 
@@ -404,3 +403,14 @@ class LoraplaneCost(Loraplane):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(_with_policy(ctx, hot_score_formula=COST_FORMULA))
+
+
+class LoraplaneSeed(Loraplane):
+    """loraplane with the seed's hot score (``kernel.policy.SEED_FORMULA``: rate, cold TTFT
+    penalty and priority added up), the default before the cost-aware one; every guard,
+    budget and rule is the policy file's."""
+
+    name = "loraplane-seed"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(_with_policy(ctx, hot_score_formula=SEED_FORMULA))
