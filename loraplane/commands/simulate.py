@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             chosen = [*(policies.split(",") if policies else []), *policy]
             names = registry.resolve(chosen or sc.policies)
             if from_clickhouse:
-                replayed = _replay(sc, since, what_if)
+                replayed = replay_clickhouse(sc, since, what_if, "simulate")
                 bench = benchmark.Workbench(replayed.scenario, replayed.catalog,
                                             replayed.requests)
             else:
@@ -116,22 +116,24 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _replay(base: Scenario, since: str, what_if: WhatIf) -> Replay:
+def replay_clickhouse(base: Scenario, since: str, what_if: WhatIf, command: str) -> Replay:
     """The window's rows from ClickHouse (read-only login), the fleet's worker states and the
-    registry from Kafka; exits 1 when ClickHouse cannot be read or the window is empty."""
+    registry from Kafka; exits 1 when ClickHouse cannot be read or the window is empty
+    (``command`` names the command in what it says)."""
     from loraplane.kernel.config import get_settings
     from loraplane.metrics import queries
     from loraplane.simulator import replay
 
     params = queries.window(since)  # ValueError on a bad --since: a usage error
     settings = get_settings()
-    rows = _read_rows(settings, params, since)
-    states, views = _fleet_facts(settings)
+    rows = _read_rows(settings, params, since, command)
+    states, views = _fleet_facts(settings, command)
     return replay.build(rows, replay.worker_facts(states), replay.adapter_facts(views, states),
                         base, what_if)
 
 
-def _read_rows(settings: Settings, params: Params, since: str) -> list[RequestRow]:
+def _read_rows(settings: Settings, params: Params, since: str,
+               command: str) -> list[RequestRow]:
     from clickhouse_driver import errors as ch_errors
 
     from loraplane.metrics import queries
@@ -148,7 +150,7 @@ def _read_rows(settings: Settings, params: Params, since: str) -> list[RequestRo
         try:
             total = queries.count_arrivals(client, params)
             if total == 0:
-                typer.echo(f"simulate: no request rows in the last {since} ({where}): "
+                typer.echo(f"{command}: no request rows in the last {since} ({where}): "
                            "nothing to replay", err=True)
                 raise typer.Exit(1)
             typer.echo(f"reading {total} request rows of the last {since} from {where}",
@@ -161,12 +163,13 @@ def _read_rows(settings: Settings, params: Params, since: str) -> list[RequestRo
             client.disconnect()
     except (ch_errors.Error, OSError, EOFError) as exc:
         first = " ".join(str(exc).split("Stack trace:")[0].split())  # the server's own lines
-        typer.echo(f"simulate: cannot read {where}: {first}", err=True)
+        typer.echo(f"{command}: cannot read {where}: {first}", err=True)
         raise typer.Exit(1) from exc
     return rows
 
 
-def _fleet_facts(settings: Settings) -> tuple[list[WorkerState], list[AdapterView]]:
+def _fleet_facts(settings: Settings,
+                 command: str) -> tuple[list[WorkerState], list[AdapterView]]:
     """Worker states (the compacted worker-state topic: ClickHouse has no table of them) and
     registry views; a broker that is away leaves both empty, which the replay notes."""
     from concurrent.futures import ThreadPoolExecutor
@@ -185,10 +188,10 @@ def _fleet_facts(settings: Settings) -> tuple[list[WorkerState], list[AdapterVie
             registry = pool.submit(load_registry, settings, 5.0, True)
             fleet, views = states.result(), registry.result()
     except (KafkaException, TopicReadIncomplete) as exc:
-        typer.echo(f"simulate: Kafka unreadable ({exc}); fleet from the request rows only, "
+        typer.echo(f"{command}: Kafka unreadable ({exc}); fleet from the request rows only, "
                    "adapters unknown", err=True)
         return [], []
     if not fleet.complete:
-        typer.echo("simulate: the worker-state read was cut short; fleet partly from the "
+        typer.echo(f"{command}: the worker-state read was cut short; fleet partly from the "
                    "request rows", err=True)
     return list(fleet.workers.values()), list(views.values())
