@@ -1,27 +1,17 @@
 """A live tail of compacted topics: the last record of every key, kept current by one
-long-lived consumer instead of re-reading the whole topic every few seconds. The worker
-agents, the router, the scoring keepers and the planner hold their registry (and the router
-its worker states) this way, so a change reaches them as soon as the broker delivers it.
+long-lived consumer instead of re-reading the whole topic every few seconds (the registry of
+the worker agents, the router, the scoring keepers and the planner; the router's worker
+states), so a change reaches them as soon as the broker delivers it.
 
 The first view is complete (``snapshot`` raises ``TopicReadIncomplete`` until every
 partition was read to its end once, so a broker that is away never reads as an empty
 topic); then each record, tombstones too, replaces its key's last one, and ``version``
-counts the changes. Partitions are assigned, not subscribed: no group, no rebalance, and
-the positions live in the process, so a broker restart neither loses the view nor re-reads
-the topic. ``caught_up``, ``lag`` and ``current`` say whether the view is the topic's
-present; ``current_span`` says since when it has been without a gap, which the router
-judges heartbeat ages by (``router.liveness``).
-
-- ``select`` (optional) keeps a consumer to its share of a topic: a record of a key the view
-  holds nothing for (no record, or a tombstone) is kept only when ``select`` says so;
-  the others are read past (positions move, ``skipped`` counts them, ``version`` does not).
-  Once a key is in the view, every later record of it is kept whatever ``select`` says, so
-  the view follows the topic for every key it ever held (the registry's per base model
-  scope, ``registry.topic.RegistryScope``).
-
-``TailView`` is the pure part (ordering, positions, catching up), tested without a broker.
-Partitions added to a topic after the start are not read (the project's compacted topics
-keep their partition count).
+counts the changes. Partitions are assigned, not subscribed (no group, no rebalance;
+positions live in the process). ``caught_up``, ``lag``, ``current`` and ``current_span``
+say whether and since when the view is the topic's present (``router.liveness``). An
+optional ``select`` keeps a consumer to its share: a key it holds nothing of is kept only
+when selected; once in, every later record of it is kept. ``TailView`` is the pure part.
+Partitions added after the start are not read.
 """
 
 from __future__ import annotations

@@ -2,28 +2,12 @@
 or as a live tail (the worker agents and the router).
 
 The topic holds one AdapterView per adapter_id (the latest wins); reading it from the start
-gives the whole registry without talking to the Faust app.
-
-Per base model (``RegistryScope``): a worker agent needs the views of its own base model
-only, a router or a planner those of the base models it serves. The key stays the
-adapter_id (compaction and every consumer's key check depend on it) and the partitions
-stay the adapter's hash; the registry agent writes each view with a ``base_model`` header
-(``view_headers``) and a scoped tail reads past the records of other base models without
-decoding them. The header is not signed: it only selects, it is never believed.
-
-- A record of an adapter the consumer holds a view of (``VerifiedRegistry.holds``), or
-  whose key its tail already keeps, is kept whatever its header says, and judged as before
-  (verified, refused and dead-lettered): a header cannot hide a revoke, or any later
-  record, from a consumer that holds the adapter.
-- What the header can do is what writing the topic already could: a record that claims
-  another base model keeps an adapter the consumer never held out of its view, as a junk
-  record or a tombstone over the same key does to every consumer. The consumers of every
-  base model (the scoring keepers, an unscoped router) still read it and dead-letter it.
-- A record without the header (written before it existed) is peeked at: its
-  ``base_model`` field alone is read with a compiled decoder, nothing verified; a value that
-  does not even give that is kept, so it is refused and dead-lettered as before.
-- An adapter's base model never changes (``registry.fold``: ``base_model_mismatch``), so a
-  scoped consumer never misses a genuine view of an adapter of its own base model.
+gives the whole registry without talking to the Faust app. A consumer may hold only its base
+models' views (``RegistryScope``): the registry agent writes each view with a ``base_model``
+header (``view_headers``), which a scoped tail selects by without decoding other base
+models' records. The header is never believed: a record of an adapter the consumer already
+holds is kept and verified whatever it claims, so a header cannot hide a revoke. The rules
+are in docs/lifecycle.md, "Per base model: who holds which views".
 """
 
 from __future__ import annotations
