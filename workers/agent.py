@@ -1,27 +1,16 @@
 """The worker agent: the only thing that touches one vLLM server's LoRA state.
 
 A controller loop, and the only writer of its desired state: commands (from the planner),
-loads its gateway asks for on a cold request (``request_load``, an ``Ask`` with origin
-``gateway_request``) and what executing an action found out (an ``Outcome``) all go through
-``_fold``, i.e. ``reconcile.fold``. Every tick reads the actual state from vLLM
-(``/v1/models``) and the host tier, asks ``reconcile`` for actions and executes them; the
-executor changes vLLM and the host tier, never the desired state. On start it reads vLLM
-*first* and adopts what it can vouch for, so a restarted agent converges instead of
-assuming an empty server, and reloads the command ids it applied before (so a redelivered
-command stays a no-op across restarts) and the copies it held protected (so a restart keeps
-the set the planner planned with). A command it will not carry out (refused by its own
-rules, no slot it may take, a version its registry cannot back, its intent given up to
-another load) is reported in the heartbeat's ``skipped_commands`` until its deadline, so the
-planner stops expecting it at once and does not send it again. A canary version loaded with
-``warmup_requests`` is sent that many golden-set requests first; ``is_warming`` tells the
-gateway to keep real traffic off it until then. It never holds more than ``gpu_slots`` GPU
-copies: a load past them takes the slot of the least recently used idle copy that the
-minimum residency does not keep (``reconcile.make_room``, fed the in-flight counts,
-``touched`` and load times as ``Usage``), and waits for it to drain from vLLM. Every change
-is reported: CacheEvents per action, a WorkerState heartbeat (compacted topic, key
-worker_id, each GPU copy with its ``loaded_at``) and Prometheus series. Lines that could
-repeat at request or tick rate are logged once per kind per ``LOG_EVERY_S`` with a count
-(``kernel.log_burst``). The agent is its gateway's ``workers.serving.Serving``.
+loads its gateway asks for on a cold request (``request_load``) and what executing an action
+found out (an ``Outcome``) all go through ``_fold``, i.e. ``reconcile.fold``. Every tick
+reads the actual state from vLLM (``/v1/models``) and the host tier, asks ``reconcile`` for
+actions and executes them; the executor changes vLLM and the host tier, never the desired
+state. On start it reads vLLM *first* and adopts what it can vouch for, so a restarted agent
+converges instead of assuming an empty server. A command it will not carry out is reported
+in the heartbeat's ``skipped_commands``, so the planner stops expecting it. Every change is
+reported: CacheEvents, a WorkerState heartbeat and Prometheus series; lines that could
+repeat at request or tick rate go through ``kernel.log_burst``. The agent is its gateway's
+``workers.serving.Serving``. The rules: docs/worker.md, "The reconcile loop".
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """Which request may take a GPU slot by loading on demand, and which copy gives its slot up:
 a worker-local admission by the cold-load budget and by priority-weighted demand.
 
-A request's own load spends two things: a slot, and one load of the worker's rolling-minute
-cold-load budget (a load not spent within the minute is lost). The rule, per request class:
-
-- **a request that may wait** (batch, canary, shadow: ``request_budgets.batch.max_wait_ms``)
-  is admitted whenever the budget has a load for it within its wait (it waits for it): it
-  has no other answer than its adapter (the gateway never serves it with the base model; a
-  429 sends it away). Only when the budget is spent beyond its wait does the demand
-  comparison below decide (the slot keeps the busier copy, the request its class's
-  Retry-After): that comparison alone sent batch requests away while the budget sat unspent;
-- **an interactive request** has the base model to fall back on within its ``max_wait_ms``.
-  Its load is admitted while the budget keeps a reserve for the requests that may wait (as
-  many loads as they needed here in the last minute, plus one: ``any_slot``); once the budget
-  is that tight, only when its version has had at least as many priority-weighted requests
-  here, recently, as the copy it would replace (``DemandCounts.admits``, in the spirit of
-  TinyLFU): the slot then keeps the busier copy and the budget the loads that cannot wait.
-
-The copy that gives up its slot (``give_up_order``): one this worker loaded for a request
-before one the planner placed (the planner ranks by the fleet's scores and would load it
-back), then the least priority-weighted demand here, then the least recently used. A load
-the planner orders is not subject to any of this.
-
-Pure: the caller passes the clock and the budget's load times.
+A request's own load spends a slot and one load of the worker's rolling-minute cold-load
+budget (a load not spent within the minute is lost), so the budget goes first to the
+requests that cannot fall back. A request that may wait (batch, canary, shadow) is admitted
+whenever the budget has a load for it within its wait: its adapter is its only answer. An
+interactive request, which has the base model to fall back on, is admitted while the budget
+keeps a reserve for those (``any_slot``). Otherwise a load takes only the slot of a copy with
+no more priority-weighted requests here than its version (``DemandCounts.admits``, in the
+spirit of TinyLFU): the slot keeps the busier copy. The copy that gives up its slot
+(``give_up_order``): a request's before the planner's, then the least demanded here, then the
+least recently used. A load the planner orders is not subject to any of this. The rules:
+docs/worker.md, "Demand admission". Pure: the caller passes the clock and the load times.
 """
 
 from __future__ import annotations

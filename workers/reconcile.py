@@ -6,42 +6,12 @@ through one reducer (``fold``; ``kernel.command_effects`` says what each command
 copy); vLLM's ``GET /v1/models`` and the host tier's entries are the *actual* state;
 ``reconcile`` returns the actions that move the second towards the first. Because both
 inputs are plain values, the same inputs always give the same actions, a redelivered
-command changes nothing (``command_id`` dedup; the applied ids outlive a restart through
-workers/applied_commands.py), and the rules below are testable without a server:
-
-* a name vLLM reports that this agent cannot vouch for (it did not load it, or it is not
-  the verified host-tier folder with the digest its name claims) is a KV-namespace
-  conflict: vLLM keys its prefix cache by name, so such a name is unloaded at once; a copy
-  this agent loaded that vLLM no longer reports was removed behind its back (``Vanished``);
-* a revoked adapter is removed from vLLM and the host tier now, in-flight or not;
-* any other unload waits until the name's in-flight count is 0 (drain), so a request keeps
-  the version it started with while the new version loads beside it;
-* at most ``per_minute`` cold loads into vLLM per rolling minute; the rest get BusyRetry;
-* the worker's own ``Guard``, derived from its registry copy and the policy, never from a
-  command: a never-evict GPU copy (``command_effects.never_evict_rule``: a platinum tenant's,
-  a live canary's) is *protected* while it holds and refuses ``unpin``, ``demote_to_host``
-  and ``evict``; it is never unloaded except when revoked. At most
-  ``command_effects.protected_cap(policy, gpu_slots)`` copies are protected at once, the
-  first to reach the GPU keeping theirs (``DesiredState.protected``), so no tenant's keys
-  can fill a worker with immovable copies; a command's ``warmup_requests`` is clamped to the
-  policy's ``request_budgets.canary.warmup_requests``;
-* at most ``gpu_slots`` copies are meant for the GPU (vLLM's ``--max-loras``; vLLM past its
-  own caches would evict silently, and the agent's view would no longer be vLLM's): a load
-  that would need one more demotes a GPU copy that may move (``make_room``: not pinned, not
-  protected, not in flight, per the fold's ``Usage``) to the host tier (``slot_needed``):
-  with the demand known, the first by ``demand_admission.give_up_order`` (a request's copy
-  before the planner's, the least demanded here), else the least recently used. When none
-  may move, the ask is refused (``no_free_slot``) rather than exceed the slots. A request's
-  own load (origin ``gateway_request``) may take only the slot of a copy ``Usage.admits``
-  lets it replace (``demand_admission``: the agent builds it per request, from its class and
-  the cold-load budget), else it is refused as ``busier_copies``. A copy loaded within the
-  policy's ``min_residency_s`` (``Usage.loaded_at``) keeps its slot from a planner's load,
-  and from a request's own load when the planner asked for it (``min_residency``), unless
-  the version loading is never-evict and will be protected here; the planner keeps the same
-  residency on its side, so neither undoes the other's load within seconds. ``reconcile``
-  loads only into a slot that is free in vLLM too, so a victim still draining holds its slot
-  until its last request is done. A planner's ``demote_to_host`` then ``load_gpu`` frees the
-  slot first, so it evicts nothing more.
+command changes nothing (``command_id`` dedup, across restarts through
+workers/applied_commands.py), and the rules are testable without a server: a name vLLM
+serves that this agent cannot vouch for is unloaded at once, a revoked version too, any other
+only once drained; cold loads stay within the budget; and the worker's own ``Guard``
+(never-evict, derived from its registry copy and the policy, never from a command) and its
+``gpu_slots`` (``make_room``) hold whoever asks. The rules: docs/worker.md, "The reconcile loop".
 """
 
 from __future__ import annotations
@@ -356,8 +326,8 @@ def _resident(request: Ask, state: DesiredState, guard: Guard, usage: Usage,
     """Does the minimum residency keep ``victim``'s slot from ``request``'s load? A copy
     loaded here within ``min_residency_s``: from a planner's load any such copy, from a
     request's own load one the planner asked for (the copies requests loaded compete for
-    their slots by recency and demand admission, as before: a worker lost then has its hot
-    versions placed on the others at once)."""
+    their slots by recency and demand admission alone, so a lost worker's hot versions find
+    slots on the others at once)."""
     if usage.settled(victim, guard):
         return False
     if request.origin is not CopyOrigin.gateway_request:

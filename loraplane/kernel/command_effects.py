@@ -4,36 +4,15 @@ The planner plans on top of what it expects a worker to hold once its pending co
 apply (``streams.planner``), and the worker folds the same commands into its desired state
 (``workers.reconcile``). Both read this table, so they cannot disagree about a command.
 
-A command is *declarative*: it says where the copy should be, whatever is there now.
-
-=================  ==========================================  ===============
-action             tier after                                  pinned after
-=================  ==========================================  ===============
-``prewarm_host``   at least ``host``                           unchanged
-``load_gpu``       ``gpu``                                     unchanged
-``pin``            at least ``host``                           ``True``
-``unpin``          unchanged                                   ``False``
-``demote_to_host`` ``host``                                    unchanged
-``evict``          ``gone``                                    unchanged
-=================  ==========================================  ===============
-
-A pinned copy never moves down a tier: ``demote_to_host`` of a pinned GPU copy and
-``evict`` of any pinned copy are refused (``Refusal.pinned``) and change nothing, so the
-planner unpins before it unloads.
-
-A *protected* copy (``never_evict_rule``: a serving version for which a policy
-``never_evict_when`` condition holds on its registry record, such as a platinum tenant or a
-live canary) refuses ``unpin``, ``demote_to_host`` and ``evict`` too (``Refusal.protected``),
-whatever its pin says: its pin is derived from the registry and the policy, not commanded.
-The worker folds with it (``workers.reconcile``) and the planner expects it
-(``streams.planner._apply``), so a signed command cannot take such a copy off the GPU either.
-
-Why ``pin`` and ``demote_to_host`` of a copy that is not there bring it to the host tier
-(the planner used to treat them as no-ops): the worker folds a command into its *desired*
-state, before and without looking at vLLM or its host tier, so "no intent" there does not
-mean "no copy". A demote of a copy the worker never adopted must still unload it and keep
-it on host, and a pin must protect the copy it names wherever it is; the planner now
-expects the same (and counts the bytes such a copy takes on the host tier).
+A command is *declarative*: it says where the copy should be, whatever is there now
+(``effect``). A pinned copy never moves down a tier (``Refusal.pinned``), so the planner
+unpins before it unloads. A *protected* copy (``never_evict_rule``) refuses ``unpin``,
+``demote_to_host`` and ``evict`` too (``Refusal.protected``): its pin is derived from the
+registry and the policy, not commanded, so a signed command cannot take it off the GPU.
+``pin`` and ``demote_to_host`` of a copy that is not there bring it to the host tier: the
+worker folds into its desired state without looking at vLLM, so "no intent" there does not
+mean "no copy". The table and the rules: docs/planner.md, "Cache commands", and
+docs/worker.md, "The worker's own rules: never-evict and the warm-up cap".
 """
 
 from __future__ import annotations
