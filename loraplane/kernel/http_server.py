@@ -2,32 +2,17 @@
 
 Every server the project runs (the router, the gateway, the worker's /metrics listener, the
 dashboard) starts through ``start_site`` with the shared ``settings.http`` limits
-(``HttpLimits``):
-
-* a request head (request line + headers) must be complete within ``header_timeout_s`` of
-  the connection opening, or of the previous response ending plus ``keepalive_timeout_s``,
-  and be at most ``max_header_bytes`` (else the connection is closed: 431 is written first);
-* a request body must be complete within ``body_timeout_s`` of its head (slowloris);
-* an idle keep-alive connection is closed after ``keepalive_timeout_s`` (aiohttp's own);
-* at most ``max_connections`` are open per server, and all the servers of a process hold at
-  most what its descriptor limit allows (``connection_budget``; the soft limit is first
-  raised to the hard one). At either cap a new connection is not refused: the connection
-  that has kept the server waiting longest is closed instead (shed). A connection waits on
-  its client until its request is in, and again from its answer to its next request;
-  legitimate clients send a request within milliseconds of connecting and reuse their
-  connections at once, so slow or idle ones go first, however many an attacker opens from
-  the same address. Only when every held connection is busy (its request being answered)
-  is the new one closed;
-* errors of connections (caps, sheds, deadlines, oversized heads, accept failures such as
-  EMFILE, aiohttp's parse and handler errors) are logged through
-  ``kernel.log_burst.LogBurst``: the first of a kind in an interval is logged, the rest of
-  the interval only as a count.
-* a process that serves HTTP runs CPython's full collection rarely
-  (``_collect_the_oldest_rarely``): it scans every object of every held connection.
+(``HttpLimits``): deadlines on a request's head and body (slowloris), a bound on a head's
+size (431), and at most ``max_connections`` per server within the process's descriptor
+budget (``connection_budget``). At a cap a new connection is not refused: the one that has
+kept the server waiting longest is shed instead. Legitimate clients send their request at
+once, so slow or idle ones go first, however many an attacker opens from the same address.
+Connection errors are logged through ``kernel.log_burst.LogBurst``.
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
 ``RequestHandler`` (``_Guard``), which makes the handler only once a first head is whole; a
-middleware tells it when a request's body was read and its answer written.
+middleware tells it when a request's body was read and its answer written. The limits, the
+shedding and why: docs/worker.md, "Bounded HTTP servers".
 """
 
 from __future__ import annotations
@@ -277,8 +262,9 @@ def _collect_the_oldest_rarely() -> None:
     """A full collection scans every object of every held connection: with thousands of
     slow ones held and reopened, CPython's default (a full collection after ten young ones,
     once a quarter of the old objects are new) ran one or two a second, each stalling the
-    loop for hundreds of milliseconds. The young generations are collected as before; the
-    oldest about a hundred times less often (cyclic garbage that reached it waits longer)."""
+    loop for hundreds of milliseconds. The young generations keep CPython's thresholds; the
+    oldest is collected about a hundred times less often (cyclic garbage that reached it
+    waits longer)."""
     young, middle, oldest = gc.get_threshold()
     if young and oldest < _GC_OLDEST_AFTER:
         gc.set_threshold(young, middle, _GC_OLDEST_AFTER)
@@ -413,9 +399,9 @@ def open_connections(runner: web.AppRunner) -> int:
 
 
 def run_serving(main: Coroutine[Any, Any, None]) -> None:
-    """Run a serving process's loop (the router's, a worker's) on uvloop: the asyncio loop's
-    own Python (timers, handles, selector, accepts) was a sixth of the router's CPU per
-    request (bench/router_overhead.py), and the default loop accepted slow-client floods
+    """Run a serving process's loop (the router's, a worker's) on uvloop: the default
+    asyncio loop's own Python (timers, handles, selector, accepts) takes a sixth of the
+    router's CPU per request (bench/router_overhead.py) and accepts slow-client floods
     several times slower (bench/slow_clients.py)."""
     import uvloop
 

@@ -32,7 +32,7 @@ SEED_FORMULA = (
 """The seed's hot score: rate, cold penalty and priority added up."""
 COST_FORMULA = "0.9 * weighted_demand + 0.1 * scheduled_warmup_score"
 """What a miss costs a second (forecast rate times the tenant's priority value), schedules
-kept: measured better than the seed's on the decision-quality scenarios
+kept: it does better than the seed's on the decision-quality scenarios
 (docs/benchmarks.md), so it is the default."""
 DEFAULT_FORMULA = COST_FORMULA
 
