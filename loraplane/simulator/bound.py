@@ -6,64 +6,14 @@ Why: the budget-free optimum (``optimum.py``) charges a miss no more than a swap
 a policy really pays there is the request it cannot load: the base model (``fallback_cost_ms``)
 or a retry. This bound charges exactly that.
 
-Per base model with ``W`` workers of ``S`` slots and ``L`` loads a minute each, the trace is cut
-into buckets of ``B`` seconds. Variables per adapter ``a`` and bucket ``t``: ``y`` (a has a GPU
-copy on some worker at the bucket's start whose load has *started*), ``l`` (GPU loads of a that
-*start* in the bucket, all workers) and ``z`` (a's requests in the bucket reach a copy started by
-the bucket's end); per request ``j`` and later bucket ``k`` its wait still reaches, ``x``
-(``j`` is served by a copy whose load starts in ``k``: it waits at least ``s = start of k -
-arrival``, so only where ``s`` is within the class's ``max_wait_ms`` and costs less than ``U``).
-Constraints::
-
-    z[a,t] <= y[a,t] + l[a,t],  z <= 1          a request reaches a copy only if one had
-                                                 started by the bucket's start or starts in it
-    x[j,k] <= l[a,k],  z[a,t] + sum_k x[j,k] <= 1
-    y[a,t+1] <= y[a,t] + l[a,t]                  a started copy at t+1 was there at t or
-                                                 started in t
-    sum_a y[a,t] <= W * S                        slots (y <= 1: any copy counts once)
-    sum of l over any floor(60 / B)
-      consecutive buckets <= W * L               the rolling-minute budget, by start time
-
-Cost ``sum U[a,t] (1 - z[a,t]) - sum (U[j] - weight[j] * s[j,k]) x[j,k]``, ``U`` = the
-weighted least charge of a request that neither finds a copy nor triggers a load
-(``CostModel.unloaded_miss_ms``). Why it is a lower bound of every policy the engine replays,
-prefetching planners included: take any run and set ``y`` to 1 where a copy whose load had
-started was resident (on any worker) at a bucket start, ``l`` to the loads started in the
-bucket, ``z`` to 1 where ``y + l >= 1``, and, where ``z = 0``, ``x[j,k]`` to 1 for a request
-served by a copy that started in ``k``. That satisfies every constraint: a copy is resident
-from its load's decision until its eviction, so a started copy at ``t+1`` either started in
-``t`` or was resident and started at ``t``; started copies hold slots; and the engine lets a
-load *start* only with fewer than ``L`` starts in the minute before it, so any 60 s of starts
-holds at most ``L`` per worker, and ``floor(60 / B)`` buckets span at most 60 s. A request
-served by a copy on its worker found it resident on arrival and ready within its class's wait
-(a longer wait gets the class's cold answer, ``CostModel.miss``), so that copy's load started
-before the bucket (the copy was resident since: ``y = 1``), in it (``l``), or in a later bucket
-``k`` with ``s <= max_wait``, and the run charged it its wait, at least ``weight * s``. Every
-other request got a fallback, a retry or a bypass, at least ``U``. So the point's cost is at
-most the run's, and the LP's optimum at most the point's. Relaxed away (so it stays below):
-load times, queueing, which worker, the slot a copy holds between its decision and its start,
-evictions inside a bucket (coverage by ``y`` lasts the whole bucket). Only a batch request
-waits for the budget; interactive misses and the planner's loads start at once or not at all,
-so where a pool has no batch request every load starts when it is decided, a copy resident on
-arrival had started, and no request gets a lookahead.
-
-The cold start: every worker starts with no copy (only a merged deployment, the seed's
-static merge, preloads its slots), and no load starts before the first request (a planner's
-first tick is at it), so ``y`` is 0 in the first bucket, and a request that arrives before any
-copy of its adapter could be ready (``first arrival + swap_ms + page_alloc_ms``) is charged at
-least its wait for it or its class's answer (``CostModel.early_miss_ms``); those requests are
-taken out of the LP, whose remaining requests it still bounds. So the bound is positive
-whenever the trace has a request (the first one cannot be served at once).
-
-When the slots and the budget never bind (a fleet with room for every version the trace
-needs, or a budget that lets every copy start before its request), the LP's part is 0: a
-planner that knew every arrival could start each copy in time, and only the cold start is
-left. The result says so (``BoundResult.binds``, ``reason``): such a bound is correct but says
-nothing about an online policy, whose cost there comes from not knowing the arrivals.
-
-Size: ``B`` is the smallest of ``BUCKETS_S`` that keeps adapters x buckets under
-``optimum.bound_max_cells``; coarser buckets only loosen the bound. A trace that would need
-buckets over ``SEGMENT_BUCKET_S`` is bounded in time segments instead (``_segments``).
+Per base model, variables per adapter and bucket say whether a copy had started by the
+bucket's start (``y``), how many loads start in it (``l``) and whether its requests reach a
+copy (``z``); the slots bound ``y`` and the rolling-minute budget ``l``. Every run of the
+engine gives a feasible point no dearer than the run, so the LP's optimum is below every
+policy it replays, prefetching planners included. Requests no copy could be ready for (the
+cold start) are charged outside the LP (``BoundResult.cold_start``), and ``binds`` says
+whether the slots or the budget bound anything beyond them. The LP, the proof, and the
+bucket size: docs/simulator.md, "The budgeted LP bound".
 """
 
 from __future__ import annotations

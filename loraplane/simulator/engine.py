@@ -1,37 +1,16 @@
 """The discrete-event engine: replays one request stream against one policy per base model,
 on a fleet of workers that each have their own slots, host tier, budgets and capacity.
 
-Events are the requests (in time order) and, for planner policies, their timer ticks (run
-before the first request at or after each tick time). There is no randomness here: the
-stream and the catalog carry the seed, so a run is a pure function of the scenario.
-
-Every request is routed as the fleet router routes it, by the router's own code
-(``router.routing.pick_worker``): a worker holding a GPU copy (a copy still loading counts:
-its gateway waits for it) with the fewest in-flight requests (ties: the one chosen least
-recently, as the router's ``turn``), else a host-warm copy, else a
-free slot where the planner would load (most free slots, within the worker's cold-load
-budget), else the least busy worker, whose cold budget applies. The router's view is the
-engine's truth here (no heartbeat lag).
-
-On the chosen worker the adapter is a GPU hit if it is resident (or being loaded: a delayed
-hit, charged the time left). Otherwise it is a miss: the worker's load budget (rolling minute)
-is checked, the policy picks that worker's victim (demoted to its host tier), the adapter is
-copied from host (swap) or fetched from S3 first (cold load), and the request-class budget
-decides what the request experiences (see ``fleet``). The host tier is an LRU over slots and
-bytes per worker for every policy (vLLM's ``max_cpu_loras``). Then the request takes one of
-the worker's ``max_concurrent`` serving places for its decode time; when all are taken it
-queues (first come, first served), and the wait adds to its TTFT penalty and to its charge.
-
-Interference (``fleet.interference``, all off by default): the GPU part of a load (page
-allocation + host→GPU copy) takes longer the more requests its worker is running, and while
-a load runs (its fetch included: vLLM reads an adapter missing from its CPU cache inside its
-step loop), the decode of every request on that worker runs at ``1 - stall_fraction`` of its
-rate; a request pays ``stall_fraction x`` its decode's overlap with each such window, whether
-the load was planned before it (seen at dispatch) or after (charged back to it then). The
-overlap is taken on the unstalled schedule and a stall does not hold the serving place
-longer: first order, so one pass stays linear. Adapter HBM shrinks the batch: with
-``kv_bytes_per_sequence`` a worker runs at most (HBM - base weights - slot reservations) / it
-requests at once.
+Events are the requests (in time order) and, for planner policies, their timer ticks. There
+is no randomness here: the stream and the catalog carry the seed, so a run is a pure
+function of the scenario. Every request is routed by the router's own code
+(``router.routing.pick_worker``), with the engine's truth as the router's view; on its worker
+it is a hit, a delayed hit (a copy still loading) or a miss, where the worker's load budget,
+the policy's victim and the request-class budget (``fleet``) decide what it gets. Then it
+takes one of the worker's serving places for its decode time, or queues for one. Optional
+interference (``fleet.interference``) makes loads slow the decode beside them and adapter
+HBM shrink the batch, to first order so one pass stays linear. The rules: docs/simulator.md,
+"The engine".
 """
 
 from __future__ import annotations

@@ -6,22 +6,10 @@ Pure conversion, no I/O: the command reads the rows (``metrics.queries.request_a
 the worker states and the registry, and hands them here. The result is a function of its
 inputs only, whatever their order (rows are sorted on every field, groups by name), so a
 replay is deterministic per seed like every other run (the seed only reaches the scenario;
-nothing here draws at random).
-
-How rows become the workload:
-- one catalog entry per (base model, adapter, version) seen; a row that named no version
-  (refused, or no version chosen) replays as version ``0`` of its adapter; versions equal by
-  ``version_key`` (``1`` and ``1.0``) are one entry;
-- per adapter, the registry's active version (else the most requested one) is the stable
-  version and every other version a canary of it, taking the share of rows it took;
-- tenant: the registry's owner, else the adapter's most frequent tenant; priority, rank
-  and size: the registry's record, else the rank and bytes a worker reported holding it
-  with, else the pool's max LoRA rank (the largest it could be) and the default priority;
-- arrival: seconds since the window's first row; class ``batch`` is batch, every other
-  class interactive; output tokens at least 1 (the engine decodes at least one token).
-The fleet: one pool per base model seen in the rows, its workers the union of the worker ids
-in its rows and its worker states; slots, host budget and max rank from the states (the
-largest reported), the scenario's defaults where a pool has none (said in ``notes``).
+nothing here draws at random). Each row becomes one request of a catalog entry per (base
+model, adapter, version), sized and owned as the registry says, else as a worker reported
+holding it, else at the pool's largest rank; each base model becomes a pool of the workers
+seen in its rows and states. The rules: docs/simulator.md, "Replay your own traffic".
 """
 
 from __future__ import annotations

@@ -156,8 +156,8 @@ class Costs(_Strict):
 
 class Interference(_Strict):
     """What a GPU load does to the batch running on its worker, and what adapter HBM does to
-    the batch size. Every default is "off", so a scenario without this section replays as
-    before. The seed scenario says which values were fitted (bench/scenarios/seed-004-*)."""
+    the batch size. Every default is "off", so a scenario without this section models no
+    interference. The seed scenario says which values were fitted (bench/scenarios/seed-004-*)."""
 
     stall_fraction: float = Field(
         0.0, ge=0, le=1, description="decode on the worker runs at (1 - this) of its rate "

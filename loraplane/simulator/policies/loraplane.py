@@ -1,40 +1,15 @@
 """loraplane's policy in the simulator: the real ``streams.scores`` and ``streams.planner``
 code, driven with simulated time (``SIM_EPOCH + t``), not a re-implementation.
 
-- Every served request is a request log; the logs are folded into their versions'
-  ``ScoreState`` with ``streams.scores.observe_many`` in batches of at most
-  ``KEEPER_BATCH_S`` of simulated time, one fold per version, and before every planning
-  tick (the scoring keeper's job: it folds each batch it consumes the same way). A batch
-  that fires a burst asks for a planning tick at once, as the planner re-plans when the
-  scores topic shows one.
-- Every ``policy.planner_interval_s`` the pool's registry views, scores and one
-  ``WorkerState`` per simulated worker (its own GPU and host copies, pins, HBM and recent
-  loads, from the engine) go through one ``streams.planner.Planner``; its commands become the
-  engine's plan on the worker they name (``load_gpu`` -> load, ``demote_to_host``/``evict``
-  of a GPU copy -> evict, ``prewarm_host`` -> host prewarm, ``pin``/``unpin`` -> the pinned
-  copies). A version may hold copies on several workers. The planner's memory is kept
-  across ticks like the Faust table keeps it.
-- A request that the router sends to a worker without a copy is loaded there on demand (the
-  engine applies the request-class and load budgets), by the worker agent's own rule
-  (``workers.demand_admission``, the same functions): with ``demand_admission_tau_s`` on, a
-  batch request's load is admitted whenever the budget frees within its wait, an interactive
-  one's while the budget keeps its reserve for the batch requests (``any_slot``: as many as
-  needed a load on that worker in the last minute, plus one), else only when its version is
-  no less demanded there than the copy it replaces (``DemandCounts``, the same counts, per
-  worker, of every request routed there). Only residents the agent's ``make_room`` may move
-  give their slot: neither pinned nor protected (the worker's own never-evict rule,
-  ``command_effects.protected_copies``, each worker with its own cap), and a copy the planner
-  loaded only ``min_residency_s`` after its load (at once for the load of a never-evict
-  version the worker will protect); of those, the first by ``give_up_order`` (a copy loaded
-  for a request before one the planner placed, the least demanded there, then the one
-  touched, loaded or requested there, least recently); with admission off, the one touched
-  least recently. When no resident may give its slot, the request gets its class's cold
-  answer (base model or 429). The worker states the planner reads carry the same
-  ``protected`` copies and each GPU copy's ``loaded_at``.
-- Scheduled peaks of the scenario become ``streams.schedules`` entries (cron at the peak's
-  minute, ``lead_s`` ahead), which raise ``scheduled_warmup_score`` before the peak.
-Host copies that the planner would evict for host pressure are left to the engine's host
-LRU, which enforces the same slot and byte limits.
+Served requests become request logs folded into their versions' ``ScoreState`` as the
+scoring keeper folds them; every ``policy.planner_interval_s`` (and at once on a burst) the
+pool's registry views, scores and one ``WorkerState`` per simulated worker go through one
+``streams.planner.Planner``, whose commands become the engine's plan on the worker they
+name. A request routed to a worker without a copy is loaded there on demand by the worker
+agent's own rules (``workers.demand_admission``; only a copy the agent's ``make_room`` may
+move gives its slot), and scheduled peaks become ``streams.schedules`` entries.
+So the simulated rows decide what the product decides. The details: docs/simulator.md, "The
+loraplane rows".
 """
 
 from __future__ import annotations
