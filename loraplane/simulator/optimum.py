@@ -1,22 +1,13 @@
 """The best any demand-loading policy could do: the exact offline optimum of priority-weighted
 miss cost on small traces, and a lower bound on large ones.
 
-Weighted caching with bypass is an interval problem. Between two consecutive requests
-``i < j`` for the same adapter, keeping it in a slot over the gaps ``i..j-1`` saves the cost of
-the miss at ``j``; any set of kept intervals with at most ``k`` over every gap is a feasible
-cache schedule (contents change only at the requested adapter, evictions are free), and vice
-versa. Choosing the most valuable such set is a min-cost flow: ``k`` units along the chain of
-request positions (capacity ``k``, cost 0), where an interval is an arc ``i -> j`` of capacity
-1 and cost ``-saving``. Optimum = (cost if every request missed) + (min flow cost).
-
-A miss of request ``j`` is worth ``weight(tenant) * CostModel.min_miss_ms``: the least the
-engine can charge it, so the optimum is a true lower bound of every policy that loads only on
-demand (prefetching planners can beat it: a prefetch is not a miss). Budgets and load times
-are relaxed away, which also only lowers it.
-
-Large traces: split into segments and solve each with a free initial cache (arcs from a
-virtual start to each adapter's first request in the segment). The restriction of any
-schedule to a segment is feasible there, so the sum over segments is a lower bound.
+Weighted caching with bypass is an interval problem: keeping an adapter in a slot between two
+of its requests saves the second one's miss, and choosing the most valuable set of kept
+intervals with at most ``k`` over every gap is a min-cost flow. A miss is worth the least the
+engine can charge it (``CostModel.min_miss_ms``, weighted) and budgets and load times are
+relaxed away, so the optimum is a lower bound of every policy that loads only on demand.
+Large traces are solved in segments, each with a free initial cache, whose sum is a lower
+bound. The formulation: docs/simulator.md, "The budget-free optimum".
 """
 
 from __future__ import annotations

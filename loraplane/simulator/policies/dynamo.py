@@ -2,20 +2,12 @@
 replicas in proportion to smoothed demand, placed by rendezvous hashing, with scale-down
 hysteresis and a churn penalty. Our reading of the design, not its code.
 
-Every ``TICK_S``:
-- demand: each adapter's request rate over the last tick, smoothed (EWMA, ``SMOOTHING``);
-- replicas: ``ceil(slots * demand / total demand)``, at least 1 and at most the worker count;
-  adapters take slots in order of demand until the pool's slots are spent, and an adapter
-  that already holds copies counts its demand ``1 + CHURN`` times (a newcomer must beat it
-  clearly to displace it);
-- hysteresis: a lower replica count takes effect only after it held ``DOWN_TICKS`` ticks;
-- placement: an adapter's copies go to the first workers with room in its rendezvous
-  (highest-random-weight) order of workers, a stable hash of (adapter, worker), so the same
-  adapter lands on the same workers tick after tick and few move when the fleet changes.
-The plan loads missing copies and evicts, per worker, just enough copies outside the
-assignment (lowest demand first) to make room. Between ticks a miss routed to a worker
-loads there on demand, evicting the copy of lowest smoothed demand that is not assigned to
-that worker (an assigned one only when every copy is).
+Every ``TICK_S`` each adapter's smoothed request rate (EWMA, ``SMOOTHING``) sets its replica
+count (a share of the pool's slots; an adapter holding copies counts its demand ``1 + CHURN``
+times, and a lower count waits ``DOWN_TICKS`` ticks), and its copies go to the first workers
+with room in its rendezvous order, so the same adapter lands on the same workers tick after
+tick. Between ticks a miss loads on demand, evicting the least demanded copy not assigned to
+that worker. The rules: docs/simulator.md, "The Dynamo-style baseline".
 """
 
 from __future__ import annotations
