@@ -390,7 +390,8 @@ class WorkerAgent:
     def apply(self, cmd: CacheCommand) -> CommandSkip | None:
         skipped = self._fold(cmd)
         if skipped:
-            self._skipped_log.note(skipped.value, f"{cmd.action} {cmd.lora_name[:80]}")
+            self._skipped_log.note(skipped.value,
+                                   f"{cmd.command_id}: {cmd.action} {cmd.lora_name[:80]}")
         if skipped is not None and skipped is not CommandSkip.duplicate:
             self._not_carried_out(cmd.command_id, cmd.deadline)
         intent = self.desired.intents.get(cmd.lora_name)

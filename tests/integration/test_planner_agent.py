@@ -34,8 +34,11 @@ def uid(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlannerEnv]:
+    # half the slots protected: the slot-pressure test keeps two never-evict versions on
+    # three slots (the default quarter protects one there, by design)
     e = PlannerEnv.create(stack, tmp_path_factory.mktemp("planner"),
-                          command_deadline_s=600, cold_loads_per_minute_per_worker=BUDGET)
+                          command_deadline_s=600, cold_loads_per_minute_per_worker=BUDGET,
+                          max_protected_gpu_share=0.5)
     with e.run():
         yield e
 

@@ -57,8 +57,11 @@ from tests.integration.test_loadtest import drop_namespace
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 HEARTBEAT_S, TICK_S = 1.0, 0.5
 CAPACITY_RPS, HYSTERESIS = 3.0, 0.1
+# the replica band, not the minimum residency (180 s by default), decides here when the
+# extra copy goes: a short residency keeps it from hiding the band's own timing
 POLICY = {"worker_capacity_rps": CAPACITY_RPS, "replica_hysteresis": HYSTERESIS,
-          "planner_interval_s": TICK_S, "worker_heartbeat_s": HEARTBEAT_S}
+          "planner_interval_s": TICK_S, "worker_heartbeat_s": HEARTBEAT_S,
+          "min_residency_s": 10.0}
 OPTIONS = SystemOptions(fake_vllm=True, gpu_slots=4, tick_s=0.2, heartbeat_s=HEARTBEAT_S)
 TAU_1M_S = 60.0  # the planner's demand: the decayed 1-minute request count / 60 s
 HOT_RATE, KILL_RATE, CONCURRENCY = 14.0, 8.0, 4

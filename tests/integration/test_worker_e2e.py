@@ -386,8 +386,8 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     world.command("chat-2", CommandAction.load_gpu)
     wait_for(lambda: v2.lora_name in world.vllm_names(), 60, "v2 loaded after restart")
     world.command("chat-2", CommandAction.demote_to_host, command_id=demote)  # redelivered
-    wait_for(lambda: f"command {demote} skipped: duplicate" in world.log_file.read_text(), 30,
-             "the redelivered demote skipped after the restart")
+    wait_for(lambda: f"command skipped: duplicate ({demote}:" in world.log_file.read_text(),
+             30, "the redelivered demote skipped after the restart")
     assert v2.lora_name in world.vllm_names()
 
     events = world.read("cache-events", CacheEvent)
