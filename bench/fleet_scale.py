@@ -7,16 +7,19 @@ published the honest way: a signed publish and promote event each, through the r
 agent (the artifacts do not exist; no version is ever loaded). The W workers are **not whole
 agents**: 2 shared cores cannot hold W vLLM servers (even the fake one) and W agents with their
 verified registries (each verifies all N signed views on start). Each simulated worker holds
-the agent's own Kafka pieces, packed ``--processes`` ways into one asyncio loop per process:
+the agent's own Kafka pieces, packed ``--processes`` ways into one asyncio loop per process.
+The adapters and the workers are spread over ``--base-models`` base models (adapter i and
+worker j on base model i % B and j % B), as a fleet serving several base models is:
 
 * its command feed, ``workers.command_feed.KafkaCommandFeed`` (the consumer, signature check
   and commit the agent uses), whose consumer is wrapped to count the bytes it returns, its
   own (key = its worker id) and the others'. Worker j has command slot j (``worker run
   --command-slot``; the commands topic is grown to W partitions when it has fewer), or, with
   ``--no-command-slots``, the hash of its id;
-* its registry, ``registry.topic.registry_tail`` (the live tail the agent's
-  ``VerifiedRegistry`` is fed from; visibility is measured at the tail, the one verify of a
-  changed view is not in it);
+* its registry, ``registry.topic.registry_tail`` scoped to its base model as the agent's
+  (``RegistryScope``: the other base models' records are read past, not held; the live tail
+  the agent's ``VerifiedRegistry`` is fed from; visibility is measured at the tail, the one
+  verify of a changed view is not in it);
 * its heartbeat, a ``WorkerState`` with ``--slots`` free GPU slots and the commands partition
   its feed reads every ``--heartbeat-s`` through a ``KafkaEventSink`` (one per process, not
   one per worker).
@@ -24,7 +27,12 @@ the agent's own Kafka pieces, packed ``--processes`` ways into one asyncio loop 
 Measured, in this order:
 
 * registry convergence: ``--probes`` new adapters published one at a time (signed publish +
-  promote produced), time until its active view is in every worker's tail;
+  promote produced), probe i on base model i % B, time until its active view is in the tail
+  of every worker of that base model (and in no other: ``probes_seen_by_other_base_models``);
+* memory per simulated worker: the registry state its tail holds (every object reachable
+  from its records, ``bench.registry_memory.deep_size``), beside one unscoped tail of the
+  same topic read in the parent (what a worker held when it held every base model), and
+  each child's resident memory divided by its workers;
 * command delivery: request logs for ``--slots`` x W hot adapters; the planner places them
   (load_gpu / prewarm commands); per command, its ``issued_at`` (the planner tick's clock)
   to the worker's feed handing it over verified, and the broker timestamp to the same;
@@ -41,7 +49,7 @@ Measured, in this order:
 The baseline is the Kafka floor under any delivery: one message produced and consumed
 through the same broker, timed while the fleet runs. The ratio is floor p99 / delivery p99.
 
-    .venv/bin/python -m bench.fleet_scale                              # 200 x 20k, 4 processes
+    .venv/bin/python -m bench.fleet_scale            # 200 x 20k over 10 base models, 4 processes
     .venv/bin/python -m bench.fleet_scale --workers 20 --adapters 2000 --processes 2
 """
 
@@ -56,6 +64,7 @@ import re
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,13 +87,14 @@ from loraplane.schemas.worker_state import WorkerState
 from loraplane.workers.command_feed import KafkaCommandFeed
 
 from bench.reaction_time import kafka_round_trip
+from bench.registry_memory import deep_size, rss_bytes
 from bench.report import Row, emit, parse_args, percentile, times
 from loraplane.eventlog.sink import KafkaEventSink, poll_forever
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings, get_settings
-from loraplane.registry.topic import load_registry, registry_tail
+from loraplane.registry.topic import RegistryScope, load_registry, registry_tail
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.registry_env import LORAPLANE
 from tests.lifecycle_kit import TENANT, record
@@ -92,6 +102,11 @@ from tests.lifecycle_kit import TENANT, record
 BASE = "tiny-llama"
 PROBE = "probe-"
 READY_S = 600.0  # the workers' tails read the whole registry before the run goes on
+
+
+def base_models(count: int) -> list[str]:
+    """The fleet's base models: ``BASE`` alone, or ``BASE-0`` .. ``BASE-{count-1}``."""
+    return [BASE] if count == 1 else [f"{BASE}-{b}" for b in range(count)]
 
 
 def dist(values: list[float]) -> dict[str, float] | None:
@@ -140,6 +155,7 @@ class CountingConsumer:
 @dataclass
 class SimWorker:
     worker_id: str
+    base_model: str
     feed: KafkaCommandFeed
     counter: CountingConsumer
     tail: Any  # kernel.topic_tail.TopicTail
@@ -148,11 +164,12 @@ class SimWorker:
     tail_version: int = -1
 
 
-def _state(worker_id: str, slots: int, command_partition: int) -> WorkerState:
-    return WorkerState(worker_id=worker_id, base_model=BASE, ts=now_utc(), gpu_slots_used=0,
+def _state(sim: SimWorker, slots: int) -> WorkerState:
+    return WorkerState(worker_id=sim.worker_id, base_model=sim.base_model, ts=now_utc(),
+                       gpu_slots_used=0,
                        gpu_slots_total=slots, host_bytes_used=0, host_bytes_budget=10**12,
                        hbm_usage=0.5, max_lora_rank=64, adapters=[],
-                       command_partition=command_partition)
+                       command_partition=sim.feed.partition)
 
 
 def _say(**fields: Any) -> None:
@@ -173,8 +190,10 @@ async def _feed_loop(sim: SimWorker) -> None:
 
 
 async def _registry_loop(sims: list[SimWorker]) -> None:
-    """Each tail that changed: is a probe adapter's active view in it now?"""
+    """Each tail that changed: is a probe adapter's active view in it now? A probe is
+    reported once every worker here of its base model holds it."""
     reported: set[str] = set()
+    probe_base: dict[str, str] = {}
     while True:
         await asyncio.sleep(0.01)
         for sim in sims:
@@ -183,21 +202,23 @@ async def _registry_loop(sims: list[SimWorker]) -> None:
             sim.tail_version = sim.tail.version
             for rec in sim.tail.snapshot():
                 key = (rec.key or b"").decode()
-                if (key.startswith(PROBE) and key not in sim.seen and rec.value is not None
-                        and decode(AdapterView, rec.value).active_version is not None):
-                    sim.seen[key] = time.time()
+                if key.startswith(PROBE) and key not in sim.seen and rec.value is not None:
+                    view = decode(AdapterView, rec.value)
+                    if view.active_version is not None:
+                        sim.seen[key] = time.time()
+                        probe_base[key] = view.base_model
         for key in {k for s in sims for k in s.seen} - reported:
-            if all(key in s.seen for s in sims):
+            ours = [s for s in sims if s.base_model == probe_base[key]]
+            if all(key in s.seen for s in ours):
                 reported.add(key)
-                _say(seen=key, at=max(s.seen[key] for s in sims))
+                _say(seen=key, at=max(s.seen[key] for s in ours))
 
 
 async def _heartbeats(sink: KafkaEventSink, sims: list[SimWorker], slots: int,
                       every_s: float) -> None:
     while True:
         for sim in sims:
-            sink.emit("worker-state", sim.worker_id,
-                      _state(sim.worker_id, slots, sim.feed.partition))
+            sink.emit("worker-state", sim.worker_id, _state(sim, slots))
         await asyncio.sleep(every_s)
 
 
@@ -223,31 +244,36 @@ def _read_bytes(sim: SimWorker) -> dict[str, Any]:
             "bytes_from": "the bench's count of what the feed's consumer returned"}
 
 
-async def child(worker_ids: list[str], slots: int, heartbeat_s: float,
+async def child(workers: list[tuple[str, str]], slots: int, heartbeat_s: float,
                 first_slot: int | None) -> None:
-    """Runs until a line ``stop`` (or EOF) on stdin, then prints its figures as one line.
-    ``first_slot``: the command slot of the first worker (the next ones count up); None:
-    hashed."""
+    """Runs ``workers`` (id, base model) until a line ``stop`` (or EOF) on stdin, then
+    prints its figures as one line. ``first_slot``: the command slot of the first worker
+    (the next ones count up); None: hashed."""
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=len(worker_ids) + 8))  # a feed's poll is one thread
+        ThreadPoolExecutor(max_workers=len(workers) + 8))  # a feed's poll is one thread
     settings = get_settings()
+    rss_start = rss_bytes()
     sink = KafkaEventSink(settings, f"bench-fleet-{os.getpid()}")
     keyring = KeyringFile(settings.keyring_path)
     sims = []
-    for i, wid in enumerate(worker_ids):
+    for i, (wid, base) in enumerate(workers):
         feed = KafkaCommandFeed(settings, wid, sink, keyring=keyring,
                                 slot=None if first_slot is None else first_slot + i)
         counter = CountingConsumer(feed._consumer, wid)
         feed._consumer = counter  # the feed polls through the counter
-        sims.append(SimWorker(wid, feed, counter, registry_tail(settings, f"worker-{wid}")))
+        sims.append(SimWorker(wid, base, feed, counter, registry_tail(
+            settings, f"worker-{wid}", RegistryScope([base]))))
     started = time.monotonic()
     for sim in sims:
         await asyncio.to_thread(sim.tail.wait_caught_up, READY_S)
+    rss_ready = rss_bytes()
     tasks = [asyncio.create_task(c) for c in (
         poll_forever(sink), _heartbeats(sink, sims, slots, heartbeat_s),
         _registry_loop(sims), _progress(sims), *(_feed_loop(s) for s in sims))]
     _say(ready=len(sims), registry_read_s=round(time.monotonic() - started, 2),
-         registry_records=len(sims[0].tail.snapshot()))
+         registry_records=len(sims[0].tail.snapshot()),
+         rss_mb=round(rss_ready / 2**20, 1),
+         rss_growth_mb=round((rss_ready - rss_start) / 2**20, 1))
     while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("stop", ""):
         pass
     for t in tasks:
@@ -255,9 +281,12 @@ async def child(worker_ids: list[str], slots: int, heartbeat_s: float,
     cpu = os.times()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _say(result={"cpu_s": round(cpu.user + cpu.system, 2), "max_rss_mb": round(rss_mb),
-                 "workers": [
-        {"id": s.worker_id, **_read_bytes(s), "read_messages": s.counter.read_messages,
-         "own_messages": s.counter.own_messages, "deliveries": s.deliveries, "seen": s.seen}
+                 "rss_mb": round(rss_bytes() / 2**20, 1), "workers": [
+        {"id": s.worker_id, "base_model": s.base_model, **_read_bytes(s),
+         "read_messages": s.counter.read_messages, "own_messages": s.counter.own_messages,
+         "deliveries": s.deliveries, "seen": s.seen,
+         "registry_records": len(s.tail.snapshot()), "registry_skipped": s.tail.skipped,
+         "registry_state_bytes": deep_size(s.tail._view._latest)}
         for s in sims]})
     sink.close(2.0)
     for s in sims:
@@ -271,10 +300,12 @@ async def child(worker_ids: list[str], slots: int, heartbeat_s: float,
 class Child:
     """One child process and the lines it printed."""
 
-    def __init__(self, env: dict[str, str], ids: list[str], slots: int, heartbeat_s: float,
-                 first_slot: int | None) -> None:
+    def __init__(self, env: dict[str, str], workers: list[tuple[str, str]], slots: int,
+                 heartbeat_s: float, first_slot: int | None) -> None:
+        self.base_models = {base for _, base in workers}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_scale", "--child", ",".join(ids),
+            [sys.executable, "-m", "bench.fleet_scale", "--child",
+             ",".join(f"{wid}={base}" for wid, base in workers),
              "--slots", str(slots), "--heartbeat-s", str(heartbeat_s),
              *([] if first_slot is None else ["--child-first-slot", str(first_slot)])],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -316,15 +347,16 @@ def wait_until(done: Any, what: str, timeout_s: float, every_s: float = 0.05) ->
     return time.monotonic() - started
 
 
-def publish_all(env: PlannerEnv, ids: list[str]) -> None:
-    """Signed publish + promote of every id through the lifecycle topic (one producer)."""
+def publish_all(env: PlannerEnv, adapters: list[tuple[str, str]]) -> None:
+    """Signed publish + promote of every (adapter id, base model) through the lifecycle
+    topic (one producer)."""
     p = kafka.producer(env.settings, linger_ms=20)
     now = now_utc()
-    for aid in ids:
-        rec = record(aid, "1", base=BASE)
+    for aid, base in adapters:
+        rec = record(aid, "1", base=base)
         for action, extra in (("publish", {"record": rec}), ("promote", {})):
             event = env.kit.event("ci", action, aid, "1", env._next_seq(), now,
-                                  base_model=BASE, **extra)
+                                  base_model=base, **extra)
             p.produce(env.topic("lifecycle"), key=aid.encode(), value=encode(event))
             p.poll(0)
     if p.flush(60) != 0:
@@ -336,13 +368,13 @@ def registered(env: PlannerEnv, n: int) -> bool:
     return sum(v.active_version is not None for v in views.values()) >= n
 
 
-def demand(env: PlannerEnv, ids: list[str], per_adapter: int) -> None:
+def demand(env: PlannerEnv, adapters: list[tuple[str, str]], per_adapter: int) -> None:
     p = kafka.producer(env.settings, linger_ms=20)
     ts = now_utc()
-    for aid in ids:
+    for aid, base in adapters:
         for i in range(per_adapter):
             log = RequestLog(event_id=f"fleet-{uuid.uuid4().hex}", ts=ts, request_id=f"r{i}",
-                             tenant_id=TENANT, base_model=BASE, adapter_id=aid,
+                             tenant_id=TENANT, base_model=base, adapter_id=aid,
                              adapter_version="1", worker_id="gw", tier_at_arrival=Tier.cold,
                              ttft_ms=900.0)
             p.produce(env.topic("requests"), key=aid.encode(), value=encode(log))
@@ -449,16 +481,48 @@ def _grow_commands(env: PlannerEnv, partitions: int) -> int:
     return count
 
 
+def hot_adapters(adapters: list[tuple[str, str]], workers: list[tuple[str, str]],
+                 slots: int) -> list[tuple[str, str]]:
+    """The adapters the demand goes to: per base model, as many as its workers have GPU
+    slots (the first ones)."""
+    room = {base: 0 for _, base in workers}
+    for _, base in workers:
+        room[base] += slots
+    hot = []
+    for aid, base in adapters:
+        if room.get(base, 0) > 0:
+            room[base] -= 1
+            hot.append((aid, base))
+    return hot
+
+
+def unscoped_tail_state(settings: Settings) -> dict[str, Any]:
+    """What one worker's tail held when it held every base model: an unscoped tail of the
+    same topic, read to its end, measured as the workers' are."""
+    tail = registry_tail(settings, f"bench-every-{uuid.uuid4().hex[:6]}")
+    try:
+        if not tail.wait_caught_up(READY_S):
+            raise RuntimeError("the unscoped registry tail did not reach the topic's end")
+        state = deep_size(tail._view._latest)
+        return {"registry_records": len(tail.snapshot()),
+                "registry_state_mb": round(state / 2**20, 2)}
+    finally:
+        tail.stop()
+
+
 def run(stack: Settings, workers: int, adapters: int, processes: int, probes: int,
         slots: int, heartbeat_s: float, quiet_s: float, timeout_s: float,
-        command_slots: bool = True) -> dict[str, Any]:
+        command_slots: bool = True, bases: int = 1) -> dict[str, Any]:
+    names = base_models(bases)
     out: dict[str, Any] = {"workers": workers, "adapters": adapters, "processes": processes,
-                           "gpu_slots_per_worker": slots,
+                           "base_models": len(names), "gpu_slots_per_worker": slots,
                            "command_partitions": "slots 0..W-1" if command_slots
                            else "hash of the worker id",
                            "simulated": "the agents' Kafka pieces (command feed, registry "
                                         "tail, heartbeat), no vLLM, not whole agents"}
-    hot = min(adapters, workers * slots)
+    ids = [(f"fa{i:06d}", names[i % len(names)]) for i in range(adapters)]
+    fleet = [(f"fw{j:04d}", names[j % len(names)]) for j in range(workers)]
+    hot = hot_adapters(ids, fleet, slots)
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         env = PlannerEnv.create(stack, Path(tmp), gpu_slots_per_base_model=workers * slots,
                                 cold_loads_per_minute_per_worker=max(6, slots * 2))
@@ -473,7 +537,6 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             # are being written that starves the registry agent (~10 instead of ~160
             # events/s measured on 2 cores, registry_ready_s) and stalls scoring.
             env.start(("loraplane.streams.registry_agent",))
-            ids = [f"fa{i:06d}" for i in range(adapters)]
             started = time.monotonic()
             publish_all(env, ids)
             out["publish_produce_s"] = round(time.monotonic() - started, 2)
@@ -491,10 +554,9 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             else:
                 env.start()
 
-            wids = [f"fw{j:04d}" for j in range(workers)]
             share = -(-workers // processes)
             started = time.monotonic()
-            children = [Child(env.env, wids[i:i + share], slots, heartbeat_s,
+            children = [Child(env.env, fleet[i:i + share], slots, heartbeat_s,
                               i if command_slots else None)
                         for i in range(0, workers, share)]
             wait_until(lambda: all(c.ready for c in children), "the workers' registry tails",
@@ -502,30 +564,37 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             out["workers_ready_s"] = round(time.monotonic() - started, 2)
             out["registry_tail_first_read_s"] = max(
                 c.ready["registry_read_s"] for c in children if c.ready)
+            out["child_rss_growth_to_ready_mb_per_worker"] = round(sum(
+                c.ready["rss_growth_mb"] for c in children if c.ready) / workers, 2)
+            out["unscoped_tail"] = unscoped_tail_state(env.settings)
 
             convergence = []
+            probe_base: dict[str, str] = {}
             for i in range(probes):
-                key = f"{PROBE}{i}"
+                key, base = f"{PROBE}{i}", names[i % len(names)]
+                probe_base[key] = base
+                holders = [c for c in children if base in c.base_models]
                 t0 = time.time()
-                publish_all(env, [key])
-                done = {}
+                publish_all(env, [(key, base)])
+                done: dict[int, float] = {}
 
-                def seen(key: str = key, done: dict[int, float] = done) -> bool:
-                    for j, c in enumerate(children):
+                def seen(key: str = key, done: dict[int, float] = done,
+                         holders: list[Child] = holders) -> bool:
+                    for j, c in enumerate(holders):
                         while not c.lines.empty():
                             msg = c.lines.get()
                             if msg.get("seen") == key:
                                 done[j] = msg["at"]
-                    return len(done) == len(children)
+                    return len(done) == len(holders)
 
-                wait_until(seen, f"{key} in every worker's registry", 60)
+                wait_until(seen, f"{key} in every {base} worker's registry", 60)
                 convergence.append((max(done.values()) - t0) * 1000)
             out["registry_convergence_ms"] = dist(convergence)
 
             wait_until(lambda: _planner_sees(env, workers), "the planner's fleet", 60, 0.5)
             t0 = time.time()
             out["demand_at"] = round(t0, 3)
-            demand(env, ids[:hot], per_adapter=3)
+            demand(env, hot, per_adapter=3)
             last, quiet_since = -1, time.monotonic()
 
             def settled() -> bool:
@@ -563,12 +632,13 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             shutil.copyfile(Path(tmp) / "streams.log", kept)
             out["streams_log"] = str(kept)
     sims = [w for r in results for w in r["workers"]]
+    state_mb = [w["registry_state_bytes"] / 2**20 for w in sims]
     deliveries = [d for w in sims for d in w["deliveries"]]
     own = [w for w in sims if w["own_bytes"] > 0]
     ratios = [w["read_bytes"] / w["own_bytes"] for w in own]
     out |= {
         "unit": "ms",
-        "hot_adapters": hot,
+        "hot_adapters": len(hot),
         "commands_issued": sum(tick_counts),
         "commands_received": len(deliveries),
         "first_command_after_demand_ms": round(
@@ -589,6 +659,13 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         "commands_per_tick_max": max(tick_counts, default=0),
         "fleet_cpu_s": round(sum(r["cpu_s"] for r in results), 1),
         "fleet_rss_mb_per_worker": round(sum(r["max_rss_mb"] for r in results) / workers, 1),
+        "registry_records_per_worker": dist([float(w["registry_records"]) for w in sims]),
+        "registry_skipped_per_worker": dist([float(w["registry_skipped"]) for w in sims]),
+        "registry_state_mb_per_worker": dist(state_mb),
+        "registry_state_worker_over_unscoped": round(
+            statistics.median(state_mb) / out["unscoped_tail"]["registry_state_mb"], 3),
+        "probes_seen_by_other_base_models": sum(
+            1 for w in sims for key in w["seen"] if probe_base[key] != w["base_model"]),
         "goal": "read_over_own <= 2, registry convergence <= 1000 ms",
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
@@ -609,6 +686,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=200)
     parser.add_argument("--adapters", type=int, default=20_000)
+    parser.add_argument("--base-models", type=int, default=10,
+                        help="adapters and workers spread over this many base models")
     parser.add_argument("--processes", type=int, default=4,
                         help="child processes the simulated workers are packed into")
     parser.add_argument("--probes", type=int, default=5, help="registry convergence probes")
@@ -623,13 +702,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child-first-slot", type=int, default=None, help=argparse.SUPPRESS)
     if "--child" in (argv if argv is not None else sys.argv[1:]):
         args = parser.parse_args(argv)
-        asyncio.run(child(args.child.split(","), args.slots, args.heartbeat_s,
-                          args.child_first_slot))
+        workers = [tuple(w.split("=", 1)) for w in args.child.split(",")]
+        asyncio.run(child([(wid, base) for wid, base in workers], args.slots,
+                          args.heartbeat_s, args.child_first_slot))
         return
     args = parse_args(parser, "bench.fleet_scale", argv)
     r = run(get_settings(), args.workers, args.adapters, args.processes, args.probes,
             args.slots, args.heartbeat_s, args.quiet_s, args.timeout_s,
-            command_slots=not args.no_command_slots)
+            command_slots=not args.no_command_slots, bases=args.base_models)
     emit(r, row(r), args)
 
 
@@ -637,15 +717,18 @@ def row(r: dict[str, Any]) -> Row:
     """The docs/benchmarks.md row of one run's result."""
     d, f = r["delivery_issued_to_received_ms"], r["kafka_round_trip_floor_ms"]
     conv, ratio = r["registry_convergence_ms"], r["read_over_own"]
-    tick = r["planner_tick_with_kafka_io_ms"]
+    tick, state = r["planner_tick_with_kafka_io_ms"], r["registry_state_mb_per_worker"]
     return Row(
-        f"fleet scale ({r['workers']} simulated workers x {r['adapters']} adapters)",
+        f"fleet scale ({r['workers']} simulated workers x {r['adapters']} adapters, "
+        f"{r['base_models']} base models)",
         (f"delivery p50 {d['p50']:.0f} / p99 {d['p99']:.0f} ms ({d['n']} commands); "
          if d else "no command delivered; ")
         + (f"bytes read / own {ratio['p50']:.0f}x (max {ratio['max']:.0f}x); "
            if ratio else "")
         + (f"registry convergence max {conv['max']:.0f} ms; " if conv else "")
-        + (f"tick+I/O p50 {tick['p50']:.0f} / max {tick['max']:.0f} ms" if tick else ""),
+        + (f"tick+I/O p50 {tick['p50']:.0f} / max {tick['max']:.0f} ms; " if tick else "")
+        + (f"registry state per worker {state['p50']:.1f} MB "
+           f"({r['unscoped_tail']['registry_state_mb']:.0f} MB unscoped)" if state else ""),
         f"p50 {f['p50']:.1f} / p99 {f['p99']:.1f} ms Kafka produce->consume" if f else "-",
         times(f["p99"] / d["p99"]) + " (floor p99 / delivery p99)" if d and f else "-",
         r["goal"])
