@@ -100,7 +100,8 @@ class VerifiedRegistry:
         refresh reads only after a change (or a new keyring), without it every time.
         ``scope``: the source tail's (``registry.topic.RegistryScope``), told which
         adapters this registry holds once the saved views are loaded: start the tail
-        after this."""
+        after this. A verified view of a base model outside the scope is not held, whatever
+        header brought it in."""
         self._keyring_file = keyring
         self._read = read
         self._version = version
@@ -112,6 +113,8 @@ class VerifiedRegistry:
         self._on_refused = on_refused or (lambda _r: None)
         self._on_read_failed = on_read_failed or (lambda: None)
         self._clock = clock
+        self._serves: Callable[[str], bool] = (lambda _b: True) if scope is None else (
+            scope.serves)
         self.checkpoints: dict[str, Checkpoint] = self._load_checkpoints()
         self._checkpoints_dirty = False
         self._cache: dict[tuple[int, int], _Verdict] = {}
@@ -197,8 +200,9 @@ class VerifiedRegistry:
         if verdict.refused is not None:
             self._report(record, verdict.refused)
             return False
-        if verdict.view is None or verdict.checkpoint is None:
-            return False
+        if (verdict.view is None or verdict.checkpoint is None
+                or not self._serves(verdict.view.base_model)):
+            return False  # a genuine view of another base model: not this consumer's
         aid = verdict.view.adapter_id
         held = self.checkpoints.get(aid) if aid in self.accepted else None
         if not newer(verdict.checkpoint, held):
@@ -305,6 +309,8 @@ class VerifiedRegistry:
         keyring = self._keyring()
         views: dict[str, AdapterView] = {}
         for aid, view in saved.items():
+            if not self._serves(view.base_model):  # saved under another scope
+                continue
             refused = self._verify(view, keyring, self.checkpoints.get(aid))
             if refused is not None:
                 log.warning("saved registry view of %s not used: %s: %s", aid, refused.reason,

@@ -6,8 +6,9 @@ gives the whole registry without talking to the Faust app. A consumer may hold o
 models' views (``RegistryScope``): the registry agent writes each view with a ``base_model``
 header (``view_headers``), which a scoped tail selects by without decoding other base
 models' records. The header is never believed: a record of an adapter the consumer already
-holds is kept and verified whatever it claims, so a header cannot hide a revoke. The rules
-are in docs/lifecycle.md, "Per base model: who holds which views".
+holds is kept and verified whatever it claims, so a header cannot hide a revoke, and a view
+is held only when its signed ``base_model`` is in scope, so a header cannot add one. The
+rules are in docs/lifecycle.md, "Per base model: who holds which views".
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ class RegistryScope:
 
     def held_by(self, holds: Callable[[str], bool]) -> None:
         self._holds = holds
+
+    def serves(self, base_model: str) -> bool:
+        """Whether a verified view of ``base_model`` is held (``VerifiedRegistry``)."""
+        return self.base_models is None or base_model.encode() in self.base_models
 
     def keeps(self, record: Record) -> bool:
         """Whether a record of a key the tail keeps nothing for yet is kept (``TailView``'s

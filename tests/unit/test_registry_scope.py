@@ -185,6 +185,34 @@ def test_junk_over_a_held_adapter_claiming_another_base_model_is_dead_lettered(
     assert held(registry) == {"ours-a": (views[1].last_seq, "1")}
 
 
+def test_a_genuine_view_of_another_base_model_under_our_header_is_not_held(
+        tmp_path: Path) -> None:
+    """ATTACK: a genuine view of another base model's adapter, copied under this consumer's
+    base model header, is kept by the tail and verified, and then not held: what a scoped
+    consumer holds is decided by the signed view, never by the header."""
+    registry, stream, sink = consumer(tmp_path, [OURS])
+    stream.write("theirs-a", STEPS["theirs-a"][1], header=OURS)
+    stream.write("theirs-b", STEPS["theirs-b"][1], header=None)  # no header: peeked, skipped
+    stream.write("ours-a", STEPS["ours-a"][1])
+    assert sorted(r.key or b"" for r in stream.view.snapshot()) == [b"ours-a", b"theirs-a"]
+    assert sorted(held(registry)) == ["ours-a"] and sink.letters() == []
+    assert not registry.holds("theirs-a")
+    stream.write("theirs-a", STEPS["theirs-a"][3], header=OURS)  # its later views: the same
+    assert sorted(held(registry)) == ["ours-a"]
+
+
+def test_saved_views_of_another_base_model_are_not_loaded(tmp_path: Path) -> None:
+    """A host tier saved by a consumer of every base model (or of another one): a consumer
+    scoped to one base model loads only that base model's saved views."""
+    whole, whole_topic, _ = consumer(tmp_path, None)
+    for aid in ("ours-a", "theirs-a"):
+        whole_topic.write(aid, STEPS[aid][1])
+    assert sorted(held(whole)) == ["ours-a", "theirs-a"]
+    scoped, _, _ = consumer(tmp_path, [OURS])
+    assert sorted(scoped.accepted) == ["ours-a"]
+    assert scoped.holds("ours-a") and not scoped.holds("theirs-a")
+
+
 def test_a_tombstone_reaches_a_holder_and_a_recreated_id_of_another_base_is_left_out(
         tmp_path: Path) -> None:
     """An adapter's base model never changes (registry.fold); an id deleted and published
@@ -221,8 +249,8 @@ def test_a_scoped_consumer_holds_exactly_what_an_unscoped_one_holds_of_its_base_
     """ATTACK (model): the registry agent writes each adapter's genuine views in order with
     an honest header; a topic writer adds copies of views already written under any header
     (or none) and junk. At every refresh the consumer scoped to one base model holds, for
-    each adapter of that base model, exactly the view a consumer of every base model holds:
-    the header hides nothing and adds nothing."""
+    each adapter of that base model, exactly the view a consumer of every base model holds,
+    and nothing of another base model: the header hides nothing and adds nothing."""
     scoped, scoped_topic, _ = consumer(tmp_path_factory.mktemp("scoped"), [OURS])
     whole, whole_topic, _ = consumer(tmp_path_factory.mktemp("whole"), None)
     written = dict.fromkeys(AIDS, 0)
@@ -233,7 +261,7 @@ def test_a_scoped_consumer_holds_exactly_what_an_unscoped_one_holds_of_its_base_
 
     def same() -> None:
         ours = {aid: v for aid, v in held(whole).items() if ADAPTERS[aid] == OURS}
-        assert {aid: v for aid, v in held(scoped).items() if ADAPTERS[aid] == OURS} == ours
+        assert held(scoped) == ours
 
     for op in ops:
         if op[0] == "agent" and written[op[1]] < len(STEPS[op[1]]):
