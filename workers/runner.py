@@ -117,6 +117,18 @@ def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
                             version=lambda: tail.version, scope=scope)
 
 
+def worker_registry(settings: Settings, options: WorkerOptions, sink: EventSink,
+                    metrics: WorkerMetrics) -> tuple[TopicTail, VerifiedRegistry]:
+    """The worker's registry, its base model's views only (registry/topic.py): the scoped
+    tail, started once the ``verified_registry`` over it has loaded the saved views, so no
+    record of an adapter held from before a restart is read past."""
+    scope = RegistryScope([options.base_model])
+    tail = registry_tail(settings, f"worker-{options.worker_id}", scope, start=False)
+    registry = verified_registry(options, tail, sink, metrics,
+                                 KeyringFile(settings.keyring_path), scope)
+    return tail.start(), registry
+
+
 async def _site(settings: Settings, app: web.Application, port: int, name: str
                 ) -> web.AppRunner:
     """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``."""
@@ -129,13 +141,7 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()
     metrics.registry.register(SinkMetrics(sink))
-    # Only its base model's views (registry/topic.py); the saved ones are loaded before the
-    # tail starts, so no record of an adapter held from before a restart is skipped.
-    scope = RegistryScope([options.base_model])
-    tail = registry_tail(settings, f"worker-{options.worker_id}", scope, start=False)
-    registry = verified_registry(options, tail, sink, metrics,
-                                 KeyringFile(settings.keyring_path), scope)
-    tail.start()
+    tail, registry = worker_registry(settings, options, sink, metrics)
     metrics.registry.register(TailMetrics([tail]))
     if not await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S):
         log.warning("registry not read to its end within %.0f s; serving the saved views "
