@@ -13,6 +13,7 @@ from bench import (
     artifact_path,
     gateway_overhead,
     reaction_time,
+    registry_memory,
     sink_throughput,
     stream_throughput,
 )
@@ -71,3 +72,16 @@ def test_reaction_time(stack: Settings, tmp_path: Path,
     reaction = out["first_event_to_load_gpu_consumed_ms"]
     assert 0 < reaction["p50"] <= reaction["p99"]
     assert out["kafka_round_trip_floor_ms"]["p99"] > 0
+
+
+def test_registry_memory(stack: Settings, tmp_path: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(registry_memory.main, ["--adapters", "40", "--base-models", "4"], tmp_path,
+                   capsys)
+    worker, every = out["worker"], out["every_base_model"]
+    assert worker["scoped_code"] and worker["views_accepted"] == worker["lora_names"] == 10
+    assert worker["records_kept"] == 10 and worker["records_read_past"] == 30
+    assert every["views_accepted"] == 40 and every["records_read_past"] == 0
+    assert worker["state_mb"] <= every["state_mb"] and worker["state_bytes_per_view"] > 0
+    assert worker["rss_mb"] > 0
+    assert out["selection_per_record"]["header_us"] > 0
