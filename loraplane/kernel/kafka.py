@@ -199,7 +199,8 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
                     offset_reset: OffsetReset = OffsetReset.earliest,
                     session_timeout_ms: int | None = None, static_member: str | None = None,
                     read_to_end: bool = False, quiet: bool = False,
-                    heartbeat_ms: int | None = None, cooperative: bool = False) -> Config:
+                    heartbeat_ms: int | None = None, cooperative: bool = False,
+                    prefetch_kbytes: int | None = None) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
@@ -211,7 +212,9 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
     incremental rebalancing (``cooperative-sticky``), so a member joining or leaving moves
     only the partitions that change hands and the others stay where they are (the scoring
     group: each move costs a read-back of that partition's scores; the planner lease: a
-    standby joining must not take the lease away)."""
+    standby joining must not take the lease away). ``prefetch_kbytes`` bounds what
+    librdkafka fetches ahead of the reader (``queued.max.messages.kbytes``, 64 MB by
+    default): a reader that keeps a tenth of a large topic need not hold 64 MB of it."""
     conf = _common(settings, client_id, quiet)
     conf |= {"group.id": group, "enable.auto.commit": False,
              "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
@@ -224,6 +227,8 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
         conf["heartbeat.interval.ms"] = heartbeat_ms
     if cooperative:
         conf["partition.assignment.strategy"] = "cooperative-sticky"
+    if prefetch_kbytes is not None:
+        conf["queued.max.messages.kbytes"] = prefetch_kbytes
     return conf
 
 
@@ -231,14 +236,16 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
              offset_reset: OffsetReset = OffsetReset.earliest,
              session_timeout_ms: int | None = None, static_member: str | None = None,
              read_to_end: bool = False, quiet: bool = False,
-             heartbeat_ms: int | None = None, cooperative: bool = False) -> Consumer:
+             heartbeat_ms: int | None = None, cooperative: bool = False,
+             prefetch_kbytes: int | None = None) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
     return Consumer(consumer_config(
         settings, group, client_id=client_id, offset_reset=offset_reset,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
-        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative))
+        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative,
+        prefetch_kbytes=prefetch_kbytes))
 
 
 def admin_config(settings: Settings) -> Config:

@@ -149,14 +149,17 @@ class TopicTail:
     that thread, each record as it is applied) is for users that index records themselves
     (the router's fleet index). ``probe_every_s``: how often an idle tail asks the broker
     for metadata (the router's worker-state tail: twice per heartbeat). ``select``: which
-    records of a key not held yet are kept (``TailView``; called on the tail's thread)."""
+    records of a key not held yet are kept (``TailView``; called on the tail's thread).
+    ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``)."""
 
     def __init__(self, settings: Settings, topics: str | Sequence[str], *, component: str,
                  on_record: Callable[[Record], object] | None = None,
                  probe_every_s: float = PROBE_EVERY_S,
                  clock: Callable[[], float] = time.time,
-                 select: Callable[[Record], bool] | None = None) -> None:
+                 select: Callable[[Record], bool] | None = None,
+                 prefetch_kbytes: int | None = None) -> None:
         self._settings = settings
+        self._prefetch_kbytes = prefetch_kbytes
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.component = component
         self._on_record = on_record
@@ -268,7 +271,8 @@ class TopicTail:
             try:
                 consumer = kafka.consumer(
                     self._settings, f"{READER_GROUP_PREFIX}tail-{time.monotonic_ns()}",
-                    client_id=self.component, read_to_end=True, quiet=True)
+                    client_id=self.component, read_to_end=True, quiet=True,
+                    prefetch_kbytes=self._prefetch_kbytes)
                 try:
                     self._assign(consumer)
                     probed = time.monotonic()

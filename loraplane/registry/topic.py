@@ -27,6 +27,10 @@ from loraplane.schemas.registry import AdapterView
 
 log = logging.getLogger(__name__)
 BASE_MODEL_HEADER = "base_model"
+# What a registry tail's consumer fetches ahead of its reader. librdkafka's 64 MB default
+# is filled by a first read of a large registry: several times what a scoped tail keeps
+# (docs/benchmarks.md, "Fleet scale"); 4 MB reads as fast.
+PREFETCH_KBYTES = 4096
 
 
 def view_headers(view: AdapterView) -> dict[str, bytes]:
@@ -134,5 +138,6 @@ def registry_tail(settings: Settings, component: str, scope: RegistryScope | Non
     the adapters held from before a restart)."""
     select = None if scope is None or scope.base_models is None else scope.keeps
     tail = TopicTail(settings, topic_name(settings, "registry"),
-                     component=f"{component}-registry", select=select)
+                     component=f"{component}-registry", select=select,
+                     prefetch_kbytes=PREFETCH_KBYTES)
     return tail.start() if start else tail

@@ -143,6 +143,18 @@ def test_the_metrics_sink_consumer_keeps_its_settings() -> None:
         "client.id": "metrics-sink", "isolation.level": "read_committed"}
 
 
+def test_a_registry_tail_consumer_fetches_a_bounded_amount_ahead() -> None:
+    """A registry tail's first read of a large topic holds at most PREFETCH_KBYTES of
+    records fetched ahead, not librdkafka's 64 MB; other consumers keep the default."""
+    from loraplane.registry.topic import PREFETCH_KBYTES, registry_tail
+
+    conf = kafka.consumer_config(SETTINGS, "g", prefetch_kbytes=PREFETCH_KBYTES)
+    assert conf["queued.max.messages.kbytes"] == PREFETCH_KBYTES == 4096
+    assert "queued.max.messages.kbytes" not in kafka.consumer_config(SETTINGS, "g")
+    tail = registry_tail(SETTINGS, "w1", start=False)
+    assert tail._prefetch_kbytes == PREFETCH_KBYTES
+
+
 def test_admin_clients_are_quiet() -> None:
     assert kafka.admin_config(SETTINGS) == {"bootstrap.servers": BOOTSTRAP, "log_level": 0}
 
