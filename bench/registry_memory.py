@@ -271,7 +271,7 @@ def row(r: dict[str, Any]) -> Row:
     w, e = r["worker"], r["every_base_model"]
     return Row(f"registry memory per process ({r['adapters']} adapters, "
                f"{r['base_models']} base models)",
-               f"worker (one base model): state {w['state_mb']:.0f} MB, RSS {w['rss_mb']:.0f} "
+               f"worker (one base model): state {w['state_mb']:.1f} MB, RSS {w['rss_mb']:.0f} "
                f"MB, first read {w['first_read_s']:.1f} s",
                f"every base model: state {e['state_mb']:.0f} MB, RSS {e['rss_mb']:.0f} MB, "
                f"first read {e['first_read_s']:.1f} s",
