@@ -550,7 +550,7 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
                            "loraplane.streams.scoring_agent"))
                 planners = [PlannerProcess(env, f"planner-{i}") for i in (1, 2)]
                 wait_until(lambda: [p.active() for p in planners].count(True) == 1,
-                           "one planner to hold the lease", 120, 0.5)
+                           "one planner to hold the lease", timeout_s, 0.5)
             else:
                 env.start()
 
