@@ -75,7 +75,7 @@ class TailView:
         key = (record.topic, record.key or b"")
         held = self._latest.get(key)
         kept = (self._select is None or (held is not None and held.value is not None)
-                or self._select(record))
+                or self._selects(record))
         if kept:
             self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
             self._latest[key] = record
@@ -89,6 +89,17 @@ class TailView:
         else:
             self._check_caught_up()
         return kept
+
+    def _selects(self, record: Record) -> bool:
+        """``select``'s answer; a select that fails on a record keeps it (the consumer's own
+        checks then refuse what it is), so no record can stop the tail."""
+        assert self._select is not None
+        try:
+            return self._select(record)
+        except Exception:  # a hostile record must not end the tail's thread
+            log.exception("topic tail: select failed on %s[%d]@%d; kept", record.topic,
+                          record.partition, record.offset)
+            return True
 
     def at_end(self, tp: Partition, offset: int) -> None:
         """The broker says the partition ends at ``offset`` (a transaction marker may sit

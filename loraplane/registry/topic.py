@@ -53,7 +53,9 @@ def base_model_of(record: Record) -> bytes | None:
         return named
     try:
         return _PEEK.decode(record.value).base_model.encode()
-    except (msgspec.DecodeError, UnicodeEncodeError):
+    except (msgspec.DecodeError, UnicodeEncodeError, RecursionError):
+        # RecursionError: msgspec's answer to deep nesting (``{"a":`` x 50,000); whatever
+        # the peek cannot read is kept, so the full decoder refuses and dead-letters it
         return None
 
 

@@ -300,3 +300,39 @@ def test_the_verdict_cache_holds_only_the_present_records(tmp_path: Path) -> Non
         stream.write("ours-a", view)
         registry.records()
     assert len(registry._cache) == 1
+
+
+HOSTILE_VALUES = [b"", b"x" * 10_000, b"\xff\xfe\x80" * 300, b"[" * 200_000, b'{"a":' * 50_000,
+                  b'"a string"', b'{"command_id": 5}', b'{"base_model": 5}',
+                  b'{"base_model": "\\ud800"}', b'{"base_model": "' + b"b" * 100_000 + b'"}']
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES, ids=range(len(HOSTILE_VALUES)))
+def test_attack_a_value_the_peek_cannot_read_is_kept_for_the_full_decoder(value: bytes) -> None:
+    """A registry record without the header whose value the peek cannot read (deep nesting
+    that makes msgspec raise RecursionError, invalid UTF-8, the wrong types) names no base
+    model: the scoped tail keeps it, so the registry's own decoder refuses and
+    dead-letters it; nothing raises into the tail."""
+    record = Record("reg", 0, 0, b"poison", value, {}, 0)
+    named = base_model_of(record)
+    assert named is None or isinstance(named, bytes)
+    view = TailView(RegistryScope(["llama"]).keeps)
+    assert view.apply(record) == (named is None or named == b"llama")
+
+
+@given(st.binary(max_size=2048) | st.recursive(
+    st.none() | st.integers() | st.text(), lambda inner: st.lists(inner) | st.dictionaries(
+        st.sampled_from(["base_model", "a"]), inner), max_leaves=50).map(
+            lambda v: json.dumps(v).encode()))
+def test_the_peek_never_raises(value: bytes) -> None:
+    named = base_model_of(Record("reg", 0, 0, b"k", value, {}, 0))
+    assert named is None or isinstance(named, bytes)
+
+
+def test_a_select_that_raises_keeps_the_record_and_the_tail_goes_on() -> None:
+    def broken(record: Record) -> bool:
+        raise ValueError("a select bug")
+
+    view = TailView(broken)
+    assert view.apply(Record("reg", 0, 0, b"a", b"{}", {}, 0))
+    assert view.apply(Record("reg", 0, 1, b"b", b"{}", {}, 0))
