@@ -33,7 +33,10 @@ Sha256 = Annotated[str, StringConstraints(pattern=SHA256_PATTERN)]
 
 
 def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC instant Python has
+        raise ValueError("the instant is out of range in UTC") from None
 
 
 Timestamp = Annotated[AwareDatetime, AfterValidator(_utc)]
