@@ -1,14 +1,15 @@
 """Metrics sink: rows/s from Kafka into ClickHouse, against raw clickhouse-driver inserts.
 
 loraplane's path is ``loraplane.metrics.sink.Sink`` (its own consumer group: consume,
-decode with the wire schemas, build rows, columnar insert with type checks, commit offsets)
-on a private requests topic that already holds ``--rows`` request logs. Its rate is taken
-from the end of its first batch to the last row, so the consumer-group join is not counted
-(it is reported separately as ``sink_first_batch_s``). The raw baseline inserts the very same
-rows, already built, with ``client.execute(..., columnar=True)`` in batches of the sink's
-batch size: the best clickhouse-driver does with no Kafka, no decoding and no checks. The
-two run back to back, alternating which goes first, into two private databases that are
-dropped afterwards.
+decode and validate, build rows, columnar insert, commit offsets) on a private requests topic
+that already holds ``--rows`` request logs. Its rate is taken from the end of its first batch
+to the last row, so the consumer-group join is not counted (it is reported separately as
+``sink_first_batch_s``). The raw baseline inserts the very same rows, already built, with
+``client.execute(..., columnar=True)`` in batches of the sink's batch size, each batch turned
+into columns exactly as the sink turns it (``tables.columns_of``, timestamps as the integers
+the driver would compute): the best clickhouse-driver does with no Kafka, no decoding and no
+checks. The two run back to back, alternating which goes first, into two private databases
+that are dropped afterwards.
 
     .venv/bin/python -m bench.sink_throughput                 # 100k rows, 3 repetitions
     .venv/bin/python -m bench.sink_throughput --rows 500000 --reps 5
@@ -28,8 +29,8 @@ from bench.workload import request_logs
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
-from loraplane.metrics.sink import Sink, SinkConfig
-from loraplane.metrics.tables import TABLES
+from loraplane.metrics.sink import Sink, SinkConfig, column_encoders
+from loraplane.metrics.tables import TABLES, columns_of
 
 SINK_TOPICS = tuple(t.topic_suffix for t in TABLES)
 REQUESTS = next(t for t in TABLES if t.topic_suffix == "requests")
@@ -39,10 +40,10 @@ def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int) -> f
     """Seconds to insert ``rows`` in batches with the bare driver."""
     client = connect(settings)
     try:
-        client.execute("SELECT 1")  # connect outside the timed part, as the sink does
+        encoders = column_encoders(client)[REQUESTS.name]  # outside the timed part, as the sink
         started = time.perf_counter()
         for i in range(0, len(rows), batch):
-            columns = [list(c) for c in zip(*rows[i:i + batch], strict=True)]
+            columns = columns_of(rows[i:i + batch], encoders)
             client.execute(REQUESTS.insert_sql, columns, columnar=True)
         return time.perf_counter() - started
     finally:
@@ -114,7 +115,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
         "raw_insert_rows_s": raw.as_dict(),
         "sink_first_batch_s": Summary.from_samples(joins).as_dict(),
         "ratio": round(lp.median / raw.median, 3),
-        "goal": ">= 0.5x",
+        "goal": ">= 0.8x",
     }
 
 

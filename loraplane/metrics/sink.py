@@ -31,7 +31,7 @@ from loraplane.kernel.bus import DeliveryError
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
-from loraplane.metrics.tables import TABLES, RowError, Table
+from loraplane.metrics.tables import TABLES, Encoders, RowError, Table, columns_of, encoders_for
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
 from loraplane.schemas.reasons import ConsumerFault
@@ -72,10 +72,21 @@ class SinkStats:
 
 
 @dataclass
-class _Batch:
-    """One batch, decoded: rows per table (with their source message) and dead letters."""
+class _Rows:
+    """One table's rows of a batch, and the message each came from (for its dead letter)."""
 
-    rows: dict[str, list[tuple[tuple[Any, ...], Message]]] = field(default_factory=dict)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class _Batch:
+    """One batch, decoded: rows per table and dead letters."""
+
+    rows: dict[str, _Rows] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -112,6 +123,16 @@ def _position(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+def column_encoders(client: Client) -> dict[str, Encoders]:
+    """Per table, how its values are written (``tables.encoders_for``), from the column types
+    of the connected database."""
+    types: dict[str, dict[str, str]] = {}
+    for table, name, kind in client.execute(
+            "SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"):
+        types.setdefault(table, {})[name] = kind
+    return {t.name: encoders_for(t, types.get(t.name, {})) for t in TABLES}
+
+
 class Sink:
     """One member of the metrics-sink consumer group. ``run`` blocks until ``stop`` is set."""
 
@@ -125,6 +146,7 @@ class Sink:
                                           for t in TABLES}
         self._dead_letter_topic = topic_name(settings, "dead-letters")
         self._client: Client | None = None
+        self._encoders: dict[str, Encoders] = {}
         self._revoked = False
         self.progress = Progress(COMPONENT)
 
@@ -255,23 +277,34 @@ class Sink:
         return good
 
     def decode(self, messages: list[Message]) -> _Batch:
-        """Pure: messages -> rows per table and dead letters (no I/O)."""
+        """Pure: messages -> rows per table and dead letters (no I/O). A table's ``fast_row``
+        builds most rows straight from the bytes; what it leaves (None) is validated by the
+        wire schema, which builds the row or names the reason for the dead letter."""
         batch = _Batch()
+        offsets = batch.offsets
+        into: dict[str, tuple[Table, _Rows]] = {}
         for msg in messages:
             topic, partition, offset = _position(msg)
-            batch.offsets[(topic, partition)] = offset
-            table = self._tables[topic]
-            try:
-                model = decode(table.model, msg.value())
-                row = table.row(model)
-            except SchemaError as exc:
-                batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
-                continue
-            except RowError as exc:
-                batch.dead.append(dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range,
-                                                  str(exc)))
-                continue
-            batch.rows.setdefault(table.name, []).append((row, msg))
+            offsets[(topic, partition)] = offset
+            target = into.get(topic)
+            if target is None:
+                table = self._tables[topic]
+                target = into[topic] = (table, batch.rows.setdefault(table.name, _Rows()))
+            table, rows = target
+            raw = msg.value()
+            row = table.fast_row(raw) if table.fast_row is not None else None
+            if row is None:
+                try:
+                    row = table.row(decode(table.model, raw))
+                except SchemaError as exc:
+                    batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
+                    continue
+                except RowError as exc:
+                    batch.dead.append(dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range,
+                                                      str(exc)))
+                    continue
+            rows.rows.append(row)
+            rows.messages.append(msg)
         return batch
 
     def _deliver(self, consumer: Consumer, flight: _InFlight, stop: threading.Event,
@@ -300,6 +333,7 @@ class Sink:
                 except _transient() as exc:
                     if self._client is not None:
                         self._client.disconnect()
+                        self._client = None  # reconnect, and read the column types again
                     self.stats.retries += 1
                     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     self.progress.blocked(f"batch of {len(messages)} not delivered: {why}")
@@ -348,45 +382,45 @@ class Sink:
         return read
 
     def _write(self, batch: _Batch) -> None:
-        client = self._connected()
+        client, encoders = self._connected()
         rejected: list[DeadLetter] = []
         for table in TABLES:
-            items = batch.rows.get(table.name)
-            if not items:
+            rows = batch.rows.get(table.name)
+            if not rows:
                 continue
-            for (_, msg), why in self._insert(client, table, items):
+            for msg, why in self._insert(client, table, encoders.get(table.name, {}),
+                                         rows.rows, rows.messages):
                 if msg.topic() == self._dead_letter_topic:
                     log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
                               msg.partition(), msg.offset(), why)
                 else:
                     rejected.append(dead_letter_for(
                         msg, COMPONENT, ConsumerFault.clickhouse_rejected, why))
-            self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(items)
+            self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(rows)
         self._send_dead_letters(batch.dead + rejected)
         self.stats.rows += sum(len(v) for v in batch.rows.values())
 
-    def _insert(self, client: Client, table: Table,
-                items: list[tuple[tuple[Any, ...], Message]],
-                ) -> list[tuple[tuple[tuple[Any, ...], Message], str]]:
+    def _insert(self, client: Client, table: Table, encoders: Encoders,
+                rows: list[tuple[Any, ...]], messages: list[Message],
+                ) -> list[tuple[Message, str]]:
         """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
-        return them with the reason (everything else is inserted)."""
+        return their messages with the reason (everything else is inserted)."""
         try:
-            columns = [list(col) for col in zip(*(row for row, _ in items), strict=True)]
             # No types_check: every row was validated by its wire schema and range-checked by
             # Table.row, so the driver's per-value Python checks (a quarter of the insert's
             # client time) are redundant; worse, they mask out-of-range ints into range. The
             # driver still refuses any value its binary packing cannot hold (TypeMismatchError).
-            client.execute(table.insert_sql, columns, columnar=True)
+            client.execute(table.insert_sql, columns_of(rows, encoders), columnar=True)
             return []
         except Exception as exc:
             if not _is_rejection(exc):
                 raise
-            if len(items) == 1:
+            if len(rows) == 1:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                return [(items[0], f"{type(exc).__name__}: {first}")]
-            mid = len(items) // 2
-            return (self._insert(client, table, items[:mid]) +
-                    self._insert(client, table, items[mid:]))
+                return [(messages[0], f"{type(exc).__name__}: {first}")]
+            mid = len(rows) // 2
+            return (self._insert(client, table, encoders, rows[:mid], messages[:mid]) +
+                    self._insert(client, table, encoders, rows[mid:], messages[mid:]))
 
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
         """Produce the batch's dead letters before its offsets are committed. A broker that
@@ -435,7 +469,11 @@ class Sink:
         consumer.commit(offsets=[TopicPartition(t, p, o + 1)
                                  for (t, p), o in batch.offsets.items()], asynchronous=False)
 
-    def _connected(self) -> Client:
+    def _connected(self) -> tuple[Client, dict[str, Encoders]]:
+        """The client, and per table how its timestamp columns are written (read from the
+        server once a connection: DateTime on 18.16, DateTime64(3) on current ClickHouse)."""
         if self._client is None:
-            self._client = connect(self.settings)
-        return self._client
+            client = connect(self.settings)
+            self._encoders = column_encoders(client)
+            self._client = client
+        return self._client, self._encoders

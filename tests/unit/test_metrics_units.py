@@ -185,7 +185,7 @@ def test_decode_splits_rows_from_dead_letters() -> None:
         FakeMessage("loraplane.requests", b'{"event_id": "x"}', 7),
         FakeMessage("loraplane.cache-events", encode(ce), 3),
     ])
-    assert [row[0] for row, _ in batch.rows["request_log"]] == ["e1"]
+    assert [row[0] for row in batch.rows["request_log"].rows] == ["e1"]
     assert [d.reason for d in batch.dead] == ["malformed", "invalid", "out_of_range"]
     assert batch.offsets == {("loraplane.requests", 0): 7, ("loraplane.cache-events", 0): 3}
 

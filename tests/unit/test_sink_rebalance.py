@@ -132,7 +132,7 @@ class FlakySink(Sink):
             self.fake.rebalances += 1  # a broker restart moves the coordinator: rebalance
             raise ch_errors.NetworkError("clickhouse away")
         for rows in batch.rows.values():
-            for row, _msg in rows:
+            for row in rows.rows:
                 self.stored[row[0]] = self.stored.get(row[0], 0) + 1
         self.stats.rows += sum(len(r) for r in batch.rows.values())
 
