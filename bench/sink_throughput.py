@@ -18,6 +18,7 @@ that are dropped afterwards.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 import uuid
@@ -34,31 +35,36 @@ from loraplane.metrics.tables import TABLES, columns_of
 
 SINK_TOPICS = tuple(t.topic_suffix for t in TABLES)
 REQUESTS = next(t for t in TABLES if t.topic_suffix == "requests")
+SLOW_SERVER_S = 120.0  # a loaded 2-core machine: dropping a database can take a while
 
 
-def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int) -> float:
-    """Seconds to insert ``rows`` in batches with the bare driver."""
-    client = connect(settings)
+def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int,
+               ) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) to insert ``rows`` in batches with the bare
+    driver."""
+    client = connect(settings, timeout_s=SLOW_SERVER_S)
     try:
         encoders = column_encoders(client)[REQUESTS.name]  # outside the timed part, as the sink
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(rows), batch):
             columns = columns_of(rows[i:i + batch], encoders)
             client.execute(REQUESTS.insert_sql, columns, columnar=True)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, time.process_time() - cpu
     finally:
         client.disconnect()
 
 
-def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float) -> tuple[float, float]:
-    """(rows/s after the first batch, seconds from start to the first batch)."""
+def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float,
+              ) -> tuple[float, float, float]:
+    """(rows/s after the first batch, seconds from start to the first batch, CPU seconds of
+    this process a row after the first batch: the sink's threads and librdkafka's)."""
     sink = Sink(settings, SinkConfig(batch_size=batch, max_wait_s=0.5,
                                      group_id=f"bench-sink-{uuid.uuid4().hex[:8]}"))
     stop = threading.Event()
     thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
     started = time.perf_counter()
     thread.start()
-    first_at, first_rows = 0.0, 0
+    first_at, first_rows, cpu = 0.0, 0, 0.0
     deadline = started + timeout_s
     try:
         while sink.stats.rows < total:
@@ -66,8 +72,9 @@ def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float) -> t
                 raise RuntimeError(f"sink delivered {sink.stats.rows}/{total} rows")
             if not first_at and sink.stats.rows:
                 first_at, first_rows = time.perf_counter(), sink.stats.rows
+                cpu = time.process_time()
             time.sleep(0.002)
-        done = time.perf_counter()
+        done, cpu = time.perf_counter(), time.process_time() - cpu
     finally:
         stop.set()
         thread.join(timeout=30)
@@ -75,7 +82,8 @@ def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float) -> t
         raise RuntimeError(f"{sink.stats.dead_letters} rows dead-lettered")
     if first_rows >= total:
         raise RuntimeError("everything arrived in one batch: use more --rows")
-    return (total - first_rows) / (done - first_at), first_at - started
+    return ((total - first_rows) / (done - first_at), first_at - started,
+            cpu / (total - first_rows))
 
 
 def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
@@ -87,6 +95,9 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
     sink_rates: list[float] = []
     raw_rates: list[float] = []
     joins: list[float] = []
+    sink_cpu: list[float] = []
+    load_at_start = os.getloadavg()[0]
+    raw_cpu: list[float] = []
     with private_topics(settings, SINK_TOPICS):
         try:
             migrations.migrate(settings)
@@ -95,13 +106,16 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
             for rep in range(reps):
                 for path in (("raw", "sink") if rep % 2 == 0 else ("sink", "raw")):
                     if path == "raw":
-                        raw_rates.append(total / raw_insert(raw_db, rows, batch))
+                        seconds, cpu = raw_insert(raw_db, rows, batch)
+                        raw_rates.append(total / seconds)
+                        raw_cpu.append(cpu / total * 1e6)
                     else:
-                        rate, join_s = sink_rate(settings, total, batch, timeout_s=120)
+                        rate, join_s, cpu = sink_rate(settings, total, batch, timeout_s=300)
                         sink_rates.append(rate)
                         joins.append(join_s)
+                        sink_cpu.append(cpu * 1e6)
         finally:
-            client = connect(settings, database="")
+            client = connect(settings, database="", timeout_s=SLOW_SERVER_S)
             for db in (settings.clickhouse.database, raw_db.clickhouse.database):
                 client.execute(f"DROP DATABASE IF EXISTS `{db}`")
             client.disconnect()
@@ -114,6 +128,10 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
         "sink_rows_s": lp.as_dict(),
         "raw_insert_rows_s": raw.as_dict(),
         "sink_first_batch_s": Summary.from_samples(joins).as_dict(),
+        # client CPU (this process, all threads) a row; ClickHouse's and Kafka's own not counted
+        "sink_cpu_us_per_row": Summary.from_samples(sink_cpu).as_dict(),
+        "raw_insert_cpu_us_per_row": Summary.from_samples(raw_cpu).as_dict(),
+        "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)},
         "ratio": round(lp.median / raw.median, 3),
         "goal": ">= 0.8x",
     }
