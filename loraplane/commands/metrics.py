@@ -66,7 +66,7 @@ def retention(days: int = typer.Option(..., "--days", min=1, help="Keep this man
 
 
 @app.command()
-def sink(batch_size: int = typer.Option(5000, min=1),
+def sink(batch_size: int = typer.Option(20_000, min=1),
          max_wait_s: float = typer.Option(1.0, min=0.01),
          group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
          session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),

@@ -14,13 +14,15 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from chdb import session as chdb_session
 from clickhouse_driver.util.escape import escape_param, escape_params
 
 from loraplane.metrics import migrations, queries
+from loraplane.metrics.sink import column_encoders
+from loraplane.metrics.tables import TABLES
 from tests import pack_cases
 
 DB = "loraplane_current"
@@ -89,6 +91,20 @@ def test_migrations_record_current_clickhouse(client: ChdbClient) -> None:
     assert types["ts"] == "DateTime64(3, 'UTC')"
     assert types["adapter_id"] == "LowCardinality(String)"
     assert client.execute("SELECT count() FROM request_log")[0][0] == 7  # replay included
+
+
+def test_the_sink_writes_timestamps_as_current_clickhouse_columns_take_them(
+        client: ChdbClient) -> None:
+    """The sink reads the column types of every table from the server: on current ClickHouse
+    each timestamp column is DateTime64(3), so it gets milliseconds, as the driver writes."""
+    encoders = column_encoders(cast("Any", client))
+    at = datetime(2026, 12, 5, 2, 28, 13, 479884, tzinfo=UTC)
+    for table in TABLES:
+        stamps = [c for c in table.columns if c in ("ts", "deadline")]
+        assert stamps, table.name
+        assert sorted(encoders[table.name]) == sorted(table.columns.index(c) for c in stamps)
+        for encode in encoders[table.name].values():
+            assert encode(at) == 1_796_437_693_479
 
 
 def test_every_query_of_the_pack_has_a_check() -> None:
