@@ -11,7 +11,7 @@ the driver would compute): the best clickhouse-driver does with no Kafka, no dec
 checks. The two run back to back, alternating which goes first, into two private databases
 that are dropped afterwards.
 
-    .venv/bin/python -m bench.sink_throughput                 # 100k rows, 3 repetitions
+    .venv/bin/python -m bench.sink_throughput                 # 200k rows, 3 repetitions
     .venv/bin/python -m bench.sink_throughput --rows 500000 --reps 5
 """
 
@@ -146,7 +146,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, default=200_000)  # 10 batches of the default size
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=SinkConfig.batch_size)
     args = parse_args(parser, "bench.sink_throughput", argv)
