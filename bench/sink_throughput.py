@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=SinkConfig.batch_size)
     args = parse_args(parser, "bench.sink_throughput", argv)
     result = run(get_settings(), args.rows, args.reps, args.batch)
-    emit(result, Row("metrics sink (Kafka -> ClickHouse)",
+    emit(result, Row(f"metrics sink (Kafka -> ClickHouse), {args.batch}-row inserts",
                      Summary(**result["sink_rows_s"]).text("rows/s", 0),
                      Summary(**result["raw_insert_rows_s"]).text("rows/s", 0) +
                      " clickhouse-driver columnar insert", times(result["ratio"]), result["goal"]),
