@@ -135,13 +135,15 @@ def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
 
 
 def with_new_requests(scores: dict[str, ScoreState], keys: list[str], now: float,
-                      rng: random.Random) -> dict[str, ScoreState]:
-    """A copy of ``scores`` in which ``CHANGED_SHARE`` of ``keys`` saw one more request."""
+                      rng: random.Random) -> tuple[dict[str, ScoreState], list[str]]:
+    """A copy of ``scores`` in which ``CHANGED_SHARE`` of ``keys`` saw one more request,
+    and those keys."""
     out = dict(scores)
-    for key in rng.sample(keys, max(1, round(CHANGED_SHARE * len(keys)))):
+    changed = rng.sample(keys, max(1, round(CHANGED_SHARE * len(keys))))
+    for key in changed:
         out[key] = observe(out[key], ts=now, request_class="interactive", tier=Tier.gpu,
                            status=RequestStatus.ok, ttft_ms=40.0)
-    return out
+    return out, changed
 
 
 def steady_ticks(views: list[AdapterView], scores: dict[str, ScoreState],
@@ -155,9 +157,10 @@ def steady_ticks(views: list[AdapterView], scores: dict[str, ScoreState],
     samples = []
     for rep in range(1, reps + 1):
         now = NOW + rep
-        scores = with_new_requests(scores, keys, now, rng)
+        scores, changed = with_new_requests(scores, keys, now, rng)
         started = time.perf_counter()
-        result = planner.tick(views, scores, workers, policy, now, result.memory)
+        result = planner.tick(views, scores, workers, policy, now, result.memory,
+                              changed=changed)
         samples.append((time.perf_counter() - started) * 1000)
     return samples, result
 

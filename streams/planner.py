@@ -437,11 +437,14 @@ class Planner:
     def tick(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
              workers: Iterable[WorkerState], policy: Policy, now: float,
              memory: Mapping[str, WorkerMemory] | None = None,
-             scheduled: Mapping[str, float] | None = None) -> Plan:
+             scheduled: Mapping[str, float] | None = None,
+             changed: Iterable[str] | None = None) -> Plan:
         """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
-        (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``."""
+        (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``;
+        ``changed``: the score keys added, replaced or removed since this planner's last
+        tick (None: unknown, every key is compared), so only their rows are read again."""
         memory = memory or {}
-        registry, columns = self._columns.update(views, scores)
+        registry, columns = self._columns.update(views, scores, changed)
         records = registry.records
         table = Candidates(registry, columns, scheduled or {}, policy, now)
         fleet: dict[str, list[_Worker]] = defaultdict(list)

@@ -158,7 +158,10 @@ class Scores:
     its counters as float columns."""
 
     def __init__(self, n: int) -> None:
-        # The score mapping as of the last refresh, in order; None: rows not derived yet.
+        # Every row reflects the mapping of the last refresh (``changed`` is relative to it).
+        self.synced = False
+        # The score mapping as of the last full scan, in order; None: not kept (rows not
+        # derived yet, or refreshed since from the changed keys alone).
         self.seen_keys: list[str] | None = None
         self.seen_states: list[ScoreState] = []
         self.seen_ids = np.zeros(0, np.intp)
@@ -193,14 +196,25 @@ class Scores:
         out.errors_value, out.errors_at = self.errors_value[take], self.errors_at[take]
         return out
 
-    def refresh(self, registry: Registry, scores: Mapping[str, ScoreState]) -> None:
-        """Re-derive the rows whose score states are new objects. When the mapping still
-        starts with the keys it had last time (states are replaced in place, new keys are
-        appended: a dict's order), the changed keys are found by one positional scan of its
-        states; otherwise every row's states are looked up again."""
+    def refresh(self, registry: Registry, scores: Mapping[str, ScoreState],
+                changed: Iterable[str] | None = None) -> None:
+        """Re-derive the rows whose score states are new objects. ``changed``: every key
+        added, replaced or removed since the mapping of the last refresh (the planner
+        runtime's score view counts them); then only their rows are read, so a tick costs
+        what changed, not the registry's size. Without it, when the mapping still starts
+        with the keys it had last time (states are replaced in place, new keys are
+        appended: a dict's order), the changed keys are found by one positional scan of
+        its states; otherwise every row's states are looked up again."""
+        row_of = registry.row_of_key
+        if changed is not None and self.synced and row_of is not None:
+            rows = sorted({i for key in changed if (i := row_of.get(key)) is not None})
+            self._read(registry, scores, rows)
+            # The positional scan compares against the last full scan: stale from now on.
+            self.seen_keys, self.seen_states, self.seen_ids = None, [], np.zeros(0, np.intp)
+            return
         keys, states = list(scores), list(scores.values())
         ids = np.fromiter(map(id, states), np.intp, len(states))
-        seen, m, row_of = self.seen_keys, len(self.seen_ids), registry.row_of_key
+        seen, m = self.seen_keys, len(self.seen_ids)
         # Equal keys at the same positions are the same keys; ids of the states held in
         # ``seen_states`` cannot have been reused by other objects.
         if seen is not None and row_of is not None and len(keys) >= m and \
@@ -208,11 +222,7 @@ class Scores:
             moved = np.flatnonzero(ids[:m] != self.seen_ids)
             rows = sorted({i for j in (*moved.tolist(), *range(m, len(keys)))
                            if (i := row_of.get(keys[j])) is not None})
-            for i in rows:
-                self.own[i] = scores.get(registry.keys[i], EMPTY)
-                u = registry.unattributed[i]
-                self.unattributed[i] = None if u is None else scores.get(u)
-            self._derive(np.array(rows, dtype=np.intp))
+            self._read(registry, scores, rows)
         else:
             # map over the bound get: the rebuild reads 100k keys (a comprehension is slower)
             get = cast(Callable[[str | None, ScoreState | None], ScoreState | None], scores.get)
@@ -226,6 +236,16 @@ class Scores:
             self.own, self.unattributed = own, unattributed
             self._derive(changed)
         self.seen_keys, self.seen_states, self.seen_ids = keys, states, ids
+        self.synced = True
+
+    def _read(self, registry: Registry, scores: Mapping[str, ScoreState],
+              rows: list[int]) -> None:
+        """Look ``rows``' states up again and re-derive them."""
+        for i in rows:
+            self.own[i] = scores.get(registry.keys[i], EMPTY)
+            u = registry.unattributed[i]
+            self.unattributed[i] = None if u is None else scores.get(u)
+        self._derive(np.array(rows, dtype=np.intp))
 
     def _derive(self, rows: np.ndarray) -> None:
         if not rows.size:
@@ -258,8 +278,10 @@ class Columns:
         self.registry = Registry([])
         self.scores = Scores(0)
 
-    def update(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState]
-               ) -> tuple[Registry, Scores]:
+    def update(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
+               changed: Iterable[str] | None = None) -> tuple[Registry, Scores]:
+        """``changed``: the score keys added, replaced or removed since the last update
+        (``Scores.refresh``); None when unknown."""
         views = views if isinstance(views, list) else list(views)
         old = self.registry
         # The same view objects (or equal ones) in the same order: list equality, which
@@ -270,6 +292,6 @@ class Columns:
             src = np.fromiter(map(row_of.get, self.registry.lora, repeat(-1)), np.intp,
                               len(self.registry.lora))
             self.scores = self.scores.carried(src)  # its snapshot is empty: a full look-up
-        self.scores.refresh(self.registry, scores)
+        self.scores.refresh(self.registry, scores, changed)
         return self.registry, self.scores
 

@@ -89,6 +89,8 @@ MEMORY_READ_S = 30.0
 """Taking the lease gives up (and tries again) if the memory is not read to its end by then."""
 WAKE_POLL_S = 0.1
 RETRY_S = 1.0
+MAX_CHANGED = 20_000
+"""Score keys changed between two ticks beyond which a tick compares every key instead."""
 LOG_EVERY_S = 30.0
 """An error that would repeat every tick is logged once per kind this often, with a count."""
 
@@ -117,11 +119,14 @@ class ScoreView:
     """The scores topic as the planner sees it: the last committed state of every adapter
     key. ``apply`` says whether a record is a burst (its key's ``armed`` went True ->
     False; a new key counts as armed before). Written by the tail thread, read by the
-    planner under ``lock``."""
+    planner under ``lock``. ``take`` also hands over the keys changed since the last
+    ``take`` (``Planner.tick``'s ``changed``: a tick re-reads only those); over
+    ``MAX_CHANGED`` of them, or before the first ``take``, they are unknown (None)."""
 
     states: dict[str, ScoreState] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     unreadable: int = 0
+    changed: set[str] | None = None
 
     def apply(self, key: str, value: bytes | None) -> bool:
         if key.startswith(UNKNOWN_KEY):
@@ -129,6 +134,7 @@ class ScoreView:
         if value is None:
             with self.lock:
                 self.states.pop(key, None)
+                self._note(key)
             return False
         try:
             state = from_snapshot(decode(ScoreSnapshot, value))
@@ -139,11 +145,31 @@ class ScoreView:
         with self.lock:
             before = self.states.get(key)
             self.states[key] = state
+            self._note(key)
         return (before is None or before.burst_armed) and not state.burst_armed
+
+    def _note(self, key: str) -> None:
+        if self.changed is not None:
+            self.changed.add(key)
+            if len(self.changed) > MAX_CHANGED:
+                self.changed = None  # as cheap to compare them all
 
     def copy(self) -> dict[str, ScoreState]:
         with self.lock:
             return dict(self.states)
+
+    def take(self) -> tuple[dict[str, ScoreState], set[str] | None]:
+        """A copy of the states and the keys changed since the last ``take`` (None:
+        unknown), counting afresh from now."""
+        with self.lock:
+            changed, self.changed = self.changed, set()
+            return dict(self.states), changed
+
+    def forget_changes(self) -> None:
+        """The next ``take`` says the changes are unknown (a tick that failed did not read
+        the ones it took)."""
+        with self.lock:
+            self.changed = None
 
 
 @dataclass
@@ -234,16 +260,18 @@ def of_base(base_model: str | None, views: Iterable[AdapterView],
 def plan_tick(planner: Planner, settings: Settings, base_model: str | None,
               views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
               workers: Iterable[WorkerState], memory: Mapping[str, WorkerMemory],
-              schedule: Schedule, now: float) -> Plan:
+              schedule: Schedule, now: float, changed: Iterable[str] | None = None) -> Plan:
     """One tick on what the tails hold: the one place that narrows the inputs to
     ``base_model``, adds the scheduled warm-ups and keeps only the workers heard lately (the
     router's rule), shared by the runtime and ``loraplane plan show`` so that the preview
-    plans exactly what the active planner would."""
+    plans exactly what the active planner would. ``changed``: the score keys changed since
+    ``planner``'s last tick (``ScoreView.take``)."""
     chosen, states = of_base(base_model, views, workers)
     scheduled = warmup_scores(schedule, ((v.adapter_id, v.tenant_id) for v in chosen), now)
     heartbeat_s = settings.policy.worker_heartbeat_s
     live = [w for w in states if heard_lately(w, now, heartbeat_s)]
-    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled)
+    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled,
+                        changed)
 
 
 PREVIEW_TOPICS = ("registry", "scores", "worker-state", "planner-memory")
@@ -551,11 +579,18 @@ class PlannerRuntime:
         log.info("planner resent %d pending commands under their own ids", len(pending))
 
     def plan_now(self, planner: Planner) -> Plan:
+        """One tick of ``planner`` on what the tails hold now. The score keys changed since
+        its last tick go with it; a tick that fails leaves them unknown for the next."""
         if self.registry_tail.version:
             self.registry.records()  # refresh; a failed read keeps the last verified views
-        return plan_tick(planner, self.settings, self.base_model,
-                         self.registry.accepted.values(), self.scores.copy(),
-                         self.workers.copy(), self.memory, self.schedule.current(), time.time())
+        scores, changed = self.scores.take()
+        try:
+            return plan_tick(planner, self.settings, self.base_model,
+                             self.registry.accepted.values(), scores, self.workers.copy(),
+                             self.memory, self.schedule.current(), time.time(), changed)
+        except BaseException:
+            self.scores.forget_changes()
+            raise
 
     def _commit(self, txn: Any, meta: Any, key: SigningKey, epoch: int, result: Plan,
                 waiting: list[str]) -> list[str]:

@@ -1,8 +1,8 @@
 """A warmed ``Planner`` (columns kept between ticks) decides exactly what a fresh ``plan``
 decides on the same inputs, after any sequence of changes between ticks: registry views
 replaced, added, removed or duplicated; score states replaced, added or deleted (in the
-same dict or a copy); worker states changed, added or removed; time advanced; schedules
-and memory carried over."""
+same dict or a copy, with the changed keys handed over or not); worker states changed,
+added or removed; time advanced; schedules and memory carried over."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
     workers: dict[str, WorkerState] = {}
     memory: dict[str, WorkerMemory] = {}
     now = NOW
+    told = draw(st.booleans())  # the changed score keys handed over, as the runtime does
     for _ in range(ticks):
         for adapter in draw(st.sets(st.sampled_from(ADAPTERS))):  # registry changes
             if adapter in registry and draw(st.booleans()):
@@ -123,7 +124,8 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
             order.append(order[0])  # the same adapter twice: the last copy wins
         if draw(st.integers(0, 3)) == 0:  # a copy (the scoring agent's) or the same dict
             scores = dict(scores)
-        for key in draw(st.sets(st.sampled_from(score_keys(registry)))):
+        changed = draw(st.sets(st.sampled_from(score_keys(registry))))
+        for key in changed:
             if key in scores and draw(st.integers(0, 4)) == 0:
                 del scores[key]
             else:
@@ -133,7 +135,8 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
                      for a in draw(st.sets(st.sampled_from(ADAPTERS), max_size=2))}
         fleet = list(workers.values())
         policy = draw(st.sampled_from(POLICIES))
-        warm = planner.tick(order, scores, fleet, policy, now, memory, scheduled)
+        warm = planner.tick(order, scores, fleet, policy, now, memory, scheduled,
+                            changed if told else None)
         fresh = plan(order, scores, fleet, policy, now, memory, scheduled)
         assert warm.commands == fresh.commands
         assert warm.waiting == fresh.waiting

@@ -121,3 +121,20 @@ def test_a_fenced_producer_is_told_from_a_broker_away() -> None:
         assert _fenced(exc)
     assert not _fenced(ProducerBroken("not committed after 5 attempts"))
     assert not _fenced(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+
+
+def test_take_hands_over_the_keys_changed_since_the_last_take() -> None:
+    view = ScoreView()
+    view.apply("a@1", _record(armed=True))
+    states, changed = view.take()
+    assert set(states) == {"a@1"} and changed is None  # before the first take: unknown
+    view.apply("b@1", _record(armed=True))
+    view.apply("a@1", None)
+    view.apply("(unknown)", encode(UnknownTally(logs=3)))
+    view.apply("c@1", b'{"r10": "nope"}')
+    states, changed = view.take()
+    assert set(states) == {"b@1"} and changed == {"a@1", "b@1"}
+    assert view.take()[1] == set()
+    view.apply("b@1", _record(armed=False))
+    view.forget_changes()  # the tick that took them failed
+    assert view.take()[1] is None
