@@ -100,6 +100,7 @@ from loraplane.kernel.command_effects import (
     may_protect,
     never_evict_rule,
     protected_cap,
+    record_facts,
     shows,
 )
 from loraplane.kernel.policy import Policy
@@ -484,11 +485,23 @@ class Planner:
                 or self._rules_of[1] is not policy:
             self._rules_of, self._never_evict, self._tiers_of = (registry, policy), {}, {}
         memo, records, conditions = self._never_evict, registry.records, policy.never_evict
+        # The rule reads a record's status and its ``record_facts`` alone: a handful of
+        # distinct combinations, each decided once (a cold tick asks for ~27k names).
+        by_facts: dict[tuple[Any, ...], bool] = {}
 
         def rule(lora: str) -> bool:
             holds = memo.get(lora)
             if holds is None:
-                holds = memo[lora] = never_evict_rule(records.get(lora), conditions) is not None
+                record = records.get(lora)
+                if record is None:
+                    holds = False
+                else:
+                    key = (record.status, *record_facts(record).values())
+                    holds = by_facts.get(key)
+                    if holds is None:
+                        holds = by_facts[key] = \
+                            never_evict_rule(record, conditions) is not None
+                memo[lora] = holds
             return holds
         return rule
 
