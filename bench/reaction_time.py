@@ -15,6 +15,14 @@ The baseline is the floor under any event-driven reaction: one message produced 
 consumed through the same broker by a subscribed confluent-kafka consumer, timed the same
 way and interleaved with the bursts. The ratio is baseline p99 / reaction p99.
 
+``stages_ms`` splits each reaction where the time goes, from record timestamps (the
+producer's clock, this machine's): ``keeper`` from the first log to the scoring keeper
+producing the adapter's new score (its batching and fold), ``scores_commit`` from then to a
+read-committed reader of the scores topic (the bench's own, as the planner's tail) seeing
+it (the keeper's transaction and the fetch), ``planner`` from then to the planner producing
+the ``load_gpu`` (its trigger and tick), ``delivery`` from then to the worker feed handing it
+over (the planner's transaction and the feed's fetch). Each is a distribution over bursts.
+
     .venv/bin/python -m bench.reaction_time                       # 50 bursts, 500 ev/s behind
     .venv/bin/python -m bench.reaction_time --bursts 100 --background-rate 1000
 """
@@ -36,6 +44,7 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.request_log import RequestLog, Tier
+from loraplane.streams.scores import score_key
 from loraplane.workers.command_feed import KafkaCommandFeed
 
 from bench.report import Row, emit, parse_args, percentile, times
@@ -75,6 +84,40 @@ class Background(threading.Thread):
             p.poll(0)
             time.sleep(0.01)
         p.flush(10)
+
+
+class ScoresWatch(threading.Thread):
+    """When each record of the scores topic was produced (its timestamp) and read by a
+    read-committed consumer, by score key, from now on."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        super().__init__(daemon=True)
+        from loraplane.kernel import kafka
+
+        self.consumer = kafka.consumer(settings, f"bench-scores-{uuid.uuid4().hex[:8]}",
+                                       offset_reset=kafka.OffsetReset.latest)
+        self.consumer.subscribe([topic])
+        self.stop = threading.Event()
+        self.seen: dict[str, list[tuple[float, float]]] = {}
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        from loraplane.kernel import kafka
+
+        while not self.stop.is_set():
+            for msg in kafka.consume_ready(self.consumer, 1000, 0.05):
+                if msg.error() is not None:
+                    continue
+                read = time.time()
+                key = (msg.key() or b"").decode("utf-8", "replace")
+                with self.lock:
+                    self.seen.setdefault(key, []).append((msg.timestamp()[1] / 1000, read))
+        self.consumer.close()
+
+    def first_after(self, key: str, t: float) -> tuple[float, float] | None:
+        """(produced, read) of the first record of ``key`` produced at or after ``t``."""
+        with self.lock:
+            return next((r for r in self.seen.get(key, []) if r[0] >= t), None)
 
 
 def burst(producer: Any, topic: str, rec: AdapterRecord, n: int) -> float:
@@ -133,12 +176,16 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
     probe.subscribe([probe_topic])
     producer = kafka.producer(settings, linger_ms=0)
     background = Background(settings, env.topic("requests"), rate)
-    out: dict[str, list[float]] = {"reaction": [], "to_issue": [], "floor": []}
+    watch = ScoresWatch(settings, env.topic("scores"))
+    out: dict[str, list[float]] = {"reaction": [], "to_issue": [], "floor": [], "keeper": [],
+                                   "scores_commit": [], "planner": [], "delivery": []}
     try:
         env.heartbeat(WORKER, recs[0].base_model, slots=SLOTS)
         while await feed.next(timeout_s=1.0) is not None:  # nothing wanted yet: drain
             pass
         probe.poll(2)  # join the probe's group before timing it
+        watch.consumer.poll(2)  # and the scores watch's
+        watch.start()
         background.start()
         await asyncio.sleep(2)  # let the background reach its rate
         loaded: list[AdapterRecord] = []
@@ -148,11 +195,20 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
             consumed, issued = await wait_load(feed, rec.lora_name, timeout_s=30)
             out["reaction"].append(consumed - started)
             out["to_issue"].append(issued - started)
+            score = watch.first_after(score_key(rec.adapter_id, rec.version), started - 0.005)
+            if score is not None:  # the clock stamps whole milliseconds
+                produced, read = score
+                out["keeper"].append(max(0.0, produced - started))
+                out["scores_commit"].append(read - produced)
+                out["planner"].append(issued - read)
+                out["delivery"].append(consumed - issued)
             loaded.append(rec)
             env.heartbeat(WORKER, rec.base_model, gpu=loaded, slots=SLOTS)
     finally:
         background.stop.set()
         background.join(15)
+        watch.stop.set()
+        watch.join(5)
         probe.close()
         feed.close()
     out["background_events"] = [float(background.sent)]
@@ -186,6 +242,9 @@ def run(stack: Settings, bursts: int, burst_size: int, rate: float) -> dict[str,
         "first_event_to_load_gpu_consumed_ms": dist(ms["reaction"]),
         "first_event_to_load_gpu_issued_ms": dist(ms["to_issue"]),
         "kafka_round_trip_floor_ms": dist(ms["floor"]),
+        "stages_ms": {k: dist(ms[k]) for k in ("keeper", "scores_commit", "planner", "delivery")
+                      if ms[k]},
+        "stages_timed": len(ms["keeper"]),
         "ratio": round(percentile(ms["floor"], 99) / percentile(ms["reaction"], 99), 4),
         "goal": "p99 <= 500 ms",
         "goal_met": percentile(ms["reaction"], 99) <= 500,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer, Message, Producer
     from confluent_kafka.admin import AdminClient
 
     from loraplane.kernel.config import Settings
@@ -246,6 +246,17 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
         read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative,
         prefetch_kbytes=prefetch_kbytes))
+
+
+def consume_ready(consumer: Consumer, most: int, timeout_s: float) -> list[Message]:
+    """Up to ``most`` messages: waits up to ``timeout_s`` for the first, then takes what has
+    already arrived without waiting. ``Consumer.consume`` itself waits the whole timeout
+    unless ``most`` arrive, so a reader woken by one record would hand it over only when
+    the timeout ends; this one hands it over at once and still batches a backlog."""
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(most - 1, 0)] if most > 1 else [first]
 
 
 def admin_config(settings: Settings) -> Config:

@@ -325,7 +325,7 @@ class TopicTail:
         """One batch; True when the broker answered with anything."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        messages = consumer.consume(500, 0.2)
+        messages = kafka.consume_ready(consumer, 500, 0.2)
         answered = False
         for msg in messages:
             tp = (msg.topic() or self.topics[0], msg.partition() or 0)
