@@ -2,9 +2,11 @@
 adapter consumed by the worker agent's command feed, p50/p99 over ``--bursts`` bursts, with
 a steady background of request logs for other adapters.
 
-The whole streams app (registry, scoring and planner agents) runs as ``loraplane streams
-run`` on a private topic prefix (``tests/integration/planner_env.PlannerEnv``: signed
-publish + promote of ``--bursts`` adapters, all never requested, so none is wanted). The
+The streams app runs on a private topic prefix (``tests/integration/planner_env.PlannerEnv``:
+signed publish + promote of ``--bursts`` adapters, all never requested, so none is wanted):
+the registry and scoring agents in ``loraplane streams run``, the planner as a process of
+its own (``loraplane streams planner``, as docs/scale.md deploys it; ``--planner-in-worker``
+runs it inside the streams worker, sharing a GIL with the scoring keeper). The
 "agent" is ``workers.command_feed.KafkaCommandFeed``, the consumer the worker agent polls,
 for a worker that heartbeats 64 free GPU slots (and, after each load, the adapters loaded
 so far, as a real agent would). The per-worker cold-load budget is raised so that 50 loads
@@ -24,17 +26,22 @@ the ``load_gpu`` (its trigger and tick), ``delivery`` from then to the worker fe
 over (the planner's transaction and the feed's fetch). Each is a distribution over bursts.
 
     .venv/bin/python -m bench.reaction_time                       # 50 bursts, 500 ev/s behind
-    .venv/bin/python -m bench.reaction_time --bursts 100 --background-rate 1000
+    .venv/bin/python -m bench.reaction_time --bursts 100 --background-rate 50000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import signal
+import subprocess
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +58,39 @@ from bench.report import Row, emit, parse_args, percentile, times
 from bench.workload import request_logs
 from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.config import Settings, get_settings
-from tests.integration.planner_env import PlannerEnv
+from tests.integration.planner_env import ALL_AGENTS, PlannerEnv
+from tests.integration.registry_env import LORAPLANE, wait_for
 
 WORKER = "bench-w1"
 SLOTS = 64
+WITHOUT_PLANNER = ("loraplane.streams.registry_agent", "loraplane.streams.scoring_agent")
+PLANNER_READY = "memory of"
+"""What the planner logs once it took the lease and read its memory."""
 
 
-class Background(threading.Thread):
+_SPAWN = multiprocessing.get_context("spawn")  # no fork of a process running Kafka clients
+
+
+class Background(_SPAWN.Process):  # type: ignore[name-defined]
     """Request logs for adapters outside the registry at ``rate``/s: work for the scoring
     agent (each one a count in its unknown bucket, no score key) that the planner never
-    acts on."""
+    acts on. A process of its own: producing 50k logs/s from the bench's process would hold
+    the GIL the measuring feed needs, which no worker agent shares."""
 
     def __init__(self, settings: Settings, topic: str, rate: float) -> None:
         super().__init__(daemon=True)
         self.settings, self.topic, self.rate = settings, topic, rate
-        self.stop = threading.Event()
-        self.sent = 0
+        self.halt = _SPAWN.Event()
+        self.count = _SPAWN.Value("q", 0)
+
+    @property
+    def sent(self) -> int:
+        return int(self.count.value)
+
+    def stop(self) -> None:
+        self.halt.set()
+        if self.pid is not None:  # started
+            self.join(15)
 
     def run(self) -> None:
         from loraplane.kernel import kafka
@@ -74,13 +98,14 @@ class Background(threading.Thread):
         p = kafka.producer(self.settings, linger_ms=20)
         logs = request_logs(5000, adapters=300, prefix="bg")
         pool = [(m.adapter_id.encode(), encode(m)) for m in logs]
-        started = time.monotonic()
-        while not self.stop.is_set():
+        started, sent = time.monotonic(), 0
+        while not self.halt.is_set():
             due = int((time.monotonic() - started) * self.rate)
-            while self.sent < due:
-                key, value = pool[self.sent % len(pool)]
+            while sent < due:
+                key, value = pool[sent % len(pool)]
                 p.produce(self.topic, key=key, value=value)
-                self.sent += 1
+                sent += 1
+            self.count.value = sent
             p.poll(0)
             time.sleep(0.01)
         p.flush(10)
@@ -136,15 +161,17 @@ def burst(producer: Any, topic: str, rec: AdapterRecord, n: int) -> float:
 
 async def wait_load(feed: KafkaCommandFeed, lora_name: str,
                     timeout_s: float) -> tuple[float, float]:
-    """(time consumed, broker time the planner produced it) of ``lora_name``'s load_gpu."""
+    """(time the feed handed it over, time the planner produced it) of ``lora_name``'s
+    load_gpu."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = await feed.next(timeout_s=0.1)
         if got is None:
             continue
+        handed_over = time.time()  # the agent commits only after applying it
         await feed.commit(got.message)
         if got.command.action is CommandAction.load_gpu and got.command.lora_name == lora_name:
-            return time.time(), got.message.timestamp()[1] / 1000
+            return handed_over, got.message.timestamp()[1] / 1000
     raise RuntimeError(f"no load_gpu for {lora_name} within {timeout_s:.0f}s")
 
 
@@ -205,8 +232,7 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
             loaded.append(rec)
             env.heartbeat(WORKER, rec.base_model, gpu=loaded, slots=SLOTS)
     finally:
-        background.stop.set()
-        background.join(15)
+        background.stop()
         watch.stop.set()
         watch.join(5)
         probe.close()
@@ -215,15 +241,38 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
     return out
 
 
-def run(stack: Settings, bursts: int, burst_size: int, rate: float) -> dict[str, Any]:
+@contextmanager
+def own_planner(env: PlannerEnv) -> Iterator[None]:
+    """``loraplane streams planner`` as a process of its own (as docs/scale.md deploys it)
+    for the block, once it holds the lease and read its memory."""
+    log_path = env.home / "planner.log"
+    with log_path.open("a") as log:
+        planner = subprocess.Popen([LORAPLANE, "streams", "planner"], env=env.env, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: PLANNER_READY in log_path.read_text(errors="replace") or None,
+                 "the planner to take the lease", timeout_s=120)
+        yield
+    finally:
+        planner.send_signal(signal.SIGTERM)
+        try:
+            planner.wait(20)
+        except subprocess.TimeoutExpired:
+            planner.kill()
+            planner.wait()
+
+
+def run(stack: Settings, bursts: int, burst_size: int, rate: float,
+        planner_process: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-reaction-") as tmp:
         env = PlannerEnv.create(stack, Path(tmp),
                                 cold_loads_per_minute_per_worker=max(60, bursts * 2))
         try:
-            env.start()
-            recs = [env.publish(f"rt{i:04d}", "tiny-llama") for i in range(bursts)]
-            env.wait_registered(*((r, "active") for r in recs))
-            samples = asyncio.run(measure(env, recs, burst_size, rate))
+            env.start(WITHOUT_PLANNER if planner_process else ALL_AGENTS)
+            with own_planner(env) if planner_process else nullcontext():
+                recs = [env.publish(f"rt{i:04d}", "tiny-llama") for i in range(bursts)]
+                env.wait_registered(*((r, "active") for r in recs))
+                samples = asyncio.run(measure(env, recs, burst_size, rate))
         finally:
             env.stop()
             env.delete_topics()
@@ -239,6 +288,7 @@ def run(stack: Settings, bursts: int, burst_size: int, rate: float) -> dict[str,
         "burst_size": burst_size,
         "background_rate_events_s": rate,
         "background_events_sent": int(samples["background_events"][0]),
+        "planner": "own process" if planner_process else "in the streams worker",
         "first_event_to_load_gpu_consumed_ms": dist(ms["reaction"]),
         "first_event_to_load_gpu_issued_ms": dist(ms["to_issue"]),
         "kafka_round_trip_floor_ms": dist(ms["floor"]),
@@ -257,8 +307,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst-size", type=int, default=5)
     parser.add_argument("--background-rate", type=float, default=500.0,
                         help="request logs/s for other adapters during the bursts")
+    parser.add_argument("--planner-in-worker", action="store_true",
+                        help="run the planner inside the streams worker (loraplane streams "
+                             "run), not as its own process (loraplane streams planner)")
     args = parse_args(parser, "bench.reaction_time", argv)
-    result = run(get_settings(), args.bursts, args.burst_size, args.background_rate)
+    result = run(get_settings(), args.bursts, args.burst_size, args.background_rate,
+                 not args.planner_in_worker)
     r, f = result["first_event_to_load_gpu_consumed_ms"], result["kafka_round_trip_floor_ms"]
     emit(result, Row(
         f"reaction time ({args.bursts} bursts, {args.background_rate:.0f} ev/s behind)",

@@ -57,8 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH = 10_000
-"""Most logs per batch (one transaction); a batch is whatever arrived within POLL_S."""
+"""Most logs per batch (one transaction); a batch is its first log and whatever arrives
+within LINGER_S after it (a backlog: at once)."""
 POLL_S = 0.05
+"""How long an idle keeper waits for a log before its other duties (registry, progress)."""
+LINGER_S = 0.01
+"""How long a batch gathers logs after its first: the most a burst's first log waits to be
+folded, against one transaction per batch."""
 RETRY_S = 2.0
 """Pause before a new session after a Kafka error (broker down, fenced, rebalanced)."""
 CLIENT_ID = "loraplane-scoring"
@@ -296,7 +301,7 @@ class ScoreKeeper:
             consumer.subscribe([self.requests], on_assign=self._assigned,
                                on_revoke=self._revoked, on_lost=self._revoked)
             while not stop.is_set():
-                batch = consumer.consume(num_messages=BATCH, timeout=POLL_S)
+                batch = kafka.consume_ready(consumer, BATCH, POLL_S, LINGER_S)
                 if self._fresh:  # new partitions: their states as last committed
                     self._read_back(consumer)
                 known = self._registry()

@@ -248,15 +248,17 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
         prefetch_kbytes=prefetch_kbytes))
 
 
-def consume_ready(consumer: Consumer, most: int, timeout_s: float) -> list[Message]:
-    """Up to ``most`` messages: waits up to ``timeout_s`` for the first, then takes what has
-    already arrived without waiting. ``Consumer.consume`` itself waits the whole timeout
-    unless ``most`` arrive, so a reader woken by one record would hand it over only when
-    the timeout ends; this one hands it over at once and still batches a backlog."""
+def consume_ready(consumer: Consumer, most: int, timeout_s: float,
+                  linger_s: float = 0.0) -> list[Message]:
+    """Up to ``most`` messages: waits up to ``timeout_s`` for the first, then ``linger_s``
+    more for others (0: takes only what has already arrived). ``Consumer.consume`` itself
+    waits its whole timeout unless ``most`` arrive, so a reader woken by one record would
+    hand it over only when the timeout ends; this one hands it over at once (or after the
+    linger it chose) and still batches a backlog."""
     first = consumer.poll(timeout_s)
     if first is None:
         return []
-    return [first, *consumer.consume(most - 1, 0)] if most > 1 else [first]
+    return [first, *consumer.consume(most - 1, linger_s)] if most > 1 else [first]
 
 
 def admin_config(settings: Settings) -> Config:
