@@ -62,7 +62,8 @@ BASES = 10
 SLOTS = 16
 HOST_PER_WORKER = 64
 MB = 1024**2
-GOAL_MS = 100.0
+GOAL_OVER_SORT = 5.0  # the steady tick, against sorting the same scores
+GOAL_COLD_MS = 500.0
 
 
 def registry(n: int) -> tuple[list[AdapterView], dict[str, ScoreState], list[AdapterRecord]]:
@@ -199,9 +200,10 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
         "steady": f"warmed Planner, now +1 s, {CHANGED_SHARE:.0%} of score states new",
         "cases": cases,
         "growth": growth(cases),
-        "goal": f"steady tick at {max(adapter_counts)} x {max(worker_counts)} under "
-                f"{GOAL_MS:.0f} ms",
-        "goal_met": biggest["steady_ms"]["median"] < GOAL_MS,
+        "goal": f"at {max(adapter_counts)} x {max(worker_counts)}: steady tick <= "
+                f"{GOAL_OVER_SORT:g}x a sort, cold tick <= {GOAL_COLD_MS:.0f} ms",
+        "goal_met": {"steady": biggest["steady_over_sort"] <= GOAL_OVER_SORT,
+                     "cold": biggest["cold_ms"]["median"] <= GOAL_COLD_MS},
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 

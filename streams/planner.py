@@ -65,10 +65,11 @@ that would change nothing on top of what is expected, or that the worker would r
 name and the worker's command sequence number from that memory, so a restarted planner with
 its memory restored neither re-issues a pending decision nor reuses an old id.
 
-Cost: one pass over versions and residents; scores and conditions are numpy columns over all
-serving versions, and only the top of the ranking is sorted (as far as the hot set and host
-tier read it), so a tick is O(n + m log m) for n versions and m read in rank order; commands
-are built only for what changes.
+Cost: one pass over residents; scores and conditions are numpy columns over all serving
+versions (``Planner`` keeps what does not depend on time between ticks and re-derives only
+the rows of the score keys changed since its last tick), and only the top of the ranking is
+sorted (as far as the hot set and host tier read it), so a tick is O(n + m log m) for n
+versions, vectorised, and m read in rank order; commands are built only for what changes.
 """
 
 from __future__ import annotations

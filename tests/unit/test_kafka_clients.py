@@ -302,3 +302,33 @@ def test_the_acl_table_is_per_prefix() -> None:
     names = {g.name for g in acls.grants(other, topics.access(other), topics.every_topic(other))
              } - {acls.READER_GROUP_PREFIX}
     assert names and all(n.startswith("t-1") for n in names)
+
+
+class _Queue:
+    """A consumer's fetched messages, as ``poll`` and ``consume`` take them."""
+
+    def __init__(self, messages: list[str]) -> None:
+        self.messages = messages
+        self.calls: list[tuple[str, float]] = []
+
+    def poll(self, timeout: float) -> str | None:
+        self.calls.append(("poll", timeout))
+        return self.messages.pop(0) if self.messages else None
+
+    def consume(self, num_messages: int, timeout: float) -> list[str]:
+        self.calls.append(("consume", timeout))
+        taken, self.messages = self.messages[:num_messages], self.messages[num_messages:]
+        return taken
+
+
+def test_consume_ready_hands_the_first_message_over_without_waiting_for_a_full_batch() -> None:
+    """``Consumer.consume`` waits its whole timeout unless the batch fills: a tail must wait
+    for the first message only, then take what has arrived (or linger as asked)."""
+    q = _Queue(["a", "b", "c", "d"])
+    assert kafka.consume_ready(q, 3, 0.2) == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert q.calls == [("poll", 0.2), ("consume", 0.0)]
+    assert kafka.consume_ready(q, 5, 0.2, linger_s=0.01) == ["d"]  # type: ignore[arg-type]
+    assert q.calls[-1] == ("consume", 0.01)
+    assert kafka.consume_ready(q, 5, 0.2) == []  # type: ignore[arg-type]
+    assert q.calls[-1] == ("poll", 0.2)  # nothing arrived: no batch read
+    assert kafka.consume_ready(_Queue(["x", "y"]), 1, 0.2) == ["x"]  # type: ignore[arg-type]
