@@ -292,6 +292,11 @@ class Columns:
             src = np.fromiter(map(row_of.get, self.registry.lora, repeat(-1)), np.intp,
                               len(self.registry.lora))
             self.scores = self.scores.carried(src)  # its snapshot is empty: a full look-up
-        self.scores.refresh(self.registry, scores, changed)
+        try:
+            self.scores.refresh(self.registry, scores, changed)
+        except BaseException:
+            # Rows half re-derived would pass for current: start the next one afresh.
+            self.scores = Scores(len(self.registry.lora))
+            raise
         return self.registry, self.scores
 

@@ -200,7 +200,8 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
                     session_timeout_ms: int | None = None, static_member: str | None = None,
                     read_to_end: bool = False, quiet: bool = False,
                     heartbeat_ms: int | None = None, cooperative: bool = False,
-                    prefetch_kbytes: int | None = None) -> Config:
+                    prefetch_kbytes: int | None = None,
+                    fetch_wait_ms: int | None = None) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
@@ -214,7 +215,10 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
     group: each move costs a read-back of that partition's scores; the planner lease: a
     standby joining must not take the lease away). ``prefetch_kbytes`` bounds what
     librdkafka fetches ahead of the reader (``queued.max.messages.kbytes``, 64 MB by
-    default): a reader that keeps a tenth of a large topic need not hold 64 MB of it."""
+    default): a reader that keeps a tenth of a large topic need not hold 64 MB of it.
+    ``fetch_wait_ms``: how long the broker holds a fetch that found nothing (librdkafka's
+    default is 500 ms): a latency-bound reader of a read-committed topic lowers it, since
+    a fetch parked before a transaction committed may only answer when it expires."""
     conf = _common(settings, client_id, quiet)
     conf |= {"group.id": group, "enable.auto.commit": False,
              "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
@@ -229,6 +233,8 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
         conf["partition.assignment.strategy"] = "cooperative-sticky"
     if prefetch_kbytes is not None:
         conf["queued.max.messages.kbytes"] = prefetch_kbytes
+    if fetch_wait_ms is not None:
+        conf["fetch.wait.max.ms"] = fetch_wait_ms
     return conf
 
 
@@ -237,7 +243,8 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
              session_timeout_ms: int | None = None, static_member: str | None = None,
              read_to_end: bool = False, quiet: bool = False,
              heartbeat_ms: int | None = None, cooperative: bool = False,
-             prefetch_kbytes: int | None = None) -> Consumer:
+             prefetch_kbytes: int | None = None,
+             fetch_wait_ms: int | None = None) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
@@ -245,7 +252,7 @@ def consumer(settings: Settings, group: str, *, client_id: str | None = None,
         settings, group, client_id=client_id, offset_reset=offset_reset,
         session_timeout_ms=session_timeout_ms, static_member=static_member,
         read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative,
-        prefetch_kbytes=prefetch_kbytes))
+        prefetch_kbytes=prefetch_kbytes, fetch_wait_ms=fetch_wait_ms))
 
 
 def consume_ready(consumer: Consumer, most: int, timeout_s: float,

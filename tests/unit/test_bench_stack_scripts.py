@@ -72,6 +72,10 @@ def test_reaction_time(stack: Settings, tmp_path: Path,
     reaction = out["first_event_to_load_gpu_consumed_ms"]
     assert 0 < reaction["p50"] <= reaction["p99"]
     assert out["kafka_round_trip_floor_ms"]["p99"] > 0
+    assert out["planner"] == "own process"
+    # where each reaction's time went, for every burst whose score record was seen
+    assert out["stages_timed"] == 0 or set(out["stages_ms"]) == {
+        "keeper", "scores_commit", "planner", "delivery"}
 
 
 def test_registry_memory(stack: Settings, tmp_path: Path,
