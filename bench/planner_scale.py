@@ -16,8 +16,9 @@ are timed for each size:
   to (the placement one tick would reach with no cold-load budget: hot set on GPU, pinned
   where protected, host tier full), and before each timed tick: ``now`` one second later,
   1% of the score states (random versions) replaced by new ones that count one more
-  request (``streams.scores.observe``) in a fresh copy of the score dict, as the planner
-  runtime's score view hands it over (``ScoreView.copy()``); registry and worker states
+  request (``streams.scores.observe``) in a fresh copy of the score dict, handed over with
+  those keys as the planner runtime's score view does (``ScoreView.take()``: ``changed``);
+  registry and worker states
   unchanged; the planner memory of the previous tick carried over (as the runtime's memory
   is). The new requests now and then lift a version past a resident, so a tick may issue a few
   commands (``steady_commands``: those of the last tick).
@@ -197,7 +198,8 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
     return {
         "unit": "ms per tick",
         "reps": reps,
-        "steady": f"warmed Planner, now +1 s, {CHANGED_SHARE:.0%} of score states new",
+        "steady": f"warmed Planner, now +1 s, {CHANGED_SHARE:.0%} of score states new "
+                  "and named",
         "cases": cases,
         "growth": growth(cases),
         "goal": f"at {max(adapter_counts)} x {max(worker_counts)}: steady tick <= "
