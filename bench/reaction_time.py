@@ -34,14 +34,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import signal
-import subprocess
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +52,11 @@ from loraplane.streams.scores import score_key
 from loraplane.workers.command_feed import KafkaCommandFeed
 
 from bench.report import Row, emit, parse_args, percentile, times
+from bench.streams_process import LORAPLANE, streams_worker
 from bench.workload import request_logs
 from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.config import Settings, get_settings
 from tests.integration.planner_env import ALL_AGENTS, PlannerEnv
-from tests.integration.registry_env import LORAPLANE, wait_for
 
 WORKER = "bench-w1"
 SLOTS = 64
@@ -243,25 +240,11 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
     return out
 
 
-@contextmanager
-def own_planner(env: PlannerEnv) -> Iterator[None]:
-    """``loraplane streams planner`` as a process of its own (as docs/scale.md deploys it)
-    for the block, once it holds the lease and read its memory."""
-    log_path = env.home / "planner.log"
-    with log_path.open("a") as log:
-        planner = subprocess.Popen([LORAPLANE, "streams", "planner"], env=env.env, stdout=log,
-                                   stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: PLANNER_READY in log_path.read_text(errors="replace") or None,
-                 "the planner to take the lease", timeout_s=120)
-        yield
-    finally:
-        planner.send_signal(signal.SIGTERM)
-        try:
-            planner.wait(20)
-        except subprocess.TimeoutExpired:
-            planner.kill()
-            planner.wait()
+def own_planner(env: PlannerEnv) -> AbstractContextManager[Any]:
+    """``loraplane streams planner`` as a process of its own (as docs/scale.md deploys it),
+    once it holds the lease and read its memory."""
+    return streams_worker(env.settings, [LORAPLANE, "streams", "planner"],
+                          env.home / "planner.log", ready=PLANNER_READY, env=env.env)
 
 
 def run(stack: Settings, bursts: int, burst_size: int, rate: float,

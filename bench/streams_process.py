@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from loraplane.kernel import kafka
@@ -28,12 +28,14 @@ def streams_run(agents: Sequence[str]) -> list[str]:
 def streams_worker(settings: Settings, python_args: Sequence[str], log_path: Path,
                    start_timeout_s: float = 120.0,
                    profile: Path | None = None,
-                   ready: str = LOG_READY) -> Iterator[subprocess.Popen]:
+                   ready: str = LOG_READY,
+                   env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Start a Faust worker (``python_args``: a script and its arguments, or ``-m module
     ...``; or another runtime, whose log says ``ready`` once started) and wait for
     ``ready`` in its log ("Worker ready"); SIGTERM on exit. ``profile`` runs it under
-    pyinstrument, which writes its text report there when the worker exits."""
-    environ = {**os.environ, **kafka.credentials_env(settings),
+    pyinstrument, which writes its text report there when the worker exits. ``env``: more
+    environment (a test env's keyring and policy)."""
+    environ = {**os.environ, **(env or {}), **kafka.credentials_env(settings),
                "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
                "LORAPLANE_HOME": str(settings.home),
                "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir)}
