@@ -145,3 +145,41 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
         assert dict(warm.scores) == dict(fresh.scores)
         memory = fresh.memory
         now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0, 3600.0]))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.integers(2, 8))
+def test_a_planner_told_the_changed_score_keys_plans_what_a_fresh_plan_plans(
+        data: st.DataObject, ticks: int) -> None:
+    """The steady tick's path: one registry, and between ticks only score states (replaced,
+    added, deleted; the changed keys handed over as the runtime's score view does), worker
+    states and time change. Every tick decides what a full recomputation decides."""
+    draw = data.draw
+    registry = {a: draw(adapter_views(a)) for a in draw(st.sets(st.sampled_from(ADAPTERS),
+                                                                min_size=1))}
+    order = list(registry.values())
+    policy = draw(st.sampled_from(POLICIES))
+    planner = Planner()
+    scores: dict[str, ScoreState] = {}
+    workers: dict[str, WorkerState] = {}
+    memory: dict[str, WorkerMemory] = {}
+    now = NOW
+    for _ in range(ticks):
+        scores = dict(scores)  # a fresh copy each tick, as ScoreView.take hands over
+        changed = draw(st.sets(st.sampled_from(score_keys(registry))))
+        for key in changed:
+            if key in scores and draw(st.integers(0, 4)) == 0:
+                del scores[key]
+            else:
+                scores[key] = draw(score_states(now))
+        workers = draw(fleet_states(registry, workers, now))
+        fleet = list(workers.values())
+        warm = planner.tick(order, scores, fleet, policy, now, memory, changed=changed)
+        fresh = plan(order, scores, fleet, policy, now, memory)
+        assert warm.commands == fresh.commands
+        assert warm.waiting == fresh.waiting
+        assert warm.memory == fresh.memory
+        assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
+        assert dict(warm.scores) == dict(fresh.scores)
+        memory = fresh.memory
+        now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0]))
