@@ -102,8 +102,11 @@ class Fleet:
         aliases = {str(self.model_dir): TINY_BASE_MODEL, HUB_ID: TINY_BASE_MODEL}
         keys = tmp / "api-keys.json"
         keys.write_text(json.dumps({"keys": {key_digest(API_KEY): TENANT}}))
+        # the tests load version after version as the planner would, each into a full GPU:
+        # no minimum residency (its own tests: test_reconcile, test_planner_worker_live)
         self.env = {**self.registry.env, "LORAPLANE_BASE_MODEL_ALIASES": json.dumps(aliases),
-                    "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+                    "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1",
+                    "LORAPLANE_POLICY__MIN_RESIDENCY_S": "0"}
         self.key = tmp / "ci.key"
         self.vllm_key = ensure_secret(tmp / "vllm.key")  # vLLM's; the agent gets the file
         self.vllm = VllmProcess(self.model_dir, free_port(), tmp / "vllm.log",
