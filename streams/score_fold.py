@@ -33,7 +33,7 @@ from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestClass, RequestDemand, RequestStatus, Tier
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.score_admission import Known
-from loraplane.streams.scores import SampleRow, ScoreState, observe_many
+from loraplane.streams.scores import SampleRow, ScoreState, observe_many, score_key
 
 
 @dataclass
@@ -79,14 +79,20 @@ class RecentIds:
         return self._ids.get(partition, _NONE)
 
     def add(self, items: Iterable[tuple[int, str]]) -> None:
+        # once per counted log: the partition's set and order are looked up once per run
+        last, ids, order, size = None, set(), deque(), self.size
         for partition, event_id in items:
-            ids = self._ids.setdefault(partition, set())
+            if partition != last:
+                last = partition
+                if (got := self._ids.get(partition)) is None:
+                    got = self._ids[partition] = set()
+                    self._order[partition] = deque()
+                ids, order = got, self._order[partition]
             if event_id in ids:
                 continue
-            order = self._order.setdefault(partition, deque())
             ids.add(event_id)
             order.append(event_id)
-            if len(order) > self.size:
+            if len(order) > size:
                 ids.discard(order.popleft())
 
     def __len__(self) -> int:
@@ -94,6 +100,8 @@ class RecentIds:
 
 
 _NONE: frozenset[str] = frozenset()
+_EMPTY = ScoreState()
+"""The state of a key never seen (immutable, so shared: ``observe_many`` copies)."""
 
 
 def _unanchored(pattern: str) -> str:
@@ -119,10 +127,12 @@ offset too: ``fromisoformat`` takes "+00:60", pydantic does not); other forms py
 decodes them (msgspec's own datetime rounds a seventh digit, pydantic truncates)."""
 
 _VALID_CAP = 100_000
-_valid_ids: set[str] = set()
-_valid_versions: set[str] = set()
-"""Adapter ids and versions that matched their pattern (they repeat on every log of an
-adapter); emptied when full, so hostile ids cost a pattern each, not memory."""
+_valid_ids: dict[str, bytes] = {}
+"""Adapter ids that matched their pattern, each with its UTF-8 form (the log's Kafka key
+must equal it); they repeat on every log of an adapter."""
+_valid_versions: dict[str, None] = {}
+"""Versions that matched theirs. Both emptied when full, so hostile ids cost a pattern
+each, not memory."""
 
 
 class _Demand(msgspec.Struct, gc=False):
@@ -163,15 +173,17 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
     except msgspec.MsgspecError:
         return None
     adapter_id, version, stamp = d.adapter_id, d.adapter_version, d.ts
-    if adapter_id not in _valid_ids:
+    if (encoded := _valid_ids.get(adapter_id)) is None:
         if not _ID(adapter_id):
             return None
-        _remember(_valid_ids, adapter_id)
+        encoded = _remember(_valid_ids, adapter_id, adapter_id.encode())
+    if key != encoded:
+        return None
     if version is not None and version not in _valid_versions:
         if not _VERSION(version):
             return None
-        _remember(_valid_versions, version)
-    if not _ID(d.event_id) or not _TS(stamp) or key != adapter_id.encode():
+        _remember(_valid_versions, version, None)
+    if not _ID(d.event_id) or not _TS(stamp):
         return None
     try:
         ts = _fromisoformat(stamp).timestamp()
@@ -181,10 +193,11 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
             (ts, d.request_class._value_, d.tier_at_arrival, d.status, d.ttft_ms))
 
 
-def _remember(valid: set[str], value: str) -> None:
+def _remember(valid: dict[str, Any], value: str, form: Any) -> Any:
     if len(valid) >= _VALID_CAP:
         valid.clear()
-    valid.add(value)
+    valid[value] = form
+    return form
 
 
 def row_of(d: RequestDemand) -> Row:
@@ -211,50 +224,57 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
     adds ``counted`` after its commit).
 
     Why one loop with local lookups: this runs per request log; the samples are grouped
-    per score key and each group is folded once (``observe_many``), and the key of an
-    (adapter, version) is asked of ``known`` once per batch."""
+    per (adapter, version) and each group is folded once (``observe_many``), and the key of
+    a group is asked of ``known`` once per batch (a group's key is ``score_key`` of its
+    pair, one key per pair, so grouping by pair is grouping by key)."""
     out = Folded()
-    samples: dict[str, list[SampleRow]] = {}
-    keys: dict[tuple[str, str | None], str | None] = {}
-    in_batch: set[tuple[int, str]] = set()
+    groups: dict[tuple[str, str | None], list[SampleRow]] = {}
     seen_before: dict[int, Set[str]] = {}
-    counted = out.counted
+    in_batch: dict[int, set[str]] = {}
+    counted, refused_logs, fast = out.counted, out.refused, fast_demand
     refused = RequestStatus.refused
-    unknown, unknown_last = 0, None
+    last_partition, before, batch_ids = None, _NONE, set()
+    duplicates, unknown, unknown_last = 0, 0, None
     for message in messages:
-        row = fast_demand(message.value(), message.key())
+        row = fast(message.value(), message.key())
         if row is None:
             try:
                 row = row_of(demand_of(message))
             except SchemaError as exc:
-                out.refused.append((message, exc))
+                refused_logs.append((message, exc))
                 continue
         event_id, adapter_id, version, sample = row
         partition = message.partition() or 0
-        seen = (partition, event_id)
-        if (before := seen_before.get(partition)) is None:
-            before = seen_before[partition] = _NONE if recent is None else recent.ids_on(partition)
-        if seen in in_batch or event_id in before:
-            out.duplicates += 1
+        if partition != last_partition:
+            last_partition = partition
+            if (before := seen_before.get(partition)) is None:
+                before = seen_before[partition] = \
+                    _NONE if recent is None else recent.ids_on(partition)
+            if (batch_ids := in_batch.get(partition)) is None:
+                batch_ids = in_batch[partition] = set()
+        if event_id in batch_ids or event_id in before:
+            duplicates += 1
             continue
-        in_batch.add(seen)
-        counted.append(seen)
+        batch_ids.add(event_id)
+        counted.append((partition, event_id))
         if sample[3] is refused:
-            key = None
-        elif (key := keys.get((adapter_id, version), "")) == "":
-            key = keys[adapter_id, version] = known.key_of(adapter_id, version, sample[3])
-        if key is None:
             unknown += 1
             if unknown_last is None or sample[0] > unknown_last:
                 unknown_last = sample[0]
-            continue
-        if (group := samples.get(key)) is None:
-            samples[key] = [sample]
+        elif (group := groups.get((adapter_id, version))) is None:
+            groups[adapter_id, version] = [sample]
         else:
             group.append(sample)
-    out.unknown, out.unknown_last = unknown, unknown_last
-    for key, group in samples.items():
-        out.touched[key], burst = observe_many(states.get(key) or ScoreState(), group)
+    for (adapter_id, version), group in groups.items():
+        if not known.admits(adapter_id, version):
+            unknown += len(group)
+            latest = max(sample[0] for sample in group)
+            if unknown_last is None or latest > unknown_last:
+                unknown_last = latest
+            continue
+        key = score_key(adapter_id, version)
+        out.touched[key], burst = observe_many(states.get(key) or _EMPTY, group)
         if burst:
             out.bursts.append(key)
+    out.duplicates, out.unknown, out.unknown_last = duplicates, unknown, unknown_last
     return out

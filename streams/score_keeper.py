@@ -40,7 +40,7 @@ from loraplane.schemas.score_snapshot import (
 )
 from loraplane.streams.score_admission import Known, stale_keys
 from loraplane.streams.score_fold import Folded, RecentIds, demand_of, fold_batch
-from loraplane.streams.scores import ScoreState, from_snapshot, snapshot
+from loraplane.streams.scores import ScoreState, from_snapshot, snapshot_bytes
 
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import ProducerSink
@@ -470,8 +470,7 @@ class ScoreKeeper:
         def fill() -> None:
             for p, f in folded.items():
                 for key, state in f.touched.items():
-                    txn.produce(self.scores, key=key, value=encode(snapshot(state)),
-                                partition=p)
+                    txn.produce(self.scores, key=key, value=snapshot_bytes(state), partition=p)
                 if unknown[p] is not self.owned[p].unknown:
                     txn.produce(self.scores, key=unknown_key(p), value=encode(unknown[p]),
                                 partition=p)

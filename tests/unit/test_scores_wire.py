@@ -22,6 +22,7 @@ from loraplane.streams.scores import (
     observe,
     observe_many,
     snapshot,
+    snapshot_bytes,
 )
 
 T0 = 1_800_000_000.0
@@ -44,6 +45,16 @@ def test_what_the_agent_writes_is_valid_and_reads_back_as_the_same_state(
     written = snapshot(state)  # model_construct: the write path does not validate
     assert ScoreSnapshot.model_validate(written.model_dump()) == written
     assert from_snapshot(decode(ScoreSnapshot, encode(written))) == state
+
+
+@given(st.lists(samples, max_size=60))
+def test_the_keepers_encoding_is_the_models_record(batch: list[Sample]) -> None:
+    state = state_of(batch)
+    fast, model = snapshot_bytes(state), encode(snapshot(state))
+    assert list(json.loads(fast)) == list(ScoreSnapshot.model_fields)  # every field, in order
+    assert json.loads(fast) == json.loads(model)
+    assert decode(ScoreSnapshot, fast) == decode(ScoreSnapshot, model)
+    assert from_snapshot(decode(ScoreSnapshot, fast)) == state
 
 
 def legacy_bytes(state: ScoreState, with_armed: bool) -> bytes:
