@@ -154,3 +154,74 @@ def test_recent_ids_keep_only_the_last_size_per_partition() -> None:
     recent.add([(0, f"e{i}") for i in range(5)] + [(1, "e0"), (0, "e4")])
     assert [(0, f"e{i}") in recent for i in range(5)] == [False, False, True, True, True]
     assert (1, "e0") in recent and len(recent) == 4
+
+
+def reference_fold(states: dict[str, ScoreState], msgs: list[FakeMessage], known: Known,
+                   seen: set[tuple[int, str]]) -> tuple[dict[str, ScoreState], list[str], int,
+                                                        float | None, int, list[str]]:
+    """One log at a time, with the pydantic validator: (states, bursts, unknown, its latest
+    time, duplicates, refusal reasons); ``seen`` (partition, event_id) grows."""
+    from loraplane.schemas.codec import SchemaError
+    from loraplane.streams.score_fold import demand_of
+
+    states, bursts, unknown, last, duplicates, refused = dict(states), [], 0, None, 0, []
+    for m in msgs:
+        try:
+            d = demand_of(m)
+        except SchemaError as exc:
+            refused.append(exc.reason)
+            continue
+        if (m.partition(), d.event_id) in seen:
+            duplicates += 1
+            continue
+        seen.add((m.partition(), d.event_id))
+        key = known.key_of(d.adapter_id, d.adapter_version, d.status)
+        if key is None:
+            unknown += 1
+            ts = d.ts.timestamp()
+            last = ts if last is None or ts > last else last
+            continue
+        before = states.get(key) or ScoreState()
+        states[key] = observe_many(before, [Sample.from_demand(d)])[0]
+        if is_burst(before, states[key], d.ts.timestamp()) and key not in bursts:
+            bursts.append(key)
+    return states, bursts, unknown, last, duplicates, refused
+
+
+random_logs = st.lists(st.tuples(
+    st.integers(0, 30),  # event id (repeats: a log delivered again)
+    st.sampled_from(["a1", "a2", "zz"]), st.sampled_from(["1", "2", None]),
+    st.sampled_from(list(RequestStatus)), st.sampled_from(list(Tier)),
+    st.integers(0, 900),  # seconds after T0
+    st.integers(0, 2),  # partition
+    st.sampled_from(["ok", "ok", "ok", "bad json", "wrong key"])), max_size=80)
+
+
+@given(random_logs, st.lists(st.integers(1, 40), min_size=1, max_size=5))
+def test_batches_fold_as_the_logs_one_at_a_time(logs: list[tuple[object, ...]],
+                                                 sizes: list[int]) -> None:
+    known = Known({"a1": frozenset({"1", "2"}), "a2": frozenset({"1"})})
+    msgs = []
+    for off, (i, adapter, version, status, tier, at, part, form) in enumerate(logs):
+        x = log(i, adapter=str(adapter), version=version, status=status,  # type: ignore[arg-type]
+                tier_at_arrival=tier, ts=datetime.fromtimestamp(T0 + at, UTC))  # type: ignore[arg-type]
+        raw = b"{" + encode(x)[1:] if form != "bad json" else encode(x)[:-1]
+        key = b"other" if form == "wrong key" else str(adapter).encode()
+        msgs.append(Msg(raw, key, part=part, off=off))  # type: ignore[arg-type]
+    expected = reference_fold({}, msgs, known, set())
+    states: dict[str, ScoreState] = {}
+    recent, bursts, unknown, last, duplicates, refused = RecentIds(1000), [], 0, None, 0, []
+    start, turn = 0, 0
+    while start < len(msgs):
+        size = sizes[turn % len(sizes)]
+        out = fold_batch(states, msgs[start:start + size], known, recent)
+        states.update(out.touched)
+        recent.add(out.counted)
+        bursts += [k for k in out.bursts if k not in bursts]
+        unknown, duplicates = unknown + out.unknown, duplicates + out.duplicates
+        if out.unknown_last is not None and (last is None or out.unknown_last > last):
+            last = out.unknown_last
+        refused += [exc.reason for _, exc in out.refused]
+        start, turn = start + size, turn + 1
+    assert (states, set(bursts), unknown, last, duplicates, refused) == (
+        expected[0], set(expected[1]), *expected[2:])
