@@ -80,14 +80,16 @@ class RecentIds:
 
     def add(self, items: Iterable[tuple[int, str]]) -> None:
         # once per counted log: the partition's set and order are looked up once per run
-        last, ids, order, size = None, set(), deque(), self.size
+        last: int | None = None
+        ids: set[str] = set()
+        order: deque[str] = deque()
+        size = self.size
         for partition, event_id in items:
             if partition != last:
                 last = partition
-                if (got := self._ids.get(partition)) is None:
-                    got = self._ids[partition] = set()
-                    self._order[partition] = deque()
-                ids, order = got, self._order[partition]
+                if partition not in self._ids:
+                    self._ids[partition], self._order[partition] = set(), deque()
+                ids, order = self._ids[partition], self._order[partition]
             if event_id in ids:
                 continue
             ids.add(event_id)
@@ -233,7 +235,9 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
     in_batch: dict[int, set[str]] = {}
     counted, refused_logs, fast = out.counted, out.refused, fast_demand
     refused = RequestStatus.refused
-    last_partition, before, batch_ids = None, _NONE, set()
+    last_partition: int | None = None
+    before: Set[str] = _NONE
+    batch_ids: set[str] = set()
     duplicates, unknown, unknown_last = 0, 0, None
     for message in messages:
         row = fast(message.value(), message.key())
@@ -247,11 +251,10 @@ def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage
         partition = message.partition() or 0
         if partition != last_partition:
             last_partition = partition
-            if (before := seen_before.get(partition)) is None:
-                before = seen_before[partition] = \
-                    _NONE if recent is None else recent.ids_on(partition)
-            if (batch_ids := in_batch.get(partition)) is None:
-                batch_ids = in_batch[partition] = set()
+            if partition not in seen_before:
+                seen_before[partition] = _NONE if recent is None else recent.ids_on(partition)
+                in_batch[partition] = set()
+            before, batch_ids = seen_before[partition], in_batch[partition]
         if event_id in batch_ids or event_id in before:
             duplicates += 1
             continue
