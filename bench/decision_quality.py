@@ -42,8 +42,17 @@ from loraplane.simulator.scenario import Scenario, load_scenario
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "bench" / "scenarios"
 DOC = ROOT / "docs" / "benchmarks.md"
-POLICIES = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "dynamo", "belady", "loraplane",
-            "loraplane-seed")
+POLICIES = (
+    "lru",
+    "fifo",
+    "s3-fifo",
+    "sieve",
+    "gdsf",
+    "dynamo",
+    "belady",
+    "loraplane",
+    "loraplane-seed",
+)
 DEFAULT = "loraplane"
 HINDSIGHT_FACTOR = 1.2
 CANARY_FLOOR = 0.99
@@ -57,8 +66,11 @@ def guarantee_fits(scenario: Scenario, catalog: Catalog) -> bool:
     for pool, spec in enumerate(scenario.fleet.base_models):
         slots = min(policy.gpu_slots_per_base_model, spec.workers * spec.gpu_slots_per_worker)
         cap = max(1, math.ceil(policy.max_protected_gpu_share * slots))
-        guarded = sum(1 for a in catalog.adapters if a.base_model == pool
-                      and (a.priority == "platinum" or a.is_canary))
+        guarded = sum(
+            1
+            for a in catalog.adapters
+            if a.base_model == pool and (a.priority == "platinum" or a.is_canary)
+        )
         if guarded > cap:
             return False
     return True
@@ -67,32 +79,39 @@ def guarantee_fits(scenario: Scenario, catalog: Catalog) -> bool:
 def goals(result: dict[str, Any], fits: bool, default: str = DEFAULT) -> dict[str, Any]:
     """The default row's goals against the online baselines of the same run."""
     rows, kinds = result["policies"], result["kinds"]
-    online = [n for n, k in kinds.items()
-              if k["online"] and k["baseline"] and not k["own_deployment"]]
+    online = [
+        n for n, k in kinds.items() if k["online"] and k["baseline"] and not k["own_deployment"]
+    ]
     me = rows[default]
     slo = me["slo_attainment"]
-    best = {c: max((rows[n]["slo_attainment"].get(c, 0.0) for n in online), default=0.0)
-            for c in ("interactive", "batch")}
+    best = {
+        c: max((rows[n]["slo_attainment"].get(c, 0.0) for n in online), default=0.0)
+        for c in ("interactive", "batch")
+    }
     cheapest = best_online(result)
     hindsight = (result.get("hindsight") or {}).get("weighted_miss_cost")
     cold = me["platinum_cold_starts"] + me["canary_cold_starts"]
     out: dict[str, Any] = {
-        "cost": me["weighted_miss_cost"] <= min(
-            (rows[n]["weighted_miss_cost"] for n in online), default=math.inf),
+        "cost": me["weighted_miss_cost"]
+        <= min((rows[n]["weighted_miss_cost"] for n in online), default=math.inf),
         "interactive": "interactive" not in slo or slo["interactive"] >= best["interactive"],
         "batch": "batch" not in slo or slo["batch"] >= best["batch"],
         "canary": slo.get("canary", 1.0) >= CANARY_FLOOR,
         "guarantee": (cold == 0) if fits else None,
-        "hindsight": bool(hindsight) and me["weighted_miss_cost"]
-        <= HINDSIGHT_FACTOR * hindsight,
+        "hindsight": bool(hindsight) and me["weighted_miss_cost"] <= HINDSIGHT_FACTOR * hindsight,
     }
     out["all"] = all(v is not False for v in out.values())
-    out["best_online"] = {"cost": cheapest, "interactive": best["interactive"],
-                          "batch": best["batch"],
-                          "by_interactive": max(online, default=None, key=lambda n: rows[n][
-                              "slo_attainment"].get("interactive", 0.0)),
-                          "by_batch": max(online, default=None, key=lambda n: rows[n][
-                              "slo_attainment"].get("batch", 0.0))}
+    out["best_online"] = {
+        "cost": cheapest,
+        "interactive": best["interactive"],
+        "batch": best["batch"],
+        "by_interactive": max(
+            online, default=None, key=lambda n: rows[n]["slo_attainment"].get("interactive", 0.0)
+        ),
+        "by_batch": max(
+            online, default=None, key=lambda n: rows[n]["slo_attainment"].get("batch", 0.0)
+        ),
+    }
     return out
 
 
@@ -100,9 +119,11 @@ def run_scenario(path: Path, policies: list[str]) -> dict[str, Any]:
     scenario = load_scenario(path).model_copy(update={"overrides": {}})
     bench = benchmark.prepare(scenario)
     started = time.perf_counter()
-    result = benchmark.run(bench, policies,
-                           progress=lambda step: print(f"{scenario.name}: {step}",
-                                                       file=sys.stderr, flush=True))
+    result = benchmark.run(
+        bench,
+        policies,
+        progress=lambda step: print(f"{scenario.name}: {step}", file=sys.stderr, flush=True),
+    )
     result["wall_s"] = round(time.perf_counter() - started, 1)
     fits = guarantee_fits(scenario, bench.catalog)
     result["guarantee_fits"] = fits
@@ -113,11 +134,13 @@ def run_scenario(path: Path, policies: list[str]) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     """One row per scenario: attainment per class first (the default's, then the best online
     baseline's), the tiers, then the cost and its ratios, then what tenants got instead."""
-    lines = ["| scenario | interactive: default / best online | batch: default / best online "
-             "| canary | bronze/silver/gold/platinum | weighted cost | / cheapest online "
-             "| / hindsight set | / LP bound | wrong-model answers (base) | 429s (mean "
-             "Retry-After s) | plat/can cold starts | goals |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | interactive: default / best online | batch: default / best online "
+        "| canary | bronze/silver/gold/platinum | weighted cost | / cheapest online "
+        "| / hindsight set | / LP bound | wrong-model answers (base) | 429s (mean "
+        "Retry-After s) | plat/can cold starts | goals |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         me, g = r["policies"][DEFAULT], r["goals"]
         slo, tiers = me["slo_attainment"], me["slo_attainment_by_priority"]
@@ -125,21 +148,39 @@ def table(results: list[dict[str, Any]]) -> str:
         cheapest = r["policies"][g["best_online"]["cost"]]["weighted_miss_cost"]
         hs = r["hindsight"]["weighted_miss_cost"]
         bound = r["bound"]
-        lp = (f"{cost / bound['weighted_miss_cost']:.2f}x" if bound.get("binds")
-              else "not binding" if bound["weighted_miss_cost"] is not None else "not computed")
-        shares = [f"{slo[c]:.3f} / {g['best_online'][c]:.3f} ({g['best_online']['by_' + c]})"
-                  if c in slo else "-" for c in ("interactive", "batch")]
-        failed = [k for k in ("cost", "interactive", "batch", "canary", "guarantee",
-                              "hindsight") if g[k] is False]
-        cells = [f"{r['scenario']['name']} ({r['requests']})", *shares,
-                 f"{slo['canary']:.3f}" if "canary" in slo else "-",
-                 "/".join(f"{tiers[t]:.2f}" if t in tiers else "-" for t in TIERS),
-                 f"{cost:.4g}", f"{cost / cheapest:.2f}x ({g['best_online']['cost']})",
-                 f"{cost / hs:.2f}x", lp, str(me["fallbacks"]),
-                 f"{me['retries']} ({me['retry_wait_s_mean']:.1f})",
-                 f"{me['platinum_cold_starts']}/{me['canary_cold_starts']}"
-                 + ("" if r["guarantee_fits"] else " (does not fit)"),
-                 "all" if not failed else "not " + ", ".join(failed)]
+        lp = (
+            f"{cost / bound['weighted_miss_cost']:.2f}x"
+            if bound.get("binds")
+            else "not binding"
+            if bound["weighted_miss_cost"] is not None
+            else "not computed"
+        )
+        shares = [
+            f"{slo[c]:.3f} / {g['best_online'][c]:.3f} ({g['best_online']['by_' + c]})"
+            if c in slo
+            else "-"
+            for c in ("interactive", "batch")
+        ]
+        failed = [
+            k
+            for k in ("cost", "interactive", "batch", "canary", "guarantee", "hindsight")
+            if g[k] is False
+        ]
+        cells = [
+            f"{r['scenario']['name']} ({r['requests']})",
+            *shares,
+            f"{slo['canary']:.3f}" if "canary" in slo else "-",
+            "/".join(f"{tiers[t]:.2f}" if t in tiers else "-" for t in TIERS),
+            f"{cost:.4g}",
+            f"{cost / cheapest:.2f}x ({g['best_online']['cost']})",
+            f"{cost / hs:.2f}x",
+            lp,
+            str(me["fallbacks"]),
+            f"{me['retries']} ({me['retry_wait_s_mean']:.1f})",
+            f"{me['platinum_cold_starts']}/{me['canary_cold_starts']}"
+            + ("" if r["guarantee_fits"] else " (does not fit)"),
+            "all" if not failed else "not " + ", ".join(failed),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -149,24 +190,32 @@ def write_doc(text: str, doc: Path | None = None) -> None:
     doc = doc or DOC
     body = doc.read_text()
     start, end = body.index(TABLE_START), body.index(TABLE_END)
-    doc.write_text(body[:start + len(TABLE_START)] + "\n\n" + text + "\n\n" + body[end:])
+    doc.write_text(body[: start + len(TABLE_START)] + "\n\n" + text + "\n\n" + body[end:])
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenarios", nargs="*", type=Path,
-                        help="scenario files (default: bench/scenarios/*.yaml but million)")
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        type=Path,
+        help="scenario files (default: bench/scenarios/*.yaml but million)",
+    )
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--write-doc", action="store_true",
-                        help="replace the table in docs/benchmarks.md")
+    parser.add_argument(
+        "--write-doc", action="store_true", help="replace the table in docs/benchmarks.md"
+    )
     args = parser.parse_args(argv)
-    paths = args.scenarios or [p for p in sorted(SCENARIOS.glob("*.yaml"))
-                               if p.stem != "million"]
+    paths = args.scenarios or [p for p in sorted(SCENARIOS.glob("*.yaml")) if p.stem != "million"]
     results = [run_scenario(p, args.policies.split(",")) for p in paths]
     out = {"machine": machine(), "results": results, "table": table(results)}
     print(json.dumps(out, indent=1))

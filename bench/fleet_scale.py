@@ -77,15 +77,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import decode, encode
-from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.request_log import RequestLog, Tier
-from loraplane.schemas.worker_state import WorkerState
-from loraplane.workers.command_feed import KafkaCommandFeed
-
 from bench.reaction_time import kafka_round_trip
 from bench.registry_memory import deep_size, rss_bytes
 from bench.report import Row, emit, parse_args, percentile, times
@@ -95,6 +86,14 @@ from loraplane.kernel.bus import read_topic
 from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.registry.topic import RegistryScope, load_registry, registry_tail
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.request_log import RequestLog, Tier
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.workers.command_feed import KafkaCommandFeed
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.registry_env import LORAPLANE
 from tests.lifecycle_kit import TENANT, record
@@ -113,8 +112,12 @@ def dist(values: list[float]) -> dict[str, float] | None:
     """p50 / p99 / max of ``values`` (ms), None when there are none."""
     if not values:
         return None
-    return {"p50": round(percentile(values, 50), 1), "p99": round(percentile(values, 99), 1),
-            "max": round(max(values), 1), "n": len(values)}
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p99": round(percentile(values, 99), 1),
+        "max": round(max(values), 1),
+        "n": len(values),
+    }
 
 
 # ---- a child process: ``--per-process`` simulated workers in one asyncio loop -----------
@@ -165,11 +168,19 @@ class SimWorker:
 
 
 def _state(sim: SimWorker, slots: int) -> WorkerState:
-    return WorkerState(worker_id=sim.worker_id, base_model=sim.base_model, ts=now_utc(),
-                       gpu_slots_used=0,
-                       gpu_slots_total=slots, host_bytes_used=0, host_bytes_budget=10**12,
-                       hbm_usage=0.5, max_lora_rank=64, adapters=[],
-                       command_partition=sim.feed.partition)
+    return WorkerState(
+        worker_id=sim.worker_id,
+        base_model=sim.base_model,
+        ts=now_utc(),
+        gpu_slots_used=0,
+        gpu_slots_total=slots,
+        host_bytes_used=0,
+        host_bytes_budget=10**12,
+        hbm_usage=0.5,
+        max_lora_rank=64,
+        adapters=[],
+        command_partition=sim.feed.partition,
+    )
 
 
 def _say(**fields: Any) -> None:
@@ -183,9 +194,15 @@ async def _feed_loop(sim: SimWorker) -> None:
             continue
         received = time.time()
         cmd = got.command
-        sim.deliveries.append({"id": cmd.command_id, "action": cmd.action.value,
-                               "issued": cmd.issued_at.timestamp(), "received": received,
-                               "broker": got.message.timestamp()[1] / 1000})
+        sim.deliveries.append(
+            {
+                "id": cmd.command_id,
+                "action": cmd.action.value,
+                "issued": cmd.issued_at.timestamp(),
+                "received": received,
+                "broker": got.message.timestamp()[1] / 1000,
+            }
+        )
         await sim.feed.commit(got.message)
 
 
@@ -214,8 +231,9 @@ async def _registry_loop(sims: list[SimWorker]) -> None:
                 _say(seen=key, at=max(s.seen[key] for s in ours))
 
 
-async def _heartbeats(sink: KafkaEventSink, sims: list[SimWorker], slots: int,
-                      every_s: float) -> None:
+async def _heartbeats(
+    sink: KafkaEventSink, sims: list[SimWorker], slots: int, every_s: float
+) -> None:
     while True:
         for sim in sims:
             sink.emit("worker-state", sim.worker_id, _state(sim, slots))
@@ -237,57 +255,101 @@ def _read_bytes(sim: SimWorker) -> dict[str, Any]:
     build has it, else the wrapper's."""
     counted = getattr(sim.feed, "read_bytes", None)
     if counted is not None and hasattr(counted, "own"):
-        return {"read_bytes": counted.own + counted.other, "own_bytes": counted.own,
-                "bytes_from": "feed.read_bytes (loraplane_commands_read_bytes_total)",
-                "wrapper_read_bytes": sim.counter.read_bytes}
-    return {"read_bytes": sim.counter.read_bytes, "own_bytes": sim.counter.own_bytes,
-            "bytes_from": "the bench's count of what the feed's consumer returned"}
+        return {
+            "read_bytes": counted.own + counted.other,
+            "own_bytes": counted.own,
+            "bytes_from": "feed.read_bytes (loraplane_commands_read_bytes_total)",
+            "wrapper_read_bytes": sim.counter.read_bytes,
+        }
+    return {
+        "read_bytes": sim.counter.read_bytes,
+        "own_bytes": sim.counter.own_bytes,
+        "bytes_from": "the bench's count of what the feed's consumer returned",
+    }
 
 
-async def child(workers: list[tuple[str, str]], slots: int, heartbeat_s: float,
-                first_slot: int | None) -> None:
+async def child(
+    workers: list[tuple[str, str]], slots: int, heartbeat_s: float, first_slot: int | None
+) -> None:
     """Runs ``workers`` (id, base model) until a line ``stop`` (or EOF) on stdin, then
     prints its figures as one line. ``first_slot``: the command slot of the first worker
     (the next ones count up); None: hashed."""
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=len(workers) + 8))  # a feed's poll is one thread
+        ThreadPoolExecutor(max_workers=len(workers) + 8)
+    )  # a feed's poll is one thread
     settings = get_settings()
     rss_start = rss_bytes()
     sink = KafkaEventSink(settings, f"bench-fleet-{os.getpid()}")
     keyring = KeyringFile(settings.keyring_path)
     sims = []
     for i, (wid, base) in enumerate(workers):
-        feed = KafkaCommandFeed(settings, wid, sink, keyring=keyring,
-                                slot=None if first_slot is None else first_slot + i)
+        feed = KafkaCommandFeed(
+            settings,
+            wid,
+            sink,
+            keyring=keyring,
+            slot=None if first_slot is None else first_slot + i,
+        )
         counter = CountingConsumer(feed._consumer, wid)
         feed._consumer = counter  # the feed polls through the counter
-        sims.append(SimWorker(wid, base, feed, counter, registry_tail(
-            settings, f"worker-{wid}", RegistryScope([base]))))
+        sims.append(
+            SimWorker(
+                wid,
+                base,
+                feed,
+                counter,
+                registry_tail(settings, f"worker-{wid}", RegistryScope([base])),
+            )
+        )
     started = time.monotonic()
     for sim in sims:
         await asyncio.to_thread(sim.tail.wait_caught_up, READY_S)
     rss_ready = rss_bytes()
-    tasks = [asyncio.create_task(c) for c in (
-        poll_forever(sink), _heartbeats(sink, sims, slots, heartbeat_s),
-        _registry_loop(sims), _progress(sims), *(_feed_loop(s) for s in sims))]
-    _say(ready=len(sims), registry_read_s=round(time.monotonic() - started, 2),
-         registry_records=len(sims[0].tail.snapshot()),
-         rss_mb=round(rss_ready / 2**20, 1),
-         rss_growth_mb=round((rss_ready - rss_start) / 2**20, 1))
+    tasks = [
+        asyncio.create_task(c)
+        for c in (
+            poll_forever(sink),
+            _heartbeats(sink, sims, slots, heartbeat_s),
+            _registry_loop(sims),
+            _progress(sims),
+            *(_feed_loop(s) for s in sims),
+        )
+    ]
+    _say(
+        ready=len(sims),
+        registry_read_s=round(time.monotonic() - started, 2),
+        registry_records=len(sims[0].tail.snapshot()),
+        rss_mb=round(rss_ready / 2**20, 1),
+        rss_growth_mb=round((rss_ready - rss_start) / 2**20, 1),
+    )
     while (await asyncio.to_thread(sys.stdin.readline)).strip() not in ("stop", ""):
         pass
     for t in tasks:
         t.cancel()
     cpu = os.times()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    _say(result={"cpu_s": round(cpu.user + cpu.system, 2), "max_rss_mb": round(rss_mb),
-                 "rss_mb": round(rss_bytes() / 2**20, 1), "workers": [
-        {"id": s.worker_id, "base_model": s.base_model, **_read_bytes(s),
-         "read_messages": s.counter.read_messages, "own_messages": s.counter.own_messages,
-         "deliveries": s.deliveries, "seen": s.seen,
-         "registry_records": len(s.tail.snapshot()), "registry_skipped": s.tail.skipped,
-         "registry_state_bytes": deep_size(s.tail._view._latest)}
-        for s in sims]})
+    _say(
+        result={
+            "cpu_s": round(cpu.user + cpu.system, 2),
+            "max_rss_mb": round(rss_mb),
+            "rss_mb": round(rss_bytes() / 2**20, 1),
+            "workers": [
+                {
+                    "id": s.worker_id,
+                    "base_model": s.base_model,
+                    **_read_bytes(s),
+                    "read_messages": s.counter.read_messages,
+                    "own_messages": s.counter.own_messages,
+                    "deliveries": s.deliveries,
+                    "seen": s.seen,
+                    "registry_records": len(s.tail.snapshot()),
+                    "registry_skipped": s.tail.skipped,
+                    "registry_state_bytes": deep_size(s.tail._view._latest),
+                }
+                for s in sims
+            ],
+        }
+    )
     sink.close(2.0)
     for s in sims:
         s.tail.stop()
@@ -300,16 +362,34 @@ async def child(workers: list[tuple[str, str]], slots: int, heartbeat_s: float,
 class Child:
     """One child process and the lines it printed."""
 
-    def __init__(self, env: dict[str, str], workers: list[tuple[str, str]], slots: int,
-                 heartbeat_s: float, first_slot: int | None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        workers: list[tuple[str, str]],
+        slots: int,
+        heartbeat_s: float,
+        first_slot: int | None,
+    ) -> None:
         self.base_models = {base for _, base in workers}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.fleet_scale", "--child",
-             ",".join(f"{wid}={base}" for wid, base in workers),
-             "--slots", str(slots), "--heartbeat-s", str(heartbeat_s),
-             *([] if first_slot is None else ["--child-first-slot", str(first_slot)])],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            cwd=Path(__file__).resolve().parents[1])
+            [
+                sys.executable,
+                "-m",
+                "bench.fleet_scale",
+                "--child",
+                ",".join(f"{wid}={base}" for wid, base in workers),
+                "--slots",
+                str(slots),
+                "--heartbeat-s",
+                str(heartbeat_s),
+                *([] if first_slot is None else ["--child-first-slot", str(first_slot)]),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.received = 0
         self.ready: dict[str, Any] | None = None
@@ -355,8 +435,9 @@ def publish_all(env: PlannerEnv, adapters: list[tuple[str, str]]) -> None:
     for aid, base in adapters:
         rec = record(aid, "1", base=base)
         for action, extra in (("publish", {"record": rec}), ("promote", {})):
-            event = env.kit.event("ci", action, aid, "1", env._next_seq(), now,
-                                  base_model=base, **extra)
+            event = env.kit.event(
+                "ci", action, aid, "1", env._next_seq(), now, base_model=base, **extra
+            )
             p.produce(env.topic("lifecycle"), key=aid.encode(), value=encode(event))
             p.poll(0)
     if p.flush(60) != 0:
@@ -373,10 +454,18 @@ def demand(env: PlannerEnv, adapters: list[tuple[str, str]], per_adapter: int) -
     ts = now_utc()
     for aid, base in adapters:
         for i in range(per_adapter):
-            log = RequestLog(event_id=f"fleet-{uuid.uuid4().hex}", ts=ts, request_id=f"r{i}",
-                             tenant_id=TENANT, base_model=base, adapter_id=aid,
-                             adapter_version="1", worker_id="gw", tier_at_arrival=Tier.cold,
-                             ttft_ms=900.0)
+            log = RequestLog(
+                event_id=f"fleet-{uuid.uuid4().hex}",
+                ts=ts,
+                request_id=f"r{i}",
+                tenant_id=TENANT,
+                base_model=base,
+                adapter_id=aid,
+                adapter_version="1",
+                worker_id="gw",
+                tier_at_arrival=Tier.cold,
+                ttft_ms=900.0,
+            )
             p.produce(env.topic("requests"), key=aid.encode(), value=encode(log))
         p.poll(0)
     if p.flush(60) != 0:
@@ -396,14 +485,14 @@ def planner_ticks(env: PlannerEnv) -> tuple[list[float], list[int], int]:
         issued = decode(CacheCommand, r.value).issued_at.timestamp()
         last[issued] = max(last.get(issued, 0), r.timestamp_ms)
         count[issued] = count.get(issued, 0) + 1
-    return ([last[t] - t * 1000 for t in sorted(last)], [count[t] for t in sorted(last)],
-            total)
+    return ([last[t] - t * 1000 for t in sorted(last)], [count[t] for t in sorted(last)], total)
 
 
 def has_planner_command() -> bool:
     """Whether this build has ``loraplane streams planner``."""
-    usage = subprocess.run([LORAPLANE, "streams", "--help"], capture_output=True, text=True,
-                           timeout=60).stdout
+    usage = subprocess.run(
+        [LORAPLANE, "streams", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
     return " planner " in usage
 
 
@@ -417,13 +506,15 @@ class PlannerProcess:
         with (env.home / f"{name}.log").open("a") as log:
             self.proc = subprocess.Popen(
                 [LORAPLANE, "streams", "planner", "--metrics-port", str(self.port)],
-                env=env.env, stdout=log, stderr=subprocess.STDOUT)
+                env=env.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def active(self) -> bool | None:
         """``loraplane_planner_active`` as its /metrics serves it (None: not served)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
-                                        timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
                 text = r.read().decode()
         except OSError:
             return None
@@ -443,18 +534,24 @@ class PlannerProcess:
 def takeover(planners: list[PlannerProcess]) -> dict[str, Any]:
     """kill -9 of the active planner -> the standby serves loraplane_planner_active 1."""
     if not planners:
-        return {"measurable": False,
-                "why": "not measurable on this build: `loraplane streams planner` does not "
-                       "exist"}
+        return {
+            "measurable": False,
+            "why": "not measurable on this build: `loraplane streams planner` does not exist",
+        }
     active = next(p for p in planners if p.active())
     standby = [p for p in planners if p is not active]
     active.proc.kill()
     killed = time.monotonic()
     active.proc.wait(10)
-    waited = wait_until(lambda: any(p.active() for p in standby), "the standby to take over",
-                        60, 0.05)
-    return {"measurable": True, "kill_9_to_standby_active_s": round(waited, 2),
-            "measured_from": round(killed, 3), "goal": "<= 10 s"}
+    waited = wait_until(
+        lambda: any(p.active() for p in standby), "the standby to take over", 60, 0.05
+    )
+    return {
+        "measurable": True,
+        "kill_9_to_standby_active_s": round(waited, 2),
+        "measured_from": round(killed, 3),
+        "goal": "<= 10 s",
+    }
 
 
 def _grow_commands(env: PlannerEnv, partitions: int) -> int:
@@ -475,14 +572,19 @@ def _grow_commands(env: PlannerEnv, partitions: int) -> int:
     if count < partitions:
         for done in admin.create_partitions([NewPartitions(topic, partitions)]).values():
             done.result(30)
-        wait_until(lambda: broker_partitions(admin, topic, 10.0) == partitions,
-                   f"{topic} with {partitions} partitions", 60, every_s=0.5)
+        wait_until(
+            lambda: broker_partitions(admin, topic, 10.0) == partitions,
+            f"{topic} with {partitions} partitions",
+            60,
+            every_s=0.5,
+        )
         count = partitions
     return count
 
 
-def hot_adapters(adapters: list[tuple[str, str]], workers: list[tuple[str, str]],
-                 slots: int) -> list[tuple[str, str]]:
+def hot_adapters(
+    adapters: list[tuple[str, str]], workers: list[tuple[str, str]], slots: int
+) -> list[tuple[str, str]]:
     """The adapters the demand goes to: per base model, as many as its workers have GPU
     slots (the first ones)."""
     room = {base: 0 for _, base in workers}
@@ -504,28 +606,48 @@ def unscoped_tail_state(settings: Settings) -> dict[str, Any]:
         if not tail.wait_caught_up(READY_S):
             raise RuntimeError("the unscoped registry tail did not reach the topic's end")
         state = deep_size(tail._view._latest)
-        return {"registry_records": len(tail.snapshot()),
-                "registry_state_mb": round(state / 2**20, 2)}
+        return {
+            "registry_records": len(tail.snapshot()),
+            "registry_state_mb": round(state / 2**20, 2),
+        }
     finally:
         tail.stop()
 
 
-def run(stack: Settings, workers: int, adapters: int, processes: int, probes: int,
-        slots: int, heartbeat_s: float, quiet_s: float, timeout_s: float,
-        command_slots: bool = True, bases: int = 1) -> dict[str, Any]:
+def run(
+    stack: Settings,
+    workers: int,
+    adapters: int,
+    processes: int,
+    probes: int,
+    slots: int,
+    heartbeat_s: float,
+    quiet_s: float,
+    timeout_s: float,
+    command_slots: bool = True,
+    bases: int = 1,
+) -> dict[str, Any]:
     names = base_models(bases)
-    out: dict[str, Any] = {"workers": workers, "adapters": adapters, "processes": processes,
-                           "base_models": len(names), "gpu_slots_per_worker": slots,
-                           "command_partitions": "slots 0..W-1" if command_slots
-                           else "hash of the worker id",
-                           "simulated": "the agents' Kafka pieces (command feed, registry "
-                                        "tail, heartbeat), no vLLM, not whole agents"}
+    out: dict[str, Any] = {
+        "workers": workers,
+        "adapters": adapters,
+        "processes": processes,
+        "base_models": len(names),
+        "gpu_slots_per_worker": slots,
+        "command_partitions": "slots 0..W-1" if command_slots else "hash of the worker id",
+        "simulated": "the agents' Kafka pieces (command feed, registry "
+        "tail, heartbeat), no vLLM, not whole agents",
+    }
     ids = [(f"fa{i:06d}", names[i % len(names)]) for i in range(adapters)]
     fleet = [(f"fw{j:04d}", names[j % len(names)]) for j in range(workers)]
     hot = hot_adapters(ids, fleet, slots)
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        env = PlannerEnv.create(stack, Path(tmp), gpu_slots_per_base_model=workers * slots,
-                                cold_loads_per_minute_per_worker=max(6, slots * 2))
+        env = PlannerEnv.create(
+            stack,
+            Path(tmp),
+            gpu_slots_per_base_model=workers * slots,
+            cold_loads_per_minute_per_worker=max(6, slots * 2),
+        )
         if command_slots:  # before any planner starts: it reads the count at its lease
             out["commands_topic_partitions"] = _grow_commands(env, workers)
         children: list[Child] = []
@@ -540,32 +662,48 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             started = time.monotonic()
             publish_all(env, ids)
             out["publish_produce_s"] = round(time.monotonic() - started, 2)
-            wait_until(lambda: registered(env, adapters), f"{adapters} active views",
-                       timeout_s, every_s=2.0)
+            wait_until(
+                lambda: registered(env, adapters),
+                f"{adapters} active views",
+                timeout_s,
+                every_s=2.0,
+            )
             out["registry_ready_s"] = round(time.monotonic() - started, 2)
             out["registry_events_per_s"] = round(2 * adapters / out["registry_ready_s"], 1)
             env.stop()
             if has_planner_command():  # the planner runs apart: two, one active
-                env.start(("loraplane.streams.registry_agent",
-                           "loraplane.streams.scoring_agent"))
+                env.start(("loraplane.streams.registry_agent", "loraplane.streams.scoring_agent"))
                 planners = [PlannerProcess(env, f"planner-{i}") for i in (1, 2)]
-                wait_until(lambda: [p.active() for p in planners].count(True) == 1,
-                           "one planner to hold the lease", timeout_s, 0.5)
+                wait_until(
+                    lambda: [p.active() for p in planners].count(True) == 1,
+                    "one planner to hold the lease",
+                    timeout_s,
+                    0.5,
+                )
             else:
                 env.start()
 
             share = -(-workers // processes)
             started = time.monotonic()
-            children = [Child(env.env, fleet[i:i + share], slots, heartbeat_s,
-                              i if command_slots else None)
-                        for i in range(0, workers, share)]
-            wait_until(lambda: all(c.ready for c in children), "the workers' registry tails",
-                       READY_S, every_s=0.5)
+            children = [
+                Child(
+                    env.env, fleet[i : i + share], slots, heartbeat_s, i if command_slots else None
+                )
+                for i in range(0, workers, share)
+            ]
+            wait_until(
+                lambda: all(c.ready for c in children),
+                "the workers' registry tails",
+                READY_S,
+                every_s=0.5,
+            )
             out["workers_ready_s"] = round(time.monotonic() - started, 2)
             out["registry_tail_first_read_s"] = max(
-                c.ready["registry_read_s"] for c in children if c.ready)
-            out["child_rss_growth_to_ready_mb_per_worker"] = round(sum(
-                c.ready["rss_growth_mb"] for c in children if c.ready) / workers, 2)
+                c.ready["registry_read_s"] for c in children if c.ready
+            )
+            out["child_rss_growth_to_ready_mb_per_worker"] = round(
+                sum(c.ready["rss_growth_mb"] for c in children if c.ready) / workers, 2
+            )
             out["unscoped_tail"] = unscoped_tail_state(env.settings)
 
             convergence = []
@@ -578,8 +716,9 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
                 publish_all(env, [(key, base)])
                 done: dict[int, float] = {}
 
-                def seen(key: str = key, done: dict[int, float] = done,
-                         holders: list[Child] = holders) -> bool:
+                def seen(
+                    key: str = key, done: dict[int, float] = done, holders: list[Child] = holders
+                ) -> bool:
                     for j, c in enumerate(holders):
                         while not c.lines.empty():
                             msg = c.lines.get()
@@ -609,12 +748,17 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
             except RuntimeError as exc:  # report what was measured, and that this was not
                 out["commands_timed_out"] = str(exc)
             floor_producer = kafka.producer(env.settings, linger_ms=0)
-            floor_consumer = kafka.consumer(env.settings, f"bench-floor-{uuid.uuid4().hex[:8]}",
-                                            offset_reset=kafka.OffsetReset.latest)
+            floor_consumer = kafka.consumer(
+                env.settings,
+                f"bench-floor-{uuid.uuid4().hex[:8]}",
+                offset_reset=kafka.OffsetReset.latest,
+            )
             floor_consumer.subscribe([env.topic("audit")])
             floor_consumer.poll(3)  # join the group before timing it
-            floor = [kafka_round_trip(floor_producer, floor_consumer, env.topic("audit")) * 1000
-                     for _ in range(20)]
+            floor = [
+                kafka_round_trip(floor_producer, floor_consumer, env.topic("audit")) * 1000
+                for _ in range(20)
+            ]
             floor_consumer.close()
             results = [c.stop() for c in children]
             children = []
@@ -642,11 +786,16 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         "commands_issued": sum(tick_counts),
         "commands_received": len(deliveries),
         "first_command_after_demand_ms": round(
-            (min(d["received"] for d in deliveries) - t0) * 1000, 1) if deliveries else None,
+            (min(d["received"] for d in deliveries) - t0) * 1000, 1
+        )
+        if deliveries
+        else None,
         "delivery_issued_to_received_ms": dist(
-            [(d["received"] - d["issued"]) * 1000 for d in deliveries]),
+            [(d["received"] - d["issued"]) * 1000 for d in deliveries]
+        ),
         "delivery_broker_to_received_ms": dist(
-            [(d["received"] - d["broker"]) * 1000 for d in deliveries]),
+            [(d["received"] - d["broker"]) * 1000 for d in deliveries]
+        ),
         "kafka_round_trip_floor_ms": dist(floor),
         "commands_topic_bytes": topic_bytes,
         "bytes_read_per_worker": dist([float(w["read_bytes"]) for w in sims]),
@@ -663,9 +812,11 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
         "registry_skipped_per_worker": dist([float(w["registry_skipped"]) for w in sims]),
         "registry_state_mb_per_worker": dist(state_mb),
         "registry_state_worker_over_unscoped": round(
-            statistics.median(state_mb) / out["unscoped_tail"]["registry_state_mb"], 3),
+            statistics.median(state_mb) / out["unscoped_tail"]["registry_state_mb"], 3
+        ),
         "probes_seen_by_other_base_models": sum(
-            1 for w in sims for key in w["seen"] if probe_base[key] != w["base_model"]),
+            1 for w in sims for key in w["seen"] if probe_base[key] != w["base_model"]
+        ),
         "goal": "read_over_own <= 2, registry convergence <= 1000 ms",
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
@@ -677,8 +828,9 @@ def run(stack: Settings, workers: int, adapters: int, processes: int, probes: in
 
 def _planner_sees(env: PlannerEnv, workers: int) -> bool:
     """Every simulated worker's heartbeat is on the worker-state topic."""
-    keys = {r.key for r in read_topic(env.settings, env.topic("worker-state"), timeout_s=10,
-                                      idle_s=0.5)}
+    keys = {
+        r.key for r in read_topic(env.settings, env.topic("worker-state"), timeout_s=10, idle_s=0.5)
+    }
     return len(keys) >= workers
 
 
@@ -686,30 +838,61 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=200)
     parser.add_argument("--adapters", type=int, default=20_000)
-    parser.add_argument("--base-models", type=int, default=10,
-                        help="adapters and workers spread over this many base models")
-    parser.add_argument("--processes", type=int, default=4,
-                        help="child processes the simulated workers are packed into")
+    parser.add_argument(
+        "--base-models",
+        type=int,
+        default=10,
+        help="adapters and workers spread over this many base models",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=4,
+        help="child processes the simulated workers are packed into",
+    )
     parser.add_argument("--probes", type=int, default=5, help="registry convergence probes")
     parser.add_argument("--slots", type=int, default=4, help="free GPU slots per worker")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
-    parser.add_argument("--quiet-s", type=float, default=5.0,
-                        help="the commands have settled when none arrived for this long")
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=5.0,
+        help="the commands have settled when none arrived for this long",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
-    parser.add_argument("--no-command-slots", action="store_true",
-                        help="workers read the hash of their id, not command slots 0..W-1")
+    parser.add_argument(
+        "--no-command-slots",
+        action="store_true",
+        help="workers read the hash of their id, not command slots 0..W-1",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-first-slot", type=int, default=None, help=argparse.SUPPRESS)
     if "--child" in (argv if argv is not None else sys.argv[1:]):
         args = parser.parse_args(argv)
         workers = [tuple(w.split("=", 1)) for w in args.child.split(",")]
-        asyncio.run(child([(wid, base) for wid, base in workers], args.slots,
-                          args.heartbeat_s, args.child_first_slot))
+        asyncio.run(
+            child(
+                [(wid, base) for wid, base in workers],
+                args.slots,
+                args.heartbeat_s,
+                args.child_first_slot,
+            )
+        )
         return
     args = parse_args(parser, "bench.fleet_scale", argv)
-    r = run(get_settings(), args.workers, args.adapters, args.processes, args.probes,
-            args.slots, args.heartbeat_s, args.quiet_s, args.timeout_s,
-            command_slots=not args.no_command_slots, bases=args.base_models)
+    r = run(
+        get_settings(),
+        args.workers,
+        args.adapters,
+        args.processes,
+        args.probes,
+        args.slots,
+        args.heartbeat_s,
+        args.quiet_s,
+        args.timeout_s,
+        command_slots=not args.no_command_slots,
+        bases=args.base_models,
+    )
     emit(r, row(r), args)
 
 
@@ -721,17 +904,25 @@ def row(r: dict[str, Any]) -> Row:
     return Row(
         f"fleet scale ({r['workers']} simulated workers x {r['adapters']} adapters, "
         f"{r['base_models']} base models)",
-        (f"delivery p50 {d['p50']:.0f} / p99 {d['p99']:.0f} ms ({d['n']} commands); "
-         if d else "no command delivered; ")
-        + (f"bytes read / own {ratio['p50']:.0f}x (max {ratio['max']:.0f}x); "
-           if ratio else "")
+        (
+            f"delivery p50 {d['p50']:.0f} / p99 {d['p99']:.0f} ms ({d['n']} commands); "
+            if d
+            else "no command delivered; "
+        )
+        + (f"bytes read / own {ratio['p50']:.0f}x (max {ratio['max']:.0f}x); " if ratio else "")
         + (f"registry convergence max {conv['max']:.0f} ms; " if conv else "")
         + (f"tick+I/O p50 {tick['p50']:.0f} / max {tick['max']:.0f} ms; " if tick else "")
-        + (f"registry state per worker {state['p50']:.1f} MB "
-           f"({r['unscoped_tail']['registry_state_mb']:.0f} MB unscoped)" if state else ""),
+        + (
+            f"registry state per worker {state['p50']:.1f} MB "
+            f"({r['unscoped_tail']['registry_state_mb']:.0f} MB unscoped)"
+            if state
+            else ""
+        ),
         f"p50 {f['p50']:.1f} / p99 {f['p99']:.1f} ms Kafka produce->consume" if f else "-",
         times(f["p99"] / d["p99"]) + " (floor p99 / delivery p99)" if d and f else "-",
-        r["goal"])
+        r["goal"],
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -38,19 +38,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loraplane.infra.processes import free_port
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
-from loraplane.schemas.registry import AdapterView
-
 from bench.isolation import delete_s3_prefix, isolated, private_topics
 from bench.report import Row, Summary, emit, parse_args, percentile, times
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.frontdoor.api_keys import add_key
+from loraplane.infra.processes import free_port
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import TOPICS, topic_name
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
+from loraplane.schemas.registry import AdapterView
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 
 TENANT = "bench"
@@ -62,8 +61,9 @@ def child(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iter
     """A child process in its own process group (its pid), stopped (SIGTERM, then SIGKILL)
     on exit."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         yield proc.pid
     finally:
@@ -92,23 +92,34 @@ def signed_view(settings: Settings, record: AdapterRecord) -> AdapterView:
     accepts only views whose evidence verifies with its keyring, written here for it."""
     from datetime import timedelta
 
+    from loraplane.lifecycle_events import signed_event
+    from loraplane.registry.fold import Accepted, evaluate
     from loraplane.schemas.keyring import KeyEntry, Keyring, Scopes, save_keyring
     from loraplane.schemas.lifecycle import LifecycleAction
     from loraplane.schemas.signing import SigningKey
 
-    from loraplane.lifecycle_events import signed_event
-    from loraplane.registry.fold import Accepted, evaluate
-
     now = datetime.now(UTC)
     key = SigningKey.generate("bench", "bench-1")
-    keyring = Keyring(keys=[KeyEntry(key_id=key.key_id, publisher=key.publisher,
-                                     public_key=key.public_key_b64,
-                                     not_before=now - timedelta(days=1),
-                                     not_after=now + timedelta(days=1),
-                                     scopes=Scopes(tenants="*", actions="*"))])
+    keyring = Keyring(
+        keys=[
+            KeyEntry(
+                key_id=key.key_id,
+                publisher=key.publisher,
+                public_key=key.public_key_b64,
+                not_before=now - timedelta(days=1),
+                not_after=now + timedelta(days=1),
+                scopes=Scopes(tenants="*", actions="*"),
+            )
+        ]
+    )
     save_keyring(keyring, settings.keyring_path)
-    common = {"adapter_id": record.adapter_id, "tenant_id": record.tenant_id,
-              "base_model": record.base_model, "version": record.version, "now": now}
+    common = {
+        "adapter_id": record.adapter_id,
+        "tenant_id": record.tenant_id,
+        "base_model": record.base_model,
+        "version": record.version,
+        "now": now,
+    }
     publish = signed_event(key, LifecycleAction.publish, record=record, seq=1, **common)
     first = evaluate(publish, keyring, lambda _a: None, now)
     assert isinstance(first, Accepted), first
@@ -134,8 +145,9 @@ class Run:
     cpu_ms_per_request: float
 
 
-async def load(url: str, body: dict[str, Any], headers: dict[str, str], total: int,
-               concurrency: int, pid: int) -> Run:
+async def load(
+    url: str, body: dict[str, Any], headers: dict[str, str], total: int, concurrency: int, pid: int
+) -> Run:
     """Sends ``total`` requests; raises on any non-200 answer."""
     import aiohttp
 
@@ -161,8 +173,9 @@ async def load(url: str, body: dict[str, Any], headers: dict[str, str], total: i
     return Run(total / elapsed, latencies, cpu * 1000 / total)
 
 
-async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
-                   timeout_s: float) -> None:
+async def wait_hot(
+    gateway: str, body: dict[str, Any], headers: dict[str, str], timeout_s: float
+) -> None:
     """Ask through the gateway until it serves the adapter from GPU (the first asks make
     the worker load it)."""
     import aiohttp
@@ -182,13 +195,24 @@ async def wait_hot(gateway: str, body: dict[str, Any], headers: dict[str, str],
     raise RuntimeError(f"adapter never became hot through the gateway: {last}")
 
 
-def vllm_command(model: Path, port: int, real: bool, log: Path, key: str,
-                 env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def vllm_command(
+    model: Path, port: int, real: bool, log: Path, key: str, env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
     """The vLLM (or FAKE) command line and environment, its API key in the environment; the
     real one as the worker's VllmProcess starts it (route guard importable)."""
     if not real:
-        return ([sys.executable, "-m", "loraplane.testing.fake_vllm", "--model", str(model),
-                 "--port", str(port)], {**env, "VLLM_API_KEY": key})
+        return (
+            [
+                sys.executable,
+                "-m",
+                "loraplane.testing.fake_vllm",
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+            ],
+            {**env, "VLLM_API_KEY": key},
+        )
     from loraplane.workers.vllm_process import VllmProcess, vllm_installed, vllm_python
 
     if not vllm_installed():
@@ -203,14 +227,17 @@ def worker_home(base: Settings, name: str, work: Path) -> tuple[Settings, dict[s
     settings = isolated(base, name, home=work / "home")
     settings = settings.model_copy(update={"keyring_path": settings.home / "keyring.yaml"})
     settings.home.mkdir()
-    env = {**os.environ, **kafka.credentials_env(settings),
-           "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-           "LORAPLANE_HOME": str(settings.home),
-           "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
-           # the overhead, not the per-tenant limits: one tenant sends every request
-           "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
-           "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
-           "LORAPLANE_KEYRING_PATH": str(settings.keyring_path)}
+    env = {
+        **os.environ,
+        **kafka.credentials_env(settings),
+        "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+        "LORAPLANE_HOME": str(settings.home),
+        "LORAPLANE_SECRETS_DIR": str(settings.secrets_dir),  # the stack's logins
+        # the overhead, not the per-tenant limits: one tenant sends every request
+        "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__TOKENS_PER_MINUTE": str(10**10),
+        "LORAPLANE_POLICY__REQUEST_BUDGETS__TENANTS__BURST_TOKENS": str(10**10),
+        "LORAPLANE_KEYRING_PATH": str(settings.keyring_path),
+    }
     return settings, env
 
 
@@ -220,16 +247,23 @@ def with_logs(exc: Exception, work: Path, names: tuple[str, ...]) -> RuntimeErro
     return RuntimeError(f"{exc}\n{logs}")
 
 
-def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
-        profile: Path | None = None) -> dict[str, Any]:
+def run(
+    base: Settings, total: int, concurrency: int, reps: int, real: bool, profile: Path | None = None
+) -> dict[str, Any]:
     adapter_id = f"bench-gw-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         work = Path(tmp)
         settings, env = worker_home(base, "gw", work)
         if real:
-            env.update({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "1",
-                        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                        "VLLM_NO_USAGE_STATS": "1"})
+            env.update(
+                {
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                    "VLLM_CPU_KVCACHE_SPACE": "1",
+                    "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1",
+                    "VLLM_NO_USAGE_STATS": "1",
+                }
+            )
         suffixes = tuple(t.suffix for t in TOPICS if t.suffix != "stack-health")
         with private_topics(settings, suffixes):
             try:
@@ -241,29 +275,66 @@ def run(base: Settings, total: int, concurrency: int, reps: int, real: bool,
                 vllm_key_file = work / "vllm.key"  # vLLM's API key: in its env, not argv
                 vllm_auth = {"Authorization": f"Bearer {ensure_secret(vllm_key_file)}"}
                 bin_dir = Path(sys.executable).parent
-                profiler = [] if profile is None else [  # renderer from the suffix; text else
-                    str(bin_dir / "pyinstrument"), "-o", str(profile)]
-                worker = [*profiler, str(bin_dir / "loraplane"), "worker", "run",
-                          "--worker-id", "bench-w1", "--base-model", TINY_BASE_MODEL,
-                          "--vllm-url", vllm_url, "--vllm-api-key-file", str(vllm_key_file),
-                          "--gateway-port", str(gw_port),
-                          "--host-tier-dir", str(work / "tier"), "--model-dir", str(model),
-                          "--tick-s", "0.2"]
-                vllm, vllm_env = vllm_command(model, vllm_port, real, work / "vllm.log",
-                                              vllm_auth["Authorization"][7:], env)
-                with child(vllm, work / "vllm.log", vllm_env) as vllm_pid, \
-                        child(worker, work / "worker.log", env) as worker_pid:
-                    direct = Target(f"{vllm_url}/v1/completions",
-                                    {**PROMPT, "model": record.lora_name}, vllm_auth,
-                                    vllm_pid)
-                    gateway = Target(f"http://127.0.0.1:{gw_port}/v1/completions",
-                                     {**PROMPT, "model": adapter_id},
-                                     {"Authorization": f"Bearer {key}"}, worker_pid)
+                profiler = (
+                    []
+                    if profile is None
+                    else [  # renderer from the suffix; text else
+                        str(bin_dir / "pyinstrument"),
+                        "-o",
+                        str(profile),
+                    ]
+                )
+                worker = [
+                    *profiler,
+                    str(bin_dir / "loraplane"),
+                    "worker",
+                    "run",
+                    "--worker-id",
+                    "bench-w1",
+                    "--base-model",
+                    TINY_BASE_MODEL,
+                    "--vllm-url",
+                    vllm_url,
+                    "--vllm-api-key-file",
+                    str(vllm_key_file),
+                    "--gateway-port",
+                    str(gw_port),
+                    "--host-tier-dir",
+                    str(work / "tier"),
+                    "--model-dir",
+                    str(model),
+                    "--tick-s",
+                    "0.2",
+                ]
+                vllm, vllm_env = vllm_command(
+                    model, vllm_port, real, work / "vllm.log", vllm_auth["Authorization"][7:], env
+                )
+                with (
+                    child(vllm, work / "vllm.log", vllm_env) as vllm_pid,
+                    child(worker, work / "worker.log", env) as worker_pid,
+                ):
+                    direct = Target(
+                        f"{vllm_url}/v1/completions",
+                        {**PROMPT, "model": record.lora_name},
+                        vllm_auth,
+                        vllm_pid,
+                    )
+                    gateway = Target(
+                        f"http://127.0.0.1:{gw_port}/v1/completions",
+                        {**PROMPT, "model": adapter_id},
+                        {"Authorization": f"Bearer {key}"},
+                        worker_pid,
+                    )
                     try:
-                        asyncio.run(wait_hot(gateway.url, gateway.body, gateway.headers,
-                                             timeout_s=600 if real else 90))
-                        results = asyncio.run(measure(direct, gateway, total, concurrency,
-                                                      reps))
+                        asyncio.run(
+                            wait_hot(
+                                gateway.url,
+                                gateway.body,
+                                gateway.headers,
+                                timeout_s=600 if real else 90,
+                            )
+                        )
+                        results = asyncio.run(measure(direct, gateway, total, concurrency, reps))
                     except Exception as exc:
                         raise with_logs(exc, work, ("worker.log", "vllm.log")) from exc
             finally:
@@ -279,29 +350,34 @@ class Target:
     pid: int  # the process whose CPU a request through this path costs
 
 
-async def measure(direct: Target, gateway: Target, total: int, concurrency: int,
-                  reps: int) -> dict[str, list[Run]]:
+async def measure(
+    direct: Target, gateway: Target, total: int, concurrency: int, reps: int
+) -> dict[str, list[Run]]:
     for target in (direct, gateway):  # warm both paths
-        await load(target.url, target.body, target.headers, min(total, 50), concurrency,
-                   target.pid)
+        await load(target.url, target.body, target.headers, min(total, 50), concurrency, target.pid)
     results: dict[str, list[Run]] = {"direct": [], "gateway": []}
     for rep in range(reps):
-        for path in (("direct", "gateway") if rep % 2 == 0 else ("gateway", "direct")):
+        for path in ("direct", "gateway") if rep % 2 == 0 else ("gateway", "direct"):
             t = direct if path == "direct" else gateway
-            results[path].append(await load(t.url, t.body, t.headers, total, concurrency,
-                                            t.pid))
+            results[path].append(await load(t.url, t.body, t.headers, total, concurrency, t.pid))
     return results
 
 
-def summarise(results: dict[str, list[Run]], total: int, concurrency: int, reps: int,
-              real: bool) -> dict[str, Any]:
+def summarise(
+    results: dict[str, list[Run]], total: int, concurrency: int, reps: int, real: bool
+) -> dict[str, Any]:
     rps = {p: Summary.from_samples([r.rps for r in runs]) for p, runs in results.items()}
-    p50 = {p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
-           for p, runs in results.items()}
-    p99 = {p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
-           for p, runs in results.items()}
-    cpu = {p: Summary.from_samples([r.cpu_ms_per_request for r in runs])
-           for p, runs in results.items()}
+    p50 = {
+        p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
+        for p, runs in results.items()
+    }
+    p99 = {
+        p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
+        for p, runs in results.items()
+    }
+    cpu = {
+        p: Summary.from_samples([r.cpu_ms_per_request for r in runs]) for p, runs in results.items()
+    }
     return {
         "vllm": "real vllm-cpu" if real else "fake (answers at once)",
         "unit": "requests/s; latency ms",
@@ -329,18 +405,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--real-vllm", action="store_true")
-    parser.add_argument("--profile", type=Path,
-                        help="run the worker under pyinstrument; report written here (text, or "
-                             "the renderer of the suffix: .html, .pyisession, .pstats ...)")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the worker under pyinstrument; report written here (text, or "
+        "the renderer of the suffix: .html, .pyisession, .pstats ...)",
+    )
     args = parse_args(parser, "bench.gateway_overhead", argv)
-    result = run(get_settings(), args.requests, args.concurrency, args.reps, args.real_vllm,
-                 args.profile)
-    emit(result, Row(
-        f"gateway overhead ({result['vllm']} vLLM, concurrency {args.concurrency})",
-        f"{Summary(**result['gateway_rps']).text('rps', 0)}; added p50 "
-        f"{result['added_p50_ms']:.2f} ms, p99 {result['added_p99_ms']:.2f} ms",
-        f"{Summary(**result['direct_rps']).text('rps', 0)} straight to vLLM",
-        times(result["ratio"]), result["goal"]), args)
+    result = run(
+        get_settings(), args.requests, args.concurrency, args.reps, args.real_vllm, args.profile
+    )
+    emit(
+        result,
+        Row(
+            f"gateway overhead ({result['vllm']} vLLM, concurrency {args.concurrency})",
+            f"{Summary(**result['gateway_rps']).text('rps', 0)}; added p50 "
+            f"{result['added_p50_ms']:.2f} ms, p99 {result['added_p99_ms']:.2f} ms",
+            f"{Summary(**result['direct_rps']).text('rps', 0)} straight to vLLM",
+            times(result["ratio"]),
+            result["goal"],
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ def size_of(folder: Path) -> tuple[int, int]:
         if name in TOOLING:
             continue
         dists += entry.name.endswith(".dist-info")
-        total += sum(p.stat().st_size for p in entry.rglob("*") if p.is_file()) \
-            if entry.is_dir() else entry.stat().st_size
+        total += (
+            sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            if entry.is_dir()
+            else entry.stat().st_size
+        )
     return total, dists
 
 
@@ -50,27 +53,57 @@ def install(work: Path, wheel: Path, profile: str) -> dict[str, Any]:
     venv = work / profile
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     started = time.monotonic()
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q",
-                    f"loraplane{PROFILES[profile]} @ {wheel.as_uri()}"], check=True)
+    subprocess.run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            f"loraplane{PROFILES[profile]} @ {wheel.as_uri()}",
+        ],
+        check=True,
+    )
     size, dists = size_of(site_packages(venv))
-    return {"mb": round(size / 2**20, 1), "distributions": dists,
-            "install_s": round(time.monotonic() - started, 1)}
+    return {
+        "mb": round(size / 2**20, 1),
+        "distributions": dists,
+        "install_s": round(time.monotonic() - started, 1),
+    }
 
 
 def build_wheel(out: Path) -> Path:
     """The wheel of the working tree's files (tracked, or new and not ignored), built from a
     copy: setuptools' in-tree ``build/`` would keep modules deleted since the last build."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     source = out / "source"
     for name in filter(None, listed):
         path = ROOT / name
         if path.is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                    str(out / "wheel"), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(out / "wheel"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (out / "wheel").glob("loraplane-*.whl")
     return wheel
 
@@ -83,25 +116,34 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-install-") as tmp:
         work = Path(tmp)
         wheel = build_wheel(work)
-        result: dict[str, Any] = {"benchmark": "install size per profile", "unit": "MiB",
-                                  "command": "python -m bench.install_size " + " ".join(
-                                      argv if argv is not None else sys.argv[1:]),
-                                  "profiles": {}}
+        result: dict[str, Any] = {
+            "benchmark": "install size per profile",
+            "unit": "MiB",
+            "command": "python -m bench.install_size "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+            "profiles": {},
+        }
         for name in names:
             result["profiles"][name] = install(work, wheel, name)
             print(f"{name}: {result['profiles'][name]}", file=sys.stderr, flush=True)
         if "base" in names:
             scenario = ROOT / "bench" / "scenarios" / "zipf-steady.yaml"
-            out = subprocess.run([str(work / "base" / "bin" / "loraplane"), "simulate",
-                                  "--scenario", str(scenario)], capture_output=True,
-                                 text=True, env={**os.environ, "LORAPLANE_HOME": tmp})
-            result["base_simulate"] = {"exit_code": out.returncode,
-                                       "stderr": out.stderr.strip()[-300:]}
+            out = subprocess.run(
+                [str(work / "base" / "bin" / "loraplane"), "simulate", "--scenario", str(scenario)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "LORAPLANE_HOME": tmp},
+            )
+            result["base_simulate"] = {
+                "exit_code": out.returncode,
+                "stderr": out.stderr.strip()[-300:],
+            }
         profiles = result["profiles"]
         for extra in ("sim", "signing"):
             if "base" in profiles and extra in profiles:
-                result[f"{extra}_over_base"] = round(profiles[extra]["mb"]
-                                                     / profiles["base"]["mb"], 2)
+                result[f"{extra}_over_base"] = round(
+                    profiles[extra]["mb"] / profiles["base"]["mb"], 2
+                )
     print(json.dumps(result))
 
 

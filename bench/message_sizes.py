@@ -17,16 +17,15 @@ import json
 import math
 import statistics
 
+from bench.planner_scale import NOW, SLOTS, converged, fleet, registry
+from bench.workload import request_logs
+from loraplane.kernel.policy import Policy
+from loraplane.registry.fold import Accepted, AdapterState, evaluate
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.request_log import RequestStatus, Tier
 from loraplane.streams.planner import plan
 from loraplane.streams.scores import ScoreState, observe, score_key, snapshot
-
-from bench.planner_scale import NOW, SLOTS, converged, fleet, registry
-from bench.workload import request_logs
-from loraplane.kernel.policy import Policy
-from loraplane.registry.fold import Accepted, AdapterState, evaluate
 from tests.lifecycle_kit import make_kit, record
 
 
@@ -43,8 +42,12 @@ def view_bytes(versions: int) -> tuple[str, bytes]:
     for v in range(1, versions + 1):
         for action, extra in (("publish", {"record": record("a000001", str(v))}), ("promote", {})):
             seq += 1
-            decided = evaluate(kit.event("ci", action, "a000001", str(v), seq, now_utc(),
-                                         **extra), kit.keyring, lambda _, s=state: s, now_utc())
+            decided = evaluate(
+                kit.event("ci", action, "a000001", str(v), seq, now_utc(), **extra),
+                kit.keyring,
+                lambda _, s=state: s,
+                now_utc(),
+            )
             assert isinstance(decided, Accepted), decided
             state = decided.state
     assert state is not None
@@ -58,13 +61,20 @@ def measure(adapters: int = 1000, workers: int = 10) -> dict[str, object]:
     key = make_kit(now_utc()).keys["planner"]
     commands = [(c.worker_id, encode(key.sign_command(c))) for c in result.commands]
     memory = [(wid, encode(m.record())) for wid, m in result.memory.items()]
-    states = [(w.worker_id, encode(w)) for w in
-              converged(views, scores, records, fleet(workers), policy)]
+    states = [
+        (w.worker_id, encode(w)) for w in converged(views, scores, records, fleet(workers), policy)
+    ]
     logs = [(m.adapter_id, encode(m)) for m in request_logs(1000)]
     state = ScoreState()
     for i, cls in enumerate(("interactive", "batch") * 10):
-        state = observe(state, ts=NOW + i, request_class=cls, tier=Tier.gpu,
-                        status=RequestStatus.ok, ttft_ms=40.0)
+        state = observe(
+            state,
+            ts=NOW + i,
+            request_class=cls,
+            tier=Tier.gpu,
+            status=RequestStatus.ok,
+            ttft_ms=40.0,
+        )
     score = (score_key("a000001", "1"), encode(snapshot(state)))
     return {
         "unit": "bytes per record, key + value",

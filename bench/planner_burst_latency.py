@@ -19,11 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
-from loraplane.schemas.codec import decode
-from loraplane.schemas.commands import CacheCommand, CommandAction
-
 from loraplane.kernel import kafka
 from loraplane.kernel.config import get_settings
+from loraplane.schemas.codec import decode
+from loraplane.schemas.commands import CacheCommand, CommandAction
 from tests.integration.planner_env import PlannerEnv
 
 BURSTS = 20
@@ -38,11 +37,13 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     # A budget above the burst count: this measures latency, not the cold-load budget.
-    env = PlannerEnv.create(get_settings(), home, cold_loads_per_minute_per_worker=100,
-                            command_deadline_s=600)
+    env = PlannerEnv.create(
+        get_settings(), home, cold_loads_per_minute_per_worker=100, command_deadline_s=600
+    )
     base = f"bench-{uuid.uuid4().hex[:6]}"
-    consumer = kafka.consumer(env.settings, f"bench-{uuid.uuid4().hex}",
-                              offset_reset=kafka.OffsetReset.latest)
+    consumer = kafka.consumer(
+        env.settings, f"bench-{uuid.uuid4().hex}", offset_reset=kafka.OffsetReset.latest
+    )
     try:
         env.start()
         recs = [env.publish(f"burst{i:02d}-{uuid.uuid4().hex[:6]}", base) for i in range(BURSTS)]
@@ -64,14 +65,19 @@ def main() -> int:
                     latencies_ms.append((time.monotonic() - start) * 1000)
                     break
             time.sleep(0.5)
-        print(json.dumps({
-            "bursts": BURSTS, "answered": len(latencies_ms),
-            "requests_per_burst": REQUESTS_PER_BURST,
-            "p50_ms": round(statistics.median(latencies_ms), 1),
-            "p99_ms": round(_percentile(latencies_ms, 0.99), 1),
-            "max_ms": round(max(latencies_ms), 1),
-            "within_2s": sum(v <= 2000 for v in latencies_ms),
-        }))
+        print(
+            json.dumps(
+                {
+                    "bursts": BURSTS,
+                    "answered": len(latencies_ms),
+                    "requests_per_burst": REQUESTS_PER_BURST,
+                    "p50_ms": round(statistics.median(latencies_ms), 1),
+                    "p99_ms": round(_percentile(latencies_ms, 0.99), 1),
+                    "max_ms": round(max(latencies_ms), 1),
+                    "within_2s": sum(v <= 2000 for v in latencies_ms),
+                }
+            )
+        )
         return 0 if len(latencies_ms) == BURSTS else 1
     finally:
         consumer.close()

@@ -45,6 +45,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from bench.report import Row, Summary, emit, parse_args
+from loraplane.kernel.decayed import Decayed
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.registry import AdapterView
@@ -52,10 +55,6 @@ from loraplane.schemas.request_log import RequestStatus, Tier
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Planner, plan
 from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, observe, score_key
-
-from bench.report import Row, Summary, emit, parse_args
-from loraplane.kernel.decayed import Decayed
-from loraplane.kernel.policy import Policy
 
 NOW = 1_800_000_000.0
 CHANGED_SHARE = 0.01  # of the score states replaced between two steady ticks
@@ -76,18 +75,36 @@ def registry(n: int) -> tuple[list[AdapterView], dict[str, ScoreState], list[Ada
         sha = hashlib.sha256(adapter.encode()).hexdigest()
         priority = Priority.platinum if i % 100 == 7 else list(Priority)[i % 3]
         r = AdapterRecord(
-            adapter_id=adapter, base_model=f"base{i % BASES}", version="1", rank=16,
-            artifact_uri=f"s3://loraplane-artifacts/{adapter}/1-{sha[:8]}/", sha256=sha,
-            size_bytes=32 * MB, status=AdapterStatus.active, tenant_id=f"t{i % 97}",
+            adapter_id=adapter,
+            base_model=f"base{i % BASES}",
+            version="1",
+            rank=16,
+            artifact_uri=f"s3://loraplane-artifacts/{adapter}/1-{sha[:8]}/",
+            sha256=sha,
+            size_bytes=32 * MB,
+            status=AdapterStatus.active,
+            tenant_id=f"t{i % 97}",
             priority=priority,
-            compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=64))
-        views.append(AdapterView(adapter_id=adapter, tenant_id=r.tenant_id,
-                                 base_model=r.base_model, active_version="1", versions=[r],
-                                 last_seq=1, last_event_id=f"e{i}", updated_at=at))
+            compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=64),
+        )
+        views.append(
+            AdapterView(
+                adapter_id=adapter,
+                tenant_id=r.tenant_id,
+                base_model=r.base_model,
+                active_version="1",
+                versions=[r],
+                last_seq=1,
+                last_event_id=f"e{i}",
+                updated_at=at,
+            )
+        )
         qps = 50.0 / (i + 1)
         scores[score_key(adapter, "1")] = ScoreState(
             requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, NOW - 5),
-            requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, NOW - 5), last_request=NOW - 5)
+            requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, NOW - 5),
+            last_request=NOW - 5,
+        )
         records.append(r)
     return views, scores, records
 
@@ -95,36 +112,62 @@ def registry(n: int) -> tuple[list[AdapterView], dict[str, ScoreState], list[Ada
 def fleet(workers: int) -> list[WorkerState]:
     """``workers`` empty workers."""
     at = datetime.fromtimestamp(NOW, UTC)
-    return [WorkerState(worker_id=f"w{j:05d}", base_model=f"base{j % BASES}", ts=at,
-                        gpu_slots_used=0, gpu_slots_total=SLOTS, host_bytes_used=0,
-                        host_bytes_budget=HOST_PER_WORKER * 32 * MB, hbm_usage=0.5,
-                        max_lora_rank=64, adapters=[])
-            for j in range(workers)]
+    return [
+        WorkerState(
+            worker_id=f"w{j:05d}",
+            base_model=f"base{j % BASES}",
+            ts=at,
+            gpu_slots_used=0,
+            gpu_slots_total=SLOTS,
+            host_bytes_used=0,
+            host_bytes_budget=HOST_PER_WORKER * 32 * MB,
+            hbm_usage=0.5,
+            max_lora_rank=64,
+            adapters=[],
+        )
+        for j in range(workers)
+    ]
 
 
-def converged(views: list[AdapterView], scores: dict[str, ScoreState],
-              records: list[AdapterRecord], empty: list[WorkerState],
-              policy: Policy) -> list[WorkerState]:
+def converged(
+    views: list[AdapterView],
+    scores: dict[str, ScoreState],
+    records: list[AdapterRecord],
+    empty: list[WorkerState],
+    policy: Policy,
+) -> list[WorkerState]:
     """The workers holding what the planner converges to: the placement of one tick on the
     ``empty`` fleet with no cold-load budget (every hot version loaded at once)."""
     unlimited = policy.model_copy(update={"cold_loads_per_minute_per_worker": 10_000})
     result = plan(views, scores, empty, unlimited, NOW)
     by_name = {r.lora_name: r for r in records}
-    pinned = {(c.worker_id, c.lora_name) for c in result.commands
-              if c.action is CommandAction.pin}
+    pinned = {(c.worker_id, c.lora_name) for c in result.commands if c.action is CommandAction.pin}
     held: dict[str, list[LoadedAdapter]] = {w.worker_id: [] for w in empty}
     for tier, placement in (("gpu", result.gpu), ("host", result.host)):
         for lora, holders in placement.items():
             r = by_name[lora]
             for wid in holders:
-                held[wid].append(LoadedAdapter(
-                    lora_name=lora, adapter_id=r.adapter_id, version=r.version,
-                    tenant_id=r.tenant_id, tier=tier, size_bytes=r.size_bytes,
-                    pinned=(wid, lora) in pinned))
-    return [w.model_copy(update={
-        "adapters": held[w.worker_id],
-        "gpu_slots_used": sum(a.tier == "gpu" for a in held[w.worker_id]),
-        "host_bytes_used": sum(a.size_bytes for a in held[w.worker_id])}) for w in empty]
+                held[wid].append(
+                    LoadedAdapter(
+                        lora_name=lora,
+                        adapter_id=r.adapter_id,
+                        version=r.version,
+                        tenant_id=r.tenant_id,
+                        tier=tier,
+                        size_bytes=r.size_bytes,
+                        pinned=(wid, lora) in pinned,
+                    )
+                )
+    return [
+        w.model_copy(
+            update={
+                "adapters": held[w.worker_id],
+                "gpu_slots_used": sum(a.tier == "gpu" for a in held[w.worker_id]),
+                "host_bytes_used": sum(a.size_bytes for a in held[w.worker_id]),
+            }
+        )
+        for w in empty
+    ]
 
 
 def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
@@ -136,21 +179,32 @@ def timed(fn: Callable[[], Any], reps: int) -> tuple[list[float], Any]:
     return samples, result
 
 
-def with_new_requests(scores: dict[str, ScoreState], keys: list[str], now: float,
-                      rng: random.Random) -> tuple[dict[str, ScoreState], list[str]]:
+def with_new_requests(
+    scores: dict[str, ScoreState], keys: list[str], now: float, rng: random.Random
+) -> tuple[dict[str, ScoreState], list[str]]:
     """A copy of ``scores`` in which ``CHANGED_SHARE`` of ``keys`` saw one more request,
     and those keys."""
     out = dict(scores)
     changed = rng.sample(keys, max(1, round(CHANGED_SHARE * len(keys))))
     for key in changed:
-        out[key] = observe(out[key], ts=now, request_class="interactive", tier=Tier.gpu,
-                           status=RequestStatus.ok, ttft_ms=40.0)
+        out[key] = observe(
+            out[key],
+            ts=now,
+            request_class="interactive",
+            tier=Tier.gpu,
+            status=RequestStatus.ok,
+            ttft_ms=40.0,
+        )
     return out, changed
 
 
-def steady_ticks(views: list[AdapterView], scores: dict[str, ScoreState],
-                 workers: list[WorkerState], policy: Policy, reps: int
-                 ) -> tuple[list[float], Any]:
+def steady_ticks(
+    views: list[AdapterView],
+    scores: dict[str, ScoreState],
+    workers: list[WorkerState],
+    policy: Policy,
+    reps: int,
+) -> tuple[list[float], Any]:
     """``reps`` ticks of a warmed ``Planner``, one second apart, 1% of the scores new."""
     planner = Planner()
     result = planner.tick(views, scores, workers, policy, NOW)
@@ -161,8 +215,7 @@ def steady_ticks(views: list[AdapterView], scores: dict[str, ScoreState],
         now = NOW + rep
         scores, changed = with_new_requests(scores, keys, now, rng)
         started = time.perf_counter()
-        result = planner.tick(views, scores, workers, policy, now, result.memory,
-                              changed=changed)
+        result = planner.tick(views, scores, workers, policy, now, result.memory, changed=changed)
         samples.append((time.perf_counter() - started) * 1000)
     return samples, result
 
@@ -179,8 +232,7 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
             full = converged(views, scores, records, empty, policy)
             gc.collect()
             gc.freeze()
-            ms, result = timed(lambda v=views, e=empty, p=policy: plan(v, scores, e, p, NOW),
-                               reps)
+            ms, result = timed(lambda v=views, e=empty, p=policy: plan(v, scores, e, p, NOW), reps)
             case["cold_ms"] = Summary.from_samples(ms).as_dict()
             case["cold_commands"] = len(result.commands)
             ms, result = steady_ticks(views, scores, full, policy, reps)
@@ -188,24 +240,25 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
             case["steady_commands"] = len(result.commands)
             gc.unfreeze()
             ranked = dict(result.scores)
-            sort_ms, _ = timed(lambda r=ranked: sorted(r, key=r.__getitem__, reverse=True),
-                               reps)
+            sort_ms, _ = timed(lambda r=ranked: sorted(r, key=r.__getitem__, reverse=True), reps)
             case["sort_ms"] = Summary.from_samples(sort_ms).as_dict()
-            case["steady_over_sort"] = round(case["steady_ms"]["median"]
-                                             / case["sort_ms"]["median"], 1)
+            case["steady_over_sort"] = round(
+                case["steady_ms"]["median"] / case["sort_ms"]["median"], 1
+            )
             cases.append(case)
     biggest = cases[-1]
     return {
         "unit": "ms per tick",
         "reps": reps,
-        "steady": f"warmed Planner, now +1 s, {CHANGED_SHARE:.0%} of score states new "
-                  "and named",
+        "steady": f"warmed Planner, now +1 s, {CHANGED_SHARE:.0%} of score states new and named",
         "cases": cases,
         "growth": growth(cases),
         "goal": f"at {max(adapter_counts)} x {max(worker_counts)}: steady tick <= "
-                f"{GOAL_OVER_SORT:g}x a sort, cold tick <= {GOAL_COLD_MS:.0f} ms",
-        "goal_met": {"steady": biggest["steady_over_sort"] <= GOAL_OVER_SORT,
-                     "cold": biggest["cold_ms"]["median"] <= GOAL_COLD_MS},
+        f"{GOAL_OVER_SORT:g}x a sort, cold tick <= {GOAL_COLD_MS:.0f} ms",
+        "goal_met": {
+            "steady": biggest["steady_over_sort"] <= GOAL_OVER_SORT,
+            "cold": biggest["cold_ms"]["median"] <= GOAL_COLD_MS,
+        },
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -213,17 +266,24 @@ def run(adapter_counts: list[int], worker_counts: list[int], reps: int) -> dict[
 def growth(cases: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Log-log slope of each tick's time against adapters (at the most workers) and against
     workers (at the most adapters): 1.0 = linear."""
+
     def slope(points: list[tuple[int, float]]) -> float:
         (x0, y0), (x1, y1) = points[0], points[-1]
         return round(math.log(y1 / y0) / math.log(x1 / x0), 2) if x1 != x0 else 0.0
 
     top_w = max(c["workers"] for c in cases)
     top_n = max(c["adapters"] for c in cases)
-    return {tick: {
-        "vs_adapters": slope([(c["adapters"], c[f"{tick}_ms"]["median"]) for c in cases
-                              if c["workers"] == top_w]),
-        "vs_workers": slope([(c["workers"], c[f"{tick}_ms"]["median"]) for c in cases
-                             if c["adapters"] == top_n])} for tick in ("cold", "steady")}
+    return {
+        tick: {
+            "vs_adapters": slope(
+                [(c["adapters"], c[f"{tick}_ms"]["median"]) for c in cases if c["workers"] == top_w]
+            ),
+            "vs_workers": slope(
+                [(c["workers"], c[f"{tick}_ms"]["median"]) for c in cases if c["adapters"] == top_n]
+            ),
+        }
+        for tick in ("cold", "steady")
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,13 +295,19 @@ def main(argv: list[str] | None = None) -> None:
     result = run(sorted(args.adapters), sorted(args.workers), args.reps)
     big = result["cases"][-1]
     steady = result["growth"]["steady"]
-    emit(result, Row(
-        f"planner tick ({big['adapters']} adapters x {big['workers']} workers)",
-        f"steady {Summary(**big['steady_ms']).text('ms')} ({result['steady']}), cold "
-        f"{Summary(**big['cold_ms']).text('ms')}; steady grows ~N^{steady['vs_adapters']}"
-        f" in adapters, ~W^{steady['vs_workers']} in workers",
-        f"{Summary(**big['sort_ms']).text('ms')} sorted() of the same scores",
-        f"steady tick = {big['steady_over_sort']}x a sort", result["goal"]), args)
+    emit(
+        result,
+        Row(
+            f"planner tick ({big['adapters']} adapters x {big['workers']} workers)",
+            f"steady {Summary(**big['steady_ms']).text('ms')} ({result['steady']}), cold "
+            f"{Summary(**big['cold_ms']).text('ms')}; steady grows ~N^{steady['vs_adapters']}"
+            f" in adapters, ~W^{steady['vs_workers']} in workers",
+            f"{Summary(**big['sort_ms']).text('ms')} sorted() of the same scores",
+            f"steady tick = {big['steady_over_sort']}x a sort",
+            result["goal"],
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from bench.report import Row, emit, parse_args, percentile, times
+from bench.streams_process import LORAPLANE, streams_worker
+from bench.workload import request_logs
+from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.kernel.config import Settings, get_settings
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
@@ -50,12 +55,6 @@ from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.streams.scores import score_key
 from loraplane.workers.command_feed import KafkaCommandFeed
-
-from bench.report import Row, emit, parse_args, percentile, times
-from bench.streams_process import LORAPLANE, streams_worker
-from bench.workload import request_logs
-from loraplane.eventlog.sink import KafkaEventSink
-from loraplane.kernel.config import Settings, get_settings
 from tests.integration.planner_env import ALL_AGENTS, PlannerEnv
 
 WORKER = "bench-w1"
@@ -118,8 +117,9 @@ class ScoresWatch(threading.Thread):
         super().__init__(daemon=True)
         from loraplane.kernel import kafka
 
-        self.consumer = kafka.consumer(settings, f"bench-scores-{uuid.uuid4().hex[:8]}",
-                                       offset_reset=kafka.OffsetReset.latest)
+        self.consumer = kafka.consumer(
+            settings, f"bench-scores-{uuid.uuid4().hex[:8]}", offset_reset=kafka.OffsetReset.latest
+        )
         self.consumer.subscribe([topic])
         self.stop = threading.Event()
         self.seen: dict[str, list[tuple[float, float]]] = {}
@@ -149,17 +149,26 @@ def burst(producer: Any, topic: str, rec: AdapterRecord, n: int) -> float:
     ts = now_utc()
     started = time.time()
     for i in range(n):
-        log = RequestLog(event_id=f"burst-{uuid.uuid4().hex}", ts=ts, request_id=f"r{i}",
-                         tenant_id=rec.tenant_id, base_model=rec.base_model,
-                         adapter_id=rec.adapter_id, adapter_version=rec.version,
-                         worker_id="gw", tier_at_arrival=Tier.cold, ttft_ms=900.0)
+        log = RequestLog(
+            event_id=f"burst-{uuid.uuid4().hex}",
+            ts=ts,
+            request_id=f"r{i}",
+            tenant_id=rec.tenant_id,
+            base_model=rec.base_model,
+            adapter_id=rec.adapter_id,
+            adapter_version=rec.version,
+            worker_id="gw",
+            tier_at_arrival=Tier.cold,
+            ttft_ms=900.0,
+        )
         producer.produce(topic, key=rec.adapter_id.encode(), value=encode(log))
     producer.flush(10)
     return started
 
 
-async def wait_load(feed: KafkaCommandFeed, lora_name: str,
-                    timeout_s: float) -> tuple[float, float]:
+async def wait_load(
+    feed: KafkaCommandFeed, lora_name: str, timeout_s: float
+) -> tuple[float, float]:
     """(time the feed handed it over, time the planner produced it) of ``lora_name``'s
     load_gpu."""
     deadline = time.monotonic() + timeout_s
@@ -188,23 +197,37 @@ def kafka_round_trip(producer: Any, consumer: Any, topic: str) -> float:
             return time.time() - started
 
 
-async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
-                  rate: float) -> dict[str, list[float]]:
+async def measure(
+    env: PlannerEnv, recs: list[AdapterRecord], burst_size: int, rate: float
+) -> dict[str, list[float]]:
     from loraplane.kernel import kafka
 
     settings = env.settings
     sink = KafkaEventSink(settings, "bench-reaction")
-    feed = KafkaCommandFeed(settings, WORKER, sink, keyring=KeyringFile(settings.keyring_path),
-                            group_id=f"bench-{uuid.uuid4().hex[:8]}")
+    feed = KafkaCommandFeed(
+        settings,
+        WORKER,
+        sink,
+        keyring=KeyringFile(settings.keyring_path),
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+    )
     probe_topic = env.topic("audit")  # any private topic: the probe is one opaque message
-    probe = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}",
-                           offset_reset=kafka.OffsetReset.latest)
+    probe = kafka.consumer(
+        settings, f"bench-probe-{uuid.uuid4().hex[:8]}", offset_reset=kafka.OffsetReset.latest
+    )
     probe.subscribe([probe_topic])
     producer = kafka.producer(settings, linger_ms=0)
     background = Background(settings, env.topic("requests"), rate)
     watch = ScoresWatch(settings, env.topic("scores"))
-    out: dict[str, list[float]] = {"reaction": [], "to_issue": [], "floor": [], "keeper": [],
-                                   "scores_commit": [], "planner": [], "delivery": []}
+    out: dict[str, list[float]] = {
+        "reaction": [],
+        "to_issue": [],
+        "floor": [],
+        "keeper": [],
+        "scores_commit": [],
+        "planner": [],
+        "delivery": [],
+    }
     try:
         env.heartbeat(WORKER, recs[0].base_model, slots=SLOTS)
         while await feed.next(timeout_s=1.0) is not None:  # nothing wanted yet: drain
@@ -243,15 +266,22 @@ async def measure(env: PlannerEnv, recs: list[AdapterRecord], burst_size: int,
 def own_planner(env: PlannerEnv) -> AbstractContextManager[Any]:
     """``loraplane streams planner`` as a process of its own (as docs/scale.md deploys it),
     once it holds the lease and read its memory."""
-    return streams_worker(env.settings, [LORAPLANE, "streams", "planner"],
-                          env.home / "planner.log", ready=PLANNER_READY, env=env.env)
+    return streams_worker(
+        env.settings,
+        [LORAPLANE, "streams", "planner"],
+        env.home / "planner.log",
+        ready=PLANNER_READY,
+        env=env.env,
+    )
 
 
-def run(stack: Settings, bursts: int, burst_size: int, rate: float,
-        planner_process: bool) -> dict[str, Any]:
+def run(
+    stack: Settings, bursts: int, burst_size: int, rate: float, planner_process: bool
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-reaction-") as tmp:
-        env = PlannerEnv.create(stack, Path(tmp),
-                                cold_loads_per_minute_per_worker=max(60, bursts * 2))
+        env = PlannerEnv.create(
+            stack, Path(tmp), cold_loads_per_minute_per_worker=max(60, bursts * 2)
+        )
         try:
             env.start(WITHOUT_PLANNER if planner_process else ALL_AGENTS)
             with own_planner(env) if planner_process else nullcontext():
@@ -264,8 +294,12 @@ def run(stack: Settings, bursts: int, burst_size: int, rate: float,
     ms = {k: [v * 1000 for v in vs] for k, vs in samples.items() if k != "background_events"}
 
     def dist(values: list[float]) -> dict[str, float]:
-        return {"p50": round(percentile(values, 50), 1), "p99": round(percentile(values, 99), 1),
-                "max": round(max(values), 1), "min": round(min(values), 1)}
+        return {
+            "p50": round(percentile(values, 50), 1),
+            "p99": round(percentile(values, 99), 1),
+            "max": round(max(values), 1),
+            "min": round(min(values), 1),
+        }
 
     return {
         "unit": "ms",
@@ -277,15 +311,18 @@ def run(stack: Settings, bursts: int, burst_size: int, rate: float,
         "first_event_to_load_gpu_consumed_ms": dist(ms["reaction"]),
         "first_event_to_load_gpu_issued_ms": dist(ms["to_issue"]),
         "kafka_round_trip_floor_ms": dist(ms["floor"]),
-        "stages_ms": {k: dist(ms[k]) for k in ("keeper", "scores_commit", "planner", "delivery")
-                      if ms[k]},
+        "stages_ms": {
+            k: dist(ms[k]) for k in ("keeper", "scores_commit", "planner", "delivery") if ms[k]
+        },
         "stages_timed": len(ms["keeper"]),
         "ratio": round(percentile(ms["floor"], 99) / percentile(ms["reaction"], 99), 4),
         "goal": f"p99 <= {GOAL_P99_MS:.0f} ms, issued -> consumed p99 <= "
-                f"{GOAL_DELIVERY_P99_MS:.0f} ms",
-        "goal_met": {"reaction": percentile(ms["reaction"], 99) <= GOAL_P99_MS,
-                     "delivery": bool(ms["delivery"]) and
-                     percentile(ms["delivery"], 99) <= GOAL_DELIVERY_P99_MS},
+        f"{GOAL_DELIVERY_P99_MS:.0f} ms",
+        "goal_met": {
+            "reaction": percentile(ms["reaction"], 99) <= GOAL_P99_MS,
+            "delivery": bool(ms["delivery"])
+            and percentile(ms["delivery"], 99) <= GOAL_DELIVERY_P99_MS,
+        },
     }
 
 
@@ -293,22 +330,42 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bursts", type=int, default=50)
     parser.add_argument("--burst-size", type=int, default=5)
-    parser.add_argument("--background-rate", type=float, default=500.0,
-                        help="request logs/s for other adapters during the bursts")
-    parser.add_argument("--planner-in-worker", action="store_true",
-                        help="run the planner inside the streams worker (loraplane streams "
-                             "run), not as its own process (loraplane streams planner)")
+    parser.add_argument(
+        "--background-rate",
+        type=float,
+        default=500.0,
+        help="request logs/s for other adapters during the bursts",
+    )
+    parser.add_argument(
+        "--planner-in-worker",
+        action="store_true",
+        help="run the planner inside the streams worker (loraplane streams "
+        "run), not as its own process (loraplane streams planner)",
+    )
     args = parse_args(parser, "bench.reaction_time", argv)
-    result = run(get_settings(), args.bursts, args.burst_size, args.background_rate,
-                 not args.planner_in_worker)
+    result = run(
+        get_settings(),
+        args.bursts,
+        args.burst_size,
+        args.background_rate,
+        not args.planner_in_worker,
+    )
     r, f = result["first_event_to_load_gpu_consumed_ms"], result["kafka_round_trip_floor_ms"]
-    emit(result, Row(
-        f"reaction time ({args.bursts} bursts, {args.background_rate:.0f} ev/s behind)",
-        f"p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms (max {r['max']:.0f}); "
-        + ", ".join(f"{stage} p50 {d['p50']:.0f} / p99 {d['p99']:.0f}"
-                    for stage, d in result["stages_ms"].items()),
-        f"p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms Kafka produce->consume",
-        times(result["ratio"]) + " (floor p99 / reaction p99)", result["goal"]), args)
+    emit(
+        result,
+        Row(
+            f"reaction time ({args.bursts} bursts, {args.background_rate:.0f} ev/s behind)",
+            f"p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms (max {r['max']:.0f}); "
+            + ", ".join(
+                f"{stage} p50 {d['p50']:.0f} / p99 {d['p99']:.0f}"
+                for stage, d in result["stages_ms"].items()
+            ),
+            f"p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms Kafka produce->consume",
+            times(result["ratio"]) + " (floor p99 / reaction p99)",
+            result["goal"],
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

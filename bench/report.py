@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-TABLE_HEAD = ("| configuration | loraplane | raw baseline | ratio | goal | command | machine |\n"
-              "|---|---|---|---|---|---|---|\n")
+TABLE_HEAD = (
+    "| configuration | loraplane | raw baseline | ratio | goal | command | machine |\n"
+    "|---|---|---|---|---|---|---|\n"
+)
 
 
 @dataclass(frozen=True)
@@ -55,21 +57,29 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-def parse_args(parser: argparse.ArgumentParser, module: str,
-               argv: list[str] | None) -> argparse.Namespace:
+def parse_args(
+    parser: argparse.ArgumentParser, module: str, argv: list[str] | None
+) -> argparse.Namespace:
     """Adds ``--write-doc``, parses, and records the command as a reader would re-run it from
     the repository root (``args.command``, without ``--write-doc``) and the module
     (``args.module``, which names the doc's block)."""
-    parser.add_argument("--write-doc", nargs="?", type=Path, const=DEFAULT_DOC, default=None,
-                        metavar="DOC",
-                        help="also record the result as this benchmark's row of the latest "
-                             "results in DOC (default docs/benchmarks.md); without it the "
-                             "benchmark only prints its JSON")
+    parser.add_argument(
+        "--write-doc",
+        nargs="?",
+        type=Path,
+        const=DEFAULT_DOC,
+        default=None,
+        metavar="DOC",
+        help="also record the result as this benchmark's row of the latest "
+        "results in DOC (default docs/benchmarks.md); without it the "
+        "benchmark only prints its JSON",
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     args.module = module
-    args.command = " ".join(shlex.quote(a) for a in
-                            [".venv/bin/python", "-m", module, *_without_write_doc(argv)])
+    args.command = " ".join(
+        shlex.quote(a) for a in [".venv/bin/python", "-m", module, *_without_write_doc(argv)]
+    )
     return args
 
 
@@ -135,8 +145,10 @@ def record_latest(doc: Path, module: str, row: Row, command: str, where: str) ->
     the row of the same configuration is replaced, a new configuration is added after the
     others, and nothing outside the block changes. A doc without the block gets one, in a
     section of its own at its end. Results of earlier runs are not kept: they live in git."""
-    line = (f"| {row.benchmark} | {row.loraplane} | {row.baseline} | {row.ratio} | "
-            f"{row.goal} | `{command}` | {where} |\n")
+    line = (
+        f"| {row.benchmark} | {row.loraplane} | {row.baseline} | {row.ratio} | "
+        f"{row.goal} | `{command}` | {where} |\n"
+    )
     begin, end = markers(module)
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     start = text.find(begin)
@@ -145,9 +157,12 @@ def record_latest(doc: Path, module: str, row: Row, command: str, where: str) ->
         sep = "" if text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
         text = f"{text}{sep}## {module}\n\n{begin}\n{TABLE_HEAD}{line}{end}\n"
     else:
-        body = text[start + len(begin):stop].strip("\n")
-        rows = [r for r in body.splitlines()
-                if r.startswith("| ") and not r.startswith("| configuration |")]
+        body = text[start + len(begin) : stop].strip("\n")
+        rows = [
+            r
+            for r in body.splitlines()
+            if r.startswith("| ") and not r.startswith("| configuration |")
+        ]
         key = f"| {row.benchmark} |"
         kept = [line if r.startswith(key) else r + "\n" for r in rows]
         if line not in kept:

@@ -33,8 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from loraplane.infra.processes import free_port
-
 from bench.gateway_overhead import (
     PROMPT,
     TENANT,
@@ -50,6 +48,7 @@ from bench.gateway_overhead import (
 from bench.isolation import delete_s3_prefix, private_topics
 from bench.report import Summary, percentile
 from loraplane.frontdoor.api_keys import add_key
+from loraplane.infra.processes import free_port
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.secrets import ensure_secret
 from loraplane.kernel.topics import TOPICS
@@ -59,8 +58,9 @@ PATHS = ("journal", "none")
 KINDS = {"whole": {}, "stream": {"stream": True}}
 
 
-def run(base: Settings, total: int, concurrency: int, reps: int,
-        emit_events: int) -> dict[str, Any]:
+def run(
+    base: Settings, total: int, concurrency: int, reps: int, emit_events: int
+) -> dict[str, Any]:
     adapter_id = f"bench-log-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:
         work = Path(tmp)
@@ -78,22 +78,44 @@ def run(base: Settings, total: int, concurrency: int, reps: int,
 
                 def vllm(path: str) -> Any:
                     log = work / f"vllm-{path}.log"
-                    command, vllm_env = vllm_command(model, vllm_ports[path], False, log,
-                                                     ensure_secret(keys[path]), env)
+                    command, vllm_env = vllm_command(
+                        model, vllm_ports[path], False, log, ensure_secret(keys[path]), env
+                    )
                     return child(command, log, vllm_env)
 
                 def worker(path: str, extra: dict[str, str]) -> Any:
-                    return child([str(bin_dir / "loraplane"), "worker", "run", "--worker-id",
-                                  f"bench-{path}", "--base-model", TINY_BASE_MODEL,
-                                  "--vllm-url", f"http://127.0.0.1:{vllm_ports[path]}",
-                                  "--vllm-api-key-file", str(keys[path]),
-                                  "--gateway-port", str(ports[path]), "--host-tier-dir",
-                                  str(work / f"tier-{path}"), "--model-dir", str(model),
-                                  "--tick-s", "0.2"], work / f"{path}.log", {**env, **extra})
+                    return child(
+                        [
+                            str(bin_dir / "loraplane"),
+                            "worker",
+                            "run",
+                            "--worker-id",
+                            f"bench-{path}",
+                            "--base-model",
+                            TINY_BASE_MODEL,
+                            "--vllm-url",
+                            f"http://127.0.0.1:{vllm_ports[path]}",
+                            "--vllm-api-key-file",
+                            str(keys[path]),
+                            "--gateway-port",
+                            str(ports[path]),
+                            "--host-tier-dir",
+                            str(work / f"tier-{path}"),
+                            "--model-dir",
+                            str(model),
+                            "--tick-s",
+                            "0.2",
+                        ],
+                        work / f"{path}.log",
+                        {**env, **extra},
+                    )
 
-                with vllm("journal"), vllm("none"), \
-                        worker("journal", {}) as journal_pid, \
-                        worker("none", {"LORAPLANE_EVENT_JOURNAL": "false"}) as none_pid:
+                with (
+                    vllm("journal"),
+                    vllm("none"),
+                    worker("journal", {}) as journal_pid,
+                    worker("none", {"LORAPLANE_EVENT_JOURNAL": "false"}) as none_pid,
+                ):
                     pids = {"journal": journal_pid, "none": none_pid}
                     headers = {"Authorization": f"Bearer {key}"}
                     body = {**PROMPT, "model": adapter_id}
@@ -101,8 +123,9 @@ def run(base: Settings, total: int, concurrency: int, reps: int,
                     try:
                         for path in PATHS:
                             asyncio.run(wait_hot(urls[path], body, headers, timeout_s=90))
-                        results = asyncio.run(measure(urls, pids, body, headers, total,
-                                                      concurrency, reps))
+                        results = asyncio.run(
+                            measure(urls, pids, body, headers, total, concurrency, reps)
+                        )
                         emits = measure_emit(settings, adapter_id, emit_events, reps)
                     except Exception as exc:
                         raise with_logs(exc, work, ("journal.log", "none.log")) from exc
@@ -111,45 +134,69 @@ def run(base: Settings, total: int, concurrency: int, reps: int,
     return {**summarise(results, total, concurrency, reps), "emit": emits}
 
 
-async def measure(urls: dict[str, str], pids: dict[str, int], body: dict[str, Any],
-                  headers: dict[str, str], total: int, concurrency: int,
-                  reps: int) -> dict[str, dict[str, list[Run]]]:
+async def measure(
+    urls: dict[str, str],
+    pids: dict[str, int],
+    body: dict[str, Any],
+    headers: dict[str, str],
+    total: int,
+    concurrency: int,
+    reps: int,
+) -> dict[str, dict[str, list[Run]]]:
     """kind -> path -> one Run per repetition."""
     for extra in KINDS.values():  # warm both paths
         for path in PATHS:
-            await load(urls[path], {**body, **extra}, headers, min(total, 50), concurrency,
-                       pids[path])
+            await load(
+                urls[path], {**body, **extra}, headers, min(total, 50), concurrency, pids[path]
+            )
     results: dict[str, dict[str, list[Run]]] = {k: {p: [] for p in PATHS} for k in KINDS}
     for rep in range(reps):
         for kind, extra in KINDS.items():
-            for path in (PATHS if rep % 2 == 0 else PATHS[::-1]):
-                results[kind][path].append(await load(
-                    urls[path], {**body, **extra}, headers, total, concurrency, pids[path]))
+            for path in PATHS if rep % 2 == 0 else PATHS[::-1]:
+                results[kind][path].append(
+                    await load(
+                        urls[path], {**body, **extra}, headers, total, concurrency, pids[path]
+                    )
+                )
     return results
 
 
-def measure_emit(settings: Settings, adapter_id: str, events: int,
-                 reps: int) -> dict[str, Any]:
+def measure_emit(settings: Settings, adapter_id: str, events: int, reps: int) -> dict[str, Any]:
     """CPU and wall microseconds per ``emit`` of a request log, with and without the
     journal (alternating blocks, median over ``reps``)."""
     from datetime import UTC, datetime
 
+    from loraplane.eventlog.sink import KafkaEventSink
     from loraplane.schemas.request_log import RequestLog
 
-    from loraplane.eventlog.sink import KafkaEventSink
-
-    sinks = {p: KafkaEventSink(settings.model_copy(update={
-        "event_journal": p == "journal", "spool_dir": settings.home / "spool"}),
-        f"bench-emit-{p}") for p in PATHS}
-    log = RequestLog(event_id="e", ts=datetime.now(UTC), request_id="r" * 24,
-                     tenant_id=TENANT, base_model=TINY_BASE_MODEL, adapter_id=adapter_id,
-                     adapter_version="1", lora_name=f"{adapter_id}@1-0123abcd",
-                     worker_id="bench-w1", tier_at_arrival="gpu", ttft_ms=3.2,
-                     prompt_tokens=12, output_tokens=8)
+    sinks = {
+        p: KafkaEventSink(
+            settings.model_copy(
+                update={"event_journal": p == "journal", "spool_dir": settings.home / "spool"}
+            ),
+            f"bench-emit-{p}",
+        )
+        for p in PATHS
+    }
+    log = RequestLog(
+        event_id="e",
+        ts=datetime.now(UTC),
+        request_id="r" * 24,
+        tenant_id=TENANT,
+        base_model=TINY_BASE_MODEL,
+        adapter_id=adapter_id,
+        adapter_version="1",
+        lora_name=f"{adapter_id}@1-0123abcd",
+        worker_id="bench-w1",
+        tier_at_arrival="gpu",
+        ttft_ms=3.2,
+        prompt_tokens=12,
+        output_tokens=8,
+    )
     cpu: dict[str, list[float]] = {p: [] for p in PATHS}
     wall: dict[str, list[float]] = {p: [] for p in PATHS}
     for rep in range(reps + 1):  # the first round warms both up
-        for path in (PATHS if rep % 2 == 0 else PATHS[::-1]):
+        for path in PATHS if rep % 2 == 0 else PATHS[::-1]:
             sink = sinks[path]
             c0, w0 = time.process_time(), time.perf_counter()
             for i in range(events):
@@ -167,26 +214,39 @@ def measure_emit(settings: Settings, adapter_id: str, events: int,
         sink.close(5)
     c = {p: Summary.from_samples(v) for p, v in cpu.items()}
     w = {p: Summary.from_samples(v) for p, v in wall.items()}
-    return {"events": events, "unit": "us per emit (process CPU, all threads; wall)",
-            **{f"{p}_cpu_us": c[p].as_dict() for p in PATHS},
-            **{f"{p}_wall_us": w[p].as_dict() for p in PATHS},
-            "added_cpu_us": round(c["journal"].median - c["none"].median, 2),
-            "cpu_ratio": round(c["journal"].median / c["none"].median, 3)}
+    return {
+        "events": events,
+        "unit": "us per emit (process CPU, all threads; wall)",
+        **{f"{p}_cpu_us": c[p].as_dict() for p in PATHS},
+        **{f"{p}_wall_us": w[p].as_dict() for p in PATHS},
+        "added_cpu_us": round(c["journal"].median - c["none"].median, 2),
+        "cpu_ratio": round(c["journal"].median / c["none"].median, 3),
+    }
 
 
-def summarise(results: dict[str, dict[str, list[Run]]], total: int, concurrency: int,
-              reps: int) -> dict[str, Any]:
+def summarise(
+    results: dict[str, dict[str, list[Run]]], total: int, concurrency: int, reps: int
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "request log durability (event journal vs none, FAKE vLLM)",
-        "unit": "latency ms; worker CPU ms per request", "requests": total,
-        "concurrency": concurrency, "reps": reps}
+        "unit": "latency ms; worker CPU ms per request",
+        "requests": total,
+        "concurrency": concurrency,
+        "reps": reps,
+    }
     for kind, by_path in results.items():
-        p50 = {p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
-               for p, runs in by_path.items()}
-        p99 = {p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
-               for p, runs in by_path.items()}
-        cpu = {p: Summary.from_samples([r.cpu_ms_per_request for r in runs])
-               for p, runs in by_path.items()}
+        p50 = {
+            p: Summary.from_samples([percentile(r.latencies, 50) for r in runs])
+            for p, runs in by_path.items()
+        }
+        p99 = {
+            p: Summary.from_samples([percentile(r.latencies, 99) for r in runs])
+            for p, runs in by_path.items()
+        }
+        cpu = {
+            p: Summary.from_samples([r.cpu_ms_per_request for r in runs])
+            for p, runs in by_path.items()
+        }
         rps = {p: Summary.from_samples([r.rps for r in runs]) for p, runs in by_path.items()}
         out[kind] = {
             **{f"{p}_p50_ms": p50[p].as_dict() for p in PATHS},
@@ -209,8 +269,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--emit-events", type=int, default=20000)
     args = parser.parse_args(argv)
-    print(json.dumps(run(get_settings(), args.requests, args.concurrency, args.reps,
-                         args.emit_events)))
+    print(
+        json.dumps(
+            run(get_settings(), args.requests, args.concurrency, args.reps, args.emit_events)
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,29 +27,42 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.workers.serving import LoadOutcome
-
 from loraplane.frontdoor.api_keys import ApiKeys, key_digest
 from loraplane.frontdoor.upstream_http import UpstreamPool
 from loraplane.kernel.config import LOOPBACK, get_settings
 from loraplane.kernel.policy import Policy, RequestBudgets, TenantLimits
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.workers.serving import LoadOutcome
 
 KEY, TENANT, BASE, SECRET = "bench-key", "tenant-a", "llama", b"r" * 32
 BODY = json.dumps({"model": "sql", "prompt": "hello", "max_tokens": 4}).encode()
-ANSWER = json.dumps({"id": "x", "object": "text_completion", "model": "sql",
-                     "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
-                     "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+ANSWER = json.dumps(
+    {
+        "id": "x",
+        "object": "text_completion",
+        "model": "sql",
+        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }
+).encode()
 RECORD = AdapterRecord(
-    adapter_id="sql", base_model=BASE, version="1", rank=8,
-    artifact_uri="s3://loraplane-artifacts/sql/", sha256="ab" * 32, size_bytes=1,
-    status=AdapterStatus.active, tenant_id=TENANT,
-    compatibility=Compatibility(target_modules=["q_proj"], max_lora_rank=64))
+    adapter_id="sql",
+    base_model=BASE,
+    version="1",
+    rank=8,
+    artifact_uri="s3://loraplane-artifacts/sql/",
+    sha256="ab" * 32,
+    size_bytes=1,
+    status=AdapterStatus.active,
+    tenant_id=TENANT,
+    compatibility=Compatibility(target_modules=["q_proj"], max_lora_rank=64),
+)
 KEYS = ApiKeys({key_digest(KEY): TENANT})
 # the bench measures the proxies, not the tenant limits
-BUDGETS = RequestBudgets(tenants=TenantLimits(max_concurrent=10_000,
-                                              tokens_per_minute=10**9, burst_tokens=10**9))
+BUDGETS = RequestBudgets(
+    tenants=TenantLimits(max_concurrent=10_000, tokens_per_minute=10**9, burst_tokens=10**9)
+)
 
 
 class _Answer:
@@ -82,8 +95,9 @@ class InstantWorker:
     def is_warming(self, name: str) -> bool:
         return False
 
-    def request_load(self, record: AdapterRecord, *,
-                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
+    def request_load(
+        self, record: AdapterRecord, *, wait_s: float = 0.0
+    ) -> asyncio.Future[LoadOutcome]:
         raise AssertionError("the adapter is hot")
 
     @contextmanager
@@ -109,23 +123,39 @@ class NoSink:
 
 
 async def _serve(role: str, port: int, gateway_port: int) -> None:
-    from loraplane.workers.gateway import Gateway
-
     from loraplane.kernel.http_server import start_site
     from loraplane.router.routing import FleetIndex
     from loraplane.router.server import Fleet, Router, serving_versions
+    from loraplane.workers.gateway import Gateway
 
     if role == "gateway":
-        app = Gateway(InstantWorker(), api_keys=KEYS, budgets=BUDGETS, sink=NoSink(),
-                      router_secret=SECRET).app()
+        app = Gateway(
+            InstantWorker(), api_keys=KEYS, budgets=BUDGETS, sink=NoSink(), router_secret=SECRET
+        ).app()
     else:
         fleet = Fleet(FleetIndex(Policy(), 3600.0), NoSink(), "router-bench")
-        fleet.index.update(WorkerState(
-            worker_id="w1", base_model=BASE, ts=datetime.now(UTC),
-            gateway_url=f"http://{LOOPBACK}:{gateway_port}", gpu_slots_used=1,
-            gpu_slots_total=2, host_bytes_used=0, host_bytes_budget=1, max_lora_rank=64,
-            adapters=[LoadedAdapter(lora_name=RECORD.lora_name, adapter_id="sql", version="1",
-                                    tenant_id=TENANT, tier="gpu")]))
+        fleet.index.update(
+            WorkerState(
+                worker_id="w1",
+                base_model=BASE,
+                ts=datetime.now(UTC),
+                gateway_url=f"http://{LOOPBACK}:{gateway_port}",
+                gpu_slots_used=1,
+                gpu_slots_total=2,
+                host_bytes_used=0,
+                host_bytes_budget=1,
+                max_lora_rank=64,
+                adapters=[
+                    LoadedAdapter(
+                        lora_name=RECORD.lora_name,
+                        adapter_id="sql",
+                        version="1",
+                        tenant_id=TENANT,
+                        tier="gpu",
+                    )
+                ],
+            )
+        )
         fleet.versions = serving_versions([RECORD])
         app = Router(fleet, api_keys=KEYS, budgets=BUDGETS, secret=SECRET).app()
     await start_site(app, LOOPBACK, port, get_settings().http, name=role)  # LORAPLANE_HTTP__*
@@ -142,8 +172,9 @@ async def _run(pool: UpstreamPool, n: int, headers: bytes) -> list[float]:
     out = []
     for _ in range(n):
         t = time.perf_counter()
-        resp = await pool.request("POST", "/v1/completions", BODY, total_timeout_s=10,
-                                  headers=headers)
+        resp = await pool.request(
+            "POST", "/v1/completions", BODY, total_timeout_s=10, headers=headers
+        )
         try:
             await resp.read()
             assert resp.status == 200, resp.status
@@ -165,8 +196,19 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     procs = {}
     for role, port in (("gateway", gw_port), ("router", rt_port)):
         procs[role] = subprocess.Popen(
-            [sys.executable, "-m", "bench.router_overhead", "--serve", role, "--port", str(port),
-             "--gateway-port", str(gw_port)], stdout=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                "bench.router_overhead",
+                "--serve",
+                role,
+                "--port",
+                str(port),
+                "--gateway-port",
+                str(gw_port),
+            ],
+            stdout=subprocess.PIPE,
+        )
         assert procs[role].stdout is not None and procs[role].stdout.readline() == b"ready\n"
     auth = f"Authorization: Bearer {KEY}\r\n".encode()
     direct = UpstreamPool(LOOPBACK, gw_port, connect_timeout_s=2, read_timeout_s=10)
@@ -177,7 +219,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         await _run(direct, 200, auth)
         await _run(routed, 200, auth)  # warm: connections, caches
         for rep in range(args.repeat):
-            for way in (("direct", "router") if rep % 2 == 0 else ("router", "direct")):
+            for way in ("direct", "router") if rep % 2 == 0 else ("router", "direct"):
                 if way == "router":
                     before = _cpu_s(procs["router"].pid)
                     lat[way] += await _run(routed, args.requests, auth)
@@ -194,13 +236,20 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     p50 = {k: _pct(v, 0.5) for k, v in lat.items()}
     p99 = {k: _pct(v, 0.99) for k, v in lat.items()}
     added = round(p50["router"] - p50["direct"], 3)
-    return {"requests_per_way": n, "concurrency": 1,
-            "direct_p50_ms": round(p50["direct"], 3), "router_p50_ms": round(p50["router"], 3),
-            "direct_p99_ms": round(p99["direct"], 3), "router_p99_ms": round(p99["router"], 3),
-            "added_p50_ms": added, "added_p99_ms": round(p99["router"] - p99["direct"], 3),
-            "latency_ratio_p50": round(p50["router"] / p50["direct"], 2),
-            "router_cpu_us_per_request": round(router_cpu / n * 1e6, 1),
-            "goal_added_p50_ms": 0.5, "passed": added <= 0.5}
+    return {
+        "requests_per_way": n,
+        "concurrency": 1,
+        "direct_p50_ms": round(p50["direct"], 3),
+        "router_p50_ms": round(p50["router"], 3),
+        "direct_p99_ms": round(p99["direct"], 3),
+        "router_p99_ms": round(p99["router"], 3),
+        "added_p50_ms": added,
+        "added_p99_ms": round(p99["router"] - p99["direct"], 3),
+        "latency_ratio_p50": round(p50["router"] / p50["direct"], 2),
+        "router_cpu_us_per_request": round(router_cpu / n * 1e6, 1),
+        "goal_added_p50_ms": 0.5,
+        "passed": added <= 0.5,
+    }
 
 
 def main() -> None:

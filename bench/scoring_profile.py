@@ -24,15 +24,14 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+from bench.report import Row, emit, parse_args, times
+from bench.workload import request_logs
+from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import RecentIds
 from loraplane.streams.score_keeper import RECENT, ScoreKeeper, _Owned
-
-from bench.report import Row, emit, parse_args, times
-from bench.workload import request_logs
-from loraplane.kernel.config import Settings
 
 PARTITIONS = 6
 PARTS = {  # share of the keeper's time: (function, file it is in, own time only)
@@ -53,8 +52,7 @@ class _Txn:
     def begin_transaction(self) -> None:
         pass
 
-    def produce(self, topic: str, key: Any = None, value: Any = None, partition: int = -1
-                ) -> None:
+    def produce(self, topic: str, key: Any = None, value: Any = None, partition: int = -1) -> None:
         self.records += 1
 
     def send_offsets_to_transaction(self, offsets: Any, meta: Any, timeout: float) -> None:
@@ -77,8 +75,11 @@ def messages(total: int, adapters: int) -> list[Any]:
     for x in request_logs(total, adapters=adapters, seed=0):
         key = x.adapter_id.encode()
         p = zlib.crc32(key) % PARTITIONS
-        out.append(Message(topic="bench.requests", partition=p, offset=offsets[p], key=key,
-                           value=encode(x)))
+        out.append(
+            Message(
+                topic="bench.requests", partition=p, offset=offsets[p], key=key, value=encode(x)
+            )
+        )
         offsets[p] += 1
     return out
 
@@ -91,7 +92,7 @@ def keeper_pass(msgs: list[Any], batch: int, known: Known, home: Path) -> int:
         k.owned[p] = _Owned({}, UnknownTally(logs=0), RecentIds(RECENT), 0)
     txn = _Txn()
     for i in range(0, len(msgs), batch):
-        k._commit(txn, _Consumer(), msgs[i:i + batch], known)
+        k._commit(txn, _Consumer(), msgs[i : i + batch], known)
     return txn.records
 
 
@@ -117,8 +118,9 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
     total = sum(v[3] for k, v in table.items() if k[2] == "_commit")
     out = {}
     for label, (name, where, own) in PARTS.items():
-        spent = sum(v[2] if own else v[3] for k, v in table.items()
-                    if k[2] == name and where in k[0])
+        spent = sum(
+            v[2] if own else v[3] for k, v in table.items() if k[2] == name and where in k[0]
+        )
         out[label] = round(spent / total, 3)
     out["the rest (keeper loop, transaction, dicts)"] = round(1 - sum(out.values()), 3)
     return out
@@ -136,7 +138,10 @@ def run(total: int, adapters: int, batch: int, reps: int) -> dict[str, Any]:
         profile.runcall(keeper_pass, msgs, batch, known, home)
     return {
         "unit": "µs CPU per log",
-        "events": total, "adapters": adapters, "batch": batch, "reps": reps,
+        "events": total,
+        "adapters": adapters,
+        "batch": batch,
+        "reps": reps,
         "records_per_batch": round(records / -(-total // batch), 1),
         "keeper_us_per_log": round(keeper / total * 1e6, 3),
         "raw_us_per_log": round(raw / total * 1e6, 3),
@@ -153,11 +158,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parse_args(parser, "bench.scoring_profile", argv)
     result = run(args.events, args.adapters, args.batch, args.reps)
-    emit(result, Row(
-        f"scoring keeper without a broker (batches of {args.batch})",
-        f"{result['keeper_us_per_log']} µs CPU a log",
-        f"{result['raw_us_per_log']} µs reading the same messages",
-        times(result["ratio"]), "(profile)"), args)
+    emit(
+        result,
+        Row(
+            f"scoring keeper without a broker (batches of {args.batch})",
+            f"{result['keeper_us_per_log']} µs CPU a log",
+            f"{result['raw_us_per_log']} µs reading the same messages",
+            times(result["ratio"]),
+            "(profile)",
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,11 @@ REQUESTS = next(t for t in TABLES if t.topic_suffix == "requests")
 SLOW_SERVER_S = 120.0  # a loaded 2-core machine: dropping a database can take a while
 
 
-def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int,
-               ) -> tuple[float, float]:
+def raw_insert(
+    settings: Settings,
+    rows: list[tuple[Any, ...]],
+    batch: int,
+) -> tuple[float, float]:
     """(seconds, CPU seconds of this process) to insert ``rows`` in batches with the bare
     driver."""
     client = connect(settings, timeout_s=SLOW_SERVER_S)
@@ -48,19 +51,25 @@ def raw_insert(settings: Settings, rows: list[tuple[Any, ...]], batch: int,
         encoders = column_encoders(client)[REQUESTS.name]  # outside the timed part, as the sink
         started, cpu = time.perf_counter(), time.process_time()
         for i in range(0, len(rows), batch):
-            columns = columns_of(rows[i:i + batch], encoders)
+            columns = columns_of(rows[i : i + batch], encoders)
             client.execute(REQUESTS.insert_sql, columns, columnar=True)
         return time.perf_counter() - started, time.process_time() - cpu
     finally:
         client.disconnect()
 
 
-def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float,
-              ) -> tuple[float, float, float]:
+def sink_rate(
+    settings: Settings,
+    total: int,
+    batch: int,
+    timeout_s: float,
+) -> tuple[float, float, float]:
     """(rows/s after the first batch, seconds from start to the first batch, CPU seconds of
     this process a row after the first batch: the sink's threads and librdkafka's)."""
-    sink = Sink(settings, SinkConfig(batch_size=batch, max_wait_s=0.5,
-                                     group_id=f"bench-sink-{uuid.uuid4().hex[:8]}"))
+    sink = Sink(
+        settings,
+        SinkConfig(batch_size=batch, max_wait_s=0.5, group_id=f"bench-sink-{uuid.uuid4().hex[:8]}"),
+    )
     stop = threading.Event()
     thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
     started = time.perf_counter()
@@ -83,14 +92,22 @@ def sink_rate(settings: Settings, total: int, batch: int, timeout_s: float,
         raise RuntimeError(f"{sink.stats.dead_letters} rows dead-lettered")
     if first_rows >= total:
         raise RuntimeError("everything arrived in one batch: use more --rows")
-    return ((total - first_rows) / (done - first_at), first_at - started,
-            cpu / (total - first_rows))
+    return (
+        (total - first_rows) / (done - first_at),
+        first_at - started,
+        cpu / (total - first_rows),
+    )
 
 
 def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
     settings = isolated(base, "sink")
-    raw_db = settings.model_copy(update={"clickhouse": settings.clickhouse.model_copy(
-        update={"database": settings.clickhouse.database + "_raw"})})
+    raw_db = settings.model_copy(
+        update={
+            "clickhouse": settings.clickhouse.model_copy(
+                update={"database": settings.clickhouse.database + "_raw"}
+            )
+        }
+    )
     logs = request_logs(total, seed=1)
     rows = [REQUESTS.row(m) for m in logs]
     sink_rates: list[float] = []
@@ -110,7 +127,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
             # (consumed messages, row tuples) would scan them too.
             gc.freeze()
             for rep in range(reps):
-                for path in (("raw", "sink") if rep % 2 == 0 else ("sink", "raw")):
+                for path in ("raw", "sink") if rep % 2 == 0 else ("sink", "raw"):
                     if path == "raw":
                         seconds, cpu = raw_insert(raw_db, rows, batch)
                         raw_rates.append(total / seconds)
@@ -151,11 +168,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=SinkConfig.batch_size)
     args = parse_args(parser, "bench.sink_throughput", argv)
     result = run(get_settings(), args.rows, args.reps, args.batch)
-    emit(result, Row(f"metrics sink (Kafka -> ClickHouse), {args.batch}-row inserts",
-                     Summary(**result["sink_rows_s"]).text("rows/s", 0),
-                     Summary(**result["raw_insert_rows_s"]).text("rows/s", 0) +
-                     " clickhouse-driver columnar insert", times(result["ratio"]), result["goal"]),
-         args)
+    emit(
+        result,
+        Row(
+            f"metrics sink (Kafka -> ClickHouse), {args.batch}-row inserts",
+            Summary(**result["sink_rows_s"]).text("rows/s", 0),
+            Summary(**result["raw_insert_rows_s"]).text("rows/s", 0)
+            + " clickhouse-driver columnar insert",
+            times(result["ratio"]),
+            result["goal"],
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

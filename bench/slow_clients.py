@@ -36,9 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loraplane.infra.processes import free_port
-
 from bench.router_overhead import BODY, KEY, _cpu_s, _pct
+from loraplane.infra.processes import free_port
 from loraplane.kernel.config import LOOPBACK
 from tests.integration.slow_clients import slow_clients
 
@@ -57,8 +56,7 @@ def _ask(port: int) -> tuple[float | None, float]:
         conn.request("POST", "/v1/completions", BODY, HEADERS)
         resp = conn.getresponse()
         resp.read()
-        return (time.perf_counter() - started if resp.status == 200 else None,
-                connected - started)
+        return (time.perf_counter() - started if resp.status == 200 else None, connected - started)
     except OSError:
         return None, connected - started
     finally:
@@ -75,8 +73,9 @@ def _listen_overflows() -> int:
     return 0
 
 
-def _legit(ports: dict[str, int], n: int, interval_s: float
-           ) -> dict[str, list[tuple[float | None, float]]]:
+def _legit(
+    ports: dict[str, int], n: int, interval_s: float
+) -> dict[str, list[tuple[float | None, float]]]:
     """``n`` requests to each of ``ports`` (by way), interleaved, one every ``interval_s``."""
     out: dict[str, list[tuple[float | None, float]]] = {way: [] for way in ports}
     for _ in range(n):
@@ -87,13 +86,16 @@ def _legit(ports: dict[str, int], n: int, interval_s: float
     return out
 
 
-def _summary(base: list[tuple[float | None, float]],
-             attacked: list[tuple[float | None, float]]) -> dict[str, Any]:
+def _summary(
+    base: list[tuple[float | None, float]], attacked: list[tuple[float | None, float]]
+) -> dict[str, Any]:
     ok_base = [s * 1000 for s, _ in base if s is not None]
     ok = [s * 1000 for s, _ in attacked if s is not None]
-    row: dict[str, Any] = {"requests": len(attacked),
-                           "answered_ratio": round(len(ok) / len(attacked), 4),
-                           "baseline_answered_ratio": round(len(ok_base) / len(base), 4)}
+    row: dict[str, Any] = {
+        "requests": len(attacked),
+        "answered_ratio": round(len(ok) / len(attacked), 4),
+        "baseline_answered_ratio": round(len(ok_base) / len(base), 4),
+    }
     if ok and ok_base:
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             row[f"baseline_{name}_ms"] = round(_pct(ok_base, q), 2)
@@ -112,9 +114,22 @@ def _servers(env: dict[str, str]) -> Any:
     try:
         for role, port in (("gateway", gw_port), ("router", rt_port)):
             procs[role] = subprocess.Popen(
-                [sys.executable, "-m", "bench.router_overhead", "--serve", role, "--port",
-                 str(port), "--gateway-port", str(gw_port)], stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, env=env, cwd=Path(__file__).resolve().parents[1])
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.router_overhead",
+                    "--serve",
+                    role,
+                    "--port",
+                    str(port),
+                    "--gateway-port",
+                    str(gw_port),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                cwd=Path(__file__).resolve().parents[1],
+            )
             assert procs[role].stdout is not None
             assert procs[role].stdout.readline() == b"ready\n"
         yield {"gateway": gw_port, "router": rt_port}, procs
@@ -129,10 +144,12 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_connections:
         env["LORAPLANE_HTTP__MAX_CONNECTIONS"] = str(args.max_connections)
     interval_s = args.interval_ms / 1000
-    out: dict[str, Any] = {"connections": args.connections,
-                           "descriptor_limit": resource.getrlimit(resource.RLIMIT_NOFILE),
-                           "max_connections": args.max_connections or "default",
-                           "load_average": os.getloadavg()}
+    out: dict[str, Any] = {
+        "connections": args.connections,
+        "descriptor_limit": resource.getrlimit(resource.RLIMIT_NOFILE),
+        "max_connections": args.max_connections or "default",
+        "load_average": os.getloadavg(),
+    }
     with _servers(env) as (ports, procs):
         _legit({"router": ports["router"], "gateway": ports["gateway"]}, 50, 0)  # warm
         for target in ("router", "gateway"):
@@ -146,17 +163,25 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 started = time.monotonic()
                 attacked = _legit(ways, args.requests, interval_s)
                 took = time.monotonic() - started
-                cpu = {role: round((_cpu_s(p.pid) - cpu[role]) / took, 3)
-                       for role, p in procs.items()}
+                cpu = {
+                    role: round((_cpu_s(p.pid) - cpu[role]) / took, 3) for role, p in procs.items()
+                }
                 overflows = _listen_overflows() - overflows
                 counts = dict(attack.counts)
             out[f"attack_on_{target}"] = {
                 **{f"legit_via_{way}": _summary(base[way], attacked[way]) for way in ways},
-                "attacker": counts, "server_cpu_s_per_s": cpu,
-                "host_listen_overflows": overflows, "load_average": os.getloadavg()}
-    out["passed"] = all(row["passed"] for key, attack in out.items()
-                        if key.startswith("attack_on_") for way, row in attack.items()
-                        if way.startswith("legit_via_"))
+                "attacker": counts,
+                "server_cpu_s_per_s": cpu,
+                "host_listen_overflows": overflows,
+                "load_average": os.getloadavg(),
+            }
+    out["passed"] = all(
+        row["passed"]
+        for key, attack in out.items()
+        if key.startswith("attack_on_")
+        for way, row in attack.items()
+        if way.startswith("legit_via_")
+    )
     return out
 
 
@@ -165,8 +190,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=10_000)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--interval-ms", type=float, default=50)
-    parser.add_argument("--max-connections", type=int, default=0,
-                        help="the servers' cap (LORAPLANE_HTTP__MAX_CONNECTIONS); 0: default")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        help="the servers' cap (LORAPLANE_HTTP__MAX_CONNECTIONS); 0: default",
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:

@@ -45,14 +45,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterStatus
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import encode
-from loraplane.schemas.keyring import save_keyring
-from loraplane.streams.score_admission import Known
-from loraplane.streams.score_fold import fold_batch
-from loraplane.streams.scores import ScoreState
-
 from bench.isolation import isolated, private_topics, produce_all
 from bench.report import Row, Summary, emit, parse_args, times
 from bench.streams_process import LORAPLANE, streams_run, streams_worker
@@ -60,6 +52,13 @@ from bench.workload import request_logs
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.topics import topic_name
+from loraplane.schemas.adapter import AdapterStatus
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import encode
+from loraplane.schemas.keyring import save_keyring
+from loraplane.streams.score_admission import Known
+from loraplane.streams.score_fold import fold_batch
+from loraplane.streams.scores import ScoreState
 
 AGENT = "loraplane.streams.scoring_agent"
 SENTINEL = "zzsentinel"
@@ -77,19 +76,20 @@ def register(settings: Settings, adapter_ids: list[str]) -> Known:
     kit = make_kit(now)
     save_keyring(kit.keyring, settings.home / "keyring.yaml")
     producer = kafka.producer(settings, linger_ms=20)
-    records = [record(a, "1").model_copy(update={"status": AdapterStatus.active})
-               for a in adapter_ids]
+    records = [
+        record(a, "1").model_copy(update={"status": AdapterStatus.active}) for a in adapter_ids
+    ]
     for r in records:
         view = signed_view(kit.keys["ci"], [r], now, kit.keyring)
-        producer.produce(topic_name(settings, "registry"), key=r.adapter_id,
-                         value=encode(view))
+        producer.produce(topic_name(settings, "registry"), key=r.adapter_id, value=encode(view))
     if producer.flush(30):
         raise RuntimeError("registry views not acknowledged")
     return Known.from_records(records)
 
 
-def raw_rate(settings: Settings, total: int, scored: bool, known: Known,
-             timeout_s: float = 120) -> tuple[float, float]:
+def raw_rate(
+    settings: Settings, total: int, scored: bool, known: Known, timeout_s: float = 120
+) -> tuple[float, float]:
     """(events/s, events per CPU-second) of a bare consumer (optionally doing the scoring
     work), from assign to the last message."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -189,9 +189,14 @@ class CpuSamples:
         return c0 + (c1 - c0) * (moment - t0) / (t1 - t0) if t1 > t0 else c1
 
 
-def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str],
-               profile: Path | None = None, timeout_s: float = 300
-               ) -> tuple[float, float, float]:
+def faust_rate(
+    settings: Settings,
+    total: int,
+    log_path: Path,
+    worker: list[str],
+    profile: Path | None = None,
+    timeout_s: float = 300,
+) -> tuple[float, float, float]:
     """(events/s of the scoring agent, seconds from spawn to its first consumption, events
     per CPU-second of its process over the same span).
 
@@ -203,8 +208,10 @@ def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str]
     changelog = topic_name(settings, "scores")
     sentinels = produce_sentinels(settings)
     spawned = time.time()
-    with streams_worker(settings, worker, log_path, profile=profile) as proc, \
-            CpuSamples(proc.pid).sampling() as cpu:
+    with (
+        streams_worker(settings, worker, log_path, profile=profile) as proc,
+        CpuSamples(proc.pid).sampling() as cpu,
+    ):
         reader = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}")
         try:
             parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
@@ -224,11 +231,13 @@ def faust_rate(settings: Settings, total: int, log_path: Path, worker: list[str]
                         last = max(last, at)
         finally:
             reader.close()
-    started = max(float(m) for m in CONSUMING.findall(log_path.read_text())
-                  if float(m) <= first)
+    started = max(float(m) for m in CONSUMING.findall(log_path.read_text()) if float(m) <= first)
     events = total + sentinels
-    return (events / (last - started), started - spawned,
-            events / max(cpu.at_time(last) - cpu.at_time(started), cpu.resolution_s))
+    return (
+        events / (last - started),
+        started - spawned,
+        events / max(cpu.at_time(last) - cpu.at_time(started), cpu.resolution_s),
+    )
 
 
 OWNING = re.compile(r"; owning \[([0-9, ]*)\]")
@@ -242,8 +251,15 @@ def _owned(log_path: Path) -> set[int]:
     return {int(p) for p in found[-1].split(",") if p.strip()} if found else set()
 
 
-def keepers_rate(settings: Settings, total: int, adapters: int, processes: int, round_: int,
-                 folder: Path, timeout_s: float = 300) -> tuple[float, float, list[int]]:
+def keepers_rate(
+    settings: Settings,
+    total: int,
+    adapters: int,
+    processes: int,
+    round_: int,
+    folder: Path,
+    timeout_s: float = 300,
+) -> tuple[float, float, list[int]]:
     """(events/s, events per CPU-second of all of them, partitions each owned) of
     ``processes`` plain scoring keepers (``loraplane streams scoring``) sharing the group.
 
@@ -261,9 +277,14 @@ def keepers_rate(settings: Settings, total: int, adapters: int, processes: int, 
         procs = []
         for i in range(processes):
             log_path = folder / f"keeper{round_}-{i}.log"
-            proc = stack.enter_context(streams_worker(
-                settings, [LORAPLANE, "streams", "scoring", "--instance", f"bench{round_}-{i}"],
-                log_path, ready="scoring keeper"))
+            proc = stack.enter_context(
+                streams_worker(
+                    settings,
+                    [LORAPLANE, "streams", "scoring", "--instance", f"bench{round_}-{i}"],
+                    log_path,
+                    ready="scoring keeper",
+                )
+            )
             procs.append((proc, log_path, stack.enter_context(CpuSamples(proc.pid).sampling())))
         deadline, stable_since, last_owned = time.monotonic() + 120, time.monotonic(), None
         while True:
@@ -271,8 +292,11 @@ def keepers_rate(settings: Settings, total: int, adapters: int, processes: int, 
             if owned != last_owned:
                 last_owned, stable_since = owned, time.monotonic()
             union = set().union(*owned)
-            if len(union) == partitions and sum(map(len, owned)) == partitions and \
-                    time.monotonic() - stable_since >= SETTLED_S:
+            if (
+                len(union) == partitions
+                and sum(map(len, owned)) == partitions
+                and time.monotonic() - stable_since >= SETTLED_S
+            ):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the keepers' group did not settle: {owned}")
@@ -299,17 +323,26 @@ def keepers_rate(settings: Settings, total: int, adapters: int, processes: int, 
             reader.close()
         cpu = sum(c.at_time(last) - c.at_time(began) for _, _, c in procs)
         events = total + sentinels
-        return (events / (last - began), events / max(cpu, procs[0][2].resolution_s),
-                [len(o) for o in last_owned])
+        return (
+            events / (last - began),
+            events / max(cpu, procs[0][2].resolution_s),
+            [len(o) for o in last_owned],
+        )
 
 
-def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
-        profile: Path | None = None, processes: tuple[int, ...] = ()) -> dict[str, Any]:
+def run(
+    base: Settings,
+    total: int,
+    adapters: int,
+    reps: int,
+    worker: list[str],
+    profile: Path | None = None,
+    processes: tuple[int, ...] = (),
+) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"loraplane": [], "raw": [], "raw_scored": []}
     per_cpu: dict[str, list[float]] = {k: [] for k in rates}
     startup: list[float] = []
-    keepers: dict[int, dict[str, list[float]]] = {
-        n: {"rate": [], "per_cpu": []} for n in processes}
+    keepers: dict[int, dict[str, list[float]]] = {n: {"rate": [], "per_cpu": []} for n in processes}
     owned: dict[int, list[list[int]]] = {n: [] for n in processes}
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as tmp:
         for rep in range(reps):
@@ -318,21 +351,31 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
             with private_topics(settings, TOPICS):
                 logs = request_logs(total, adapters=adapters, seed=rep)
                 produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
-                known = register(settings, sorted({x.adapter_id for x in logs} | {
-                    f"{SENTINEL}{p}" for p in range(partitions_of(settings))}))
+                known = register(
+                    settings,
+                    sorted(
+                        {x.adapter_id for x in logs}
+                        | {f"{SENTINEL}{p}" for p in range(partitions_of(settings))}
+                    ),
+                )
                 for name, scored in (("raw", False), ("raw_scored", True)):
                     rate, cpu_rate = raw_rate(settings, total, scored=scored, known=known)
                     rates[name].append(rate)
                     per_cpu[name].append(cpu_rate)
                 rate, started, cpu_rate = faust_rate(
-                    settings, total, settings.home / "streams.log", worker,
-                    profile if rep == 0 else None)
+                    settings,
+                    total,
+                    settings.home / "streams.log",
+                    worker,
+                    profile if rep == 0 else None,
+                )
                 rates["loraplane"].append(rate)
                 per_cpu["loraplane"].append(cpu_rate)
                 startup.append(started)
                 for round_, n in enumerate(processes, start=1):
-                    rate, cpu_rate, split = keepers_rate(settings, total, adapters, n,
-                                                         round_, settings.home)
+                    rate, cpu_rate, split = keepers_rate(
+                        settings, total, adapters, n, round_, settings.home
+                    )
                     keepers[n]["rate"].append(rate)
                     keepers[n]["per_cpu"].append(cpu_rate)
                     owned[n].append(split)
@@ -351,8 +394,7 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
         "raw_consume_and_score_events_per_cpu_s": cpu["raw_scored"].as_dict(),
         "worker_start_to_consuming_s": Summary.from_samples(startup).as_dict(),
         "ratio": round(summary["loraplane"].median / summary["raw"].median, 4),
-        "ratio_vs_raw_scored": round(
-            summary["loraplane"].median / summary["raw_scored"].median, 3),
+        "ratio_vs_raw_scored": round(summary["loraplane"].median / summary["raw_scored"].median, 3),
         "cpu_ratio": round(cpu["loraplane"].median / cpu["raw"].median, 4),
         "goal": ">= 0.15x per CPU-second",
         "scoring_processes": {
@@ -360,10 +402,13 @@ def run(base: Settings, total: int, adapters: int, reps: int, worker: list[str],
                 "events_s": Summary.from_samples(k["rate"]).as_dict(),
                 "events_per_cpu_s": Summary.from_samples(k["per_cpu"]).as_dict(),
                 "ratio": round(Summary.from_samples(k["rate"]).median / summary["raw"].median, 4),
-                "cpu_ratio": round(Summary.from_samples(k["per_cpu"]).median
-                                   / cpu["raw"].median, 4),
+                "cpu_ratio": round(
+                    Summary.from_samples(k["per_cpu"]).median / cpu["raw"].median, 4
+                ),
                 "partitions_owned": owned[n],
-            } for n, k in keepers.items()},
+            }
+            for n, k in keepers.items()
+        },
     }
 
 
@@ -372,27 +417,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--adapters", type=int, default=500)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--processes", default="",
-                        help="also N plain scoring keepers (`loraplane streams scoring`) "
-                             "sharing the group, e.g. 1,2 (each count on a fresh load)")
-    parser.add_argument("--profile", type=Path, help="pyinstrument text report of the first "
-                                                     "repetition's Faust worker (slows it)")
+    parser.add_argument(
+        "--processes",
+        default="",
+        help="also N plain scoring keepers (`loraplane streams scoring`) "
+        "sharing the group, e.g. 1,2 (each count on a fresh load)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="pyinstrument text report of the first repetition's Faust worker (slows it)",
+    )
     args = parse_args(parser, "bench.stream_throughput", argv)
     worker = streams_run([AGENT])
     processes = tuple(int(n) for n in args.processes.split(",") if n.strip())
-    result = run(get_settings(), args.events, args.adapters, args.reps, worker, args.profile,
-                 processes)
+    result = run(
+        get_settings(), args.events, args.adapters, args.reps, worker, args.profile, processes
+    )
     result["worker"] = " ".join(worker[1:])
-    emit(result, Row(
-        "stream throughput (scoring agent)",
-        Summary(**result["loraplane_events_per_cpu_s"]).text("events per CPU-s", 0) + "; "
-        + Summary(**result["loraplane_events_s"]).text("events/s", 0),
-        Summary(**result["raw_consume_events_per_cpu_s"]).text("events per CPU-s", 0)
-        + " confluent-kafka consume; with the same scoring work in a plain loop: "
-        + Summary(**result["raw_consume_and_score_events_per_cpu_s"]).text(
-            "events per CPU-s", 0),
-        f"{times(result['cpu_ratio'])} per CPU-second ({times(result['ratio'])} wall)",
-        result["goal"]), args)
+    emit(
+        result,
+        Row(
+            "stream throughput (scoring agent)",
+            Summary(**result["loraplane_events_per_cpu_s"]).text("events per CPU-s", 0)
+            + "; "
+            + Summary(**result["loraplane_events_s"]).text("events/s", 0),
+            Summary(**result["raw_consume_events_per_cpu_s"]).text("events per CPU-s", 0)
+            + " confluent-kafka consume; with the same scoring work in a plain loop: "
+            + Summary(**result["raw_consume_and_score_events_per_cpu_s"]).text(
+                "events per CPU-s", 0
+            ),
+            f"{times(result['cpu_ratio'])} per CPU-second ({times(result['ratio'])} wall)",
+            result["goal"],
+        ),
+        args,
+    )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,15 @@ _TIERS = (Tier.gpu, Tier.gpu, Tier.gpu, Tier.gpu, Tier.host, Tier.cold)
 _TTFT = {Tier.gpu: 40.0, Tier.host: 120.0, Tier.cold: 900.0, Tier.base_fallback: 60.0}
 
 
-def request_logs(n: int, *, adapters: int = 200, seed: int = 0, prefix: str = "e",
-                 start: datetime | None = None, span_s: float = 300.0) -> list[RequestLog]:
+def request_logs(
+    n: int,
+    *,
+    adapters: int = 200,
+    seed: int = 0,
+    prefix: str = "e",
+    start: datetime | None = None,
+    span_s: float = 300.0,
+) -> list[RequestLog]:
     """``n`` logs over ``adapters`` adapters (Zipf-like weights 1/rank), spread evenly over
     ``span_s`` seconds ending now (or from ``start``)."""
     rng = random.Random(seed)
@@ -26,10 +33,20 @@ def request_logs(n: int, *, adapters: int = 200, seed: int = 0, prefix: str = "e
     logs = []
     for i, adapter in enumerate(picks):
         tier = rng.choice(_TIERS)
-        logs.append(RequestLog(
-            event_id=f"{prefix}{seed}-{i}", ts=start + timedelta(seconds=i * step),
-            request_id=f"r{seed}-{i}", tenant_id=f"t{int(adapter[1:]) % 7}", base_model=BASE_MODEL,
-            adapter_id=adapter, adapter_version="1", worker_id=f"w{i % 4}",
-            tier_at_arrival=tier, ttft_ms=round(_TTFT[tier] * (0.5 + rng.random()), 3),
-            prompt_tokens=rng.randrange(16, 2048), output_tokens=rng.randrange(1, 512)))
+        logs.append(
+            RequestLog(
+                event_id=f"{prefix}{seed}-{i}",
+                ts=start + timedelta(seconds=i * step),
+                request_id=f"r{seed}-{i}",
+                tenant_id=f"t{int(adapter[1:]) % 7}",
+                base_model=BASE_MODEL,
+                adapter_id=adapter,
+                adapter_version="1",
+                worker_id=f"w{i % 4}",
+                tier_at_arrival=tier,
+                ttft_ms=round(_TTFT[tier] * (0.5 + rng.random()), 3),
+                prompt_tokens=rng.randrange(16, 2048),
+                output_tokens=rng.randrange(1, 512),
+            )
+        )
     return logs

@@ -35,6 +35,19 @@ from grafana_foundation_sdk.models.dashboard import (
 
 from loraplane.metrics.queries import grafana_sql
 
+__all__ = [
+    "DATASOURCE",
+    "OUT",
+    "PANELS",
+    "PLUGIN",
+    "ROWS",
+    "ClickHouseFormat",
+    "ClickHouseQuery",
+    "ClickHouseQueryBuilder",
+    "build",
+    "render",
+]
+
 OUT = Path(__file__).resolve().parent / "grafana" / "loraplane.json"
 PLUGIN = "grafana-clickhouse-datasource"
 DATASOURCE = DataSourceRef(type_val=PLUGIN, uid="${datasource}")
@@ -50,9 +63,14 @@ class ClickHouseFormat(enum.IntEnum):
 class ClickHouseQuery(cogvariants.Dataquery):
     """One SQL-editor target of grafana-clickhouse-datasource (plugin v4)."""
 
-    def __init__(self, ref_id: str = "A", raw_sql: str = "",
-                 format_val: ClickHouseFormat = ClickHouseFormat.TABLE,
-                 query_type: str = "table", datasource: DataSourceRef | None = None) -> None:
+    def __init__(
+        self,
+        ref_id: str = "A",
+        raw_sql: str = "",
+        format_val: ClickHouseFormat = ClickHouseFormat.TABLE,
+        query_type: str = "table",
+        datasource: DataSourceRef | None = None,
+    ) -> None:
         self.ref_id = ref_id
         self.raw_sql = raw_sql
         self.format_val = format_val
@@ -60,9 +78,13 @@ class ClickHouseQuery(cogvariants.Dataquery):
         self.datasource = datasource
 
     def to_json(self) -> dict[str, object]:
-        payload: dict[str, object] = {"refId": self.ref_id, "editorType": "sql",
-                                      "format": self.format_val, "queryType": self.query_type,
-                                      "rawSql": self.raw_sql}
+        payload: dict[str, object] = {
+            "refId": self.ref_id,
+            "editorType": "sql",
+            "format": self.format_val,
+            "queryType": self.query_type,
+            "rawSql": self.raw_sql,
+        }
         if self.datasource is not None:
             payload["datasource"] = self.datasource
         return payload
@@ -102,10 +124,16 @@ class ClickHouseQueryBuilder(cogbuilder.Builder[ClickHouseQuery]):
 # query, without them the whole query as a table.
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("timeseries_requests", "Hot adapter hit rate", ("hot_adapter_hit_rate",)),
-    ("timeseries_requests", "TTFT ms p50 / p95 / p99", ("ttft_p50_ms", "ttft_p95_ms",
-                                                        "ttft_p99_ms")),
-    ("timeseries_cache", "Adapter swap ms p50 / p95 / p99", ("swap_p50_ms", "swap_p95_ms",
-                                                             "swap_p99_ms")),
+    (
+        "timeseries_requests",
+        "TTFT ms p50 / p95 / p99",
+        ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms"),
+    ),
+    (
+        "timeseries_cache",
+        "Adapter swap ms p50 / p95 / p99",
+        ("swap_p50_ms", "swap_p95_ms", "swap_p99_ms"),
+    ),
     ("timeseries_requests", "Cold arrivals / min", ("cold_n",)),
     ("timeseries_cache", "Cold load fail ratio", ("cold_load_fail_ratio",)),
     ("adapter_summary", "Per adapter (exact)", ()),
@@ -120,51 +148,81 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 
-ROWS = {True: "Per minute (rollups; percentiles are t-digest estimates)",
-        False: "Exact (raw tables read with FINAL)"}
+ROWS = {
+    True: "Per minute (rollups; percentiles are t-digest estimates)",
+    False: "Exact (raw tables read with FINAL)",
+}
 
 
 def _variable(name: str, label: str, column: str) -> dashboard.QueryVariable:
     """A label filter; its "All" is '' (the pack's "no filter")."""
-    return (dashboard.QueryVariable(name).label(label).datasource(DATASOURCE)
-            .query(f"SELECT DISTINCT {column} FROM request_log ORDER BY {column}")
-            .include_all(True).all_value("").multi(False)
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .current(VariableOption(text="All", value="$__all")))
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(f"SELECT DISTINCT {column} FROM request_log ORDER BY {column}")
+        .include_all(True)
+        .all_value("")
+        .multi(False)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .current(VariableOption(text="All", value="$__all"))
+    )
 
 
-def _panel(i: int, query: str, title: str, fields: tuple[str, ...],
-           ) -> cogbuilder.Builder[typing.Any]:
+def _panel(
+    i: int,
+    query: str,
+    title: str,
+    fields: tuple[str, ...],
+) -> cogbuilder.Builder[typing.Any]:
     sql = grafana_sql(query)
     target = ClickHouseQueryBuilder().ref_id("A").datasource(DATASOURCE)
     panel: timeseries.Panel | table.Panel
     if fields:
         sql = f"SELECT minute AS time, adapter_id, {', '.join(fields)} FROM (\n{sql}\n)"
         target.format(ClickHouseFormat.TIME_SERIES).query_type("timeseries")
-        panel = (timeseries.Panel().span(12)
-                 .legend(common.VizLegendOptions().show_legend(True)
-                         .display_mode(LegendDisplayMode.LIST)
-                         .placement(LegendPlacement.BOTTOM))
-                 .tooltip(common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)
-                          .sort(SortOrder.DESCENDING))
-                 .with_transformation(DataTransformerConfig(id_val="prepareTimeSeries",
-                                                            options={"format": "multi"})))
+        panel = (
+            timeseries.Panel()
+            .span(12)
+            .legend(
+                common.VizLegendOptions()
+                .show_legend(True)
+                .display_mode(LegendDisplayMode.LIST)
+                .placement(LegendPlacement.BOTTOM)
+            )
+            .tooltip(
+                common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
+            )
+            .with_transformation(
+                DataTransformerConfig(id_val="prepareTimeSeries", options={"format": "multi"})
+            )
+        )
     else:
         target.format(ClickHouseFormat.TABLE).query_type("table")
         panel = table.Panel().span(24).show_header(True)
     # Height and width only: the SDK's dashboard builder lays the panels out left to right.
-    return (panel.id(i + 1).height(8).title(title).description(f"dashboards/queries/{query}.sql")
-            .datasource(DATASOURCE).with_target(target.raw_sql(sql)))
+    return (
+        panel.id(i + 1)
+        .height(8)
+        .title(title)
+        .description(f"dashboards/queries/{query}.sql")
+        .datasource(DATASOURCE)
+        .with_target(target.raw_sql(sql))
+    )
 
 
 def build() -> dashboard.Dashboard:
-    board = (dashboard.Dashboard("loraplane adapters").uid("loraplane-adapters")
-             .tags(["loraplane"]).time("now-6h", "now").refresh("30s")
-             .with_variable(dashboard.DatasourceVariable("datasource").label("ClickHouse")
-                            .type(PLUGIN))
-             .with_variable(_variable("base_model", "base model", "base_model"))
-             .with_variable(_variable("tenant", "tenant", "tenant_id"))
-             .with_variable(_variable("adapter", "adapter", "adapter_id")))
+    board = (
+        dashboard.Dashboard("loraplane adapters")
+        .uid("loraplane-adapters")
+        .tags(["loraplane"])
+        .time("now-6h", "now")
+        .refresh("30s")
+        .with_variable(dashboard.DatasourceVariable("datasource").label("ClickHouse").type(PLUGIN))
+        .with_variable(_variable("base_model", "base model", "base_model"))
+        .with_variable(_variable("tenant", "tenant", "tenant_id"))
+        .with_variable(_variable("adapter", "adapter", "adapter_id"))
+    )
     for i, spec in enumerate(PANELS):
         if i == 0 or bool(spec[2]) != bool(PANELS[i - 1][2]):  # a row per kind of panel
             board.with_row(dashboard.Row(ROWS[bool(spec[2])]).id(100 + i))

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from loraplane.schemas.base import VERSION_PATTERN, is_id
 
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.http_server import bound_port, start_site
@@ -40,9 +39,22 @@ from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 from loraplane.router.fleet_view import fleet_view
+from loraplane.schemas.base import VERSION_PATTERN, is_id
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "FILTERS",
+    "FLEET_READ_TIMEOUT_S",
+    "QUERY_THREADS",
+    "STATIC",
+    "Dashboard",
+    "query_params",
+    "serve",
+    "start",
+]
 
 STATIC = Path(__file__).resolve().parent / "static"
 FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
@@ -65,9 +77,12 @@ def query_params(given: dict[str, str]) -> queries.Params:
         if value and not (_VERSION.fullmatch(value) if version else is_id(value)):
             what = "a version" if version else "an id"
             raise ValueError(f"{name} must be {what} or empty, not {value[:40]!r}")
-    return queries.window(given.get("since", "1h"), now=None,
-                          limit=queries.parse_limit(given.get("limit", DEFAULT_LIMIT)),
-                          **{k: given.get(k, "") for k in FILTERS})
+    return queries.window(
+        given.get("since", "1h"),
+        now=None,
+        limit=queries.parse_limit(given.get("limit", DEFAULT_LIMIT)),
+        **{k: given.get(k, "") for k in FILTERS},
+    )
 
 
 def _json(status: HTTPStatus, body: Any) -> web.Response:
@@ -75,8 +90,11 @@ def _json(status: HTTPStatus, body: Any) -> web.Response:
 
 
 def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
-    return web.Response(status=status, body=body, headers={
-        "Content-Type": content_type, "Cache-Control": "no-store"})
+    return web.Response(
+        status=status,
+        body=body,
+        headers={"Content-Type": content_type, "Cache-Control": "no-store"},
+    )
 
 
 class Dashboard:
@@ -100,19 +118,25 @@ class Dashboard:
         path = request.path
         if path in ("/", "/index.html"):
             html = (STATIC / "index.html").read_text()
-            return _send(HTTPStatus.OK, html.replace(
-                "{{REFRESH_MS}}", str(int(self.refresh_s * 1000))).encode(),
-                "text/html; charset=utf-8")
+            return _send(
+                HTTPStatus.OK,
+                html.replace("{{REFRESH_MS}}", str(int(self.refresh_s * 1000))).encode(),
+                "text/html; charset=utf-8",
+            )
         if path.startswith("/static/"):
             return self._static(path.removeprefix("/static/"))
         if path.startswith("/api/query/"):
-            return await self._query(path.removeprefix("/api/query/"),
-                                     {k: request.query.getall(k)[-1] for k in request.query})
+            return await self._query(
+                path.removeprefix("/api/query/"),
+                {k: request.query.getall(k)[-1] for k in request.query},
+            )
         if path == "/api/fleet":
             return await self._fleet()
         if path == "/api/queries":
-            return _json(HTTPStatus.OK, [{"name": n, "summary": queries.load(n).summary}
-                                         for n in queries.names()])
+            return _json(
+                HTTPStatus.OK,
+                [{"name": n, "summary": queries.load(n).summary} for n in queries.names()],
+            )
         return _json(HTTPStatus.NOT_FOUND, {"error": f"no such page {path}"})
 
     @staticmethod
@@ -131,7 +155,8 @@ class Dashboard:
             return _json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         try:
             rows = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._run, name, params)
+                self._pool, self._run, name, params
+            )
         except Exception as exc:  # ClickHouse down or failing: tell the page why
             reason = " ".join(str(exc).splitlines()[:2]) or repr(exc)
             return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"ClickHouse: {reason}"})
@@ -143,7 +168,8 @@ class Dashboard:
             if cached is None or time.monotonic() - cached[0] > self.refresh_s / 2:
                 try:
                     body = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, self._read_fleet)
+                        self._pool, self._read_fleet
+                    )
                 except Exception as exc:  # the broker away: tell the page why
                     reason = " ".join(str(exc).splitlines()[:2]) or repr(exc)
                     return _json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"Kafka: {reason}"})
@@ -153,11 +179,15 @@ class Dashboard:
     def _read_fleet(self) -> dict[str, Any]:
         latest = latest_fleet_states(self.settings, timeout_s=FLEET_READ_TIMEOUT_S)
         heartbeat_s = self.settings.policy.worker_heartbeat_s
-        view = fleet_view(latest.workers.values(), time.time(), heartbeat_s,
-                          latest.routers.values())
-        return {**view.as_json(), "malformed_states": latest.malformed,
-                "complete": latest.complete,
-                "heartbeat_s": heartbeat_s}
+        view = fleet_view(
+            latest.workers.values(), time.time(), heartbeat_s, latest.routers.values()
+        )
+        return {
+            **view.as_json(),
+            "malformed_states": latest.malformed,
+            "complete": latest.complete,
+            "heartbeat_s": heartbeat_s,
+        }
 
     def _run(self, name: str, params: queries.Params) -> Any:
         client = connect(self.settings, reader=True)
@@ -170,16 +200,19 @@ class Dashboard:
 async def start(settings: Settings, port: int, refresh_s: float = 5.0) -> web.AppRunner:
     """Bound to loopback only, within ``settings.http``; port 0 picks a free port
     (``loraplane.kernel.http_server.bound_port``)."""
-    runner, _ = await start_site(Dashboard(settings, refresh_s).app(), LOOPBACK, port,
-                                 settings.http, name="dashboard")
+    runner, _ = await start_site(
+        Dashboard(settings, refresh_s).app(), LOOPBACK, port, settings.http, name="dashboard"
+    )
     return runner
 
 
 def serve(settings: Settings, port: int, refresh_s: float = 5.0) -> None:
     async def main() -> None:
         runner = await start(settings, port, refresh_s)
-        print(f"loraplane dashboard on http://{LOOPBACK}:{bound_port(runner)}/ "
-              "(Ctrl-C to stop)", flush=True)
+        print(
+            f"loraplane dashboard on http://{LOOPBACK}:{bound_port(runner)}/ (Ctrl-C to stop)",
+            flush=True,
+        )
         try:
             await asyncio.Event().wait()
         finally:

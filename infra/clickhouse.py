@@ -16,8 +16,9 @@ from xml.sax.saxutils import escape
 
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
-
 from loraplane.kernel.secrets import ensure_secret
+
+__all__ = ["BINARY_CANDIDATES", "ClickHouse", "users_xml"]
 
 BINARY_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server")
 
@@ -75,9 +76,14 @@ def users_xml(logins: list[tuple[str, str, str]]) -> str:
     for user, _, _ in logins:
         if not _NAME.fullmatch(user):
             raise StackError(f"invalid ClickHouse user name {user!r}: use letters, digits, _")
-    return _USERS.format(users="".join(
-        _USER.format(user=user, digest=hashlib.sha256(password.encode()).hexdigest(),
-                     profile=profile) for user, password, profile in logins))
+    return _USERS.format(
+        users="".join(
+            _USER.format(
+                user=user, digest=hashlib.sha256(password.encode()).hexdigest(), profile=profile
+            )
+            for user, password, profile in logins
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -95,10 +101,11 @@ class ClickHouse(Service):
     def ports(self) -> list[Port]:
         c = self.settings.clickhouse
         env = "LORAPLANE_CLICKHOUSE__"
-        return [Port("clickhouse tcp", c.host, c.tcp_port, f"{env}TCP_PORT"),
-                Port("clickhouse http", c.host, c.http_port, f"{env}HTTP_PORT"),
-                Port("clickhouse interserver", c.host, c.interserver_port,
-                     f"{env}INTERSERVER_PORT")]
+        return [
+            Port("clickhouse tcp", c.host, c.tcp_port, f"{env}TCP_PORT"),
+            Port("clickhouse http", c.host, c.http_port, f"{env}HTTP_PORT"),
+            Port("clickhouse interserver", c.host, c.interserver_port, f"{env}INTERSERVER_PORT"),
+        ]
 
     def endpoint(self) -> str:
         c = self.settings.clickhouse
@@ -109,11 +116,14 @@ class ClickHouse(Service):
 
     @staticmethod
     def binary() -> str:
-        found = next((b for b in BINARY_CANDIDATES if Path(b).is_file()),
-                     shutil.which("clickhouse-server"))
+        found = next(
+            (b for b in BINARY_CANDIDATES if Path(b).is_file()), shutil.which("clickhouse-server")
+        )
         if found is None:
-            raise StackError("clickhouse-server is not installed; run ./run setup "
-                             "(or: apt-get install -y clickhouse-server)")
+            raise StackError(
+                "clickhouse-server is not installed; run ./run setup "
+                "(or: apt-get install -y clickhouse-server)"
+            )
         return found
 
     def prepare(self) -> list[str]:
@@ -122,11 +132,24 @@ class ClickHouse(Service):
         for sub in ("tmp", "user_files", "format_schemas"):
             (data / sub).mkdir(parents=True, exist_ok=True)
         users = self.dir / "users.xml"
-        users.write_text(users_xml([(c.user, self._password(c.user, writer=True), "default"),
-                                    (c.reader_user, self._password(c.reader_user), "reader")]))
-        Path(self.marker()).write_text(_CONFIG.format(
-            host=c.host, tcp=c.tcp_port, http=c.http_port, interserver=c.interserver_port,
-            data=escape(str(data)), users=escape(str(users))))
+        users.write_text(
+            users_xml(
+                [
+                    (c.user, self._password(c.user, writer=True), "default"),
+                    (c.reader_user, self._password(c.reader_user), "reader"),
+                ]
+            )
+        )
+        Path(self.marker()).write_text(
+            _CONFIG.format(
+                host=c.host,
+                tcp=c.tcp_port,
+                http=c.http_port,
+                interserver=c.interserver_port,
+                data=escape(str(data)),
+                users=escape(str(users)),
+            )
+        )
         return [self.binary(), f"--config-file={self.marker()}"]
 
     def _password(self, user: str, writer: bool = False) -> str:
@@ -140,8 +163,14 @@ class ClickHouse(Service):
 
         c = self.settings.clickhouse
         user, password = c.login()
-        client = Client(host=c.host, port=c.tcp_port, user=user, password=password,
-                        connect_timeout=2, send_receive_timeout=5)
+        client = Client(
+            host=c.host,
+            port=c.tcp_port,
+            user=user,
+            password=password,
+            connect_timeout=2,
+            send_receive_timeout=5,
+        )
         try:
             return client.execute(sql)
         finally:

@@ -27,6 +27,29 @@ from typing import Any
 
 import yaml
 
+__all__ = [
+    "CHART",
+    "EXAMPLE_POD_IP",
+    "HELM_MODULE",
+    "HELM_VERSION",
+    "NAMESPACE",
+    "RELEASE",
+    "WORKLOADS",
+    "ChartError",
+    "Container",
+    "container_env",
+    "container_words",
+    "containers",
+    "expand",
+    "helm",
+    "helm_path",
+    "install",
+    "main",
+    "ordinals",
+    "pod_fields",
+    "render",
+]
+
 CHART = Path(__file__).resolve().parent / "helm" / "loraplane"
 HELM_MODULE = "helm.sh/helm/v4/cmd/helm"
 HELM_VERSION = "v4.3.2"
@@ -57,12 +80,17 @@ def install(home: Path) -> Path:
         raise ChartError("no Go toolchain on PATH: Helm is built from its Go module")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        done = subprocess.run([go, "install", f"{HELM_MODULE}@{HELM_VERSION}"],
-                              env={**os.environ, "GOBIN": tmp},
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [go, "install", f"{HELM_MODULE}@{HELM_VERSION}"],
+            env={**os.environ, "GOBIN": tmp},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
-            raise ChartError(f"go install {HELM_MODULE}@{HELM_VERSION} failed:\n"
-                             f"{done.stdout}{done.stderr}")
+            raise ChartError(
+                f"go install {HELM_MODULE}@{HELM_VERSION} failed:\n{done.stdout}{done.stderr}"
+            )
         os.replace(Path(tmp) / "helm", target)  # whole or not at all
     return target
 
@@ -70,18 +98,24 @@ def install(home: Path) -> Path:
 def helm(binary: Path, *args: str) -> str:
     """Run Helm (no repositories, no cluster: its home in a throwaway folder); its stdout."""
     with tempfile.TemporaryDirectory() as home:
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": home,
-               "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
-               "HELM_DATA_HOME": f"{home}/data"}
-        done = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": home,
+            "HELM_CACHE_HOME": f"{home}/cache",
+            "HELM_CONFIG_HOME": f"{home}/config",
+            "HELM_DATA_HOME": f"{home}/data",
+        }
+        done = subprocess.run(
+            [str(binary), *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
     if done.returncode != 0:
         raise ChartError(f"helm {' '.join(args)}:\n{done.stdout}{done.stderr}")
     return done.stdout
 
 
-def render(binary: Path, values: Sequence[Path] = (), sets: Sequence[str] = (),
-           chart: Path = CHART) -> list[dict[str, Any]]:
+def render(
+    binary: Path, values: Sequence[Path] = (), sets: Sequence[str] = (), chart: Path = CHART
+) -> list[dict[str, Any]]:
     """``helm template`` of the chart as release ``RELEASE`` in ``NAMESPACE``: its
     manifests."""
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
@@ -137,8 +171,12 @@ def pod_fields(workload: Mapping[str, Any], ordinal: int | None = None) -> dict[
         labels["apps.kubernetes.io/pod-index"] = str(index)
     else:
         name = f"{meta['name']}-7c9f5b8d4-x2x4z"
-    fields = {"metadata.name": name, "metadata.namespace": NAMESPACE,
-              "status.podIP": EXAMPLE_POD_IP, "spec.nodeName": "node-1"}
+    fields = {
+        "metadata.name": name,
+        "metadata.namespace": NAMESPACE,
+        "status.podIP": EXAMPLE_POD_IP,
+        "spec.nodeName": "node-1",
+    }
     fields |= {f"metadata.labels['{k}']": str(v) for k, v in labels.items()}
     return fields
 
@@ -168,6 +206,7 @@ def container_env(spec: Mapping[str, Any], fields: Mapping[str, str]) -> dict[st
 def expand(text: str, env: Mapping[str, str]) -> str:
     """The kubelet's ``$(VAR)`` expansion (``$$`` is one ``$``); a reference to a variable
     the container lacks is an error here (the kubelet would pass it on literally)."""
+
     def one(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"

@@ -34,13 +34,27 @@ from typing import TYPE_CHECKING
 from loraplane.infra import maven
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
-
 from loraplane.kernel import kafka
 from loraplane.kernel.kafka import Principal
 from loraplane.kernel.secrets import write_private
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
+
+__all__ = [
+    "CLUSTER_SIZE",
+    "CONTROLLER_SECRET",
+    "FETCH_API",
+    "LOG4J_VERSION",
+    "NODE_USER",
+    "SCRAM_ITERATIONS",
+    "SCRAM_MARKER",
+    "Kafka",
+    "api_versions",
+    "kafka_nodes",
+    "new_cluster_id",
+    "speaks_kafka_4",
+]
 
 LOG4J_VERSION = "2.24.3"
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
@@ -115,9 +129,15 @@ class Kafka(Service):
     def ports(self) -> list[Port]:
         k, n = self.settings.kafka, self.node
         step = "" if n == 1 else f" (+{2 * (n - 1)} for node {n})"
-        return [Port("kafka listener", k.host, self.port, f"LORAPLANE_KAFKA__PORT{step}"),
-                Port("kafka controller", k.host, k.node_controller_port(n),
-                     f"LORAPLANE_KAFKA__CONTROLLER_PORT{step}")]
+        return [
+            Port("kafka listener", k.host, self.port, f"LORAPLANE_KAFKA__PORT{step}"),
+            Port(
+                "kafka controller",
+                k.host,
+                k.node_controller_port(n),
+                f"LORAPLANE_KAFKA__CONTROLLER_PORT{step}",
+            ),
+        ]
 
     def endpoint(self) -> str:
         return f"{self.settings.kafka.host}:{self.port}"
@@ -136,17 +156,30 @@ class Kafka(Service):
     def fetch(self) -> Path:
         """Resolve the jars once (network only the first time); returns the classpath file."""
         k = self.settings.kafka
-        return maven.classpath(self.cache, f"Kafka {k.version}", [
-            maven.Artifact("org.apache.kafka", f"kafka_{k.scala_version}", k.version),
-            maven.Artifact("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
-            maven.Artifact("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION)])
+        return maven.classpath(
+            self.cache,
+            f"Kafka {k.version}",
+            [
+                maven.Artifact("org.apache.kafka", f"kafka_{k.scala_version}", k.version),
+                maven.Artifact("org.apache.logging.log4j", "log4j-slf4j-impl", LOG4J_VERSION),
+                maven.Artifact("org.apache.logging.log4j", "log4j-core", LOG4J_VERSION),
+            ],
+        )
 
     def _java(self, *args: str) -> list[str]:
         heap = self.settings.kafka.heap_per_broker
-        return ["java", f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
-                "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
-                "-cp", ":".join(maven.jars(self.fetch())), *args]
+        return [
+            "java",
+            f"-Xmx{heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
+            "-cp",
+            ":".join(maven.jars(self.fetch())),
+            *args,
+        ]
 
     def controller_password(self) -> str:
         """The controller listener's password: per start for a single node, shared by the
@@ -168,15 +201,17 @@ class Kafka(Service):
             raise StackError(
                 f"kafka data under {self.home} was formatted for {formatted_for} broker(s), "
                 f"kafka.brokers is {k.brokers}: set LORAPLANE_KAFKA__BROKERS={formatted_for}, "
-                "or `loraplane stack down --purge` and `stack up` again")
+                "or `loraplane stack down --purge` and `stack up` again"
+            )
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.xml").write_text(_LOG4J2)
         ops, node = self.password(Principal.ops), self.controller_password()
         mechanism = k.sasl_mechanism
         copies = topics.replicas(self.settings)
         in_sync = str(topics.min_insync(copies))
-        voters = ",".join(f"{v}@{k.host}:{k.node_controller_port(v)}"
-                          for v in range(1, k.brokers + 1))
+        voters = ",".join(
+            f"{v}@{k.host}:{k.node_controller_port(v)}" for v in range(1, k.brokers + 1)
+        )
         controller = k.node_controller_port(n)
         scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
         plain_module = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -191,15 +226,16 @@ class Kafka(Service):
             "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
             "sasl.enabled.mechanisms": mechanism,
             "sasl.mechanism.inter.broker.protocol": mechanism,
-            f"listener.name.client.{mechanism.lower()}.sasl.jaas.config":
-                f'{scram_module} required username="{Principal.ops}" password="{ops}";',
+            f"listener.name.client.{mechanism.lower()}.sasl.jaas.config": (
+                f'{scram_module} required username="{Principal.ops}" password="{ops}";'
+            ),
             "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.controller.protocol": "PLAIN",
-            "listener.name.controller.plain.sasl.jaas.config":
+            "listener.name.controller.plain.sasl.jaas.config": (
                 f'{plain_module} required username="{NODE_USER}" password="{node}" '
-                f'user_{NODE_USER}="{node}";',
-            "authorizer.class.name":
-                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                f'user_{NODE_USER}="{node}";'
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": f"User:{Principal.ops};User:{NODE_USER}",
             "allow.everyone.if.no.acl.found": "false",
             "log.dirs": str(self.dir / "data"),
@@ -223,7 +259,8 @@ class Kafka(Service):
         if formatted and not (self.dir / SCRAM_MARKER).is_file():
             raise StackError(
                 f"kafka data in {self.dir / 'data'} was formatted before the broker had SASL "
-                "users; `loraplane stack down --purge` deletes it, then `stack up` again")
+                "users; `loraplane stack down --purge` deletes it, then `stack up` again"
+            )
         if not formatted:
             self._format(ops)
         return self._java("kafka.Kafka", str(self.properties_file))
@@ -235,17 +272,32 @@ class Kafka(Service):
         argfile = self.dir / "format.args"
         mechanism = self.settings.kafka.sasl_mechanism
         scram = f"{mechanism}=[name={Principal.ops},password={ops_password}]"
-        write_private(argfile, "\n".join([
-            "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
-            "-c", str(self.properties_file), "--add-scram", f'"{scram}"']) + "\n")
+        write_private(
+            argfile,
+            "\n".join(
+                [
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    self._cluster_id(),
+                    "-c",
+                    str(self.properties_file),
+                    "--add-scram",
+                    f'"{scram}"',
+                ]
+            )
+            + "\n",
+        )
         try:
-            done = subprocess.run([*self._java(), f"@{argfile}"],
-                                  capture_output=True, text=True, check=False)
+            done = subprocess.run(
+                [*self._java(), f"@{argfile}"], capture_output=True, text=True, check=False
+            )
         finally:
             argfile.unlink(missing_ok=True)
         if done.returncode != 0:
-            raise StackError(f"kafka storage format failed:\n"
-                             f"{_redact(done.stdout + done.stderr, ops_password)}")
+            raise StackError(
+                f"kafka storage format failed:\n{_redact(done.stdout + done.stderr, ops_password)}"
+            )
         (self.dir / SCRAM_MARKER).write_text("SCRAM users created at format\n")
         if self.node == 1:
             (self.dir / CLUSTER_SIZE).write_text(f"{self.settings.kafka.brokers}\n")
@@ -316,13 +368,15 @@ class Kafka(Service):
         )
 
         mechanism = ScramMechanism[self.settings.kafka.sasl_mechanism.replace("-", "_")]
-        upserts: list[UserScramCredentialAlteration] = [UserScramCredentialUpsertion(
-                       str(p), ScramCredentialInfo(mechanism, SCRAM_ITERATIONS),
-                       self.password(p).encode())
-                   for p in Principal if p is not Principal.ops]
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                str(p), ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), self.password(p).encode()
+            )
+            for p in Principal
+            if p is not Principal.ops
+        ]
         admin = kafka.admin(self.settings)
-        for user, future in admin.alter_user_scram_credentials(
-                upserts, request_timeout=30).items():
+        for user, future in admin.alter_user_scram_credentials(upserts, request_timeout=30).items():
             try:
                 future.result(timeout=30)
             except Exception as exc:
@@ -332,8 +386,9 @@ class Kafka(Service):
         """The jar version our broker runs; for a foreign broker, what ApiVersions implies."""
         pid = self.process.pid()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode() if pid else ""
-        found = re.search(rf"kafka_{re.escape(self.settings.kafka.scala_version)}-([\w.-]+)\.jar",
-                          cmdline)
+        found = re.search(
+            rf"kafka_{re.escape(self.settings.kafka.scala_version)}-([\w.-]+)\.jar", cmdline
+        )
         if found:
             return found.group(1)
         k = self.settings.kafka
@@ -377,7 +432,9 @@ def api_versions(host: str, port: int, timeout: float = 5.0) -> dict[int, tuple[
     _, error, count = struct.unpack(">ihi", payload[:10])
     if error:
         raise StackError(f"ApiVersions error code {error} from {host}:{port}")
-    return {key: (lo, hi) for key, lo, hi in struct.iter_unpack(">hhh", payload[10:10 + 6 * count])}
+    return {
+        key: (lo, hi) for key, lo, hi in struct.iter_unpack(">hhh", payload[10 : 10 + 6 * count])
+    }
 
 
 def _recv(sock: socket.socket, size: int) -> bytes:

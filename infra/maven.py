@@ -15,6 +15,8 @@ from pathlib import Path
 
 from loraplane.infra.processes import StackError
 
+__all__ = ["Artifact", "classpath", "jars"]
+
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>loraplane</groupId><artifactId>{artifact_id}</artifactId><version>1</version>
@@ -24,8 +26,10 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   </dependencies>
 </project>
 """
-_DEPENDENCY = ("    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-               "<version>{version}</version></dependency>")
+_DEPENDENCY = (
+    "    <dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+    "<version>{version}</version></dependency>"
+)
 
 
 @dataclass(frozen=True)
@@ -43,19 +47,29 @@ def classpath(cache: Path, name: str, artifacts: list[Artifact]) -> Path:
     if file.is_file() and (found := jars(file)) and all(Path(j).is_file() for j in found):
         return file
     if shutil.which("mvn") is None or shutil.which("java") is None:
-        raise StackError(f"{name} needs `java` (17+) and `mvn` on PATH to fetch its jars; "
-                         "on Debian: apt-get install -y openjdk-17-jre-headless maven")
+        raise StackError(
+            f"{name} needs `java` (17+) and `mvn` on PATH to fetch its jars; "
+            "on Debian: apt-get install -y openjdk-17-jre-headless maven"
+        )
     cache.mkdir(parents=True, exist_ok=True)
-    dependencies = "\n".join(_DEPENDENCY.format(group=a.group, artifact=a.artifact,
-                                                version=a.version) for a in artifacts)
-    (cache / "pom.xml").write_text(_POM.format(artifact_id=f"{cache.name}-runtime",
-                                               dependencies=dependencies))
+    dependencies = "\n".join(
+        _DEPENDENCY.format(group=a.group, artifact=a.artifact, version=a.version) for a in artifacts
+    )
+    (cache / "pom.xml").write_text(
+        _POM.format(artifact_id=f"{cache.name}-runtime", dependencies=dependencies)
+    )
     done = subprocess.run(
         ["mvn", "-q", "-B", "dependency:build-classpath", f"-Dmdep.outputFile={file}"],
-        cwd=cache, capture_output=True, text=True, check=False)
+        cwd=cache,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0 or not file.is_file():
-        raise StackError(f"could not fetch the {name} jars with mvn (in {cache}):\n"
-                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise StackError(
+            f"could not fetch the {name} jars with mvn (in {cache}):\n"
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     return file
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["Managed", "StackError", "free_port", "port_in_use", "tail", "wait_until"]
+
 
 class StackError(RuntimeError):
     """A failure the user can act on; the message says what and where."""
@@ -43,15 +45,21 @@ class Managed:
     def running(self) -> bool:
         return self.pid() is not None
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              cwd: Path | None = None) -> int:
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> int:
         """Start detached (own session, output to the log file) so it outlives the CLI."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=cwd, env={**os.environ, **(env or {})},
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
             )
         self.pid_file.write_text(f"{proc.pid}\n")
         # /proc/PID/cmdline shows the new command line only a moment after exec; until then
@@ -138,8 +146,12 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.5,
-               alive: Callable[[], bool] = lambda: True) -> bool:
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    interval: float = 0.5,
+    alive: Callable[[], bool] = lambda: True,
+) -> bool:
     """Poll ``check`` until it is true; give up early once ``alive`` says the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

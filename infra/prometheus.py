@@ -26,9 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from loraplane.infra.processes import Managed, StackError, port_in_use, wait_until
-
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.metric_names import LORA_ADAPTER_LOADED
+
+__all__ = [
+    "ALLOWED_LINTS",
+    "RULES_DIR",
+    "RULES_FILE",
+    "RULES_TEST_FILE",
+    "Prometheus",
+    "binary",
+    "check_metrics",
+    "check_rules",
+    "main",
+    "run_rule_tests",
+]
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "prometheus"
 RULES_FILE = RULES_DIR / "loraplane.rules.yml"
@@ -46,15 +58,15 @@ def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProce
     tool = binary("promtool")
     if tool is None:
         raise StackError("promtool is missing: run scripts/setup.d/20-services.sh")
-    return subprocess.run([tool, *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [tool, *args], input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def check_metrics(exposition: str) -> list[str]:
     """promtool's lint problems on one /metrics body, less ``ALLOWED_LINTS`` ([]: clean)."""
     done = _promtool("check", "metrics", stdin=exposition)
-    problems = [line.strip() for line in (done.stdout + done.stderr).splitlines()
-                if line.strip()]
+    problems = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return [p for p in problems if p not in ALLOWED_LINTS]
 
 
@@ -83,16 +95,21 @@ class Prometheus:
 
     @property
     def process(self) -> Managed:
-        return Managed(self.home / "prometheus.pid", self.home / "prometheus.log",
-                       str(self.home / "prometheus.yml"))
+        return Managed(
+            self.home / "prometheus.pid",
+            self.home / "prometheus.log",
+            str(self.home / "prometheus.yml"),
+        )
 
     def config(self) -> dict[str, Any]:
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
         return {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": addrs}]}
-                               for job, addrs in sorted(self.targets.items())],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": addrs}]}
+                for job, addrs in sorted(self.targets.items())
+            ],
         }
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -104,10 +121,15 @@ class Prometheus:
         self.home.mkdir(parents=True, exist_ok=True)
         config = self.home / "prometheus.yml"
         config.write_text(json.dumps(self.config(), indent=1))  # JSON is YAML
-        self.process.start([server, f"--config.file={config}",
-                            f"--storage.tsdb.path={self.home / 'tsdb'}",
-                            f"--web.listen-address={LOOPBACK}:{self.port}",
-                            "--storage.tsdb.retention.time=1d"])
+        self.process.start(
+            [
+                server,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.home / 'tsdb'}",
+                f"--web.listen-address={LOOPBACK}:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+            ]
+        )
         if not wait_until(self.ready, timeout_s, 0.2, self.process.running):
             log = "\n".join(self.process.tail(20))
             self.stop()

@@ -24,9 +24,10 @@ from typing import Any
 from loraplane.infra import maven
 from loraplane.infra.processes import free_port
 from loraplane.infra.service import Port, Service
-
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.secrets import ensure_secret, write_private
+
+__all__ = ["MAIN_CLASS", "S3"]
 
 MAIN_CLASS = "org.gaul.s3proxy.Main"
 _LOGBACK = """<configuration>
@@ -53,9 +54,13 @@ class S3(Service):
         if shared.is_dir() and not (home / "cache").exists():
             (home / "cache").symlink_to(shared.resolve())
         port = free_port()
-        s3 = base.s3.model_copy(update={
-            "endpoint_url": f"http://{LOOPBACK}:{port}", "port": port,
-            "credentials_file": credentials_file or base.s3.credentials_file})
+        s3 = base.s3.model_copy(
+            update={
+                "endpoint_url": f"http://{LOOPBACK}:{port}",
+                "port": port,
+                "credentials_file": credentials_file or base.s3.credentials_file,
+            }
+        )
         return cls(base.model_copy(update={"home": home, "s3": s3}))
 
     @property
@@ -89,13 +94,17 @@ class S3(Service):
     def fetch(self) -> Path:
         """Resolve the jars once (network only the first time); returns the classpath file."""
         version = self.settings.s3.server_version
-        return maven.classpath(self.cache, f"s3proxy {version}",
-                               [maven.Artifact("org.gaul", "s3proxy", version)])
+        return maven.classpath(
+            self.cache, f"s3proxy {version}", [maven.Artifact("org.gaul", "s3proxy", version)]
+        )
 
     def prepare(self) -> list[str]:
         s = self.settings.s3
-        secret = s.secret() if s.secret_access_key is not None else ensure_secret(
-            s.credentials_file or self.home / "secrets" / "s3-secret", nbytes=30)
+        secret = (
+            s.secret()
+            if s.secret_access_key is not None
+            else ensure_secret(s.credentials_file or self.home / "secrets" / "s3-secret", nbytes=30)
+        )
         self.data.mkdir(parents=True, exist_ok=True)
         (self.dir / "logback.xml").write_text(_LOGBACK)
         props = {
@@ -108,11 +117,18 @@ class S3(Service):
             "jclouds.filesystem.basedir": str(self.data),
         }
         write_private(self.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
-        return ["java", f"-Xmx{s.heap}", "-XX:+ExitOnOutOfMemoryError",
-                "-Djava.awt.headless=true",
-                f"-Dlogback.configurationFile={self.dir / 'logback.xml'}",
-                "-cp", ":".join(maven.jars(self.fetch())), MAIN_CLASS,
-                "--properties", str(self.properties_file)]
+        return [
+            "java",
+            f"-Xmx{s.heap}",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlogback.configurationFile={self.dir / 'logback.xml'}",
+            "-cp",
+            ":".join(maven.jars(self.fetch())),
+            MAIN_CLASS,
+            "--properties",
+            str(self.properties_file),
+        ]
 
     def client(self) -> Any:
         import boto3
@@ -120,9 +136,13 @@ class S3(Service):
 
         s = self.settings.s3
         return boto3.client(
-            "s3", endpoint_url=s.endpoint_url, region_name=s.region,
-            aws_access_key_id=s.access_key_id, aws_secret_access_key=s.secret(),
-            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}))
+            "s3",
+            endpoint_url=s.endpoint_url,
+            region_name=s.region,
+            aws_access_key_id=s.access_key_id,
+            aws_secret_access_key=s.secret(),
+            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+        )
 
     def healthy(self) -> bool:
         self.client().list_buckets()

@@ -12,6 +12,8 @@ from loraplane.infra.processes import Managed
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
 
+__all__ = ["Port", "Service"]
+
 
 @dataclass(frozen=True)
 class Port:
@@ -43,8 +45,11 @@ class Service(ABC):
 
     @property
     def process(self) -> Managed:
-        return Managed(self.home / "run" / f"{self.label}.pid",
-                       self.home / "logs" / f"{self.label}.log", self.marker())
+        return Managed(
+            self.home / "run" / f"{self.label}.pid",
+            self.home / "logs" / f"{self.label}.log",
+            self.marker(),
+        )
 
     @abstractmethod
     def marker(self) -> str:

@@ -12,16 +12,29 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rich.console import Console
+from rich.table import Table
+
 from loraplane.infra.clickhouse import ClickHouse
 from loraplane.infra.kafka import kafka_nodes
 from loraplane.infra.processes import StackError, port_in_use, wait_until
 from loraplane.infra.s3 import S3
 from loraplane.infra.service import Service
-from rich.console import Console
-from rich.table import Table
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
+
+__all__ = [
+    "LOG_LINES_ON_FAILURE",
+    "Health",
+    "down",
+    "healthy",
+    "print_status",
+    "service",
+    "services",
+    "status",
+    "up",
+]
 
 LOG_LINES_ON_FAILURE = 25
 
@@ -72,8 +85,13 @@ def print_status(settings: Settings, console: Console) -> bool:
     table = Table("service", "endpoint", "version", "pid", "health")
     rows = status(settings)
     for h in rows:
-        table.add_row(h.name, h.endpoint, h.version, str(h.pid or "-"),
-                      "[green]healthy[/]" if h.healthy else "[red]down[/]")
+        table.add_row(
+            h.name,
+            h.endpoint,
+            h.version,
+            str(h.pid or "-"),
+            "[green]healthy[/]" if h.healthy else "[red]down[/]",
+        )
     console.print(table)
     return all(h.healthy for h in rows)
 
@@ -83,7 +101,8 @@ def _check_ports(svc: Service) -> None:
         if port_in_use(port.host, port.number):
             raise StackError(
                 f"{svc.label}: port {port.number} ({port.what}) on {port.host} is already in use "
-                f"by another process; stop that process or set {port.env}")
+                f"by another process; stop that process or set {port.env}"
+            )
 
 
 def _fail(svc: Service, why: str, console: Console) -> StackError:
@@ -112,8 +131,13 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
             ok = wait_until(svc.ready, svc.start_timeout, alive=svc.process.running)
             if not ok:
                 dead = not svc.process.running()
-                raise _fail(svc, "exited during start-up" if dead else
-                            f"not ready after {svc.start_timeout:.0f}s", console)
+                raise _fail(
+                    svc,
+                    "exited during start-up"
+                    if dead
+                    else f"not ready after {svc.start_timeout:.0f}s",
+                    console,
+                )
             svc.after_start()
         if svc in started:
             console.print(f"[green]✓ {svc.label} ready[/] in {time.monotonic() - t0:.1f}s")
@@ -123,8 +147,9 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
         with console.status("kafka: applying topics"):
             changes = topics.apply(settings)
         applied = [c for c in changes if c.action != "unchanged"]
-        console.print(f"[green]✓ topics[/]: {len(applied)} changed, "
-                      f"{len(changes) - len(applied)} unchanged")
+        console.print(
+            f"[green]✓ topics[/]: {len(applied)} changed, {len(changes) - len(applied)} unchanged"
+        )
         for change in applied:
             console.print(f"  {change}", markup=False, soft_wrap=True)
 

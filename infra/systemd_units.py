@@ -22,6 +22,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "INSTALL_ROOT",
+    "Unit",
+    "UnitError",
+    "command_words",
+    "environment_file",
+    "main",
+    "parse_cli",
+    "specifiers",
+]
+
 INSTALL_ROOT = "/opt/loraplane"
 """Where the units expect the checkout, its ``.venv`` and ``.venv-vllm``."""
 _EXEC_PREFIXES = "-@:+!"
@@ -63,8 +74,9 @@ class Unit:
         """The ``EnvironmentFile`` paths, specifiers expanded (a leading ``-``: optional)."""
         return [specifiers(v, instance) for v in self.service.get("EnvironmentFile", [])]
 
-    def exec_start(self, env_files: Mapping[str, Path], instance: str = "",
-                   host: str | None = None) -> list[str]:
+    def exec_start(
+        self, env_files: Mapping[str, Path], instance: str = "", host: str | None = None
+    ) -> list[str]:
         """The words of ``ExecStart``; ``env_files`` maps each ``EnvironmentFile`` path of
         the unit to the file read in its place (every one must be given)."""
         if self.template and not instance:
@@ -89,6 +101,7 @@ class Unit:
 
 def specifiers(text: str, instance: str, host: str | None = None) -> str:
     """``%i``/``%I`` (the instance), ``%H`` (the host name), ``%%``; any other is refused."""
+
     def one(match: re.Match[str]) -> str:
         spec = match.group(1)
         if spec == "%":
@@ -123,6 +136,7 @@ def command_words(line: str, env: Mapping[str, str]) -> list[str]:
     """systemd's split of an ``Exec`` line: quotes group words; ``${VAR}`` stays inside its
     word, a word that is exactly ``$VAR`` becomes that value's words. An unset variable is
     an error here (systemd would pass an empty string, which no loraplane option wants)."""
+
     def value(name: str) -> str:
         if name not in env:
             raise UnitError(f"${{{name}}} is set by no EnvironmentFile or Environment")
@@ -165,10 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("unit", type=Path)
     ap.add_argument("--instance", default="")
-    ap.add_argument("--env-file", type=Path, action="append", default=[],
-                    help="read in place of the unit's EnvironmentFiles, in their order")
-    ap.add_argument("--root", default="", help="OLD=NEW: run from NEW instead of OLD "
-                                               f"(e.g. {INSTALL_ROOT}=$PWD)")
+    ap.add_argument(
+        "--env-file",
+        type=Path,
+        action="append",
+        default=[],
+        help="read in place of the unit's EnvironmentFiles, in their order",
+    )
+    ap.add_argument(
+        "--root",
+        default="",
+        help=f"OLD=NEW: run from NEW instead of OLD (e.g. {INSTALL_ROOT}=$PWD)",
+    )
     ns = ap.parse_args(argv)
     unit = Unit.read(ns.unit)
     names = [n.lstrip("-") for n in unit.environment_files(ns.instance)]
@@ -177,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = unit.exec_start(dict(zip(names, ns.env_file, strict=True)), ns.instance)
     if ns.root:
         old, _, new = ns.root.partition("=")
-        words = [new + w[len(old):] if w.startswith(old) else w for w in words]
+        words = [new + w[len(old) :] if w.startswith(old) else w for w in words]
     print(shlex.join(words))
     return 0
 

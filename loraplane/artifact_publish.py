@@ -58,6 +58,21 @@ from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
+__all__ = [
+    "ArtifactError",
+    "Prepared",
+    "PublishRequest",
+    "SigningUnavailable",
+    "build_record",
+    "local_folder",
+    "prepare",
+    "publish_keyring",
+    "registered_version",
+    "reupload",
+    "s3_client",
+    "upload",
+]
+
 
 class ArtifactError(ValueError):
     """The artifact cannot be published; the message says why, for CI logs, and
@@ -88,8 +103,9 @@ class PublishRequest:
 class _WithManifest:
     """The files we upload plus the manifest we computed, as the verifier's ArtifactReader."""
 
-    def __init__(self, folder: DirectoryArtifact, kept: Sequence[FileFacts],
-                 manifest_bytes: bytes) -> None:
+    def __init__(
+        self, folder: DirectoryArtifact, kept: Sequence[FileFacts], manifest_bytes: bytes
+    ) -> None:
         self.folder, self.kept, self.manifest_bytes = folder, kept, manifest_bytes
 
     def files(self) -> Sequence[FileFacts]:
@@ -97,7 +113,7 @@ class _WithManifest:
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         if path == MANIFEST_NAME:
-            return self.manifest_bytes[offset:offset + length]
+            return self.manifest_bytes[offset : offset + length]
         return self.folder.read(path, offset, length)
 
     def sha256(self, path: str) -> str:
@@ -124,12 +140,19 @@ def prepare(folder: Path) -> Prepared:
     listing = DirectoryArtifact(folder)
     selection = select_for_publish(listing.files())
     manifest = Manifest(
-        files=[ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
-               for f in selection.kept if f.kind == "file"],
-        dropped=[DroppedFile(path=f.path, sha256=listing.sha256(f.path), size=f.size,
-                             kind=kind) for f, kind in selection.dropped])
-    return Prepared(manifest, _WithManifest(listing, selection.kept, manifest.canonical_bytes()),
-                    selection)
+        files=[
+            ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
+            for f in selection.kept
+            if f.kind == "file"
+        ],
+        dropped=[
+            DroppedFile(path=f.path, sha256=listing.sha256(f.path), size=f.size, kind=kind)
+            for f, kind in selection.dropped
+        ],
+    )
+    return Prepared(
+        manifest, _WithManifest(listing, selection.kept, manifest.canonical_bytes()), selection
+    )
 
 
 def publish_keyring(settings: Settings) -> Keyring | None:
@@ -142,32 +165,47 @@ def publish_keyring(settings: Settings) -> Keyring | None:
         return None
 
 
-def build_record(folder: Path, release: PublishRequest, bucket: str, *,
-                 base_model_aliases: Mapping[str, str] | None = None,
-                 model: ModelShape | None = None,
-                 keyring: Keyring | None = None) -> tuple[AdapterRecord, Manifest]:
+def build_record(
+    folder: Path,
+    release: PublishRequest,
+    bucket: str,
+    *,
+    base_model_aliases: Mapping[str, str] | None = None,
+    model: ModelShape | None = None,
+    keyring: Keyring | None = None,
+) -> tuple[AdapterRecord, Manifest]:
     """Manifest and registry record of a local adapter folder, verified as a worker would
     (``model``: the base model's shapes, when the publisher has its config.json), its
     model-signing bundle, if any, with ``keyring``'s model signers."""
     listing = DirectoryArtifact(folder)
     odd = [f.path for f in listing.files() if f.kind != "file" and f.path != MANIFEST_NAME]
     if odd:
-        raise ArtifactError("not regular files (links are never followed, folders are never "
-                            f"part of an artifact): {', '.join(odd)}")
+        raise ArtifactError(
+            "not regular files (links are never followed, folders are never "
+            f"part of an artifact): {', '.join(odd)}"
+        )
     try:
         prepared = prepare(folder)
         manifest = prepared.manifest
         config = parse_lora_config(json.loads(listing.read(CONFIG_NAME, 0, 256 * 1024)))
         record = AdapterRecord(
-            adapter_id=release.adapter_id, base_model=release.base_model,
-            version=release.version, rank=config.rank,
-            artifact_uri=expected_artifact_prefix(bucket, release.tenant_id, release.adapter_id,
-                                                  release.version, manifest.digest),
-            sha256=manifest.digest, size_bytes=max(manifest.total_size, 1),
-            tenant_id=release.tenant_id, priority=release.priority,
-            compatibility=Compatibility(tokenizer_revision=release.tokenizer_revision,
-                                        target_modules=sorted(config.target_modules),
-                                        max_lora_rank=config.rank))
+            adapter_id=release.adapter_id,
+            base_model=release.base_model,
+            version=release.version,
+            rank=config.rank,
+            artifact_uri=expected_artifact_prefix(
+                bucket, release.tenant_id, release.adapter_id, release.version, manifest.digest
+            ),
+            sha256=manifest.digest,
+            size_bytes=max(manifest.total_size, 1),
+            tenant_id=release.tenant_id,
+            priority=release.priority,
+            compatibility=Compatibility(
+                tokenizer_revision=release.tokenizer_revision,
+                target_modules=sorted(config.target_modules),
+                max_lora_rank=config.rank,
+            ),
+        )
     except FileNotFoundError:
         raise ArtifactError(f"{folder}: no {CONFIG_NAME}") from None
     except (ValueError, ValidationError) as exc:  # JSON, LoRA config and model errors
@@ -178,26 +216,40 @@ def build_record(folder: Path, release: PublishRequest, bucket: str, *,
     signed = check_folder(folder, manifest, release.tenant_id, keyring)
     if isinstance(signed, tuple):
         if any(r.reason.is_failure for r in signed):
-            raise SigningUnavailable(f"{folder} carries a model-signing bundle and the "
-                                     "model-signing library is not installed: "
-                                     f"pip install '{SIGNING_EXTRA}'")
+            raise SigningUnavailable(
+                f"{folder} carries a model-signing bundle and the "
+                "model-signing library is not installed: "
+                f"pip install '{SIGNING_EXTRA}'"
+            )
         raise _refused(signed)
     if isinstance(signed, Signed):
         record = record.model_copy(update={"model_signature": signed.signature})
-    verdict = verify_artifact(prepared.reader,
-                              WorkerLimits(base_model=release.base_model,
-                                           max_lora_rank=record.rank, model=model,
-                                           base_model_aliases=base_model_aliases or {}),
-                              record)
+    verdict = verify_artifact(
+        prepared.reader,
+        WorkerLimits(
+            base_model=release.base_model,
+            max_lora_rank=record.rank,
+            model=model,
+            base_model_aliases=base_model_aliases or {},
+        ),
+        record,
+    )
     if not verdict.ok:
         raise _refused(verdict.refusals)
     return record, manifest
 
 
 def _refused(refusals: Sequence[Refusal]) -> ArtifactError:
-    return ArtifactError("refused: " + "; ".join(
-        f"{r.reason}" + (f" {r.path}" if r.path else "") + (f" ({r.detail})" if r.detail else "")
-        for r in refusals), refusals)
+    return ArtifactError(
+        "refused: "
+        + "; ".join(
+            f"{r.reason}"
+            + (f" {r.path}" if r.path else "")
+            + (f" ({r.detail})" if r.detail else "")
+            for r in refusals
+        ),
+        refusals,
+    )
 
 
 def s3_client(settings: Settings) -> Any:
@@ -212,8 +264,12 @@ def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Ma
     bucket, prefix = parse_s3_uri(record.artifact_uri)
     for f in manifest.files:
         client.upload_file(str(folder / f.path), bucket, prefix + f.path)
-    client.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest.canonical_bytes(),
-                      ContentType="application/json")
+    client.put_object(
+        Bucket=bucket,
+        Key=prefix + MANIFEST_NAME,
+        Body=manifest.canonical_bytes(),
+        ContentType="application/json",
+    )
 
 
 @contextmanager
@@ -238,7 +294,7 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
         if not keys:
             raise ArtifactError(f"{uri}: no objects")
         for key in keys:
-            name = key[len(prefix):]
+            name = key[len(prefix) :]
             if not is_safe_relative_path(name):
                 raise ArtifactError(f"{uri}: unsafe object name {name[:100]!r}")
             if name != MANIFEST_NAME:
@@ -264,31 +320,46 @@ def registered_version(settings: Settings, adapter_id: str, version: str) -> Ada
         raise ArtifactError(f"keyring: {exc}") from None
     verdict = verify_view(view, keyring, now_utc())
     if isinstance(verdict, ViewRefused):
-        raise ArtifactError(f"the registry view of {adapter_id} does not verify "
-                            f"({verdict.reason}: {verdict.detail}); refusing to re-upload")
+        raise ArtifactError(
+            f"the registry view of {adapter_id} does not verify "
+            f"({verdict.reason}: {verdict.detail}); refusing to re-upload"
+        )
     record = next((r for r in view.versions if r.version == version), None)
     if record is None:
-        raise ArtifactError(f"{adapter_id} has no version {version} in the registry "
-                            f"(registered: {', '.join(r.version for r in view.versions)})")
+        raise ArtifactError(
+            f"{adapter_id} has no version {version} in the registry "
+            f"(registered: {', '.join(r.version for r in view.versions)})"
+        )
     return record
 
 
-def reupload(settings: Settings, folder: Path, registered: AdapterRecord, *,
-             model: ModelShape | None = None) -> Manifest:
+def reupload(
+    settings: Settings, folder: Path, registered: AdapterRecord, *, model: ModelShape | None = None
+) -> Manifest:
     """Put a registered version's bytes back in the store (after the store lost them):
     the folder is verified as ``publish`` verifies it, and its manifest digest must be the
     signed ``registered.sha256``, else ArtifactError and nothing is written. No lifecycle
     event: the registry already holds this version."""
-    record, manifest = build_record(folder, PublishRequest(
-        registered.adapter_id, registered.tenant_id, registered.base_model,
-        registered.version, registered.priority,
-        registered.compatibility.tokenizer_revision), settings.s3.bucket,
-        base_model_aliases=settings.base_model_aliases, model=model,
-        keyring=publish_keyring(settings))
+    record, manifest = build_record(
+        folder,
+        PublishRequest(
+            registered.adapter_id,
+            registered.tenant_id,
+            registered.base_model,
+            registered.version,
+            registered.priority,
+            registered.compatibility.tokenizer_revision,
+        ),
+        settings.s3.bucket,
+        base_model_aliases=settings.base_model_aliases,
+        model=model,
+        keyring=publish_keyring(settings),
+    )
     if record.sha256 != registered.sha256 or record.artifact_uri != registered.artifact_uri:
         raise ArtifactError(
             f"{folder}: manifest digest {record.sha256} is not the registered (signed) digest "
             f"{registered.sha256} of {registered.adapter_id} {registered.version}: these are "
-            "not its bytes; refusing to upload")
+            "not its bytes; refusing to upload"
+        )
     upload(settings, folder, registered, manifest)
     return manifest

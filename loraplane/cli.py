@@ -9,6 +9,8 @@ import typer
 
 import loraplane.commands
 
+__all__ = ["app", "main"]
+
 app = typer.Typer(
     name="loraplane",
     help="Keeps the right LoRA adapters hot on a fleet of vLLM workers.",

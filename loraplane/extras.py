@@ -12,6 +12,8 @@ import importlib.util
 
 import typer
 
+__all__ = ["EXTRAS", "missing", "require"]
+
 EXTRAS: dict[str, tuple[str, ...]] = {
     "sim": ("scipy", "matplotlib", "networkx"),
     "gpu": ("pynvml",),
@@ -34,6 +36,9 @@ def require(extra: str, command: str) -> None:
     """Exit 2 with the install line unless every module of ``extra`` is importable."""
     absent = missing(extra)
     if absent:
-        typer.echo(f"`loraplane {command}` needs the [{extra}] extra ({', '.join(absent)} "
-                   f"not installed): pip install 'loraplane[{extra}]'", err=True)
+        typer.echo(
+            f"`loraplane {command}` needs the [{extra}] extra ({', '.join(absent)} "
+            f"not installed): pip install 'loraplane[{extra}]'",
+            err=True,
+        )
         raise typer.Exit(2)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from loraplane.artifact.model_shape import ModelShape
 
+__all__ = ["MAX_FILE_BYTES", "read_json", "read_model_config"]
+
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 

@@ -22,6 +22,16 @@ import numpy as np
 
 from loraplane.artifact.model_shape import ModelShape
 
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "TINY_BASE_MODEL",
+    "TinyLlama",
+    "build_adapter",
+    "build_model",
+    "peft_lora_config",
+]
+
 TINY_BASE_MODEL = "tiny-llama"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, in this order
 CHAT_TEMPLATE = (
@@ -74,17 +84,28 @@ def build_model(directory: Path, *, seed: int = 0, arch: TinyLlama = TinyLlama()
     vocab_size = _write_tokenizer(directory, seed=seed, arch=arch)
     config = arch.hf_config(vocab_size)
     _write_json(directory / "config.json", config)
-    _write_json(directory / "generation_config.json", {
-        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-        "pad_token_id": config["pad_token_id"]})
+    _write_json(
+        directory / "generation_config.json",
+        {
+            "bos_token_id": config["bos_token_id"],
+            "eos_token_id": config["eos_token_id"],
+            "pad_token_id": config["pad_token_id"],
+        },
+    )
     _save_safetensors(directory / "model.safetensors", _model_weights(config, seed))
     return directory
 
 
-def build_adapter(directory: Path, *, seed: int, rank: int = 8,
-                  target_modules: Sequence[str] = ("q_proj", "v_proj"),
-                  base_model_name: str = TINY_BASE_MODEL, lora_alpha: int = 16,
-                  model_config: dict[str, Any] | None = None) -> Path:
+def build_adapter(
+    directory: Path,
+    *,
+    seed: int,
+    rank: int = 8,
+    target_modules: Sequence[str] = ("q_proj", "v_proj"),
+    base_model_name: str = TINY_BASE_MODEL,
+    lora_alpha: int = 16,
+    model_config: dict[str, Any] | None = None,
+) -> Path:
     """Write a PEFT LoRA adapter for the model described by ``model_config`` (default: the
     tiny Llama) and return its folder. Raises ValueError for a module the model lacks."""
     shape = ModelShape.from_hf_config(model_config or TinyLlama().hf_config(1000))
@@ -100,16 +121,22 @@ def build_adapter(directory: Path, *, seed: int, rank: int = 8,
             tensors[f"{prefix}.lora_A.weight"] = _normal(rng, (rank, linear.in_features), 0.1)
             tensors[f"{prefix}.lora_B.weight"] = _normal(rng, (linear.out_features, rank), 0.1)
     directory.mkdir(parents=True, exist_ok=True)
-    _write_json(directory / "adapter_config.json",
-                peft_lora_config(rank=rank, lora_alpha=lora_alpha,
-                                 target_modules=sorted(set(target_modules)),
-                                 base_model_name=base_model_name))
+    _write_json(
+        directory / "adapter_config.json",
+        peft_lora_config(
+            rank=rank,
+            lora_alpha=lora_alpha,
+            target_modules=sorted(set(target_modules)),
+            base_model_name=base_model_name,
+        ),
+    )
     _save_safetensors(directory / "adapter_model.safetensors", tensors)
     return directory
 
 
-def peft_lora_config(*, rank: int, lora_alpha: int, target_modules: Sequence[str],
-                     base_model_name: str) -> dict[str, Any]:
+def peft_lora_config(
+    *, rank: int, lora_alpha: int, target_modules: Sequence[str], base_model_name: str
+) -> dict[str, Any]:
     """adapter_config.json as peft's ``LoraConfig.save_pretrained`` writes it."""
     return {
         "alpha_pattern": {},
@@ -151,7 +178,8 @@ def _model_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
         weights[f"model.layers.{layer}.post_attention_layernorm.weight"] = ones
         for module, linear in shape.modules.items():
             weights[f"{shape.site(layer, module)}.{module}.weight"] = _normal(
-                rng, (linear.out_features, linear.in_features), std)
+                rng, (linear.out_features, linear.in_features), std
+            )
     weights["model.norm.weight"] = ones
     weights["lm_head.weight"] = _normal(rng, (vocab, hidden), std)
     return weights
@@ -175,28 +203,43 @@ def _write_tokenizer(directory: Path, *, seed: int, arch: TinyLlama) -> int:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=arch.vocab_size, min_frequency=2,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=arch.vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(_training_text(seed), trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
     tokenizer.save(str(directory / "tokenizer.json"))
-    special = dict(zip(("unk_token", "bos_token", "eos_token", "pad_token"), SPECIAL_TOKENS,
-                       strict=True))
+    special = dict(
+        zip(("unk_token", "bos_token", "eos_token", "pad_token"), SPECIAL_TOKENS, strict=True)
+    )
     _write_json(directory / "special_tokens_map.json", special)
-    _write_json(directory / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **special,
-        "model_max_length": arch.max_position_embeddings,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-        "added_tokens_decoder": {
-            str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i, tok in enumerate(SPECIAL_TOKENS)},
-    })
+    _write_json(
+        directory / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **special,
+            "model_max_length": arch.max_position_embeddings,
+            "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
+            "added_tokens_decoder": {
+                str(i): {
+                    "content": tok,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for i, tok in enumerate(SPECIAL_TOKENS)
+            },
+        },
+    )
     return tokenizer.get_vocab_size()
 
 

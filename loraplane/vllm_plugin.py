@@ -21,6 +21,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+__all__ = ["RouteGuard", "register"]
+
 log = logging.getLogger("loraplane.vllm_plugin")
 
 
@@ -34,8 +36,7 @@ class RouteGuard:
 
         key = os.environ.get("VLLM_API_KEY") or None
         if key is None:
-            log.warning("loraplane route guard: no VLLM_API_KEY, only the open probes are "
-                        "served")
+            log.warning("loraplane route guard: no VLLM_API_KEY, only the open probes are served")
         return Guard(app, key)
 
 
@@ -59,8 +60,7 @@ def register() -> None:
             if found is None:
                 return None
             # vLLM replaces lora_int_id with its own counter
-            return LoRARequest(lora_name=found.lora_name, lora_int_id=1,
-                               lora_path=str(found.path))
+            return LoRARequest(lora_name=found.lora_name, lora_int_id=1, lora_path=str(found.path))
 
     LoRAResolverRegistry.register_resolver(PLUGIN_NAME, HostTierLoRAResolver())
 
@@ -87,8 +87,8 @@ def _map_package_dirs() -> None:
         if package == "loraplane" or package in sys.modules:
             continue
         spec = importlib.util.spec_from_file_location(
-            package, root / folder / "__init__.py", submodule_search_locations=[
-                str(root / folder)])
+            package, root / folder / "__init__.py", submodule_search_locations=[str(root / folder)]
+        )
         if spec is None or spec.loader is None:
             continue
         module = importlib.util.module_from_spec(spec)

@@ -5,8 +5,26 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
 from pydantic import Field, field_validator, model_validator
+
+from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
+
+__all__ = [
+    "MAX_RANK",
+    "PRIORITY_ORDER",
+    "AdapterRecord",
+    "AdapterStatus",
+    "Compatibility",
+    "ModelSignature",
+    "Priority",
+    "Release",
+    "artifact_key_prefix",
+    "artifact_uri_problem",
+    "expected_artifact_prefix",
+    "owner_prefix",
+    "priority_rank",
+    "s3_uri_problem",
+]
 
 MAX_RANK = 512
 
@@ -18,8 +36,12 @@ class Priority(StrEnum):
     platinum = "platinum"
 
 
-PRIORITY_ORDER: tuple[Priority, ...] = (Priority.bronze, Priority.silver, Priority.gold,
-                                        Priority.platinum)
+PRIORITY_ORDER: tuple[Priority, ...] = (
+    Priority.bronze,
+    Priority.silver,
+    Priority.gold,
+    Priority.platinum,
+)
 """Lowest first: a keyring's per-tenant ceiling allows a priority and everything below."""
 
 
@@ -54,9 +76,11 @@ class ModelSignature(StrictModel):
 
     bundle_sha256: Sha256 = Field(description="sha256 of the bundle file, model.sig")
     signer_id: Identifier = Field(description="the keyring's model_signers entry that verified it")
-    identity: str = Field(min_length=1, max_length=1024,
-                          description="sha256:<hex> of the signing key's PEM, or the signing "
-                                      "certificate's subject")
+    identity: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="sha256:<hex> of the signing key's PEM, or the signing certificate's subject",
+    )
 
 
 class AdapterRecord(StrictModel):
@@ -69,8 +93,9 @@ class AdapterRecord(StrictModel):
     version: Version
     rank: int = Field(ge=1, le=MAX_RANK)
     format: Literal["peft"] = "peft"
-    artifact_uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}/([A-Za-z0-9._@=-]+/)*$",
-                              max_length=1024)
+    artifact_uri: str = Field(
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}/([A-Za-z0-9._@=-]+/)*$", max_length=1024
+    )
     sha256: Sha256 = Field(description="sha256 of the artifact's canonical manifest")
     size_bytes: int = Field(ge=1, le=64 * 1024**3)
     status: AdapterStatus = AdapterStatus.published
@@ -91,8 +116,10 @@ class AdapterRecord(StrictModel):
     @model_validator(mode="after")
     def _rank_fits(self) -> AdapterRecord:
         if self.rank > self.compatibility.max_lora_rank:
-            raise ValueError(f"rank {self.rank} exceeds compatibility.max_lora_rank "
-                             f"{self.compatibility.max_lora_rank}")
+            raise ValueError(
+                f"rank {self.rank} exceeds compatibility.max_lora_rank "
+                f"{self.compatibility.max_lora_rank}"
+            )
         return self
 
     @property
@@ -132,16 +159,18 @@ def artifact_key_prefix(tenant_id: str, adapter_id: str, version: str, sha256: s
     return f"{tenant_id}/{adapter_id}/{version}-{sha256[:8]}/"
 
 
-def expected_artifact_prefix(bucket: str, tenant_id: str, adapter_id: str, version: str,
-                             sha256: str) -> str:
+def expected_artifact_prefix(
+    bucket: str, tenant_id: str, adapter_id: str, version: str, sha256: str
+) -> str:
     """``s3://BUCKET/TENANT/ADAPTER/VERSION-SHA8/``: where an artifact must lie."""
     return f"s3://{bucket}/{artifact_key_prefix(tenant_id, adapter_id, version, sha256)}"
 
 
 def owner_prefix(record: AdapterRecord, bucket: str) -> str:
     """The owner's prefix of ``record``'s version in ``bucket``."""
-    return expected_artifact_prefix(bucket, record.tenant_id, record.adapter_id, record.version,
-                                    record.sha256)
+    return expected_artifact_prefix(
+        bucket, record.tenant_id, record.adapter_id, record.version, record.sha256
+    )
 
 
 def artifact_uri_problem(record: AdapterRecord, bucket: str | None = None) -> str | None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.reasons import AuditReason
-from pydantic import Field
+
+__all__ = ["AuditRecord"]
 
 
 class AuditRecord(StrictModel):

@@ -8,6 +8,23 @@ from typing import Annotated, TypeGuard
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
+__all__ = [
+    "ID_PATTERN",
+    "LORA_NAME_RE",
+    "SHA256_PATTERN",
+    "VERSION_PATTERN",
+    "Identifier",
+    "NonNegativeMs",
+    "Sha256",
+    "StrictModel",
+    "Timestamp",
+    "Version",
+    "is_id",
+    "lora_name",
+    "now_utc",
+    "version_key",
+]
+
 # pydantic-core runs ``pattern=`` with Rust's regex, where ``$`` is the end of the text. In
 # Python's ``re`` it also matches before a final newline (and ``match`` anchors only the
 # start), so Python code applies these patterns with ``fullmatch`` (``is_id``), never
@@ -48,8 +65,9 @@ NonNegativeMs = Annotated[float, Field(ge=0, le=86_400_000)]
 class StrictModel(BaseModel):
     """Base of every wire model: unknown fields and type coercion are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False,
-                              str_max_length=4096, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=False, str_max_length=4096, validate_default=True
+    )
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -61,8 +79,10 @@ def version_key(version: str) -> tuple[int, ...]:
     return parts
 
 
-LORA_NAME_RE = re.compile(r"^(?P<adapter_id>[a-z0-9][a-z0-9._-]{0,127})@(?P<version>v?[0-9.]+)"
-                          r"-(?P<sha8>[0-9a-f]{8})$")
+LORA_NAME_RE = re.compile(
+    r"^(?P<adapter_id>[a-z0-9][a-z0-9._-]{0,127})@(?P<version>v?[0-9.]+)"
+    r"-(?P<sha8>[0-9a-f]{8})$"
+)
 
 
 def lora_name(adapter_id: str, version: str, sha256: str) -> str:

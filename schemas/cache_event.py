@@ -5,9 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import Field
+
 from loraplane.schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
 from loraplane.schemas.reasons import CacheEventReason
-from pydantic import Field
+
+__all__ = ["CacheEvent", "CacheEventKind"]
 
 
 class CacheEventKind(StrEnum):

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = ["canonical_json", "tagged"]
+
 
 def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
 
 
 def tagged(domain: str, obj: Any) -> bytes:

@@ -16,10 +16,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import Field
+
 from loraplane.schemas.base import Identifier, Sha256, StrictModel, Timestamp, Version
 from loraplane.schemas.canonical import tagged
 from loraplane.schemas.reasons import CommandRule
-from pydantic import Field
+
+__all__ = [
+    "COMMAND_ID_PATTERN",
+    "COMMAND_SIGNING_DOMAIN",
+    "CacheCommand",
+    "CommandAction",
+    "CommandReason",
+]
 
 COMMAND_SIGNING_DOMAIN = "loraplane.command.v1"
 
@@ -56,8 +65,9 @@ class CacheCommand(StrictModel):
     reason: CommandReason
     issued_at: Timestamp
     deadline: Timestamp
-    warmup_requests: int = Field(0, ge=0, le=1000,
-                                 description="shadow/golden-set requests to send after load")
+    warmup_requests: int = Field(
+        0, ge=0, le=1000, description="shadow/golden-set requests to send after load"
+    )
     key_id: str = Field("", max_length=200, description="the planner key that signed it")
     signature: str = Field("", max_length=128, description="base64 Ed25519 signature")
 

@@ -9,9 +9,23 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
+from pydantic import Field
+
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.reasons import DeadLetterReason
-from pydantic import Field
+
+__all__ = [
+    "MAX_DEAD_LETTER_BYTES",
+    "MAX_DEAD_LETTER_RAW",
+    "MAX_DETAIL_CHARS",
+    "MAX_KEY_BYTES",
+    "DeadLetter",
+    "KafkaMessage",
+    "dead_letter_at",
+    "dead_letter_for",
+    "dead_letter_id",
+    "dead_letter_of_observation",
+]
 
 
 class DeadLetter(StrictModel):
@@ -25,11 +39,14 @@ class DeadLetter(StrictModel):
     reason: DeadLetterReason = Field(description="machine-readable code")
     detail: str = Field("", max_length=4096, description="human-readable, field-level")
     key_b64: str | None = Field(None, max_length=4096)
-    raw_b64: str = Field(max_length=16 * 1024 * 1024,
-                         description="the original value bytes, at most the first 64 KiB")
+    raw_b64: str = Field(
+        max_length=16 * 1024 * 1024,
+        description="the original value bytes, at most the first 64 KiB",
+    )
     raw_size: int = Field(0, ge=0, description="the original value's whole length in bytes")
-    raw_sha256: str = Field("", max_length=64,
-                            description="sha256 of the whole original value (hex)")
+    raw_sha256: str = Field(
+        "", max_length=64, description="sha256 of the whole original value (hex)"
+    )
 
 
 MAX_DEAD_LETTER_RAW = 64 * 1024
@@ -60,18 +77,35 @@ class KafkaMessage(Protocol):
     def timestamp(self) -> tuple[int, int]: ...
 
 
-def dead_letter_for(msg: KafkaMessage, component: str, reason: DeadLetterReason,
-                    detail: str) -> DeadLetter:
+def dead_letter_for(
+    msg: KafkaMessage, component: str, reason: DeadLetterReason, detail: str
+) -> DeadLetter:
     """A dead letter whose id and timestamp depend only on the message, so a replayed batch
     produces the same record (and it collapses in ClickHouse)."""
-    return dead_letter_at(msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
-                          msg.key(), msg.value() or b"", msg.timestamp()[1] / 1000,
-                          component, reason, detail)
+    return dead_letter_at(
+        msg.topic() or "",
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value() or b"",
+        msg.timestamp()[1] / 1000,
+        component,
+        reason,
+        detail,
+    )
 
 
-def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                   ts: float, component: str, reason: DeadLetterReason,
-                   detail: str) -> DeadLetter:
+def dead_letter_at(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    raw: bytes,
+    ts: float,
+    component: str,
+    reason: DeadLetterReason,
+    detail: str,
+) -> DeadLetter:
     """``component``'s dead letter of the message at ``topic:partition:offset``, consumed by
     any client; ``ts`` is the message's timestamp in epoch seconds.
 
@@ -81,32 +115,45 @@ def dead_letter_at(topic: str, partition: int, offset: int, key: bytes | None, r
     the id because several consumers read one topic (the scoring agent and the metrics sink
     both refuse a malformed request log): each one's letter is kept."""
     digest = hashlib.sha256(raw).hexdigest()
-    detail = _printable(detail)[:MAX_DETAIL_CHARS - 128]
+    detail = _printable(detail)[: MAX_DETAIL_CHARS - 128]
     if len(raw) > MAX_DEAD_LETTER_RAW:  # said in the text too: ClickHouse keeps the detail
         detail = f"{detail} [raw truncated from {len(raw)} bytes, sha256 {digest}]"
     return DeadLetter(
         event_id=dead_letter_id(topic, partition, offset, component),
-        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32), UTC), source_topic=topic[:249],
-        partition=max(partition, -1), offset=max(offset, -1), component=component[:64],
-        reason=reason, detail=detail,
+        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32), UTC),
+        source_topic=topic[:249],
+        partition=max(partition, -1),
+        offset=max(offset, -1),
+        component=component[:64],
+        reason=reason,
+        detail=detail,
         key_b64=base64.b64encode(key[:MAX_KEY_BYTES]).decode() if key else None,
         raw_b64=base64.b64encode(raw[:MAX_DEAD_LETTER_RAW]).decode(),
-        raw_size=len(raw), raw_sha256=digest,
+        raw_size=len(raw),
+        raw_sha256=digest,
     )
 
 
-def dead_letter_of_observation(source: str, subject: str, raw: bytes, ts: float,
-                               component: str, reason: DeadLetterReason,
-                               detail: str) -> DeadLetter:
+def dead_letter_of_observation(
+    source: str,
+    subject: str,
+    raw: bytes,
+    ts: float,
+    component: str,
+    reason: DeadLetterReason,
+    detail: str,
+) -> DeadLetter:
     """``component``'s dead letter of something it observed rather than consumed (vLLM
     serving a copy the worker did not load): ``source`` says where (``vllm:/v1/models``),
     ``subject`` what (a lora name), ``raw`` the observation. Its id is derived from all of
     them and ``ts``, so the letter of one observation is one record."""
     where = f"{source}:{subject}:{ts:.6f}:{component}:{reason}"
-    letter = dead_letter_at(source, -1, -1, subject.encode()[:MAX_KEY_BYTES], raw, ts,
-                            component, reason, detail)
+    letter = dead_letter_at(
+        source, -1, -1, subject.encode()[:MAX_KEY_BYTES], raw, ts, component, reason, detail
+    )
     return letter.model_copy(
-        update={"event_id": "dl-" + hashlib.sha256(where.encode()).hexdigest()[:32]})
+        update={"event_id": "dl-" + hashlib.sha256(where.encode()).hexdigest()[:32]}
+    )
 
 
 def _printable(text: str) -> str:

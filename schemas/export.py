@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.cache_event import CacheEvent
@@ -19,7 +21,8 @@ from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.score_snapshot import ScoreSnapshot, UnknownTally
 from loraplane.schemas.worker_state import WorkerState
-from pydantic import BaseModel
+
+__all__ = ["JSON_DIR", "MODELS", "drift", "export", "render"]
 
 MODELS: dict[str, type[BaseModel]] = {
     "adapter_record": AdapterRecord,

@@ -20,9 +20,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
+
 from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN
 from loraplane.schemas.codec import MAX_MESSAGE_BYTES
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+
+__all__ = ["ValidMemo", "fast_request_log", "field_meta", "unanchored"]
 
 
 def unanchored(pattern: str) -> str:
@@ -76,9 +79,11 @@ _decode = msgspec.json.Decoder(_RequestLog).decode
 _fromisoformat = datetime.fromisoformat
 _ID = re.compile(unanchored(ID_PATTERN)).fullmatch
 _VERSION = re.compile(unanchored(VERSION_PATTERN)).fullmatch
-_STAMP = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-                    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
-                    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])").fullmatch
+_STAMP = re.compile(
+    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+).fullmatch
 """The RFC 3339 form pydantic writes, every part in its range (the offset too:
 ``fromisoformat`` takes "+00:60", pydantic does not); the other forms pydantic takes (a
 space, seven fraction digits, a number) go the slow way, where they decode as pydantic
@@ -125,15 +130,19 @@ def fast_request_log(raw: bytes | None) -> tuple[_RequestLog, datetime] | None:
         d = _decode(raw)
     except msgspec.MsgspecError:
         return None
-    adapter_id, tenant_id, base_model, worker_id = d.adapter_id, d.tenant_id, d.base_model, \
-        d.worker_id
+    adapter_id, tenant_id, base_model, worker_id = (
+        d.adapter_id,
+        d.tenant_id,
+        d.base_model,
+        d.worker_id,
+    )
     seen = _known_id.seen
-    if not (adapter_id in seen and tenant_id in seen and base_model in seen and
-            worker_id in seen) and not _known_id(adapter_id, tenant_id, base_model, worker_id):
+    if not (
+        adapter_id in seen and tenant_id in seen and base_model in seen and worker_id in seen
+    ) and not _known_id(adapter_id, tenant_id, base_model, worker_id):
         return None
     version = d.adapter_version
-    if version is not None and version not in _known_version.seen and \
-            not _known_version(version):
+    if version is not None and version not in _known_version.seen and not _known_version(version):
         return None
     stamp = d.ts
     if not _ID(d.event_id) or not _STAMP(stamp):

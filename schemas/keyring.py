@@ -22,6 +22,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field, ValidationError, field_validator, model_validator
+
 from loraplane.schemas.adapter import Priority
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.commands import CacheCommand
@@ -29,7 +31,25 @@ from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key, key_fingerprint
 from loraplane.schemas.reasons import SignerProblem
 from loraplane.schemas.signing import public_key, unb64, verify
-from pydantic import Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ANY",
+    "DEFAULT_MAX_PRIORITY",
+    "MAX_KEYRING_CHARS",
+    "KeyEntry",
+    "KeyRole",
+    "Keyring",
+    "KeyringError",
+    "KeyringFile",
+    "ModelSignerEntry",
+    "Scopes",
+    "SignerRefusal",
+    "TenantPolicy",
+    "load_keyring",
+    "parse_keyring",
+    "save_keyring",
+    "signer",
+]
 
 ANY: Literal["*"] = "*"
 
@@ -93,11 +113,15 @@ DEFAULT_MAX_PRIORITY = Priority.gold
 
 class TenantPolicy(StrictModel):
     max_priority: Priority | None = Field(
-        None, description="the highest priority its records may carry (None: the default)",
-        exclude_if=lambda v: v is None)
+        None,
+        description="the highest priority its records may carry (None: the default)",
+        exclude_if=lambda v: v is None,
+    )
     require_model_signature: bool = Field(
-        False, description="publish and load only artifacts with a verified model-signing "
-                           "bundle", exclude_if=lambda v: not v)
+        False,
+        description="publish and load only artifacts with a verified model-signing bundle",
+        exclude_if=lambda v: not v,
+    )
 
 
 class ModelSignerEntry(StrictModel):
@@ -110,11 +134,15 @@ class ModelSignerEntry(StrictModel):
     signer_id: Identifier
     tenants: list[Identifier] | Literal["*"] = Field(min_length=1)
     public_key: str | None = Field(None, max_length=4096, description="EC public key, PEM")
-    ca_certificates: str | None = Field(None, max_length=256 * 1024,
-                                        description="trust anchors, PEM")
-    certificate_subject: str | None = Field(None, min_length=1, max_length=1024,
-                                            description="RFC 4514 subject of the signing "
-                                                        "certificate")
+    ca_certificates: str | None = Field(
+        None, max_length=256 * 1024, description="trust anchors, PEM"
+    )
+    certificate_subject: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="RFC 4514 subject of the signing certificate",
+    )
     revoked: bool = False
 
     @model_validator(mode="after")
@@ -188,9 +216,14 @@ class Keyring(StrictModel):
         reported as ``key_revoked``, not ``unknown_key``."""
         if self.get(key_id) is None:
             raise KeyringError(f"key_id {key_id} is not in the keyring")
-        return self.model_copy(update={"keys": [
-            k.model_copy(update={"revoked": True}) if k.key_id == key_id else k
-            for k in self.keys]})
+        return self.model_copy(
+            update={
+                "keys": [
+                    k.model_copy(update={"revoked": True}) if k.key_id == key_id else k
+                    for k in self.keys
+                ]
+            }
+        )
 
     def to_yaml(self) -> str:
         import yaml
@@ -266,15 +299,19 @@ class KeyringFile:
         return self._keyring
 
 
-
 @dataclass(frozen=True)
 class SignerRefusal:
     problem: SignerProblem
     detail: str
 
 
-def signer(keyring: Keyring | None, signed: LifecycleEvent | CacheCommand, role: KeyRole,
-           now: datetime, publisher: str | None = None) -> KeyEntry | SignerRefusal:
+def signer(
+    keyring: Keyring | None,
+    signed: LifecycleEvent | CacheCommand,
+    role: KeyRole,
+    now: datetime,
+    publisher: str | None = None,
+) -> KeyEntry | SignerRefusal:
     """The key that vouches for ``signed`` at ``now``, or why none does, checked in the order
     of ``SignerProblem``: the keyring is readable, the key is in it with ``role`` (and
     ``publisher``, when given), not revoked, inside its window, and its Ed25519 signature
@@ -284,24 +321,32 @@ def signer(keyring: Keyring | None, signed: LifecycleEvent | CacheCommand, role:
         return SignerRefusal(SignerProblem.keyring_unavailable, "the keyring could not be read")
     entry = keyring.get(signed.key_id)
     if entry is None:
-        return SignerRefusal(SignerProblem.unknown_key,
-                             f"key_id {signed.key_id!r} is not in the keyring")
+        return SignerRefusal(
+            SignerProblem.unknown_key, f"key_id {signed.key_id!r} is not in the keyring"
+        )
     if entry.role is not role:
-        return SignerRefusal(SignerProblem.key_role_mismatch,
-                             f"key {entry.key_id} is a {entry.role} key, not a {role} key")
+        return SignerRefusal(
+            SignerProblem.key_role_mismatch,
+            f"key {entry.key_id} is a {entry.role} key, not a {role} key",
+        )
     if publisher is not None and entry.publisher != publisher:
-        return SignerRefusal(SignerProblem.key_publisher_mismatch,
-                             f"key {entry.key_id} belongs to {entry.publisher}, not {publisher}")
+        return SignerRefusal(
+            SignerProblem.key_publisher_mismatch,
+            f"key {entry.key_id} belongs to {entry.publisher}, not {publisher}",
+        )
     if entry.revoked:
         return SignerRefusal(SignerProblem.key_revoked, f"key {entry.key_id} is revoked")
     problem = entry.window_problem(now)
     if problem == "expired":
-        return SignerRefusal(SignerProblem.key_expired,
-                             f"key {entry.key_id} expired {entry.not_after}")
+        return SignerRefusal(
+            SignerProblem.key_expired, f"key {entry.key_id} expired {entry.not_after}"
+        )
     if problem == "not_yet_valid":
-        return SignerRefusal(SignerProblem.key_not_yet_valid,
-                             f"key {entry.key_id} is valid from {entry.not_before}")
+        return SignerRefusal(
+            SignerProblem.key_not_yet_valid, f"key {entry.key_id} is valid from {entry.not_before}"
+        )
     if not verify(signed, public_key(entry.public_key)):
-        return SignerRefusal(SignerProblem.bad_signature,
-                             f"signature does not verify with key {entry.key_id}")
+        return SignerRefusal(
+            SignerProblem.bad_signature, f"signature does not verify with key {entry.key_id}"
+        )
     return entry

@@ -10,10 +10,13 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import Field, model_validator
+
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.canonical import tagged
-from pydantic import Field, model_validator
+
+__all__ = ["MAX_SEQ", "SIGNING_DOMAIN", "LifecycleAction", "LifecycleEvent", "seq_at"]
 
 SIGNING_DOMAIN = "loraplane.lifecycle.v1"
 MAX_SEQ = 2**62
@@ -62,10 +65,14 @@ class LifecycleEvent(StrictModel):
                 raise ValueError("publish needs 'record'")
             r = self.record
             if (r.adapter_id, r.tenant_id, r.base_model, r.version) != (
-                self.adapter_id, self.tenant_id, self.base_model, self.version
+                self.adapter_id,
+                self.tenant_id,
+                self.base_model,
+                self.version,
             ):
-                raise ValueError("record's adapter_id/tenant_id/base_model/version differ "
-                                 "from the event's")
+                raise ValueError(
+                    "record's adapter_id/tenant_id/base_model/version differ from the event's"
+                )
         elif self.record is not None:
             raise ValueError(f"'record' is only allowed on publish, not {self.action}")
         if self.action is LifecycleAction.canary and self.canary_percent is None:

@@ -16,9 +16,12 @@ import hashlib
 from enum import StrEnum
 from typing import Any, Literal
 
+from pydantic import Field, field_validator, model_validator
+
 from loraplane.schemas.base import Sha256, StrictModel
 from loraplane.schemas.canonical import canonical_json
-from pydantic import Field, field_validator, model_validator
+
+__all__ = ["SAFE_PATH", "DroppedFile", "InertKind", "Manifest", "ManifestFile"]
 
 SAFE_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,3}$"
 

@@ -14,6 +14,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+__all__ = [
+    "MAX_CA_CERTIFICATES",
+    "SUPPORTED_CURVES",
+    "check_ca_certificates",
+    "check_ec_public_key",
+    "key_fingerprint",
+]
+
 SUPPORTED_CURVES = ("secp256r1", "secp384r1", "secp521r1")
 MAX_CA_CERTIFICATES = 32
 
@@ -42,12 +50,15 @@ def check_ca_certificates(pem: str) -> None:
     except (ValueError, UnicodeEncodeError) as exc:
         raise ValueError(f"ca_certificates is not PEM certificates: {str(exc)[:120]}") from None
     if not 1 <= len(certificates) <= MAX_CA_CERTIFICATES:
-        raise ValueError(f"ca_certificates holds {len(certificates)} certificates; "
-                         f"1 to {MAX_CA_CERTIFICATES} allowed")
+        raise ValueError(
+            f"ca_certificates holds {len(certificates)} certificates; "
+            f"1 to {MAX_CA_CERTIFICATES} allowed"
+        )
 
 
 def key_fingerprint(pem: str) -> str:
     """``sha256:<hex>`` of the key's canonical PEM, as a model-signing bundle's key hint."""
-    canonical = _ec_public_key(pem).public_bytes(serialization.Encoding.PEM,
-                                                 serialization.PublicFormat.SubjectPublicKeyInfo)
+    canonical = _ec_public_key(pem).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return "sha256:" + hashlib.sha256(canonical).hexdigest()

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from pydantic import Field
+
 from loraplane.schemas.base import StrictModel
 from loraplane.schemas.commands import CacheCommand
-from pydantic import Field
+
+__all__ = ["PlannerMemory"]
 
 
 class PlannerMemory(StrictModel):
     schema_version: Literal[1] = 1
     seq: int = Field(ge=0, description="commands issued to this worker so far (id epoch)")
     pending: tuple[CacheCommand, ...] = Field(
-        max_length=100_000, description="issued, not yet visible in the worker's state")
+        max_length=100_000, description="issued, not yet visible in the worker's state"
+    )
     loads: tuple[Annotated[float, Field(allow_inf_nan=False)], ...] = Field(
-        max_length=100_000, description="issue times (epoch s) of load_gpu commands in the "
-                                        "last minute: the cold-load budget")
+        max_length=100_000,
+        description="issue times (epoch s) of load_gpu commands in the "
+        "last minute: the cold-load budget",
+    )

@@ -12,10 +12,22 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.reasons import ArtifactReason, AuditReason, PublishFailure
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "EXIT_CODE",
+    "FAILURE_OUTCOME",
+    "ArtifactRefusal",
+    "PublishError",
+    "PublishOutcome",
+    "PublishResult",
+    "RegistryDecision",
+    "SentEvent",
+]
 
 
 class PublishOutcome(StrEnum):
@@ -66,9 +78,12 @@ class _Output(BaseModel):
     """Output models: keys a later version adds are ignored on reading, never an error; the
     schema describes what is written, where every key is present (defaults included)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True,
-                              json_schema_mode_override="serialization",
-                              json_schema_serialization_defaults_required=True)
+    model_config = ConfigDict(
+        extra="ignore",
+        frozen=True,
+        json_schema_mode_override="serialization",
+        json_schema_serialization_defaults_required=True,
+    )
 
 
 class SentEvent(_Output):
@@ -108,7 +123,8 @@ class PublishError(_Output):
     code: PublishFailure
     message: str
     refusals: list[ArtifactRefusal] = Field(
-        default_factory=list, description="artifact_refused: every reason, when known")
+        default_factory=list, description="artifact_refused: every reason, when known"
+    )
 
 
 class PublishResult(_Output):
@@ -130,9 +146,11 @@ class PublishResult(_Output):
     canary_event_id: str | None = None
     promote_event_id: str | None = None
     events: list[SentEvent] = Field(
-        default_factory=list, description="what the broker acknowledged, in order")
+        default_factory=list, description="what the broker acknowledged, in order"
+    )
     registry: list[RegistryDecision] | None = Field(
-        None, description="with --wait-s: the decisions seen; null when not waited for")
+        None, description="with --wait-s: the decisions seen; null when not waited for"
+    )
     error: PublishError | None = None
 
     @model_validator(mode="after")
@@ -148,15 +166,34 @@ class PublishResult(_Output):
         return self
 
     @classmethod
-    def build(cls, adapter_id: str, version: str, *, error: PublishError | None = None,
-              record: AdapterRecord | None = None, **fields: object) -> PublishResult:
+    def build(
+        cls,
+        adapter_id: str,
+        version: str,
+        *,
+        error: PublishError | None = None,
+        record: AdapterRecord | None = None,
+        **fields: object,
+    ) -> PublishResult:
         """A result whose ok, outcome and exit code follow from ``error`` (None: published)
         and whose artifact fields come from ``record``."""
         outcome = PublishOutcome.published if error is None else FAILURE_OUTCOME[error.code]
         if record is not None:
-            fields |= {"tenant_id": record.tenant_id, "base_model": record.base_model,
-                       "sha256": record.sha256, "artifact_uri": record.artifact_uri,
-                       "lora_name": record.lora_name}
-        return cls.model_validate({"adapter_id": adapter_id, "version": version,
-                                   "ok": error is None, "outcome": outcome,
-                                   "exit_code": outcome.exit_code, "error": error, **fields})
+            fields |= {
+                "tenant_id": record.tenant_id,
+                "base_model": record.base_model,
+                "sha256": record.sha256,
+                "artifact_uri": record.artifact_uri,
+                "lora_name": record.lora_name,
+            }
+        return cls.model_validate(
+            {
+                "adapter_id": adapter_id,
+                "version": version,
+                "ok": error is None,
+                "outcome": outcome,
+                "exit_code": outcome.exit_code,
+                "error": error,
+                **fields,
+            }
+        )

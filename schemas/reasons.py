@@ -11,6 +11,34 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
+__all__ = [
+    "NO_REASON",
+    "AdmissionRefusal",
+    "ArtifactReason",
+    "AuditReason",
+    "CacheEventReason",
+    "CommandRejection",
+    "CommandRule",
+    "ConsumerFault",
+    "DeadLetterReason",
+    "DecodeReason",
+    "ForeignChange",
+    "IntentRefusal",
+    "LoadDeferral",
+    "PublishFailure",
+    "QueueRefusal",
+    "RegistryRejection",
+    "RegistryViewRejection",
+    "RequestRefusal",
+    "ResolverRefusal",
+    "SignerProblem",
+    "TenantLimit",
+    "UnloadReason",
+    "VllmErrorCode",
+    "VllmFailure",
+    "WaitReason",
+]
+
 NO_REASON: Literal[""] = ""
 """The reason of a message that records a success (an accepted event, a load)."""
 
@@ -187,9 +215,13 @@ class ArtifactReason(StrEnum):
     def is_failure(self) -> bool:
         """True for transient trouble (CacheEvent kind ``fail``), False for a refusal: I/O,
         or a worker without the model-signing package (installing it lets a retry pass)."""
-        return self in (ArtifactReason.artifact_store_unavailable, ArtifactReason.fetch_failed,
-                        ArtifactReason.host_io_error, ArtifactReason.host_disk_full,
-                        ArtifactReason.model_signing_unavailable)
+        return self in (
+            ArtifactReason.artifact_store_unavailable,
+            ArtifactReason.fetch_failed,
+            ArtifactReason.host_io_error,
+            ArtifactReason.host_disk_full,
+            ArtifactReason.model_signing_unavailable,
+        )
 
 
 class ResolverRefusal(StrEnum):
@@ -374,12 +406,19 @@ class PublishFailure(StrEnum):
     internal_error = "internal_error"  # a bug: the traceback is on stderr
 
 
-CacheEventReason = (Literal[""] | ArtifactReason | VllmFailure | UnloadReason | IntentRefusal
-                    | LoadDeferral)
+CacheEventReason = (
+    Literal[""] | ArtifactReason | VllmFailure | UnloadReason | IntentRefusal | LoadDeferral
+)
 """A cache event's reason: empty for a success, else the code of what happened."""
 
-DeadLetterReason = (DecodeReason | RegistryRejection | RegistryViewRejection | CommandRejection
-                    | ConsumerFault | ForeignChange)
+DeadLetterReason = (
+    DecodeReason
+    | RegistryRejection
+    | RegistryViewRejection
+    | CommandRejection
+    | ConsumerFault
+    | ForeignChange
+)
 """Why a message went to the dead-letter topic."""
 
 AuditReason = Literal[""] | RegistryRejection | CommandRule | WaitReason

@@ -11,10 +11,20 @@ import json
 from collections.abc import Mapping
 from typing import Literal
 
+from pydantic import Field, model_validator
+
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version, version_key
 from loraplane.schemas.lifecycle import LifecycleEvent
-from pydantic import Field, model_validator
+
+__all__ = [
+    "MAX_EVIDENCE",
+    "MAX_VIEWS_BYTES",
+    "AdapterView",
+    "signed_views_json",
+    "views_from_json",
+    "views_to_json",
+]
 
 MAX_EVIDENCE = 256
 """Accepted events one adapter's view carries (a publish is about 1.5 KB: the record stays
@@ -27,19 +37,24 @@ class AdapterView(StrictModel):
     tenant_id: Identifier = Field(description="owner: the first publish decides, never changes")
     base_model: Identifier
     active_version: Version | None = Field(None, description="None: requests use the base model")
-    versions: list[AdapterRecord] = Field(min_length=1, max_length=10_000,
-                                          description="ordered by version, oldest first")
+    versions: list[AdapterRecord] = Field(
+        min_length=1, max_length=10_000, description="ordered by version, oldest first"
+    )
     last_seq: int = Field(ge=1, le=2**62, description="highest seq accepted so far")
     last_event_id: Identifier
     updated_at: Timestamp
     evidence: list[LifecycleEvent] = Field(
-        default_factory=list, max_length=MAX_EVIDENCE,
+        default_factory=list,
+        max_length=MAX_EVIDENCE,
         description="every signed lifecycle event accepted for this adapter, in order: "
-                    "consumers re-derive the view from them with their own keyring")
+        "consumers re-derive the view from them with their own keyring",
+    )
     served_versions: list[Version] = Field(
-        default_factory=list, max_length=10_000,
+        default_factory=list,
+        max_length=10_000,
         description="versions that have served traffic (active, or canary with percent > 0)"
-                    ": the only rollback targets")
+        ": the only rollback targets",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AdapterView:
@@ -48,14 +63,20 @@ class AdapterView(StrictModel):
             raise ValueError("versions must be unique and ordered oldest first")
         for r in self.versions:
             if (r.adapter_id, r.tenant_id, r.base_model) != (
-                    self.adapter_id, self.tenant_id, self.base_model):
+                self.adapter_id,
+                self.tenant_id,
+                self.base_model,
+            ):
                 raise ValueError(f"version {r.version} belongs to another adapter/tenant/base")
         # last_seq is the highest seq accepted (a revoke may land below it), last_event_id the
         # last event applied: the evidence must say the same.
         if self.evidence and (max(e.seq for e in self.evidence), self.evidence[-1].event_id) != (
-                self.last_seq, self.last_event_id):
-            raise ValueError("the evidence's highest seq / last event is not "
-                             "last_seq/last_event_id")
+            self.last_seq,
+            self.last_event_id,
+        ):
+            raise ValueError(
+                "the evidence's highest seq / last event is not last_seq/last_event_id"
+            )
         active = [r.version for r in self.versions if r.status is AdapterStatus.active]
         if active != ([self.active_version] if self.active_version else []):
             raise ValueError(f"active_version {self.active_version} but active records {active}")
@@ -74,11 +95,15 @@ class AdapterView(StrictModel):
         if any(version_key(v) == key for v in self.served_versions):
             return True
         record = self.version(version)
-        if record is not None and (record.status is AdapterStatus.active or (
-                record.status is AdapterStatus.canary and record.release.canary_percent > 0)):
+        if record is not None and (
+            record.status is AdapterStatus.active
+            or (record.status is AdapterStatus.canary and record.release.canary_percent > 0)
+        ):
             return True
-        return any(r.release.rollback_to is not None and version_key(r.release.rollback_to)
-                   == key for r in self.versions)
+        return any(
+            r.release.rollback_to is not None and version_key(r.release.rollback_to) == key
+            for r in self.versions
+        )
 
     @property
     def active(self) -> AdapterRecord | None:
@@ -87,8 +112,9 @@ class AdapterView(StrictModel):
     @property
     def serving(self) -> list[AdapterRecord]:
         """Versions that may load: the active one and canaries."""
-        return [r for r in self.versions
-                if r.status in (AdapterStatus.active, AdapterStatus.canary)]
+        return [
+            r for r in self.versions if r.status in (AdapterStatus.active, AdapterStatus.canary)
+        ]
 
     @property
     def must_evict(self) -> list[str]:
@@ -103,16 +129,20 @@ MAX_VIEWS_BYTES = 256 * 1024 * 1024
 def views_to_json(views: dict[str, AdapterView]) -> str:
     """The whole registry as one JSON object, adapter_id -> view (``registry list --json``,
     the agent's saved views that the host-tier resolver reads too)."""
-    return json.dumps({aid: v.model_dump(mode="json") for aid, v in sorted(views.items())},
-                      indent=2)
+    return json.dumps(
+        {aid: v.model_dump(mode="json") for aid, v in sorted(views.items())}, indent=2
+    )
 
 
 def signed_views_json(signed: Mapping[str, bytes]) -> str:
     """``views_to_json``'s object written from each view's own encoded bytes
     (``schemas.codec.encode``: canonical UTF-8 JSON) instead of re-encoding every view:
     what ``views_from_json`` reads back, for a consumer that keeps its views as bytes."""
-    return "{" + ",\n".join(f"{json.dumps(aid)}:{raw.decode()}"
-                             for aid, raw in sorted(signed.items())) + "}"
+    return (
+        "{"
+        + ",\n".join(f"{json.dumps(aid)}:{raw.decode()}" for aid, raw in sorted(signed.items()))
+        + "}"
+    )
 
 
 def views_from_json(data: bytes) -> dict[str, AdapterView]:
@@ -122,8 +152,9 @@ def views_from_json(data: bytes) -> dict[str, AdapterView]:
     raw = strict_loads(data, max_bytes=MAX_VIEWS_BYTES)  # StrictJsonError is a ValueError
     if not isinstance(raw, dict):
         raise ValueError("expected a JSON object adapter_id -> view")
-    views = {aid: AdapterView.model_validate_json(json.dumps(v), strict=True)
-             for aid, v in raw.items()}
+    views = {
+        aid: AdapterView.model_validate_json(json.dumps(v), strict=True) for aid, v in raw.items()
+    }
     for aid, view in views.items():
         if view.adapter_id != aid:
             raise ValueError(f"{aid}: holds the view of {view.adapter_id}")

@@ -5,8 +5,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from loraplane.schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
 from pydantic import AwareDatetime, ConfigDict, Field
+
+from loraplane.schemas.base import Identifier, NonNegativeMs, StrictModel, Timestamp, Version
+
+__all__ = ["RequestClass", "RequestDemand", "RequestLog", "RequestStatus", "Tier"]
 
 
 class RequestClass(StrEnum):
@@ -44,8 +47,10 @@ class RequestDemand(StrictModel):
 
     schema_version: Literal[1] = 1
     ts: AwareDatetime
-    event_id: Identifier = Field(description="a log delivered twice (the event sink's at-least-"
-                                             "once replay) is counted once by this id")
+    event_id: Identifier = Field(
+        description="a log delivered twice (the event sink's at-least-"
+        "once replay) is counted once by this id"
+    )
     adapter_id: Identifier
     adapter_version: Version | None = Field(None, description="None when none was chosen")
     request_class: RequestClass = RequestClass.interactive
@@ -67,8 +72,9 @@ class RequestLog(RequestDemand):
     worker_id: Identifier
     swap_ms: NonNegativeMs = 0.0
     queue_ms: NonNegativeMs = 0.0
-    prompts: int = Field(1, ge=0, le=100_000,
-                         description="prompts in the request (a list prompt counts each)")
+    prompts: int = Field(
+        1, ge=0, le=100_000, description="prompts in the request (a list prompt counts each)"
+    )
     prompt_tokens: int = Field(0, ge=0, le=10_000_000)
     output_tokens: int = Field(0, ge=0, le=10_000_000)
     error: str | None = Field(None, max_length=1024)

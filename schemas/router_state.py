@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from pydantic import Field
+
+from loraplane.schemas.base import Identifier, StrictModel, Timestamp
+
+__all__ = ["QueueDepth", "RouterState"]
 
 
 class QueueDepth(StrictModel):
@@ -22,7 +25,10 @@ class RouterState(StrictModel):
     router_id: Identifier
     ts: Timestamp
     in_flight: dict[Identifier, int] = Field(
-        default_factory=dict, max_length=10_000,
-        description="base model -> requests this router has forwarded and not yet answered")
-    queues: list[QueueDepth] = Field(default_factory=list, max_length=10_000,
-                                     description="non-empty queues only")
+        default_factory=dict,
+        max_length=10_000,
+        description="base model -> requests this router has forwarded and not yet answered",
+    )
+    queues: list[QueueDepth] = Field(
+        default_factory=list, max_length=10_000, description="non-empty queues only"
+    )

@@ -13,8 +13,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from loraplane.schemas.base import NonNegativeMs, StrictModel
 from pydantic import Field, model_validator
+
+from loraplane.schemas.base import NonNegativeMs, StrictModel
+
+__all__ = [
+    "UNKNOWN_KEY",
+    "Count",
+    "DailySums",
+    "DecayedPair",
+    "Epoch",
+    "Harmonic",
+    "ScoreSnapshot",
+    "UnknownTally",
+    "is_unknown_key",
+    "unknown_key",
+]
 
 Count = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 """A decayed event count (as of its ``at``)."""
@@ -38,19 +52,23 @@ class ScoreSnapshot(StrictModel):
     served: DecayedPair = Field(description="requests served after a load (10 min)")
     errors: DecayedPair = Field(description="of which errors (10 min)")
     classes: dict[Annotated[str, Field(max_length=64)], DecayedPair] = Field(
-        max_length=64, description="requests per request class (10 min)")
+        max_length=64, description="requests per request class (10 min)"
+    )
     armed: bool = Field(True, description="the next burst may fire (absent in old records)")
     day: DailySums | None = Field(
-        None, description="daily profile: requests over the time of day, 3-day decay (absent "
-        "in old records: no profile yet)")
+        None,
+        description="daily profile: requests over the time of day, 3-day decay (absent "
+        "in old records: no profile yet)",
+    )
     since: Epoch | None = Field(None, description="time of the first request in the profile")
 
     @model_validator(mode="after")
     def _harmonics_within_count(self) -> ScoreSnapshot:
         # each sum of cos or sin of n requests is at most n in size: more would forecast a
         # rate no request stream can produce
-        if self.day is not None and any(abs(h) > self.day[0] * (1 + 1e-9) + 1e-9
-                                        for h in self.day[1:5]):
+        if self.day is not None and any(
+            abs(h) > self.day[0] * (1 + 1e-9) + 1e-9 for h in self.day[1:5]
+        ):
             raise ValueError("day: a harmonic exceeds the request count")
         return self
 

@@ -21,8 +21,11 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleEvent
+
+__all__ = ["KEY_FILE_FORMAT", "KeyFileError", "SigningKey", "b64", "public_key", "unb64", "verify"]
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
 
@@ -68,13 +71,17 @@ class SigningKey:
 
     @property
     def public_key_b64(self) -> str:
-        return b64(self.private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+        return b64(
+            self.private_key.public_key().public_bytes(
+                serialization.Encoding.Raw, serialization.PublicFormat.Raw
+            )
+        )
 
     def sign(self, event: LifecycleEvent) -> LifecycleEvent:
         """The event with this key's publisher, key_id and signature filled in."""
-        unsigned = event.model_copy(update={"publisher": self.publisher, "key_id": self.key_id,
-                                            "signature": ""})
+        unsigned = event.model_copy(
+            update={"publisher": self.publisher, "key_id": self.key_id, "signature": ""}
+        )
         signature = self.private_key.sign(unsigned.signed_bytes())
         return unsigned.model_copy(update={"signature": b64(signature)})
 
@@ -87,11 +94,23 @@ class SigningKey:
 
     def save(self, path: Path) -> None:
         """Write the key file with mode 0600; never overwrites an existing file."""
-        raw = self.private_key.private_bytes(serialization.Encoding.Raw,
-                                             serialization.PrivateFormat.Raw,
-                                             serialization.NoEncryption())
-        body = json.dumps({"format": KEY_FILE_FORMAT, "publisher": self.publisher,
-                           "key_id": self.key_id, "private_key": b64(raw)}, indent=2) + "\n"
+        raw = self.private_key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        body = (
+            json.dumps(
+                {
+                    "format": KEY_FILE_FORMAT,
+                    "publisher": self.publisher,
+                    "key_id": self.key_id,
+                    "private_key": b64(raw),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -102,8 +121,10 @@ class SigningKey:
         try:
             mode = path.stat().st_mode
             if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(f"{path}: mode {stat.filemode(mode)} lets others read the "
-                                   f"key; run `chmod 600 {path}`")
+                raise KeyFileError(
+                    f"{path}: mode {stat.filemode(mode)} lets others read the "
+                    f"key; run `chmod 600 {path}`"
+                )
             data = json.loads(path.read_text())
             if not isinstance(data, dict) or data.get("format") != KEY_FILE_FORMAT:
                 raise KeyFileError(f"{path}: not a {KEY_FILE_FORMAT} key file")

@@ -26,6 +26,15 @@ from typing import Any
 
 from loraplane.schemas.reasons import DecodeReason
 
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "MAX_SIGNED_BYTES",
+    "StrictJsonError",
+    "nesting_depth",
+    "strict_loads",
+]
+
 MAX_SIGNED_BYTES = 1024 * 1024
 MAX_DEPTH = 32
 """Objects and arrays nested deeper than this are refused (an event needs 4)."""
@@ -76,8 +85,9 @@ def _finite_float(text: str) -> float:
 
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise StrictJsonError(DecodeReason.malformed,
-                              f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+        raise StrictJsonError(
+            DecodeReason.malformed, f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})"
+        )
     return int(text)
 
 
@@ -90,8 +100,9 @@ def _check_strings(value: Any) -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise StrictJsonError(DecodeReason.malformed,
-                                      "string with a lone surrogate") from None
+                raise StrictJsonError(
+                    DecodeReason.malformed, "string with a lone surrogate"
+                ) from None
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -99,8 +110,9 @@ def _check_strings(value: Any) -> None:
             stack.extend(item)
 
 
-def strict_loads(raw: bytes | str | None, max_bytes: int = MAX_SIGNED_BYTES,
-                 max_depth: int = MAX_DEPTH) -> Any:
+def strict_loads(
+    raw: bytes | str | None, max_bytes: int = MAX_SIGNED_BYTES, max_depth: int = MAX_DEPTH
+) -> Any:
     """The one JSON value in ``raw``, or StrictJsonError (never another exception)."""
     if raw is None or not raw:
         raise StrictJsonError(DecodeReason.malformed, "empty message")
@@ -113,15 +125,20 @@ def strict_loads(raw: bytes | str | None, max_bytes: int = MAX_SIGNED_BYTES,
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise StrictJsonError(DecodeReason.malformed, f"not UTF-8: {exc.reason} at "
-                                                      f"byte {exc.start}") from None
+        raise StrictJsonError(
+            DecodeReason.malformed, f"not UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
     depth = nesting_depth(raw)
     if depth > max_depth:
-        raise StrictJsonError(DecodeReason.malformed,
-                              f"nested {depth} deep (at most {max_depth})")
+        raise StrictJsonError(DecodeReason.malformed, f"nested {depth} deep (at most {max_depth})")
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
-                           parse_float=_finite_float, parse_int=_bounded_int)
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+        )
     except StrictJsonError:
         raise
     except (ValueError, RecursionError, OverflowError) as exc:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
+from pydantic import Field, StringConstraints
+
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
-from pydantic import Field, StringConstraints
+
+__all__ = ["MAX_SKIPPED_REPORTED", "CopyOrigin", "LoadedAdapter", "ResidentTier", "WorkerState"]
 
 MAX_SKIPPED_REPORTED = 256
 """The most skipped command ids one heartbeat carries (the latest ones)."""
@@ -31,17 +34,22 @@ class LoadedAdapter(StrictModel):
     tier: ResidentTier
     pinned: bool = False
     protected: bool = Field(
-        False, description="the worker holds this GPU copy never-evict by its own rule (its "
-        "registry copy and policy): no command unpins, demotes or evicts it")
+        False,
+        description="the worker holds this GPU copy never-evict by its own rule (its "
+        "registry copy and policy): no command unpins, demotes or evicts it",
+    )
     size_bytes: int = Field(0, ge=0)
     rank: int = Field(0, ge=0, le=512)
     last_used: Timestamp | None = None
     loaded_at: Timestamp | None = Field(
-        None, description="when this worker loaded the GPU copy into vLLM (policy "
-        "min_residency_s counts from it); None: a host copy, or one found on vLLM at start")
+        None,
+        description="when this worker loaded the GPU copy into vLLM (policy "
+        "min_residency_s counts from it); None: a host copy, or one found on vLLM at start",
+    )
     in_flight: int = Field(0, ge=0)
     origin: CopyOrigin | None = Field(
-        None, description="who asked for this copy; None: nobody now (it is being removed)")
+        None, description="who asked for this copy; None: nobody now (it is being removed)"
+    )
 
 
 class WorkerState(StrictModel):
@@ -58,23 +66,37 @@ class WorkerState(StrictModel):
     max_lora_rank: int = Field(ge=1, le=512)
     cold_loads_last_minute: int = Field(0, ge=0)
     cold_load_budget: int | None = Field(
-        None, ge=1, le=10_000, description="loads a rolling minute this worker allows itself "
+        None,
+        ge=1,
+        le=10_000,
+        description="loads a rolling minute this worker allows itself "
         "now (policy.load_stall_share: adapted to what its loads cost; readers cap it at the "
-        "policy's cold_loads_per_minute_per_worker). None: the policy's constant")
+        "policy's cold_loads_per_minute_per_worker). None: the policy's constant",
+    )
     load_stall: float | None = Field(
-        None, ge=0, le=1, description="the share of decode rate a load takes here, measured "
-        "(None until enough requests ran beside a load and without one)")
-    load_seconds: float | None = Field(None, ge=0, le=3600,
-                                       description="how long a GPU load takes here (average)")
+        None,
+        ge=0,
+        le=1,
+        description="the share of decode rate a load takes here, measured "
+        "(None until enough requests ran beside a load and without one)",
+    )
+    load_seconds: float | None = Field(
+        None, ge=0, le=3600, description="how long a GPU load takes here (average)"
+    )
     adapters: list[LoadedAdapter] = Field(default_factory=list, max_length=100_000)
-    skipped_commands: list[Annotated[str, StringConstraints(pattern=COMMAND_ID_PATTERN)]] = \
-        Field(default_factory=list, max_length=MAX_SKIPPED_REPORTED,
-              description="ids of planner commands this worker will not carry out (refused by "
-              "its rules, no slot it may take, a version its registry cannot back), until "
-              "their deadline: the planner stops expecting them at once")
+    skipped_commands: list[Annotated[str, StringConstraints(pattern=COMMAND_ID_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_SKIPPED_REPORTED,
+        description="ids of planner commands this worker will not carry out (refused by "
+        "its rules, no slot it may take, a version its registry cannot back), until "
+        "their deadline: the planner stops expecting them at once",
+    )
     command_partition: int | None = Field(
-        None, ge=0, description="the commands partition this worker reads (its command slot, "
-        "else the hash of its id); the planner sends there. None: an older worker, the hash")
+        None,
+        ge=0,
+        description="the commands partition this worker reads (its command slot, "
+        "else the hash of its id); the planner sends there. None: an older worker, the hash",
+    )
 
     def load_budget(self, ceiling: int) -> int:
         """Loads a rolling minute to plan with for this worker: the budget it reports, never

@@ -17,12 +17,14 @@ from typing import Any
 
 import faust
 import mode
-from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
-from loraplane.schemas.reasons import DeadLetterReason
 
 from loraplane.kernel import topics
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.kafka import faust_broker
+from loraplane.schemas.dead_letter import DeadLetter, dead_letter_at
+from loraplane.schemas.reasons import DeadLetterReason
+
+__all__ = ["AGENT_MODULES", "ThreadService", "app", "dead_letter_of", "load_agents", "raw_topic"]
 
 AGENT_MODULES: tuple[str, ...] = (
     "loraplane.streams.registry_agent",  # lifecycle topic -> verified registry table (+ audit, DLQ)
@@ -63,8 +65,9 @@ class ThreadService(mode.Service):
         raise NotImplementedError
 
     async def on_start(self) -> None:
-        self._thread = threading.Thread(target=self.work, args=(self._stop,),
-                                        name=self.thread_name, daemon=True)
+        self._thread = threading.Thread(
+            target=self.work, args=(self._stop,), name=self.thread_name, daemon=True
+        )
         self._thread.start()
 
     async def on_stop(self) -> None:
@@ -78,18 +81,27 @@ def raw_topic(suffix: str) -> faust.TopicT:
     loraplane.schemas.codec themselves, so hostile bytes become dead letters instead of crashes."""
     from loraplane.kernel.topics import topic_name
 
-    return app.topic(topic_name(get_settings(), suffix), key_serializer="raw",
-                     value_serializer="raw")
+    return app.topic(
+        topic_name(get_settings(), suffix), key_serializer="raw", value_serializer="raw"
+    )
 
 
-def dead_letter_of(message: faust.types.Message, component: str, reason: DeadLetterReason,
-                   detail: str) -> DeadLetter:
+def dead_letter_of(
+    message: faust.types.Message, component: str, reason: DeadLetterReason, detail: str
+) -> DeadLetter:
     """The dead letter of a message an agent consumed from a ``raw_topic`` (its key and value
     are the bytes on the wire); the same record on every replay (``dead_letter_at``)."""
-    return dead_letter_at(message.topic, message.partition, message.offset,
-                          message.key if isinstance(message.key, bytes) else None,
-                          message.value if isinstance(message.value, bytes) else b"",
-                          message.timestamp or 0.0, component, reason, detail)
+    return dead_letter_at(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.key if isinstance(message.key, bytes) else None,
+        message.value if isinstance(message.value, bytes) else b"",
+        message.timestamp or 0.0,
+        component,
+        reason,
+        detail,
+    )
 
 
 def load_agents(modules: Iterable[str] = AGENT_MODULES) -> None:

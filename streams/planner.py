@@ -84,15 +84,6 @@ from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
-from loraplane.schemas.planner_memory import PlannerMemory
-from loraplane.schemas.reasons import CommandRule, WaitReason
-from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
-from loraplane.streams.planner_columns import BaseRows, Columns, Registry
-from loraplane.streams.scores import ScoreState
 
 from loraplane.kernel.command_effects import (
     Copy,
@@ -105,6 +96,29 @@ from loraplane.kernel.command_effects import (
     shows,
 )
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import CommandRule, WaitReason
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
+from loraplane.streams.planner_columns import BaseRows, Columns, Registry
+from loraplane.streams.scores import ScoreState
+
+__all__ = [
+    "LOAD_WINDOW_S",
+    "Displaceable",
+    "FreeHeaps",
+    "Plan",
+    "Planner",
+    "Waiting",
+    "WorkerMemory",
+    "command_id",
+    "plan",
+    "replica_targets",
+    "still_pending",
+]
 
 LOAD_WINDOW_S = 60.0
 
@@ -120,8 +134,7 @@ class WorkerMemory:
     def record(self) -> PlannerMemory:
         """The memory as written to the ``planner-memory`` table. Not validated: the
         commands were validated when built and the rest is the planner's own numbers."""
-        return PlannerMemory.model_construct(seq=self.seq, pending=self.pending,
-                                             loads=self.loads)
+        return PlannerMemory.model_construct(seq=self.seq, pending=self.pending, loads=self.loads)
 
     @classmethod
     def of(cls, record: PlannerMemory) -> WorkerMemory:
@@ -231,8 +244,12 @@ class _Worker:
     def may_protect(self, lora: str, rule: Callable[[str], bool]) -> None:
         """A copy of ``lora`` is expected here now: with room under its cap, the worker may
         protect it if its never-evict ``rule`` holds (``command_effects.may_protect``)."""
-        if self.room and lora not in self.protected and rule(lora) \
-                and (lora in self.gpu or lora in self.host):
+        if (
+            self.room
+            and lora not in self.protected
+            and rule(lora)
+            and (lora in self.gpu or lora in self.host)
+        ):
             self.protected = self.protected | {lora}
 
     def settled(self, lora: str, now: float, policy: Policy) -> bool:
@@ -252,8 +269,12 @@ def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     return shows(cmd.action, Copy() if a is None else Copy(a.tier, a.pinned))
 
 
-def still_pending(pending: Iterable[CacheCommand], loaded: Mapping[str, LoadedAdapter],
-                  now: float, skipped: Container[str] = ()) -> list[CacheCommand]:
+def still_pending(
+    pending: Iterable[CacheCommand],
+    loaded: Mapping[str, LoadedAdapter],
+    now: float,
+    skipped: Container[str] = (),
+) -> list[CacheCommand]:
     """The commands of ``pending`` (in issue order) to keep within their deadline: those
     the worker reported it will not carry out (``skipped``: remembered, so the same command
     is not issued again before its deadline, but no longer expected), and those not shown in
@@ -290,8 +311,9 @@ class _Tiers:
     loaded_at: Mapping[str, float] = field(default_factory=dict)  # GPU copy -> load (epoch)
 
     @classmethod
-    def of(cls, state: WorkerState, rule: Callable[[str], bool] = lambda _: False,
-           cap: int = 1) -> _Tiers:
+    def of(
+        cls, state: WorkerState, rule: Callable[[str], bool] = lambda _: False, cap: int = 1
+    ) -> _Tiers:
         """``rule``: does the worker's never-evict rule hold for a lora name
         (``command_effects.never_evict_rule`` on the planner's record); ``cap``: how many
         copies it protects at most (``command_effects.protected_cap`` of its slots)."""
@@ -299,28 +321,48 @@ class _Tiers:
         names = [a.lora_name for a in adapters]
         held = frozenset(a.lora_name for a in adapters if a.protected)
         may = may_protect(held, names, frozenset(filter(rule, names)), cap)
-        return cls({a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
-                   frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
-                   frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned),
-                   held, may.copies, may.room,
-                   {a.lora_name: a.loaded_at.timestamp() for a in adapters
-                    if a.tier == "gpu" and a.loaded_at is not None})
+        return cls(
+            {a.lora_name: a.pinned for a in adapters if a.tier == "gpu"},
+            frozenset(a.lora_name for a in adapters if a.tier != "gpu"),
+            frozenset(a.lora_name for a in adapters if a.tier != "gpu" and a.pinned),
+            held,
+            may.copies,
+            may.room,
+            {
+                a.lora_name: a.loaded_at.timestamp()
+                for a in adapters
+                if a.tier == "gpu" and a.loaded_at is not None
+            },
+        )
 
 
-def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
-               records: Mapping[str, AdapterRecord], now: float,
-               rule: Callable[[str], bool] = lambda _: False) -> _Worker:
+def _effective(
+    state: WorkerState,
+    tiers: _Tiers,
+    memory: WorkerMemory,
+    records: Mapping[str, AdapterRecord],
+    now: float,
+    rule: Callable[[str], bool] = lambda _: False,
+) -> _Worker:
     """The worker as the planner expects it once its pending commands apply (``rule``: the
     worker's never-evict rule, for the copies they bring)."""
     adapters = state.adapters
-    w = _Worker(state=state, gpu=tiers.gpu, host=tiers.host, host_pinned=tiers.host_pinned,
-                protected=tiers.protected, held=tiers.held, room=tiers.room,
-                loaded_at=tiers.loaded_at, host_bytes=state.host_bytes_used,
-                loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S], seq=memory.seq)
+    w = _Worker(
+        state=state,
+        gpu=tiers.gpu,
+        host=tiers.host,
+        host_pinned=tiers.host_pinned,
+        protected=tiers.protected,
+        held=tiers.held,
+        room=tiers.room,
+        loaded_at=tiers.loaded_at,
+        host_bytes=state.host_bytes_used,
+        loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S],
+        seq=memory.seq,
+    )
     if memory.pending:
         skipped = frozenset(state.skipped_commands)
-        w.pending = still_pending(memory.pending, {a.lora_name: a for a in adapters}, now,
-                                  skipped)
+        w.pending = still_pending(memory.pending, {a.lora_name: a for a in adapters}, now, skipped)
         for c in w.pending:
             if c.command_id in skipped:
                 w.failed.add((c.action, c.lora_name))
@@ -328,8 +370,13 @@ def _effective(state: WorkerState, tiers: _Tiers, memory: WorkerMemory,
             if c.action is CommandAction.load_gpu:
                 w.recent[c.lora_name] = c.issued_at.timestamp()
             r = records.get(c.lora_name)
-            _apply(w, c.action, c.lora_name, r.size_bytes if r is not None else 0,
-                   c.lora_name in w.protected)
+            _apply(
+                w,
+                c.action,
+                c.lora_name,
+                r.size_bytes if r is not None else 0,
+                c.lora_name in w.protected,
+            )
             w.may_protect(c.lora_name, rule)
     return w
 
@@ -340,8 +387,9 @@ def _copy_on(w: _Worker, lora: str) -> Copy:
     return copy_at("host", lora in w.host_pinned) if lora in w.host else copy_at("gone", False)
 
 
-def _apply(w: _Worker, action: CommandAction, lora: str, size: int,
-           protected: bool = False) -> None:
+def _apply(
+    w: _Worker, action: CommandAction, lora: str, size: int, protected: bool = False
+) -> None:
     """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``;
     ``protected``: the worker holds it never-evict and refuses to move it down."""
     before = _copy_on(w, lora)
@@ -368,14 +416,16 @@ def _apply(w: _Worker, action: CommandAction, lora: str, size: int,
 
 
 def command_id(worker_id: str, action: str, lora: str, seq: int) -> str:
-    digest = hashlib.blake2b(f"{worker_id}|{action}|{lora}|{seq}".encode(),
-                             digest_size=16).hexdigest()
+    digest = hashlib.blake2b(
+        f"{worker_id}|{action}|{lora}|{seq}".encode(), digest_size=16
+    ).hexdigest()
     return f"c{digest}"
 
 
 class _Planner:
-    def __init__(self, policy: Policy, now: float,
-                 rule: Callable[[str], bool] = lambda _: False) -> None:
+    def __init__(
+        self, policy: Policy, now: float, rule: Callable[[str], bool] = lambda _: False
+    ) -> None:
         """``rule``: does a worker's never-evict rule hold for a lora name."""
         self.policy = policy
         self.now = now
@@ -386,8 +436,17 @@ class _Planner:
         self.deadline = self.issued_at + timedelta(seconds=policy.command_deadline_s)
         self.validated: CacheCommand | None = None
 
-    def issue(self, w: _Worker, action: CommandAction, record: AdapterRecord, lora: str,
-              rule: CommandRule, score: float | None, detail: str = "", warmup: int = 0) -> bool:
+    def issue(
+        self,
+        w: _Worker,
+        action: CommandAction,
+        record: AdapterRecord,
+        lora: str,
+        rule: CommandRule,
+        score: float | None,
+        detail: str = "",
+        warmup: int = 0,
+    ) -> bool:
         """Issue one command; whether it was. Never one the worker would refuse by its own
         rules (``command_effects.effect`` on the copy expected there: a move down of a pinned
         copy, or of one it may protect, ``_Worker.protected``), nor one that would change
@@ -403,13 +462,22 @@ class _Planner:
             return False
         w.seq += 1
         fields = {
-            "command_id": command_id(w.id, action.value, lora, w.seq), "worker_id": w.id,
-            "action": action, "base_model": record.base_model, "tenant_id": record.tenant_id,
-            "adapter_id": record.adapter_id, "version": record.version,
-            "sha256": record.sha256, "lora_name": lora,
-            "reason": CommandReason(rule=rule, score=None if score is None else round(score, 6),
-                                    detail=detail[:512]),
-            "issued_at": self.issued_at, "deadline": self.deadline, "warmup_requests": warmup}
+            "command_id": command_id(w.id, action.value, lora, w.seq),
+            "worker_id": w.id,
+            "action": action,
+            "base_model": record.base_model,
+            "tenant_id": record.tenant_id,
+            "adapter_id": record.adapter_id,
+            "version": record.version,
+            "sha256": record.sha256,
+            "lora_name": lora,
+            "reason": CommandReason(
+                rule=rule, score=None if score is None else round(score, 6), detail=detail[:512]
+            ),
+            "issued_at": self.issued_at,
+            "deadline": self.deadline,
+            "warmup_requests": warmup,
+        }
         if self.validated is None:
             cmd = self.validated = CacheCommand.model_validate(fields)
         else:
@@ -436,11 +504,17 @@ class Planner:
         self._rules_of: tuple[Registry, Policy] | None = None  # what ``_never_evict`` is of
         self._never_evict: dict[str, bool] = {}  # lora -> the workers' never-evict rule holds
 
-    def tick(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
-             workers: Iterable[WorkerState], policy: Policy, now: float,
-             memory: Mapping[str, WorkerMemory] | None = None,
-             scheduled: Mapping[str, float] | None = None,
-             changed: Iterable[str] | None = None) -> Plan:
+    def tick(
+        self,
+        views: Iterable[AdapterView],
+        scores: Mapping[str, ScoreState],
+        workers: Iterable[WorkerState],
+        policy: Policy,
+        now: float,
+        memory: Mapping[str, WorkerMemory] | None = None,
+        scheduled: Mapping[str, float] | None = None,
+        changed: Iterable[str] | None = None,
+    ) -> Plan:
         """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
         (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``;
         ``changed``: the score keys added, replaced or removed since this planner's last
@@ -452,38 +526,59 @@ class Planner:
         fleet: dict[str, list[_Worker]] = defaultdict(list)
         states = sorted(workers, key=lambda s: s.worker_id)
         rule = self._worker_rule(registry, policy)
-        self._tiers = {s.worker_id: self._tiers[s.worker_id]
-                       if self._tiers_of.get(s.worker_id) is s
-                       else _Tiers.of(s, rule, protected_cap(policy, s.gpu_slots_total))
-                       for s in states}
+        self._tiers = {
+            s.worker_id: self._tiers[s.worker_id]
+            if self._tiers_of.get(s.worker_id) is s
+            else _Tiers.of(s, rule, protected_cap(policy, s.gpu_slots_total))
+            for s in states
+        }
         self._tiers_of = {s.worker_id: s for s in states}
         for state in states:
-            fleet[state.base_model].append(_effective(
-                state, self._tiers[state.worker_id], memory.get(state.worker_id, WorkerMemory()),
-                records, now, rule))
+            fleet[state.base_model].append(
+                _effective(
+                    state,
+                    self._tiers[state.worker_id],
+                    memory.get(state.worker_id, WorkerMemory()),
+                    records,
+                    now,
+                    rule,
+                )
+            )
 
         p = _Planner(policy, now, rule)
         no_rows = BaseRows({}, np.zeros(0, np.intp))
         for base in sorted(set(registry.bases) | set(fleet)):
-            _plan_base(p, table, registry.bases.get(base, no_rows), registry,
-                       fleet.get(base, []))
+            _plan_base(p, table, registry.bases.get(base, no_rows), registry, fleet.get(base, []))
 
         workers_out = [w for ws in fleet.values() for w in ws]
         new_memory = {**memory, **{w.id: w.memory() for w in workers_out}}
-        return Plan(_Lazy(lambda: _placement(workers_out, "gpu")),
-                    _Lazy(lambda: _placement(workers_out, "host")), p.commands, p.waiting,
-                    new_memory,
-                    _Lazy(lambda: dict(zip(registry.ranked_names,
-                                           table.score[registry.ranked_rows].tolist(),
-                                           strict=True))))
+        return Plan(
+            _Lazy(lambda: _placement(workers_out, "gpu")),
+            _Lazy(lambda: _placement(workers_out, "host")),
+            p.commands,
+            p.waiting,
+            new_memory,
+            _Lazy(
+                lambda: dict(
+                    zip(
+                        registry.ranked_names,
+                        table.score[registry.ranked_rows].tolist(),
+                        strict=True,
+                    )
+                )
+            ),
+        )
 
     def _worker_rule(self, registry: Registry, policy: Policy) -> Callable[[str], bool]:
         """Does a worker's never-evict rule hold for a lora name: the workers' own
         predicate (``command_effects.never_evict_rule``, on the record and the policy alone)
         on our record of it, remembered until the registry or the policy changes (then the
         cached worker tiers, which read it, are derived again)."""
-        if self._rules_of is None or self._rules_of[0] is not registry \
-                or self._rules_of[1] is not policy:
+        if (
+            self._rules_of is None
+            or self._rules_of[0] is not registry
+            or self._rules_of[1] is not policy
+        ):
             self._rules_of, self._never_evict, self._tiers_of = (registry, policy), {}, {}
         memo, records, conditions = self._never_evict, registry.records, policy.never_evict
         # The rule reads a record's status and its ``record_facts`` alone: a handful of
@@ -500,10 +595,10 @@ class Planner:
                     key = (record.status, *record_facts(record).values())
                     holds = by_facts.get(key)
                     if holds is None:
-                        holds = by_facts[key] = \
-                            never_evict_rule(record, conditions) is not None
+                        holds = by_facts[key] = never_evict_rule(record, conditions) is not None
                 memo[lora] = holds
             return holds
+
         return rule
 
 
@@ -516,10 +611,15 @@ def _placement(workers: list[_Worker], tier: str) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in holders.items()}
 
 
-def plan(views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
-         workers: Iterable[WorkerState], policy: Policy, now: float,
-         memory: Mapping[str, WorkerMemory] | None = None,
-         scheduled: Mapping[str, float] | None = None) -> Plan:
+def plan(
+    views: Iterable[AdapterView],
+    scores: Mapping[str, ScoreState],
+    workers: Iterable[WorkerState],
+    policy: Policy,
+    now: float,
+    memory: Mapping[str, WorkerMemory] | None = None,
+    scheduled: Mapping[str, float] | None = None,
+) -> Plan:
     """One planning tick on a fresh ``Planner`` (see ``Planner.tick``)."""
     return Planner().tick(views, scores, workers, policy, now, memory, scheduled)
 
@@ -560,8 +660,9 @@ class _BaseTick:
         self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
         self.resident = set().union(*(w.gpu for w in self.workers))
         self.by_id = {w.id: w for w in self.workers}
-        self.max_ranks = np.sort(np.fromiter((w.state.max_lora_rank for w in self.workers),
-                                             np.int64, len(self.workers)))
+        self.max_ranks = np.sort(
+            np.fromiter((w.state.max_lora_rank for w in self.workers), np.int64, len(self.workers))
+        )
 
     def fitting(self, rank: int) -> int:
         """How many workers of the base model can hold a version of ``rank``."""
@@ -600,15 +701,21 @@ def _cap_protected(t: _BaseTick) -> None:
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
     held = set().union(*(w.held for w in t.workers))  # no command moves these down
-    cap = max(protected_cap(policy, t.slots),
-              sum(1 for i in protected if table.lora[i] in held))
+    cap = max(protected_cap(policy, t.slots), sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
         return
-    protected.sort(key=lambda i: (table.lora[i] not in held, not table.canary[i],
-                                  table.rank(i, table.lora[i] in t.resident, t.margin)))
-    note = (f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
-            f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "
-            f"allows ({cap}); ranked by score, not pinned")
+    protected.sort(
+        key=lambda i: (
+            table.lora[i] not in held,
+            not table.canary[i],
+            table.rank(i, table.lora[i] in t.resident, t.margin),
+        )
+    )
+    note = (
+        f"over capacity: the policy promises {len(protected)} never-evict copies, more than "
+        f"max_protected_gpu_share {policy.max_protected_gpu_share} of {t.slots} GPU slots "
+        f"allows ({cap}); ranked by score, not pinned"
+    )
     for i in protected[cap:]:
         table.unprotect(i, note)
 
@@ -624,11 +731,24 @@ def _unpin(t: _BaseTick) -> None:
             if (i is not None and table.protected[i]) or lora not in t.records:
                 continue
             if i is not None and i in table.over_capacity:
-                issue(w, CommandAction.unpin, table.record[i], lora,
-                      CommandRule.protected_over_capacity, table.score_of(i), table.detail(i))
+                issue(
+                    w,
+                    CommandAction.unpin,
+                    table.record[i],
+                    lora,
+                    CommandRule.protected_over_capacity,
+                    table.score_of(i),
+                    table.detail(i),
+                )
             else:
-                issue(w, CommandAction.unpin, t.records[lora], lora,
-                      CommandRule.no_longer_protected, table.score_of(i) if i is not None else None)
+                issue(
+                    w,
+                    CommandAction.unpin,
+                    t.records[lora],
+                    lora,
+                    CommandRule.no_longer_protected,
+                    table.score_of(i) if i is not None else None,
+                )
 
 
 def _leaving(t: _BaseTick) -> set[str]:
@@ -637,8 +757,9 @@ def _leaving(t: _BaseTick) -> set[str]:
     names = list(t.resident)
     name_rows = np.fromiter(map(t.index.get, names, repeat(-1)), np.intp, len(names))
     known = np.flatnonzero(name_rows >= 0)
-    not_serving = {names[j] for j in np.flatnonzero(name_rows < 0).tolist()
-                   if names[j] in t.records}
+    not_serving = {
+        names[j] for j in np.flatnonzero(name_rows < 0).tolist() if names[j] in t.records
+    }
     demoted = {names[j] for j in known[t.table.demoted[name_rows[known]]].tolist()}
     return (t.resident & t.revoked) | not_serving | demoted
 
@@ -656,11 +777,25 @@ def _retire(t: _BaseTick) -> None:
             if lora in t.revoked:
                 issue(w, CommandAction.evict, r, lora, CommandRule.revoke, None, "version revoked")
             elif lora in w.gpu and i is None:
-                issue(w, CommandAction.demote_to_host, r, lora, CommandRule.not_serving, None,
-                      f"status {r.status.value}")
+                issue(
+                    w,
+                    CommandAction.demote_to_host,
+                    r,
+                    lora,
+                    CommandRule.not_serving,
+                    None,
+                    f"status {r.status.value}",
+                )
             elif lora in w.gpu and i is not None and table.demoted[i]:
-                issue(w, CommandAction.demote_to_host, r, lora, CommandRule.demote,
-                      table.score_of(i), f"demote_when: {table.demote_rule(i)}")
+                issue(
+                    w,
+                    CommandAction.demote_to_host,
+                    r,
+                    lora,
+                    CommandRule.demote,
+                    table.score_of(i),
+                    f"demote_when: {table.demote_rule(i)}",
+                )
 
 
 def _rank_hot_set(t: _BaseTick) -> None:
@@ -699,10 +834,21 @@ def _load(t: _BaseTick) -> None:
         if target is None:
             t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t, rank)))
             continue
-        warmup = (policy.request_budgets.canary.warmup_requests
-                  if table.record[i].status is AdapterStatus.canary else 0)
-        if t.planner.issue(target, CommandAction.load_gpu, table.record[i], lora, rule,
-                           table.score_of(i), table.detail(i), warmup):
+        warmup = (
+            policy.request_budgets.canary.warmup_requests
+            if table.record[i].status is AdapterStatus.canary
+            else 0
+        )
+        if t.planner.issue(
+            target,
+            CommandAction.load_gpu,
+            table.record[i],
+            lora,
+            rule,
+            table.score_of(i),
+            table.detail(i),
+            warmup,
+        ):
             slots.loaded(target)
             t.on_gpu[lora].append(target)
         else:
@@ -765,22 +911,31 @@ class _Slots:
         settled: list[tuple[int, tuple[Rank, str, str]]] = []
         recent: list[tuple[int, tuple[Rank, str, str]]] = []
         for lora, holders in t.on_gpu.items():
-            if (lora in hot and len(holders) < 2) or (i := t.index.get(lora)) is None \
-                    or table.protected[i]:
+            if (
+                (lora in hot and len(holders) < 2)
+                or (i := t.index.get(lora)) is None
+                or table.protected[i]
+            ):
                 continue
             key = _worst_first(table.rank(i, True, t.margin))
             for n, w in enumerate(_keep_order(holders, lora)):
                 if (n or lora not in hot) and lora not in w.protected:
                     (settled if w.settled(lora, now, policy) else recent).append(
-                        (w.state.max_lora_rank,
-                         ((_EXTRA, key[1], key[2]) if n else key, lora, w.id)))
+                        (
+                            w.state.max_lora_rank,
+                            ((_EXTRA, key[1], key[2]) if n else key, lora, w.id),
+                        )
+                    )
         return cls(_free_heaps(t.workers), _RankHeaps(settled), _RankHeaps(recent), t.copies())
 
     def free_worker(self, t: _BaseTick, rank: int, skip: Container[str] = ()) -> _Worker | None:
         """The worker (not in ``skip``) to load into a free slot, while the GPU-copy budget
         has room."""
-        return _worker_with_free_slot(self.free, t.by_id, t.policy, rank, skip) \
-            if self.in_use < t.slots else None
+        return (
+            _worker_with_free_slot(self.free, t.by_id, t.policy, rank, skip)
+            if self.in_use < t.slots
+            else None
+        )
 
     def blocked(self, t: _BaseTick, rank: int) -> WaitReason:
         """Why a version waits. No victim left means no displaceable copy on a fitting
@@ -788,12 +943,14 @@ class _Slots:
         if not t.fitting(rank):
             return WaitReason.no_worker_fits_rank
         if rank not in self.free_somewhere:
-            self.free_somewhere[rank] = any(w.free_slots() > 0 for w in t.workers
-                                            if w.state.max_lora_rank >= rank)
+            self.free_somewhere[rank] = any(
+                w.free_slots() > 0 for w in t.workers if w.state.max_lora_rank >= rank
+            )
         if self.free_somewhere[rank]:
             return WaitReason.cold_load_budget
-        return WaitReason.min_residency if any(self.recent.fitting(rank)) \
-            else WaitReason.no_gpu_slot
+        return (
+            WaitReason.min_residency if any(self.recent.fitting(rank)) else WaitReason.no_gpu_slot
+        )
 
     def loaded(self, w: _Worker) -> None:
         self.free_somewhere.clear()
@@ -811,8 +968,9 @@ def _keep_order(holders: list[_Worker], lora: str) -> list[_Worker]:
     return sorted(holders, key=lambda w: (lora not in w.protected, not w.gpu.get(lora), w.id))
 
 
-def _displace_for(t: _BaseTick, slots: _Slots, i: int, rank: int,
-                  skip: Container[str] = ()) -> _Worker | None:
+def _displace_for(
+    t: _BaseTick, slots: _Slots, i: int, rank: int, skip: Container[str] = ()
+) -> _Worker | None:
     """Demote the first displaceable copy on a worker that fits ``rank`` (not in ``skip``)
     for row ``i`` (``slot_needed``): a copy within ``min_residency_s`` of its load only for a
     never-evict version; its worker, or None when none is left on a worker that may load."""
@@ -827,10 +985,16 @@ def _displace_for(t: _BaseTick, slots: _Slots, i: int, rank: int,
         v = t.index[victim_lora]
         score, victim_score = table.score_of(i), table.score_of(v)
         extra = "an extra copy, " if len(t.on_gpu[victim_lora]) > 1 else ""
-        if t.planner.issue(target, CommandAction.demote_to_host, table.record[v], victim_lora,
-                           CommandRule.slot_needed, victim_score,
-                           f"{extra}for {table.lora[i]} scoring {score:.4f} "
-                           f"(> {victim_score:.4f} + margin {t.margin})"):
+        if t.planner.issue(
+            target,
+            CommandAction.demote_to_host,
+            table.record[v],
+            victim_lora,
+            CommandRule.slot_needed,
+            victim_score,
+            f"{extra}for {table.lora[i]} scoring {score:.4f} "
+            f"(> {victim_score:.4f} + margin {t.margin})",
+        ):
             t.drop_holder(victim_lora, target)
             slots.in_use -= 1
             return target
@@ -841,8 +1005,13 @@ def _worst_first(rank: Rank) -> Rank:
     return (-rank[0], -rank[1], rank[2])
 
 
-def _worker_with_free_slot(free: FreeHeaps, by_id: Mapping[str, _Worker], policy: Policy,
-                           rank: int, skip: Container[str] = ()) -> _Worker | None:
+def _worker_with_free_slot(
+    free: FreeHeaps,
+    by_id: Mapping[str, _Worker],
+    policy: Policy,
+    rank: int,
+    skip: Container[str] = (),
+) -> _Worker | None:
     """The worker with the most free GPU slots (then the lowest id) that fits ``rank`` and
     may still load, not in ``skip``; popped (the caller pushes it back once loaded). Stale
     entries and workers out of budget or above the HBM watermark are dropped; skipped ones
@@ -869,8 +1038,13 @@ def _worker_with_free_slot(free: FreeHeaps, by_id: Mapping[str, _Worker], policy
     return chosen
 
 
-def _pop_victim(displaceable: Displaceable, by_id: Mapping[str, _Worker], policy: Policy,
-                rank: int, skip: Container[str] = ()) -> tuple[str, _Worker] | None:
+def _pop_victim(
+    displaceable: Displaceable,
+    by_id: Mapping[str, _Worker],
+    policy: Policy,
+    rank: int,
+    skip: Container[str] = (),
+) -> tuple[str, _Worker] | None:
     """The first displaceable copy on a worker that fits ``rank``, may still load and is
     not in ``skip`` (those are put back)."""
     best: list[tuple[Rank, str, str]] | None = None
@@ -893,8 +1067,9 @@ def _pop_victim(displaceable: Displaceable, by_id: Mapping[str, _Worker], policy
     return None if chosen is None else (chosen[1], by_id[chosen[2]])
 
 
-def replica_targets(copies: np.ndarray, demand: np.ndarray, policy: Policy,
-                    most: np.ndarray) -> np.ndarray:
+def replica_targets(
+    copies: np.ndarray, demand: np.ndarray, policy: Policy, most: np.ndarray
+) -> np.ndarray:
     """How many GPU copies each version should have, from its ``copies`` now (at least 1),
     its ``demand`` (requests/s) and the ``most`` workers that may hold it: up to
     ``ceil(demand / capacity)`` above ``n * capacity * (1 + h)``, one fewer below
@@ -919,13 +1094,11 @@ def _replicas(t: _BaseTick) -> None:
     table, policy = t.table, t.policy
     cap, h = policy.worker_capacity_rps, policy.replica_hysteresis
     if t.copies() > len(t.on_gpu):
-        multi = [lora for lora, holders in t.on_gpu.items()
-                 if len(holders) > 1 and lora in t.index]
+        multi = [lora for lora, holders in t.on_gpu.items() if len(holders) > 1 and lora in t.index]
         rows = np.fromiter(map(t.index.__getitem__, multi), np.intp, len(multi))
         copies = np.fromiter((len(t.on_gpu[lora]) for lora in multi), np.intp, len(multi))
         demand = table.demand(rows)
-        want = replica_targets(copies, demand, policy,
-                               t.fitting_counts(table.registry.ranks[rows]))
+        want = replica_targets(copies, demand, policy, t.fitting_counts(table.registry.ranks[rows]))
         for k in np.flatnonzero(want < copies).tolist():
             _drop_replica(t, int(rows[k]), multi[k], float(demand[k]))
     if not t.hot or t.copies() >= t.slots:
@@ -938,8 +1111,14 @@ def _replicas(t: _BaseTick) -> None:
         i = int(hot[k])
         holders = t.on_gpu.get(table.lora[i])
         if holders:
-            wanted = int(replica_targets(np.array([len(holders)]), demand[k:k + 1], policy,
-                                         t.fitting_counts(table.registry.ranks[i:i + 1]))[0])
+            wanted = int(
+                replica_targets(
+                    np.array([len(holders)]),
+                    demand[k : k + 1],
+                    policy,
+                    t.fitting_counts(table.registry.ranks[i : i + 1]),
+                )[0]
+            )
             if wanted > len(holders):
                 adds.append((i, wanted, float(demand[k])))
     if adds:
@@ -951,18 +1130,31 @@ def _drop_replica(t: _BaseTick, i: int, lora: str, demand: float) -> None:
     does not hold never-evict; unpinned first when pinned."""
     policy, table = t.policy, t.table
     holders = t.on_gpu[lora]
-    victims = [w for w in _keep_order(holders, lora) if lora not in w.protected
-               and w.settled(lora, t.planner.now, policy)]
+    victims = [
+        w
+        for w in _keep_order(holders, lora)
+        if lora not in w.protected and w.settled(lora, t.planner.now, policy)
+    ]
     if not victims:
         return
     w, r = victims[-1], table.record[i]
-    detail = (f"demand {demand:.2f} req/s < {len(holders) - 1} x {policy.worker_capacity_rps}"
-              f" x (1 - {policy.replica_hysteresis})")
+    detail = (
+        f"demand {demand:.2f} req/s < {len(holders) - 1} x {policy.worker_capacity_rps}"
+        f" x (1 - {policy.replica_hysteresis})"
+    )
     if w.gpu[lora]:
-        t.planner.issue(w, CommandAction.unpin, r, lora, CommandRule.replica_surplus,
-                        table.score_of(i), detail)
-    if t.planner.issue(w, CommandAction.demote_to_host, r, lora, CommandRule.replica_surplus,
-                       table.score_of(i), detail):
+        t.planner.issue(
+            w, CommandAction.unpin, r, lora, CommandRule.replica_surplus, table.score_of(i), detail
+        )
+    if t.planner.issue(
+        w,
+        CommandAction.demote_to_host,
+        r,
+        lora,
+        CommandRule.replica_surplus,
+        table.score_of(i),
+        detail,
+    ):
         t.drop_holder(lora, w)
 
 
@@ -980,10 +1172,16 @@ def _add_replicas(t: _BaseTick, adds: list[tuple[int, int, float]]) -> None:
             target = _worker_with_free_slot(free, t.by_id, policy, r.rank, held)
             if target is None:
                 break
-            t.planner.issue(target, CommandAction.load_gpu, r, lora, CommandRule.replica_demand,
-                            table.score_of(i),
-                            f"demand {d:.2f} req/s > {len(holders)} x {cap} x (1 + {h}): "
-                            f"copy {len(holders) + 1} of {wanted}")
+            t.planner.issue(
+                target,
+                CommandAction.load_gpu,
+                r,
+                lora,
+                CommandRule.replica_demand,
+                table.score_of(i),
+                f"demand {d:.2f} req/s > {len(holders)} x {cap} x (1 + {h}): "
+                f"copy {len(holders) + 1} of {wanted}",
+            )
             holders.append(target)
             in_use += 1
             free.push(target.state.max_lora_rank, (-target.free_slots(), target.id))
@@ -997,8 +1195,15 @@ def _pin(t: _BaseTick) -> None:
     for w in t.workers:
         for lora in sorted(lora for lora in w.gpu.keys() & protected_names if not w.gpu[lora]):
             i = t.index[lora]
-            t.planner.issue(w, CommandAction.pin, table.record[i], lora, CommandRule.never_evict,
-                            table.score_of(i), table.detail(i))
+            t.planner.issue(
+                w,
+                CommandAction.pin,
+                table.record[i],
+                lora,
+                CommandRule.never_evict,
+                table.score_of(i),
+                table.detail(i),
+            )
 
 
 def _relieve_hbm(t: _BaseTick) -> None:
@@ -1008,17 +1213,28 @@ def _relieve_hbm(t: _BaseTick) -> None:
     table, policy = t.table, t.policy
     for w in t.workers:
         if not w.above_watermark(policy) or any(
-                c.action in (CommandAction.demote_to_host, CommandAction.evict)
-                for c in w.pending):
+            c.action in (CommandAction.demote_to_host, CommandAction.evict) for c in w.pending
+        ):
             continue
-        evictable = [i for lora in w.gpu
-                     if (i := t.index.get(lora)) is not None and not table.protected[i]
-                     and lora not in w.protected and w.settled(lora, t.planner.now, policy)]
+        evictable = [
+            i
+            for lora in w.gpu
+            if (i := t.index.get(lora)) is not None
+            and not table.protected[i]
+            and lora not in w.protected
+            and w.settled(lora, t.planner.now, policy)
+        ]
         if evictable:
             worst = max(evictable, key=lambda i: table.rank(i, True, t.margin))
-            t.planner.issue(w, CommandAction.demote_to_host, table.record[worst],
-                            table.lora[worst], CommandRule.hbm_watermark, table.score_of(worst),
-                            f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}")
+            t.planner.issue(
+                w,
+                CommandAction.demote_to_host,
+                table.record[worst],
+                table.lora[worst],
+                CommandRule.hbm_watermark,
+                table.score_of(worst),
+                f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}",
+            )
 
 
 def _prewarm_host(t: _BaseTick) -> None:
@@ -1030,8 +1246,10 @@ def _prewarm_host(t: _BaseTick) -> None:
     slots_left = t.policy.host_slots_per_base_model - len(host_only)
     # Only a prewarm reads where versions are: a full host tier needs no such set.
     anywhere = host_only.union(*(w.gpu for w in workers)) if slots_left > 0 else host_only
-    byte_heaps = _RankHeaps((w.state.max_lora_rank, (-(w.state.host_bytes_budget - w.host_bytes),
-                                                      w.id)) for w in workers)
+    byte_heaps = _RankHeaps(
+        (w.state.max_lora_rank, (-(w.state.host_bytes_budget - w.host_bytes), w.id))
+        for w in workers
+    )
     ranked = iter(t.wanted)
     smallest: int | None = None  # size of the smallest wanted version, once one did not fit
     while slots_left > 0 and workers and (i := next(ranked, None)) is not None:
@@ -1054,8 +1272,15 @@ def _prewarm_host(t: _BaseTick) -> None:
                 break
             continue
         w = t.by_id[wid]
-        if not t.planner.issue(w, CommandAction.prewarm_host, table.record[i], lora,
-                               CommandRule.host_tier, table.score_of(i), table.detail(i)):
+        if not t.planner.issue(
+            w,
+            CommandAction.prewarm_host,
+            table.record[i],
+            lora,
+            CommandRule.host_tier,
+            table.score_of(i),
+            table.detail(i),
+        ):
             continue  # the worker reported it will not: left for after that one's deadline
         host_only.add(lora)
         slots_left -= 1
@@ -1091,29 +1316,48 @@ def _evict_host(t: _BaseTick) -> None:
 
 def _worst_first_names(t: _BaseTick, loras: Iterable[str]) -> list[str]:
     """``loras`` lowest rank first (as non-residents); versions not serving come first."""
+
     def key(lora: str) -> Rank:
         i = t.index.get(lora)
-        return _worst_first(t.table.rank(i, False, t.margin)) if i is not None \
-            else (-2, 0.0, lora)
+        return _worst_first(t.table.rank(i, False, t.margin)) if i is not None else (-2, 0.0, lora)
+
     return sorted(loras, key=key)
 
 
 def _evict_for_pressure(t: _BaseTick, w: _Worker, lora: str, detail: str) -> None:
     i = t.index.get(lora)
-    t.planner.issue(w, CommandAction.evict, t.records[lora], lora, CommandRule.host_pressure,
-                    t.table.score_of(i) if i is not None else None, detail)
+    t.planner.issue(
+        w,
+        CommandAction.evict,
+        t.records[lora],
+        lora,
+        CommandRule.host_pressure,
+        t.table.score_of(i) if i is not None else None,
+        detail,
+    )
 
 
 _RULES: tuple[Callable[[_BaseTick], None], ...] = (
-    _cap_protected, _unpin, _retire, _rank_hot_set, _load, _replicas, _pin, _relieve_hbm,
-    _prewarm_host, _evict_host)
+    _cap_protected,
+    _unpin,
+    _retire,
+    _rank_hot_set,
+    _load,
+    _replicas,
+    _pin,
+    _relieve_hbm,
+    _prewarm_host,
+    _evict_host,
+)
 """The planner rules of docs/planner.md, in their order (rule n is ``_RULES[n - 1]``)."""
 
 
-def _plan_base(planner: _Planner, table: Candidates, rows: BaseRows, registry: Registry,
-               workers: list[_Worker]) -> None:
+def _plan_base(
+    planner: _Planner, table: Candidates, rows: BaseRows, registry: Registry, workers: list[_Worker]
+) -> None:
     """One base model's tick: every rule, in order, on one shared ``_BaseTick``."""
-    tick = _BaseTick(planner, table, rows.index, rows.rows, registry.records, registry.revoked,
-                     workers)
+    tick = _BaseTick(
+        planner, table, rows.index, rows.rows, registry.records, registry.revoked, workers
+    )
     for rule in _RULES:
         rule(tick)

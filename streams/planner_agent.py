@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 
+from loraplane.kernel.config import get_settings
 from loraplane.streams.app import ThreadService, app
 from loraplane.streams.planner_runtime import PlannerRuntime
 
-from loraplane.kernel.config import get_settings
+__all__ = ["PlannerService", "runtime"]
 
 runtime = PlannerRuntime(get_settings())
 """This worker's planner (its ``metrics()`` go on ``--metrics-port``)."""

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
+
+from loraplane.kernel.policy import Clause, Condition, Policy
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.streams.planner_columns import Categories, Registry, Scores
 from loraplane.streams.scores import (
@@ -24,11 +26,16 @@ from loraplane.streams.scores import (
     hot_scores_of,
 )
 
-from loraplane.kernel.policy import Clause, Condition, Policy
+__all__ = ["Candidates", "Rank", "Ranking", "first_holding"]
 
 _COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
-    "==": np.equal, "!=": np.not_equal, ">": np.greater, ">=": np.greater_equal,
-    "<": np.less, "<=": np.less_equal}
+    "==": np.equal,
+    "!=": np.not_equal,
+    ">": np.greater,
+    ">=": np.greater_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+}
 """``Clause.op`` as numpy comparisons, for a numeric fact against a numeric literal."""
 
 Rank = tuple[int, float, str]
@@ -41,8 +48,14 @@ class Candidates:
     this tick's scores and conditions are computed here. ``unprotect`` is the one change
     after construction (the protected cap)."""
 
-    def __init__(self, registry: Registry, scores: Scores, scheduled: Mapping[str, float],
-                 policy: Policy, now: float) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        scores: Scores,
+        scheduled: Mapping[str, float],
+        policy: Policy,
+        now: float,
+    ) -> None:
         n = len(registry.lora)
         self.registry, self.columns, self.now = registry, scores, now
         self.record: list[AdapterRecord] = registry.record
@@ -50,8 +63,13 @@ class Candidates:
         self.scheduled = registry.scheduled(scheduled)
         self.canary = registry.canary
         self.score = hot_scores_of(
-            scores.inputs, registry.priorities.lookup(policy.tenant_priority_values, 0.0),
-            self.scheduled, policy, now, policy.weights)
+            scores.inputs,
+            registry.priorities.lookup(policy.tenant_priority_values, 0.0),
+            self.scheduled,
+            policy,
+            now,
+            policy.weights,
+        )
         self.never_evict, self.demote = policy.never_evict, policy.demote
         self.protected_by = first_holding(self.never_evict, self._fact, n)
         self.demoted_by = first_holding(self.demote, self._fact, n)
@@ -70,8 +88,9 @@ class Candidates:
             case "tenant_priority":
                 return self.registry.priorities.take(rows)
             case "canary_percent":  # read rarely (after a canary status clause): per tick
-                return np.fromiter((self.record[i].release.canary_percent
-                                    for i in rows.tolist()), float, len(rows))
+                return np.fromiter(
+                    (self.record[i].release.canary_percent for i in rows.tolist()), float, len(rows)
+                )
             case "no_request_for_minutes":
                 # A scheduled peak or a canary counts as expected demand: never idle.
                 idle: np.ndarray = np.maximum(0.0, now - c.last[rows]) / 60.0
@@ -82,8 +101,12 @@ class Candidates:
                 served = decayed_at(c.served_value[rows], c.served_at[rows], TAU_10M_S, now)
                 known = served >= MIN_ERROR_SAMPLES
                 rates = np.full(len(rows), np.nan)
-                rates[known] = decayed_at(c.errors_value[rows[known]], c.errors_at[rows[known]],
-                                          TAU_10M_S, now) / served[known]
+                rates[known] = (
+                    decayed_at(
+                        c.errors_value[rows[known]], c.errors_at[rows[known]], TAU_10M_S, now
+                    )
+                    / served[known]
+                )
                 return rates
             case "request_class":
                 states = c.state
@@ -105,15 +128,24 @@ class Candidates:
     def rank(self, i: int, resident: bool, margin: float) -> Rank:
         """Never-evict and canary versions first, then by score (a resident's raised by the
         hysteresis margin), then by name."""
-        return (0 if self.first[i] else 1, -(self.score_of(i) + (margin if resident else 0.0)),
-                self.lora[i])
+        return (
+            0 if self.first[i] else 1,
+            -(self.score_of(i) + (margin if resident else 0.0)),
+            self.lora[i],
+        )
 
     def detail(self, i: int) -> str:
         """Why the row is wanted, for the command's reason."""
         which = int(self.protected_by[i])
-        text = (f"never_evict: {self.never_evict[which].text}" if which >= 0
-                else "scheduled warm-up" if self.scheduled[i] > 0
-                else "canary prewarm" if self.canary[i] else "")
+        text = (
+            f"never_evict: {self.never_evict[which].text}"
+            if which >= 0
+            else "scheduled warm-up"
+            if self.scheduled[i] > 0
+            else "canary prewarm"
+            if self.canary[i]
+            else ""
+        )
         note = self.over_capacity.get(i)
         return text if note is None else f"{text}; {note}"
 
@@ -135,16 +167,19 @@ def _holds(clause: Clause, values: np.ndarray | Categories) -> np.ndarray:
         if values.dtype != object and not isinstance(clause.value, str):
             compared: np.ndarray = ~np.isnan(values) & _COMPARE[clause.op](values, clause.value)
             return compared
-        values = Categories.encode(None if isinstance(v, float) and math.isnan(v) else v
-                               for v in values.tolist())
+        values = Categories.encode(
+            None if isinstance(v, float) and math.isnan(v) else v for v in values.tolist()
+        )
     holds = np.array([clause.holds({clause.fact: v}) for v in values.values], dtype=np.bool_)
     held: np.ndarray = holds[values.codes]
     return held
 
 
-def first_holding(conditions: tuple[Condition, ...],
-                  fact: Callable[[str, np.ndarray], np.ndarray | Categories],
-                  n: int) -> np.ndarray:
+def first_holding(
+    conditions: tuple[Condition, ...],
+    fact: Callable[[str, np.ndarray], np.ndarray | Categories],
+    n: int,
+) -> np.ndarray:
     """For each of ``n`` rows the index of the first condition that holds, -1 where none.
     A clause is evaluated only on the rows where the clauses before it hold, and a
     condition only on the rows no earlier condition decided."""
@@ -166,8 +201,14 @@ class Ranking:
     and the top of the host tier, rarely the whole ranking, so only a prefix (doubled as
     needed) is selected with ``np.partition`` and sorted. Iterating twice reuses it."""
 
-    def __init__(self, table: Candidates, rows: np.ndarray, resident: np.ndarray,
-                 margin: float, expected: int = 0) -> None:
+    def __init__(
+        self,
+        table: Candidates,
+        rows: np.ndarray,
+        resident: np.ndarray,
+        margin: float,
+        expected: int = 0,
+    ) -> None:
         """``expected``: how many rows the caller will read at least (the hot set)."""
         self.table = table
         self.expected = expected
@@ -214,7 +255,8 @@ class Ranking:
         out: list[int] = rows.tolist()
         tied = np.diff(np.concatenate(([0], (key[1:] == key[:-1]).astype(np.int8), [0])))
         lora = self.table.lora
-        for start, end in zip(np.flatnonzero(tied == 1).tolist(),
-                              np.flatnonzero(tied == -1).tolist(), strict=True):
-            out[start:end + 1] = sorted(out[start:end + 1], key=lora.__getitem__)
+        for start, end in zip(
+            np.flatnonzero(tied == 1).tolist(), np.flatnonzero(tied == -1).tolist(), strict=True
+        ):
+            out[start : end + 1] = sorted(out[start : end + 1], key=lora.__getitem__)
         return out[:m]

@@ -23,10 +23,13 @@ from operator import attrgetter, is_not
 from typing import Any, cast
 
 import numpy as np
+
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import lora_name
 from loraplane.schemas.registry import AdapterView
 from loraplane.streams.scores import ScoreInputs, ScoreState, merged, score_key
+
+__all__ = ["EMPTY", "BaseRows", "Categories", "Columns", "Registry", "Scores"]
 
 EMPTY = ScoreState()
 _STALE = object()  # a carried-over row whose score columns must be re-derived
@@ -76,16 +79,29 @@ class Registry:
     def __init__(self, views: list[AdapterView]) -> None:
         self.views = views
         versions = list(chain.from_iterable(map(attrgetter("versions"), views)))
-        loras = list(map(lora_name, map(_ADAPTER_ID, versions), map(_VERSION, versions),
-                         map(attrgetter("sha256"), versions)))
+        loras = list(
+            map(
+                lora_name,
+                map(_ADAPTER_ID, versions),
+                map(_VERSION, versions),
+                map(attrgetter("sha256"), versions),
+            )
+        )
         self.records: dict[str, AdapterRecord] = dict(zip(loras, versions, strict=True))
         status = Categories.encode(map(_STATUS, versions))
         # A name seen twice is its last record's (as the dict says).
-        self.revoked = {lora for lora in map(loras.__getitem__, np.flatnonzero(
-            status.codes == status.code(AdapterStatus.revoked)).tolist())
-            if self.records[lora].status is AdapterStatus.revoked}
-        serving = np.flatnonzero((status.codes == status.code(AdapterStatus.active))
-                                 | (status.codes == status.code(AdapterStatus.canary))).tolist()
+        self.revoked = {
+            lora
+            for lora in map(
+                loras.__getitem__,
+                np.flatnonzero(status.codes == status.code(AdapterStatus.revoked)).tolist(),
+            )
+            if self.records[lora].status is AdapterStatus.revoked
+        }
+        serving = np.flatnonzero(
+            (status.codes == status.code(AdapterStatus.active))
+            | (status.codes == status.code(AdapterStatus.canary))
+        ).tolist()
         self.record: list[AdapterRecord] = list(map(versions.__getitem__, serving))
         self.lora: list[str] = list(map(loras.__getitem__, serving))
         n = len(serving)
@@ -104,16 +120,19 @@ class Registry:
         # score key -> the row reading it; None when some key is read by several rows (an
         # adapter listed twice), and then every tick looks every row up.
         self.row_of_key: dict[str, int] | None = dict(zip(self.keys, range(n), strict=True))
-        read = dict(zip(map(self.unattributed.__getitem__, active.tolist()), active.tolist(),
-                        strict=True))
-        if len(self.row_of_key) + len(read) < n + len(active) or \
-                not self.row_of_key.keys().isdisjoint(read):
+        read = dict(
+            zip(map(self.unattributed.__getitem__, active.tolist()), active.tolist(), strict=True)
+        )
+        if len(self.row_of_key) + len(read) < n + len(
+            active
+        ) or not self.row_of_key.keys().isdisjoint(read):
             self.row_of_key = None
         else:
             # every active row has an unattributed key (set just above): no None among them
             self.row_of_key.update(cast(dict[str, int], read))
-        self.bases = _bases(Categories.encode(map(attrgetter("base_model"), self.record)),
-                            self.lora)
+        self.bases = _bases(
+            Categories.encode(map(attrgetter("base_model"), self.record)), self.lora
+        )
         ranked = [self.bases[base] for base in sorted(self.bases)]
         self.ranked_names = list(chain.from_iterable(b.index for b in ranked))
         self.ranked_rows = np.concatenate([b.rows for b in ranked] or [np.zeros(0, np.intp)])
@@ -196,8 +215,12 @@ class Scores:
         out.errors_value, out.errors_at = self.errors_value[take], self.errors_at[take]
         return out
 
-    def refresh(self, registry: Registry, scores: Mapping[str, ScoreState],
-                changed: Iterable[str] | None = None) -> None:
+    def refresh(
+        self,
+        registry: Registry,
+        scores: Mapping[str, ScoreState],
+        changed: Iterable[str] | None = None,
+    ) -> None:
         """Re-derive the rows whose score states are new objects. ``changed``: every key
         added, replaced or removed since the mapping of the last refresh (the planner
         runtime's score view counts them); then only their rows are read, so a tick costs
@@ -217,29 +240,39 @@ class Scores:
         seen, m = self.seen_keys, len(self.seen_ids)
         # Equal keys at the same positions are the same keys; ids of the states held in
         # ``seen_states`` cannot have been reused by other objects.
-        if seen is not None and row_of is not None and len(keys) >= m and \
-                (keys if len(keys) == m else keys[:m]) == seen:
+        if (
+            seen is not None
+            and row_of is not None
+            and len(keys) >= m
+            and (keys if len(keys) == m else keys[:m]) == seen
+        ):
             moved = np.flatnonzero(ids[:m] != self.seen_ids)
-            rows = sorted({i for j in (*moved.tolist(), *range(m, len(keys)))
-                           if (i := row_of.get(keys[j])) is not None})
+            rows = sorted(
+                {
+                    i
+                    for j in (*moved.tolist(), *range(m, len(keys)))
+                    if (i := row_of.get(keys[j])) is not None
+                }
+            )
             self._read(registry, scores, rows)
         else:
             # map over the bound get: the rebuild reads 100k keys (a comprehension is slower)
             get = cast(Callable[[str | None, ScoreState | None], ScoreState | None], scores.get)
             own: list[ScoreState | object] = list(map(get, registry.keys, repeat(EMPTY)))
             unattributed: list[ScoreState | object | None] = list(
-                map(get, registry.unattributed, repeat(None)))
+                map(get, registry.unattributed, repeat(None))
+            )
             n = len(own)
             changed = np.flatnonzero(
                 np.fromiter(map(is_not, own, self.own), bool, n)
-                | np.fromiter(map(is_not, unattributed, self.unattributed), bool, n))
+                | np.fromiter(map(is_not, unattributed, self.unattributed), bool, n)
+            )
             self.own, self.unattributed = own, unattributed
             self._derive(changed)
         self.seen_keys, self.seen_states, self.seen_ids = keys, states, ids
         self.synced = True
 
-    def _read(self, registry: Registry, scores: Mapping[str, ScoreState],
-              rows: list[int]) -> None:
+    def _read(self, registry: Registry, scores: Mapping[str, ScoreState], rows: list[int]) -> None:
         """Look ``rows``' states up again and re-derive them."""
         for i in rows:
             self.own[i] = scores.get(registry.keys[i], EMPTY)
@@ -258,10 +291,15 @@ class Scores:
         m = len(states)
         fresh = ScoreInputs.from_states(states)
         x = self.inputs
-        for column, values in ((x.r10_value, fresh.r10_value), (x.r10_at, fresh.r10_at),
-                               (x.r1_value, fresh.r1_value), (x.r1_at, fresh.r1_at),
-                               (x.ttft_known, fresh.ttft_known),
-                               (x.ttft_gap_ms, fresh.ttft_gap_ms), (x.daily, fresh.daily)):
+        for column, values in (
+            (x.r10_value, fresh.r10_value),
+            (x.r10_at, fresh.r10_at),
+            (x.r1_value, fresh.r1_value),
+            (x.r1_at, fresh.r1_at),
+            (x.ttft_known, fresh.ttft_known),
+            (x.ttft_gap_ms, fresh.ttft_gap_ms),
+            (x.daily, fresh.daily),
+        ):
             column[rows] = values
         self.last[rows] = np.array(list(map(_LAST_REQUEST, states)), dtype=float)
         served, errors = list(map(_SERVED, states)), list(map(_ERRORS, states))
@@ -278,8 +316,12 @@ class Columns:
         self.registry = Registry([])
         self.scores = Scores(0)
 
-    def update(self, views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
-               changed: Iterable[str] | None = None) -> tuple[Registry, Scores]:
+    def update(
+        self,
+        views: Iterable[AdapterView],
+        scores: Mapping[str, ScoreState],
+        changed: Iterable[str] | None = None,
+    ) -> tuple[Registry, Scores]:
         """``changed``: the score keys added, replaced or removed since the last update
         (``Scores.refresh``); None when unknown."""
         views = views if isinstance(views, list) else list(views)
@@ -289,8 +331,9 @@ class Columns:
         if views != old.views:
             self.registry = Registry(views)
             row_of = {lora: i for i, lora in enumerate(old.lora)}
-            src = np.fromiter(map(row_of.get, self.registry.lora, repeat(-1)), np.intp,
-                              len(self.registry.lora))
+            src = np.fromiter(
+                map(row_of.get, self.registry.lora, repeat(-1)), np.intp, len(self.registry.lora)
+            )
             self.scores = self.scores.carried(src)  # its snapshot is empty: a full look-up
         try:
             self.scores.refresh(self.registry, scores, changed)
@@ -299,4 +342,3 @@ class Columns:
             self.scores = Scores(len(self.registry.lora))
             raise
         return self.registry, self.scores
-

@@ -27,6 +27,17 @@ from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 
+__all__ = [
+    "ALL_BASE_MODELS",
+    "HEARTBEAT_MS",
+    "POLL_S",
+    "SESSION_TIMEOUT_MS",
+    "Lease",
+    "LeaseHolder",
+    "group_id",
+    "slug",
+]
+
 log = logging.getLogger(__name__)
 
 SESSION_TIMEOUT_MS = 6000
@@ -91,8 +102,10 @@ class Lease:
                 return
             self._fenced_epoch = epoch
             self._lock.notify_all()
-        log.warning("planner lease: STANDBY (fenced by another planner; waiting for the "
-                    "group to move the lease)")
+        log.warning(
+            "planner lease: STANDBY (fenced by another planner; waiting for the "
+            "group to move the lease)"
+        )
 
     def holds(self, epoch: int) -> bool:
         """Still active under ``epoch`` (checked before every commit)."""
@@ -132,16 +145,25 @@ class LeaseHolder:
         while not self._stop.is_set():
             try:
                 consumer = kafka.consumer(
-                    self.settings, self.group, client_id="loraplane-planner-lease",
-                    session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_ms=HEARTBEAT_MS,
-                    cooperative=True, quiet=True)
+                    self.settings,
+                    self.group,
+                    client_id="loraplane-planner-lease",
+                    session_timeout_ms=SESSION_TIMEOUT_MS,
+                    heartbeat_ms=HEARTBEAT_MS,
+                    cooperative=True,
+                    quiet=True,
+                )
             except Exception as exc:
                 log.error("planner lease consumer not built: %s", exc)
                 self._stop.wait(1.0)
                 continue
             try:
-                consumer.subscribe([self.topic], on_assign=self._on_assign,
-                                   on_revoke=self._on_revoke, on_lost=self._on_lost)
+                consumer.subscribe(
+                    [self.topic],
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
+                )
                 while not self._stop.is_set():
                     msg = consumer.poll(POLL_S)
                     if msg is not None and (err := msg.error()) is not None and err.fatal():

@@ -46,21 +46,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loraplane.schemas.audit import AuditRecord
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import SchemaError, decode, encode
-from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.planner_memory import PlannerMemory
-from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
-from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot
-from loraplane.schemas.signing import KeyFileError, SigningKey
-from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.planner import Plan, Planner, WorkerMemory
-from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
-from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
-from loraplane.streams.scores import ScoreState, from_snapshot
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
@@ -79,6 +64,46 @@ from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
+from loraplane.schemas.audit import AuditRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import SchemaError, decode, encode
+from loraplane.schemas.commands import CacheCommand
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot
+from loraplane.schemas.signing import KeyFileError, SigningKey
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.planner import Plan, Planner, WorkerMemory
+from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
+from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
+from loraplane.streams.scores import ScoreState, from_snapshot
+
+__all__ = [
+    "CLIENT_ID",
+    "COMPONENT",
+    "FIRST_READ_S",
+    "LOG_EVERY_S",
+    "MAX_CHANGED",
+    "MEMORY_READ_S",
+    "PREVIEW_TOPICS",
+    "RETRY_S",
+    "WAKE_POLL_S",
+    "LeaseLost",
+    "LeaseMetrics",
+    "PlannerRuntime",
+    "Preview",
+    "ScoreView",
+    "WorkerStates",
+    "audit_of",
+    "memory_of",
+    "of_base",
+    "plan_tick",
+    "preview",
+    "preview_json",
+    "waiting_audit",
+]
 
 log = logging.getLogger(__name__)
 COMPONENT: Literal["planner"] = "planner"
@@ -227,12 +252,26 @@ def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
 
 def audit_of(cmd: CacheCommand) -> AuditRecord:
     return AuditRecord(
-        event_id=cmd.command_id, ts=cmd.issued_at, component=COMPONENT,
-        action=cmd.action.value, decision="issued", reason=cmd.reason.rule,
-        subject_event_id=cmd.command_id, tenant_id=cmd.tenant_id, adapter_id=cmd.adapter_id,
-        version=cmd.version, actor=cmd.worker_id,
-        detail=json.dumps({"worker_id": cmd.worker_id, "lora_name": cmd.lora_name,
-                           "score": cmd.reason.score, "detail": cmd.reason.detail}))
+        event_id=cmd.command_id,
+        ts=cmd.issued_at,
+        component=COMPONENT,
+        action=cmd.action.value,
+        decision="issued",
+        reason=cmd.reason.rule,
+        subject_event_id=cmd.command_id,
+        tenant_id=cmd.tenant_id,
+        adapter_id=cmd.adapter_id,
+        version=cmd.version,
+        actor=cmd.worker_id,
+        detail=json.dumps(
+            {
+                "worker_id": cmd.worker_id,
+                "lora_name": cmd.lora_name,
+                "score": cmd.reason.score,
+                "detail": cmd.reason.detail,
+            }
+        ),
+    )
 
 
 def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
@@ -240,27 +279,47 @@ def waiting_audit(result: Plan, last: list[str]) -> AuditRecord | None:
     names = [w.lora_name for w in result.waiting]
     if not names or names == last:
         return None
-    detail = json.dumps([{"lora_name": w.lora_name, "score": round(w.score, 6),
-                          "reason": w.reason} for w in result.waiting[:50]])
+    detail = json.dumps(
+        [
+            {"lora_name": w.lora_name, "score": round(w.score, 6), "reason": w.reason}
+            for w in result.waiting[:50]
+        ]
+    )
     return AuditRecord(
-        event_id=f"wait-{int(time.time() * 1000)}", ts=now_utc(), component=COMPONENT,
-        action="load_gpu", decision="refused", reason=result.waiting[0].reason,
-        detail=detail[:2048])
+        event_id=f"wait-{int(time.time() * 1000)}",
+        ts=now_utc(),
+        component=COMPONENT,
+        action="load_gpu",
+        decision="refused",
+        reason=result.waiting[0].reason,
+        detail=detail[:2048],
+    )
 
 
-def of_base(base_model: str | None, views: Iterable[AdapterView],
-            workers: Iterable[WorkerState]) -> tuple[list[AdapterView], list[WorkerState]]:
+def of_base(
+    base_model: str | None, views: Iterable[AdapterView], workers: Iterable[WorkerState]
+) -> tuple[list[AdapterView], list[WorkerState]]:
     """The views with a version of ``base_model`` and its workers (everything for None)."""
     if base_model is None:
         return list(views), list(workers)
-    return ([v for v in views if any(r.base_model == base_model for r in v.versions)],
-            [w for w in workers if w.base_model == base_model])
+    return (
+        [v for v in views if any(r.base_model == base_model for r in v.versions)],
+        [w for w in workers if w.base_model == base_model],
+    )
 
 
-def plan_tick(planner: Planner, settings: Settings, base_model: str | None,
-              views: Iterable[AdapterView], scores: Mapping[str, ScoreState],
-              workers: Iterable[WorkerState], memory: Mapping[str, WorkerMemory],
-              schedule: Schedule, now: float, changed: Iterable[str] | None = None) -> Plan:
+def plan_tick(
+    planner: Planner,
+    settings: Settings,
+    base_model: str | None,
+    views: Iterable[AdapterView],
+    scores: Mapping[str, ScoreState],
+    workers: Iterable[WorkerState],
+    memory: Mapping[str, WorkerMemory],
+    schedule: Schedule,
+    now: float,
+    changed: Iterable[str] | None = None,
+) -> Plan:
     """One tick on what the tails hold: the one place that narrows the inputs to
     ``base_model``, adds the scheduled warm-ups and keeps only the workers heard lately (the
     router's rule), shared by the runtime and ``loraplane plan show`` so that the preview
@@ -270,8 +329,7 @@ def plan_tick(planner: Planner, settings: Settings, base_model: str | None,
     scheduled = warmup_scores(schedule, ((v.adapter_id, v.tenant_id) for v in chosen), now)
     heartbeat_s = settings.policy.worker_heartbeat_s
     live = [w for w in states if heard_lately(w, now, heartbeat_s)]
-    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled,
-                        changed)
+    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled, changed)
 
 
 PREVIEW_TOPICS = ("registry", "scores", "worker-state", "planner-memory")
@@ -299,8 +357,9 @@ class Preview:
     refused: list[ViewReason]  # registry views refused by the keyring, with their reason
 
 
-def preview(settings: Settings, base_model: str | None, *, timeout_s: float = 10.0,
-            now: float | None = None) -> Preview:
+def preview(
+    settings: Settings, base_model: str | None, *, timeout_s: float = 10.0, now: float | None = None
+) -> Preview:
     """One tick on one read of every input the runtime tails, written nowhere (no command,
     memory, audit or dead letter): what the active planner would issue now and why. The
     records go through the runtime's own readers (``ScoreView``, ``WorkerStates``,
@@ -310,8 +369,7 @@ def preview(settings: Settings, base_model: str | None, *, timeout_s: float = 10
     it would refuse is planned here)."""
     topics = {topic_name(settings, t): t for t in PREVIEW_TOPICS}
     latest: dict[tuple[str, bytes], Record] = {}
-    for record in read_topic(settings, list(topics), timeout_s=timeout_s, to_end=True,
-                             quiet=True):
+    for record in read_topic(settings, list(topics), timeout_s=timeout_s, to_end=True, quiet=True):
         latest[(record.topic, record.key or b"")] = record
     by_topic: dict[str, list[Record]] = {t: [] for t in PREVIEW_TOPICS}
     for (topic, _key), record in latest.items():
@@ -324,36 +382,73 @@ def preview(settings: Settings, base_model: str | None, *, timeout_s: float = 10
         workers.apply(record.key, record.value)
     memory = memory_of(by_topic["planner-memory"])
     refused: list[ViewReason] = []
-    registry = VerifiedRegistry(KeyringFile(settings.keyring_path),
-                                lambda: by_topic["registry"], sink=_Unsent(),
-                                component=f"{COMPONENT}-preview", on_refused=refused.append)
+    registry = VerifiedRegistry(
+        KeyringFile(settings.keyring_path),
+        lambda: by_topic["registry"],
+        sink=_Unsent(),
+        component=f"{COMPONENT}-preview",
+        on_refused=refused.append,
+    )
     registry.refresh()  # no readable keyring: every view refused (counted), as the runtime
     views, states = of_base(base_model, registry.accepted.values(), workers.copy())
     at = time.time() if now is None else now
-    result = plan_tick(Planner(), settings, base_model, views, scores.copy(), states, memory,
-                       ScheduleFile(settings.schedules_path).current(), at)
+    result = plan_tick(
+        Planner(),
+        settings,
+        base_model,
+        views,
+        scores.copy(),
+        states,
+        memory,
+        ScheduleFile(settings.schedules_path).current(),
+        at,
+    )
     heartbeat_s = settings.policy.worker_heartbeat_s
-    return Preview(result, len(views), len(scores.states), len(states),
-                   sum(heard_lately(w, at, heartbeat_s) for w in states), len(memory),
-                   sum(len(m.pending) for m in memory.values()), refused)
+    return Preview(
+        result,
+        len(views),
+        len(scores.states),
+        len(states),
+        sum(heard_lately(w, at, heartbeat_s) for w in states),
+        len(memory),
+        sum(len(m.pending) for m in memory.values()),
+        refused,
+    )
 
 
 def preview_json(p: Preview) -> dict[str, Any]:
     """``plan show --json``: the inputs counted, each command with its rule, score and
     detail, each waiting version with its reason."""
     return {
-        "inputs": {"adapters": p.adapters, "score_keys": p.score_keys, "workers": p.workers,
-                   "live_workers": p.live_workers, "memory_workers": p.memory_workers,
-                   "pending_commands": p.pending,
-                   "refused_views": [r.value for r in p.refused]},
-        "commands": [{"worker_id": c.worker_id, "base_model": c.base_model,
-                      "action": c.action.value, "lora_name": c.lora_name,
-                      "adapter_id": c.adapter_id, "version": c.version,
-                      "tenant_id": c.tenant_id, "rule": c.reason.rule.value,
-                      "score": c.reason.score, "detail": c.reason.detail,
-                      "command_id": c.command_id} for c in p.plan.commands],
-        "waiting": [{"lora_name": w.lora_name, "score": w.score, "reason": w.reason.value}
-                    for w in p.plan.waiting],
+        "inputs": {
+            "adapters": p.adapters,
+            "score_keys": p.score_keys,
+            "workers": p.workers,
+            "live_workers": p.live_workers,
+            "memory_workers": p.memory_workers,
+            "pending_commands": p.pending,
+            "refused_views": [r.value for r in p.refused],
+        },
+        "commands": [
+            {
+                "worker_id": c.worker_id,
+                "base_model": c.base_model,
+                "action": c.action.value,
+                "lora_name": c.lora_name,
+                "adapter_id": c.adapter_id,
+                "version": c.version,
+                "tenant_id": c.tenant_id,
+                "rule": c.reason.rule.value,
+                "score": c.reason.score,
+                "detail": c.reason.detail,
+                "command_id": c.command_id,
+            }
+            for c in p.plan.commands
+        ],
+        "waiting": [
+            {"lora_name": w.lora_name, "score": w.score, "reason": w.reason.value}
+            for w in p.plan.waiting
+        ],
     }
 
 
@@ -365,11 +460,12 @@ class LeaseMetrics(Collector):
         self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily(m.PLANNER_ACTIVE, "1 while this planner holds the lease "
-                                  "of its base model and plans, 0 on standby",
-                                  labels=["base_model"])
-        gauge.add_metric([slug(self.runtime.base_model)],
-                         1.0 if self.runtime.planning() else 0.0)
+        gauge = GaugeMetricFamily(
+            m.PLANNER_ACTIVE,
+            "1 while this planner holds the lease of its base model and plans, 0 on standby",
+            labels=["base_model"],
+        )
+        gauge.add_metric([slug(self.runtime.base_model)], 1.0 if self.runtime.planning() else 0.0)
         yield gauge
 
 
@@ -410,29 +506,39 @@ class PlannerRuntime:
     def _start_tails(self) -> list[TopicTail]:
         s = self.settings
         self.score_tail = TopicTail(
-            s, topic_name(s, "scores"), component=f"{COMPONENT}-scores",
-            on_record=self._score_record).start()
+            s,
+            topic_name(s, "scores"),
+            component=f"{COMPONENT}-scores",
+            on_record=self._score_record,
+        ).start()
         self.state_tail = TopicTail(
-            s, topic_name(s, "worker-state"), component=f"{COMPONENT}-worker-state",
-            on_record=lambda r: self.workers.apply(r.key, r.value)).start()
-        self.memory_tail = TopicTail(s, topic_name(s, "planner-memory"),
-                                     component=f"{COMPONENT}-memory").start()
+            s,
+            topic_name(s, "worker-state"),
+            component=f"{COMPONENT}-worker-state",
+            on_record=lambda r: self.workers.apply(r.key, r.value),
+        ).start()
+        self.memory_tail = TopicTail(
+            s, topic_name(s, "planner-memory"), component=f"{COMPONENT}-memory"
+        ).start()
         scope = RegistryScope(None if self.base_model is None else [self.base_model])
         self.registry_tail = registry_tail(s, COMPONENT, scope, start=False)
         tail = self.registry_tail
         self.registry = VerifiedRegistry(
-            KeyringFile(s.keyring_path), tail.snapshot, sink=ProducerSink(s, CLIENT_ID),
+            KeyringFile(s.keyring_path),
+            tail.snapshot,
+            sink=ProducerSink(s, CLIENT_ID),
             component=COMPONENT,
             checkpoints_path=s.home / "planner" / slug(self.base_model) / CHECKPOINTS_FILE,
-            version=lambda: tail.version, scope=scope)
+            version=lambda: tail.version,
+            scope=scope,
+        )
         tail.start()
         return [self.score_tail, self.state_tail, self.memory_tail, self.registry_tail]
 
     # ---- the thread -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Tails, then the lease, then plan whenever the lease is held, until ``stop``."""
-        (self.settings.home / "planner" / slug(self.base_model)).mkdir(parents=True,
-                                                                       exist_ok=True)
+        (self.settings.home / "planner" / slug(self.base_model)).mkdir(parents=True, exist_ok=True)
         tails = self._start_tails()
         watchdog = Watchdog([self.progress]).start()
         holder: LeaseHolder | None = None
@@ -451,9 +557,13 @@ class PlannerRuntime:
             gc.collect()
             gc.freeze()
             self.progress.advanced()
-            log.info("planner ready (%s): %d score keys, %d workers; joining %s",
-                     slug(self.base_model), len(self.scores.states), len(self.workers.states),
-                     group_id(self.settings, self.base_model))
+            log.info(
+                "planner ready (%s): %d score keys, %d workers; joining %s",
+                slug(self.base_model),
+                len(self.scores.states),
+                len(self.workers.states),
+                group_id(self.settings, self.base_model),
+            )
             holder = LeaseHolder(self.settings, self.base_model, self.lease).start()
             while not stop.is_set():
                 epoch = self.lease.epoch
@@ -495,12 +605,14 @@ class PlannerRuntime:
         """One lease epoch: fence, read the memory to its end, resend, plan."""
         s = self.settings
         txn = kafka.transactional_producer(s, group_id(s, self.base_model), client_id=CLIENT_ID)
-        meta = kafka.consumer(s, f"{group_id(s, self.base_model)}-meta", client_id=CLIENT_ID,
-                              quiet=True)
+        meta = kafka.consumer(
+            s, f"{group_id(s, self.base_model)}-meta", client_id=CLIENT_ID, quiet=True
+        )
         try:
             self.progress.blocked("init_transactions")
-            bounded("init_transactions", lambda: txn.init_transactions(STEP_TIMEOUT_S),
-                    STEP_TIMEOUT_S)
+            bounded(
+                "init_transactions", lambda: txn.init_transactions(STEP_TIMEOUT_S), STEP_TIMEOUT_S
+            )
             self._read_memory()
             self._guard(epoch)
             self._partitions = commands_partitions(s, meta)
@@ -515,8 +627,7 @@ class PlannerRuntime:
             while not stop.is_set():
                 self._guard(epoch)
                 version = self.registry_tail.version
-                if version == last_registry and time.monotonic() < due \
-                        and not self.wake.is_set():
+                if version == last_registry and time.monotonic() < due and not self.wake.is_set():
                     self.wake.wait(WAKE_POLL_S)
                     continue
                 self.wake.clear()
@@ -525,8 +636,9 @@ class PlannerRuntime:
                 try:
                     result = self.plan_now(planner)
                 except Exception:  # a bad record must not stop planning for everyone else
-                    self._errors.note("planning tick failed; retrying at the next tick",
-                                      exc_info=True)
+                    self._errors.note(
+                        "planning tick failed; retrying at the next tick", exc_info=True
+                    )
                     continue
                 waiting = self._commit(txn, meta, key, epoch, result, waiting)
                 self.progress.advanced()
@@ -546,16 +658,24 @@ class PlannerRuntime:
         if not self.memory_tail.wait_read_to(ends, MEMORY_READ_S):
             raise RuntimeError(f"planner-memory not read to its end within {MEMORY_READ_S} s")
         self.memory = memory_of(self.memory_tail.snapshot())
-        log.info("planner: memory of %d workers read (%d pending commands)",
-                 len(self.memory), sum(len(m.pending) for m in self.memory.values()))
+        log.info(
+            "planner: memory of %d workers read (%d pending commands)",
+            len(self.memory),
+            sum(len(m.pending) for m in self.memory.values()),
+        )
 
-    def _produce_command(self, txn: Any, cmd: CacheCommand, key: SigningKey,
-                         partitions: int) -> bytes:
+    def _produce_command(
+        self, txn: Any, cmd: CacheCommand, key: SigningKey, partitions: int
+    ) -> bytes:
         payload = encode(key.sign_command(cmd))
-        txn.produce(topic_name(self.settings, "commands"), key=cmd.worker_id.encode(),
-                    value=payload, partition=partition_for(
-                        cmd.worker_id, self.workers.command_partition(cmd.worker_id),
-                        partitions))
+        txn.produce(
+            topic_name(self.settings, "commands"),
+            key=cmd.worker_id.encode(),
+            value=payload,
+            partition=partition_for(
+                cmd.worker_id, self.workers.command_partition(cmd.worker_id), partitions
+            ),
+        )
         return payload
 
     def _commands_partitions(self) -> int:
@@ -585,19 +705,28 @@ class PlannerRuntime:
             self.registry.records()  # refresh; a failed read keeps the last verified views
         scores, changed = self.scores.take()
         try:
-            return plan_tick(planner, self.settings, self.base_model,
-                             self.registry.accepted.values(), scores, self.workers.copy(),
-                             self.memory, self.schedule.current(), time.time(), changed)
+            return plan_tick(
+                planner,
+                self.settings,
+                self.base_model,
+                self.registry.accepted.values(),
+                scores,
+                self.workers.copy(),
+                self.memory,
+                self.schedule.current(),
+                time.time(),
+                changed,
+            )
         except BaseException:
             self.scores.forget_changes()
             raise
 
-    def _commit(self, txn: Any, meta: Any, key: SigningKey, epoch: int, result: Plan,
-                waiting: list[str]) -> list[str]:
+    def _commit(
+        self, txn: Any, meta: Any, key: SigningKey, epoch: int, result: Plan, waiting: list[str]
+    ) -> list[str]:
         """The tick's commands, decisions, audit and changed memory in one transaction; the
         in-process memory follows only once it committed."""
-        changed = {wid: mem for wid, mem in result.memory.items()
-                   if mem != self.memory.get(wid)}
+        changed = {wid: mem for wid, mem in result.memory.items() if mem != self.memory.get(wid)}
         wait_record = waiting_audit(result, waiting)
         names = [w.lora_name for w in result.waiting]
         if not result.commands and not changed and wait_record is None:
@@ -622,7 +751,11 @@ class PlannerRuntime:
         transact(txn, fill, on_step=self.progress.blocked)
         self.memory.update(changed)
         if result.commands:
-            log.info("planner issued %d commands: %s", len(result.commands),
-                     ", ".join(f"{c.action.value} {c.lora_name} -> {c.worker_id}"
-                               for c in result.commands[:20]))
+            log.info(
+                "planner issued %d commands: %s",
+                len(result.commands),
+                ", ".join(
+                    f"{c.action.value} {c.lora_name} -> {c.worker_id}" for c in result.commands[:20]
+                ),
+            )
         return names

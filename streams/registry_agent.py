@@ -19,6 +19,11 @@ from __future__ import annotations
 import logging
 
 import faust
+
+from loraplane.kernel.config import get_settings
+from loraplane.kernel.topics import spec
+from loraplane.registry.fold import Accepted, AdapterState, Decision, evaluate
+from loraplane.registry.topic import view_headers
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
@@ -26,10 +31,18 @@ from loraplane.schemas.reasons import ConsumerFault
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.streams.app import app, dead_letter_of, raw_topic
 
-from loraplane.kernel.config import get_settings
-from loraplane.kernel.topics import spec
-from loraplane.registry.fold import Accepted, AdapterState, Decision, evaluate
-from loraplane.registry.topic import view_headers
+__all__ = [
+    "COMPONENT",
+    "adapter_state",
+    "audit_topic",
+    "dead_letter_topic",
+    "keyring_file",
+    "lifecycle_topic",
+    "registry_agent",
+    "registry_table",
+    "registry_topic",
+    "settings",
+]
 
 log = logging.getLogger(__name__)
 settings = get_settings()
@@ -42,8 +55,10 @@ audit_topic = raw_topic("audit")
 dead_letter_topic = raw_topic("dead-letters")
 
 registry_table = app.Table(
-    "registry", partitions=spec("lifecycle").partitions,
-    help="adapter_id -> AdapterState as JSON: versions, active version, seq, replay set")
+    "registry",
+    partitions=spec("lifecycle").partitions,
+    help="adapter_id -> AdapterState as JSON: versions, active version, seq, replay set",
+)
 
 keyring_file = KeyringFile(settings.keyring_path)
 
@@ -62,25 +77,35 @@ def _keyring() -> Keyring | None:
         return None
 
 
-async def _publish(decision: Decision, message: faust.types.Message,
-                   key: bytes | None) -> None:
+async def _publish(decision: Decision, message: faust.types.Message, key: bytes | None) -> None:
     if isinstance(decision, Accepted):
         registry_table[decision.adapter_id] = decision.state.model_dump(mode="json")
         view = decision.state.view
-        await registry_topic.send(key=decision.adapter_id.encode(), value=encode(view),
-                                  headers=view_headers(view))
+        await registry_topic.send(
+            key=decision.adapter_id.encode(), value=encode(view), headers=view_headers(view)
+        )
     else:
-        await dead_letter_topic.send(key=key, value=encode(dead_letter_of(
-            message, COMPONENT, decision.reason, decision.detail)))
+        await dead_letter_topic.send(
+            key=key,
+            value=encode(dead_letter_of(message, COMPONENT, decision.reason, decision.detail)),
+        )
         event = decision.event
         state = adapter_state(event.adapter_id) if event else None
-        if (decision.reason is Reason.replayed_event_id and event is not None
-                and state is not None and state.view.last_event_id == event.event_id):
-            await registry_topic.send(key=event.adapter_id.encode(), value=encode(state.view),
-                                      headers=view_headers(state.view))
-    await audit_topic.send(key=decision.audit.adapter_id.encode()
-                           if decision.audit.adapter_id else key,
-                           value=encode(decision.audit))
+        if (
+            decision.reason is Reason.replayed_event_id
+            and event is not None
+            and state is not None
+            and state.view.last_event_id == event.event_id
+        ):
+            await registry_topic.send(
+                key=event.adapter_id.encode(),
+                value=encode(state.view),
+                headers=view_headers(state.view),
+            )
+    await audit_topic.send(
+        key=decision.audit.adapter_id.encode() if decision.audit.adapter_id else key,
+        value=encode(decision.audit),
+    )
 
 
 @app.agent(lifecycle_topic)
@@ -91,12 +116,25 @@ async def registry_agent(stream: faust.StreamT) -> None:
         key = event.key if isinstance(event.key, bytes) else None
         try:
             decision = evaluate(raw, _keyring(), adapter_state, now_utc(), key=key or b"")
-            log.info("lifecycle p%s@%s %s: %s %s", message.partition, message.offset,
-                     decision.audit.action, decision.audit.decision, decision.audit.reason)
+            log.info(
+                "lifecycle p%s@%s %s: %s %s",
+                message.partition,
+                message.offset,
+                decision.audit.action,
+                decision.audit.decision,
+                decision.audit.reason,
+            )
             await _publish(decision, message, key)
         except Exception as exc:  # a bug or a broken table must not drop the event silently
-            log.exception("lifecycle p%s@%s: internal error", message.partition,
-                          message.offset)
-            await dead_letter_topic.send(key=key, value=encode(dead_letter_of(
-                message, COMPONENT, ConsumerFault.internal_error,
-                f"{type(exc).__name__}: {exc}")))
+            log.exception("lifecycle p%s@%s: internal error", message.partition, message.offset)
+            await dead_letter_topic.send(
+                key=key,
+                value=encode(
+                    dead_letter_of(
+                        message,
+                        COMPONENT,
+                        ConsumerFault.internal_error,
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                ),
+            )

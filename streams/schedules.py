@@ -31,6 +31,17 @@ import yaml
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+__all__ = [
+    "ActiveEntry",
+    "Schedule",
+    "ScheduleEntry",
+    "ScheduleFile",
+    "active_entries",
+    "parse_schedule",
+    "scheduled_warmup_score",
+    "warmup_scores",
+]
+
 log = logging.getLogger(__name__)
 
 
@@ -90,8 +101,9 @@ def active_entries(schedule: Schedule, now: float) -> list[ActiveEntry]:
     return [ActiveEntry(e, s) for e in schedule.schedules if (s := e.warmup_at(now)) > 0]
 
 
-def warmup_scores(schedule: Schedule, adapters: Iterable[tuple[str, str]],
-                  now: float) -> dict[str, float]:
+def warmup_scores(
+    schedule: Schedule, adapters: Iterable[tuple[str, str]], now: float
+) -> dict[str, float]:
     """``{adapter_id: score}`` for the ``(adapter_id, tenant_id)`` pairs inside a window;
     adapters matched by several entries get the highest score."""
     active = active_entries(schedule, now)
@@ -99,15 +111,15 @@ def warmup_scores(schedule: Schedule, adapters: Iterable[tuple[str, str]],
         return {}
     scores: dict[str, float] = {}
     for adapter_id, tenant_id in adapters:
-        best = max((a.score for a in active if a.entry.selects(adapter_id, tenant_id)),
-                   default=0.0)
+        best = max((a.score for a in active if a.entry.selects(adapter_id, tenant_id)), default=0.0)
         if best > 0:
             scores[adapter_id] = best
     return scores
 
 
-def scheduled_warmup_score(schedule: Schedule, adapter_id: str, tenant_id: str,
-                           now: float) -> float:
+def scheduled_warmup_score(
+    schedule: Schedule, adapter_id: str, tenant_id: str, now: float
+) -> float:
     return warmup_scores(schedule, [(adapter_id, tenant_id)], now).get(adapter_id, 0.0)
 
 
@@ -137,6 +149,7 @@ class ScheduleFile:
             try:
                 self._schedule = parse_schedule(self.path.read_text())
             except (OSError, ValueError, yaml.YAMLError) as exc:  # pydantic errors are ValueErrors
-                log.error("schedule file %s not reloaded, keeping the previous one: %s",
-                          self.path, exc)
+                log.error(
+                    "schedule file %s not reloaded, keeping the previous one: %s", self.path, exc
+                )
         return self._schedule

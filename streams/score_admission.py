@@ -22,6 +22,8 @@ from loraplane.schemas.request_log import RequestStatus
 from loraplane.schemas.score_snapshot import is_unknown_key
 from loraplane.streams.scores import score_key
 
+__all__ = ["LIVE", "NOBODY", "Known", "stale_keys"]
+
 LIVE = frozenset({AdapterStatus.published, AdapterStatus.canary, AdapterStatus.active})
 """Statuses whose demand is scored: a retired version may come back only through a signed
 rollback, and then scores from that moment on."""
@@ -48,8 +50,7 @@ class Known:
         live = self.versions.get(adapter_id)
         return live is not None and (version is None or version in live)
 
-    def key_of(self, adapter_id: str, version: str | None,
-               status: RequestStatus) -> str | None:
+    def key_of(self, adapter_id: str, version: str | None, status: RequestStatus) -> str | None:
         """The score key a request log folds into, or None: it counts as unknown."""
         if status is RequestStatus.refused or not self.admits(adapter_id, version):
             return None

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
+
 from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN, NonNegativeMs
 from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
@@ -34,6 +35,8 @@ from loraplane.schemas.request_log import RequestClass, RequestDemand, RequestSt
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.score_admission import Known
 from loraplane.streams.scores import SampleRow, ScoreState, observe_many, score_key
+
+__all__ = ["Folded", "RecentIds", "Row", "demand_of", "fast_demand", "fold_batch", "row_of"]
 
 
 @dataclass
@@ -114,15 +117,22 @@ def _unanchored(pattern: str) -> str:
 
 def _bounds(annotated: Any) -> dict[str, float]:
     """The ge/le bounds of a pydantic ``Annotated[float, Field(...)]``, for msgspec."""
-    return {name: getattr(m, name) for info in annotated.__metadata__ for m in info.metadata
-            for name in ("ge", "le") if hasattr(m, name)}
+    return {
+        name: getattr(m, name)
+        for info in annotated.__metadata__
+        for m in info.metadata
+        for name in ("ge", "le")
+        if hasattr(m, name)
+    }
 
 
 _ID = re.compile(_unanchored(ID_PATTERN)).fullmatch
 _VERSION = re.compile(_unanchored(VERSION_PATTERN)).fullmatch
-_TS = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-                 r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
-                 r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])").fullmatch
+_TS = re.compile(
+    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+).fullmatch
 """The RFC 3339 form the gateway writes (pydantic's), every part in its range (for the
 offset too: ``fromisoformat`` takes "+00:60", pydantic does not); other forms pydantic takes
 (a space, seven fraction digits, a number) go the slow way, where they decode as pydantic
@@ -167,8 +177,13 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
     # A request log is flat ASCII JSON: one "{", no "[". Anything else goes the slow way,
     # where pydantic refuses what msgspec would take: invalid UTF-8 in an ignored field, an
     # ignored field nested deeper than pydantic's recursion limit.
-    if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii() or \
-            b"[" in raw or raw.find(b"{", 1) != -1:
+    if (
+        raw is None
+        or len(raw) > MAX_MESSAGE_BYTES
+        or not raw.isascii()
+        or b"[" in raw
+        or raw.find(b"{", 1) != -1
+    ):
         return None
     try:
         d = _decode_fast(raw)
@@ -191,8 +206,12 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
         ts = _fromisoformat(stamp).timestamp()
     except ValueError:  # a day or an hour out of range
         return None
-    return (d.event_id, adapter_id, version,
-            (ts, d.request_class._value_, d.tier_at_arrival, d.status, d.ttft_ms))
+    return (
+        d.event_id,
+        adapter_id,
+        version,
+        (ts, d.request_class._value_, d.tier_at_arrival, d.status, d.ttft_ms),
+    )
 
 
 def _remember(valid: dict[str, Any], value: str, form: Any) -> Any:
@@ -204,8 +223,12 @@ def _remember(valid: dict[str, Any], value: str, form: Any) -> Any:
 
 def row_of(d: RequestDemand) -> Row:
     """The row of a log pydantic validated (what ``fast_demand`` returns for it)."""
-    return (d.event_id, d.adapter_id, d.adapter_version,
-            (d.ts.timestamp(), d.request_class.value, d.tier_at_arrival, d.status, d.ttft_ms))
+    return (
+        d.event_id,
+        d.adapter_id,
+        d.adapter_version,
+        (d.ts.timestamp(), d.request_class.value, d.tier_at_arrival, d.status, d.ttft_ms),
+    )
 
 
 def demand_of(message: KafkaMessage) -> RequestDemand:
@@ -214,13 +237,19 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
     demand = decode(RequestDemand, message.value())
     key = message.key()
     if key != demand.adapter_id.encode():
-        raise SchemaError(DecodeReason.key_mismatch, [
-            ("(key)", f"Kafka key {key!r} is not adapter_id {demand.adapter_id}")])
+        raise SchemaError(
+            DecodeReason.key_mismatch,
+            [("(key)", f"Kafka key {key!r} is not adapter_id {demand.adapter_id}")],
+        )
     return demand
 
 
-def fold_batch(states: Mapping[str, ScoreState], messages: Iterable[KafkaMessage],
-               known: Known, recent: RecentIds | None = None) -> Folded:
+def fold_batch(
+    states: Mapping[str, ScoreState],
+    messages: Iterable[KafkaMessage],
+    known: Known,
+    recent: RecentIds | None = None,
+) -> Folded:
     """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
     only keys ``known`` admits are touched; ``recent`` is not modified either (the caller
     adds ``counted`` after its commit).

@@ -29,6 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loraplane.kernel import kafka
+from loraplane.kernel.bus import ProducerSink
+from loraplane.kernel.config import Settings
+from loraplane.kernel.progress import Progress, Watchdog
+from loraplane.kernel.topics import topic_name
+from loraplane.kernel.transactions import STEP_TIMEOUT_S, send_offsets, transact
+from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
+from loraplane.registry.topic import registry_tail
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.keyring import KeyringFile
@@ -42,17 +50,30 @@ from loraplane.streams.score_admission import Known, stale_keys
 from loraplane.streams.score_fold import Folded, RecentIds, demand_of, fold_batch
 from loraplane.streams.scores import ScoreState, from_snapshot, snapshot_bytes
 
-from loraplane.kernel import kafka
-from loraplane.kernel.bus import ProducerSink
-from loraplane.kernel.config import Settings
-from loraplane.kernel.progress import Progress, Watchdog
-from loraplane.kernel.topics import topic_name
-from loraplane.kernel.transactions import STEP_TIMEOUT_S, send_offsets, transact
-from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
-from loraplane.registry.topic import registry_tail
-
 if TYPE_CHECKING:
     from loraplane.kernel.topic_tail import TopicTail
+
+__all__ = [
+    "BATCH",
+    "CLIENT_ID",
+    "COMPONENT",
+    "KEYRING_CHECK_S",
+    "LINGER_S",
+    "POLL_S",
+    "RECENT",
+    "REGISTRY_WAIT_S",
+    "RESTORE_TIMEOUT_S",
+    "RETRY_S",
+    "SESSION_TIMEOUT_MS",
+    "TRANSACTION_TIMEOUT_MS",
+    "PartitionMismatch",
+    "ScoreKeeper",
+    "ScoresRead",
+    "default_instance",
+    "read_back",
+    "recent_ids",
+    "restore",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +139,11 @@ def restore(settings: Settings, timeout_s: float = RESTORE_TIMEOUT_S) -> dict[st
     return read_back(settings, timeout_s=timeout_s).merged()
 
 
-def read_back(settings: Settings, partitions: Iterable[int] | None = None,
-              timeout_s: float = RESTORE_TIMEOUT_S) -> ScoresRead:
+def read_back(
+    settings: Settings,
+    partitions: Iterable[int] | None = None,
+    timeout_s: float = RESTORE_TIMEOUT_S,
+) -> ScoresRead:
     """The committed score states and unknown buckets of ``partitions`` of the scores topic
     (all by default), each read to its end (a RuntimeError past ``timeout_s``: a broker away
     must not hang the read forever). The single unknown key of before this layout is
@@ -127,14 +151,15 @@ def read_back(settings: Settings, partitions: Iterable[int] | None = None,
     from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     topic = topic_name(settings, "scores")
-    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore",
-                            read_to_end=True)
+    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore", read_to_end=True)
     try:
         if partitions is None:
             meta = reader.list_topics(topic, timeout=15).topics[topic]
             if meta.error is not None or not meta.partitions:
-                raise RuntimeError(f"cannot read {topic}: {meta.error or 'no partitions'}; "
-                                   "run `loraplane topics apply`")
+                raise RuntimeError(
+                    f"cannot read {topic}: {meta.error or 'no partitions'}; "
+                    "run `loraplane topics apply`"
+                )
             partitions = meta.partitions
         pending = set(partitions)
         out = ScoresRead({p: {} for p in pending}, {})
@@ -144,8 +169,10 @@ def read_back(settings: Settings, partitions: Iterable[int] | None = None,
         deadline = time.monotonic() + timeout_s
         while pending:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{topic} not read to its end within {timeout_s:.0f} s "
-                                   f"({len(pending)} partitions left)")
+                raise RuntimeError(
+                    f"{topic} not read to its end within {timeout_s:.0f} s "
+                    f"({len(pending)} partitions left)"
+                )
             for msg in reader.consume(num_messages=BATCH, timeout=1.0):
                 p = msg.partition() or 0
                 if (err := msg.error()) is not None:
@@ -172,8 +199,9 @@ def read_back(settings: Settings, partitions: Iterable[int] | None = None,
         reader.close()
 
 
-def recent_ids(settings: Settings, committed: list[Any],
-               timeout_s: float = RESTORE_TIMEOUT_S) -> dict[int, RecentIds]:
+def recent_ids(
+    settings: Settings, committed: list[Any], timeout_s: float = RESTORE_TIMEOUT_S
+) -> dict[int, RecentIds]:
     """Per requests partition, the event ids of the last ``RECENT`` logs before its
     ``committed`` offset (TopicPartitions of the requests topic): what the previous owner
     counted last, so a replayed duplicate of it is not counted again after a handover."""
@@ -184,8 +212,7 @@ def recent_ids(settings: Settings, committed: list[Any],
     if not ends:
         return recent
     topic = topic_name(settings, "requests")
-    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore",
-                            read_to_end=True)
+    reader = kafka.consumer(settings, f"{settings.topic_prefix}-scoring-restore", read_to_end=True)
     try:
         reader.assign([TopicPartition(topic, p, max(0, end - RECENT)) for p, end in ends.items()])
         deadline = time.monotonic() + timeout_s
@@ -262,10 +289,13 @@ class ScoreKeeper:
         watchdog = Watchdog([self.progress]).start()
         tail = self._tail = registry_tail(self.settings, f"{COMPONENT}-{self.instance}")
         self._verified = VerifiedRegistry(
-            KeyringFile(self.settings.keyring_path), tail.snapshot,
-            sink=ProducerSink(self.settings), component=COMPONENT,
+            KeyringFile(self.settings.keyring_path),
+            tail.snapshot,
+            sink=ProducerSink(self.settings),
+            component=COMPONENT,
             checkpoints_path=self.settings.home / "scoring" / CHECKPOINTS_FILE,
-            version=lambda: tail.version)
+            version=lambda: tail.version,
+        )
         try:
             while not stop.is_set():
                 try:
@@ -274,8 +304,7 @@ class ScoreKeeper:
                     raise
                 except (KafkaException, RuntimeError) as exc:  # ProducerBroken included
                     self.progress.blocked(f"session ended: {exc}")
-                    log.error("scoring session ended (%s); restarting in %.0f s", exc,
-                              RETRY_S)
+                    log.error("scoring session ended (%s); restarting in %.0f s", exc, RETRY_S)
                     stop.wait(RETRY_S)
         finally:
             watchdog.stop()
@@ -284,13 +313,21 @@ class ScoreKeeper:
     def _session(self, stop: threading.Event) -> None:
         prefix = self.settings.topic_prefix
         txn = kafka.transactional_producer(
-            self.settings, f"{prefix}-scoring-{self.instance}", client_id=CLIENT_ID,
-            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS)
+            self.settings,
+            f"{prefix}-scoring-{self.instance}",
+            client_id=CLIENT_ID,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+        )
         self.progress.blocked("init_transactions")
         # Fences this instance's previous producer (a restart) and aborts its open batch.
         txn.init_transactions(STEP_TIMEOUT_S)
-        consumer = kafka.consumer(self.settings, f"{prefix}-scoring", client_id=CLIENT_ID,
-                                  session_timeout_ms=SESSION_TIMEOUT_MS, cooperative=True)
+        consumer = kafka.consumer(
+            self.settings,
+            f"{prefix}-scoring",
+            client_id=CLIENT_ID,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
+            cooperative=True,
+        )
         self.owned, self._fresh, self.applied = {}, set(), None
         try:
             self._check_layout(consumer)
@@ -298,8 +335,12 @@ class ScoreKeeper:
             while not self.tail.wait_caught_up(0.2):  # unknown until then: nothing scored
                 if stop.is_set():
                     return
-            consumer.subscribe([self.requests], on_assign=self._assigned,
-                               on_revoke=self._revoked, on_lost=self._revoked)
+            consumer.subscribe(
+                [self.requests],
+                on_assign=self._assigned,
+                on_revoke=self._revoked,
+                on_lost=self._revoked,
+            )
             while not stop.is_set():
                 batch = kafka.consume_ready(consumer, BATCH, POLL_S, LINGER_S)
                 if self._fresh:  # new partitions: their states as last committed
@@ -320,28 +361,38 @@ class ScoreKeeper:
         for topic in (self.requests, self.scores):
             meta = consumer.list_topics(topic, timeout=15).topics[topic]
             if meta.error is not None or not meta.partitions:
-                raise RuntimeError(f"cannot read {topic}: {meta.error or 'no partitions'}; "
-                                   "run `loraplane topics apply`")
+                raise RuntimeError(
+                    f"cannot read {topic}: {meta.error or 'no partitions'}; "
+                    "run `loraplane topics apply`"
+                )
             counts[topic] = len(meta.partitions)
         if counts[self.requests] != counts[self.scores]:
             raise PartitionMismatch(
                 f"{self.requests} has {counts[self.requests]} partitions and {self.scores} "
                 f"{counts[self.scores]}: the scores of requests partition p live on scores "
-                "partition p, so both need the same count (kernel/topics.py)")
+                "partition p, so both need the same count (kernel/topics.py)"
+            )
 
     # ---- rebalances (called inside consume, between batches: no transaction is open) -----
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
         self._fresh |= {tp.partition for tp in partitions}
-        log.info("scoring %s: assigned requests partitions %s", self.instance,
-                 sorted(tp.partition for tp in partitions))
+        log.info(
+            "scoring %s: assigned requests partitions %s",
+            self.instance,
+            sorted(tp.partition for tp in partitions),
+        )
 
     def _revoked(self, consumer: Any, partitions: list[Any]) -> None:
         gone = {tp.partition for tp in partitions}
         self._fresh -= gone
         for p in gone:
             self.owned.pop(p, None)
-        log.info("scoring %s: gave up requests partitions %s; owning %s", self.instance,
-                 sorted(gone), self.partitions())
+        log.info(
+            "scoring %s: gave up requests partitions %s; owning %s",
+            self.instance,
+            sorted(gone),
+            self.partitions(),
+        )
 
     def _read_back(self, consumer: Any) -> None:
         """The fresh partitions' states as their last owner committed them: the committed
@@ -351,22 +402,32 @@ class ScoreKeeper:
 
         fresh = sorted(self._fresh)
         self.progress.blocked(f"reading partitions {fresh} back")
-        committed = consumer.committed([TopicPartition(self.requests, p) for p in fresh],
-                                       timeout=STEP_TIMEOUT_S)
+        committed = consumer.committed(
+            [TopicPartition(self.requests, p) for p in fresh], timeout=STEP_TIMEOUT_S
+        )
         read = read_back(self.settings, fresh)
         recent = recent_ids(self.settings, committed)
         for tp in committed:
             p = tp.partition
-            self.owned[p] = _Owned(read.states.get(p, {}),
-                                   read.unknown.get(p, UnknownTally(logs=0)),
-                                   recent[p], tp.offset)
+            self.owned[p] = _Owned(
+                read.states.get(p, {}),
+                read.unknown.get(p, UnknownTally(logs=0)),
+                recent[p],
+                tp.offset,
+            )
         self._fresh.clear()
         self.applied = None  # the new keys are checked against the registry
         self.restored += len(fresh)
-        log.info("scoring %s: partitions %s read back: %d score states and %d recent event "
-                 "ids; owning %s; consuming from epoch %.3f", self.instance, fresh,
-                 sum(len(read.states.get(p, {})) for p in fresh),
-                 sum(len(recent[p]) for p in fresh), self.partitions(), time.time())
+        log.info(
+            "scoring %s: partitions %s read back: %d score states and %d recent event "
+            "ids; owning %s; consuming from epoch %.3f",
+            self.instance,
+            fresh,
+            sum(len(read.states.get(p, {})) for p in fresh),
+            sum(len(recent[p]) for p in fresh),
+            self.partitions(),
+            time.time(),
+        )
 
     # ---- the registry ---------------------------------------------------------------------
     def _registry(self) -> Known:
@@ -375,14 +436,18 @@ class ScoreKeeper:
         assert self._verified is not None, "started by run()"
         version = self.tail.version
         now = time.monotonic()
-        if self._known is None or version != self._known_version or \
-                now - self._known_at > KEYRING_CHECK_S:
+        if (
+            self._known is None
+            or version != self._known_version
+            or now - self._known_at > KEYRING_CHECK_S
+        ):
             try:
                 self._verified.refresh()
             except Exception as exc:  # the views accepted before stay (registry_trust)
                 log.warning("scoring: registry refresh failed, keeping the last: %s", exc)
-            known = Known.from_records(r for v in self._verified.accepted.values()
-                                       for r in v.versions)
+            known = Known.from_records(
+                r for v in self._verified.accepted.values() for r in v.versions
+            )
             if self._known is None or known != self._known:
                 self._known = known
             self._known_version, self._known_at = version, now
@@ -403,36 +468,41 @@ class ScoreKeeper:
     def _offsets(self, parts: Iterable[int]) -> list[Any]:
         from confluent_kafka import TopicPartition
 
-        return [TopicPartition(self.requests, p, self.owned[p].committed) for p in parts
-                if self.owned[p].committed >= 0]
+        return [
+            TopicPartition(self.requests, p, self.owned[p].committed)
+            for p in parts
+            if self.owned[p].committed >= 0
+        ]
 
     def _tombstone(self, txn: Any, consumer: Any, known: Known) -> None:
         """Tombstone every owned score key ``known`` no longer backs, each on its own
         partition, in one transaction that also re-sends those partitions' committed offsets
         (a keeper that lost them is fenced)."""
-        stale = {p: keys for p, part in self.owned.items()
-                 if (keys := stale_keys(known, part.states))}
+        stale = {
+            p: keys for p, part in self.owned.items() if (keys := stale_keys(known, part.states))
+        }
         if stale:
+
             def fill() -> None:
                 for p, keys in stale.items():
                     for key in keys:
                         txn.produce(self.scores, key=key, value=None, partition=p)
                 if offsets := self._offsets(stale):
-                    send_offsets(txn, offsets, consumer.consumer_group_metadata(),
-                                 STEP_TIMEOUT_S)
+                    send_offsets(txn, offsets, consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
 
             transact(txn, fill, on_step=self.progress.blocked)
             names = [k for keys in stale.values() for k in keys]
             for p, keys in stale.items():
                 for key in keys:
                     self.owned[p].states.pop(key, None)
-            log.info("scoring: %d score keys tombstoned (%s)", len(names),
-                     ", ".join(names[:10]))
+            log.info("scoring: %d score keys tombstoned (%s)", len(names), ", ".join(names[:10]))
         self.applied = known
 
     def _fold(self, by_part: dict[int, list[Any]], known: Known) -> dict[int, Folded]:
-        return {p: fold_batch(self.owned[p].states, msgs, known, self.owned[p].recent)
-                for p, msgs in by_part.items()}
+        return {
+            p: fold_batch(self.owned[p].states, msgs, known, self.owned[p].recent)
+            for p, msgs in by_part.items()
+        }
 
     def _commit(self, txn: Any, consumer: Any, batch: list[Any], known: Known) -> None:
         from confluent_kafka import TopicPartition
@@ -452,8 +522,10 @@ class ScoreKeeper:
         if not by_part:
             return
         folded = self._fold(by_part, known)
-        if any(f.unknown for f in folded.values()) and \
-                (fresh := self._registry_after()) is not known:
+        if (
+            any(f.unknown for f in folded.values())
+            and (fresh := self._registry_after()) is not known
+        ):
             # a log may have come right after its version's publish: judge the batch again
             # on a registry view as new as the batch (streams.score_admission, "Ordering")
             self._tombstone(txn, consumer, fresh)
@@ -464,27 +536,37 @@ class ScoreKeeper:
         unknown = {p: f.tally(self.owned[p].unknown) for p, f in folded.items()}
         for f in folded.values():
             for msg, exc in f.refused:
-                log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(),
-                            exc)
+                log.warning("request log p%s@%s refused: %s", msg.partition(), msg.offset(), exc)
 
         def fill() -> None:
             for p, f in folded.items():
                 for key, state in f.touched.items():
                     txn.produce(self.scores, key=key, value=snapshot_bytes(state), partition=p)
                 if unknown[p] is not self.owned[p].unknown:
-                    txn.produce(self.scores, key=unknown_key(p), value=encode(unknown[p]),
-                                partition=p)
+                    txn.produce(
+                        self.scores, key=unknown_key(p), value=encode(unknown[p]), partition=p
+                    )
                 for msg, exc in f.refused:
-                    txn.produce(self.dead_letters, key=msg.key(), value=encode(
-                        dead_letter_for(msg, COMPONENT, exc.reason, str(exc))))
+                    txn.produce(
+                        self.dead_letters,
+                        key=msg.key(),
+                        value=encode(dead_letter_for(msg, COMPONENT, exc.reason, str(exc))),
+                    )
             self.progress.blocked("send_offsets_to_transaction")
-            send_offsets(txn, [TopicPartition(self.requests, p, end) for p, end in ends.items()],
-                         consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
+            send_offsets(
+                txn,
+                [TopicPartition(self.requests, p, end) for p, end in ends.items()],
+                consumer.consumer_group_metadata(),
+                STEP_TIMEOUT_S,
+            )
 
         attempts = transact(txn, fill, on_step=self.progress.blocked)
         if attempts > 1:
-            log.info("scoring batch of %d committed after %d attempts",
-                     sum(map(len, by_part.values())), attempts)
+            log.info(
+                "scoring batch of %d committed after %d attempts",
+                sum(map(len, by_part.values())),
+                attempts,
+            )
         bursts: list[str] = []
         for p, f in folded.items():
             owned = self.owned[p]
@@ -495,4 +577,3 @@ class ScoreKeeper:
             bursts += f.bursts
         if bursts:
             log.info("burst for %s", ", ".join(bursts[:10]))
-

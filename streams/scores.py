@@ -22,11 +22,42 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
-from loraplane.schemas.request_log import RequestDemand, RequestStatus, Tier
-from loraplane.schemas.score_snapshot import ScoreSnapshot
 
 from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.request_log import RequestDemand, RequestStatus, Tier
+from loraplane.schemas.score_snapshot import ScoreSnapshot
+
+__all__ = [
+    "BURST_FACTOR",
+    "BURST_MIN_REQUESTS_1M",
+    "BURST_REARM_REQUESTS_1M",
+    "DAY_S",
+    "MIN_ERROR_SAMPLES",
+    "TAU_1M_S",
+    "TAU_10M_S",
+    "TAU_DAYS_S",
+    "TTFT_SMOOTHING",
+    "Daily",
+    "Sample",
+    "SampleRow",
+    "ScoreInputs",
+    "ScoreState",
+    "daily_merged",
+    "daily_rates_at",
+    "decayed_at",
+    "from_snapshot",
+    "hot_score",
+    "hot_scores_of",
+    "is_burst",
+    "merged",
+    "observe",
+    "observe_many",
+    "priority_values",
+    "score_key",
+    "snapshot",
+    "snapshot_bytes",
+]
 
 TAU_10M_S = 600.0
 TAU_1M_S = 60.0
@@ -153,12 +184,24 @@ class Sample(NamedTuple):
 
     @classmethod
     def from_demand(cls, log: RequestDemand) -> Sample:
-        return cls(log.ts.timestamp(), log.request_class.value, log.tier_at_arrival, log.status,
-                   log.ttft_ms)
+        return cls(
+            log.ts.timestamp(),
+            log.request_class.value,
+            log.tier_at_arrival,
+            log.status,
+            log.ttft_ms,
+        )
 
 
-def observe(state: ScoreState, *, ts: float, request_class: str, tier: Tier,
-            status: RequestStatus, ttft_ms: float | None) -> ScoreState:
+def observe(
+    state: ScoreState,
+    *,
+    ts: float,
+    request_class: str,
+    tier: Tier,
+    status: RequestStatus,
+    ttft_ms: float | None,
+) -> ScoreState:
     """Fold one request into the state (see ``observe_many``)."""
     return observe_many(state, (Sample(ts, request_class, tier, status, ttft_ms),))[0]
 
@@ -184,8 +227,12 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
     served, served_at = state.served_after_load.value, state.served_after_load.at
     errors, errors_at = state.errors_after_load.value, state.errors_after_load.at
     classes = {k: (d.value, d.at) for k, d in state.classes.items()}
-    cold, hot, last, armed = state.ttft_cold_ms, state.ttft_hot_ms, state.last_request, \
-        state.burst_armed
+    cold, hot, last, armed = (
+        state.ttft_cold_ms,
+        state.ttft_hot_ms,
+        state.last_request,
+        state.burst_armed,
+    )
     d = state.daily
     dn, dc1, ds1, dc2, ds2, dat, dsince = d.n, d.c1, d.s1, d.c2, d.s2, d.at, d.since
     cos, sin, fmod = math.cos, math.sin, math.fmod
@@ -198,22 +245,28 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             continue
         if (tier is gpu or tier is host) and (status is ok or status is error):
             if ts >= served_at:
-                served, served_at = (served * exp((served_at - ts) / TAU_10M_S)
-                                     if served else 0.0) + 1.0, ts
+                served, served_at = (
+                    (served * exp((served_at - ts) / TAU_10M_S) if served else 0.0) + 1.0,
+                    ts,
+                )
             else:
                 served += exp((ts - served_at) / TAU_10M_S)
             if status is error:
                 if ts >= errors_at:
-                    errors, errors_at = (errors * exp((errors_at - ts) / TAU_10M_S)
-                                         if errors else 0.0) + 1.0, ts
+                    errors, errors_at = (
+                        (errors * exp((errors_at - ts) / TAU_10M_S) if errors else 0.0) + 1.0,
+                        ts,
+                    )
                 else:
                     errors += exp((ts - errors_at) / TAU_10M_S)
         if request_class == "shadow":
             continue
         c_value, c_at = classes.get(request_class, _ZERO)
         if ts >= c_at:
-            classes[request_class] = (c_value * exp((c_at - ts) / TAU_10M_S)
-                                      if c_value else 0.0) + 1.0, ts
+            classes[request_class] = (
+                (c_value * exp((c_at - ts) / TAU_10M_S) if c_value else 0.0) + 1.0,
+                ts,
+            )
         else:
             classes[request_class] = c_value + exp((ts - c_at) / TAU_10M_S), c_at
         if ttft_ms is not None and status is ok:
@@ -235,10 +288,14 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             p10 = r10 if r10 else 0.0
             r10 += exp((ts - r10_at) / TAU_10M_S)
         armed = armed or p1 < BURST_REARM_REQUESTS_1M
-        if armed and r1 >= BURST_MIN_REQUESTS_1M and \
-                r1 / TAU_1M_S >= BURST_FACTOR * (r10 / TAU_10M_S) and \
-                not (p1 >= BURST_MIN_REQUESTS_1M and
-                     p1 / TAU_1M_S >= BURST_FACTOR * (p10 / TAU_10M_S)):
+        if (
+            armed
+            and r1 >= BURST_MIN_REQUESTS_1M
+            and r1 / TAU_1M_S >= BURST_FACTOR * (r10 / TAU_10M_S)
+            and not (
+                p1 >= BURST_MIN_REQUESTS_1M and p1 / TAU_1M_S >= BURST_FACTOR * (p10 / TAU_10M_S)
+            )
+        ):
             armed, fired = False, True  # fired: is_burst sees armed -> disarmed
         if last is None or ts > last:
             last = ts
@@ -250,21 +307,34 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             dsince = ts
         if ts >= dat:
             k = exp((dat - ts) / TAU_DAYS_S) if dn else 0.0
-            dn, dc1, ds1, dc2, ds2, dat = (dn * k + 1.0, dc1 * k + c, ds1 * k + s, dc2 * k + c2,
-                                           ds2 * k + s2, ts)
+            dn, dc1, ds1, dc2, ds2, dat = (
+                dn * k + 1.0,
+                dc1 * k + c,
+                ds1 * k + s,
+                dc2 * k + c2,
+                ds2 * k + s2,
+                ts,
+            )
         else:
             k = exp((ts - dat) / TAU_DAYS_S)
             dn, dc1, ds1, dc2, ds2 = dn + k, dc1 + k * c, ds1 + k * s, dc2 + k * c2, ds2 + k * s2
     return ScoreState(
-        requests_10m=Decayed(TAU_10M_S, r10, r10_at), requests_1m=Decayed(TAU_1M_S, r1, r1_at),
-        last_request=last, ttft_cold_ms=cold, ttft_hot_ms=hot,
+        requests_10m=Decayed(TAU_10M_S, r10, r10_at),
+        requests_1m=Decayed(TAU_1M_S, r1, r1_at),
+        last_request=last,
+        ttft_cold_ms=cold,
+        ttft_hot_ms=hot,
         served_after_load=Decayed(TAU_10M_S, served, served_at),
         errors_after_load=Decayed(TAU_10M_S, errors, errors_at),
         classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
-        burst_armed=armed, daily=Daily(dn, dc1, ds1, dc2, ds2, dat, dsince)), fired
+        burst_armed=armed,
+        daily=Daily(dn, dc1, ds1, dc2, ds2, dat, dsince),
+    ), fired
 
 
 _ZERO = (0.0, 0.0)
+
+
 def _armed(state: ScoreState, now: float) -> bool:
     return state.burst_armed or state.requests_1m.at_time(now) < BURST_REARM_REQUESTS_1M
 
@@ -288,10 +358,14 @@ def merged(a: ScoreState, b: ScoreState) -> ScoreState:
     for k, d in b.classes.items():
         classes[k] = add(classes[k], d) if k in classes else d
     last = [t for t in (a.last_request, b.last_request) if t is not None]
-    return replace(a, requests_10m=add(a.requests_10m, b.requests_10m),
-                   requests_1m=add(a.requests_1m, b.requests_1m),
-                   last_request=max(last) if last else None, classes=classes,
-                   daily=daily_merged(a.daily, b.daily))
+    return replace(
+        a,
+        requests_10m=add(a.requests_10m, b.requests_10m),
+        requests_1m=add(a.requests_1m, b.requests_1m),
+        last_request=max(last) if last else None,
+        classes=classes,
+        daily=daily_merged(a.daily, b.daily),
+    )
 
 
 def daily_merged(a: Daily, b: Daily) -> Daily:
@@ -302,10 +376,20 @@ def daily_merged(a: Daily, b: Daily) -> Daily:
         return b
     at = max(a.at, b.at)
     ka, kb = math.exp((a.at - at) / TAU_DAYS_S), math.exp((b.at - at) / TAU_DAYS_S)
-    since = min(x for x in (a.since, b.since) if x is not None) \
-        if a.since is not None or b.since is not None else None
-    return Daily(a.n * ka + b.n * kb, a.c1 * ka + b.c1 * kb, a.s1 * ka + b.s1 * kb,
-                 a.c2 * ka + b.c2 * kb, a.s2 * ka + b.s2 * kb, at, since)
+    since = (
+        min(x for x in (a.since, b.since) if x is not None)
+        if a.since is not None or b.since is not None
+        else None
+    )
+    return Daily(
+        a.n * ka + b.n * kb,
+        a.c1 * ka + b.c1 * kb,
+        a.s1 * ka + b.s1 * kb,
+        a.c2 * ka + b.c2 * kb,
+        a.s2 * ka + b.s2 * kb,
+        at,
+        since,
+    )
 
 
 def _clip(x: np.ndarray) -> np.ndarray:
@@ -344,12 +428,21 @@ class ScoreInputs:
         daily = np.array([_daily_row(s.daily) for s in states], dtype=float).reshape(n, 7)
         r10 = list(map(_R10, states))
         r1 = list(map(_R1, states))
-        gap = [None if s.ttft_cold_ms is None or s.ttft_hot_ms is None
-               else s.ttft_cold_ms - s.ttft_hot_ms for s in states]
-        return cls(np.fromiter(map(_VALUE, r10), float, n), np.fromiter(map(_AT, r10), float, n),
-                   np.fromiter(map(_VALUE, r1), float, n), np.fromiter(map(_AT, r1), float, n),
-                   np.fromiter((g is not None for g in gap), bool, n),
-                   np.fromiter((0.0 if g is None else g for g in gap), float, n), daily)
+        gap = [
+            None
+            if s.ttft_cold_ms is None or s.ttft_hot_ms is None
+            else s.ttft_cold_ms - s.ttft_hot_ms
+            for s in states
+        ]
+        return cls(
+            np.fromiter(map(_VALUE, r10), float, n),
+            np.fromiter(map(_AT, r10), float, n),
+            np.fromiter(map(_VALUE, r1), float, n),
+            np.fromiter(map(_AT, r1), float, n),
+            np.fromiter((g is not None for g in gap), bool, n),
+            np.fromiter((0.0 if g is None else g for g in gap), float, n),
+            daily,
+        )
 
     @classmethod
     def zeros(cls, n: int) -> ScoreInputs:
@@ -361,9 +454,15 @@ class ScoreInputs:
 
     def rows(self, take: np.ndarray) -> ScoreInputs:
         """The rows ``take``, in that order."""
-        return ScoreInputs(self.r10_value[take], self.r10_at[take], self.r1_value[take],
-                           self.r1_at[take], self.ttft_known[take], self.ttft_gap_ms[take],
-                           self.daily[take])
+        return ScoreInputs(
+            self.r10_value[take],
+            self.r10_at[take],
+            self.r1_value[take],
+            self.r1_at[take],
+            self.ttft_known[take],
+            self.ttft_gap_ms[take],
+            self.daily[take],
+        )
 
 
 def _daily_row(d: Daily) -> tuple[float, ...]:
@@ -382,8 +481,11 @@ def _gram(now: float, seen: np.ndarray) -> np.ndarray:
     k = np.arange(5)
     rate = 1.0 / TAU_DAYS_S + 1j * k * _OMEGA
     # K_k = int_0^seen exp(-u / tau) exp(i k w (now - u)) du
-    big_k = np.exp(1j * k * _phase(now))[None, :] * \
-        -np.expm1(-seen[:, None] * rate[None, :]) / rate[None, :]
+    big_k = (
+        np.exp(1j * k * _phase(now))[None, :]
+        * -np.expm1(-seen[:, None] * rate[None, :])
+        / rate[None, :]
+    )
     cos_k, sin_k = big_k.real, big_k.imag
 
     def c(j: np.ndarray) -> np.ndarray:
@@ -445,34 +547,40 @@ def _rate_1m(x: ScoreInputs, now: float) -> np.ndarray:
     return decayed_at(x.r1_value, x.r1_at, TAU_1M_S, now) / TAU_1M_S
 
 
-def _qps_10m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
-             now: float) -> np.ndarray:
+def _qps_10m(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     return _clip(_rate_10m(x, now) / policy.normalisation.qps_10m)
 
 
-def _qps_1m(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
-            now: float) -> np.ndarray:
+def _qps_1m(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     return _clip(_rate_1m(x, now) / policy.normalisation.qps_1m)
 
 
-def _ttft_penalty(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
-                  policy: Policy, now: float) -> np.ndarray:
+def _ttft_penalty(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     penalty = np.where(x.ttft_known, np.maximum(0.0, x.ttft_gap_ms), policy.ttft_penalty_prior_ms)
     return _clip(penalty / policy.normalisation.ttft_penalty_ms)
 
 
-def _priority(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
-              now: float) -> np.ndarray:
+def _priority(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     return _clip(priority)
 
 
-def _scheduled(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy,
-               now: float) -> np.ndarray:
+def _scheduled(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     return _clip(scheduled)
 
 
-def _weighted_demand(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
-                     policy: Policy, now: float) -> np.ndarray:
+def _weighted_demand(
+    x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray, policy: Policy, now: float
+) -> np.ndarray:
     """Forecast requests/s times the tenant's priority value: what a miss of this version
     costs per second, the quantity a budgeted cache should rank by (a product, so an idle
     platinum version does not outrank a busy bronze one as an added priority term would).
@@ -488,9 +596,14 @@ def _weighted_demand(x: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray
     return _clip(forecast * priority / policy.normalisation.weighted_demand)
 
 
-_TERMS = {"qps_10m": _qps_10m, "qps_1m": _qps_1m, "ttft_penalty_if_cold": _ttft_penalty,
-          "tenant_priority": _priority, "scheduled_warmup_score": _scheduled,
-          "weighted_demand": _weighted_demand}
+_TERMS = {
+    "qps_10m": _qps_10m,
+    "qps_1m": _qps_1m,
+    "ttft_penalty_if_cold": _ttft_penalty,
+    "tenant_priority": _priority,
+    "scheduled_warmup_score": _scheduled,
+    "weighted_demand": _weighted_demand,
+}
 
 
 def priority_values(priorities: Iterable[str], policy: Policy) -> np.ndarray:
@@ -498,9 +611,14 @@ def priority_values(priorities: Iterable[str], policy: Policy) -> np.ndarray:
     return np.fromiter(map(policy.priority_value, priorities), float)
 
 
-def hot_scores_of(inputs: ScoreInputs, priority: np.ndarray, scheduled: np.ndarray,
-                  policy: Policy, now: float, weights: dict[str, float] | None = None
-                  ) -> np.ndarray:
+def hot_scores_of(
+    inputs: ScoreInputs,
+    priority: np.ndarray,
+    scheduled: np.ndarray,
+    policy: Policy,
+    now: float,
+    weights: dict[str, float] | None = None,
+) -> np.ndarray:
     """``hot_score`` of many versions from their columns: ``priority`` holds
     ``priority_values``, ``scheduled`` the scheduled warm-up scores. Only the weighted terms
     are computed; pass ``weights`` (``policy.weights``) to skip re-parsing the formula."""
@@ -510,8 +628,14 @@ def hot_scores_of(inputs: ScoreInputs, priority: np.ndarray, scheduled: np.ndarr
     return total
 
 
-def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy: Policy,
-              now: float, weights: dict[str, float] | None = None) -> float:
+def hot_score(
+    state: ScoreState,
+    priority: str,
+    scheduled_warmup: float,
+    policy: Policy,
+    now: float,
+    weights: dict[str, float] | None = None,
+) -> float:
     """Weighted sum of the normalised terms named in ``policy.hot_score_formula``; always in
     ``[0, sum(weights)]``. The same computation as a batch of one (``hot_scores_of``).
 
@@ -519,13 +643,20 @@ def hot_score(state: ScoreState, priority: str, scheduled_warmup: float, policy:
     whether or not the adapter is hot right now: dropping it once loaded would lower the
     score of every adapter the moment it is placed and make residents swap back and forth.
     """
-    return float(hot_scores_of(ScoreInputs.from_states([state]),
-                               priority_values([priority], policy),
-                               np.array([scheduled_warmup], dtype=float), policy, now,
-                               weights)[0])
+    return float(
+        hot_scores_of(
+            ScoreInputs.from_states([state]),
+            priority_values([priority], policy),
+            np.array([scheduled_warmup], dtype=float),
+            policy,
+            now,
+            weights,
+        )[0]
+    )
 
 
 # --- the wire form (schemas.score_snapshot) -------------------------------------------------
+
 
 def _pair(d: Decayed) -> tuple[float, float]:
     return (d.value, d.at)
@@ -536,11 +667,18 @@ def snapshot(state: ScoreState) -> ScoreSnapshot:
     bool this module computed (``model_construct`` is half the cost of ``json.dumps`` of a
     dict on the scoring agent's write path); ``from_snapshot`` of a decoded record checks."""
     return ScoreSnapshot.model_construct(
-        r10=_pair(state.requests_10m), r1=_pair(state.requests_1m), last=state.last_request,
-        cold=state.ttft_cold_ms, hot=state.ttft_hot_ms, served=_pair(state.served_after_load),
+        r10=_pair(state.requests_10m),
+        r1=_pair(state.requests_1m),
+        last=state.last_request,
+        cold=state.ttft_cold_ms,
+        hot=state.ttft_hot_ms,
+        served=_pair(state.served_after_load),
         errors=_pair(state.errors_after_load),
-        classes={k: _pair(v) for k, v in state.classes.items()}, armed=state.burst_armed,
-        day=_daily_sums(state.daily), since=state.daily.since)
+        classes={k: _pair(v) for k, v in state.classes.items()},
+        armed=state.burst_armed,
+        day=_daily_sums(state.daily),
+        since=state.daily.since,
+    )
 
 
 def _daily_sums(d: Daily) -> tuple[float, float, float, float, float, float] | None:
@@ -574,22 +712,41 @@ def snapshot_bytes(state: ScoreState) -> bytes:
     msgspec. Why: the pydantic model cost ~8 us a touched key and batch, a third of the
     keeper's CPU at a few thousand logs a batch."""
     d = state.daily
-    r10, r1, served, errors = (state.requests_10m, state.requests_1m, state.served_after_load,
-                               state.errors_after_load)
-    return _encode_wire(_Wire(
-        1, (r10.value, r10.at), (r1.value, r1.at), state.last_request, state.ttft_cold_ms,
-        state.ttft_hot_ms, (served.value, served.at), (errors.value, errors.at),
-        {k: (v.value, v.at) for k, v in state.classes.items()}, state.burst_armed,
-        None if not d.n else (d.n, d.c1, d.s1, d.c2, d.s2, d.at), d.since))
+    r10, r1, served, errors = (
+        state.requests_10m,
+        state.requests_1m,
+        state.served_after_load,
+        state.errors_after_load,
+    )
+    return _encode_wire(
+        _Wire(
+            1,
+            (r10.value, r10.at),
+            (r1.value, r1.at),
+            state.last_request,
+            state.ttft_cold_ms,
+            state.ttft_hot_ms,
+            (served.value, served.at),
+            (errors.value, errors.at),
+            {k: (v.value, v.at) for k, v in state.classes.items()},
+            state.burst_armed,
+            None if not d.n else (d.n, d.c1, d.s1, d.c2, d.s2, d.at),
+            d.since,
+        )
+    )
 
 
 def from_snapshot(record: ScoreSnapshot) -> ScoreState:
     """The state a (decoded, so validated) scores record holds."""
     return ScoreState(
-        requests_10m=Decayed(TAU_10M_S, *record.r10), requests_1m=Decayed(TAU_1M_S, *record.r1),
-        last_request=record.last, ttft_cold_ms=record.cold, ttft_hot_ms=record.hot,
+        requests_10m=Decayed(TAU_10M_S, *record.r10),
+        requests_1m=Decayed(TAU_1M_S, *record.r1),
+        last_request=record.last,
+        ttft_cold_ms=record.cold,
+        ttft_hot_ms=record.hot,
         served_after_load=Decayed(TAU_10M_S, *record.served),
         errors_after_load=Decayed(TAU_10M_S, *record.errors),
         classes={k: Decayed(TAU_10M_S, *v) for k, v in record.classes.items()},
         burst_armed=record.armed,
-        daily=Daily() if record.day is None else Daily(*record.day, since=record.since))
+        daily=Daily() if record.day is None else Daily(*record.day, since=record.since),
+    )

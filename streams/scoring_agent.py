@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from loraplane.kernel.config import get_settings
 from loraplane.streams.app import ThreadService, app
 from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper
 
-from loraplane.kernel.config import get_settings
+__all__ = ["ScoringService"]
 
 log = logging.getLogger(__name__)
 

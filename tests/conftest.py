@@ -29,8 +29,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Settings]:
     """Settings of a healthy local stack; stopped at the end only if this session started it."""
-    from loraplane.infra import stack as local_stack
     from rich.console import Console
+
+    from loraplane.infra import stack as local_stack
 
     settings = get_settings()
     if local_stack.healthy(settings):

@@ -17,9 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.manifest import Manifest, ManifestFile
-from loraplane.schemas.reasons import ArtifactReason as Reason
 from safetensors.numpy import load_file, save_file
 
 from loraplane.artifact.directory import DirectoryArtifact
@@ -30,6 +27,9 @@ from loraplane.artifact.verification import (
     WEIGHTS_NAME,
     WorkerLimits,
 )
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.manifest import Manifest, ManifestFile
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.tiny_model import TinyLlama
 
 MODEL = ModelShape.from_hf_config(TinyLlama().hf_config(1000))
@@ -40,18 +40,27 @@ PREFIX = "base_model.model.model.layers"
 def write_manifest(folder: Path) -> Manifest:
     """Publish the folder as it is, hostile or not (the real publisher would refuse it)."""
     reader = DirectoryArtifact(folder)
-    manifest = Manifest(files=[ManifestFile(path=f.path, sha256=reader.sha256(f.path),
-                                            size=f.size)
-                               for f in reader.files() if f.path != MANIFEST_NAME])
+    manifest = Manifest(
+        files=[
+            ManifestFile(path=f.path, sha256=reader.sha256(f.path), size=f.size)
+            for f in reader.files()
+            if f.path != MANIFEST_NAME
+        ]
+    )
     (folder / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())
     return manifest
 
 
 def record_for(manifest: Manifest, **overrides: Any) -> AdapterRecord:
     fields: dict[str, Any] = {
-        "adapter_id": "hostile", "base_model": "tiny-llama", "version": "1", "rank": 8,
-        "artifact_uri": "s3://loraplane-artifacts/hostile/1/", "sha256": manifest.digest,
-        "size_bytes": max(manifest.total_size, 1), "tenant_id": "t1",
+        "adapter_id": "hostile",
+        "base_model": "tiny-llama",
+        "version": "1",
+        "rank": 8,
+        "artifact_uri": "s3://loraplane-artifacts/hostile/1/",
+        "sha256": manifest.digest,
+        "size_bytes": max(manifest.total_size, 1),
+        "tenant_id": "t1",
         "compatibility": {"target_modules": ["q_proj", "v_proj"], "max_lora_rank": 8},
     }
     fields.update(overrides)
@@ -64,6 +73,7 @@ def edit_config(**changes: Any) -> Callable[[Path], None]:
         config = json.loads((folder / CONFIG_NAME).read_text())
         config.update(changes)
         (folder / CONFIG_NAME).write_text(json.dumps(config))
+
     return run
 
 
@@ -72,16 +82,20 @@ def edit_tensors(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], N
         tensors = load_file(str(folder / WEIGHTS_NAME))
         change(tensors)
         save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
     return run
 
 
-def raw_weights(header: Any, data: bytes = b"",
-                length: int | None = None) -> Callable[[Path], None]:
+def raw_weights(
+    header: Any, data: bytes = b"", length: int | None = None
+) -> Callable[[Path], None]:
     """Write a safetensors file with any header, even one that lies about its length."""
+
     def run(folder: Path) -> None:
         body = header if isinstance(header, bytes) else json.dumps(header).encode()
         n = len(body) if length is None else length
         (folder / WEIGHTS_NAME).write_bytes(struct.pack("<Q", n) + body + data)
+
     return run
 
 
@@ -89,6 +103,7 @@ def add_file(name: str, content: bytes = b"x") -> Callable[[Path], None]:
     def run(folder: Path) -> None:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)
+
     return run
 
 
@@ -106,10 +121,12 @@ def symlink(name: str, target: str) -> Callable[[Path], None]:
 
 def manifest_path(path: str) -> Callable[[Path], None]:
     """A manifest that names ``path`` (written raw: the schema would refuse it)."""
+
     def run(folder: Path) -> None:
         manifest = json.loads((folder / MANIFEST_NAME).read_text())
         manifest["files"].append({"path": path, "sha256": "0" * 64, "size": 1})
         (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+
     return run
 
 
@@ -119,19 +136,26 @@ def flip_last_byte(folder: Path) -> None:
     (folder / WEIGHTS_NAME).write_bytes(bytes(data))
 
 
-def one_tensor(name: str, dtype: str = "F32", shape: Sequence[int] = (8, 128),
-               offsets: Sequence[int] | None = None) -> Callable[[Path], None]:
+def one_tensor(
+    name: str,
+    dtype: str = "F32",
+    shape: Sequence[int] = (8, 128),
+    offsets: Sequence[int] | None = None,
+) -> Callable[[Path], None]:
     size = 4 * 8 * 128
-    return raw_weights({name: {"dtype": dtype, "shape": list(shape),
-                               "data_offsets": list(offsets or (0, size))}}, b"\0" * size)
+    return raw_weights(
+        {name: {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets or (0, size))}},
+        b"\0" * size,
+    )
 
 
 def drop(name: str) -> Callable[[dict[str, Any]], None]:
     return lambda tensors: tensors.pop(name)
 
 
-def add_lora(module: str, rank: int = 8, in_features: int = 128,
-             out_features: int = 128) -> Callable[[dict[str, Any]], None]:
+def add_lora(
+    module: str, rank: int = 8, in_features: int = 128, out_features: int = 128
+) -> Callable[[dict[str, Any]], None]:
     import numpy as np
 
     def run(tensors: dict[str, Any]) -> None:
@@ -140,6 +164,7 @@ def add_lora(module: str, rank: int = 8, in_features: int = 128,
             site = f"{PREFIX}.{layer}.{block}.{module}"
             tensors[f"{site}.lora_A.weight"] = np.ones((rank, in_features), np.float32)
             tensors[f"{site}.lora_B.weight"] = np.ones((out_features, rank), np.float32)
+
     return run
 
 
@@ -156,15 +181,28 @@ class Case:
 CASES = [
     Case("manifest missing", Reason.manifest_missing, after=[remove_file(MANIFEST_NAME)]),
     Case("manifest garbage", Reason.manifest_invalid, after=[add_file(MANIFEST_NAME, b"{nope")]),
-    Case("manifest schema", Reason.manifest_invalid,
-         after=[add_file(MANIFEST_NAME, b'{"format": "other", "files": []}')]),
+    Case(
+        "manifest schema",
+        Reason.manifest_invalid,
+        after=[add_file(MANIFEST_NAME, b'{"format": "other", "files": []}')],
+    ),
     Case("digest mismatch", Reason.manifest_digest_mismatch, record={"sha256": "ab" * 32}),
-    Case("file missing", Reason.file_missing, before=[add_file("extra.safetensors")],
-         after=[remove_file("extra.safetensors")]),
-    Case("file not in manifest", Reason.file_not_in_manifest,
-         after=[add_file("smuggled.safetensors")]),
-    Case("wrong size", Reason.size_mismatch, after=[
-        lambda f: (f / WEIGHTS_NAME).write_bytes((f / WEIGHTS_NAME).read_bytes() + b"\0")]),
+    Case(
+        "file missing",
+        Reason.file_missing,
+        before=[add_file("extra.safetensors")],
+        after=[remove_file("extra.safetensors")],
+    ),
+    Case(
+        "file not in manifest",
+        Reason.file_not_in_manifest,
+        after=[add_file("smuggled.safetensors")],
+    ),
+    Case(
+        "wrong size",
+        Reason.size_mismatch,
+        after=[lambda f: (f / WEIGHTS_NAME).write_bytes((f / WEIGHTS_NAME).read_bytes() + b"\0")],
+    ),
     Case("tampered byte", Reason.sha256_mismatch, after=[flip_last_byte]),
     Case("too large total", Reason.too_large, limits={"max_total_bytes": 10_000}),
     Case("dot-dot path", Reason.unsafe_path, after=[manifest_path("../escape.safetensors")]),
@@ -177,66 +215,160 @@ CASES = [
     Case("config missing", Reason.config_missing, before=[remove_file(CONFIG_NAME)]),
     Case("config not lora", Reason.config_invalid, before=[edit_config(peft_type="PREFIX")]),
     Case("config dora", Reason.config_invalid, before=[edit_config(use_dora=True)]),
-    Case("config regex modules", Reason.config_invalid,
-         before=[edit_config(target_modules="all-linear")]),
-    Case("config modules_to_save", Reason.config_invalid,
-         before=[edit_config(modules_to_save=["lm_head"])]),
+    Case(
+        "config regex modules",
+        Reason.config_invalid,
+        before=[edit_config(target_modules="all-linear")],
+    ),
+    Case(
+        "config modules_to_save",
+        Reason.config_invalid,
+        before=[edit_config(modules_to_save=["lm_head"])],
+    ),
     Case("rank too high", Reason.rank_too_high, limits={"max_lora_rank": 4}),
-    Case("record rank differs", Reason.record_mismatch,
-         record={"rank": 4, "compatibility": {"target_modules": ["q_proj", "v_proj"],
-                                              "max_lora_rank": 8}}),
-    Case("record modules differ", Reason.record_mismatch,
-         record={"compatibility": {"target_modules": ["q_proj"], "max_lora_rank": 8}}),
-    Case("bundle the record does not name", Reason.record_mismatch,
-         before=[add_file("model.sig", b"{}")]),
-    Case("bundle added after publish", Reason.file_not_in_manifest,
-         after=[add_file("model.sig", b"{}")]),
-    Case("bundle over 1 MiB", Reason.too_large,
-         before=[add_file("model.sig", b" " * (1024 * 1024 + 1))]),
+    Case(
+        "record rank differs",
+        Reason.record_mismatch,
+        record={
+            "rank": 4,
+            "compatibility": {"target_modules": ["q_proj", "v_proj"], "max_lora_rank": 8},
+        },
+    ),
+    Case(
+        "record modules differ",
+        Reason.record_mismatch,
+        record={"compatibility": {"target_modules": ["q_proj"], "max_lora_rank": 8}},
+    ),
+    Case(
+        "bundle the record does not name",
+        Reason.record_mismatch,
+        before=[add_file("model.sig", b"{}")],
+    ),
+    Case(
+        "bundle added after publish",
+        Reason.file_not_in_manifest,
+        after=[add_file("model.sig", b"{}")],
+    ),
+    Case(
+        "bundle over 1 MiB",
+        Reason.too_large,
+        before=[add_file("model.sig", b" " * (1024 * 1024 + 1))],
+    ),
     Case("worker base model", Reason.base_model_mismatch, limits={"base_model": "llama-3-8b"}),
-    Case("config base model", Reason.base_model_mismatch,
-         before=[edit_config(base_model_name_or_path="meta-llama/Other")]),
+    Case(
+        "config base model",
+        Reason.base_model_mismatch,
+        before=[edit_config(base_model_name_or_path="meta-llama/Other")],
+    ),
     Case("record base model", Reason.base_model_mismatch, record={"base_model": "other"}),
-    Case("weights missing", Reason.weights_missing,
-         before=[rename_file(WEIGHTS_NAME, "other.safetensors")]),
-    Case("header claims gigabytes", Reason.header_too_large,
-         before=[raw_weights(b"{}", length=8 * 1024**3)]),
+    Case(
+        "weights missing",
+        Reason.weights_missing,
+        before=[rename_file(WEIGHTS_NAME, "other.safetensors")],
+    ),
+    Case(
+        "header claims gigabytes",
+        Reason.header_too_large,
+        before=[raw_weights(b"{}", length=8 * 1024**3)],
+    ),
     Case("header too short", Reason.header_invalid, before=[add_file(WEIGHTS_NAME, b"\x01\x02")]),
     Case("header not json", Reason.header_invalid, before=[raw_weights(b"\xff\xfe not json")]),
     Case("header a list", Reason.header_invalid, before=[raw_weights([1, 2, 3])]),
-    Case("dtype int", Reason.tensor_dtype_invalid,
-         before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", dtype="I32")]),
-    Case("offsets outside", Reason.tensor_offsets_invalid,
-         before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight",
-                            offsets=(0, 10**9))]),
-    Case("offsets overlap", Reason.tensor_offsets_invalid, before=[raw_weights({
-        f"{PREFIX}.0.self_attn.q_proj.lora_A.weight":
-            {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-        f"{PREFIX}.0.self_attn.q_proj.lora_B.weight":
-            {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12)]),
-    Case("offsets disagree with shape", Reason.tensor_offsets_invalid,
-         before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", shape=(8, 64))]),
-    Case("base weight smuggled", Reason.tensor_name_invalid, before=[edit_tensors(
-        lambda t: t.__setitem__("model.embed_tokens.weight", t[next(iter(t))]))]),
-    Case("shape not rank", Reason.tensor_shape_mismatch, before=[edit_tensors(
-        lambda t: t.__setitem__(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight",
-                                t[f"{PREFIX}.0.self_attn.q_proj.lora_A.weight"][:4]))]),
-    Case("shape not model", Reason.tensor_shape_mismatch,
-         before=[edit_tensors(drop(f"{PREFIX}.0.self_attn.v_proj.lora_B.weight")),
-                 edit_tensors(add_lora("v_proj", out_features=64))]),
-    Case("module outside targets", Reason.module_not_targeted,
-         before=[edit_tensors(add_lora("k_proj"))]),
-    Case("module the model lacks", Reason.module_not_in_model,
-         before=[edit_config(target_modules=["q_proj", "v_proj", "foo_proj"]),
-                 edit_tensors(add_lora("foo_proj"))],
-         record={"compatibility": {"target_modules": ["q_proj", "v_proj", "foo_proj"],
-                                   "max_lora_rank": 8}}),
-    Case("target without weights", Reason.target_module_missing,
-         before=[edit_config(target_modules=["q_proj", "v_proj", "k_proj"])],
-         record={"compatibility": {"target_modules": ["q_proj", "v_proj", "k_proj"],
-                                   "max_lora_rank": 8}}),
-    Case("half a pair", Reason.lora_pair_incomplete,
-         before=[edit_tensors(drop(f"{PREFIX}.1.self_attn.q_proj.lora_B.weight"))]),
+    Case(
+        "dtype int",
+        Reason.tensor_dtype_invalid,
+        before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", dtype="I32")],
+    ),
+    Case(
+        "offsets outside",
+        Reason.tensor_offsets_invalid,
+        before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", offsets=(0, 10**9))],
+    ),
+    Case(
+        "offsets overlap",
+        Reason.tensor_offsets_invalid,
+        before=[
+            raw_weights(
+                {
+                    f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": {
+                        "dtype": "F32",
+                        "shape": [2],
+                        "data_offsets": [0, 8],
+                    },
+                    f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": {
+                        "dtype": "F32",
+                        "shape": [2],
+                        "data_offsets": [4, 12],
+                    },
+                },
+                b"\0" * 12,
+            )
+        ],
+    ),
+    Case(
+        "offsets disagree with shape",
+        Reason.tensor_offsets_invalid,
+        before=[one_tensor(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", shape=(8, 64))],
+    ),
+    Case(
+        "base weight smuggled",
+        Reason.tensor_name_invalid,
+        before=[
+            edit_tensors(lambda t: t.__setitem__("model.embed_tokens.weight", t[next(iter(t))]))
+        ],
+    ),
+    Case(
+        "shape not rank",
+        Reason.tensor_shape_mismatch,
+        before=[
+            edit_tensors(
+                lambda t: t.__setitem__(
+                    f"{PREFIX}.0.self_attn.q_proj.lora_A.weight",
+                    t[f"{PREFIX}.0.self_attn.q_proj.lora_A.weight"][:4],
+                )
+            )
+        ],
+    ),
+    Case(
+        "shape not model",
+        Reason.tensor_shape_mismatch,
+        before=[
+            edit_tensors(drop(f"{PREFIX}.0.self_attn.v_proj.lora_B.weight")),
+            edit_tensors(add_lora("v_proj", out_features=64)),
+        ],
+    ),
+    Case(
+        "module outside targets",
+        Reason.module_not_targeted,
+        before=[edit_tensors(add_lora("k_proj"))],
+    ),
+    Case(
+        "module the model lacks",
+        Reason.module_not_in_model,
+        before=[
+            edit_config(target_modules=["q_proj", "v_proj", "foo_proj"]),
+            edit_tensors(add_lora("foo_proj")),
+        ],
+        record={
+            "compatibility": {
+                "target_modules": ["q_proj", "v_proj", "foo_proj"],
+                "max_lora_rank": 8,
+            }
+        },
+    ),
+    Case(
+        "target without weights",
+        Reason.target_module_missing,
+        before=[edit_config(target_modules=["q_proj", "v_proj", "k_proj"])],
+        record={
+            "compatibility": {"target_modules": ["q_proj", "v_proj", "k_proj"], "max_lora_rank": 8}
+        },
+    ),
+    Case(
+        "half a pair",
+        Reason.lora_pair_incomplete,
+        before=[edit_tensors(drop(f"{PREFIX}.1.self_attn.q_proj.lora_B.weight"))],
+    ),
 ]
 
 

@@ -67,8 +67,9 @@ class AssignedConsumer:
     assigned: set[int]
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
-        return ClusterMetadata({topic or "": TopicMetadata(
-            {p: PartitionMetadata() for p in range(self.partitions)})})
+        return ClusterMetadata(
+            {topic or "": TopicMetadata({p: PartitionMetadata() for p in range(self.partitions)})}
+        )
 
     def assign(self, partitions: list[Any]) -> None:
         self.assigned = {tp.partition for tp in partitions}

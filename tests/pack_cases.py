@@ -11,15 +11,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
+from loraplane.metrics import queries, tables
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.reasons import ArtifactReason, CommandRule, DecodeReason
 from loraplane.schemas.request_log import RequestLog
-from pydantic import BaseModel
-
-from loraplane.metrics import queries, tables
 
 BASE = "llama-3-1-8b"
 
@@ -39,30 +39,66 @@ def insert(client: Client, models: list[BaseModel]) -> None:
 MINUTE = (datetime.now(UTC) - timedelta(minutes=3)).replace(second=0, microsecond=0)
 
 
-def request(i: int, adapter: str, version: str, tenant: str, tier: str, ttft: float,
-            worker: str, request_class: str = "interactive") -> RequestLog:
-    return RequestLog(event_id=f"r-{i}", ts=MINUTE + timedelta(seconds=i), request_id=f"q{i}",
-                      tenant_id=tenant, base_model=BASE, adapter_id=adapter,
-                      adapter_version=version, worker_id=worker, tier_at_arrival=tier,
-                      ttft_ms=ttft, request_class=request_class)
+def request(
+    i: int,
+    adapter: str,
+    version: str,
+    tenant: str,
+    tier: str,
+    ttft: float,
+    worker: str,
+    request_class: str = "interactive",
+) -> RequestLog:
+    return RequestLog(
+        event_id=f"r-{i}",
+        ts=MINUTE + timedelta(seconds=i),
+        request_id=f"q{i}",
+        tenant_id=tenant,
+        base_model=BASE,
+        adapter_id=adapter,
+        adapter_version=version,
+        worker_id=worker,
+        tier_at_arrival=tier,
+        ttft_ms=ttft,
+        request_class=request_class,
+    )
 
 
-def cache(i: int, kind: CacheEventKind, worker: str, swap_ms: float = 0.0,
-          reason: str = "") -> CacheEvent:
-    return CacheEvent(event_id=f"c-{i}", ts=MINUTE + timedelta(seconds=i), worker_id=worker,
-                      base_model=BASE, tenant_id="t0", adapter_id="alpha", adapter_version="1",
-                      lora_name="alpha@1-0123abcd", kind=kind, swap_ms=swap_ms,
-                      bytes=1 << 20, reason=reason, detail=f"{kind} on {worker}")
+def cache(
+    i: int, kind: CacheEventKind, worker: str, swap_ms: float = 0.0, reason: str = ""
+) -> CacheEvent:
+    return CacheEvent(
+        event_id=f"c-{i}",
+        ts=MINUTE + timedelta(seconds=i),
+        worker_id=worker,
+        base_model=BASE,
+        tenant_id="t0",
+        adapter_id="alpha",
+        adapter_version="1",
+        lora_name="alpha@1-0123abcd",
+        kind=kind,
+        swap_ms=swap_ms,
+        bytes=1 << 20,
+        reason=reason,
+        detail=f"{kind} on {worker}",
+    )
 
 
 def command(i: int, worker: str, score: float) -> CacheCommand:
-    return CacheCommand(command_id=f"cmd-{i}", worker_id=worker, action=CommandAction.load_gpu,
-                        base_model=BASE, tenant_id="t0", adapter_id="alpha", version="1",
-                        sha256="ab" * 32, lora_name="alpha@1-0123abcd",
-                        reason=CommandReason(rule=CommandRule.hot_score, score=score,
-                                             detail="qps up"),
-                        issued_at=MINUTE + timedelta(seconds=i),
-                        deadline=MINUTE + timedelta(seconds=i + 60))
+    return CacheCommand(
+        command_id=f"cmd-{i}",
+        worker_id=worker,
+        action=CommandAction.load_gpu,
+        base_model=BASE,
+        tenant_id="t0",
+        adapter_id="alpha",
+        version="1",
+        sha256="ab" * 32,
+        lora_name="alpha@1-0123abcd",
+        reason=CommandReason(rule=CommandRule.hot_score, score=score, detail="qps up"),
+        issued_at=MINUTE + timedelta(seconds=i),
+        deadline=MINUTE + timedelta(seconds=i + 60),
+    )
 
 
 # alpha@1 (tenant t0) is hot on both workers; beta@2 (tenant t1) was never served from GPU.
@@ -80,11 +116,25 @@ OTHERS: list[BaseModel] = [
     cache(3, CacheEventKind.fail, "w0", reason=ArtifactReason.fetch_failed),
     cache(4, CacheEventKind.kv_namespace_conflict, "w1"),
     cache(5, CacheEventKind.evict, "w0"),
-    command(1, "w0", 0.8), command(2, "w1", 0.4),
-    AuditRecord(event_id="a-1", ts=MINUTE, component="planner", action="load_gpu",
-                decision="issued", reason=CommandRule.hot_score, adapter_id="alpha"),
-    DeadLetter(event_id="d-1", ts=MINUTE, source_topic="loraplane.requests",
-               component="metrics-sink", reason=DecodeReason.malformed, raw_b64="e30="),
+    command(1, "w0", 0.8),
+    command(2, "w1", 0.4),
+    AuditRecord(
+        event_id="a-1",
+        ts=MINUTE,
+        component="planner",
+        action="load_gpu",
+        decision="issued",
+        reason=CommandRule.hot_score,
+        adapter_id="alpha",
+    ),
+    DeadLetter(
+        event_id="d-1",
+        ts=MINUTE,
+        source_topic="loraplane.requests",
+        component="metrics-sink",
+        reason=DecodeReason.malformed,
+        raw_b64="e30=",
+    ),
 ]
 
 
@@ -96,8 +146,9 @@ def load(client: Client) -> None:
 
 def window(**filters: Any) -> queries.Params:
     """Two hours around the rows, however long after import the test runs."""
-    return queries.Params(since=MINUTE - timedelta(hours=1), until=MINUTE + timedelta(hours=1),
-                          **filters)
+    return queries.Params(
+        since=MINUTE - timedelta(hours=1), until=MINUTE + timedelta(hours=1), **filters
+    )
 
 
 def run(client: Client, name: str) -> list[dict[str, Any]]:
@@ -112,39 +163,54 @@ def check_adapter_summary(rows: list[dict[str, Any]]) -> None:
     got = by(rows, "adapter_id", "adapter_version", "tenant_id")
     alpha, beta = got["alpha", "1", "t0"], got["beta", "2", "t1"]
     assert [r["adapter_id"] for r in rows] == ["alpha", "beta"]  # most requests first
-    assert (alpha["requests"], alpha["gpu_hits"], alpha["host_hits"], alpha["cold"]) == \
-        (4, 2, 1, 1)  # the replay counted once (FINAL)
+    assert (alpha["requests"], alpha["gpu_hits"], alpha["host_hits"], alpha["cold"]) == (
+        4,
+        2,
+        1,
+        1,
+    )  # the replay counted once (FINAL)
     assert alpha["hot_adapter_hit_rate"] == 0.5
     # quantileExact: the element at floor(q * n) of the sorted values [40, 50, 120, 900]
-    assert (alpha["ttft_p50_ms"], alpha["ttft_p95_ms"], alpha["ttft_p99_ms"]) == \
-        (120.0, 900.0, 900.0)
+    assert (alpha["ttft_p50_ms"], alpha["ttft_p95_ms"], alpha["ttft_p99_ms"]) == (
+        120.0,
+        900.0,
+        900.0,
+    )
     assert (beta["requests"], beta["gpu_hits"], beta["base_fallbacks"]) == (2, 0, 1)
 
 
 def check_cache_summary(rows: list[dict[str, Any]]) -> None:
     [alpha] = rows
-    assert (alpha["loads"], alpha["load_failures"], alpha["evictions"],
-            alpha["kv_namespace_conflicts"]) == (2, 1, 1, 1)
+    assert (
+        alpha["loads"],
+        alpha["load_failures"],
+        alpha["evictions"],
+        alpha["kv_namespace_conflicts"],
+    ) == (2, 1, 1, 1)
     assert (alpha["swap_p50_ms"], alpha["swap_p99_ms"]) == (300.0, 300.0)
     assert alpha["cold_load_fail_ratio"] == 0.3333
 
 
 def check_cold_start_cost(rows: list[dict[str, Any]]) -> None:
     # alpha: 900 cold minus its hot p50 (50); beta has no GPU hit, so nothing is subtracted.
-    assert [(r["adapter_id"], r["cold_requests"], r["cold_cost_ms"]) for r in rows] == \
-        [("alpha", 1, 850.0), ("beta", 1, 800.0)]
+    assert [(r["adapter_id"], r["cold_requests"], r["cold_cost_ms"]) for r in rows] == [
+        ("alpha", 1, 850.0),
+        ("beta", 1, 800.0),
+    ]
     assert rows[1]["hot_ttft_p50_ms"] is None  # nan: a percentile of nothing
 
 
 def check_load_failures(rows: list[dict[str, Any]]) -> None:
-    assert [(r["kind"], r["reason"], r["failures"], r["workers"]) for r in rows] == \
-        [("fail", "fetch_failed", 1, 1)]
+    assert [(r["kind"], r["reason"], r["failures"], r["workers"]) for r in rows] == [
+        ("fail", "fetch_failed", 1, 1)
+    ]
     assert rows[0]["example_detail"] == "fail on w0"
 
 
 def check_never_hot(rows: list[dict[str, Any]]) -> None:
-    assert [(r["adapter_id"], r["requests"], r["cold"], r["base_fallbacks"]) for r in rows] == \
-        [("beta", 2, 1, 1)]
+    assert [(r["adapter_id"], r["requests"], r["cold"], r["base_fallbacks"]) for r in rows] == [
+        ("beta", 2, 1, 1)
+    ]
 
 
 def check_canary_vs_stable(rows: list[dict[str, Any]]) -> None:
@@ -152,36 +218,44 @@ def check_canary_vs_stable(rows: list[dict[str, Any]]) -> None:
     assert set(got) == {("alpha", "canary"), ("alpha", "stable"), ("beta", "stable")}
     assert got["alpha", "canary"]["requests"] == 1
     assert got["alpha", "canary"]["ttft_p50_ms"] == 900.0
-    assert (got["alpha", "stable"]["requests"], got["alpha", "stable"]["ttft_p50_ms"]) == \
-        (3, 50.0)
+    assert (got["alpha", "stable"]["requests"], got["alpha", "stable"]["ttft_p50_ms"]) == (3, 50.0)
 
 
 def check_kv_conflicts(rows: list[dict[str, Any]]) -> None:
-    assert [(r["adapter_id"], r["worker_id"], r["conflicts"]) for r in rows] == \
-        [("alpha", "w1", 1)]
+    assert [(r["adapter_id"], r["worker_id"], r["conflicts"]) for r in rows] == [("alpha", "w1", 1)]
     assert rows[0]["first_seen"] == (MINUTE + timedelta(seconds=4)).isoformat()
 
 
 def check_decisions(rows: list[dict[str, Any]]) -> None:
     [row] = rows
-    assert (row["action"], row["rule"], row["commands"], row["workers"]) == \
-        ("load_gpu", "hot_score", 2, 2)
+    assert (row["action"], row["rule"], row["commands"], row["workers"]) == (
+        "load_gpu",
+        "hot_score",
+        2,
+        2,
+    )
     assert (row["avg_score"], row["max_score"]) == (0.6, 0.8)
 
 
 def check_timeseries_requests(rows: list[dict[str, Any]]) -> None:
     got = by(rows, "adapter_id")
     assert {r["minute"] for r in rows} == {MINUTE.isoformat()}
-    assert (got["alpha",]["requests_n"], got["alpha",]["gpu_hits_n"],
-            got["alpha",]["cold_n"]) == (4, 2, 1)  # uniqExact states: the replay counts once
+    assert (got["alpha",]["requests_n"], got["alpha",]["gpu_hits_n"], got["alpha",]["cold_n"]) == (
+        4,
+        2,
+        1,
+    )  # uniqExact states: the replay counts once
     assert got["alpha",]["hot_adapter_hit_rate"] == 0.5
     assert (got["beta",]["requests_n"], got["beta",]["base_fallbacks_n"]) == (2, 1)
 
 
 def check_timeseries_cache(rows: list[dict[str, Any]]) -> None:
     [alpha] = rows
-    assert (alpha["loads_n"], alpha["load_failures_n"], alpha["kv_namespace_conflicts_n"]) == \
-        (2, 1, 1)
+    assert (alpha["loads_n"], alpha["load_failures_n"], alpha["kv_namespace_conflicts_n"]) == (
+        2,
+        1,
+        1,
+    )
     assert alpha["cold_load_fail_ratio"] == 0.3333
     assert 100.0 <= alpha["swap_p50_ms"] <= 300.0  # a t-digest estimate
 
@@ -190,13 +264,19 @@ def check_worker_summary(rows: list[dict[str, Any]]) -> None:
     got = by(rows, "worker_id")
     assert set(got) == {("w0",), ("w1",)}
     w0, w1 = got["w0",], got["w1",]
-    assert (w0["requests_n"], w0["cold_n"], w0["loads_n"], w0["load_failures_n"],
-            w0["kv_namespace_conflicts_n"]) == (3, 1, 1, 1, 0)
+    assert (
+        w0["requests_n"],
+        w0["cold_n"],
+        w0["loads_n"],
+        w0["load_failures_n"],
+        w0["kv_namespace_conflicts_n"],
+    ) == (3, 1, 1, 1, 0)
     assert (w1["requests_n"], w1["loads_n"], w1["kv_namespace_conflicts_n"]) == (3, 1, 1)
     assert w0["hot_adapter_hit_rate"] == round(1 / 3, 4)
 
 
-CHECKS = {name.removeprefix("check_"): check for name, check in globals().items()
-          if name.startswith("check_")}
-
-
+CHECKS = {
+    name.removeprefix("check_"): check
+    for name, check in globals().items()
+    if name.startswith("check_")
+}

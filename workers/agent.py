@@ -28,6 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from loraplane.artifact.refusal import ArtifactError
+from loraplane.eventlog.sink import EventSink
+from loraplane.kernel.log_burst import LogBurst
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
@@ -87,10 +91,15 @@ from loraplane.workers.worker_metrics import (
     WorkerMetrics,
 )
 
-from loraplane.artifact.refusal import ArtifactError
-from loraplane.eventlog.sink import EventSink
-from loraplane.kernel.log_burst import LogBurst
-from loraplane.kernel.policy import Policy
+__all__ = [
+    "LOG_EVERY_S",
+    "REFUSED_SKIPS",
+    "REGISTRY_GRACE_S",
+    "CommandFeed",
+    "HostTier",
+    "WorkerAgent",
+    "WorkerConfig",
+]
 
 REGISTRY_GRACE_S = 15.0
 """How long a commanded name unknown to our registry copy waits before it is refused."""
@@ -152,9 +161,11 @@ class WorkerConfig:
     policy: Policy = field(default_factory=Policy)  # never-evict rules, warm-up cap
 
 
-_NOT_LOADED = {CommandSkip.no_free_slot: LoadDeferral.no_free_slot,
-               CommandSkip.busier_copies: LoadDeferral.busier_copies,
-               CommandSkip.min_residency: LoadDeferral.min_residency}
+_NOT_LOADED = {
+    CommandSkip.no_free_slot: LoadDeferral.no_free_slot,
+    CommandSkip.busier_copies: LoadDeferral.busier_copies,
+    CommandSkip.min_residency: LoadDeferral.min_residency,
+}
 
 
 def _not_loaded(skip: CommandSkip | None) -> LoadDeferral | None:
@@ -189,12 +200,19 @@ class _Runtime:
 
 
 class WorkerAgent:
-    def __init__(self, config: WorkerConfig, *, vllm: VllmClient, host_tier: HostTier,
-                 registry_loader: Callable[[], Iterable[AdapterRecord]], sink: EventSink,
-                 metrics: WorkerMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 hbm: Callable[[], float | None] | None = None,
-                 command_partition: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        vllm: VllmClient,
+        host_tier: HostTier,
+        registry_loader: Callable[[], Iterable[AdapterRecord]],
+        sink: EventSink,
+        metrics: WorkerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hbm: Callable[[], float | None] | None = None,
+        command_partition: Callable[[], int | None] = lambda: None,
+    ) -> None:
         """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU).
         ``command_partition``: the commands partition its feed reads now, announced in its
         state so the planner sends there (None: no feed, the planner hashes)."""
@@ -221,10 +239,16 @@ class WorkerAgent:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._warnings = LogBurst("worker", LOG_EVERY_S, logger=log, clock=clock)
-        self._skipped_log = LogBurst("command skipped", LOG_EVERY_S, logger=log,
-                                     level=logging.INFO, clock=clock)
-        self._no_slot_log = LogBurst("no GPU slot may be freed for a request's load",
-                                     LOG_EVERY_S, logger=log, level=logging.INFO, clock=clock)
+        self._skipped_log = LogBurst(
+            "command skipped", LOG_EVERY_S, logger=log, level=logging.INFO, clock=clock
+        )
+        self._no_slot_log = LogBurst(
+            "no GPU slot may be freed for a request's load",
+            LOG_EVERY_S,
+            logger=log,
+            level=logging.INFO,
+            clock=clock,
+        )
         self._saved_protected: frozenset[str] = frozenset()
         self.started = False
         self.base_served = ""  # the id vLLM serves the base model under (its model path)
@@ -265,9 +289,12 @@ class WorkerAgent:
         """Loads a rolling minute this worker allows itself now: the policy's constant, or
         with ``load_stall_share`` the budget its measured load cost leaves
         (``load_interference.adapted_budget``)."""
-        return adapted_budget(self.config.cold_loads_per_minute,
-                              self.config.policy.load_stall_share, self._stall.stall(),
-                              self._loads.load_s)
+        return adapted_budget(
+            self.config.cold_loads_per_minute,
+            self.config.policy.load_stall_share,
+            self._stall.stall(),
+            self._loads.load_s,
+        )
 
     def metrics_exposition(self) -> bytes:
         return self.metrics.exposition()
@@ -281,8 +308,10 @@ class WorkerAgent:
         try:
             records = await asyncio.to_thread(lambda: list(self._registry_loader()))
         except Exception as exc:
-            self._warnings.note("registry unreadable", f"keeping the {len(self.records)} "
-                                f"records we have: {exc}"[:300])
+            self._warnings.note(
+                "registry unreadable",
+                f"keeping the {len(self.records)} records we have: {exc}"[:300],
+            )
             return
         by_name = registry_by_name(records)
         if by_name != self.records or not self.started:
@@ -298,16 +327,20 @@ class WorkerAgent:
 
     def versions(self, adapter_id: str) -> list[AdapterRecord]:
         """This base model's records of one adapter, newest first."""
-        found = [r for r in self.records.values()
-                 if r.adapter_id == adapter_id and r.base_model == self.config.base_model]
+        found = [
+            r
+            for r in self.records.values()
+            if r.adapter_id == adapter_id and r.base_model == self.config.base_model
+        ]
         return sorted(found, key=lambda r: version_key(r.version), reverse=True)
 
     # ---- actual state ---------------------------------------------------------------
     def _read_host(self) -> dict[str, HostEntry]:
         entries = {}
         for e in self.host_tier.entries():
-            entries[e.lora_name] = HostEntry(e.lora_name, str(e.path), e.sha256,
-                                             int(getattr(e, "size_bytes", 0)))
+            entries[e.lora_name] = HostEntry(
+                e.lora_name, str(e.path), e.sha256, int(getattr(e, "size_bytes", 0))
+            )
         return entries
 
     async def read_actual(self) -> ActualState:
@@ -317,9 +350,12 @@ class WorkerAgent:
             del self._rt.loaded_at[gone]
         self.base_served = next((m.id for m in models if not m.is_adapter), self.base_served)
         self._host = await asyncio.to_thread(self._read_host)
-        return ActualState(gpu=dict(self._rt.gpu), host=dict(self._host),
-                           loaded_by_agent=dict(self._rt.loaded_by_agent),
-                           in_flight=dict(self._rt.in_flight))
+        return ActualState(
+            gpu=dict(self._rt.gpu),
+            host=dict(self._host),
+            loaded_by_agent=dict(self._rt.loaded_by_agent),
+            in_flight=dict(self._rt.in_flight),
+        )
 
     async def start(self) -> None:
         """Read vLLM's actual state first and adopt what this agent can vouch for."""
@@ -327,19 +363,29 @@ class WorkerAgent:
         await self.vllm.require_guard()
         await self.refresh_registry()
         actual = await self.read_actual()
-        kept = Remembered() if self.config.applied_commands_path is None else \
-            await asyncio.to_thread(load_remembered, self.config.applied_commands_path,
-                                    now_utc())
-        self._desired = replace(adopt(actual, self.records), seen_commands=kept.applied,
-                                protected=kept.protected)  # the fold keeps what still holds
+        kept = (
+            Remembered()
+            if self.config.applied_commands_path is None
+            else await asyncio.to_thread(
+                load_remembered, self.config.applied_commands_path, now_utc()
+            )
+        )
+        self._desired = replace(
+            adopt(actual, self.records), seen_commands=kept.applied, protected=kept.protected
+        )  # the fold keeps what still holds
         self._saved_protected = kept.protected
         # the copies it vouches for are its own from now on: one that vanishes is reported
         self._rt.loaded_by_agent.update(
-            (name, root) for name, root in actual.gpu.items() if vouched(name, root, actual))
+            (name, root) for name, root in actual.gpu.items() if vouched(name, root, actual)
+        )
         self._fold(GuardChanged())
         self.started = True
-        log.info("worker %s adopted %d adapters (%d on GPU)", self.config.worker_id,
-                 len(self.desired.intents), len(actual.gpu))
+        log.info(
+            "worker %s adopted %d adapters (%d on GPU)",
+            self.config.worker_id,
+            len(self.desired.intents),
+            len(actual.gpu),
+        )
         await self.reconcile_once()
         self.publish_state()
 
@@ -353,13 +399,24 @@ class WorkerAgent:
         """The one place the desired state changes (``start`` only sets its first value);
         ``wait_s``: a request's own load may wait that long for the cold-load budget."""
         demand, now = self._demand, self._clock()
-        usage = Usage(dict(self._rt.in_flight), self._rt.touched, self._admits(wait_s, now),
-                      demand=None if demand is None else lambda n: demand.count(n, now),
-                      loaded_at={n: at for n, (at, _) in self._rt.loaded_at.items()}, now=now)
+        usage = Usage(
+            dict(self._rt.in_flight),
+            self._rt.touched,
+            self._admits(wait_s, now),
+            demand=None if demand is None else lambda n: demand.count(n, now),
+            loaded_at={n: at for n, (at, _) in self._rt.loaded_at.items()},
+            now=now,
+        )
         before = self._desired
-        self._desired, skipped = fold(before, change, worker_id=self.config.worker_id,
-                                      base_model=self.config.base_model, now=now_utc(),
-                                      guard=self.guard, usage=usage)
+        self._desired, skipped = fold(
+            before,
+            change,
+            worker_id=self.config.worker_id,
+            base_model=self.config.base_model,
+            now=now_utc(),
+            guard=self.guard,
+            usage=usage,
+        )
         for cid in overridden(before, self._desired):
             deadline = self._desired.seen_commands.get(cid)
             if deadline is not None:
@@ -375,9 +432,13 @@ class WorkerAgent:
             return None
         budget = LoadBudget(self.cold_load_budget(), tuple(self._rt.cold_loads))
         in_time = budget.remaining(now) > 0 or budget.retry_after_s(now) <= wait_s
-        if any_slot(may_wait=wait_s > 0, in_time=in_time,
-                    used=len(budget.used(now)), per_minute=budget.per_minute,
-                    waiting=self._waiting.count(now)):
+        if any_slot(
+            may_wait=wait_s > 0,
+            in_time=in_time,
+            used=len(budget.used(now)),
+            per_minute=budget.per_minute,
+            waiting=self._waiting.count(now),
+        ):
             return None
         return lambda c, n: demand.admits(c, n, now)
 
@@ -390,8 +451,9 @@ class WorkerAgent:
     def apply(self, cmd: CacheCommand) -> CommandSkip | None:
         skipped = self._fold(cmd)
         if skipped:
-            self._skipped_log.note(skipped.value,
-                                   f"{cmd.command_id}: {cmd.action} {cmd.lora_name[:80]}")
+            self._skipped_log.note(
+                skipped.value, f"{cmd.command_id}: {cmd.action} {cmd.lora_name[:80]}"
+            )
         if skipped is not None and skipped is not CommandSkip.duplicate:
             self._not_carried_out(cmd.command_id, cmd.deadline)
         intent = self.desired.intents.get(cmd.lora_name)
@@ -425,8 +487,7 @@ class WorkerAgent:
         path = self.config.applied_commands_path
         if path is not None:
             protected = self.desired.protected
-            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands),
-                                    protected)
+            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands), protected)
             self._saved_protected = protected
 
     def _not_carried_out(self, command_id: str, deadline: datetime) -> None:
@@ -438,8 +499,9 @@ class WorkerAgent:
         while len(self._rt.skipped) > MAX_SKIPPED_REPORTED:
             del self._rt.skipped[next(iter(self._rt.skipped))]
 
-    def request_load(self, record: AdapterRecord, *,
-                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
+    def request_load(
+        self, record: AdapterRecord, *, wait_s: float = 0.0
+    ) -> asyncio.Future[LoadOutcome]:
         """Called by the gateway for a cold adapter: ask for a load (folded like a command,
         origin ``gateway_request``), get its outcome later. ``wait_s``: how long the
         request's class may still wait for the cold-load budget (batch-like; 0: it may
@@ -523,11 +585,17 @@ class WorkerAgent:
             now = self._clock()
             self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]
             budget = LoadBudget(self.cold_load_budget(), tuple(self._rt.cold_loads))
-            actions = reconcile(self.desired, actual, self.records,
-                                base_model=self.config.base_model, budget=budget, now=now,
-                                backoff=self._rt.backoff,
-                                awaiting_registry=self._rt.awaiting_registry,
-                                gpu_slots=self.config.gpu_slots)
+            actions = reconcile(
+                self.desired,
+                actual,
+                self.records,
+                base_model=self.config.base_model,
+                budget=budget,
+                now=now,
+                backoff=self._rt.backoff,
+                awaiting_registry=self._rt.awaiting_registry,
+                gpu_slots=self.config.gpu_slots,
+            )
             for action in actions:
                 await self._execute(action)
             if actions:
@@ -545,9 +613,14 @@ class WorkerAgent:
         for name, root in sorted(actual.gpu.items()):
             entry = actual.host.get(name)
             record = self.records.get(name)
-            if (entry is None or record is None or root == entry.path
-                    or actual.loaded_by_agent.get(name) == root
-                    or (name, root) in self._rt.resolved or not vouched(name, root, actual)):
+            if (
+                entry is None
+                or record is None
+                or root == entry.path
+                or actual.loaded_by_agent.get(name) == root
+                or (name, root) in self._rt.resolved
+                or not vouched(name, root, actual)
+            ):
                 continue
             self._rt.resolved.add((name, root))
             self._rt.loaded_by_agent[name] = root
@@ -558,9 +631,11 @@ class WorkerAgent:
         """Run until cancelled."""
         if not self.started:
             await self.start()
-        tasks = [asyncio.create_task(self._tick_loop()),
-                 asyncio.create_task(self._heartbeat_loop()),
-                 asyncio.create_task(self._registry_loop())]
+        tasks = [
+            asyncio.create_task(self._tick_loop()),
+            asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(self._registry_loop()),
+        ]
         if feed is not None:
             tasks.append(asyncio.create_task(self._command_loop(feed)))
         try:
@@ -591,8 +666,11 @@ class WorkerAgent:
         skipped = await self.handle(delivery.command)
         refusal = REFUSED_SKIPS.get(skipped) if skipped is not None else None
         if refusal is not None:
-            feed.refuse(delivery, refusal, f"{delivery.command.action} "
-                        f"{delivery.command.lora_name}: {skipped}")
+            feed.refuse(
+                delivery,
+                refusal,
+                f"{delivery.command.action} {delivery.command.lora_name}: {skipped}",
+            )
         await feed.commit(delivery.message)
 
     async def _tick_loop(self) -> None:
@@ -619,9 +697,13 @@ class WorkerAgent:
                 await self._conflict(name, root)
             case Vanished(name, path):
                 self._rt.loaded_by_agent.pop(name, None)
-                self._foreign(ForeignChange.copy_vanished, name, path,
-                              f"vLLM no longer serves {name!r}, which this agent loaded from "
-                              f"{path!r}: unloaded behind the agent's back, or vLLM restarted")
+                self._foreign(
+                    ForeignChange.copy_vanished,
+                    name,
+                    path,
+                    f"vLLM no longer serves {name!r}, which this agent loaded from "
+                    f"{path!r}: unloaded behind the agent's back, or vLLM restarted",
+                )
             case Unload(name, reason, cmd):
                 await self._unload(name, reason, cmd)
             case RemoveHost(name, reason, cmd):
@@ -645,9 +727,13 @@ class WorkerAgent:
                 self._resolve(name, LoadOutcome(False, LoadDeferral.busy_retry, retry_after_s))
                 if name not in self._rt.busy_reported:
                     self._rt.busy_reported.add(name)
-                    self._event(name, CacheEventKind.fail, reason=LoadDeferral.busy_retry,
-                                detail=f"cold-load budget spent; retry in {retry_after_s:.1f}s",
-                                command_id=cmd)
+                    self._event(
+                        name,
+                        CacheEventKind.fail,
+                        reason=LoadDeferral.busy_retry,
+                        detail=f"cold-load budget spent; retry in {retry_after_s:.1f}s",
+                        command_id=cmd,
+                    )
             case Refuse(name, reason, cmd):
                 self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
                 deadline = None if cmd is None else self.desired.seen_commands.get(cmd)
@@ -658,15 +744,23 @@ class WorkerAgent:
 
     async def _conflict(self, name: str, root: str) -> None:
         self.metrics.conflict(self.labels(name))
-        self._foreign(ForeignChange.unvouched_copy, name, root,
-                      f"vLLM serves {name!r} from {root!r}, bytes this agent cannot vouch for")
-        self._event(name, CacheEventKind.kv_namespace_conflict,
-                    reason=UnloadReason.kv_namespace_conflict,
-                    detail=f"vLLM serves {name!r} from {root!r}, not loaded by this agent")
+        self._foreign(
+            ForeignChange.unvouched_copy,
+            name,
+            root,
+            f"vLLM serves {name!r} from {root!r}, bytes this agent cannot vouch for",
+        )
+        self._event(
+            name,
+            CacheEventKind.kv_namespace_conflict,
+            reason=UnloadReason.kv_namespace_conflict,
+            detail=f"vLLM serves {name!r} from {root!r}, not loaded by this agent",
+        )
         await self._unload(name, UnloadReason.kv_namespace_conflict, None, force=True)
 
-    async def _unload(self, name: str, reason: UnloadReason, cmd: str | None,
-                      force: bool = False) -> None:
+    async def _unload(
+        self, name: str, reason: UnloadReason, cmd: str | None, force: bool = False
+    ) -> None:
         drain = not force and reason != UnloadReason.revoked
         if drain and self._rt.in_flight.get(name, 0) > 0:
             return  # a request started since reconcile looked; retry next tick
@@ -678,8 +772,13 @@ class WorkerAgent:
             await self.vllm.unload(name)
         except VllmError as exc:
             if exc.reason != VllmErrorCode.not_found:
-                self._event(name, CacheEventKind.fail, reason=exc.reason.failure,
-                            detail=exc.message, command_id=cmd)
+                self._event(
+                    name,
+                    CacheEventKind.fail,
+                    reason=exc.reason.failure,
+                    detail=exc.message,
+                    command_id=cmd,
+                )
                 self._rt.draining.discard(name)
                 return
         self._rt.gpu.pop(name, None)
@@ -700,8 +799,7 @@ class WorkerAgent:
         except ArtifactError as exc:
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
-            self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024],
-                        command_id=cmd)
+            self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)
             if exc.is_failure:
                 self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
                 outcome = LoadOutcome(False, exc.reasons[0], self.config.load_backoff_s)
@@ -715,8 +813,13 @@ class WorkerAgent:
             return None
         self._rt.last_failure.pop(name, None)
         self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
-        self._event(name, CacheEventKind.fetch, swap_ms=(time.perf_counter() - started) * 1000,
-                    bytes_=record.size_bytes, command_id=cmd)
+        self._event(
+            name,
+            CacheEventKind.fetch,
+            swap_ms=(time.perf_counter() - started) * 1000,
+            bytes_=record.size_bytes,
+            command_id=cmd,
+        )
         return path
 
     async def _load(self, record: AdapterRecord, cmd: str | None, warmup: int = 0) -> None:
@@ -732,11 +835,15 @@ class WorkerAgent:
             swap_ms = await self.vllm.load(name, str(path))
         except VllmError as exc:
             self.metrics.cold_load(labels, ok=False)
-            self._event(name, CacheEventKind.fail, reason=exc.reason.failure,
-                        detail=exc.message, command_id=cmd)
+            self._event(
+                name,
+                CacheEventKind.fail,
+                reason=exc.reason.failure,
+                detail=exc.message,
+                command_id=cmd,
+            )
             self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
-            self._resolve(name, LoadOutcome(False, exc.reason.failure,
-                                            self.config.load_backoff_s))
+            self._resolve(name, LoadOutcome(False, exc.reason.failure, self.config.load_backoff_s))
             return
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
         self._loads.add(started, self._clock())  # vLLM loads in its step loop: the batch waits
@@ -746,8 +853,9 @@ class WorkerAgent:
         self._rt.loaded_at[name] = (self._clock(), now_utc())
         self._rt.backoff.pop(name, None)
         self._rt.busy_reported.discard(name)
-        self._event(name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes,
-                    command_id=cmd)
+        self._event(
+            name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes, command_id=cmd
+        )
         if warmup > 0:  # marked warming before any waiter hears of the load
             self._rt.warming[name] = asyncio.create_task(self._warm_up(record, warmup))
         self._resolve(name, LoadOutcome(True))
@@ -757,9 +865,14 @@ class WorkerAgent:
         count = min(count, self.guard.max_warmup_requests)  # the fold clamps it too
         try:
             ok = await send_golden_set(
-                self.vllm, record, count, worker_id=self.config.worker_id,
-                base_model=self.config.base_model, serving=self.serving,
-                emit=lambda entry: self.sink.emit("requests", record.adapter_id, entry))
+                self.vllm,
+                record,
+                count,
+                worker_id=self.config.worker_id,
+                base_model=self.config.base_model,
+                serving=self.serving,
+                emit=lambda entry: self.sink.emit("requests", record.adapter_id, entry),
+            )
             log.info("warm-up of %s done: %d/%d golden requests ok", name, ok, count)
         finally:
             if self._rt.warming.get(name) is asyncio.current_task():
@@ -776,45 +889,76 @@ class WorkerAgent:
         with what was observed (vLLM's route guard should make it impossible)."""
         self.metrics.foreign_change(reason)
         log.warning("%s: %s", reason.value, detail)
-        observed = json.dumps({"lora_name": name, "path": path,
-                               "worker_id": self.config.worker_id}).encode()
-        self.sink.emit("dead-letters", self.config.worker_id, dead_letter_of_observation(
-            "vllm:/v1/models", name, observed, time.time(),
-            "worker-agent", reason, detail))
+        observed = json.dumps(
+            {"lora_name": name, "path": path, "worker_id": self.config.worker_id}
+        ).encode()
+        self.sink.emit(
+            "dead-letters",
+            self.config.worker_id,
+            dead_letter_of_observation(
+                "vllm:/v1/models", name, observed, time.time(), "worker-agent", reason, detail
+            ),
+        )
 
     def labels(self, name: str) -> AdapterLabels:
         record = self.records.get(name)
         if record is not None:
-            return AdapterLabels(record.adapter_id, record.version, record.tenant_id,
-                                 self.config.base_model)
+            return AdapterLabels(
+                record.adapter_id, record.version, record.tenant_id, self.config.base_model
+            )
         parsed = LORA_NAME_RE.fullmatch(name)
         if parsed is None:
             return AdapterLabels("unknown", "0", "unknown", self.config.base_model)
-        return AdapterLabels(parsed["adapter_id"], parsed["version"], "unknown",
-                             self.config.base_model)
+        return AdapterLabels(
+            parsed["adapter_id"], parsed["version"], "unknown", self.config.base_model
+        )
 
-    def _event(self, name: str, kind: CacheEventKind, *,
-               reason: CacheEventReason = NO_REASON, detail: str = "",
-               swap_ms: float = 0.0, bytes_: int = 0, command_id: str | None = None) -> None:
+    def _event(
+        self,
+        name: str,
+        kind: CacheEventKind,
+        *,
+        reason: CacheEventReason = NO_REASON,
+        detail: str = "",
+        swap_ms: float = 0.0,
+        bytes_: int = 0,
+        command_id: str | None = None,
+    ) -> None:
         labels = self.labels(name)
         event = CacheEvent(
-            event_id=uuid.uuid4().hex, ts=now_utc(), worker_id=self.config.worker_id,
-            base_model=self.config.base_model, tenant_id=labels.tenant_id,
-            adapter_id=labels.adapter_id, adapter_version=labels.adapter_version,
-            lora_name=name[:200], kind=kind, swap_ms=swap_ms, bytes=bytes_,
-            reason=reason, detail=detail[:1024], command_id=command_id)
-        log.info("cache event %s %s swap_ms=%.1f %s %s", kind.value, name, swap_ms, reason,
-                 detail[:200])
+            event_id=uuid.uuid4().hex,
+            ts=now_utc(),
+            worker_id=self.config.worker_id,
+            base_model=self.config.base_model,
+            tenant_id=labels.tenant_id,
+            adapter_id=labels.adapter_id,
+            adapter_version=labels.adapter_version,
+            lora_name=name[:200],
+            kind=kind,
+            swap_ms=swap_ms,
+            bytes=bytes_,
+            reason=reason,
+            detail=detail[:1024],
+            command_id=command_id,
+        )
+        log.info(
+            "cache event %s %s swap_ms=%.1f %s %s", kind.value, name, swap_ms, reason, detail[:200]
+        )
         self.sink.emit("cache-events", labels.adapter_id, event)
 
     def resident(self) -> list[Resident]:
         """Every copy this worker holds: GPU copies at level gpu, host-tier copies not on GPU
         at level cpu (``vllm:lora_adapter_loaded``, and the heartbeat's adapters)."""
         gpu = self._rt.gpu
-        return [Resident(name, "gpu" if name in gpu else "cpu",
-                         bool((i := self.desired.intents.get(name)) and i.pinned),
-                         r.rank if (r := self.records.get(name)) else 0)
-                for name in sorted(set(gpu) | set(self._host))]
+        return [
+            Resident(
+                name,
+                "gpu" if name in gpu else "cpu",
+                bool((i := self.desired.intents.get(name)) and i.pinned),
+                r.rank if (r := self.records.get(name)) else 0,
+            )
+            for name in sorted(set(gpu) | set(self._host))
+        ]
 
     def worker_state(self) -> WorkerState:
         adapters = []
@@ -822,31 +966,50 @@ class WorkerAgent:
             name = copy.adapter_name
             labels = self.labels(name)
             intent = self.desired.intents.get(name)
-            adapters.append(LoadedAdapter(
-                lora_name=name[:200], adapter_id=labels.adapter_id,
-                version=labels.adapter_version, tenant_id=labels.tenant_id,
-                tier="gpu" if copy.level == "gpu" else "host", pinned=copy.pinned,
-                protected=name in self.desired.protected,
-                origin=intent.origin if intent else None,
-                size_bytes=self._resident_bytes(name, self.records.get(name)),
-                rank=copy.rank, last_used=self._rt.last_used.get(name),
-                loaded_at=(loaded[1] if copy.level == "gpu"
-                           and (loaded := self._rt.loaded_at.get(name)) is not None else None),
-                in_flight=self._rt.in_flight.get(name, 0)))
+            adapters.append(
+                LoadedAdapter(
+                    lora_name=name[:200],
+                    adapter_id=labels.adapter_id,
+                    version=labels.adapter_version,
+                    tenant_id=labels.tenant_id,
+                    tier="gpu" if copy.level == "gpu" else "host",
+                    pinned=copy.pinned,
+                    protected=name in self.desired.protected,
+                    origin=intent.origin if intent else None,
+                    size_bytes=self._resident_bytes(name, self.records.get(name)),
+                    rank=copy.rank,
+                    last_used=self._rt.last_used.get(name),
+                    loaded_at=(
+                        loaded[1]
+                        if copy.level == "gpu"
+                        and (loaded := self._rt.loaded_at.get(name)) is not None
+                        else None
+                    ),
+                    in_flight=self._rt.in_flight.get(name, 0),
+                )
+            )
         now = self._clock()
         return WorkerState(
-            worker_id=self.config.worker_id, base_model=self.config.base_model, ts=now_utc(),
-            gateway_url=self.config.gateway_url, gpu_slots_used=len(self._rt.gpu),
+            worker_id=self.config.worker_id,
+            base_model=self.config.base_model,
+            ts=now_utc(),
+            gateway_url=self.config.gateway_url,
+            gpu_slots_used=len(self._rt.gpu),
             gpu_slots_total=self.config.gpu_slots,
             host_bytes_used=sum(e.size_bytes for e in self._host.values()),
-            host_bytes_budget=self.config.host_budget_bytes, hbm_usage=self._hbm(),
+            host_bytes_budget=self.config.host_budget_bytes,
+            hbm_usage=self._hbm(),
             max_lora_rank=self.config.max_lora_rank,
             cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
-            cold_load_budget=(self.cold_load_budget() if self.config.policy.load_stall_share
-                              else None),
-            load_stall=self._stall.stall(), load_seconds=self._loads.load_s,
-            adapters=adapters, command_partition=self._command_partition(),
-            skipped_commands=[c for c, d in self._rt.skipped.items() if d > now_utc()])
+            cold_load_budget=(
+                self.cold_load_budget() if self.config.policy.load_stall_share else None
+            ),
+            load_stall=self._stall.stall(),
+            load_seconds=self._loads.load_s,
+            adapters=adapters,
+            command_partition=self._command_partition(),
+            skipped_commands=[c for c, d in self._rt.skipped.items() if d > now_utc()],
+        )
 
     def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:
         """A copy's bytes: its host-tier entry's, else (a GPU copy adopted without one, or

@@ -25,6 +25,8 @@ from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
 from loraplane.kernel.atomic_file import write_atomic
 
+__all__ = ["FILE_NAME", "Remembered", "load_applied", "load_remembered", "save_applied"]
+
 FILE_NAME = ".applied-commands.json"  # not a lora name, so the host-tier scan ignores it
 _APPLIED = TypeAdapter(dict[str, AwareDatetime])
 _PROTECTED = TypeAdapter(list[str])
@@ -55,11 +57,14 @@ def load_remembered(path: Path, now: datetime) -> Remembered:
         applied = _APPLIED.validate_python(data.get("applied"))
         protected = _PROTECTED.validate_python(data.get("protected", []))
     except (ValueError, ValidationError) as exc:
-        log.warning("applied command ids in %s are corrupt, starting empty: %s", path,
-                    str(exc)[:200])
+        log.warning(
+            "applied command ids in %s are corrupt, starting empty: %s", path, str(exc)[:200]
+        )
         return Remembered()
-    return Remembered({cid: deadline for cid, deadline in applied.items() if deadline >= now},
-                      frozenset(protected))
+    return Remembered(
+        {cid: deadline for cid, deadline in applied.items() if deadline >= now},
+        frozenset(protected),
+    )
 
 
 def load_applied(path: Path, now: datetime) -> dict[str, datetime]:
@@ -67,9 +72,16 @@ def load_applied(path: Path, now: datetime) -> dict[str, datetime]:
     return load_remembered(path, now).applied
 
 
-def save_applied(path: Path, applied: Mapping[str, datetime],
-                 protected: Iterable[str] = ()) -> None:
+def save_applied(
+    path: Path, applied: Mapping[str, datetime], protected: Iterable[str] = ()
+) -> None:
     """Replace the file with ``applied`` and ``protected``, atomically."""
-    write_atomic(path, json.dumps({"applied": {cid: d.isoformat()
-                                               for cid, d in applied.items()},
-                                   "protected": sorted(protected)}))
+    write_atomic(
+        path,
+        json.dumps(
+            {
+                "applied": {cid: d.isoformat() for cid, d in applied.items()},
+                "protected": sorted(protected),
+            }
+        ),
+    )

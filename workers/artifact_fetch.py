@@ -31,20 +31,40 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
-from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.manifest import Manifest
-from loraplane.schemas.reasons import ArtifactReason as Reason
 from pydantic import ValidationError
 
 from loraplane.artifact.owner import check_owner
 from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
 from loraplane.kernel.config import S3Settings
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.reasons import ArtifactReason as Reason
+
+__all__ = [
+    "ArtifactFetcher",
+    "FetchPolicy",
+    "FetchedArtifact",
+    "T",
+    "check_allowed",
+    "parse_s3_uri",
+    "s3_client",
+]
 
 T = TypeVar("T")
 _URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,62})/(?P<prefix>([A-Za-z0-9._@=-]+/)*)$")
-_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
-                    "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException"}
+_TRANSIENT_CODES = {
+    "500",
+    "502",
+    "503",
+    "504",
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+}
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 
 
@@ -77,8 +97,9 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b/")``; ArtifactError for anything else."""
     m = _URI.fullmatch(uri)
     if m is None or any(seg in (".", "..") for seg in m.group("prefix").split("/")):
-        raise ArtifactError.single(Reason.source_not_allowed, uri[:200],
-                                   "not an s3://bucket/prefix/ folder URI")
+        raise ArtifactError.single(
+            Reason.source_not_allowed, uri[:200], "not an s3://bucket/prefix/ folder URI"
+        )
     return m.group("bucket"), m.group("prefix")
 
 
@@ -86,8 +107,9 @@ def check_allowed(uri: str, allowed_prefixes: list[str]) -> tuple[str, str]:
     """Bucket and key prefix of ``uri`` if it lies under an allowlisted prefix, else refuse."""
     bucket, prefix = parse_s3_uri(uri)
     if not any(uri.startswith(p if p.endswith("/") else p + "/") for p in allowed_prefixes):
-        raise ArtifactError.single(Reason.source_not_allowed, uri[:200],
-                                   "outside settings.s3.allowed_prefixes")
+        raise ArtifactError.single(
+            Reason.source_not_allowed, uri[:200], "outside settings.s3.allowed_prefixes"
+        )
     return bucket, prefix
 
 
@@ -97,21 +119,33 @@ def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
     from botocore.config import Config
 
     return boto3.session.Session().client(
-        "s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-        aws_access_key_id=s3.access_key_id, aws_secret_access_key=s3.secret(),
-        config=Config(connect_timeout=policy.connect_timeout_s,
-                      read_timeout=policy.read_timeout_s,
-                      retries={"total_max_attempts": 1, "mode": "standard"},
-                      s3={"addressing_style": "path"}))
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret(),
+        config=Config(
+            connect_timeout=policy.connect_timeout_s,
+            read_timeout=policy.read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            s3={"addressing_style": "path"},
+        ),
+    )
 
 
 class ArtifactFetcher:
     """Thread-safe; one boto3 client per fetcher (made on first use unless ``client`` is
     given). ``sleep``/``clock`` are injectable so tests control time."""
 
-    def __init__(self, s3: S3Settings, policy: FetchPolicy = FetchPolicy(), *,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, client: Any = None) -> None:
+    def __init__(
+        self,
+        s3: S3Settings,
+        policy: FetchPolicy = FetchPolicy(),
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        client: Any = None,
+    ) -> None:
         self.s3 = s3
         self.policy = policy
         self._sleep = sleep
@@ -125,8 +159,15 @@ class ArtifactFetcher:
                 self._client = s3_client(self.s3, self.policy)
             return self._client
 
-    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
-              max_total_bytes: int, owner: AdapterRecord | None) -> FetchedArtifact:
+    def fetch(
+        self,
+        artifact_uri: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        max_total_bytes: int,
+        owner: AdapterRecord | None,
+    ) -> FetchedArtifact:
         """Download the artifact at ``artifact_uri`` (a registry record's) into the new
         folder ``dest``. ``expected_sha256`` is the record's manifest digest and ``owner``
         the record itself (both None only for offline inspection): the URI must then be
@@ -138,21 +179,24 @@ class ArtifactFetcher:
         bucket, prefix = check_allowed(artifact_uri, self.s3.allowed_prefixes)
         if owner is not None:
             if artifact_uri != owner.artifact_uri:
-                raise ArtifactError.single(Reason.outside_owner_prefix, artifact_uri[:200],
-                                           "not the record's artifact_uri")
+                raise ArtifactError.single(
+                    Reason.outside_owner_prefix, artifact_uri[:200], "not the record's artifact_uri"
+                )
             check_owner(owner, bucket)
         dest.mkdir(parents=True, exist_ok=False)
         digests: dict[str, str] = {}
         manifest_sha, manifest_size = self._download(
-            bucket, prefix, MANIFEST_NAME, dest, MAX_JSON_FILE_BYTES, deadline, exact=False)
+            bucket, prefix, MANIFEST_NAME, dest, MAX_JSON_FILE_BYTES, deadline, exact=False
+        )
         digests[MANIFEST_NAME] = manifest_sha
         manifest = _load_manifest(dest / MANIFEST_NAME)
         refusals = [r for f in manifest.files if (r := name_refusal(f.path)) is not None]
         if expected_sha256 is not None and manifest.digest != expected_sha256:
             refusals.append(Refusal(Reason.manifest_digest_mismatch, MANIFEST_NAME))
         if manifest.total_size > max_total_bytes:
-            refusals.append(Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > "
-                                                             f"{max_total_bytes}"))
+            refusals.append(
+                Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > {max_total_bytes}")
+            )
         if refusals:
             raise ArtifactError(refusals)
         for mf in manifest.files:
@@ -160,11 +204,25 @@ class ArtifactFetcher:
             if sha != mf.sha256:
                 raise ArtifactError.single(Reason.sha256_mismatch, mf.path)
             digests[mf.path] = sha
-        return FetchedArtifact(dest, manifest, digests, manifest_size + manifest.total_size,
-                               (self._clock() - started) * 1000)
+        return FetchedArtifact(
+            dest,
+            manifest,
+            digests,
+            manifest_size + manifest.total_size,
+            (self._clock() - started) * 1000,
+        )
 
-    def _download(self, bucket: str, prefix: str, path: str, dest: Path, size: int,
-                  deadline: float, *, exact: bool) -> tuple[str, int]:
+    def _download(
+        self,
+        bucket: str,
+        prefix: str,
+        path: str,
+        dest: Path,
+        size: int,
+        deadline: float,
+        *,
+        exact: bool,
+    ) -> tuple[str, int]:
         """One object to ``dest/path``: ``(sha256, bytes)``. ``size`` is the exact size
         (``exact``) or the most that may be read."""
         target = dest / path
@@ -175,8 +233,9 @@ class ArtifactFetcher:
             announced = response.get("ContentLength")
             if announced is not None and (announced != size if exact else announced > size):
                 response["Body"].close()
-                raise ArtifactError.single(oversize, path,
-                                           f"store has {announced} bytes, expected {size}")
+                raise ArtifactError.single(
+                    oversize, path, f"store has {announced} bytes, expected {size}"
+                )
             written = 0
             with open(target, "wb") as out, _HashingWriter(out, self.policy.chunks_ahead) as sink:
                 try:
@@ -185,8 +244,11 @@ class ArtifactFetcher:
                         if written > size:
                             raise ArtifactError.single(oversize, path, f"over {size} bytes")
                         if self._clock() > deadline:
-                            raise ArtifactError.single(Reason.artifact_store_unavailable, path,
-                                                       "fetch deadline passed while streaming")
+                            raise ArtifactError.single(
+                                Reason.artifact_store_unavailable,
+                                path,
+                                "fetch deadline passed while streaming",
+                            )
                         sink.write(chunk)
                 finally:
                     response["Body"].close()
@@ -197,8 +259,7 @@ class ArtifactFetcher:
         missing = Reason.manifest_missing if path == MANIFEST_NAME else Reason.file_missing
         return self._with_retries(attempt, path, deadline, missing)
 
-    def _with_retries(self, op: Callable[[], T], what: str, deadline: float,
-                      missing: Reason) -> T:
+    def _with_retries(self, op: Callable[[], T], what: str, deadline: float, missing: Reason) -> T:
         from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
         from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -218,8 +279,10 @@ class ArtifactFetcher:
                 error = exc
             if attempt >= self.policy.attempts or self._clock() + delay > deadline:
                 raise ArtifactError.single(
-                    Reason.artifact_store_unavailable, what,
-                    f"{type(error).__name__} after {attempt} attempt(s)") from None
+                    Reason.artifact_store_unavailable,
+                    what,
+                    f"{type(error).__name__} after {attempt} attempt(s)",
+                ) from None
             self._sleep(delay)
             delay = min(delay * 2, self.policy.max_backoff_s)
 
@@ -241,8 +304,9 @@ class _HashingWriter:
         self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._chunks.put(None)
         self._thread.join()
         if kind is None and self._error is not None:
@@ -271,5 +335,6 @@ def _load_manifest(path: Path) -> Manifest:
     try:
         return Manifest.model_validate_json(path.read_bytes())
     except ValidationError as exc:
-        raise ArtifactError.single(Reason.manifest_invalid, MANIFEST_NAME,
-                                   f"{exc.error_count()} schema errors") from None
+        raise ArtifactError.single(
+            Reason.manifest_invalid, MANIFEST_NAME, f"{exc.error_count()} schema errors"
+        ) from None

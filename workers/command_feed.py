@@ -24,6 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraplane.eventlog.sink import EventSink
+from loraplane.kernel import kafka
+from loraplane.kernel.command_partition import DRAIN_S, REFRESH_S, broker_partitions, partition_of
+from loraplane.kernel.config import Settings
+from loraplane.kernel.progress import Progress
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.commands import CacheCommand
@@ -32,11 +37,20 @@ from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import CommandRejection
 from loraplane.workers.command_trust import check_command
 
-from loraplane.eventlog.sink import EventSink
-from loraplane.kernel import kafka
-from loraplane.kernel.command_partition import DRAIN_S, REFRESH_S, broker_partitions, partition_of
-from loraplane.kernel.config import Settings
-from loraplane.kernel.progress import Progress
+__all__ = [
+    "COMMIT_TIMEOUT_S",
+    "COMPONENT",
+    "FETCH_WAIT_MS",
+    "METADATA_TIMEOUT_S",
+    "PARTITIONS_EVERY_S",
+    "PROBE_EVERY_S",
+    "START_METADATA_TIMEOUT_S",
+    "Assignment",
+    "CommandSlotError",
+    "Delivery",
+    "KafkaCommandFeed",
+    "ReadBytes",
+]
 
 COMPONENT = "worker-agent"
 COMMIT_TIMEOUT_S = 30.0
@@ -76,9 +90,11 @@ class Assignment:
             raise CommandSlotError(
                 f"command slot {self.slot} needs a commands topic of more than {self.slot} "
                 f"partitions; it has {self.partitions} (grow it, or give slots 0.."
-                f"{self.partitions - 1})")
-        self.own = self.slot if self.slot is not None else partition_of(
-            self.worker_id, self.partitions)
+                f"{self.partitions - 1})"
+            )
+        self.own = (
+            self.slot if self.slot is not None else partition_of(self.worker_id, self.partitions)
+        )
 
     def assigned(self) -> list[int]:
         return sorted({self.own, *self.draining})
@@ -98,8 +114,7 @@ class Assignment:
                 self.draining.pop(own, None)
                 self.draining[self.own] = now + DRAIN_S
                 self.own = own
-        drop = sorted(p for p, until in self.draining.items()
-                      if until <= now or p >= partitions)
+        drop = sorted(p for p, until in self.draining.items() if until <= now or p >= partitions)
         for p in drop:
             del self.draining[p]
         return add, drop
@@ -126,9 +141,17 @@ def _partition_eof() -> int:
 
 
 class KafkaCommandFeed:
-    def __init__(self, settings: Settings, worker_id: str, sink: EventSink, *,
-                 keyring: KeyringFile, on_refused: Callable[[str], None] = lambda _: None,
-                 group_id: str | None = None, slot: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        sink: EventSink,
+        *,
+        keyring: KeyringFile,
+        on_refused: Callable[[str], None] = lambda _: None,
+        group_id: str | None = None,
+        slot: int | None = None,
+    ) -> None:
         """``slot``: the fixed partition to read (``--command-slot``); None: the hash."""
         from loraplane.kernel.topics import topic_name
 
@@ -142,8 +165,10 @@ class KafkaCommandFeed:
         # The group only keeps offsets: an assigned consumer never joins it, so there is no
         # membership (static or not) to take back after a restart.
         self._consumer = kafka.consumer(
-            settings, group_id or f"{settings.topic_prefix}-worker-{worker_id}",
-            fetch_wait_ms=FETCH_WAIT_MS)
+            settings,
+            group_id or f"{settings.topic_prefix}-worker-{worker_id}",
+            fetch_wait_ms=FETCH_WAIT_MS,
+        )
         self.progress = Progress("worker-commands")
         self.read_bytes = ReadBytes()
         self._probed = self._checked = time.monotonic()
@@ -155,8 +180,11 @@ class KafkaCommandFeed:
             self.progress.blocked(f"kafka: {exc}")
             # A slot is trusted until the broker answers (``regroup`` checks it then): the
             # declared count is only a guess, and the topic may have been grown for the fleet.
-            count = spec("commands").partitions if slot is None else max(
-                spec("commands").partitions, slot + 1)
+            count = (
+                spec("commands").partitions
+                if slot is None
+                else max(spec("commands").partitions, slot + 1)
+            )
             self._checked = 0.0
         try:
             self.assignment = Assignment(worker_id, count, slot)
@@ -201,13 +229,21 @@ class KafkaCommandFeed:
         try:
             command = decode(CacheCommand, msg.value())
         except SchemaError as exc:
-            self._sink.emit("dead-letters", self.worker_id,
-                            dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
+            self._sink.emit(
+                "dead-letters",
+                self.worker_id,
+                dead_letter_for(msg, COMPONENT, exc.reason, str(exc)),
+            )
             await self.commit(msg)
             return None
-        rejected = check_command(command, self._current_keyring(), worker_id=self.worker_id,
-                                 kafka_key=msg.key(), now=now_utc(),
-                                 max_lifetime_s=self._max_lifetime_s)
+        rejected = check_command(
+            command,
+            self._current_keyring(),
+            worker_id=self.worker_id,
+            kafka_key=msg.key(),
+            now=now_utc(),
+            max_lifetime_s=self._max_lifetime_s,
+        )
         if rejected is not None:
             self._dead_letter(msg, rejected.reason, rejected.detail)
             await self.commit(msg)
@@ -238,8 +274,10 @@ class KafkaCommandFeed:
         add, drop = self.assignment.observe(partitions, now)
         slot = self.assignment.slot
         if slot is not None and slot >= partitions:  # trusted at start, refuted by the broker
-            self.progress.blocked(f"command slot {slot} has no partition: the commands topic "
-                                  f"has {partitions}; grow it, or give slots 0..{partitions - 1}")
+            self.progress.blocked(
+                f"command slot {slot} has no partition: the commands topic "
+                f"has {partitions}; grow it, or give slots 0..{partitions - 1}"
+            )
             self.progress.check()
         if drop:
             self._consumer.incremental_unassign([self._partition(p) for p in drop])
@@ -254,8 +292,9 @@ class KafkaCommandFeed:
 
     def _dead_letter(self, msg: Any, reason: CommandRejection, detail: str) -> None:
         self._on_refused(reason)
-        self._sink.emit("dead-letters", self.worker_id,
-                        dead_letter_for(msg, COMPONENT, reason, detail))
+        self._sink.emit(
+            "dead-letters", self.worker_id, dead_letter_for(msg, COMPONENT, reason, detail)
+        )
 
     def refuse(self, delivery: Delivery, reason: CommandRejection, detail: str) -> None:
         """A verified command the fold refused (a replay, a protected copy)."""
@@ -265,8 +304,10 @@ class KafkaCommandFeed:
         """Commit past ``message``; bounded, so a broker away cannot hold the loop (the
         raised error is logged by the agent's loop and the next commit covers this one)."""
         try:
-            await asyncio.wait_for(asyncio.to_thread(
-                self._consumer.commit, message=message, asynchronous=False), COMMIT_TIMEOUT_S)
+            await asyncio.wait_for(
+                asyncio.to_thread(self._consumer.commit, message=message, asynchronous=False),
+                COMMIT_TIMEOUT_S,
+            )
         except Exception as exc:
             self.progress.blocked(f"commit: {exc or type(exc).__name__}")
             raise

@@ -21,6 +21,16 @@ from dataclasses import dataclass, field
 
 from loraplane.kernel.decayed import Decayed
 
+__all__ = [
+    "MAX_NAMES",
+    "WINDOW_S",
+    "DemandCounts",
+    "WaitingMisses",
+    "any_slot",
+    "give_up_order",
+    "has_room",
+]
+
 MAX_NAMES = 4096
 """Lora names remembered; over it the least-demanded half is forgotten (a forgotten name
 counts 0 again: it was among the least demanded anyway)."""
@@ -49,7 +59,7 @@ class DemandCounts:
         self._counts[name] = seen.add(now, max(0.0, weight))
         if len(self._counts) > self.max_names:
             ranked = sorted(self._counts, key=lambda k: self.count(k, now))
-            for k in ranked[:len(ranked) // 2]:
+            for k in ranked[: len(ranked) // 2]:
                 del self._counts[k]
 
     def admits(self, challenger: str, name: str, now: float) -> bool:
@@ -82,8 +92,7 @@ def has_room(used: int, per_minute: int, keep: int) -> bool:
     return used + keep < per_minute
 
 
-def any_slot(*, may_wait: bool, in_time: bool, used: int, per_minute: int,
-             waiting: int) -> bool:
+def any_slot(*, may_wait: bool, in_time: bool, used: int, per_minute: int, waiting: int) -> bool:
     """May a request's load take the slot of any copy that may move, without the demand
     comparison? ``waiting``: the requests that may wait and needed a load here in the last
     minute (this one included). One that ``may_wait`` when the budget has a load for it
@@ -94,8 +103,9 @@ def any_slot(*, may_wait: bool, in_time: bool, used: int, per_minute: int,
     return has_room(used, per_minute, waiting + 1)
 
 
-def give_up_order(name: str, *, planned: bool, demand: float,
-                  last_used: float) -> tuple[bool, float, float, str]:
+def give_up_order(
+    name: str, *, planned: bool, demand: float, last_used: float
+) -> tuple[bool, float, float, str]:
     """The sort key of the copies that may give up their slot to a request's load, first
     first: copies loaded for requests before the planner's, then the least demanded here,
     then the least recently used (then by name, so the order is total)."""

@@ -27,12 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
-from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from loraplane.workers.serving import LoadOutcome, Serving
-from loraplane.workers.vllm_client import VllmError
 
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
@@ -45,6 +39,25 @@ from loraplane.frontdoor.request_fields import (
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
+from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
+from loraplane.workers.serving import LoadOutcome, Serving
+from loraplane.workers.vllm_client import VllmError
+
+__all__ = [
+    "CANARY_WARMING_HEADER",
+    "CLIENT_PACED_SHARE",
+    "FALLBACK_HEADER",
+    "FALLBACK_PERMANENT_HEADER",
+    "FALLBACK_REASON_HEADER",
+    "PERMANENT_STATUS",
+    "ColdBudget",
+    "ColdLoadSlots",
+    "Gateway",
+    "cold_budget",
+]
 
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 FALLBACK_REASON_HEADER = "X-Loraplane-Fallback-Reason"
@@ -113,10 +126,14 @@ def cold_budget(budgets: RequestBudgets, request_class: RequestClass) -> ColdBud
     """Interactive has its own budget; batch, canary and shadow wait as long as batch does,
     and each class names its own Retry-After (shadow follows batch)."""
     if request_class == RequestClass.interactive:
-        return ColdBudget(budgets.interactive.max_wait_ms / 1000,
-                          budgets.interactive.retry_after_s, False)
-    retry = (budgets.canary.retry_after_s if request_class == RequestClass.canary
-             else budgets.batch.retry_after_s)
+        return ColdBudget(
+            budgets.interactive.max_wait_ms / 1000, budgets.interactive.retry_after_s, False
+        )
+    retry = (
+        budgets.canary.retry_after_s
+        if request_class == RequestClass.canary
+        else budgets.batch.retry_after_s
+    )
     return ColdBudget(budgets.batch.max_wait_ms / 1000, retry, True)
 
 
@@ -129,9 +146,13 @@ class ColdLoadSlots:
         self._freed = asyncio.Event()
         self.waiting = 0
 
-    async def start(self, name: str, limit: int,
-                    request_load: Callable[[], asyncio.Future[LoadOutcome]],
-                    timeout_s: float) -> asyncio.Future[LoadOutcome] | None:
+    async def start(
+        self,
+        name: str,
+        limit: int,
+        request_load: Callable[[], asyncio.Future[LoadOutcome]],
+        timeout_s: float,
+    ) -> asyncio.Future[LoadOutcome] | None:
         """The load's future, or None when no slot freed within ``timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -162,16 +183,29 @@ class ColdLoadSlots:
 
 
 class Gateway:
-    def __init__(self, worker: Serving, *, api_keys: KeyLookup, budgets: RequestBudgets,
-                 sink: EventSink, cache_secret: bytes | None = None,
-                 router_secret: bytes | None = None, max_body_bytes: int = 1024 * 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        worker: Serving,
+        *,
+        api_keys: KeyLookup,
+        budgets: RequestBudgets,
+        sink: EventSink,
+        cache_secret: bytes | None = None,
+        router_secret: bytes | None = None,
+        max_body_bytes: int = 1024 * 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.worker = worker
         # the one front door (frontdoor.admission), with this worker's verified versions; a
         # tenant and version forwarded by a fleet router are believed only under the router
         # secret's HMAC (frontdoor.forwarded); without one, only API keys are
-        self.door = FrontDoor(keys=api_keys, budgets=budgets, versions=worker.versions,
-                              router_secret=router_secret, clock=clock)
+        self.door = FrontDoor(
+            keys=api_keys,
+            budgets=budgets,
+            versions=worker.versions,
+            router_secret=router_secret,
+            clock=clock,
+        )
         self.sink = sink
         self.max_body_bytes = max_body_bytes
         # never logged; without one (tests) a random secret per process: salts still differ
@@ -205,24 +239,29 @@ class Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
-        app.add_routes([
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/metrics", self.metrics),
-            web.get("/healthz", self.healthz),
-        ])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/metrics", self.metrics),
+                web.get("/healthz", self.healthz),
+            ]
+        )
         return app
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.worker.metrics_exposition(),
-                            headers={"Content-Type": "text/plain; version=0.0.4"})
+        return web.Response(
+            body=self.worker.metrics_exposition(),
+            headers={"Content-Type": "text/plain; version=0.0.4"},
+        )
 
     async def healthz(self, _: web.Request) -> web.Response:
         started = self.worker.started
         # the worker's id: a router's probe believes only an answer naming the worker it
         # asks about (router.liveness.probe_ok)
-        return web.json_response({"ok": started, "worker_id": self.worker.worker_id},
-                                 status=200 if started else 503)
+        return web.json_response(
+            {"ok": started, "worker_id": self.worker.worker_id}, status=200 if started else 503
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/completions")
@@ -233,25 +272,37 @@ class Gateway:
     async def _handle(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
         request_id = header_token(request.headers.get("X-Request-Id")) or self._new_id()
-        admission, _ = await admit_request(self.door, request, Endpoint(path), request_id,
-                                           self.max_body_bytes)
+        admission, _ = await admit_request(
+            self.door, request, Endpoint(path), request_id, self.max_body_bytes
+        )
         if isinstance(admission, Refusal):
-            if admission.adapter_id is not None and admission.tenant_id is not None \
-                    and admission.request_class is not None:  # past `model`: logged
-                trace = _Trace(request_id, admission.tenant_id, admission.adapter_id,
-                               admission.request_class, started)
-                trace.status = (RequestStatus.retry_later if admission.retry_after_s is not None
-                                else RequestStatus.refused)
+            if (
+                admission.adapter_id is not None
+                and admission.tenant_id is not None
+                and admission.request_class is not None
+            ):  # past `model`: logged
+                trace = _Trace(
+                    request_id,
+                    admission.tenant_id,
+                    admission.adapter_id,
+                    admission.request_class,
+                    started,
+                )
+                trace.status = (
+                    RequestStatus.retry_later
+                    if admission.retry_after_s is not None
+                    else RequestStatus.refused
+                )
                 trace.error = admission.reason.value
                 self._log(trace)
             return refusal_response(admission)
-        trace = _Trace(request_id, admission.tenant_id, admission.adapter_id,
-                       admission.request_class, started)
+        trace = _Trace(
+            request_id, admission.tenant_id, admission.adapter_id, admission.request_class, started
+        )
         trace.prompts, trace.stream = admission.request.prompts, admission.request.stream
         trace.client_wants_usage = admission.request.client_wants_usage
         try:
-            return await self._route(request, path, admission.request.body, trace,
-                                     admission.choice)
+            return await self._route(request, path, admission.request.body, trace, admission.choice)
         finally:
             self.door.leave(admission, trace.prompt_tokens + max(0, trace.output_tokens))
             self._log(trace)
@@ -262,8 +313,9 @@ class Gateway:
             salt = self._salts[tenant_id] = cache_salt(self._cache_secret, tenant_id)
         return salt
 
-    async def _route(self, request: web.Request, path: str, body: dict[str, Any],
-                     trace: _Trace, choice: Choice) -> web.StreamResponse:
+    async def _route(
+        self, request: web.Request, path: str, body: dict[str, Any], trace: _Trace, choice: Choice
+    ) -> web.StreamResponse:
         """Serve the version the front door chose, decided once: while it is a canary still
         warming up here, the stable (active) version the same decision named serves."""
         record = choice.record
@@ -272,8 +324,12 @@ class Gateway:
             if choice.stable is None:
                 trace.status, trace.error = RequestStatus.retry_later, "canary_warming"
                 retry = cold_budget(self.budgets, trace.request_class).retry_after_s
-                return error_response(429, "canary_warming", "the canary version is warming "
-                                      "up; retry later", **{"Retry-After": str(retry)})
+                return error_response(
+                    429,
+                    "canary_warming",
+                    "the canary version is warming up; retry later",
+                    **{"Retry-After": str(retry)},
+                )
             record = choice.stable
         trace.record, name = record, record.lora_name
         hot = self.worker.is_hot(name)
@@ -283,9 +339,15 @@ class Gateway:
             return await self._forward(request, path, body, trace, name)
         return await self._cold(request, path, body, trace, record, choice)
 
-    async def _cold(self, request: web.Request, path: str, body: dict[str, Any],
-                    trace: _Trace, record: AdapterRecord, choice: Choice
-                    ) -> web.StreamResponse:
+    async def _cold(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        trace: _Trace,
+        record: AdapterRecord,
+        choice: Choice,
+    ) -> web.StreamResponse:
         budget = cold_budget(self.budgets, trace.request_class)
         waited = time.perf_counter()
 
@@ -308,44 +370,80 @@ class Gateway:
             return await self._forward(request, path, body, trace, record.lora_name)
         if outcome is None:  # the wait ran out: the last fetch's failure, if any, says why
             outcome = self.worker.load_failure(record.lora_name)
-        reason = (outcome.reason if outcome else LoadDeferral.load_queued if fut is not None
-                  else LoadDeferral.batch_cold_loads_busy)
+        reason = (
+            outcome.reason
+            if outcome
+            else LoadDeferral.load_queued
+            if fut is not None
+            else LoadDeferral.batch_cold_loads_busy
+        )
         permanent = outcome is not None and outcome.permanent
-        retry_after = max(1, round(outcome.retry_after_s if outcome and outcome.retry_after_s
-                                   else budget.retry_after_s))
+        retry_after = max(
+            1,
+            round(
+                outcome.retry_after_s if outcome and outcome.retry_after_s else budget.retry_after_s
+            ),
+        )
         if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
             trace.tier = Tier.base_fallback
-            return await self._forward(request, path, body, trace, self.worker.base_served,
-                                       fallback_reason=reason, permanent=permanent)
+            return await self._forward(
+                request,
+                path,
+                body,
+                trace,
+                self.worker.base_served,
+                fallback_reason=reason,
+                permanent=permanent,
+            )
         if permanent:  # no Retry-After: the same request will be refused the same way
             trace.status, trace.error = RequestStatus.error, reason
-            return error_response(PERMANENT_STATUS, "adapter_unavailable_permanent",
-                          f"version {record.version} of {record.adapter_id!r} cannot be "
-                          f"loaded ({reason}); retrying will not help until it is "
-                          "re-uploaded or another version is promoted")
+            return error_response(
+                PERMANENT_STATUS,
+                "adapter_unavailable_permanent",
+                f"version {record.version} of {record.adapter_id!r} cannot be "
+                f"loaded ({reason}); retrying will not help until it is "
+                "re-uploaded or another version is promoted",
+            )
         trace.status, trace.error = RequestStatus.retry_later, reason
-        return error_response(429, "adapter_cold", f"adapter is loading ({reason}); retry later",
-                      **{"Retry-After": str(retry_after)})
+        return error_response(
+            429,
+            "adapter_cold",
+            f"adapter is loading ({reason}); retry later",
+            **{"Retry-After": str(retry_after)},
+        )
 
-    async def _ask_load(self, record: AdapterRecord, budget: ColdBudget,
-                        wait_s: float) -> asyncio.Future[LoadOutcome] | None:
+    async def _ask_load(
+        self, record: AdapterRecord, budget: ColdBudget, wait_s: float
+    ) -> asyncio.Future[LoadOutcome] | None:
         """The load's future; a batch-like class's through its bounded cold loads (None: no
         slot of them freed within ``wait_s``)."""
         if budget.batch_like:
             return await self.batch_loads.start(
-                record.lora_name, self.budgets.batch.max_concurrent_cold_loads,
-                lambda: self.worker.request_load(record, wait_s=wait_s), wait_s)
+                record.lora_name,
+                self.budgets.batch.max_concurrent_cold_loads,
+                lambda: self.worker.request_load(record, wait_s=wait_s),
+                wait_s,
+            )
         return self.worker.request_load(record)
 
-    async def _forward(self, request: web.Request, path: str, body: dict[str, Any],
-                       trace: _Trace, served_name: str, fallback_reason: str | None = None,
-                       permanent: bool = False) -> web.StreamResponse:
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        trace: _Trace,
+        served_name: str,
+        fallback_reason: str | None = None,
+        permanent: bool = False,
+    ) -> web.StreamResponse:
         record = trace.record
         assert record is not None
         trace.lora_name = None if fallback_reason else served_name
-        headers = {"X-Request-Id": trace.request_id,
-                   "X-Loraplane-Adapter-Version": record.version,
-                   "X-Loraplane-Tier": trace.tier.value}
+        headers = {
+            "X-Request-Id": trace.request_id,
+            "X-Loraplane-Adapter-Version": record.version,
+            "X-Loraplane-Tier": trace.tier.value,
+        }
         if trace.canary_warming:
             headers[CANARY_WARMING_HEADER] = trace.canary_warming
         if fallback_reason:
@@ -369,20 +467,29 @@ class Gateway:
                     raw = rename(await resp.read())
                     trace.ttft_ms = (time.perf_counter() - trace.started) * 1000
                     self._usage(raw, trace)
-                    return web.Response(body=raw, status=200, headers=headers,
-                                        content_type="application/json")
+                    return web.Response(
+                        body=raw, status=200, headers=headers, content_type="application/json"
+                    )
             except VllmError as exc:
                 trace.status, trace.error = RequestStatus.error, exc.reason.failure
                 if exc.reason == VllmErrorCode.not_found:  # unloaded under us: ask again later
-                    return error_response(503, "adapter_unavailable", exc.message,
-                                          **{"Retry-After": "1"})
+                    return error_response(
+                        503, "adapter_unavailable", exc.message, **{"Retry-After": "1"}
+                    )
                 return error_response(502, exc.reason.failure, exc.message)
 
-    async def _stream(self, request: web.Request, resp: UpstreamResponse,
-                      headers: dict[str, str], trace: _Trace,
-                      rename: _ModelName) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers={
-            **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _stream(
+        self,
+        request: web.Request,
+        resp: UpstreamResponse,
+        headers: dict[str, str],
+        trace: _Trace,
+        rename: _ModelName,
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(
+            status=200,
+            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
         await out.prepare(request)
         pending, events, usage_seen, ended = b"", 0, False, False
         first = last = None
@@ -472,15 +579,26 @@ class Gateway:
         if record is not None and trace.ttft_ms is not None:
             self.worker.observe_ttft(record.lora_name, trace.ttft_ms)
         log = RequestLog(
-            event_id=self._new_id(), ts=now_utc(), request_id=trace.request_id,
-            tenant_id=trace.tenant_id, base_model=self.worker.base_model,
-            adapter_id=trace.adapter_id, adapter_version=record.version if record else None,
-            lora_name=trace.lora_name, worker_id=self.worker.worker_id,
-            request_class=trace.request_class, tier_at_arrival=trace.tier,
-            ttft_ms=trace.ttft_ms, swap_ms=trace.swap_ms, queue_ms=trace.queue_ms,
-            prompts=trace.prompts, prompt_tokens=_count(trace.prompt_tokens),
+            event_id=self._new_id(),
+            ts=now_utc(),
+            request_id=trace.request_id,
+            tenant_id=trace.tenant_id,
+            base_model=self.worker.base_model,
+            adapter_id=trace.adapter_id,
+            adapter_version=record.version if record else None,
+            lora_name=trace.lora_name,
+            worker_id=self.worker.worker_id,
+            request_class=trace.request_class,
+            tier_at_arrival=trace.tier,
+            ttft_ms=trace.ttft_ms,
+            swap_ms=trace.swap_ms,
+            queue_ms=trace.queue_ms,
+            prompts=trace.prompts,
+            prompt_tokens=_count(trace.prompt_tokens),
             output_tokens=_count(trace.output_tokens),
-            status=trace.status, error=trace.error)
+            status=trace.status,
+            error=trace.error,
+        )
         self.sink.emit("requests", trace.adapter_id, log)
 
 
@@ -492,9 +610,12 @@ def _count(tokens: int) -> int:
 def _budget_frees_in_time(outcome: LoadOutcome | None, remaining_s: float) -> bool:
     """The load was deferred only because the cold-load budget is spent
     (``LoadDeferral.busy_retry``), and the budget frees before ``remaining_s`` runs out."""
-    return (outcome is not None and not outcome.ok
-            and outcome.reason == LoadDeferral.busy_retry
-            and 0 < outcome.retry_after_s < remaining_s)
+    return (
+        outcome is not None
+        and not outcome.ok
+        and outcome.reason == LoadDeferral.busy_retry
+        and 0 < outcome.retry_after_s < remaining_s
+    )
 
 
 async def _wait(fut: asyncio.Future[LoadOutcome], timeout_s: float) -> LoadOutcome | None:

@@ -20,6 +20,8 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.vllm_client import VllmClient, VllmError
 
+__all__ = ["GOLDEN_MAX_TOKENS", "GOLDEN_PROMPTS", "send_golden_set"]
+
 GOLDEN_PROMPTS: tuple[str, ...] = (
     "Summarise in one sentence: the cache keeps hot adapters on the GPU.",
     "Translate to French: good morning, how are you?",
@@ -30,18 +32,28 @@ GOLDEN_PROMPTS: tuple[str, ...] = (
 GOLDEN_MAX_TOKENS = 8
 
 
-async def send_golden_set(vllm: VllmClient, record: AdapterRecord, count: int, *,
-                          worker_id: str, base_model: str,
-                          emit: Callable[[RequestLog], None],
-                          serving: Callable[[str], AbstractContextManager[None]]) -> int:
+async def send_golden_set(
+    vllm: VllmClient,
+    record: AdapterRecord,
+    count: int,
+    *,
+    worker_id: str,
+    base_model: str,
+    emit: Callable[[RequestLog], None],
+    serving: Callable[[str], AbstractContextManager[None]],
+) -> int:
     """Send ``count`` golden requests for ``record`` one after another; returns how many
     succeeded. ``serving(name)`` holds the name in flight (the drain rule waits for it)."""
     ok = 0
     for i in range(count):
         request_id = f"warmup-{uuid.uuid4().hex}"
         prompt = GOLDEN_PROMPTS[i % len(GOLDEN_PROMPTS)]
-        body = {"model": record.lora_name, "prompt": prompt, "max_tokens": GOLDEN_MAX_TOKENS,
-                "temperature": 0}
+        body = {
+            "model": record.lora_name,
+            "prompt": prompt,
+            "max_tokens": GOLDEN_MAX_TOKENS,
+            "temperature": 0,
+        }
         started = time.perf_counter()
         status, error = RequestStatus.ok, None
         usage: object = {}  # the JSON answer's, whatever its shape (_count checks)
@@ -54,15 +66,28 @@ async def send_golden_set(vllm: VllmClient, record: AdapterRecord, count: int, *
                 status, error = RequestStatus.error, exc.reason.failure
             except (ValueError, AttributeError):  # answered, but not the JSON we expect
                 ok += 1
-        emit(RequestLog(
-            event_id=uuid.uuid4().hex, ts=now_utc(), request_id=request_id,
-            tenant_id=record.tenant_id, base_model=base_model, adapter_id=record.adapter_id,
-            adapter_version=record.version, lora_name=record.lora_name, worker_id=worker_id,
-            request_class=RequestClass.shadow, tier_at_arrival=Tier.gpu,
-            ttft_ms=(time.perf_counter() - started) * 1000 if status == RequestStatus.ok
-            else None,
-            prompt_tokens=_count(usage, "prompt_tokens"),
-            output_tokens=_count(usage, "completion_tokens"), status=status, error=error))
+        emit(
+            RequestLog(
+                event_id=uuid.uuid4().hex,
+                ts=now_utc(),
+                request_id=request_id,
+                tenant_id=record.tenant_id,
+                base_model=base_model,
+                adapter_id=record.adapter_id,
+                adapter_version=record.version,
+                lora_name=record.lora_name,
+                worker_id=worker_id,
+                request_class=RequestClass.shadow,
+                tier_at_arrival=Tier.gpu,
+                ttft_ms=(time.perf_counter() - started) * 1000
+                if status == RequestStatus.ok
+                else None,
+                prompt_tokens=_count(usage, "prompt_tokens"),
+                output_tokens=_count(usage, "completion_tokens"),
+                status=status,
+                error=error,
+            )
+        )
     return ok
 
 

@@ -16,6 +16,8 @@ import os
 from types import ModuleType
 from typing import Any
 
+__all__ = ["HbmProbe"]
+
 log = logging.getLogger(__name__)
 
 
@@ -26,8 +28,11 @@ class HbmProbe:
     for good, logged once; a failed read is None for that heartbeat only."""
 
     def __init__(self, device: str | None = None, nvml: ModuleType | None = None) -> None:
-        self._device = device if device is not None else \
-            os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        self._device = (
+            device
+            if device is not None
+            else os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        )
         self._nvml = nvml
         self._handle: Any = None
         self._off = False
@@ -54,8 +59,9 @@ class HbmProbe:
             if device.startswith(("GPU-", "MIG-")):
                 self._handle = nvml.nvmlDeviceGetHandleByUUID(device)
             else:
-                self._handle = nvml.nvmlDeviceGetHandleByIndex(int(device) if device.isdigit()
-                                                               else 0)
+                self._handle = nvml.nvmlDeviceGetHandleByIndex(
+                    int(device) if device.isdigit() else 0
+                )
         except ImportError:
             log.info("nvidia-ml-py is not installed: hbm_usage is not reported")
             self._off = True

@@ -30,6 +30,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.model_signing_bundle import SignatureCheck
+from loraplane.artifact.refusal import ArtifactError, Refusal
+from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
 from loraplane.schemas.manifest import Manifest
@@ -37,10 +41,7 @@ from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import FetchedArtifact
 from loraplane.workers.host_tier_entry import ADAPTER_DIR, RECORD_FILE, entry_record
 
-from loraplane.artifact.directory import DirectoryArtifact
-from loraplane.artifact.model_signing_bundle import SignatureCheck
-from loraplane.artifact.refusal import ArtifactError, Refusal
-from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
+__all__ = ["CheckSignature", "Fetcher", "HostTier", "ScanReport", "TierEntry"]
 
 log = logging.getLogger("loraplane.host_tier")
 
@@ -56,8 +57,15 @@ class CheckSignature(Protocol):
 
 
 class Fetcher(Protocol):
-    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
-              max_total_bytes: int, owner: AdapterRecord | None) -> FetchedArtifact: ...
+    def fetch(
+        self,
+        artifact_uri: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        max_total_bytes: int,
+        owner: AdapterRecord | None,
+    ) -> FetchedArtifact: ...
 
 
 @dataclass(frozen=True)
@@ -87,13 +95,19 @@ class HostTier:
     the startup scan alike (default: no keyring, so a record naming a model-signing bundle
     is refused; the worker passes its keyring's)."""
 
-    def __init__(self, root: Path, *, budget_bytes: int, limits: WorkerLimits,
-                 fetcher: Fetcher,
-                 score: Callable[[TierEntry], float] | None = None,
-                 is_protected: Callable[[str], bool] = lambda _name: False,
-                 on_evict: Callable[[TierEntry], None] | None = None,
-                 check_signature: CheckSignature | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        budget_bytes: int,
+        limits: WorkerLimits,
+        fetcher: Fetcher,
+        score: Callable[[TierEntry], float] | None = None,
+        is_protected: Callable[[str], bool] = lambda _name: False,
+        on_evict: Callable[[TierEntry], None] | None = None,
+        check_signature: CheckSignature | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.root = root
         self.budget_bytes = budget_bytes
         self.limits = limits
@@ -109,9 +123,12 @@ class HostTier:
         root.mkdir(parents=True, exist_ok=True)
         disk = shutil.disk_usage(root).total
         if budget_bytes > disk:  # allowed (a disk may grow), but it will fill up first
-            log.warning("host tier budget %d bytes is larger than its disk (%d bytes): "
-                        "installs will fail as host_disk_full before the budget evicts",
-                        budget_bytes, disk)
+            log.warning(
+                "host tier budget %d bytes is larger than its disk (%d bytes): "
+                "installs will fail as host_disk_full before the budget evicts",
+                budget_bytes,
+                disk,
+            )
         self.startup_report = self._scan()
 
     # ---- reading ---------------------------------------------------------------------
@@ -183,17 +200,24 @@ class HostTier:
 
     def _install(self, record: AdapterRecord) -> Path:
         if record.size_bytes > self.budget_bytes:
-            raise ArtifactError.single(Reason.host_budget_exceeded, record.lora_name,
-                                       f"{record.size_bytes} bytes > budget {self.budget_bytes}")
+            raise ArtifactError.single(
+                Reason.host_budget_exceeded,
+                record.lora_name,
+                f"{record.size_bytes} bytes > budget {self.budget_bytes}",
+            )
         partial = self.root / f"{_PARTIAL}{uuid.uuid4().hex}"
         try:
             partial.mkdir()  # inside: a full disk can refuse even the folder
-            fetched = self._fetcher.fetch(record.artifact_uri, partial / ADAPTER_DIR,
-                                          expected_sha256=record.sha256,
-                                          max_total_bytes=self.limits.max_total_bytes,
-                                          owner=record)
-            verdict = verify_artifact(DirectoryArtifact(fetched.root, fetched.digests),
-                                      self.limits, record)
+            fetched = self._fetcher.fetch(
+                record.artifact_uri,
+                partial / ADAPTER_DIR,
+                expected_sha256=record.sha256,
+                max_total_bytes=self.limits.max_total_bytes,
+                owner=record,
+            )
+            verdict = verify_artifact(
+                DirectoryArtifact(fetched.root, fetched.digests), self.limits, record
+            )
             if not verdict.ok:
                 raise ArtifactError(verdict.refusals)
             self._check_signature(fetched.root, fetched.manifest, record)
@@ -202,8 +226,9 @@ class HostTier:
                 evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
                 final = self.root / record.lora_name
                 os.rename(partial, final)
-                entry = TierEntry(record.lora_name, final / ADAPTER_DIR, record, fetched.bytes,
-                                  self._clock())
+                entry = TierEntry(
+                    record.lora_name, final / ADAPTER_DIR, record, fetched.bytes, self._clock()
+                )
                 self._entries[entry.lora_name] = entry
         except OSError as exc:
             shutil.rmtree(partial, ignore_errors=True)
@@ -221,22 +246,27 @@ class HostTier:
         """The refusal for a local disk error (the partial install already removed): a
         full disk says how much room there is, so ops can tell it from a budget problem."""
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            return ArtifactError.single(Reason.host_io_error, record.lora_name,
-                                        f"{type(exc).__name__}: {exc.strerror}")
+            return ArtifactError.single(
+                Reason.host_io_error, record.lora_name, f"{type(exc).__name__}: {exc.strerror}"
+            )
         try:
             free = f"{shutil.disk_usage(self.root).free} bytes free"
         except OSError:
             free = "free space unknown"
-        detail = (f"{exc.strerror}: needs {record.size_bytes} bytes, {free} on the disk "
-                  f"({self.used_bytes} of the {self.budget_bytes}-byte budget in use)")
+        detail = (
+            f"{exc.strerror}: needs {record.size_bytes} bytes, {free} on the disk "
+            f"({self.used_bytes} of the {self.budget_bytes}-byte budget in use)"
+        )
         log.warning("host tier cannot install %s: %s", record.lora_name, detail)
         return ArtifactError.single(Reason.host_disk_full, record.lora_name, detail)
 
     def _make_room(self, incoming_bytes: int, incoming: str) -> list[TierEntry]:
         """Evict (lock held) until ``incoming_bytes`` fit; all or nothing."""
         used = sum(e.size_bytes for e in self._entries.values())
-        candidates = sorted((e for e in self._entries.values() if e.lora_name != incoming),
-                            key=lambda e: (self._score(e), e.last_used))
+        candidates = sorted(
+            (e for e in self._entries.values() if e.lora_name != incoming),
+            key=lambda e: (self._score(e), e.last_used),
+        )
         plan: list[TierEntry] = []
         for entry in candidates:
             if used + incoming_bytes <= self.budget_bytes:
@@ -246,10 +276,16 @@ class HostTier:
             plan.append(entry)
             used -= entry.size_bytes
         if used + incoming_bytes > self.budget_bytes:
-            raise ArtifactError([Refusal(
-                Reason.host_budget_exceeded, incoming,
-                f"needs {incoming_bytes} bytes; {self.budget_bytes - used} free after "
-                "evicting every unprotected entry")])
+            raise ArtifactError(
+                [
+                    Refusal(
+                        Reason.host_budget_exceeded,
+                        incoming,
+                        f"needs {incoming_bytes} bytes; {self.budget_bytes - used} free after "
+                        "evicting every unprotected entry",
+                    )
+                ]
+            )
         for entry in plan:
             del self._entries[entry.lora_name]
             self._delete(entry.path.parent)
@@ -276,8 +312,11 @@ class HostTier:
                 shutil.rmtree(child, ignore_errors=True)
                 dropped.append((name, "partial"))
             elif LORA_NAME_RE.fullmatch(name):
-                why = self._adopt(child) if child.is_dir() and not child.is_symlink() \
+                why = (
+                    self._adopt(child)
+                    if child.is_dir() and not child.is_symlink()
                     else "not_a_folder"
+                )
                 if why:
                     self._delete(child)
                     dropped.append((name, why))
@@ -307,13 +346,15 @@ class HostTier:
             return ",".join(r.value for r in verdict.reasons)
         try:  # the verifier parsed this manifest already: it is valid
             manifest = Manifest.model_validate_json(
-                (folder / ADAPTER_DIR / MANIFEST_NAME).read_bytes())
+                (folder / ADAPTER_DIR / MANIFEST_NAME).read_bytes()
+            )
             self._check_signature(folder / ADAPTER_DIR, manifest, record)
         except ArtifactError as exc:
             return ",".join(r.value for r in exc.reasons)
         except OSError as exc:
             return f"unreadable: {exc.strerror}"
         size = sum(f.size for f in artifact.files())
-        self._entries[record.lora_name] = TierEntry(record.lora_name, folder / ADAPTER_DIR,
-                                                    record, size, folder.stat().st_mtime)
+        self._entries[record.lora_name] = TierEntry(
+            record.lora_name, folder / ADAPTER_DIR, record, size, folder.stat().st_mtime
+        )
         return ""

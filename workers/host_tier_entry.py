@@ -12,8 +12,21 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Literal
 
-from loraplane.schemas.adapter import AdapterRecord
 from pydantic import ValidationError
+
+from loraplane.schemas.adapter import AdapterRecord
+
+__all__ = [
+    "ADAPTER_DIR",
+    "MAX_RECORD_BYTES",
+    "RECORD_FILE",
+    "RESOLVER_COPIES",
+    "VIEWS_FILE",
+    "EntryProblem",
+    "entry_record",
+    "is_resolver_copy",
+    "resolver_copy_name",
+]
 
 ADAPTER_DIR = "adapter"  # {lora_name}/adapter/: the folder handed to vLLM
 RECORD_FILE = "record.json"  # {lora_name}/record.json: the registry record it was verified against
@@ -46,6 +59,8 @@ def is_resolver_copy(root: str, entry_path: str, lora_name: str) -> bool:
     """True when vLLM's folder ``root`` for ``lora_name`` is a resolver copy of the entry
     whose adapter folder is ``entry_path`` (the resolver verified it against that entry)."""
     copy, entry = PurePath(root), PurePath(entry_path)
-    return (copy.parent == entry.parent.parent / RESOLVER_COPIES
-            and copy.name.startswith(resolver_copy_name(lora_name, ""))
-            and copy.name[len(lora_name) + 1:].isalnum())
+    return (
+        copy.parent == entry.parent.parent / RESOLVER_COPIES
+        and copy.name.startswith(resolver_copy_name(lora_name, ""))
+        and copy.name[len(lora_name) + 1 :].isalnum()
+    )

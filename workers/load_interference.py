@@ -18,6 +18,17 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+__all__ = [
+    "LOAD_SMOOTHING",
+    "MAX_LOAD_S",
+    "MIN_POINTS",
+    "TAU_S",
+    "WINDOW_MEMORY_S",
+    "LoadWindows",
+    "StallEstimate",
+    "adapted_budget",
+]
+
 TAU_S = 1800.0
 """Memory of both measurements: about the last half hour counts."""
 MIN_POINTS = 20.0
@@ -87,8 +98,11 @@ class LoadWindows:
             return
         bisect.insort(self.windows, (start, end))
         seconds = end - start
-        self.load_s = seconds if self.load_s is None else \
-            self.load_s + LOAD_SMOOTHING * (seconds - self.load_s)
+        self.load_s = (
+            seconds
+            if self.load_s is None
+            else self.load_s + LOAD_SMOOTHING * (seconds - self.load_s)
+        )
         cut = bisect.bisect_left(self.windows, (end - WINDOW_MEMORY_S, -math.inf))
         if cut:
             del self.windows[:cut]
@@ -110,8 +124,7 @@ class LoadWindows:
         return covered / (end - start)
 
 
-def adapted_budget(ceiling: int, share: float, stall: float | None,
-                   load_s: float | None) -> int:
+def adapted_budget(ceiling: int, share: float, stall: float | None, load_s: float | None) -> int:
     """Loads a minute such that ``stall x load_s`` seconds of decode lost per load stay
     under ``share`` of a minute; the policy's ``ceiling`` when the share is 0 (off) or
     nothing is measured yet; never below 1 (a worker that may not load at all serves only

@@ -22,14 +22,6 @@ from datetime import datetime
 from enum import StrEnum
 from functools import partial
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import LORA_NAME_RE, lora_name
-from loraplane.schemas.commands import CacheCommand, CommandAction
-from loraplane.schemas.reasons import IntentRefusal, UnloadReason
-from loraplane.schemas.worker_state import CopyOrigin
-from loraplane.workers.demand_admission import give_up_order
-from loraplane.workers.host_tier_entry import is_resolver_copy
-
 from loraplane.kernel.command_effects import (
     Copy,
     Tier,
@@ -39,6 +31,57 @@ from loraplane.kernel.command_effects import (
     protected_copies,
 )
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.base import LORA_NAME_RE, lora_name
+from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.reasons import IntentRefusal, UnloadReason
+from loraplane.schemas.worker_state import CopyOrigin
+from loraplane.workers.demand_admission import give_up_order
+from loraplane.workers.host_tier_entry import is_resolver_copy
+
+__all__ = [
+    "DEFAULT_WARMUP_REQUESTS",
+    "IDLE",
+    "MAX_REMEMBERED_COMMANDS",
+    "NO_PROTECTION",
+    "WINDOW_S",
+    "Action",
+    "ActualState",
+    "Ask",
+    "BusyRetry",
+    "Change",
+    "CommandSkip",
+    "Conflict",
+    "DesiredState",
+    "Fetch",
+    "Guard",
+    "GuardChanged",
+    "HostEntry",
+    "Intent",
+    "Load",
+    "LoadBudget",
+    "Outcome",
+    "Refuse",
+    "RemoveHost",
+    "Settled",
+    "Unload",
+    "Usage",
+    "Vanished",
+    "adopt",
+    "apply_command",
+    "ask",
+    "fold",
+    "make_room",
+    "may_move_down",
+    "overridden",
+    "protect",
+    "reconcile",
+    "registry_by_name",
+    "remember",
+    "settle",
+    "settled_by",
+    "vouched",
+]
 
 MAX_REMEMBERED_COMMANDS = 10_000
 WINDOW_S = 60.0
@@ -77,8 +120,9 @@ class DesiredState:
         return replace(self, intents={k: v for k, v in self.intents.items() if k != name})
 
 
-def remember(seen: Mapping[str, datetime], command_id: str, deadline: datetime,
-             now: datetime) -> dict[str, datetime]:
+def remember(
+    seen: Mapping[str, datetime], command_id: str, deadline: datetime, now: datetime
+) -> dict[str, datetime]:
     """``seen`` plus ``command_id``, less the ids whose deadline has passed: a redelivered
     expired command is skipped as ``expired`` anyway, so forgetting it keeps the promise
     while the set stays bounded. Past MAX_REMEMBERED_COMMANDS the earliest deadlines go."""
@@ -134,9 +178,13 @@ class Guard:
             rule = never_evict_rule(record, conditions)
             if rule is not None:
                 never_evict[name] = rule.text
-        return cls(never_evict, protected_cap(policy, gpu_slots),
-                   policy.request_budgets.canary.warmup_requests, gpu_slots,
-                   policy.min_residency_s)
+        return cls(
+            never_evict,
+            protected_cap(policy, gpu_slots),
+            policy.request_budgets.canary.warmup_requests,
+            gpu_slots,
+            policy.min_residency_s,
+        )
 
 
 def protect(state: DesiredState, guard: Guard) -> DesiredState:
@@ -145,8 +193,11 @@ def protect(state: DesiredState, guard: Guard) -> DesiredState:
     version is still never-evict, then the others meant for the GPU in the order they were
     asked for, up to ``guard.max_protected``."""
     protected = protected_copies(
-        state.protected, (n for n, i in state.intents.items() if i.tier == "gpu"),
-        guard.never_evict, guard.max_protected)
+        state.protected,
+        (n for n, i in state.intents.items() if i.tier == "gpu"),
+        guard.never_evict,
+        guard.max_protected,
+    )
     return state if protected == state.protected else replace(state, protected=protected)
 
 
@@ -183,13 +234,22 @@ IDLE = Usage()
 def may_move_down(state: DesiredState, name: str, usage: Usage) -> bool:
     """A GPU copy the worker may demote on its own: not pinned, not protected, idle."""
     intent = state.intents.get(name)
-    return (intent is not None and intent.tier == "gpu" and not intent.pinned
-            and name not in state.protected and usage.in_flight.get(name, 0) == 0)
+    return (
+        intent is not None
+        and intent.tier == "gpu"
+        and not intent.pinned
+        and name not in state.protected
+        and usage.in_flight.get(name, 0) == 0
+    )
 
 
-def make_room(state: DesiredState, guard: Guard, usage: Usage,
-              keep: str | None = None,
-              may_take: Callable[[str], bool] | None = None) -> tuple[DesiredState, bool]:
+def make_room(
+    state: DesiredState,
+    guard: Guard,
+    usage: Usage,
+    keep: str | None = None,
+    may_take: Callable[[str], bool] | None = None,
+) -> tuple[DesiredState, bool]:
     """``state`` with its least recently used GPU copies that may move down
     (``may_move_down``, and ``may_take``, if given; never ``keep``, the one being loaded)
     demoted to the host tier with reason ``slot_needed``, until at most ``guard.gpu_slots``
@@ -201,11 +261,23 @@ def make_room(state: DesiredState, guard: Guard, usage: Usage,
     excess = len(on_gpu) - guard.gpu_slots
     if excess <= 0:
         return state, True
-    movable = sorted((n for n in on_gpu if n != keep and may_move_down(state, n, usage)
-                      and (may_take is None or may_take(n))), key=_order(state, usage))
+    movable = sorted(
+        (
+            n
+            for n in on_gpu
+            if n != keep and may_move_down(state, n, usage) and (may_take is None or may_take(n))
+        ),
+        key=_order(state, usage),
+    )
     for name in movable[:excess]:
-        state = state.with_intent(replace(state.intents[name], tier="host", command_id=None,
-                                          unload_reason=UnloadReason.slot_needed))
+        state = state.with_intent(
+            replace(
+                state.intents[name],
+                tier="host",
+                command_id=None,
+                unload_reason=UnloadReason.slot_needed,
+            )
+        )
     return state, len(movable) >= excess
 
 
@@ -215,8 +287,12 @@ def _order(state: DesiredState, usage: Usage) -> Callable[[str], tuple[object, .
     demand, used = usage.demand, usage.last_used
     if demand is None:
         return lambda n: (used.get(n, float("-inf")), n)
-    return lambda n: give_up_order(n, planned=state.intents[n].origin is CopyOrigin.planner,
-                                   demand=demand(n), last_used=used.get(n, float("-inf")))
+    return lambda n: give_up_order(
+        n,
+        planned=state.intents[n].origin is CopyOrigin.planner,
+        demand=demand(n),
+        last_used=used.get(n, float("-inf")),
+    )
 
 
 @dataclass(frozen=True)
@@ -234,19 +310,34 @@ class Ask:
     warmup_requests: int | None = None  # None: keep the intent's
 
     @classmethod
-    def of_command(cls, cmd: CacheCommand,
-                   max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS) -> Ask:
+    def of_command(
+        cls, cmd: CacheCommand, max_warmup_requests: int = DEFAULT_WARMUP_REQUESTS
+    ) -> Ask:
         """The command's ask; its ``warmup_requests`` clamped to the policy's."""
-        return cls(cmd.action, cmd.lora_name, cmd.adapter_id, cmd.version, cmd.tenant_id,
-                   CopyOrigin.planner, cmd.command_id,
-                   min(cmd.warmup_requests, max_warmup_requests)
-                   if cmd.action is CommandAction.load_gpu else None)
+        return cls(
+            cmd.action,
+            cmd.lora_name,
+            cmd.adapter_id,
+            cmd.version,
+            cmd.tenant_id,
+            CopyOrigin.planner,
+            cmd.command_id,
+            min(cmd.warmup_requests, max_warmup_requests)
+            if cmd.action is CommandAction.load_gpu
+            else None,
+        )
 
     @classmethod
     def gateway_load(cls, record: AdapterRecord) -> Ask:
         """A request found ``record`` cold: load it."""
-        return cls(CommandAction.load_gpu, record.lora_name, record.adapter_id, record.version,
-                   record.tenant_id, CopyOrigin.gateway_request)
+        return cls(
+            CommandAction.load_gpu,
+            record.lora_name,
+            record.adapter_id,
+            record.version,
+            record.tenant_id,
+            CopyOrigin.gateway_request,
+        )
 
     @classmethod
     def gateway_prefetch(cls, record: AdapterRecord) -> Ask:
@@ -254,8 +345,14 @@ class Ask:
         bytes are not in the host tier yet: fetch and verify them first. A GPU copy gives up
         its slot only for a version that is ready to load, so a version whose artifact cannot
         be fetched never pushes a hot copy out."""
-        return cls(CommandAction.prewarm_host, record.lora_name, record.adapter_id,
-                   record.version, record.tenant_id, CopyOrigin.gateway_request)
+        return cls(
+            CommandAction.prewarm_host,
+            record.lora_name,
+            record.adapter_id,
+            record.version,
+            record.tenant_id,
+            CopyOrigin.gateway_request,
+        )
 
 
 class Settled(StrEnum):
@@ -281,26 +378,33 @@ Change = CacheCommand | Ask | Outcome | GuardChanged
 """Everything that changes a worker's desired state."""
 
 
-def ask(state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION,
-        usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
+def ask(
+    state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION, usage: Usage = IDLE
+) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one ask into the desired state (``kernel.command_effects``; a copy the guard
     protects refuses to move down). A gateway ask that would not move the copy changes
     nothing: the planner's word (its command id, a canary's warm-up) stays with the intent.
     A copy raised to the GPU takes a slot (``make_room``), or the ask is refused."""
     current = state.intents.get(request.lora_name) or Intent(
-        request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone")
-    outcome = effect(request.action, current.copy,
-                     protected=request.lora_name in state.protected)
+        request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone"
+    )
+    outcome = effect(request.action, current.copy, protected=request.lora_name in state.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
         return state, CommandSkip.already_desired
-    warmup = (current.warmup_requests if request.warmup_requests is None
-              else request.warmup_requests)
-    after = state.with_intent(replace(current, tier=outcome.after.tier,
-                                      pinned=outcome.after.pinned, warmup_requests=warmup,
-                                      command_id=request.command_id, origin=request.origin,
-                                      unload_reason=None))
+    warmup = current.warmup_requests if request.warmup_requests is None else request.warmup_requests
+    after = state.with_intent(
+        replace(
+            current,
+            tier=outcome.after.tier,
+            pinned=outcome.after.pinned,
+            warmup_requests=warmup,
+            command_id=request.command_id,
+            origin=request.origin,
+            unload_reason=None,
+        )
+    )
     if outcome.after.tier == "gpu" and current.tier != "gpu":
         name = request.lora_name
         urgent = _protected_here(state, guard, name)
@@ -317,12 +421,12 @@ def _protected_here(state: DesiredState, guard: Guard, name: str) -> bool:
     Only such a load may take the slot of a copy within the minimum residency: one the
     worker would not protect is an ordinary copy, and two of them would take each other's
     slot in turn."""
-    return name in guard.never_evict and (name in state.protected
-                                          or len(state.protected) < guard.max_protected)
+    return name in guard.never_evict and (
+        name in state.protected or len(state.protected) < guard.max_protected
+    )
 
 
-def _resident(request: Ask, state: DesiredState, guard: Guard, usage: Usage,
-              victim: str) -> bool:
+def _resident(request: Ask, state: DesiredState, guard: Guard, usage: Usage, victim: str) -> bool:
     """Does the minimum residency keep ``victim``'s slot from ``request``'s load? A copy
     loaded here within ``min_residency_s``: from a planner's load any such copy, from a
     request's own load one the planner asked for (the copies requests loaded compete for
@@ -336,40 +440,61 @@ def _resident(request: Ask, state: DesiredState, guard: Guard, usage: Usage,
     return intent is not None and intent.origin is CopyOrigin.planner
 
 
-def _may_take(request: Ask, state: DesiredState, guard: Guard, usage: Usage, urgent: bool,
-              victim: str) -> bool:
+def _may_take(
+    request: Ask, state: DesiredState, guard: Guard, usage: Usage, urgent: bool, victim: str
+) -> bool:
     """May ``request``'s load take ``victim``'s slot: one the minimum residency does not
     keep (``_resident``; any for an ``urgent`` load: ``_protected_here``), and for a
     request's own load one that demand admission (if on) lets it replace."""
     if not urgent and _resident(request, state, guard, usage, victim):
         return False
-    return (request.origin is not CopyOrigin.gateway_request or usage.admits is None
-            or usage.admits(request.lora_name, victim))
+    return (
+        request.origin is not CopyOrigin.gateway_request
+        or usage.admits is None
+        or usage.admits(request.lora_name, victim)
+    )
 
 
-def _no_slot(state: DesiredState, guard: Guard, usage: Usage, request: Ask,
-             urgent: bool) -> CommandSkip:
+def _no_slot(
+    state: DesiredState, guard: Guard, usage: Usage, request: Ask, urgent: bool
+) -> CommandSkip:
     """Why ``request``'s load found no slot in ``state``: no copy may move at all
     (``no_free_slot``), those that may were all kept by the minimum residency
     (``min_residency``), or admission lets it replace none of the rest (``busier_copies``)."""
     name = request.lora_name
     if not make_room(state, guard, usage, keep=name)[1]:
         return CommandSkip.no_free_slot
-    if not urgent and not make_room(state, guard, usage, keep=name, may_take=lambda v: not
-                                    _resident(request, state, guard, usage, v))[1]:
+    if (
+        not urgent
+        and not make_room(
+            state,
+            guard,
+            usage,
+            keep=name,
+            may_take=lambda v: not _resident(request, state, guard, usage, v),
+        )[1]
+    ):
         return CommandSkip.min_residency
     return CommandSkip.busier_copies
 
 
-def apply_command(state: DesiredState, cmd: CacheCommand, *, worker_id: str, base_model: str,
-                  now: datetime, guard: Guard = NO_PROTECTION,
-                  usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
+def apply_command(
+    state: DesiredState,
+    cmd: CacheCommand,
+    *,
+    worker_id: str,
+    base_model: str,
+    now: datetime,
+    guard: Guard = NO_PROTECTION,
+    usage: Usage = IDLE,
+) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one command into the desired state. Returns the new state and, when the command
     changed nothing, why (``duplicate``, ``other_worker``, ``expired``, ...)."""
     if cmd.command_id in state.seen_commands:
         return state, CommandSkip.duplicate
-    state = replace(state, seen_commands=remember(state.seen_commands, cmd.command_id,
-                                                  cmd.deadline, now))
+    state = replace(
+        state, seen_commands=remember(state.seen_commands, cmd.command_id, cmd.deadline, now)
+    )
     if cmd.worker_id != worker_id:
         return state, CommandSkip.other_worker
     if cmd.base_model != base_model:
@@ -385,10 +510,14 @@ def overridden(before: DesiredState, after: DesiredState) -> list[str]:
     """The planner commands a fold from ``before`` to ``after`` undid by the worker's own slot
     rule (``make_room``: their copy gave its GPU slot to another load): they will not be
     carried out, so the worker reports them (``WorkerState.skipped_commands``)."""
-    return [cid for name, intent in after.intents.items()
-            if intent.unload_reason is UnloadReason.slot_needed
-            and (old := before.intents.get(name)) is not None and old.tier == "gpu"
-            and (cid := old.command_id) is not None]
+    return [
+        cid
+        for name, intent in after.intents.items()
+        if intent.unload_reason is UnloadReason.slot_needed
+        and (old := before.intents.get(name)) is not None
+        and old.tier == "gpu"
+        and (cid := old.command_id) is not None
+    ]
 
 
 def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
@@ -399,18 +528,31 @@ def settle(state: DesiredState, outcome: Outcome) -> DesiredState:
     return state.without(outcome.lora_name)
 
 
-def fold(state: DesiredState, change: Change, *, worker_id: str, base_model: str,
-         now: datetime, guard: Guard = NO_PROTECTION,
-         usage: Usage = IDLE) -> tuple[DesiredState, CommandSkip | None]:
+def fold(
+    state: DesiredState,
+    change: Change,
+    *,
+    worker_id: str,
+    base_model: str,
+    now: datetime,
+    guard: Guard = NO_PROTECTION,
+    usage: Usage = IDLE,
+) -> tuple[DesiredState, CommandSkip | None]:
     """The one reducer of a worker's desired state: the state after ``change`` and, when it
     changed nothing, why. ``guard``: the worker's own rules (never-evict, warm-up cap, GPU
     slots); ``usage``: in-flight and recency, for choosing which copy gives up a slot."""
     skipped: CommandSkip | None = None
     match change:
         case CacheCommand():
-            state, skipped = apply_command(state, change, worker_id=worker_id,
-                                           base_model=base_model, now=now, guard=guard,
-                                           usage=usage)
+            state, skipped = apply_command(
+                state,
+                change,
+                worker_id=worker_id,
+                base_model=base_model,
+                now=now,
+                guard=guard,
+                usage=usage,
+            )
         case Ask():
             state, skipped = ask(state, change, guard, usage)
         case Outcome():
@@ -547,13 +689,15 @@ def vouched(name: str, root: str, actual: ActualState) -> bool:
         return True
     entry = actual.host.get(name)
     parsed = LORA_NAME_RE.fullmatch(name)
-    return (entry is not None and parsed is not None
-            and (entry.path == root or is_resolver_copy(root, entry.path, name))
-            and entry.sha256.startswith(parsed["sha8"]))
+    return (
+        entry is not None
+        and parsed is not None
+        and (entry.path == root or is_resolver_copy(root, entry.path, name))
+        and entry.sha256.startswith(parsed["sha8"])
+    )
 
 
-def _refusal(intent: Intent, record: AdapterRecord | None,
-             base_model: str) -> IntentRefusal | None:
+def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> IntentRefusal | None:
     if record is None:
         return IntentRefusal.not_in_registry
     if record.status == AdapterStatus.revoked:
@@ -565,11 +709,18 @@ def _refusal(intent: Intent, record: AdapterRecord | None,
     return None
 
 
-def reconcile(desired: DesiredState, actual: ActualState,
-              registry: Mapping[str, AdapterRecord], *, base_model: str, budget: LoadBudget,
-              now: float, backoff: Mapping[str, float] | None = None,
-              awaiting_registry: Mapping[str, float] | None = None,
-              gpu_slots: int | None = None) -> list[Action]:
+def reconcile(
+    desired: DesiredState,
+    actual: ActualState,
+    registry: Mapping[str, AdapterRecord],
+    *,
+    base_model: str,
+    budget: LoadBudget,
+    now: float,
+    backoff: Mapping[str, float] | None = None,
+    awaiting_registry: Mapping[str, float] | None = None,
+    gpu_slots: int | None = None,
+) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
@@ -583,9 +734,11 @@ def reconcile(desired: DesiredState, actual: ActualState,
     backoff = backoff or {}
     protected = desired.protected
     awaiting_registry = awaiting_registry or {}
-    actions: list[Action] = [Vanished(name, path)
-                             for name, path in sorted(actual.loaded_by_agent.items())
-                             if name not in actual.gpu]
+    actions: list[Action] = [
+        Vanished(name, path)
+        for name, path in sorted(actual.loaded_by_agent.items())
+        if name not in actual.gpu
+    ]
     unloading: set[str] = set()
 
     for name, root in sorted(actual.gpu.items()):
@@ -599,10 +752,21 @@ def reconcile(desired: DesiredState, actual: ActualState,
         if record is not None and record.status == AdapterStatus.revoked:
             actions.append(Unload(name, UnloadReason.revoked, cmd))
             unloading.add(name)
-        elif (intent is not None and intent.tier != "gpu" and not intent.pinned
-              and name not in protected and actual.in_flight.get(name, 0) == 0):
-            actions.append(Unload(name, intent.unload_reason or (
-                UnloadReason.demote if intent.tier == "host" else UnloadReason.evict), cmd))
+        elif (
+            intent is not None
+            and intent.tier != "gpu"
+            and not intent.pinned
+            and name not in protected
+            and actual.in_flight.get(name, 0) == 0
+        ):
+            actions.append(
+                Unload(
+                    name,
+                    intent.unload_reason
+                    or (UnloadReason.demote if intent.tier == "host" else UnloadReason.evict),
+                    cmd,
+                )
+            )
             unloading.add(name)
 
     for name in sorted(actual.host):
@@ -612,16 +776,20 @@ def reconcile(desired: DesiredState, actual: ActualState,
         off_gpu = name not in actual.gpu or name in unloading
         if record is not None and record.status == AdapterStatus.revoked:
             actions.append(RemoveHost(name, UnloadReason.revoked, cmd))
-        elif (intent is not None and intent.tier == "gone" and off_gpu
-              and name not in protected):
+        elif intent is not None and intent.tier == "gone" and off_gpu and name not in protected:
             actions.append(RemoveHost(name, UnloadReason.evict, cmd))
 
     remaining = budget.remaining(now)
     free = None if gpu_slots is None else gpu_slots - len(actual.gpu.keys() - unloading)
-    orphans = sorted(n for n in actual.gpu.keys() - unloading
-                     if n not in desired.intents and actual.in_flight.get(n, 0) == 0)
-    wanted = sorted((i for i in desired.intents.values() if i.tier in ("gpu", "host")),
-                    key=lambda i: not i.pinned)  # stable: pinned first, else command order
+    orphans = sorted(
+        n
+        for n in actual.gpu.keys() - unloading
+        if n not in desired.intents and actual.in_flight.get(n, 0) == 0
+    )
+    wanted = sorted(
+        (i for i in desired.intents.values() if i.tier in ("gpu", "host")),
+        key=lambda i: not i.pinned,
+    )  # stable: pinned first, else command order
     for intent in wanted:
         name = intent.lora_name
         on_gpu = name in actual.gpu and name not in unloading
@@ -632,8 +800,7 @@ def reconcile(desired: DesiredState, actual: ActualState,
             continue  # a command newer than our registry copy: wait for the next refresh
         reason = _refusal(intent, record, base_model)
         if reason is not None or record is None:
-            actions.append(Refuse(name, reason or IntentRefusal.not_in_registry,
-                                  intent.command_id))
+            actions.append(Refuse(name, reason or IntentRefusal.not_in_registry, intent.command_id))
             continue
         if backoff.get(name, 0.0) > now:
             continue
@@ -666,6 +833,11 @@ def adopt(actual: ActualState, registry: Mapping[str, AdapterRecord]) -> Desired
         if parsed is None or record is None:
             continue
         on_gpu = name in actual.gpu and vouched(name, actual.gpu[name], actual)
-        intents[name] = Intent(name, parsed["adapter_id"], parsed["version"], record.tenant_id,
-                               "gpu" if on_gpu else "host")
+        intents[name] = Intent(
+            name,
+            parsed["adapter_id"],
+            parsed["version"],
+            record.tenant_id,
+            "gpu" if on_gpu else "host",
+        )
     return DesiredState(intents)

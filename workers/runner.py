@@ -15,16 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
-from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
-from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
-from loraplane.workers.artifact_fetch import ArtifactFetcher
-from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
-from loraplane.workers.gateway import Gateway
-from loraplane.workers.host_tier import HostTier
-from loraplane.workers.host_tier_entry import VIEWS_FILE
-from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
-from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
@@ -38,6 +28,26 @@ from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
+from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
+from loraplane.workers.artifact_fetch import ArtifactFetcher
+from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
+from loraplane.workers.gateway import Gateway
+from loraplane.workers.host_tier import HostTier
+from loraplane.workers.host_tier_entry import VIEWS_FILE
+from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
+from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
+
+__all__ = [
+    "FIRST_READ_S",
+    "WorkerOptions",
+    "build_host_tier",
+    "model_signers",
+    "serve_worker",
+    "verified_registry",
+    "worker_registry",
+]
 
 log = logging.getLogger("loraplane.worker")
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
@@ -63,19 +73,28 @@ class WorkerOptions:
     vllm_start_timeout_s: float = 120.0  # vLLM healthy by then at the start, else exit
 
 
-def build_host_tier(settings: Settings, options: WorkerOptions,
-                    is_protected: Callable[[str], bool]) -> HostTier:
+def build_host_tier(
+    settings: Settings, options: WorkerOptions, is_protected: Callable[[str], bool]
+) -> HostTier:
     """The verified host tier, fetching from the allowlisted S3 of ``settings``."""
     shape = None
     if options.model_dir is not None:
         config = json.loads((options.model_dir / "config.json").read_text())
         shape = ModelShape.from_hf_config(config)
-    limits = WorkerLimits(base_model=options.base_model, max_lora_rank=options.max_lora_rank,
-                          model=shape, base_model_aliases=settings.base_model_aliases)
-    return HostTier(options.host_tier_dir, budget_bytes=options.host_budget_bytes,
-                    limits=limits, fetcher=ArtifactFetcher(settings.s3),
-                    is_protected=is_protected,
-                    check_signature=SignatureCheck(model_signers(settings.keyring_path)))
+    limits = WorkerLimits(
+        base_model=options.base_model,
+        max_lora_rank=options.max_lora_rank,
+        model=shape,
+        base_model_aliases=settings.base_model_aliases,
+    )
+    return HostTier(
+        options.host_tier_dir,
+        budget_bytes=options.host_budget_bytes,
+        limits=limits,
+        fetcher=ArtifactFetcher(settings.s3),
+        is_protected=is_protected,
+        check_signature=SignatureCheck(model_signers(settings.keyring_path)),
+    )
 
 
 def model_signers(path: Path) -> Callable[[], Keyring | None]:
@@ -93,44 +112,58 @@ def model_signers(path: Path) -> Callable[[], Keyring | None]:
 
     ring = current()
     if ring is not None and ring.model_signers and not signing_installed():
-        log.error("the keyring trusts %d model signer(s) but the model-signing library is "
-                  "not installed: signed adapters will not load; pip install '%s'",
-                  len(ring.model_signers), SIGNING_EXTRA)
+        log.error(
+            "the keyring trusts %d model signer(s) but the model-signing library is "
+            "not installed: signed adapters will not load; pip install '%s'",
+            len(ring.model_signers),
+            SIGNING_EXTRA,
+        )
     return current
 
 
-def verified_registry(options: WorkerOptions, tail: TopicTail, sink: EventSink,
-                      metrics: WorkerMetrics, keyring: KeyringFile,
-                      scope: RegistryScope | None = None) -> VerifiedRegistry:
+def verified_registry(
+    options: WorkerOptions,
+    tail: TopicTail,
+    sink: EventSink,
+    metrics: WorkerMetrics,
+    keyring: KeyringFile,
+    scope: RegistryScope | None = None,
+) -> VerifiedRegistry:
     """The registry topic as this worker believes it: only views whose signed evidence
     verifies with its own keyring copy (``settings.keyring_path``); the rest is
     dead-lettered and counted (loraplane/registry/live.py). Fed by the live ``tail``
     (scoped to the worker's base model: ``scope``, registry/topic.py); the last verified
     views are kept in the host tier, so the agent serves them while Kafka is away,
     restarts included."""
-    return VerifiedRegistry(keyring, tail.snapshot, sink=sink,
-                            component=f"worker-{options.worker_id}",
-                            checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
-                            views_path=options.host_tier_dir / VIEWS_FILE,
-                            on_refused=metrics.view_refused,
-                            on_read_failed=metrics.registry_read_failed,
-                            version=lambda: tail.version, scope=scope)
+    return VerifiedRegistry(
+        keyring,
+        tail.snapshot,
+        sink=sink,
+        component=f"worker-{options.worker_id}",
+        checkpoints_path=options.host_tier_dir / CHECKPOINTS_FILE,
+        views_path=options.host_tier_dir / VIEWS_FILE,
+        on_refused=metrics.view_refused,
+        on_read_failed=metrics.registry_read_failed,
+        version=lambda: tail.version,
+        scope=scope,
+    )
 
 
-def worker_registry(settings: Settings, options: WorkerOptions, sink: EventSink,
-                    metrics: WorkerMetrics) -> tuple[TopicTail, VerifiedRegistry]:
+def worker_registry(
+    settings: Settings, options: WorkerOptions, sink: EventSink, metrics: WorkerMetrics
+) -> tuple[TopicTail, VerifiedRegistry]:
     """The worker's registry, its base model's views only (registry/topic.py): the scoped
     tail, started once the ``verified_registry`` over it has loaded the saved views, so no
     record of an adapter held from before a restart is read past."""
     scope = RegistryScope([options.base_model])
     tail = registry_tail(settings, f"worker-{options.worker_id}", scope, start=False)
-    registry = verified_registry(options, tail, sink, metrics,
-                                 KeyringFile(settings.keyring_path), scope)
+    registry = verified_registry(
+        options, tail, sink, metrics, KeyringFile(settings.keyring_path), scope
+    )
     return tail.start(), registry
 
 
-async def _site(settings: Settings, app: web.Application, port: int, name: str
-                ) -> web.AppRunner:
+async def _site(settings: Settings, app: web.Application, port: int, name: str) -> web.AppRunner:
     """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``."""
     runner, _ = await start_site(app, settings.listen_host, port, settings.http, name=name)
     return runner
@@ -144,35 +177,55 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     tail, registry = worker_registry(settings, options, sink, metrics)
     metrics.registry.register(TailMetrics([tail]))
     if not await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S):
-        log.warning("registry not read to its end within %.0f s; serving the saved views "
-                    "until it is", FIRST_READ_S)
+        log.warning(
+            "registry not read to its end within %.0f s; serving the saved views until it is",
+            FIRST_READ_S,
+        )
     try:
-        feed = KafkaCommandFeed(settings, options.worker_id, sink,
-                                keyring=KeyringFile(settings.keyring_path),
-                                on_refused=metrics.command_refused, slot=options.command_slot)
+        feed = KafkaCommandFeed(
+            settings,
+            options.worker_id,
+            sink,
+            keyring=KeyringFile(settings.keyring_path),
+            on_refused=metrics.command_refused,
+            slot=options.command_slot,
+        )
     except CommandSlotError as exc:
         tail.stop()
         sink.close(1.0)
         raise SystemExit(f"--command-slot: {exc}") from None
     agent = WorkerAgent(
-        WorkerConfig(worker_id=options.worker_id, base_model=options.base_model,
-                     vllm_url=options.vllm_url, host_budget_bytes=options.host_budget_bytes,
-                     max_lora_rank=options.max_lora_rank, gpu_slots=options.gpu_slots,
-                     cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
-                     gateway_url=options.gateway_url
-                     or f"http://{LOOPBACK}:{options.gateway_port}",
-                     tick_s=options.tick_s, heartbeat_s=options.heartbeat_s,
-                     start_timeout_s=options.vllm_start_timeout_s,
-                     applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
-                     policy=settings.policy),
-        vllm=vllm, host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
-        registry_loader=registry.records, sink=sink, metrics=metrics,
-        command_partition=lambda: feed.partition)
-    gateway = Gateway(agent, api_keys=ApiKeysFile.open(settings.api_keys_path),
-                      budgets=settings.policy.request_budgets, sink=sink,
-                      cache_secret=hmac_key(settings.gateway_secret_path),
-                      router_secret=router_secret(settings),
-                      max_body_bytes=settings.http.max_body_bytes)
+        WorkerConfig(
+            worker_id=options.worker_id,
+            base_model=options.base_model,
+            vllm_url=options.vllm_url,
+            host_budget_bytes=options.host_budget_bytes,
+            max_lora_rank=options.max_lora_rank,
+            gpu_slots=options.gpu_slots,
+            cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
+            gateway_url=options.gateway_url or f"http://{LOOPBACK}:{options.gateway_port}",
+            tick_s=options.tick_s,
+            heartbeat_s=options.heartbeat_s,
+            start_timeout_s=options.vllm_start_timeout_s,
+            applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
+            policy=settings.policy,
+        ),
+        vllm=vllm,
+        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
+        registry_loader=registry.records,
+        sink=sink,
+        metrics=metrics,
+        command_partition=lambda: feed.partition,
+    )
+    gateway = Gateway(
+        agent,
+        api_keys=ApiKeysFile.open(settings.api_keys_path),
+        budgets=settings.policy.request_budgets,
+        sink=sink,
+        cache_secret=hmac_key(settings.gateway_secret_path),
+        router_secret=router_secret(settings),
+        max_body_bytes=settings.http.max_body_bytes,
+    )
     metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
     metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
@@ -180,8 +233,9 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
         metrics_app = web.Application(client_max_size=1024)
         metrics_app.router.add_get("/metrics", gateway.metrics)
         runners.append(await _site(settings, metrics_app, options.metrics_port, "metrics"))
-    log.info("worker %s: gateway on %s:%d", options.worker_id, settings.listen_host,
-             options.gateway_port)
+    log.info(
+        "worker %s: gateway on %s:%d", options.worker_id, settings.listen_host, options.gateway_port
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -189,8 +243,9 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
     run = asyncio.create_task(agent.run(feed))
     flusher = asyncio.create_task(poll_forever(sink))
     try:
-        done, _ = await asyncio.wait({run, asyncio.create_task(stop.wait())},
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {run, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+        )
         if run in done:
             try:
                 run.result()  # surface a crash of the loop

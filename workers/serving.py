@@ -13,10 +13,11 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.reasons import NO_REASON, CacheEventReason
 
-from loraplane.frontdoor.upstream_http import UpstreamResponse
+__all__ = ["LoadOutcome", "Serving", "Upstream"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,9 @@ class LoadOutcome:
 class Upstream(Protocol):
     """vLLM's completion endpoints; non-200 answers raise ``vllm_client.VllmError``."""
 
-    def completion(self, path: str, body: dict[str, Any]
-                   ) -> AbstractAsyncContextManager[UpstreamResponse]: ...
+    def completion(
+        self, path: str, body: dict[str, Any]
+    ) -> AbstractAsyncContextManager[UpstreamResponse]: ...
 
 
 class Serving(Protocol):
@@ -66,8 +68,9 @@ class Serving(Protocol):
 
     def is_warming(self, name: str) -> bool: ...
 
-    def request_load(self, record: AdapterRecord, *,
-                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
+    def request_load(
+        self, record: AdapterRecord, *, wait_s: float = 0.0
+    ) -> asyncio.Future[LoadOutcome]:
         """Ask for a cold version to be loaded; the future tells how it went (at once, as
         ``permanent``, while the version's artifact is known to be refused). ``wait_s``: how
         long the request may still wait for the cold-load budget (batch-like; 0: not)."""

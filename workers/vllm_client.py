@@ -20,10 +20,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
 from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.workers.vllm_guard import MIDDLEWARE, PROBE_PATH
 
-from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+__all__ = ["ServedModel", "VllmClient", "VllmError", "VllmUnguarded", "classify"]
 
 
 class VllmError(RuntimeError):
@@ -82,13 +84,19 @@ def classify(status: int, text: str) -> VllmError:
     message = _error_message(text)
     lowered = message.lower()
     if status == 400:
-        reason = (VllmErrorCode.already_loaded if "already been loaded" in lowered
-                  else VllmErrorCode.bad_request)
+        reason = (
+            VllmErrorCode.already_loaded
+            if "already been loaded" in lowered
+            else VllmErrorCode.bad_request
+        )
     elif status == 404:
         reason = VllmErrorCode.not_found
     elif status >= 500:
-        reason = (VllmErrorCode.rank_too_large if "max_lora_rank" in lowered
-                  else VllmErrorCode.server_error)
+        reason = (
+            VllmErrorCode.rank_too_large
+            if "max_lora_rank" in lowered
+            else VllmErrorCode.server_error
+        )
     else:
         reason = VllmErrorCode.unexpected_status
     return VllmError(reason, message, status)
@@ -97,8 +105,14 @@ def classify(status: int, text: str) -> VllmError:
 class VllmClient:
     """One vLLM server. Share one instance per process: it keeps one connection pool."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0,
-                 completion_timeout_s: float = 300.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 10.0,
+        completion_timeout_s: float = 300.0,
+        api_key: str | None = None,
+    ) -> None:
         """``api_key``: vLLM's ``VLLM_API_KEY``, sent as a bearer token on every call (vLLM
         answers 401 on /v1/* without it); never logged."""
         self.base_url = base_url.rstrip("/")
@@ -117,8 +131,8 @@ class VllmClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, force_close=False),
-                headers=self._headers)
+                connector=aiohttp.TCPConnector(limit=64, force_close=False), headers=self._headers
+            )
         return self._session
 
     async def close(self) -> None:
@@ -129,15 +143,17 @@ class VllmClient:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
         try:
-            async with self._http().request(method, self.base_url + path, json=body,
-                                            timeout=self._timeout) as resp:
+            async with self._http().request(
+                method, self.base_url + path, json=body, timeout=self._timeout
+            ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise classify(resp.status, text)
                 return text
         except TimeoutError:
-            raise VllmError(VllmErrorCode.timeout, f"{method} {path} took longer than "
-                            f"{self._timeout.total}s") from None
+            raise VllmError(
+                VllmErrorCode.timeout, f"{method} {path} took longer than {self._timeout.total}s"
+            ) from None
         except aiohttp.ClientError as exc:
             raise VllmError(VllmErrorCode.unreachable, f"{method} {path}: {exc}") from None
 
@@ -157,8 +173,9 @@ class VllmClient:
         text = await self._call("GET", "/v1/models")
         try:
             data = json.loads(text)["data"]
-            return [ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent"))
-                    for m in data]
+            return [
+                ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent")) for m in data
+            ]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise VllmError(VllmErrorCode.bad_response, f"/v1/models: {exc}") from None
 
@@ -173,8 +190,10 @@ class VllmClient:
         """Raise ``VllmUnguarded`` unless a path no vLLM serves answers 401 without the key
         (the route guard refuses it; an unguarded vLLM says 404)."""
         try:
-            async with aiohttp.ClientSession() as bare, bare.get(
-                    self.base_url + PROBE_PATH, timeout=self._timeout) as resp:
+            async with (
+                aiohttp.ClientSession() as bare,
+                bare.get(self.base_url + PROBE_PATH, timeout=self._timeout) as resp,
+            ):
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise VllmError(VllmErrorCode.unreachable, f"GET {PROBE_PATH}: {exc}") from None
@@ -183,19 +202,20 @@ class VllmClient:
                 f"the vLLM at {self.base_url} answered GET {PROBE_PATH} without its API key "
                 f"with {status}, not 401: it serves routes to anyone who reaches it. Start it "
                 f"with `--middleware {MIDDLEWARE}` and loraplane importable "
-                "(`loraplane vllm serve` does; docs/security.md)")
+                "(`loraplane vllm serve` does; docs/security.md)"
+            )
 
     async def wait_healthy(self, timeout_s: float, interval_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout_s
         while not await self.health():
             if time.monotonic() > deadline:
-                raise VllmError(VllmErrorCode.timeout,
-                                f"{self.base_url} not healthy after {timeout_s}s")
+                raise VllmError(
+                    VllmErrorCode.timeout, f"{self.base_url} not healthy after {timeout_s}s"
+                )
             await asyncio.sleep(interval_s)
 
     @asynccontextmanager
-    async def completion(self, path: str, body: dict[str, Any]
-                         ) -> AsyncIterator[UpstreamResponse]:
+    async def completion(self, path: str, body: dict[str, Any]) -> AsyncIterator[UpstreamResponse]:
         """POST a completion request and hand back the open response, for streaming.
 
         Non-200 answers are raised as VllmError so callers see one error type; so are a
@@ -204,12 +224,16 @@ class VllmClient:
         after the request.
         """
         if self._pool is None:
-            self._pool = UpstreamPool(*self._upstream, connect_timeout_s=self._connect_timeout_s,
-                                      read_timeout_s=self._read_timeout_s,
-                                      headers=self._headers)
+            self._pool = UpstreamPool(
+                *self._upstream,
+                connect_timeout_s=self._connect_timeout_s,
+                read_timeout_s=self._read_timeout_s,
+                headers=self._headers,
+            )
         try:
-            resp = await self._pool.request("POST", path, json.dumps(body).encode(),
-                                            total_timeout_s=self._completion_timeout_s)
+            resp = await self._pool.request(
+                "POST", path, json.dumps(body).encode(), total_timeout_s=self._completion_timeout_s
+            )
             try:
                 if resp.status != 200:
                     raise classify(resp.status, await resp.text())

@@ -24,6 +24,20 @@ from typing import Any
 
 from loraplane.workers.vllm_routes import OPEN_ROUTES
 
+__all__ = [
+    "MIDDLEWARE",
+    "PROBE_PATH",
+    "UNAUTHORIZED",
+    "ASGIApp",
+    "Message",
+    "Receive",
+    "RouteGuard",
+    "Scope",
+    "Send",
+    "admits",
+    "key_digest",
+]
+
 MIDDLEWARE = "loraplane.vllm_plugin.RouteGuard"
 """The import path handed to vLLM's ``--middleware``."""
 PROBE_PATH = "/loraplane-route-guard-probe"
@@ -83,7 +97,14 @@ class RouteGuard:
         if kind == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(UNAUTHORIZED)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(UNAUTHORIZED)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": UNAUTHORIZED})

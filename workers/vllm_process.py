@@ -30,10 +30,20 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from loraplane.kernel.config import LOOPBACK
 from loraplane.workers.vllm_guard import MIDDLEWARE
 from loraplane.workers.vllm_resolver import ENTRY_POINT, PLUGIN_NAME, ResolverConfig
 
-from loraplane.kernel.config import LOOPBACK
+__all__ = [
+    "ALLOWED_RANKS",
+    "PLUGIN_DIST",
+    "VENV",
+    "VLLM_RESOLVER_VARIABLES",
+    "VllmProcess",
+    "VllmStartError",
+    "vllm_installed",
+    "vllm_python",
+]
 
 VENV = Path(".venv-vllm")
 ALLOWED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -79,23 +89,48 @@ class VllmProcess:
     def command(self) -> list[str]:
         if self.max_lora_rank not in ALLOWED_RANKS:
             raise ValueError(f"--max-lora-rank must be one of {ALLOWED_RANKS}")
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(self.model_dir), "--host", LOOPBACK, "--port", str(self.port),
-                "--enable-lora", "--max-loras", str(self.max_loras),
-                "--max-cpu-loras", str(self.max_cpu_loras),
-                "--max-lora-rank", str(self.max_lora_rank),
-                "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
-                "--middleware", MIDDLEWARE,
-                *(("--gpu-memory-utilization", str(self.gpu_memory_utilization))
-                  if self.gpu_memory_utilization is not None else ())]
+        return [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            "--enable-lora",
+            "--max-loras",
+            str(self.max_loras),
+            "--max-cpu-loras",
+            str(self.max_cpu_loras),
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--dtype",
+            self.dtype,
+            "--middleware",
+            MIDDLEWARE,
+            *(
+                ("--gpu-memory-utilization", str(self.gpu_memory_utilization))
+                if self.gpu_memory_utilization is not None
+                else ()
+            ),
+        ]
 
     def environment(self) -> dict[str, str]:
         """vLLM's environment: this process's, with runtime LoRA updates on, its API key,
         loraplane importable (the route guard) and no resolver but loraplane's (when
         ``resolver`` is set)."""
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-               "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        env = {
+            **os.environ,
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+        }
         env.pop("VLLM_API_KEY", None)
         for name in VLLM_RESOLVER_VARIABLES:
             env.pop(name, None)
@@ -116,9 +151,14 @@ class VllmProcess:
         env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
 
     def plugin_dir(self) -> Path:
         """The generated ``PYTHONPATH`` folder through which vLLM's Python finds the
@@ -133,10 +173,12 @@ class VllmProcess:
         dist = folder / PLUGIN_DIST
         dist.mkdir(parents=True)
         (folder / "loraplane").symlink_to(package)
-        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: loraplane-host-tier-"
-                                       "resolver\nVersion: 0.1.0\n")
+        (dist / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: loraplane-host-tier-resolver\nVersion: 0.1.0\n"
+        )
         (dist / "entry_points.txt").write_text(
-            f"[vllm.general_plugins]\n{PLUGIN_NAME} = {ENTRY_POINT}\n")
+            f"[vllm.general_plugins]\n{PLUGIN_NAME} = {ENTRY_POINT}\n"
+        )
         return folder
 
     @property
@@ -154,8 +196,9 @@ class VllmProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise VllmStartError(f"vLLM exited with {self._proc.returncode}; "
-                                     f"see {self.log_path}")
+                raise VllmStartError(
+                    f"vLLM exited with {self._proc.returncode}; see {self.log_path}"
+                )
             if self.healthy():
                 return
             time.sleep(0.5)

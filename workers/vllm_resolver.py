@@ -27,6 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits, verify_artifact
+from loraplane.registry.vouch import Unvouched, vouched_record
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
@@ -43,10 +47,21 @@ from loraplane.workers.host_tier_entry import (
     resolver_copy_name,
 )
 
-from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
-from loraplane.artifact.model_shape import ModelShape
-from loraplane.artifact.verification import WorkerLimits, verify_artifact
-from loraplane.registry.vouch import Unvouched, vouched_record
+__all__ = [
+    "ENTRY_POINT",
+    "ENV_ALIASES",
+    "ENV_BASE_MODEL",
+    "ENV_HOST_TIER",
+    "ENV_KEYRING",
+    "ENV_MAX_LORA_RANK",
+    "ENV_SERVED_MODEL",
+    "PLUGIN_NAME",
+    "HostTierResolver",
+    "Resolved",
+    "ResolverConfig",
+    "ResolverConfigError",
+    "safe_name",
+]
 
 log = logging.getLogger("loraplane.vllm_resolver")
 
@@ -80,10 +95,14 @@ class ResolverConfig:
     keyring: Path | None = None
 
     def env(self) -> dict[str, str]:
-        return {ENV_HOST_TIER: str(self.host_tier), ENV_BASE_MODEL: self.base_model,
-                ENV_SERVED_MODEL: self.served_model, ENV_MAX_LORA_RANK: str(self.max_lora_rank),
-                ENV_ALIASES: json.dumps(dict(self.base_model_aliases)),
-                ENV_KEYRING: str(self.keyring or "")}
+        return {
+            ENV_HOST_TIER: str(self.host_tier),
+            ENV_BASE_MODEL: self.base_model,
+            ENV_SERVED_MODEL: self.served_model,
+            ENV_MAX_LORA_RANK: str(self.max_lora_rank),
+            ENV_ALIASES: json.dumps(dict(self.base_model_aliases)),
+            ENV_KEYRING: str(self.keyring or ""),
+        }
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ResolverConfig | None:
@@ -95,17 +114,25 @@ class ResolverConfig:
         try:
             aliases = json.loads(env.get(ENV_ALIASES) or "{}")
             keyring = env.get(ENV_KEYRING)
-            config = cls(Path(root), env[ENV_BASE_MODEL], env[ENV_SERVED_MODEL],
-                         int(env[ENV_MAX_LORA_RANK]), aliases,
-                         Path(keyring) if keyring else None)
+            config = cls(
+                Path(root),
+                env[ENV_BASE_MODEL],
+                env[ENV_SERVED_MODEL],
+                int(env[ENV_MAX_LORA_RANK]),
+                aliases,
+                Path(keyring) if keyring else None,
+            )
         except (KeyError, ValueError) as exc:
             raise ResolverConfigError(f"resolver environment incomplete: {exc!r}") from None
-        if not (isinstance(aliases, dict)
-                and all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())):
+        if not (
+            isinstance(aliases, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())
+        ):
             raise ResolverConfigError(f"{ENV_ALIASES} is not a JSON object of strings")
         if not config.host_tier.is_absolute() or not config.base_model:
-            raise ResolverConfigError(f"{ENV_HOST_TIER} must be absolute, "
-                                      f"{ENV_BASE_MODEL} not empty")
+            raise ResolverConfigError(
+                f"{ENV_HOST_TIER} must be absolute, {ENV_BASE_MODEL} not empty"
+            )
         if config.keyring is not None and not config.keyring.is_absolute():
             raise ResolverConfigError(f"{ENV_KEYRING} must be absolute")
         return config
@@ -126,8 +153,11 @@ class _Refusal(Exception):
 
 def safe_name(lora_name: object) -> bool:
     """A lora name as the host tier names its entries: one path component, never a path."""
-    return (isinstance(lora_name, str) and LORA_NAME_RE.fullmatch(lora_name) is not None
-            and ".." not in lora_name)
+    return (
+        isinstance(lora_name, str)
+        and LORA_NAME_RE.fullmatch(lora_name) is not None
+        and ".." not in lora_name
+    )
 
 
 class HostTierResolver:
@@ -142,9 +172,12 @@ class HostTierResolver:
         model_config = Path(config.served_model) / "config.json"
         if model_config.is_file():  # a local model folder: adapters are checked against it
             shape = ModelShape.from_hf_config(json.loads(model_config.read_text()))
-        self.limits = WorkerLimits(base_model=config.base_model,
-                                   max_lora_rank=config.max_lora_rank, model=shape,
-                                   base_model_aliases=dict(config.base_model_aliases))
+        self.limits = WorkerLimits(
+            base_model=config.base_model,
+            max_lora_rank=config.max_lora_rank,
+            model=shape,
+            base_model_aliases=dict(config.base_model_aliases),
+        )
         self._snapshot_root = snapshot_root
         self._copies: dict[str, Path] = {}  # lora name -> its latest verified copy
         self._lock = threading.Lock()
@@ -158,8 +191,12 @@ class HostTierResolver:
         try:
             found = self._resolve(base_model_name, lora_name)
         except _Refusal as refusal:
-            log.warning("lora resolver refused %s: %s%s", shown, refusal.reason.value,
-                        f" ({refusal.detail})" if refusal.detail else "")
+            log.warning(
+                "lora resolver refused %s: %s%s",
+                shown,
+                refusal.reason.value,
+                f" ({refusal.detail})" if refusal.detail else "",
+            )
             return None
         log.info("lora resolver resolved %s to its verified copy %s", shown, found.path)
         return found
@@ -168,11 +205,14 @@ class HostTierResolver:
         if not safe_name(lora_name):
             raise _Refusal(Refused.unsafe_name)
         if base_model_name != self.config.served_model:
-            raise _Refusal(Refused.served_model_mismatch,
-                           f"{base_model_name[:120]!r} != {self.config.served_model[:120]!r}")
+            raise _Refusal(
+                Refused.served_model_mismatch,
+                f"{base_model_name[:120]!r} != {self.config.served_model[:120]!r}",
+            )
         try:
-            entry = os.open(self.config.host_tier / lora_name,
-                            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            entry = os.open(
+                self.config.host_tier / lora_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            )
         except FileNotFoundError:
             raise _Refusal(Refused.not_in_host_tier) from None
         except OSError as exc:  # a link (ELOOP), a file (ENOTDIR): not an entry the tier made
@@ -181,8 +221,7 @@ class HostTierResolver:
             self._record(entry, lora_name)  # an entry the tier completed
             record = self._vouched(lora_name)
             if record.base_model != self.config.base_model:
-                raise _Refusal(Refused.other_base_model,
-                               f"record base {record.base_model[:120]!r}")
+                raise _Refusal(Refused.other_base_model, f"record base {record.base_model[:120]!r}")
             copy = self._verified_copy(entry, lora_name, record)
         finally:
             os.close(entry)
@@ -204,8 +243,7 @@ class HostTierResolver:
 
     def _vouched(self, lora_name: str) -> AdapterRecord:
         """The record a signed release gives ``lora_name`` (loraplane/registry/vouch.py)."""
-        found = vouched_record(lora_name, self._saved_views(), self._current_keyring(),
-                               now_utc())
+        found = vouched_record(lora_name, self._saved_views(), self._current_keyring(), now_utc())
         if isinstance(found, Unvouched):
             raise _Refusal(found.reason, found.detail)
         return found
@@ -241,8 +279,9 @@ class HostTierResolver:
         try:
             views = views_from_json(raw)
         except ValueError as exc:
-            log.error("lora resolver: %s unreadable, refusing every name: %s", VIEWS_FILE,
-                      str(exc)[:200])
+            log.error(
+                "lora resolver: %s unreadable, refusing every name: %s", VIEWS_FILE, str(exc)[:200]
+            )
             views = {}
         with self._lock:
             self._views = (stamp, views)
@@ -277,8 +316,9 @@ class HostTierResolver:
         link; anything else stays behind, so the copy's verification misses it (a link in
         place of a pinned file is a ``file_missing``)."""
         try:
-            folder = os.open(ADAPTER_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                             dir_fd=entry)
+            folder = os.open(
+                ADAPTER_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=entry
+            )
         except OSError as exc:
             raise _Refusal(Refused.unverified, f"{ADAPTER_DIR}/: {exc.strerror}") from None
         try:
@@ -286,8 +326,7 @@ class HostTierResolver:
             names = sorted(os.listdir(folder))[:MAX_ENTRIES]
             for name in names:
                 try:
-                    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
-                                  dir_fd=folder)
+                    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
                 except OSError:
                     continue  # a link or a vanished file: not copied
                 try:
@@ -296,8 +335,9 @@ class HostTierResolver:
                         continue
                     total += st.st_size
                     if total > self.limits.max_total_bytes:
-                        raise _Refusal(Refused.tampered, f"over {self.limits.max_total_bytes} "
-                                                         "bytes")
+                        raise _Refusal(
+                            Refused.tampered, f"over {self.limits.max_total_bytes} bytes"
+                        )
                     _copy_fd(src, dest / name)
                 finally:
                     os.close(src)

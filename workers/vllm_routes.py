@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+__all__ = ["DANGEROUS", "OPEN_ROUTES", "ROUTES", "VLLM_VERSION", "Effect", "Route"]
+
 VLLM_VERSION = "0.32.0"
 
 
@@ -91,4 +93,3 @@ ROUTES: tuple[Route, ...] = (
 
 OPEN_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.open)
 """(method, path) pairs served without the key; HEAD of an open GET is open too."""
-

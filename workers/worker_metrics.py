@@ -23,6 +23,16 @@ from loraplane.kernel import metric_names as m
 if TYPE_CHECKING:
     from loraplane.workers.command_feed import ReadBytes
 
+__all__ = [
+    "LABELS",
+    "SECONDS_BUCKETS",
+    "AdapterLabels",
+    "CommandBytesMetrics",
+    "ResidencyMetrics",
+    "Resident",
+    "WorkerMetrics",
+]
+
 LABELS = ("adapter_id", "adapter_version", "tenant_id", "base_model")
 SECONDS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
@@ -55,47 +65,87 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(m.ADAPTER_REQUESTS, "Requests routed to an adapter",
-                                LABELS, registry=r)
-        self.hot_hits = Counter(m.ADAPTER_HITS, "Requests that found their adapter on GPU",
-                                LABELS, registry=r)
+        self.requests = Counter(
+            m.ADAPTER_REQUESTS, "Requests routed to an adapter", LABELS, registry=r
+        )
+        self.hot_hits = Counter(
+            m.ADAPTER_HITS, "Requests that found their adapter on GPU", LABELS, registry=r
+        )
         self.hot_adapter_hit_rate = Gauge(
-            m.ADAPTER_HIT_RATE, "Share of requests whose adapter was already on GPU",
-            LABELS, registry=r)
-        self.adapter_swap_seconds = Histogram(m.ADAPTER_SWAP_SECONDS, "Host -> vLLM load time (s)",
-                                              LABELS, buckets=SECONDS_BUCKETS, registry=r)
+            m.ADAPTER_HIT_RATE,
+            "Share of requests whose adapter was already on GPU",
+            LABELS,
+            registry=r,
+        )
+        self.adapter_swap_seconds = Histogram(
+            m.ADAPTER_SWAP_SECONDS,
+            "Host -> vLLM load time (s)",
+            LABELS,
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
         self.cold_loads = Counter(m.COLD_LOADS, "Cold loads attempted", LABELS, registry=r)
-        self.cold_load_failures = Counter(m.COLD_LOAD_FAILURES, "Cold loads that failed",
-                                          LABELS, registry=r)
-        self.cold_load_fail_ratio = Gauge(m.COLD_LOAD_FAIL_RATIO,
-                                          "Failed / attempted cold loads", LABELS, registry=r)
+        self.cold_load_failures = Counter(
+            m.COLD_LOAD_FAILURES, "Cold loads that failed", LABELS, registry=r
+        )
+        self.cold_load_fail_ratio = Gauge(
+            m.COLD_LOAD_FAIL_RATIO, "Failed / attempted cold loads", LABELS, registry=r
+        )
         self.kv_namespace_conflict = Counter(
-            m.KV_NAMESPACE_CONFLICTS, "Names vLLM served that this agent did not load with "
-            "those bytes", LABELS, registry=r)
+            m.KV_NAMESPACE_CONFLICTS,
+            "Names vLLM served that this agent did not load with those bytes",
+            LABELS,
+            registry=r,
+        )
         self.foreign_changes = Counter(
-            m.VLLM_FOREIGN_CHANGES, "Changes to vLLM's adapters this agent did not make, by "
-            "reason (schemas.reasons.ForeignChange)", ("reason",), registry=r)
+            m.VLLM_FOREIGN_CHANGES,
+            "Changes to vLLM's adapters this agent did not make, by "
+            "reason (schemas.reasons.ForeignChange)",
+            ("reason",),
+            registry=r,
+        )
         self.commands_refused = Counter(
-            m.COMMANDS_REFUSED, "Cache commands refused before or by the fold, by reason "
-            "(schemas.reasons.CommandRejection)", ("reason",), registry=r)
-        self.ttft_seconds = Histogram(m.REQUEST_TTFT_SECONDS, "Time to first token through the "
-                                      "gateway (s)", LABELS, buckets=SECONDS_BUCKETS,
-                                      registry=r)
+            m.COMMANDS_REFUSED,
+            "Cache commands refused before or by the fold, by reason "
+            "(schemas.reasons.CommandRejection)",
+            ("reason",),
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            m.REQUEST_TTFT_SECONDS,
+            "Time to first token through the gateway (s)",
+            LABELS,
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
         self.host_install_failures = Counter(
-            m.HOST_INSTALL_FAILURES, "Host-tier installs that failed or were refused, by "
-            "reason (schemas.reasons.ArtifactReason)", ("reason",), registry=r)
+            m.HOST_INSTALL_FAILURES,
+            "Host-tier installs that failed or were refused, by "
+            "reason (schemas.reasons.ArtifactReason)",
+            ("reason",),
+            registry=r,
+        )
         self.registry_view_refused = Counter(
-            m.REGISTRY_VIEW_REFUSED, "Registry records refused: their signed lifecycle "
-            "evidence does not verify with this worker's keyring", ("reason",), registry=r)
+            m.REGISTRY_VIEW_REFUSED,
+            "Registry records refused: their signed lifecycle "
+            "evidence does not verify with this worker's keyring",
+            ("reason",),
+            registry=r,
+        )
         self.command_loop_errors = Counter(
-            m.COMMAND_LOOP_ERRORS, "Command-feed steps that failed (logged); the loop goes "
-            "on", registry=r)
+            m.COMMAND_LOOP_ERRORS,
+            "Command-feed steps that failed (logged); the loop goes on",
+            registry=r,
+        )
         self.registry_read_failures = Counter(
-            m.REGISTRY_READ_FAILURES, "Registry reads that failed or did not reach the end "
-            "of the topic; the last good view kept serving", registry=r)
+            m.REGISTRY_READ_FAILURES,
+            "Registry reads that failed or did not reach the end "
+            "of the topic; the last good view kept serving",
+            registry=r,
+        )
         self.worker_heartbeat = Gauge(
-            m.WORKER_HEARTBEAT, "Unix time of the last worker-state heartbeat published",
-            registry=r)
+            m.WORKER_HEARTBEAT, "Unix time of the last worker-state heartbeat published", registry=r
+        )
         self._ratio_parts: dict[tuple[str, ...], list[float]] = {}
         self._series: dict[AdapterLabels, _RequestSeries] = {}
 
@@ -110,8 +160,10 @@ class WorkerMetrics:
         if series is None:  # labels() takes a lock and builds a key: once per adapter
             values = labels.values()
             series = self._series[labels] = _RequestSeries(
-                self.requests.labels(*values), self.hot_adapter_hit_rate.labels(*values),
-                self._ratio_parts.setdefault(("hit", *values), [0.0, 0.0]))
+                self.requests.labels(*values),
+                self.hot_adapter_hit_rate.labels(*values),
+                self._ratio_parts.setdefault(("hit", *values), [0.0, 0.0]),
+            )
         series.requests.inc()
         if hot:
             if series.hot_hits is None:
@@ -179,9 +231,11 @@ class CommandBytesMetrics(Collector):
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(m.COMMANDS_READ_BYTES, "Key + value bytes of the "
-                                     "commands records read, this worker's own or not",
-                                     labels=["own"])
+        family = CounterMetricFamily(
+            m.COMMANDS_READ_BYTES,
+            "Key + value bytes of the commands records read, this worker's own or not",
+            labels=["own"],
+        )
         family.add_metric(["true"], float(self.read.own))
         family.add_metric(["false"], float(self.read.other))
         yield family
@@ -207,10 +261,11 @@ class ResidencyMetrics(Collector):
         self.resident = resident
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(m.LORA_ADAPTER_LOADED, "1 per LoRA adapter resident on "
-                                   "this worker (level gpu: in vLLM; cpu: host tier only)",
-                                   labels=["adapter_name", "level", "pinned", "rank"])
+        family = GaugeMetricFamily(
+            m.LORA_ADAPTER_LOADED,
+            "1 per LoRA adapter resident on this worker (level gpu: in vLLM; cpu: host tier only)",
+            labels=["adapter_name", "level", "pinned", "rank"],
+        )
         for r in self.resident():
-            family.add_metric([r.adapter_name, r.level, str(r.pinned).lower(), str(r.rank)],
-                              1.0)
+            family.add_metric([r.adapter_name, r.level, str(r.pinned).lower(), str(r.rank)], 1.0)
         yield family

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+__all__ = ["alias_key", "base_model_matches", "mismatch_detail", "resolve_base_model"]
+
 
 def alias_key(name_or_path: str) -> str:
     """A local path names the same folder with or without a trailing slash."""
@@ -24,8 +26,9 @@ def resolve_base_model(name_or_path: str, aliases: Mapping[str, str]) -> str:
     return normalised.get(alias_key(name_or_path), name_or_path)
 
 
-def base_model_matches(config_value: str, base_model: str,
-                       aliases: Mapping[str, str] | None = None) -> bool:
+def base_model_matches(
+    config_value: str, base_model: str, aliases: Mapping[str, str] | None = None
+) -> bool:
     """True when the config's base model, resolved through ``aliases``, is ``base_model``."""
     return resolve_base_model(config_value, aliases or {}) == base_model
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from loraplane.artifact.verification import FileFacts
 
+__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "DirectoryArtifact"]
+
 MAX_ENTRIES = 1024
 MAX_DEPTH = 4
 _CHUNK = 1024 * 1024

@@ -17,6 +17,8 @@ from loraplane.artifact.verification import MANIFEST_NAME, FileFacts
 from loraplane.schemas.manifest import InertKind
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
+__all__ = ["INERT_FILES", "MAX_INERT_BYTES", "Selection", "select_for_publish"]
+
 INERT_FILES: dict[str, InertKind] = {"README.md": InertKind.model_card}
 MAX_INERT_BYTES = 1024 * 1024  # a model card is a few KiB; more is not a model card
 
@@ -44,9 +46,13 @@ def select_for_publish(files: Sequence[FileFacts]) -> Selection:
         if kind is None or fact.kind != "file":
             kept.append(fact)
         elif fact.size > MAX_INERT_BYTES:
-            refusals.append(Refusal(Reason.too_large, fact.path,
-                                    f"{fact.size} bytes > {MAX_INERT_BYTES} for a "
-                                    f"{kind.value.replace('_', ' ')}"))
+            refusals.append(
+                Refusal(
+                    Reason.too_large,
+                    fact.path,
+                    f"{fact.size} bytes > {MAX_INERT_BYTES} for a {kind.value.replace('_', ' ')}",
+                )
+            )
         else:
             dropped.append((fact, kind))
     return Selection(tuple(kept), tuple(dropped), tuple(refusals))

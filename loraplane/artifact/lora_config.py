@@ -24,6 +24,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+__all__ = [
+    "HARMLESS",
+    "MUST_BE_OFF",
+    "SERVABLE_INITS",
+    "VALIDATED",
+    "LoraConfig",
+    "Unservable",
+    "is_off",
+    "parse_lora_config",
+    "unservable_fields",
+]
+
 
 class Unservable(StrEnum):
     """A PEFT feature an adapter may not use, named in ``config_invalid`` details."""
@@ -64,18 +76,41 @@ MUST_BE_OFF: dict[str, Unservable] = {
     "kasa_config": Unservable.kasa,
     "monteclora_config": Unservable.monteclora,
 }
-HARMLESS = frozenset({
-    "task_type", "auto_mapping", "peft_version", "revision", "inference_mode", "lora_dropout",
-    "use_rslora",  # a different scaling, which vLLM applies
-    "exclude_modules", "layers_pattern",  # which modules PEFT wrapped: the weights say it
-    "megatron_config", "megatron_core", "qalora_group_size", "runtime_config",
-    "ensure_weight_tying",  # only with modules_to_save or tied layers
-    "velora_config",  # a training-time backward pass
-    # parameters of an initialisation; init_lora_weights says whether it is servable
-    "loftq_config", "eva_config", "corda_config", "lora_ga_config",
-})
-VALIDATED = frozenset({"peft_type", "r", "lora_alpha", "target_modules", "bias",
-                       "init_lora_weights", "base_model_name_or_path"})
+HARMLESS = frozenset(
+    {
+        "task_type",
+        "auto_mapping",
+        "peft_version",
+        "revision",
+        "inference_mode",
+        "lora_dropout",
+        "use_rslora",  # a different scaling, which vLLM applies
+        "exclude_modules",
+        "layers_pattern",  # which modules PEFT wrapped: the weights say it
+        "megatron_config",
+        "megatron_core",
+        "qalora_group_size",
+        "runtime_config",
+        "ensure_weight_tying",  # only with modules_to_save or tied layers
+        "velora_config",  # a training-time backward pass
+        # parameters of an initialisation; init_lora_weights says whether it is servable
+        "loftq_config",
+        "eva_config",
+        "corda_config",
+        "lora_ga_config",
+    }
+)
+VALIDATED = frozenset(
+    {
+        "peft_type",
+        "r",
+        "lora_alpha",
+        "target_modules",
+        "bias",
+        "init_lora_weights",
+        "base_model_name_or_path",
+    }
+)
 # Initialisations that only set the first adapter weights (vLLM's list); the others (PiSSA,
 # OLoRA, CorDA, LoftQ, ...) change the base model's weights when PEFT loads the adapter.
 SERVABLE_INITS = frozenset({"gaussian", "eva", "orthogonal", "mica", "lora_ga"})
@@ -120,21 +155,29 @@ def parse_lora_config(raw: Any) -> LoraConfig:
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise ValueError(f"lora_alpha must be a number, not {_short(alpha)}")
     modules = raw.get("target_modules")
-    if (not isinstance(modules, list) or not modules
-            or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in modules)):
-        raise ValueError("target_modules must be a non-empty list of module names, not "
-                         f"{_short(modules)}")
+    if (
+        not isinstance(modules, list)
+        or not modules
+        or not all(isinstance(m, str) and _MODULE_NAME.fullmatch(m) for m in modules)
+    ):
+        raise ValueError(
+            f"target_modules must be a non-empty list of module names, not {_short(modules)}"
+        )
     if raw.get("bias", "none") != "none":
         raise ValueError(f"bias must be 'none', not {_short(raw.get('bias'))}")
     init = raw.get("init_lora_weights", True)
-    if not isinstance(init, bool) and not (isinstance(init, str)
-                                           and init.lower() in SERVABLE_INITS):
-        raise ValueError(f"init_lora_weights {_short(init)} changes the base weights "
-                         f"(servable: true, false, {', '.join(sorted(SERVABLE_INITS))})")
+    if not isinstance(init, bool) and not (
+        isinstance(init, str) and init.lower() in SERVABLE_INITS
+    ):
+        raise ValueError(
+            f"init_lora_weights {_short(init)} changes the base weights "
+            f"(servable: true, false, {', '.join(sorted(SERVABLE_INITS))})"
+        )
     unservable = unservable_fields(raw)
     if unservable:
-        raise ValueError("; ".join(f"{key[:64]}={_short(raw[key])}: {why.value}"
-                                   for key, why in unservable[:4]))
+        raise ValueError(
+            "; ".join(f"{key[:64]}={_short(raw[key])}: {why.value}" for key, why in unservable[:4])
+        )
     base = raw.get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ValueError("base_model_name_or_path is missing")

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["LinearShape", "ModelShape"]
+
 
 @dataclass(frozen=True)
 class LinearShape:

@@ -26,6 +26,19 @@ from loraplane.schemas.keyring import Keyring, ModelSignerEntry
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
+__all__ = [
+    "MAX_SIGNED_FILES",
+    "BundleRejected",
+    "Outcome",
+    "Signed",
+    "SignedFiles",
+    "Unsigned",
+    "VerifyWith",
+    "bundle_entry_sha256",
+    "check_model_signature",
+    "coverage_refusals",
+]
+
 MAX_SIGNED_FILES = 4096
 
 
@@ -65,36 +78,60 @@ def bundle_entry_sha256(manifest: Manifest) -> str | None:
     return entry.sha256 if entry is not None else None
 
 
-def check_model_signature(manifest: Manifest, tenant_id: str, keyring: Keyring | None,
-                          verify_with: VerifyWith | None,
-                          record: AdapterRecord | None = None) -> Outcome:
+def check_model_signature(
+    manifest: Manifest,
+    tenant_id: str,
+    keyring: Keyring | None,
+    verify_with: VerifyWith | None,
+    record: AdapterRecord | None = None,
+) -> Outcome:
     """Steps 1-4 above for an artifact whose files already match ``manifest``.
     ``verify_with`` is None when the bundle cannot be verified here (no library); ``record``
     is the signed record a worker loads (None at publish, which makes it)."""
     bundle_sha256 = bundle_entry_sha256(manifest)
     if bundle_sha256 is None:
         if keyring is not None and keyring.requires_model_signature(tenant_id):
-            return (Refusal(Reason.model_signature_required, BUNDLE_NAME,
-                            f"tenant {tenant_id} requires an OpenSSF model-signing bundle"),)
+            return (
+                Refusal(
+                    Reason.model_signature_required,
+                    BUNDLE_NAME,
+                    f"tenant {tenant_id} requires an OpenSSF model-signing bundle",
+                ),
+            )
         return Unsigned()
     if keyring is None:
-        return (Refusal(Reason.model_signature_invalid, BUNDLE_NAME,
-                        "no readable keyring to verify the bundle with"),)
+        return (
+            Refusal(
+                Reason.model_signature_invalid,
+                BUNDLE_NAME,
+                "no readable keyring to verify the bundle with",
+            ),
+        )
     if verify_with is None:
-        return (Refusal(Reason.model_signing_unavailable, BUNDLE_NAME,
-                        "the model-signing package is not installed: "
-                        "pip install 'loraplane[signing]'"),)
+        return (
+            Refusal(
+                Reason.model_signing_unavailable,
+                BUNDLE_NAME,
+                "the model-signing package is not installed: pip install 'loraplane[signing]'",
+            ),
+        )
     found = _signer(keyring, tenant_id, verify_with)
     if isinstance(found, Refusal):
         return (found,)
     entry, signed = found
     refusals = coverage_refusals(signed, manifest)
-    signature = ModelSignature(bundle_sha256=bundle_sha256, signer_id=entry.signer_id,
-                               identity=entry.identity)
+    signature = ModelSignature(
+        bundle_sha256=bundle_sha256, signer_id=entry.signer_id, identity=entry.identity
+    )
     if record is not None and not refusals and record.model_signature != signature:
-        refusals.append(Refusal(Reason.record_mismatch, BUNDLE_NAME,
-                                f"the record names {_describe(record.model_signature)}, the "
-                                f"bundle verifies as {_describe(signature)}"))
+        refusals.append(
+            Refusal(
+                Reason.record_mismatch,
+                BUNDLE_NAME,
+                f"the record names {_describe(record.model_signature)}, the "
+                f"bundle verifies as {_describe(signature)}",
+            )
+        )
     return tuple(refusals) if refusals else Signed(signature)
 
 
@@ -104,8 +141,9 @@ def _describe(signature: ModelSignature | None) -> str:
     return f"signer {signature.signer_id} ({signature.identity[:80]})"
 
 
-def _signer(keyring: Keyring, tenant_id: str,
-            verify_with: VerifyWith) -> tuple[ModelSignerEntry, SignedFiles] | Refusal:
+def _signer(
+    keyring: Keyring, tenant_id: str, verify_with: VerifyWith
+) -> tuple[ModelSignerEntry, SignedFiles] | Refusal:
     """The first signer allowed for ``tenant_id`` whose key verifies the bundle; else the
     refusal that says who, if anyone, does verify it."""
     allowed = [s for s in keyring.model_signers if s.allows_tenant(tenant_id) and not s.revoked]
@@ -123,27 +161,48 @@ def _signer(keyring: Keyring, tenant_id: str,
         except BundleRejected:
             continue
         if entry.revoked:
-            return Refusal(Reason.model_signer_revoked, BUNDLE_NAME,
-                           f"signed by {entry.signer_id}, which is revoked")
-        return Refusal(Reason.model_signer_out_of_scope, BUNDLE_NAME,
-                       f"signed by {entry.signer_id}, which may not sign {tenant_id}'s "
-                       "adapters")
+            return Refusal(
+                Reason.model_signer_revoked,
+                BUNDLE_NAME,
+                f"signed by {entry.signer_id}, which is revoked",
+            )
+        return Refusal(
+            Reason.model_signer_out_of_scope,
+            BUNDLE_NAME,
+            f"signed by {entry.signer_id}, which may not sign {tenant_id}'s adapters",
+        )
     if not allowed:
-        return Refusal(Reason.model_signature_invalid, BUNDLE_NAME,
-                       f"the keyring trusts no model signer for tenant {tenant_id}")
-    return Refusal(Reason.model_signature_invalid, BUNDLE_NAME,
-                   "no trusted key verifies it: " + "; ".join(problems)[:400])
+        return Refusal(
+            Reason.model_signature_invalid,
+            BUNDLE_NAME,
+            f"the keyring trusts no model signer for tenant {tenant_id}",
+        )
+    return Refusal(
+        Reason.model_signature_invalid,
+        BUNDLE_NAME,
+        "no trusted key verifies it: " + "; ".join(problems)[:400],
+    )
 
 
 def coverage_refusals(signed: SignedFiles, manifest: Manifest) -> list[Refusal]:
     """Step 3: the signed files against the manifest's served and dropped files."""
     if signed.method != "files" or signed.hash_type != "sha256":
-        return [Refusal(Reason.model_signature_invalid, BUNDLE_NAME,
-                        f"hashed as {signed.method[:20]}/{signed.hash_type[:20]}; only "
-                        "per-file sha256 (the library's default) compares with the manifest")]
+        return [
+            Refusal(
+                Reason.model_signature_invalid,
+                BUNDLE_NAME,
+                f"hashed as {signed.method[:20]}/{signed.hash_type[:20]}; only "
+                "per-file sha256 (the library's default) compares with the manifest",
+            )
+        ]
     if len(signed.digests) > MAX_SIGNED_FILES:
-        return [Refusal(Reason.model_signature_mismatch, BUNDLE_NAME,
-                        f"signs {len(signed.digests)} files, more than an adapter has")]
+        return [
+            Refusal(
+                Reason.model_signature_mismatch,
+                BUNDLE_NAME,
+                f"signs {len(signed.digests)} files, more than an adapter has",
+            )
+        ]
     served = {f.path: f.sha256 for f in manifest.files if f.path != BUNDLE_NAME}
     dropped = {f.path: f.sha256 for f in manifest.dropped}
     out: list[Refusal] = []
@@ -153,9 +212,19 @@ def coverage_refusals(signed: SignedFiles, manifest: Manifest) -> list[Refusal]:
     for path, (algorithm, digest) in sorted(signed.digests.items()):
         expected = served.get(path, dropped.get(path))
         if expected is None:
-            out.append(Refusal(Reason.model_signature_mismatch, path[:200],
-                               "signed, but not a file of this artifact"))
+            out.append(
+                Refusal(
+                    Reason.model_signature_mismatch,
+                    path[:200],
+                    "signed, but not a file of this artifact",
+                )
+            )
         elif algorithm != "sha256" or digest != expected:
-            out.append(Refusal(Reason.model_signature_mismatch, path,
-                               f"signed {algorithm[:20]} {digest[:12]} != {expected[:12]}"))
+            out.append(
+                Refusal(
+                    Reason.model_signature_mismatch,
+                    path,
+                    f"signed {algorithm[:20]} {digest[:12]} != {expected[:12]}",
+                )
+            )
     return out

@@ -34,6 +34,14 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.keyring import Keyring, ModelSignerEntry
 from loraplane.schemas.manifest import Manifest
 
+__all__ = [
+    "SIGNING_EXTRA",
+    "SignatureCheck",
+    "bundle_verifier",
+    "check_folder",
+    "signing_installed",
+]
+
 SIGNING_EXTRA = "loraplane[signing]"
 
 
@@ -69,12 +77,15 @@ def bundle_verifier(bundle: Path) -> VerifyWith | None:
     except BundleRejected as exc:
         return _always(exc)
     except Exception as exc:  # a hostile bundle: any error of the parser is a refusal
-        return _always(BundleRejected(f"not a model-signing bundle: "
-                                      f"{type(exc).__name__}: {str(exc)[:160]}"))
+        return _always(
+            BundleRejected(f"not a model-signing bundle: {type(exc).__name__}: {str(exc)[:160]}")
+        )
 
     def verify(entry: ModelSignerEntry) -> SignedFiles:
-        with _pem_file(entry.public_key or entry.ca_certificates or "") as pem, \
-                contextlib.redirect_stdout(sys.stderr):  # the library prints warnings
+        with (
+            _pem_file(entry.public_key or entry.ca_certificates or "") as pem,
+            contextlib.redirect_stdout(sys.stderr),
+        ):  # the library prints warnings
             try:
                 if entry.public_key is not None:
                     verifier = ec_key.Verifier(pem)
@@ -125,18 +136,29 @@ def _check_subject(signature: Any, subject: str) -> None:
 
 def _signed_files(manifest: Any) -> SignedFiles:
     serialization = manifest.serialization_type
-    digests = {rd.identifier: (rd.digest.algorithm, rd.digest.digest_hex)
-               for rd in manifest.resource_descriptors()}
-    return SignedFiles(method=str(serialization.get("method", "")),
-                       hash_type=str(serialization.get("hash_type", "")), digests=digests)
+    digests = {
+        rd.identifier: (rd.digest.algorithm, rd.digest.digest_hex)
+        for rd in manifest.resource_descriptors()
+    }
+    return SignedFiles(
+        method=str(serialization.get("method", "")),
+        hash_type=str(serialization.get("hash_type", "")),
+        digests=digests,
+    )
 
 
-def check_folder(folder: Path, manifest: Manifest, tenant_id: str, keyring: Keyring | None,
-                 record: AdapterRecord | None = None) -> Outcome:
+def check_folder(
+    folder: Path,
+    manifest: Manifest,
+    tenant_id: str,
+    keyring: Keyring | None,
+    record: AdapterRecord | None = None,
+) -> Outcome:
     """``check_model_signature`` of an artifact in ``folder`` (files already verified
     against ``manifest``), with the library on ``folder/model.sig``."""
-    verify_with = bundle_verifier(folder / BUNDLE_NAME) \
-        if manifest.file(BUNDLE_NAME) is not None else None
+    verify_with = (
+        bundle_verifier(folder / BUNDLE_NAME) if manifest.file(BUNDLE_NAME) is not None else None
+    )
     return check_model_signature(manifest, tenant_id, keyring, verify_with, record)
 
 

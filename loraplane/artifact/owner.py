@@ -15,11 +15,12 @@ from loraplane.artifact.refusal import ArtifactError
 from loraplane.schemas.adapter import AdapterRecord, artifact_uri_problem
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
+__all__ = ["check_owner"]
+
 
 def check_owner(record: AdapterRecord, bucket: str) -> None:
     """Refuse (``outside_owner_prefix``) a record whose ``artifact_uri`` is not exactly the
     owner's prefix in ``bucket`` (the bucket the URI names, after the allowlist check)."""
     problem = artifact_uri_problem(record, bucket)
     if problem is not None:
-        raise ArtifactError.single(Reason.outside_owner_prefix, record.artifact_uri[:200],
-                                   problem)
+        raise ArtifactError.single(Reason.outside_owner_prefix, record.artifact_uri[:200], problem)

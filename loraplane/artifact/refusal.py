@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
+__all__ = ["ArtifactError", "Refusal"]
+
 
 @dataclass(frozen=True)
 class Refusal:

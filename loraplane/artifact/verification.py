@@ -33,6 +33,27 @@ from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
+__all__ = [
+    "BUNDLE_NAME",
+    "CONFIG_NAME",
+    "DTYPE_BYTES",
+    "MANIFEST_NAME",
+    "MAX_BUNDLE_BYTES",
+    "MAX_JSON_FILE_BYTES",
+    "MAX_REFUSALS",
+    "PICKLE_SUFFIXES",
+    "WEIGHTS_NAME",
+    "ArtifactReader",
+    "FileFacts",
+    "TensorInfo",
+    "Verdict",
+    "WorkerLimits",
+    "is_safe_relative_path",
+    "name_refusal",
+    "parse_safetensors_header",
+    "verify_artifact",
+]
+
 MANIFEST_NAME = "manifest.json"
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -97,8 +118,9 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
-def verify_artifact(reader: ArtifactReader, limits: WorkerLimits,
-                    record: AdapterRecord | None = None) -> Verdict:
+def verify_artifact(
+    reader: ArtifactReader, limits: WorkerLimits, record: AdapterRecord | None = None
+) -> Verdict:
     """Every check above; ``record=None`` (offline, no registry) skips the record checks."""
     out: list[Refusal] = []
     facts = {f.path: f for f in reader.files()}
@@ -133,14 +155,19 @@ def name_refusal(path: str) -> Refusal | None:
     if path.lower().endswith(PICKLE_SUFFIXES):
         return Refusal(Reason.pickle_weights, path, "pickle can run code when loaded")
     if path in (CONFIG_NAME, MANIFEST_NAME, BUNDLE_NAME) or (
-            "/" not in path and path.endswith(".safetensors")):
+        "/" not in path and path.endswith(".safetensors")
+    ):
         return None
-    return Refusal(Reason.disallowed_file, path,
-                   f"only top-level *.safetensors, {CONFIG_NAME} and {BUNDLE_NAME}")
+    return Refusal(
+        Reason.disallowed_file,
+        path,
+        f"only top-level *.safetensors, {CONFIG_NAME} and {BUNDLE_NAME}",
+    )
 
 
-def _check_names(facts: dict[str, FileFacts], manifest: Manifest | None,
-                 out: list[Refusal]) -> set[str]:
+def _check_names(
+    facts: dict[str, FileFacts], manifest: Manifest | None, out: list[Refusal]
+) -> set[str]:
     """Refuse bad names and kinds; returns the paths that are safe to open."""
     usable: set[str] = set()
     listed = [f.path for f in manifest.files] if manifest is not None else []
@@ -168,8 +195,13 @@ def _read_json(reader: ArtifactReader, fact: FileFacts) -> Any:
     return strict_loads(data, max_bytes=MAX_JSON_FILE_BYTES)  # StrictJsonError: a ValueError
 
 
-def _check_manifest(reader: ArtifactReader, facts: dict[str, FileFacts], limits: WorkerLimits,
-                    record: AdapterRecord | None, out: list[Refusal]) -> Manifest | None:
+def _check_manifest(
+    reader: ArtifactReader,
+    facts: dict[str, FileFacts],
+    limits: WorkerLimits,
+    record: AdapterRecord | None,
+    out: list[Refusal],
+) -> Manifest | None:
     fact = facts.get(MANIFEST_NAME)
     if fact is None or fact.kind != "file":
         out.append(Refusal(Reason.manifest_missing, MANIFEST_NAME))
@@ -187,19 +219,33 @@ def _check_manifest(reader: ArtifactReader, facts: dict[str, FileFacts], limits:
     try:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
-        out.append(Refusal(Reason.manifest_invalid, MANIFEST_NAME,
-                           f"{exc.error_count()} schema errors"))
+        out.append(
+            Refusal(Reason.manifest_invalid, MANIFEST_NAME, f"{exc.error_count()} schema errors")
+        )
         return None
     if record is not None and manifest.digest != record.sha256:
-        out.append(Refusal(Reason.manifest_digest_mismatch, MANIFEST_NAME,
-                           f"digest {manifest.digest[:12]} != record {record.sha256[:12]}"))
+        out.append(
+            Refusal(
+                Reason.manifest_digest_mismatch,
+                MANIFEST_NAME,
+                f"digest {manifest.digest[:12]} != record {record.sha256[:12]}",
+            )
+        )
     if manifest.total_size > limits.max_total_bytes:
-        out.append(Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > "
-                                                    f"{limits.max_total_bytes}"))
+        out.append(
+            Refusal(
+                Reason.too_large, detail=f"{manifest.total_size} bytes > {limits.max_total_bytes}"
+            )
+        )
     bundle = manifest.file(BUNDLE_NAME)
     if bundle is not None and bundle.size > MAX_BUNDLE_BYTES:
-        out.append(Refusal(Reason.too_large, BUNDLE_NAME,
-                           f"{bundle.size} bytes > {MAX_BUNDLE_BYTES} for a bundle"))
+        out.append(
+            Refusal(
+                Reason.too_large,
+                BUNDLE_NAME,
+                f"{bundle.size} bytes > {MAX_BUNDLE_BYTES} for a bundle",
+            )
+        )
     if record is not None:
         out.extend(_bundle_record_mismatch(record, bundle.sha256 if bundle else None))
     return manifest
@@ -210,21 +256,39 @@ def _bundle_record_mismatch(record: AdapterRecord, bundle_sha256: str | None) ->
     and the very one it names: a bundle cannot be added, dropped or swapped after publish."""
     claimed = record.model_signature
     if claimed is None and bundle_sha256 is not None:
-        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
-                        "the artifact has a model-signing bundle; the record names none")]
+        return [
+            Refusal(
+                Reason.record_mismatch,
+                BUNDLE_NAME,
+                "the artifact has a model-signing bundle; the record names none",
+            )
+        ]
     if claimed is not None and bundle_sha256 is None:
-        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
-                        "the record names a model-signing bundle; the artifact has none")]
+        return [
+            Refusal(
+                Reason.record_mismatch,
+                BUNDLE_NAME,
+                "the record names a model-signing bundle; the artifact has none",
+            )
+        ]
     if claimed is not None and claimed.bundle_sha256 != bundle_sha256:
-        return [Refusal(Reason.record_mismatch, BUNDLE_NAME,
-                        f"bundle {str(bundle_sha256)[:12]} != record "
-                        f"{claimed.bundle_sha256[:12]}")]
+        return [
+            Refusal(
+                Reason.record_mismatch,
+                BUNDLE_NAME,
+                f"bundle {str(bundle_sha256)[:12]} != record {claimed.bundle_sha256[:12]}",
+            )
+        ]
     return []
 
 
-def _check_files_against_manifest(reader: ArtifactReader, facts: dict[str, FileFacts],
-                                  manifest: Manifest, usable: set[str],
-                                  out: list[Refusal]) -> None:
+def _check_files_against_manifest(
+    reader: ArtifactReader,
+    facts: dict[str, FileFacts],
+    manifest: Manifest,
+    usable: set[str],
+    out: list[Refusal],
+) -> None:
     for mf in manifest.files:
         fact = facts.get(mf.path)
         if fact is None:
@@ -238,16 +302,28 @@ def _check_files_against_manifest(reader: ArtifactReader, facts: dict[str, FileF
             out.append(Refusal(Reason.file_not_in_manifest, path))
 
 
-def _check_config(reader: ArtifactReader, facts: dict[str, FileFacts], usable: set[str],
-                  limits: WorkerLimits, record: AdapterRecord | None,
-                  out: list[Refusal]) -> LoraConfig | None:
+def _check_config(
+    reader: ArtifactReader,
+    facts: dict[str, FileFacts],
+    usable: set[str],
+    limits: WorkerLimits,
+    record: AdapterRecord | None,
+    out: list[Refusal],
+) -> LoraConfig | None:
     if record is not None and record.rank > limits.max_lora_rank:
-        out.append(Refusal(Reason.rank_too_high, detail=f"record rank {record.rank} > "
-                                                        f"{limits.max_lora_rank}"))
+        out.append(
+            Refusal(
+                Reason.rank_too_high, detail=f"record rank {record.rank} > {limits.max_lora_rank}"
+            )
+        )
     expected_base = limits.base_model or (record.base_model if record is not None else None)
     if expected_base is not None and record is not None and record.base_model != expected_base:
-        out.append(Refusal(Reason.base_model_mismatch,
-                           detail=f"record base {record.base_model!r} != {expected_base!r}"))
+        out.append(
+            Refusal(
+                Reason.base_model_mismatch,
+                detail=f"record base {record.base_model!r} != {expected_base!r}",
+            )
+        )
     if CONFIG_NAME not in usable:
         out.append(Refusal(Reason.config_missing, CONFIG_NAME))
         return None
@@ -257,48 +333,78 @@ def _check_config(reader: ArtifactReader, facts: dict[str, FileFacts], usable: s
         out.append(Refusal(Reason.config_invalid, CONFIG_NAME, str(exc)[:200]))
         return None
     if config.rank > limits.max_lora_rank:
-        out.append(Refusal(Reason.rank_too_high, CONFIG_NAME,
-                           f"r {config.rank} > {limits.max_lora_rank}"))
+        out.append(
+            Refusal(Reason.rank_too_high, CONFIG_NAME, f"r {config.rank} > {limits.max_lora_rank}")
+        )
     aliases = limits.base_model_aliases
-    if expected_base is not None and not base_model_matches(config.base_model, expected_base,
-                                                            aliases):
-        out.append(Refusal(Reason.base_model_mismatch, CONFIG_NAME,
-                           mismatch_detail(config.base_model, expected_base, aliases)))
+    if expected_base is not None and not base_model_matches(
+        config.base_model, expected_base, aliases
+    ):
+        out.append(
+            Refusal(
+                Reason.base_model_mismatch,
+                CONFIG_NAME,
+                mismatch_detail(config.base_model, expected_base, aliases),
+            )
+        )
     if record is not None:
         if record.rank != config.rank:
-            out.append(Refusal(Reason.record_mismatch, CONFIG_NAME,
-                               f"r {config.rank} != record rank {record.rank}"))
+            out.append(
+                Refusal(
+                    Reason.record_mismatch,
+                    CONFIG_NAME,
+                    f"r {config.rank} != record rank {record.rank}",
+                )
+            )
         if set(record.compatibility.target_modules) != config.target_modules:
-            out.append(Refusal(Reason.record_mismatch, CONFIG_NAME,
-                               "target_modules differ from the record's"))
+            out.append(
+                Refusal(
+                    Reason.record_mismatch, CONFIG_NAME, "target_modules differ from the record's"
+                )
+            )
     return config
 
 
-def parse_safetensors_header(reader: ArtifactReader, path: str, file_size: int,
-                             max_header_bytes: int) -> tuple[list[TensorInfo], list[Refusal]]:
+def parse_safetensors_header(
+    reader: ArtifactReader, path: str, file_size: int, max_header_bytes: int
+) -> tuple[list[TensorInfo], list[Refusal]]:
     """Read and validate one safetensors header without ever reading more than
     ``8 + max_header_bytes`` bytes: the announced length is checked before it is read."""
     if file_size < 8:
         return [], [Refusal(Reason.header_invalid, path, "shorter than 8 bytes")]
     (length,) = struct.unpack("<Q", reader.read(path, 0, 8).ljust(8, b"\0"))
     if length > max_header_bytes:
-        return [], [Refusal(Reason.header_too_large, path,
-                            f"header claims {length} bytes, limit {max_header_bytes}")]
+        return [], [
+            Refusal(
+                Reason.header_too_large,
+                path,
+                f"header claims {length} bytes, limit {max_header_bytes}",
+            )
+        ]
     if length < 2 or 8 + length > file_size:
-        return [], [Refusal(Reason.header_invalid, path, f"header length {length} does not "
-                                                         f"fit a {file_size}-byte file")]
+        return [], [
+            Refusal(
+                Reason.header_invalid,
+                path,
+                f"header length {length} does not fit a {file_size}-byte file",
+            )
+        ]
     try:  # strict: a duplicate tensor name would give two readers two offsets
         header = strict_loads(reader.read(path, 8, length), max_bytes=length)
     except StrictJsonError as exc:
-        return [], [Refusal(Reason.header_invalid, path,
-                            f"header is not strict UTF-8 JSON: {str(exc)[:120]}")]
+        return [], [
+            Refusal(
+                Reason.header_invalid, path, f"header is not strict UTF-8 JSON: {str(exc)[:120]}"
+            )
+        ]
     if not isinstance(header, dict):
         return [], [Refusal(Reason.header_invalid, path, "header is not a JSON object")]
     return _validate_header(header, path, file_size - 8 - length)
 
 
-def _validate_header(header: dict[str, Any], path: str,
-                     data_size: int) -> tuple[list[TensorInfo], list[Refusal]]:
+def _validate_header(
+    header: dict[str, Any], path: str, data_size: int
+) -> tuple[list[TensorInfo], list[Refusal]]:
     out: list[Refusal] = []
     tensors: list[TensorInfo] = []
     spans: list[tuple[int, int, str]] = []
@@ -311,18 +417,31 @@ def _validate_header(header: dict[str, Any], path: str,
             continue
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in DTYPE_BYTES:
-            out.append(Refusal(Reason.tensor_dtype_invalid, path,
-                               f"{name[:80]}: {str(dtype)[:20]}"))
+            out.append(
+                Refusal(Reason.tensor_dtype_invalid, path, f"{name[:80]}: {str(dtype)[:20]}")
+            )
             continue
-        if not (isinstance(shape, list) and len(shape) <= 8
-                and all(_is_uint(d) and d < 2**40 for d in shape)):
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= 8
+            and all(_is_uint(d) and d < 2**40 for d in shape)
+        ):
             out.append(Refusal(Reason.header_invalid, path, f"{name[:80]}: bad shape"))
             continue
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))
-                and offsets[0] <= offsets[1] <= data_size
-                and offsets[1] - offsets[0] == math.prod(shape) * DTYPE_BYTES[dtype]):
-            out.append(Refusal(Reason.tensor_offsets_invalid, path,
-                               f"{name[:80]}: offsets do not match shape/dtype or file"))
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_uint, offsets))
+            and offsets[0] <= offsets[1] <= data_size
+            and offsets[1] - offsets[0] == math.prod(shape) * DTYPE_BYTES[dtype]
+        ):
+            out.append(
+                Refusal(
+                    Reason.tensor_offsets_invalid,
+                    path,
+                    f"{name[:80]}: offsets do not match shape/dtype or file",
+                )
+            )
             continue
         spans.append((offsets[0], offsets[1], name))
         tensors.append(TensorInfo(name, dtype, tuple(shape)))
@@ -333,8 +452,13 @@ def _validate_header(header: dict[str, Any], path: str,
             out.append(Refusal(Reason.tensor_offsets_invalid, path, f"{name[:80]} {what}"))
         end = max(end, stop)
     if not out and end != data_size:
-        out.append(Refusal(Reason.tensor_offsets_invalid, path,
-                           f"tensors cover {end} of {data_size} data bytes"))
+        out.append(
+            Refusal(
+                Reason.tensor_offsets_invalid,
+                path,
+                f"tensors cover {end} of {data_size} data bytes",
+            )
+        )
     return tensors, out
 
 
@@ -342,25 +466,34 @@ def _is_uint(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _read_all_headers(reader: ArtifactReader, facts: dict[str, FileFacts], usable: set[str],
-                      limits: WorkerLimits,
-                      out: list[Refusal]) -> list[tuple[str, TensorInfo]] | None:
+def _read_all_headers(
+    reader: ArtifactReader,
+    facts: dict[str, FileFacts],
+    usable: set[str],
+    limits: WorkerLimits,
+    out: list[Refusal],
+) -> list[tuple[str, TensorInfo]] | None:
     """Every tensor of every safetensors file, or None when any header is unusable."""
     if WEIGHTS_NAME not in usable:
         out.append(Refusal(Reason.weights_missing, WEIGHTS_NAME))
     found: list[tuple[str, TensorInfo]] = []
     intact = True
     for path in sorted(p for p in usable if p.endswith(".safetensors")):
-        tensors, refusals = parse_safetensors_header(reader, path, facts[path].size,
-                                                     limits.max_header_bytes)
+        tensors, refusals = parse_safetensors_header(
+            reader, path, facts[path].size, limits.max_header_bytes
+        )
         out.extend(refusals)
         intact = intact and not refusals
         found.extend((path, t) for t in tensors)
     return found if intact and found else None
 
 
-def _check_tensors(tensors: list[tuple[str, TensorInfo]], config: LoraConfig,
-                   model: ModelShape | None, out: list[Refusal]) -> None:
+def _check_tensors(
+    tensors: list[tuple[str, TensorInfo]],
+    config: LoraConfig,
+    model: ModelShape | None,
+    out: list[Refusal],
+) -> None:
     """Names and shapes agree with ``r`` / ``target_modules`` (and the model, when known)."""
     halves: dict[tuple[str, str], set[str]] = {}
     seen: set[str] = set()
@@ -370,11 +503,19 @@ def _check_tensors(tensors: list[tuple[str, TensorInfo]], config: LoraConfig,
             out.append(Refusal(Reason.tensor_name_invalid, path, f"{t.name[:120]} twice"))
             continue
         seen.add(t.name)
-        if (len(parts) < 6 or parts[:2] != ["base_model", "model"]
-                or parts[-2] not in ("lora_A", "lora_B") or parts[-1] != "weight"):
-            out.append(Refusal(Reason.tensor_name_invalid, path,
-                               f"{t.name[:120]} is not base_model.model.<site>.<module>."
-                               "lora_{A,B}.weight"))
+        if (
+            len(parts) < 6
+            or parts[:2] != ["base_model", "model"]
+            or parts[-2] not in ("lora_A", "lora_B")
+            or parts[-1] != "weight"
+        ):
+            out.append(
+                Refusal(
+                    Reason.tensor_name_invalid,
+                    path,
+                    f"{t.name[:120]} is not base_model.model.<site>.<module>.lora_{{A,B}}.weight",
+                )
+            )
             continue
         site, module, half = ".".join(parts[2:-3]), parts[-3], parts[-2]
         if module not in config.target_modules:
@@ -384,27 +525,41 @@ def _check_tensors(tensors: list[tuple[str, TensorInfo]], config: LoraConfig,
             out.append(Refusal(Reason.module_not_in_model, path, t.name[:120]))
             continue
         if not _shape_fits(t.shape, half, config.rank, model.modules[module] if model else None):
-            out.append(Refusal(Reason.tensor_shape_mismatch, path,
-                               f"{t.name[:120]}: {list(t.shape)} (r={config.rank})"))
+            out.append(
+                Refusal(
+                    Reason.tensor_shape_mismatch,
+                    path,
+                    f"{t.name[:120]}: {list(t.shape)} (r={config.rank})",
+                )
+            )
         halves.setdefault((site, module), set()).add(half)
     for (site, module), got in sorted(halves.items()):
         if got != {"lora_A", "lora_B"}:
-            out.append(Refusal(Reason.lora_pair_incomplete, detail=f"{site}.{module} has only "
-                                                                   f"{sorted(got)[0]}"))
+            out.append(
+                Refusal(
+                    Reason.lora_pair_incomplete, detail=f"{site}.{module} has only {sorted(got)[0]}"
+                )
+            )
     covered = {module for _, module in halves}
     for module in sorted(config.target_modules - covered):
-        out.append(Refusal(Reason.target_module_missing, CONFIG_NAME,
-                           f"{module} has no lora_A/lora_B weights"))
+        out.append(
+            Refusal(
+                Reason.target_module_missing, CONFIG_NAME, f"{module} has no lora_A/lora_B weights"
+            )
+        )
 
 
 def _site_in_model(model: ModelShape, site: str, module: str) -> bool:
     m = _LAYER_SITE.fullmatch(site)
-    return (m is not None and module in model.modules and int(m.group(1)) < model.num_layers
-            and m.group(2) == model.modules[module].block)
+    return (
+        m is not None
+        and module in model.modules
+        and int(m.group(1)) < model.num_layers
+        and m.group(2) == model.modules[module].block
+    )
 
 
-def _shape_fits(shape: tuple[int, ...], half: str, rank: int,
-                linear: LinearShape | None) -> bool:
+def _shape_fits(shape: tuple[int, ...], half: str, rank: int, linear: LinearShape | None) -> bool:
     if len(shape) != 2:
         return False
     if half == "lora_A":

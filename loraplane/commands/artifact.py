@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+__all__ = ["register"]
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Adapter artifacts (PEFT LoRA folders).", no_args_is_help=True)
@@ -15,22 +17,34 @@ def register(app: typer.Typer) -> None:
     def verify_cmd(
         target: str = typer.Argument(..., help="artifact folder, or s3://bucket/prefix/"),
         record_file: Path | None = typer.Option(
-            None, "--record", help="AdapterRecord JSON: checks the manifest digest, rank, "
-                                   "target modules and base model against it"),
+            None,
+            "--record",
+            help="AdapterRecord JSON: checks the manifest digest, rank, "
+            "target modules and base model against it",
+        ),
         adapter_id: str | None = typer.Option(
-            None, "--adapter-id", help="take the record from the registry topic instead"),
+            None, "--adapter-id", help="take the record from the registry topic instead"
+        ),
         version: str | None = typer.Option(None, "--version"),
-        max_rank: int | None = typer.Option(None, "--max-rank", min=1,
-                                            help="the worker's max_lora_rank (default 512)"),
-        base_model: str | None = typer.Option(None, "--base-model",
-                                              help="the worker's base model id"),
+        max_rank: int | None = typer.Option(
+            None, "--max-rank", min=1, help="the worker's max_lora_rank (default 512)"
+        ),
+        base_model: str | None = typer.Option(
+            None, "--base-model", help="the worker's base model id"
+        ),
         max_bytes: int = typer.Option(1024**3, "--max-bytes", min=1),
         model_config: Path | None = typer.Option(
-            None, "--model-config", help="the base model's config.json: also check that "
-                                         "every module exists there with matching shapes"),
+            None,
+            "--model-config",
+            help="the base model's config.json: also check that "
+            "every module exists there with matching shapes",
+        ),
         tenant: str | None = typer.Option(
-            None, "--tenant", help="check the OpenSSF model-signing bundle (model.sig) for "
-                                   "this tenant with the keyring (default: the record's)"),
+            None,
+            "--tenant",
+            help="check the OpenSSF model-signing bundle (model.sig) for "
+            "this tenant with the keyring (default: the record's)",
+        ),
     ) -> None:
         """Print ``ok``, or one line per refusal reason; exit 1 when refused. A folder
         without manifest.json is checked as ``loraplane publish`` would upload it: inert
@@ -77,8 +91,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"--model-config: {exc}", err=True)
             raise typer.Exit(2) from None
         limits = WorkerLimits(
-            base_model=base_model, max_lora_rank=max_rank or MAX_RANK, max_total_bytes=max_bytes,
-            model=model, base_model_aliases=get_settings().base_model_aliases)
+            base_model=base_model,
+            max_lora_rank=max_rank or MAX_RANK,
+            max_total_bytes=max_bytes,
+            model=model,
+            base_model_aliases=get_settings().base_model_aliases,
+        )
 
         owner = tenant or (record.tenant_id if record is not None else None)
 
@@ -87,20 +105,26 @@ def register(app: typer.Typer) -> None:
             manifest's); nothing without a tenant to check it for."""
             if owner is None or manifest is None:
                 return ()
-            outcome = check_folder(folder, manifest, owner, publish_keyring(get_settings()),
-                                   record)
+            outcome = check_folder(folder, manifest, owner, publish_keyring(get_settings()), record)
             if not isinstance(outcome, tuple):
                 return ()
             if any(r.reason is Reason.model_signing_unavailable for r in outcome):
-                typer.echo(f"{target} carries a model-signing bundle and the model-signing "
-                           f"library is not installed: pip install '{SIGNING_EXTRA}'", err=True)
+                typer.echo(
+                    f"{target} carries a model-signing bundle and the model-signing "
+                    f"library is not installed: pip install '{SIGNING_EXTRA}'",
+                    err=True,
+                )
                 raise typer.Exit(2)
             return outcome
 
         def report(refusals: tuple[Refusal, ...], pinned: bool = True) -> None:
             if not refusals:
-                typer.echo("ok" if pinned else "ok: every file check passed; no digest is "
-                           "pinned yet (no manifest.json: publish writes one and pins it)")
+                typer.echo(
+                    "ok"
+                    if pinned
+                    else "ok: every file check passed; no digest is "
+                    "pinned yet (no manifest.json: publish writes one and pins it)"
+                )
                 return
             for refusal in refusals:
                 typer.echo(str(refusal))
@@ -114,8 +138,9 @@ def register(app: typer.Typer) -> None:
             if (folder / MANIFEST_NAME).exists():
                 refusals = verify_artifact(DirectoryArtifact(folder), limits, record).refusals
                 if not refusals:
-                    refusals = signature(folder, Manifest.model_validate_json(
-                        (folder / MANIFEST_NAME).read_bytes()))
+                    refusals = signature(
+                        folder, Manifest.model_validate_json((folder / MANIFEST_NAME).read_bytes())
+                    )
                 report(refusals)
                 return
             try:
@@ -125,25 +150,32 @@ def register(app: typer.Typer) -> None:
                 return
             for dropped in prepared.manifest.dropped:
                 typer.echo(f"publish drops {dropped.path} ({dropped.kind})", err=True)
-            refusals = prepared.selection.refusals + verify_artifact(
-                prepared.reader, limits, record).refusals
+            refusals = (
+                prepared.selection.refusals
+                + verify_artifact(prepared.reader, limits, record).refusals
+            )
             report(refusals or signature(folder, prepared.manifest), pinned=record is not None)
             return
         with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
             fetcher = ArtifactFetcher(get_settings().s3)
             try:
-                fetched = fetcher.fetch(target if target.endswith("/") else target + "/",
-                                        Path(tmp) / "artifact",
-                                        expected_sha256=record.sha256 if record else None,
-                                        max_total_bytes=max_bytes,
-                                        owner=record if record and record.artifact_uri == (
-                                            target if target.endswith("/") else target + "/")
-                                        else None)
+                fetched = fetcher.fetch(
+                    target if target.endswith("/") else target + "/",
+                    Path(tmp) / "artifact",
+                    expected_sha256=record.sha256 if record else None,
+                    max_total_bytes=max_bytes,
+                    owner=record
+                    if record
+                    and record.artifact_uri == (target if target.endswith("/") else target + "/")
+                    else None,
+                )
             except ArtifactError as exc:
                 report(exc.refusals)
                 return
             artifact = DirectoryArtifact(fetched.root, fetched.digests)
-            report(verify_artifact(artifact, limits, record).refusals
-                   or signature(fetched.root, fetched.manifest))
+            report(
+                verify_artifact(artifact, limits, record).refusals
+                or signature(fetched.root, fetched.manifest)
+            )
 
     app.add_typer(group, name="artifact")

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes
     from loraplane.schemas.signing import SigningKey
 
+__all__ = ["audit_keyring_change", "parse_scopes", "register"]
+
 
 def parse_scopes(items: list[str]) -> dict[str, list[str] | str]:
     """``tenant:acme action:publish action:canary`` -> {"tenants": [...], "actions": [...]};
@@ -46,18 +48,27 @@ def audit_keyring_change(action: str, key_id: str, publisher: str, detail: str) 
     from loraplane.schemas.base import now_utc
 
     settings = get_settings()
-    record = AuditRecord(event_id=f"keys-{uuid.uuid4().hex}", ts=now_utc(), component="cli",
-                         action=action, decision="applied", actor=getpass.getuser()[:128],
-                         subject_event_id=key_id[:128], detail=f"{publisher}: {detail}"[:2048])
+    record = AuditRecord(
+        event_id=f"keys-{uuid.uuid4().hex}",
+        ts=now_utc(),
+        component="cli",
+        action=action,
+        decision="applied",
+        actor=getpass.getuser()[:128],
+        subject_event_id=key_id[:128],
+        detail=f"{publisher}: {detail}"[:2048],
+    )
     try:
         produce_sync(settings, topic_name(settings, "audit"), key_id, record, timeout_s=5.0)
     except (DeliveryError, KafkaAuthError, KafkaException) as exc:  # the file change stands
-        typer.echo(f"warning: the keyring changed but its audit record was not written: "
-                   f"{exc}", err=True)
+        typer.echo(
+            f"warning: the keyring changed but its audit record was not written: {exc}", err=True
+        )
 
 
-def _new_key(publisher: str, kid: str, scopes: Scopes, role: KeyRole, valid_days: int,
-             out: Path | None) -> tuple[SigningKey, KeyEntry, Path]:
+def _new_key(
+    publisher: str, kid: str, scopes: Scopes, role: KeyRole, valid_days: int, out: Path | None
+) -> tuple[SigningKey, KeyEntry, Path]:
     """A new key pair, its keyring entry, and where its private key goes (``out``, else the
     planner key path for a planner key, else HOME/keys/KEY_ID.key)."""
     from datetime import timedelta
@@ -69,12 +80,21 @@ def _new_key(publisher: str, kid: str, scopes: Scopes, role: KeyRole, valid_days
 
     now = now_utc()
     key = SigningKey.generate(publisher, kid)
-    entry = KeyEntry(key_id=kid, publisher=publisher, public_key=key.public_key_b64,
-                     not_before=now, not_after=now + timedelta(days=valid_days),
-                     scopes=scopes, role=role)
+    entry = KeyEntry(
+        key_id=kid,
+        publisher=publisher,
+        public_key=key.public_key_b64,
+        not_before=now,
+        not_after=now + timedelta(days=valid_days),
+        scopes=scopes,
+        role=role,
+    )
     settings = get_settings()
-    path = out or (settings.planner_key_path if role is KeyRole.planner
-                   else settings.home / "keys" / f"{kid}.key")
+    path = out or (
+        settings.planner_key_path
+        if role is KeyRole.planner
+        else settings.home / "keys" / f"{kid}.key"
+    )
     return key, entry, path
 
 
@@ -109,17 +129,23 @@ def register(app: typer.Typer) -> None:
     @group.command("generate")
     def generate_cmd(
         publisher: str = typer.Option(..., "--publisher"),
-        scope: list[str] = typer.Option(..., "--scope",
-                                        help="tenant:NAME or action:NAME, repeatable; '*': any"),
+        scope: list[str] = typer.Option(
+            ..., "--scope", help="tenant:NAME or action:NAME, repeatable; '*': any"
+        ),
         key_id: str | None = typer.Option(None, "--key-id", help="Default: PUBLISHER-DATE."),
-        out: Path | None = typer.Option(None, "--out", help="Private key file (mode 0600); "
-                                        "default: HOME/keys/KEY_ID.key"),
+        out: Path | None = typer.Option(
+            None, "--out", help="Private key file (mode 0600); default: HOME/keys/KEY_ID.key"
+        ),
         valid_days: int = typer.Option(365, "--valid-days", min=1),
-        keyring: Path | None = typer.Option(None, "--keyring",
-                                            help="Also append the entry to this keyring file."),
-        role: str = typer.Option("publisher", "--role",
-                                 help="publisher (signs lifecycle events, CI) or planner "
-                                 "(signs cache commands; default --out: the planner key path)"),
+        keyring: Path | None = typer.Option(
+            None, "--keyring", help="Also append the entry to this keyring file."
+        ),
+        role: str = typer.Option(
+            "publisher",
+            "--role",
+            help="publisher (signs lifecycle events, CI) or planner "
+            "(signs cache commands; default --out: the planner key path)",
+        ),
     ) -> None:
         """Write a new private key and print its keyring entry (YAML)."""
         from pydantic import ValidationError
@@ -136,9 +162,14 @@ def register(app: typer.Typer) -> None:
 
         kid = key_id or f"{publisher}-{now_utc():%Y%m%d%H%M%S}"
         try:
-            key, entry, path = _new_key(publisher, kid,
-                                        Scopes.model_validate(parse_scopes(scope)),
-                                        KeyRole(role), valid_days, out)
+            key, entry, path = _new_key(
+                publisher,
+                kid,
+                Scopes.model_validate(parse_scopes(scope)),
+                KeyRole(role),
+                valid_days,
+                out,
+            )
             ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
             ring = ring.with_key(entry) if keyring else ring
         except (ValidationError, KeyringError, ValueError) as exc:
@@ -154,15 +185,20 @@ def register(app: typer.Typer) -> None:
     def rotate_cmd(
         keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
         key_id: str = typer.Option(..., "--key-id", help="The key being replaced."),
-        new_key_id: str | None = typer.Option(None, "--new-key-id",
-                                              help="Default: PUBLISHER-DATE."),
+        new_key_id: str | None = typer.Option(
+            None, "--new-key-id", help="Default: PUBLISHER-DATE."
+        ),
         out: Path | None = typer.Option(None, "--out", help="The new private key (mode 0600)."),
         valid_days: int = typer.Option(365, "--valid-days", min=1),
         revoke_old: bool = typer.Option(
-            False, "--revoke-old", help="Revoke the old key in the same replace (default: both "
-            "stay valid, so CI can switch before `keys revoke`)."),
-        audit: bool = typer.Option(True, "--audit/--no-audit",
-                                   help="Write an audit record (needs the stack)."),
+            False,
+            "--revoke-old",
+            help="Revoke the old key in the same replace (default: both "
+            "stay valid, so CI can switch before `keys revoke`).",
+        ),
+        audit: bool = typer.Option(
+            True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
+        ),
     ) -> None:
         """Add a new key for the same publisher, scopes and role as KEY_ID."""
         from loraplane.schemas.base import now_utc
@@ -181,18 +217,25 @@ def register(app: typer.Typer) -> None:
         _save_new(key, path)
         save_keyring(ring, keyring)
         typer.echo(f"# private key: {path} (mode 0600)", err=True)
-        typer.echo(f"{kid}: added for {old.publisher} ({old.role})"
-                   + (f"; {key_id} revoked" if revoke_old else f"; {key_id} still valid"))
+        typer.echo(
+            f"{kid}: added for {old.publisher} ({old.role})"
+            + (f"; {key_id} revoked" if revoke_old else f"; {key_id} still valid")
+        )
         if audit:
-            audit_keyring_change("key_rotate", kid, old.publisher,
-                                 f"replaces {key_id}" + (" (revoked)" if revoke_old else ""))
+            audit_keyring_change(
+                "key_rotate",
+                kid,
+                old.publisher,
+                f"replaces {key_id}" + (" (revoked)" if revoke_old else ""),
+            )
 
     @group.command("revoke")
     def revoke_cmd(
         keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
         key_id: str = typer.Option(..., "--key-id"),
-        audit: bool = typer.Option(True, "--audit/--no-audit",
-                                   help="Write an audit record (needs the stack)."),
+        audit: bool = typer.Option(
+            True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
+        ),
     ) -> None:
         """Revoke KEY_ID: from now on its events and commands are refused (key_revoked)."""
         from loraplane.schemas.keyring import save_keyring
@@ -208,15 +251,19 @@ def register(app: typer.Typer) -> None:
 
     @group.command("tenant")
     def tenant_cmd(
-        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (created if "
-                                                            "missing; atomic replace)."),
+        keyring: Path = typer.Option(
+            ..., "--keyring", help="The keyring file (created if missing; atomic replace)."
+        ),
         tenant: str = typer.Option(..., "--tenant"),
-        max_priority: str | None = typer.Option(None, "--max-priority",
-                                                help="bronze | silver | gold | platinum"),
+        max_priority: str | None = typer.Option(
+            None, "--max-priority", help="bronze | silver | gold | platinum"
+        ),
         require_model_signature: bool | None = typer.Option(
-            None, "--require-model-signature/--no-require-model-signature",
+            None,
+            "--require-model-signature/--no-require-model-signature",
             help="Publish and load only this tenant's artifacts with a verified OpenSSF "
-                 "model-signing bundle."),
+            "model-signing bundle.",
+        ),
     ) -> None:
         """Set a tenant's priority ceiling (its publishes above it are rejected) and whether
         its artifacts must be model-signed; what is not given is kept."""
@@ -225,8 +272,7 @@ def register(app: typer.Typer) -> None:
         from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring, save_keyring
 
         if max_priority is None and require_model_signature is None:
-            typer.echo("error: give --max-priority or --[no-]require-model-signature",
-                       err=True)
+            typer.echo("error: give --max-priority or --[no-]require-model-signature", err=True)
             raise typer.Exit(1)
         try:
             ring = load_keyring(keyring) if keyring.exists() else Keyring()
@@ -236,33 +282,40 @@ def register(app: typer.Typer) -> None:
                 policy["max_priority"] = max_priority
             if require_model_signature is not None:
                 policy["require_model_signature"] = require_model_signature
-            ring = Keyring.model_validate({**data, "tenants": {**data["tenants"],
-                                                               tenant: policy}})
+            ring = Keyring.model_validate({**data, "tenants": {**data["tenants"], tenant: policy}})
         except (ValidationError, KeyringError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         save_keyring(ring, keyring)
         required = "required" if ring.requires_model_signature(tenant) else "not required"
-        typer.echo(f"{tenant}: max_priority {ring.max_priority(tenant)}, model signature "
-                   f"{required}")
+        typer.echo(
+            f"{tenant}: max_priority {ring.max_priority(tenant)}, model signature {required}"
+        )
 
     @group.command("model-signer")
     def model_signer_cmd(
-        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (created if "
-                                                            "missing; atomic replace)."),
+        keyring: Path = typer.Option(
+            ..., "--keyring", help="The keyring file (created if missing; atomic replace)."
+        ),
         signer_id: str = typer.Option(..., "--signer-id"),
-        tenants: list[str] = typer.Option(..., "--tenant", help="Whose adapters it may sign "
-                                                                "(repeatable; '*': any)."),
+        tenants: list[str] = typer.Option(
+            ..., "--tenant", help="Whose adapters it may sign (repeatable; '*': any)."
+        ),
         public_key: Path | None = typer.Option(
-            None, "--public-key", help="EC public key (PEM) of key-based model signing."),
+            None, "--public-key", help="EC public key (PEM) of key-based model signing."
+        ),
         ca_certificates: Path | None = typer.Option(
-            None, "--ca-certificates", help="Trust anchors (PEM) of certificate signing."),
+            None, "--ca-certificates", help="Trust anchors (PEM) of certificate signing."
+        ),
         certificate_subject: str | None = typer.Option(
-            None, "--certificate-subject",
+            None,
+            "--certificate-subject",
             help="With --ca-certificates: the one signing-certificate subject (RFC 4514) "
-                 "they vouch for."),
-        revoke: bool = typer.Option(False, "--revoke", help="Mark the signer revoked: its "
-                                                            "bundles stop verifying."),
+            "they vouch for.",
+        ),
+        revoke: bool = typer.Option(
+            False, "--revoke", help="Mark the signer revoked: its bundles stop verifying."
+        ),
     ) -> None:
         """Trust an OpenSSF model-signing key or CA for some tenants' adapters (replaces an
         entry of the same id), or revoke one."""
@@ -285,12 +338,15 @@ def register(app: typer.Typer) -> None:
                     raise KeyringError(f"no model signer {signer_id} in {keyring}")
                 entry = old.model_copy(update={"revoked": True})
             else:
-                entry = ModelSignerEntry.model_validate({
-                    "signer_id": signer_id,
-                    "tenants": "*" if "*" in tenants else tenants,
-                    "public_key": public_key.read_text() if public_key else None,
-                    "ca_certificates": ca_certificates.read_text() if ca_certificates else None,
-                    "certificate_subject": certificate_subject})
+                entry = ModelSignerEntry.model_validate(
+                    {
+                        "signer_id": signer_id,
+                        "tenants": "*" if "*" in tenants else tenants,
+                        "public_key": public_key.read_text() if public_key else None,
+                        "ca_certificates": ca_certificates.read_text() if ca_certificates else None,
+                        "certificate_subject": certificate_subject,
+                    }
+                )
             ring = ring.model_copy(update={"model_signers": [*others, entry]})
         except (ValidationError, KeyringError, OSError, UnicodeDecodeError) as exc:
             typer.echo(f"error: {exc}", err=True)

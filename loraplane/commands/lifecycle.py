@@ -26,14 +26,27 @@ if TYPE_CHECKING:
     from loraplane.registry.decisions import DecisionWatch
     from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 
+__all__ = [
+    "ADAPTER_OPTION",
+    "BASE_OPTION",
+    "KEY_OPTION",
+    "MAX_EVENTS_FILE_BYTES",
+    "REASON_OPTION",
+    "TENANT_OPTION",
+    "TTL_OPTION",
+    "VERSION_OPTION",
+    "register",
+]
+
 KEY_OPTION = typer.Option(..., "--key", help="Private key file (loraplane keys generate).")
 ADAPTER_OPTION = typer.Option(..., "--adapter-id")
 VERSION_OPTION = typer.Option(..., "--version", help="The version the action applies to.")
 TENANT_OPTION = typer.Option(None, "--tenant", help="Default: the registry's owner.")
 BASE_OPTION = typer.Option(None, "--base-model", help="Default: the registry's base model.")
 REASON_OPTION = typer.Option("", "--reason", help="Why, for the audit log.")
-TTL_OPTION = typer.Option(60, "--ttl-minutes", min=1, max=7 * 24 * 60,
-                          help="The event expires after this long unapplied.")
+TTL_OPTION = typer.Option(
+    60, "--ttl-minutes", min=1, max=7 * 24 * 60, help="The event expires after this long unapplied."
+)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -66,8 +79,9 @@ def _load_key(path: Path) -> Any:
         raise _fail(str(exc)) from None
 
 
-def _owner(settings: Settings, adapter_id: str, tenant: str | None,
-           base_model: str | None) -> tuple[str, str]:
+def _owner(
+    settings: Settings, adapter_id: str, tenant: str | None, base_model: str | None
+) -> tuple[str, str]:
     """Tenant and base model from the options, else from the registry topic."""
     if tenant and base_model:
         return tenant, base_model
@@ -79,9 +93,17 @@ def _owner(settings: Settings, adapter_id: str, tenant: str | None,
     return tenant or view.tenant_id, base_model or view.base_model
 
 
-def _transition(action: LifecycleAction, key_file: Path, adapter_id: str, version: str,
-                tenant: str | None, base_model: str | None, reason: str, ttl_minutes: int,
-                **fields: Any) -> None:
+def _transition(
+    action: LifecycleAction,
+    key_file: Path,
+    adapter_id: str,
+    version: str,
+    tenant: str | None,
+    base_model: str | None,
+    reason: str,
+    ttl_minutes: int,
+    **fields: Any,
+) -> None:
     from datetime import timedelta
 
     from pydantic import ValidationError
@@ -93,26 +115,48 @@ def _transition(action: LifecycleAction, key_file: Path, adapter_id: str, versio
     key = _load_key(key_file)
     tenant_id, base = _owner(settings, adapter_id, tenant, base_model)
     try:
-        event = signed_event(key, action, adapter_id=adapter_id, tenant_id=tenant_id,
-                             base_model=base, version=version, reason=reason,
-                             ttl=timedelta(minutes=ttl_minutes), **fields)
+        event = signed_event(
+            key,
+            action,
+            adapter_id=adapter_id,
+            tenant_id=tenant_id,
+            base_model=base,
+            version=version,
+            reason=reason,
+            ttl=timedelta(minutes=ttl_minutes),
+            **fields,
+        )
     except ValidationError as exc:
         raise _fail(str(exc)) from None
     partition, offset = _produce(settings, event)
-    typer.echo(json.dumps({"event_id": event.event_id, "action": str(action),
-                           "adapter_id": adapter_id, "version": version, "seq": event.seq,
-                           "partition": partition, "offset": offset}))
+    typer.echo(
+        json.dumps(
+            {
+                "event_id": event.event_id,
+                "action": str(action),
+                "adapter_id": adapter_id,
+                "version": version,
+                "seq": event.seq,
+                "partition": partition,
+                "offset": offset,
+            }
+        )
+    )
 
 
 def _version_command(action: LifecycleAction) -> Callable[..., None]:
     """The command of an action that needs nothing but the version (promote/retire/revoke)."""
 
-    def command(adapter_id: str = ADAPTER_OPTION, version: str = VERSION_OPTION,
-                key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
-                base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
-                ttl_minutes: int = TTL_OPTION) -> None:
-        _transition(action, key_file, adapter_id, version, tenant, base_model, reason,
-                    ttl_minutes)
+    def command(
+        adapter_id: str = ADAPTER_OPTION,
+        version: str = VERSION_OPTION,
+        key_file: Path = KEY_OPTION,
+        tenant: str | None = TENANT_OPTION,
+        base_model: str | None = BASE_OPTION,
+        reason: str = REASON_OPTION,
+        ttl_minutes: int = TTL_OPTION,
+    ) -> None:
+        _transition(action, key_file, adapter_id, version, tenant, base_model, reason, ttl_minutes)
 
     return command
 
@@ -133,8 +177,9 @@ def _is_one_object(data: bytes) -> bool:
         return False
 
 
-def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
-              model_config: Path | None) -> None:
+def _reupload(
+    settings: Settings, adapter_id: str, version: str, artifact: str, model_config: Path | None
+) -> None:
     """``publish --reupload``: a registered version's bytes back into the store."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -158,9 +203,18 @@ def _reupload(settings: Settings, adapter_id: str, version: str, artifact: str,
         raise _fail(str(exc)) from None
     except (BotoCoreError, ClientError) as exc:
         raise _fail(f"artifact store: {exc}") from None
-    typer.echo(json.dumps({"reuploaded": True, "adapter_id": adapter_id, "version": version,
-                           "sha256": record.sha256, "artifact_uri": record.artifact_uri,
-                           "files": len(manifest.files) + 1}))
+    typer.echo(
+        json.dumps(
+            {
+                "reuploaded": True,
+                "adapter_id": adapter_id,
+                "version": version,
+                "sha256": record.sha256,
+                "artifact_uri": record.artifact_uri,
+                "files": len(manifest.files) + 1,
+            }
+        )
+    )
 
 
 def _publish_settings(get_settings: Callable[[], Settings]) -> Settings:
@@ -180,14 +234,17 @@ def _check_release(adapter_id: str, tenant: str, base_model: str, version: str) 
 
     ids = "an id (lower-case letters, digits, '.', '_', '-'; at most 128)"
     for option, value, kind, what in (
-            ("--adapter-id", adapter_id, Identifier, ids), ("--tenant", tenant, Identifier, ids),
-            ("--base-model", base_model, Identifier, ids),
-            ("--version", version, Version, "a version (1, v2, 1.4.0: up to 4 numbers)")):
+        ("--adapter-id", adapter_id, Identifier, ids),
+        ("--tenant", tenant, Identifier, ids),
+        ("--base-model", base_model, Identifier, ids),
+        ("--version", version, Version, "a version (1, v2, 1.4.0: up to 4 numbers)"),
+    ):
         try:
             TypeAdapter(kind).validate_python(value)
         except ValidationError:
-            raise PublishFailed(PublishFailure.release_invalid,
-                                f"{option} {value[:100]!r} is not {what}") from None
+            raise PublishFailed(
+                PublishFailure.release_invalid, f"{option} {value[:100]!r} is not {what}"
+            ) from None
 
 
 def _publish_key(path: Path) -> Any:
@@ -221,17 +278,24 @@ def _await_registry(report: PublishReport, watch: DecisionWatch, wait_s: float) 
     try:
         audits = watch.wait(ids, wait_s)
     except KafkaException as exc:
-        raise PublishFailed(PublishFailure.registry_undecided,
-                            f"reading the audit topic: {exc}") from None
+        raise PublishFailed(
+            PublishFailure.registry_undecided, f"reading the audit topic: {exc}"
+        ) from None
     rejected = report.decided(audits)
     if rejected:
-        raise PublishFailed(PublishFailure.registry_rejected, "; ".join(
-            f"the registry rejected {d.action} event {d.event_id}: {d.why}" for d in rejected))
+        raise PublishFailed(
+            PublishFailure.registry_rejected,
+            "; ".join(
+                f"the registry rejected {d.action} event {d.event_id}: {d.why}" for d in rejected
+            ),
+        )
     missing = [i for i in ids if i not in audits]
     if missing:
-        raise PublishFailed(PublishFailure.registry_undecided,
-                            f"no decision on {', '.join(missing)} within {wait_s:g} s (is the "
-                            "registry agent, `loraplane streams run`, running?)")
+        raise PublishFailed(
+            PublishFailure.registry_undecided,
+            f"no decision on {', '.join(missing)} within {wait_s:g} s (is the "
+            "registry agent, `loraplane streams run`, running?)",
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -241,36 +305,55 @@ def register(app: typer.Typer) -> None:
     def publish_cmd(
         adapter_id: str = ADAPTER_OPTION,
         tenant: str | None = typer.Option(None, "--tenant", help="Required unless --reupload."),
-        base_model: str | None = typer.Option(None, "--base-model",
-                                              help="Required unless --reupload."),
+        base_model: str | None = typer.Option(
+            None, "--base-model", help="Required unless --reupload."
+        ),
         version: str = typer.Option(..., "--version"),
-        priority: str = typer.Option("silver", "--priority",
-                                     help="bronze | silver | gold | platinum"),
+        priority: str = typer.Option(
+            "silver", "--priority", help="bronze | silver | gold | platinum"
+        ),
         artifact: str = typer.Option(..., "--artifact", help="Adapter folder or s3:// prefix."),
-        canary: float | None = typer.Option(None, "--canary",
-                                            help="Also start a canary at this percent."),
-        promote: bool = typer.Option(False, "--promote",
-                                     help="Also make this version the active one."),
+        canary: float | None = typer.Option(
+            None, "--canary", help="Also start a canary at this percent."
+        ),
+        promote: bool = typer.Option(
+            False, "--promote", help="Also make this version the active one."
+        ),
         tokenizer_revision: str = typer.Option("", "--tokenizer-revision"),
         model_config: Path | None = typer.Option(
-            None, "--model-config", help="the base model's config.json: also check that "
-                                         "every module exists there with matching shapes"),
+            None,
+            "--model-config",
+            help="the base model's config.json: also check that "
+            "every module exists there with matching shapes",
+        ),
         key_file: Path | None = typer.Option(
-            None, "--key", help="Private key file (loraplane keys generate); required "
-                                "unless --reupload."),
+            None,
+            "--key",
+            help="Private key file (loraplane keys generate); required unless --reupload.",
+        ),
         reason: str = REASON_OPTION,
         ttl_minutes: int = TTL_OPTION,
         wait_s: float = typer.Option(
-            0.0, "--wait-s", min=0, max=3600,
+            0.0,
+            "--wait-s",
+            min=0,
+            max=3600,
             help="Also wait this long for the registry's decision on each event (read "
-                 "from the audit topic); 0: exit once the broker acknowledged them."),
+            "from the audit topic); 0: exit once the broker acknowledged them.",
+        ),
         json_output: bool = typer.Option(
-            False, "--json", help="Print the result object (stdout) whatever happens, "
-                                  "failures included: the stable interface for scripts."),
+            False,
+            "--json",
+            help="Print the result object (stdout) whatever happens, "
+            "failures included: the stable interface for scripts.",
+        ),
         reupload: bool = typer.Option(
-            False, "--reupload", help="The version is registered already and the store lost "
-                                      "its bytes: upload them again once their digest is the "
-                                      "registry's signed one; no lifecycle event."),
+            False,
+            "--reupload",
+            help="The version is registered already and the store lost "
+            "its bytes: upload them again once their digest is the "
+            "registry's signed one; no lifecycle event.",
+        ),
     ) -> None:
         """Verify, upload and publish an adapter version (status: published).
 
@@ -304,26 +387,32 @@ def register(app: typer.Typer) -> None:
         if reupload and not json_output:
             _reupload(get_settings(), adapter_id, version, artifact, model_config)
             return
-        report = PublishReport(adapter_id, version, tenant_id=tenant, base_model=base_model,
-                               json_output=json_output)
+        report = PublishReport(
+            adapter_id, version, tenant_id=tenant, base_model=base_model, json_output=json_output
+        )
         with report.running():
             if reupload:
-                raise PublishFailed(PublishFailure.options_invalid,
-                                    "--json is for publishing; --reupload prints its own line")
+                raise PublishFailed(
+                    PublishFailure.options_invalid,
+                    "--json is for publishing; --reupload prints its own line",
+                )
             if key_file is None or tenant is None or base_model is None:
-                raise PublishFailed(PublishFailure.options_invalid,
-                                    "publish needs --key, --tenant and --base-model "
-                                    "(or --reupload)")
+                raise PublishFailed(
+                    PublishFailure.options_invalid,
+                    "publish needs --key, --tenant and --base-model (or --reupload)",
+                )
             if promote and canary is not None:
-                raise PublishFailed(PublishFailure.options_invalid,
-                                    "--canary or --promote, not both")
+                raise PublishFailed(
+                    PublishFailure.options_invalid, "--canary or --promote, not both"
+                )
             settings = _publish_settings(get_settings)
             _check_release(adapter_id, tenant, base_model, version)
             key = _publish_key(key_file)
             ttl = timedelta(minutes=ttl_minutes)
             try:
-                request = PublishRequest(adapter_id, tenant, base_model, version,
-                                         Priority(priority), tokenizer_revision)
+                request = PublishRequest(
+                    adapter_id, tenant, base_model, version, Priority(priority), tokenizer_revision
+                )
             except ValueError as exc:
                 raise PublishFailed(PublishFailure.options_invalid, str(exc)) from None
             try:
@@ -334,42 +423,73 @@ def register(app: typer.Typer) -> None:
                 with local_folder(settings, artifact) as folder:
                     report.progress(f"verifying {artifact} as a worker would")
                     record, manifest = build_record(
-                        folder, request, settings.s3.bucket,
-                        base_model_aliases=settings.base_model_aliases, model=model,
-                        keyring=publish_keyring(settings))
+                        folder,
+                        request,
+                        settings.s3.bucket,
+                        base_model_aliases=settings.base_model_aliases,
+                        model=model,
+                        keyring=publish_keyring(settings),
+                    )
                     report.artifact(record)
-                    report.progress(f"uploading {len(manifest.files)} files and the manifest "
-                                    f"to {record.artifact_uri}")
+                    report.progress(
+                        f"uploading {len(manifest.files)} files and the manifest "
+                        f"to {record.artifact_uri}"
+                    )
                     upload(settings, folder, record, manifest)
             except SigningUnavailable as exc:
                 raise PublishFailed(PublishFailure.extra_missing, str(exc)) from None
             except ArtifactError as exc:
-                raise PublishFailed(PublishFailure.artifact_refused, str(exc),
-                                    exc.refusals) from None
+                raise PublishFailed(
+                    PublishFailure.artifact_refused, str(exc), exc.refusals
+                ) from None
             except OSError as exc:  # the folder could not be read
                 raise PublishFailed(PublishFailure.artifact_refused, str(exc)) from None
             except (BotoCoreError, ClientError) as exc:
-                raise PublishFailed(PublishFailure.artifact_store_unavailable,
-                                    f"artifact store: {exc}") from None
+                raise PublishFailed(
+                    PublishFailure.artifact_store_unavailable, f"artifact store: {exc}"
+                ) from None
             except SecretError as exc:  # the S3 secret file
                 raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
             try:
-                event = signed_event(key, LifecycleAction.publish, adapter_id=adapter_id,
-                                     tenant_id=tenant, base_model=base_model, version=version,
-                                     record=record, reason=reason, ttl=ttl)
+                event = signed_event(
+                    key,
+                    LifecycleAction.publish,
+                    adapter_id=adapter_id,
+                    tenant_id=tenant,
+                    base_model=base_model,
+                    version=version,
+                    record=record,
+                    reason=reason,
+                    ttl=ttl,
+                )
                 # The follow-up needs no registry look-up (promote alone does: the owner), so
                 # it cannot race the registry taking in the publish.
                 follow = None
                 if canary is not None:
                     follow = signed_event(
-                        key, LifecycleAction.canary, adapter_id=adapter_id, tenant_id=tenant,
-                        base_model=base_model, version=version, canary_percent=canary,
-                        reason=reason, seq=event.seq + 1, ttl=ttl)
+                        key,
+                        LifecycleAction.canary,
+                        adapter_id=adapter_id,
+                        tenant_id=tenant,
+                        base_model=base_model,
+                        version=version,
+                        canary_percent=canary,
+                        reason=reason,
+                        seq=event.seq + 1,
+                        ttl=ttl,
+                    )
                 elif promote:
                     follow = signed_event(
-                        key, LifecycleAction.promote, adapter_id=adapter_id, tenant_id=tenant,
-                        base_model=base_model, version=version, reason=reason,
-                        seq=event.seq + 1, ttl=ttl)
+                        key,
+                        LifecycleAction.promote,
+                        adapter_id=adapter_id,
+                        tenant_id=tenant,
+                        base_model=base_model,
+                        version=version,
+                        reason=reason,
+                        seq=event.seq + 1,
+                        ttl=ttl,
+                    )
             except (ValueError, ValidationError) as exc:
                 raise PublishFailed(PublishFailure.release_invalid, str(exc)) from None
             watch = _decision_watch(settings) if wait_s else None
@@ -380,39 +500,70 @@ def register(app: typer.Typer) -> None:
                 try:
                     report.sent(sent, *produce_sync(settings, lifecycle, adapter_id, sent))
                 except DeliveryError as exc:
-                    raise PublishFailed(PublishFailure.bus_unavailable if sent is event
-                                        else PublishFailure.follow_up_not_acknowledged,
-                                        str(exc)) from None
+                    raise PublishFailed(
+                        PublishFailure.bus_unavailable
+                        if sent is event
+                        else PublishFailure.follow_up_not_acknowledged,
+                        str(exc),
+                    ) from None
                 except KafkaAuthError as exc:  # before the first event: nothing was sent
                     raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
             if watch is not None:
                 _await_registry(report, watch, wait_s)
 
     @app.command("canary")
-    def canary_cmd(adapter_id: str = ADAPTER_OPTION, version: str = VERSION_OPTION,
-                   percent: float = typer.Option(..., "--percent", help="0-100"),
-                   key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
-                   base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
-                   ttl_minutes: int = TTL_OPTION) -> None:
+    def canary_cmd(
+        adapter_id: str = ADAPTER_OPTION,
+        version: str = VERSION_OPTION,
+        percent: float = typer.Option(..., "--percent", help="0-100"),
+        key_file: Path = KEY_OPTION,
+        tenant: str | None = TENANT_OPTION,
+        base_model: str | None = BASE_OPTION,
+        reason: str = REASON_OPTION,
+        ttl_minutes: int = TTL_OPTION,
+    ) -> None:
         """Serve a published version to PERCENT of the adapter's traffic."""
-        _transition(LifecycleAction.canary, key_file, adapter_id, version, tenant, base_model,
-                    reason, ttl_minutes, canary_percent=percent)
+        _transition(
+            LifecycleAction.canary,
+            key_file,
+            adapter_id,
+            version,
+            tenant,
+            base_model,
+            reason,
+            ttl_minutes,
+            canary_percent=percent,
+        )
 
     @app.command("rollback")
-    def rollback_cmd(adapter_id: str = ADAPTER_OPTION,
-                     version: str = typer.Option(..., "--version", help="The active version."),
-                     to: str | None = typer.Option(None, "--to",
-                                                   help="Default: the version it replaced."),
-                     key_file: Path = KEY_OPTION, tenant: str | None = TENANT_OPTION,
-                     base_model: str | None = BASE_OPTION, reason: str = REASON_OPTION,
-                     ttl_minutes: int = TTL_OPTION) -> None:
+    def rollback_cmd(
+        adapter_id: str = ADAPTER_OPTION,
+        version: str = typer.Option(..., "--version", help="The active version."),
+        to: str | None = typer.Option(None, "--to", help="Default: the version it replaced."),
+        key_file: Path = KEY_OPTION,
+        tenant: str | None = TENANT_OPTION,
+        base_model: str | None = BASE_OPTION,
+        reason: str = REASON_OPTION,
+        ttl_minutes: int = TTL_OPTION,
+    ) -> None:
         """Retire the active version and re-activate an earlier one."""
-        _transition(LifecycleAction.rollback, key_file, adapter_id, version, tenant, base_model,
-                    reason, ttl_minutes, rollback_to=to)
+        _transition(
+            LifecycleAction.rollback,
+            key_file,
+            adapter_id,
+            version,
+            tenant,
+            base_model,
+            reason,
+            ttl_minutes,
+            rollback_to=to,
+        )
 
-    for action, doc in ((LifecycleAction.promote, "Make a version the active one."),
-                        (LifecycleAction.retire, "Take a version out of service."),
-                        (LifecycleAction.revoke, "Never load a version again; workers evict.")):
+    for action, doc in (
+        (LifecycleAction.promote, "Make a version the active one."),
+        (LifecycleAction.retire, "Take a version out of service."),
+        (LifecycleAction.revoke, "Never load a version again; workers evict."),
+    ):
         app.command(str(action), help=doc)(_version_command(action))
 
     group = typer.Typer(help="Offline checks of lifecycle events.", no_args_is_help=True)
@@ -421,8 +572,11 @@ def register(app: typer.Typer) -> None:
     def verify_cmd(
         file: Path = typer.Argument(..., help="One event (JSON) or JSON lines, in order."),
         keyring: Path = typer.Option(..., "--keyring"),
-        state: Path | None = typer.Option(None, "--state", help="Registry to start from: "
-                                          "the output of `loraplane registry list --json`."),
+        state: Path | None = typer.Option(
+            None,
+            "--state",
+            help="Registry to start from: the output of `loraplane registry list --json`.",
+        ),
     ) -> None:
         """Apply the events in order as the registry would; exit 1 if any is rejected."""
         from loraplane.registry.fold import Accepted, AdapterState, evaluate
@@ -440,16 +594,19 @@ def register(app: typer.Typer) -> None:
         except (KeyringError, OSError, ValueError) as exc:
             raise _fail(str(exc)) from None
         states = {aid: AdapterState(view=v) for aid, v in views.items()}
-        messages = [data] if _is_one_object(data) \
-            else [line for line in data.splitlines() if line.strip()]
+        messages = (
+            [data] if _is_one_object(data) else [line for line in data.splitlines() if line.strip()]
+        )
         rejected = 0
         for n, raw in enumerate(messages, 1):
             decision = evaluate(raw, ring, states.get, now_utc())
             if isinstance(decision, Accepted):
                 states[decision.adapter_id] = decision.state
-                typer.echo(f"{n}: accept {decision.event.action} {decision.adapter_id}@"
-                           f"{decision.event.version} (active: "
-                           f"{decision.state.view.active_version})")
+                typer.echo(
+                    f"{n}: accept {decision.event.action} {decision.adapter_id}@"
+                    f"{decision.event.version} (active: "
+                    f"{decision.state.view.active_version})"
+                )
             else:
                 rejected += 1
                 typer.echo(f"{n}: reject {decision.reason}: {decision.detail}")

@@ -12,16 +12,38 @@ import typer
 
 from loraplane.kernel.config import get_settings
 
-app = typer.Typer(help="ClickHouse metrics: schema, retention and the Kafka sink.",
-                  no_args_is_help=True)
+__all__ = [
+    "REPORT_COLUMNS",
+    "app",
+    "dashboard",
+    "migrate",
+    "register",
+    "report",
+    "retention",
+    "sink",
+]
+
+app = typer.Typer(
+    help="ClickHouse metrics: schema, retention and the Kafka sink.", no_args_is_help=True
+)
 
 REPORT_COLUMNS = (
-    ("adapter_id", "adapter"), ("adapter_version", "version"), ("tenant_id", "tenant"),
-    ("base_model", "base model"), ("requests", "requests"), ("gpu_hits", "gpu"),
-    ("host_hits", "host"), ("cold", "cold"), ("base_fallbacks", "fallback"),
-    ("hot_adapter_hit_rate", "hit rate"), ("ttft_p50_ms", "ttft p50"),
-    ("ttft_p95_ms", "ttft p95"), ("ttft_p99_ms", "ttft p99"), ("swap_p95_ms", "swap p95"),
-    ("load_failures", "load fail"), ("kv_namespace_conflicts", "kv conflicts"),
+    ("adapter_id", "adapter"),
+    ("adapter_version", "version"),
+    ("tenant_id", "tenant"),
+    ("base_model", "base model"),
+    ("requests", "requests"),
+    ("gpu_hits", "gpu"),
+    ("host_hits", "host"),
+    ("cold", "cold"),
+    ("base_fallbacks", "fallback"),
+    ("hot_adapter_hit_rate", "hit rate"),
+    ("ttft_p50_ms", "ttft p50"),
+    ("ttft_p95_ms", "ttft p95"),
+    ("ttft_p99_ms", "ttft p99"),
+    ("swap_p95_ms", "swap p95"),
+    ("load_failures", "load fail"),
+    ("kv_namespace_conflicts", "kv conflicts"),
 )
 
 
@@ -49,13 +71,17 @@ def migrate() -> None:
         raise _fail(str(exc)) from None
     for label in result.applied:
         typer.echo(f"applied {label}")
-    typer.echo(f"ClickHouse {result.server_version}, database {settings.clickhouse.database}: "
-               f"{len(result.applied)} applied, {len(result.already)} already applied")
+    typer.echo(
+        f"ClickHouse {result.server_version}, database {settings.clickhouse.database}: "
+        f"{len(result.applied)} applied, {len(result.already)} already applied"
+    )
 
 
 @app.command()
-def retention(days: int = typer.Option(..., "--days", min=1, help="Keep this many days."),
-              dry_run: bool = typer.Option(False, "--dry-run")) -> None:
+def retention(
+    days: int = typer.Option(..., "--days", min=1, help="Keep this many days."),
+    dry_run: bool = typer.Option(False, "--dry-run"),
+) -> None:
     """Drop daily partitions older than --days (what TTL does on newer ClickHouse)."""
     from loraplane.metrics.migrations import retention as drop_old
 
@@ -66,15 +92,19 @@ def retention(days: int = typer.Option(..., "--days", min=1, help="Keep this man
 
 
 @app.command()
-def sink(batch_size: int = typer.Option(20_000, min=1),
-         max_wait_s: float = typer.Option(1.0, min=0.01),
-         group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
-         session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
-         metrics_port: int = typer.Option(
-             0, "--metrics-port", min=0, max=65535,
-             help="Serve loraplane_consumer_stuck_seconds on listen_host:PORT/metrics "
-                  "(0: none)."),
-         ) -> None:
+def sink(
+    batch_size: int = typer.Option(20_000, min=1),
+    max_wait_s: float = typer.Option(1.0, min=0.01),
+    group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
+    session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Serve loraplane_consumer_stuck_seconds on listen_host:PORT/metrics (0: none).",
+    ),
+) -> None:
     """Consume request logs, cache events, decisions, audit and dead letters into ClickHouse
     until SIGINT/SIGTERM."""
     from loraplane.kernel import kafka
@@ -87,21 +117,32 @@ def sink(batch_size: int = typer.Option(20_000, min=1),
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     settings = get_settings()
-    runner = Sink(settings, SinkConfig(batch_size=batch_size, max_wait_s=max_wait_s,
-                                       group_id=group_id, session_timeout_ms=session_timeout_ms))
+    runner = Sink(
+        settings,
+        SinkConfig(
+            batch_size=batch_size,
+            max_wait_s=max_wait_s,
+            group_id=group_id,
+            session_timeout_ms=session_timeout_ms,
+        ),
+    )
     serve_progress(metrics_port, host=settings.listen_host)
     logging.getLogger("loraplane.metrics.sink").info("sink started, group %s", runner.group_id)
     stats = runner.run(stop)
-    typer.echo(f"sink stopped: {stats.batches} batches, {stats.rows} rows, "
-               f"{stats.dead_letters} dead letters ({stats.dead_letters_lost} lost), "
-               f"{stats.retries} retries")
+    typer.echo(
+        f"sink stopped: {stats.batches} batches, {stats.rows} rows, "
+        f"{stats.dead_letters} dead letters ({stats.dead_letters_lost} lost), "
+        f"{stats.retries} retries"
+    )
 
 
-def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d ..."),
-           adapter: str = typer.Option("", "--adapter", help="Only this adapter_id."),
-           tenant: str = typer.Option("", "--tenant", help="Only this tenant_id."),
-           base_model: str = typer.Option("", "--base-model"),
-           as_json: bool = typer.Option(False, "--json", help="Rows as JSON.")) -> None:
+def report(
+    since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d ..."),
+    adapter: str = typer.Option("", "--adapter", help="Only this adapter_id."),
+    tenant: str = typer.Option("", "--tenant", help="Only this tenant_id."),
+    base_model: str = typer.Option("", "--base-model"),
+    as_json: bool = typer.Option(False, "--json", help="Rows as JSON."),
+) -> None:
     """The per-adapter view from ClickHouse: tiers, hit rate, TTFT and swap percentiles."""
     from loraplane.metrics.clickhouse import connect
     from loraplane.metrics.queries import adapter_view, window
@@ -123,8 +164,10 @@ def report(since: str = typer.Option("1h", help="Window up to now: 15m, 1h, 7d .
 
     table = Table(title=f"adapters, last {since}")
     for _, title in REPORT_COLUMNS:
-        table.add_column(title, justify="left" if title in {"adapter", "version", "tenant",
-                                                             "base model"} else "right")
+        table.add_column(
+            title,
+            justify="left" if title in {"adapter", "version", "tenant", "base model"} else "right",
+        )
     for row in rows:
         table.add_row(*(_cell(row.get(key)) for key, _ in REPORT_COLUMNS))
     console = Console()
@@ -140,9 +183,10 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def dashboard(port: int = typer.Option(8787, min=1, max=65535),
-              refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period.")
-              ) -> None:
+def dashboard(
+    port: int = typer.Option(8787, min=1, max=65535),
+    refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period."),
+) -> None:
     """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time, the
     fleet view of the workers' heartbeats)."""
     from loraplane.dashboards.web import serve

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typer
 
+__all__ = ["register"]
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="The planner's decisions, previewed.", no_args_is_help=True)
@@ -14,11 +16,15 @@ def register(app: typer.Typer) -> None:
     @group.command("show")
     def show_cmd(
         base_model: str | None = typer.Option(
-            None, "--base-model", help="Plan only this base model (as `streams planner "
-                                       "--base-model` does); default: every base model."),
+            None,
+            "--base-model",
+            help="Plan only this base model (as `streams planner "
+            "--base-model` does); default: every base model.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
         timeout_s: float = typer.Option(
-            15.0, "--timeout-s", help="how long reading each topic to its end may take"),
+            15.0, "--timeout-s", help="how long reading each topic to its end may take"
+        ),
     ) -> None:
         """Each command the planner would issue now (worker, action, version, rule, score,
         detail) and each hot version that waits for a slot, with its reason. Exit 2 when
@@ -40,8 +46,10 @@ def register(app: typer.Typer) -> None:
         try:
             shown = preview(settings, base_model, timeout_s=timeout_s)
         except (TopicReadIncomplete, KafkaException) as exc:
-            typer.echo(f"error: cannot read the planner's topics from "
-                       f"{settings.kafka.bootstrap}: {exc}", err=True)
+            typer.echo(
+                f"error: cannot read the planner's topics from {settings.kafka.bootstrap}: {exc}",
+                err=True,
+            )
             raise typer.Exit(2) from exc
         out = preview_json(shown)
         if as_json:
@@ -49,20 +57,37 @@ def register(app: typer.Typer) -> None:
             return
         console = Console()
         i = out["inputs"]
-        console.print(f"{i['adapters']} adapters, {i['score_keys']} score keys, "
-                      f"{i['live_workers']}/{i['workers']} workers live, "
-                      f"{i['pending_commands']} commands pending in planner memory")
+        console.print(
+            f"{i['adapters']} adapters, {i['score_keys']} score keys, "
+            f"{i['live_workers']}/{i['workers']} workers live, "
+            f"{i['pending_commands']} commands pending in planner memory"
+        )
         if i["refused_views"]:
-            console.print(f"[yellow]{len(i['refused_views'])} registry views refused by the "
-                          f"keyring: {', '.join(sorted(set(i['refused_views'])))}[/yellow]")
+            console.print(
+                f"[yellow]{len(i['refused_views'])} registry views refused by the "
+                f"keyring: {', '.join(sorted(set(i['refused_views'])))}[/yellow]"
+            )
         if not out["commands"]:
             console.print("no command: the fleet already holds what the planner wants")
         else:
-            table = Table("worker", "action", "version", "rule", "score", "detail",
-                          title="commands the planner would issue now")
+            table = Table(
+                "worker",
+                "action",
+                "version",
+                "rule",
+                "score",
+                "detail",
+                title="commands the planner would issue now",
+            )
             for c in out["commands"]:
-                table.add_row(c["worker_id"], c["action"], c["lora_name"], c["rule"],
-                              "-" if c["score"] is None else f"{c['score']:.4f}", c["detail"])
+                table.add_row(
+                    c["worker_id"],
+                    c["action"],
+                    c["lora_name"],
+                    c["rule"],
+                    "-" if c["score"] is None else f"{c['score']:.4f}",
+                    c["detail"],
+                )
             console.print(table)
         if out["waiting"]:
             table = Table("version", "score", "reason", title="hot versions waiting for a slot")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import typer
 
+__all__ = ["register"]
+
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="The adapter registry (read from the registry topic).",
-                        no_args_is_help=True)
+    group = typer.Typer(
+        help="The adapter registry (read from the registry topic).", no_args_is_help=True
+    )
 
     @group.command("list")
     def list_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
@@ -25,15 +28,25 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(views_to_json(views))
             return
-        table = Table("adapter", "tenant", "base model", "active", "canary", "versions",
-                      "revoked", "updated")
+        table = Table(
+            "adapter", "tenant", "base model", "active", "canary", "versions", "revoked", "updated"
+        )
         for aid, v in sorted(views.items()):
-            table.add_row(aid, v.tenant_id, v.base_model, v.active_version or "-",
-                          ", ".join(f"{r.version} ({r.release.canary_percent:g}%)"
-                                    for r in v.serving if r.status == "canary") or "-",
-                          str(len(v.versions)),
-                          ", ".join(r.version for r in v.versions if r.status == "revoked")
-                          or "-", v.updated_at.isoformat(timespec="seconds"))
+            table.add_row(
+                aid,
+                v.tenant_id,
+                v.base_model,
+                v.active_version or "-",
+                ", ".join(
+                    f"{r.version} ({r.release.canary_percent:g}%)"
+                    for r in v.serving
+                    if r.status == "canary"
+                )
+                or "-",
+                str(len(v.versions)),
+                ", ".join(r.version for r in v.versions if r.status == "revoked") or "-",
+                v.updated_at.isoformat(timespec="seconds"),
+            )
         Console().print(table)
 
     @group.command("show")
@@ -55,13 +68,27 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(views_to_json({adapter_id: view}))
             return
-        table = Table("version", "status", "canary %", "rollback to", "rank", "sha256",
-                      "artifact", title=f"{adapter_id} (tenant {view.tenant_id}, "
-                      f"{view.base_model}, last seq {view.last_seq})")
+        table = Table(
+            "version",
+            "status",
+            "canary %",
+            "rollback to",
+            "rank",
+            "sha256",
+            "artifact",
+            title=f"{adapter_id} (tenant {view.tenant_id}, "
+            f"{view.base_model}, last seq {view.last_seq})",
+        )
         for r in view.versions:
-            table.add_row(r.version, str(r.status), f"{r.release.canary_percent:g}",
-                          r.release.rollback_to or "-", str(r.rank), r.sha256[:12],
-                          r.artifact_uri)
+            table.add_row(
+                r.version,
+                str(r.status),
+                f"{r.release.canary_percent:g}",
+                r.release.rollback_to or "-",
+                str(r.rank),
+                r.sha256[:12],
+                r.artifact_uri,
+            )
         Console().print(table)
 
     app.add_typer(group, name="registry")

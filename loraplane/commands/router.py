@@ -6,8 +6,11 @@ import typer
 
 from loraplane.kernel.config import get_settings
 
-router_app = typer.Typer(help="The fleet router in front of the worker gateways.",
-                         no_args_is_help=True)
+__all__ = ["register", "router_app", "run"]
+
+router_app = typer.Typer(
+    help="The fleet router in front of the worker gateways.", no_args_is_help=True
+)
 
 
 def register(root: typer.Typer) -> None:
@@ -16,17 +19,25 @@ def register(root: typer.Typer) -> None:
 
 @router_app.command("run")
 def run(
-    port: int = typer.Option(18100, "--port",
-                             help="listen on listen_host:PORT (127.0.0.1; 0: any free)"),
-    router_id: str = typer.Option("r1", "--router-id",
-                                  help="names its dead letters and registry checkpoints"),
+    port: int = typer.Option(
+        18100, "--port", help="listen on listen_host:PORT (127.0.0.1; 0: any free)"
+    ),
+    router_id: str = typer.Option(
+        "r1", "--router-id", help="names its dead letters and registry checkpoints"
+    ),
     heartbeat_s: float | None = typer.Option(
-        None, "--heartbeat-s", help="the workers' heartbeat interval (default: "
-                                    "policy.worker_heartbeat_s): a worker silent for three "
-                                    "intervals is drained"),
+        None,
+        "--heartbeat-s",
+        help="the workers' heartbeat interval (default: "
+        "policy.worker_heartbeat_s): a worker silent for three "
+        "intervals is drained",
+    ),
     base_models: list[str] | None = typer.Option(
-        None, "--base-model", help="hold only these base models' registry views and route "
-                                   "only their adapters (repeat; default: every base model)"),
+        None,
+        "--base-model",
+        help="hold only these base models' registry views and route "
+        "only their adapters (repeat; default: every base model)",
+    ),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
     import logging
@@ -45,7 +56,14 @@ def run(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()
-    run_serving(serve_router(settings, RouterOptions(
-        port=port, router_id=router_id,
-        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        base_models=tuple(base_models or ()))))
+    run_serving(
+        serve_router(
+            settings,
+            RouterOptions(
+                port=port,
+                router_id=router_id,
+                heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
+                base_models=tuple(base_models or ()),
+            ),
+        )
+    )

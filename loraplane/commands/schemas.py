@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+__all__ = ["register"]
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="JSON Schema of every event and command.", no_args_is_help=True)
@@ -23,8 +25,9 @@ def register(app: typer.Typer) -> None:
 
         stale = drift()
         if stale:
-            typer.echo(f"schemas out of date: {', '.join(stale)}; run `loraplane schemas export`",
-                       err=True)
+            typer.echo(
+                f"schemas out of date: {', '.join(stale)}; run `loraplane schemas export`", err=True
+            )
             raise typer.Exit(1)
         typer.echo("schemas up to date")
 

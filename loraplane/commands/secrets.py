@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+__all__ = ["app", "install", "register"]
+
 app = typer.Typer(help="Secret files of a deployment.", no_args_is_help=True)
 
 
@@ -15,10 +17,12 @@ def register(root: typer.Typer) -> None:
 
 @app.command("install")
 def install(
-    source: Path = typer.Option(..., "--from", help="a folder of secret files (a mounted "
-                                                    "Kubernetes Secret volume)"),
-    target: Path = typer.Option(..., "--to", help="where the runtimes read them "
-                                                  "(settings.secrets_dir)"),
+    source: Path = typer.Option(
+        ..., "--from", help="a folder of secret files (a mounted Kubernetes Secret volume)"
+    ),
+    target: Path = typer.Option(
+        ..., "--to", help="where the runtimes read them (settings.secrets_dir)"
+    ),
 ) -> None:
     """Copy every file under --from to --to, mode 0600 (folders 0700): a Secret volume's
     files are readable by the pod's group, which the runtimes refuse (docs/deploy.md, "On

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from loraplane.simulator.replay import Replay, RequestRow, WhatIf
     from loraplane.simulator.scenario import Scenario
 
+__all__ = ["PROGRESS_ROWS", "register", "replay_clickhouse"]
+
 PROGRESS_ROWS = 100_000  # a progress line on stderr every this many rows read
 
 
@@ -24,30 +26,45 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
         scenario: Path | None = typer.Option(
-            None, "--scenario", exists=True, dir_okay=False,
+            None,
+            "--scenario",
+            exists=True,
+            dir_okay=False,
             help="scenario YAML (bench/scenarios/*.yaml); with --from-clickhouse it supplies "
-                 "costs, policy and sweep only"),
-        trace: Path | None = typer.Option(None, "--trace", exists=True, dir_okay=False,
-                                          help="Azure LLM trace CSV; replaces the workload's"
-                                               " arrivals"),
+            "costs, policy and sweep only",
+        ),
+        trace: Path | None = typer.Option(
+            None,
+            "--trace",
+            exists=True,
+            dir_okay=False,
+            help="Azure LLM trace CSV; replaces the workload's arrivals",
+        ),
         from_clickhouse: bool = typer.Option(
-            False, "--from-clickhouse",
-            help="replay the request_log rows of --since (and the fleet's worker states)"),
-        since: str = typer.Option("24h", "--since", help="--from-clickhouse window: 15m, 1h, "
-                                                          "24h, 7d ..."),
-        workers: int | None = typer.Option(None, "--workers", min=1,
-                                           help="--from-clickhouse: workers per base model"),
-        add_workers: int = typer.Option(0, "--add-workers", min=0,
-                                        help="--from-clickhouse: this many more per base model"),
-        slots: int | None = typer.Option(None, "--slots", min=1,
-                                         help="--from-clickhouse: GPU LoRA slots per worker"),
-        policies: str | None = typer.Option(None, "--policies",
-                                            help="comma-separated names, or 'all'"),
-        policy: list[str] = typer.Option([], "--policy",
-                                         help="one policy name; repeat for more"),
+            False,
+            "--from-clickhouse",
+            help="replay the request_log rows of --since (and the fleet's worker states)",
+        ),
+        since: str = typer.Option(
+            "24h", "--since", help="--from-clickhouse window: 15m, 1h, 24h, 7d ..."
+        ),
+        workers: int | None = typer.Option(
+            None, "--workers", min=1, help="--from-clickhouse: workers per base model"
+        ),
+        add_workers: int = typer.Option(
+            0, "--add-workers", min=0, help="--from-clickhouse: this many more per base model"
+        ),
+        slots: int | None = typer.Option(
+            None, "--slots", min=1, help="--from-clickhouse: GPU LoRA slots per worker"
+        ),
+        policies: str | None = typer.Option(
+            None, "--policies", help="comma-separated names, or 'all'"
+        ),
+        policy: list[str] = typer.Option([], "--policy", help="one policy name; repeat for more"),
         json_out: Path | None = typer.Option(None, "--json", help="write the result here"),
-        plot_dir: Path | None = typer.Option(None, "--plot",
-                                             help="write hit-rate/cost vs GPU slots PNGs here"),
+        plot_dir: Path | None = typer.Option(
+            None, "--plot", help="write hit-rate/cost vs GPU slots PNGs here"
+        ),
         seed: int | None = typer.Option(None, "--seed", help="override the scenario seed"),
     ) -> None:
         """Print a table of every policy on the scenario; optionally JSON and plots."""
@@ -76,16 +93,20 @@ def register(app: typer.Typer) -> None:
         try:
             sc = load_scenario(scenario) if scenario else Scenario(name=f"replay-{since}")
             if trace is not None:
-                sc = sc.model_copy(update={"workload": sc.workload.model_copy(
-                    update={"source": "trace", "trace": str(trace.resolve())})})
+                sc = sc.model_copy(
+                    update={
+                        "workload": sc.workload.model_copy(
+                            update={"source": "trace", "trace": str(trace.resolve())}
+                        )
+                    }
+                )
             if seed is not None:
                 sc = sc.model_copy(update={"seed": seed})
             chosen = [*(policies.split(",") if policies else []), *policy]
             names = registry.resolve(chosen or sc.policies)
             if from_clickhouse:
                 replayed = replay_clickhouse(sc, since, what_if, "simulate")
-                bench = benchmark.Workbench(replayed.scenario, replayed.catalog,
-                                            replayed.requests)
+                bench = benchmark.Workbench(replayed.scenario, replayed.catalog, replayed.requests)
             else:
                 bench = benchmark.prepare(sc)
         except (ValidationError, ValueError, TraceError, OSError) as exc:
@@ -128,12 +149,12 @@ def replay_clickhouse(base: Scenario, since: str, what_if: WhatIf, command: str)
     settings = get_settings()
     rows = _read_rows(settings, params, since, command)
     states, views = _fleet_facts(settings, command)
-    return replay.build(rows, replay.worker_facts(states), replay.adapter_facts(views, states),
-                        base, what_if)
+    return replay.build(
+        rows, replay.worker_facts(states), replay.adapter_facts(views, states), base, what_if
+    )
 
 
-def _read_rows(settings: Settings, params: Params, since: str,
-               command: str) -> list[RequestRow]:
+def _read_rows(settings: Settings, params: Params, since: str, command: str) -> list[RequestRow]:
     from clickhouse_driver import errors as ch_errors
 
     from loraplane.metrics import queries
@@ -150,11 +171,12 @@ def _read_rows(settings: Settings, params: Params, since: str,
         try:
             total = queries.count_arrivals(client, params)
             if total == 0:
-                typer.echo(f"{command}: no request rows in the last {since} ({where}): "
-                           "nothing to replay", err=True)
+                typer.echo(
+                    f"{command}: no request rows in the last {since} ({where}): nothing to replay",
+                    err=True,
+                )
                 raise typer.Exit(1)
-            typer.echo(f"reading {total} request rows of the last {since} from {where}",
-                       err=True)
+            typer.echo(f"reading {total} request rows of the last {since} from {where}", err=True)
             for values in queries.request_arrivals(client, params):
                 rows.append(row_of(values))
                 if len(rows) % PROGRESS_ROWS == 0:
@@ -168,8 +190,7 @@ def _read_rows(settings: Settings, params: Params, since: str,
     return rows
 
 
-def _fleet_facts(settings: Settings,
-                 command: str) -> tuple[list[WorkerState], list[AdapterView]]:
+def _fleet_facts(settings: Settings, command: str) -> tuple[list[WorkerState], list[AdapterView]]:
     """Worker states (the compacted worker-state topic: ClickHouse has no table of them) and
     registry views; a broker that is away leaves both empty, which the replay notes."""
     from concurrent.futures import ThreadPoolExecutor
@@ -188,10 +209,15 @@ def _fleet_facts(settings: Settings,
             registry = pool.submit(load_registry, settings, 5.0, True)
             fleet, views = states.result(), registry.result()
     except (KafkaException, TopicReadIncomplete) as exc:
-        typer.echo(f"{command}: Kafka unreadable ({exc}); fleet from the request rows only, "
-                   "adapters unknown", err=True)
+        typer.echo(
+            f"{command}: Kafka unreadable ({exc}); fleet from the request rows only, "
+            "adapters unknown",
+            err=True,
+        )
         return [], []
     if not fleet.complete:
-        typer.echo(f"{command}: the worker-state read was cut short; fleet partly from the "
-                   "request rows", err=True)
+        typer.echo(
+            f"{command}: the worker-state read was cut short; fleet partly from the request rows",
+            err=True,
+        )
     return list(fleet.workers.values()), list(views.values())

@@ -8,8 +8,11 @@ import typer
 
 from loraplane.kernel.config import Settings, get_settings
 
-app = typer.Typer(help="Start, stop and inspect the local Kafka + ClickHouse + S3 stack.",
-                  no_args_is_help=True)
+__all__ = ["app", "down", "fetch", "logs", "register", "status", "up"]
+
+app = typer.Typer(
+    help="Start, stop and inspect the local Kafka + ClickHouse + S3 stack.", no_args_is_help=True
+)
 
 
 def register(root: typer.Typer) -> None:
@@ -33,17 +36,27 @@ def _run(action: str, settings: Settings | None = None, **kwargs: bool) -> None:
 
 
 @app.command()
-def up(brokers: int | None = typer.Option(
-        None, "--brokers", min=1, max=9,
+def up(
+    brokers: int | None = typer.Option(
+        None,
+        "--brokers",
+        min=1,
+        max=9,
         help="Kafka nodes (default: kafka.brokers, 1). Clients and `topics apply` read "
-             "LORAPLANE_KAFKA__BROKERS: export it too.")) -> None:
+        "LORAPLANE_KAFKA__BROKERS: export it too.",
+    ),
+) -> None:
     """Start every service that is not running, wait until healthy, apply the topics."""
     settings = get_settings()
     if brokers is not None and brokers != settings.kafka.brokers:
-        settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
-            update={"brokers": brokers})})
-        typer.echo(f"note: export LORAPLANE_KAFKA__BROKERS={brokers} so that clients name "
-                   "every broker and `topics apply` keeps the replication", err=True)
+        settings = settings.model_copy(
+            update={"kafka": settings.kafka.model_copy(update={"brokers": brokers})}
+        )
+        typer.echo(
+            f"note: export LORAPLANE_KAFKA__BROKERS={brokers} so that clients name "
+            "every broker and `topics apply` keeps the replication",
+            err=True,
+        )
     _run("up", settings)
 
 
@@ -54,8 +67,11 @@ def down(purge: bool = typer.Option(False, "--purge", help="Also delete data dir
 
 
 @app.command()
-def status(quiet: bool = typer.Option(False, "--quiet", "-q",
-                                      help="No output; exit 0 only if all are healthy.")) -> None:
+def status(
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No output; exit 0 only if all are healthy."
+    ),
+) -> None:
     """Endpoint, version, PID and health of each service."""
     from rich.console import Console
 
@@ -67,9 +83,11 @@ def status(quiet: bool = typer.Option(False, "--quiet", "-q",
 
 
 @app.command()
-def logs(service: str = typer.Argument(..., help="kafka (kafka-2 … of a cluster), clickhouse, s3"),
-         lines: int = typer.Option(50, "-n", "--lines"),
-         follow: bool = typer.Option(False, "--follow", "-f")) -> None:
+def logs(
+    service: str = typer.Argument(..., help="kafka (kafka-2 … of a cluster), clickhouse, s3"),
+    lines: int = typer.Option(50, "-n", "--lines"),
+    follow: bool = typer.Option(False, "--follow", "-f"),
+) -> None:
     """Print the end of a service's log, optionally following it."""
     from loraplane.infra import stack
     from loraplane.infra.processes import StackError

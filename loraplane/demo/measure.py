@@ -16,6 +16,23 @@ from typing import Any
 
 from loraplane.kernel.config import Settings
 
+__all__ = [
+    "AUDIT_SQL",
+    "CACHE_SQL",
+    "COUNT_SQL",
+    "DEAD_LETTERS_SQL",
+    "REQUESTS_SQL",
+    "SHADOW_COUNT_SQL",
+    "AuditRow",
+    "CacheRow",
+    "DeadLetterRow",
+    "Recorded",
+    "RequestRow",
+    "fetch",
+    "request_count",
+    "wait_for_rows",
+]
+
 
 @dataclass(frozen=True)
 class RequestRow:
@@ -83,12 +100,17 @@ SHADOW_COUNT_SQL = COUNT_SQL + " AND request_class = 'shadow'"
 
 
 def _params(since: datetime, until: datetime, adapter_ids: Sequence[str]) -> dict[str, Any]:
-    return {"since": int(since.timestamp()), "until": int(until.timestamp()) + 1,
-            "all": 0 if adapter_ids else 1, "ids": tuple(adapter_ids) or ("",)}
+    return {
+        "since": int(since.timestamp()),
+        "until": int(until.timestamp()) + 1,
+        "all": 0 if adapter_ids else 1,
+        "ids": tuple(adapter_ids) or ("",),
+    }
 
 
-def fetch(settings: Settings, since: datetime, until: datetime,
-          adapter_ids: Sequence[str] = ()) -> Recorded:
+def fetch(
+    settings: Settings, since: datetime, until: datetime, adapter_ids: Sequence[str] = ()
+) -> Recorded:
     """Every row of the window; ``adapter_ids`` limits all but the dead letters
     (dead letters have no adapter column: all of the window's)."""
     from loraplane.metrics.clickhouse import connect
@@ -98,18 +120,28 @@ def fetch(settings: Settings, since: datetime, until: datetime,
     try:
         return Recorded(
             requests=[RequestRow(*r) for r in client.execute(REQUESTS_SQL, params)],
-            cache=[CacheRow(datetime.fromtimestamp(r[0], UTC), *r[1:])
-                   for r in client.execute(CACHE_SQL, params)],
-            dead_letters=[DeadLetterRow(*r) for r in client.execute(DEAD_LETTERS_SQL,
-                                                                    params)],
-            audit=[AuditRow(datetime.fromtimestamp(r[0], UTC), *r[1:])
-                   for r in client.execute(AUDIT_SQL, params)])
+            cache=[
+                CacheRow(datetime.fromtimestamp(r[0], UTC), *r[1:])
+                for r in client.execute(CACHE_SQL, params)
+            ],
+            dead_letters=[DeadLetterRow(*r) for r in client.execute(DEAD_LETTERS_SQL, params)],
+            audit=[
+                AuditRow(datetime.fromtimestamp(r[0], UTC), *r[1:])
+                for r in client.execute(AUDIT_SQL, params)
+            ],
+        )
     finally:
         client.disconnect()
 
 
-def request_count(settings: Settings, since: datetime, until: datetime,
-                  adapter_ids: Sequence[str] = (), *, shadow_only: bool = False) -> int:
+def request_count(
+    settings: Settings,
+    since: datetime,
+    until: datetime,
+    adapter_ids: Sequence[str] = (),
+    *,
+    shadow_only: bool = False,
+) -> int:
     """Request-log rows of the window (of ``adapter_ids`` only, when given; only the
     agents' own golden-set requests with ``shadow_only``)."""
     from loraplane.metrics.clickhouse import connect
@@ -122,8 +154,9 @@ def request_count(settings: Settings, since: datetime, until: datetime,
         client.disconnect()
 
 
-def wait_for_rows(count: Callable[[], int], expected: int, timeout_s: float = 60.0,
-                  settle_s: float = 3.0) -> int:
+def wait_for_rows(
+    count: Callable[[], int], expected: int, timeout_s: float = 60.0, settle_s: float = 3.0
+) -> int:
     """Poll ``count`` until it reaches ``expected`` (the sink is asynchronous) or stops
     growing for ``settle_s`` after the timeout; returns the last count."""
     deadline = time.monotonic() + timeout_s

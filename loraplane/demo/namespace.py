@@ -17,6 +17,8 @@ from pathlib import Path
 
 from loraplane.kernel.config import Settings
 
+__all__ = ["RunSpace"]
+
 
 @dataclass(frozen=True)
 class RunSpace:
@@ -28,23 +30,32 @@ class RunSpace:
     secrets_dir: Path | None = None  # the stack's credentials (None: each child's default)
 
     @classmethod
-    def fresh(cls, root: Path, kind: str, now: datetime | None = None,
-              secrets_dir: Path | None = None) -> RunSpace:
+    def fresh(
+        cls, root: Path, kind: str, now: datetime | None = None, secrets_dir: Path | None = None
+    ) -> RunSpace:
         """A new namespace under ``root`` (the state dir) for a run of ``kind``; its children
         log in to the stack with the credentials in ``secrets_dir``."""
         stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
         run_id = f"{kind}-{stamp}-{secrets.token_hex(2)}"
-        return cls(run_id=run_id, home=root / kind / "runs" / run_id, topic_prefix=run_id,
-                   database="lp_" + run_id.replace("-", "_"), secrets_dir=secrets_dir)
+        return cls(
+            run_id=run_id,
+            home=root / kind / "runs" / run_id,
+            topic_prefix=run_id,
+            database="lp_" + run_id.replace("-", "_"),
+            secrets_dir=secrets_dir,
+        )
 
     def with_s3(self, endpoint_url: str) -> RunSpace:
         return replace(self, s3_endpoint_url=endpoint_url)
 
     def env(self) -> dict[str, str]:
         """What a child needs on top of the parent's environment to live in this run."""
-        env = {"LORAPLANE_HOME": str(self.home), "LORAPLANE_TOPIC_PREFIX": self.topic_prefix,
-               "LORAPLANE_CLICKHOUSE__DATABASE": self.database,
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            "LORAPLANE_HOME": str(self.home),
+            "LORAPLANE_TOPIC_PREFIX": self.topic_prefix,
+            "LORAPLANE_CLICKHOUSE__DATABASE": self.database,
+            "PYTHONUNBUFFERED": "1",
+        }
         if self.s3_endpoint_url:
             env["LORAPLANE_S3__ENDPOINT_URL"] = self.s3_endpoint_url
         if self.secrets_dir is not None:
@@ -53,20 +64,32 @@ class RunSpace:
 
     def child_env(self) -> dict[str, str]:
         """The full environment of a child: ours, minus any config of another run."""
-        base = {k: v for k, v in os.environ.items()
-                if k not in {"LORAPLANE_KEYRING_PATH", "LORAPLANE_SCHEDULES_PATH",
-                             "LORAPLANE_API_KEYS_FILE"}}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in {"LORAPLANE_KEYRING_PATH", "LORAPLANE_SCHEDULES_PATH", "LORAPLANE_API_KEYS_FILE"}
+        }
         return {**base, **self.env()}
 
     def settings(self, base: Settings) -> Settings:
         """``base`` as the children of this run see it (for in-process reads)."""
-        s3 = base.s3 if not self.s3_endpoint_url else base.s3.model_copy(
-            update={"endpoint_url": self.s3_endpoint_url})
-        return base.model_copy(update={
-            "home": self.home, "topic_prefix": self.topic_prefix,
-            "clickhouse": base.clickhouse.model_copy(update={"database": self.database}),
-            "s3": s3, "keyring_path": self.home / "keyring.yaml",
-            "schedules_path": self.home / "schedules.yaml", "api_keys_file": None})
+        s3 = (
+            base.s3
+            if not self.s3_endpoint_url
+            else base.s3.model_copy(update={"endpoint_url": self.s3_endpoint_url})
+        )
+        return base.model_copy(
+            update={
+                "home": self.home,
+                "topic_prefix": self.topic_prefix,
+                "clickhouse": base.clickhouse.model_copy(update={"database": self.database}),
+                "s3": s3,
+                "keyring_path": self.home / "keyring.yaml",
+                "schedules_path": self.home / "schedules.yaml",
+                "api_keys_file": None,
+            }
+        )
 
     @property
     def keyring_path(self) -> Path:

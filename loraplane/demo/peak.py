@@ -17,6 +17,8 @@ import yaml
 
 from loraplane.streams.schedules import Schedule
 
+__all__ = ["ScheduledPeak", "write_schedule"]
+
 
 @dataclass(frozen=True)
 class ScheduledPeak:
@@ -28,19 +30,30 @@ class ScheduledPeak:
     lead_minutes: float = 2.0
 
     @classmethod
-    def at(cls, adapter_id: str, replay_start: datetime, at_s: float, duration_s: float,
-           qps: float, lead_minutes: float = 2.0) -> ScheduledPeak:
+    def at(
+        cls,
+        adapter_id: str,
+        replay_start: datetime,
+        at_s: float,
+        duration_s: float,
+        qps: float,
+        lead_minutes: float = 2.0,
+    ) -> ScheduledPeak:
         start = replay_start + timedelta(seconds=at_s)
-        return cls(adapter_id, at_s, duration_s, qps,
-                   start.replace(second=0, microsecond=0), lead_minutes)
+        return cls(
+            adapter_id, at_s, duration_s, qps, start.replace(second=0, microsecond=0), lead_minutes
+        )
 
     def entry(self) -> dict[str, object]:
         """The schedules-file entry (streams.schedules.ScheduleEntry)."""
-        return {"name": f"demo-peak-{self.adapter_id}",
-                "cron": f"{self.minute.minute} {self.minute.hour} * * *",
-                "adapter_id": self.adapter_id, "lead_minutes": self.lead_minutes,
-                "duration_minutes": math.ceil(self.duration_s / 60) + 1,
-                "warmup_score": 1.0}
+        return {
+            "name": f"demo-peak-{self.adapter_id}",
+            "cron": f"{self.minute.minute} {self.minute.hour} * * *",
+            "adapter_id": self.adapter_id,
+            "lead_minutes": self.lead_minutes,
+            "duration_minutes": math.ceil(self.duration_s / 60) + 1,
+            "warmup_score": 1.0,
+        }
 
 
 def write_schedule(path: Path, peaks: list[ScheduledPeak]) -> None:

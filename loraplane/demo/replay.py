@@ -30,6 +30,18 @@ from loraplane.simulator.scenario import Burst, Peak, Workload
 from loraplane.simulator.synthetic import arrivals
 from loraplane.simulator.trace import load_trace
 
+__all__ = [
+    "Action",
+    "Outcome",
+    "Planned",
+    "Progress",
+    "Replayer",
+    "TrafficShape",
+    "plan",
+    "status_counts",
+    "trace_arrivals",
+]
+
 
 @dataclass(frozen=True)
 class TrafficShape:
@@ -55,8 +67,9 @@ class Planned:
     session: str
 
 
-def trace_arrivals(trace: Path | None, shape: TrafficShape,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def trace_arrivals(
+    trace: Path | None, shape: TrafficShape, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(seconds from start, output tokens) of the base arrivals: the trace's first
     ``duration * max_qps`` requests spread over the duration, or synthetic ones."""
     wanted = max(1, int(shape.duration_s * shape.max_qps))
@@ -72,28 +85,36 @@ def trace_arrivals(trace: Path | None, shape: TrafficShape,
     return times, tokens
 
 
-def plan(adapters: Sequence[Adapter], shape: TrafficShape, trace: Path | None
-         ) -> list[Planned]:
+def plan(adapters: Sequence[Adapter], shape: TrafficShape, trace: Path | None) -> list[Planned]:
     """The request stream, deterministic for ``shape.seed``; burst and peak ranks index
     ``adapters`` (0 = the most popular)."""
     rng = np.random.default_rng(shape.seed)
     times, tokens = trace_arrivals(trace, shape, rng)
-    workload = Workload(adapters=len(adapters), alpha=shape.alpha,
-                        batch_fraction=shape.batch_fraction, bursts=list(shape.bursts),
-                        peaks=list(shape.peaks))
-    mapped = assign_adapters(times, tokens, workload,
-                             SimCatalog(adapters=(), regular=len(adapters), canary_of={}), rng)
+    workload = Workload(
+        adapters=len(adapters),
+        alpha=shape.alpha,
+        batch_fraction=shape.batch_fraction,
+        bursts=list(shape.bursts),
+        peaks=list(shape.peaks),
+    )
+    mapped = assign_adapters(
+        times, tokens, workload, SimCatalog(adapters=(), regular=len(adapters), canary_of={}), rng
+    )
     out: list[Planned] = []
     for i in range(len(mapped)):
         if mapped.time_s[i] >= shape.duration_s:
             continue
         adapter = adapters[mapped.adapter[i]]
-        out.append(Planned(
-            at_s=float(mapped.time_s[i]), adapter_id=adapter.adapter_id,
-            tenant_id=adapter.tenant_id,
-            request_class="batch" if mapped.batch[i] else "interactive",
-            max_tokens=max(1, min(shape.max_tokens, int(mapped.output_tokens[i]))),
-            session=f"s{int(rng.integers(0, 10_000))}"))
+        out.append(
+            Planned(
+                at_s=float(mapped.time_s[i]),
+                adapter_id=adapter.adapter_id,
+                tenant_id=adapter.tenant_id,
+                request_class="batch" if mapped.batch[i] else "interactive",
+                max_tokens=max(1, min(shape.max_tokens, int(mapped.output_tokens[i]))),
+                session=f"s{int(rng.integers(0, 10_000))}",
+            )
+        )
     return out
 
 
@@ -139,16 +160,26 @@ Action = tuple[float, Callable[[], Awaitable[None]]]
 
 
 class Replayer:
-    def __init__(self, router_url: str, api_keys: Mapping[str, str], *,
-                 concurrency: int = 8, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        router_url: str,
+        api_keys: Mapping[str, str],
+        *,
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.url = router_url.rstrip("/") + "/v1/completions"
         self.api_keys = dict(api_keys)  # tenant -> API key
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.progress = Progress()
 
-    async def run(self, planned: Sequence[Planned], actions: Sequence[Action] = (),
-                  on_tick: Callable[[float, Progress], None] | None = None) -> list[Outcome]:
+    async def run(
+        self,
+        planned: Sequence[Planned],
+        actions: Sequence[Action] = (),
+        on_tick: Callable[[float, Progress], None] | None = None,
+    ) -> list[Outcome]:
         import aiohttp
 
         start = time.monotonic()
@@ -178,34 +209,47 @@ class Replayer:
             on_tick(time.monotonic() - start, self.progress)
             await asyncio.sleep(1.0)
 
-    async def _one(self, session: object, p: Planned, start: float,
-                   limit: asyncio.Semaphore) -> Outcome:
+    async def _one(
+        self, session: object, p: Planned, start: float, limit: asyncio.Semaphore
+    ) -> Outcome:
         import aiohttp
 
         assert isinstance(session, aiohttp.ClientSession)
         lag = time.monotonic() - start - p.at_s
         t0 = time.perf_counter()
-        headers = {"Authorization": f"Bearer {self.api_keys[p.tenant_id]}",
-                   "X-Request-Class": p.request_class, "X-Session-Key": p.session,
-                   "X-Request-Id": uuid.uuid4().hex}
-        body = {"model": p.adapter_id, "prompt": f"replayed request for {p.adapter_id}",
-                "max_tokens": p.max_tokens, "temperature": 0}
+        headers = {
+            "Authorization": f"Bearer {self.api_keys[p.tenant_id]}",
+            "X-Request-Class": p.request_class,
+            "X-Session-Key": p.session,
+            "X-Request-Id": uuid.uuid4().hex,
+        }
+        body = {
+            "model": p.adapter_id,
+            "prompt": f"replayed request for {p.adapter_id}",
+            "max_tokens": p.max_tokens,
+            "temperature": 0,
+        }
         try:
             async with session.post(self.url, json=body, headers=headers) as resp:
                 await resp.read()
-                outcome = Outcome(p, lag, resp.status, (time.perf_counter() - t0) * 1000,
-                                  tier=resp.headers.get("X-Loraplane-Tier"),
-                                  fallback=resp.headers.get("X-Loraplane-Fallback") == "base",
-                                  version=resp.headers.get("X-Loraplane-Adapter-Version"),
-                                  worker=resp.headers.get(WORKER_HEADER))
+                outcome = Outcome(
+                    p,
+                    lag,
+                    resp.status,
+                    (time.perf_counter() - t0) * 1000,
+                    tier=resp.headers.get("X-Loraplane-Tier"),
+                    fallback=resp.headers.get("X-Loraplane-Fallback") == "base",
+                    version=resp.headers.get("X-Loraplane-Adapter-Version"),
+                    worker=resp.headers.get(WORKER_HEADER),
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            outcome = Outcome(p, lag, 0, (time.perf_counter() - t0) * 1000,
-                              error=type(exc).__name__)
+            outcome = Outcome(
+                p, lag, 0, (time.perf_counter() - t0) * 1000, error=type(exc).__name__
+            )
         finally:
             limit.release()
         self.progress.done += 1
-        self.progress.by_status[outcome.status] = self.progress.by_status.get(
-            outcome.status, 0) + 1
+        self.progress.by_status[outcome.status] = self.progress.by_status.get(outcome.status, 0) + 1
         self.progress.fallbacks += outcome.fallback
         return outcome
 

@@ -20,6 +20,16 @@ from datetime import datetime, timedelta
 
 from loraplane.demo.measure import CacheRow, Recorded, RequestRow
 
+__all__ = [
+    "ClassStats",
+    "Summary",
+    "by_class",
+    "max_loads_per_minute",
+    "quantile_exact",
+    "refusals",
+    "summarize",
+]
+
 
 def quantile_exact(values: Iterable[float], q: float) -> float | None:
     ordered = sorted(values)
@@ -53,15 +63,23 @@ class Summary:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "requests": self.requests, "gpu_hits": self.gpu_hits,
-            "hit_rate": round(self.hit_rate, 4), "cold_loads": self.cold_loads,
-            "swap_p95_ms": self.swap_p95_ms, "fallbacks": self.fallbacks,
+            "requests": self.requests,
+            "gpu_hits": self.gpu_hits,
+            "hit_rate": round(self.hit_rate, 4),
+            "cold_loads": self.cold_loads,
+            "swap_p95_ms": self.swap_p95_ms,
+            "fallbacks": self.fallbacks,
             "errors": self.errors,
-            "ttft_by_class": {c.request_class: {"requests": c.requests,
-                                                "ttft_p95_ms": c.ttft_p95_ms,
-                                                "ttft_p99_ms": c.ttft_p99_ms}
-                              for c in self.by_class},
-            "refusals": dict(sorted(self.refusals.items())), "evictions": self.evictions,
+            "ttft_by_class": {
+                c.request_class: {
+                    "requests": c.requests,
+                    "ttft_p95_ms": c.ttft_p95_ms,
+                    "ttft_p99_ms": c.ttft_p99_ms,
+                }
+                for c in self.by_class
+            },
+            "refusals": dict(sorted(self.refusals.items())),
+            "evictions": self.evictions,
             "max_loads_per_minute": self.max_loads_per_minute,
             "client_status": {str(k): v for k, v in sorted(self.client_status.items())},
         }
@@ -71,8 +89,14 @@ def by_class(rows: Sequence[RequestRow]) -> list[ClassStats]:
     out = []
     for cls in sorted({r.request_class for r in rows}):
         ttfts = [r.ttft_ms for r in rows if r.request_class == cls and r.ttft_ms is not None]
-        out.append(ClassStats(cls, sum(r.request_class == cls for r in rows),
-                              quantile_exact(ttfts, 0.95), quantile_exact(ttfts, 0.99)))
+        out.append(
+            ClassStats(
+                cls,
+                sum(r.request_class == cls for r in rows),
+                quantile_exact(ttfts, 0.95),
+                quantile_exact(ttfts, 0.99),
+            )
+        )
     return out
 
 
@@ -111,11 +135,16 @@ def summarize(recorded: Recorded, client_status: dict[int, int] | None = None) -
     hits = sum(r.tier == "gpu" for r in rows)
     loads = [c for c in recorded.cache if c.kind == "load"]
     return Summary(
-        requests=len(rows), gpu_hits=hits, hit_rate=hits / len(rows) if rows else 0.0,
-        cold_loads=len(loads), swap_p95_ms=quantile_exact((c.swap_ms for c in loads), 0.95),
+        requests=len(rows),
+        gpu_hits=hits,
+        hit_rate=hits / len(rows) if rows else 0.0,
+        cold_loads=len(loads),
+        swap_p95_ms=quantile_exact((c.swap_ms for c in loads), 0.95),
         fallbacks=sum(r.tier == "base_fallback" for r in rows),
-        errors=sum(r.status == "error" for r in rows), by_class=by_class(rows),
+        errors=sum(r.status == "error" for r in rows),
+        by_class=by_class(rows),
         refusals=refusals(recorded),
         evictions=sum(c.kind in ("unload", "evict") for c in recorded.cache),
         max_loads_per_minute=max_loads_per_minute(recorded.cache),
-        client_status=dict(client_status or {}))
+        client_status=dict(client_status or {}),
+    )

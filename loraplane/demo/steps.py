@@ -9,6 +9,8 @@ from typing import TypeVar
 
 from rich.console import Console
 
+__all__ = ["Steps", "T"]
+
 T = TypeVar("T")
 
 
@@ -28,8 +30,10 @@ class Steps:
         elapsed = time.monotonic() - t0
         self.timings.append((title, elapsed))
         note = done(result) if done else ""
-        self.console.print(f"[green]✓[/] {title}{': ' + note if note else ''} "
-                           f"[dim]({elapsed:.1f}s)[/]", highlight=False)
+        self.console.print(
+            f"[green]✓[/] {title}{': ' + note if note else ''} [dim]({elapsed:.1f}s)[/]",
+            highlight=False,
+        )
         return result
 
     def note(self, text: str) -> None:

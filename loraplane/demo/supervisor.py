@@ -26,6 +26,16 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
+__all__ = [
+    "LOG_TAIL_LINES",
+    "ORPHAN_GRACE_S",
+    "Child",
+    "ChildFailed",
+    "Supervisor",
+    "process_tree",
+    "tail",
+]
+
 LOG_TAIL_LINES = 25
 ORPHAN_GRACE_S = 5.0
 
@@ -108,8 +118,12 @@ class Supervisor:
                 self._previous[sig] = signal.signal(sig, _interrupt)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         # A second Ctrl-C during clean-up must not leave children behind: ignore it.
         previous_int = None
         if threading.current_thread() is threading.main_thread():
@@ -123,26 +137,38 @@ class Supervisor:
                 signal.signal(sig, handler)  # type: ignore[arg-type]
 
     # -- children -----------------------------------------------------------------------
-    def start(self, name: str, argv: Sequence[str], *,
-              env: Mapping[str, str] | None = None) -> Child:
+    def start(
+        self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> Child:
         """Start ``argv`` in its own session, output appended to ``LOG_DIR/NAME.log``."""
         log_path = self.log_dir / f"{name}.log"
         with _open_log(log_path) as log:
             popen = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                env={**self.env, **(env or {})},
+                start_new_session=True,
+            )
         child = Child(name, list(argv), log_path, popen)
         self.children.append(child)
         return child
 
-    def wait_ready(self, child: Child, check: Callable[[], bool], timeout_s: float,
-                   what: str, interval_s: float = 0.5) -> float:
+    def wait_ready(
+        self,
+        child: Child,
+        check: Callable[[], bool],
+        timeout_s: float,
+        what: str,
+        interval_s: float = 0.5,
+    ) -> float:
         """Poll ``check`` until true; fail at once if the child exits. Returns seconds."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
             if not child.alive():
-                raise self._failure(child, f"exited with {child.popen.returncode} "
-                                           f"before {what}")
+                raise self._failure(child, f"exited with {child.popen.returncode} before {what}")
             with contextlib.suppress(Exception):
                 if check():
                     return time.monotonic() - t0
@@ -152,8 +178,15 @@ class Supervisor:
     def log_contains(self, child: Child, text: str) -> Callable[[], bool]:
         return lambda: text in child.log_path.read_text(errors="replace")
 
-    def run(self, name: str, argv: Sequence[str], *, timeout_s: float = 180.0,
-            env: Mapping[str, str] | None = None, secret_output: bool = False) -> str:
+    def run(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        timeout_s: float = 180.0,
+        env: Mapping[str, str] | None = None,
+        secret_output: bool = False,
+    ) -> str:
         """Run a one-shot command to completion; its stdout is returned and logged (unless
         ``secret_output``: then only its length is), its stderr logged.
 
@@ -164,8 +197,14 @@ class Supervisor:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             popen = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                cwd=self.cwd, env={**self.env, **(env or {})}, start_new_session=True)
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=self.cwd,
+                env={**self.env, **(env or {})},
+                start_new_session=True,
+            )
             child = Child(name, list(argv), log_path, popen)
             try:
                 out, _ = popen.communicate(timeout=timeout_s)
@@ -176,8 +215,11 @@ class Supervisor:
                 self.stop(child, grace_s=5)
                 raise
             text = out.decode(errors="replace")
-            log.write(f"(stdout withheld: {len(out)} bytes holding a secret)\n".encode()
-                      if secret_output else out)
+            log.write(
+                f"(stdout withheld: {len(out)} bytes holding a secret)\n".encode()
+                if secret_output
+                else out
+            )
         if popen.returncode != 0:
             raise self._failure(child, f"exited with {popen.returncode}")
         return text
@@ -201,8 +243,10 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + ORPHAN_GRACE_S
-            while any(_same_process_alive(p, st) for p, st in survivors) and \
-                    time.monotonic() < deadline:
+            while (
+                any(_same_process_alive(p, st) for p, st in survivors)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
         if child in self.children:
             self.children.remove(child)
@@ -222,8 +266,9 @@ class Supervisor:
         return [pid for pid, start in self._stopped if _same_process_alive(pid, start)]
 
     def _failure(self, child: Child, why: str) -> ChildFailed:
-        return ChildFailed(f"{child.name}: {why}; last lines of {child.log_path}:\n"
-                           f"{tail(child.log_path)}")
+        return ChildFailed(
+            f"{child.name}: {why}; last lines of {child.log_path}:\n{tail(child.log_path)}"
+        )
 
 
 def _open_log(path: Path) -> BinaryIO:

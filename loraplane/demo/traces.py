@@ -6,6 +6,8 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+__all__ = ["DEFAULT_TRACE", "TRACES", "TraceMissing", "find_trace"]
+
 TRACES = Path(str(files("loraplane.demo") / "azure_traces"))
 DEFAULT_TRACE = TRACES / "azure_llm_2023_conv.csv"
 
@@ -19,6 +21,7 @@ def find_trace(explicit: Path | None = None) -> Path:
     Raises TraceMissing with the path it expected."""
     path = explicit or DEFAULT_TRACE
     if not path.is_file():
-        raise TraceMissing(f"no trace at {path} (expected the Azure LLM traces in "
-                           f"{DEFAULT_TRACE.parent})")
+        raise TraceMissing(
+            f"no trace at {path} (expected the Azure LLM traces in {DEFAULT_TRACE.parent})"
+        )
     return path

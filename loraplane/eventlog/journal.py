@@ -27,6 +27,8 @@ from pathlib import Path
 
 from loraplane.eventlog.spool import locked_folder
 
+__all__ = ["SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
+
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 4 * 1024 * 1024
@@ -74,7 +76,7 @@ def _records(data: bytes) -> Iterator[tuple[bytes, bytes]]:
         (crc,) = _CRC.unpack_from(data, body_end)
         if crc != zlib.crc32(data[off:body_end]):
             return
-        yield kind, data[off + _HEAD.size:body_end]
+        yield kind, data[off + _HEAD.size : body_end]
         off = stop
 
 
@@ -82,10 +84,10 @@ def _event(body: bytes) -> JournalEvent | None:
     try:
         seq, topic_len, key_len = _EVENT_HEAD.unpack_from(body)
         at = _EVENT_HEAD.size
-        topic = body[at:at + topic_len].decode()
+        topic = body[at : at + topic_len].decode()
         at += topic_len
-        key = None if key_len < 0 else body[at:at + key_len]
-        return JournalEvent(seq, topic, key, body[at + max(key_len, 0):])
+        key = None if key_len < 0 else body[at : at + key_len]
+        return JournalEvent(seq, topic, key, body[at + max(key_len, 0) :])
     except (struct.error, UnicodeDecodeError):
         return None
 
@@ -121,8 +123,11 @@ class EventJournal:
 
     # ---- a previous process's events ----------------------------------------------------
     def _numbers(self) -> list[int]:
-        return sorted(int(p.name[:-len(_SUFFIX)]) for p in self.directory.glob(f"*{_SUFFIX}")
-                      if p.name[:-len(_SUFFIX)].isdigit())
+        return sorted(
+            int(p.name[: -len(_SUFFIX)])
+            for p in self.directory.glob(f"*{_SUFFIX}")
+            if p.name[: -len(_SUFFIX)].isdigit()
+        )
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n:012d}{_SUFFIX}"
@@ -137,13 +142,17 @@ class EventJournal:
             for kind, body in _records(data):
                 read += _HEAD.size + len(body) + _CRC.size
                 if kind == _ACKS:
-                    acked.update(s for (s,) in _SEQ.iter_unpack(body[:len(body) // 8 * 8]))
+                    acked.update(s for (s,) in _SEQ.iter_unpack(body[: len(body) // 8 * 8]))
                 elif (event := _event(body)) is not None:
                     events[event.seq] = event
             if read < len(data):
-                log.warning("event journal %s: segment %d ends in %d bytes of a torn or "
-                            "corrupt record (a write cut short); skipped", self.directory, n,
-                            len(data) - read)
+                log.warning(
+                    "event journal %s: segment %d ends in %d bytes of a torn or "
+                    "corrupt record (a write cut short); skipped",
+                    self.directory,
+                    n,
+                    len(data) - read,
+                )
         left = [events[s] for s in sorted(events) if s not in acked]
         return left, max([*events, *acked], default=-1) + 1
 
@@ -160,9 +169,13 @@ class EventJournal:
         name = topic.encode()
         with self._lock:
             seq = self._seq
-            record = _record(_EVENT, _EVENT_HEAD.pack(seq, len(name), -1 if key is None
-                                                      else len(key)) + name + (key or b"")
-                             + value)
+            record = _record(
+                _EVENT,
+                _EVENT_HEAD.pack(seq, len(name), -1 if key is None else len(key))
+                + name
+                + (key or b"")
+                + value,
+            )
             n = self._write(record)
             self._seq += 1
             self._segments[n].live += 1
@@ -187,8 +200,9 @@ class EventJournal:
                 try:
                     self._write(_record(_ACKS, struct.pack(f"<{len(acks)}Q", *acks)))
                 except OSError as exc:
-                    log.warning("event journal %s: %d acks not written: %s", self.directory,
-                                len(acks), exc)
+                    log.warning(
+                        "event journal %s: %d acks not written: %s", self.directory, len(acks), exc
+                    )
             for n in [n for n, s in self._segments.items() if not s.live and n != self._tail]:
                 self._remove(n)
 
@@ -219,14 +233,16 @@ class EventJournal:
     def _tail_for(self, size: int) -> int:
         n = self._tail
         tail = self._segments.get(n) if n is not None else None
-        if n is not None and tail is not None and (
-                not tail.size or tail.size + size <= self.segment_bytes):
+        if (
+            n is not None
+            and tail is not None
+            and (not tail.size or tail.size + size <= self.segment_bytes)
+        ):
             return n
         if n is not None and tail is not None and not tail.live:
             self._remove(n)
         n = self._next_segment
-        fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._next_segment += 1
         self._segments[n], self._tail = _Segment(fd), n
         self._dir_unsynced = True

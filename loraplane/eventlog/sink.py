@@ -37,6 +37,16 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
+__all__ = [
+    "DROP_LOG_S",
+    "REPLAY_BATCH",
+    "RETRY_S",
+    "EventSink",
+    "KafkaEventSink",
+    "SinkMetrics",
+    "poll_forever",
+]
+
 log = logging.getLogger(__name__)
 
 REPLAY_BATCH = 500
@@ -50,8 +60,15 @@ DROP_LOG_S = 10.0
 def _permanent_codes() -> frozenset[int]:
     from confluent_kafka import KafkaError
 
-    names = ("MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "INVALID_MSG", "INVALID_MSG_SIZE",
-             "INVALID_RECORD", "RECORD_LIST_TOO_LARGE", "_INVALID_ARG")
+    names = (
+        "MSG_SIZE_TOO_LARGE",
+        "_MSG_SIZE_TOO_LARGE",
+        "INVALID_MSG",
+        "INVALID_MSG_SIZE",
+        "INVALID_RECORD",
+        "RECORD_LIST_TOO_LARGE",
+        "_INVALID_ARG",
+    )
     return frozenset(getattr(KafkaError, n) for n in names if hasattr(KafkaError, n))
 
 
@@ -95,8 +112,9 @@ class KafkaEventSink:
         from loraplane.kernel.topics import TOPICS, topic_name
 
         self._topic_name = topic_name
-        self._journaled = frozenset(t.suffix for t in TOPICS if t.cleanup_policy == "delete"
-                                    and self.settings.event_journal)
+        self._journaled = frozenset(
+            t.suffix for t in TOPICS if t.cleanup_policy == "delete" and self.settings.event_journal
+        )
         self._producer = kafka.producer(self.settings, client_id=self.client_id, linger_ms=20)
         self._permanent = _permanent_codes()
         self._spool_dir = self.settings.spool_dir / self.client_id
@@ -159,11 +177,15 @@ class KafkaEventSink:
             if self.backlog and not self._replaying_to_tail():
                 self._to_spool(topic, raw_key, value)  # nothing overtakes the spool
                 return
-            seq = (self._journal_append(topic, raw_key, value)
-                   if topic_suffix in self._journaled else None)
+            seq = (
+                self._journal_append(topic, raw_key, value)
+                if topic_suffix in self._journaled
+                else None
+            )
             try:
-                self._producer.produce(topic, key=raw_key, value=value,
-                                       on_delivery=partial(self._on_delivery, seq))
+                self._producer.produce(
+                    topic, key=raw_key, value=value, on_delivery=partial(self._on_delivery, seq)
+                )
             except BufferError:  # librdkafka's queue is full: the broker is long away
                 self._to_spool(topic, raw_key, value)
                 self._journal_done(seq)
@@ -185,8 +207,13 @@ class KafkaEventSink:
 
     def _refuse(self, topic_suffix: str, key: str, exc: Exception) -> None:
         self.counts.refused += 1
-        log.error("%s event for key %.64r not sent (%d refused so far): %s",
-                  topic_suffix, key, self.counts.refused, exc)
+        log.error(
+            "%s event for key %.64r not sent (%d refused so far): %s",
+            topic_suffix,
+            key,
+            self.counts.refused,
+            exc,
+        )
 
     def _on_delivery(self, seq: int | None, err: Any, msg: Any) -> None:
         with self._lock:
@@ -200,8 +227,12 @@ class KafkaEventSink:
 
     def _lose(self, msg: Any, err: Any) -> None:
         self.counts.failed += 1
-        log.error("event on %s not delivered for good (%d so far): %s", msg.topic(),
-                  self.counts.failed, err)
+        log.error(
+            "event on %s not delivered for good (%d so far): %s",
+            msg.topic(),
+            self.counts.failed,
+            err,
+        )
 
     # ---- the journal ----------------------------------------------------------------------
     def _open_journal(self) -> EventJournal | None:
@@ -211,8 +242,12 @@ class KafkaEventSink:
                 journal = EventJournal(self._spool_dir / "journal")
             except JournalUnavailable as exc:
                 self._journal_broken = True
-                log.error("no event journal for %s (a kill -9 loses the events Kafka has not "
-                          "acknowledged yet; counted as unjournaled): %s", self.client_id, exc)
+                log.error(
+                    "no event journal for %s (a kill -9 loses the events Kafka has not "
+                    "acknowledged yet; counted as unjournaled): %s",
+                    self.client_id,
+                    exc,
+                )
                 return None
             if journal.recovered:
                 for event in journal.recovered:
@@ -220,8 +255,12 @@ class KafkaEventSink:
                 self.counts.recovered += len(journal.recovered)
                 if self._spool is not None:
                     self._spool.sync()
-                log.warning("event journal %s: %d events a stopped process had not delivered, "
-                            "spooled for replay", journal.directory, len(journal.recovered))
+                log.warning(
+                    "event journal %s: %d events a stopped process had not delivered, "
+                    "spooled for replay",
+                    journal.directory,
+                    len(journal.recovered),
+                )
             journal.forget()
             self._journal = journal
         return self._journal
@@ -239,8 +278,12 @@ class KafkaEventSink:
         now = self.clock()
         if now - self._last_journal_log >= DROP_LOG_S:
             self._last_journal_log = now
-            log.error("%d events sent without a journal record so far by %s (%s)",
-                      self.counts.unjournaled, self.client_id, error)
+            log.error(
+                "%d events sent without a journal record so far by %s (%s)",
+                self.counts.unjournaled,
+                self.client_id,
+                error,
+            )
         return None
 
     def _journal_done(self, seq: int | None) -> None:
@@ -265,12 +308,20 @@ class KafkaEventSink:
                 self._spool = EventSpool(self._spool_dir, self.settings.spool_max_bytes)
             except SpoolUnavailable as exc:
                 self._spool_broken = True
-                log.error("no event spool for %s (events Kafka does not take will be "
-                          "dropped and counted): %s", self.client_id, exc)
+                log.error(
+                    "no event spool for %s (events Kafka does not take will be "
+                    "dropped and counted): %s",
+                    self.client_id,
+                    exc,
+                )
             else:
                 if self._spool.records:
-                    log.warning("event spool %s: %d events (%d bytes) to replay",
-                                self._spool_dir, self._spool.records, self._spool.bytes)
+                    log.warning(
+                        "event spool %s: %d events (%d bytes) to replay",
+                        self._spool_dir,
+                        self._spool.records,
+                        self._spool.bytes,
+                    )
         return self._spool
 
     def _to_spool(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -284,10 +335,14 @@ class KafkaEventSink:
         now = self.clock()
         if now - self._last_drop_log >= DROP_LOG_S:
             self._last_drop_log = now
-            why = ("no spool" if spool is None else
-                   f"spool full: {spool.bytes} of {spool.max_bytes} bytes")
-            log.error("%d events dropped so far by %s (%s)", self.counts.dropped,
-                      self.client_id, why)
+            why = (
+                "no spool"
+                if spool is None
+                else f"spool full: {spool.bytes} of {spool.max_bytes} bytes"
+            )
+            log.error(
+                "%d events dropped so far by %s (%s)", self.counts.dropped, self.client_id, why
+            )
 
     def poll(self) -> None:
         """Serve delivery reports, make the spool durable, and replay from it."""
@@ -325,8 +380,12 @@ class KafkaEventSink:
                 self._done.add(i)
                 continue
             try:
-                self._producer.produce(event.topic, key=event.key, value=event.value,
-                                       on_delivery=partial(self._on_replayed, r, i))
+                self._producer.produce(
+                    event.topic,
+                    key=event.key,
+                    value=event.value,
+                    on_delivery=partial(self._on_replayed, r, i),
+                )
             except BufferError:
                 r.failed += 1
                 break
@@ -380,8 +439,7 @@ class KafkaEventSink:
                 self._journal = None
             left = self.backlog
             if left:
-                log.warning("%d events spooled in %s for the next start", left,
-                            self._spool_dir)
+                log.warning("%d events spooled in %s for the next start", left, self._spool_dir)
         return left
 
 
@@ -407,25 +465,39 @@ class SinkMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         c, labels = self.sink.counts, ["client"]
         for name, value, text in (
-                (m.SINK_DELIVERED, c.delivered, "Events Kafka acknowledged"),
-                (m.SINK_SPOOLED, c.spooled, "Events written to the local spool"),
-                (m.SINK_REPLAYED, c.replayed, "Spooled events delivered later"),
-                (m.SINK_DROPPED, c.dropped, "Events lost: the spool could not take them"),
-                (m.SINK_REFUSED, c.refused + c.failed,
-                 "Events lost: Kafka refused them for good (too large, invalid)"),
-                (m.SINK_RECOVERED, c.recovered,
-                 "Events a killed process left in its journal, spooled at this start"),
-                (m.SINK_UNJOURNALED, c.unjournaled,
-                 "Events sent without a journal record (a disk error): a kill -9 before "
-                 "Kafka's ack would lose them")):
+            (m.SINK_DELIVERED, c.delivered, "Events Kafka acknowledged"),
+            (m.SINK_SPOOLED, c.spooled, "Events written to the local spool"),
+            (m.SINK_REPLAYED, c.replayed, "Spooled events delivered later"),
+            (m.SINK_DROPPED, c.dropped, "Events lost: the spool could not take them"),
+            (
+                m.SINK_REFUSED,
+                c.refused + c.failed,
+                "Events lost: Kafka refused them for good (too large, invalid)",
+            ),
+            (
+                m.SINK_RECOVERED,
+                c.recovered,
+                "Events a killed process left in its journal, spooled at this start",
+            ),
+            (
+                m.SINK_UNJOURNALED,
+                c.unjournaled,
+                "Events sent without a journal record (a disk error): a kill -9 before "
+                "Kafka's ack would lose them",
+            ),
+        ):
             family = CounterMetricFamily(name, text, labels=labels)
             family.add_metric([self.sink.client_id], value)
             yield family
         for name, value, text in (
-                (m.SINK_SPOOL_EVENTS, self.sink.backlog, "Events waiting in the spool"),
-                (m.SINK_SPOOL_BYTES, self.sink.backlog_bytes, "Bytes of the spool"),
-                (m.SINK_JOURNAL_EVENTS, self.sink.journal_pending,
-                 "Journaled events not yet acknowledged by Kafka")):
+            (m.SINK_SPOOL_EVENTS, self.sink.backlog, "Events waiting in the spool"),
+            (m.SINK_SPOOL_BYTES, self.sink.backlog_bytes, "Bytes of the spool"),
+            (
+                m.SINK_JOURNAL_EVENTS,
+                self.sink.journal_pending,
+                "Journaled events not yet acknowledged by Kafka",
+            ),
+        ):
             gauge = GaugeMetricFamily(name, text, labels=labels)
             gauge.add_metric([self.sink.client_id], value)
             yield gauge

@@ -29,6 +29,15 @@ from typing import IO
 
 from loraplane.kernel.atomic_file import write_atomic
 
+__all__ = [
+    "CURSOR_FILE",
+    "SEGMENT_BYTES",
+    "EventSpool",
+    "SpoolUnavailable",
+    "SpooledEvent",
+    "locked_folder",
+]
+
 log = logging.getLogger(__name__)
 
 CURSOR_FILE = "cursor.json"
@@ -70,9 +79,17 @@ class SpooledEvent:
 
 
 def _line(topic: str, key: bytes | None, value: bytes) -> bytes:
-    return json.dumps({"t": topic, "k": None if key is None else base64.b64encode(key).decode(),
-                       "v": base64.b64encode(value).decode()},
-                      separators=(",", ":")).encode() + b"\n"
+    return (
+        json.dumps(
+            {
+                "t": topic,
+                "k": None if key is None else base64.b64encode(key).decode(),
+                "v": base64.b64encode(value).decode(),
+            },
+            separators=(",", ":"),
+        ).encode()
+        + b"\n"
+    )
 
 
 def _parse(line: bytes) -> SpooledEvent | None:
@@ -89,8 +106,7 @@ class EventSpool:
     at the head. Not thread-safe: the sink calls it from librdkafka's delivery reports,
     which run inside the sink's own ``poll``."""
 
-    def __init__(self, directory: Path, max_bytes: int,
-                 segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, directory: Path, max_bytes: int, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
@@ -104,8 +120,11 @@ class EventSpool:
 
     # ---- state on disk ------------------------------------------------------------------
     def _segments(self) -> list[int]:
-        return sorted(int(p.name[:-len(_SUFFIX)]) for p in self.directory.glob(f"*{_SUFFIX}")
-                      if p.name[:-len(_SUFFIX)].isdigit())
+        return sorted(
+            int(p.name[: -len(_SUFFIX)])
+            for p in self.directory.glob(f"*{_SUFFIX}")
+            if p.name[: -len(_SUFFIX)].isdigit()
+        )
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n:012d}{_SUFFIX}"
@@ -131,8 +150,12 @@ class EventSpool:
             data = self._path(n).read_bytes()
             if data and not data.endswith(b"\n"):
                 cut = data.rfind(b"\n") + 1
-                log.warning("event spool %s: cut a torn last line (%d bytes) of segment %d",
-                            self.directory, len(data) - cut, n)
+                log.warning(
+                    "event spool %s: cut a torn last line (%d bytes) of segment %d",
+                    self.directory,
+                    len(data) - cut,
+                    n,
+                )
                 with self._path(n).open("r+b") as fh:
                     fh.truncate(cut)
                 data = data[:cut]
@@ -143,8 +166,10 @@ class EventSpool:
         self._tail_segment = segments[-1] if segments else self._head_segment
 
     def _write_cursor(self) -> None:
-        write_atomic(self.directory / CURSOR_FILE, json.dumps(
-            {"segment": self._head_segment, "offset": self._head_offset}))
+        write_atomic(
+            self.directory / CURSOR_FILE,
+            json.dumps({"segment": self._head_segment, "offset": self._head_offset}),
+        )
 
     # ---- tail ---------------------------------------------------------------------------
     def append(self, topic: str, key: bytes | None, value: bytes) -> bool:
@@ -205,8 +230,9 @@ class EventSpool:
                         if not raw.endswith(b"\n"):
                             break  # being written
                         event = _parse(raw)
-                        out.append(event if event is not None
-                                   else SpooledEvent("", None, b"", len(raw)))
+                        out.append(
+                            event if event is not None else SpooledEvent("", None, b"", len(raw))
+                        )
                         if len(out) >= limit:
                             break
             segment, offset = segment + 1, 0

@@ -38,6 +38,17 @@ from loraplane.schemas.base import is_id
 from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, TenantLimit
 from loraplane.schemas.request_log import RequestClass
 
+__all__ = [
+    "Admission",
+    "Choice",
+    "FrontDoor",
+    "Head",
+    "Identity",
+    "Keys",
+    "Refusal",
+    "VersionReason",
+]
+
 _CLASSES = {c.value: c for c in RequestClass}
 
 
@@ -115,10 +126,15 @@ class FrontDoor:
     (a gateway's) lets a router's signed forward stand in for an API key; ``budgets`` may be
     replaced while serving (a reload): the tenant gate follows it."""
 
-    def __init__(self, *, keys: Keys, budgets: RequestBudgets,
-                 versions: Callable[[str], Sequence[AdapterRecord]],
-                 router_secret: bytes | None = None,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        *,
+        keys: Keys,
+        budgets: RequestBudgets,
+        versions: Callable[[str], Sequence[AdapterRecord]],
+        router_secret: bytes | None = None,
+        clock: Callable[[], float],
+    ) -> None:
         self.keys = keys
         self.budgets = budgets
         self.versions = versions
@@ -136,8 +152,9 @@ class FrontDoor:
         """Step 1: the tenant and the class, before the body is read."""
         if head.forward is not None:
             if self.router_secret is None:
-                return Refusal(401, AdmissionRefusal.unauthorized,
-                               "this gateway takes no forwarded requests")
+                return Refusal(
+                    401, AdmissionRefusal.unauthorized, "this gateway takes no forwarded requests"
+                )
             tenant: str | None = head.forward.tenant
             class_name: str | None = head.forward.request_class
         else:
@@ -147,34 +164,50 @@ class FrontDoor:
             return Refusal(401, AdmissionRefusal.unauthorized, "missing or unknown API key")
         request_class = _CLASSES.get(class_name or RequestClass.interactive.value)
         if request_class is None:
-            return Refusal(400, AdmissionRefusal.bad_request_class,
-                           "X-Request-Class must be interactive, batch, canary or shadow")
+            return Refusal(
+                400,
+                AdmissionRefusal.bad_request_class,
+                "X-Request-Class must be interactive, batch, canary or shadow",
+            )
         return Identity(tenant, request_class, head.forward)
 
-    def admit(self, identity: Identity, head: Head, endpoint: Endpoint, raw: bytes,
-              now: float) -> Admission | Refusal:
+    def admit(
+        self, identity: Identity, head: Head, endpoint: Endpoint, raw: bytes, now: float
+    ) -> Admission | Refusal:
         """Steps 2 to 5 (``now``: epoch seconds, for a forward's signature). An
         ``Admission`` holds a place in the tenant gate: ``leave`` it when done."""
         tenant, request_class = identity.tenant_id, identity.request_class
         forward = identity.forward
-        if forward is not None and not verify(self.router_secret, forward, head.request_id,
-                                              raw, head.signature, now):
-            return Refusal(401, AdmissionRefusal.unauthorized,
-                           "a forwarded request needs a valid router signature")
+        if forward is not None and not verify(
+            self.router_secret, forward, head.request_id, raw, head.signature, now
+        ):
+            return Refusal(
+                401,
+                AdmissionRefusal.unauthorized,
+                "a forwarded request needs a valid router signature",
+            )
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return Refusal(400, AdmissionRefusal.invalid_json, "the body is not JSON")
         model = body.get("model") if isinstance(body, dict) else None
         if not is_id(model):
-            return Refusal(400, AdmissionRefusal.model_not_adapter_id,
-                           "model must be an adapter_id (lower-case id, never a path)")
+            return Refusal(
+                400,
+                AdmissionRefusal.model_not_adapter_id,
+                "model must be an adapter_id (lower-case id, never a path)",
+            )
 
-        def refuse(status: int, reason: AdmissionRefusal | RequestRefusal | TenantLimit,
-                   message: str, param: str | None = None,
-                   retry_after_s: int | None = None) -> Refusal:
-            return Refusal(status, reason, message, param, retry_after_s, tenant,
-                           request_class, model)
+        def refuse(
+            status: int,
+            reason: AdmissionRefusal | RequestRefusal | TenantLimit,
+            message: str,
+            param: str | None = None,
+            retry_after_s: int | None = None,
+        ) -> Refusal:
+            return Refusal(
+                status, reason, message, param, retry_after_s, tenant, request_class, model
+            )
 
         try:
             request = admit(endpoint, body, request_caps(self.budgets, request_class), len(raw))
@@ -185,35 +218,49 @@ class FrontDoor:
             return refuse(404, AdmissionRefusal.unknown_adapter, f"no adapter {model!r} here")
         if any(r.tenant_id != tenant for r in versions):
             return refuse(403, AdmissionRefusal.forbidden, f"adapter {model!r} is not yours")
-        choice = (self._forwarded(forward, versions) if forward is not None
-                  else self._choose(versions, head.session_key or head.request_id,
-                                    request_class))
+        choice = (
+            self._forwarded(forward, versions)
+            if forward is not None
+            else self._choose(versions, head.session_key or head.request_id, request_class)
+        )
         if isinstance(choice, Refusal):
-            return refuse(choice.status, choice.reason, choice.message,
-                          retry_after_s=choice.retry_after_s)
+            return refuse(
+                choice.status, choice.reason, choice.message, retry_after_s=choice.retry_after_s
+            )
         limited = self.gate().enter(tenant)
         if limited is not None:
             reason, retry_after = limited
-            return refuse(429, reason, f"tenant limit reached ({reason}); retry later",
-                          retry_after_s=retry_after)
-        return Admission(tenant, request_class, model, request, choice, versions,
-                         forwarded=forward is not None)
+            return refuse(
+                429,
+                reason,
+                f"tenant limit reached ({reason}); retry later",
+                retry_after_s=retry_after,
+            )
+        return Admission(
+            tenant, request_class, model, request, choice, versions, forwarded=forward is not None
+        )
 
     def leave(self, admission: Admission, tokens: int) -> None:
         """The request is done: its place in the gate is free, ``tokens`` charged."""
         self.gate().leave(admission.tenant_id, tokens)
 
     @staticmethod
-    def _choose(versions: Sequence[AdapterRecord], session_key: str,
-                request_class: RequestClass) -> Choice | Refusal:
-        record = choose_version(list(versions), session_key=session_key,
-                                request_class=request_class)
+    def _choose(
+        versions: Sequence[AdapterRecord], session_key: str, request_class: RequestClass
+    ) -> Choice | Refusal:
+        record = choose_version(
+            list(versions), session_key=session_key, request_class=request_class
+        )
         if record is None:
-            return Refusal(404, AdmissionRefusal.no_serving_version,
-                           "the adapter has no active or canary version")
+            return Refusal(
+                404,
+                AdmissionRefusal.no_serving_version,
+                "the adapter has no active or canary version",
+            )
         active = next((r for r in versions if r.status == AdapterStatus.active), None)
-        reason = (VersionReason.canary if record.status == AdapterStatus.canary
-                  else VersionReason.active)
+        reason = (
+            VersionReason.canary if record.status == AdapterStatus.canary else VersionReason.active
+        )
         return Choice(record, reason, active if record is not active else None)
 
     @staticmethod
@@ -222,18 +269,21 @@ class FrontDoor:
         by_version = {r.version: r for r in versions}
         record = by_version.get(forward.version)
         if record is None:
-            return Refusal(503, AdmissionRefusal.version_unknown,
-                           f"version {forward.version!r} is not in this worker's registry "
-                           "yet; retry", retry_after_s=1)
+            return Refusal(
+                503,
+                AdmissionRefusal.version_unknown,
+                f"version {forward.version!r} is not in this worker's registry yet; retry",
+                retry_after_s=1,
+            )
         if record.status == AdapterStatus.revoked:
-            return Refusal(410, AdmissionRefusal.version_revoked,
-                           f"version {forward.version!r} was revoked")
+            return Refusal(
+                410, AdmissionRefusal.version_revoked, f"version {forward.version!r} was revoked"
+            )
         try:
             reason = VersionReason(forward.reason)
         except ValueError:
             reason = VersionReason.active
         stable = by_version.get(forward.stable) if forward.stable else None
-        if stable is not None and (stable.status == AdapterStatus.revoked
-                                   or stable is record):
+        if stable is not None and (stable.status == AdapterStatus.revoked or stable is record):
             stable = None
         return Choice(record, reason, stable)

@@ -20,6 +20,8 @@ from typing import Protocol
 
 from loraplane.schemas.base import is_id
 
+__all__ = ["ApiKeys", "ApiKeysFile", "KeyLookup", "add_key", "key_digest", "load_api_keys"]
+
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _UNREAD = (-1, -1, -1)
 log = logging.getLogger("loraplane.worker")
@@ -49,7 +51,7 @@ class ApiKeys:
         tenant = self._known.get(authorization)
         if tenant is not None or not authorization.startswith("Bearer "):
             return tenant
-        key = authorization[len("Bearer "):].strip()
+        key = authorization[len("Bearer ") :].strip()
         tenant = self.tenants_by_digest.get(key_digest(key)) if key and key.isascii() else None
         if tenant is not None and len(key) + len("Bearer ") == len(authorization):
             self._known[authorization] = tenant
@@ -62,7 +64,7 @@ def load_api_keys(path: Path) -> ApiKeys:
     data = json.loads(path.read_text())
     keys = data.get("keys") if isinstance(data, dict) else None
     if not isinstance(keys, dict):
-        raise ValueError(f"{path}: expected {{\"keys\": {{sha256: tenant_id}}}}")
+        raise ValueError(f'{path}: expected {{"keys": {{sha256: tenant_id}}}}')
     for digest, tenant in keys.items():
         if not _SHA256.fullmatch(str(digest)) or not is_id(tenant):
             raise ValueError(f"{path}: bad entry {digest!r}: {tenant!r}")
@@ -85,8 +87,11 @@ class ApiKeysFile:
         keys._stamp = _stamp(path)  # stamp first: a change while loading is re-read later
         keys._keys = load_api_keys(path)
         if keys._stamp is None:
-            log.warning("API key file %s is missing: every request gets 401 until a key is "
-                        "added (loraplane worker add-key --tenant T)", path)
+            log.warning(
+                "API key file %s is missing: every request gets 401 until a key is "
+                "added (loraplane worker add-key --tenant T)",
+                path,
+            )
         elif not keys._keys.tenants_by_digest:
             log.warning("API key file %s holds no keys: every request gets 401", path)
         return keys
@@ -100,14 +105,18 @@ class ApiKeysFile:
             self._keys = load_api_keys(self.path)
         except (ValueError, OSError) as exc:
             self._keys = ApiKeys({})
-            log.error("API key file %s is invalid, accepting no key until fixed: %s",
-                      self.path, str(exc)[:200])
+            log.error(
+                "API key file %s is invalid, accepting no key until fixed: %s",
+                self.path,
+                str(exc)[:200],
+            )
             return self._keys
         if stamp is None:
             log.warning("API key file %s is gone: every request gets 401", self.path)
         else:
-            log.info("API key file %s re-read: %d keys", self.path,
-                     len(self._keys.tenants_by_digest))
+            log.info(
+                "API key file %s re-read: %d keys", self.path, len(self._keys.tenants_by_digest)
+            )
         return self._keys
 
     def tenant(self, authorization: str | None) -> str | None:

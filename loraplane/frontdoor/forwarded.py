@@ -25,6 +25,19 @@ from dataclasses import dataclass
 from loraplane.frontdoor.request_fields import header_token
 from loraplane.schemas.base import is_id
 
+__all__ = [
+    "MAX_SKEW_S",
+    "SIGNATURE_HEADER",
+    "STABLE_VERSION_HEADER",
+    "TENANT_HEADER",
+    "VERSION_HEADER",
+    "VERSION_REASON_HEADER",
+    "Forward",
+    "headers",
+    "sign",
+    "verify",
+]
+
 TENANT_HEADER = "X-Loraplane-Tenant"
 SIGNATURE_HEADER = "X-Loraplane-Forwarded"
 VERSION_HEADER = "X-Loraplane-Version"  # the version to serve
@@ -47,8 +60,10 @@ class Forward:
 
 def _mac(secret: bytes, request_id: str, ts: int, body: bytes, forward: Forward) -> str:
     digest = hashlib.sha256(body).hexdigest()
-    message = (f"{forward.tenant}\n{request_id}\n{ts}\n{digest}\n{forward.request_class}\n"
-               f"{forward.version}\n{forward.reason}\n{forward.stable}").encode()
+    message = (
+        f"{forward.tenant}\n{request_id}\n{ts}\n{digest}\n{forward.request_class}\n"
+        f"{forward.version}\n{forward.reason}\n{forward.stable}"
+    ).encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
 
@@ -58,13 +73,21 @@ def sign(secret: bytes, forward: Forward, request_id: str, body: bytes, now: flo
     return f"{ts}.{_mac(secret, request_id, ts, body, forward)}"
 
 
-def headers(secret: bytes, forward: Forward, request_id: str, body: bytes, now: float,
-            session_key: str | None) -> bytes:
+def headers(
+    secret: bytes,
+    forward: Forward,
+    request_id: str,
+    body: bytes,
+    now: float,
+    session_key: str | None,
+) -> bytes:
     """The header lines (CRLF-ended) the router adds to a forwarded request."""
-    head = (f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
-            f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
-            f"{VERSION_REASON_HEADER}: {forward.reason}\r\n"
-            f"{SIGNATURE_HEADER}: {sign(secret, forward, request_id, body, now)}\r\n")
+    head = (
+        f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
+        f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
+        f"{VERSION_REASON_HEADER}: {forward.reason}\r\n"
+        f"{SIGNATURE_HEADER}: {sign(secret, forward, request_id, body, now)}\r\n"
+    )
     if forward.stable:
         head += f"{STABLE_VERSION_HEADER}: {forward.stable}\r\n"
     if session_key:
@@ -72,13 +95,25 @@ def headers(secret: bytes, forward: Forward, request_id: str, body: bytes, now: 
     return head.encode("latin-1")
 
 
-def verify(secret: bytes | None, forward: Forward, request_id: str, body: bytes,
-           signature: str | None, now: float) -> bool:
+def verify(
+    secret: bytes | None,
+    forward: Forward,
+    request_id: str,
+    body: bytes,
+    signature: str | None,
+    now: float,
+) -> bool:
     """True when ``signature`` vouches for ``forward`` on this request now."""
-    if (not secret or not signature or not is_id(forward.tenant)
-            or not header_token(request_id) or not header_token(forward.version)
-            or not header_token(forward.request_class) or not header_token(forward.reason)
-            or (forward.stable and not header_token(forward.stable))):
+    if (
+        not secret
+        or not signature
+        or not is_id(forward.tenant)
+        or not header_token(request_id)
+        or not header_token(forward.version)
+        or not header_token(forward.request_class)
+        or not header_token(forward.reason)
+        or (forward.stable and not header_token(forward.stable))
+    ):
         return False
     parts = _SIGNATURE.fullmatch(signature)
     if parts is None:

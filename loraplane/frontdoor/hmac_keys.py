@@ -8,6 +8,8 @@ from pathlib import Path
 from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import SecretError, secret_key
 
+__all__ = ["hmac_key", "router_secret"]
+
 
 def hmac_key(path: Path, what: str = "gateway secret") -> bytes:
     """An HMAC key file (``kernel.secrets.secret_key``: made once, mode 0600, never logged):

@@ -19,19 +19,22 @@ from loraplane.frontdoor.forwarded import (
 from loraplane.frontdoor.request_fields import Endpoint, header_token
 from loraplane.schemas.reasons import RequestRefusal
 
+__all__ = ["admit_request", "error_response", "head_of", "refusal_response"]
 
-def error_response(status: int, code: str, message: str, param: str | None = None,
-                   **headers: str) -> web.Response:
+
+def error_response(
+    status: int, code: str, message: str, param: str | None = None, **headers: str
+) -> web.Response:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     body = {"error": {"message": message, "type": code, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
 
 
 def refusal_response(refusal: Refusal) -> web.Response:
-    headers = ({"Retry-After": str(refusal.retry_after_s)}
-               if refusal.retry_after_s is not None else {})
-    return error_response(refusal.status, refusal.reason, refusal.message, refusal.param,
-                          **headers)
+    headers = (
+        {"Retry-After": str(refusal.retry_after_s)} if refusal.retry_after_s is not None else {}
+    )
+    return error_response(refusal.status, refusal.reason, refusal.message, refusal.param, **headers)
 
 
 def head_of(request: web.Request, request_id: str) -> Head:
@@ -39,19 +42,30 @@ def head_of(request: web.Request, request_id: str) -> Head:
     its tenant header is there (the signature then decides)."""
     headers = request.headers
     tenant = headers.get(TENANT_HEADER)
-    forward = None if tenant is None else Forward(
-        tenant=tenant, request_class=headers.get("X-Request-Class", ""),
-        version=headers.get(VERSION_HEADER, ""), reason=headers.get(VERSION_REASON_HEADER, ""),
-        stable=headers.get(STABLE_VERSION_HEADER, ""))
-    return Head(request_id=request_id, authorization=headers.get("Authorization"),
-                request_class=headers.get("X-Request-Class"),
-                session_key=header_token(headers.get("X-Session-Key")), forward=forward,
-                signature=headers.get(SIGNATURE_HEADER))
+    forward = (
+        None
+        if tenant is None
+        else Forward(
+            tenant=tenant,
+            request_class=headers.get("X-Request-Class", ""),
+            version=headers.get(VERSION_HEADER, ""),
+            reason=headers.get(VERSION_REASON_HEADER, ""),
+            stable=headers.get(STABLE_VERSION_HEADER, ""),
+        )
+    )
+    return Head(
+        request_id=request_id,
+        authorization=headers.get("Authorization"),
+        request_class=headers.get("X-Request-Class"),
+        session_key=header_token(headers.get("X-Session-Key")),
+        forward=forward,
+        signature=headers.get(SIGNATURE_HEADER),
+    )
 
 
-async def admit_request(door: FrontDoor, request: web.Request, endpoint: Endpoint,
-                        request_id: str, max_body_bytes: int
-                        ) -> tuple[Admission | Refusal, bytes]:
+async def admit_request(
+    door: FrontDoor, request: web.Request, endpoint: Endpoint, request_id: str, max_body_bytes: int
+) -> tuple[Admission | Refusal, bytes]:
     """Identify, read the body (413 past ``max_body_bytes``), admit: the admission (or the
     refusal) and the raw body."""
     head = head_of(request, request_id)
@@ -61,6 +75,7 @@ async def admit_request(door: FrontDoor, request: web.Request, endpoint: Endpoin
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return Refusal(413, RequestRefusal.body_too_large,
-                       f"the body is over {max_body_bytes} bytes"), b""
+        return Refusal(
+            413, RequestRefusal.body_too_large, f"the body is over {max_body_bytes} bytes"
+        ), b""
     return door.admit(identity, head, endpoint, raw, time.time()), raw

@@ -27,6 +27,24 @@ from loraplane.kernel.policy import RequestBudgets, RequestCaps, TenantLimits
 from loraplane.schemas.reasons import RequestRefusal, TenantLimit
 from loraplane.schemas.request_log import RequestClass
 
+__all__ = [
+    "ALLOWED",
+    "DROPPED",
+    "MAX_LOGIT_BIAS",
+    "MAX_NAME_CHARS",
+    "MESSAGE_KEYS",
+    "MESSAGE_ROLES",
+    "Admitted",
+    "Endpoint",
+    "Refused",
+    "TenantGate",
+    "TokenBucket",
+    "admit",
+    "cache_salt",
+    "header_token",
+    "request_caps",
+]
+
 
 class Endpoint(StrEnum):
     completions = "/v1/completions"
@@ -36,9 +54,23 @@ class Endpoint(StrEnum):
 DROPPED = frozenset({"user", "cache_salt", "request_id", "stream_options"})
 """Removed without an error: the gateway sets the last three itself."""
 
-_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stop", "stream",
-                     "stream_options", "presence_penalty", "frequency_penalty", "seed",
-                     "logit_bias", "logprobs"})
+_COMMON = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "stream",
+        "stream_options",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "logit_bias",
+        "logprobs",
+    }
+)
 ALLOWED: Mapping[Endpoint, frozenset[str]] = {
     Endpoint.completions: _COMMON | {"prompt", "best_of", "echo"},
     Endpoint.chat_completions: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
@@ -101,8 +133,9 @@ def _bad(name: str, what: str) -> Refused:
     return Refused(RequestRefusal.bad_field, name, f"{name} must be {what}")
 
 
-def _int_in(body: Mapping[str, Any], name: str, low: int, cap: int,
-            over: RequestRefusal) -> int | None:
+def _int_in(
+    body: Mapping[str, Any], name: str, low: int, cap: int, over: RequestRefusal
+) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -137,8 +170,7 @@ def _prompts(prompt: object) -> int:
             return 1
         if all(isinstance(p, str) for p in prompt):
             return len(prompt)
-        if all(isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p)
-               for p in prompt):
+        if all(isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p) for p in prompt):
             return len(prompt)
     raise _bad("prompt", "a string, a list of strings, token ids or lists of token ids")
 
@@ -147,16 +179,22 @@ def _messages(messages: object, caps: RequestCaps) -> None:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "a non-empty list")
     if len(messages) > caps.max_messages:
-        raise Refused(RequestRefusal.too_many_prompts, "messages",
-                      f"{len(messages)} messages are over the cap {caps.max_messages}")
+        raise Refused(
+            RequestRefusal.too_many_prompts,
+            "messages",
+            f"{len(messages)} messages are over the cap {caps.max_messages}",
+        )
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise _bad(where, "an object")
         extra = sorted(set(message) - MESSAGE_KEYS)
         if extra:
-            raise Refused(RequestRefusal.field_not_allowed, f"{where}.{extra[0]}",
-                          f"{where}.{extra[0]} is not allowed (only role, content, name)")
+            raise Refused(
+                RequestRefusal.field_not_allowed,
+                f"{where}.{extra[0]}",
+                f"{where}.{extra[0]} is not allowed (only role, content, name)",
+            )
         if message.get("role") not in MESSAGE_ROLES:
             raise _bad(f"{where}.role", f"one of {sorted(MESSAGE_ROLES)}")
         name = message.get("name")
@@ -168,11 +206,18 @@ def _messages(messages: object, caps: RequestCaps) -> None:
         if not isinstance(content, list):
             raise _bad(f"{where}.content", "a string or a list of text parts")
         for j, part in enumerate(content):  # text only: no URL for vLLM to fetch
-            if (not isinstance(part, dict) or set(part) != {"type", "text"}
-                    or part["type"] != "text" or not isinstance(part["text"], str)):
-                raise Refused(RequestRefusal.field_not_allowed, f"{where}.content[{j}]",
-                              f"{where}.content[{j}] must be {{\"type\": \"text\", \"text\": "
-                              "...}: only text parts are allowed")
+            if (
+                not isinstance(part, dict)
+                or set(part) != {"type", "text"}
+                or part["type"] != "text"
+                or not isinstance(part["text"], str)
+            ):
+                raise Refused(
+                    RequestRefusal.field_not_allowed,
+                    f"{where}.content[{j}]",
+                    f'{where}.content[{j}] must be {{"type": "text", "text": '
+                    "...}: only text parts are allowed",
+                )
 
 
 def _stop(stop: object, caps: RequestCaps) -> None:
@@ -182,22 +227,32 @@ def _stop(stop: object, caps: RequestCaps) -> None:
     if not isinstance(seqs, list) or not all(isinstance(s, str) for s in seqs):
         raise _bad("stop", "a string or a list of strings")
     if len(seqs) > caps.max_stop:
-        raise Refused(RequestRefusal.too_many_stop, "stop",
-                      f"{len(seqs)} stop sequences are over the cap {caps.max_stop}")
+        raise Refused(
+            RequestRefusal.too_many_stop,
+            "stop",
+            f"{len(seqs)} stop sequences are over the cap {caps.max_stop}",
+        )
     if any(len(s) > caps.max_stop_chars for s in seqs):
-        raise Refused(RequestRefusal.too_many_stop, "stop",
-                      f"a stop sequence is longer than {caps.max_stop_chars} characters")
+        raise Refused(
+            RequestRefusal.too_many_stop,
+            "stop",
+            f"a stop sequence is longer than {caps.max_stop_chars} characters",
+        )
 
 
 def _logit_bias(bias: object) -> None:
     if bias is None:
         return
-    if (not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS
-            or not all(isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9
-                       for k in bias)
-            or not all(_is_number(v) and -100 <= v <= 100 for v in bias.values())):
-        raise _bad("logit_bias", f"an object of at most {MAX_LOGIT_BIAS} token ids -> "
-                                 "numbers in [-100, 100]")
+    if (
+        not isinstance(bias, dict)
+        or len(bias) > MAX_LOGIT_BIAS
+        or not all(isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9 for k in bias)
+        or not all(_is_number(v) and -100 <= v <= 100 for v in bias.values())
+    ):
+        raise _bad(
+            "logit_bias",
+            f"an object of at most {MAX_LOGIT_BIAS} token ids -> numbers in [-100, 100]",
+        )
 
 
 def _client_usage(options: object) -> bool:
@@ -211,18 +266,25 @@ def _client_usage(options: object) -> bool:
     return value
 
 
-def admit(endpoint: Endpoint, body: Mapping[str, Any], caps: RequestCaps,
-          body_bytes: int = 0) -> Admitted:
+def admit(
+    endpoint: Endpoint, body: Mapping[str, Any], caps: RequestCaps, body_bytes: int = 0
+) -> Admitted:
     """The body to forward, or ``Refused`` naming the first field that is not safe."""
     if body_bytes > caps.max_body_bytes:
-        raise Refused(RequestRefusal.body_too_large, "", f"the body is {body_bytes} bytes, "
-                      f"over this request class's cap {caps.max_body_bytes}")
+        raise Refused(
+            RequestRefusal.body_too_large,
+            "",
+            f"the body is {body_bytes} bytes, over this request class's cap {caps.max_body_bytes}",
+        )
     allowed = ALLOWED[endpoint]
     for name in body:
         if name not in allowed and name not in DROPPED:
             shown = str(name)[:64]
-            raise Refused(RequestRefusal.field_not_allowed, shown,
-                          f"{shown} is not allowed on {endpoint.value}")
+            raise Refused(
+                RequestRefusal.field_not_allowed,
+                shown,
+                f"{shown} is not allowed on {endpoint.value}",
+            )
     n = _int_in(body, "n", 1, caps.max_n, RequestRefusal.too_many_choices) or 1
     best_of = n
     if endpoint == Endpoint.completions:
@@ -233,9 +295,11 @@ def admit(endpoint: Endpoint, body: Mapping[str, Any], caps: RequestCaps,
             raise _bad("prompt", "present")
         prompts = _prompts(body["prompt"])
         if prompts > caps.max_prompts:
-            raise Refused(RequestRefusal.too_many_prompts, "prompt",
-                          f"{prompts} prompts are over this request class's cap "
-                          f"{caps.max_prompts}")
+            raise Refused(
+                RequestRefusal.too_many_prompts,
+                "prompt",
+                f"{prompts} prompts are over this request class's cap {caps.max_prompts}",
+            )
         _int_in(body, "logprobs", 0, caps.max_logprobs, RequestRefusal.logprobs_too_large)
         _bool(body, "echo")
     else:
@@ -243,8 +307,10 @@ def admit(endpoint: Endpoint, body: Mapping[str, Any], caps: RequestCaps,
         _messages(body.get("messages"), caps)
         _bool(body, "logprobs")
         _int_in(body, "top_logprobs", 0, caps.max_logprobs, RequestRefusal.logprobs_too_large)
-    limits = [_int_in(body, name, 1, caps.max_tokens, RequestRefusal.max_tokens_too_large)
-              for name in ("max_tokens", "max_completion_tokens")]
+    limits = [
+        _int_in(body, name, 1, caps.max_tokens, RequestRefusal.max_tokens_too_large)
+        for name in ("max_tokens", "max_completion_tokens")
+    ]
     given = [v for v in limits if v is not None]
     max_tokens = min(given) if given else caps.default_max_tokens
     _number(body, "temperature", 0.0, 2.0)
@@ -310,8 +376,11 @@ class TenantGate:
         bucket = self.buckets.get(tenant)
         if bucket is None:
             bucket = self.buckets[tenant] = TokenBucket(
-                self.limits.tokens_per_minute / 60, self.limits.burst_tokens,
-                self.limits.burst_tokens, now)
+                self.limits.tokens_per_minute / 60,
+                self.limits.burst_tokens,
+                self.limits.burst_tokens,
+                now,
+            )
         return bucket
 
     def enter(self, tenant: str) -> tuple[TenantLimit, int] | None:

@@ -26,6 +26,8 @@ import httptools
 
 from loraplane.schemas.reasons import VllmErrorCode
 
+__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+
 _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled
 _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
 
@@ -84,8 +86,12 @@ class UpstreamResponse:
         """A whole answer is held in memory: at most the pool's ``max_answer_bytes``."""
         if self._buffered > self._pool.max_answer_bytes and not self._done:
             self._chunks, self._buffered = [], 0
-            self._finish(UpstreamError(VllmErrorCode.bad_response, "the answer is over "
-                                       f"{self._pool.max_answer_bytes} bytes"))
+            self._finish(
+                UpstreamError(
+                    VllmErrorCode.bad_response,
+                    f"the answer is over {self._pool.max_answer_bytes} bytes",
+                )
+            )
             self._conn.drop()
 
     def _finish(self, error: Exception | None = None) -> None:
@@ -96,9 +102,14 @@ class UpstreamResponse:
     # ---- read by the caller -------------------------------------------------------------
     def _time_out(self, waiter: asyncio.Future[None], total: bool) -> None:
         if not waiter.done():
-            waiter.set_exception(UpstreamError(
-                VllmErrorCode.timeout, "the answer was not complete by its deadline" if total
-                else f"no answer within {self._pool.read_timeout_s}s"))
+            waiter.set_exception(
+                UpstreamError(
+                    VllmErrorCode.timeout,
+                    "the answer was not complete by its deadline"
+                    if total
+                    else f"no answer within {self._pool.read_timeout_s}s",
+                )
+            )
 
     async def _wait(self) -> None:
         """Until the connection reports something, at most the read timeout and never past
@@ -107,8 +118,9 @@ class UpstreamResponse:
         self._waiter = waiter = loop.create_future()
         left = self._deadline - loop.time()
         total = left < self._pool.read_timeout_s
-        timer = loop.call_later(left if total else self._pool.read_timeout_s, self._time_out,
-                                waiter, total)
+        timer = loop.call_later(
+            left if total else self._pool.read_timeout_s, self._time_out, waiter, total
+        )
         try:
             await waiter
         finally:
@@ -119,8 +131,9 @@ class UpstreamResponse:
         while not self._head_done and not self._done:
             await self._wait()
         if not self._head_done:
-            raise self._error or UpstreamError(VllmErrorCode.unreachable,
-                                               "closed before the answer")
+            raise self._error or UpstreamError(
+                VllmErrorCode.unreachable, "closed before the answer"
+            )
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (whatever each socket read brought, not lines)."""
@@ -203,13 +216,19 @@ class _Connection(asyncio.Protocol):
             return
         if not self._got_bytes:
             response._finish(_Stale())
-        elif response._head_done and "content-length" not in response.headers \
-                and "chunked" not in response.headers.get("transfer-encoding", ""):
+        elif (
+            response._head_done
+            and "content-length" not in response.headers
+            and "chunked" not in response.headers.get("transfer-encoding", "")
+        ):
             response._finish()  # a body that ends with the connection
         else:
-            response._finish(UpstreamError(VllmErrorCode.unreachable,
-                                           "connection closed mid-answer"
-                                           + (f" ({exc})" if exc else "")))
+            response._finish(
+                UpstreamError(
+                    VllmErrorCode.unreachable,
+                    "connection closed mid-answer" + (f" ({exc})" if exc else ""),
+                )
+            )
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -260,10 +279,17 @@ class UpstreamPool:
     """Keep-alive connections to ``host:port``, at most ``limit`` requests in flight.
     Bound to the event loop it is first used in."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float,
-                 read_timeout_s: float, limit: int = 64,
-                 max_answer_bytes: int = 64 * 1024 * 1024,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        limit: int = 64,
+        max_answer_bytes: int = 64 * 1024 * 1024,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.host, self.port = host, port
         self.max_answer_bytes = max_answer_bytes  # read whole (not streamed), at most
         self.connect_timeout_s = connect_timeout_s
@@ -276,17 +302,24 @@ class UpstreamPool:
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(limit)
 
-    async def request(self, method: str, path: str, body: bytes, *,
-                      total_timeout_s: float, headers: bytes = b"") -> UpstreamResponse:
+    async def request(
+        self, method: str, path: str, body: bytes, *, total_timeout_s: float, headers: bytes = b""
+    ) -> UpstreamResponse:
         """Send ``body`` (JSON) and wait for the answer's head; the caller closes it. Every
         wait for the answer, head and body, ends by ``total_timeout_s`` from now.
         ``headers``: extra header lines, each ending in CRLF (the caller's own values, which
         must hold no CR or LF)."""
         if not _PATH.fullmatch(path):
             raise ValueError(f"not a request path: {path!r}")
-        request = b"".join((
-            f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), self._host_header, headers,
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body))
+        request = b"".join(
+            (
+                f"{method} {path} HTTP/1.1\r\n".encode("latin-1"),
+                self._host_header,
+                headers,
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         deadline = asyncio.get_running_loop().time() + total_timeout_s
         await self._slots.acquire()
         try:
@@ -298,8 +331,9 @@ class UpstreamPool:
                     return response
                 except _Stale:
                     if not reused:
-                        raise UpstreamError(VllmErrorCode.unreachable,
-                                            "closed before the answer") from None
+                        raise UpstreamError(
+                            VllmErrorCode.unreachable, "closed before the answer"
+                        ) from None
                 except BaseException:
                     conn.drop()
                     raise
@@ -317,13 +351,17 @@ class UpstreamPool:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: _Connection(self), self.host, self.port),
-                self.connect_timeout_s)
+                self.connect_timeout_s,
+            )
         except TimeoutError:
-            raise UpstreamError(VllmErrorCode.timeout, f"connect to {self.host}:{self.port} took "
-                                f"longer than {self.connect_timeout_s}s") from None
+            raise UpstreamError(
+                VllmErrorCode.timeout,
+                f"connect to {self.host}:{self.port} took longer than {self.connect_timeout_s}s",
+            ) from None
         except OSError as exc:
-            raise UpstreamError(VllmErrorCode.unreachable,
-                                f"{self.host}:{self.port}: {exc}") from None
+            raise UpstreamError(
+                VllmErrorCode.unreachable, f"{self.host}:{self.port}: {exc}"
+            ) from None
         return conn, False
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ import hashlib
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestClass
 
+__all__ = ["canary_bucket", "choose_version"]
+
 
 def canary_bucket(adapter_id: str, session_key: str) -> float:
     """A stable number in [0, 100) per (adapter, session): the canary split is sticky."""
@@ -17,14 +19,19 @@ def canary_bucket(adapter_id: str, session_key: str) -> float:
     return int.from_bytes(digest[:8], "big") % 10_000 / 100
 
 
-def choose_version(versions: list[AdapterRecord], *, session_key: str,
-                   request_class: RequestClass) -> AdapterRecord | None:
+def choose_version(
+    versions: list[AdapterRecord], *, session_key: str, request_class: RequestClass
+) -> AdapterRecord | None:
     """Active, or the canary for its share of sessions (always for class ``canary``)."""
     active = next((r for r in versions if r.status == AdapterStatus.active), None)
-    canary = next((r for r in versions
-                   if r.status == AdapterStatus.canary and r.release.canary_percent > 0), None)
+    canary = next(
+        (r for r in versions if r.status == AdapterStatus.canary and r.release.canary_percent > 0),
+        None,
+    )
     if canary is not None and (
-            request_class == RequestClass.canary or active is None
-            or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent):
+        request_class == RequestClass.canary
+        or active is None
+        or canary_bucket(canary.adapter_id, session_key) < canary.release.canary_percent
+    ):
         return canary
     return active

@@ -23,6 +23,17 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "READER_GROUP_PREFIX",
+    "Grant",
+    "Operation",
+    "Pattern",
+    "Resource",
+    "TopicAccess",
+    "apply",
+    "grants",
+]
+
 READER_GROUP_PREFIX = "loraplane-reader-"
 """``bus.read_topic``'s throwaway consumer groups (it commits nothing)."""
 
@@ -68,8 +79,7 @@ class Grant:
         return f"User:{self.principal} {self.operation} {self.resource} {self.name}{star}"
 
 
-def grants(settings: Settings, declared: Sequence[TopicAccess],
-           every_topic: str) -> list[Grant]:
+def grants(settings: Settings, declared: Sequence[TopicAccess], every_topic: str) -> list[Grant]:
     """The ACL table of ``settings.topic_prefix``; ``every_topic`` is the name prefix all
     its declared topics share (pure: testable without a broker)."""
     p = settings.topic_prefix
@@ -77,30 +87,38 @@ def grants(settings: Settings, declared: Sequence[TopicAccess],
     lit, pre = Pattern.literal, Pattern.prefixed
     out = [Grant(w, topic, lit, t.name, Operation.write) for t in declared for w in t.writers]
     out += [Grant(r, topic, lit, t.name, Operation.read) for t in declared for r in t.readers]
-    out += [Grant(who, topic, pre, every_topic, Operation.read)
-            for who in (Principal.streams, Principal.metrics, Principal.reader)]
+    out += [
+        Grant(who, topic, pre, every_topic, Operation.read)
+        for who in (Principal.streams, Principal.metrics, Principal.reader)
+    ]
     out += [
         # Faust's own topics (changelogs, the assignor's leader topic): created by the app.
         Grant(Principal.streams, topic, pre, f"{p}-streams-", Operation.all),
         Grant(Principal.streams, group, pre, f"{p}-streams", Operation.read),
         Grant(Principal.streams, group, pre, f"{p}-scoring", Operation.read),
-        Grant(Principal.streams, Resource.transactional_id, pre, f"{p}-scoring",
-              Operation.write),
+        Grant(Principal.streams, Resource.transactional_id, pre, f"{p}-scoring", Operation.write),
         # the planner lease (a group per base model) and its transactional producer
         Grant(Principal.streams, group, pre, f"{p}-planner-", Operation.read),
-        Grant(Principal.streams, Resource.transactional_id, pre, f"{p}-planner-",
-              Operation.write),
+        Grant(Principal.streams, Resource.transactional_id, pre, f"{p}-planner-", Operation.write),
         Grant(Principal.worker, group, pre, f"{p}-worker-", Operation.read),
         Grant(Principal.router, group, pre, f"{p}-router-", Operation.read),
         Grant(Principal.metrics, group, pre, f"{p}.metrics-sink", Operation.read),
     ]
-    out += [Grant(who, group, pre, READER_GROUP_PREFIX, Operation.read)
-            for who in Principal if who is not Principal.ops]
+    out += [
+        Grant(who, group, pre, READER_GROUP_PREFIX, Operation.read)
+        for who in Principal
+        if who is not Principal.ops
+    ]
     return sorted(set(out))
 
 
-def apply(settings: Settings, admin: AdminClient, declared: Sequence[TopicAccess],
-          every_topic: str, timeout: float = 30.0) -> bool:
+def apply(
+    settings: Settings,
+    admin: AdminClient,
+    declared: Sequence[TopicAccess],
+    every_topic: str,
+    timeout: float = 30.0,
+) -> bool:
     """Create every grant of the table (creating an existing ACL is a no-op). Returns False
     when the broker has no authorizer (a bare broker without SASL): nothing to apply."""
     from confluent_kafka import KafkaError, KafkaException
@@ -114,10 +132,18 @@ def apply(settings: Settings, admin: AdminClient, declared: Sequence[TopicAccess
 
     if kafka.credentials(settings) is None:
         return False
-    bindings = [AclBinding(ResourceType[g.resource.value], g.name,
-                           ResourcePatternType[g.pattern.value], f"User:{g.principal}", "*",
-                           AclOperation[g.operation.value], AclPermissionType.ALLOW)
-                for g in grants(settings, declared, every_topic)]
+    bindings = [
+        AclBinding(
+            ResourceType[g.resource.value],
+            g.name,
+            ResourcePatternType[g.pattern.value],
+            f"User:{g.principal}",
+            "*",
+            AclOperation[g.operation.value],
+            AclPermissionType.ALLOW,
+        )
+        for g in grants(settings, declared, every_topic)
+    ]
     try:
         for future in admin.create_acls(bindings, request_timeout=timeout).values():
             future.result(timeout=timeout)

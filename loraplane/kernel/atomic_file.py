@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+__all__ = ["write_atomic"]
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path``

@@ -16,14 +16,32 @@ from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
+__all__ = [
+    "DeliveryError",
+    "Headers",
+    "ProducerSink",
+    "Record",
+    "TopicReadIncomplete",
+    "end_offsets",
+    "produce_sync",
+    "read_since",
+    "read_topic",
+    "record_of",
+]
+
 
 class DeliveryError(RuntimeError):
     """The broker did not acknowledge a message (the text says why)."""
 
 
-def produce_sync(settings: Settings, topic: str, key: str | bytes | None,
-                 value: BaseModel | bytes, headers: dict[str, str] | None = None,
-                 timeout_s: float = 20.0) -> tuple[int, int]:
+def produce_sync(
+    settings: Settings,
+    topic: str,
+    key: str | bytes | None,
+    value: BaseModel | bytes,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 20.0,
+) -> tuple[int, int]:
     """Produce one message and wait for the broker's acknowledgement (acks=all).
 
     Returns ``(partition, offset)``; raises DeliveryError when not acknowledged in time.
@@ -35,12 +53,19 @@ def produce_sync(settings: Settings, topic: str, key: str | bytes | None,
         result["err"], result["msg"] = err, msg
 
     payload = value if isinstance(value, bytes) else encode(value)
-    p.produce(topic, key=key, value=payload, headers=list((headers or {}).items()),
-              on_delivery=on_delivery)
+    p.produce(
+        topic,
+        key=key,
+        value=payload,
+        headers=list((headers or {}).items()),
+        on_delivery=on_delivery,
+    )
     p.flush(timeout_s)
     if "err" not in result:
-        raise DeliveryError(f"no acknowledgement from {settings.kafka.bootstrap} for {topic} "
-                            f"within {timeout_s:.0f}s (is the broker up? `loraplane stack status`)")
+        raise DeliveryError(
+            f"no acknowledgement from {settings.kafka.bootstrap} for {topic} "
+            f"within {timeout_s:.0f}s (is the broker up? `loraplane stack status`)"
+        )
     if result["err"] is not None:
         raise DeliveryError(f"broker refused message for {topic}: {result['err']}")
     return result["msg"].partition(), result["msg"].offset()
@@ -68,8 +93,15 @@ def _headers(raw: Headers) -> dict[str, bytes]:
 
 def record_of(msg: Any, topic: str = "") -> Record:
     """A consumed confluent-kafka message as a Record (``topic`` when it names none)."""
-    return Record(msg.topic() or topic, msg.partition() or 0, msg.offset() or 0, msg.key(),
-                  msg.value(), _headers(msg.headers()), msg.timestamp()[1])
+    return Record(
+        msg.topic() or topic,
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value(),
+        _headers(msg.headers()),
+        msg.timestamp()[1],
+    )
 
 
 class TopicReadIncomplete(RuntimeError):
@@ -77,9 +109,16 @@ class TopicReadIncomplete(RuntimeError):
     away, or slow): what was read is not the whole topic."""
 
 
-def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: float = 10.0,
-               idle_s: float = 1.5, group: str | None = None,
-               to_end: bool = False, quiet: bool = False) -> Iterator[Record]:
+def read_topic(
+    settings: Settings,
+    topic: str | Sequence[str],
+    *,
+    timeout_s: float = 10.0,
+    idle_s: float = 1.5,
+    group: str | None = None,
+    to_end: bool = False,
+    quiet: bool = False,
+) -> Iterator[Record]:
     """Read a topic (or several at once, one consumer) from the beginning until every
     assigned partition has reached its end and nothing came for ``idle_s`` (or timeout).
 
@@ -94,8 +133,9 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
     """
     from confluent_kafka import KafkaException
 
-    consumer = kafka.consumer(settings, group or f"loraplane-reader-{time.monotonic_ns()}",
-                              read_to_end=True, quiet=quiet)
+    consumer = kafka.consumer(
+        settings, group or f"loraplane-reader-{time.monotonic_ns()}", read_to_end=True, quiet=quiet
+    )
     at_end: set[tuple[str, int]] = set()
     try:
         names = [topic] if isinstance(topic, str) else list(topic)
@@ -106,8 +146,11 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
             msg = consumer.poll(0.2)
             if msg is None:
                 assigned = consumer.assignment()
-                if assigned and {(tp.topic, tp.partition) for tp in assigned} <= at_end \
-                        and (to_end or time.monotonic() - last > idle_s):
+                if (
+                    assigned
+                    and {(tp.topic, tp.partition) for tp in assigned} <= at_end
+                    and (to_end or time.monotonic() - last > idle_s)
+                ):
                     return
                 continue
             if (err := msg.error()) is not None:
@@ -119,8 +162,10 @@ def read_topic(settings: Settings, topic: str | Sequence[str], *, timeout_s: flo
             at_end.discard((msg.topic() or "", msg.partition() or 0))
             yield record_of(msg, names[0])
         if to_end:
-            raise TopicReadIncomplete(f"{topic}: the end was not reached within {timeout_s:.0f}s "
-                                      f"(is {settings.kafka.bootstrap} up?)")
+            raise TopicReadIncomplete(
+                f"{topic}: the end was not reached within {timeout_s:.0f}s "
+                f"(is {settings.kafka.bootstrap} up?)"
+            )
     finally:
         consumer.close()
 
@@ -131,30 +176,32 @@ def end_offsets(settings: Settings, topic: str, *, timeout_s: float = 10.0) -> d
     broker does not answer within ``timeout_s``."""
     from confluent_kafka import KafkaException, TopicPartition
 
-    consumer = kafka.consumer(settings, f"loraplane-reader-ends-{time.monotonic_ns()}",
-                              quiet=True)
+    consumer = kafka.consumer(settings, f"loraplane-reader-ends-{time.monotonic_ns()}", quiet=True)
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
             raise kafka.KafkaUnavailable(f"{topic}: {meta.error if meta else 'no such topic'}")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                  timeout=timeout_s)[1]
-                for p in sorted(meta.partitions)}
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(meta.partitions)
+        }
     except KafkaException as exc:
         raise kafka.KafkaUnavailable(f"{settings.kafka.bootstrap}: {exc}") from None
     finally:
         consumer.close()
 
 
-def read_since(settings: Settings, topic: str, offsets: dict[int, int], *,
-               timeout_s: float) -> Generator[Record]:
+def read_since(
+    settings: Settings, topic: str, offsets: dict[int, int], *, timeout_s: float
+) -> Generator[Record]:
     """The records of ``topic`` from ``offsets`` (``end_offsets`` taken earlier) on, as
     they arrive, until the caller stops or ``timeout_s`` passed. Partitions are assigned,
     not subscribed: no group, nothing committed, no rebalance to wait for."""
     from confluent_kafka import KafkaException, TopicPartition
 
-    consumer = kafka.consumer(settings, f"loraplane-reader-since-{time.monotonic_ns()}",
-                              read_to_end=True, quiet=True)
+    consumer = kafka.consumer(
+        settings, f"loraplane-reader-since-{time.monotonic_ns()}", read_to_end=True, quiet=True
+    )
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
         deadline = time.monotonic() + timeout_s
@@ -185,6 +232,7 @@ class ProducerSink:
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None:
         from loraplane.kernel.topics import topic_name
 
-        self.producer.produce(topic_name(self.settings, topic_suffix), key=key.encode(),
-                              value=encode(message))
+        self.producer.produce(
+            topic_name(self.settings, topic_suffix), key=key.encode(), value=encode(message)
+        )
         self.producer.poll(0)

@@ -28,6 +28,27 @@ from loraplane.kernel.policy import Condition, Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 
+__all__ = [
+    "LEVEL",
+    "SERVING",
+    "TABLE",
+    "UNPROTECTING",
+    "Copy",
+    "Effect",
+    "MayProtect",
+    "Refusal",
+    "Rule",
+    "Tier",
+    "copy_at",
+    "effect",
+    "may_protect",
+    "never_evict_rule",
+    "protected_cap",
+    "protected_copies",
+    "record_facts",
+    "shows",
+]
+
 Tier = Literal["gpu", "host", "gone"]
 LEVEL: Mapping[Tier, int] = {"gone": 0, "host": 1, "gpu": 2}
 """Tiers from lowest to highest: a pinned copy never moves to a lower one."""
@@ -91,8 +112,7 @@ class Effect:
     refused: Refusal | None = None
 
 
-UNPROTECTING = frozenset({CommandAction.unpin, CommandAction.demote_to_host,
-                          CommandAction.evict})
+UNPROTECTING = frozenset({CommandAction.unpin, CommandAction.demote_to_host, CommandAction.evict})
 """The actions a protected copy refuses."""
 
 
@@ -116,12 +136,16 @@ def record_facts(record: AdapterRecord) -> dict[str, float | str | None]:
     """The condition facts a registry record alone decides (``kernel.policy.FACTS``), in the
     form the planner's columns give them (``streams.planner_columns``); the others
     (request-derived) are unknown, so a clause on them does not hold."""
-    return {"status": str(record.status), "canary_percent": record.release.canary_percent,
-            "tenant_priority": str(record.priority)}
+    return {
+        "status": str(record.status),
+        "canary_percent": record.release.canary_percent,
+        "tenant_priority": str(record.priority),
+    }
 
 
-def never_evict_rule(record: AdapterRecord | None,
-                     conditions: tuple[Condition, ...]) -> Condition | None:
+def never_evict_rule(
+    record: AdapterRecord | None, conditions: tuple[Condition, ...]
+) -> Condition | None:
     """The first ``never_evict_when`` condition that holds for a serving ``record``
     (``Condition.holds``, the planner's own evaluation), or None."""
     if record is None or record.status not in SERVING:
@@ -130,15 +154,17 @@ def never_evict_rule(record: AdapterRecord | None,
     return next((c for c in conditions if c.holds(facts)), None)
 
 
-def _kept(held: Iterable[str], on_worker: Container[str], never_evict: Container[str],
-          cap: int) -> list[str]:
+def _kept(
+    held: Iterable[str], on_worker: Container[str], never_evict: Container[str], cap: int
+) -> list[str]:
     """The protected copies that stay protected: still never-evict and still held, by name,
     at most ``cap``."""
     return [n for n in sorted(held) if n in never_evict and n in on_worker][:cap]
 
 
-def protected_copies(held: Iterable[str], asked: Iterable[str], never_evict: Container[str],
-                     cap: int) -> frozenset[str]:
+def protected_copies(
+    held: Iterable[str], asked: Iterable[str], never_evict: Container[str], cap: int
+) -> frozenset[str]:
     """The worker's rule for which of its GPU copies are protected (``workers.reconcile``):
     those protected so far (``held``) that are still never-evict and meant for the GPU,
     then the other never-evict ones of ``asked`` (its GPU copies, in the order they were
@@ -162,8 +188,9 @@ class MayProtect:
     room: bool  # under its cap: a never-evict copy it is about to hold may be protected too
 
 
-def may_protect(held: Iterable[str], copies: Iterable[str], never_evict: Container[str],
-                cap: int) -> MayProtect:
+def may_protect(
+    held: Iterable[str], copies: Iterable[str], never_evict: Container[str], cap: int
+) -> MayProtect:
     """The copies a worker may hold protected (``protected_copies``) by the time a command
     reaches it, seen from outside (the planner): those it reported protected (``held``: its
     registry copy may still protect them when ours no longer does); and, unless those that
@@ -197,5 +224,4 @@ def shows(action: CommandAction, observed: Copy) -> bool:
     command would refuse never does (it may be unpinned by a command before it, and then it
     applies). A demote is met by a copy that is gone too: the worker evicted it since."""
     rule = TABLE[action]
-    return observed.tier in rule.met_in and (rule.pinned is None
-                                             or observed.pinned == rule.pinned)
+    return observed.tier in rule.met_in and (rule.pinned is None or observed.pinned == rule.pinned)

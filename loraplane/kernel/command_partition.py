@@ -20,6 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "DRAIN_S",
+    "REFRESH_S",
+    "MetadataClient",
+    "PartitionCount",
+    "broker_partitions",
+    "commands_partitions",
+    "murmur2",
+    "partition_for",
+    "partition_of",
+]
+
 REFRESH_S = 30.0
 """How stale a sender's partition count may be: the broker's metadata is asked again after."""
 DRAIN_S = 2 * REFRESH_S
@@ -32,12 +44,12 @@ def murmur2(data: bytes) -> int:
     m, length = 0x5BD1E995, len(data)
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
     for i in range(0, length - length % 4, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+        k = int.from_bytes(data[i : i + 4], "little")
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> 24
         k = (k * m) & 0xFFFFFFFF
         h = ((h * m) & 0xFFFFFFFF) ^ k
-    tail = data[length - length % 4:]
+    tail = data[length - length % 4 :]
     if tail:
         h ^= int.from_bytes(tail, "little")
         h = (h * m) & 0xFFFFFFFF
@@ -87,8 +99,13 @@ class PartitionCount:
     fails keeps the last count (retried at the next call) so a broker hiccup does not stop
     sending; with no count yet the error is raised."""
 
-    def __init__(self, read: Callable[[], int], *, refresh_s: float = REFRESH_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        read: Callable[[], int],
+        *,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._read = read
         self._refresh_s = refresh_s
         self._clock = clock
@@ -113,8 +130,9 @@ class PartitionCount:
         return partition_of(worker_id, self.current())
 
 
-def commands_partitions(settings: Settings, client: MetadataClient, *,
-                        timeout: float = 5.0) -> PartitionCount:
+def commands_partitions(
+    settings: Settings, client: MetadataClient, *, timeout: float = 5.0
+) -> PartitionCount:
     """The commands topic's count as ``client`` (the sender's own producer, or an admin
     client) learns it from the broker."""
     from loraplane.kernel.topics import topic_name

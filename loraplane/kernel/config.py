@@ -23,6 +23,17 @@ from loraplane.kernel.policy import Policy
 from loraplane.kernel.secrets import read_secret
 from loraplane.schemas.base import Identifier
 
+__all__ = [
+    "LOOPBACK",
+    "ClickHouseSettings",
+    "HttpLimits",
+    "KafkaSettings",
+    "S3Settings",
+    "Settings",
+    "VllmSettings",
+    "get_settings",
+]
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -37,29 +48,42 @@ class KafkaSettings(_Section):
     version: str = "4.1.1"
     scala_version: str = "2.13"
     brokers: int = Field(
-        1, ge=1, le=9,
+        1,
+        ge=1,
+        le=9,
         description="KRaft nodes of the local cluster (each broker+controller). Node n (from "
-                    "1) listens on port + 2(n-1), its controller on controller_port + 2(n-1); "
-                    "stack up, topics apply (replication) and the bootstrap list read it.")
+        "1) listens on port + 2(n-1), its controller on controller_port + 2(n-1); "
+        "stack up, topics apply (replication) and the bootstrap list read it.",
+    )
     heap: str | None = Field(
-        None, description="-Xmx of each broker JVM; default 768m for one broker, 384m each "
-                          "when there are several (a 3-node cluster on a small machine).")
+        None,
+        description="-Xmx of each broker JVM; default 768m for one broker, 384m each "
+        "when there are several (a 3-node cluster on a small machine).",
+    )
     username: str | None = Field(
-        None, description="SASL/SCRAM user of this process. Unset: the principal its runtime "
-                          "picks (loraplane.kernel.kafka.act_as) from credentials_dir.")
+        None,
+        description="SASL/SCRAM user of this process. Unset: the principal its runtime "
+        "picks (loraplane.kernel.kafka.act_as) from credentials_dir.",
+    )
     password_file: Path | None = Field(
-        None, description="The file (mode 0600) holding username's password; required with "
-                          "username. Never put a password in the config itself.")
+        None,
+        description="The file (mode 0600) holding username's password; required with "
+        "username. Never put a password in the config itself.",
+    )
     credentials_dir: Path | None = Field(
-        None, description="One <principal>.password file per principal, as the local stack "
-                          "writes them (default: secrets_dir/kafka). When it does not "
-                          "exist and username is unset, clients speak PLAINTEXT.")
+        None,
+        description="One <principal>.password file per principal, as the local stack "
+        "writes them (default: secrets_dir/kafka). When it does not "
+        "exist and username is unset, clients speak PLAINTEXT.",
+    )
     sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
     bootstrap_servers: str | None = Field(
-        None, description="HOST:PORT[,HOST:PORT...] clients bootstrap from, as given (a "
-                          "managed cluster's bootstrap Service, e.g. Strimzi's "
-                          "CLUSTER-kafka-bootstrap:9092); default: every node of host, "
-                          "port and brokers. brokers still sets the topics' copies.")
+        None,
+        description="HOST:PORT[,HOST:PORT...] clients bootstrap from, as given (a "
+        "managed cluster's bootstrap Service, e.g. Strimzi's "
+        "CLUSTER-kafka-bootstrap:9092); default: every node of host, "
+        "port and brokers. brokers still sets the topics' copies.",
+    )
 
     @property
     def bootstrap(self) -> str:
@@ -88,16 +112,19 @@ class ClickHouseSettings(_Section):
     database: str = "loraplane"
     user: str = Field("loraplane", description="the writer: the metrics sink, migrations")
     password: SecretStr | None = Field(
-        None, description="default: the file secrets_dir/clickhouse-USER (stack up makes it)")
-    reader_user: str = Field("loraplane_reader",
-                             description="read-only (readonly=2): report, dashboard, queries")
+        None, description="default: the file secrets_dir/clickhouse-USER (stack up makes it)"
+    )
+    reader_user: str = Field(
+        "loraplane_reader", description="read-only (readonly=2): report, dashboard, queries"
+    )
     reader_password: SecretStr | None = None
     secrets_dir: Path | None = Field(None, description="default: Settings.secrets_dir")
 
     def login(self, *, reader: bool = False) -> tuple[str, str]:
         """User and password of the writer (or the read-only reader); read when connecting."""
-        user, given = ((self.reader_user, self.reader_password) if reader
-                       else (self.user, self.password))
+        user, given = (
+            (self.reader_user, self.reader_password) if reader else (self.user, self.password)
+        )
         if given is not None:
             return user, given.get_secret_value()
         return user, read_secret(self.password_file(user))
@@ -115,7 +142,8 @@ class S3Settings(_Section):
     server_version: str = Field("3.0.0", description="org.gaul:s3proxy that `stack up` runs")
     heap: str = "256m"
     secret_access_key: SecretStr | None = Field(
-        None, description="default: the file credentials_file (stack up makes it)")
+        None, description="default: the file credentials_file (stack up makes it)"
+    )
     credentials_file: Path | None = Field(None, description="default: secrets_dir/s3-secret")
     allowed_prefixes: list[str] = Field(
         default_factory=lambda: ["s3://loraplane-artifacts/"],
@@ -131,32 +159,45 @@ class S3Settings(_Section):
 
 class VllmSettings(_Section):
     api_key_file: Path | None = Field(
-        None, description="vLLM's API key (VLLM_API_KEY) file; default: one per vLLM port, "
-                          "secrets_dir/vllm-PORT.key, made by `loraplane vllm serve`.")
+        None,
+        description="vLLM's API key (VLLM_API_KEY) file; default: one per vLLM port, "
+        "secrets_dir/vllm-PORT.key, made by `loraplane vllm serve`.",
+    )
 
 
 class HttpLimits(_Section):
     """Connection bounds shared by every HTTP server loraplane runs (the gateway, the
     worker's /metrics listener, the dashboard): ``loraplane.kernel.http_server``."""
 
-    header_timeout_s: float = Field(10.0, gt=0, le=300,
-                                    description="a request head must be complete by then")
-    body_timeout_s: float = Field(30.0, gt=0, le=600,
-                                  description="a request body must be complete by then")
-    keepalive_timeout_s: float = Field(15.0, gt=0, le=3600,
-                                       description="an idle keep-alive connection is closed")
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request head must be complete by then"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="a request body must be complete by then"
+    )
+    keepalive_timeout_s: float = Field(
+        15.0, gt=0, le=3600, description="an idle keep-alive connection is closed"
+    )
     max_connections: int = Field(
-        16_384, ge=1, le=1_000_000,
+        16_384,
+        ge=1,
+        le=1_000_000,
         description="open connections per server (and all servers of a process within its "
-                    "descriptor limit); at the cap the one waiting longest on its client is "
-                    "closed")
-    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1024 * 1024,
-                                  description="request line + headers")
+        "descriptor limit); at the cap the one waiting longest on its client is "
+        "closed",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024, ge=1024, le=1024 * 1024, description="request line + headers"
+    )
     max_headers: int = Field(64, ge=8, le=1000)
     max_body_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     error_log_interval_s: float = Field(
-        10.0, gt=0, le=3600, description="a burst of connection errors logs one count per "
-                                         "kind per interval, not a line each")
+        10.0,
+        gt=0,
+        le=3600,
+        description="a burst of connection errors logs one count per "
+        "kind per interval, not a line each",
+    )
 
 
 class Settings(BaseSettings):
@@ -170,18 +211,22 @@ class Settings(BaseSettings):
     topic_prefix: str = "loraplane"
     keyring_path: Path = Field(
         default_factory=lambda data: data["home"] / "keyring.yaml",
-        description="Publishers' public keys the registry trusts; re-read when it changes.")
+        description="Publishers' public keys the registry trusts; re-read when it changes.",
+    )
     planner_key_path: Path = Field(
         default_factory=lambda data: data["home"] / "keys" / "planner.key",
         description="The planner's private key file (mode 0600) that signs cache commands; "
-                    "its public key is in the keyring with role planner.")
+        "its public key is in the keyring with role planner.",
+    )
     schedules_path: Path = Field(
         default_factory=lambda data: data["home"] / "schedules.yaml",
         description="Known traffic peaks to prewarm for (streams.schedules); re-read when "
-                    "it changes.")
+        "it changes.",
+    )
     secrets_dir: Path = Field(
         default_factory=lambda data: data["home"] / "secrets",
-        description="Local services' credentials (mode 0600 files, loraplane.kernel.secrets).")
+        description="Local services' credentials (mode 0600 files, loraplane.kernel.secrets).",
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
@@ -190,37 +235,50 @@ class Settings(BaseSettings):
     base_model_aliases: dict[str, Identifier] = Field(
         default_factory=dict,
         description="What PEFT writes as base_model_name_or_path (a hub id or the local path "
-                    "the trainer loaded) -> the base-model id it stands for. Publishers and "
-                    "workers must read the same map.")
+        "the trainer loaded) -> the base-model id it stands for. Publishers and "
+        "workers must read the same map.",
+    )
     http: HttpLimits = Field(default_factory=HttpLimits)
     listen_host: str = Field(
-        LOOPBACK, description="The address the runtimes' listeners bind: the router, the "
-                              "worker's gateway and /metrics, every --metrics-port. Keep "
-                              "127.0.0.1 on a host; only a pod, whose network namespace is "
-                              "its own, binds 0.0.0.0 (the Helm chart sets it). vLLM and the "
-                              "dashboard stay on loopback whatever it says.")
+        LOOPBACK,
+        description="The address the runtimes' listeners bind: the router, the "
+        "worker's gateway and /metrics, every --metrics-port. Keep "
+        "127.0.0.1 on a host; only a pod, whose network namespace is "
+        "its own, binds 0.0.0.0 (the Helm chart sets it). vLLM and the "
+        "dashboard stay on loopback whatever it says.",
+    )
     gateway_secret_file: Path | None = Field(
-        None, description="The gateway's secret for per-tenant cache salts (default: "
-                          "home/gateway-secret; created with mode 0600 when missing).")
+        None,
+        description="The gateway's secret for per-tenant cache salts (default: "
+        "home/gateway-secret; created with mode 0600 when missing).",
+    )
     router_secret_file: Path | None = Field(
-        None, description="The fleet routers' HMAC secret for forwarded tenants, shared with "
-                          "the worker gateways (default: secrets_dir/router-secret; the router "
-                          "creates it with mode 0600 when missing).")
+        None,
+        description="The fleet routers' HMAC secret for forwarded tenants, shared with "
+        "the worker gateways (default: secrets_dir/router-secret; the router "
+        "creates it with mode 0600 when missing).",
+    )
     api_keys_file: Path | None = Field(
-        None, description="Gateway API-key digests -> tenant (default: home/api-keys.json).")
+        None, description="Gateway API-key digests -> tenant (default: home/api-keys.json)."
+    )
     spool_dir: Path = Field(
         default_factory=lambda data: data["home"] / "spool",
         description="Events Kafka did not take (an outage), one folder per producing client, "
-                    "replayed in order when the broker is back (eventlog.spool).")
+        "replayed in order when the broker is back (eventlog.spool).",
+    )
     event_journal: bool = Field(
-        True, description="Journal every event of a log topic (request logs, cache events, "
-                          "dead letters) to local disk before emit returns, until Kafka acks "
-                          "it, so a process killed -9 loses none (eventlog.journal). "
-                          "Off: a kill loses what librdkafka held in memory.")
+        True,
+        description="Journal every event of a log topic (request logs, cache events, "
+        "dead letters) to local disk before emit returns, until Kafka acks "
+        "it, so a process killed -9 loses none (eventlog.journal). "
+        "Off: a kill loses what librdkafka held in memory.",
+    )
     spool_max_bytes: int = Field(
-        512 * 1024 * 1024, ge=0,
+        512 * 1024 * 1024,
+        ge=0,
         description="Bound of each client's spool; an event past it is dropped, counted "
-                    "(loraplane_event_sink_dropped_total) and logged with the count.")
+        "(loraplane_event_sink_dropped_total) and logged with the count.",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+__all__ = ["Decayed"]
+
 
 @dataclass(frozen=True)
 class Decayed:
@@ -24,8 +26,9 @@ class Decayed:
         # The constructor, not ``dataclasses.replace``: this runs once per request log.
         if ts >= self.at:
             return Decayed(self.tau, self.at_time(ts) + amount, ts)
-        return Decayed(self.tau, self.value + amount * math.exp(-(self.at - ts) / self.tau),
-                       self.at)
+        return Decayed(
+            self.tau, self.value + amount * math.exp(-(self.at - ts) / self.tau), self.at
+        )
 
     def rate(self, now: float) -> float:
         """Events per second over the last ~tau seconds."""

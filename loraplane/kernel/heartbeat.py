@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
+__all__ = ["DRAIN_AFTER_HEARTBEATS", "Heartbeat", "heard_lately"]
+
 DRAIN_AFTER_HEARTBEATS = 3
 """A worker silent for this many heartbeat intervals (of a current feed) is drained."""
 

@@ -31,13 +31,24 @@ from aiohttp import web
 from loraplane.kernel.config import HttpLimits
 from loraplane.kernel.log_burst import LogBurst
 
+__all__ = [
+    "bound_port",
+    "connection_budget",
+    "open_connections",
+    "raise_fd_limit",
+    "run_serving",
+    "start_site",
+]
+
 log = logging.getLogger("loraplane.http")
 _HEAD_END = b"\r\n\r\n"
 _BACKLOG = 4096  # the kernel's accept queue (capped by net.core.somaxconn): absorbs bursts
 _FD_RESERVE = 256  # descriptors left to everything but listeners (Kafka, pools, files)
 _GC_OLDEST_AFTER = 1000  # middle-generation collections between full ones (CPython: 10)
-_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
-              b"Connection: close\r\n\r\n")
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
 
 
 class _BurstFilter(logging.Filter):
@@ -136,7 +147,7 @@ class _Guard(asyncio.Protocol):
         if self._in_head:
             window = self._tail + data
             end = window.find(_HEAD_END)
-            self._head_bytes += (len(data) if end < 0 else end + len(_HEAD_END) - len(self._tail))
+            self._head_bytes += len(data) if end < 0 else end + len(_HEAD_END) - len(self._tail)
             if self._head_bytes > self._state.limits.max_header_bytes:
                 self._state.burst.note("header_too_large")
                 self._cancel()
@@ -144,7 +155,7 @@ class _Guard(asyncio.Protocol):
                 transport.close()
                 return
             if end < 0:
-                self._tail = window[-(len(_HEAD_END) - 1):]
+                self._tail = window[-(len(_HEAD_END) - 1) :]
                 if self._inner is None:  # held here until the head is whole
                     self._pending += data
                     return
@@ -287,9 +298,9 @@ def _table() -> _Table:
 
 def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
-    async def bounded(request: web.Request,
-                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+    async def bounded(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         transport = request.transport
         guard = state.guards.get(transport) if transport is not None else None
         try:
@@ -332,8 +343,12 @@ class _BoundedSite(web.TCPSite):
         assert server is not None
         state = self._state
         self._server = await loop.create_server(
-            lambda: _Guard(server, state), self._host, self._port,
-            backlog=self._backlog, reuse_address=self._reuse_address)
+            lambda: _Guard(server, state),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+        )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -361,24 +376,36 @@ def _throttle_loop_errors(loop: asyncio.AbstractEventLoop, burst: LogBurst) -> N
     loop.set_exception_handler(handler)
 
 
-async def start_site(app: web.Application, host: str, port: int, limits: HttpLimits, *,
-                     name: str) -> tuple[web.AppRunner, LogBurst]:
+async def start_site(
+    app: web.Application, host: str, port: int, limits: HttpLimits, *, name: str
+) -> tuple[web.AppRunner, LogBurst]:
     """Serve ``app`` on ``host:port`` (0: any free port, see ``bound_port``) within
     ``limits``. The caller ends it with ``runner.cleanup()``."""
     burst = LogBurst(name, limits.error_log_interval_s, logger=log)
     state = _State(limits, burst, _table())
     if state.cap < limits.max_connections:
-        log.warning("%s: at most %d connections, not max_connections=%d: the descriptor "
-                    "limit (ulimit -n) allows %d to all listeners; raise it", name, state.cap,
-                    limits.max_connections, state.table.budget)
+        log.warning(
+            "%s: at most %d connections, not max_connections=%d: the descriptor "
+            "limit (ulimit -n) allows %d to all listeners; raise it",
+            name,
+            state.cap,
+            limits.max_connections,
+            state.table.budget,
+        )
     app.middlewares.insert(0, _middleware(state))
     server_log = logging.getLogger(f"loraplane.http.{name}")
     server_log.addFilter(_BurstFilter(burst))
     line = min(8190, limits.max_header_bytes)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           keepalive_timeout=limits.keepalive_timeout_s,
-                           max_line_size=line, max_field_size=line,
-                           max_headers=limits.max_headers, logger=server_log)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=limits.keepalive_timeout_s,
+        max_line_size=line,
+        max_field_size=line,
+        max_headers=limits.max_headers,
+        logger=server_log,
+    )
     await runner.setup()
     await _BoundedSite(runner, host, port, state).start()
     _throttle_loop_errors(asyncio.get_running_loop(), burst)

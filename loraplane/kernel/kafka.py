@@ -22,6 +22,33 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "CLIENT_ID",
+    "Config",
+    "ConfigValue",
+    "Credentials",
+    "FaustBroker",
+    "KafkaAuthError",
+    "KafkaUnavailable",
+    "OffsetReset",
+    "Principal",
+    "act_as",
+    "acting_as",
+    "admin",
+    "admin_config",
+    "consume_ready",
+    "consumer",
+    "consumer_config",
+    "credentials",
+    "credentials_env",
+    "faust_broker",
+    "password_path",
+    "producer",
+    "producer_config",
+    "read_password",
+    "transactional_producer",
+]
+
 ConfigValue = str | int | float | bool  # confluent-kafka's own value type
 Config = dict[str, ConfigValue]
 
@@ -100,8 +127,10 @@ def read_password(path: Path) -> str:
     except FileNotFoundError:
         raise KafkaAuthError(f"kafka password file {path} does not exist") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KafkaAuthError(f"kafka password file {path} is readable by others "
-                             f"(mode {stat.filemode(mode)}); chmod 600 it")
+        raise KafkaAuthError(
+            f"kafka password file {path} is readable by others "
+            f"(mode {stat.filemode(mode)}); chmod 600 it"
+        )
     password = path.read_text().strip()
     if not password:
         raise KafkaAuthError(f"kafka password file {path} is empty")
@@ -134,9 +163,12 @@ def _common(settings: Settings, client_id: str | None, quiet: bool) -> Config:
     conf: Config = {"bootstrap.servers": settings.kafka.bootstrap}
     creds = credentials(settings)
     if creds is not None:
-        conf |= {"security.protocol": "SASL_PLAINTEXT",
-                 "sasl.mechanism": settings.kafka.sasl_mechanism,
-                 "sasl.username": creds.username, "sasl.password": creds.password}
+        conf |= {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": settings.kafka.sasl_mechanism,
+            "sasl.username": creds.username,
+            "sasl.password": creds.password,
+        }
     if client_id is not None:
         conf["client.id"] = client_id
     if quiet:
@@ -146,9 +178,15 @@ def _common(settings: Settings, client_id: str | None, quiet: bool) -> Config:
     return conf
 
 
-def producer_config(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int = 5,
-                    batch_messages: int | None = None, transactional_id: str | None = None,
-                    quiet: bool = False) -> Config:
+def producer_config(
+    settings: Settings,
+    *,
+    client_id: str = CLIENT_ID,
+    linger_ms: int = 5,
+    batch_messages: int | None = None,
+    transactional_id: str | None = None,
+    quiet: bool = False,
+) -> Config:
     """acks=all with idempotence: a message counts as delivered only once every in-sync
     replica has it, and librdkafka's retries can neither duplicate nor reorder it (the
     scoring and registry replays rely on per-partition order). ``message.timeout.ms`` is
@@ -161,8 +199,13 @@ def producer_config(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms
     producers in other languages, and a key in two partitions of a compacted topic has no
     single latest record and no order across them."""
     conf = _common(settings, client_id, quiet)
-    conf |= {"acks": "all", "enable.idempotence": True, "linger.ms": linger_ms,
-             "message.timeout.ms": 15_000, "partitioner": "murmur2_random"}
+    conf |= {
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": linger_ms,
+        "message.timeout.ms": 15_000,
+        "partitioner": "murmur2_random",
+    }
     if batch_messages is not None:
         conf["batch.num.messages"] = batch_messages
     if transactional_id is not None:
@@ -170,18 +213,35 @@ def producer_config(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms
     return conf
 
 
-def producer(settings: Settings, *, client_id: str = CLIENT_ID, linger_ms: int = 5,
-             batch_messages: int | None = None, quiet: bool = False) -> Producer:
+def producer(
+    settings: Settings,
+    *,
+    client_id: str = CLIENT_ID,
+    linger_ms: int = 5,
+    batch_messages: int | None = None,
+    quiet: bool = False,
+) -> Producer:
     """A producer as ``producer_config`` describes."""
     from confluent_kafka import Producer
 
-    return Producer(producer_config(settings, client_id=client_id, linger_ms=linger_ms,
-                                    batch_messages=batch_messages, quiet=quiet))
+    return Producer(
+        producer_config(
+            settings,
+            client_id=client_id,
+            linger_ms=linger_ms,
+            batch_messages=batch_messages,
+            quiet=quiet,
+        )
+    )
 
 
-def transactional_producer(settings: Settings, transactional_id: str, *,
-                           client_id: str, transaction_timeout_ms: int | None = None
-                           ) -> Producer:
+def transactional_producer(
+    settings: Settings,
+    transactional_id: str,
+    *,
+    client_id: str,
+    transaction_timeout_ms: int | None = None,
+) -> Producer:
     """An idempotent producer (``producer_config``) whose writes and consumer offsets commit
     atomically. ``init_transactions`` with the same id fences a previous instance and aborts
     its open transaction. ``transaction_timeout_ms`` bounds how long the transaction of a
@@ -195,13 +255,21 @@ def transactional_producer(settings: Settings, transactional_id: str, *,
     return Producer(conf)
 
 
-def consumer_config(settings: Settings, group: str, *, client_id: str | None = None,
-                    offset_reset: OffsetReset = OffsetReset.earliest,
-                    session_timeout_ms: int | None = None, static_member: str | None = None,
-                    read_to_end: bool = False, quiet: bool = False,
-                    heartbeat_ms: int | None = None, cooperative: bool = False,
-                    prefetch_kbytes: int | None = None,
-                    fetch_wait_ms: int | None = None) -> Config:
+def consumer_config(
+    settings: Settings,
+    group: str,
+    *,
+    client_id: str | None = None,
+    offset_reset: OffsetReset = OffsetReset.earliest,
+    session_timeout_ms: int | None = None,
+    static_member: str | None = None,
+    read_to_end: bool = False,
+    quiet: bool = False,
+    heartbeat_ms: int | None = None,
+    cooperative: bool = False,
+    prefetch_kbytes: int | None = None,
+    fetch_wait_ms: int | None = None,
+) -> Config:
     """Offsets are never auto-committed: every consumer here commits only after its work is
     durable (or does not commit at all), so a crash replays instead of losing messages.
     ``isolation.level`` read_committed (librdkafka's default, said out loud): aborted
@@ -220,9 +288,13 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
     default is 500 ms): a latency-bound reader of a read-committed topic lowers it, since
     a fetch parked before a transaction committed may only answer when it expires."""
     conf = _common(settings, client_id, quiet)
-    conf |= {"group.id": group, "enable.auto.commit": False,
-             "auto.offset.reset": offset_reset.value, "isolation.level": "read_committed",
-             "enable.partition.eof": read_to_end}
+    conf |= {
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": offset_reset.value,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": read_to_end,
+    }
     if session_timeout_ms is not None:
         conf["session.timeout.ms"] = session_timeout_ms
     if static_member is not None:
@@ -238,25 +310,45 @@ def consumer_config(settings: Settings, group: str, *, client_id: str | None = N
     return conf
 
 
-def consumer(settings: Settings, group: str, *, client_id: str | None = None,
-             offset_reset: OffsetReset = OffsetReset.earliest,
-             session_timeout_ms: int | None = None, static_member: str | None = None,
-             read_to_end: bool = False, quiet: bool = False,
-             heartbeat_ms: int | None = None, cooperative: bool = False,
-             prefetch_kbytes: int | None = None,
-             fetch_wait_ms: int | None = None) -> Consumer:
+def consumer(
+    settings: Settings,
+    group: str,
+    *,
+    client_id: str | None = None,
+    offset_reset: OffsetReset = OffsetReset.earliest,
+    session_timeout_ms: int | None = None,
+    static_member: str | None = None,
+    read_to_end: bool = False,
+    quiet: bool = False,
+    heartbeat_ms: int | None = None,
+    cooperative: bool = False,
+    prefetch_kbytes: int | None = None,
+    fetch_wait_ms: int | None = None,
+) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
-    return Consumer(consumer_config(
-        settings, group, client_id=client_id, offset_reset=offset_reset,
-        session_timeout_ms=session_timeout_ms, static_member=static_member,
-        read_to_end=read_to_end, quiet=quiet, heartbeat_ms=heartbeat_ms, cooperative=cooperative,
-        prefetch_kbytes=prefetch_kbytes, fetch_wait_ms=fetch_wait_ms))
+    return Consumer(
+        consumer_config(
+            settings,
+            group,
+            client_id=client_id,
+            offset_reset=offset_reset,
+            session_timeout_ms=session_timeout_ms,
+            static_member=static_member,
+            read_to_end=read_to_end,
+            quiet=quiet,
+            heartbeat_ms=heartbeat_ms,
+            cooperative=cooperative,
+            prefetch_kbytes=prefetch_kbytes,
+            fetch_wait_ms=fetch_wait_ms,
+        )
+    )
 
 
-def consume_ready(consumer: Consumer, most: int, timeout_s: float,
-                  linger_s: float = 0.0) -> list[Message]:
+def consume_ready(
+    consumer: Consumer, most: int, timeout_s: float, linger_s: float = 0.0
+) -> list[Message]:
     """Up to ``most`` messages: waits up to ``timeout_s`` for the first, then ``linger_s``
     more for others (0: takes only what has already arrived). ``Consumer.consume`` itself
     waits its whole timeout unless ``most`` arrive, so a reader woken by one record would
@@ -299,15 +391,21 @@ def faust_broker(settings: Settings) -> FaustBroker:
     minute after a crash (the heartbeat must stay well under the session timeout). With
     credentials, aiokafka authenticates with the same SCRAM mechanism as our own clients."""
     urls = ";".join(f"kafka://{node}" for node in settings.kafka.bootstrap.split(","))
-    broker = FaustBroker(broker=urls, producer_acks=-1,
-                         consumer_auto_offset_reset=OffsetReset.earliest.value,
-                         broker_session_timeout=10.0, broker_heartbeat_interval=2.0)
+    broker = FaustBroker(
+        broker=urls,
+        producer_acks=-1,
+        consumer_auto_offset_reset=OffsetReset.earliest.value,
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
+    )
     creds = credentials(settings)
     if creds is not None:
         import faust
         from faust.types.auth import SASLMechanism
 
         broker["broker_credentials"] = faust.SASLCredentials(
-            username=creds.username, password=creds.password,
-            mechanism=SASLMechanism(settings.kafka.sasl_mechanism))
+            username=creds.username,
+            password=creds.password,
+            mechanism=SASLMechanism(settings.kafka.sasl_mechanism),
+        )
     return broker

@@ -10,14 +10,22 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+__all__ = ["LogBurst"]
+
 
 class LogBurst:
     """Per kind, one line when a kind first shows in an interval, then one line with the
     count of the rest when the next interval opens (``flush`` writes the counts now)."""
 
-    def __init__(self, name: str, interval_s: float, *, logger: logging.Logger,
-                 level: int = logging.WARNING,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        interval_s: float,
+        *,
+        logger: logging.Logger,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.interval_s = interval_s
         self.logger = logger
@@ -38,10 +46,15 @@ class LogBurst:
             return False
         self._since[kind] = now
         more = self._pending.pop(kind, 0)
-        self.logger.log(self.level, "%s: %s%s%s", self.name, kind,
-                        f" ({detail})" if detail else "",
-                        f"; {more} more in the last {now - since:.0f}s" if more and since
-                        is not None else "", exc_info=exc_info)
+        self.logger.log(
+            self.level,
+            "%s: %s%s%s",
+            self.name,
+            kind,
+            f" ({detail})" if detail else "",
+            f"; {more} more in the last {now - since:.0f}s" if more and since is not None else "",
+            exc_info=exc_info,
+        )
         return True
 
     def flush(self) -> None:

@@ -21,10 +21,44 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCORE_TERMS = ("qps_10m", "qps_1m", "ttft_penalty_if_cold", "tenant_priority",
-               "scheduled_warmup_score", "weighted_demand")
-FACTS = ("status", "canary_percent", "tenant_priority", "no_request_for_minutes",
-         "error_rate_after_load", "request_class")
+__all__ = [
+    "COST_FORMULA",
+    "DEFAULT_FORMULA",
+    "FACTS",
+    "SCORE_TERMS",
+    "SEED_FORMULA",
+    "BatchBudget",
+    "CanaryBudget",
+    "Clause",
+    "Condition",
+    "InteractiveBudget",
+    "Normalisation",
+    "Policy",
+    "PolicyError",
+    "QueueBudget",
+    "RequestBudgets",
+    "RequestCaps",
+    "TenantLimits",
+    "parse_condition",
+    "parse_formula",
+]
+
+SCORE_TERMS = (
+    "qps_10m",
+    "qps_1m",
+    "ttft_penalty_if_cold",
+    "tenant_priority",
+    "scheduled_warmup_score",
+    "weighted_demand",
+)
+FACTS = (
+    "status",
+    "canary_percent",
+    "tenant_priority",
+    "no_request_for_minutes",
+    "error_rate_after_load",
+    "request_class",
+)
 SEED_FORMULA = (
     "0.45 * qps_10m + 0.25 * ttft_penalty_if_cold + 0.20 * tenant_priority"
     " + 0.10 * scheduled_warmup_score"
@@ -56,8 +90,9 @@ def parse_formula(text: str) -> dict[str, float]:
     for raw in text.replace("\n", " ").split("+"):
         m = _TERM_RE.fullmatch(raw)
         if not m:
-            raise PolicyError(f"hot_score_formula: cannot parse term {raw.strip()!r}"
-                              " (expected WEIGHT * NAME)")
+            raise PolicyError(
+                f"hot_score_formula: cannot parse term {raw.strip()!r} (expected WEIGHT * NAME)"
+            )
         weight = float(m.group(1) or m.group(4))
         name = m.group(2) or m.group(3)
         if name not in SCORE_TERMS:
@@ -69,8 +104,13 @@ def parse_formula(text: str) -> dict[str, float]:
 
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge,
-    "<": operator.lt, "<=": operator.le}
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+}
 
 
 @dataclass(frozen=True)
@@ -136,17 +176,20 @@ class Normalisation(_Strict):
     qps_1m: float = Field(2.0, gt=0, description="requests/s over 1 min that scores 1.0")
     ttft_penalty_ms: float = Field(2000.0, gt=0, description="cold TTFT penalty scoring 1.0")
     weighted_demand: float = Field(
-        1.0, gt=0, description="forecast requests/s x tenant priority value scoring 1.0")
+        1.0, gt=0, description="forecast requests/s x tenant priority value scoring 1.0"
+    )
 
 
 class RequestCaps(_Strict):
     """What one request of a class may ask of vLLM (``frontdoor.request_fields.admit``)."""
 
     max_n: int = Field(4, ge=1, le=128, description="n and best_of, each")
-    max_tokens: int = Field(1024, ge=1, le=1_000_000,
-                            description="max_tokens / max_completion_tokens, each")
-    default_max_tokens: int = Field(256, ge=1, le=1_000_000,
-                                    description="set when the request names no max_tokens")
+    max_tokens: int = Field(
+        1024, ge=1, le=1_000_000, description="max_tokens / max_completion_tokens, each"
+    )
+    default_max_tokens: int = Field(
+        256, ge=1, le=1_000_000, description="set when the request names no max_tokens"
+    )
     max_prompts: int = Field(4, ge=1, le=10_000, description="a list prompt counts each")
     max_logprobs: int = Field(5, ge=0, le=100, description="logprobs / top_logprobs")
     max_stop: int = Field(4, ge=0, le=64, description="stop sequences")
@@ -171,9 +214,12 @@ class TenantLimits(_Strict):
 
     max_concurrent: int = Field(32, ge=1, le=100_000)
     tokens_per_minute: int = Field(200_000, ge=1, le=10**10)
-    burst_tokens: int = Field(50_000, ge=1, le=10**10,
-                              description="the bucket's size: what a quiet tenant may spend at "
-                                          "once")
+    burst_tokens: int = Field(
+        50_000,
+        ge=1,
+        le=10**10,
+        description="the bucket's size: what a quiet tenant may spend at once",
+    )
 
 
 class InteractiveBudget(_Strict):
@@ -200,15 +246,25 @@ class QueueBudget(_Strict):
     """The fleet router's flow control (``router.flow_control``, docs/router.md)."""
 
     max_in_flight_per_worker: int = Field(
-        64, ge=1, le=100_000, description="requests one router forwards at once per worker: "
-        "a base model's limit is this times its workers in the router's view; more wait")
-    max_queued_per_band: int = Field(512, ge=1, le=1_000_000,
-                                     description="per (base model, band); over it: 429")
-    max_queued_per_tenant: int = Field(128, ge=1, le=1_000_000,
-                                       description="one tenant's share of one band")
+        64,
+        ge=1,
+        le=100_000,
+        description="requests one router forwards at once per worker: "
+        "a base model's limit is this times its workers in the router's view; more wait",
+    )
+    max_queued_per_band: int = Field(
+        512, ge=1, le=1_000_000, description="per (base model, band); over it: 429"
+    )
+    max_queued_per_tenant: int = Field(
+        128, ge=1, le=1_000_000, description="one tenant's share of one band"
+    )
     interactive_ttl_ms: int = Field(
-        2000, ge=1, le=60_000, description="the longest an interactive request waits in a "
-        "queue; batch, canary and shadow wait batch.max_wait_ms")
+        2000,
+        ge=1,
+        le=60_000,
+        description="the longest an interactive request waits in a "
+        "queue; batch, canary and shadow wait batch.max_wait_ms",
+    )
 
 
 class RequestBudgets(_Strict):
@@ -227,68 +283,118 @@ class Policy(_Strict):
     eviction_policy: Literal["weighted-lru"] = "weighted-lru"
     hot_score_formula: str = DEFAULT_FORMULA
     never_evict_when: list[str] = Field(
-        default_factory=lambda: ['status == "canary" and canary_percent > 0',
-                                 'tenant_priority == "platinum"'])
+        default_factory=lambda: [
+            'status == "canary" and canary_percent > 0',
+            'tenant_priority == "platinum"',
+        ]
+    )
     demote_when: list[str] = Field(
-        default_factory=lambda: ["no_request_for_minutes > 60", "error_rate_after_load > 0.02"])
+        default_factory=lambda: ["no_request_for_minutes > 60", "error_rate_after_load > 0.02"]
+    )
     tenant_priority_values: dict[str, float] = Field(
-        default_factory=lambda: {"bronze": 0.25, "silver": 0.5, "gold": 0.75, "platinum": 1.0})
+        default_factory=lambda: {"bronze": 0.25, "silver": 0.5, "gold": 0.75, "platinum": 1.0}
+    )
     normalisation: Normalisation = Field(default_factory=Normalisation)
     demand_trend_weight: float = Field(
-        0.5, ge=0, le=1, description="weighted_demand's forecast: the 10-minute rate plus this "
-        "share of a rise of the 1-minute rate above it")
+        0.5,
+        ge=0,
+        le=1,
+        description="weighted_demand's forecast: the 10-minute rate plus this "
+        "share of a rise of the 1-minute rate above it",
+    )
     demand_diurnal_weight: float = Field(
-        1.0, ge=0, le=10, description="weighted_demand's forecast is at least this share of the "
+        1.0,
+        ge=0,
+        le=10,
+        description="weighted_demand's forecast is at least this share of the "
         "rate the version's daily profile gives for demand_diurnal_lead_s ahead, once a whole "
-        "day of its requests was seen (streams.scores.Daily); 0: off")
+        "day of its requests was seen (streams.scores.Daily); 0: off",
+    )
     demand_diurnal_lead_s: float = Field(
-        600.0, ge=0, le=86_400, description="how far ahead the daily profile is read: a copy "
-        "wanted then is placed now")
-    ttft_penalty_prior_ms: float = Field(800.0, ge=0,
-                                         description="cold TTFT penalty until one is observed")
+        600.0,
+        ge=0,
+        le=86_400,
+        description="how far ahead the daily profile is read: a copy wanted then is placed now",
+    )
+    ttft_penalty_prior_ms: float = Field(
+        800.0, ge=0, description="cold TTFT penalty until one is observed"
+    )
     cold_loads_per_minute_per_worker: int = Field(
-        6, ge=1, le=10_000, description="GPU loads per worker per rolling minute (the seed's "
-        "budget); with load_stall_share on, the ceiling of the budget each worker adapts")
+        6,
+        ge=1,
+        le=10_000,
+        description="GPU loads per worker per rolling minute (the seed's "
+        "budget); with load_stall_share on, the ceiling of the budget each worker adapts",
+    )
     load_stall_share: float = Field(
-        0.0, ge=0, le=1, description="0: the cold-load budget is the constant above. Above 0, "
+        0.0,
+        ge=0,
+        le=1,
+        description="0: the cold-load budget is the constant above. Above 0, "
         "each worker measures how much a load slows the batch beside it and loads at most "
         "floor(this x 60 s / (stall x seconds per load)) times a minute, so loads take at most "
         "this share of its decode time (workers.load_interference); the planner and the router "
-        "plan with the budget it reports")
+        "plan with the budget it reports",
+    )
     max_protected_gpu_share: float = Field(
-        0.25, gt=0, le=1, description="the most never-evict versions protected per base "
+        0.25,
+        gt=0,
+        le=1,
+        description="the most never-evict versions protected per base "
         "model, as a share of its GPU slots (rounded up, at least 1); the rest compete by "
         "score (the seed's 0.5 held half the slots for idle platinum versions where they do "
-        "not all fit: docs/benchmarks.md)")
+        "not all fit: docs/benchmarks.md)",
+    )
     hbm_low_watermark: float = Field(0.82, gt=0, le=1)
     hysteresis_margin: float = Field(
-        0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much")
+        0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much"
+    )
     min_residency_s: float = Field(
-        180.0, ge=0, le=86_400, description="a GPU copy stays at least this long after its load "
+        180.0,
+        ge=0,
+        le=86_400,
+        description="a GPU copy stays at least this long after its load "
         "(the worker's loaded_at): the planner neither demotes it nor gives its slot away "
         "sooner, and on the worker a planner's load takes no such copy's slot, a request's "
         "own load none the planner loaded. Only a revoke, a version no longer serving, a "
         "demote_when condition (an error rate) or the load of a never-evict version it then "
-        "protects may undo a load sooner; 0: off")
+        "protects may undo a load sooner; 0: off",
+    )
     worker_capacity_rps: float = Field(
-        10.0, gt=0, le=1_000_000, description="requests/s one worker serves for one adapter: a "
-        "hot version gets ceil(demand / this) GPU copies (rule 6), at most one per worker")
+        10.0,
+        gt=0,
+        le=1_000_000,
+        description="requests/s one worker serves for one adapter: a "
+        "hot version gets ceil(demand / this) GPU copies (rule 6), at most one per worker",
+    )
     replica_hysteresis: float = Field(
-        0.2, ge=0, lt=1, description="with n copies, one is added only above n x capacity x "
-        "(1 + this) and dropped only below (n - 1) x capacity x (1 - this)")
+        0.2,
+        ge=0,
+        lt=1,
+        description="with n copies, one is added only above n x capacity x "
+        "(1 + this) and dropped only below (n - 1) x capacity x (1 - this)",
+    )
     demand_admission_tau_s: float = Field(
-        600.0, ge=0, le=86_400, description="a request's own load is admitted by its class and "
+        600.0,
+        ge=0,
+        le=86_400,
+        description="a request's own load is admitted by its class and "
         "the cold-load budget: one that may wait (batch) whenever the budget has a load for it "
         "within its wait, an interactive one while the budget keeps a reserve for those; else "
         "it may take only the slot of a copy with no more priority-weighted requests at that "
         "worker, each request's weight decaying with this time constant (s), and the least "
         "demanded copy gives its slot; 0: off, the least recently used idle unpinned copy "
-        "gives its slot to any request (workers.demand_admission)")
+        "gives its slot to any request (workers.demand_admission)",
+    )
     planner_interval_s: float = Field(1.0, gt=0, le=3600)
     worker_heartbeat_s: float = Field(
-        5.0, gt=0, le=3600, description="the workers' heartbeat interval (worker run's default): "
+        5.0,
+        gt=0,
+        le=3600,
+        description="the workers' heartbeat interval (worker run's default): "
         "a worker silent for 3 of them is drained by the router, shown drained by the fleet "
-        "view and left out by the planner, whose copies there are placed again")
+        "view and left out by the planner, whose copies there are placed again",
+    )
     command_deadline_s: float = Field(60.0, gt=0, le=86_400)
     request_budgets: RequestBudgets = Field(default_factory=RequestBudgets)
 

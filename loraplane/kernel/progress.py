@@ -18,12 +18,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 
+__all__ = ["REPORT_EVERY_S", "STALL_AFTER_S", "Progress", "Watchdog", "every_progress"]
+
 log = logging.getLogger("loraplane.progress")
 
 STALL_AFTER_S = 30.0
 """Longer than any single bounded call (30 s transaction steps), shorter than an operator's
 patience: a hold-up this long is no longer a hiccup."""
 REPORT_EVERY_S = 30.0
+
 
 class _Everyone:
     """Every live ``Progress`` of this process; iterating takes a snapshot (a component may
@@ -54,9 +57,14 @@ def every_progress() -> Iterable[Progress]:
 class Progress:
     """The hold-up state of one component's loop (thread-safe: the watchdog reads it)."""
 
-    def __init__(self, component: str, *, stall_after_s: float = STALL_AFTER_S,
-                 report_every_s: float = REPORT_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        component: str,
+        *,
+        stall_after_s: float = STALL_AFTER_S,
+        report_every_s: float = REPORT_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.component = component
         self.stall_after_s = stall_after_s
         self.report_every_s = report_every_s
@@ -82,8 +90,11 @@ class Progress:
             since, reported = self._since, self._reported_at
             self._since, self._why, self._reported_at = None, "", None
         if since is not None and reported is not None:
-            log.warning("RECOVERED %s: progressing again after %.0f s", self.component,
-                        self._clock() - since)
+            log.warning(
+                "RECOVERED %s: progressing again after %.0f s",
+                self.component,
+                self._clock() - since,
+            )
 
     def stuck_s(self) -> float:
         """Seconds the current hold-up has lasted (0 when there is none)."""
@@ -123,8 +134,7 @@ class Watchdog:
         self._progress = list(progress)
         self._every_s = every_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="progress-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="progress-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
         self._thread.start()

@@ -19,6 +19,8 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.progress import Progress, every_progress
 from loraplane.kernel.topic_tail import TopicTail
 
+__all__ = ["ProgressMetrics", "TailMetrics", "progress_registry", "serve_progress"]
+
 
 class ProgressMetrics(Collector):
     """``loraplane_consumer_stuck_seconds`` is 0 while a consumer progresses and grows
@@ -31,11 +33,16 @@ class ProgressMetrics(Collector):
         self.progress = progress
 
     def collect(self) -> Iterator[Metric]:
-        stuck = GaugeMetricFamily(m.CONSUMER_STUCK_SECONDS, "Seconds this consumer has not "
-                                  "been able to make progress (0: fine)", labels=["component"])
-        stalls = CounterMetricFamily(m.CONSUMER_STALLS, "Hold-ups that lasted past the "
-                                     "stall threshold (each logged as STALLED)",
-                                     labels=["component"])
+        stuck = GaugeMetricFamily(
+            m.CONSUMER_STUCK_SECONDS,
+            "Seconds this consumer has not been able to make progress (0: fine)",
+            labels=["component"],
+        )
+        stalls = CounterMetricFamily(
+            m.CONSUMER_STALLS,
+            "Hold-ups that lasted past the stall threshold (each logged as STALLED)",
+            labels=["component"],
+        )
         for p in sorted(self.progress, key=lambda p: p.component):
             stuck.add_metric([p.component], p.stuck_s())
             stalls.add_metric([p.component], p.stalls)
@@ -73,13 +80,19 @@ class TailMetrics(Collector):
         self.tails = list(tails)
 
     def collect(self) -> Iterator[Metric]:
-        caught_up = GaugeMetricFamily(m.TOPIC_TAIL_CAUGHT_UP, "1 once the topic was read to "
-                                      "its end", labels=["component"])
-        lag = GaugeMetricFamily(m.TOPIC_TAIL_LAG, "Records between the tail's position and "
-                                "the topic's end as last learned", labels=["component"])
-        current = GaugeMetricFamily(m.TOPIC_TAIL_CURRENT, "1 when the view is the topic's "
-                                    "present (caught up, no lag, broker answering)",
-                                    labels=["component"])
+        caught_up = GaugeMetricFamily(
+            m.TOPIC_TAIL_CAUGHT_UP, "1 once the topic was read to its end", labels=["component"]
+        )
+        lag = GaugeMetricFamily(
+            m.TOPIC_TAIL_LAG,
+            "Records between the tail's position and the topic's end as last learned",
+            labels=["component"],
+        )
+        current = GaugeMetricFamily(
+            m.TOPIC_TAIL_CURRENT,
+            "1 when the view is the topic's present (caught up, no lag, broker answering)",
+            labels=["component"],
+        )
         for t in self.tails:
             caught_up.add_metric([t.component], float(t.caught_up))
             lag.add_metric([t.component], t.lag())

@@ -11,6 +11,15 @@ import os
 import secrets
 from pathlib import Path
 
+__all__ = [
+    "SecretError",
+    "ensure_secret",
+    "install_private",
+    "read_secret",
+    "secret_key",
+    "write_private",
+]
+
 
 class SecretError(RuntimeError):
     """A secret file is missing, empty or readable by others; the message says what to do."""
@@ -44,8 +53,9 @@ def _private(path: Path, hint: str) -> None:
     except FileNotFoundError:
         raise SecretError(f"{path}: secret file missing ({hint})") from None
     if mode & 0o077:
-        raise SecretError(f"{path}: must not be readable by others (mode {oct(mode & 0o777)};"
-                          " chmod 600)")
+        raise SecretError(
+            f"{path}: must not be readable by others (mode {oct(mode & 0o777)}; chmod 600)"
+        )
 
 
 def secret_key(path: Path, min_bytes: int = 16) -> bytes:

@@ -31,6 +31,16 @@ from loraplane.kernel.progress import Progress
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
+__all__ = [
+    "PARTITION_EOF",
+    "PROBE_EVERY_S",
+    "RECONNECT_S",
+    "CurrentSpan",
+    "Partition",
+    "TailView",
+    "TopicTail",
+]
+
 log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]  # (topic, partition)
@@ -74,8 +84,11 @@ class TailView:
         tp = (record.topic, record.partition)
         key = (record.topic, record.key or b"")
         held = self._latest.get(key)
-        kept = (self._select is None or (held is not None and held.value is not None)
-                or self._selects(record))
+        kept = (
+            self._select is None
+            or (held is not None and held.value is not None)
+            or self._selects(record)
+        )
         if kept:
             self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
             self._latest[key] = record
@@ -97,8 +110,12 @@ class TailView:
         try:
             return self._select(record)
         except Exception:  # a hostile record must not end the tail's thread
-            log.exception("topic tail: select failed on %s[%d]@%d; kept", record.topic,
-                          record.partition, record.offset)
+            log.exception(
+                "topic tail: select failed on %s[%d]@%d; kept",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
             return True
 
     def at_end(self, tp: Partition, offset: int) -> None:
@@ -163,12 +180,18 @@ class TopicTail:
     records of a key not held yet are kept (``TailView``; called on the tail's thread).
     ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``)."""
 
-    def __init__(self, settings: Settings, topics: str | Sequence[str], *, component: str,
-                 on_record: Callable[[Record], object] | None = None,
-                 probe_every_s: float = PROBE_EVERY_S,
-                 clock: Callable[[], float] = time.time,
-                 select: Callable[[Record], bool] | None = None,
-                 prefetch_kbytes: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topics: str | Sequence[str],
+        *,
+        component: str,
+        on_record: Callable[[Record], object] | None = None,
+        probe_every_s: float = PROBE_EVERY_S,
+        clock: Callable[[], float] = time.time,
+        select: Callable[[Record], bool] | None = None,
+        prefetch_kbytes: int | None = None,
+    ) -> None:
         self._settings = settings
         self._prefetch_kbytes = prefetch_kbytes
         self.topics = [topics] if isinstance(topics, str) else list(topics)
@@ -242,8 +265,8 @@ class TopicTail:
 
         if self._probe_consumer is None:
             self._probe_consumer = kafka.consumer(
-                self._settings, f"{READER_GROUP_PREFIX}ends", client_id=self.component,
-                quiet=True)
+                self._settings, f"{READER_GROUP_PREFIX}ends", client_id=self.component, quiet=True
+            )
         consumer = self._probe_consumer
         out: dict[Partition, int] = {}
         for topic in self.topics:
@@ -252,7 +275,8 @@ class TopicTail:
                 raise RuntimeError(f"{topic}: {meta.error}")
             for p in meta.partitions:
                 out[(topic, p)] = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=timeout_s)[1]
+                    TopicPartition(topic, p), timeout=timeout_s
+                )[1]
         return out
 
     def wait_read_to(self, ends: dict[Partition, int], timeout_s: float) -> bool:
@@ -264,8 +288,9 @@ class TopicTail:
 
     # ---- the thread -------------------------------------------------------------------------
     def start(self) -> TopicTail:
-        self._thread = threading.Thread(target=self._run, name=f"tail-{self.component}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"tail-{self.component}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -281,9 +306,13 @@ class TopicTail:
         while not self._stop.is_set():
             try:
                 consumer = kafka.consumer(
-                    self._settings, f"{READER_GROUP_PREFIX}tail-{time.monotonic_ns()}",
-                    client_id=self.component, read_to_end=True, quiet=True,
-                    prefetch_kbytes=self._prefetch_kbytes)
+                    self._settings,
+                    f"{READER_GROUP_PREFIX}tail-{time.monotonic_ns()}",
+                    client_id=self.component,
+                    read_to_end=True,
+                    quiet=True,
+                    prefetch_kbytes=self._prefetch_kbytes,
+                )
                 try:
                     self._assign(consumer)
                     probed = time.monotonic()
@@ -311,14 +340,14 @@ class TopicTail:
             if meta.error is not None:
                 raise RuntimeError(f"{topic}: {meta.error}")
             parts += [(topic, p) for p in sorted(meta.partitions)]
-        ends = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1]
-                for tp in parts}
+        ends = {
+            tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1] for tp in parts
+        }
         with self._changed:
             self._view.assign(ends)
             at = self._view.positions()
             self._changed.notify_all()
-        consumer.assign([TopicPartition(t, p, at[(t, p)] or OFFSET_BEGINNING)
-                         for t, p in parts])
+        consumer.assign([TopicPartition(t, p, at[(t, p)] or OFFSET_BEGINNING) for t, p in parts])
         self.progress.advanced()
 
     def _step(self, consumer: Consumer) -> bool:

@@ -22,6 +22,25 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "DAY_MS",
+    "FOREVER",
+    "HOUR_MS",
+    "MAX_REPLICAS",
+    "TOPICS",
+    "Change",
+    "Existing",
+    "TopicSpec",
+    "access",
+    "apply",
+    "diff",
+    "every_topic",
+    "min_insync",
+    "replicas",
+    "spec",
+    "topic_name",
+]
+
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 FOREVER = -1
@@ -52,50 +71,122 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("requests", 6, "request logs from gateways and workers", "adapter_id",
-              retention_ms=7 * DAY_MS,
-              writers=(Principal.worker,)),
-    TopicSpec("lifecycle", 3, "signed lifecycle events from CI (publish ... revoke)",
-              "adapter_id", retention_ms=FOREVER),
-    TopicSpec("registry", 3, "current registry record per adapter", "adapter_id",
-              cleanup_policy="compact",
-              writers=(Principal.streams,), readers=(Principal.worker, Principal.router)),
+    TopicSpec(
+        "requests",
+        6,
+        "request logs from gateways and workers",
+        "adapter_id",
+        retention_ms=7 * DAY_MS,
+        writers=(Principal.worker,),
+    ),
+    TopicSpec(
+        "lifecycle",
+        3,
+        "signed lifecycle events from CI (publish ... revoke)",
+        "adapter_id",
+        retention_ms=FOREVER,
+    ),
+    TopicSpec(
+        "registry",
+        3,
+        "current registry record per adapter",
+        "adapter_id",
+        cleanup_policy="compact",
+        writers=(Principal.streams,),
+        readers=(Principal.worker, Principal.router),
+    ),
     # as many partitions as requests: a key lives on the partition number of its logs
-    TopicSpec("scores", 6, "hot-score state per adapter version (the scoring keepers' "
-              "changelog, written in transactions)", "adapter_id@version",
-              cleanup_policy="compact",
-              writers=(Principal.streams,)),
-    TopicSpec("commands", 64, "cache commands: prewarm / pin / demote / evict", "worker_id",
-              retention_ms=DAY_MS,
-              writers=(Principal.streams,), readers=(Principal.worker,)),
-    TopicSpec("worker-state", 3, "latest reported state per worker", "worker_id",
-              cleanup_policy="compact",
-              writers=(Principal.worker,), readers=(Principal.router,)),
-    TopicSpec("router-state", 1, "latest in-flight work and queue depths per fleet router",
-              "router_id", cleanup_policy="compact",
-              writers=(Principal.router,)),
-    TopicSpec("cache-events", 6, "what workers actually loaded and evicted", "adapter_id",
-              retention_ms=7 * DAY_MS,
-              writers=(Principal.worker,)),
-    TopicSpec("audit", 3, "who did what to which adapter", "adapter_id",
-              retention_ms=90 * DAY_MS,
-              writers=(Principal.streams,)),
-    TopicSpec("dead-letters", 3, "records no consumer could process", "source key",
-              retention_ms=30 * DAY_MS,
-              writers=(Principal.streams, Principal.worker, Principal.metrics,
-                       Principal.router)),
-    TopicSpec("decisions", 3, "planner decisions with their inputs", "base_model",
-              retention_ms=30 * DAY_MS,
-              writers=(Principal.streams,)),
-    TopicSpec("planner-memory", 3, "the planner's memory per worker (PlannerMemory), written "
-              "in the transaction of the commands it remembers", "worker_id",
-              cleanup_policy="compact",
-              writers=(Principal.streams,)),
-    TopicSpec("planner-lease", 1, "the planner lease: the member of a base model's planner "
-              "group assigned its one partition plans (nothing is written)", "none",
-              retention_ms=HOUR_MS),
-    TopicSpec("stack-health", 1, "stack up's produce/consume readiness probe", "none",
-              retention_ms=HOUR_MS),
+    TopicSpec(
+        "scores",
+        6,
+        "hot-score state per adapter version (the scoring keepers' "
+        "changelog, written in transactions)",
+        "adapter_id@version",
+        cleanup_policy="compact",
+        writers=(Principal.streams,),
+    ),
+    TopicSpec(
+        "commands",
+        64,
+        "cache commands: prewarm / pin / demote / evict",
+        "worker_id",
+        retention_ms=DAY_MS,
+        writers=(Principal.streams,),
+        readers=(Principal.worker,),
+    ),
+    TopicSpec(
+        "worker-state",
+        3,
+        "latest reported state per worker",
+        "worker_id",
+        cleanup_policy="compact",
+        writers=(Principal.worker,),
+        readers=(Principal.router,),
+    ),
+    TopicSpec(
+        "router-state",
+        1,
+        "latest in-flight work and queue depths per fleet router",
+        "router_id",
+        cleanup_policy="compact",
+        writers=(Principal.router,),
+    ),
+    TopicSpec(
+        "cache-events",
+        6,
+        "what workers actually loaded and evicted",
+        "adapter_id",
+        retention_ms=7 * DAY_MS,
+        writers=(Principal.worker,),
+    ),
+    TopicSpec(
+        "audit",
+        3,
+        "who did what to which adapter",
+        "adapter_id",
+        retention_ms=90 * DAY_MS,
+        writers=(Principal.streams,),
+    ),
+    TopicSpec(
+        "dead-letters",
+        3,
+        "records no consumer could process",
+        "source key",
+        retention_ms=30 * DAY_MS,
+        writers=(Principal.streams, Principal.worker, Principal.metrics, Principal.router),
+    ),
+    TopicSpec(
+        "decisions",
+        3,
+        "planner decisions with their inputs",
+        "base_model",
+        retention_ms=30 * DAY_MS,
+        writers=(Principal.streams,),
+    ),
+    TopicSpec(
+        "planner-memory",
+        3,
+        "the planner's memory per worker (PlannerMemory), written "
+        "in the transaction of the commands it remembers",
+        "worker_id",
+        cleanup_policy="compact",
+        writers=(Principal.streams,),
+    ),
+    TopicSpec(
+        "planner-lease",
+        1,
+        "the planner lease: the member of a base model's planner "
+        "group assigned its one partition plans (nothing is written)",
+        "none",
+        retention_ms=HOUR_MS,
+    ),
+    TopicSpec(
+        "stack-health",
+        1,
+        "stack up's produce/consume readiness probe",
+        "none",
+        retention_ms=HOUR_MS,
+    ),
 )
 _BY_SUFFIX = {spec.suffix: spec for spec in TOPICS}
 
@@ -129,8 +220,7 @@ def topic_name(settings: Settings, suffix: str) -> str:
 
 def access(settings: Settings) -> list[acls.TopicAccess]:
     """Who writes and reads each declared topic of ``settings.topic_prefix``."""
-    return [acls.TopicAccess(topic_name(settings, t.suffix), t.writers, t.readers)
-            for t in TOPICS]
+    return [acls.TopicAccess(topic_name(settings, t.suffix), t.writers, t.readers) for t in TOPICS]
 
 
 def every_topic(settings: Settings) -> str:
@@ -160,8 +250,9 @@ class Change:
         return f"{self.topic}: {self.action}" + (f" ({self.detail})" if self.detail else "")
 
 
-def diff(name: str, wanted: TopicSpec, existing: Existing | None,
-         replicas: int = 1) -> list[Change]:
+def diff(
+    name: str, wanted: TopicSpec, existing: Existing | None, replicas: int = 1
+) -> list[Change]:
     """Pure comparison of a declaration with the broker's state: no I/O, easy to test."""
     if existing is None:
         configs = ", ".join(f"{k}={v}" for k, v in wanted.configs(replicas).items())
@@ -169,18 +260,29 @@ def diff(name: str, wanted: TopicSpec, existing: Existing | None,
         return [Change(name, "create", f"{wanted.partitions} partitions{extra}, {configs}")]
     changes: list[Change] = []
     if wanted.partitions > existing.partitions:
-        changes.append(Change(name, "partitions",
-                              f"partitions {existing.partitions} -> {wanted.partitions}",
-                              value=str(wanted.partitions)))
+        changes.append(
+            Change(
+                name,
+                "partitions",
+                f"partitions {existing.partitions} -> {wanted.partitions}",
+                value=str(wanted.partitions),
+            )
+        )
     elif wanted.partitions < existing.partitions:
-        changes.append(Change(name, "refused",
-                              f"has {existing.partitions} partitions, declared "
-                              f"{wanted.partitions}: Kafka cannot decrease partitions"))
+        changes.append(
+            Change(
+                name,
+                "refused",
+                f"has {existing.partitions} partitions, declared "
+                f"{wanted.partitions}: Kafka cannot decrease partitions",
+            )
+        )
     for key, value in wanted.configs(replicas).items():
         current = existing.configs.get(key)
         if current != value:
-            changes.append(Change(name, "config", f"{key} from {current} to {value}",
-                                  key=key, value=value))
+            changes.append(
+                Change(name, "config", f"{key} from {current} to {value}", key=key, value=value)
+            )
     return changes or [Change(name, "unchanged")]
 
 
@@ -192,7 +294,8 @@ def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
     if not present:
         return {}
     futures = admin.describe_configs(
-        [ConfigResource(ResourceType.TOPIC, n) for n in present], request_timeout=timeout)
+        [ConfigResource(ResourceType.TOPIC, n) for n in present], request_timeout=timeout
+    )
     result: dict[str, Existing] = {}
     for resource, future in futures.items():
         entries = future.result(timeout=timeout)
@@ -203,8 +306,12 @@ def _existing(admin: AdminClient, names: list[str], timeout: float) -> dict[str,
     return result
 
 
-def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...] = TOPICS,
-          timeout: float = 30.0) -> list[Change]:
+def apply(
+    settings: Settings,
+    dry_run: bool = False,
+    only: tuple[TopicSpec, ...] = TOPICS,
+    timeout: float = 30.0,
+) -> list[Change]:
     """Converge the broker to the declarations; returns the diff applied (or planned)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
@@ -223,17 +330,24 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
     except KafkaException as exc:
         raise kafka.KafkaUnavailable(
             f"kafka at {settings.kafka.bootstrap} is not reachable ({exc}); "
-            "is the stack up? (loraplane stack status)") from None
+            "is the stack up? (loraplane stack status)"
+        ) from None
     copies = replicas(settings)
-    changes = [c for name, s in named.items()
-               for c in diff(name, s, existing.get(name), copies)]
+    changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name), copies)]
     if dry_run:
         return changes
 
     futures: list[Future[None]] = []
-    creates = [NewTopic(c.topic, num_partitions=named[c.topic].partitions,
-                        replication_factor=copies, config=named[c.topic].configs(copies))
-               for c in changes if c.action == "create"]
+    creates = [
+        NewTopic(
+            c.topic,
+            num_partitions=named[c.topic].partitions,
+            replication_factor=copies,
+            config=named[c.topic].configs(copies),
+        )
+        for c in changes
+        if c.action == "create"
+    ]
     if creates:
         futures += admin.create_topics(creates, request_timeout=timeout).values()
     grows = [NewPartitions(c.topic, int(c.value)) for c in changes if c.action == "partitions"]
@@ -242,11 +356,14 @@ def apply(settings: Settings, dry_run: bool = False, only: tuple[TopicSpec, ...]
     alters: dict[str, list[ConfigEntry]] = {}
     for c in changes:
         if c.action == "config":
-            alters.setdefault(c.topic, []).append(ConfigEntry(
-                c.key, c.value, incremental_operation=AlterConfigOpType.SET))
+            alters.setdefault(c.topic, []).append(
+                ConfigEntry(c.key, c.value, incremental_operation=AlterConfigOpType.SET)
+            )
     if alters:
-        resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=entries)
-                     for t, entries in alters.items()]
+        resources = [
+            ConfigResource(ResourceType.TOPIC, t, incremental_configs=entries)
+            for t, entries in alters.items()
+        ]
         futures += admin.incremental_alter_configs(resources, request_timeout=timeout).values()
     for future in futures:
         future.result(timeout=timeout)

@@ -24,6 +24,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+__all__ = [
+    "BACKOFF_S",
+    "GRACE_S",
+    "STEP_TIMEOUT_S",
+    "TRIES",
+    "ProducerBroken",
+    "TransactionalProducer",
+    "bounded",
+    "send_offsets",
+    "transact",
+]
+
 log = logging.getLogger(__name__)
 
 STEP_TIMEOUT_S = 30.0
@@ -71,28 +83,39 @@ def bounded(step: str, call: Callable[[], None], timeout_s: float) -> None:
     worker.start()
     worker.join(timeout_s + GRACE_S)
     if worker.is_alive():
-        raise ProducerBroken(f"{step} did not return within {timeout_s + GRACE_S:.0f} s "
-                             "(librdkafka ignored its timeout); the producer is abandoned")
+        raise ProducerBroken(
+            f"{step} did not return within {timeout_s + GRACE_S:.0f} s "
+            "(librdkafka ignored its timeout); the producer is abandoned"
+        )
     if failed:
         raise failed[0]
 
 
-def send_offsets(txn: Any, offsets: list[Any], group_metadata: Any,
-                 timeout_s: float = STEP_TIMEOUT_S) -> None:
+def send_offsets(
+    txn: Any, offsets: list[Any], group_metadata: Any, timeout_s: float = STEP_TIMEOUT_S
+) -> None:
     """``send_offsets_to_transaction``, bounded (``bounded``)."""
-    bounded("send_offsets_to_transaction",
-            lambda: txn.send_offsets_to_transaction(offsets, group_metadata, timeout_s),
-            timeout_s)
+    bounded(
+        "send_offsets_to_transaction",
+        lambda: txn.send_offsets_to_transaction(offsets, group_metadata, timeout_s),
+        timeout_s,
+    )
 
 
 def _fatal(err: Any) -> bool:
     return err is None or bool(err.fatal())
 
 
-def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
-             step_timeout_s: float = STEP_TIMEOUT_S, tries: int = TRIES,
-             backoff_s: float = BACKOFF_S, on_step: Callable[[str], None] = lambda _: None,
-             sleep: Callable[[float], None] = time.sleep) -> int:
+def transact(
+    txn: TransactionalProducer,
+    fill: Callable[[], None],
+    *,
+    step_timeout_s: float = STEP_TIMEOUT_S,
+    tries: int = TRIES,
+    backoff_s: float = BACKOFF_S,
+    on_step: Callable[[str], None] = lambda _: None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Begin, ``fill`` (produce, send offsets; it must pass ``step_timeout_s`` to its own
     calls), commit. Returns how many attempts it took. ``on_step`` names the step that is
     about to block (for ``kernel.progress``). Raises ``ProducerBroken``; any exception that
@@ -113,8 +136,9 @@ def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
             if _fatal(err):
                 raise ProducerBroken(f"transaction failed fatally: {err}") from exc
             last = str(err)
-            log.warning("transaction attempt %d/%d failed (%s); aborting and retrying",
-                        attempt, tries, err)
+            log.warning(
+                "transaction attempt %d/%d failed (%s); aborting and retrying", attempt, tries, err
+            )
             _abort(txn, step_timeout_s, tries, on_step)
             sleep(backoff_s * attempt)
         except ProducerBroken:
@@ -125,8 +149,13 @@ def transact(txn: TransactionalProducer, fill: Callable[[], None], *,
     raise ProducerBroken(f"transaction not committed after {tries} attempts: {last}")
 
 
-def _repeat(step: str, call: Callable[[], None], tries: int,
-            on_step: Callable[[str], None], final: Callable[[Any, Exception], None]) -> None:
+def _repeat(
+    step: str,
+    call: Callable[[], None],
+    tries: int,
+    on_step: Callable[[str], None],
+    final: Callable[[Any, Exception], None],
+) -> None:
     """Make one transaction call, repeating it while its error is retriable (librdkafka
     allows the same call again then); ``final`` handles the error that ends the repeats."""
     from confluent_kafka import KafkaException
@@ -138,30 +167,46 @@ def _repeat(step: str, call: Callable[[], None], tries: int,
             return
         except KafkaException as exc:
             err = _error(exc)
-            if left == 0 or err is None or not err.retriable() or (
-                    step == "commit_transaction" and err.txn_requires_abort()):
+            if (
+                left == 0
+                or err is None
+                or not err.retriable()
+                or (step == "commit_transaction" and err.txn_requires_abort())
+            ):
                 final(err, exc)
             log.warning("%s: %s; retrying it", step, err)
 
 
-def _commit(txn: TransactionalProducer, timeout_s: float, tries: int,
-            on_step: Callable[[str], None]) -> None:
+def _commit(
+    txn: TransactionalProducer, timeout_s: float, tries: int, on_step: Callable[[str], None]
+) -> None:
     """Commit; a retriable error (a timeout) repeats the commit; any other propagates (the
     caller aborts and retries the transaction)."""
+
     def give_up(_err: Any, exc: Exception) -> None:
         raise exc
 
-    _repeat("commit_transaction", lambda: bounded(
-        "commit_transaction", lambda: txn.commit_transaction(timeout_s), timeout_s),
-        tries, on_step, give_up)
+    _repeat(
+        "commit_transaction",
+        lambda: bounded("commit_transaction", lambda: txn.commit_transaction(timeout_s), timeout_s),
+        tries,
+        on_step,
+        give_up,
+    )
 
 
-def _abort(txn: TransactionalProducer, timeout_s: float, tries: int,
-           on_step: Callable[[str], None]) -> None:
+def _abort(
+    txn: TransactionalProducer, timeout_s: float, tries: int, on_step: Callable[[str], None]
+) -> None:
     """Abort; a retriable failure repeats it, anything else means a new producer."""
+
     def broken(err: Any, exc: Exception) -> None:
         raise ProducerBroken(f"abort_transaction failed: {err}") from exc
 
-    _repeat("abort_transaction", lambda: bounded(
-        "abort_transaction", lambda: txn.abort_transaction(timeout_s), timeout_s),
-        tries, on_step, broken)
+    _repeat(
+        "abort_transaction",
+        lambda: bounded("abort_transaction", lambda: txn.abort_transaction(timeout_s), timeout_s),
+        tries,
+        on_step,
+        broken,
+    )

@@ -21,6 +21,8 @@ from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
+__all__ = ["FleetStates", "latest_fleet_states", "worker_state_of"]
+
 
 def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
     """One worker-state record, decoded, whose Kafka key is its worker_id (a state under
@@ -28,8 +30,10 @@ def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
     otherwise. The router and the planner read the topic through this."""
     state = decode(WorkerState, value)
     if (key or b"") != state.worker_id.encode():
-        raise SchemaError(DecodeReason.key_mismatch, [(
-            "worker_id", f"message key {(key or b'')[:64]!r} is not {state.worker_id}")])
+        raise SchemaError(
+            DecodeReason.key_mismatch,
+            [("worker_id", f"message key {(key or b'')[:64]!r} is not {state.worker_id}")],
+        )
     return state
 
 
@@ -47,8 +51,12 @@ def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetSta
     latest: dict[tuple[str, bytes], bytes | None] = {}
     complete = True
     try:
-        for record in read_topic(settings, [workers_topic, topic_name(settings, "router-state")],
-                                 timeout_s=timeout_s, to_end=True):
+        for record in read_topic(
+            settings,
+            [workers_topic, topic_name(settings, "router-state")],
+            timeout_s=timeout_s,
+            to_end=True,
+        ):
             latest[(record.topic, record.key or b"")] = record.value
     except TopicReadIncomplete:
         complete = False

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = ["DATABASE_RE", "checked_database", "connect"]
+
 DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -21,8 +23,13 @@ def checked_database(name: str) -> str:
     return name
 
 
-def connect(settings: Settings, *, database: str | None = None, timeout_s: float = 10.0,
-            reader: bool = False) -> Client:
+def connect(
+    settings: Settings,
+    *,
+    database: str | None = None,
+    timeout_s: float = 10.0,
+    reader: bool = False,
+) -> Client:
     """A native-protocol client for ``settings.clickhouse``; ``database=""`` connects to the
     server's default database (needed before ours exists). ``reader``: the read-only login
     (reports, dashboards), which can neither write nor change the schema."""
@@ -31,6 +38,12 @@ def connect(settings: Settings, *, database: str | None = None, timeout_s: float
     c = settings.clickhouse
     db = c.database if database is None else database
     user, password = c.login(reader=reader)
-    return Client(host=c.host, port=c.tcp_port, user=user, password=password,
-                  database=checked_database(db) if db else "default",
-                  connect_timeout=min(timeout_s, 5.0), send_receive_timeout=timeout_s)
+    return Client(
+        host=c.host,
+        port=c.tcp_port,
+        user=user,
+        password=password,
+        database=checked_database(db) if db else "default",
+        connect_timeout=min(timeout_s, 5.0),
+        send_receive_timeout=timeout_s,
+    )

@@ -28,6 +28,24 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = [
+    "AGGREGATE_TTL_DAYS",
+    "FILE_RE",
+    "MIGRATIONS_DIR",
+    "PLACEHOLDER_RE",
+    "RAW_TTL_DAYS",
+    "DroppedPartition",
+    "Executor",
+    "MigrateResult",
+    "Migration",
+    "MigrationError",
+    "ServerFeatures",
+    "apply",
+    "discover",
+    "migrate",
+    "retention",
+]
+
 # The migrations ship with infra/ (the services it starts), found as package data.
 MIGRATIONS_DIR = Path(str(files("loraplane.infra") / "clickhouse" / "migrations"))
 FILE_RE = re.compile(r"^(?P<version>[0-9]{3})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -102,11 +120,11 @@ class Migration:
                 return ttl(arg, RAW_TTL_DAYS)
             if key == "ttl_agg":
                 return ttl(arg, AGGREGATE_TTL_DAYS)
-            raise MigrationError(f"{self.version:03d}_{self.name}: unknown placeholder "
-                                 f"{match[0]}")
+            raise MigrationError(f"{self.version:03d}_{self.name}: unknown placeholder {match[0]}")
 
-        body = "\n".join(line for line in self.template.splitlines()
-                         if not line.lstrip().startswith("--"))
+        body = "\n".join(
+            line for line in self.template.splitlines() if not line.lstrip().startswith("--")
+        )
         statements = [s.strip() for s in re.split(r";\s*(?:\n|$)", body)]
         return [PLACEHOLDER_RE.sub(fill, s) for s in statements if s]
 
@@ -156,8 +174,11 @@ def apply(client: Executor, database: str, directory: Path = MIGRATIONS_DIR) -> 
     features = ServerFeatures.parse(server_version)
     client.execute(f"CREATE DATABASE IF NOT EXISTS `{database}`")
     client.execute(_LEDGER.format(db=database))
-    recorded = dict(client.execute(
-        f"SELECT version, any(checksum) FROM `{database}`.schema_migrations GROUP BY version"))
+    recorded = dict(
+        client.execute(
+            f"SELECT version, any(checksum) FROM `{database}`.schema_migrations GROUP BY version"
+        )
+    )
     applied, already = [], []
     for migration in discover(directory):
         label = f"{migration.version:03d}_{migration.name}"
@@ -166,20 +187,31 @@ def apply(client: Executor, database: str, directory: Path = MIGRATIONS_DIR) -> 
                 raise MigrationError(
                     f"{label} was changed after it was applied (checksum "
                     f"{recorded[migration.version]} -> {migration.checksum}); add a new "
-                    "migration instead of editing an applied one")
+                    "migration instead of editing an applied one"
+                )
             already.append(label)
             continue
         for statement in migration.render(database, features):
             try:
                 client.execute(statement)
             except Exception as exc:
-                raise MigrationError(f"{label} failed on ClickHouse {server_version}: "
-                                     f"{str(exc).splitlines()[0]}\n{statement}") from exc
+                raise MigrationError(
+                    f"{label} failed on ClickHouse {server_version}: "
+                    f"{str(exc).splitlines()[0]}\n{statement}"
+                ) from exc
         client.execute(
             f"INSERT INTO `{database}`.schema_migrations "
             "(version, name, checksum, server_version, applied_at) VALUES",
-            [(migration.version, migration.name, migration.checksum, server_version,
-              datetime.now(UTC))])
+            [
+                (
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
+                    server_version,
+                    datetime.now(UTC),
+                )
+            ],
+        )
         applied.append(label)
     return MigrateResult(server_version, applied, already)
 
@@ -190,8 +222,9 @@ class DroppedPartition:
     partition: int
 
 
-def retention(settings: Settings, days: int, *, dry_run: bool = False,
-              today: date | None = None) -> list[DroppedPartition]:
+def retention(
+    settings: Settings, days: int, *, dry_run: bool = False, today: date | None = None
+) -> list[DroppedPartition]:
     """Drop every daily partition older than ``days`` days (all tables of the database).
 
     Partition values come from system.parts and are checked to be YYYYMMDD integers
@@ -205,9 +238,14 @@ def retention(settings: Settings, days: int, *, dry_run: bool = False,
     try:
         rows = client.execute(
             "SELECT DISTINCT table, partition FROM system.parts "
-            "WHERE database = %(db)s AND active ORDER BY table, partition", {"db": database})
-        doomed = [DroppedPartition(table, int(partition)) for table, partition in rows
-                  if _is_day(partition) and int(partition) < cutoff]
+            "WHERE database = %(db)s AND active ORDER BY table, partition",
+            {"db": database},
+        )
+        doomed = [
+            DroppedPartition(table, int(partition))
+            for table, partition in rows
+            if _is_day(partition) and int(partition) < cutoff
+        ]
         if not dry_run:
             for part in doomed:
                 _drop(client, database, part)

@@ -22,6 +22,33 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
+__all__ = [
+    "ARRIVALS_COUNT_SQL",
+    "ARRIVALS_SQL",
+    "ARRIVAL_COLUMNS",
+    "CACHE_COLUMNS",
+    "DURATION_RE",
+    "GRAFANA_REPLACEMENTS",
+    "LABELS",
+    "MAX_LIMIT",
+    "MAX_WINDOW",
+    "NAME_RE",
+    "QUERIES_DIR",
+    "Params",
+    "Query",
+    "adapter_view",
+    "count_arrivals",
+    "grafana_sql",
+    "load",
+    "merge_adapter_view",
+    "names",
+    "parse_duration",
+    "parse_limit",
+    "request_arrivals",
+    "run",
+    "window",
+]
+
 # The query pack is data of the dashboards folder (ops read it there), found as package data.
 QUERIES_DIR = Path(str(files("loraplane.dashboards") / "queries"))
 NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
@@ -69,8 +96,9 @@ def parse_duration(text: str) -> timedelta:
         raise ValueError(f"invalid duration {text[:40]!r}: use e.g. 15m, 1h, 7d")
     seconds = int(m["n"]) * _UNIT_SECONDS[m["unit"]]
     if seconds > MAX_WINDOW.total_seconds():
-        raise ValueError(f"duration {text.strip()!r} is longer than the longest window, "
-                         f"{MAX_WINDOW.days}d")
+        raise ValueError(
+            f"duration {text.strip()!r} is longer than the longest window, {MAX_WINDOW.days}d"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -84,8 +112,9 @@ def parse_limit(text: str) -> int:
 def window(since: str, now: datetime | None = None, **filters: Any) -> Params:
     """Params for "the last <since>" (e.g. ``1h``) up to now."""
     until = now or datetime.now(UTC)
-    return Params(since=until - parse_duration(since), until=until + timedelta(seconds=1),
-                  **filters)
+    return Params(
+        since=until - parse_duration(since), until=until + timedelta(seconds=1), **filters
+    )
 
 
 def load(name: str, directory: Path = QUERIES_DIR) -> Query:
@@ -127,29 +156,45 @@ def run(client: Client, name: str, params: Params) -> list[dict[str, Any]]:
 
 
 LABELS = ("base_model", "adapter_id", "adapter_version", "tenant_id")
-CACHE_COLUMNS = ("loads", "swap_p50_ms", "swap_p95_ms", "swap_p99_ms", "load_failures",
-                 "cold_load_fail_ratio", "kv_namespace_conflicts")
+CACHE_COLUMNS = (
+    "loads",
+    "swap_p50_ms",
+    "swap_p95_ms",
+    "swap_p99_ms",
+    "load_failures",
+    "cold_load_fail_ratio",
+    "kv_namespace_conflicts",
+)
 
 
-def merge_adapter_view(requests: list[dict[str, Any]], cache: list[dict[str, Any]],
-                       ) -> list[dict[str, Any]]:
+def merge_adapter_view(
+    requests: list[dict[str, Any]],
+    cache: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     """Pure: adapter_summary rows joined with cache_summary rows on the four labels; an
     adapter with cache events but no requests still appears (with zero requests)."""
     by_label = {tuple(r[k] for k in LABELS): dict(r) for r in requests}
     for row in cache:
         key = tuple(row[k] for k in LABELS)
-        target = by_label.setdefault(key, {**dict(zip(LABELS, key, strict=True)),
-                                           "requests": 0})
+        target = by_label.setdefault(key, {**dict(zip(LABELS, key, strict=True)), "requests": 0})
         target.update({k: row[k] for k in CACHE_COLUMNS})
-    return sorted(by_label.values(), key=lambda r: (-r.get("requests", 0), r["adapter_id"],
-                                                    r["adapter_version"], r["tenant_id"]))
+    return sorted(
+        by_label.values(),
+        key=lambda r: (
+            -r.get("requests", 0),
+            r["adapter_id"],
+            r["adapter_version"],
+            r["tenant_id"],
+        ),
+    )
 
 
 def adapter_view(client: Client, params: Params) -> list[dict[str, Any]]:
     """The per-adapter view of ``loraplane report``: requests, tiers and TTFT from
     adapter_summary, swaps, failures and kv conflicts from cache_summary."""
-    return merge_adapter_view(run(client, "adapter_summary", params),
-                              run(client, "cache_summary", params))
+    return merge_adapter_view(
+        run(client, "adapter_summary", params), run(client, "cache_summary", params)
+    )
 
 
 GRAFANA_REPLACEMENTS = (
@@ -177,14 +222,25 @@ def grafana_sql(name: str) -> str:
 # The replay's read (``loraplane simulate --from-clickhouse``): every request row of a window,
 # in arrival order, streamed. Plain SQL that Debian's 18.16 and current ClickHouse both run;
 # FINAL so that an event the sink delivered twice replays once.
-_ARRIVALS_WHERE = ("FROM request_log FINAL WHERE ts >= toDateTime(%(since)s) "
-                   "AND ts < toDateTime(%(until)s)")
-ARRIVALS_SQL = ("SELECT ts, base_model, adapter_id, adapter_version, tenant_id, worker_id, "
-                "request_class, prompt_tokens, output_tokens " + _ARRIVALS_WHERE
-                + " ORDER BY ts, event_id")
+_ARRIVALS_WHERE = (
+    "FROM request_log FINAL WHERE ts >= toDateTime(%(since)s) AND ts < toDateTime(%(until)s)"
+)
+ARRIVALS_SQL = (
+    "SELECT ts, base_model, adapter_id, adapter_version, tenant_id, worker_id, "
+    "request_class, prompt_tokens, output_tokens " + _ARRIVALS_WHERE + " ORDER BY ts, event_id"
+)
 ARRIVALS_COUNT_SQL = "SELECT count() " + _ARRIVALS_WHERE
-ARRIVAL_COLUMNS = ("ts", "base_model", "adapter_id", "adapter_version", "tenant_id",
-                   "worker_id", "request_class", "prompt_tokens", "output_tokens")
+ARRIVAL_COLUMNS = (
+    "ts",
+    "base_model",
+    "adapter_id",
+    "adapter_version",
+    "tenant_id",
+    "worker_id",
+    "request_class",
+    "prompt_tokens",
+    "output_tokens",
+)
 
 
 def count_arrivals(client: Client, params: Params) -> int:
@@ -196,5 +252,6 @@ def count_arrivals(client: Client, params: Params) -> int:
 def request_arrivals(client: Client, params: Params) -> Iterator[tuple[Any, ...]]:
     """The window's request rows (``ARRIVAL_COLUMNS``; ``ts`` a datetime, UTC), oldest first,
     streamed in blocks so a day of traffic is never one result in memory."""
-    yield from client.execute_iter(ARRIVALS_SQL, params.bound(),
-                                   settings={"max_block_size": 65_536})
+    yield from client.execute_iter(
+        ARRIVALS_SQL, params.bound(), settings={"max_block_size": 65_536}
+    )

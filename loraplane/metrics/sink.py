@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
+__all__ = ["COMPONENT", "DATA_ERROR_CODES", "Sink", "SinkConfig", "SinkStats", "column_encoders"]
+
 log = logging.getLogger("loraplane.metrics.sink")
 
 COMPONENT = "metrics-sink"
@@ -113,8 +115,9 @@ def _transient() -> tuple[type[BaseException], ...]:
 def _is_rejection(exc: BaseException) -> bool:
     if isinstance(exc, ch_errors.ServerException):
         return exc.code in DATA_ERROR_CODES
-    return isinstance(exc, ch_errors.TypeMismatchError | ValueError | OverflowError |
-                      TypeError | struct.error)
+    return isinstance(
+        exc, ch_errors.TypeMismatchError | ValueError | OverflowError | TypeError | struct.error
+    )
 
 
 def _position(msg: Message) -> tuple[str, int, int]:
@@ -131,7 +134,8 @@ def column_encoders(client: Client) -> dict[str, Encoders]:
     of the connected database."""
     types: dict[str, dict[str, str]] = {}
     for table, name, kind in client.execute(
-            "SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"):
+        "SELECT table, name, type FROM system.columns WHERE database = currentDatabase()"
+    ):
         types.setdefault(table, {})[name] = kind
     return {t.name: encoders_for(t, types.get(t.name, {})) for t in TABLES}
 
@@ -139,14 +143,17 @@ def column_encoders(client: Client) -> dict[str, Encoders]:
 class Sink:
     """One member of the metrics-sink consumer group. ``run`` blocks until ``stop`` is set."""
 
-    def __init__(self, settings: Settings, config: SinkConfig = SinkConfig(),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config: SinkConfig = SinkConfig(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.settings = settings
         self.config = config
         self.stats = SinkStats()
         self._sleep = sleep
-        self._tables: dict[str, Table] = {topic_name(settings, t.topic_suffix): t
-                                          for t in TABLES}
+        self._tables: dict[str, Table] = {topic_name(settings, t.topic_suffix): t for t in TABLES}
         self._dead_letter_topic = topic_name(settings, "dead-letters")
         self._client: Client | None = None
         self._encoders: dict[str, Encoders] = {}
@@ -158,11 +165,14 @@ class Sink:
         return self.config.group_id or f"{self.settings.topic_prefix}.metrics-sink"
 
     def _consumer(self) -> Consumer:
-        consumer = kafka.consumer(self.settings, self.group_id, client_id=COMPONENT,
-                                  session_timeout_ms=self.config.session_timeout_ms,
-                                  quiet=True)
-        consumer.subscribe(list(self._tables), on_assign=self._on_assign,
-                           on_revoke=self._on_revoke)
+        consumer = kafka.consumer(
+            self.settings,
+            self.group_id,
+            client_id=COMPONENT,
+            session_timeout_ms=self.config.session_timeout_ms,
+            quiet=True,
+        )
+        consumer.subscribe(list(self._tables), on_assign=self._on_assign, on_revoke=self._on_revoke)
         return consumer
 
     def _on_revoke(self, consumer: Consumer, partitions: list[Any]) -> None:
@@ -188,16 +198,21 @@ class Sink:
         opened = 0.0
         try:
             while not stop.is_set():
-                wait = self.config.max_wait_s if not pending else max(
-                    0.0, opened + self.config.max_wait_s - time.monotonic())
+                wait = (
+                    self.config.max_wait_s
+                    if not pending
+                    else max(0.0, opened + self.config.max_wait_s - time.monotonic())
+                )
                 if inflight is not None:
                     wait = min(wait, 0.05)  # look at the insert soon: commit it, or retry it
-                got = self._messages(consumer.consume(
-                    num_messages=self.config.batch_size - len(pending), timeout=min(wait, 0.5)))
+                got = self._messages(
+                    consumer.consume(
+                        num_messages=self.config.batch_size - len(pending), timeout=min(wait, 0.5)
+                    )
+                )
                 if self._revoked:
                     self._settle(inflight)
-                    self._rewind(consumer, (inflight.messages if inflight else []) +
-                                 pending + got)
+                    self._rewind(consumer, (inflight.messages if inflight else []) + pending + got)
                     inflight, pending, got = None, [], []
                 if got and not pending:
                     opened = time.monotonic()
@@ -222,9 +237,14 @@ class Sink:
                 self._client.disconnect()
         return self.stats
 
-    def _hand_over(self, consumer: Consumer, inflight: _InFlight | None,
-                   messages: list[Message], writer: ThreadPoolExecutor,
-                   stop: threading.Event) -> _InFlight | None:
+    def _hand_over(
+        self,
+        consumer: Consumer,
+        inflight: _InFlight | None,
+        messages: list[Message],
+        writer: ThreadPoolExecutor,
+        stop: threading.Event,
+    ) -> _InFlight | None:
         """Decode ``messages`` (while the previous batch is still being inserted), deliver
         the previous batch, then start inserting this one. None when the previous batch was
         not committed: this one is then dropped too and read again after it."""
@@ -303,15 +323,17 @@ class Sink:
                     batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
                     continue
                 except RowError as exc:
-                    batch.dead.append(dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range,
-                                                      str(exc)))
+                    batch.dead.append(
+                        dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range, str(exc))
+                    )
                     continue
             rows.rows.append(row)
             rows.messages.append(msg)
         return batch
 
-    def _deliver(self, consumer: Consumer, flight: _InFlight, stop: threading.Event,
-                 later: list[Message]) -> bool:
+    def _deliver(
+        self, consumer: Consumer, flight: _InFlight, stop: threading.Event, later: list[Message]
+    ) -> bool:
         """Finish the batch's insert (the writer's attempt, then retries here), commit it.
         On transient failure pause and retry the same batch. False when it was not committed
         (a rebalance, or ``stop`` during retries); after a rebalance it and ``later`` (the
@@ -340,8 +362,12 @@ class Sink:
                     self.stats.retries += 1
                     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     self.progress.blocked(f"batch of {len(messages)} not delivered: {why}")
-                    log.warning("batch of %d not delivered (%s); retrying in %.1fs",
-                                len(messages), why, delay)
+                    log.warning(
+                        "batch of %d not delivered (%s); retrying in %.1fs",
+                        len(messages),
+                        why,
+                        delay,
+                    )
                     if not paused:
                         paused = consumer.assignment()
                         consumer.pause(paused)
@@ -380,8 +406,11 @@ class Sink:
         deadline = time.monotonic() + seconds
         read: list[Message] = []
         while (left := deadline - time.monotonic()) > 0 and not self._revoked:
-            read += [msg for msg in consumer.consume(num_messages=100, timeout=min(left, 0.5))
-                     if msg.error() is None]
+            read += [
+                msg
+                for msg in consumer.consume(num_messages=100, timeout=min(left, 0.5))
+                if msg.error() is None
+            ]
         return read
 
     def _write(self, batch: _Batch) -> None:
@@ -391,21 +420,33 @@ class Sink:
             rows = batch.rows.get(table.name)
             if not rows:
                 continue
-            for msg, why in self._insert(client, table, encoders.get(table.name, {}),
-                                         rows.rows, rows.messages):
+            for msg, why in self._insert(
+                client, table, encoders.get(table.name, {}), rows.rows, rows.messages
+            ):
                 if msg.topic() == self._dead_letter_topic:
-                    log.error("dead letter %s:%d:%d rejected by ClickHouse: %s", msg.topic(),
-                              msg.partition(), msg.offset(), why)
+                    log.error(
+                        "dead letter %s:%d:%d rejected by ClickHouse: %s",
+                        msg.topic(),
+                        msg.partition(),
+                        msg.offset(),
+                        why,
+                    )
                 else:
-                    rejected.append(dead_letter_for(
-                        msg, COMPONENT, ConsumerFault.clickhouse_rejected, why))
+                    rejected.append(
+                        dead_letter_for(msg, COMPONENT, ConsumerFault.clickhouse_rejected, why)
+                    )
             self.stats.by_table[table.name] = self.stats.by_table.get(table.name, 0) + len(rows)
         self._send_dead_letters(batch.dead + rejected)
         self.stats.rows += sum(len(v) for v in batch.rows.values())
 
-    def _insert(self, client: Client, table: Table, encoders: Encoders,
-                rows: list[tuple[Any, ...]], messages: list[Message],
-                ) -> list[tuple[Message, str]]:
+    def _insert(
+        self,
+        client: Client,
+        table: Table,
+        encoders: Encoders,
+        rows: list[tuple[Any, ...]],
+        messages: list[Message],
+    ) -> list[tuple[Message, str]]:
         """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
         return their messages with the reason (everything else is inserted)."""
         try:
@@ -422,8 +463,9 @@ class Sink:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 return [(messages[0], f"{type(exc).__name__}: {first}")]
             mid = len(rows) // 2
-            return (self._insert(client, table, encoders, rows[:mid], messages[:mid]) +
-                    self._insert(client, table, encoders, rows[mid:], messages[mid:]))
+            return self._insert(client, table, encoders, rows[:mid], messages[:mid]) + self._insert(
+                client, table, encoders, rows[mid:], messages[mid:]
+            )
 
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
         """Produce the batch's dead letters before its offsets are committed. A broker that
@@ -447,30 +489,48 @@ class Sink:
                     failures.append(str(err))
                 else:
                     lost.append((letter, str(err)))
+
             return report
 
         for letter in letters:
             try:
-                p.produce(self._dead_letter_topic, key=letter.source_topic,
-                          value=encode(letter), on_delivery=on_delivery(letter))
+                p.produce(
+                    self._dead_letter_topic,
+                    key=letter.source_topic,
+                    value=encode(letter),
+                    on_delivery=on_delivery(letter),
+                )
             except KafkaException as exc:
                 lost.append((letter, str(exc)))
         if p.flush(20.0) > 0 or failures:
             raise DeliveryError(f"dead letters not acknowledged: {failures[:3] or 'timeout'}")
         for letter, why in lost:
-            log.error("dead letter of %s:%d:%d (%s) refused by the broker, lost: %s",
-                      letter.source_topic, letter.partition, letter.offset, letter.reason, why)
+            log.error(
+                "dead letter of %s:%d:%d (%s) refused by the broker, lost: %s",
+                letter.source_topic,
+                letter.partition,
+                letter.offset,
+                letter.reason,
+                why,
+            )
         self.stats.dead_letters_lost += len(lost)
         self.stats.dead_letters += len(letters) - len(lost)
         for letter in letters:
-            log.warning("dead-lettered %s:%d:%d (%s)", letter.source_topic, letter.partition,
-                        letter.offset, letter.reason)
+            log.warning(
+                "dead-lettered %s:%d:%d (%s)",
+                letter.source_topic,
+                letter.partition,
+                letter.offset,
+                letter.reason,
+            )
 
     def _commit(self, consumer: Consumer, batch: _Batch) -> None:
         from confluent_kafka import TopicPartition
 
-        consumer.commit(offsets=[TopicPartition(t, p, o + 1)
-                                 for (t, p), o in batch.offsets.items()], asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(t, p, o + 1) for (t, p), o in batch.offsets.items()],
+            asynchronous=False,
+        )
 
     def _connected(self) -> tuple[Client, dict[str, Encoders]]:
         """The client, and per table how its timestamp columns are written (read from the

@@ -27,6 +27,17 @@ from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.fast_decode import fast_request_log
 from loraplane.schemas.request_log import RequestLog
 
+__all__ = [
+    "TABLES",
+    "UINT64_MAX",
+    "Encoders",
+    "RowError",
+    "Table",
+    "columns_of",
+    "encoders_for",
+    "timestamp_encoder",
+]
+
 UINT64_MAX = 2**64 - 1
 
 
@@ -59,10 +70,26 @@ class Table:
 
 
 def _request_row(m: RequestLog) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.request_id, m.tenant_id, m.base_model, m.adapter_id,
-            m.adapter_version or "", m.lora_name or "", m.worker_id, m.request_class.value,
-            m.tier_at_arrival.value, m.ttft_ms, m.swap_ms, m.queue_ms, m.prompt_tokens,
-            m.output_tokens, m.status.value, m.error or "")
+    return (
+        m.event_id,
+        m.ts,
+        m.request_id,
+        m.tenant_id,
+        m.base_model,
+        m.adapter_id,
+        m.adapter_version or "",
+        m.lora_name or "",
+        m.worker_id,
+        m.request_class.value,
+        m.tier_at_arrival.value,
+        m.ttft_ms,
+        m.swap_ms,
+        m.queue_ms,
+        m.prompt_tokens,
+        m.output_tokens,
+        m.status.value,
+        m.error or "",
+    )
 
 
 def _fast_request_row(raw: bytes | None) -> tuple[Any, ...] | None:
@@ -70,59 +97,210 @@ def _fast_request_row(raw: bytes | None) -> tuple[Any, ...] | None:
     if got is None:
         return None
     m, ts = got
-    return (m.event_id, ts, m.request_id, m.tenant_id, m.base_model, m.adapter_id,
-            m.adapter_version or "", m.lora_name or "", m.worker_id, m.request_class._value_,
-            m.tier_at_arrival._value_, m.ttft_ms, m.swap_ms, m.queue_ms, m.prompt_tokens,
-            m.output_tokens, m.status._value_, m.error or "")
+    return (
+        m.event_id,
+        ts,
+        m.request_id,
+        m.tenant_id,
+        m.base_model,
+        m.adapter_id,
+        m.adapter_version or "",
+        m.lora_name or "",
+        m.worker_id,
+        m.request_class._value_,
+        m.tier_at_arrival._value_,
+        m.ttft_ms,
+        m.swap_ms,
+        m.queue_ms,
+        m.prompt_tokens,
+        m.output_tokens,
+        m.status._value_,
+        m.error or "",
+    )
 
 
 def _cache_row(m: CacheEvent) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.worker_id, m.base_model, m.tenant_id, m.adapter_id,
-            m.adapter_version, m.lora_name, m.kind.value, m.swap_ms, _uint64("bytes", m.bytes),
-            str(m.reason), m.detail, m.command_id or "")
+    return (
+        m.event_id,
+        m.ts,
+        m.worker_id,
+        m.base_model,
+        m.tenant_id,
+        m.adapter_id,
+        m.adapter_version,
+        m.lora_name,
+        m.kind.value,
+        m.swap_ms,
+        _uint64("bytes", m.bytes),
+        str(m.reason),
+        m.detail,
+        m.command_id or "",
+    )
 
 
 def _decision_row(m: CacheCommand) -> tuple[Any, ...]:
-    return (m.command_id, m.issued_at, m.deadline, m.worker_id, m.action.value, m.base_model,
-            m.tenant_id, m.adapter_id, m.version, m.sha256, m.lora_name, m.reason.rule.value,
-            m.reason.score, m.reason.detail, m.warmup_requests)
+    return (
+        m.command_id,
+        m.issued_at,
+        m.deadline,
+        m.worker_id,
+        m.action.value,
+        m.base_model,
+        m.tenant_id,
+        m.adapter_id,
+        m.version,
+        m.sha256,
+        m.lora_name,
+        m.reason.rule.value,
+        m.reason.score,
+        m.reason.detail,
+        m.warmup_requests,
+    )
 
 
 def _audit_row(m: AuditRecord) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.component, m.action, m.decision, str(m.reason),
-            m.subject_event_id or "", m.tenant_id or "", m.adapter_id or "", m.version or "",
-            m.actor, m.detail)
+    return (
+        m.event_id,
+        m.ts,
+        m.component,
+        m.action,
+        m.decision,
+        str(m.reason),
+        m.subject_event_id or "",
+        m.tenant_id or "",
+        m.adapter_id or "",
+        m.version or "",
+        m.actor,
+        m.detail,
+    )
 
 
 def _dead_letter_row(m: DeadLetter) -> tuple[Any, ...]:
-    return (m.event_id, m.ts, m.source_topic, m.partition, m.offset, m.component, m.reason.value,
-            m.detail, m.key_b64 or "", m.raw_b64)
+    return (
+        m.event_id,
+        m.ts,
+        m.source_topic,
+        m.partition,
+        m.offset,
+        m.component,
+        m.reason.value,
+        m.detail,
+        m.key_b64 or "",
+        m.raw_b64,
+    )
 
 
 TABLES: tuple[Table, ...] = (
-    Table("requests", "request_log", RequestLog,
-          ("event_id", "ts", "request_id", "tenant_id", "base_model", "adapter_id",
-           "adapter_version", "lora_name", "worker_id", "request_class", "tier", "ttft_ms",
-           "swap_ms", "queue_ms", "prompt_tokens", "output_tokens", "status", "error"),
-          _request_row, _fast_request_row),
-    Table("cache-events", "cache_events", CacheEvent,
-          ("event_id", "ts", "worker_id", "base_model", "tenant_id", "adapter_id",
-           "adapter_version", "lora_name", "kind", "swap_ms", "bytes", "reason", "detail",
-           "command_id"),
-          _cache_row),
-    Table("decisions", "decisions", CacheCommand,
-          ("command_id", "ts", "deadline", "worker_id", "action", "base_model", "tenant_id",
-           "adapter_id", "adapter_version", "sha256", "lora_name", "rule", "score", "detail",
-           "warmup_requests"),
-          _decision_row),
-    Table("audit", "lifecycle_audit", AuditRecord,
-          ("event_id", "ts", "component", "action", "decision", "reason", "subject_event_id",
-           "tenant_id", "adapter_id", "adapter_version", "actor", "detail"),
-          _audit_row),
-    Table("dead-letters", "dead_letters", DeadLetter,
-          ("event_id", "ts", "source_topic", "partition", "offset", "component", "reason",
-           "detail", "key_b64", "raw_b64"),
-          _dead_letter_row),
+    Table(
+        "requests",
+        "request_log",
+        RequestLog,
+        (
+            "event_id",
+            "ts",
+            "request_id",
+            "tenant_id",
+            "base_model",
+            "adapter_id",
+            "adapter_version",
+            "lora_name",
+            "worker_id",
+            "request_class",
+            "tier",
+            "ttft_ms",
+            "swap_ms",
+            "queue_ms",
+            "prompt_tokens",
+            "output_tokens",
+            "status",
+            "error",
+        ),
+        _request_row,
+        _fast_request_row,
+    ),
+    Table(
+        "cache-events",
+        "cache_events",
+        CacheEvent,
+        (
+            "event_id",
+            "ts",
+            "worker_id",
+            "base_model",
+            "tenant_id",
+            "adapter_id",
+            "adapter_version",
+            "lora_name",
+            "kind",
+            "swap_ms",
+            "bytes",
+            "reason",
+            "detail",
+            "command_id",
+        ),
+        _cache_row,
+    ),
+    Table(
+        "decisions",
+        "decisions",
+        CacheCommand,
+        (
+            "command_id",
+            "ts",
+            "deadline",
+            "worker_id",
+            "action",
+            "base_model",
+            "tenant_id",
+            "adapter_id",
+            "adapter_version",
+            "sha256",
+            "lora_name",
+            "rule",
+            "score",
+            "detail",
+            "warmup_requests",
+        ),
+        _decision_row,
+    ),
+    Table(
+        "audit",
+        "lifecycle_audit",
+        AuditRecord,
+        (
+            "event_id",
+            "ts",
+            "component",
+            "action",
+            "decision",
+            "reason",
+            "subject_event_id",
+            "tenant_id",
+            "adapter_id",
+            "adapter_version",
+            "actor",
+            "detail",
+        ),
+        _audit_row,
+    ),
+    Table(
+        "dead-letters",
+        "dead_letters",
+        DeadLetter,
+        (
+            "event_id",
+            "ts",
+            "source_topic",
+            "partition",
+            "offset",
+            "component",
+            "reason",
+            "detail",
+            "key_b64",
+            "raw_b64",
+        ),
+        _dead_letter_row,
+    ),
 )
 
 
@@ -138,20 +316,23 @@ def timestamp_encoder(column_type: str) -> Callable[[Any], Any] | None:
     if found is None:
         return None
     if found["scale"] is None:
+
         def seconds(value: Any) -> Any:
             if type(value) is datetime and value.tzinfo is not None:
                 return int(value.timestamp())
             return value
+
         return seconds
     scale = int(found["scale"])
     if scale > 6:  # beyond the driver's microseconds: leave it to the driver
         return None
-    units, per_unit = 10 ** scale, 10 ** (6 - scale)
+    units, per_unit = 10**scale, 10 ** (6 - scale)
 
     def scaled(value: Any) -> Any:
         if type(value) is datetime and value.tzinfo is not None:
             return int(value.timestamp()) * units + int(value.microsecond / per_unit)
         return value
+
     return scaled
 
 

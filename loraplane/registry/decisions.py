@@ -19,6 +19,8 @@ from loraplane.kernel.topics import topic_name
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.codec import SchemaError, decode
 
+__all__ = ["COMPONENT", "DecisionWatch"]
+
 COMPONENT = "registry"
 
 
@@ -39,8 +41,9 @@ class DecisionWatch:
         found: dict[str, AuditRecord] = {}
         if not wanted:
             return found
-        with closing(read_since(self.settings, self.topic, self.offsets,
-                                timeout_s=timeout_s)) as records:
+        with closing(
+            read_since(self.settings, self.topic, self.offsets, timeout_s=timeout_s)
+        ) as records:
             for record in records:
                 try:
                     audit = decode(AuditRecord, record.value)

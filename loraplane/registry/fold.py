@@ -40,6 +40,17 @@ from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
 from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
 
+__all__ = [
+    "CLOCK_SKEW",
+    "MAX_EVENT_LIFETIME",
+    "Accepted",
+    "AdapterState",
+    "Decision",
+    "Rejected",
+    "StateLookup",
+    "evaluate",
+]
+
 MAX_EVENT_LIFETIME = timedelta(days=7)
 """Bounds the replay set: an event id is remembered until its event expires."""
 CLOCK_SKEW = timedelta(minutes=5)
@@ -51,7 +62,8 @@ class AdapterState(StrictModel):
 
     view: AdapterView
     seen: dict[Identifier, Timestamp] = Field(
-        default_factory=dict, description="accepted event_id -> its expires_at")
+        default_factory=dict, description="accepted event_id -> its expires_at"
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +94,13 @@ class _Reject(Exception):
         self.reason, self.detail = reason, detail
 
 
-def evaluate(message: bytes | LifecycleEvent, keyring: Keyring | None, registry: StateLookup,
-             now: datetime, key: bytes | None = None) -> Decision:
+def evaluate(
+    message: bytes | LifecycleEvent,
+    keyring: Keyring | None,
+    registry: StateLookup,
+    now: datetime,
+    key: bytes | None = None,
+) -> Decision:
     """Decide one lifecycle message. Never raises for any input bytes.
 
     ``registry(adapter_id)`` returns the adapter's current state or None; ``key`` is the
@@ -96,8 +113,10 @@ def evaluate(message: bytes | LifecycleEvent, keyring: Keyring | None, registry:
         if event is None:
             event = _decode(raw)
         if key is not None and key != event.adapter_id.encode():
-            raise _Reject(Reason.key_mismatch,
-                          f"message key {key[:64]!r} is not adapter_id {event.adapter_id!r}")
+            raise _Reject(
+                Reason.key_mismatch,
+                f"message key {key[:64]!r} is not adapter_id {event.adapter_id!r}",
+            )
         _check_trust(event, keyring, now)
         state = registry(event.adapter_id)
         _check_fresh(event, state, now)
@@ -106,8 +125,11 @@ def evaluate(message: bytes | LifecycleEvent, keyring: Keyring | None, registry:
         return Rejected(r.reason, r.detail, _audit(raw, event, now, r.reason, r.detail), event)
     seen = {eid: exp for eid, exp in (state.seen if state else {}).items() if exp > now}
     seen[event.event_id] = event.expires_at
-    return Accepted(event, AdapterState(view=view, seen=seen),
-                    _audit(raw, event, now, None, f"active={view.active_version}"))
+    return Accepted(
+        event,
+        AdapterState(view=view, seen=seen),
+        _audit(raw, event, now, None, f"active={view.active_version}"),
+    )
 
 
 def _decode(raw: bytes) -> LifecycleEvent:
@@ -115,8 +137,10 @@ def _decode(raw: bytes) -> LifecycleEvent:
         return decode_signed(LifecycleEvent, raw)
     except SchemaError as exc:
         detail = "; ".join(f"{loc}: {msg}" for loc, msg in exc.errors)
-        if any(loc == "canary_percent" and ("greater than" in msg or "less than" in msg)
-               for loc, msg in exc.errors):
+        if any(
+            loc == "canary_percent" and ("greater than" in msg or "less than" in msg)
+            for loc, msg in exc.errors
+        ):
             raise _Reject(Reason.canary_percent_out_of_range, detail) from None
         raise _Reject(Reason(exc.reason), detail) from None
 
@@ -127,17 +151,20 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
         raise _Reject(Reason(entry.problem.value), entry.detail)
     assert keyring is not None  # signer refuses a missing keyring
     if not entry.scopes.allows_action(event.action):
-        raise _Reject(Reason.action_out_of_scope,
-                      f"key {entry.key_id} may not sign {event.action}")
+        raise _Reject(Reason.action_out_of_scope, f"key {entry.key_id} may not sign {event.action}")
     if not entry.scopes.allows_tenant(event.tenant_id):
-        raise _Reject(Reason.tenant_out_of_scope,
-                      f"key {entry.key_id} may not sign for tenant {event.tenant_id}")
+        raise _Reject(
+            Reason.tenant_out_of_scope,
+            f"key {entry.key_id} may not sign for tenant {event.tenant_id}",
+        )
     if event.record is not None:
         ceiling = keyring.max_priority(event.tenant_id)
         if priority_rank(event.record.priority) > priority_rank(ceiling):
-            raise _Reject(Reason.priority_above_ceiling,
-                          f"tenant {event.tenant_id} may publish at most {ceiling}, not "
-                          f"{event.record.priority}")
+            raise _Reject(
+                Reason.priority_above_ceiling,
+                f"tenant {event.tenant_id} may publish at most {ceiling}, not "
+                f"{event.record.priority}",
+            )
 
 
 def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetime) -> None:
@@ -146,26 +173,32 @@ def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetim
     if event.issued_at > now + CLOCK_SKEW:
         raise _Reject(Reason.event_from_future, f"issued_at {event.issued_at} is ahead of now")
     if event.expires_at - event.issued_at > MAX_EVENT_LIFETIME:
-        raise _Reject(Reason.event_lifetime_too_long,
-                      f"lifetime over {MAX_EVENT_LIFETIME.days} days")
+        raise _Reject(
+            Reason.event_lifetime_too_long, f"lifetime over {MAX_EVENT_LIFETIME.days} days"
+        )
     ceiling = seq_at(now + CLOCK_SKEW)
     if event.seq > ceiling:
-        raise _Reject(Reason.seq_from_future,
-                      f"seq {event.seq} > {ceiling}, microseconds since the epoch of now + "
-                      f"{CLOCK_SKEW.seconds // 60} min")
+        raise _Reject(
+            Reason.seq_from_future,
+            f"seq {event.seq} > {ceiling}, microseconds since the epoch of now + "
+            f"{CLOCK_SKEW.seconds // 60} min",
+        )
     if state is None:
         return
     if event.event_id in state.seen:
         raise _Reject(Reason.replayed_event_id, f"event_id {event.event_id} was already accepted")
     if event.seq <= state.view.last_seq and event.action is not LifecycleAction.revoke:
-        raise _Reject(Reason.stale_seq,
-                      f"seq {event.seq} <= last accepted {state.view.last_seq}")
+        raise _Reject(Reason.stale_seq, f"seq {event.seq} <= last accepted {state.view.last_seq}")
     if event.tenant_id != state.view.tenant_id:
-        raise _Reject(Reason.tenant_mismatch,
-                      f"adapter belongs to tenant {state.view.tenant_id}, not {event.tenant_id}")
+        raise _Reject(
+            Reason.tenant_mismatch,
+            f"adapter belongs to tenant {state.view.tenant_id}, not {event.tenant_id}",
+        )
     if event.base_model != state.view.base_model:
-        raise _Reject(Reason.base_model_mismatch,
-                      f"adapter is for {state.view.base_model}, not {event.base_model}")
+        raise _Reject(
+            Reason.base_model_mismatch,
+            f"adapter is for {state.view.base_model}, not {event.base_model}",
+        )
 
 
 def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> AdapterView:
@@ -174,53 +207,74 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
         records = _publish(event, view)
     else:
         if view is None:
-            raise _Reject(Reason.unknown_version,
-                          f"adapter {event.adapter_id} has no published version")
+            raise _Reject(
+                Reason.unknown_version, f"adapter {event.adapter_id} has no published version"
+            )
         records = {r.version: r for r in view.versions}
         current = _known(view, event.version, Reason.unknown_version)
         _TRANSITIONS[event.action](event, view, current, records)
     evidence = [*(view.evidence if view else []), event]
     if len(evidence) > MAX_EVIDENCE:
-        raise _Reject(Reason.history_full,
-                      f"adapter {event.adapter_id} already has {MAX_EVIDENCE} accepted events")
+        raise _Reject(
+            Reason.history_full,
+            f"adapter {event.adapter_id} already has {MAX_EVIDENCE} accepted events",
+        )
     versions = sorted(records.values(), key=lambda r: version_key(r.version))
     active = next((r.version for r in versions if r.status is AdapterStatus.active), None)
     served = list(view.served_versions) if view else []
     for r in versions:
         serving = r.status is AdapterStatus.active or (
-            r.status is AdapterStatus.canary and r.release.canary_percent > 0)
+            r.status is AdapterStatus.canary and r.release.canary_percent > 0
+        )
         if serving and r.version not in served:
             served.append(r.version)
-    return AdapterView(adapter_id=event.adapter_id, tenant_id=event.tenant_id,
-                       base_model=event.base_model, active_version=active, versions=versions,
-                       last_seq=max(event.seq, view.last_seq if view else 0),
-                       last_event_id=event.event_id, updated_at=now,
-                       served_versions=sorted(served, key=version_key), evidence=evidence)
+    return AdapterView(
+        adapter_id=event.adapter_id,
+        tenant_id=event.tenant_id,
+        base_model=event.base_model,
+        active_version=active,
+        versions=versions,
+        last_seq=max(event.seq, view.last_seq if view else 0),
+        last_event_id=event.event_id,
+        updated_at=now,
+        served_versions=sorted(served, key=version_key),
+        evidence=evidence,
+    )
 
 
 def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, AdapterRecord]:
     record = event.record
     assert record is not None  # the model guarantees it for publish
     if record.status is not AdapterStatus.published or record.release != Release():
-        raise _Reject(Reason.invalid, "record.status must be 'published' and record.release "
-                                      "empty: canary and promote are their own events")
+        raise _Reject(
+            Reason.invalid,
+            "record.status must be 'published' and record.release "
+            "empty: canary and promote are their own events",
+        )
     problem = artifact_uri_problem(record)
     if problem:
         raise _Reject(Reason.artifact_outside_prefix, problem)
     records = {r.version: r for r in view.versions} if view else {}
     same = view.version(event.version) if view else None
     if same is not None:
-        raise _Reject(Reason.version_not_newer,
-                      f"{event.version} was already published ({same.status}); a version "
-                      f"number is never reused")
+        raise _Reject(
+            Reason.version_not_newer,
+            f"{event.version} was already published ({same.status}); a version "
+            f"number is never reused",
+        )
     # Revoked versions do not count: a huge version published with a stolen key is undone
     # by revoking it, and the tenant publishes on from its newest unrevoked version.
-    newest = max((r for r in records.values() if r.status is not AdapterStatus.revoked),
-                 key=lambda r: version_key(r.version), default=None)
+    newest = max(
+        (r for r in records.values() if r.status is not AdapterStatus.revoked),
+        key=lambda r: version_key(r.version),
+        default=None,
+    )
     if newest is not None and version_key(event.version) <= version_key(newest.version):
-        raise _Reject(Reason.version_not_newer,
-                      f"{event.version} is not newer than {newest.version}; going back is "
-                      f"only the explicit rollback action")
+        raise _Reject(
+            Reason.version_not_newer,
+            f"{event.version} is not newer than {newest.version}; going back is "
+            f"only the explicit rollback action",
+        )
     records[record.version] = record
     return records
 
@@ -234,66 +288,108 @@ def _known(view: AdapterView, version: str, unknown: Reason) -> AdapterRecord:
     return record
 
 
-def _set(records: dict[str, AdapterRecord], record: AdapterRecord, status: AdapterStatus,
-         canary_percent: float = 0.0, rollback_to: str | None = None) -> None:
-    records[record.version] = record.model_copy(update={
-        "status": status,
-        "release": Release(canary_percent=canary_percent, rollback_to=rollback_to)})
+def _set(
+    records: dict[str, AdapterRecord],
+    record: AdapterRecord,
+    status: AdapterStatus,
+    canary_percent: float = 0.0,
+    rollback_to: str | None = None,
+) -> None:
+    records[record.version] = record.model_copy(
+        update={
+            "status": status,
+            "release": Release(canary_percent=canary_percent, rollback_to=rollback_to),
+        }
+    )
 
 
 def _refuse_status(record: AdapterRecord, *bad: AdapterStatus, hint: str = "") -> None:
     if record.status in bad:
-        raise _Reject(Reason.invalid_transition,
-                      f"version {record.version} is {record.status}{hint}")
+        raise _Reject(
+            Reason.invalid_transition, f"version {record.version} is {record.status}{hint}"
+        )
 
 
-def _canary(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
-            records: dict[str, AdapterRecord]) -> None:
-    _refuse_status(current, AdapterStatus.active, AdapterStatus.retired,
-                   hint="; canary applies to published or canary versions")
+def _canary(
+    event: LifecycleEvent,
+    view: AdapterView,
+    current: AdapterRecord,
+    records: dict[str, AdapterRecord],
+) -> None:
+    _refuse_status(
+        current,
+        AdapterStatus.active,
+        AdapterStatus.retired,
+        hint="; canary applies to published or canary versions",
+    )
     _set(records, current, AdapterStatus.canary, event.canary_percent or 0.0)
 
 
-def _promote(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
-             records: dict[str, AdapterRecord]) -> None:
-    _refuse_status(current, AdapterStatus.active, AdapterStatus.retired,
-                   hint="; use rollback to re-activate a retired version")
+def _promote(
+    event: LifecycleEvent,
+    view: AdapterView,
+    current: AdapterRecord,
+    records: dict[str, AdapterRecord],
+) -> None:
+    _refuse_status(
+        current,
+        AdapterStatus.active,
+        AdapterStatus.retired,
+        hint="; use rollback to re-activate a retired version",
+    )
     previous = view.active
     if previous is not None:
         _set(records, previous, AdapterStatus.retired, rollback_to=previous.release.rollback_to)
-    _set(records, current, AdapterStatus.active,
-         rollback_to=previous.version if previous else None)
+    _set(records, current, AdapterStatus.active, rollback_to=previous.version if previous else None)
 
 
-def _rollback(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
-              records: dict[str, AdapterRecord]) -> None:
+def _rollback(
+    event: LifecycleEvent,
+    view: AdapterView,
+    current: AdapterRecord,
+    records: dict[str, AdapterRecord],
+) -> None:
     if current.status is not AdapterStatus.active:
-        raise _Reject(Reason.invalid_transition,
-                      f"version {current.version} is {current.status}, not active; rollback "
-                      f"applies to the active version (retire a canary instead)")
+        raise _Reject(
+            Reason.invalid_transition,
+            f"version {current.version} is {current.status}, not active; rollback "
+            f"applies to the active version (retire a canary instead)",
+        )
     wanted = event.rollback_to or current.release.rollback_to
     if wanted is None:
-        raise _Reject(Reason.rollback_to_unknown,
-                      f"{current.version} has no previous version; name one in rollback_to")
+        raise _Reject(
+            Reason.rollback_to_unknown,
+            f"{current.version} has no previous version; name one in rollback_to",
+        )
     target = _known(view, wanted, Reason.rollback_to_unknown)
     if target.version == current.version:
         raise _Reject(Reason.invalid_transition, "rollback_to is the active version")
     if not view.has_served(target.version):
-        raise _Reject(Reason.rollback_to_never_served,
-                      f"version {target.version} never served (never active, never a canary "
-                      f"with traffic); releasing it is promote, not rollback")
+        raise _Reject(
+            Reason.rollback_to_never_served,
+            f"version {target.version} never served (never active, never a canary "
+            f"with traffic); releasing it is promote, not rollback",
+        )
     _set(records, current, AdapterStatus.retired, rollback_to=current.release.rollback_to)
     _set(records, target, AdapterStatus.active, rollback_to=target.release.rollback_to)
 
 
-def _retire(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
-            records: dict[str, AdapterRecord]) -> None:
+def _retire(
+    event: LifecycleEvent,
+    view: AdapterView,
+    current: AdapterRecord,
+    records: dict[str, AdapterRecord],
+) -> None:
     _refuse_status(current, AdapterStatus.retired)
     _set(records, current, AdapterStatus.retired, rollback_to=current.release.rollback_to)
 
 
-def _revoke(event: LifecycleEvent, view: AdapterView, current: AdapterRecord,
-            records: dict[str, AdapterRecord]) -> None:
+def _revoke(
+    event: LifecycleEvent,
+    view: AdapterView,
+    current: AdapterRecord,
+    records: dict[str, AdapterRecord],
+) -> None:
     _set(records, current, AdapterStatus.revoked)
 
 
@@ -306,14 +402,16 @@ _TRANSITIONS = {
 }
 
 
-def _audit(raw: bytes, event: LifecycleEvent | None, now: datetime, reason: Reason | None,
-           detail: str) -> AuditRecord:
+def _audit(
+    raw: bytes, event: LifecycleEvent | None, now: datetime, reason: Reason | None, detail: str
+) -> AuditRecord:
     """The audit record of one decision. Its id derives from the bytes and the outcome, so
     deciding the same message the same way twice yields one id readers can deduplicate."""
     outcome = str(reason or "accepted").encode()
     return AuditRecord(
         event_id=f"registry-{hashlib.sha256(outcome + b'|' + raw).hexdigest()[:40]}",
-        ts=now, component="registry",
+        ts=now,
+        component="registry",
         action=str(event.action) if event else "unknown",
         decision="rejected" if reason else "accepted",
         reason=reason or NO_REASON,
@@ -322,4 +420,5 @@ def _audit(raw: bytes, event: LifecycleEvent | None, now: datetime, reason: Reas
         adapter_id=event.adapter_id if event else None,
         version=event.version if event else None,
         actor=event.publisher if event else "",
-        detail=detail[:2048])
+        detail=detail[:2048],
+    )

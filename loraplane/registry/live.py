@@ -42,6 +42,8 @@ from loraplane.schemas.registry import AdapterView, signed_views_json, views_fro
 if TYPE_CHECKING:
     from loraplane.registry.topic import RegistryScope
 
+__all__ = ["CHECKPOINTS_FILE", "EventSink", "VerifiedRegistry", "newer"]
+
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
 
@@ -52,8 +54,7 @@ class EventSink(Protocol):
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
 
 
-def newer(incoming: AdapterView | Checkpoint,
-          current: AdapterView | Checkpoint | None) -> bool:
+def newer(incoming: AdapterView | Checkpoint, current: AdapterView | Checkpoint | None) -> bool:
     """Whether ``incoming`` replaces ``current`` for its adapter (a view, or its
     checkpoint): the view's own order, its highest accepted seq and then how many signed
     events it carries (a revoke may land below ``last_seq`` but always adds an event).
@@ -81,21 +82,32 @@ def _held(view: AdapterView, raw: bytes) -> _Verdict:
     """The verdict of a verified ``view``: kept without its decoded evidence (most of a
     decoded view's memory), beside its canonical bytes: ``raw`` itself when it is them."""
     canonical = encode(view)
-    return _Verdict(view.model_copy(update={"evidence": []}), None,
-                    raw if raw == canonical else canonical, Checkpoint.from_view(view))
+    return _Verdict(
+        view.model_copy(update={"evidence": []}),
+        None,
+        raw if raw == canonical else canonical,
+        Checkpoint.from_view(view),
+    )
 
 
 class VerifiedRegistry:
     """``records()`` is the worker agent's ``registry_loader``."""
 
-    def __init__(self, keyring: KeyringFile, read: Callable[[], Iterable[Record]], *,
-                 sink: EventSink, component: str, checkpoints_path: Path | None = None,
-                 views_path: Path | None = None,
-                 on_refused: Callable[[ViewReason], None] | None = None,
-                 on_read_failed: Callable[[], None] | None = None,
-                 clock: Callable[[], datetime] = now_utc,
-                 version: Callable[[], int] | None = None,
-                 scope: RegistryScope | None = None) -> None:
+    def __init__(
+        self,
+        keyring: KeyringFile,
+        read: Callable[[], Iterable[Record]],
+        *,
+        sink: EventSink,
+        component: str,
+        checkpoints_path: Path | None = None,
+        views_path: Path | None = None,
+        on_refused: Callable[[ViewReason], None] | None = None,
+        on_read_failed: Callable[[], None] | None = None,
+        clock: Callable[[], datetime] = now_utc,
+        version: Callable[[], int] | None = None,
+        scope: RegistryScope | None = None,
+    ) -> None:
         """``version``: the source's change counter (``TopicTail.version``); with it a
         refresh reads only after a change (or a new keyring), without it every time.
         ``scope``: the source tail's (``registry.topic.RegistryScope``), told which
@@ -113,8 +125,7 @@ class VerifiedRegistry:
         self._on_refused = on_refused or (lambda _r: None)
         self._on_read_failed = on_read_failed or (lambda: None)
         self._clock = clock
-        self._serves: Callable[[str], bool] = (lambda _b: True) if scope is None else (
-            scope.serves)
+        self._serves: Callable[[str], bool] = (lambda _b: True) if scope is None else (scope.serves)
         self.checkpoints: dict[str, Checkpoint] = self._load_checkpoints()
         self._checkpoints_dirty = False
         self._cache: dict[tuple[int, int], _Verdict] = {}
@@ -140,8 +151,12 @@ class VerifiedRegistry:
         except Exception as exc:  # KafkaException, TopicReadIncomplete, OSError, ...
             self.read_failures += 1
             self._on_read_failed()
-            log.warning("registry read failed (%d so far); serving the %d views accepted "
-                        "before: %s", self.read_failures, len(self.accepted), exc)
+            log.warning(
+                "registry read failed (%d so far); serving the %d views accepted before: %s",
+                self.read_failures,
+                len(self.accepted),
+                exc,
+            )
         return [r for view in self.accepted.values() for r in view.versions]
 
     def refresh(self) -> None:
@@ -179,9 +194,11 @@ class VerifiedRegistry:
         if keyring is self._cache_keyring:
             return False
         self._cache, self._cache_keyring = {}, keyring
-        withdrawn = [aid for aid in self.accepted
-                     if self._verify(decode(AdapterView, self.signed[aid]), keyring, None)
-                     is not None]
+        withdrawn = [
+            aid
+            for aid in self.accepted
+            if self._verify(decode(AdapterView, self.signed[aid]), keyring, None) is not None
+        ]
         for aid in withdrawn:
             del self.accepted[aid], self.signed[aid]
         return bool(withdrawn)
@@ -200,8 +217,11 @@ class VerifiedRegistry:
         if verdict.refused is not None:
             self._report(record, verdict.refused)
             return False
-        if (verdict.view is None or verdict.checkpoint is None
-                or not self._serves(verdict.view.base_model)):
+        if (
+            verdict.view is None
+            or verdict.checkpoint is None
+            or not self._serves(verdict.view.base_model)
+        ):
             return False  # a genuine view of another base model: not this consumer's
         aid = verdict.view.adapter_id
         held = self.checkpoints.get(aid) if aid in self.accepted else None
@@ -226,16 +246,21 @@ class VerifiedRegistry:
         except SchemaError as exc:
             return _Verdict(None, ViewRefused(ViewReason.malformed, str(exc)[:2048]))
         if (record.key or b"") != view.adapter_id.encode():
-            return _Verdict(None, ViewRefused(
-                ViewReason.malformed,
-                f"message key {(record.key or b'')[:64]!r} is not adapter_id {view.adapter_id}"))
+            return _Verdict(
+                None,
+                ViewRefused(
+                    ViewReason.malformed,
+                    f"message key {(record.key or b'')[:64]!r} is not adapter_id {view.adapter_id}",
+                ),
+            )
         verdict = self._verify(view, keyring, self.checkpoints.get(view.adapter_id))
         if isinstance(verdict, ViewRefused):
             return _Verdict(None, verdict)
         return _held(view, record.value or b"")
 
-    def _verify(self, view: AdapterView, keyring: Keyring | None,
-                previous: Checkpoint | None) -> ViewRefused | None:
+    def _verify(
+        self, view: AdapterView, keyring: Keyring | None, previous: Checkpoint | None
+    ) -> ViewRefused | None:
         verdict = verify_view(view, keyring, self._clock(), previous)
         return verdict if isinstance(verdict, ViewRefused) else None
 
@@ -255,11 +280,24 @@ class VerifiedRegistry:
         self._reported.add(where)
         self.refused += 1
         self._on_refused(refused.reason)
-        log.warning("registry record %s@%s refused: %s: %s", record.partition, record.offset,
-                    refused.reason, refused.detail)
-        letter = dead_letter_at(record.topic, record.partition, record.offset, record.key,
-                                record.value or b"", record.timestamp_ms / 1000,
-                                self._component, refused.reason, refused.detail)
+        log.warning(
+            "registry record %s@%s refused: %s: %s",
+            record.partition,
+            record.offset,
+            refused.reason,
+            refused.detail,
+        )
+        letter = dead_letter_at(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            record.value or b"",
+            record.timestamp_ms / 1000,
+            self._component,
+            refused.reason,
+            refused.detail,
+        )
         self._sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"), letter)
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -268,21 +306,28 @@ class VerifiedRegistry:
             return {}
         try:
             raw = json.loads(self._path.read_text())
-            return {aid: Checkpoint(aid, int(c["last_seq"]), tuple(map(str, c["event_ids"])))
-                    for aid, c in raw.items()}
+            return {
+                aid: Checkpoint(aid, int(c["last_seq"]), tuple(map(str, c["event_ids"])))
+                for aid, c in raw.items()
+            }
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             # Unreadable: start from nothing rather than refuse everything forever.
-            log.error("registry checkpoints %s unreadable (%s); starting without", self._path,
-                      exc)
+            log.error("registry checkpoints %s unreadable (%s); starting without", self._path, exc)
             return {}
 
     def _save_checkpoints(self) -> None:
         self._checkpoints_dirty = False
         if self._path is None:
             return
-        write_atomic(self._path, json.dumps(
-            {aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
-             for aid, c in sorted(self.checkpoints.items())}))
+        write_atomic(
+            self._path,
+            json.dumps(
+                {
+                    aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
+                    for aid, c in sorted(self.checkpoints.items())
+                }
+            ),
+        )
 
     # ---- the last verified views ------------------------------------------------------------
     def _save_views(self) -> None:
@@ -303,8 +348,11 @@ class VerifiedRegistry:
         try:
             saved = views_from_json(self._views_path.read_bytes())
         except (OSError, ValueError) as exc:
-            log.error("registry views %s unreadable (%s); starting without", self._views_path,
-                      str(exc)[:200])
+            log.error(
+                "registry views %s unreadable (%s); starting without",
+                self._views_path,
+                str(exc)[:200],
+            )
             return {}
         keyring = self._keyring()
         views: dict[str, AdapterView] = {}
@@ -313,8 +361,12 @@ class VerifiedRegistry:
                 continue
             refused = self._verify(view, keyring, self.checkpoints.get(aid))
             if refused is not None:
-                log.warning("saved registry view of %s not used: %s: %s", aid, refused.reason,
-                            refused.detail[:200])
+                log.warning(
+                    "saved registry view of %s not used: %s: %s",
+                    aid,
+                    refused.reason,
+                    refused.detail[:200],
+                )
                 continue
             held = _held(view, b"")
             assert held.view is not None and held.checkpoint is not None
@@ -323,6 +375,9 @@ class VerifiedRegistry:
             if self.checkpoints.get(aid) != held.checkpoint:
                 self.checkpoints[aid] = held.checkpoint
                 self._checkpoints_dirty = True
-        log.info("registry: %d of %d saved views verified, serving them until Kafka answers",
-                 len(views), len(saved))
+        log.info(
+            "registry: %d of %d saved views verified, serving them until Kafka answers",
+            len(views),
+            len(saved),
+        )
         return views

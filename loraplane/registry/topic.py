@@ -25,6 +25,17 @@ from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.registry import AdapterView
 
+__all__ = [
+    "BASE_MODEL_HEADER",
+    "PREFETCH_KBYTES",
+    "RegistryScope",
+    "base_model_of",
+    "latest_registry_records",
+    "load_registry",
+    "registry_tail",
+    "view_headers",
+]
+
 log = logging.getLogger(__name__)
 BASE_MODEL_HEADER = "base_model"
 # What a registry tail's consumer fetches ahead of its reader. librdkafka's 64 MB default
@@ -69,8 +80,9 @@ class RegistryScope:
     record of an adapter it holds a view of (``held_by``: its ``VerifiedRegistry``)."""
 
     def __init__(self, base_models: Iterable[str] | None = None) -> None:
-        self.base_models = None if base_models is None else frozenset(
-            b.encode() for b in base_models)
+        self.base_models = (
+            None if base_models is None else frozenset(b.encode() for b in base_models)
+        )
         self._holds: Callable[[str], bool] = _holds_nothing
 
     def held_by(self, holds: Callable[[str], bool]) -> None:
@@ -94,15 +106,17 @@ class RegistryScope:
         return named is None or named in self.base_models
 
 
-def load_registry(settings: Settings, timeout_s: float = 10.0,
-                  to_end: bool = False) -> dict[str, AdapterView]:
+def load_registry(
+    settings: Settings, timeout_s: float = 10.0, to_end: bool = False
+) -> dict[str, AdapterView]:
     """adapter_id -> its current view. Undecodable records are logged and skipped.
     Every read waits for the end of every partition (``read_topic``); ``to_end`` also
     ends it there at once, without the idle wait, and raises ``TopicReadIncomplete`` when
     the end is not reached in ``timeout_s`` instead of returning what was read."""
     views: dict[str, AdapterView] = {}
-    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
-                             to_end=to_end):
+    for record in read_topic(
+        settings, topic_name(settings, "registry"), timeout_s=timeout_s, to_end=to_end
+    ):
         key = (record.key or b"").decode("utf-8", "replace")
         if record.value is None:
             views.pop(key, None)
@@ -110,8 +124,9 @@ def load_registry(settings: Settings, timeout_s: float = 10.0,
         try:
             view = decode(AdapterView, record.value)
         except SchemaError as exc:
-            log.warning("registry record at %s@%s skipped: %s", record.partition,
-                        record.offset, exc)
+            log.warning(
+                "registry record at %s@%s skipped: %s", record.partition, record.offset, exc
+            )
             continue
         views[view.adapter_id] = view
     return views
@@ -125,21 +140,27 @@ def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list
     read reached the end of every partition: a broker that is away never reads as an empty
     registry."""
     latest: dict[bytes, Record] = {}
-    for record in read_topic(settings, topic_name(settings, "registry"), timeout_s=timeout_s,
-                             to_end=True):
+    for record in read_topic(
+        settings, topic_name(settings, "registry"), timeout_s=timeout_s, to_end=True
+    ):
         latest[record.key or b""] = record
     return list(latest.values())
 
 
-def registry_tail(settings: Settings, component: str, scope: RegistryScope | None = None,
-                  *, start: bool = True) -> TopicTail:
+def registry_tail(
+    settings: Settings, component: str, scope: RegistryScope | None = None, *, start: bool = True
+) -> TopicTail:
     """A live tail of the registry topic (``kernel.topic_tail``): the worker's and the
     router's registry, current within the broker's delivery instead of a re-read. With a
     ``scope`` of some base models it keeps only theirs; ``start=False`` leaves starting it
     to the caller, once the ``VerifiedRegistry`` given the same scope exists (it then knows
     the adapters held from before a restart)."""
     select = None if scope is None or scope.base_models is None else scope.keeps
-    tail = TopicTail(settings, topic_name(settings, "registry"),
-                     component=f"{component}-registry", select=select,
-                     prefetch_kbytes=PREFETCH_KBYTES)
+    tail = TopicTail(
+        settings,
+        topic_name(settings, "registry"),
+        component=f"{component}-registry",
+        select=select,
+        prefetch_kbytes=PREFETCH_KBYTES,
+    )
     return tail.start() if start else tail

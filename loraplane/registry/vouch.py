@@ -23,6 +23,8 @@ from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.reasons import ResolverRefusal
 from loraplane.schemas.registry import AdapterView
 
+__all__ = ["WITHDRAWN", "Unvouched", "vouched_record"]
+
 WITHDRAWN = (AdapterStatus.retired, AdapterStatus.revoked)
 
 
@@ -32,8 +34,9 @@ class Unvouched:
     detail: str
 
 
-def vouched_record(lora_name: str, views: Mapping[str, AdapterView], keyring: Keyring | None,
-                   now: datetime) -> AdapterRecord | Unvouched:
+def vouched_record(
+    lora_name: str, views: Mapping[str, AdapterView], keyring: Keyring | None, now: datetime
+) -> AdapterRecord | Unvouched:
     """The signed record of ``lora_name`` (``{adapter_id}@{version}-{sha8}``), or why none."""
     adapter_id = lora_name.partition("@")[0]
     view = views.get(adapter_id)
@@ -41,12 +44,14 @@ def vouched_record(lora_name: str, views: Mapping[str, AdapterView], keyring: Ke
         return Unvouched(ResolverRefusal.unvouched, f"no saved registry view of {adapter_id}")
     verdict = verify_view(view, keyring, now)
     if isinstance(verdict, ViewRefused):
-        return Unvouched(ResolverRefusal.unvouched,
-                         f"the view of {adapter_id}: {verdict.reason.value}")
+        return Unvouched(
+            ResolverRefusal.unvouched, f"the view of {adapter_id}: {verdict.reason.value}"
+        )
     record = next((r for r in view.versions if r.lora_name == lora_name), None)
     if record is None:
-        return Unvouched(ResolverRefusal.unvouched,
-                         f"the verified view of {adapter_id} names no {lora_name}")
+        return Unvouched(
+            ResolverRefusal.unvouched, f"the verified view of {adapter_id} names no {lora_name}"
+        )
     if record.status in WITHDRAWN:
         return Unvouched(ResolverRefusal.withdrawn, f"{lora_name} is {record.status.value}")
     return record

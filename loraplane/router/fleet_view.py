@@ -21,6 +21,8 @@ from loraplane.kernel.heartbeat import heard_lately
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
+__all__ = ["BaseModelRow", "FleetView", "WorkerRow", "fleet_view"]
+
 
 @dataclass(frozen=True)
 class WorkerRow:
@@ -63,8 +65,12 @@ class FleetView:
         return {"base_models": [asdict(b) for b in self.base_models]}
 
 
-def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
-               routers: Iterable[RouterState] = ()) -> FleetView:
+def fleet_view(
+    states: Iterable[WorkerState],
+    now: float,
+    heartbeat_s: float,
+    routers: Iterable[RouterState] = (),
+) -> FleetView:
     """The view of the latest ``states`` (one per worker) and ``routers`` (one per router)
     at epoch seconds ``now``; a silent router's queues do not count."""
     live_routers = [r for r in routers if heard_lately(r, now, heartbeat_s)]
@@ -86,24 +92,39 @@ def fleet_view(states: Iterable[WorkerState], now: float, heartbeat_s: float,
             gpu = [a for a in s.adapters if a.tier == "gpu"]
             if live:
                 replicas.update(a.lora_name for a in gpu)
-            workers.append(WorkerRow(
-                worker_id=s.worker_id, live=live, heartbeat_age_s=round(age, 3),
-                gpu_slots_used=len(gpu), gpu_slots_free=max(0, s.gpu_slots_total - len(gpu)),
-                gpu_versions=len(gpu), host_versions=len(s.adapters) - len(gpu),
-                protected=sum(1 for a in gpu if a.protected),
-                in_flight=sum(a.in_flight for a in s.adapters),
-                cold_loads_last_minute=s.cold_loads_last_minute, hbm_usage=s.hbm_usage,
-                cold_load_budget=s.cold_load_budget, load_stall=s.load_stall,
-                gpu_loras=tuple(sorted(a.lora_name for a in gpu)),
-                host_loras=tuple(sorted(a.lora_name for a in s.adapters if a.tier != "gpu"))))
-        rows.append(BaseModelRow(
-            base_model=base, workers=tuple(workers),
-            live_workers=sum(1 for w in workers if w.live),
-            gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
-            replicas=dict(sorted(replicas.items())),
-            in_flight=sum(w.in_flight for w in workers if w.live),
-            queue_depth=sum(queued.get(base, {}).values()) if live_routers else None,
-            queued_by_band=dict(sorted(queued.get(base, Counter()).items()))
-            if live_routers else None,
-            routers=len(live_routers), router_in_flight=in_flight.get(base, 0)))
+            workers.append(
+                WorkerRow(
+                    worker_id=s.worker_id,
+                    live=live,
+                    heartbeat_age_s=round(age, 3),
+                    gpu_slots_used=len(gpu),
+                    gpu_slots_free=max(0, s.gpu_slots_total - len(gpu)),
+                    gpu_versions=len(gpu),
+                    host_versions=len(s.adapters) - len(gpu),
+                    protected=sum(1 for a in gpu if a.protected),
+                    in_flight=sum(a.in_flight for a in s.adapters),
+                    cold_loads_last_minute=s.cold_loads_last_minute,
+                    hbm_usage=s.hbm_usage,
+                    cold_load_budget=s.cold_load_budget,
+                    load_stall=s.load_stall,
+                    gpu_loras=tuple(sorted(a.lora_name for a in gpu)),
+                    host_loras=tuple(sorted(a.lora_name for a in s.adapters if a.tier != "gpu")),
+                )
+            )
+        rows.append(
+            BaseModelRow(
+                base_model=base,
+                workers=tuple(workers),
+                live_workers=sum(1 for w in workers if w.live),
+                gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
+                replicas=dict(sorted(replicas.items())),
+                in_flight=sum(w.in_flight for w in workers if w.live),
+                queue_depth=sum(queued.get(base, {}).values()) if live_routers else None,
+                queued_by_band=dict(sorted(queued.get(base, Counter()).items()))
+                if live_routers
+                else None,
+                routers=len(live_routers),
+                router_in_flight=in_flight.get(base, 0),
+            )
+        )
     return FleetView(tuple(rows))

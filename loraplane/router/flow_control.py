@@ -22,8 +22,26 @@ from loraplane.schemas.adapter import Priority
 from loraplane.schemas.reasons import QueueRefusal
 from loraplane.schemas.request_log import RequestClass
 
-CLASS_ORDER = (RequestClass.interactive, RequestClass.canary, RequestClass.batch,
-               RequestClass.shadow)
+__all__ = [
+    "BANDS",
+    "CLASS_ORDER",
+    "PRIORITY_ORDER",
+    "WAIT_BUCKETS_S",
+    "Band",
+    "FlowControl",
+    "Step",
+    "Ticket",
+    "TicketState",
+    "WaitStats",
+    "band_of",
+]
+
+CLASS_ORDER = (
+    RequestClass.interactive,
+    RequestClass.canary,
+    RequestClass.batch,
+    RequestClass.shadow,
+)
 PRIORITY_ORDER = (Priority.platinum, Priority.gold, Priority.silver, Priority.bronze)
 WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -41,7 +59,9 @@ class Band:
 
 BANDS: dict[tuple[RequestClass, Priority], Band] = {
     (c, p): Band(i * len(PRIORITY_ORDER) + j, c, p)
-    for i, c in enumerate(CLASS_ORDER) for j, p in enumerate(PRIORITY_ORDER)}
+    for i, c in enumerate(CLASS_ORDER)
+    for j, p in enumerate(PRIORITY_ORDER)
+}
 
 
 def band_of(request_class: RequestClass, priority: Priority) -> Band:
@@ -101,8 +121,13 @@ class Step:
 class FlowControl:
     """The queues of one router, for every base model."""
 
-    def __init__(self, *, max_queued_per_band: int, max_queued_per_tenant: int,
-                 ttl_s: Mapping[RequestClass, float]) -> None:
+    def __init__(
+        self,
+        *,
+        max_queued_per_band: int,
+        max_queued_per_tenant: int,
+        ttl_s: Mapping[RequestClass, float],
+    ) -> None:
         self.max_queued_per_band = max_queued_per_band
         self.max_queued_per_tenant = max_queued_per_tenant
         self.ttl_s = dict(ttl_s)
@@ -117,14 +142,16 @@ class FlowControl:
         self.withdrawn: Counter[tuple[str, Band]] = Counter()
 
     # ---- arrivals ---------------------------------------------------------------------------
-    def offer(self, base: str, band: Band, tenant: str, limit: int,
-              now: float) -> Ticket | QueueRefusal:
+    def offer(
+        self, base: str, band: Band, tenant: str, limit: int, now: float
+    ) -> Ticket | QueueRefusal:
         """Admitted at once (fast path), queued, or refused. A queued ticket may be admitted
         by the ``pump`` the caller runs next."""
         if not self.queued.get(base) and self.in_flight.get(base, 0) < limit:
             self.in_flight[base] = self.in_flight.get(base, 0) + 1
-            return Ticket(base, band, tenant, now, now + self.ttl_s[band.request_class],
-                          TicketState.admitted)
+            return Ticket(
+                base, band, tenant, now, now + self.ttl_s[band.request_class], TicketState.admitted
+            )
         key = (base, band)
         tenants = self._bands.setdefault(base, {}).setdefault(band, {})
         mine = tenants.get(tenant)
@@ -136,8 +163,9 @@ class FlowControl:
         if refusal is not None:
             self.refused[(base, band, refusal)] += 1
             return refusal
-        ticket = Ticket(base, band, tenant, now, now + self.ttl_s[band.request_class],
-                        TicketState.queued)
+        ticket = Ticket(
+            base, band, tenant, now, now + self.ttl_s[band.request_class], TicketState.queued
+        )
         if mine is None:
             mine = tenants[tenant] = deque()
         mine.append(ticket)
@@ -158,8 +186,9 @@ class FlowControl:
             for tenant in list(tenants):
                 tickets = tenants[tenant]
                 while tickets and tickets[0].deadline <= now:  # one TTL per band: in order
-                    step.expired.append(self._take(base, band, tenants, tenant, now,
-                                                   TicketState.expired))
+                    step.expired.append(
+                        self._take(base, band, tenants, tenant, now, TicketState.expired)
+                    )
         for band in sorted(bands, key=lambda b: b.rank):
             tenants = bands[band]
             while tenants and self.in_flight.get(base, 0) < limit:
@@ -200,8 +229,14 @@ class FlowControl:
         tickets.remove(ticket)
         tickets.appendleft(ticket)  # so _take finds it first
         expired = ticket.deadline <= now
-        self._take(ticket.base, ticket.band, tenants, ticket.tenant, now,
-                   TicketState.expired if expired else TicketState.withdrawn)
+        self._take(
+            ticket.base,
+            ticket.band,
+            tenants,
+            ticket.tenant,
+            now,
+            TicketState.expired if expired else TicketState.withdrawn,
+        )
         if not expired:
             self.withdrawn[(ticket.base, ticket.band)] += 1
         if not tenants:
@@ -210,8 +245,15 @@ class FlowControl:
                 del self._bands[ticket.base]
         return True
 
-    def _take(self, base: str, band: Band, tenants: dict[str, deque[Ticket]], tenant: str,
-              now: float, state: TicketState) -> Ticket:
+    def _take(
+        self,
+        base: str,
+        band: Band,
+        tenants: dict[str, deque[Ticket]],
+        tenant: str,
+        now: float,
+        state: TicketState,
+    ) -> Ticket:
         tickets = tenants[tenant]
         ticket = tickets.popleft()
         if not tickets:

@@ -21,6 +21,17 @@ from typing import Any
 
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
 
+__all__ = [
+    "RECONNECT_GRACE_S",
+    "Feed",
+    "Gateway",
+    "Verdict",
+    "beat_of",
+    "probe_ok",
+    "silent",
+    "verdict",
+]
+
 RECONNECT_GRACE_S = 15.0
 """After the feed comes back, how long a worker's own producer may take to reconnect
 (librdkafka backs off up to 10 s between attempts) and send a heartbeat before the feed's
@@ -66,15 +77,14 @@ def silent(feed: Feed | None, beat: float, limit_s: float) -> bool:
     return feed.last - start > limit_s
 
 
-def verdict(beat: float, now: float, heartbeat_s: float, feed: Feed | None,
-            gateway: Gateway) -> Verdict:
+def verdict(
+    beat: float, now: float, heartbeat_s: float, feed: Feed | None, gateway: Gateway
+) -> Verdict:
     """The module doc's rule for a worker whose heartbeat counts from ``beat``."""
     limit = DRAIN_AFTER_HEARTBEATS * heartbeat_s
     failed = gateway.failed_at
-    if failed is not None and failed >= beat and (gateway.ok_at is None
-                                                  or failed >= gateway.ok_at):
-        return Verdict.gone if now - beat > limit and silent(feed, beat, limit) \
-            else Verdict.out
+    if failed is not None and failed >= beat and (gateway.ok_at is None or failed >= gateway.ok_at):
+        return Verdict.gone if now - beat > limit and silent(feed, beat, limit) else Verdict.out
     if now - beat <= limit:
         return Verdict.live
     if silent(feed, beat, limit):
@@ -86,5 +96,9 @@ def verdict(beat: float, now: float, heartbeat_s: float, feed: Feed | None,
 
 def probe_ok(worker_id: str, status: int, body: Any) -> bool:
     """A gateway's ``/healthz`` answer vouches for ``worker_id``: 200, ok, and its own id."""
-    return (status == 200 and isinstance(body, dict) and body.get("ok") is True
-            and body.get("worker_id") == worker_id)
+    return (
+        status == 200
+        and isinstance(body, dict)
+        and body.get("ok") is True
+        and body.get("worker_id") == worker_id
+    )

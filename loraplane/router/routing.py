@@ -34,6 +34,17 @@ from loraplane.router.liveness import (
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.worker_state import WorkerState
 
+__all__ = [
+    "Drained",
+    "FleetIndex",
+    "Route",
+    "RouteKind",
+    "W",
+    "free_slot_order",
+    "least_busy",
+    "pick_worker",
+]
+
 
 class RouteKind(StrEnum):
     """Why a worker was chosen (``X-Loraplane-Route``)."""
@@ -53,8 +64,12 @@ def _never(_: object) -> int:
     return 0
 
 
-def least_busy(ids: Iterable[W], fits: Callable[[W], bool], busy: Callable[[W], int],
-               turn: Callable[[W], int] = _never) -> W | None:
+def least_busy(
+    ids: Iterable[W],
+    fits: Callable[[W], bool],
+    busy: Callable[[W], int],
+    turn: Callable[[W], int] = _never,
+) -> W | None:
     """The fitting worker with the fewest in-flight requests; ties to the lowest ``turn``
     (when the caller last chose it: least recently first), then to the lowest id."""
     best: tuple[int, int, W] | None = None
@@ -72,11 +87,17 @@ def free_slot_order(ids: Iterable[W], free: Callable[[W], int]) -> list[W]:
     return sorted((wid for wid in ids if free(wid) > 0), key=lambda wid: (-free(wid), wid))
 
 
-def pick_worker(gpu: Iterable[W], host: Iterable[W], free_order: Iterable[W],
-                fleet: Iterable[W], *, fits: Callable[[W], bool],
-                may_load: Callable[[W], bool],
-                busy: Callable[[W], int],
-                turn: Callable[[W], int] = _never) -> tuple[W, RouteKind] | None:
+def pick_worker(
+    gpu: Iterable[W],
+    host: Iterable[W],
+    free_order: Iterable[W],
+    fleet: Iterable[W],
+    *,
+    fits: Callable[[W], bool],
+    may_load: Callable[[W], bool],
+    busy: Callable[[W], int],
+    turn: Callable[[W], int] = _never,
+) -> tuple[W, RouteKind] | None:
     """The routing rule (module doc) on worker ids: holders of a GPU copy, of a host copy,
     workers in free-slot order, and the whole fleet of the base model. ``fits``: live and
     rank-fit; ``may_load``: within cold-load budget and HBM watermark; ``busy``: in-flight;
@@ -166,8 +187,9 @@ class FleetIndex:
         gpu = frozenset(a.lora_name for a in state.adapters if a.tier == "gpu")
         host = frozenset(a.lora_name for a in state.adapters if a.tier == "host") - gpu
         same_gateway = held is not None and held.state.gateway_url == state.gateway_url
-        w = _IndexedWorker(state, beat, gpu, host, held.gateway if same_gateway and held
-                    else Gateway())
+        w = _IndexedWorker(
+            state, beat, gpu, host, held.gateway if same_gateway and held else Gateway()
+        )
         self.parked.pop(wid, None)
         if self._verdict(w, now) is Verdict.out:  # sent before its gateway failed
             self.remove(wid)
@@ -190,8 +212,12 @@ class FleetIndex:
             self._unplace(name)
             order = None  # rebuilt: its keys were of the older state
         # the free-slot order depends on (free slots, id) only: most heartbeats keep it
-        if (old is None or old.free_slots != w.free_slots
-                or old.state.base_model != state.base_model or order is None):
+        if (
+            old is None
+            or old.free_slots != w.free_slots
+            or old.state.base_model != state.base_model
+            or order is None
+        ):
             self._free_order.pop(state.base_model, None)
             if old is not None:
                 self._free_order.pop(old.state.base_model, None)
@@ -307,8 +333,11 @@ class FleetIndex:
                     continue
                 if now - w.beat > limit:
                     unvouched += 1
-                if v in (Verdict.check, Verdict.out) and not w.gateway.probing \
-                        and w.state.gateway_url:
+                if (
+                    v in (Verdict.check, Verdict.out)
+                    and not w.gateway.probing
+                    and w.state.gateway_url
+                ):
                     w.gateway.probing = True
                     probe.append((wid, w.state.gateway_url))
         for wid in gone:
@@ -323,8 +352,10 @@ class FleetIndex:
     def _live(self, w: _IndexedWorker, now: float) -> bool:
         """Routed: ``live`` or ``check`` (the quick case first: a fresh heartbeat and no
         failed gateway)."""
-        if w.gateway.failed_at is None and now - w.beat <= DRAIN_AFTER_HEARTBEATS \
-                * self.heartbeat_s:
+        if (
+            w.gateway.failed_at is None
+            and now - w.beat <= DRAIN_AFTER_HEARTBEATS * self.heartbeat_s
+        ):
             return True
         return self._verdict(w, now) in (Verdict.live, Verdict.check)
 
@@ -332,8 +363,9 @@ class FleetIndex:
         """Workers of ``base_model`` in the view (parked and forgotten ones are not)."""
         return len(self._by_base.get(base_model, ()))
 
-    def route(self, record: AdapterRecord, now: float,
-              in_flight: Mapping[str, int]) -> Route | None:
+    def route(
+        self, record: AdapterRecord, now: float, in_flight: Mapping[str, int]
+    ) -> Route | None:
         """Where ``record`` is served now; None when no live worker of its base model can
         hold its rank."""
         name, base, rank = record.lora_name, record.base_model, record.rank
@@ -345,10 +377,15 @@ class FleetIndex:
             return self._fits(workers[wid], base, rank, now)
 
         picked = pick_worker(
-            self._gpu.get(name, ()), self._host.get(name, ()), self._free_candidates(base),
-            self._by_base.get(base, ()), fits=fits,
+            self._gpu.get(name, ()),
+            self._host.get(name, ()),
+            self._free_candidates(base),
+            self._by_base.get(base, ()),
+            fits=fits,
             may_load=lambda wid: self._may_load(workers[wid]),
-            busy=lambda wid: in_flight.get(wid, 0), turn=lambda wid: self._turns.get(wid, 0))
+            busy=lambda wid: in_flight.get(wid, 0),
+            turn=lambda wid: self._turns.get(wid, 0),
+        )
         if picked is None:
             return None
         wid, kind = picked
@@ -363,8 +400,12 @@ class FleetIndex:
         return Route(wid, workers[wid].state.gateway_url, kind)
 
     def _fits(self, w: _IndexedWorker, base: str, rank: int, now: float) -> bool:
-        return (w.state.base_model == base and w.state.max_lora_rank >= rank
-                and bool(w.state.gateway_url) and self._live(w, now))
+        return (
+            w.state.base_model == base
+            and w.state.max_lora_rank >= rank
+            and bool(w.state.gateway_url)
+            and self._live(w, now)
+        )
 
     def _free_candidates(self, base: str) -> Iterator[str]:
         """The cached free-slot order of ``base``, built on first use after a change."""
@@ -372,7 +413,8 @@ class FleetIndex:
         if order is None:
             order = self._free_order[base] = [
                 (-self._free_slots(wid), wid)
-                for wid in free_slot_order(self._by_base.get(base, ()), self._free_slots)]
+                for wid in free_slot_order(self._by_base.get(base, ()), self._free_slots)
+            ]
         for _, wid in order:
             yield wid
 
@@ -383,5 +425,6 @@ class FleetIndex:
     def _may_load(self, w: _IndexedWorker) -> bool:
         hbm = w.state.hbm_usage
         loads = w.state.cold_loads_last_minute + len(self._placed_on.get(w.state.worker_id, ()))
-        return (loads < w.state.load_budget(self.policy.cold_loads_per_minute_per_worker)
-                and (hbm is None or hbm <= self.policy.hbm_low_watermark))
+        return loads < w.state.load_budget(self.policy.cold_loads_per_minute_per_worker) and (
+            hbm is None or hbm <= self.policy.hbm_low_watermark
+        )

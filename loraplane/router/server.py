@@ -72,6 +72,20 @@ from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 
+__all__ = [
+    "FIRST_READ_S",
+    "PROBE_TIMEOUT_S",
+    "REGISTRY_POLL_S",
+    "ROUTE_HEADER",
+    "WORKER_HEADER",
+    "Fleet",
+    "Router",
+    "RouterMetrics",
+    "RouterOptions",
+    "serve_router",
+    "serving_versions",
+]
+
 log = logging.getLogger("loraplane.router")
 REGISTRY_POLL_S = 0.2  # how often the verified registry is asked (in memory: a live tail)
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry before serving
@@ -101,8 +115,13 @@ def serving_versions(records: list[AdapterRecord]) -> dict[str, list[AdapterReco
 class Fleet:
     """The router's view: the fleet index, fed worker states, and the verified registry."""
 
-    def __init__(self, index: FleetIndex, sink: EventSink, component: str,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        index: FleetIndex,
+        sink: EventSink,
+        component: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.index = index
         self.sink = sink
         self.component = component
@@ -119,13 +138,24 @@ class Fleet:
             state = worker_state_of(record.key, record.value)
         except SchemaError as exc:
             self.dead_lettered += 1
-            log.warning("worker state at %s@%s dead-lettered: %s", record.partition,
-                        record.offset, str(exc)[:200])
-            letter = dead_letter_at(record.topic, record.partition, record.offset, record.key,
-                                    record.value, record.timestamp_ms / 1000, self.component,
-                                    exc.reason, str(exc)[:2048])
-            self.sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"),
-                           letter)
+            log.warning(
+                "worker state at %s@%s dead-lettered: %s",
+                record.partition,
+                record.offset,
+                str(exc)[:200],
+            )
+            letter = dead_letter_at(
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+                record.value,
+                record.timestamp_ms / 1000,
+                self.component,
+                exc.reason,
+                str(exc)[:2048],
+            )
+            self.sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"), letter)
             return
         self.index.update(state, self._clock())
 
@@ -142,21 +172,36 @@ class _Pools:
         if pool is None:
             parts = urlsplit(url)
             pool = self.pools[url] = UpstreamPool(
-                parts.hostname or "127.0.0.1", parts.port or 80, connect_timeout_s=2.0,
-                read_timeout_s=self.read_timeout_s, limit=256)
+                parts.hostname or "127.0.0.1",
+                parts.port or 80,
+                connect_timeout_s=2.0,
+                read_timeout_s=self.read_timeout_s,
+                limit=256,
+            )
         return pool
 
 
 class Router:
-    def __init__(self, fleet: Fleet, *, api_keys: KeyLookup, budgets: RequestBudgets,
-                 secret: bytes, max_body_bytes: int = 1024 * 1024,
-                 read_timeout_s: float = 300.0, retry_after_s: int = 5,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        api_keys: KeyLookup,
+        budgets: RequestBudgets,
+        secret: bytes,
+        max_body_bytes: int = 1024 * 1024,
+        read_timeout_s: float = 300.0,
+        retry_after_s: int = 5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.fleet = fleet
         # the one front door (frontdoor.admission), with the router's verified versions
-        self.door = FrontDoor(keys=api_keys, budgets=budgets,
-                              versions=lambda model: self.fleet.versions.get(model, ()),
-                              clock=time.monotonic)
+        self.door = FrontDoor(
+            keys=api_keys,
+            budgets=budgets,
+            versions=lambda model: self.fleet.versions.get(model, ()),
+            clock=time.monotonic,
+        )
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
         self._secret = secret
@@ -167,9 +212,13 @@ class Router:
         self.flow = FlowControl(
             max_queued_per_band=queues.max_queued_per_band,
             max_queued_per_tenant=queues.max_queued_per_tenant,
-            ttl_s={RequestClass.interactive: queues.interactive_ttl_ms / 1000,
-                   RequestClass.canary: batch_ttl_s, RequestClass.batch: batch_ttl_s,
-                   RequestClass.shadow: batch_ttl_s})
+            ttl_s={
+                RequestClass.interactive: queues.interactive_ttl_ms / 1000,
+                RequestClass.canary: batch_ttl_s,
+                RequestClass.batch: batch_ttl_s,
+                RequestClass.shadow: batch_ttl_s,
+            },
+        )
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._pools = _Pools(read_timeout_s, {})
         self._probes = _Pools(PROBE_TIMEOUT_S, {})  # apart: never queued behind requests
@@ -198,45 +247,59 @@ class Router:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
-        app.add_routes([
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/v1/models", self.models),
-            web.get("/healthz", self.healthz),
-            web.get("/metrics", self.metrics),
-        ])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/v1/models", self.models),
+                web.get("/healthz", self.healthz),
+                web.get("/metrics", self.metrics),
+            ]
+        )
         return app
 
     async def healthz(self, _: web.Request) -> web.Response:
         index = self.fleet.index
-        return web.json_response({"ok": True, "workers": len(index.workers),
-                                  "parked": len(index.parked),
-                                  "gpu_copies": sum(len(w.gpu) for w in index.workers.values()),
-                                  "adapters": len(self.fleet.versions)})
+        return web.json_response(
+            {
+                "ok": True,
+                "workers": len(index.workers),
+                "parked": len(index.parked),
+                "gpu_copies": sum(len(w.gpu) for w in index.workers.values()),
+                "adapters": len(self.fleet.versions),
+            }
+        )
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.collectors),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(self.collectors), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     def state(self, router_id: str, now: float) -> RouterState:
         """This router's heartbeat (``router-state``): what ops see of its queues."""
         flow = self.flow
         return RouterState(
-            router_id=router_id, ts=datetime.fromtimestamp(now, UTC),
+            router_id=router_id,
+            ts=datetime.fromtimestamp(now, UTC),
             in_flight={b: n for b, n in flow.in_flight.items() if n > 0},
-            queues=[QueueDepth(base_model=b, band=band.label, queued=n)
-                    for (b, band), n in sorted(flow.depth.items(), key=_by_band) if n > 0])
+            queues=[
+                QueueDepth(base_model=b, band=band.label, queued=n)
+                for (b, band), n in sorted(flow.depth.items(), key=_by_band)
+                if n > 0
+            ],
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
         tenant = self.api_keys.tenant(request.headers.get("Authorization"))
         if tenant is None:
-            return error_response(401, AdmissionRefusal.unauthorized,
-                                  "missing or unknown API key")
-        data = [{"id": aid, "object": "model", "created": 0, "owned_by": tenant}
-                for aid, versions in sorted(self.fleet.versions.items())
-                if all(r.tenant_id == tenant for r in versions) and any(
-                    r.status in (AdapterStatus.active, AdapterStatus.canary) for r in versions)]
+            return error_response(401, AdmissionRefusal.unauthorized, "missing or unknown API key")
+        data = [
+            {"id": aid, "object": "model", "created": 0, "owned_by": tenant}
+            for aid, versions in sorted(self.fleet.versions.items())
+            if all(r.tenant_id == tenant for r in versions)
+            and any(r.status in (AdapterStatus.active, AdapterStatus.canary) for r in versions)
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -245,49 +308,61 @@ class Router:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, Endpoint.chat_completions)
 
-    def _refuse(self, status: int, code: str, message: str, param: str | None = None,
-                **headers: str) -> web.Response:
+    def _refuse(
+        self, status: int, code: str, message: str, param: str | None = None, **headers: str
+    ) -> web.Response:
         self.outcomes[code] += 1
         return error_response(status, code, message, param, **headers)
 
     async def _handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        request_id = header_token(request.headers.get("X-Request-Id")) or \
-            f"{self._id_prefix}-{next(self._id_seq):x}"
+        request_id = (
+            header_token(request.headers.get("X-Request-Id"))
+            or f"{self._id_prefix}-{next(self._id_seq):x}"
+        )
         if request.headers.get(TENANT_HEADER) is not None:  # only gateways take forwards
-            return self._refuse(401, AdmissionRefusal.unauthorized,
-                                "a router takes no forwarded requests")
-        admission, raw = await admit_request(self.door, request, endpoint, request_id,
-                                             self.max_body_bytes)
+            return self._refuse(
+                401, AdmissionRefusal.unauthorized, "a router takes no forwarded requests"
+            )
+        admission, raw = await admit_request(
+            self.door, request, endpoint, request_id, self.max_body_bytes
+        )
         if isinstance(admission, Refusal):
             self.outcomes[admission.reason] += 1
             return refusal_response(admission)
         choice, tenant = admission.choice, admission.tenant_id
         ticket: Ticket | None = None
         try:
-            admitted = await self._admit(request, choice.record, tenant,
-                                         admission.request_class)
+            admitted = await self._admit(request, choice.record, tenant, admission.request_class)
             if isinstance(admitted, web.StreamResponse):
                 return admitted
             ticket = admitted
-            forward = Forward(tenant, admission.request_class.value, choice.record.version,
-                              choice.reason.value,
-                              choice.stable.version if choice.stable is not None else "")
+            forward = Forward(
+                tenant,
+                admission.request_class.value,
+                choice.record.version,
+                choice.reason.value,
+                choice.stable.version if choice.stable is not None else "",
+            )
             # signed after the wait: the signature's time is when the gateway gets it
-            head = forward_headers(self._secret, forward, request_id, raw, self._clock(),
-                                   header_token(request.headers.get("X-Session-Key")))
+            head = forward_headers(
+                self._secret,
+                forward,
+                request_id,
+                raw,
+                self._clock(),
+                header_token(request.headers.get("X-Session-Key")),
+            )
             return await self._forward(request, endpoint, raw, choice.record, head)
         finally:
             if ticket is not None and ticket.state is TicketState.admitted:
-                self._wake(self.flow.release(ticket, self._limit(ticket.base),
-                                             self._monotonic()))
+                self._wake(self.flow.release(ticket, self._limit(ticket.base), self._monotonic()))
             self.door.leave(admission, 0)  # tokens are the gateway's to charge (its usage)
 
     # ---- flow control (router/flow_control.py) -----------------------------------------------
     def _limit(self, base: str) -> int:
         """A base model's requests in flight through this router: a per-worker share times
         the workers of the base model in the view (drained ones leave it)."""
-        return (self.budgets.queues.max_in_flight_per_worker
-                * self.fleet.index.worker_count(base))
+        return self.budgets.queues.max_in_flight_per_worker * self.fleet.index.worker_count(base)
 
     def _wake(self, step: Step) -> None:
         for ticket in (*step.admitted, *step.expired):
@@ -295,8 +370,9 @@ class Router:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-    async def _admit(self, request: web.Request, record: AdapterRecord, tenant: str,
-                     request_class: RequestClass) -> Ticket | web.StreamResponse | None:
+    async def _admit(
+        self, request: web.Request, record: AdapterRecord, tenant: str, request_class: RequestClass
+    ) -> Ticket | web.StreamResponse | None:
         """An admitted ticket (at once when nothing queues), a refusal, or None when the base
         model has no worker in the view (forwarding answers that 503)."""
         base = record.base_model
@@ -334,29 +410,48 @@ class Router:
         return self._refuse(499, "client_gone", "the client left while queued")
 
     def _queue_refusal(self, reason: QueueRefusal, request_class: RequestClass) -> web.Response:
-        retry_after = {RequestClass.interactive: self.budgets.interactive.retry_after_s,
-                       RequestClass.canary: self.budgets.canary.retry_after_s
-                       }.get(request_class, self.budgets.batch.retry_after_s)
+        retry_after = {
+            RequestClass.interactive: self.budgets.interactive.retry_after_s,
+            RequestClass.canary: self.budgets.canary.retry_after_s,
+        }.get(request_class, self.budgets.batch.retry_after_s)
         status = 503 if reason is QueueRefusal.queue_timeout else 429
-        return self._refuse(status, reason, f"the {request_class.value} queue of this base "
-                            f"model is {'busy' if status == 503 else 'full'} ({reason}); "
-                            "retry later", **{"Retry-After": str(retry_after)})
+        return self._refuse(
+            status,
+            reason,
+            f"the {request_class.value} queue of this base "
+            f"model is {'busy' if status == 503 else 'full'} ({reason}); "
+            "retry later",
+            **{"Retry-After": str(retry_after)},
+        )
 
-    async def _forward(self, request: web.Request, endpoint: Endpoint, raw: bytes,
-                       record: AdapterRecord, head: bytes) -> web.StreamResponse:
+    async def _forward(
+        self,
+        request: web.Request,
+        endpoint: Endpoint,
+        raw: bytes,
+        record: AdapterRecord,
+        head: bytes,
+    ) -> web.StreamResponse:
         for _attempt in range(2):
             route = self.fleet.index.route(record, self._clock(), self.in_flight)
             if route is None:
-                return self._refuse(503, "no_live_worker",
-                                    f"no live worker serves base model {record.base_model}",
-                                    **{"Retry-After": str(self.retry_after_s)})
+                return self._refuse(
+                    503,
+                    "no_live_worker",
+                    f"no live worker serves base model {record.base_model}",
+                    **{"Retry-After": str(self.retry_after_s)},
+                )
             wid = route.worker_id
             self.in_flight[wid] = self.in_flight.get(wid, 0) + 1
             try:
                 try:
                     resp = await self._pools.get(route.gateway_url).request(
-                        "POST", endpoint.value, raw, total_timeout_s=self._pools.read_timeout_s,
-                        headers=head)
+                        "POST",
+                        endpoint.value,
+                        raw,
+                        total_timeout_s=self._pools.read_timeout_s,
+                        headers=head,
+                    )
                 except UpstreamError as exc:
                     self._drop(route, exc)
                     continue
@@ -371,13 +466,21 @@ class Router:
                     self.in_flight[wid] = left
                 else:
                     self.in_flight.pop(wid, None)
-        return self._refuse(503, "no_live_worker", "the chosen workers did not answer",
-                            **{"Retry-After": str(self.retry_after_s)})
+        return self._refuse(
+            503,
+            "no_live_worker",
+            "the chosen workers did not answer",
+            **{"Retry-After": str(self.retry_after_s)},
+        )
 
-    async def _relay(self, request: web.Request, resp: UpstreamResponse,
-                     route: Route, version: str) -> web.StreamResponse:
-        headers = {k: v for k, v in resp.headers.items()
-                   if k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id"}
+    async def _relay(
+        self, request: web.Request, resp: UpstreamResponse, route: Route, version: str
+    ) -> web.StreamResponse:
+        headers = {
+            k: v
+            for k, v in resp.headers.items()
+            if k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id"
+        }
         headers[WORKER_HEADER] = route.worker_id
         headers[ROUTE_HEADER] = route.kind.value
         headers[VERSION_HEADER] = version  # decided here; the gateway serves exactly it
@@ -389,9 +492,12 @@ class Router:
                 # retryable answer, not a 500. Not sent again here: the worker may have
                 # run it already, which only the client can judge.
                 self._drop(route, exc, "closed mid-answer")
-                return self._refuse(503, "worker_lost",
-                                    f"worker {route.worker_id} closed mid-answer; try again",
-                                    **{"Retry-After": str(self.retry_after_s)})
+                return self._refuse(
+                    503,
+                    "worker_lost",
+                    f"worker {route.worker_id} closed mid-answer; try again",
+                    **{"Retry-After": str(self.retry_after_s)},
+                )
             return web.Response(body=body, status=resp.status, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
@@ -411,16 +517,22 @@ class Router:
     def _drop(self, route: Route, exc: UpstreamError, when: str = "did not answer") -> None:
         """A gateway that failed a request leaves the view until its next heartbeat or its
         next good probe."""
-        log.warning("worker %s gateway %s %s: %s; parked out of the view", route.worker_id,
-                    route.gateway_url, when, exc)
+        log.warning(
+            "worker %s gateway %s %s: %s; parked out of the view",
+            route.worker_id,
+            route.gateway_url,
+            when,
+            exc,
+        )
         self.fleet.index.failed(route.worker_id, self._clock())
 
     async def probe(self, worker_id: str, url: str) -> bool:
         """Whether the gateway at ``url`` answers ``/healthz`` as ``worker_id``
         (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``."""
         try:
-            resp = await self._probes.get(url).request("GET", "/healthz", b"",
-                                                       total_timeout_s=PROBE_TIMEOUT_S)
+            resp = await self._probes.get(url).request(
+                "GET", "/healthz", b"", total_timeout_s=PROBE_TIMEOUT_S
+            )
             try:
                 body = await resp.json()
             finally:
@@ -432,8 +544,13 @@ class Router:
 
 
 # ---- the process ----------------------------------------------------------------------------
-async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
-                clock: Callable[[], float] = time.time) -> None:
+async def _beat(
+    router: Router,
+    sink: EventSink,
+    router_id: str,
+    every_s: float,
+    clock: Callable[[], float] = time.time,
+) -> None:
     """Publish the router's state every heartbeat (``fleet status``, the fleet panel)."""
     while True:
         try:
@@ -443,8 +560,9 @@ async def _beat(router: Router, sink: EventSink, router_id: str, every_s: float,
         await asyncio.sleep(every_s)
 
 
-async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet,
-                            poll_s: float = REGISTRY_POLL_S) -> None:
+async def _refresh_registry(
+    registry: VerifiedRegistry, fleet: Fleet, poll_s: float = REGISTRY_POLL_S
+) -> None:
     """Take the verified registry (fed by the live tail: in memory, re-verified only on a
     change) into the fleet's versions."""
     while True:
@@ -456,8 +574,12 @@ async def _refresh_registry(registry: VerifiedRegistry, fleet: Fleet,
         await asyncio.sleep(poll_s)
 
 
-async def _watch_fleet(router: Router, span: Callable[[], tuple[float, float] | None],
-                       heartbeat_s: float, poll_s: float = REGISTRY_POLL_S) -> None:
+async def _watch_fleet(
+    router: Router,
+    span: Callable[[], tuple[float, float] | None],
+    heartbeat_s: float,
+    poll_s: float = REGISTRY_POLL_S,
+) -> None:
     """Keep the fleet index's view of its feed (``span``: the worker-state tail's
     ``current_span``) up to date, and every heartbeat drain it (``liveness``): forget the
     workers a current feed shows silent, probe the gateways it cannot vouch for."""
@@ -486,18 +608,24 @@ async def _watch_fleet(router: Router, span: Callable[[], tuple[float, float] | 
                 now = time.time()
                 drained = index.drain(now)
                 for wid in drained.gone:
-                    log.info("worker %s drained: no heartbeat for %d intervals of a current "
-                             "worker-state feed", wid, DRAIN_AFTER_HEARTBEATS)
+                    log.info(
+                        "worker %s drained: no heartbeat for %d intervals of a current "
+                        "worker-state feed",
+                        wid,
+                        DRAIN_AFTER_HEARTBEATS,
+                    )
                 for wid, url in drained.probe:
                     task = asyncio.create_task(probe(wid, url))
                     probes.add(task)
                     task.add_done_callback(probes.discard)
                 if drained.unvouched != unvouched:
                     if drained.unvouched:
-                        log.warning("worker-state feed (last current %s) cannot vouch for "
-                                    "%d worker(s): routing on their gateways' probes",
-                                    "never" if got is None else f"{now - got[1]:.0f} s ago",
-                                    drained.unvouched)
+                        log.warning(
+                            "worker-state feed (last current %s) cannot vouch for "
+                            "%d worker(s): routing on their gateways' probes",
+                            "never" if got is None else f"{now - got[1]:.0f} s ago",
+                            drained.unvouched,
+                        )
                     else:
                         log.info("every worker heard again: heartbeats decide")
                     unvouched = drained.unvouched
@@ -514,8 +642,9 @@ class RouterOptions:
     base_models: tuple[str, ...] = ()  # the registry views it holds (empty: every one)
 
 
-async def serve_router(settings: Settings, options: RouterOptions,
-                       ready: Callable[[int], None] | None = None) -> None:
+async def serve_router(
+    settings: Settings, options: RouterOptions, ready: Callable[[int], None] | None = None
+) -> None:
     from loraplane.eventlog.sink import KafkaEventSink, SinkMetrics, poll_forever
     from loraplane.frontdoor.api_keys import ApiKeysFile
     from loraplane.frontdoor.hmac_keys import hmac_key
@@ -531,23 +660,34 @@ async def serve_router(settings: Settings, options: RouterOptions,
     loop = asyncio.get_running_loop()
     # Worker states: every record to the index, on the loop (the index is only touched there);
     # probed twice a heartbeat when idle, so its current span shows a broker away at once.
-    states = TopicTail(settings, topic_name(settings, "worker-state"),
-                       component=f"{component}-worker-state",
-                       on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
-                       probe_every_s=options.heartbeat_s / 2).start()
+    states = TopicTail(
+        settings,
+        topic_name(settings, "worker-state"),
+        component=f"{component}-worker-state",
+        on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
+        probe_every_s=options.heartbeat_s / 2,
+    ).start()
     scope = RegistryScope(options.base_models or None)  # registry/topic.py
     tail = registry_tail(settings, component, scope, start=False)
     registry = VerifiedRegistry(
-        KeyringFile(settings.keyring_path), tail.snapshot, sink=sink, component=component,
+        KeyringFile(settings.keyring_path),
+        tail.snapshot,
+        sink=sink,
+        component=component,
         checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE,
-        version=lambda: tail.version, scope=scope)
+        version=lambda: tail.version,
+        scope=scope,
+    )
     tail.start()
     await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S)
-    router = Router(fleet, api_keys=ApiKeysFile.open(settings.api_keys_path),
-                    budgets=settings.policy.request_budgets,
-                    secret=hmac_key(settings.router_secret_path, "router secret"),
-                    max_body_bytes=settings.http.max_body_bytes,
-                    retry_after_s=max(1, math.ceil(options.heartbeat_s)))
+    router = Router(
+        fleet,
+        api_keys=ApiKeysFile.open(settings.api_keys_path),
+        budgets=settings.policy.request_budgets,
+        secret=hmac_key(settings.router_secret_path, "router secret"),
+        max_body_bytes=settings.http.max_body_bytes,
+        retry_after_s=max(1, math.ceil(options.heartbeat_s)),
+    )
     router.collectors.register(SinkMetrics(sink))
     router.collectors.register(TailMetrics([tail, states]))
     router.collectors.register(ProgressMetrics([tail.progress, states.progress]))
@@ -558,8 +698,9 @@ async def serve_router(settings: Settings, options: RouterOptions,
     watcher = asyncio.create_task(_watch_fleet(router, states.current_span, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
-    runner, _ = await start_site(router.app(), settings.listen_host, options.port,
-                                 settings.http, name="router")
+    runner, _ = await start_site(
+        router.app(), settings.listen_host, options.port, settings.http, name="router"
+    )
     port = bound_port(runner)
     log.info("router %s on %s:%d", options.router_id, settings.listen_host, port)
     if ready is not None:
@@ -577,7 +718,6 @@ async def serve_router(settings: Settings, options: RouterOptions,
         sink.close(5.0)
 
 
-
 class RouterMetrics(Collector):
     """The router's own series (``kernel.metric_names``): outcomes, fleet size, dead
     letters and its flow-control queues, read from the router at each scrape."""
@@ -587,40 +727,63 @@ class RouterMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         router, flow = self.router, self.router.flow
-        requests = CounterMetricFamily(m.ROUTER_REQUESTS, "Requests by outcome (a refusal "
-                                       "code or a route kind)", labels=["outcome"])
+        requests = CounterMetricFamily(
+            m.ROUTER_REQUESTS,
+            "Requests by outcome (a refusal code or a route kind)",
+            labels=["outcome"],
+        )
         for outcome, n in sorted(router.outcomes.items()):
             requests.add_metric([outcome], n)
         yield requests
-        yield GaugeMetricFamily(m.ROUTER_WORKERS, "Workers in the router's fleet index",
-                                value=len(router.fleet.index.workers))
-        yield CounterMetricFamily(m.ROUTER_DEAD_LETTERS, "Records the router could not "
-                                  "read, sent to dead letters", value=router.fleet.dead_lettered)
-        in_flight = GaugeMetricFamily(m.ROUTER_IN_FLIGHT, "Requests forwarded and not done, "
-                                      "per base model", labels=["base_model"])
+        yield GaugeMetricFamily(
+            m.ROUTER_WORKERS,
+            "Workers in the router's fleet index",
+            value=len(router.fleet.index.workers),
+        )
+        yield CounterMetricFamily(
+            m.ROUTER_DEAD_LETTERS,
+            "Records the router could not read, sent to dead letters",
+            value=router.fleet.dead_lettered,
+        )
+        in_flight = GaugeMetricFamily(
+            m.ROUTER_IN_FLIGHT,
+            "Requests forwarded and not done, per base model",
+            labels=["base_model"],
+        )
         for b, n in sorted(flow.in_flight.items()):
             in_flight.add_metric([b], n)
         yield in_flight
         banded = ["base_model", "band"]
-        depth = GaugeMetricFamily(m.ROUTER_QUEUE_DEPTH, "Requests waiting in a queue",
-                                  labels=banded)
+        depth = GaugeMetricFamily(
+            m.ROUTER_QUEUE_DEPTH, "Requests waiting in a queue", labels=banded
+        )
         for (b, band), n in sorted(flow.depth.items(), key=_by_band):
             depth.add_metric([b, band.label], n)
         yield depth
-        wait = HistogramMetricFamily(m.ROUTER_QUEUE_WAIT_SECONDS, "Seconds waited in a "
-                                     "queue by the requests admitted from it", labels=banded)
+        wait = HistogramMetricFamily(
+            m.ROUTER_QUEUE_WAIT_SECONDS,
+            "Seconds waited in a queue by the requests admitted from it",
+            labels=banded,
+        )
         for (b, band), w in sorted(flow.waits.items(), key=_by_band):
             buckets = [(floatToGoString(le), n) for le, n in w.cumulative()]
             wait.add_metric([b, band.label], [*buckets, ("+Inf", w.total)], w.sum_s)
         yield wait
-        rejected = CounterMetricFamily(m.ROUTER_QUEUE_REJECTIONS, "Requests a queue "
-                                       "refused, by reason", labels=[*banded, "reason"])
-        for (b, band, reason), n in sorted(flow.refused.items(),
-                                           key=lambda kv: (*_by_band(kv), kv[0][2])):
+        rejected = CounterMetricFamily(
+            m.ROUTER_QUEUE_REJECTIONS,
+            "Requests a queue refused, by reason",
+            labels=[*banded, "reason"],
+        )
+        for (b, band, reason), n in sorted(
+            flow.refused.items(), key=lambda kv: (*_by_band(kv), kv[0][2])
+        ):
             rejected.add_metric([b, band.label, str(reason)], n)
         yield rejected
-        withdrawn = CounterMetricFamily(m.ROUTER_QUEUE_WITHDRAWN, "Queued requests withdrawn "
-                                        "(the client left, or the router gave up)", labels=banded)
+        withdrawn = CounterMetricFamily(
+            m.ROUTER_QUEUE_WITHDRAWN,
+            "Queued requests withdrawn (the client left, or the router gave up)",
+            labels=banded,
+        )
         for (b, band), n in sorted(flow.withdrawn.items(), key=_by_band):
             withdrawn.add_metric([b, band.label], n)
         yield withdrawn

@@ -24,6 +24,17 @@ from loraplane.simulator.scenario import Scenario
 from loraplane.simulator.synthetic import arrivals
 from loraplane.simulator.trace import load_trace
 
+__all__ = [
+    "Workbench",
+    "kind",
+    "pool_slots",
+    "prepare",
+    "run",
+    "run_policy",
+    "seed_comparison",
+    "sweep",
+]
+
 
 @dataclass(frozen=True)
 class Workbench:
@@ -62,20 +73,27 @@ def kind(scenario: Scenario, name: str) -> dict[str, bool]:
     loraplane row) and ``own_deployment`` (an override gives it other slots or budget, so its
     cost is not comparable row for row)."""
     cache = BASELINES.get(name)
-    return {"online": cache.online if cache is not None else True,
-            "baseline": not is_loraplane(name),
-            "own_deployment": name in scenario.overrides,
-            "preloads": bool(cache is not None and cache.merged)}
+    return {
+        "online": cache.online if cache is not None else True,
+        "baseline": not is_loraplane(name),
+        "own_deployment": name in scenario.overrides,
+        "preloads": bool(cache is not None and cache.merged),
+    }
 
 
-def run(bench: Workbench, policies: list[str],
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    bench: Workbench, policies: list[str], progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Every policy on the workbench, the bounds of each deployment and the hindsight
     reference; ``progress`` is told each step as it starts."""
     tell = progress or (lambda _: None)
-    result: dict[str, Any] = {"scenario": bench.scenario.model_dump(mode="json"),
-                              "requests": len(bench.requests), "policies": {}, "timing_s": {},
-                              "kinds": {}}
+    result: dict[str, Any] = {
+        "scenario": bench.scenario.model_dump(mode="json"),
+        "requests": len(bench.requests),
+        "policies": {},
+        "timing_s": {},
+        "kinds": {},
+    }
     seed_columns: dict[str, dict[str, float]] = {}
     bounds: dict[tuple[object, ...], dict[str, Any]] = {}
     result["bounds"] = {}
@@ -91,12 +109,15 @@ def run(bench: Workbench, policies: list[str],
     started = time.perf_counter()
     result["bound"] = _bound_of(bench, bench.scenario, bounds, preloaded=False)
     for name in policies:
-        result["bounds"][name] = _bound_of(bench, bench.scenario.for_policy(name), bounds,
-                                           preloaded=result["kinds"][name]["preloads"])
+        result["bounds"][name] = _bound_of(
+            bench,
+            bench.scenario.for_policy(name),
+            bounds,
+            preloaded=result["kinds"][name]["preloads"],
+        )
     result["timing_s"]["bound"] = round(time.perf_counter() - started, 3)
     tell("the hindsight per-window set")
-    result["hindsight"] = hindsight_set(bench.scenario, bench.catalog,
-                                        bench.requests).as_dict()
+    result["hindsight"] = hindsight_set(bench.scenario, bench.catalog, bench.requests).as_dict()
     tell("the budget-free optimum")
     started = time.perf_counter()
     best = optimum(bench.scenario, bench.catalog, bench.requests, pool_slots(bench.scenario))
@@ -107,12 +128,19 @@ def run(bench: Workbench, policies: list[str],
     return result
 
 
-def _bound_of(bench: Workbench, scenario: Scenario, cache: dict[tuple[object, ...], dict[str, Any]],
-              preloaded: bool) -> dict[str, Any]:
+def _bound_of(
+    bench: Workbench,
+    scenario: Scenario,
+    cache: dict[tuple[object, ...], dict[str, Any]],
+    preloaded: bool,
+) -> dict[str, Any]:
     """The budgeted bound of one deployment (slots, load budget, and whether its slots start
     filled), computed once per deployment: policies with the scenario's own share it."""
-    key = (tuple(b.gpu_slots_per_worker for b in scenario.fleet.base_models),
-           scenario.policy.cold_loads_per_minute_per_worker, preloaded)
+    key = (
+        tuple(b.gpu_slots_per_worker for b in scenario.fleet.base_models),
+        scenario.policy.cold_loads_per_minute_per_worker,
+        preloaded,
+    )
     if key not in cache:
         cache[key] = budget_bound(scenario, bench.catalog, bench.requests, preloaded).as_dict()
     return cache[key]
@@ -130,17 +158,25 @@ def seed_comparison(scenario: Scenario, ours: dict[str, dict[str, float]]) -> di
         seed = scenario.seed_reference[name].model_dump()
         sim = ours[name]
         rows[name] = {
-            "simulated": sim, "seed": seed,
+            "simulated": sim,
+            "seed": seed,
             "simulated_relative": {k: _ratio(sim[k], ours[ref][k]) for k in sim},
-            "seed_relative": {k: _ratio(seed[_seed_key(k)], scenario.seed_reference[ref]
-                                        .model_dump()[_seed_key(k)]) for k in sim},
+            "seed_relative": {
+                k: _ratio(
+                    seed[_seed_key(k)], scenario.seed_reference[ref].model_dump()[_seed_key(k)]
+                )
+                for k in sim
+            },
         }
     return {"reference": ref, "rows": rows}
 
 
 def _seed_key(column: str) -> str:
-    return {"hbm_peak_ratio": "hbm_peak", "swap_ms": "swap_ms",
-            "p95_tokens_per_s": "p95_tokens_per_s"}[column]
+    return {
+        "hbm_peak_ratio": "hbm_peak",
+        "swap_ms": "swap_ms",
+        "p95_tokens_per_s": "p95_tokens_per_s",
+    }[column]
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -153,12 +189,18 @@ def sweep(bench: Workbench, policies: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"gpu_slots_per_worker": slots, "policies": {}, "optimum": []}
     for name in policies:
         rows = [run_policy(bench, name, s).summary() for s in slots]
-        out["policies"][name] = {"gpu_hit_rate": [r["gpu_hit_rate"] for r in rows],
-                                 "weighted_miss_cost": [r["weighted_miss_cost"] for r in rows]}
+        out["policies"][name] = {
+            "gpu_hit_rate": [r["gpu_hit_rate"] for r in rows],
+            "weighted_miss_cost": [r["weighted_miss_cost"] for r in rows],
+        }
     out["bound"] = []
     for s in slots:
-        best = optimum(bench.scenario, bench.catalog, bench.requests,
-                       pool_slots(bench.scenario.with_gpu_slots(s)))
+        best = optimum(
+            bench.scenario,
+            bench.catalog,
+            bench.requests,
+            pool_slots(bench.scenario.with_gpu_slots(s)),
+        )
         out["optimum"].append(best.weighted_miss_cost if best else None)
         bound = budget_bound(bench.scenario.with_gpu_slots(s), bench.catalog, bench.requests)
         out["bound"].append(bound.weighted_miss_cost if bound.binds else None)

@@ -30,6 +30,19 @@ from loraplane.simulator.fleet import CostModel
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Scenario
 
+__all__ = [
+    "BUCKETS_S",
+    "BUDGET_WINDOW_S",
+    "NO_BINDING",
+    "SEGMENT_BUCKET_S",
+    "BoundNotSolved",
+    "BoundResult",
+    "PoolLimits",
+    "Segment",
+    "budget_bound",
+    "lp_bound",
+]
+
 BUDGET_WINDOW_S = 60.0
 BUCKETS_S = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
@@ -53,20 +66,26 @@ class BoundResult:
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         cost = self.weighted_miss_cost
-        return {"weighted_miss_cost": None if cost is None else round(cost, 3),
-                "bucket_s": self.bucket_s, "cells": self.cells,
-                "cold_start": round(self.cold_start, 3), "binds": self.binds,
-                "reason": self.reason}
+        return {
+            "weighted_miss_cost": None if cost is None else round(cost, 3),
+            "bucket_s": self.bucket_s,
+            "cells": self.cells,
+            "cold_start": round(self.cold_start, 3),
+            "binds": self.binds,
+            "reason": self.reason,
+        }
 
 
 class BoundNotSolved(RuntimeError):
     """HiGHS did not reach an optimum (its message): no bound can be claimed."""
 
 
-NO_BINDING = ("the GPU slots and the cold-load budget never bind: a planner that knew every "
-              "arrival could start each request's copy before it, so only the cold start is "
-              "bounded; an online policy's cost here comes from not knowing the arrivals "
-              "(compare it with the hindsight per-window set)")
+NO_BINDING = (
+    "the GPU slots and the cold-load budget never bind: a planner that knew every "
+    "arrival could start each request's copy before it, so only the cold start is "
+    "bounded; an online policy's cost here comes from not knowing the arrivals "
+    "(compare it with the hindsight per-window set)"
+)
 
 
 @dataclass(frozen=True)
@@ -76,15 +95,19 @@ class PoolLimits:
     loads_per_minute: int
 
 
-def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests,
-                 preloaded: bool = False) -> BoundResult:
+def budget_bound(
+    scenario: Scenario, catalog: Catalog, requests: Requests, preloaded: bool = False
+) -> BoundResult:
     """The LP bound of the scenario's deployment (its slots and load budget per pool);
     ``preloaded``: the deployment starts with copies in its slots (static merge), so neither
     the empty start nor the cold start is charged. Not computed above
     ``optimum.bound_max_requests`` or when HiGHS finds no optimum (the reason says which)."""
     if len(requests) > scenario.optimum.bound_max_requests:
-        return BoundResult(None, reason=f"{len(requests)} requests: above "
-                           f"optimum.bound_max_requests ({scenario.optimum.bound_max_requests})")
+        return BoundResult(
+            None,
+            reason=f"{len(requests)} requests: above "
+            f"optimum.bound_max_requests ({scenario.optimum.bound_max_requests})",
+        )
     cm = CostModel(scenario.fleet.costs, scenario.policy)
     budget = scenario.policy.cold_loads_per_minute_per_worker
     wait_s = (cm.max_wait_ms(False) / 1000.0, cm.max_wait_ms(True) / 1000.0)
@@ -102,15 +125,19 @@ def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests,
             if t < ready:  # no copy of it can be ready yet: out of the LP, charged here
                 cold_start += weight * cm.early_miss_ms((ready - t) * 1000.0, batch)
                 continue
-        ts, adapters, costs, waits, rates = per_pool.setdefault(spec.base_model,
-                                                                ([], [], [], [], []))
+        ts, adapters, costs, waits, rates = per_pool.setdefault(
+            spec.base_model, ([], [], [], [], [])
+        )
         ts.append(t)
         adapters.append(a)
         costs.append(weight * cm.unloaded_miss_ms(batch))
         waits.append(wait_s[batch])
         rates.append(weight * 1000.0)  # a second's wait, charged in weighted ms
-    batch_pools = {catalog.adapters[a].base_model for a, batch in
-                   zip(requests.adapter, requests.batch, strict=True) if batch}
+    batch_pools = {
+        catalog.adapters[a].base_model
+        for a, batch in zip(requests.adapter, requests.batch, strict=True)
+        if batch
+    }
     total, bucket, cells = 0.0, 0.0, 0
     for pool, (ts, adapters, costs, waits, rates) in per_pool.items():
         if pool not in batch_pools:
@@ -118,20 +145,30 @@ def budget_bound(scenario: Scenario, catalog: Catalog, requests: Requests,
         fleet = scenario.fleet.base_models[pool]
         limits = PoolLimits(fleet.workers, fleet.gpu_slots_per_worker, budget)
         cap = scenario.optimum.bound_max_cells
-        for n_seg, (s_ts, s_adapters, s_costs, s_waits, s_rates) in enumerate(_segments(
-                ts, adapters, costs, waits, rates, cap)):
+        for n_seg, (s_ts, s_adapters, s_costs, s_waits, s_rates) in enumerate(
+            _segments(ts, adapters, costs, waits, rates, cap)
+        ):
             try:
-                cost, b, n = lp_bound(s_ts, s_adapters, s_costs, limits, s_waits, s_rates, cap,
-                                      empty_start=not preloaded and n_seg == 0,
-                                      start_s=first[pool] if n_seg == 0 else None)
+                cost, b, n = lp_bound(
+                    s_ts,
+                    s_adapters,
+                    s_costs,
+                    limits,
+                    s_waits,
+                    s_rates,
+                    cap,
+                    empty_start=not preloaded and n_seg == 0,
+                    start_s=first[pool] if n_seg == 0 else None,
+                )
             except BoundNotSolved as exc:
                 return BoundResult(None, reason=str(exc))
             total += cost
             bucket = max(bucket, b)
             cells += n
     binds = total > 0
-    return BoundResult(total + cold_start, bucket, cells, cold_start, binds,
-                       "" if binds else NO_BINDING)
+    return BoundResult(
+        total + cold_start, bucket, cells, cold_start, binds, "" if binds else NO_BINDING
+    )
 
 
 SEGMENT_BUCKET_S = 15.0
@@ -141,8 +178,14 @@ each fit at it (a 600 s bucket lets one copy serve ten minutes of requests: no b
 Segment = tuple[list[float], list[int], list[float], list[float], list[float]]
 
 
-def _segments(ts: list[float], adapters: list[int], costs: list[float], waits: list[float],
-              rates: list[float], max_cells: int) -> list[Segment]:
+def _segments(
+    ts: list[float],
+    adapters: list[int],
+    costs: list[float],
+    waits: list[float],
+    rates: list[float],
+    max_cells: int,
+) -> list[Segment]:
     """The pool's requests in consecutive time segments whose LPs each fit ``max_cells`` at
     ``SEGMENT_BUCKET_S`` (one segment when the whole trace does). The sum of the segments'
     bounds is a bound: each segment relaxes the state it starts with (any copies, in the
@@ -165,17 +208,30 @@ def _segments(ts: list[float], adapters: list[int], costs: list[float], waits: l
     out: list[Segment] = []
     for i in range(k):
         rows = np.flatnonzero(seg == i)
-        out.append((t[rows].tolist(), np.asarray(adapters)[rows].tolist(),
-                    cost[rows].tolist(), np.asarray(waits)[rows].tolist(),
-                    np.asarray(rates)[rows].tolist()))
+        out.append(
+            (
+                t[rows].tolist(),
+                np.asarray(adapters)[rows].tolist(),
+                cost[rows].tolist(),
+                np.asarray(waits)[rows].tolist(),
+                np.asarray(rates)[rows].tolist(),
+            )
+        )
     return out
 
 
-def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits: PoolLimits,
-             waits_s: list[float] | None = None, wait_cost_per_s: list[float] | None = None,
-             max_cells: int = 120_000, bucket_s: float | None = None,
-             empty_start: bool = False, start_s: float | None = None,
-             ) -> tuple[float, float, int]:
+def lp_bound(
+    times: list[float],
+    adapters: list[int],
+    costs: list[float],
+    limits: PoolLimits,
+    waits_s: list[float] | None = None,
+    wait_cost_per_s: list[float] | None = None,
+    max_cells: int = 120_000,
+    bucket_s: float | None = None,
+    empty_start: bool = False,
+    start_s: float | None = None,
+) -> tuple[float, float, int]:
     """(bound, bucket seconds, adapter-bucket cells) of one pool's requests: ``costs[j]`` is
     what request ``j`` is charged at least when it finds no copy and loads nothing,
     ``waits_s[j]`` how long after its arrival a copy's load may start and still serve it, and
@@ -189,8 +245,9 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     t0 = min(times) if start_s is None else min(start_s, min(times))
     span = max(times) - t0
     if bucket_s is None:
-        bucket_s = next((b for b in BUCKETS_S if n_a * (math.floor(span / b) + 1) <= max_cells),
-                        BUCKETS_S[-1])
+        bucket_s = next(
+            (b for b in BUCKETS_S if n_a * (math.floor(span / b) + 1) <= max_cells), BUCKETS_S[-1]
+        )
     n_t = math.floor(span / bucket_s) + 1
     cells = n_a * n_t
     slots = limits.workers * limits.slots_per_worker
@@ -277,8 +334,9 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
     # the budget: starts inside any `run` consecutive buckets (at most 60 s); a bucket longer
     # than a minute gets its share. Through one total per bucket (n[t] >= sum_a l[a,t]), so a
     # window row has `run` entries.
-    per_window = limits.workers * limits.loads_per_minute * \
-        math.ceil(bucket_s / BUDGET_WINDOW_S - 1e-9)
+    per_window = (
+        limits.workers * limits.loads_per_minute * math.ceil(bucket_s / BUDGET_WINDOW_S - 1e-9)
+    )
     run = max(1, math.floor(BUDGET_WINDOW_S / bucket_s + 1e-9))
     n0 = x0 + n_x
     n_vars = n0
@@ -294,8 +352,9 @@ def lp_bound(times: list[float], adapters: list[int], costs: list[float], limits
             add(row + s, n0 + s + k, 1.0)
         rhs.append(np.full(n_t, float(per_window)))
         row += n_t
-    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(row, n_vars)).tocsr()
+    a_ub = coo_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n_vars)
+    ).tocsr()
     objective = np.zeros(n_vars)
     objective[z0:x0] = -u[covered]
     objective[x0:n0] = -np.asarray(look_save, dtype=float)

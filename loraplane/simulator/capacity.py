@@ -27,6 +27,21 @@ from loraplane.simulator.benchmark import Workbench, run_policy
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Scenario
 
+__all__ = [
+    "CLASSES",
+    "Grid",
+    "Point",
+    "PoolAnswer",
+    "TargetError",
+    "at",
+    "default_grid",
+    "meets",
+    "parse_targets",
+    "plot",
+    "pool_requests",
+    "sweep",
+]
+
 CLASSES = ("interactive", "batch", "canary")
 """The request classes a target may name (``canary``: requests of canary versions)."""
 
@@ -43,8 +58,9 @@ def parse_targets(text: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in CLASSES:
-            raise TargetError(f"target {part!r}: expected CLASS=SHARE, CLASS one of "
-                              f"{', '.join(CLASSES)}")
+            raise TargetError(
+                f"target {part!r}: expected CLASS=SHARE, CLASS one of {', '.join(CLASSES)}"
+            )
         if name in targets:
             raise TargetError(f"target {name!r} given twice")
         try:
@@ -73,9 +89,10 @@ def default_grid(scenario: Scenario, pool: int) -> Grid:
     own count), slots from 4 to 4x its own, the budget at half, once and twice the policy's."""
     spec = scenario.fleet.base_models[pool]
     budget = scenario.policy.cold_loads_per_minute_per_worker
-    workers = {spec.workers} | {2 ** k for k in range(8) if 2 ** k <= 4 * spec.workers}
+    workers = {spec.workers} | {2**k for k in range(8) if 2**k <= 4 * spec.workers}
     slots = {spec.gpu_slots_per_worker} | {
-        s for s in (4, 8, 16, 32, 64) if s <= 4 * spec.gpu_slots_per_worker}
+        s for s in (4, 8, 16, 32, 64) if s <= 4 * spec.gpu_slots_per_worker
+    }
     loads = {max(1, budget // 2), budget, 2 * budget}
     return Grid(tuple(sorted(workers)), tuple(sorted(slots)), tuple(sorted(loads)))
 
@@ -100,9 +117,13 @@ class PoolAnswer:
     answer: Point | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"base_model": self.base_model, "requests": self.requests,
-                "grid": asdict(self.grid), "points": [asdict(p) for p in self.points],
-                "answer": asdict(self.answer) if self.answer else None}
+        return {
+            "base_model": self.base_model,
+            "requests": self.requests,
+            "grid": asdict(self.grid),
+            "points": [asdict(p) for p in self.points],
+            "answer": asdict(self.answer) if self.answer else None,
+        }
 
 
 def meets(attainment: dict[str, float], targets: dict[str, float]) -> bool:
@@ -115,23 +136,30 @@ def pool_requests(bench: Workbench, pool: int) -> Requests:
     of = [a.base_model for a in bench.catalog.adapters]
     r = bench.requests
     keep = [i for i, a in enumerate(r.adapter) if of[a] == pool]
-    return Requests([r.time_s[i] for i in keep], [r.adapter[i] for i in keep],
-                    [r.output_tokens[i] for i in keep], [r.batch[i] for i in keep])
+    return Requests(
+        [r.time_s[i] for i in keep],
+        [r.adapter[i] for i in keep],
+        [r.output_tokens[i] for i in keep],
+        [r.batch[i] for i in keep],
+    )
 
 
 def at(scenario: Scenario, pool: int, workers: int, slots: int, loads: int) -> Scenario:
     """The scenario with one pool sized as a grid point (the budget is the policy's)."""
     bases = list(scenario.fleet.base_models)
-    bases[pool] = bases[pool].model_copy(update={"workers": workers,
-                                                 "gpu_slots_per_worker": slots})
+    bases[pool] = bases[pool].model_copy(update={"workers": workers, "gpu_slots_per_worker": slots})
     fleet = scenario.fleet.model_copy(update={"base_models": bases})
     policy = scenario.policy.model_copy(update={"cold_loads_per_minute_per_worker": loads})
     return scenario.model_copy(update={"fleet": fleet, "policy": policy, "overrides": {}})
 
 
-def sweep(bench: Workbench, policy: str, targets: dict[str, float],
-          grids: dict[int, Grid] | None = None,
-          progress: Callable[[str], None] | None = None) -> list[PoolAnswer]:
+def sweep(
+    bench: Workbench,
+    policy: str,
+    targets: dict[str, float],
+    grids: dict[int, Grid] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[PoolAnswer]:
     """Every pool with requests, swept in increasing worker count until a count reaches the
     targets (all of its slot and budget points are run, so the smallest is known)."""
     tell = progress or (lambda _: None)
@@ -147,15 +175,21 @@ def sweep(bench: Workbench, policy: str, targets: dict[str, float],
             for slots in grid.slots:
                 for loads in grid.loads_per_minute:
                     n += 1
-                    sized = Workbench(at(bench.scenario, pool, workers, slots, loads),
-                                      bench.catalog, requests)
+                    sized = Workbench(
+                        at(bench.scenario, pool, workers, slots, loads), bench.catalog, requests
+                    )
                     started = time.perf_counter()
                     counters = run_policy(sized, policy)
                     summary = counters.summary()
-                    point = Point(workers, slots, loads, summary["slo_attainment"],
-                                  summary["weighted_miss_cost"],
-                                  meets(summary["slo_attainment"], targets),
-                                  round(time.perf_counter() - started, 2))
+                    point = Point(
+                        workers,
+                        slots,
+                        loads,
+                        summary["slo_attainment"],
+                        summary["weighted_miss_cost"],
+                        meets(summary["slo_attainment"], targets),
+                        round(time.perf_counter() - started, 2),
+                    )
                     found.points.append(point)
                     tell(_said(spec.name, n, grid.size, point))
             reached = [p for p in found.points if p.meets and p.workers == workers]
@@ -168,9 +202,11 @@ def sweep(bench: Workbench, policy: str, targets: dict[str, float],
 
 def _said(pool: str, n: int, of: int, p: Point) -> str:
     shares = " ".join(f"{k} {v:.3f}" for k, v in sorted(p.attainment.items()))
-    return (f"{pool} [{n}/{of}] {p.workers} workers x {p.slots} slots, "
-            f"{p.loads_per_minute} loads/min: {shares}; cost {p.weighted_miss_cost:.4g}"
-            f"{' (meets the target)' if p.meets else ''} in {p.seconds:.1f} s")
+    return (
+        f"{pool} [{n}/{of}] {p.workers} workers x {p.slots} slots, "
+        f"{p.loads_per_minute} loads/min: {shares}; cost {p.weighted_miss_cost:.4g}"
+        f"{' (meets the target)' if p.meets else ''} in {p.seconds:.1f} s"
+    )
 
 
 def plot(answers: Sequence[PoolAnswer], targets: dict[str, float], path: Path) -> Path:
@@ -183,8 +219,9 @@ def plot(answers: Sequence[PoolAnswer], targets: dict[str, float], path: Path) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(max(1, len(answers)), 2, figsize=(11, 4.2 * max(1, len(answers))),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        max(1, len(answers)), 2, figsize=(11, 4.2 * max(1, len(answers))), squeeze=False
+    )
     for row, found in zip(axes, answers, strict=False):
         lines: dict[tuple[int, int], list[Point]] = {}
         for p in found.points:
@@ -198,12 +235,21 @@ def plot(answers: Sequence[PoolAnswer], targets: dict[str, float], path: Path) -
         if found.answer is not None:
             a = found.answer
             for ax, y in ((row[0], _margin(a, targets)), (row[1], a.weighted_miss_cost)):
-                ax.plot([a.workers * a.slots], [y], marker="*", markersize=16, color="black",
-                        linestyle="none", label="answer")
+                ax.plot(
+                    [a.workers * a.slots],
+                    [y],
+                    marker="*",
+                    markersize=16,
+                    color="black",
+                    linestyle="none",
+                    label="answer",
+                )
         row[0].axhline(0.0, color="grey", linestyle="--", linewidth=0.8)
         row[0].set_title(f"{found.base_model}: worst margin to the target", fontsize=10)
-        row[0].set_ylabel("attainment - target, worst of "
-                          + ", ".join(f"{k} {v:g}" for k, v in targets.items()), fontsize=8)
+        row[0].set_ylabel(
+            "attainment - target, worst of " + ", ".join(f"{k} {v:g}" for k, v in targets.items()),
+            fontsize=8,
+        )
         row[1].set_title(f"{found.base_model}: priority-weighted miss cost", fontsize=10)
         row[1].set_ylabel("weighted miss cost (ms)")
         for ax in row:

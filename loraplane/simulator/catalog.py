@@ -15,6 +15,8 @@ import numpy as np
 
 from loraplane.simulator.scenario import PRIORITIES, PriorityName, Scenario
 
+__all__ = ["Adapter", "Catalog", "K", "build_catalog"]
+
 K = TypeVar("K")
 
 
@@ -63,17 +65,34 @@ def build_catalog(scenario: Scenario, rng: np.random.Generator) -> Catalog:
     adapters: list[Adapter] = []
     for i in range(w.adapters):
         tenant = i % w.tenants
-        adapters.append(Adapter(
-            index=i, adapter_id=f"a{i:04d}", version="1.0.0", base_model=int(base_models[i]),
-            tenant=f"t{tenant:03d}", priority=tenant_priority[tenant], rank=int(ranks[i]),
-            size_bytes=int(ranks[i]) * bytes_per_rank))
+        adapters.append(
+            Adapter(
+                index=i,
+                adapter_id=f"a{i:04d}",
+                version="1.0.0",
+                base_model=int(base_models[i]),
+                tenant=f"t{tenant:03d}",
+                priority=tenant_priority[tenant],
+                rank=int(ranks[i]),
+                size_bytes=int(ranks[i]) * bytes_per_rank,
+            )
+        )
     canary_of: dict[int, int] = {}
     for parent in adapters[: min(w.canaries.count, w.adapters)]:
         index = len(adapters)
-        adapters.append(Adapter(
-            index=index, adapter_id=parent.adapter_id, version="1.1.0",
-            base_model=parent.base_model, tenant=parent.tenant, priority=parent.priority,
-            rank=parent.rank, size_bytes=parent.size_bytes,
-            canary_percent=w.canaries.percent, stable_of=parent.index))
+        adapters.append(
+            Adapter(
+                index=index,
+                adapter_id=parent.adapter_id,
+                version="1.1.0",
+                base_model=parent.base_model,
+                tenant=parent.tenant,
+                priority=parent.priority,
+                rank=parent.rank,
+                size_bytes=parent.size_bytes,
+                canary_percent=w.canaries.percent,
+                stable_of=parent.index,
+            )
+        )
         canary_of[parent.index] = index
     return Catalog(tuple(adapters), w.adapters, canary_of)

@@ -31,6 +31,8 @@ from loraplane.simulator.policies.base import BYPASS, CachePolicy, Copy, Plan, P
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import PRIORITIES, Interference, Scenario
 
+__all__ = ["WINDOW_S", "PolicyContractError", "simulate"]
+
 WINDOW_S = 60.0
 
 
@@ -117,8 +119,7 @@ class _Worker:
         """In a slot before the first request; its load time is counted, not waited for."""
         fl = self.fleet
         fl.c.preloads += 1
-        fl.c.preload_ms_total += fl.costs.swap_ms(fl.sizes[adapter]) + \
-            fl.interference.page_alloc_ms
+        fl.c.preload_ms_total += fl.costs.swap_ms(fl.sizes[adapter]) + fl.interference.page_alloc_ms
         self._add(adapter, 0.0)
         self.host_put(adapter)
 
@@ -188,7 +189,8 @@ class _Worker:
         if adapter not in self.resident:
             raise PolicyContractError(
                 f"{self.fleet.policy.name} evicted adapter {adapter}, which is not resident on "
-                f"worker {self.index}")
+                f"worker {self.index}"
+            )
         self.resident.remove(adapter)
         del self.ready[adapter]
         self.resident_bytes -= self.fleet.sizes[adapter]
@@ -199,9 +201,15 @@ class _Worker:
 class _Fleet:
     """One base model's workers, who holds what (the router's indexes) and its policy."""
 
-    def __init__(self, pool: Pool, catalog: Catalog, costs: CostModel,
-                 counters: Counters, interference: Interference,
-                 decode_s: list[float]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        catalog: Catalog,
+        costs: CostModel,
+        counters: Counters,
+        interference: Interference,
+        decode_s: list[float],
+    ) -> None:
         self.pool = pool
         self.sizes = [a.size_bytes for a in catalog.adapters]
         self.costs = costs
@@ -237,10 +245,15 @@ class _Fleet:
         """The router's choice for a request of ``adapter`` at ``now``."""
         ws = self.workers
         picked = pick_worker(
-            self.gpu_holders.get(adapter, ()), self.host_holders.get(adapter, ()),
-            self._free_order(), self.ids, fits=_always,
+            self.gpu_holders.get(adapter, ()),
+            self.host_holders.get(adapter, ()),
+            self._free_order(),
+            self.ids,
+            fits=_always,
             may_load=lambda w: ws[w].recent_loads(now) < ws[w].budget(),
-            busy=lambda w: ws[w].busy(now), turn=self.turns.__getitem__)
+            busy=lambda w: ws[w].busy(now),
+            turn=self.turns.__getitem__,
+        )
         assert picked is not None  # every simulated worker fits every adapter
         self.routes += 1
         self.turns[picked[0]] = self.routes
@@ -268,8 +281,11 @@ class _Fleet:
         loaded: list[Copy] = []
         for w, a in plan.load:
             wk = ws[w]
-            if (a in wk.resident or len(wk.resident) >= self.pool.gpu_slots
-                    or wk.budget_start(now) > now):
+            if (
+                a in wk.resident
+                or len(wk.resident) >= self.pool.gpu_slots
+                or wk.budget_start(now) > now
+            ):
                 continue
             wk.load(a, now, demand=False)
             loaded.append((w, a))
@@ -280,8 +296,9 @@ def _always(worker: int) -> bool:
     return True
 
 
-def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
-             factory: PolicyFactory) -> Counters:
+def simulate(
+    scenario: Scenario, catalog: Catalog, requests: Requests, factory: PolicyFactory
+) -> Counters:
     """Replay ``requests`` with one policy (one instance per base model)."""
     c = Counters(requests=len(requests))
     decode = [0.0] * len(requests)  # per request: time in service, stalls included
@@ -291,11 +308,21 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
         pool = Pool.of(index, spec, scenario.policy)
         fl = _Fleet(pool, catalog, costs, c, scenario.fleet.interference, decode)
         ws = fl.workers
-        fl.policy = factory(PolicyContext(
-            pool, pool.gpu_slots, catalog, costs, scenario.policy, requests,
-            tuple(w.resident for w in ws), tuple(w.host for w in ws),
-            tuple(scenario.workload.peaks), recent_loads=fl.recent_loads,
-            stall_fraction=scenario.fleet.interference.stall_fraction))
+        fl.policy = factory(
+            PolicyContext(
+                pool,
+                pool.gpu_slots,
+                catalog,
+                costs,
+                scenario.policy,
+                requests,
+                tuple(w.resident for w in ws),
+                tuple(w.host for w in ws),
+                tuple(scenario.workload.peaks),
+                recent_loads=fl.recent_loads,
+                stall_fraction=scenario.fleet.interference.stall_fraction,
+            )
+        )
         fl.size_workers()
         for w, a in fl.policy.preload():
             ws[w].preload(a)
@@ -322,8 +349,12 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
     slo = c.slo
     attained = (slo.setdefault("interactive", [0, 0]), slo.setdefault("batch", [0, 0]))
     canary_attained = [0, 0]
-    times, reqs, tokens, batches = (requests.time_s, requests.adapter, requests.output_tokens,
-                                    requests.batch)
+    times, reqs, tokens, batches = (
+        requests.time_s,
+        requests.adapter,
+        requests.output_tokens,
+        requests.batch,
+    )
 
     def ask(fl: _Fleet, i: int, w: int, t: float) -> Outcome:
         """Request ``i``'s miss on worker ``w`` at ``t``: its load, waited for or not, or its
@@ -352,8 +383,7 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
         ready = wk.load(a, start, demand=True)
         return costs.miss((ready - t) * 1000.0, batch, False)
 
-    def finish(fl: _Fleet, i: int, w: int, outcome: Outcome | None, tier: str,
-               now: float) -> None:
+    def finish(fl: _Fleet, i: int, w: int, outcome: Outcome | None, tier: str, now: float) -> None:
         """Serve (or answer) request ``i`` on worker ``w`` as ``outcome`` says, and count it."""
         t, a, batch = times[i], reqs[i], batches[i]
         wk, pol = fl.workers[w], fl.policy
@@ -382,8 +412,9 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
             if fl.stall:
                 wk.decode(i, t, begin + queued, begin + queued + service)
         penalties[i] = penalty
-        met = (outcome is None or not (outcome.fallback or outcome.retry)) and \
-            penalty <= budget_ms[batch]
+        met = (outcome is None or not (outcome.fallback or outcome.retry)) and penalty <= budget_ms[
+            batch
+        ]
         row = attained[batch]
         row[0] += 1
         row[1] += met
@@ -434,6 +465,7 @@ def simulate(scenario: Scenario, catalog: Catalog, requests: Requests,
         finish(fl, i, w, outcome, tier, t)
     if canary_attained[0]:
         slo["canary"] = canary_attained
-    c.tokens_per_s = (np.asarray(tokens, dtype=float) / (
-        np.asarray(penalties) / 1000.0 + np.asarray(decode))).tolist()
+    c.tokens_per_s = (
+        np.asarray(tokens, dtype=float) / (np.asarray(penalties) / 1000.0 + np.asarray(decode))
+    ).tolist()
     return c

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from loraplane.kernel.policy import Policy
 from loraplane.simulator.scenario import BaseModelFleet, Costs, PriorityName
 
+__all__ = ["GB", "CostModel", "Outcome", "Pool"]
+
 GB = 1e9
 
 
@@ -45,10 +47,19 @@ class Pool:
 
     @classmethod
     def of(cls, index: int, spec: BaseModelFleet, policy: Policy) -> Pool:
-        return cls(index, spec.name, spec.workers, spec.gpu_slots_per_worker,
-                   spec.host_slots_per_worker, spec.host_bytes_per_worker,
-                   spec.hbm_bytes_per_worker, spec.base_weights_bytes, spec.kv_reserved_bytes,
-                   policy.cold_loads_per_minute_per_worker, spec.max_concurrent_per_worker)
+        return cls(
+            index,
+            spec.name,
+            spec.workers,
+            spec.gpu_slots_per_worker,
+            spec.host_slots_per_worker,
+            spec.host_bytes_per_worker,
+            spec.hbm_bytes_per_worker,
+            spec.base_weights_bytes,
+            spec.kv_reserved_bytes,
+            policy.cold_loads_per_minute_per_worker,
+            spec.max_concurrent_per_worker,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,14 +79,21 @@ class CostModel:
         budgets = policy.request_budgets
         self.interactive = budgets.interactive
         fallback = costs.fallback_cost_ms
-        interactive_over = (fallback if self.interactive.on_cold == "fallback"
-                            else self.interactive.retry_after_s * 1000.0)
+        interactive_over = (
+            fallback
+            if self.interactive.on_cold == "fallback"
+            else self.interactive.retry_after_s * 1000.0
+        )
         # per class (interactive, batch): max wait, charge when over it, is that a fallback
         # (else a 429 + Retry-After: batch always, as the gateway answers it)
-        self._classes = ((float(self.interactive.max_wait_ms), interactive_over,
-                          self.interactive.on_cold == "fallback"),
-                         (float(budgets.batch.max_wait_ms), budgets.batch.retry_after_s * 1000.0,
-                          False))
+        self._classes = (
+            (
+                float(self.interactive.max_wait_ms),
+                interactive_over,
+                self.interactive.on_cold == "fallback",
+            ),
+            (float(budgets.batch.max_wait_ms), budgets.batch.retry_after_s * 1000.0, False),
+        )
 
     def swap_ms(self, size_bytes: float) -> float:
         """Host memory → GPU slot."""
@@ -92,8 +110,9 @@ class CostModel:
         """May a request of this class wait ``wait_ms`` for the load budget?"""
         return batch and wait_ms <= self._classes[1][0]
 
-    def miss(self, penalty_ms: float, batch: bool, blocked: bool,
-             retry_after_ms: float = 0.0) -> Outcome:
+    def miss(
+        self, penalty_ms: float, batch: bool, blocked: bool, retry_after_ms: float = 0.0
+    ) -> Outcome:
         """Apply the request-class budget to a miss that would wait ``penalty_ms``
         (``blocked``: nothing loads for it). A 429 is charged its ``Retry-After``: the
         class's ``retry_after_s``, or ``retry_after_ms`` when longer (the time until the

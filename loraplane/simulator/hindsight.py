@@ -23,6 +23,8 @@ from loraplane.simulator.fleet import CostModel
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Scenario
 
+__all__ = ["WINDOW_S", "HindsightResult", "hindsight_set"]
+
 WINDOW_S = 600.0
 
 
@@ -35,25 +37,32 @@ class HindsightResult:
     """Versions that entered a set, the first window's included."""
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"weighted_miss_cost": round(self.weighted_miss_cost, 3),
-                "window_s": self.window_s, "windows": self.windows, "loads": self.loads}
+        return {
+            "weighted_miss_cost": round(self.weighted_miss_cost, 3),
+            "window_s": self.window_s,
+            "windows": self.windows,
+            "loads": self.loads,
+        }
 
 
-def hindsight_set(scenario: Scenario, catalog: Catalog, requests: Requests,
-                  window_s: float = WINDOW_S) -> HindsightResult:
+def hindsight_set(
+    scenario: Scenario, catalog: Catalog, requests: Requests, window_s: float = WINDOW_S
+) -> HindsightResult:
     """The per-window set's weighted cost over every pool of the scenario."""
     cm = CostModel(scenario.fleet.costs, scenario.policy)
     budget = scenario.policy.cold_loads_per_minute_per_worker
     # per pool, per window: version -> the weighted charge of its requests left unserved
     value: dict[int, dict[int, dict[int, float]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(float)))
+        lambda: defaultdict(lambda: defaultdict(float))
+    )
     if not len(requests):
         return HindsightResult(0.0, window_s, 0, 0)
     t0 = requests.time_s[0]
     for t, a, batch in zip(requests.time_s, requests.adapter, requests.batch, strict=True):
         spec = catalog.adapters[a]
-        value[spec.base_model][int((t - t0) // window_s)][a] += (
-            cm.weight(spec.priority) * cm.unloaded_miss_ms(batch))
+        value[spec.base_model][int((t - t0) // window_s)][a] += cm.weight(
+            spec.priority
+        ) * cm.unloaded_miss_ms(batch)
     total, windows, loads = 0.0, 0, 0
     for pool, per_window in value.items():
         fleet = scenario.fleet.base_models[pool]
@@ -70,8 +79,7 @@ def hindsight_set(scenario: Scenario, catalog: Catalog, requests: Requests,
     return HindsightResult(total, window_s, windows, loads)
 
 
-def _next_set(demand: dict[int, float], before: set[int], size: int,
-              allowance: int) -> set[int]:
+def _next_set(demand: dict[int, float], before: set[int], size: int, allowance: int) -> set[int]:
     """The ``size`` most valuable versions of the window, of which at most ``allowance`` are
     not in ``before`` (the other places go to the most valuable of ``before``)."""
     best = sorted(demand, key=lambda a: (-demand[a], a))[:size]
@@ -80,4 +88,4 @@ def _next_set(demand: dict[int, float], before: set[int], size: int,
         return set(best)
     out = {a for a in best if a in before} | set(newcomers[:allowance])
     kept = sorted(before - out, key=lambda a: (-demand.get(a, 0.0), a))
-    return out | set(kept[:size - len(out)])
+    return out | set(kept[: size - len(out)])

@@ -10,6 +10,8 @@ import numpy as np
 
 from loraplane.simulator.scenario import PRIORITIES
 
+__all__ = ["Counters"]
+
 
 @dataclass
 class Counters:
@@ -46,8 +48,11 @@ class Counters:
 
     def summary(self) -> dict[str, Any]:
         n = max(1, self.requests)
-        pct = np.percentile(self.ttft_penalty_ms, [50, 95, 99]) if self.ttft_penalty_ms \
+        pct = (
+            np.percentile(self.ttft_penalty_ms, [50, 95, 99])
+            if self.ttft_penalty_ms
             else [0.0, 0.0, 0.0]
+        )
         return {
             "gpu_hit_rate": round(self.gpu_hits / n, 6),
             "host_hit_rate": round(self.host_hits / n, 6),
@@ -56,19 +61,27 @@ class Counters:
             "fallbacks": self.fallbacks,
             "retries": self.retries,
             "retry_wait_s_mean": round(self.retry_wait_ms / self.retries / 1000.0, 3)
-            if self.retries else 0.0,
+            if self.retries
+            else 0.0,
             "declined": self.declined,
             "queued": self.queued,
-            "ttft_penalty_ms": {k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"),
-                                                                     pct, strict=True)},
+            "ttft_penalty_ms": {
+                k: round(float(v), 3) for k, v in zip(("p50", "p95", "p99"), pct, strict=True)
+            },
             "weighted_miss_cost": round(self.weighted_miss_cost, 3),
             "platinum_cold_starts": self.platinum_cold_starts,
             "canary_cold_starts": self.canary_cold_starts,
             "routes": {str(k): v for k, v in sorted(self.routes.items())},
-            "slo_attainment": {k: round(met / n_k, 6) for k, (n_k, met) in sorted(
-                self.slo.items()) if n_k},
-            "slo_attainment_by_priority": {k: round(met / n_k, 6) for k, (n_k, met) in sorted(
-                self.slo_priority.items(), key=lambda kv: PRIORITIES.index(kv[0])) if n_k},
+            "slo_attainment": {
+                k: round(met / n_k, 6) for k, (n_k, met) in sorted(self.slo.items()) if n_k
+            },
+            "slo_attainment_by_priority": {
+                k: round(met / n_k, 6)
+                for k, (n_k, met) in sorted(
+                    self.slo_priority.items(), key=lambda kv: PRIORITIES.index(kv[0])
+                )
+                if n_k
+            },
         }
 
     def seed_columns(self) -> dict[str, float]:
@@ -80,5 +93,8 @@ class Counters:
             demand = self.swap_ms_total / self.demand_swaps
         else:
             demand = self.preload_ms_total / self.preloads if self.preloads else 0.0
-        return {"hbm_peak_ratio": round(self.hbm_peak_ratio, 4), "swap_ms": round(demand, 3),
-                "p95_tokens_per_s": round(tps, 3)}
+        return {
+            "hbm_peak_ratio": round(self.hbm_peak_ratio, 4),
+            "swap_ms": round(demand, 3),
+            "p95_tokens_per_s": round(tps, 3),
+        }

@@ -21,6 +21,8 @@ from loraplane.simulator.fleet import CostModel
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Scenario
 
+__all__ = ["SCALE", "OptimumResult", "optimum", "weighted_paging_cost"]
+
 SCALE = 1000  # costs in microseconds as integers: network simplex wants exact arithmetic
 
 
@@ -31,12 +33,16 @@ class OptimumResult:
     segments: int
 
     def as_dict(self) -> dict[str, float | bool | int]:
-        return {"weighted_miss_cost": round(self.weighted_miss_cost, 3), "exact": self.exact,
-                "segments": self.segments}
+        return {
+            "weighted_miss_cost": round(self.weighted_miss_cost, 3),
+            "exact": self.exact,
+            "segments": self.segments,
+        }
 
 
-def weighted_paging_cost(adapters: list[int], costs: list[int], capacity: int,
-                         free_start: bool = False) -> int:
+def weighted_paging_cost(
+    adapters: list[int], costs: list[int], capacity: int, free_start: bool = False
+) -> int:
     """Minimum total cost (integers) of serving ``adapters`` in order with ``capacity`` slots,
     where a miss of request ``j`` costs ``costs[j]``; ``free_start``: the cache starts holding
     any adapters we like."""
@@ -67,8 +73,9 @@ def weighted_paging_cost(adapters: list[int], costs: list[int], capacity: int,
     return total + nx.min_cost_flow_cost(g)
 
 
-def optimum(scenario: Scenario, catalog: Catalog, requests: Requests,
-            gpu_slots: dict[int, int]) -> OptimumResult | None:
+def optimum(
+    scenario: Scenario, catalog: Catalog, requests: Requests, gpu_slots: dict[int, int]
+) -> OptimumResult | None:
     """Exact when the trace has at most ``optimum.exact_max_requests`` requests, else the
     segmented lower bound; ``None`` above ``optimum.bound_max_requests`` (it would take
     minutes). ``gpu_slots``: pool index -> slots."""
@@ -88,7 +95,8 @@ def optimum(scenario: Scenario, catalog: Catalog, requests: Requests,
     segments = 0
     for pool, (seq, cs) in per_pool.items():
         for lo in range(0, len(seq), max(1, seg)):
-            total += weighted_paging_cost(seq[lo:lo + seg], cs[lo:lo + seg], gpu_slots[pool],
-                                          free_start=not exact)
+            total += weighted_paging_cost(
+                seq[lo : lo + seg], cs[lo : lo + seg], gpu_slots[pool], free_start=not exact
+            )
             segments += 1
     return OptimumResult(total / SCALE, exact, segments)

@@ -34,6 +34,20 @@ from loraplane.simulator.scenario import (
     Workload,
 )
 
+__all__ = [
+    "NO_VERSION",
+    "AdapterFacts",
+    "FactsKey",
+    "Replay",
+    "RequestRow",
+    "WhatIf",
+    "WorkerFacts",
+    "adapter_facts",
+    "build",
+    "row_of",
+    "worker_facts",
+]
+
 NO_VERSION = "0"
 
 
@@ -97,12 +111,18 @@ FactsKey = tuple[str, str, str]  # (base_model, adapter_id, version)
 
 
 def worker_facts(states: Iterable[WorkerState]) -> list[WorkerFacts]:
-    return [WorkerFacts(s.worker_id, s.base_model, s.gpu_slots_total, s.host_bytes_budget,
-                        s.max_lora_rank) for s in states]
+    return [
+        WorkerFacts(
+            s.worker_id, s.base_model, s.gpu_slots_total, s.host_bytes_budget, s.max_lora_rank
+        )
+        for s in states
+    ]
 
 
-def adapter_facts(views: Iterable[AdapterView], states: Iterable[WorkerState],
-                  ) -> dict[FactsKey, AdapterFacts]:
+def adapter_facts(
+    views: Iterable[AdapterView],
+    states: Iterable[WorkerState],
+) -> dict[FactsKey, AdapterFacts]:
     """Every version the registry knows (its record: rank, size, priority, owner, status),
     and the rank and size of versions it does not know but a worker reported holding."""
     out: dict[FactsKey, AdapterFacts] = {}
@@ -110,13 +130,18 @@ def adapter_facts(views: Iterable[AdapterView], states: Iterable[WorkerState],
         for a in s.adapters:
             if a.rank:
                 out[(s.base_model, a.adapter_id, a.version)] = AdapterFacts(
-                    a.rank, float(a.size_bytes), tenant_id=a.tenant_id)
+                    a.rank, float(a.size_bytes), tenant_id=a.tenant_id
+                )
     for view in views:
         for r in view.versions:
             out[(view.base_model, view.adapter_id, r.version)] = AdapterFacts(
-                r.rank, float(r.size_bytes), _PRIORITY[r.priority.value], view.tenant_id,
+                r.rank,
+                float(r.size_bytes),
+                _PRIORITY[r.priority.value],
+                view.tenant_id,
                 active=r.version == view.active_version,
-                canary_percent=r.release.canary_percent if r.status == "canary" else None)
+                canary_percent=r.release.canary_percent if r.status == "canary" else None,
+            )
     return out
 
 
@@ -124,9 +149,13 @@ def _version(text: str) -> str:
     return text or NO_VERSION
 
 
-def build(rows: Iterable[RequestRow], workers: Sequence[WorkerFacts],
-          facts: dict[FactsKey, AdapterFacts], base: Scenario,
-          what_if: WhatIf = WhatIf()) -> Replay:
+def build(
+    rows: Iterable[RequestRow],
+    workers: Sequence[WorkerFacts],
+    facts: dict[FactsKey, AdapterFacts],
+    base: Scenario,
+    what_if: WhatIf = WhatIf(),
+) -> Replay:
     """The scenario (``base`` with this fleet), catalog and request stream of the rows."""
     ordered = sorted(rows)
     if not ordered:
@@ -135,64 +164,99 @@ def build(rows: Iterable[RequestRow], workers: Sequence[WorkerFacts],
     pools = sorted({r.base_model for r in ordered})
     pool_index = {name: i for i, name in enumerate(pools)}
     fleet = _fleet(ordered, workers, pools, base, what_if, notes)
-    max_rank = {b.name: r for b, r in zip(fleet.base_models, _max_ranks(pools, workers, base),
-                                          strict=True)}
+    max_rank = {
+        b.name: r for b, r in zip(fleet.base_models, _max_ranks(pools, workers, base), strict=True)
+    }
     # Versions equal by version_key are one entry, named by their smallest spelling.
     named = {(r.base_model, r.adapter_id, r.adapter_version) for r in ordered}
     spelled: dict[tuple[str, str, tuple[int, ...]], str] = {}
     for bm, aid, v in named:
         k = (bm, aid, version_key(_version(v)))
         spelled[k] = min(spelled.get(k, _version(v)), _version(v))
-    entry = {(bm, aid, v): (bm, aid, spelled[(bm, aid, version_key(_version(v)))])
-             for bm, aid, v in named}
+    entry = {
+        (bm, aid, v): (bm, aid, spelled[(bm, aid, version_key(_version(v)))])
+        for bm, aid, v in named
+    }
     keys = [entry[(r.base_model, r.adapter_id, r.adapter_version)] for r in ordered]
     demand: Counter[FactsKey] = Counter(keys)
     tenants: dict[tuple[str, str], Counter[str]] = {}
-    for (bm, aid, tenant), n in Counter((r.base_model, r.adapter_id, r.tenant_id)
-                                        for r in ordered).items():
+    for (bm, aid, tenant), n in Counter(
+        (r.base_model, r.adapter_id, r.tenant_id) for r in ordered
+    ).items():
         tenants.setdefault((bm, aid), Counter())[tenant] = n
     catalog, index = _catalog(demand, tenants, facts, pool_index, max_rank, base)
     start = ordered[0].ts
-    requests = Requests([r.ts - start for r in ordered], [index[k] for k in keys],
-                        [max(1, r.output_tokens) for r in ordered],
-                        [r.request_class == "batch" for r in ordered])
+    requests = Requests(
+        [r.ts - start for r in ordered],
+        [index[k] for k in keys],
+        [max(1, r.output_tokens) for r in ordered],
+        [r.request_class == "batch" for r in ordered],
+    )
     n_tenants = len({r.tenant_id for r in ordered})
     # The report's workload says what was replayed (no bursts, peaks or canaries to draw);
     # the base's per-policy deployments and seed rows describe another fleet than this one.
-    scenario = base.model_copy(update={"fleet": fleet, "workload": Workload(
-        requests=len(ordered), adapters=max(1, catalog.regular), tenants=n_tenants),
-        "overrides": {}, "seed_reference": {}})
+    scenario = base.model_copy(
+        update={
+            "fleet": fleet,
+            "workload": Workload(
+                requests=len(ordered), adapters=max(1, catalog.regular), tenants=n_tenants
+            ),
+            "overrides": {},
+            "seed_reference": {},
+        }
+    )
     unknown = sum(1 for k in demand if k not in facts)
     if unknown:
-        notes.append(f"{unknown} of {len(demand)} adapter versions not in the registry or a "
-                     "worker state: sized at their pool's max LoRA rank, default priority")
+        notes.append(
+            f"{unknown} of {len(demand)} adapter versions not in the registry or a "
+            "worker state: sized at their pool's max LoRA rank, default priority"
+        )
     summary: dict[str, object] = {
-        "rows": len(ordered), "span_s": round(ordered[-1].ts - start, 3),
-        "adapter_versions": len(catalog), "tenants": n_tenants,
-        "batch": sum(requests.batch), "prompt_tokens": sum(r.prompt_tokens for r in ordered),
+        "rows": len(ordered),
+        "span_s": round(ordered[-1].ts - start, 3),
+        "adapter_versions": len(catalog),
+        "tenants": n_tenants,
+        "batch": sum(requests.batch),
+        "prompt_tokens": sum(r.prompt_tokens for r in ordered),
         "output_tokens": sum(r.output_tokens for r in ordered),
-        "pools": {b.name: {"workers": b.workers, "gpu_slots_per_worker": b.gpu_slots_per_worker,
-                           "host_bytes_per_worker": b.host_bytes_per_worker}
-                  for b in fleet.base_models}}
+        "pools": {
+            b.name: {
+                "workers": b.workers,
+                "gpu_slots_per_worker": b.gpu_slots_per_worker,
+                "host_bytes_per_worker": b.host_bytes_per_worker,
+            }
+            for b in fleet.base_models
+        },
+    }
     return Replay(scenario, catalog, requests, summary, tuple(notes))
 
 
 def _max_ranks(pools: list[str], workers: Sequence[WorkerFacts], base: Scenario) -> list[int]:
     default = max(base.workload.ranks)
-    return [max((w.max_lora_rank for w in workers if w.base_model == p), default=default)
-            for p in pools]
+    return [
+        max((w.max_lora_rank for w in workers if w.base_model == p), default=default) for p in pools
+    ]
 
 
-def _fleet(rows: list[RequestRow], workers: Sequence[WorkerFacts], pools: list[str],
-           base: Scenario, what_if: WhatIf, notes: list[str]) -> Fleet:
+def _fleet(
+    rows: list[RequestRow],
+    workers: Sequence[WorkerFacts],
+    pools: list[str],
+    base: Scenario,
+    what_if: WhatIf,
+    notes: list[str],
+) -> Fleet:
     template = base.fleet.base_models[0] if base.fleet.base_models else BaseModelFleet()
     specs = []
     for name in pools:
         states = [w for w in workers if w.base_model == name]
         seen = {r.worker_id for r in rows if r.base_model == name} | {w.worker_id for w in states}
         count = what_if.workers if what_if.workers is not None else max(1, len(seen))
-        update: dict[str, object] = {"name": name, "share": 1.0,
-                                     "workers": count + what_if.add_workers}
+        update: dict[str, object] = {
+            "name": name,
+            "share": 1.0,
+            "workers": count + what_if.add_workers,
+        }
         slots = max((w.gpu_slots_total for w in states), default=0)
         host = max((w.host_bytes_budget for w in states), default=0)
         if slots:
@@ -200,18 +264,24 @@ def _fleet(rows: list[RequestRow], workers: Sequence[WorkerFacts], pools: list[s
         if host:
             update["host_bytes_per_worker"] = float(host)
         if not states:
-            notes.append(f"{name}: no worker state; slots and host budget are the scenario's "
-                         f"({template.gpu_slots_per_worker} slots per worker)")
+            notes.append(
+                f"{name}: no worker state; slots and host budget are the scenario's "
+                f"({template.gpu_slots_per_worker} slots per worker)"
+            )
         if what_if.gpu_slots is not None:
             update["gpu_slots_per_worker"] = what_if.gpu_slots
         specs.append(BaseModelFleet.model_validate({**template.model_dump(), **update}))
     return base.fleet.model_copy(update={"base_models": specs})
 
 
-def _catalog(demand: Counter[FactsKey], tenants: dict[tuple[str, str], Counter[str]],
-             facts: dict[FactsKey, AdapterFacts], pool_index: dict[str, int],
-             max_rank: dict[str, int], base: Scenario,
-             ) -> tuple[Catalog, dict[FactsKey, int]]:
+def _catalog(
+    demand: Counter[FactsKey],
+    tenants: dict[tuple[str, str], Counter[str]],
+    facts: dict[FactsKey, AdapterFacts],
+    pool_index: dict[str, int],
+    max_rank: dict[str, int],
+    base: Scenario,
+) -> tuple[Catalog, dict[FactsKey, int]]:
     """Adapters most requested first, each adapter's versions together in version order."""
     per_adapter: dict[tuple[str, str], list[str]] = {}
     for bm, aid, v in demand:
@@ -223,25 +293,45 @@ def _catalog(demand: Counter[FactsKey], tenants: dict[tuple[str, str], Counter[s
     for bm, aid in sorted(per_adapter, key=lambda k: (-total[k], k)):
         versions = sorted(per_adapter[(bm, aid)], key=version_key)
         known = [v for v in versions if facts.get((bm, aid, v), _NONE).active]
-        stable = known[0] if known else max(
-            versions, key=lambda v: (demand[(bm, aid, v)], version_key(v)))
+        stable = (
+            known[0]
+            if known
+            else max(versions, key=lambda v: (demand[(bm, aid, v)], version_key(v)))
+        )
         stable_at = len(adapters) + versions.index(stable)
-        owner = next((f.tenant_id for v in versions
-                      if (f := facts.get((bm, aid, v))) and f.tenant_id), None)
+        owner = next(
+            (f.tenant_id for v in versions if (f := facts.get((bm, aid, v))) and f.tenant_id), None
+        )
         tenant = owner or min(tenants[(bm, aid)].items(), key=lambda kv: (-kv[1], kv[0]))[0]
         for v in versions:
             f = facts.get((bm, aid, v))
             rank = f.rank if f else max_rank[bm]
             canary = v != stable
-            percent = (f.canary_percent if f and f.canary_percent is not None
-                       else 100.0 * demand[(bm, aid, v)] / total[(bm, aid)]) if canary else 0.0
+            percent = (
+                (
+                    f.canary_percent
+                    if f and f.canary_percent is not None
+                    else 100.0 * demand[(bm, aid, v)] / total[(bm, aid)]
+                )
+                if canary
+                else 0.0
+            )
             priority = f.priority if f and f.priority else _DEFAULT_PRIORITY
             index[(bm, aid, v)] = len(adapters)
-            adapters.append(Adapter(
-                index=len(adapters), adapter_id=aid, version=v, base_model=pool_index[bm],
-                tenant=tenant, priority=priority, rank=rank,
-                size_bytes=f.size_bytes if f and f.size_bytes else rank * bytes_per_rank,
-                canary_percent=percent, stable_of=stable_at if canary else None))
+            adapters.append(
+                Adapter(
+                    index=len(adapters),
+                    adapter_id=aid,
+                    version=v,
+                    base_model=pool_index[bm],
+                    tenant=tenant,
+                    priority=priority,
+                    rank=rank,
+                    size_bytes=f.size_bytes if f and f.size_bytes else rank * bytes_per_rank,
+                    canary_percent=percent,
+                    stable_of=stable_at if canary else None,
+                )
+            )
     regular = sum(1 for a in adapters if not a.is_canary)
     return Catalog(tuple(adapters), regular, {}), index
 
@@ -258,5 +348,14 @@ def row_of(values: Sequence[Any]) -> RequestRow:
     if not isinstance(ts, datetime):
         raise ValueError(f"request row without a timestamp: {values!r}")
     stamp = (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
-    return RequestRow(stamp, str(bm), str(aid), str(version), str(tenant), str(worker),
-                      str(cls), int(prompt), int(output))
+    return RequestRow(
+        stamp,
+        str(bm),
+        str(aid),
+        str(version),
+        str(tenant),
+        str(worker),
+        str(cls),
+        int(prompt),
+        int(output),
+    )

@@ -6,9 +6,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("interactive", "batch", "canary", "bronze/silver/gold/platinum", "wcost",
-           "/ best online", "/ hindsight", "/ bound", "wrong-model answers",
-           "429s (mean wait s)", "gpu_hit", "plat/can cold", "time_s")
+__all__ = [
+    "COLUMNS",
+    "SLO_CLASSES",
+    "TIERS",
+    "best_online",
+    "plot",
+    "seed_table",
+    "table",
+    "write_json",
+]
+
+COLUMNS = (
+    "interactive",
+    "batch",
+    "canary",
+    "bronze/silver/gold/platinum",
+    "wcost",
+    "/ best online",
+    "/ hindsight",
+    "/ bound",
+    "wrong-model answers",
+    "429s (mean wait s)",
+    "gpu_hit",
+    "plat/can cold",
+    "time_s",
+)
 SLO_CLASSES = ("interactive", "batch", "canary")
 TIERS = ("bronze", "silver", "gold", "platinum")
 
@@ -16,8 +39,9 @@ TIERS = ("bronze", "silver", "gold", "platinum")
 def best_online(result: dict[str, Any]) -> str | None:
     """The online baseline of the scenario's own deployment with the lowest weighted cost."""
     kinds = result.get("kinds") or {}
-    rows = [n for n, k in kinds.items()
-            if k["online"] and k["baseline"] and not k["own_deployment"]]
+    rows = [
+        n for n, k in kinds.items() if k["online"] and k["baseline"] and not k["own_deployment"]
+    ]
     return min(rows, key=lambda n: result["policies"][n]["weighted_miss_cost"], default=None)
 
 
@@ -47,15 +71,21 @@ def table(result: dict[str, Any]) -> str:
         cost = m["weighted_miss_cost"]
         bound = bounds.get(name) or {}
         own = (result.get("kinds") or {}).get(name, {}).get("own_deployment", False)
-        cells = [_share(slo, "interactive"), _share(slo, "batch"), _share(slo, "canary"),
-                 "/".join(f"{tiers[k]:.2f}" if k in tiers else "-" for k in TIERS),
-                 f"{cost:.4g}", "-" if own else _ratio(cost, best_cost),
-                 "-" if own else _ratio(cost, hindsight),
-                 _ratio(cost, bound.get("weighted_miss_cost")) if bound.get("binds") else "-",
-                 str(m["fallbacks"]), f"{m['retries']} ({m.get('retry_wait_s_mean', 0):.1f})",
-                 f"{m['gpu_hit_rate']:.3f}",
-                 f"{m['platinum_cold_starts']}/{m['canary_cold_starts']}",
-                 f"{result['timing_s'].get(name, 0):.2f}"]
+        cells = [
+            _share(slo, "interactive"),
+            _share(slo, "batch"),
+            _share(slo, "canary"),
+            "/".join(f"{tiers[k]:.2f}" if k in tiers else "-" for k in TIERS),
+            f"{cost:.4g}",
+            "-" if own else _ratio(cost, best_cost),
+            "-" if own else _ratio(cost, hindsight),
+            _ratio(cost, bound.get("weighted_miss_cost")) if bound.get("binds") else "-",
+            str(m["fallbacks"]),
+            f"{m['retries']} ({m.get('retry_wait_s_mean', 0):.1f})",
+            f"{m['gpu_hit_rate']:.3f}",
+            f"{m['platinum_cold_starts']}/{m['canary_cold_starts']}",
+            f"{result['timing_s'].get(name, 0):.2f}",
+        ]
         label = f"{name} (own deployment)" if own else name
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [_reference(label, cost) for label, cost in _references(result)]
@@ -66,22 +96,38 @@ def _references(result: dict[str, Any]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     hs = result.get("hindsight")
     if hs:
-        out.append((f"hindsight per-window set ({hs['window_s']:g} s windows, {hs['loads']} "
-                    "loads; a reference, not a bound)", f"{hs['weighted_miss_cost']:.4g}"))
+        out.append(
+            (
+                f"hindsight per-window set ({hs['window_s']:g} s windows, {hs['loads']} "
+                "loads; a reference, not a bound)",
+                f"{hs['weighted_miss_cost']:.4g}",
+            )
+        )
     bound = result.get("bound")
     if bound:
         if bound["weighted_miss_cost"] is None:
             out.append(("budgeted LP bound", bound["reason"]))
         elif bound["binds"]:
-            out.append((f"budgeted LP bound ({bound['bucket_s']:g} s buckets)",
-                        f"{bound['weighted_miss_cost']:.4g}"))
+            out.append(
+                (
+                    f"budgeted LP bound ({bound['bucket_s']:g} s buckets)",
+                    f"{bound['weighted_miss_cost']:.4g}",
+                )
+            )
         else:
-            out.append(("budgeted LP bound: the cold start only",
-                        f"{bound['weighted_miss_cost']:.4g}: {bound['reason']}"))
+            out.append(
+                (
+                    "budgeted LP bound: the cold start only",
+                    f"{bound['weighted_miss_cost']:.4g}: {bound['reason']}",
+                )
+            )
     opt = result.get("optimum")
     if opt:
-        kind = ("budget-free offline optimum" if opt["exact"]
-                else f"budget-free lower bound ({opt['segments']} segments)")
+        kind = (
+            "budget-free offline optimum"
+            if opt["exact"]
+            else f"budget-free lower bound ({opt['segments']} segments)"
+        )
         out.append((kind, f"{opt['weighted_miss_cost']:.4g}"))
     return out
 
@@ -94,17 +140,22 @@ def seed_table(result: dict[str, Any]) -> str:
     comparison = result.get("seed_comparison")
     if not comparison:
         return ""
-    lines = ["| strategy (policy) | HBM peak sim / seed | swap ms sim / seed "
-             "| P95 tok/s sim / seed | relative to pooled: HBM, swap, P95 (sim / seed) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| strategy (policy) | HBM peak sim / seed | swap ms sim / seed "
+        "| P95 tok/s sim / seed | relative to pooled: HBM, swap, P95 (sim / seed) |",
+        "|---|---|---|---|---|",
+    ]
     for name, row in comparison["rows"].items():
         s, d = row["simulated"], row["seed"]
         sr, dr = row["simulated_relative"], row["seed_relative"]
-        rel = ", ".join(f"{sr[k]} / {dr[k]}" for k in ("hbm_peak_ratio", "swap_ms",
-                                                       "p95_tokens_per_s"))
-        lines.append(f"| {name} | {s['hbm_peak_ratio']:.2f}x / {d['hbm_peak']:.2f}x "
-                     f"| {s['swap_ms']:.0f} / {d['swap_ms']:.0f} "
-                     f"| {s['p95_tokens_per_s']:.1f} / {d['p95_tokens_per_s']:.0f} | {rel} |")
+        rel = ", ".join(
+            f"{sr[k]} / {dr[k]}" for k in ("hbm_peak_ratio", "swap_ms", "p95_tokens_per_s")
+        )
+        lines.append(
+            f"| {name} | {s['hbm_peak_ratio']:.2f}x / {d['hbm_peak']:.2f}x "
+            f"| {s['swap_ms']:.0f} / {d['swap_ms']:.0f} "
+            f"| {s['p95_tokens_per_s']:.1f} / {d['p95_tokens_per_s']:.0f} | {rel} |"
+        )
     return "\n".join(lines)
 
 
@@ -123,18 +174,23 @@ def plot(sweep: dict[str, Any], name: str, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     slots = sweep["gpu_slots_per_worker"]
     written = []
-    for metric, label, suffix in (("gpu_hit_rate", "GPU hit rate", "hit-rate"),
-                                  ("weighted_miss_cost", "priority-weighted miss cost (ms)",
-                                   "weighted-cost")):
+    for metric, label, suffix in (
+        ("gpu_hit_rate", "GPU hit rate", "hit-rate"),
+        ("weighted_miss_cost", "priority-weighted miss cost (ms)", "weighted-cost"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for policy, series in sweep["policies"].items():
             ax.plot(slots, series[metric], marker="o", label=policy)
         if metric == "weighted_miss_cost" and all(v is not None for v in sweep["optimum"]):
-            ax.plot(slots, sweep["optimum"], linestyle=":", color="black",
-                    label="budget-free optimum / bound")
+            ax.plot(
+                slots,
+                sweep["optimum"],
+                linestyle=":",
+                color="black",
+                label="budget-free optimum / bound",
+            )
         if metric == "weighted_miss_cost" and all(v is not None for v in sweep["bound"]):
-            ax.plot(slots, sweep["bound"], linestyle="--", color="black",
-                    label="budgeted LP bound")
+            ax.plot(slots, sweep["bound"], linestyle="--", color="black", label="budgeted LP bound")
         ax.set_xscale("log", base=2)
         ax.set_xticks(slots, [str(s) for s in slots])
         ax.set_xlabel("GPU slots per worker")

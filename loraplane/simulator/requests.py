@@ -23,6 +23,8 @@ import numpy as np
 from loraplane.simulator.catalog import Catalog
 from loraplane.simulator.scenario import OfficeHours, Workload
 
+__all__ = ["Requests", "assign_adapters", "popularity"]
+
 
 @dataclass(frozen=True)
 class Requests:
@@ -42,16 +44,25 @@ def popularity(n: int, alpha: float) -> np.ndarray:
     return p / p.sum()
 
 
-def _in_office_hours(times: np.ndarray, adapter: np.ndarray, p: np.ndarray,
-                     hours: OfficeHours, catalog: Catalog, rng: np.random.Generator
-                     ) -> np.ndarray:
+def _in_office_hours(
+    times: np.ndarray,
+    adapter: np.ndarray,
+    p: np.ndarray,
+    hours: OfficeHours,
+    catalog: Catalog,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """Thinning: a draw outside its tenant's hours is kept with ``off_share``, else redrawn
     (by popularity) until kept, so each request's adapter has probability ∝ popularity x its
     tenant's share at that time."""
-    tenants = sorted({a.tenant for a in catalog.adapters[:catalog.regular]})
+    tenants = sorted({a.tenant for a in catalog.adapters[: catalog.regular]})
     index = {t: k for k, t in enumerate(tenants)}
-    offset = np.array([hours.spread_s * index[a.tenant] / len(tenants)
-                       for a in catalog.adapters[:catalog.regular]])
+    offset = np.array(
+        [
+            hours.spread_s * index[a.tenant] / len(tenants)
+            for a in catalog.adapters[: catalog.regular]
+        ]
+    )
     adapter = adapter.copy()
     todo = np.arange(len(times))
     for _ in range(10_000):
@@ -65,8 +76,13 @@ def _in_office_hours(times: np.ndarray, adapter: np.ndarray, p: np.ndarray,
     return adapter
 
 
-def assign_adapters(times: np.ndarray, tokens: np.ndarray, workload: Workload, catalog: Catalog,
-                    rng: np.random.Generator) -> Requests:
+def assign_adapters(
+    times: np.ndarray,
+    tokens: np.ndarray,
+    workload: Workload,
+    catalog: Catalog,
+    rng: np.random.Generator,
+) -> Requests:
     """Map arrivals (seconds from start, sorted) to adapters as described in the module doc."""
     times = np.asarray(times, dtype=float)
     tokens = np.asarray(tokens, dtype=np.int64)
@@ -94,8 +110,10 @@ def assign_adapters(times: np.ndarray, tokens: np.ndarray, workload: Workload, c
         for parent, canary in catalog.canary_of.items():
             lookup[parent] = canary
         to_canary = (lookup[adapter] >= 0) & (
-            rng.random(len(adapter)) < workload.canaries.percent / 100)
+            rng.random(len(adapter)) < workload.canaries.percent / 100
+        )
         adapter[to_canary] = lookup[adapter[to_canary]]
     batch = rng.random(len(times)) < workload.batch_fraction
-    return Requests(times.tolist(), adapter.tolist(), np.maximum(tokens, 1).tolist(),
-                    batch.tolist())
+    return Requests(
+        times.tolist(), adapter.tolist(), np.maximum(tokens, 1).tolist(), batch.tolist()
+    )

@@ -15,14 +15,44 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraplane.kernel.policy import Policy
 
+__all__ = [
+    "PRIORITIES",
+    "BaseModelFleet",
+    "Burst",
+    "Canaries",
+    "Costs",
+    "Diurnal",
+    "Fleet",
+    "Interference",
+    "OfficeHours",
+    "OptimumSettings",
+    "Override",
+    "Peak",
+    "PriorityName",
+    "Scenario",
+    "SeedRow",
+    "SloClass",
+    "Sweep",
+    "Workload",
+    "load_scenario",
+]
+
 PriorityName = Literal["bronze", "silver", "gold", "platinum"]
 SloClass = Literal["interactive", "batch"]
 _SLO_TTFT_MS: dict[SloClass, float] = {"interactive": 1000.0, "batch": 30_000.0}
 PRIORITIES: tuple[PriorityName, ...] = get_args(PriorityName)
 _PRIORITY_MIX: dict[PriorityName, float] = {
-    "bronze": 0.5, "silver": 0.3, "gold": 0.15, "platinum": 0.05}
+    "bronze": 0.5,
+    "silver": 0.3,
+    "gold": 0.15,
+    "platinum": 0.05,
+}
 _PRIORITY_WEIGHTS: dict[PriorityName, float] = {
-    "bronze": 1.0, "silver": 2.0, "gold": 4.0, "platinum": 8.0}
+    "bronze": 1.0,
+    "silver": 2.0,
+    "gold": 4.0,
+    "platinum": 8.0,
+}
 
 
 class _Strict(BaseModel):
@@ -46,8 +76,13 @@ class OfficeHours(_Strict):
 
     start_h: float = Field(9.0, ge=0, lt=24)
     end_h: float = Field(17.0, gt=0, le=24)
-    off_share: float = Field(0.05, gt=0, le=1, description="above 0: at an hour when no "
-                             "tenant is in its hours a request still finds an adapter")
+    off_share: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="above 0: at an hour when no "
+        "tenant is in its hours a request still finds an adapter",
+    )
     spread_s: float = Field(86_400.0, ge=0)
 
     @model_validator(mode="after")
@@ -94,7 +129,8 @@ class Workload(_Strict):
     cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrivals")
     diurnal: Diurnal = Field(default_factory=Diurnal)
     office_hours: OfficeHours | None = Field(
-        None, description="tenants' shares follow their own working day (none: constant)")
+        None, description="tenants' shares follow their own working day (none: constant)"
+    )
     output_tokens: int = Field(180, ge=1, description="synthetic: mean output tokens")
     adapters: int = Field(100, ge=1)
     alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
@@ -104,8 +140,9 @@ class Workload(_Strict):
     canaries: Canaries = Field(default_factory=Canaries)
     bursts: list[Burst] = Field(default_factory=list)
     peaks: list[Peak] = Field(default_factory=list)
-    ranks: dict[int, float] = Field(default_factory=lambda: {16: 1.0},
-                                    description="LoRA rank mix over adapters")
+    ranks: dict[int, float] = Field(
+        default_factory=lambda: {16: 1.0}, description="LoRA rank mix over adapters"
+    )
 
     @model_validator(mode="after")
     def _trace_named(self) -> Workload:
@@ -123,13 +160,19 @@ class BaseModelFleet(_Strict):
     host_bytes_per_worker: float = Field(32e9, gt=0)
     hbm_bytes_per_worker: float = Field(24e9, gt=0)
     base_weights_bytes: float = Field(
-        14e9, ge=0, description="with kv_reserved_bytes, below the policy's "
+        14e9,
+        ge=0,
+        description="with kv_reserved_bytes, below the policy's "
         "hbm_low_watermark of hbm_bytes_per_worker (0.77 of it by default), or the planner "
-        "loads nothing on these workers")
+        "loads nothing on these workers",
+    )
     kv_reserved_bytes: float = Field(4.5e9, ge=0)
     max_concurrent_per_worker: int = Field(
-        256, ge=1, description="requests a worker serves at once (vLLM max_num_seqs); "
-                               "more queue, and the wait adds to their TTFT")
+        256,
+        ge=1,
+        description="requests a worker serves at once (vLLM max_num_seqs); "
+        "more queue, and the wait adds to their TTFT",
+    )
 
 
 class Costs(_Strict):
@@ -141,8 +184,9 @@ class Costs(_Strict):
     host_to_gpu_gbps: float = Field(12.0, gt=0)
     fetch_fixed_ms: float = Field(80.0, ge=0)
     s3_gbps: float = Field(0.5, gt=0)
-    fallback_cost_ms: float = Field(1000.0, ge=0,
-                                    description="cost charged for serving on the base model")
+    fallback_cost_ms: float = Field(
+        1000.0, ge=0, description="cost charged for serving on the base model"
+    )
     decode_tokens_per_s: float = Field(45.0, gt=0)
     lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
     adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
@@ -150,8 +194,9 @@ class Costs(_Strict):
     slo_ttft_ms: dict[SloClass, float] = Field(
         default_factory=lambda: _SLO_TTFT_MS.copy(),
         description="each request class's TTFT budget: a request attains its SLO when it is "
-                    "served by its adapter (no base-model fallback, no retry) within it "
-                    "(gpu_hit_ms + its TTFT penalty, queueing included)")
+        "served by its adapter (no base-model fallback, no retry) within it "
+        "(gpu_hit_ms + its TTFT penalty, queueing included)",
+    )
 
 
 class Interference(_Strict):
@@ -160,22 +205,37 @@ class Interference(_Strict):
     interference. The seed scenario says which values were fitted (bench/scenarios/seed-004-*)."""
 
     stall_fraction: float = Field(
-        0.0, ge=0, le=1, description="decode on the worker runs at (1 - this) of its rate "
-                                     "while a load runs on it (vLLM loads inside its step "
-                                     "loop: queue blocking, memory traffic)")
-    page_alloc_ms: float = Field(0.0, ge=0, description="added to every GPU load: allocating "
-                                                        "the adapter's pages")
+        0.0,
+        ge=0,
+        le=1,
+        description="decode on the worker runs at (1 - this) of its rate "
+        "while a load runs on it (vLLM loads inside its step "
+        "loop: queue blocking, memory traffic)",
+    )
+    page_alloc_ms: float = Field(
+        0.0, ge=0, description="added to every GPU load: allocating the adapter's pages"
+    )
     load_slowdown_per_request: float = Field(
-        0.0, ge=0, description="the GPU part of a load takes (1 + this x requests in flight "
-                               "on the worker) times longer: the batch's memory traffic")
+        0.0,
+        ge=0,
+        description="the GPU part of a load takes (1 + this x requests in flight "
+        "on the worker) times longer: the batch's memory traffic",
+    )
     slot_reserved_bytes: float = Field(
-        0.0, ge=0, description="HBM each GPU slot reserves (vLLM preallocates max_loras x "
-                               "max_lora_rank); 0 = adapters take their own bytes")
+        0.0,
+        ge=0,
+        description="HBM each GPU slot reserves (vLLM preallocates max_loras x "
+        "max_lora_rank); 0 = adapters take their own bytes",
+    )
     staging_bytes_per_load: float = Field(
-        0.0, ge=0, description="HBM a load holds while queued or copying (staging buffer)")
+        0.0, ge=0, description="HBM a load holds while queued or copying (staging buffer)"
+    )
     kv_bytes_per_sequence: float = Field(
-        0.0, ge=0, description="KV cache one running sequence needs; > 0: a worker serves at "
-                               "most (HBM - base - slot reservations) / this at once")
+        0.0,
+        ge=0,
+        description="KV cache one running sequence needs; > 0: a worker serves at "
+        "most (HBM - base - slot reservations) / this at once",
+    )
 
 
 class Fleet(_Strict):
@@ -193,8 +253,10 @@ class OptimumSettings(_Strict):
     segment_requests: int = Field(2000, ge=10, description="segment size of the lower bound")
     bound_max_requests: int = Field(200_000, ge=0, description="no bound above this (time)")
     bound_max_cells: int = Field(
-        120_000, ge=1, description="budgeted LP bound: adapters x time buckets at most "
-                                   "(the bucket grows to fit)")
+        120_000,
+        ge=1,
+        description="budgeted LP bound: adapters x time buckets at most (the bucket grows to fit)",
+    )
 
 
 class SeedRow(_Strict):
@@ -208,11 +270,14 @@ class Override(_Strict):
 
     gpu_slots_per_worker: int | None = Field(None, ge=1)
     host_slots_per_worker: int | None = Field(
-        None, ge=1, description="vLLM's max_cpu_loras (its default is max_loras)")
+        None, ge=1, description="vLLM's max_cpu_loras (its default is max_loras)"
+    )
     cold_loads_per_minute_per_worker: int | None = Field(None, ge=1)
     demand_admission_tau_s: float | None = Field(
-        None, ge=0, description="the policy's demand admission (0: off, as the seed's pooled "
-                                "hot set had none)")
+        None,
+        ge=0,
+        description="the policy's demand admission (0: off, as the seed's pooled hot set had none)",
+    )
 
 
 class Scenario(_Strict):
@@ -224,11 +289,13 @@ class Scenario(_Strict):
     policy: Policy = Field(default_factory=Policy)
     policies: list[str] = Field(default_factory=lambda: ["all"])
     overrides: dict[str, Override] = Field(
-        default_factory=dict, description="policy -> its own deployment (seed comparison)")
+        default_factory=dict, description="policy -> its own deployment (seed comparison)"
+    )
     sweep: Sweep = Field(default_factory=Sweep)
     optimum: OptimumSettings = Field(default_factory=OptimumSettings)
     seed_reference: dict[str, SeedRow] = Field(
-        default_factory=dict, description="policy name -> the seed's measured row")
+        default_factory=dict, description="policy name -> the seed's measured row"
+    )
 
     def for_policy(self, name: str) -> Scenario:
         """This scenario with the policy's override applied (itself if none)."""
@@ -238,9 +305,14 @@ class Scenario(_Strict):
         out = self.with_gpu_slots(o.gpu_slots_per_worker) if o.gpu_slots_per_worker else self
         if o.host_slots_per_worker:
             out = out._with_base_models(host_slots_per_worker=o.host_slots_per_worker)
-        policy = {k: v for k, v in (
-            ("cold_loads_per_minute_per_worker", o.cold_loads_per_minute_per_worker),
-            ("demand_admission_tau_s", o.demand_admission_tau_s)) if v is not None}
+        policy = {
+            k: v
+            for k, v in (
+                ("cold_loads_per_minute_per_worker", o.cold_loads_per_minute_per_worker),
+                ("demand_admission_tau_s", o.demand_admission_tau_s),
+            )
+            if v is not None
+        }
         if policy:
             out = out.model_copy(update={"policy": out.policy.model_copy(update=policy)})
         return out
@@ -249,8 +321,9 @@ class Scenario(_Strict):
         return self._with_base_models(gpu_slots_per_worker=slots)
 
     def _with_base_models(self, **update: int) -> Scenario:
-        fleet = self.fleet.model_copy(update={"base_models": [
-            b.model_copy(update=update) for b in self.fleet.base_models]})
+        fleet = self.fleet.model_copy(
+            update={"base_models": [b.model_copy(update=update) for b in self.fleet.base_models]}
+        )
         return self.model_copy(update={"fleet": fleet})
 
 
@@ -265,6 +338,7 @@ def load_scenario(path: Path) -> Scenario:
     trace = scenario.workload.trace
     if trace and not Path(trace).is_absolute():
         workload = scenario.workload.model_copy(
-            update={"trace": str((path.parent / trace).resolve())})
+            update={"trace": str((path.parent / trace).resolve())}
+        )
         scenario = scenario.model_copy(update={"workload": workload})
     return scenario

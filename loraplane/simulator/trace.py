@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["TraceError", "load_trace"]
+
 
 class TraceError(ValueError):
     """A trace file that is not in the Azure LLM trace format; the message names the line."""
@@ -25,7 +27,10 @@ def load_trace(path: Path) -> tuple[np.ndarray, np.ndarray]:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None or [h.strip() for h in header[:3]] != [
-                "TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+            "TIMESTAMP",
+            "ContextTokens",
+            "GeneratedTokens",
+        ]:
             raise TraceError(f"{path}: expected header TIMESTAMP,ContextTokens,GeneratedTokens")
         for line, row in enumerate(reader, start=2):
             try:

@@ -33,13 +33,51 @@ from aiohttp import web
 from loraplane.workers.vllm_guard import UNAUTHORIZED, admits, key_digest
 from loraplane.workers.vllm_routes import ROUTES
 
-LLAMA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                           "down_proj", "embed_tokens", "lm_head"})
+__all__ = ["BLOCK_WORDS", "LLAMA_MODULES", "MAX_HEADER_BYTES", "FakeVllm", "main", "route_table"]
+
+LLAMA_MODULES = frozenset(
+    {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "embed_tokens",
+        "lm_head",
+    }
+)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 BLOCK_WORDS = 4
-_WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "iris",
-          "juniper", "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven",
-          "sable", "thistle", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
+_WORDS = (
+    "amber",
+    "birch",
+    "cobalt",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "iris",
+    "juniper",
+    "kelp",
+    "lumen",
+    "maple",
+    "nectar",
+    "onyx",
+    "pebble",
+    "quartz",
+    "raven",
+    "sable",
+    "thistle",
+    "umber",
+    "violet",
+    "willow",
+    "xenon",
+    "yarrow",
+    "zephyr",
+)
 
 
 def _error(status: int, message: str, err_type: str) -> web.Response:
@@ -65,7 +103,7 @@ def _tensor_names(path: Path) -> list[str]:
     if n > min(MAX_HEADER_BYTES, len(raw) - 8):
         raise ValueError("Error while deserializing header: header too large")
     try:
-        header = json.loads(raw[8:8 + n])
+        header = json.loads(raw[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError("Error while deserializing header: invalid JSON in header") from None
     if not isinstance(header, dict):
@@ -99,10 +137,8 @@ class FakeVllm:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
         key = key_digest(self.api_key) if self.api_key else None
-        if not admits(request.method, request.path, request.headers.get("Authorization"),
-                      key):
-            return web.Response(body=UNAUTHORIZED, status=401,
-                                content_type="application/json")
+        if not admits(request.method, request.path, request.headers.get("Authorization"), key):
+            return web.Response(body=UNAUTHORIZED, status=401, content_type="application/json")
         response: web.StreamResponse = await handler(request)
         return response
 
@@ -129,8 +165,11 @@ class FakeVllm:
 
     async def not_implemented(self, request: web.Request) -> web.Response:
         """A route of the real vLLM that this fake does not serve (reached with the key)."""
-        return _error(501, f"the FAKE vLLM does not serve {request.method} {request.path}",
-                      "NotImplementedError")
+        return _error(
+            501,
+            f"the FAKE vLLM does not serve {request.method} {request.path}",
+            "NotImplementedError",
+        )
 
     async def version(self, _: web.Request) -> web.Response:
         return web.json_response({"version": "fake-vllm"})
@@ -140,33 +179,45 @@ class FakeVllm:
         body = await _json(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path:
-            return _error(400, "Both 'lora_name' and 'lora_path' must be provided.",
-                          "BadRequestError")
+            return _error(
+                400, "Both 'lora_name' and 'lora_path' must be provided.", "BadRequestError"
+            )
         if name in self.adapters and not body.get("load_inplace"):
-            return _error(400, f"The lora adapter '{name}' has already been loaded. If you want"
-                          " to load the adapter in place, set 'load_inplace' to True.",
-                          "InvalidUserInput")
+            return _error(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want"
+                " to load the adapter in place, set 'load_inplace' to True.",
+                "InvalidUserInput",
+            )
         folder = Path(path)
         config_path = folder / "adapter_config.json"
         if not config_path.is_file():
-            return _error(404, f"Loading lora {name} failed: No adapter found for {path}",
-                          "NotFoundError")
+            return _error(
+                404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError"
+            )
         try:
             rank = int(json.loads(config_path.read_text()).get("r", 0))
         except (ValueError, AttributeError):
-            return _error(400, f"Loading lora {name} failed: invalid adapter_config.json",
-                          "BadRequestError")
+            return _error(
+                400, f"Loading lora {name} failed: invalid adapter_config.json", "BadRequestError"
+            )
         if rank > self.max_lora_rank:
-            return _error(500, f"LoRA rank {rank} is greater than max_lora_rank "
-                          f"{self.max_lora_rank}.", "InternalServerError")
+            return _error(
+                500,
+                f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.",
+                "InternalServerError",
+            )
         try:
             for weights in sorted(folder.glob("*.safetensors")):
                 unknown = {_module_of(t) for t in _tensor_names(weights)} - LLAMA_MODULES
                 if unknown:
-                    return _error(500, f"While loading {path}, expected target modules in "
-                                  f"{sorted(LLAMA_MODULES)} but received {sorted(unknown)}. "
-                                  "Please verify that the loaded LoRA module is correct",
-                                  "InternalServerError")
+                    return _error(
+                        500,
+                        f"While loading {path}, expected target modules in "
+                        f"{sorted(LLAMA_MODULES)} but received {sorted(unknown)}. "
+                        "Please verify that the loaded LoRA module is correct",
+                        "InternalServerError",
+                    )
         except ValueError as exc:
             return _error(500, str(exc), "InternalServerError")
         self.adapters[name] = (str(folder), _weights_digest(folder))
@@ -176,8 +227,9 @@ class FakeVllm:
         body = await _json(request)
         name = body.get("lora_name")
         if not name:
-            return _error(400, "'lora_name' needs to be provided to unload a LoRA adapter.",
-                          "BadRequestError")
+            return _error(
+                400, "'lora_name' needs to be provided to unload a LoRA adapter.", "BadRequestError"
+            )
         if name not in self.adapters:
             return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del self.adapters[name]
@@ -185,19 +237,39 @@ class FakeVllm:
 
     async def models(self, _: web.Request) -> web.Response:
         now = int(time.time())
-        data = [{"id": self.model, "object": "model", "created": now, "owned_by": "vllm",
-                 "root": self.model, "parent": None, "max_model_len": 256}]
-        data += [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
-                  "root": path, "parent": self.model, "max_model_len": None}
-                 for name, (path, _) in self.adapters.items()]
+        data = [
+            {
+                "id": self.model,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": self.model,
+                "parent": None,
+                "max_model_len": 256,
+            }
+        ]
+        data += [
+            {
+                "id": name,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": path,
+                "parent": self.model,
+                "max_model_len": None,
+            }
+            for name, (path, _) in self.adapters.items()
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def metrics(self, _: web.Request) -> web.Response:
         running = ",".join(sorted(n for n, c in self.running.items() if c > 0))
-        text = ("# HELP vllm:lora_requests_info Running stats on lora requests.\n"
-                "# TYPE vllm:lora_requests_info gauge\n"
-                f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
-                f'running_lora_adapters="{running}",waiting_lora_adapters=""}} {time.time()}\n')
+        text = (
+            "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+            "# TYPE vllm:lora_requests_info gauge\n"
+            f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
+            f'running_lora_adapters="{running}",waiting_lora_adapters=""}} {time.time()}\n'
+        )
         return web.Response(text=text, content_type="text/plain")
 
     def _weights_key(self, model: str) -> str | None:
@@ -223,12 +295,14 @@ class FakeVllm:
         model = str(body.get("model", ""))
         salt = body.get("cache_salt")
         if salt is not None and (not isinstance(salt, str) or not salt):
-            return _error(400, "Parameter 'cache_salt' must be a non-empty string.",
-                          "BadRequestError")
+            return _error(
+                400, "Parameter 'cache_salt' must be a non-empty string.", "BadRequestError"
+            )
         options = body.get("stream_options")
         if options is not None and not body.get("stream"):
-            return _error(400, "Stream options can only be defined when `stream=True`.",
-                          "BadRequestError")
+            return _error(
+                400, "Stream options can only be defined when `stream=True`.", "BadRequestError"
+            )
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         key = self._weights_key(model)
         if key is None:
@@ -243,25 +317,40 @@ class FakeVllm:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         words = prompt.split()
         usage: dict[str, Any] = {
-            "prompt_tokens": len(words), "completion_tokens": len(tokens),
+            "prompt_tokens": len(words),
+            "completion_tokens": len(tokens),
             "total_tokens": len(words) + len(tokens),
-            "prompt_tokens_details": {"cached_tokens": self._cache(salt or "", key, words)}}
+            "prompt_tokens_details": {"cached_tokens": self._cache(salt or "", key, words)},
+        }
         self.running[model] += 1
         try:
             if body.get("stream"):
-                return await self._stream(request, rid, model, tokens, chat=chat,
-                                          usage=usage if include_usage else None)
+                return await self._stream(
+                    request, rid, model, tokens, chat=chat, usage=usage if include_usage else None
+                )
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s * len(tokens))
             text = "".join(tokens)
             choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text},
-                 "finish_reason": "length"} if chat else
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-            return web.json_response({
-                "id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": model, "choices": [choice],
-                "usage": usage, "system_fingerprint": "fake-vllm"})
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            )
+            return web.json_response(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [choice],
+                    "usage": usage,
+                    "system_fingerprint": "fake-vllm",
+                }
+            )
         finally:
             self.running[model] -= 1
 
@@ -279,33 +368,70 @@ class FakeVllm:
                 self.prefix_blocks.add(block)
         return cached
 
-    async def _stream(self, request: web.Request, rid: str, model: str, tokens: list[str],
-                      *, chat: bool, usage: dict[str, Any] | None = None
-                      ) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        rid: str,
+        model: str,
+        tokens: list[str],
+        *,
+        chat: bool,
+        usage: dict[str, Any] | None = None,
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         if chat:  # like vLLM: the role arrives first, with empty content
-            first = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                  "finish_reason": None}]}
+            first = {
+                "id": rid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ],
+            }
             await resp.write(f"data: {json.dumps(first)}\n\n".encode())
         for i, token in enumerate(tokens):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             last = i == len(tokens) - 1
             choice: dict[str, Any] = (
-                {"index": 0, "delta": {"content": token},
-                 "finish_reason": "length" if last else None}
-                if chat else
-                {"index": 0, "text": token, "logprobs": None,
-                 "finish_reason": "length" if last else None})
-            chunk = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                     "choices": [choice], "system_fingerprint": "fake-vllm"}
+                {
+                    "index": 0,
+                    "delta": {"content": token},
+                    "finish_reason": "length" if last else None,
+                }
+                if chat
+                else {
+                    "index": 0,
+                    "text": token,
+                    "logprobs": None,
+                    "finish_reason": "length" if last else None,
+                }
+            )
+            chunk = {
+                "id": rid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "system_fingerprint": "fake-vllm",
+            }
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if usage is not None:
-            final = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                     "choices": [], "usage": usage}
+            final = {
+                "id": rid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
             await resp.write(f"data: {json.dumps(final)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -327,14 +453,26 @@ def main() -> None:
     parser.add_argument("--max-lora-rank", type=int, default=8)
     parser.add_argument("--max-loras", type=int, default=2)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
-    parser.add_argument("--api-key-file", type=Path, default=None,
-                        help="the API key (default: $VLLM_API_KEY, like vLLM; none: only the "
-                             "open probes are served)")
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="the API key (default: $VLLM_API_KEY, like vLLM; none: only the "
+        "open probes are served)",
+    )
     args = parser.parse_args()
-    api_key = (args.api_key_file.read_text().strip() if args.api_key_file
-               else os.environ.get("VLLM_API_KEY"))
-    fake = FakeVllm(args.model, max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
-                    token_delay_s=args.token_delay_ms / 1000, api_key=api_key or None)
+    api_key = (
+        args.api_key_file.read_text().strip()
+        if args.api_key_file
+        else os.environ.get("VLLM_API_KEY")
+    )
+    fake = FakeVllm(
+        args.model,
+        max_lora_rank=args.max_lora_rank,
+        max_loras=args.max_loras,
+        token_delay_s=args.token_delay_ms / 1000,
+        api_key=api_key or None,
+    )
     app = fake.app()
     for path, methods in route_table(app).items():  # as vLLM logs its own at start
         print(f"Route: {path}, Methods: {', '.join(sorted(methods))}", flush=True)

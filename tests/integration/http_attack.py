@@ -18,10 +18,18 @@ import time
 from aiohttp import ClientSession
 
 SLOW = 500
-LIMITS = {"header_timeout_s": 2.0, "body_timeout_s": 2.0, "keepalive_timeout_s": 3.0,
-          "max_connections": 800, "error_log_interval_s": 60}
-PARTS = (b"", b"GET / HTTP/1.1\r\nHost: x\r\n",
-         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n{")
+LIMITS = {
+    "header_timeout_s": 2.0,
+    "body_timeout_s": 2.0,
+    "keepalive_timeout_s": 3.0,
+    "max_connections": 800,
+    "error_log_interval_s": 60,
+}
+PARTS = (
+    b"",
+    b"GET / HTTP/1.1\r\nHost: x\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n{",
+)
 Conns = list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
 
 
@@ -54,14 +62,12 @@ async def _all_closed(conns: Conns, within_s: float) -> float:
 
 async def attack(port: int, real_request: str) -> None:
     conns = await _open_slow(port, SLOW)
-    async with ClientSession() as http, \
-            http.get(f"http://127.0.0.1:{port}{real_request}") as resp:
+    async with ClientSession() as http, http.get(f"http://127.0.0.1:{port}{real_request}") as resp:
         assert resp.status == 200  # answered while 500 slow ones are held
     took = await _all_closed(conns, 10)
     assert took < 5, f"slow connections held {took:.1f}s"
     # over the cap: the oldest are shed as new ones come, the rest closed by their deadline
     conns = await _open_slow(port, int(LIMITS["max_connections"]) + SLOW)
     await _all_closed(conns, 10)
-    async with ClientSession() as http, \
-            http.get(f"http://127.0.0.1:{port}{real_request}") as resp:
+    async with ClientSession() as http, http.get(f"http://127.0.0.1:{port}{real_request}") as resp:
         assert resp.status == 200

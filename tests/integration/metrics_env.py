@@ -15,16 +15,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from loraplane.infra.processes import wait_until
-from loraplane.schemas.cache_event import CacheEvent
-from loraplane.schemas.codec import encode
-from loraplane.schemas.request_log import RequestLog
 from pydantic import BaseModel
 
+from loraplane.infra.processes import wait_until
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import RequestLog
 
 SINK_TOPICS = ("requests", "cache-events", "decisions", "audit", "dead-letters")
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 def isolated(base: Settings, tag: str | None = None) -> Settings:
     """The same endpoints, with our own topic prefix and database (uuid suffixed)."""
     tag = tag or uuid.uuid4().hex[:8]
-    return base.model_copy(update={
-        "topic_prefix": f"lpt{tag}",
-        "clickhouse": base.clickhouse.model_copy(update={"database": f"loraplane_t_{tag}"}),
-    })
+    return base.model_copy(
+        update={
+            "topic_prefix": f"lpt{tag}",
+            "clickhouse": base.clickhouse.model_copy(update={"database": f"loraplane_t_{tag}"}),
+        }
+    )
 
 
 def isolated_clickhouse() -> Settings:
@@ -97,10 +99,13 @@ def drop_database(settings: Settings) -> None:
 
 def env_for(settings: Settings) -> dict[str, str]:
     c = settings.clickhouse
-    return {**os.environ, "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
-            "LORAPLANE_CLICKHOUSE__DATABASE": c.database,
-            "LORAPLANE_CLICKHOUSE__TCP_PORT": str(c.tcp_port),
-            "LORAPLANE_KAFKA__PORT": str(settings.kafka.port)}
+    return {
+        **os.environ,
+        "LORAPLANE_TOPIC_PREFIX": settings.topic_prefix,
+        "LORAPLANE_CLICKHOUSE__DATABASE": c.database,
+        "LORAPLANE_CLICKHOUSE__TCP_PORT": str(c.tcp_port),
+        "LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
+    }
 
 
 def start_sink(settings: Settings, log: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -108,8 +113,12 @@ def start_sink(settings: Settings, log: Path, *args: str) -> subprocess.Popen[by
     with log.open("ab") as out:
         return subprocess.Popen(
             [str(Path(sys.executable).parent / "loraplane"), "metrics", "sink", *args],
-            cwd=REPO, env=env_for(settings), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            cwd=REPO,
+            env=env_for(settings),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
@@ -136,16 +145,24 @@ def committed(settings: Settings, suffix: str, group_id: str) -> int:
         consumer.close()
 
 
-def produce_all(settings: Settings, suffix: str, messages: list[BaseModel | bytes],
-                key: Callable[[BaseModel | bytes], str] = lambda m: "k") -> None:
+def produce_all(
+    settings: Settings,
+    suffix: str,
+    messages: list[BaseModel | bytes],
+    key: Callable[[BaseModel | bytes], str] = lambda m: "k",
+) -> None:
     """Produce many messages with one producer and wait for every acknowledgement."""
     p = kafka.producer(settings)
     errors: list[str] = []
     topic = topics.topic_name(settings, suffix)
     for message in messages:
         payload = message if isinstance(message, bytes) else encode(message)
-        p.produce(topic, key=key(message), value=payload,
-                  on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+        p.produce(
+            topic,
+            key=key(message),
+            value=payload,
+            on_delivery=lambda err, _m: errors.append(str(err)) if err else None,
+        )
         p.poll(0)
     assert p.flush(30) == 0, "producer did not drain"
     assert not errors, errors[:3]
@@ -167,8 +184,14 @@ def count(settings: Settings, table: str, final: bool = True) -> int:
 TIERS = ("gpu", "gpu", "gpu", "host", "cold", "base_fallback")
 
 
-def request_events(n: int, *, seed: int, adapters: tuple[str, ...] = ("alpha", "beta", "gamma"),
-                   start: datetime | None = None, prefix: str = "e") -> list[RequestLog]:
+def request_events(
+    n: int,
+    *,
+    seed: int,
+    adapters: tuple[str, ...] = ("alpha", "beta", "gamma"),
+    start: datetime | None = None,
+    prefix: str = "e",
+) -> list[RequestLog]:
     """``n`` request logs with known tiers and TTFTs, spread over a few minutes."""
     rng = random.Random(seed)
     start = start or datetime.now(UTC) - timedelta(minutes=5)
@@ -176,18 +199,38 @@ def request_events(n: int, *, seed: int, adapters: tuple[str, ...] = ("alpha", "
     for i in range(n):
         tier = rng.choice(TIERS)
         base = {"gpu": 40.0, "host": 120.0, "cold": 900.0, "base_fallback": 60.0}[tier]
-        events.append(RequestLog(
-            event_id=f"{prefix}{seed}-{i}", ts=start + timedelta(seconds=i * 240 / max(n, 1)),
-            request_id=f"r{i}", tenant_id=f"t{i % 2}", base_model="llama-3.1-8b",
-            adapter_id=rng.choice(adapters), adapter_version="1", worker_id=f"w{i % 3}",
-            tier_at_arrival=tier, ttft_ms=round(base + rng.expovariate(1 / base), 3),
-            request_class="canary" if i % 10 == 0 else "interactive"))
+        events.append(
+            RequestLog(
+                event_id=f"{prefix}{seed}-{i}",
+                ts=start + timedelta(seconds=i * 240 / max(n, 1)),
+                request_id=f"r{i}",
+                tenant_id=f"t{i % 2}",
+                base_model="llama-3.1-8b",
+                adapter_id=rng.choice(adapters),
+                adapter_version="1",
+                worker_id=f"w{i % 3}",
+                tier_at_arrival=tier,
+                ttft_ms=round(base + rng.expovariate(1 / base), 3),
+                request_class="canary" if i % 10 == 0 else "interactive",
+            )
+        )
     return events
 
 
-def cache_event(i: int, kind: str, swap_ms: float = 0.0, size: int = 0,
-                reason: str = "") -> CacheEvent:
-    return CacheEvent(event_id=f"c-{i}", ts=datetime.now(UTC) - timedelta(minutes=2),
-                      worker_id="w0", base_model="llama-3.1-8b", tenant_id="t0",
-                      adapter_id="alpha", adapter_version="1", lora_name="alpha@1-0123abcd",
-                      kind=kind, swap_ms=swap_ms, bytes=size, reason=reason)
+def cache_event(
+    i: int, kind: str, swap_ms: float = 0.0, size: int = 0, reason: str = ""
+) -> CacheEvent:
+    return CacheEvent(
+        event_id=f"c-{i}",
+        ts=datetime.now(UTC) - timedelta(minutes=2),
+        worker_id="w0",
+        base_model="llama-3.1-8b",
+        tenant_id="t0",
+        adapter_id="alpha",
+        adapter_version="1",
+        lora_name="alpha@1-0123abcd",
+        kind=kind,
+        swap_ms=swap_ms,
+        bytes=size,
+        reason=reason,
+    )

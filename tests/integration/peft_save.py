@@ -19,9 +19,12 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--targets", default="q_proj,v_proj")
-    parser.add_argument("--base-name", default=None,
-                        help="the name the model is known by, as when it was loaded from a "
-                             "hub id (default: the folder it was loaded from)")
+    parser.add_argument(
+        "--base-name",
+        default=None,
+        help="the name the model is known by, as when it was loaded from a "
+        "hub id (default: the folder it was loaded from)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -32,9 +35,13 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model)
     if args.base_name:  # PEFT records the model's own name_or_path, whatever its config says
         model.name_or_path = args.base_name
-    config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank,
-                        target_modules=args.targets.split(","), init_lora_weights=False,
-                        task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=args.rank,
+        lora_alpha=2 * args.rank,
+        target_modules=args.targets.split(","),
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     peft_model.save_pretrained(args.out)
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
-from loraplane.infra.kafka import Kafka, kafka_nodes
-from loraplane.infra.processes import free_port, port_in_use, wait_until
-from loraplane.schemas.request_log import RequestLog
 
 from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.infra.kafka import Kafka, kafka_nodes
+from loraplane.infra.processes import free_port, port_in_use, wait_until
 from loraplane.kernel import topics
 from loraplane.kernel.config import KafkaSettings, Settings
+from loraplane.schemas.request_log import RequestLog
 
 
 @dataclass
@@ -39,10 +39,18 @@ class SteadyLoad:
     n: int = 0  # sent so far
 
     def log(self, n: int) -> RequestLog:
-        return RequestLog(event_id=f"{self.prefix}{n}", ts=datetime.now(UTC),
-                          request_id=f"r{n}", tenant_id="t", base_model="m",
-                          adapter_id=self.adapter_id, adapter_version="1", worker_id="w",
-                          tier_at_arrival="gpu", ttft_ms=1.0)
+        return RequestLog(
+            event_id=f"{self.prefix}{n}",
+            ts=datetime.now(UTC),
+            request_id=f"r{n}",
+            tenant_id="t",
+            base_model="m",
+            adapter_id=self.adapter_id,
+            adapter_version="1",
+            worker_id="w",
+            tier_at_arrival="gpu",
+            ttft_ms=1.0,
+        )
 
     def run_for(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -58,14 +66,17 @@ class SteadyLoad:
         deadline = time.monotonic() + timeout_s
         while (self.events.backlog or self.events.flush(0.5)) and time.monotonic() < deadline:
             self.events.poll()
-        assert self.events.backlog == 0 and self.events.dropped == 0 \
-            and self.events.failed == 0, (self.events.backlog, self.events.counts)
+        assert self.events.backlog == 0 and self.events.dropped == 0 and self.events.failed == 0, (
+            self.events.backlog,
+            self.events.counts,
+        )
 
 
 def start(broker: Kafka) -> None:
     broker.process.start(broker.prepare())
-    assert wait_until(broker.ready, 150, alive=broker.process.running), \
+    assert wait_until(broker.ready, 150, alive=broker.process.running), (
         f"throwaway Kafka did not start: {broker.process.tail(30)}"
+    )
 
 
 def kill(broker: Kafka) -> None:
@@ -81,15 +92,17 @@ def _free_run(count: int) -> int:
     and the controller port after it)."""
     for _ in range(50):
         base = free_port()
-        if base + count < 65536 and not any(port_in_use("127.0.0.1", base + i)
-                                            for i in range(count)):
+        if base + count < 65536 and not any(
+            port_in_use("127.0.0.1", base + i) for i in range(count)
+        ):
             return base
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @contextmanager
-def private_cluster(tmp_path: Path, suffixes: tuple[str, ...], brokers: int,
-                    **settings: Any) -> Iterator[tuple[Settings, list[Kafka]]]:
+def private_cluster(
+    tmp_path: Path, suffixes: tuple[str, ...], brokers: int, **settings: Any
+) -> Iterator[tuple[Settings, list[Kafka]]]:
     """``brokers`` started nodes with ``suffixes``' topics; ``settings`` go into its
     Settings. The nodes start together (a quorum needs a majority), as ``stack up`` does."""
     cache = Settings().state_dir / "cache"
@@ -109,8 +122,9 @@ def private_cluster(tmp_path: Path, suffixes: tuple[str, ...], brokers: int,
         for node in nodes:
             node.process.start(node.prepare())
         for node in nodes:
-            assert wait_until(node.ready, 150, alive=node.process.running), \
+            assert wait_until(node.ready, 150, alive=node.process.running), (
                 f"throwaway {node.label} did not start: {node.process.tail(30)}"
+            )
             node.after_start()
         for attempt in range(3):  # a fresh quorum may drop the first admin call
             try:
@@ -127,8 +141,9 @@ def private_cluster(tmp_path: Path, suffixes: tuple[str, ...], brokers: int,
 
 
 @contextmanager
-def private_kafka(tmp_path: Path, suffixes: tuple[str, ...],
-                  **settings: Any) -> Iterator[tuple[Settings, Kafka]]:
+def private_kafka(
+    tmp_path: Path, suffixes: tuple[str, ...], **settings: Any
+) -> Iterator[tuple[Settings, Kafka]]:
     """A started broker with ``suffixes``' topics; ``settings`` go into its Settings."""
     with private_cluster(tmp_path, suffixes, 1, **settings) as (ours, [broker]):
         yield ours, broker

@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self, TypeVar
 
+from loraplane.kernel import kafka, topics
+from loraplane.kernel.bus import read_topic
+from loraplane.kernel.config import Settings
+from loraplane.registry.topic import load_registry
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import save_keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.registry import AdapterView
-
-from loraplane.kernel import kafka, topics
-from loraplane.kernel.bus import read_topic
-from loraplane.kernel.config import Settings
-from loraplane.registry.topic import load_registry
 from tests.lifecycle_kit import Kit, make_kit
 
 LOG_READY = "Worker ready"
@@ -60,18 +59,31 @@ class Env:
     def create(cls, stack: Settings, home: Path) -> Env:
         """Topics for a fresh prefix and a keyring file; no worker yet."""
         prefix = f"t-{uuid.uuid4().hex[:10]}"
-        settings = stack.model_copy(update={"topic_prefix": prefix, "home": home,
-                                            "keyring_path": home / "keyring.yaml",
-                                            "planner_key_path": home / "keys" / "planner.key"})
+        settings = stack.model_copy(
+            update={
+                "topic_prefix": prefix,
+                "home": home,
+                "keyring_path": home / "keyring.yaml",
+                "planner_key_path": home / "keys" / "planner.key",
+            }
+        )
         topics.apply(settings)
         kit = make_kit(now_utc())
         save_keyring(kit.keyring, settings.keyring_path)
         kit.keys["planner"].save(settings.planner_key_path)  # the planner agent signs with it
-        return cls(settings, kit, home, {
-            **os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(home),
-            "LORAPLANE_SECRETS_DIR": str(stack.secrets_dir),
-            "LORAPLANE_KEYRING_PATH": str(settings.keyring_path),
-            "LORAPLANE_PLANNER_KEY_PATH": str(settings.planner_key_path)})
+        return cls(
+            settings,
+            kit,
+            home,
+            {
+                **os.environ,
+                "LORAPLANE_TOPIC_PREFIX": prefix,
+                "LORAPLANE_HOME": str(home),
+                "LORAPLANE_SECRETS_DIR": str(stack.secrets_dir),
+                "LORAPLANE_KEYRING_PATH": str(settings.keyring_path),
+                "LORAPLANE_PLANNER_KEY_PATH": str(settings.planner_key_path),
+            },
+        )
 
     def start(self, agents: tuple[str, ...] = ("loraplane.streams.registry_agent",)) -> None:
         """Start ``loraplane streams run`` with ``agents`` (empty: every agent). A worker not
@@ -85,8 +97,9 @@ class Env:
             self.stop()
             failures.append(f"try {attempt}: {failure}")
             print(f"loraplane streams run, {failures[-1]}", file=sys.stderr)
-        raise AssertionError(f"the Faust worker did not start in {START_TRIES} tries:\n"
-                             + "\n---\n".join(failures))
+        raise AssertionError(
+            f"the Faust worker did not start in {START_TRIES} tries:\n" + "\n---\n".join(failures)
+        )
 
     def _start_once(self, agents: tuple[str, ...]) -> str | None:
         """One start: None once the log says ready, else what went wrong and the log's end."""
@@ -94,10 +107,17 @@ class Env:
         offset = log_path.stat().st_size if log_path.exists() else 0
         with log_path.open("a") as log:
             worker = self.worker = subprocess.Popen(
-                [LORAPLANE, "streams", "run", *(a for agent in agents
-                                                   for a in ("--agent", agent)),
-                 *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ())],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    LORAPLANE,
+                    "streams",
+                    "run",
+                    *(a for agent in agents for a in ("--agent", agent)),
+                    *(("--metrics-port", str(self.metrics_port)) if self.metrics_port else ()),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
         def since() -> str:  # offset counts bytes: the log has multi-byte characters
             return log_path.read_bytes()[offset:].decode(errors="replace")
@@ -157,13 +177,19 @@ class Env:
     def send(self, messages: list[tuple[bytes, bytes | LifecycleEvent]]) -> None:
         p = kafka.producer(self.settings)
         for key, value in messages:
-            p.produce(self.topic("lifecycle"), key=key,
-                      value=value if isinstance(value, bytes) else encode(value))
+            p.produce(
+                self.topic("lifecycle"),
+                key=key,
+                value=value if isinstance(value, bytes) else encode(value),
+            )
         assert p.flush(20) == 0
 
     def records(self, suffix: str) -> list[bytes]:
-        return [r.value for r in read_topic(self.settings, self.topic(suffix), timeout_s=10,
-                                            idle_s=1.0) if r.value is not None]
+        return [
+            r.value
+            for r in read_topic(self.settings, self.topic(suffix), timeout_s=10, idle_s=1.0)
+            if r.value is not None
+        ]
 
     def view(self, adapter_id: str, done: Callable[[AdapterView], bool]) -> AdapterView:
         def probe() -> AdapterView | None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from loraplane.infra.processes import wait_until
 from loraplane.infra.s3 import S3
-
 from loraplane.kernel.config import S3Settings, Settings
 
 
@@ -32,8 +31,9 @@ class PrivateS3:
     def start(self) -> None:
         """Start and wait until a signed request is answered; the bucket exists after."""
         self.service.process.start(self.service.prepare())
-        assert wait_until(self.service.ready, 120, alive=self.service.process.running), \
+        assert wait_until(self.service.ready, 120, alive=self.service.process.running), (
             f"throwaway s3proxy did not start: {self.service.process.tail(30)}"
+        )
         self.service.after_start()
 
     def stop(self) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
+
+from loraplane.kernel import kafka
 from loraplane.schemas.request_log import RequestLog
 from loraplane.streams.score_keeper import restore
 from loraplane.streams.scores import Sample, ScoreState, observe_many, score_key, snapshot
-
-from loraplane.kernel import kafka
 from tests.integration.registry_env import Env
 
 
@@ -54,5 +54,6 @@ def wait_states(env: Env, want: dict[str, dict], timeout_s: float = 90) -> None:
         if got == want:
             return
         assert time.monotonic() < deadline, (
-            f"{sum(got.get(k) == v for k, v in want.items())}/{len(want)} states as expected")
+            f"{sum(got.get(k) == v for k, v in want.items())}/{len(want)} states as expected"
+        )
         time.sleep(0.5)

@@ -44,12 +44,14 @@ class _Counts:
         self.errors = 0
 
     def line(self) -> str:
-        return json.dumps({"held": self.held, "opened": self.opened, "closed": self.closed,
-                           "errors": self.errors})
+        return json.dumps(
+            {"held": self.held, "opened": self.opened, "closed": self.closed, "errors": self.errors}
+        )
 
 
-async def _speak(shape: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 trickle_s: float) -> None:
+async def _speak(
+    shape: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trickle_s: float
+) -> None:
     """Plays one shape until the server closes the connection."""
     if shape == "head":
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -58,8 +60,10 @@ async def _speak(shape: str, reader: asyncio.StreamReader, writer: asyncio.Strea
             writer.write(b"X")  # an endless header name, one byte at a time
             await writer.drain()
     elif shape == "body":
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: 100000\r\n\r\n")
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
         while True:
             await asyncio.sleep(trickle_s)
             writer.write(b" ")
@@ -73,14 +77,16 @@ async def _speak(shape: str, reader: asyncio.StreamReader, writer: asyncio.Strea
         pass
 
 
-async def _hold(index: int, port: int, trickle_s: float, counts: _Counts,
-                connecting: asyncio.Semaphore) -> None:
+async def _hold(
+    index: int, port: int, trickle_s: float, counts: _Counts, connecting: asyncio.Semaphore
+) -> None:
     shape = SHAPES[index % len(SHAPES)]
     while True:
         async with connecting:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", port), 10)
+                    asyncio.open_connection("127.0.0.1", port), 10
+                )
             except (OSError, TimeoutError):
                 counts.errors += 1
                 await asyncio.sleep(0.1)
@@ -104,8 +110,10 @@ async def _main(port: int, connections: int, trickle_s: float, parallel_connects
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     connecting = asyncio.Semaphore(parallel_connects)
-    tasks = [asyncio.create_task(_hold(i, port, trickle_s, counts, connecting))
-             for i in range(connections)]
+    tasks = [
+        asyncio.create_task(_hold(i, port, trickle_s, counts, connecting))
+        for i in range(connections)
+    ]
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
@@ -117,15 +125,30 @@ async def _main(port: int, connections: int, trickle_s: float, parallel_connects
 class SlowClients:
     """The attack as a child process; ``counts`` is its latest line."""
 
-    def __init__(self, port: int, connections: int, *, trickle_s: float = 3.0,
-                 parallel_connects: int = 256) -> None:
+    def __init__(
+        self, port: int, connections: int, *, trickle_s: float = 3.0, parallel_connects: int = 256
+    ) -> None:
         self.connections = connections
         self.counts: dict[str, Any] = {"held": 0, "opened": 0, "closed": 0, "errors": 0}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.slow_clients", "--port", str(port),
-             "--connections", str(connections), "--trickle-s", str(trickle_s),
-             "--parallel-connects", str(parallel_connects)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.slow_clients",
+                "--port",
+                str(port),
+                "--connections",
+                str(connections),
+                "--trickle-s",
+                str(trickle_s),
+                "--parallel-connects",
+                str(parallel_connects),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -184,8 +207,7 @@ def main() -> None:
         asyncio.run(_main(args.port, args.connections, args.trickle_s, args.parallel_connects))
     else:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_main(args.port, args.connections, args.trickle_s,
-                             args.parallel_connects))
+            runner.run(_main(args.port, args.connections, args.trickle_s, args.parallel_connects))
 
 
 if __name__ == "__main__":

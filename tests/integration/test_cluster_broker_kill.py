@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
-from loraplane.infra.kafka import Kafka
-from loraplane.schemas.codec import decode
-from loraplane.schemas.request_log import RequestLog
 
 from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.infra.kafka import Kafka
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import Settings
+from loraplane.schemas.codec import decode
+from loraplane.schemas.request_log import RequestLog
 from tests.integration.fault_report import report_fault
 from tests.integration.private_kafka import SteadyLoad, kill, private_cluster
 
@@ -34,10 +34,10 @@ AFTER_KILL_S = 10.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Settings, list[Kafka]]]:
-    with private_cluster(tmp_path, ("requests",), 3,
-                         topic_prefix=f"cluster-{uuid.uuid4().hex[:8]}") as found:
+    with private_cluster(
+        tmp_path, ("requests",), 3, topic_prefix=f"cluster-{uuid.uuid4().hex[:8]}"
+    ) as found:
         yield found
-
 
 
 def _rss_mb(node: Kafka) -> float:
@@ -116,27 +116,34 @@ def test_a_leader_kill_loses_nothing(cluster: tuple[Settings, list[Kafka]]) -> N
         while (events.backlog or events.flush(0.2)) and time.monotonic() < deadline:
             poll()
         drained_s = time.monotonic() - t_kill
-        gaps = [b - a for a, b in pairwise(delivered_at)
-                if b > t_kill]
+        gaps = [b - a for a, b in pairwise(delivered_at) if b > t_kill]
         longest_gap = max(gaps, default=0.0)
         assert events.backlog == 0 and events.dropped == 0 and events.failed == 0
         seen = _read_all(settings, name)
         after = kafka.admin(settings).list_topics(name, timeout=10).topics[name]
         new_leader = after.partitions[partition].leader
-        print(f"3 brokers, leader {leader} of partition {partition} killed -9 under "
-              f"{RATE_HZ}/s: {emitted_at_end} emitted ({events.delivered} delivered, "
-              f"{events.counts.spooled} spooled, {events.counts.replayed} replayed), "
-              f"{len(seen)} distinct read back ({sum(seen.values()) - len(seen)} duplicates); "
-              f"no delivery for {longest_gap:.1f} s at most, new leader {new_leader}, "
-              f"all delivered {drained_s:.1f} s after the kill; broker RSS before the kill "
-              f"{'/'.join(f'{r:.0f}' for r in rss_mb)} MB")
+        print(
+            f"3 brokers, leader {leader} of partition {partition} killed -9 under "
+            f"{RATE_HZ}/s: {emitted_at_end} emitted ({events.delivered} delivered, "
+            f"{events.counts.spooled} spooled, {events.counts.replayed} replayed), "
+            f"{len(seen)} distinct read back ({sum(seen.values()) - len(seen)} duplicates); "
+            f"no delivery for {longest_gap:.1f} s at most, new leader {new_leader}, "
+            f"all delivered {drained_s:.1f} s after the kill; broker RSS before the kill "
+            f"{'/'.join(f'{r:.0f}' for r in rss_mb)} MB"
+        )
         assert len(seen) == emitted_at_end, (len(seen), emitted_at_end)
         assert set(seen) == {f"c{i}" for i in range(emitted_at_end)}
         assert new_leader not in (leader, -1)
-        report_fault("Kafka (3 brokers) partition leader SIGKILL under load",
-                     answered=emitted_at_end, stored=len(seen),
-                     lost=emitted_at_end - len(seen), duplicated=sum(seen.values()) - len(seen),
-                     recovered=True, down_s=longest_gap, recovery_s=drained_s,
-                     note=f"new leader {new_leader}; nothing restarted")
+        report_fault(
+            "Kafka (3 brokers) partition leader SIGKILL under load",
+            answered=emitted_at_end,
+            stored=len(seen),
+            lost=emitted_at_end - len(seen),
+            duplicated=sum(seen.values()) - len(seen),
+            recovered=True,
+            down_s=longest_gap,
+            recovery_s=drained_s,
+            note=f"new leader {new_leader}; nothing restarted",
+        )
     finally:
         events.close(5)

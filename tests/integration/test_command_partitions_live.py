@@ -19,12 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import encode
-from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import CommandRule
-from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import produce_sync, read_topic
@@ -37,6 +31,12 @@ from loraplane.kernel.command_partition import (
 )
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import spec, topic_name
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import encode
+from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.reasons import CommandRule
+from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 from tests.integration.registry_env import Env, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -46,8 +46,12 @@ PER_WORKER = 20
 
 def _offline_neighbour(of: str, partitions: int) -> str:
     """A worker id (not one of the feeds) whose commands land in ``of``'s partition."""
-    return next(w for n in range(10_000) if (w := f"gone{n}") not in WORKERS
-                and partition_of(w, partitions) == partition_of(of, partitions))
+    return next(
+        w
+        for n in range(10_000)
+        if (w := f"gone{n}") not in WORKERS
+        and partition_of(w, partitions) == partition_of(of, partitions)
+    )
 
 
 class Sink:
@@ -75,40 +79,68 @@ class Planner:
         now = now_utc()
         for _ in range(count):
             cid = f"load_gpu-{uuid.uuid4().hex[:12]}"
-            cmd = self.env.kit.keys["planner"].sign_command(CacheCommand(
-                command_id=cid, worker_id=worker_id, action=CommandAction.load_gpu,
-                base_model="tiny-base", tenant_id="acme", adapter_id="support-bot",
-                version="1", sha256="a" * 64, lora_name="acme--support-bot--1",
-                reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                deadline=now + timedelta(minutes=1)))
+            cmd = self.env.kit.keys["planner"].sign_command(
+                CacheCommand(
+                    command_id=cid,
+                    worker_id=worker_id,
+                    action=CommandAction.load_gpu,
+                    base_model="tiny-base",
+                    tenant_id="acme",
+                    adapter_id="support-bot",
+                    version="1",
+                    sha256="a" * 64,
+                    lora_name="acme--support-bot--1",
+                    reason=CommandReason(rule=CommandRule.hot_score),
+                    issued_at=now,
+                    deadline=now + timedelta(minutes=1),
+                )
+            )
             value, key = encode(cmd), worker_id.encode()
-            self.producer.produce(self.topic, key=key, value=value,
-                                  partition=partition_for(
-                                      worker_id, self.announced.get(worker_id),
-                                      self.partitions.current()))
+            self.producer.produce(
+                self.topic,
+                key=key,
+                value=value,
+                partition=partition_for(
+                    worker_id, self.announced.get(worker_id), self.partitions.current()
+                ),
+            )
             self.sent.setdefault(worker_id, []).append((cid, len(key) + len(value)))
         assert self.producer.flush(20) == 0
 
 
 def _wait_partitions(settings: Settings, count: int) -> None:
     admin, topic = kafka.admin(settings), topic_name(settings, "commands")
-    wait_for(lambda: True if len(admin.list_topics(topic, timeout=5).topics[topic].partitions)
-             == count else None, f"{topic} with {count} partitions", timeout_s=30)
+    wait_for(
+        lambda: (
+            True
+            if len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == count
+            else None
+        ),
+        f"{topic} with {count} partitions",
+        timeout_s=30,
+    )
 
 
 def _feed(settings: Settings, worker_id: str, slot: int | None = None) -> KafkaCommandFeed:
-    return KafkaCommandFeed(settings, worker_id, Sink(),  # type: ignore[arg-type]
-                            keyring=KeyringFile(settings.keyring_path), slot=slot)
+    return KafkaCommandFeed(
+        settings,
+        worker_id,
+        Sink(),  # type: ignore[arg-type]
+        keyring=KeyringFile(settings.keyring_path),
+        slot=slot,
+    )
 
 
-async def _take(feed: KafkaCommandFeed, count: int, *, commit: bool,
-                timeout_s: float = 60.0) -> list[str]:
+async def _take(
+    feed: KafkaCommandFeed, count: int, *, commit: bool, timeout_s: float = 60.0
+) -> list[str]:
     """The next ``count`` commands of ``feed`` (committed after each when ``commit``)."""
     got: list[str] = []
     deadline = asyncio.get_running_loop().time() + timeout_s
     while len(got) < count:
         assert asyncio.get_running_loop().time() < deadline, (
-            f"{feed.worker_id}: {len(got)} of {count} commands")
+            f"{feed.worker_id}: {len(got)} of {count} commands"
+        )
         delivery = await feed.next(0.5)
         if delivery is None:
             continue
@@ -130,7 +162,8 @@ async def _quiet(feed: KafkaCommandFeed, for_s: float = 2.0) -> list[str]:
 
 
 def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
-        stack: Settings, tmp_path: Path) -> None:
+    stack: Settings, tmp_path: Path
+) -> None:
     env = Env.create(stack, tmp_path)
     feeds: dict[str, KafkaCommandFeed] = {}
     try:
@@ -140,14 +173,14 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
         neighbour = _offline_neighbour(WORKERS[0], 64)
         feeds = {w: _feed(env.settings, w) for w in WORKERS}
         assert {w: f.assignment.assigned() for w, f in feeds.items()} == {
-            w: [partition_of(w, 64)] for w in WORKERS}
+            w: [partition_of(w, 64)] for w in WORKERS
+        }
         for w in WORKERS:
             planner.send(w, PER_WORKER)
         planner.send(neighbour, PER_WORKER // 2)
 
         async def first_round() -> dict[str, tuple[list[str], list[str]]]:
-            got = await asyncio.gather(*(_take(feeds[w], PER_WORKER, commit=True)
-                                         for w in WORKERS))
+            got = await asyncio.gather(*(_take(feeds[w], PER_WORKER, commit=True) for w in WORKERS))
             extra = await asyncio.gather(*(_quiet(feeds[w]) for w in WORKERS))
             return {w: (g, e) for w, g, e in zip(WORKERS, got, extra, strict=True)}
 
@@ -162,8 +195,10 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
         neighbours = sum(size for _, size in planner.sent[neighbour])
         assert feeds[WORKERS[0]].read_bytes.other == neighbours  # read and dropped
         assert all(feeds[w].read_bytes.other == 0 for w in WORKERS[1:])
-        print("bytes read / own commands' bytes: " + ", ".join(
-            f"{w} {r:.2f}" for w, r in ratios.items()))
+        print(
+            "bytes read / own commands' bytes: "
+            + ", ".join(f"{w} {r:.2f}" for w, r in ratios.items())
+        )
         assert max(ratios.values()) <= 2.0
 
         # A restart: 5 applied (committed), 3 read and not committed, then closed.
@@ -194,7 +229,8 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
 
 
 def test_reading_everything_so_far_waits_for_every_partitions_end(
-        stack: Settings, tmp_path: Path) -> None:
+    stack: Settings, tmp_path: Path
+) -> None:
     """``read_topic`` on the 64-partition commands topic returns every record written, even
     with no idle time to wait: a read ends at every partition's end, never on idle time
     alone (a 64-partition assignment and fetch can outlast ``idle_s`` on a loaded machine,
@@ -203,8 +239,9 @@ def test_reading_everything_so_far_waits_for_every_partitions_end(
     try:
         _wait_partitions(env.settings, 64)
         topic = topic_name(env.settings, "commands")
-        written = {produce_sync(env.settings, topic, w, f"{{\"w\": \"{w}\"}}".encode())
-                   for w in WORKERS}
+        written = {
+            produce_sync(env.settings, topic, w, f'{{"w": "{w}"}}'.encode()) for w in WORKERS
+        }
         for _ in range(3):
             got = {(r.partition, r.offset) for r in read_topic(env.settings, topic, idle_s=0.0)}
             assert got == written
@@ -213,7 +250,8 @@ def test_reading_everything_so_far_waits_for_every_partitions_end(
 
 
 def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
-        stack: Settings, tmp_path: Path) -> None:
+    stack: Settings, tmp_path: Path
+) -> None:
     """Eight workers whose ids all hash to one partition (hashing: each would read 8x its
     own bytes) with slots 0..7: each reads its slot, announces it, the planner sends there,
     and every feed reads its own commands and nothing else (ratio 1.00). A slot the topic
@@ -233,8 +271,7 @@ def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
             planner.send(w, PER_WORKER)
 
         async def take_all() -> dict[str, tuple[list[str], list[str]]]:
-            got = await asyncio.gather(*(_take(feeds[w], PER_WORKER, commit=True)
-                                         for w in workers))
+            got = await asyncio.gather(*(_take(feeds[w], PER_WORKER, commit=True) for w in workers))
             extra = await asyncio.gather(*(_quiet(feeds[w]) for w in workers))
             return {w: (g, e) for w, g, e in zip(workers, got, extra, strict=True)}
 
@@ -246,8 +283,10 @@ def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
             read, own = feeds[w].read_bytes, sum(size for _, size in planner.sent[w])
             assert (read.own, read.other) == (own, 0)
             ratios[w] = (read.own + read.other) / own
-        print("slotted: bytes read / own commands' bytes: " + ", ".join(
-            f"{w} {r:.2f}" for w, r in ratios.items()))
+        print(
+            "slotted: bytes read / own commands' bytes: "
+            + ", ".join(f"{w} {r:.2f}" for w, r in ratios.items())
+        )
         assert set(ratios.values()) == {1.0}
         with pytest.raises(CommandSlotError, match="command slot 64 "):
             _feed(env.settings, "s-too-far", 64)
@@ -258,7 +297,8 @@ def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
 
 
 def test_a_grown_topic_moves_the_feed_to_its_new_partition_without_losing_one_in_flight(
-        stack: Settings, tmp_path: Path) -> None:
+    stack: Settings, tmp_path: Path
+) -> None:
     """The commands topic grows from 6 to 64 partitions (``topics apply``) under a running
     feed: a command the planner still sends by the old count (its cache is up to 30 s old)
     and one by the new count both arrive; after the drain window only the new partition is
@@ -284,8 +324,9 @@ def test_a_grown_topic_moves_the_feed_to_its_new_partition_without_losing_one_in
         assert fresh.partitions.current() == 64
         feed._checked = 0.0  # the periodic metadata check is due
         assert asyncio.run(_quiet(feed, 1.0)) == []
-        assert feed.assignment.assigned() == sorted({partition_of(worker, 6),
-                                                     partition_of(worker, 64)})
+        assert feed.assignment.assigned() == sorted(
+            {partition_of(worker, 6), partition_of(worker, 64)}
+        )
         stale.send(worker, 1)  # by the old count: in flight on the old partition
         fresh.send(worker, 1)
         expected = {stale.sent[worker][1][0], fresh.sent[worker][0][0]}

@@ -14,17 +14,20 @@ import time
 from pathlib import Path
 
 import pytest
-from loraplane.workers.vllm_process import vllm_installed
 from typer.testing import CliRunner
 
 from loraplane.kernel.config import Settings
+from loraplane.workers.vllm_process import vllm_installed
 from tests.integration.test_loadtest import drop_run
 
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = re.compile(rb"lp-[A-Za-z0-9_-]{32}")  # loraplane/frontdoor/api_keys.py: add_key
-AGREED = re.compile(r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
-                    r"(\d+) .*golden-set checks: (\d+)", re.S)
+AGREED = re.compile(
+    r"✓ report: (\d+) requests; ClickHouse .*: (\d+); answered to the\s+client: "
+    r"(\d+) .*golden-set checks: (\d+)",
+    re.S,
+)
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -77,9 +80,13 @@ def test_demo_runs_until_ctrl_c_and_leaves_nothing(stack: Settings, tmp_path: Pa
     flags = ["--replay", "20", "--max-qps", "2"] if real else ["--fake-vllm", "--replay", "15"]
     log = tmp_path / "demo.out"
     with log.open("w") as out:
-        proc = subprocess.Popen([LORAPLANE, "demo", *flags, "--workers", "1"], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "COLUMNS": "200"})
+        proc = subprocess.Popen(
+            [LORAPLANE, "demo", *flags, "--workers", "1"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+        )
     try:
         text = _wait_for_line(log, "Ctrl-C stops it", proc, 540)
         if real:
@@ -100,19 +107,24 @@ def test_demo_runs_until_ctrl_c_and_leaves_nothing(stack: Settings, tmp_path: Pa
     # ATTACK: the tenants' keys reach no log and no file of the run; sent to a file, the
     # demo's own output holds none either
     assert "API keys are shown on a terminal only" in text
-    run_files = [p for folder in (stack.home / "demo" / "logs" / run_id,
-                                  stack.home / "demo" / "runs" / run_id, tmp_path)
-                 for p in folder.rglob("*") if p.is_file()]
+    run_files = [
+        p
+        for folder in (
+            stack.home / "demo" / "logs" / run_id,
+            stack.home / "demo" / "runs" / run_id,
+            tmp_path,
+        )
+        for p in folder.rglob("*")
+        if p.is_file()
+    ]
     assert run_files and not [p for p in run_files if API_KEY.search(p.read_bytes())]
     logs = stack.home / "demo" / "logs" / run_id
-    assert {oct(p.stat().st_mode & 0o777) for p in [logs, *logs.iterdir()]} <= {"0o700",
-                                                                               "0o600"}
+    assert {oct(p.stat().st_mode & 0o777) for p in [logs, *logs.iterdir()]} <= {"0o700", "0o600"}
 
 
 def test_demo_without_vllm_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loraplane.workers import vllm_process
-
     from loraplane.cli import app
+    from loraplane.workers import vllm_process
 
     monkeypatch.setattr(vllm_process, "vllm_installed", lambda root=None: False)
     result = CliRunner().invoke(app, ["demo"])

@@ -14,15 +14,29 @@ pytestmark = pytest.mark.integration
 
 
 def test_fleet_bench_tiny(stack: Settings) -> None:
-    r = run(stack, workers=4, adapters=40, processes=2, probes=2, slots=2, heartbeat_s=5.0,
-            quiet_s=2.0, timeout_s=120.0, bases=2)
+    r = run(
+        stack,
+        workers=4,
+        adapters=40,
+        processes=2,
+        probes=2,
+        slots=2,
+        heartbeat_s=5.0,
+        quiet_s=2.0,
+        timeout_s=120.0,
+        bases=2,
+    )
     print(json.dumps(r))  # the bench prints it as one JSON object
     # every load the planner issued reached its worker's feed, verified, and only there:
     # per base model, its 2 workers' 4 slots
     assert r["commands_issued"] == r["commands_received"] == r["hot_adapters"] == 8
     assert r["workers_with_commands"] == 4
-    for name in ("delivery_issued_to_received_ms", "delivery_broker_to_received_ms",
-                 "kafka_round_trip_floor_ms", "planner_tick_with_kafka_io_ms"):
+    for name in (
+        "delivery_issued_to_received_ms",
+        "delivery_broker_to_received_ms",
+        "kafka_round_trip_floor_ms",
+        "planner_tick_with_kafka_io_ms",
+    ):
         d = r[name]
         assert 0 <= d["p50"] <= d["p99"] <= d["max"], name
     assert r["delivery_issued_to_received_ms"]["n"] == 8
@@ -33,8 +47,7 @@ def test_fleet_bench_tiny(stack: Settings) -> None:
     assert r["registry_convergence_ms"]["n"] == 2
     assert r["registry_tail_first_read_s"] >= 0
     # each worker's tail holds its base model's 20 adapters and its probe, no other
-    assert r["registry_records_per_worker"]["p50"] == r["registry_records_per_worker"][
-        "max"] == 21
+    assert r["registry_records_per_worker"]["p50"] == r["registry_records_per_worker"]["max"] == 21
     assert r["unscoped_tail"]["registry_records"] == 40  # read before the probes
     assert r["probes_seen_by_other_base_models"] == 0
     assert 0 < r["registry_state_worker_over_unscoped"] < 1

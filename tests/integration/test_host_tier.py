@@ -18,25 +18,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loraplane.schemas.adapter import AdapterRecord, Priority
-from loraplane.schemas.reasons import ArtifactReason as Reason
-from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
-from loraplane.workers.host_tier import HostTier, TierEntry
 
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.kernel.config import S3Settings, Settings
+from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.tiny_model import TinyLlama, build_adapter
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, parse_s3_uri, s3_client
+from loraplane.workers.host_tier import HostTier, TierEntry
 from tests.integration.tmpfs import small_tmpfs
 
 pytestmark = pytest.mark.integration
 
-LIMITS = WorkerLimits(base_model="tiny-llama", max_lora_rank=8,
-                      model=ModelShape.from_hf_config(TinyLlama().hf_config(1000)))
-FAST = FetchPolicy(connect_timeout_s=0.5, read_timeout_s=0.5, attempts=3, backoff_s=0.05,
-                   deadline_s=5.0)
+LIMITS = WorkerLimits(
+    base_model="tiny-llama",
+    max_lora_rank=8,
+    model=ModelShape.from_hf_config(TinyLlama().hf_config(1000)),
+)
+FAST = FetchPolicy(
+    connect_timeout_s=0.5, read_timeout_s=0.5, attempts=3, backoff_s=0.05, deadline_s=5.0
+)
 
 
 class Forwarder:
@@ -111,8 +115,7 @@ def prefix(stack: Settings) -> Iterator[str]:
         client.delete_object(Bucket=stack.s3.bucket, Key=obj["Key"])
 
 
-def publish(stack: Settings, prefix: str, tmp_path: Path, name: str,
-            seed: int) -> AdapterRecord:
+def publish(stack: Settings, prefix: str, tmp_path: Path, name: str, seed: int) -> AdapterRecord:
     """Upload a tiny adapter with the real publisher (issue 3's artifact_publish)."""
     folder = build_adapter(tmp_path / "src" / name, seed=seed)
     release = PublishRequest(f"{prefix}{name}", "t1", "tiny-llama", "1", Priority.silver)
@@ -132,17 +135,20 @@ class CountingFetcher(ArtifactFetcher):
 
 
 def tier(root: Path, s3: S3Settings, budget: int = 10**7, **kwargs: Any) -> HostTier:
-    return HostTier(root, budget_bytes=budget, limits=LIMITS,
-                    fetcher=CountingFetcher(s3, FAST), **kwargs)
+    return HostTier(
+        root, budget_bytes=budget, limits=LIMITS, fetcher=CountingFetcher(s3, FAST), **kwargs
+    )
 
 
 def test_fetch_verify_install_is_idempotent_and_single_flight(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     host = tier(tmp_path / "tier", stack.s3)
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(host.ensure(record)))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(host.ensure(record))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -150,8 +156,11 @@ def test_fetch_verify_install_is_idempotent_and_single_flight(
     assert len(set(results)) == 1 and len(results) == 4
     path = results[0]
     assert path == tmp_path / "tier" / record.lora_name / "adapter"
-    assert {p.name for p in path.iterdir()} == {"adapter_config.json",
-                                                "adapter_model.safetensors", "manifest.json"}
+    assert {p.name for p in path.iterdir()} == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "manifest.json",
+    }
     assert host.ensure(record) == path
     assert host._fetcher.calls == 1  # type: ignore[attr-defined]
     (entry,) = host.entries()
@@ -161,12 +170,14 @@ def test_fetch_verify_install_is_idempotent_and_single_flight(
 
 
 def test_budget_evicts_least_recently_used_and_spares_protected(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     records = [publish(stack, prefix, tmp_path, f"a{i}", seed=i) for i in range(1, 5)]
     evicted: list[TierEntry] = []
     protected = {records[0].lora_name}
-    host = tier(tmp_path / "tier", stack.s3, on_evict=evicted.append,
-                is_protected=protected.__contains__)
+    host = tier(
+        tmp_path / "tier", stack.s3, on_evict=evicted.append, is_protected=protected.__contains__
+    )
     host.ensure(records[0])
     size = host.entries()[0].size_bytes
     host.budget_bytes = 3 * size  # room for three
@@ -175,8 +186,11 @@ def test_budget_evicts_least_recently_used_and_spares_protected(
     host.touch(records[1].lora_name)  # a2 used after a3: a3 is now least recently used
     host.ensure(records[3])
     assert [e.lora_name for e in evicted] == [records[2].lora_name]
-    assert {e.lora_name for e in host.entries()} == {records[0].lora_name,
-                                                     records[1].lora_name, records[3].lora_name}
+    assert {e.lora_name for e in host.entries()} == {
+        records[0].lora_name,
+        records[1].lora_name,
+        records[3].lora_name,
+    }
     assert host.used_bytes <= host.budget_bytes
     assert not (tmp_path / "tier" / records[2].lora_name).exists()
     protected.update(e.lora_name for e in host.entries())
@@ -187,7 +201,8 @@ def test_budget_evicts_least_recently_used_and_spares_protected(
 
 
 def test_restart_scan_keeps_verified_entries_and_drops_the_rest(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     root = tmp_path / "tier"
     good, bad = (publish(stack, prefix, tmp_path, f"a{i}", seed=i) for i in (1, 2))
     first = tier(root, stack.s3)
@@ -211,7 +226,8 @@ def test_restart_scan_keeps_verified_entries_and_drops_the_rest(
 
 
 def test_hostile_store_content_never_lands_in_the_tier(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     host = tier(tmp_path / "tier", stack.s3)
     from loraplane.schemas.adapter import owner_prefix
@@ -221,13 +237,17 @@ def test_hostile_store_content_never_lands_in_the_tier(
     cases = {
         # same owner prefix (sha8), another digest: the manifest's digest decides
         Reason.manifest_digest_mismatch: record.model_copy(
-            update={"sha256": record.sha256[:8] + "ab" * 28}),
+            update={"sha256": record.sha256[:8] + "ab" * 28}
+        ),
         Reason.source_not_allowed: record.model_copy(
-            update={"artifact_uri": "s3://someone-elses-bucket/a1/1/"}),
+            update={"artifact_uri": "s3://someone-elses-bucket/a1/1/"}
+        ),
         Reason.manifest_missing: unpublished.model_copy(
-            update={"artifact_uri": owner_prefix(unpublished, bucket)}),
+            update={"artifact_uri": owner_prefix(unpublished, bucket)}
+        ),
         Reason.outside_owner_prefix: record.model_copy(
-            update={"artifact_uri": record.artifact_uri + "nope/"}),
+            update={"artifact_uri": record.artifact_uri + "nope/"}
+        ),
         Reason.adapter_revoked: record.model_copy(update={"status": "revoked"}),
     }
     for reason, hostile in cases.items():
@@ -253,7 +273,8 @@ def test_hostile_store_content_never_lands_in_the_tier(
 
 
 def test_s3_down_fails_fast_with_a_reason_and_loads_resume_when_it_is_back(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     forwarder = Forwarder(stack.s3.port)
     s3 = stack.s3.model_copy(update={"endpoint_url": f"http://127.0.0.1:{forwarder.port}"})
@@ -286,20 +307,35 @@ def test_artifact_verify_cli_reads_from_s3(stack: Settings, prefix: str, tmp_pat
     record = publish(stack, prefix, tmp_path, "a1", seed=1)
     good, forged = tmp_path / "record.json", tmp_path / "forged.json"
     good.write_text(record.model_dump_json())
-    forged.write_text(record.model_copy(update={"sha256": record.sha256[:8] + "ab" * 28})
-                      .model_dump_json())  # same owner prefix (sha8), another digest
+    forged.write_text(
+        record.model_copy(update={"sha256": record.sha256[:8] + "ab" * 28}).model_dump_json()
+    )  # same owner prefix (sha8), another digest
     runner = CliRunner()
-    ok = runner.invoke(app, ["artifact", "verify", record.artifact_uri, "--record", str(good),
-                             "--max-rank", "8", "--base-model", "tiny-llama"])
+    ok = runner.invoke(
+        app,
+        [
+            "artifact",
+            "verify",
+            record.artifact_uri,
+            "--record",
+            str(good),
+            "--max-rank",
+            "8",
+            "--base-model",
+            "tiny-llama",
+        ],
+    )
     assert (ok.exit_code, ok.output.strip()) == (0, "ok")
-    refused = runner.invoke(app, ["artifact", "verify", record.artifact_uri,
-                                  "--record", str(forged)])
+    refused = runner.invoke(
+        app, ["artifact", "verify", record.artifact_uri, "--record", str(forged)]
+    )
     assert refused.exit_code == 1
     assert refused.output.split()[0] == Reason.manifest_digest_mismatch.value
 
 
 def test_a_full_disk_refuses_with_its_reason_leaves_nothing_and_heals_with_room(
-        stack: Settings, prefix: str, tmp_path: Path) -> None:
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
     """The tier's folder is a real tmpfs, far smaller than the byte budget: the install
     that does not fit is refused as ``host_disk_full`` (a failure: retried later), leaves
     no partial file, keeps the entry already there, and succeeds once there is room."""

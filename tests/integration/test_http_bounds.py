@@ -23,25 +23,32 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from loraplane.infra.processes import free_port
-from loraplane.workers.gateway import Gateway
 
 from loraplane.frontdoor.api_keys import ApiKeys
+from loraplane.infra.processes import free_port
 from loraplane.kernel.config import HttpLimits, get_settings
 from loraplane.kernel.http_server import bound_port, open_connections, start_site
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.workers.gateway import Gateway
 from tests.integration.http_attack import LIMITS, SLOW, attack, limits_env
 
 
 def test_the_dashboard_process_sheds_slow_connections_and_logs_little(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "dashboard.log"
-    env = {**os.environ, "LORAPLANE_HOME": str(tmp_path),
-           "LORAPLANE_SECRETS_DIR": str(get_settings().secrets_dir), **limits_env()}
+    env = {
+        **os.environ,
+        "LORAPLANE_HOME": str(tmp_path),
+        "LORAPLANE_SECRETS_DIR": str(get_settings().secrets_dir),
+        **limits_env(),
+    }
     with log.open("wb") as out:
         server = subprocess.Popen(
             [str(Path(sys.executable).parent / "loraplane"), "dashboard", "--port", str(port)],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -77,8 +84,12 @@ class _NoAdapters:
 
 @pytest.mark.asyncio
 async def test_the_gateway_site_sheds_slow_connections(caplog: pytest.LogCaptureFixture) -> None:
-    gateway = Gateway(_NoAdapters(), api_keys=ApiKeys({}), budgets=RequestBudgets(),  # type: ignore[arg-type]
-                      sink=None)  # type: ignore[arg-type]
+    gateway = Gateway(
+        _NoAdapters(),
+        api_keys=ApiKeys({}),
+        budgets=RequestBudgets(),  # type: ignore[arg-type]
+        sink=None,
+    )  # type: ignore[arg-type]
     limits = HttpLimits(**LIMITS)
     runner, burst = await start_site(gateway.app(), "127.0.0.1", 0, limits, name="gateway")
     try:

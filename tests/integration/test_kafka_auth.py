@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from loraplane.infra.kafka import Kafka
 
+from loraplane.infra.kafka import Kafka
 from loraplane.kernel import acls, kafka, topics
 from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.kernel.kafka import Principal
@@ -20,24 +20,34 @@ pytestmark = pytest.mark.integration
 
 def _as(stack: Settings, principal: Principal, password_file: Path | None = None) -> Settings:
     """``stack`` as a deployment configured with one principal's username and file."""
-    return stack.model_copy(update={"kafka": stack.kafka.model_copy(update={
-        "username": str(principal),
-        "password_file": password_file or kafka.password_path(stack, principal)})})
+    return stack.model_copy(
+        update={
+            "kafka": stack.kafka.model_copy(
+                update={
+                    "username": str(principal),
+                    "password_file": password_file or kafka.password_path(stack, principal),
+                }
+            )
+        }
+    )
 
 
 def _produce(settings: Settings, suffix: str) -> str | None:
     """The delivery error's name (None: delivered) of one keyed message to ``suffix``."""
     errors: list[str | None] = []
     producer = kafka.producer(settings, quiet=True)
-    producer.produce(topics.topic_name(settings, suffix), b"{}", key=uuid.uuid4().bytes,
-                     on_delivery=lambda err, _msg: errors.append(err and err.name()))
+    producer.produce(
+        topics.topic_name(settings, suffix),
+        b"{}",
+        key=uuid.uuid4().bytes,
+        on_delivery=lambda err, _msg: errors.append(err and err.name()),
+    )
     producer.flush(20)
     assert len(errors) == 1
     return errors[0]
 
 
-def test_a_worker_cannot_write_registry_or_commands_but_writes_its_own(
-        stack: Settings) -> None:
+def test_a_worker_cannot_write_registry_or_commands_but_writes_its_own(stack: Settings) -> None:
     worker = _as(stack, Principal.worker)
     assert _produce(worker, "registry") == "TOPIC_AUTHORIZATION_FAILED"
     assert _produce(worker, "commands") == "TOPIC_AUTHORIZATION_FAILED"
@@ -47,7 +57,8 @@ def test_a_worker_cannot_write_registry_or_commands_but_writes_its_own(
 
 
 def test_only_a_router_writes_router_state_and_a_router_forges_no_worker_state(
-        stack: Settings) -> None:
+    stack: Settings,
+) -> None:
     """ATTACK: the fleet view sums what ``router-state`` says of queues and in-flight work;
     a worker (or any principal but router) cannot write it, and a router cannot pose as a
     worker on ``worker-state``, which routing believes."""
@@ -57,8 +68,7 @@ def test_only_a_router_writes_router_state_and_a_router_forges_no_worker_state(
     assert _produce(router, "router-state") is None
 
 
-def test_the_streams_app_writes_registry_and_commands_but_not_request_logs(
-        stack: Settings) -> None:
+def test_the_streams_app_writes_registry_and_commands_but_not_request_logs(stack: Settings) -> None:
     streams = _as(stack, Principal.streams)
     assert _produce(streams, "registry") is None
     assert _produce(streams, "commands") is None
@@ -72,20 +82,30 @@ def test_a_worker_can_neither_create_topics_nor_grant_itself_acls(stack: Setting
     admin = kafka.admin(_as(stack, Principal.worker))
     name = f"{stack.topic_prefix}.not-declared-{uuid.uuid4().hex[:6]}"
     with pytest.raises(KafkaException, match="AUTHORIZATION_FAILED"):
-        for future in admin.create_topics([NewTopic(name, 1, 1)],
-                                          request_timeout=10).values():
+        for future in admin.create_topics([NewTopic(name, 1, 1)], request_timeout=10).values():
             future.result(timeout=15)
     with pytest.raises(KafkaException, match="AUTHORIZATION_FAILED"):
-        acls.apply(_as(stack, Principal.worker), admin, topics.access(stack),
-                   topics.every_topic(stack), timeout=10)
+        acls.apply(
+            _as(stack, Principal.worker),
+            admin,
+            topics.access(stack),
+            topics.every_topic(stack),
+            timeout=10,
+        )
 
 
 def test_unauthenticated_and_wrong_password_clients_get_nothing(
-        stack: Settings, tmp_path: Path) -> None:
+    stack: Settings, tmp_path: Path
+) -> None:
     from confluent_kafka import KafkaException
 
-    plaintext = stack.model_copy(update={"kafka": KafkaSettings(
-        host=stack.kafka.host, port=stack.kafka.port, credentials_dir=tmp_path / "none")})
+    plaintext = stack.model_copy(
+        update={
+            "kafka": KafkaSettings(
+                host=stack.kafka.host, port=stack.kafka.port, credentials_dir=tmp_path / "none"
+            )
+        }
+    )
     assert kafka.credentials(plaintext) is None
     with pytest.raises(KafkaException):
         kafka.admin(plaintext).list_topics(timeout=5)
@@ -109,6 +129,10 @@ def test_no_password_in_a_log_a_command_line_or_a_loose_file(stack: Settings) ->
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     logs = [p for p in stack.home.rglob("*.log") if p.is_file()]
     assert broker.process.log_file in logs
-    leaks = [(str(log), i) for log in logs for i, pw in enumerate(passwords)
-             if pw in log.read_text(errors="replace")]
+    leaks = [
+        (str(log), i)
+        for log in logs
+        for i, pw in enumerate(passwords)
+        if pw in log.read_text(errors="replace")
+    ]
     assert leaks == [] and not any(pw in cmdline for pw in passwords)

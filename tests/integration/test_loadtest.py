@@ -35,14 +35,28 @@ ROOT = Path(__file__).resolve().parents[2]
 MUST_PASS = {
     "hot-adapter": {"target_hit_rate", "no_errors"},
     "cold-adapter": {"targets_became_hot", "interactive_never_waited_for_a_load", "no_errors"},
-    "burst-loading": {"every_target_served", "cold_loads_within_budget",
-                      "interactive_never_waited_for_a_load", "no_errors"},
-    "bulk-eviction": {"revoked_versions_evicted", "no_load_after_revoke",
-                      "platinum_never_evicted", "no_errors"},
-    "artifact-store-unavailable": {"load_failures_recorded_with_reason",
-                                   "nothing_loaded_without_its_artifact", "no_errors"},
-    "signature-failure": {"no_unsigned_load", "dead_lettered_with_reason",
-                          "requests_for_untrusted_refused"},
+    "burst-loading": {
+        "every_target_served",
+        "cold_loads_within_budget",
+        "interactive_never_waited_for_a_load",
+        "no_errors",
+    },
+    "bulk-eviction": {
+        "revoked_versions_evicted",
+        "no_load_after_revoke",
+        "platinum_never_evicted",
+        "no_errors",
+    },
+    "artifact-store-unavailable": {
+        "load_failures_recorded_with_reason",
+        "nothing_loaded_without_its_artifact",
+        "no_errors",
+    },
+    "signature-failure": {
+        "no_unsigned_load",
+        "dead_lettered_with_reason",
+        "requests_for_untrusted_refused",
+    },
 }
 
 
@@ -59,8 +73,11 @@ def drop_run(settings: Settings, output: str) -> None:
 def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
     """Delete the topics under ``prefix`` and the ClickHouse ``database`` of one run."""
     admin = kafka.admin(settings)
-    names = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix + ".")
-             or n.startswith(prefix + "-")]
+    names = [
+        n
+        for n in admin.list_topics(timeout=10).topics
+        if n.startswith(prefix + ".") or n.startswith(prefix + "-")
+    ]
     if names:
         admin.delete_topics(names, request_timeout=10)
     client = connect(settings, database="")
@@ -70,9 +87,11 @@ def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
         client.disconnect()
 
 
-RUNS = (("signature-failure", "bulk-eviction", "hot-adapter"),
-        ("cold-adapter", "burst-loading"),
-        ("artifact-store-unavailable",))
+RUNS = (
+    ("signature-failure", "bulk-eviction", "hot-adapter"),
+    ("cold-adapter", "burst-loading"),
+    ("artifact-store-unavailable",),
+)
 """The commands, run side by side (most of a scenario is waiting, not CPU). In a shared run
 bulk-eviction comes before scenarios that load many adapters (the worker's rolling-minute
 load budget must leave it loads to evict); artifact-store-unavailable stops an S3 of its
@@ -122,13 +141,30 @@ def start_replays(output: str, folder: Path) -> Replaying | None:
         return None
     prefix, database = found.groups()
     env = {"LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_CLICKHOUSE__DATABASE": database}
-    base = [LORAPLANE, "simulate", "--from-clickhouse", "--since", "1h",
-            "--policies", "lru,loraplane"]
+    base = [
+        LORAPLANE,
+        "simulate",
+        "--from-clickhouse",
+        "--since",
+        "1h",
+        "--policies",
+        "lru,loraplane",
+    ]
     outs = [folder / "replay.json", folder / "replay-what-if.json"]
-    procs = [subprocess.Popen(c, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for c in ([*base, "--json", str(outs[0])],
-                       [*base, "--add-workers", "2", "--slots", "16", "--json", str(outs[1])])]
+    procs = [
+        subprocess.Popen(
+            c,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for c in (
+            [*base, "--json", str(outs[0])],
+            [*base, "--add-workers", "2", "--slots", "16", "--json", str(outs[1])],
+        )
+    ]
     return Replaying(time.monotonic(), database, env, procs, outs)
 
 
@@ -157,13 +193,19 @@ def finish_replays(settings: Settings, replaying: Replaying) -> Replayed:
     reports = [json.loads(o.read_text()) if o.is_file() else {} for o in replaying.outs]
     get_settings.cache_clear()
     try:
-        empty = CliRunner().invoke(app, ["simulate", "--from-clickhouse", "--since", "1s"],
-                                   env=replaying.env)
+        empty = CliRunner().invoke(
+            app, ["simulate", "--from-clickhouse", "--since", "1s"], env=replaying.env
+        )
     finally:
         get_settings.cache_clear()
     answers.append((empty.exit_code, empty.output))
-    return Replayed(int(rows), answers, reports, round(finishing - replaying.started, 1),
-                    round(time.monotonic() - finishing, 1))
+    return Replayed(
+        int(rows),
+        answers,
+        reports,
+        round(finishing - replaying.started, 1),
+        round(time.monotonic() - finishing, 1),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +218,14 @@ def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict
     procs = []
     for names, (out, err) in zip(RUNS, files, strict=True):
         with out.open("w") as stdout, err.open("w") as stderr:
-            procs.append(subprocess.Popen(
-                [LORAPLANE, "loadtest", *names, "--fake-vllm", "--json", "--duration", "10"],
-                cwd=ROOT, stdout=stdout, stderr=stderr))
+            procs.append(
+                subprocess.Popen(
+                    [LORAPLANE, "loadtest", *names, "--fake-vllm", "--json", "--duration", "10"],
+                    cwd=ROOT,
+                    stdout=stdout,
+                    stderr=stderr,
+                )
+            )
     deadline = time.monotonic() + 540
     replaying: Replaying | None = None
     try:  # the replayed run first: its replays run while the others finish
@@ -199,8 +246,7 @@ def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict
     for n, (names, p, (out, err)) in enumerate(zip(RUNS, procs, files, strict=True)):
         stderr = err.read_text()
         try:
-            replayed = (finish_replays(stack, replaying) if n == REPLAYED_RUN and replaying
-                        else None)
+            replayed = finish_replays(stack, replaying) if n == REPLAYED_RUN and replaying else None
         finally:
             drop_run(stack, stderr)
         assert out.read_text(), stderr[-3000:]
@@ -208,8 +254,9 @@ def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict
         objects = parsed if isinstance(parsed, list) else [parsed]
         assert [o["scenario"] for o in objects] == list(names)
         for o in objects:
-            ran[o["scenario"]] = Ran(o, p.returncode, all(x["passed"] for x in objects),
-                                     stderr, replayed)
+            ran[o["scenario"]] = Ran(
+                o, p.returncode, all(x["passed"] for x in objects), stderr, replayed
+            )
     return ran
 
 
@@ -229,8 +276,7 @@ def test_scenario(loadtests: dict[str, Ran], scenario: str) -> None:
         assert cls["requests"] > 0
     assert ran.returncode == (0 if ran.all_passed else 1)
     if scenario == "signature-failure":
-        assert {"registry:unknown_key", "registry:tenant_out_of_scope"} <= set(
-            result["refusals"])
+        assert {"registry:unknown_key", "registry:tenant_out_of_scope"} <= set(result["refusals"])
     if scenario == "artifact-store-unavailable":
         assert any(k.startswith("load:fail:") for k in result["refusals"])
 
@@ -257,11 +303,22 @@ def test_the_runs_own_traffic_replays_in_the_simulator(loadtests: dict[str, Ran]
             assert sum(summary["routes"].values()) == replayed.request_rows
     code, said = replayed.answers[2]
     assert code == 1 and "no request rows in the last 1s" in said, said
-    print(f"replays: {replayed.ran_beside_s} s beside the other runs, {replayed.added_s} s "
-          "after them", seen["replay"], more["replay"], sep="\n")
+    print(
+        f"replays: {replayed.ran_beside_s} s beside the other runs, {replayed.added_s} s "
+        "after them",
+        seen["replay"],
+        more["replay"],
+        sep="\n",
+    )
 
 
 def test_unknown_scenario_is_a_usage_error() -> None:
-    done = subprocess.run([LORAPLANE, "loadtest", "nope", "--fake-vllm"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [LORAPLANE, "loadtest", "nope", "--fake-vllm"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2 and "hot-adapter" in done.stderr

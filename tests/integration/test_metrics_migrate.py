@@ -30,9 +30,14 @@ def settings() -> Settings:
 
 
 def cli(settings: Settings, *args: str) -> str:
-    done = subprocess.run([str(Path(sys.executable).parent / "loraplane"), "metrics", *args],
-                          cwd=REPO, env=env_for(settings), capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "loraplane"), "metrics", *args],
+        cwd=REPO,
+        env=env_for(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from loraplane.infra.clickhouse import ClickHouse
 from loraplane.infra.processes import free_port, wait_until
-
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from tests.integration.fault_report import report_fault
@@ -36,11 +36,11 @@ N = 2400
 CHUNKS = 12
 
 
-
 def start(server: ClickHouse) -> None:
     server.process.start(server.prepare())
-    assert wait_until(server.healthy, 60, alive=lambda: server.process.pid() is not None), \
+    assert wait_until(server.healthy, 60, alive=lambda: server.process.pid() is not None), (
         f"throwaway ClickHouse did not start: {server.process.tail(20)}"
+    )
 
 
 @pytest.fixture
@@ -48,9 +48,17 @@ def private_clickhouse(tmp_path: Path) -> Iterator[tuple[Settings, ClickHouse]]:
     base = Settings()
     require_stack(base)
     settings = isolated(base).model_copy(update={"home": tmp_path / "home"})
-    settings = settings.model_copy(update={"clickhouse": settings.clickhouse.model_copy(
-        update={"tcp_port": free_port(), "http_port": free_port(),
-                "interserver_port": free_port()})})
+    settings = settings.model_copy(
+        update={
+            "clickhouse": settings.clickhouse.model_copy(
+                update={
+                    "tcp_port": free_port(),
+                    "http_port": free_port(),
+                    "interserver_port": free_port(),
+                }
+            )
+        }
+    )
     server = ClickHouse(settings)
     start(server)
     create_topics(settings)
@@ -62,7 +70,8 @@ def private_clickhouse(tmp_path: Path) -> Iterator[tuple[Settings, ClickHouse]]:
 
 
 def test_clickhouse_down_under_load_then_back_counts_exact(
-        private_clickhouse: tuple[Settings, ClickHouse], tmp_path: Path) -> None:
+    private_clickhouse: tuple[Settings, ClickHouse], tmp_path: Path
+) -> None:
     settings, server = private_clickhouse
     migrations.migrate(settings)
     events = request_events(N, seed=23)
@@ -73,8 +82,9 @@ def test_clickhouse_down_under_load_then_back_counts_exact(
 
     def produce_steadily() -> None:
         for i in range(CHUNKS):
-            produce_all(settings, "requests", events[i * size:(i + 1) * size],
-                        key=lambda m: m.adapter_id)
+            produce_all(
+                settings, "requests", events[i * size : (i + 1) * size], key=lambda m: m.adapter_id
+            )
             if i == CHUNKS // 2:
                 restarted.wait(60)  # the second half arrives while ClickHouse is back ...
             elif i > 2 and not restarted.is_set():
@@ -89,20 +99,30 @@ def test_clickhouse_down_under_load_then_back_counts_exact(
         threading.Event().wait(4)  # down for a while, under load
         start(server)
         restarted.set()
-        wait_for(lambda: count(settings, "request_log") == N, 120,
-                 f"all {N} rows after ClickHouse came back (log: {log})")
+        wait_for(
+            lambda: count(settings, "request_log") == N,
+            120,
+            f"all {N} rows after ClickHouse came back (log: {log})",
+        )
         producer.join(30)
         assert before_outage is None, "the sink must survive the outage"
         assert sink.poll() is None
         assert count(settings, "request_log") == N
         retries = log.read_text().count("not delivered")
-        print(f"ClickHouse down ~4s under load: {retries} retried batch attempts, "
-              f"{count(settings, 'request_log', final=False)} raw rows, {N} FINAL")
+        print(
+            f"ClickHouse down ~4s under load: {retries} retried batch attempts, "
+            f"{count(settings, 'request_log', final=False)} raw rows, {N} FINAL"
+        )
         assert retries > 0, "the outage should have been noticed"
-        report_fault("ClickHouse stopped under load, started again", answered=N,
-                     stored=count(settings, "request_log"),
-                     lost=N - count(settings, "request_log"), duplicated=0,
-                     recovered=sink.poll() is None, down_s=4.0,
-                     note=f"{retries} batch retries; duplicates collapse under FINAL")
+        report_fault(
+            "ClickHouse stopped under load, started again",
+            answered=N,
+            stored=count(settings, "request_log"),
+            lost=N - count(settings, "request_log"),
+            duplicated=0,
+            recovered=sink.poll() is None,
+            down_s=4.0,
+            note=f"{retries} batch retries; duplicates collapse under FINAL",
+        )
     finally:
         stop(sink)

@@ -13,9 +13,6 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from loraplane.schemas.codec import decode
-from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.reasons import ArtifactReason
 
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import Settings
@@ -23,6 +20,9 @@ from loraplane.kernel.topics import topic_name
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig, SinkStats
+from loraplane.schemas.codec import decode
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import ArtifactReason
 from tests.integration.metrics_env import (
     REPO,
     cache_event,
@@ -52,16 +52,24 @@ def loaded() -> Iterator[tuple[Settings, list, SinkStats]]:
         # A replay (same bytes twice), a message that is not JSON, a value the table cannot
         # hold (UInt64 overflow) and a row ClickHouse's client refuses (a timestamp past
         # DateTime's range): exact counts, three dead letters, the rest lands.
-        produce_all(settings, "requests", [*events, events[0], events[1]],
-                    key=lambda m: m.adapter_id)
+        produce_all(
+            settings, "requests", [*events, events[0], events[1]], key=lambda m: m.adapter_id
+        )
         produce_all(settings, "requests", [b"{not json"])
         loads = [cache_event(i, "load", swap_ms=10.0 * i) for i in range(1, 21)]
-        produce_all(settings, "cache-events",
-                    [*loads, cache_event(100, "fail", reason=ArtifactReason.fetch_failed),
-                     cache_event(101, "kv_namespace_conflict"),
-                     cache_event(102, "load", size=2**70),
-                     cache_event(103, "evict").model_copy(
-                         update={"ts": datetime(2200, 1, 1, tzinfo=UTC)})])
+        produce_all(
+            settings,
+            "cache-events",
+            [
+                *loads,
+                cache_event(100, "fail", reason=ArtifactReason.fetch_failed),
+                cache_event(101, "kv_namespace_conflict"),
+                cache_event(102, "load", size=2**70),
+                cache_event(103, "evict").model_copy(
+                    update={"ts": datetime(2200, 1, 1, tzinfo=UTC)}
+                ),
+            ],
+        )
         stop = threading.Event()
         sink = Sink(settings, SinkConfig(batch_size=150, max_wait_s=0.3))
         thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
@@ -138,8 +146,10 @@ def test_cache_summary_swap_percentiles_failures_and_conflicts(loaded) -> None:
 
 def test_undecodable_and_rejected_rows_are_dead_lettered_with_reasons(loaded) -> None:
     settings, _, stats = loaded
-    letters = [decode(DeadLetter, r.value)
-               for r in read_topic(settings, topic_name(settings, "dead-letters"))]
+    letters = [
+        decode(DeadLetter, r.value)
+        for r in read_topic(settings, topic_name(settings, "dead-letters"))
+    ]
     reasons = sorted(d.reason for d in letters)
     assert reasons == ["clickhouse_rejected", "malformed", "out_of_range"]
     rejected = next(d for d in letters if d.reason == "clickhouse_rejected")
@@ -171,8 +181,9 @@ def test_every_query_of_the_pack_runs_on_this_server(loaded) -> None:
 def test_report_cli_prints_the_per_adapter_view(loaded) -> None:
     settings, events, _ = loaded
     loraplane = str(Path(sys.executable).parent / "loraplane")
-    run = partial(subprocess.run, cwd=REPO, env=env_for(settings), capture_output=True,
-                  text=True, timeout=60)
+    run = partial(
+        subprocess.run, cwd=REPO, env=env_for(settings), capture_output=True, text=True, timeout=60
+    )
     as_json = run([loraplane, "report", "--since", "1h", "--adapter", "alpha", "--json"])
     assert as_json.returncode == 0, as_json.stderr
     rows = json.loads(as_json.stdout)

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from loraplane.kernel.bus import produce_sync, read_topic
+from loraplane.kernel.config import Settings
 from loraplane.schemas.adapter import AdapterStatus
 from loraplane.schemas.base import now_utc
 from loraplane.streams.score_keeper import ScoreKeeper, restore
 from loraplane.streams.scores import score_key
-
-from loraplane.kernel.bus import produce_sync, read_topic
-from loraplane.kernel.config import Settings
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.registry_env import LORAPLANE, wait_for
 from tests.lifecycle_kit import record, signed_view
@@ -38,19 +38,26 @@ def env(stack: Settings, tmp_path: Path) -> Iterator[PlannerEnv]:
 
 
 def plan_show(env: PlannerEnv, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([LORAPLANE, "plan", "show", *args], env={**env.env, **extra_env},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [LORAPLANE, "plan", "show", *args],
+        env={**env.env, **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_plan_show_lists_the_load_with_its_rule_and_writes_nothing(env: PlannerEnv) -> None:
     base, worker = f"b-show-{uuid.uuid4().hex[:6]}", f"w-{uuid.uuid4().hex[:6]}"
     hot = record(f"hot-{uuid.uuid4().hex[:6]}", "1", base=base).model_copy(
-        update={"status": AdapterStatus.active})
+        update={"status": AdapterStatus.active}
+    )
     view = signed_view(env.kit.keys["ops"], [hot], now_utc(), env.kit.keyring)
     produce_sync(env.settings, env.topic("registry"), hot.adapter_id, view)
     stop = threading.Event()
-    keeper = threading.Thread(target=ScoreKeeper(env.settings, "show").run, args=(stop,),
-                              daemon=True)
+    keeper = threading.Thread(
+        target=ScoreKeeper(env.settings, "show").run, args=(stop,), daemon=True
+    )
     keeper.start()
     try:
         env.requests(hot, 5)
@@ -65,14 +72,33 @@ def test_plan_show_lists_the_load_with_its_rule_and_writes_nothing(env: PlannerE
     assert shown.returncode == 0, shown.stderr[-2000:]
     out = json.loads(shown.stdout)
     assert out["inputs"] | {"refused_views": None} == {
-        "adapters": 1, "score_keys": 1, "workers": 1, "live_workers": 1, "memory_workers": 0,
-        "pending_commands": 0, "refused_views": None}
+        "adapters": 1,
+        "score_keys": 1,
+        "workers": 1,
+        "live_workers": 1,
+        "memory_workers": 0,
+        "pending_commands": 0,
+        "refused_views": None,
+    }
     (load,) = out["commands"]
     assert (load["worker_id"], load["action"], load["lora_name"], load["rule"]) == (
-        worker, "load_gpu", hot.lora_name, "hot_score")
+        worker,
+        "load_gpu",
+        hot.lora_name,
+        "hot_score",
+    )
     assert load["score"] > 0
-    assert list(read_topic(env.settings, [env.topic(t) for t in WRITTEN_BY_A_PLANNER],
-                           timeout_s=20, to_end=True)) == []
+    assert (
+        list(
+            read_topic(
+                env.settings,
+                [env.topic(t) for t in WRITTEN_BY_A_PLANNER],
+                timeout_s=20,
+                to_end=True,
+            )
+        )
+        == []
+    )
 
 
 def test_plan_show_without_a_broker_says_so_and_fails(env: PlannerEnv) -> None:

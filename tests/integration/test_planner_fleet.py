@@ -37,10 +37,6 @@ from functools import partial
 
 import pytest
 import requests
-from loraplane.schemas.codec import decode
-from loraplane.schemas.commands import CacheCommand, CommandAction
-from loraplane.schemas.reasons import CommandRule
-from loraplane.schemas.worker_state import WorkerState
 from rich.console import Console
 
 from loraplane.demo.catalog import Adapter, Artifacts, Catalog
@@ -51,6 +47,10 @@ from loraplane.demo.system import ROOT, LiveSystem, SystemOptions, in_parallel
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
+from loraplane.schemas.codec import decode
+from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.reasons import CommandRule
+from loraplane.schemas.worker_state import WorkerState
 from tests.integration.router_env import Answer, ask
 from tests.integration.test_loadtest import drop_namespace
 
@@ -59,9 +59,13 @@ HEARTBEAT_S, TICK_S = 1.0, 0.5
 CAPACITY_RPS, HYSTERESIS = 3.0, 0.1
 # the replica band, not the minimum residency (180 s by default), decides here when the
 # extra copy goes: a short residency keeps it from hiding the band's own timing
-POLICY = {"worker_capacity_rps": CAPACITY_RPS, "replica_hysteresis": HYSTERESIS,
-          "planner_interval_s": TICK_S, "worker_heartbeat_s": HEARTBEAT_S,
-          "min_residency_s": 10.0}
+POLICY = {
+    "worker_capacity_rps": CAPACITY_RPS,
+    "replica_hysteresis": HYSTERESIS,
+    "planner_interval_s": TICK_S,
+    "worker_heartbeat_s": HEARTBEAT_S,
+    "min_residency_s": 10.0,
+}
 OPTIONS = SystemOptions(fake_vllm=True, gpu_slots=4, tick_s=0.2, heartbeat_s=HEARTBEAT_S)
 TAU_1M_S = 60.0  # the planner's demand: the decayed 1-minute request count / 60 s
 HOT_RATE, KILL_RATE, CONCURRENCY = 14.0, 8.0, 4
@@ -83,8 +87,10 @@ class Tail:
         self._thread.start()
 
     def _run(self, settings: Settings) -> None:
-        kinds = {topic_name(settings, "commands"): CacheCommand,
-                 topic_name(settings, "worker-state"): WorkerState}
+        kinds = {
+            topic_name(settings, "commands"): CacheCommand,
+            topic_name(settings, "worker-state"): WorkerState,
+        }
         consumer = kafka.consumer(settings, f"test-tail-{uuid.uuid4().hex[:8]}", quiet=True)
         try:
             consumer.subscribe(list(kinds))
@@ -117,10 +123,16 @@ class Tail:
                 since.pop(s.worker_id, None)
         return since
 
-    def issued(self, adapter_id: str, action: CommandAction, rule: CommandRule | None = None
-               ) -> list[tuple[float, CacheCommand]]:
-        return [(at, c) for at, c in list(self.commands) if c.adapter_id == adapter_id
-                and c.action == action and (rule is None or c.reason.rule == rule)]
+    def issued(
+        self, adapter_id: str, action: CommandAction, rule: CommandRule | None = None
+    ) -> list[tuple[float, CacheCommand]]:
+        return [
+            (at, c)
+            for at, c in list(self.commands)
+            if c.adapter_id == adapter_id
+            and c.action == action
+            and (rule is None or c.reason.rule == rule)
+        ]
 
 
 class Traffic:
@@ -196,8 +208,10 @@ class Live:
 
         def hot() -> bool:
             served.append(ask(self.url, adapter_id, session, key=self.key))
-            return served[-1].tier == "gpu" and \
-                self.system.router_health().get("gpu_copies", 0) > before
+            return (
+                served[-1].tier == "gpu"
+                and self.system.router_health().get("gpu_copies", 0) > before
+            )
 
         self.wait(hot, 60, f"{adapter_id} served from a GPU copy")
         return str(served[-1].worker)
@@ -208,8 +222,10 @@ def live(stack: Settings) -> Iterator[Live]:
     space = RunSpace.fresh(stack.home, "planner-fleet", secrets_dir=stack.secrets_dir)
     artifacts = Artifacts(stack.home / "demo")
     artifacts.ensure(CATALOG)
-    env = {**space.child_env(),
-           **{f"LORAPLANE_POLICY__{k.upper()}": str(v) for k, v in POLICY.items()}}
+    env = {
+        **space.child_env(),
+        **{f"LORAPLANE_POLICY__{k.upper()}": str(v) for k, v in POLICY.items()},
+    }
     steps = Steps(Console(stderr=True))
     try:
         with Supervisor(space.log_dir, env, ROOT) as supervisor:
@@ -218,23 +234,42 @@ def live(stack: Settings) -> Iterator[Live]:
             tail = Tail(system.settings)
 
             def publish(a: Adapter) -> None:
-                system.publish(a.adapter_id, a.tenant_id, "1", artifacts.adapter_dir(a.seed),
-                               a.priority)
+                system.publish(
+                    a.adapter_id, a.tenant_id, "1", artifacts.adapter_dir(a.seed), a.priority
+                )
                 system.lifecycle("promote", a.adapter_id, "1")
 
             steps.run("publish + promote the hot adapter", partial(publish, HOT))
             session = requests.Session()  # the gateways refresh their registry on their own
-            steps.run("the router and a gateway serve it", lambda: system.wait(
-                lambda: ask(system.router_url, HOT.adapter_id, session,
-                            key=keys[HOT.tenant_id]).status == 200, 60,
-                "a 200 for the adapter", interval_s=0.2))
+            steps.run(
+                "the router and a gateway serve it",
+                lambda: system.wait(
+                    lambda: (
+                        ask(
+                            system.router_url, HOT.adapter_id, session, key=keys[HOT.tenant_id]
+                        ).status
+                        == 200
+                    ),
+                    60,
+                    "a 200 for the adapter",
+                    interval_s=0.2,
+                ),
+            )
             # its first copy shows in a heartbeat before the load: a copy the router placed
             # by itself (rule 3) and a cold load the planner sent meanwhile to another
             # worker would otherwise make a second copy that no replica rule asked for
-            steps.run("its first GPU copy shows, to the router too", lambda: system.wait(
-                lambda: len(tail.gpu(HOT.adapter_id)) >= 1
-                and system.router_health().get("gpu_copies", 0) >= 1, 60,
-                "a GPU copy of it", interval_s=0.2))
+            steps.run(
+                "its first GPU copy shows, to the router too",
+                lambda: system.wait(
+                    lambda: (
+                        len(tail.gpu(HOT.adapter_id)) >= 1
+                        and system.router_health().get("gpu_copies", 0) >= 1
+                    ),
+                    60,
+                    "a GPU copy of it",
+                    interval_s=0.2,
+                ),
+            )
             with ThreadPoolExecutor(1) as background:  # the kill test's, during the first
                 spread = background.submit(in_parallel, publish, SPREAD)
                 live = Live(system, keys[HOT.tenant_id], tail, spread)
@@ -248,37 +283,55 @@ def live(stack: Settings) -> Iterator[Live]:
 
 
 def test_demand_over_one_workers_capacity_gets_a_second_copy_and_the_traffic_splits(
-        live: Live) -> None:
+    live: Live,
+) -> None:
     started = time.monotonic()
     traffic = Traffic(live.url, live.key, [HOT.adapter_id], HOT_RATE)
     try:
         # the replica rule's copy, on the GPU next to another: the planner may also move
         # the first copy first (demoted while its score was still low, loaded again
         # elsewhere: seen in a clean CI), which is not what this test is about
-        live.wait(lambda: len(live.tail.gpu(HOT.adapter_id)) >= 2 and any(
-            c.worker_id in live.tail.gpu(HOT.adapter_id) for _, c in live.tail.issued(
-                HOT.adapter_id, CommandAction.load_gpu, CommandRule.replica_demand)), 90,
-                  "a second GPU copy of the hot adapter by the replica rule")
+        live.wait(
+            lambda: (
+                len(live.tail.gpu(HOT.adapter_id)) >= 2
+                and any(
+                    c.worker_id in live.tail.gpu(HOT.adapter_id)
+                    for _, c in live.tail.issued(
+                        HOT.adapter_id, CommandAction.load_gpu, CommandRule.replica_demand
+                    )
+                )
+            ),
+            90,
+            "a second GPU copy of the hot adapter by the replica rule",
+        )
         holders = live.tail.gpu(HOT.adapter_id)
-        seen = live.wait(lambda: live.system.router_health().get("gpu_copies", 0)
-                         >= len(holders), 30, "the router to see the copies")
+        seen = live.wait(
+            lambda: live.system.router_health().get("gpu_copies", 0) >= len(holders),
+            30,
+            "the router to see the copies",
+        )
         live.wait(lambda: len(traffic.after(seen)) >= 40, 30, "traffic to the copies")
     finally:
         answers = traffic.stop()
         live.hot_stopped = time.time()
     adds = live.tail.issued(HOT.adapter_id, CommandAction.load_gpu, CommandRule.replica_demand)
-    every = [(round(at - started, 1), c.worker_id, c.action.value, str(c.reason.rule))
-             for at, c in list(live.tail.commands) if c.adapter_id == HOT.adapter_id]
+    every = [
+        (round(at - started, 1), c.worker_id, c.action.value, str(c.reason.rule))
+        for at, c in list(live.tail.commands)
+        if c.adapter_id == HOT.adapter_id
+    ]
     print(f"\ncommands for {HOT.adapter_id} (s after the load began): {every}")
     split = Counter(a.worker for a in answers if a.at > seen and a.status == 200)
     kinds = Counter(a.kind for a in answers)
     live.hot_copies = len(holders)
     added_s = max(holders.values()) if len(holders) else 0.0  # the replica's copy
-    print(f"\nreplicas: {len(holders)} GPU copies of {HOT.adapter_id} on {sorted(holders)} "
-          f"after {max(holders.values()) - started:.1f}s at {HOT_RATE:g} req/s (capacity "
-          f"{CAPACITY_RPS:g}/worker, hysteresis {HYSTERESIS:g}); load_gpu replica_demand: "
-          f"{[(c.worker_id, c.reason.detail) for _, c in adds]}; after the router saw them: "
-          f"{dict(split)}; {len(answers)} requests: {dict(kinds)}")
+    print(
+        f"\nreplicas: {len(holders)} GPU copies of {HOT.adapter_id} on {sorted(holders)} "
+        f"after {max(holders.values()) - started:.1f}s at {HOT_RATE:g} req/s (capacity "
+        f"{CAPACITY_RPS:g}/worker, hysteresis {HYSTERESIS:g}); load_gpu replica_demand: "
+        f"{[(c.worker_id, c.reason.detail) for _, c in adds]}; after the router saw them: "
+        f"{dict(split)}; {len(answers)} requests: {dict(kinds)}"
+    )
     assert adds and {c.worker_id for _, c in adds} <= set(holders)
     live.hot_add_demand = float(adds[0][1].reason.detail.split()[1])  # the band test's input
     assert added_s >= started
@@ -290,24 +343,33 @@ def test_demand_over_one_workers_capacity_gets_a_second_copy_and_the_traffic_spl
 
 
 def test_a_killed_worker_is_left_out_its_adapters_placed_again_and_no_request_lost(
-        live: Live) -> None:
+    live: Live,
+) -> None:
     live.spread.result(timeout=180)
-    live.wait(lambda: live.system.router_health().get("adapters") == len(CATALOG.adapters), 60,
-              "the router's view of the spread adapters")
+    live.wait(
+        lambda: live.system.router_health().get("adapters") == len(CATALOG.adapters),
+        60,
+        "the router's view of the spread adapters",
+    )
     hot_holders = set(live.tail.gpu(HOT.adapter_id))
     where = {a.adapter_id: live.warm(a.adapter_id) for a in SPREAD}
 
     def alone() -> dict[str, list[str]]:
         """Per worker without the hot adapter: the spread adapters only it holds."""
-        return {w: [a for a in where if set(live.tail.gpu(a)) == {w}]
-                for w in set(where.values()) - hot_holders}
+        return {
+            w: [a for a in where if set(live.tail.gpu(a)) == {w}]
+            for w in set(where.values()) - hot_holders
+        }
 
     # the planner may load a second copy of a spread adapter the router had placed (its own
     # pick, not the router's), which then no longer sits alone on one worker: wait a little
     # for a worker that holds two alone, else go on with one (the idle check is then void)
     try:
-        live.wait(lambda: any(len(v) >= 2 for v in alone().values()), 20,
-                  "a worker outside the hot holders with two adapters alone")
+        live.wait(
+            lambda: any(len(v) >= 2 for v in alone().values()),
+            20,
+            "a worker outside the hot holders with two adapters alone",
+        )
     except AssertionError:
         print(f"\nno worker outside {hot_holders} holds two spread adapters alone: {where}")
     held = alone()
@@ -319,44 +381,65 @@ def test_a_killed_worker_is_left_out_its_adapters_placed_again_and_no_request_lo
     try:
         live.wait(lambda: len(traffic.answers) >= 16, 30, "traffic before the kill")
         killed, killed_wall = time.monotonic(), time.time()
-        for child in [c for c in live.system.supervisor.children
-                      if c.name in (f"worker-{victim}", f"fake-vllm-{victim[1:]}")]:
+        for child in [
+            c
+            for c in live.system.supervisor.children
+            if c.name in (f"worker-{victim}", f"fake-vllm-{victim[1:]}")
+        ]:
             os.killpg(child.pid, signal.SIGKILL)  # no goodbye heartbeat, no unload
-        drained = live.wait(lambda: live.system.router_health().get("workers") == 2, 30,
-                            f"the router to drop {victim}")
+        drained = live.wait(
+            lambda: live.system.router_health().get("workers") == 2,
+            30,
+            f"the router to drop {victim}",
+        )
 
         def placed(adapter_id: str) -> dict[str, float]:
-            return {w: at for w, at in live.tail.gpu(adapter_id, after=killed).items()
-                    if w in survivors}
+            return {
+                w: at for w, at in live.tail.gpu(adapter_id, after=killed).items() if w in survivors
+            }
 
         for a in (busy, *idle):
             live.wait(partial(placed, a), 60, f"{a} on a survivor's GPU")
         loaded = {a: min(placed(a).values()) for a in (busy, *idle)}
-        live.wait(lambda: any(a.tier == "gpu" and a.worker in survivors
-                              for a in traffic.after(killed)), 30,
-                  f"{busy} served from a survivor's GPU copy")
-        served = min(a.at for a in traffic.after(killed)
-                     if a.tier == "gpu" and a.worker in survivors)
+        live.wait(
+            lambda: any(a.tier == "gpu" and a.worker in survivors for a in traffic.after(killed)),
+            30,
+            f"{busy} served from a survivor's GPU copy",
+        )
+        served = min(
+            a.at for a in traffic.after(killed) if a.tier == "gpu" and a.worker in survivors
+        )
         after = len(traffic.answers)
         live.wait(lambda: len(traffic.answers) >= after + 16, 30, "traffic after the move")
     finally:
         answers = traffic.stop()
-    replaced = {a: [(c.worker_id, c.reason.rule) for _, c in live.tail.issued(
-        a, CommandAction.load_gpu) if c.issued_at.timestamp() > killed_wall] for a in idle}
+    replaced = {
+        a: [
+            (c.worker_id, c.reason.rule)
+            for _, c in live.tail.issued(a, CommandAction.load_gpu)
+            if c.issued_at.timestamp() > killed_wall
+        ]
+        for a in idle
+    }
     kinds = Counter(a.kind for a in answers)
     during = Counter(a.kind for a in answers if a.at > killed)
-    print(f"\nkill: {victim} (alone held busy {busy}, idle {idle}) SIGKILLed; router drained "
-          f"it after {drained - killed:.1f}s; GPU copy on a survivor after "
-          + ", ".join(f"{a} {t - killed:.1f}s" for a, t in loaded.items())
-          + f" (copies of {busy} now on {sorted(placed(busy))})"
-          + f"; {busy} first served from it after {served - killed:.1f}s; planner load_gpu "
-          f"after the kill: {replaced}; {len(answers)} requests: {dict(kinds)} "
-          f"({dict(during)} after the kill)\n  after the kill (s, worker, tier): "
-          + " ".join(f"{a.at - killed:.1f}/{a.worker}/{a.tier}"
-                     for a in answers if a.at > killed)[:1200])
-    live.notes.append(f"kill bound {MOVE_BOUND_S:g}s: drained {drained - killed:.1f}s, "
-                      f"placed {max(loaded.values()) - killed:.1f}s, served "
-                      f"{served - killed:.1f}s")
+    print(
+        f"\nkill: {victim} (alone held busy {busy}, idle {idle}) SIGKILLed; router drained "
+        f"it after {drained - killed:.1f}s; GPU copy on a survivor after "
+        + ", ".join(f"{a} {t - killed:.1f}s" for a, t in loaded.items())
+        + f" (copies of {busy} now on {sorted(placed(busy))})"
+        + f"; {busy} first served from it after {served - killed:.1f}s; planner load_gpu "
+        f"after the kill: {replaced}; {len(answers)} requests: {dict(kinds)} "
+        f"({dict(during)} after the kill)\n  after the kill (s, worker, tier): "
+        + " ".join(f"{a.at - killed:.1f}/{a.worker}/{a.tier}" for a in answers if a.at > killed)[
+            :1200
+        ]
+    )
+    live.notes.append(
+        f"kill bound {MOVE_BOUND_S:g}s: drained {drained - killed:.1f}s, "
+        f"placed {max(loaded.values()) - killed:.1f}s, served "
+        f"{served - killed:.1f}s"
+    )
     assert drained - killed <= 3 * HEARTBEAT_S + HEARTBEAT_S + 4  # + slack for 2 cores
     assert max(loaded.values()) - killed <= MOVE_BOUND_S
     assert served - killed <= MOVE_BOUND_S
@@ -366,22 +449,31 @@ def test_a_killed_worker_is_left_out_its_adapters_placed_again_and_no_request_lo
     assert all(a.worker != victim for a in answers if a.at > drained and a.status == 200)
 
 
-def test_the_extra_copy_stays_inside_the_band_then_replica_surplus_drops_it(
-        live: Live) -> None:
+def test_the_extra_copy_stays_inside_the_band_then_replica_surplus_drops_it(live: Live) -> None:
     if live.hot_stopped is None or live.hot_copies < 2:
         pytest.skip("no second copy to give back")
     n, cap, h = live.hot_copies, CAPACITY_RPS, HYSTERESIS
     # the demand at the stop was at least the one that added the copy (it only grew), so
     # it stays above (n - 1) x capacity x (1 - h) for at least this long:
     kept_s = TAU_1M_S * math.log(live.hot_add_demand / ((n - 1) * cap * (1 - h)))
-    live.wait(lambda: live.tail.issued(HOT.adapter_id, CommandAction.demote_to_host,
-                                       CommandRule.replica_surplus), 120,
-              "replica_surplus to drop the extra copy")
-    [(_, drop), *_] = live.tail.issued(HOT.adapter_id, CommandAction.demote_to_host,
-                                       CommandRule.replica_surplus)
+    live.wait(
+        lambda: live.tail.issued(
+            HOT.adapter_id, CommandAction.demote_to_host, CommandRule.replica_surplus
+        ),
+        120,
+        "replica_surplus to drop the extra copy",
+    )
+    [(_, drop), *_] = live.tail.issued(
+        HOT.adapter_id, CommandAction.demote_to_host, CommandRule.replica_surplus
+    )
     after_s = drop.issued_at.timestamp() - live.hot_stopped
-    live.wait(lambda: len(live.tail.gpu(HOT.adapter_id)) == n - 1, 30,
-              "one GPU copy fewer in the heartbeats")
-    print(f"\nreplica_surplus: {drop.worker_id} gives its copy back {after_s:.1f}s after the "
-          f"traffic stopped (kept at least {kept_s:.1f}s by the band); {drop.reason.detail}")
+    live.wait(
+        lambda: len(live.tail.gpu(HOT.adapter_id)) == n - 1,
+        30,
+        "one GPU copy fewer in the heartbeats",
+    )
+    print(
+        f"\nreplica_surplus: {drop.worker_id} gives its copy back {after_s:.1f}s after the "
+        f"traffic stopped (kept at least {kept_s:.1f}s by the band); {drop.reason.detail}"
+    )
     assert after_s >= kept_s - 1.0

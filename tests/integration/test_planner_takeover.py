@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loraplane.schemas.codec import decode
-from loraplane.schemas.planner_memory import PlannerMemory
 
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.config import Settings
+from loraplane.schemas.codec import decode
+from loraplane.schemas.planner_memory import PlannerMemory
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.registry_env import LORAPLANE, wait_for
 
@@ -51,7 +51,10 @@ class Planner:
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [LORAPLANE, "streams", "planner", "--metrics-port", str(self.port)],
-                env=env.env, stdout=out, stderr=subprocess.STDOUT)
+                env=env.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def active(self) -> bool | None:
         """loraplane_planner_active as served (None: not served yet)."""
@@ -75,8 +78,9 @@ class Planner:
 
 @pytest.fixture
 def env(stack: Settings, tmp_path: Path) -> Iterator[PlannerEnv]:
-    e = PlannerEnv.create(stack, tmp_path, command_deadline_s=600,
-                          cold_loads_per_minute_per_worker=100)
+    e = PlannerEnv.create(
+        stack, tmp_path, command_deadline_s=600, cold_loads_per_minute_per_worker=100
+    )
     try:
         e.start(AGENTS)
         yield e
@@ -89,8 +93,7 @@ def uid(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
-def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
-        env: PlannerEnv) -> None:
+def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(env: PlannerEnv) -> None:
     base = uid("b-ha")
     recs = [env.publish(uid(f"a{i}"), base) for i in range(6)]
     env.wait_registered(*((r, "active") for r in recs))
@@ -99,10 +102,16 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
     planners = [Planner(env, "planner-1"), Planner(env, "planner-2")]
     stop_load = threading.Event()
     try:
-        wait_for(lambda: True if all(p.active() is not None for p in planners) else None,
-                 "both planners to serve loraplane_planner_active", timeout_s=90)
-        active = wait_for(lambda: next((p for p in planners if p.active()), None),
-                          "one planner to take the lease", timeout_s=60)
+        wait_for(
+            lambda: True if all(p.active() is not None for p in planners) else None,
+            "both planners to serve loraplane_planner_active",
+            timeout_s=90,
+        )
+        active = wait_for(
+            lambda: next((p for p in planners if p.active()), None),
+            "one planner to take the lease",
+            timeout_s=60,
+        )
         assert [p.active() for p in planners].count(True) == 1
         standby = next(p for p in planners if p is not active)
 
@@ -116,8 +125,11 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
         loader.start()
         env.requests(recs[0], 10)
         env.requests(recs[1], 10)
-        env.wait_commands(base, lambda c: {recs[0].lora_name, recs[1].lora_name} <= {
-            x.lora_name for x in c}, "loads planned by the first active")
+        env.wait_commands(
+            base,
+            lambda c: {recs[0].lora_name, recs[1].lora_name} <= {x.lora_name for x in c},
+            "loads planned by the first active",
+        )
         env.requests(recs[2], 10)
         time.sleep(1.0)
         before = env.commands(base)
@@ -125,8 +137,9 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
         active.proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         active.proc.wait(10)
-        wait_for(lambda: True if standby.active() else None, "the standby to take over",
-                 timeout_s=30)
+        wait_for(
+            lambda: True if standby.active() else None, "the standby to take over", timeout_s=30
+        )
         takeover_s = time.monotonic() - killed
         print(f"\nplanner takeover after SIGKILL: {takeover_s:.2f} s")
         assert takeover_s < TAKEOVER_LIMIT_S
@@ -134,8 +147,12 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
         # Commands keep flowing: adapters first requested after the kill are loaded.
         for r in recs[3:]:
             env.requests(r, 10)
-        env.wait_commands(base, lambda c: {r.lora_name for r in recs[3:]} <= {
-            x.lora_name for x in c}, "loads planned by the new active", timeout_s=60)
+        env.wait_commands(
+            base,
+            lambda c: {r.lora_name for r in recs[3:]} <= {x.lora_name for x in c},
+            "loads planned by the new active",
+            timeout_s=60,
+        )
         stop_load.set()
         loader.join(10)
         time.sleep(1.0)
@@ -153,11 +170,13 @@ def test_sigkill_of_the_active_planner_under_load_hands_over_within_10_s(
     assert {c.command_id for c in before} <= {c.command_id for c in after}
     # The memory on the topic knows every command that went out, under the same id.
     memory: dict[str, PlannerMemory] = {}
-    for record in read_topic(env.settings, env.topic("planner-memory"), timeout_s=20,
-                             to_end=True):
+    for record in read_topic(env.settings, env.topic("planner-memory"), timeout_s=20, to_end=True):
         if record.value is not None:
             memory[(record.key or b"").decode()] = decode(PlannerMemory, record.value)
-    pending = {(c.worker_id, c.lora_name, c.action.value): c.command_id
-               for m in memory.values() for c in m.pending}
+    pending = {
+        (c.worker_id, c.lora_name, c.action.value): c.command_id
+        for m in memory.values()
+        for c in m.pending
+    }
     assert {k: {v} for k, v in pending.items() if k[0] == worker} == dict(ids)
     assert memory[worker].seq >= len(ids)

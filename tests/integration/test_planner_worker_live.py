@@ -39,12 +39,6 @@ from datetime import datetime
 
 import pytest
 import requests
-from loraplane.schemas.cache_event import CacheEvent
-from loraplane.schemas.codec import SchemaError, decode
-from loraplane.schemas.commands import CacheCommand, CommandAction
-from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.reasons import CommandRule
-from loraplane.schemas.worker_state import WorkerState
 from rich.console import Console
 
 from loraplane.demo.catalog import DEMO_CATALOG, Artifacts
@@ -58,6 +52,12 @@ from loraplane.kernel.command_effects import Copy, shows
 from loraplane.kernel.config import Settings
 from loraplane.kernel.policy import Policy
 from loraplane.kernel.topics import topic_name
+from loraplane.schemas.cache_event import CacheEvent
+from loraplane.schemas.codec import SchemaError, decode
+from loraplane.schemas.commands import CacheCommand, CommandAction
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import CommandRule
+from loraplane.schemas.worker_state import WorkerState
 from tests.integration.router_env import Answer, ask
 from tests.integration.test_loadtest import drop_namespace
 
@@ -88,10 +88,12 @@ class Recorder:
         self.rec = Recorded()
         self.unreadable = 0
         self._stop = threading.Event()
-        self._kinds = {topic_name(settings, "commands"): CacheCommand,
-                       topic_name(settings, "worker-state"): WorkerState,
-                       topic_name(settings, "dead-letters"): DeadLetter,
-                       topic_name(settings, "cache-events"): CacheEvent}
+        self._kinds = {
+            topic_name(settings, "commands"): CacheCommand,
+            topic_name(settings, "worker-state"): WorkerState,
+            topic_name(settings, "dead-letters"): DeadLetter,
+            topic_name(settings, "cache-events"): CacheEvent,
+        }
         self._thread = threading.Thread(target=self._run, args=(settings,), daemon=True)
         self._thread.start()
 
@@ -140,19 +142,34 @@ def repeated(rec: Recorded) -> tuple[list[tuple[CacheCommand, CacheCommand]], in
         same = identical.get((*key, cmd.action.value))
         raw += same is not None and cmd.issued_at < same.deadline
         earlier = last.get(key)
-        if earlier is not None and earlier.action is cmd.action \
-                and cmd.issued_at < earlier.deadline and not any(
-                    earlier.issued_at <= s.ts <= cmd.issued_at and shows(
-                        earlier.action, next((Copy(a.tier, a.pinned) for a in s.adapters
-                                              if a.lora_name == cmd.lora_name), Copy()))
-                    for s in states.get(cmd.worker_id, [])):
+        if (
+            earlier is not None
+            and earlier.action is cmd.action
+            and cmd.issued_at < earlier.deadline
+            and not any(
+                earlier.issued_at <= s.ts <= cmd.issued_at
+                and shows(
+                    earlier.action,
+                    next(
+                        (
+                            Copy(a.tier, a.pinned)
+                            for a in s.adapters
+                            if a.lora_name == cmd.lora_name
+                        ),
+                        Copy(),
+                    ),
+                )
+                for s in states.get(cmd.worker_id, [])
+            )
+        ):
             out.append((earlier, cmd))
         last[key] = identical[(*key, cmd.action.value)] = cmd
     return out, raw
 
 
-def undone(rec: Recorded, never_evict: set[str], restarted: dict[str, datetime]
-           ) -> list[tuple[CacheEvent, CacheEvent]]:
+def undone(
+    rec: Recorded, never_evict: set[str], restarted: dict[str, datetime]
+) -> list[tuple[CacheEvent, CacheEvent]]:
     """GPU loads unloaded within ``min_residency_s`` that no rule allowed (module docstring):
     a never-evict version's load beside the unload (within 2 s) allows it too, and a load
     before its worker's agent restarted is not known to the agent."""
@@ -165,17 +182,26 @@ def undone(rec: Recorded, never_evict: set[str], restarted: dict[str, datetime]
             loads[key] = e
             continue
         load = loads.get(key)
-        if e.kind != "unload" or load is None or e.reason == "revoked" \
-                or (e.ts - load.ts).total_seconds() >= POLICY.min_residency_s \
-                or load.ts < restarted.get(e.worker_id, datetime.min.replace(tzinfo=e.ts.tzinfo)):
+        if (
+            e.kind != "unload"
+            or load is None
+            or e.reason == "revoked"
+            or (e.ts - load.ts).total_seconds() >= POLICY.min_residency_s
+            or load.ts < restarted.get(e.worker_id, datetime.min.replace(tzinfo=e.ts.tzinfo))
+        ):
             continue
         cmd = rec.commands.get(e.command_id or "")
         if cmd is not None and cmd.reason.rule in UNDONE_BY:
             continue
         if e.reason == "slot_needed" and cmd is None and load.command_id is None:
             continue  # a request's copy giving its slot to another load, as requests compete
-        if any(x.kind == "load" and x.worker_id == e.worker_id and x.lora_name in never_evict
-               and abs((x.ts - e.ts).total_seconds()) <= 2 for x in events):
+        if any(
+            x.kind == "load"
+            and x.worker_id == e.worker_id
+            and x.lora_name in never_evict
+            and abs((x.ts - e.ts).total_seconds()) <= 2
+            for x in events
+        ):
             continue
         out.append((load, e))
     return out
@@ -205,15 +231,18 @@ class Traffic:
             if self._stop.is_set():
                 return
             turn = 3 * int((time.monotonic() - start) // SHIFT_S)
-            weights = self._weights[-turn % len(self._weights):] + \
-                self._weights[:-turn % len(self._weights)]
+            weights = (
+                self._weights[-turn % len(self._weights) :]
+                + self._weights[: -turn % len(self._weights)]
+            )
             self._pool.submit(self._one, self._pick.choices(self._names, weights)[0])
 
     def _one(self, adapter: str) -> None:
         if not hasattr(self._local, "s"):
             self._local.s = requests.Session()
-        self.answers.append(ask(self._url, adapter, self._local.s, key=self._keys[adapter],
-                                max_tokens=8))
+        self.answers.append(
+            ask(self._url, adapter, self._local.s, key=self._keys[adapter], max_tokens=8)
+        )
 
     def stop(self) -> list[Answer]:
         self._stop.set()
@@ -248,13 +277,15 @@ def restart(live: LiveSystem, worker_id: str) -> tuple[float, datetime]:
     time.sleep(DOWN_S)
     at = datetime.now().astimezone()
     again = live.supervisor.start(child.name, child.argv)
-    live.supervisor.wait_ready(again, lambda: http_ok(gateway + "/healthz"), 180,
-                               "healthy again (/healthz)")
+    live.supervisor.wait_ready(
+        again, lambda: http_ok(gateway + "/healthz"), 180, "healthy again (/healthz)"
+    )
     return time.monotonic() - started, at
 
 
 def test_no_refused_or_repeated_command_across_a_worker_restart(
-        system: tuple[LiveSystem, dict[str, str]]) -> None:
+    system: tuple[LiveSystem, dict[str, str]],
+) -> None:
     live, keys = system
     recorder = Recorder(live.settings)
     publish_catalog(live)
@@ -274,34 +305,54 @@ def test_no_refused_or_repeated_command_across_a_worker_restart(
         answers = traffic.stop()
     time.sleep(2 * OPTIONS.heartbeat_s + 2)  # the last heartbeats and dead letters land
     rec = recorder.stop()
-    never_evict = {r.lora_name for v in live.registry().values() for r in v.versions
-                   if r.priority == "platinum" or (r.status == "canary"
-                                                   and r.release.canary_percent > 0)}
+    never_evict = {
+        r.lora_name
+        for v in live.registry().values()
+        for r in v.versions
+        if r.priority == "platinum" or (r.status == "canary" and r.release.canary_percent > 0)
+    }
     refused = [d for d in rec.dead if d.reason in REFUSED]
     repeats, raw = repeated(rec)
     flaps = undone(rec, never_evict, {"w1": restarted_at})
-    no_slot_lines = sum(path.read_text(errors="replace").count("no GPU slot")
-                        for path in live.space.log_dir.glob("worker-*.log"))
+    no_slot_lines = sum(
+        path.read_text(errors="replace").count("no GPU slot")
+        for path in live.space.log_dir.glob("worker-*.log")
+    )
     loads = Counter((e.worker_id, e.kind) for e in rec.events if e.kind in ("load", "unload"))
-    print("\n" + json.dumps({
-        "traffic_s": TRAFFIC_S, "requests": len(answers),
-        "answers": dict(Counter(a.kind for a in answers)),
-        "served_hot": sum(a.status == 200 and a.tier == "gpu" for a in answers),
-        "restart_down_s": round(down_s, 1), "commands": len(rec.commands),
-        "commands_by_action": dict(Counter(c.action.value for c in rec.commands.values())),
-        "dead_letters": dict(Counter(str(d.reason) for d in rec.dead)),
-        "refused": len(refused), "repeated": len(repeats), "identical_within_deadline": raw,
-        "undone_within_min_residency": len(flaps),
-        "gpu_loads_unloads": {f"{w} {k}": n for (w, k), n in sorted(loads.items())},
-        "no_gpu_slot_log_lines": no_slot_lines, "unreadable_records": recorder.unreadable,
-    }, indent=1))
+    print(
+        "\n"
+        + json.dumps(
+            {
+                "traffic_s": TRAFFIC_S,
+                "requests": len(answers),
+                "answers": dict(Counter(a.kind for a in answers)),
+                "served_hot": sum(a.status == 200 and a.tier == "gpu" for a in answers),
+                "restart_down_s": round(down_s, 1),
+                "commands": len(rec.commands),
+                "commands_by_action": dict(Counter(c.action.value for c in rec.commands.values())),
+                "dead_letters": dict(Counter(str(d.reason) for d in rec.dead)),
+                "refused": len(refused),
+                "repeated": len(repeats),
+                "identical_within_deadline": raw,
+                "undone_within_min_residency": len(flaps),
+                "gpu_loads_unloads": {f"{w} {k}": n for (w, k), n in sorted(loads.items())},
+                "no_gpu_slot_log_lines": no_slot_lines,
+                "unreadable_records": recorder.unreadable,
+            },
+            indent=1,
+        )
+    )
     for earlier, cmd in repeats[:10]:
-        print(f"repeated: {cmd.worker_id} {cmd.action} {cmd.lora_name} {cmd.reason.rule} "
-              f"{(cmd.issued_at - earlier.issued_at).total_seconds():.1f}s after")
+        print(
+            f"repeated: {cmd.worker_id} {cmd.action} {cmd.lora_name} {cmd.reason.rule} "
+            f"{(cmd.issued_at - earlier.issued_at).total_seconds():.1f}s after"
+        )
     for load, unload in flaps[:10]:
-        print(f"undone: {unload.worker_id} {unload.lora_name} loaded {load.ts:%H:%M:%S} "
-              f"({load.command_id}) unloaded {unload.ts:%H:%M:%S} {unload.reason} "
-              f"({unload.command_id})")
+        print(
+            f"undone: {unload.worker_id} {unload.lora_name} loaded {load.ts:%H:%M:%S} "
+            f"({load.command_id}) unloaded {unload.ts:%H:%M:%S} {unload.reason} "
+            f"({unload.command_id})"
+        )
     assert refused == [], [d.detail for d in refused]
     assert repeats == []
     assert flaps == []

@@ -21,13 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import decode
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.registry import AdapterView
-from loraplane.workers.agent import WorkerConfig
-from loraplane.workers.runner import WorkerOptions, verified_registry
-from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync
@@ -38,6 +31,13 @@ from loraplane.registry.live import VerifiedRegistry
 from loraplane.registry.topic import registry_tail
 from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet, _refresh_registry
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.registry import AdapterView
+from loraplane.workers.agent import WorkerConfig
+from loraplane.workers.runner import WorkerOptions, verified_registry
+from loraplane.workers.worker_metrics import WorkerMetrics
 from tests.integration.fault_report import report_fault
 from tests.integration.private_kafka import kill, private_kafka, start
 from tests.integration.registry_env import Env, running, wait_for
@@ -97,24 +97,39 @@ def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E
 
 def statuses(records: object, adapter_id: str) -> tuple[tuple[str, str], ...]:
     assert isinstance(records, list)
-    return tuple(sorted((r.version, str(r.status)) for r in records
-                        if r.adapter_id == adapter_id))
+    return tuple(sorted((r.version, str(r.status)) for r in records if r.adapter_id == adapter_id))
 
 
 def test_a_change_is_in_the_workers_and_the_routers_view_within_a_second(
-        env: Env, tmp_path: Path) -> None:
-    options = WorkerOptions(worker_id="tail-w1", base_model="b", vllm_url="", gateway_port=0,
-                            metrics_port=None, host_tier_dir=tmp_path / "host",
-                            host_budget_bytes=1)
+    env: Env, tmp_path: Path
+) -> None:
+    options = WorkerOptions(
+        worker_id="tail-w1",
+        base_model="b",
+        vllm_url="",
+        gateway_port=0,
+        metrics_port=None,
+        host_tier_dir=tmp_path / "host",
+        host_budget_bytes=1,
+    )
     options.host_tier_dir.mkdir()
     worker_tail = registry_tail(env.settings, "worker-tail-w1")
     router_tail = registry_tail(env.settings, "router-tail-r1")
     assert worker_tail.wait_caught_up(10) and router_tail.wait_caught_up(10)
-    worker = verified_registry(options, worker_tail, Sink(), WorkerMetrics(),  # type: ignore[arg-type]
-                               KeyringFile(env.settings.keyring_path))
+    worker = verified_registry(
+        options,
+        worker_tail,
+        Sink(),
+        WorkerMetrics(),  # type: ignore[arg-type]
+        KeyringFile(env.settings.keyring_path),
+    )
     router_registry = VerifiedRegistry(
-        KeyringFile(env.settings.keyring_path), router_tail.snapshot, sink=Sink(),  # type: ignore[arg-type]
-        component="router-r1", version=lambda: router_tail.version)
+        KeyringFile(env.settings.keyring_path),
+        router_tail.snapshot,
+        sink=Sink(),  # type: ignore[arg-type]
+        component="router-r1",
+        version=lambda: router_tail.version,
+    )
     fleet = Fleet(FleetIndex(env.settings.policy, 5.0), Sink(), "router-r1")  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
 
@@ -139,17 +154,35 @@ def test_a_change_is_in_the_workers_and_the_routers_view_within_a_second(
                 event = env.kit.event(signer, action, aid, "1", seq, now_utc(), **fields)
                 env.send([(aid.encode(), event)])
                 # the registry agent's record, as the tails hold it: when it was written
-                record = wait_for(lambda a=aid, s=seq: next(
-                    (r for r in router_tail.snapshot() if r.key == a.encode() and r.value
-                     and len(decode(AdapterView, r.value).evidence) == s), None),
-                    f"{aid} seq {seq} in the tail", timeout_s=30)
+                record = wait_for(
+                    lambda a=aid, s=seq: next(
+                        (
+                            r
+                            for r in router_tail.snapshot()
+                            if r.key == a.encode()
+                            and r.value
+                            and len(decode(AdapterView, r.value).evidence) == s
+                        ),
+                        None,
+                    ),
+                    f"{aid} seq {seq} in the tail",
+                    timeout_s=30,
+                )
                 written = record.timestamp_ms / 1000
                 want = statuses(decode(AdapterView, record.value or b"").versions, aid)
                 assert want, action
-                worker_s.append(worker_watch.changed_after(
-                    written, lambda v, a=aid, w=want: statuses(v, a) == w) - written)
-                router_s.append(router_watch.changed_after(
-                    written, lambda v, a=aid, w=want: statuses(v, a) == w) - written)
+                worker_s.append(
+                    worker_watch.changed_after(
+                        written, lambda v, a=aid, w=want: statuses(v, a) == w
+                    )
+                    - written
+                )
+                router_s.append(
+                    router_watch.changed_after(
+                        written, lambda v, a=aid, w=want: statuses(v, a) == w
+                    )
+                    - written
+                )
     finally:
         worker_watch.stop()
         router_watch.stop()
@@ -157,9 +190,11 @@ def test_a_change_is_in_the_workers_and_the_routers_view_within_a_second(
         router_loop.join(5)
         worker_tail.stop()
         router_tail.stop()
-    report = (f"{len(worker_s)} changes, written -> visible: worker p50 "
-              f"{statistics.median(worker_s):.3f}s max {max(worker_s):.3f}s; router p50 "
-              f"{statistics.median(router_s):.3f}s max {max(router_s):.3f}s")
+    report = (
+        f"{len(worker_s)} changes, written -> visible: worker p50 "
+        f"{statistics.median(worker_s):.3f}s max {max(worker_s):.3f}s; router p50 "
+        f"{statistics.median(router_s):.3f}s max {max(router_s):.3f}s"
+    )
     print(report)
     assert len(worker_s) == ADAPTERS * len(CHANGES_PER_ADAPTER)
     assert max(worker_s) < 1.0 and max(router_s) < 1.0, report
@@ -181,8 +216,11 @@ def test_a_broker_restart_keeps_the_view_and_the_tail_resumes(tmp_path: Path) ->
             assert wait_for(lambda: True if tail.current() else None, "current", 10)
             kill(broker)
             killed = time.monotonic()
-            assert wait_for(lambda: True if not tail.current() else None,
-                            "the tail to notice the broker away", 30)
+            assert wait_for(
+                lambda: True if not tail.current() else None,
+                "the tail to notice the broker away",
+                30,
+            )
             assert len(tail.snapshot()) == 30  # the view stays while the broker is away
             start(broker)
             restarted = time.monotonic()
@@ -191,18 +229,27 @@ def test_a_broker_restart_keeps_the_view_and_the_tail_resumes(tmp_path: Path) ->
             tombstone.produce(topic, key=b"k0", value=None)
             assert tombstone.flush(20) == 0
             produce_sync(settings, topic, "k30", b"v30")
-            wait_for(lambda: True if tail.version >= before + 2 else None,
-                     "the records written after the restart", 60)
+            wait_for(
+                lambda: True if tail.version >= before + 2 else None,
+                "the records written after the restart",
+                60,
+            )
             time.sleep(1.0)
             assert tail.version == before + 2  # resumed at its position, no re-read
             view = {r.key: r.value for r in tail.snapshot()}
             assert view[b"k0"] is None and view[b"k30"] == b"v30" and len(view) == 31
             assert wait_for(lambda: True if tail.current() else None, "current again", 30)
-            report_fault("registry tail: broker SIGKILL, restarted", answered=32,
-                         stored=len(view) + 1, lost=0, duplicated=tail.version - before - 2,
-                         recovered=True, down_s=restarted - killed,
-                         recovery_s=time.monotonic() - restarted,
-                         note="the view stayed (not current) while the broker was away; "
-                              "resumed at its position, no re-read")
+            report_fault(
+                "registry tail: broker SIGKILL, restarted",
+                answered=32,
+                stored=len(view) + 1,
+                lost=0,
+                duplicated=tail.version - before - 2,
+                recovered=True,
+                down_s=restarted - killed,
+                recovery_s=time.monotonic() - restarted,
+                note="the view stayed (not current) while the broker was away; "
+                "resumed at its position, no re-read",
+            )
         finally:
             tail.stop()

@@ -14,18 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.codec import decode, encode
-from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
-from loraplane.schemas.registry import AdapterView
-from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.registry.live import VerifiedRegistry
 from loraplane.registry.topic import latest_registry_records
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
+from loraplane.schemas.registry import AdapterView
+from loraplane.workers.worker_metrics import WorkerMetrics
 from tests.integration.registry_env import Env, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,16 +37,20 @@ def env(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E
         yield env
 
 
-def worker_registry(env: Env, tmp: Path) -> tuple[VerifiedRegistry, KafkaEventSink,
-                                                  WorkerMetrics, Path]:
+def worker_registry(
+    env: Env, tmp: Path
+) -> tuple[VerifiedRegistry, KafkaEventSink, WorkerMetrics, Path]:
     keyring = tmp / "worker-keyring.yaml"  # the worker's own copy of the keyring file
     keyring.write_text(env.settings.keyring_path.read_text())
     sink, metrics = KafkaEventSink(env.settings, "test-worker"), WorkerMetrics()
-    registry = VerifiedRegistry(KeyringFile(keyring),
-                                lambda: latest_registry_records(env.settings, timeout_s=10),
-                                sink=sink, component="worker-test",
-                                checkpoints_path=tmp / ".registry-checkpoints.json",
-                                on_refused=metrics.view_refused)
+    registry = VerifiedRegistry(
+        KeyringFile(keyring),
+        lambda: latest_registry_records(env.settings, timeout_s=10),
+        sink=sink,
+        component="worker-test",
+        checkpoints_path=tmp / ".registry-checkpoints.json",
+        on_refused=metrics.view_refused,
+    )
     return registry, sink, metrics, keyring
 
 
@@ -55,10 +59,12 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     genuine older view replayed after the newer one was accepted."""
     aid, bare_id = f"trust-{uuid.uuid4().hex[:8]}", f"bare-{uuid.uuid4().hex[:8]}"
     now, kit = now_utc(), env.kit
-    steps = [kit.event("ci", "publish", aid, "1", 1, now),
-             kit.event("ci", "canary", aid, "1", 2, now, canary_percent=10.0),
-             kit.event("ci", "promote", aid, "1", 3, now),
-             kit.event("ci", "publish", aid, "2", 4, now)]
+    steps = [
+        kit.event("ci", "publish", aid, "1", 1, now),
+        kit.event("ci", "canary", aid, "1", 2, now, canary_percent=10.0),
+        kit.event("ci", "promote", aid, "1", 3, now),
+        kit.event("ci", "publish", aid, "2", 4, now),
+    ]
     env.send([(aid.encode(), e) for e in steps[:3]])
     older = env.view(aid, lambda v: v.last_event_id == steps[2].event_id)
     registry, sink, metrics, keyring = worker_registry(env, tmp_path)
@@ -69,8 +75,13 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     assert {r.version for r in registry.records()} == {"1", "2"}
 
     topic = env.topic("registry")
-    bare = current.model_copy(update={"adapter_id": bare_id, "evidence": [], "versions": [
-        r.model_copy(update={"adapter_id": bare_id}) for r in current.versions]})
+    bare = current.model_copy(
+        update={
+            "adapter_id": bare_id,
+            "evidence": [],
+            "versions": [r.model_copy(update={"adapter_id": bare_id}) for r in current.versions],
+        }
+    )
     data = json.loads(current.model_dump_json())
     data["versions"][1]["sha256"] = "e" * 64
     data["versions"][1]["status"] = "active"
@@ -89,14 +100,18 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
             # loaded machine must not hide a record (a refused record is dead-lettered once)
             registry.records()
             sink.flush(10)
-            seen[:] = sorted(((r.key or b"").decode(), str(decode(DeadLetter, r.value).reason))
-                             for r in read_topic(env.settings, env.topic("dead-letters"),
-                                                 timeout_s=10, idle_s=1.0)
-                             if r.value and decode(DeadLetter, r.value).component == "worker-test")
+            seen[:] = sorted(
+                ((r.key or b"").decode(), str(decode(DeadLetter, r.value).reason))
+                for r in read_topic(
+                    env.settings, env.topic("dead-letters"), timeout_s=10, idle_s=1.0
+                )
+                if r.value and decode(DeadLetter, r.value).component == "worker-test"
+            )
             if expected <= set(seen):
                 return seen
             rewrite_superseded({key for key, _ in expected - set(seen)})
             return None
+
         try:
             return wait_for(probe, what, timeout_s=120)
         except AssertionError as exc:
@@ -107,8 +122,10 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
         view), so a later write to the key hides a write not yet read: the registry agent
         writes the genuine view again when a lifecycle event comes twice (a redelivery after
         a rebalance, on a loaded machine). The attacker then writes again, as one would."""
-        latest = {(r.key or b"").decode(): r.value
-                  for r in latest_registry_records(env.settings, timeout_s=10)}
+        latest = {
+            (r.key or b"").decode(): r.value
+            for r in latest_registry_records(env.settings, timeout_s=10)
+        }
         for key in keys:
             if key in latest and latest[key] != written[key]:
                 print(f"{key}: the attack was superseded before it was read; written again")
@@ -118,7 +135,8 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     assert set(refused(first, "the bare and the edited views refused")) == first
     records = registry.records()
     assert {(r.adapter_id, r.version, r.sha256) for r in records} == {
-        (aid, r.version, r.sha256) for r in current.versions}  # the verified view stays
+        (aid, r.version, r.sha256) for r in current.versions
+    }  # the verified view stays
     written = {aid: encode(older)}  # genuine, but older than what we accepted
     produce_sync(env.settings, topic, aid, written[aid])
     every = first | {(aid, "view_rollback")}
@@ -127,13 +145,17 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     assert {r.version for r in registry.records()} == {"1", "2"}
     exposition = metrics.exposition().decode()
     for reason, count in Counter(reason for _, reason in letters).items():
-        assert f'loraplane_registry_view_refused_total{{reason="{reason}"}} {float(count)}' \
+        assert (
+            f'loraplane_registry_view_refused_total{{reason="{reason}"}} {float(count)}'
             in exposition
+        )
 
     # the worker's keyring revokes CI's key: without a restart, nothing CI signed serves
     ci = kit.keys["ci"].key_id
-    save_keyring(Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci})
-                               for k in kit.keyring.keys]), keyring)
+    save_keyring(
+        Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci}) for k in kit.keyring.keys]),
+        keyring,
+    )
     assert registry.records() == []
 
 
@@ -154,6 +176,7 @@ def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> Non
         return faust_partition if set(ids) <= set(faust_partition) else None
 
     wait_for(all_written, "the registry agent's views")
-    ours = {aid: produce_sync(env.settings, env.topic("registry"), aid, b"not a view")[0]
-            for aid in ids}
+    ours = {
+        aid: produce_sync(env.settings, env.topic("registry"), aid, b"not a view")[0] for aid in ids
+    }
     assert ours == {aid: faust_partition[aid] for aid in ids}

@@ -21,10 +21,10 @@ from pathlib import Path
 import openai
 import pytest
 import requests
-from loraplane.infra.processes import free_port
-from loraplane.infra.prometheus import Prometheus, binary
 from prometheus_client.parser import text_string_to_metric_families
 
+from loraplane.infra.processes import free_port
+from loraplane.infra.prometheus import Prometheus, binary
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
 from tests.integration.router_env import (
@@ -61,9 +61,12 @@ def test_unknown_foreign_and_unauthenticated_requests_are_refused(fleet: Fleet) 
     assert fleet.ask("no-such-adapter").status_code == 404
     assert fleet.ask("other").status_code == 403
     assert fleet.ask("sql", key="wrong").status_code == 401
-    direct = requests.post(f"http://127.0.0.1:{fleet.gateways['w2']}/v1/completions",
-                           json={"model": "sql", "prompt": "x"}, timeout=10,
-                           headers={"X-Loraplane-Tenant": "tenant-a"})
+    direct = requests.post(
+        f"http://127.0.0.1:{fleet.gateways['w2']}/v1/completions",
+        json={"model": "sql", "prompt": "x"},
+        timeout=10,
+        headers={"X-Loraplane-Tenant": "tenant-a"},
+    )
     assert direct.status_code == 401  # a forwarded tenant without the router's signature
 
 
@@ -74,11 +77,18 @@ def test_the_official_openai_client(fleet: Fleet) -> None:
     assert done.choices and done.choices[0].text
     assert done.model == "sql"  # the adapter id asked for: never a lora name or a path
     chat = client.chat.completions.create(
-        model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert chat.choices[0].message.content and chat.model == "sql"
-    chunks = list(client.chat.completions.create(
-        model="sql", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="sql",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert any(c.choices and c.choices[0].delta.content for c in chunks)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert not chunks[-1].choices
@@ -92,8 +102,14 @@ def test_fleet_status_shows_each_worker_and_the_hot_copy(fleet: Fleet) -> None:
     hot copy of sql on w2 (one replica), and the same liveness rule as the router."""
     import json
 
-    out = subprocess.run([LORAPLANE, "fleet", "status", "--json", "--heartbeat-s", "1"],
-                         env=fleet.env, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [LORAPLANE, "fleet", "status", "--json", "--heartbeat-s", "1"],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     (base,) = json.loads(out.stdout)["base_models"]
     assert [w["worker_id"] for w in base["workers"]] == list(WORKERS)
     assert all(w["live"] for w in base["workers"]) and base["live_workers"] == 3
@@ -115,51 +131,92 @@ def test_a_stopped_worker_is_drained_within_the_bound(fleet: Fleet) -> None:
 def _direct(url: str, name: str, **labels: str) -> float:
     """The sum of one series as the endpoint serves it (what Prometheus must agree with)."""
     text = requests.get(url + "/metrics", timeout=5).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
-@pytest.mark.skipif(binary("prometheus") is None, reason="prometheus is missing: "
-                    "scripts/setup.d/20-services.sh installs Debian's (CI has it)")
+@pytest.mark.skipif(
+    binary("prometheus") is None,
+    reason="prometheus is missing: scripts/setup.d/20-services.sh installs Debian's (CI has it)",
+)
 def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: Path) -> None:
     sql = fleet.records["sql"]
     planner_port = free_port()
-    fleet.spawn("planner", [LORAPLANE, "streams", "planner", "--metrics-port",
-                            str(planner_port)])
+    fleet.spawn("planner", [LORAPLANE, "streams", "planner", "--metrics-port", str(planner_port)])
     live = [w for w in WORKERS if w in fleet.procs]
-    server = Prometheus(tmp_path / "prometheus", free_port(), {
-        "loraplane-worker": [f"127.0.0.1:{fleet.gateways[w]}" for w in live],
-        "loraplane-router": [fleet.router_url.removeprefix("http://")],
-        "loraplane-streams": [f"127.0.0.1:{planner_port}"]})
+    server = Prometheus(
+        tmp_path / "prometheus",
+        free_port(),
+        {
+            "loraplane-worker": [f"127.0.0.1:{fleet.gateways[w]}" for w in live],
+            "loraplane-router": [fleet.router_url.removeprefix("http://")],
+            "loraplane-streams": [f"127.0.0.1:{planner_port}"],
+        },
+    )
     server.start()
     try:
         for _ in range(3):
             assert fleet.ask("sql").headers["X-Loraplane-Worker"] == "w2"
         w2 = f"127.0.0.1:{fleet.gateways['w2']}"
-        served = {f"127.0.0.1:{fleet.gateways[w]}": n for w in live if (n := _direct(
-            f"http://127.0.0.1:{fleet.gateways[w]}", m.ADAPTER_REQUESTS,
-            adapter_id=sql.adapter_id))}
+        served = {
+            f"127.0.0.1:{fleet.gateways[w]}": n
+            for w in live
+            if (
+                n := _direct(
+                    f"http://127.0.0.1:{fleet.gateways[w]}",
+                    m.ADAPTER_REQUESTS,
+                    adapter_id=sql.adapter_id,
+                )
+            )
+        }
         routed = _direct(fleet.router_url, m.ROUTER_REQUESTS)
         assert served[w2] >= 3
-        wait_for(lambda: len(server.query("up == 1")) == len(live) + 2, 30,
-                 "every target up in Prometheus")
+        wait_for(
+            lambda: len(server.query("up == 1")) == len(live) + 2,
+            30,
+            "every target up in Prometheus",
+        )
 
         def per_adapter() -> dict[str, float]:
-            return {r["metric"]["instance"]: float(r["value"][1]) for r in server.query(
-                f'sum by (instance) ({m.ADAPTER_REQUESTS}{{adapter_id="{sql.adapter_id}",'
-                f'tenant_id="{sql.tenant_id}"}})')}
+            return {
+                r["metric"]["instance"]: float(r["value"][1])
+                for r in server.query(
+                    f'sum by (instance) ({m.ADAPTER_REQUESTS}{{adapter_id="{sql.adapter_id}",'
+                    f'tenant_id="{sql.tenant_id}"}})'
+                )
+            }
 
-        wait_for(lambda: per_adapter() == served, 10,
-                 "sql's requests per worker in Prometheus as the workers serve them")
+        wait_for(
+            lambda: per_adapter() == served,
+            10,
+            "sql's requests per worker in Prometheus as the workers serve them",
+        )
         loaded = server.query(f'{m.LORA_ADAPTER_LOADED}{{adapter_name="{sql.lora_name}"}}')
         assert (w2, "gpu", "false", str(sql.rank), "1") in [
-            (r["metric"]["instance"], r["metric"]["level"], r["metric"]["pinned"],
-             r["metric"]["rank"], r["value"][1]) for r in loaded]
-        wait_for(lambda: float(server.query(f"sum({m.ROUTER_REQUESTS})")[0]["value"][1])
-                 == routed, 10, "the router's outcomes in Prometheus")
+            (
+                r["metric"]["instance"],
+                r["metric"]["level"],
+                r["metric"]["pinned"],
+                r["metric"]["rank"],
+                r["value"][1],
+            )
+            for r in loaded
+        ]
+        wait_for(
+            lambda: float(server.query(f"sum({m.ROUTER_REQUESTS})")[0]["value"][1]) == routed,
+            10,
+            "the router's outcomes in Prometheus",
+        )
         wait_for(lambda: server.query(m.PLANNER_ACTIVE), 20, "the planner's lease series")
-        wait_for(lambda: len(server.query("loraplane:worker_heartbeat_age_seconds"))
-                 == len(live), 10, "the heartbeat ages (a recording rule) evaluated")
+        wait_for(
+            lambda: len(server.query("loraplane:worker_heartbeat_age_seconds")) == len(live),
+            10,
+            "the heartbeat ages (a recording rule) evaluated",
+        )
         ages = server.query("loraplane:worker_heartbeat_age_seconds")
         assert all(float(a["value"][1]) < 15 for a in ages), ages  # the alert's threshold
         groups = server.api("rules")["groups"]

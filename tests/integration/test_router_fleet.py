@@ -85,22 +85,27 @@ def test_requests_for_an_adapter_hot_on_one_worker_all_go_there(fleet: Fleet) ->
 
 
 def test_the_router_costs_at_most_a_fifth_of_round_robins_cold_loads_and_fallbacks(
-        fleet: Fleet) -> None:
+    fleet: Fleet,
+) -> None:
     rng = random.Random(7)
     trace = [rng.choice(sorted(ADAPTERS)) for _ in range(TRACE_REQUESTS)]
     gateways = [f"http://127.0.0.1:{fleet.gateways[w]}" for w in WORKERS]
     cost = {}
-    for name, urls in (("router", itertools.repeat(fleet.router_url)),
-                       ("round-robin", itertools.cycle(gateways))):
+    for name, urls in (
+        ("router", itertools.repeat(fleet.router_url)),
+        ("round-robin", itertools.cycle(gateways)),
+    ):
         loads_before = fleet.cold_loads()
         answers = replay(trace, urls)
         loads = fleet.cold_loads() - loads_before
         fallbacks = sum(a.fallback for a in answers)
         statuses = Counter(a.status for a in answers)
-        print(f"{name}: {loads} cold loads + {fallbacks} base fallbacks = "
-              f"{loads + fallbacks}; {sum(a.tier in ('cold', 'host') for a in answers)} "
-              f"cold/host arrivals, {sum(a.miss for a in answers)} misses of {len(answers)}; "
-              f"HTTP {dict(statuses)}")
+        print(
+            f"{name}: {loads} cold loads + {fallbacks} base fallbacks = "
+            f"{loads + fallbacks}; {sum(a.tier in ('cold', 'host') for a in answers)} "
+            f"cold/host arrivals, {sum(a.miss for a in answers)} misses of {len(answers)}; "
+            f"HTTP {dict(statuses)}"
+        )
         assert statuses == {200: len(trace)}, f"{name}: not every request answered"
         cost[name] = loads + fallbacks
     assert cost["round-robin"] > 0 and cost["router"] * 5 <= cost["round-robin"], cost
@@ -110,20 +115,30 @@ def test_the_router_costs_at_most_a_fifth_of_round_robins_cold_loads_and_fallbac
 def request_log_rows(fleet: Fleet) -> Iterator[Callable[[list[str]], Counter[str]]]:
     """The metrics sink over the fleet's topics into a ClickHouse database of its own; yields
     a function: request ids -> their request_log rows under FINAL."""
-    settings = fleet.settings.model_copy(
-        update={"clickhouse": isolated(fleet.settings).clickhouse})
+    settings = fleet.settings.model_copy(update={"clickhouse": isolated(fleet.settings).clickhouse})
     migrations.migrate(settings)
     stop = threading.Event()
-    runner = threading.Thread(target=Sink(settings, SinkConfig(max_wait_s=0.2)).run,
-                              args=(stop,), name="sink", daemon=True)
+    runner = threading.Thread(
+        target=Sink(settings, SinkConfig(max_wait_s=0.2)).run,
+        args=(stop,),
+        name="sink",
+        daemon=True,
+    )
     runner.start()
 
     def rows(ids: list[str]) -> Counter[str]:
         client = connect(settings)
         try:
-            return Counter({rid: int(n) for rid, n in client.execute(
-                "SELECT request_id, count() FROM request_log FINAL WHERE request_id IN "
-                "%(ids)s GROUP BY request_id", {"ids": tuple(ids)})})
+            return Counter(
+                {
+                    rid: int(n)
+                    for rid, n in client.execute(
+                        "SELECT request_id, count() FROM request_log FINAL WHERE request_id IN "
+                        "%(ids)s GROUP BY request_id",
+                        {"ids": tuple(ids)},
+                    )
+                }
+            )
         finally:
             client.disconnect()
 
@@ -135,11 +150,13 @@ def request_log_rows(fleet: Fleet) -> Iterator[Callable[[list[str]], Counter[str
         drop_database(settings)
 
 
-def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(
-        fleet: Fleet) -> None:
+def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(fleet: Fleet) -> None:
     def holders() -> list[str]:
-        return [w for w in WORKERS if any(
-            fleet.records[a].lora_name in fleet.adapters_on(w) for a in ADAPTERS)]
+        return [
+            w
+            for w in WORKERS
+            if any(fleet.records[a].lora_name in fleet.adapters_on(w) for a in ADAPTERS)
+        ]
 
     if not holders():  # run on its own (bench/faults.py): place the adapters first
         session = requests.Session()
@@ -172,13 +189,26 @@ def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(
 
             def served_elsewhere() -> bool:
                 late = [a for a in answers if a.at > killed_at]
-                return all(any(a.adapter == h and a.tier == "gpu" and a.worker != victim
-                               for a in late) for h in held)
+                return all(
+                    any(a.adapter == h and a.tier == "gpu" and a.worker != victim for a in late)
+                    for h in held
+                )
 
             wait_for(served_elsewhere, 60, f"{held} served from a GPU copy off {victim}")
-            moved_s = max(min(a.at for a in answers if a.at > killed_at and a.adapter == h
-                              and a.tier == "gpu" and a.worker != victim)
-                          for h in held) - killed_at
+            moved_s = (
+                max(
+                    min(
+                        a.at
+                        for a in answers
+                        if a.at > killed_at
+                        and a.adapter == h
+                        and a.tier == "gpu"
+                        and a.worker != victim
+                    )
+                    for h in held
+                )
+                - killed_at
+            )
             sent_after = len(answers)
             wait_for(lambda: len(answers) >= sent_after + 20, 30, "traffic after the move")
         finally:
@@ -191,14 +221,19 @@ def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(
         fleet.respawn(victim)
         wait_for(lambda: _healthz(fleet.gateways[victim]), 90, f"{victim} /healthz again")
         ok = [a.request_id for a in answers if a.status == 200]
-        wait_for(lambda: len(rows([r for r in ok if r])) == len(ok), 90,
-                 f"a request_log row for each of the {len(ok)} answers")
+        wait_for(
+            lambda: len(rows([r for r in ok if r])) == len(ok),
+            90,
+            f"a request_log row for each of the {len(ok)} answers",
+        )
         per_id = rows([r for r in ok if r])
     kinds = Counter(a.kind for a in answers)
     five_xx = Counter(a.status for a in answers if a.status >= 500)
-    print(f"killed {victim} (held {held}): drained after {drained_s:.1f}s, served from GPU "
-          f"elsewhere after {moved_s:.1f}s; {len(answers)} requests: {dict(kinds)}; "
-          f"{len(ok)} answered 200, rows per id {dict(Counter(per_id.values()))}")
+    print(
+        f"killed {victim} (held {held}): drained after {drained_s:.1f}s, served from GPU "
+        f"elsewhere after {moved_s:.1f}s; {len(answers)} requests: {dict(kinds)}; "
+        f"{len(ok)} answered 200, rows per id {dict(Counter(per_id.values()))}"
+    )
     assert drained_s <= 10
     assert moved_s <= 20
     assert kinds["no reply"] == 0  # none vanished
@@ -206,13 +241,19 @@ def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(
     failed = sum(n for k, n in kinds.items() if k.startswith("failed"))
     assert failed <= CONCURRENCY  # only those already inside the killed worker
     assert all(a.worker != victim for a in answers if a.at > killed_at + 1 and a.status == 200)
-    assert all(ok) and all(per_id[r] == 1 for r in ok), [(r, per_id[r]) for r in ok
-                                                        if per_id[r] != 1][:5]
-    report_fault("worker SIGKILL under load behind the router", answered=len(ok),
-                 stored=sum(1 for r in ok if per_id[r] == 1),
-                 lost=sum(1 for r in ok if not per_id[r]),
-                 duplicated=sum(per_id[r] - 1 for r in ok if per_id[r] > 1), recovered=True,
-                 down_s=drained_s, recovery_s=moved_s,
-                 note=f"answers {dict(kinds)}, no 5xx; drained by the router, served from GPU "
-                      "elsewhere; every 200 answer one request_log row (the killed worker "
-                      "started again, as a supervisor would, to spool its journal)")
+    assert all(ok) and all(per_id[r] == 1 for r in ok), [
+        (r, per_id[r]) for r in ok if per_id[r] != 1
+    ][:5]
+    report_fault(
+        "worker SIGKILL under load behind the router",
+        answered=len(ok),
+        stored=sum(1 for r in ok if per_id[r] == 1),
+        lost=sum(1 for r in ok if not per_id[r]),
+        duplicated=sum(per_id[r] - 1 for r in ok if per_id[r] > 1),
+        recovered=True,
+        down_s=drained_s,
+        recovery_s=moved_s,
+        note=f"answers {dict(kinds)}, no 5xx; drained by the router, served from GPU "
+        "elsewhere; every 200 answer one request_log row (the killed worker "
+        "started again, as a supervisor would, to spool its journal)",
+    )

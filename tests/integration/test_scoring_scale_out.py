@@ -17,13 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from loraplane.schemas.codec import encode
-from loraplane.schemas.request_log import RequestLog
-from loraplane.streams.score_keeper import read_back
 
 from bench.workload import request_logs
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import RequestLog
+from loraplane.streams.score_keeper import read_back
 from tests.integration.planner_env import PlannerEnv as Env
 from tests.integration.registry_env import LORAPLANE, wait_for
 from tests.integration.scores_env import expected_states, wait_states
@@ -64,9 +64,10 @@ class Load(threading.Thread):
         step = 10
         began = time.monotonic()
         for i in range(0, len(self.logs), step):
-            for x in self.logs[i:i + step]:
-                p.produce(topic, key=x.adapter_id.encode(), value=encode(x),
-                          on_delivery=self._delivered)
+            for x in self.logs[i : i + step]:
+                p.produce(
+                    topic, key=x.adapter_id.encode(), value=encode(x), on_delivery=self._delivered
+                )
             p.poll(0)
             time.sleep(max(0.0, began + (i + step) / RATE - time.monotonic()))
         assert p.flush(30) == 0
@@ -75,22 +76,29 @@ class Load(threading.Thread):
 def keeper(env: Env, instance: str) -> tuple[subprocess.Popen, Path]:
     log_path = env.home / f"scoring-{instance}.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([LORAPLANE, "streams", "scoring", "--instance", instance],
-                                env=env.env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [LORAPLANE, "streams", "scoring", "--instance", instance],
+            env=env.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     return proc, log_path
 
 
 def taken(log_path: Path) -> list[set[int]]:
     """The partitions a keeper read back, one set per assignment, from its log."""
-    return [{int(p) for p in m.group(1).split(",")}
-            for m in READ_BACK.finditer(log_path.read_text())]
+    return [
+        {int(p) for p in m.group(1).split(",")} for m in READ_BACK.finditer(log_path.read_text())
+    ]
 
 
 def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_once(
-        env: Env) -> None:
+    env: Env,
+) -> None:
     env.start(AGENT)
-    logs = request_logs(RATE * SECONDS, adapters=12, seed=11, start=datetime.now(UTC),
-                        span_s=SECONDS)
+    logs = request_logs(
+        RATE * SECONDS, adapters=12, seed=11, start=datetime.now(UTC), span_s=SECONDS
+    )
     adapters = sorted({x.adapter_id for x in logs})
     records = [env.publish(a, BASE) for a in adapters]
     env.wait_registered(*((r, "active") for r in records))
@@ -103,16 +111,22 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
         time.sleep(5)
         second, second_log = keeper(env, "second")
         procs.append(second)
-        wait_for(lambda: True if taken(second_log) else None, "the second keeper's partitions",
-                 timeout_s=60)
+        wait_for(
+            lambda: True if taken(second_log) else None,
+            "the second keeper's partitions",
+            timeout_s=60,
+        )
         time.sleep(8)  # both score under load
         second.send_signal(signal.SIGTERM)
         assert second.wait(30) == 0, second_log.read_text()[-3000:]
 
         third, third_log = keeper(env, "third")
         procs.append(third)
-        wait_for(lambda: True if taken(third_log) else None, "the third keeper's partitions",
-                 timeout_s=60)
+        wait_for(
+            lambda: True if taken(third_log) else None,
+            "the third keeper's partitions",
+            timeout_s=60,
+        )
         time.sleep(4)
         assert load.is_alive(), "the load ended before the SIGKILL: make SECONDS longer"
         third.send_signal(signal.SIGKILL)  # mid-batch, perhaps inside a transaction
@@ -120,8 +134,11 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
         killed_at = len(taken(main_log))
         # the worker's keeper takes the dead one's partitions back while the load goes on
         # (after its session timeout; their offsets once the broker aborted its transaction)
-        wait_for(lambda: True if len(taken(main_log)) > killed_at else None,
-                 "the worker's keeper to take the partitions back", timeout_s=60)
+        wait_for(
+            lambda: True if len(taken(main_log)) > killed_at else None,
+            "the worker's keeper to take the partitions back",
+            timeout_s=60,
+        )
         assert load.is_alive(), "the load ended before the takeover: make SECONDS longer"
         load.join(SECONDS + 60)
         assert not load.is_alive() and not load.failed, load.failed[:3]

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loraplane.infra.kafka import Kafka
 
 from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.infra.kafka import Kafka
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
@@ -35,8 +35,9 @@ DOWN_S = float(os.environ.get("LORAPLANE_FAULT_DOWN_S", "20"))
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
     shared = isolated_clickhouse()
-    with private_kafka(tmp_path, SINK_TOPICS, topic_prefix=shared.topic_prefix,
-                       clickhouse=shared.clickhouse) as (settings, broker):
+    with private_kafka(
+        tmp_path, SINK_TOPICS, topic_prefix=shared.topic_prefix, clickhouse=shared.clickhouse
+    ) as (settings, broker):
         migrations.migrate(settings)
         try:
             yield settings, broker
@@ -46,13 +47,13 @@ def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
             client.disconnect()
 
 
-
 def _stored(settings: Settings) -> tuple[int, int, int]:
     """Rows under FINAL, distinct event ids, and raw rows (replays before a merge)."""
     client = connect(settings)
     try:
         final, distinct = client.execute(
-            "SELECT count(), uniqExact(event_id) FROM request_log FINAL")[0]
+            "SELECT count(), uniqExact(event_id) FROM request_log FINAL"
+        )[0]
         raw = client.execute("SELECT count() FROM request_log")[0][0]
         return int(final), int(distinct), int(raw)
     finally:
@@ -61,8 +62,10 @@ def _stored(settings: Settings) -> tuple[int, int, int]:
 
 def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka]) -> None:
     settings, broker = env
-    sink = Sink(settings, SinkConfig(batch_size=500, max_wait_s=0.2, backoff_max_s=2.0,
-                                     session_timeout_ms=6000))
+    sink = Sink(
+        settings,
+        SinkConfig(batch_size=500, max_wait_s=0.2, backoff_max_s=2.0, session_timeout_ms=6000),
+    )
     stop = threading.Event()
     runner = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
     runner.start()
@@ -84,19 +87,28 @@ def test_the_sink_keeps_consuming_after_a_broker_kill(env: tuple[Settings, Kafka
         wait_for(lambda: _stored(settings)[1] >= load.n, 120, f"all {load.n} request logs stored")
         caught_up_s = time.monotonic() - t_up
         final, distinct, raw = _stored(settings)
-        print(f"broker down {down_s:.0f} s under {RATE_HZ}/s: {load.n} emitted, "
-              f"{events.counts.spooled} spooled by the event sink and "
-              f"{events.counts.replayed} replayed, {final} rows "
-              f"under FINAL ({distinct} distinct, {raw} raw), caught up {caught_up_s:.0f} s "
-              f"after the restart; sink retries {sink.stats.retries}, "
-              f"stalls reported {sink.progress.stalls}")
+        print(
+            f"broker down {down_s:.0f} s under {RATE_HZ}/s: {load.n} emitted, "
+            f"{events.counts.spooled} spooled by the event sink and "
+            f"{events.counts.replayed} replayed, {final} rows "
+            f"under FINAL ({distinct} distinct, {raw} raw), caught up {caught_up_s:.0f} s "
+            f"after the restart; sink retries {sink.stats.retries}, "
+            f"stalls reported {sink.progress.stalls}"
+        )
         assert final == distinct == load.n, (final, distinct, load.n)
         assert events.counts.spooled > 0, "the outage should have reached the event spool"
-        report_fault("Kafka (1 broker) SIGKILL under load, restarted", answered=load.n,
-                     stored=distinct, lost=load.n - distinct, duplicated=final - distinct,
-                     recovered=runner.is_alive(), down_s=down_s, recovery_s=caught_up_s,
-                     note=f"{events.counts.spooled} events spooled and replayed by the "
-                          f"worker's event sink; the metrics sink never restarted")
+        report_fault(
+            "Kafka (1 broker) SIGKILL under load, restarted",
+            answered=load.n,
+            stored=distinct,
+            lost=load.n - distinct,
+            duplicated=final - distinct,
+            recovered=runner.is_alive(),
+            down_s=down_s,
+            recovery_s=caught_up_s,
+            note=f"{events.counts.spooled} events spooled and replayed by the "
+            f"worker's event sink; the metrics sink never restarted",
+        )
         assert runner.is_alive(), "the sink died"
     finally:
         stop.set()

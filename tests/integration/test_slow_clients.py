@@ -43,8 +43,9 @@ LEGIT = 100
 def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LORAPLANE_HTTP__MAX_CONNECTIONS", str(CAP))
-        with running_fleet(stack, tmp_path_factory.mktemp("slow"), {"sql": (21, "tenant-a")},
-                           workers=("w1",)) as f:
+        with running_fleet(
+            stack, tmp_path_factory.mktemp("slow"), {"sql": (21, "tenant-a")}, workers=("w1",)
+        ) as f:
             f.load("w1", f.records["sql"])
             wait_for(lambda: f.health().get("gpu_copies", 0) >= 1, 60, "sql hot on w1, seen")
             yield f

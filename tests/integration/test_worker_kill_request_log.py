@@ -38,8 +38,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 KILLS = 4
 CLIENTS = 4
 ANSWERS_BETWEEN_KILLS = 150  # answered by each worker process before it is killed
-SPOOL_EVENTS, RECOVERED = "loraplane_event_sink_spool_events", \
-    "loraplane_event_sink_recovered_total"
+SPOOL_EVENTS, RECOVERED = (
+    "loraplane_event_sink_spool_events",
+    "loraplane_event_sink_recovered_total",
+)
 
 
 @pytest.fixture
@@ -58,11 +60,21 @@ def _rows(settings: Settings, prefix: str) -> tuple[Counter[str], int]:
     of an event Kafka had stored before the kill is a second raw row until a merge)."""
     client = connect(settings)
     try:
-        per_id = Counter({rid: int(n) for rid, n in client.execute(
-            "SELECT request_id, count() FROM request_log FINAL WHERE request_id LIKE %(p)s "
-            "GROUP BY request_id", {"p": prefix + "%"})})
-        raw = int(client.execute("SELECT count() FROM request_log WHERE request_id LIKE %(p)s",
-                                 {"p": prefix + "%"})[0][0])
+        per_id = Counter(
+            {
+                rid: int(n)
+                for rid, n in client.execute(
+                    "SELECT request_id, count() FROM request_log FINAL WHERE request_id LIKE %(p)s "
+                    "GROUP BY request_id",
+                    {"p": prefix + "%"},
+                )
+            }
+        )
+        raw = int(
+            client.execute(
+                "SELECT count() FROM request_log WHERE request_id LIKE %(p)s", {"p": prefix + "%"}
+            )[0][0]
+        )
         return per_id, raw
     finally:
         client.disconnect()
@@ -79,8 +91,9 @@ class Load:
         self.statuses: Counter[int] = Counter()
         self.other: Counter[str] = Counter()
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, args=(c,), daemon=True)
-                        for c in range(CLIENTS)]
+        self.threads = [
+            threading.Thread(target=self._client, args=(c,), daemon=True) for c in range(CLIENTS)
+        ]
 
     def __enter__(self) -> Load:
         for t in self.threads:
@@ -99,11 +112,13 @@ class Load:
             i += 1
             rid, stream = f"{self.prefix}{c}-{i}", i % 2 == 0
             try:
-                resp = session.post(self.url, timeout=10, json={
-                    "model": "sql", "prompt": "hello", "max_tokens": 2, "stream": stream},
-                    headers={"Authorization": f"Bearer {KEY_A}", "X-Request-Id": rid})
-                whole = resp.status_code != 200 or not stream or (
-                    b"data: [DONE]" in resp.content)
+                resp = session.post(
+                    self.url,
+                    timeout=10,
+                    json={"model": "sql", "prompt": "hello", "max_tokens": 2, "stream": stream},
+                    headers={"Authorization": f"Bearer {KEY_A}", "X-Request-Id": rid},
+                )
+                whole = resp.status_code != 200 or not stream or (b"data: [DONE]" in resp.content)
             except requests.RequestException as exc:  # the worker is down or was killed
                 self.other[type(exc).__name__] += 1
                 session = requests.Session()
@@ -119,8 +134,14 @@ class Load:
 def _sink_metric(port: int, name: str) -> int:
     """One of the worker's event-sink series on its /metrics."""
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    return round(sum(s.value for family in text_string_to_metric_families(text)
-                     for s in family.samples if s.name == name))
+    return round(
+        sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name
+        )
+    )
 
 
 def _restart(f: Fleet) -> float:
@@ -134,9 +155,11 @@ def _restart(f: Fleet) -> float:
 
 
 def test_every_answer_keeps_exactly_one_row_across_repeated_kill_9_of_its_worker(
-        clickhouse: Settings, tmp_path: Path) -> None:
-    with running_fleet(clickhouse, tmp_path, {"sql": (21, "tenant-a")}, workers=("w1",),
-                       router=False) as f:
+    clickhouse: Settings, tmp_path: Path
+) -> None:
+    with running_fleet(
+        clickhouse, tmp_path, {"sql": (21, "tenant-a")}, workers=("w1",), router=False
+    ) as f:
         settings = f.settings
         migrations.migrate(settings)
         sink = Sink(settings, SinkConfig(batch_size=500, max_wait_s=0.2))
@@ -144,8 +167,9 @@ def test_every_answer_keeps_exactly_one_row_across_repeated_kill_9_of_its_worker
         runner = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
         runner.start()
         f.load("w1", f.records["sql"])
-        wait_for(lambda: f.records["sql"].lora_name in f.adapters_on("w1"), 30,
-                 "the adapter on the GPU")
+        wait_for(
+            lambda: f.records["sql"].lora_name in f.adapters_on("w1"), 30, "the adapter on the GPU"
+        )
         prefix = f"kill9-{uuid.uuid4().hex[:8]}-"
         recovered, downs = [], []
         try:
@@ -153,44 +177,62 @@ def test_every_answer_keeps_exactly_one_row_across_repeated_kill_9_of_its_worker
                 port = f.gateways["w1"]
                 for _ in range(KILLS):
                     before = len(load.answered)
-                    wait_for(lambda b=before: len(load.answered) >= b + ANSWERS_BETWEEN_KILLS,
-                             120, "answers before the kill")
+                    wait_for(
+                        lambda b=before: len(load.answered) >= b + ANSWERS_BETWEEN_KILLS,
+                        120,
+                        "answers before the kill",
+                    )
                     # a spool left by the last kill is replayed first: until it is empty new
                     # logs join it (as durable), and this kill would not test the journal
-                    wait_for(lambda: _sink_metric(port, SPOOL_EVENTS) == 0, 60,
-                             "the worker's spool replayed")
+                    wait_for(
+                        lambda: _sink_metric(port, SPOOL_EVENTS) == 0,
+                        60,
+                        "the worker's spool replayed",
+                    )
                     downs.append(_restart(f))
                     recovered.append(_sink_metric(port, RECOVERED))
                 before = len(load.answered)
-                wait_for(lambda: len(load.answered) >= before + 50, 60, "answers after the last "
-                         "restart")
+                wait_for(
+                    lambda: len(load.answered) >= before + 50, 60, "answers after the last restart"
+                )
             answered = list(load.answered)
-            wait_for(lambda: set(answered) <= set(_rows(settings, prefix)[0]), 120,
-                     f"a request_log row for each of the {len(answered)} answers")
+            wait_for(
+                lambda: set(answered) <= set(_rows(settings, prefix)[0]),
+                120,
+                f"a request_log row for each of the {len(answered)} answers",
+            )
             time.sleep(2)  # what is still on its way (a replay) lands before the count
         finally:
             stop.set()
             runner.join(30)
         per_id, raw = _rows(settings, prefix)
         twice = {rid: n for rid, n in per_id.items() if n > 1}
-        print(f"{KILLS} x kill -9 of the worker under {CLIENTS} clients: {len(answered)} "
-              f"answers received whole, {len(per_id)} request ids in request_log "
-              f"({len(per_id) - len(answered)} of requests cut by a kill), {raw} raw rows; "
-              f"events recovered from the killed worker's journal at each start: {recovered}; "
-              f"down {', '.join(f'{d:.1f}' for d in downs)} s; answers by status "
-              f"{dict(load.statuses)}; not answered: {dict(load.other)}")
+        print(
+            f"{KILLS} x kill -9 of the worker under {CLIENTS} clients: {len(answered)} "
+            f"answers received whole, {len(per_id)} request ids in request_log "
+            f"({len(per_id) - len(answered)} of requests cut by a kill), {raw} raw rows; "
+            f"events recovered from the killed worker's journal at each start: {recovered}; "
+            f"down {', '.join(f'{d:.1f}' for d in downs)} s; answers by status "
+            f"{dict(load.statuses)}; not answered: {dict(load.other)}"
+        )
         assert len(answered) == len(set(answered)) >= KILLS * ANSWERS_BETWEEN_KILLS
-        assert all(per_id[rid] == 1 for rid in answered), \
-            [rid for rid in answered if per_id[rid] != 1][:5]
+        assert all(per_id[rid] == 1 for rid in answered), [
+            rid for rid in answered if per_id[rid] != 1
+        ][:5]
         assert not twice, twice
         assert sum(recovered) > 0, "no kill fell inside the window the journal closes"
-        report_fault("worker (the real agent beside a FAKE vLLM) SIGKILL under load, "
-                     f"{KILLS} times, restarted by the test", answered=len(answered),
-                     stored=sum(1 for rid in answered if per_id[rid] == 1),
-                     lost=sum(1 for rid in answered if per_id[rid] == 0),
-                     duplicated=sum(n - 1 for n in per_id.values() if n > 1), recovered=True,
-                     down_s=max(downs), recovery_s=None,
-                     note=f"{CLIENTS} clients back to back, half streamed; answers by status "
-                          f"{dict(load.statuses)}; events recovered "
-                          f"from the killed worker's journal at each restart: {recovered}; "
-                          f"{raw - sum(per_id.values())} raw replays kept once under FINAL")
+        report_fault(
+            "worker (the real agent beside a FAKE vLLM) SIGKILL under load, "
+            f"{KILLS} times, restarted by the test",
+            answered=len(answered),
+            stored=sum(1 for rid in answered if per_id[rid] == 1),
+            lost=sum(1 for rid in answered if per_id[rid] == 0),
+            duplicated=sum(n - 1 for n in per_id.values() if n > 1),
+            recovered=True,
+            down_s=max(downs),
+            recovery_s=None,
+            note=f"{CLIENTS} clients back to back, half streamed; answers by status "
+            f"{dict(load.statuses)}; events recovered "
+            f"from the killed worker's journal at each restart: {recovered}; "
+            f"{raw - sum(per_id.values())} raw replays kept once under FINAL",
+        )

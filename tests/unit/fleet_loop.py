@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from loraplane.kernel.command_effects import Copy, shows
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
 from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.reasons import CommandRule, UnloadReason
@@ -54,9 +56,6 @@ from loraplane.workers.reconcile import (
     settled_by,
 )
 
-from loraplane.kernel.command_effects import Copy, shows
-from loraplane.kernel.policy import Policy
-
 T0 = 1_800_000_000.0
 BASE = "llama"
 REFUSALS = frozenset({CommandSkip.protected, CommandSkip.pinned})
@@ -67,35 +66,59 @@ SLOT_RACES = frozenset({CommandSkip.no_free_slot, CommandSkip.min_residency})
 load took the slot first, which no state the planner read could show."""
 
 
-def record(adapter: str, *, version: str = "1", status: AdapterStatus = AdapterStatus.active,
-           priority: Priority = Priority.silver, canary: float = 0.0) -> AdapterRecord:
+def record(
+    adapter: str,
+    *,
+    version: str = "1",
+    status: AdapterStatus = AdapterStatus.active,
+    priority: Priority = Priority.silver,
+    canary: float = 0.0,
+) -> AdapterRecord:
     sha = (adapter.encode().hex() + version + "0" * 64)[:64]
     return AdapterRecord(
-        adapter_id=adapter, base_model=BASE, version=version, rank=8,
-        artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/", sha256=sha,
-        size_bytes=1000, status=status, tenant_id=f"t-{adapter}", priority=priority,
+        adapter_id=adapter,
+        base_model=BASE,
+        version=version,
+        rank=8,
+        artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/",
+        sha256=sha,
+        size_bytes=1000,
+        status=status,
+        tenant_id=f"t-{adapter}",
+        priority=priority,
         compatibility=Compatibility(target_modules=["q_proj"], max_lora_rank=64),
-        release=Release(canary_percent=canary))
+        release=Release(canary_percent=canary),
+    )
 
 
 def views_of(records: list[AdapterRecord]) -> list[AdapterView]:
     by: dict[str, list[AdapterRecord]] = {}
     for r in records:
         by.setdefault(r.adapter_id, []).append(r)
-    return [AdapterView(adapter_id=a, tenant_id=rs[0].tenant_id, base_model=BASE,
-                        active_version=next((r.version for r in rs
-                                             if r.status is AdapterStatus.active), None),
-                        versions=rs, last_seq=1, last_event_id="e1",
-                        updated_at=datetime.fromtimestamp(T0, UTC))
-            for a, rs in by.items()]
+    return [
+        AdapterView(
+            adapter_id=a,
+            tenant_id=rs[0].tenant_id,
+            base_model=BASE,
+            active_version=next((r.version for r in rs if r.status is AdapterStatus.active), None),
+            versions=rs,
+            last_seq=1,
+            last_event_id="e1",
+            updated_at=datetime.fromtimestamp(T0, UTC),
+        )
+        for a, rs in by.items()
+    ]
 
 
 def steady(qps: float, now: float) -> ScoreState:
     """The score state of ``qps`` requests/s up to ``now``."""
     if qps <= 0:
         return ScoreState()
-    return ScoreState(requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, now),
-                      requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, now), last_request=now)
+    return ScoreState(
+        requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, now),
+        requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, now),
+        last_request=now,
+    )
 
 
 @dataclass(frozen=True)
@@ -149,15 +172,20 @@ class SimWorker:
         return self.down_until is None
 
     def actual(self) -> ActualState:
-        return ActualState(gpu=dict(self.gpu), host=dict(self.host),
-                           loaded_by_agent=dict(self.loaded_by_agent))
+        return ActualState(
+            gpu=dict(self.gpu), host=dict(self.host), loaded_by_agent=dict(self.loaded_by_agent)
+        )
 
     def usage(self, now: float) -> Usage:
         demand = self.demand
-        return Usage({}, self.touched,
-                     admits=None if demand is None else lambda c, n: demand.admits(c, n, now),
-                     demand=None if demand is None else lambda n: demand.count(n, now),
-                     loaded_at=self.loaded_at, now=now)
+        return Usage(
+            {},
+            self.touched,
+            admits=None if demand is None else lambda c, n: demand.admits(c, n, now),
+            demand=None if demand is None else lambda n: demand.count(n, now),
+            loaded_at=self.loaded_at,
+            now=now,
+        )
 
 
 @dataclass
@@ -196,8 +224,11 @@ class Loop:
 
     def scores(self) -> dict[str, ScoreState]:
         by_name = self.registry
-        return {score_key(by_name[n].adapter_id, by_name[n].version): steady(q, self.now)
-                for n, q in self.qps.items() if n in by_name}
+        return {
+            score_key(by_name[n].adapter_id, by_name[n].version): steady(q, self.now)
+            for n, q in self.qps.items()
+            if n in by_name
+        }
 
     # ---- the planner --------------------------------------------------------------------
     def plan(self) -> list[CacheCommand]:
@@ -206,16 +237,24 @@ class Loop:
                 self.seen[state.worker_id] = state
                 self.in_transit.remove((at, state))
                 self._shown(state)
-        live = [s for s in self.seen.values()
-                if self.now - s.ts.timestamp() <= 3 * self.policy.worker_heartbeat_s]
-        result = self.planner.tick(views_of(self.records), self.scores(), live, self.policy,
-                                   self.now, self.memory)
+        live = [
+            s
+            for s in self.seen.values()
+            if self.now - s.ts.timestamp() <= 3 * self.policy.worker_heartbeat_s
+        ]
+        result = self.planner.tick(
+            views_of(self.records), self.scores(), live, self.policy, self.now, self.memory
+        )
         self.memory = result.memory
         by_id = {w.id: w for w in self.workers}
         rule = Guard.of(self.registry, self.policy, 1).never_evict
         for cmd, then in zip(result.commands, result.commands[1:], strict=False):
-            if cmd.reason.rule is CommandRule.slot_needed and then.worker_id == cmd.worker_id \
-                    and then.action is CommandAction.load_gpu and then.lora_name in rule:
+            if (
+                cmd.reason.rule is CommandRule.slot_needed
+                and then.worker_id == cmd.worker_id
+                and then.action is CommandAction.load_gpu
+                and then.lora_name in rule
+            ):
                 self.urgent.add(cmd.command_id)  # the load that follows it takes its slot
         arrive: dict[str, float] = {}  # one transaction per tick, one partition per worker
         for cmd in result.commands:
@@ -224,8 +263,9 @@ class Loop:
             self.planned_on[cmd.command_id] = self.seen.get(cmd.worker_id)
             w = by_id[cmd.worker_id]
             if cmd.worker_id not in arrive:
-                arrive[cmd.worker_id] = max(self.now + self.rng.choice((0, 1, 1, 2)),
-                                            w.inbox[-1][0] if w.inbox else 0.0)
+                arrive[cmd.worker_id] = max(
+                    self.now + self.rng.choice((0, 1, 1, 2)), w.inbox[-1][0] if w.inbox else 0.0
+                )
             w.inbox.append((arrive[cmd.worker_id], cmd))
         return result.commands
 
@@ -234,9 +274,12 @@ class Loop:
         a state published before a command was issued shows nothing of it)."""
         copies = {a.lora_name: Copy(a.tier, a.pinned) for a in state.adapters}
         for cmd in self.issued[-2000:]:
-            if cmd.worker_id == state.worker_id and cmd.command_id not in self.shown \
-                    and state.ts >= cmd.issued_at \
-                    and shows(cmd.action, copies.get(cmd.lora_name, Copy())):
+            if (
+                cmd.worker_id == state.worker_id
+                and cmd.command_id not in self.shown
+                and state.ts >= cmd.issued_at
+                and shows(cmd.action, copies.get(cmd.lora_name, Copy()))
+            ):
                 self.shown[cmd.command_id] = self.now
 
     def _repeats(self, cmd: CacheCommand) -> None:
@@ -246,29 +289,42 @@ class Loop:
         another command on the copy, is a new decision)."""
         for earlier in reversed(self.issued[-2000:]):
             if (earlier.worker_id, earlier.lora_name) == (cmd.worker_id, cmd.lora_name):
-                if earlier.action is cmd.action and cmd.issued_at < earlier.deadline \
-                        and earlier.command_id not in self.shown:
+                if (
+                    earlier.action is cmd.action
+                    and cmd.issued_at < earlier.deadline
+                    and earlier.command_id not in self.shown
+                ):
                     self.repeated.append((earlier, cmd))
                 return
 
     # ---- a worker -----------------------------------------------------------------------
-    def fold(self, w: SimWorker, change: CacheCommand | Ask | Outcome | GuardChanged
-             ) -> CommandSkip | None:
+    def fold(
+        self, w: SimWorker, change: CacheCommand | Ask | Outcome | GuardChanged
+    ) -> CommandSkip | None:
         state, guard = w.desired, self.guard(w)
         before = state.intents
-        w.desired, skipped = fold(state, change, worker_id=w.id, base_model=BASE,
-                                  now=datetime.fromtimestamp(self.now, UTC), guard=guard,
-                                  usage=w.usage(self.now))
+        w.desired, skipped = fold(
+            state,
+            change,
+            worker_id=w.id,
+            base_model=BASE,
+            now=datetime.fromtimestamp(self.now, UTC),
+            guard=guard,
+            usage=w.usage(self.now),
+        )
         for cid in overridden(state, w.desired):
             if cid in w.desired.seen_commands:
                 w.skipped[cid] = w.desired.seen_commands[cid]
         for name, intent in w.desired.intents.items():
             if intent.unload_reason is UnloadReason.slot_needed and before.get(name) is not intent:
-                urgent = isinstance(change, CacheCommand | Ask) and \
-                    change.lora_name in guard.never_evict
+                urgent = (
+                    isinstance(change, CacheCommand | Ask) and change.lora_name in guard.never_evict
+                )
                 request = isinstance(change, Ask)
-                for flag, marked in ((urgent, w.displaced_for_never_evict),
-                                     (request, w.displaced_for_request)):
+                for flag, marked in (
+                    (urgent, w.displaced_for_never_evict),
+                    (request, w.displaced_for_request),
+                ):
                     if flag:
                         marked.add(name)
                     else:
@@ -286,8 +342,9 @@ class Loop:
                     w.skipped[cmd.command_id] = cmd.deadline
                 if skipped in SLOT_RACES and self._raced(w, cmd):
                     self.races.append(cmd)
-                if skipped in REFUSALS and any(cmd.issued_at.timestamp() <= t <= self.now
-                                               for t in self.registry_changed):
+                if skipped in REFUSALS and any(
+                    cmd.issued_at.timestamp() <= t <= self.now for t in self.registry_changed
+                ):
                     self.registry_races.append(cmd)
             w.dirty = True
 
@@ -296,9 +353,12 @@ class Loop:
         ``cmd`` on did not show taken, or take it since?"""
         state = self.planned_on.get(cmd.command_id)
         shown = {a.lora_name for a in state.adapters if a.tier == "gpu"} if state else set()
-        return any(i.tier == "gpu" and i.origin is CopyOrigin.gateway_request
-                   and (n not in shown or w.asked_at.get(n, -1e18) >= cmd.issued_at.timestamp())
-                   for n, i in w.desired.intents.items())
+        return any(
+            i.tier == "gpu"
+            and i.origin is CopyOrigin.gateway_request
+            and (n not in shown or w.asked_at.get(n, -1e18) >= cmd.issued_at.timestamp())
+            for n, i in w.desired.intents.items()
+        )
 
     def request(self, w: SimWorker, lora: str) -> None:
         """A request routed to ``w`` for ``lora`` (``WorkerAgent.request_load``)."""
@@ -320,8 +380,15 @@ class Loop:
     def reconcile(self, w: SimWorker) -> None:
         w.loads = [t for t in w.loads if self.now - t < 60.0]
         budget = LoadBudget(self.policy.cold_loads_per_minute_per_worker, tuple(w.loads))
-        actions = reconcile(w.desired, w.actual(), self.registry, base_model=BASE,
-                            budget=budget, now=self.now, gpu_slots=w.slots)
+        actions = reconcile(
+            w.desired,
+            w.actual(),
+            self.registry,
+            base_model=BASE,
+            budget=budget,
+            now=self.now,
+            gpu_slots=w.slots,
+        )
         for action in actions:
             self.execute(w, action)
             outcome = settled_by(action)
@@ -339,22 +406,35 @@ class Loop:
                 w.gpu[name] = w.loaded_by_agent[name] = f"/host/{name}"
                 w.loads.append(self.now)
                 w.loaded_at[name] = w.touched[name] = self.now
-                self.moves.append(Move(self.now, w.id, name, True,
-                                       command=self._command(w, name, CommandAction.load_gpu)))
+                self.moves.append(
+                    Move(
+                        self.now,
+                        w.id,
+                        name,
+                        True,
+                        command=self._command(w, name, CommandAction.load_gpu),
+                    )
+                )
             case Fetch(name, rec, _):
                 w.host.setdefault(name, HostEntry(name, f"/host/{name}", rec.sha256, 1000))
             case Unload(name, reason, _) | Conflict(name, reason):
                 if name in w.gpu:
                     w.gpu.pop(name)
                     w.loaded_by_agent.pop(name, None)
-                    cmd = self._command(w, name, CommandAction.demote_to_host,
-                                        CommandAction.evict)
-                    self.moves.append(Move(
-                        self.now, w.id, name, False,
-                        reason if isinstance(reason, UnloadReason) else None, cmd,
-                        name in w.displaced_for_never_evict
-                        or (cmd is not None and cmd.command_id in self.urgent),
-                        name in w.displaced_for_request))
+                    cmd = self._command(w, name, CommandAction.demote_to_host, CommandAction.evict)
+                    self.moves.append(
+                        Move(
+                            self.now,
+                            w.id,
+                            name,
+                            False,
+                            reason if isinstance(reason, UnloadReason) else None,
+                            cmd,
+                            name in w.displaced_for_never_evict
+                            or (cmd is not None and cmd.command_id in self.urgent),
+                            name in w.displaced_for_request,
+                        )
+                    )
                     w.displaced_for_never_evict.discard(name)
                     w.displaced_for_request.discard(name)
             case RemoveHost(name, _, _):
@@ -387,19 +467,35 @@ class Loop:
             if r is None:
                 continue
             intent = w.desired.intents.get(name)
-            adapters.append(LoadedAdapter(
-                lora_name=name, adapter_id=r.adapter_id, version=r.version,
-                tenant_id=r.tenant_id, tier="gpu" if name in w.gpu else "host",
-                pinned=bool(intent and intent.pinned), protected=name in w.desired.protected,
-                origin=intent.origin if intent else None, size_bytes=r.size_bytes,
-                rank=r.rank, **self._loaded_at(w, name)))
+            adapters.append(
+                LoadedAdapter(
+                    lora_name=name,
+                    adapter_id=r.adapter_id,
+                    version=r.version,
+                    tenant_id=r.tenant_id,
+                    tier="gpu" if name in w.gpu else "host",
+                    pinned=bool(intent and intent.pinned),
+                    protected=name in w.desired.protected,
+                    origin=intent.origin if intent else None,
+                    size_bytes=r.size_bytes,
+                    rank=r.rank,
+                    **self._loaded_at(w, name),
+                )
+            )
         state = WorkerState(
-            worker_id=w.id, base_model=BASE, ts=datetime.fromtimestamp(self.now, UTC),
-            gpu_slots_used=len(w.gpu), gpu_slots_total=w.slots,
+            worker_id=w.id,
+            base_model=BASE,
+            ts=datetime.fromtimestamp(self.now, UTC),
+            gpu_slots_used=len(w.gpu),
+            gpu_slots_total=w.slots,
             host_bytes_used=sum(e.size_bytes for e in w.host.values()),
-            host_bytes_budget=10**9, hbm_usage=None, max_lora_rank=64,
-            cold_loads_last_minute=len(w.loads), adapters=adapters,
-            skipped_commands=[c for c, d in w.skipped.items() if d.timestamp() > self.now])
+            host_bytes_budget=10**9,
+            hbm_usage=None,
+            max_lora_rank=64,
+            cold_loads_last_minute=len(w.loads),
+            adapters=adapters,
+            skipped_commands=[c for c, d in w.skipped.items() if d.timestamp() > self.now],
+        )
         self.in_transit.append((self.now + 1.0, state))
         w.last_beat, w.dirty = self.now, False
 
@@ -419,8 +515,9 @@ class Loop:
         protection again."""
         seen, protected = w.desired.seen_commands, w.desired.protected  # the file keeps them
         w.loaded_by_agent = {}
-        w.desired = replace(adopt(w.actual(), self.registry), seen_commands=seen,
-                            protected=protected)
+        w.desired = replace(
+            adopt(w.actual(), self.registry), seen_commands=seen, protected=protected
+        )
         w.touched = {}
         w.loaded_at = {}
         self.fold(w, GuardChanged())
@@ -461,12 +558,20 @@ class Loop:
         r = self.records[index]
         records = list(self.records)
         if kind == "priority":
-            r = r.model_copy(update={"priority": Priority.gold if r.priority is Priority.platinum
-                                     else Priority.platinum})
+            r = r.model_copy(
+                update={
+                    "priority": Priority.gold
+                    if r.priority is Priority.platinum
+                    else Priority.platinum
+                }
+            )
         elif kind == "promote" and r.status is AdapterStatus.canary:
-            records = [x.model_copy(update={"status": AdapterStatus.retired})
-                       if x.adapter_id == r.adapter_id and x.status is AdapterStatus.active
-                       else x for x in records]
+            records = [
+                x.model_copy(update={"status": AdapterStatus.retired})
+                if x.adapter_id == r.adapter_id and x.status is AdapterStatus.active
+                else x
+                for x in records
+            ]
             r = r.model_copy(update={"status": AdapterStatus.active})
         elif kind == "revoke":
             r = r.model_copy(update={"status": AdapterStatus.revoked})
@@ -490,13 +595,20 @@ class Loop:
                 last[key] = m
                 continue
             load = last.get(key)
-            if load is None or m.at - load.at >= self.policy.min_residency_s \
-                    or load.at < started[m.worker] or m.for_never_evict \
-                    or m.reason is UnloadReason.revoked \
-                    or (m.for_request and load.command is None):
+            if (
+                load is None
+                or m.at - load.at >= self.policy.min_residency_s
+                or load.at < started[m.worker]
+                or m.for_never_evict
+                or m.reason is UnloadReason.revoked
+                or (m.for_request and load.command is None)
+            ):
                 continue
             if m.command is not None and m.command.reason.rule in (
-                    CommandRule.revoke, CommandRule.not_serving, CommandRule.demote):
+                CommandRule.revoke,
+                CommandRule.not_serving,
+                CommandRule.demote,
+            ):
                 continue
             out.append((load, m))
         return out

@@ -13,7 +13,8 @@ from loraplane.kernel.atomic_file import write_atomic
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / ".state.json"
     write_atomic(target, '{"v": 1}')
 

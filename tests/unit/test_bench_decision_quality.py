@@ -22,19 +22,31 @@ adapter_cache_policy: {request_budgets: {interactive: {max_wait_ms: 250}}}
 
 
 def _row(cost: float, i: float, b: float, c: float = 1.0, cold: int = 0) -> dict[str, Any]:
-    return {"weighted_miss_cost": cost, "platinum_cold_starts": cold,
-            "canary_cold_starts": 0,
-            "slo_attainment": {"interactive": i, "batch": b, "canary": c}}
+    return {
+        "weighted_miss_cost": cost,
+        "platinum_cold_starts": cold,
+        "canary_cold_starts": 0,
+        "slo_attainment": {"interactive": i, "batch": b, "canary": c},
+    }
 
 
 def _result(default: dict[str, Any]) -> dict[str, Any]:
     online = {"online": True, "baseline": True, "own_deployment": False}
-    return {"policies": {"lru": _row(10.0, 0.5, 0.6), "gdsf": _row(8.0, 0.4, 0.7),
-                         "belady": _row(1.0, 0.9, 0.9), "loraplane": default},
-            "kinds": {"lru": online, "gdsf": online,
-                      "belady": {**online, "online": False},
-                      "loraplane": {**online, "baseline": False}},
-            "hindsight": {"weighted_miss_cost": 6.0}}
+    return {
+        "policies": {
+            "lru": _row(10.0, 0.5, 0.6),
+            "gdsf": _row(8.0, 0.4, 0.7),
+            "belady": _row(1.0, 0.9, 0.9),
+            "loraplane": default,
+        },
+        "kinds": {
+            "lru": online,
+            "gdsf": online,
+            "belady": {**online, "online": False},
+            "loraplane": {**online, "baseline": False},
+        },
+        "hindsight": {"weighted_miss_cost": 6.0},
+    }
 
 
 def test_each_goal_is_against_the_best_online_baseline_not_the_offline_one() -> None:
@@ -42,14 +54,17 @@ def test_each_goal_is_against_the_best_online_baseline_not_the_offline_one() -> 
     assert met["all"] and met["best_online"]["cost"] == "gdsf"
     assert (met["best_online"]["interactive"], met["best_online"]["batch"]) == (0.5, 0.7)
     missed = dq.goals(_result(_row(7.5, 0.49, 0.7, c=0.98, cold=1)), fits=True)
-    assert [k for k in ("cost", "interactive", "batch", "canary", "guarantee", "hindsight")
-            if missed[k] is False] == ["interactive", "canary", "guarantee", "hindsight"]
+    assert [
+        k
+        for k in ("cost", "interactive", "batch", "canary", "guarantee", "hindsight")
+        if missed[k] is False
+    ] == ["interactive", "canary", "guarantee", "hindsight"]
     assert dq.goals(_result(_row(7.0, 0.5, 0.7, cold=3)), fits=False)["guarantee"] is None
 
 
 def test_it_prints_json_and_edits_the_doc_only_when_asked(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "dq.yaml"
     path.write_text(SMALL)
     doc = tmp_path / "benchmarks.md"
@@ -57,7 +72,7 @@ def test_it_prints_json_and_edits_the_doc_only_when_asked(
     monkeypatch.setattr(dq, "DOC", doc)
     assert dq.main([str(path), "--policies", "lru,gdsf,loraplane"]) == 0
     out = json.loads(capsys.readouterr().out)
-    result, = out["results"]
+    (result,) = out["results"]
     assert set(result["goals"]) >= {"cost", "interactive", "batch", "canary", "hindsight"}
     assert "OLD-TABLE" in doc.read_text()  # not asked: untouched
     assert dq.main([str(path), "--policies", "lru,gdsf,loraplane", "--write-doc"]) == 0

@@ -30,22 +30,32 @@ def parsed(argv: list[str]) -> argparse.Namespace:
     return parse_args(parser, "bench.thing", argv)
 
 
-def test_without_write_doc_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_write_doc_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     before = DEFAULT_DOC.read_text()
     args = parsed(["--size", "2"])
     assert args.write_doc is None
     emit({"ratio": 0.5}, ROW, args)
     out = json.loads(capsys.readouterr().out)
-    assert out == {"benchmark": ROW.benchmark,
-                   "command": ".venv/bin/python -m bench.thing --size 2", "ratio": 0.5}
+    assert out == {
+        "benchmark": ROW.benchmark,
+        "command": ".venv/bin/python -m bench.thing --size 2",
+        "ratio": 0.5,
+    }
     assert DEFAULT_DOC.read_text() == before and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [["--write-doc"], ["--write-doc", "--size", "2"],
-                                  ["--size", "2", "--write-doc", "x.md"],
-                                  ["--write-doc=x.md", "--size", "2"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--write-doc"],
+        ["--write-doc", "--size", "2"],
+        ["--size", "2", "--write-doc", "x.md"],
+        ["--write-doc=x.md", "--size", "2"],
+    ],
+)
 def test_write_doc_is_asked_for_and_left_out_of_the_command(argv: list[str]) -> None:
     args = parsed(argv)
     assert args.write_doc in (DEFAULT_DOC, Path("x.md"))
@@ -63,13 +73,14 @@ def test_the_row_replaces_its_configuration_inside_the_block(tmp_path: Path) -> 
     record_latest(doc, "bench.thing", newer, "python -m bench.thing", "2 cores, load 3.0")
     text = doc.read_text()
     assert text.startswith(before + BLOCK_BEGIN) and text.endswith(BLOCK_END + "\n" + after)
-    block = text[text.index(BLOCK_BEGIN):text.index(BLOCK_END)]
+    block = text[text.index(BLOCK_BEGIN) : text.index(BLOCK_END)]
     rows = [r for r in block.splitlines() if r.startswith("| thing")]
     assert rows == [
         "| thing (size 1) | 12.0 x/s | 20.0 x/s | 0.60x | >= 0.5x | `python -m bench.thing` "
         "| 2 cores, load 3.0 |",
         "| thing (size 2) | 1 x/s | 2 x/s | 0.50x | >= 0.5x | `python -m bench.thing --size 2` "
-        "| 2 cores |"]
+        "| 2 cores |",
+    ]
     assert block.count("| configuration |") == 1
 
 

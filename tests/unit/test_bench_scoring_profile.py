@@ -13,8 +13,20 @@ from bench import scoring_profile
 
 def test_scoring_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = tmp_path / "benchmarks.md"
-    scoring_profile.main(["--events", "300", "--adapters", "20", "--batch", "100", "--reps",
-                          "1", "--write-doc", str(doc)])
+    scoring_profile.main(
+        [
+            "--events",
+            "300",
+            "--adapters",
+            "20",
+            "--batch",
+            "100",
+            "--reps",
+            "1",
+            "--write-doc",
+            str(doc),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["keeper_us_per_log"] > 0 and out["raw_us_per_log"] > 0 and out["ratio"] > 0
     assert out["records_per_batch"] > 0

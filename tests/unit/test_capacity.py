@@ -32,9 +32,19 @@ def test_targets_read_back_what_was_written(targets: dict[str, float]) -> None:
     assert parse_targets(text) == targets
 
 
-@pytest.mark.parametrize("text", ["", "interactive", "interactive=", "bronze=0.9",
-                                  "interactive=1.5", "interactive=0", "batch=x",
-                                  "batch=0.9,batch=0.8"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "interactive",
+        "interactive=",
+        "bronze=0.9",
+        "interactive=1.5",
+        "interactive=0",
+        "batch=x",
+        "batch=0.9,batch=0.8",
+    ],
+)
 def test_a_target_that_does_not_parse_says_so(text: str) -> None:
     with pytest.raises(TargetError):
         parse_targets(text)
@@ -45,13 +55,13 @@ def test_the_answer_is_the_smallest_point_that_reaches_every_target(tmp_path: Pa
     path.write_text(SMALL)
     bench = benchmark.prepare(load_scenario(path))
     grid = Grid((1, 2, 3), (2, 4), (6,))
-    found, = capacity.sweep(bench, "lru", {"interactive": 0.4}, {0: grid})
+    (found,) = capacity.sweep(bench, "lru", {"interactive": 0.4}, {0: grid})
     assert found.answer is not None and found.answer.meets
     assert all(not p.meets for p in found.points if p.workers < found.answer.workers)
     assert all(p.workers <= found.answer.workers for p in found.points)  # stopped there
     same = [p for p in found.points if p.workers == found.answer.workers and p.meets]
     assert found.answer == min(same, key=lambda p: (p.slots, p.loads_per_minute))
-    never, = capacity.sweep(bench, "lru", {"interactive": 1.0}, {0: Grid((1,), (2,), (6,))})
+    (never,) = capacity.sweep(bench, "lru", {"interactive": 1.0}, {0: Grid((1,), (2,), (6,))})
     assert never.answer is None and len(never.points) == 1
 
 
@@ -59,14 +69,32 @@ def test_the_command_answers_writes_json_and_png_and_shows_progress(tmp_path: Pa
     path = tmp_path / "cap.yaml"
     path.write_text(SMALL)
     out, png = tmp_path / "cap.json", tmp_path / "cap.png"
-    result = CliRunner().invoke(app, [
-        "capacity", "--scenario", str(path), "--target", "interactive=0.3,batch=0.3",
-        "--workers", "1,2", "--slots", "2,4", "--loads", "6", "--policy", "lru",
-        "--json", str(out), "--plot", str(png)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "capacity",
+            "--scenario",
+            str(path),
+            "--target",
+            "interactive=0.3,batch=0.3",
+            "--workers",
+            "1,2",
+            "--slots",
+            "2,4",
+            "--loads",
+            "6",
+            "--policy",
+            "lru",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["targets"] == {"interactive": 0.3, "batch": 0.3} and data["policy"] == "lru"
-    pool, = data["pools"]
+    (pool,) = data["pools"]
     answer = pool["answer"]
     assert answer is not None and answer["meets"]
     assert f"{answer['workers']} workers x {answer['slots']} GPU slots" in result.stdout
@@ -75,24 +103,45 @@ def test_the_command_answers_writes_json_and_png_and_shows_progress(tmp_path: Pa
 
 
 def test_a_target_no_point_reaches_exits_1_and_says_what_the_largest_reached(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "cap.yaml"
     path.write_text(SMALL)
-    result = CliRunner().invoke(app, [
-        "capacity", "--scenario", str(path), "--target", "interactive=1.0",
-        "--workers", "1", "--slots", "2", "--loads", "6", "--policy", "lru"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "capacity",
+            "--scenario",
+            str(path),
+            "--target",
+            "interactive=1.0",
+            "--workers",
+            "1",
+            "--slots",
+            "2",
+            "--loads",
+            "6",
+            "--policy",
+            "lru",
+        ],
+    )
     assert result.exit_code == 1
     assert "no point of the grid reaches the target" in result.stdout
 
 
-@pytest.mark.parametrize("args, said", [
-    (["--target", "interactive=0.9"], "give --scenario FILE or --from-clickhouse"),
-    (["--target", "fast=0.9", "--scenario", "{path}"], "expected CLASS=SHARE"),
-    (["--target", "batch=0.9", "--scenario", "{path}", "--workers", "0"], "at least 1"),
-    (["--target", "batch=0.9", "--scenario", "{path}", "--slots", "a,b"], "whole numbers"),
-    (["--target", "batch=0.9", "--scenario", "{path}", "--policy", "nope"],
-     "unknown policy 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--target", "interactive=0.9"], "give --scenario FILE or --from-clickhouse"),
+        (["--target", "fast=0.9", "--scenario", "{path}"], "expected CLASS=SHARE"),
+        (["--target", "batch=0.9", "--scenario", "{path}", "--workers", "0"], "at least 1"),
+        (["--target", "batch=0.9", "--scenario", "{path}", "--slots", "a,b"], "whole numbers"),
+        (
+            ["--target", "batch=0.9", "--scenario", "{path}", "--policy", "nope"],
+            "unknown policy 'nope'",
+        ),
+    ],
+)
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], said: str) -> None:
     path = tmp_path / "cap.yaml"
     path.write_text(SMALL)
@@ -102,7 +151,8 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str], said: str) -> None
 
 
 def test_without_the_sim_extra_it_exits_2_with_the_install_line(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(extras, "missing", lambda extra: ["scipy"])
     result = CliRunner().invoke(app, ["capacity", "--target", "batch=0.9"])
     assert result.exit_code == 2

@@ -34,8 +34,14 @@ def _led(n: int, leaderless: int = 0) -> TopicMetadata:
 def test_it_waits_until_every_partition_has_a_leader(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streams.time, "sleep", lambda s: None)
     name = "p-streams-registry-changelog"
-    admin = _Admin([{}, {name: TopicMetadata({}, error="UNKNOWN_TOPIC_OR_PART")},
-                    {name: _led(3, 2)}, {name: _led(3)}])
+    admin = _Admin(
+        [
+            {},
+            {name: TopicMetadata({}, error="UNKNOWN_TOPIC_OR_PART")},
+            {name: _led(3, 2)},
+            {name: _led(3)},
+        ]
+    )
     streams._wait_listed(admin, name, 3)  # type: ignore[arg-type]
     assert admin.calls == 4 and set(admin.asked) == {name}
 
@@ -43,6 +49,9 @@ def test_it_waits_until_every_partition_has_a_leader(monkeypatch: pytest.MonkeyP
 def test_it_names_the_topic_and_what_it_saw_when_it_never_gets_ready() -> None:
     name = "p-streams-registry-changelog"
     admin = _Admin([{name: _led(2)}])
-    with pytest.raises(RuntimeError, match=rf"{name} is not ready.*2 partitions, 2 with a "
-                                           r"leader; want 3"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"{name} is not ready.*2 partitions, 2 with a "
+        r"leader; want 3",
+    ):
         streams._wait_listed(admin, name, 3, timeout_s=0.3)  # type: ignore[arg-type]

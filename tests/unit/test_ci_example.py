@@ -37,15 +37,23 @@ def actionlint() -> Path:
     home = Path(os.environ.get("LORAPLANE_HOME", ROOT / ".loraplane"))
     folder = home / "cache" / f"actionlint-{version[1]}"
     if (folder / "build-failed.log").is_file():
-        pytest.skip(f"actionlint {version[1]} could not be built by {SETUP.name}: "
-                    + (folder / "build-failed.log").read_text()[-400:])
+        pytest.skip(
+            f"actionlint {version[1]} could not be built by {SETUP.name}: "
+            + (folder / "build-failed.log").read_text()[-400:]
+        )
     assert (folder / "actionlint").is_file(), f"no actionlint in {folder}: run {SETUP}"
     return folder / "actionlint"
 
 
 def lint(workflow: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(actionlint()), "-no-color", str(workflow)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(actionlint()), "-no-color", str(workflow)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_workflow_passes_actionlint() -> None:
@@ -58,8 +66,9 @@ def test_actionlint_does_find_a_mistake_in_it(tmp_path: Path) -> None:
     broken = tmp_path / "publish-adapter.yml"
     text = WORKFLOW.read_text()
     assert "steps.publish.outputs.lora_name" in text
-    broken.write_text(text.replace("steps.publish.outputs.lora_name",
-                                   "steps.pubilsh.outputs.lora_name"))
+    broken.write_text(
+        text.replace("steps.publish.outputs.lora_name", "steps.pubilsh.outputs.lora_name")
+    )
     done = lint(broken)
     assert done.returncode == 1 and "pubilsh" in done.stdout, done.stdout + done.stderr
     if shutil.which("shellcheck") is None:
@@ -75,8 +84,9 @@ def test_the_script_passes_shellcheck() -> None:
     found = shutil.which("shellcheck")
     if found is None:
         pytest.skip(f"shellcheck is not installed ({SETUP} installs it)")
-    done = subprocess.run([found, str(SCRIPT)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [found, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stdout
 
 
@@ -92,9 +102,9 @@ def test_the_workflow_runs_the_script_on_the_tags_it_parses() -> None:
     runs = [s.get("run", "") for s in flow["jobs"]["publish"]["steps"]]
     assert 'examples/ci/publish-adapter.sh "$GITHUB_REF_NAME"' in runs
     assert SCRIPT.stat().st_mode & stat.S_IXUSR
-    assert subprocess.run(["git", "ls-files", "-s", str(SCRIPT)], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.startswith("100755"), \
-        "the script is committed executable"
+    assert subprocess.run(
+        ["git", "ls-files", "-s", str(SCRIPT)], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.startswith("100755"), "the script is committed executable"
 
 
 def _env_names() -> set[str]:
@@ -110,8 +120,11 @@ def _env_names() -> set[str]:
 def test_every_loraplane_setting_the_workflow_sets_exists() -> None:
     """LORAPLANE_X__Y is settings field x.y; a misspelt one would be silently ignored."""
     names = {n for n in _env_names() if n.startswith("LORAPLANE_")}
-    assert {"LORAPLANE_KAFKA__USERNAME", "LORAPLANE_KAFKA__PASSWORD_FILE",
-            "LORAPLANE_S3__SECRET_ACCESS_KEY"} <= names
+    assert {
+        "LORAPLANE_KAFKA__USERNAME",
+        "LORAPLANE_KAFKA__PASSWORD_FILE",
+        "LORAPLANE_S3__SECRET_ACCESS_KEY",
+    } <= names
     for name in names:
         model: type[BaseModel] = Settings
         *sections, leaf = name.removeprefix("LORAPLANE_").lower().split("__")
@@ -140,11 +153,19 @@ sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
 
 
 def result_line(outcome: str = "published", code: int = 0, **fields: Any) -> str:
-    base = {"schema_version": 1, "ok": code == 0, "outcome": outcome, "exit_code": code,
-            "adapter_id": "support-bot", "version": "1.4.0",
-            "lora_name": "support-bot@1.4.0-0123abcd", "sha256": "0123abcd" + "0" * 56,
-            "event_id": "publish-1", "artifact_uri": "s3://b/acme/support-bot/1.4.0-0123abcd/",
-            "error": None}
+    base = {
+        "schema_version": 1,
+        "ok": code == 0,
+        "outcome": outcome,
+        "exit_code": code,
+        "adapter_id": "support-bot",
+        "version": "1.4.0",
+        "lora_name": "support-bot@1.4.0-0123abcd",
+        "sha256": "0123abcd" + "0" * 56,
+        "event_id": "publish-1",
+        "artifact_uri": "s3://b/acme/support-bot/1.4.0-0123abcd/",
+        "error": None,
+    }
     return json.dumps(base | fields) + "\n"
 
 
@@ -156,17 +177,30 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_script(stand_in: Path, tmp: Path, tag: str, *, stdout: str = "", code: int = 0,
-               **env: str) -> tuple[subprocess.CompletedProcess[str], list[str] | None]:
+def run_script(
+    stand_in: Path, tmp: Path, tag: str, *, stdout: str = "", code: int = 0, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str] | None]:
     """Run the script for ``tag``; (its process, the arguments loraplane got or None)."""
     args_file = tmp / "args.json"
     args_file.unlink(missing_ok=True)
-    base = {"PATH": os.environ["PATH"], "PUBLISH_CLI": str(stand_in),
-            "PUBLISH_TENANT": "acme", "PUBLISH_BASE_MODEL": "tiny-llama",
-            "PUBLISH_KEY_FILE": str(tmp / "ci.key"), "STAND_IN_ARGS": str(args_file),
-            "STAND_IN_STDOUT": stdout, "STAND_IN_EXIT": str(code)}
-    done = subprocess.run(["bash", str(SCRIPT), tag], env=base | env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    base = {
+        "PATH": os.environ["PATH"],
+        "PUBLISH_CLI": str(stand_in),
+        "PUBLISH_TENANT": "acme",
+        "PUBLISH_BASE_MODEL": "tiny-llama",
+        "PUBLISH_KEY_FILE": str(tmp / "ci.key"),
+        "STAND_IN_ARGS": str(args_file),
+        "STAND_IN_STDOUT": stdout,
+        "STAND_IN_EXIT": str(code),
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT), tag],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     got = json.loads(args_file.read_text()) if args_file.exists() else None
     return done, got
 
@@ -182,8 +216,12 @@ VERSIONS = st.from_regex(r"[0-9]{1,9}(\.[0-9]{1,9}){0,3}", fullmatch=True)
 @settings(max_examples=10, deadline=None)  # two Python starts each: about 0.6 s on 2 cores
 @given(IDS, VERSIONS, st.booleans())
 def test_a_release_tag_becomes_the_adapter_id_and_version(
-        stand_in: Path, tmp_path_factory: pytest.TempPathFactory, adapter_id: str,
-        version: str, full_ref: bool) -> None:
+    stand_in: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    adapter_id: str,
+    version: str,
+    full_ref: bool,
+) -> None:
     tmp = tmp_path_factory.mktemp("tag")
     tag = ("refs/tags/" if full_ref else "") + f"adapter/{adapter_id}/v{version}"
     done, args = run_script(stand_in, tmp, tag, stdout=result_line())
@@ -194,14 +232,22 @@ def test_a_release_tag_becomes_the_adapter_id_and_version(
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.one_of(
-    st.text(st.characters(exclude_characters="\x00"), max_size=30)  # argv cannot hold NUL
-    .filter(lambda t: not t.startswith(("adapter/", "refs/tags/adapter/"))),
-    st.builds(lambda a, b: f"adapter/{a}/{b}", IDS, VERSIONS),  # no "v"
-    st.builds(lambda a, b: f"adapter/{a}/extra/v{b}", IDS, VERSIONS),
-    st.just("adapter//v1"), st.just("adapter/bot/v")))
+@given(
+    st.one_of(
+        st.text(
+            st.characters(exclude_characters="\x00"), max_size=30
+        ).filter(  # argv cannot hold NUL
+            lambda t: not t.startswith(("adapter/", "refs/tags/adapter/"))
+        ),
+        st.builds(lambda a, b: f"adapter/{a}/{b}", IDS, VERSIONS),  # no "v"
+        st.builds(lambda a, b: f"adapter/{a}/extra/v{b}", IDS, VERSIONS),
+        st.just("adapter//v1"),
+        st.just("adapter/bot/v"),
+    )
+)
 def test_anything_else_is_refused_before_loraplane_runs(
-        stand_in: Path, tmp_path_factory: pytest.TempPathFactory, tag: str) -> None:
+    stand_in: Path, tmp_path_factory: pytest.TempPathFactory, tag: str
+) -> None:
     tmp = tmp_path_factory.mktemp("bad")
     done, args = run_script(stand_in, tmp, tag, stdout=result_line())
     assert (done.returncode, done.stdout, args) == (2, "", None), done.stderr
@@ -209,48 +255,102 @@ def test_anything_else_is_refused_before_loraplane_runs(
 
 
 @pytest.mark.parametrize("code", range(7))
-def test_loraplanes_exit_code_and_result_pass_through(stand_in: Path, tmp_path: Path,
-                                                      code: int) -> None:
-    outcome = ["published", "internal_error", "invalid_input", "artifact_refused",
-               "registry_rejected", "unavailable", "undecided"][code]
-    line = result_line(outcome, code, **({} if code == 0 else {
-        "error": {"code": "x", "message": "refused: pickle_weights extra.bin\nsecond line",
-                  "refusals": []}}))
+def test_loraplanes_exit_code_and_result_pass_through(
+    stand_in: Path, tmp_path: Path, code: int
+) -> None:
+    outcome = [
+        "published",
+        "internal_error",
+        "invalid_input",
+        "artifact_refused",
+        "registry_rejected",
+        "unavailable",
+        "undecided",
+    ][code]
+    line = result_line(
+        outcome,
+        code,
+        **(
+            {}
+            if code == 0
+            else {
+                "error": {
+                    "code": "x",
+                    "message": "refused: pickle_weights extra.bin\nsecond line",
+                    "refusals": [],
+                }
+            }
+        ),
+    )
     outputs, summary = tmp_path / "outputs", tmp_path / "summary"
-    done, _ = run_script(stand_in, tmp_path, "adapter/support-bot/v1.4.0", stdout=line,
-                         code=code, GITHUB_OUTPUT=str(outputs),
-                         GITHUB_STEP_SUMMARY=str(summary))
+    done, _ = run_script(
+        stand_in,
+        tmp_path,
+        "adapter/support-bot/v1.4.0",
+        stdout=line,
+        code=code,
+        GITHUB_OUTPUT=str(outputs),
+        GITHUB_STEP_SUMMARY=str(summary),
+    )
     assert (done.returncode, done.stdout) == (code, line)
     written = dict(entry.split("=", 1) for entry in outputs.read_text().splitlines())
     assert written["outcome"] == outcome and written["lora_name"].startswith("support-bot@")
     last = done.stderr.splitlines()[-1]
     assert summary.read_text() == f"- {last.removeprefix('publish-adapter: ')}\n"
     if code:
-        assert f"not published ({outcome}, exit {code}): refused: pickle_weights extra.bin " \
-               "second line" in last
+        assert (
+            f"not published ({outcome}, exit {code}): refused: pickle_weights extra.bin "
+            "second line" in last
+        )
     else:
         assert "published as support-bot@1.4.0-0123abcd" in last
 
 
 def test_the_options_reach_loraplane(stand_in: Path, tmp_path: Path) -> None:
     done, args = run_script(
-        stand_in, tmp_path, "adapter/bot/v2", stdout=result_line(),
-        PUBLISH_ADAPTERS_DIR="/src/adapters", PUBLISH_PRIORITY="gold",
-        PUBLISH_CANARY_PERCENT="10", PUBLISH_MODEL_CONFIG="/m/config.json", PUBLISH_WAIT_S="30",
-        PUBLISH_RESULT_FILE=str(tmp_path / "result.json"), GITHUB_SHA="abcdef0123456789")
+        stand_in,
+        tmp_path,
+        "adapter/bot/v2",
+        stdout=result_line(),
+        PUBLISH_ADAPTERS_DIR="/src/adapters",
+        PUBLISH_PRIORITY="gold",
+        PUBLISH_CANARY_PERCENT="10",
+        PUBLISH_MODEL_CONFIG="/m/config.json",
+        PUBLISH_WAIT_S="30",
+        PUBLISH_RESULT_FILE=str(tmp_path / "result.json"),
+        GITHUB_SHA="abcdef0123456789",
+    )
     assert done.returncode == 0 and args is not None
-    assert {o: option(args, o) for o in ("--tenant", "--base-model", "--key", "--artifact",
-                                         "--priority", "--canary", "--model-config",
-                                         "--wait-s", "--reason")} == {
-        "--tenant": "acme", "--base-model": "tiny-llama", "--key": str(tmp_path / "ci.key"),
-        "--artifact": "/src/adapters/bot", "--priority": "gold", "--canary": "10",
-        "--model-config": "/m/config.json", "--wait-s": "30",
-        "--reason": "tag adapter/bot/v2 at abcdef012345"}
+    assert {
+        o: option(args, o)
+        for o in (
+            "--tenant",
+            "--base-model",
+            "--key",
+            "--artifact",
+            "--priority",
+            "--canary",
+            "--model-config",
+            "--wait-s",
+            "--reason",
+        )
+    } == {
+        "--tenant": "acme",
+        "--base-model": "tiny-llama",
+        "--key": str(tmp_path / "ci.key"),
+        "--artifact": "/src/adapters/bot",
+        "--priority": "gold",
+        "--canary": "10",
+        "--model-config": "/m/config.json",
+        "--wait-s": "30",
+        "--reason": "tag adapter/bot/v2 at abcdef012345",
+    }
     assert (tmp_path / "result.json").read_text() == result_line()
 
 
-def test_a_missing_requirement_or_result_is_an_error_not_a_success(stand_in: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_missing_requirement_or_result_is_an_error_not_a_success(
+    stand_in: Path, tmp_path: Path
+) -> None:
     done, args = run_script(stand_in, tmp_path, "adapter/bot/v2", PUBLISH_TENANT="")
     assert (done.returncode, args) == (2, None) and "PUBLISH_TENANT is not set" in done.stderr
     done, _ = run_script(stand_in, tmp_path, "adapter/bot/v2", stdout="", code=0)

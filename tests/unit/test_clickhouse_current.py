@@ -42,8 +42,7 @@ class ChdbClient:
 
     def execute(self, query: str, params: Any = None, with_column_types: bool = False) -> Any:
         if isinstance(params, list):  # INSERT ... VALUES with rows, as the driver takes them
-            query = query + " " + ", ".join(str(escape_param(tuple(r), _CONTEXT))
-                                            for r in params)
+            query = query + " " + ", ".join(str(escape_param(tuple(r), _CONTEXT)) for r in params)
         elif params:
             query = query % escape_params(params, _CONTEXT)
         text = str(self.session.query(query, "JSONCompact"))
@@ -51,8 +50,10 @@ class ChdbClient:
             return ([], []) if with_column_types else []
         result = json.loads(text)
         columns = [(m["name"], m["type"]) for m in result["meta"]]
-        rows = [tuple(_typed(v, t) for v, (_, t) in zip(row, columns, strict=True))
-                for row in result["data"]]
+        rows = [
+            tuple(_typed(v, t) for v, (_, t) in zip(row, columns, strict=True))
+            for row in result["data"]
+        ]
         return (rows, columns) if with_column_types else rows
 
 
@@ -85,16 +86,21 @@ def test_migrations_record_current_clickhouse(client: ChdbClient) -> None:
     version = rows[0][1]
     assert migrations.ServerFeatures.parse(version).version >= (24, 0), version
     # Current ClickHouse gets the modern column types the templates ask for.
-    types = dict(client.execute(
-        "SELECT name, type FROM system.columns WHERE database = %(db)s "
-        "AND table = 'request_log'", {"db": DB}))
+    types = dict(
+        client.execute(
+            "SELECT name, type FROM system.columns WHERE database = %(db)s "
+            "AND table = 'request_log'",
+            {"db": DB},
+        )
+    )
     assert types["ts"] == "DateTime64(3, 'UTC')"
     assert types["adapter_id"] == "LowCardinality(String)"
     assert client.execute("SELECT count() FROM request_log")[0][0] == 7  # replay included
 
 
 def test_the_sink_writes_timestamps_as_current_clickhouse_columns_take_them(
-        client: ChdbClient) -> None:
+    client: ChdbClient,
+) -> None:
     """The sink reads the column types of every table from the server: on current ClickHouse
     each timestamp column is DateTime64(3), so it gets milliseconds, as the driver writes."""
     encoders = column_encoders(cast("Any", client))
@@ -119,11 +125,9 @@ def test_pack_query_on_current_clickhouse(client: ChdbClient, name: str) -> None
 def test_filters_bind_through_the_driver_escaping(client: ChdbClient) -> None:
     """A label filter narrows the rows, and a quote in it is data, not SQL."""
     params = pack_cases.window(adapter_id="beta")
-    assert [r["adapter_id"] for r in queries.run(client, "adapter_summary", params)] == \
-        ["beta"]
+    assert [r["adapter_id"] for r in queries.run(client, "adapter_summary", params)] == ["beta"]
     hostile = pack_cases.window(tenant_id="t0' OR '1'='1")
     assert queries.run(client, "adapter_summary", hostile) == []
-
 
 
 def test_the_replays_read_on_current_clickhouse(client: ChdbClient) -> None:

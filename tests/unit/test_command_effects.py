@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.schemas.commands import CommandAction
 
 from loraplane.kernel.command_effects import (
     LEVEL,
@@ -16,6 +15,7 @@ from loraplane.kernel.command_effects import (
     protected_copies,
     shows,
 )
+from loraplane.schemas.commands import CommandAction
 
 COPIES = [Copy(), Copy("host"), Copy("host", True), Copy("gpu"), Copy("gpu", True)]
 copies_st = st.sampled_from(COPIES)
@@ -57,11 +57,16 @@ def test_a_command_is_idempotent_and_then_shown(action: CommandAction, before: C
 NAMES = [f"n{i}" for i in range(6)]
 
 
-@given(st.sets(st.sampled_from(NAMES)), st.permutations(NAMES), st.sets(st.sampled_from(NAMES)),
-       st.integers(1, 4), st.permutations(NAMES))
+@given(
+    st.sets(st.sampled_from(NAMES)),
+    st.permutations(NAMES),
+    st.sets(st.sampled_from(NAMES)),
+    st.integers(1, 4),
+    st.permutations(NAMES),
+)
 def test_what_the_planner_expects_a_worker_may_protect_covers_what_it_does(
-        held: set[str], asked: list[str], never_evict: set[str], cap: int,
-        arrival: list[str]) -> None:
+    held: set[str], asked: list[str], never_evict: set[str], cap: int, arrival: list[str]
+) -> None:
     """The worker protects (``protected_copies``) from what it held and its copies in the
     order it was asked for them; the planner, which reported ``held`` and saw the copies but
     not that order, expects a superset whatever the order (``may_protect``), and exactly the

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.schemas.keyring import KeyringFile
-from loraplane.workers.command_feed import Assignment, CommandSlotError, KafkaCommandFeed
-from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 from loraplane.kernel import kafka
 from loraplane.kernel.command_partition import DRAIN_S, partition_of
 from loraplane.kernel.config import Settings
+from loraplane.schemas.keyring import KeyringFile
+from loraplane.workers.command_feed import Assignment, CommandSlotError, KafkaCommandFeed
+from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 from tests.kafka_message import AssignedConsumer, FakeMessage
 
 
@@ -39,19 +39,29 @@ class Sink:
         pass
 
 
-def _feed(monkeypatch: pytest.MonkeyPatch, consumer: Consumer,
-          worker_id: str = "w1", slot: int | None = None) -> KafkaCommandFeed:
+def _feed(
+    monkeypatch: pytest.MonkeyPatch,
+    consumer: Consumer,
+    worker_id: str = "w1",
+    slot: int | None = None,
+) -> KafkaCommandFeed:
     def make(*args: object, **kwargs: object) -> Consumer:
         consumer.configs.append(dict(kwargs))
         return consumer
 
     monkeypatch.setattr(kafka, "consumer", make)
-    return KafkaCommandFeed(Settings(), worker_id, Sink(),  # type: ignore[arg-type]
-                            keyring=KeyringFile(Path("/nonexistent")), slot=slot)
+    return KafkaCommandFeed(
+        Settings(),
+        worker_id,
+        Sink(),  # type: ignore[arg-type]
+        keyring=KeyringFile(Path("/nonexistent")),
+        slot=slot,
+    )
 
 
 def test_the_feed_assigns_its_own_partition_of_the_brokers_count_and_joins_no_group(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     consumer = Consumer()
     consumer.partitions = 64
     feed = _feed(monkeypatch, consumer)
@@ -61,7 +71,8 @@ def test_the_feed_assigns_its_own_partition_of_the_brokers_count_and_joins_no_gr
 
 
 def test_a_grown_topic_adds_the_new_partition_and_drops_the_old_after_the_drain(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     consumer = Consumer()
     consumer.partitions = 6
     feed = _feed(monkeypatch, consumer)
@@ -76,7 +87,8 @@ def test_a_grown_topic_adds_the_new_partition_and_drops_the_old_after_the_drain(
 
 
 def test_a_slotted_feed_reads_its_slot_and_does_not_move_when_the_topic_grows(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     consumer = Consumer()
     consumer.partitions = 8
     feed = _feed(monkeypatch, consumer, slot=5)
@@ -88,7 +100,8 @@ def test_a_slotted_feed_reads_its_slot_and_does_not_move_when_the_topic_grows(
 
 
 def test_a_slot_the_topic_has_no_partition_for_stops_the_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     consumer = Consumer()
     consumer.partitions = 8
     with pytest.raises(CommandSlotError, match=r"command slot 8 needs .* it has 8 \("):
@@ -97,7 +110,8 @@ def test_a_slot_the_topic_has_no_partition_for_stops_the_start(
 
 
 def test_a_slot_is_trusted_while_the_broker_cannot_say_and_checked_once_it_does(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A fleet grown past the declared 64 partitions must not fail its starts because one
     metadata call timed out: the slot is read at once and checked when the broker answers
     (seen in bench.fleet_scale at 200 workers under load)."""
@@ -122,10 +136,13 @@ def test_the_periodic_check_follows_the_broker(monkeypatch: pytest.MonkeyPatch) 
     assert consumer.assigned == {partition_of("w1", 6), partition_of("w1", 64)}
 
 
-@given(st.text(min_size=1, max_size=20),
-       st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=6))
+@given(
+    st.text(min_size=1, max_size=20),
+    st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=6),
+)
 def test_the_own_partition_is_always_assigned_and_drains_end(
-        worker_id: str, counts: list[int]) -> None:
+    worker_id: str, counts: list[int]
+) -> None:
     a = Assignment(worker_id, counts[0])
     assigned = set(a.assigned())
     now = 0.0
@@ -141,7 +158,8 @@ def test_the_own_partition_is_always_assigned_and_drains_end(
 
 
 def test_read_bytes_count_own_and_others_and_others_are_dropped_and_committed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     own_partition = partition_of("w1", 6)
     mine = FakeMessage(b"x" * 10, b"w1", "lp.commands", own_partition, 0)
     other = FakeMessage(b"y" * 30, b"w2", "lp.commands", own_partition, 1)  # w2 hashes alike

@@ -29,9 +29,14 @@ def test_the_rule_is_pinned_so_planner_and_workers_of_any_version_agree() -> Non
 
 
 # Kafka's own test vectors of Utils.murmur2 (clients/src/test/.../UtilsTest.java), as Java ints
-KAFKA_MURMUR2 = {"21": -973932308, "foobar": -790332482, "a-little-bit-long-string": -985981536,
-                 "a-little-bit-longer-string": -1486304829,
-                 "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, "abc": 479470107}
+KAFKA_MURMUR2 = {
+    "21": -973932308,
+    "foobar": -790332482,
+    "a-little-bit-long-string": -985981536,
+    "a-little-bit-longer-string": -1486304829,
+    "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    "abc": 479470107,
+}
 
 
 def test_the_hash_is_kafkas_own() -> None:
@@ -40,7 +45,8 @@ def test_the_hash_is_kafkas_own() -> None:
     says (against the broker itself: test_command_partitions_live and
     test_registry_trust_live's partition check)."""
     assert {k: murmur2(k.encode()) for k in KAFKA_MURMUR2} == {
-        k: v & 0xFFFFFFFF for k, v in KAFKA_MURMUR2.items()}
+        k: v & 0xFFFFFFFF for k, v in KAFKA_MURMUR2.items()
+    }
 
 
 def test_the_planner_sends_to_the_announced_partition_when_in_range_else_the_hash() -> None:
@@ -49,10 +55,14 @@ def test_the_planner_sends_to_the_announced_partition_when_in_range_else_the_has
     assert partition_for("w1", 64, 64) == 15  # a slot the topic has no partition for: hash
 
 
-@given(st.text(min_size=1, max_size=64), st.none() | st.integers(min_value=0, max_value=20_000),
-       st.integers(min_value=1, max_value=10_000))
+@given(
+    st.text(min_size=1, max_size=64),
+    st.none() | st.integers(min_value=0, max_value=20_000),
+    st.integers(min_value=1, max_value=10_000),
+)
 def test_partition_for_is_in_range_and_is_the_announcement_or_the_hash(
-        worker_id: str, announced: int | None, partitions: int) -> None:
+    worker_id: str, announced: int | None, partitions: int
+) -> None:
     got = partition_for(worker_id, announced, partitions)
     assert 0 <= got < partitions
     if announced is not None and announced < partitions:
@@ -63,9 +73,16 @@ def test_partition_for_is_in_range_and_is_the_announcement_or_the_hash(
 
 def test_the_rule_does_not_depend_on_the_process_hash_seed() -> None:
     code = "from loraplane.kernel.command_partition import partition_of as p; print(p('w-7', 64))"
-    seen = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed},
-                           capture_output=True, text=True, check=True).stdout
-            for seed in ("1", "2", "3")}
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
     assert seen == {f"{partition_of('w-7', 64)}\n"}
 
 

@@ -12,6 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from loraplane.kernel.command_effects import never_evict_rule
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterStatus, Priority, Release
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.keyring import KeyEntry, Keyring, KeyRole, Scopes
@@ -33,9 +36,6 @@ from loraplane.workers.reconcile import (
     registry_by_name,
 )
 from loraplane.workers.reconcile import fold as reduce
-
-from loraplane.kernel.command_effects import never_evict_rule
-from loraplane.kernel.policy import Policy
 from tests.lifecycle_kit import make_kit
 from tests.lifecycle_kit import record as kit_record
 
@@ -50,35 +50,73 @@ CI = KIT.keys["ci"]
 
 def entry(key: SigningKey, **kw: object) -> KeyEntry:
     fields: dict[str, object] = dict(
-        key_id=key.key_id, publisher=key.publisher, public_key=key.public_key_b64,
-        not_before=NOW - timedelta(days=1), not_after=NOW + timedelta(days=1),
-        scopes=Scopes(tenants="*", actions="*"), role=KeyRole.planner)
+        key_id=key.key_id,
+        publisher=key.publisher,
+        public_key=key.public_key_b64,
+        not_before=NOW - timedelta(days=1),
+        not_after=NOW + timedelta(days=1),
+        scopes=Scopes(tenants="*", actions="*"),
+        role=KeyRole.planner,
+    )
     fields.update(kw)
     return KeyEntry.model_validate(fields)
 
 
-def rec(adapter: str = "a1", priority: Priority = Priority.silver,
-        status: AdapterStatus = AdapterStatus.active, canary: float = 0.0):
+def rec(
+    adapter: str = "a1",
+    priority: Priority = Priority.silver,
+    status: AdapterStatus = AdapterStatus.active,
+    canary: float = 0.0,
+):
     r = kit_record(adapter, "1")
-    return r.model_copy(update={"priority": priority, "status": status,
-                                "release": Release(canary_percent=canary)})
+    return r.model_copy(
+        update={"priority": priority, "status": status, "release": Release(canary_percent=canary)}
+    )
 
 
-def command(action: CommandAction = CommandAction.load_gpu, *, r=None, cid: str = "c1",
-            worker: str = WORKER, issued: datetime = NOW, life_s: float = 60.0,
-            warmup: int = 0) -> CacheCommand:
+def command(
+    action: CommandAction = CommandAction.load_gpu,
+    *,
+    r=None,
+    cid: str = "c1",
+    worker: str = WORKER,
+    issued: datetime = NOW,
+    life_s: float = 60.0,
+    warmup: int = 0,
+) -> CacheCommand:
     r = r or rec()
-    return CacheCommand(command_id=cid, worker_id=worker, action=action, base_model=BASE,
-                        tenant_id=r.tenant_id, adapter_id=r.adapter_id, version=r.version,
-                        sha256=r.sha256, lora_name=r.lora_name,
-                        reason=CommandReason(rule=CommandRule.hot_score), issued_at=issued,
-                        deadline=issued + timedelta(seconds=life_s), warmup_requests=warmup)
+    return CacheCommand(
+        command_id=cid,
+        worker_id=worker,
+        action=action,
+        base_model=BASE,
+        tenant_id=r.tenant_id,
+        adapter_id=r.adapter_id,
+        version=r.version,
+        sha256=r.sha256,
+        lora_name=r.lora_name,
+        reason=CommandReason(rule=CommandRule.hot_score),
+        issued_at=issued,
+        deadline=issued + timedelta(seconds=life_s),
+        warmup_requests=warmup,
+    )
 
 
-def check(cmd: CacheCommand, keyring: Keyring | None = KIT.keyring, *,
-          key: bytes | None = WORKER.encode(), now: datetime = NOW) -> R | None:
-    got = check_command(cmd, keyring, worker_id=WORKER, kafka_key=key, now=now,
-                        max_lifetime_s=POLICY.command_deadline_s)
+def check(
+    cmd: CacheCommand,
+    keyring: Keyring | None = KIT.keyring,
+    *,
+    key: bytes | None = WORKER.encode(),
+    now: datetime = NOW,
+) -> R | None:
+    got = check_command(
+        cmd,
+        keyring,
+        worker_id=WORKER,
+        kafka_key=key,
+        now=now,
+        max_lifetime_s=POLICY.command_deadline_s,
+    )
     return None if got is None else got.reason
 
 
@@ -100,17 +138,24 @@ def test_a_command_signed_with_an_unknown_key_is_refused() -> None:
 
 
 def test_a_key_claiming_a_trusted_key_id_does_not_verify() -> None:
-    impostor = SigningKey(PLANNER.publisher, PLANNER.key_id, SigningKey.generate("x", "x")
-                          .private_key)
+    impostor = SigningKey(
+        PLANNER.publisher, PLANNER.key_id, SigningKey.generate("x", "x").private_key
+    )
     assert check(impostor.sign_command(command())) is R.bad_signature
 
 
 def test_revoked_expired_and_future_planner_keys_are_refused() -> None:
-    for kw, reason in [({"revoked": True}, R.key_revoked),
-                       ({"not_before": NOW - timedelta(days=9),
-                         "not_after": NOW - timedelta(days=1)}, R.key_expired),
-                       ({"not_before": NOW + timedelta(days=1),
-                         "not_after": NOW + timedelta(days=9)}, R.key_not_yet_valid)]:
+    for kw, reason in [
+        ({"revoked": True}, R.key_revoked),
+        (
+            {"not_before": NOW - timedelta(days=9), "not_after": NOW - timedelta(days=1)},
+            R.key_expired,
+        ),
+        (
+            {"not_before": NOW + timedelta(days=1), "not_after": NOW + timedelta(days=9)},
+            R.key_not_yet_valid,
+        ),
+    ]:
         ring = Keyring(keys=[entry(PLANNER, **kw)])
         assert check(PLANNER.sign_command(command()), ring) is reason
 
@@ -130,15 +175,26 @@ def test_a_signed_command_replayed_to_another_worker_is_refused() -> None:
     assert check(PLANNER.sign_command(command()), key=b"w2") is R.wrong_worker
 
 
-@pytest.mark.parametrize("field,value", [
-    ("action", CommandAction.evict), ("worker_id", "w1x"), ("warmup_requests", 1000),
-    ("deadline", NOW + timedelta(seconds=59)), ("command_id", "c2"), ("key_id", "ci-acme-ci")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("action", CommandAction.evict),
+        ("worker_id", "w1x"),
+        ("warmup_requests", 1000),
+        ("deadline", NOW + timedelta(seconds=59)),
+        ("command_id", "c2"),
+        ("key_id", "ci-acme-ci"),
+    ],
+)
 def test_any_field_edited_after_signing_breaks_the_signature(field: str, value: object) -> None:
     signed = PLANNER.sign_command(command())
     edited = signed.model_copy(update={field: value})
-    assert check(edited, key=edited.worker_id.encode()) in (R.bad_signature, R.unknown_key,
-                                                              R.wrong_worker,
-                                                              R.key_role_mismatch)
+    assert check(edited, key=edited.worker_id.encode()) in (
+        R.bad_signature,
+        R.unknown_key,
+        R.wrong_worker,
+        R.key_role_mismatch,
+    )
     assert not verify(edited, PLANNER.private_key.public_key())
 
 
@@ -158,8 +214,9 @@ def test_a_lifecycle_signature_never_verifies_as_a_command_signature() -> None:
     assert check(cmd) is R.bad_signature
     signed = PLANNER.sign_command(command())
     assert event.model_copy(update={"signature": signed.signature}).signature
-    assert not verify(event.model_copy(update={"signature": signed.signature}),
-                      PLANNER.private_key.public_key())
+    assert not verify(
+        event.model_copy(update={"signature": signed.signature}), PLANNER.private_key.public_key()
+    )
 
 
 def test_the_registry_refuses_an_event_signed_by_the_planner_key() -> None:
@@ -173,15 +230,15 @@ def test_the_registry_refuses_an_event_signed_by_the_planner_key() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=90), st.text(max_size=40))
 def test_garbage_signatures_and_key_ids_are_refused_never_raise(raw: bytes, kid: str) -> None:
-    cmd = command().model_copy(update={"signature": base64.b64encode(raw).decode(),
-                                       "key_id": kid})
+    cmd = command().model_copy(update={"signature": base64.b64encode(raw).decode(), "key_id": kid})
     assert check(cmd) in (R.unsigned, R.unknown_key, R.bad_signature, R.key_role_mismatch)
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.sampled_from(list(CommandAction)), st.integers(0, 1000), st.sampled_from(["w1", "w2"]))
 def test_only_the_exact_signed_command_for_this_worker_passes(
-        action: CommandAction, warmup: int, worker: str) -> None:
+    action: CommandAction, warmup: int, worker: str
+) -> None:
     signed = PLANNER.sign_command(command(action, worker=worker, warmup=warmup))
     assert (check(signed) is None) == (worker == WORKER)
 
@@ -212,14 +269,19 @@ def fold(state: DesiredState, change: Change, guard: Guard = GUARD):
 
 def on_gpu(*records, guard: Guard = GUARD) -> DesiredState:
     """``records`` meant for the GPU, in this order, protection decided by ``guard``."""
-    state = DesiredState({r.lora_name: Intent(r.lora_name, r.adapter_id, r.version,
-                                              r.tenant_id, "gpu", False) for r in records})
+    state = DesiredState(
+        {
+            r.lora_name: Intent(r.lora_name, r.adapter_id, r.version, r.tenant_id, "gpu", False)
+            for r in records
+        }
+    )
     return fold(state, GuardChanged(), guard)[0]
 
 
 @pytest.mark.parametrize("r", [PLATINUM, CANARY])
-@pytest.mark.parametrize("action", [CommandAction.unpin, CommandAction.demote_to_host,
-                                    CommandAction.evict])
+@pytest.mark.parametrize(
+    "action", [CommandAction.unpin, CommandAction.demote_to_host, CommandAction.evict]
+)
 def test_no_signed_command_unprotects_a_never_evict_copy(r, action) -> None:
     """The forged unpin+evict of a platinum copy: even correctly signed, refused."""
     state = on_gpu(r)
@@ -228,10 +290,12 @@ def test_no_signed_command_unprotects_a_never_evict_copy(r, action) -> None:
     assert why is CommandSkip.protected
     assert after.intents == state.intents
     gpu = {r.lora_name: f"/host/{r.lora_name}"}
-    actual = ActualState(gpu=gpu, loaded_by_agent=gpu,
-                         host={r.lora_name: HostEntry(r.lora_name, gpu[r.lora_name], r.sha256)})
-    assert reconcile(after, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6),
-                     now=0.0) == []
+    actual = ActualState(
+        gpu=gpu,
+        loaded_by_agent=gpu,
+        host={r.lora_name: HostEntry(r.lora_name, gpu[r.lora_name], r.sha256)},
+    )
+    assert reconcile(after, actual, REGISTRY, base_model=BASE, budget=LoadBudget(6), now=0.0) == []
 
 
 def test_unpin_then_evict_of_a_platinum_copy_leaves_it_on_the_gpu() -> None:
@@ -293,15 +357,17 @@ def test_unprotected_copies_still_follow_commands(r) -> None:
 @given(st.integers(0, 1000), st.integers(0, 1000))
 def test_warmup_requests_never_exceed_the_policy(asked: int, cap: int) -> None:
     guard = Guard({}, 0, cap)
-    state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=CANARY, warmup=asked),
-                    guard)
+    state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=CANARY, warmup=asked), guard)
     assert state.intents[CANARY.lora_name].warmup_requests == min(asked, cap)
 
 
 def test_a_forged_thousand_request_warmup_is_clamped_to_the_policy() -> None:
     state, _ = fold(DesiredState(), command(CommandAction.load_gpu, r=CANARY, warmup=1000))
-    assert (state.intents[CANARY.lora_name].warmup_requests
-            == POLICY.request_budgets.canary.warmup_requests == 3)
+    assert (
+        state.intents[CANARY.lora_name].warmup_requests
+        == POLICY.request_budgets.canary.warmup_requests
+        == 3
+    )
 
 
 def test_the_shared_signer_check_speaks_both_callers_reasons() -> None:

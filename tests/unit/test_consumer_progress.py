@@ -19,7 +19,8 @@ class Clock:
 
 
 def test_stall_is_logged_once_per_interval_and_recovery_with_its_length(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock = Clock()
     p = Progress("sink", stall_after_s=30, report_every_s=60, clock=clock)
     caplog.set_level(logging.INFO, "loraplane.progress")
@@ -61,7 +62,6 @@ def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
     import urllib.request
 
     from loraplane.infra.processes import free_port
-
     from loraplane.kernel.progress_metrics import serve_progress
 
     port = free_port()
@@ -72,9 +72,11 @@ def test_every_progress_of_the_process_is_served_on_loopback_metrics() -> None:
     def scrape() -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             text = reply.read().decode()
-        return {line.split("{")[0] + "|" + line.split('"')[1]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("loraplane_consumer_") and 'component="late-component"' in line}
+        return {
+            line.split("{")[0] + "|" + line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("loraplane_consumer_") and 'component="late-component"' in line
+        }
 
     assert scrape()["loraplane_consumer_stuck_seconds|late-component"] > 0
     late.advanced()

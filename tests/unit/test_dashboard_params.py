@@ -14,8 +14,8 @@ from urllib.parse import quote
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.dashboards.web import Dashboard
 
+from loraplane.dashboards.web import Dashboard
 from loraplane.kernel.config import Settings
 from loraplane.metrics import queries
 from tests.unit.test_front_door_attacks import EXAMPLES, Loop, send, serve
@@ -44,44 +44,60 @@ def get(port: int, path: str) -> tuple[int, dict[str, Any]]:
     return reply.status, json.loads(reply.body)
 
 
-@pytest.mark.parametrize("query, reason", [
-    ("since=99999999999d", "longer than the longest window"),
-    ("since=999999999999w", "longer than the longest window"),
-    ("since=3651d", "longer than the longest window"),
-    ("since=1" + "0" * 30 + "s", "invalid duration"),
-    ("since=%D9%A1h", "invalid duration"),  # an Arabic-Indic digit: no ASCII number
-    ("since=1h%0A1h", "invalid duration"),
-    ("limit=0", "limit must be"), ("limit=-1", "limit must be"),
-    ("limit=100001", "limit must be"), ("limit=1" + "0" * 5000, "limit must be"),
-    ("limit=1_000", "limit must be"), ("limit=%20100", "limit must be"),
-    ("adapter_id=support-en%0A", "adapter_id must be an id"),
-    ("tenant_id=T1", "tenant_id must be an id"),
-    ("adapter_version=1%0A", "adapter_version must be a version"),
-    ("base_model=%FF", "base_model must be an id"),
-])
+@pytest.mark.parametrize(
+    "query, reason",
+    [
+        ("since=99999999999d", "longer than the longest window"),
+        ("since=999999999999w", "longer than the longest window"),
+        ("since=3651d", "longer than the longest window"),
+        ("since=1" + "0" * 30 + "s", "invalid duration"),
+        ("since=%D9%A1h", "invalid duration"),  # an Arabic-Indic digit: no ASCII number
+        ("since=1h%0A1h", "invalid duration"),
+        ("limit=0", "limit must be"),
+        ("limit=-1", "limit must be"),
+        ("limit=100001", "limit must be"),
+        ("limit=1" + "0" * 5000, "limit must be"),
+        ("limit=1_000", "limit must be"),
+        ("limit=%20100", "limit must be"),
+        ("adapter_id=support-en%0A", "adapter_id must be an id"),
+        ("tenant_id=T1", "tenant_id must be an id"),
+        ("adapter_version=1%0A", "adapter_version must be a version"),
+        ("base_model=%FF", "base_model must be an id"),
+    ],
+)
 def test_attack_out_of_range_dashboard_parameters_are_400_with_the_reason(
-        dashboard: tuple[Loop, int], query: str, reason: str) -> None:
+    dashboard: tuple[Loop, int], query: str, reason: str
+) -> None:
     status, body = get(dashboard[1], f"/api/query/adapter_summary?{query}")
     assert status == 400 and reason in body["error"], body
 
 
-def test_the_longest_window_and_largest_limit_still_answer(
-        dashboard: tuple[Loop, int]) -> None:
-    status, body = get(dashboard[1], "/api/query/adapter_summary?since=3650d&limit=100000"
-                                     "&adapter_id=support-en&adapter_version=v1.2")
+def test_the_longest_window_and_largest_limit_still_answer(dashboard: tuple[Loop, int]) -> None:
+    status, body = get(
+        dashboard[1],
+        "/api/query/adapter_summary?since=3650d&limit=100000"
+        "&adapter_id=support-en&adapter_version=v1.2",
+    )
     assert status == 200 and body["rows"] == []
 
 
 @EXAMPLES
-@given(params=st.dictionaries(
-    st.sampled_from(["since", "limit", "base_model", "tenant_id", "adapter_id",
-                     "adapter_version", "other"]),
-    st.one_of(st.text(max_size=24), st.from_regex(r"[0-9]{1,14}[smhdw]", fullmatch=True),
-              st.integers(-(2**70), 2**70).map(str))))
+@given(
+    params=st.dictionaries(
+        st.sampled_from(
+            ["since", "limit", "base_model", "tenant_id", "adapter_id", "adapter_version", "other"]
+        ),
+        st.one_of(
+            st.text(max_size=24),
+            st.from_regex(r"[0-9]{1,14}[smhdw]", fullmatch=True),
+            st.integers(-(2**70), 2**70).map(str),
+        ),
+    )
+)
 def test_attack_any_dashboard_parameters_get_200_or_400_with_a_reason(
-        dashboard: tuple[Loop, int], params: dict[str, str]) -> None:
-    query = "&".join(f"{k}={quote(v, safe='', errors='surrogatepass')}"
-                     for k, v in params.items())
+    dashboard: tuple[Loop, int], params: dict[str, str]
+) -> None:
+    query = "&".join(f"{k}={quote(v, safe='', errors='surrogatepass')}" for k, v in params.items())
     status, body = get(dashboard[1], f"/api/query/adapter_summary?{query}")
     assert status in (200, 400), (status, body)
     if status == 400:

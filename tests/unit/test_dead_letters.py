@@ -15,6 +15,9 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import (
     MAX_DEAD_LETTER_BYTES,
@@ -24,44 +27,57 @@ from loraplane.schemas.dead_letter import (
     dead_letter_for,
     dead_letter_id,
 )
-from pydantic import BaseModel
-
-from loraplane.kernel.config import Settings
 from tests.kafka_message import AssignedConsumer, FakeMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "schemas" / "dead_letter.py"
 SOURCE_FOLDERS = ("loraplane", "schemas", "streams", "workers", "infra", "dashboards")
 
-topics = st.text(st.characters(whitelist_categories=("Ll", "Nd"), whitelist_characters=".-"),
-                 min_size=1, max_size=40)
-positions = st.tuples(topics, st.integers(0, 1000), st.integers(0, 2**40),
-                      st.sampled_from(["registry", "scoring", "planner", "metrics-sink",
-                                       "worker-agent"]))
+topics = st.text(
+    st.characters(whitelist_categories=("Ll", "Nd"), whitelist_characters=".-"),
+    min_size=1,
+    max_size=40,
+)
+positions = st.tuples(
+    topics,
+    st.integers(0, 1000),
+    st.integers(0, 2**40),
+    st.sampled_from(["registry", "scoring", "planner", "metrics-sink", "worker-agent"]),
+)
 
 
-def Msg(t: str, part: int, off: int, raw: bytes | None, k: bytes | None = b"k",
-        ts_ms: int = 1_800_000_000_000) -> FakeMessage:
+def Msg(
+    t: str,
+    part: int,
+    off: int,
+    raw: bytes | None,
+    k: bytes | None = b"k",
+    ts_ms: int = 1_800_000_000_000,
+) -> FakeMessage:
     return FakeMessage(raw, k, t, part, off, ts_ms)
 
 
-@given(positions, st.binary(max_size=64), st.binary(max_size=64), st.text(max_size=20),
-       st.floats(0, 4e9))
+@given(
+    positions,
+    st.binary(max_size=64),
+    st.binary(max_size=64),
+    st.text(max_size=20),
+    st.floats(0, 4e9),
+)
 def test_the_id_is_where_the_message_was_and_who_refused_it(
-        where: tuple[str, int, int, str], raw: bytes, other_raw: bytes, detail: str,
-        ts: float) -> None:
+    where: tuple[str, int, int, str], raw: bytes, other_raw: bytes, detail: str, ts: float
+) -> None:
     """A replay (same position, same consumer) gives the same id whatever else differs."""
     topic, partition, offset, component = where
-    first = dead_letter_at(topic, partition, offset, b"k", raw, ts, component, "malformed",
-                           detail)
-    again = dead_letter_at(topic, partition, offset, None, other_raw, 0.0, component, "invalid",
-                           "")
+    first = dead_letter_at(topic, partition, offset, b"k", raw, ts, component, "malformed", detail)
+    again = dead_letter_at(topic, partition, offset, None, other_raw, 0.0, component, "invalid", "")
     assert first.event_id == again.event_id == dead_letter_id(*where)
 
 
 @given(positions, positions)
 def test_different_positions_or_consumers_never_share_an_id(
-        a: tuple[str, int, int, str], b: tuple[str, int, int, str]) -> None:
+    a: tuple[str, int, int, str], b: tuple[str, int, int, str]
+) -> None:
     assert (dead_letter_id(*a) == dead_letter_id(*b)) == (a == b)
 
 
@@ -85,25 +101,48 @@ def test_a_huge_message_is_kept_truncated_and_says_so() -> None:
 
 # Poison shapes (issue #19): empty, ~1.5 MB, invalid UTF-8, a JSON bomb, lone surrogates in
 # the detail (an exception quoting the bytes), huge keys, out-of-range positions.
-raws = st.one_of(st.binary(max_size=256), st.sampled_from([
-    b"", b"\xff\xfe" * 40_000, b"[" * 200_000, b"x" * 1_500_000,
-    b'{"a":' * 100_000, bytes(range(256)) * 5000]))
-details = st.one_of(st.text(max_size=300), st.just("\ud800" * 10_000),
-                    st.text(min_size=5000, max_size=6000))
+raws = st.one_of(
+    st.binary(max_size=256),
+    st.sampled_from(
+        [
+            b"",
+            b"\xff\xfe" * 40_000,
+            b"[" * 200_000,
+            b"x" * 1_500_000,
+            b'{"a":' * 100_000,
+            bytes(range(256)) * 5000,
+        ]
+    ),
+)
+details = st.one_of(
+    st.text(max_size=300), st.just("\ud800" * 10_000), st.text(min_size=5000, max_size=6000)
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(raw=raws, key=st.one_of(st.none(), st.binary(max_size=64), st.just(b"k" * 100_000)),
-       detail=details, topic=st.text(min_size=1, max_size=300),
-       partition=st.integers(-5, 2**31), offset=st.integers(-5, 2**62),
-       ts=st.floats(-1e12, 1e12, allow_nan=False), component=st.text(min_size=1, max_size=90))
+@given(
+    raw=raws,
+    key=st.one_of(st.none(), st.binary(max_size=64), st.just(b"k" * 100_000)),
+    detail=details,
+    topic=st.text(min_size=1, max_size=300),
+    partition=st.integers(-5, 2**31),
+    offset=st.integers(-5, 2**62),
+    ts=st.floats(-1e12, 1e12, allow_nan=False),
+    component=st.text(min_size=1, max_size=90),
+)
 def test_no_dead_letter_exceeds_the_bound_whatever_it_was_built_from(
-        raw: bytes, key: bytes | None, detail: str, topic: str, partition: int, offset: int,
-        ts: float, component: str) -> None:
+    raw: bytes,
+    key: bytes | None,
+    detail: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    ts: float,
+    component: str,
+) -> None:
     """The one owner of the bound: encoded, every letter is under MAX_DEAD_LETTER_BYTES (far
     under the broker's 1 MiB), decodes again, and names the whole message by size+sha256."""
-    letter = dead_letter_at(topic, partition, offset, key, raw, ts, component, "malformed",
-                            detail)
+    letter = dead_letter_at(topic, partition, offset, key, raw, ts, component, "malformed", detail)
     wire = encode(letter)
     assert len(wire) <= MAX_DEAD_LETTER_BYTES
     again = decode(DeadLetter, wire)
@@ -115,14 +154,32 @@ def test_no_dead_letter_exceeds_the_bound_whatever_it_was_built_from(
 def test_a_faust_message_gives_the_same_letter_as_any_other_client() -> None:
     from loraplane.streams.app import dead_letter_of
 
-    message = SimpleNamespace(topic="p.lifecycle", partition=2, offset=7, key=b"a1",
-                              value=b"{not json", timestamp=1_800_000_000.5)
+    message = SimpleNamespace(
+        topic="p.lifecycle",
+        partition=2,
+        offset=7,
+        key=b"a1",
+        value=b"{not json",
+        timestamp=1_800_000_000.5,
+    )
     letter = dead_letter_of(message, "registry", "malformed", "not JSON")
-    assert letter == dead_letter_at("p.lifecycle", 2, 7, b"a1", b"{not json",
-                                    1_800_000_000.5, "registry", "malformed", "not JSON")
-    assert letter == dead_letter_for(Msg("p.lifecycle", 2, 7, b"{not json", b"a1",
-                                         1_800_000_000_500),
-                                     "registry", "malformed", "not JSON")
+    assert letter == dead_letter_at(
+        "p.lifecycle",
+        2,
+        7,
+        b"a1",
+        b"{not json",
+        1_800_000_000.5,
+        "registry",
+        "malformed",
+        "not JSON",
+    )
+    assert letter == dead_letter_for(
+        Msg("p.lifecycle", 2, 7, b"{not json", b"a1", 1_800_000_000_500),
+        "registry",
+        "malformed",
+        "not JSON",
+    )
 
 
 @dataclass
@@ -146,13 +203,13 @@ class Consumer(AssignedConsumer):
 
 
 def test_an_undecodable_command_is_the_same_dead_letter_when_redelivered(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The worker used to name these by uuid4: a redelivery after a crash was a second
     letter. Now it is the same record."""
+    from loraplane.kernel import kafka
     from loraplane.schemas.keyring import KeyringFile
     from loraplane.workers.command_feed import COMPONENT, KafkaCommandFeed
-
-    from loraplane.kernel import kafka
 
     bad = Msg("loraplane.commands", 0, 41, b"\x00 not a command", b"w1")
     consumer = Consumer([bad, bad])
@@ -170,14 +227,19 @@ def test_an_undecodable_command_is_the_same_dead_letter_when_redelivered(
 def _builds_a_dead_letter(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and (
         (isinstance(node.func, ast.Name) and node.func.id == "DeadLetter")
-        or (isinstance(node.func, ast.Attribute) and node.func.attr == "DeadLetter"))
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == "DeadLetter")
+    )
 
 
 def test_no_module_but_the_builder_makes_a_dead_letter() -> None:
-    found = [f"{path.relative_to(ROOT)}:{node.lineno}"
-             for folder in SOURCE_FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
-             if path != BUILDER
-             for node in ast.walk(ast.parse(path.read_text())) if _builds_a_dead_letter(node)]
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for folder in SOURCE_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != BUILDER
+        for node in ast.walk(ast.parse(path.read_text()))
+        if _builds_a_dead_letter(node)
+    ]
     assert found == []
 
 

@@ -7,6 +7,7 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loraplane.workers.demand_admission import (
     DemandCounts,
     WaitingMisses,
@@ -16,8 +17,7 @@ from loraplane.workers.demand_admission import (
 )
 
 names = st.sampled_from([f"n{i}" for i in range(12)])
-events = st.lists(st.tuples(names, st.floats(-2.0, 2.0),
-                            st.floats(0.0, 5000.0)), max_size=200)
+events = st.lists(st.tuples(names, st.floats(-2.0, 2.0), st.floats(0.0, 5000.0)), max_size=200)
 
 
 def test_a_count_decays_with_its_time_constant() -> None:
@@ -31,7 +31,8 @@ def test_a_count_decays_with_its_time_constant() -> None:
 
 @given(events)
 def test_counts_are_never_negative_never_grow_by_waiting_and_stay_bounded(
-        seen: list[tuple[str, float, float]]) -> None:
+    seen: list[tuple[str, float, float]],
+) -> None:
     counts = DemandCounts(300.0, max_names=5)
     for name, weight, at in seen:  # any order of time: a clock may step back
         before = counts.count(name, at)
@@ -44,12 +45,14 @@ def test_counts_are_never_negative_never_grow_by_waiting_and_stay_bounded(
 
 @given(events, names, names, st.floats(0.0, 10_000.0))
 def test_admission_is_the_order_of_counts_and_ties_admit(
-        seen: list[tuple[str, float, float]], challenger: str, copy: str, now: float) -> None:
+    seen: list[tuple[str, float, float]], challenger: str, copy: str, now: float
+) -> None:
     counts = DemandCounts(300.0)
     for name, weight, at in seen:
         counts.observe(name, weight, at)
     assert counts.admits(challenger, copy, now) == (
-        counts.count(copy, now) <= counts.count(challenger, now))
+        counts.count(copy, now) <= counts.count(challenger, now)
+    )
     assert counts.admits(copy, copy, now)
 
 
@@ -64,14 +67,18 @@ def test_a_flood_of_names_forgets_the_least_demanded_not_the_busy_ones() -> None
 
 @given(st.integers(0, 20), st.integers(1, 20), st.integers(0, 20), st.booleans())
 def test_a_request_that_may_wait_skips_the_comparison_exactly_when_the_budget_has_time(
-        used: int, per_minute: int, waiting: int, in_time: bool) -> None:
+    used: int, per_minute: int, waiting: int, in_time: bool
+) -> None:
     """Batch-like: decided by the budget's time alone. Interactive: only while the budget
     leaves more than the waiting requests' loads of the last minute, plus one; so never
     while a batch-like request of the minute would find it spent."""
-    assert any_slot(may_wait=True, in_time=in_time, used=used, per_minute=per_minute,
-                    waiting=waiting) == in_time
-    interactive = any_slot(may_wait=False, in_time=in_time, used=used,
-                           per_minute=per_minute, waiting=waiting)
+    assert (
+        any_slot(may_wait=True, in_time=in_time, used=used, per_minute=per_minute, waiting=waiting)
+        == in_time
+    )
+    interactive = any_slot(
+        may_wait=False, in_time=in_time, used=used, per_minute=per_minute, waiting=waiting
+    )
     assert interactive == (used + waiting + 1 < per_minute)
     if interactive:
         assert has_room(used + 1, per_minute, waiting)  # its load still leaves theirs
@@ -86,14 +93,21 @@ def test_waiting_misses_count_the_last_minute_only() -> None:
     assert waiting.count(200.0) == 0
 
 
-@given(st.lists(st.tuples(names, st.booleans(), st.floats(0.0, 10.0), st.floats(0.0, 100.0)),
-                min_size=1, max_size=12, unique_by=lambda x: x[0]))
+@given(
+    st.lists(
+        st.tuples(names, st.booleans(), st.floats(0.0, 10.0), st.floats(0.0, 100.0)),
+        min_size=1,
+        max_size=12,
+        unique_by=lambda x: x[0],
+    )
+)
 def test_give_up_order_puts_requests_copies_first_then_the_least_demanded(
-        copies: list[tuple[str, bool, float, float]]) -> None:
-    first = min(copies, key=lambda c: give_up_order(c[0], planned=c[1], demand=c[2],
-                                                    last_used=c[3]))
+    copies: list[tuple[str, bool, float, float]],
+) -> None:
+    first = min(
+        copies, key=lambda c: give_up_order(c[0], planned=c[1], demand=c[2], last_used=c[3])
+    )
     if any(not planned for _, planned, _, _ in copies):
         assert not first[1]
     same = [c for c in copies if c[1] == first[1]]
     assert first[2] == min(c[2] for c in same)
-

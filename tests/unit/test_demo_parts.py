@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loraplane.streams.schedules import ScheduleFile
 from rich.console import Console
 
 from loraplane.demo.catalog import DEMO_CATALOG, Artifacts
@@ -31,14 +30,19 @@ from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.router.server import WORKER_HEADER
 from loraplane.simulator.scenario import Burst, Peak
+from loraplane.streams.schedules import ScheduleFile
 
 TRACE = DEFAULT_TRACE
 
 
 def test_plan_is_bounded_deterministic_and_has_burst_and_peak() -> None:
-    shape = TrafficShape(60, max_qps=3, bursts=(Burst(at_s=20, duration_s=10, share=0.8,
-                                                      rank=6),),
-                         peaks=(Peak(at_s=40, duration_s=10, qps=2, rank=5),), seed=3)
+    shape = TrafficShape(
+        60,
+        max_qps=3,
+        bursts=(Burst(at_s=20, duration_s=10, share=0.8, rank=6),),
+        peaks=(Peak(at_s=40, duration_s=10, qps=2, rank=5),),
+        seed=3,
+    )
     trace = TRACE if TRACE.is_file() else None
     a, b = plan(DEMO_CATALOG.adapters, shape, trace), plan(DEMO_CATALOG.adapters, shape, trace)
     assert a == b
@@ -89,8 +93,7 @@ def test_the_replayer_sends_to_the_router_and_tells_who_answered() -> None:
     async def completions(request: web.Request) -> web.Response:
         seen.append((request.headers["Authorization"], dict(request.headers)))
         if len(seen) == 1:
-            return web.json_response({}, headers={WORKER_HEADER: "w2",
-                                                  "X-Loraplane-Tier": "gpu"})
+            return web.json_response({}, headers={WORKER_HEADER: "w2", "X-Loraplane-Tier": "gpu"})
         return web.json_response({"error": {}}, status=429)
 
     async def main() -> tuple[list, list]:
@@ -154,8 +157,10 @@ def test_supervisor_leaves_nothing_behind_even_detached_grandchildren(tmp_path: 
     pids = [child.pid] + [p for p, _ in tree]
     assert sup.leftovers() == [] and sup.stopped == 3
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or \
-            Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+        )
 
 
 def test_supervisor_cleans_up_on_an_exception_and_on_sigterm(tmp_path: Path) -> None:
@@ -180,16 +185,20 @@ def _private_files(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
 
 
-def test_attack_an_api_key_never_reaches_a_log_and_logs_are_the_users_alone(
-        tmp_path: Path) -> None:
+def test_attack_an_api_key_never_reaches_a_log_and_logs_are_the_users_alone(tmp_path: Path) -> None:
     """``loraplane worker add-key`` as the demo runs it: the key comes back to the caller,
     its log holds the command and the key's length only, every log is 0600 in a 0700
     folder (a run's logs said what tenants sent, and held the keys, world-readable)."""
     space = RunSpace.fresh(tmp_path / "state", "demo")
     logs = space.log_dir
     with Supervisor(logs, space.child_env(), ROOT) as sup:
-        system = LiveSystem(sup, space, Artifacts(tmp_path / "artifacts"), SystemOptions(),
-                            space.settings(Settings(home=tmp_path / "state")))
+        system = LiveSystem(
+            sup,
+            space,
+            Artifacts(tmp_path / "artifacts"),
+            SystemOptions(),
+            space.settings(Settings(home=tmp_path / "state")),
+        )
         key = system.add_api_key("tenant-a")
         sup.start("talker", [sys.executable, "-c", "print('ready')"]).popen.wait(30)
     assert key.startswith("lp-") and len(key) > 20
@@ -209,8 +218,7 @@ def test_the_demo_shows_keys_on_a_terminal_only(tmp_path: Path) -> None:
     leader, follower = os.openpty()
     try:
         with os.fdopen(follower, "w", closefd=False) as tty:
-            show_keys(Console(file=tty, width=200), "http://127.0.0.1:1",
-                      {"tenant-a": "lp-secret"})
+            show_keys(Console(file=tty, width=200), "http://127.0.0.1:1", {"tenant-a": "lp-secret"})
         seen = b""
         while b"tenant-a lp-secret" not in seen and select.select([leader], [], [], 5)[0]:
             seen += os.read(leader, 65536)  # a terminal hands output over in pieces

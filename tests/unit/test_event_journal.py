@@ -33,7 +33,7 @@ class Lingering(Broker):
         self._seen = 0
 
     def poll(self, _timeout: float = 0) -> int:
-        ready, later = self.queue[:self._seen], self.queue[self._seen:]
+        ready, later = self.queue[: self._seen], self.queue[self._seen :]
         self.queue, self._seen = ready, len(later)
         sent = super().poll()
         self.queue = later + self.queue
@@ -43,8 +43,10 @@ class Lingering(Broker):
 # ---- the journal on its own -------------------------------------------------------------------
 def test_what_is_not_done_comes_back_in_order_and_seqs_go_on(tmp_path: Path) -> None:
     journal = EventJournal(tmp_path / "j")
-    seqs = [journal.append("t", f"k{i}".encode() if i % 2 else None, f"v{i}".encode())
-            for i in range(10)]
+    seqs = [
+        journal.append("t", f"k{i}".encode() if i % 2 else None, f"v{i}".encode())
+        for i in range(10)
+    ]
     for seq in seqs[::3]:
         journal.done(seq)
     journal.write_acks()
@@ -60,14 +62,15 @@ def test_what_is_not_done_comes_back_in_order_and_seqs_go_on(tmp_path: Path) -> 
 
 
 def test_a_torn_last_record_is_skipped_and_the_rest_recovered(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     journal = EventJournal(tmp_path / "j")
     for i in range(3):
         journal.append("t", None, f"v{i}".encode())
     journal.close()
     (segment,) = (tmp_path / "j").glob("*.journal")
     data = segment.read_bytes()
-    segment.write_bytes(data + data[:len(data) // 3 // 2])  # a write the kill cut short
+    segment.write_bytes(data + data[: len(data) // 3 // 2])  # a write the kill cut short
     again = EventJournal(tmp_path / "j")
     assert [e.value for e in again.recovered] == [b"v0", b"v1", b"v2"]
     assert "torn or corrupt" in caplog.text
@@ -115,12 +118,21 @@ def _killed_child(home: str, emitted: int, acked: int) -> None:
 
 
 def test_an_event_emitted_just_before_a_kill_9_is_delivered_once_after_the_restart(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before the journal, the 30 events held in librdkafka's memory were lost."""
-    code = f"from tests.unit.test_event_journal import _killed_child; " \
-           f"_killed_child({str(tmp_path)!r}, 50, 20)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False,
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        f"from tests.unit.test_event_journal import _killed_child; "
+        f"_killed_child({str(tmp_path)!r}, 50, 20)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     broker, clock = Broker(), Clock()
     restarted = sink_on(broker, tmp_path, monkeypatch, clock)
@@ -129,14 +141,17 @@ def test_an_event_emitted_just_before_a_kill_9_is_delivered_once_after_the_resta
     assert details(broker.log) == list(range(20, 50))  # the acked 20 are not sent again
     registry = CollectorRegistry()
     registry.register(SinkMetrics(restarted))
-    assert 'loraplane_event_sink_recovered_total{client="w1"} 30.0' in \
-        generate_latest(registry).decode()
+    assert (
+        'loraplane_event_sink_recovered_total{client="w1"} 30.0'
+        in generate_latest(registry).decode()
+    )
     restarted.close(1.0)
     assert not list((tmp_path / "spool").rglob("*.journal"))
 
 
 def test_states_are_not_journaled_and_the_journal_can_be_turned_off(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker, clock = Broker(), Clock()
     broker.poll = lambda _t=0: 0  # type: ignore[method-assign]
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
@@ -150,7 +165,8 @@ def test_states_are_not_journaled_and_the_journal_can_be_turned_off(
 
 
 def test_a_journal_it_cannot_write_is_counted_not_fatal(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker, clock = Broker(), Clock()
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
     sink.emit("audit", "k", event(0))
@@ -176,8 +192,11 @@ def _kill(sink: KafkaEventSink) -> set[bytes]:
         sent_again = {e.value for e in sink._round.events}  # type: ignore[attr-defined]
     if sink._spool is not None:  # type: ignore[attr-defined]
         head = sink._spool.peek(REPLAY_BATCH)  # type: ignore[attr-defined]
-        sent_again |= {head[i].value for i in sink._done  # type: ignore[attr-defined]
-                       if i < len(head)}
+        sent_again |= {
+            head[i].value
+            for i in sink._done  # type: ignore[attr-defined]
+            if i < len(head)
+        }
     for part in (sink._journal, sink._spool):  # type: ignore[attr-defined]
         if part is not None:
             part.close()
@@ -186,8 +205,12 @@ def _kill(sink: KafkaEventSink) -> set[bytes]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["emit", "emit", "emit", "poll", "down", "up", "tick",
-                                 "kill"]), max_size=120))
+@given(
+    st.lists(
+        st.sampled_from(["emit", "emit", "emit", "poll", "down", "up", "tick", "kill"]),
+        max_size=120,
+    )
+)
 def test_any_pattern_of_outages_and_kills_delivers_every_event_once(ops: list[str]) -> None:
     """None lost; twice only what a spool replay round had delivered and not yet committed
     at a kill (the journal itself sends nothing Kafka acknowledged)."""

@@ -10,13 +10,13 @@ import pytest
 from confluent_kafka import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.audit import AuditRecord
 from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplane.eventlog.sink import KafkaEventSink, SinkMetrics
 from loraplane.eventlog.spool import EventSpool, SpoolUnavailable
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
+from loraplane.schemas.audit import AuditRecord
 
 
 class Msg:
@@ -43,8 +43,9 @@ class Broker:
         self.log: list[bytes] = []  # values the broker acknowledged, in order
         self.queue_limit = queue_limit
 
-    def produce(self, topic: str, key: Any = None, value: bytes = b"",
-                on_delivery: Any = None) -> None:
+    def produce(
+        self, topic: str, key: Any = None, value: bytes = b"", on_delivery: Any = None
+    ) -> None:
         if len(self.queue) >= self.queue_limit:
             raise BufferError("queue full")
         k = key.encode() if isinstance(key, str) else key
@@ -79,13 +80,25 @@ class Clock:
 
 
 def event(n: int) -> AuditRecord:
-    return AuditRecord.model_validate({
-        "event_id": f"e{n}", "ts": "2026-12-01T00:00:00Z", "component": "cli",
-        "action": "test", "decision": "applied", "detail": str(n)})
+    return AuditRecord.model_validate(
+        {
+            "event_id": f"e{n}",
+            "ts": "2026-12-01T00:00:00Z",
+            "component": "cli",
+            "action": "test",
+            "decision": "applied",
+            "detail": str(n),
+        }
+    )
 
 
-def sink_on(broker: Broker, home: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock,
-            max_bytes: int = 10_000_000) -> KafkaEventSink:
+def sink_on(
+    broker: Broker,
+    home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    clock: Clock,
+    max_bytes: int = 10_000_000,
+) -> KafkaEventSink:
     monkeypatch.setattr(kafka, "producer", lambda *a, **k: broker)
     s = Settings(home=home, spool_max_bytes=max_bytes)
     return KafkaEventSink(s, "w1", clock=clock)
@@ -162,8 +175,9 @@ def test_the_spool_refuses_past_its_bound_and_a_second_process(tmp_path: Path) -
 
 
 # ---- the sink over an outage --------------------------------------------------------------------
-def test_an_outage_loses_nothing_and_keeps_order(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_outage_loses_nothing_and_keeps_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker, clock = Broker(), Clock()
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
     for i in range(10):
@@ -183,7 +197,8 @@ def test_an_outage_loses_nothing_and_keeps_order(tmp_path: Path,
 
 
 def test_a_stop_during_an_outage_spools_the_queue_for_the_next_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker, clock = Broker(), Clock()
     broker.up = False
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
@@ -201,7 +216,8 @@ def test_a_stop_during_an_outage_spools_the_queue_for_the_next_start(
 
 
 def test_past_the_bound_events_are_counted_and_exported(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     broker, clock = Broker(), Clock()
     broker.up = False
     sink = sink_on(broker, tmp_path, monkeypatch, clock, max_bytes=3000)
@@ -222,7 +238,8 @@ def test_past_the_bound_events_are_counted_and_exported(
 
 
 def test_a_healthy_broker_never_spools_and_leaves_no_journal(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker, clock = Broker(), Clock()
     sink = sink_on(broker, tmp_path, monkeypatch, clock)
     for i in range(50):
@@ -235,8 +252,9 @@ def test_a_healthy_broker_never_spools_and_leaves_no_journal(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["emit", "emit", "emit", "poll", "down", "up", "tick"]),
-                max_size=120))
+@given(
+    st.lists(st.sampled_from(["emit", "emit", "emit", "poll", "down", "up", "tick"]), max_size=120)
+)
 def test_any_outage_pattern_delivers_every_event_once_in_order(ops: list[str]) -> None:
     import tempfile
 

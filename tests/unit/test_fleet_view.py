@@ -4,41 +4,73 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from loraplane.router.fleet_view import fleet_view
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-
-from loraplane.router.fleet_view import fleet_view
 
 NOW = 1_800_000_000.0
 
 
-def state(wid: str, base: str, gpu: list[str], host: list[str] = (), age_s: float = 1.0,
-          slots: int = 4, protected: tuple[str, ...] = (), in_flight: int = 0) -> WorkerState:
-    adapters = [LoadedAdapter(lora_name=n, adapter_id=n.split("@")[0], version="1",
-                              tenant_id="t", tier=tier, protected=n in protected,
-                              in_flight=in_flight)
-                for tier, names in (("gpu", gpu), ("host", host)) for n in names]
-    return WorkerState(worker_id=wid, base_model=base, ts=datetime.fromtimestamp(NOW - age_s, UTC),
-                       gpu_slots_used=len(gpu), gpu_slots_total=slots, host_bytes_used=0,
-                       host_bytes_budget=1, max_lora_rank=64, adapters=adapters)
+def state(
+    wid: str,
+    base: str,
+    gpu: list[str],
+    host: list[str] = (),
+    age_s: float = 1.0,
+    slots: int = 4,
+    protected: tuple[str, ...] = (),
+    in_flight: int = 0,
+) -> WorkerState:
+    adapters = [
+        LoadedAdapter(
+            lora_name=n,
+            adapter_id=n.split("@")[0],
+            version="1",
+            tenant_id="t",
+            tier=tier,
+            protected=n in protected,
+            in_flight=in_flight,
+        )
+        for tier, names in (("gpu", gpu), ("host", host))
+        for n in names
+    ]
+    return WorkerState(
+        worker_id=wid,
+        base_model=base,
+        ts=datetime.fromtimestamp(NOW - age_s, UTC),
+        gpu_slots_used=len(gpu),
+        gpu_slots_total=slots,
+        host_bytes_used=0,
+        host_bytes_budget=1,
+        max_lora_rank=64,
+        adapters=adapters,
+    )
 
 
-def router(rid: str, in_flight: dict[str, int], queues: list[tuple[str, str, int]],
-           age_s: float = 1.0) -> RouterState:
-    return RouterState(router_id=rid, ts=datetime.fromtimestamp(NOW - age_s, UTC),
-                       in_flight=in_flight,
-                       queues=[QueueDepth(base_model=b, band=band, queued=n)
-                               for b, band, n in queues])
+def router(
+    rid: str, in_flight: dict[str, int], queues: list[tuple[str, str, int]], age_s: float = 1.0
+) -> RouterState:
+    return RouterState(
+        router_id=rid,
+        ts=datetime.fromtimestamp(NOW - age_s, UTC),
+        in_flight=in_flight,
+        queues=[QueueDepth(base_model=b, band=band, queued=n) for b, band, n in queues],
+    )
 
 
 def test_rows_per_base_model_and_worker_with_replicas_on_live_workers_only() -> None:
-    view = fleet_view([
-        state("w2", "llama", ["a@1-aa", "b@1-bb"], ["c@1-cc"], protected=("a@1-aa",),
-              in_flight=2),
-        state("w1", "llama", ["a@1-aa"]),
-        state("w3", "llama", ["a@1-aa", "z@1-zz"], age_s=16.0),  # 3 x 5 s: drained
-        state("q1", "qwen", [], ["d@1-dd"]),
-    ], NOW, heartbeat_s=5.0)
+    view = fleet_view(
+        [
+            state(
+                "w2", "llama", ["a@1-aa", "b@1-bb"], ["c@1-cc"], protected=("a@1-aa",), in_flight=2
+            ),
+            state("w1", "llama", ["a@1-aa"]),
+            state("w3", "llama", ["a@1-aa", "z@1-zz"], age_s=16.0),  # 3 x 5 s: drained
+            state("q1", "qwen", [], ["d@1-dd"]),
+        ],
+        NOW,
+        heartbeat_s=5.0,
+    )
     llama, qwen = view.base_models
     assert [w.worker_id for w in llama.workers] == ["w1", "w2", "w3"]
     assert [w.live for w in llama.workers] == [True, True, False]
@@ -55,18 +87,22 @@ def test_no_state_no_rows() -> None:
 
 
 def test_versions_per_tier_in_flight_and_the_routers_queues() -> None:
-    states = [state("w1", "llama", ["b@1-bb", "a@1-aa"], ["c@1-cc"], in_flight=1),
-              state("w2", "llama", ["a@1-aa"], in_flight=4, age_s=30.0)]  # drained
+    states = [
+        state("w1", "llama", ["b@1-bb", "a@1-aa"], ["c@1-cc"], in_flight=1),
+        state("w2", "llama", ["a@1-aa"], in_flight=4, age_s=30.0),
+    ]  # drained
     (llama,) = fleet_view(states, NOW, 5.0).base_models
     w1 = llama.workers[0]
     assert w1.gpu_loras == ("a@1-aa", "b@1-bb") and w1.host_loras == ("c@1-cc",)
     assert llama.in_flight == 3  # live workers only
     assert llama.queue_depth is None and llama.routers == 0  # no router reports
-    routers = [router("r1", {"llama": 3}, [("llama", "interactive-gold", 2),
-                                            ("llama", "batch-silver", 5)]),
-               router("r2", {"llama": 1}, [("llama", "batch-silver", 1),
-                                            ("qwen", "batch-silver", 9)]),
-               router("r3", {"llama": 50}, [("llama", "batch-silver", 40)], age_s=16.0)]
+    routers = [
+        router(
+            "r1", {"llama": 3}, [("llama", "interactive-gold", 2), ("llama", "batch-silver", 5)]
+        ),
+        router("r2", {"llama": 1}, [("llama", "batch-silver", 1), ("qwen", "batch-silver", 9)]),
+        router("r3", {"llama": 50}, [("llama", "batch-silver", 40)], age_s=16.0),
+    ]
     (queued,) = fleet_view(states, NOW, 5.0, routers).base_models
     assert queued.routers == 2  # r3 is silent: its queues are not counted
     assert queued.queue_depth == 8 and queued.router_in_flight == 4

@@ -19,10 +19,6 @@ from aiohttp import ClientSession, ClientTimeout
 from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.adapter import Priority
-from loraplane.schemas.reasons import QueueRefusal
-from loraplane.schemas.request_log import RequestClass
-from loraplane.workers.gateway import Gateway
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraplane.kernel import metric_names as m
@@ -36,6 +32,10 @@ from loraplane.router.flow_control import (
 )
 from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet, Router, serving_versions
+from loraplane.schemas.adapter import Priority
+from loraplane.schemas.reasons import QueueRefusal
+from loraplane.schemas.request_log import RequestClass
+from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import (
     AUTH_A,
     AUTH_B,
@@ -49,19 +49,21 @@ from tests.unit.test_gateway import (
 from tests.unit.test_planner import POLICY, worker
 from tests.unit.test_router import SECRET, at
 
-TTL = {RequestClass.interactive: 1.0, RequestClass.canary: 10.0, RequestClass.batch: 10.0,
-       RequestClass.shadow: 10.0}
+TTL = {
+    RequestClass.interactive: 1.0,
+    RequestClass.canary: 10.0,
+    RequestClass.batch: 10.0,
+    RequestClass.shadow: 10.0,
+}
 INTER = band_of(RequestClass.interactive, Priority.silver)
 B = band_of(RequestClass.batch, Priority.silver)
 
 
 def flow(per_band: int = 100, per_tenant: int = 100) -> FlowControl:
-    return FlowControl(max_queued_per_band=per_band, max_queued_per_tenant=per_tenant,
-                       ttl_s=TTL)
+    return FlowControl(max_queued_per_band=per_band, max_queued_per_tenant=per_tenant, ttl_s=TTL)
 
 
-def queued(f: FlowControl, band: Any, tenant: str, now: float = 0.0,
-           base: str = "llama") -> Ticket:
+def queued(f: FlowControl, band: Any, tenant: str, now: float = 0.0, base: str = "llama") -> Ticket:
     got = f.offer(base, band, tenant, 0, now)
     assert isinstance(got, Ticket) and got.state is TicketState.queued
     return got
@@ -71,8 +73,12 @@ def queued(f: FlowControl, band: Any, tenant: str, now: float = 0.0,
 def test_bands_are_class_first_then_priority() -> None:
     order = sorted(BANDS.values(), key=lambda b: b.rank)
     assert [b.label for b in order[:5]] == [
-        "interactive-platinum", "interactive-gold", "interactive-silver", "interactive-bronze",
-        "canary-platinum"]
+        "interactive-platinum",
+        "interactive-gold",
+        "interactive-silver",
+        "interactive-bronze",
+        "canary-platinum",
+    ]
     assert order[-1].label == "shadow-bronze"
 
 
@@ -144,7 +150,7 @@ def test_strict_priority_and_tenant_turns(arrivals: list[tuple[Any, str]], limit
         for tenant in set(seq):
             at_ = [i for i, x in enumerate(seq) if x == tenant]
             for i, j in pairwise(at_):
-                between = Counter(seq[i + 1:j])
+                between = Counter(seq[i + 1 : j])
                 assert all(n <= 1 for n in between.values()), (tenant, seq)
 
 
@@ -160,7 +166,8 @@ ops = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(ops, max_size=120), st.integers(1, 3), st.integers(1, 6), st.integers(1, 4))
 def test_invariants_under_any_sequence(
-        script: list[tuple[Any, ...]], limit: int, per_band: int, per_tenant: int) -> None:
+    script: list[tuple[Any, ...]], limit: int, per_band: int, per_tenant: int
+) -> None:
     """Bounds never exceeded, in flight never over the limit, nobody admitted after its
     deadline, admitted or dropped once, nothing lost, and a free slot never left idle while
     something of that base model waits."""
@@ -200,8 +207,11 @@ def test_invariants_under_any_sequence(
             assert f.in_flight.get(base, 0) == states[(base, TicketState.admitted)] <= limit
             assert f.queued.get(base, 0) == states[(base, TicketState.queued)]
         for (base, band), n in f.depth.items():
-            waiting = [t for t in offered if t.state is TicketState.queued
-                       and (t.base, t.band) == (base, band)]
+            waiting = [
+                t
+                for t in offered
+                if t.state is TicketState.queued and (t.base, t.band) == (base, band)
+            ]
             assert n == len(waiting) <= per_band
             assert all(n <= per_tenant for n in Counter(t.tenant for t in waiting).values())
     # drain: everything ends in one final state
@@ -222,13 +232,15 @@ class SlowServing(FakeServing):
     async def completion(self, path: str, body: dict[str, Any]) -> AsyncIterator[Answer]:
         self.prompts.append(body.get("prompt", ""))
         await asyncio.sleep(self.delay_s)
-        yield Answer(json.dumps({"model": body["model"], "usage": {"completion_tokens": 1}})
-                     .encode())
+        yield Answer(
+            json.dumps({"model": body["model"], "usage": {"completion_tokens": 1}}).encode()
+        )
 
 
 @asynccontextmanager
-async def slow_fleet(queues: QueueBudget, **budgets: Any) -> AsyncIterator[
-        tuple[Router, str, SlowServing, ClientSession]]:
+async def slow_fleet(
+    queues: QueueBudget, **budgets: Any
+) -> AsyncIterator[tuple[Router, str, SlowServing, ClientSession]]:
     limits = TenantLimits(max_concurrent=10_000, tokens_per_minute=10**9, burst_tokens=10**9)
     rb = RequestBudgets(tenants=limits, queues=queues, **budgets)
     serving = SlowServing(hot={RECORDS[2].lora_name, RECORDS[3].lora_name}, worker_id="w1")
@@ -237,9 +249,14 @@ async def slow_fleet(queues: QueueBudget, **budgets: Any) -> AsyncIterator[
     gw = TestServer(gateway.app(), host="127.0.0.1")
     await gw.start_server()
     fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
-    fleet.index.update(at(worker("w1", gpu=[RECORDS[2], RECORDS[3]], slots=4,
-                                 base=RECORDS[2].base_model), datetime.now(UTC).timestamp(),
-                          str(gw.make_url("")).rstrip("/"), max_lora_rank=64))
+    fleet.index.update(
+        at(
+            worker("w1", gpu=[RECORDS[2], RECORDS[3]], slots=4, base=RECORDS[2].base_model),
+            datetime.now(UTC).timestamp(),
+            str(gw.make_url("")).rstrip("/"),
+            max_lora_rank=64,
+        )
+    )
     fleet.versions = serving_versions(list(RECORDS))
     router = Router(fleet, api_keys=KEYS, budgets=rb, secret=SECRET)
     rt = TestServer(router.app(), host="127.0.0.1")
@@ -252,14 +269,22 @@ async def slow_fleet(queues: QueueBudget, **budgets: Any) -> AsyncIterator[
         await gw.close()
 
 
-async def _post(http: ClientSession, url: str, model: str, auth: dict[str, str],
-                request_class: str, prompt: str = "q") -> tuple[int, dict[str, Any], float]:
+async def _post(
+    http: ClientSession,
+    url: str,
+    model: str,
+    auth: dict[str, str],
+    request_class: str,
+    prompt: str = "q",
+) -> tuple[int, dict[str, Any], float]:
     t = time.monotonic()
-    async with http.post(url + "/v1/completions", json={"model": model, "prompt": prompt},
-                         headers={**auth, "X-Request-Class": request_class}) as resp:
+    async with http.post(
+        url + "/v1/completions",
+        json={"model": model, "prompt": prompt},
+        headers={**auth, "X-Request-Class": request_class},
+    ) as resp:
         body = await resp.json()
-        return resp.status, {"retry": resp.headers.get("Retry-After"), **body}, \
-            time.monotonic() - t
+        return resp.status, {"retry": resp.headers.get("Retry-After"), **body}, time.monotonic() - t
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -271,23 +296,26 @@ async def test_a_batch_flood_does_not_starve_interactive_traffic() -> None:
     and all succeed; the flood is mostly 429 ``queue_full`` with Retry-After, never
     forwarded past the queue bound. Counted in finished requests, not seconds, so a loaded
     machine does not change the verdict."""
-    queues = QueueBudget(max_in_flight_per_worker=2, max_queued_per_band=8,
-                         max_queued_per_tenant=8)
+    queues = QueueBudget(max_in_flight_per_worker=2, max_queued_per_band=8, max_queued_per_tenant=8)
 
-    async def finished(call: Awaitable[tuple[int, dict[str, Any], float]]
-                       ) -> tuple[int, dict[str, Any], float, float]:
+    async def finished(
+        call: Awaitable[tuple[int, dict[str, Any], float]],
+    ) -> tuple[int, dict[str, Any], float, float]:
         status, body, took = await call
         return status, body, took, time.monotonic()
 
     async with slow_fleet(queues) as (router, url, serving, http):
-        flood = [asyncio.create_task(finished(_post(http, url, "other", AUTH_B, "batch")))
-                 for _ in range(60)]
+        flood = [
+            asyncio.create_task(finished(_post(http, url, "other", AUTH_B, "batch")))
+            for _ in range(60)
+        ]
         await asyncio.sleep(0.05)  # the flood is in: 2 in flight, 8 queued, the rest refused
         interactive = []
         for _ in range(4):
             sent = time.monotonic()
-            interactive.append((sent, await finished(
-                _post(http, url, "sql", AUTH_A, "interactive"))))
+            interactive.append(
+                (sent, await finished(_post(http, url, "sql", AUTH_A, "interactive")))
+            )
         flooded_at = await asyncio.gather(*flood)
         text = await (await http.get(url + "/metrics")).text()
     flooded = [(s, b, w) for s, b, w, _ in flooded_at]
@@ -302,13 +330,18 @@ async def test_a_batch_flood_does_not_starve_interactive_traffic() -> None:
     assert {b["retry"] for b in refused} == {"5"}  # batch.retry_after_s
     assert len(serving.prompts) == 14  # 10 batch + 4 interactive reached vLLM, no more
     assert router.flow.in_flight == {} and not router.flow.queued
-    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
-               for f in text_string_to_metric_families(text) for x in f.samples}
+    samples = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for f in text_string_to_metric_families(text)
+        for x in f.samples
+    }
     batch = (("band", "batch-silver"), ("base_model", "tiny-llama"))
     assert samples[(m.ROUTER_QUEUE_REJECTIONS, (*batch, ("reason", "queue_full")))] == 50
     assert samples[(m.ROUTER_QUEUE_DEPTH, batch)] == 0
-    assert (m.ROUTER_QUEUE_WAIT_SECONDS + "_count",
-            (("band", "interactive-silver"), ("base_model", "tiny-llama"))) in samples
+    assert (
+        m.ROUTER_QUEUE_WAIT_SECONDS + "_count",
+        (("band", "interactive-silver"), ("base_model", "tiny-llama")),
+    ) in samples
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -322,14 +355,15 @@ async def test_a_queued_request_times_out_or_leaves_without_being_forwarded() ->
         assert status == 503 and body["error"]["type"] == "queue_timeout"
         assert body["retry"] == "2" and 0.15 < waited < 0.5
         with pytest.raises(TimeoutError):  # a client that gives up while queued
-            async with http.post(url + "/v1/completions",
-                                 json={"model": "sql", "prompt": "gone"},
-                                 headers={**AUTH_A, "X-Request-Class": "batch"},
-                                 timeout=ClientTimeout(total=0.1)) as resp:
+            async with http.post(
+                url + "/v1/completions",
+                json={"model": "sql", "prompt": "gone"},
+                headers={**AUTH_A, "X-Request-Class": "batch"},
+                timeout=ClientTimeout(total=0.1),
+            ) as resp:
                 await resp.read()
         await busy
         await asyncio.sleep(0.3)
         assert serving.prompts == ["busy"]  # neither the late nor the gone one was forwarded
-        assert router.flow.withdrawn[(BASE, band_of(RequestClass.batch,
-                                                       Priority.silver))] == 1
+        assert router.flow.withdrawn[(BASE, band_of(RequestClass.batch, Priority.silver))] == 1
         assert not router.flow.queued and router.flow.in_flight == {}

@@ -27,10 +27,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.base import is_id
-from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.request_log import RequestLog
-from loraplane.workers.gateway import Gateway
 from typer.testing import CliRunner
 
 from loraplane.cli import app
@@ -47,6 +43,10 @@ from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet, Router, serving_versions
+from loraplane.schemas.base import is_id
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
+from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import POLICY, worker
 
@@ -55,15 +55,18 @@ CONTROL = [chr(c) for c in (*range(0x20), 0x7F, 0x85, 0xA0, 0x2028, 0x2029, 0xFE
 IDS = ["sql", "chat", "other", "nope"]  # served, canary split, another tenant's, unknown
 UNLOGGED = ("unauthorized", "bad_request_class", "invalid_json", "model_not_adapter_id")
 """Refusals made before a RequestLog can be keyed (no tenant, class or adapter id yet)."""
-EXAMPLES = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def hostile(base: str) -> st.SearchStrategy[str]:
     """``base`` with a control or separator character at its end, start or inside."""
-    return st.builds(lambda c, at: {"end": base + c, "start": c + base,
-                                    "inside": base[:1] + c + base[1:]}[at],
-                     st.sampled_from(CONTROL), st.sampled_from(["end", "start", "inside"]))
+    return st.builds(
+        lambda c, at: {"end": base + c, "start": c + base, "inside": base[:1] + c + base[1:]}[at],
+        st.sampled_from(CONTROL),
+        st.sampled_from(["end", "start", "inside"]),
+    )
 
 
 def maybe_hostile(base: str) -> st.SearchStrategy[str]:
@@ -72,10 +75,14 @@ def maybe_hostile(base: str) -> st.SearchStrategy[str]:
 
 def header_value() -> st.SearchStrategy[bytes | None]:
     """Absent, a plain token, or bytes no header should hold (controls, non-UTF-8, long)."""
-    return st.one_of(st.none(), st.just(b"req-1"), st.just(b""), st.just(b"x" * 300),
-                     hostile("req-1").map(lambda s: s.encode("utf-8")),
-                     st.binary(min_size=1, max_size=12).filter(lambda b: b"\r" not in b
-                                                               and b"\n" not in b))
+    return st.one_of(
+        st.none(),
+        st.just(b"req-1"),
+        st.just(b""),
+        st.just(b"x" * 300),
+        hostile("req-1").map(lambda s: s.encode("utf-8")),
+        st.binary(min_size=1, max_size=12).filter(lambda b: b"\r" not in b and b"\n" not in b),
+    )
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,20 @@ class Reply:
         return "http_parser"
 
 
-def send(port: int, path: str, lines: list[bytes], body: bytes = b"",
-         method: bytes = b"POST") -> Reply:
+def send(
+    port: int, path: str, lines: list[bytes], body: bytes = b"", method: bytes = b"POST"
+) -> Reply:
     """One request with exactly these header lines; the whole answer (the server closes)."""
     head = b"".join(line + b"\r\n" for line in lines)
-    request = (method + b" " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-               + head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    request = (
+        method
+        + b" "
+        + path.encode()
+        + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + head
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request)
         chunks = []
@@ -146,13 +161,17 @@ def door() -> Iterator[FrontDoor]:
     sql = RECORDS[2]
     sink, router_sink = ListSink(), ListSink()
     serving = FakeServing(hot={sql.lora_name}, worker_id="w1")
-    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink,
-                      router_secret=SECRET)
+    gateway = Gateway(
+        serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink, router_secret=SECRET
+    )
     gw = loop.run(serve(gateway.app()))
     fleet = Fleet(FleetIndex(POLICY, 3600.0), router_sink, "router-t")  # never stale here
     state = worker("w1", gpu=[sql], slots=4, base=sql.base_model)
-    fleet.index.update(state.model_copy(update={
-        "ts": datetime.now(UTC), "gateway_url": str(gw.make_url("")).rstrip("/")}))
+    fleet.index.update(
+        state.model_copy(
+            update={"ts": datetime.now(UTC), "gateway_url": str(gw.make_url("")).rstrip("/")}
+        )
+    )
     fleet.versions = serving_versions(list(RECORDS))
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
     rs = loop.run(serve(router.app()))
@@ -162,12 +181,16 @@ def door() -> Iterator[FrontDoor]:
     loop.close()
 
 
-def _lines(key: bytes | None, request_id: bytes | None, session: bytes | None,
-           request_class: bytes | None) -> list[bytes]:
+def _lines(
+    key: bytes | None, request_id: bytes | None, session: bytes | None, request_class: bytes | None
+) -> list[bytes]:
     lines = [b"Content-Type: application/json"]
-    for name, value in ((b"Authorization", None if key is None else b"Bearer " + key),
-                        (b"X-Request-Id", request_id), (b"X-Session-Key", session),
-                        (b"X-Request-Class", request_class)):
+    for name, value in (
+        (b"Authorization", None if key is None else b"Bearer " + key),
+        (b"X-Request-Id", request_id),
+        (b"X-Session-Key", session),
+        (b"X-Request-Class", request_class),
+    ):
         if value is not None:
             lines.append(name + b": " + value)
     return lines
@@ -196,12 +219,15 @@ def _check_logs(new: list[RequestLog], reply: Reply, model: str) -> None:
 REQUESTS = dict(
     model=st.one_of(st.sampled_from(IDS), st.sampled_from(IDS).flatmap(hostile)),
     key=st.one_of(st.just(b"key-a"), st.just(b"key-b"), st.none(), header_value()),
-    request_id=header_value(), session=header_value(),
-    request_class=st.one_of(st.none(), st.just(b"batch"), header_value()))
+    request_id=header_value(),
+    session=header_value(),
+    request_class=st.one_of(st.none(), st.just(b"batch"), header_value()),
+)
 
 
-ISSUE_CASE = dict(model="sql\n", key=b"key-a", request_id=None, session=None,
-                  request_class=None)  # Python's `$` matched before the final newline
+ISSUE_CASE = dict(
+    model="sql\n", key=b"key-a", request_id=None, session=None, request_class=None
+)  # Python's `$` matched before the final newline
 
 
 @pytest.mark.parametrize("through", ["gateway", "router"])
@@ -209,12 +235,22 @@ ISSUE_CASE = dict(model="sql\n", key=b"key-a", request_id=None, session=None,
 @given(**REQUESTS)
 @example(**ISSUE_CASE)  # type: ignore[arg-type]
 def test_attack_ids_and_headers_get_a_clean_answer(
-        door: FrontDoor, through: str, model: str, key: bytes | None,
-        request_id: bytes | None, session: bytes | None, request_class: bytes | None) -> None:
+    door: FrontDoor,
+    through: str,
+    model: str,
+    key: bytes | None,
+    request_id: bytes | None,
+    session: bytes | None,
+    request_class: bytes | None,
+) -> None:
     before = len(door.sink.messages(RequestLog))
     body = json.dumps({"model": model, "prompt": "q"}).encode()
-    reply = send(getattr(door, through), "/v1/completions",
-                 _lines(key, request_id, session, request_class), body)
+    reply = send(
+        getattr(door, through),
+        "/v1/completions",
+        _lines(key, request_id, session, request_class),
+        body,
+    )
     assert reply.status < 500, reply
     _refused_unless_an_id(reply, model)
     new = door.sink.messages(RequestLog)[before:]
@@ -230,22 +266,34 @@ def test_attack_ids_and_headers_get_a_clean_answer(
 
 
 @EXAMPLES
-@given(tenant=maybe_hostile("tenant-a"), request_id=maybe_hostile("r1"),
-       signature=st.one_of(st.none(), st.sampled_from(["good", "junk", "non-ascii", "digits"])))
+@given(
+    tenant=maybe_hostile("tenant-a"),
+    request_id=maybe_hostile("r1"),
+    signature=st.one_of(st.none(), st.sampled_from(["good", "junk", "non-ascii", "digits"])),
+)
 def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
-        door: FrontDoor, tenant: str, request_id: str, signature: str | None) -> None:
+    door: FrontDoor, tenant: str, request_id: str, signature: str | None
+) -> None:
     """Even signed with the router secret, a tenant that is no id (or a request id that is
     no header token) is a 401: the gateway never keys a log by it."""
     body = json.dumps({"model": "sql", "prompt": "q"}).encode()
     now = time.time()
     fwd = Forward(tenant, "interactive", "1", "active")
-    value = {None: None, "good": sign(SECRET, fwd, request_id, body, now),
-             "junk": "1.zz", "non-ascii": f"{int(now)}." + "é" * 64,
-             "digits": "١٢٣." + "0" * 64}[signature]
-    lines = [b"Content-Type: application/json",
-             TENANT_HEADER.encode() + b": " + tenant.encode(),
-             b"X-Request-Id: " + request_id.encode(), b"X-Request-Class: interactive",
-             VERSION_HEADER.encode() + b": 1", VERSION_REASON_HEADER.encode() + b": active"]
+    value = {
+        None: None,
+        "good": sign(SECRET, fwd, request_id, body, now),
+        "junk": "1.zz",
+        "non-ascii": f"{int(now)}." + "é" * 64,
+        "digits": "١٢٣." + "0" * 64,
+    }[signature]
+    lines = [
+        b"Content-Type: application/json",
+        TENANT_HEADER.encode() + b": " + tenant.encode(),
+        b"X-Request-Id: " + request_id.encode(),
+        b"X-Request-Class: interactive",
+        VERSION_HEADER.encode() + b": 1",
+        VERSION_REASON_HEADER.encode() + b": active",
+    ]
     if value is not None:
         lines.append(SIGNATURE_HEADER.encode() + b": " + value.encode())
     before = len(door.sink.messages(RequestLog))
@@ -262,18 +310,26 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
 
 
 @EXAMPLES
-@given(field=st.sampled_from(["worker_id", "base_model", "lora_name", "adapter_id",
-                              "version", "tenant_id"]),
-       control=st.sampled_from(CONTROL), at=st.sampled_from(["end", "start", "inside"]))
+@given(
+    field=st.sampled_from(
+        ["worker_id", "base_model", "lora_name", "adapter_id", "version", "tenant_id"]
+    ),
+    control=st.sampled_from(CONTROL),
+    at=st.sampled_from(["end", "start", "inside"]),
+)
 def test_attack_worker_states_with_odd_ids_are_dead_lettered(
-        field: str, control: str, at: str) -> None:
+    field: str, control: str, at: str
+) -> None:
     sink = ListSink()
     fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
     state = json.loads(worker("w1", gpu=[RECORDS[2]]).model_dump_json())
     where = state if field in ("worker_id", "base_model") else state["adapters"][0]
     value = where[field]
-    where[field] = {"end": value + control, "start": control + value,
-                    "inside": value[:1] + control + value[1:]}[at]
+    where[field] = {
+        "end": value + control,
+        "start": control + value,
+        "inside": value[:1] + control + value[1:],
+    }[at]
     key = state["worker_id"].encode("utf-8")
     fleet.take(Record("lp.worker-state", 0, 7, key, json.dumps(state).encode(), {}, 0))
     if field == "lora_name":  # a name vLLM reports is data, not an id: only ever compared
@@ -284,13 +340,18 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
     assert len(sink.messages(DeadLetter)) == 1
 
 
-@pytest.mark.parametrize("args", [
-    ["worker", "add-key", "--tenant", "tenant-a\n"],
-    ["worker", "run", "--worker-id", "w1\n", "--base-model", "b", "--vllm-url", "http://x:1"],
-    ["worker", "run", "--worker-id", "w1", "--base-model", "B", "--vllm-url", "http://x:1"],
-    ["router", "run", "--router-id", "r\x001"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["worker", "add-key", "--tenant", "tenant-a\n"],
+        ["worker", "run", "--worker-id", "w1\n", "--base-model", "b", "--vllm-url", "http://x:1"],
+        ["worker", "run", "--worker-id", "w1", "--base-model", "B", "--vllm-url", "http://x:1"],
+        ["router", "run", "--router-id", "r\x001"],
+    ],
+)
 def test_an_operators_id_that_is_not_wholly_an_id_is_a_usage_error(
-        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """It keys every log, state and path of the process: refused before anything starts
     (a tenant "tenant-a\\n" in the key file made every one of its requests a 500)."""
     monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path))

@@ -23,6 +23,19 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
+
+from loraplane.artifact.refusal import ArtifactError
+from loraplane.frontdoor.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
+from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.frontdoor.version_choice import canary_bucket
+from loraplane.kernel.policy import (
+    BatchBudget,
+    CanaryBudget,
+    InteractiveBudget,
+    Policy,
+    RequestBudgets,
+    TenantLimits,
+)
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Release
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
@@ -32,6 +45,8 @@ from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.reasons import CommandRule, ForeignChange
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
+from loraplane.testing.fake_vllm import FakeVllm
+from loraplane.tiny_model import build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.applied_commands import (
     FILE_NAME,
@@ -52,36 +67,29 @@ from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
 
-from loraplane.artifact.refusal import ArtifactError
-from loraplane.frontdoor.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
-from loraplane.frontdoor.upstream_http import UpstreamResponse
-from loraplane.frontdoor.version_choice import canary_bucket
-from loraplane.kernel.policy import (
-    BatchBudget,
-    CanaryBudget,
-    InteractiveBudget,
-    Policy,
-    RequestBudgets,
-    TenantLimits,
-)
-from loraplane.testing.fake_vllm import FakeVllm
-from loraplane.tiny_model import build_adapter
-
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BASE = "tiny-llama"
 KEYS = ApiKeys({key_digest("key-a"): "tenant-a", key_digest("key-b"): "tenant-b"})
 AUTH_A = {"Authorization": "Bearer key-a"}
 
 
-def record(adapter: str, version: str, status: AdapterStatus, tenant: str = "tenant-a",
-           canary: float = 0.0) -> AdapterRecord:
+def record(
+    adapter: str, version: str, status: AdapterStatus, tenant: str = "tenant-a", canary: float = 0.0
+) -> AdapterRecord:
     sha = f"{adapter}{version}".encode().hex().ljust(64, "0")[:64]
-    return AdapterRecord(adapter_id=adapter, base_model=BASE, version=version, rank=8,
-                         artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/",
-                         sha256=sha, size_bytes=1000, status=status, tenant_id=tenant,
-                         compatibility=Compatibility(target_modules=["q_proj", "v_proj"],
-                                                     max_lora_rank=8),
-                         release=Release(canary_percent=canary))
+    return AdapterRecord(
+        adapter_id=adapter,
+        base_model=BASE,
+        version=version,
+        rank=8,
+        artifact_uri=f"s3://loraplane-artifacts/{adapter}/{version}/",
+        sha256=sha,
+        size_bytes=1000,
+        status=status,
+        tenant_id=tenant,
+        compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=8),
+        release=Release(canary_percent=canary),
+    )
 
 
 @dataclass
@@ -109,8 +117,9 @@ class FolderHostTier:
         if self.gate is not None:
             self.gate.wait(10)
         if self.down:
-            raise ArtifactError.single(Reason.artifact_store_unavailable, rec.artifact_uri,
-                                       "connection refused")
+            raise ArtifactError.single(
+                Reason.artifact_store_unavailable, rec.artifact_uri, "connection refused"
+            )
         if rec.lora_name in self.gone:
             raise ArtifactError.single(Reason.manifest_missing, "manifest.json")
         dest = self.root / rec.lora_name
@@ -139,10 +148,12 @@ class ListSink:
         return [m for _, _, m in self.events if isinstance(m, cls)]
 
 
-RECORDS = [record("chat", "1", AdapterStatus.active), record("chat", "2", AdapterStatus.canary,
-                                                             canary=30.0),
-           record("sql", "1", AdapterStatus.active), record("other", "1", AdapterStatus.active,
-                                                           tenant="tenant-b")]
+RECORDS = [
+    record("chat", "1", AdapterStatus.active),
+    record("chat", "2", AdapterStatus.canary, canary=30.0),
+    record("sql", "1", AdapterStatus.active),
+    record("other", "1", AdapterStatus.active, tenant="tenant-b"),
+]
 
 
 @dataclass
@@ -155,10 +166,12 @@ class World:
     url: str
     http: ClientSession
 
-    async def post(self, body: dict[str, Any], path: str = "/v1/completions",
-                   **headers: str) -> tuple[int, dict[str, str], Any]:
-        async with self.http.post(self.url + path, json=body,
-                                  headers={**AUTH_A, **headers}) as resp:
+    async def post(
+        self, body: dict[str, Any], path: str = "/v1/completions", **headers: str
+    ) -> tuple[int, dict[str, str], Any]:
+        async with self.http.post(
+            self.url + path, json=body, headers={**AUTH_A, **headers}
+        ) as resp:
             raw = await resp.read()
             data = json.loads(raw) if raw.startswith(b"{") else raw.decode()
             return resp.status, dict(resp.headers), data
@@ -167,31 +180,43 @@ class World:
 @pytest.fixture
 async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[World]:
     """A worker agent and its gateway on a fake vLLM; ``indirect`` params are policy fields."""
-    sources = {r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
-               for i, r in enumerate(RECORDS)}
+    sources = {
+        r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
+        for i, r in enumerate(RECORDS)
+    }
     fake = FakeVllm(str(tmp_path / "model"), api_key="k-vllm")
     vllm_server = TestServer(fake.app(), host="127.0.0.1")
     await vllm_server.start_server()
     sink = ListSink()
     tier = FolderHostTier(tmp_path / "host", sources)
     agent = WorkerAgent(
-        WorkerConfig(worker_id="w1", base_model=BASE, vllm_url=str(vllm_server.make_url("")),
-                     host_budget_bytes=10**9, tick_s=0.05, heartbeat_s=0.5,
-                     registry_poll_s=60, load_backoff_s=60, cold_loads_per_minute=6,
-                     policy=Policy(**getattr(request, "param", {}))),
+        WorkerConfig(
+            worker_id="w1",
+            base_model=BASE,
+            vllm_url=str(vllm_server.make_url("")),
+            host_budget_bytes=10**9,
+            tick_s=0.05,
+            heartbeat_s=0.5,
+            registry_poll_s=60,
+            load_backoff_s=60,
+            cold_loads_per_minute=6,
+            policy=Policy(**getattr(request, "param", {})),
+        ),
         vllm=VllmClient(str(vllm_server.make_url("")), timeout_s=2, api_key="k-vllm"),
         host_tier=tier,
-        registry_loader=lambda: RECORDS, sink=sink)
-    budgets = RequestBudgets(interactive=InteractiveBudget(on_cold="fallback"),
-                             batch=BatchBudget(max_wait_ms=3000))
+        registry_loader=lambda: RECORDS,
+        sink=sink,
+    )
+    budgets = RequestBudgets(
+        interactive=InteractiveBudget(on_cold="fallback"), batch=BatchBudget(max_wait_ms=3000)
+    )
     gateway = Gateway(agent, api_keys=KEYS, budgets=budgets, sink=sink)
     gw_server = TestServer(gateway.app(), host="127.0.0.1")
     await gw_server.start_server()
     await agent.start()
     loop = asyncio.create_task(agent.run())
     async with ClientSession() as http:
-        yield World(fake, agent, tier, sink, gateway, str(gw_server.make_url("")).rstrip("/"),
-                    http)
+        yield World(fake, agent, tier, sink, gateway, str(gw_server.make_url("")).rstrip("/"), http)
     loop.cancel()
     await agent.vllm.close()
     await gw_server.close()
@@ -200,11 +225,20 @@ async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
 
 def cmd(rec: AdapterRecord, action: CommandAction, cid: str) -> CacheCommand:
     now = now_utc()
-    return CacheCommand(command_id=cid, worker_id="w1", action=action, base_model=BASE,
-                        tenant_id=rec.tenant_id, adapter_id=rec.adapter_id, version=rec.version,
-                        sha256=rec.sha256, lora_name=rec.lora_name,
-                        reason=CommandReason(rule=CommandRule.hot_score), issued_at=now,
-                        deadline=now + timedelta(minutes=1))
+    return CacheCommand(
+        command_id=cid,
+        worker_id="w1",
+        action=action,
+        base_model=BASE,
+        tenant_id=rec.tenant_id,
+        adapter_id=rec.adapter_id,
+        version=rec.version,
+        sha256=rec.sha256,
+        lora_name=rec.lora_name,
+        reason=CommandReason(rule=CommandRule.hot_score),
+        issued_at=now,
+        deadline=now + timedelta(minutes=1),
+    )
 
 
 async def load(world: World, *records: AdapterRecord) -> None:
@@ -225,15 +259,18 @@ async def test_hot_adapter_is_served_by_its_version(world: World) -> None:
     for canary, rec in ((False, v1), (True, v2)):
         key = session_for("chat", canary)
         for _ in range(2):  # sticky: the same session gets the same version
-            status, headers, body = await world.post({"model": "chat", "prompt": "hi"},
-                                                     **{"X-Session-Key": key})
+            status, headers, body = await world.post(
+                {"model": "chat", "prompt": "hi"}, **{"X-Session-Key": key}
+            )
             assert status == 200, body
             assert headers["X-Loraplane-Lora-Name"] == rec.lora_name
             texts[rec.version] = body["choices"][0]["text"]
     assert texts["1"] != texts["2"]
     logs = world.sink.messages(RequestLog)
-    assert {(log.adapter_version, log.tier_at_arrival) for log in logs} == {("1", Tier.gpu),
-                                                                           ("2", Tier.gpu)}
+    assert {(log.adapter_version, log.tier_at_arrival) for log in logs} == {
+        ("1", Tier.gpu),
+        ("2", Tier.gpu),
+    }
     assert all(log.ttft_ms is not None and log.tenant_id == "tenant-a" for log in logs)
 
 
@@ -243,8 +280,11 @@ async def test_tenants_paths_and_keys_are_checked(world: World) -> None:
         status, _, body = await world.post({"model": model, "prompt": "x"})
         assert (status, body["error"]["type"]) == (400, "model_not_adapter_id")
     assert (await world.post({"model": "nope", "prompt": "x"}))[0] == 404
-    async with world.http.post(world.url + "/v1/completions", json={"model": "chat"},
-                               headers={"Authorization": "Bearer wrong"}) as resp:
+    async with world.http.post(
+        world.url + "/v1/completions",
+        json={"model": "chat"},
+        headers={"Authorization": "Bearer wrong"},
+    ) as resp:
         assert resp.status == 401
     assert world.fake.load_calls == 0  # nothing refused ever reached vLLM
 
@@ -270,12 +310,14 @@ async def test_cold_interactive_falls_back_then_loads(world: World) -> None:
 async def test_cold_interactive_retry_later_and_batch_waits(world: World) -> None:
     world.gateway.budgets = RequestBudgets(
         interactive=InteractiveBudget(on_cold="retry_later", retry_after_s=3),
-        batch=BatchBudget(max_wait_ms=3000))
+        batch=BatchBudget(max_wait_ms=3000),
+    )
     status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 429 and headers["Retry-After"] == "3"
-    status, headers, _ = await world.post({"model": "chat", "prompt": "q"},
-                                          **{"X-Request-Class": "batch",
-                                             "X-Session-Key": session_for("chat", False)})
+    status, headers, _ = await world.post(
+        {"model": "chat", "prompt": "q"},
+        **{"X-Request-Class": "batch", "X-Session-Key": session_for("chat", False)},
+    )
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == RECORDS[0].lora_name
 
 
@@ -301,11 +343,13 @@ async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World
     assert status == 200 and headers[FALLBACK_HEADER] == "base"
     assert headers[FALLBACK_REASON_HEADER] == "manifest_missing"
     assert headers[FALLBACK_PERMANENT_HEADER] == "true"
-    world.gateway.budgets = world.gateway.budgets.model_copy(update={
-        "interactive": InteractiveBudget(on_cold="retry_later")})
+    world.gateway.budgets = world.gateway.budgets.model_copy(
+        update={"interactive": InteractiveBudget(on_cold="retry_later")}
+    )
     for cls in ("interactive", "batch"):
-        status, headers, body = await world.post({"model": "sql", "prompt": "q"},
-                                                 **{"X-Request-Class": cls})
+        status, headers, body = await world.post(
+            {"model": "sql", "prompt": "q"}, **{"X-Request-Class": cls}
+        )
         assert status == PERMANENT_STATUS, body
         assert "Retry-After" not in headers
         assert body["error"]["type"] == "adapter_unavailable_permanent"
@@ -328,19 +372,28 @@ async def test_a_store_outage_stays_retriable_with_its_reason(world: World) -> N
     status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers[FALLBACK_REASON_HEADER] == "artifact_store_unavailable"
     assert headers[FALLBACK_PERMANENT_HEADER] == "false"
-    world.gateway.budgets = world.gateway.budgets.model_copy(update={
-        "batch": BatchBudget(max_wait_ms=200)})
-    status, headers, body = await world.post({"model": "sql", "prompt": "q"},
-                                             **{"X-Request-Class": "batch"})
+    world.gateway.budgets = world.gateway.budgets.model_copy(
+        update={"batch": BatchBudget(max_wait_ms=200)}
+    )
+    status, headers, body = await world.post(
+        {"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"}
+    )
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert "artifact_store_unavailable" in body["error"]["message"]
 
 
 async def test_streaming_chat_passes_through(world: World) -> None:
     await load(world, RECORDS[2])
-    async with world.http.post(world.url + "/v1/chat/completions", headers=AUTH_A, json={
-            "model": "sql", "stream": True, "max_tokens": 3,
-            "messages": [{"role": "user", "content": "hi"}]}) as resp:
+    async with world.http.post(
+        world.url + "/v1/chat/completions",
+        headers=AUTH_A,
+        json={
+            "model": "sql",
+            "stream": True,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         raw = (await resp.read()).decode()
@@ -359,10 +412,13 @@ async def test_s3_down_fails_fast_and_interactive_follows_budget(world: World) -
     gate = world.tier.gate = threading.Event()  # the failing fetch waits for the batch ask
     status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers[FALLBACK_HEADER] == "base"
-    batch = asyncio.create_task(world.post({"model": "sql", "prompt": "q"},
-                                           **{"X-Request-Class": "batch"}))
-    await until(lambda: len(world.agent._rt.waiters.get(sql.lora_name, [])) == 2,
-                "the batch request waiting on the load")
+    batch = asyncio.create_task(
+        world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
+    )
+    await until(
+        lambda: len(world.agent._rt.waiters.get(sql.lora_name, [])) == 2,
+        "the batch request waiting on the load",
+    )
     gate.set()
     status, headers, body = await asyncio.wait_for(batch, 5)
     assert status == 429 and body["error"]["message"].count("artifact_store_unavailable")
@@ -394,24 +450,33 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
     await world.agent.vllm.load(v1.lora_name, str(folder))  # not by the agent
     await world.agent.reconcile_once()
     assert v1.lora_name not in world.fake.adapters
-    conflicts = [e for e in world.sink.messages(CacheEvent)
-                 if e.kind == CacheEventKind.kv_namespace_conflict]
+    conflicts = [
+        e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.kv_namespace_conflict
+    ]
     assert [e.lora_name for e in conflicts] == [v1.lora_name]
     async with world.http.get(world.url + "/metrics") as resp:
         text = await resp.text()
-    for name in ("loraplane_hot_adapter_hit_rate", "loraplane_adapter_swap_seconds",
-                 "loraplane_cold_load_fail_ratio", "loraplane_kv_namespace_conflict_total"):
+    for name in (
+        "loraplane_hot_adapter_hit_rate",
+        "loraplane_adapter_swap_seconds",
+        "loraplane_cold_load_fail_ratio",
+        "loraplane_kv_namespace_conflict_total",
+    ):
         assert name in text
     assert 'loraplane_kv_namespace_conflict_total{adapter_id="chat",adapter_version="1"' in text
     assert 'loraplane_vllm_foreign_changes_total{reason="unvouched_copy"} 1.0' in text
     (letter,) = world.sink.messages(DeadLetter)
     assert letter.reason == ForeignChange.unvouched_copy and letter.component == "worker-agent"
     assert json.loads(base64.b64decode(letter.raw_b64)) == {
-        "lora_name": v1.lora_name, "path": str(folder), "worker_id": "w1"}
+        "lora_name": v1.lora_name,
+        "path": str(folder),
+        "worker_id": "w1",
+    }
 
 
 async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
-        world: World) -> None:
+    world: World,
+) -> None:
     """vLLM's SageMaker DELETE /adapters/{name} (or a vLLM restart) removes a copy the agent
     loaded: the next tick counts it, dead-letters it with its reason and loads it again."""
     v1 = RECORDS[0]
@@ -423,7 +488,8 @@ async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
     assert json.loads(base64.b64decode(letter.raw_b64))["path"] == path
     async with world.http.get(world.url + "/metrics") as resp:
         assert 'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0' in (
-            await resp.text())
+            await resp.text()
+        )
     assert world.fake.adapters[v1.lora_name][0] == path  # its intent loaded it again
     assert world.agent.is_hot(v1.lora_name)
     await world.agent.reconcile_once()
@@ -438,10 +504,15 @@ async def test_the_agent_will_not_drive_an_unguarded_vllm(tmp_path: Path) -> Non
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     vllm = VllmClient(str(server.make_url("")), timeout_s=2, api_key="k")
-    agent = WorkerAgent(WorkerConfig(worker_id="w1", base_model=BASE,
-                                     vllm_url=str(server.make_url("")), host_budget_bytes=1),
-                        vllm=vllm, host_tier=FolderHostTier(tmp_path / "host", {}),
-                        registry_loader=lambda: RECORDS, sink=ListSink())
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=BASE, vllm_url=str(server.make_url("")), host_budget_bytes=1
+        ),
+        vllm=vllm,
+        host_tier=FolderHostTier(tmp_path / "host", {}),
+        registry_loader=lambda: RECORDS,
+        sink=ListSink(),
+    )
     try:
         with pytest.raises(VllmUnguarded, match=r"--middleware loraplane\.vllm_plugin"):
             await agent.start()
@@ -465,9 +536,13 @@ async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> 
         await world.agent.reconcile_once()
     assert world.fake.adapters.get(rec.lora_name) is not None
     assert [(a.lora_name, a.tier) for a in world.agent.worker_state().adapters] == [
-        (rec.lora_name, "gpu")]
-    moved = [e for e in world.sink.messages(CacheEvent)
-             if e.kind in (CacheEventKind.kv_namespace_conflict, CacheEventKind.unload)]
+        (rec.lora_name, "gpu")
+    ]
+    moved = [
+        e
+        for e in world.sink.messages(CacheEvent)
+        if e.kind in (CacheEventKind.kv_namespace_conflict, CacheEventKind.unload)
+    ]
     assert moved == []
     world.agent.apply(cmd(rec, CommandAction.demote_to_host, "demote"))
     await world.agent.reconcile_once()
@@ -476,16 +551,27 @@ async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> 
 
 async def test_the_state_announces_the_commands_partition_its_feed_reads(world: World) -> None:
     assert world.agent.worker_state().command_partition is None  # no feed: the planner hashes
-    slotted = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,
-                          registry_loader=lambda: RECORDS, sink=world.sink,
-                          command_partition=lambda: 9)
+    slotted = WorkerAgent(
+        world.agent.config,
+        vllm=world.agent.vllm,
+        host_tier=world.tier,
+        registry_loader=lambda: RECORDS,
+        sink=world.sink,
+        command_partition=lambda: 9,
+    )
     assert slotted.worker_state().command_partition == 9
 
 
 async def test_restart_adopts_running_state(world: World) -> None:
     await load(world, RECORDS[2])
-    again = WorkerAgent(world.agent.config, vllm=world.agent.vllm, host_tier=world.tier,
-                        registry_loader=lambda: RECORDS, sink=world.sink, hbm=lambda: 0.42)
+    again = WorkerAgent(
+        world.agent.config,
+        vllm=world.agent.vllm,
+        host_tier=world.tier,
+        registry_loader=lambda: RECORDS,
+        sink=world.sink,
+        hbm=lambda: 0.42,
+    )
     loads_before = world.fake.load_calls
     await again.start()
     assert again.is_hot(RECORDS[2].lora_name)
@@ -494,8 +580,9 @@ async def test_restart_adopts_running_state(world: World) -> None:
     assert [(a.lora_name, a.tier) for a in state.adapters] == [(RECORDS[2].lora_name, "gpu")]
     # what it can hold: HBM from the probe (NVML on a GPU), bytes per copy from the manifest
     assert state.hbm_usage == 0.42
-    assert [(a.size_bytes, a.rank) for a in state.adapters] == [(RECORDS[2].size_bytes,
-                                                                 RECORDS[2].rank)]
+    assert [(a.size_bytes, a.rank) for a in state.adapters] == [
+        (RECORDS[2].size_bytes, RECORDS[2].rank)
+    ]
     assert RECORDS[2].size_bytes > 0
 
 
@@ -510,8 +597,7 @@ class GatedVllm(VllmClient):
         self.prompts: list[str] = []
 
     @asynccontextmanager
-    async def completion(self, path: str, body: dict[str, Any]
-                         ) -> AsyncIterator[UpstreamResponse]:
+    async def completion(self, path: str, body: dict[str, Any]) -> AsyncIterator[UpstreamResponse]:
         if body.get("model") == self.gated:
             self.prompts.append(str(body.get("prompt")))
             await self.gate.wait()
@@ -533,15 +619,18 @@ async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
     plain = world.agent.vllm
     gated = world.agent.vllm = GatedVllm(plain.base_url, v2.lora_name, api_key="k-vllm")
     await plain.close()
-    world.agent.apply(cmd(v2, CommandAction.load_gpu, "canary").model_copy(
-        update={"warmup_requests": 3}))
+    world.agent.apply(
+        cmd(v2, CommandAction.load_gpu, "canary").model_copy(update={"warmup_requests": 3})
+    )
     await world.agent.reconcile_once()
     assert world.agent.is_hot(v2.lora_name) and world.agent.is_warming(v2.lora_name)
     canary_session = {"X-Session-Key": session_for("chat", True)}
     for request_class in ("interactive", "canary"):  # the stable version serves meanwhile
-        status, headers, body = await world.post({"model": "chat", "prompt": "hi"},
-                                                 **canary_session,
-                                                 **{"X-Request-Class": request_class})
+        status, headers, body = await world.post(
+            {"model": "chat", "prompt": "hi"},
+            **canary_session,
+            **{"X-Request-Class": request_class},
+        )
         assert status == 200, body
         assert headers["X-Loraplane-Lora-Name"] == v1.lora_name
         assert headers[CANARY_WARMING_HEADER] == "2"
@@ -552,40 +641,46 @@ async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
     assert CANARY_WARMING_HEADER not in headers
     logs = world.sink.messages(RequestLog)
     shadow = [log for log in logs if log.request_class == RequestClass.shadow]
-    assert [(log.lora_name, log.adapter_version, log.status) for log in shadow] == \
-        [(v2.lora_name, "2", RequestStatus.ok)] * 3
+    assert [(log.lora_name, log.adapter_version, log.status) for log in shadow] == [
+        (v2.lora_name, "2", RequestStatus.ok)
+    ] * 3
     # the golden set went straight to vLLM first; the tenant's "hi" only after it
     assert gated.prompts == [*GOLDEN_PROMPTS[:3], "hi"]
     served = [log.lora_name for log in logs if log.request_class != RequestClass.shadow]
     assert served == [v1.lora_name, v1.lora_name, v2.lora_name]
 
 
-async def test_batch_cold_loads_are_bounded_and_retry_after_is_per_class(
-        world: World) -> None:
+async def test_batch_cold_loads_are_bounded_and_retry_after_is_per_class(world: World) -> None:
     world.gateway.budgets = RequestBudgets(
         batch=BatchBudget(max_wait_ms=300, max_concurrent_cold_loads=1, retry_after_s=7),
-        canary=CanaryBudget(retry_after_s=9))
+        canary=CanaryBudget(retry_after_s=9),
+    )
     sql, chat = RECORDS[2], RECORDS[0]
     stable = {"X-Session-Key": session_for("chat", False)}
     gate = world.tier.gate = threading.Event()  # sql's fetch hangs until the gate opens
     try:
-        first = asyncio.create_task(world.post({"model": "sql", "prompt": "q"},
-                                               **{"X-Request-Class": "batch"}))
+        first = asyncio.create_task(
+            world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
+        )
         await until(lambda: sql.lora_name in world.agent.desired.intents, "sql's load")
-        status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **stable,
-                                                 **{"X-Request-Class": "batch"})
+        status, headers, body = await world.post(
+            {"model": "chat", "prompt": "q"}, **stable, **{"X-Request-Class": "batch"}
+        )
         assert (status, headers["Retry-After"]) == (429, "7")
         assert "batch_cold_loads_busy" in body["error"]["message"]
         assert chat.lora_name not in world.agent.desired.intents  # no second load started
         status, headers, body = await first  # its own load is still queued
         assert (status, headers["Retry-After"]) == (429, "7"), body  # batch's, not interactive's
-        status, headers, _ = await world.post({"model": "sql", "prompt": "q"},
-                                              **{"X-Request-Class": "canary"})
+        status, headers, _ = await world.post(
+            {"model": "sql", "prompt": "q"}, **{"X-Request-Class": "canary"}
+        )
         assert (status, headers["Retry-After"]) == (429, "9")
-        world.gateway.budgets = RequestBudgets(batch=BatchBudget(
-            max_wait_ms=5000, max_concurrent_cold_loads=1))
-        second = asyncio.create_task(world.post({"model": "chat", "prompt": "q"}, **stable,
-                                                **{"X-Request-Class": "batch"}))
+        world.gateway.budgets = RequestBudgets(
+            batch=BatchBudget(max_wait_ms=5000, max_concurrent_cold_loads=1)
+        )
+        second = asyncio.create_task(
+            world.post({"model": "chat", "prompt": "q"}, **stable, **{"X-Request-Class": "batch"})
+        )
         await until(lambda: world.gateway.batch_loads.waiting == 1, "a waiting batch request")
         assert chat.lora_name not in world.agent.desired.intents
     finally:
@@ -594,21 +689,26 @@ async def test_batch_cold_loads_are_bounded_and_retry_after_is_per_class(
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == chat.lora_name, body
 
 
-async def test_api_key_file_is_reread_when_it_changes(world: World, tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+async def test_api_key_file_is_reread_when_it_changes(
+    world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "keys" / "api-keys.json"
     with caplog.at_level(logging.WARNING, logger="loraplane.worker"):
         keys = ApiKeysFile.open(path)
     assert "is missing" in caplog.text
     world.gateway.api_keys = keys
     key = add_key(path, "tenant-a")  # no restart
-    async with world.http.post(world.url + "/v1/completions",
-                               json={"model": "sql", "prompt": "q"},
-                               headers={"Authorization": f"Bearer {key}"}) as resp:
+    async with world.http.post(
+        world.url + "/v1/completions",
+        json={"model": "sql", "prompt": "q"},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as resp:
         assert resp.status == 200
     other = add_key(path, "tenant-b")
-    assert (keys.tenant(f"Bearer {key}"), keys.tenant(f"Bearer {other}")) == ("tenant-a",
-                                                                             "tenant-b")
+    assert (keys.tenant(f"Bearer {key}"), keys.tenant(f"Bearer {other}")) == (
+        "tenant-a",
+        "tenant-b",
+    )
     path.write_text("{not json")
     assert keys.tenant(f"Bearer {key}") is None  # a bad edit fails closed
     path.write_text(json.dumps({"keys": {}}))
@@ -621,15 +721,21 @@ async def test_api_key_file_is_reread_when_it_changes(world: World, tmp_path: Pa
         ApiKeysFile.open(path)
 
 
-async def test_redelivered_command_after_restart_changes_nothing(world: World,
-                                                                 tmp_path: Path) -> None:
+async def test_redelivered_command_after_restart_changes_nothing(
+    world: World, tmp_path: Path
+) -> None:
     sql = RECORDS[2]
     path = tmp_path / "host" / FILE_NAME
     config = replace(world.agent.config, applied_commands_path=path)
 
     def started() -> WorkerAgent:
-        return WorkerAgent(config, vllm=world.agent.vllm, host_tier=world.tier,
-                           registry_loader=lambda: RECORDS, sink=world.sink)
+        return WorkerAgent(
+            config,
+            vllm=world.agent.vllm,
+            host_tier=world.tier,
+            registry_loader=lambda: RECORDS,
+            sink=world.sink,
+        )
 
     first = started()
     await first.start()
@@ -658,8 +764,13 @@ async def test_a_restart_keeps_the_copies_it_held_protected(world: World, tmp_pa
     await load(world, sql, chat)
     assert world.agent.desired.protected == {sql.lora_name}
     save_applied(path, {}, [chat.lora_name])  # as if chat had been the first
-    again = WorkerAgent(config, vllm=world.agent.vllm, host_tier=world.tier,
-                        registry_loader=lambda: RECORDS, sink=world.sink)
+    again = WorkerAgent(
+        config,
+        vllm=world.agent.vllm,
+        host_tier=world.tier,
+        registry_loader=lambda: RECORDS,
+        sink=world.sink,
+    )
     await again.start()
     assert again.desired.protected == {chat.lora_name}
     assert load_remembered(path, now_utc()).protected == {chat.lora_name}
@@ -667,8 +778,7 @@ async def test_a_restart_keeps_the_copies_it_held_protected(world: World, tmp_pa
     assert protected == {chat.lora_name}
 
 
-async def test_a_command_the_worker_will_not_carry_out_is_in_its_heartbeat(
-        world: World) -> None:
+async def test_a_command_the_worker_will_not_carry_out_is_in_its_heartbeat(world: World) -> None:
     """A refused command (dead-lettered, counted) and a load with no slot it may take are
     listed in the heartbeat's skipped_commands until their deadline: the planner stops
     expecting them at once."""
@@ -679,13 +789,13 @@ async def test_a_command_the_worker_will_not_carry_out_is_in_its_heartbeat(
     no_slot = await world.agent.handle(cmd(other, CommandAction.load_gpu, "l-other"))
     assert no_slot == "min_residency"  # sql was loaded just now
     assert world.agent.worker_state().skipped_commands == ["d-canary", "l-other"]
-    assert await world.agent.handle(cmd(other, CommandAction.load_gpu, "l-other")) == \
-        "duplicate"
+    assert await world.agent.handle(cmd(other, CommandAction.load_gpu, "l-other")) == "duplicate"
     assert world.agent.worker_state().skipped_commands == ["d-canary", "l-other"]
 
 
 async def test_a_refused_request_load_is_logged_once_a_burst_with_a_count(
-        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
     await load(world, sql, chat)
     await world.agent.request_load(other)  # fetched first, then refused: min_residency
@@ -707,15 +817,17 @@ async def test_applied_ids_file_drops_expired_and_survives_corruption(tmp_path: 
     assert load_applied(tmp_path / "absent.json", now) == {}
 
 
-async def test_a_cold_request_load_shows_as_the_gateways_in_the_worker_state(
-        world: World) -> None:
+async def test_a_cold_request_load_shows_as_the_gateways_in_the_worker_state(world: World) -> None:
     sql = RECORDS[2]
     status, headers, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers[FALLBACK_HEADER] == "base"
     await until(lambda: world.agent.is_hot(sql.lora_name), "the gateway's load")
     (copy,) = world.agent.worker_state().adapters
-    assert (copy.lora_name, copy.tier, copy.origin) == (sql.lora_name, "gpu",
-                                                        CopyOrigin.gateway_request)
+    assert (copy.lora_name, copy.tier, copy.origin) == (
+        sql.lora_name,
+        "gpu",
+        CopyOrigin.gateway_request,
+    )
     world.agent.apply(cmd(sql, CommandAction.pin, "pin-sql"))  # the planner takes it over
     assert world.agent.worker_state().adapters[0].origin is CopyOrigin.planner
 
@@ -750,8 +862,9 @@ class FakeServing:
 
     @asynccontextmanager
     async def completion(self, path: str, body: dict[str, Any]) -> AsyncIterator[Answer]:
-        yield Answer(json.dumps({"model": body["model"], "usage": {"completion_tokens": 2}})
-                     .encode())
+        yield Answer(
+            json.dumps({"model": body["model"], "usage": {"completion_tokens": 2}}).encode()
+        )
 
     def versions(self, adapter_id: str) -> list[AdapterRecord]:
         return [r for r in RECORDS if r.adapter_id == adapter_id]
@@ -768,8 +881,9 @@ class FakeServing:
     def load_failure(self, name: str) -> LoadOutcome | None:
         return None
 
-    def request_load(self, record: AdapterRecord, *,
-                     wait_s: float = 0.0) -> asyncio.Future[LoadOutcome]:
+    def request_load(
+        self, record: AdapterRecord, *, wait_s: float = 0.0
+    ) -> asyncio.Future[LoadOutcome]:
         self.asked.append(record.lora_name)
         self.hot.add(record.lora_name)
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
@@ -804,8 +918,7 @@ async def test_the_gateway_needs_only_the_serving_interface() -> None:
     try:
         async with ClientSession() as http:
             url = str(server.make_url("/v1/completions"))
-            async with http.post(url, json={"model": "sql", "prompt": "q"},
-                                 headers=AUTH_A) as resp:
+            async with http.post(url, json={"model": "sql", "prompt": "q"}, headers=AUTH_A) as resp:
                 assert resp.status == 200
                 assert (await resp.json())["model"] == "sql"  # upstream said the lora name
                 assert resp.headers["X-Loraplane-Lora-Name"] == RECORDS[2].lora_name
@@ -830,8 +943,11 @@ class Streamed:
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         text = "x" * self.event_bytes
         for _ in range(self.events):
-            yield b"data: " + json.dumps({"model": "m", "choices": [{"text": text}]}).encode() \
+            yield (
+                b"data: "
+                + json.dumps({"model": "m", "choices": [{"text": text}]}).encode()
                 + b"\n\n"
+            )
             await asyncio.sleep(self.gap_s)
         yield b'data: {"choices": [], "usage": {"completion_tokens": %d}}\n\n' % self.tokens
         yield b"data: [DONE]\n\n"
@@ -846,8 +962,11 @@ class StreamingServing(FakeServing):
     decoded: list[tuple[float, int]] = field(default_factory=list)
 
     @asynccontextmanager
-    async def completion(self, path: str, body: dict[str, Any]  # type: ignore[override]
-                         ) -> AsyncIterator[Streamed]:
+    async def completion(
+        self,
+        path: str,
+        body: dict[str, Any],  # type: ignore[override]
+    ) -> AsyncIterator[Streamed]:
         yield self.answer
 
     def observe_decode(self, seconds: float, tokens: int) -> None:
@@ -861,9 +980,14 @@ async def _stream_through(worker: StreamingServing, stream: bool, read_after_s: 
     server = TestServer(gateway.app(), host="127.0.0.1")
     await server.start_server()
     try:
-        async with ClientSession() as http, http.post(
-                str(server.make_url("/v1/completions")), headers=AUTH_A,
-                json={"model": "sql", "prompt": "q", "stream": stream}) as resp:
+        async with (
+            ClientSession() as http,
+            http.post(
+                str(server.make_url("/v1/completions")),
+                headers=AUTH_A,
+                json={"model": "sql", "prompt": "q", "stream": stream},
+            ) as resp,
+        ):
             assert resp.status == 200
             await asyncio.sleep(read_after_s)
             return len(await resp.read())
@@ -908,7 +1032,8 @@ class NoDone(Streamed):
 
 @pytest.mark.parametrize("answer", ["stream", "stream without [DONE]", "whole"])
 async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
-        answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sink journals a log before ``emit`` returns (loraplane/eventlog/journal.py), so a log
     handed over before the answer's end outlives a kill -9 right after the answer. Before, a
     stream's log was emitted after its end: a worker killed then lost it."""
@@ -942,16 +1067,20 @@ async def test_the_request_log_is_with_the_sink_before_the_answers_last_bytes(
     server = TestServer(gateway.app(), host="127.0.0.1")
     await server.start_server()
     try:
-        async with ClientSession() as http, http.post(
-                str(server.make_url("/v1/completions")), headers=AUTH_A,
-                json={"model": "sql", "prompt": "q", "stream": answer != "whole"}) as resp:
+        async with (
+            ClientSession() as http,
+            http.post(
+                str(server.make_url("/v1/completions")),
+                headers=AUTH_A,
+                json={"model": "sql", "prompt": "q", "stream": answer != "whole"},
+            ) as resp,
+        ):
             got = await resp.read()
     finally:
         await server.close()
     assert resp.status == 200 and len(sink.messages(RequestLog)) == 1
     logged = wire.index(("log", b""))
-    last = next(i for i, (what, data) in enumerate(wire)
-                if b"[DONE]" in data or what == "eof")
+    last = next(i for i, (what, data) in enumerate(wire) if b"[DONE]" in data or what == "eof")
     assert logged < last, wire
     assert (b"data: [DONE]" in got) == (answer == "stream")
     assert sink.messages(RequestLog)[0].output_tokens == (2 if answer == "whole" else 3)
@@ -968,21 +1097,25 @@ def forwarded(world: World) -> dict[str, Any]:
 
 async def test_costly_asks_are_refused_by_the_class_caps(world: World) -> None:
     await load(world, RECORDS[2])
-    cases = [({"n": 2048}, "too_many_choices", "n"), ({"best_of": 64}, "too_many_choices",
-                                                      "best_of"),
-             ({"max_tokens": 100_000}, "max_tokens_too_large", "max_tokens"),
-             ({"prompt": ["p"] * 1000}, "too_many_prompts", "prompt"),
-             ({"logprobs": 20}, "logprobs_too_large", "logprobs"),
-             ({"stop": ["a"] * 10}, "too_many_stop", "stop"),
-             ({"n": "2"}, "bad_field", "n"), ({"max_tokens": True}, "bad_field", "max_tokens")]
+    cases = [
+        ({"n": 2048}, "too_many_choices", "n"),
+        ({"best_of": 64}, "too_many_choices", "best_of"),
+        ({"max_tokens": 100_000}, "max_tokens_too_large", "max_tokens"),
+        ({"prompt": ["p"] * 1000}, "too_many_prompts", "prompt"),
+        ({"logprobs": 20}, "logprobs_too_large", "logprobs"),
+        ({"stop": ["a"] * 10}, "too_many_stop", "stop"),
+        ({"n": "2"}, "bad_field", "n"),
+        ({"max_tokens": True}, "bad_field", "max_tokens"),
+    ]
     sent = len(world.fake.requests)
     for extra, code, param in cases:
         status, _, body = await world.post({"model": "sql", "prompt": "q", **extra})
         assert (status, body["error"]["type"], body["error"]["param"]) == (400, code, param)
     assert len(world.fake.requests) == sent  # none reached vLLM
     # batch has its own, larger caps (policy request_budgets.batch.caps)
-    status, _, _ = await world.post({"model": "sql", "prompt": "q", "max_tokens": 4096},
-                                    **{"X-Request-Class": "batch"})
+    status, _, _ = await world.post(
+        {"model": "sql", "prompt": "q", "max_tokens": 4096}, **{"X-Request-Class": "batch"}
+    )
     assert status == 200
     # no max_tokens: the class default is set, so the output is bounded anyway
     assert (await world.post({"model": "sql", "prompt": "q"}))[0] == 200
@@ -993,38 +1126,61 @@ async def test_costly_asks_are_refused_by_the_class_caps(world: World) -> None:
 
 async def test_smuggled_fields_never_reach_vllm(world: World) -> None:
     await load(world, RECORDS[2])
-    for name, value in (("priority", -100), ("kv_transfer_params", {"do_remote_prefill": True}),
-                        ("vllm_xargs", {"a": 1}), ("ignore_eos", True),
-                        ("guided_json", {"type": "object"}), ("chat_template", "{{x}}"),
-                        ("lora_request", {"lora_path": "/etc"})):
+    for name, value in (
+        ("priority", -100),
+        ("kv_transfer_params", {"do_remote_prefill": True}),
+        ("vllm_xargs", {"a": 1}),
+        ("ignore_eos", True),
+        ("guided_json", {"type": "object"}),
+        ("chat_template", "{{x}}"),
+        ("lora_request", {"lora_path": "/etc"}),
+    ):
         status, _, body = await world.post({"model": "sql", "prompt": "q", name: value})
         assert (status, body["error"]["type"], body["error"]["param"]) == (
-            400, "field_not_allowed", name), name
+            400,
+            "field_not_allowed",
+            name,
+        ), name
     # dropped without an error: the gateway's own to set
-    status, _, _ = await world.post({"model": "sql", "prompt": "q", "request_id": "victim-1",
-                                     "user": "u", "cache_salt": "forged"})
+    status, _, _ = await world.post(
+        {
+            "model": "sql",
+            "prompt": "q",
+            "request_id": "victim-1",
+            "user": "u",
+            "cache_salt": "forged",
+        }
+    )
     assert status == 200
     sent = forwarded(world)
     assert "request_id" not in sent and "user" not in sent
     assert sent["cache_salt"] == world.gateway.cache_salt("tenant-a") != "forged"
     # chat: only text parts (no URL for vLLM to fetch), only role/content/name
-    for message in ({"role": "user", "content": [{"type": "image_url",
-                                                  "image_url": {"url": "http://169.254.169.254/"}}]},
-                    {"role": "user", "content": "x", "tool_calls": []}):
-        status, _, body = await world.post({"model": "sql", "messages": [message]},
-                                           path="/v1/chat/completions")
+    for message in (
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/"}}],
+        },
+        {"role": "user", "content": "x", "tool_calls": []},
+    ):
+        status, _, body = await world.post(
+            {"model": "sql", "messages": [message]}, path="/v1/chat/completions"
+        )
         assert (status, body["error"]["type"]) == (400, "field_not_allowed")
 
 
 async def test_cache_salt_keeps_tenants_apart_on_the_adapter_and_fallback_paths(
-        world: World) -> None:
+    world: World,
+) -> None:
     prompt = "the same long shared system prompt of many words here"
     # both cold: both served by the BASE model (the path where blocks were shared)
     status_a, headers_a, body_a = await world.post({"model": "sql", "prompt": prompt})
     salt_a = forwarded(world)["cache_salt"]
-    async with world.http.post(world.url + "/v1/completions", headers=AUTH_B,
-                               json={"model": "other", "prompt": prompt,
-                                     "cache_salt": salt_a}) as resp:  # B forges A's salt
+    async with world.http.post(
+        world.url + "/v1/completions",
+        headers=AUTH_B,
+        json={"model": "other", "prompt": prompt, "cache_salt": salt_a},
+    ) as resp:  # B forges A's salt
         assert resp.status == 200 and resp.headers[FALLBACK_HEADER] == "base"
         body_b = await resp.json()
     salt_b = forwarded(world)["cache_salt"]
@@ -1032,8 +1188,9 @@ async def test_cache_salt_keeps_tenants_apart_on_the_adapter_and_fallback_paths(
     assert salt_a != salt_b and salt_b == world.gateway.cache_salt("tenant-b")
     assert body_b["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # none of A's blocks
     assert body_a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    status, _, _ = await world.post({"model": "sql", "prompt": prompt}, **{
-        "X-Request-Class": "batch"})  # A again (now on its adapter): its own salt
+    status, _, _ = await world.post(
+        {"model": "sql", "prompt": prompt}, **{"X-Request-Class": "batch"}
+    )  # A again (now on its adapter): its own salt
     assert status == 200 and forwarded(world)["cache_salt"] == salt_a
     assert forwarded(world)["model"] == RECORDS[2].lora_name
 
@@ -1046,33 +1203,42 @@ async def test_tenant_limits_answer_429_with_retry_after(world: World) -> None:
     await until(lambda: world.fake.running[RECORDS[2].lora_name] == 1, "the first in flight")
     status, headers, body = await world.post({"model": "sql", "prompt": "q"})
     assert (status, body["error"]["type"], headers["Retry-After"]) == (
-        429, "tenant_concurrency", "1")
+        429,
+        "tenant_concurrency",
+        "1",
+    )
     assert (await slow)[0] == 200
     world.fake.token_delay_s = 0
-    world.gateway.budgets = RequestBudgets(tenants=TenantLimits(tokens_per_minute=60,
-                                                                burst_tokens=5))
+    world.gateway.budgets = RequestBudgets(
+        tenants=TenantLimits(tokens_per_minute=60, burst_tokens=5)
+    )
     assert (await world.post({"model": "sql", "prompt": "q", "max_tokens": 20}))[0] == 200
     status, headers, body = await world.post({"model": "sql", "prompt": "q"})
     assert (status, body["error"]["type"]) == (429, "tenant_token_rate")
     assert int(headers["Retry-After"]) >= 10  # 16 tokens over at 1 token/s
     logs = world.sink.messages(RequestLog)
-    assert [log.error for log in logs[-4:]] == ["tenant_concurrency", None, None,
-                                                "tenant_token_rate"]
+    assert [log.error for log in logs[-4:]] == [
+        "tenant_concurrency",
+        None,
+        None,
+        "tenant_token_rate",
+    ]
 
 
 async def test_stream_usage_comes_from_vllm_and_reaches_the_client_only_if_asked(
-        world: World) -> None:
+    world: World,
+) -> None:
     await load(world, RECORDS[2])
     for asked in (False, True):
         body = {"model": "sql", "prompt": "a b", "stream": True, "max_tokens": 3}
         if asked:
             body["stream_options"] = {"include_usage": True}
-        async with world.http.post(world.url + "/v1/completions", headers=AUTH_A,
-                                   json=body) as resp:
+        async with world.http.post(
+            world.url + "/v1/completions", headers=AUTH_A, json=body
+        ) as resp:
             raw = (await resp.read()).decode()
         assert forwarded(world)["stream_options"] == {"include_usage": True}
-        events = [json.loads(line[6:]) for line in raw.splitlines()
-                  if line.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
         usage = [e for e in events if e.get("usage")]
         assert len(usage) == (1 if asked else 0)
         log = world.sink.messages(RequestLog)[-1]
@@ -1089,11 +1255,14 @@ async def test_one_request_log_per_request_counts_its_prompts(world: World) -> N
 
 
 async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
-    for raw in (b"[" * 200_000 + b"]" * 200_000, b'{"model": "sql", "n": 1' + b"0" * 5000 + b"}",
-                b'{"model": "sql", "prompt": "q", "temperature": NaN}', b"\xff\xfe",
-                b'{"model": "sql", "prompt": "q", "' + b"k" * 10_000 + b'": 1}'):
-        async with world.http.post(world.url + "/v1/completions", data=raw,
-                                   headers=AUTH_A) as resp:
+    for raw in (
+        b"[" * 200_000 + b"]" * 200_000,
+        b'{"model": "sql", "n": 1' + b"0" * 5000 + b"}",
+        b'{"model": "sql", "prompt": "q", "temperature": NaN}',
+        b"\xff\xfe",
+        b'{"model": "sql", "prompt": "q", "' + b"k" * 10_000 + b'": 1}',
+    ):
+        async with world.http.post(world.url + "/v1/completions", data=raw, headers=AUTH_A) as resp:
             body = await resp.json()
             assert resp.status == 400, body
             assert body["error"]["type"] in ("invalid_json", "bad_field", "field_not_allowed")
@@ -1102,13 +1271,15 @@ async def test_hostile_json_is_a_400_never_a_crash(world: World) -> None:
 
 @pytest.mark.parametrize("world", [{"min_residency_s": 0.0}], indirect=True)
 async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
-        world: World) -> None:
+    world: World,
+) -> None:
     chat, sql, other = RECORDS[0], RECORDS[2], RECORDS[3]
     await load(world, sql, chat)  # 2 slots, both taken
     status, _, _ = await world.post({"model": "sql", "prompt": "q"})
     assert status == 200  # sql used since: chat is the least recently used
-    status, headers, _ = await world.post({"model": "other", "prompt": "q"},
-                                          Authorization="Bearer key-b")
+    status, headers, _ = await world.post(
+        {"model": "other", "prompt": "q"}, Authorization="Bearer key-b"
+    )
     assert status == 200 and headers[FALLBACK_HEADER] == "base"  # cold: falls back, loads
     for _ in range(100):
         if world.agent.is_hot(other.lora_name):
@@ -1120,7 +1291,8 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
     assert state.gpu_slots_used == state.gpu_slots_total == 2
     unloads = [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
     assert [(e.lora_name, e.reason, e.command_id) for e in unloads] == [
-        (chat.lora_name, "slot_needed", None)]
+        (chat.lora_name, "slot_needed", None)
+    ]
     # both slots busy: a third version is refused at once, nothing is unloaded
     with world.agent.serving(sql.lora_name), world.agent.serving(other.lora_name):
         outcome = await world.agent.request_load(chat)
@@ -1130,7 +1302,8 @@ async def test_a_cold_request_past_the_slots_takes_the_least_recently_used_slot(
 
 
 async def test_a_request_takes_no_slot_of_a_copy_loaded_within_the_minimum_residency(
-        world: World) -> None:
+    world: World,
+) -> None:
     """min_residency_s (180 s by default): a cold version's request does not push out a copy
     loaded since; it gets its cold answer with reason min_residency and nothing unloads. The
     heartbeat carries each GPU copy's loaded_at, which the planner respects too."""
@@ -1140,17 +1313,20 @@ async def test_a_request_takes_no_slot_of_a_copy_loaded_within_the_minimum_resid
     assert loaded[sql.lora_name] is not None and loaded[chat.lora_name] is not None
     outcome = await world.agent.request_load(other)  # its bytes are fetched first
     assert outcome == LoadOutcome(False, "min_residency") and world.agent.is_on_host(
-        other.lora_name)
+        other.lora_name
+    )
     assert await world.agent.request_load(other) == LoadOutcome(False, "min_residency")
     await world.agent.reconcile_once()
     assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
     assert not [e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.unload]
 
 
-@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}], indirect=True
+)
 async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_copy_out(
-        world: World) -> None:
+    world: World,
+) -> None:
     """demand_admission_tau_s on, and a cold-load budget of 3 a minute of which the two
     loads below leave one, its reserve: an interactive request of a cold version takes a slot
     only once its version has had as many (priority-weighted) requests here as the least
@@ -1161,13 +1337,15 @@ async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_co
     await load(world, sql, chat)
     stable = session_for("chat", canary=False)  # chat's active version, not its canary
     for model in ("chat", "sql") * 3:  # three requests each
-        status, headers, _ = await world.post({"model": model, "prompt": "q"},
-                                              **{"X-Session-Key": stable})
+        status, headers, _ = await world.post(
+            {"model": model, "prompt": "q"}, **{"X-Session-Key": stable}
+        )
         assert status == 200 and FALLBACK_HEADER not in headers
     reasons = []
     for _ in range(2):
-        status, headers, _ = await world.post({"model": "other", "prompt": "q"},
-                                              Authorization="Bearer key-b")
+        status, headers, _ = await world.post(
+            {"model": "other", "prompt": "q"}, Authorization="Bearer key-b"
+        )
         assert status == 200 and headers[FALLBACK_HEADER] == "base"
         reasons.append(headers[FALLBACK_REASON_HEADER])
         for _ in range(100):  # the first one fetches its bytes to the host tier first
@@ -1198,10 +1376,14 @@ async def test_refused_requests_count_for_no_version_in_demand_admission(world: 
     demand = world.agent._demand
     assert demand is not None
     for _ in range(20):
-        assert (await world.post({"model": "chat", "prompt": "q"},
-                                 Authorization="Bearer key-b"))[0] == 403
-        assert (await world.post({"model": "no-such-adapter", "prompt": "q"},
-                                 Authorization="Bearer key-b"))[0] == 404
+        assert (await world.post({"model": "chat", "prompt": "q"}, Authorization="Bearer key-b"))[
+            0
+        ] == 403
+        assert (
+            await world.post(
+                {"model": "no-such-adapter", "prompt": "q"}, Authorization="Bearer key-b"
+            )
+        )[0] == 404
     assert len(demand._counts) == 0  # chat's copy is no busier for it
     await world.post({"model": "other", "prompt": "q"}, Authorization="Bearer key-b")
     assert list(demand._counts) == [other.lora_name]
@@ -1209,7 +1391,8 @@ async def test_refused_requests_count_for_no_version_in_demand_admission(world: 
 
 @pytest.mark.parametrize("world", [{"load_stall_share": 0.02}], indirect=True)
 async def test_a_worker_whose_loads_stall_its_batch_lowers_its_own_load_budget(
-        world: World) -> None:
+    world: World,
+) -> None:
     """load_stall_share 0.02: loads may take 2% of decode time. Here a load takes 2 s and
     requests beside it decode at half the rate of the others (stall 0.5), so a load costs
     1 s of decode: one load a minute. The worker enforces it (the next load waits for the
@@ -1241,8 +1424,7 @@ async def test_a_worker_whose_loads_stall_its_batch_lowers_its_own_load_budget(
     assert not agent.is_hot(chat.lora_name)
 
 
-async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
-        world: World) -> None:
+async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(world: World) -> None:
     """On a full worker a cold version is fetched first; a copy gives its slot up only once
     the bytes are verified, so a version the store lost never costs a hot copy its slot (the
     real-vLLM prefix-cache test found a hot adapter demoted for a load that then failed)."""
@@ -1250,8 +1432,9 @@ async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
     await load(world, sql, chat)  # 2 slots, both taken
     world.tier.gone.add(other.lora_name)
     for _ in range(3):
-        status, headers, _ = await world.post({"model": "other", "prompt": "q"},
-                                              Authorization="Bearer key-b")
+        status, headers, _ = await world.post(
+            {"model": "other", "prompt": "q"}, Authorization="Bearer key-b"
+        )
         assert status == 200 and headers[FALLBACK_HEADER] == "base"
         await world.agent.reconcile_once()
     assert world.agent.is_hot(sql.lora_name) and world.agent.is_hot(chat.lora_name)
@@ -1259,7 +1442,8 @@ async def test_a_cold_version_whose_artifact_is_gone_pushes_no_hot_copy_out(
 
 
 async def test_a_batch_request_waits_for_the_cold_load_budget_that_frees_within_its_wait(
-        world: World) -> None:
+    world: World,
+) -> None:
     """One load a minute, spent: the agent answers busy_retry at once, with the seconds until
     the budget frees. A batch request (3 s wait) whose budget frees in 0.3 s waits for it and
     is served by its adapter, not sent a 429; one whose budget frees only in a minute gets the
@@ -1272,23 +1456,29 @@ async def test_a_batch_request_waits_for_the_cold_load_budget_that_frees_within_
     await load(world, sql)  # the minute's one load
     offset[0] += 59.7  # it frees in about 0.3 s
     stable = {"X-Session-Key": session_for("chat", False)}
-    status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **stable,
-                                             **{"X-Request-Class": "batch"})
+    status, headers, body = await world.post(
+        {"model": "chat", "prompt": "q"}, **stable, **{"X-Request-Class": "batch"}
+    )
     assert status == 200 and headers["X-Loraplane-Lora-Name"] == chat.lora_name, body
-    status, headers, body = await world.post({"model": "other", "prompt": "q"},
-                                             Authorization="Bearer key-b",
-                                             **{"X-Request-Class": "batch"})
+    status, headers, body = await world.post(
+        {"model": "other", "prompt": "q"},
+        Authorization="Bearer key-b",
+        **{"X-Request-Class": "batch"},
+    )
     assert status == 429 and 55 <= int(headers["Retry-After"]) <= 60, body
     assert "busy_retry" in body["error"]["message"]
-    status, headers, _ = await world.post({"model": "other", "prompt": "q"},
-                                          Authorization="Bearer key-b")
+    status, headers, _ = await world.post(
+        {"model": "other", "prompt": "q"}, Authorization="Bearer key-b"
+    )
     assert status == 200 and headers["X-Loraplane-Fallback"] == "base"
 
 
-@pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "world", [{"demand_admission_tau_s": 600.0, "min_residency_s": 0.0}], indirect=True
+)
 async def test_demand_admission_lets_a_load_in_while_the_budget_has_room_and_batch_always(
-        world: World) -> None:
+    world: World,
+) -> None:
     """The budget (6 a minute) has room: a one-off interactive request of a cold version is
     let in, and the copy that gives its slot is the least demanded here (sql: one request),
     not the least recently used (chat: three, the last one earlier). With the budget tight
@@ -1321,12 +1511,14 @@ async def test_demand_admission_lets_a_load_in_while_the_budget_has_room_and_bat
 async def _loaded(world: World, record: AdapterRecord, wait_s: float = 0.0) -> LoadOutcome:
     """A request's load of ``record`` (its bytes fetched first when it has none here)."""
     for _ in range(100):
-        outcome = await world.agent.request_load(record, wait_s=wait_s) \
-            if world.agent.is_on_host(record.lora_name) else None
+        outcome = (
+            await world.agent.request_load(record, wait_s=wait_s)
+            if world.agent.is_on_host(record.lora_name)
+            else None
+        )
         if outcome is not None:
             return outcome
         world.agent.request_load(record, wait_s=wait_s)
         await world.agent.reconcile_once()
         await asyncio.sleep(0.02)
     raise AssertionError(f"{record.lora_name} never reached the host tier")
-

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+
 from loraplane.infra import helm_chart
 from loraplane.infra.helm_chart import (
     CHART,
@@ -29,7 +30,6 @@ from loraplane.infra.helm_chart import (
     ordinals,
 )
 from loraplane.infra.systemd_units import parse_cli
-
 from loraplane.kernel.config import get_settings
 
 VALUES = {"default": [], "production": [CHART / "values-production.yaml"]}
@@ -37,10 +37,15 @@ HELM = helm_chart.helm_path(get_settings().home)
 pytestmark = pytest.mark.skipif(
     not HELM.is_file(),
     reason=f"helm {helm_chart.HELM_VERSION} was not built at {HELM}: "
-           "scripts/setup.d/60-helm.sh builds it from its Go module (needs Go)")
+    "scripts/setup.d/60-helm.sh builds it from its Go module (needs Go)",
+)
 COMMANDS = {  # the component label -> the loraplane command its main container runs
-    "router": "router run", "streams": "streams run", "scoring": "streams scoring",
-    "planner": "streams planner", "sink": "metrics sink", "worker": "worker run",
+    "router": "router run",
+    "streams": "streams run",
+    "scoring": "streams scoring",
+    "planner": "streams planner",
+    "sink": "metrics sink",
+    "worker": "worker run",
 }
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -98,13 +103,20 @@ def test_helm_lint_strict_passes(values: str) -> None:
 
 
 def test_every_manifest_validates_strictly_against_kubernetes_schemas(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     """Strict: a misspelt or misplaced field (unknown to the schema) fails too."""
     from kubernetes_validate import validate
 
     kinds = {doc["kind"] for doc in rendered}
-    assert {"ConfigMap", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget",
-            "ServiceAccount"} <= kinds
+    assert {
+        "ConfigMap",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceAccount",
+    } <= kinds
     for version in _kubernetes_versions():
         for doc in rendered:
             validate(doc, version, strict=True)  # raises naming the path and the reason
@@ -115,15 +127,26 @@ def test_a_field_the_schema_lacks_is_refused(rendered: list[dict[str, Any]]) -> 
 
     doc = next(d for d in rendered if d["kind"] == "Deployment")
     spec = doc["spec"]["template"]["spec"]
-    broken = {**doc, "spec": {**doc["spec"], "template": {
-        **doc["spec"]["template"], "spec": {**spec, "containers": [
-            {**spec["containers"][0], "readOnlyRootFilesytem": True}]}}}}
+    broken = {
+        **doc,
+        "spec": {
+            **doc["spec"],
+            "template": {
+                **doc["spec"]["template"],
+                "spec": {
+                    **spec,
+                    "containers": [{**spec["containers"][0], "readOnlyRootFilesytem": True}],
+                },
+            },
+        },
+    }
     with pytest.raises(ValidationError):
         validate(broken, _kubernetes_versions()[-1], strict=True)
 
 
 def test_every_loraplane_container_parses_with_the_cli_it_starts(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     seen = set()
     for c in loraplane_containers(rendered):
         command, _params = parsed(c)
@@ -136,18 +159,21 @@ def test_every_loraplane_container_parses_with_the_cli_it_starts(
 
 
 def test_a_container_with_an_option_the_cli_lacks_is_refused(
-        rendered: list[dict[str, Any]]) -> None:
-    c = next(c for c in loraplane_containers(rendered)
-             if component(c) == "sink" and not c.init)
-    spec = {**c.spec, "args": [a.replace("--metrics-port", "--metrics-prot")
-                               for a in c.spec["args"]]}
+    rendered: list[dict[str, Any]],
+) -> None:
+    c = next(c for c in loraplane_containers(rendered) if component(c) == "sink" and not c.init)
+    spec = {
+        **c.spec,
+        "args": [a.replace("--metrics-port", "--metrics-prot") for a in c.spec["args"]],
+    }
     words = container_words(spec, helm_chart.pod_fields(c.workload))
     with pytest.raises(Exception, match="No such option"):
         parse_cli(words[1:])
 
 
 def test_worker_and_vllm_agree_and_the_ordinal_is_the_command_slot(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     """What vLLM is started with is what its worker assumes; each pod's command slot is its
     ordinal, unique across every pool and below the commands topic's partition count."""
     from loraplane.kernel.topics import spec
@@ -169,8 +195,10 @@ def test_worker_and_vllm_agree_and_the_ordinal_is_the_command_slot(
             gateway = urlsplit(str(w["gateway_url"]))
             assert gateway.port == w["gateway_port"]
             # the pod's name under its StatefulSet's governing Service: stable across restarts
-            assert gateway.hostname == (f"{w['worker_id']}.{worker.workload['metadata']['name']}"
-                                        f".{NAMESPACE}.svc.cluster.local")
+            assert gateway.hostname == (
+                f"{w['worker_id']}.{worker.workload['metadata']['name']}"
+                f".{NAMESPACE}.svc.cluster.local"
+            )
             env = helm_chart.container_env(vllm.spec, helm_chart.pod_fields(vllm.workload))
             assert env["LORAPLANE_RESOLVER_HOST_TIER"] == str(w["host_tier_dir"])
             assert env["LORAPLANE_RESOLVER_BASE_MODEL"] == w["base_model"]
@@ -180,7 +208,8 @@ def test_worker_and_vllm_agree_and_the_ordinal_is_the_command_slot(
 
 
 def test_vllm_gets_the_flags_and_environment_the_worker_starts_it_with(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     """The chart's vLLM container and ``VllmProcess`` (what ``loraplane vllm serve`` runs)
     agree flag for flag; the route guard is on (the worker refuses an unguarded vLLM), the
     API key comes from a Secret, runtime LoRA updates are on and the one resolver allowed is
@@ -191,14 +220,20 @@ def test_vllm_gets_the_flags_and_environment_the_worker_starts_it_with(
     for vllm, worker in worker_pods(rendered):
         args = vllm.command()
         flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-        proc = VllmProcess(Path(flag["--model"]), int(flag["--port"]), Path("log"),
-                           python=Path("python3"), max_loras=int(flag["--max-loras"]),
-                           max_cpu_loras=int(flag["--max-cpu-loras"]),
-                           max_lora_rank=int(flag["--max-lora-rank"]),
-                           max_model_len=int(flag["--max-model-len"]), dtype=flag["--dtype"],
-                           gpu_memory_utilization=float(flag["--gpu-memory-utilization"]))
+        proc = VllmProcess(
+            Path(flag["--model"]),
+            int(flag["--port"]),
+            Path("log"),
+            python=Path("python3"),
+            max_loras=int(flag["--max-loras"]),
+            max_cpu_loras=int(flag["--max-cpu-loras"]),
+            max_lora_rank=int(flag["--max-lora-rank"]),
+            max_model_len=int(flag["--max-model-len"]),
+            dtype=flag["--dtype"],
+            gpu_memory_utilization=float(flag["--gpu-memory-utilization"]),
+        )
         expected = proc.command()
-        assert args[:len(expected)] == expected  # then only the values' extraArgs
+        assert args[: len(expected)] == expected  # then only the values' extraArgs
         env = helm_chart.container_env(vllm.spec, helm_chart.pod_fields(vllm.workload))
         key = by_name(vllm.spec["env"])["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
         assert "vllm.key" in secret_paths(worker.pod, key["name"], key["key"])
@@ -210,24 +245,34 @@ def test_vllm_gets_the_flags_and_environment_the_worker_starts_it_with(
 def secret_paths(pod: dict[str, Any], secret: str, key: str) -> list[str]:
     """Where the pod's projected Secret files put ``secret``'s ``key``."""
     volume = by_name(pod["volumes"])["secret-files"]["projected"]
-    return [item["path"] for source in volume["sources"]
-            if source["secret"]["name"] == secret
-            for item in source["secret"]["items"] if item["key"] == key]
+    return [
+        item["path"]
+        for source in volume["sources"]
+        if source["secret"]["name"] == secret
+        for item in source["secret"]["items"]
+        if item["key"] == key
+    ]
 
 
 def test_each_runtime_finds_its_secret_files_where_its_settings_look(
-        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
+    rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The init container copies the pod's Secret files into ``secrets_dir``; each runtime's
     files are among them, under the names its settings read."""
     settings = rendered_settings(rendered, monkeypatch, tmp_path)
     secrets_dir = settings.secrets_dir
     needs = {
         "router": ["kafka/router.password", settings.router_secret_path],
-        "worker": ["kafka/worker.password", settings.router_secret_path,
-                   settings.s3.credentials_file, settings.vllm.api_key_file],
-        "sink": ["kafka/metrics.password",
-                 settings.clickhouse.password_file(settings.clickhouse.user)],
+        "worker": [
+            "kafka/worker.password",
+            settings.router_secret_path,
+            settings.s3.credentials_file,
+            settings.vllm.api_key_file,
+        ],
+        "sink": [
+            "kafka/metrics.password",
+            settings.clickhouse.password_file(settings.clickhouse.user),
+        ],
         "planner": ["kafka/streams.password", settings.planner_key_path],
         "scoring": ["kafka/streams.password"],
         "streams": ["kafka/streams.password"],
@@ -236,8 +281,7 @@ def test_each_runtime_finds_its_secret_files_where_its_settings_look(
         if c.init:
             continue
         volume = by_name(c.pod["volumes"])["secret-files"]["projected"]
-        paths = {item["path"] for source in volume["sources"]
-                 for item in source["secret"]["items"]}
+        paths = {item["path"] for source in volume["sources"] for item in source["secret"]["items"]}
         for need in needs[component(c)]:
             rel = Path(need).relative_to(secrets_dir) if Path(need).is_absolute() else need
             assert str(rel) in paths, (c.name, need)
@@ -248,8 +292,9 @@ def test_each_runtime_finds_its_secret_files_where_its_settings_look(
         assert parse_cli(container_words(init, {})[1:])[1]["target"] == secrets_dir
 
 
-def rendered_settings(rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
-                      folder: Path) -> Any:
+def rendered_settings(
+    rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, folder: Path
+) -> Any:
     """The ConfigMap's loraplane.yaml as Settings (extra="forbid": a misspelt key fails)."""
     from loraplane.kernel.config import Settings
 
@@ -262,21 +307,21 @@ def rendered_settings(rendered: list[dict[str, Any]], monkeypatch: pytest.Monkey
 
 
 def test_the_settings_file_is_valid_and_points_at_the_mounts(
-        rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
+    rendered: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     settings = rendered_settings(rendered, monkeypatch, tmp_path)
     assert settings.listen_host == "0.0.0.0"  # the chart's deliberate choice: pod network
     assert settings.kafka.bootstrap == settings.kafka.bootstrap_servers
-    router = next(c for c in loraplane_containers(rendered)
-                  if component(c) == "router" and not c.init)
+    router = next(
+        c for c in loraplane_containers(rendered) if component(c) == "router" and not c.init
+    )
     mounts = {m["mountPath"] for m in router.spec["volumeMounts"]}
     for path in (settings.keyring_path, settings.api_keys_path, settings.router_secret_path):
         assert str(path.parent) in mounts, path
     assert str(settings.home) in mounts
 
 
-def test_pods_run_as_non_root_on_read_only_root_filesystems(
-        rendered: list[dict[str, Any]]) -> None:
+def test_pods_run_as_non_root_on_read_only_root_filesystems(rendered: list[dict[str, Any]]) -> None:
     for c in containers(rendered):
         pod = c.pod["securityContext"]
         assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, c.name
@@ -296,12 +341,14 @@ def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, An
     others, vLLM's open /health (through an exec: vLLM listens on loopback only)."""
     from loraplane.workers.vllm_routes import ROUTES
 
-    listener = {"router": ("port", {"/healthz", "/metrics"}),
-                "worker": ("gateway_port", gateway_paths()),
-                "streams": ("metrics_port", {"/metrics"}),
-                "scoring": ("metrics_port", {"/metrics"}),
-                "planner": ("metrics_port", {"/metrics"}),
-                "sink": ("metrics_port", {"/metrics"})}
+    listener = {
+        "router": ("port", {"/healthz", "/metrics"}),
+        "worker": ("gateway_port", gateway_paths()),
+        "streams": ("metrics_port", {"/metrics"}),
+        "scoring": ("metrics_port", {"/metrics"}),
+        "planner": ("metrics_port", {"/metrics"}),
+        "sink": ("metrics_port", {"/metrics"}),
+    }
     assert listener["router"][1] <= router_paths()
     probed = 0
     for c in containers(rendered):
@@ -316,8 +363,7 @@ def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, An
                 parts = urlsplit(url.group(0))
                 assert parts.hostname == "127.0.0.1"
                 assert str(parts.port) == args[args.index("--port") + 1]
-                assert any(r.path == parts.path and r.open and r.method == "GET"
-                           for r in ROUTES)
+                assert any(r.path == parts.path and r.open and r.method == "GET" for r in ROUTES)
             else:
                 option, paths = listener[component(c)]
                 ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
@@ -345,21 +391,32 @@ def gateway_paths() -> set[str]:
 
 def test_overlapping_command_slots_are_refused() -> None:
     with pytest.raises(ChartError, match="command slot 1 is taken by pool a and pool b"):
-        helm_chart.render(HELM, sets=[
-            "workers.pools[0].name=a", "workers.pools[0].baseModel=m",
-            "workers.pools[0].replicas=2", "workers.pools[0].firstCommandSlot=0",
-            "workers.pools[1].name=b", "workers.pools[1].baseModel=n",
-            "workers.pools[1].replicas=1", "workers.pools[1].firstCommandSlot=1"])
+        helm_chart.render(
+            HELM,
+            sets=[
+                "workers.pools[0].name=a",
+                "workers.pools[0].baseModel=m",
+                "workers.pools[0].replicas=2",
+                "workers.pools[0].firstCommandSlot=0",
+                "workers.pools[1].name=b",
+                "workers.pools[1].baseModel=n",
+                "workers.pools[1].replicas=1",
+                "workers.pools[1].firstCommandSlot=1",
+            ],
+        )
 
 
 def test_planners_of_their_own_take_the_planner_out_of_the_streams_app() -> None:
     """With planner Deployments, the streams app runs the registry and scoring agents only
     (a planner of `all` there would plan their base models too: docs/deploy.md)."""
-    for sets, agents in (([], ["loraplane.streams.registry_agent",
-                               "loraplane.streams.scoring_agent"]), (["planners=null"], [])):
+    for sets, agents in (
+        ([], ["loraplane.streams.registry_agent", "loraplane.streams.scoring_agent"]),
+        (["planners=null"], []),
+    ):
         manifests = helm_chart.render(HELM, sets=sets)
-        streams = next(c for c in loraplane_containers(manifests)
-                       if component(c) == "streams" and not c.init)
+        streams = next(
+            c for c in loraplane_containers(manifests) if component(c) == "streams" and not c.init
+        )
         assert parsed(streams)[1]["agent"] == agents
         assert any(component(c) == "planner" for c in containers(manifests)) == bool(agents)
 
@@ -380,15 +437,22 @@ def test_vllm_s_own_parser_accepts_the_vllm_container_s_arguments() -> None:
     vllm, _ = next(worker_pods(manifests))
     words = vllm.command()
     assert words[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-    script = ("import sys\n"
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-              "from vllm.entrypoints.launchers.cli_args import (make_arg_parser, "
-              "validate_parsed_serve_args)\n"
-              "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
-              "validate_parsed_serve_args(args)\n"
-              "print(args.port, args.max_loras, args.max_lora_rank, args.middleware)\n")
-    done = subprocess.run([str(VLLM_PYTHON), "-c", script, *words[3:]], capture_output=True,
-                          text=True, timeout=240, check=False)
+    script = (
+        "import sys\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "from vllm.entrypoints.launchers.cli_args import (make_arg_parser, "
+        "validate_parsed_serve_args)\n"
+        "args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+        "validate_parsed_serve_args(args)\n"
+        "print(args.port, args.max_loras, args.max_lora_rank, args.middleware)\n"
+    )
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", script, *words[3:]],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     port, max_loras, rank, middleware = done.stdout.split(None, 3)
     assert (port, max_loras, rank) == ("8000", "16", "64")

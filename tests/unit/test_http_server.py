@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import ClientSession, web
-from loraplane.dashboards.web import Dashboard
 
+from loraplane.dashboards.web import Dashboard
 from loraplane.kernel.config import HttpLimits, Settings
 from loraplane.kernel.http_server import (
     bound_port,
@@ -29,8 +29,14 @@ from loraplane.kernel.http_server import (
 from loraplane.kernel.log_burst import LogBurst
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-LIMITS = HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.5,
-                    max_connections=20, max_header_bytes=2048, error_log_interval_s=60)
+LIMITS = HttpLimits(
+    header_timeout_s=0.3,
+    body_timeout_s=0.3,
+    keepalive_timeout_s=0.5,
+    max_connections=20,
+    max_header_bytes=2048,
+    error_log_interval_s=60,
+)
 
 
 async def _hello(request: web.Request) -> web.Response:
@@ -157,16 +163,23 @@ async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> by
     return await asyncio.wait_for(reader.readuntil(b"ok 0"), 2)
 
 
-SHEDDING = HttpLimits(header_timeout_s=30, body_timeout_s=30,
-                      keepalive_timeout_s=30, max_connections=4, error_log_interval_s=60)
+SHEDDING = HttpLimits(
+    header_timeout_s=30,
+    body_timeout_s=30,
+    keepalive_timeout_s=30,
+    max_connections=4,
+    error_log_interval_s=60,
+)
 HALF_HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n"
 
 
 async def test_at_the_cap_the_connection_waiting_longest_is_shed_not_the_new_one(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with _server(SHEDDING) as (port, runner, burst):
-        held = [await _open(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100"
-                                  b"\r\n\r\nabc")]  # a body that trickles
+        held = [
+            await _open(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        ]  # a body that trickles
         held += [await _open(port, data) for data in (b"", HALF_HEAD, HALF_HEAD)]
         assert await _open_connections_become(runner, 4) == 4
         with caplog.at_level(logging.WARNING, logger="loraplane.http"):
@@ -202,7 +215,8 @@ async def test_a_keepalive_connection_waits_from_its_last_answer() -> None:
 
 
 async def test_busy_connections_are_never_shed_a_new_one_is_refused(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with _server(SHEDDING) as (port, runner, burst):
         async with ClientSession() as http:
             streams = [asyncio.create_task(_get(port, "/stream")) for _ in range(4)]
@@ -263,16 +277,23 @@ async def test_a_low_descriptor_limit_is_raised_and_shared_by_the_listeners() ->
     """``ulimit -n`` 300 (hard 512): the soft limit is raised to 512, both listeners share
     the 256 connections it leaves; 400 slow ones on the first cannot keep a request out of
     either, and no accept fails for want of a descriptor."""
+
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (300, 512))
 
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _LOW_LIMIT_SERVER, preexec_fn=low_limit,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        _LOW_LIMIT_SERVER,
+        preexec_fn=low_limit,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert child.stdout is not None
-        soft, port_a, port_b = map(int, (await asyncio.wait_for(child.stdout.readline(), 30)
-                                          ).split())
+        soft, port_a, port_b = map(
+            int, (await asyncio.wait_for(child.stdout.readline(), 30)).split()
+        )
         assert soft == 512
         slow = [await _open(port_a, HALF_HEAD) for _ in range(400)]
         for port in (port_a, port_b):
@@ -309,8 +330,9 @@ async def test_error_burst_logs_a_count_not_a_line_each(caplog: pytest.LogCaptur
 
 async def test_the_dashboard_is_served_within_the_same_bounds(tmp_path) -> None:
     settings = Settings(home=tmp_path, http=LIMITS)
-    runner, burst = await start_site(Dashboard(settings).app(), "127.0.0.1", 0, settings.http,
-                                     name="dashboard")
+    runner, burst = await start_site(
+        Dashboard(settings).app(), "127.0.0.1", 0, settings.http, name="dashboard"
+    )
     port = bound_port(runner)
     try:
         status, text = await _get(port, "/api/queries")

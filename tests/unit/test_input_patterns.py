@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from loraplane.schemas.base import (
     ID_PATTERN,
     SHA256_PATTERN,
@@ -28,8 +30,6 @@ from loraplane.schemas.base import (
     Version,
     is_id,
 )
-from pydantic import ValidationError
-
 from tests.unit.test_layers import FOLDERS, ROOT
 
 CONTROL = [chr(c) for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)]
@@ -45,8 +45,12 @@ def _regex_names(trees: dict[Path, ast.Module]) -> dict[str, str | None]:
     names: dict[str, str | None] = {}
     for tree in trees.values():
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                    and _is_re_call(node.value, "compile") and node.value.args):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and _is_re_call(node.value, "compile")
+                and node.value.args
+            ):
                 pattern = _constant(node.value.args[0])
                 for target in node.targets:
                     if isinstance(target, ast.Name):
@@ -58,8 +62,12 @@ def _regex_names(trees: dict[Path, ast.Module]) -> dict[str, str | None]:
 
 def _is_re_call(call: ast.Call, name: str) -> bool:
     func = call.func
-    return (isinstance(func, ast.Attribute) and func.attr == name
-            and isinstance(func.value, ast.Name) and func.value.id == "re")
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == name
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "re"
+    )
 
 
 def _constant(node: ast.expr) -> str | None:
@@ -67,8 +75,9 @@ def _constant(node: ast.expr) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value for v in node.values
-                       if isinstance(v, ast.Constant) and isinstance(v.value, str))
+        return "".join(
+            v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+        )
     return None
 
 
@@ -84,12 +93,16 @@ def _loose_uses(path: Path, tree: ast.Module, regexes: dict[str, str | None]) ->
             continue
         func, where = node.func, f"{path.relative_to(ROOT)}:{node.lineno}"
         receiver = func.value
-        receiver_name = (receiver.id if isinstance(receiver, ast.Name) else
-                         receiver.attr if isinstance(receiver, ast.Attribute) else None)
+        receiver_name = (
+            receiver.id
+            if isinstance(receiver, ast.Name)
+            else receiver.attr
+            if isinstance(receiver, ast.Attribute)
+            else None
+        )
         if func.attr == "match" and (receiver_name == "re" or receiver_name in regexes):
             found.append(f"{where}: .match (use fullmatch)")
-        elif func.attr == "search" and receiver_name in regexes and _dollar(
-                regexes[receiver_name]):
+        elif func.attr == "search" and receiver_name in regexes and _dollar(regexes[receiver_name]):
             found.append(f"{where}: .search of a pattern with $ (use fullmatch)")
         elif _is_re_call(node, "search") and node.args and _dollar(_constant(node.args[0])):
             found.append(f"{where}: re.search with $ (use fullmatch)")
@@ -115,14 +128,21 @@ class _Ids(StrictModel):
     sha: Sha256 | None = None
 
 
-@pytest.mark.parametrize("field, good, pattern", [
-    ("id", "support-en", ID_PATTERN), ("version", "1.2", VERSION_PATTERN),
-    ("sha", "a" * 64, SHA256_PATTERN)])
+@pytest.mark.parametrize(
+    "field, good, pattern",
+    [
+        ("id", "support-en", ID_PATTERN),
+        ("version", "1.2", VERSION_PATTERN),
+        ("sha", "a" * 64, SHA256_PATTERN),
+    ],
+)
 @given(control=st.sampled_from(CONTROL), at=st.sampled_from(["end", "start", "middle"]))
 def test_pydantic_patterns_refuse_control_characters_anywhere(
-        field: str, good: str, pattern: str, control: str, at: str) -> None:
-    bad = {"end": good + control, "start": control + good,
-           "middle": good[:1] + control + good[1:]}[at]
+    field: str, good: str, pattern: str, control: str, at: str
+) -> None:
+    bad = {"end": good + control, "start": control + good, "middle": good[:1] + control + good[1:]}[
+        at
+    ]
     _Ids.model_validate({field: good})
     with pytest.raises(ValidationError):
         _Ids.model_validate({field: bad})

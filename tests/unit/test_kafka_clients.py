@@ -18,10 +18,18 @@ from loraplane.kernel.topics import TOPICS, topic_name
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTORY = ROOT / "loraplane" / "kernel" / "kafka.py"
-SCANNED = ("loraplane", "schemas", "streams", "workers", "infra", "dashboards", "bench",
-           "tests")
-CLIENT_CLASSES = frozenset({"Producer", "Consumer", "AdminClient", "SerializingProducer",
-                            "DeserializingConsumer", "AIOKafkaProducer", "AIOKafkaConsumer"})
+SCANNED = ("loraplane", "schemas", "streams", "workers", "infra", "dashboards", "bench", "tests")
+CLIENT_CLASSES = frozenset(
+    {
+        "Producer",
+        "Consumer",
+        "AdminClient",
+        "SerializingProducer",
+        "DeserializingConsumer",
+        "AIOKafkaProducer",
+        "AIOKafkaConsumer",
+    }
+)
 CLIENT_MODULES = ("confluent_kafka", "aiokafka")
 
 
@@ -33,8 +41,9 @@ class Finding:
 
 
 def _client_module(module: str | None) -> bool:
-    return module is not None and any(module == m or module.startswith(m + ".")
-                                      for m in CLIENT_MODULES)
+    return module is not None and any(
+        module == m or module.startswith(m + ".") for m in CLIENT_MODULES
+    )
 
 
 def findings_in(source: str, path: str) -> list[Finding]:
@@ -46,24 +55,34 @@ def findings_in(source: str, path: str) -> list[Finding]:
         if isinstance(node, ast.ImportFrom) and _client_module(node.module):
             classes |= {a.asname or a.name for a in node.names if a.name in CLIENT_CLASSES}
         elif isinstance(node, ast.Import):
-            modules |= {a.asname or a.name.split(".")[0] for a in node.names
-                        if _client_module(a.name)}
+            modules |= {
+                a.asname or a.name.split(".")[0] for a in node.names if _client_module(a.name)
+            }
     out: list[Finding] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) \
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
                 else [node.module or ""]
+            )
             if any(n == "aiokafka" or n.startswith("aiokafka.") for n in names):
                 out.append(Finding(path, node.lineno, "imports aiokafka"))
         elif isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in classes:
                 out.append(Finding(path, node.lineno, f"constructs {func.id}"))
-            elif (isinstance(func, ast.Attribute) and func.attr in CLIENT_CLASSES
-                  and ast.unparse(func.value).split(".")[0] in modules):
+            elif (
+                isinstance(func, ast.Attribute)
+                and func.attr in CLIENT_CLASSES
+                and ast.unparse(func.value).split(".")[0] in modules
+            ):
                 out.append(Finding(path, node.lineno, f"constructs {ast.unparse(func)}"))
-            out += [Finding(path, node.lineno, "passes broker=") for k in node.keywords
-                    if k.arg == "broker"]
+            out += [
+                Finding(path, node.lineno, "passes broker=")
+                for k in node.keywords
+                if k.arg == "broker"
+            ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if "bootstrap.servers" in node.value:
                 out.append(Finding(path, node.lineno, "writes bootstrap.servers"))
@@ -74,31 +93,44 @@ def findings_in(source: str, path: str) -> list[Finding]:
 
 def test_no_module_but_the_factory_builds_a_kafka_client() -> None:
     me = Path(__file__).resolve()
-    found = [f"{f.path}:{f.line}: {f.what}"
-             for folder in SCANNED for path in sorted((ROOT / folder).rglob("*.py"))
-             if path.resolve() not in (me, FACTORY)
-             for f in findings_in(path.read_text(), str(path.relative_to(ROOT)))]
+    found = [
+        f"{f.path}:{f.line}: {f.what}"
+        for folder in SCANNED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.resolve() not in (me, FACTORY)
+        for f in findings_in(path.read_text(), str(path.relative_to(ROOT)))
+    ]
     assert found == []
 
 
 def test_the_scan_sees_every_way_around_the_factory() -> None:
-    bad = '\n'.join([
-        "import confluent_kafka as ck",
-        "from confluent_kafka import Consumer as C, Producer",
-        "from confluent_kafka.admin import AdminClient",
-        "import aiokafka",
-        "C({'group.id': 'g'})",
-        "Producer({})",
-        "AdminClient({})",
-        "ck.Consumer({})",
-        "x = {'bootstrap.servers': 'h:1'}",
-        "faust.App('a', broker=f'kafka://{host}')",
-    ])
+    bad = "\n".join(
+        [
+            "import confluent_kafka as ck",
+            "from confluent_kafka import Consumer as C, Producer",
+            "from confluent_kafka.admin import AdminClient",
+            "import aiokafka",
+            "C({'group.id': 'g'})",
+            "Producer({})",
+            "AdminClient({})",
+            "ck.Consumer({})",
+            "x = {'bootstrap.servers': 'h:1'}",
+            "faust.App('a', broker=f'kafka://{host}')",
+        ]
+    )
     whats = [f.what for f in findings_in(bad, "bad.py")]
-    assert sorted(whats) == sorted([
-        "imports aiokafka", "constructs C", "constructs Producer", "constructs AdminClient",
-        "constructs ck.Consumer", "writes bootstrap.servers", "passes broker=",
-        "writes a kafka:// broker URL"])
+    assert sorted(whats) == sorted(
+        [
+            "imports aiokafka",
+            "constructs C",
+            "constructs Producer",
+            "constructs AdminClient",
+            "constructs ck.Consumer",
+            "writes bootstrap.servers",
+            "passes broker=",
+            "writes a kafka:// broker URL",
+        ]
+    )
     fine = "from loraplane.kernel import kafka\nkafka.consumer(s, 'g')\nConsumer = 1\n"
     assert findings_in(fine, "fine.py") == []
 
@@ -110,37 +142,62 @@ BOOTSTRAP = SETTINGS.kafka.bootstrap
 
 def test_the_default_producer_is_the_old_bus_producer() -> None:
     assert kafka.producer_config(SETTINGS) == {
-        "bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True,
-        "linger.ms": 5, "message.timeout.ms": 15_000, "client.id": "loraplane",
-        "partitioner": "murmur2_random"}  # a key's partition as Faust and Java clients pick it
+        "bootstrap.servers": BOOTSTRAP,
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "message.timeout.ms": 15_000,
+        "client.id": "loraplane",
+        "partitioner": "murmur2_random",
+    }  # a key's partition as Faust and Java clients pick it
 
 
 def test_the_scoring_transactional_producer_keeps_its_settings() -> None:
-    assert kafka.producer_config(SETTINGS, client_id="loraplane-scoring",
-                                 transactional_id="p-scoring") == {
-        "bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True,
-        "linger.ms": 5, "message.timeout.ms": 15_000, "client.id": "loraplane-scoring",
-        "transactional.id": "p-scoring", "partitioner": "murmur2_random"}
+    assert kafka.producer_config(
+        SETTINGS, client_id="loraplane-scoring", transactional_id="p-scoring"
+    ) == {
+        "bootstrap.servers": BOOTSTRAP,
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "message.timeout.ms": 15_000,
+        "client.id": "loraplane-scoring",
+        "transactional.id": "p-scoring",
+        "partitioner": "murmur2_random",
+    }
 
 
 def test_the_command_feed_consumer_keeps_its_settings() -> None:
     """The worker's consumer before the factory, plus read_committed (librdkafka's
     default, now said)."""
-    assert kafka.consumer_config(SETTINGS, "p-worker-w1", static_member="worker-w1",
-                                 session_timeout_ms=15_000) == {
-        "bootstrap.servers": BOOTSTRAP, "group.id": "p-worker-w1",
-        "group.instance.id": "worker-w1", "session.timeout.ms": 15_000,
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-        "enable.partition.eof": False, "isolation.level": "read_committed"}
+    assert kafka.consumer_config(
+        SETTINGS, "p-worker-w1", static_member="worker-w1", session_timeout_ms=15_000
+    ) == {
+        "bootstrap.servers": BOOTSTRAP,
+        "group.id": "p-worker-w1",
+        "group.instance.id": "worker-w1",
+        "session.timeout.ms": 15_000,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        "isolation.level": "read_committed",
+    }
 
 
 def test_the_metrics_sink_consumer_keeps_its_settings() -> None:
-    assert kafka.consumer_config(SETTINGS, "p.metrics-sink", client_id="metrics-sink",
-                                 session_timeout_ms=10_000, quiet=True) == {
-        "bootstrap.servers": BOOTSTRAP, "log_level": 0, "group.id": "p.metrics-sink",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "enable.partition.eof": False, "session.timeout.ms": 10_000,
-        "client.id": "metrics-sink", "isolation.level": "read_committed"}
+    assert kafka.consumer_config(
+        SETTINGS, "p.metrics-sink", client_id="metrics-sink", session_timeout_ms=10_000, quiet=True
+    ) == {
+        "bootstrap.servers": BOOTSTRAP,
+        "log_level": 0,
+        "group.id": "p.metrics-sink",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "session.timeout.ms": 10_000,
+        "client.id": "metrics-sink",
+        "isolation.level": "read_committed",
+    }
 
 
 def test_a_registry_tail_consumer_fetches_a_bounded_amount_ahead() -> None:
@@ -161,9 +218,12 @@ def test_admin_clients_are_quiet() -> None:
 
 def test_faust_gets_the_same_guarantees() -> None:
     assert kafka.faust_broker(SETTINGS) == {
-        "broker": f"kafka://{BOOTSTRAP}", "producer_acks": -1,
-        "consumer_auto_offset_reset": "earliest", "broker_session_timeout": 10.0,
-        "broker_heartbeat_interval": 2.0}
+        "broker": f"kafka://{BOOTSTRAP}",
+        "producer_acks": -1,
+        "consumer_auto_offset_reset": "earliest",
+        "broker_session_timeout": 10.0,
+        "broker_heartbeat_interval": 2.0,
+    }
 
 
 def test_every_broker_of_a_cluster_is_bootstrapped() -> None:
@@ -171,31 +231,48 @@ def test_every_broker_of_a_cluster_is_bootstrapped() -> None:
     assert three.kafka.bootstrap == "127.0.0.1:30092,127.0.0.1:30094,127.0.0.1:30096"
     assert kafka.admin_config(three)["bootstrap.servers"] == three.kafka.bootstrap
     assert kafka.faust_broker(three)["broker"] == (
-        "kafka://127.0.0.1:30092;kafka://127.0.0.1:30094;kafka://127.0.0.1:30096")
+        "kafka://127.0.0.1:30092;kafka://127.0.0.1:30094;kafka://127.0.0.1:30096"
+    )
 
 
-@given(group=st.text(min_size=1, max_size=20), reset=st.sampled_from(kafka.OffsetReset),
-       to_end=st.booleans(), session=st.none() | st.integers(6_000, 60_000),
-       quiet=st.booleans())
+@given(
+    group=st.text(min_size=1, max_size=20),
+    reset=st.sampled_from(kafka.OffsetReset),
+    to_end=st.booleans(),
+    session=st.none() | st.integers(6_000, 60_000),
+    quiet=st.booleans(),
+)
 def test_no_consumer_auto_commits_or_reads_aborted_writes(
-        group: str, reset: kafka.OffsetReset, to_end: bool, session: int | None,
-        quiet: bool) -> None:
+    group: str, reset: kafka.OffsetReset, to_end: bool, session: int | None, quiet: bool
+) -> None:
     """Whatever a call site asks for, offsets are committed only by the code that did the
     work, and aborted transactions stay unread."""
-    conf = kafka.consumer_config(SETTINGS, group, offset_reset=reset, read_to_end=to_end,
-                                 session_timeout_ms=session, quiet=quiet)
+    conf = kafka.consumer_config(
+        SETTINGS,
+        group,
+        offset_reset=reset,
+        read_to_end=to_end,
+        session_timeout_ms=session,
+        quiet=quiet,
+    )
     assert conf["enable.auto.commit"] is False
     assert conf["isolation.level"] == "read_committed"
     assert conf["group.id"] == group and conf["auto.offset.reset"] == reset.value
     assert conf["bootstrap.servers"] == BOOTSTRAP
 
 
-@given(linger=st.integers(0, 1000), client=st.text(min_size=1, max_size=20),
-       quiet=st.booleans(), batch=st.none() | st.integers(1, 100_000))
+@given(
+    linger=st.integers(0, 1000),
+    client=st.text(min_size=1, max_size=20),
+    quiet=st.booleans(),
+    batch=st.none() | st.integers(1, 100_000),
+)
 def test_every_producer_waits_for_all_replicas_and_is_idempotent(
-        linger: int, client: str, quiet: bool, batch: int | None) -> None:
-    conf = kafka.producer_config(SETTINGS, client_id=client, linger_ms=linger, quiet=quiet,
-                                 batch_messages=batch)
+    linger: int, client: str, quiet: bool, batch: int | None
+) -> None:
+    conf = kafka.producer_config(
+        SETTINGS, client_id=client, linger_ms=linger, quiet=quiet, batch_messages=batch
+    )
     assert conf["acks"] == "all" and conf["enable.idempotence"] is True
     assert conf["message.timeout.ms"] == 15_000 and conf["linger.ms"] == linger
 
@@ -206,16 +283,24 @@ def test_librdkafka_accepts_every_configuration() -> None:
     kafka.producer(SETTINGS, client_id="t", linger_ms=0, batch_messages=10, quiet=True)
     kafka.transactional_producer(SETTINGS, "t-scoring", client_id="t")
     kafka.admin(SETTINGS)
-    consumer = kafka.consumer(SETTINGS, "t", client_id="t", session_timeout_ms=10_000,
-                              static_member="t-1", read_to_end=True, quiet=True,
-                              offset_reset=kafka.OffsetReset.latest)
+    consumer = kafka.consumer(
+        SETTINGS,
+        "t",
+        client_id="t",
+        session_timeout_ms=10_000,
+        static_member="t-1",
+        read_to_end=True,
+        quiet=True,
+        offset_reset=kafka.OffsetReset.latest,
+    )
     consumer.close()
 
 
 def _stack_settings(tmp_path: Path) -> Settings:
     """Settings whose credentials folder holds one 0600 password file per principal."""
-    settings = Settings(home=tmp_path, secrets_dir=tmp_path / "secrets",
-                        kafka=KafkaSettings())  # not a session env var's
+    settings = Settings(
+        home=tmp_path, secrets_dir=tmp_path / "secrets", kafka=KafkaSettings()
+    )  # not a session env var's
     for principal in kafka.Principal:
         path = kafka.password_path(settings, principal)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,16 +310,21 @@ def _stack_settings(tmp_path: Path) -> Settings:
 
 
 def test_with_a_credentials_folder_every_client_authenticates_as_its_runtime(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     settings = _stack_settings(tmp_path)
     sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256"}
-    assert kafka.admin_config(settings).items() >= {
-        **sasl, "sasl.username": "ops", "sasl.password": "pw-of-ops"}.items()
+    assert (
+        kafka.admin_config(settings).items()
+        >= {**sasl, "sasl.username": "ops", "sasl.password": "pw-of-ops"}.items()
+    )
     try:
         kafka.act_as(kafka.Principal.worker)
         for conf in (kafka.producer_config(settings), kafka.consumer_config(settings, "g")):
-            assert conf.items() >= {**sasl, "sasl.username": "worker",
-                                    "sasl.password": "pw-of-worker"}.items()
+            assert (
+                conf.items()
+                >= {**sasl, "sasl.username": "worker", "sasl.password": "pw-of-worker"}.items()
+            )
         creds = kafka.faust_broker(settings)["broker_credentials"]
         assert (creds.username, creds.password) == ("worker", "pw-of-worker")
         assert creds.mechanism.value == "SCRAM-SHA-256"
@@ -247,8 +337,12 @@ def test_an_explicit_username_wins_and_its_password_never_shows(tmp_path: Path) 
     secret = tmp_path / "pw"
     secret.write_text("s3cret-value")
     secret.chmod(0o600)
-    settings = Settings(home=tmp_path, kafka=KafkaSettings(
-        username="ci-publisher", password_file=secret, sasl_mechanism="SCRAM-SHA-512"))
+    settings = Settings(
+        home=tmp_path,
+        kafka=KafkaSettings(
+            username="ci-publisher", password_file=secret, sasl_mechanism="SCRAM-SHA-512"
+        ),
+    )
     conf = kafka.producer_config(settings)
     assert (conf["sasl.username"], conf["sasl.password"]) == ("ci-publisher", "s3cret-value")
     assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
@@ -274,14 +368,18 @@ def test_a_copy_moved_to_another_home_keeps_the_stacks_passwords(tmp_path: Path)
     moved = settings.model_copy(update={"home": tmp_path / "run"})
     assert kafka.admin_config(moved)["sasl.password"] == "pw-of-ops"
     assert kafka.credentials_env(moved) == {
-        "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(tmp_path / "stack" / "secrets" / "kafka")}
+        "LORAPLANE_KAFKA__CREDENTIALS_DIR": str(tmp_path / "stack" / "secrets" / "kafka")
+    }
 
 
 def _writers(grants: list[acls.Grant], topic: str) -> set[kafka.Principal]:
-    return {g.principal for g in grants if g.resource is acls.Resource.topic
-            and g.operation in (acls.Operation.write, acls.Operation.all)
-            and (g.name == topic or (g.pattern is acls.Pattern.prefixed
-                                     and topic.startswith(g.name)))}
+    return {
+        g.principal
+        for g in grants
+        if g.resource is acls.Resource.topic
+        and g.operation in (acls.Operation.write, acls.Operation.all)
+        and (g.name == topic or (g.pattern is acls.Pattern.prefixed and topic.startswith(g.name)))
+    }
 
 
 def test_only_the_streams_app_writes_registry_and_commands() -> None:
@@ -291,16 +389,20 @@ def test_only_the_streams_app_writes_registry_and_commands() -> None:
     for suffix in ("requests", "worker-state", "cache-events"):
         assert _writers(grants, topic_name(SETTINGS, suffix)) == {kafka.Principal.worker}
     assert _writers(grants, topic_name(SETTINGS, "lifecycle")) == set()  # ops only
-    assert not [g for g in grants if g.principal is kafka.Principal.reader
-                and g.operation is not acls.Operation.read]
+    assert not [
+        g
+        for g in grants
+        if g.principal is kafka.Principal.reader and g.operation is not acls.Operation.read
+    ]
     assert not [g for g in grants if g.principal is kafka.Principal.ops]  # a super user
     assert {t.suffix for t in TOPICS} >= {"registry", "commands"}
 
 
 def test_the_acl_table_is_per_prefix() -> None:
     other = SETTINGS.model_copy(update={"topic_prefix": "t-1"})
-    names = {g.name for g in acls.grants(other, topics.access(other), topics.every_topic(other))
-             } - {acls.READER_GROUP_PREFIX}
+    names = {
+        g.name for g in acls.grants(other, topics.access(other), topics.every_topic(other))
+    } - {acls.READER_GROUP_PREFIX}
     assert names and all(n.startswith("t-1") for n in names)
 
 

@@ -6,24 +6,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from loraplane.infra.kafka import CLUSTER_SIZE, kafka_nodes
 from loraplane.infra.processes import StackError
-
 from loraplane.kernel import topics
 from loraplane.kernel.config import KafkaSettings, Settings
 
 
 def _cluster(home: Path, brokers: int) -> Settings:
-    return Settings(home=home, kafka=KafkaSettings(port=30092, controller_port=30093,
-                                                   brokers=brokers))
+    return Settings(
+        home=home, kafka=KafkaSettings(port=30092, controller_port=30093, brokers=brokers)
+    )
 
 
 def test_one_broker_keeps_its_names_ports_and_heap(tmp_path: Path) -> None:
     settings = _cluster(tmp_path, 1)
     [node] = kafka_nodes(settings)
     assert settings.kafka.bootstrap == "127.0.0.1:30092"
-    assert (node.label, node.dir, node.endpoint()) == ("kafka", tmp_path / "kafka",
-                                                       "127.0.0.1:30092")
+    assert (node.label, node.dir, node.endpoint()) == (
+        "kafka",
+        tmp_path / "kafka",
+        "127.0.0.1:30092",
+    )
     assert node.process.pid_file == tmp_path / "run" / "kafka.pid"
     assert settings.kafka.heap_per_broker == "768m"
     assert topics.replicas(settings) == 1
@@ -33,8 +37,11 @@ def test_three_nodes_take_every_second_port_and_own_files(tmp_path: Path) -> Non
     settings = _cluster(tmp_path, 3)
     nodes = kafka_nodes(settings)
     assert [n.label for n in nodes] == ["kafka", "kafka-2", "kafka-3"]
-    assert [[p.number for p in n.ports()] for n in nodes] == [[30092, 30093], [30094, 30095],
-                                                              [30096, 30097]]
+    assert [[p.number for p in n.ports()] for n in nodes] == [
+        [30092, 30093],
+        [30094, 30095],
+        [30096, 30097],
+    ]
     assert len({n.dir for n in nodes}) == len({n.process.pid_file for n in nodes}) == 3
     assert len({n.marker() for n in nodes}) == 3
     assert [n.last for n in nodes] == [False, False, True]

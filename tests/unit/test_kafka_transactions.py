@@ -12,10 +12,12 @@ from confluent_kafka import KafkaError, KafkaException
 from loraplane.kernel.transactions import ProducerBroken, transact
 
 
-def _err(code: int, *, retriable: bool = False, abortable: bool = False,
-         fatal: bool = False) -> KafkaException:
-    return KafkaException(KafkaError(code, "fake", fatal=fatal, retriable=retriable,
-                                     txn_requires_abort=abortable))
+def _err(
+    code: int, *, retriable: bool = False, abortable: bool = False, fatal: bool = False
+) -> KafkaException:
+    return KafkaException(
+        KafkaError(code, "fake", fatal=fatal, retriable=retriable, txn_requires_abort=abortable)
+    )
 
 
 TIMED_OUT = lambda: _err(KafkaError._TIMED_OUT, retriable=True)  # noqa: E731
@@ -68,8 +70,17 @@ def test_a_commit_that_times_out_is_committed_again() -> None:
 def test_a_failed_send_offsets_aborts_and_retries_the_whole_transaction() -> None:
     txn = FakeTxn({"fill": [ABORTABLE, TIMED_OUT]})
     assert _run(txn) == 3
-    assert txn.calls == ["begin", "fill", "abort", "begin", "fill", "abort",
-                         "begin", "fill", "commit"]
+    assert txn.calls == [
+        "begin",
+        "fill",
+        "abort",
+        "begin",
+        "fill",
+        "abort",
+        "begin",
+        "fill",
+        "commit",
+    ]
     assert txn.committed == 1
 
 
@@ -111,7 +122,8 @@ def test_a_bug_in_fill_aborts_and_propagates() -> None:
 
 
 def test_a_librdkafka_call_that_ignores_its_timeout_is_abandoned(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """librdkafka#5456: send_offsets_to_transaction can block past its timeout while the
     coordinator is away; the call is abandoned (ProducerBroken: the caller's next producer
     fences this one) instead of hanging the scoring thread, and no abort is asked of the
@@ -125,8 +137,7 @@ def test_a_librdkafka_call_that_ignores_its_timeout_is_abandoned(
     calls: list[str] = []
 
     class Stuck:
-        def send_offsets_to_transaction(self, offsets: list, meta: object,
-                                        timeout: float) -> None:
+        def send_offsets_to_transaction(self, offsets: list, meta: object, timeout: float) -> None:
             release.wait(10)  # ignores ``timeout``
 
         def begin_transaction(self) -> None:
@@ -141,8 +152,11 @@ def test_a_librdkafka_call_that_ignores_its_timeout_is_abandoned(
     stuck = Stuck()
     try:
         with pytest.raises(transactions.ProducerBroken, match="did not return"):
-            transactions.transact(stuck, lambda: transactions.send_offsets(
-                stuck, [], None, timeout_s=0.05), sleep=lambda _: None)
+            transactions.transact(
+                stuck,
+                lambda: transactions.send_offsets(stuck, [], None, timeout_s=0.05),
+                sleep=lambda _: None,
+            )
     finally:
         release.set()
     assert calls == ["begin"]

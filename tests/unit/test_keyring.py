@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from loraplane.commands.keys import parse_scopes
 from loraplane.schemas.keyring import (
     KeyringError,
     KeyringFile,
@@ -19,8 +21,6 @@ from loraplane.schemas.keyring import (
 )
 from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.signing import KeyFileError, SigningKey, verify
-
-from loraplane.commands.keys import parse_scopes
 from tests.lifecycle_kit import make_kit
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -46,18 +46,30 @@ def test_scopes_and_windows() -> None:
     assert ring.get("ci-acme-future").window_problem(NOW) == "not_yet_valid"
 
 
-@pytest.mark.parametrize("text, field", [
-    ("keys: [{key_id: a, publisher: p, public_key: 'AAAA', not_before: 2026-01-01T00:00:00Z,"
-     " not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', actions: '*'}}]", "public_key"),
-    ("keys: [{key_id: A!, publisher: p}]", "key_id"),
-    ("keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
-     "2027-01-01T00:00:00Z, not_after: 2026-01-01T00:00:00Z, scopes: {tenants: '*', "
-     "actions: [publish]}}]", "not_after"),
-    ("keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
-     "2026-01-01T00:00:00Z, not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', "
-     "actions: [deploy]}}]", "actions"),
-    ("keys: [[", "YAML"),
-])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (
+            "keys: [{key_id: a, publisher: p, public_key: 'AAAA', not_before: 2026-01-01T00:00:00Z,"
+            " not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', actions: '*'}}]",
+            "public_key",
+        ),
+        ("keys: [{key_id: A!, publisher: p}]", "key_id"),
+        (
+            "keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+            "2027-01-01T00:00:00Z, not_after: 2026-01-01T00:00:00Z, scopes: {tenants: '*', "
+            "actions: [publish]}}]",
+            "not_after",
+        ),
+        (
+            "keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+            "2026-01-01T00:00:00Z, not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', "
+            "actions: [deploy]}}]",
+            "actions",
+        ),
+        ("keys: [[", "YAML"),
+    ],
+)
 def test_invalid_keyrings_say_which_field(text: str, field: str) -> None:
     with pytest.raises(KeyringError, match=field):
         parse_keyring(text)
@@ -75,8 +87,9 @@ def test_keyring_file_reloads_on_change_and_fails_closed(tmp_path: Path) -> None
     save_keyring(ring, path)
     watched = KeyringFile(path)
     assert watched.current() == ring
-    revoked = ring.model_copy(update={"keys": [k.model_copy(update={"revoked": True})
-                                               for k in ring.keys]})
+    revoked = ring.model_copy(
+        update={"keys": [k.model_copy(update={"revoked": True}) for k in ring.keys]}
+    )
     save_keyring(revoked, path)
     assert all(k.revoked for k in watched.current().keys)
     path.write_text("keys: [[")
@@ -120,14 +133,18 @@ def test_sign_and_verify() -> None:
 def test_any_signature_text_is_false_not_an_error(signature: str) -> None:
     kit = make_kit(NOW)
     event = kit.event("ci", "promote", "a", "1", 5, NOW + timedelta(seconds=1))
-    assert not verify(event.model_copy(update={"signature": signature}),
-                      kit.keys["ci"].private_key.public_key())
+    assert not verify(
+        event.model_copy(update={"signature": signature}), kit.keys["ci"].private_key.public_key()
+    )
 
 
 def test_cli_scope_syntax() -> None:
     assert parse_scopes(["tenant:acme", "action:publish", "action:canary"]) == {
-        "tenants": ["acme"], "actions": ["publish", "canary"]}
+        "tenants": ["acme"],
+        "actions": ["publish", "canary"],
+    }
     assert parse_scopes(["tenant:*", "action:*"]) == {"tenants": "*", "actions": "*"}
     import typer
+
     with pytest.raises(typer.BadParameter):
         parse_scopes(["team:x"])

@@ -18,9 +18,14 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[2]
 # The package-dir mapping of pyproject.toml: folder -> import prefix.
-FOLDERS = {"loraplane": "loraplane", "schemas": "loraplane.schemas",
-           "streams": "loraplane.streams", "workers": "loraplane.workers",
-           "infra": "loraplane.infra", "dashboards": "loraplane.dashboards"}
+FOLDERS = {
+    "loraplane": "loraplane",
+    "schemas": "loraplane.schemas",
+    "streams": "loraplane.streams",
+    "workers": "loraplane.workers",
+    "infra": "loraplane.infra",
+    "dashboards": "loraplane.dashboards",
+}
 
 KERNEL, DECISIONS, RUNTIMES, APPLICATIONS = 0, 1, 2, 3
 LAYER_NAMES = {0: "kernel", 1: "decisions", 2: "runtimes", 3: "applications"}
@@ -32,19 +37,23 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.kernel.topic_tail", KERNEL),
     # every Prometheus series name: the worker, the router, the streams app, the rules' tests
     ("loraplane.kernel.metric_names", KERNEL),
-    ("loraplane.kernel", KERNEL), ("loraplane.kernel.*", KERNEL),
-    ("loraplane.schemas", KERNEL), ("loraplane.schemas.*", KERNEL),
+    ("loraplane.kernel", KERNEL),
+    ("loraplane.kernel.*", KERNEL),
+    ("loraplane.schemas", KERNEL),
+    ("loraplane.schemas.*", KERNEL),
     # --- the registry: the wire model is schemas.registry; here its pure decisions and the
     # runtime side every consumer shares (a library of the runtimes, not a runtime)
     ("loraplane.registry.fold", DECISIONS),  # lifecycle events -> versions
     ("loraplane.registry.evidence", DECISIONS),  # a view re-derived from its signed events
     ("loraplane.registry.vouch", DECISIONS),  # does a verified view name this lora name
-    ("loraplane.registry", RUNTIMES), ("loraplane.registry.*", RUNTIMES),  # topic, live, ...
+    ("loraplane.registry", RUNTIMES),
+    ("loraplane.registry.*", RUNTIMES),  # topic, live, ...
     # --- artifacts: pure verification, and the two that read files for it
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
     # runs the model-signing library on a bundle file for the pure model_signature check
     ("loraplane.artifact.model_signing_bundle", RUNTIMES),
-    ("loraplane.artifact", DECISIONS), ("loraplane.artifact.*", DECISIONS),
+    ("loraplane.artifact", DECISIONS),
+    ("loraplane.artifact.*", DECISIONS),
     # --- the front door, shared by the router and the worker's gateway: the admission of a
     # request and its version, fields and caps, the signed forward (pure); API keys and the
     # upstream client (a library of both runtimes)
@@ -52,17 +61,22 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.frontdoor.version_choice", DECISIONS),
     ("loraplane.frontdoor.request_fields", DECISIONS),
     ("loraplane.frontdoor.forwarded", DECISIONS),
-    ("loraplane.frontdoor", RUNTIMES), ("loraplane.frontdoor.*", RUNTIMES),
+    ("loraplane.frontdoor", RUNTIMES),
+    ("loraplane.frontdoor.*", RUNTIMES),
     # --- the event log every runtime writes through (sink, spool, journal): a library
-    ("loraplane.eventlog", RUNTIMES), ("loraplane.eventlog.*", RUNTIMES),
+    ("loraplane.eventlog", RUNTIMES),
+    ("loraplane.eventlog.*", RUNTIMES),
     # --- streams: pure scores and planning
     ("loraplane.streams.scores", DECISIONS),
-    ("loraplane.streams.score_fold", DECISIONS), ("loraplane.streams.planner", DECISIONS),
+    ("loraplane.streams.score_fold", DECISIONS),
+    ("loraplane.streams.planner", DECISIONS),
     # which request logs may hold a score key: the registry's live versions, nothing else
     ("loraplane.streams.score_admission", DECISIONS),
     ("loraplane.streams.planner_columns", DECISIONS),
-    ("loraplane.streams.planner_candidates", DECISIONS), ("loraplane.streams.schedules", DECISIONS),
-    ("loraplane.streams", RUNTIMES), ("loraplane.streams.*", RUNTIMES),
+    ("loraplane.streams.planner_candidates", DECISIONS),
+    ("loraplane.streams.schedules", DECISIONS),
+    ("loraplane.streams", RUNTIMES),
+    ("loraplane.streams.*", RUNTIMES),
     # --- the worker (one per GPU host): pure reconcile and its rules, then the runtime
     ("loraplane.workers.reconcile", DECISIONS),
     # which request's load may take a copy's slot: the agent's fold and the simulator's
@@ -73,32 +87,45 @@ CONTRACT: list[tuple[str, int]] = [
     # reconcile vouches for the resolver's copies
     ("loraplane.workers.host_tier_entry", DECISIONS),
     # which vLLM routes answer without the key (the judged table) and the guard vLLM runs
-    ("loraplane.workers.vllm_routes", DECISIONS), ("loraplane.workers.vllm_guard", DECISIONS),
+    ("loraplane.workers.vllm_routes", DECISIONS),
+    ("loraplane.workers.vllm_guard", DECISIONS),
     ("loraplane.workers.command_trust", DECISIONS),  # verifies a command before the fold
-    ("loraplane.workers", RUNTIMES), ("loraplane.workers.*", RUNTIMES),
+    ("loraplane.workers", RUNTIMES),
+    ("loraplane.workers.*", RUNTIMES),
     # --- the fleet router (its own process): pure routing, liveness, flow control and the
     # fleet view (also what `loraplane fleet status` shows), then its HTTP front
-    ("loraplane.router.routing", DECISIONS), ("loraplane.router.liveness", DECISIONS),
-    ("loraplane.router.flow_control", DECISIONS), ("loraplane.router.fleet_view", DECISIONS),
-    ("loraplane.router", RUNTIMES), ("loraplane.router.*", RUNTIMES),
+    ("loraplane.router.routing", DECISIONS),
+    ("loraplane.router.liveness", DECISIONS),
+    ("loraplane.router.flow_control", DECISIONS),
+    ("loraplane.router.fleet_view", DECISIONS),
+    ("loraplane.router", RUNTIMES),
+    ("loraplane.router.*", RUNTIMES),
     ("loraplane.lifecycle_events", DECISIONS),
-    ("loraplane.metrics", RUNTIMES), ("loraplane.metrics.*", RUNTIMES),
+    ("loraplane.metrics", RUNTIMES),
+    ("loraplane.metrics.*", RUNTIMES),
     # the systemd units' ExecStart, parsed by the CLI they start: a tool over the CLI
     ("loraplane.infra.systemd_units", APPLICATIONS),
     # the Helm chart rendered by a real Helm, its containers parsed by the CLI: the same
     ("loraplane.infra.helm_chart", APPLICATIONS),
     ("loraplane.infra.prometheus", RUNTIMES),  # a loopback Prometheus server and promtool
-    ("loraplane.infra", RUNTIMES), ("loraplane.infra.*", RUNTIMES),
+    ("loraplane.infra", RUNTIMES),
+    ("loraplane.infra.*", RUNTIMES),
     # vLLM's entry point (imports vllm): only vLLM's Python imports it, nothing here does
     ("loraplane.vllm_plugin", APPLICATIONS),
     # request-log rows and worker states -> the simulator's workload and fleet (pure)
     ("loraplane.simulator.replay", APPLICATIONS),
-    ("loraplane", APPLICATIONS), ("loraplane.*", APPLICATIONS),  # the fake vLLM is testing.*
+    ("loraplane", APPLICATIONS),
+    ("loraplane.*", APPLICATIONS),  # the fake vLLM is testing.*
 ]
 # Runtimes are separate processes: none imports another's modules, pure or not; they share
 # code only through the packages below them (kernel, schemas, registry, frontdoor, eventlog).
-RUNTIME_PACKAGES = ("loraplane.streams", "loraplane.workers", "loraplane.router",
-                    "loraplane.metrics", "loraplane.infra")
+RUNTIME_PACKAGES = (
+    "loraplane.streams",
+    "loraplane.workers",
+    "loraplane.router",
+    "loraplane.metrics",
+    "loraplane.infra",
+)
 # The processes of streams/: the registry agent (in the Faust app), the scoring keepers
 # (`streams scoring`, or a thread of the Faust app) and the planner (`streams planner`, or a
 # thread of the Faust app). `streams.app` is the Faust app that hosts them; one process's
@@ -106,12 +133,28 @@ RUNTIME_PACKAGES = ("loraplane.streams", "loraplane.workers", "loraplane.router"
 STREAMS_PROCESSES = {
     "registry agent": ("loraplane.streams.registry_agent",),
     "scoring keeper": ("loraplane.streams.score_keeper", "loraplane.streams.scoring_agent"),
-    "planner": ("loraplane.streams.planner_runtime", "loraplane.streams.planner_lease",
-                "loraplane.streams.planner_agent"),
+    "planner": (
+        "loraplane.streams.planner_runtime",
+        "loraplane.streams.planner_lease",
+        "loraplane.streams.planner_agent",
+    ),
 }
-IO_LIBRARIES = ("aiohttp", "boto3", "botocore", "clickhouse_driver", "confluent_kafka",
-                "faust", "aiokafka", "httptools", "requests", "socket", "subprocess",
-                "urllib.request", "http.client", "asyncio")
+IO_LIBRARIES = (
+    "aiohttp",
+    "boto3",
+    "botocore",
+    "clickhouse_driver",
+    "confluent_kafka",
+    "faust",
+    "aiokafka",
+    "httptools",
+    "requests",
+    "socket",
+    "subprocess",
+    "urllib.request",
+    "http.client",
+    "asyncio",
+)
 
 
 @dataclass(frozen=True)
@@ -207,28 +250,32 @@ def violations() -> list[str]:
         where = f"{files[imp.source].relative_to(ROOT)}:{imp.line}"
         src_layer = layer_of(imp.source)
         if src_layer == DECISIONS and any(
-                imp.target == lib or imp.target.startswith(lib + ".") for lib in IO_LIBRARIES):
+            imp.target == lib or imp.target.startswith(lib + ".") for lib in IO_LIBRARIES
+        ):
             out.append(f"{where}: pure decision module {imp.source} imports {imp.target} (I/O)")
         target = _internal(imp.target, known)
         if target is None or target == imp.source:
             continue
         dst_layer = layer_of(target)
         if dst_layer > src_layer:
-            out.append(f"{where}: {imp.source} ({LAYER_NAMES[src_layer]}) imports {target} "
-                       f"({LAYER_NAMES[dst_layer]}), a higher layer")
+            out.append(
+                f"{where}: {imp.source} ({LAYER_NAMES[src_layer]}) imports {target} "
+                f"({LAYER_NAMES[dst_layer]}), a higher layer"
+            )
         src_rt, dst_rt = _runtime_package(imp.source), _runtime_package(target)
         if src_rt and dst_rt and src_rt != dst_rt:
             out.append(f"{where}: runtime {imp.source} imports another runtime's {target}")
         src_proc, dst_proc = _streams_process(imp.source), _streams_process(target)
         if src_proc and dst_proc and src_proc != dst_proc:
-            out.append(f"{where}: {imp.source} (streams {src_proc}) imports {target} "
-                       f"(streams {dst_proc}), another process's")
+            out.append(
+                f"{where}: {imp.source} (streams {src_proc}) imports {target} "
+                f"(streams {dst_proc}), another process's"
+            )
     return out
 
 
 def _streams_process(module: str) -> str | None:
-    return next((name for name, modules in STREAMS_PROCESSES.items() if module in modules),
-                None)
+    return next((name for name, modules in STREAMS_PROCESSES.items() if module in modules), None)
 
 
 def cycles() -> list[list[str]]:
@@ -238,8 +285,12 @@ def cycles() -> list[list[str]]:
     for imp in edges:
         target = _internal(imp.target, known)
         # `import a.b.c` also runs a and a.b, but package __init__ files here import nothing.
-        if (imp.runtime and target and target != imp.source
-                and not _is_package_of(target, imp.source)):
+        if (
+            imp.runtime
+            and target
+            and target != imp.source
+            and not _is_package_of(target, imp.source)
+        ):
             graph.add_edge(imp.source, target)
     return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
 
@@ -290,7 +341,8 @@ def test_one_import_name_in_the_package_config() -> None:
     for package in config["packages"]:
         top = package.split(".")[1] if "." in package else "loraplane"
         folder = config["package-dir"].get(package) or config["package-dir"].get(
-            f"loraplane.{top}", "loraplane")
+            f"loraplane.{top}", "loraplane"
+        )
         assert (ROOT / folder).is_dir(), package
     packaged = {p for p in config["packages"]}
     on_disk = {m for m, path in source_files().items() if path.name == "__init__.py"}
@@ -301,9 +353,9 @@ def test_the_readmes_what_runs_where_is_the_contract() -> None:
     """README's process table names exactly the runtime packages and the streams processes
     of the contract, so the two cannot drift."""
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("| process | command | code | runs on |"):]
+    table = text[text.index("| process | command | code | runs on |") :]
     lines = table.splitlines()[2:]
-    rows = lines[:next((i for i, r in enumerate(lines) if not r.startswith("|")), len(lines))]
+    rows = lines[: next((i for i, r in enumerate(lines) if not r.startswith("|")), len(lines))]
     named: dict[str, set[str]] = {}
     for row in rows:
         process, _, code, _ = (c.strip() for c in row.strip("|").split("|"))

@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from loraplane.registry.fold import Accepted, AdapterState, Decision, Rejected, evaluate
 from loraplane.schemas.adapter import AdapterStatus
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.reasons import RegistryRejection as Reason
-
-from loraplane.registry.fold import Accepted, AdapterState, Decision, Rejected, evaluate
 from tests.lifecycle_kit import Kit, make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -31,15 +31,24 @@ class Registry:
         self.states: dict[str, AdapterState] = {}
         self.seq = 0
 
-    def send(self, message: LifecycleEvent | bytes, now: datetime = NOW,
-             key: bytes | None = None) -> Decision:
+    def send(
+        self, message: LifecycleEvent | bytes, now: datetime = NOW, key: bytes | None = None
+    ) -> Decision:
         decision = evaluate(message, self.keyring, self.states.get, now, key=key)
         if isinstance(decision, Accepted):
             self.states[decision.adapter_id] = decision.state
         return decision
 
-    def event(self, action: str, version: str, key: str = "ci", adapter_id: str = A,
-              seq: int | None = None, now: datetime = NOW, **fields: object) -> LifecycleEvent:
+    def event(
+        self,
+        action: str,
+        version: str,
+        key: str = "ci",
+        adapter_id: str = A,
+        seq: int | None = None,
+        now: datetime = NOW,
+        **fields: object,
+    ) -> LifecycleEvent:
         self.seq += 1
         return self.kit.event(key, action, adapter_id, version, seq or self.seq, now, **fields)
 
@@ -87,27 +96,43 @@ def test_retire_and_revoke_take_versions_out_and_revoke_is_final() -> None:
     assert reg.view().active_version is None  # requests fall back to the base model
     reg.do("revoke", "1", key="ops")
     assert reg.view().must_evict == [record(A, "1").lora_name]
-    for action, extra in (("promote", {}), ("canary", {"canary_percent": 5.0}),
-                          ("retire", {}), ("revoke", {})):
-        assert rejected(reg.send(reg.event(action, "1", key="ops", **extra))) \
-            is Reason.version_revoked
+    for action, extra in (
+        ("promote", {}),
+        ("canary", {"canary_percent": 5.0}),
+        ("retire", {}),
+        ("revoke", {}),
+    ):
+        assert (
+            rejected(reg.send(reg.event(action, "1", key="ops", **extra))) is Reason.version_revoked
+        )
 
 
-@pytest.mark.parametrize(("mutate", "reason"), [
-    (lambda r: r.event("publish", "1", key="ci"), None),
-    (lambda r: r.kit.event("ci", "revoke", A, "1", 99, NOW), Reason.action_out_of_scope),
-    (lambda r: r.kit.event("ci", "publish", "other", "1", 99, NOW, tenant_id="beta"),
-     Reason.tenant_out_of_scope),
-    (lambda r: r.kit.event("revoked", "publish", "x", "1", 99, NOW), Reason.key_revoked),
-    (lambda r: r.kit.event("expired", "publish", "x", "1", 99, NOW), Reason.key_expired),
-    (lambda r: r.kit.event("future", "publish", "x", "1", 99, NOW), Reason.key_not_yet_valid),
-    (lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW - timedelta(hours=2)),
-     Reason.event_expired),
-    (lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW + timedelta(hours=1)),
-     Reason.event_from_future),
-    (lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW, ttl=timedelta(days=8)),
-     Reason.event_lifetime_too_long),
-])
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda r: r.event("publish", "1", key="ci"), None),
+        (lambda r: r.kit.event("ci", "revoke", A, "1", 99, NOW), Reason.action_out_of_scope),
+        (
+            lambda r: r.kit.event("ci", "publish", "other", "1", 99, NOW, tenant_id="beta"),
+            Reason.tenant_out_of_scope,
+        ),
+        (lambda r: r.kit.event("revoked", "publish", "x", "1", 99, NOW), Reason.key_revoked),
+        (lambda r: r.kit.event("expired", "publish", "x", "1", 99, NOW), Reason.key_expired),
+        (lambda r: r.kit.event("future", "publish", "x", "1", 99, NOW), Reason.key_not_yet_valid),
+        (
+            lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW - timedelta(hours=2)),
+            Reason.event_expired,
+        ),
+        (
+            lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW + timedelta(hours=1)),
+            Reason.event_from_future,
+        ),
+        (
+            lambda r: r.kit.event("ci", "publish", "x", "1", 99, NOW, ttl=timedelta(days=8)),
+            Reason.event_lifetime_too_long,
+        ),
+    ],
+)
 def test_trust_and_freshness_reasons(mutate, reason) -> None:
     reg = Registry()
     decision = reg.send(mutate(reg))
@@ -126,26 +151,30 @@ def test_rotation_two_keys_of_one_publisher_both_valid() -> None:
 def test_signature_covers_every_field() -> None:
     reg = Registry()
     event = reg.event("publish", "1")
-    for field, value in (("seq", event.seq + 1), ("version", "2"), ("reason", "x"),
-                         ("expires_at", event.expires_at + timedelta(seconds=1))):
+    for field, value in (
+        ("seq", event.seq + 1),
+        ("version", "2"),
+        ("reason", "x"),
+        ("expires_at", event.expires_at + timedelta(seconds=1)),
+    ):
         forged = event.model_copy(update={field: value})
         if field == "version":
             forged = forged.model_copy(update={"record": record(A, "2")})
         assert rejected(reg.send(forged)) is Reason.bad_signature
     tampered = event.model_copy(update={"record": event.record.model_copy(update={"rank": 4})})
     assert rejected(reg.send(tampered)) is Reason.bad_signature
-    assert rejected(reg.send(event.model_copy(update={"signature": "!!"}))) \
-        is Reason.bad_signature
+    assert rejected(reg.send(event.model_copy(update={"signature": "!!"}))) is Reason.bad_signature
     assert isinstance(reg.send(event), Accepted)
 
 
 def test_unknown_key_and_publisher_binding() -> None:
     reg = Registry()
     event = reg.event("publish", "1")
-    assert rejected(reg.send(event.model_copy(update={"key_id": "nobody"}))) \
-        is Reason.unknown_key
-    assert rejected(reg.send(event.model_copy(update={"publisher": "ops"}))) \
+    assert rejected(reg.send(event.model_copy(update={"key_id": "nobody"}))) is Reason.unknown_key
+    assert (
+        rejected(reg.send(event.model_copy(update={"publisher": "ops"})))
         is Reason.key_publisher_mismatch
+    )
     assert rejected(Registry(keyring=Keyring()).send(event)) is Reason.unknown_key
 
 
@@ -174,24 +203,50 @@ def test_replayed_id_is_forgotten_after_expiry_but_stays_rejected() -> None:
 def test_ownership_and_registry_rules() -> None:
     reg = Registry()
     reg.do("publish", "1")
-    assert rejected(reg.send(reg.event("publish", "2", key="ops", tenant_id="beta",
-                                       record=record(A, "2", tenant="beta")))) \
+    assert (
+        rejected(
+            reg.send(
+                reg.event(
+                    "publish",
+                    "2",
+                    key="ops",
+                    tenant_id="beta",
+                    record=record(A, "2", tenant="beta"),
+                )
+            )
+        )
         is Reason.tenant_mismatch
-    assert rejected(reg.send(reg.event("publish", "2", base_model="other-base",
-                                       record=record(A, "2", base="other-base")))) \
+    )
+    assert (
+        rejected(
+            reg.send(
+                reg.event(
+                    "publish",
+                    "2",
+                    base_model="other-base",
+                    record=record(A, "2", base="other-base"),
+                )
+            )
+        )
         is Reason.base_model_mismatch
+    )
     assert rejected(reg.send(reg.event("promote", "7"))) is Reason.unknown_version
-    assert rejected(reg.send(reg.event("canary", "1", adapter_id="never",
-                                         canary_percent=5.0))) \
+    assert (
+        rejected(reg.send(reg.event("canary", "1", adapter_id="never", canary_percent=5.0)))
         is Reason.unknown_version
+    )
     assert rejected(reg.send(reg.event("rollback", "1"))) is Reason.invalid_transition
     reg.do("promote", "1")
     assert rejected(reg.send(reg.event("promote", "1"))) is Reason.invalid_transition
     assert rejected(reg.send(reg.event("rollback", "1"))) is Reason.rollback_to_unknown
-    assert rejected(reg.send(reg.event("rollback", "1", rollback_to="0.5"))) \
+    assert (
+        rejected(reg.send(reg.event("rollback", "1", rollback_to="0.5")))
         is Reason.rollback_to_unknown
-    assert rejected(reg.send(reg.event("canary", "1", canary_percent=5.0))) \
+    )
+    assert (
+        rejected(reg.send(reg.event("canary", "1", canary_percent=5.0)))
         is Reason.invalid_transition
+    )
 
 
 def test_publish_may_not_smuggle_a_status() -> None:
@@ -230,8 +285,7 @@ VERSIONS = st.sampled_from(["1", "2", "3", "4"])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(st.tuples(ACTIONS, VERSIONS, st.floats(0, 100), st.booleans()),
-                      max_size=25))
+@given(steps=st.lists(st.tuples(ACTIONS, VERSIONS, st.floats(0, 100), st.booleans()), max_size=25))
 def test_any_sequence_keeps_the_registry_consistent(steps) -> None:
     """Whatever signed events arrive, in whatever order: at most one active version, seq
     grows, a revoked version stays revoked, the view always re-validates."""
@@ -258,8 +312,7 @@ def test_any_sequence_keeps_the_registry_consistent(steps) -> None:
         if isinstance(decision, Accepted) and action == "publish":
             # newer than every version still standing: a revoked one no longer blocks
             # (anti-lockout, docs/lifecycle.md), so it is the newest unrevoked version
-            standing = [r.version for r in view.versions
-                        if r.status is not AdapterStatus.revoked]
+            standing = [r.version for r in view.versions if r.status is not AdapterStatus.revoked]
             assert standing[-1] == version
 
 
@@ -269,15 +322,19 @@ def test_arbitrary_bytes_are_rejected_never_raised(raw: bytes) -> None:
     assert isinstance(evaluate(raw, KIT.keyring, {}.get, NOW), Rejected)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c,
-                                                                        max_size=4),
-                    max_leaves=20)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(mutation=st.dictionaries(st.sampled_from(list(LifecycleEvent.model_fields)), JSON,
-                                min_size=1, max_size=3))
+@given(
+    mutation=st.dictionaries(
+        st.sampled_from(list(LifecycleEvent.model_fields)), JSON, min_size=1, max_size=3
+    )
+)
 def test_mutated_signed_events_are_rejected_with_a_reason(mutation) -> None:
     """Any change to a signed event's fields: rejected (decode, signature or rules), no
     exception escapes."""

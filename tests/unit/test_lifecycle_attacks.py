@@ -9,14 +9,14 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
+from loraplane.registry.fold import CLOCK_SKEW, Accepted, AdapterState, Decision, Rejected
+from loraplane.registry.fold import evaluate as real_evaluate
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import Keyring
 from loraplane.schemas.lifecycle import MAX_SEQ, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import RegistryRejection as Reason
-
-from loraplane.registry.fold import CLOCK_SKEW, Accepted, AdapterState, Decision, Rejected
-from loraplane.registry.fold import evaluate as real_evaluate
 from tests.lifecycle_kit import Kit, make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -38,11 +38,19 @@ class Registry:
             self.states[decision.adapter_id] = decision.state
         return decision
 
-    def event(self, action: str, version: str, key: str = "ci", seq: int | None = None,
-              **fields: object) -> LifecycleEvent:
+    def event(
+        self, action: str, version: str, key: str = "ci", seq: int | None = None, **fields: object
+    ) -> LifecycleEvent:
         self.seq += 1
-        return self.kit.event(key, action, fields.pop("adapter_id", A), version,  # type: ignore[arg-type]
-                              seq or self.seq, NOW, **fields)
+        return self.kit.event(
+            key,
+            action,
+            fields.pop("adapter_id", A),
+            version,  # type: ignore[arg-type]
+            seq or self.seq,
+            NOW,
+            **fields,
+        )
 
     def do(self, action: str, version: str, **kw: object) -> Accepted:
         decision = self.send(self.event(action, version, **kw))
@@ -65,11 +73,13 @@ def wire(event: LifecycleEvent) -> str:
 
 # --- 1. strict parsing: what is applied is what every reader sees --------------------------
 
+
 def test_duplicate_key_is_refused_not_last_wins() -> None:
     """A first-key reader sees version 9; the old parser applied (and verified) the last."""
     reg = Registry()
-    raw = wire(reg.event("publish", "1")).replace('{"schema_version"',
-                                                  '{"version":"9","schema_version"', 1)
+    raw = wire(reg.event("publish", "1")).replace(
+        '{"schema_version"', '{"version":"9","schema_version"', 1
+    )
     assert rejected(reg.send(raw.encode())) is Reason.malformed
     assert A not in reg.states
 
@@ -80,16 +90,19 @@ def test_duplicate_key_nested_in_the_record_is_refused() -> None:
     assert rejected(reg.send(raw.encode())) is Reason.malformed
 
 
-@pytest.mark.parametrize("field, old, new", [
-    ("seq", None, '"{seq}"'),                       # a string for an integer
-    ("seq", None, "{seq}.0"),                       # a float for an integer
-    ("schema_version", "1", "true"),                # a boolean for an integer
-    ("schema_version", "1", "1.0"),
-    ("rank", "8", '"8"'),
-    ("size_bytes", "1000", "1000.0"),
-    ("canary_percent", None, '"10"'),               # a string for a number
-    ("issued_at", None, "{issued}"),                # a number for a timestamp
-])
+@pytest.mark.parametrize(
+    "field, old, new",
+    [
+        ("seq", None, '"{seq}"'),  # a string for an integer
+        ("seq", None, "{seq}.0"),  # a float for an integer
+        ("schema_version", "1", "true"),  # a boolean for an integer
+        ("schema_version", "1", "1.0"),
+        ("rank", "8", '"8"'),
+        ("size_bytes", "1000", "1000.0"),
+        ("canary_percent", None, '"10"'),  # a string for a number
+        ("issued_at", None, "{issued}"),  # a number for a timestamp
+    ],
+)
 def test_type_coercion_is_refused(field: str, old: str | None, new: str) -> None:
     reg = Registry()
     action = "canary" if field == "canary_percent" else "publish"
@@ -100,8 +113,11 @@ def test_type_coercion_is_refused(field: str, old: str | None, new: str) -> None
         event = reg.event("publish", "1")
     raw = wire(event)
     data = json.loads(raw)
-    value = {"seq": str(event.seq), "canary_percent": "10.0",
-             "issued_at": json.dumps(data["issued_at"])}.get(field, old)
+    value = {
+        "seq": str(event.seq),
+        "canary_percent": "10.0",
+        "issued_at": json.dumps(data["issued_at"]),
+    }.get(field, old)
     replacement = new.format(seq=event.seq, issued=int(event.issued_at.timestamp()))
     needle = f'"{field}":{value}'
     assert needle in raw, needle
@@ -109,24 +125,30 @@ def test_type_coercion_is_refused(field: str, old: str | None, new: str) -> None
     assert rejected(reg.send(hostile.encode())) is Reason.invalid
 
 
-@pytest.mark.parametrize("payload", [
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    ],
+)
 def test_deep_nesting_is_malformed_not_recursion_error(payload: bytes) -> None:
     assert rejected(Registry().send(payload)) is Reason.malformed
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda r: "\ufeff" + r,                                     # BOM
-    lambda r: r + "garbage",                                    # trailing garbage
-    lambda r: r + "\n{}",                                       # a second value
-    lambda r: r.replace('"reason":""', '"reason":"\\ud800"'),   # lone surrogate
-    lambda r: r.replace('"rank":8', '"rank":NaN'),
-    lambda r: r.replace('"rank":8', '"rank":Infinity'),
-    lambda r: r.replace('"rank":8', '"rank":1e999'),
-    lambda r: r.replace('"rank":8', '"rank":' + "9" * 5000),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda r: "\ufeff" + r,  # BOM
+        lambda r: r + "garbage",  # trailing garbage
+        lambda r: r + "\n{}",  # a second value
+        lambda r: r.replace('"reason":""', '"reason":"\\ud800"'),  # lone surrogate
+        lambda r: r.replace('"rank":8', '"rank":NaN'),
+        lambda r: r.replace('"rank":8', '"rank":Infinity'),
+        lambda r: r.replace('"rank":8', '"rank":1e999'),
+        lambda r: r.replace('"rank":8', '"rank":' + "9" * 5000),
+    ],
+)
 def test_hostile_json_forms_are_malformed(mutate) -> None:  # type: ignore[no-untyped-def]
     reg = Registry()
     raw = wire(reg.event("publish", "1"))
@@ -135,24 +157,29 @@ def test_hostile_json_forms_are_malformed(mutate) -> None:  # type: ignore[no-un
     assert rejected(reg.send(hostile.encode("utf-8", "surrogatepass"))) is Reason.malformed
 
 
-@pytest.mark.parametrize("uri", [
-    "s3://loraplane-artifacts/acme/{a}/1-{s}/../../beta/x/",
-    "s3://loraplane-artifacts/acme/{a}/./1-{s}/",
-    "s3://loraplane-artifacts/acme/{a}/1-{s}/./",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://loraplane-artifacts/acme/{a}/1-{s}/../../beta/x/",
+        "s3://loraplane-artifacts/acme/{a}/./1-{s}/",
+        "s3://loraplane-artifacts/acme/{a}/1-{s}/./",
+    ],
+)
 def test_dot_segments_in_artifact_uri_are_refused(uri: str) -> None:
     """Signed with the record built unvalidated (as a hostile signer would): the registry
     refuses to parse it, though the URI textually starts with the right prefix."""
     reg = Registry()
     good = record(A, "1")
-    bad = AdapterRecord.model_construct(**{**dict(good), "artifact_uri": uri.format(
-        a=A, s=good.sha256[:8])})
+    bad = AdapterRecord.model_construct(
+        **{**dict(good), "artifact_uri": uri.format(a=A, s=good.sha256[:8])}
+    )
     event = LifecycleEvent.model_construct(**{**dict(reg.event("publish", "1")), "record": bad})
     signed = KIT.keys["ci"].sign(event)
     assert rejected(reg.send(encode(signed))) is Reason.invalid
 
 
 # --- 2. anti-lockout ------------------------------------------------------------------------
+
 
 def test_seq_far_in_the_future_is_refused_and_cannot_lock_out() -> None:
     reg = Registry()
@@ -191,16 +218,20 @@ def test_huge_version_is_undone_by_revoking_it() -> None:
     assert rejected(reg.send(reg.event("publish", "2"))) is Reason.version_not_newer
     reg.do("revoke", "999999999.999999999", key="ops")
     reg.do("publish", "2")
-    assert rejected(reg.send(reg.event("publish", "999999999.999999999"))) \
-        is Reason.version_not_newer  # the revoked number is never reused
+    assert (
+        rejected(reg.send(reg.event("publish", "999999999.999999999"))) is Reason.version_not_newer
+    )  # the revoked number is never reused
     assert rejected(reg.send(reg.event("publish", "1.5"))) is Reason.version_not_newer
 
 
-@pytest.mark.parametrize("setup", [
-    [],                                   # 2 only published
-    [("canary", {"canary_percent": 0.0})],  # a canary with no traffic never served
-    [("retire", {})],                     # retired straight from published
-])
+@pytest.mark.parametrize(
+    "setup",
+    [
+        [],  # 2 only published
+        [("canary", {"canary_percent": 0.0})],  # a canary with no traffic never served
+        [("retire", {})],  # retired straight from published
+    ],
+)
 def test_rollback_to_a_never_released_version_is_refused(setup: list) -> None:  # type: ignore[type-arg]
     reg = Registry()
     reg.do("publish", "1")
@@ -209,8 +240,10 @@ def test_rollback_to_a_never_released_version_is_refused(setup: list) -> None:  
     for action, fields in setup:
         reg.do(action, "2", **fields)
     # an ops key may roll back (and has no promote scope in this attack's spirit)
-    assert rejected(reg.send(reg.event("rollback", "1", key="ops", rollback_to="2"))) \
+    assert (
+        rejected(reg.send(reg.event("rollback", "1", key="ops", rollback_to="2")))
         is Reason.rollback_to_never_served
+    )
     assert reg.view().active_version == "1"
 
 
@@ -232,8 +265,9 @@ def test_legacy_view_without_served_versions_still_rolls_back_to_its_previous() 
     reg.do("publish", "2")
     reg.do("promote", "2")
     state = reg.states[A]
-    reg.states[A] = state.model_copy(update={
-        "view": state.view.model_copy(update={"served_versions": []})})
+    reg.states[A] = state.model_copy(
+        update={"view": state.view.model_copy(update={"served_versions": []})}
+    )
     assert reg.do("rollback", "2").state.view.active_version == "1"
 
 
@@ -242,39 +276,47 @@ def test_priority_above_the_tenant_ceiling_is_refused() -> None:
     make an adapter never-evicted; acme is granted platinum."""
     reg = Registry()
     beta = dict(tenant_id="beta", adapter_id="beta-bot")
-    plat = record("beta-bot", "1", tenant="beta").model_copy(
-        update={"priority": Priority.platinum})
-    assert rejected(reg.send(reg.event("publish", "1", key="beta", record=plat, **beta))) \
+    plat = record("beta-bot", "1", tenant="beta").model_copy(update={"priority": Priority.platinum})
+    assert (
+        rejected(reg.send(reg.event("publish", "1", key="beta", record=plat, **beta)))
         is Reason.priority_above_ceiling
+    )
     gold = plat.model_copy(update={"priority": Priority.gold})
-    assert isinstance(reg.send(reg.event("publish", "1", key="beta", record=gold, **beta)),
-                      Accepted)
+    assert isinstance(
+        reg.send(reg.event("publish", "1", key="beta", record=gold, **beta)), Accepted
+    )
     mine = record(A, "1").model_copy(update={"priority": Priority.platinum})
     assert isinstance(reg.send(reg.event("publish", "1", record=mine)), Accepted)
 
 
 # --- 3. artifacts bound to their owner ------------------------------------------------------
 
-@pytest.mark.parametrize("uri", [
-    "s3://loraplane-artifacts/beta/{a}/1-{s}/",        # another tenant's prefix
-    "s3://loraplane-artifacts/acme/other-bot/1-{s}/",  # another adapter's
-    "s3://loraplane-artifacts/acme/{a}/2-{s}/",        # another version's
-    "s3://loraplane-artifacts/acme/{a}/1-00000000/",   # other bytes
-    "s3://loraplane-artifacts/{a}/1-{s}/",             # the old layout, without tenant
-])
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://loraplane-artifacts/beta/{a}/1-{s}/",  # another tenant's prefix
+        "s3://loraplane-artifacts/acme/other-bot/1-{s}/",  # another adapter's
+        "s3://loraplane-artifacts/acme/{a}/2-{s}/",  # another version's
+        "s3://loraplane-artifacts/acme/{a}/1-00000000/",  # other bytes
+        "s3://loraplane-artifacts/{a}/1-{s}/",  # the old layout, without tenant
+    ],
+)
 def test_publish_outside_the_adapters_own_prefix_is_refused(uri: str) -> None:
     reg = Registry()
     good = record(A, "1")
     bad = good.model_copy(update={"artifact_uri": uri.format(a=A, s=good.sha256[:8])})
-    assert rejected(reg.send(reg.event("publish", "1", record=bad))) \
-        is Reason.artifact_outside_prefix
+    assert (
+        rejected(reg.send(reg.event("publish", "1", record=bad))) is Reason.artifact_outside_prefix
+    )
 
 
 def test_publish_under_its_own_prefix_is_accepted_in_any_bucket() -> None:
     reg = Registry()
     good = record(A, "1")
-    other = good.model_copy(update={"artifact_uri": good.artifact_uri.replace(
-        "loraplane-artifacts", "tenant-bucket")})
+    other = good.model_copy(
+        update={"artifact_uri": good.artifact_uri.replace("loraplane-artifacts", "tenant-bucket")}
+    )
     assert isinstance(reg.send(reg.event("publish", "1", record=other)), Accepted)
 
 
@@ -301,7 +343,7 @@ def test_a_non_canonical_signature_string_is_refused() -> None:
     last = event.signature[-3]
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
     base = alphabet.index(last) & ~0b1111
-    for alias in alphabet[base:base + 16]:
+    for alias in alphabet[base : base + 16]:
         if alias == last:
             continue
         edited = event.model_copy(update={"signature": event.signature[:-3] + alias + "=="})

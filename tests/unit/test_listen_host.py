@@ -35,8 +35,13 @@ def test_only_an_address_is_accepted() -> None:
 def test_nothing_in_the_repository_but_the_chart_moves_it_off_loopback() -> None:
     """Scripts, tests, benchmarks, the systemd units and the demo all keep the default, so
     every listener they start binds 127.0.0.1."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     offenders = []
     for name in files:
         if name in ALLOWED or name.startswith(("infra/helm/", "docs/")):
@@ -63,12 +68,14 @@ async def test_the_worker_s_listeners_bind_the_setting(monkeypatch: pytest.Monke
     """The gateway and the worker's /metrics listener take their address from the settings
     (recorded here, nothing is bound)."""
     from aiohttp import web
+
     from loraplane.workers import runner
 
     bound: list[str] = []
 
-    async def record(app: web.Application, host: str, port: int, *_: object,
-                     **__: object) -> tuple[str, None]:
+    async def record(
+        app: web.Application, host: str, port: int, *_: object, **__: object
+    ) -> tuple[str, None]:
         bound.append(host)
         return "runner", None
 
@@ -82,7 +89,8 @@ def test_the_progress_endpoint_binds_what_it_is_given(monkeypatch: pytest.Monkey
     from loraplane.kernel import progress_metrics
 
     bound: list[str] = []
-    monkeypatch.setattr(progress_metrics, "start_http_server",
-                        lambda port, addr, registry: bound.append(addr))
+    monkeypatch.setattr(
+        progress_metrics, "start_http_server", lambda port, addr, registry: bound.append(addr)
+    )
     progress_metrics.serve_progress(18201, host=Settings().listen_host)
     assert bound == [LOOPBACK]

@@ -7,6 +7,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loraplane.workers.load_interference import (
     MIN_POINTS,
     LoadWindows,
@@ -16,8 +17,9 @@ from loraplane.workers.load_interference import (
 
 
 @given(st.floats(0.0, 0.95), st.floats(5.0, 200.0), st.integers(0, 2**32 - 1))
-def test_the_line_through_finished_requests_finds_the_stall(stall: float, r0: float,
-                                                            seed: int) -> None:
+def test_the_line_through_finished_requests_finds_the_stall(
+    stall: float, r0: float, seed: int
+) -> None:
     rng = random.Random(seed)
     est = StallEstimate()
     for k in range(400):
@@ -43,8 +45,7 @@ def test_no_stall_is_known_until_requests_with_and_without_a_load_were_seen() ->
 odd = st.sampled_from([float("nan"), float("inf"), -float("inf")])
 
 
-@given(st.lists(st.tuples(st.floats(-1e6, 1e6) | odd, st.floats(-1e6, 1e6) | odd),
-                max_size=60))
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6) | odd, st.floats(-1e6, 1e6) | odd), max_size=60))
 def test_hostile_points_never_raise_nor_leave_0_to_1(points: list[tuple[float, float]]) -> None:
     est = StallEstimate()
     for k, (x, y) in enumerate(points):
@@ -58,7 +59,8 @@ windows = st.lists(st.tuples(st.floats(0, 100), st.floats(0, 20)), max_size=12)
 
 @given(windows, st.floats(0, 120), st.just(0.0) | st.floats(1e-3, 30))
 def test_overlap_is_the_share_of_a_request_under_the_union_of_loads(
-        spans: list[tuple[float, float]], start: float, length: float) -> None:
+    spans: list[tuple[float, float]], start: float, length: float
+) -> None:
     loads = LoadWindows()
     for lo, d in spans:
         loads.add(lo, lo + d)
@@ -66,8 +68,10 @@ def test_overlap_is_the_share_of_a_request_under_the_union_of_loads(
     got = loads.overlap(start, end)
     steps = 2000  # the same measure by sampling
     if length > 0:
-        inside = sum(any(lo <= start + (k + 0.5) * length / steps < lo + d for lo, d in spans)
-                     for k in range(steps))
+        inside = sum(
+            any(lo <= start + (k + 0.5) * length / steps < lo + d for lo, d in spans)
+            for k in range(steps)
+        )
         assert abs(got - inside / steps) <= 0.01 + 1e-9
     else:
         assert got == 0.0
@@ -84,10 +88,15 @@ def test_the_load_time_is_a_moving_average_and_old_windows_go() -> None:
     assert loads.windows == [(10_000.0, 10_000.1)]
 
 
-@given(st.integers(1, 10_000), st.floats(0.0, 1.0), st.none() | st.floats(0.0, 1.0),
-       st.none() | st.floats(0.0, 100.0))
+@given(
+    st.integers(1, 10_000),
+    st.floats(0.0, 1.0),
+    st.none() | st.floats(0.0, 1.0),
+    st.none() | st.floats(0.0, 100.0),
+)
 def test_the_budget_stays_between_one_and_the_policys_and_falls_as_loads_cost_more(
-        ceiling: int, share: float, stall: float | None, load_s: float | None) -> None:
+    ceiling: int, share: float, stall: float | None, load_s: float | None
+) -> None:
     n = adapted_budget(ceiling, share, stall, load_s)
     assert 1 <= n <= ceiling
     if share == 0 or stall is None or load_s is None:

@@ -43,13 +43,17 @@ def test_settings_find_each_login_under_secrets_dir(tmp_path: Path) -> None:
     ensure_secret(settings.clickhouse.password_file("loraplane_reader"))
     user, password = settings.clickhouse.login(reader=True)
     assert user == "loraplane_reader" and password == read_secret(
-        tmp_path / "secrets" / "clickhouse-loraplane_reader")
+        tmp_path / "secrets" / "clickhouse-loraplane_reader"
+    )
     with pytest.raises(SecretError):
         settings.clickhouse.login()  # the writer's file was never made
     assert settings.s3.credentials_file == tmp_path / "secrets" / "s3-secret"
     assert settings.vllm_api_key_path(18000) == tmp_path / "secrets" / "vllm-18000.key"
-    given = Settings(home=tmp_path, s3={"secret_access_key": "given-secret"},
-                     clickhouse={"password": "given-password"})
+    given = Settings(
+        home=tmp_path,
+        s3={"secret_access_key": "given-secret"},
+        clickhouse={"password": "given-password"},
+    )
     assert given.s3.secret() == "given-secret"
     assert given.clickhouse.login() == ("loraplane", "given-password")
     assert "given-secret" not in repr(given) and "given-password" not in repr(given)
@@ -73,10 +77,12 @@ def secret_volume(root: Path, files: dict[str, bytes]) -> Path:
     return volume
 
 
-def test_a_secret_volume_is_installed_private_where_the_runtimes_read_it(
-        tmp_path: Path) -> None:
-    files = {"kafka/worker.password": b"pw-of-the-worker", "router-secret": b"\x00\xffkey" * 4,
-             "s3-secret": b"s3-secret-key\n"}
+def test_a_secret_volume_is_installed_private_where_the_runtimes_read_it(tmp_path: Path) -> None:
+    files = {
+        "kafka/worker.password": b"pw-of-the-worker",
+        "router-secret": b"\x00\xffkey" * 4,
+        "s3-secret": b"s3-secret-key\n",
+    }
     volume = secret_volume(tmp_path, files)
     with pytest.raises(SecretError, match="chmod 600"):
         read_secret(volume / "s3-secret")  # as mounted: group-readable, refused

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loraplane.dashboards import grafana_export
+from loraplane.kernel.config import Settings
+from loraplane.metrics import migrations, queries
+from loraplane.metrics.sink import COMPONENT, Sink
+from loraplane.metrics.tables import TABLES
 from loraplane.schemas.cache_event import CacheEvent
 from loraplane.schemas.codec import encode
 from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestLog
-
-from loraplane.kernel.config import Settings
-from loraplane.metrics import migrations, queries
-from loraplane.metrics.sink import COMPONENT, Sink
-from loraplane.metrics.tables import TABLES
 
 OLD, NEW = migrations.ServerFeatures.parse("18.16.1"), migrations.ServerFeatures.parse("24.8.4.13")
 
@@ -104,8 +104,9 @@ def test_unknown_or_path_like_query_names_are_refused() -> None:
 
 
 def test_grafana_dashboard_is_generated_from_the_pack() -> None:
-    assert grafana_export.OUT.read_text() == grafana_export.render(), \
+    assert grafana_export.OUT.read_text() == grafana_export.render(), (
         "run: python -m loraplane.dashboards.grafana_export"
+    )
     for name in queries.names():
         assert "%(" not in queries.grafana_sql(name)
 
@@ -115,17 +116,26 @@ def test_grafana_panels_run_the_pack_on_the_clickhouse_plugin() -> None:
     pack's SQL for grafana-clickhouse-datasource, and no two panels overlap on the grid."""
     board = json.loads(grafana_export.OUT.read_text())
     panels = [p for p in board["panels"] if p["type"] != "row"]
-    assert {p["description"].removeprefix("dashboards/queries/").removesuffix(".sql")
-            for p in panels} == set(queries.names())
+    assert {
+        p["description"].removeprefix("dashboards/queries/").removesuffix(".sql") for p in panels
+    } == set(queries.names())
     for panel in panels:
         [target] = panel["targets"]
         name = panel["description"].removeprefix("dashboards/queries/").removesuffix(".sql")
         assert queries.grafana_sql(name) in target["rawSql"]
-        assert panel["datasource"]["type"] == target["datasource"]["type"] == \
-            "grafana-clickhouse-datasource"
+        assert (
+            panel["datasource"]["type"]
+            == target["datasource"]["type"]
+            == "grafana-clickhouse-datasource"
+        )
         assert target["format"] == (0 if panel["type"] == "timeseries" else 1)
-    cells = [(x, y) for p in board["panels"] for g in [p["gridPos"]]
-             for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])]
+    cells = [
+        (x, y)
+        for p in board["panels"]
+        for g in [p["gridPos"]]
+        for x in range(g["x"], g["x"] + g["w"])
+        for y in range(g["y"], g["y"] + g["h"])
+    ]
     assert len(cells) == len(set(cells)) and max(x for x, _ in cells) < 24
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["query"] == "grafana-clickhouse-datasource"
@@ -136,10 +146,13 @@ def test_adapter_view_joins_request_and_cache_rows() -> None:
     labels = {"base_model": "b", "adapter_id": "a", "adapter_version": "1", "tenant_id": "t"}
     cache_only = {**labels, "adapter_id": "z"}
     cache = {k: 1 for k in queries.CACHE_COLUMNS}
-    view = queries.merge_adapter_view([{**labels, "requests": 5}],
-                                      [{**labels, **cache}, {**cache_only, **cache}])
-    assert [(r["adapter_id"], r["requests"], r["loads"]) for r in view] == [("a", 5, 1),
-                                                                            ("z", 0, 1)]
+    view = queries.merge_adapter_view(
+        [{**labels, "requests": 5}], [{**labels, **cache}, {**cache_only, **cache}]
+    )
+    assert [(r["adapter_id"], r["requests"], r["loads"]) for r in view] == [
+        ("a", 5, 1),
+        ("z", 0, 1),
+    ]
 
 
 @dataclass
@@ -170,21 +183,40 @@ class FakeMessage:
 
 
 def request(i: int) -> RequestLog:
-    return RequestLog(event_id=f"e{i}", ts=datetime.now(UTC), request_id="r", tenant_id="t",
-                      base_model="b", adapter_id="a", worker_id="w", tier_at_arrival="gpu")
+    return RequestLog(
+        event_id=f"e{i}",
+        ts=datetime.now(UTC),
+        request_id="r",
+        tenant_id="t",
+        base_model="b",
+        adapter_id="a",
+        worker_id="w",
+        tier_at_arrival="gpu",
+    )
 
 
 def test_decode_splits_rows_from_dead_letters() -> None:
     sink = Sink(Settings())
-    ce = CacheEvent(event_id="c", ts=datetime.now(UTC), worker_id="w", base_model="b",
-                    tenant_id="t", adapter_id="a", adapter_version="1", lora_name="n",
-                    kind="load", bytes=2**64)
-    batch = sink.decode([
-        FakeMessage("loraplane.requests", encode(request(1)), 5),
-        FakeMessage("loraplane.requests", b"\xff\xfe", 6),
-        FakeMessage("loraplane.requests", b'{"event_id": "x"}', 7),
-        FakeMessage("loraplane.cache-events", encode(ce), 3),
-    ])
+    ce = CacheEvent(
+        event_id="c",
+        ts=datetime.now(UTC),
+        worker_id="w",
+        base_model="b",
+        tenant_id="t",
+        adapter_id="a",
+        adapter_version="1",
+        lora_name="n",
+        kind="load",
+        bytes=2**64,
+    )
+    batch = sink.decode(
+        [
+            FakeMessage("loraplane.requests", encode(request(1)), 5),
+            FakeMessage("loraplane.requests", b"\xff\xfe", 6),
+            FakeMessage("loraplane.requests", b'{"event_id": "x"}', 7),
+            FakeMessage("loraplane.cache-events", encode(ce), 3),
+        ]
+    )
     assert [row[0] for row in batch.rows["request_log"].rows] == ["e1"]
     assert [d.reason for d in batch.dead] == ["malformed", "invalid", "out_of_range"]
     assert batch.offsets == {("loraplane.requests", 0): 7, ("loraplane.cache-events", 0): 3}

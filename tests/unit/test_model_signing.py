@@ -19,11 +19,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.adapter import AdapterRecord, Priority
-from loraplane.schemas.keyring import Keyring, ModelSignerEntry, TenantPolicy, parse_keyring
-from loraplane.schemas.manifest import DroppedFile, InertKind, Manifest, ManifestFile
-from loraplane.schemas.pem import key_fingerprint
-from loraplane.schemas.reasons import ArtifactReason as Reason
 from pydantic import ValidationError
 
 from loraplane.artifact import model_signing_bundle
@@ -50,6 +45,11 @@ from loraplane.artifact_publish import (
     SigningUnavailable,
     build_record,
 )
+from loraplane.schemas.adapter import AdapterRecord, Priority
+from loraplane.schemas.keyring import Keyring, ModelSignerEntry, TenantPolicy, parse_keyring
+from loraplane.schemas.manifest import DroppedFile, InertKind, Manifest, ManifestFile
+from loraplane.schemas.pem import key_fingerprint
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter
 from tests.model_signing_kit import (
     MODEL_SIGNING_REASONS,
@@ -78,8 +78,9 @@ def request(tenant: str = "acme") -> PublishRequest:
     return PublishRequest("chat", tenant, TINY_BASE_MODEL, "1", Priority.silver)
 
 
-def publish(folder: Path, keyring: Keyring | None,
-            tenant: str = "acme") -> tuple[AdapterRecord, Manifest]:
+def publish(
+    folder: Path, keyring: Keyring | None, tenant: str = "acme"
+) -> tuple[AdapterRecord, Manifest]:
     return build_record(folder, request(tenant), BUCKET, keyring=keyring)
 
 
@@ -107,8 +108,9 @@ def at_worker(copy: Path, record: AdapterRecord, keyring: Keyring | None) -> Non
     SignatureCheck(lambda: keyring)(copy, manifest, record)
 
 
-def worker_reasons(copy: Path, record: AdapterRecord, keyring: Keyring | None
-                   ) -> tuple[Reason, ...]:
+def worker_reasons(
+    copy: Path, record: AdapterRecord, keyring: Keyring | None
+) -> tuple[Reason, ...]:
     with pytest.raises(Refused) as refused:
         at_worker(copy, record, keyring)
     return refused.value.reasons
@@ -122,9 +124,13 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EcKey]:
 
 @pytest.fixture(scope="module")
 def keyring(keys: dict[str, EcKey]) -> Keyring:
-    return Keyring(model_signers=[key_signer("acme-models", ["acme"], keys["acme"]),
-                                  key_signer("globex-models", ["globex"], keys["globex"]),
-                                  key_signer("acme-old", ["acme"], keys["old"], revoked=True)])
+    return Keyring(
+        model_signers=[
+            key_signer("acme-models", ["acme"], keys["acme"]),
+            key_signer("globex-models", ["globex"], keys["globex"]),
+            key_signer("acme-old", ["acme"], keys["old"], revoked=True),
+        ]
+    )
 
 
 @pytest.fixture()
@@ -135,7 +141,8 @@ def signed(tmp_path: Path, keys: dict[str, EcKey]) -> Path:
 
 
 def test_a_signed_peft_folder_publishes_with_its_signer_and_loads(
-        signed: Path, keyring: Keyring, keys: dict[str, EcKey], tmp_path: Path) -> None:
+    signed: Path, keyring: Keyring, keys: dict[str, EcKey], tmp_path: Path
+) -> None:
     record, manifest = publish(signed, keyring)
     bundle = manifest.file(BUNDLE_NAME)
     assert bundle is not None and record.model_signature is not None
@@ -151,15 +158,15 @@ def test_a_signed_peft_folder_publishes_with_its_signer_and_loads(
 
 
 def test_a_bundle_that_left_the_model_card_out_also_verifies(
-        tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring) -> None:
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
     folder = trainer_folder(tmp_path, "adapter")
     sign_with_key(folder, keys["acme"], ignore=("README.md",))
     record, manifest = publish(folder, keyring)
     at_worker(uploaded(folder, manifest, tmp_path / "worker"), record, keyring)
 
 
-def test_certificate_signing_verifies_with_the_ca_and_the_one_subject(
-        tmp_path: Path) -> None:
+def test_certificate_signing_verifies_with_the_ca_and_the_one_subject(tmp_path: Path) -> None:
     ca = certificate_signer(tmp_path / "pki", "acme-release")
     folder = trainer_folder(tmp_path, "adapter")
     sign_with_certificate(folder, ca)
@@ -169,13 +176,15 @@ def test_certificate_signing_verifies_with_the_ca_and_the_one_subject(
     assert record.model_signature.identity == ca.subject == "O=Acme,CN=acme-release"
     at_worker(uploaded(folder, manifest, tmp_path / "worker"), record, ring)
     # The same CA vouches only for that subject: a sibling certificate signs nothing.
-    other = Keyring(model_signers=[certificate_entry("acme-ca", ["acme"], ca,
-                                                     subject="O=Acme,CN=someone-else")])
+    other = Keyring(
+        model_signers=[certificate_entry("acme-ca", ["acme"], ca, subject="O=Acme,CN=someone-else")]
+    )
     assert "model_signature_invalid model.sig" in refused_reasons(folder, other)
     # ... and only with its own anchors: another CA's certificates do not chain.
     stranger = certificate_signer(tmp_path / "pki2", "acme-release")
     assert "model_signature_invalid" in refused_reasons(
-        folder, Keyring(model_signers=[certificate_entry("acme-ca", ["acme"], stranger)]))
+        folder, Keyring(model_signers=[certificate_entry("acme-ca", ["acme"], stranger)])
+    )
 
 
 # ---- refused at publish ------------------------------------------------------------------
@@ -190,8 +199,9 @@ def test_a_byte_changed_after_signing_is_refused(signed: Path, keyring: Keyring)
 
 def test_a_file_added_after_signing_is_refused(signed: Path, keyring: Keyring) -> None:
     shutil.copyfile(signed / WEIGHTS_NAME, signed / "adapter_model_extra.safetensors")
-    assert ("model_signature_mismatch adapter_model_extra.safetensors (not signed by the "
-            "bundle)") in refused_reasons(signed, keyring)
+    assert (
+        "model_signature_mismatch adapter_model_extra.safetensors (not signed by the bundle)"
+    ) in refused_reasons(signed, keyring)
 
 
 def test_a_model_card_changed_after_signing_is_refused(signed: Path, keyring: Keyring) -> None:
@@ -200,50 +210,58 @@ def test_a_model_card_changed_after_signing_is_refused(signed: Path, keyring: Ke
     assert "model_signature_mismatch README.md" in refused_reasons(signed, keyring)
 
 
-def test_the_bundle_of_other_files_is_refused(signed: Path, tmp_path: Path,
-                                              keys: dict[str, EcKey], keyring: Keyring) -> None:
+def test_the_bundle_of_other_files_is_refused(
+    signed: Path, tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
     other = trainer_folder(tmp_path, "other", seed=2)
     (other / "notes.txt").write_text("signed, never published\n")
     sign_with_key(other, keys["acme"])
     shutil.copyfile(other / BUNDLE_NAME, signed / BUNDLE_NAME)
     message = refused_reasons(signed, keyring)
     assert f"model_signature_mismatch {WEIGHTS_NAME}" in message
-    assert "model_signature_mismatch notes.txt (signed, but not a file of this artifact)" \
-        in message
+    assert "model_signature_mismatch notes.txt (signed, but not a file of this artifact)" in message
 
 
-def test_a_key_the_keyring_does_not_trust_is_refused(tmp_path: Path, keys: dict[str, EcKey],
-                                                     keyring: Keyring) -> None:
+def test_a_key_the_keyring_does_not_trust_is_refused(
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
     folder = trainer_folder(tmp_path, "adapter")
     sign_with_key(folder, keys["stranger"])
     message = refused_reasons(folder, keyring)
-    assert "model_signature_invalid model.sig (no trusted key verifies it: acme-models:" \
-        in message
+    assert "model_signature_invalid model.sig (no trusted key verifies it: acme-models:" in message
 
 
-def test_a_valid_key_of_another_tenant_is_refused(tmp_path: Path, keys: dict[str, EcKey],
-                                                  keyring: Keyring) -> None:
+def test_a_valid_key_of_another_tenant_is_refused(
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
     folder = trainer_folder(tmp_path, "adapter")
     sign_with_key(folder, keys["globex"])
-    assert ("model_signer_out_of_scope model.sig (signed by globex-models, which may not "
-            "sign acme's adapters)") in refused_reasons(folder, keyring)
+    assert (
+        "model_signer_out_of_scope model.sig (signed by globex-models, which may not "
+        "sign acme's adapters)"
+    ) in refused_reasons(folder, keyring)
     record, _ = publish(folder, keyring, tenant="globex")  # its own tenant's, it may sign
     assert record.model_signature is not None
     assert record.model_signature.signer_id == "globex-models"
 
 
-def test_a_revoked_signer_is_refused(tmp_path: Path, keys: dict[str, EcKey],
-                                     keyring: Keyring) -> None:
+def test_a_revoked_signer_is_refused(
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
     folder = trainer_folder(tmp_path, "adapter")
     sign_with_key(folder, keys["old"])
-    assert "model_signer_revoked model.sig (signed by acme-old, which is revoked)" \
+    assert (
+        "model_signer_revoked model.sig (signed by acme-old, which is revoked)"
         in refused_reasons(folder, keyring)
+    )
 
 
 def test_a_tenant_that_requires_signing_publishes_nothing_unsigned(
-        tmp_path: Path, keyring: Keyring) -> None:
-    strict = keyring.model_copy(update={"tenants": {
-        "acme": TenantPolicy(require_model_signature=True)}})
+    tmp_path: Path, keyring: Keyring
+) -> None:
+    strict = keyring.model_copy(
+        update={"tenants": {"acme": TenantPolicy(require_model_signature=True)}}
+    )
     folder = trainer_folder(tmp_path, "adapter")
     assert "model_signature_required model.sig" in refused_reasons(folder, strict)
     record, _ = publish(folder, strict, tenant="initech")  # other tenants: as before
@@ -251,8 +269,7 @@ def test_a_tenant_that_requires_signing_publishes_nothing_unsigned(
 
 
 def test_a_bundle_needs_a_keyring(signed: Path) -> None:
-    assert "model_signature_invalid model.sig (no readable keyring" \
-        in refused_reasons(signed, None)
+    assert "model_signature_invalid model.sig (no readable keyring" in refused_reasons(signed, None)
 
 
 def test_an_unsigned_folder_publishes_as_before(tmp_path: Path, keyring: Keyring) -> None:
@@ -262,7 +279,8 @@ def test_an_unsigned_folder_publishes_as_before(tmp_path: Path, keyring: Keyring
 
 
 def test_without_the_library_a_signed_folder_says_which_extra(
-        signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record, manifest = publish(signed, keyring)
     copy = uploaded(signed, manifest, tmp_path / "worker")
 
@@ -287,21 +305,30 @@ def republished(folder: Path, record: AdapterRecord, dest: Path) -> tuple[Path, 
     model_signature claim unless the bundle changed."""
     listing = DirectoryArtifact(folder)
     manifest = Manifest(
-        files=[ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
-               for f in listing.files() if f.path not in ("README.md", MANIFEST_NAME)],
-        dropped=[DroppedFile(path="README.md", sha256=listing.sha256("README.md"),
-                             size=(folder / "README.md").stat().st_size,
-                             kind=InertKind.model_card)])
+        files=[
+            ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
+            for f in listing.files()
+            if f.path not in ("README.md", MANIFEST_NAME)
+        ],
+        dropped=[
+            DroppedFile(
+                path="README.md",
+                sha256=listing.sha256("README.md"),
+                size=(folder / "README.md").stat().st_size,
+                kind=InertKind.model_card,
+            )
+        ],
+    )
     signature = record.model_signature
     if signature is not None:
         signature = signature.model_copy(update={"bundle_sha256": listing.sha256(BUNDLE_NAME)})
-    forged = record.model_copy(update={"sha256": manifest.digest,
-                                       "model_signature": signature})
+    forged = record.model_copy(update={"sha256": manifest.digest, "model_signature": signature})
     return uploaded(folder, manifest, dest), forged
 
 
 def test_the_worker_refuses_bytes_changed_under_a_forged_record(
-        signed: Path, keyring: Keyring, tmp_path: Path) -> None:
+    signed: Path, keyring: Keyring, tmp_path: Path
+) -> None:
     record, _ = publish(signed, keyring)
     data = bytearray((signed / WEIGHTS_NAME).read_bytes())
     data[-1] ^= 0x01
@@ -311,7 +338,8 @@ def test_the_worker_refuses_bytes_changed_under_a_forged_record(
 
 
 def test_the_worker_refuses_a_file_added_under_a_forged_record(
-        signed: Path, keyring: Keyring, tmp_path: Path) -> None:
+    signed: Path, keyring: Keyring, tmp_path: Path
+) -> None:
     record, _ = publish(signed, keyring)
     # A safetensors file without tensors: the content checks pass it, the bundle does not.
     header = b'{"__metadata__":{}}'
@@ -322,9 +350,12 @@ def test_the_worker_refuses_a_file_added_under_a_forged_record(
 
 
 def test_the_worker_refuses_another_tenants_key_and_an_untrusted_one(
-        tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring) -> None:
-    for signer, reason in (("globex", Reason.model_signer_out_of_scope),
-                           ("stranger", Reason.model_signature_invalid)):
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
+    for signer, reason in (
+        ("globex", Reason.model_signer_out_of_scope),
+        ("stranger", Reason.model_signature_invalid),
+    ):
         folder = trainer_folder(tmp_path, f"by-{signer}")
         sign_with_key(folder, keys[signer])
         # Published where the publisher trusts the key for acme (its own keyring lied)...
@@ -337,47 +368,63 @@ def test_the_worker_refuses_another_tenants_key_and_an_untrusted_one(
 
 
 def test_the_worker_refuses_a_signer_revoked_after_publish(
-        signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path) -> None:
+    signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path
+) -> None:
     record, manifest = publish(signed, keyring)
     copy = uploaded(signed, manifest, tmp_path / "worker")
-    revoked = keyring.model_copy(update={"model_signers": [
-        key_signer("acme-models", ["acme"], keys["acme"], revoked=True)]})
+    revoked = keyring.model_copy(
+        update={"model_signers": [key_signer("acme-models", ["acme"], keys["acme"], revoked=True)]}
+    )
     assert worker_reasons(copy, record, revoked) == (Reason.model_signer_revoked,)
 
 
 def test_the_worker_refuses_an_unsigned_record_of_a_tenant_that_requires_one(
-        tmp_path: Path, keyring: Keyring) -> None:
+    tmp_path: Path, keyring: Keyring
+) -> None:
     folder = trainer_folder(tmp_path, "adapter")
     record, manifest = publish(folder, keyring)
-    strict = keyring.model_copy(update={"tenants": {
-        "acme": TenantPolicy(require_model_signature=True)}})
+    strict = keyring.model_copy(
+        update={"tenants": {"acme": TenantPolicy(require_model_signature=True)}}
+    )
     copy = uploaded(folder, manifest, tmp_path / "worker")
     assert worker_reasons(copy, record, strict) == (Reason.model_signature_required,)
 
 
 def test_the_worker_refuses_a_record_that_names_another_signer_or_no_bundle(
-        signed: Path, keyring: Keyring, tmp_path: Path) -> None:
+    signed: Path, keyring: Keyring, tmp_path: Path
+) -> None:
     record, manifest = publish(signed, keyring)
     assert record.model_signature is not None
     copy = uploaded(signed, manifest, tmp_path / "worker")
-    other = record.model_copy(update={"model_signature": record.model_signature.model_copy(
-        update={"signer_id": "globex-models"})})
+    other = record.model_copy(
+        update={
+            "model_signature": record.model_signature.model_copy(
+                update={"signer_id": "globex-models"}
+            )
+        }
+    )
     assert worker_reasons(copy, other, keyring) == (Reason.record_mismatch,)
     unnamed = record.model_copy(update={"model_signature": None})
     assert worker_reasons(copy, unnamed, keyring) == (Reason.record_mismatch,)
 
 
-def test_the_worker_refuses_without_a_keyring(signed: Path, keyring: Keyring,
-                                              tmp_path: Path) -> None:
+def test_the_worker_refuses_without_a_keyring(
+    signed: Path, keyring: Keyring, tmp_path: Path
+) -> None:
     record, manifest = publish(signed, keyring)
     copy = uploaded(signed, manifest, tmp_path / "worker")
     assert worker_reasons(copy, record, None) == (Reason.model_signature_invalid,)
 
 
 def test_every_model_signing_reason_has_a_case_here() -> None:
-    cases = {Reason.model_signature_required, Reason.model_signature_invalid,
-             Reason.model_signer_out_of_scope, Reason.model_signer_revoked,
-             Reason.model_signature_mismatch, Reason.model_signing_unavailable}
+    cases = {
+        Reason.model_signature_required,
+        Reason.model_signature_invalid,
+        Reason.model_signer_out_of_scope,
+        Reason.model_signer_revoked,
+        Reason.model_signature_mismatch,
+        Reason.model_signing_unavailable,
+    }
     assert cases == MODEL_SIGNING_REASONS
     assert {r for r in Reason if r.value.startswith("model_sign")} == MODEL_SIGNING_REASONS
 
@@ -385,20 +432,39 @@ def test_every_model_signing_reason_has_a_case_here() -> None:
 # ---- hostile bundles and the pure comparison ---------------------------------------------
 HOSTILE_BUNDLES = st.one_of(
     st.binary(max_size=2048),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                 lambda inner: st.lists(inner, max_size=4)
-                 | st.dictionaries(st.sampled_from(["mediaType", "verificationMaterial",
-                                                    "dsseEnvelope", "publicKey", "payload",
-                                                    "signatures", "hint", "x"]), inner,
-                                   max_size=4), max_leaves=12).map(
-        lambda v: json.dumps(v).encode()))
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "mediaType",
+                        "verificationMaterial",
+                        "dsseEnvelope",
+                        "publicKey",
+                        "payload",
+                        "signatures",
+                        "hint",
+                        "x",
+                    ]
+                ),
+                inner,
+                max_size=4,
+            )
+        ),
+        max_leaves=12,
+    ).map(lambda v: json.dumps(v).encode()),
+)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=HOSTILE_BUNDLES)
-def test_a_hostile_bundle_is_refused_never_raised(data: bytes, keyring: Keyring,
-                                                  tmp_path: Path) -> None:
+def test_a_hostile_bundle_is_refused_never_raised(
+    data: bytes, keyring: Keyring, tmp_path: Path
+) -> None:
     folder = tmp_path / "hostile"
     folder.mkdir(exist_ok=True)
     (folder / BUNDLE_NAME).write_bytes(data)
@@ -415,23 +481,37 @@ def test_a_bundle_over_the_limit_is_not_parsed(tmp_path: Path, keyring: Keyring)
     assert isinstance(outcome, tuple) and "bytes > 1048576" in outcome[0].detail
 
 
-FILE_NAMES = st.sampled_from(["adapter_config.json", "adapter_model.safetensors",
-                              "extra.safetensors", "README.md", "notes.txt"])
+FILE_NAMES = st.sampled_from(
+    [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "extra.safetensors",
+        "README.md",
+        "notes.txt",
+    ]
+)
 DIGESTS = st.sampled_from(["a" * 64, "b" * 64])
 
 
-@given(served=st.dictionaries(FILE_NAMES, DIGESTS, min_size=1),
-       dropped=st.dictionaries(FILE_NAMES, DIGESTS),
-       signed=st.dictionaries(FILE_NAMES, DIGESTS))
-def test_coverage_refuses_exactly_what_differs(served: dict[str, str], dropped: dict[str, str],
-                                               signed: dict[str, str]) -> None:
+@given(
+    served=st.dictionaries(FILE_NAMES, DIGESTS, min_size=1),
+    dropped=st.dictionaries(FILE_NAMES, DIGESTS),
+    signed=st.dictionaries(FILE_NAMES, DIGESTS),
+)
+def test_coverage_refuses_exactly_what_differs(
+    served: dict[str, str], dropped: dict[str, str], signed: dict[str, str]
+) -> None:
     dropped = {p: d for p, d in dropped.items() if p not in served}
-    manifest = Manifest(files=[ManifestFile(path=p, sha256=d, size=1) for p, d in served.items()],
-                        dropped=[DroppedFile(path=p, sha256=d, size=1, kind=InertKind.model_card)
-                                 for p, d in dropped.items()])
-    refusals = coverage_refusals(SignedFiles("files", "sha256",
-                                             {p: ("sha256", d) for p, d in signed.items()}),
-                                 manifest)
+    manifest = Manifest(
+        files=[ManifestFile(path=p, sha256=d, size=1) for p, d in served.items()],
+        dropped=[
+            DroppedFile(path=p, sha256=d, size=1, kind=InertKind.model_card)
+            for p, d in dropped.items()
+        ],
+    )
+    refusals = coverage_refusals(
+        SignedFiles("files", "sha256", {p: ("sha256", d) for p, d in signed.items()}), manifest
+    )
     unsigned = set(served) - set(signed)
     wrong = {p for p, d in signed.items() if {**dropped, **served}.get(p) != d}
     assert {r.path for r in refusals} == unsigned | wrong
@@ -447,23 +527,37 @@ def test_only_per_file_sha256_compares_with_the_manifest() -> None:
 
 def test_the_check_is_pure_given_a_verifier(keys: dict[str, EcKey]) -> None:
     """Which signer vouches is decided without any library: the verifier is handed in."""
-    manifest = Manifest(files=[ManifestFile(path="a.safetensors", sha256="a" * 64, size=1),
-                               ManifestFile(path=BUNDLE_NAME, sha256="c" * 64, size=1)])
+    manifest = Manifest(
+        files=[
+            ManifestFile(path="a.safetensors", sha256="a" * 64, size=1),
+            ManifestFile(path=BUNDLE_NAME, sha256="c" * 64, size=1),
+        ]
+    )
     ring = Keyring(model_signers=[key_signer("one", "*", keys["acme"])])
-    outcome = check_model_signature(manifest, "anyone", ring, lambda _entry: SignedFiles(
-        "files", "sha256", {"a.safetensors": ("sha256", "a" * 64)}))
+    outcome = check_model_signature(
+        manifest,
+        "anyone",
+        ring,
+        lambda _entry: SignedFiles("files", "sha256", {"a.safetensors": ("sha256", "a" * 64)}),
+    )
     assert isinstance(outcome, Signed) and outcome.signature.signer_id == "one"
-    assert isinstance(check_model_signature(Manifest(files=manifest.files[:1]), "anyone", ring,
-                                            None), Unsigned)
+    assert isinstance(
+        check_model_signature(Manifest(files=manifest.files[:1]), "anyone", ring, None), Unsigned
+    )
 
 
 # ---- the keyring's model signers and the record ------------------------------------------
 def test_keyring_model_signers_round_trip_and_are_validated(
-        keys: dict[str, EcKey], tmp_path: Path) -> None:
+    keys: dict[str, EcKey], tmp_path: Path
+) -> None:
     ca = certificate_signer(tmp_path, "acme-release")
-    ring = Keyring(model_signers=[key_signer("acme-models", ["acme"], keys["acme"]),
-                                  certificate_entry("acme-ca", ["acme"], ca)],
-                   tenants={"acme": TenantPolicy(require_model_signature=True)})
+    ring = Keyring(
+        model_signers=[
+            key_signer("acme-models", ["acme"], keys["acme"]),
+            certificate_entry("acme-ca", ["acme"], ca),
+        ],
+        tenants={"acme": TenantPolicy(require_model_signature=True)},
+    )
     again = parse_keyring(ring.to_yaml())
     assert again == ring and again.requires_model_signature("acme")
     assert not again.requires_model_signature("globex")
@@ -482,8 +576,12 @@ def test_keyring_model_signers_round_trip_and_are_validated(
         with pytest.raises(ValidationError):
             ModelSignerEntry.model_validate({"signer_id": "s", "tenants": ["acme"], **fields})
     with pytest.raises(ValidationError, match="duplicate signer_id"):
-        Keyring(model_signers=[key_signer("same", ["acme"], keys["acme"]),
-                               key_signer("same", ["globex"], keys["globex"])])
+        Keyring(
+            model_signers=[
+                key_signer("same", ["acme"], keys["acme"]),
+                key_signer("same", ["globex"], keys["globex"]),
+            ]
+        )
 
 
 def _secp256k1() -> Any:
@@ -496,12 +594,15 @@ def _ed25519_pem() -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    return Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
 
 
-def test_records_without_a_model_signature_keep_their_bytes(signed: Path,
-                                                            keyring: Keyring) -> None:
+def test_records_without_a_model_signature_keep_their_bytes(signed: Path, keyring: Keyring) -> None:
     """Old records decode, and their canonical bytes (what lifecycle events sign) are
     unchanged: the field is left out when absent."""
     record, _ = publish(signed, keyring)
@@ -514,49 +615,106 @@ def test_records_without_a_model_signature_keep_their_bytes(signed: Path,
 
 
 def test_keys_cli_trusts_revokes_and_requires_model_signers(
-        tmp_path: Path, keys: dict[str, EcKey]) -> None:
-    from loraplane.schemas.keyring import load_keyring
+    tmp_path: Path, keys: dict[str, EcKey]
+) -> None:
     from typer.testing import CliRunner
 
     from loraplane.cli import app
+    from loraplane.schemas.keyring import load_keyring
 
     path = tmp_path / "keyring.yaml"
     pem = tmp_path / "acme.pub"
     pem.write_text(keys["acme"].public_pem)
     runner = CliRunner()
-    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
-                               "acme-models", "--tenant", "acme", "--public-key", str(pem)])
+    done = runner.invoke(
+        app,
+        [
+            "keys",
+            "model-signer",
+            "--keyring",
+            str(path),
+            "--signer-id",
+            "acme-models",
+            "--tenant",
+            "acme",
+            "--public-key",
+            str(pem),
+        ],
+    )
     assert done.exit_code == 0, done.output
     assert key_fingerprint(keys["acme"].public_pem) in done.output
-    done = runner.invoke(app, ["keys", "tenant", "--keyring", str(path), "--tenant", "acme",
-                               "--max-priority", "platinum"])
-    done = runner.invoke(app, ["keys", "tenant", "--keyring", str(path), "--tenant", "acme",
-                               "--require-model-signature"])
-    assert done.exit_code == 0 and "max_priority platinum, model signature required" \
-        in done.output  # the ceiling set before is kept
+    done = runner.invoke(
+        app,
+        [
+            "keys",
+            "tenant",
+            "--keyring",
+            str(path),
+            "--tenant",
+            "acme",
+            "--max-priority",
+            "platinum",
+        ],
+    )
+    done = runner.invoke(
+        app,
+        ["keys", "tenant", "--keyring", str(path), "--tenant", "acme", "--require-model-signature"],
+    )
+    assert (
+        done.exit_code == 0 and "max_priority platinum, model signature required" in done.output
+    )  # the ceiling set before is kept
     ring = load_keyring(path)
     assert ring.requires_model_signature("acme")
     assert ring.max_priority("acme") is Priority.platinum
     assert [s.signer_id for s in ring.model_signers] == ["acme-models"]
-    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
-                               "acme-models", "--tenant", "acme", "--revoke"])
+    done = runner.invoke(
+        app,
+        [
+            "keys",
+            "model-signer",
+            "--keyring",
+            str(path),
+            "--signer-id",
+            "acme-models",
+            "--tenant",
+            "acme",
+            "--revoke",
+        ],
+    )
     assert done.exit_code == 0 and "acme-models: revoked" in done.output
     assert load_keyring(path).model_signers[0].revoked
     not_ec = tmp_path / "ed25519.pub"
     not_ec.write_text(_ed25519_pem())
-    done = runner.invoke(app, ["keys", "model-signer", "--keyring", str(path), "--signer-id",
-                               "bad", "--tenant", "acme", "--public-key", str(not_ec)])
+    done = runner.invoke(
+        app,
+        [
+            "keys",
+            "model-signer",
+            "--keyring",
+            str(path),
+            "--signer-id",
+            "bad",
+            "--tenant",
+            "acme",
+            "--public-key",
+            str(not_ec),
+        ],
+    )
     assert done.exit_code == 1 and "must be an EC key" in done.output
 
 
 def test_artifact_verify_checks_the_bundle_for_a_tenant(
-        signed: Path, keyring: Keyring, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        request: pytest.FixtureRequest) -> None:
-    from loraplane.schemas.keyring import save_keyring
+    signed: Path,
+    keyring: Keyring,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
     from typer.testing import CliRunner
 
     from loraplane.cli import app
     from loraplane.kernel.config import get_settings
+    from loraplane.schemas.keyring import save_keyring
 
     path = tmp_path / "keyring.yaml"
     save_keyring(keyring, path)
@@ -585,8 +743,15 @@ class FolderFetcher:
     def __init__(self, sources: dict[str, tuple[Path, Manifest]]) -> None:
         self.sources = sources
 
-    def fetch(self, artifact_uri: str, dest: Path, *, expected_sha256: str | None,
-              max_total_bytes: int, owner: AdapterRecord | None) -> Any:
+    def fetch(
+        self,
+        artifact_uri: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        max_total_bytes: int,
+        owner: AdapterRecord | None,
+    ) -> Any:
         from loraplane.workers.artifact_fetch import FetchedArtifact
 
         folder, manifest = self.sources[artifact_uri]
@@ -595,7 +760,8 @@ class FolderFetcher:
 
 
 def test_the_host_tier_checks_bundles_at_install_and_in_its_startup_scan(
-        signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path) -> None:
+    signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path
+) -> None:
     from loraplane.workers.host_tier import HostTier
 
     record, manifest = publish(signed, keyring)
@@ -603,14 +769,20 @@ def test_the_host_tier_checks_bundles_at_install_and_in_its_startup_scan(
     current: list[Keyring | None] = [keyring]
 
     def tier() -> HostTier:
-        return HostTier(tmp_path / "tier", budget_bytes=10**8, limits=LIMITS, fetcher=fetcher,
-                        check_signature=SignatureCheck(lambda: current[0]))
+        return HostTier(
+            tmp_path / "tier",
+            budget_bytes=10**8,
+            limits=LIMITS,
+            fetcher=fetcher,
+            check_signature=SignatureCheck(lambda: current[0]),
+        )
 
     path = tier().ensure(record)
     assert (path / BUNDLE_NAME).is_file()
     assert tier().startup_report.kept == (record.lora_name,)  # re-verified, kept
-    current[0] = keyring.model_copy(update={"model_signers": [
-        key_signer("acme-models", ["acme"], keys["acme"], revoked=True)]})
+    current[0] = keyring.model_copy(
+        update={"model_signers": [key_signer("acme-models", ["acme"], keys["acme"], revoked=True)]}
+    )
     report = tier().startup_report  # revoked since: the next start drops it
     assert report.dropped == ((record.lora_name, "model_signer_revoked"),)
     with pytest.raises(Refused) as refused:

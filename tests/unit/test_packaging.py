@@ -27,8 +27,7 @@ def _metadata(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
     return {key: message.get_all(key) or [] for key in set(message.keys())}
 
 
-def test_the_wheel_declares_apache_2_and_carries_its_licence_files(
-        wheel: zipfile.ZipFile) -> None:
+def test_the_wheel_declares_apache_2_and_carries_its_licence_files(wheel: zipfile.ZipFile) -> None:
     meta = _metadata(wheel)
     assert meta["License-Expression"] == ["Apache-2.0"]
     assert sorted(meta["License-File"]) == ["LICENSE", "NOTICE"]
@@ -40,13 +39,15 @@ def test_the_wheel_declares_apache_2_and_carries_its_licence_files(
     assert (ROOT / "LICENSE").read_text() == text
 
 
-def test_the_notice_names_every_shipped_file_under_another_licence(
-        wheel: zipfile.ZipFile) -> None:
+def test_the_notice_names_every_shipped_file_under_another_licence(wheel: zipfile.ZipFile) -> None:
     """The Azure traces (CC BY 4.0) ship in the wheel: their attribution must travel too."""
     notice = next(n for n in wheel.namelist() if n.endswith(".dist-info/licenses/NOTICE"))
     text = wheel.read(notice).decode()
-    traces = [n for n in wheel.namelist() if n.startswith("loraplane/demo/azure_traces/")
-              and n.endswith(".csv")]
+    traces = [
+        n
+        for n in wheel.namelist()
+        if n.startswith("loraplane/demo/azure_traces/") and n.endswith(".csv")
+    ]
     assert traces
     for path in traces:
         assert path in text
@@ -59,10 +60,18 @@ def test_the_wheel_carries_no_tests_or_benchmarks(wheel: zipfile.ZipFile) -> Non
 
 
 SIM_LIBRARIES = ("scipy", "matplotlib", "networkx")
-RUNTIMES = ("loraplane.cli", "loraplane.router.server", "loraplane.workers.runner",
-            "loraplane.workers.gateway", "loraplane.streams.app",
-            "loraplane.streams.planner_runtime", "loraplane.streams.score_keeper",
-            "loraplane.metrics.sink", "loraplane.commands.demo", "loraplane.demo.flow")
+RUNTIMES = (
+    "loraplane.cli",
+    "loraplane.router.server",
+    "loraplane.workers.runner",
+    "loraplane.workers.gateway",
+    "loraplane.streams.app",
+    "loraplane.streams.planner_runtime",
+    "loraplane.streams.score_keeper",
+    "loraplane.metrics.sink",
+    "loraplane.commands.demo",
+    "loraplane.demo.flow",
+)
 BLOCK = """
 import sys
 class Block:
@@ -74,34 +83,43 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def _without_sim(code: str, blocked: tuple[str, ...] = SIM_LIBRARIES,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _without_sim(
+    code: str, blocked: tuple[str, ...] = SIM_LIBRARIES, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a Python where the simulator's libraries (or ``blocked``) cannot be
     imported."""
     script = BLOCK.format(blocked=blocked) + code
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_the_base_install_needs_no_simulator_library(wheel: zipfile.ZipFile) -> None:
     """scipy, matplotlib and networkx come only with [sim]; [dev] pulls [sim] in."""
     requires = _metadata(wheel)["Requires-Dist"]
     for name in SIM_LIBRARIES:
-        lines = [r for r in requires if r.split("[")[0].split("<")[0].split(">")[0].strip()
-                 == name]
+        lines = [r for r in requires if r.split("[")[0].split("<")[0].split(">")[0].strip() == name]
         assert lines and all('extra == "sim"' in r for r in lines), (name, lines)
     assert any(r.startswith("loraplane[sim]") and 'extra == "dev"' in r for r in requires)
     assert any(r.startswith("nvidia-ml-py") and 'extra == "gpu"' in r for r in requires)
-    out = _without_sim("import importlib\n"
-                       f"for m in {RUNTIMES!r}:\n    importlib.import_module(m)\n")
+    out = _without_sim(
+        f"import importlib\nfor m in {RUNTIMES!r}:\n    importlib.import_module(m)\n"
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_a_command_that_needs_an_extra_names_it_and_exits_2() -> None:
     scenario = ROOT / "bench" / "scenarios" / "zipf-steady.yaml"
-    out = _without_sim("import sys\nfrom loraplane.cli import main\n"
-                       f"sys.argv = ['loraplane', 'simulate', '--scenario', {str(scenario)!r}]\n"
-                       "main()\n")
+    out = _without_sim(
+        "import sys\nfrom loraplane.cli import main\n"
+        f"sys.argv = ['loraplane', 'simulate', '--scenario', {str(scenario)!r}]\n"
+        "main()\n"
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert "pip install 'loraplane[sim]'" in out.stderr
@@ -112,7 +130,8 @@ SIGNING_LIBRARIES = ("model_signing", "sigstore", "OpenSSL", "tuf")
 
 
 def test_model_signing_is_the_signing_extra_and_no_runtime_imports_it(
-        wheel: zipfile.ZipFile) -> None:
+    wheel: zipfile.ZipFile,
+) -> None:
     """model-signing (and the pyOpenSSL it imports undeclared) come only with [signing];
     [dev] pulls it in for the tests; every runtime starts without them."""
     requires = _metadata(wheel)["Requires-Dist"]
@@ -120,17 +139,16 @@ def test_model_signing_is_the_signing_extra_and_no_runtime_imports_it(
         lines = [r for r in requires if r.lower().startswith(name)]
         assert lines and all('extra == "signing"' in r for r in lines), (name, lines)
     assert any(r.startswith("loraplane[signing]") and 'extra == "dev"' in r for r in requires)
-    out = _without_sim("import importlib\n"
-                       f"for m in {RUNTIMES!r}:\n    importlib.import_module(m)\n",
-                       blocked=SIGNING_LIBRARIES)
+    out = _without_sim(
+        f"import importlib\nfor m in {RUNTIMES!r}:\n    importlib.import_module(m)\n",
+        blocked=SIGNING_LIBRARIES,
+    )
     assert out.returncode == 0, out.stderr
 
 
-def test_publishing_a_signed_folder_without_the_extra_names_it_and_exits_2(
-        tmp_path: Path) -> None:
+def test_publishing_a_signed_folder_without_the_extra_names_it_and_exits_2(tmp_path: Path) -> None:
     from loraplane.schemas.keyring import Keyring, save_keyring
     from loraplane.schemas.signing import SigningKey
-
     from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter
     from tests.model_signing_kit import ec_key, key_signer, sign_with_key
 
@@ -138,20 +156,28 @@ def test_publishing_a_signed_folder_without_the_extra_names_it_and_exits_2(
     key = ec_key(tmp_path / "keys", "acme")
     sign_with_key(folder, key)
     home = tmp_path / "home"
-    save_keyring(Keyring(model_signers=[key_signer("acme-models", ["acme"], key)]),
-                 home / "keyring.yaml")
+    save_keyring(
+        Keyring(model_signers=[key_signer("acme-models", ["acme"], key)]), home / "keyring.yaml"
+    )
     SigningKey.generate("ci-acme", "ci-acme-1").save(tmp_path / "ci.key")
     out = _without_sim(
         "import sys\nfrom loraplane.cli import main\n"
         f"sys.argv = ['loraplane', 'publish', '--adapter-id', 'chat', '--tenant', 'acme', "
         f"'--base-model', {TINY_BASE_MODEL!r}, '--version', '1', '--artifact', "
         f"{str(folder)!r}, '--key', {str(tmp_path / 'ci.key')!r}]\nmain()\n",
-        blocked=SIGNING_LIBRARIES, env={**os.environ, "LORAPLANE_HOME": str(home),
-                                        "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml")})
+        blocked=SIGNING_LIBRARIES,
+        env={
+            **os.environ,
+            "LORAPLANE_HOME": str(home),
+            "LORAPLANE_KEYRING_PATH": str(home / "keyring.yaml"),
+        },
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    assert "carries a model-signing bundle and the model-signing library is not installed: " \
-           "pip install 'loraplane[signing]'" in out.stderr
+    assert (
+        "carries a model-signing bundle and the model-signing library is not installed: "
+        "pip install 'loraplane[signing]'" in out.stderr
+    )
 
 
 def test_the_wheel_says_it_is_typed(wheel: zipfile.ZipFile) -> None:

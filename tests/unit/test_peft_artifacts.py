@@ -17,9 +17,6 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
-from loraplane.schemas.adapter import Priority
-from loraplane.schemas.manifest import InertKind, Manifest, ManifestFile
-from loraplane.schemas.reasons import ArtifactReason as Reason
 from typer.testing import CliRunner
 
 from loraplane.artifact.directory import DirectoryArtifact
@@ -42,34 +39,60 @@ from loraplane.artifact.verification import (
 from loraplane.artifact_publish import ArtifactError, PublishRequest, build_record
 from loraplane.cli import app
 from loraplane.kernel.config import Settings
+from loraplane.schemas.adapter import Priority
+from loraplane.schemas.manifest import InertKind, Manifest, ManifestFile
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.tiny_model import TinyLlama, build_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
 PEFT_FILES = ROOT / "tests/data/peft-0.21.2"
 PEFT_CONFIG: dict[str, Any] = json.loads((PEFT_FILES / CONFIG_NAME).read_text())
 TRAINED_FROM = "/models/tiny-llama"  # what PEFT records: the folder the trainer loaded
-ALIASES = {TRAINED_FROM: "tiny-llama", "meta-llama/Llama-3.1-8B-Instruct": "llama-3-1-8b",
-           "acme/tiny-llama-hub": "tiny-llama"}
+ALIASES = {
+    TRAINED_FROM: "tiny-llama",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3-1-8b",
+    "acme/tiny-llama-hub": "tiny-llama",
+}
 MODEL = ModelShape.from_hf_config(TinyLlama().hf_config(1000))
 RELEASE = PublishRequest("chat", "acme", "tiny-llama", "1", Priority.silver)
 VLLM_PEFT_HELPER = ROOT / ".venv-vllm/lib/python3.11/site-packages/vllm/lora/peft_helper.py"
 
 
-def peft_folder(folder: Path, *, seed: int = 1, base: str = TRAINED_FROM,
-                model_config: dict[str, Any] | None = None, **config: Any) -> Path:
+def peft_folder(
+    folder: Path,
+    *,
+    seed: int = 1,
+    base: str = TRAINED_FROM,
+    model_config: dict[str, Any] | None = None,
+    **config: Any,
+) -> Path:
     """README.md, adapter_config.json and adapter_model.safetensors, as PEFT writes them."""
-    build_adapter(folder, seed=seed, rank=PEFT_CONFIG["r"],
-                  target_modules=PEFT_CONFIG["target_modules"], model_config=model_config)
-    (folder / CONFIG_NAME).write_text(json.dumps(
-        {**PEFT_CONFIG, "base_model_name_or_path": base, **config}, indent=2, sort_keys=True))
+    build_adapter(
+        folder,
+        seed=seed,
+        rank=PEFT_CONFIG["r"],
+        target_modules=PEFT_CONFIG["target_modules"],
+        model_config=model_config,
+    )
+    (folder / CONFIG_NAME).write_text(
+        json.dumps(
+            {**PEFT_CONFIG, "base_model_name_or_path": base, **config}, indent=2, sort_keys=True
+        )
+    )
     shutil.copy(PEFT_FILES / "README.md", folder / "README.md")
     return folder
 
 
-def publish(folder: Path, aliases: dict[str, str] | None = None,
-            model: ModelShape | None = MODEL) -> tuple[Any, Manifest]:
-    return build_record(folder, RELEASE, "bucket",
-                        base_model_aliases=ALIASES if aliases is None else aliases, model=model)
+def publish(
+    folder: Path, aliases: dict[str, str] | None = None, model: ModelShape | None = MODEL
+) -> tuple[Any, Manifest]:
+    return build_record(
+        folder,
+        RELEASE,
+        "bucket",
+        base_model_aliases=ALIASES if aliases is None else aliases,
+        model=model,
+    )
 
 
 def uploaded(folder: Path, manifest: Manifest, dest: Path) -> Path:
@@ -82,8 +105,9 @@ def uploaded(folder: Path, manifest: Manifest, dest: Path) -> Path:
 
 
 def worker_limits(aliases: dict[str, str] = ALIASES) -> WorkerLimits:
-    return WorkerLimits(base_model="tiny-llama", max_lora_rank=8, model=MODEL,
-                        base_model_aliases=aliases)
+    return WorkerLimits(
+        base_model="tiny-llama", max_lora_rank=8, model=MODEL, base_model_aliases=aliases
+    )
 
 
 # ---- what PEFT writes publishes, and a worker accepts what was uploaded --------------------
@@ -92,7 +116,8 @@ def test_a_peft_folder_publishes_without_its_model_card(tmp_path: Path) -> None:
     record, manifest = publish(folder)
     assert [f.path for f in manifest.files] == [CONFIG_NAME, WEIGHTS_NAME]
     assert [(d.path, d.kind, d.size) for d in manifest.dropped] == [
-        ("README.md", InertKind.model_card, (folder / "README.md").stat().st_size)]
+        ("README.md", InertKind.model_card, (folder / "README.md").stat().st_size)
+    ]
     assert record.rank == PEFT_CONFIG["r"] and record.size_bytes == manifest.total_size
     s3 = uploaded(folder, manifest, tmp_path / "s3")
     verdict = verify_artifact(DirectoryArtifact(s3), worker_limits(), record)
@@ -126,8 +151,9 @@ def test_a_model_card_on_the_store_is_still_refused_by_the_worker(tmp_path: Path
 def test_verify_checks_a_folder_without_a_manifest_as_publish_would(tmp_path: Path) -> None:
     folder = peft_folder(tmp_path / "peft", base="tiny-llama")
     runner = CliRunner()
-    ok = runner.invoke(app, ["artifact", "verify", str(folder), "--base-model", "tiny-llama",
-                             "--max-rank", "8"])
+    ok = runner.invoke(
+        app, ["artifact", "verify", str(folder), "--base-model", "tiny-llama", "--max-rank", "8"]
+    )
     assert ok.exit_code == 0, ok.output
     assert ok.stdout.startswith("ok: every file check passed; no digest is pinned yet")
     assert "publish drops README.md (model_card)" in ok.stderr
@@ -144,15 +170,21 @@ def test_verify_checks_a_folder_without_a_manifest_as_publish_would(tmp_path: Pa
 
 # ---- base model: names through the aliases, claims through the shapes ------------------------
 def test_without_an_alias_the_trainers_path_is_refused_with_both_names(tmp_path: Path) -> None:
-    with pytest.raises(ArtifactError, match=r"base_model_mismatch adapter_config\.json "
-                                            rf"\('{TRAINED_FROM}' != 'tiny-llama'\)"):
+    with pytest.raises(
+        ArtifactError,
+        match=r"base_model_mismatch adapter_config\.json "
+        rf"\('{TRAINED_FROM}' != 'tiny-llama'\)",
+    ):
         publish(peft_folder(tmp_path / "peft"), aliases={})
 
 
 def test_an_alias_to_another_base_model_is_refused(tmp_path: Path) -> None:
     folder = peft_folder(tmp_path / "peft", base="meta-llama/Llama-3.1-8B-Instruct")
-    with pytest.raises(ArtifactError, match=r"'meta-llama/Llama-3.1-8B-Instruct' \(alias of "
-                                            r"'llama-3-1-8b'\) != 'tiny-llama'"):
+    with pytest.raises(
+        ArtifactError,
+        match=r"'meta-llama/Llama-3.1-8B-Instruct' \(alias of "
+        r"'llama-3-1-8b'\) != 'tiny-llama'",
+    ):
         publish(folder)
 
 
@@ -166,17 +198,21 @@ def test_a_wrong_alias_is_caught_by_the_shapes(tmp_path: Path) -> None:
 
 
 # ---- inert extras are dropped; code, pickles, links and folders are refused -----------------
-@pytest.mark.parametrize("name, content, words", [
-    ("modeling_lora.py", b"import os\n", r"disallowed_file modeling_lora\.py"),
-    ("training_args.bin", b"\x80\x04", r"pickle_weights training_args\.bin"),
-    ("optimizer.pt", b"\x80\x04", r"pickle_weights optimizer\.pt"),
-    ("state.pkl", b"\x80\x04", r"pickle_weights state\.pkl"),
-    ("sub/README.md", b"# card\n", r"folders are never part of an artifact\): sub$"),
-    ("README.md.py", b"print()\n", r"disallowed_file README\.md\.py"),
-    ("readme.md", b"# card\n", r"disallowed_file readme\.md"),
-])
-def test_an_extra_that_is_not_inert_is_refused(tmp_path: Path, name: str, content: bytes,
-                                               words: str) -> None:
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("modeling_lora.py", b"import os\n", r"disallowed_file modeling_lora\.py"),
+        ("training_args.bin", b"\x80\x04", r"pickle_weights training_args\.bin"),
+        ("optimizer.pt", b"\x80\x04", r"pickle_weights optimizer\.pt"),
+        ("state.pkl", b"\x80\x04", r"pickle_weights state\.pkl"),
+        ("sub/README.md", b"# card\n", r"folders are never part of an artifact\): sub$"),
+        ("README.md.py", b"print()\n", r"disallowed_file README\.md\.py"),
+        ("readme.md", b"# card\n", r"disallowed_file readme\.md"),
+    ],
+)
+def test_an_extra_that_is_not_inert_is_refused(
+    tmp_path: Path, name: str, content: bytes, words: str
+) -> None:
     folder = peft_folder(tmp_path / "peft")
     (folder / name).parent.mkdir(exist_ok=True)
     (folder / name).write_bytes(content)
@@ -187,8 +223,11 @@ def test_an_extra_that_is_not_inert_is_refused(tmp_path: Path, name: str, conten
 def test_a_huge_model_card_is_refused_with_both_sizes(tmp_path: Path) -> None:
     folder = peft_folder(tmp_path / "peft")
     (folder / "README.md").write_bytes(b"x" * (MAX_INERT_BYTES + 1))
-    with pytest.raises(ArtifactError, match=rf"too_large README\.md \({MAX_INERT_BYTES + 1} "
-                                            rf"bytes > {MAX_INERT_BYTES} for a model card\)"):
+    with pytest.raises(
+        ArtifactError,
+        match=rf"too_large README\.md \({MAX_INERT_BYTES + 1} "
+        rf"bytes > {MAX_INERT_BYTES} for a model card\)",
+    ):
         publish(folder)
 
 
@@ -202,23 +241,37 @@ def test_a_linked_or_folder_model_card_is_never_followed(tmp_path: Path) -> None
     (folder / "README.md").unlink()
     (folder / "README.md").mkdir()
     (folder / "README.md" / "x.safetensors").write_bytes(b"")
-    with pytest.raises(ArtifactError,
-                       match=r"folders are never part of an artifact\): README\.md$"):
+    with pytest.raises(
+        ArtifactError, match=r"folders are never part of an artifact\): README\.md$"
+    ):
         publish(folder)
 
 
-extra_names = st.sampled_from(["README.md", "notes.txt", "train.py", "adapter_model.bin",
-                               "rng_state.pth", "tokenizer.json", "sub/README.md", ".hidden",
-                               "extra.safetensors"])
+extra_names = st.sampled_from(
+    [
+        "README.md",
+        "notes.txt",
+        "train.py",
+        "adapter_model.bin",
+        "rng_state.pth",
+        "tokenizer.json",
+        "sub/README.md",
+        ".hidden",
+        "extra.safetensors",
+    ]
+)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(extras=st.lists(extra_names, unique=True, max_size=3),
-       card_size=st.sampled_from([0, 10, MAX_INERT_BYTES, MAX_INERT_BYTES + 1]))
-def test_only_safetensors_and_the_config_are_ever_uploaded(tmp_path_factory: pytest.TempPathFactory,
-                                                           extras: list[str],
-                                                           card_size: int) -> None:
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    extras=st.lists(extra_names, unique=True, max_size=3),
+    card_size=st.sampled_from([0, 10, MAX_INERT_BYTES, MAX_INERT_BYTES + 1]),
+)
+def test_only_safetensors_and_the_config_are_ever_uploaded(
+    tmp_path_factory: pytest.TempPathFactory, extras: list[str], card_size: int
+) -> None:
     folder = peft_folder(tmp_path_factory.mktemp("fuzz") / "peft")
     (folder / "README.md").write_bytes(b"#" * card_size)
     for name in extras:
@@ -245,30 +298,55 @@ def test_every_field_peft_writes_is_ruled_and_its_defaults_parse() -> None:
     assert (config.rank, config.target_modules) == (8, frozenset({"q_proj", "v_proj"}))
 
 
-@pytest.mark.parametrize("key, value", [
-    ("use_dora", True), ("lora_bias", True), ("modules_to_save", ["lm_head"]),
-    ("rank_pattern", {"q_proj": 2}), ("alpha_pattern", {"q_proj": 4.0}),
-    ("layers_to_transform", [0]), ("layer_replication", [[0, 1]]),
-    ("alora_invocation_tokens", [5, 6]), ("use_bdlora", {"nblocks": 2}), ("use_qalora", True),
-    ("trainable_token_indices", [3]), ("target_parameters", ["experts.gate_up_proj"]),
-    ("fan_in_fan_out", True), ("arrow_config", {"top_k": 2}), ("kasa_config", {"beta": 1}),
-    ("monteclora_config", {"n": 1}), ("use_fancy_new_thing", True),
-])
-def test_a_feature_vllm_cannot_serve_is_refused_naming_field_and_value(key: str,
-                                                                       value: Any) -> None:
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("use_dora", True),
+        ("lora_bias", True),
+        ("modules_to_save", ["lm_head"]),
+        ("rank_pattern", {"q_proj": 2}),
+        ("alpha_pattern", {"q_proj": 4.0}),
+        ("layers_to_transform", [0]),
+        ("layer_replication", [[0, 1]]),
+        ("alora_invocation_tokens", [5, 6]),
+        ("use_bdlora", {"nblocks": 2}),
+        ("use_qalora", True),
+        ("trainable_token_indices", [3]),
+        ("target_parameters", ["experts.gate_up_proj"]),
+        ("fan_in_fan_out", True),
+        ("arrow_config", {"top_k": 2}),
+        ("kasa_config", {"beta": 1}),
+        ("monteclora_config", {"n": 1}),
+        ("use_fancy_new_thing", True),
+    ],
+)
+def test_a_feature_vllm_cannot_serve_is_refused_naming_field_and_value(
+    key: str, value: Any
+) -> None:
     why = MUST_BE_OFF.get(key, Unservable.unknown_feature)
     with pytest.raises(ValueError) as err:
         parse_lora_config({**PEFT_CONFIG, key: value})
     assert str(err.value).startswith(f"{key}={value!r}: {why.value}")
 
 
-@pytest.mark.parametrize("init, servable", [
-    (True, True), (False, True), ("gaussian", True), ("eva", True), ("orthogonal", True),
-    ("pissa", False), ("pissa_niter_16", False), ("olora", False), ("loftq", False),
-    ("corda", False),
-])
-def test_only_inits_that_leave_the_base_weights_alone_are_served(init: bool | str,
-                                                                 servable: bool) -> None:
+@pytest.mark.parametrize(
+    "init, servable",
+    [
+        (True, True),
+        (False, True),
+        ("gaussian", True),
+        ("eva", True),
+        ("orthogonal", True),
+        ("pissa", False),
+        ("pissa_niter_16", False),
+        ("olora", False),
+        ("loftq", False),
+        ("corda", False),
+    ],
+)
+def test_only_inits_that_leave_the_base_weights_alone_are_served(
+    init: bool | str, servable: bool
+) -> None:
     raw = {**PEFT_CONFIG, "init_lora_weights": init}
     if servable:
         parse_lora_config(raw)
@@ -281,35 +359,51 @@ off_values = st.sampled_from([None, False, 0, "", [], {}])
 
 
 @settings(max_examples=100, deadline=None)
-@given(extra=st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,20}", fullmatch=True), off_values,
-                             max_size=5),
-       harmless=st.dictionaries(st.sampled_from(sorted(HARMLESS)),
-                                st.none() | st.booleans() | st.integers(0, 9) | st.text(max_size=8),
-                                max_size=4))
-def test_fields_that_are_off_or_harmless_never_refuse(extra: dict[str, Any],
-                                                      harmless: dict[str, Any]) -> None:
+@given(
+    extra=st.dictionaries(
+        st.from_regex(r"[a-z][a-z_]{0,20}", fullmatch=True), off_values, max_size=5
+    ),
+    harmless=st.dictionaries(
+        st.sampled_from(sorted(HARMLESS)),
+        st.none() | st.booleans() | st.integers(0, 9) | st.text(max_size=8),
+        max_size=4,
+    ),
+)
+def test_fields_that_are_off_or_harmless_never_refuse(
+    extra: dict[str, Any], harmless: dict[str, Any]
+) -> None:
     keep = {k: v for k, v in extra.items() if k not in VALIDATED}
     parse_lora_config({**PEFT_CONFIG, **keep, **harmless})
 
 
-@pytest.mark.skipif(not VLLM_PEFT_HELPER.is_file(), reason="vLLM is not installed "
-                    "(.venv-vllm, skipped with LORAPLANE_SKIP_VLLM=1)")
+@pytest.mark.skipif(
+    not VLLM_PEFT_HELPER.is_file(),
+    reason="vLLM is not installed (.venv-vllm, skipped with LORAPLANE_SKIP_VLLM=1)",
+)
 def test_every_feature_vllm_refuses_is_refused_here() -> None:
     """The fields vLLM 0.32's PEFTHelper._validate_features reads are all ruled by us."""
     tree = ast.parse(VLLM_PEFT_HELPER.read_text())
-    validate = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-                    and node.name == "_validate_features")
-    read = {node.attr for node in ast.walk(validate) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"
-            and not node.attr.startswith("_")}
+    validate = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "_validate_features"
+    )
+    read = {
+        node.attr
+        for node in ast.walk(validate)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and not node.attr.startswith("_")
+    }
     assert read and read <= set(MUST_BE_OFF) | {"init_lora_weights"}
 
 
 # ---- where the aliases and the dropped list live -----------------------------------------
-def test_aliases_come_from_the_settings_file(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "loraplane.yaml").write_text(
-        f"base_model_aliases:\n  {TRAINED_FROM}: tiny-llama\n")
+def test_aliases_come_from_the_settings_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "loraplane.yaml").write_text(f"base_model_aliases:\n  {TRAINED_FROM}: tiny-llama\n")
     monkeypatch.setenv("LORAPLANE_CONFIG", str(tmp_path / "loraplane.yaml"))
     assert Settings().base_model_aliases == {TRAINED_FROM: "tiny-llama"}
     (tmp_path / "loraplane.yaml").write_text("base_model_aliases:\n  a/b: Not/An-Id\n")
@@ -322,7 +416,10 @@ def test_a_manifest_with_nothing_dropped_keeps_its_bytes() -> None:
     manifest = Manifest(files=files)
     assert json.loads(manifest.canonical_bytes()) == {
         "files": [{"path": CONFIG_NAME, "sha256": "0" * 64, "size": 1}],
-        "format": "loraplane.manifest.v1"}
+        "format": "loraplane.manifest.v1",
+    }
     with pytest.raises(ValueError, match="kept and dropped at once"):
-        Manifest(files=files, dropped=[{"path": CONFIG_NAME, "sha256": "0" * 64, "size": 1,
-                                        "kind": "model_card"}])
+        Manifest(
+            files=files,
+            dropped=[{"path": CONFIG_NAME, "sha256": "0" * 64, "size": 1, "kind": "model_card"}],
+        )

@@ -7,6 +7,10 @@ from datetime import UTC, datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
+from loraplane.kernel.decayed import Decayed
+from loraplane.kernel.policy import SEED_FORMULA, Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibility, Priority, Release
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.commands import CacheCommand, CommandAction
@@ -16,10 +20,6 @@ from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, plan
 from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, score_key
 
-from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
-from loraplane.kernel.decayed import Decayed
-from loraplane.kernel.policy import SEED_FORMULA, Policy
-
 NOW = 1_800_000_000.0
 POLICY = Policy(hot_score_formula=SEED_FORMULA, max_protected_gpu_share=0.5)
 """The seed's policy (its hot score, half the slots protected): the rules below are written
@@ -27,52 +27,99 @@ against its numbers; the defaults differ (test_protected_cap_is_a_share_of_the_h
 MB = 1024**2
 
 
-def record(adapter: str, version: str = "1", status: AdapterStatus = AdapterStatus.active,
-           priority: Priority = Priority.silver, canary: float = 0.0,
-           size: int = 10 * MB, base: str = "llama") -> AdapterRecord:
+def record(
+    adapter: str,
+    version: str = "1",
+    status: AdapterStatus = AdapterStatus.active,
+    priority: Priority = Priority.silver,
+    canary: float = 0.0,
+    size: int = 10 * MB,
+    base: str = "llama",
+) -> AdapterRecord:
     sha = (adapter.encode().hex() + version.replace(".", "") + "0" * 64)[:64]
     return AdapterRecord(
-        adapter_id=adapter, base_model=base, version=version, rank=8,
-        artifact_uri=f"s3://loraplane-artifacts/{adapter}/", sha256=sha, size_bytes=size,
-        status=status, tenant_id=f"t-{adapter}", priority=priority,
+        adapter_id=adapter,
+        base_model=base,
+        version=version,
+        rank=8,
+        artifact_uri=f"s3://loraplane-artifacts/{adapter}/",
+        sha256=sha,
+        size_bytes=size,
+        status=status,
+        tenant_id=f"t-{adapter}",
+        priority=priority,
         compatibility=Compatibility(target_modules=["q_proj"], max_lora_rank=64),
-        release=Release(canary_percent=canary))
+        release=Release(canary_percent=canary),
+    )
 
 
 def views(*records: AdapterRecord) -> list[AdapterView]:
     by: dict[str, list[AdapterRecord]] = {}
     for r in records:
         by.setdefault(r.adapter_id, []).append(r)
-    return [AdapterView(adapter_id=a, tenant_id=rs[0].tenant_id, base_model=rs[0].base_model,
-                        active_version=next((r.version for r in rs
-                                             if r.status is AdapterStatus.active), None),
-                        versions=rs, last_seq=1, last_event_id="e1",
-                        updated_at=datetime.fromtimestamp(NOW, UTC))
-            for a, rs in by.items()]
+    return [
+        AdapterView(
+            adapter_id=a,
+            tenant_id=rs[0].tenant_id,
+            base_model=rs[0].base_model,
+            active_version=next((r.version for r in rs if r.status is AdapterStatus.active), None),
+            versions=rs,
+            last_seq=1,
+            last_event_id="e1",
+            updated_at=datetime.fromtimestamp(NOW, UTC),
+        )
+        for a, rs in by.items()
+    ]
 
 
-def worker(wid: str, gpu: list[AdapterRecord] = (), host: list[AdapterRecord] = (),
-           slots: int = 8, pinned: set[str] = frozenset(), hbm: float | None = 0.5,
-           host_budget: int = 10_000 * MB, base: str = "llama",
-           protected: set[str] = frozenset()) -> WorkerState:
+def worker(
+    wid: str,
+    gpu: list[AdapterRecord] = (),
+    host: list[AdapterRecord] = (),
+    slots: int = 8,
+    pinned: set[str] = frozenset(),
+    hbm: float | None = 0.5,
+    host_budget: int = 10_000 * MB,
+    base: str = "llama",
+    protected: set[str] = frozenset(),
+) -> WorkerState:
     """``pinned``, ``protected``: adapter ids (``protected``: held never-evict by the
     worker's own rule, as it reports it)."""
-    loaded = [LoadedAdapter(lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
-                            tenant_id=r.tenant_id, tier=tier, size_bytes=r.size_bytes,
-                            pinned=r.adapter_id in pinned,
-                            protected=tier == "gpu" and r.adapter_id in protected)
-              for tier, rs in (("gpu", gpu), ("host", host)) for r in rs]
-    return WorkerState(worker_id=wid, base_model=base, ts=datetime.fromtimestamp(NOW, UTC),
-                       gpu_slots_used=len(gpu), gpu_slots_total=slots,
-                       host_bytes_used=sum(r.size_bytes for r in (*gpu, *host)),
-                       host_bytes_budget=host_budget, hbm_usage=hbm, max_lora_rank=64,
-                       adapters=loaded)
+    loaded = [
+        LoadedAdapter(
+            lora_name=r.lora_name,
+            adapter_id=r.adapter_id,
+            version=r.version,
+            tenant_id=r.tenant_id,
+            tier=tier,
+            size_bytes=r.size_bytes,
+            pinned=r.adapter_id in pinned,
+            protected=tier == "gpu" and r.adapter_id in protected,
+        )
+        for tier, rs in (("gpu", gpu), ("host", host))
+        for r in rs
+    ]
+    return WorkerState(
+        worker_id=wid,
+        base_model=base,
+        ts=datetime.fromtimestamp(NOW, UTC),
+        gpu_slots_used=len(gpu),
+        gpu_slots_total=slots,
+        host_bytes_used=sum(r.size_bytes for r in (*gpu, *host)),
+        host_bytes_budget=host_budget,
+        hbm_usage=hbm,
+        max_lora_rank=64,
+        adapters=loaded,
+    )
 
 
 def busy(qps: float, last: float = NOW) -> ScoreState:
     """The steady state of ``qps`` requests/s up to ``last``."""
-    return ScoreState(requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, last),
-                      requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, last), last_request=last)
+    return ScoreState(
+        requests_10m=Decayed(TAU_10M_S, qps * TAU_10M_S, last),
+        requests_1m=Decayed(TAU_1M_S, qps * TAU_1M_S, last),
+        last_request=last,
+    )
 
 
 def scores(**qps: float) -> dict[str, ScoreState]:
@@ -85,8 +132,7 @@ def cmds(p: Plan, action: CommandAction | None = None) -> list[CacheCommand]:
 
 def test_cold_adapter_with_demand_is_loaded_on_the_emptiest_worker() -> None:
     a = record("a")
-    p = plan(views(a), scores(a=0.5), [worker("w1", gpu=[record("x")]), worker("w2")],
-             POLICY, NOW)
+    p = plan(views(a), scores(a=0.5), [worker("w1", gpu=[record("x")]), worker("w2")], POLICY, NOW)
     (load,) = cmds(p, CommandAction.load_gpu)
     assert (load.worker_id, load.lora_name, load.reason.rule) == ("w2", a.lora_name, "hot_score")
     assert load.reason.score and load.reason.score > 0
@@ -106,10 +152,12 @@ def test_platinum_and_active_canary_survive_slot_pressure_and_are_pinned() -> No
     low = record("low")
     hot = [record(f"hot{i}") for i in range(3)]
     ws = [worker("w1", gpu=[plat, can, low], slots=3)]
-    p = plan(views(plat, can, low, *hot), scores(hot0=5, hot1=5, hot2=5, low=0.01),
-             ws, POLICY, NOW)
-    unloaded = {c.lora_name for c in p.commands
-                if c.action in (CommandAction.demote_to_host, CommandAction.evict)}
+    p = plan(views(plat, can, low, *hot), scores(hot0=5, hot1=5, hot2=5, low=0.01), ws, POLICY, NOW)
+    unloaded = {
+        c.lora_name
+        for c in p.commands
+        if c.action in (CommandAction.demote_to_host, CommandAction.evict)
+    }
     assert unloaded == {low.lora_name}
     assert {c.lora_name for c in cmds(p, CommandAction.pin)} == {plat.lora_name, can.lora_name}
     assert len(cmds(p, CommandAction.load_gpu)) == 1
@@ -118,11 +166,18 @@ def test_platinum_and_active_canary_survive_slot_pressure_and_are_pinned() -> No
 def test_idle_adapter_is_demoted_and_erroring_adapter_too() -> None:
     idle, bad, fine = record("idle"), record("bad"), record("fine")
     erroring = busy(1.0)
-    erroring = ScoreState(**{**vars(erroring),
-                             "served_after_load": Decayed(TAU_10M_S, 100, NOW),
-                             "errors_after_load": Decayed(TAU_10M_S, 5, NOW)})
-    sc = {score_key("idle", "1"): busy(1.0, last=NOW - 61 * 60),
-          score_key("bad", "1"): erroring, score_key("fine", "1"): busy(1.0)}
+    erroring = ScoreState(
+        **{
+            **vars(erroring),
+            "served_after_load": Decayed(TAU_10M_S, 100, NOW),
+            "errors_after_load": Decayed(TAU_10M_S, 5, NOW),
+        }
+    )
+    sc = {
+        score_key("idle", "1"): busy(1.0, last=NOW - 61 * 60),
+        score_key("bad", "1"): erroring,
+        score_key("fine", "1"): busy(1.0),
+    }
     p = plan(views(idle, bad, fine), sc, [worker("w1", gpu=[idle, bad, fine])], POLICY, NOW)
     demoted = {c.lora_name: c.reason.detail for c in cmds(p, CommandAction.demote_to_host)}
     assert set(demoted) == {idle.lora_name, bad.lora_name}
@@ -138,17 +193,18 @@ def test_cold_load_budget_per_worker_per_minute_in_score_order() -> None:
     loads = cmds(p1, CommandAction.load_gpu)
     assert len(loads) == POLICY.cold_loads_per_minute_per_worker
     assert [c.adapter_id for c in loads] == [r.adapter_id for r in reversed(rs)][:6]
-    assert [c.reason.score for c in loads] == sorted((c.reason.score for c in loads),
-                                                     reverse=True)
+    assert [c.reason.score for c in loads] == sorted((c.reason.score for c in loads), reverse=True)
     assert {w.reason for w in p1.waiting} == {"cold_load_budget"} and len(p1.waiting) == 14
     # 30 s later nothing more may load; 61 s later the next six, still in score order.
     p2 = plan(views(*rs), sc, ws, POLICY, NOW + 30, memory=p1.memory)
     assert cmds(p2, CommandAction.load_gpu) == []
     loaded = [r for r in rs if r.adapter_id in {c.adapter_id for c in loads}]
-    p3 = plan(views(*rs), sc, [worker("w1", gpu=loaded, slots=64)], POLICY, NOW + 61,
-              memory=p2.memory)
-    assert [c.adapter_id for c in cmds(p3, CommandAction.load_gpu)] == \
-        [r.adapter_id for r in reversed(rs)][6:12]
+    p3 = plan(
+        views(*rs), sc, [worker("w1", gpu=loaded, slots=64)], POLICY, NOW + 61, memory=p2.memory
+    )
+    assert [c.adapter_id for c in cmds(p3, CommandAction.load_gpu)] == [
+        r.adapter_id for r in reversed(rs)
+    ][6:12]
 
 
 def test_a_worker_reporting_a_lower_load_budget_gets_fewer_loads_never_more() -> None:
@@ -168,15 +224,25 @@ def test_hysteresis_margin_prevents_swaps_between_close_scores() -> None:
     resident, close, far = record("resident"), record("close"), record("far")
     policy = Policy(gpu_slots_per_base_model=1)
     base = busy(0.2)
-    p = plan(views(resident, close), {score_key("resident", "1"): base,
-                                      score_key("close", "1"): busy(0.25)},
-             [worker("w1", gpu=[resident], slots=1)], policy, NOW)
+    p = plan(
+        views(resident, close),
+        {score_key("resident", "1"): base, score_key("close", "1"): busy(0.25)},
+        [worker("w1", gpu=[resident], slots=1)],
+        policy,
+        NOW,
+    )
     assert cmds(p, CommandAction.load_gpu) == []
-    p = plan(views(resident, far), {score_key("resident", "1"): base,
-                                    score_key("far", "1"): busy(1.0)},
-             [worker("w1", gpu=[resident], slots=1)], policy, NOW)
+    p = plan(
+        views(resident, far),
+        {score_key("resident", "1"): base, score_key("far", "1"): busy(1.0)},
+        [worker("w1", gpu=[resident], slots=1)],
+        policy,
+        NOW,
+    )
     assert [(c.action, c.adapter_id) for c in p.commands] == [
-        (CommandAction.demote_to_host, "resident"), (CommandAction.load_gpu, "far")]
+        (CommandAction.demote_to_host, "resident"),
+        (CommandAction.load_gpu, "far"),
+    ]
     assert p.commands[0].reason.rule == "slot_needed"
 
 
@@ -185,12 +251,16 @@ def test_hbm_above_watermark_demotes_lowest_and_takes_no_loads() -> None:
     ws = [worker("w1", gpu=[lo, hi], hbm=0.9), worker("w2", hbm=0.5)]
     p = plan(views(lo, hi, new), scores(lo=0.1, hi=1.0, new=0.5), ws, POLICY, NOW)
     assert [(c.action, c.worker_id, c.adapter_id) for c in p.commands] == [
-        (CommandAction.load_gpu, "w2", "new"), (CommandAction.demote_to_host, "w1", "lo")]
-    again = plan(views(lo, hi, new), scores(lo=0.1, hi=1.0, new=0.5), ws, POLICY, NOW + 1,
-                 memory=p.memory)
+        (CommandAction.load_gpu, "w2", "new"),
+        (CommandAction.demote_to_host, "w1", "lo"),
+    ]
+    again = plan(
+        views(lo, hi, new), scores(lo=0.1, hi=1.0, new=0.5), ws, POLICY, NOW + 1, memory=p.memory
+    )
     # w1 demotes nothing more while its demote is pending; lo moves to the worker with room.
     assert [(c.action, c.worker_id, c.adapter_id) for c in again.commands] == [
-        (CommandAction.load_gpu, "w2", "lo")]
+        (CommandAction.load_gpu, "w2", "lo")
+    ]
 
 
 def test_canary_is_prewarmed_with_warmup_requests_before_traffic() -> None:
@@ -206,8 +276,13 @@ def test_revoke_evicts_everywhere_outside_any_budget() -> None:
     bad = record("bad", status=AdapterStatus.revoked)
     rs = [record(f"a{i}") for i in range(6)]
     ws = [worker("w1", gpu=[bad]), worker("w2", host=[bad])]
-    p1 = plan(views(bad, *rs), {score_key(r.adapter_id, "1"): busy(1) for r in rs},
-              ws, Policy(cold_loads_per_minute_per_worker=3), NOW)
+    p1 = plan(
+        views(bad, *rs),
+        {score_key(r.adapter_id, "1"): busy(1) for r in rs},
+        ws,
+        Policy(cold_loads_per_minute_per_worker=3),
+        NOW,
+    )
     evicts = {(c.worker_id, c.reason.rule) for c in cmds(p1, CommandAction.evict)}
     assert evicts == {("w1", "revoke"), ("w2", "revoke")}
     assert bad.lora_name not in p1.gpu and bad.lora_name not in p1.host
@@ -219,13 +294,13 @@ def test_replanning_with_memory_issues_nothing_twice_and_ids_are_deterministic()
     p1 = plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW)
     assert len(p1.commands) == 2
     assert plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW).commands == p1.commands
-    restored = {k: WorkerMemory.of(decode(PlannerMemory, encode(v.record())))
-                for k, v in p1.memory.items()}
+    restored = {
+        k: WorkerMemory.of(decode(PlannerMemory, encode(v.record()))) for k, v in p1.memory.items()
+    }
     assert plan(views(a, b), scores(a=1, b=1), ws, POLICY, NOW + 5, restored).commands == []
     # The worker now shows a loaded; b's command expired: b is re-issued under a new id.
     later = NOW + POLICY.command_deadline_s + 1
-    p3 = plan(views(a, b), scores(a=1, b=1), [worker("w1", gpu=[a])], POLICY, later,
-              restored)
+    p3 = plan(views(a, b), scores(a=1, b=1), [worker("w1", gpu=[a])], POLICY, later, restored)
     (again,) = p3.commands
     assert again.adapter_id == "b"
     assert again.command_id not in {c.command_id for c in p1.commands}
@@ -237,10 +312,10 @@ def test_waiting_adapters_are_prewarmed_on_host_within_byte_budget() -> None:
     small = record("small", size=50 * MB)
     resident = [record(f"r{i}") for i in range(2)]
     ws = [worker("w1", gpu=resident, slots=2, host_budget=100 * MB)]
-    p = plan(views(big, small, *resident), scores(big=0.001, small=0.001, r0=1, r1=1),
-             ws, POLICY, NOW)
-    assert [(c.action, c.adapter_id) for c in p.commands] == [
-        (CommandAction.prewarm_host, "small")]
+    p = plan(
+        views(big, small, *resident), scores(big=0.001, small=0.001, r0=1, r1=1), ws, POLICY, NOW
+    )
+    assert [(c.action, c.adapter_id) for c in p.commands] == [(CommandAction.prewarm_host, "small")]
 
 
 def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -> None:
@@ -248,10 +323,22 @@ def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -
     # worker too: the first two it was asked for)
     plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(4)]
     hot = [record(f"hot{i}") for i in range(2)]
-    ws = [worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats},
-                 protected={"plat0", "plat1"})]
-    p = plan(views(*plats, *hot), scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01,
-                                         hot0=5, hot1=5), ws, POLICY, NOW)
+    ws = [
+        worker(
+            "w1",
+            gpu=plats,
+            slots=4,
+            pinned={r.adapter_id for r in plats},
+            protected={"plat0", "plat1"},
+        )
+    ]
+    p = plan(
+        views(*plats, *hot),
+        scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01, hot0=5, hot1=5),
+        ws,
+        POLICY,
+        NOW,
+    )
     over = {plats[2].lora_name, plats[3].lora_name}
     unpins = cmds(p, CommandAction.unpin)
     assert {c.lora_name for c in unpins} == over
@@ -265,7 +352,8 @@ def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -
     order = [(c.action, c.lora_name) for c in p.commands]
     for lora in over:
         assert order.index((CommandAction.unpin, lora)) < order.index(
-            (CommandAction.demote_to_host, lora))
+            (CommandAction.demote_to_host, lora)
+        )
     assert {c.lora_name for c in cmds(p, CommandAction.load_gpu)} == {r.lora_name for r in hot}
     assert not cmds(p, CommandAction.pin)
     assert set(p.gpu) == {plats[0].lora_name, plats[1].lora_name, *(r.lora_name for r in hot)}
@@ -280,22 +368,35 @@ def test_copies_a_worker_holds_protected_keep_their_place_even_over_the_cap() ->
     hot = [record(f"hot{i}") for i in range(2)]
     w = worker("w1", gpu=plats, slots=4, pinned={r.adapter_id for r in plats})
     held = {plats[2].lora_name, plats[3].lora_name}
-    w = w.model_copy(update={"adapters": [a.model_copy(update={"protected": a.lora_name in held})
-                                          for a in w.adapters]})
-    p = plan(views(*plats, *hot), scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01,
-                                         hot0=5, hot1=5), [w], POLICY, NOW)
+    w = w.model_copy(
+        update={
+            "adapters": [
+                a.model_copy(update={"protected": a.lora_name in held}) for a in w.adapters
+            ]
+        }
+    )
+    p = plan(
+        views(*plats, *hot),
+        scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01, hot0=5, hot1=5),
+        [w],
+        POLICY,
+        NOW,
+    )
     down = (CommandAction.unpin, CommandAction.demote_to_host, CommandAction.evict)
     assert not {c.lora_name for c in p.commands if c.action in down} & held
-    assert {c.lora_name for c in cmds(p, CommandAction.unpin)} == {plats[0].lora_name,
-                                                                   plats[1].lora_name}
+    assert {c.lora_name for c in cmds(p, CommandAction.unpin)} == {
+        plats[0].lora_name,
+        plats[1].lora_name,
+    }
     assert held <= set(p.gpu)
 
 
 def test_protected_cap_ties_go_by_lora_name_and_idle_over_cap_versions_are_demoted() -> None:
     policy = Policy(max_protected_gpu_share=0.25)  # 1 of 4 slots
     plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(3)]
-    p = plan(views(*plats), {}, [worker("w1", gpu=plats, slots=4, protected={"plat0"})], policy,
-             NOW)
+    p = plan(
+        views(*plats), {}, [worker("w1", gpu=plats, slots=4, protected={"plat0"})], policy, NOW
+    )
     kept = min(r.lora_name for r in plats)  # no demand: equal scores, and all idle
     assert [c.lora_name for c in cmds(p, CommandAction.pin)] == [kept]
     demoted = cmds(p, CommandAction.demote_to_host)
@@ -310,11 +411,17 @@ def test_a_canary_keeps_its_protection_before_busier_platinum_versions() -> None
     the cap went by score alone)."""
     policy = Policy(max_protected_gpu_share=0.5)  # 2 of 4 slots
     plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(3)]
-    canary = record("plat0", "2", status=AdapterStatus.canary, priority=Priority.platinum,
-                    canary=10.0)
+    canary = record(
+        "plat0", "2", status=AdapterStatus.canary, priority=Priority.platinum, canary=10.0
+    )
     busy_plats = scores(plat0=0.9, plat1=0.8, plat2=0.7)
-    p = plan(views(*plats, canary), busy_plats, [worker("w1", gpu=[*plats, canary], slots=4)],
-             policy, NOW)
+    p = plan(
+        views(*plats, canary),
+        busy_plats,
+        [worker("w1", gpu=[*plats, canary], slots=4)],
+        policy,
+        NOW,
+    )
     pinned = {c.lora_name for c in cmds(p, CommandAction.pin)}
     assert canary.lora_name in pinned and len(pinned) == 2
     assert plats[0].lora_name in pinned  # the busiest platinum version takes the other place
@@ -331,6 +438,7 @@ def test_protected_cap_is_a_share_of_the_hot_set_rounded_up() -> None:
 
 # --- property: no plan exceeds any slot, byte or budget limit --------------------------------
 
+
 def by_name(r: AdapterRecord) -> str:
     return r.lora_name
 
@@ -338,31 +446,59 @@ def by_name(r: AdapterRecord) -> str:
 @st.composite
 def fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy, dict]:
     n = draw(st.integers(1, 25))
-    statuses = st.sampled_from([AdapterStatus.active, AdapterStatus.active,
-                                AdapterStatus.canary, AdapterStatus.retired,
-                                AdapterStatus.revoked])
-    recs = [record(f"a{i}", status=draw(statuses), priority=draw(st.sampled_from(Priority)),
-                   canary=draw(st.sampled_from([0, 5])),
-                   size=draw(st.integers(1, 200)) * MB) for i in range(n)]
-    policy = Policy(gpu_slots_per_base_model=draw(st.integers(1, 12)),
-                    host_slots_per_base_model=draw(st.integers(1, 12)),
-                    cold_loads_per_minute_per_worker=draw(st.integers(1, 4)))
-    sc = {score_key(r.adapter_id, "1"): busy(draw(st.floats(0, 3)),
-                                             last=NOW - draw(st.sampled_from([0, 7200])))
-          for r in recs if draw(st.booleans())}
+    statuses = st.sampled_from(
+        [
+            AdapterStatus.active,
+            AdapterStatus.active,
+            AdapterStatus.canary,
+            AdapterStatus.retired,
+            AdapterStatus.revoked,
+        ]
+    )
+    recs = [
+        record(
+            f"a{i}",
+            status=draw(statuses),
+            priority=draw(st.sampled_from(Priority)),
+            canary=draw(st.sampled_from([0, 5])),
+            size=draw(st.integers(1, 200)) * MB,
+        )
+        for i in range(n)
+    ]
+    policy = Policy(
+        gpu_slots_per_base_model=draw(st.integers(1, 12)),
+        host_slots_per_base_model=draw(st.integers(1, 12)),
+        cold_loads_per_minute_per_worker=draw(st.integers(1, 4)),
+    )
+    sc = {
+        score_key(r.adapter_id, "1"): busy(
+            draw(st.floats(0, 3)), last=NOW - draw(st.sampled_from([0, 7200]))
+        )
+        for r in recs
+        if draw(st.booleans())
+    }
     ws = []
     placed: set[str] = set()
     for j in range(draw(st.integers(1, 4))):
         slots = draw(st.integers(0, 5))
         free = [r for r in recs if r.lora_name not in placed]
-        gpu = (draw(st.lists(st.sampled_from(free), max_size=slots, unique_by=by_name))
-               if free else [])
+        gpu = (
+            draw(st.lists(st.sampled_from(free), max_size=slots, unique_by=by_name)) if free else []
+        )
         placed |= {r.lora_name for r in gpu}
         rest = [r for r in recs if r.lora_name not in placed]
         host = draw(st.lists(st.sampled_from(rest), max_size=3, unique_by=by_name)) if rest else []
         budget = sum(r.size_bytes for r in (*gpu, *host)) + draw(st.integers(0, 400)) * MB
-        ws.append(worker(f"w{j}", gpu=gpu, host=host, slots=slots, host_budget=budget,
-                         hbm=draw(st.sampled_from([None, 0.5, 0.9]))))
+        ws.append(
+            worker(
+                f"w{j}",
+                gpu=gpu,
+                host=host,
+                slots=slots,
+                host_budget=budget,
+                hbm=draw(st.sampled_from([None, 0.5, 0.9])),
+            )
+        )
     return recs, sc, ws, policy, {}
 
 
@@ -382,16 +518,13 @@ def test_no_plan_exceeds_any_slot_byte_or_budget_limit(fleet: tuple, ticks: int)
         gpu_per_worker = Counter(w for ws_ in p.gpu.values() for w in ws_)
         for w in ws:
             assert loads[w.worker_id] <= policy.cold_loads_per_minute_per_worker
-            assert gpu_per_worker[w.worker_id] <= max(w.gpu_slots_total,
-                                                      gpu_before[w.worker_id])
-        assert len(p.gpu) <= max(policy.gpu_slots_per_base_model,
-                                 sum(gpu_before.values()))
+            assert gpu_per_worker[w.worker_id] <= max(w.gpu_slots_total, gpu_before[w.worker_id])
+        assert len(p.gpu) <= max(policy.gpu_slots_per_base_model, sum(gpu_before.values()))
         assert len(p.host) <= max(policy.host_slots_per_base_model, host_before)
         issued += p.commands
         for w in ws:  # host bytes only grow by prewarms that fit the budget
             mine = [c for c in issued if c.worker_id == w.worker_id]
-            added = sum(size[c.lora_name] for c in mine
-                        if c.action is CommandAction.prewarm_host)
+            added = sum(size[c.lora_name] for c in mine if c.action is CommandAction.prewarm_host)
             freed = sum(size[c.lora_name] for c in mine if c.action is CommandAction.evict)
             assert added == 0 or w.host_bytes_used + added - freed <= w.host_bytes_budget
         revoked = {r.lora_name for r in recs if r.status is AdapterStatus.revoked}
@@ -405,8 +538,13 @@ def as_reported(state: WorkerState, records: list[AdapterRecord], policy: Policy
     gpu = [a.lora_name for a in state.adapters if a.tier == "gpu"]
     never_evict = {n for n in gpu if never_evict_rule(by_name[n], policy.never_evict)}
     held = protected_copies((), gpu, never_evict, protected_cap(policy, state.gpu_slots_total))
-    return state.model_copy(update={"adapters": [
-        a.model_copy(update={"protected": a.lora_name in held}) for a in state.adapters]})
+    return state.model_copy(
+        update={
+            "adapters": [
+                a.model_copy(update={"protected": a.lora_name in held}) for a in state.adapters
+            ]
+        }
+    )
 
 
 @st.composite
@@ -416,9 +554,21 @@ def pinned_fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy]:
     recs, sc, ws, policy, _ = draw(fleets())
     share = draw(st.sampled_from([0.1, 0.25, 0.5, 1.0]))
     policy = policy.model_copy(update={"max_protected_gpu_share": share})
-    ws = [as_reported(w.model_copy(update={"adapters": [
-        a.model_copy(update={"pinned": a.tier == "gpu" and draw(st.booleans())})
-        for a in w.adapters]}), recs, policy) for w in ws]
+    ws = [
+        as_reported(
+            w.model_copy(
+                update={
+                    "adapters": [
+                        a.model_copy(update={"pinned": a.tier == "gpu" and draw(st.booleans())})
+                        for a in w.adapters
+                    ]
+                }
+            ),
+            recs,
+            policy,
+        )
+        for w in ws
+    ]
     return recs, sc, ws, policy
 
 

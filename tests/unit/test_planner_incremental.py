@@ -10,31 +10,42 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from loraplane.kernel.decayed import Decayed
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Planner, WorkerMemory, plan
 from loraplane.streams.scores import TAU_10M_S, ScoreState, score_key
-
-from loraplane.kernel.decayed import Decayed
-from loraplane.kernel.policy import Policy
 from tests.unit.test_planner import MB, NOW, busy, record, views, worker
 
 ADAPTERS = [f"a{i}" for i in range(8)]
 BASES = ["llama", "mistral"]
 POLICIES = [
-    Policy(gpu_slots_per_base_model=3, host_slots_per_base_model=2,
-           cold_loads_per_minute_per_worker=2),
-    Policy(gpu_slots_per_base_model=6, host_slots_per_base_model=6,
-           max_protected_gpu_share=0.25,
-           never_evict_when=['tenant_priority == "platinum"', 'request_class == "batch"'],
-           demote_when=["no_request_for_minutes > 1", "error_rate_after_load > 0.02",
-                        'request_class == "interactive" and canary_percent < 5'],
-           hot_score_formula="0.4 * qps_1m + 0.2 * qps_10m + 0.2 * ttft_penalty_if_cold"
-                             " + 0.1 * tenant_priority + 0.1 * scheduled_warmup_score"),
+    Policy(
+        gpu_slots_per_base_model=3, host_slots_per_base_model=2, cold_loads_per_minute_per_worker=2
+    ),
+    Policy(
+        gpu_slots_per_base_model=6,
+        host_slots_per_base_model=6,
+        max_protected_gpu_share=0.25,
+        never_evict_when=['tenant_priority == "platinum"', 'request_class == "batch"'],
+        demote_when=[
+            "no_request_for_minutes > 1",
+            "error_rate_after_load > 0.02",
+            'request_class == "interactive" and canary_percent < 5',
+        ],
+        hot_score_formula="0.4 * qps_1m + 0.2 * qps_10m + 0.2 * ttft_penalty_if_cold"
+        " + 0.1 * tenant_priority + 0.1 * scheduled_warmup_score",
+    ),
 ]
-STATUSES = [AdapterStatus.active, AdapterStatus.canary, AdapterStatus.retired,
-            AdapterStatus.revoked]
+STATUSES = [
+    AdapterStatus.active,
+    AdapterStatus.canary,
+    AdapterStatus.retired,
+    AdapterStatus.revoked,
+]
 
 
 @st.composite
@@ -46,38 +57,60 @@ def adapter_views(draw: st.DrawFn, adapter: str) -> AdapterView:
     for v in range(1, draw(st.integers(1, 3)) + 1):
         status = draw(st.sampled_from(STATUSES))
         if status is AdapterStatus.active and any(
-                r.status is AdapterStatus.active for r in records):
+            r.status is AdapterStatus.active for r in records
+        ):
             status = AdapterStatus.retired
-        records.append(record(adapter, version=str(v), status=status, priority=priority,
-                              canary=draw(st.sampled_from([0, 5])), base=base,
-                              size=draw(st.integers(1, 50)) * MB))
+        records.append(
+            record(
+                adapter,
+                version=str(v),
+                status=status,
+                priority=priority,
+                canary=draw(st.sampled_from([0, 5])),
+                base=base,
+                size=draw(st.integers(1, 50)) * MB,
+            )
+        )
     (view,) = views(*records)
     return view
 
 
 @st.composite
 def score_states(draw: st.DrawFn, now: float) -> ScoreState:
-    state = busy(draw(st.sampled_from([0.0, 0.01, 0.3, 1.0, 3.0])),
-                 last=now - draw(st.sampled_from([0, 30, 90, 4000])))
+    state = busy(
+        draw(st.sampled_from([0.0, 0.01, 0.3, 1.0, 3.0])),
+        last=now - draw(st.sampled_from([0, 30, 90, 4000])),
+    )
     served = draw(st.sampled_from([0.0, 10.0, 50.0]))
     return replace(
-        state, ttft_cold_ms=draw(st.sampled_from([None, 900.0])),
+        state,
+        ttft_cold_ms=draw(st.sampled_from([None, 900.0])),
         ttft_hot_ms=draw(st.sampled_from([None, 100.0])),
         served_after_load=Decayed(TAU_10M_S, served, now - 10),
         errors_after_load=Decayed(TAU_10M_S, served * draw(st.sampled_from([0, 0.1])), now - 5),
-        classes={c: Decayed(TAU_10M_S, draw(st.sampled_from([1.0, 4.0])), now)
-                 for c in draw(st.sets(st.sampled_from(["batch", "interactive"])))})
+        classes={
+            c: Decayed(TAU_10M_S, draw(st.sampled_from([1.0, 4.0])), now)
+            for c in draw(st.sets(st.sampled_from(["batch", "interactive"])))
+        },
+    )
 
 
 def score_keys(registry: dict[str, AdapterView]) -> list[str]:
-    return sorted({score_key(a, None) for a in ADAPTERS}
-                  | {score_key(a, r.version) for a in ADAPTERS for r in
-                     (registry[a].versions if a in registry else [])} | {"ghost@1"})
+    return sorted(
+        {score_key(a, None) for a in ADAPTERS}
+        | {
+            score_key(a, r.version)
+            for a in ADAPTERS
+            for r in (registry[a].versions if a in registry else [])
+        }
+        | {"ghost@1"}
+    )
 
 
 @st.composite
-def fleet_states(draw: st.DrawFn, registry: dict[str, AdapterView],
-                 workers: dict[str, WorkerState], now: float) -> dict[str, WorkerState]:
+def fleet_states(
+    draw: st.DrawFn, registry: dict[str, AdapterView], workers: dict[str, WorkerState], now: float
+) -> dict[str, WorkerState]:
     """Some workers replaced (holding any versions, even unknown ones), added or removed."""
     known: list[AdapterRecord] = [r for v in registry.values() for r in v.versions]
     known.append(record("gone"))  # a version the registry does not hold
@@ -88,23 +121,34 @@ def fleet_states(draw: st.DrawFn, registry: dict[str, AdapterView],
             continue
         base = BASES[int(wid[1]) % 2]
         mine = [r for r in known if r.base_model == base or r.adapter_id == "gone"]
-        gpu = draw(st.lists(st.sampled_from(mine), max_size=3, unique_by=lambda r: r.lora_name)
-                   ) if mine else []
+        gpu = (
+            draw(st.lists(st.sampled_from(mine), max_size=3, unique_by=lambda r: r.lora_name))
+            if mine
+            else []
+        )
         rest = [r for r in mine if r not in gpu]
-        host = draw(st.lists(st.sampled_from(rest), max_size=2,
-                             unique_by=lambda r: r.lora_name)) if rest else []
-        ws = worker(wid, gpu=gpu, host=host, slots=draw(st.integers(0, 4)), base=base,
-                    pinned=draw(st.sets(st.sampled_from(ADAPTERS))),
-                    hbm=draw(st.sampled_from([None, 0.5, 0.95])),
-                    host_budget=draw(st.integers(0, 200)) * MB)
+        host = (
+            draw(st.lists(st.sampled_from(rest), max_size=2, unique_by=lambda r: r.lora_name))
+            if rest
+            else []
+        )
+        ws = worker(
+            wid,
+            gpu=gpu,
+            host=host,
+            slots=draw(st.integers(0, 4)),
+            base=base,
+            pinned=draw(st.sets(st.sampled_from(ADAPTERS))),
+            hbm=draw(st.sampled_from([None, 0.5, 0.95])),
+            host_budget=draw(st.integers(0, 200)) * MB,
+        )
         out[wid] = ws
     return out
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.integers(2, 6))
-def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
-                                                         ticks: int) -> None:
+def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject, ticks: int) -> None:
     draw = data.draw
     planner = Planner()
     registry: dict[str, AdapterView] = {}
@@ -131,12 +175,15 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
             else:
                 scores[key] = draw(score_states(now))
         workers = draw(fleet_states(registry, workers, now))
-        scheduled = {a: draw(st.sampled_from([0.5, 1.0]))
-                     for a in draw(st.sets(st.sampled_from(ADAPTERS), max_size=2))}
+        scheduled = {
+            a: draw(st.sampled_from([0.5, 1.0]))
+            for a in draw(st.sets(st.sampled_from(ADAPTERS), max_size=2))
+        }
         fleet = list(workers.values())
         policy = draw(st.sampled_from(POLICIES))
-        warm = planner.tick(order, scores, fleet, policy, now, memory, scheduled,
-                            changed if told else None)
+        warm = planner.tick(
+            order, scores, fleet, policy, now, memory, scheduled, changed if told else None
+        )
         fresh = plan(order, scores, fleet, policy, now, memory, scheduled)
         assert warm.commands == fresh.commands
         assert warm.waiting == fresh.waiting
@@ -150,13 +197,15 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject,
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.integers(2, 8))
 def test_a_planner_told_the_changed_score_keys_plans_what_a_fresh_plan_plans(
-        data: st.DataObject, ticks: int) -> None:
+    data: st.DataObject, ticks: int
+) -> None:
     """The steady tick's path: one registry, and between ticks only score states (replaced,
     added, deleted; the changed keys handed over as the runtime's score view does), worker
     states and time change. Every tick decides what a full recomputation decides."""
     draw = data.draw
-    registry = {a: draw(adapter_views(a)) for a in draw(st.sets(st.sampled_from(ADAPTERS),
-                                                                min_size=1))}
+    registry = {
+        a: draw(adapter_views(a)) for a in draw(st.sets(st.sampled_from(ADAPTERS), min_size=1))
+    }
     order = list(registry.values())
     policy = draw(st.sampled_from(POLICIES))
     planner = Planner()

@@ -8,17 +8,17 @@ import threading
 from datetime import UTC, datetime
 
 from confluent_kafka import KafkaError, KafkaException
-from loraplane.schemas.codec import encode
-from loraplane.schemas.score_snapshot import UnknownTally
-from loraplane.streams.planner_lease import Lease, group_id, slug
-from loraplane.streams.planner_runtime import ScoreView, WorkerStates, _fenced
-from loraplane.streams.scores import TAU_1M_S, ScoreState, snapshot
 
 from loraplane.kernel import kafka
 from loraplane.kernel.config import get_settings
 from loraplane.kernel.decayed import Decayed
 from loraplane.kernel.topics import spec
 from loraplane.kernel.transactions import ProducerBroken
+from loraplane.schemas.codec import encode
+from loraplane.schemas.score_snapshot import UnknownTally
+from loraplane.streams.planner_lease import Lease, group_id, slug
+from loraplane.streams.planner_runtime import ScoreView, WorkerStates, _fenced
+from loraplane.streams.scores import TAU_1M_S, ScoreState, snapshot
 from tests.unit.test_fleet_view import state
 
 
@@ -67,16 +67,18 @@ def test_the_lease_group_and_transactional_id_name_the_base_model() -> None:
 
 
 def test_the_lease_consumer_heartbeats_often_and_keeps_its_partition_when_a_member_joins() -> None:
-    conf = kafka.consumer_config(get_settings(), "g", session_timeout_ms=6000,
-                                 heartbeat_ms=1000, cooperative=True)
+    conf = kafka.consumer_config(
+        get_settings(), "g", session_timeout_ms=6000, heartbeat_ms=1000, cooperative=True
+    )
     assert conf["session.timeout.ms"] == 6000 and conf["heartbeat.interval.ms"] == 1000
     assert conf["partition.assignment.strategy"] == "cooperative-sticky"
     assert "partition.assignment.strategy" not in kafka.consumer_config(get_settings(), "g")
 
 
 def _record(armed: bool, r1: float = 1.0) -> bytes:
-    return encode(snapshot(ScoreState(requests_1m=Decayed(TAU_1M_S, r1, 1000.0),
-                                      burst_armed=armed)))
+    return encode(
+        snapshot(ScoreState(requests_1m=Decayed(TAU_1M_S, r1, 1000.0), burst_armed=armed))
+    )
 
 
 def test_a_burst_is_a_key_whose_armed_went_true_to_false() -> None:

@@ -7,11 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from loraplane.kernel.config import get_settings
 from loraplane.schemas.codec import encode
 from loraplane.streams.planner import Plan
 from loraplane.streams.planner_runtime import PlannerRuntime
-
-from loraplane.kernel.config import get_settings
 from tests.unit.test_dashboard_fleet import aged
 from tests.unit.test_fleet_view import state
 
@@ -56,23 +55,26 @@ def test_a_planner_of_one_base_model_plans_only_its_workers(tmp_path: Path) -> N
     assert spy.workers == ["w1"]
 
 
-def test_a_command_goes_to_the_partition_its_worker_announced_else_the_hash(
-        tmp_path: Path) -> None:
+def test_a_command_goes_to_the_partition_its_worker_announced_else_the_hash(tmp_path: Path) -> None:
     from loraplane.kernel.command_partition import partition_of
     from tests.unit.test_command_trust import command
 
     runtime = runtime_with(tmp_path)
     sent: list[tuple[bytes, int]] = []
-    txn = SimpleNamespace(produce=lambda topic, key, value, partition: sent.append(
-        (key, partition)))
+    txn = SimpleNamespace(
+        produce=lambda topic, key, value, partition: sent.append((key, partition))
+    )
     key = SimpleNamespace(sign_command=lambda cmd: cmd)
     slotted = state("w-slot", "b", []).model_copy(update={"command_partition": 7})
     for s in (slotted, state("w-hash", "b", [])):
         runtime.workers.apply(s.worker_id.encode(), encode(s))
     for wid in ("w-slot", "w-hash", "w-unknown"):
         runtime._produce_command(txn, command(worker=wid), key, 64)  # type: ignore[arg-type]
-    assert sent == [(b"w-slot", 7), (b"w-hash", partition_of("w-hash", 64)),
-                    (b"w-unknown", partition_of("w-unknown", 64))]
+    assert sent == [
+        (b"w-slot", 7),
+        (b"w-hash", partition_of("w-hash", 64)),
+        (b"w-unknown", partition_of("w-unknown", 64)),
+    ]
 
 
 def test_a_view_the_planner_cannot_verify_is_never_planned(tmp_path: Path) -> None:
@@ -94,8 +96,7 @@ def test_a_view_the_planner_cannot_verify_is_never_planned(tmp_path: Path) -> No
     runtime.registry_tail = SimpleNamespace(version=1)  # type: ignore[assignment]
     stranger = make_kit(NOW)  # a key pair the keyring does not hold
     topic.write(VIEW_A.adapter_id, VIEW_A)
-    forged = fold([stranger.event("ci", "publish", "forged-bot", "1", 1, NOW)],
-                  stranger.keyring)
+    forged = fold([stranger.event("ci", "publish", "forged-bot", "1", 1, NOW)], stranger.keyring)
     assert forged is not None  # a well-formed view, only under a key nobody trusts
     topic.write("forged-bot", forged)
     bare = VIEW_A.model_copy(update={"evidence": []})

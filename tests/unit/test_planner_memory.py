@@ -9,21 +9,28 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.streams.planner import WorkerMemory, plan
-
 from tests.unit.test_planner import NOW, POLICY, record, scores, views, worker
 
 ADAPTERS = [record(f"a{i}") for i in range(6)]
-PLAN = plan(views(*ADAPTERS), scores(**{f"a{i}": 1.0 for i in range(6)}),
-            [worker("w1"), worker("w2")], POLICY, NOW)
+PLAN = plan(
+    views(*ADAPTERS),
+    scores(**{f"a{i}": 1.0 for i in range(6)}),
+    [worker("w1"), worker("w2")],
+    POLICY,
+    NOW,
+)
 COMMANDS = PLAN.commands
 
 memories = st.builds(
-    WorkerMemory, seq=st.integers(0, 2**40),
+    WorkerMemory,
+    seq=st.integers(0, 2**40),
     pending=st.lists(st.sampled_from(COMMANDS), max_size=6).map(tuple),
-    loads=st.lists(st.floats(min_value=0, max_value=4e9), max_size=10).map(tuple))
+    loads=st.lists(st.floats(min_value=0, max_value=4e9), max_size=10).map(tuple),
+)
 
 
 def test_a_plan_leaves_memory_with_pending_commands_and_loads() -> None:
@@ -32,7 +39,8 @@ def test_a_plan_leaves_memory_with_pending_commands_and_loads() -> None:
 
 @given(memories)
 def test_what_the_planner_writes_is_valid_and_reads_back_as_the_same_memory(
-        memory: WorkerMemory) -> None:
+    memory: WorkerMemory,
+) -> None:
     written = memory.record()  # model_construct: the write path does not validate
     assert PlannerMemory.model_validate(written.model_dump()) == written
     assert WorkerMemory.of(decode(PlannerMemory, encode(written))) == memory
@@ -41,21 +49,29 @@ def test_what_the_planner_writes_is_valid_and_reads_back_as_the_same_memory(
 @given(memories)
 def test_records_written_before_the_schema_still_read(memory: WorkerMemory) -> None:
     """Faust's JSON of the dict the planner stored before (no schema_version)."""
-    legacy = json.dumps({"seq": memory.seq, "loads": list(memory.loads),
-                         "pending": [c.model_dump(mode="json") for c in memory.pending]})
+    legacy = json.dumps(
+        {
+            "seq": memory.seq,
+            "loads": list(memory.loads),
+            "pending": [c.model_dump(mode="json") for c in memory.pending],
+        }
+    )
     assert WorkerMemory.of(decode(PlannerMemory, legacy.encode())) == memory
 
 
 GOOD = json.loads(encode(next(iter(PLAN.memory.values())).record()))
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"seq": -1}, "seq"),
-    ({"seq": "many"}, "seq"),
-    ({"loads": [float("nan")]}, "loads.0"),
-    ({"pending": [{**GOOD["pending"][0], "action": "deploy"}]}, "pending.0.action"),
-    ({"surprise": 1}, "surprise"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"seq": -1}, "seq"),
+        ({"seq": "many"}, "seq"),
+        ({"loads": [float("nan")]}, "loads.0"),
+        ({"pending": [{**GOOD["pending"][0], "action": "deploy"}]}, "pending.0.action"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
 def test_a_record_we_did_not_write_is_refused_with_a_reason(change: dict, field: str) -> None:
     with pytest.raises(SchemaError) as err:
         decode(PlannerMemory, json.dumps({**GOOD, **change}))
@@ -64,17 +80,19 @@ def test_a_record_we_did_not_write_is_refused_with_a_reason(change: dict, field:
 
 
 def test_the_runtime_skips_an_unreadable_record_with_its_reason(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The planner runtime plans a worker whose planner-memory record does not decode as if
     it had no memory (the tick's memory then replaces the record), and says why; a
     tombstone is no memory."""
+    from loraplane.kernel.bus import Record
     from loraplane.streams.planner_runtime import memory_of
 
-    from loraplane.kernel.bus import Record
-
     good, bad = encode(next(iter(PLAN.memory.values())).record()), b'{"seq": -1}'
-    records = [Record("m", 0, i, wid.encode(), value, {}, 0)
-               for i, (wid, value) in enumerate([("w1", good), ("w2", bad), ("w3", None)])]
+    records = [
+        Record("m", 0, i, wid.encode(), value, {}, 0)
+        for i, (wid, value) in enumerate([("w1", good), ("w2", bad), ("w3", None)])
+    ]
     with caplog.at_level("ERROR"):
         memory = memory_of(records)
     assert list(memory) == ["w1"]

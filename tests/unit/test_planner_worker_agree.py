@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.reasons import CommandRule
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, command_id, plan, still_pending
 from loraplane.streams.scores import score_key
-
-from loraplane.kernel.policy import Policy
 from tests.unit import fleet_loop
 from tests.unit.fleet_loop import REFUSALS, SLOT_RACES, Loop, SimWorker
 from tests.unit.test_planner import NOW, POLICY, busy, record, scores, views, worker
@@ -41,16 +41,22 @@ def fleets(draw: st.DrawFn) -> Loop:
         min_residency_s=draw(st.sampled_from([0.0, 30.0, 180.0])),
         demand_admission_tau_s=draw(st.sampled_from([0.0, 600.0])),
         max_protected_gpu_share=draw(st.sampled_from([0.25, 0.5, 1.0])),
-        gpu_slots_per_base_model=draw(st.sampled_from([2, 4, 64])))
-    priorities = st.sampled_from([Priority.bronze, Priority.silver, Priority.gold,
-                                  Priority.platinum])
-    records = [fleet_loop.record(f"a{i}", priority=draw(priorities))
-               for i in range(draw(st.integers(2, 12)))]
+        gpu_slots_per_base_model=draw(st.sampled_from([2, 4, 64])),
+    )
+    priorities = st.sampled_from(
+        [Priority.bronze, Priority.silver, Priority.gold, Priority.platinum]
+    )
+    records = [
+        fleet_loop.record(f"a{i}", priority=draw(priorities))
+        for i in range(draw(st.integers(2, 12)))
+    ]
     if draw(st.booleans()):
-        records.append(fleet_loop.record("a0", version="2", status=AdapterStatus.canary,
-                                         canary=10.0))
-    workers = [SimWorker(f"w{i}", draw(st.integers(1, 5)), policy)
-               for i in range(draw(st.integers(1, 4)))]
+        records.append(
+            fleet_loop.record("a0", version="2", status=AdapterStatus.canary, canary=10.0)
+        )
+    workers = [
+        SimWorker(f"w{i}", draw(st.integers(1, 5)), policy) for i in range(draw(st.integers(1, 4)))
+    ]
     rng = random.Random(draw(st.integers(0, 2**32)))
     loop = Loop(records, workers, policy, rng)
     loop.qps = {r.lora_name: rng.choice(RATES) for r in records}
@@ -68,8 +74,10 @@ def run(loop: Loop, seconds: int) -> None:
             if w.up:
                 loop.stop(w, rng.choice([2.0, 8.0, 20.0]))
         if rng.random() < 0.01:
-            loop.change_registry(rng.randrange(len(loop.records)),
-                                 rng.choice(["priority", "priority", "promote", "revoke"]))
+            loop.change_registry(
+                rng.randrange(len(loop.records)),
+                rng.choice(["priority", "priority", "promote", "revoke"]),
+            )
         loop.step(requests=rng.randint(0, 8))
 
 
@@ -77,8 +85,9 @@ def run(loop: Loop, seconds: int) -> None:
 @given(fleets())
 def test_the_planner_and_the_workers_agree(loop: Loop) -> None:
     run(loop, 240)
-    refused = [(c, why) for c, why in loop.skipped
-               if why in REFUSALS and c not in loop.registry_races]
+    refused = [
+        (c, why) for c, why in loop.skipped if why in REFUSALS and c not in loop.registry_races
+    ]
     assert refused == []
     no_slot = [(c, why) for c, why in loop.skipped if why in SLOT_RACES and c not in loop.races]
     assert no_slot == []
@@ -94,15 +103,23 @@ def test_a_worker_restart_under_slot_pressure_ends_in_agreement() -> None:
     and the restarted worker is planned for again."""
     policy = Policy()
     new = fleet_loop.record
-    records = [new("support-en", priority=Priority.gold),
-               new("support-de", priority=Priority.gold),
-               new("support-de", version="2", status=AdapterStatus.canary, canary=10.0),
-               new("contracts", priority=Priority.platinum),
-               *(new(f"a{i}", priority=Priority.silver) for i in range(6))]
-    loop = Loop(records, [SimWorker("w1", 4, policy), SimWorker("w2", 4, policy)], policy,
-                random.Random(29))
-    loop.qps = dict(zip((r.lora_name for r in records),
-                        (5.5, 2.7, 0.3, 1.8, 1.4, 1.1, 0.9, 0.7, 0.3, 0.1), strict=True))
+    records = [
+        new("support-en", priority=Priority.gold),
+        new("support-de", priority=Priority.gold),
+        new("support-de", version="2", status=AdapterStatus.canary, canary=10.0),
+        new("contracts", priority=Priority.platinum),
+        *(new(f"a{i}", priority=Priority.silver) for i in range(6)),
+    ]
+    loop = Loop(
+        records, [SimWorker("w1", 4, policy), SimWorker("w2", 4, policy)], policy, random.Random(29)
+    )
+    loop.qps = dict(
+        zip(
+            (r.lora_name for r in records),
+            (5.5, 2.7, 0.3, 1.8, 1.4, 1.1, 0.9, 0.7, 0.3, 0.1),
+            strict=True,
+        )
+    )
     run_for = 600
     for t in range(run_for):
         if t == run_for // 2:
@@ -113,22 +130,37 @@ def test_a_worker_restart_under_slot_pressure_ends_in_agreement() -> None:
     assert loop.repeated == []
     assert loop.undone_too_soon() == []
     restart = loop.now - run_for // 2
-    after = [c for c in loop.issued if c.worker_id == "w1"
-             and c.issued_at.timestamp() > restart + 20 and c.action is CommandAction.load_gpu]
+    after = [
+        c
+        for c in loop.issued
+        if c.worker_id == "w1"
+        and c.issued_at.timestamp() > restart + 20
+        and c.action is CommandAction.load_gpu
+    ]
     assert loop.workers[0].up and (after or loop.workers[0].gpu)
 
 
 # ---- the pieces, one at a time ----------------------------------------------------------
 
-def command(r: AdapterRecord, action: CommandAction, seq: int, at: float,
-            worker: str = "w1") -> CacheCommand:
+
+def command(
+    r: AdapterRecord, action: CommandAction, seq: int, at: float, worker: str = "w1"
+) -> CacheCommand:
     issued = datetime.fromtimestamp(at, UTC)
-    return CacheCommand(command_id=command_id(worker, action.value, r.lora_name, seq),
-                        worker_id=worker, action=action, base_model=r.base_model,
-                        tenant_id=r.tenant_id, adapter_id=r.adapter_id, version=r.version,
-                        sha256=r.sha256, lora_name=r.lora_name,
-                        reason=CommandReason(rule=CommandRule.hot_score), issued_at=issued,
-                        deadline=issued + timedelta(seconds=60))
+    return CacheCommand(
+        command_id=command_id(worker, action.value, r.lora_name, seq),
+        worker_id=worker,
+        action=action,
+        base_model=r.base_model,
+        tenant_id=r.tenant_id,
+        adapter_id=r.adapter_id,
+        version=r.version,
+        sha256=r.sha256,
+        lora_name=r.lora_name,
+        reason=CommandReason(rule=CommandRule.hot_score),
+        issued_at=issued,
+        deadline=issued + timedelta(seconds=60),
+    )
 
 
 def test_a_command_shown_while_an_earlier_one_on_its_copy_waits_is_not_issued_again() -> None:
@@ -137,8 +169,10 @@ def test_a_command_shown_while_an_earlier_one_on_its_copy_waits_is_not_issued_ag
     host tier: the demote shows, the load does not. Both stay expected (the worker applies
     them in order), so the demote is not issued again every tick until the load's deadline."""
     idle, busy_one = record("idle"), record("busy")
-    load, demote = (command(idle, CommandAction.load_gpu, 1, NOW - 10),
-                    command(idle, CommandAction.demote_to_host, 2, NOW - 5))
+    load, demote = (
+        command(idle, CommandAction.load_gpu, 1, NOW - 10),
+        command(idle, CommandAction.demote_to_host, 2, NOW - 5),
+    )
     memory = {"w1": WorkerMemory(seq=2, pending=(load, demote))}
     states = [worker("w1", gpu=[busy_one], host=[idle], slots=2)]
     sc = {**scores(busy=1.0), score_key("idle", "1"): busy(1.0, last=NOW - 3 * 3600)}
@@ -157,21 +191,38 @@ def test_a_command_the_worker_will_not_carry_out_is_no_longer_expected_nor_sent_
     a = record("a")
     load = command(a, CommandAction.load_gpu, 1, NOW - 5)
     w1 = worker("w1", slots=2).model_copy(update={"skipped_commands": [load.command_id]})
-    p = plan(views(a), scores(a=1.0), [w1, worker("w2", slots=1)], POLICY, NOW,
-             {"w1": WorkerMemory(seq=1, pending=(load,))})
+    p = plan(
+        views(a),
+        scores(a=1.0),
+        [w1, worker("w2", slots=1)],
+        POLICY,
+        NOW,
+        {"w1": WorkerMemory(seq=1, pending=(load,))},
+    )
     assert [(c.action, c.worker_id) for c in p.commands if c.lora_name == a.lora_name] == [
-        (CommandAction.load_gpu, "w2")]
+        (CommandAction.load_gpu, "w2")
+    ]
     assert p.memory["w1"].pending == (load,)  # not sent again before its deadline
-    p = plan(views(a), scores(a=1.0), [w1], POLICY, NOW,
-             {"w1": WorkerMemory(seq=1, pending=(load,))})
+    p = plan(
+        views(a), scores(a=1.0), [w1], POLICY, NOW, {"w1": WorkerMemory(seq=1, pending=(load,))}
+    )
     assert not gpu_moves(p) and [w.lora_name for w in p.waiting] == [a.lora_name]
 
 
 def at(state: WorkerState, loaded: dict[str, float]) -> WorkerState:
     """``state`` with its GPU copies' ``loaded_at`` (epoch s, by adapter id)."""
-    return state.model_copy(update={"adapters": [
-        a.model_copy(update={"loaded_at": datetime.fromtimestamp(loaded[a.adapter_id], UTC)})
-        if a.adapter_id in loaded else a for a in state.adapters]})
+    return state.model_copy(
+        update={
+            "adapters": [
+                a.model_copy(
+                    update={"loaded_at": datetime.fromtimestamp(loaded[a.adapter_id], UTC)}
+                )
+                if a.adapter_id in loaded
+                else a
+                for a in state.adapters
+            ]
+        }
+    )
 
 
 def test_a_load_is_not_undone_within_the_minimum_residency() -> None:
@@ -183,23 +234,33 @@ def test_a_load_is_not_undone_within_the_minimum_residency() -> None:
     recent = at(full, {"cold": NOW - 60})
     p = plan(views(cold, hot), scores(cold=0.01, hot=5.0), [recent], POLICY, NOW)
     assert not gpu_moves(p) and [(w.lora_name, w.reason) for w in p.waiting] == [
-        (hot.lora_name, "min_residency")]
-    p = plan(views(cold, hot), scores(cold=0.01, hot=5.0), [at(full, {"cold": NOW - 181})],
-             POLICY, NOW)
-    assert gpu_moves(p) == [(CommandAction.demote_to_host, cold.lora_name),
-                            (CommandAction.load_gpu, hot.lora_name)]
+        (hot.lora_name, "min_residency")
+    ]
+    p = plan(
+        views(cold, hot), scores(cold=0.01, hot=5.0), [at(full, {"cold": NOW - 181})], POLICY, NOW
+    )
+    assert gpu_moves(p) == [
+        (CommandAction.demote_to_host, cold.lora_name),
+        (CommandAction.load_gpu, hot.lora_name),
+    ]
     plat = record("plat", priority=Priority.platinum)
     p = plan(views(cold, plat), scores(cold=0.01, plat=5.0), [recent], POLICY, NOW)
-    assert gpu_moves(p) == [(CommandAction.demote_to_host, cold.lora_name),
-                            (CommandAction.load_gpu, plat.lora_name)]
+    assert gpu_moves(p) == [
+        (CommandAction.demote_to_host, cold.lora_name),
+        (CommandAction.load_gpu, plat.lora_name),
+    ]
     twice = [at(worker(w, gpu=[hot], slots=1), {"hot": NOW - 60}) for w in ("w1", "w2")]
     assert not gpu_moves(plan(views(hot), scores(hot=1.0), twice, POLICY, NOW))
     twice = [at(s, {"hot": NOW - 200}) for s in twice]
     assert gpu_moves(plan(views(hot), scores(hot=1.0), twice, POLICY, NOW)) == [
-        (CommandAction.demote_to_host, hot.lora_name)]
+        (CommandAction.demote_to_host, hot.lora_name)
+    ]
 
 
 def gpu_moves(p: Plan) -> list[tuple[CommandAction, str]]:
     """The plan's loads and unloads of GPU copies, in order."""
-    return [(c.action, c.lora_name) for c in p.commands
-            if c.action in (CommandAction.load_gpu, CommandAction.demote_to_host)]
+    return [
+        (c.action, c.lora_name)
+        for c in p.commands
+        if c.action in (CommandAction.load_gpu, CommandAction.demote_to_host)
+    ]

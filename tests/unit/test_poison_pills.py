@@ -12,23 +12,31 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+
+from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.kernel import kafka
+from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import decode
 from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetter
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.command_feed import KafkaCommandFeed
 from loraplane.workers.vllm_client import VllmClient
-
-from loraplane.eventlog.sink import KafkaEventSink
-from loraplane.kernel import kafka
-from loraplane.kernel.config import Settings
 from tests.kafka_message import AssignedConsumer, FakeMessage
 
 POISON: list[tuple[bytes | None, bytes | None]] = [
-    (b"w1", None), (b"w1", b""), (b"w1", b"x" * 1_500_000), (b"w1", b"\xff\xfe\x80" * 1000),
-    (b"w1", b"[" * 100_000), (b"w1", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
-    (b"w1", b'"a string"'), (b"w1", json.dumps({"command_id": 5}).encode()), (None, b"{}"),
-    (b"w2", b"not mine"), (b"\xff" * 10, b"{}")]
+    (b"w1", None),
+    (b"w1", b""),
+    (b"w1", b"x" * 1_500_000),
+    (b"w1", b"\xff\xfe\x80" * 1000),
+    (b"w1", b"[" * 100_000),
+    (b"w1", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
+    (b"w1", b'"a string"'),
+    (b"w1", json.dumps({"command_id": 5}).encode()),
+    (None, b"{}"),
+    (b"w2", b"not mine"),
+    (b"\xff" * 10, b"{}"),
+]
 
 
 class Producer:
@@ -58,7 +66,8 @@ class Consumer(AssignedConsumer):
 
 
 def test_the_event_sink_never_raises_for_a_message_the_client_refuses(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     producer = Producer()
     monkeypatch.setattr(kafka, "producer", lambda *a, **k: producer)
     sink = KafkaEventSink(Settings(home=tmp_path), "w1")  # its journal and spool: the test's
@@ -68,11 +77,13 @@ def test_the_event_sink_never_raises_for_a_message_the_client_refuses(
 
 
 def test_every_poison_on_commands_is_committed_and_dead_lettered_within_the_bound(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     producer = Producer()
     monkeypatch.setattr(kafka, "producer", lambda *a, **k: producer)
-    messages = [FakeMessage(v, k, "lp.commands", 0, n, 1_800_000_000_000)
-                for n, (k, v) in enumerate(POISON)]
+    messages = [
+        FakeMessage(v, k, "lp.commands", 0, n, 1_800_000_000_000) for n, (k, v) in enumerate(POISON)
+    ]
     consumer = Consumer(list(messages))
     monkeypatch.setattr(kafka, "consumer", lambda *a, **k: consumer)
     sink = KafkaEventSink(Settings(home=tmp_path), "w1")
@@ -87,7 +98,8 @@ def test_every_poison_on_commands_is_committed_and_dead_lettered_within_the_boun
     letters = [decode(DeadLetter, v) for v in producer.sent]
     mine = [m for m in messages if m.key() == b"w1"]
     assert [(d.offset, d.component) for d in letters] == [
-        (m.offset(), "worker-agent") for m in mine]
+        (m.offset(), "worker-agent") for m in mine
+    ]
     assert sink.refused == 0 and max(map(len, producer.sent)) <= MAX_DEAD_LETTER_BYTES
     assert {d.raw_size for d in letters} == {len(m.value() or b"") for m in mine}
 
@@ -111,10 +123,15 @@ class FailingFeed:
 
 
 def agent(loader: Any) -> WorkerAgent:
-    return WorkerAgent(WorkerConfig(worker_id="w1", base_model="b", vllm_url="http://127.0.0.1:9",
-                                    host_budget_bytes=1),
-                       vllm=VllmClient("http://127.0.0.1:9"), host_tier=None,  # type: ignore[arg-type]
-                       registry_loader=loader, sink=KafkaEventSink.__new__(KafkaEventSink))
+    return WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model="b", vllm_url="http://127.0.0.1:9", host_budget_bytes=1
+        ),
+        vllm=VllmClient("http://127.0.0.1:9"),
+        host_tier=None,  # type: ignore[arg-type]
+        registry_loader=loader,
+        sink=KafkaEventSink.__new__(KafkaEventSink),
+    )
 
 
 async def test_a_failing_command_loop_step_is_counted_and_the_loop_goes_on() -> None:
@@ -129,7 +146,6 @@ async def test_a_failing_command_loop_step_is_counted_and_the_loop_goes_on() -> 
 
 async def test_a_registry_loader_that_raises_keeps_the_records() -> None:
     from loraplane.schemas.adapter import AdapterRecord
-
     from tests.lifecycle_kit import record as make_record
 
     record = make_record("a", "1")

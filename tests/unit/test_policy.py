@@ -33,8 +33,12 @@ def test_seed_policy_parses_verbatim() -> None:
     import yaml
 
     policy = Policy.model_validate(yaml.safe_load(SEED_YAML))
-    assert policy.weights == {"qps_10m": 0.45, "ttft_penalty_if_cold": 0.25,
-                              "tenant_priority": 0.20, "scheduled_warmup_score": 0.10}
+    assert policy.weights == {
+        "qps_10m": 0.45,
+        "ttft_penalty_if_cold": 0.25,
+        "tenant_priority": 0.20,
+        "scheduled_warmup_score": 0.10,
+    }
     canary, platinum = policy.never_evict
     assert canary.holds({"status": "canary", "canary_percent": 10})
     assert not canary.holds({"status": "canary", "canary_percent": 0})
@@ -42,13 +46,23 @@ def test_seed_policy_parses_verbatim() -> None:
     assert platinum.holds({"tenant_priority": "platinum"})
     idle, errors = policy.demote
     assert idle.holds({"no_request_for_minutes": 61}) and not idle.holds(
-        {"no_request_for_minutes": 60})
+        {"no_request_for_minutes": 60}
+    )
     assert errors.holds({"error_rate_after_load": 0.03})
     assert not errors.holds({}), "a missing fact never triggers a rule"
 
 
-@pytest.mark.parametrize("bad", ["", "0.5 * qps", "qps_10m", "0.5 * qps_10m + 0.1 * qps_10m",
-                                 "0.5 * qps_10m; import os", "-1 * qps_10m"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "0.5 * qps",
+        "qps_10m",
+        "0.5 * qps_10m + 0.1 * qps_10m",
+        "0.5 * qps_10m; import os",
+        "-1 * qps_10m",
+    ],
+)
 def test_bad_formulas_are_rejected_with_a_message(bad: str) -> None:
     with pytest.raises(PolicyError):
         parse_formula(bad)
@@ -56,15 +70,26 @@ def test_bad_formulas_are_rejected_with_a_message(bad: str) -> None:
         Policy(hot_score_formula=bad)
 
 
-@pytest.mark.parametrize("bad", ["status = canary", "foo > 1", "status == ", "__import__ > 1",
-                                 "canary_percent > 1 or status == x"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "status = canary",
+        "foo > 1",
+        "status == ",
+        "__import__ > 1",
+        "canary_percent > 1 or status == x",
+    ],
+)
 def test_bad_conditions_are_rejected(bad: str) -> None:
     with pytest.raises(PolicyError):
         parse_condition(bad)
 
 
-@given(st.dictionaries(st.sampled_from(SCORE_TERMS),
-                       st.decimals(min_value=0, max_value=100, places=3), min_size=1))
+@given(
+    st.dictionaries(
+        st.sampled_from(SCORE_TERMS), st.decimals(min_value=0, max_value=100, places=3), min_size=1
+    )
+)
 def test_formula_round_trips(weights: dict) -> None:
     text = " + ".join(f"{w} * {name}" for name, w in weights.items())
     assert parse_formula(text) == {k: float(v) for k, v in weights.items()}

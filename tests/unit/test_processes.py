@@ -17,8 +17,9 @@ def _managed(tmp_path: Path, marker: str) -> Managed:
 def test_start_then_stop_kills_the_process(tmp_path: Path) -> None:
     marker = f"# sleeper {tmp_path}"
     managed = _managed(tmp_path, marker)
-    pid = managed.start([sys.executable, "-c", f"import time; print('up', flush=True); "
-                         f"time.sleep(60)  {marker}"])
+    pid = managed.start(
+        [sys.executable, "-c", f"import time; print('up', flush=True); time.sleep(60)  {marker}"]
+    )
     assert managed.pid() == pid
     assert managed.stop(timeout=5)
     assert not Path(f"/proc/{pid}").exists() or managed.pid() is None

@@ -17,6 +17,11 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from loraplane.cli import app
+from loraplane.kernel import bus
+from loraplane.kernel.config import get_settings
 from loraplane.schemas import export
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.publish_result import (
@@ -27,11 +32,6 @@ from loraplane.schemas.publish_result import (
     PublishResult,
 )
 from loraplane.schemas.reasons import PublishFailure, RegistryRejection
-from typer.testing import CliRunner
-
-from loraplane.cli import app
-from loraplane.kernel import bus
-from loraplane.kernel.config import get_settings
 from loraplane.tiny_model import build_adapter
 from tests.lifecycle_kit import make_kit
 from tests.unit.test_schemas_ajv import ajv
@@ -62,8 +62,7 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
     def upload(_settings: Any, _folder: Path, record: Any, _manifest: Any) -> None:
         seen.uploads.append(record.artifact_uri)
 
-    def produce(_settings: Any, _topic: str, _key: Any, value: Any, **_kw: Any
-                ) -> tuple[int, int]:
+    def produce(_settings: Any, _topic: str, _key: Any, value: Any, **_kw: Any) -> tuple[int, int]:
         if seen.fail_produce_at == len(seen.produced):
             raise bus.DeliveryError("no acknowledgement within 20s (is the broker up?)")
         seen.produced.append(value.event_id)
@@ -73,18 +72,23 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
         def __init__(self, _settings: Any) -> None:
             pass
 
-        def wait(self, event_ids: Collection[str], _timeout_s: float
-                 ) -> dict[str, AuditRecord]:
+        def wait(self, event_ids: Collection[str], _timeout_s: float) -> dict[str, AuditRecord]:
             if seen.verdict is None:
                 return {}
             rejected = seen.verdict != "accepted"
-            return {i: AuditRecord(
-                event_id=f"audit-{n}", ts=datetime.now(UTC), component="registry",
-                action="canary" if i.startswith("canary") else "publish",
-                decision="rejected" if rejected else "accepted",
-                reason=seen.verdict if rejected else "", subject_event_id=i,
-                detail="key ci-old is not in the keyring" if rejected else "active=None")
-                for n, i in enumerate(event_ids)}
+            return {
+                i: AuditRecord(
+                    event_id=f"audit-{n}",
+                    ts=datetime.now(UTC),
+                    component="registry",
+                    action="canary" if i.startswith("canary") else "publish",
+                    decision="rejected" if rejected else "accepted",
+                    reason=seen.verdict if rejected else "",
+                    subject_event_id=i,
+                    detail="key ci-old is not in the keyring" if rejected else "active=None",
+                )
+                for n, i in enumerate(event_ids)
+            }
 
     monkeypatch.setattr(artifact_publish, "upload", upload)
     monkeypatch.setattr(bus, "produce_sync", produce)
@@ -105,14 +109,25 @@ def key(tmp_path: Path) -> Path:
     return path
 
 
-def publish(adapter: Path, key: Path, *extra: str, json_output: bool = True,
-            **options: str) -> tuple[int, str, str]:
+def publish(
+    adapter: Path, key: Path, *extra: str, json_output: bool = True, **options: str
+) -> tuple[int, str, str]:
     """Run the command in process; (exit code, stdout, stderr)."""
-    args = {"--adapter-id": "bot", "--tenant": "acme", "--base-model": "tiny-llama",
-            "--version": "1", "--artifact": str(adapter), "--key": str(key),
-            **{f"--{k.replace('_', '-')}": v for k, v in options.items()}}
-    argv = ["publish", *(["--json"] if json_output else []),
-            *(a for k, v in args.items() if v != "" for a in (k, v)), *extra]
+    args = {
+        "--adapter-id": "bot",
+        "--tenant": "acme",
+        "--base-model": "tiny-llama",
+        "--version": "1",
+        "--artifact": str(adapter),
+        "--key": str(key),
+        **{f"--{k.replace('_', '-')}": v for k, v in options.items()},
+    }
+    argv = [
+        "publish",
+        *(["--json"] if json_output else []),
+        *(a for k, v in args.items() if v != "" for a in (k, v)),
+        *extra,
+    ]
     done = RUN.invoke(app, argv)
     return done.exit_code, done.stdout, done.stderr
 
@@ -256,8 +271,9 @@ CASES: list[tuple[str, Setup, PublishFailure | None]] = [
 ]
 
 
-def run_case(setup: Setup, fakes: Fakes, adapter: Path, key: Path, tmp: Path,
-             json_output: bool = True) -> tuple[int, str, str]:
+def run_case(
+    setup: Setup, fakes: Fakes, adapter: Path, key: Path, tmp: Path, json_output: bool = True
+) -> tuple[int, str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         extra = setup(Case(fakes, adapter, key, tmp, patch))
@@ -269,15 +285,20 @@ def run_case(setup: Setup, fakes: Fakes, adapter: Path, key: Path, tmp: Path,
 
 @pytest.mark.parametrize(("name", "setup", "failure"), CASES, ids=[c[0] for c in CASES])
 def test_each_outcome_has_its_exit_code_and_one_json_object(
-        name: str, setup: Setup, failure: PublishFailure | None, fakes: Fakes, adapter: Path,
-        key: Path, tmp_path: Path) -> None:
+    name: str,
+    setup: Setup,
+    failure: PublishFailure | None,
+    fakes: Fakes,
+    adapter: Path,
+    key: Path,
+    tmp_path: Path,
+) -> None:
     code, stdout, stderr = run_case(setup, fakes, adapter, key, tmp_path)
     result = result_of(stdout)
     outcome = PublishOutcome.published if failure is None else FAILURE_OUTCOME[failure]
     assert (code, result.outcome, result.exit_code) == (outcome.exit_code, outcome, code), stderr
     assert result.ok is (failure is None)
-    assert (result.adapter_id, result.tenant_id, result.base_model) == ("bot", "acme",
-                                                                        "tiny-llama")
+    assert (result.adapter_id, result.tenant_id, result.base_model) == ("bot", "acme", "tiny-llama")
     # what the broker acknowledged is what the result lists, whatever failed after it
     assert [e.event_id for e in result.events] == fakes.produced
     if failure is None:
@@ -288,48 +309,57 @@ def test_each_outcome_has_its_exit_code_and_one_json_object(
     else:
         assert result.error is not None and result.error.code is failure
         assert f"error: {result.error.message}" in stderr
-    if failure is not None and outcome in (PublishOutcome.invalid_input,
-                                           PublishOutcome.artifact_refused):
+    if failure is not None and outcome in (
+        PublishOutcome.invalid_input,
+        PublishOutcome.artifact_refused,
+    ):
         assert fakes.uploads == [] and fakes.produced == []  # refused before any side effect
 
 
-def test_a_refused_artifact_lists_each_reason(fakes: Fakes, adapter: Path, key: Path,
-                                              tmp_path: Path) -> None:
+def test_a_refused_artifact_lists_each_reason(
+    fakes: Fakes, adapter: Path, key: Path, tmp_path: Path
+) -> None:
     code, stdout, _ = run_case(_pickle, fakes, adapter, key, tmp_path)
     error = result_of(stdout).error
     assert code == 3 and error is not None
     assert [(r.reason, r.path) for r in error.refusals] == [("pickle_weights", "extra.bin")]
 
 
-def test_the_registry_decisions_are_in_the_result(fakes: Fakes, adapter: Path, key: Path,
-                                                  tmp_path: Path) -> None:
+def test_the_registry_decisions_are_in_the_result(
+    fakes: Fakes, adapter: Path, key: Path, tmp_path: Path
+) -> None:
     _, stdout, _ = run_case(_wait_accepted, fakes, adapter, key, tmp_path)
     result = result_of(stdout)
     assert [(d.event_id, d.action, d.decision) for d in result.registry or []] == [
-        (result.event_id, "publish", "accepted"), (result.canary_event_id, "canary",
-                                                   "accepted")]
+        (result.event_id, "publish", "accepted"),
+        (result.canary_event_id, "canary", "accepted"),
+    ]
     _, stdout, _ = run_case(_wait_rejected, fakes, adapter, key, tmp_path)
     rejected = result_of(stdout)
     assert [(d.decision, d.reason) for d in rejected.registry or []] == [
-        ("rejected", "unknown_key")]
+        ("rejected", "unknown_key")
+    ]
     assert rejected.error is not None and "unknown_key" in rejected.error.message
     _, stdout, _ = run_case(_nothing, fakes, adapter, key, tmp_path)
     assert result_of(stdout).registry is None  # not waited for: null, not []
 
 
 def test_without_json_a_failure_leaves_stdout_empty_and_success_prints_the_object(
-        fakes: Fakes, adapter: Path, key: Path, tmp_path: Path) -> None:
+    fakes: Fakes, adapter: Path, key: Path, tmp_path: Path
+) -> None:
     code, stdout, stderr = run_case(_pickle, fakes, adapter, key, tmp_path, json_output=False)
     assert (code, stdout) == (3, "") and "error: refused: pickle_weights extra.bin" in stderr
     code, stdout, _ = run_case(_nothing, fakes, adapter, key, tmp_path, json_output=False)
     assert code == 0 and result_of(stdout).ok
     # the keys of the line publish printed before the interface was written down remain
     assert {"event_id", "version", "sha256", "artifact_uri", "lora_name", "seq"} <= set(
-        json.loads(stdout))
+        json.loads(stdout)
+    )
 
 
 def test_every_output_is_valid_for_ajv_against_the_exported_schema(
-        fakes: Fakes, adapter: Path, key: Path, tmp_path: Path) -> None:
+    fakes: Fakes, adapter: Path, key: Path, tmp_path: Path
+) -> None:
     export.export(tmp_path / "schemas")
     outputs = []
     for n, (_, setup, _) in enumerate(CASES):
@@ -340,17 +370,18 @@ def test_every_output_is_valid_for_ajv_against_the_exported_schema(
     checked = ajv(tmp_path / "schemas", outputs)
     assert [(valid, errors) for valid, errors in checked if not valid] == []
     # and a consumer's schema check sees what the model forbids
-    broken = [("publish_result", {**outputs[0][1], "outcome": "maybe"}),
-              ("publish_result", {**outputs[0][1], "exit_code": -1}),
-              ("publish_result", {k: v for k, v in outputs[0][1].items() if k != "ok"})]
+    broken = [
+        ("publish_result", {**outputs[0][1], "outcome": "maybe"}),
+        ("publish_result", {**outputs[0][1], "exit_code": -1}),
+        ("publish_result", {k: v for k, v in outputs[0][1].items() if k != "ok"}),
+    ]
     assert [valid for valid, _ in ajv(tmp_path / "schemas", broken)] == [False] * 3
 
 
 def test_exit_codes_are_distinct_and_every_failure_has_an_outcome() -> None:
     assert sorted(EXIT_CODE.values()) == list(range(len(PublishOutcome)))
     assert set(FAILURE_OUTCOME) == set(PublishFailure)
-    assert set(FAILURE_OUTCOME.values()) == set(PublishOutcome) - {
-        PublishOutcome.published}
+    assert set(FAILURE_OUTCOME.values()) == set(PublishOutcome) - {PublishOutcome.published}
 
 
 def test_the_documented_exit_codes_are_the_codes() -> None:
@@ -358,7 +389,8 @@ def test_the_documented_exit_codes_are_the_codes() -> None:
 
     rows = tables("docs/lifecycle.md")[("exit", "outcome", "meaning", "what the CI job does")]
     assert {int(r[0].strip("`")): r[1].strip("`") for r in rows} == {
-        code: outcome.value for outcome, code in EXIT_CODE.items()}
+        code: outcome.value for outcome, code in EXIT_CODE.items()
+    }
     script = (ROOT / "examples/ci/publish-adapter.sh").read_text().replace("#", " ")
     help_text = RUN.invoke(app, ["publish", "--help"], terminal_width=200).stdout
     said = [" ".join(text.replace("│", " ").split()) for text in (script, help_text)]
@@ -367,13 +399,18 @@ def test_the_documented_exit_codes_are_the_codes() -> None:
         assert all(f"{code} {words}" in text for text in said), words
 
 
-@given(st.sampled_from([None, *PublishFailure]), st.text(max_size=40),
-       st.lists(st.sampled_from(["canary", "promote"]), max_size=1))
+@given(
+    st.sampled_from([None, *PublishFailure]),
+    st.text(max_size=40),
+    st.lists(st.sampled_from(["canary", "promote"]), max_size=1),
+)
 def test_a_result_round_trips_and_its_code_follows_its_error(
-        failure: PublishFailure | None, message: str, follow: list[str]) -> None:
+    failure: PublishFailure | None, message: str, follow: list[str]
+) -> None:
     error = None if failure is None else PublishError(code=failure, message=message)
-    result = PublishResult.build("bot", "1", error=error,
-                                 **{f"{a}_event_id": f"{a}-1" for a in follow})
+    result = PublishResult.build(
+        "bot", "1", error=error, **{f"{a}_event_id": f"{a}-1" for a in follow}
+    )
     again = PublishResult.model_validate_json(result.model_dump_json())
     assert again == result
     assert again.exit_code == (0 if failure is None else FAILURE_OUTCOME[failure].exit_code)

@@ -18,6 +18,8 @@ from typing import get_args
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from pydantic import BaseModel
+
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.codec import SchemaError, decode, encode
@@ -48,7 +50,6 @@ from loraplane.schemas.reasons import (
     WaitReason,
 )
 from loraplane.workers.reconcile import CommandSkip
-from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = re.compile(r"^`([a-z0-9_]+)`")
@@ -67,7 +68,7 @@ def tables(doc: str) -> dict[tuple[str, ...], Table]:
             header = tuple(_cells(line))
             assert header not in found, f"{doc}: two tables headed {header}"
             rows = []
-            for row in lines[n + 2:]:
+            for row in lines[n + 2 :]:
                 if not row.startswith("|"):
                     break
                 rows.append(_cells(row))
@@ -102,8 +103,9 @@ def values(*enums: type[StrEnum]) -> list[str]:
 
 def test_lifecycle_doc_lists_every_registry_rejection() -> None:
     rows = tables("docs/lifecycle.md")[("reason", "fires when")]
-    assert sorted(codes(rows)) == sorted([*values(RegistryRejection),
-                                          ConsumerFault.internal_error.value])
+    assert sorted(codes(rows)) == sorted(
+        [*values(RegistryRejection), ConsumerFault.internal_error.value]
+    )
 
 
 def test_lifecycle_doc_lists_every_publish_failure_with_its_outcome() -> None:
@@ -112,7 +114,8 @@ def test_lifecycle_doc_lists_every_publish_failure_with_its_outcome() -> None:
     rows = tables("docs/lifecycle.md")[("failure", "outcome", "when")]
     assert sorted(codes(rows)) == values(PublishFailure)
     assert {code: row[1].strip("`") for code, row in zip(codes(rows), rows, strict=True)} == {
-        f.value: FAILURE_OUTCOME[f].value for f in PublishFailure}
+        f.value: FAILURE_OUTCOME[f].value for f in PublishFailure
+    }
 
 
 def test_worker_doc_lists_every_artifact_reason() -> None:
@@ -136,7 +139,8 @@ def test_worker_doc_lists_the_agents_own_reasons() -> None:
     docs = tables("docs/worker.md")
     grouped = by_enum(docs[("reason", "enum", "where it shows", "when")])
     assert {name: sorted(c) for name, c in grouped.items()} == {
-        e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)}
+        e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)
+    }
     assert sorted(codes(docs[("code", "when")])) == values(VllmErrorCode)
 
 
@@ -148,7 +152,8 @@ def test_worker_doc_lists_every_foreign_change() -> None:
 def test_worker_doc_lists_every_gateway_refusal() -> None:
     rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
     assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
-        e.__name__: values(e) for e in (RequestRefusal, TenantLimit, AdmissionRefusal)}
+        e.__name__: values(e) for e in (RequestRefusal, TenantLimit, AdmissionRefusal)
+    }
 
 
 def test_router_doc_lists_every_queue_refusal() -> None:
@@ -166,7 +171,8 @@ def test_planner_doc_lists_every_rule_and_waiting_reason() -> None:
 def test_dashboards_doc_lists_every_dead_letter_reason_of_its_own() -> None:
     rows = tables("dashboards/README.md")[("reason", "enum", "component", "when")]
     assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
-        e.__name__: values(e) for e in (DecodeReason, ConsumerFault)}
+        e.__name__: values(e) for e in (DecodeReason, ConsumerFault)
+    }
 
 
 def test_a_vllm_failure_is_its_code_prefixed() -> None:
@@ -177,8 +183,9 @@ def test_a_vllm_failure_is_its_code_prefixed() -> None:
 def _members(union: object) -> list[StrEnum | str]:
     out: list[StrEnum | str] = []
     for arg in get_args(union):
-        out.extend(list(arg) if isinstance(arg, type) and issubclass(arg, StrEnum)
-                   else get_args(arg))
+        out.extend(
+            list(arg) if isinstance(arg, type) and issubclass(arg, StrEnum) else get_args(arg)
+        )
     return out
 
 
@@ -186,23 +193,38 @@ TS = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def _cache_event(reason: object) -> BaseModel:
-    return CacheEvent(event_id="e", ts=TS, worker_id="w", base_model="b", tenant_id="t",
-                      adapter_id="a", adapter_version="1", lora_name="n",
-                      kind=CacheEventKind.fail, reason=reason)
+    return CacheEvent(
+        event_id="e",
+        ts=TS,
+        worker_id="w",
+        base_model="b",
+        tenant_id="t",
+        adapter_id="a",
+        adapter_version="1",
+        lora_name="n",
+        kind=CacheEventKind.fail,
+        reason=reason,
+    )
 
 
 def _dead_letter(reason: object) -> BaseModel:
-    return DeadLetter(event_id="e", ts=TS, source_topic="t", component="c", reason=reason,
-                      raw_b64="")
+    return DeadLetter(
+        event_id="e", ts=TS, source_topic="t", component="c", reason=reason, raw_b64=""
+    )
 
 
 def _audit(reason: object) -> BaseModel:
-    return AuditRecord(event_id="e", ts=TS, component="planner", action="load_gpu",
-                       decision="issued", reason=reason)
+    return AuditRecord(
+        event_id="e",
+        ts=TS,
+        component="planner",
+        action="load_gpu",
+        decision="issued",
+        reason=reason,
+    )
 
 
-WIRE = [(_cache_event, CacheEventReason), (_dead_letter, DeadLetterReason),
-        (_audit, AuditReason)]
+WIRE = [(_cache_event, CacheEventReason), (_dead_letter, DeadLetterReason), (_audit, AuditReason)]
 
 
 @pytest.mark.parametrize(("build", "union"), WIRE)
@@ -237,4 +259,3 @@ def test_a_reason_outside_the_set_is_refused(data: st.DataObject, text: str) -> 
     with pytest.raises(SchemaError) as err:
         decode(model, json.dumps(raw))
     assert err.value.reason == DecodeReason.invalid
-

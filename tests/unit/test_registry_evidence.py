@@ -13,11 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.keyring import Keyring, Scopes
-from loraplane.schemas.lifecycle import LifecycleEvent
-from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
-from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.signing import SigningKey
 
 from loraplane.registry.evidence import (
     Checkpoint,
@@ -26,6 +21,11 @@ from loraplane.registry.evidence import (
     verify_view,
 )
 from loraplane.registry.fold import Accepted, AdapterState, evaluate
+from loraplane.schemas.keyring import Keyring, Scopes
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.signing import SigningKey
 from tests.lifecycle_kit import make_kit, record
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -36,20 +36,35 @@ A, B = "support-bot", "sql-bot"
 def history(adapter_id: str, start: int = 1) -> list[LifecycleEvent]:
     """publish 1, canary 1, promote 1, publish 2, promote 2, rollback to 1, revoke 2."""
     steps: list[tuple[str, str, dict[str, Any]]] = [
-        ("publish", "1", {}), ("canary", "1", {"canary_percent": 10.0}), ("promote", "1", {}),
-        ("publish", "2", {}), ("promote", "2", {}), ("rollback", "2", {}),
-        ("revoke", "2", {})]
-    return [KIT.event("ops" if action == "revoke" else "ci", action, adapter_id, version,
-                      start + n, NOW + timedelta(seconds=n), **fields)
-            for n, (action, version, fields) in enumerate(steps)]
+        ("publish", "1", {}),
+        ("canary", "1", {"canary_percent": 10.0}),
+        ("promote", "1", {}),
+        ("publish", "2", {}),
+        ("promote", "2", {}),
+        ("rollback", "2", {}),
+        ("revoke", "2", {}),
+    ]
+    return [
+        KIT.event(
+            "ops" if action == "revoke" else "ci",
+            action,
+            adapter_id,
+            version,
+            start + n,
+            NOW + timedelta(seconds=n),
+            **fields,
+        )
+        for n, (action, version, fields) in enumerate(steps)
+    ]
 
 
 def fold(events: list[LifecycleEvent], keyring: Keyring = KIT.keyring) -> AdapterView | None:
     """What the registry would publish after ``events`` (None once one is refused)."""
     state: AdapterState | None = None
     for e in events:
-        d = evaluate(e, keyring, lambda a, s=state: s if s and s.view.adapter_id == a else None,
-                     e.issued_at)
+        d = evaluate(
+            e, keyring, lambda a, s=state: s if s and s.view.adapter_id == a else None, e.issued_at
+        )
         if not isinstance(d, Accepted):
             return None
         state = d.state
@@ -77,8 +92,7 @@ def test_a_view_the_registry_published_verifies_even_after_its_events_expired() 
     for n in range(1, len(HIST_A) + 1):
         view = fold(HIST_A[:n])
         assert view is not None
-        assert isinstance(verify_view(view, KIT.keyring, NOW + timedelta(days=20)),
-                          ViewVerified)
+        assert isinstance(verify_view(view, KIT.keyring, NOW + timedelta(days=20)), ViewVerified)
 
 
 def test_a_view_without_evidence_is_refused() -> None:
@@ -95,6 +109,7 @@ def _set_version(field: str, value: object, version: str = "1") -> Any:
         for r in d["versions"]:
             if r["version"] == version:
                 r[field] = value
+
     return change
 
 
@@ -110,15 +125,19 @@ def _reactivate_revoked(d: dict[str, Any]) -> None:
     d["active_version"] = "2"
 
 
-@pytest.mark.parametrize("change", [
-    _set_version("sha256", "0" * 64),
-    _set_version("artifact_uri", "s3://loraplane-artifacts/evil/support-bot/1-00000000/"),
-    _set_version("size_bytes", 1),
-    _set_version("rank", 4),
-    _tenant,
-    _reactivate_revoked,
-    lambda d: d.update(last_seq=d["last_seq"] + 1),
-], ids=["sha256", "artifact_uri", "size", "rank", "tenant_id", "status", "last_seq"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        _set_version("sha256", "0" * 64),
+        _set_version("artifact_uri", "s3://loraplane-artifacts/evil/support-bot/1-00000000/"),
+        _set_version("size_bytes", 1),
+        _set_version("rank", 4),
+        _tenant,
+        _reactivate_revoked,
+        lambda d: d.update(last_seq=d["last_seq"] + 1),
+    ],
+    ids=["sha256", "artifact_uri", "size", "rank", "tenant_id", "status", "last_seq"],
+)
 def test_an_edited_field_is_refused(change: Any) -> None:
     """ATTACK: genuine evidence, an edited view. The edit no longer folds from the events."""
     try:
@@ -141,21 +160,34 @@ def test_an_edited_event_is_refused() -> None:
     assert "bad_signature" in verdict.detail
 
 
-@pytest.mark.parametrize(("signer", "inner"), [
-    (SigningKey.generate("ci-acme", "ci-acme-ci"), "bad_signature"),  # same id, other key
-    (SigningKey.generate("mallory", "mallory-1"), "unknown_key"),
-    (KIT.keys["revoked"], "key_revoked"),
-    (KIT.keys["beta"], "tenant_out_of_scope"),
-])
+@pytest.mark.parametrize(
+    ("signer", "inner"),
+    [
+        (SigningKey.generate("ci-acme", "ci-acme-ci"), "bad_signature"),  # same id, other key
+        (SigningKey.generate("mallory", "mallory-1"), "unknown_key"),
+        (KIT.keys["revoked"], "key_revoked"),
+        (KIT.keys["beta"], "tenant_out_of_scope"),
+    ],
+)
 def test_forged_evidence_is_refused(signer: SigningKey, inner: str) -> None:
     """ATTACK: the attacker signs its own events (and folds them with its own keyring, so
     the view is exactly what they fold into): our keyring does not vouch for them."""
     events = [e.model_copy(update={"signature": ""}) for e in HIST_A[:3]]
     signed = [signer.sign(e) for e in events]
-    own = Keyring(keys=[k.model_copy(update={
-        "key_id": signer.key_id, "public_key": signer.public_key_b64, "revoked": False,
-        "scopes": Scopes(tenants="*", actions="*"), "publisher": signer.publisher})
-        for k in KIT.keyring.keys[:1]])
+    own = Keyring(
+        keys=[
+            k.model_copy(
+                update={
+                    "key_id": signer.key_id,
+                    "public_key": signer.public_key_b64,
+                    "revoked": False,
+                    "scopes": Scopes(tenants="*", actions="*"),
+                    "publisher": signer.publisher,
+                }
+            )
+            for k in KIT.keyring.keys[:1]
+        ]
+    )
     view = fold(signed, own)
     assert view is not None
     verdict = verify_view(view, KIT.keyring, NOW)
@@ -197,27 +229,36 @@ def test_a_truncated_or_forked_history_is_refused() -> None:
 
 
 def test_a_key_revoked_later_withdraws_what_it_signed() -> None:
-    keyring = Keyring(keys=[k.model_copy(update={"revoked": True})
-                            if k.key_id == KIT.keys["ci"].key_id else k
-                            for k in KIT.keyring.keys])
+    keyring = Keyring(
+        keys=[
+            k.model_copy(update={"revoked": True}) if k.key_id == KIT.keys["ci"].key_id else k
+            for k in KIT.keyring.keys
+        ]
+    )
     assert refused(verify_view(VIEW_A, keyring, NOW)) is ViewReason.evidence_rejected
 
 
 def test_evidence_from_the_future_is_refused() -> None:
     late = fold(history(A)[:1])
     assert late is not None
-    assert refused(verify_view(late, KIT.keyring, NOW - timedelta(hours=1))) \
+    assert (
+        refused(verify_view(late, KIT.keyring, NOW - timedelta(hours=1)))
         is ViewReason.evidence_rejected
+    )
 
 
 POOL = [*HIST_A, *HIST_B]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from(range(len(POOL))), min_size=1, max_size=10),
-       st.sampled_from([A, B]), st.booleans())
+@given(
+    st.lists(st.sampled_from(range(len(POOL))), min_size=1, max_size=10),
+    st.sampled_from([A, B]),
+    st.booleans(),
+)
 def test_mix_and_match_of_two_adapters_never_verifies_into_a_foreign_state(
-        picks: list[int], claimed: str, with_checkpoint: bool) -> None:
+    picks: list[int], claimed: str, with_checkpoint: bool
+) -> None:
     """PROPERTY: any sequence of genuine events from two adapters, folded by the attacker
     into a view (or not foldable at all, then sent with A's honest view's fields): an
     accepted view has only the claimed adapter's events, is exactly their fold, and (given
@@ -229,15 +270,19 @@ def test_mix_and_match_of_two_adapters_never_verifies_into_a_foreign_state(
         assert base is not None
         view = base.model_copy(update={"evidence": events})
     full = HIST_A if claimed == A else HIST_B
-    previous = Checkpoint(claimed, full[-1].seq, tuple(e.event_id for e in full)) \
-        if with_checkpoint else None
+    previous = (
+        Checkpoint(claimed, full[-1].seq, tuple(e.event_id for e in full))
+        if with_checkpoint
+        else None
+    )
     verdict = verify_view(view, KIT.keyring, NOW, previous)
     if isinstance(verdict, ViewVerified):
         assert all(e.adapter_id == claimed for e in view.evidence)
         assert fold(list(view.evidence)) == view.model_copy(
-            update={"updated_at": fold(list(view.evidence)).updated_at})  # type: ignore[union-attr]
+            update={"updated_at": fold(list(view.evidence)).updated_at}
+        )  # type: ignore[union-attr]
         if previous is not None:
-            assert [e.event_id for e in view.evidence][:len(full)] == list(previous.event_ids)
+            assert [e.event_id for e in view.evidence][: len(full)] == list(previous.event_ids)
 
 
 @settings(max_examples=40, deadline=None)
@@ -247,24 +292,29 @@ def test_every_genuine_prefix_is_a_rollback_after_the_full_history(n: int) -> No
     checkpoint of the full one."""
     view = fold(HIST_A[:n])
     assert view is not None
-    assert refused(verify_view(view, KIT.keyring, NOW, Checkpoint.from_view(VIEW_A))) \
+    assert (
+        refused(verify_view(view, KIT.keyring, NOW, Checkpoint.from_view(VIEW_A)))
         is ViewReason.rollback
+    )
 
 
 RAW_A = VIEW_A.model_dump_json().encode()
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(min_value=0, max_value=len(RAW_A) - 1),
-       st.sampled_from(b"0123456789abcdef\"{}[],:-. xyzAZ"))
+@given(
+    st.integers(min_value=0, max_value=len(RAW_A) - 1),
+    st.sampled_from(b'0123456789abcdef"{}[],:-. xyzAZ'),
+)
 def test_any_one_byte_edit_of_a_genuine_view_is_refused_or_changes_nothing(
-        at: int, byte: int) -> None:
+    at: int, byte: int
+) -> None:
     """PROPERTY (edited fields, the whole class): change any one byte of a genuine view's
     JSON. Either it is no view any more (the worker dead-letters it as malformed), or it is
     the same view, or it is refused."""
     from loraplane.schemas.codec import SchemaError, decode
 
-    raw = RAW_A[:at] + bytes([byte]) + RAW_A[at + 1:]
+    raw = RAW_A[:at] + bytes([byte]) + RAW_A[at + 1 :]
     try:
         view = decode(AdapterView, raw)
     except SchemaError:

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
-from loraplane.schemas.registry import AdapterView
-from loraplane.workers.worker_metrics import WorkerMetrics
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
 from loraplane.registry.live import VerifiedRegistry, newer
+from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
+from loraplane.schemas.registry import AdapterView
+from loraplane.workers.worker_metrics import WorkerMetrics
 from tests.unit.test_registry_evidence import HIST_A, HIST_B, KIT, NOW, fold
 from tests.unit.test_registry_trust import Sink, Topic
 
@@ -43,19 +43,25 @@ class Reader:
         return [r for r in records if self.only(r)] if self.only else records
 
 
-def world(home: Path, keyring: Keyring = KIT.keyring
-          ) -> tuple[VerifiedRegistry, Topic, Reader, WorkerMetrics]:
+def world(
+    home: Path, keyring: Keyring = KIT.keyring
+) -> tuple[VerifiedRegistry, Topic, Reader, WorkerMetrics]:
     path = home / "keyring.yaml"
     if not path.exists():
         save_keyring(keyring, path)
     topic, metrics = Topic(), WorkerMetrics()
     reader = Reader(topic)
-    registry = VerifiedRegistry(KeyringFile(path), reader, sink=Sink(), component="worker-w1",
-                                checkpoints_path=home / ".registry-checkpoints.json",
-                                views_path=home / ".registry-views.json",
-                                on_refused=metrics.view_refused,
-                                on_read_failed=metrics.registry_read_failed,
-                                clock=lambda: NOW + timedelta(minutes=10))
+    registry = VerifiedRegistry(
+        KeyringFile(path),
+        reader,
+        sink=Sink(),
+        component="worker-w1",
+        checkpoints_path=home / ".registry-checkpoints.json",
+        views_path=home / ".registry-views.json",
+        on_refused=metrics.view_refused,
+        on_read_failed=metrics.registry_read_failed,
+        clock=lambda: NOW + timedelta(minutes=10),
+    )
     return registry, topic, reader, metrics
 
 
@@ -101,11 +107,13 @@ def test_a_revoke_still_takes_effect_and_an_older_copy_never_wins(tmp_path: Path
     assert served(registry) == versions(VIEW_A)
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.integers(0, len(STEPS_A) - 1), min_size=1, max_size=12))
 def test_the_merge_keeps_the_newest_view_seen_whatever_order_reads_come_in(
-        tmp_path_factory: pytest.TempPathFactory, order: list[int]) -> None:
+    tmp_path_factory: pytest.TempPathFactory, order: list[int]
+) -> None:
     """Reads see the adapter's views in any order (each read a snapshot of a topic being
     rewritten): what is served is always the newest one seen so far."""
     registry, topic, _, _ = world(tmp_path_factory.mktemp("merge"))
@@ -149,18 +157,19 @@ def test_saved_views_are_trusted_no_more_than_the_topic(tmp_path: Path) -> None:
 
     registry.records()  # rewrites the file with the genuine views
     ci = KIT.keys["ci"].key_id
-    save_keyring(Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci})
-                               for k in KIT.keyring.keys]), tmp_path / "keyring.yaml")
+    save_keyring(
+        Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci}) for k in KIT.keyring.keys]),
+        tmp_path / "keyring.yaml",
+    )
     restarted, _, reader, _ = world(tmp_path)
     reader.down = True
     assert served(restarted) == []
 
 
 def test_an_unreadable_views_file_starts_empty(tmp_path: Path) -> None:
-    (tmp_path / ".registry-views.json").write_text("{\"a\": [")
+    (tmp_path / ".registry-views.json").write_text('{"a": [')
     registry, topic, _, _ = world(tmp_path)
     assert registry.records() == []
     topic.write(VIEW_A.adapter_id, VIEW_A)
     assert served(registry) == versions(VIEW_A)
-    assert json.loads((tmp_path / ".registry-views.json").read_text()).keys() == {
-        VIEW_A.adapter_id}
+    assert json.loads((tmp_path / ".registry-views.json").read_text()).keys() == {VIEW_A.adapter_id}

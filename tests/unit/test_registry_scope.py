@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.codec import decode, encode
-from loraplane.schemas.keyring import KeyringFile, save_keyring
-from loraplane.schemas.lifecycle import LifecycleEvent
-from loraplane.schemas.registry import AdapterView, signed_views_json, views_from_json
 
 from loraplane.kernel.bus import Record
 from loraplane.kernel.topic_tail import TailView
 from loraplane.registry import topic as registry_topic
 from loraplane.registry.live import VerifiedRegistry
 from loraplane.registry.topic import BASE_MODEL_HEADER, RegistryScope, base_model_of
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.keyring import KeyringFile, save_keyring
+from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.registry import AdapterView, signed_views_json, views_from_json
 from tests.unit.test_registry_evidence import KIT, NOW, fold
 from tests.unit.test_registry_trust import Sink
 
@@ -35,12 +35,26 @@ OURS, THEIRS = "base-one", "base-two"
 
 def history(adapter_id: str, base: str, start: int) -> list[LifecycleEvent]:
     """publish 1, promote 1, publish 2, promote 2, revoke 2: five views, the last a revoke."""
-    steps = [("publish", "1"), ("promote", "1"), ("publish", "2"), ("promote", "2"),
-             ("revoke", "2")]
-    return [KIT.event("ops" if action == "revoke" else "ci", action, adapter_id, version,
-                      start + n, NOW + timedelta(seconds=n), base_model=base,
-                      **({"reason": "test"} if action == "revoke" else {}))
-            for n, (action, version) in enumerate(steps)]
+    steps = [
+        ("publish", "1"),
+        ("promote", "1"),
+        ("publish", "2"),
+        ("promote", "2"),
+        ("revoke", "2"),
+    ]
+    return [
+        KIT.event(
+            "ops" if action == "revoke" else "ci",
+            action,
+            adapter_id,
+            version,
+            start + n,
+            NOW + timedelta(seconds=n),
+            base_model=base,
+            **({"reason": "test"} if action == "revoke" else {}),
+        )
+        for n, (action, version) in enumerate(steps)
+    ]
 
 
 def steps(adapter_id: str, base: str, start: int) -> list[AdapterView]:
@@ -59,13 +73,13 @@ class Stream:
     (with the scope's ``keeps`` when scoped), as ``TopicTail`` applies them."""
 
     def __init__(self, scope: RegistryScope | None) -> None:
-        self.view = TailView(None if scope is None or scope.base_models is None
-                             else scope.keeps)
+        self.view = TailView(None if scope is None or scope.base_models is None else scope.keeps)
         self.view.assign({("reg", 0): 0})
         self.offset = 0
 
-    def write(self, key: str, value: AdapterView | bytes | None,
-              header: str | None = "honest") -> None:
+    def write(
+        self, key: str, value: AdapterView | bytes | None, header: str | None = "honest"
+    ) -> None:
         raw = encode(value) if isinstance(value, AdapterView) else value
         headers: dict[str, bytes] = {}
         if header == "honest" and isinstance(value, AdapterView):
@@ -76,8 +90,9 @@ class Stream:
         self.offset += 1
 
 
-def consumer(home: Path, base_models: list[str] | None, sink: Sink | None = None
-             ) -> tuple[VerifiedRegistry, Stream, Sink]:
+def consumer(
+    home: Path, base_models: list[str] | None, sink: Sink | None = None
+) -> tuple[VerifiedRegistry, Stream, Sink]:
     """A worker-like consumer: saved views and checkpoints in ``home``, its scope, its tail."""
     path = home / "keyring.yaml"
     if not path.exists():
@@ -85,11 +100,16 @@ def consumer(home: Path, base_models: list[str] | None, sink: Sink | None = None
     scope = RegistryScope(base_models)
     stream = Stream(scope)
     sink = sink or Sink()
-    registry = VerifiedRegistry(KeyringFile(path), stream.view.snapshot, sink=sink,
-                                component="worker-w1",
-                                checkpoints_path=home / ".registry-checkpoints.json",
-                                views_path=home / ".registry-views.json",
-                                clock=lambda: NOW + timedelta(minutes=10), scope=scope)
+    registry = VerifiedRegistry(
+        KeyringFile(path),
+        stream.view.snapshot,
+        sink=sink,
+        component="worker-w1",
+        checkpoints_path=home / ".registry-checkpoints.json",
+        views_path=home / ".registry-views.json",
+        clock=lambda: NOW + timedelta(minutes=10),
+        scope=scope,
+    )
     return registry, stream, sink
 
 
@@ -119,11 +139,11 @@ def test_a_record_with_the_header_is_never_decoded(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(registry_topic, "_PEEK", NoPeek())
     scope = RegistryScope([OURS])
-    theirs = Record("reg", 0, 0, b"theirs-a", b"{not even json",
-                    {BASE_MODEL_HEADER: THEIRS.encode()}, 0)
+    theirs = Record(
+        "reg", 0, 0, b"theirs-a", b"{not even json", {BASE_MODEL_HEADER: THEIRS.encode()}, 0
+    )
     assert not scope.keeps(theirs)
-    assert scope.keeps(Record("reg", 0, 1, b"x", b"junk", {BASE_MODEL_HEADER: OURS.encode()},
-                              0))
+    assert scope.keeps(Record("reg", 0, 1, b"x", b"junk", {BASE_MODEL_HEADER: OURS.encode()}, 0))
 
 
 def test_a_record_from_before_the_header_is_peeked_and_junk_is_kept() -> None:
@@ -138,8 +158,14 @@ def test_a_record_from_before_the_header_is_peeked_and_junk_is_kept() -> None:
     assert scope.keeps(record(encode(STEPS["ours-a"][0])))
     assert not scope.keeps(record(encode(STEPS["theirs-a"][0])))
     assert base_model_of(record(encode(STEPS["theirs-a"][0]))) == THEIRS.encode()
-    for junk in (b"{not json", b"[1, 2]", b'{"base_model": 3}', b"", "\ud800".encode(
-            "utf-8", "surrogatepass"), b'{"base_model": "\\ud800"}'):
+    for junk in (
+        b"{not json",
+        b"[1, 2]",
+        b'{"base_model": 3}',
+        b"",
+        "\ud800".encode("utf-8", "surrogatepass"),
+        b'{"base_model": "\\ud800"}',
+    ):
         assert scope.keeps(record(junk)), junk
     assert not scope.keeps(record(None))  # a tombstone of nothing held: nothing to drop
     assert RegistryScope().keeps(record(encode(STEPS["theirs-a"][0])))
@@ -148,13 +174,15 @@ def test_a_record_from_before_the_header_is_peeked_and_junk_is_kept() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300), st.one_of(st.none(), st.binary(max_size=40)))
 def test_selection_never_raises(value: bytes, header: bytes | None) -> None:
-    record = Record("reg", 0, 0, b"k", value, {} if header is None else {
-        BASE_MODEL_HEADER: header}, 0)
+    record = Record(
+        "reg", 0, 0, b"k", value, {} if header is None else {BASE_MODEL_HEADER: header}, 0
+    )
     assert isinstance(RegistryScope([OURS]).keeps(record), bool)
 
 
 def test_a_revoke_relabelled_as_another_base_model_still_reaches_a_worker_holding_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """ATTACK: after the genuine revoke, the attacker writes a copy of it under the other
     base model's header (so compaction leaves only the copy). A restarted worker that holds
     the adapter (its saved views) keeps the copy, verifies it and withdraws the version."""
@@ -164,13 +192,15 @@ def test_a_revoke_relabelled_as_another_base_model_still_reaches_a_worker_holdin
     assert held(registry) == {"ours-a": (views[3].last_seq, "2")}
     restarted, fresh, sink = consumer(tmp_path, [OURS])  # the compacted topic: the copy only
     fresh.write("ours-a", views[4], header=THEIRS)
-    assert "ours-a@2:revoked" in {f"{r.adapter_id}@{r.version}:{r.status}"
-                                  for r in restarted.records()}
+    assert "ours-a@2:revoked" in {
+        f"{r.adapter_id}@{r.version}:{r.status}" for r in restarted.records()
+    }
     assert sink.letters() == []
 
 
 def test_junk_over_a_held_adapter_claiming_another_base_model_is_dead_lettered(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """ATTACK: junk over a held adapter's key, labelled with another base model, is not
     read past silently: it is kept, refused, dead-lettered, and the held view stays."""
     views = STEPS["ours-a"]
@@ -185,8 +215,7 @@ def test_junk_over_a_held_adapter_claiming_another_base_model_is_dead_lettered(
     assert held(registry) == {"ours-a": (views[1].last_seq, "1")}
 
 
-def test_a_genuine_view_of_another_base_model_under_our_header_is_not_held(
-        tmp_path: Path) -> None:
+def test_a_genuine_view_of_another_base_model_under_our_header_is_not_held(tmp_path: Path) -> None:
     """ATTACK: a genuine view of another base model's adapter, copied under this consumer's
     base model header, is kept by the tail and verified, and then not held: what a scoped
     consumer holds is decided by the signed view, never by the header."""
@@ -214,7 +243,8 @@ def test_saved_views_of_another_base_model_are_not_loaded(tmp_path: Path) -> Non
 
 
 def test_a_tombstone_reaches_a_holder_and_a_recreated_id_of_another_base_is_left_out(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """An adapter's base model never changes (registry.fold); an id deleted and published
     again on another base model is another base model's adapter from then on."""
     registry, stream, _ = consumer(tmp_path, [OURS])
@@ -230,22 +260,39 @@ def test_a_tombstone_reaches_a_holder_and_a_recreated_id_of_another_base_is_left
 Op = tuple[Any, ...]
 AIDS = sorted(ADAPTERS)
 HEADERS = st.sampled_from(["honest", None, OURS, THEIRS])
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("agent"), st.sampled_from(AIDS)),
-    st.tuples(st.just("copy"), st.sampled_from(AIDS), st.integers(0, 4), HEADERS),
-    st.tuples(st.just("junk"), st.sampled_from(AIDS), HEADERS),
-    st.tuples(st.just("refresh"),)), max_size=40)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("agent"), st.sampled_from(AIDS)),
+        st.tuples(st.just("copy"), st.sampled_from(AIDS), st.integers(0, 4), HEADERS),
+        st.tuples(st.just("junk"), st.sampled_from(AIDS), HEADERS),
+        st.tuples(
+            st.just("refresh"),
+        ),
+    ),
+    max_size=40,
+)
 
 
-@settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(OPS)
 @example([("agent", "ours-a"), ("junk", "ours-a", THEIRS), ("refresh",)])
-@example([("agent", "ours-a"), ("refresh",), ("agent", "ours-a"),
-          ("copy", "ours-a", 1, THEIRS), ("agent", "theirs-a"), ("copy", "theirs-a", 0, OURS),
-          ("agent", "theirs-a"), ("refresh",)])
+@example(
+    [
+        ("agent", "ours-a"),
+        ("refresh",),
+        ("agent", "ours-a"),
+        ("copy", "ours-a", 1, THEIRS),
+        ("agent", "theirs-a"),
+        ("copy", "theirs-a", 0, OURS),
+        ("agent", "theirs-a"),
+        ("refresh",),
+    ]
+)
 def test_a_scoped_consumer_holds_exactly_what_an_unscoped_one_holds_of_its_base_model(
-        tmp_path_factory: pytest.TempPathFactory, ops: list[Op]) -> None:
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Op]
+) -> None:
     """ATTACK (model): the registry agent writes each adapter's genuine views in order with
     an honest header; a topic writer adds copies of views already written under any header
     (or none) and junk. At every refresh the consumer scoped to one base model holds, for
@@ -277,7 +324,8 @@ def test_a_scoped_consumer_holds_exactly_what_an_unscoped_one_holds_of_its_base_
 
 
 def test_views_are_held_without_their_decoded_evidence_and_saved_from_their_bytes(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Memory: the accepted view keeps no decoded evidence; its signed bytes are the tail's
     own; the saved views file is written from them and reads back as the full views."""
     registry, stream, _ = consumer(tmp_path, [OURS])
@@ -290,7 +338,8 @@ def test_views_are_held_without_their_decoded_evidence_and_saved_from_their_byte
     saved = views_from_json((tmp_path / ".registry-views.json").read_bytes())
     assert saved == {"ours-a": STEPS["ours-a"][3], "ours-b": STEPS["ours-b"][1]}
     assert json.loads(signed_views_json(registry.signed)) == json.loads(
-        (tmp_path / ".registry-views.json").read_text())
+        (tmp_path / ".registry-views.json").read_text()
+    )
     assert decode(AdapterView, registry.signed["ours-a"]) == STEPS["ours-a"][3]
 
 
@@ -302,9 +351,18 @@ def test_the_verdict_cache_holds_only_the_present_records(tmp_path: Path) -> Non
     assert len(registry._cache) == 1
 
 
-HOSTILE_VALUES = [b"", b"x" * 10_000, b"\xff\xfe\x80" * 300, b"[" * 200_000, b'{"a":' * 50_000,
-                  b'"a string"', b'{"command_id": 5}', b'{"base_model": 5}',
-                  b'{"base_model": "\\ud800"}', b'{"base_model": "' + b"b" * 100_000 + b'"}']
+HOSTILE_VALUES = [
+    b"",
+    b"x" * 10_000,
+    b"\xff\xfe\x80" * 300,
+    b"[" * 200_000,
+    b'{"a":' * 50_000,
+    b'"a string"',
+    b'{"command_id": 5}',
+    b'{"base_model": 5}',
+    b'{"base_model": "\\ud800"}',
+    b'{"base_model": "' + b"b" * 100_000 + b'"}',
+]
 
 
 @pytest.mark.parametrize("value", HOSTILE_VALUES, ids=range(len(HOSTILE_VALUES)))
@@ -320,10 +378,16 @@ def test_attack_a_value_the_peek_cannot_read_is_kept_for_the_full_decoder(value:
     assert view.apply(record) == (named is None or named == b"llama")
 
 
-@given(st.binary(max_size=2048) | st.recursive(
-    st.none() | st.integers() | st.text(), lambda inner: st.lists(inner) | st.dictionaries(
-        st.sampled_from(["base_model", "a"]), inner), max_leaves=50).map(
-            lambda v: json.dumps(v).encode()))
+@given(
+    st.binary(max_size=2048)
+    | st.recursive(
+        st.none() | st.integers() | st.text(),
+        lambda inner: (
+            st.lists(inner) | st.dictionaries(st.sampled_from(["base_model", "a"]), inner)
+        ),
+        max_leaves=50,
+    ).map(lambda v: json.dumps(v).encode())
+)
 def test_the_peek_never_raises(value: bytes) -> None:
     named = base_model_of(Record("reg", 0, 0, b"k", value, {}, 0))
     assert named is None or isinstance(named, bytes)

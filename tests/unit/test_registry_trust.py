@@ -9,14 +9,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from loraplane.kernel.bus import Record
+from loraplane.registry.live import VerifiedRegistry
 from loraplane.schemas.codec import encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
 from loraplane.schemas.registry import AdapterView
 from loraplane.workers.worker_metrics import WorkerMetrics
-
-from loraplane.kernel.bus import Record
-from loraplane.registry.live import VerifiedRegistry
 from tests.unit.test_registry_evidence import HIST_A, KIT, NOW, VIEW_A, fold, history
 
 
@@ -37,8 +36,9 @@ class Topic:
 
     def write(self, key: str, value: bytes | AdapterView | None) -> None:
         raw = encode(value) if isinstance(value, AdapterView) else value
-        self.records.append(Record("lp-registry", 0, len(self.records), key.encode(), raw, {},
-                                   1_700_000_000_000))
+        self.records.append(
+            Record("lp-registry", 0, len(self.records), key.encode(), raw, {}, 1_700_000_000_000)
+        )
 
     def latest(self) -> list[Record]:
         """As ``registry.topic.latest_registry_records``: a tombstone is kept."""
@@ -48,23 +48,29 @@ class Topic:
         return list(out.values())
 
 
-def world(tmp_path: Path, keyring: Keyring | None = None,
-          checkpoints: Path | None = None) -> tuple[VerifiedRegistry, Topic, Sink,
-                                                    WorkerMetrics, Path]:
+def world(
+    tmp_path: Path, keyring: Keyring | None = None, checkpoints: Path | None = None
+) -> tuple[VerifiedRegistry, Topic, Sink, WorkerMetrics, Path]:
     path = tmp_path / "keyring.yaml"
     if not path.exists():
         save_keyring(keyring or KIT.keyring, path)
     topic, sink, metrics = Topic(), Sink(), WorkerMetrics()
-    registry = VerifiedRegistry(KeyringFile(path), topic.latest, sink=sink, component="worker-w1",
-                                checkpoints_path=checkpoints or tmp_path / ".checkpoints.json",
-                                on_refused=metrics.view_refused,
-                                clock=lambda: NOW + timedelta(minutes=10))
+    registry = VerifiedRegistry(
+        KeyringFile(path),
+        topic.latest,
+        sink=sink,
+        component="worker-w1",
+        checkpoints_path=checkpoints or tmp_path / ".checkpoints.json",
+        on_refused=metrics.view_refused,
+        clock=lambda: NOW + timedelta(minutes=10),
+    )
     return registry, topic, sink, metrics, path
 
 
 def refused_count(metrics: WorkerMetrics, reason: str) -> float:
-    value = metrics.registry.get_sample_value("loraplane_registry_view_refused_total",
-                                              {"reason": reason})
+    value = metrics.registry.get_sample_value(
+        "loraplane_registry_view_refused_total", {"reason": reason}
+    )
     return value or 0.0
 
 
@@ -76,7 +82,8 @@ def test_a_genuine_view_becomes_records(tmp_path: Path) -> None:
 
 
 def test_a_record_written_straight_into_the_topic_is_refused_counted_dead_lettered(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """ATTACK: the hostile review's record: no lifecycle event behind it at all."""
     registry, topic, sink, metrics, _ = world(tmp_path)
     bare = VIEW_A.model_copy(update={"evidence": []})
@@ -130,13 +137,16 @@ def test_an_older_genuine_view_is_a_rollback_even_after_a_restart(tmp_path: Path
 
 
 def test_revoking_a_key_in_the_keyring_withdraws_its_views_without_a_restart(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     registry, topic, _, _, path = world(tmp_path)
     topic.write(VIEW_A.adapter_id, VIEW_A)
     assert registry.records() == VIEW_A.versions
     ci = KIT.keys["ci"].key_id
-    save_keyring(Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci})
-                               for k in KIT.keyring.keys]), path)
+    save_keyring(
+        Keyring(keys=[k.model_copy(update={"revoked": k.key_id == ci}) for k in KIT.keyring.keys]),
+        path,
+    )
     assert registry.records() == []
     save_keyring(KIT.keyring, path)  # and trusted again once the keyring says so
     assert registry.records() == VIEW_A.versions
@@ -167,10 +177,7 @@ def test_unreadable_checkpoints_start_empty(tmp_path: Path) -> None:
     assert saved[VIEW_A.adapter_id]["last_seq"] == VIEW_A.last_seq
 
 
-
-
-def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path,
-                                                          monkeypatch: Any) -> None:
+def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path, monkeypatch: Any) -> None:
     """A first read of N views saves the checkpoints file once, not N times (each save
     rewrites and fsyncs the whole file: quadratic in the registry), and before the views."""
     from loraplane.registry import live as registry_trust
@@ -182,8 +189,11 @@ def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path,
         topic.write(view.adapter_id, view)
     writes: list[str] = []
     real = registry_trust.write_atomic
-    monkeypatch.setattr(registry_trust, "write_atomic",
-                        lambda path, text: (writes.append(Path(path).name), real(path, text)))
+    monkeypatch.setattr(
+        registry_trust,
+        "write_atomic",
+        lambda path, text: (writes.append(Path(path).name), real(path, text)),
+    )
     assert len(registry.records()) == sum(len(v.versions) for v in views if v is not None)
     assert writes == [".checkpoints.json"]  # this registry keeps no views file
     saved = json.loads((tmp_path / ".checkpoints.json").read_text())

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.reasons import RequestRefusal, TenantLimit
 
 from loraplane.frontdoor.request_fields import (
     ALLOWED,
@@ -26,25 +25,44 @@ from loraplane.frontdoor.request_fields import (
     header_token,
 )
 from loraplane.kernel.policy import RequestCaps, TenantLimits
+from loraplane.schemas.reasons import RequestRefusal, TenantLimit
 
 CAPS = RequestCaps()
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
     | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner,
-                                                                 max_size=4),
-    max_leaves=20)
-FIELDS = sorted(set().union(*ALLOWED.values()) | DROPPED | {
-    "priority", "kv_transfer_params", "vllm_xargs", "ignore_eos", "min_tokens", "suffix",
-    "prompt_logprobs", "guided_json", "tools", "response_format"})
-bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values,
-                         max_size=10)
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+FIELDS = sorted(
+    set().union(*ALLOWED.values())
+    | DROPPED
+    | {
+        "priority",
+        "kv_transfer_params",
+        "vllm_xargs",
+        "ignore_eos",
+        "min_tokens",
+        "suffix",
+        "prompt_logprobs",
+        "guided_json",
+        "tools",
+        "response_format",
+    }
+)
+bodies = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values, max_size=10)
 
 
 @settings(max_examples=400, deadline=None)
 @given(endpoint=st.sampled_from(list(Endpoint)), body=bodies)
-def test_admit_forwards_only_allowlisted_bounded_bodies(endpoint: Endpoint,
-                                                        body: dict[str, Any]) -> None:
+def test_admit_forwards_only_allowlisted_bounded_bodies(
+    endpoint: Endpoint, body: dict[str, Any]
+) -> None:
     try:
         ok = admit(endpoint, body, CAPS)
     except Refused as exc:
@@ -57,22 +75,30 @@ def test_admit_forwards_only_allowlisted_bounded_bodies(endpoint: Endpoint,
     assert "max_tokens" in ok.body or "max_completion_tokens" in ok.body
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"temperature": 10**400}, "temperature"), ({"top_p": -(10**400)}, "top_p"),
-    ({"presence_penalty": 10**309}, "presence_penalty"),
-    ({"logit_bias": {"1": 10**400}}, "logit_bias"),
-    ({"logit_bias": {"\u0661\u0662": 1}}, "logit_bias"),  # Arabic-Indic digits: no token id
-    ({"logit_bias": {"\u00b2": 1}}, "logit_bias")])  # a superscript two is a digit to isdigit
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"temperature": 10**400}, "temperature"),
+        ({"top_p": -(10**400)}, "top_p"),
+        ({"presence_penalty": 10**309}, "presence_penalty"),
+        ({"logit_bias": {"1": 10**400}}, "logit_bias"),
+        ({"logit_bias": {"\u0661\u0662": 1}}, "logit_bias"),  # Arabic-Indic digits: no token id
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),
+    ],
+)  # a superscript two is a digit to isdigit
 def test_attack_huge_integers_and_non_ascii_digits_are_bad_fields(
-        extra: dict[str, Any], param: str) -> None:
+    extra: dict[str, Any], param: str
+) -> None:
     """A JSON integer too large for a float is refused, never an OverflowError (a 500)."""
     with pytest.raises(Refused) as refused:
         admit(Endpoint.completions, {"model": "m", "prompt": "q", **extra}, CAPS)
     assert (refused.value.reason, refused.value.field) == (RequestRefusal.bad_field, param)
 
 
-@given(st.text(max_size=200) | st.binary(max_size=20).map(
-    lambda b: b.decode("utf-8", "surrogateescape")))
+@given(
+    st.text(max_size=200)
+    | st.binary(max_size=20).map(lambda b: b.decode("utf-8", "surrogateescape"))
+)
 def test_a_header_token_is_visible_ascii_and_can_always_be_encoded(value: str) -> None:
     token = header_token(value)
     if token is None:
@@ -96,9 +122,10 @@ def test_a_list_prompt_counts_each(prompts: list[str]) -> None:
 def test_token_id_prompts_and_field_names() -> None:
     assert admit(Endpoint.completions, {"prompt": [1, 2, 3]}, CAPS).prompts == 1
     assert admit(Endpoint.completions, {"prompt": [[1], [2]]}, CAPS).prompts == 2
-    for body, field in (({"prompt": "x", "priority": 1}, "priority"),
-                        ({"messages": [{"role": "user", "content": "x"}], "best_of": 2},
-                         "best_of")):
+    for body, field in (
+        ({"prompt": "x", "priority": 1}, "priority"),
+        ({"messages": [{"role": "user", "content": "x"}], "best_of": 2}, "best_of"),
+    ):
         endpoint = Endpoint.completions if "prompt" in body else Endpoint.chat_completions
         with pytest.raises(Refused) as err:
             admit(endpoint, body, CAPS)
@@ -113,8 +140,9 @@ def test_stream_usage_is_the_clients_choice_only_when_streaming() -> None:
     assert admit(Endpoint.completions, ask, CAPS).client_wants_usage
     assert not admit(Endpoint.completions, {**ask, "stream": False}, CAPS).client_wants_usage
     with pytest.raises(Refused):
-        admit(Endpoint.completions, {**ask, "stream_options": {"continuous_usage_stats": True}},
-              CAPS)
+        admit(
+            Endpoint.completions, {**ask, "stream_options": {"continuous_usage_stats": True}}, CAPS
+        )
 
 
 @given(a=st.text(min_size=1, max_size=20), b=st.text(min_size=1, max_size=20))
@@ -135,8 +163,9 @@ def test_token_bucket_admits_while_positive_and_refills() -> None:
 
 def test_tenant_gate_counts_in_flight_per_tenant() -> None:
     now = [0.0]
-    gate = TenantGate(TenantLimits(max_concurrent=2, tokens_per_minute=60, burst_tokens=10),
-                      lambda: now[0])
+    gate = TenantGate(
+        TenantLimits(max_concurrent=2, tokens_per_minute=60, burst_tokens=10), lambda: now[0]
+    )
     assert gate.enter("a") is None and gate.enter("a") is None
     assert gate.enter("a") == (TenantLimit.tenant_concurrency, 1)
     assert gate.enter("b") is None  # another tenant is not affected
@@ -147,7 +176,8 @@ def test_tenant_gate_counts_in_flight_per_tenant() -> None:
 
 
 def test_the_gateway_secret_is_made_private_and_a_readable_one_stops_the_start(
-        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
     from loraplane.frontdoor.hmac_keys import hmac_key
 
     path = tmp_path / "home" / "gateway-secret"

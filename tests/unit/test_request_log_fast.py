@@ -11,11 +11,11 @@ from clickhouse_driver.columns.service import get_column_by_spec
 from clickhouse_driver.context import Context
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from loraplane.metrics.tables import TABLES, RowError, columns_of, encoders_for, timestamp_encoder
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.fast_decode import _RequestLog, fast_request_log
 from loraplane.schemas.request_log import RequestLog, Tier
-
-from loraplane.metrics.tables import TABLES, RowError, columns_of, encoders_for, timestamp_encoder
 from tests.wire_strategies import T0, enums, floats, hostile, ids, mutated, raw_of, versions
 from tests.wire_strategies import whole as log_fields
 
@@ -48,15 +48,33 @@ def check(raw: bytes | None) -> None:
 
 
 def whole(i: int = 0, **kw: Any) -> dict[str, Any]:
-    return log_fields(i, {"prompt_tokens": 9, "output_tokens": 3, "lora_name": "a1@1-0123abcd",
-                          "error": "upstream: 502"}, **kw)
+    return log_fields(
+        i,
+        {
+            "prompt_tokens": 9,
+            "output_tokens": 3,
+            "lora_name": "a1@1-0123abcd",
+            "error": "upstream: 502",
+        },
+        **kw,
+    )
 
 
 def test_a_gateway_log_takes_the_fast_path_to_the_same_row() -> None:
     assert REQUESTS.fast_row is not None
-    for log in (RequestLog.model_validate(whole(3)), RequestLog(
-            event_id="e", ts=datetime.now(UTC), request_id="r", tenant_id="t", base_model="b",
-            adapter_id="a", worker_id="w", tier_at_arrival=Tier.cold)):
+    for log in (
+        RequestLog.model_validate(whole(3)),
+        RequestLog(
+            event_id="e",
+            ts=datetime.now(UTC),
+            request_id="r",
+            tenant_id="t",
+            base_model="b",
+            adapter_id="a",
+            worker_id="w",
+            tier_at_arrival=Tier.cold,
+        ),
+    ):
         raw = encode(log)
         fast = REQUESTS.fast_row(raw)
         assert fast is not None
@@ -67,44 +85,101 @@ def test_the_decoder_has_the_log_fields_and_defaults() -> None:
     fields = RequestLog.model_fields
     names, defaults = _RequestLog.__struct_fields__, _RequestLog.__struct_defaults__
     assert set(names) == set(fields)
-    for name, default in zip(names[-len(defaults):], defaults, strict=True):
+    for name, default in zip(names[-len(defaults) :], defaults, strict=True):
         assert fields[name].default == default, name
-    assert set(names[:-len(defaults)]) == {n for n, f in fields.items() if f.is_required()}
+    assert set(names[: -len(defaults)]) == {n for n, f in fields.items() if f.is_required()}
 
 
 # Values each field may take: valid, at the edges, of the wrong type, hostile.
-stamps = st.sampled_from([
-    "2026-12-01T22:00:00Z", "2026-12-01T22:00:00.123456Z", "2026-12-01T22:00:00.1234567Z",
-    "2026-12-01T22:00:00.5Z", "2026-12-01T22:00:00+05:30", "2026-12-01T22:00:00-00:00",
-    "2026-12-01T22:00:00+23:59", "2026-12-01T22:00:00+24:00", "2026-12-01T22:00:00+00:60",
-    "2026-12-01T23:59:60Z", "2026-02-30T00:00:00Z", "0000-01-01T00:00:00Z",
-    "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59.999999-01:00", "1969-12-31T23:59:59.5Z",
-    "2026-12-01 22:00:00Z", "2026-12-01t22:00:00z", "2026-12-01T22:00:00", "2026-12-01",
-    "2026-12-01T22:00:00+0530", 1_800_000_000, 1.8e9, "1800000000", None, ""]) | \
-    st.datetimes(timezones=st.just(UTC) | st.builds(
-        timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)))).map(
-        lambda d: d.isoformat())
+stamps = st.sampled_from(
+    [
+        "2026-12-01T22:00:00Z",
+        "2026-12-01T22:00:00.123456Z",
+        "2026-12-01T22:00:00.1234567Z",
+        "2026-12-01T22:00:00.5Z",
+        "2026-12-01T22:00:00+05:30",
+        "2026-12-01T22:00:00-00:00",
+        "2026-12-01T22:00:00+23:59",
+        "2026-12-01T22:00:00+24:00",
+        "2026-12-01T22:00:00+00:60",
+        "2026-12-01T23:59:60Z",
+        "2026-02-30T00:00:00Z",
+        "0000-01-01T00:00:00Z",
+        "0001-01-01T00:00:00+01:00",
+        "9999-12-31T23:59:59.999999-01:00",
+        "1969-12-31T23:59:59.5Z",
+        "2026-12-01 22:00:00Z",
+        "2026-12-01t22:00:00z",
+        "2026-12-01T22:00:00",
+        "2026-12-01",
+        "2026-12-01T22:00:00+0530",
+        1_800_000_000,
+        1.8e9,
+        "1800000000",
+        None,
+        "",
+    ]
+) | st.datetimes(
+    timezones=st.just(UTC)
+    | st.builds(timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)))
+).map(lambda d: d.isoformat())
 counts = st.integers(-2, 10**8) | st.sampled_from(
-    [0, 1, 100_000, 100_001, 10_000_000, 10_000_001, 2**64, 1.0, 2.5, "3", True, None, -0.0])
+    [0, 1, 100_000, 100_001, 10_000_000, 10_000_001, 2**64, 1.0, 2.5, "3", True, None, -0.0]
+)
 texts = st.text(max_size=6) | st.sampled_from(
-    ["", "x" * 128, "x" * 129, "x" * 200, "x" * 201, "x" * 1024, "x" * 1025, "x" * 4097, 1,
-     None, "a\u0000b", "\ud800", "é", "a\"b\\c\n"])
-fields_st = st.fixed_dictionaries({}, optional={
-    "schema_version": st.sampled_from([1, 1.0, 2, "1", True, None, 0]),
-    "ts": stamps, "event_id": ids, "adapter_id": ids, "adapter_version": versions,
-    "tenant_id": ids, "base_model": ids, "worker_id": ids,
-    "request_class": enums, "tier_at_arrival": enums, "status": enums,
-    "ttft_ms": floats, "swap_ms": floats, "queue_ms": floats,
-    "prompts": counts, "prompt_tokens": counts, "output_tokens": counts,
-    "request_id": texts, "lora_name": texts, "error": texts,
-    "extra": st.none() | st.text(max_size=5) | st.lists(st.integers(), max_size=2) |
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)})
+    [
+        "",
+        "x" * 128,
+        "x" * 129,
+        "x" * 200,
+        "x" * 201,
+        "x" * 1024,
+        "x" * 1025,
+        "x" * 4097,
+        1,
+        None,
+        "a\u0000b",
+        "\ud800",
+        "é",
+        'a"b\\c\n',
+    ]
+)
+fields_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "schema_version": st.sampled_from([1, 1.0, 2, "1", True, None, 0]),
+        "ts": stamps,
+        "event_id": ids,
+        "adapter_id": ids,
+        "adapter_version": versions,
+        "tenant_id": ids,
+        "base_model": ids,
+        "worker_id": ids,
+        "request_class": enums,
+        "tier_at_arrival": enums,
+        "status": enums,
+        "ttft_ms": floats,
+        "swap_ms": floats,
+        "queue_ms": floats,
+        "prompts": counts,
+        "prompt_tokens": counts,
+        "output_tokens": counts,
+        "request_id": texts,
+        "lora_name": texts,
+        "error": texts,
+        "extra": st.none()
+        | st.text(max_size=5)
+        | st.lists(st.integers(), max_size=2)
+        | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    },
+)
 
 
 @settings(max_examples=400)
 @given(fields_st, st.booleans(), st.sets(st.sampled_from(sorted(RequestLog.model_fields))))
-def test_generated_logs_build_alike_or_go_the_slow_way(fields: dict[str, Any], base: bool,
-                                                       dropped: set[str]) -> None:
+def test_generated_logs_build_alike_or_go_the_slow_way(
+    fields: dict[str, Any], base: bool, dropped: set[str]
+) -> None:
     doc = {**whole(), **fields} if base else fields
     check(raw_of({k: v for k, v in doc.items() if k not in dropped}))
 
@@ -156,8 +231,13 @@ def test_a_message_the_fast_path_leaves_is_still_taken_or_named() -> None:
 _CONTEXT = Context()
 _CONTEXT.client_settings = {"use_numpy": False, "input_format_null_as_default": False}
 _CONTEXT.settings = {"use_client_time_zone": True}  # for the specs without a zone
-SPECS = ["DateTime('UTC')", "DateTime", "DateTime64(3, 'UTC')", "DateTime64(6, 'UTC')",
-         "DateTime64(0)"]
+SPECS = [
+    "DateTime('UTC')",
+    "DateTime",
+    "DateTime64(3, 'UTC')",
+    "DateTime64(6, 'UTC')",
+    "DateTime64(0)",
+]
 
 
 def _driver(spec: str, values: list[Any]) -> list[Any]:
@@ -168,10 +248,22 @@ def _driver(spec: str, values: list[Any]) -> list[Any]:
 
 
 @settings(max_examples=300)
-@given(st.lists(st.datetimes(min_value=datetime(1970, 1, 2), timezones=st.just(UTC) | st.builds(
-    timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)).map(
-        lambda d: timedelta(minutes=d // timedelta(minutes=1))))), max_size=5),
-    st.sampled_from(SPECS))
+@given(
+    st.lists(
+        st.datetimes(
+            min_value=datetime(1970, 1, 2),
+            timezones=st.just(UTC)
+            | st.builds(
+                timezone,
+                st.timedeltas(timedelta(hours=-23), timedelta(hours=23)).map(
+                    lambda d: timedelta(minutes=d // timedelta(minutes=1))
+                ),
+            ),
+        ),
+        max_size=5,
+    ),
+    st.sampled_from(SPECS),
+)
 def test_timestamps_encode_as_the_driver_writes_them(values: list[datetime], spec: str) -> None:
     encode = timestamp_encoder(spec)
     assert encode is not None
@@ -179,8 +271,10 @@ def test_timestamps_encode_as_the_driver_writes_them(values: list[datetime], spe
 
 
 def test_only_timestamp_columns_are_encoded() -> None:
-    assert [timestamp_encoder(t) for t in ("String", "UInt64", "Nullable(DateTime)",
-                                           "DateTime64(9, 'UTC')", "Date")] == [None] * 5
+    assert [
+        timestamp_encoder(t)
+        for t in ("String", "UInt64", "Nullable(DateTime)", "DateTime64(9, 'UTC')", "Date")
+    ] == [None] * 5
     types = {"ts": "DateTime64(3, 'UTC')", "event_id": "String"}
     encoders = encoders_for(REQUESTS, types)
     assert list(encoders) == [REQUESTS.columns.index("ts")]

@@ -17,13 +17,6 @@ from aiohttp import ClientPayloadError, ClientSession
 from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.commands import CommandAction
-from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.request_log import RequestLog
-from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.scores import score_key
-from loraplane.workers.gateway import Gateway
 from multidict import CIMultiDict
 
 from loraplane.frontdoor.forwarded import (
@@ -39,6 +32,13 @@ from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import Fleet, Router, serving_versions
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.worker_state import WorkerState
+from loraplane.streams.scores import score_key
+from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import AUTH_A, BASE, KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_gateway import record as tenant_a_record
 from tests.unit.test_planner import (
@@ -57,8 +57,13 @@ SECRET = b"s" * 32
 
 
 def at(state: WorkerState, ts: float, url: str = "", **update: Any) -> WorkerState:
-    return state.model_copy(update={"ts": datetime.fromtimestamp(ts, UTC),
-                                    "gateway_url": url or f"http://{state.worker_id}", **update})
+    return state.model_copy(
+        update={
+            "ts": datetime.fromtimestamp(ts, UTC),
+            "gateway_url": url or f"http://{state.worker_id}",
+            **update,
+        }
+    )
 
 
 def index(*states: WorkerState, heartbeat_s: float = 5.0) -> FleetIndex:
@@ -89,10 +94,12 @@ def test_a_free_slot_counts_only_within_the_budget_the_worker_reports_capped() -
     claiming a huge budget gets no more cold requests than the policy allows)."""
     a = record("a")
     spent = POLICY.cold_loads_per_minute_per_worker
-    for reported, loads, kind in ((2, 2, RouteKind.cold_budget), (2, 1, RouteKind.free_slot),
-                                  (10_000, spent, RouteKind.cold_budget)):
-        w = at(worker("w1", slots=4), NOW, cold_load_budget=reported,
-               cold_loads_last_minute=loads)
+    for reported, loads, kind in (
+        (2, 2, RouteKind.cold_budget),
+        (2, 1, RouteKind.free_slot),
+        (10_000, spent, RouteKind.cold_budget),
+    ):
+        w = at(worker("w1", slots=4), NOW, cold_load_budget=reported, cold_loads_last_minute=loads)
         assert index(w).route(a, NOW, {}).kind is kind, (reported, loads)
 
 
@@ -131,11 +138,13 @@ def test_new_versions_in_the_heartbeats_lag_spread_and_follow_their_placement() 
     versions go to three slots, not all to the worker that looked emptiest; each one's next
     requests follow it until its copy shows; then it is a plain GPU holder."""
     a, b, c = record("a"), record("b"), record("c")
-    fleet = index(at(worker("w1", slots=2), NOW), at(worker("w2", slots=1), NOW),
-                  heartbeat_s=1.0)
+    fleet = index(at(worker("w1", slots=2), NOW), at(worker("w2", slots=1), NOW), heartbeat_s=1.0)
     first = [fleet.route(r, NOW, {}) for r in (a, b, c)]
     assert [(r.worker_id, r.kind) for r in first] == [
-        ("w1", RouteKind.free_slot), ("w1", RouteKind.free_slot), ("w2", RouteKind.free_slot)]
+        ("w1", RouteKind.free_slot),
+        ("w1", RouteKind.free_slot),
+        ("w2", RouteKind.free_slot),
+    ]
     again = fleet.route(b, NOW + 0.5, {"w1": 9})
     assert (again.worker_id, again.kind) == ("w1", RouteKind.placed)  # in flight or not
     fleet.update(at(worker("w1", gpu=[b], slots=2), NOW + 1))  # b shows, a is still loading
@@ -150,12 +159,22 @@ def test_new_versions_in_the_heartbeats_lag_spread_and_follow_their_placement() 
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 4),
-                          st.sampled_from([None, 0.5, 0.95]), st.sampled_from([8, 16, 64])),
-                min_size=1, max_size=6),
-       st.sampled_from([8, 16, 32]))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.integers(1, 4),
+            st.sampled_from([None, 0.5, 0.95]),
+            st.sampled_from([8, 16, 64]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([8, 16, 32]),
+)
 def test_a_new_copy_goes_where_the_planner_would_load_it(
-        shape: list[tuple[int, int, float | None, int]], rank: int) -> None:
+    shape: list[tuple[int, int, float | None, int]], rank: int
+) -> None:
     """The router's free-slot choice is the planner's rule-5 target for the same fleet,
     ``max_lora_rank`` fit included (the residents are in demand too, so no other rule frees
     a slot in the same tick)."""
@@ -163,8 +182,11 @@ def test_a_new_copy_goes_where_the_planner_would_load_it(
     states = []
     for i, (used, extra, hbm, max_rank) in enumerate(shape):
         residents = [record(f"x{i}-{j}") for j in range(used)]
-        states.append(worker(f"w{i}", gpu=residents, slots=used + extra, hbm=hbm)
-                      .model_copy(update={"max_lora_rank": max_rank}))
+        states.append(
+            worker(f"w{i}", gpu=residents, slots=used + extra, hbm=hbm).model_copy(
+                update={"max_lora_rank": max_rank}
+            )
+        )
     residents = [record(x.adapter_id) for s in states for x in s.adapters]
     demand = {**scores(a=5.0), **{score_key(r.adapter_id, "1"): busy(1.0) for r in residents}}
     p = plan(views(a, *residents), demand, states, POLICY, NOW)  # residents stay: hot too
@@ -178,17 +200,28 @@ def test_a_new_copy_goes_where_the_planner_would_load_it(
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["gpu", "host", "none"]), st.integers(1, 64),
-                          st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=8),
-       st.integers(1, 64))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["gpu", "host", "none"]),
+            st.integers(1, 64),
+            st.integers(0, 40),
+            st.integers(0, 5),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 64),
+)
 def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -> None:
     """Whatever the fleet: never a drained worker or one whose rank is too small; a GPU copy
     wins over a host copy, which wins over a new load."""
     a = record("a").model_copy(update={"rank": rank})
     states, in_flight = [], {}
     for i, (tier, max_rank, age, load) in enumerate(fleet):
-        s = worker(f"w{i}", gpu=[a] if tier == "gpu" else [], host=[a] if tier == "host" else [],
-                   slots=2)
+        s = worker(
+            f"w{i}", gpu=[a] if tier == "gpu" else [], host=[a] if tier == "host" else [], slots=2
+        )
         states.append(at(s, NOW - age, max_lora_rank=max_rank))
         in_flight[f"w{i}"] = load
     route = index(*states).route(a, NOW, in_flight)
@@ -197,8 +230,7 @@ def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -
         assert route is None
         return
     assert route is not None and route.worker_id in eligible
-    best = "gpu" if "gpu" in eligible.values() else "host" if "host" in eligible.values() \
-        else None
+    best = "gpu" if "gpu" in eligible.values() else "host" if "host" in eligible.values() else None
     if best is not None:
         assert route.kind.value == best and eligible[route.worker_id] == best
         peers = [w for w, t in eligible.items() if t == best]
@@ -210,11 +242,13 @@ def test_the_signature_binds_tenant_request_body_class_version_and_time() -> Non
     fwd = Forward("tenant-a", "interactive", "2", "canary", "1")
     sig = sign(SECRET, fwd, "r1", b"{}", 1000.0)
     assert verify(SECRET, fwd, "r1", b"{}", sig, 1010.0)
-    for other in (Forward("tenant-b", "interactive", "2", "canary", "1"),
-                  Forward("tenant-a", "batch", "2", "canary", "1"),
-                  Forward("tenant-a", "interactive", "1", "canary", "1"),
-                  Forward("tenant-a", "interactive", "2", "active", "1"),
-                  Forward("tenant-a", "interactive", "2", "canary", "")):
+    for other in (
+        Forward("tenant-b", "interactive", "2", "canary", "1"),
+        Forward("tenant-a", "batch", "2", "canary", "1"),
+        Forward("tenant-a", "interactive", "1", "canary", "1"),
+        Forward("tenant-a", "interactive", "2", "active", "1"),
+        Forward("tenant-a", "interactive", "2", "canary", ""),
+    ):
         assert not verify(SECRET, other, "r1", b"{}", sig, 1010.0)
     assert not verify(SECRET, fwd, "r2", b"{}", sig, 1010.0)
     assert not verify(SECRET, fwd, "r1", b'{"x":1}', sig, 1010.0)
@@ -225,15 +259,25 @@ def test_the_signature_binds_tenant_request_body_class_version_and_time() -> Non
         assert not verify(SECRET, fwd, "r1", b"{}", junk, 1010.0)
 
 
-def forwarded(tenant: str, request_id: str, raw: bytes, now: float, version: str = "1",
-              request_class: str = "interactive") -> dict[str, str]:
+def forwarded(
+    tenant: str,
+    request_id: str,
+    raw: bytes,
+    now: float,
+    version: str = "1",
+    request_class: str = "interactive",
+) -> dict[str, str]:
     """The headers a router puts on a forwarded request, signed with the test secret."""
     fwd = Forward(tenant, request_class, version, "active")
-    return {TENANT_HEADER: tenant, "X-Request-Id": request_id,
-            "X-Request-Class": request_class, VERSION_HEADER: version,
-            VERSION_REASON_HEADER: "active",
-            SIGNATURE_HEADER: sign(SECRET, fwd, request_id, raw, now),
-            "Content-Type": "application/json"}
+    return {
+        TENANT_HEADER: tenant,
+        "X-Request-Id": request_id,
+        "X-Request-Class": request_class,
+        VERSION_HEADER: version,
+        VERSION_REASON_HEADER: "active",
+        SIGNATURE_HEADER: sign(SECRET, fwd, request_id, raw, now),
+        "Content-Type": "application/json",
+    }
 
 
 # ---- the router in front of gateways --------------------------------------------------------
@@ -246,10 +290,15 @@ class Stack:
     router_sink: ListSink
     http: ClientSession
 
-    async def post(self, body: dict[str, Any], path: str = "/v1/completions",
-                   headers: dict[str, str] | None = None) -> tuple[int, CIMultiDict[str], Any]:
-        async with self.http.post(self.url + path, json=body,
-                                  headers=headers if headers is not None else AUTH_A) as resp:
+    async def post(
+        self,
+        body: dict[str, Any],
+        path: str = "/v1/completions",
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, CIMultiDict[str], Any]:
+        async with self.http.post(
+            self.url + path, json=body, headers=headers if headers is not None else AUTH_A
+        ) as resp:
             raw = await resp.read()
             return resp.status, CIMultiDict(resp.headers), json.loads(raw) if raw else None
 
@@ -261,15 +310,22 @@ async def stack() -> AsyncIterator[Stack]:
     for wid, hot in (("w1", set()), ("w2", {sql.lora_name}), ("w3", set())):
         serving = FakeServing(hot=set(hot), worker_id=wid)
         sink = ListSink()
-        gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink,
-                          router_secret=SECRET)
+        gateway = Gateway(
+            serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink, router_secret=SECRET
+        )
         server = TestServer(gateway.app(), host="127.0.0.1")
         await server.start_server()
         servers.append(server)
         workers[wid], sinks[wid] = serving, sink
         base = worker(wid, gpu=[sql] if hot else [], slots=2, base=sql.base_model)
-        states.append(at(base, datetime.now(UTC).timestamp(),
-                         str(server.make_url("")).rstrip("/"), max_lora_rank=64))
+        states.append(
+            at(
+                base,
+                datetime.now(UTC).timestamp(),
+                str(server.make_url("")).rstrip("/"),
+                max_lora_rank=64,
+            )
+        )
     router_sink = ListSink()
     fleet = Fleet(FleetIndex(POLICY, 5.0), router_sink, "router-t")
     for s in states:
@@ -279,8 +335,7 @@ async def stack() -> AsyncIterator[Stack]:
     server = TestServer(router.app(), host="127.0.0.1")
     await server.start_server()
     async with ClientSession() as http:
-        yield Stack(router, str(server.make_url("")).rstrip("/"), workers, sinks, router_sink,
-                    http)
+        yield Stack(router, str(server.make_url("")).rstrip("/"), workers, sinks, router_sink, http)
     for s in [server, *servers]:
         await s.close()
 
@@ -331,8 +386,12 @@ async def test_no_live_worker_is_503_with_retry_after(stack: Stack) -> None:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_gateway_that_is_gone_is_dropped_and_the_request_rerouted(stack: Stack) -> None:
     sql = RECORDS[2]
-    dead = at(worker("w0", gpu=[sql], base=sql.base_model), datetime.now(UTC).timestamp(),
-              "http://127.0.0.1:9", max_lora_rank=64)  # discard port: refused
+    dead = at(
+        worker("w0", gpu=[sql], base=sql.base_model),
+        datetime.now(UTC).timestamp(),
+        "http://127.0.0.1:9",
+        max_lora_rank=64,
+    )  # discard port: refused
     stack.router.fleet.index.update(dead)
     status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
     assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
@@ -354,18 +413,28 @@ async def _dies_mid_answer(head: bytes) -> tuple[asyncio.AbstractServer, str]:
 
 
 @pytest.mark.asyncio(loop_scope="session")
-@pytest.mark.parametrize("head", [
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id",
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-    b"\r\n5\r\n{\"id\"",
-])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"id',
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        b'\r\n5\r\n{"id"',
+    ],
+)
 async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
-        stack: Stack, head: bytes) -> None:
+    stack: Stack, head: bytes
+) -> None:
     sql = RECORDS[2]
     server, url = await _dies_mid_answer(head)
     try:  # w0: the lowest id among the idle copies, so the router picks it first
-        stack.router.fleet.index.update(at(worker("w0", gpu=[sql], base=sql.base_model),
-                                           datetime.now(UTC).timestamp(), url, max_lora_rank=64))
+        stack.router.fleet.index.update(
+            at(
+                worker("w0", gpu=[sql], base=sql.base_model),
+                datetime.now(UTC).timestamp(),
+                url,
+                max_lora_rank=64,
+            )
+        )
         status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
         assert status == 503 and headers["Retry-After"] == "5", body
         assert body["error"]["type"] == "worker_lost"
@@ -381,12 +450,22 @@ async def test_a_stream_cut_by_a_killed_worker_is_cut_for_the_client(stack: Stac
     sql = RECORDS[2]
     server, url = await _dies_mid_answer(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
-        b"\r\n\r\n10\r\ndata: {\"a\": 1}\n\n\r\n")
+        b'\r\n\r\n10\r\ndata: {"a": 1}\n\n\r\n'
+    )
     try:
-        stack.router.fleet.index.update(at(worker("w0", gpu=[sql], base=sql.base_model),
-                                           datetime.now(UTC).timestamp(), url, max_lora_rank=64))
-        async with stack.http.post(stack.url + "/v1/completions", headers=AUTH_A,
-                                   json={"model": "sql", "prompt": "q", "stream": True}) as resp:
+        stack.router.fleet.index.update(
+            at(
+                worker("w0", gpu=[sql], base=sql.base_model),
+                datetime.now(UTC).timestamp(),
+                url,
+                max_lora_rank=64,
+            )
+        )
+        async with stack.http.post(
+            stack.url + "/v1/completions",
+            headers=AUTH_A,
+            json={"model": "sql", "prompt": "q", "stream": True},
+        ) as resp:
             assert resp.status == 200
             with pytest.raises(ClientPayloadError):
                 await resp.read()  # cut, never a stream that looks whole
@@ -412,13 +491,16 @@ async def test_gateway_believes_a_forwarded_tenant_only_when_signed(stack: Stack
     raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
     now = datetime.now(UTC).timestamp()
     good = forwarded("tenant-a", "r1", raw, now)
-    cases = [(good, 200), ({**good, SIGNATURE_HEADER: "0." + "0" * 64}, 401),
-             ({k: v for k, v in good.items() if k != SIGNATURE_HEADER}, 401),
-             ({**good, TENANT_HEADER: "tenant-b"}, 401),
-             ({**good, **AUTH_A, TENANT_HEADER: "tenant-b"}, 401),  # a key does not help
-             ({**good, "X-Request-Id": "r2"}, 401),
-             ({**good, "X-Request-Class": "batch"}, 401),  # the class is signed too
-             ({**good, VERSION_HEADER: "2"}, 401)]  # and the version
+    cases = [
+        (good, 200),
+        ({**good, SIGNATURE_HEADER: "0." + "0" * 64}, 401),
+        ({k: v for k, v in good.items() if k != SIGNATURE_HEADER}, 401),
+        ({**good, TENANT_HEADER: "tenant-b"}, 401),
+        ({**good, **AUTH_A, TENANT_HEADER: "tenant-b"}, 401),  # a key does not help
+        ({**good, "X-Request-Id": "r2"}, 401),
+        ({**good, "X-Request-Class": "batch"}, 401),  # the class is signed too
+        ({**good, VERSION_HEADER: "2"}, 401),
+    ]  # and the version
     for headers, want in cases:
         async with stack.http.post(url, data=raw, headers=headers) as resp:
             assert resp.status == want, headers
@@ -431,8 +513,11 @@ def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
     sink = ListSink()
     fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
     good = at(worker("w1"), NOW)
-    for key, value in ((b"w1", b"not json"), (b"w1", b'{"worker_id": "w1"}'),
-                       (b"w2", good.model_dump_json().encode())):
+    for key, value in (
+        (b"w1", b"not json"),
+        (b"w1", b'{"worker_id": "w1"}'),
+        (b"w2", good.model_dump_json().encode()),
+    ):
         fleet.take(Record("lp.worker-state", 0, 7, key, value, {}, 0))
     fleet.take(Record("lp.worker-state", 0, 8, b"w1", good.model_dump_json().encode(), {}, 0))
     reasons = [d.reason for d in sink.messages(DeadLetter)]
@@ -448,23 +533,25 @@ def test_versions_are_newest_first() -> None:
 
 
 def test_the_router_state_reports_in_flight_and_non_empty_queues() -> None:
+    from loraplane.router.flow_control import BANDS
     from loraplane.schemas.adapter import Priority
     from loraplane.schemas.codec import decode, encode
     from loraplane.schemas.request_log import RequestClass
     from loraplane.schemas.router_state import RouterState
 
-    from loraplane.router.flow_control import BANDS
-
-    router = Router(Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t"), api_keys=KEYS,
-                    budgets=RequestBudgets(), secret=SECRET)
+    router = Router(
+        Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t"),
+        api_keys=KEYS,
+        budgets=RequestBudgets(),
+        secret=SECRET,
+    )
     band = BANDS[(RequestClass.batch, Priority.silver)]
     now = 1_800_000_000.0
     admitted = router.flow.offer("llama", band, "t1", 1, now)
     queued = [router.flow.offer("llama", band, t, 1, now) for t in ("t1", "t2")]
     state = decode(RouterState, encode(router.state("r1", now)))
     assert state.in_flight == {"llama": 1}
-    assert [(q.base_model, q.band, q.queued) for q in state.queues] == [
-        ("llama", band.label, 2)]
+    assert [(q.base_model, q.band, q.queued) for q in state.queues] == [("llama", band.label, 2)]
     for ticket in (admitted, *queued):
         assert not isinstance(ticket, str)
     router.flow.pump("llama", 10, now + 1)
@@ -492,20 +579,28 @@ async def test_a_promote_and_a_rollback_racing_requests_never_split_the_version(
     a promote (canary 2 -> active) and a rollback (back to 1) reach the router and the
     gateway at different moments, every answer is served by exactly the version the router
     chose, or refused with the reason (a version revoked meanwhile)."""
-    stages = [_statused(AdapterStatus.active, AdapterStatus.canary, 50.0),
-              _statused(AdapterStatus.retired, AdapterStatus.active),  # promote
-              _statused(AdapterStatus.active, AdapterStatus.retired),  # rollback
-              _statused(AdapterStatus.active, AdapterStatus.revoked)]  # 2 revoked
+    stages = [
+        _statused(AdapterStatus.active, AdapterStatus.canary, 50.0),
+        _statused(AdapterStatus.retired, AdapterStatus.active),  # promote
+        _statused(AdapterStatus.active, AdapterStatus.retired),  # rollback
+        _statused(AdapterStatus.active, AdapterStatus.revoked),
+    ]  # 2 revoked
     names = {r.lora_name for stage in stages for r in stage}
     serving = LaggingServing(list(stages[0]), hot=set(names), worker_id="w1")
-    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(),
-                      router_secret=SECRET)
+    gateway = Gateway(
+        serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(), router_secret=SECRET
+    )
     gw_server = TestServer(gateway.app(), host="127.0.0.1")
     await gw_server.start_server()
     fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
-    fleet.index.update(at(worker("w1", gpu=list(stages[0]), slots=4, base=BASE),
-                          datetime.now(UTC).timestamp(), str(gw_server.make_url("")).rstrip("/"),
-                          max_lora_rank=64))
+    fleet.index.update(
+        at(
+            worker("w1", gpu=list(stages[0]), slots=4, base=BASE),
+            datetime.now(UTC).timestamp(),
+            str(gw_server.make_url("")).rstrip("/"),
+            max_lora_rank=64,
+        )
+    )
     fleet.versions = serving_versions(list(stages[0]))
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
     rt_server = TestServer(router.app(), host="127.0.0.1")
@@ -518,16 +613,23 @@ async def test_a_promote_and_a_rollback_racing_requests_never_split_the_version(
     async def clients(http: ClientSession, n: int) -> None:
         while not done.is_set():
             headers = {**AUTH_A, "X-Session-Key": f"s{n}-{rng.randrange(10**6)}"}
-            async with http.post(url, json={"model": "race", "prompt": "q"},
-                                 headers=headers) as resp:
+            async with http.post(
+                url, json={"model": "race", "prompt": "q"}, headers=headers
+            ) as resp:
                 body = await resp.json()
-                seen.append((resp.status, resp.headers.get("X-Loraplane-Version"),
-                             resp.headers.get("X-Loraplane-Adapter-Version"),
-                             body.get("error", {}).get("type") if resp.status >= 400 else None))
+                seen.append(
+                    (
+                        resp.status,
+                        resp.headers.get("X-Loraplane-Version"),
+                        resp.headers.get("X-Loraplane-Adapter-Version"),
+                        body.get("error", {}).get("type") if resp.status >= 400 else None,
+                    )
+                )
 
     async def registry() -> None:
         for _ in range(6):
             for stage in stages[1:]:
+
                 def to_router(stage: list[AdapterRecord] = stage) -> None:
                     fleet.versions = serving_versions(list(stage))
 
@@ -555,5 +657,6 @@ async def test_a_promote_and_a_rollback_racing_requests_never_split_the_version(
     assert len(served) > 50 and {s[1] for s in served} == {"1", "2"}
     assert all(decided == used for _, decided, used, _ in served), served
     refused = [s for s in seen if s[0] != 200]
-    assert all(s[3] in ("version_revoked", "version_unknown", "no_serving_version")
-               for s in refused), refused
+    assert all(
+        s[3] in ("version_revoked", "version_unknown", "no_serving_version") for s in refused
+    ), refused

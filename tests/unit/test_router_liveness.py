@@ -14,7 +14,6 @@ from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from hypothesis import given
 from hypothesis import strategies as st
-from loraplane.workers.gateway import Gateway
 
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.liveness import (
@@ -28,6 +27,7 @@ from loraplane.router.liveness import (
 from loraplane.router.liveness import Gateway as GatewaySeen
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import Fleet, Router, _watch_fleet, serving_versions
+from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import NOW, POLICY, record, worker
 from tests.unit.test_router import SECRET, at
@@ -36,8 +36,13 @@ HB = 1.0
 LIMIT = 3 * HB
 
 
-def judge(beat: float, now: float, feed: Feed | None, ok_at: float | None = None,
-          failed_at: float | None = None) -> Verdict:
+def judge(
+    beat: float,
+    now: float,
+    feed: Feed | None,
+    ok_at: float | None = None,
+    failed_at: float | None = None,
+) -> Verdict:
     return verdict(beat, now, HB, feed, GatewaySeen(ok_at=ok_at, failed_at=failed_at))
 
 
@@ -56,7 +61,8 @@ def test_a_stale_heartbeat_is_drained_only_when_a_current_feed_shows_the_silence
 
 @given(st.floats(0, HB), st.floats(0, 3600), st.floats(0, 1800))
 def test_no_worker_heard_before_the_broker_died_is_drained_while_it_is_away(
-        before_kill: float, down: float, answering_before: float) -> None:
+    before_kill: float, down: float, answering_before: float
+) -> None:
     """Onset: the feed's span ends at its last answer, with no detection delay, so a worker
     that beat on time is never drained for the silence of a broker that is away."""
     kill = NOW
@@ -89,8 +95,7 @@ def test_a_failed_gateway_is_out_until_its_next_heartbeat_or_good_probe() -> Non
 
 
 @given(st.floats(0, 1e9))
-def test_attack_a_state_stamped_in_the_future_is_no_fresher_than_its_arrival(
-        ahead: float) -> None:
+def test_attack_a_state_stamped_in_the_future_is_no_fresher_than_its_arrival(ahead: float) -> None:
     """A forged (or skewed) ``ts`` cannot keep a dead worker in the view: its heartbeat
     counts from when it arrived, and a current feed drains it three intervals later."""
     arrived = NOW
@@ -127,7 +132,7 @@ def test_attack_a_forged_future_state_does_not_hold_back_the_workers_own() -> No
     a = record("a")
     fleet = FleetIndex(POLICY, HB)
     fleet.update(at(worker("w1", gpu=[a]), NOW), NOW)
-    fleet.update(at(worker("w1"), NOW + 10 ** 8, "http://elsewhere"), NOW + 0.2)  # forged
+    fleet.update(at(worker("w1"), NOW + 10**8, "http://elsewhere"), NOW + 0.2)  # forged
     assert fleet.route(a, NOW + 0.3, {}).kind is RouteKind.free_slot
     fleet.update(at(worker("w1", gpu=[a]), NOW + 1), NOW + 1)  # the worker's own, later
     route = fleet.route(a, NOW + 1, {})
@@ -140,20 +145,20 @@ def test_attack_a_forged_state_keeps_a_dead_worker_three_intervals_at_most() -> 
     a = record("a")
     fleet = FleetIndex(POLICY, HB)
     fleet.feed = Feed(since=NOW - 600, last=NOW)
-    fleet.update(at(worker("w9", gpu=[a]), NOW + 10 ** 8), NOW)
+    fleet.update(at(worker("w9", gpu=[a]), NOW + 10**8), NOW)
     assert fleet.route(a, NOW + LIMIT, {}) is not None
     fleet.feed = Feed(since=NOW - 600, last=NOW + LIMIT + 0.1)
     assert fleet.drain(NOW + LIMIT + 0.1).gone == ["w9"]
     assert fleet.route(a, NOW + LIMIT + 0.1, {}) is None
 
 
-FORGED = st.lists(st.tuples(st.floats(0, 30), st.floats(-1e6, 1e9), st.booleans()),
-                  max_size=12)
+FORGED = st.lists(st.tuples(st.floats(0, 30), st.floats(-1e6, 1e9), st.booleans()), max_size=12)
 
 
 @given(FORGED)
 def test_attack_forged_and_replayed_states_keep_no_dead_worker_for_good(
-        forged: list[tuple[float, float, bool]]) -> None:
+    forged: list[tuple[float, float, bool]],
+) -> None:
     """Whatever states an attacker writes for a dead worker (any stamp, past or far future,
     holding the adapter or not), three intervals of a current feed after the last one the
     worker is out of routing."""
@@ -172,7 +177,8 @@ def test_attack_forged_and_replayed_states_keep_no_dead_worker_for_good(
 
 @given(FORGED, st.floats(0, 0.9))
 def test_attack_forged_states_hold_back_no_later_heartbeat_of_a_live_worker(
-        forged: list[tuple[float, float, bool]], latency: float) -> None:
+    forged: list[tuple[float, float, bool]], latency: float
+) -> None:
     """The worker's own next heartbeat stamped after the last forged state arrived is taken
     (its residency and gateway are the router's view again), whatever was forged before."""
     a = record("a")
@@ -185,8 +191,7 @@ def test_attack_forged_states_hold_back_no_later_heartbeat_of_a_live_worker(
     sent = last + 0.01
     fleet.update(at(worker("w1", gpu=[a]), sent), sent + latency)
     route = fleet.route(a, sent + latency, {})
-    assert route is not None and (route.kind, route.gateway_url) == (RouteKind.gpu,
-                                                                      "http://w1")
+    assert route is not None and (route.kind, route.gateway_url) == (RouteKind.gpu, "http://w1")
 
 
 def test_with_the_feed_away_the_index_keeps_routing_and_names_the_gateways_to_probe() -> None:
@@ -197,8 +202,10 @@ def test_with_the_feed_away_the_index_keeps_routing_and_names_the_gateways_to_pr
     fleet.feed = Feed(since=NOW - 600, last=NOW + 0.5)  # then the broker died
     later = NOW + 60
     drained = fleet.drain(later)
-    assert drained.gone == [] and sorted(drained.probe) == [("w1", "http://w1"),
-                                                            ("w2", "http://w2")]
+    assert drained.gone == [] and sorted(drained.probe) == [
+        ("w1", "http://w1"),
+        ("w2", "http://w2"),
+    ]
     assert drained.unvouched == 2
     assert fleet.drain(later).probe == []  # one probe at a time per worker
     route = fleet.route(a, later, {})
@@ -261,19 +268,36 @@ async def test_with_kafka_away_the_router_serves_live_gateways_and_parks_dead_on
     fleet = Fleet(FleetIndex(POLICY, HB), ListSink(), "router-t")
     urls = {}
     for wid, hot in (("w1", False), ("w2", True)):
-        gateway = Gateway(FakeServing(hot={sql.lora_name} if hot else set(), worker_id=wid),
-                          api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(),
-                          router_secret=SECRET)
+        gateway = Gateway(
+            FakeServing(hot={sql.lora_name} if hot else set(), worker_id=wid),
+            api_keys=KEYS,
+            budgets=RequestBudgets(),
+            sink=ListSink(),
+            router_secret=SECRET,
+        )
         server = TestServer(gateway.app(), host="127.0.0.1")
         await server.start_server()
         servers.append(server)
         urls[wid] = str(server.make_url("")).rstrip("/")
-        fleet.index.update(at(worker(wid, gpu=[sql] if hot else [], slots=2,
-                                     base=sql.base_model), now - 60, urls[wid],
-                              max_lora_rank=64), now - 60)
+        fleet.index.update(
+            at(
+                worker(wid, gpu=[sql] if hot else [], slots=2, base=sql.base_model),
+                now - 60,
+                urls[wid],
+                max_lora_rank=64,
+            ),
+            now - 60,
+        )
     for wid, url in (("w3", "http://127.0.0.1:9"), ("w4", urls["w1"])):  # dead; forged url
-        fleet.index.update(at(worker(wid, gpu=[sql], slots=2, base=sql.base_model), now - 60,
-                              url, max_lora_rank=64), now - 60)
+        fleet.index.update(
+            at(
+                worker(wid, gpu=[sql], slots=2, base=sql.base_model),
+                now - 60,
+                url,
+                max_lora_rank=64,
+            ),
+            now - 60,
+        )
     fleet.versions = serving_versions(list(RECORDS))
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
     server = TestServer(router.app(), host="127.0.0.1")
@@ -289,11 +313,16 @@ async def test_with_kafka_away_the_router_serves_live_gateways_and_parks_dead_on
         assert set(fleet.index.workers) == {"w1", "w2"}
         async with ClientSession() as http:
             for _ in range(3):
-                async with http.post(str(server.make_url("/v1/completions")), headers=AUTH_A,
-                                     json={"model": "sql", "prompt": "q"}) as resp:
+                async with http.post(
+                    str(server.make_url("/v1/completions")),
+                    headers=AUTH_A,
+                    json={"model": "sql", "prompt": "q"},
+                ) as resp:
                     assert resp.status == 200
-                    assert (resp.headers["X-Loraplane-Worker"],
-                            resp.headers["X-Loraplane-Route"]) == ("w2", "gpu")
+                    assert (
+                        resp.headers["X-Loraplane-Worker"],
+                        resp.headers["X-Loraplane-Route"],
+                    ) == ("w2", "gpu")
     finally:
         watch.cancel()
         for s in (server, *servers):

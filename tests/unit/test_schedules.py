@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from loraplane.streams.schedules import (
     ScheduleEntry,
     ScheduleFile,
@@ -16,7 +18,6 @@ from loraplane.streams.schedules import (
     scheduled_warmup_score,
     warmup_scores,
 )
-from pydantic import ValidationError
 
 PEAK = datetime(2026, 3, 2, 9, 0, tzinfo=UTC).timestamp()  # a Monday, 09:00 UTC
 YAML = """
@@ -48,8 +49,7 @@ def test_window_opens_lead_minutes_before_the_peak_and_closes_after_duration() -
 
 def test_selectors_and_highest_score_wins() -> None:
     s = parse_schedule(YAML)
-    got = warmup_scores(s, [("support-en", "acme"), ("sales", "acme"), ("sales", "x")],
-                        PEAK - 60)
+    got = warmup_scores(s, [("support-en", "acme"), ("sales", "acme"), ("sales", "x")], PEAK - 60)
     assert got == {"support-en": 1.0, "sales": 1.0}
     assert warmup_scores(s, [("sales", "acme")], PEAK - 6 * 60) == {}
 
@@ -60,12 +60,15 @@ def test_score_is_zero_or_the_entry_score(offset: float) -> None:
     assert scheduled_warmup_score(s, "support-x", "t", PEAK + offset) in (0.0, 0.8)
 
 
-@pytest.mark.parametrize("entry", [
-    {"cron": "not a cron", "adapter_id": "a"},
-    {"cron": "0 9 * * *"},
-    {"cron": "0 9 * * *", "adapter_id": "a", "tenant_id": "b"},
-    {"cron": "0 9 * * *", "adapter_id": "a", "warmup_score": 2},
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"cron": "not a cron", "adapter_id": "a"},
+        {"cron": "0 9 * * *"},
+        {"cron": "0 9 * * *", "adapter_id": "a", "tenant_id": "b"},
+        {"cron": "0 9 * * *", "adapter_id": "a", "warmup_score": 2},
+    ],
+)
 def test_bad_entries_are_refused(entry: dict) -> None:
     with pytest.raises(ValidationError):
         ScheduleEntry.model_validate(entry)

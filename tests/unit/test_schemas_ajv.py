@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
+
 from loraplane.schemas import export
 from loraplane.schemas.adapter import AdapterStatus
 from loraplane.schemas.audit import AuditRecord
@@ -27,8 +29,6 @@ from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.reasons import ArtifactReason, CommandRule, DecodeReason
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
-from pydantic import BaseModel, ValidationError
-
 from tests.lifecycle_kit import BASE, TENANT, make_kit, record, signed_view
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,19 +57,30 @@ process.stdout.write(JSON.stringify({version: require("ajv/package.json").versio
 def node() -> str:
     found = shutil.which("node")
     if found is None:
-        pytest.skip("node is not installed: the ajv check needs Node.js "
-                    "(scripts/setup.d/50-ajv.sh installs it and ajv)")
-    assert (NODE_MODULES / "ajv").is_dir() and (NODE_MODULES / "ajv-formats").is_dir(), \
+        pytest.skip(
+            "node is not installed: the ajv check needs Node.js "
+            "(scripts/setup.d/50-ajv.sh installs it and ajv)"
+        )
+    assert (NODE_MODULES / "ajv").is_dir() and (NODE_MODULES / "ajv-formats").is_dir(), (
         "ajv is missing: run scripts/setup.d/50-ajv.sh"
+    )
     return found
 
 
 def ajv(schema_dir: Path, cases: list[tuple[str, Any]]) -> list[tuple[bool, list[Any]]]:
-    schemas = {p.name.removesuffix(".schema.json"): json.loads(p.read_text())
-               for p in sorted(schema_dir.glob("*.schema.json"))}
-    proc = subprocess.run([node(), "-e", VALIDATE_JS], cwd=NODE_MODULES.parent,
-                          input=json.dumps({"schemas": schemas, "cases": cases}),
-                          capture_output=True, text=True, timeout=60, check=False)
+    schemas = {
+        p.name.removesuffix(".schema.json"): json.loads(p.read_text())
+        for p in sorted(schema_dir.glob("*.schema.json"))
+    }
+    proc = subprocess.run(
+        [node(), "-e", VALIDATE_JS],
+        cwd=NODE_MODULES.parent,
+        input=json.dumps({"schemas": schemas, "cases": cases}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     print(f"ajv {result['version']} (draft 2020-12), {len(cases)} messages")
@@ -88,37 +99,103 @@ def messages() -> dict[str, BaseModel]:
     kit = make_kit(now)
     rec = record("support-bot", "1")
     command = CacheCommand(
-        command_id="cmd-1", worker_id="w0", action=CommandAction.load_gpu, base_model=BASE,
-        tenant_id=TENANT, adapter_id=rec.adapter_id, version=rec.version, sha256=rec.sha256,
-        lora_name=rec.lora_name, reason=CommandReason(rule=CommandRule.hot_score, score=0.7),
-        issued_at=now, deadline=now + timedelta(minutes=1), warmup_requests=2)
+        command_id="cmd-1",
+        worker_id="w0",
+        action=CommandAction.load_gpu,
+        base_model=BASE,
+        tenant_id=TENANT,
+        adapter_id=rec.adapter_id,
+        version=rec.version,
+        sha256=rec.sha256,
+        lora_name=rec.lora_name,
+        reason=CommandReason(rule=CommandRule.hot_score, score=0.7),
+        issued_at=now,
+        deadline=now + timedelta(minutes=1),
+        warmup_requests=2,
+    )
     return {
         "request_log": RequestLog(
-            event_id="r-1", ts=now, request_id="q1", tenant_id=TENANT, base_model=BASE,
-            adapter_id=rec.adapter_id, adapter_version="1", lora_name=rec.lora_name,
-            worker_id="w0", tier_at_arrival="gpu", ttft_ms=41.5, prompt_tokens=12,
-            output_tokens=30),
+            event_id="r-1",
+            ts=now,
+            request_id="q1",
+            tenant_id=TENANT,
+            base_model=BASE,
+            adapter_id=rec.adapter_id,
+            adapter_version="1",
+            lora_name=rec.lora_name,
+            worker_id="w0",
+            tier_at_arrival="gpu",
+            ttft_ms=41.5,
+            prompt_tokens=12,
+            output_tokens=30,
+        ),
         "worker_state": WorkerState(
-            worker_id="w0", base_model=BASE, ts=now, gpu_slots_used=1, gpu_slots_total=4,
-            host_bytes_used=1000, host_bytes_budget=10**9, hbm_usage=0.4, max_lora_rank=16,
+            worker_id="w0",
+            base_model=BASE,
+            ts=now,
+            gpu_slots_used=1,
+            gpu_slots_total=4,
+            host_bytes_used=1000,
+            host_bytes_budget=10**9,
+            hbm_usage=0.4,
+            max_lora_rank=16,
             command_partition=3,
-            adapters=[LoadedAdapter(lora_name=rec.lora_name, adapter_id=rec.adapter_id,
-                                    version="1", tenant_id=TENANT, tier="gpu", pinned=True,
-                                    size_bytes=1000, rank=8, last_used=now)]),
+            adapters=[
+                LoadedAdapter(
+                    lora_name=rec.lora_name,
+                    adapter_id=rec.adapter_id,
+                    version="1",
+                    tenant_id=TENANT,
+                    tier="gpu",
+                    pinned=True,
+                    size_bytes=1000,
+                    rank=8,
+                    last_used=now,
+                )
+            ],
+        ),
         "cache_command": kit.keys["planner"].sign_command(command),
         "cache_event": CacheEvent(
-            event_id="c-1", ts=now, worker_id="w0", base_model=BASE, tenant_id=TENANT,
-            adapter_id=rec.adapter_id, adapter_version="1", lora_name=rec.lora_name,
-            kind=CacheEventKind.fail, reason=ArtifactReason.fetch_failed, command_id="cmd-1"),
+            event_id="c-1",
+            ts=now,
+            worker_id="w0",
+            base_model=BASE,
+            tenant_id=TENANT,
+            adapter_id=rec.adapter_id,
+            adapter_version="1",
+            lora_name=rec.lora_name,
+            kind=CacheEventKind.fail,
+            reason=ArtifactReason.fetch_failed,
+            command_id="cmd-1",
+        ),
         "lifecycle_event": kit.event("ci", "publish", rec.adapter_id, "1", 1, now),
-        "adapter_view": signed_view(kit.keys["ci"], [rec.model_copy(
-            update={"status": AdapterStatus.active})], now, kit.keyring),
+        "adapter_view": signed_view(
+            kit.keys["ci"],
+            [rec.model_copy(update={"status": AdapterStatus.active})],
+            now,
+            kit.keyring,
+        ),
         "audit_record": AuditRecord(
-            event_id="a-1", ts=now, component="planner", action="load_gpu", decision="issued",
-            reason=CommandRule.hot_score, adapter_id=rec.adapter_id, actor="cmd-1"),
-        "dead_letter": dead_letter_at("loraplane.requests", 0, 7, b"k", b"{not json",
-                                      now.timestamp(), "scoring", DecodeReason.malformed,
-                                      "not JSON"),
+            event_id="a-1",
+            ts=now,
+            component="planner",
+            action="load_gpu",
+            decision="issued",
+            reason=CommandRule.hot_score,
+            adapter_id=rec.adapter_id,
+            actor="cmd-1",
+        ),
+        "dead_letter": dead_letter_at(
+            "loraplane.requests",
+            0,
+            7,
+            b"k",
+            b"{not json",
+            now.timestamp(),
+            "scoring",
+            DecodeReason.malformed,
+            "not JSON",
+        ),
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.request_log import (
     RequestClass,
@@ -33,7 +34,6 @@ from loraplane.streams.scores import (
     ScoreState,
     observe_many,
 )
-
 from tests.kafka_message import FakeMessage
 from tests.wire_strategies import enums, floats, hostile, ids, mutated, raw_of, versions, whole
 
@@ -59,8 +59,6 @@ def check(raw: bytes | None, key: bytes | None) -> None:
         assert _bits(fast) == _bits(slow), (raw, fast, slow)
 
 
-
-
 def test_the_fast_path_takes_a_gateway_log_as_pydantic_does() -> None:
     raw = raw_of(whole(7))
     fast = fast_demand(raw, b"a1")
@@ -72,43 +70,95 @@ def test_the_fast_path_takes_a_gateway_log_as_pydantic_does() -> None:
 def test_the_decoder_has_the_demand_fields_and_defaults() -> None:
     fields = RequestDemand.model_fields
     assert set(_Demand.__struct_fields__) == set(fields)
-    for name, default in zip(_Demand.__struct_fields__[-len(_Demand.__struct_defaults__):],
-                             _Demand.__struct_defaults__, strict=True):
+    for name, default in zip(
+        _Demand.__struct_fields__[-len(_Demand.__struct_defaults__) :],
+        _Demand.__struct_defaults__,
+        strict=True,
+    ):
         assert fields[name].default == default, name
-    required = set(_Demand.__struct_fields__[:-len(_Demand.__struct_defaults__)])
+    required = set(_Demand.__struct_fields__[: -len(_Demand.__struct_defaults__)])
     assert required == {n for n, f in fields.items() if f.is_required()}
 
 
 # Values each field may take: valid, at the edges, of the wrong type, hostile.
-stamps = st.sampled_from([
-    "2026-12-01T22:00:00Z", "2026-12-01T22:00:00.123456Z", "2026-12-01T22:00:00.1234567Z",
-    "2026-12-01T22:00:00.9999999Z", "2026-12-01T22:00:00+05:30", "2026-12-01T22:00:00-00:00",
-    "2026-12-01T22:00:00+23:59", "2026-12-01T22:00:00+24:00", "2026-12-01T22:00:00+00:60",
-    "2026-12-01T22:00:00-00:99", "2026-12-01T22:00:00+19:59", "2026-12-01T22:60:00Z",
-    "2026-12-01T24:00:00Z", "2026-12-01T23:59:60Z", "2026-02-30T00:00:00Z", "0000-01-01T00:00:00Z",
-    "9999-12-31T23:59:59.999999Z", "2026-12-01 22:00:00Z", "2026-12-01t22:00:00z",
-    "2026-12-01T22:00:00", "2026-12-01T22:00Z", "2026-12-01", "2026-12-01T22:00:00,5Z",
-    "20261201T220000Z", "2026-W48-1T22:00:00Z", "2026-12-01T22:00:00.Z", "2026-12-01T22:00:00+05",
-    "2026-12-01T22:00:00+0530", "\uff12026-12-01T22:00:00Z", 1_800_000_000, 1.8e9, "1800000000",
-    None, ""]) | st.datetimes(timezones=st.just(UTC) | st.builds(
-        timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)))).map(
-        lambda d: d.isoformat()) | st.builds(
-    "{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}{}{}".format, st.integers(0, 9999),
-    st.integers(0, 13), st.integers(0, 32), st.integers(0, 25), st.integers(0, 61),
-    st.integers(0, 61), st.sampled_from(["", ".5", ".123456", ".1234567", ".99999999"]),
-    st.sampled_from(["Z", "z", "+00:00", "-05:30", "+24:00", "+12:60", "-23:59", ""]))
-fields_st = st.fixed_dictionaries({}, optional={
-    "schema_version": st.sampled_from([1, 1.0, 2, "1", True, None, 0]),
-    "ts": stamps, "event_id": ids, "adapter_id": ids, "adapter_version": versions,
-    "request_class": enums, "tier_at_arrival": enums, "ttft_ms": floats, "status": enums,
-    "extra": st.none() | st.text(max_size=5) | st.lists(st.integers(), max_size=2) |
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)})
+stamps = (
+    st.sampled_from(
+        [
+            "2026-12-01T22:00:00Z",
+            "2026-12-01T22:00:00.123456Z",
+            "2026-12-01T22:00:00.1234567Z",
+            "2026-12-01T22:00:00.9999999Z",
+            "2026-12-01T22:00:00+05:30",
+            "2026-12-01T22:00:00-00:00",
+            "2026-12-01T22:00:00+23:59",
+            "2026-12-01T22:00:00+24:00",
+            "2026-12-01T22:00:00+00:60",
+            "2026-12-01T22:00:00-00:99",
+            "2026-12-01T22:00:00+19:59",
+            "2026-12-01T22:60:00Z",
+            "2026-12-01T24:00:00Z",
+            "2026-12-01T23:59:60Z",
+            "2026-02-30T00:00:00Z",
+            "0000-01-01T00:00:00Z",
+            "9999-12-31T23:59:59.999999Z",
+            "2026-12-01 22:00:00Z",
+            "2026-12-01t22:00:00z",
+            "2026-12-01T22:00:00",
+            "2026-12-01T22:00Z",
+            "2026-12-01",
+            "2026-12-01T22:00:00,5Z",
+            "20261201T220000Z",
+            "2026-W48-1T22:00:00Z",
+            "2026-12-01T22:00:00.Z",
+            "2026-12-01T22:00:00+05",
+            "2026-12-01T22:00:00+0530",
+            "\uff12026-12-01T22:00:00Z",
+            1_800_000_000,
+            1.8e9,
+            "1800000000",
+            None,
+            "",
+        ]
+    )
+    | st.datetimes(
+        timezones=st.just(UTC)
+        | st.builds(timezone, st.timedeltas(timedelta(hours=-23), timedelta(hours=23)))
+    ).map(lambda d: d.isoformat())
+    | st.builds(
+        "{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}{}{}".format,
+        st.integers(0, 9999),
+        st.integers(0, 13),
+        st.integers(0, 32),
+        st.integers(0, 25),
+        st.integers(0, 61),
+        st.integers(0, 61),
+        st.sampled_from(["", ".5", ".123456", ".1234567", ".99999999"]),
+        st.sampled_from(["Z", "z", "+00:00", "-05:30", "+24:00", "+12:60", "-23:59", ""]),
+    )
+)
+fields_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "schema_version": st.sampled_from([1, 1.0, 2, "1", True, None, 0]),
+        "ts": stamps,
+        "event_id": ids,
+        "adapter_id": ids,
+        "adapter_version": versions,
+        "request_class": enums,
+        "tier_at_arrival": enums,
+        "ttft_ms": floats,
+        "status": enums,
+        "extra": st.none()
+        | st.text(max_size=5)
+        | st.lists(st.integers(), max_size=2)
+        | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    },
+)
 
 
 @settings(max_examples=300)
 @given(fields_st, st.booleans())
-def test_generated_logs_decode_alike_or_go_the_slow_way(fields: dict[str, Any],
-                                                        base: bool) -> None:
+def test_generated_logs_decode_alike_or_go_the_slow_way(fields: dict[str, Any], base: bool) -> None:
     doc = {**whole(), **fields} if base else fields
     key = doc.get("adapter_id")
     check(raw_of(doc), key.encode() if isinstance(key, str) else None)
@@ -141,6 +191,7 @@ def test_hostile_messages_decode_alike_or_go_the_slow_way() -> None:
 
 # --- observe_many against the form it replaced -----------------------------------------------
 
+
 def _add(value: float, at: float, tau: float, ts: float) -> tuple[float, float]:
     if ts >= at:
         return (value * math.exp((at - ts) / tau) if value else 0.0) + 1.0, ts
@@ -153,8 +204,9 @@ def _now(value: float, at: float, tau: float, ts: float) -> float:
 
 def _bursting(r1: float, r1_at: float, r10: float, r10_at: float, now: float) -> bool:
     recent = _now(r1, r1_at, TAU_1M_S, now)
-    return recent >= BURST_MIN_REQUESTS_1M and \
-        recent / TAU_1M_S >= BURST_FACTOR * (_now(r10, r10_at, TAU_10M_S, now) / TAU_10M_S)
+    return recent >= BURST_MIN_REQUESTS_1M and recent / TAU_1M_S >= BURST_FACTOR * (
+        _now(r10, r10_at, TAU_10M_S, now) / TAU_10M_S
+    )
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -169,8 +221,9 @@ def _daily_add(d: Daily, ts: float) -> Daily:
     since = ts if d.since is None or ts < d.since else d.since
     if ts >= d.at:
         k = math.exp((d.at - ts) / TAU_DAYS_S) if d.n else 0.0
-        return Daily(d.n * k + 1.0, d.c1 * k + c, d.s1 * k + s, d.c2 * k + c2, d.s2 * k + s2,
-                     ts, since)
+        return Daily(
+            d.n * k + 1.0, d.c1 * k + c, d.s1 * k + s, d.c2 * k + c2, d.s2 * k + s2, ts, since
+        )
     k = math.exp((ts - d.at) / TAU_DAYS_S)
     return Daily(d.n + k, d.c1 + k * c, d.s1 + k * s, d.c2 + k * c2, d.s2 + k * s2, d.at, since)
 
@@ -182,8 +235,12 @@ def reference_observe_many(state: ScoreState, samples: list[Sample]) -> tuple[Sc
     served, served_at = state.served_after_load.value, state.served_after_load.at
     errors, errors_at = state.errors_after_load.value, state.errors_after_load.at
     classes = {k: (d.value, d.at) for k, d in state.classes.items()}
-    cold, hot, last, armed = state.ttft_cold_ms, state.ttft_hot_ms, state.last_request, \
-        state.burst_armed
+    cold, hot, last, armed = (
+        state.ttft_cold_ms,
+        state.ttft_hot_ms,
+        state.last_request,
+        state.burst_armed,
+    )
     daily = state.daily
     fired = False
     for ts, request_class, tier, status, ttft_ms in samples:
@@ -211,12 +268,17 @@ def reference_observe_many(state: ScoreState, samples: list[Sample]) -> tuple[Sc
         last = ts if last is None else max(last, ts)
         daily = _daily_add(daily, ts)
     return ScoreState(
-        requests_10m=Decayed(TAU_10M_S, r10, r10_at), requests_1m=Decayed(TAU_1M_S, r1, r1_at),
-        last_request=last, ttft_cold_ms=cold, ttft_hot_ms=hot,
+        requests_10m=Decayed(TAU_10M_S, r10, r10_at),
+        requests_1m=Decayed(TAU_1M_S, r1, r1_at),
+        last_request=last,
+        ttft_cold_ms=cold,
+        ttft_hot_ms=hot,
         served_after_load=Decayed(TAU_10M_S, served, served_at),
         errors_after_load=Decayed(TAU_10M_S, errors, errors_at),
         classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
-        burst_armed=armed, daily=daily), fired
+        burst_armed=armed,
+        daily=daily,
+    ), fired
 
 
 times = st.floats(T0 - 2000, T0 + 2000) | st.sampled_from([T0, T0 + 1e-9, 0.0, -0.0])
@@ -228,21 +290,37 @@ def decayed(tau: float) -> st.SearchStrategy[Decayed]:
 
 
 states = st.builds(
-    ScoreState, requests_10m=decayed(TAU_10M_S), requests_1m=decayed(TAU_1M_S),
-    last_request=st.none() | times, ttft_cold_ms=st.none() | st.floats(0, 1e4),
-    ttft_hot_ms=st.none() | st.floats(0, 1e4), served_after_load=decayed(TAU_10M_S),
+    ScoreState,
+    requests_10m=decayed(TAU_10M_S),
+    requests_1m=decayed(TAU_1M_S),
+    last_request=st.none() | times,
+    ttft_cold_ms=st.none() | st.floats(0, 1e4),
+    ttft_hot_ms=st.none() | st.floats(0, 1e4),
+    served_after_load=decayed(TAU_10M_S),
     errors_after_load=decayed(TAU_10M_S),
-    classes=st.dictionaries(st.sampled_from([c.value for c in RequestClass]),
-                            decayed(TAU_10M_S), max_size=3),
+    classes=st.dictionaries(
+        st.sampled_from([c.value for c in RequestClass]), decayed(TAU_10M_S), max_size=3
+    ),
     burst_armed=st.booleans(),
-    daily=st.builds(Daily, counts, *[st.floats(-1e6, 1e6)] * 4, times, st.none() | times))
-sample_lists = st.lists(st.builds(
-    Sample, ts=times, request_class=st.sampled_from([c.value for c in RequestClass]),
-    tier=st.sampled_from(list(Tier)), status=st.sampled_from(list(RequestStatus)),
-    ttft_ms=st.none() | st.floats(0, 10_000)), max_size=80)
+    daily=st.builds(Daily, counts, *[st.floats(-1e6, 1e6)] * 4, times, st.none() | times),
+)
+sample_lists = st.lists(
+    st.builds(
+        Sample,
+        ts=times,
+        request_class=st.sampled_from([c.value for c in RequestClass]),
+        tier=st.sampled_from(list(Tier)),
+        status=st.sampled_from(list(RequestStatus)),
+        ttft_ms=st.none() | st.floats(0, 10_000),
+    ),
+    max_size=80,
+)
 bursty = st.lists(st.floats(0, 3), min_size=1, max_size=120).map(
-    lambda gaps: [Sample(T0 + sum(gaps[:i + 1]), "interactive", Tier.gpu, RequestStatus.ok, 40.0)
-                  for i in range(len(gaps))])
+    lambda gaps: [
+        Sample(T0 + sum(gaps[: i + 1]), "interactive", Tier.gpu, RequestStatus.ok, 40.0)
+        for i in range(len(gaps))
+    ]
+)
 
 
 def _state_bits(result: tuple[ScoreState, bool]) -> str:
@@ -251,7 +329,9 @@ def _state_bits(result: tuple[ScoreState, bool]) -> str:
 
 @settings(max_examples=300)
 @given(states, sample_lists | bursty)
-def test_observe_many_folds_to_the_bit_as_the_form_it_replaced(state: ScoreState,
-                                                                samples: list[Sample]) -> None:
-    assert _state_bits(observe_many(state, samples)) == \
-        _state_bits(reference_observe_many(state, samples))
+def test_observe_many_folds_to_the_bit_as_the_form_it_replaced(
+    state: ScoreState, samples: list[Sample]
+) -> None:
+    assert _state_bits(observe_many(state, samples)) == _state_bits(
+        reference_observe_many(state, samples)
+    )

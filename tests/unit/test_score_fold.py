@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loraplane.schemas.codec import encode
 from loraplane.schemas.request_log import (
     RequestClass,
@@ -25,7 +26,6 @@ from loraplane.streams.scores import (
     observe_many,
     score_key,
 )
-
 from tests.kafka_message import FakeMessage
 
 T0 = 1_800_000_000.0
@@ -37,10 +37,18 @@ def Msg(raw: bytes | None, k: bytes | None, part: int = 0, off: int = 0) -> Fake
 
 
 def log(i: int, adapter: str = "a1", version: str | None = "1", **kw: object) -> RequestLog:
-    fields = dict(event_id=f"e{i}", ts=datetime.fromtimestamp(T0 + i, UTC), request_id=f"r{i}",
-                  tenant_id="t1", base_model="b", adapter_id=adapter,
-                  adapter_version=version, worker_id="w1", tier_at_arrival=Tier.gpu,
-                  ttft_ms=40.0)
+    fields = dict(
+        event_id=f"e{i}",
+        ts=datetime.fromtimestamp(T0 + i, UTC),
+        request_id=f"r{i}",
+        tenant_id="t1",
+        base_model="b",
+        adapter_id=adapter,
+        adapter_version=version,
+        worker_id="w1",
+        tier_at_arrival=Tier.gpu,
+        ttft_ms=40.0,
+    )
     fields.update(kw)
     return RequestLog.model_validate(fields)
 
@@ -49,13 +57,17 @@ def fold_one(state: ScoreState, x: RequestLog) -> ScoreState:
     return observe_many(state, [Sample.from_demand(x)])[0]
 
 
-samples = st.lists(st.builds(
-    Sample,
-    ts=st.floats(T0 - 1000, T0 + 5000),
-    request_class=st.sampled_from([c.value for c in RequestClass]),
-    tier=st.sampled_from(list(Tier)),
-    status=st.sampled_from(list(RequestStatus)),
-    ttft_ms=st.none() | st.floats(0, 10_000)), max_size=60)
+samples = st.lists(
+    st.builds(
+        Sample,
+        ts=st.floats(T0 - 1000, T0 + 5000),
+        request_class=st.sampled_from([c.value for c in RequestClass]),
+        tier=st.sampled_from(list(Tier)),
+        status=st.sampled_from(list(RequestStatus)),
+        ttft_ms=st.none() | st.floats(0, 10_000),
+    ),
+    max_size=60,
+)
 
 
 @given(samples, st.integers(0, 40))
@@ -63,8 +75,14 @@ def test_batch_fold_equals_one_request_at_a_time(batch: list[Sample], split: int
     start, _ = observe_many(ScoreState(), batch[:split])
     state, fired = start, False
     for s in batch[split:]:
-        after = observe(state, ts=s.ts, request_class=s.request_class, tier=s.tier,
-                        status=s.status, ttft_ms=s.ttft_ms)
+        after = observe(
+            state,
+            ts=s.ts,
+            request_class=s.request_class,
+            tier=s.tier,
+            status=s.status,
+            ttft_ms=s.ttft_ms,
+        )
         fired = fired or is_burst(state, after, s.ts)
         state = after
     assert observe_many(start, batch[split:]) == (state, fired)
@@ -94,11 +112,20 @@ def test_a_burst_is_reported_once_per_key() -> None:
 def test_bad_messages_are_refused_with_their_reason_and_the_rest_scored() -> None:
     good = log(1)
     bad_field = encode(good).replace(b'"tier_at_arrival":"gpu"', b'"tier_at_arrival":"moon"')
-    msgs = [Msg(b"{not json", b"a1", off=0), Msg(encode(good), b"other", off=1),
-            Msg(None, b"a1", off=2), Msg(bad_field, b"a1", off=3), Msg(encode(good), b"a1", off=4)]
+    msgs = [
+        Msg(b"{not json", b"a1", off=0),
+        Msg(encode(good), b"other", off=1),
+        Msg(None, b"a1", off=2),
+        Msg(bad_field, b"a1", off=3),
+        Msg(encode(good), b"a1", off=4),
+    ]
     out = fold_batch({}, msgs, KNOWN)
     assert [(m.offset(), e.reason) for m, e in out.refused] == [
-        (0, "malformed"), (1, "key_mismatch"), (2, "malformed"), (3, "invalid")]
+        (0, "malformed"),
+        (1, "key_mismatch"),
+        (2, "malformed"),
+        (3, "invalid"),
+    ]
     assert out.touched == {"a1@1": fold_one(ScoreState(), good)}
 
 
@@ -122,31 +149,38 @@ def test_a_dead_letter_is_named_by_where_its_message_was() -> None:
 
     msg = Msg(b"x" * 10, b"k", part=2, off=7)
     letter = dead_letter_for(msg, "scoring", "malformed", "not JSON")
-    assert letter == dead_letter_at("t.requests", 2, 7, b"k", b"x" * 10, T0, "scoring",
-                                    "malformed", "not JSON")
+    assert letter == dead_letter_at(
+        "t.requests", 2, 7, b"k", b"x" * 10, T0, "scoring", "malformed", "not JSON"
+    )
     assert (letter.source_topic, letter.partition, letter.offset) == ("t.requests", 2, 7)
-    assert letter.event_id != dead_letter_for(Msg(b"x", b"k", part=2, off=8), "scoring",
-                                              "malformed", "not JSON").event_id
+    assert (
+        letter.event_id
+        != dead_letter_for(
+            Msg(b"x", b"k", part=2, off=8), "scoring", "malformed", "not JSON"
+        ).event_id
+    )
 
 
 def test_a_log_delivered_again_is_counted_once() -> None:
     logs = [log(i) for i in range(6)]
-    first = fold_batch({}, [Msg(encode(x), b"a1", off=i) for i, x in enumerate(logs[:4])],
-                       KNOWN)
+    first = fold_batch({}, [Msg(encode(x), b"a1", off=i) for i, x in enumerate(logs[:4])], KNOWN)
     recent = RecentIds(100)
     recent.add(first.counted)
     # the event sink's replay: logs 2 and 3 again (same partition), then new ones, one twice
     again = [logs[2], logs[3], logs[4], logs[5], logs[5]]
-    out = fold_batch(first.touched, [Msg(encode(x), b"a1", off=10 + i)
-                                     for i, x in enumerate(again)], KNOWN, recent)
+    out = fold_batch(
+        first.touched,
+        [Msg(encode(x), b"a1", off=10 + i) for i, x in enumerate(again)],
+        KNOWN,
+        recent,
+    )
     assert out.duplicates == 3 and out.counted == [(0, "e4"), (0, "e5")]
     expected = ScoreState()
     for x in logs:
         expected = fold_one(expected, x)
     assert out.touched == {"a1@1": expected}
     # the same id on another partition is another log (ids are only compared per partition)
-    assert fold_batch({}, [Msg(encode(logs[2]), b"a1", part=1)], KNOWN,
-                      recent).duplicates == 0
+    assert fold_batch({}, [Msg(encode(logs[2]), b"a1", part=1)], KNOWN, recent).duplicates == 0
 
 
 def test_recent_ids_keep_only_the_last_size_per_partition() -> None:
@@ -156,9 +190,9 @@ def test_recent_ids_keep_only_the_last_size_per_partition() -> None:
     assert (1, "e0") in recent and len(recent) == 4
 
 
-def reference_fold(states: dict[str, ScoreState], msgs: list[FakeMessage], known: Known,
-                   seen: set[tuple[int, str]]) -> tuple[dict[str, ScoreState], list[str], int,
-                                                        float | None, int, list[str]]:
+def reference_fold(
+    states: dict[str, ScoreState], msgs: list[FakeMessage], known: Known, seen: set[tuple[int, str]]
+) -> tuple[dict[str, ScoreState], list[str], int, float | None, int, list[str]]:
     """One log at a time, with the pydantic validator: (states, bursts, unknown, its latest
     time, duplicates, refusal reasons); ``seen`` (partition, event_id) grows."""
     from loraplane.schemas.codec import SchemaError
@@ -188,23 +222,36 @@ def reference_fold(states: dict[str, ScoreState], msgs: list[FakeMessage], known
     return states, bursts, unknown, last, duplicates, refused
 
 
-random_logs = st.lists(st.tuples(
-    st.integers(0, 30),  # event id (repeats: a log delivered again)
-    st.sampled_from(["a1", "a2", "zz"]), st.sampled_from(["1", "2", None]),
-    st.sampled_from(list(RequestStatus)), st.sampled_from(list(Tier)),
-    st.integers(0, 900),  # seconds after T0
-    st.integers(0, 2),  # partition
-    st.sampled_from(["ok", "ok", "ok", "bad json", "wrong key"])), max_size=80)
+random_logs = st.lists(
+    st.tuples(
+        st.integers(0, 30),  # event id (repeats: a log delivered again)
+        st.sampled_from(["a1", "a2", "zz"]),
+        st.sampled_from(["1", "2", None]),
+        st.sampled_from(list(RequestStatus)),
+        st.sampled_from(list(Tier)),
+        st.integers(0, 900),  # seconds after T0
+        st.integers(0, 2),  # partition
+        st.sampled_from(["ok", "ok", "ok", "bad json", "wrong key"]),
+    ),
+    max_size=80,
+)
 
 
 @given(random_logs, st.lists(st.integers(1, 40), min_size=1, max_size=5))
-def test_batches_fold_as_the_logs_one_at_a_time(logs: list[tuple[object, ...]],
-                                                 sizes: list[int]) -> None:
+def test_batches_fold_as_the_logs_one_at_a_time(
+    logs: list[tuple[object, ...]], sizes: list[int]
+) -> None:
     known = Known({"a1": frozenset({"1", "2"}), "a2": frozenset({"1"})})
     msgs = []
     for off, (i, adapter, version, status, tier, at, part, form) in enumerate(logs):
-        x = log(i, adapter=str(adapter), version=version, status=status,  # type: ignore[arg-type]
-                tier_at_arrival=tier, ts=datetime.fromtimestamp(T0 + at, UTC))  # type: ignore[arg-type]
+        x = log(
+            i,
+            adapter=str(adapter),
+            version=version,
+            status=status,  # type: ignore[arg-type]
+            tier_at_arrival=tier,
+            ts=datetime.fromtimestamp(T0 + at, UTC),
+        )  # type: ignore[arg-type]
         raw = b"{" + encode(x)[1:] if form != "bad json" else encode(x)[:-1]
         key = b"other" if form == "wrong key" else str(adapter).encode()
         msgs.append(Msg(raw, key, part=part, off=off))  # type: ignore[arg-type]
@@ -214,7 +261,7 @@ def test_batches_fold_as_the_logs_one_at_a_time(logs: list[tuple[object, ...]],
     start, turn = 0, 0
     while start < len(msgs):
         size = sizes[turn % len(sizes)]
-        out = fold_batch(states, msgs[start:start + size], known, recent)
+        out = fold_batch(states, msgs[start : start + size], known, recent)
         states.update(out.touched)
         recent.add(out.counted)
         bursts += [k for k in out.bursts if k not in bursts]
@@ -224,4 +271,7 @@ def test_batches_fold_as_the_logs_one_at_a_time(logs: list[tuple[object, ...]],
         refused += [exc.reason for _, exc in out.refused]
         start, turn = start + size, turn + 1
     assert (states, set(bursts), unknown, last, duplicates, refused) == (
-        expected[0], set(expected[1]), *expected[2:])
+        expected[0],
+        set(expected[1]),
+        *expected[2:],
+    )

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
+
+from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.request_log import RequestLog, Tier
 from loraplane.schemas.score_snapshot import UnknownTally, is_unknown_key, unknown_key
 from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import RecentIds
 from loraplane.streams.score_keeper import PartitionMismatch, ScoreKeeper, _Owned
-
-from loraplane.kernel.config import Settings
 from tests.kafka_message import FakeMessage
 
 T0 = 1_800_000_000.0
@@ -34,13 +34,17 @@ class Txn:
     def begin_transaction(self) -> None:
         pass
 
-    def produce(self, topic: str, key: str | bytes | None = None, value: bytes | None = None,
-                partition: int = -1) -> None:
+    def produce(
+        self,
+        topic: str,
+        key: str | bytes | None = None,
+        value: bytes | None = None,
+        partition: int = -1,
+    ) -> None:
         k = key.decode() if isinstance(key, bytes) else str(key)
         self.produced.append((topic, k, value, partition))
 
-    def send_offsets_to_transaction(self, offsets: list[Any], meta: Any, timeout: float
-                                    ) -> None:
+    def send_offsets_to_transaction(self, offsets: list[Any], meta: Any, timeout: float) -> None:
         self.offsets.append(offsets)
 
     def commit_transaction(self, timeout: float) -> None:
@@ -56,12 +60,21 @@ class Consumer:
 
 
 def msg(i: int, adapter: str, part: int, off: int) -> FakeMessage:
-    x = RequestLog.model_validate(dict(
-        event_id=f"e{i}", ts=datetime.fromtimestamp(T0 + i, UTC), request_id=f"r{i}",
-        tenant_id="t1", base_model="b", adapter_id=adapter, adapter_version="1",
-        worker_id="w1", tier_at_arrival=Tier.gpu, ttft_ms=40.0))
-    return FakeMessage(encode(x), adapter.encode(), part=part, off=off,
-                       ts_ms=int((T0 + i) * 1000))
+    x = RequestLog.model_validate(
+        dict(
+            event_id=f"e{i}",
+            ts=datetime.fromtimestamp(T0 + i, UTC),
+            request_id=f"r{i}",
+            tenant_id="t1",
+            base_model="b",
+            adapter_id=adapter,
+            adapter_version="1",
+            worker_id="w1",
+            tier_at_arrival=Tier.gpu,
+            ttft_ms=40.0,
+        )
+    )
+    return FakeMessage(encode(x), adapter.encode(), part=part, off=off, ts_ms=int((T0 + i) * 1000))
 
 
 def keeper(tmp_path: Any, owned: list[int]) -> ScoreKeeper:
@@ -74,16 +87,24 @@ def keeper(tmp_path: Any, owned: list[int]) -> ScoreKeeper:
 
 def test_keys_and_unknown_buckets_go_to_their_logs_partition(tmp_path: Any) -> None:
     k, txn = keeper(tmp_path, [1, 4]), Txn()
-    batch = [msg(0, "a1", 1, 0), msg(1, "a2", 4, 0), msg(2, "zz", 4, 1), msg(3, "zz", 1, 1),
-             msg(4, "a1", 2, 7)]  # partition 2 is not owned: its owner counts it
+    batch = [
+        msg(0, "a1", 1, 0),
+        msg(1, "a2", 4, 0),
+        msg(2, "zz", 4, 1),
+        msg(3, "zz", 1, 1),
+        msg(4, "a1", 2, 7),
+    ]  # partition 2 is not owned: its owner counts it
     k._commit(txn, Consumer(), batch, KNOWN)
     scores = {(key, part) for topic, key, _, part in txn.produced if topic == k.scores}
     assert scores == {("a1@1", 1), ("a2@1", 4), (unknown_key(4), 4), (unknown_key(1), 1)}
     assert sorted((tp.partition, tp.offset) for tp in txn.offsets[0]) == [(1, 2), (4, 2)]
     assert {p: o.committed for p, o in k.owned.items()} == {1: 2, 4: 2}
     assert k.owned[4].unknown.logs == 1 and set(k.owned[4].states) == {"a2@1"}
-    tally = [decode(UnknownTally, v) for _, key, v, _ in txn.produced
-             if key == unknown_key(1) and v is not None]
+    tally = [
+        decode(UnknownTally, v)
+        for _, key, v, _ in txn.produced
+        if key == unknown_key(1) and v is not None
+    ]
     assert [t.logs for t in tally] == [1]
 
 
@@ -95,8 +116,7 @@ def test_logs_before_the_committed_offset_are_not_counted_again(tmp_path: Any) -
     assert k.owned[1].committed == 6
 
 
-def test_a_revoke_forgets_its_partitions_and_a_batch_of_them_commits_nothing(
-        tmp_path: Any) -> None:
+def test_a_revoke_forgets_its_partitions_and_a_batch_of_them_commits_nothing(tmp_path: Any) -> None:
     k, txn = keeper(tmp_path, [1, 4]), Txn()
     k._commit(txn, Consumer(), [msg(0, "a1", 1, 0)], KNOWN)
     k._revoked(Consumer(), [TopicPartition(k.requests, 1)])
@@ -139,6 +159,7 @@ def test_requests_and_scores_must_have_the_same_partition_count(tmp_path: Any) -
 def test_unknown_keys_are_one_per_partition_and_sum() -> None:
     assert unknown_key(3) == "(unknown)/3" and is_unknown_key(unknown_key(3))
     assert is_unknown_key("(unknown)") and not is_unknown_key("a1@1")
-    total = UnknownTally.total([UnknownTally(logs=2, last=T0), UnknownTally(logs=3),
-                                UnknownTally(logs=1, last=T0 + 5)])
+    total = UnknownTally.total(
+        [UnknownTally(logs=2, last=T0), UnknownTally(logs=3), UnknownTally(logs=1, last=T0 + 5)]
+    )
     assert (total.logs, total.last) == (6, T0 + 5)

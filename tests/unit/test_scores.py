@@ -8,6 +8,8 @@ from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
+
+from loraplane.kernel.policy import SEED_FORMULA, Policy
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.request_log import RequestStatus, Tier
 from loraplane.schemas.score_snapshot import ScoreSnapshot
@@ -24,19 +26,25 @@ from loraplane.streams.scores import (
     snapshot,
 )
 
-from loraplane.kernel.policy import SEED_FORMULA, Policy
-
 POLICY = Policy()
 T0 = 1_700_000_000.0
 
 
-def requests(n: int, start: float = T0, every_s: float = 1.0, tier: Tier = Tier.gpu,
-             status: RequestStatus = RequestStatus.ok, ttft: float | None = 50.0,
-             state: ScoreState | None = None, cls: str = "interactive") -> ScoreState:
+def requests(
+    n: int,
+    start: float = T0,
+    every_s: float = 1.0,
+    tier: Tier = Tier.gpu,
+    status: RequestStatus = RequestStatus.ok,
+    ttft: float | None = 50.0,
+    state: ScoreState | None = None,
+    cls: str = "interactive",
+) -> ScoreState:
     state = state or ScoreState()
     for i in range(n):
-        state = observe(state, ts=start + i * every_s, request_class=cls, tier=tier,
-                        status=status, ttft_ms=ttft)
+        state = observe(
+            state, ts=start + i * every_s, request_class=cls, tier=tier, status=status, ttft_ms=ttft
+        )
     return state
 
 
@@ -99,8 +107,17 @@ def test_burst_fires_once_when_the_minute_rate_jumps() -> None:
     burst = requests(1, start=T0 + 400, state=quiet)
     fired = []
     for i in range(5):
-        before, burst = burst, observe(burst, ts=T0 + 401 + i, request_class="interactive",
-                                       tier=Tier.cold, status=RequestStatus.ok, ttft_ms=None)
+        before, burst = (
+            burst,
+            observe(
+                burst,
+                ts=T0 + 401 + i,
+                request_class="interactive",
+                tier=Tier.cold,
+                status=RequestStatus.ok,
+                ttft_ms=None,
+            ),
+        )
         fired.append(is_burst(before, burst, T0 + 401 + i))
     assert fired.count(True) == 1
 
@@ -127,21 +144,28 @@ warm = st.floats(min_value=-1, max_value=2, allow_nan=False)
 
 def steady(rate: float, now: float) -> ScoreState:
     """The steady state of a constant arrival ``rate`` (requests/s) at ``now``."""
-    return ScoreState(requests_10m=Decayed(TAU_10M_S, rate * TAU_10M_S, now),
-                      requests_1m=Decayed(TAU_1M_S, rate * TAU_1M_S, now), last_request=now)
+    return ScoreState(
+        requests_10m=Decayed(TAU_10M_S, rate * TAU_10M_S, now),
+        requests_1m=Decayed(TAU_1M_S, rate * TAU_1M_S, now),
+        last_request=now,
+    )
 
 
 @given(qps, qps, prio, warm)
 def test_hot_score_is_monotonic_in_qps(a: float, b: float, priority: str, w: float) -> None:
     lo, hi = sorted((a, b))
-    assert (hot_score(steady(lo, T0), priority, w, POLICY, T0)
-            <= hot_score(steady(hi, T0), priority, w, POLICY, T0) + 1e-12)
+    assert (
+        hot_score(steady(lo, T0), priority, w, POLICY, T0)
+        <= hot_score(steady(hi, T0), priority, w, POLICY, T0) + 1e-12
+    )
 
 
-@given(qps, prio, warm, st.floats(min_value=0, max_value=1e6),
-       st.floats(min_value=0, max_value=1e6))
-def test_hot_score_is_bounded(rate: float, priority: str, w: float, cold: float,
-                              hot: float) -> None:
+@given(
+    qps, prio, warm, st.floats(min_value=0, max_value=1e6), st.floats(min_value=0, max_value=1e6)
+)
+def test_hot_score_is_bounded(
+    rate: float, priority: str, w: float, cold: float, hot: float
+) -> None:
     s = replace(steady(rate, T0), ttft_cold_ms=cold, ttft_hot_ms=hot)
     score = hot_score(s, priority, w, POLICY, T0)
     assert 0.0 <= score <= sum(POLICY.weights.values()) + 1e-12
@@ -151,8 +175,7 @@ def test_hot_score_is_bounded(rate: float, priority: str, w: float, cold: float,
 def test_scores_decay_without_requests(rate: float, later: float) -> None:
     s = steady(rate, T0)
     assert s.qps_10m(T0 + later) < s.qps_10m(T0)
-    assert (hot_score(s, "silver", 0, POLICY, T0 + later)
-            <= hot_score(s, "silver", 0, POLICY, T0))
+    assert hot_score(s, "silver", 0, POLICY, T0 + later) <= hot_score(s, "silver", 0, POLICY, T0)
 
 
 def test_shadow_warmup_requests_are_not_demand_but_their_errors_count() -> None:
@@ -160,7 +183,8 @@ def test_shadow_warmup_requests_are_not_demand_but_their_errors_count() -> None:
     assert warm.qps_10m(T0 + 30) == 0.0 and warm.last_request is None
     assert warm.error_rate_after_load(T0 + 30) == 1.0
     assert hot_score(warm, "silver", 0.0, POLICY, T0 + 30) == hot_score(
-        ScoreState(), "silver", 0.0, POLICY, T0 + 30)
+        ScoreState(), "silver", 0.0, POLICY, T0 + 30
+    )
 
 
 def test_a_count_hovering_at_the_floor_fires_once_then_rearms_after_quiet() -> None:
@@ -168,16 +192,28 @@ def test_a_count_hovering_at_the_floor_fires_once_then_rearms_after_quiet() -> N
     for i in range(40):  # ~3 requests a minute: the decayed 1-minute count hovers near 3
         ts = T0 + i * 20.0
         before = state
-        state = observe(state, ts=ts, request_class="interactive", tier=Tier.cold,
-                        status=RequestStatus.ok, ttft_ms=None)
+        state = observe(
+            state,
+            ts=ts,
+            request_class="interactive",
+            tier=Tier.cold,
+            status=RequestStatus.ok,
+            ttft_ms=None,
+        )
         fired.append(is_burst(before, state, ts))
     assert fired.count(True) == 1
     later = T0 + 40 * 20.0 + 600  # quiet for 10 minutes, then a real burst
     again = []
     for i in range(5):
         before = state
-        state = observe(state, ts=later + i, request_class="interactive", tier=Tier.cold,
-                        status=RequestStatus.ok, ttft_ms=None)
+        state = observe(
+            state,
+            ts=later + i,
+            request_class="interactive",
+            tier=Tier.cold,
+            status=RequestStatus.ok,
+            ttft_ms=None,
+        )
         again.append(is_burst(before, state, later + i))
     assert again.count(True) == 1
 
@@ -185,8 +221,9 @@ def test_a_count_hovering_at_the_floor_fires_once_then_rearms_after_quiet() -> N
 def test_burst_state_survives_the_changelog_round_trip() -> None:
     state = requests(10)
     assert read(wire(state)) == state
-    assert read(json.dumps({k: v for k, v in json.loads(wire(state)).items()
-                            if k != "armed"})).burst_armed
+    assert read(
+        json.dumps({k: v for k, v in json.loads(wire(state)).items() if k != "armed"})
+    ).burst_armed
 
 
 COST = Policy(hot_score_formula="1.0 * weighted_demand")
@@ -196,11 +233,13 @@ def test_weighted_demand_ranks_a_busy_bronze_version_above_an_idle_platinum_one(
     """What a miss costs is rate times priority: the seed's sum would rank them the other
     way round (priority adds 0.15 of score, as much as 0.33 requests/s of demand)."""
     busy_bronze, idle_platinum = steady(0.2, T0), steady(0.01, T0)
-    assert (hot_score(busy_bronze, "bronze", 0, COST, T0)
-            > hot_score(idle_platinum, "platinum", 0, COST, T0))
+    assert hot_score(busy_bronze, "bronze", 0, COST, T0) > hot_score(
+        idle_platinum, "platinum", 0, COST, T0
+    )
     seed = Policy(hot_score_formula=SEED_FORMULA)
-    assert (hot_score(busy_bronze, "bronze", 0, seed, T0)
-            < hot_score(idle_platinum, "platinum", 0, seed, T0))
+    assert hot_score(busy_bronze, "bronze", 0, seed, T0) < hot_score(
+        idle_platinum, "platinum", 0, seed, T0
+    )
 
 
 @given(qps, qps, prio)
@@ -219,7 +258,9 @@ def test_weighted_demand_counts_a_rise_early_and_a_fall_late(rate: float, factor
     falling = replace(base, requests_1m=Decayed(TAU_1M_S, rate / factor * TAU_1M_S, T0))
     flat = Policy(hot_score_formula="1.0 * weighted_demand", demand_trend_weight=0.0)
     assert hot_score(rising, "silver", 0, COST, T0) > hot_score(base, "silver", 0, COST, T0)
-    assert math.isclose(hot_score(rising, "silver", 0, flat, T0),
-                        hot_score(base, "silver", 0, flat, T0))
-    assert math.isclose(hot_score(falling, "silver", 0, COST, T0),
-                        hot_score(base, "silver", 0, COST, T0))
+    assert math.isclose(
+        hot_score(rising, "silver", 0, flat, T0), hot_score(base, "silver", 0, flat, T0)
+    )
+    assert math.isclose(
+        hot_score(falling, "silver", 0, COST, T0), hot_score(base, "silver", 0, COST, T0)
+    )

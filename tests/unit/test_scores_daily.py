@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from loraplane.kernel.policy import Policy
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.request_log import RequestStatus, Tier
 from loraplane.schemas.score_snapshot import ScoreSnapshot
@@ -28,21 +30,23 @@ from loraplane.streams.scores import (
     snapshot,
 )
 
-from loraplane.kernel.policy import Policy
-
 T0 = 1_800_000_000.0 - math.fmod(1_800_000_000.0, DAY_S)  # a midnight (UTC)
 COST = Policy.model_validate({"hot_score_formula": "1.0 * weighted_demand"})
 
 
 def fold(times: list[float]) -> ScoreState:
-    return observe_many(ScoreState(), [Sample(t, "interactive", Tier.gpu, RequestStatus.ok, 40.0)
-                                       for t in times])[0]
+    return observe_many(
+        ScoreState(), [Sample(t, "interactive", Tier.gpu, RequestStatus.ok, 40.0) for t in times]
+    )[0]
 
 
 def mornings(days: int, per_hour: int = 120, hour: int = 8) -> list[float]:
     """``per_hour`` requests a day from ``hour``:00 to ``hour``:59, ``days`` days."""
-    return [T0 + d * DAY_S + hour * 3600 + j * 3600 / per_hour
-            for d in range(days) for j in range(per_hour)]
+    return [
+        T0 + d * DAY_S + hour * 3600 + j * 3600 / per_hour
+        for d in range(days)
+        for j in range(per_hour)
+    ]
 
 
 def test_a_steady_rate_reads_as_itself_at_every_hour() -> None:
@@ -77,8 +81,7 @@ profiles = st.lists(st.floats(T0, T0 + 4 * DAY_S), min_size=1, max_size=60)
 
 @settings(max_examples=60, deadline=None)
 @given(profiles, st.floats(0, 5 * DAY_S), st.floats(0, DAY_S))
-def test_the_columns_read_as_each_profile(times: list[float], after: float,
-                                          ahead: float) -> None:
+def test_the_columns_read_as_each_profile(times: list[float], after: float, ahead: float) -> None:
     states = [fold(sorted(times)), fold(times), ScoreState()]
     now = T0 + after
     cols = daily_rates_at(ScoreInputs.from_states(states).daily, now + ahead, now)
@@ -89,12 +92,12 @@ def test_the_columns_read_as_each_profile(times: list[float], after: float,
 
 @settings(max_examples=60, deadline=None)
 @given(profiles, profiles)
-def test_merged_profiles_are_the_profile_of_both_streams(a: list[float],
-                                                         b: list[float]) -> None:
+def test_merged_profiles_are_the_profile_of_both_streams(a: list[float], b: list[float]) -> None:
     both = fold(sorted(a + b)).daily
     m = daily_merged(fold(sorted(a)).daily, fold(sorted(b)).daily)
-    for x, y in zip((m.n, m.c1, m.s1, m.c2, m.s2), (both.n, both.c1, both.s1, both.c2,
-                                                    both.s2), strict=True):
+    for x, y in zip(
+        (m.n, m.c1, m.s1, m.c2, m.s2), (both.n, both.c1, both.s1, both.c2, both.s2), strict=True
+    ):
         assert x == pytest.approx(y, rel=1e-6, abs=1e-6)
     assert m.since == both.since and m.at == both.at
     assert merged(fold(sorted(a)), fold(sorted(b))).daily == m
@@ -103,20 +106,24 @@ def test_merged_profiles_are_the_profile_of_both_streams(a: list[float],
 @settings(max_examples=60, deadline=None)
 @given(profiles)
 def test_a_profile_survives_the_wire_and_its_harmonics_never_exceed_its_count(
-        times: list[float]) -> None:
+    times: list[float],
+) -> None:
     state = fold(times)
     d = state.daily
     assert all(abs(h) <= d.n * (1 + 1e-9) for h in (d.c1, d.s1, d.c2, d.s2))
     assert from_snapshot(decode(ScoreSnapshot, encode(snapshot(state)))) == state
 
 
-@pytest.mark.parametrize("day", [
-    [1.0, 5.0, 0.0, 0.0, 0.0, T0],  # a harmonic beyond the count: an invented peak
-    [1.0, 0.0, 0.0, 0.0, -2.0, T0],
-    [-1.0, 0.0, 0.0, 0.0, 0.0, T0],  # a negative count
-    [1.0, float("nan"), 0.0, 0.0, 0.0, T0],
-    [1.0, 0.0, 0.0, 0.0, 0.0],  # short
-])
+@pytest.mark.parametrize(
+    "day",
+    [
+        [1.0, 5.0, 0.0, 0.0, 0.0, T0],  # a harmonic beyond the count: an invented peak
+        [1.0, 0.0, 0.0, 0.0, -2.0, T0],
+        [-1.0, 0.0, 0.0, 0.0, 0.0, T0],  # a negative count
+        [1.0, float("nan"), 0.0, 0.0, 0.0, T0],
+        [1.0, 0.0, 0.0, 0.0, 0.0],  # short
+    ],
+)
 def test_a_forged_profile_is_refused_on_read(day: list[float]) -> None:
     record = snapshot(fold([T0])).model_dump()
     record["day"] = day

@@ -15,17 +15,24 @@ NOT_SECRET = re.compile(r".*(_file|_path|_dir|_id|_digest)")
 
 
 def _decorated_dataclass(node: ast.ClassDef) -> bool:
-    return any((isinstance(d, ast.Name) and d.id == "dataclass")
-               or (isinstance(d, ast.Call) and isinstance(d.func, ast.Name)
-                   and d.func.id == "dataclass") for d in node.decorator_list)
+    return any(
+        (isinstance(d, ast.Name) and d.id == "dataclass")
+        or (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dataclass")
+        for d in node.decorator_list
+    )
 
 
 def _hidden(value: ast.expr | None, annotation: ast.expr) -> bool:
     if "SecretStr" in ast.unparse(annotation):
         return True
-    return (isinstance(value, ast.Call) and ast.unparse(value.func) in ("field", "Field")
-            and any(k.arg == "repr" and isinstance(k.value, ast.Constant)
-                    and k.value.value is False for k in value.keywords))
+    return (
+        isinstance(value, ast.Call)
+        and ast.unparse(value.func) in ("field", "Field")
+        and any(
+            k.arg == "repr" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in value.keywords
+        )
+    )
 
 
 def test_secret_fields_never_reach_a_repr() -> None:
@@ -35,15 +42,21 @@ def test_secret_fields_never_reach_a_repr() -> None:
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if not isinstance(node, ast.ClassDef):
                     continue
-                model = any(ast.unparse(b).endswith(("BaseModel", "StrictModel", "_Strict",
-                                                     "BaseSettings")) for b in node.bases)
+                model = any(
+                    ast.unparse(b).endswith(("BaseModel", "StrictModel", "_Strict", "BaseSettings"))
+                    for b in node.bases
+                )
                 if not (model or _decorated_dataclass(node)):
                     continue
                 for item in node.body:
-                    if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                            and SECRET_NAME.fullmatch(item.target.id)
-                            and not NOT_SECRET.fullmatch(item.target.id)
-                            and not _hidden(item.value, item.annotation)):
-                        shown.append(f"{path.relative_to(ROOT)}:{item.lineno} "
-                                     f"{node.name}.{item.target.id}")
+                    if (
+                        isinstance(item, ast.AnnAssign)
+                        and isinstance(item.target, ast.Name)
+                        and SECRET_NAME.fullmatch(item.target.id)
+                        and not NOT_SECRET.fullmatch(item.target.id)
+                        and not _hidden(item.value, item.annotation)
+                    ):
+                        shown.append(
+                            f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{item.target.id}"
+                        )
     assert not shown, "\n".join(shown)

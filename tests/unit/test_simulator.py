@@ -61,8 +61,9 @@ def test_counters_on_a_known_trace() -> None:
 
 def test_spent_load_budget_sends_interactive_to_the_base_model() -> None:
     sc = scenario(1)
-    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
-        update={"cold_loads_per_minute_per_worker": 1})})
+    sc = sc.model_copy(
+        update={"policy": sc.policy.model_copy(update={"cold_loads_per_minute_per_worker": 1})}
+    )
     c = simulate(sc, catalog(3), requests([0, 1, 2]), policy_factory("lru"))
     assert (c.swaps, c.fallbacks) == (1, 2)
 
@@ -73,10 +74,12 @@ def test_a_429_for_a_spent_budget_is_charged_its_retry_after() -> None:
     Retry-After is those 55 s (what the gateway sends: ``LoadBudget.retry_after_s``). It is
     charged them, not the class's 5 s, which is for a refusal that has nothing to wait for."""
     sc = scenario(1)
-    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
-        update={"cold_loads_per_minute_per_worker": 1})})
-    c = simulate(sc, catalog(2), requests([0, 1], batch=[True, True], gap_s=5.0),
-                 policy_factory("lru"))
+    sc = sc.model_copy(
+        update={"policy": sc.policy.model_copy(update={"cold_loads_per_minute_per_worker": 1})}
+    )
+    c = simulate(
+        sc, catalog(2), requests([0, 1], batch=[True, True], gap_s=5.0), policy_factory("lru")
+    )
     assert (c.swaps, c.retries) == (1, 1)
     first = c.ttft_penalty_ms[0]  # the load of the first (fetch + swap)
     assert c.ttft_penalty_ms[1] == pytest.approx(55_000.0)
@@ -105,8 +108,9 @@ def test_a_load_admission_refuses_gets_the_class_answer_even_while_the_budget_is
     """The gateway asks admission before the budget: a request whose load would be refused
     anyway is told the class's own Retry-After (5 s), not the wait for the budget (55 s)."""
     sc = scenario(1)
-    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
-        update={"cold_loads_per_minute_per_worker": 1})})
+    sc = sc.model_copy(
+        update={"policy": sc.policy.model_copy(update={"cold_loads_per_minute_per_worker": 1})}
+    )
     reqs = Requests([0.0, 5.0, 6.0], [0, 1, 2], [180] * 3, [True] * 3)
     c = simulate(sc, catalog(3), reqs, _Declines)
     assert c.retries == 2
@@ -115,7 +119,8 @@ def test_a_load_admission_refuses_gets_the_class_answer_even_while_the_budget_is
 
 
 def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budget(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A request attains its class's SLO when its adapter served it (no base-model fallback,
     no 429 retry) within the class's TTFT budget; canary versions' requests are counted apart."""
     path = tmp_path / "small.yaml"
@@ -125,9 +130,17 @@ def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budg
     assert small.policy.request_budgets.interactive.on_cold == "fallback"
     retry_ms = small.policy.request_budgets.batch.retry_after_s * 1000.0
     for budget_ms in (0.0, 250.0, 1e9):
-        sc = small.model_copy(update={"fleet": small.fleet.model_copy(update={
-            "costs": costs.model_copy(update={"slo_ttft_ms": {"interactive": budget_ms,
-                                                              "batch": budget_ms}})})})
+        sc = small.model_copy(
+            update={
+                "fleet": small.fleet.model_copy(
+                    update={
+                        "costs": costs.model_copy(
+                            update={"slo_ttft_ms": {"interactive": budget_ms, "batch": budget_ms}}
+                        )
+                    }
+                )
+            }
+        )
         bench = benchmark.prepare(sc)
         for name in ("lru", "gdsf", "loraplane"):
             c = benchmark.run_policy(bench, name)
@@ -137,7 +150,8 @@ def test_slo_attainment_is_the_share_served_by_the_adapter_within_the_class_budg
             # a fallback waits 0 ms and a batch retry its Retry-After: both miss
             assert c.retries > 0
             assert met_i + met_b == within - c.fallbacks - (
-                c.retries if budget_ms >= retry_ms else 0)
+                c.retries if budget_ms >= retry_ms else 0
+            )
             assert c.slo["canary"][0] > 0 and c.slo["canary"][1] <= c.slo["canary"][0]
             if budget_ms == 1e9:
                 assert met_i + met_b == c.requests - c.fallbacks - c.retries
@@ -168,8 +182,7 @@ def test_same_seed_same_result(tmp_path: Path) -> None:
     assert a.requests == b.requests
     assert a.catalog == b.catalog
     for name in ("lru", "s3-fifo", "loraplane"):
-        assert (benchmark.run_policy(a, name).summary()
-                == benchmark.run_policy(b, name).summary())
+        assert benchmark.run_policy(a, name).summary() == benchmark.run_policy(b, name).summary()
     other = benchmark.prepare(small.model_copy(update={"seed": small.seed + 1}))
     assert other.requests != a.requests
 
@@ -186,9 +199,11 @@ def test_every_shipped_scenario_parses() -> None:
 
 def test_trace_loader(tmp_path: Path) -> None:
     good = tmp_path / "t.csv"
-    good.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 18:15:50.9951690,396,109\n"
-                    "2023-11-16 18:15:46.6805900,374,44\n")
+    good.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+    )
     times, tokens = load_trace(good)
     assert times.tolist() == pytest.approx([0.0, 4.314579])
     assert tokens.tolist() == [44, 109]
@@ -203,30 +218,70 @@ def test_cli_writes_json_in_the_documented_shape_and_plots(tmp_path: Path) -> No
     sc.write_text(
         "name: cli\nseed: 2\nworkload: {requests: 400, rate_qps: 5, adapters: 12}\n"
         "sweep: {gpu_slots_per_worker: [1, 2]}\n"
-        "adapter_cache_policy: {request_budgets: {interactive: {max_wait_ms: 1000}}}\n")
+        "adapter_cache_policy: {request_budgets: {interactive: {max_wait_ms: 1000}}}\n"
+    )
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(app, ["simulate", "--scenario", str(sc), "--policies", "all",
-                                      "--json", str(out), "--plot", str(tmp_path / "plots")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--scenario",
+            str(sc),
+            "--policies",
+            "all",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "plots"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert {"scenario", "requests", "policies", "optimum", "bound", "bounds", "hindsight",
-            "kinds"} <= set(data)
+    assert {
+        "scenario",
+        "requests",
+        "policies",
+        "optimum",
+        "bound",
+        "bounds",
+        "hindsight",
+        "kinds",
+    } <= set(data)
     assert data["requests"] == 400 and set(data["policies"]) == set(ALL)
     for metrics in data["policies"].values():
-        assert set(metrics) == {"gpu_hit_rate", "host_hit_rate", "cold_loads", "swaps",
-                                "fallbacks", "retries", "retry_wait_s_mean", "declined",
-                                "queued", "ttft_penalty_ms", "weighted_miss_cost",
-                                "platinum_cold_starts", "canary_cold_starts", "routes",
-                                "slo_attainment", "slo_attainment_by_priority"}
+        assert set(metrics) == {
+            "gpu_hit_rate",
+            "host_hit_rate",
+            "cold_loads",
+            "swaps",
+            "fallbacks",
+            "retries",
+            "retry_wait_s_mean",
+            "declined",
+            "queued",
+            "ttft_penalty_ms",
+            "weighted_miss_cost",
+            "platinum_cold_starts",
+            "canary_cold_starts",
+            "routes",
+            "slo_attainment",
+            "slo_attainment_by_priority",
+        }
         assert set(metrics["slo_attainment"]) <= {"interactive", "batch", "canary"}
-        assert set(metrics["slo_attainment_by_priority"]) <= {"bronze", "silver", "gold",
-                                                              "platinum"}
+        assert set(metrics["slo_attainment_by_priority"]) <= {
+            "bronze",
+            "silver",
+            "gold",
+            "platinum",
+        }
         assert all(0 <= v <= 1 for v in metrics["slo_attainment"].values())
         assert sum(metrics["routes"].values()) == 400
         assert set(metrics["ttft_penalty_ms"]) == {"p50", "p95", "p99"}
     assert data["optimum"]["exact"] is True
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "cli-hit-rate.png", "cli-weighted-cost.png"]
+        "cli-hit-rate.png",
+        "cli-weighted-cost.png",
+    ]
 
 
 def test_cli_rejects_an_unknown_policy(tmp_path: Path) -> None:
@@ -244,8 +299,7 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     # own cap, max_protected_gpu_share of its 2 slots), so a2 and a3 share the other slot and
     # take it in turn (each request's own load; the planner's cap does not bind the worker).
     sc = scenario(2)
-    sc = sc.model_copy(update={"policy": sc.policy.model_copy(
-        update={"planner_interval_s": 60.0})})
+    sc = sc.model_copy(update={"policy": sc.policy.model_copy(update={"planner_interval_s": 60.0})})
     trace = [0, 1] * 30 + [2, 3] * 30
     times = [float(i) for i in range(60)] + [7200.0 + i for i in range(60)]
     reqs = Requests(times, trace, [180] * 120, [False] * 120)

@@ -20,12 +20,27 @@ from loraplane.simulator.scenario import Scenario
 from tests.unit.simulator_tiny import catalog, scenario
 
 WINDOW_S = 60.0
-POLICIES = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "belady", "static-merge", "dynamo",
-            "loraplane", "loraplane-cost")
+POLICIES = (
+    "lru",
+    "fifo",
+    "s3-fifo",
+    "sieve",
+    "gdsf",
+    "belady",
+    "static-merge",
+    "dynamo",
+    "loraplane",
+    "loraplane-cost",
+)
 
 
-def _exhaustive(times: tuple[float, ...], seq: tuple[int, ...], costs: tuple[float, ...],
-                slots: int, budget: int) -> float:
+def _exhaustive(
+    times: tuple[float, ...],
+    seq: tuple[int, ...],
+    costs: tuple[float, ...],
+    slots: int,
+    budget: int,
+) -> float:
     """One worker; at each request instant any one load (any adapter, evicting any copy)
     within ``budget`` loads a rolling minute, then the request is free if its adapter is in a
     slot and costs ``costs[j]`` if not; any initial cache."""
@@ -58,20 +73,27 @@ def _subsets(items: list[int], most: int) -> list[tuple[int, ...]]:
     return out
 
 
-tiny = st.integers(2, 4).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(0, n - 1), min_size=1, max_size=8),
-    st.lists(st.floats(0.0, 40.0), min_size=8, max_size=8),
-    st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0]), min_size=8, max_size=8)))
+tiny = st.integers(2, 4).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, n - 1), min_size=1, max_size=8),
+        st.lists(st.floats(0.0, 40.0), min_size=8, max_size=8),
+        st.lists(st.sampled_from([1.0, 2.0, 4.0, 8.0]), min_size=8, max_size=8),
+    )
+)
 
 
 @settings(max_examples=80, deadline=None)
-@given(trace=tiny, slots=st.integers(1, 2), budget=st.integers(1, 2),
-       bucket=st.sampled_from([1.0, 5.0, 20.0, 60.0, 120.0]))
+@given(
+    trace=tiny,
+    slots=st.integers(1, 2),
+    budget=st.integers(1, 2),
+    bucket=st.sampled_from([1.0, 5.0, 20.0, 60.0, 120.0]),
+)
 def test_bound_is_below_the_exhaustive_optimum(
-        trace: tuple[list[int], list[float], list[float]], slots: int, budget: int,
-        bucket: float) -> None:
+    trace: tuple[list[int], list[float], list[float]], slots: int, budget: int, bucket: float
+) -> None:
     seq, gaps, weights = trace
-    times = [sum(gaps[:j + 1]) for j in range(len(seq))]
+    times = [sum(gaps[: j + 1]) for j in range(len(seq))]
     costs = [1000.0 * w for w in weights[: len(seq)]]
     best = _exhaustive(tuple(times), tuple(seq), tuple(costs), slots, budget)
     bound, _, _ = lp_bound(times, seq, costs, PoolLimits(1, slots, budget), bucket_s=bucket)
@@ -91,25 +113,38 @@ def test_bound_binds_when_the_budget_does() -> None:
 
 def _budgeted(slots: int, workers: int, budget: int) -> Scenario:
     sc = scenario(slots, workers)
-    return sc.model_copy(update={"policy": sc.policy.model_copy(
-        update={"cold_loads_per_minute_per_worker": budget})})
+    return sc.model_copy(
+        update={"policy": sc.policy.model_copy(update={"cold_loads_per_minute_per_worker": budget})}
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(seq=st.lists(st.integers(0, 5), min_size=1, max_size=30),
-       gaps=st.lists(st.floats(0.0, 12.0), min_size=30, max_size=30),
-       batch=st.lists(st.booleans(), min_size=30, max_size=30),
-       prio=st.lists(st.sampled_from(["bronze", "silver", "gold", "platinum"]), min_size=6,
-                     max_size=6),
-       slots=st.integers(1, 2), workers=st.integers(1, 2), budget=st.integers(1, 3))
-def test_every_policy_pays_at_least_the_bound(seq: list[int], gaps: list[float],
-                                              batch: list[bool], prio: list[str], slots: int,
-                                              workers: int, budget: int) -> None:
-    times = [sum(gaps[:j + 1]) for j in range(len(seq))]
+@given(
+    seq=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    gaps=st.lists(st.floats(0.0, 12.0), min_size=30, max_size=30),
+    batch=st.lists(st.booleans(), min_size=30, max_size=30),
+    prio=st.lists(
+        st.sampled_from(["bronze", "silver", "gold", "platinum"]), min_size=6, max_size=6
+    ),
+    slots=st.integers(1, 2),
+    workers=st.integers(1, 2),
+    budget=st.integers(1, 3),
+)
+def test_every_policy_pays_at_least_the_bound(
+    seq: list[int],
+    gaps: list[float],
+    batch: list[bool],
+    prio: list[str],
+    slots: int,
+    workers: int,
+    budget: int,
+) -> None:
+    times = [sum(gaps[: j + 1]) for j in range(len(seq))]
     reqs = Requests(times, list(seq), [180] * len(seq), batch[: len(seq)])
     sc, cat = _budgeted(slots, workers, budget), catalog(6, prio)
-    cut_sc = sc.model_copy(update={"optimum": sc.optimum.model_copy(
-        update={"bound_max_cells": 20})})  # a cap of 20 cells cuts these into segments
+    cut_sc = sc.model_copy(
+        update={"optimum": sc.optimum.model_copy(update={"bound_max_cells": 20})}
+    )  # a cap of 20 cells cuts these into segments
     for preloaded in (False, True):
         bound = budget_bound(sc, cat, reqs, preloaded).weighted_miss_cost
         cut = budget_bound(cut_sc, cat, reqs, preloaded).weighted_miss_cost
@@ -150,8 +185,7 @@ def test_a_wait_for_a_later_start_is_charged() -> None:
     may be served, but it waits at least 1 s, and the bound charges that second."""
     times, seq = [0.0, 5.0, 59.0], [0, 1, 2]
     costs, waits, rates = [1000.0, 1000.0, 5000.0], [0.25, 0.25, 30.0], [1000.0] * 3
-    bound, _, _ = lp_bound(times, seq, costs, PoolLimits(1, 1, 1), waits, rates,
-                           bucket_s=10.0)
+    bound, _, _ = lp_bound(times, seq, costs, PoolLimits(1, 1, 1), waits, rates, bucket_s=10.0)
     assert abs(bound - 1000.0) < 1e-3
     free, _, _ = lp_bound(times, seq, costs, PoolLimits(1, 1, 2), waits, rates, bucket_s=10.0)
     assert free < 1e-3  # with two loads a minute the third copy starts in time, no wait
@@ -166,36 +200,52 @@ def test_segments_of_a_long_trace_each_fit_and_bound_no_higher_than_the_whole() 
     reqs = Requests(times, seq, [180] * len(seq), [j % 5 == 0 for j in range(len(seq))])
     sc, cat = _budgeted(1, 2, 1), catalog(12)
     whole = budget_bound(sc, cat, reqs)
-    cut = budget_bound(sc.model_copy(update={"optimum": sc.optimum.model_copy(
-        update={"bound_max_cells": 600})}), cat, reqs)
+    cut = budget_bound(
+        sc.model_copy(update={"optimum": sc.optimum.model_copy(update={"bound_max_cells": 600})}),
+        cat,
+        reqs,
+    )
     assert whole.weighted_miss_cost is not None and cut.weighted_miss_cost is not None
     assert cut.bucket_s <= 15.0 and cut.cells > 600  # several segments of at most 600
     assert 0 < cut.weighted_miss_cost <= whole.weighted_miss_cost + 1e-3
 
 
 @settings(max_examples=40, deadline=None)
-@given(seq=st.lists(st.integers(0, 5), min_size=1, max_size=30),
-       gaps=st.lists(st.floats(0.0, 12.0), min_size=30, max_size=30),
-       batch=st.lists(st.booleans(), min_size=30, max_size=30),
-       prio=st.lists(st.sampled_from(["bronze", "silver", "gold", "platinum"]), min_size=6,
-                     max_size=6),
-       slots=st.integers(1, 4), workers=st.integers(1, 3), budget=st.integers(1, 12))
+@given(
+    seq=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    gaps=st.lists(st.floats(0.0, 12.0), min_size=30, max_size=30),
+    batch=st.lists(st.booleans(), min_size=30, max_size=30),
+    prio=st.lists(
+        st.sampled_from(["bronze", "silver", "gold", "platinum"]), min_size=6, max_size=6
+    ),
+    slots=st.integers(1, 4),
+    workers=st.integers(1, 3),
+    budget=st.integers(1, 12),
+)
 def test_the_bound_is_below_beladys_cost_and_positive_whenever_a_policy_pays(
-        seq: list[int], gaps: list[float], batch: list[bool], prio: list[str], slots: int,
-        workers: int, budget: int) -> None:
+    seq: list[int],
+    gaps: list[float],
+    batch: list[bool],
+    prio: list[str],
+    slots: int,
+    workers: int,
+    budget: int,
+) -> None:
     """Random small scenarios, tight budgets and generous ones: the bound is computed, at
     most what offline Belady pays, and never 0 while a policy pays something (every worker
     starts empty, so the first request waits for a copy at least). Where the slots and the
     budget bind nothing, it says so."""
-    times = [sum(gaps[:j + 1]) for j in range(len(seq))]
+    times = [sum(gaps[: j + 1]) for j in range(len(seq))]
     reqs = Requests(times, list(seq), [180] * len(seq), batch[: len(seq)])
     sc, cat = _budgeted(slots, workers, budget), catalog(6, prio)
     found = budget_bound(sc, cat, reqs)
     assert found.weighted_miss_cost is not None
     belady = simulate(sc, cat, reqs, policy_factory("belady")).weighted_miss_cost
     assert found.weighted_miss_cost <= belady + 1e-6
-    paid = max(simulate(sc, cat, reqs, policy_factory(n)).weighted_miss_cost
-               for n in ("lru", "belady", "loraplane"))
+    paid = max(
+        simulate(sc, cat, reqs, policy_factory(n)).weighted_miss_cost
+        for n in ("lru", "belady", "loraplane")
+    )
     if paid > 0:
         assert found.weighted_miss_cost > 0
     assert found.cold_start > 0 and found.binds == (found.reason == "")
@@ -207,15 +257,18 @@ def test_a_fleet_with_room_for_everything_gets_a_positive_bound_that_says_so() -
     the cold start alone, positive, and marked as not binding, with the reason."""
     sc, cat = _budgeted(16, 8, 12), catalog(40)
     times = [0.5 * j for j in range(2000)]
-    reqs = Requests(times, [(j * 7) % 40 for j in range(2000)], [180] * 2000,
-                    [j % 5 == 0 for j in range(2000)])
+    reqs = Requests(
+        times, [(j * 7) % 40 for j in range(2000)], [180] * 2000, [j % 5 == 0 for j in range(2000)]
+    )
     found = budget_bound(sc, cat, reqs)
     assert found.weighted_miss_cost is not None and found.weighted_miss_cost > 0
     assert not found.binds and "never bind" in found.reason
     assert found.weighted_miss_cost == found.cold_start
     for name in ("lru", "belady"):
-        assert found.weighted_miss_cost <= simulate(sc, cat, reqs,
-                                                    policy_factory(name)).weighted_miss_cost
+        assert (
+            found.weighted_miss_cost
+            <= simulate(sc, cat, reqs, policy_factory(name)).weighted_miss_cost
+        )
 
 
 def test_a_bound_that_cannot_be_computed_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,8 +276,9 @@ def test_a_bound_that_cannot_be_computed_says_why(monkeypatch: pytest.MonkeyPatc
     not assumed), the result carries no number, and the reason."""
     sc, cat = _budgeted(1, 1, 1), catalog(3)
     reqs = Requests([0.0, 5.0, 6.0], [0, 1, 2], [180] * 3, [False] * 3)
-    small = sc.model_copy(update={"optimum": sc.optimum.model_copy(
-        update={"bound_max_requests": 2})})
+    small = sc.model_copy(
+        update={"optimum": sc.optimum.model_copy(update={"bound_max_requests": 2})}
+    )
     over = budget_bound(small, cat, reqs)
     assert over.weighted_miss_cost is None and "bound_max_requests" in over.reason
 
@@ -234,4 +288,3 @@ def test_a_bound_that_cannot_be_computed_says_why(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(bound_module, "linprog", stopped)
     failed = budget_bound(sc, cat, reqs)
     assert failed.weighted_miss_cost is None and "Iteration limit" in failed.reason
-

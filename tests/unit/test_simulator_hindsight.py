@@ -35,17 +35,20 @@ def test_a_window_changes_the_set_by_at_most_the_budget() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seq=st.lists(st.integers(0, 5), min_size=1, max_size=40),
-       gaps=st.lists(st.floats(0.0, 120.0), min_size=40, max_size=40),
-       batch=st.lists(st.booleans(), min_size=40, max_size=40),
-       slots=st.integers(1, 3), window=st.sampled_from([60.0, 300.0, 600.0]))
+@given(
+    seq=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    gaps=st.lists(st.floats(0.0, 120.0), min_size=40, max_size=40),
+    batch=st.lists(st.booleans(), min_size=40, max_size=40),
+    slots=st.integers(1, 3),
+    window=st.sampled_from([60.0, 300.0, 600.0]),
+)
 def test_per_window_sets_cost_no_more_than_one_set_for_the_whole_trace(
-        seq: list[int], gaps: list[float], batch: list[bool], slots: int,
-        window: float) -> None:
+    seq: list[int], gaps: list[float], batch: list[bool], slots: int, window: float
+) -> None:
     """With a budget that lets every window change its whole set, choosing per window can
     only do better than one set for all of them; and no set costs more than missing all."""
     sc = scenario(slots)  # 10,000 loads a minute: no window is held back
-    times = [sum(gaps[:j + 1]) for j in range(len(seq))]
+    times = [sum(gaps[: j + 1]) for j in range(len(seq))]
     reqs = Requests(times, list(seq), [180] * len(seq), batch[: len(seq)])
     cat = catalog(6)
     per_window = hindsight_set(sc, cat, reqs, window_s=window).weighted_miss_cost

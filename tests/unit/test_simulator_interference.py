@@ -20,8 +20,11 @@ from tests.unit.simulator_tiny import catalog, scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "bench" / "scenarios" / "seed-004-24-adapters.yaml"
-COLUMNS = {"hbm_peak_ratio": "hbm_peak", "swap_ms": "swap_ms",
-           "p95_tokens_per_s": "p95_tokens_per_s"}
+COLUMNS = {
+    "hbm_peak_ratio": "hbm_peak",
+    "swap_ms": "swap_ms",
+    "p95_tokens_per_s": "p95_tokens_per_s",
+}
 
 
 def _with(sc: Scenario, **interference: float) -> Scenario:
@@ -47,10 +50,14 @@ def test_a_load_stalls_every_request_decoding_on_its_worker() -> None:
     calm = _run(base, TIMES, ADAPTERS)
     stalled = _run(_with(base, stall_fraction=0.5), TIMES, ADAPTERS)
     # time in service of each request, recovered from tokens/s and its penalty
-    spent = [180 / tps - p / 1000.0 for tps, p in zip(stalled.tokens_per_s,
-                                                      stalled.ttft_penalty_ms, strict=True)]
-    plain = [180 / tps - p / 1000.0 for tps, p in zip(calm.tokens_per_s,
-                                                      calm.ttft_penalty_ms, strict=True)]
+    spent = [
+        180 / tps - p / 1000.0
+        for tps, p in zip(stalled.tokens_per_s, stalled.ttft_penalty_ms, strict=True)
+    ]
+    plain = [
+        180 / tps - p / 1000.0
+        for tps, p in zip(calm.tokens_per_s, calm.ttft_penalty_ms, strict=True)
+    ]
     lo, hi = 1.0, 1.0 + load_s  # a1's load window
     expected = [0.5 * load_s, 0.5 * load_s, 0.0, 0.5 * (hi - 1.05)]
     for got, before, extra in zip(spent, plain, expected, strict=True):
@@ -75,8 +82,7 @@ def test_slot_reservations_raise_the_hbm_peak_and_shrink_the_batch() -> None:
     times, adapters = [0.0, 0.1], [0, 0]
     roomy = _run(_with(base, kv_bytes_per_sequence=11e9), times, adapters)
     assert roomy.queued == 0  # (24 - 1) // 11 = 2 requests at once
-    tight = _run(_with(base, kv_bytes_per_sequence=11e9, slot_reserved_bytes=1e9),
-                 times, adapters)
+    tight = _run(_with(base, kv_bytes_per_sequence=11e9, slot_reserved_bytes=1e9), times, adapters)
     assert tight.queued == 1  # (24 - 1 - 2 x 1) // 11 = 1
     staged = catalog(4).adapters[0].size_bytes  # the first load's bytes in transit
     assert tight.hbm_peak_ratio == pytest.approx((1e9 + 1e9 + 2e9 + staged) / 24e9, abs=1e-4)
@@ -102,12 +108,23 @@ def test_with_load_stall_share_the_loraplane_workers_load_as_often_as_their_load
     0.001 (0.06 s of decode a minute) a worker may load once a minute: one load per minute
     per worker in a stream of misses, where the constant budget would allow 10,000."""
     base = _with(scenario(1, workers=1), stall_fraction=0.5)
-    sc = base.model_copy(update={"policy": base.policy.model_copy(
-        update={"load_stall_share": 0.001, "demand_admission_tau_s": 0.0})})
+    sc = base.model_copy(
+        update={
+            "policy": base.policy.model_copy(
+                update={"load_stall_share": 0.001, "demand_admission_tau_s": 0.0}
+            )
+        }
+    )
     times = [float(t) for t in range(0, 180, 3)]  # a miss every 3 s for 3 minutes
     adapters = [k % 4 for k in range(len(times))]
     c = _run(sc, times, adapters, policy="loraplane")
-    free = _run(base.model_copy(update={"policy": base.policy.model_copy(
-        update={"demand_admission_tau_s": 0.0})}), times, adapters, policy="loraplane")
+    free = _run(
+        base.model_copy(
+            update={"policy": base.policy.model_copy(update={"demand_admission_tau_s": 0.0})}
+        ),
+        times,
+        adapters,
+        policy="loraplane",
+    )
     assert free.swaps > 30
     assert 3 <= c.swaps <= 4  # the first, then one a minute

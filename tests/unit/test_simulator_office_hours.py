@@ -16,8 +16,9 @@ DAY = 86_400.0
 
 
 def _scenario(hours: OfficeHours | None) -> Scenario:
-    workload = Workload(requests=40_000, rate_qps=0.5, adapters=40, tenants=8, alpha=0.5,
-                        office_hours=hours)
+    workload = Workload(
+        requests=40_000, rate_qps=0.5, adapters=40, tenants=8, alpha=0.5, office_hours=hours
+    )
     return Scenario(name="office", seed=3, workload=workload)
 
 
@@ -37,9 +38,18 @@ def test_each_tenant_is_busy_in_its_own_hours_and_arrivals_are_unchanged() -> No
         # 8 of 24 hours at full share against 16 at 5%: ~91% inside
         assert inside[tenant] / total[tenant] > 0.85, tenant
     # the busy hours differ: the tenants' mean hour of day spreads over the day
-    means = [np.angle(np.mean([np.exp(2j * np.pi * t / DAY) for t, a in zip(
-        office.requests.time_s, office.requests.adapter, strict=True)
-        if office.catalog.adapters[a].tenant == tenant])) for tenant in tenants]
+    means = [
+        np.angle(
+            np.mean(
+                [
+                    np.exp(2j * np.pi * t / DAY)
+                    for t, a in zip(office.requests.time_s, office.requests.adapter, strict=True)
+                    if office.catalog.adapters[a].tenant == tenant
+                ]
+            )
+        )
+        for tenant in tenants
+    ]
     assert len({round(m, 1) for m in means}) == len(tenants)
 
 

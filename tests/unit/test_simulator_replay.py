@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from typer.testing import CliRunner
 
 from loraplane.cli import app
+from loraplane.schemas.registry import AdapterView
+from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.simulator import benchmark
 from loraplane.simulator.replay import (
     AdapterFacts,
@@ -30,23 +30,29 @@ from loraplane.simulator.scenario import Scenario
 BASE = Scenario(name="replay-test")
 T0 = 1_764_633_600.0  # 2025-12-02T00:00:00Z
 
-rows_strategy = st.lists(st.builds(
-    RequestRow,
-    ts=st.floats(T0, T0 + 86_400, allow_nan=False),
-    base_model=st.sampled_from(["llama", "qwen"]),
-    adapter_id=st.sampled_from(["a", "b", "c-1"]),
-    adapter_version=st.sampled_from(["", "1", "1.0", "2", "1.1.0", "v3"]),
-    tenant_id=st.sampled_from(["acme", "globex"]),
-    worker_id=st.sampled_from(["w0", "w1", "w2"]),
-    request_class=st.sampled_from(["interactive", "batch", "canary", "shadow"]),
-    prompt_tokens=st.integers(0, 10_000),
-    output_tokens=st.integers(0, 10_000)), min_size=1, max_size=60)
+rows_strategy = st.lists(
+    st.builds(
+        RequestRow,
+        ts=st.floats(T0, T0 + 86_400, allow_nan=False),
+        base_model=st.sampled_from(["llama", "qwen"]),
+        adapter_id=st.sampled_from(["a", "b", "c-1"]),
+        adapter_version=st.sampled_from(["", "1", "1.0", "2", "1.1.0", "v3"]),
+        tenant_id=st.sampled_from(["acme", "globex"]),
+        worker_id=st.sampled_from(["w0", "w1", "w2"]),
+        request_class=st.sampled_from(["interactive", "batch", "canary", "shadow"]),
+        prompt_tokens=st.integers(0, 10_000),
+        output_tokens=st.integers(0, 10_000),
+    ),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(rows_strategy, st.integers(0, 2**32 - 1), st.randoms(use_true_random=False))
 def test_any_rows_replay_as_the_same_requests_sorted_whatever_their_order(
-        rows: list[RequestRow], seed: int, rnd: random.Random) -> None:
+    rows: list[RequestRow], seed: int, rnd: random.Random
+) -> None:
     shuffled = rows[:]
     rnd.shuffle(shuffled)
     base = BASE.model_copy(update={"seed": seed})
@@ -61,28 +67,53 @@ def test_any_rows_replay_as_the_same_requests_sorted_whatever_their_order(
     # every request names the catalog entry of its own base model and adapter
     pools = [b.name for b in one.scenario.fleet.base_models]
     want = sorted((r.base_model, r.adapter_id) for r in rows)
-    got = sorted((pools[one.catalog.adapters[a].base_model], one.catalog.adapters[a].adapter_id)
-                 for a in req.adapter)
+    got = sorted(
+        (pools[one.catalog.adapters[a].base_model], one.catalog.adapters[a].adapter_id)
+        for a in req.adapter
+    )
     assert got == want
     # one stable version per adapter, every other version a canary of it
     for a in one.catalog.adapters:
         if a.stable_of is not None:
             stable = one.catalog.adapters[a.stable_of]
             assert (stable.adapter_id, stable.base_model, stable.is_canary) == (
-                a.adapter_id, a.base_model, False)
+                a.adapter_id,
+                a.base_model,
+                False,
+            )
 
 
-def _rows(n: int, base_model: str = "llama", adapter_version: str = "1.0.0",
-          tenant_id: str = "acme", worker_id: str = "w0", request_class: str = "interactive",
-          ) -> list[RequestRow]:
+def _rows(
+    n: int,
+    base_model: str = "llama",
+    adapter_version: str = "1.0.0",
+    tenant_id: str = "acme",
+    worker_id: str = "w0",
+    request_class: str = "interactive",
+) -> list[RequestRow]:
     """``n`` rows a second apart over adapters a0, a1, a2 in turn."""
-    return [RequestRow(T0 + i, base_model, f"a{i % 3}", adapter_version, tenant_id, worker_id,
-                       request_class, 10, 20) for i in range(n)]
+    return [
+        RequestRow(
+            T0 + i,
+            base_model,
+            f"a{i % 3}",
+            adapter_version,
+            tenant_id,
+            worker_id,
+            request_class,
+            10,
+            20,
+        )
+        for i in range(n)
+    ]
 
 
 def test_a_replay_runs_every_kind_of_policy_and_is_deterministic_per_seed() -> None:
-    rows = (_rows(36) + _rows(6, adapter_version="1.1.0", request_class="canary")
-            + _rows(6, adapter_version="", worker_id="w1", request_class="batch"))
+    rows = (
+        _rows(36)
+        + _rows(6, adapter_version="1.1.0", request_class="canary")
+        + _rows(6, adapter_version="", worker_id="w1", request_class="batch")
+    )
     replayed = build(rows, [], {}, BASE.model_copy(update={"seed": 5}))
     bench = benchmark.Workbench(replayed.scenario, replayed.catalog, replayed.requests)
     names = ["lru", "gdsf", "static-merge", "dynamo", "loraplane", "loraplane-demand"]
@@ -97,22 +128,33 @@ def test_a_replay_runs_every_kind_of_policy_and_is_deterministic_per_seed() -> N
 
 def test_the_fleet_comes_from_the_worker_states_and_the_what_if_from_the_operator() -> None:
     rows = _rows(6) + _rows(3, base_model="qwen", worker_id="q9")
-    states = [WorkerFacts("w0", "llama", 16, 8_000_000_000, 64),
-              WorkerFacts("w5", "llama", 12, 4_000_000_000, 32)]
+    states = [
+        WorkerFacts("w0", "llama", 16, 8_000_000_000, 64),
+        WorkerFacts("w5", "llama", 12, 4_000_000_000, 32),
+    ]
     replayed = build(rows, states, {}, BASE)
     llama, qwen = replayed.scenario.fleet.base_models
-    assert (llama.name, llama.workers, llama.gpu_slots_per_worker,
-            llama.host_bytes_per_worker) == ("llama", 2, 16, 8e9)
+    assert (llama.name, llama.workers, llama.gpu_slots_per_worker, llama.host_bytes_per_worker) == (
+        "llama",
+        2,
+        16,
+        8e9,
+    )
     default = BASE.fleet.base_models[0]
     assert (qwen.name, qwen.workers, qwen.gpu_slots_per_worker) == (
-        "qwen", 1, default.gpu_slots_per_worker)
+        "qwen",
+        1,
+        default.gpu_slots_per_worker,
+    )
     assert any("qwen: no worker state" in n for n in replayed.notes)
     # no registry: sized at the pool's max LoRA rank, which the states say
     sizes = {(a.base_model, a.rank) for a in replayed.catalog.adapters}
     assert sizes == {(0, 64), (1, max(BASE.workload.ranks))}
     more = build(rows, states, {}, BASE, WhatIf(add_workers=2, gpu_slots=32))
     assert [(b.workers, b.gpu_slots_per_worker) for b in more.scenario.fleet.base_models] == [
-        (4, 32), (3, 32)]
+        (4, 32),
+        (3, 32),
+    ]
     seeded = BASE.model_copy(update={"overrides": {"lru": {"gpu_slots_per_worker": 2}}})
     assert build(rows, states, {}, seeded).scenario.overrides == {}  # the real fleet's slots
     exact = build(rows, states, {}, BASE, WhatIf(workers=5))
@@ -132,19 +174,51 @@ def test_priority_rank_size_and_owner_come_from_the_registry() -> None:
 
 def test_facts_of_registry_views_and_worker_states() -> None:
     now = datetime.now(UTC)
-    loaded = LoadedAdapter(lora_name="a1@2", adapter_id="a1", version="2", tenant_id="acme",
-                           tier="gpu", rank=32, size_bytes=7)
-    state = WorkerState(worker_id="w0", base_model="llama", ts=now, gpu_slots_used=1,
-                        gpu_slots_total=4, host_bytes_used=0, host_bytes_budget=10,
-                        max_lora_rank=64, adapters=[loaded])
-    record = {"adapter_id": "a0", "base_model": "llama", "version": "1", "rank": 16,
-              "artifact_uri": "s3://loraplane-artifacts/a0/1/", "sha256": "0" * 64,
-              "size_bytes": 99, "status": "canary", "tenant_id": "acme", "priority": "gold",
-              "compatibility": {"target_modules": ["q_proj"], "max_lora_rank": 64},
-              "release": {"canary_percent": 25}}
-    view = AdapterView.model_validate({
-        "adapter_id": "a0", "tenant_id": "acme", "base_model": "llama", "versions": [record],
-        "last_seq": 1, "last_event_id": "e1", "updated_at": now})
+    loaded = LoadedAdapter(
+        lora_name="a1@2",
+        adapter_id="a1",
+        version="2",
+        tenant_id="acme",
+        tier="gpu",
+        rank=32,
+        size_bytes=7,
+    )
+    state = WorkerState(
+        worker_id="w0",
+        base_model="llama",
+        ts=now,
+        gpu_slots_used=1,
+        gpu_slots_total=4,
+        host_bytes_used=0,
+        host_bytes_budget=10,
+        max_lora_rank=64,
+        adapters=[loaded],
+    )
+    record = {
+        "adapter_id": "a0",
+        "base_model": "llama",
+        "version": "1",
+        "rank": 16,
+        "artifact_uri": "s3://loraplane-artifacts/a0/1/",
+        "sha256": "0" * 64,
+        "size_bytes": 99,
+        "status": "canary",
+        "tenant_id": "acme",
+        "priority": "gold",
+        "compatibility": {"target_modules": ["q_proj"], "max_lora_rank": 64},
+        "release": {"canary_percent": 25},
+    }
+    view = AdapterView.model_validate(
+        {
+            "adapter_id": "a0",
+            "tenant_id": "acme",
+            "base_model": "llama",
+            "versions": [record],
+            "last_seq": 1,
+            "last_event_id": "e1",
+            "updated_at": now,
+        }
+    )
     facts = adapter_facts([view], [state])
     assert facts[("llama", "a0", "1")] == AdapterFacts(16, 99.0, "gold", "acme", False, 25.0)
     assert facts[("llama", "a1", "2")] == AdapterFacts(32, 7.0, tenant_id="acme")
@@ -154,18 +228,20 @@ def test_facts_of_registry_views_and_worker_states() -> None:
 def test_a_clickhouse_row_converts_with_or_without_a_time_zone() -> None:
     naive = datetime(2025, 12, 2, 0, 0, 1, 500_000)
     values = (naive, "llama", "a0", "1", "acme", "w0", "batch", 3, 4)
-    assert row_of(values) == RequestRow(T0 + 1.5, "llama", "a0", "1", "acme", "w0", "batch",
-                                        3, 4)
+    assert row_of(values) == RequestRow(T0 + 1.5, "llama", "a0", "1", "acme", "w0", "batch", 3, 4)
     assert row_of((naive.replace(tzinfo=UTC), *values[1:])) == row_of(values)
     with pytest.raises(ValueError, match="no request rows"):
         build([], [], {}, BASE)
 
 
-@pytest.mark.parametrize(("args", "code", "said"), [
-    (["--since", "1x"], 2, "invalid duration '1x'"),
-    (["--since", "1h", "--trace", __file__], 2, "two workloads: give one"),
-    (["--workers", "3", "--add-workers", "1"], 2, "--workers sets the count"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "said"),
+    [
+        (["--since", "1x"], 2, "invalid duration '1x'"),
+        (["--since", "1h", "--trace", __file__], 2, "two workloads: give one"),
+        (["--workers", "3", "--add-workers", "1"], 2, "--workers sets the count"),
+    ],
+)
 def test_cli_usage_errors(args: list[str], code: int, said: str) -> None:
     result = CliRunner().invoke(app, ["simulate", "--from-clickhouse", *args])
     assert result.exit_code == code and said in result.output

@@ -15,8 +15,12 @@ from tests.unit.simulator_tiny import catalog, requests, scenario
 def test_requests_follow_the_copy_and_free_slots_fill_like_the_planner() -> None:
     # 2 workers x 1 slot. a0 -> free slot on worker 0 (most free, lowest id); a1 -> worker 1's
     # free slot; then every a0 and a1 is routed to its copy: 2 loads, no thrashing.
-    c = simulate(scenario(1, workers=2), catalog(2), requests([0, 1, 0, 1, 0, 1, 1, 0]),
-                 policy_factory("lru"))
+    c = simulate(
+        scenario(1, workers=2),
+        catalog(2),
+        requests([0, 1, 0, 1, 0, 1, 1, 0]),
+        policy_factory("lru"),
+    )
     assert (c.swaps, c.gpu_hits) == (2, 6)
     assert c.routes == {"free_slot": 2, "gpu": 6}
 
@@ -25,8 +29,7 @@ def test_a_demoted_copy_is_found_again_on_its_workers_host_tier() -> None:
     # 2 workers x 1 slot: a0 -> worker 0, a1 -> worker 1 (free slots); a2 finds no copy and no
     # free slot: cold budget on the least busy worker (a tie: worker 0), whose LRU demotes a0
     # to its host tier; a0 then goes to worker 0's host copy (a swap, no S3 fetch).
-    c = simulate(scenario(1, workers=2), catalog(3), requests([0, 1, 2, 0]),
-                 policy_factory("lru"))
+    c = simulate(scenario(1, workers=2), catalog(3), requests([0, 1, 2, 0]), policy_factory("lru"))
     assert c.routes == {"free_slot": 2, "cold_budget": 1, "host": 1}
     assert (c.cold_loads, c.swaps, c.host_hits) == (3, 4, 1)
 
@@ -36,8 +39,9 @@ def test_a_saturated_worker_queues_and_the_wait_adds_to_latency() -> None:
     # every request after the first waits for the one before it.
     trace = [0] * 6
     roomy = simulate(scenario(1), catalog(1), requests(trace), policy_factory("lru"))
-    tight = simulate(scenario(1, max_concurrent=1), catalog(1), requests(trace),
-                     policy_factory("lru"))
+    tight = simulate(
+        scenario(1, max_concurrent=1), catalog(1), requests(trace), policy_factory("lru")
+    )
     assert roomy.queued == 0 and tight.queued == 5
     waits = tight.ttft_penalty_ms[1:]
     assert all(b > a for a, b in pairwise(waits))
@@ -88,8 +92,19 @@ def test_every_policy_runs_on_several_workers_and_is_deterministic() -> None:
     sc = scenario(2, workers=3, max_concurrent=4)
     trace = [(i * 7) % 9 for i in range(300)]
     reqs = requests(trace, gap_s=0.3)
-    for name in ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "belady", "static-merge",
-                 "dynamo", "loraplane", "loraplane-demand", "loraplane-cost"):
+    for name in (
+        "lru",
+        "fifo",
+        "s3-fifo",
+        "sieve",
+        "gdsf",
+        "belady",
+        "static-merge",
+        "dynamo",
+        "loraplane",
+        "loraplane-demand",
+        "loraplane-cost",
+    ):
         a = simulate(sc, catalog(9), reqs, policy_factory(name)).summary()
         b = simulate(sc, catalog(9), reqs, policy_factory(name)).summary()
         assert a == b, name

@@ -12,12 +12,12 @@ from typing import Any
 
 from clickhouse_driver import errors as ch_errors
 from confluent_kafka import TopicPartition
-from loraplane.schemas.codec import encode
-from loraplane.schemas.request_log import RequestLog
 
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.sink import Sink, SinkConfig, _Batch
+from loraplane.schemas.codec import encode
+from loraplane.schemas.request_log import RequestLog
 
 TP = tuple[str, int]
 
@@ -114,8 +114,10 @@ class FlakySink(Sink):
     first of them (the test's rebalance)."""
 
     def __init__(self, consumer: FakeConsumer, failures: int) -> None:
-        super().__init__(Settings(), SinkConfig(batch_size=50, max_wait_s=0.02,
-                                                backoff_initial_s=0.05, backoff_max_s=0.1))
+        super().__init__(
+            Settings(),
+            SinkConfig(batch_size=50, max_wait_s=0.02, backoff_initial_s=0.05, backoff_max_s=0.1),
+        )
         self.fake = consumer
         self.failures = failures
         self.stored: dict[str, int] = {}
@@ -138,10 +140,23 @@ class FlakySink(Sink):
 
 
 def _log(n: int, start: int = 0) -> list[bytes]:
-    return [encode(RequestLog(
-        event_id=f"e{i}", ts=datetime(2026, 1, 1, tzinfo=UTC), request_id=f"r{i}",
-        tenant_id="t", base_model="m", adapter_id="a", adapter_version="1", worker_id="w",
-        tier_at_arrival="gpu", ttft_ms=1.0)) for i in range(start, start + n)]
+    return [
+        encode(
+            RequestLog(
+                event_id=f"e{i}",
+                ts=datetime(2026, 1, 1, tzinfo=UTC),
+                request_id=f"r{i}",
+                tenant_id="t",
+                base_model="m",
+                adapter_id="a",
+                adapter_version="1",
+                worker_id="w",
+                tier_at_arrival="gpu",
+                ttft_ms=1.0,
+            )
+        )
+        for i in range(start, start + n)
+    ]
 
 
 def _run_until(sink: FlakySink, done: Any, timeout: float = 10.0) -> None:

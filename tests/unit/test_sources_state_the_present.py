@@ -24,14 +24,17 @@ HISTORY = re.compile(
     r"|\bCI run\b"  # "in a CI run of ...", "a clean CI run lost ..."
     r"|(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bwas )(?<!\bwere )(?<!\bbeen )(?<!\bbeing )"
     r"\bused to\b",  # past habit; "is used to sign" (a purpose) is fine
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 # Files other engineers are editing right now; each will be cleaned when its branch lands,
 # and its entry removed then. Nothing may be added to this list.
-NOT_YET_CLEANED = frozenset({
-    "streams/planner.py",
-    "streams/planner_runtime.py",
-})
+NOT_YET_CLEANED = frozenset(
+    {
+        "streams/planner.py",
+        "streams/planner_runtime.py",
+    }
+)
 MAX_MODULE_DOCSTRING_LINES = 20
 
 
@@ -49,8 +52,7 @@ def findings(text: str) -> list[str]:
     out = []
     for number, line in enumerate(text.splitlines(), 1):
         for pattern in (DATE, HISTORY):
-            out += [f"{number}: {m.group(0)!r} in {line.strip()!r}"
-                    for m in pattern.finditer(line)]
+            out += [f"{number}: {m.group(0)!r} in {line.strip()!r}" for m in pattern.finditer(line)]
     return out
 
 
@@ -60,30 +62,51 @@ def test_the_scan_covers_the_package() -> None:
     assert ROOT / "loraplane" / "router" / "routing.py" in files
 
 
-@pytest.mark.parametrize("text", [
-    "measured in a CI run of 2026-12-02", "(Until 2026-12-03 the budget was kept)",
-    "the planner used to treat them as no-ops", "a spool (issue #19, item 1)",
-    "the command partition (#15 item 3)", "see issue 19: the sink stalled",
-    "a clean CI run lost the publishes", "as it was before issue 7",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "measured in a CI run of 2026-12-02",
+        "(Until 2026-12-03 the budget was kept)",
+        "the planner used to treat them as no-ops",
+        "a spool (issue #19, item 1)",
+        "the command partition (#15 item 3)",
+        "see issue 19: the sink stalled",
+        "a clean CI run lost the publishes",
+        "as it was before issue 7",
+    ],
+)
 def test_history_is_found(text: str) -> None:
     assert findings(text)
 
 
-@pytest.mark.parametrize("text", [
-    "not_before: 2026-01-01T00:00:00Z", "SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z",
-    "the key that is used to sign the view", "a request refused too", "the drift check CI runs",
-    "colour #1f77b4", "version 2026.1", "x = 12-31", "confluentinc/librdkafka#5456",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not_before: 2026-01-01T00:00:00Z",
+        "SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z",
+        "the key that is used to sign the view",
+        "a request refused too",
+        "the drift check CI runs",
+        "colour #1f77b4",
+        "version 2026.1",
+        "x = 12-31",
+        "confluentinc/librdkafka#5456",
+    ],
+)
 def test_what_and_why_pass(text: str) -> None:
     assert findings(text) == []
 
 
 def test_no_source_module_carries_a_date_or_its_history() -> None:
-    found = {p.relative_to(ROOT).as_posix(): f for p in sources() if checked(p)
-             if (f := findings(p.read_text(encoding="utf-8")))}
+    found = {
+        p.relative_to(ROOT).as_posix(): f
+        for p in sources()
+        if checked(p)
+        if (f := findings(p.read_text(encoding="utf-8")))
+    }
     assert found == {}, "say what and why; history lives in git:\n" + "\n".join(
-        f"{path}:{line}" for path, lines in found.items() for line in lines)
+        f"{path}:{line}" for path, lines in found.items() for line in lines
+    )
 
 
 def test_module_docstrings_stay_short() -> None:
@@ -94,5 +117,7 @@ def test_module_docstrings_stay_short() -> None:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
         if doc and doc.count("\n") + 1 > MAX_MODULE_DOCSTRING_LINES:
             long[path.relative_to(ROOT).as_posix()] = doc.count("\n") + 1
-    assert long == {}, (f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines: say what "
-                        f"and why, and move the detail to the component's doc: {long}")
+    assert long == {}, (
+        f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines: say what "
+        f"and why, and move the detail to the component's doc: {long}"
+    )

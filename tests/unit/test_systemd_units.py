@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from loraplane.infra.systemd_units import (
     INSTALL_ROOT,
     Unit,
@@ -33,9 +34,12 @@ COMMANDS = {  # unit -> the loraplane command it runs
     "loraplane-vllm@.service": "vllm serve",
     "loraplane-worker@.service": "worker run",
 }
-INSTANCE = {"loraplane-vllm@.service": "0", "loraplane-worker@.service": "0",
-            "loraplane-scoring@.service": "1",
-            "loraplane-planner@.service": "llama-3-1-8b-instruct"}
+INSTANCE = {
+    "loraplane-vllm@.service": "0",
+    "loraplane-worker@.service": "0",
+    "loraplane-scoring@.service": "1",
+    "loraplane-planner@.service": "llama-3-1-8b-instruct",
+}
 
 
 def command_of(name: str) -> tuple[list[str], str, dict[str, object]]:
@@ -64,7 +68,10 @@ def test_the_worker_drives_its_own_vllm_and_writes_under_its_home() -> None:
     *_, vllm = command_of("loraplane-vllm@.service")
     assert worker["vllm_url"] == f"http://127.0.0.1:{vllm['port']}"
     assert (worker["gpu_slots"], worker["max_lora_rank"], worker["model_dir"]) == (
-        vllm["max_loras"], vllm["max_lora_rank"], vllm["model_dir"])
+        vllm["max_loras"],
+        vllm["max_lora_rank"],
+        vllm["model_dir"],
+    )
     unit = Unit.read(UNITS / "loraplane-worker@.service")
     home = environment_file(EXAMPLES / "loraplane.env")["LORAPLANE_HOME"]
     assert unit.service["ReadWritePaths"] == [home]  # everything it writes lives there
@@ -72,8 +79,9 @@ def test_the_worker_drives_its_own_vllm_and_writes_under_its_home() -> None:
 
 
 def test_a_unit_with_an_option_the_cli_lacks_is_refused(tmp_path: Path) -> None:
-    text = (UNITS / "loraplane-sink.service").read_text().replace(
-        "--metrics-port", "--metrics-prot")
+    text = (
+        (UNITS / "loraplane-sink.service").read_text().replace("--metrics-port", "--metrics-prot")
+    )
     (tmp_path / "bad.service").write_text(text)
     unit = Unit.read(tmp_path / "bad.service")
     words = unit.exec_start({f: EXAMPLES / Path(f).name for f in unit.environment_files()})
@@ -84,7 +92,14 @@ def test_a_unit_with_an_option_the_cli_lacks_is_refused(tmp_path: Path) -> None:
 def test_exec_lines_expand_as_systemd_does() -> None:
     env = {"A": "x y", "P": "18100"}
     assert command_words("run ${A} $A --url http://h:${P}/v1 'q w'", env) == [
-        "run", "x y", "x", "y", "--url", "http://h:18100/v1", "q w"]
+        "run",
+        "x y",
+        "x",
+        "y",
+        "--url",
+        "http://h:18100/v1",
+        "q w",
+    ]
     assert specifiers("w-%i@%H 100%%", "3", "host") == "w-3@host 100%"
     with pytest.raises(UnitError, match="NOPE"):
         command_words("run ${NOPE}", env)
@@ -96,12 +111,20 @@ def test_exec_lines_expand_as_systemd_does() -> None:
 def test_systemd_analyze_verifies_the_units(tmp_path: Path) -> None:
     """On copies whose install root is this checkout (verify checks the binary exists)."""
     for unit in UNITS.glob("*.service"):
-        text = unit.read_text().replace(INSTALL_ROOT, str(ROOT)).replace(
-            "/etc/loraplane/", f"{EXAMPLES}/")
+        text = (
+            unit.read_text()
+            .replace(INSTALL_ROOT, str(ROOT))
+            .replace("/etc/loraplane/", f"{EXAMPLES}/")
+        )
         (tmp_path / unit.name).write_text(text)
     names = [f"./{n.replace('@.', f'@{INSTANCE.get(n)}.')}" for n in COMMANDS]
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *names],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -124,14 +147,20 @@ def test_the_vllm_unit_s_options_reach_vllm_s_command_line() -> None:
     from loraplane.workers.vllm_process import VllmProcess
 
     *_, vllm = command_of("loraplane-vllm@.service")
-    proc = VllmProcess(Path(str(vllm["model_dir"])), int(str(vllm["port"])), Path("log"),
-                       python=Path("py"), max_loras=int(str(vllm["max_loras"])),
-                       max_lora_rank=int(str(vllm["max_lora_rank"])),
-                       max_model_len=int(str(vllm["max_model_len"])),
-                       gpu_memory_utilization=float(str(vllm["gpu_memory_utilization"])))
+    proc = VllmProcess(
+        Path(str(vllm["model_dir"])),
+        int(str(vllm["port"])),
+        Path("log"),
+        python=Path("py"),
+        max_loras=int(str(vllm["max_loras"])),
+        max_lora_rank=int(str(vllm["max_lora_rank"])),
+        max_model_len=int(str(vllm["max_model_len"])),
+        gpu_memory_utilization=float(str(vllm["gpu_memory_utilization"])),
+    )
     line = " ".join(proc.command())
     assert "--host 127.0.0.1 --port 18000" in line
     assert "--max-loras 16" in line and "--max-lora-rank 64" in line
     assert "--max-model-len 8192" in line and "--gpu-memory-utilization 0.78" in line
     assert "--gpu-memory-utilization" not in " ".join(
-        VllmProcess(Path("m"), 1, Path("log"), python=Path("py")).command())
+        VllmProcess(Path("m"), 1, Path("log"), python=Path("py")).command()
+    )

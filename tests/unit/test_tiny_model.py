@@ -17,8 +17,14 @@ from loraplane.artifact.verification import WorkerLimits, verify_artifact
 from loraplane.cli import app
 from loraplane.tiny_model import SPECIAL_TOKENS, build_adapter, build_model
 
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json"}
+MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +36,13 @@ def test_model_folder_has_the_files_hf_and_vllm_read(model: Path) -> None:
     assert {p.name for p in model.iterdir()} == MODEL_FILES
     config = json.loads((model / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["intermediate_size"], config["max_position_embeddings"]) == (128, 2, 4, 256,
-                                                                                512)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["intermediate_size"],
+        config["max_position_embeddings"],
+    ) == (128, 2, 4, 256, 512)
     assert config["vocab_size"] == 1000
     with safe_open(str(model / "model.safetensors"), framework="numpy") as f:
         assert f.metadata() == {"format": "pt"}
@@ -73,7 +83,8 @@ def test_same_seed_same_bytes_other_seed_other_weights(model: Path, tmp_path: Pa
 
 
 def test_adapter_is_peft_layout_with_nonzero_halves_that_change_the_weights(
-        model: Path, tmp_path: Path) -> None:
+    model: Path, tmp_path: Path
+) -> None:
     config = json.loads((model / "config.json").read_text())
     folder = build_adapter(tmp_path / "a", seed=3, model_config=config)
     adapter_config = json.loads((folder / "adapter_config.json").read_text())
@@ -98,28 +109,33 @@ def test_adapter_is_peft_layout_with_nonzero_halves_that_change_the_weights(
 
 def test_adapters_are_deterministic_per_seed(tmp_path: Path) -> None:
     def weights(name: str, seed: int) -> bytes:
-        return (build_adapter(tmp_path / name, seed=seed) / "adapter_model.safetensors")\
-            .read_bytes()
+        return (
+            build_adapter(tmp_path / name, seed=seed) / "adapter_model.safetensors"
+        ).read_bytes()
 
     assert weights("a", 1) == weights("b", 1)
     assert weights("a", 1) != weights("c", 2)
 
 
-def test_adapters_verify_against_the_model_they_were_built_for(model: Path,
-                                                              tmp_path: Path) -> None:
+def test_adapters_verify_against_the_model_they_were_built_for(model: Path, tmp_path: Path) -> None:
+    from loraplane.artifact_publish import PublishRequest, build_record
     from loraplane.schemas.adapter import Priority
 
-    from loraplane.artifact_publish import PublishRequest, build_record
-
     config = json.loads((model / "config.json").read_text())
-    folder = build_adapter(tmp_path / "a", seed=1, rank=16,
-                           target_modules=["q_proj", "k_proj", "o_proj", "down_proj"],
-                           model_config=config)
-    record, manifest = build_record(folder, PublishRequest("a", "t", "tiny-llama", "1",
-                                                           Priority.gold), "bucket")
+    folder = build_adapter(
+        tmp_path / "a",
+        seed=1,
+        rank=16,
+        target_modules=["q_proj", "k_proj", "o_proj", "down_proj"],
+        model_config=config,
+    )
+    record, manifest = build_record(
+        folder, PublishRequest("a", "t", "tiny-llama", "1", Priority.gold), "bucket"
+    )
     (folder / "manifest.json").write_bytes(manifest.canonical_bytes())
-    limits = WorkerLimits(base_model="tiny-llama", max_lora_rank=16,
-                          model=ModelShape.from_hf_config(config))
+    limits = WorkerLimits(
+        base_model="tiny-llama", max_lora_rank=16, model=ModelShape.from_hf_config(config)
+    )
     assert verify_artifact(DirectoryArtifact(folder), limits, record).ok
 
 
@@ -134,42 +150,69 @@ def test_cli_builds_and_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert built.exit_code == 0, built.output
     lines = [json.loads(line) for line in built.output.splitlines()]
     assert [line.get("adapter") for line in lines[1:]] == [
-        str(tmp_path / "m-adapters" / f"adapter-{i}") for i in (1, 2)]
+        str(tmp_path / "m-adapters" / f"adapter-{i}") for i in (1, 2)
+    ]
     adapter = tmp_path / "m-adapters" / "adapter-1"
     (tmp_path / "record.json").write_text(json.dumps(lines[1]["record"]))
-    ok = runner.invoke(app, ["artifact", "verify", str(adapter), "--max-rank", "8",
-                             "--base-model", "tiny-llama",
-                             "--record", str(tmp_path / "record.json"),
-                             "--model-config", str(tmp_path / "m" / "config.json")])
+    ok = runner.invoke(
+        app,
+        [
+            "artifact",
+            "verify",
+            str(adapter),
+            "--max-rank",
+            "8",
+            "--base-model",
+            "tiny-llama",
+            "--record",
+            str(tmp_path / "record.json"),
+            "--model-config",
+            str(tmp_path / "m" / "config.json"),
+        ],
+    )
     assert (ok.exit_code, ok.output.strip()) == (0, "ok")
-    refused = runner.invoke(app, ["artifact", "verify", str(adapter), "--max-rank", "4",
-                                  "--base-model", "llama-3-8b"])
+    refused = runner.invoke(
+        app, ["artifact", "verify", str(adapter), "--max-rank", "4", "--base-model", "llama-3-8b"]
+    )
     assert refused.exit_code == 1
     assert [line.split()[0] for line in refused.output.splitlines()] == [
-        "rank_too_high", "base_model_mismatch"]
+        "rank_too_high",
+        "base_model_mismatch",
+    ]
 
     # --adapter-id/--version take the record from the registry topic's view
     from datetime import UTC, datetime
 
+    import loraplane.registry.topic
     from loraplane.schemas.adapter import AdapterRecord
     from loraplane.schemas.registry import AdapterView
 
-    import loraplane.registry.topic
-
     record = AdapterRecord.model_validate(lines[1]["record"])
-    view = AdapterView(adapter_id=record.adapter_id, tenant_id=record.tenant_id,
-                       base_model=record.base_model, versions=[record], last_seq=1,
-                       last_event_id="e1", updated_at=datetime.now(UTC))
-    monkeypatch.setattr(loraplane.registry.topic, "load_registry",
-                        lambda _settings: {record.adapter_id: view})
-    by_id = runner.invoke(app, ["artifact", "verify", str(adapter), "--adapter-id",
-                                record.adapter_id, "--version", "1"])
+    view = AdapterView(
+        adapter_id=record.adapter_id,
+        tenant_id=record.tenant_id,
+        base_model=record.base_model,
+        versions=[record],
+        last_seq=1,
+        last_event_id="e1",
+        updated_at=datetime.now(UTC),
+    )
+    monkeypatch.setattr(
+        loraplane.registry.topic, "load_registry", lambda _settings: {record.adapter_id: view}
+    )
+    by_id = runner.invoke(
+        app,
+        ["artifact", "verify", str(adapter), "--adapter-id", record.adapter_id, "--version", "1"],
+    )
     assert (by_id.exit_code, by_id.output.strip()) == (0, "ok")
     other = tmp_path / "m-adapters" / "adapter-2"
-    mismatch = runner.invoke(app, ["artifact", "verify", str(other), "--adapter-id",
-                                   record.adapter_id, "--version", "1"])
+    mismatch = runner.invoke(
+        app, ["artifact", "verify", str(other), "--adapter-id", record.adapter_id, "--version", "1"]
+    )
     assert mismatch.exit_code == 1
     assert mismatch.output.split()[0] == "manifest_digest_mismatch"
-    unknown = runner.invoke(app, ["artifact", "verify", str(adapter), "--adapter-id",
-                                  record.adapter_id, "--version", "2"])
+    unknown = runner.invoke(
+        app,
+        ["artifact", "verify", str(adapter), "--adapter-id", record.adapter_id, "--version", "2"],
+    )
     assert unknown.exit_code == 2

@@ -9,11 +9,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from loraplane.schemas.keyring import KeyringFile, save_keyring
 
 from loraplane.kernel.bus import Record, TopicReadIncomplete
 from loraplane.kernel.topic_tail import CurrentSpan, TailView
 from loraplane.registry.live import VerifiedRegistry
+from loraplane.schemas.keyring import KeyringFile, save_keyring
 from tests.unit.test_registry_evidence import KIT, NOW, VIEW_A
 from tests.unit.test_registry_trust import Sink, Topic
 
@@ -71,8 +71,7 @@ def test_each_change_replaces_its_key_and_counts_tombstones_included() -> None:
     assert [(r.key, r.value) for r in view.snapshot()] == [(b"a", b"a2"), (b"b", None)]
 
 
-def test_a_selecting_view_reads_past_what_it_does_not_select_for_keys_it_holds_nothing_of(
-        ) -> None:
+def test_a_selecting_view_reads_past_what_it_does_not_select_for_keys_it_holds_nothing_of() -> None:
     """``select`` decides only for a key the view holds nothing of (no record, or a
     tombstone); once a key is in, the view follows the topic for it."""
     view = TailView(select=lambda r: r.value == b"ours")
@@ -125,9 +124,14 @@ def test_the_verified_registry_reads_only_after_the_tail_moved(tmp_path: Path) -
             raise TopicReadIncomplete("not at the end yet")
         return topic.latest()
 
-    registry = VerifiedRegistry(KeyringFile(path), read, sink=Sink(), component="worker-w1",
-                                clock=lambda: NOW + timedelta(minutes=10),
-                                version=lambda: version[0])
+    registry = VerifiedRegistry(
+        KeyringFile(path),
+        read,
+        sink=Sink(),
+        component="worker-w1",
+        clock=lambda: NOW + timedelta(minutes=10),
+        version=lambda: version[0],
+    )
     assert registry.records() == [] and registry.read_failures == 1
     registry.records()
     assert reads[0] == 1 and registry.read_failures == 1  # not once per poll
@@ -217,8 +221,9 @@ def test_a_tail_answers_only_while_nothing_is_known_unread() -> None:
     from loraplane.kernel.topic_tail import TopicTail
 
     clock = iter([100.0, 101.0, 102.0])
-    tail = TopicTail(Settings(), "lp-ws", component="router-ws", probe_every_s=0.5,
-                     clock=lambda: next(clock))
+    tail = TopicTail(
+        Settings(), "lp-ws", component="router-ws", probe_every_s=0.5, clock=lambda: next(clock)
+    )
     tail._answered()  # no view yet
     assert tail.current_span() is None
     tail._view.assign({("lp-ws", 0): 2})

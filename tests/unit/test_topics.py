@@ -22,15 +22,15 @@ def test_declarations_match_the_issue() -> None:
     assert len({s.suffix for s in TOPICS}) == len(TOPICS)
     assert spec("requests").partitions == 6 and spec("requests").key == "adapter_id"
     assert spec("lifecycle").configs()["retention.ms"] == "-1"
-    assert spec("commands").configs() == {"cleanup.policy": "delete",
-                                          "retention.ms": str(DAY_MS)}
+    assert spec("commands").configs() == {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)}
     for compacted in ("registry", "worker-state"):
         assert spec(compacted).configs() == {"cleanup.policy": "compact"}
 
 
 WANTED = TopicSpec("requests", 6, "request logs", "adapter_id", retention_ms=7 * DAY_MS)
-SAME = Existing(6, {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS),
-                    "segment.bytes": "1073741824"})
+SAME = Existing(
+    6, {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS), "segment.bytes": "1073741824"}
+)
 
 
 def test_missing_topic_is_created() -> None:
@@ -45,8 +45,7 @@ def test_matching_topic_is_unchanged_and_foreign_configs_are_ignored() -> None:
 def test_differing_config_is_altered_with_from_and_to() -> None:
     existing = Existing(6, {**SAME.configs, "retention.ms": "1000"})
     [change] = diff("lp.requests", WANTED, existing)
-    assert (change.action, change.key, change.value) == ("config", "retention.ms",
-                                                         str(7 * DAY_MS))
+    assert (change.action, change.key, change.value) == ("config", "retention.ms", str(7 * DAY_MS))
     assert str(change) == f"lp.requests: config (retention.ms from 1000 to {7 * DAY_MS})"
 
 

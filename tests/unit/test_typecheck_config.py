@@ -12,8 +12,14 @@ from typing import Any
 
 from tests.unit.test_layers import DECISIONS, ROOT, layer_of, source_files
 
-STRICT_FLAGS = ("disallow_untyped_defs", "disallow_any_generics", "warn_return_any",
-                "disallow_untyped_calls", "check_untyped_defs", "strict_equality")
+STRICT_FLAGS = (
+    "disallow_untyped_defs",
+    "disallow_any_generics",
+    "warn_return_any",
+    "disallow_untyped_calls",
+    "check_untyped_defs",
+    "strict_equality",
+)
 
 
 def _mypy() -> dict[str, Any]:

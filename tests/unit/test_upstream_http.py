@@ -12,9 +12,9 @@ from contextlib import asynccontextmanager
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loraplane.schemas.reasons import VllmErrorCode
 
 from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, _Connection
+from loraplane.schemas.reasons import VllmErrorCode
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -26,14 +26,16 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return b""
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
     return head + await reader.readexactly(length)
 
 
 def answer(body: bytes, status: str = "200 OK", extra: bytes = b"") -> bytes:
-    return (f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n".encode() + extra
-            + b"\r\n" + body)
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n".encode() + extra + b"\r\n" + body
 
 
 @asynccontextmanager
@@ -61,8 +63,7 @@ async def server(handler: Handler) -> AsyncIterator[tuple[UpstreamPool, list[int
         srv.close()
 
 
-async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       _: int) -> None:
+async def echo_forever(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
     while request := await read_request(reader):
         writer.write(answer(request.rpartition(b"\r\n\r\n")[2]))
         await writer.drain()
@@ -90,8 +91,7 @@ async def test_stream_chunks_arrive_before_the_answer_ends() -> None:
 
     async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"9\r\ndata: a\n\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n")
         await writer.drain()
         await more.wait()
         writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
@@ -109,8 +109,9 @@ async def test_stream_chunks_arrive_before_the_answer_ends() -> None:
 
 @session_loop
 async def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> None:
-    async def close_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           n: int) -> None:
+    async def close_second(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
         if n > 0:
             return await echo_forever(reader, writer, n)
         await read_request(reader)
@@ -125,8 +126,7 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> No
 
 @session_loop
 async def test_failures_have_reasons_and_leak_no_slot() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     n: int) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         if n > 4:
             return await echo_forever(reader, writer, n)
         await read_request(reader)
@@ -148,8 +148,13 @@ async def test_failures_have_reasons_and_leak_no_slot() -> None:
         await asyncio.sleep(0.1)
 
     async with server(script) as (pool, _):  # limit=1: a leaked slot would hang the next
-        for reason, total_s in (("unreachable", 5), ("timeout", 5), ("unreachable", 5),
-                                ("bad_response", 5), ("timeout", 0.8)):
+        for reason, total_s in (
+            ("unreachable", 5),
+            ("timeout", 5),
+            ("unreachable", 5),
+            ("bad_response", 5),
+            ("timeout", 0.8),
+        ):
             with pytest.raises(UpstreamError) as err:
                 await asyncio.wait_for(fetch(pool, b"x", total_s), 3)
             assert err.value.reason == reason, err.value
@@ -175,8 +180,7 @@ async def test_refused_and_bad_paths() -> None:
 async def test_large_answers_stream_and_read_whole_under_flow_control() -> None:
     big = bytes(range(256)) * 4096  # 1 MiB, four times the pause threshold
 
-    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       _: int) -> None:
+    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while await read_request(reader):
             writer.write(answer(big))
             await writer.drain()
@@ -195,8 +199,9 @@ async def test_large_answers_stream_and_read_whole_under_flow_control() -> None:
 
 @session_loop
 async def test_a_body_ended_by_close_is_whole() -> None:
-    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                              _: int) -> None:
+    async def close_delimited(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
+    ) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
         await writer.drain()
@@ -221,14 +226,21 @@ class _Transport(asyncio.Transport):
 
 
 @settings(max_examples=60, deadline=None)
-@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(0, 4000), max_size=8),
-       chunked=st.booleans())
-def test_any_split_of_an_answer_reads_the_same_body(body: bytes, cuts: list[int],
-                                                    chunked: bool) -> None:
+@given(
+    body=st.binary(max_size=3000),
+    cuts=st.lists(st.integers(0, 4000), max_size=8),
+    chunked=st.booleans(),
+)
+def test_any_split_of_an_answer_reads_the_same_body(
+    body: bytes, cuts: list[int], chunked: bool
+) -> None:
     if chunked:
-        pieces = [body[i:i + 700] for i in range(0, len(body), 700)]
-        raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+        pieces = [body[i : i + 700] for i in range(0, len(body), 700)]
+        raw = (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+            + b"0\r\n\r\n"
+        )
     else:
         raw = answer(body)
     bounds = sorted({0, len(raw), *(c for c in cuts if c < len(raw))})
@@ -254,8 +266,7 @@ def test_any_split_of_an_answer_reads_the_same_body(body: bytes, cuts: list[int]
 async def test_an_answer_read_whole_is_bounded() -> None:
     big = b"x" * (3 * 1024 * 1024)
 
-    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                       _: int) -> None:
+    async def send_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while await read_request(reader):
             writer.write(answer(big))
             await writer.drain()

@@ -11,7 +11,6 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
-from loraplane.schemas.reasons import ArtifactReason as Reason
 
 from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.verification import (
@@ -22,6 +21,7 @@ from loraplane.artifact.verification import (
     WorkerLimits,
     verify_artifact,
 )
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.tiny_model import build_adapter
 from tests.hostile_corpus import (
     CASES,
@@ -49,8 +49,9 @@ def test_the_good_adapter_passes(good_adapter: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_hostile_artifact_is_refused_with_its_reason(case: Case, good_adapter: Path,
-                                                     tmp_path: Path) -> None:
+def test_hostile_artifact_is_refused_with_its_reason(
+    case: Case, good_adapter: Path, tmp_path: Path
+) -> None:
     artifact, record = hostile(case, good_adapter, tmp_path)
     limits = WorkerLimits(**{**LIMITS.__dict__, **case.limits})
     verdict = verify_artifact(artifact, limits, record)
@@ -60,17 +61,25 @@ def test_hostile_artifact_is_refused_with_its_reason(case: Case, good_adapter: P
 
 def test_every_content_reason_has_a_hostile_case() -> None:
     covered = {c.reason for c in CASES}
-    io_or_policy = {Reason.source_not_allowed, Reason.outside_owner_prefix,
-                    Reason.artifact_store_unavailable,
-                    Reason.fetch_failed, Reason.adapter_revoked, Reason.host_budget_exceeded,
-                    Reason.host_io_error, Reason.host_disk_full}  # the fetch and host-tier tests
+    io_or_policy = {
+        Reason.source_not_allowed,
+        Reason.outside_owner_prefix,
+        Reason.artifact_store_unavailable,
+        Reason.fetch_failed,
+        Reason.adapter_revoked,
+        Reason.host_budget_exceeded,
+        Reason.host_io_error,
+        Reason.host_disk_full,
+    }  # the fetch and host-tier tests
     assert set(Reason) - io_or_policy - MODEL_SIGNING_REASONS - covered == set()
 
 
 def test_a_header_claiming_gigabytes_is_refused_after_reading_8_bytes(
-        good_adapter: Path, tmp_path: Path) -> None:
-    artifact, record = hostile(CASES[[c.id for c in CASES].index("header claims gigabytes")],
-                               good_adapter, tmp_path)
+    good_adapter: Path, tmp_path: Path
+) -> None:
+    artifact, record = hostile(
+        CASES[[c.id for c in CASES].index("header claims gigabytes")], good_adapter, tmp_path
+    )
     reads: list[tuple[str, int]] = []
     original = artifact.read
 
@@ -84,18 +93,26 @@ def test_a_header_claiming_gigabytes_is_refused_after_reading_8_bytes(
 
 
 def test_several_reasons_are_reported_at_once(good_adapter: Path, tmp_path: Path) -> None:
-    case = Case("many", Reason.pickle_weights, before=[add_file("x.pkl")],
-                after=[flip_last_byte, symlink("l.safetensors", "x.pkl")],
-                limits={"max_lora_rank": 1})
+    case = Case(
+        "many",
+        Reason.pickle_weights,
+        before=[add_file("x.pkl")],
+        after=[flip_last_byte, symlink("l.safetensors", "x.pkl")],
+        limits={"max_lora_rank": 1},
+    )
     artifact, record = hostile(case, good_adapter, tmp_path)
-    verdict = verify_artifact(artifact, WorkerLimits(**{**LIMITS.__dict__, **case.limits}),
-                              record)
-    assert {Reason.pickle_weights, Reason.sha256_mismatch, Reason.symlink,
-            Reason.rank_too_high} <= set(verdict.reasons)
+    verdict = verify_artifact(artifact, WorkerLimits(**{**LIMITS.__dict__, **case.limits}), record)
+    assert {
+        Reason.pickle_weights,
+        Reason.sha256_mismatch,
+        Reason.symlink,
+        Reason.rank_too_high,
+    } <= set(verdict.reasons)
 
 
-def test_without_a_record_the_folder_is_checked_on_its_own(good_adapter: Path,
-                                                           tmp_path: Path) -> None:
+def test_without_a_record_the_folder_is_checked_on_its_own(
+    good_adapter: Path, tmp_path: Path
+) -> None:
     folder = shutil.copytree(good_adapter, tmp_path / "a")
     write_manifest(folder)
     offline = WorkerLimits(base_model=None, max_lora_rank=512)
@@ -111,7 +128,7 @@ class MemoryArtifact:
         return [FileFacts(p, "file", len(b)) for p, b in self.data.items()]
 
     def read(self, path: str, offset: int, length: int) -> bytes:
-        return self.data[path][offset:offset + length]
+        return self.data[path][offset : offset + length]
 
     def sha256(self, path: str) -> str:
         import hashlib
@@ -125,22 +142,37 @@ def good_files(good_adapter: Path) -> dict[str, bytes]:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text(max_size=30)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.text(max_size=30)
     | st.sampled_from(["F32", "BF16", "I8", "LORA", "q_proj", "v_proj", "tiny-llama"]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=40), inner,
-                                                                 max_size=5),
-    max_leaves=20)
-tensor_names = st.sampled_from([f"{PREFIX}.0.self_attn.q_proj.lora_A.weight",
-                                f"{PREFIX}.1.self_attn.v_proj.lora_B.weight",
-                                f"{PREFIX}.9.mlp.down_proj.lora_A.weight", "__metadata__",
-                                "base_model.model.x.lora_A.weight", "lm_head.weight"])
-tensor_entries = st.fixed_dictionaries({
-    "dtype": st.sampled_from(["F32", "F16", "BF16", "F64", "I64", "bogus"]),
-    "shape": st.lists(st.integers(-1, 300), max_size=3),
-    "data_offsets": st.lists(st.integers(-5, 5000), min_size=0, max_size=3)})
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=40), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+tensor_names = st.sampled_from(
+    [
+        f"{PREFIX}.0.self_attn.q_proj.lora_A.weight",
+        f"{PREFIX}.1.self_attn.v_proj.lora_B.weight",
+        f"{PREFIX}.9.mlp.down_proj.lora_A.weight",
+        "__metadata__",
+        "base_model.model.x.lora_A.weight",
+        "lm_head.weight",
+    ]
+)
+tensor_entries = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(["F32", "F16", "BF16", "F64", "I64", "bogus"]),
+        "shape": st.lists(st.integers(-1, 300), max_size=3),
+        "data_offsets": st.lists(st.integers(-5, 5000), min_size=0, max_size=3),
+    }
+)
 headers = st.dictionaries(tensor_names, tensor_entries | json_values, max_size=6)
-fuzz = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+fuzz = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def check(files: dict[str, bytes], limits: WorkerLimits = LIMITS) -> None:
@@ -156,38 +188,67 @@ def test_random_weight_bytes_never_raise(good_files: dict[str, bytes], data: byt
 
 @fuzz
 @given(header=headers, data=st.binary(max_size=64), length_delta=st.integers(-3, 3))
-def test_random_headers_never_raise(good_files: dict[str, bytes], header: dict[str, Any],
-                                    data: bytes, length_delta: int) -> None:
+def test_random_headers_never_raise(
+    good_files: dict[str, bytes], header: dict[str, Any], data: bytes, length_delta: int
+) -> None:
     body = json.dumps(header).encode()
-    check({**good_files,
-           WEIGHTS_NAME: struct.pack("<Q", max(0, len(body) + length_delta)) + body + data})
+    check(
+        {
+            **good_files,
+            WEIGHTS_NAME: struct.pack("<Q", max(0, len(body) + length_delta)) + body + data,
+        }
+    )
 
 
 @fuzz
-@given(config=st.dictionaries(st.sampled_from(["r", "lora_alpha", "target_modules", "peft_type",
-                                               "base_model_name_or_path", "use_dora", "bias",
-                                               "rank_pattern"]), json_values, max_size=8))
+@given(
+    config=st.dictionaries(
+        st.sampled_from(
+            [
+                "r",
+                "lora_alpha",
+                "target_modules",
+                "peft_type",
+                "base_model_name_or_path",
+                "use_dora",
+                "bias",
+                "rank_pattern",
+            ]
+        ),
+        json_values,
+        max_size=8,
+    )
+)
 def test_random_configs_never_raise(good_files: dict[str, bytes], config: dict[str, Any]) -> None:
     check({**good_files, CONFIG_NAME: json.dumps(config).encode()})
 
 
 @fuzz
-@given(manifest=json_values, mutation=st.binary(min_size=1, max_size=4),
-       position=st.integers(0, 10**6))
+@given(
+    manifest=json_values, mutation=st.binary(min_size=1, max_size=4), position=st.integers(0, 10**6)
+)
 def test_mutated_artifacts_with_a_manifest_never_raise_and_never_pass(
-        good_files: dict[str, bytes], manifest: Any, mutation: bytes, position: int) -> None:
+    good_files: dict[str, bytes], manifest: Any, mutation: bytes, position: int
+) -> None:
     weights = bytearray(good_files[WEIGHTS_NAME])
     at = position % len(weights)
-    original = bytes(weights[at:at + len(mutation)])
-    weights[at:at + len(mutation)] = mutation
-    files = {**good_files, MANIFEST_NAME: json.dumps(manifest).encode(),
-             WEIGHTS_NAME: bytes(weights)}
+    original = bytes(weights[at : at + len(mutation)])
+    weights[at : at + len(mutation)] = mutation
+    files = {
+        **good_files,
+        MANIFEST_NAME: json.dumps(manifest).encode(),
+        WEIGHTS_NAME: bytes(weights),
+    }
     check(files)
-    if bytes(weights[at:at + len(mutation)]) != original:
+    if bytes(weights[at : at + len(mutation)]) != original:
         # a valid manifest of the good files: the flipped bytes must be caught
         from loraplane.schemas.manifest import Manifest, ManifestFile
 
-        good = Manifest(files=[ManifestFile(path=p, sha256=MemoryArtifact(good_files).sha256(p),
-                                            size=len(b)) for p, b in good_files.items()])
+        good = Manifest(
+            files=[
+                ManifestFile(path=p, sha256=MemoryArtifact(good_files).sha256(p), size=len(b))
+                for p, b in good_files.items()
+            ]
+        )
         files[MANIFEST_NAME] = good.canonical_bytes()
         assert not verify_artifact(MemoryArtifact(files), LIMITS).ok

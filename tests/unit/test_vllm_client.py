@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
+from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -22,15 +22,26 @@ session_loop = pytest.mark.asyncio(loop_scope="session")
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    made = {"a1": build_adapter(root / "a1", seed=1), "a2": build_adapter(root / "a2", seed=2),
-            "r16": build_adapter(root / "r16", seed=3, rank=16)}
+    made = {
+        "a1": build_adapter(root / "a1", seed=1),
+        "a2": build_adapter(root / "a2", seed=2),
+        "r16": build_adapter(root / "r16", seed=3, rank=16),
+    }
     corrupt = build_adapter(root / "corrupt", seed=4)
     (corrupt / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 10**12) + b"{}")
     alien = build_adapter(root / "alien", seed=5)
-    header = json.dumps({"base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight":
-                         {"dtype": "F32", "shape": [8, 1], "data_offsets": [0, 32]}}).encode()
+    header = json.dumps(
+        {
+            "base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight": {
+                "dtype": "F32",
+                "shape": [8, 1],
+                "data_offsets": [0, 32],
+            }
+        }
+    ).encode()
     (alien / "adapter_model.safetensors").write_bytes(
-        struct.pack("<Q", len(header)) + header + bytes(32))
+        struct.pack("<Q", len(header)) + header + bytes(32)
+    )
     no_config = root / "no_config"
     no_config.mkdir()
     made.update(corrupt=corrupt, alien=alien, no_config=no_config)
@@ -51,8 +62,10 @@ async def client() -> AsyncIterator[VllmClient]:
 async def test_load_models_unload(client: VllmClient, adapters: dict[str, Path]) -> None:
     assert await client.load("a1@1-00000000", str(adapters["a1"])) >= 0
     models = await client.models()
-    assert [(m.id, m.is_adapter) for m in models] == [("/models/tiny", False),
-                                                       ("a1@1-00000000", True)]
+    assert [(m.id, m.is_adapter) for m in models] == [
+        ("/models/tiny", False),
+        ("a1@1-00000000", True),
+    ]
     assert models[1].root == str(adapters["a1"])
     await client.unload("a1@1-00000000")
     assert [m.id for m in await client.models()] == ["/models/tiny"]
@@ -78,14 +91,16 @@ async def test_errors_have_stable_reasons(client: VllmClient, adapters: dict[str
 
 
 @session_loop
-async def test_completion_depends_on_adapter_bytes(client: VllmClient,
-                                                   adapters: dict[str, Path]) -> None:
+async def test_completion_depends_on_adapter_bytes(
+    client: VllmClient, adapters: dict[str, Path]
+) -> None:
     await client.load("a1", str(adapters["a1"]))
     await client.load("a2", str(adapters["a2"]))
     texts = {}
     for model in ("/models/tiny", "a1", "a2"):
-        async with client.completion("/v1/completions",
-                                     {"model": model, "prompt": "hi", "max_tokens": 5}) as r:
+        async with client.completion(
+            "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 5}
+        ) as r:
             texts[model] = (await r.json())["choices"][0]["text"]
     assert len(set(texts.values())) == 3
     await client.unload("a1")
@@ -121,14 +136,14 @@ async def test_unreachable_and_timeout_fail_fast() -> None:
 
 def test_classify_plain_text_and_json() -> None:
     assert classify(400, '{"error": {"message": "bad"}}').message == "bad"
-    assert classify(500, "LoRA rank 16 is greater than max_lora_rank 8").reason == \
-        "rank_too_large"
+    assert classify(500, "LoRA rank 16 is greater than max_lora_rank 8").reason == "rank_too_large"
     assert classify(418, "teapot").reason == "unexpected_status"
 
 
 @session_loop
 async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
-        adapters: dict[str, Path]) -> None:
+    adapters: dict[str, Path],
+) -> None:
     """The FAKE refuses every route without the key (401, vLLM's body) but the open probes
     (/health, /metrics), as the route guard of the vLLM a worker starts does; the client
     with the key loads, lists and completes, on both its HTTP paths (aiohttp and the
@@ -136,8 +151,9 @@ async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
     server = TestServer(FakeVllm("/models/tiny", api_key="k-123").app(), host="127.0.0.1")
     await server.start_server()
     base = str(server.make_url("/"))
-    keyed, keyless, wrong = (VllmClient(base, timeout_s=2, api_key=k)
-                             for k in ("k-123", None, "k-12"))
+    keyed, keyless, wrong = (
+        VllmClient(base, timeout_s=2, api_key=k) for k in ("k-123", None, "k-12")
+    )
     try:
         for refused in (keyless, wrong):
             with pytest.raises(VllmError) as err:
@@ -148,8 +164,12 @@ async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
             assert await refused.health()
         async with keyless._http().get(base + "metrics") as resp:
             assert resp.status == 200
-        for method, path in (("POST", "adapters"), ("DELETE", "adapters/a1"),
-                             ("POST", "invocations"), ("POST", "tokenize")):
+        for method, path in (
+            ("POST", "adapters"),
+            ("DELETE", "adapters/a1"),
+            ("POST", "invocations"),
+            ("POST", "tokenize"),
+        ):
             async with keyless._http().request(method, base + path, json={}) as resp:
                 assert resp.status == 401, (method, path)
             async with keyed._http().request(method, base + path, json={}) as resp:

@@ -11,19 +11,22 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
+
+from loraplane.testing.fake_vllm import FakeVllm, route_table
 from loraplane.workers.vllm_guard import UNAUTHORIZED, RouteGuard, admits, key_digest
 from loraplane.workers.vllm_routes import DANGEROUS, OPEN_ROUTES, ROUTES
 
-from loraplane.testing.fake_vllm import FakeVllm, route_table
-
 KEY = "k-0123456789"
 DIGEST = key_digest(KEY)
-METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS",
-                           "WEBSOCKET", "get", "TRACE"])
-PATHS = st.one_of(st.sampled_from([r.path for r in ROUTES]),
-                  st.sampled_from([r.path for r in ROUTES]).map(lambda p: p + "/"),
-                  st.sampled_from([r.path for r in ROUTES]).map(lambda p: "/" + p),
-                  st.text(min_size=0, max_size=40))
+METHODS = st.sampled_from(
+    ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "WEBSOCKET", "get", "TRACE"]
+)
+PATHS = st.one_of(
+    st.sampled_from([r.path for r in ROUTES]),
+    st.sampled_from([r.path for r in ROUTES]).map(lambda p: p + "/"),
+    st.sampled_from([r.path for r in ROUTES]).map(lambda p: "/" + p),
+    st.text(min_size=0, max_size=40),
+)
 
 
 def test_nothing_that_loads_unloads_generates_or_changes_state_is_open() -> None:
@@ -33,8 +36,9 @@ def test_nothing_that_loads_unloads_generates_or_changes_state_is_open() -> None
 
 
 @given(METHODS, PATHS, st.one_of(st.none(), st.text(max_size=40)))
-def test_without_the_key_only_an_open_probe_passes(method: str, path: str,
-                                                   authorization: str | None) -> None:
+def test_without_the_key_only_an_open_probe_passes(
+    method: str, path: str, authorization: str | None
+) -> None:
     open_probe = method in ("GET", "HEAD") and ("GET", path) in OPEN_ROUTES
     assert admits(method, path, authorization, None) == open_probe
     if authorization is not None and authorization.partition(" ")[2] != KEY:
@@ -45,7 +49,8 @@ def test_without_the_key_only_an_open_probe_passes(method: str, path: str,
 def test_the_key_opens_every_route(method: str, path: str, scheme: str) -> None:
     assert admits(method, path, f"{scheme} {KEY}", DIGEST)
     assert not admits(method, path, f"Basic {KEY}", DIGEST) or (
-        method in ("GET", "HEAD") and ("GET", path) in OPEN_ROUTES)
+        method in ("GET", "HEAD") and ("GET", path) in OPEN_ROUTES
+    )
 
 
 def _scope(kind: str, method: str, path: str, auth: str | None) -> dict[str, Any]:
@@ -76,7 +81,8 @@ def test_the_guard_answers_vllms_401_and_passes_the_rest_on_unchanged() -> None:
     sent = _call(guard, _scope("http", "POST", "/adapters", None))
     assert sent[0]["status"] == 401 and json.loads(sent[1]["body"]) == json.loads(UNAUTHORIZED)
     assert _call(guard, _scope("websocket", "GET", "/v1/realtime", None)) == [
-        {"type": "websocket.close", "code": 1008}]
+        {"type": "websocket.close", "code": 1008}
+    ]
     assert _call(guard, _scope("http", "DELETE", "/adapters/x", f"Bearer {KEY}x")) != []
     assert reached == []
     assert _call(guard, _scope("http", "POST", "/adapters", f"Bearer {KEY}")) == []
@@ -91,12 +97,12 @@ def test_the_guard_answers_vllms_401_and_passes_the_rest_on_unchanged() -> None:
 def test_the_fake_serves_exactly_the_real_vllms_route_table() -> None:
     table = route_table(FakeVllm("m", api_key=KEY).app())
     assert {(m, p) for p, methods in table.items() for m in methods} == {
-        (r.method, r.path) for r in ROUTES}
+        (r.method, r.path) for r in ROUTES
+    }
 
 
 @pytest.mark.parametrize("key", [KEY, None])
-async def test_the_fake_refuses_every_route_the_way_the_guarded_vllm_does(
-        key: str | None) -> None:
+async def test_the_fake_refuses_every_route_the_way_the_guarded_vllm_does(key: str | None) -> None:
     async with TestClient(TestServer(FakeVllm("m", api_key=key).app())) as client:
         for route in ROUTES:
             path = route.path.replace("{adapter_name}", "a").replace("{response_id}", "r")

@@ -3,17 +3,23 @@ its first use (the per-adapter children are cached for the gateway's hot path)."
 
 from __future__ import annotations
 
-from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
-
 from loraplane.kernel import metric_names as m
+from loraplane.workers.worker_metrics import AdapterLabels, WorkerMetrics
 
 TTFT_COUNT, TTFT_SUM = m.REQUEST_TTFT_SECONDS + "_count", m.REQUEST_TTFT_SECONDS + "_sum"
 
 
 def sample(metrics: WorkerMetrics, name: str, labels: AdapterLabels) -> float | None:
-    return metrics.registry.get_sample_value(name, dict(zip(
-        ("adapter_id", "adapter_version", "tenant_id", "base_model"), labels.values(),
-        strict=True)))
+    return metrics.registry.get_sample_value(
+        name,
+        dict(
+            zip(
+                ("adapter_id", "adapter_version", "tenant_id", "base_model"),
+                labels.values(),
+                strict=True,
+            )
+        ),
+    )
 
 
 def test_request_series_count_hits_and_ttft_per_adapter() -> None:

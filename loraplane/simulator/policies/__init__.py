@@ -31,9 +31,20 @@ from loraplane.simulator.policies.static import StaticMerge
 
 PolicyFactory = Callable[[PolicyContext], CachePolicy]
 BASELINES: dict[str, type[WorkerCache]] = {
-    p.name: p for p in (LRU, FIFO, S3FIFO, SIEVE, GDSF, Belady, StaticMerge)}
-ALL = ("lru", "fifo", "s3-fifo", "sieve", "gdsf", "dynamo", "loraplane", "loraplane-seed",
-       "loraplane-demand", "belady")
+    p.name: p for p in (LRU, FIFO, S3FIFO, SIEVE, GDSF, Belady, StaticMerge)
+}
+ALL = (
+    "lru",
+    "fifo",
+    "s3-fifo",
+    "sieve",
+    "gdsf",
+    "dynamo",
+    "loraplane",
+    "loraplane-seed",
+    "loraplane-demand",
+    "belady",
+)
 _LORAPLANE = ("loraplane", "loraplane-seed", "loraplane-demand", "loraplane-cost")
 
 
@@ -46,15 +57,20 @@ def policy_factory(name: str) -> PolicyFactory:
             LoraplaneSeed,
         )
 
-        return {"loraplane": Loraplane, "loraplane-seed": LoraplaneSeed,
-                "loraplane-demand": LoraplaneDemand, "loraplane-cost": LoraplaneCost}[name]
+        return {
+            "loraplane": Loraplane,
+            "loraplane-seed": LoraplaneSeed,
+            "loraplane-demand": LoraplaneDemand,
+            "loraplane-cost": LoraplaneCost,
+        }[name]
     if name == Dynamo.name:
         return Dynamo
     try:
         return partial(PerWorker, cache=BASELINES[name])
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: "
-                         f"{', '.join((*ALL, 'loraplane-cost', 'static-merge'))}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; known: {', '.join((*ALL, 'loraplane-cost', 'static-merge'))}"
+        ) from None
 
 
 def is_loraplane(name: str) -> bool:
@@ -66,12 +82,23 @@ def resolve(names: list[str]) -> list[str]:
     """``["all"]`` -> every policy; otherwise the names, checked."""
     out: list[str] = []
     for name in names:
-        for n in (ALL if name == "all" else (name,)):
+        for n in ALL if name == "all" else (name,):
             policy_factory(n)
             if n not in out:
                 out.append(n)
     return out
 
 
-__all__ = ["ALL", "BASELINES", "BYPASS", "CachePolicy", "Plan", "PolicyContext",
-           "PolicyFactory", "WorkerCache", "is_loraplane", "policy_factory", "resolve"]
+__all__ = [
+    "ALL",
+    "BASELINES",
+    "BYPASS",
+    "CachePolicy",
+    "Plan",
+    "PolicyContext",
+    "PolicyFactory",
+    "WorkerCache",
+    "is_loraplane",
+    "policy_factory",
+    "resolve",
+]

@@ -26,6 +26,8 @@ from loraplane.simulator.fleet import CostModel, Pool
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import Peak
 
+__all__ = ["BYPASS", "CachePolicy", "Copy", "PerWorker", "Plan", "PolicyContext", "WorkerCache"]
+
 BYPASS = -1
 Copy = tuple[int, int]
 """(worker index, adapter index): one GPU or host copy."""
@@ -96,8 +98,9 @@ class CachePolicy:
         """Copies resident before the first request (free)."""
         return []
 
-    def observe(self, worker: int, adapter: int, i: int, now: float, tier: str,
-                ttft_ms: float) -> None:
+    def observe(
+        self, worker: int, adapter: int, i: int, now: float, tier: str, ttft_ms: float
+    ) -> None:
         """Every request once served, with where its adapter was (``gpu``, ``host``, ``cold``
         or ``base_fallback``) and its TTFT: the request log. Called only if ``observes``."""
 

@@ -11,6 +11,8 @@ import heapq
 
 from loraplane.simulator.policies.base import BYPASS, PolicyContext, WorkerCache
 
+__all__ = ["NEVER", "Belady", "next_uses"]
+
 NEVER = 1 << 62
 
 

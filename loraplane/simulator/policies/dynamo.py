@@ -17,6 +17,8 @@ import math
 
 from loraplane.simulator.policies.base import CachePolicy, Copy, Plan, PolicyContext
 
+__all__ = ["CHURN", "DOWN_TICKS", "FORGET_QPS", "SMOOTHING", "TICK_S", "Dynamo"]
+
 TICK_S = 10.0
 SMOOTHING = 0.3
 DOWN_TICKS = 6
@@ -53,8 +55,9 @@ class Dynamo(CachePolicy):
             order = self.order[adapter] = sorted(range(self.workers), key=weight, reverse=True)
         return order
 
-    def observe(self, worker: int, adapter: int, i: int, now: float, tier: str,
-                ttft_ms: float) -> None:
+    def observe(
+        self, worker: int, adapter: int, i: int, now: float, tier: str, ttft_ms: float
+    ) -> None:
         self.counts[adapter] = self.counts.get(adapter, 0) + 1
 
     def on_hit(self, worker: int, adapter: int, i: int, now: float) -> None:
@@ -65,8 +68,7 @@ class Dynamo(CachePolicy):
             return None
         mine = self.assigned[worker]
         d = self.demand
-        return min(self.ctx.residents[worker],
-                   key=lambda r: (r in mine, d.get(r, 0.0), r))
+        return min(self.ctx.residents[worker], key=lambda r: (r in mine, d.get(r, 0.0), r))
 
     def tick(self, now: float) -> Plan:
         if self.last is None or now <= self.last:

@@ -7,6 +7,8 @@ from collections import deque
 
 from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
+__all__ = ["FIFO"]
+
 
 class FIFO(WorkerCache):
     name = "fifo"

@@ -11,6 +11,8 @@ import heapq
 
 from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
+__all__ = ["GDSF"]
+
 
 class GDSF(WorkerCache):
     name = "gdsf"
@@ -18,8 +20,9 @@ class GDSF(WorkerCache):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         costs = ctx.costs
-        self.value = [costs.weight(a.priority) * costs.swap_ms(a.size_bytes)
-                      for a in ctx.catalog.adapters]
+        self.value = [
+            costs.weight(a.priority) * costs.swap_ms(a.size_bytes) for a in ctx.catalog.adapters
+        ]
         self.clock = 0.0
         self.freq: dict[int, int] = {}
         self.priority: dict[int, float] = {}

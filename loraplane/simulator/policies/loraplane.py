@@ -40,6 +40,17 @@ from loraplane.workers.demand_admission import (
 )
 from loraplane.workers.load_interference import LoadWindows, adapted_budget
 
+__all__ = [
+    "KEEPER_BATCH_S",
+    "PLATINUM",
+    "PLATINUM_WITH_DEMAND",
+    "SIM_EPOCH",
+    "Loraplane",
+    "LoraplaneCost",
+    "LoraplaneDemand",
+    "LoraplaneSeed",
+]
+
 SIM_EPOCH = 1_704_067_200.0  # 2024-01-01T00:00:00Z: simulated t = 0
 _EMPTY = ScoreState()
 _TIERS = {t.value: t for t in Tier}
@@ -52,13 +63,19 @@ KEEPER_BATCH_S = 1.0
 def _record(a: Adapter, base_model: str) -> AdapterRecord:
     sha = hashlib.sha256(f"{a.adapter_id}@{a.version}".encode()).hexdigest()
     return AdapterRecord(
-        adapter_id=a.adapter_id, base_model=base_model, version=a.version, rank=a.rank,
-        artifact_uri=f"s3://loraplane-artifacts/{a.adapter_id}/{a.version}/", sha256=sha,
+        adapter_id=a.adapter_id,
+        base_model=base_model,
+        version=a.version,
+        rank=a.rank,
+        artifact_uri=f"s3://loraplane-artifacts/{a.adapter_id}/{a.version}/",
+        sha256=sha,
         size_bytes=max(1, int(a.size_bytes)),
         status=AdapterStatus.canary if a.is_canary else AdapterStatus.active,
-        tenant_id=a.tenant, priority=Priority(a.priority),
+        tenant_id=a.tenant,
+        priority=Priority(a.priority),
         compatibility=Compatibility(target_modules=["q_proj", "v_proj"], max_lora_rank=512),
-        release=Release(canary_percent=a.canary_percent))
+        release=Release(canary_percent=a.canary_percent),
+    )
 
 
 def _schedule(ctx: PolicyContext) -> Schedule:
@@ -66,10 +83,15 @@ def _schedule(ctx: PolicyContext) -> Schedule:
     for n, peak in enumerate(ctx.peaks):
         at = datetime.fromtimestamp(SIM_EPOCH + peak.at_s, UTC)
         adapter = ctx.catalog.adapters[min(peak.rank, ctx.catalog.regular - 1)]
-        entries.append(ScheduleEntry(
-            name=f"peak-{n}", cron=f"{at.minute} {at.hour} {at.day} {at.month} *",
-            adapter_id=adapter.adapter_id, lead_minutes=peak.lead_s / 60,
-            duration_minutes=max(1.0, peak.duration_s / 60)))
+        entries.append(
+            ScheduleEntry(
+                name=f"peak-{n}",
+                cron=f"{at.minute} {at.hour} {at.day} {at.month} *",
+                adapter_id=adapter.adapter_id,
+                lead_minutes=peak.lead_s / 60,
+                duration_minutes=max(1.0, peak.duration_s / 60),
+            )
+        )
     return Schedule(schedules=entries)
 
 
@@ -95,11 +117,19 @@ class Loraplane(CachePolicy):
         for r in self.records.values():
             by_id.setdefault(r.adapter_id, []).append(r)
         stamp = datetime.fromtimestamp(SIM_EPOCH, UTC)
-        self.views = [AdapterView(
-            adapter_id=aid, tenant_id=rs[0].tenant_id, base_model=pool.name,
-            active_version=next(r.version for r in rs if r.status is AdapterStatus.active),
-            versions=rs, last_seq=1, last_event_id=f"sim-{aid}", updated_at=stamp)
-            for aid, rs in by_id.items()]
+        self.views = [
+            AdapterView(
+                adapter_id=aid,
+                tenant_id=rs[0].tenant_id,
+                base_model=pool.name,
+                active_version=next(r.version for r in rs if r.status is AdapterStatus.active),
+                versions=rs,
+                last_seq=1,
+                last_event_id=f"sim-{aid}",
+                updated_at=stamp,
+            )
+            for aid, rs in by_id.items()
+        ]
         self.index_of = {r.lora_name: i for i, r in self.records.items()}
         self.key = {i: score_key(r.adapter_id, r.version) for i, r in self.records.items()}
         self.pairs = sorted({(r.adapter_id, r.tenant_id) for r in self.records.values()})
@@ -118,8 +148,11 @@ class Loraplane(CachePolicy):
         self.loaded_at: dict[Copy, float] = {}  # the agent's load times (min_residency_s)
         self.planned: set[Copy] = set()  # copies the planner loaded (origin planner)
         conditions = ctx.policy.never_evict
-        self.never_evict = {r.lora_name for r in self.records.values()
-                            if never_evict_rule(r, conditions) is not None}
+        self.never_evict = {
+            r.lora_name
+            for r in self.records.values()
+            if never_evict_rule(r, conditions) is not None
+        }
         self.protect_cap = protected_cap(ctx.policy, pool.gpu_slots)
         self.held: list[frozenset[str]] = [frozenset() for _ in self.workers]
         self.hbm_fixed = pool.base_bytes + pool.kv_bytes
@@ -127,8 +160,9 @@ class Loraplane(CachePolicy):
         tau = ctx.policy.demand_admission_tau_s
         self.demand = [DemandCounts(tau) for _ in self.workers] if tau > 0 else None
         self.waiting = [WaitingMisses() for _ in self.workers]  # batch misses, per worker
-        self.demand_weight = {i: ctx.policy.priority_value(r.priority)
-                              for i, r in self.records.items()}
+        self.demand_weight = {
+            i: ctx.policy.priority_value(r.priority) for i, r in self.records.items()
+        }
         self.counted = -1  # the request on_miss counted already (observe skips it)
         self.asked = -1  # the request that last asked for a load (counted once as waiting)
         # load_stall_share on: each worker's budget follows what its loads cost, as the agent's
@@ -138,10 +172,12 @@ class Loraplane(CachePolicy):
 
     # --- the request log -------------------------------------------------------------------
 
-    def observe(self, worker: int, adapter: int, i: int, now: float, tier: str,
-                ttft_ms: float) -> None:
+    def observe(
+        self, worker: int, adapter: int, i: int, now: float, tier: str, ttft_ms: float
+    ) -> None:
         self.logs.setdefault(self.key[adapter], []).append(
-            (SIM_EPOCH + now, _CLASS[self.batch[i]], _TIERS[tier], RequestStatus.ok, ttft_ms))
+            (SIM_EPOCH + now, _CLASS[self.batch[i]], _TIERS[tier], RequestStatus.ok, ttft_ms)
+        )
         self.touched[(worker, adapter)] = now
         if i != self.counted:
             self._count(worker, adapter, now)
@@ -199,12 +235,14 @@ class Loraplane(CachePolicy):
         if self.demand is None:
             return lambda r: (touched.get((worker, r), -math.inf), lora[r])
         counts, planned = self.demand[worker], self.planned
-        return lambda r: give_up_order(lora[r], planned=(worker, r) in planned,
-                                       demand=counts.count(lora[r], now),
-                                       last_used=touched.get((worker, r), -math.inf))
+        return lambda r: give_up_order(
+            lora[r],
+            planned=(worker, r) in planned,
+            demand=counts.count(lora[r], now),
+            last_used=touched.get((worker, r), -math.inf),
+        )
 
-    def _evictable(self, worker: int, adapter: int, i: int, now: float,
-                   in_time: bool) -> list[int]:
+    def _evictable(self, worker: int, adapter: int, i: int, now: float, in_time: bool) -> list[int]:
         """The residents of a full ``worker`` whose slot a request's load of ``adapter`` may
         take: neither pinned nor protected, past the minimum residency if the planner loaded
         it (unless ``adapter`` is never-evict and would be protected); and (demand admission
@@ -212,24 +250,31 @@ class Loraplane(CachePolicy):
         within its class's wait), else those no busier here than its version, with the
         request counted first, as the gateway counts it before it asks for the load."""
         protected, name = self._protected(worker), self.lora_of[adapter]
-        urgent = name in self.never_evict and (name in protected
-                                               or len(protected) < self.protect_cap)
-        evictable = [r for r in self.ctx.residents[worker] if (worker, r) not in self.pinned
-                     and self.lora_of[r] not in protected
-                     and (urgent or (worker, r) not in self.planned
-                          or self._settled(worker, r, now))]
+        urgent = name in self.never_evict and (
+            name in protected or len(protected) < self.protect_cap
+        )
+        evictable = [
+            r
+            for r in self.ctx.residents[worker]
+            if (worker, r) not in self.pinned
+            and self.lora_of[r] not in protected
+            and (urgent or (worker, r) not in self.planned or self._settled(worker, r, now))
+        ]
         if self.demand is not None and evictable:
             if self.counted != i:
                 self._count(worker, adapter, now)
                 self.counted = i
             budget = self.loads_per_minute(worker) or self.ctx.pool.loads_per_minute
-            if any_slot(may_wait=self.batch[i], in_time=in_time,
-                        used=self.ctx.recent_loads(worker, now), per_minute=budget,
-                        waiting=self.waiting[worker].count(now)):
+            if any_slot(
+                may_wait=self.batch[i],
+                in_time=in_time,
+                used=self.ctx.recent_loads(worker, now),
+                per_minute=budget,
+                waiting=self.waiting[worker].count(now),
+            ):
                 return evictable
             counts, name = self.demand[worker], self.lora_of[adapter]
-            evictable = [r for r in evictable
-                         if counts.admits(name, self.lora_of[r], now)]
+            evictable = [r for r in evictable if counts.admits(name, self.lora_of[r], now)]
         return evictable
 
     def _settled(self, worker: int, adapter: int, now: float) -> bool:
@@ -241,18 +286,22 @@ class Loraplane(CachePolicy):
         """The copies ``worker``'s agent protects (``command_effects.protected_copies``, its
         GPU copies in the order they were loaded), kept sticky as the agent keeps them."""
         loaded_at = self.loaded_at
-        residents = sorted(self.ctx.residents[worker],
-                           key=lambda a: (loaded_at.get((worker, a), -math.inf), a))
-        held = protected_copies(self.held[worker], map(self.lora_of.__getitem__, residents),
-                                self.never_evict, self.protect_cap)
+        residents = sorted(
+            self.ctx.residents[worker], key=lambda a: (loaded_at.get((worker, a), -math.inf), a)
+        )
+        held = protected_copies(
+            self.held[worker],
+            map(self.lora_of.__getitem__, residents),
+            self.never_evict,
+            self.protect_cap,
+        )
         self.held[worker] = held
         return held
 
     def _count(self, worker: int, adapter: int, now: float) -> None:
         """One request routed to ``worker`` in its demand counts (demand admission on)."""
         if self.demand is not None:
-            self.demand[worker].observe(self.lora_of[adapter],
-                                        self.demand_weight[adapter], now)
+            self.demand[worker].observe(self.lora_of[adapter], self.demand_weight[adapter], now)
 
     # --- the cold-load budget -----------------------------------------------------------------
 
@@ -260,8 +309,12 @@ class Loraplane(CachePolicy):
         if not self.stall_share:
             return None
         load_s = self.loads[worker].load_s
-        return adapted_budget(self.ctx.pool.loads_per_minute, self.stall_share,
-                              None if load_s is None else self.ctx.stall_fraction, load_s)
+        return adapted_budget(
+            self.ctx.pool.loads_per_minute,
+            self.stall_share,
+            None if load_s is None else self.ctx.stall_fraction,
+            load_s,
+        )
 
     def on_loaded(self, worker: int, start: float, end: float) -> None:
         if self.stall_share:
@@ -269,8 +322,14 @@ class Loraplane(CachePolicy):
 
     # --- the planner tick -------------------------------------------------------------------
 
-    def _loaded(self, adapter: int, tier: ResidentTier, pinned: bool, protected: bool = False,
-                loaded_at: float | None = None) -> LoadedAdapter:
+    def _loaded(
+        self,
+        adapter: int,
+        tier: ResidentTier,
+        pinned: bool,
+        protected: bool = False,
+        loaded_at: float | None = None,
+    ) -> LoadedAdapter:
         """The worker-state entry of an adapter; immutable, so built once per (tier, pin,
         protection, load time)."""
         key = (adapter, tier, pinned, protected, loaded_at)
@@ -278,11 +337,22 @@ class Loraplane(CachePolicy):
         if entry is None:
             r = self.records[adapter]
             entry = self.loaded[key] = LoadedAdapter.model_construct(
-                lora_name=r.lora_name, adapter_id=r.adapter_id, version=r.version,
-                tenant_id=r.tenant_id, tier=tier, pinned=pinned, protected=protected,
-                size_bytes=r.size_bytes, rank=r.rank, last_used=None, in_flight=0,
-                loaded_at=None if loaded_at is None else datetime.fromtimestamp(
-                    SIM_EPOCH + loaded_at, UTC), origin=None)
+                lora_name=r.lora_name,
+                adapter_id=r.adapter_id,
+                version=r.version,
+                tenant_id=r.tenant_id,
+                tier=tier,
+                pinned=pinned,
+                protected=protected,
+                size_bytes=r.size_bytes,
+                rank=r.rank,
+                last_used=None,
+                in_flight=0,
+                loaded_at=None
+                if loaded_at is None
+                else datetime.fromtimestamp(SIM_EPOCH + loaded_at, UTC),
+                origin=None,
+            )
         return entry
 
     def _states(self, now: float) -> list[WorkerState]:
@@ -291,31 +361,50 @@ class Loraplane(CachePolicy):
         states = []
         for n, wid in enumerate(self.workers):
             protected = self._protected(n)
-            gpu = [self._loaded(a, "gpu", (n, a) in self.pinned, self.lora_of[a] in protected,
-                                self.loaded_at.get((n, a)))
-                   for a in sorted(self.ctx.residents[n])]
-            host = [self._loaded(a, "host", False) for a in self.ctx.hosts[n]
-                    if a not in self.ctx.residents[n]]
+            gpu = [
+                self._loaded(
+                    a,
+                    "gpu",
+                    (n, a) in self.pinned,
+                    self.lora_of[a] in protected,
+                    self.loaded_at.get((n, a)),
+                )
+                for a in sorted(self.ctx.residents[n])
+            ]
+            host = [
+                self._loaded(a, "host", False)
+                for a in self.ctx.hosts[n]
+                if a not in self.ctx.residents[n]
+            ]
             used = sum(x.size_bytes for x in gpu)
-            states.append(WorkerState.model_construct(
-                schema_version=1, worker_id=wid, base_model=pool.name, ts=ts, gateway_url="",
-                gpu_slots_used=len(gpu), gpu_slots_total=pool.gpu_slots,
-                host_bytes_used=sum(x.size_bytes for x in host) + used,
-                host_bytes_budget=int(pool.host_bytes),
-                hbm_usage=min(1.0, (self.hbm_fixed + used) / pool.hbm_bytes),
-                max_lora_rank=512, cold_loads_last_minute=self.ctx.recent_loads(n, now),
-                cold_load_budget=self.loads_per_minute(n),
-                adapters=gpu + host))
+            states.append(
+                WorkerState.model_construct(
+                    schema_version=1,
+                    worker_id=wid,
+                    base_model=pool.name,
+                    ts=ts,
+                    gateway_url="",
+                    gpu_slots_used=len(gpu),
+                    gpu_slots_total=pool.gpu_slots,
+                    host_bytes_used=sum(x.size_bytes for x in host) + used,
+                    host_bytes_budget=int(pool.host_bytes),
+                    hbm_usage=min(1.0, (self.hbm_fixed + used) / pool.hbm_bytes),
+                    max_lora_rank=512,
+                    cold_loads_last_minute=self.ctx.recent_loads(n, now),
+                    cold_load_budget=self.loads_per_minute(n),
+                    adapters=gpu + host,
+                )
+            )
         return states
 
     def tick(self, now: float) -> Plan:
         self.replan_now = False
         self._fold_logs(now)
         at = SIM_EPOCH + now
-        scheduled = warmup_scores(self.schedule, self.pairs, at) if self.schedule.schedules \
-            else {}
-        result = self.planner.tick(self.views, self.scores, self._states(now), self.ctx.policy,
-                                   at, self.memory, scheduled)
+        scheduled = warmup_scores(self.schedule, self.pairs, at) if self.schedule.schedules else {}
+        result = self.planner.tick(
+            self.views, self.scores, self._states(now), self.ctx.policy, at, self.memory, scheduled
+        )
         self.memory = result.memory
         out = Plan()
         for cmd in result.commands:
@@ -363,8 +452,10 @@ class LoraplaneDemand(Loraplane):
     name = "loraplane-demand"
 
     def __init__(self, ctx: PolicyContext) -> None:
-        guards = [PLATINUM_WITH_DEMAND if c.strip() == PLATINUM else c
-                  for c in ctx.policy.never_evict_when]
+        guards = [
+            PLATINUM_WITH_DEMAND if c.strip() == PLATINUM else c
+            for c in ctx.policy.never_evict_when
+        ]
         super().__init__(_with_policy(ctx, never_evict_when=guards))
 
 

@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
+__all__ = ["LRU"]
+
 
 class LRU(WorkerCache):
     name = "lru"

@@ -8,6 +8,8 @@ from collections import OrderedDict, deque
 
 from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
+__all__ = ["S3FIFO"]
+
 
 class S3FIFO(WorkerCache):
     name = "s3-fifo"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from loraplane.simulator.policies.base import PolicyContext, WorkerCache
 
+__all__ = ["SIEVE"]
+
 
 class SIEVE(WorkerCache):
     name = "sieve"

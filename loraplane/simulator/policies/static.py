@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from loraplane.simulator.policies.base import BYPASS, WorkerCache
 
+__all__ = ["StaticMerge"]
+
 
 class StaticMerge(WorkerCache):
     name = "static-merge"
     merged = True
 
     def preload(self) -> list[int]:
-        mine = [a.index for a in self.ctx.catalog.adapters
-                if a.base_model == self.ctx.pool.index and not a.is_canary]
+        mine = [
+            a.index
+            for a in self.ctx.catalog.adapters
+            if a.base_model == self.ctx.pool.index and not a.is_canary
+        ]
         start = self.ctx.worker * self.capacity
-        return mine[start: start + self.capacity]
+        return mine[start : start + self.capacity]
 
     def on_hit(self, adapter: int, i: int, now: float) -> None:
         pass
