@@ -1301,9 +1301,11 @@ def _evict_host(t: _BaseTick) -> None:
         for lora in _worst_first_names(t, (lora for lora in holders if lora in t.records)):
             if over <= 0:
                 break
-            for w in holders[lora]:
-                _evict_for_pressure(t, w, lora, "host slots per base model")
-            over -= 1
+            evicted = [
+                _evict_for_pressure(t, w, lora, "host slots per base model") for w in holders[lora]
+            ]
+            if any(evicted):  # one the workers would refuse leaves the next one to go
+                over -= 1
     for w in t.workers:
         if w.host_bytes <= w.state.host_bytes_budget:
             continue
@@ -1324,9 +1326,10 @@ def _worst_first_names(t: _BaseTick, loras: Iterable[str]) -> list[str]:
     return sorted(loras, key=key)
 
 
-def _evict_for_pressure(t: _BaseTick, w: _Worker, lora: str, detail: str) -> None:
+def _evict_for_pressure(t: _BaseTick, w: _Worker, lora: str, detail: str) -> bool:
+    """Evict ``lora`` from ``w`` for pressure; whether the command was issued."""
     i = t.index.get(lora)
-    t.planner.issue(
+    return t.planner.issue(
         w,
         CommandAction.evict,
         t.records[lora],
