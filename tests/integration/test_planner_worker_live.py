@@ -19,7 +19,7 @@ Recorded from the topics (commands, worker-state, dead-letters, cache-events):
   version no longer serving or a ``demote_when`` condition) or by the worker for a load other
   than a request's own taking a request's copy: printed (with the raw counts) and asserted 0.
 
-``LORAPLANE_AGREEMENT_S`` sets the seconds of traffic (default 80, what the suite runs);
+``LORAPLANE_AGREEMENT_S`` sets the seconds of traffic (default 120, what the suite runs);
 the measurement in docs/planner.md ran 1200 (``pytest -s`` prints the numbers).
 """
 
@@ -61,7 +61,7 @@ from loraplane.schemas.worker_state import WorkerState
 from tests.integration.router_env import Answer, ask
 from tests.integration.test_loadtest import drop_namespace
 
-TRAFFIC_S = float(os.environ.get("LORAPLANE_AGREEMENT_S", "80"))
+TRAFFIC_S = float(os.environ.get("LORAPLANE_AGREEMENT_S", "120"))
 RATE, CONCURRENCY = 15.0, 8
 SHIFT_S, DOWN_S = 40.0, 20.0
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(int(TRAFFIC_S) + 600)]
