@@ -2,74 +2,15 @@
 and the cache commands that get it there. Pure: no I/O, ``now`` is epoch seconds, so the
 policy simulator runs it with simulated time.
 
-Rules, per base model, in the order they are applied (``_RULES``: one function each, called
-in turn on one ``_BaseTick``; docs/planner.md numbers them the same way):
-
-1. protected cap: at most ``ceil(policy.max_protected_gpu_share * hot-set size)`` (at least 1)
-   never-evict versions stay protected, the best-ranked ones; the others are treated as
-   unprotected this tick (ranked by score, demotable, unpinned) so idle protected versions
-   cannot hold every slot while hot ones fall back to the base model. A copy a worker
-   reports ``protected`` (its own never-evict rule, ``workers.reconcile.protect``) refuses
-   every move down, so its version keeps its place first, over the cap if need be; and a
-   copy the worker *may* protect by the time a command arrives
-   (``command_effects.may_protect``: its rule holds and its reported protected copies leave
-   room under its cap) is never moved down or displaced either.
-2. unpin: pinned GPU copies of versions no longer protected (over the cap, or not protected
-   by any condition, not serving, revoked) are unpinned first: a worker refuses to unload a
-   pinned copy, so the unpin must precede any demote or evict of it in the same tick.
-3. retire: every copy of a revoked version is evicted now, on every worker, outside budgets;
-   GPU copies of versions that are neither active nor canary, or whose facts meet a
-   ``policy.demote_when`` condition (a scheduled peak or a canary counts as expected
-   demand, so they are not "idle"), are demoted. One pass per worker in name order.
-4. hot set: wanted versions (never-evict ones, canaries, and any not meeting a demote
-   condition) ranked by hot score, never-evict and canary versions first; a version already
-   on GPU ranks with ``policy.hysteresis_margin`` added, so a challenger must beat it by
-   the margin (no swapping back and forth). The first ``gpu_slots_per_base_model`` form the
-   hot set; a version in it stays where it is (no needless moves). Canaries are wanted from
-   the moment they appear, so they are loaded before traffic reaches them.
-5. load: hot versions not on any GPU are loaded in rank order on the worker with the most
-   free slots whose ``max_lora_rank`` fits the version's rank, at most
-   ``cold_loads_per_minute_per_worker`` loads per worker in any 60 s (sliding; less where a
-   worker reports a lower ``cold_load_budget``: ``policy.load_stall_share``); the rest
-   wait for a later tick (``no_worker_fits_rank`` when no worker of the base model can hold
-   the rank). A worker above ``hbm_low_watermark`` gets no loads. ``gpu_slots_per_base_model``
-   counts GPU copies: when no slot is free, an extra copy (a version's copies beyond its
-   first) is demoted to make room first, else the lowest-ranked resident outside the hot set
-   ("slot_needed"); never a never-evict one, and one loaded within ``policy.min_residency_s``
-   only for a never-evict version (else it waits: ``min_residency``). A canary's ``load_gpu``
-   asks for
-   ``request_budgets.canary.warmup_requests`` shadow/golden-set requests.
-6. replicas: a version with ``n`` GPU copies and demand ``d`` (the larger of its 1- and
-   10-minute request rates) gets more copies when ``d > n * c * (1 + h)`` (``c`` =
-   ``worker_capacity_rps``, ``h`` = ``replica_hysteresis``): ``ceil(d / c)``, at most one per
-   worker that fits its rank, each on the worker with the most free slots (lowest id) that
-   holds none, within the free slots, the GPU-copy budget and the cold-load budgets; it
-   gives one back (its copy on the highest worker id not held never-evict by the worker
-   nor within the minimum residency, unpinned first) when ``d < (n - 1) * c * (1 - h)``.
-   Inside the band nothing changes.
-7. pin: never-evict versions on GPU are pinned (a minimum hot copy).
-8. HBM: a worker above the watermark demotes its lowest-ranked evictable resident past the
-   minimum residency.
-9. host prewarm: wanted versions on no worker at all are prewarmed to the host tier (most
-   free host bytes first, among workers whose ``max_lora_rank`` fits) within
-   ``host_slots_per_base_model`` and each worker's budget.
-10. host pressure: host copies over either limit are evicted lowest rank first.
-
-Commands issued but not yet visible in a worker's state are remembered (``WorkerMemory``)
-and applied on top of that state, so nothing is issued twice (``still_pending``); they are
-forgotten once the state shows them and every earlier command on the same copy, or their
-deadline passes; one the worker reports it will not carry out (``skipped_commands``) is no
-longer expected but kept to its deadline, so the same command is not sent again. A command
-that would change nothing on top of what is expected, or that the worker would refuse
-(``command_effects.effect``), is never issued. ``command_id`` is a hash of worker, action, LoRA
-name and the worker's command sequence number from that memory, so a restarted planner with
-its memory restored neither re-issues a pending decision nor reuses an old id.
-
-Cost: one pass over residents; scores and conditions are numpy columns over all serving
-versions (``Planner`` keeps what does not depend on time between ticks and re-derives only
-the rows of the score keys changed since its last tick), and only the top of the ranking is
-sorted (as far as the hot set and host tier read it), so a tick is O(n + m log m) for n
-versions, vectorised, and m read in rank order; commands are built only for what changes.
+Ten rules per base model, applied in order (``_RULES``: one function each, whose docstring
+opens with its number; docs/planner.md, "Planner rules", numbers them the same way):
+protected cap, unpin, retire, hot set, load, replicas, pin, HBM, host prewarm, host
+pressure. Commands issued but not yet visible in a worker's state are remembered
+(``WorkerMemory``) and applied on top of it, so nothing is issued twice, and none is issued
+that changes nothing or that the worker would refuse (``command_effects.effect``).
+``Planner`` keeps what does not depend on time between ticks and re-derives only the rows
+of the score keys changed since its last tick; only the top of the ranking is sorted, so a
+tick is O(n + m log m) for n versions and the m read in rank order.
 """
 
 from __future__ import annotations

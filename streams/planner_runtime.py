@@ -1,38 +1,13 @@
-"""The planner runtime: the pure ``streams.planner.Planner`` fed from Kafka only, its memory
-and its commands written in one Kafka transaction, active only while it holds the lease
-(``streams.planner_lease``). ``loraplane streams planner`` runs one as its own process;
-``loraplane streams run`` runs one in a thread (``streams.planner_agent``).
-
-Inputs, each a live tail (``kernel.topic_tail``), kept current on the standby too so that a
-takeover plans at once:
-- ``scores`` into a ``ScoreView`` (a snapshot whose ``armed`` went True -> False is a
-  burst: plan now; ``(unknown)`` keys are not adapters; tombstones remove);
-- ``registry`` through ``VerifiedRegistry`` (the planner verifies the views it plans with,
-  as the workers and the router do); a change plans now;
-- ``worker-state`` into ``WorkerStates`` (the newest state per worker);
-- ``planner-memory`` (what the previous active remembered), read when the lease is taken;
-- the schedule file, re-read when it changes.
-Nothing is planned before every tail has read its topic to the end once: an empty score
-view would demote everything, an empty memory would re-issue. ``preview`` plans one tick
-the same way (``plan_tick``) on one read of the same topics and writes nothing: ``loraplane
-plan show``.
-
-A tick (every ``policy.planner_interval_s``, or at once on a burst or a registry change)
-writes, in one transaction with the transactional id ``group_id`` (the lease's group):
-each command (signed at send time with ``settings.planner_key_path``) to the commands
-partition of its worker (``kernel.command_partition.partition_for``: the partition the
-worker announced in its newest state, else the hash over the topic's partition count from
-broker metadata), its decision and audit record, and the memory of
-every worker it changed. So memory and commands commit together or not at all: after a
-crash or a takeover the memory knows exactly what went out; the new active resends the
-pending commands under their own ids (workers drop duplicates by command_id) and never
-re-decides them under new ones. The in-process memory changes only after a commit.
-
-Taking the lease: ``init_transactions`` first (it fences the previous active's producer
-and aborts its open transaction), then the memory tail is waited on up to the topic's end
-as the broker reports it after that, then pending commands are resent, then planning goes
-on. Losing it (revoked, lost, or the producer fenced): planning stops at once; a tick that
-began under the old lease does not commit.
+"""The planner runtime: the pure ``streams.planner.Planner`` fed from Kafka only (live tails
+of ``scores``, ``registry`` through ``VerifiedRegistry``, ``worker-state`` and
+``planner-memory``, plus the schedule file), planning only while it holds the lease
+(``streams.planner_lease``) and only once every tail has read its topic to the end. A
+tick's commands (signed at send time), decisions, audit records and the memory of the
+workers it changed are one Kafka transaction, so after a crash or a takeover the memory
+knows exactly what went out: the new active resends pending commands under their own ids
+and never re-decides them. ``preview`` plans one tick and writes nothing (``loraplane plan
+show``). docs/architecture.md, "The planner runtime", gives the inputs, the transaction and
+the takeover.
 """
 
 from __future__ import annotations
