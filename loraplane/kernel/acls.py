@@ -10,10 +10,12 @@ fresh prefix gets its own); docs/security.md prints the table.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loraplane.kernel import kafka
 from loraplane.kernel.kafka import Principal
@@ -33,6 +35,8 @@ __all__ = [
     "apply",
     "grants",
 ]
+
+log = logging.getLogger(__name__)
 
 READER_GROUP_PREFIX = "loraplane-reader-"
 """``bus.read_topic``'s throwaway consumer groups (it commits nothing)."""
@@ -151,4 +155,44 @@ def apply(
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return False
         raise
+    _wait_visible(admin, set(bindings), timeout)
     return True
+
+
+def _wait_visible(admin: AdminClient, bindings: set[Any], timeout: float) -> None:
+    """Wait until the broker lists every one of ``bindings``: CreateAcls answers when the
+    controller has them, and a client that uses them at once (a fresh prefix's first
+    ``streams run`` creating its changelog topics) was refused TOPIC_AUTHORIZATION_FAILED
+    by a just-started broker whose authorizer had not caught up. A broker that never lists
+    them within ``timeout`` is logged; its clients' own errors then say the rest."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    # None matches any name, principal and host (the stubs type them str only)
+    anything: Any = None
+    every = AclBindingFilter(
+        ResourceType.ANY,
+        anything,
+        ResourcePatternType.ANY,
+        anything,
+        anything,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = set(admin.describe_acls(every, request_timeout=timeout).result(timeout=timeout))
+        missing = len(bindings - listed)
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "%d ACLs created but not listed by the broker after %.0f s", missing, timeout
+            )
+            return
+        time.sleep(0.1)
