@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from loraplane.kernel.config import Settings
+from loraplane.kernel.config import KafkaSettings, Settings
 from loraplane.kernel.kafka import read_password
 from loraplane.kernel.secrets import SecretError, ensure_secret, install_private, read_secret
 
@@ -94,7 +94,9 @@ def test_a_secret_volume_is_installed_private_where_the_runtimes_read_it(tmp_pat
         assert (target / rel).stat().st_mode & 0o777 == 0o600
     assert (target / "kafka").stat().st_mode & 0o777 == 0o700
     assert not list(target.glob("..*"))  # the volume's bookkeeping stays behind
-    settings = Settings(home=tmp_path, secrets_dir=target)
+    # the Kafka section given here, so no setting from the environment (a stack's own
+    # credentials folder) can stand in for the one this volume installed
+    settings = Settings(home=tmp_path, secrets_dir=target, kafka=KafkaSettings())
     assert settings.s3.secret() == "s3-secret-key"
     assert read_password(settings.kafka.credentials_dir / "worker.password") == "pw-of-the-worker"
     assert install_private(volume, target) == written  # a second run replaces them
