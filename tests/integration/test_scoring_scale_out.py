@@ -157,5 +157,7 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
     assert set().union(*taken(third_log)) & load.partitions
     main = main_log.read_text()
     assert "gave up requests partitions" in main
-    assert len(taken(main_log)) >= 3, main[-3000:]
+    # its first read-back, and the one after the SIGKILL; the second's partitions on its
+    # SIGTERM go to the worker's keeper or straight to the third, as the rebalance falls
+    assert len(taken(main_log)) >= 2, main[-3000:]
     assert len(load.partitions) >= 4, load.partitions
