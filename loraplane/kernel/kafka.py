@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message, Producer
@@ -26,6 +26,7 @@ __all__ = [
     "CLIENT_ID",
     "Config",
     "ConfigValue",
+    "ConsumerOptions",
     "Credentials",
     "FaustBroker",
     "KafkaAuthError",
@@ -310,40 +311,26 @@ def consumer_config(
     return conf
 
 
-def consumer(
-    settings: Settings,
-    group: str,
-    *,
-    client_id: str | None = None,
-    offset_reset: OffsetReset = OffsetReset.earliest,
-    session_timeout_ms: int | None = None,
-    static_member: str | None = None,
-    read_to_end: bool = False,
-    quiet: bool = False,
-    heartbeat_ms: int | None = None,
-    cooperative: bool = False,
-    prefetch_kbytes: int | None = None,
-    fetch_wait_ms: int | None = None,
-) -> Consumer:
+class ConsumerOptions(TypedDict, total=False):
+    """The keyword options of ``consumer_config``, which ``consumer`` passes on unchanged."""
+
+    client_id: str | None
+    offset_reset: OffsetReset
+    session_timeout_ms: int | None
+    static_member: str | None
+    read_to_end: bool
+    quiet: bool
+    heartbeat_ms: int | None
+    cooperative: bool
+    prefetch_kbytes: int | None
+    fetch_wait_ms: int | None
+
+
+def consumer(settings: Settings, group: str, **options: Unpack[ConsumerOptions]) -> Consumer:
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
-    return Consumer(
-        consumer_config(
-            settings,
-            group,
-            client_id=client_id,
-            offset_reset=offset_reset,
-            session_timeout_ms=session_timeout_ms,
-            static_member=static_member,
-            read_to_end=read_to_end,
-            quiet=quiet,
-            heartbeat_ms=heartbeat_ms,
-            cooperative=cooperative,
-            prefetch_kbytes=prefetch_kbytes,
-            fetch_wait_ms=fetch_wait_ms,
-        )
-    )
+    return Consumer(consumer_config(settings, group, **options))
 
 
 def consume_ready(
