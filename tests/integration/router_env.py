@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class Answer:
     retry_after: bool
     at: float  # monotonic time of the answer
     request_id: str | None = None  # the gateway's X-Request-Id (its request_log row's)
+    detail: str = ""  # the start of a non-200 answer's body: what a failure report shows
 
     @property
     def miss(self) -> bool:
@@ -116,6 +118,7 @@ def ask(
         "Retry-After" in resp.headers,
         time.monotonic(),
         resp.headers.get("X-Request-Id"),
+        "" if resp.status_code == 200 else resp.text[:300],
     )
 
 
@@ -143,6 +146,15 @@ class Fleet:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def tracebacks(self) -> str:
+        """Every traceback the fleet's processes logged (what a failed assertion shows)."""
+        found = []
+        for log in sorted(self.tmp.glob("*.log")):
+            text = log.read_text(errors="replace")
+            for start in (m.start() for m in re.finditer(r"Traceback \(most recent", text)):
+                found.append(f"--- {log.name}:\n{text[max(0, start - 300) : start + 3000]}")
+        return "\n".join(found) or "no traceback in the fleet's logs"
 
     def respawn(self, name: str) -> None:
         """Start ``name`` again with its first command line (as a supervisor would after a
