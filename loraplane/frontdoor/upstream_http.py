@@ -17,6 +17,7 @@ is an ``UpstreamError`` with a stable reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -193,11 +194,27 @@ class _Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         self._transport = transport
 
+    @property
+    def usable(self) -> bool:
+        """Open as far as this side can tell. The loop may close a transport (the peer
+        reset it) a callback before ``connection_lost`` says so; uvloop's ``write`` then
+        raises RuntimeError, so the transport's own state is asked too."""
+        return not self.closed and self._transport is not None and not self._transport.is_closing()
+
     def send(self, request: bytes, deadline: float) -> UpstreamResponse:
-        assert self._transport is not None
+        """Write ``request``; raises ``_Stale`` (nothing sent) when the connection turns out
+        closed."""
+        transport = self._transport
+        if transport is None or not self.usable:
+            self.drop()
+            raise _Stale()
+        try:
+            transport.write(request)
+        except RuntimeError:  # uvloop: the handle closed before connection_lost ran
+            self.drop()
+            raise _Stale() from None
         self._response = UpstreamResponse(self, self._pool, deadline)
         self._got_bytes = False
-        self._transport.write(request)
         return self._response
 
     def data_received(self, data: bytes) -> None:
@@ -272,7 +289,8 @@ class _Connection(asyncio.Protocol):
     def drop(self) -> None:
         self.closed = True
         if self._transport is not None:
-            self._transport.close()
+            with contextlib.suppress(RuntimeError):  # uvloop: its handle is closed already
+                self._transport.close()
 
 
 class UpstreamPool:
@@ -325,8 +343,8 @@ class UpstreamPool:
         try:
             conn, reused = await self._connection(fresh=False)
             while True:
-                response = conn.send(request, deadline)
                 try:
+                    response = conn.send(request, deadline)
                     await response._head()
                     return response
                 except _Stale:
@@ -345,8 +363,9 @@ class UpstreamPool:
     async def _connection(self, *, fresh: bool) -> tuple[_Connection, bool]:
         while self._idle and not fresh:
             conn = self._idle.pop()
-            if not conn.closed:
+            if conn.usable:
                 return conn, True
+            conn.drop()
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(

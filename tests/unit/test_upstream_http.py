@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -124,6 +125,39 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> No
         assert seen == [0, 1]
 
 
+class _ClosedHandle:
+    """A transport the loop closed a callback before ``connection_lost`` ran: uvloop's
+    ``write`` (and ``close``) then raise RuntimeError; ``is_closing`` may say either."""
+
+    def __init__(self, real: asyncio.Transport, says_closing: bool) -> None:
+        self.real, self.says_closing = real, says_closing
+
+    def is_closing(self) -> bool:
+        return self.says_closing
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport>; the handler is closed")
+
+    def close(self) -> None:
+        self.real.close()
+        raise RuntimeError("the handler is closed")
+
+
+@pytest.mark.parametrize("says_closing", [False, True])
+@session_loop
+async def test_a_kept_connection_whose_transport_closed_unannounced_is_replaced(
+    says_closing: bool,
+) -> None:
+    async with server(echo_forever) as (pool, seen):
+        assert await fetch(pool, b"1") == (200, b"1")
+        (idle,) = pool._idle
+        assert idle._transport is not None
+        idle._transport = cast(asyncio.Transport, _ClosedHandle(idle._transport, says_closing))
+        assert await asyncio.wait_for(fetch(pool, b"2"), 3) == (200, b"2")  # no RuntimeError
+        assert seen == [0, 1] and idle.closed
+        assert await asyncio.wait_for(fetch(pool, b"3"), 3) == (200, b"3")  # no slot leaked
+
+
 @session_loop
 async def test_failures_have_reasons_and_leak_no_slot() -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
@@ -217,6 +251,9 @@ class _Transport(asyncio.Transport):
 
     def write(self, data: bytes) -> None:  # type: ignore[override]
         self.sent += data
+
+    def is_closing(self) -> bool:
+        return False
 
     def pause_reading(self) -> None: ...
 
