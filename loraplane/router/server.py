@@ -82,6 +82,7 @@ __all__ = [
     "Router",
     "RouterMetrics",
     "RouterOptions",
+    "attempt_id",
     "serve_router",
     "serving_versions",
 ]
@@ -343,16 +344,15 @@ class Router:
                 choice.reason.value,
                 choice.stable.version if choice.stable is not None else "",
             )
-            # signed after the wait: the signature's time is when the gateway gets it
-            head = forward_headers(
-                self._secret,
-                forward,
-                request_id,
-                raw,
-                self._clock(),
-                header_token(request.headers.get("X-Session-Key")),
-            )
-            return await self._forward(request, endpoint, raw, choice.record, head)
+            session_key = header_token(request.headers.get("X-Session-Key"))
+
+            def head(attempt_id: str) -> bytes:
+                # signed after the wait: the signature's time is when the gateway gets it
+                return forward_headers(
+                    self._secret, forward, attempt_id, raw, self._clock(), session_key
+                )
+
+            return await self._forward(request, endpoint, raw, choice.record, request_id, head)
         finally:
             if ticket is not None and ticket.state is TicketState.admitted:
                 self._wake(self.flow.release(ticket, self._limit(ticket.base), self._monotonic()))
@@ -430,9 +430,14 @@ class Router:
         endpoint: Endpoint,
         raw: bytes,
         record: AdapterRecord,
-        head: bytes,
+        request_id: str,
+        head: Callable[[str], bytes],
     ) -> web.StreamResponse:
-        for _attempt in range(2):
+        """Forward to the worker the index names; one that did not answer leaves the view
+        and the request goes to the next. A second attempt carries its own request id
+        (``attempt_id``): the first worker may have run it and logged it before it died,
+        and the answer the client gets must name exactly one request_log row."""
+        for attempt in range(2):
             route = self.fleet.index.route(record, self._clock(), self.in_flight)
             if route is None:
                 return self._refuse(
@@ -450,7 +455,7 @@ class Router:
                         endpoint.value,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head,
+                        headers=head(attempt_id(request_id, attempt)),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)
@@ -541,6 +546,15 @@ class Router:
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
         return probe_ok(worker_id, resp.status, body)
+
+
+def attempt_id(request_id: str, attempt: int) -> str:
+    """The request id of a forwarding attempt: the request's own for the first, with
+    ``-rN`` for the N-th re-route (cut to stay within a request id's 128 characters)."""
+    if not attempt:
+        return request_id
+    suffix = f"-r{attempt}"
+    return request_id[: 128 - len(suffix)] + suffix
 
 
 # ---- the process ----------------------------------------------------------------------------

@@ -11,10 +11,11 @@ what the router alone does to residency.
   measured 5 + 5..9 = 10..14 against 12 + 110 = 122 (the router places each new version in its
   own free slot, router.routing "placed");
 - a worker SIGKILLed (agent and vLLM) under load: every request sent gets an answer and
-  none a 5xx (a request the killed worker did not answer is routed again; docs/router.md),
-  and its adapter is served from a GPU copy on another worker within the stated bound: 3
-  heartbeats (drain) + one drain pass + one heartbeat to see the new copy + the load (FAKE
-  vLLM: well under a second) = 5 s + load, asserted <= 20 s for a loaded 2-core machine. A
+  none a 5xx (a request the killed worker did not answer is routed again under a request
+  id of its own, docs/router.md), and its adapter is served from a GPU copy on another
+  worker within the stated bound: 3 heartbeats (drain) + one drain pass + one heartbeat to
+  see the new copy + the load (FAKE vLLM: well under a second) = 5 s + load, asserted
+  <= 20 s for a loaded 2-core machine. A
   refused connection is re-routed at once, so traffic moves before the drain. The killed
   worker is then started again (as a supervisor would; it spools what its journal held) and
   every 200 answer has exactly one request_log row in ClickHouse (the metrics sink in this

@@ -31,7 +31,7 @@ from loraplane.frontdoor.forwarded import (
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
-from loraplane.router.server import Fleet, Router, serving_versions
+from loraplane.router.server import Fleet, Router, attempt_id, serving_versions
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
@@ -443,6 +443,49 @@ async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
         assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
     finally:
         server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_request_sent_again_elsewhere_has_its_own_id_and_one_log(stack: Stack) -> None:
+    """A worker that took the request and died before answering may have run and logged it:
+    the re-routed attempt is another request id, so the answer names exactly one row."""
+    sql = RECORDS[2]
+    seen: list[bytes] = []
+
+    async def takes_it_then_dies(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.close()
+
+    server = await asyncio.start_server(takes_it_then_dies, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        stack.router.fleet.index.update(
+            at(
+                worker("w0", gpu=[sql], base=sql.base_model),
+                datetime.now(UTC).timestamp(),
+                url,
+                max_lora_rank=64,
+            )
+        )
+        status, headers, _ = await stack.post(
+            {"model": "sql", "prompt": "q"}, headers={**AUTH_A, "X-Request-Id": "client-7"}
+        )
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
+        assert b"\r\nX-Request-Id: client-7\r\n" in seen[0]  # the first attempt: its own id
+        assert headers["X-Request-Id"] == "client-7-r1"
+        (log,) = stack.sinks["w2"].messages(RequestLog)
+        assert log.request_id == "client-7-r1"
+    finally:
+        server.close()
+
+
+def test_an_attempt_id_stays_a_request_id() -> None:
+    assert attempt_id("abc", 0) == "abc"
+    assert attempt_id("abc", 1) == "abc-r1"
+    longest = attempt_id("x" * 128, 1)
+    assert len(longest) == 128 and longest.endswith("-r1")
 
 
 @pytest.mark.asyncio(loop_scope="session")
