@@ -39,7 +39,7 @@ PARTS = {  # share of the keeper's time: (function, file it is in, own time only
     "pydantic slow path (demand_of)": ("demand_of", "score_fold", False),
     "fold arithmetic and new states (observe_many)": ("observe_many", "scores", False),
     "fold loop (fold_batch's own)": ("fold_batch", "score_fold", True),
-    "RecentIds.add": ("add", "score_fold", False),
+    "RecentIds.add": ("add_run", "score_fold", False),
     "score records (snapshot_bytes)": ("snapshot_bytes", "scores", False),
 }
 

@@ -19,10 +19,11 @@ validation was most of the per-log cost (docs/benchmarks.md, "Scoring throughput
 from __future__ import annotations
 
 import re
-from collections import deque
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from itertools import groupby
+from operator import itemgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -46,14 +47,20 @@ class Folded:
     refused: list[tuple[KafkaMessage, SchemaError]] = field(default_factory=list)
     bursts: list[str] = field(default_factory=list)
     """Score keys where a request of this batch started a burst (``scores.is_burst``)."""
-    counted: list[tuple[int, str]] = field(default_factory=list)
-    """(partition, event_id) of every log counted, for ``RecentIds.add`` once committed."""
+    ids: dict[int, list[str]] = field(default_factory=dict)
+    """Per partition, the event_id of every log counted, in order: for ``RecentIds.add_run``
+    once committed."""
     duplicates: int = 0
     """Logs skipped because their event_id was already counted."""
     unknown: int = 0
     """Logs of this batch that hold no score key (``score_admission``)."""
     unknown_last: float | None = None
     """The latest event time among them."""
+
+    @property
+    def counted(self) -> list[tuple[int, str]]:
+        """(partition, event_id) of every log counted, partition by partition."""
+        return [(p, event_id) for p, ids in self.ids.items() for event_id in ids]
 
     def tally(self, before: UnknownTally) -> UnknownTally:
         """The unknown bucket after this batch."""
@@ -71,7 +78,7 @@ class RecentIds:
     def __init__(self, size: int) -> None:
         self.size = size
         self._ids: dict[int, set[str]] = {}
-        self._order: dict[int, deque[str]] = {}
+        self._order: dict[int, list[str]] = {}
 
     def __contains__(self, item: tuple[int, str]) -> bool:
         partition, event_id = item
@@ -82,23 +89,35 @@ class RecentIds:
         return self._ids.get(partition, _NONE)
 
     def add(self, items: Iterable[tuple[int, str]]) -> None:
-        # once per counted log: the partition's set and order are looked up once per run
-        last: int | None = None
-        ids: set[str] = set()
-        order: deque[str] = deque()
-        size = self.size
-        for partition, event_id in items:
-            if partition != last:
-                last = partition
-                if partition not in self._ids:
-                    self._ids[partition], self._order[partition] = set(), deque()
-                ids, order = self._ids[partition], self._order[partition]
+        """Remember (partition, event_id) pairs, in order."""
+        for partition, run in groupby(items, key=itemgetter(0)):
+            self.add_run(partition, [event_id for _, event_id in run])
+
+    def add_run(self, partition: int, event_ids: Sequence[str]) -> None:
+        """Remember ids counted on one partition, in order; one already remembered is
+        skipped, and past ``size`` the oldest are forgotten.
+
+        Why whole runs: the keeper adds every log it counted, and ids that are new and
+        distinct (what a fold counts) go in with set and list operations, not one by one."""
+        ids = self._ids.get(partition)
+        if ids is None:
+            ids = self._ids[partition] = set()
+            self._order[partition] = []
+        order = self._order[partition]
+        if ids.isdisjoint(event_ids) and len(set(event_ids)) == len(event_ids):
+            ids.update(event_ids)
+            order.extend(event_ids)
+            if (excess := len(order) - self.size) > 0:
+                ids.difference_update(order[:excess])
+                del order[:excess]
+            return
+        for event_id in event_ids:  # some seen before: in order, one at a time
             if event_id in ids:
                 continue
             ids.add(event_id)
             order.append(event_id)
-            if len(order) > size:
-                ids.discard(order.popleft())
+            if len(order) > self.size:
+                ids.discard(order.pop(0))
 
     def __len__(self) -> int:
         return sum(len(ids) for ids in self._ids.values())
@@ -145,6 +164,11 @@ must equal it); they repeat on every log of an adapter."""
 _valid_versions: dict[str, None] = {}
 """Versions that matched theirs. Both emptied when full, so hostile ids cost a pattern
 each, not memory."""
+_seconds: dict[str, int] = {}
+"""The gateway's ``ts`` up to the second (``2026-12-01T22:00:00``) that matched ``_TS`` with
+a ``Z``, each with its microseconds since the epoch: the logs of one second share it, so
+most logs skip the pattern and the parse (``fast_demand``). Emptied when full too."""
+_US = 1_000_000
 
 
 class _Demand(msgspec.Struct, gc=False):
@@ -200,18 +224,52 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
         if not _VERSION(version):
             return None
         _remember(_valid_versions, version, None)
-    if not _ID(d.event_id) or not _TS(stamp):
+    if not _ID(d.event_id):
         return None
-    try:
-        ts = _fromisoformat(stamp).timestamp()
-    except ValueError:  # a day or an hour out of range
+    # The gateway's form, ``2026-12-01T22:00:00.123456Z``: its second looked up, its
+    # fraction added as ``timestamp()`` does (integer microseconds / 10**6, so the same
+    # float). Any other form: the pattern and the parse.
+    if (
+        len(stamp) == 27
+        and stamp[19] == "."
+        and stamp[26] == "Z"
+        and (frac := stamp[20:26]).isdigit()
+        and frac.isascii()
+        and (second := _seconds.get(stamp[:19]) or _second_of(stamp[:19])) is not None
+    ):
+        ts = (second + int(frac)) / _US
+    elif not _TS(stamp):
         return None
+    else:
+        try:
+            ts = _fromisoformat(stamp).timestamp()
+        except ValueError:  # a day or an hour out of range
+            return None
     return (
         d.event_id,
         adapter_id,
         version,
         (ts, d.request_class._value_, d.tier_at_arrival, d.status, d.ttft_ms),
     )
+
+
+def _second_of(prefix: str) -> int | None:
+    """Microseconds since the epoch of ``prefix`` + ``Z`` (None where ``_TS`` or the
+    parse refuses it), remembered in ``_seconds``."""
+    stamp = prefix + "Z"
+    if not _TS(stamp):
+        return None
+    try:
+        moment = _fromisoformat(stamp)
+    except ValueError:
+        return None
+    micros: int = (moment - _EPOCH) // _MICROSECOND
+    _remember(_seconds, prefix, micros)
+    return micros
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def _remember(valid: dict[str, Any], value: str, form: Any) -> Any:
@@ -262,11 +320,12 @@ def fold_batch(
     groups: dict[tuple[str, str | None], list[SampleRow]] = {}
     seen_before: dict[int, Set[str]] = {}
     in_batch: dict[int, set[str]] = {}
-    counted, refused_logs, fast = out.counted, out.refused, fast_demand
+    counted_on, refused_logs, fast = out.ids, out.refused, fast_demand
     refused = RequestStatus.refused
     last_partition: int | None = None
     before: Set[str] = _NONE
     batch_ids: set[str] = set()
+    counted: list[str] = []
     duplicates, unknown, unknown_last = 0, 0, None
     for message in messages:
         row = fast(message.value(), message.key())
@@ -282,13 +341,14 @@ def fold_batch(
             last_partition = partition
             if partition not in seen_before:
                 seen_before[partition] = _NONE if recent is None else recent.ids_on(partition)
-                in_batch[partition] = set()
+                in_batch[partition], counted_on[partition] = set(), []
             before, batch_ids = seen_before[partition], in_batch[partition]
+            counted = counted_on[partition]
         if event_id in batch_ids or event_id in before:
             duplicates += 1
             continue
         batch_ids.add(event_id)
-        counted.append((partition, event_id))
+        counted.append(event_id)
         if sample[3] is refused:
             unknown += 1
             if unknown_last is None or sample[0] > unknown_last:

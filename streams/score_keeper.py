@@ -27,6 +27,8 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
 from loraplane.kernel import kafka
@@ -105,6 +107,10 @@ longest a handover to another process waits for a dead one's batch. Not below th
 producer's ``message.timeout.ms`` (librdkafka refuses that)."""
 SESSION_TIMEOUT_MS = 10_000
 """A killed keeper's partitions move to the others after this long."""
+
+
+_PARTITION = methodcaller("partition")
+_ERROR = methodcaller("error")
 
 
 class PartitionMismatch(RuntimeError):
@@ -509,16 +515,24 @@ class ScoreKeeper:
 
         by_part: dict[int, list[Any]] = {}
         ends: dict[int, int] = {}
-        for msg in batch:
-            if (err := msg.error()) is not None:
-                log.warning("requests consumer: %s", err)
-                continue
-            p, offset = msg.partition(), msg.offset()
+        # A batch is runs of one partition's logs in offset order: each run is checked
+        # as a whole, and its logs one by one only where it holds an error or a log
+        # before the committed offset (given up, or not read back: its owner counts it).
+        for p, run in groupby(batch, key=_PARTITION):
+            msgs = list(run)
+            if any(map(_ERROR, msgs)):
+                for err in filter(None, map(_ERROR, msgs)):
+                    log.warning("requests consumer: %s", err)
+                msgs = [m for m in msgs if m.error() is None]
             owned = self.owned.get(p)
-            if owned is None or offset < owned.committed:
-                continue  # given up (or not read back): its owner counts it
-            by_part.setdefault(p, []).append(msg)
-            ends[p] = offset + 1
+            if owned is None or not msgs:
+                continue
+            if msgs[0].offset() < owned.committed:
+                msgs = [m for m in msgs if m.offset() >= owned.committed]
+                if not msgs:
+                    continue
+            by_part.setdefault(p, []).extend(msgs)
+            ends[p] = msgs[-1].offset() + 1
         if not by_part:
             return
         folded = self._fold(by_part, known)
@@ -571,7 +585,8 @@ class ScoreKeeper:
         for p, f in folded.items():
             owned = self.owned[p]
             owned.states.update(f.touched)
-            owned.recent.add(f.counted)
+            for partition, ids in f.ids.items():
+                owned.recent.add_run(partition, ids)
             owned.unknown = unknown[p]
             owned.committed = ends[p]
             bursts += f.bursts

@@ -243,12 +243,18 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
     for ts, request_class, tier, status, ttft_ms in samples:
         if status is refused:
             continue
+        # the 10-minute decay from r10's time to ts: the served and class counters mostly
+        # share that time (the same request updated them), and then their exp is this one
+        d10 = exp((r10_at - ts) / TAU_10M_S) if ts >= r10_at else 0.0
         if (tier is gpu or tier is host) and (status is ok or status is error):
             if ts >= served_at:
-                served, served_at = (
-                    (served * exp((served_at - ts) / TAU_10M_S) if served else 0.0) + 1.0,
-                    ts,
-                )
+                if not served:
+                    served = 1.0
+                elif served_at == r10_at:
+                    served = served * d10 + 1.0
+                else:
+                    served = served * exp((served_at - ts) / TAU_10M_S) + 1.0
+                served_at = ts
             else:
                 served += exp((ts - served_at) / TAU_10M_S)
             if status is error:
@@ -263,10 +269,12 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             continue
         c_value, c_at = classes.get(request_class, _ZERO)
         if ts >= c_at:
-            classes[request_class] = (
-                (c_value * exp((c_at - ts) / TAU_10M_S) if c_value else 0.0) + 1.0,
-                ts,
-            )
+            if not c_value:
+                classes[request_class] = 1.0, ts
+            elif c_at == r10_at:
+                classes[request_class] = c_value * d10 + 1.0, ts
+            else:
+                classes[request_class] = c_value * exp((c_at - ts) / TAU_10M_S) + 1.0, ts
         else:
             classes[request_class] = c_value + exp((ts - c_at) / TAU_10M_S), c_at
         if ttft_ms is not None and status is ok:
@@ -282,7 +290,7 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
             p1 = r1 if r1 else 0.0
             r1 += exp((ts - r1_at) / TAU_1M_S)
         if ts >= r10_at:
-            p10 = r10 * exp((r10_at - ts) / TAU_10M_S) if r10 else 0.0
+            p10 = r10 * d10 if r10 else 0.0
             r10, r10_at = p10 + 1.0, ts
         else:
             p10 = r10 if r10 else 0.0
@@ -318,14 +326,24 @@ def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[Score
         else:
             k = exp((ts - dat) / TAU_DAYS_S)
             dn, dc1, ds1, dc2, ds2 = dn + k, dc1 + k * c, ds1 + k * s, dc2 + k * c2, ds2 + k * s2
+    # a counter no request changed is the same object (its floats are): kept, not rebuilt
+    was_served, was_errors = state.served_after_load, state.errors_after_load
     return ScoreState(
         requests_10m=Decayed(TAU_10M_S, r10, r10_at),
         requests_1m=Decayed(TAU_1M_S, r1, r1_at),
         last_request=last,
         ttft_cold_ms=cold,
         ttft_hot_ms=hot,
-        served_after_load=Decayed(TAU_10M_S, served, served_at),
-        errors_after_load=Decayed(TAU_10M_S, errors, errors_at),
+        served_after_load=(
+            was_served
+            if served is was_served.value and served_at is was_served.at
+            else Decayed(TAU_10M_S, served, served_at)
+        ),
+        errors_after_load=(
+            was_errors
+            if errors is was_errors.value and errors_at is was_errors.at
+            else Decayed(TAU_10M_S, errors, errors_at)
+        ),
         classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
         burst_armed=armed,
         daily=Daily(dn, dc1, ds1, dc2, ds2, dat, dsince),
