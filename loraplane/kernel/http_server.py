@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import resource
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from loraplane.kernel import collector
 from loraplane.kernel.config import HttpLimits
 from loraplane.kernel.log_burst import LogBurst
 
@@ -276,9 +276,7 @@ def _collect_the_oldest_rarely() -> None:
     loop for hundreds of milliseconds. The young generations keep CPython's thresholds; the
     oldest is collected about a hundred times less often (cyclic garbage that reached it
     waits longer)."""
-    young, middle, oldest = gc.get_threshold()
-    if young and oldest < _GC_OLDEST_AFTER:
-        gc.set_threshold(young, middle, _GC_OLDEST_AFTER)
+    collector.collect_the_oldest_after(_GC_OLDEST_AFTER)
 
 
 _tables: dict[asyncio.AbstractEventLoop, _Table] = {}

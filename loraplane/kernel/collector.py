@@ -1,0 +1,26 @@
+"""CPython's cyclic garbage collector, tuned for the long-running components whose live
+objects make its default thresholds costly. The thresholds are the process's (CPython has
+one collector), so these only ever raise them: components sharing a process never undo each
+other's setting."""
+
+from __future__ import annotations
+
+import gc
+
+__all__ = ["collect_the_oldest_after", "collect_the_young_after"]
+
+
+def collect_the_young_after(allocations: int) -> None:
+    """A young collection once ``allocations`` more container objects are alive than at
+    the last one (CPython: 700)."""
+    young, middle, oldest = gc.get_threshold()
+    if young and young < allocations:
+        gc.set_threshold(allocations, middle, oldest)
+
+
+def collect_the_oldest_after(middle_collections: int) -> None:
+    """A full collection once ``middle_collections`` middle-generation ones ran since the
+    last (CPython: 10, and only once a quarter of the old objects are new)."""
+    young, middle, oldest = gc.get_threshold()
+    if young and oldest < middle_collections:
+        gc.set_threshold(young, middle, middle_collections)
