@@ -15,7 +15,7 @@ in a bounded memo.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -25,7 +25,7 @@ from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN
 from loraplane.schemas.codec import MAX_MESSAGE_BYTES
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 
-__all__ = ["ValidMemo", "fast_request_log", "field_meta", "unanchored"]
+__all__ = ["ValidMemo", "fast_request_log", "fast_request_logs", "field_meta", "unanchored"]
 
 
 def unanchored(pattern: str) -> str:
@@ -118,37 +118,68 @@ _known_id = ValidMemo(_ID)
 _known_version = ValidMemo(_VERSION)
 
 
+def fast_request_logs(
+    raws: Sequence[bytes | None],
+) -> tuple[list[_RequestLog], list[datetime], list[int]]:
+    """Whole request logs and their ``ts`` in UTC (as ``RequestLog.ts``), and the indices of
+    the messages the fast path cannot prove valid (the caller asks ``codec.decode``). A batch
+    a call, and no object a log but the decoded one: a call and a tuple a log cost a tenth
+    of it."""
+    logs: list[_RequestLog] = []
+    stamps: list[datetime] = []
+    left: list[int] = []
+    take, stamp_of, leave = logs.append, stamps.append, left.append
+    ids, versions = _known_id.seen, _known_version.seen
+    for i, raw in enumerate(raws):
+        # ASCII without escapes: a non-ASCII byte or an escape (a lone surrogate, an escaped
+        # key) goes the slow way, where pydantic decides. A nested value needs no test: every
+        # field is a scalar and unknown fields are refused, so msgspec refuses it. The
+        # one-byte test first: a search for two bytes costs half a microsecond a log, one
+        # byte (memchr) almost nothing, and a gateway's log has no backslash.
+        if (
+            raw is None
+            or not raw.isascii()
+            or (b"\\" in raw and b"\\u" in raw)
+            or len(raw) > MAX_MESSAGE_BYTES
+        ):
+            leave(i)
+            continue
+        try:
+            d = _decode(raw)
+        except msgspec.MsgspecError:
+            leave(i)
+            continue
+        adapter_id, tenant_id, base_model, worker_id = (
+            d.adapter_id,
+            d.tenant_id,
+            d.base_model,
+            d.worker_id,
+        )
+        if not (
+            adapter_id in ids and tenant_id in ids and base_model in ids and worker_id in ids
+        ) and not _known_id(adapter_id, tenant_id, base_model, worker_id):
+            leave(i)
+            continue
+        version = d.adapter_version
+        if version is not None and version not in versions and not _known_version(version):
+            leave(i)
+            continue
+        stamp = d.ts
+        if not _ID(d.event_id) or not _STAMP(stamp):
+            leave(i)
+            continue
+        try:
+            ts = _fromisoformat(stamp).astimezone(UTC)
+        except (ValueError, OverflowError):  # a day out of range, or before year 1 in UTC
+            leave(i)
+            continue
+        take(d)
+        stamp_of(ts)
+    return logs, stamps, left
+
+
 def fast_request_log(raw: bytes | None) -> tuple[_RequestLog, datetime] | None:
-    """A whole request log and its ``ts`` in UTC (as ``RequestLog.ts``), or None where the
-    fast path cannot prove it valid (the caller asks ``codec.decode``)."""
-    # ASCII without escapes: a non-ASCII byte or an escape (a lone surrogate, an escaped key)
-    # goes the slow way, where pydantic decides. A nested value needs no test: every field
-    # is a scalar and unknown fields are refused, so msgspec refuses it.
-    if raw is None or not raw.isascii() or b"\\u" in raw or len(raw) > MAX_MESSAGE_BYTES:
-        return None
-    try:
-        d = _decode(raw)
-    except msgspec.MsgspecError:
-        return None
-    adapter_id, tenant_id, base_model, worker_id = (
-        d.adapter_id,
-        d.tenant_id,
-        d.base_model,
-        d.worker_id,
-    )
-    seen = _known_id.seen
-    if not (
-        adapter_id in seen and tenant_id in seen and base_model in seen and worker_id in seen
-    ) and not _known_id(adapter_id, tenant_id, base_model, worker_id):
-        return None
-    version = d.adapter_version
-    if version is not None and version not in _known_version.seen and not _known_version(version):
-        return None
-    stamp = d.ts
-    if not _ID(d.event_id) or not _STAMP(stamp):
-        return None
-    try:
-        ts = _fromisoformat(stamp).astimezone(UTC)
-    except (ValueError, OverflowError):  # a day out of range, or before year 1 in UTC
-        return None
-    return d, ts
+    """One message through ``fast_request_logs``: the log and its ``ts`` in UTC, or None
+    where the fast path cannot prove it valid."""
+    logs, stamps, _ = fast_request_logs([raw])
+    return (logs[0], stamps[0]) if logs else None

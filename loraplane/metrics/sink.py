@@ -5,10 +5,11 @@ A confluent-kafka consumer, not a Faust agent: the sink is a pure batch mover, a
 explicit, synchronous offset commits. Batches close by size or age; offsets are committed
 only after every row of the batch was inserted (or dead-lettered), in order, so a crash
 replays a batch whose rows collapse under ``FINAL`` (ReplacingMergeTree by event id): counts
-stay exact. One batch is inserted in a writer thread while the next is decoded. Request logs
-(most rows) are decoded by a compiled decoder that builds the row straight from the bytes
-(``Table.fast_row``), pydantic deciding whatever it leaves; timestamp columns go to the driver
-as integers, by the column types read from the server at each (re)connection. ClickHouse
+stay exact. One batch is inserted in a writer thread while the next is decoded. Rows go
+straight into one list per column (no row tuples to transpose); request logs (most rows) are
+decoded a batch at a time by a compiled decoder that fills the columns from the bytes
+(``Table.fast_columns``), pydantic deciding whatever it leaves; timestamp columns go to the
+driver as integers, by the column types read from the server at each (re)connection. ClickHouse
 or Kafka away: the partitions are paused and the batch retried with backoff, and every
 (re)assignment resumes what it hands over, so a rebalance never leaves one paused. A message
 that does not decode or a row ClickHouse rejects goes to the dead-letters topic with its
@@ -34,7 +35,16 @@ from loraplane.kernel.bus import DeliveryError
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.clickhouse import connect
-from loraplane.metrics.tables import TABLES, Encoders, RowError, Table, columns_of, encoders_for
+from loraplane.metrics.tables import (
+    TABLES,
+    Columns,
+    Encoders,
+    RowError,
+    Table,
+    add_row,
+    encoded,
+    encoders_for,
+)
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
 from loraplane.schemas.reasons import ConsumerFault
@@ -78,13 +88,19 @@ class SinkStats:
 
 @dataclass
 class _Rows:
-    """One table's rows of a batch, and the message each came from (for its dead letter)."""
+    """One table's rows of a batch, as the insert's columns, and the message each row came
+    from (for its dead letter), in the same order."""
 
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    columns: Columns
+    messages: list[Message]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.messages)
+
+    @property
+    def rows(self) -> list[tuple[Any, ...]]:
+        """The rows, a tuple each (a view built on demand; the insert takes the columns)."""
+        return list(zip(*self.columns, strict=True))
 
 
 @dataclass
@@ -300,36 +316,62 @@ class Sink:
         return good
 
     def decode(self, messages: list[Message]) -> _Batch:
-        """Pure: messages -> rows per table and dead letters (no I/O). A table's ``fast_row``
-        builds most rows straight from the bytes; what it leaves (None) is validated by the
-        wire schema, which builds the row or names the reason for the dead letter."""
+        """Pure: messages -> rows per table and dead letters (no I/O). A table's
+        ``fast_columns`` fills most rows' columns straight from the bytes; what it leaves is
+        validated by the wire schema, which builds the row or names the reason for the dead
+        letter."""
         batch = _Batch()
-        offsets = batch.offsets
-        into: dict[str, tuple[Table, _Rows]] = {}
+        # Grouped by topic, the last offset per partition: a consumed batch comes in runs of
+        # one partition, so the run's list and offsets are looked up once a run, and no
+        # object is made a message.
+        by_topic: dict[str | None, tuple[list[Message], dict[int | None, int | None]]] = {}
+        topic: str | None = None
+        same: list[Message] = []
+        last: dict[int | None, int | None] = {}
         for msg in messages:
-            topic, partition, offset = _position(msg)
-            offsets[(topic, partition)] = offset
-            target = into.get(topic)
-            if target is None:
-                table = self._tables[topic]
-                target = into[topic] = (table, batch.rows.setdefault(table.name, _Rows()))
-            table, rows = target
-            raw = msg.value()
-            row = table.fast_row(raw) if table.fast_row is not None else None
-            if row is None:
-                try:
-                    row = table.row(decode(table.model, raw))
-                except SchemaError as exc:
-                    batch.dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
-                    continue
-                except RowError as exc:
-                    batch.dead.append(
-                        dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range, str(exc))
-                    )
-                    continue
-            rows.rows.append(row)
-            rows.messages.append(msg)
+            if msg.topic() != topic:
+                topic = msg.topic()
+                group = by_topic.get(topic)
+                if group is None:
+                    group = by_topic[topic] = ([], {})
+                same, last = group
+            same.append(msg)
+            last[msg.partition()] = msg.offset()
+        for name, (got, at) in by_topic.items():
+            for partition, offset in at.items():
+                if name is None or partition is None or offset is None:
+                    raise ValueError(f"consumed message without a position: {name}:{partition}")
+                batch.offsets[(name, partition)] = offset
+            if name is not None:  # checked above: every group holds a message
+                table = self._tables[name]
+                batch.rows[table.name] = self._rows(table, got, batch.dead)
         return batch
+
+    @staticmethod
+    def _rows(table: Table, messages: list[Message], dead: list[DeadLetter]) -> _Rows:
+        """One table's messages -> its rows; refusals are appended to ``dead``."""
+        slow = messages
+        if table.fast_columns is not None:
+            columns, left = table.fast_columns([msg.value() for msg in messages])
+            if not left:
+                return _Rows(columns, messages)
+            leave = set(left)
+            rows = _Rows(columns, [m for i, m in enumerate(messages) if i not in leave])
+            slow = [messages[i] for i in left]
+        else:
+            rows = _Rows([[] for _ in table.columns], [])
+        for msg in slow:
+            try:
+                row = table.row(decode(table.model, msg.value()))
+            except SchemaError as exc:
+                dead.append(dead_letter_for(msg, COMPONENT, exc.reason, str(exc)))
+                continue
+            except RowError as exc:
+                dead.append(dead_letter_for(msg, COMPONENT, ConsumerFault.out_of_range, str(exc)))
+                continue
+            add_row(rows.columns, row)
+            rows.messages.append(msg)
+        return rows
 
     def _deliver(
         self, consumer: Consumer, flight: _InFlight, stop: threading.Event, later: list[Message]
@@ -421,7 +463,7 @@ class Sink:
             if not rows:
                 continue
             for msg, why in self._insert(
-                client, table, encoders.get(table.name, {}), rows.rows, rows.messages
+                client, table, encoders.get(table.name, {}), rows.columns, rows.messages
             ):
                 if msg.topic() == self._dead_letter_topic:
                     log.error(
@@ -444,7 +486,7 @@ class Sink:
         client: Client,
         table: Table,
         encoders: Encoders,
-        rows: list[tuple[Any, ...]],
+        columns: Columns,
         messages: list[Message],
     ) -> list[tuple[Message, str]]:
         """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
@@ -454,17 +496,18 @@ class Sink:
             # Table.row, so the driver's per-value Python checks (a quarter of the insert's
             # client time) are redundant; worse, they mask out-of-range ints into range. The
             # driver still refuses any value its binary packing cannot hold (TypeMismatchError).
-            client.execute(table.insert_sql, columns_of(rows, encoders), columnar=True)
+            client.execute(table.insert_sql, encoded(columns, encoders), columnar=True)
             return []
         except Exception as exc:
             if not _is_rejection(exc):
                 raise
-            if len(rows) == 1:
+            if len(messages) == 1:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 return [(messages[0], f"{type(exc).__name__}: {first}")]
-            mid = len(rows) // 2
-            return self._insert(client, table, encoders, rows[:mid], messages[:mid]) + self._insert(
-                client, table, encoders, rows[mid:], messages[mid:]
+            mid = len(messages) // 2
+            head, tail = [c[:mid] for c in columns], [c[mid:] for c in columns]
+            return self._insert(client, table, encoders, head, messages[:mid]) + self._insert(
+                client, table, encoders, tail, messages[mid:]
             )
 
     def _send_dead_letters(self, letters: list[DeadLetter]) -> None:

@@ -1,0 +1,124 @@
+"""The sink builds each table's insert as one list per column: rows the compiled decoder
+takes and rows pydantic takes land in the same columns, each beside the message it came
+from; refusals become dead letters with their reason; a rejected insert is bisected down to
+its bad rows through the columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clickhouse_driver import errors as ch_errors
+
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.metrics.sink import Sink
+from loraplane.metrics.tables import TABLES, columns_of
+from loraplane.schemas.cache_event import CacheEventKind
+from loraplane.schemas.codec import decode, encode
+from loraplane.schemas.request_log import RequestLog
+from tests.pack_cases import cache
+from tests.wire_strategies import raw_of, whole
+
+REQUESTS = next(t for t in TABLES if t.name == "request_log")
+CACHE = next(t for t in TABLES if t.name == "cache_events")
+
+
+class Msg:
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes) -> None:
+        self._t, self._p, self._o, self._v = topic, partition, offset, value
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def value(self) -> bytes:
+        return self._v
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def headers(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def _batch() -> tuple[Sink, list[Msg]]:
+    settings = Settings()
+    requests, caches = topic_name(settings, "requests"), topic_name(settings, "cache-events")
+    big = cache(2, CacheEventKind.load, "w1").model_copy(update={"bytes": 2**70})
+    values = [
+        (requests, 0, raw_of(whole(0))),  # the fast way
+        (requests, 1, raw_of(whole(1, error="café"))),  # an escape: the slow way, taken
+        (requests, 0, b'{"event_id": '),  # malformed
+        (caches, 2, encode(cache(1, CacheEventKind.load, "w1"))),  # a table without a fast way
+        (requests, 1, raw_of(whole(2, extra=1))),  # an unknown field: refused the slow way
+        (caches, 2, encode(big)),  # valid, but no UInt64 holds it
+        (requests, 0, raw_of(whole(3))),
+    ]
+    offsets: dict[tuple[str, int], int] = {}
+    msgs = []
+    for topic, partition, raw in values:
+        offset = offsets[(topic, partition)] = offsets.get((topic, partition), 9) + 1
+        msgs.append(Msg(topic, partition, offset, raw))
+    return Sink(settings), msgs
+
+
+def test_fast_and_slow_rows_fill_the_same_columns_beside_their_messages() -> None:
+    sink, msgs = _batch()
+    batch = sink.decode(msgs)  # type: ignore[arg-type]
+    requests = batch.rows[REQUESTS.name]
+    assert len(requests.columns) == len(REQUESTS.columns)
+    assert {len(c) for c in requests.columns} == {len(requests)} == {3}
+    for row, msg in zip(requests.rows, requests.messages, strict=True):
+        assert row == REQUESTS.row(decode(RequestLog, msg.value()))
+    assert sorted(row[0] for row in requests.rows) == ["e0", "e1", "e3"]
+    caches = batch.rows[CACHE.name]
+    assert [row[0] for row in caches.rows] == ["c-1"]
+    assert sorted((d.partition, d.offset, str(d.reason)) for d in batch.dead) == [
+        (0, 11, "malformed"),
+        (1, 11, "invalid"),
+        (2, 11, "out_of_range"),
+    ]
+    assert batch.offsets == {(m.topic(), m.partition()): m.offset() for m in msgs}
+
+
+def test_the_columns_are_what_the_rows_transposed_give() -> None:
+    raws = [raw_of(whole(i)) for i in range(5)]
+    assert REQUESTS.fast_columns is not None
+    columns, left = REQUESTS.fast_columns(raws)
+    assert left == []
+    rows = [REQUESTS.row(decode(RequestLog, raw)) for raw in raws]
+    assert columns == columns_of(rows, {})
+
+
+class RejectingClient:
+    """Refuses, as ClickHouse does a value it cannot parse, any insert holding ``bad``."""
+
+    def __init__(self, bad: str) -> None:
+        self.bad = bad
+        self.inserted: list[str] = []
+
+    def execute(self, sql: str, columns: list[list[Any]], columnar: bool) -> None:
+        assert columnar
+        if self.bad in columns[0]:
+            raise ch_errors.ServerException("Cannot parse input", code=27)
+        self.inserted += columns[0]
+
+
+def test_a_rejected_row_is_bisected_out_through_the_columns() -> None:
+    sink = Sink(Settings())
+    msgs = [Msg("t", 0, i, raw_of(whole(i))) for i in range(7)]
+    assert REQUESTS.fast_columns is not None
+    columns, _ = REQUESTS.fast_columns([m.value() for m in msgs])
+    client = RejectingClient("e4")
+    refused = sink._insert(client, REQUESTS, {}, columns, msgs)  # type: ignore[arg-type]
+    assert [(m.offset(), why.split(":")[0]) for m, why in refused] == [(4, "ServerException")]
+    assert sorted(client.inserted) == sorted(f"e{i}" for i in range(7) if i != 4)
+    assert columns[0] == [f"e{i}" for i in range(7)]  # kept whole, for a retry
