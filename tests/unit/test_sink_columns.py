@@ -5,10 +5,14 @@ its bad rows through the columns."""
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from clickhouse_driver import errors as ch_errors
 
+from loraplane.kernel import collector
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.metrics.sink import Sink
@@ -122,3 +126,19 @@ def test_a_rejected_row_is_bisected_out_through_the_columns() -> None:
     assert [(m.offset(), why.split(":")[0]) for m, why in refused] == [(4, "ServerException")]
     assert sorted(client.inserted) == sorted(f"e{i}" for i in range(7) if i != 4)
     assert columns[0] == [f"e{i}" for i in range(7)]  # kept whole, for a retry
+
+
+@pytest.fixture
+def thresholds() -> Iterator[None]:
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+def test_the_collector_thresholds_only_ever_rise(thresholds: None) -> None:
+    gc.set_threshold(700, 10, 10)
+    collector.collect_the_young_after(80_000)
+    collector.collect_the_young_after(200)
+    collector.collect_the_oldest_after(1000)
+    collector.collect_the_oldest_after(5)
+    assert gc.get_threshold() == (80_000, 10, 1000)
