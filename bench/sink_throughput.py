@@ -9,7 +9,10 @@ to the last row, so the consumer-group join is not counted (it is reported separ
 columns built before the clock starts (``tables.columns_of``, timestamps already the integers
 the driver would compute): the best clickhouse-driver does with no Kafka, no decoding, no
 checks and no row building. The two run back to back, alternating which goes first, into two
-private databases that are dropped afterwards.
+private databases that are dropped afterwards. The sink's CPU is also split by part (from
+``/proc``, per thread: its loop, which consumes, decodes and commits; its insert thread, which
+encodes timestamps and runs the driver; librdkafka's threads; and the collector's share of
+them all), so a missed goal comes with where the time goes.
 
     .venv/bin/python -m bench.sink_throughput                 # 200k rows, 3 repetitions
     .venv/bin/python -m bench.sink_throughput --rows 500000 --reps 5
@@ -23,6 +26,7 @@ import os
 import threading
 import time
 import uuid
+from collections import defaultdict
 from typing import Any
 
 from bench.isolation import isolated, private_topics, produce_all
@@ -58,14 +62,68 @@ def raw_insert(
         client.disconnect()
 
 
+PARTS = ("loop", "insert", "librdkafka", "gc", "rest")
+"""The sink's CPU by part: its loop thread (consume, decode, commit), its insert thread
+(timestamps, the driver), librdkafka's threads, the garbage collector in any of them (also
+counted in its thread's part), and the rest of the process (this harness)."""
+
+
+def _task_cpu() -> dict[int, tuple[str, float]]:
+    """Each thread of this process: its name as the kernel has it and its CPU seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        out[int(task)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def _parts(before: dict[int, tuple[str, float]], loop: int | None) -> dict[str, float]:
+    """CPU seconds by part (``PARTS``, but gc) since ``before``."""
+    insert = {t.native_id for t in threading.enumerate() if t.name.startswith("metrics-sink")}
+    spent: dict[str, float] = defaultdict(float)
+    for task, (name, cpu) in _task_cpu().items():
+        used = cpu - before.get(task, (name, 0.0))[1]
+        if task == loop:
+            spent["loop"] += used
+        elif task in insert:
+            spent["insert"] += used
+        elif name.startswith("rdk:"):
+            spent["librdkafka"] += used
+        else:
+            spent["rest"] += used
+    return spent
+
+
+class _Collections:
+    """The thread CPU spent in the garbage collector while it is installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started: dict[int, float] = {}
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started[threading.get_ident()] = time.thread_time()
+        elif (began := self._started.pop(threading.get_ident(), None)) is not None:
+            self.seconds += time.thread_time() - began
+
+
 def sink_rate(
     settings: Settings,
     total: int,
     batch: int,
     timeout_s: float,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, dict[str, float]]:
     """(rows/s after the first batch, seconds from start to the first batch, CPU seconds of
-    this process a row after the first batch: the sink's threads and librdkafka's)."""
+    this process a row after the first batch: the sink's threads and librdkafka's, and those
+    CPU seconds a row by part)."""
     sink = Sink(
         settings,
         SinkConfig(batch_size=batch, max_wait_s=0.5, group_id=f"bench-sink-{uuid.uuid4().hex[:8]}"),
@@ -76,26 +134,35 @@ def sink_rate(
     thread.start()
     first_at, first_rows, cpu = 0.0, 0, 0.0
     deadline = started + timeout_s
+    tasks: dict[int, tuple[str, float]] = {}
+    collections = _Collections()
     try:
         while sink.stats.rows < total:
             if time.perf_counter() > deadline or not thread.is_alive():
                 raise RuntimeError(f"sink delivered {sink.stats.rows}/{total} rows")
             if not first_at and sink.stats.rows:
                 first_at, first_rows = time.perf_counter(), sink.stats.rows
-                cpu = time.process_time()
+                cpu, tasks = time.process_time(), _task_cpu()
+                gc.callbacks.append(collections)
             time.sleep(0.002)
         done, cpu = time.perf_counter(), time.process_time() - cpu
+        parts = _parts(tasks, thread.native_id)
     finally:
+        if collections in gc.callbacks:
+            gc.callbacks.remove(collections)
         stop.set()
         thread.join(timeout=30)
     if sink.stats.dead_letters:
         raise RuntimeError(f"{sink.stats.dead_letters} rows dead-lettered")
     if first_rows >= total:
         raise RuntimeError("everything arrived in one batch: use more --rows")
+    rows = total - first_rows
+    parts["gc"] = collections.seconds
     return (
-        (total - first_rows) / (done - first_at),
+        rows / (done - first_at),
         first_at - started,
-        cpu / (total - first_rows),
+        cpu / rows,
+        {part: parts[part] / rows for part in PARTS},
     )
 
 
@@ -114,6 +181,7 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
     raw_rates: list[float] = []
     joins: list[float] = []
     sink_cpu: list[float] = []
+    sink_parts: dict[str, list[float]] = {part: [] for part in PARTS}
     load_at_start = os.getloadavg()[0]
     raw_cpu: list[float] = []
     with private_topics(settings, SINK_TOPICS):
@@ -133,10 +201,12 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
                         raw_rates.append(total / seconds)
                         raw_cpu.append(cpu / total * 1e6)
                     else:
-                        rate, join_s, cpu = sink_rate(settings, total, batch, timeout_s=300)
+                        rate, join_s, cpu, parts = sink_rate(settings, total, batch, timeout_s=300)
                         sink_rates.append(rate)
                         joins.append(join_s)
                         sink_cpu.append(cpu * 1e6)
+                        for part, seconds in parts.items():
+                            sink_parts[part].append(seconds * 1e6)
         finally:
             gc.unfreeze()
             client = connect(settings, database="", timeout_s=SLOW_SERVER_S)
@@ -154,6 +224,10 @@ def run(base: Settings, total: int, reps: int, batch: int) -> dict[str, Any]:
         "sink_first_batch_s": Summary.from_samples(joins).as_dict(),
         # client CPU (this process, all threads) a row; ClickHouse's and Kafka's own not counted
         "sink_cpu_us_per_row": Summary.from_samples(sink_cpu).as_dict(),
+        # medians; gc is also counted in the thread it ran in
+        "sink_cpu_us_per_row_by_part": {
+            part: round(Summary.from_samples(v).median, 2) for part, v in sink_parts.items()
+        },
         "raw_insert_cpu_us_per_row": Summary.from_samples(raw_cpu).as_dict(),
         "load_average_1m": {"start": round(load_at_start, 2), "end": round(os.getloadavg()[0], 2)},
         "ratio": round(lp.median / raw.median, 3),
