@@ -334,7 +334,11 @@ def _apply(
     """Expect ``action``'s effect (``kernel.command_effects``) on ``w``'s copy of ``lora``;
     ``protected``: the worker holds it never-evict and refuses to move it down."""
     before = _copy_on(w, lora)
-    after = effect(action, before, protected).after
+    _move(w, lora, before, effect(action, before, protected).after, size)
+
+
+def _move(w: _Worker, lora: str, before: Copy, after: Copy, size: int) -> None:
+    """Move ``w``'s copy of ``lora`` (``size`` bytes) from ``before`` to ``after``."""
     if after == before:
         return
     host = w.own()
@@ -399,7 +403,8 @@ class _Planner:
         before = _copy_on(w, lora)
         protected = lora in w.protected
         outcome = effect(action, before, protected)
-        if outcome.refused is not None or outcome.after == before or (action, lora) in w.failed:
+        after = outcome.after
+        if outcome.refused is not None or after == before or (action, lora) in w.failed:
             return False
         w.seq += 1
         fields = {
@@ -427,7 +432,7 @@ class _Planner:
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
             w.recent[lora] = self.now
-        _apply(w, action, lora, record.size_bytes, protected)
+        _move(w, lora, before, after, record.size_bytes)
         w.may_protect(lora, self.rule)
         self.commands.append(cmd)
         return True
@@ -590,6 +595,7 @@ class _BaseTick:
     host_only: set[str] = field(init=False)  # rule 9 on: names held host-only somewhere
     # lora -> workers that will not carry out a load of it still within its deadline
     failed_loads: dict[str, set[str]] = field(init=False)
+    _fitting: dict[int, int] = field(init=False, default_factory=dict)  # rank -> fitting()
 
     def __post_init__(self) -> None:
         self.failed_loads = defaultdict(set)
@@ -606,8 +612,14 @@ class _BaseTick:
         )
 
     def fitting(self, rank: int) -> int:
-        """How many workers of the base model can hold a version of ``rank``."""
-        return len(self.max_ranks) - int(np.searchsorted(self.max_ranks, rank))
+        """How many workers of the base model can hold a version of ``rank`` (asked once
+        per waiting version: a cold tick's ~10k are of a handful of ranks)."""
+        count = self._fitting.get(rank)
+        if count is None:
+            count = self._fitting[rank] = len(self.max_ranks) - int(
+                np.searchsorted(self.max_ranks, rank)
+            )
+        return count
 
     def fitting_counts(self, ranks: np.ndarray) -> np.ndarray:
         counts: np.ndarray = len(self.max_ranks) - np.searchsorted(self.max_ranks, ranks)
@@ -1180,8 +1192,9 @@ def _relieve_hbm(t: _BaseTick) -> None:
 
 def _prewarm_host(t: _BaseTick) -> None:
     """9. Wanted versions on no worker at all are prewarmed in rank order on the worker with
-    the most free host bytes that fits their rank, within ``host_slots_per_base_model`` and
-    its byte budget."""
+    the most free host bytes that fits their rank and has fewer than
+    ``host_prewarms_in_flight_per_worker`` prewarms pending, within
+    ``host_slots_per_base_model`` and its byte budget."""
     table, workers = t.table, t.workers
     t.host_only = host_only = set().union(*(w.host for w in workers))
     slots_left = t.policy.host_slots_per_base_model - len(host_only)
@@ -1191,32 +1204,44 @@ def _prewarm_host(t: _BaseTick) -> None:
         (w.state.max_lora_rank, (-(w.state.host_bytes_budget - w.host_bytes), w.id))
         for w in workers
     )
+    bound = t.policy.host_prewarms_in_flight_per_worker
+    in_flight: dict[str, int] = {}  # worker id -> its pending prewarms, once looked at
     ranked = iter(t.wanted)
+    fitting: dict[int, list[list[tuple[int, str]]]] = {}  # rank -> its heaps (lists kept)
     smallest: int | None = None  # size of the smallest wanted version, once one did not fit
     while slots_left > 0 and workers and (i := next(ranked, None)) is not None:
         lora = table.lora[i]
         if lora in anywhere:
             continue
-        # The heaps only change by the replace below, so each top is valid: the fitting
-        # worker with the most free host bytes heads one of the fitting heaps.
-        heap = min(byte_heaps.fitting(table.record[i].rank), key=lambda h: h[0], default=None)
-        if heap is None:
+        r = table.record[i]
+        heaps = fitting.get(r.rank)
+        if heaps is None:
+            heaps = fitting[r.rank] = list(byte_heaps.fitting(r.rank))
+        if not heaps:
             continue  # no worker holds its rank: nowhere to prewarm it
+        # The heaps only change by the replace below and by dropping workers at the
+        # bound, so each top is valid: the fitting worker with the most free host bytes
+        # that may take a prewarm heads one of the fitting heaps.
+        heap = _least_full(heaps, t.by_id, in_flight, bound)
+        if heap is None:  # every fitting worker is at the bound
+            if not any(byte_heaps.heaps.values()):
+                break  # and so is every worker: the rest waits for their reports
+            continue
         neg_free, wid = heap[0]
-        if -neg_free < table.record[i].size_bytes:
+        if -neg_free < r.size_bytes:
             # Does not fit the emptiest worker: skip, smaller ones may fit. When none is small
             # enough for any worker, stop (a fleet with full host tiers would walk the whole
             # ranking).
             if smallest is None:
                 smallest = int(table.registry.size_bytes[t.wanted.rows].min())
-            if -min(h[0] for h in byte_heaps.fitting(0))[0] < smallest:
+            if -min(h[0] for h in byte_heaps.fitting(0) if h)[0] < smallest:
                 break
             continue
         w = t.by_id[wid]
         if not t.planner.issue(
             w,
             CommandAction.prewarm_host,
-            table.record[i],
+            r,
             lora,
             CommandRule.host_tier,
             table.score_of(i),
@@ -1225,7 +1250,38 @@ def _prewarm_host(t: _BaseTick) -> None:
             continue  # the worker reported it will not: left for after that one's deadline
         host_only.add(lora)
         slots_left -= 1
+        in_flight[wid] += 1
         heapq.heapreplace(heap, (-(w.state.host_bytes_budget - w.host_bytes), wid))
+
+
+def _least_full(
+    heaps: list[list[tuple[int, str]]],
+    by_id: Mapping[str, _Worker],
+    in_flight: dict[str, int],
+    bound: int,
+) -> list[tuple[int, str]] | None:
+    """Of ``heaps`` (rule 9's, by free host bytes), the one headed by the worker with the
+    most free host bytes that may take another prewarm (fewer than ``bound`` pending,
+    counted into ``in_flight`` once per worker); workers at the bound are popped (their
+    count only grows within a tick). None when every heap is empty."""
+    best: list[tuple[int, str]] | None = None
+    for heap in heaps:
+        while heap:
+            wid = heap[0][1]
+            count = in_flight.get(wid)
+            if count is None:
+                w = by_id[wid]
+                count = in_flight[wid] = sum(
+                    c.action is CommandAction.prewarm_host
+                    and (c.action, c.lora_name) not in w.failed
+                    for c in w.pending
+                )
+            if count < bound:
+                break
+            heapq.heappop(heap)
+        if heap and (best is None or heap[0] < best[0]):
+            best = heap
+    return best
 
 
 def _evict_host(t: _BaseTick) -> None:

@@ -280,6 +280,14 @@ class Policy(_Strict):
 
     gpu_slots_per_base_model: int = Field(64, ge=1, le=100_000)
     host_slots_per_base_model: int = Field(2048, ge=1, le=10_000_000)
+    host_prewarms_in_flight_per_worker: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="prewarm_host commands a worker may have pending (issued, not yet "
+        "shown in its state): it fetches its host copies one at a time, so more would only "
+        "queue there; the rest of the host tier follows as the worker reports these",
+    )
     eviction_policy: Literal["weighted-lru"] = "weighted-lru"
     hot_score_formula: str = DEFAULT_FORMULA
     never_evict_when: list[str] = Field(

@@ -22,6 +22,7 @@ from loraplane.streams.scores import TAU_1M_S, TAU_10M_S, ScoreState, score_key
 
 NOW = 1_800_000_000.0
 POLICY = Policy(hot_score_formula=SEED_FORMULA, max_protected_gpu_share=0.5)
+PREWARM = CommandAction.prewarm_host
 """The seed's policy (its hot score, half the slots protected): the rules below are written
 against its numbers; the defaults differ (test_protected_cap_is_a_share_of_the_hot_set...)."""
 MB = 1024**2
@@ -318,6 +319,28 @@ def test_waiting_adapters_are_prewarmed_on_host_within_byte_budget() -> None:
     assert [(c.action, c.adapter_id) for c in p.commands] == [(CommandAction.prewarm_host, "small")]
 
 
+def test_a_worker_has_at_most_its_bound_of_prewarms_in_flight_the_rest_follow() -> None:
+    """Rule 9 gives a worker no more prewarms than ``host_prewarms_in_flight_per_worker``
+    pending: the next ones, in rank order, go out as its state shows the first ones."""
+    resident = [record(f"r{i}") for i in range(2)]
+    waiting = [record(f"h{i}") for i in range(5)]
+    policy = POLICY.model_copy(update={"host_prewarms_in_flight_per_worker": 2})
+    demand = scores(r0=1, r1=1, **{f"h{i}": 0.5 - 0.01 * i for i in range(5)})
+    ws = [worker("w1", gpu=resident, slots=2)]
+    p1 = plan(views(*resident, *waiting), demand, ws, policy, NOW)
+    assert [(c.action, c.adapter_id) for c in p1.commands] == [
+        (CommandAction.prewarm_host, "h0"),
+        (CommandAction.prewarm_host, "h1"),
+    ]
+    # Still pending: nothing more.
+    p2 = plan(views(*resident, *waiting), demand, ws, policy, NOW + 1, p1.memory)
+    assert p2.commands == []
+    # The worker shows h0 on its host tier: one more goes out.
+    ws = [worker("w1", gpu=resident, host=waiting[:1], slots=2)]
+    p3 = plan(views(*resident, *waiting), demand, ws, policy, NOW + 2, p2.memory)
+    assert [(c.action, c.adapter_id) for c in p3.commands] == [(CommandAction.prewarm_host, "h2")]
+
+
 def test_protected_versions_over_the_share_are_unpinned_and_compete_by_score() -> None:
     # 4 platinum versions pinned on 4 slots; max_protected_gpu_share 0.5 protects 2 (the
     # worker too: the first two it was asked for)
@@ -469,6 +492,7 @@ def fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy, dict]:
         gpu_slots_per_base_model=draw(st.integers(1, 12)),
         host_slots_per_base_model=draw(st.integers(1, 12)),
         cold_loads_per_minute_per_worker=draw(st.integers(1, 4)),
+        host_prewarms_in_flight_per_worker=draw(st.integers(1, 4)),
     )
     sc = {
         score_key(r.adapter_id, "1"): busy(
@@ -521,6 +545,9 @@ def test_no_plan_exceeds_any_slot_byte_or_budget_limit(fleet: tuple, ticks: int)
             assert gpu_per_worker[w.worker_id] <= max(w.gpu_slots_total, gpu_before[w.worker_id])
         assert len(p.gpu) <= max(policy.gpu_slots_per_base_model, sum(gpu_before.values()))
         assert len(p.host) <= max(policy.host_slots_per_base_model, host_before)
+        for w in ws:  # the workers report nothing: every prewarm stays in flight
+            prewarms = [c for c in p.memory[w.worker_id].pending if c.action is PREWARM]
+            assert len(prewarms) <= policy.host_prewarms_in_flight_per_worker
         issued += p.commands
         for w in ws:  # host bytes only grow by prewarms that fit the budget
             mine = [c for c in issued if c.worker_id == w.worker_id]
