@@ -515,6 +515,18 @@ class Planner:
             ),
         )
 
+    def prime(
+        self,
+        views: Iterable[AdapterView],
+        scores: Mapping[str, ScoreState],
+        changed: Iterable[str] | None = None,
+    ) -> None:
+        """Bring the registry and score columns up to date without planning (``changed``
+        as for ``tick``). A standby keeps its planner primed as records arrive
+        (``streams.planner_runtime``), so the first tick after it takes over derives what
+        changed since, not every column (~0.5 s at 100k versions)."""
+        self._columns.update(views, scores, changed)
+
     def _worker_rule(self, registry: Registry, policy: Policy) -> Callable[[str], bool]:
         """Does a worker's never-evict rule hold for a lora name: the workers' own
         predicate (``command_effects.never_evict_rule``, on the record and the policy alone)

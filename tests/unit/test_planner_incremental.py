@@ -232,3 +232,53 @@ def test_a_planner_told_the_changed_score_keys_plans_what_a_fresh_plan_plans(
         assert dict(warm.scores) == dict(fresh.scores)
         memory = fresh.memory
         now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0]))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.integers(2, 8))
+def test_a_planner_primed_while_standby_plans_what_a_fresh_plan_plans(
+    data: st.DataObject, steps: int
+) -> None:
+    """The standby's path: the planner is primed (``Planner.prime``) as registry views and
+    score states change, handed the keys changed since its last read as the runtime's
+    score view does, and now and then ticks (a takeover, a lease lost and won again).
+    Every tick decides what a fresh plan decides."""
+    draw = data.draw
+    planner = Planner()
+    registry: dict[str, AdapterView] = {}
+    scores: dict[str, ScoreState] = {}
+    workers: dict[str, WorkerState] = {}
+    memory: dict[str, WorkerMemory] = {}
+    now = NOW
+    policy = draw(st.sampled_from(POLICIES))
+    since: set[str] | None = None  # keys changed since the planner's last read: unknown first
+    for _ in range(steps):
+        for adapter in draw(st.sets(st.sampled_from(ADAPTERS), max_size=2)):
+            if adapter in registry and draw(st.booleans()):
+                del registry[adapter]
+            else:
+                registry[adapter] = draw(adapter_views(adapter))
+        order = list(registry.values())
+        scores = dict(scores)
+        for key in draw(st.sets(st.sampled_from(score_keys(registry)))):
+            if key in scores and draw(st.integers(0, 4)) == 0:
+                del scores[key]
+            else:
+                scores[key] = draw(score_states(now))
+            if since is not None:
+                since.add(key)
+        if draw(st.booleans()):
+            planner.prime(order, scores, since)
+        else:
+            workers = draw(fleet_states(registry, workers, now))
+            fleet = list(workers.values())
+            warm = planner.tick(order, scores, fleet, policy, now, memory, changed=since)
+            fresh = plan(order, scores, fleet, policy, now, memory)
+            assert warm.commands == fresh.commands
+            assert warm.waiting == fresh.waiting
+            assert warm.memory == fresh.memory
+            assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
+            assert dict(warm.scores) == dict(fresh.scores)
+            memory = fresh.memory
+        since = set()
+        now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0]))
