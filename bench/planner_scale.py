@@ -16,8 +16,9 @@ are timed for each size:
   ``host_prewarms_in_flight_per_worker`` per worker. Beside it: ``unprimed_ms``, the same
   tick with nothing kept (``plan``: every column derived in the tick, columns and planning
   together); ``cold_commands`` against ``cold_commands_unbounded`` (no in-flight bound on
-  prewarms); ``ticks_to_host_tier``: ticks (one second apart, each worker showing every
-  command of the last tick as done) until one issues no prewarm, the host tier planned;
+  prewarms); ``ticks_to_host_tier``: how many ticks (one second apart, each worker
+  showing every command of the last tick as done) issue prewarms, the first one included,
+  before one issues none: the host tier is then planned;
 * ``steady``: the tick the planner agent runs every second. One ``Planner`` that already
   planned this fleet once (as the agent's has), the fleet holding what the planner converges
   to (the placement one tick would reach with no cold-load budget: hot set on GPU, pinned
@@ -228,7 +229,7 @@ def cold_ticks(
     reps: int,
 ) -> dict[str, Any]:
     """``reps`` first ticks of a primed planner (and the priming, and an unprimed ``plan``)
-    on the empty fleet; then the ticks that follow until the host tier is planned."""
+    on the empty fleet; then the ticks that follow while they issue prewarms."""
     keys = [score_key(v.adapter_id, "1") for v in views]
     rng = random.Random(11)
     prime_ms, cold_ms, unprimed_ms = [], [], []
@@ -250,11 +251,13 @@ def cold_ticks(
     first = len(result.commands)
     unbounded = policy.model_copy(update={"host_prewarms_in_flight_per_worker": 10_000})
     by_name = {r.lora_name: r for v in views for r in v.versions}
-    workers, ticks = empty, 1
+    workers, ticks = empty, 0
     while any(c.action is CommandAction.prewarm_host for c in result.commands):
-        workers = reported(workers, result.commands, by_name)
         ticks += 1
-        result = planner.tick(views, later, workers, policy, NOW + ticks, result.memory, changed=())
+        workers = reported(workers, result.commands, by_name)
+        result = planner.tick(
+            views, later, workers, policy, NOW + 1 + ticks, result.memory, changed=()
+        )
     return {
         "cold_ms": Summary.from_samples(cold_ms).as_dict(),
         "prime_ms": Summary.from_samples(prime_ms).as_dict(),

@@ -27,7 +27,7 @@ def test_tiny_run_prints_json_and_writes_its_row_when_asked(
     assert all(c["cold_commands"] > 0 for c in out["cases"])  # an empty fleet gets loads
     for c in out["cases"]:  # the first tick bounds its prewarms; the host tier follows
         assert c["cold_commands"] <= c["cold_commands_unbounded"]
-        assert c["ticks_to_host_tier"] >= 1
+        assert c["ticks_to_host_tier"] >= 0
         assert {"cold_ms", "prime_ms", "unprimed_ms"} <= c.keys()
     assert {tick: set(g) for tick, g in out["growth"].items()} == {
         tick: {"vs_adapters", "vs_workers"} for tick in ("cold", "steady")
