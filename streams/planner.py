@@ -788,15 +788,23 @@ def _load(t: _BaseTick) -> None:
     if not missing:
         return
     table, policy, slots = t.table, t.policy, _Slots.of(t)
+    spent = False  # no worker may take a load: every version left waits
     for i in t.hot:
         lora = table.lora[i]
         if lora not in missing:
             continue
         rank, skip = table.record[i].rank, t.failed_loads.get(lora, ())
-        target, rule = slots.free_worker(t, rank, skip), CommandRule.hot_score
+        target, rule = None, CommandRule.hot_score
+        if not spent:
+            target = slots.free_worker(t, rank, skip)
+            if target is None:
+                target = _displace_for(t, slots, i, rank, skip)
+                rule = CommandRule.hot_score_displace
         if target is None:
-            target, rule = _displace_for(t, slots, i, rank, skip), CommandRule.hot_score_displace
-        if target is None:
+            # Once a version found nothing and every heap is empty, none can refill (only a
+            # version that found a worker pushes one back): the rest of a cold tick's hot
+            # set (~10k at 100k x 1,000) waits without a look at the heaps.
+            spent = spent or slots.spent(t)
             t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t, rank)))
             continue
         warmup = (
@@ -915,6 +923,17 @@ class _Slots:
             return WaitReason.cold_load_budget
         return (
             WaitReason.min_residency if any(self.recent.fitting(rank)) else WaitReason.no_gpu_slot
+        )
+
+    def spent(self, t: _BaseTick) -> bool:
+        """No free slot may be taken (the GPU-copy budget is used, or every worker with a
+        free slot was dropped for its budget or watermark) and no copy is left to displace:
+        no version of any rank can be loaded until something is pushed back."""
+        no_free = self.in_use >= t.slots or not any(self.free.heaps.values())
+        return (
+            no_free
+            and not any(self.displaceable.heaps.values())
+            and not any(self.recent.heaps.values())
         )
 
     def loaded(self, w: _Worker) -> None:
