@@ -32,9 +32,11 @@ are timed for each size:
   commands (``steady_commands``: those of the last tick).
 
 Inputs are built once, outside the timed part; each tick is timed ``--reps`` times. The
-garbage collector is frozen after the inputs are built (``gc.freeze``), as the planner agent
-does after recovery: a collection over 100k live score states otherwise adds up to a second
-to an unlucky tick.
+garbage collector is frozen after the inputs are built (``gc.freeze``), and again once a
+planner is primed (cold) or warmed (steady), as the planner runtime primes its planner
+before it freezes what its first read loaded: a collection over 100k live score states
+otherwise adds up to a second to an unlucky tick, and one over a planner's 100k-row
+columns ~40-70 ms.
 
     .venv/bin/python -m bench.planner_scale                    # 1k/10k/100k x 10/100/1000
     .venv/bin/python -m bench.planner_scale --adapters 1000 --workers 10 --reps 3
@@ -243,6 +245,8 @@ def cold_ticks(
         started = time.perf_counter()
         planner.prime(views, scores)
         prime_ms.append((time.perf_counter() - started) * 1000)
+        gc.collect()
+        gc.freeze()
         later, changed = with_new_requests(scores, keys, NOW + 1, rng)
         started = time.perf_counter()
         result = planner.tick(views, later, empty, policy, NOW + 1, changed=changed)
@@ -306,6 +310,8 @@ def steady_ticks(
     """``reps`` ticks of a warmed ``Planner``, one second apart, 1% of the scores new."""
     planner = Planner()
     result = planner.tick(views, scores, workers, policy, NOW)
+    gc.collect()
+    gc.freeze()
     keys = [score_key(v.adapter_id, "1") for v in views]
     rng = random.Random(7)
     samples = []
