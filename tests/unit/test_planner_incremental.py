@@ -16,7 +16,7 @@ from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import WorkerState
-from loraplane.streams.planner import Planner, WorkerMemory, plan
+from loraplane.streams.planner import Plan, Planner, WorkerMemory, plan
 from loraplane.streams.scores import TAU_10M_S, ScoreState, score_key
 from tests.unit.test_planner import MB, NOW, busy, record, views, worker
 
@@ -146,6 +146,39 @@ def fleet_states(
     return out
 
 
+def redraw_registry(
+    draw: st.DrawFn, registry: dict[str, AdapterView], most: int | None = None
+) -> None:
+    """Some adapters of ``registry`` (at most ``most``) removed or given a new view."""
+    for adapter in draw(st.sets(st.sampled_from(ADAPTERS), max_size=most)):
+        if adapter in registry and draw(st.booleans()):
+            del registry[adapter]
+        else:
+            registry[adapter] = draw(adapter_views(adapter))
+
+
+def redraw_scores(
+    draw: st.DrawFn, scores: dict[str, ScoreState], registry: dict[str, AdapterView], now: float
+) -> set[str]:
+    """Some score states of ``scores`` replaced, added or deleted; their keys."""
+    changed = draw(st.sets(st.sampled_from(score_keys(registry))))
+    for key in changed:
+        if key in scores and draw(st.integers(0, 4)) == 0:
+            del scores[key]
+        else:
+            scores[key] = draw(score_states(now))
+    return changed
+
+
+def assert_same(warm: Plan, fresh: Plan) -> None:
+    """The warmed planner's tick decided exactly what the fresh plan decided."""
+    assert warm.commands == fresh.commands
+    assert warm.waiting == fresh.waiting
+    assert warm.memory == fresh.memory
+    assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
+    assert dict(warm.scores) == dict(fresh.scores)
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), st.integers(2, 6))
 def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject, ticks: int) -> None:
@@ -158,22 +191,13 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject, tic
     now = NOW
     told = draw(st.booleans())  # the changed score keys handed over, as the runtime does
     for _ in range(ticks):
-        for adapter in draw(st.sets(st.sampled_from(ADAPTERS))):  # registry changes
-            if adapter in registry and draw(st.booleans()):
-                del registry[adapter]
-            else:
-                registry[adapter] = draw(adapter_views(adapter))
+        redraw_registry(draw, registry)
         order = list(registry.values())
         if order and draw(st.integers(0, 5)) == 0:
             order.append(order[0])  # the same adapter twice: the last copy wins
         if draw(st.integers(0, 3)) == 0:  # a copy (the scoring agent's) or the same dict
             scores = dict(scores)
-        changed = draw(st.sets(st.sampled_from(score_keys(registry))))
-        for key in changed:
-            if key in scores and draw(st.integers(0, 4)) == 0:
-                del scores[key]
-            else:
-                scores[key] = draw(score_states(now))
+        changed = redraw_scores(draw, scores, registry, now)
         workers = draw(fleet_states(registry, workers, now))
         scheduled = {
             a: draw(st.sampled_from([0.5, 1.0]))
@@ -185,11 +209,7 @@ def test_a_warmed_planner_plans_what_a_fresh_plan_plans(data: st.DataObject, tic
             order, scores, fleet, policy, now, memory, scheduled, changed if told else None
         )
         fresh = plan(order, scores, fleet, policy, now, memory, scheduled)
-        assert warm.commands == fresh.commands
-        assert warm.waiting == fresh.waiting
-        assert warm.memory == fresh.memory
-        assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
-        assert dict(warm.scores) == dict(fresh.scores)
+        assert_same(warm, fresh)
         memory = fresh.memory
         now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0, 3600.0]))
 
@@ -215,21 +235,12 @@ def test_a_planner_told_the_changed_score_keys_plans_what_a_fresh_plan_plans(
     now = NOW
     for _ in range(ticks):
         scores = dict(scores)  # a fresh copy each tick, as ScoreView.take hands over
-        changed = draw(st.sets(st.sampled_from(score_keys(registry))))
-        for key in changed:
-            if key in scores and draw(st.integers(0, 4)) == 0:
-                del scores[key]
-            else:
-                scores[key] = draw(score_states(now))
+        changed = redraw_scores(draw, scores, registry, now)
         workers = draw(fleet_states(registry, workers, now))
         fleet = list(workers.values())
         warm = planner.tick(order, scores, fleet, policy, now, memory, changed=changed)
         fresh = plan(order, scores, fleet, policy, now, memory)
-        assert warm.commands == fresh.commands
-        assert warm.waiting == fresh.waiting
-        assert warm.memory == fresh.memory
-        assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
-        assert dict(warm.scores) == dict(fresh.scores)
+        assert_same(warm, fresh)
         memory = fresh.memory
         now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0]))
 
@@ -253,20 +264,12 @@ def test_a_planner_primed_while_standby_plans_what_a_fresh_plan_plans(
     policy = draw(st.sampled_from(POLICIES))
     since: set[str] | None = None  # keys changed since the planner's last read: unknown first
     for _ in range(steps):
-        for adapter in draw(st.sets(st.sampled_from(ADAPTERS), max_size=2)):
-            if adapter in registry and draw(st.booleans()):
-                del registry[adapter]
-            else:
-                registry[adapter] = draw(adapter_views(adapter))
+        redraw_registry(draw, registry, most=2)
         order = list(registry.values())
         scores = dict(scores)
-        for key in draw(st.sets(st.sampled_from(score_keys(registry)))):
-            if key in scores and draw(st.integers(0, 4)) == 0:
-                del scores[key]
-            else:
-                scores[key] = draw(score_states(now))
-            if since is not None:
-                since.add(key)
+        changed = redraw_scores(draw, scores, registry, now)
+        if since is not None:
+            since |= changed
         if draw(st.booleans()):
             planner.prime(order, scores, since)
         else:
@@ -274,11 +277,7 @@ def test_a_planner_primed_while_standby_plans_what_a_fresh_plan_plans(
             fleet = list(workers.values())
             warm = planner.tick(order, scores, fleet, policy, now, memory, changed=since)
             fresh = plan(order, scores, fleet, policy, now, memory)
-            assert warm.commands == fresh.commands
-            assert warm.waiting == fresh.waiting
-            assert warm.memory == fresh.memory
-            assert dict(warm.gpu) == dict(fresh.gpu) and dict(warm.host) == dict(fresh.host)
-            assert dict(warm.scores) == dict(fresh.scores)
+            assert_same(warm, fresh)
             memory = fresh.memory
         since = set()
         now += draw(st.sampled_from([0.0, 1.0, 30.0, 61.0]))
