@@ -91,11 +91,16 @@ def goals(result: dict[str, Any], fits: bool, default: str = DEFAULT) -> dict[st
     cheapest = best_online(result)
     hindsight = (result.get("hindsight") or {}).get("weighted_miss_cost")
     cold = me["platinum_cold_starts"] + me["canary_cold_starts"]
+    judged = bool(online)  # without a baseline in the run (--policies) these are not judged
     out: dict[str, Any] = {
         "cost": me["weighted_miss_cost"]
-        <= min((rows[n]["weighted_miss_cost"] for n in online), default=math.inf),
-        "interactive": "interactive" not in slo or slo["interactive"] >= best["interactive"],
-        "batch": "batch" not in slo or slo["batch"] >= best["batch"],
+        <= min((rows[n]["weighted_miss_cost"] for n in online), default=math.inf)
+        if judged
+        else None,
+        "interactive": ("interactive" not in slo or slo["interactive"] >= best["interactive"])
+        if judged
+        else None,
+        "batch": ("batch" not in slo or slo["batch"] >= best["batch"]) if judged else None,
         "canary": slo.get("canary", 1.0) >= CANARY_FLOOR,
         "guarantee": (cold == 0) if fits else None,
         "hindsight": bool(hindsight) and me["weighted_miss_cost"] <= HINDSIGHT_FACTOR * hindsight,
@@ -142,10 +147,13 @@ def table(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if r["goals"] is None:  # the default policy was not run: nothing to show
+            continue
         me, g = r["policies"][DEFAULT], r["goals"]
         slo, tiers = me["slo_attainment"], me["slo_attainment_by_priority"]
         cost = me["weighted_miss_cost"]
-        cheapest = r["policies"][g["best_online"]["cost"]]["weighted_miss_cost"]
+        best = g["best_online"]
+        cheapest = r["policies"][best["cost"]]["weighted_miss_cost"] if best["cost"] else None
         hs = r["hindsight"]["weighted_miss_cost"]
         bound = r["bound"]
         lp = (
@@ -156,7 +164,8 @@ def table(results: list[dict[str, Any]]) -> str:
             else "not computed"
         )
         shares = [
-            f"{slo[c]:.3f} / {g['best_online'][c]:.3f} ({g['best_online']['by_' + c]})"
+            f"{slo[c]:.3f} / "
+            + (f"{best[c]:.3f} ({best['by_' + c]})" if best["by_" + c] else "- (no baseline run)")
             if c in slo
             else "-"
             for c in ("interactive", "batch")
@@ -172,7 +181,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{slo['canary']:.3f}" if "canary" in slo else "-",
             "/".join(f"{tiers[t]:.2f}" if t in tiers else "-" for t in TIERS),
             f"{cost:.4g}",
-            f"{cost / cheapest:.2f}x ({g['best_online']['cost']})",
+            f"{cost / cheapest:.2f}x ({best['cost']})" if cheapest else "-",
             f"{cost / hs:.2f}x",
             lp,
             str(me["fallbacks"]),

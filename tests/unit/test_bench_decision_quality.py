@@ -79,3 +79,16 @@ def test_it_prints_json_and_edits_the_doc_only_when_asked(
     text = doc.read_text()
     assert "OLD-TABLE" not in text and "| dq (500) |" in text
     assert text.startswith("before\n") and text.endswith("after\n")
+
+
+def test_a_run_without_baselines_or_without_the_default_prints_what_it_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dq.yaml"
+    path.write_text(SMALL)
+    assert dq.main([str(path), "--policies", "loraplane"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["goals"]["cost"] is None and result["goals"]["interactive"] is None
+    assert dq.main([str(path), "--policies", "lru"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["goals"] is None and "lru" in result["policies"]
