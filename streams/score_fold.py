@@ -35,14 +35,14 @@ from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.request_log import RequestClass, RequestDemand, RequestStatus, Tier
 from loraplane.schemas.score_snapshot import UnknownTally
 from loraplane.streams.score_admission import Known
-from loraplane.streams.scores import SampleRow, ScoreState, observe_many, score_key
+from loraplane.streams.scores import Flat, SampleRow, ScoreState, score_key
 
 __all__ = ["Folded", "RecentIds", "Row", "demand_of", "fast_demand", "fold_batch", "row_of"]
 
 
 @dataclass
 class Folded:
-    touched: dict[str, ScoreState] = field(default_factory=dict)
+    flat: dict[str, Flat] = field(default_factory=dict)
     """The new state of every score key the batch changed."""
     refused: list[tuple[KafkaMessage, SchemaError]] = field(default_factory=list)
     bursts: list[str] = field(default_factory=list)
@@ -56,6 +56,11 @@ class Folded:
     """Logs of this batch that hold no score key (``score_admission``)."""
     unknown_last: float | None = None
     """The latest event time among them."""
+
+    @property
+    def touched(self) -> dict[str, ScoreState]:
+        """``flat`` as ``ScoreState``s."""
+        return {key: flat.state() for key, flat in self.flat.items()}
 
     @property
     def counted(self) -> list[tuple[int, str]]:
@@ -124,8 +129,8 @@ class RecentIds:
 
 
 _NONE: frozenset[str] = frozenset()
-_EMPTY = ScoreState()
-"""The state of a key never seen (immutable, so shared: ``observe_many`` copies)."""
+_EMPTY = Flat()
+"""The state of a key never seen (immutable, so shared: a fold returns a new one)."""
 
 
 def _unanchored(pattern: str) -> str:
@@ -303,17 +308,18 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
 
 
 def fold_batch(
-    states: Mapping[str, ScoreState],
+    states: Mapping[str, Flat | ScoreState],
     messages: Iterable[KafkaMessage],
     known: Known,
     recent: RecentIds | None = None,
 ) -> Folded:
-    """Fold ``messages`` (in consumption order) into ``states``, which is not modified;
+    """Fold ``messages`` (in consumption order) into ``states`` (the keeper's ``Flat``
+    states, or ``ScoreState``s, converted once per touched key), which is not modified;
     only keys ``known`` admits are touched; ``recent`` is not modified either (the caller
     adds ``counted`` after its commit).
 
     Why one loop with local lookups: this runs per request log; the samples are grouped
-    per (adapter, version) and each group is folded once (``observe_many``), and the key of
+    per (adapter, version) and each group is folded once (``Flat.observe_many``), and the key of
     a group is asked of ``known`` once per batch (a group's key is ``score_key`` of its
     pair, one key per pair, so grouping by pair is grouping by key)."""
     out = Folded()
@@ -365,7 +371,11 @@ def fold_batch(
                 unknown_last = latest
             continue
         key = score_key(adapter_id, version)
-        out.touched[key], burst = observe_many(states.get(key) or _EMPTY, group)
+        if (state := states.get(key)) is None:
+            state = _EMPTY
+        elif isinstance(state, ScoreState):
+            state = Flat.of(state)
+        out.flat[key], burst = state.observe_many(group)
         if burst:
             out.bursts.append(key)
     out.duplicates, out.unknown, out.unknown_last = duplicates, unknown, unknown_last

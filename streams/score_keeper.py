@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import methodcaller
@@ -50,7 +50,7 @@ from loraplane.schemas.score_snapshot import (
 )
 from loraplane.streams.score_admission import Known, stale_keys
 from loraplane.streams.score_fold import Folded, RecentIds, demand_of, fold_batch
-from loraplane.streams.scores import ScoreState, from_snapshot, snapshot_bytes
+from loraplane.streams.scores import Flat, ScoreState, from_snapshot
 
 if TYPE_CHECKING:
     from loraplane.kernel.topic_tail import TopicTail
@@ -244,15 +244,31 @@ def recent_ids(
         reader.close()
 
 
-@dataclass
 class _Owned:
-    """One assigned requests partition, read back: its keys are this keeper's alone."""
+    """One assigned requests partition, read back: its keys are this keeper's alone.
 
-    states: dict[str, ScoreState]
-    unknown: UnknownTally
-    recent: RecentIds
-    committed: int
-    """The partition's committed offset (the next log to count; < 0: none committed yet)."""
+    Its score states are held as ``Flat``s (``flat``): the fold reads and returns them,
+    the records are written from them, and a ``ScoreState`` is built only where one is
+    read (``states``)."""
+
+    def __init__(
+        self,
+        states: Mapping[str, ScoreState],
+        unknown: UnknownTally,
+        recent: RecentIds,
+        committed: int,
+    ) -> None:
+        self.flat: dict[str, Flat] = {key: Flat.of(s) for key, s in states.items()}
+        self.unknown = unknown
+        self.recent = recent
+        self.committed = committed
+        """The partition's committed offset (the next log to count; < 0: none committed
+        yet)."""
+
+    @property
+    def states(self) -> dict[str, ScoreState]:
+        """Every owned key's state, as a (new) ``ScoreState``."""
+        return {key: flat.state() for key, flat in self.flat.items()}
 
 
 class ScoreKeeper:
@@ -485,7 +501,7 @@ class ScoreKeeper:
         partition, in one transaction that also re-sends those partitions' committed offsets
         (a keeper that lost them is fenced)."""
         stale = {
-            p: keys for p, part in self.owned.items() if (keys := stale_keys(known, part.states))
+            p: keys for p, part in self.owned.items() if (keys := stale_keys(known, part.flat))
         }
         if stale:
 
@@ -500,13 +516,13 @@ class ScoreKeeper:
             names = [k for keys in stale.values() for k in keys]
             for p, keys in stale.items():
                 for key in keys:
-                    self.owned[p].states.pop(key, None)
+                    self.owned[p].flat.pop(key, None)
             log.info("scoring: %d score keys tombstoned (%s)", len(names), ", ".join(names[:10]))
         self.applied = known
 
     def _fold(self, by_part: dict[int, list[Any]], known: Known) -> dict[int, Folded]:
         return {
-            p: fold_batch(self.owned[p].states, msgs, known, self.owned[p].recent)
+            p: fold_batch(self.owned[p].flat, msgs, known, self.owned[p].recent)
             for p, msgs in by_part.items()
         }
 
@@ -554,8 +570,8 @@ class ScoreKeeper:
 
         def fill() -> None:
             for p, f in folded.items():
-                for key, state in f.touched.items():
-                    txn.produce(self.scores, key=key, value=snapshot_bytes(state), partition=p)
+                for key, state in f.flat.items():
+                    txn.produce(self.scores, key=key, value=state.snapshot_bytes(), partition=p)
                 if unknown[p] is not self.owned[p].unknown:
                     txn.produce(
                         self.scores, key=unknown_key(p), value=encode(unknown[p]), partition=p
@@ -584,7 +600,7 @@ class ScoreKeeper:
         bursts: list[str] = []
         for p, f in folded.items():
             owned = self.owned[p]
-            owned.states.update(f.touched)
+            owned.flat.update(f.flat)
             for partition, ids in f.ids.items():
                 owned.recent.add_run(partition, ids)
             owned.unknown = unknown[p]

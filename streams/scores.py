@@ -39,6 +39,7 @@ __all__ = [
     "TAU_DAYS_S",
     "TTFT_SMOOTHING",
     "Daily",
+    "Flat",
     "Sample",
     "SampleRow",
     "ScoreInputs",
@@ -208,146 +209,276 @@ def observe(
 
 def observe_many(state: ScoreState, samples: Iterable[SampleRow]) -> tuple[ScoreState, bool]:
     """Fold requests into the state, in order; also says whether any of them started a
-    burst (``is_burst`` of that step). Refused requests (unknown adapter, not allowed) are
-    not demand the cache could serve, so they are ignored. Shadow requests are the control
-    plane's own canary warm-up: they count towards the error rate after load, not demand.
+    burst (``is_burst`` of that step): ``Flat.observe_many`` on the state's fields."""
+    flat, fired = Flat.of(state).observe_many(samples)
+    return flat.state(), fired
 
-    Each counter is ``Decayed.add`` on bare floats: an event at or after the counter's time
-    decays it to the event (``value * exp((at - ts) / tau)``) and adds 1, an earlier one
-    adds ``exp((ts - at) / tau)``. The burst test reads the 1- and 10-minute counters just
-    before and just after each request: before is the decayed value the add computes anyway,
-    after is the new value (at its own time), so one exp per counter and request.
 
-    Why inlined floats and one ``ScoreState`` at the end: this is the scoring agent's hot
-    path, run per request log over a batch; the per-request object version cost ~8 us a
-    request, the version with helper calls per counter ~3x this one (the old form is kept
-    as the reference of tests/unit/test_score_fast_path.py, which checks both agree)."""
-    r10, r10_at = state.requests_10m.value, state.requests_10m.at
-    r1, r1_at = state.requests_1m.value, state.requests_1m.at
-    served, served_at = state.served_after_load.value, state.served_after_load.at
-    errors, errors_at = state.errors_after_load.value, state.errors_after_load.at
-    classes = {k: (d.value, d.at) for k, d in state.classes.items()}
-    cold, hot, last, armed = (
-        state.ttft_cold_ms,
-        state.ttft_hot_ms,
-        state.last_request,
-        state.burst_armed,
-    )
-    d = state.daily
-    dn, dc1, ds1, dc2, ds2, dat, dsince = d.n, d.c1, d.s1, d.c2, d.s2, d.at, d.since
-    cos, sin, fmod = math.cos, math.sin, math.fmod
-    fired = False
-    exp = math.exp
-    refused, ok, error = RequestStatus.refused, RequestStatus.ok, RequestStatus.error
-    gpu, host, cold_tier = Tier.gpu, Tier.host, Tier.cold
-    for ts, request_class, tier, status, ttft_ms in samples:
-        if status is refused:
-            continue
-        # the 10-minute decay from r10's time to ts: the served and class counters mostly
-        # share that time (the same request updated them), and then their exp is this one
-        d10 = exp((r10_at - ts) / TAU_10M_S) if ts >= r10_at else 0.0
-        if (tier is gpu or tier is host) and (status is ok or status is error):
-            if ts >= served_at:
-                if not served:
-                    served = 1.0
-                elif served_at == r10_at:
-                    served = served * d10 + 1.0
+class Flat(msgspec.Struct, frozen=True, gc=False):
+    """A ``ScoreState`` as bare fields: what the scoring keeper holds per score key, folds
+    into (``observe_many``) and writes (``snapshot_bytes``). ``of`` and ``state`` convert
+    both ways, exactly; a fold returns a new ``Flat`` and leaves its input as it was.
+
+    Why not ``ScoreState`` itself: rebuilding its nested frozen dataclasses cost ~8 us per
+    touched key and batch, and reading them back for the record ~2.5 us more, which made
+    a small batch cost several times a large one per log; this struct is built in one C
+    call and read back as one tuple (docs/benchmarks.md, "Stream throughput")."""
+
+    r10: float = 0.0
+    r10_at: float = 0.0
+    r1: float = 0.0
+    r1_at: float = 0.0
+    last: float | None = None
+    cold: float | None = None
+    hot: float | None = None
+    served: float = 0.0
+    served_at: float = 0.0
+    errors: float = 0.0
+    errors_at: float = 0.0
+    classes: dict[str, tuple[float, float]] = {}
+    """Per request class, its 10-minute counter (value, at)."""
+    armed: bool = True
+    dn: float = 0.0
+    dc1: float = 0.0
+    ds1: float = 0.0
+    dc2: float = 0.0
+    ds2: float = 0.0
+    dat: float = 0.0
+    dsince: float | None = None
+
+    @classmethod
+    def of(cls, state: ScoreState) -> Flat:
+        r10, r1, served, errors, d = (
+            state.requests_10m,
+            state.requests_1m,
+            state.served_after_load,
+            state.errors_after_load,
+            state.daily,
+        )
+        return cls(
+            r10.value,
+            r10.at,
+            r1.value,
+            r1.at,
+            state.last_request,
+            state.ttft_cold_ms,
+            state.ttft_hot_ms,
+            served.value,
+            served.at,
+            errors.value,
+            errors.at,
+            {k: (v.value, v.at) for k, v in state.classes.items()},
+            state.burst_armed,
+            d.n,
+            d.c1,
+            d.s1,
+            d.c2,
+            d.s2,
+            d.at,
+            d.since,
+        )
+
+    def state(self) -> ScoreState:
+        """The ``ScoreState`` these fields are."""
+        return ScoreState(
+            requests_10m=Decayed(TAU_10M_S, self.r10, self.r10_at),
+            requests_1m=Decayed(TAU_1M_S, self.r1, self.r1_at),
+            last_request=self.last,
+            ttft_cold_ms=self.cold,
+            ttft_hot_ms=self.hot,
+            served_after_load=Decayed(TAU_10M_S, self.served, self.served_at),
+            errors_after_load=Decayed(TAU_10M_S, self.errors, self.errors_at),
+            classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in self.classes.items()},
+            burst_armed=self.armed,
+            daily=Daily(self.dn, self.dc1, self.ds1, self.dc2, self.ds2, self.dat, self.dsince),
+        )
+
+    def observe_many(self, samples: Iterable[SampleRow]) -> tuple[Flat, bool]:
+        """Fold requests into a new state, in order; also says whether any of them started
+        a burst (``is_burst`` of that step). Refused requests (unknown adapter, not allowed)
+        are not demand the cache could serve, so they are ignored. Shadow requests are the
+        control plane's own canary warm-up: they count towards the error rate after load,
+        not demand.
+
+        Each counter is ``Decayed.add`` on bare floats: an event at or after the counter's
+        time decays it to the event (``value * exp((at - ts) / tau)``) and adds 1, an
+        earlier one adds ``exp((ts - at) / tau)``. The burst test reads the 1- and
+        10-minute counters just before and just after each request: before is the decayed
+        value the add computes anyway, after is the new value (at its own time), so one exp
+        per counter and request.
+
+        Why inlined floats and one ``Flat`` at the end: this is the scoring agent's hot
+        path, run per request log over a batch; the per-request object version cost ~8 us a
+        request, the version with helper calls per counter ~3x this one (the old form is
+        kept as the reference of tests/unit/test_score_fast_path.py, which checks both
+        agree)."""
+        (
+            r10,
+            r10_at,
+            r1,
+            r1_at,
+            last,
+            cold,
+            hot,
+            served,
+            served_at,
+            errors,
+            errors_at,
+            classes,
+            armed,
+            dn,
+            dc1,
+            ds1,
+            dc2,
+            ds2,
+            dat,
+            dsince,
+        ) = _astuple(self)
+        classes = dict(classes)
+        cos, sin, fmod = math.cos, math.sin, math.fmod
+        fired = False
+        exp = math.exp
+        refused, ok, error = RequestStatus.refused, RequestStatus.ok, RequestStatus.error
+        gpu, host, cold_tier = Tier.gpu, Tier.host, Tier.cold
+        for ts, request_class, tier, status, ttft_ms in samples:
+            if status is refused:
+                continue
+            # the 10-minute decay from r10's time to ts: the served and class counters mostly
+            # share that time (the same request updated them), and then their exp is this one
+            d10 = exp((r10_at - ts) / TAU_10M_S) if ts >= r10_at else 0.0
+            if (tier is gpu or tier is host) and (status is ok or status is error):
+                if ts >= served_at:
+                    if not served:
+                        served = 1.0
+                    elif served_at == r10_at:
+                        served = served * d10 + 1.0
+                    else:
+                        served = served * exp((served_at - ts) / TAU_10M_S) + 1.0
+                    served_at = ts
                 else:
-                    served = served * exp((served_at - ts) / TAU_10M_S) + 1.0
-                served_at = ts
-            else:
-                served += exp((ts - served_at) / TAU_10M_S)
-            if status is error:
-                if ts >= errors_at:
-                    errors, errors_at = (
-                        (errors * exp((errors_at - ts) / TAU_10M_S) if errors else 0.0) + 1.0,
-                        ts,
-                    )
+                    served += exp((ts - served_at) / TAU_10M_S)
+                if status is error:
+                    if ts >= errors_at:
+                        errors, errors_at = (
+                            (errors * exp((errors_at - ts) / TAU_10M_S) if errors else 0.0) + 1.0,
+                            ts,
+                        )
+                    else:
+                        errors += exp((ts - errors_at) / TAU_10M_S)
+            if request_class == "shadow":
+                continue
+            c_value, c_at = classes.get(request_class, _ZERO)
+            if ts >= c_at:
+                if not c_value:
+                    classes[request_class] = 1.0, ts
+                elif c_at == r10_at:
+                    classes[request_class] = c_value * d10 + 1.0, ts
                 else:
-                    errors += exp((ts - errors_at) / TAU_10M_S)
-        if request_class == "shadow":
-            continue
-        c_value, c_at = classes.get(request_class, _ZERO)
-        if ts >= c_at:
-            if not c_value:
-                classes[request_class] = 1.0, ts
-            elif c_at == r10_at:
-                classes[request_class] = c_value * d10 + 1.0, ts
+                    classes[request_class] = c_value * exp((c_at - ts) / TAU_10M_S) + 1.0, ts
             else:
-                classes[request_class] = c_value * exp((c_at - ts) / TAU_10M_S) + 1.0, ts
-        else:
-            classes[request_class] = c_value + exp((ts - c_at) / TAU_10M_S), c_at
-        if ttft_ms is not None and status is ok:
-            if tier is gpu:
-                hot = ttft_ms if hot is None else hot + TTFT_SMOOTHING * (ttft_ms - hot)
-            elif tier is host or tier is cold_tier:
-                cold = ttft_ms if cold is None else cold + TTFT_SMOOTHING * (ttft_ms - cold)
-        # p1, p10: the counters decayed to ts, before this request; r1, r10: after it.
-        if ts >= r1_at:
-            p1 = r1 * exp((r1_at - ts) / TAU_1M_S) if r1 else 0.0
-            r1, r1_at = p1 + 1.0, ts
-        else:
-            p1 = r1 if r1 else 0.0
-            r1 += exp((ts - r1_at) / TAU_1M_S)
-        if ts >= r10_at:
-            p10 = r10 * d10 if r10 else 0.0
-            r10, r10_at = p10 + 1.0, ts
-        else:
-            p10 = r10 if r10 else 0.0
-            r10 += exp((ts - r10_at) / TAU_10M_S)
-        armed = armed or p1 < BURST_REARM_REQUESTS_1M
-        if (
-            armed
-            and r1 >= BURST_MIN_REQUESTS_1M
-            and r1 / TAU_1M_S >= BURST_FACTOR * (r10 / TAU_10M_S)
-            and not (
-                p1 >= BURST_MIN_REQUESTS_1M and p1 / TAU_1M_S >= BURST_FACTOR * (p10 / TAU_10M_S)
+                classes[request_class] = c_value + exp((ts - c_at) / TAU_10M_S), c_at
+            if ttft_ms is not None and status is ok:
+                if tier is gpu:
+                    hot = ttft_ms if hot is None else hot + TTFT_SMOOTHING * (ttft_ms - hot)
+                elif tier is host or tier is cold_tier:
+                    cold = ttft_ms if cold is None else cold + TTFT_SMOOTHING * (ttft_ms - cold)
+            # p1, p10: the counters decayed to ts, before this request; r1, r10: after it.
+            if ts >= r1_at:
+                p1 = r1 * exp((r1_at - ts) / TAU_1M_S) if r1 else 0.0
+                r1, r1_at = p1 + 1.0, ts
+            else:
+                p1 = r1 if r1 else 0.0
+                r1 += exp((ts - r1_at) / TAU_1M_S)
+            if ts >= r10_at:
+                p10 = r10 * d10 if r10 else 0.0
+                r10, r10_at = p10 + 1.0, ts
+            else:
+                p10 = r10 if r10 else 0.0
+                r10 += exp((ts - r10_at) / TAU_10M_S)
+            armed = armed or p1 < BURST_REARM_REQUESTS_1M
+            if (
+                armed
+                and r1 >= BURST_MIN_REQUESTS_1M
+                and r1 / TAU_1M_S >= BURST_FACTOR * (r10 / TAU_10M_S)
+                and not (
+                    p1 >= BURST_MIN_REQUESTS_1M
+                    and p1 / TAU_1M_S >= BURST_FACTOR * (p10 / TAU_10M_S)
+                )
+            ):
+                armed, fired = False, True  # fired: is_burst sees armed -> disarmed
+            if last is None or ts > last:
+                last = ts
+            # the daily sums (the reference form, one call per request, is the test's)
+            ph = fmod(ts, DAY_S) * _OMEGA
+            c, s = cos(ph), sin(ph)
+            c2, s2 = c * c - s * s, 2 * s * c
+            if dsince is None or ts < dsince:
+                dsince = ts
+            if ts >= dat:
+                k = exp((dat - ts) / TAU_DAYS_S) if dn else 0.0
+                dn, dc1, ds1, dc2, ds2, dat = (
+                    dn * k + 1.0,
+                    dc1 * k + c,
+                    ds1 * k + s,
+                    dc2 * k + c2,
+                    ds2 * k + s2,
+                    ts,
+                )
+            else:
+                k = exp((ts - dat) / TAU_DAYS_S)
+                dn, dc1, ds1, dc2, ds2 = (
+                    dn + k,
+                    dc1 + k * c,
+                    ds1 + k * s,
+                    dc2 + k * c2,
+                    ds2 + k * s2,
+                )
+        return Flat(
+            r10,
+            r10_at,
+            r1,
+            r1_at,
+            last,
+            cold,
+            hot,
+            served,
+            served_at,
+            errors,
+            errors_at,
+            classes,
+            armed,
+            dn,
+            dc1,
+            ds1,
+            dc2,
+            ds2,
+            dat,
+            dsince,
+        ), fired
+
+    def snapshot_bytes(self) -> bytes:
+        """The scores record of this state (module ``snapshot_bytes``)."""
+        return _encode_wire(
+            _Wire(
+                1,
+                (self.r10, self.r10_at),
+                (self.r1, self.r1_at),
+                self.last,
+                self.cold,
+                self.hot,
+                (self.served, self.served_at),
+                (self.errors, self.errors_at),
+                self.classes,
+                self.armed,
+                None
+                if not self.dn
+                else (self.dn, self.dc1, self.ds1, self.dc2, self.ds2, self.dat),
+                self.dsince,
             )
-        ):
-            armed, fired = False, True  # fired: is_burst sees armed -> disarmed
-        if last is None or ts > last:
-            last = ts
-        # the daily sums (the reference form, one call per request, is the test's)
-        ph = fmod(ts, DAY_S) * _OMEGA
-        c, s = cos(ph), sin(ph)
-        c2, s2 = c * c - s * s, 2 * s * c
-        if dsince is None or ts < dsince:
-            dsince = ts
-        if ts >= dat:
-            k = exp((dat - ts) / TAU_DAYS_S) if dn else 0.0
-            dn, dc1, ds1, dc2, ds2, dat = (
-                dn * k + 1.0,
-                dc1 * k + c,
-                ds1 * k + s,
-                dc2 * k + c2,
-                ds2 * k + s2,
-                ts,
-            )
-        else:
-            k = exp((ts - dat) / TAU_DAYS_S)
-            dn, dc1, ds1, dc2, ds2 = dn + k, dc1 + k * c, ds1 + k * s, dc2 + k * c2, ds2 + k * s2
-    # a counter no request changed is the same object (its floats are): kept, not rebuilt
-    was_served, was_errors = state.served_after_load, state.errors_after_load
-    return ScoreState(
-        requests_10m=Decayed(TAU_10M_S, r10, r10_at),
-        requests_1m=Decayed(TAU_1M_S, r1, r1_at),
-        last_request=last,
-        ttft_cold_ms=cold,
-        ttft_hot_ms=hot,
-        served_after_load=(
-            was_served
-            if served is was_served.value and served_at is was_served.at
-            else Decayed(TAU_10M_S, served, served_at)
-        ),
-        errors_after_load=(
-            was_errors
-            if errors is was_errors.value and errors_at is was_errors.at
-            else Decayed(TAU_10M_S, errors, errors_at)
-        ),
-        classes={k: Decayed(TAU_10M_S, v, at) for k, (v, at) in classes.items()},
-        burst_armed=armed,
-        daily=Daily(dn, dc1, ds1, dc2, ds2, dat, dsince),
-    ), fired
+        )
+
+
+_astuple = msgspec.structs.astuple
 
 
 _ZERO = (0.0, 0.0)
@@ -729,29 +860,7 @@ def snapshot_bytes(state: ScoreState) -> bytes:
     float the same (only an exponent may be spelt ``1e21`` for ``1e+21``), encoded by
     msgspec. Why: the pydantic model cost ~8 us a touched key and batch, a third of the
     keeper's CPU at a few thousand logs a batch."""
-    d = state.daily
-    r10, r1, served, errors = (
-        state.requests_10m,
-        state.requests_1m,
-        state.served_after_load,
-        state.errors_after_load,
-    )
-    return _encode_wire(
-        _Wire(
-            1,
-            (r10.value, r10.at),
-            (r1.value, r1.at),
-            state.last_request,
-            state.ttft_cold_ms,
-            state.ttft_hot_ms,
-            (served.value, served.at),
-            (errors.value, errors.at),
-            {k: (v.value, v.at) for k, v in state.classes.items()},
-            state.burst_armed,
-            None if not d.n else (d.n, d.c1, d.s1, d.c2, d.s2, d.at),
-            d.since,
-        )
-    )
+    return Flat.of(state).snapshot_bytes()
 
 
 def from_snapshot(record: ScoreSnapshot) -> ScoreState:

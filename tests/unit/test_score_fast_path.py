@@ -30,6 +30,7 @@ from loraplane.streams.scores import (
     TTFT_SMOOTHING,
     Daily,
     Decayed,
+    Flat,
     Sample,
     ScoreState,
     observe_many,
@@ -335,3 +336,20 @@ def test_observe_many_folds_to_the_bit_as_the_form_it_replaced(
     assert _state_bits(observe_many(state, samples)) == _state_bits(
         reference_observe_many(state, samples)
     )
+
+
+@settings(max_examples=300)
+@given(states)
+def test_a_flat_state_is_its_score_state_to_the_bit(state: ScoreState) -> None:
+    flat = Flat.of(state)
+    assert repr(flat.state()) == repr(state)
+    assert repr(Flat.of(flat.state())) == repr(flat)
+
+
+@settings(max_examples=300)
+@given(states, sample_lists | bursty)
+def test_a_flat_fold_leaves_its_input_as_it_was(state: ScoreState, samples: list[Sample]) -> None:
+    flat = Flat.of(state)
+    before = repr(flat)
+    after, _ = flat.observe_many(samples)
+    assert repr(flat) == before and after.classes is not flat.classes

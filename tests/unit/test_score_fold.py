@@ -19,6 +19,7 @@ from loraplane.schemas.request_log import (
 from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import RecentIds, fold_batch
 from loraplane.streams.scores import (
+    Flat,
     Sample,
     ScoreState,
     is_burst,
@@ -237,24 +238,29 @@ random_logs = st.lists(
 )
 
 
+def messages_of(logs: list[tuple[object, ...]]) -> list[FakeMessage]:
+    msgs = []
+    for off, (i, adapter, version, status, tier, at, part, form) in enumerate(logs):
+        x = log(
+            i,  # type: ignore[arg-type]
+            adapter=str(adapter),
+            version=version,
+            status=status,
+            tier_at_arrival=tier,
+            ts=datetime.fromtimestamp(T0 + at, UTC),  # type: ignore[arg-type]
+        )
+        raw = b"{" + encode(x)[1:] if form != "bad json" else encode(x)[:-1]
+        key = b"other" if form == "wrong key" else str(adapter).encode()
+        msgs.append(Msg(raw, key, part=part, off=off))  # type: ignore[arg-type]
+    return msgs
+
+
 @given(random_logs, st.lists(st.integers(1, 40), min_size=1, max_size=5))
 def test_batches_fold_as_the_logs_one_at_a_time(
     logs: list[tuple[object, ...]], sizes: list[int]
 ) -> None:
     known = Known({"a1": frozenset({"1", "2"}), "a2": frozenset({"1"})})
-    msgs = []
-    for off, (i, adapter, version, status, tier, at, part, form) in enumerate(logs):
-        x = log(
-            i,
-            adapter=str(adapter),
-            version=version,
-            status=status,  # type: ignore[arg-type]
-            tier_at_arrival=tier,
-            ts=datetime.fromtimestamp(T0 + at, UTC),
-        )  # type: ignore[arg-type]
-        raw = b"{" + encode(x)[1:] if form != "bad json" else encode(x)[:-1]
-        key = b"other" if form == "wrong key" else str(adapter).encode()
-        msgs.append(Msg(raw, key, part=part, off=off))  # type: ignore[arg-type]
+    msgs = messages_of(logs)
     expected = reference_fold({}, msgs, known, set())
     states: dict[str, ScoreState] = {}
     recent, bursts, unknown, last, duplicates, refused = RecentIds(1000), [], 0, None, 0, []
@@ -275,3 +281,30 @@ def test_batches_fold_as_the_logs_one_at_a_time(
         set(expected[1]),
         *expected[2:],
     )
+
+
+@given(random_logs, st.lists(st.integers(1, 40), min_size=1, max_size=5))
+def test_the_keepers_flat_states_fold_to_the_bit_as_score_states(
+    logs: list[tuple[object, ...]], sizes: list[int]
+) -> None:
+    """The keeper holds ``Flat`` states batch after batch: each batch's states are the
+    ``ScoreState`` fold's, to the bit, and a fold leaves the states it read as they were
+    (a batch judged again folds from the same states)."""
+    known = Known({"a1": frozenset({"1", "2"}), "a2": frozenset({"1"})})
+    msgs = messages_of(logs)
+    flat: dict[str, Flat] = {}
+    states: dict[str, ScoreState] = {}
+    start, turn = 0, 0
+    while start < len(msgs):
+        batch = msgs[start : start + sizes[turn % len(sizes)]]
+        before = repr(flat)
+        out = fold_batch(flat, batch, known)
+        assert repr(flat) == before
+        assert repr(fold_batch(flat, batch, known).flat) == repr(out.flat)
+        reference = fold_batch(states, batch, known)
+        assert repr(out.touched) == repr(reference.touched)
+        assert out.bursts == reference.bursts
+        flat.update(out.flat)
+        states.update(reference.touched)
+        start, turn = start + len(batch), turn + 1
+    assert repr({k: f.state() for k, f in flat.items()}) == repr(states)
