@@ -58,7 +58,7 @@ from loraplane.schemas.codec import encode
 from loraplane.schemas.keyring import save_keyring
 from loraplane.streams.score_admission import Known
 from loraplane.streams.score_fold import fold_batch
-from loraplane.streams.scores import ScoreState
+from loraplane.streams.scores import Flat
 
 AGENT = "loraplane.streams.scoring_agent"
 SENTINEL = "zzsentinel"
@@ -97,7 +97,7 @@ def raw_rate(
     topic = topic_name(settings, "requests")
     consumer = kafka.consumer(settings, f"bench-raw-{uuid.uuid4().hex[:8]}")
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    table: dict[str, ScoreState] = {}
+    table: dict[str, Flat] = {}  # as the keeper holds them
     seen = 0
     deadline = time.monotonic() + timeout_s
     first, cpu_first = time.perf_counter(), time.process_time()
@@ -110,7 +110,7 @@ def raw_rate(
                     continue
                 seen += 1
             if scored and batch:
-                table.update(fold_batch(table, batch, known).touched)
+                table.update(fold_batch(table, batch, known).flat)
         done, cpu_done = time.perf_counter(), time.process_time()
     finally:
         consumer.close()
