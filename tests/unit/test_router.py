@@ -398,6 +398,20 @@ async def test_a_gateway_that_is_gone_is_dropped_and_the_request_rerouted(stack:
     assert "w0" not in stack.router.fleet.index.workers
 
 
+def _sql_hot_on_w0(stack: Stack, url: str) -> None:
+    """A worker w0 holding sql hot, its gateway at ``url``: the lowest id among the idle
+    copies, so the router picks it first."""
+    sql = RECORDS[2]
+    stack.router.fleet.index.update(
+        at(
+            worker("w0", gpu=[sql], base=sql.base_model),
+            datetime.now(UTC).timestamp(),
+            url,
+            max_lora_rank=64,
+        )
+    )
+
+
 async def _dies_mid_answer(head: bytes) -> tuple[asyncio.AbstractServer, str]:
     """A gateway that reads a request, sends ``head`` and part of a body, and closes."""
 
@@ -424,17 +438,9 @@ async def _dies_mid_answer(head: bytes) -> tuple[asyncio.AbstractServer, str]:
 async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
     stack: Stack, head: bytes
 ) -> None:
-    sql = RECORDS[2]
     server, url = await _dies_mid_answer(head)
-    try:  # w0: the lowest id among the idle copies, so the router picks it first
-        stack.router.fleet.index.update(
-            at(
-                worker("w0", gpu=[sql], base=sql.base_model),
-                datetime.now(UTC).timestamp(),
-                url,
-                max_lora_rank=64,
-            )
-        )
+    try:
+        _sql_hot_on_w0(stack, url)
         status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
         assert status == 503 and headers["Retry-After"] == "5", body
         assert body["error"]["type"] == "worker_lost"
@@ -449,7 +455,6 @@ async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
 async def test_a_request_sent_again_elsewhere_has_its_own_id_and_one_log(stack: Stack) -> None:
     """A worker that took the request and died before answering may have run and logged it:
     the re-routed attempt is another request id, so the answer names exactly one row."""
-    sql = RECORDS[2]
     seen: list[bytes] = []
 
     async def takes_it_then_dies(
@@ -461,14 +466,7 @@ async def test_a_request_sent_again_elsewhere_has_its_own_id_and_one_log(stack: 
     server = await asyncio.start_server(takes_it_then_dies, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
-        stack.router.fleet.index.update(
-            at(
-                worker("w0", gpu=[sql], base=sql.base_model),
-                datetime.now(UTC).timestamp(),
-                url,
-                max_lora_rank=64,
-            )
-        )
+        _sql_hot_on_w0(stack, url)
         status, headers, _ = await stack.post(
             {"model": "sql", "prompt": "q"}, headers={**AUTH_A, "X-Request-Id": "client-7"}
         )
@@ -490,20 +488,12 @@ def test_an_attempt_id_stays_a_request_id() -> None:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_stream_cut_by_a_killed_worker_is_cut_for_the_client(stack: Stack) -> None:
-    sql = RECORDS[2]
     server, url = await _dies_mid_answer(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked"
         b'\r\n\r\n10\r\ndata: {"a": 1}\n\n\r\n'
     )
     try:
-        stack.router.fleet.index.update(
-            at(
-                worker("w0", gpu=[sql], base=sql.base_model),
-                datetime.now(UTC).timestamp(),
-                url,
-                max_lora_rank=64,
-            )
-        )
+        _sql_hot_on_w0(stack, url)
         async with stack.http.post(
             stack.url + "/v1/completions",
             headers=AUTH_A,

@@ -20,6 +20,7 @@ from loraplane.metrics.tables import TABLES, columns_of
 from loraplane.schemas.cache_event import CacheEventKind
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.request_log import RequestLog
+from tests.kafka_message import FakeMessage
 from tests.pack_cases import cache
 from tests.wire_strategies import raw_of, whole
 
@@ -27,33 +28,7 @@ REQUESTS = next(t for t in TABLES if t.name == "request_log")
 CACHE = next(t for t in TABLES if t.name == "cache_events")
 
 
-class Msg:
-    def __init__(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        self._t, self._p, self._o, self._v = topic, partition, offset, value
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> bytes:
-        return self._v
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def headers(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, 0)
-
-
-def _batch() -> tuple[Sink, list[Msg]]:
+def _batch() -> tuple[Sink, list[FakeMessage]]:
     settings = Settings()
     requests, caches = topic_name(settings, "requests"), topic_name(settings, "cache-events")
     big = cache(2, CacheEventKind.load, "w1").model_copy(update={"bytes": 2**70})
@@ -70,7 +45,7 @@ def _batch() -> tuple[Sink, list[Msg]]:
     msgs = []
     for topic, partition, raw in values:
         offset = offsets[(topic, partition)] = offsets.get((topic, partition), 9) + 1
-        msgs.append(Msg(topic, partition, offset, raw))
+        msgs.append(FakeMessage(raw, t=topic, part=partition, off=offset))
     return Sink(settings), msgs
 
 
@@ -118,7 +93,7 @@ class RejectingClient:
 
 def test_a_rejected_row_is_bisected_out_through_the_columns() -> None:
     sink = Sink(Settings())
-    msgs = [Msg("t", 0, i, raw_of(whole(i))) for i in range(7)]
+    msgs = [FakeMessage(raw_of(whole(i)), t="t", part=0, off=i) for i in range(7)]
     assert REQUESTS.fast_columns is not None
     columns, _ = REQUESTS.fast_columns([m.value() for m in msgs])
     client = RejectingClient("e4")

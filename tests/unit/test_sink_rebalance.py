@@ -18,31 +18,9 @@ from loraplane.kernel.topics import topic_name
 from loraplane.metrics.sink import Sink, SinkConfig, _Batch
 from loraplane.schemas.codec import encode
 from loraplane.schemas.request_log import RequestLog
+from tests.kafka_message import FakeMessage
 
 TP = tuple[str, int]
-
-
-class Msg:
-    def __init__(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        self._t, self._p, self._o, self._v = topic, partition, offset, value
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> bytes:
-        return self._v
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def error(self) -> None:
-        return None
 
 
 class FakeConsumer:
@@ -63,21 +41,23 @@ class FakeConsumer:
     def _tps(self, tps: list[TP]) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t, p in tps]
 
-    def consume(self, num_messages: int, timeout: float) -> list[Msg]:
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
         if self.rebalances:
             self.rebalances -= 1
             if self.assigned:
                 self.on_revoke(self, self._tps(self.assigned))
                 self.assigned = []
             self.on_assign(self, self._tps(sorted(self.logs)))
-        out: list[Msg] = []
+        out: list[FakeMessage] = []
         with self.lock:
             for tp in self.assigned:
                 if tp in self.paused:
                     continue
                 log = self.logs[tp]
                 while self.pos[tp] < len(log) and len(out) < num_messages:
-                    out.append(Msg(tp[0], tp[1], self.pos[tp], log[self.pos[tp]]))
+                    out.append(
+                        FakeMessage(log[self.pos[tp]], t=tp[0], part=tp[1], off=self.pos[tp])
+                    )
                     self.pos[tp] += 1
         if not out:
             time.sleep(min(timeout, 0.005))
