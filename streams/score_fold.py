@@ -170,7 +170,7 @@ _valid_versions: dict[str, None] = {}
 """Versions that matched theirs. Both emptied when full, so hostile ids cost a pattern
 each, not memory."""
 _seconds: dict[str, int] = {}
-"""The gateway's ``ts`` up to the second (``2026-12-01T22:00:00``) that matched ``_TS`` with
+"""The gateway's ``ts`` up to the second (``YYYY-MM-DDTHH:MM:SS``) that matched ``_TS`` with
 a ``Z``, each with its microseconds since the epoch: the logs of one second share it, so
 most logs skip the pattern and the parse (``fast_demand``). Emptied when full too."""
 _US = 1_000_000
@@ -231,7 +231,7 @@ def fast_demand(raw: bytes | None, key: bytes | None) -> Row | None:
         _remember(_valid_versions, version, None)
     if not _ID(d.event_id):
         return None
-    # The gateway's form, ``2026-12-01T22:00:00.123456Z``: its second looked up, its
+    # The gateway's form, ``YYYY-MM-DDTHH:MM:SS.ffffffZ``: its second looked up, its
     # fraction added as ``timestamp()`` does (integer microseconds / 10**6, so the same
     # float). Any other form: the pattern and the parse.
     if (
