@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,8 @@ from loraplane.kernel.config import Settings
 from loraplane.kernel.secrets import ensure_secret, secret_key
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import now_utc
-from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.keyring import save_keyring
-from loraplane.schemas.reasons import CommandRule
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 from tests.integration.s3_env import PrivateS3
 from tests.integration.test_worker_e2e import (
@@ -44,6 +41,7 @@ from tests.integration.test_worker_e2e import (
     KIT,
     _healthz,
     _up,
+    command_for,
     publish,
     wait_for,
     write_registry,
@@ -176,26 +174,12 @@ class Fleet:
     def load(
         self, wid: str, rec: AdapterRecord, action: CommandAction = CommandAction.load_gpu
     ) -> None:
-        now = now_utc()
         produce_sync(
             self.settings,
             topic_name(self.settings, "commands"),
             wid,
             KIT.keys["planner"].sign_command(
-                CacheCommand(
-                    command_id=f"load-{uuid.uuid4().hex[:12]}",
-                    worker_id=wid,
-                    action=action,
-                    base_model=TINY_BASE_MODEL,
-                    tenant_id=rec.tenant_id,
-                    adapter_id=rec.adapter_id,
-                    version=rec.version,
-                    sha256=rec.sha256,
-                    lora_name=rec.lora_name,
-                    reason=CommandReason(rule=CommandRule.hot_score),
-                    issued_at=now,
-                    deadline=now + timedelta(minutes=1),
-                )
+                command_for(rec, wid, action, f"load-{uuid.uuid4().hex[:12]}")
             ),
         )
 

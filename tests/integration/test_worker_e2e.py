@@ -97,6 +97,28 @@ def _up(url: str) -> bool:
         return False
 
 
+def command_for(
+    rec: AdapterRecord, worker_id: str, action: CommandAction, command_id: str, warmup: int = 0
+) -> CacheCommand:
+    """An unsigned hot-score ``action`` of ``rec`` for ``worker_id``, due within a minute."""
+    now = now_utc()
+    return CacheCommand(
+        command_id=command_id,
+        worker_id=worker_id,
+        action=action,
+        base_model=TINY_BASE_MODEL,
+        tenant_id=rec.tenant_id,
+        adapter_id=rec.adapter_id,
+        version=rec.version,
+        sha256=rec.sha256,
+        lora_name=rec.lora_name,
+        reason=CommandReason(rule=CommandRule.hot_score),
+        issued_at=now,
+        deadline=now + timedelta(minutes=1),
+        warmup_requests=warmup,
+    )
+
+
 @dataclass
 class Published:
     folder: Path
@@ -180,24 +202,8 @@ class World:
         """Write a command straight into the commands topic: signed by ``key`` of the kit
         (None: unsigned), under Kafka key ``to`` (default this worker), ``edit``-ed after
         signing."""
-        rec = self.adapters[name].record
-        now = now_utc()
         cid = command_id or f"{action.value}-{uuid.uuid4().hex[:12]}"
-        cmd = CacheCommand(
-            command_id=cid,
-            worker_id=self.worker_id,
-            action=action,
-            base_model=TINY_BASE_MODEL,
-            tenant_id=rec.tenant_id,
-            adapter_id=rec.adapter_id,
-            version=rec.version,
-            sha256=rec.sha256,
-            lora_name=rec.lora_name,
-            reason=CommandReason(rule=CommandRule.hot_score),
-            issued_at=now,
-            deadline=now + timedelta(minutes=1),
-            warmup_requests=warmup,
-        )
+        cmd = command_for(self.adapters[name].record, self.worker_id, action, cid, warmup)
         if key is not None and self.kit is not None:
             cmd = self.kit.keys[key].sign_command(cmd)
         if edit:
