@@ -41,8 +41,9 @@ MAX_DEPTH = 32
 MAX_INT_DIGITS = 20
 """Longer integers are refused before Python builds them (a signed seq fits 19 digits)."""
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(rb"[\[\]{}]")
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+"""A string (to its closing quote, or to the end when it has none, so that no quote inside
+an unclosed string starts another scan: linear in the bytes) or a bracket outside one."""
 
 
 class StrictJsonError(ValueError):
@@ -54,11 +55,11 @@ class StrictJsonError(ValueError):
 def nesting_depth(raw: bytes) -> int:
     """The deepest nesting of ``[`` / ``{`` outside strings, without parsing (linear)."""
     depth = deepest = 0
-    for bracket in _BRACKETS.findall(_STRING.sub(b'""', raw)):
-        if bracket in (b"[", b"{"):
+    for token in _TOKEN.findall(raw):
+        if token in (b"[", b"{"):
             depth += 1
             deepest = max(deepest, depth)
-        else:
+        elif token in (b"]", b"}"):
             depth -= 1
     return deepest
 

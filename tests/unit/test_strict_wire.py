@@ -20,7 +20,13 @@ from loraplane.schemas.keyring import KeyringError, parse_keyring, save_keyring
 from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.schemas.strict_json import MAX_DEPTH, StrictJsonError, nesting_depth, strict_loads
+from loraplane.schemas.strict_json import (
+    MAX_DEPTH,
+    MAX_SIGNED_BYTES,
+    StrictJsonError,
+    nesting_depth,
+    strict_loads,
+)
 from tests.lifecycle_kit import make_kit
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -105,6 +111,23 @@ def test_strict_loads_agrees_with_json_on_strict_documents(value: object) -> Non
 def test_nesting_depth_counts_only_outside_strings(n: int, noise: str) -> None:
     s = json.dumps(noise)
     assert nesting_depth(("[" * n + s + "]" * n).encode()) == n
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"' + b'\\"' * 600_000,  # one string that never ends, each escape a new start
+        b'{"a":["' + b'\\"[' * 400_000,
+    ],
+)
+def test_an_unterminated_string_is_read_once(raw: bytes) -> None:
+    """The depth pre-pass is linear in the bytes: a string that never closes is scanned
+    once, not again from every quote inside it (quadratic: hours for 1 MiB)."""
+    raw = raw[: MAX_SIGNED_BYTES - 1]
+    assert nesting_depth(raw) <= 2
+    with pytest.raises(StrictJsonError) as info:
+        strict_loads(raw)
+    assert info.value.reason is DecodeReason.malformed
 
 
 @pytest.mark.parametrize(
