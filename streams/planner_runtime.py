@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -30,7 +31,7 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
-from loraplane.kernel.heartbeat import heard_lately
+from loraplane.kernel.heartbeat import beat_of, heard_lately
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topic_tail import TopicTail
@@ -186,7 +187,11 @@ class WorkerStates:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     unreadable: int = 0
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
+    def apply(self, key: bytes | None, value: bytes | None, arrived: float | None = None) -> None:
+        """Take one record, which arrived at epoch seconds ``arrived`` (None: now). A state
+        counts from ``beat_of`` its stamp and its arrival, as at the router: one stamped in
+        the future is held as of its arrival, so it neither outranks the worker's next
+        genuine state nor counts as heard lately forever."""
         wid = (key or b"").decode("utf-8", "replace")
         if value is None:
             with self.lock:
@@ -198,6 +203,11 @@ class WorkerStates:
             self.unreadable += 1
             log.warning("worker state %s skipped: %s", wid[:64], str(exc)[:200])
             return
+        at = time.time() if arrived is None else arrived
+        if state.ts.timestamp() > at:
+            state = state.model_copy(
+                update={"ts": datetime.fromtimestamp(beat_of(state.ts.timestamp(), at), UTC)}
+            )
         with self.lock:
             stored = self.states.get(wid)
             if stored is None or stored.ts <= state.ts:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-__all__ = ["DRAIN_AFTER_HEARTBEATS", "Heartbeat", "heard_lately"]
+__all__ = ["DRAIN_AFTER_HEARTBEATS", "Heartbeat", "beat_of", "heard_lately"]
 
 DRAIN_AFTER_HEARTBEATS = 3
 """A worker silent for this many heartbeat intervals (of a current feed) is drained."""
@@ -23,3 +23,9 @@ def heard_lately(state: Heartbeat, now: float, heartbeat_s: float) -> bool:
     """The state's last heartbeat is at most ``DRAIN_AFTER_HEARTBEATS`` intervals old at
     epoch seconds ``now``."""
     return now - state.ts.timestamp() <= DRAIN_AFTER_HEARTBEATS * heartbeat_s
+
+
+def beat_of(ts: float, arrived: float) -> float:
+    """When a heartbeat counts from: its stamp, never later than it arrived (a state stamped
+    in the future, forged or from a clock gone wrong, is never fresher than its arrival)."""
+    return min(ts, arrived)

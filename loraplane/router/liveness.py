@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
+from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS, beat_of
 
 __all__ = [
     "RECONNECT_GRACE_S",
@@ -62,11 +62,6 @@ class Gateway:
     ok_at: float | None = None  # its last good probe
     failed_at: float | None = None  # its last failed request or probe
     probing: bool = False  # a probe is under way (the runtime's: one at a time)
-
-
-def beat_of(ts: float, arrived: float) -> float:
-    """When a heartbeat counts from: its stamp, never later than it arrived."""
-    return min(ts, arrived)
 
 
 def silent(feed: Feed | None, beat: float, limit_s: float) -> bool:

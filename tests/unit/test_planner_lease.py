@@ -115,6 +115,30 @@ def test_the_newest_worker_state_wins_and_a_tombstone_removes_it() -> None:
     assert states.copy() == []
 
 
+def test_attack_a_state_stamped_in_the_future_counts_from_its_arrival() -> None:
+    """A worker state stamped years ahead (forged by whoever may write the topic, or a
+    worker's clock gone wrong) is held as of its arrival: the worker's next genuine state
+    replaces it, and without one it stops counting as heard after the usual intervals."""
+    from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS, heard_lately
+
+    arrived = datetime(2026, 1, 2, tzinfo=UTC).timestamp()
+    forged = state("w1", "llama", ["evil@1"]).model_copy(
+        update={"ts": datetime(9999, 12, 31, tzinfo=UTC)}
+    )
+    states = WorkerStates()
+    states.apply(b"w1", encode(forged), arrived=arrived)
+    (held,) = states.copy()
+    assert held.ts.timestamp() == arrived
+    assert not heard_lately(held, arrived + DRAIN_AFTER_HEARTBEATS * 5.0 + 1, 5.0)
+    genuine = state("w1", "llama", ["a@1"]).model_copy(
+        update={"ts": datetime(2026, 1, 2, 0, 0, 5, tzinfo=UTC)}
+    )
+    states.apply(b"w1", encode(genuine), arrived=arrived + 5)
+    assert states.copy() == [genuine]
+    states.apply(b"w1", encode(forged), arrived=arrived + 1)  # replayed late: older now
+    assert states.copy() == [genuine]
+
+
 def test_a_fenced_producer_is_told_from_a_broker_away() -> None:
     fenced = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
     try:
