@@ -18,6 +18,7 @@ validation was most of the per-log cost (docs/benchmarks.md, "Scoring throughput
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -312,11 +313,15 @@ def fold_batch(
     messages: Iterable[KafkaMessage],
     known: Known,
     recent: RecentIds | None = None,
+    *,
+    now: float | None = None,
 ) -> Folded:
     """Fold ``messages`` (in consumption order) into ``states`` (the keeper's ``Flat``
     states, or ``ScoreState``s, converted once per touched key), which is not modified;
     only keys ``known`` admits are touched; ``recent`` is not modified either (the caller
-    adds ``counted`` after its commit).
+    adds ``counted`` after its commit). A log stamped after ``now`` (epoch seconds of the
+    folder's clock; None: no bound) counts as of ``now``: one stamp years ahead would
+    otherwise set the counters' time past every later log's and freeze the score.
 
     Why one loop with local lookups: this runs per request log; the samples are grouped
     per (adapter, version) and each group is folded once (``Flat.observe_many``), and the key of
@@ -333,6 +338,7 @@ def fold_batch(
     batch_ids: set[str] = set()
     counted: list[str] = []
     duplicates, unknown, unknown_last = 0, 0, None
+    latest_ts = math.inf if now is None else now
     for message in messages:
         row = fast(message.value(), message.key())
         if row is None:
@@ -342,6 +348,8 @@ def fold_batch(
                 refused_logs.append((message, exc))
                 continue
         event_id, adapter_id, version, sample = row
+        if sample[0] > latest_ts:
+            sample = (latest_ts, *sample[1:])
         partition = message.partition() or 0
         if partition != last_partition:
             last_partition = partition

@@ -521,8 +521,9 @@ class ScoreKeeper:
         self.applied = known
 
     def _fold(self, by_part: dict[int, list[Any]], known: Known) -> dict[int, Folded]:
+        now = time.time()
         return {
-            p: fold_batch(self.owned[p].flat, msgs, known, self.owned[p].recent)
+            p: fold_batch(self.owned[p].flat, msgs, known, self.owned[p].recent, now=now)
             for p, msgs in by_part.items()
         }
 

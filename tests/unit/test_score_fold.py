@@ -136,6 +136,23 @@ def test_any_bytes_are_scored_or_refused_never_raised(raw: bytes, key: bytes | N
     assert len(out.refused) + len(out.touched) + out.unknown == 1
 
 
+def test_attack_a_log_stamped_in_the_future_counts_as_of_the_fold() -> None:
+    """One log stamped years ahead (forged, or a gateway's clock gone wrong) would set the
+    counters' time past every later log: each genuine request then adds ``exp(-years)``, so
+    the score stays frozen where it was. It counts as of the fold's clock instead."""
+    now = T0 + 100
+    forged = log(1, ts=datetime(9999, 12, 31, tzinfo=UTC))
+    later = [log(200 + i) for i in range(5)]
+    first = fold_batch({}, [Msg(encode(forged), b"a1")], KNOWN, now=now).flat
+    (state,) = first.values()
+    assert state.r10_at == now and state.last == now
+    out = fold_batch(first, [Msg(encode(x), b"a1") for x in later], KNOWN, now=T0 + 300)
+    expected = fold_one(fold_one(ScoreState(), log(100)), later[0])
+    for x in later[1:]:
+        expected = fold_one(expected, x)
+    assert out.touched == {"a1@1": expected}
+
+
 def test_demand_reads_a_whole_log_and_ignores_what_scores_do_not_need() -> None:
     whole = log(3, prompt_tokens=5)
     demand = RequestDemand.model_validate_json(encode(whole))
