@@ -75,6 +75,7 @@ class Head:
     session_key: str | None = None  # a header token, else None
     forward: Forward | None = None  # a router's forwarded headers
     signature: str | None = None  # X-Loraplane-Forwarded
+    repeated: str | None = None  # a header the door reads that was sent more than once
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,13 @@ class FrontDoor:
 
     def identify(self, head: Head) -> Identity | Refusal:
         """Step 1: the tenant and the class, before the body is read."""
+        if head.repeated is not None:
+            return Refusal(
+                400,
+                AdmissionRefusal.repeated_header,
+                f"{head.repeated} was sent more than once",
+                head.repeated,
+            )
         if head.forward is not None:
             if self.router_secret is None:
                 return Refusal(

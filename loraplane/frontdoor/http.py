@@ -19,7 +19,7 @@ from loraplane.frontdoor.forwarded import (
 from loraplane.frontdoor.request_fields import Endpoint, header_token
 from loraplane.schemas.reasons import RequestRefusal
 
-__all__ = ["admit_request", "error_response", "head_of", "refusal_response"]
+__all__ = ["READ_HEADERS", "admit_request", "error_response", "head_of", "refusal_response"]
 
 
 def error_response(
@@ -37,10 +37,27 @@ def refusal_response(refusal: Refusal) -> web.Response:
     return error_response(refusal.status, refusal.reason, refusal.message, refusal.param, **headers)
 
 
+READ_HEADERS = (
+    "Authorization",
+    "X-Request-Class",
+    "X-Request-Id",
+    "X-Session-Key",
+    TENANT_HEADER,
+    VERSION_HEADER,
+    VERSION_REASON_HEADER,
+    STABLE_VERSION_HEADER,
+    SIGNATURE_HEADER,
+)
+"""Every header the front door reads. Each must come at most once: of two values, which
+one counts would be the reader's choice (aiohttp's ``get`` takes the first, a proxy in front
+may take the last), so a repeated one is refused before either is used."""
+
+
 def head_of(request: web.Request, request_id: str) -> Head:
     """The front door's view of a request's head; a router's forwarded headers only when
     its tenant header is there (the signature then decides)."""
     headers = request.headers
+    repeated = next((n for n in READ_HEADERS if len(headers.getall(n, ())) > 1), None)
     tenant = headers.get(TENANT_HEADER)
     forward = (
         None
@@ -60,6 +77,7 @@ def head_of(request: web.Request, request_id: str) -> Head:
         session_key=header_token(headers.get("X-Session-Key")),
         forward=forward,
         signature=headers.get(SIGNATURE_HEADER),
+        repeated=repeated,
     )
 
 

@@ -53,7 +53,13 @@ from tests.unit.test_planner import POLICY, worker
 SECRET = b"r" * 32
 CONTROL = [chr(c) for c in (*range(0x20), 0x7F, 0x85, 0xA0, 0x2028, 0x2029, 0xFEFF)]
 IDS = ["sql", "chat", "other", "nope"]  # served, canary split, another tenant's, unknown
-UNLOGGED = ("unauthorized", "bad_request_class", "invalid_json", "model_not_adapter_id")
+UNLOGGED = (
+    "unauthorized",
+    "repeated_header",
+    "bad_request_class",
+    "invalid_json",
+    "model_not_adapter_id",
+)
 """Refusals made before a RequestLog can be keyed (no tenant, class or adapter id yet)."""
 EXAMPLES = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -307,6 +313,39 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
     else:
         assert reply.status in (400, 401), reply
         assert door.sink.messages(RequestLog)[before:] == []
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (b"Authorization: Bearer key-a", b"Authorization: Bearer key-b"),
+        (b"Authorization: Bearer nope", b"Authorization: Bearer key-a"),
+        (b"Authorization: Bearer key-a", b"authorization: Bearer key-a"),
+        (b"X-Request-Class: interactive", b"X-Request-Class: batch"),
+        (b"X-Request-Id: r1", b"X-Request-Id: r2"),
+        (b"X-Session-Key: s1", b"X-Session-Key: s2"),
+        (TENANT_HEADER.encode() + b": tenant-a", TENANT_HEADER.encode() + b": tenant-b"),
+        (SIGNATURE_HEADER.encode() + b": 1.00", SIGNATURE_HEADER.encode() + b": 2.00"),
+    ],
+)
+def test_attack_a_header_the_door_reads_sent_twice_is_refused(
+    door: FrontDoor, through: str, first: bytes, second: bytes
+) -> None:
+    """Which of two values counts would be the reader's choice (a proxy may take the last,
+    aiohttp takes the first): a header the front door reads, sent twice, is a 400 before
+    anything is decided by either value, and nothing is logged."""
+    lines = [b"Content-Type: application/json", first, second]
+    if not first.lower().startswith(b"authorization"):
+        lines.insert(1, b"Authorization: Bearer key-a")
+    before = len(door.sink.messages(RequestLog))
+    body = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    reply = send(getattr(door, through), "/v1/completions", lines, body)
+    expected = (400, "repeated_header")
+    if through == "router" and first.startswith(TENANT_HEADER.encode()):
+        expected = (401, "unauthorized")  # a router takes no forwarded request at all
+    assert (reply.status, reply.error_type()) == expected, reply
+    assert door.sink.messages(RequestLog)[before:] == []
 
 
 @EXAMPLES
