@@ -17,6 +17,7 @@ Pure: the keys, the versions and the clock are passed in; the HTTP side is
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -76,6 +77,22 @@ class Head:
     forward: Forward | None = None  # a router's forwarded headers
     signature: str | None = None  # X-Loraplane-Forwarded
     repeated: str | None = None  # a header the door reads that was sent more than once
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""Where a lone surrogate can come from in an ASCII body: a ``\\uD800``-``\\uDFFF``
+escape. Other bodies are checked whole: ``json.loads`` decodes bytes with ``surrogatepass``
+(an encoded surrogate passes) and takes UTF-16 and UTF-32 too."""
+
+
+def _unicode(body: object) -> bool:
+    """Every string of a parsed body is Unicode text: no lone surrogate (a pair of escapes
+    is one character after parsing, and encodes)."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,12 @@ class FrontDoor:
             body = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return Refusal(400, AdmissionRefusal.invalid_json, "the body is not JSON")
+        if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw) is not None) and not _unicode(body):
+            return Refusal(
+                400,
+                AdmissionRefusal.invalid_json,
+                "the body holds a string that is not Unicode text (a lone surrogate escape)",
+            )
         model = body.get("model") if isinstance(body, dict) else None
         if not is_id(model):
             return Refusal(

@@ -317,6 +317,33 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
 
 @pytest.mark.parametrize("through", ["gateway", "router"])
 @pytest.mark.parametrize(
+    "body, status",
+    [
+        (b'{"model":"sql","prompt":"a\\ud800b"}', 400),
+        (b'{"model":"sql","prompt":["q","\\udfff"]}', 400),
+        (b'{"model":"sql","prompt":"q","stop":"\\uDBFF"}', 400),
+        (b'{"model":"sql","prompt":"a\xed\xa0\x80"}', 400),  # encoded: json takes it too
+        ('{"model":"sql","prompt":"\ud800"}'.encode("utf-16-le", "surrogatepass"), 400),
+        ('{"model":"sql","prompt":"d\u00e9j\u00e0"}'.encode(), 200),
+        (b'{"model":"sql","prompt":"\\ud83d\\ude00"}', 200),  # a pair: one character
+        (b'{"model":"sql","prompt":"\\\\ud800"}', 200),  # a backslash, then text
+    ],
+)
+def test_attack_a_string_that_is_no_unicode_is_refused(
+    door: FrontDoor, through: str, body: bytes, status: int
+) -> None:
+    """JSON's escapes can spell half a character (a lone surrogate), which no tokenizer
+    takes (Hugging Face's raises TypeError): forwarded, it came back from vLLM as the
+    gateway's 502 and an error counted against the version. It is the client's 400."""
+    lines = [b"Content-Type: application/json", b"Authorization: Bearer key-a"]
+    reply = send(getattr(door, through), "/v1/completions", lines, body)
+    assert reply.status == status, reply
+    if status == 400:
+        assert reply.error_type() == "invalid_json"
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize(
     "first, second",
     [
         (b"Authorization: Bearer key-a", b"Authorization: Bearer key-b"),

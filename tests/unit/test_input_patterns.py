@@ -71,9 +71,11 @@ def _is_re_call(call: ast.Call, name: str) -> bool:
 
 
 def _constant(node: ast.expr) -> str | None:
-    """A literal pattern, or the literal parts of an f-string one."""
+    """A literal pattern (of text or bytes), or the literal parts of an f-string one."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
+    if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+        return node.value.decode("latin-1")
     if isinstance(node, ast.JoinedStr):
         return "".join(
             v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
