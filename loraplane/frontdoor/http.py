@@ -84,12 +84,19 @@ def head_of(request: web.Request, request_id: str) -> Head:
 async def admit_request(
     door: FrontDoor, request: web.Request, endpoint: Endpoint, request_id: str, max_body_bytes: int
 ) -> tuple[Admission | Refusal, bytes]:
-    """Identify, read the body (413 past ``max_body_bytes``), admit: the admission (or the
-    refusal) and the raw body."""
+    """Identify, read the body (413 past ``max_body_bytes``, declared or read), admit: the
+    admission (or the refusal) and the raw body."""
     head = head_of(request, request_id)
     identity = door.identify(head)
     if isinstance(identity, Refusal):
         return identity, b""
+    declared = request.content_length
+    if declared is not None and declared > max_body_bytes:  # never wait for what is refused
+        return Refusal(
+            413,
+            RequestRefusal.body_too_large,
+            f"the body is declared {declared} bytes, over {max_body_bytes}",
+        ), b""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

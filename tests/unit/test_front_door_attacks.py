@@ -316,6 +316,25 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
 
 
 @pytest.mark.parametrize("through", ["gateway", "router"])
+def test_attack_a_body_declared_over_the_cap_is_refused_before_it_is_read(
+    door: FrontDoor, through: str
+) -> None:
+    """A Content-Length over the server's cap is a 413 at once, whether or not the bytes
+    follow: the door does not wait for a body it would refuse."""
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer key-a\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 900000000\r\n\r\n{}"
+    )
+    with socket.create_connection(("127.0.0.1", getattr(door, through)), timeout=10) as sock:
+        sock.sendall(head)
+        answer = sock.recv(65536)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split(b" ")[1] == b"413", answer
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["type"] == "body_too_large"
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
 @pytest.mark.parametrize(
     "body, status",
     [
