@@ -494,47 +494,57 @@ class Gateway:
         pending, events, usage_seen, ended = b"", 0, False, False
         first = last = None
         held = 0.0  # seconds our writes waited for the client (its pace, not vLLM's)
-        async for chunk in resp.iter_chunks():
-            last = time.perf_counter()
-            if first is None:
-                first = last
-                trace.ttft_ms = (first - trace.started) * 1000
-            *whole, pending = (pending + chunk).split(b"\n\n")
-            passed = []
-            for event in whole:
-                if b'"usage"' in event and event.startswith(b"data: {"):
-                    usage_only, found = self._stream_usage(event[6:], trace)
-                    usage_seen = usage_seen or found
-                    if usage_only and not trace.client_wants_usage:
-                        continue  # we asked for it, the client did not
-                if event == b"data: [DONE]":
-                    ended = True
-                elif event.startswith(b"data: "):
-                    events += 1
-                passed.append(rename(event) + b"\n\n")
-            if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
-                passed.append(pending)
-                pending = b""
-            if passed:
-                if ended:  # the stream's last event: its log goes first
-                    self._end_stream(trace, events, usage_seen)
-                before = time.perf_counter()
-                await out.write(b"".join(passed))
-                held += time.perf_counter() - before
-        self._end_stream(trace, events, usage_seen)
-        if first is not None and last is not None:
-            self._observe_decode(last - first, held, trace.output_tokens)
-        if pending:
-            await out.write(pending)
-        await out.write_eof()
-        return out
+        try:
+            async for chunk in resp.iter_chunks():
+                last = time.perf_counter()
+                if first is None:
+                    first = last
+                    trace.ttft_ms = (first - trace.started) * 1000
+                *whole, pending = (pending + chunk).split(b"\n\n")
+                passed = []
+                for event in whole:
+                    if b'"usage"' in event and event.startswith(b"data: {"):
+                        usage_only, found = self._stream_usage(event[6:], trace)
+                        usage_seen = usage_seen or found
+                        if usage_only and not trace.client_wants_usage:
+                            continue  # we asked for it, the client did not
+                    if event == b"data: [DONE]":
+                        ended = True
+                    elif event.startswith(b"data: "):
+                        events += 1
+                    passed.append(rename(event) + b"\n\n")
+                if len(pending) > _MAX_EVENT_BYTES:  # not SSE as vLLM writes it: pass it on
+                    passed.append(pending)
+                    pending = b""
+                if passed:
+                    if ended:  # the stream's last event: its log goes first
+                        self._end_stream(trace, events, usage_seen)
+                    before = time.perf_counter()
+                    await out.write(b"".join(passed))
+                    held += time.perf_counter() - before
+            self._end_stream(trace, events, usage_seen)
+            if first is not None and last is not None:
+                self._observe_decode(last - first, held, trace.output_tokens)
+            if pending:
+                await out.write(pending)
+            await out.write_eof()
+            return out
+        finally:  # the client (or vLLM) left before the usage chunk: what streamed counts
+            self._count_stream(trace, events, usage_seen)
+
+    @staticmethod
+    def _count_stream(trace: _Trace, events: int, usage_seen: bool) -> None:
+        """Without vLLM's usage record (an upstream without one, or a stream cut before its
+        last chunk), each event streamed counts as one output token: the log's count and
+        the tenant's token charge."""
+        if not trace.logged and not usage_seen:
+            trace.output_tokens = events
 
     def _end_stream(self, trace: _Trace, events: int, usage_seen: bool) -> None:
         """The stream's counts are final: its RequestLog goes to the sink (once), before the
         stream's last bytes are written."""
         if not trace.logged:
-            if not usage_seen:  # an upstream without usage records: one event, one token
-                trace.output_tokens = events
+            self._count_stream(trace, events, usage_seen)
             self._log(trace)
 
     def _observe_decode(self, seconds: float, held: float, tokens: int) -> None:

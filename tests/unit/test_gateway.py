@@ -1020,6 +1020,40 @@ async def test_attack_a_slow_reader_cannot_make_loads_look_costly() -> None:
     assert got > 48 * 256 * 1024 and worker.decoded == []
 
 
+async def test_attack_a_stream_the_client_leaves_is_charged_what_it_streamed() -> None:
+    """vLLM's token counts come in the stream's last chunk. A client that reads the tokens
+    it wants and leaves before that chunk was logged and charged 0 output tokens, so the
+    tenant's token-rate limit never saw its streams. Each event streamed counts as a token
+    then (as for an upstream without usage), and the tenant's bucket is charged them."""
+    answer = Streamed(events=400, event_bytes=16 * 1024, gap_s=0.005, tokens=400)
+    worker = StreamingServing(hot={RECORDS[2].lora_name}, answer=answer)
+    sink = ListSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        body = json.dumps({"model": "sql", "prompt": "q", "stream": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        got = b""
+        while got.count(b"data: ") < 20:
+            got += await reader.read(65536)
+        writer.close()  # the client leaves mid-stream
+        for _ in range(500):
+            if sink.messages(RequestLog):
+                break
+            await asyncio.sleep(0.01)
+        (log,) = sink.messages(RequestLog)
+        assert 20 <= log.output_tokens < 400
+        bucket = gateway.door.gate().buckets["tenant-a"]
+        assert bucket.level <= bucket.size - log.output_tokens
+    finally:
+        await server.close()
+
+
 @dataclass
 class NoDone(Streamed):
     """An upstream stream that ends without ``data: [DONE]``."""
