@@ -141,8 +141,12 @@ class Dashboard:
 
     @staticmethod
     def _static(name: str) -> web.Response:
-        path = (STATIC / name).resolve()
-        if STATIC not in path.parents or not path.is_file():
+        """One of the files the dashboard ships, looked up among them: a client's name is
+        never opened as it was spelled (a NUL byte, ``..`` or an over-long name is just no
+        such file)."""
+        shipped = {p.name: p for p in STATIC.iterdir() if p.is_file()}
+        path = shipped.get(name)
+        if path is None:
             return _json(HTTPStatus.NOT_FOUND, {"error": "not found"})
         kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         return _send(HTTPStatus.OK, path.read_bytes(), kind)

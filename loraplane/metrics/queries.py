@@ -118,11 +118,14 @@ def window(since: str, now: datetime | None = None, **filters: Any) -> Params:
 
 
 def load(name: str, directory: Path = QUERIES_DIR) -> Query:
+    """The query ``name`` of the pack, looked up among the pack's names (KeyError for any
+    other: a name is never opened as a caller spelled it)."""
     if not NAME_RE.fullmatch(name):
-        raise KeyError(f"invalid query name {name!r}")
+        raise KeyError(f"invalid query name {name[:64]!r}")
+    have = names(directory)
+    if name not in have:
+        raise KeyError(f"no query {name[:64]!r} in {directory}; have: {', '.join(have)}")
     path = directory / f"{name}.sql"
-    if not path.is_file():
-        raise KeyError(f"no query {name!r} in {directory}; have: {', '.join(names(directory))}")
     text = path.read_text()
     lines = text.splitlines()
     header = [ln[2:].strip() for ln in lines if ln.startswith("--")]

@@ -102,3 +102,34 @@ def test_attack_any_dashboard_parameters_get_200_or_400_with_a_reason(
     assert status in (200, 400), (status, body)
     if status == 400:
         assert isinstance(body["error"], str) and body["error"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/app.js%00.png",
+        "/static/" + "a" * 5000,
+        "/static/%2e%2e/web.py",
+        "/static/..%2fweb.py",
+        "/static/%FF",
+        "/api/query/" + "a" * 5000,
+        "/api/query/adapter_summary%00",
+        "/api/query/%2e%2e%2fqueries",
+    ],
+)
+def test_attack_a_name_the_dashboard_does_not_have_is_a_404_or_400(
+    dashboard: tuple[Loop, int], path: str
+) -> None:
+    """A static file or query name is looked up among those the dashboard has, never
+    opened as the client spelled it: a NUL byte (ValueError) or a name longer than the
+    file system takes (ENAMETOOLONG) was a 500."""
+    status, body = get(dashboard[1], path)
+    assert status in (400, 404), (status, body)
+    assert isinstance(body["error"], str) and body["error"]
+
+
+def test_the_dashboards_own_files_and_queries_are_served(dashboard: tuple[Loop, int]) -> None:
+    reply = send(dashboard[1], "/static/app.js", [], method=b"GET")
+    assert reply.status == 200 and reply.body
+    status, body = get(dashboard[1], "/api/query/adapter_summary")
+    assert status == 200 and body["rows"] == []
