@@ -27,10 +27,14 @@ import httptools
 
 from loraplane.schemas.reasons import VllmErrorCode
 
-__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["MAX_HEAD_BYTES", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled
 _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
+MAX_HEAD_BYTES = 64 * 1024
+"""An answer's status line and headers, at most (vLLM's and the gateway's are well under
+1 KiB); an upstream sending more is a ``bad_response``: headers are kept in memory, and
+llhttp bounds neither their size nor their number."""
 
 
 class UpstreamError(Exception):
@@ -187,6 +191,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._response: UpstreamResponse | None = None
         self._got_bytes = False
+        self._head_bytes = 0  # of the current answer's head, while it is being read
         self._paused = False
         self.closed = False
 
@@ -215,16 +220,29 @@ class _Connection(asyncio.Protocol):
             raise _Stale() from None
         self._response = UpstreamResponse(self, self._pool, deadline)
         self._got_bytes = False
+        self._head_bytes = 0
         return self._response
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
+        response = self._response
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if self._response is not None:
                 self._response._finish(UpstreamError(VllmErrorCode.bad_response, str(exc)))
             self.drop()
+            return
+        if response is not None and not response._head_done:  # every byte so far was head
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                response._finish(
+                    UpstreamError(
+                        VllmErrorCode.bad_response,
+                        f"the answer's head is over {MAX_HEAD_BYTES} bytes",
+                    )
+                )
+                self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -315,3 +315,30 @@ async def test_an_answer_read_whole_is_bounded() -> None:
         assert err.value.reason == VllmErrorCode.bad_response
         pool.max_answer_bytes = len(big)
         assert await fetch(pool, b"{}") == (200, big)  # a fresh connection; the slot was freed
+
+
+@session_loop
+async def test_an_answers_head_is_bounded() -> None:
+    """ATTACK: an upstream (a gateway URL a forged worker state announces) that sends header
+    after header. Each was kept in the answer's dict until the head's read timeout, as fast
+    as the socket brought them: memory without a bound. A head over ``MAX_HEAD_BYTES`` is a
+    ``bad_response``, and the connection is dropped."""
+    from loraplane.frontdoor.upstream_http import MAX_HEAD_BYTES
+
+    async def endless_head(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        if n > 0:
+            return await echo_forever(reader, writer, n)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in itertools.count():
+            writer.write(b"".join(b"X-H%d: %s\r\n" % (i * 100 + j, b"v" * 64) for j in range(100)))
+            await writer.drain()
+
+    async with server(endless_head) as (pool, _):
+        with pytest.raises(UpstreamError) as err:
+            await asyncio.wait_for(fetch(pool, b"x"), 3)
+        assert err.value.reason == VllmErrorCode.bad_response
+        assert str(MAX_HEAD_BYTES) in err.value.message
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
