@@ -228,9 +228,11 @@ class _Connection(asyncio.Protocol):
         response = self._response
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if self._response is not None:
-                self._response._finish(UpstreamError(VllmErrorCode.bad_response, str(exc)))
+                self._response._finish(
+                    UpstreamError(VllmErrorCode.bad_response, f"{type(exc).__name__}: {exc}")
+                )
             self.drop()
             return
         if response is not None and not response._head_done:  # every byte so far was head
@@ -272,10 +274,19 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         response = self._response
-        if response is not None:
-            response.status = self._parser.get_status_code()
-            response._head_done = True
-            response._wake()
+        if response is None:
+            return
+        status = self._parser.get_status_code()
+        if not 200 <= status <= 599:  # an interim (1xx), upgrade or unknown status
+            self._response = None
+            response._finish(
+                UpstreamError(VllmErrorCode.bad_response, f"status {status} is no final answer")
+            )
+            self.drop()
+            return
+        response.status = status
+        response._head_done = True
+        response._wake()
 
     def on_body(self, body: bytes) -> None:
         if self._response is not None:

@@ -93,6 +93,8 @@ FIRST_READ_S = 10.0  # how long a start waits for the whole registry before serv
 WORKER_HEADER = "X-Loraplane-Worker"
 ROUTE_HEADER = "X-Loraplane-Route"
 _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
+_OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSION_HEADER))
+"""Set by the router on every answer it relays: a gateway's own copy never passes."""
 _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
@@ -484,7 +486,8 @@ class Router:
         headers = {
             k: v
             for k, v in resp.headers.items()
-            if k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id"
+            if (k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id")
+            and k not in _OWN_HEADERS
         }
         headers[WORKER_HEADER] = route.worker_id
         headers[ROUTE_HEADER] = route.kind.value

@@ -452,6 +452,56 @@ async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
 
 
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\n{}",
+    ],
+)
+async def test_attack_a_gateway_answering_no_final_status_is_dropped_and_rerouted(
+    stack: Stack, head: bytes
+) -> None:
+    """ATTACK: a gateway (a URL a forged worker state announces) answering an interim,
+    upgrade or unknown status. The router passed it to the client as its answer (a 101
+    without a protocol, a 999); it is a bad answer: that gateway is dropped and the request
+    served elsewhere."""
+    server, url = await _dies_mid_answer(head)
+    try:
+        _sql_hot_on_w0(stack, url)
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
+        assert "w0" not in stack.router.fleet.index.workers
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_attack_the_routers_own_headers_are_the_only_ones_of_their_name(
+    stack: Stack,
+) -> None:
+    """ATTACK: a gateway sending the headers the router sets itself (the worker, the route,
+    the version it decided). The client got both, the gateway's first; it gets the
+    router's alone."""
+    server, url = await _dies_mid_answer(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        b"X-Loraplane-Worker: evil\r\nx-loraplane-route: evil\r\n"
+        b"X-LORAPLANE-VERSION: 666\r\n\r\n{}"
+    )
+    try:
+        _sql_hot_on_w0(stack, url)
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200
+        assert headers.getall("X-Loraplane-Worker") == ["w0"]
+        assert headers.getall("X-Loraplane-Route") == ["gpu"]
+        assert headers.getall("X-Loraplane-Version") == ["1"]
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_request_sent_again_elsewhere_has_its_own_id_and_one_log(stack: Stack) -> None:
     """A worker that took the request and died before answering may have run and logged it:
     the re-routed attempt is another request id, so the answer names exactly one row."""
