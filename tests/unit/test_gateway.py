@@ -1279,6 +1279,68 @@ async def test_stream_usage_comes_from_vllm_and_reaches_the_client_only_if_asked
         assert (log.prompt_tokens, log.output_tokens, log.prompts) == (2, 3, 1)
 
 
+@dataclass
+class OddUsage(FakeServing):
+    """An upstream whose usage counts are ``tokens`` (JSON), whole or streamed."""
+
+    tokens: bytes = b"{}"
+    stream: bool = False
+
+    @asynccontextmanager
+    async def completion(
+        self,
+        path: str,
+        body: dict[str, Any],  # type: ignore[override]
+    ) -> AsyncIterator[Any]:
+        if self.stream:
+            yield OddStream(1, 8, 0.0, 1, self.tokens)
+        else:
+            yield Answer(b'{"model": "m", "usage": ' + self.tokens + b"}")
+
+
+@dataclass
+class OddStream(Streamed):
+    usage: bytes = b"{}"
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        yield b'data: {"model": "m", "choices": [{"text": "x"}]}\n\n'
+        yield b'data: {"choices": [], "usage": ' + self.usage + b"}\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "count", [b"1e400", b"-1e400", b"-5", b"3.7", b"true", b'"12x"', b"null", b"[1]"]
+)
+async def test_an_upstreams_odd_token_count_never_fails_the_answer(
+    stream: bool, count: bytes
+) -> None:
+    """vLLM's usage is the upstream's word: a count that is no count (``1e400`` parses as
+    infinity, and ``int`` of it raised OverflowError: a 500 for an answer that was served,
+    and no log) is read as none, and the answer and its one log go out."""
+    tokens = b'{"prompt_tokens": %s, "completion_tokens": %s}' % (count, count)
+    serving = OddUsage(hot={RECORDS[2].lora_name}, tokens=tokens, stream=stream)
+    sink = ListSink()
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with (
+            ClientSession() as http,
+            http.post(
+                str(server.make_url("/v1/completions")),
+                headers=AUTH_A,
+                json={"model": "sql", "prompt": "q", "stream": stream},
+            ) as resp,
+        ):
+            assert resp.status == 200
+            await resp.read()
+        (log,) = sink.messages(RequestLog)
+        assert 0 <= log.output_tokens <= 10_000_000 and 0 <= log.prompt_tokens <= 10_000_000
+    finally:
+        await server.close()
+
+
 async def test_one_request_log_per_request_counts_its_prompts(world: World) -> None:
     await load(world, RECORDS[2])
     before = len(world.sink.messages(RequestLog))
