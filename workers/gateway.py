@@ -568,7 +568,7 @@ class Gateway:
             trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
             trace.output_tokens = int(usage.get("completion_tokens", 0))
             return not obj.get("choices"), True
-        except (ValueError, AttributeError, TypeError, OverflowError):  # int(1e400)
+        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
             return False, False
 
     @staticmethod
@@ -577,7 +577,7 @@ class Gateway:
             usage = json.loads(raw).get("usage") or {}
             trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
             trace.output_tokens = int(usage.get("completion_tokens", 0))
-        except (ValueError, AttributeError, TypeError, OverflowError):  # int(1e400)
+        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
             pass
 
     def _log(self, trace: _Trace) -> None:

@@ -64,7 +64,7 @@ async def send_golden_set(
                 ok += 1
             except VllmError as exc:
                 status, error = RequestStatus.error, exc.reason.failure
-            except (ValueError, AttributeError):  # answered, but not the JSON we expect
+            except (ValueError, AttributeError, RecursionError):  # answered, not our JSON
                 ok += 1
         emit(
             RequestLog(

@@ -66,7 +66,7 @@ class ServedModel:
 def _error_message(text: str) -> str:
     try:
         body = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit
         return text.strip()[:500]
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -176,7 +176,7 @@ class VllmClient:
             return [
                 ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent")) for m in data
             ]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise VllmError(VllmErrorCode.bad_response, f"/v1/models: {exc}") from None
 
     async def health(self) -> bool:

@@ -1310,14 +1310,17 @@ class OddStream(Streamed):
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
-    "count", [b"1e400", b"-1e400", b"-5", b"3.7", b"true", b'"12x"', b"null", b"[1]"]
+    "count",
+    [b"1e400", b"-1e400", b"-5", b"3.7", b"true", b'"12x"', b"null", b"[1]", b"[" * 50_000],
+    ids=lambda count: count[:12].decode(),
 )
 async def test_an_upstreams_odd_token_count_never_fails_the_answer(
     stream: bool, count: bytes
 ) -> None:
     """vLLM's usage is the upstream's word: a count that is no count (``1e400`` parses as
-    infinity, and ``int`` of it raised OverflowError: a 500 for an answer that was served,
-    and no log) is read as none, and the answer and its one log go out."""
+    infinity, and ``int`` of it raised OverflowError; JSON nested past Python's recursion
+    limit raised RecursionError: a 500 for an answer that was served, and no log) is read
+    as none, and the answer and its one log go out."""
     tokens = b'{"prompt_tokens": %s, "completion_tokens": %s}' % (count, count)
     serving = OddUsage(hot={RECORDS[2].lora_name}, tokens=tokens, stream=stream)
     sink = ListSink()

@@ -140,6 +140,14 @@ def test_classify_plain_text_and_json() -> None:
     assert classify(418, "teapot").reason == "unexpected_status"
 
 
+def test_classify_an_answer_nested_past_the_recursion_limit() -> None:
+    """json.loads raises RecursionError, not a JSONDecodeError, for deep nesting: it escaped
+    ``classify`` (and the agent's load) instead of naming the status."""
+    deep = "[" * 100_000 + "]" * 100_000
+    err = classify(500, deep)
+    assert err.reason == "server_error" and len(err.message) <= 500
+
+
 @session_loop
 async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
     adapters: dict[str, Path],
