@@ -79,10 +79,19 @@ class Head:
     repeated: str | None = None  # a header the door reads that was sent more than once
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-"""Where a lone surrogate can come from in an ASCII body: a ``\\uD800``-``\\uDFFF``
-escape. Other bodies are checked whole: ``json.loads`` decodes bytes with ``surrogatepass``
-(an encoded surrogate passes) and takes UTF-16 and UTF-32 too."""
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""Where a lone surrogate can come from in a UTF-8 body: a ``\\uD800``-``\\uDFFF`` escape,
+or the surrogate's own UTF-8 bytes (``ED A0``-``ED BF``), which ``json.loads`` decodes with
+``surrogatepass``. Only a body where one of these occurs (or one that is not UTF-8:
+``json.loads`` takes UTF-16 and UTF-32 too) is walked whole."""
+
+
+def _may_hold_surrogate(raw: bytes) -> bool:
+    return (
+        _MAY_HOLD_SURROGATE.search(raw) is not None
+        or b"\x00" in raw[:4]  # UTF-16 or UTF-32, as json.detect_encoding tells them
+        or raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+    )
 
 
 def _unicode(body: object) -> bool:
@@ -215,7 +224,7 @@ class FrontDoor:
             body = json.loads(raw)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, a huge integer
             return Refusal(400, AdmissionRefusal.invalid_json, "the body is not JSON")
-        if (not raw.isascii() or _SURROGATE_ESCAPE.search(raw) is not None) and not _unicode(body):
+        if _may_hold_surrogate(raw) and not _unicode(body):
             return Refusal(
                 400,
                 AdmissionRefusal.invalid_json,
