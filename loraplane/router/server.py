@@ -47,7 +47,7 @@ from loraplane.frontdoor.admission import FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
 from loraplane.frontdoor.forwarded import TENANT_HEADER, VERSION_HEADER, Forward
 from loraplane.frontdoor.forwarded import headers as forward_headers
-from loraplane.frontdoor.http import admit_request, error_response, refusal_response
+from loraplane.frontdoor.http import admit_request, error_response, head_of, refusal_response
 from loraplane.frontdoor.request_fields import (
     Endpoint,
     header_token,
@@ -294,9 +294,10 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
-        tenant = self.api_keys.tenant(request.headers.get("Authorization"))
-        if tenant is None:
-            return error_response(401, AdmissionRefusal.unauthorized, "missing or unknown API key")
+        identity = self.door.identify(head_of(request, ""))  # the front door's own reading
+        if isinstance(identity, Refusal):
+            return refusal_response(identity)
+        tenant = identity.tenant_id
         data = [
             {"id": aid, "object": "model", "created": 0, "owned_by": tenant}
             for aid, versions in sorted(self.fleet.versions.items())

@@ -315,6 +315,15 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
         assert door.sink.messages(RequestLog)[before:] == []
 
 
+def test_attack_two_api_keys_list_no_models(door: FrontDoor) -> None:
+    """The router's model list reads the API key as the front door does: two are a 400."""
+    lines = [b"Authorization: Bearer key-a", b"Authorization: Bearer key-b"]
+    reply = send(door.router, "/v1/models", lines, method=b"GET")
+    assert (reply.status, reply.error_type()) == (400, "repeated_header"), reply
+    reply = send(door.router, "/v1/models", lines[:1], method=b"GET")
+    assert reply.status == 200 and json.loads(reply.body)["data"]
+
+
 @pytest.mark.parametrize("through", ["gateway", "router"])
 def test_attack_a_body_declared_over_the_cap_is_refused_before_it_is_read(
     door: FrontDoor, through: str
