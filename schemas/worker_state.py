@@ -4,18 +4,41 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
 
-__all__ = ["MAX_SKIPPED_REPORTED", "CopyOrigin", "LoadedAdapter", "ResidentTier", "WorkerState"]
+__all__ = [
+    "MAX_SKIPPED_REPORTED",
+    "CopyOrigin",
+    "LoadedAdapter",
+    "ResidentTier",
+    "WorkerState",
+    "gateway_url_problem",
+]
 
 MAX_SKIPPED_REPORTED = 256
 """The most skipped command ids one heartbeat carries (the latest ones)."""
 
 ResidentTier = Literal["gpu", "host"]  # where a loaded adapter lives on a worker
+
+
+def gateway_url_problem(url: str) -> str | None:
+    """Why ``url`` is no ``http://HOST[:PORT]`` a router can send requests to (it speaks
+    plain HTTP/1.1 and takes only the host and port), or None when it is one."""
+    if not url.isascii() or not url.isprintable() or " " in url:
+        return "not visible ASCII"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError past 65535 or for no number
+    except ValueError as exc:
+        return str(exc)
+    if parts.scheme != "http" or not parts.hostname or parts.username is not None:
+        return "not an http://HOST:PORT URL"
+    return None
 
 
 class CopyOrigin(StrEnum):
@@ -97,6 +120,14 @@ class WorkerState(StrictModel):
         description="the commands partition this worker reads (its command slot, "
         "else the hash of its id); the planner sends there. None: an older worker, the hash",
     )
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _usable_gateway_url(cls, v: str) -> str:
+        problem = gateway_url_problem(v) if v else None
+        if problem:
+            raise ValueError(f"gateway_url {v[:64]!r}: {problem}")
+        return v
 
     def load_budget(self, ceiling: int) -> int:
         """Loads a rolling minute to plan with for this worker: the budget it reports, never

@@ -81,6 +81,7 @@ def run(
     from loraplane.kernel import kafka
     from loraplane.kernel.http_server import run_serving
     from loraplane.kernel.secrets import SecretError, read_secret
+    from loraplane.schemas.worker_state import gateway_url_problem
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
     _ids(("--worker-id", worker_id), ("--base-model", base_model))
@@ -95,11 +96,9 @@ def run(
         )
     except SecretError as exc:
         raise typer.BadParameter(str(exc), param_hint="--vllm-api-key-file") from None
-    if gateway_url is not None and (
-        urlsplit(gateway_url).scheme != "http" or not urlsplit(gateway_url).hostname
-    ):
+    if gateway_url is not None and (problem := gateway_url_problem(gateway_url)):
         # the router speaks plain HTTP/1.1 to a gateway (loraplane/frontdoor/upstream_http.py)
-        raise typer.BadParameter("an http://HOST:PORT URL", param_hint="--gateway-url")
+        raise typer.BadParameter(f"an http://HOST:PORT URL ({problem})", param_hint="--gateway-url")
     options = WorkerOptions(
         worker_id=worker_id,
         base_model=base_model,

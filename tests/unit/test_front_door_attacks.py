@@ -435,6 +435,38 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
 
 
 @pytest.mark.parametrize(
+    "url, kept",
+    [
+        ("http://127.0.0.1:8001", True),
+        ("http://gw.example.svc.cluster.local:8001", True),
+        ("", True),  # no gateway: kept, never routed to
+        ("http://127.0.0.1:99999", False),  # urlsplit's port raised ValueError: a 500
+        ("http://127.0.0.1:abc", False),
+        ("http://[::1", False),
+        ("https://127.0.0.1:8001", False),  # the router speaks plain HTTP
+        ("ftp://127.0.0.1:21", False),
+        ("http://:8001", False),
+        ("http://user@127.0.0.1:8001", False),
+        ("http://127.0.0.1:8001 ", False),
+    ],
+)
+def test_attack_a_worker_state_with_a_gateway_url_the_router_cannot_use_is_dead_lettered(
+    url: str, kept: bool
+) -> None:
+    """ATTACK: a forged worker state announcing a ``gateway_url`` with no usable port. The
+    router built its connection pool from it at routing time, where urlsplit raised a
+    ValueError: every request routed to that worker was a 500. Such a state is not a
+    worker state: dead-lettered where it is read."""
+    sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
+    state = json.loads(worker("w1", gpu=[RECORDS[2]]).model_dump_json())
+    state["gateway_url"] = url
+    fleet.take(Record("lp.worker-state", 0, 7, b"w1", json.dumps(state).encode(), {}, 0))
+    assert ("w1" in fleet.index.workers) is kept
+    assert fleet.dead_lettered == (0 if kept else 1)
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["worker", "add-key", "--tenant", "tenant-a\n"],
