@@ -274,6 +274,11 @@ CASES = [
     Case("header too short", Reason.header_invalid, before=[add_file(WEIGHTS_NAME, b"\x01\x02")]),
     Case("header not json", Reason.header_invalid, before=[raw_weights(b"\xff\xfe not json")]),
     Case("header a list", Reason.header_invalid, before=[raw_weights([1, 2, 3])]),
+    Case(  # each escaped quote once started another scan to the end: hours for 1 MiB
+        "header an unclosed string of escaped quotes",
+        Reason.header_invalid,
+        before=[raw_weights(b'{"a":"' + b'\\"' * 500_000)],
+    ),
     Case(
         "dtype int",
         Reason.tensor_dtype_invalid,
