@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Annotated, TypeGuard
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
@@ -21,6 +22,7 @@ __all__ = [
     "Version",
     "is_id",
     "lora_name",
+    "lora_names",
     "now_utc",
     "version_key",
 ]
@@ -89,6 +91,15 @@ def lora_name(adapter_id: str, version: str, sha256: str) -> str:
     """The name vLLM knows an adapter by. It names the *content*: vLLM keys its prefix
     cache by LoRA name, so a name must never be reused for other weights."""
     return f"{adapter_id}@{version}-{sha256[:8]}"
+
+
+def lora_names(keys: list[str], sha256s: list[str]) -> list[str]:
+    """``lora_name`` of many versions from their ``adapter_id@version`` keys (a version's
+    score key), in C-level passes: a planner names 100k versions at once."""
+    return list(map("-".join, zip(keys, map(_SHA8, sha256s), strict=True)))
+
+
+_SHA8 = itemgetter(slice(None, 8))
 
 
 def now_utc() -> datetime:

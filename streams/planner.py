@@ -25,6 +25,7 @@ from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from loraplane.kernel.command_effects import (
     Copy,
@@ -38,7 +39,7 @@ from loraplane.kernel.command_effects import (
 )
 from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
+from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.reasons import CommandRule, WaitReason
 from loraplane.schemas.registry import AdapterView
@@ -407,6 +408,11 @@ class _Planner:
         if outcome.refused is not None or after == before or (action, lora) in w.failed:
             return False
         w.seq += 1
+        reason = {
+            "rule": rule,
+            "score": None if score is None else round(score, 6),
+            "detail": detail[:512],
+        }
         fields = {
             "command_id": command_id(w.id, action.value, lora, w.seq),
             "worker_id": w.id,
@@ -417,9 +423,7 @@ class _Planner:
             "version": record.version,
             "sha256": record.sha256,
             "lora_name": lora,
-            "reason": CommandReason(
-                rule=rule, score=None if score is None else round(score, 6), detail=detail[:512]
-            ),
+            "reason": reason,
             "issued_at": self.issued_at,
             "deadline": self.deadline,
             "warmup_requests": warmup,
@@ -427,7 +431,8 @@ class _Planner:
         if self.validated is None:
             cmd = self.validated = CacheCommand.model_validate(fields)
         else:
-            cmd = self.validated.model_copy(update=fields)
+            fields["reason"] = _like(self.validated.reason, reason)
+            cmd = _like(self.validated, fields)
         w.pending.append(cmd)
         if action is CommandAction.load_gpu:
             w.loads.append(self.now)
@@ -436,6 +441,25 @@ class _Planner:
         w.may_protect(lora, self.rule)
         self.commands.append(cmd)
         return True
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _like(template: _M, values: dict[str, Any]) -> _M:
+    """``template.model_copy(update=values)`` where ``values`` holds every field the
+    template was given, without pydantic's copies of its dict, fields set and extras (a
+    third of a command's cost): same class, same fields set, nothing validated."""
+    model = _new(type(template))
+    _setattr(model, "__dict__", {**template.__dict__, **values})
+    _setattr(model, "__pydantic_fields_set__", template.__pydantic_fields_set__)
+    _setattr(model, "__pydantic_extra__", template.__pydantic_extra__)
+    _setattr(model, "__pydantic_private__", template.__pydantic_private__)
+    return model
+
+
+_new = object.__new__
+_setattr = object.__setattr__
 
 
 class Planner:
@@ -507,8 +531,8 @@ class Planner:
             _Lazy(
                 lambda: dict(
                     zip(
-                        registry.ranked_names,
-                        table.score[registry.ranked_rows].tolist(),
+                        registry.ranked[0],
+                        table.score[registry.ranked[1]].tolist(),
                         strict=True,
                     )
                 )

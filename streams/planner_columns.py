@@ -15,42 +15,36 @@ Only facts that do not depend on time live here; the planner decays them each ti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, itemgetter
 from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
-from loraplane.schemas.base import lora_name
+from loraplane.schemas.base import lora_names
 from loraplane.schemas.registry import AdapterView
-from loraplane.streams.scores import ScoreInputs, ScoreState, merged, score_key
+from loraplane.streams.scores import (
+    ScoreInputs,
+    ScoreState,
+    merged,
+    score_keys,
+    unattributed_keys,
+)
 
 __all__ = ["EMPTY", "BaseRows", "Categories", "Columns", "Registry", "Scores"]
 
 EMPTY = ScoreState()
 _STALE = object()  # a carried-over row whose score columns must be re-derived
 _VERSIONS = attrgetter("versions")
-_ADAPTER_ID = attrgetter("adapter_id")
 _LAST_REQUEST = attrgetter("last_request")
 _SERVED = attrgetter("served_after_load")
 _ERRORS = attrgetter("errors_after_load")
 _VALUE = attrgetter("value")
 _AT = attrgetter("at")
-_FACT_NAMES = (
-    "adapter_id",
-    "version",
-    "sha256",
-    "status",
-    "priority",
-    "size_bytes",
-    "rank",
-    "base_model",
-)
-_FACTS = attrgetter(*_FACT_NAMES)
 _C = TypeVar("_C")
 
 
@@ -94,13 +88,19 @@ class Registry:
     def __init__(self, views: list[AdapterView]) -> None:
         self.views = views
         versions = list(chain.from_iterable(map(_VERSIONS, views)))
-        # One pass reads every field the columns need (a pass per field cost ~10 ms each
-        # at 100k versions); zip(*) turns the rows into columns in C.
-        facts = list(map(_FACTS, versions))
-        adapter_ids, version_ids, shas, statuses, priorities, sizes, ranks, base_models = (
-            list(zip(*facts, strict=True)) if facts else [()] * len(_FACT_NAMES)
-        )
-        loras = list(map(lora_name, adapter_ids, version_ids, shas))
+        # Each record's fields, read from its dict a column at a time: a pass per field
+        # (a pass building a tuple per row allocates 100k tracked tuples, each a step
+        # towards a collection that walks every object built since), and a dict look-up
+        # per value (a third cheaper than an attribute read on a model).
+        fields = list(map(vars, versions))
+
+        def column(name: str, of: list[dict[str, Any]]) -> list[Any]:
+            return list(map(itemgetter(name), of))
+
+        adapter_ids, shas = column("adapter_id", fields), column("sha256", fields)
+        version_ids, statuses = column("version", fields), column("status", fields)
+        keys = score_keys(adapter_ids, version_ids)
+        loras = lora_names(keys, shas)
         self.records: dict[str, AdapterRecord] = dict(zip(loras, versions, strict=True))
         status = Categories.encode(statuses)
         # A name seen twice is its last record's (as the dict says).
@@ -118,41 +118,51 @@ class Registry:
         )
         n, rows = len(serving), serving.tolist()
 
-        def pick(column: Sequence[_C]) -> list[_C]:
+        def pick(column: list[_C]) -> list[_C]:
             """The serving rows of a column (all of it in the common case)."""
-            return list(column) if n == len(versions) else list(map(column.__getitem__, rows))
+            return column if n == len(versions) else list(map(column.__getitem__, rows))
 
         self.record: list[AdapterRecord] = pick(versions)
         self.lora: list[str] = pick(loras)
         self.status = status.take(serving)
         self.canary = self.status.codes == self.status.code(AdapterStatus.canary)
-        self.priorities = Categories.encode(pick(priorities)).renamed(str)
-        self.size_bytes = np.array(pick(sizes), dtype=np.int64)
-        self.ranks = np.array(pick(ranks), dtype=np.int64)
+        fields = pick(fields)
+        self.priorities = Categories.encode(column("priority", fields)).renamed(str)
+        self.size_bytes = np.fromiter(map(itemgetter("size_bytes"), fields), np.int64, n)
+        self.ranks = np.fromiter(map(itemgetter("rank"), fields), np.int64, n)
         self.adapters: list[str] = pick(adapter_ids)
-        self.keys = list(map(score_key, self.adapters, pick(version_ids)))
-        suffix = score_key("", None)
-        active = self.status.codes == self.status.code(AdapterStatus.active)
-        self.unattributed: list[str | None] = [
-            a + suffix if act else None
-            for a, act in zip(self.adapters, active.tolist(), strict=True)
-        ]
-        active_rows = np.flatnonzero(active).tolist()
-        # score key -> the row reading it; None when some key is read by several rows (an
-        # adapter listed twice), and then every tick looks every row up.
-        self.row_of_key: dict[str, int] | None = dict(zip(self.keys, range(n), strict=True))
+        self.keys = pick(keys)
+        self.active = self.status.codes == self.status.code(AdapterStatus.active)
+        self.unattributed: list[str | None] = unattributed_keys(self.adapters)
+        for i in np.flatnonzero(~self.active).tolist():
+            self.unattributed[i] = None
+        self.bases = _bases(Categories.encode(column("base_model", fields)), self.lora)
+
+    @cached_property
+    def row_of_key(self) -> dict[str, int] | None:
+        """Score key -> the row reading it; None when some key is read by several rows (an
+        adapter listed twice), and then every tick looks every row up. Built on the first
+        tick that reads only what changed: a first tick looks every row up anyway."""
+        n = len(self.keys)
+        row_of_key = dict(zip(self.keys, range(n), strict=True))
+        active_rows = np.flatnonzero(self.active).tolist()
         read = dict(zip(map(self.unattributed.__getitem__, active_rows), active_rows, strict=True))
-        if len(self.row_of_key) + len(read) < n + len(
-            active_rows
-        ) or not self.row_of_key.keys().isdisjoint(read):
-            self.row_of_key = None
-        else:
-            # every active row has an unattributed key (set just above): no None among them
-            self.row_of_key.update(cast(dict[str, int], read))
-        self.bases = _bases(Categories.encode(pick(base_models)), self.lora)
+        if len(row_of_key) + len(read) < n + len(active_rows) or not row_of_key.keys().isdisjoint(
+            read
+        ):
+            return None
+        # every active row has an unattributed key: no None among them
+        row_of_key.update(cast(dict[str, int], read))
+        return row_of_key
+
+    @cached_property
+    def ranked(self) -> tuple[list[str], np.ndarray]:
+        """Every serving name and its row, base model by base model (``Plan.scores``)."""
         ranked = [self.bases[base] for base in sorted(self.bases)]
-        self.ranked_names = list(chain.from_iterable(b.index for b in ranked))
-        self.ranked_rows = np.concatenate([b.rows for b in ranked] or [np.zeros(0, np.intp)])
+        return (
+            list(chain.from_iterable(b.index for b in ranked)),
+            np.concatenate([b.rows for b in ranked] or [np.zeros(0, np.intp)]),
+        )
 
     @cached_property
     def rows_of_adapter(self) -> dict[str, list[int]]:
@@ -200,7 +210,6 @@ class Scores:
         # derived yet, or refreshed since from the changed keys alone).
         self.seen_keys: list[str] | None = None
         self.seen_states: list[ScoreState] = []
-        self.seen_ids = np.zeros(0, np.intp)
         # the score state objects the rows come from (_STALE: not read yet)
         self.own: list[ScoreState | object] = [_STALE] * n
         self.unattributed: list[ScoreState | object | None] = [_STALE] * n
@@ -245,25 +254,27 @@ class Scores:
         with the keys it had last time (states are replaced in place, new keys are
         appended: a dict's order), the changed keys are found by one positional scan of
         its states; otherwise every row's states are looked up again."""
-        row_of = registry.row_of_key
-        if changed is not None and self.synced and row_of is not None:
+        # ``row_of_key`` is built on first use: a first refresh looks every row up.
+        if changed is not None and self.synced and (row_of := registry.row_of_key) is not None:
             rows = sorted({i for key in changed if (i := row_of.get(key)) is not None})
             self._read(registry, scores, rows)
             # The positional scan compares against the last full scan: stale from now on.
-            self.seen_keys, self.seen_states, self.seen_ids = None, [], np.zeros(0, np.intp)
+            self.seen_keys, self.seen_states = None, []
             return
         keys, states = list(scores), list(scores.values())
-        ids = np.fromiter(map(id, states), np.intp, len(states))
-        seen, m = self.seen_keys, len(self.seen_ids)
+        seen, m = self.seen_keys, len(self.seen_states)
         # Equal keys at the same positions are the same keys; ids of the states held in
         # ``seen_states`` cannot have been reused by other objects.
         if (
             seen is not None
-            and row_of is not None
+            and (row_of := registry.row_of_key) is not None
             and len(keys) >= m
             and (keys if len(keys) == m else keys[:m]) == seen
         ):
-            moved = np.flatnonzero(ids[:m] != self.seen_ids)
+            moved = np.flatnonzero(
+                np.fromiter(map(id, states), np.intp, m)  # the first m
+                != np.fromiter(map(id, self.seen_states), np.intp, m)
+            )
             rows = sorted(
                 {
                     i
@@ -286,7 +297,7 @@ class Scores:
             )
             self.own, self.unattributed = own, unattributed
             self._derive(changed)
-        self.seen_keys, self.seen_states, self.seen_ids = keys, states, ids
+        self.seen_keys, self.seen_states = keys, states
         self.synced = True
 
     def _read(self, registry: Registry, scores: Mapping[str, ScoreState], rows: list[int]) -> None:
@@ -300,24 +311,34 @@ class Scores:
     def _derive(self, rows: np.ndarray) -> None:
         if not rows.size:
             return
-        states = []
-        for i in rows.tolist():
-            u = self.unattributed[i]
-            self.state[i] = state = self.own[i] if u is None else merged(self.own[i], u)
-            states.append(state)
-        m = len(states)
+        m, every = len(rows), len(rows) == len(self.state)  # rows: distinct, ascending
+        index = rows.tolist()
+        own = self.own if every else list(map(self.own.__getitem__, index))
+        extra = self.unattributed if every else list(map(self.unattributed.__getitem__, index))
+        states = cast(list[ScoreState], list(own))
+        # An adapter's unattributed demand merged into its active version (rows with some)
+        for k in np.flatnonzero(np.fromiter(map(is_not, extra, repeat(None)), bool, m)).tolist():
+            states[k] = merged(cast(ScoreState, own[k]), cast(ScoreState, extra[k]))
+        if every:
+            self.state = states
+        else:
+            for i, state in zip(index, states, strict=True):
+                self.state[i] = state
         fresh = ScoreInputs.from_states(states)
-        x = self.inputs
-        for column, values in (
-            (x.r10_value, fresh.r10_value),
-            (x.r10_at, fresh.r10_at),
-            (x.r1_value, fresh.r1_value),
-            (x.r1_at, fresh.r1_at),
-            (x.ttft_known, fresh.ttft_known),
-            (x.ttft_gap_ms, fresh.ttft_gap_ms),
-            (x.daily, fresh.daily),
-        ):
-            column[rows] = values
+        if every:
+            self.inputs = fresh
+        else:
+            x = self.inputs
+            for column, values in (
+                (x.r10_value, fresh.r10_value),
+                (x.r10_at, fresh.r10_at),
+                (x.r1_value, fresh.r1_value),
+                (x.r1_at, fresh.r1_at),
+                (x.ttft_known, fresh.ttft_known),
+                (x.ttft_gap_ms, fresh.ttft_gap_ms),
+                (x.daily, fresh.daily),
+            ):
+                column[rows] = values
         self.last[rows] = np.array(list(map(_LAST_REQUEST, states)), dtype=float)
         served, errors = list(map(_SERVED, states)), list(map(_ERRORS, states))
         self.served_value[rows] = np.fromiter(map(_VALUE, served), float, m)

@@ -6,6 +6,7 @@ batch, so ties rank the same either way."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import given
@@ -15,6 +16,7 @@ from loraplane.kernel.policy import Policy
 from loraplane.streams.scores import (
     TAU_1M_S,
     TAU_10M_S,
+    Daily,
     Decayed,
     ScoreInputs,
     ScoreState,
@@ -131,3 +133,44 @@ def test_a_decay_is_the_same_alone_and_anywhere_in_a_batch(
     j = data.draw(st.integers(0, i))  # the same counter at another offset of a batch
     shifted = decayed_at(value[j:], at[j:], TAU_10M_S, T0)
     assert shifted[i - j] == batch[i]
+
+
+def same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+floats = st.floats(min_value=-1e6, max_value=1e6)
+profiles = st.builds(
+    Daily,
+    n=counts,
+    c1=floats,
+    s1=floats,
+    c2=floats,
+    s2=floats,
+    at=st.floats(min_value=0, max_value=2e9),
+    since=st.one_of(st.none(), st.floats(min_value=0, max_value=2e9)),
+)
+odd_ttft = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@given(st.lists(st.tuples(states, profiles, odd_ttft, odd_ttft), max_size=30))
+def test_the_score_columns_hold_each_state_s_own_fields(batch: list) -> None:
+    """``ScoreInputs.from_states`` reads a column at a time; row by row it holds each
+    state's counters, its TTFT gap where both TTFTs are known (None is unknown; a NaN or an
+    infinity is a value) and its daily profile (NaN: never requested)."""
+    states_ = [replace(s, daily=d, ttft_cold_ms=cold, ttft_hot_ms=hot) for s, d, cold, hot in batch]
+    x = ScoreInputs.from_states(states_)
+    assert x.daily.shape == (len(states_), 7)
+    for i, s in enumerate(states_):
+        assert x.r10_value[i] == s.requests_10m.value and x.r10_at[i] == s.requests_10m.at
+        assert x.r1_value[i] == s.requests_1m.value and x.r1_at[i] == s.requests_1m.at
+        known = s.ttft_cold_ms is not None and s.ttft_hot_ms is not None
+        assert bool(x.ttft_known[i]) is known
+        if known:
+            assert s.ttft_cold_ms is not None and s.ttft_hot_ms is not None
+            assert same(x.ttft_gap_ms[i], s.ttft_cold_ms - s.ttft_hot_ms)
+        else:
+            assert x.ttft_gap_ms[i] == 0.0
+        d = s.daily
+        row = (d.n, d.c1, d.s1, d.c2, d.s2, d.at, math.nan if d.since is None else d.since)
+        assert all(same(a, b) for a, b in zip(x.daily[i].tolist(), row, strict=True))
