@@ -84,7 +84,7 @@ class WorkerMemory:
         return cls(seq=record.seq, pending=record.pending, loads=record.loads)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """A hot-set version that could not be loaded this tick, and why."""
 
@@ -812,24 +812,20 @@ def _load(t: _BaseTick) -> None:
     if not missing:
         return
     table, policy, slots = t.table, t.policy, _Slots.of(t)
-    spent = False  # no worker may take a load: every version left waits
-    for i in t.hot:
+    for k, i in enumerate(t.hot):
         lora = table.lora[i]
         if lora not in missing:
             continue
         rank, skip = table.record[i].rank, t.failed_loads.get(lora, ())
-        target, rule = None, CommandRule.hot_score
-        if not spent:
-            target = slots.free_worker(t, rank, skip)
-            if target is None:
-                target = _displace_for(t, slots, i, rank, skip)
-                rule = CommandRule.hot_score_displace
+        target, rule = slots.free_worker(t, rank, skip), CommandRule.hot_score
         if target is None:
-            # Once a version found nothing and every heap is empty, none can refill (only a
-            # version that found a worker pushes one back): the rest of a cold tick's hot
-            # set (~10k at 100k x 1,000) waits without a look at the heaps.
-            spent = spent or slots.spent(t)
+            target = _displace_for(t, slots, i, rank, skip)
+            rule = CommandRule.hot_score_displace
+        if target is None:
             t.planner.waiting.append(Waiting(lora, table.score_of(i), slots.blocked(t, rank)))
+            if slots.spent(t):
+                _wait(t, slots, t.hot[k + 1 :], missing)
+                return
             continue
         warmup = (
             policy.request_budgets.canary.warmup_requests
@@ -850,6 +846,26 @@ def _load(t: _BaseTick) -> None:
             t.on_gpu[lora].append(target)
         else:
             slots.free.push(target.state.max_lora_rank, (-target.free_slots(), target.id))
+
+
+def _wait(t: _BaseTick, slots: _Slots, rows: list[int], missing: set[str]) -> None:
+    """Rule 5 once no worker may take a load (``_Slots.spent``): nothing can refill the
+    heaps (only a version that found a worker pushes one back), so each missing version of
+    ``rows`` waits, for the reason of its rank (~10k of a cold tick's hot set at
+    100k x 1,000, without a look at the heaps)."""
+    table = t.table
+    rows = [i for i in rows if table.lora[i] in missing]
+    reasons: dict[int, WaitReason] = {}
+    for i, score, rank in zip(
+        rows,
+        table.score[rows].tolist(),
+        table.registry.ranks[rows].tolist(),
+        strict=True,
+    ):
+        reason = reasons.get(rank)
+        if reason is None:
+            reason = reasons[rank] = slots.blocked(t, rank)
+        t.planner.waiting.append(Waiting(table.lora[i], score, reason))
 
 
 _T = TypeVar("_T", bound=tuple[Any, ...])

@@ -206,6 +206,7 @@ class Scores:
     def __init__(self, n: int) -> None:
         # Every row reflects the mapping of the last refresh (``changed`` is relative to it).
         self.synced = False
+        self.fresh = True  # no row read yet: a first refresh derives every one
         # The score mapping as of the last full scan, in order; None: not kept (rows not
         # derived yet, or refreshed since from the changed keys alone).
         self.seen_keys: list[str] | None = None
@@ -226,6 +227,7 @@ class Scores:
         if not keep.any():
             return Scores(len(src))
         out = Scores(0)
+        out.fresh = False
         take = np.where(keep, src, 0)
         picked = [i if k else -1 for i, k in zip(take.tolist(), keep.tolist(), strict=True)]
 
@@ -291,14 +293,18 @@ class Scores:
                 map(get, registry.unattributed, repeat(None))
             )
             n = len(own)
-            changed = np.flatnonzero(
-                np.fromiter(map(is_not, own, self.own), bool, n)
-                | np.fromiter(map(is_not, unattributed, self.unattributed), bool, n)
+            changed = (
+                np.arange(n)
+                if self.fresh
+                else np.flatnonzero(
+                    np.fromiter(map(is_not, own, self.own), bool, n)
+                    | np.fromiter(map(is_not, unattributed, self.unattributed), bool, n)
+                )
             )
             self.own, self.unattributed = own, unattributed
             self._derive(changed)
         self.seen_keys, self.seen_states = keys, states
-        self.synced = True
+        self.synced, self.fresh = True, False
 
     def _read(self, registry: Registry, scores: Mapping[str, ScoreState], rows: list[int]) -> None:
         """Look ``rows``' states up again and re-derive them."""
