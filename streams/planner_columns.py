@@ -92,9 +92,9 @@ class Registry:
         # (a pass building a tuple per row allocates 100k tracked tuples, each a step
         # towards a collection that walks every object built since), and a dict look-up
         # per value (a third cheaper than an attribute read on a model).
-        fields = list(map(vars, versions))
+        fields: list[Mapping[str, Any]] = list(map(vars, versions))
 
-        def column(name: str, of: list[dict[str, Any]]) -> list[Any]:
+        def column(name: str, of: list[Mapping[str, Any]]) -> list[Any]:
             return list(map(itemgetter(name), of))
 
         adapter_ids, shas = column("adapter_id", fields), column("sha256", fields)

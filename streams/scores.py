@@ -638,12 +638,14 @@ class ScoreInputs:
 def _differences(a: list[float | None], b: list[float | None], known: np.ndarray) -> np.ndarray:
     """``a[i] - b[i]`` for the rows ``known`` (where neither is None), as floats."""
     if known.all():
-        return np.array(a, dtype=float) - np.array(b, dtype=float)
+        everywhere: np.ndarray = np.array(a, dtype=float) - np.array(b, dtype=float)
+        return everywhere
     rows = np.flatnonzero(known).tolist()
     m = len(rows)
-    return np.fromiter(map(a.__getitem__, rows), float, m) - np.fromiter(
+    somewhere: np.ndarray = np.fromiter(map(a.__getitem__, rows), float, m) - np.fromiter(
         map(b.__getitem__, rows), float, m
     )
+    return somewhere
 
 
 def _daily_row(d: Daily) -> tuple[float, ...]:
