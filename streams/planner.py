@@ -686,10 +686,15 @@ def _cap_protected(t: _BaseTick) -> None:
     not flap). They then compete by score, may be demoted or displaced, and are unpinned. A
     canary keeps its protection before any other version: it is a release under test, its
     share of the traffic is small by design (so its score is low), and a cold start there is
-    what the canary's warm-up exists to prevent."""
+    what the canary's warm-up exists to prevent. A copy pinned here or by a pending pin
+    that the worker may protect by its own rule counts as held too: no unpin would be
+    carried out, so keeping another version instead would pin one more than the cap."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
-    held = set().union(*(w.held for w in t.workers))  # no command moves these down
+    held = set().union(  # no command moves these down
+        *(w.held for w in t.workers),
+        *({lora for lora in w.protected if w.gpu.get(lora)} for w in t.workers),
+    )
     cap = max(protected_cap(policy, t.slots), sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
         return

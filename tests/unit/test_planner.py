@@ -599,6 +599,21 @@ def pinned_fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy]:
     return recs, sc, ws, policy
 
 
+def test_a_pending_pin_the_worker_may_hold_keeps_the_cap_when_ranks_change() -> None:
+    """Two canaries, one protected slot: the first tick pins the busier one. When the other
+    becomes busier before the worker reports, the planner does not pin it as well: the
+    worker may protect the first by its own rule, so an unpin would not be carried out."""
+    recs = [record(f"c{i}", status=AdapterStatus.canary, canary=5) for i in range(2)]
+    ws = [worker("w0", slots=2, hbm=None)]
+    policy = Policy(gpu_slots_per_base_model=2, max_protected_gpu_share=0.1)
+    first = plan(views(*recs), scores(c1=0.5), ws, policy, NOW)
+    assert [c.lora_name for c in first.commands if c.action is CommandAction.pin] == [
+        recs[1].lora_name
+    ]
+    second = plan(views(*recs), scores(c0=5.0), ws, policy, NOW + 10, memory=first.memory)
+    assert not [c for c in second.commands if c.action is CommandAction.pin]
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pinned_fleets(), st.integers(1, 3))
 def test_pinned_versions_never_exceed_the_protected_cap(fleet: tuple, ticks: int) -> None:
