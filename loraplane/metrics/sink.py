@@ -131,6 +131,21 @@ def _transient() -> tuple[type[BaseException], ...]:
     return ch_errors.Error, OSError, EOFError, DeliveryError, KafkaException
 
 
+_TOO_MANY_PARTITIONS = "partitions for single insert block"
+"""How current ClickHouse words code 252 when one insert's rows fall in more partitions
+(days, here) than ``max_partitions_per_insert_block`` (100) allows. The same code also means
+"too many parts" (merges behind inserts), which is transient."""
+
+
+def _too_many_partitions(exc: BaseException) -> bool:
+    """An insert refused for spanning too many partitions: fewer rows at a time fit."""
+    return (
+        isinstance(exc, ch_errors.ServerException)
+        and exc.code == 252
+        and _TOO_MANY_PARTITIONS in str(exc).lower()
+    )
+
+
 def _is_rejection(exc: BaseException) -> bool:
     if isinstance(exc, ch_errors.ServerException):
         return exc.code in DATA_ERROR_CODES
@@ -498,7 +513,10 @@ class Sink:
         messages: list[Message],
     ) -> list[tuple[Message, str]]:
         """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
-        return their messages with the reason (everything else is inserted)."""
+        return their messages with the reason (everything else is inserted). Rows that span
+        more days than one insert may hold (a backlog, or logs stamped across years by
+        whoever may write the topic) are inserted in halves until each fits: one row is in
+        one partition, so none is refused for it and the batch is never retried forever."""
         try:
             # No types_check: every row was validated by its wire schema and range-checked by
             # Table.row, so the driver's per-value Python checks (a quarter of the insert's
@@ -507,7 +525,8 @@ class Sink:
             client.execute(table.insert_sql, encoded(columns, encoders), columnar=True)
             return []
         except Exception as exc:
-            if not _is_rejection(exc):
+            split = _too_many_partitions(exc) and len(messages) > 1
+            if not split and not _is_rejection(exc):
                 raise
             if len(messages) == 1:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -103,6 +103,53 @@ def test_a_rejected_row_is_bisected_out_through_the_columns() -> None:
     assert columns[0] == [f"e{i}" for i in range(7)]  # kept whole, for a retry
 
 
+class PartitionLimitClient:
+    """Refuses, as current ClickHouse does past ``max_partitions_per_insert_block``, an
+    insert whose rows fall in more than ``most`` partitions (here: distinct event ids)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.inserted: list[str] = []
+
+    def execute(self, sql: str, columns: list[list[Any]], columnar: bool) -> None:
+        if len(set(columns[0])) > self.most:
+            raise ch_errors.ServerException(
+                "Too many partitions for single INSERT block (more than 2). The limit is "
+                "controlled by 'max_partitions_per_insert_block' setting.",
+                code=252,
+            )
+        self.inserted += columns[0]
+
+
+def test_rows_over_too_many_partitions_are_inserted_in_parts_and_none_refused() -> None:
+    sink = Sink(Settings())
+    msgs = [FakeMessage(raw_of(whole(i)), t="t", part=0, off=i) for i in range(9)]
+    assert REQUESTS.fast_columns is not None
+    columns, _ = REQUESTS.fast_columns([m.value() for m in msgs])
+    client = PartitionLimitClient(2)
+    refused = sink._insert(client, REQUESTS, {}, columns, msgs)  # type: ignore[arg-type]
+    assert refused == []
+    assert sorted(client.inserted) == sorted(f"e{i}" for i in range(9))
+
+
+def test_too_many_parts_is_not_a_rejection_but_a_retry() -> None:
+    """Code 252 worded as merges falling behind: transient, the batch is retried whole."""
+
+    class Behind:
+        def execute(self, sql: str, columns: list[list[Any]], columnar: bool) -> None:
+            raise ch_errors.ServerException(
+                "Too many parts (300). Merges are processing significantly slower than inserts",
+                code=252,
+            )
+
+    sink = Sink(Settings())
+    msgs = [FakeMessage(raw_of(whole(i)), t="t", part=0, off=i) for i in range(3)]
+    assert REQUESTS.fast_columns is not None
+    columns, _ = REQUESTS.fast_columns([m.value() for m in msgs])
+    with pytest.raises(ch_errors.ServerException):
+        sink._insert(Behind(), REQUESTS, {}, columns, msgs)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def thresholds() -> Iterator[None]:
     before = gc.get_threshold()
