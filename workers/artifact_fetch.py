@@ -15,7 +15,8 @@ a local S3 download).
 
 Failure is bounded: small connect/read timeouts, a few retries with exponential backoff,
 and one deadline for the whole fetch, so "S3 is down" becomes
-``artifact_store_unavailable`` within seconds instead of a hung load.
+``artifact_store_unavailable`` within seconds instead of a hung load; the deadline is
+checked after every socket read (``_arrivals``), so a store that drips is cut off too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -239,7 +240,7 @@ class ArtifactFetcher:
             written = 0
             with open(target, "wb") as out, _HashingWriter(out, self.policy.chunks_ahead) as sink:
                 try:
-                    for chunk in response["Body"].iter_chunks(self.policy.chunk_bytes):
+                    for chunk in _arrivals(response["Body"], announced, self.policy.chunk_bytes):
                         written += len(chunk)
                         if written > size:
                             raise ArtifactError.single(oversize, path, f"over {size} bytes")
@@ -262,6 +263,7 @@ class ArtifactFetcher:
     def _with_retries(self, op: Callable[[], T], what: str, deadline: float, missing: Reason) -> T:
         from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
         from botocore.exceptions import ConnectionError as BotoConnectionError
+        from urllib3.exceptions import HTTPError as Urllib3Error
 
         attempt, delay = 0, self.policy.backoff_s
         while True:
@@ -275,7 +277,12 @@ class ArtifactFetcher:
                 if code not in _TRANSIENT_CODES:
                     raise ArtifactError.single(Reason.fetch_failed, what, code[:60]) from None
                 error: Exception = exc
-            except (BotoConnectionError, HTTPClientError, IncompleteReadError) as exc:
+            except (
+                BotoConnectionError,
+                HTTPClientError,
+                IncompleteReadError,
+                Urllib3Error,  # from the body's raw stream (_arrivals): timeout, cut short
+            ) as exc:
                 error = exc
             if attempt >= self.policy.attempts or self._clock() + delay > deadline:
                 raise ArtifactError.single(
@@ -285,6 +292,24 @@ class ArtifactFetcher:
                 ) from None
             self._sleep(delay)
             delay = min(delay * 2, self.policy.max_backoff_s)
+
+
+def _arrivals(body: Any, announced: int | None, most: int) -> Iterator[bytes]:
+    """The chunks of an S3 body as they arrive, each at most ``most`` bytes. One socket read
+    per chunk (urllib3's ``read1`` under botocore's StreamingBody): ``read(most)`` would
+    wait until ``most`` bytes came, so a body sent a byte per read timeout would hold a
+    fetch for days between two deadline checks. A body that ends short of its
+    Content-Length is an ``IncompleteReadError`` (retried), as botocore's own read says."""
+    from botocore.exceptions import IncompleteReadError
+
+    raw = getattr(body, "_raw_stream", None)
+    read = getattr(raw, "read1", None) or body.read
+    got = 0
+    while chunk := read(most):
+        got += len(chunk)
+        yield chunk
+    if announced is not None and got != announced:
+        raise IncompleteReadError(actual_bytes=got, expected_bytes=announced)
 
 
 class _HashingWriter:

@@ -1,0 +1,174 @@
+"""Attack tests: the artifact fetcher against an S3 endpoint that answers hostile things.
+
+A tiny HTTP server on 127.0.0.1 speaks just enough S3 for boto3's ``get_object`` (any GET
+is a 200 with the head and body a case chooses), so the real botocore/urllib3 read path is
+the one under test: a body that drips a byte at a time, stops short of its
+Content-Length, announces more than the manifest allows, or is an XML error under a 200.
+Every case ends in a refusal with its reason, never a hang or an unmapped exception.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from loraplane.artifact.refusal import ArtifactError
+from loraplane.kernel.config import S3Settings
+from loraplane.schemas.reasons import ArtifactReason as Reason
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy
+
+Answer = Callable[[socket.socket], None]
+URI = "s3://bucket/acme/chat/"
+
+
+def _head(length: int) -> bytes:
+    return (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n"
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+
+
+def _read_request(conn: socket.socket) -> None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+
+
+@pytest.fixture
+def store() -> Iterator[Callable[[Answer], str]]:
+    """``store(answer)`` starts a server that answers every request with ``answer``."""
+    stop = threading.Event()
+    servers: list[socket.socket] = []
+
+    def start(answer: Answer) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(0.2)
+        servers.append(server)
+
+        def serve() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    continue
+                with conn:
+                    try:
+                        _read_request(conn)
+                        answer(conn)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    stop.set()
+    for server in servers:
+        server.close()
+
+
+class StepClock:
+    """Every reading is one second later than the last: the deadline arrives after a
+    fixed number of the fetcher's checks, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _fetch(endpoint: str, tmp_path: Path, policy: FetchPolicy) -> ArtifactError:
+    clock = StepClock()
+    settings = S3Settings(
+        endpoint_url=endpoint, allowed_prefixes=["s3://bucket/"], secret_access_key="secret"
+    )
+    fetcher = ArtifactFetcher(settings, policy, sleep=clock.sleep, clock=clock)
+    with pytest.raises(ArtifactError) as refused:
+        fetcher.fetch(
+            URI, tmp_path / "dest", expected_sha256=None, max_total_bytes=10**6, owner=None
+        )
+    return refused.value
+
+
+def test_a_body_that_drips_is_cut_off_at_the_fetch_deadline(
+    store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    """A byte at a time, each within the read timeout: only the whole fetch's deadline can
+    stop it, so it must be checked between socket reads, not after a whole chunk."""
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(_head(400))
+        for _ in range(400):
+            if stop.wait(0.01):
+                return
+            conn.sendall(b" ")
+
+    try:
+        error = _fetch(store(drip), tmp_path, FetchPolicy(deadline_s=5.0, attempts=1))
+    finally:
+        stop.set()
+    assert error.reasons == (Reason.artifact_store_unavailable,)
+    assert "deadline" in str(error)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda c: c.sendall(_head(1000) + b"{" * 10), id="short-of-content-length"),
+        pytest.param(
+            lambda c: (
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0"),
+                c.sendall(_head(1000) + b"{}"),
+            ),
+            id="reset-mid-body",
+        ),
+    ],
+)
+def test_a_body_cut_short_is_retried_then_the_store_unavailable(
+    answer: Answer, store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    error = _fetch(store(answer), tmp_path, FetchPolicy(attempts=2))
+    assert error.reasons == (Reason.artifact_store_unavailable,)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        pytest.param(
+            lambda c: c.sendall(_head(10**9) + b"{}"), Reason.manifest_invalid, id="too-long"
+        ),
+        pytest.param(
+            lambda c: c.sendall(
+                _head(120) + b'<?xml version="1.0"?><Error><Code>NoSuchKey</Code>'.ljust(120, b" ")
+            ),
+            Reason.manifest_invalid,
+            id="xml-error-under-200",
+        ),
+        pytest.param(
+            lambda c: c.sendall(_head(2) + b"{}" + b"x" * 5000), Reason.manifest_invalid, id="more"
+        ),
+        pytest.param(
+            lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nContent-Le"),
+            Reason.manifest_invalid,
+            id="cut-head",
+        ),
+    ],
+)
+def test_what_the_store_claims_is_refused_with_its_reason(
+    answer: Answer, reason: Reason, store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    error = _fetch(store(answer), tmp_path, FetchPolicy(attempts=1))
+    assert error.reasons == (reason,)
