@@ -20,7 +20,6 @@ named in the record (``model_signature``), and workers verify it again before lo
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
+    MAX_JSON_FILE_BYTES,
     ArtifactReader,
     FileFacts,
     WorkerLimits,
@@ -56,6 +56,7 @@ from loraplane.schemas.adapter import (
 )
 from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring
 from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
+from loraplane.schemas.strict_json import strict_loads
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
 __all__ = [
@@ -187,7 +188,10 @@ def build_record(
     try:
         prepared = prepare(folder)
         manifest = prepared.manifest
-        config = parse_lora_config(json.loads(listing.read(CONFIG_NAME, 0, 256 * 1024)))
+        # Strict, as the worker reads it (artifact.verification): deep nesting, duplicate
+        # keys, NaN and an oversized file are a refusal here, not an exception of another kind.
+        raw_config = listing.read(CONFIG_NAME, 0, MAX_JSON_FILE_BYTES + 1)
+        config = parse_lora_config(strict_loads(raw_config, max_bytes=MAX_JSON_FILE_BYTES))
         record = AdapterRecord(
             adapter_id=release.adapter_id,
             base_model=release.base_model,

@@ -291,6 +291,26 @@ def test_only_safetensors_and_the_config_are_ever_uploaded(
     assert [d.path for d in manifest.dropped] == ["README.md"]
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(b"[" * 100_000, id="nested-past-the-recursion-limit"),
+        pytest.param(b'{"r": 8, "r": 2}', id="duplicate-key"),
+        pytest.param(b'{"r": NaN}', id="nan"),
+        pytest.param(b'{"r": 8' + b" " * 300_000 + b"}", id="over-the-size-cap"),
+    ],
+)
+def test_a_hostile_adapter_config_is_a_publish_refusal_not_a_crash(
+    config: bytes, tmp_path: Path
+) -> None:
+    """Publish reads the config as a worker will (strict JSON): what a worker would refuse
+    is refused at publish with a message, never an exception of another kind."""
+    folder = peft_folder(tmp_path / "peft")
+    (folder / CONFIG_NAME).write_bytes(config)
+    with pytest.raises(ArtifactError):
+        publish(folder)
+
+
 # ---- adapter_config.json: every field PEFT writes has a rule -------------------------------
 def test_every_field_peft_writes_is_ruled_and_its_defaults_parse() -> None:
     assert set(PEFT_CONFIG) <= VALIDATED | HARMLESS | set(MUST_BE_OFF)
