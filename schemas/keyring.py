@@ -244,13 +244,17 @@ MAX_KEYRING_CHARS = 16 * 1024 * 1024
 def parse_keyring(text: str, source: str = "keyring") -> Keyring:
     import yaml
 
+    from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
+
     if len(text) > MAX_KEYRING_CHARS:
         raise KeyringError(f"{source}: {len(text)} characters > {MAX_KEYRING_CHARS}")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
         return Keyring.model_validate(data if data is not None else {})
     except yaml.YAMLError as exc:
         raise KeyringError(f"{source}: not YAML/JSON: {exc}") from None
+    except YamlTooLarge as exc:
+        raise KeyringError(f"{source}: {exc}") from None
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise KeyringError(f"{source}: {fields}") from None

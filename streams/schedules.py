@@ -31,6 +31,8 @@ import yaml
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from loraplane.schemas.bounded_yaml import load_yaml
+
 __all__ = [
     "ActiveEntry",
     "Schedule",
@@ -124,7 +126,7 @@ def scheduled_warmup_score(
 
 
 def parse_schedule(text: str) -> Schedule:
-    data = yaml.safe_load(text) or {}
+    data = load_yaml(text) or {}
     if not isinstance(data, dict):
         raise ValueError("a schedule file is a mapping with a 'schedules' list")
     return Schedule.model_validate(data)

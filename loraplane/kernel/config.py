@@ -341,9 +341,9 @@ class _YamlSource(PydanticBaseSettingsSource):
         path = Path(os.environ.get("LORAPLANE_CONFIG", "loraplane.yaml"))
         if not path.is_file():
             return {}
-        import yaml
+        from loraplane.schemas.bounded_yaml import load_yaml
 
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: top level must be a mapping")
         if "adapter_cache_policy" in data:
