@@ -16,6 +16,7 @@ The format, an example and every rule: docs/lifecycle.md, "Keyring file".
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -263,8 +264,21 @@ def parse_keyring(text: str, source: str = "keyring") -> Keyring:
 
 
 def load_keyring(path: Path) -> Keyring:
+    """The keyring in the regular file at ``path``. Opened without blocking (a FIFO with no
+    writer would hold the reader forever) and read at most ``MAX_KEYRING_CHARS`` + 1 bytes
+    (a link to ``/dev/zero`` would fill memory); anything else is a KeyringError."""
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise KeyringError(f"{path}: not a regular file")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(MAX_KEYRING_CHARS + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_KEYRING_CHARS:  # never parse a prefix of a longer file
+            raise KeyringError(f"{path}: over {MAX_KEYRING_CHARS} bytes")
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise KeyringError(f"{path}: not UTF-8: {exc.reason}") from None
     except OSError as exc:

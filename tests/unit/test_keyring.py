@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from loraplane.commands.keys import parse_scopes
 from loraplane.schemas.keyring import (
+    MAX_KEYRING_CHARS,
     KeyringError,
     KeyringFile,
     load_keyring,
@@ -98,6 +99,35 @@ def test_keyring_file_reloads_on_change_and_fails_closed(tmp_path: Path) -> None
     path.unlink()
     with pytest.raises(KeyringError):
         watched.current()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless-device", "over-the-cap", "truncated", "binary"])
+def test_a_hostile_keyring_file_fails_closed_at_start_and_on_reload(
+    kind: str, tmp_path: Path
+) -> None:
+    """Whatever sits at the keyring's path, reading it ends in a KeyringError: a FIFO
+    without a writer, a link to an endless device or an oversized file is never read whole
+    (a worker re-reads its keyring every 0.2 s; none may hang or exhaust its memory)."""
+    path = tmp_path / "keyring.yaml"
+    save_keyring(make_kit(NOW).keyring, path)
+    watched = KeyringFile(path)
+    watched.current()
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "endless-device":
+        path.symlink_to("/dev/zero")
+    elif kind == "over-the-cap":
+        with path.open("wb") as f:
+            f.truncate(MAX_KEYRING_CHARS + 1)  # sparse: no disk used
+    elif kind == "truncated":
+        save_keyring(make_kit(NOW).keyring, path)
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        path.write_bytes(b"keys:\n- key_id: \xff\xfe\n")
+    for read in (lambda: load_keyring(path), watched.current):
+        with pytest.raises(KeyringError):
+            read()
 
 
 def test_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
