@@ -16,7 +16,6 @@ The format, an example and every rule: docs/lifecycle.md, "Keyring file".
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -264,21 +263,13 @@ def parse_keyring(text: str, source: str = "keyring") -> Keyring:
 
 
 def load_keyring(path: Path) -> Keyring:
-    """The keyring in the regular file at ``path``. Opened without blocking (a FIFO with no
-    writer would hold the reader forever) and read at most ``MAX_KEYRING_CHARS`` + 1 bytes
-    (a link to ``/dev/zero`` would fill memory); anything else is a KeyringError."""
+    """The keyring in the regular file at ``path`` (``kernel.local_files.read_regular``: a
+    FIFO, a device or a file over ``MAX_KEYRING_CHARS`` bytes is a KeyringError, never a
+    hang or a read without end)."""
+    from loraplane.kernel.local_files import read_regular
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise KeyringError(f"{path}: not a regular file")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                raw = f.read(MAX_KEYRING_CHARS + 1)
-        finally:
-            os.close(fd)
-        if len(raw) > MAX_KEYRING_CHARS:  # never parse a prefix of a longer file
-            raise KeyringError(f"{path}: over {MAX_KEYRING_CHARS} bytes")
-        text = raw.decode()
+        text = read_regular(path, MAX_KEYRING_CHARS).decode()
     except UnicodeDecodeError as exc:
         raise KeyringError(f"{path}: not UTF-8: {exc.reason}") from None
     except OSError as exc:

@@ -31,9 +31,11 @@ import yaml
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.bounded_yaml import load_yaml
 
 __all__ = [
+    "MAX_SCHEDULE_BYTES",
     "ActiveEntry",
     "Schedule",
     "ScheduleEntry",
@@ -125,6 +127,10 @@ def scheduled_warmup_score(
     return warmup_scores(schedule, [(adapter_id, tenant_id)], now).get(adapter_id, 0.0)
 
 
+MAX_SCHEDULE_BYTES = 4 * 1024 * 1024
+"""A longer schedule file is not read (the previous schedule stays)."""
+
+
 def parse_schedule(text: str) -> Schedule:
     data = load_yaml(text) or {}
     if not isinstance(data, dict):
@@ -149,7 +155,8 @@ class ScheduleFile:
         if mtime != self._mtime:
             self._mtime = mtime
             try:
-                self._schedule = parse_schedule(self.path.read_text())
+                raw = read_regular(self.path, MAX_SCHEDULE_BYTES)
+                self._schedule = parse_schedule(raw.decode())
             except (OSError, ValueError, yaml.YAMLError) as exc:  # pydantic errors are ValueErrors
                 log.error(
                     "schedule file %s not reloaded, keeping the previous one: %s", self.path, exc

@@ -24,9 +24,19 @@ from pathlib import Path
 from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
 from loraplane.kernel.atomic_file import write_atomic
+from loraplane.kernel.local_files import read_regular
+from loraplane.schemas.strict_json import strict_loads
 
-__all__ = ["FILE_NAME", "Remembered", "load_applied", "load_remembered", "save_applied"]
+__all__ = [
+    "FILE_NAME",
+    "MAX_FILE_BYTES",
+    "Remembered",
+    "load_applied",
+    "load_remembered",
+    "save_applied",
+]
 
+MAX_FILE_BYTES = 16 * 1024 * 1024  # 10,000 ids and every lora name fit in well under 2 MiB
 FILE_NAME = ".applied-commands.json"  # not a lora name, so the host-tier scan ignores it
 _APPLIED = TypeAdapter(dict[str, AwareDatetime])
 _PROTECTED = TypeAdapter(list[str])
@@ -44,14 +54,14 @@ def load_remembered(path: Path, now: datetime) -> Remembered:
     protected; empty when there is no file. A corrupt file is logged and ignored (dedup then
     starts empty, and protection is derived afresh)."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return Remembered()
     except OSError as exc:
         log.warning("applied command ids unreadable (%s): %s", path, exc)
         return Remembered()
     try:
-        data = json.loads(raw)
+        data = strict_loads(raw, max_bytes=MAX_FILE_BYTES)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         applied = _APPLIED.validate_python(data.get("applied"))

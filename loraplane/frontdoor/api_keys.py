@@ -18,12 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.base import is_id
+from loraplane.schemas.strict_json import strict_loads
 
-__all__ = ["ApiKeys", "ApiKeysFile", "KeyLookup", "add_key", "key_digest", "load_api_keys"]
+__all__ = [
+    "MAX_API_KEYS_BYTES",
+    "ApiKeys",
+    "ApiKeysFile",
+    "KeyLookup",
+    "add_key",
+    "key_digest",
+    "load_api_keys",
+]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _UNREAD = (-1, -1, -1)
+MAX_API_KEYS_BYTES = 16 * 1024 * 1024
+"""About 150,000 keys; a longer file (or a FIFO, a device) is invalid, as a malformed one."""
 log = logging.getLogger("loraplane.worker")
 
 
@@ -61,7 +73,7 @@ class ApiKeys:
 def load_api_keys(path: Path) -> ApiKeys:
     if not path.is_file():
         return ApiKeys({})
-    data = json.loads(path.read_text())
+    data = strict_loads(read_regular(path, MAX_API_KEYS_BYTES), max_bytes=MAX_API_KEYS_BYTES)
     keys = data.get("keys") if isinstance(data, dict) else None
     if not isinstance(keys, dict):
         raise ValueError(f'{path}: expected {{"keys": {{sha256: tenant_id}}}}')

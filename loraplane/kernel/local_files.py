@@ -1,0 +1,38 @@
+"""Reading a local file that a component re-reads while it runs (keyring, API keys,
+schedules, its own small state files), whatever has been put at its path.
+
+A plain ``read_text`` blocks forever on a FIFO without a writer and reads a link to
+``/dev/zero`` until memory runs out; a reader that polls its file (every 0.2 s for the
+keyring) would hang or die. ``read_regular`` opens without blocking, refuses anything but a
+regular file, and reads at most ``max_bytes`` + 1 bytes, refusing a longer file rather than
+handing back a prefix of it. Every refusal is an ``OSError``, which these readers already
+treat as "the file is unusable now".
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["read_regular"]
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file at ``path`` (a link to one is followed); OSError when
+    it cannot be read, is no regular file, or holds more than ``max_bytes``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
+    return b"".join(chunks)
