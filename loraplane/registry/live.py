@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.bus import Record
+from loraplane.kernel.local_files import read_regular
 from loraplane.registry.evidence import Checkpoint, ViewRefused, verify_view
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
@@ -37,7 +38,13 @@ from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
-from loraplane.schemas.registry import AdapterView, signed_views_json, views_from_json
+from loraplane.schemas.registry import (
+    MAX_VIEWS_BYTES,
+    AdapterView,
+    signed_views_json,
+    views_from_json,
+)
+from loraplane.schemas.strict_json import strict_loads
 
 if TYPE_CHECKING:
     from loraplane.registry.topic import RegistryScope
@@ -305,7 +312,8 @@ class VerifiedRegistry:
         if self._path is None or not self._path.exists():
             return {}
         try:
-            raw = json.loads(self._path.read_text())
+            # Bounded and strict: nesting past the recursion limit is unreadable too.
+            raw = strict_loads(read_regular(self._path, MAX_VIEWS_BYTES), max_bytes=MAX_VIEWS_BYTES)
             return {
                 aid: Checkpoint(aid, int(c["last_seq"]), tuple(map(str, c["event_ids"])))
                 for aid, c in raw.items()
@@ -346,7 +354,7 @@ class VerifiedRegistry:
         if self._views_path is None or not self._views_path.exists():
             return {}
         try:
-            saved = views_from_json(self._views_path.read_bytes())
+            saved = views_from_json(read_regular(self._views_path, MAX_VIEWS_BYTES))
         except (OSError, ValueError) as exc:
             log.error(
                 "registry views %s unreadable (%s); starting without",

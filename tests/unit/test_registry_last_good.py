@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -173,3 +174,24 @@ def test_an_unreadable_views_file_starts_empty(tmp_path: Path) -> None:
     topic.write(VIEW_A.adapter_id, VIEW_A)
     assert served(registry) == versions(VIEW_A)
     assert json.loads((tmp_path / ".registry-views.json").read_text()).keys() == {VIEW_A.adapter_id}
+
+
+@pytest.mark.parametrize("name", [".registry-views.json", ".registry-checkpoints.json"])
+@pytest.mark.parametrize("kind", ["fifo", "endless-device", "folder", "deep-json"])
+def test_a_hostile_saved_state_file_starts_empty(kind: str, name: str, tmp_path: Path) -> None:
+    """Whatever sits at the saved views' or checkpoints' path, the registry starts without
+    it (never hangs on a FIFO, reads a device without end or dies of RecursionError) and
+    serves what the topic verifies."""
+    path = tmp_path / name
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "endless-device":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b'{"a": ' + b"[" * 100_000)
+    registry, topic, _, _ = world(tmp_path)
+    assert registry.records() == []
+    topic.write(VIEW_A.adapter_id, VIEW_A)
+    assert served(registry) == versions(VIEW_A)
