@@ -46,6 +46,7 @@ __all__ = [
     "ArtifactFetcher",
     "FetchPolicy",
     "FetchedArtifact",
+    "RedirectRefused",
     "T",
     "check_allowed",
     "parse_s3_uri",
@@ -114,12 +115,26 @@ def check_allowed(uri: str, allowed_prefixes: list[str]) -> tuple[str, str]:
     return bucket, prefix
 
 
+class RedirectRefused(Exception):
+    """The store answered with a redirect; the fetcher asks one endpoint for objects only."""
+
+
+def _refuse_region_probe(**_: Any) -> None:
+    raise RedirectRefused("the store answered a redirect")
+
+
 def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
-    """A boto3 S3 client with our timeouts and no retries of its own (callers retry)."""
+    """A boto3 S3 client with our timeouts and no retries of its own (callers retry).
+
+    botocore answers an S3 redirect (301, 302, 307, or a region error) by asking the store
+    for the bucket's region with ``HeadBucket`` and retrying elsewhere; a store that
+    redirects that request too makes it recurse until RecursionError. This client is only
+    ever asked for objects, so a ``HeadBucket`` is that probe and is refused before it is
+    sent (``RedirectRefused``, a ``fetch_failed``)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=s3.endpoint_url,
         region_name=s3.region,
@@ -132,6 +147,8 @@ def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
             s3={"addressing_style": "path"},
         ),
     )
+    client.meta.events.register("before-call.s3.HeadBucket", _refuse_region_probe)
+    return client
 
 
 class ArtifactFetcher:
@@ -270,6 +287,8 @@ class ArtifactFetcher:
             attempt += 1
             try:
                 return op()
+            except RedirectRefused as exc:
+                raise ArtifactError.single(Reason.fetch_failed, what, str(exc)) from None
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 if code in _MISSING_CODES:

@@ -172,3 +172,43 @@ def test_what_the_store_claims_is_refused_with_its_reason(
 ) -> None:
     error = _fetch(store(answer), tmp_path, FetchPolicy(attempts=1))
     assert error.reasons == (reason,)
+
+
+def _redirect(status: str, extra: str = "", body: bytes = b"") -> Answer:
+    head = (
+        f"HTTP/1.1 {status}\r\nLocation: http://127.0.0.1:9/elsewhere\r\n{extra}"
+        f"Content-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return lambda c: c.sendall(head.encode() + body)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(_redirect("307 Temporary Redirect"), id="307"),
+        pytest.param(_redirect("302 Found"), id="302"),
+        pytest.param(
+            _redirect(
+                "301 Moved Permanently",
+                "x-amz-bucket-region: eu-west-1\r\n",
+                b"<Error><Code>PermanentRedirect</Code><Endpoint>127.0.0.1:9</Endpoint></Error>",
+            ),
+            id="301-to-another-region",
+        ),
+    ],
+)
+def test_a_redirect_is_a_fetch_failure_and_never_followed(
+    answer: Answer, store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    """botocore answers an S3 redirect by asking the store for the bucket's region
+    (HEAD /bucket), and a store that redirects that too made it recurse until
+    RecursionError: the fetcher asks for objects only, and a redirect is a refusal."""
+    requests: list[bytes] = []
+
+    def recorded(conn: socket.socket) -> None:
+        requests.append(b"")
+        answer(conn)
+
+    error = _fetch(store(recorded), tmp_path, FetchPolicy(attempts=1))
+    assert error.reasons == (Reason.fetch_failed,)
+    assert len(requests) <= 2  # the GET, and at most botocore's one re-signed retry
