@@ -34,12 +34,18 @@ from loraplane.artifact.directory import DirectoryArtifact
 from loraplane.artifact.model_signing_bundle import SignatureCheck
 from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
+from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.workers.artifact_fetch import FetchedArtifact
-from loraplane.workers.host_tier_entry import ADAPTER_DIR, RECORD_FILE, entry_record
+from loraplane.workers.host_tier_entry import (
+    ADAPTER_DIR,
+    MAX_RECORD_BYTES,
+    RECORD_FILE,
+    entry_record,
+)
 
 __all__ = ["CheckSignature", "Fetcher", "HostTier", "ScanReport", "TierEntry"]
 
@@ -332,7 +338,8 @@ class HostTier:
     def _adopt(self, folder: Path) -> str:
         """Re-verify one entry left by an earlier run; '' when adopted, else why not."""
         try:
-            record = entry_record((folder / RECORD_FILE).read_bytes(), folder.name)
+            raw = read_regular(folder / RECORD_FILE, MAX_RECORD_BYTES, follow_links=False)
+            record = entry_record(raw, folder.name)
         except OSError:
             return "record_unreadable"
         if isinstance(record, str):

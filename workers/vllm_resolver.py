@@ -30,6 +30,7 @@ from pathlib import Path
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits, verify_artifact
+from loraplane.kernel.local_files import read_regular
 from loraplane.registry.vouch import Unvouched, vouched_record
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc
@@ -228,14 +229,10 @@ class HostTierResolver:
         return Resolved(lora_name, copy, record)
 
     def _record(self, entry: int, lora_name: str) -> AdapterRecord:
-        try:
-            fd = os.open(RECORD_FILE, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=entry)
+        try:  # never a link, never blocking (a FIFO), never more than a record holds
+            raw = read_regular(RECORD_FILE, MAX_RECORD_BYTES, follow_links=False, dir_fd=entry)
         except OSError as exc:
             raise _Refusal(Refused.unverified, f"{RECORD_FILE}: {exc.strerror}") from None
-        try:
-            raw = os.read(fd, MAX_RECORD_BYTES + 1)
-        finally:
-            os.close(fd)
         record = entry_record(raw, lora_name)
         if isinstance(record, str):
             raise _Refusal(Refused.unverified, record)

@@ -19,10 +19,15 @@ from pathlib import Path
 __all__ = ["read_regular"]
 
 
-def read_regular(path: Path, max_bytes: int) -> bytes:
-    """The bytes of the regular file at ``path`` (a link to one is followed); OSError when
-    it cannot be read, is no regular file, or holds more than ``max_bytes``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def read_regular(
+    path: Path | str, max_bytes: int, *, follow_links: bool = True, dir_fd: int | None = None
+) -> bytes:
+    """The bytes of the regular file at ``path`` (relative to the folder ``dir_fd`` when
+    given); OSError when it cannot be read, is no regular file, holds more than
+    ``max_bytes``, or is a link and ``follow_links`` is False (a folder whose files are
+    trusted only as they are, such as a host-tier entry, never follows one)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
