@@ -7,6 +7,7 @@ were downloaded can be handed in, so a fresh fetch is not hashed twice.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -51,9 +52,15 @@ class DirectoryArtifact:
                 yield FileFacts(rel, "other", 0)
 
     def _open(self, path: str) -> int:
+        """A file listed as regular, opened only if it still is one: swapped since the
+        listing for a link, a FIFO (whose open would block) or a folder, it is an OSError."""
         if not any(f.path == path and f.kind == "file" for f in self.files()):
             raise FileNotFoundError(path)
-        return os.open(self.root / path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(self.root / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "no longer a regular file", path)
+        return fd
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         fd = self._open(path)

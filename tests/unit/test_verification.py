@@ -252,3 +252,28 @@ def test_mutated_artifacts_with_a_manifest_never_raise_and_never_pass(
         )
         files[MANIFEST_NAME] = good.canonical_bytes()
         assert not verify_artifact(MemoryArtifact(files), LIMITS).ok
+
+
+@pytest.mark.parametrize("swap", ["fifo", "link", "folder"])
+def test_a_file_swapped_after_the_listing_is_never_read_through(
+    swap: str, good_adapter: Path, tmp_path: Path
+) -> None:
+    """Between the folder's listing and a read, a file replaced by a FIFO (whose open would
+    block), a link or a folder is an OSError for the caller, which refuses the entry."""
+    import os
+
+    folder = tmp_path / "a"
+    shutil.copytree(good_adapter, folder)
+    listing = DirectoryArtifact(folder)
+    name = next(f.path for f in listing.files() if f.kind == "file")
+    (folder / name).unlink()
+    if swap == "fifo":
+        os.mkfifo(folder / name)
+    elif swap == "link":
+        (folder / name).symlink_to("/dev/zero")
+    else:
+        (folder / name).mkdir()
+    with pytest.raises(OSError):
+        listing.read(name, 0, 16)
+    with pytest.raises(OSError):
+        listing.sha256(name)
