@@ -144,18 +144,24 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Rows as JSON."),
 ) -> None:
     """The per-adapter view from ClickHouse: tiers, hit rate, TTFT and swap percentiles."""
-    from loraplane.metrics.clickhouse import connect
+    from loraplane.metrics.clickhouse import connect, unavailable, unavailable_errors
     from loraplane.metrics.queries import adapter_view, window
 
     try:
         params = window(since, adapter_id=adapter, tenant_id=tenant, base_model=base_model)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    client = connect(get_settings(), reader=True)
+    settings = get_settings()
+    # The driver logs each refused connection with a traceback; the error says it once.
+    logging.getLogger("clickhouse_driver").setLevel(logging.CRITICAL)
     try:
-        rows = adapter_view(client, params)
-    finally:
-        client.disconnect()
+        client = connect(settings, reader=True)
+        try:
+            rows = adapter_view(client, params)
+        finally:
+            client.disconnect()
+    except unavailable_errors() as exc:
+        raise _fail(unavailable(settings, exc)) from None
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

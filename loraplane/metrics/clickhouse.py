@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
     from loraplane.kernel.config import Settings
 
-__all__ = ["DATABASE_RE", "checked_database", "connect"]
+__all__ = ["DATABASE_RE", "checked_database", "connect", "unavailable", "unavailable_errors"]
 
 DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -47,3 +47,21 @@ def connect(
         connect_timeout=min(timeout_s, 5.0),
         send_receive_timeout=timeout_s,
     )
+
+
+def unavailable_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "ClickHouse cannot be read now" (server away, a query it
+    refused, its password file missing), for a command to say so in one line."""
+    from clickhouse_driver import errors as ch_errors
+
+    from loraplane.kernel.secrets import SecretError
+
+    return (ch_errors.Error, SecretError, OSError, EOFError)
+
+
+def unavailable(settings: Settings, exc: BaseException) -> str:
+    """``cannot read ClickHouse at HOST:PORT, database DB: WHY``, the server's own lines of
+    WHY only (no stack trace)."""
+    c = settings.clickhouse
+    first = " ".join(str(exc).split("Stack trace:")[0].split())
+    return f"cannot read ClickHouse at {c.host}:{c.tcp_port}, database {c.database}: {first}"
