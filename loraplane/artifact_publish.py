@@ -311,11 +311,14 @@ def registered_version(settings: Settings, adapter_id: str, version: str) -> Ada
     evidence verifies with this machine's keyring (``settings.keyring_path``), as a worker
     accepts it; ArtifactError otherwise."""
     from loraplane.registry.evidence import ViewRefused, verify_view
-    from loraplane.registry.topic import load_registry
+    from loraplane.registry.topic import RegistryUnreadable, load_registry
     from loraplane.schemas.base import now_utc
     from loraplane.schemas.keyring import KeyringError, load_keyring
 
-    view = load_registry(settings).get(adapter_id)
+    try:
+        view = load_registry(settings).get(adapter_id)
+    except RegistryUnreadable as exc:
+        raise ArtifactError(str(exc)) from None
     if view is None:
         raise ArtifactError(f"{adapter_id} is not in the registry: nothing to re-upload")
     try:

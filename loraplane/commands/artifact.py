@@ -71,9 +71,13 @@ def register(app: typer.Typer) -> None:
             typer.echo("give --record FILE, or --adapter-id with --version", err=True)
             raise typer.Exit(2)
         if adapter_id is not None and version is not None:
-            from loraplane.registry.topic import load_registry
+            from loraplane.registry.topic import RegistryUnreadable, load_registry
 
-            view = load_registry(get_settings()).get(adapter_id)
+            try:
+                view = load_registry(get_settings()).get(adapter_id)
+            except RegistryUnreadable as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
             record = view.version(version) if view is not None else None
             if record is None:
                 typer.echo(f"{adapter_id} version {version} is not in the registry", err=True)

@@ -85,9 +85,12 @@ def _owner(
     """Tenant and base model from the options, else from the registry topic."""
     if tenant and base_model:
         return tenant, base_model
-    from loraplane.registry.topic import load_registry
+    from loraplane.registry.topic import RegistryUnreadable, load_registry
 
-    view = load_registry(settings).get(adapter_id)
+    try:
+        view = load_registry(settings).get(adapter_id)
+    except RegistryUnreadable as exc:
+        raise _fail(f"{exc}; or pass --tenant and --base-model") from None
     if view is None:
         raise _fail(f"{adapter_id} is not in the registry; pass --tenant and --base-model")
     return tenant or view.tenant_id, base_model or view.base_model

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from loraplane.schemas.registry import AdapterView
 
 __all__ = ["register"]
 
@@ -19,12 +24,10 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from loraplane.kernel import kafka
-        from loraplane.kernel.config import get_settings
-        from loraplane.registry.topic import load_registry
         from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)
-        views = load_registry(get_settings())
+        views = _registry()
         if as_json:
             typer.echo(views_to_json(views))
             return
@@ -56,12 +59,10 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from loraplane.kernel import kafka
-        from loraplane.kernel.config import get_settings
-        from loraplane.registry.topic import load_registry
         from loraplane.schemas.registry import views_to_json
 
         kafka.act_as(kafka.Principal.reader)
-        view = load_registry(get_settings()).get(adapter_id)
+        view = _registry().get(adapter_id)
         if view is None:
             typer.echo(f"error: {adapter_id} is not in the registry", err=True)
             raise typer.Exit(1)
@@ -92,3 +93,15 @@ def register(app: typer.Typer) -> None:
         Console().print(table)
 
     app.add_typer(group, name="registry")
+
+
+def _registry() -> dict[str, AdapterView]:
+    """The registry's views; exit 1 saying why when the broker cannot be read."""
+    from loraplane.kernel.config import get_settings
+    from loraplane.registry.topic import RegistryUnreadable, load_registry
+
+    try:
+        return load_registry(get_settings())
+    except RegistryUnreadable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from loraplane.kernel.bus import Record, read_topic
+from loraplane.kernel.bus import Record, TopicReadIncomplete, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
@@ -29,6 +29,7 @@ __all__ = [
     "BASE_MODEL_HEADER",
     "PREFETCH_KBYTES",
     "RegistryScope",
+    "RegistryUnreadable",
     "base_model_of",
     "latest_registry_records",
     "load_registry",
@@ -106,17 +107,39 @@ class RegistryScope:
         return named is None or named in self.base_models
 
 
+class RegistryUnreadable(TopicReadIncomplete):
+    """The registry topic could not be read to its end: the broker is away or refused."""
+
+
 def load_registry(
-    settings: Settings, timeout_s: float = 10.0, to_end: bool = False
+    settings: Settings, timeout_s: float = 10.0, to_end: bool = True
 ) -> dict[str, AdapterView]:
-    """adapter_id -> its current view. Undecodable records are logged and skipped.
-    Every read waits for the end of every partition (``read_topic``); ``to_end`` also
-    ends it there at once, without the idle wait, and raises ``TopicReadIncomplete`` when
-    the end is not reached in ``timeout_s`` instead of returning what was read."""
+    """adapter_id -> its current view. Undecodable records are logged and skipped. The read
+    ends once every partition reached its end; ``RegistryUnreadable`` when that did not
+    happen in ``timeout_s``: a broker that is away never reads as an empty registry (which
+    a command would print as "no adapters" or "not in the registry"). ``to_end=False``:
+    what was read by then, for a caller to whom an empty registry is as good as none."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return _views(
+            read_topic(
+                settings,
+                topic_name(settings, "registry"),
+                timeout_s=timeout_s,
+                to_end=to_end,
+                quiet=True,
+            )
+        )
+    except (TopicReadIncomplete, KafkaException) as exc:
+        raise RegistryUnreadable(
+            f"cannot read the registry from {settings.kafka.bootstrap}: {exc}"
+        ) from None
+
+
+def _views(records: Iterable[Record]) -> dict[str, AdapterView]:
     views: dict[str, AdapterView] = {}
-    for record in read_topic(
-        settings, topic_name(settings, "registry"), timeout_s=timeout_s, to_end=to_end
-    ):
+    for record in records:
         key = (record.key or b"").decode("utf-8", "replace")
         if record.value is None:
             views.pop(key, None)
