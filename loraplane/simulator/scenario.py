@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
 
 __all__ = [
     "PRIORITIES",
@@ -328,8 +329,15 @@ class Scenario(_Strict):
 
 
 def load_scenario(path: Path) -> Scenario:
-    """Parse a scenario file; a relative trace path is taken relative to the file."""
-    data = yaml.safe_load(path.read_text())
+    """Parse a scenario file; a relative trace path is taken relative to the file. A file
+    that is no YAML, or whose aliases expand past a bound (``schemas.bounded_yaml``), is a
+    ``ValueError`` naming it, before any model is built."""
+    try:
+        data = load_yaml(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML: {exc}") from None
+    except YamlTooLarge as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a scenario is a mapping")
     if "adapter_cache_policy" in data:

@@ -308,3 +308,24 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     demand = simulate(sc, cat, reqs, policy_factory("loraplane-demand"))
     assert seed.fallbacks == 0 and 55 <= seed.gpu_hits <= 65 and seed.demand_swaps >= 55
     assert demand.fallbacks < 10 and demand.gpu_hits > 110
+
+
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [(BILLION_LAUGHS, "expands"), ("name: [unclosed\n", "not YAML"), ("- a list\n", "mapping")],
+)
+def test_attack_a_hostile_scenario_file_is_refused_naming_it(
+    text: str, says: str, tmp_path: Path
+) -> None:
+    """Operators run scenario files they were sent: an alias bomb is refused before it is
+    expanded (it would hold ``simulate`` for minutes), and text that is no YAML names its file."""
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=says) as refused:
+        load_scenario(path)
+    assert str(path) in str(refused.value)
