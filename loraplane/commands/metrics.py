@@ -61,14 +61,17 @@ def _fail(message: str) -> typer.Exit:
 @app.command()
 def migrate() -> None:
     """Create the database and apply pending migrations (a second run is a no-op)."""
+    from loraplane.metrics.clickhouse import unavailable, unavailable_errors
     from loraplane.metrics.migrations import MigrationError
     from loraplane.metrics.migrations import migrate as run_migrations
 
     settings = get_settings()
     try:
         result = run_migrations(settings)
-    except (MigrationError, OSError, EOFError) as exc:
+    except MigrationError as exc:
         raise _fail(str(exc)) from None
+    except unavailable_errors() as exc:  # away, refused, or no writer password
+        raise _fail(unavailable(settings, exc)) from None
     for label in result.applied:
         typer.echo(f"applied {label}")
     typer.echo(
@@ -83,9 +86,14 @@ def retention(
     dry_run: bool = typer.Option(False, "--dry-run"),
 ) -> None:
     """Drop daily partitions older than --days (what TTL does on newer ClickHouse)."""
+    from loraplane.metrics.clickhouse import unavailable, unavailable_errors
     from loraplane.metrics.migrations import retention as drop_old
 
-    dropped = drop_old(get_settings(), days, dry_run=dry_run)
+    settings = get_settings()
+    try:
+        dropped = drop_old(settings, days, dry_run=dry_run)
+    except unavailable_errors() as exc:
+        raise _fail(unavailable(settings, exc)) from None
     for part in dropped:
         typer.echo(f"{'would drop' if dry_run else 'dropped'} {part.table} {part.partition}")
     typer.echo(f"{len(dropped)} partition(s) older than {days} day(s)")

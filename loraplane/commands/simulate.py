@@ -155,10 +155,8 @@ def replay_clickhouse(base: Scenario, since: str, what_if: WhatIf, command: str)
 
 
 def _read_rows(settings: Settings, params: Params, since: str, command: str) -> list[RequestRow]:
-    from clickhouse_driver import errors as ch_errors
-
     from loraplane.metrics import queries
-    from loraplane.metrics.clickhouse import connect
+    from loraplane.metrics.clickhouse import connect, unavailable, unavailable_errors
     from loraplane.simulator.replay import row_of
 
     # The driver logs each refused connection with a traceback; the error below says it once.
@@ -183,9 +181,8 @@ def _read_rows(settings: Settings, params: Params, since: str, command: str) -> 
                     typer.echo(f"  {len(rows)}/{total} rows", err=True)
         finally:
             client.disconnect()
-    except (ch_errors.Error, OSError, EOFError) as exc:
-        first = " ".join(str(exc).split("Stack trace:")[0].split())  # the server's own lines
-        typer.echo(f"{command}: cannot read {where}: {first}", err=True)
+    except unavailable_errors() as exc:  # away, refused, or no reader password
+        typer.echo(f"{command}: {unavailable(settings, exc)}", err=True)
         raise typer.Exit(1) from exc
     return rows
 

@@ -41,3 +41,39 @@ def test_report_without_the_reader_secret_names_the_file(
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
     assert "secret file missing" in result.output
+
+
+NO_SECRET_COMMANDS = [
+    ["metrics", "migrate"],
+    ["metrics", "retention", "--days", "1"],
+    ["simulate", "--from-clickhouse", "--since", "1h"],
+    ["capacity", "--from-clickhouse", "--since", "1h", "--target", "interactive=0.9"],
+]
+
+
+@pytest.mark.parametrize("args", NO_SECRET_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_clickhouse_command_without_its_secret_says_so_in_one_line(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path))
+    monkeypatch.delenv("LORAPLANE_CLICKHOUSE__PASSWORD", raising=False)
+    monkeypatch.delenv("LORAPLANE_CLICKHOUSE__READER_PASSWORD", raising=False)
+    monkeypatch.setenv("LORAPLANE_CONFIG", str(tmp_path / "none.yaml"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "secret file missing" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", NO_SECRET_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_clickhouse_command_with_clickhouse_away_says_which(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    monkeypatch.setenv("LORAPLANE_CLICKHOUSE__TCP_PORT", "1")
+    monkeypatch.setenv("LORAPLANE_CLICKHOUSE__PASSWORD", "x")
+    monkeypatch.setenv("LORAPLANE_CLICKHOUSE__READER_PASSWORD", "x")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "ClickHouse at 127.0.0.1:1" in result.output
