@@ -134,14 +134,18 @@ class S3(Service):
         import boto3
         from botocore.config import Config
 
+        from loraplane.kernel.s3_redirects import refusing_redirects
+
         s = self.settings.s3
-        return boto3.client(
-            "s3",
-            endpoint_url=s.endpoint_url,
-            region_name=s.region,
-            aws_access_key_id=s.access_key_id,
-            aws_secret_access_key=s.secret(),
-            config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+        return refusing_redirects(
+            boto3.client(
+                "s3",
+                endpoint_url=s.endpoint_url,
+                region_name=s.region,
+                aws_access_key_id=s.access_key_id,
+                aws_secret_access_key=s.secret(),
+                config=Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+            )
         )
 
     def healthy(self) -> bool:

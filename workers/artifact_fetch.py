@@ -46,7 +46,6 @@ __all__ = [
     "ArtifactFetcher",
     "FetchPolicy",
     "FetchedArtifact",
-    "RedirectRefused",
     "T",
     "check_allowed",
     "parse_s3_uri",
@@ -115,22 +114,10 @@ def check_allowed(uri: str, allowed_prefixes: list[str]) -> tuple[str, str]:
     return bucket, prefix
 
 
-class RedirectRefused(Exception):
-    """The store answered with a redirect; the fetcher asks one endpoint for objects only."""
-
-
-def _refuse_region_probe(**_: Any) -> None:
-    raise RedirectRefused("the store answered a redirect")
-
-
 def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
-    """A boto3 S3 client with our timeouts and no retries of its own (callers retry).
-
-    botocore answers an S3 redirect (301, 302, 307, or a region error) by asking the store
-    for the bucket's region with ``HeadBucket`` and retrying elsewhere; a store that
-    redirects that request too makes it recurse until RecursionError. This client is only
-    ever asked for objects, so a ``HeadBucket`` is that probe and is refused before it is
-    sent (``RedirectRefused``, a ``fetch_failed``)."""
+    """A boto3 S3 client with our timeouts and no retries of its own (callers retry), that
+    never chases a redirect (``kernel.s3_redirects``: ``RedirectRefused``, a
+    ``fetch_failed``)."""
     import boto3
     from botocore.config import Config
 
@@ -147,8 +134,9 @@ def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
             s3={"addressing_style": "path"},
         ),
     )
-    client.meta.events.register("before-call.s3.HeadBucket", _refuse_region_probe)
-    return client
+    from loraplane.kernel.s3_redirects import refusing_redirects
+
+    return refusing_redirects(client)
 
 
 class ArtifactFetcher:
@@ -281,6 +269,8 @@ class ArtifactFetcher:
         from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
         from botocore.exceptions import ConnectionError as BotoConnectionError
         from urllib3.exceptions import HTTPError as Urllib3Error
+
+        from loraplane.kernel.s3_redirects import RedirectRefused
 
         attempt, delay = 0, self.policy.backoff_s
         while True:

@@ -212,3 +212,28 @@ def test_a_redirect_is_a_fetch_failure_and_never_followed(
     error = _fetch(store(recorded), tmp_path, FetchPolicy(attempts=1))
     assert error.reasons == (Reason.fetch_failed,)
     assert len(requests) <= 2  # the GET, and at most botocore's one re-signed retry
+
+
+def test_publishs_client_refuses_a_redirect_as_a_botocore_error(
+    store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    """The other S3 client (publish, reupload, the local stack) is given the same guard:
+    a redirect ends as a botocore error its callers report, never a RecursionError."""
+    from botocore.exceptions import BotoCoreError
+
+    from loraplane.infra.s3 import S3
+    from loraplane.kernel.config import Settings
+
+    requests: list[bytes] = []
+
+    def recorded(conn: socket.socket) -> None:
+        requests.append(b"")
+        _redirect("307 Temporary Redirect")(conn)
+
+    settings = Settings(
+        home=tmp_path,
+        s3=S3Settings(endpoint_url=store(recorded), secret_access_key="secret"),
+    )
+    with pytest.raises(BotoCoreError, match="redirect"):
+        S3(settings).client().get_object(Bucket="bucket", Key="acme/chat/manifest.json")
+    assert len(requests) <= 2
