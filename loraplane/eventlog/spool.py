@@ -97,7 +97,7 @@ def _parse(line: bytes) -> SpooledEvent | None:
         d = json.loads(line)
         key = None if d["k"] is None else base64.b64decode(d["k"], validate=True)
         return SpooledEvent(str(d["t"]), key, base64.b64decode(d["v"], validate=True), len(line))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -133,7 +133,7 @@ class EventSpool:
         try:
             d = json.loads((self.directory / CURSOR_FILE).read_text())
             return int(d["segment"]), int(d["offset"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             segments = self._segments()
             return (segments[0] if segments else 0), 0
 

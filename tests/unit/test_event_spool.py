@@ -166,6 +166,26 @@ def test_a_torn_last_line_is_cut_and_the_rest_replayed(tmp_path: Path) -> None:
     assert [e.value for e in again.peek(10)][-1] == b"v3"
 
 
+def test_a_cursor_or_line_nested_past_the_recursion_limit_is_read_as_damage(
+    tmp_path: Path,
+) -> None:
+    """A cursor or a spooled line that is JSON nested past the recursion limit (a damaged
+    file) reads as one torn line or no cursor, never a RecursionError out of the sink."""
+    from loraplane.eventlog.spool import CURSOR_FILE
+
+    spool = EventSpool(tmp_path / "s", 10**9)
+    for i in range(2):
+        spool.append("t", None, f"v{i}".encode())
+    spool.close()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    (tmp_path / "s" / CURSOR_FILE).write_bytes(deep)
+    segment = next((tmp_path / "s").glob("*.spool"))
+    with segment.open("ab") as fh:
+        fh.write(deep)
+    again = EventSpool(tmp_path / "s", 10**9)
+    assert [e.value for e in again.peek(10)] == [b"v0", b"v1"]
+
+
 def test_the_spool_refuses_past_its_bound_and_a_second_process(tmp_path: Path) -> None:
     spool = EventSpool(tmp_path / "s", 200)
     taken = sum(spool.append("t", None, b"x" * 40) for _ in range(10))
