@@ -226,17 +226,25 @@ class WorkerStates:
 
 def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
     """The memory per worker in the planner-memory topic's last records; one that does not
-    decode is skipped with its reason (the worker is planned as if it had none, and that
-    tick's memory replaces the record)."""
+    decode, or holds a pending command for another worker than its key names, is skipped
+    with its reason (the worker is planned as if it had none, and that tick's memory
+    replaces the record): a record written under one worker's key never holds back the
+    commands of another."""
     out: dict[str, WorkerMemory] = {}
     for record in records:
         wid = (record.key or b"").decode("utf-8", "replace")
         if record.value is None:
             continue
         try:
-            out[wid] = WorkerMemory.of(decode(PlannerMemory, record.value))
+            memory = decode(PlannerMemory, record.value)
         except SchemaError as exc:
             log.error("%s: unreadable value skipped: %s", wid, exc)
+            continue
+        other = next((c.worker_id for c in memory.pending if c.worker_id != wid), None)
+        if other is not None:
+            log.error("%s: value skipped: it holds a pending command for %s", wid, other)
+            continue
+        out[wid] = WorkerMemory.of(memory)
     return out
 
 

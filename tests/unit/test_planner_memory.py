@@ -99,3 +99,19 @@ def test_the_runtime_skips_an_unreadable_record_with_its_reason(
     assert memory["w1"] == next(iter(PLAN.memory.values()))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("w2: unreadable value skipped: invalid: seq")
+
+
+def test_attack_a_record_holding_another_workers_commands_is_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whoever may write planner-memory puts a worker's pending commands under another
+    worker's key: neither worker's commands are held back by it."""
+    from loraplane.kernel.bus import Record
+    from loraplane.streams.planner_runtime import memory_of
+
+    owner, memory = next((w, m) for w, m in PLAN.memory.items() if m.pending)
+    forged = Record("m", 0, 0, b"someone-else", encode(memory.record()), {}, 0)
+    with caplog.at_level("ERROR"):
+        assert memory_of([forged]) == {}
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == f"someone-else: value skipped: it holds a pending command for {owner}"
