@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
+from loraplane.kernel import collector
 from loraplane.kernel.command_effects import (
     Copy,
     copy_at,
@@ -488,7 +489,23 @@ class Planner:
         """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
         (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``;
         ``changed``: the score keys added, replaced or removed since this planner's last
-        tick (None: unknown, every key is compared), so only their rows are read again."""
+        tick (None: unknown, every key is compared), so only their rows are read again.
+        The garbage collector is held off meanwhile (``collector.held_off``): a cold tick
+        builds 100k-row columns that each young collection would walk again."""
+        with collector.held_off():
+            return self._tick(views, scores, workers, policy, now, memory, scheduled, changed)
+
+    def _tick(
+        self,
+        views: Iterable[AdapterView],
+        scores: Mapping[str, ScoreState],
+        workers: Iterable[WorkerState],
+        policy: Policy,
+        now: float,
+        memory: Mapping[str, WorkerMemory] | None,
+        scheduled: Mapping[str, float] | None,
+        changed: Iterable[str] | None,
+    ) -> Plan:
         memory = memory or {}
         registry, columns = self._columns.update(views, scores, changed)
         records = registry.records
@@ -548,8 +565,10 @@ class Planner:
         """Bring the registry and score columns up to date without planning (``changed``
         as for ``tick``). A standby keeps its planner primed as records arrive
         (``streams.planner_runtime``), so the first tick after it takes over derives what
-        changed since, not every column (~0.5 s at 100k versions)."""
-        self._columns.update(views, scores, changed)
+        changed since, not every column (~0.5 s at 100k versions); the collector held off
+        as in ``tick``."""
+        with collector.held_off():
+            self._columns.update(views, scores, changed)
 
     def _worker_rule(self, registry: Registry, policy: Policy) -> Callable[[str], bool]:
         """Does a worker's never-evict rule hold for a lora name: the workers' own
