@@ -36,7 +36,9 @@ garbage collector is frozen after the inputs are built (``gc.freeze``), and agai
 planner is primed (cold) or warmed (steady), as the planner runtime primes its planner
 before it freezes what its first read loaded: a collection over 100k live score states
 otherwise adds up to a second to an unlucky tick, and one over a planner's 100k-row
-columns ~40-70 ms.
+columns ~40-70 ms. Within a tick or a priming the planner holds the collector off itself
+(``kernel.collector.held_off``); what the tick leaves is walked by the first collection
+after it, which may fall at the tick's end.
 
     .venv/bin/python -m bench.planner_scale                    # 1k/10k/100k x 10/100/1000
     .venv/bin/python -m bench.planner_scale --adapters 1000 --workers 10 --reps 3
