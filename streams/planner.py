@@ -205,11 +205,25 @@ class _Worker:
         return at is None or now - at >= policy.min_residency_s
 
 
+_MOVES_DOWN = frozenset({CommandAction.demote_to_host, CommandAction.evict})
+
+
 def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
     """Does the worker's reported state (``loaded``: its adapters by name) already show the
-    command's effect (``kernel.command_effects.shows``)?"""
+    command's effect (``kernel.command_effects.shows``)? A move down of a GPU copy loaded
+    after the command was issued was carried out and undone since (a request loaded it
+    again): expecting it still would free a slot the worker does not have."""
     a = loaded.get(cmd.lora_name)
-    return shows(cmd.action, Copy() if a is None else Copy(a.tier, a.pinned))
+    if a is None:
+        return shows(cmd.action, Copy())
+    if (
+        cmd.action in _MOVES_DOWN
+        and a.tier == "gpu"
+        and a.loaded_at is not None
+        and a.loaded_at > cmd.issued_at
+    ):
+        return True
+    return shows(cmd.action, Copy(a.tier, a.pinned))
 
 
 def still_pending(

@@ -184,6 +184,35 @@ def test_a_command_shown_while_an_earlier_one_on_its_copy_waits_is_not_issued_ag
     assert still_pending([demote], shown, NOW) == []  # alone, a shown command is done
 
 
+def test_a_demote_carried_out_and_undone_by_a_request_frees_no_slot() -> None:
+    """The planner demoted ``a`` while an older load of it still waited to be shown; the
+    worker demoted it, then a request loaded it again. Its state shows ``a`` on the GPU,
+    loaded after the demote was issued: the demote is done, not expected, so the planner
+    does not count a free slot there and sends no load the worker would refuse."""
+    a, b, c = record("a"), record("b"), record("c")
+    load = command(a, CommandAction.load_gpu, 1, NOW - 40)
+    demote = command(a, CommandAction.demote_to_host, 2, NOW - 8)
+    state = worker("w1", gpu=[a, b], slots=2)
+    reloaded = [
+        x.model_copy(update={"loaded_at": datetime.fromtimestamp(NOW - 1, UTC)})
+        if x.lora_name == a.lora_name
+        else x
+        for x in state.adapters
+    ]
+    state = state.model_copy(update={"adapters": reloaded})
+    shown = {x.lora_name: x for x in state.adapters}
+    assert still_pending([load, demote], shown, NOW) == []
+    p = plan(
+        views(a, b, c),
+        scores(a=1.0, b=1.0, c=3.0),
+        [state],
+        POLICY.model_copy(update={"min_residency_s": 30.0}),
+        NOW,
+        {"w1": WorkerMemory(seq=2, pending=(load, demote))},
+    )
+    assert [x for x in p.commands if x.action is CommandAction.load_gpu] == []
+
+
 def test_a_command_the_worker_will_not_carry_out_is_no_longer_expected_nor_sent_again() -> None:
     """w1 reports the load it skipped (no slot it may take, say) in ``skipped_commands``: the
     planner stops expecting the copy there at once, keeps the command to its deadline, and
