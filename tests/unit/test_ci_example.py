@@ -235,8 +235,8 @@ def test_a_release_tag_becomes_the_adapter_id_and_version(
 @given(
     st.one_of(
         st.text(
-            st.characters(exclude_characters="\x00"), max_size=30
-        ).filter(  # argv cannot hold NUL
+            st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30
+        ).filter(  # argv cannot hold NUL, nor a lone surrogate (no UTF-8 form)
             lambda t: not t.startswith(("adapter/", "refs/tags/adapter/"))
         ),
         st.builds(lambda a, b: f"adapter/{a}/{b}", IDS, VERSIONS),  # no "v"
