@@ -17,6 +17,7 @@ and headers are in docs/worker.md, "The gateway".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -180,6 +181,18 @@ class ColdLoadSlots:
         self._loading.pop(name, None)
         self._freed.set()
         self._freed = asyncio.Event()
+
+
+_NOT_USAGE = (ValueError, AttributeError, TypeError, OverflowError, RecursionError)
+"""What vLLM's answer may raise where its usage record is read (not JSON, nested past the
+recursion limit, a count of ``1e400``): read as no usage, never a 500 for a served answer."""
+
+
+def _take_usage(usage: dict[str, Any], trace: _Trace) -> None:
+    """vLLM's token counts into ``trace``, both or neither."""
+    prompt = int(usage.get("prompt_tokens", 0))
+    trace.output_tokens = int(usage.get("completion_tokens", 0))
+    trace.prompt_tokens = prompt
 
 
 class Gateway:
@@ -565,20 +578,15 @@ class Gateway:
             usage = obj.get("usage")
             if not isinstance(usage, dict):
                 return False, False
-            trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            trace.output_tokens = int(usage.get("completion_tokens", 0))
+            _take_usage(usage, trace)
             return not obj.get("choices"), True
-        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
+        except _NOT_USAGE:
             return False, False
 
     @staticmethod
     def _usage(raw: bytes, trace: _Trace) -> None:
-        try:
-            usage = json.loads(raw).get("usage") or {}
-            trace.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            trace.output_tokens = int(usage.get("completion_tokens", 0))
-        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError):
-            pass
+        with contextlib.suppress(*_NOT_USAGE):
+            _take_usage(json.loads(raw).get("usage") or {}, trace)
 
     def _log(self, trace: _Trace) -> None:
         """Hand the request's one RequestLog to the sink (a second call does nothing)."""
