@@ -368,49 +368,46 @@ def test_unverified_folders_are_refused(world: World, caplog: pytest.LogCaptureF
     ]
 
 
+def _record_replaced(world: World, kind: str) -> tuple[str, Path, bytes]:
+    """Install a1, then put ``kind`` where its record.json was: (its lora name, the record's
+    path, the record's bytes)."""
+    a1 = world.install("a1", seed=1)
+    record = world.root / a1.lora_name / "record.json"
+    kept = record.read_bytes()
+    record.unlink()
+    if kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "link-to-a-device":
+        record.symlink_to("/dev/zero")
+    else:
+        (world.tmp / "record.json").write_bytes(kept)
+        record.symlink_to(world.tmp / "record.json")
+    return a1.lora_name, record, kept
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link-to-a-device", "link-to-the-record"])
 def test_a_record_json_that_is_no_regular_file_is_refused_at_once(
     kind: str, world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A FIFO named record.json (any user may make one) would hold the resolver, inside
     vLLM, forever at its open; a link is never followed."""
-    a1 = world.install("a1", seed=1)
-    record = world.root / a1.lora_name / "record.json"
-    kept = record.read_bytes()
-    record.unlink()
-    if kind == "fifo":
-        os.mkfifo(record)
-    elif kind == "link-to-a-device":
-        record.symlink_to("/dev/zero")
-    else:
-        (world.tmp / "record.json").write_bytes(kept)
-        record.symlink_to(world.tmp / "record.json")
-    assert world.resolver.resolve(str(world.model), a1.lora_name) is None
+    name, record, kept = _record_replaced(world, kind)
+    assert world.resolver.resolve(str(world.model), name) is None
     assert [m.split(": ", 1)[1].split(" (")[0] for m in refusals(caplog)] == ["unverified"]
     record.unlink()
     record.write_bytes(kept)
-    assert world.resolver.resolve(str(world.model), a1.lora_name) is not None
+    assert world.resolver.resolve(str(world.model), name) is not None
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link-to-a-device", "link-to-the-record"])
 def test_the_startup_scan_drops_an_entry_whose_record_is_no_regular_file(
     kind: str, world: World
 ) -> None:
-    a1 = world.install("a1", seed=1)
-    record = world.root / a1.lora_name / "record.json"
-    kept = record.read_bytes()
-    record.unlink()
-    if kind == "fifo":
-        os.mkfifo(record)
-    elif kind == "link-to-a-device":
-        record.symlink_to("/dev/zero")
-    else:
-        (world.tmp / "record.json").write_bytes(kept)
-        record.symlink_to(world.tmp / "record.json")
+    name, _, _ = _record_replaced(world, kind)
     limits = WorkerLimits(base_model=TINY_BASE_MODEL, max_lora_rank=8, model=world.shape)
     tier = HostTier(world.root, budget_bytes=10**8, limits=limits, fetcher=world.fetcher)
-    assert tier.get(a1.lora_name) is None
-    assert not (world.root / a1.lora_name).exists()
+    assert tier.get(name) is None
+    assert not (world.root / name).exists()
 
 
 @settings(
