@@ -88,11 +88,16 @@ def metrics_env(base: Settings) -> Iterator[Settings]:
         delete_topics(settings)
 
 
-def drop_database(settings: Settings) -> None:
-    """Remove the test's own ClickHouse database (``settings.clickhouse.database``)."""
-    client = connect(settings, database="")
+DROP_TIMEOUT_S = 120.0
+"""How long a test's clean-up waits for ClickHouse to drop a database: on a loaded machine a
+drop of a database with a run's tables takes longer than a query's 10 s."""
+
+
+def drop_database(settings: Settings, database: str | None = None) -> None:
+    """Remove a test's own ClickHouse database (default ``settings.clickhouse.database``)."""
+    client = connect(settings, database="", timeout_s=DROP_TIMEOUT_S)
     try:
-        client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
+        client.execute(f"DROP DATABASE IF EXISTS `{database or settings.clickhouse.database}`")
     finally:
         client.disconnect()
 

@@ -26,6 +26,7 @@ import pytest
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
+from tests.integration.metrics_env import drop_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
@@ -80,11 +81,7 @@ def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
     ]
     if names:
         admin.delete_topics(names, request_timeout=10)
-    client = connect(settings, database="")
-    try:
-        client.execute(f"DROP DATABASE IF EXISTS `{database}`")
-    finally:
-        client.disconnect()
+    drop_database(settings, database)
 
 
 RUNS = (

@@ -13,7 +13,14 @@ from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES
-from tests.integration.metrics_env import REPO, cache_event, env_for, isolated, require_stack
+from tests.integration.metrics_env import (
+    REPO,
+    cache_event,
+    drop_database,
+    env_for,
+    isolated,
+    require_stack,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,9 +31,7 @@ def settings() -> Settings:
     require_stack(base)
     settings = isolated(base)
     yield settings
-    client = connect(settings, database="")
-    client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
-    client.disconnect()
+    drop_database(settings)
 
 
 def cli(settings: Settings, *args: str) -> str:

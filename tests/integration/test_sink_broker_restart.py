@@ -22,7 +22,12 @@ from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
-from tests.integration.metrics_env import SINK_TOPICS, isolated_clickhouse, wait_for
+from tests.integration.metrics_env import (
+    SINK_TOPICS,
+    drop_database,
+    isolated_clickhouse,
+    wait_for,
+)
 from tests.integration.private_kafka import SteadyLoad, kill, private_kafka, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault_long]
@@ -42,9 +47,7 @@ def env(tmp_path: Path) -> Iterator[tuple[Settings, Kafka]]:
         try:
             yield settings, broker
         finally:
-            client = connect(settings, database="")
-            client.execute(f"DROP DATABASE IF EXISTS `{settings.clickhouse.database}`")
-            client.disconnect()
+            drop_database(settings)
 
 
 def _stored(settings: Settings) -> tuple[int, int, int]:
