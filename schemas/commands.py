@@ -44,7 +44,12 @@ class CommandAction(StrEnum):
 
 class CommandReason(StrictModel):
     rule: CommandRule = Field(description="which planner rule fired")
-    score: float | None = None
+    score: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="finite: a command's signed bytes are canonical JSON, which has no NaN "
+        "or infinity, so a command holding one could never be signed or verified",
+    )
     detail: str = Field("", max_length=512)
 
 

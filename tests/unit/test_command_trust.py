@@ -379,3 +379,18 @@ def test_the_shared_signer_check_speaks_both_callers_reasons() -> None:
     assert values <= {r.value for r in RegistryRejection}
     # commands name no publisher, so key_publisher_mismatch never reaches the worker
     assert values - {"key_publisher_mismatch"} <= {r.value for r in R}
+
+
+@pytest.mark.parametrize("score", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_attack_a_command_with_a_non_finite_score_is_invalid_at_decode(score: str) -> None:
+    """No planner can sign a non-finite score (canonical JSON has none), so the worker's
+    decoder refuses it as ``invalid``, the reason the dead letter then names."""
+    from loraplane.schemas.codec import SchemaError, decode, encode
+
+    raw = encode(PLANNER.sign_command(command())).replace(
+        b'"score":null', f'"score":{score}'.encode()
+    )
+    assert f'"score":{score}'.encode() in raw
+    with pytest.raises(SchemaError) as err:
+        decode(CacheCommand, raw)
+    assert err.value.reason == "invalid"

@@ -115,3 +115,30 @@ def test_attack_a_record_holding_another_workers_commands_is_skipped(
         assert memory_of([forged]) == {}
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == f"someone-else: value skipped: it holds a pending command for {owner}"
+
+
+@pytest.mark.parametrize("score", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_attack_a_pending_command_with_a_non_finite_score_is_skipped(score: str) -> None:
+    """A pending command is re-signed by the next active planner (``_resend``), and its
+    signed bytes are canonical JSON, which has no NaN or infinity: a record holding one
+    made every session end at its resend, for ever. It is refused where it is read."""
+    from loraplane.kernel.bus import Record
+    from loraplane.schemas.signing import SigningKey
+    from loraplane.streams.planner_runtime import memory_of
+
+    owner, memory = next((w, m) for w, m in PLAN.memory.items() if m.pending)
+    marker = '"score":1.23456789'
+    wire = json.loads(encode(memory.record()))
+    wire["pending"][0]["reason"]["score"] = 1.23456789
+    raw = json.dumps(wire, separators=(",", ":"))
+    assert marker in raw
+    hostile = raw.replace(marker, f'"score":{score}', 1).encode()
+    with pytest.raises(SchemaError) as err:
+        decode(PlannerMemory, hostile)
+    assert err.value.reason == "invalid"
+    read = memory_of([Record("m", 0, 0, owner.encode(), hostile, {}, 0)])
+    key = SigningKey.generate("planner", "planner-1")
+    for mem in read.values():  # what is read can be re-signed
+        for cmd in mem.pending:
+            key.sign_command(cmd)
+    assert read == {}
