@@ -20,6 +20,8 @@ from loraplane.schemas.lifecycle import LifecycleEvent
 __all__ = [
     "MAX_EVIDENCE",
     "MAX_VIEWS_BYTES",
+    "MAX_VIEW_BYTES",
+    "REVOKE_ROOM_BYTES",
     "AdapterView",
     "signed_views_json",
     "views_from_json",
@@ -29,6 +31,16 @@ __all__ = [
 MAX_EVIDENCE = 256
 """Accepted events one adapter's view carries (a publish is about 1.5 KB: the record stays
 well under the 1 MiB message limit). The registry refuses more (``history_full``)."""
+
+MAX_VIEW_BYTES = 1024 * 1024 - 16 * 1024
+"""The most one encoded view may hold: it is one message of the registry topic, which Kafka
+carries and every consumer decodes only up to 1 MiB (``codec.MAX_MESSAGE_BYTES``), key,
+headers and record overhead beside it. Publishes with records as large as the schema allows
+reach it within ``MAX_EVIDENCE``; the registry refuses an event whose view would not fit
+(``history_full``) instead of accepting what it could never deliver."""
+REVOKE_ROOM_BYTES = 64 * 1024
+"""Bytes below ``MAX_VIEW_BYTES`` that only revokes may use, so a view that is full for
+every other event can still take the revocations of its versions (a revoke is ~1-3 KB)."""
 
 
 class AdapterView(StrictModel):

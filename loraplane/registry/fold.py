@@ -5,8 +5,8 @@ event), the keyring, the registry's current state of that adapter and ``now``, a
 ``Accepted`` (the adapter's new state) or ``Rejected`` (a stable
 ``schemas.reasons.RegistryRejection`` and a detail). The checks run in a fixed order (bytes
 and key, the signing key and its signature, scopes and priority ceiling, freshness and seq,
-ownership, the action's own rules), so each hostile event gets one reason: the order and
-every reason are in docs/lifecycle.md, "Rejection reasons".
+ownership, the action's own rules, the new view's size), so each hostile event gets one
+reason: the order and every reason are in docs/lifecycle.md, "Rejection reasons".
 
 The new view carries every accepted event of the adapter (``AdapterView.evidence``), so a
 consumer of the registry topic can fold them again through this function with its own
@@ -38,7 +38,12 @@ from loraplane.schemas.keyring import Keyring, KeyRole, SignerRefusal, signer
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
-from loraplane.schemas.registry import MAX_EVIDENCE, AdapterView
+from loraplane.schemas.registry import (
+    MAX_EVIDENCE,
+    MAX_VIEW_BYTES,
+    REVOKE_ROOM_BYTES,
+    AdapterView,
+)
 
 __all__ = [
     "CLOCK_SKEW",
@@ -100,12 +105,17 @@ def evaluate(
     registry: StateLookup,
     now: datetime,
     key: bytes | None = None,
+    *,
+    size_checked: bool = True,
 ) -> Decision:
     """Decide one lifecycle message. Never raises for any input bytes.
 
     ``registry(adapter_id)`` returns the adapter's current state or None; ``key`` is the
     Kafka message key (checked against adapter_id when given); ``keyring=None`` means the
-    keyring could not be read, and then nothing is trusted.
+    keyring could not be read, and then nothing is trusted. ``size_checked``: refuse an
+    event whose view would encode over ``MAX_VIEW_BYTES`` (``REVOKE_ROOM_BYTES`` less for
+    anything but a revoke). A consumer folding a view's evidence again turns it off: the
+    view it holds was decoded within the message limit, and each event only adds to it.
     """
     raw = message if isinstance(message, bytes) else encode(message)
     event = message if isinstance(message, LifecycleEvent) else None
@@ -121,6 +131,8 @@ def evaluate(
         state = registry(event.adapter_id)
         _check_fresh(event, state, now)
         view = _apply(event, state.view if state else None, now)
+        if size_checked:
+            _check_size(event, view)
     except _Reject as r:
         return Rejected(r.reason, r.detail, _audit(raw, event, now, r.reason, r.detail), event)
     seen = {eid: exp for eid, exp in (state.seen if state else {}).items() if exp > now}
@@ -240,6 +252,18 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
         served_versions=sorted(served, key=version_key),
         evidence=evidence,
     )
+
+
+def _check_size(event: LifecycleEvent, view: AdapterView) -> None:
+    """The view fits the one registry message it must travel in (``MAX_VIEW_BYTES``)."""
+    limit = MAX_VIEW_BYTES - (0 if event.action is LifecycleAction.revoke else REVOKE_ROOM_BYTES)
+    size = len(encode(view))
+    if size > limit:
+        raise _Reject(
+            Reason.history_full,
+            f"adapter {event.adapter_id}'s view would be {size} bytes, over the {limit} "
+            f"one registry message carries for a {event.action}",
+        )
 
 
 def _publish(event: LifecycleEvent, view: AdapterView | None) -> dict[str, AdapterRecord]:

@@ -348,3 +348,41 @@ def test_a_non_canonical_signature_string_is_refused() -> None:
             continue
         edited = event.model_copy(update={"signature": event.signature[:-3] + alias + "=="})
         assert not verify(edited, key), alias
+
+
+def _fat_record(version: str) -> AdapterRecord:
+    """A record as large as the schema lets a publish carry: 64 long module names."""
+    modules = [f"m{i:02d}" + "x" * 125 for i in range(64)]
+    base = record(A, version)
+    return base.model_copy(
+        update={"compatibility": base.compatibility.model_copy(update={"target_modules": modules})}
+    )
+
+
+def test_attack_no_accepted_view_is_larger_than_its_consumers_read() -> None:
+    """Correctly signed publishes whose records are as large as the schema allows: the view
+    carries every record and every event, so within the 256-event bound it outgrew the 1 MiB
+    that Kafka carries and every consumer decodes. The registry accepted it into its table
+    and could then never mirror it (nor any later event of that adapter, a revoke
+    included): accepted state no worker would ever see. A view that would not fit is
+    refused before it is accepted, and the last accepted one can still be revoked."""
+    from loraplane.registry.evidence import ViewVerified, verify_view
+    from loraplane.schemas.codec import MAX_MESSAGE_BYTES, decode
+    from loraplane.schemas.registry import AdapterView
+
+    reg = Registry()
+    refused: Rejected | None = None
+    for n in range(1, 200):
+        fat = _fat_record(str(n))
+        decision = reg.send(reg.event("publish", str(n), record=fat))
+        if isinstance(decision, Rejected):
+            refused = decision
+            break
+        assert len(encode(decision.state.view)) <= MAX_MESSAGE_BYTES
+    assert refused is not None and refused.reason is Reason.history_full, refused
+    assert "bytes" in refused.detail
+    last = reg.view().versions[-1].version
+    revoked = reg.send(reg.event("revoke", last, key="ops"))
+    assert isinstance(revoked, Accepted), revoked
+    view = decode(AdapterView, encode(revoked.state.view))  # what a consumer reads
+    assert isinstance(verify_view(view, KIT.keyring, NOW), ViewVerified)
