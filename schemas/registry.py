@@ -22,6 +22,7 @@ __all__ = [
     "MAX_VIEWS_BYTES",
     "MAX_VIEW_BYTES",
     "REVOKE_ROOM_BYTES",
+    "REVOKE_ROOM_EVENTS",
     "AdapterView",
     "signed_views_json",
     "views_from_json",
@@ -41,6 +42,9 @@ reach it within ``MAX_EVIDENCE``; the registry refuses an event whose view would
 REVOKE_ROOM_BYTES = 64 * 1024
 """Bytes below ``MAX_VIEW_BYTES`` that only revokes may use, so a view that is full for
 every other event can still take the revocations of its versions (a revoke is ~1-3 KB)."""
+REVOKE_ROOM_EVENTS = 16
+"""The last events of ``MAX_EVIDENCE`` that only revokes may use: a key that may not revoke
+(a CI key) cannot fill an adapter's history so that its versions can no longer be revoked."""
 
 
 class AdapterView(StrictModel):

@@ -42,6 +42,7 @@ from loraplane.schemas.registry import (
     MAX_EVIDENCE,
     MAX_VIEW_BYTES,
     REVOKE_ROOM_BYTES,
+    REVOKE_ROOM_EVENTS,
     AdapterView,
 )
 
@@ -106,16 +107,18 @@ def evaluate(
     now: datetime,
     key: bytes | None = None,
     *,
-    size_checked: bool = True,
+    room_checked: bool = True,
 ) -> Decision:
     """Decide one lifecycle message. Never raises for any input bytes.
 
     ``registry(adapter_id)`` returns the adapter's current state or None; ``key`` is the
     Kafka message key (checked against adapter_id when given); ``keyring=None`` means the
-    keyring could not be read, and then nothing is trusted. ``size_checked``: refuse an
-    event whose view would encode over ``MAX_VIEW_BYTES`` (``REVOKE_ROOM_BYTES`` less for
-    anything but a revoke). A consumer folding a view's evidence again turns it off: the
-    view it holds was decoded within the message limit, and each event only adds to it.
+    keyring could not be read, and then nothing is trusted. ``room_checked``: refuse an
+    event whose view would encode over ``MAX_VIEW_BYTES`` or, for anything but a revoke,
+    leave less than ``REVOKE_ROOM_EVENTS`` events and ``REVOKE_ROOM_BYTES`` bytes for
+    revokes. A consumer folding a view's evidence again turns it off: the view it holds
+    was decoded within the message limit and the schema's ``MAX_EVIDENCE``, and views the
+    registry accepted before the reserve existed must still verify.
     """
     raw = message if isinstance(message, bytes) else encode(message)
     event = message if isinstance(message, LifecycleEvent) else None
@@ -131,8 +134,8 @@ def evaluate(
         state = registry(event.adapter_id)
         _check_fresh(event, state, now)
         view = _apply(event, state.view if state else None, now)
-        if size_checked:
-            _check_size(event, view)
+        if room_checked:
+            _check_room(event, view)
     except _Reject as r:
         return Rejected(r.reason, r.detail, _audit(raw, event, now, r.reason, r.detail), event)
     seen = {eid: exp for eid, exp in (state.seen if state else {}).items() if exp > now}
@@ -254,9 +257,17 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
     )
 
 
-def _check_size(event: LifecycleEvent, view: AdapterView) -> None:
-    """The view fits the one registry message it must travel in (``MAX_VIEW_BYTES``)."""
-    limit = MAX_VIEW_BYTES - (0 if event.action is LifecycleAction.revoke else REVOKE_ROOM_BYTES)
+def _check_room(event: LifecycleEvent, view: AdapterView) -> None:
+    """The view fits the one registry message it must travel in (``MAX_VIEW_BYTES``) and,
+    unless ``event`` is a revoke, leaves room for revokes."""
+    revoke = event.action is LifecycleAction.revoke
+    if not revoke and len(view.evidence) > MAX_EVIDENCE - REVOKE_ROOM_EVENTS:
+        raise _Reject(
+            Reason.history_full,
+            f"adapter {event.adapter_id} already has {len(view.evidence) - 1} accepted "
+            f"events; the last {REVOKE_ROOM_EVENTS} of {MAX_EVIDENCE} are for revokes",
+        )
+    limit = MAX_VIEW_BYTES - (0 if revoke else REVOKE_ROOM_BYTES)
     size = len(encode(view))
     if size > limit:
         raise _Reject(

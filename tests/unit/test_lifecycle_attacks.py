@@ -386,3 +386,24 @@ def test_attack_no_accepted_view_is_larger_than_its_consumers_read() -> None:
     assert isinstance(revoked, Accepted), revoked
     view = decode(AdapterView, encode(revoked.state.view))  # what a consumer reads
     assert isinstance(verify_view(view, KIT.keyring, NOW), ViewVerified)
+
+
+def test_attack_a_history_filled_by_one_key_can_still_be_revoked() -> None:
+    """A CI key (it may not revoke) fills the adapter's history with canary steps up to
+    the 256-event bound: the operator's revoke of the version, the one way to take it out
+    of service without revoking keys, was refused as history_full. The last events are
+    kept for revokes."""
+    from loraplane.schemas.registry import MAX_EVIDENCE
+
+    reg = Registry()
+    reg.do("publish", "1")
+    refused: Rejected | None = None
+    for n in range(MAX_EVIDENCE):
+        decision = reg.send(reg.event("canary", "1", canary_percent=float(n % 100)))
+        if isinstance(decision, Rejected):
+            refused = decision
+            break
+    assert refused is not None and refused.reason is Reason.history_full, refused
+    revoked = reg.send(reg.event("revoke", "1", key="ops"))
+    assert isinstance(revoked, Accepted), revoked
+    assert revoked.state.view.versions[0].status is AdapterStatus.revoked
