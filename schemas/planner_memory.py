@@ -19,7 +19,7 @@ __all__ = ["PlannerMemory"]
 
 class PlannerMemory(StrictModel):
     schema_version: Literal[1] = 1
-    seq: int = Field(ge=0, description="commands issued to this worker so far (id epoch)")
+    seq: int = Field(ge=0, le=2**62, description="commands issued to this worker so far (id epoch)")
     pending: tuple[CacheCommand, ...] = Field(
         max_length=100_000, description="issued, not yet visible in the worker's state"
     )

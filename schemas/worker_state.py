@@ -12,6 +12,9 @@ from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
 
 __all__ = [
+    "MAX_BYTES",
+    "MAX_GPU_SLOTS",
+    "MAX_IN_FLIGHT",
     "MAX_SKIPPED_REPORTED",
     "CopyOrigin",
     "LoadedAdapter",
@@ -19,6 +22,14 @@ __all__ = [
     "WorkerState",
     "gateway_url_problem",
 ]
+
+MAX_GPU_SLOTS = 100_000
+MAX_BYTES = 2**62
+MAX_IN_FLIGHT = 10_000_000
+"""Bounds of a heartbeat's counts, far above any real worker's. Readers (the planner, the
+router, fleet status) do arithmetic with them, floats included (the planner's protected-copy
+cap is a float share of the slots), and a JSON integer decodes as a Python int of any size:
+past these bounds a state is refused where it is read."""
 
 MAX_SKIPPED_REPORTED = 256
 """The most skipped command ids one heartbeat carries (the latest ones)."""
@@ -61,7 +72,7 @@ class LoadedAdapter(StrictModel):
         description="the worker holds this GPU copy never-evict by its own rule (its "
         "registry copy and policy): no command unpins, demotes or evicts it",
     )
-    size_bytes: int = Field(0, ge=0)
+    size_bytes: int = Field(0, ge=0, le=MAX_BYTES)
     rank: int = Field(0, ge=0, le=512)
     last_used: Timestamp | None = None
     loaded_at: Timestamp | None = Field(
@@ -69,7 +80,7 @@ class LoadedAdapter(StrictModel):
         description="when this worker loaded the GPU copy into vLLM (policy "
         "min_residency_s counts from it); None: a host copy, or one found on vLLM at start",
     )
-    in_flight: int = Field(0, ge=0)
+    in_flight: int = Field(0, ge=0, le=MAX_IN_FLIGHT)
     origin: CopyOrigin | None = Field(
         None, description="who asked for this copy; None: nobody now (it is being removed)"
     )
@@ -81,13 +92,13 @@ class WorkerState(StrictModel):
     base_model: Identifier
     ts: Timestamp
     gateway_url: str = Field("", max_length=256)
-    gpu_slots_used: int = Field(ge=0)
-    gpu_slots_total: int = Field(ge=0)
-    host_bytes_used: int = Field(ge=0)
-    host_bytes_budget: int = Field(ge=0)
+    gpu_slots_used: int = Field(ge=0, le=MAX_GPU_SLOTS)
+    gpu_slots_total: int = Field(ge=0, le=MAX_GPU_SLOTS)
+    host_bytes_used: int = Field(ge=0, le=MAX_BYTES)
+    host_bytes_budget: int = Field(ge=0, le=MAX_BYTES)
     hbm_usage: float | None = Field(None, ge=0, le=1, description="None if vLLM hides it")
     max_lora_rank: int = Field(ge=1, le=512)
-    cold_loads_last_minute: int = Field(0, ge=0)
+    cold_loads_last_minute: int = Field(0, ge=0, le=MAX_IN_FLIGHT)
     cold_load_budget: int | None = Field(
         None,
         ge=1,
@@ -117,6 +128,7 @@ class WorkerState(StrictModel):
     command_partition: int | None = Field(
         None,
         ge=0,
+        le=2**31 - 1,  # Kafka's partition numbers are int32
         description="the commands partition this worker reads (its command slot, "
         "else the hash of its id); the planner sends there. None: an older worker, the hash",
     )
