@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from loraplane.schemas.base import NonNegativeMs, StrictModel
 
 __all__ = [
+    "MAX_UNKNOWN_LOGS",
     "UNKNOWN_KEY",
     "Count",
     "DailySums",
@@ -80,6 +81,11 @@ or version not in the registry, or a refused request): one key per partition,
 has no parentheses."""
 
 
+MAX_UNKNOWN_LOGS = 2**62
+"""The most an unknown bucket counts: a count read back at it (a record the keeper did not
+write) stays there instead of making a tally its own schema refuses."""
+
+
 def unknown_key(partition: int) -> str:
     """The unknown bucket of one requests partition, ``"(unknown)/{partition}"``: each scoring
     process writes only the buckets of the partitions it owns (to the scores partition of
@@ -100,7 +106,9 @@ class UnknownTally(StrictModel):
     (docs/planner.md, "Bounded state")."""
 
     schema_version: Literal[1] = 1
-    logs: int = Field(ge=0, le=2**62, description="request logs counted unknown, ever")
+    logs: int = Field(
+        ge=0, le=MAX_UNKNOWN_LOGS, description="request logs counted unknown, ever (saturates)"
+    )
     last: Epoch | None = Field(None, description="event time of the last one (None: never)")
 
     @classmethod
@@ -111,4 +119,12 @@ class UnknownTally(StrictModel):
             logs += t.logs
             if t.last is not None and (last is None or t.last > last):
                 last = t.last
-        return cls(logs=logs, last=last)
+        return cls(logs=min(logs, MAX_UNKNOWN_LOGS), last=last)
+
+    def plus(self, logs: int, last: float | None) -> UnknownTally:
+        """This bucket with ``logs`` more, the latest at ``last``; the count saturates at
+        ``MAX_UNKNOWN_LOGS``."""
+        latest = [t for t in (self.last, last) if t is not None]
+        return UnknownTally(
+            logs=min(self.logs + logs, MAX_UNKNOWN_LOGS), last=max(latest) if latest else None
+        )

@@ -72,8 +72,7 @@ class Folded:
         """The unknown bucket after this batch."""
         if not self.unknown:
             return before
-        last = [t for t in (before.last, self.unknown_last) if t is not None]
-        return UnknownTally(logs=before.logs + self.unknown, last=max(last) if last else None)
+        return before.plus(self.unknown, self.unknown_last)
 
 
 class RecentIds:

@@ -325,3 +325,19 @@ def test_the_keepers_flat_states_fold_to_the_bit_as_score_states(
         states.update(reference.touched)
         start, turn = start + len(batch), turn + 1
     assert repr({k: f.state() for k, f in flat.items()}) == repr(states)
+
+
+def test_attack_an_unknown_bucket_at_its_bound_saturates() -> None:
+    """The unknown bucket read back from the scores topic may hold any count its schema
+    takes, 2**62 included (a record the keeper did not write). Adding a batch's unknown
+    logs to it made a tally over that bound, a ValidationError in the keeper's commit of
+    every later batch of the partition: its scores stopped. The count saturates instead."""
+    from loraplane.schemas.score_snapshot import MAX_UNKNOWN_LOGS, UnknownTally
+
+    at_bound = UnknownTally(logs=MAX_UNKNOWN_LOGS, last=T0)
+    unknown = [Msg(encode(log(i, adapter="nobody")), b"nobody", off=i) for i in range(3)]
+    folded = fold_batch({}, unknown, KNOWN, now=T0 + 10)
+    assert folded.unknown == 3
+    after = folded.tally(at_bound)
+    assert after.logs == MAX_UNKNOWN_LOGS and after.last == T0 + 2
+    assert UnknownTally.total([at_bound, after]).logs == MAX_UNKNOWN_LOGS
