@@ -183,10 +183,12 @@ class VerifiedRegistry:
             for record in self._read():
                 read.add((record.partition, record.offset))
                 changed |= self._merge(record, keyring)
-            # The verdicts of records no longer in the source go: the cache stays the size
-            # of the topic's present, not of every record ever read.
+            # The verdicts of records no longer in the source go, and so does the memory of
+            # having reported them: both stay the size of the topic's present, not of every
+            # record ever read (a writer overwriting one key with junk would grow them).
             for gone in self._cache.keys() - read:
                 del self._cache[gone]
+            self._reported = {w for w in self._reported if (w[0], w[1]) in read}
         finally:
             # Once per read, not once per accepted view: a first read of N views wrote the
             # whole checkpoints file (and fsynced it) N times, quadratic in the registry.

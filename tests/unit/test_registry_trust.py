@@ -201,3 +201,20 @@ def test_a_read_of_many_views_writes_the_checkpoints_once(tmp_path: Path, monkey
     writes.clear()
     registry.records()  # nothing new on the topic: nothing written
     assert writes == []
+
+
+def test_attack_a_stream_of_refused_records_holds_no_memory_once_they_are_gone(
+    tmp_path: Path,
+) -> None:
+    """ATTACK: a topic writer overwrites one key with junk again and again (compaction keeps
+    the last). Each refused record was remembered, so it would be reported once, for the
+    consumer's whole life: memory grew by every record ever refused, in every worker,
+    router and keeper. A record no longer in the source is forgotten, as its verdict is;
+    each is still reported once."""
+    registry, topic, sink, _, _ = world(tmp_path)
+    for n in range(200):
+        topic.write("junk", b"{not json %d" % n)
+        registry.records()
+        registry.records()  # the same record read again: not reported again
+    assert len(sink.letters()) == 200
+    assert len(registry._reported) <= len(topic.latest())
