@@ -416,7 +416,7 @@ def _validate_header(
             out.append(Refusal(Reason.header_invalid, path, f"tensor {name[:80]!r} malformed"))
             continue
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPE_BYTES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:  # an array is unhashable
             out.append(
                 Refusal(Reason.tensor_dtype_invalid, path, f"{name[:80]}: {str(dtype)[:20]}")
             )

@@ -163,10 +163,10 @@ tensor_names = st.sampled_from(
     ]
 )
 tensor_entries = st.fixed_dictionaries(
-    {
-        "dtype": st.sampled_from(["F32", "F16", "BF16", "F64", "I64", "bogus"]),
-        "shape": st.lists(st.integers(-1, 300), max_size=3),
-        "data_offsets": st.lists(st.integers(-5, 5000), min_size=0, max_size=3),
+    {  # each field also any JSON value: an array or object where a string belongs
+        "dtype": st.sampled_from(["F32", "F16", "BF16", "F64", "I64", "bogus"]) | json_values,
+        "shape": st.lists(st.integers(-1, 300), max_size=3) | json_values,
+        "data_offsets": st.lists(st.integers(-5, 5000), min_size=0, max_size=3) | json_values,
     }
 )
 headers = st.dictionaries(tensor_names, tensor_entries | json_values, max_size=6)
@@ -184,6 +184,26 @@ def check(files: dict[str, bytes], limits: WorkerLimits = LIMITS) -> None:
 @given(data=st.binary(max_size=300))
 def test_random_weight_bytes_never_raise(good_files: dict[str, bytes], data: bytes) -> None:
     check({**good_files, WEIGHTS_NAME: data})
+
+
+@pytest.mark.parametrize("dtype", [[], ["F32"], {"F32": 4}, None, 4, True])
+def test_attack_a_dtype_that_is_no_string_is_refused(
+    good_files: dict[str, bytes], dtype: Any
+) -> None:
+    """An array or object as a tensor's dtype was looked up in the dtype table as it was:
+    TypeError (unhashable) out of the verifier, so the worker neither refused nor held the
+    adapter. Every field of a tensor entry is checked for its JSON type before it is used."""
+    header = {
+        f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": {
+            "dtype": dtype,
+            "shape": [1],
+            "data_offsets": [0, 4],
+        }
+    }
+    body = json.dumps(header).encode()
+    files = {**good_files, WEIGHTS_NAME: struct.pack("<Q", len(body)) + body + b"\0" * 4}
+    verdict = verify_artifact(MemoryArtifact(files), LIMITS)
+    assert Reason.tensor_dtype_invalid in verdict.reasons
 
 
 @fuzz
