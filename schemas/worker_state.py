@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, StringConstraints, field_validator
 
+from loraplane.schemas.adapter import MAX_RANK
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
 
@@ -73,7 +74,7 @@ class LoadedAdapter(StrictModel):
         "registry copy and policy): no command unpins, demotes or evicts it",
     )
     size_bytes: int = Field(0, ge=0, le=MAX_BYTES)
-    rank: int = Field(0, ge=0, le=512)
+    rank: int = Field(0, ge=0, le=MAX_RANK)
     last_used: Timestamp | None = None
     loaded_at: Timestamp | None = Field(
         None,
@@ -97,7 +98,7 @@ class WorkerState(StrictModel):
     host_bytes_used: int = Field(ge=0, le=MAX_BYTES)
     host_bytes_budget: int = Field(ge=0, le=MAX_BYTES)
     hbm_usage: float | None = Field(None, ge=0, le=1, description="None if vLLM hides it")
-    max_lora_rank: int = Field(ge=1, le=512)
+    max_lora_rank: int = Field(ge=1, le=MAX_RANK)
     cold_loads_last_minute: int = Field(0, ge=0, le=MAX_IN_FLIGHT)
     cold_load_budget: int | None = Field(
         None,

@@ -81,10 +81,20 @@ def run(
     from loraplane.kernel import kafka
     from loraplane.kernel.http_server import run_serving
     from loraplane.kernel.secrets import SecretError, read_secret
-    from loraplane.schemas.worker_state import gateway_url_problem
+    from loraplane.schemas.adapter import MAX_RANK
+    from loraplane.schemas.worker_state import MAX_BYTES, MAX_GPU_SLOTS, gateway_url_problem
     from loraplane.workers.runner import WorkerOptions, serve_worker
 
     _ids(("--worker-id", worker_id), ("--base-model", base_model))
+    # The worker's own heartbeat carries these: past the worker state's bounds every reader
+    # would refuse it, so they are refused here, before anything starts.
+    for hint, value, low, high in (
+        ("--gpu-slots", gpu_slots, 1, MAX_GPU_SLOTS),
+        ("--host-budget-bytes", host_budget_bytes, 0, MAX_BYTES),
+        ("--max-lora-rank", max_lora_rank, 1, MAX_RANK),
+    ):
+        if not low <= value <= high:
+            raise typer.BadParameter(f"{value} is not in {low}..{high}", param_hint=hint)
     kafka.act_as(kafka.Principal.worker)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = get_settings()

@@ -484,3 +484,27 @@ def test_an_operators_id_that_is_not_wholly_an_id_is_a_usage_error(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "is not an id" in result.output, result.output
     assert not (tmp_path / "api-keys.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--gpu-slots", "0"),
+        ("--gpu-slots", "100001"),
+        ("--host-budget-bytes", "-1"),
+        ("--host-budget-bytes", str(2**62 + 1)),
+        ("--max-lora-rank", "0"),
+        ("--max-lora-rank", "513"),
+    ],
+)
+def test_a_worker_count_its_own_heartbeat_could_not_carry_is_a_usage_error(
+    option: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reader refuses a worker state whose counts are out of their bounds: a worker
+    started with such a count would never be seen. Refused before anything starts."""
+    monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path))
+    args = ["worker", "run", "--worker-id", "w1", "--base-model", "b", "--vllm-url", "http://x:1"]
+    result = CliRunner().invoke(app, [*args, option, value])
+    assert result.exit_code == 2 and option in result.output and " is not in " in result.output, (
+        result.output
+    )
