@@ -26,6 +26,7 @@ from typing import Any
 
 __all__ = [
     "HARMLESS",
+    "MAX_ALPHA",
     "MUST_BE_OFF",
     "SERVABLE_INITS",
     "VALIDATED",
@@ -141,6 +142,12 @@ def unservable_fields(raw: dict[str, Any]) -> list[tuple[str, Unservable]]:
     return found
 
 
+MAX_ALPHA = 65504.0
+"""The largest ``lora_alpha`` served: fp16's largest finite value. vLLM scales the adapter's
+weights by alpha / r in the serving dtype, so past it the scaled weights overflow to inf and
+every answer of the adapter is NaN."""
+
+
 def parse_lora_config(raw: Any) -> LoraConfig:
     """The subset of a PEFT LoraConfig that vLLM honours; ValueError (its message names the
     field and its value) for anything vLLM would misread or refuse."""
@@ -154,6 +161,8 @@ def parse_lora_config(raw: Any) -> LoraConfig:
     alpha = raw.get("lora_alpha")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise ValueError(f"lora_alpha must be a number, not {_short(alpha)}")
+    if abs(alpha) > MAX_ALPHA:
+        raise ValueError(f"lora_alpha must be within +-{MAX_ALPHA:g}, not {_short(alpha)}")
     modules = raw.get("target_modules")
     if (
         not isinstance(modules, list)

@@ -375,6 +375,15 @@ def test_only_inits_that_leave_the_base_weights_alone_are_served(
             parse_lora_config(raw)
 
 
+@pytest.mark.parametrize("alpha", [1e308, -1e308, 65504.5, 2**70])
+def test_an_alpha_that_overflows_the_serving_dtype_is_refused(alpha: float) -> None:
+    """ATTACK: a finite alpha past fp16's range: vLLM scales the weights by alpha / r in the
+    serving dtype, so the adapter's weights become inf and its answers NaN."""
+    with pytest.raises(ValueError, match="lora_alpha must be within"):
+        parse_lora_config({**PEFT_CONFIG, "lora_alpha": alpha})
+    parse_lora_config({**PEFT_CONFIG, "lora_alpha": 65504})
+
+
 off_values = st.sampled_from([None, False, 0, "", [], {}])
 
 
