@@ -88,7 +88,7 @@ def verify_view(
 
     for n, event in enumerate(view.evidence):
         try:
-            decision = evaluate(event, keyring, current, event.issued_at, room_checked=False)
+            decision = evaluate(event, keyring, current, event.issued_at, admitting=False)
         except ValueError as exc:  # a state the schema refuses: never raise to the caller
             return ViewRefused(
                 ViewReason.evidence_rejected, f"event {n} ({event.event_id}): {exc}"[:2048]

@@ -107,18 +107,20 @@ def evaluate(
     now: datetime,
     key: bytes | None = None,
     *,
-    room_checked: bool = True,
+    admitting: bool = True,
 ) -> Decision:
     """Decide one lifecycle message. Never raises for any input bytes.
 
     ``registry(adapter_id)`` returns the adapter's current state or None; ``key`` is the
     Kafka message key (checked against adapter_id when given); ``keyring=None`` means the
-    keyring could not be read, and then nothing is trusted. ``room_checked``: refuse an
-    event whose view would encode over ``MAX_VIEW_BYTES`` or, for anything but a revoke,
-    leave less than ``REVOKE_ROOM_EVENTS`` events and ``REVOKE_ROOM_BYTES`` bytes for
-    revokes. A consumer folding a view's evidence again turns it off: the view it holds
-    was decoded within the message limit and the schema's ``MAX_EVIDENCE``, and views the
-    registry accepted before the reserve existed must still verify.
+    keyring could not be read, and then nothing is trusted. ``admitting``: the registry
+    agent deciding a new event, which also applies the admission rules: refuse an event
+    whose view would encode over ``MAX_VIEW_BYTES`` or, for anything but a revoke, leave
+    less than ``REVOKE_ROOM_EVENTS`` events and ``REVOKE_ROOM_BYTES`` bytes for revokes; and
+    a revoke signed over ``CLOCK_SKEW`` before its version's publish (``_check_revoke``). A
+    consumer folding a view's evidence again turns them off: the view it holds was decoded
+    within the message limit and the schema's ``MAX_EVIDENCE``, and views the registry
+    accepted before these rules existed must still verify.
     """
     raw = message if isinstance(message, bytes) else encode(message)
     event = message if isinstance(message, LifecycleEvent) else None
@@ -134,8 +136,10 @@ def evaluate(
         state = registry(event.adapter_id)
         _check_fresh(event, state, now)
         view = _apply(event, state.view if state else None, now)
-        if room_checked:
+        if admitting:
             _check_room(event, view)
+            if state is not None and event.action is LifecycleAction.revoke:
+                _check_revoke(event, state.view)
     except _Reject as r:
         return Rejected(r.reason, r.detail, _audit(raw, event, now, r.reason, r.detail), event)
     seen = {eid: exp for eid, exp in (state.seen if state else {}).items() if exp > now}
@@ -274,6 +278,30 @@ def _check_room(event: LifecycleEvent, view: AdapterView) -> None:
             Reason.history_full,
             f"adapter {event.adapter_id}'s view would be {size} bytes, over the {limit} "
             f"one registry message carries for a {event.action}",
+        )
+
+
+def _check_revoke(event: LifecycleEvent, view: AdapterView) -> None:
+    """A revoke signed before its version was published (more than ``CLOCK_SKEW`` before
+    the publish's seq) is refused: revoke ignores the seq floor, so such a revoke, refused
+    as ``unknown_version`` and readable in the dead letters, could otherwise be replayed
+    within its lifetime once the version exists. An operator's revoke is never caught: a
+    publish's seq is at most ``CLOCK_SKEW`` ahead of the time it was accepted."""
+    wanted = version_key(event.version)
+    published = next(
+        (
+            e.seq
+            for e in view.evidence
+            if e.action is LifecycleAction.publish and version_key(e.version) == wanted
+        ),
+        None,
+    )
+    skew = CLOCK_SKEW // timedelta(microseconds=1)  # seq counts microseconds
+    if published is not None and event.seq < published - skew:
+        raise _Reject(
+            Reason.stale_seq,
+            f"revoke seq {event.seq} was signed before version {event.version} was "
+            f"published (seq {published})",
         )
 
 

@@ -209,6 +209,23 @@ def test_ops_revoke_lands_below_a_stolen_keys_seq_floor() -> None:
     assert rejected(reg.send(revoke.event)) is Reason.replayed_event_id
 
 
+def test_attack_a_revoke_signed_before_its_version_exists_is_not_replayed_onto_it() -> None:
+    """ATTACK: a revoke of version 2 signed an hour before 2 existed was refused
+    (``unknown_version``) and sits in the dead letters. Revoke ignores the seq floor, so
+    whoever read it there replayed it, within its lifetime, once 2 was published, and 2
+    was revoked. A revoke signed over ``CLOCK_SKEW`` before its version's publish is
+    refused; one signed later (the operator's) still lands."""
+    reg = Registry()
+    reg.do("publish", "1")
+    early = reg.event("revoke", "2", key="ops", seq=NOW_SEQ - 3_600_000_000)
+    assert rejected(reg.send(early)) is Reason.unknown_version
+    reg.do("publish", "2", seq=NOW_SEQ)
+    assert rejected(reg.send(early)) is Reason.stale_seq
+    assert reg.view().version("2").status is AdapterStatus.published
+    reg.do("revoke", "2", key="ops", seq=NOW_SEQ - 60_000_000)  # a minute's clock skew
+    assert reg.view().version("2").status is AdapterStatus.revoked
+
+
 def test_huge_version_is_undone_by_revoking_it() -> None:
     """Rule: a publish must be newer than every *unrevoked* version, and a version number
     is never reused. A stolen key's 999999999 is revoked; the tenant publishes on."""
