@@ -178,6 +178,13 @@ class HttpLimits(_Section):
     keepalive_timeout_s: float = Field(
         15.0, gt=0, le=3600, description="an idle keep-alive connection is closed"
     )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="an answer the client takes no byte of for this long (its buffers full: "
+        "it stopped reading) closes the connection",
+    )
     max_connections: int = Field(
         16_384,
         ge=1,

@@ -2,11 +2,13 @@
 
 Every server the project runs (the router, the gateway, the worker's /metrics listener, the
 dashboard) starts through ``start_site`` with the shared ``settings.http`` limits
-(``HttpLimits``): deadlines on a request's head and body (slowloris), a bound on a head's
-size (431), and at most ``max_connections`` per server within the process's descriptor
-budget (``connection_budget``). At a cap a new connection is not refused: the one that has
-kept the server waiting longest is shed instead. Legitimate clients send their request at
-once, so slow or idle ones go first, however many an attacker opens from the same address.
+(``HttpLimits``): deadlines on a request's head and body (slowloris), on an answer the
+client stops reading (its write stalls: the handler would wait for ever, holding what it
+holds), a bound on a head's size (431), and at most ``max_connections`` per server within
+the process's descriptor budget (``connection_budget``). At a cap a new connection is not
+refused: the one that has kept the server waiting longest is shed instead. Legitimate
+clients send their request at once, so slow or idle ones go first, however many an
+attacker opens from the same address.
 Connection errors are logged through ``kernel.log_burst.LogBurst``.
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
@@ -118,6 +120,7 @@ class _Guard(asyncio.Protocol):
         self._state = state
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None  # armed while writing is paused
         self._held = False  # counted in the caps (from accepted to lost or shed)
         self._pending = bytearray()  # a first head, until it is whole
         self._in_head = True
@@ -175,10 +178,17 @@ class _Guard(asyncio.Protocol):
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
+        """The client is not taking the answer as fast as it is written: unless it takes
+        some within ``send_timeout_s``, the connection is dropped (its handler's write
+        then fails instead of waiting for ever, and what the handler holds is freed)."""
+        if self._held and self._send_timer is None:
+            loop = asyncio.get_running_loop()
+            self._send_timer = loop.call_later(self._state.limits.send_timeout_s, self._expire_send)
         if self._inner is not None:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._cancel_send()
         if self._inner is not None:
             self._inner.resume_writing()
 
@@ -224,6 +234,7 @@ class _Guard(asyncio.Protocol):
             return
         self._held = False
         self._cancel()
+        self._cancel_send()
         state = self._state
         state.open -= 1
         state.table.open -= 1
@@ -242,6 +253,15 @@ class _Guard(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _cancel_send(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _expire_send(self) -> None:
+        self._send_timer = None
+        self._expire("send_timeout")
 
     def _expire(self, kind: str) -> None:
         self._timer = None

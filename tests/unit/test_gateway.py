@@ -1055,6 +1055,62 @@ async def test_attack_a_stream_the_client_leaves_is_charged_what_it_streamed() -
 
 
 @dataclass
+class HeldStreaming(StreamingServing):
+    """StreamingServing that says whether its upstream answer is still held open (the
+    gateway's slot to vLLM and vLLM's request)."""
+
+    open_upstreams: int = 0
+
+    @asynccontextmanager
+    async def completion(
+        self,
+        path: str,
+        body: dict[str, Any],  # type: ignore[override]
+    ) -> AsyncIterator[Streamed]:
+        self.open_upstreams += 1
+        try:
+            yield self.answer
+        finally:
+            self.open_upstreams -= 1
+
+
+async def test_attack_a_client_that_never_reads_frees_the_upstream_and_its_place() -> None:
+    """A client that asks for a long stream and reads none of it held the gateway's write,
+    and with it the upstream answer (one of the 64 slots to vLLM, and vLLM's request) and the
+    tenant's place, for as long as it kept the connection: a few dozen such clients
+    starved every tenant of the worker. The send deadline of the bounded server
+    (``http.send_timeout_s``) cuts it; the request is logged with what it streamed."""
+    from loraplane.kernel.config import HttpLimits
+    from loraplane.kernel.http_server import bound_port, start_site
+
+    endless = Streamed(events=100_000, event_bytes=64 * 1024, gap_s=0.0, tokens=100_000)
+    worker = HeldStreaming(hot={RECORDS[2].lora_name}, answer=endless)
+    sink = ListSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    runner, _ = await start_site(
+        gateway.app(), "127.0.0.1", 0, HttpLimits(send_timeout_s=0.3), name="gateway-test"
+    )
+    body = json.dumps({"model": "sql", "prompt": "q", "stream": True}).encode()
+    _, writer = await asyncio.open_connection("127.0.0.1", bound_port(runner), limit=1024)
+    try:
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )  # ... and never reads
+        for _ in range(1000):
+            if sink.messages(RequestLog):
+                break
+            await asyncio.sleep(0.01)
+        (log,) = sink.messages(RequestLog)
+        assert 0 < log.output_tokens < 100_000  # what streamed before the cut
+        assert worker.open_upstreams == 0
+        assert gateway.door.gate().in_flight == {}
+    finally:
+        writer.transport.abort()
+        await runner.cleanup()
+
+
+@dataclass
 class NoDone(Streamed):
     """An upstream stream that ends without ``data: [DONE]``."""
 

@@ -345,3 +345,37 @@ async def test_the_dashboard_is_served_within_the_same_bounds(tmp_path) -> None:
         writer.close()
     finally:
         await runner.cleanup()
+
+
+async def test_a_client_that_never_reads_its_answer_is_closed_by_the_send_deadline() -> None:
+    """A client that asks and then reads nothing held its connection, and the handler
+    blocked in its write, for ever: a busy connection is never shed, and the gateway's
+    upstream slot and the tenant's place stayed taken with it."""
+    wrote: list[int] = []
+    ended = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse()
+        await out.prepare(request)
+        try:
+            while True:
+                await out.write(b"x" * 65536)
+                wrote.append(1)
+        finally:
+            ended.set()
+
+    app = web.Application()
+    app.router.add_get("/endless", endless)
+    limits = LIMITS.model_copy(update={"send_timeout_s": 0.3})
+    runner, burst = await start_site(app, "127.0.0.1", 0, limits, name="test")
+    port = bound_port(runner)
+    _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+    try:
+        writer.write(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")  # ... and never reads
+        await asyncio.wait_for(ended.wait(), 10)
+        assert wrote  # it did write, until the client's buffers were full
+        assert burst.total["send_timeout"] == 1
+        assert await _open_connections_become(runner, 0) == 0
+    finally:
+        writer.transport.abort()
+        await runner.cleanup()
