@@ -32,13 +32,19 @@ from aiohttp import web
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
-from loraplane.frontdoor.http import admit_request, error_response, refusal_response
+from loraplane.frontdoor.http import (
+    admit_request,
+    error_response,
+    head_check,
+    refusal_response,
+)
 from loraplane.frontdoor.request_fields import (
     Endpoint,
     cache_salt,
     header_token,
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.kernel.http_server import HEAD_CHECK
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
@@ -260,6 +266,8 @@ class Gateway:
                 web.get("/healthz", self.healthz),
             ]
         )
+        # refusals on the head (no key, a body declared over the cap) before any body is read
+        app[HEAD_CHECK] = head_check(self.door, self.max_body_bytes)
         return app
 
     async def metrics(self, _: web.Request) -> web.Response:

@@ -1,13 +1,16 @@
 """The front door over aiohttp, for the router and the gateway alike: read a request's head
-and body into ``frontdoor.admission`` and answer a refusal in OpenAI's error shape."""
+and body into ``frontdoor.admission`` and answer a refusal in OpenAI's error shape.
+``head_check`` is the same door's refusals of a head alone, for the bounded server
+(``kernel.http_server.HEAD_CHECK``), which otherwise reads every body before a handler."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
-from loraplane.frontdoor.admission import Admission, FrontDoor, Head, Refusal
+from loraplane.frontdoor.admission import Admission, FrontDoor, Head, Identity, Refusal
 from loraplane.frontdoor.forwarded import (
     SIGNATURE_HEADER,
     STABLE_VERSION_HEADER,
@@ -17,9 +20,18 @@ from loraplane.frontdoor.forwarded import (
     Forward,
 )
 from loraplane.frontdoor.request_fields import Endpoint, header_token
+from loraplane.kernel.http_server import HeadCheck
 from loraplane.schemas.reasons import RequestRefusal
 
-__all__ = ["READ_HEADERS", "admit_request", "error_response", "head_of", "refusal_response"]
+__all__ = [
+    "READ_HEADERS",
+    "admit_request",
+    "error_response",
+    "head_check",
+    "head_of",
+    "refusal_response",
+]
+_ENDPOINTS = frozenset(e.value for e in Endpoint)
 
 
 def error_response(
@@ -81,22 +93,59 @@ def head_of(request: web.Request, request_id: str) -> Head:
     )
 
 
+def _identify(
+    door: FrontDoor, request: web.Request, head: Head, max_body_bytes: int
+) -> Identity | Refusal:
+    """What the door decides on the head alone: the tenant, or a refusal (no key, a
+    Content-Length over ``max_body_bytes``: never wait for what is refused)."""
+    identity = door.identify(head)
+    if isinstance(identity, Refusal):
+        return identity
+    declared = request.content_length
+    if declared is not None and declared > max_body_bytes:
+        return Refusal(
+            413,
+            RequestRefusal.body_too_large,
+            f"the body is declared {declared} bytes, over {max_body_bytes}",
+        )
+    return identity
+
+
+def head_check(
+    door: FrontDoor, max_body_bytes: int, counted: Callable[[Refusal], None] | None = None
+) -> HeadCheck:
+    """The door's refusal of a completion request on its head (the same answer its handler
+    would give), before the server reads or waits for the body; other routes pass.
+    ``counted`` is told each refusal (the router's outcome counts)."""
+
+    def check(request: web.Request) -> web.StreamResponse | None:
+        route = request.match_info.route
+        if (
+            request.method != "POST"
+            or route.resource is None
+            or route.resource.canonical not in _ENDPOINTS
+        ):
+            return None
+        request_id = header_token(request.headers.get("X-Request-Id")) or ""
+        identity = _identify(door, request, head_of(request, request_id), max_body_bytes)
+        if not isinstance(identity, Refusal):
+            return None
+        if counted is not None:
+            counted(identity)
+        return refusal_response(identity)
+
+    return check
+
+
 async def admit_request(
     door: FrontDoor, request: web.Request, endpoint: Endpoint, request_id: str, max_body_bytes: int
 ) -> tuple[Admission | Refusal, bytes]:
     """Identify, read the body (413 past ``max_body_bytes``, declared or read), admit: the
     admission (or the refusal) and the raw body."""
     head = head_of(request, request_id)
-    identity = door.identify(head)
+    identity = _identify(door, request, head, max_body_bytes)
     if isinstance(identity, Refusal):
         return identity, b""
-    declared = request.content_length
-    if declared is not None and declared > max_body_bytes:  # never wait for what is refused
-        return Refusal(
-            413,
-            RequestRefusal.body_too_large,
-            f"the body is declared {declared} bytes, over {max_body_bytes}",
-        ), b""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

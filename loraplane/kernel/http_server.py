@@ -34,6 +34,8 @@ from loraplane.kernel.config import HttpLimits
 from loraplane.kernel.log_burst import LogBurst
 
 __all__ = [
+    "HEAD_CHECK",
+    "HeadCheck",
     "bound_port",
     "connection_budget",
     "open_connections",
@@ -47,6 +49,13 @@ _HEAD_END = b"\r\n\r\n"
 _BACKLOG = 4096  # the kernel's accept queue (capped by net.core.somaxconn): absorbs bursts
 _FD_RESERVE = 256  # descriptors left to everything but listeners (Kafka, pools, files)
 _GC_OLDEST_AFTER = 1000  # middle-generation collections between full ones (CPython: 10)
+HeadCheck = Callable[[web.Request], web.StreamResponse | None]
+HEAD_CHECK: web.AppKey[HeadCheck] = web.AppKey("loraplane_head_check")
+"""An app's refusal of a request on its head alone, or None. The server reads a request's
+body before its handler runs (so a connection counts as waiting until its body is in); an
+app whose handlers refuse some requests before their body (no API key, a Content-Length over
+the cap) sets this, and such a request is answered without its body being read or waited
+for."""
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
     b"Connection: close\r\n\r\n"
@@ -322,6 +331,10 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
         transport = request.transport
         guard = state.guards.get(transport) if transport is not None else None
         try:
+            check = request.app.get(HEAD_CHECK)
+            refused = check(request) if check is not None else None
+            if refused is not None:
+                return await _answer_unread(request, refused, guard, state.limits.max_body_bytes)
             if request.can_read_body:
                 try:
                     await request.read()  # cached: the handler's own read() returns it
@@ -347,6 +360,30 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                 guard.response_done()
 
     return bounded
+
+
+async def _answer_unread(
+    request: web.Request, response: web.StreamResponse, guard: _Guard | None, cap: int
+) -> web.StreamResponse:
+    """Write a head check's refusal before any of the body is read. The rest of a body
+    within ``cap`` is then read and dropped, never held, under the body deadline (the
+    connection still waits on its client, so it may be shed), and the client reads its
+    answer rather than a reset; a body past ``cap``, declared or sent, closes the
+    connection instead of being waited for."""
+    with contextlib.suppress(ConnectionError):
+        await response.prepare(request)
+        await response.write_eof()
+    declared = request.content_length
+    if declared is None or declared <= cap:
+        dropped = 0
+        with contextlib.suppress(ConnectionError, RuntimeError):  # closed: the deadline, the peer
+            while dropped <= cap and (chunk := await request.content.readany()):
+                dropped += len(chunk)
+    if guard is not None:
+        guard.body_read()
+    if not request.content.is_eof():
+        request.protocol.force_close()
+    return response
 
 
 class _BoundedSite(web.TCPSite):

@@ -47,7 +47,13 @@ from loraplane.frontdoor.admission import FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
 from loraplane.frontdoor.forwarded import TENANT_HEADER, VERSION_HEADER, Forward
 from loraplane.frontdoor.forwarded import headers as forward_headers
-from loraplane.frontdoor.http import admit_request, error_response, head_of, refusal_response
+from loraplane.frontdoor.http import (
+    admit_request,
+    error_response,
+    head_check,
+    head_of,
+    refusal_response,
+)
 from loraplane.frontdoor.request_fields import (
     Endpoint,
     header_token,
@@ -57,6 +63,7 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
+from loraplane.kernel.http_server import HEAD_CHECK
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
@@ -259,7 +266,25 @@ class Router:
                 web.get("/metrics", self.metrics),
             ]
         )
+        door_check = head_check(self.door, self.max_body_bytes, self._count_refusal)
+
+        def check(request: web.Request) -> web.StreamResponse | None:
+            if request.headers.get(TENANT_HEADER) is not None and request.method == "POST":
+                return self._forward_refused()
+            return door_check(request)
+
+        # refusals on the head (no key, a body declared over the cap) before any body is read
+        app[HEAD_CHECK] = check
         return app
+
+    def _count_refusal(self, refusal: Refusal) -> None:
+        self.outcomes[refusal.reason] += 1
+
+    def _forward_refused(self) -> web.Response:
+        """Only gateways take forwards: a router never believes a forwarded tenant."""
+        return self._refuse(
+            401, AdmissionRefusal.unauthorized, "a router takes no forwarded requests"
+        )
 
     async def healthz(self, _: web.Request) -> web.Response:
         index = self.fleet.index
@@ -323,15 +348,13 @@ class Router:
             header_token(request.headers.get("X-Request-Id"))
             or f"{self._id_prefix}-{next(self._id_seq):x}"
         )
-        if request.headers.get(TENANT_HEADER) is not None:  # only gateways take forwards
-            return self._refuse(
-                401, AdmissionRefusal.unauthorized, "a router takes no forwarded requests"
-            )
+        if request.headers.get(TENANT_HEADER) is not None:
+            return self._forward_refused()
         admission, raw = await admit_request(
             self.door, request, endpoint, request_id, self.max_body_bytes
         )
         if isinstance(admission, Refusal):
-            self.outcomes[admission.reason] += 1
+            self._count_refusal(admission)
             return refusal_response(admission)
         choice, tenant = admission.choice, admission.tenant_id
         ticket: Ticket | None = None

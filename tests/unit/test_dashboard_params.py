@@ -33,9 +33,9 @@ class RowlessDashboard(Dashboard):
 def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loop, int]]:
     loop = Loop()
     home = Path(tmp_path_factory.mktemp("dashboard"))
-    server = loop.run(serve(RowlessDashboard(Settings(home=home)).app()))
-    yield loop, server.port  # type: ignore[misc]
-    loop.run(server.close())
+    runner, port = loop.run(serve(RowlessDashboard(Settings(home=home)).app()))
+    yield loop, port
+    loop.run(runner.cleanup())
     loop.close()
 
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -40,6 +39,8 @@ from loraplane.frontdoor.forwarded import (
 )
 from loraplane.frontdoor.request_fields import header_token
 from loraplane.kernel.bus import Record
+from loraplane.kernel.config import HttpLimits
+from loraplane.kernel.http_server import bound_port, start_site
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet, Router, serving_versions
@@ -155,10 +156,15 @@ class FrontDoor:
     router_sink: ListSink
 
 
-async def serve(app: web.Application) -> TestServer:
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    return server
+LIMITS = HttpLimits(body_timeout_s=5.0)
+"""The servers' bounds as they run (a short body deadline: a test that waits on one fails
+in seconds, not half a minute)."""
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    """``app`` as the router and the gateway serve it: ``start_site``, with its middleware."""
+    runner, _ = await start_site(app, "127.0.0.1", 0, LIMITS, name="front-door-test")
+    return runner, bound_port(runner)
 
 
 @pytest.fixture(scope="module")
@@ -170,20 +176,20 @@ def door() -> Iterator[FrontDoor]:
     gateway = Gateway(
         serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink, router_secret=SECRET
     )
-    gw = loop.run(serve(gateway.app()))
+    gw, gw_port = loop.run(serve(gateway.app()))
     fleet = Fleet(FleetIndex(POLICY, 3600.0), router_sink, "router-t")  # never stale here
     state = worker("w1", gpu=[sql], slots=4, base=sql.base_model)
     fleet.index.update(
         state.model_copy(
-            update={"ts": datetime.now(UTC), "gateway_url": str(gw.make_url("")).rstrip("/")}
+            update={"ts": datetime.now(UTC), "gateway_url": f"http://127.0.0.1:{gw_port}"}
         )
     )
     fleet.versions = serving_versions(list(RECORDS))
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
-    rs = loop.run(serve(router.app()))
-    yield FrontDoor(loop, gw.port, rs.port, sink, router_sink)  # type: ignore[arg-type]
-    loop.run(rs.close())
-    loop.run(gw.close())
+    rs, rs_port = loop.run(serve(router.app()))
+    yield FrontDoor(loop, gw_port, rs_port, sink, router_sink)
+    loop.run(rs.cleanup())
+    loop.run(gw.cleanup())
     loop.close()
 
 
@@ -341,6 +347,77 @@ def test_attack_a_body_declared_over_the_cap_is_refused_before_it_is_read(
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.split(b" ")[1] == b"413", answer
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["type"] == "body_too_large"
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize("expect", [b"", b"Expect: 100-continue\r\n"])
+def test_attack_a_request_without_a_key_is_refused_before_its_body(
+    door: FrontDoor, through: str, expect: bytes
+) -> None:
+    """No API key: a 401 at once, however long the body it declares takes to come (the
+    server read every body before its handler: the 401 waited for the body, and a body that
+    never came was cut by its deadline with no answer at all)."""
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + expect
+        + b"Content-Length: 500000\r\n\r\n{"
+    )
+    with socket.create_connection(("127.0.0.1", getattr(door, through)), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while b"}}" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer  # closed without an answer
+            answer += chunk
+    refusal = answer[answer.index(b"HTTP/1.1 4") :]  # after aiohttp's 100 Continue, if asked
+    assert refusal.split(b" ", 2)[1] == b"401", answer
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_keyless_client_that_sends_its_whole_body_reads_its_401(
+    door: FrontDoor, through: str, chunked: bool
+) -> None:
+    """The 401 goes out before the body is read; the body that follows (within the cap) is
+    read and dropped, so the client reads its answer instead of a reset from a socket
+    closed on its unread bytes."""
+    body = b'{"model": "sql", "prompt": "' + b"q" * 900_000 + b'"}'
+    framing = (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        if chunked
+        else b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + framing
+    with socket.create_connection(("127.0.0.1", getattr(door, through)), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.split(b" ", 2)[1] == b"401", answer[:200]
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+def test_a_refused_request_whose_body_is_in_keeps_its_connection(
+    door: FrontDoor, through: str
+) -> None:
+    """A 401 for a request whose whole body came with it leaves the connection open for
+    the next request (only a body still to come closes it)."""
+    body = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    with socket.create_connection(("127.0.0.1", getattr(door, through)), timeout=10) as sock:
+        statuses = []
+        for _ in range(2):
+            sock.sendall(request)
+            answer = b""
+            while b'"code": 401}}' not in answer:
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            statuses.append(answer.split(b" ", 2)[1])
+    assert statuses == [b"401", b"401"]
 
 
 @pytest.mark.parametrize("through", ["gateway", "router"])
