@@ -2,11 +2,15 @@
 
 ``up`` is idempotent: a service whose PID file points at our live process is left alone.
 Everything is started first and waited for afterwards, so the JVMs (Kafka, s3proxy) and
-ClickHouse boot in parallel on a small machine.
+ClickHouse boot in parallel on a small machine. Every socket a service binds is checked
+before anything starts (``check_binds``): a loopback address and a port in range, so no
+setting (``kafka.host`` naming a deployment's brokers, ``0.0.0.0``) makes a local service
+listen beyond this host.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import time
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_LINES_ON_FAILURE",
     "Health",
+    "check_binds",
     "down",
     "healthy",
     "print_status",
@@ -96,6 +101,32 @@ def print_status(settings: Settings, console: Console) -> bool:
     return all(h.healthy for h in rows)
 
 
+def _loopback(host: str) -> bool:
+    """A loopback IP address, written as one (a name is resolved by DNS, not decided here)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_binds(settings: Settings) -> None:
+    """Raise StackError unless every socket of every service is a loopback address and a
+    port from 1 to 65535 (Kafka's later nodes add to its ports)."""
+    for svc in services(settings):
+        for port in svc.ports():
+            if not _loopback(port.host):
+                raise StackError(
+                    f"{svc.label}: the local stack listens on loopback only, not on "
+                    f"{port.host[:64]!r} ({port.what}); a deployment's own services are "
+                    "not started by `stack up`"
+                )
+            if not 1 <= port.number <= 65535:
+                raise StackError(
+                    f"{svc.label}: port {port.number} ({port.what}) is not from 1 to 65535; "
+                    f"set {port.env}"
+                )
+
+
 def _check_ports(svc: Service) -> None:
     for port in svc.ports():
         if port_in_use(port.host, port.number):
@@ -114,6 +145,7 @@ def _fail(svc: Service, why: str, console: Console) -> StackError:
 
 def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
     """Start whatever is not running, wait until all are ready, then apply the topics."""
+    check_binds(settings)
     started: list[Service] = []
     for svc in services(settings):
         if svc.process.running():

@@ -29,4 +29,10 @@ _register_all()
 
 
 def main() -> None:
-    app()
+    from loraplane.kernel.config import SettingsError
+
+    try:
+        app()
+    except SettingsError as exc:  # a hostile or mistaken environment: a line, not a traceback
+        typer.echo(f"loraplane: {exc}", err=True)
+        raise SystemExit(2) from None

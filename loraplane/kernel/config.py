@@ -14,9 +14,18 @@ import ipaddress
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from loraplane.kernel.policy import Policy
@@ -30,11 +39,14 @@ __all__ = [
     "KafkaSettings",
     "S3Settings",
     "Settings",
+    "SettingsError",
     "VllmSettings",
     "get_settings",
 ]
 
 LOOPBACK = "127.0.0.1"
+_Port = Annotated[int, Field(ge=1, le=65535)]
+"""A fixed TCP port of a service (a local one binds it, clients dial it)."""
 
 
 class _Section(BaseModel):
@@ -43,8 +55,8 @@ class _Section(BaseModel):
 
 class KafkaSettings(_Section):
     host: str = LOOPBACK
-    port: int = 19092
-    controller_port: int = 19093
+    port: _Port = 19092
+    controller_port: _Port = 19093
     version: str = "4.1.1"
     scala_version: str = "2.13"
     brokers: int = Field(
@@ -106,9 +118,9 @@ class KafkaSettings(_Section):
 
 class ClickHouseSettings(_Section):
     host: str = LOOPBACK
-    tcp_port: int = 19000
-    http_port: int = 18123
-    interserver_port: int = 19009
+    tcp_port: _Port = 19000
+    http_port: _Port = 18123
+    interserver_port: _Port = 19009
     database: str = "loraplane"
     user: str = Field("loraplane", description="the writer: the metrics sink, migrations")
     password: SecretStr | None = Field(
@@ -135,7 +147,7 @@ class ClickHouseSettings(_Section):
 
 class S3Settings(_Section):
     endpoint_url: str = f"http://{LOOPBACK}:15000"
-    port: int = 15000
+    port: _Port = 15000
     bucket: str = "loraplane-artifacts"
     region: str = "us-east-1"
     access_key_id: str = "loraplane"
@@ -358,6 +370,27 @@ class _YamlSource(PydanticBaseSettingsSource):
         return data
 
 
+class SettingsError(ValueError):
+    """The environment or the config file holds a setting that is not valid: each one's
+    place and why, without the input pydantic would echo (it may sit beside a password)."""
+
+
+def _settings_problems(exc: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+        if error["type"] != "default_factory_not_called"  # follows from another error
+    ]
+    return "; ".join(problems)[:2000]
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """The process's settings; a ``SettingsError`` names every invalid one (the CLI prints
+    it as a usage error instead of a traceback)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(f"invalid settings: {_settings_problems(exc)}") from None
+    except (ValueError, yaml.YAMLError) as exc:  # the config file: not YAML, too large, ...
+        raise SettingsError(f"invalid config file: {str(exc)[:500]}") from None
