@@ -27,12 +27,12 @@ def register(app: typer.Typer) -> None:
         ),
         version: str | None = typer.Option(None, "--version"),
         max_rank: int | None = typer.Option(
-            None, "--max-rank", min=1, help="the worker's max_lora_rank (default 512)"
+            None, "--max-rank", min=1, max=65_536, help="the worker's max_lora_rank (default 512)"
         ),
         base_model: str | None = typer.Option(
             None, "--base-model", help="the worker's base model id"
         ),
-        max_bytes: int = typer.Option(1024**3, "--max-bytes", min=1),
+        max_bytes: int = typer.Option(1024**3, "--max-bytes", min=1, max=2**62),
         model_config: Path | None = typer.Option(
             None,
             "--model-config",

@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--duration",
             min=0.0,
+            max=30 * 86_400,
             help="Keep everything running this many seconds after the report, then stop "
             "(default: until Ctrl-C).",
         ),

@@ -18,11 +18,15 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: float | None = typer.Option(
             None,
             "--heartbeat-s",
+            min=0.01,
+            max=3600,
             help="the workers' heartbeat interval (default: "
             "policy.worker_heartbeat_s): a worker silent for three "
             "intervals shows as drained, as the router drains it",
         ),
-        timeout_s: float = typer.Option(10.0, "--timeout-s", help="how long to read the topic"),
+        timeout_s: float = typer.Option(
+            10.0, "--timeout-s", min=0.1, max=3600, help="how long to read the topic"
+        ),
     ) -> None:
         """One row per worker; a worker state that does not decode is counted, not shown."""
         import json

@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(
             None, "--out", help="Private key file (mode 0600); default: HOME/keys/KEY_ID.key"
         ),
-        valid_days: int = typer.Option(365, "--valid-days", min=1),
+        valid_days: int = typer.Option(365, "--valid-days", min=1, max=36_500),
         keyring: Path | None = typer.Option(
             None, "--keyring", help="Also append the entry to this keyring file."
         ),
@@ -189,7 +189,7 @@ def register(app: typer.Typer) -> None:
             None, "--new-key-id", help="Default: PUBLISHER-DATE."
         ),
         out: Path | None = typer.Option(None, "--out", help="The new private key (mode 0600)."),
-        valid_days: int = typer.Option(365, "--valid-days", min=1),
+        valid_days: int = typer.Option(365, "--valid-days", min=1, max=36_500),
         revoke_old: bool = typer.Option(
             False,
             "--revoke-old",

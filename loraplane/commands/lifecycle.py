@@ -317,7 +317,7 @@ def register(app: typer.Typer) -> None:
         ),
         artifact: str = typer.Option(..., "--artifact", help="Adapter folder or s3:// prefix."),
         canary: float | None = typer.Option(
-            None, "--canary", help="Also start a canary at this percent."
+            None, "--canary", min=0, max=100, help="Also start a canary at this percent."
         ),
         promote: bool = typer.Option(
             False, "--promote", help="Also make this version the active one."
@@ -518,7 +518,7 @@ def register(app: typer.Typer) -> None:
     def canary_cmd(
         adapter_id: str = ADAPTER_OPTION,
         version: str = VERSION_OPTION,
-        percent: float = typer.Option(..., "--percent", help="0-100"),
+        percent: float = typer.Option(..., "--percent", min=0, max=100, help="0-100"),
         key_file: Path = KEY_OPTION,
         tenant: str | None = TENANT_OPTION,
         base_model: str | None = BASE_OPTION,

@@ -82,7 +82,7 @@ def migrate() -> None:
 
 @app.command()
 def retention(
-    days: int = typer.Option(..., "--days", min=1, help="Keep this many days."),
+    days: int = typer.Option(..., "--days", min=1, max=36_500, help="Keep this many days."),
     dry_run: bool = typer.Option(False, "--dry-run"),
 ) -> None:
     """Drop daily partitions older than --days (what TTL does on newer ClickHouse)."""
@@ -101,8 +101,8 @@ def retention(
 
 @app.command()
 def sink(
-    batch_size: int = typer.Option(20_000, min=1),
-    max_wait_s: float = typer.Option(1.0, min=0.01),
+    batch_size: int = typer.Option(20_000, min=1, max=10_000_000),
+    max_wait_s: float = typer.Option(1.0, min=0.01, max=3600),
     group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
     session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
     metrics_port: int = typer.Option(
@@ -199,7 +199,7 @@ def _cell(value: object) -> str:
 
 def dashboard(
     port: int = typer.Option(8787, min=1, max=65535),
-    refresh_s: float = typer.Option(5.0, min=1.0, help="Browser refresh period."),
+    refresh_s: float = typer.Option(5.0, min=1.0, max=3600, help="Browser refresh period."),
 ) -> None:
     """Serve the live dashboard on http://127.0.0.1:PORT (charts per adapter over time, the
     fleet view of the workers' heartbeats)."""

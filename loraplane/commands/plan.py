@@ -23,7 +23,11 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
         timeout_s: float = typer.Option(
-            15.0, "--timeout-s", help="how long reading each topic to its end may take"
+            15.0,
+            "--timeout-s",
+            min=0.1,
+            max=3600,
+            help="how long reading each topic to its end may take",
         ),
     ) -> None:
         """Each command the planner would issue now (worker, action, version, rule, score,

@@ -20,7 +20,11 @@ def register(root: typer.Typer) -> None:
 @router_app.command("run")
 def run(
     port: int = typer.Option(
-        18100, "--port", help="listen on listen_host:PORT (127.0.0.1; 0: any free)"
+        18100,
+        "--port",
+        min=0,
+        max=65535,
+        help="listen on listen_host:PORT (127.0.0.1; 0: any free)",
     ),
     router_id: str = typer.Option(
         "r1", "--router-id", help="names its dead letters and registry checkpoints"
@@ -28,6 +32,8 @@ def run(
     heartbeat_s: float | None = typer.Option(
         None,
         "--heartbeat-s",
+        min=0.01,
+        max=3600,
         help="the workers' heartbeat interval (default: "
         "policy.worker_heartbeat_s): a worker silent for three "
         "intervals is drained",

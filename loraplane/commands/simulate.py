@@ -49,13 +49,17 @@ def register(app: typer.Typer) -> None:
             "24h", "--since", help="--from-clickhouse window: 15m, 1h, 24h, 7d ..."
         ),
         workers: int | None = typer.Option(
-            None, "--workers", min=1, help="--from-clickhouse: workers per base model"
+            None, "--workers", min=1, max=100_000, help="--from-clickhouse: workers per base model"
         ),
         add_workers: int = typer.Option(
-            0, "--add-workers", min=0, help="--from-clickhouse: this many more per base model"
+            0,
+            "--add-workers",
+            min=0,
+            max=100_000,
+            help="--from-clickhouse: this many more per base model",
         ),
         slots: int | None = typer.Option(
-            None, "--slots", min=1, help="--from-clickhouse: GPU LoRA slots per worker"
+            None, "--slots", min=1, max=100_000, help="--from-clickhouse: GPU LoRA slots per worker"
         ),
         policies: str | None = typer.Option(
             None, "--policies", help="comma-separated names, or 'all'"

@@ -85,7 +85,7 @@ def status(
 @app.command()
 def logs(
     service: str = typer.Argument(..., help="kafka (kafka-2 … of a cluster), clickhouse, s3"),
-    lines: int = typer.Option(50, "-n", "--lines"),
+    lines: int = typer.Option(50, "-n", "--lines", min=0, max=1_000_000),
     follow: bool = typer.Option(False, "--follow", "-f"),
 ) -> None:
     """Print the end of a service's log, optionally following it."""

@@ -27,7 +27,7 @@ def run(
     worker_id: str = typer.Option(..., "--worker-id"),
     base_model: str = typer.Option(..., "--base-model", help="registry base_model id"),
     vllm_url: str = typer.Option(..., "--vllm-url"),
-    gateway_port: int = typer.Option(18080, "--gateway-port"),
+    gateway_port: int = typer.Option(18080, "--gateway-port", min=1, max=65535),
     gateway_url: str | None = typer.Option(
         None,
         "--gateway-url",
@@ -37,16 +37,22 @@ def run(
         "http://127.0.0.1:GATEWAY_PORT (routers on this host)",
     ),
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", help="separate /metrics port (default: gateway)"
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="separate /metrics port (default: gateway)",
     ),
     host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
     host_budget_bytes: int = typer.Option(2 * 1024**3, "--host-budget-bytes"),
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     gpu_slots: int = typer.Option(2, "--gpu-slots", help="vLLM --max-loras"),
-    tick_s: float = typer.Option(1.0, "--tick-s"),
+    tick_s: float = typer.Option(1.0, "--tick-s", min=0.01, max=3600),
     heartbeat_s: float | None = typer.Option(
         None,
         "--heartbeat-s",
+        min=0.01,
+        max=3600,
         help="default: policy.worker_heartbeat_s (what the router, "
         "the planner and the fleet view expect)",
     ),
@@ -63,6 +69,7 @@ def run(
         None,
         "--command-slot",
         min=0,
+        max=100_000,
         help="read commands partition N (e.g. the StatefulSet ordinal; give each worker its "
         "own, below the topic's partition count); default: the hash of --worker-id",
     ),
@@ -70,6 +77,7 @@ def run(
         120.0,
         "--vllm-start-timeout-s",
         min=1.0,
+        max=86_400,
         help="wait this long for vLLM to be healthy at the start, then exit (a vLLM "
         "started beside it may load a large model for minutes)",
     ),
@@ -160,14 +168,18 @@ def setup() -> None:
 
 @vllm_app.command("serve")
 def serve(
-    port: int = typer.Option(18000, "--port"),
+    port: int = typer.Option(18000, "--port", min=1, max=65535),
     model_dir: Path | None = typer.Option(
         None, "--model", help="model folder (default: the tiny model)"
     ),
-    max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
-    max_loras: int = typer.Option(2, "--max-loras"),
+    max_lora_rank: int = typer.Option(8, "--max-lora-rank", min=1, max=65_536),
+    max_loras: int = typer.Option(2, "--max-loras", min=1, max=100_000),
     max_model_len: int = typer.Option(
-        256, "--max-model-len", min=16, help="context length (the tiny model's default)"
+        256,
+        "--max-model-len",
+        min=16,
+        max=100_000_000,
+        help="context length (the tiny model's default)",
     ),
     dtype: str = typer.Option("bfloat16", "--dtype"),
     gpu_memory_utilization: float | None = typer.Option(
@@ -196,6 +208,7 @@ def serve(
         180.0,
         "--start-timeout-s",
         min=1.0,
+        max=86_400,
         help="give up (and stop vLLM) unless it is healthy by then",
     ),
 ) -> None:
