@@ -13,14 +13,16 @@ status`` prints) of the compacted worker-state topic, read from Kafka, not Click
 latest heartbeat per worker is state, not history, so it gets no table. One read serves every
 page for ``refresh_s / 2``; a broker that does not answer is a 503 with the reason.
 
-It is an aiohttp app behind the shared connection bounds (``loraplane.kernel.http_server``,
-``settings.http``): no thread per connection; queries run on a pool of ``QUERY_THREADS``.
+An aiohttp app behind the shared connection bounds (``loraplane.kernel.http_server``); queries
+run on a pool of ``QUERY_THREADS``. Only a loopback ``Host`` is served (DNS rebinding:
+docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import mimetypes
@@ -85,6 +87,22 @@ def query_params(given: dict[str, str]) -> queries.Params:
     )
 
 
+def _loopback_host(host: str | None) -> bool:
+    """``host`` (a Host header: name or address, maybe a port) names this machine's
+    loopback: ``localhost`` or a loopback address, never another name."""
+    if host is None:
+        return False
+    name = host.rpartition("]")[0].removeprefix("[") if host.startswith("[") else host
+    if not host.startswith("["):
+        name = host.partition(":")[0]
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def _json(status: HTTPStatus, body: Any) -> web.Response:
     return _send(status, json.dumps(body).encode(), "application/json")
 
@@ -115,6 +133,8 @@ class Dashboard:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def get(self, request: web.Request) -> web.Response:
+        if not _loopback_host(request.headers.get("Host")):
+            return _json(HTTPStatus.FORBIDDEN, {"error": "the dashboard answers loopback only"})
         path = request.path
         if path in ("/", "/index.html"):
             html = (STATIC / "index.html").read_text()

@@ -6,6 +6,7 @@ returns no rows; the server runs on the front-door tests' loop thread."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,34 @@ def test_the_dashboards_own_files_and_queries_are_served(dashboard: tuple[Loop, 
     assert reply.status == 200 and reply.body
     status, body = get(dashboard[1], "/api/query/adapter_summary")
     assert status == 200 and body["rows"] == []
+
+
+def _get_as(port: int, host: bytes) -> int:
+    request = b"GET /api/query/adapter_summary HTTP/1.1\r\nHost: " + host + b"\r\n"
+    request += b"Connection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(
+    "host",
+    [b"evil.example", b"evil.example:%d", b"127.0.0.1.evil.example:%d", b"x", b"0.0.0.0:%d"],
+)
+def test_attack_a_page_of_another_site_cannot_read_the_dashboard(
+    dashboard: tuple[Loop, int], host: bytes
+) -> None:
+    """DNS rebinding: a page of evil.example whose name comes to resolve to 127.0.0.1 asks
+    the dashboard with its own name as Host; the browser lets it read the answer (the same
+    origin), which held every tenant's request metrics. Only a loopback Host is served."""
+    port = dashboard[1]
+    assert _get_as(port, host.replace(b"%d", str(port).encode())) == 403
+
+
+@pytest.mark.parametrize("host", [b"127.0.0.1:%d", b"localhost:%d", b"[::1]:%d", b"127.0.0.1"])
+def test_the_dashboard_answers_a_loopback_host(dashboard: tuple[Loop, int], host: bytes) -> None:
+    port = dashboard[1]
+    assert _get_as(port, host.replace(b"%d", str(port).encode())) == 200

@@ -116,7 +116,7 @@ def send(
         method
         + b" "
         + path.encode()
-        + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
         + head
         + b"Content-Length: %d\r\n\r\n" % len(body)
         + body
