@@ -30,6 +30,7 @@ from loraplane.schemas.request_log import RequestClass
 __all__ = [
     "ALLOWED",
     "DROPPED",
+    "GREEDY_BELOW",
     "MAX_LOGIT_BIAS",
     "MAX_NAME_CHARS",
     "MESSAGE_KEYS",
@@ -79,6 +80,8 @@ MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 MAX_LOGIT_BIAS = 300
 MAX_NAME_CHARS = 64
+GREEDY_BELOW = 1e-5
+"""A temperature under this is greedy sampling for vLLM (its ``_SAMPLING_EPS``): one choice."""
 _TOKEN = re.compile(r"[\x21-\x7e]{1,128}")
 
 
@@ -162,8 +165,9 @@ def _bool(body: Mapping[str, Any], name: str) -> bool:
 
 
 def _prompts(prompt: object) -> int:
-    """How many prompts: a string or a list of token ids is one; a list of either, each."""
-    if isinstance(prompt, str):
+    """How many prompts: a string or a list of token ids is one; a list of either, each.
+    A lone empty string is no prompt (vLLM refuses it; inside a list it takes it)."""
+    if isinstance(prompt, str) and prompt:
         return 1
     if isinstance(prompt, list) and prompt:
         if all(_is_int(t) and t >= 0 for t in prompt):
@@ -232,6 +236,8 @@ def _stop(stop: object, caps: RequestCaps) -> None:
             "stop",
             f"{len(seqs)} stop sequences are over the cap {caps.max_stop}",
         )
+    if not all(seqs):  # vLLM: "stop cannot contain an empty string"
+        raise _bad("stop", "non-empty strings")
     if any(len(s) > caps.max_stop_chars for s in seqs):
         raise Refused(
             RequestRefusal.too_many_stop,
@@ -315,6 +321,13 @@ def admit(
     max_tokens = min(given) if given else caps.default_max_tokens
     _number(body, "temperature", 0.0, 2.0)
     _number(body, "top_p", 0.0, 1.0)
+    # What vLLM refuses whatever the model (a 400 from vLLM is a 502 here, and the
+    # adapter's error): top_p 0 and several choices of greedy sampling.
+    if body.get("top_p") == 0:
+        raise _bad("top_p", "a number in (0, 1]")
+    temperature = body.get("temperature")
+    if temperature is not None and temperature < GREEDY_BELOW and n > 1:
+        raise _bad("n", f"1 when temperature is under {GREEDY_BELOW} (greedy sampling)")
     _number(body, "presence_penalty", -2.0, 2.0)
     _number(body, "frequency_penalty", -2.0, 2.0)
     seed = body.get("seed")

@@ -28,6 +28,7 @@ from loraplane.kernel.policy import RequestCaps, TenantLimits
 from loraplane.schemas.reasons import RequestRefusal, TenantLimit
 
 CAPS = RequestCaps()
+MESSAGES = [{"role": "user", "content": "q"}]
 json_values = st.recursive(
     st.none()
     | st.booleans()
@@ -193,3 +194,41 @@ def test_the_gateway_secret_is_made_private_and_a_readable_one_stops_the_start(
     path.write_bytes(b"short")
     with pytest.raises(SystemExit, match="at least 16 bytes"):
         hmac_key(path)
+
+
+@pytest.mark.parametrize(
+    "endpoint, body, field",
+    [
+        (Endpoint.completions, {"prompt": ""}, "prompt"),
+        (Endpoint.completions, {"prompt": "q", "stop": [""]}, "stop"),
+        (Endpoint.completions, {"prompt": "q", "stop": ""}, "stop"),
+        (Endpoint.completions, {"prompt": "q", "top_p": 0}, "top_p"),
+        (Endpoint.completions, {"prompt": "q", "top_p": 0.0}, "top_p"),
+        (Endpoint.completions, {"prompt": "q", "temperature": 0, "n": 2}, "n"),
+        (Endpoint.chat_completions, {"messages": MESSAGES, "temperature": 0.0, "n": 4}, "n"),
+        (Endpoint.chat_completions, {"messages": MESSAGES, "stop": ["x", ""]}, "stop"),
+    ],
+)
+def test_attack_what_vllm_refuses_for_any_model_is_the_doors_400(
+    endpoint: Endpoint, body: dict[str, object], field: str
+) -> None:
+    """Each of these went through and came back from the real vLLM (0.32, tiny model) as a
+    400, which the gateway answers as a 502 ``vllm_bad_request`` and logs as the adapter's
+    error: the door refuses them itself, naming the field."""
+    with pytest.raises(Refused) as refused:
+        admit(endpoint, {"model": "m", **body}, CAPS)
+    assert (refused.value.reason, refused.value.field) == (RequestRefusal.bad_field, field)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": ["", "q"]},  # vLLM takes an empty string inside a list
+        {"prompt": "q", "temperature": 0},
+        {"prompt": "q", "temperature": 0, "best_of": 2},
+        {"prompt": "q", "top_p": 1e-9},
+        {"prompt": "q", "temperature": 0.5, "n": 2},
+    ],
+)
+def test_what_vllm_takes_still_passes(body: dict[str, object]) -> None:
+    admit(Endpoint.completions, {"model": "m", **body}, CAPS)
