@@ -25,7 +25,18 @@ from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, Upstr
 from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.workers.vllm_guard import MIDDLEWARE, PROBE_PATH
 
-__all__ = ["ServedModel", "VllmClient", "VllmError", "VllmUnguarded", "classify"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "ServedModel",
+    "VllmClient",
+    "VllmError",
+    "VllmUnguarded",
+    "classify",
+]
+
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""The most a control call (models, load, unload, health) reads of an answer: /v1/models of
+a few thousand adapters is well under 2 MiB."""
 
 
 class VllmError(RuntimeError):
@@ -61,6 +72,40 @@ class ServedModel:
     @property
     def is_adapter(self) -> bool:
         return self.parent is not None
+
+
+def _served_model(entry: object) -> ServedModel:
+    if not isinstance(entry, dict):
+        raise TypeError(f"an entry is a {type(entry).__name__}, not an object")
+    id_, root, parent = entry["id"], entry.get("root"), entry.get("parent")
+    if not isinstance(id_, str) or not all(v is None or isinstance(v, str) for v in (root, parent)):
+        raise TypeError(f"an entry's id, root or parent is not a string: {entry!r}"[:300])
+    return ServedModel(id_, root or "", parent)
+
+
+async def _read_text(resp: aiohttp.ClientResponse, what: str) -> str:
+    """The answer's body as text, at most MAX_ANSWER_BYTES read (``bad_response`` past it,
+    whatever Content-Length says), decoded as UTF-8 whatever charset it names: a byte that
+    does not decode becomes U+FFFD instead of an exception no caller expects."""
+    declared = resp.content_length
+    if declared is not None and declared > MAX_ANSWER_BYTES:
+        raise VllmError(
+            VllmErrorCode.bad_response,
+            f"{what}: a {declared}-byte answer is over {MAX_ANSWER_BYTES} bytes",
+            resp.status,
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise VllmError(
+                VllmErrorCode.bad_response,
+                f"{what}: the answer is over {MAX_ANSWER_BYTES} bytes",
+                resp.status,
+            )
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def _error_message(text: str) -> str:
@@ -146,7 +191,7 @@ class VllmClient:
             async with self._http().request(
                 method, self.base_url + path, json=body, timeout=self._timeout
             ) as resp:
-                text = await resp.text()
+                text = await _read_text(resp, f"{method} {path}")
                 if resp.status != 200:
                     raise classify(resp.status, text)
                 return text
@@ -170,14 +215,16 @@ class VllmClient:
         await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": lora_name})
 
     async def models(self) -> list[ServedModel]:
+        """What vLLM serves. Any entry whose id, root or parent is not a string (or null) is
+        not vLLM's answer: the whole list is refused as ``bad_response``, never guessed at."""
         text = await self._call("GET", "/v1/models")
         try:
             data = json.loads(text)["data"]
-            return [
-                ServedModel(str(m["id"]), str(m.get("root") or ""), m.get("parent")) for m in data
-            ]
+            if not isinstance(data, list):
+                raise TypeError(f"data is a {type(data).__name__}, not a list")
+            return [_served_model(m) for m in data]
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise VllmError(VllmErrorCode.bad_response, f"/v1/models: {exc}") from None
+            raise VllmError(VllmErrorCode.bad_response, f"/v1/models: {exc}"[:500]) from None
 
     async def health(self) -> bool:
         try:

@@ -7,6 +7,7 @@ import json
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
-from loraplane.workers.vllm_client import VllmClient, VllmError, classify
+from loraplane.workers.vllm_client import MAX_ANSWER_BYTES, VllmClient, VllmError, classify
 
 session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -194,4 +195,99 @@ async def test_the_api_key_guards_every_route_like_the_guarded_vllm(
     finally:
         for c in (keyed, keyless, wrong):
             await c.close()
+        await server.close()
+
+
+async def _hostile(handler: Any) -> tuple[TestServer, VllmClient]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server, VllmClient(str(server.make_url("/")), timeout_s=5)
+
+
+@session_loop
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'\xff\xfe{"data": []}'),  # not UTF-8
+        ("text/plain; charset=hex", b"zz"),  # a codec that is no text encoding
+        ("text/plain; charset=utf-16", b"\x00"),  # an odd byte count
+    ],
+)
+async def test_an_undecodable_answer_is_a_vllm_error(content_type: str, body: bytes) -> None:
+    """ATTACK: a body vLLM's charset cannot decode raised UnicodeDecodeError or LookupError
+    out of every call, past the agent's ``except VllmError`` (its tick loop ended)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        status = 500 if request.path == "/v1/unload_lora_adapter" else 200
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
+    server, vllm = await _hostile(answer)
+    try:
+        with pytest.raises(VllmError) as err:
+            await vllm.models()
+        assert err.value.reason == "bad_response"
+        assert await vllm.load("a@1-00000000", "/x") >= 0  # a 200 nobody reads is a 200
+        with pytest.raises(VllmError) as err:
+            await vllm.unload("a@1-00000000")
+        assert err.value.reason == "server_error"
+    finally:
+        await vllm.close()
+        await server.close()
+
+
+@session_loop
+async def test_an_answer_that_never_ends_is_refused_past_the_cap() -> None:
+    """ATTACK: a chunked answer that never ends (or a 1 GB one) was read whole into memory
+    until the total timeout; it ends as ``bad_response`` once it passes MAX_ANSWER_BYTES."""
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        chunk = b"x" * (1024 * 1024)
+        while True:
+            await resp.write(chunk)
+
+    server, vllm = await _hostile(endless)
+    try:
+        with pytest.raises(VllmError) as err:
+            await vllm.models()
+        assert err.value.reason == "bad_response" and str(MAX_ANSWER_BYTES) in err.value.message
+    finally:
+        await vllm.close()
+        await server.close()
+
+
+@session_loop
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"data": {"id": "a"}},  # data is an object
+        {"data": "abc"},
+        {"data": [{"id": 5, "root": "/x", "parent": "/m"}]},  # id is a number
+        {"data": [{"id": None, "root": "/x", "parent": "/m"}]},
+        {"data": [{"id": ["a"], "root": "/x", "parent": "/m"}]},
+        {"data": [{"id": "a", "root": {"p": 1}, "parent": "/m"}]},
+        {"data": [{"id": "a", "root": "/x", "parent": 7}]},
+        {"data": [["a"]]},
+        [1, 2],
+    ],
+)
+async def test_a_models_list_of_the_wrong_types_is_a_bad_response(answer: Any) -> None:
+    """ATTACK: /v1/models whose entries are not the strings vLLM sends were taken as
+    ``str()`` of anything: an id ``None`` became the adapter ``"None"``, a parent ``7`` an
+    adapter. Any entry of the wrong type refuses the whole answer as ``bad_response``."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    server, vllm = await _hostile(models)
+    try:
+        with pytest.raises(VllmError) as err:
+            await vllm.models()
+        assert err.value.reason == "bad_response"
+    finally:
+        await vllm.close()
         await server.close()
