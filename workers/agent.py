@@ -39,6 +39,7 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.dead_letter import dead_letter_of_observation
 from loraplane.schemas.reasons import (
     NO_REASON,
+    ArtifactReason,
     CacheEventReason,
     CommandRejection,
     ForeignChange,
@@ -173,6 +174,11 @@ def _not_loaded(skip: CommandSkip | None) -> LoadDeferral | None:
     return None if skip is None else _NOT_LOADED.get(skip)
 
 
+def _disk_error(name: str, exc: OSError) -> ArtifactError:
+    """A disk error the host tier let escape, as the retriable refusal it makes of its own."""
+    return ArtifactError.single(ArtifactReason.host_io_error, name, f"{type(exc).__name__}: {exc}")
+
+
 @dataclass
 class _Runtime:
     """Mutable facts the agent learns by acting (not recoverable from vLLM alone)."""
@@ -197,6 +203,7 @@ class _Runtime:
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
     resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
+    failing: set[tuple[str, str]] = field(default_factory=set)  # (action, name) that raised
 
 
 class WorkerAgent:
@@ -596,13 +603,41 @@ class WorkerAgent:
                 awaiting_registry=self._rt.awaiting_registry,
                 gpu_slots=self.config.gpu_slots,
             )
+            self._rt.failing &= {(type(a).__name__, a.lora_name) for a in actions}
             for action in actions:
-                await self._execute(action)
+                try:
+                    await self._execute(action)
+                except Exception as exc:  # one action's trouble: the others still run
+                    self._action_failed(action, exc)
+                else:
+                    self._rt.failing.discard((type(action).__name__, action.lora_name))
             if actions:
                 self.publish_state()
             if self.desired.protected != self._saved_protected:  # a request's load, a registry
                 await self._remember()  # change: protection survives a restart as it is now
             return actions
+
+    def _action_failed(self, action: Action, exc: Exception) -> None:
+        """An action that raised (a host-tier disk that refuses: permissions changed, a
+        folder that cannot be renamed) is logged and, the first time in a row, reported as a
+        ``fail`` event (``host_io_error`` for a disk error); the next tick tries it again."""
+        name = action.lora_name
+        self._warnings.note(
+            f"{type(action).__name__} failed; retried next tick",
+            f"{name[:80]}: {type(exc).__name__}: {exc}"[:300],
+            exc_info=not isinstance(exc, OSError),
+        )
+        key = (type(action).__name__, name)
+        if key in self._rt.failing:
+            return
+        self._rt.failing.add(key)
+        self._event(
+            name,
+            CacheEventKind.fail,
+            reason=ArtifactReason.host_io_error if isinstance(exc, OSError) else NO_REASON,
+            detail=f"{type(action).__name__}: {type(exc).__name__}: {exc}",
+            command_id=getattr(action, "command_id", None),
+        )
 
     def _adopt_resolved(self, actual: ActualState) -> None:
         """A copy vLLM's host-tier resolver loaded since the last tick was asked for by a
@@ -678,7 +713,10 @@ class WorkerAgent:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
             self._wake.clear()
-            await self.reconcile_once()
+            try:
+                await self.reconcile_once()
+            except Exception:  # a host tier unreadable this tick: the next one reads again
+                self._warnings.note("reconcile tick failed; going on", exc_info=True)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -796,7 +834,8 @@ class WorkerAgent:
         started = time.perf_counter()
         try:
             path = await asyncio.to_thread(self.host_tier.ensure, record)
-        except ArtifactError as exc:
+        except (ArtifactError, OSError) as raised:
+            exc = raised if isinstance(raised, ArtifactError) else _disk_error(name, raised)
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)

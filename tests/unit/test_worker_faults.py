@@ -1,0 +1,131 @@
+"""Faults at the worker agent's seams: a host tier whose disk refuses (permissions changed, a
+folder that cannot be renamed), a vLLM that answers 200 to a load but does not serve the
+adapter. The agent reports each with a reason and its tick loop goes on; nothing is marked
+loaded that vLLM does not serve."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.testing.fake_vllm import FakeVllm
+from loraplane.tiny_model import build_adapter
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.reconcile import Ask
+from loraplane.workers.vllm_client import VllmClient
+from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, record
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class BrokenDiskTier(FolderHostTier):
+    """A host tier whose disk refuses to delete (its permissions changed under it)."""
+
+    refuse_remove: bool = False
+    refuse_ensure: bool = False
+
+    def remove(self, name: str) -> bool:
+        if self.refuse_remove:
+            raise PermissionError(13, "Permission denied", str(self.root / name))
+        return super().remove(name)
+
+    def ensure(self, rec: AdapterRecord) -> Path:
+        if self.refuse_ensure:
+            raise PermissionError(13, "Permission denied", str(self.root / rec.lora_name))
+        return super().ensure(rec)
+
+
+@dataclass
+class World:
+    fake: FakeVllm
+    agent: WorkerAgent
+    tier: BrokenDiskTier
+    sink: ListSink
+    records: list[AdapterRecord]
+
+    def events(self, name: str) -> list[CacheEvent]:
+        return [e for e in self.sink.messages(CacheEvent) if e.lora_name == name]
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    records = [record("chat", "1", AdapterStatus.active), record("sql", "1", AdapterStatus.active)]
+    sources = {
+        r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
+        for i, r in enumerate(records)
+    }
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    sink, tier = ListSink(), BrokenDiskTier(tmp_path / "host", sources)
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1",
+            base_model=BASE,
+            vllm_url=str(server.make_url("")),
+            host_budget_bytes=10**9,
+            tick_s=0.05,
+            registry_poll_s=60,
+            load_backoff_s=60,
+        ),
+        vllm=VllmClient(str(server.make_url("")), timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: records,
+        sink=sink,
+    )
+    await agent.start()
+    yield World(fake, agent, tier, sink, records)
+    await agent.vllm.close()
+    await server.close()
+
+
+async def test_a_host_tier_that_raises_neither_ends_the_tick_nor_stops_other_actions(
+    world: World,
+) -> None:
+    """ATTACK: the host tier's folder lost its permissions. ``remove`` of a revoked version
+    raised PermissionError out of ``reconcile_once``: the tick loop ended, and with it the
+    worker and its gateway. Now the action fails with a ``host_io_error`` event (once, not
+    every tick), the tick's other actions run, and a later tick retries it."""
+    chat, sql = world.records
+    world.agent._fold(Ask.gateway_prefetch(chat))
+    await world.agent.reconcile_once()
+    assert world.agent.is_on_host(chat.lora_name)
+    world.records[0] = chat.model_copy(update={"status": AdapterStatus.revoked})
+    await world.agent.refresh_registry()
+    world.tier.refuse_remove = True
+    world.agent._fold(Ask.gateway_load(sql))
+    for _ in range(3):
+        await world.agent.reconcile_once()
+    assert world.agent.is_hot(sql.lora_name)  # the tick's other action ran
+    failed = [e for e in world.events(chat.lora_name) if e.kind is CacheEventKind.fail]
+    assert [(e.reason, "Permission denied" in e.detail) for e in failed] == [
+        ("host_io_error", True)
+    ]
+    world.tier.refuse_remove = False
+    await world.agent.reconcile_once()
+    assert not world.agent.is_on_host(chat.lora_name)
+    assert world.events(chat.lora_name)[-1].kind is CacheEventKind.evict
+
+
+async def test_a_fetch_that_raises_an_os_error_is_a_failed_load_not_a_crash(
+    world: World,
+) -> None:
+    """ATTACK: ``ensure`` raised PermissionError (not an ArtifactError): it escaped the
+    agent's fetch and the tick. Now it is a retriable ``host_io_error`` whose waiter hears
+    it, and the name backs off."""
+    chat = world.records[0]
+    world.tier.refuse_ensure = True
+    waiter = world.agent.request_load(chat)
+    await world.agent.reconcile_once()
+    outcome = await asyncio.wait_for(waiter, 1)
+    assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "host_io_error", False)
+    assert not world.agent.is_hot(chat.lora_name)
+    assert chat.lora_name in world.agent._rt.backoff
