@@ -872,6 +872,7 @@ class WorkerAgent:
         self._rt.cold_loads.append(started)
         try:
             swap_ms = await self.vllm.load(name, str(path))
+            await self._confirm_loaded(name, str(path))
         except VllmError as exc:
             self.metrics.cold_load(labels, ok=False)
             self._event(
@@ -898,6 +899,18 @@ class WorkerAgent:
         if warmup > 0:  # marked warming before any waiter hears of the load
             self._rt.warming[name] = asyncio.create_task(self._warm_up(record, warmup))
         self._resolve(name, LoadOutcome(True))
+
+    async def _confirm_loaded(self, name: str, path: str) -> None:
+        """Raise ``bad_response`` unless vLLM now lists ``name`` from ``path``: a 200 to the
+        load is not taken for a served adapter (a vLLM that answers it and serves nothing
+        would have requests sent to a copy that is not there)."""
+        listed = {m.id: m.root for m in await self.vllm.models() if m.is_adapter}
+        if listed.get(name) != path:
+            raise VllmError(
+                VllmErrorCode.bad_response,
+                f"vLLM answered 200 to loading {name!r} from {path!r} but lists "
+                + (f"it from {listed[name]!r}" if name in listed else "no such adapter"),
+            )
 
     async def _warm_up(self, record: AdapterRecord, count: int) -> None:
         name = record.lora_name

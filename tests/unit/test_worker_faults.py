@@ -129,3 +129,31 @@ async def test_a_fetch_that_raises_an_os_error_is_a_failed_load_not_a_crash(
     assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "host_io_error", False)
     assert not world.agent.is_hot(chat.lora_name)
     assert chat.lora_name in world.agent._rt.backoff
+
+
+class Forgetful(dict[str, tuple[str, str]]):
+    """The FAKE's adapters when every load is answered 200 and registers nothing."""
+
+    def __setitem__(self, name: str, value: tuple[str, str]) -> None:
+        pass
+
+
+async def test_a_load_vllm_says_200_to_but_does_not_list_is_not_marked_loaded(
+    world: World,
+) -> None:
+    """ATTACK: a vLLM that answers 200 to load_lora_adapter and then does not serve the
+    adapter. The agent marked it hot and told the waiting request so until the next tick
+    found it gone. Now the load is checked against /v1/models: it fails as
+    ``vllm_bad_response``, backs off, and nothing calls it loaded."""
+    chat = world.records[0]
+    world.fake.adapters = Forgetful()
+    waiter = world.agent.request_load(chat)
+    await world.agent.reconcile_once()
+    outcome = await asyncio.wait_for(waiter, 1)
+    assert (outcome.ok, outcome.reason) == (False, "vllm_bad_response")
+    assert not world.agent.is_hot(chat.lora_name)
+    assert chat.lora_name not in world.agent._rt.loaded_by_agent
+    assert chat.lora_name in world.agent._rt.backoff
+    kinds = [(e.kind, e.reason) for e in world.events(chat.lora_name)]
+    assert (CacheEventKind.load, "") not in kinds
+    assert (CacheEventKind.fail, "vllm_bad_response") in kinds
