@@ -74,6 +74,15 @@ class Fetcher(Protocol):
     ) -> FetchedArtifact: ...
 
 
+def _intact(adapter: Path) -> bool:
+    """Is an entry's ``adapter/`` still the folder the tier wrote: a real directory, neither
+    it nor its entry folder a link (one could point at bytes nobody verified)?"""
+    try:
+        return not adapter.parent.is_symlink() and not adapter.is_symlink() and adapter.is_dir()
+    except OSError:  # unreadable now: install it again, which reports the disk's error
+        return False
+
+
 @dataclass(frozen=True)
 class TierEntry:
     lora_name: str
@@ -167,9 +176,9 @@ class HostTier:
         name = record.lora_name
         with self._lock:
             entry = self._entries.get(name)
-            if entry is not None and entry.path.is_dir():
+            if entry is not None and _intact(entry.path):
                 return self._mark_used(entry).path
-            self._entries.pop(name, None)  # deleted behind our back: install it again
+            self._entries.pop(name, None)  # deleted or linked away behind us: install again
             flight = self._inflight.get(name)
             leader = flight is None
             if flight is None:
@@ -231,6 +240,8 @@ class HostTier:
             with self._lock:
                 evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
                 final = self.root / record.lora_name
+                if os.path.lexists(final):  # no entry holds it: torn, or a file or link put there
+                    self._delete(final)
                 os.rename(partial, final)
                 entry = TierEntry(
                     record.lora_name, final / ADAPTER_DIR, record, fetched.bytes, self._clock()
