@@ -829,8 +829,7 @@ class WorkerAgent:
 
     async def _fetch(self, record: AdapterRecord, cmd: str | None) -> Path | None:
         name = record.lora_name
-        if name in self._host:
-            return Path(self._host[name].path)
+        known = self._host.get(name)  # asked anyway: the tier installs again what changed
         started = time.perf_counter()
         try:
             path = await asyncio.to_thread(self.host_tier.ensure, record)
@@ -851,6 +850,8 @@ class WorkerAgent:
             self._resolve(name, outcome)
             return None
         self._rt.last_failure.pop(name, None)
+        if known is not None and known.path == str(path):
+            return path
         self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
         self._event(
             name,

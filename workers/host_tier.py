@@ -178,7 +178,8 @@ class HostTier:
             entry = self._entries.get(name)
             if entry is not None and _intact(entry.path):
                 return self._mark_used(entry).path
-            self._entries.pop(name, None)  # deleted or linked away behind us: install again
+            if self._entries.pop(name, None) is not None:
+                log.warning("host tier entry %s is gone or linked away: installing it again", name)
             flight = self._inflight.get(name)
             leader = flight is None
             if flight is None:

@@ -8,10 +8,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestServer
 
 from loraplane.artifact.verification import WorkerLimits
+from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.host_tier import HostTier
+from loraplane.workers.reconcile import Ask
+from loraplane.workers.vllm_client import VllmClient
+from tests.unit.test_gateway import ListSink
 from tests.unit.test_vllm_resolver import World
 
 
@@ -80,3 +86,40 @@ def test_a_leftover_in_an_entrys_place_does_not_block_its_install(
     path = tier.ensure(record)
     assert files(path) == verified
     assert tier.get(record.lora_name) is not None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_agent_never_loads_an_entry_linked_away_behind_it(world: World) -> None:
+    """ATTACK: the agent took a host-tier entry it already knew for verified and handed its
+    path to vLLM without asking the tier: an entry replaced by a link to other bytes after
+    the tier installed it was loaded into vLLM. Every load now goes through ``ensure``."""
+    record = world.install("a1", seed=1)
+    tier = tier_of(world)
+    fake = FakeVllm(str(world.model), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url(""))
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
+        ),
+        vllm=VllmClient(url, timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: [record],
+        sink=ListSink(),
+    )
+    try:
+        await agent.start()  # adopts the entry, on the host tier
+        assert agent.is_on_host(record.lora_name)
+        verified = files(world.adapter(record))
+        folder = world.root / record.lora_name
+        shutil.rmtree(folder)
+        folder.symlink_to(other_bytes(world), target_is_directory=True)
+        agent._fold(Ask.gateway_load(record))
+        await agent.reconcile_once()
+        assert agent.is_hot(record.lora_name)
+        loaded = Path(fake.adapters[record.lora_name][0])
+        assert not loaded.parent.is_symlink() and files(loaded) == verified
+    finally:
+        await agent.vllm.close()
+        await server.close()
