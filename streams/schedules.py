@@ -21,6 +21,7 @@ change without a restart; a file that stops parsing keeps the last good schedule
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,6 +36,7 @@ from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.bounded_yaml import load_yaml
 
 __all__ = [
+    "MAX_CRON_CHARS",
     "MAX_SCHEDULE_BYTES",
     "ActiveEntry",
     "Schedule",
@@ -47,6 +49,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+MAX_CRON_CHARS = 256
+_RANDOM_FIELD = re.compile(r"[rR](\(\d+-\d+\))?(/\d+)?")  # croniter's random field
+_REFERENCE = datetime(2026, 1, 1, tzinfo=UTC)  # where the parse check looks for peaks
 
 
 class ScheduleEntry(BaseModel):
@@ -63,8 +69,22 @@ class ScheduleEntry(BaseModel):
     @field_validator("cron")
     @classmethod
     def _cron_parses(cls, v: str) -> str:
+        """A cron expression croniter reads, of at most MAX_CRON_CHARS (each tick evaluates
+        it: a list of 20,000 days costs a quarter second), without a random field (``R``:
+        drawn again at every evaluation, so two evaluations of one schedule would differ),
+        whose peaks can be found both ways (``0 0 30 2 *`` passes croniter's check and
+        then never fires)."""
+        if len(v) > MAX_CRON_CHARS:
+            raise ValueError(f"a cron expression is at most {MAX_CRON_CHARS} characters")
         if not croniter.is_valid(v):
             raise ValueError(f"not a cron expression: {v!r}")
+        if any(_RANDOM_FIELD.fullmatch(f) for f in v.split()):
+            raise ValueError(f"a random field (R) makes no fixed schedule: {v!r}")
+        try:
+            croniter(v, _REFERENCE).get_next(datetime)
+            croniter(v, _REFERENCE).get_prev(datetime)
+        except (ValueError, OverflowError):
+            raise ValueError(f"a cron expression that never fires: {v!r}") from None
         return v
 
     @model_validator(mode="after")
@@ -79,7 +99,10 @@ class ScheduleEntry(BaseModel):
         # The latest peak starting at or before now + lead (croniter's get_prev is strict,
         # so start one microsecond later to include a peak exactly at now + lead).
         start = datetime.fromtimestamp(now, UTC) + lead + timedelta(microseconds=1)
-        peak = croniter(self.cron, start).get_prev(datetime)
+        try:
+            peak = croniter(self.cron, start).get_prev(datetime)
+        except (ValueError, OverflowError):  # CroniterBadDateError: no peak, so not active
+            return 0.0
         end = peak + timedelta(minutes=self.duration_minutes)
         return self.warmup_score if now <= end.timestamp() else 0.0
 

@@ -88,3 +88,39 @@ def test_file_reloads_on_change_and_keeps_last_good(tmp_path: Path) -> None:
     assert [e.adapter_id for e in f.current().schedules] == ["x"]
     path.unlink()
     assert f.current().schedules == []
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "0 0 30 2 *",  # Feb 30: croniter accepts it, then finds no date
+        "0 0 31 4 *",
+        "0 0 31 2,4,6,9,11 *",
+        "0 0 30 2 0",
+        "R * * * *",  # a random minute, drawn again at every evaluation
+        "0 R(0-5) * * *",
+        "0 0 " + ",".join(["1"] * 20_000) + " * *",  # 0.25 s per evaluation, per tick
+    ],
+)
+def test_a_cron_that_never_fires_is_random_or_huge_is_refused(cron: str) -> None:
+    """ATTACK: these passed ``croniter.is_valid``; a date that never comes then raised
+    CroniterBadDateError out of every planning tick (no plan for anyone while the file
+    stood), a random field made the plan differ at each evaluation, and a list of 20,000
+    days cost a quarter of a second per entry per tick."""
+    with pytest.raises(ValidationError):
+        ScheduleEntry.model_validate({"cron": cron, "adapter_id": "a"})
+
+
+def test_an_entry_whose_peak_cannot_be_found_scores_zero() -> None:
+    """An entry past the parse check whose previous peak croniter cannot find (built
+    without validation) is never active, rather than an exception in the planner's tick."""
+    entry = ScheduleEntry.model_construct(
+        name="",
+        cron="0 0 30 2 *",
+        adapter_id="a",
+        tenant_id=None,
+        lead_minutes=10.0,
+        duration_minutes=60.0,
+        warmup_score=1.0,
+    )
+    assert entry.warmup_at(PEAK) == 0.0
