@@ -954,14 +954,21 @@ class WorkerAgent:
         )
 
     def labels(self, name: str) -> AdapterLabels:
+        """A name's Prometheus labels: its registry record's, else ``unknown`` (a label
+        value taken from a name vLLM or a request made up would be a new series for good)."""
         record = self.records.get(name)
         if record is not None:
             return AdapterLabels(
                 record.adapter_id, record.version, record.tenant_id, self.config.base_model
             )
-        parsed = LORA_NAME_RE.fullmatch(name)
+        return AdapterLabels("unknown", "0", "unknown", self.config.base_model)
+
+    def _described(self, name: str) -> AdapterLabels:
+        """A name's fields in an event or the heartbeat: ``labels``, or what the name itself
+        says when the registry does not know it (a message, not a series)."""
+        parsed = None if name in self.records else LORA_NAME_RE.fullmatch(name)
         if parsed is None:
-            return AdapterLabels("unknown", "0", "unknown", self.config.base_model)
+            return self.labels(name)
         return AdapterLabels(
             parsed["adapter_id"], parsed["version"], "unknown", self.config.base_model
         )
@@ -977,7 +984,7 @@ class WorkerAgent:
         bytes_: int = 0,
         command_id: str | None = None,
     ) -> None:
-        labels = self.labels(name)
+        labels = self._described(name)
         event = CacheEvent(
             event_id=uuid.uuid4().hex,
             ts=now_utc(),
@@ -1017,7 +1024,7 @@ class WorkerAgent:
         adapters = []
         for copy in self.resident():
             name = copy.adapter_name
-            labels = self.labels(name)
+            labels = self._described(name)
             intent = self.desired.intents.get(name)
             adapters.append(
                 LoadedAdapter(

@@ -157,3 +157,23 @@ async def test_a_load_vllm_says_200_to_but_does_not_list_is_not_marked_loaded(
     kinds = [(e.kind, e.reason) for e in world.events(chat.lora_name)]
     assert (CacheEventKind.load, "") not in kinds
     assert (CacheEventKind.fail, "vllm_bad_response") in kinds
+
+
+async def test_names_a_hostile_vllm_invents_add_no_metric_series(world: World) -> None:
+    """ATTACK: a vLLM that lists new foreign names every tick. Each was unloaded as a
+    conflict, as it must be, but labelled its counter with the adapter id and version parsed
+    from the name: one Prometheus series per invented name, for good (unbounded memory and
+    scrape size). A name the registry does not know is counted as ``unknown``."""
+    for tick in range(5):
+        for i in range(20):
+            world.fake.adapters[f"evil{tick}x{i}@1-deadbeef"] = ("/tmp/evil", "d")
+        await world.agent.reconcile_once()
+        assert not world.fake.adapters  # every one unloaded at once
+    conflicts = [
+        s
+        for metric in world.agent.metrics.registry.collect()
+        if metric.name == "loraplane_kv_namespace_conflict"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    ]
+    assert [(s.labels["adapter_id"], s.value) for s in conflicts] == [("unknown", 100.0)]
