@@ -494,7 +494,16 @@ class WorkerAgent:
         path = self.config.applied_commands_path
         if path is not None:
             protected = self.desired.protected
-            await asyncio.to_thread(save_applied, path, dict(self.desired.seen_commands), protected)
+            try:
+                await asyncio.to_thread(
+                    save_applied, path, dict(self.desired.seen_commands), protected
+                )
+            except OSError as exc:  # a full disk: the command still stands, only its memory
+                self._warnings.note(  # is at risk; the next save writes every id again
+                    "applied command ids not saved: a restart may apply them again",
+                    f"{path}: {exc}"[:300],
+                )
+                return
             self._saved_protected = protected
 
     def _not_carried_out(self, command_id: str, deadline: datetime) -> None:

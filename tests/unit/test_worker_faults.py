@@ -6,8 +6,9 @@ loaded that vLLM does not serve."""
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,13 @@ from aiohttp.test_utils import TestServer
 
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.commands import CommandAction
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
-from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, record
+from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -177,3 +179,28 @@ async def test_names_a_hostile_vllm_invents_add_no_metric_series(world: World) -
         if s.name.endswith("_total")
     ]
     assert [(s.labels["adapter_id"], s.value) for s in conflicts] == [("unknown", 100.0)]
+
+
+async def test_a_full_disk_under_the_applied_ids_fails_no_command(
+    world: World, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ATTACK: the disk of the applied-command ids fills up. ``save_applied`` raised
+    ENOSPC out of ``handle``: the command, already applied, failed its loop step, and the
+    feed did not commit past it. Now the agent says the ids are not saved (a restart may
+    apply them again), carries the command out, and saves them once the disk has room."""
+    world.agent.config = replace(world.agent.config, applied_commands_path=world.tier.root / "ids")
+    saved: list[dict[str, object]] = []
+
+    def full(path: Path, applied: dict[str, object], protected: object = ()) -> None:
+        if not saved:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved.append(dict(applied))
+
+    monkeypatch.setattr("loraplane.workers.agent.save_applied", full)
+    chat, sql = world.records
+    assert await world.agent.handle(cmd(chat, CommandAction.load_gpu, "c-1")) is None
+    assert world.agent.is_hot(chat.lora_name)
+    assert "No space left on device" in caplog.text
+    saved.append({})  # room again
+    assert await world.agent.handle(cmd(sql, CommandAction.load_gpu, "c-2")) is None
+    assert set(saved[-1]) == {"c-1", "c-2"}
