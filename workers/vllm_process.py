@@ -19,6 +19,7 @@ dist-info that declares the resolver's entry point.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import os
 import shutil
@@ -186,10 +187,12 @@ class VllmProcess:
         return self._proc.pid if self._proc else None
 
     def healthy(self) -> bool:
+        """True on a 200 from ``/health``; anything else that answers on the port (not
+        HTTP, a head past http.client's limits) is not healthy, never an exception."""
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
                 return resp.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return False
 
     def wait_healthy(self, timeout_s: float = 180.0) -> None:
