@@ -42,6 +42,7 @@ from loraplane.workers.host_tier_entry import is_resolver_copy
 __all__ = [
     "DEFAULT_WARMUP_REQUESTS",
     "IDLE",
+    "MAX_CONFLICTS_PER_TICK",
     "MAX_REMEMBERED_COMMANDS",
     "NO_PROTECTION",
     "WINDOW_S",
@@ -84,6 +85,10 @@ __all__ = [
 ]
 
 MAX_REMEMBERED_COMMANDS = 10_000
+MAX_CONFLICTS_PER_TICK = 64
+"""Names vLLM serves that the agent cannot vouch for, unloaded per tick at most: a vLLM that
+lists a flood of them gets them unloaded over several ticks, each of bounded length, rather
+than one tick of unbounded length holding the agent's lock."""
 WINDOW_S = 60.0
 
 
@@ -740,11 +745,17 @@ def reconcile(
         if name not in actual.gpu
     ]
     unloading: set[str] = set()
+    conflicts = 0
+    waiting_conflicts: set[str] = set()  # foreign names a later tick unloads as conflicts
 
     for name, root in sorted(actual.gpu.items()):
         if not vouched(name, root, actual):
-            actions.append(Conflict(name, root))
-            unloading.add(name)
+            if conflicts < MAX_CONFLICTS_PER_TICK:  # the rest go on the next ticks
+                conflicts += 1
+                actions.append(Conflict(name, root))
+                unloading.add(name)
+            else:
+                waiting_conflicts.add(name)
             continue
         record = registry.get(name)
         intent = desired.intents.get(name)
@@ -783,7 +794,7 @@ def reconcile(
     free = None if gpu_slots is None else gpu_slots - len(actual.gpu.keys() - unloading)
     orphans = sorted(
         n
-        for n in actual.gpu.keys() - unloading
+        for n in actual.gpu.keys() - unloading - waiting_conflicts
         if n not in desired.intents and actual.in_flight.get(n, 0) == 0
     )
     wanted = sorted(

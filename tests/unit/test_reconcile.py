@@ -17,6 +17,7 @@ from loraplane.streams import planner
 from loraplane.workers.demand_admission import DemandCounts
 from loraplane.workers.reconcile import (
     IDLE,
+    MAX_CONFLICTS_PER_TICK,
     ActualState,
     Ask,
     BusyRetry,
@@ -847,3 +848,17 @@ def test_no_sequence_of_changes_fills_more_slots_than_the_worker_has(
                     guard=guard,
                     usage=usage,
                 )
+
+
+def test_a_flood_of_foreign_names_is_unloaded_a_bounded_batch_a_tick() -> None:
+    """ATTACK: a vLLM listing 100,000 names nobody loaded. Every one was a Conflict in one
+    tick: 100,000 unload calls, dead letters and events while the tick held the agent's
+    lock (commands waited behind it). At most MAX_CONFLICTS_PER_TICK go per tick, and
+    ticks still converge: every foreign name is unloaded in the end."""
+    actual = ActualState(gpu={f"rogue{i:06d}": "/x" for i in range(100_000)}, host={})
+    conflicts = [a for a in run(DesiredState(), actual) if isinstance(a, Conflict)]
+    assert len(conflicts) == MAX_CONFLICTS_PER_TICK
+    small = ActualState(gpu={f"rogue{i}": "/x" for i in range(3 * MAX_CONFLICTS_PER_TICK)}, host={})
+    for _ in range(3):
+        small = execute(run(DesiredState(), small), small)
+    assert small.gpu == {}
