@@ -176,10 +176,14 @@ class HostTier:
         name = record.lora_name
         with self._lock:
             entry = self._entries.get(name)
-            if entry is not None and _intact(entry.path):
+            if entry is not None and entry.sha256 == record.sha256 and _intact(entry.path):
                 return self._mark_used(entry).path
-            if self._entries.pop(name, None) is not None:
-                log.warning("host tier entry %s is gone or linked away: installing it again", name)
+            if self._entries.pop(name, None) is not None:  # its place is cleared on install
+                log.warning(
+                    "host tier entry %s is gone, linked away or of another digest than its "
+                    "record now pins: installing it again",
+                    name,
+                )
             flight = self._inflight.get(name)
             leader = flight is None
             if flight is None:

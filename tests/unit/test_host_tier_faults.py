@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter
@@ -123,3 +124,18 @@ async def test_the_agent_never_loads_an_entry_linked_away_behind_it(world: World
     finally:
         await agent.vllm.close()
         await server.close()
+
+
+def test_an_entry_verified_against_another_digest_is_not_handed_out(world: World) -> None:
+    """ATTACK: the registry's record of a name now pins another digest with the same first 8
+    hex (the name carries only those): a version republished after the registry topic was
+    reset, or a collision a publisher ground out. ``ensure`` returned the entry verified
+    against the old digest; now the new record's artifact is fetched and verified, and
+    refused here since its bytes are not those the new digest pins."""
+    record = world.install("a1", seed=1)
+    tier = tier_of(world)
+    newer = record.model_copy(update={"sha256": record.sha256[:8] + "0" * 56})
+    assert newer.lora_name == record.lora_name
+    with pytest.raises(ArtifactError):
+        tier.ensure(newer)
+    assert tier.get(record.lora_name) is None
