@@ -730,7 +730,10 @@ class WorkerAgent:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_s)
-            self.publish_state()
+            try:
+                self.publish_state()
+            except Exception:  # a state that cannot be built this time: the next one tries
+                self._warnings.note("heartbeat not published; going on", exc_info=True)
 
     async def _registry_loop(self) -> None:
         while True:
@@ -1017,8 +1020,12 @@ class WorkerAgent:
 
     def resident(self) -> list[Resident]:
         """Every copy this worker holds: GPU copies at level gpu, host-tier copies not on GPU
-        at level cpu (``vllm:lora_adapter_loaded``, and the heartbeat's adapters)."""
+        at level cpu (``vllm:lora_adapter_loaded``, and the heartbeat's adapters). A name
+        vLLM serves that the agent neither loaded nor holds in the host tier is not one: it
+        is being unloaded as a conflict, and however many vLLM lists, they only count as
+        used slots (``gpu_slots_used``)."""
         gpu = self._rt.gpu
+        ours = {n for n in gpu if n in self._rt.loaded_by_agent or n in self._host}
         return [
             Resident(
                 name,
@@ -1026,7 +1033,7 @@ class WorkerAgent:
                 bool((i := self.desired.intents.get(name)) and i.pinned),
                 r.rank if (r := self.records.get(name)) else 0,
             )
-            for name in sorted(set(gpu) | set(self._host))
+            for name in sorted(ours | set(self._host))
         ]
 
     def worker_state(self) -> WorkerState:

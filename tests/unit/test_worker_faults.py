@@ -17,11 +17,12 @@ from aiohttp.test_utils import TestServer
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.reconcile import Ask
-from loraplane.workers.vllm_client import VllmClient
+from loraplane.workers.vllm_client import VllmClient, VllmError
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -204,3 +205,46 @@ async def test_a_full_disk_under_the_applied_ids_fails_no_command(
     saved.append({})  # room again
     assert await world.agent.handle(cmd(sql, CommandAction.load_gpu, "c-2")) is None
     assert set(saved[-1]) == {"c-1", "c-2"}
+
+
+async def test_foreign_names_vllm_will_not_unload_stay_out_of_the_heartbeat(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATTACK: a vLLM that lists names nobody loaded and refuses to unload them. Each was
+    a copy in the heartbeat: past 100,000 the WorkerState could not be built, and the
+    heartbeat loop (and the worker with it) ended; far fewer made it too large for Kafka.
+    The heartbeat carries the copies this agent holds; the others count as used slots."""
+    chat = world.records[0]
+    world.agent._fold(Ask.gateway_load(chat))
+    await world.agent.reconcile_once()
+    for i in range(200):
+        world.fake.adapters[f"evil{i}@1-deadbeef"] = ("/tmp/evil", "d")
+
+    async def refuse(name: str) -> None:
+        raise VllmError(VllmErrorCode.server_error, "no", 500)
+
+    monkeypatch.setattr(world.agent.vllm, "unload", refuse)
+    for _ in range(5):
+        await world.agent.reconcile_once()
+    state = world.agent.worker_state()
+    assert [a.lora_name for a in state.adapters] == [chat.lora_name]
+    assert state.gpu_slots_used == 201
+
+
+async def test_a_heartbeat_that_cannot_be_built_does_not_end_the_loop(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat that fails (a state the schema refuses) is logged; the loop goes on."""
+    calls = 0
+
+    def broken() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("a state the schema refuses")
+
+    monkeypatch.setattr(world.agent, "publish_state", broken)
+    world.agent.config = replace(world.agent.config, heartbeat_s=0.01)
+    loop = asyncio.create_task(world.agent._heartbeat_loop())
+    await asyncio.sleep(0.2)
+    assert not loop.done() and calls > 2
+    loop.cancel()
