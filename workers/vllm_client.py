@@ -189,7 +189,11 @@ class VllmClient:
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
         try:
             async with self._http().request(
-                method, self.base_url + path, json=body, timeout=self._timeout
+                method,
+                self.base_url + path,
+                json=body,
+                timeout=self._timeout,
+                allow_redirects=False,  # vLLM never redirects; a 3xx is unexpected_status
             ) as resp:
                 text = await _read_text(resp, f"{method} {path}")
                 if resp.status != 200:
@@ -239,7 +243,9 @@ class VllmClient:
         try:
             async with (
                 aiohttp.ClientSession() as bare,
-                bare.get(self.base_url + PROBE_PATH, timeout=self._timeout) as resp,
+                bare.get(
+                    self.base_url + PROBE_PATH, timeout=self._timeout, allow_redirects=False
+                ) as resp,
             ):
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as exc:

@@ -291,3 +291,34 @@ async def test_a_models_list_of_the_wrong_types_is_a_bad_response(answer: Any) -
     finally:
         await vllm.close()
         await server.close()
+
+
+@session_loop
+async def test_a_redirect_is_an_unexpected_status_never_followed() -> None:
+    """ATTACK: whatever answers on vLLM's port redirects (307) elsewhere. The client
+    followed it: the load's POST (name and folder) went to another server, whose 200 and
+    /v1/models were taken for vLLM's. A 3xx is now ``unexpected_status``, nothing follows."""
+    seen: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"data": []})
+
+    other, unused = await _hostile(elsewhere)
+    await unused.close()
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(str(other.make_url(request.path)))
+
+    server, vllm = await _hostile(redirect)
+    try:
+        for call in (vllm.models(), vllm.load("a@1-00000000", "/x"), vllm.unload("a")):
+            with pytest.raises(VllmError) as err:
+                await call
+            assert (err.value.reason, err.value.status) == ("unexpected_status", 307)
+        assert not await vllm.health()
+        assert seen == []
+    finally:
+        await vllm.close()
+        await server.close()
+        await other.close()
