@@ -85,7 +85,7 @@ from loraplane.kernel import kafka
 from loraplane.kernel.bus import read_topic
 from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings, get_settings
-from loraplane.registry.topic import RegistryScope, load_registry, registry_tail
+from loraplane.registry.topic import RegistryScope, RegistryUnreadable, load_registry, registry_tail
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.commands import CacheCommand
@@ -445,7 +445,10 @@ def publish_all(env: PlannerEnv, adapters: list[tuple[str, str]]) -> None:
 
 
 def registered(env: PlannerEnv, n: int) -> bool:
-    views = load_registry(env.settings, timeout_s=30)
+    try:
+        views = load_registry(env.settings, timeout_s=30)
+    except RegistryUnreadable:  # not read to its end in time (a loaded broker): not yet
+        return False
     return sum(v.active_version is not None for v in views.values()) >= n
 
 

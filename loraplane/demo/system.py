@@ -531,9 +531,17 @@ class LiveSystem:
     def wait(
         self, probe: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 1.0
     ) -> float:
+        """Poll ``probe`` until it holds. A read that did not reach a topic's end in its time
+        (``TopicReadIncomplete``: a loaded broker) is a probe that does not hold yet."""
+        from loraplane.kernel.bus import TopicReadIncomplete
+
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout_s:
-            if probe():
+            try:
+                held = probe()
+            except TopicReadIncomplete:
+                held = False
+            if held:
                 return time.monotonic() - t0
             time.sleep(interval_s)
         raise BringUpError(f"timed out after {timeout_s:.0f}s waiting for {what}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Self, TypeVar
 
 from loraplane.kernel import kafka, topics
-from loraplane.kernel.bus import read_topic
+from loraplane.kernel.bus import TopicReadIncomplete, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.registry.topic import load_registry
 from loraplane.schemas.base import now_utc
@@ -36,9 +36,14 @@ T = TypeVar("T")
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
+    """Poll ``probe`` until it finds something; a read that did not reach a topic's end in
+    its time (a loaded broker) finds nothing yet."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = probe()
+        try:
+            found = probe()
+        except TopicReadIncomplete:
+            found = None
         if found is not None:
             return found
         time.sleep(0.5)
