@@ -340,13 +340,22 @@ class Loop:
                 self.skipped.append((cmd, skipped))
                 if skipped is not CommandSkip.duplicate:
                     w.skipped[cmd.command_id] = cmd.deadline
-                if skipped in SLOT_RACES and self._raced(w, cmd):
+                if skipped in SLOT_RACES and (
+                    self._raced(w, cmd) or self._freed_by_a_registry_race(w, cmd)
+                ):
                     self.races.append(cmd)
                 if skipped in REFUSALS and any(
                     cmd.issued_at.timestamp() <= t <= self.now for t in self.registry_changed
                 ):
                     self.registry_races.append(cmd)
             w.dirty = True
+
+    def _freed_by_a_registry_race(self, w: SimWorker, cmd: CacheCommand) -> bool:
+        """Was the slot ``cmd`` counted on to be freed by a move down issued with it to ``w``
+        that ``w`` refused as a registry race? The load fails with that move, not by itself."""
+        return any(
+            r.worker_id == w.id and r.issued_at == cmd.issued_at for r in self.registry_races
+        )
 
     def _raced(self, w: SimWorker, cmd: CacheCommand) -> bool:
         """Did a request's load take a GPU slot of ``w`` that the state the planner issued
