@@ -347,13 +347,16 @@ class UpstreamPool:
         # Sent with every request (Host, and e.g. vLLM's Authorization); built once.
         self._host_header = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self._idle: list[_Connection] = []
+        self._limit = limit
         self._slots = asyncio.Semaphore(limit)
 
     async def request(
         self, method: str, path: str, body: bytes, *, total_timeout_s: float, headers: bytes = b""
     ) -> UpstreamResponse:
         """Send ``body`` (JSON) and wait for the answer's head; the caller closes it. Every
-        wait for the answer, head and body, ends by ``total_timeout_s`` from now.
+        wait, for one of the ``limit`` places in flight and for the answer, head and body,
+        ends by ``total_timeout_s`` from now: with every place held by slow answers, a
+        request fails at its own deadline, not at theirs.
         ``headers``: extra header lines, each ending in CRLF (the caller's own values, which
         must hold no CR or LF)."""
         if not _PATH.fullmatch(path):
@@ -368,7 +371,15 @@ class UpstreamPool:
             )
         )
         deadline = asyncio.get_running_loop().time() + total_timeout_s
-        await self._slots.acquire()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UpstreamError(
+                VllmErrorCode.timeout,
+                f"no place in flight to {self.host}:{self.port} within {total_timeout_s}s "
+                f"({self._limit} requests in flight)",
+            ) from None
         try:
             conn, reused = await self._connection(fresh=False)
             while True:

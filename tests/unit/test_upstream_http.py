@@ -5,6 +5,7 @@ an UpstreamError with its reason, flow control, and no slot leaked by a failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -192,6 +193,34 @@ async def test_failures_have_reasons_and_leak_no_slot() -> None:
             with pytest.raises(UpstreamError) as err:
                 await asyncio.wait_for(fetch(pool, b"x", total_s), 3)
             assert err.value.reason == reason, err.value
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
+
+
+@session_loop
+async def test_a_request_waiting_for_a_place_in_flight_ends_at_its_own_deadline() -> None:
+    """ATTACK: every place in flight held by an answer that drips for a long time. A request
+    queued behind it waited for that answer's deadline, then failed at once; it now fails
+    at its own, as a timeout, and leaks no place."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        if n > 0:
+            return await echo_forever(reader, writer, n)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:  # a chunk every 0.1 s until the client gives up
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    async with server(script) as (pool, _):  # limit=1
+        holder = asyncio.ensure_future(fetch(pool, b"slow", total_s=30))
+        await asyncio.sleep(0.3)  # it holds the one place
+        with pytest.raises(UpstreamError) as err:
+            await asyncio.wait_for(fetch(pool, b"queued", total_s=0.3), 5)
+        assert err.value.reason == "timeout" and "in flight" in str(err.value), err.value
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+            await holder
         assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
 
 
