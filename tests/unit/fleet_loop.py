@@ -359,13 +359,16 @@ class Loop:
 
     def _raced(self, w: SimWorker, cmd: CacheCommand) -> bool:
         """Did a request's load take a GPU slot of ``w`` that the state the planner issued
-        ``cmd`` on did not show taken, or take it since?"""
+        ``cmd`` on did not show taken, or take it since? A copy a request asked for since
+        counts whatever its origin now: a restart in between adopts it."""
         state = self.planned_on.get(cmd.command_id)
         shown = {a.lora_name for a in state.adapters if a.tier == "gpu"} if state else set()
         return any(
             i.tier == "gpu"
-            and i.origin is CopyOrigin.gateway_request
-            and (n not in shown or w.asked_at.get(n, -1e18) >= cmd.issued_at.timestamp())
+            and (
+                w.asked_at.get(n, -1e18) >= cmd.issued_at.timestamp()
+                or (i.origin is CopyOrigin.gateway_request and n not in shown)
+            )
             for n, i in w.desired.intents.items()
         )
 

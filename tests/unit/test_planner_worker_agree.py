@@ -7,7 +7,8 @@ changes and worker restarts, the planner
   protects or that is pinned), except one already on its way when a registry change made
   its copy never-evict (no heartbeat could have told the planner);
 * sends no load that finds no slot, except when a request's own load took the slot first
-  or a move down sent with it to free the slot was refused by such a registry change;
+  (a restart may have adopted that copy since) or a move down sent with it to free the
+  slot was refused by such a registry change;
 * never issues the same command again while an earlier one is within its deadline and not
   shown done;
 * never undoes a load within ``min_residency_s`` but for a revoke, a version no longer
@@ -118,6 +119,27 @@ def test_a_load_counting_on_a_move_down_refused_by_a_registry_race_is_excused() 
     workers = [SimWorker(w, slots, policy) for w, slots in (("w0", 2), ("w1", 1), ("w2", 1))]
     rng = random.Random(702)
     loop = Loop(records, workers, policy, rng)
+    loop.qps = {r.lora_name: rng.choice(RATES) for r in records}
+    run(loop, 240)
+    assert_agreement(loop)
+
+
+def test_a_load_whose_slot_a_request_took_before_a_restart_is_excused() -> None:
+    """One worker of one slot. The planner sends it a canary's load with a demote to free
+    the slot; before they arrive a request loads a platinum version into that slot and the
+    worker restarts, adopting the copy (its origin is no longer the request's). The load
+    finds no free slot because the request took it, as when no restart came between."""
+    policy = Policy(
+        min_residency_s=0.0,
+        demand_admission_tau_s=0.0,
+        max_protected_gpu_share=0.25,
+        gpu_slots_per_base_model=2,
+    )
+    priorities = [Priority.platinum if i == 2 else Priority.bronze for i in range(7)]
+    records = [fleet_loop.record(f"a{i}", priority=p) for i, p in enumerate(priorities)]
+    records.append(fleet_loop.record("a0", version="2", status=AdapterStatus.canary, canary=10.0))
+    rng = random.Random(5)
+    loop = Loop(records, [SimWorker("w0", 1, policy)], policy, rng)
     loop.qps = {r.lora_name: rng.choice(RATES) for r in records}
     run(loop, 240)
     assert_agreement(loop)
