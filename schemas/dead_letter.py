@@ -120,7 +120,7 @@ def dead_letter_at(
         detail = f"{detail} [raw truncated from {len(raw)} bytes, sha256 {digest}]"
     return DeadLetter(
         event_id=dead_letter_id(topic, partition, offset, component),
-        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32), UTC),
+        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32 - 1), UTC),  # a DateTime holds it
         source_topic=topic[:249],
         partition=max(partition, -1),
         offset=max(offset, -1),
