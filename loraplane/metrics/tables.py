@@ -9,6 +9,9 @@ columns. Timestamps go to clickhouse-driver as the integers it would compute its
 (``timestamp_encoder``): its own conversion of an aware datetime costs about 3 us a value.
 Integers the wire schema leaves unbounded are range-checked here because clickhouse-driver
 silently wraps an out-of-range UInt64 (2**70 is stored as 0, even with ``types_check``).
+Timestamps are checked against ClickHouse 18.16's ``DateTime`` (UInt32 seconds: 1970-01-01 to
+2106-02-07), the narrowest timestamp column the sink writes: the driver cannot pack one outside
+it, and refusing it here names it ``out_of_range`` without bisecting a whole insert for it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,6 +32,8 @@ from loraplane.schemas.fast_decode import fast_request_logs
 from loraplane.schemas.request_log import RequestLog
 
 __all__ = [
+    "STAMP_END",
+    "STAMP_MIN",
     "TABLES",
     "UINT64_MAX",
     "Columns",
@@ -53,6 +58,18 @@ class RowError(ValueError):
 def _uint64(name: str, value: int) -> int:
     if not 0 <= value <= UINT64_MAX:
         raise RowError(f"{name}={value} does not fit UInt64")
+    return value
+
+
+STAMP_MIN = datetime.fromtimestamp(0, UTC)
+STAMP_END = datetime.fromtimestamp(2**32, UTC)
+"""The instants a ``DateTime`` column holds: from ``STAMP_MIN`` up to, not including,
+``STAMP_END``."""
+
+
+def _stamp(name: str, value: datetime) -> datetime:
+    if not STAMP_MIN <= value < STAMP_END:
+        raise RowError(f"{name}={value.isoformat()} is outside ClickHouse's DateTime range")
     return value
 
 
@@ -94,7 +111,7 @@ class Table:
 def _request_row(m: RequestLog) -> tuple[Any, ...]:
     return (
         m.event_id,
-        m.ts,
+        _stamp("ts", m.ts),
         m.request_id,
         m.tenant_id,
         m.base_model,
@@ -118,6 +135,8 @@ def _fast_request_columns(raws: Sequence[bytes | None]) -> tuple[Columns, list[i
     """``_request_row``'s columns, built a column at a time from the compiled decoder's
     structs (a tuple a row, transposed, costs about twice as much)."""
     logs, stamps, left = fast_request_logs(raws)
+    if stamps and not (min(stamps) >= STAMP_MIN and max(stamps) < STAMP_END):
+        logs, stamps, left = _stamps_in_range(len(raws), logs, stamps, left)
     columns: Columns = [
         [m.event_id for m in logs],
         stamps,
@@ -141,10 +160,23 @@ def _fast_request_columns(raws: Sequence[bytes | None]) -> tuple[Columns, list[i
     return columns, left
 
 
+def _stamps_in_range(
+    count: int, logs: list[Any], stamps: list[datetime], left: list[int]
+) -> tuple[list[Any], list[datetime], list[int]]:
+    """The decoded logs whose ``ts`` a ``DateTime`` holds; the others join ``left``, where
+    ``_request_row`` refuses them by name."""
+    leave = set(left)
+    taken = [i for i in range(count) if i not in leave]
+    keep = [j for j, stamp in enumerate(stamps) if STAMP_MIN <= stamp < STAMP_END]
+    kept = set(keep)
+    out = sorted(leave | {taken[j] for j in range(len(stamps)) if j not in kept})
+    return [logs[j] for j in keep], [stamps[j] for j in keep], out
+
+
 def _cache_row(m: CacheEvent) -> tuple[Any, ...]:
     return (
         m.event_id,
-        m.ts,
+        _stamp("ts", m.ts),
         m.worker_id,
         m.base_model,
         m.tenant_id,
@@ -163,8 +195,8 @@ def _cache_row(m: CacheEvent) -> tuple[Any, ...]:
 def _decision_row(m: CacheCommand) -> tuple[Any, ...]:
     return (
         m.command_id,
-        m.issued_at,
-        m.deadline,
+        _stamp("issued_at", m.issued_at),
+        _stamp("deadline", m.deadline),
         m.worker_id,
         m.action.value,
         m.base_model,
@@ -183,7 +215,7 @@ def _decision_row(m: CacheCommand) -> tuple[Any, ...]:
 def _audit_row(m: AuditRecord) -> tuple[Any, ...]:
     return (
         m.event_id,
-        m.ts,
+        _stamp("ts", m.ts),
         m.component,
         m.action,
         m.decision,
@@ -200,7 +232,7 @@ def _audit_row(m: AuditRecord) -> tuple[Any, ...]:
 def _dead_letter_row(m: DeadLetter) -> tuple[Any, ...]:
     return (
         m.event_id,
-        m.ts,
+        _stamp("ts", m.ts),
         m.source_topic,
         m.partition,
         m.offset,

@@ -1,0 +1,95 @@
+"""Attack tests: values the wire schemas accept but ClickHouse 18.16's columns cannot hold.
+
+Each must cost the sink one dead letter naming the value (``out_of_range``), never a stall,
+a crash, or the rows beside it. The client here packs timestamps as clickhouse-driver does
+for a ``DateTime`` column (struct "I") and refuses what does not fit the same way."""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from clickhouse_driver import errors as ch_errors
+
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.metrics.sink import Sink
+from loraplane.metrics.tables import TABLES, encoders_for, timestamp_encoder
+from loraplane.schemas.cache_event import CacheEventKind
+from loraplane.schemas.codec import encode
+from loraplane.schemas.dead_letter import dead_letter_at
+from loraplane.schemas.reasons import ConsumerFault, DecodeReason
+from tests.kafka_message import FakeMessage
+from tests.pack_cases import cache
+from tests.wire_strategies import raw_of, whole
+
+REQUESTS = next(t for t in TABLES if t.name == "request_log")
+DEAD = next(t for t in TABLES if t.name == "dead_letters")
+SECONDS = timestamp_encoder("DateTime")
+
+OUT_OF_DATETIME = [
+    "1900-01-01T00:00:00Z",
+    "1969-12-31T23:59:59Z",
+    "2106-02-07T06:28:16Z",  # 2**32 seconds: one past UInt32
+    "2200-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+]
+
+
+class PackingClient:
+    """Inserts as clickhouse-driver packs a ``DateTime`` column: a value outside UInt32 is
+    its ``TypeMismatchError``. Counts the inserts tried."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.inserted: list[str] = []
+
+    def execute(self, sql: str, columns: list[list[Any]], columnar: bool) -> None:
+        self.tries += 1
+        try:
+            struct.pack(f"<{len(columns[1])}I", *columns[1])
+        except struct.error as exc:
+            raise ch_errors.TypeMismatchError(f"Type mismatch in VALUES section: {exc}") from exc
+        self.inserted += columns[0]
+
+
+@pytest.mark.parametrize("ts", OUT_OF_DATETIME)
+def test_attack_a_request_log_stamped_outside_datetime_is_out_of_range(ts: str) -> None:
+    topic = topic_name(Settings(), "requests")
+    raws = [raw_of(whole(i)) for i in range(8)]
+    raws[5] = raw_of(whole(5, ts=ts))
+    msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
+    sink = Sink(Settings())
+    batch = sink.decode(msgs)  # type: ignore[arg-type]
+    assert [(d.offset, d.reason) for d in batch.dead] == [(5, ConsumerFault.out_of_range)]
+    rows = batch.rows[REQUESTS.name]
+    assert [m.offset() for m in rows.messages] == [0, 1, 2, 3, 4, 6, 7]
+    assert rows.columns[0] == [f"e{i}" for i in (0, 1, 2, 3, 4, 6, 7)]
+    client = PackingClient()
+    encoders = encoders_for(REQUESTS, {"ts": "DateTime"})
+    refused = sink._insert(client, REQUESTS, encoders, rows.columns, rows.messages)  # type: ignore[arg-type]
+    assert refused == []
+    assert client.tries == 1  # one insert: no bisection for a value known not to fit
+    assert sorted(client.inserted) == sorted(rows.columns[0])
+
+
+def test_attack_every_table_refuses_a_stamp_outside_datetime_by_name() -> None:
+    far = datetime(2200, 1, 1, tzinfo=UTC)
+    event = cache(1, CacheEventKind.load, "w1").model_copy(update={"ts": far})
+    topic = topic_name(Settings(), "cache-events")
+    batch = Sink(Settings()).decode([FakeMessage(encode(event), t=topic, part=0, off=0)])  # type: ignore[list-item]
+    assert [(d.reason, "2200" in d.detail) for d in batch.dead] == [
+        (ConsumerFault.out_of_range, True)
+    ]
+
+
+@pytest.mark.parametrize("ts", [-1e9, 0.0, 2.0**32 - 0.5, 2.0**32, 1e12, 2.5e11])
+def test_a_dead_letter_of_any_message_timestamp_fits_a_datetime(ts: float) -> None:
+    letter = dead_letter_at(
+        "t", 0, 1, None, b"x", ts, "metrics-sink", DecodeReason.malformed, "bad"
+    )
+    row = DEAD.row(letter)
+    assert SECONDS is not None
+    struct.pack("<I", SECONDS(row[1]))  # the driver's packing of a DateTime value
