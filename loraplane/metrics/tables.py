@@ -61,6 +61,12 @@ def _uint64(name: str, value: int) -> int:
     return value
 
 
+def _signed(name: str, value: int, bits: int) -> int:
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise RowError(f"{name}={value} does not fit Int{bits}")
+    return value
+
+
 STAMP_MIN = datetime.fromtimestamp(0, UTC)
 STAMP_END = datetime.fromtimestamp(2**32, UTC)
 """The instants a ``DateTime`` column holds: from ``STAMP_MIN`` up to, not including,
@@ -234,8 +240,8 @@ def _dead_letter_row(m: DeadLetter) -> tuple[Any, ...]:
         m.event_id,
         _stamp("ts", m.ts),
         m.source_topic,
-        m.partition,
-        m.offset,
+        _signed("partition", m.partition, 32),
+        _signed("offset", m.offset, 64),
         m.component,
         m.reason.value,
         m.detail,

@@ -93,3 +93,17 @@ def test_a_dead_letter_of_any_message_timestamp_fits_a_datetime(ts: float) -> No
     row = DEAD.row(letter)
     assert SECONDS is not None
     struct.pack("<I", SECONDS(row[1]))  # the driver's packing of a DateTime value
+
+
+@pytest.mark.parametrize(("field", "value"), [("partition", 2**31), ("offset", 2**63)])
+def test_attack_a_dead_letter_position_past_its_column_is_out_of_range(
+    field: str, value: int
+) -> None:
+    letter = dead_letter_at(
+        "t", 0, 1, None, b"x", 0.0, "metrics-sink", DecodeReason.malformed, "bad"
+    ).model_copy(update={field: value})
+    topic = topic_name(Settings(), "dead-letters")
+    batch = Sink(Settings()).decode([FakeMessage(encode(letter), t=topic, part=0, off=0)])  # type: ignore[list-item]
+    assert [(d.reason, field in d.detail) for d in batch.dead] == [
+        (ConsumerFault.out_of_range, True)
+    ]
