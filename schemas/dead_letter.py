@@ -120,7 +120,8 @@ def dead_letter_at(
         detail = f"{detail} [raw truncated from {len(raw)} bytes, sha256 {digest}]"
     return DeadLetter(
         event_id=dead_letter_id(topic, partition, offset, component),
-        ts=datetime.fromtimestamp(min(max(ts, 0), 2**32 - 1), UTC),  # a DateTime holds it
+        # 2106-02-06T23:59:59Z: the last instant ClickHouse 18.16's DateTime reads back right
+        ts=datetime.fromtimestamp(min(max(ts, 0), 4_294_943_999), UTC),
         source_topic=topic[:249],
         partition=max(partition, -1),
         offset=max(offset, -1),

@@ -9,9 +9,10 @@ columns. Timestamps go to clickhouse-driver as the integers it would compute its
 (``timestamp_encoder``): its own conversion of an aware datetime costs about 3 us a value.
 Integers the wire schema leaves unbounded are range-checked here because clickhouse-driver
 silently wraps an out-of-range UInt64 (2**70 is stored as 0, even with ``types_check``).
-Timestamps are checked against ClickHouse 18.16's ``DateTime`` (UInt32 seconds: 1970-01-01 to
-2106-02-07), the narrowest timestamp column the sink writes: the driver cannot pack one outside
-it, and refusing it here names it ``out_of_range`` without bisecting a whole insert for it.
+Timestamps are checked against ClickHouse 18.16's ``DateTime``, the narrowest timestamp column
+the sink writes: UInt32 seconds, of which 18.16 reads back (and partitions) only those before
+2106-02-07 right; the last day's instants read as 1970-01-01. The driver cannot pack one outside
+UInt32, and refusing it here names it ``out_of_range`` without bisecting a whole insert for it.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def _signed(name: str, value: int, bits: int) -> int:
 
 
 STAMP_MIN = datetime.fromtimestamp(0, UTC)
-STAMP_END = datetime.fromtimestamp(2**32, UTC)
+STAMP_END = datetime(2106, 2, 7, tzinfo=UTC)
 """The instants a ``DateTime`` column holds: from ``STAMP_MIN`` up to, not including,
-``STAMP_END``."""
+``STAMP_END`` (UInt32 reaches 2106-02-07 06:28:15, but 18.16's date table ends the day before:
+later instants are stored and read back as 1970-01-01)."""
 
 
 def _stamp(name: str, value: datetime) -> datetime:

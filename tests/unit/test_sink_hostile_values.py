@@ -32,6 +32,7 @@ SECONDS = timestamp_encoder("DateTime")
 OUT_OF_DATETIME = [
     "1900-01-01T00:00:00Z",
     "1969-12-31T23:59:59Z",
+    "2106-02-07T00:00:00Z",  # in UInt32, but 18.16 reads it back as 1970-01-01
     "2106-02-07T06:28:16Z",  # 2**32 seconds: one past UInt32
     "2200-01-01T00:00:00Z",
     "9999-12-31T23:59:59Z",
@@ -85,7 +86,7 @@ def test_attack_every_table_refuses_a_stamp_outside_datetime_by_name() -> None:
     ]
 
 
-@pytest.mark.parametrize("ts", [-1e9, 0.0, 2.0**32 - 0.5, 2.0**32, 1e12, 2.5e11])
+@pytest.mark.parametrize("ts", [-1e9, 0.0, 4_294_944_000.0, 2.0**32 - 0.5, 2.0**32, 1e12])
 def test_a_dead_letter_of_any_message_timestamp_fits_a_datetime(ts: float) -> None:
     letter = dead_letter_at(
         "t", 0, 1, None, b"x", ts, "metrics-sink", DecodeReason.malformed, "bad"
