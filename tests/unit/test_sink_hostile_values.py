@@ -108,3 +108,23 @@ def test_attack_a_dead_letter_position_past_its_column_is_out_of_range(
     assert [(d.reason, field in d.detail) for d in batch.dead] == [
         (ConsumerFault.out_of_range, True)
     ]
+
+
+def test_rows_out_of_range_and_rows_left_to_pydantic_keep_their_own_messages() -> None:
+    topic = topic_name(Settings(), "requests")
+    raws = [raw_of(whole(i)) for i in range(7)]
+    raws[1] = raw_of(whole(1, error="café"))  # an escape: the slow way, taken
+    raws[2] = raw_of(whole(2, ts="9999-12-31T23:59:59Z"))  # the fast way, then refused
+    raws[4] = raw_of(whole(4, extra=1))  # the slow way, refused
+    raws[5] = raw_of(whole(5, ts="1900-01-01T00:00:00Z"))
+    msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
+    batch = Sink(Settings()).decode(msgs)  # type: ignore[arg-type]
+    assert sorted((d.offset, str(d.reason)) for d in batch.dead) == [
+        (2, "out_of_range"),
+        (4, "invalid"),
+        (5, "out_of_range"),
+    ]
+    rows = batch.rows[REQUESTS.name]
+    assert sorted(
+        (m.offset(), row[0]) for m, row in zip(rows.messages, rows.rows, strict=True)
+    ) == [(i, f"e{i}") for i in (0, 1, 3, 6)]
