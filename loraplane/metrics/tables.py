@@ -11,8 +11,9 @@ Integers the wire schema leaves unbounded are range-checked here because clickho
 silently wraps an out-of-range UInt64 (2**70 is stored as 0, even with ``types_check``).
 Timestamps are checked against ClickHouse 18.16's ``DateTime``, the narrowest timestamp column
 the sink writes: UInt32 seconds, of which 18.16 reads back (and partitions) only those before
-2106-02-07 right; the last day's instants read as 1970-01-01. The driver cannot pack one outside
-UInt32, and refusing it here names it ``out_of_range`` without bisecting a whole insert for it.
+2106-02-07 right; the last day's instants read as the epoch's day. The driver cannot pack one
+outside UInt32, and refusing it here names it ``out_of_range`` without bisecting a whole
+insert for it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ STAMP_MIN = datetime.fromtimestamp(0, UTC)
 STAMP_END = datetime(2106, 2, 7, tzinfo=UTC)
 """The instants a ``DateTime`` column holds: from ``STAMP_MIN`` up to, not including,
 ``STAMP_END`` (UInt32 reaches 2106-02-07 06:28:15, but 18.16's date table ends the day before:
-later instants are stored and read back as 1970-01-01)."""
+later instants are stored and read back as the epoch's day)."""
 
 
 def _stamp(name: str, value: datetime) -> datetime:
