@@ -50,8 +50,9 @@ def loaded() -> Iterator[tuple[Settings, list, SinkStats]]:
     with metrics_env(Settings()) as settings:
         events = request_events(N, seed=7)
         # A replay (same bytes twice), a message that is not JSON, a value the table cannot
-        # hold (UInt64 overflow) and a row ClickHouse's client refuses (a timestamp past
-        # DateTime's range): exact counts, three dead letters, the rest lands.
+        # hold (UInt64 overflow) and a timestamp past DateTime's range (refused before the
+        # insert, not by ClickHouse's client): exact counts, three dead letters, the rest
+        # lands.
         produce_all(
             settings, "requests", [*events, events[0], events[1]], key=lambda m: m.adapter_id
         )
@@ -151,10 +152,10 @@ def test_undecodable_and_rejected_rows_are_dead_lettered_with_reasons(loaded) ->
         for r in read_topic(settings, topic_name(settings, "dead-letters"))
     ]
     reasons = sorted(d.reason for d in letters)
-    assert reasons == ["clickhouse_rejected", "malformed", "out_of_range"]
-    rejected = next(d for d in letters if d.reason == "clickhouse_rejected")
-    assert rejected.source_topic == topic_name(settings, "cache-events")
-    assert "TypeMismatchError" in rejected.detail
+    assert reasons == ["malformed", "out_of_range", "out_of_range"]
+    (stamp,) = (d for d in letters if "DateTime range" in d.detail)
+    assert stamp.source_topic == topic_name(settings, "cache-events")
+    assert stamp.reason == "out_of_range"
     assert stats.dead_letters == 3
     assert count(settings, "cache_events") == 22  # the batch's other rows landed
 
