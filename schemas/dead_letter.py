@@ -19,6 +19,8 @@ __all__ = [
     "MAX_DEAD_LETTER_RAW",
     "MAX_DETAIL_CHARS",
     "MAX_KEY_BYTES",
+    "STAMP_END",
+    "STAMP_MIN",
     "DeadLetter",
     "KafkaMessage",
     "dead_letter_at",
@@ -26,6 +28,15 @@ __all__ = [
     "dead_letter_id",
     "dead_letter_of_observation",
 ]
+
+STAMP_MIN = datetime.fromtimestamp(0, UTC)
+STAMP_END = datetime(2106, 2, 7, tzinfo=UTC)
+"""The instants ClickHouse's ``DateTime`` column holds, from ``STAMP_MIN`` up to, not
+including, ``STAMP_END``: UInt32 seconds reach 2106-02-07 06:28:15, but 18.16's date table
+ends the day before (later instants are stored and read back as the epoch's day). Every
+metrics row is stamped within them (``metrics.tables``), a dead letter's own stamp too."""
+
+_LAST_SECOND = int(STAMP_END.timestamp()) - 1
 
 
 class DeadLetter(StrictModel):
@@ -120,8 +131,7 @@ def dead_letter_at(
         detail = f"{detail} [raw truncated from {len(raw)} bytes, sha256 {digest}]"
     return DeadLetter(
         event_id=dead_letter_id(topic, partition, offset, component),
-        # 2106-02-06T23:59:59Z: the last instant ClickHouse 18.16's DateTime reads back right
-        ts=datetime.fromtimestamp(min(max(ts, 0), 4_294_943_999), UTC),
+        ts=datetime.fromtimestamp(min(max(ts, 0), _LAST_SECOND), UTC),
         source_topic=topic[:249],
         partition=max(partition, -1),
         offset=max(offset, -1),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.cache_event import CacheEvent
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.dead_letter import STAMP_END, STAMP_MIN, DeadLetter
 from loraplane.schemas.fast_decode import fast_request_logs
 from loraplane.schemas.request_log import RequestLog
 
@@ -67,13 +67,6 @@ def _signed(name: str, value: int, bits: int) -> int:
     if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
         raise RowError(f"{name}={value} does not fit Int{bits}")
     return value
-
-
-STAMP_MIN = datetime.fromtimestamp(0, UTC)
-STAMP_END = datetime(2106, 2, 7, tzinfo=UTC)
-"""The instants a ``DateTime`` column holds: from ``STAMP_MIN`` up to, not including,
-``STAMP_END`` (UInt32 reaches 2106-02-07 06:28:15, but 18.16's date table ends the day before:
-later instants are stored and read back as the epoch's day)."""
 
 
 def _stamp(name: str, value: datetime) -> datetime:
