@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from functools import lru_cache
 from operator import itemgetter
 from typing import Annotated, TypeGuard
 
@@ -73,12 +74,28 @@ class StrictModel(BaseModel):
 
 
 def version_key(version: str) -> tuple[int, ...]:
-    """Numeric order of versions: ``v2`` < ``1.10`` is false, ``1.9`` < ``1.10`` is true."""
+    """Numeric order of versions: ``v2`` < ``1.10`` is false, ``1.9`` < ``1.10`` is true.
+
+    Remembered for strings as long as a ``Version`` may be: a registry view's versions are
+    ordered and checked on every step of every fold of its history."""
+    if len(version) <= _VERSION_MAX:
+        return _version_key(version)
+    return _parse_version(version)
+
+
+_VERSION_MAX = 40
+"""The longest string ``VERSION_PATTERN`` matches (``v`` and four parts of nine digits)."""
+
+
+def _parse_version(version: str) -> tuple[int, ...]:
     parts = tuple(int(p) for p in version.lstrip("v").split("."))
     # Trailing zeros do not make a version newer: 1 == 1.0 == 1.0.0.
     while len(parts) > 1 and parts[-1] == 0:
         parts = parts[:-1]
     return parts
+
+
+_version_key = lru_cache(maxsize=4096)(_parse_version)
 
 
 LORA_NAME_RE = re.compile(

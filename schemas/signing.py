@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
 import stat
@@ -25,7 +26,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleEvent
 
-__all__ = ["KEY_FILE_FORMAT", "KeyFileError", "SigningKey", "b64", "public_key", "unb64", "verify"]
+__all__ = [
+    "KEY_FILE_FORMAT",
+    "VERIFIED_CAP",
+    "KeyFileError",
+    "SigningKey",
+    "b64",
+    "public_key",
+    "unb64",
+    "verify",
+]
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
 
@@ -138,10 +148,29 @@ class SigningKey:
 
 def verify(event: LifecycleEvent | CacheCommand, key: Ed25519PublicKey) -> bool:
     """True only for a well-formed signature of exactly ``event.signed_bytes()`` (a lifecycle
-    event or a cache command, each under its own domain tag)."""
+    event or a cache command, each under its own domain tag).
+
+    A (key, signature, bytes) triple that verified is remembered by its SHA-256
+    (``VERIFIED_CAP`` of them, then forgotten at once): a registry view carries every event
+    of its adapter's history, and whoever may write the registry topic can send copies of a
+    genuine history, each making every consumer fold it again; the events it verified
+    before then cost a hash, not an Ed25519 verification. A key's revocation and window are
+    checked before this (``keyring.signer``), never remembered."""
     try:
         signature = unb64(event.signature, 64)
-        key.verify(signature, event.signed_bytes())
+        message = event.signed_bytes()
+        proof = hashlib.sha256(key.public_bytes_raw() + signature + message).digest()
+        if proof in _verified:
+            return True
+        key.verify(signature, message)
     except (ValueError, InvalidSignature):
         return False
+    if len(_verified) >= VERIFIED_CAP:
+        _verified.clear()
+    _verified.add(proof)
     return True
+
+
+VERIFIED_CAP = 16_384
+"""Verified signatures remembered per process (about 100 bytes each)."""
+_verified: set[bytes] = set()

@@ -146,7 +146,10 @@ def evaluate(
     seen[event.event_id] = event.expires_at
     return Accepted(
         event,
-        AdapterState(view=view, seen=seen),
+        # Built from parts validated already (the view by ``_apply``, each replay-set entry
+        # when its event was): validating them again would cost a pass over the history on
+        # every step of a fold.
+        AdapterState.model_construct(view=view, seen=seen),
         _audit(raw, event, now, None, f"active={view.active_version}"),
     )
 
@@ -241,12 +244,18 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
     versions = sorted(records.values(), key=lambda r: version_key(r.version))
     active = next((r.version for r in versions if r.status is AdapterStatus.active), None)
     served = list(view.served_versions) if view else []
+    listed = set(served)
     for r in versions:
         serving = r.status is AdapterStatus.active or (
             r.status is AdapterStatus.canary and r.release.canary_percent > 0
         )
-        if serving and r.version not in served:
+        if serving and r.version not in listed:
             served.append(r.version)
+            listed.add(r.version)
+    # Validated without the evidence, which is then attached as it is: every event in it
+    # was validated when it was decided, and validating the list again on each step made
+    # folding a history (a consumer's ``verify_view``) quadratic in its length. The
+    # evidence's consistency with last_seq and last_event_id holds by construction.
     return AdapterView(
         adapter_id=event.adapter_id,
         tenant_id=event.tenant_id,
@@ -257,8 +266,7 @@ def _apply(event: LifecycleEvent, view: AdapterView | None, now: datetime) -> Ad
         last_event_id=event.event_id,
         updated_at=now,
         served_versions=sorted(served, key=version_key),
-        evidence=evidence,
-    )
+    ).model_copy(update={"evidence": evidence})
 
 
 def _check_room(event: LifecycleEvent, view: AdapterView) -> None:

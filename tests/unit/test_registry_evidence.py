@@ -322,3 +322,63 @@ def test_any_one_byte_edit_of_a_genuine_view_is_refused_or_changes_nothing(
     same = view.model_copy(update={"updated_at": VIEW_A.updated_at}) == VIEW_A
     verdict = verify_view(view, KIT.keyring, NOW)
     assert same or isinstance(verdict, ViewRefused), (at, bytes([byte]), verdict)
+
+
+def _calls(run: Any, name: str) -> int:
+    """How many times a function whose name contains ``name`` ran during ``run()``: a
+    count of work done, not a time."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return sum(calls for (_file, _line, func), (calls, *_rest) in stats.items() if name in func)
+
+
+def _long_history(events: int) -> AdapterView:
+    """A genuine history of one publish and ``events - 1`` canary steps."""
+    steps = [KIT.event("ci", "publish", "long-bot", "1", 1, NOW)] + [
+        KIT.event(
+            "ci",
+            "canary",
+            "long-bot",
+            "1",
+            1 + n,
+            NOW + timedelta(seconds=n),
+            canary_percent=n % 100,
+        )
+        for n in range(1, events)
+    ]
+    view = fold(steps)
+    assert view is not None
+    return view
+
+
+def test_attack_copies_of_a_long_genuine_history_cost_work_in_proportion_to_it() -> None:
+    """ATTACK: whoever may write the registry topic sends copies of a genuine 200-event
+    history (each a new record every consumer folds again). Before, each step of the fold
+    validated the whole history so far (~n^2/2 event validations) and every copy verified
+    every signature again (an Ed25519 verification per event): ~85 ms of every consumer's
+    CPU per 118 KB record. Now a fold validates each event a bounded number of times, and
+    signatures verified once are not verified again."""
+    view = _long_history(200)
+    assert isinstance(verify_view(view, KIT.keyring, NOW), ViewVerified)
+    copy = AdapterView.model_validate_json(view.model_dump_json())
+    assert _calls(lambda: verify_view(copy, KIT.keyring, NOW), "_action_fields") <= 2 * 200
+    assert _calls(lambda: verify_view(copy, KIT.keyring, NOW), "verify' of") == 0
+
+
+def test_attack_a_remembered_signature_vouches_for_its_own_bytes_only() -> None:
+    """ATTACK: a genuine event's signature, once verified and remembered, pasted onto an
+    edited event (another version, another key's id, another adapter) never verifies."""
+    from loraplane.schemas.signing import public_key, verify
+
+    event = HIST_A[0]
+    key = public_key(KIT.keys["ci"].public_key_b64)
+    assert verify(event, key) and verify(event, key)  # the second from memory
+    for change in ({"version": "9"}, {"adapter_id": B}, {"reason": "x"}):
+        forged = event.model_copy(update=change)
+        assert not verify(forged, key), change
+    other = public_key(KIT.keys["ops"].public_key_b64)
+    assert not verify(event, other)
