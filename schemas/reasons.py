@@ -127,6 +127,7 @@ class ConsumerFault(StrEnum):
 
     internal_error = "internal_error"  # the consumer itself raised on this message
     out_of_range = "out_of_range"  # valid, but a value ClickHouse's column cannot hold
+    outside_window = "outside_window"  # valid, but stamped further from now than the sink keeps
     clickhouse_rejected = "clickhouse_rejected"  # ClickHouse refused the row on insert
 
 

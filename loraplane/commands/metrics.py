@@ -105,6 +105,18 @@ def sink(
     max_wait_s: float = typer.Option(1.0, min=0.01, max=3600),
     group_id: str | None = typer.Option(None, help="Default: <topic_prefix>.metrics-sink"),
     session_timeout_ms: int = typer.Option(10_000, min=6000, max=300_000),
+    max_row_age_days: float = typer.Option(
+        400.0,
+        min=0,
+        max=50_000,
+        help="Rows stamped longer ago go to the dead letters (outside_window); 0: no bound.",
+    ),
+    max_row_ahead_hours: float = typer.Option(
+        24.0,
+        min=0,
+        max=1_000_000,
+        help="Rows stamped this far ahead of the clock go to the dead letters; 0: no bound.",
+    ),
     metrics_port: int = typer.Option(
         0,
         "--metrics-port",
@@ -132,6 +144,8 @@ def sink(
             max_wait_s=max_wait_s,
             group_id=group_id,
             session_timeout_ms=session_timeout_ms,
+            max_row_age_s=max_row_age_days * 86_400.0 or None,
+            max_row_ahead_s=max_row_ahead_hours * 3_600.0 or None,
         ),
     )
     serve_progress(metrics_port, host=settings.listen_host)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from clickhouse_driver import errors as ch_errors
@@ -46,7 +47,7 @@ from loraplane.metrics.tables import (
     encoders_for,
 )
 from loraplane.schemas.codec import SchemaError, decode, encode
-from loraplane.schemas.dead_letter import DeadLetter, dead_letter_for
+from loraplane.schemas.dead_letter import STAMP_END, STAMP_MIN, DeadLetter, dead_letter_for
 from loraplane.schemas.reasons import ConsumerFault
 
 if TYPE_CHECKING:
@@ -77,6 +78,12 @@ class SinkConfig:
     # A dead member holds its partitions until this expires (librdkafka's default is 45 s);
     # a restarted sink resumes sooner with a shorter one. The broker's minimum is 6 s.
     session_timeout_ms: int = 10_000
+    # How far from the sink's clock a row's ``ts`` may be (None: no bound). The raw tables
+    # are partitioned by day and 18.16 has no per-insert partition limit: a topic writer
+    # stamping rows across decades would make a partition per day. Rows outside go to the
+    # dead letters as ``outside_window``; a year and more covers any backlog Kafka keeps.
+    max_row_age_s: float | None = 400 * 86_400.0
+    max_row_ahead_s: float | None = 86_400.0
 
 
 @dataclass
@@ -172,6 +179,38 @@ def column_encoders(client: Client) -> dict[str, Encoders]:
     ):
         types.setdefault(table, {})[name] = kind
     return {t.name: encoders_for(t, types.get(t.name, {})) for t in TABLES}
+
+
+def _instant(seconds: float) -> datetime:
+    """Epoch seconds as an aware UTC datetime, clamped to ``DateTime``'s range."""
+    bounded = min(max(seconds, STAMP_MIN.timestamp()), STAMP_END.timestamp())
+    return datetime.fromtimestamp(bounded, UTC)
+
+
+def _within(
+    rows: _Rows, table: Table, window: tuple[datetime, datetime], dead: list[DeadLetter]
+) -> _Rows:
+    """``rows`` whose ``ts`` lies in ``window``; the others' messages join ``dead`` as
+    ``outside_window``. One min/max pass when every row is inside (the usual batch)."""
+    lo, hi = window
+    stamps = rows.columns[table.columns.index("ts")]
+    if not stamps or (lo <= min(stamps) and max(stamps) < hi):
+        return rows
+    keep = [i for i, ts in enumerate(stamps) if lo <= ts < hi]
+    kept = set(keep)
+    for i, ts in enumerate(stamps):
+        if i not in kept:
+            detail = (
+                f"ts={ts.isoformat()} is outside the sink's window "
+                f"[{lo.isoformat()}, {hi.isoformat()})"
+            )
+            dead.append(
+                dead_letter_for(rows.messages[i], COMPONENT, ConsumerFault.outside_window, detail)
+            )
+    return _Rows(
+        [[column[i] for i in keep] for column in rows.columns],
+        [rows.messages[i] for i in keep],
+    )
 
 
 class Sink:
@@ -338,12 +377,14 @@ class Sink:
                 log.warning("kafka: %s", err)
         return good
 
-    def decode(self, messages: list[Message]) -> _Batch:
-        """Pure: messages -> rows per table and dead letters (no I/O). A table's
-        ``fast_columns`` fills most rows' columns straight from the bytes; what it leaves is
-        validated by the wire schema, which builds the row or names the reason for the dead
-        letter."""
+    def decode(self, messages: list[Message], now: float | None = None) -> _Batch:
+        """Pure but for the clock (``now``, epoch seconds: by default the time of the call):
+        messages -> rows per table and dead letters (no I/O). A table's ``fast_columns``
+        fills most rows' columns straight from the bytes; what it leaves is validated by the
+        wire schema, which builds the row or names the reason for the dead letter. A row
+        stamped outside the config's window around ``now`` is a dead letter too."""
         batch = _Batch()
+        window = self._window(time.time() if now is None else now)
         # Grouped by topic, the last offset per partition: a consumed batch comes in runs of
         # one partition, so the run's list and offsets are looked up once a run, and no
         # object is made a message.
@@ -367,8 +408,17 @@ class Sink:
                 batch.offsets[(name, partition)] = offset
             if name is not None:  # checked above: every group holds a message
                 table = self._tables[name]
-                batch.rows[table.name] = self._rows(table, got, batch.dead)
+                rows = self._rows(table, got, batch.dead)
+                batch.rows[table.name] = _within(rows, table, window, batch.dead)
         return batch
+
+    def _window(self, now: float) -> tuple[datetime, datetime]:
+        """The instants a row's ``ts`` may take at ``now``: from ``max_row_age_s`` before it
+        up to, not including, ``max_row_ahead_s`` after it (within ``DateTime``'s range)."""
+        age, ahead = self.config.max_row_age_s, self.config.max_row_ahead_s
+        lo = STAMP_MIN if age is None else max(STAMP_MIN, _instant(now - age))
+        hi = STAMP_END if ahead is None else min(STAMP_END, _instant(now + ahead))
+        return lo, hi
 
     @staticmethod
     def _rows(table: Table, messages: list[Message], dead: list[DeadLetter]) -> _Rows:

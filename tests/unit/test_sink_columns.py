@@ -22,7 +22,7 @@ from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.request_log import RequestLog
 from tests.kafka_message import FakeMessage
 from tests.pack_cases import cache
-from tests.wire_strategies import raw_of, whole
+from tests.wire_strategies import T0, raw_of, whole
 
 REQUESTS = next(t for t in TABLES if t.name == "request_log")
 CACHE = next(t for t in TABLES if t.name == "cache_events")
@@ -51,7 +51,7 @@ def _batch() -> tuple[Sink, list[FakeMessage]]:
 
 def test_fast_and_slow_rows_fill_the_same_columns_beside_their_messages() -> None:
     sink, msgs = _batch()
-    batch = sink.decode(msgs)  # type: ignore[arg-type]
+    batch = sink.decode(msgs, now=T0)  # type: ignore[arg-type]
     requests = batch.rows[REQUESTS.name]
     assert len(requests.columns) == len(REQUESTS.columns)
     assert {len(c) for c in requests.columns} == {len(requests)} == {3}

@@ -12,18 +12,20 @@ from typing import Any
 
 import pytest
 from clickhouse_driver import errors as ch_errors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
-from loraplane.metrics.sink import Sink
+from loraplane.metrics.sink import Sink, SinkConfig
 from loraplane.metrics.tables import TABLES, encoders_for, timestamp_encoder
 from loraplane.schemas.cache_event import CacheEventKind
 from loraplane.schemas.codec import encode
-from loraplane.schemas.dead_letter import dead_letter_at
+from loraplane.schemas.dead_letter import STAMP_END, STAMP_MIN, dead_letter_at
 from loraplane.schemas.reasons import ConsumerFault, DecodeReason
 from tests.kafka_message import FakeMessage
 from tests.pack_cases import cache
-from tests.wire_strategies import raw_of, whole
+from tests.wire_strategies import T0, raw_of, whole
 
 REQUESTS = next(t for t in TABLES if t.name == "request_log")
 DEAD = next(t for t in TABLES if t.name == "dead_letters")
@@ -63,7 +65,7 @@ def test_attack_a_request_log_stamped_outside_datetime_is_out_of_range(ts: str) 
     raws[5] = raw_of(whole(5, ts=ts))
     msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
     sink = Sink(Settings())
-    batch = sink.decode(msgs)  # type: ignore[arg-type]
+    batch = sink.decode(msgs, now=T0)  # type: ignore[arg-type]
     assert [(d.offset, d.reason) for d in batch.dead] == [(5, ConsumerFault.out_of_range)]
     rows = batch.rows[REQUESTS.name]
     assert [m.offset() for m in rows.messages] == [0, 1, 2, 3, 4, 6, 7]
@@ -118,7 +120,7 @@ def test_rows_out_of_range_and_rows_left_to_pydantic_keep_their_own_messages() -
     raws[4] = raw_of(whole(4, extra=1))  # the slow way, refused
     raws[5] = raw_of(whole(5, ts="1900-01-01T00:00:00Z"))
     msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
-    batch = Sink(Settings()).decode(msgs)  # type: ignore[arg-type]
+    batch = Sink(Settings()).decode(msgs, now=T0)  # type: ignore[arg-type]
     assert sorted((d.offset, str(d.reason)) for d in batch.dead) == [
         (2, "out_of_range"),
         (4, "invalid"),
@@ -128,3 +130,73 @@ def test_rows_out_of_range_and_rows_left_to_pydantic_keep_their_own_messages() -
     assert sorted(
         (m.offset(), row[0]) for m, row in zip(rows.messages, rows.rows, strict=True)
     ) == [(i, f"e{i}") for i in (0, 1, 3, 6)]
+
+
+DAY = 86_400.0
+
+
+def test_attack_rows_stamped_across_the_decades_cost_dead_letters_not_partitions() -> None:
+    """ATTACK: a writer of the requests topic stamps each log on another day between 1970
+    and 2106, all inside ``DateTime``: before, each was inserted, and every insert made a
+    daily partition per row (18.16 has no per-insert limit). Now a row outside the sink's
+    window (``max_row_age_s`` before its clock, ``max_row_ahead_s`` after) is a dead letter
+    ``outside_window`` naming its ts, and the rows inside keep their own messages."""
+    topic = topic_name(Settings(), "requests")
+    now = T0
+    offsets = {  # seconds from now, by offset
+        0: 0.0,
+        1: -399 * DAY,  # a backlog of a year: kept
+        2: -401 * DAY,
+        3: -20 * 365 * DAY,
+        4: 0.9 * DAY,  # a clock ahead: kept
+        5: 1.0 * DAY,  # the window's end is not in it
+        6: 50 * 365 * DAY,
+        7: -1.0,
+    }
+    raws = [
+        raw_of(whole(i, ts=datetime.fromtimestamp(now + delta, UTC).isoformat()))
+        for i, delta in offsets.items()
+    ]
+    raws[3] = raw_of(
+        whole(3, error="café", ts=datetime.fromtimestamp(now - 7300 * DAY, UTC).isoformat())
+    )  # slow way
+    msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
+    batch = Sink(Settings()).decode(msgs, now=now)  # type: ignore[arg-type]
+    assert sorted((d.offset, d.reason) for d in batch.dead) == [
+        (i, ConsumerFault.outside_window) for i in (2, 3, 5, 6)
+    ]
+    assert all("outside the sink's window" in d.detail for d in batch.dead)
+    rows = batch.rows[REQUESTS.name]
+    assert [(m.offset(), row[0]) for m, row in zip(rows.messages, rows.rows, strict=True)] == [
+        (i, f"e{i}") for i in (0, 1, 4, 7)
+    ]
+
+
+def test_every_table_keeps_to_the_window_and_none_applies_without_one() -> None:
+    event = cache(1, CacheEventKind.load, "w1")
+    topic = topic_name(Settings(), "cache-events")
+    msg = FakeMessage(encode(event), t=topic, part=0, off=0)
+    now = event.ts.timestamp()
+    assert Sink(Settings()).decode([msg], now=now).dead == []  # type: ignore[list-item]
+    far = Sink(Settings()).decode([msg], now=now + 500 * DAY)  # type: ignore[list-item]
+    assert [d.reason for d in far.dead] == [ConsumerFault.outside_window]
+    unbounded = Sink(Settings(), SinkConfig(max_row_age_s=None, max_row_ahead_s=None))
+    assert unbounded.decode([msg], now=now + 500 * DAY).dead == []  # type: ignore[list-item]
+
+
+@settings(max_examples=200, deadline=None)
+@given(deltas=st.lists(st.floats(-1e9, 1e9, allow_nan=False), min_size=1, max_size=12))
+def test_a_row_is_kept_exactly_when_its_stamp_is_in_the_window(deltas: list[float]) -> None:
+    topic = topic_name(Settings(), "requests")
+    stamps = [
+        datetime.fromtimestamp(round(T0 + d, 6), UTC)
+        for d in deltas
+        if STAMP_MIN.timestamp() <= T0 + d < STAMP_END.timestamp() - 1
+    ]
+    raws = [raw_of(whole(i, ts=ts.isoformat())) for i, ts in enumerate(stamps)]
+    msgs = [FakeMessage(raw, t=topic, part=0, off=i) for i, raw in enumerate(raws)]
+    batch = Sink(Settings()).decode(msgs, now=T0)  # type: ignore[arg-type]
+    lo, hi = T0 - 400 * DAY, T0 + DAY
+    kept = [m.offset() for m in batch.rows[REQUESTS.name].messages] if stamps else []
+    assert kept == [i for i, ts in enumerate(stamps) if lo <= ts.timestamp() < hi]
+    assert sorted(kept + [d.offset for d in batch.dead]) == list(range(len(stamps)))
