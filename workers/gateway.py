@@ -44,7 +44,7 @@ from loraplane.frontdoor.request_fields import (
     header_token,
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
-from loraplane.kernel.http_server import HEAD_CHECK
+from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
@@ -260,8 +260,10 @@ class Gateway:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.add_routes(
             [
-                web.post("/v1/completions", self.completions),
-                web.post("/v1/chat/completions", self.chat_completions),
+                web.post("/v1/completions", self.completions, expect_handler=expect_continue),
+                web.post(
+                    "/v1/chat/completions", self.chat_completions, expect_handler=expect_continue
+                ),
                 web.get("/metrics", self.metrics),
                 web.get("/healthz", self.healthz),
             ]

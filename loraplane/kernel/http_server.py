@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler as _DEFAULT_EXPECT
 
 from loraplane.kernel import collector
 from loraplane.kernel.config import HttpLimits
@@ -38,6 +39,7 @@ __all__ = [
     "HeadCheck",
     "bound_port",
     "connection_budget",
+    "expect_continue",
     "open_connections",
     "raise_fd_limit",
     "run_serving",
@@ -362,19 +364,36 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
     return bounded
 
 
+def _expects_continue(request: web.Request) -> bool:
+    return request.headers.get("Expect", "").lower() == "100-continue"
+
+
+async def expect_continue(request: web.Request) -> None:
+    """The ``expect_handler`` of a route under a head check: aiohttp answers ``Expect:
+    100-continue`` before any middleware runs, which would invite the body of a request the
+    head check then refuses. A head the check refuses gets no ``100 Continue`` (the
+    middleware answers its refusal and closes, the body never asked for); any other is
+    answered as aiohttp does (``100 Continue``, or 417 for another expectation)."""
+    check = request.app.get(HEAD_CHECK)
+    if check is not None and _expects_continue(request) and check(request) is not None:
+        return None
+    return await _DEFAULT_EXPECT(request)
+
+
 async def _answer_unread(
     request: web.Request, response: web.StreamResponse, guard: _Guard | None, cap: int
 ) -> web.StreamResponse:
     """Write a head check's refusal before any of the body is read. The rest of a body
     within ``cap`` is then read and dropped, never held, under the body deadline (the
     connection still waits on its client, so it may be shed), and the client reads its
-    answer rather than a reset; a body past ``cap``, declared or sent, closes the
-    connection instead of being waited for."""
+    answer rather than a reset; a body past ``cap``, declared or sent, or one held back
+    for a ``100 Continue`` that never came (``expect_continue``), closes the connection
+    instead of being waited for."""
     with contextlib.suppress(ConnectionError):
         await response.prepare(request)
         await response.write_eof()
     declared = request.content_length
-    if declared is None or declared <= cap:
+    if (declared is None or declared <= cap) and not _expects_continue(request):
         dropped = 0
         with contextlib.suppress(ConnectionError, RuntimeError):  # closed: the deadline, the peer
             while dropped <= cap and (chunk := await request.content.readany()):

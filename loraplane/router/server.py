@@ -63,7 +63,7 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
-from loraplane.kernel.http_server import HEAD_CHECK
+from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
@@ -259,8 +259,10 @@ class Router:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.add_routes(
             [
-                web.post("/v1/completions", self.completions),
-                web.post("/v1/chat/completions", self.chat_completions),
+                web.post("/v1/completions", self.completions, expect_handler=expect_continue),
+                web.post(
+                    "/v1/chat/completions", self.chat_completions, expect_handler=expect_continue
+                ),
                 web.get("/v1/models", self.models),
                 web.get("/healthz", self.healthz),
                 web.get("/metrics", self.metrics),
