@@ -259,6 +259,7 @@ class WorkerAgent:
         self._saved_protected: frozenset[str] = frozenset()
         self.started = False
         self.base_served = ""  # the id vLLM serves the base model under (its model path)
+        self.context_tokens: int | None = None  # vLLM's max_model_len, once listed
 
     # ---- serving (workers/serving.py) -------------------------------------------------
     @property
@@ -355,7 +356,10 @@ class WorkerAgent:
         self._rt.gpu = {m.id: m.root for m in models if m.is_adapter}
         for gone in self._rt.loaded_at.keys() - self._rt.gpu.keys():
             del self._rt.loaded_at[gone]
-        self.base_served = next((m.id for m in models if not m.is_adapter), self.base_served)
+        base = next((m for m in models if not m.is_adapter), None)
+        if base is not None:
+            self.base_served = base.id
+            self.context_tokens = base.max_model_len or self.context_tokens
         self._host = await asyncio.to_thread(self._read_host)
         return ActualState(
             gpu=dict(self._rt.gpu),

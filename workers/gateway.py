@@ -40,7 +40,9 @@ from loraplane.frontdoor.http import (
 )
 from loraplane.frontdoor.request_fields import (
     Endpoint,
+    Refused,
     cache_salt,
+    fit_context,
     header_token,
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
@@ -325,7 +327,12 @@ class Gateway:
         trace.prompts, trace.stream = admission.request.prompts, admission.request.stream
         trace.client_wants_usage = admission.request.client_wants_usage
         try:
-            return await self._route(request, path, admission.request.body, trace, admission.choice)
+            try:
+                fitted = fit_context(admission.request, self.worker.context_tokens)
+            except Refused as exc:  # a bound past the model's context: vLLM would refuse it
+                trace.status, trace.error = RequestStatus.refused, exc.reason.value
+                return error_response(exc.status, exc.reason, exc.message, exc.field or None)
+            return await self._route(request, path, fitted.body, trace, admission.choice)
         finally:
             self.door.leave(admission, trace.prompt_tokens + max(0, trace.output_tokens))
             self._log(trace)

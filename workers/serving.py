@@ -56,6 +56,11 @@ class Serving(Protocol):
         ...
 
     @property
+    def context_tokens(self) -> int | None:
+        """The base model's context in tokens (vLLM's ``max_model_len``); None: not known."""
+        ...
+
+    @property
     def upstream(self) -> Upstream: ...
 
     def versions(self, adapter_id: str) -> list[AdapterRecord]:

@@ -68,6 +68,7 @@ class ServedModel:
     id: str
     root: str
     parent: str | None
+    max_model_len: int | None = None  # the context vLLM lists for the base model
 
     @property
     def is_adapter(self) -> bool:
@@ -80,7 +81,10 @@ def _served_model(entry: object) -> ServedModel:
     id_, root, parent = entry["id"], entry.get("root"), entry.get("parent")
     if not isinstance(id_, str) or not all(v is None or isinstance(v, str) for v in (root, parent)):
         raise TypeError(f"an entry's id, root or parent is not a string: {entry!r}"[:300])
-    return ServedModel(id_, root or "", parent)
+    context = entry.get("max_model_len")
+    if not isinstance(context, int) or isinstance(context, bool) or context <= 0:
+        context = None  # an adapter's null, or not vLLM's number: not known
+    return ServedModel(id_, root or "", parent, context)
 
 
 async def _read_text(resp: aiohttp.ClientResponse, what: str) -> str:

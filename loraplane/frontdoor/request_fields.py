@@ -19,7 +19,7 @@ import hmac
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "TokenBucket",
     "admit",
     "cache_salt",
+    "fit_context",
     "header_token",
     "request_caps",
 ]
@@ -116,6 +117,7 @@ class Admitted:
     max_tokens: int  # per choice
     stream: bool
     client_wants_usage: bool  # stream_options.include_usage as the client asked
+    max_tokens_field: str | None = None  # the field the client bounded it with; None: default
 
     @property
     def max_output_tokens(self) -> int:
@@ -319,6 +321,14 @@ def admit(
     ]
     given = [v for v in limits if v is not None]
     max_tokens = min(given) if given else caps.default_max_tokens
+    bound_by = next(
+        (
+            n
+            for n, v in zip(("max_tokens", "max_completion_tokens"), limits, strict=True)
+            if v is not None and v == max_tokens
+        ),
+        None,
+    )
     _number(body, "temperature", 0.0, 2.0)
     _number(body, "top_p", 0.0, 1.0)
     # What vLLM refuses whatever the model (a 400 from vLLM is a 502 here, and the
@@ -340,7 +350,26 @@ def admit(
     out = {k: v for k, v in body.items() if k not in DROPPED and k != "model"}
     if not given:
         out["max_tokens"] = max_tokens
-    return Admitted(out, prompts, best_of, max_tokens, stream, wants_usage and stream)
+    return Admitted(out, prompts, best_of, max_tokens, stream, wants_usage and stream, bound_by)
+
+
+def fit_context(request: Admitted, context_tokens: int | None) -> Admitted:
+    """``request`` within the model's context (vLLM's ``max_model_len``; None: not known):
+    vLLM refuses a request whose ``max_tokens`` is over it, and leaves the prompt room
+    within it otherwise. A class default over it is lowered to it; a client's own bound
+    over it is ``Refused`` (``max_tokens_too_large``, naming the context)."""
+    if context_tokens is None or request.max_tokens <= context_tokens:
+        return request
+    name = request.max_tokens_field
+    if name is not None:
+        raise Refused(
+            RequestRefusal.max_tokens_too_large,
+            name,
+            f"{name} {request.max_tokens} is over the model's context of {context_tokens} "
+            "tokens (prompt and output together)",
+        )
+    body = {**request.body, "max_tokens": context_tokens}
+    return replace(request, body=body, max_tokens=context_tokens)
 
 
 def cache_salt(secret: bytes, tenant_id: str) -> str:

@@ -127,6 +127,7 @@ class FakeVllm:
     max_lora_rank: int = 8
     max_loras: int = 2
     token_delay_s: float = 0.0
+    max_model_len: int = 256  # the context, listed on the base model's /v1/models entry
     adapters: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (path, digest)
     running: Counter[str] = field(default_factory=Counter)
     load_calls: int = 0
@@ -245,7 +246,7 @@ class FakeVllm:
                 "owned_by": "vllm",
                 "root": self.model,
                 "parent": None,
-                "max_model_len": 256,
+                "max_model_len": self.max_model_len,
             }
         ]
         data += [
@@ -312,7 +313,15 @@ class FakeVllm:
             prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         else:
             prompt = str(body.get("prompt", ""))
-        max_tokens = max(1, min(int(body.get("max_tokens") or 16), 256))
+        asked = body.get("max_tokens")
+        if isinstance(asked, int) and asked > self.max_model_len:  # as vLLM 0.32 refuses it
+            return _error(
+                400,
+                f"max_tokens={asked} cannot be greater than max_total_tokens="
+                f"{self.max_model_len}. Please request fewer output tokens.",
+                "BadRequestError",
+            )
+        max_tokens = max(1, min(int(asked or 16), self.max_model_len))
         tokens = self.generate(key, prompt, max_tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         words = prompt.split()

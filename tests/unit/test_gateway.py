@@ -855,6 +855,7 @@ class FakeServing:
     base_model: str = BASE
     started: bool = True
     base_served: str = "/models/base"
+    context_tokens: int | None = None
 
     @property
     def upstream(self) -> FakeServing:
@@ -1204,7 +1205,7 @@ async def test_costly_asks_are_refused_by_the_class_caps(world: World) -> None:
     assert len(world.fake.requests) == sent  # none reached vLLM
     # batch has its own, larger caps (policy request_budgets.batch.caps)
     status, _, _ = await world.post(
-        {"model": "sql", "prompt": "q", "max_tokens": 4096}, **{"X-Request-Class": "batch"}
+        {"model": "sql", "prompt": "q", "max_tokens": 200}, **{"X-Request-Class": "batch"}
     )
     assert status == 200
     # no max_tokens: the class default is set, so the output is bounded anyway
@@ -1212,6 +1213,39 @@ async def test_costly_asks_are_refused_by_the_class_caps(world: World) -> None:
     assert forwarded(world)["max_tokens"] == RequestBudgets().interactive.caps.default_max_tokens
     status, _, body = await world.post({"model": "sql", "prompt": "q" * 2_000_000})
     assert status == 413 and body["error"]["type"] == "body_too_large"
+
+
+async def test_max_tokens_past_the_models_context(world: World) -> None:
+    """The base model's context (vLLM's ``max_model_len``, 256 here) bounds a choice's
+    tokens: a ``max_tokens`` past it, within the class's cap, is the client's 400 naming
+    the context (vLLM refuses it: it was the adapter's 502); a class default past it is
+    lowered to it, so a request without ``max_tokens`` is served (vLLM then leaves room
+    for the prompt)."""
+    await load(world, RECORDS[2])
+    default = RequestBudgets().batch.caps.default_max_tokens
+    assert default > world.fake.max_model_len  # the tiny model's case
+    sent = len(world.fake.requests)
+    for field_name in ("max_tokens", "max_completion_tokens"):
+        path = "/v1/completions" if field_name == "max_tokens" else "/v1/chat/completions"
+        body: dict[str, Any] = {"model": "sql", field_name: 4096}
+        body.update(
+            prompt="q" if field_name == "max_tokens" else None,
+            messages=None if field_name == "max_tokens" else [{"role": "user", "content": "q"}],
+        )
+        body = {k: v for k, v in body.items() if v is not None}
+        status, _, answer = await world.post(body, path, **{"X-Request-Class": "batch"})
+        assert (status, answer["error"]["type"], answer["error"]["param"]) == (
+            400,
+            "max_tokens_too_large",
+            field_name,
+        ), answer
+        assert "context" in answer["error"]["message"]
+    assert len(world.fake.requests) == sent  # none reached vLLM
+    logs = world.sink.messages(RequestLog)[-2:]
+    assert [(m.status, m.error) for m in logs] == [("refused", "max_tokens_too_large")] * 2
+    batch = {"X-Request-Class": "batch"}
+    assert (await world.post({"model": "sql", "prompt": "q"}, **batch))[0] == 200
+    assert forwarded(world)["max_tokens"] == world.fake.max_model_len
 
 
 async def test_smuggled_fields_never_reach_vllm(world: World) -> None:
