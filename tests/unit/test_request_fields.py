@@ -22,6 +22,7 @@ from loraplane.frontdoor.request_fields import (
     TokenBucket,
     admit,
     cache_salt,
+    fit_context,
     header_token,
 )
 from loraplane.kernel.policy import RequestCaps, TenantLimits
@@ -232,3 +233,39 @@ def test_attack_what_vllm_refuses_for_any_model_is_the_doors_400(
 )
 def test_what_vllm_takes_still_passes(body: dict[str, object]) -> None:
     admit(Endpoint.completions, {"model": "m", **body}, CAPS)
+
+
+@given(
+    endpoint=st.sampled_from(list(Endpoint)),
+    bounds=st.dictionaries(
+        st.sampled_from(["max_tokens", "max_completion_tokens"]),
+        st.integers(1, CAPS.max_tokens),
+        max_size=2,
+    ),
+    context=st.one_of(st.none(), st.integers(1, 2 * CAPS.max_tokens)),
+)
+def test_fit_context_never_sends_more_than_the_context(
+    endpoint: Endpoint, bounds: dict[str, int], context: int | None
+) -> None:
+    """What is forwarded never asks vLLM for more than the model's context (which vLLM
+    refuses); a client's own bound past it is refused by the field that set it, a class
+    default past it is lowered to it, and nothing else changes."""
+    if endpoint == Endpoint.completions:
+        bounds.pop("max_completion_tokens", None)
+        body: dict[str, Any] = {"model": "m", "prompt": "q", **bounds}
+    else:
+        body = {"model": "m", "messages": MESSAGES, **bounds}
+    admitted = admit(endpoint, body, CAPS)
+    try:
+        fitted = fit_context(admitted, context)
+    except Refused as exc:
+        assert exc.reason == RequestRefusal.max_tokens_too_large
+        assert context is not None and bounds[exc.field] == admitted.max_tokens > context
+        return
+    if context is None or admitted.max_tokens <= context:
+        assert fitted == admitted
+        return
+    assert not bounds and fitted.max_tokens == fitted.body["max_tokens"] == context
+    assert {k: v for k, v in fitted.body.items() if k != "max_tokens"} == {
+        k: v for k, v in admitted.body.items() if k != "max_tokens"
+    }
