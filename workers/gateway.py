@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -47,6 +49,7 @@ from loraplane.frontdoor.request_fields import (
 )
 from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
+from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
@@ -65,6 +68,7 @@ __all__ = [
     "ColdBudget",
     "ColdLoadSlots",
     "Gateway",
+    "client_message",
     "cold_budget",
 ]
 
@@ -77,6 +81,27 @@ _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the us
 CLIENT_PACED_SHARE = 0.05
 """A stream whose writes to the client waited longer than this share of its decode time was
 paced by its client, not by vLLM: it gives no point of the load-stall estimate."""
+
+
+log = logging.getLogger("loraplane.gateway")
+_FAILURE_LOG_EVERY_S = 30.0
+_PATH = re.compile(r"(?<![^\s`'\"(=])(?:[A-Za-z]:)?(?:[/\\][^\s`'\"/\\]+)+[/\\]?")
+"""An absolute path in vLLM's words (a model folder, a host-tier copy): not the client's."""
+
+
+def client_message(error: VllmError, names: dict[str, str]) -> str:
+    """What a client is told of vLLM's failure on its request. vLLM's refusal of the
+    request (400: a prompt past the context, a token id out of the vocabulary) is the
+    client's to fix, so its words go on, each internal name in ``names`` (the lora name,
+    the base model's path) as the client's own and any other path elided; any other
+    failure (vLLM's 5xx and tracebacks, the transport's trouble naming vLLM's address) is
+    its reason only: the detail is the gateway's log line."""
+    if error.reason != VllmErrorCode.bad_request:
+        return f"the model server failed on this request ({error.reason.failure})"
+    message = error.message
+    for internal in sorted((n for n in names if n), key=len, reverse=True):
+        message = message.replace(internal, names[internal])
+    return "the model server refused the request: " + _PATH.sub("<path>", message)[:500]
 
 
 class _ModelName:
@@ -238,6 +263,7 @@ class Gateway:
         # gateway and a counter, unique like uuid4 but without its urandom call per request
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_seq = itertools.count()
+        self._failures = LogBurst("gateway", _FAILURE_LOG_EVERY_S, logger=log)
 
     @property
     def api_keys(self) -> KeyLookup:
@@ -502,11 +528,18 @@ class Gateway:
                     )
             except VllmError as exc:
                 trace.status, trace.error = RequestStatus.error, exc.reason.failure
+                self._failures.note(
+                    exc.reason.failure, f"request {trace.request_id} as {served_name}: {exc}"
+                )
                 if exc.reason == VllmErrorCode.not_found:  # unloaded under us: ask again later
                     return error_response(
-                        503, "adapter_unavailable", exc.message, **{"Retry-After": "1"}
+                        503,
+                        "adapter_unavailable",
+                        "the adapter was unloaded while this request waited; retry",
+                        **{"Retry-After": "1"},
                     )
-                return error_response(502, exc.reason.failure, exc.message)
+                names = {served_name: trace.adapter_id, self.worker.base_served: trace.adapter_id}
+                return error_response(502, exc.reason.failure, client_message(exc, names))
 
     async def _stream(
         self,

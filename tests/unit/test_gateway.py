@@ -42,7 +42,7 @@ from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.reasons import ArtifactReason as Reason
-from loraplane.schemas.reasons import CommandRule, ForeignChange
+from loraplane.schemas.reasons import CommandRule, ForeignChange, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.schemas.worker_state import CopyOrigin
 from loraplane.testing.fake_vllm import FakeVllm
@@ -65,7 +65,7 @@ from loraplane.workers.gateway import (
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
 from loraplane.workers.host_tier_entry import RESOLVER_COPIES
 from loraplane.workers.serving import LoadOutcome, Serving
-from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
+from loraplane.workers.vllm_client import VllmClient, VllmError, VllmUnguarded
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BASE = "tiny-llama"
@@ -1711,3 +1711,69 @@ async def _loaded(world: World, record: AdapterRecord, wait_s: float = 0.0) -> L
         await world.agent.reconcile_once()
         await asyncio.sleep(0.02)
     raise AssertionError(f"{record.lora_name} never reached the host tier")
+
+
+@dataclass
+class FailingUpstream(FakeServing):
+    """An upstream that fails every completion with ``error``, as vLLM or the pool would."""
+
+    error: VllmError = field(default_factory=lambda: VllmError(VllmErrorCode.server_error, ""))
+
+    @asynccontextmanager
+    async def completion(
+        self,
+        path: str,
+        body: dict[str, Any],  # type: ignore[override]
+    ) -> AsyncIterator[Any]:
+        raise self.error
+        yield
+
+
+_INTERNAL = "/srv/models/base-7b"
+_FAILURES = [
+    VllmError(VllmErrorCode.server_error, f"EngineCore at {_INTERNAL} died: Traceback ...", 500),
+    VllmError(
+        VllmErrorCode.unreachable, "POST /v1/completions: 127.0.0.1:18000: connection refused"
+    ),
+    VllmError(VllmErrorCode.timeout, "POST /v1/completions: connect to 127.0.0.1:18000 took"),
+    VllmError(
+        VllmErrorCode.bad_request,
+        f"This model's maximum context length is 256 tokens (model `{RECORDS[2].lora_name}`, "
+        f"base `{_INTERNAL}`)",
+        400,
+    ),
+    VllmError(VllmErrorCode.not_found, f"The model `{RECORDS[2].lora_name}` does not exist.", 404),
+]
+
+
+@pytest.mark.parametrize("error", _FAILURES, ids=lambda e: e.reason.value)
+async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
+    error: VllmError, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's failure reaches the client as its reason and, for vLLM's refusal of the
+    request (400), vLLM's words with the adapter id for every internal name: never the
+    lora name, the base model's path, vLLM's address or its traceback (they were the
+    answer's message). The whole detail is the gateway's log line."""
+    serving = FailingUpstream(hot={RECORDS[2].lora_name}, base_served=_INTERNAL, error=error)
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink())
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with (
+            ClientSession() as http,
+            http.post(
+                str(server.make_url("/v1/completions")),
+                headers=AUTH_A,
+                json={"model": "sql", "prompt": "q"},
+            ) as resp,
+        ):
+            text = await resp.text()
+    finally:
+        await server.close()
+    assert resp.status in (502, 503), text
+    assert json.loads(text)["error"]["type"] in (error.reason.failure, "adapter_unavailable")
+    for secret in (RECORDS[2].lora_name, _INTERNAL, "127.0.0.1", "Traceback", "EngineCore"):
+        assert secret not in text, text
+    if error.reason == VllmErrorCode.bad_request:
+        assert "maximum context length is 256 tokens" in text and "`sql`" in text
+    assert any(error.message in r.getMessage() for r in caplog.records)
