@@ -592,6 +592,15 @@ class Gateway:
                 await out.write(pending)
             await out.write_eof()
             return out
+        except VllmError as exc:
+            # vLLM lost after the 200 went out: no second answer can follow the first, so
+            # the connection is cut without the stream's end, and the client sees a cut
+            # stream, never a short one that looks whole
+            trace.status, trace.error = RequestStatus.error, exc.reason.failure
+            self._failures.note(exc.reason.failure, f"request {trace.request_id} mid-stream: {exc}")
+            if request.transport is not None:
+                request.transport.abort()
+            return out
         finally:  # the client (or vLLM) left before the usage chunk: what streamed counts
             self._count_stream(trace, events, usage_seen)
 

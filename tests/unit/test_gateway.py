@@ -1777,3 +1777,43 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
     if error.reason == VllmErrorCode.bad_request:
         assert "maximum context length is 256 tokens" in text and "`sql`" in text
     assert any(error.message in r.getMessage() for r in caplog.records)
+
+
+@dataclass
+class CutStream(Streamed):
+    """A stream vLLM ends mid-answer: ``events`` events, then the connection to it is lost
+    (the client's ``UpstreamResponse`` raises it as vLLM's error)."""
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        for _ in range(self.events):
+            yield b'data: {"model": "m", "choices": [{"text": "x"}]}\n\n'
+        raise VllmError(VllmErrorCode.unreachable, "POST /v1/completions: 127.0.0.1:1: reset")
+
+
+async def test_a_stream_vllm_cuts_reaches_the_client_cut() -> None:
+    """vLLM lost after the 200 went out: the client's stream ends without its last event
+    and the connection is cut, never an error head written into the stream's body (the
+    gateway answered a second response after the first was sent), and its one log says
+    the error and counts what streamed."""
+    worker = StreamingServing(hot={RECORDS[2].lora_name}, answer=CutStream(3, 1, 0.0, 3))
+    sink = ListSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        body = json.dumps({"model": "sql", "prompt": "q", "stream": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        got = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        writer.close()
+    finally:
+        await server.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), got[:200]
+    assert b"HTTP/1.1" not in rest and b"[DONE]" not in rest and b"0\r\n\r\n" not in rest, rest
+    assert rest.count(b"data: {") == 3
+    (log,) = sink.messages(RequestLog)
+    assert (log.status, log.error, log.output_tokens) == ("error", "vllm_unreachable", 3)
