@@ -139,12 +139,20 @@ def run(
 
 
 @worker_app.command("add-key")
-def add_key(tenant: str = typer.Option(..., "--tenant")) -> None:
+def add_key(
+    tenant: str = typer.Option(..., "--tenant"),
+    base_model: list[str] = typer.Option(
+        [],
+        "--base-model",
+        help="the key serves only adapters of this base model (repeat for several; "
+        "none: every base model)",
+    ),
+) -> None:
     """Create an API key for a tenant; prints the key once (only its digest is stored)."""
     from loraplane.frontdoor.api_keys import add_key as add
 
-    _ids(("--tenant", tenant))
-    typer.echo(add(get_settings().api_keys_path, tenant))
+    _ids(("--tenant", tenant), *(("--base-model", b) for b in base_model))
+    typer.echo(add(get_settings().api_keys_path, tenant, base_model or None))
 
 
 def _ids(*given: tuple[str, str]) -> None:

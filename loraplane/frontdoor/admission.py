@@ -61,9 +61,12 @@ class VersionReason(StrEnum):
 
 
 class Keys(Protocol):
-    """Tenant of an ``Authorization`` header (``frontdoor.api_keys``), None when unknown."""
+    """Tenant of an ``Authorization`` header (``frontdoor.api_keys``), None when unknown,
+    and the base models its key is scoped to (None: every one)."""
 
     def tenant(self, authorization: str | None) -> str | None: ...
+
+    def base_models(self, authorization: str | None) -> frozenset[str] | None: ...
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,10 @@ class Identity:
     tenant_id: str
     request_class: RequestClass
     forward: Forward | None = None
+    base_models: frozenset[str] | None = None  # the key's scope; None: every base model
+
+    def may_use(self, base_model: str) -> bool:
+        return self.base_models is None or base_model in self.base_models
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,8 @@ class FrontDoor:
                 AdmissionRefusal.bad_request_class,
                 "X-Request-Class must be interactive, batch, canary or shadow",
             )
-        return Identity(tenant, request_class, head.forward)
+        scope = None if head.forward is not None else self.keys.base_models(head.authorization)
+        return Identity(tenant, request_class, head.forward, scope)
 
     def admit(
         self, identity: Identity, head: Head, endpoint: Endpoint, raw: bytes, now: float
@@ -258,6 +266,12 @@ class FrontDoor:
             return refuse(404, AdmissionRefusal.unknown_adapter, f"no adapter {model!r} here")
         if any(r.tenant_id != tenant for r in versions):
             return refuse(403, AdmissionRefusal.forbidden, f"adapter {model!r} is not yours")
+        if not identity.may_use(versions[0].base_model):  # one base model per adapter
+            return refuse(
+                403,
+                AdmissionRefusal.base_model_not_allowed,
+                f"this API key is not for adapter {model!r}'s base model",
+            )
         choice = (
             self._forwarded(forward, versions)
             if forward is not None

@@ -1,10 +1,13 @@
 """API key -> tenant map of the gateway, kept as sha256 digests so the file holds no secret.
 
-File format (JSON): ``{"keys": {"<sha256 hex of the key>": "<tenant_id>"}}``; written by
-``loraplane worker add-key``. ``ApiKeysFile`` re-reads the file whenever its inode, size or
-mtime changes, so an added (or removed) key takes effect without a restart. A bad file is an
-error at start; a bad edit later fails closed (no key is accepted until it is fixed). A
-missing or empty file is allowed but logged as a warning: every request is then a 401.
+File format (JSON): ``{"keys": {"<sha256 hex of the key>": ENTRY}}``, an ENTRY being the
+key's ``"<tenant_id>"`` (every base model), or ``{"tenant": "<tenant_id>", "base_models":
+["<base_model>", ...]}``: a key the door takes only for adapters of those base models;
+written by ``loraplane worker add-key [--base-model B]...``. ``ApiKeysFile`` re-reads the
+file whenever its inode, size or mtime changes, so an added (or removed) key takes effect
+without a restart. A bad file is an error at start; a bad edit later fails closed (no key
+is accepted until it is fixed). A missing or empty file is allowed but logged as a
+warning: every request is then a 401.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ log = logging.getLogger("loraplane.worker")
 class KeyLookup(Protocol):
     def tenant(self, authorization: str | None) -> str | None: ...
 
+    def base_models(self, authorization: str | None) -> frozenset[str] | None: ...
+
 
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
@@ -50,6 +55,8 @@ def key_digest(key: str) -> str:
 @dataclass(frozen=True)
 class ApiKeys:
     tenants_by_digest: dict[str, str]
+    # the base models a scoped key may use; a key not here may use every one
+    base_models_by_digest: dict[str, frozenset[str]] = field(default_factory=dict)
     # exact headers of known keys -> tenant: at most one entry per key, so unknown or
     # padded headers can never grow it; gone with this object when the file changes
     _known: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -69,6 +76,15 @@ class ApiKeys:
             self._known[authorization] = tenant
         return tenant
 
+    def base_models(self, authorization: str | None) -> frozenset[str] | None:
+        """The base models the key of ``authorization`` is scoped to; None: every one (or
+        no key: ``tenant`` refuses it)."""
+        if not self.base_models_by_digest or self.tenant(authorization) is None:
+            return None
+        assert authorization is not None
+        key = authorization[len("Bearer ") :].strip()
+        return self.base_models_by_digest.get(key_digest(key))
+
 
 def load_api_keys(path: Path) -> ApiKeys:
     if not path.is_file():
@@ -77,10 +93,33 @@ def load_api_keys(path: Path) -> ApiKeys:
     keys = data.get("keys") if isinstance(data, dict) else None
     if not isinstance(keys, dict):
         raise ValueError(f'{path}: expected {{"keys": {{sha256: tenant_id}}}}')
-    for digest, tenant in keys.items():
-        if not _SHA256.fullmatch(str(digest)) or not is_id(tenant):
-            raise ValueError(f"{path}: bad entry {digest!r}: {tenant!r}")
-    return ApiKeys(dict(keys))
+    tenants: dict[str, str] = {}
+    scopes: dict[str, frozenset[str]] = {}
+    for digest, entry in keys.items():
+        tenant, scope = _entry(entry)
+        if not _SHA256.fullmatch(str(digest)) or tenant is None:
+            raise ValueError(f"{path}: bad entry {digest!r}: {str(entry)[:200]}")
+        tenants[digest] = tenant
+        if scope is not None:
+            scopes[digest] = scope
+    return ApiKeys(tenants, scopes)
+
+
+def _entry(entry: object) -> tuple[str | None, frozenset[str] | None]:
+    """A key's tenant and scope (None: every base model); a tenant of None: not an entry."""
+    if isinstance(entry, str):
+        return (entry if is_id(entry) else None), None
+    if not isinstance(entry, dict) or set(entry) != {"tenant", "base_models"}:
+        return None, None
+    tenant, bases = entry["tenant"], entry["base_models"]
+    if (
+        not is_id(tenant)
+        or not isinstance(bases, list)
+        or not bases
+        or not all(is_id(b) for b in bases)
+    ):
+        return None, None
+    return tenant, frozenset(bases)
 
 
 class ApiKeysFile:
@@ -134,6 +173,9 @@ class ApiKeysFile:
     def tenant(self, authorization: str | None) -> str | None:
         return self.current().tenant(authorization)
 
+    def base_models(self, authorization: str | None) -> frozenset[str] | None:
+        return self.current().base_models(authorization)
+
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
     try:
@@ -143,16 +185,27 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def add_key(path: Path, tenant_id: str) -> str:
-    """Create a new key for ``tenant_id``, store its digest, return the key (shown once)."""
+def add_key(path: Path, tenant_id: str, base_models: list[str] | None = None) -> str:
+    """Create a new key for ``tenant_id`` (scoped to ``base_models`` when given), store its
+    digest, return the key (shown once)."""
     if not is_id(tenant_id):
         raise ValueError(f"not a tenant id: {tenant_id!r}")
-    current = load_api_keys(path).tenants_by_digest
+    bad = [b for b in base_models or () if not is_id(b)]
+    if bad or base_models == []:
+        raise ValueError(f"not base model ids: {bad!r}")
+    current = load_api_keys(path)
+    entries: dict[str, object] = dict(current.tenants_by_digest)
+    for digest, scope in current.base_models_by_digest.items():
+        entries[digest] = {"tenant": entries[digest], "base_models": sorted(scope)}
     key = "lp-" + secrets.token_urlsafe(24)
-    current[key_digest(key)] = tenant_id
+    entries[key_digest(key)] = (
+        tenant_id
+        if base_models is None
+        else {"tenant": tenant_id, "base_models": sorted(set(base_models))}
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"keys": current}, indent=2, sort_keys=True))
+    tmp.write_text(json.dumps({"keys": entries}, indent=2, sort_keys=True))
     tmp.chmod(0o600)
     tmp.replace(path)
     return key

@@ -329,6 +329,7 @@ class Router:
             {"id": aid, "object": "model", "created": 0, "owned_by": tenant}
             for aid, versions in sorted(self.fleet.versions.items())
             if all(r.tenant_id == tenant for r in versions)
+            and identity.may_use(versions[0].base_model)
             and any(r.status in (AdapterStatus.active, AdapterStatus.canary) for r in versions)
         ]
         return web.json_response({"object": "list", "data": data})

@@ -631,3 +631,34 @@ def test_a_worker_count_its_own_heartbeat_could_not_carry_is_a_usage_error(
     assert result.exit_code == 2 and option in result.output and " is not in " in result.output, (
         result.output
     )
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+def test_attack_a_key_scoped_to_other_base_models_serves_none_here(
+    door: FrontDoor, through: str
+) -> None:
+    """A key scoped to base models serves only adapters of those: the tenant's own adapter
+    of another base model is a 403 ``base_model_not_allowed`` (logged, as a 403 is), and
+    the router lists only the adapters its base models hold."""
+    body = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    port = getattr(door, through)
+    before = len(door.sink.messages(RequestLog))
+    reply = send(port, "/v1/completions", [b"Authorization: Bearer key-a-elsewhere"], body)
+    assert (reply.status, reply.error_type()) == (403, "base_model_not_allowed"), reply
+    if through == "gateway":
+        (log,) = door.sink.messages(RequestLog)[before:]
+        assert (log.status, log.error) == ("refused", "base_model_not_allowed")
+    reply = send(port, "/v1/completions", [b"Authorization: Bearer key-a-here"], body)
+    assert reply.status == 200, reply
+    if through == "router":
+        listed = {
+            key: [
+                m["id"]
+                for m in json.loads(send(port, "/v1/models", [auth], method=b"GET").body)["data"]
+            ]
+            for key, auth in (
+                ("elsewhere", b"Authorization: Bearer key-a-elsewhere"),
+                ("here", b"Authorization: Bearer key-a-here"),
+            )
+        }
+        assert listed["elsewhere"] == [] and "sql" in listed["here"], listed

@@ -25,7 +25,13 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from loraplane.artifact.refusal import ArtifactError
-from loraplane.frontdoor.api_keys import ApiKeys, ApiKeysFile, add_key, key_digest
+from loraplane.frontdoor.api_keys import (
+    ApiKeys,
+    ApiKeysFile,
+    add_key,
+    key_digest,
+    load_api_keys,
+)
 from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel.policy import (
@@ -69,7 +75,20 @@ from loraplane.workers.vllm_client import VllmClient, VllmError, VllmUnguarded
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 BASE = "tiny-llama"
-KEYS = ApiKeys({key_digest("key-a"): "tenant-a", key_digest("key-b"): "tenant-b"})
+KEYS = ApiKeys(
+    {
+        key_digest("key-a"): "tenant-a",
+        key_digest("key-b"): "tenant-b",
+        key_digest("key-a-here"): "tenant-a",
+        key_digest("key-a-elsewhere"): "tenant-a",
+    },
+    {
+        key_digest("key-a-here"): frozenset({"tiny-llama", "big-llama"}),
+        key_digest("key-a-elsewhere"): frozenset({"big-llama"}),
+    },
+)
+"""key-a and key-b: any base model; key-a-here: tiny-llama (and another); key-a-elsewhere:
+a base model none of tenant-a's adapters here is for."""
 AUTH_A = {"Authorization": "Bearer key-a"}
 
 
@@ -1817,3 +1836,27 @@ async def test_a_stream_vllm_cuts_reaches_the_client_cut() -> None:
     assert rest.count(b"data: {") == 3
     (log,) = sink.messages(RequestLog)
     assert (log.status, log.error, log.output_tokens) == ("error", "vllm_unreachable", 3)
+
+
+def test_a_key_file_scopes_a_key_to_base_models(tmp_path: Path) -> None:
+    """A key's entry is its tenant, or its tenant and the base models it may use; anything
+    else (no tenant, an empty or non-id list, an unknown field) makes the file invalid."""
+    path = tmp_path / "api-keys.json"
+    key = add_key(path, "tenant-a", base_models=["tiny-llama"])
+    plain = add_key(path, "tenant-b")
+    keys = load_api_keys(path)
+    assert keys.tenant(f"Bearer {key}") == "tenant-a"
+    assert keys.base_models(f"Bearer {key}") == frozenset({"tiny-llama"})
+    assert keys.base_models(f"Bearer {plain}") is None  # every base model
+    assert keys.base_models("Bearer nope") is None and keys.tenant("Bearer nope") is None
+    digest = "a" * 64
+    for entry in (
+        {"tenant": "t"} | {"base_models": []},
+        {"tenant": "t", "base_models": ["../x"]},
+        {"tenant": "t", "base_models": "tiny-llama"},
+        {"base_models": ["tiny-llama"]},
+        {"tenant": "t", "base_models": ["b"], "admin": True},
+    ):
+        path.write_text(json.dumps({"keys": {digest: entry}}))
+        with pytest.raises(ValueError):
+            load_api_keys(path)
