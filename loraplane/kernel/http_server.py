@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler as _DEFAULT_EXPECT
 
 from loraplane.kernel import collector
@@ -346,6 +347,8 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                     if transport is not None and not transport.is_closing():
                         raise
                     return web.Response(status=408)
+                except RequestPayloadError:  # a Content-Encoding that does not decode
+                    return await _answer_undecodable(request)
             if guard is not None:
                 guard.body_read()
             response = await handler(request)
@@ -380,6 +383,18 @@ async def expect_continue(request: web.Request) -> None:
     return await _DEFAULT_EXPECT(request)
 
 
+async def _answer_undecodable(request: web.Request) -> web.StreamResponse:
+    """A body whose ``Content-Encoding`` does not decode is the client's error: a 400, then
+    the connection closes (aiohttp would otherwise read the rest of the broken body after
+    the answer and log its error as unhandled)."""
+    refused = web.Response(status=400, text="the body could not be read: its encoding is broken")
+    with contextlib.suppress(ConnectionError):
+        await refused.prepare(request)
+        await refused.write_eof()
+    request.protocol.force_close()
+    return refused
+
+
 async def _answer_unread(
     request: web.Request, response: web.StreamResponse, guard: _Guard | None, cap: int
 ) -> web.StreamResponse:
@@ -395,7 +410,8 @@ async def _answer_unread(
     declared = request.content_length
     if (declared is None or declared <= cap) and not _expects_continue(request):
         dropped = 0
-        with contextlib.suppress(ConnectionError, RuntimeError):  # closed: the deadline, the peer
+        # closed (the deadline, the peer) or undecodable: dropped either way
+        with contextlib.suppress(ConnectionError, RuntimeError, RequestPayloadError):
             while dropped <= cap and (chunk := await request.content.readany()):
                 dropped += len(chunk)
     if guard is not None:

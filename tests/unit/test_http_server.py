@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import resource
 import sys
@@ -104,6 +105,35 @@ async def test_a_body_that_never_ends_is_closed_by_its_deadline(site) -> None:
     assert await _closed_within(reader, 2) == b""
     assert burst.total["body_timeout"] == 1
     writer.close()
+
+
+@pytest.mark.parametrize(
+    "encoding, body",
+    [
+        (b"gzip", b"not gzip at all"),
+        (b"deflate", b"\x00\x01\x02\x03"),
+        (b"gzip", gzip.compress(b"x" * 100)[:10] + b"\xff" * 30),  # broken inside
+    ],
+)
+async def test_a_body_that_cannot_be_decoded_is_a_400_not_a_500(
+    site, caplog: pytest.LogCaptureFixture, encoding: bytes, body: bytes
+) -> None:
+    """A body whose ``Content-Encoding`` does not decode is the client's error: a 400 and
+    the connection closed (where its next request starts is unknown), never a 500 and an
+    unhandled exception in the server's log."""
+    port, _, _ = site
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n"
+        % (encoding, len(body))
+        + body
+    )
+    answer = await _closed_within(reader, 2)
+    writer.close()
+    assert answer.split(b" ", 2)[1] == b"400", answer
+    # a parser's refusal is aiohttp's rate-limited line; never an unhandled one
+    assert not any("Unhandled" in r.getMessage() for r in caplog.records)
+    assert await _get(port) == (200, "ok 0")
 
 
 async def test_an_oversized_head_gets_431_and_is_closed(site) -> None:
