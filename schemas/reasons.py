@@ -31,6 +31,7 @@ __all__ = [
     "RegistryViewRejection",
     "RequestRefusal",
     "ResolverRefusal",
+    "RouterRefusal",
     "SignerProblem",
     "TenantLimit",
     "UnloadReason",
@@ -344,6 +345,15 @@ class AdmissionRefusal(StrEnum):
     no_serving_version = "no_serving_version"  # neither active nor canary (404)
     version_unknown = "version_unknown"  # the router's version is not in this view yet (503)
     version_revoked = "version_revoked"  # the router's version was revoked since (410)
+
+
+class RouterRefusal(StrEnum):
+    """Why the fleet router answered a request itself after its front door admitted it
+    (``router.server``), besides a ``QueueRefusal``."""
+
+    no_live_worker = "no_live_worker"  # no live worker of the base model fits (503)
+    worker_lost = "worker_lost"  # the chosen worker closed mid-answer (503 + Retry-After)
+    client_gone = "client_gone"  # the client left while its request was queued (499)
 
 
 class TenantLimit(StrEnum):

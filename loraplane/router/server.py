@@ -75,7 +75,7 @@ from loraplane.schemas.base import version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal
+from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefusal
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 
@@ -341,7 +341,12 @@ class Router:
         return await self._handle(request, Endpoint.chat_completions)
 
     def _refuse(
-        self, status: int, code: str, message: str, param: str | None = None, **headers: str
+        self,
+        status: int,
+        code: AdmissionRefusal | QueueRefusal | RouterRefusal,
+        message: str,
+        param: str | None = None,
+        **headers: str,
     ) -> web.Response:
         self.outcomes[code] += 1
         return error_response(status, code, message, param, **headers)
@@ -436,7 +441,7 @@ class Router:
             return got
         if got.state is TicketState.expired:
             return self._queue_refusal(QueueRefusal.queue_timeout, request_class)
-        return self._refuse(499, "client_gone", "the client left while queued")
+        return self._refuse(499, RouterRefusal.client_gone, "the client left while queued")
 
     def _queue_refusal(self, reason: QueueRefusal, request_class: RequestClass) -> web.Response:
         retry_after = {
@@ -471,7 +476,7 @@ class Router:
             if route is None:
                 return self._refuse(
                     503,
-                    "no_live_worker",
+                    RouterRefusal.no_live_worker,
                     f"no live worker serves base model {record.base_model}",
                     **{"Retry-After": str(self.retry_after_s)},
                 )
@@ -502,7 +507,7 @@ class Router:
                     self.in_flight.pop(wid, None)
         return self._refuse(
             503,
-            "no_live_worker",
+            RouterRefusal.no_live_worker,
             "the chosen workers did not answer",
             **{"Retry-After": str(self.retry_after_s)},
         )
@@ -529,7 +534,7 @@ class Router:
                 self._drop(route, exc, "closed mid-answer")
                 return self._refuse(
                     503,
-                    "worker_lost",
+                    RouterRefusal.worker_lost,
                     f"worker {route.worker_id} closed mid-answer; try again",
                     **{"Retry-After": str(self.retry_after_s)},
                 )

@@ -43,6 +43,7 @@ from loraplane.schemas.reasons import (
     RegistryViewRejection,
     RequestRefusal,
     ResolverRefusal,
+    RouterRefusal,
     TenantLimit,
     UnloadReason,
     VllmErrorCode,
@@ -159,6 +160,20 @@ def test_worker_doc_lists_every_gateway_refusal() -> None:
 def test_router_doc_lists_every_queue_refusal() -> None:
     rows = tables("docs/router.md")[("queue refusal", "status", "when")]
     assert sorted(codes(rows)) == values(QueueRefusal)
+
+
+def test_router_doc_lists_every_refusal_of_its_own() -> None:
+    """The router's own refusals (no worker, a worker lost, a client gone while queued) are
+    one enum and one table; its first row stands for the front door's, listed elsewhere."""
+    rows = tables("docs/router.md")[("router refusal", "status", "when")]
+    own = [c for c in codes(rows) if c not in values(AdmissionRefusal)]
+    assert sorted(own) == values(RouterRefusal)
+
+
+def test_router_refuses_with_its_enums_only() -> None:
+    """Every code the router answers itself is an enum member, never a bare string."""
+    source = (ROOT / "loraplane/router/server.py").read_text()
+    assert re.findall(r"_refuse\(\s*\d+,\s*\"", source) == []
 
 
 def test_planner_doc_lists_every_rule_and_waiting_reason() -> None:
