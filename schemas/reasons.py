@@ -32,6 +32,7 @@ __all__ = [
     "RequestRefusal",
     "ResolverRefusal",
     "RouterRefusal",
+    "ServingRefusal",
     "SignerProblem",
     "TenantLimit",
     "UnloadReason",
@@ -345,6 +346,16 @@ class AdmissionRefusal(StrEnum):
     no_serving_version = "no_serving_version"  # neither active nor canary (404)
     version_unknown = "version_unknown"  # the router's version is not in this view yet (503)
     version_revoked = "version_revoked"  # the router's version was revoked since (410)
+
+
+class ServingRefusal(StrEnum):
+    """Why a worker's gateway answered an admitted request without the adapter's output
+    (``workers.gateway``), besides vLLM's own failures (``VllmFailure``)."""
+
+    adapter_cold = "adapter_cold"  # not loaded within the class's budget (429 + Retry-After)
+    canary_warming = "canary_warming"  # only a warming canary could serve (429 + Retry-After)
+    adapter_unavailable = "adapter_unavailable"  # vLLM lost the name under us (503)
+    adapter_unavailable_permanent = "adapter_unavailable_permanent"  # artifact refused (424)
 
 
 class RouterRefusal(StrEnum):

@@ -53,7 +53,7 @@ from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
-from loraplane.schemas.reasons import LoadDeferral, VllmErrorCode
+from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.serving import LoadOutcome, Serving
 from loraplane.workers.vllm_client import VllmError
@@ -378,11 +378,12 @@ class Gateway:
         if self.worker.is_warming(record.lora_name):
             trace.canary_warming = record.version
             if choice.stable is None:
-                trace.status, trace.error = RequestStatus.retry_later, "canary_warming"
+                trace.status = RequestStatus.retry_later
+                trace.error = ServingRefusal.canary_warming
                 retry = cold_budget(self.budgets, trace.request_class).retry_after_s
                 return error_response(
                     429,
-                    "canary_warming",
+                    ServingRefusal.canary_warming,
                     "the canary version is warming up; retry later",
                     **{"Retry-After": str(retry)},
                 )
@@ -455,7 +456,7 @@ class Gateway:
             trace.status, trace.error = RequestStatus.error, reason
             return error_response(
                 PERMANENT_STATUS,
-                "adapter_unavailable_permanent",
+                ServingRefusal.adapter_unavailable_permanent,
                 f"version {record.version} of {record.adapter_id!r} cannot be "
                 f"loaded ({reason}); retrying will not help until it is "
                 "re-uploaded or another version is promoted",
@@ -463,7 +464,7 @@ class Gateway:
         trace.status, trace.error = RequestStatus.retry_later, reason
         return error_response(
             429,
-            "adapter_cold",
+            ServingRefusal.adapter_cold,
             f"adapter is loading ({reason}); retry later",
             **{"Retry-After": str(retry_after)},
         )
@@ -534,7 +535,7 @@ class Gateway:
                 if exc.reason == VllmErrorCode.not_found:  # unloaded under us: ask again later
                     return error_response(
                         503,
-                        "adapter_unavailable",
+                        ServingRefusal.adapter_unavailable,
                         "the adapter was unloaded while this request waited; retry",
                         **{"Retry-After": "1"},
                     )

@@ -44,6 +44,7 @@ from loraplane.schemas.reasons import (
     RequestRefusal,
     ResolverRefusal,
     RouterRefusal,
+    ServingRefusal,
     TenantLimit,
     UnloadReason,
     VllmErrorCode,
@@ -160,6 +161,22 @@ def test_worker_doc_lists_every_gateway_refusal() -> None:
 def test_router_doc_lists_every_queue_refusal() -> None:
     rows = tables("docs/router.md")[("queue refusal", "status", "when")]
     assert sorted(codes(rows)) == values(QueueRefusal)
+
+
+def test_worker_doc_lists_every_answer_of_the_gateway() -> None:
+    """The gateway's answers table: the front door's enums, vLLM's failures (``vllm_*``)
+    and the gateway's own serving refusals, which are exactly ``ServingRefusal``."""
+    rows = tables("docs/worker.md")[("status", "`error.type`", "when")]
+    named = {c for row in rows for c in re.findall(r"`([a-z0-9_]+)`", row[1])}
+    door = set(values(RequestRefusal, TenantLimit, AdmissionRefusal))
+    assert sorted(named - door) == values(ServingRefusal)
+
+
+def test_the_gateway_answers_with_its_enums_only() -> None:
+    """Every error the gateway answers names an enum member, never a bare string."""
+    source = (ROOT / "workers/gateway.py").read_text()
+    assert re.findall(r"error_response\(\s*\w+,\s*\"", source) == []
+    assert re.findall(r"trace\.error = [^\n]*\"", source) == []
 
 
 def test_router_doc_lists_every_refusal_of_its_own() -> None:
