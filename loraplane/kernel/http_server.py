@@ -334,8 +334,7 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
         transport = request.transport
         guard = state.guards.get(transport) if transport is not None else None
         try:
-            check = request.app.get(HEAD_CHECK)
-            refused = check(request) if check is not None else None
+            refused = _head_refusal(request)
             if refused is not None:
                 return await _answer_unread(request, refused, guard, state.limits.max_body_bytes)
             if request.can_read_body:
@@ -377,10 +376,21 @@ async def expect_continue(request: web.Request) -> None:
     head check then refuses. A head the check refuses gets no ``100 Continue`` (the
     middleware answers its refusal and closes, the body never asked for); any other is
     answered as aiohttp does (``100 Continue``, or 417 for another expectation)."""
-    check = request.app.get(HEAD_CHECK)
-    if check is not None and _expects_continue(request) and check(request) is not None:
+    if _expects_continue(request) and _head_refusal(request) is not None:
         return None
     return await _DEFAULT_EXPECT(request)
+
+
+_HEAD_VERDICT: web.RequestKey[web.StreamResponse | None] = web.RequestKey("loraplane_head")
+
+
+def _head_refusal(request: web.Request) -> web.StreamResponse | None:
+    """The app's head check of ``request``, run once (the expect handler and the middleware
+    both ask; a check may count what it refuses)."""
+    if _HEAD_VERDICT not in request:
+        check = request.app.get(HEAD_CHECK)
+        request[_HEAD_VERDICT] = check(request) if check is not None else None
+    return request[_HEAD_VERDICT]
 
 
 async def _answer_undecodable(request: web.Request) -> web.StreamResponse:

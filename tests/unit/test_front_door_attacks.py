@@ -397,6 +397,28 @@ def test_attack_expect_100_continue_is_not_told_to_send_a_refused_body(
     assert b"100 Continue" not in answer
 
 
+def _refusals_counted(door: FrontDoor, code: str) -> float:
+    """The router's ``/metrics`` count of outcome ``code``."""
+    text = send(door.router, "/metrics", [], method=b"GET").body.decode()
+    line = f'loraplane_router_requests_total{{outcome="{code}"}} '
+    return sum(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
+
+
+def test_a_refused_head_with_expect_is_counted_once(door: FrontDoor) -> None:
+    """The head check runs once per request, whether the expect handler or the middleware
+    asks first: the router counts each refusal once."""
+    before = _refusals_counted(door, "unauthorized")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 5\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", door.router), timeout=10) as sock:
+        sock.sendall(head)
+        while sock.recv(65536):
+            pass
+    assert _refusals_counted(door, "unauthorized") == before + 1
+
+
 @pytest.mark.parametrize("through", ["gateway", "router"])
 def test_expect_100_continue_of_an_admissible_head_is_told_to_send(
     door: FrontDoor, through: str
