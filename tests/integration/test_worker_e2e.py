@@ -1275,6 +1275,21 @@ def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
             "the allowed request counted",
         )
 
+    # the model's context (256 tokens) bounds max_tokens below batch's cap (4096): a
+    # client's bound over it is the client's 400, and batch's default (512, over it) is
+    # lowered to it, so a request without max_tokens is served (vLLM refuses 512: a 502)
+    over = {"model": "chat", "prompt": "hello", "max_tokens": 1000}
+    resp = requests.post(url, json=over, headers=headers, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert (resp.json()["error"]["type"], resp.json()["error"]["param"]) == (
+        "max_tokens_too_large",
+        "max_tokens",
+    )
+    resp = requests.post(
+        url, json={"model": "chat", "prompt": "hello"}, headers=headers, timeout=120
+    )
+    assert resp.status_code == 200, resp.text
+
 
 @pytest.mark.usefixtures("real_covers_it")
 def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World) -> None:
