@@ -147,6 +147,7 @@ class CommandSkip(StrEnum):
     base_model_mismatch = "base_model_mismatch"
     expired = "expired"  # past its deadline
     lora_name_mismatch = "lora_name_mismatch"  # the name is not adapter@version-sha8
+    tenant_mismatch = "tenant_mismatch"  # the name's intent belongs to another tenant
     pinned = "pinned"  # it would move a pinned copy down a tier (command_effects.Refusal)
     protected = "protected"  # it would unpin/demote/evict a never-evict copy (the Guard)
     already_desired = "already_desired"  # a gateway ask the desired state already meets
@@ -393,6 +394,8 @@ def ask(
     current = state.intents.get(request.lora_name) or Intent(
         request.lora_name, request.adapter_id, request.version, request.tenant_id, "gone"
     )
+    if current.tenant_id != request.tenant_id:  # a key scoped to one tenant names another's
+        return state, CommandSkip.tenant_mismatch
     outcome = effect(request.action, current.copy, protected=request.lora_name in state.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
@@ -714,6 +717,19 @@ def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> I
     return None
 
 
+def _foreign_intents(
+    desired: DesiredState, registry: Mapping[str, AdapterRecord]
+) -> dict[str, str | None]:
+    """The intents whose tenant is not their record's (name -> command id): a planner key
+    scoped to one tenant signs a command naming another tenant's copy. Such an intent moves
+    nothing, whatever its tier; it is refused, and so dropped."""
+    return {
+        name: intent.command_id
+        for name, intent in desired.intents.items()
+        if (record := registry.get(name)) is not None and record.tenant_id != intent.tenant_id
+    }
+
+
 def reconcile(
     desired: DesiredState,
     actual: ActualState,
@@ -739,10 +755,19 @@ def reconcile(
     backoff = backoff or {}
     protected = desired.protected
     awaiting_registry = awaiting_registry or {}
+    foreign = _foreign_intents(desired, registry)
+    if foreign:
+        desired = replace(
+            desired, intents={n: i for n, i in desired.intents.items() if n not in foreign}
+        )
     actions: list[Action] = [
         Vanished(name, path)
         for name, path in sorted(actual.loaded_by_agent.items())
         if name not in actual.gpu
+    ]
+    actions += [
+        Refuse(name, IntentRefusal.tenant_mismatch, command_id)
+        for name, command_id in sorted(foreign.items(), key=lambda item: item[0])
     ]
     unloading: set[str] = set()
     conflicts = 0
