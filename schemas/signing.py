@@ -15,7 +15,6 @@ import binascii
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from loraplane.schemas.lifecycle import LifecycleEvent
 
 __all__ = [
     "KEY_FILE_FORMAT",
+    "MAX_KEY_FILE_BYTES",
     "VERIFIED_CAP",
     "KeyFileError",
     "SigningKey",
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
+MAX_KEY_FILE_BYTES = 64 * 1024  # a key file is about 200 bytes
 
 
 class KeyFileError(ValueError):
@@ -128,22 +129,32 @@ class SigningKey:
 
     @classmethod
     def load(cls, path: Path) -> SigningKey:
+        """The key in the private regular file at ``path`` (``read_regular``: a FIFO, a
+        device, a file over ``MAX_KEY_FILE_BYTES`` or one others may read is refused). A
+        refusal never quotes the file: not a byte or character of the key reaches a log."""
+        from loraplane.kernel.local_files import read_regular
+
         try:
-            mode = path.stat().st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(
-                    f"{path}: mode {stat.filemode(mode)} lets others read the "
-                    f"key; run `chmod 600 {path}`"
-                )
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or data.get("format") != KEY_FILE_FORMAT:
-                raise KeyFileError(f"{path}: not a {KEY_FILE_FORMAT} key file")
-            key = Ed25519PrivateKey.from_private_bytes(unb64(str(data["private_key"]), 32))
-            return cls(str(data["publisher"]), str(data["key_id"]), key)
-        except KeyFileError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise KeyFileError(f"{path}: {exc}") from None
+            raw = read_regular(path, MAX_KEY_FILE_BYTES, private=True)
+        except OSError as exc:
+            raise KeyFileError(f"{path}: {exc.strerror or type(exc).__name__}") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError):
+            raise KeyFileError(f"{path}: not a {KEY_FILE_FORMAT} key file (no JSON)") from None
+        if not isinstance(data, dict) or data.get("format") != KEY_FILE_FORMAT:
+            raise KeyFileError(f"{path}: not a {KEY_FILE_FORMAT} key file")
+        fields = [data.get(name) for name in ("publisher", "key_id", "private_key")]
+        if not all(isinstance(value, str) for value in fields):
+            raise KeyFileError(f"{path}: publisher, key_id and private_key must be strings")
+        publisher, key_id, private = (str(value) for value in fields)
+        try:
+            key = Ed25519PrivateKey.from_private_bytes(unb64(private, 32))
+        except ValueError:
+            raise KeyFileError(
+                f"{path}: private_key is not the base64 of 32 bytes of an Ed25519 key"
+            ) from None
+        return cls(publisher, key_id, key)
 
 
 def verify(event: LifecycleEvent | CacheCommand, key: Ed25519PublicKey) -> bool:

@@ -6,7 +6,9 @@ A plain ``read_text`` blocks forever on a FIFO without a writer and reads a link
 keyring) would hang or die. ``read_regular`` opens without blocking, refuses anything but a
 regular file, and reads at most ``max_bytes`` + 1 bytes, refusing a longer file rather than
 handing back a prefix of it. Every refusal is an ``OSError``, which these readers already
-treat as "the file is unusable now".
+treat as "the file is unusable now". A private file (a signing key, a secret) is also
+refused when group or others may read it (``TooOpen``), checked on the file it reads, not
+on the path before opening it.
 """
 
 from __future__ import annotations
@@ -16,21 +18,37 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["read_regular"]
+__all__ = ["TooOpen", "read_regular"]
+
+
+class TooOpen(PermissionError):
+    """A private file that group or others may read; ``strerror`` says the fix."""
 
 
 def read_regular(
-    path: Path | str, max_bytes: int, *, follow_links: bool = True, dir_fd: int | None = None
+    path: Path | str,
+    max_bytes: int,
+    *,
+    follow_links: bool = True,
+    dir_fd: int | None = None,
+    private: bool = False,
 ) -> bytes:
     """The bytes of the regular file at ``path`` (relative to the folder ``dir_fd`` when
     given); OSError when it cannot be read, is no regular file, holds more than
     ``max_bytes``, or is a link and ``follow_links`` is False (a folder whose files are
-    trusted only as they are, such as a host-tier entry, never follows one)."""
+    trusted only as they are, such as a host-tier entry, never follows one). ``private``:
+    ``TooOpen`` when the file read lets group or others read it."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     fd = os.open(path, flags, dir_fd=dir_fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise TooOpen(
+                errno.EACCES,
+                f"mode {stat.filemode(mode)} lets others read it; run `chmod 600 {path}`",
+            )
         chunks: list[bytes] = []
         left = max_bytes + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):

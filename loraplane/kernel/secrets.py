@@ -11,7 +11,10 @@ import os
 import secrets
 from pathlib import Path
 
+from loraplane.kernel.local_files import TooOpen, read_regular
+
 __all__ = [
+    "MAX_SECRET_BYTES",
     "SecretError",
     "ensure_secret",
     "install_private",
@@ -47,34 +50,42 @@ def write_private(path: Path, text: str | bytes) -> None:
         fh.write(text.encode() if isinstance(text, str) else text)
 
 
-def _private(path: Path, hint: str) -> None:
+MAX_SECRET_BYTES = 64 * 1024
+"""A secret file holds a password or a key of a few dozen bytes."""
+
+
+def _read_private(path: Path, hint: str) -> bytes:
+    """The bytes of the private regular file at ``path`` (``read_regular``: never a FIFO's
+    wait, an endless read, or a mode checked on another file than the one read)."""
     try:
-        mode = path.stat().st_mode
+        return read_regular(path, MAX_SECRET_BYTES, private=True)
     except FileNotFoundError:
         raise SecretError(f"{path}: secret file missing ({hint})") from None
-    if mode & 0o077:
-        raise SecretError(
-            f"{path}: must not be readable by others (mode {oct(mode & 0o777)}; chmod 600)"
-        )
+    except TooOpen as exc:
+        raise SecretError(f"{path}: must not be readable by others ({exc.strerror})") from None
+    except OSError as exc:
+        raise SecretError(f"{path}: {exc.strerror or type(exc).__name__}") from None
 
 
 def secret_key(path: Path, min_bytes: int = 16) -> bytes:
     """An HMAC key file's bytes (the gateway's cache-salt secret, the router secret), made
     like ``ensure_secret`` when missing; any bytes an operator wrote are kept as they are.
     SecretError when it is readable by others or shorter than ``min_bytes``."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         ensure_secret(path, 32)
-    _private(path, "it is made when missing")
-    key = path.read_bytes()
+    key = _read_private(path, "it is made when missing")
     if len(key) < min_bytes:
         raise SecretError(f"{path}: must be at least {min_bytes} bytes")
     return key
 
 
 def read_secret(path: Path, hint: str = "run `loraplane stack up`") -> str:
-    """The secret in ``path`` (stripped); SecretError when it is absent or not private."""
-    _private(path, hint)
-    value = path.read_text().strip()
+    """The secret in ``path`` (stripped); SecretError when it is absent, not private or not
+    UTF-8 text (the message never quotes a byte of it)."""
+    try:
+        value = _read_private(path, hint).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise SecretError(f"{path}: secret file is not UTF-8 text") from None
     if not value:
         raise SecretError(f"{path}: secret file is empty ({hint})")
     return value
