@@ -160,6 +160,7 @@ class RegistryViewRejection(StrEnum):
     evidence_rejected = "view_evidence_rejected"  # an event the lifecycle fold refuses
     mismatch = "view_mismatch"  # the events fold into another view than the one carried
     rollback = "view_rollback"  # older than, or forking from, a view already accepted
+    tombstone = "view_tombstone"  # a record without a value over an adapter held
 
 
 class ArtifactReason(StrEnum):

@@ -215,10 +215,21 @@ class VerifiedRegistry:
     def _merge(self, record: Record, keyring: Keyring | None) -> bool:
         """One record into the accepted views; True when they changed. A refused record
         leaves its adapter at the view accepted before."""
-        if record.value is None:  # a tombstone: the adapter is gone, never serve it again
+        if record.value is None:
+            # A tombstone is no signed event: the registry never deletes an adapter, and a
+            # held view leaves only by signed events (retire, revoke) or the keyring. Anyone
+            # who can write the topic can write one, so it withdraws nothing.
             aid = (record.key or b"").decode("utf-8", "replace")
-            self.signed.pop(aid, None)
-            return self.accepted.pop(aid, None) is not None
+            if aid in self.accepted:
+                self._report(
+                    record,
+                    ViewRefused(
+                        ViewReason.tombstone,
+                        f"a tombstone over {aid[:128]!r}: the registry never deletes an "
+                        f"adapter; its verified view stays (revoke its versions to end it)",
+                    ),
+                )
+            return False
         verdict = self._cache.get((record.partition, record.offset))
         if verdict is None:
             verdict = self._judge(record, keyring)

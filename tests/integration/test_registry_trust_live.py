@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from loraplane.eventlog.sink import KafkaEventSink
+from loraplane.kernel import kafka
 from loraplane.kernel.bus import produce_sync, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.registry.live import VerifiedRegistry
@@ -157,6 +158,57 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
         keyring,
     )
     assert registry.records() == []
+
+
+def test_a_tombstone_on_the_real_topic_withdraws_no_verified_view(env: Env, tmp_path: Path) -> None:
+    """ATTACK on the real topic: a record without a value over a genuine adapter's key (as
+    anyone who can write the topic can send) leaves the worker's verified view in place and
+    is dead-lettered as ``view_tombstone``; the registry never deletes an adapter."""
+    aid = f"tomb-{uuid.uuid4().hex[:8]}"
+    now = now_utc()
+    steps = [
+        env.kit.event("ci", "publish", aid, "1", 1, now),
+        env.kit.event("ci", "promote", aid, "1", 2, now),
+    ]
+    env.send([(aid.encode(), e) for e in steps])
+    env.view(aid, lambda v: v.last_event_id == steps[1].event_id)
+    registry, sink, _, _ = worker_registry(env, tmp_path)
+    assert {(r.adapter_id, r.version, str(r.status)) for r in registry.records()} >= {
+        (aid, "1", "active")
+    }
+    producer = kafka.producer(env.settings)
+    producer.produce(env.topic("registry"), key=aid.encode(), value=None)
+    assert producer.flush(20) == 0
+
+    def tombstone_read() -> bool | None:
+        latest = {
+            (r.key or b"").decode(): r.value
+            for r in latest_registry_records(env.settings, timeout_s=10)
+        }
+        return True if aid in latest and latest[aid] is None else None
+
+    wait_for(tombstone_read, "the tombstone on the registry topic")
+
+    def letter() -> bool | None:
+        assert (aid, "1", "active") in {
+            (r.adapter_id, r.version, str(r.status)) for r in registry.records()
+        }
+        sink.flush(10)
+        return (
+            True
+            if any(
+                (r.key or b"").decode() == aid
+                and decode(DeadLetter, r.value).component == "worker-test"
+                and str(decode(DeadLetter, r.value).reason) == "view_tombstone"
+                for r in read_topic(
+                    env.settings, env.topic("dead-letters"), timeout_s=10, idle_s=1.0
+                )
+                if r.value
+            )
+            else None
+        )
+
+    wait_for(letter, "the tombstone dead-lettered, the view kept", timeout_s=120)
 
 
 def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> None:

@@ -160,12 +160,22 @@ def test_no_keyring_trusts_nothing(tmp_path: Path) -> None:
     assert [d.reason for d in sink.letters()] == ["view_keyring_unavailable"]
 
 
-def test_a_tombstone_drops_the_adapter(tmp_path: Path) -> None:
-    registry, topic, _, _, _ = world(tmp_path)
+def test_an_unsigned_tombstone_withdraws_nothing(tmp_path: Path) -> None:
+    """ATTACK: anyone who can write the registry topic can write a tombstone (a record
+    without a value) over any adapter's key. The registry never deletes an adapter: a held
+    view leaves only by signed events (retire, revoke) or the keyring (a revoked key), so a
+    tombstone is refused and dead-lettered like junk, and the verified view stays."""
+    registry, topic, sink, metrics, _ = world(tmp_path)
     topic.write(VIEW_A.adapter_id, VIEW_A)
-    registry.records()
+    assert registry.records() == VIEW_A.versions
     topic.write(VIEW_A.adapter_id, None)
-    assert registry.records() == []
+    assert registry.records() == VIEW_A.versions
+    assert registry.records() == VIEW_A.versions  # read again: reported once
+    assert [d.reason for d in sink.letters()] == ["view_tombstone"]
+    assert refused_count(metrics, "view_tombstone") == 1.0
+    topic.write("never-held", None)  # nothing held: nothing to refuse, nothing reported
+    assert registry.records() == VIEW_A.versions
+    assert [d.reason for d in sink.letters()] == ["view_tombstone"]
 
 
 def test_unreadable_checkpoints_start_empty(tmp_path: Path) -> None:
