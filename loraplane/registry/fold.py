@@ -134,7 +134,7 @@ def evaluate(
             )
         _check_trust(event, keyring, now)
         state = registry(event.adapter_id)
-        _check_fresh(event, state, now)
+        _check_fresh(event, state, now, admitting)
         view = _apply(event, state.view if state else None, now)
         if admitting:
             _check_room(event, view)
@@ -172,6 +172,20 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
     if isinstance(entry, SignerRefusal):
         raise _Reject(Reason(entry.problem.value), entry.detail)
     assert keyring is not None  # signer refuses a missing keyring
+    # A consumer folds the event again at its issued_at (registry.evidence): the key must
+    # be valid then too, or every later view of the adapter fails there.
+    problem = entry.window_problem(event.issued_at)
+    if problem == "not_yet_valid":
+        raise _Reject(
+            Reason.key_not_yet_valid,
+            f"issued_at {event.issued_at} is before key {entry.key_id}'s window "
+            f"({entry.not_before})",
+        )
+    if problem == "expired":
+        raise _Reject(
+            Reason.key_expired,
+            f"issued_at {event.issued_at} is after key {entry.key_id}'s window ({entry.not_after})",
+        )
     if not entry.scopes.allows_action(event.action):
         raise _Reject(Reason.action_out_of_scope, f"key {entry.key_id} may not sign {event.action}")
     if not entry.scopes.allows_tenant(event.tenant_id):
@@ -189,7 +203,13 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
             )
 
 
-def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetime) -> None:
+def _check_fresh(
+    event: LifecycleEvent, state: AdapterState | None, now: datetime, admitting: bool
+) -> None:
+    """The event's times, seq and id against ``now`` and the adapter's state. An event id of
+    the adapter's history is never taken again when ``admitting`` (its replay set forgets
+    an id once the event expires, but a consumer folding the evidence at each issued_at may
+    still hold it)."""
     if event.expires_at <= now:
         raise _Reject(Reason.event_expired, f"expired at {event.expires_at}")
     if event.issued_at > now + CLOCK_SKEW:
@@ -198,16 +218,19 @@ def _check_fresh(event: LifecycleEvent, state: AdapterState | None, now: datetim
         raise _Reject(
             Reason.event_lifetime_too_long, f"lifetime over {MAX_EVENT_LIFETIME.days} days"
         )
-    ceiling = seq_at(now + CLOCK_SKEW)
+    # The earlier of now and issued_at: a consumer folds the event again at its issued_at.
+    ceiling = seq_at(min(now, event.issued_at) + CLOCK_SKEW)
     if event.seq > ceiling:
         raise _Reject(
             Reason.seq_from_future,
-            f"seq {event.seq} > {ceiling}, microseconds since the epoch of now + "
-            f"{CLOCK_SKEW.seconds // 60} min",
+            f"seq {event.seq} > {ceiling}, microseconds since the epoch of now (or of "
+            f"issued_at, when earlier) + {CLOCK_SKEW.seconds // 60} min",
         )
     if state is None:
         return
-    if event.event_id in state.seen:
+    if event.event_id in state.seen or (
+        admitting and any(e.event_id == event.event_id for e in state.view.evidence)
+    ):
         raise _Reject(Reason.replayed_event_id, f"event_id {event.event_id} was already accepted")
     if event.seq <= state.view.last_seq and event.action is not LifecycleAction.revoke:
         raise _Reject(Reason.stale_seq, f"seq {event.seq} <= last accepted {state.view.last_seq}")
