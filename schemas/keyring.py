@@ -30,7 +30,7 @@ from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key, key_fingerprint
 from loraplane.schemas.reasons import SignerProblem
-from loraplane.schemas.signing import public_key, unb64, verify
+from loraplane.schemas.signing import public_key, small_order, unb64, verify
 
 __all__ = [
     "ANY",
@@ -89,7 +89,11 @@ class KeyEntry(StrictModel):
     @field_validator("public_key")
     @classmethod
     def _ed25519(cls, v: str) -> str:
-        unb64(v, 32)
+        if small_order(unb64(v, 32)):
+            raise ValueError(
+                "not an Ed25519 public key anyone holds (a small-order or invalid point: "
+                "anyone could sign as it)"
+            )
         return v
 
     @model_validator(mode="after")

@@ -47,6 +47,9 @@ def test_scopes_and_windows() -> None:
     assert ring.get("ci-acme-future").window_problem(NOW) == "not_yet_valid"
 
 
+PUBLIC = SigningKey.generate("p", "a").public_key_b64  # a real point: other fields fail
+
+
 @pytest.mark.parametrize(
     "text, field",
     [
@@ -57,13 +60,13 @@ def test_scopes_and_windows() -> None:
         ),
         ("keys: [{key_id: A!, publisher: p}]", "key_id"),
         (
-            "keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+            "keys: [{key_id: a, publisher: p, public_key: '" + PUBLIC + "', not_before: "
             "2027-01-01T00:00:00Z, not_after: 2026-01-01T00:00:00Z, scopes: {tenants: '*', "
             "actions: [publish]}}]",
             "not_after",
         ),
         (
-            "keys: [{key_id: a, publisher: p, public_key: '" + "A" * 43 + "=', not_before: "
+            "keys: [{key_id: a, publisher: p, public_key: '" + PUBLIC + "', not_before: "
             "2026-01-01T00:00:00Z, not_after: 2027-01-01T00:00:00Z, scopes: {tenants: '*', "
             "actions: [deploy]}}]",
             "actions",
