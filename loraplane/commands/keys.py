@@ -74,6 +74,7 @@ def _new_key(
     from datetime import timedelta
 
     from loraplane.kernel.config import get_settings
+    from loraplane.registry.fold import CLOCK_SKEW
     from loraplane.schemas.base import now_utc
     from loraplane.schemas.keyring import KeyEntry, KeyRole
     from loraplane.schemas.signing import SigningKey
@@ -84,7 +85,9 @@ def _new_key(
         key_id=kid,
         publisher=publisher,
         public_key=key.public_key_b64,
-        not_before=now,
+        # The registry checks the window at an event's issued_at too: a signer's clock
+        # behind ours by up to the allowed skew may use the key at once.
+        not_before=now - CLOCK_SKEW,
         not_after=now + timedelta(days=valid_days),
         scopes=scopes,
         role=role,

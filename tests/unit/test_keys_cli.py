@@ -220,3 +220,40 @@ def test_a_cli_revoke_reaches_running_consumers_without_a_restart(
 class _Unsent:
     def emit(self, topic_suffix: str, key: str, message: object) -> None:
         pass
+
+
+def test_a_new_key_takes_events_from_a_signer_whose_clock_is_a_little_behind(
+    ring: Path, tmp_path: Path
+) -> None:
+    """The registry checks the key's window at the event's issued_at too (a consumer folds
+    the event again there): a key made now is valid from the allowed skew before now, so
+    CI's first event, dated by a clock a minute behind, is not refused."""
+    from datetime import timedelta
+
+    from loraplane.registry.fold import CLOCK_SKEW
+    from loraplane.schemas.base import now_utc
+
+    out = tmp_path / "new.key"
+    done = RUN.invoke(
+        app,
+        [
+            *("keys", "rotate", "--keyring", str(ring), "--key-id", "ci-acme-ci"),
+            *("--new-key-id", "ci-2027", "--out", str(out), "--no-audit"),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    entry = load_keyring(ring).get("ci-2027")
+    assert entry is not None and now_utc() - entry.not_before >= CLOCK_SKEW
+    behind = now_utc() - timedelta(minutes=1)
+    event = signed_event(
+        SigningKey.load(out),
+        LifecycleAction.publish,
+        adapter_id="a1",
+        tenant_id="acme",
+        base_model="tiny-llama",
+        version="1",
+        record=record("a1", "1"),
+        now=behind,
+    )
+    decision = evaluate(event, load_keyring(ring), lambda _a: None, now_utc())
+    assert isinstance(decision, Accepted), decision
