@@ -91,7 +91,8 @@ class KeyEntry(StrictModel):
     def _ed25519(cls, v: str) -> str:
         if small_order(unb64(v, 32)):
             raise ValueError(
-                "not an Ed25519 public key anyone holds (a small-order or invalid point: "
+                "not an Ed25519 public key anyone holds (a small-order point or a non-canonical "
+                "encoding: "
                 "anyone could sign as it)"
             )
         return v

@@ -72,45 +72,22 @@ def public_key(text: str) -> Ed25519PublicKey:
 
 
 _P = 2**255 - 19
-_D = -121665 * pow(121666, _P - 2, _P) % _P
-_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
-
-
-def _point(raw: bytes) -> tuple[int, int] | None:
-    """The Edwards point of a 32-byte encoding (RFC 8032, 5.1.3); None for an encoding that
-    is not canonical or not on the curve."""
-    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
-    sign = raw[31] >> 7
-    if y >= _P:
-        return None
-    x2 = (y * y - 1) * pow(_D * y * y + 1, _P - 2, _P) % _P
-    if x2 == 0:
-        return None if sign else (0, y)
-    x = pow(x2, (_P + 3) // 8, _P)
-    if (x * x - x2) % _P:
-        x = x * _SQRT_M1 % _P
-    if (x * x - x2) % _P:
-        return None
-    return (_P - x, y) if x & 1 != sign else (x, y)
-
-
-def _double(point: tuple[int, int]) -> tuple[int, int]:
-    x, y = point
-    t = _D * x * x * y * y % _P
-    return (2 * x * y * pow(1 + t, _P - 2, _P) % _P, (y * y + x * x) * pow(1 - t, _P - 2, _P) % _P)
+# The y of the eight points of order dividing 8 (the identity, order 2, the two of order 4,
+# the four of order 8): 1, -1, 0 and +-y8 (tests/unit/test_weak_keys.py checks 8P = O).
+_Y8 = int.from_bytes(
+    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"), "little"
+)
+_SMALL_ORDER_Y = frozenset({0, 1, _P - 1, _Y8, _P - _Y8})
 
 
 def small_order(raw: bytes) -> bool:
-    """True when the 32 bytes are no usable Ed25519 public key: not a canonical point of
-    the curve, or a point of small order (8P is the identity). Nobody holds such a key and
-    anyone can sign for it: with R a small-order point and S = 0 a signature verifies for
-    a fixed share of all messages, so a forger varies a free field until one does."""
-    point = _point(raw)
-    if point is None:
-        return True
-    for _ in range(3):
-        point = _double(point)
-    return point == (0, 1)
+    """True when the 32 bytes encode a point of small order (8P is the identity), or are
+    not a canonical encoding (y >= p). Nobody holds such a key and anyone can sign for it:
+    with R a small-order point and S = 0 a signature verifies for a fixed share of all
+    messages, so a forger varies a free field until one does. (An encoding off the curve
+    verifies nothing at all: OpenSSL refuses it at every verification.)"""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    return y >= _P or y in _SMALL_ORDER_Y
 
 
 @dataclass(frozen=True)

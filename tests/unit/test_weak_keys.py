@@ -31,11 +31,29 @@ SMALL_ORDER = {
     "order-8b": bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),
     "order-2": bytes([0xEC, *_HIGH]),
 }
-NOT_A_POINT = {
+NOT_CANONICAL = {
     "y = p": bytes([0xED, *_HIGH]),  # non-canonical 0
     "y = p + 1": bytes([0xEE, *_HIGH]),  # non-canonical 1
     "x = 0, sign 1": b"\x01" + bytes(30) + b"\x80",
 }
+
+
+P = 2**255 - 19
+D = -121665 * pow(121666, -1, P) % P
+
+
+def eight_times_is_identity(raw: bytes) -> bool:
+    """The oracle: decode (RFC 8032, 5.1.3), double three times in affine coordinates."""
+    y = int.from_bytes(raw, "little") & ((1 << 255) - 1)
+    x2 = (y * y - 1) * pow(D * y * y + 1, -1, P) % P
+    x = pow(x2, (P + 3) // 8, P)
+    if (x * x - x2) % P:
+        x = x * pow(2, (P - 1) // 4, P) % P
+    assert (x * x - x2) % P == 0, "not on the curve"
+    for _ in range(3):
+        t = D * x * x * y * y % P
+        x, y = 2 * x * y * pow(1 + t, -1, P) % P, (y * y + x * x) * pow(1 - t, -1, P) % P
+    return (x, y) == (0, 1)
 
 
 def entry(raw: bytes) -> KeyEntry:
@@ -72,10 +90,11 @@ def test_a_zero_key_lets_anyone_sign() -> None:
     assert forged > 0
 
 
-@pytest.mark.parametrize("name", sorted(SMALL_ORDER) + sorted(NOT_A_POINT))
+@pytest.mark.parametrize("name", sorted(SMALL_ORDER) + sorted(NOT_CANONICAL))
 def test_a_small_order_or_invalid_point_is_no_keyring_key(name: str) -> None:
-    raw = {**SMALL_ORDER, **NOT_A_POINT}[name]
+    raw = {**SMALL_ORDER, **NOT_CANONICAL}[name]
     assert small_order(raw)
+    assert name in NOT_CANONICAL or eight_times_is_identity(raw)
     with pytest.raises(ValidationError, match="public_key"):
         entry(raw)
     flipped = raw[:31] + bytes([raw[31] ^ 0x80])  # the other sign bit: the same y
@@ -89,5 +108,5 @@ def test_a_small_order_or_invalid_point_is_no_keyring_key(name: str) -> None:
 def test_a_generated_key_is_a_keyring_key(_n: int) -> None:
     key = SigningKey.generate("ci", "k1")
     raw = key.private_key.public_key().public_bytes_raw()
-    assert not small_order(raw)
+    assert not small_order(raw) and not eight_times_is_identity(raw)
     assert entry(raw).public_key == key.public_key_b64
