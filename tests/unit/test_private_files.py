@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loraplane.kernel.kafka import KafkaAuthError, read_password
 from loraplane.kernel.local_files import TooOpen, read_regular
 from loraplane.kernel.secrets import SecretError, read_secret, secret_key
 from loraplane.schemas.signing import KEY_FILE_FORMAT, KeyFileError, SigningKey
@@ -64,6 +65,8 @@ def test_a_secret_that_is_no_bounded_regular_file_is_refused(kind: str, tmp_path
         read_secret(path)
     with pytest.raises(SecretError):
         secret_key(path)
+    with pytest.raises(KafkaAuthError):
+        read_password(path)
 
 
 def _leaks(message: str) -> bool:
@@ -102,6 +105,9 @@ def test_a_secret_of_raw_bytes_is_refused_without_its_bytes(tmp_path: Path) -> N
     with pytest.raises(SecretError) as caught:
         read_secret(path)
     assert not _leaks(str(caught.value)), str(caught.value)
+    with pytest.raises(KafkaAuthError) as refused:
+        read_password(path)
+    assert not _leaks(str(refused.value)), str(refused.value)
 
 
 def test_the_mode_is_checked_on_the_file_read(tmp_path: Path) -> None:
@@ -125,3 +131,4 @@ def test_private_files_still_read_as_before(tmp_path: Path) -> None:
     _private_bytes(b"  hunter2-but-longer\n")(path)
     assert read_secret(path) == "hunter2-but-longer"
     assert secret_key(path) == b"  hunter2-but-longer\n"
+    assert read_password(path) == "hunter2-but-longer"
