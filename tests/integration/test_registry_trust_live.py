@@ -211,6 +211,31 @@ def test_a_tombstone_on_the_real_topic_withdraws_no_verified_view(env: Env, tmp_
     wait_for(letter, "the tombstone dead-lettered, the view kept", timeout_s=120)
 
 
+def test_the_real_agent_accepts_only_what_a_consumer_verifies(env: Env) -> None:
+    """ATTACK (or a CI clock behind): an event dated before its key's window, with a seq of
+    now. The registry's clock alone finds nothing wrong; a consumer folds the event at its
+    issued_at and would refuse this view and every later one of the adapter. The real
+    agent refuses the event, so the view after the next genuine event still verifies."""
+    from datetime import timedelta
+
+    from loraplane.registry.evidence import ViewVerified, verify_view
+    from loraplane.schemas.lifecycle import seq_at
+
+    aid = f"skew-{uuid.uuid4().hex[:8]}"
+    now, kit = now_utc(), env.kit
+    first = kit.event("ci", "publish", aid, "1", seq_at(now), now)
+    ci = kit.keyring.get(kit.keys["ci"].key_id)
+    assert ci is not None
+    early = ci.not_before - timedelta(minutes=1)
+    backdated = kit.event("ci", "promote", aid, "1", seq_at(now) + 1, early, ttl=timedelta(days=7))
+    last = kit.event("ci", "publish", aid, "2", seq_at(now) + 2, now)
+    env.send([(aid.encode(), e) for e in (first, backdated, last)])
+    view = env.view(aid, lambda v: v.last_event_id == last.event_id)
+    assert backdated.event_id not in {e.event_id for e in view.evidence}
+    verdict = verify_view(view, kit.keyring, now_utc())
+    assert isinstance(verdict, ViewVerified), verdict
+
+
 def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> None:
     """The registry agent (Faust, aiokafka: murmur2, as Java clients) writes each view to its
     key's partition; a record for the same key from the project's producer factory must land
