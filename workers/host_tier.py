@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import shutil
 import threading
@@ -89,7 +90,7 @@ class TierEntry:
     path: Path  # the adapter folder vLLM loads
     record: AdapterRecord
     size_bytes: int
-    last_used: float  # epoch seconds; persisted as the entry folder's mtime
+    last_used: float  # epoch seconds (``HostTier._now``); persisted as the folder's mtime
 
     @property
     def sha256(self) -> str:
@@ -132,6 +133,7 @@ class HostTier:
         self._on_evict = on_evict
         self._check_signature = check_signature or SignatureCheck(lambda: None)
         self._clock = clock
+        self._latest = 0.0  # the latest use recorded (``_now``)
         self._lock = threading.Lock()
         self._entries: dict[str, TierEntry] = {}
         self._inflight: dict[str, Future[Path]] = {}
@@ -211,8 +213,16 @@ class HostTier:
         return entry is not None
 
     # ---- internals -------------------------------------------------------------------
+    def _now(self) -> float:
+        """The time of a use (lock held): the wall clock, persisted as an entry folder's
+        mtime so the order survives a restart, but always after every use already recorded,
+        so a clock stepped back (NTP, an operator) cannot rank the newest use oldest and
+        evict it first."""
+        self._latest = max(self._clock(), math.nextafter(self._latest, math.inf))
+        return self._latest
+
     def _mark_used(self, entry: TierEntry) -> TierEntry:
-        now = self._clock()
+        now = self._now()
         with suppress(FileNotFoundError):  # removed under us: the next look finds it gone
             os.utime(entry.path.parent, (now, now))
         self._entries[entry.lora_name] = entry = replace(entry, last_used=now)
@@ -249,7 +259,7 @@ class HostTier:
                     self._delete(final)
                 os.rename(partial, final)
                 entry = TierEntry(
-                    record.lora_name, final / ADAPTER_DIR, record, fetched.bytes, self._clock()
+                    record.lora_name, final / ADAPTER_DIR, record, fetched.bytes, self._now()
                 )
                 self._entries[entry.lora_name] = entry
         except OSError as exc:
@@ -377,7 +387,9 @@ class HostTier:
         except OSError as exc:
             return f"unreadable: {exc.strerror}"
         size = sum(f.size for f in artifact.files())
+        used = folder.stat().st_mtime
+        self._latest = max(self._latest, used)
         self._entries[record.lora_name] = TierEntry(
-            record.lora_name, folder / ADAPTER_DIR, record, size, folder.stat().st_mtime
+            record.lora_name, folder / ADAPTER_DIR, record, size, used
         )
         return ""

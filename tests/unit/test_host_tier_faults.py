@@ -5,6 +5,7 @@ folder it did not verify, and a leftover in an entry's place never blocks the in
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,37 @@ def test_an_entry_verified_against_another_digest_is_not_handed_out(world: World
     with pytest.raises(ArtifactError):
         tier.ensure(newer)
     assert tier.get(record.lora_name) is None
+
+
+class SettableClock:
+    """A wall clock a test sets, as an NTP step or an operator sets the real one."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_wall_clock_stepped_back_never_evicts_the_newest_entry_first(world: World) -> None:
+    """ATTACK (or an NTP step): the wall clock jumps back an hour between two uses. Entries
+    were ranked by the raw clock, so the entry installed (or used) right after the jump
+    looked the oldest and was evicted first, ahead of entries idle for an hour. Use order is
+    now kept whatever the clock does."""
+    first, second = world.install("a", seed=1), world.install("b", seed=2)
+    later = [world.install(n, seed=s) for n, s in [("c", 3), ("d", 4)]]
+    for record in later:  # fetched again by the tier under test
+        shutil.rmtree(world.root / record.lora_name)
+    clock = SettableClock(time.time() - 3600)
+    limits = WorkerLimits(base_model=TINY_BASE_MODEL, max_lora_rank=8, model=world.shape)
+    tier = HostTier(
+        world.root, budget_bytes=10**8, limits=limits, fetcher=world.fetcher, clock=clock
+    )
+    assert {e.lora_name for e in tier.entries()} == {first.lora_name, second.lora_name}
+    tier.ensure(later[0])
+    tier.budget_bytes = tier.used_bytes  # the next install evicts one entry
+    clock.now += 1
+    tier.ensure(later[1])
+    left = {e.lora_name for e in tier.entries()}
+    assert left == {second.lora_name, later[0].lora_name, later[1].lora_name}
+    assert [e.lora_name for e in tier.entries()][:2] == [later[1].lora_name, later[0].lora_name]
