@@ -5,10 +5,11 @@ One folder per entry, named by lora name, so a name always means the same bytes:
 against). An install downloads into a ``.partial-*`` folder, verifies it and renames it into
 place, so an entry either exists complete and verified or not at all; the startup scan
 deletes partial folders and re-verifies every entry, dropping any that fails (an entry is
-never trusted just because it is on disk). ENOSPC refuses the install as
-``host_disk_full``, retried after the agent's backoff. Installs are not fsynced: what a
-power loss tears is dropped by that scan and fetched again, and an fsync of every file
-would cost ~20% of an install. docs/worker.md, "Host warm tier and artifact verification".
+never trusted just because it is on disk), and one whose files changed on disk since they
+were verified (``fingerprint``) is installed again, never handed out. ENOSPC refuses the
+install as ``host_disk_full``, retried after the agent's backoff. Installs are not fsynced:
+what a power loss tears is dropped by that scan and fetched again, and an fsync of every
+file would cost ~20% of an install. docs/worker.md, "Host warm tier and artifact verification".
 
 Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight).
 From asyncio, call it through ``asyncio.to_thread``.
@@ -17,6 +18,7 @@ From asyncio, call it through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import math
 import os
@@ -31,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from loraplane.artifact.directory import DirectoryArtifact
+from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
 from loraplane.artifact.model_signing_bundle import SignatureCheck
 from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
@@ -48,7 +50,15 @@ from loraplane.workers.host_tier_entry import (
     entry_record,
 )
 
-__all__ = ["CheckSignature", "Fetcher", "HostTier", "ScanReport", "TierEntry"]
+__all__ = [
+    "CheckSignature",
+    "Fetcher",
+    "Fingerprint",
+    "HostTier",
+    "ScanReport",
+    "TierEntry",
+    "fingerprint",
+]
 
 log = logging.getLogger("loraplane.host_tier")
 
@@ -75,13 +85,45 @@ class Fetcher(Protocol):
     ) -> FetchedArtifact: ...
 
 
-def _intact(adapter: Path) -> bool:
-    """Is an entry's ``adapter/`` still the folder the tier wrote: a real directory, neither
-    it nor its entry folder a link (one could point at bytes nobody verified)?"""
+Fingerprint = tuple[tuple[str, int, int, int, int], ...]
+"""An adapter folder's entries as (name, inode, size, mtime_ns, ctime_ns), links not
+followed: a write, a rename over a file, an added or removed name changes it, and no
+process short of root can set a ctime back."""
+
+
+def fingerprint(adapter: Path) -> Fingerprint | None:
+    """The fingerprint of ``adapter`` (never through a link to it), or None when it cannot
+    be taken: a link, no folder, unreadable, or more names than an artifact may have."""
     try:
-        return not adapter.parent.is_symlink() and not adapter.is_symlink() and adapter.is_dir()
+        fd = os.open(adapter, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.scandir(fd) as listing:
+            names = list(itertools.islice(listing, MAX_ENTRIES + 1))
+        if len(names) > MAX_ENTRIES:
+            return None
+        facts = []
+        for name in names:
+            st = os.stat(name.name, dir_fd=fd, follow_symlinks=False)
+            facts.append((name.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return tuple(sorted(facts))
+
+
+def _intact(entry: TierEntry) -> bool:
+    """Is an entry's ``adapter/`` still the folder the tier verified: a real directory,
+    neither it nor its entry folder a link (one could point at bytes nobody verified), and
+    every file in it as it was when verified (one changed since holds unverified bytes)?"""
+    try:
+        if entry.path.parent.is_symlink():
+            return False
     except OSError:  # unreadable now: install it again, which reports the disk's error
         return False
+    return entry.fingerprint is not None and fingerprint(entry.path) == entry.fingerprint
 
 
 @dataclass(frozen=True)
@@ -91,6 +133,7 @@ class TierEntry:
     record: AdapterRecord
     size_bytes: int
     last_used: float  # epoch seconds (``HostTier._now``); persisted as the folder's mtime
+    fingerprint: Fingerprint | None = None  # taken as it was verified; None: never intact
 
     @property
     def sha256(self) -> str:
@@ -178,7 +221,7 @@ class HostTier:
         name = record.lora_name
         with self._lock:
             entry = self._entries.get(name)
-            if entry is not None and entry.sha256 == record.sha256 and _intact(entry.path):
+            if entry is not None and entry.sha256 == record.sha256 and _intact(entry):
                 return self._mark_used(entry).path
             if self._entries.pop(name, None) is not None:  # its place is cleared on install
                 log.warning(
@@ -245,6 +288,9 @@ class HostTier:
                 max_total_bytes=self.limits.max_total_bytes,
                 owner=record,
             )
+            # Before verification reads them: a file changed during it shows at the next
+            # ``ensure``; the rename below leaves the files alone (a move of a grandparent).
+            written = fingerprint(fetched.root)
             verdict = verify_artifact(
                 DirectoryArtifact(fetched.root, fetched.digests), self.limits, record
             )
@@ -259,7 +305,12 @@ class HostTier:
                     self._delete(final)
                 os.rename(partial, final)
                 entry = TierEntry(
-                    record.lora_name, final / ADAPTER_DIR, record, fetched.bytes, self._now()
+                    record.lora_name,
+                    final / ADAPTER_DIR,
+                    record,
+                    fetched.bytes,
+                    self._now(),
+                    written,
                 )
                 self._entries[entry.lora_name] = entry
         except OSError as exc:
@@ -371,6 +422,7 @@ class HostTier:
         if isinstance(record, str):
             return record
         artifact = DirectoryArtifact(folder / ADAPTER_DIR)
+        seen = fingerprint(folder / ADAPTER_DIR)  # before the hash: a change during it shows
         try:
             verdict = verify_artifact(artifact, self.limits, record)
         except OSError as exc:
@@ -390,6 +442,6 @@ class HostTier:
         used = folder.stat().st_mtime
         self._latest = max(self._latest, used)
         self._entries[record.lora_name] = TierEntry(
-            record.lora_name, folder / ADAPTER_DIR, record, size, used
+            record.lora_name, folder / ADAPTER_DIR, record, size, used, seen
         )
         return ""

@@ -4,6 +4,7 @@ folder it did not verify, and a leftover in an entry's place never blocks the in
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -174,3 +175,36 @@ def test_a_wall_clock_stepped_back_never_evicts_the_newest_entry_first(world: Wo
     left = {e.lora_name for e in tier.entries()}
     assert left == {second.lora_name, later[0].lora_name, later[1].lora_name}
     assert [e.lora_name for e in tier.entries()][:2] == [later[1].lora_name, later[0].lora_name]
+
+
+@pytest.mark.parametrize("change", ["rewritten", "replaced", "added", "removed"])
+@pytest.mark.parametrize("when", ["installed", "adopted"])
+def test_an_entry_changed_on_disk_after_its_verification_is_installed_again(
+    world: World, change: str, when: str
+) -> None:
+    """ATTACK: whoever can write the host disk changes a verified entry's files in place
+    (the weights rewritten, a file renamed over one, one added or deleted). ``ensure``
+    checked only that the folder was no link and handed vLLM the changed bytes; now any
+    change since the verification (a file's inode, size, mtime or ctime, or the names) is
+    seen and the entry is fetched and verified again."""
+    record = world.install("a1", seed=1)
+    if when == "installed":
+        shutil.rmtree(world.root / record.lora_name)
+    tier = tier_of(world)
+    path = tier.ensure(record)
+    verified = files(path)
+    weights = path / "adapter_model.safetensors"
+    fake = bytearray(weights.read_bytes())
+    fake[-1] ^= 0xFF  # the same size: only the bytes differ
+    if change == "rewritten":
+        with open(weights, "r+b") as f:
+            f.write(bytes(fake))
+    elif change == "replaced":
+        (path / "swap").write_bytes(bytes(fake))
+        os.replace(path / "swap", weights)
+    elif change == "added":
+        (path / "adapter_model.bin").write_bytes(b"pickle")
+    else:
+        (path / "adapter_config.json").unlink()
+    again = tier.ensure(record)
+    assert files(again) == verified
