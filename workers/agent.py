@@ -387,7 +387,9 @@ class WorkerAgent:
         self._saved_protected = kept.protected
         # the copies it vouches for are its own from now on: one that vanishes is reported
         self._rt.loaded_by_agent.update(
-            (name, root) for name, root in actual.gpu.items() if vouched(name, root, actual)
+            (name, root)
+            for name, root in actual.gpu.items()
+            if vouched(name, root, actual, self.records)
         )
         self._fold(GuardChanged())
         self.started = True
@@ -667,7 +669,7 @@ class WorkerAgent:
                 or root == entry.path
                 or actual.loaded_by_agent.get(name) == root
                 or (name, root) in self._rt.resolved
-                or not vouched(name, root, actual)
+                or not vouched(name, root, actual, self.records)
             ):
                 continue
             self._rt.resolved.add((name, root))

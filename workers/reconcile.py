@@ -690,12 +690,20 @@ def settled_by(action: Action) -> Outcome | None:
     return None
 
 
-def vouched(name: str, root: str, actual: ActualState) -> bool:
+def vouched(
+    name: str, root: str, actual: ActualState, registry: Mapping[str, AdapterRecord]
+) -> bool:
     """True when vLLM's ``name`` is bytes this agent loaded or verified under that name: its
-    host-tier entry, or the copy of it that vLLM's host-tier resolver verified and loaded."""
+    host-tier entry, or the copy of it that vLLM's host-tier resolver verified and loaded,
+    and that entry was verified against the very digest the registry's record of ``name``
+    pins (the name carries only its first 8 hex: an entry of a digest the registry no longer
+    pins holds bytes it no longer vouches for)."""
+    entry = actual.host.get(name)
+    record = registry.get(name)
+    if entry is not None and record is not None and entry.sha256 != record.sha256:
+        return False
     if actual.loaded_by_agent.get(name) == root:
         return True
-    entry = actual.host.get(name)
     parsed = LORA_NAME_RE.fullmatch(name)
     return (
         entry is not None
@@ -774,7 +782,7 @@ def reconcile(
     waiting_conflicts: set[str] = set()  # foreign names a later tick unloads as conflicts
 
     for name, root in sorted(actual.gpu.items()):
-        if not vouched(name, root, actual):
+        if not vouched(name, root, actual, registry):
             if conflicts < MAX_CONFLICTS_PER_TICK:  # the rest go on the next ticks
                 conflicts += 1
                 actions.append(Conflict(name, root))
@@ -868,7 +876,7 @@ def adopt(actual: ActualState, registry: Mapping[str, AdapterRecord]) -> Desired
         record = registry.get(name)
         if parsed is None or record is None:
             continue
-        on_gpu = name in actual.gpu and vouched(name, actual.gpu[name], actual)
+        on_gpu = name in actual.gpu and vouched(name, actual.gpu[name], actual, registry)
         intents[name] = Intent(
             name,
             parsed["adapter_id"],

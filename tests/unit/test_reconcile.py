@@ -46,6 +46,7 @@ from loraplane.workers.reconcile import (
     reconcile,
     registry_by_name,
     settled_by,
+    vouched,
 )
 from loraplane.workers.reconcile import fold as fold_one
 
@@ -862,3 +863,29 @@ def test_a_flood_of_foreign_names_is_unloaded_a_bounded_batch_a_tick() -> None:
     for _ in range(3):
         small = execute(run(DesiredState(), small), small)
     assert small.gpu == {}
+
+
+def test_a_copy_verified_against_a_digest_the_registry_no_longer_pins_is_not_vouched() -> None:
+    """ATTACK: the registry's record of a name on the GPU now pins another digest with the
+    same first 8 hex (a version republished after the registry topic was reset, or a
+    collision a publisher ground out). ``vouched`` compared the copy's entry with the name's
+    8 hex only, so the bytes of the old digest kept serving, on a restart adopted too. Now
+    the entry's full digest must be the one the registry pins: the copy is unloaded as a
+    conflict and the intent loads the registry's bytes again."""
+    rec = record("a1", "1")
+    path = f"/h/{rec.lora_name}/adapter"
+    entry = HostEntry(rec.lora_name, path, rec.sha256[:8] + "f" * 56)
+    desired = fold(DesiredState(), [command(rec, CommandAction.load_gpu, "c1")])
+    copy = "/h/.resolver-copies/" + rec.lora_name + ".abc123"
+    for root, by_agent in ((path, {rec.lora_name: path}), (path, {}), (copy, {})):
+        actual = ActualState(
+            gpu={rec.lora_name: root}, host={rec.lora_name: entry}, loaded_by_agent=by_agent
+        )
+        assert not vouched(rec.lora_name, root, actual, REGISTRY)
+        actions = run(desired, actual)
+        assert actions[0] == Conflict(rec.lora_name, root)
+        assert any(isinstance(a, Load) and a.lora_name == rec.lora_name for a in actions)
+        assert adopt(actual, REGISTRY).intents[rec.lora_name].tier == "host"
+    genuine = replace(entry, sha256=rec.sha256)
+    actual = ActualState(gpu={rec.lora_name: copy}, host={rec.lora_name: genuine})
+    assert vouched(rec.lora_name, copy, actual, REGISTRY)

@@ -495,8 +495,9 @@ def test_the_agent_vouches_for_the_resolvers_copy_and_nothing_like_it(tmp_path: 
     assert stat.S_IMODE(found.path.parent.stat().st_mode) == 0o700
     entry = HostEntry(record.lora_name, str(world.adapter(record)), record.sha256)
     actual = ActualState(gpu={}, host={record.lora_name: entry})
-    assert vouched(record.lora_name, str(found.path), actual)
-    assert vouched(record.lora_name, str(world.adapter(record)), actual)
+    registry = {record.lora_name: record}
+    assert vouched(record.lora_name, str(found.path), actual, registry)
+    assert vouched(record.lora_name, str(world.adapter(record)), actual, registry)
     copies = world.root / RESOLVER_COPIES
     for root in (
         tmp_path / "elsewhere" / found.path.name,  # not the tier's copies folder
@@ -504,10 +505,13 @@ def test_the_agent_vouches_for_the_resolvers_copy_and_nothing_like_it(tmp_path: 
         copies / f"{record.lora_name}.x/../..",
         copies / record.lora_name,
     ):
-        assert not vouched(record.lora_name, str(root), actual), root
+        assert not vouched(record.lora_name, str(root), actual, registry), root
     other = HostEntry(record.lora_name, str(world.adapter(record)), "f" * 64)  # another digest
     assert not vouched(
-        record.lora_name, str(found.path), ActualState(gpu={}, host={record.lora_name: other})
+        record.lora_name,
+        str(found.path),
+        ActualState(gpu={}, host={record.lora_name: other}),
+        registry,
     )
 
 
