@@ -235,7 +235,7 @@ class ArtifactFetcher:
         oversize = Reason.size_mismatch if exact else Reason.manifest_invalid
 
         def attempt() -> tuple[str, int]:
-            response = self._s3().get_object(Bucket=bucket, Key=prefix + path)
+            response = self._get_object(bucket, prefix + path, path)
             announced = response.get("ContentLength")
             if announced is not None and (announced != size if exact else announced > size):
                 response["Body"].close()
@@ -264,6 +264,25 @@ class ArtifactFetcher:
 
         missing = Reason.manifest_missing if path == MANIFEST_NAME else Reason.file_missing
         return self._with_retries(attempt, path, deadline, missing)
+
+    def _get_object(self, bucket: str, key: str, path: str) -> Any:
+        """``get_object``'s answer. One whose head botocore cannot parse (a Content-Length,
+        date or count that is no number or date: its parsers raise ValueError,
+        RuntimeError, ...) is a ``fetch_failed``, a store answer like a 403, instead of an
+        exception the agent cannot map to a reason and a backoff."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        from loraplane.kernel.s3_redirects import RedirectRefused
+
+        try:
+            return self._s3().get_object(Bucket=bucket, Key=key)
+        except (BotoCoreError, ClientError, Urllib3Error, RedirectRefused, OSError):
+            raise  # mapped by _with_retries
+        except Exception as exc:
+            raise ArtifactError.single(
+                Reason.fetch_failed, path, f"unreadable answer: {type(exc).__name__}: {exc}"[:200]
+            ) from None
 
     def _with_retries(self, op: Callable[[], T], what: str, deadline: float, missing: Reason) -> T:
         from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError

@@ -237,3 +237,34 @@ def test_publishs_client_refuses_a_redirect_as_a_botocore_error(
     with pytest.raises(BotoCoreError, match="redirect"):
         S3(settings).client().get_object(Bucket="bucket", Key="acme/chat/manifest.json")
     assert len(requests) <= 2
+
+
+def _bad_head(header: str) -> Answer:
+    return lambda c: c.sendall(
+        f"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n{header}\r\n\r\n{{}}".encode()
+    )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(
+            lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2e0\r\n\r\n{}"),
+            id="content-length-no-integer",
+        ),
+        pytest.param(_bad_head("Last-Modified: 99999999999999999999999"), id="date-overflow"),
+        pytest.param(_bad_head("Last-Modified: Mon, 99 Foo 9 99:99:99 GMT"), id="date-garbage"),
+        pytest.param(_bad_head("x-amz-mp-parts-count: many"), id="count-no-integer"),
+        pytest.param(_bad_head("x-amz-object-lock-retain-until-date: no"), id="lock-date"),
+    ],
+)
+def test_an_answer_head_the_client_cannot_parse_is_a_fetch_failure(
+    answer: Answer, store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    """ATTACK: a store (or whoever answers for it) sends a head whose Content-Length, date or
+    count botocore cannot parse. Its ValueError or RuntimeError left the fetch unmapped: the
+    agent set no backoff (a GET of the hostile store every tick), answered none of the
+    requests waiting for the load and reported no reason. It is a ``fetch_failed`` now."""
+    error = _fetch(store(answer), tmp_path, FetchPolicy(attempts=1))
+    assert error.reasons == (Reason.fetch_failed,)
+    assert error.is_failure
