@@ -117,7 +117,7 @@ class HostTier(Protocol):
 
     def remove(self, lora_name: str) -> Any: ...
 
-    def entries(self) -> Iterable[Any]: ...
+    def entries(self) -> Iterable[Any]: ...  # each as TierEntry: name, path, sha256, intact()
 
 
 class CommandFeed(Protocol):
@@ -347,7 +347,7 @@ class WorkerAgent:
         entries = {}
         for e in self.host_tier.entries():
             entries[e.lora_name] = HostEntry(
-                e.lora_name, str(e.path), e.sha256, int(getattr(e, "size_bytes", 0))
+                e.lora_name, str(e.path), e.sha256, int(getattr(e, "size_bytes", 0)), e.intact()
             )
         return entries
 

@@ -139,6 +139,10 @@ class TierEntry:
     def sha256(self) -> str:
         return self.record.sha256
 
+    def intact(self) -> bool:
+        """Is its folder still what was verified (``_intact``)? Reads the disk."""
+        return _intact(self)
+
 
 @dataclass(frozen=True)
 class ScanReport:

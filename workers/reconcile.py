@@ -578,6 +578,7 @@ class HostEntry:
     path: str
     sha256: str
     size_bytes: int = 0
+    intact: bool = True  # its files as verified; False: changed on disk since, never vouched
 
 
 @dataclass(frozen=True)
@@ -697,11 +698,14 @@ def vouched(
     host-tier entry, or the copy of it that vLLM's host-tier resolver verified and loaded,
     and that entry was verified against the very digest the registry's record of ``name``
     pins (the name carries only its first 8 hex: an entry of a digest the registry no longer
-    pins holds bytes it no longer vouches for)."""
+    pins holds bytes it no longer vouches for). A copy vLLM loads from the entry's own folder
+    also needs that folder unchanged since its verification (``HostEntry.intact``)."""
     entry = actual.host.get(name)
     record = registry.get(name)
     if entry is not None and record is not None and entry.sha256 != record.sha256:
         return False
+    if entry is not None and root == entry.path and not entry.intact:
+        return False  # vLLM reads the folder again (its CPU cache): changed bytes would go
     if actual.loaded_by_agent.get(name) == root:
         return True
     parsed = LORA_NAME_RE.fullmatch(name)

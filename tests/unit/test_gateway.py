@@ -118,6 +118,9 @@ class Entry:
     sha256: str
     size_bytes: int = 1000
 
+    def intact(self) -> bool:
+        return True
+
 
 @dataclass
 class FolderHostTier:

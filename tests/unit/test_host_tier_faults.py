@@ -208,3 +208,48 @@ def test_an_entry_changed_on_disk_after_its_verification_is_installed_again(
         (path / "adapter_config.json").unlink()
     again = tier.ensure(record)
     assert files(again) == verified
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_gpu_copy_whose_entry_changes_on_disk_is_unloaded_and_loaded_again(
+    world: World,
+) -> None:
+    """ATTACK: the weights of an entry vLLM serves are rewritten on disk after the load.
+    vLLM reads the folder again whenever the adapter drops out of its CPU cache, so the
+    changed bytes would reach the GPU unseen: the agent vouched for the copy by its path
+    and digest only. Now the next tick sees the entry changed: the copy is unloaded as a
+    conflict and loaded again from a freshly verified entry."""
+    record = world.install("a1", seed=1)
+    tier = tier_of(world)
+    fake = FakeVllm(str(world.model), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url(""))
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
+        ),
+        vllm=VllmClient(url, timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: [record],
+        sink=ListSink(),
+    )
+    try:
+        await agent.start()
+        agent._fold(Ask.gateway_load(record))
+        await agent.reconcile_once()
+        assert agent.is_hot(record.lora_name)
+        loaded = Path(fake.adapters[record.lora_name][0])
+        verified = files(loaded)
+        weights = loaded / "adapter_model.safetensors"
+        changed = bytearray(weights.read_bytes())
+        changed[-1] ^= 0xFF
+        with open(weights, "r+b") as f:
+            f.write(bytes(changed))
+        await agent.reconcile_once()  # unloads the copy of changed bytes
+        await agent.reconcile_once()  # loads the name again, verified
+        assert agent.is_hot(record.lora_name)
+        assert files(Path(fake.adapters[record.lora_name][0])) == verified
+    finally:
+        await agent.vllm.close()
+        await server.close()

@@ -889,3 +889,22 @@ def test_a_copy_verified_against_a_digest_the_registry_no_longer_pins_is_not_vou
     genuine = replace(entry, sha256=rec.sha256)
     actual = ActualState(gpu={rec.lora_name: copy}, host={rec.lora_name: genuine})
     assert vouched(rec.lora_name, copy, actual, REGISTRY)
+
+
+def test_a_copy_from_an_entry_changed_on_disk_is_not_vouched() -> None:
+    """vLLM re-reads the folder it loaded (its CPU cache): a copy loaded from an entry whose
+    files changed since their verification is a conflict, unloaded and loaded again."""
+    rec = record("a1", "1")
+    path = f"/h/{rec.lora_name}/adapter"
+    changed = HostEntry(rec.lora_name, path, rec.sha256, intact=False)
+    desired = fold(DesiredState(), [command(rec, CommandAction.load_gpu, "c1")])
+    for by_agent in ({rec.lora_name: path}, {}):
+        actual = ActualState(
+            gpu={rec.lora_name: path}, host={rec.lora_name: changed}, loaded_by_agent=by_agent
+        )
+        actions = run(desired, actual)
+        assert actions[0] == Conflict(rec.lora_name, path)
+        assert any(isinstance(a, Load) and a.lora_name == rec.lora_name for a in actions)
+    copy = f"/h/.resolver-copies/{rec.lora_name}.abc123"  # the resolver's own copy: unaffected
+    actual = ActualState(gpu={rec.lora_name: copy}, host={rec.lora_name: changed})
+    assert vouched(rec.lora_name, copy, actual, REGISTRY)
