@@ -11,7 +11,8 @@ install as ``host_disk_full``, retried after the agent's backoff. Installs are n
 what a power loss tears is dropped by that scan and fetched again, and an fsync of every
 file would cost ~20% of an install. docs/worker.md, "Host warm tier and artifact verification".
 
-Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight).
+Thread-safe; concurrent ``ensure()`` of one adapter does the work once (single flight); a
+concurrent ``ensure()`` of another digest of the name waits for it, then installs its own.
 From asyncio, call it through ``asyncio.to_thread``.
 """
 
@@ -183,7 +184,7 @@ class HostTier:
         self._latest = 0.0  # the latest use recorded (``_now``)
         self._lock = threading.Lock()
         self._entries: dict[str, TierEntry] = {}
-        self._inflight: dict[str, Future[Path]] = {}
+        self._inflight: dict[str, tuple[str, Future[Path]]] = {}  # name -> (digest, install)
         root.mkdir(parents=True, exist_ok=True)
         disk = shutil.disk_usage(root).total
         if budget_bytes > disk:  # allowed (a disk may grow), but it will fill up first
@@ -223,33 +224,42 @@ class HostTier:
         if record.status == AdapterStatus.revoked:
             raise ArtifactError.single(Reason.adapter_revoked, record.lora_name)
         name = record.lora_name
-        with self._lock:
-            entry = self._entries.get(name)
-            if entry is not None and entry.sha256 == record.sha256 and _intact(entry):
-                return self._mark_used(entry).path
-            if self._entries.pop(name, None) is not None:  # its place is cleared on install
-                log.warning(
-                    "host tier entry %s is gone, linked away or of another digest than its "
-                    "record now pins: installing it again",
-                    name,
-                )
-            flight = self._inflight.get(name)
-            leader = flight is None
-            if flight is None:
-                flight = self._inflight[name] = Future()
-        if not leader:
-            return flight.result()
+        while True:
+            with self._lock:
+                entry = self._entries.get(name)
+                if entry is not None and entry.sha256 == record.sha256 and _intact(entry):
+                    return self._mark_used(entry).path
+                if self._entries.pop(name, None) is not None:  # its place is cleared on install
+                    log.warning(
+                        "host tier entry %s is gone, linked away, changed or of another digest "
+                        "than its record now pins: installing it again",
+                        name,
+                    )
+                ongoing = self._inflight.get(name)
+                if ongoing is None:
+                    flight: Future[Path] = Future()
+                    self._inflight[name] = (record.sha256, flight)
+                    break
+            digest, other = ongoing
+            if digest == record.sha256:  # the same install: its outcome is ours
+                return other.result()
+            # An install of another digest of the name (the registry's record changed
+            # meanwhile): never its folder; look again once it is done.
+            other.exception()
         try:
             path = self._install(record)
         except BaseException as exc:
+            self._landed(name)
             flight.set_exception(exc)
             raise
-        else:
-            flight.set_result(path)
-            return path
-        finally:
-            with self._lock:
-                del self._inflight[name]
+        self._landed(name)
+        flight.set_result(path)
+        return path
+
+    def _landed(self, name: str) -> None:
+        """An install is done: a waiter that looks again finds no flight of it."""
+        with self._lock:
+            del self._inflight[name]
 
     def remove(self, lora_name: str) -> bool:
         """Delete an entry (planner demote/evict, revoke). False when there was none."""

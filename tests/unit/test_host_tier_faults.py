@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -253,3 +256,37 @@ async def test_a_gpu_copy_whose_entry_changes_on_disk_is_unloaded_and_loaded_aga
     finally:
         await agent.vllm.close()
         await server.close()
+
+
+def test_a_concurrent_ensure_of_another_digest_never_gets_the_leaders_folder(
+    world: World,
+) -> None:
+    """ATTACK (a race): ``ensure`` of a name's record is in flight when the registry's record
+    of that name changes to another digest with the same 8 hex, and a second ``ensure`` asks
+    for the new one. The single flight handed the second caller the folder verified against
+    the first record. Now a waiter whose digest the finished install does not match installs
+    its own (refused here: no artifact has the new digest)."""
+    record = world.install("a1", seed=1)
+    shutil.rmtree(world.root / record.lora_name)
+    tier = tier_of(world)
+    newer = record.model_copy(update={"sha256": record.sha256[:8] + "f" * 56})
+    entered, release = threading.Event(), threading.Event()
+    fetch = world.fetcher.fetch
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return fetch(*args, **kwargs)
+
+    world.fetcher.fetch = gated  # type: ignore[method-assign]
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(tier.ensure, record)
+        assert entered.wait(10)
+        second = pool.submit(tier.ensure, newer)
+        _, flight = tier._inflight[record.lora_name]
+        while not flight._condition._waiters:  # type: ignore[attr-defined]  # second joined it
+            time.sleep(0.001)
+        release.set()
+        assert first.result(10) == world.adapter(record)
+        with pytest.raises(ArtifactError):
+            second.result(10)
