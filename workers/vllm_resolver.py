@@ -310,8 +310,9 @@ class HostTierResolver:
 
     def _copy(self, entry: int, dest: Path) -> None:
         """The adapter folder's regular top-level files, each opened without following a
-        link; anything else stays behind, so the copy's verification misses it (a link in
-        place of a pinned file is a ``file_missing``)."""
+        link and copied up to its size when opened (one that grows meanwhile is
+        ``tampered``); anything else stays behind, so the copy's verification misses it (a
+        link in place of a pinned file is a ``file_missing``)."""
         try:
             folder = os.open(
                 ADAPTER_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=entry
@@ -335,7 +336,8 @@ class HostTierResolver:
                         raise _Refusal(
                             Refused.tampered, f"over {self.limits.max_total_bytes} bytes"
                         )
-                    _copy_fd(src, dest / name)
+                    if not _copy_fd(src, dest / name, st.st_size):
+                        raise _Refusal(Refused.tampered, f"{name[:120]} grew while copied")
                 finally:
                     os.close(src)
         finally:
@@ -352,8 +354,13 @@ class HostTierResolver:
             return self._snapshot_root
 
 
-def _copy_fd(src: int, path: Path) -> None:
+def _copy_fd(src: int, path: Path, size: int) -> bool:
+    """Copy at most ``size`` bytes (the file's size when opened); False when the file holds
+    more by then: it grew while copied (a file read to its end could fill the disk)."""
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(out, "wb") as sink:
-        while chunk := os.read(src, _CHUNK):
+        left = size
+        while left > 0 and (chunk := os.read(src, min(_CHUNK, left))):
             sink.write(chunk)
+            left -= len(chunk)
+    return not os.read(src, 1)

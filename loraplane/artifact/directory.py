@@ -51,6 +51,9 @@ class DirectoryArtifact:
             else:
                 yield FileFacts(rel, "other", 0)
 
+    def _size(self, path: str) -> int:
+        return next(f.size for f in self.files() if f.path == path)
+
     def _open(self, path: str) -> int:
         """A file listed as regular, opened only if it still is one: swapped since the
         listing for a link, a FIFO (whose open would block) or a folder, it is an OSError."""
@@ -70,12 +73,16 @@ class DirectoryArtifact:
             os.close(fd)
 
     def sha256(self, path: str) -> str:
+        """The digest of at most the listed size and one byte: a file grown since the
+        listing hashes to no pinned digest, and is never read to an end it keeps moving."""
         if path not in self._digests:
             digest = hashlib.sha256()
             fd = self._open(path)
+            left = self._size(path) + 1
             try:
-                while chunk := os.read(fd, _CHUNK):
+                while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
                     digest.update(chunk)
+                    left -= len(chunk)
             finally:
                 os.close(fd)
             self._digests[path] = digest.hexdigest()

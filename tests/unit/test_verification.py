@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -297,3 +299,17 @@ def test_a_file_swapped_after_the_listing_is_never_read_through(
         listing.read(name, 0, 16)
     with pytest.raises(OSError):
         listing.sha256(name)
+
+
+def test_a_file_grown_since_its_listing_is_hashed_to_no_pinned_digest(tmp_path: Path) -> None:
+    """ATTACK: a file of a folder being verified grows between its listing and its hash
+    (extended sparse by whoever can write the disk). The hash read it to its end, however
+    far; it reads the listed size and one byte, so the digest pins nothing and the read
+    ends."""
+    folder = tmp_path / "a"
+    folder.mkdir()
+    (folder / "x.safetensors").write_bytes(b"abc")
+    artifact = DirectoryArtifact(folder)
+    assert [f.size for f in artifact.files()] == [3]
+    os.truncate(folder / "x.safetensors", 256 * 1024**2)
+    assert artifact.sha256("x.safetensors") == hashlib.sha256(b"abc\0").hexdigest()

@@ -551,3 +551,30 @@ def test_vllm_serve_turns_the_resolver_on_only_with_a_base_model(
         tmp_path.resolve() / "tier",
         TINY_BASE_MODEL,
     )
+
+
+def test_a_file_that_grows_while_copied_is_refused_at_its_size(
+    world: World, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATTACK: an entry's file grows after the resolver read its size (whoever can write the
+    host disk extends it, sparse, right then). The copy ran to the file's end, wherever that
+    is, onto the host tier's disk, before verification refused it; it now copies the size
+    it read and refuses a file that has more."""
+    record = world.install("a1", seed=1)
+    weights = world.adapter(record) / "adapter_model.safetensors"
+    real_fstat = os.fstat
+
+    def fstat_then_grow(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(weights.resolve()):
+            os.truncate(weights, st.st_size + 2**20)  # a MiB more, read as zeros
+        return st
+
+    monkeypatch.setattr(os, "fstat", fstat_then_grow)
+    assert world.resolver.resolve(str(world.model), record.lora_name) is None
+    monkeypatch.undo()
+    assert refusals(caplog) == [
+        f"lora resolver refused {record.lora_name!r}: tampered "
+        "(adapter_model.safetensors grew while copied)"
+    ]
+    assert list((world.tmp / "copies").iterdir()) == []
