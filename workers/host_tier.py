@@ -280,7 +280,9 @@ class HostTier:
 
     def _mark_used(self, entry: TierEntry) -> TierEntry:
         now = self._now()
-        with suppress(FileNotFoundError):  # removed under us: the next look finds it gone
+        # Best effort: the mtime only orders evictions after a restart. Removed under us (the
+        # next look finds it gone), a disk remounted read-only, another owner: still usable.
+        with suppress(OSError):
             os.utime(entry.path.parent, (now, now))
         self._entries[entry.lora_name] = entry = replace(entry, last_used=now)
         return entry

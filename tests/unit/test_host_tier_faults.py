@@ -4,6 +4,7 @@ folder it did not verify, and a leftover in an entry's place never blocks the in
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -290,3 +291,21 @@ def test_a_concurrent_ensure_of_another_digest_never_gets_the_leaders_folder(
         assert first.result(10) == world.adapter(record)
         with pytest.raises(ArtifactError):
             second.result(10)
+
+
+def test_an_entry_is_handed_out_when_its_use_cannot_be_stamped_on_disk(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk remounted read-only after an error (ext4's errors=remount-ro), or an entry
+    folder whose owner changed: the use's mtime cannot be written. ``ensure`` raised that
+    OSError, so every load of a verified, readable entry failed as ``host_io_error``; the
+    stamp only orders evictions across a restart, so the entry is handed out regardless."""
+    record = world.install("a1", seed=1)
+    tier = tier_of(world)
+
+    def read_only(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "utime", read_only)
+    assert tier.ensure(record) == world.adapter(record)
+    tier.touch(record.lora_name)
