@@ -225,6 +225,26 @@ def test_restart_scan_keeps_verified_entries_and_drops_the_rest(
     assert second._fetcher.calls == 1  # type: ignore[attr-defined]
 
 
+def test_an_entry_changed_while_the_tier_runs_is_fetched_again_not_handed_out(
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
+    """ATTACK: the weights of an installed entry rewritten in place on the local disk while
+    the tier runs (the restart scan would catch it; a running tier handed it out). The next
+    ``ensure`` sees the change and fetches and verifies the artifact from S3 again."""
+    record = publish(stack, prefix, tmp_path, "a1", seed=1)
+    host = tier(tmp_path / "tier", stack.s3)
+    path = host.ensure(record)
+    weights = path / "adapter_model.safetensors"
+    verified = weights.read_bytes()
+    data = bytearray(verified)
+    data[-1] ^= 1
+    with open(weights, "r+b") as f:  # in place: same inode, same size
+        f.write(bytes(data))
+    assert host.ensure(record) == path
+    assert weights.read_bytes() == verified
+    assert host._fetcher.calls == 2  # type: ignore[attr-defined]
+
+
 def test_hostile_store_content_never_lands_in_the_tier(
     stack: Settings, prefix: str, tmp_path: Path
 ) -> None:
