@@ -175,6 +175,7 @@ class ArtifactReason(StrEnum):
     host_budget_exceeded = "host_budget_exceeded"
     host_io_error = "host_io_error"
     host_disk_full = "host_disk_full"  # ENOSPC/EDQUOT: the disk is smaller than the budget
+    install_error = "install_error"  # the install raised an error no other reason names
     # the manifest and the files it pins
     manifest_missing = "manifest_missing"
     manifest_invalid = "manifest_invalid"
@@ -224,6 +225,7 @@ class ArtifactReason(StrEnum):
             ArtifactReason.fetch_failed,
             ArtifactReason.host_io_error,
             ArtifactReason.host_disk_full,
+            ArtifactReason.install_error,
             ArtifactReason.model_signing_unavailable,
         )
 

@@ -174,9 +174,18 @@ def _not_loaded(skip: CommandSkip | None) -> LoadDeferral | None:
     return None if skip is None else _NOT_LOADED.get(skip)
 
 
-def _disk_error(name: str, exc: OSError) -> ArtifactError:
-    """A disk error the host tier let escape, as the retriable refusal it makes of its own."""
-    return ArtifactError.single(ArtifactReason.host_io_error, name, f"{type(exc).__name__}: {exc}")
+def _install_error(name: str, exc: Exception) -> ArtifactError:
+    """An error the host tier let escape, as a retriable refusal: a disk error as the
+    ``host_io_error`` the tier makes of its own, anything else (a library meeting a hostile
+    answer, a bug; logged with its trace) as ``install_error``, so the load still backs off
+    and its waiters hear it."""
+    if isinstance(exc, ArtifactError):
+        return exc
+    what = f"{type(exc).__name__}: {exc}"[:300]
+    if isinstance(exc, OSError):
+        return ArtifactError.single(ArtifactReason.host_io_error, name, what)
+    log.error("installing %s raised %s", name[:80], what, exc_info=exc)
+    return ArtifactError.single(ArtifactReason.install_error, name, what)
 
 
 @dataclass
@@ -851,8 +860,8 @@ class WorkerAgent:
         started = time.perf_counter()
         try:
             path = await asyncio.to_thread(self.host_tier.ensure, record)
-        except (ArtifactError, OSError) as raised:
-            exc = raised if isinstance(raised, ArtifactError) else _disk_error(name, raised)
+        except Exception as raised:  # every error is a reason, a backoff and an answer
+            exc = _install_error(name, raised)
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)

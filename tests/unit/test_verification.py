@@ -72,7 +72,8 @@ def test_every_content_reason_has_a_hostile_case() -> None:
         Reason.host_budget_exceeded,
         Reason.host_io_error,
         Reason.host_disk_full,
-    }  # the fetch and host-tier tests
+        Reason.install_error,
+    }  # the fetch and host-tier tests (install_error: tests/unit/test_worker_faults.py)
     assert set(Reason) - io_or_policy - MODEL_SIGNING_REASONS - covered == set()
 
 

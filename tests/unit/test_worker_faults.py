@@ -248,3 +248,26 @@ async def test_a_heartbeat_that_cannot_be_built_does_not_end_the_loop(
     await asyncio.sleep(0.2)
     assert not loop.done() and calls > 2
     loop.cancel()
+
+
+async def test_a_fetch_that_raises_anything_else_is_a_failed_load_that_backs_off(
+    world: World,
+) -> None:
+    """ATTACK: ``ensure`` raised an error that is neither an ArtifactError nor an OSError (a
+    library's parser meeting a hostile answer, a bug). It left the agent's fetch unmapped:
+    no backoff (the install was tried again every tick), the waiting request was not
+    answered until its own timeout, and the event had no reason. It is a retriable
+    ``install_error`` now, heard by the waiter, and the name backs off."""
+    chat = world.records[0]
+
+    def broken(rec: AdapterRecord) -> Path:
+        raise RuntimeError("Unable to calculate correct timezone offset")
+
+    world.tier.ensure = broken  # type: ignore[method-assign]
+    waiter = world.agent.request_load(chat)
+    await world.agent.reconcile_once()
+    outcome = await asyncio.wait_for(waiter, 1)
+    assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "install_error", False)
+    assert chat.lora_name in world.agent._rt.backoff
+    failed = [e for e in world.events(chat.lora_name) if e.kind is CacheEventKind.fail]
+    assert [(e.reason, "RuntimeError" in e.detail) for e in failed] == [("install_error", True)]
