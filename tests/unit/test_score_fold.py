@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from loraplane.schemas.codec import encode
@@ -71,7 +71,20 @@ samples = st.lists(
 )
 
 
+def _demand(s: Sample) -> bool:
+    """Whether a request is demand, the only kind that can start a burst: a refused one
+    and the control plane's own shadow requests are not (``Flat.observe_many``)."""
+    return s.status is not RequestStatus.refused and s.request_class != "shadow"
+
+
+_T = 1_799_999_000.0
+_OK = Sample(_T, "interactive", Tier.gpu, RequestStatus.ok, None)
+
+
 @given(samples, st.integers(0, 40))
+@example(  # five at once, then a refused one when the 1-minute count has decayed
+    [_OK] * 5 + [Sample(_T + 73, "interactive", Tier.gpu, RequestStatus.refused, None)], 3
+)
 def test_batch_fold_equals_one_request_at_a_time(batch: list[Sample], split: int) -> None:
     start, _ = observe_many(ScoreState(), batch[:split])
     state, fired = start, False
@@ -84,7 +97,7 @@ def test_batch_fold_equals_one_request_at_a_time(batch: list[Sample], split: int
             status=s.status,
             ttft_ms=s.ttft_ms,
         )
-        fired = fired or is_burst(state, after, s.ts)
+        fired = fired or (_demand(s) and is_burst(state, after, s.ts))
         state = after
     assert observe_many(start, batch[split:]) == (state, fired)
 
