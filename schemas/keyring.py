@@ -6,9 +6,10 @@ Each key has one ``role``: a ``publisher`` key signs lifecycle events within its
 ``tenants`` bound whose copies it may move), so a CI key can never move a GPU copy. Per
 tenant, a priority ceiling (``platinum`` means never evicted, so it is granted explicitly)
 and whether artifacts need an OpenSSF model signature, verified against ``model_signers``
-(keys or certificate authorities, each for the tenants it names). Rotation is two keys of
-one publisher valid at once; a revoked key stays in the file so its events are reported as
-revoked, not unknown. ``KeyringFile`` re-reads the file when it changes.
+(keys or certificate authorities, each for the tenants it names). Rotation adds a key of the
+same publisher and retires the old one (its window ends, what it signed stays valid); a
+revoked key withdraws everything it signed and stays in the file so its events are
+reported as revoked, not unknown. ``KeyringFile`` re-reads the file when it changes.
 
 The format, an example and every rule: docs/lifecycle.md, "Keyring file".
 """
@@ -215,6 +216,29 @@ class Keyring(StrictModel):
         if self.get(entry.key_id) is not None:
             raise KeyringError(f"key_id {entry.key_id} is already in the keyring")
         return self.model_copy(update={"keys": [*self.keys, entry]})
+
+    def with_retired(self, key_id: str, at: datetime) -> Keyring:
+        """The same keyring with ``key_id``'s window ending at ``at`` (never later than it
+        ended already): the key signs nothing from then on (``key_expired``), while what it
+        signed before keeps verifying, as consumers fold each event at its ``issued_at``.
+        Routine rotation; a key that may have leaked is revoked instead."""
+        entry = self.get(key_id)
+        if entry is None:
+            raise KeyringError(f"key_id {key_id} is not in the keyring")
+        if at <= entry.not_before:
+            raise KeyringError(
+                f"key {key_id} is valid only from {entry.not_before}: it cannot end at {at} "
+                "(revoke it instead)"
+            )
+        end = min(entry.not_after, at)
+        return self.model_copy(
+            update={
+                "keys": [
+                    k.model_copy(update={"not_after": end}) if k.key_id == key_id else k
+                    for k in self.keys
+                ]
+            }
+        )
 
     def with_revoked(self, key_id: str) -> Keyring:
         """The same keyring with ``key_id`` revoked. The entry stays, so its events are

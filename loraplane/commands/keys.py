@@ -1,6 +1,8 @@
-"""``loraplane keys generate | rotate | revoke | tenant | model-signer``: Ed25519 signing keys
-and the keyring that trusts them, and the OpenSSF model-signing keys it trusts for bytes.
-Every keyring change is an atomic file replace that the registry agent and the workers pick
+"""``loraplane keys generate | rotate | retire | revoke | tenant | model-signer``: Ed25519
+signing keys and the keyring that trusts them, and the OpenSSF model-signing keys it trusts
+for bytes. Routine rotation retires the old key (it signs nothing new, what it signed stays
+valid); revoking is for a key that may have leaked and withdraws every registry view it
+signed. Every keyring change is an atomic file replace that the registry agent and the workers pick
 up without a restart; key changes are audited (``audit`` topic, component ``cli``) when the
 stack is reachable."""
 
@@ -64,6 +66,41 @@ def audit_keyring_change(action: str, key_id: str, publisher: str, detail: str) 
         typer.echo(
             f"warning: the keyring changed but its audit record was not written: {exc}", err=True
         )
+
+
+MAX_OVERLAP_S = 366 * 24 * 3600
+"""The longest an operator may let a retired key go on signing (a year)."""
+_SHOWN = 10
+_REVOKE_WARNING = (
+    "revoking {key_id} withdraws every registry view holding an event it ever signed: those "
+    "adapters stop serving on every worker and router until published again with another "
+    "key (give --state to count them; for a routine rotation retire the key instead)"
+)
+
+
+def _retired_text(key_id: str, entry: KeyEntry | None) -> str:
+    assert entry is not None  # retired, never removed
+    return (
+        f"{key_id} retired from {entry.not_after.isoformat()} "
+        "(signs nothing from then; what it signed stays valid)"
+    )
+
+
+def _withdrawn_by(state: Path, key_id: str) -> list[str]:
+    """The adapters of ``state`` (``registry list --json``) whose evidence holds an event
+    ``key_id`` signed: a consumer's fold refuses them once the key is revoked. Exit 1 when
+    the file is not such a registry."""
+    from loraplane.kernel.local_files import read_regular
+    from loraplane.schemas.registry import MAX_VIEWS_BYTES, views_from_json
+
+    try:
+        views = views_from_json(read_regular(state, MAX_VIEWS_BYTES))
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {state}: not a registry (`registry list --json`): {exc}", err=True)
+        raise typer.Exit(1) from None
+    return sorted(
+        aid for aid, view in views.items() if any(e.key_id == key_id for e in view.evidence)
+    )
 
 
 def _new_key(
@@ -193,64 +230,179 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path | None = typer.Option(None, "--out", help="The new private key (mode 0600)."),
         valid_days: int = typer.Option(365, "--valid-days", min=1, max=36_500),
+        overlap_s: int | None = typer.Option(
+            None,
+            "--overlap-s",
+            min=0,
+            max=MAX_OVERLAP_S,
+            help="Seconds the old key may still sign, for CI to switch (default 0: it "
+            "retires now). What it signed before stays valid.",
+        ),
         revoke_old: bool = typer.Option(
             False,
             "--revoke-old",
-            help="Revoke the old key in the same replace (default: both "
-            "stay valid, so CI can switch before `keys revoke`).",
+            help="COMPROMISE ONLY: revoke the old key instead of retiring it. This withdraws "
+            "every registry view holding an event it ever signed: those adapters stop "
+            "serving until published again with another key.",
         ),
         audit: bool = typer.Option(
             True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
         ),
     ) -> None:
-        """Add a new key for the same publisher, scopes and role as KEY_ID."""
+        """Add a new key for the same publisher, scopes and role as KEY_ID and retire KEY_ID
+        (it signs nothing from now, or after --overlap-s; the views it signed stay valid)."""
+        from datetime import timedelta
+
         from loraplane.schemas.base import now_utc
         from loraplane.schemas.keyring import KeyringError, save_keyring
 
+        if revoke_old and overlap_s is not None:
+            typer.echo("error: --overlap-s retires the old key; --revoke-old revokes it", err=True)
+            raise typer.Exit(1)
         ring, old = _keyring_and_entry(keyring, key_id)
+        now = now_utc()
+        retire_at = now + timedelta(seconds=overlap_s or 0)
         try:
-            kid = new_key_id or f"{old.publisher}-{now_utc():%Y%m%d%H%M%S}"
+            kid = new_key_id or f"{old.publisher}-{now:%Y%m%d%H%M%S}"
             key, entry, path = _new_key(old.publisher, kid, old.scopes, old.role, valid_days, out)
             ring = ring.with_key(entry)
             if revoke_old:
                 ring = ring.with_revoked(key_id)
+            elif not old.revoked:
+                ring = ring.with_retired(key_id, retire_at)
         except KeyringError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         _save_new(key, path)
         save_keyring(ring, keyring)
         typer.echo(f"# private key: {path} (mode 0600)", err=True)
-        typer.echo(
-            f"{kid}: added for {old.publisher} ({old.role})"
-            + (f"; {key_id} revoked" if revoke_old else f"; {key_id} still valid")
-        )
+        if revoke_old:
+            done = f"{key_id} revoked"
+            typer.echo(f"warning: {_REVOKE_WARNING.format(key_id=key_id)}", err=True)
+        elif old.revoked:
+            done = f"{key_id} already revoked"
+        else:
+            done = _retired_text(key_id, ring.get(key_id))
+        typer.echo(f"{kid}: added for {old.publisher} ({old.role}); {done}")
         if audit:
-            audit_keyring_change(
-                "key_rotate",
-                kid,
-                old.publisher,
-                f"replaces {key_id}" + (" (revoked)" if revoke_old else ""),
-            )
+            audit_keyring_change("key_rotate", kid, old.publisher, f"replaces {key_id}: {done}")
 
-    @group.command("revoke")
-    def revoke_cmd(
+    @group.command("retire")
+    def retire_cmd(
         keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
         key_id: str = typer.Option(..., "--key-id"),
+        overlap_s: int = typer.Option(
+            0,
+            "--overlap-s",
+            min=0,
+            max=MAX_OVERLAP_S,
+            help="Seconds it may still sign (default 0: it retires now).",
+        ),
         audit: bool = typer.Option(
             True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
         ),
     ) -> None:
-        """Revoke KEY_ID: from now on its events and commands are refused (key_revoked)."""
-        from loraplane.schemas.keyring import save_keyring
+        """Retire KEY_ID: its window ends now (or after --overlap-s), so events it signs
+        from then on are refused (key_expired), while the registry views it signed before
+        stay valid. The routine end of a key; a key that may have leaked is revoked."""
+        from datetime import timedelta
+
+        from loraplane.schemas.base import now_utc
+        from loraplane.schemas.keyring import KeyringError, save_keyring
 
         ring, entry = _keyring_and_entry(keyring, key_id)
         if entry.revoked:
             typer.echo(f"{key_id}: already revoked")
             return
-        save_keyring(ring.with_revoked(key_id), keyring)
-        typer.echo(f"{key_id}: revoked ({entry.publisher}, {entry.role})")
+        at = now_utc() + timedelta(seconds=overlap_s)
+        if entry.not_after <= at:
+            typer.echo(f"{key_id}: already ends at {entry.not_after.isoformat()}")
+            return
+        try:
+            ring = ring.with_retired(key_id, at)
+        except KeyringError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        save_keyring(ring, keyring)
+        done = _retired_text(key_id, ring.get(key_id))
+        typer.echo(f"{done} ({entry.publisher}, {entry.role})")
         if audit:
-            audit_keyring_change("key_revoke", key_id, entry.publisher, "revoked")
+            audit_keyring_change("key_retire", key_id, entry.publisher, done)
+
+    @group.command("revoke")
+    def revoke_cmd(
+        keyring: Path = typer.Option(..., "--keyring", help="The keyring file (atomic replace)."),
+        key_id: str = typer.Option(..., "--key-id"),
+        state: Path | None = typer.Option(
+            None,
+            "--state",
+            help="The registry as `loraplane registry list --json` wrote it: count the "
+            "adapters whose views the revocation withdraws.",
+        ),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Say what it would withdraw; change nothing."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+        audit: bool = typer.Option(
+            True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
+        ),
+    ) -> None:
+        """COMPROMISE: revoke KEY_ID. Its events and commands are refused from now on
+        (key_revoked) AND every registry view holding an event it ever signed is withdrawn
+        on every worker and router, until published again with another key. For a routine
+        rotation, retire the key instead (`keys retire`)."""
+        import json
+
+        from loraplane.schemas.keyring import save_keyring
+
+        ring, entry = _keyring_and_entry(keyring, key_id)
+        withdrawn = _withdrawn_by(state, key_id) if state is not None else None
+        already = entry.revoked
+        if not already and not dry_run:
+            save_keyring(ring.with_revoked(key_id), keyring)
+        if as_json:
+            typer.echo(
+                json.dumps(
+                    {
+                        "key_id": key_id,
+                        "publisher": entry.publisher,
+                        "role": str(entry.role),
+                        "revoked": already or not dry_run,
+                        "already_revoked": already,
+                        "dry_run": dry_run,
+                        "withdrawn_adapters": withdrawn,
+                        "withdrawn_count": None if withdrawn is None else len(withdrawn),
+                    }
+                )
+            )
+        elif already:
+            typer.echo(f"{key_id}: already revoked")
+        else:
+            verb = "would be revoked (dry run)" if dry_run else "revoked"
+            typer.echo(f"{key_id}: {verb} ({entry.publisher}, {entry.role})")
+            if withdrawn is None:
+                typer.echo(f"warning: {_REVOKE_WARNING.format(key_id=key_id)}", err=True)
+            else:
+                shown = ", ".join(withdrawn[:_SHOWN]) + (" ..." if len(withdrawn) > _SHOWN else "")
+                typer.echo(
+                    f"warning: {'would withdraw' if dry_run else 'withdraws'} the views of "
+                    f"{len(withdrawn)} adapter(s) in {state}"
+                    + (f": {shown}" if withdrawn else "")
+                    + (
+                        "; they stop serving until published again with another key"
+                        if withdrawn
+                        else ""
+                    ),
+                    err=True,
+                )
+        if audit and not already and not dry_run:
+            audit_keyring_change(
+                "key_revoke",
+                key_id,
+                entry.publisher,
+                "revoked"
+                + ("" if withdrawn is None else f"; withdraws {len(withdrawn)} adapter views"),
+            )
 
     @group.command("tenant")
     def tenant_cmd(

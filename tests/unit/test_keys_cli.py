@@ -1,12 +1,12 @@
-"""``loraplane keys rotate | revoke``: keyring changes the registry and workers pick up from
-the file (``KeyringFile`` re-reads it), checked through the registry's own decision."""
+"""``loraplane keys rotate | retire | revoke``: keyring changes the registry and workers pick
+up from the file (``KeyringFile`` re-reads it), checked through the registry's own decision."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from loraplane.cli import app
 from loraplane.lifecycle_events import signed_event
@@ -14,10 +14,15 @@ from loraplane.registry.fold import Accepted, evaluate
 from loraplane.schemas.keyring import KeyringFile, KeyRole, load_keyring, save_keyring
 from loraplane.schemas.lifecycle import LifecycleAction
 from loraplane.schemas.reasons import RegistryRejection
+from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.signing import SigningKey
 from tests.lifecycle_kit import make_kit, record
 
 RUN = CliRunner()
+
+
+KIT_KEYS: dict[Path, dict[str, SigningKey]] = {}
+"""The private keys of each ``ring`` file's entries."""
 
 
 @pytest.fixture
@@ -26,7 +31,9 @@ def ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path / "home"))
     path = tmp_path / "keyring.yaml"
-    save_keyring(make_kit(datetime.now(UTC)).keyring, path)
+    kit = make_kit(datetime.now(UTC))
+    save_keyring(kit.keyring, path)
+    KIT_KEYS[path] = kit.keys
     return path
 
 
@@ -257,3 +264,189 @@ def test_a_new_key_takes_events_from_a_signer_whose_clock_is_a_little_behind(
     )
     decision = evaluate(event, load_keyring(ring), lambda _a: None, now_utc())
     assert isinstance(decision, Accepted), decision
+
+
+def rotate(ring: Path, out: Path, *extra: str) -> str:
+    """``keys rotate`` of acme's CI key (ci-acme-ci) to ci-2027 at ``out``; its stdout."""
+    done = RUN.invoke(
+        app,
+        [
+            *("keys", "rotate", "--keyring", str(ring), "--key-id", "ci-acme-ci"),
+            *("--new-key-id", "ci-2027", "--out", str(out), "--no-audit", *extra),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    return done.stdout
+
+
+def ci_view(ring: Path, minutes_ago: int = 1) -> AdapterView:
+    """A view of adapter a1 whose events CI's current key signed ``minutes_ago``."""
+    from datetime import timedelta
+
+    from loraplane.schemas.adapter import AdapterStatus
+    from loraplane.schemas.base import now_utc
+    from tests.lifecycle_kit import signed_view
+
+    ci = KIT_KEYS[ring]["ci"]
+    rec = record("a1", "1").model_copy(update={"status": AdapterStatus.active})
+    return signed_view(ci, [rec], now_utc() - timedelta(minutes=minutes_ago), load_keyring(ring))
+
+
+def test_rotate_retires_the_old_key_so_its_views_stay_and_it_signs_nothing_new(
+    ring: Path, tmp_path: Path
+) -> None:
+    """Routine rotation: the views the old key signed keep verifying at a running consumer
+    (the registry consumers keep across keyring changes), while an event it signs after
+    the rotation is refused as ``key_expired``, and the new key signs."""
+    from loraplane.kernel.bus import Record
+    from loraplane.registry.evidence import ViewVerified, verify_view
+    from loraplane.registry.live import VerifiedRegistry
+    from loraplane.schemas.base import now_utc
+    from loraplane.schemas.codec import encode
+
+    view = ci_view(ring)
+    topic = [Record("p.registry", 0, 0, b"a1", encode(view), {}, 0)]
+    registry = VerifiedRegistry(
+        KeyringFile(ring), lambda: topic, sink=_Unsent(), component="worker"
+    )
+    assert registry.records() == view.versions
+    out = rotate(ring, tmp_path / "new.key")
+    assert "ci-acme-ci retired from" in out and "stays valid" in out
+    old = load_keyring(ring).get("ci-acme-ci")
+    assert old is not None and not old.revoked and old.not_after <= now_utc()
+    assert isinstance(verify_view(view, load_keyring(ring), now_utc()), ViewVerified)
+    assert registry.records() == view.versions  # the adapter stays online
+    assert verdict(ring, KIT_KEYS[ring]["ci"]) == RegistryRejection.key_expired
+    assert verdict(ring, SigningKey.load(tmp_path / "new.key")) == "accepted"
+
+
+def test_an_overlap_lets_the_old_key_sign_until_it_ends(ring: Path, tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from loraplane.schemas.base import now_utc
+
+    rotate(ring, tmp_path / "new.key", "--overlap-s", "3600")
+    old = load_keyring(ring).get("ci-acme-ci")
+    assert old is not None
+    assert now_utc() + timedelta(minutes=59) < old.not_after <= now_utc() + timedelta(hours=1)
+    assert verdict(ring, KIT_KEYS[ring]["ci"]) == "accepted"
+    assert verdict(ring, SigningKey.load(tmp_path / "new.key")) == "accepted"
+
+
+def test_retire_never_lengthens_a_key_and_says_what_it_did(ring: Path) -> None:
+    from datetime import timedelta
+
+    from loraplane.schemas.base import now_utc
+
+    def retire(key_id: str, *extra: str) -> Result:
+        return RUN.invoke(
+            app,
+            ["keys", "retire", "--keyring", str(ring), "--key-id", key_id, "--no-audit", *extra],
+        )
+
+    before = load_keyring(ring).get("ci-acme-ci")
+    assert before is not None
+    done = retire("ci-acme-ci", "--overlap-s", "600")
+    assert done.exit_code == 0 and "ci-acme-ci retired from" in done.stdout, done.output
+    after = load_keyring(ring).get("ci-acme-ci")
+    assert after is not None and after.not_after < before.not_after
+    assert after.not_after <= now_utc() + timedelta(minutes=10)
+    assert verdict(ring, KIT_KEYS[ring]["ci"]) == "accepted"  # inside the overlap
+    untouched = ring.read_bytes()
+    longer = retire("ci-acme-ci", "--overlap-s", "86400")
+    assert longer.exit_code == 0 and "already ends at" in longer.stdout
+    assert ring.read_bytes() == untouched
+    assert retire("ci-acme-ci").exit_code == 0
+    assert verdict(ring, KIT_KEYS[ring]["ci"]) == RegistryRejection.key_expired
+    revoked = retire("ci-acme-revoked")
+    assert revoked.exit_code == 0 and "already revoked" in revoked.stdout
+    future = retire("ci-acme-future")  # valid only from tomorrow: nothing to end
+    assert future.exit_code == 1 and "revoke it instead" in future.stderr
+    missing = retire("nobody")
+    assert missing.exit_code == 1 and "nobody is not in" in missing.stderr
+    bad = retire("ci-acme-ci", "--overlap-s", "-1")
+    assert bad.exit_code == 2
+
+
+def test_revoke_old_warns_that_it_withdraws_what_the_key_signed(ring: Path, tmp_path: Path) -> None:
+    from loraplane.registry.evidence import ViewRefused, verify_view
+    from loraplane.schemas.base import now_utc
+
+    view = ci_view(ring)
+    done = RUN.invoke(
+        app,
+        [
+            *("keys", "rotate", "--keyring", str(ring), "--key-id", "ci-acme-ci"),
+            *("--out", str(tmp_path / "n.key"), "--revoke-old", "--no-audit"),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    assert "ci-acme-ci revoked" in done.stdout and "withdraws every registry view" in done.stderr
+    assert isinstance(verify_view(view, load_keyring(ring), now_utc()), ViewRefused)
+    both = RUN.invoke(
+        app,
+        [
+            *("keys", "rotate", "--keyring", str(ring), "--key-id", "ops-ops"),
+            *("--revoke-old", "--overlap-s", "60", "--no-audit"),
+        ],
+    )
+    assert both.exit_code == 1 and "--revoke-old" in both.stderr
+
+
+def test_revoke_counts_the_views_it_withdraws_from_a_registry_state(
+    ring: Path, tmp_path: Path
+) -> None:
+    """``--state`` (the ``registry list --json`` output): the adapters whose evidence holds
+    an event of the key, said before (``--dry-run``, nothing changed) and when revoking."""
+    import json
+
+    from loraplane.schemas.base import now_utc
+    from loraplane.schemas.registry import views_to_json
+    from tests.lifecycle_kit import signed_view
+
+    ops = KIT_KEYS[ring]["ops"]
+    other = signed_view(ops, [record("b1", "1")], now_utc(), load_keyring(ring))
+    state = tmp_path / "registry.json"
+    state.write_text(views_to_json({"a1": ci_view(ring), "b1": other}))
+
+    def revoke(*extra: str) -> Result:
+        return RUN.invoke(
+            app,
+            [
+                *("keys", "revoke", "--keyring", str(ring), "--key-id", "ci-acme-ci"),
+                *("--state", str(state), "--no-audit", *extra),
+            ],
+        )
+
+    before = ring.read_bytes()
+    dry = revoke("--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout) == {
+        "key_id": "ci-acme-ci",
+        "publisher": "ci-acme",
+        "role": "publisher",
+        "revoked": False,
+        "already_revoked": False,
+        "dry_run": True,
+        "withdrawn_adapters": ["a1"],
+        "withdrawn_count": 1,
+    }
+    assert ring.read_bytes() == before
+    done = revoke()
+    assert done.exit_code == 0 and "ci-acme-ci: revoked" in done.stdout, done.output
+    assert "withdraws the views of 1 adapter(s)" in done.stderr and "a1" in done.stderr
+    assert load_keyring(ring).get("ci-acme-ci").revoked  # type: ignore[union-attr]
+    again = revoke("--json")
+    assert json.loads(again.stdout)["already_revoked"] is True
+    state.write_text("[1, 2]")
+    bad = revoke()
+    assert bad.exit_code == 1 and "not a registry" in bad.stderr
+
+
+def test_revoke_without_a_state_warns_what_it_withdraws(ring: Path) -> None:
+    done = RUN.invoke(
+        app,
+        ["keys", "revoke", "--keyring", str(ring), "--key-id", "ops-ops", "--no-audit"],
+    )
+    assert done.exit_code == 0, done.output
+    assert "withdraws every registry view" in done.stderr and "keys retire" not in done.stdout
