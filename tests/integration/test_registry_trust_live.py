@@ -25,6 +25,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.keyring import Keyring, KeyringFile, save_keyring
+from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.registry import AdapterView
 from loraplane.workers.worker_metrics import WorkerMetrics
 from tests.integration.registry_env import Env, running, wait_for
@@ -257,3 +258,96 @@ def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> Non
         aid: produce_sync(env.settings, env.topic("registry"), aid, b"not a view")[0] for aid in ids
     }
     assert ours == {aid: faust_partition[aid] for aid in ids}
+
+
+def test_a_rotation_keeps_what_the_old_key_signed_serving(env: Env, tmp_path: Path) -> None:
+    """``loraplane keys rotate`` on the real agent's keyring file: the old key is retired,
+    so the real agent refuses what it signs from then on (``key_expired``, also an event it
+    signed before but that arrives after), the new key's events are taken, and the view the
+    old key's events began still verifies at a worker reading the real topic with the
+    rotated keyring: the adapter stays online."""
+    import base64
+
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.lifecycle_events import signed_event
+    from loraplane.registry.evidence import ViewVerified, verify_view
+    from loraplane.schemas.keyring import load_keyring
+    from loraplane.schemas.lifecycle import LifecycleAction, seq_at
+    from loraplane.schemas.signing import SigningKey
+    from tests.lifecycle_kit import BASE, TENANT, record
+
+    aid, kit = f"rot-{uuid.uuid4().hex[:8]}", env.kit
+    old = kit.keys["ci2"]  # acme's second CI key: no other test of the module signs with it
+    now = now_utc()
+    steps = [
+        kit.event("ci2", "publish", aid, "1", seq_at(now), now),
+        kit.event("ci2", "promote", aid, "1", seq_at(now) + 1, now),
+    ]
+    in_flight = kit.event("ci2", "publish", aid, "2", seq_at(now) + 2, now)
+    env.send([(aid.encode(), e) for e in steps])
+    env.view(aid, lambda v: v.last_event_id == steps[1].event_id)
+    registry, _, _, keyring = worker_registry(env, tmp_path)
+    assert (aid, "1", "active") in {
+        (r.adapter_id, r.version, str(r.status)) for r in registry.records()
+    }
+
+    new_path = tmp_path / "ci-acme-next.key"
+    done = CliRunner().invoke(
+        app,
+        [
+            *("keys", "rotate", "--keyring", str(env.settings.keyring_path)),
+            *("--key-id", old.key_id, "--new-key-id", "ci-acme-next"),
+            *("--out", str(new_path), "--no-audit"),
+        ],
+    )
+    assert done.exit_code == 0 and "retired from" in done.stdout, done.output
+    keyring.write_text(env.settings.keyring_path.read_text())  # the worker's copy follows
+    new = SigningKey.load(new_path)
+    after = now_utc()
+
+    def event(key: SigningKey, version: str, n: int) -> LifecycleEvent:
+        return signed_event(
+            key,
+            LifecycleAction.publish,
+            adapter_id=aid,
+            tenant_id=TENANT,
+            base_model=BASE,
+            version=version,
+            record=record(aid, version),
+            seq=seq_at(after) + n,
+            now=after,
+        )
+
+    late, taken = event(old, "3", 0), event(new, "4", 1)
+    env.send([(aid.encode(), in_flight), (aid.encode(), late), (aid.encode(), taken)])
+    view = env.view(aid, lambda v: v.last_event_id == taken.event_id)
+    assert [e.event_id for e in view.evidence] == [
+        *(e.event_id for e in steps),
+        taken.event_id,
+    ]
+    verdict = verify_view(view, load_keyring(env.settings.keyring_path), now_utc())
+    assert isinstance(verdict, ViewVerified), verdict
+
+    refused = {encode(in_flight), encode(late)}
+
+    def letters() -> dict[bytes, str] | None:
+        found = {
+            base64.b64decode(d.raw_b64): str(d.reason)
+            for d in (decode(DeadLetter, raw) for raw in env.records("dead-letters"))
+            if base64.b64decode(d.raw_b64) in refused
+        }
+        return found if found.keys() == refused else None
+
+    found = wait_for(letters, "the retired key's events dead-lettered")
+    assert set(found.values()) == {"key_expired"}
+
+    def served() -> set[tuple[str, str]] | None:
+        held = {(r.version, str(r.status)) for r in registry.records() if r.adapter_id == aid}
+        return held if ("4", "published") in held else None
+
+    assert wait_for(served, "the worker's view after the rotation") == {
+        ("1", "active"),
+        ("4", "published"),
+    }
