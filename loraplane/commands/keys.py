@@ -73,8 +73,9 @@ MAX_OVERLAP_S = 366 * 24 * 3600
 _SHOWN = 10
 _REVOKE_WARNING = (
     "revoking {key_id} withdraws every registry view holding an event it ever signed: those "
-    "adapters stop serving on every worker and router until published again with another "
-    "key (give --state to count them; for a routine rotation retire the key instead)"
+    "adapters stop serving on every worker and router, for good under their ids (a view "
+    "keeps every event of its adapter); give --state to count them; for a routine rotation "
+    "retire the key instead (`keys retire`)"
 )
 
 
@@ -243,7 +244,7 @@ def register(app: typer.Typer) -> None:
             "--revoke-old",
             help="COMPROMISE ONLY: revoke the old key instead of retiring it. This withdraws "
             "every registry view holding an event it ever signed: those adapters stop "
-            "serving until published again with another key.",
+            "serving, for good under their ids.",
         ),
         audit: bool = typer.Option(
             True, "--audit/--no-audit", help="Write an audit record (needs the stack)."
@@ -349,8 +350,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """COMPROMISE: revoke KEY_ID. Its events and commands are refused from now on
         (key_revoked) AND every registry view holding an event it ever signed is withdrawn
-        on every worker and router, until published again with another key. For a routine
-        rotation, retire the key instead (`keys retire`)."""
+        on every worker and router, for good (a view keeps every event of its adapter). For
+        a routine rotation, retire the key instead (`keys retire`)."""
         import json
 
         from loraplane.schemas.keyring import save_keyring
@@ -388,11 +389,7 @@ def register(app: typer.Typer) -> None:
                     f"warning: {'would withdraw' if dry_run else 'withdraws'} the views of "
                     f"{len(withdrawn)} adapter(s) in {state}"
                     + (f": {shown}" if withdrawn else "")
-                    + (
-                        "; they stop serving until published again with another key"
-                        if withdrawn
-                        else ""
-                    ),
+                    + ("; they stop serving, for good under these ids" if withdrawn else ""),
                     err=True,
                 )
         if audit and not already and not dry_run:
