@@ -181,3 +181,36 @@ def test_cli_scope_syntax() -> None:
 
     with pytest.raises(typer.BadParameter):
         parse_scopes(["team:x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(min_value=-40 * 24 * 60, max_value=40 * 24 * 60),
+    st.integers(min_value=-40 * 24 * 60, max_value=40 * 24 * 60),
+)
+def test_retiring_only_ever_shortens_a_window(at_min: int, t_min: int) -> None:
+    """PROPERTY: a retired key signs at an instant only if it signed there before and the
+    instant is before the retirement; what it could sign before then is unchanged, so the
+    views it signed keep verifying. No other key changes."""
+    ring = make_kit(NOW).keyring
+    ci = ring.get("ci-acme-ci")
+    assert ci is not None
+    at, t = NOW + timedelta(minutes=at_min), NOW + timedelta(minutes=t_min)
+    if at <= ci.not_before:
+        with pytest.raises(KeyringError, match="revoke it instead"):
+            ring.with_retired(ci.key_id, at)
+        return
+    retired = ring.with_retired(ci.key_id, at)
+    after = retired.get(ci.key_id)
+    assert after is not None and not after.revoked
+    assert after.not_after == min(ci.not_after, at)
+    assert (after.window_problem(t) is None) == (ci.window_problem(t) is None and t < at)
+    assert [k for k in retired.keys if k.key_id != ci.key_id] == [
+        k for k in ring.keys if k.key_id != ci.key_id
+    ]
+    assert parse_keyring(retired.to_yaml()) == retired
+
+
+def test_retiring_an_unknown_key_is_an_error() -> None:
+    with pytest.raises(KeyringError, match="nobody is not in"):
+        make_kit(NOW).keyring.with_retired("nobody", NOW)
