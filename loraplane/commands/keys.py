@@ -68,7 +68,7 @@ def audit_keyring_change(action: str, key_id: str, publisher: str, detail: str) 
         )
 
 
-MAX_OVERLAP_S = 366 * 24 * 3600
+_MAX_OVERLAP_S = 366 * 24 * 3600
 """The longest an operator may let a retired key go on signing (a year)."""
 _SHOWN = 10
 _REVOKE_WARNING = (
@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--overlap-s",
             min=0,
-            max=MAX_OVERLAP_S,
+            max=_MAX_OVERLAP_S,
             help="Seconds the old key may still sign, for CI to switch (default 0: it "
             "retires now). What it signed before stays valid.",
         ),
@@ -296,7 +296,7 @@ def register(app: typer.Typer) -> None:
             0,
             "--overlap-s",
             min=0,
-            max=MAX_OVERLAP_S,
+            max=_MAX_OVERLAP_S,
             help="Seconds it may still sign (default 0: it retires now).",
         ),
         audit: bool = typer.Option(
