@@ -3,7 +3,7 @@ class, from a scenario or the fleet's own traffic in ClickHouse (docs/capacity.m
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     from loraplane.simulator.capacity import Grid, PoolAnswer
 
-__all__ = ["register"]
+__all__ = ["MAX_AXIS", "register"]
 
 
 def register(app: typer.Typer) -> None:
@@ -77,11 +77,10 @@ def register(app: typer.Typer) -> None:
 
         require("sim", "capacity")
 
-        from loraplane.commands.simulate import replay_clickhouse
-        from loraplane.simulator import benchmark, capacity
+        from loraplane.commands.simulate import base_scenario, replay_clickhouse, written
+        from loraplane.simulator import benchmark, capacity, report
         from loraplane.simulator import policies as registry
         from loraplane.simulator.replay import WhatIf
-        from loraplane.simulator.scenario import Scenario, load_scenario
         from loraplane.simulator.trace import TraceError
 
         if not from_clickhouse and scenario is None:
@@ -93,9 +92,8 @@ def register(app: typer.Typer) -> None:
                 _counts(text, flag)
                 for text, flag in ((workers, "--workers"), (slots, "--slots"), (loads, "--loads"))
             ]
-            sc = load_scenario(scenario) if scenario else Scenario(name=f"replay-{since}")
-            if seed is not None:
-                sc = sc.model_copy(update={"seed": seed})
+            report.check_outputs([(json_out, "--json", False), (plot, "--plot", False)])
+            sc = base_scenario(scenario, since, seed)
             if from_clickhouse:
                 replayed = replay_clickhouse(sc, since, WhatIf(), "capacity")
                 for note in replayed.notes:
@@ -120,38 +118,43 @@ def register(app: typer.Typer) -> None:
         )
         for found in answers:
             typer.echo(_answer_line(found, targets))
-        if json_out is not None:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(
-                json.dumps(
-                    {
-                        "scenario": sc.name,
-                        "requests": len(bench.requests),
-                        "policy": policy,
-                        "targets": targets,
-                        "pools": [a.as_dict() for a in answers],
-                    },
-                    indent=2,
-                )
-                + "\n"
-            )
-            typer.echo(f"wrote {json_out}")
-        if plot is not None:
-            typer.echo(f"wrote {capacity.plot(answers, targets, plot)}")
+        with written("capacity"):
+            if json_out is not None:
+                result = {
+                    "scenario": sc.name,
+                    "requests": len(bench.requests),
+                    "policy": policy,
+                    "targets": targets,
+                    "pools": [a.as_dict() for a in answers],
+                }
+                report.write_json(result, json_out)
+                typer.echo(f"wrote {json_out}")
+            if plot is not None:
+                typer.echo(f"wrote {capacity.plot(answers, targets, plot)}")
         if any(a.answer is None for a in answers):
             raise typer.Exit(1)
 
 
+MAX_AXIS = 64  # values per axis: the grid is their product, each point a whole replay
+
+
 def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """``"1,2,4"`` -> (1, 2, 4), sorted, each at least 1; None: the default."""
+    """``"1,2,4"`` -> (1, 2, 4), sorted, each from 1 to the scenario's ``MAX_COUNT`` in ASCII
+    digits, at most ``MAX_AXIS`` of them; None: the default."""
+    from loraplane.simulator.scenario import MAX_COUNT
+
     if text is None:
         return None
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected whole numbers, e.g. 1,2,4") from None
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    if not all(re.fullmatch(r"[0-9]{1,9}", v) for v in parts):
+        raise ValueError(f"{flag} {text[:80]!r}: expected whole numbers, e.g. 1,2,4")
+    values = sorted({int(v) for v in parts})
     if not values or values[0] < 1:
-        raise ValueError(f"{flag} {text!r}: expected whole numbers of at least 1")
+        raise ValueError(f"{flag} {text[:80]!r}: expected whole numbers of at least 1")
+    if values[-1] > MAX_COUNT:
+        raise ValueError(f"{flag} {text[:80]!r}: each at most {MAX_COUNT}")
+    if len(values) > MAX_AXIS:
+        raise ValueError(f"{flag}: at most {MAX_AXIS} values, not {len(values)}")
     return tuple(values)
 
 

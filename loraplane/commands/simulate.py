@@ -4,6 +4,8 @@ against every cache policy and compare."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from loraplane.simulator.replay import Replay, RequestRow, WhatIf
     from loraplane.simulator.scenario import Scenario
 
-__all__ = ["PROGRESS_ROWS", "register", "replay_clickhouse"]
+__all__ = ["PROGRESS_ROWS", "base_scenario", "register", "replay_clickhouse", "written"]
 
 PROGRESS_ROWS = 100_000  # a progress line on stderr every this many rows read
 
@@ -81,7 +83,6 @@ def register(app: typer.Typer) -> None:
         from loraplane.simulator import benchmark, report
         from loraplane.simulator import policies as registry
         from loraplane.simulator.replay import WhatIf
-        from loraplane.simulator.scenario import Scenario, load_scenario
         from loraplane.simulator.trace import TraceError
 
         what_if = WhatIf(workers, add_workers, slots)
@@ -95,7 +96,8 @@ def register(app: typer.Typer) -> None:
             _usage("give --scenario FILE or --from-clickhouse")
         replayed: Replay | None = None
         try:
-            sc = load_scenario(scenario) if scenario else Scenario(name=f"replay-{since}")
+            report.check_outputs([(json_out, "--json", False), (plot_dir, "--plot", True)])
+            sc = base_scenario(scenario, since, seed)
             if trace is not None:
                 sc = sc.model_copy(
                     update={
@@ -104,8 +106,6 @@ def register(app: typer.Typer) -> None:
                         )
                     }
                 )
-            if seed is not None:
-                sc = sc.model_copy(update={"seed": seed})
             chosen = [*(policies.split(",") if policies else []), *policy]
             names = registry.resolve(chosen or sc.policies)
             if from_clickhouse:
@@ -128,17 +128,43 @@ def register(app: typer.Typer) -> None:
         if seed_rows:
             typer.echo("\nThe seed's comparison (simulated / measured in the seed):")
             typer.echo(seed_rows)
-        if json_out is not None:
-            report.write_json(result, json_out)
-            typer.echo(f"wrote {json_out}")
-        if plot_dir is not None:
-            for path in report.plot(benchmark.sweep(bench, names), sc.name, plot_dir):
-                typer.echo(f"wrote {path}")
+        with written("simulate"):
+            if json_out is not None:
+                report.write_json(result, json_out)
+                typer.echo(f"wrote {json_out}")
+            if plot_dir is not None:
+                for path in report.plot(benchmark.sweep(bench, names), sc.name, plot_dir):
+                    typer.echo(f"wrote {path}")
 
 
 def _usage(message: str) -> NoReturn:
     typer.echo(f"simulate: {message}", err=True)
     raise typer.Exit(2)
+
+
+def base_scenario(path: Path | None, since: str, seed: int | None) -> Scenario:
+    """The scenario file's, or without one the defaults named ``replay-SINCE``; ``seed`` in
+    place of its own. A bad ``--since`` is a ValueError naming it, not the scenario's name."""
+    from loraplane.metrics.queries import parse_duration
+    from loraplane.simulator.scenario import Scenario, load_scenario
+
+    if path is not None:
+        sc = load_scenario(path)
+    else:
+        parse_duration(since)
+        sc = Scenario(name=f"replay-{since.strip()}")
+    return sc if seed is None else sc.model_copy(update={"seed": seed})
+
+
+@contextmanager
+def written(command: str) -> Iterator[None]:
+    """A write that fails after the run (the disk filled, the folder went) is one line and
+    exit 1, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        typer.echo(f"{command}: could not write the result: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def replay_clickhouse(base: Scenario, since: str, what_if: WhatIf, command: str) -> Replay:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ __all__ = [
     "SLO_CLASSES",
     "TIERS",
     "best_online",
+    "check_outputs",
     "plot",
     "seed_table",
     "table",
@@ -157,6 +159,24 @@ def seed_table(result: dict[str, Any]) -> str:
             f"| {s['p95_tokens_per_s']:.1f} / {d['p95_tokens_per_s']:.0f} | {rel} |"
         )
     return "\n".join(lines)
+
+
+def check_outputs(outputs: list[tuple[Path | None, str, bool]]) -> None:
+    """ValueError naming the flag of the first ``(path, flag, is_folder)`` that could not be
+    written (None: not asked for): checked before a run, so a mistyped path loses no sweep."""
+    for path, flag, folder in outputs:
+        if path is None:
+            continue
+        what = "a folder" if folder else "a file"
+        if path.exists() and path.is_dir() != folder:
+            raise ValueError(f"{flag} {path}: expected {what}, and it is not one")
+        above = path.parent
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if not above.is_dir():
+            raise ValueError(f"{flag} {path}: {above} is no folder")
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: {above} is not writable")
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:

@@ -8,7 +8,7 @@ default and change the benchmark.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,11 +17,15 @@ from loraplane.kernel.policy import Policy
 from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
 
 __all__ = [
+    "MAX_COUNT",
+    "MAX_REQUESTS",
+    "NAME_PATTERN",
     "PRIORITIES",
     "BaseModelFleet",
     "Burst",
     "Canaries",
     "Costs",
+    "Count",
     "Diurnal",
     "Fleet",
     "Interference",
@@ -56,8 +60,21 @@ _PRIORITY_WEIGHTS: dict[PriorityName, float] = {
 }
 
 
+# The file names a run writes (``simulate --plot``: ``{name}-hit-rate.png``) are made of the
+# scenario's name, so the name is one plain file name: no separator, no leading dot.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# Workers, slots, loads a minute, tenants, adapters: the simulator builds one object (or a
+# list entry) per unit of each, so a file of 10**9 holds ``simulate`` until memory runs out.
+MAX_COUNT = 100_000
+MAX_REQUESTS = 10_000_000  # synthetic and peak arrivals: ten times the largest bench scenario
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors; every float is finite (``.inf`` or ``.nan`` in a cost or a
+    rate turns every total it reaches into one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Diurnal(_Strict):
@@ -100,7 +117,7 @@ class Burst(_Strict):
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     share: float = Field(gt=0, le=1)
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=MAX_COUNT)
 
 
 class Peak(_Strict):
@@ -110,7 +127,7 @@ class Peak(_Strict):
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     qps: float = Field(gt=0)
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=MAX_COUNT)
     lead_s: float = Field(120.0, ge=0)
 
 
@@ -118,24 +135,26 @@ class Canaries(_Strict):
     """``count`` of the most popular adapters get a canary version taking ``percent`` of their
     traffic."""
 
-    count: int = Field(0, ge=0)
+    count: int = Field(0, ge=0, le=MAX_COUNT)
     percent: float = Field(10.0, ge=0, le=100)
 
 
 class Workload(_Strict):
     source: Literal["synthetic", "trace"] = "synthetic"
     trace: str | None = Field(None, description="Azure LLM trace CSV (source: trace)")
-    requests: int = Field(10_000, ge=1, description="synthetic: number of base arrivals")
+    requests: int = Field(
+        10_000, ge=1, le=MAX_REQUESTS, description="synthetic: number of base arrivals"
+    )
     rate_qps: float = Field(10.0, gt=0, description="synthetic: mean arrival rate")
     cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrivals")
     diurnal: Diurnal = Field(default_factory=Diurnal)
     office_hours: OfficeHours | None = Field(
         None, description="tenants' shares follow their own working day (none: constant)"
     )
-    output_tokens: int = Field(180, ge=1, description="synthetic: mean output tokens")
-    adapters: int = Field(100, ge=1)
+    output_tokens: int = Field(180, ge=1, le=MAX_COUNT, description="synthetic: mean output tokens")
+    adapters: int = Field(100, ge=1, le=MAX_COUNT)
     alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
-    tenants: int = Field(10, ge=1)
+    tenants: int = Field(10, ge=1, le=MAX_COUNT)
     priority_mix: dict[PriorityName, float] = Field(default_factory=_PRIORITY_MIX.copy)
     batch_fraction: float = Field(0.0, ge=0, le=1)
     canaries: Canaries = Field(default_factory=Canaries)
@@ -151,13 +170,23 @@ class Workload(_Strict):
             raise ValueError("workload.source is 'trace' but workload.trace is not set")
         return self
 
+    @model_validator(mode="after")
+    def _peaks_bounded(self) -> Workload:
+        """Each peak adds about ``qps x duration_s`` arrivals, drawn at once."""
+        extra = sum(p.qps * p.duration_s for p in self.peaks)
+        if not extra <= MAX_REQUESTS:
+            raise ValueError(
+                f"workload.peaks add {extra:.3g} arrivals: at most {MAX_REQUESTS} in all"
+            )
+        return self
+
 
 class BaseModelFleet(_Strict):
     name: str = "llama-3.1-8b-instruct"
     share: float = Field(1.0, gt=0, description="share of adapters on this base model")
-    workers: int = Field(2, ge=1)
-    gpu_slots_per_worker: int = Field(8, ge=1)
-    host_slots_per_worker: int = Field(64, ge=1)
+    workers: Count = 2
+    gpu_slots_per_worker: Count = 8
+    host_slots_per_worker: Count = 64
     host_bytes_per_worker: float = Field(32e9, gt=0)
     hbm_bytes_per_worker: float = Field(24e9, gt=0)
     base_weights_bytes: float = Field(
@@ -171,6 +200,7 @@ class BaseModelFleet(_Strict):
     max_concurrent_per_worker: int = Field(
         256,
         ge=1,
+        le=MAX_COUNT,
         description="requests a worker serves at once (vLLM max_num_seqs); "
         "more queue, and the wait adds to their TTFT",
     )
@@ -246,7 +276,9 @@ class Fleet(_Strict):
 
 
 class Sweep(_Strict):
-    gpu_slots_per_worker: list[int] = Field(default_factory=lambda: [2, 4, 8, 16, 32])
+    gpu_slots_per_worker: list[Count] = Field(
+        default_factory=lambda: [2, 4, 8, 16, 32], min_length=1, max_length=64
+    )
 
 
 class OptimumSettings(_Strict):
@@ -269,11 +301,11 @@ class SeedRow(_Strict):
 class Override(_Strict):
     """A policy that stands for a deployment strategy gets its own slots or load budget."""
 
-    gpu_slots_per_worker: int | None = Field(None, ge=1)
-    host_slots_per_worker: int | None = Field(
-        None, ge=1, description="vLLM's max_cpu_loras (its default is max_loras)"
+    gpu_slots_per_worker: Count | None = None
+    host_slots_per_worker: Count | None = Field(
+        None, description="vLLM's max_cpu_loras (its default is max_loras)"
     )
-    cold_loads_per_minute_per_worker: int | None = Field(None, ge=1)
+    cold_loads_per_minute_per_worker: Count | None = None
     demand_admission_tau_s: float | None = Field(
         None,
         ge=0,
@@ -282,7 +314,7 @@ class Override(_Strict):
 
 
 class Scenario(_Strict):
-    name: str
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     seed: int = 0
     workload: Workload = Field(default_factory=Workload)

@@ -1,0 +1,156 @@
+"""Attack tests: what an operator hands ``loraplane simulate`` and ``loraplane capacity`` (a
+scenario file they were sent, sweep ranges, output paths) is refused as a line before any run,
+never a traceback after one, a hang, or a file written outside the folder named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from loraplane.cli import app
+from loraplane.commands.capacity import _counts
+from loraplane.simulator.scenario import MAX_COUNT, Scenario, load_scenario
+
+TINY = """
+name: {name}
+workload: {{requests: 120, adapters: 6}}
+fleet: {{base_models: [{{workers: 1, gpu_slots_per_worker: 2}}]}}
+sweep: {{gpu_slots_per_worker: [2]}}
+"""
+
+
+def _scenario(tmp_path: Path, name: str = "tiny") -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY.format(name=name))
+    return path
+
+
+@pytest.mark.parametrize(
+    "name", ["../../escaped", "a/b", "/abs", ".hidden", "", "x" * 129, "tab\there", "nl\n"]
+)
+def test_attack_a_scenario_name_is_one_plain_file_name(name: str, tmp_path: Path) -> None:
+    """``simulate --plot DIR`` writes ``DIR/{name}-hit-rate.png``: a name with a separator or
+    ``..`` wrote the picture anywhere the operator could write."""
+    with pytest.raises(ValidationError, match="name"):
+        Scenario(name=name)
+
+
+def test_attack_the_plots_stay_in_the_folder_named(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY.format(name='"../../../../../../../../../' + f'{tmp_path}/out"'))
+    plots = tmp_path / "plots" / "a"
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", str(path), "--policy", "lru", "--plot", str(plots)]
+    )
+    assert result.exit_code == 2 and "name" in result.output
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_a_plain_scenario_name_still_runs_and_plots(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, "replay-24h.v2")
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", str(path), "--policy", "lru", "--plot", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "replay-24h.v2-hit-rate.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "sweep: {gpu_slots_per_worker: [0]}",
+        "sweep: {gpu_slots_per_worker: [-2]}",
+        "sweep: {gpu_slots_per_worker: [1000000000]}",
+        "sweep: {gpu_slots_per_worker: []}",
+        "fleet: {base_models: [{workers: 1000000000}]}",
+        "fleet: {base_models: [{gpu_slots_per_worker: 1000000000}]}",
+        "fleet: {base_models: [{max_concurrent_per_worker: 1000000000}]}",
+        "workload: {requests: 1000000000000}",
+        "workload: {adapters: 1000000000}",
+        "workload: {tenants: 1000000000}",
+        "workload: {peaks: [{at_s: 0, duration_s: 1.0e+9, qps: 1.0e+9, rank: 0}]}",
+        "workload: {rate_qps: .inf}",
+        "workload: {diurnal: {period_s: .nan}}",
+        "fleet: {costs: {fallback_cost_ms: .inf}}",
+        "overrides: {lru: {gpu_slots_per_worker: 0}}",
+        "overrides: {lru: {cold_loads_per_minute_per_worker: 1000000000}}",
+    ],
+)
+def test_attack_a_count_or_number_out_of_range_is_refused_before_the_run(
+    field: str, tmp_path: Path
+) -> None:
+    """Before: a sweep of 0 or -2 slots ran the whole table, then raised in matplotlib or the
+    optimum; 10**9 workers or requests held the command until memory ran out; ``.inf`` in a
+    rate or a cost made every total infinite."""
+    key = field.split(":", 1)[0]
+    text = TINY.format(name="tiny")
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(f"{key}:"))
+    path = tmp_path / "s.yaml"
+    path.write_text(text + "\n" + field + "\n")
+    with pytest.raises(ValueError):
+        load_scenario(path)
+    result = CliRunner().invoke(app, ["simulate", "--scenario", str(path), "--policy", "lru"])
+    assert result.exit_code == 2 and result.output.startswith("simulate: "), result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (str(MAX_COUNT + 1), f"at most {MAX_COUNT}"),
+        ("100000000", f"at most {MAX_COUNT}"),
+        ("\u0663", "whole numbers"),  # an Arabic-Indic three: int() reads it, no operator meant it
+        ("1_000", "whole numbers"),
+        (",".join(str(i) for i in range(1, 66)), "at most 64 values"),
+    ],
+)
+def test_attack_a_capacity_axis_is_bounded(text: str, says: str, tmp_path: Path) -> None:
+    """Before: ``--workers 100000000`` built a fleet of 10**8 workers per point and held the
+    command until memory ran out."""
+    with pytest.raises(ValueError, match=says):
+        _counts(text, "--workers")
+    args = ["capacity", "--target", "batch=0.9", "--scenario", str(_scenario(tmp_path))]
+    result = CliRunner().invoke(app, [*args, "--workers", text])
+    assert result.exit_code == 2 and says in result.output
+
+
+@given(st.lists(st.integers(1, MAX_COUNT), min_size=1, max_size=64))
+def test_a_capacity_axis_reads_back_what_was_written(values: list[int]) -> None:
+    assert _counts(",".join(map(str, values)), "--slots") == tuple(sorted(set(values)))
+
+
+def _outputs(tmp_path: Path) -> list[tuple[list[str], str]]:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    scenario = str(_scenario(tmp_path))
+    capacity = ["capacity", "--target", "batch=0.1", "--scenario", scenario, "--policy", "lru"]
+    capacity += ["--workers", "1", "--slots", "2", "--loads", "6"]
+    simulate = ["simulate", "--scenario", scenario, "--policy", "lru"]
+    return [
+        ([*simulate, "--json", str(folder)], "--json"),
+        ([*simulate, "--json", str(a_file / "out.json")], "--json"),
+        ([*simulate, "--plot", str(a_file)], "--plot"),
+        ([*simulate, "--plot", str(a_file / "plots")], "--plot"),
+        ([*capacity, "--json", str(folder)], "--json"),
+        ([*capacity, "--plot", str(folder)], "--plot"),
+        ([*capacity, "--plot", str(a_file / "cap.png")], "--plot"),
+    ]
+
+
+def test_attack_an_output_path_that_cannot_be_written_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    """Before: a folder given as ``--json`` (or a file as ``--plot DIR``) ran the whole sweep,
+    then ended in IsADirectoryError / FileExistsError with a traceback, the result lost."""
+    for args, flag in _outputs(tmp_path):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert flag in result.output and "requests" not in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
