@@ -26,7 +26,6 @@ import ipaddress
 import json
 import logging
 import mimetypes
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -41,7 +40,6 @@ from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
 from loraplane.router.fleet_view import fleet_view
-from loraplane.schemas.base import VERSION_PATTERN, is_id
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
@@ -59,11 +57,10 @@ __all__ = [
 ]
 
 STATIC = Path(__file__).resolve().parent / "static"
-FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
+FILTERS = queries.FILTERS
 QUERY_THREADS = 4
 FLEET_READ_TIMEOUT_S = 4.0  # with live workers beating the read never idles: bounded
 DEFAULT_LIMIT = "5000"
-_VERSION = re.compile(VERSION_PATTERN)
 
 
 log = logging.getLogger("loraplane.dashboard")
@@ -72,13 +69,7 @@ log = logging.getLogger("loraplane.dashboard")
 def query_params(given: dict[str, str]) -> queries.Params:
     """The pack's parameters from a page's query string; ValueError naming the parameter
     and the reason for anything out of range. A filter is '' (all) or what the column can
-    hold: no query runs for a value that can match nothing."""
-    for name in FILTERS:
-        value = given.get(name, "")
-        version = name == "adapter_version"
-        if value and not (_VERSION.fullmatch(value) if version else is_id(value)):
-            what = "a version" if version else "an id"
-            raise ValueError(f"{name} must be {what} or empty, not {value[:40]!r}")
+    hold (``queries.check_filters``): no query runs for a value that can match nothing."""
     return queries.window(
         given.get("since", "1h"),
         now=None,

@@ -19,6 +19,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loraplane.schemas.base import VERSION_PATTERN, is_id
+
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
@@ -28,6 +30,7 @@ __all__ = [
     "ARRIVAL_COLUMNS",
     "CACHE_COLUMNS",
     "DURATION_RE",
+    "FILTERS",
     "GRAFANA_REPLACEMENTS",
     "LABELS",
     "MAX_LIMIT",
@@ -37,6 +40,7 @@ __all__ = [
     "Params",
     "Query",
     "adapter_view",
+    "check_filters",
     "count_arrivals",
     "grafana_sql",
     "load",
@@ -109,8 +113,26 @@ def parse_limit(text: str) -> int:
     return int(text)
 
 
+FILTERS = ("base_model", "tenant_id", "adapter_id", "adapter_version")
+_VERSION = re.compile(VERSION_PATTERN)
+
+
+def check_filters(filters: dict[str, Any]) -> None:
+    """ValueError naming the first filter that is neither '' (all) nor what its column can
+    hold (``schemas.base``'s id and version patterns): such a value matches no row, and one
+    an argv could not decode (a lone surrogate) fails inside the driver's encoding."""
+    for name in FILTERS:
+        value = filters.get(name, "")
+        version = name == "adapter_version"
+        if value and not (_VERSION.fullmatch(value) if version else is_id(value)):
+            what = "a version" if version else "an id"
+            raise ValueError(f"{name} must be {what} or empty, not {value[:40]!r}")
+
+
 def window(since: str, now: datetime | None = None, **filters: Any) -> Params:
-    """Params for "the last <since>" (e.g. ``1h``) up to now."""
+    """Params for "the last <since>" (e.g. ``1h``) up to now; the filters checked
+    (``check_filters``)."""
+    check_filters(filters)
     until = now or datetime.now(UTC)
     return Params(
         since=until - parse_duration(since), until=until + timedelta(seconds=1), **filters

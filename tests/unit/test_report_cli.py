@@ -77,3 +77,42 @@ def test_every_clickhouse_command_with_clickhouse_away_says_which(
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit), result.exception
     assert "ClickHouse at 127.0.0.1:1" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--adapter", "a\udcff"],  # a byte argv cannot decode: the driver raised encoding it
+        ["--tenant", "t' OR 1=1 --"],
+        ["--base-model", "x" * 100_000],
+        ["--adapter", "Upper"],
+    ],
+)
+def test_attack_a_filter_no_row_can_hold_is_a_usage_line_before_any_query(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, fresh_settings: None
+) -> None:
+    """Rows hold ids of ``schemas.base.ID_PATTERN`` only: a filter outside it matches nothing,
+    and one argv could not decode ended in UnicodeEncodeError inside the driver."""
+    monkeypatch.setenv("LORAPLANE_CLICKHOUSE__TCP_PORT", "1")  # never reached
+    monkeypatch.setenv("LORAPLANE_CLICKHOUSE__READER_PASSWORD", "x")
+    result = CliRunner().invoke(app, ["report", *args])
+    assert result.exit_code == 1, result.output  # as a bad --since
+    assert isinstance(result.exception, SystemExit)
+    assert "must be an id" in result.output and "cannot read ClickHouse" not in result.output
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"adapter_id": "a\udcff"},
+        {"tenant_id": "t'"},
+        {"base_model": "b\x00"},
+        {"adapter_version": "1.0; DROP"},
+    ],
+)
+def test_attack_the_query_pack_refuses_a_filter_no_row_can_hold(filters: dict[str, str]) -> None:
+    from loraplane.metrics.queries import window
+
+    with pytest.raises(ValueError, match="must be"):
+        window("1h", **filters)
+    assert window("1h", adapter_id="support-bot", adapter_version="v3").adapter_id == "support-bot"
