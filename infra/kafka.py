@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loraplane.infra import maven
+from loraplane.infra.java_text import argfile_text, jaas_quoted, properties_text
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 from loraplane.kernel import kafka
@@ -227,13 +228,14 @@ class Kafka(Service):
             "sasl.enabled.mechanisms": mechanism,
             "sasl.mechanism.inter.broker.protocol": mechanism,
             f"listener.name.client.{mechanism.lower()}.sasl.jaas.config": (
-                f'{scram_module} required username="{Principal.ops}" password="{ops}";'
+                f"{scram_module} required username={jaas_quoted(Principal.ops)} "
+                f"password={jaas_quoted(ops)};"
             ),
             "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
             "sasl.mechanism.controller.protocol": "PLAIN",
             "listener.name.controller.plain.sasl.jaas.config": (
-                f'{plain_module} required username="{NODE_USER}" password="{node}" '
-                f'user_{NODE_USER}="{node}";'
+                f"{plain_module} required username={jaas_quoted(NODE_USER)} "
+                f"password={jaas_quoted(node)} user_{NODE_USER}={jaas_quoted(node)};"
             ),
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": f"User:{Principal.ops};User:{NODE_USER}",
@@ -254,7 +256,7 @@ class Kafka(Service):
             # A killed node's partitions move once the controller fences it: after 6 s
             # without a heartbeat instead of Kafka's 9 s (produce waits that long).
             props |= {"broker.session.timeout.ms": "6000", "broker.heartbeat.interval.ms": "1500"}
-        write_private(self.properties_file, "".join(f"{key}={v}\n" for key, v in props.items()))
+        write_private(self.properties_file, properties_text(props))
         formatted = (self.dir / "data" / "meta.properties").is_file()
         if formatted and not (self.dir / SCRAM_MARKER).is_file():
             raise StackError(
@@ -274,7 +276,7 @@ class Kafka(Service):
         scram = f"{mechanism}=[name={Principal.ops},password={ops_password}]"
         write_private(
             argfile,
-            "\n".join(
+            argfile_text(
                 [
                     "kafka.tools.StorageTool",
                     "format",
@@ -283,10 +285,9 @@ class Kafka(Service):
                     "-c",
                     str(self.properties_file),
                     "--add-scram",
-                    f'"{scram}"',
+                    scram,
                 ]
-            )
-            + "\n",
+            ),
         )
         try:
             done = subprocess.run(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplane.infra import maven
+from loraplane.infra.java_text import properties_text
 from loraplane.infra.processes import free_port
 from loraplane.infra.service import Port, Service
 from loraplane.kernel.config import LOOPBACK, Settings
@@ -116,7 +117,7 @@ class S3(Service):
             "jclouds.provider": "filesystem-nio2",
             "jclouds.filesystem.basedir": str(self.data),
         }
-        write_private(self.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
+        write_private(self.properties_file, properties_text(props))
         return [
             "java",
             f"-Xmx{s.heap}",
