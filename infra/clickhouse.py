@@ -16,6 +16,7 @@ from xml.sax.saxutils import escape
 
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
+from loraplane.kernel.config import CLICKHOUSE_NAME_PATTERN
 from loraplane.kernel.secrets import ensure_secret
 
 __all__ = ["BINARY_CANDIDATES", "ClickHouse", "users_xml"]
@@ -67,7 +68,7 @@ _USER = """
       <profile>{profile}</profile>
       <quota>default</quota>
     </{user}>"""
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_NAME = re.compile(CLICKHOUSE_NAME_PATTERN)
 
 
 def users_xml(logins: list[tuple[str, str, str]]) -> str:

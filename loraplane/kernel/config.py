@@ -33,6 +33,7 @@ from loraplane.kernel.secrets import read_secret
 from loraplane.schemas.base import Identifier
 
 __all__ = [
+    "CLICKHOUSE_NAME_PATTERN",
     "LOOPBACK",
     "ClickHouseSettings",
     "HttpLimits",
@@ -47,6 +48,10 @@ __all__ = [
 LOOPBACK = "127.0.0.1"
 _Port = Annotated[int, Field(ge=1, le=65535)]
 """A fixed TCP port of a service (a local one binds it, clients dial it)."""
+CLICKHOUSE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+_ClickHouseName = Annotated[str, Field(pattern=CLICKHOUSE_NAME_PATTERN)]
+"""A database or user name: it reaches DDL as a `quoted` identifier (no parameter can
+stand for one), users.xml as an element name and the secrets folder as ``clickhouse-USER``."""
 
 
 class _Section(BaseModel):
@@ -121,12 +126,14 @@ class ClickHouseSettings(_Section):
     tcp_port: _Port = 19000
     http_port: _Port = 18123
     interserver_port: _Port = 19009
-    database: str = "loraplane"
-    user: str = Field("loraplane", description="the writer: the metrics sink, migrations")
+    database: _ClickHouseName = "loraplane"
+    user: _ClickHouseName = Field(
+        "loraplane", description="the writer: the metrics sink, migrations"
+    )
     password: SecretStr | None = Field(
         None, description="default: the file secrets_dir/clickhouse-USER (stack up makes it)"
     )
-    reader_user: str = Field(
+    reader_user: _ClickHouseName = Field(
         "loraplane_reader", description="read-only (readonly=2): report, dashboard, queries"
     )
     reader_password: SecretStr | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from loraplane.kernel.config import CLICKHOUSE_NAME_PATTERN
+
 if TYPE_CHECKING:
     from clickhouse_driver import Client
 
@@ -12,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DATABASE_RE", "checked_database", "connect", "unavailable", "unavailable_errors"]
 
-DATABASE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+DATABASE_RE = re.compile(CLICKHOUSE_NAME_PATTERN)
 
 
 def checked_database(name: str) -> str:

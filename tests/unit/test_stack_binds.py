@@ -75,6 +75,9 @@ def test_attack_a_port_out_of_range_is_a_settings_error(section: str, key: str, 
         ("LORAPLANE_HTTP__SEND_TIMEOUT_S", "nan", "http.send_timeout_s"),
         ("LORAPLANE_HTTP__MAX_BODY_BYTES", "-5", "http.max_body_bytes"),
         ("LORAPLANE_SPOOL_MAX_BYTES", "-1", "spool_max_bytes"),
+        ("LORAPLANE_CLICKHOUSE__DATABASE", "a`b", "clickhouse.database"),
+        ("LORAPLANE_CLICKHOUSE__USER", "../../../etc/hostname", "clickhouse.user"),
+        ("LORAPLANE_CLICKHOUSE__READER_USER", "r x", "clickhouse.reader_user"),
     ],
 )
 def test_attack_an_invalid_setting_is_one_line_not_a_traceback(
@@ -98,3 +101,19 @@ def test_attack_an_invalid_setting_is_one_line_not_a_traceback(
     assert exited.value.code == 2
     assert err.startswith("loraplane: invalid settings: ") and says in err, err
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["database", "user", "reader_user"])
+@pytest.mark.parametrize(
+    "name", ["a`b", "x; DROP DATABASE y", "../../x", "a/b", "", "1abc", "a" * 65, "é", "a\n"]
+)
+def test_attack_a_clickhouse_name_that_is_no_plain_identifier_is_a_settings_error(
+    key: str, name: str
+) -> None:
+    """Database and user names reach DDL as `quoted` identifiers, users.xml as element names
+    and the secrets folder as ``clickhouse-USER``: before, ``a`b`` was accepted here and ended
+    in a ValueError traceback (report, migrate, retention) or a server error (stack up), and
+    ``../../x`` named a password file outside the secrets folder."""
+    with pytest.raises(ValidationError, match=key):
+        Settings(clickhouse={key: name})
+    assert Settings(clickhouse={key: "Loraplane_2"}).clickhouse.model_dump()[key] == "Loraplane_2"
