@@ -144,35 +144,47 @@ def _fail(svc: Service, why: str, console: Console) -> StackError:
 
 
 def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
-    """Start whatever is not running, wait until all are ready, then apply the topics."""
+    """Start whatever is not running, wait until all are ready, then apply the topics. Every
+    port is checked before anything starts, and a service that fails (or an interrupt) stops
+    the services this call started: ``up`` leaves the stack whole or as it found it."""
     check_binds(settings)
-    started: list[Service] = []
+    todo: list[Service] = []
     for svc in services(settings):
         if svc.process.running():
             console.print(f"• {svc.label} already running (pid {svc.process.pid()})")
-            continue
-        with console.status(f"{svc.label}: preparing"):
-            _check_ports(svc)
-            argv = svc.prepare()
-        pid = svc.process.start(argv)
-        started.append(svc)
-        console.print(f"• {svc.label} started (pid {pid}), log {svc.process.log_file}")
-    for svc in services(settings):
-        t0 = time.monotonic()
-        with console.status(f"{svc.label}: waiting until ready at {svc.endpoint()}"):
-            ok = wait_until(svc.ready, svc.start_timeout, alive=svc.process.running)
-            if not ok:
-                dead = not svc.process.running()
-                raise _fail(
-                    svc,
-                    "exited during start-up"
-                    if dead
-                    else f"not ready after {svc.start_timeout:.0f}s",
-                    console,
-                )
-            svc.after_start()
-        if svc in started:
-            console.print(f"[green]✓ {svc.label} ready[/] in {time.monotonic() - t0:.1f}s")
+        else:
+            todo.append(svc)
+    for svc in todo:
+        _check_ports(svc)
+    started: list[Service] = []
+    try:
+        for svc in todo:
+            with console.status(f"{svc.label}: preparing"):
+                argv = svc.prepare()
+            pid = svc.process.start(argv)
+            started.append(svc)
+            console.print(f"• {svc.label} started (pid {pid}), log {svc.process.log_file}")
+        for svc in services(settings):
+            t0 = time.monotonic()
+            with console.status(f"{svc.label}: waiting until ready at {svc.endpoint()}"):
+                ok = wait_until(svc.ready, svc.start_timeout, alive=svc.process.running)
+                if not ok:
+                    dead = not svc.process.running()
+                    raise _fail(
+                        svc,
+                        "exited during start-up"
+                        if dead
+                        else f"not ready after {svc.start_timeout:.0f}s",
+                        console,
+                    )
+                svc.after_start()
+            if svc in started:
+                console.print(f"[green]✓ {svc.label} ready[/] in {time.monotonic() - t0:.1f}s")
+    except BaseException:
+        for svc in reversed(started):
+            svc.process.stop()
+            console.print(f"• {svc.label} stopped: `up` did not complete")
+        raise
     if apply_topics:
         from loraplane.kernel import topics
 

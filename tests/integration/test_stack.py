@@ -230,3 +230,41 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert (tmp_path / "s3" / "data" / settings.s3.bucket).is_dir()  # objects on disk, kept
     local_stack.down(settings, _quiet(), purge=True)
     assert not (tmp_path / "s3").exists() and not (tmp_path / "kafka").exists()
+
+
+def test_a_later_service_whose_port_is_taken_leaves_nothing_started(tmp_path: Path) -> None:
+    """Before: Kafka and ClickHouse started, then s3proxy's port was found taken, and `up`
+    failed leaving the two running (and `./run test` exited without stopping them)."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        settings = _settings_on_free_ports(tmp_path)
+        settings = settings.model_copy(
+            update={
+                "s3": S3Settings(port=port, endpoint_url=f"http://127.0.0.1:{port}"),
+            }
+        )
+        try:
+            with pytest.raises(StackError, match=rf"s3: port {port}"):
+                local_stack.up(settings, _quiet())
+            assert not any(h.pid for h in local_stack.status(settings))
+        finally:
+            local_stack.down(settings, _quiet())
+
+
+def test_a_service_failing_after_others_started_stops_what_this_up_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings_on_free_ports(tmp_path)
+
+    def broken(self: object) -> list[str]:
+        raise StackError("s3: cannot prepare")
+
+    monkeypatch.setattr(local_stack.S3, "prepare", broken)
+    try:
+        with pytest.raises(StackError, match="cannot prepare"):
+            local_stack.up(settings, _quiet())
+        assert not any(h.pid for h in local_stack.status(settings))
+    finally:
+        local_stack.down(settings, _quiet())
