@@ -234,7 +234,12 @@ class Settings(BaseSettings):
     )
 
     home: Path = Field(default_factory=lambda: Path.cwd() / ".loraplane")
-    topic_prefix: str = "loraplane"
+    topic_prefix: str = Field(
+        "loraplane",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="starts every topic, ACL pattern and consumer group: Kafka's topic "
+        "characters, not a leading '.', '_' or '-', at most 100",
+    )
     keyring_path: Path = Field(
         default_factory=lambda data: data["home"] / "keyring.yaml",
         description="Publishers' public keys the registry trusts; re-read when it changes.",

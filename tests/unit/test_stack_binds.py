@@ -78,6 +78,7 @@ def test_attack_a_port_out_of_range_is_a_settings_error(section: str, key: str, 
         ("LORAPLANE_CLICKHOUSE__DATABASE", "a`b", "clickhouse.database"),
         ("LORAPLANE_CLICKHOUSE__USER", "../../../etc/hostname", "clickhouse.user"),
         ("LORAPLANE_CLICKHOUSE__READER_USER", "r x", "clickhouse.reader_user"),
+        ("LORAPLANE_TOPIC_PREFIX", "a b", "topic_prefix"),
     ],
 )
 def test_attack_an_invalid_setting_is_one_line_not_a_traceback(
@@ -117,3 +118,18 @@ def test_attack_a_clickhouse_name_that_is_no_plain_identifier_is_a_settings_erro
     with pytest.raises(ValidationError, match=key):
         Settings(clickhouse={key: name})
     assert Settings(clickhouse={key: "Loraplane_2"}).clickhouse.model_dump()[key] == "Loraplane_2"
+
+
+@pytest.mark.parametrize(
+    "prefix", ["a b", "x/y", "", "a\nb", ".hidden", "__consumer", "-x", "é", "p" * 101]
+)
+def test_attack_a_topic_prefix_kafka_cannot_name_a_topic_with_is_a_settings_error(
+    prefix: str,
+) -> None:
+    """The prefix names every topic, ACL pattern and consumer group: before, ``a b`` was
+    accepted here and `topics apply` (so `stack up`) ended in a KafkaException traceback,
+    and every reader in a misleading "Topic authorization failed"."""
+    with pytest.raises(ValidationError, match="topic_prefix"):
+        Settings(topic_prefix=prefix)
+    for good in ("loraplane", "demo-20261129-081500-1a2b", "prod.eu_1"):
+        assert Settings(topic_prefix=good).topic_prefix == good
