@@ -154,3 +154,34 @@ def test_attack_an_output_path_that_cannot_be_written_is_refused_before_the_run(
         assert result.exit_code == 2, (args, result.output)
         assert flag in result.output and "requests" not in result.output, result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+ROW = "2023-11-16 18:15:46.6805900,374,44\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("2023-11-16 18:15:47,374,-5\n", "GeneratedTokens"),
+        ("2023-11-16 18:15:47,374," + "9" * 30 + "\n", "GeneratedTokens"),
+        ("2023-11-16 18:15:47,374,\u0663\n", "GeneratedTokens"),
+        ("2023-11-16 18:15:47,374," + "1" * 200_000 + "\n", "field"),
+    ],
+)
+def test_attack_a_trace_row_out_of_range_is_a_trace_error_naming_its_line(
+    body: str, says: str, tmp_path: Path
+) -> None:
+    """Before: 10**30 tokens raised OverflowError in numpy, an over-long field csv.Error,
+    each a traceback; -5 tokens was replayed as a request of negative decode time."""
+    from loraplane.simulator.trace import TraceError, load_trace
+
+    path = tmp_path / "trace.csv"
+    path.write_text(HEADER + ROW + body)
+    with pytest.raises(TraceError, match=says) as refused:
+        load_trace(path)
+    assert f"{path}:3" in str(refused.value)
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", str(_scenario(tmp_path)), "--trace", str(path)]
+    )
+    assert result.exit_code == 2 and result.output.startswith("simulate: "), result.output
