@@ -19,7 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplane.kernel.local_files import read_regular
+
 __all__ = ["Managed", "StackError", "free_port", "port_in_use", "tail", "wait_until"]
+
+_PID_FILE_BYTES = 64
 
 
 class StackError(RuntimeError):
@@ -37,9 +41,18 @@ class Managed:
     def pid(self) -> int | None:
         """The recorded PID when that process is alive and still ours, else None."""
         try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+            raw = read_regular(self.pid_file, _PID_FILE_BYTES)
+        except FileNotFoundError:
             return None
+        except OSError as exc:  # a folder, a FIFO, a huge or unreadable file: say so, no hang
+            raise StackError(
+                f"{self.pid_file} is unusable ({exc.strerror or exc}): remove it once you "
+                "know the service is stopped"
+            ) from None
+        text = raw.strip()
+        if not (text.isdigit() and text.isascii()) or int(text) <= 0:
+            return None  # no pid: a write cut short, or not ours
+        pid = int(text)
         return pid if _cmdline_contains(pid, self.marker) else None
 
     def running(self) -> bool:

@@ -7,7 +7,9 @@ import socket
 import sys
 from pathlib import Path
 
-from loraplane.infra.processes import Managed, port_in_use, tail
+import pytest
+
+from loraplane.infra.processes import Managed, StackError, port_in_use, tail
 
 
 def _managed(tmp_path: Path, marker: str) -> Managed:
@@ -45,3 +47,29 @@ def test_tail_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert tail(tmp_path / "nope.log", 5) == []
     (tmp_path / "x.log").write_text("".join(f"{i}\n" for i in range(10)))
     assert tail(tmp_path / "x.log", 2) == ["8", "9"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["folder", "fifo", "huge"])
+def test_a_pid_file_that_is_no_small_file_is_a_clear_error(tmp_path: Path, kind: str) -> None:
+    """Before, a folder raised IsADirectoryError through ``stack status``/``up``/``down``,
+    and a FIFO hung them for good."""
+    managed = _managed(tmp_path, "a marker no process has")
+    if kind == "folder":
+        managed.pid_file.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(managed.pid_file)
+    else:
+        managed.pid_file.write_bytes(b"1" * (1 << 20))
+    with pytest.raises(StackError, match=r"sleeper\.pid"):
+        managed.pid()
+    with pytest.raises(StackError, match=r"sleeper\.pid"):
+        managed.stop()
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe\n", b"-1\n", b"0\n", b"12abc\n", b""])
+def test_a_pid_file_without_a_pid_names_no_process(tmp_path: Path, text: bytes) -> None:
+    managed = _managed(tmp_path, "a marker no process has")
+    managed.pid_file.write_bytes(text)
+    assert managed.pid() is None
+    assert managed.stop() is False and not managed.pid_file.exists()
