@@ -11,7 +11,9 @@ Layout: ``<spool dir>/<client id>/journal`` (``flock``-ed by its process), segme
 ``<n>.journal`` of records ``kind (1 byte) | body length (4) | body | crc32 (4)``, each one
 ``write`` on an ``O_APPEND`` descriptor: ``E`` an event (seq, topic, key, value), ``A`` the
 seqs now done. Recovery returns the events without an ack, oldest first, and stops reading
-a segment at a torn record. docs/worker.md, "The event journal".
+a segment at a torn record; a segment that is no regular file of at most ``READ_LIMIT``
+bytes is set aside and logged (``spool.read_segment``), a name it never writes is ignored.
+docs/worker.md, "The event journal".
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.eventlog.spool import locked_folder
+from loraplane.eventlog.spool import locked_folder, read_segment, segment_numbers
 
 __all__ = ["SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
 
@@ -112,9 +114,15 @@ class EventJournal:
         self._acks: list[int] = []  # done, not yet written
         self._unsynced: set[int] = set()  # segments written since the last sync
         self._dir_unsynced = False
-        self._old = self._numbers()  # a previous process's segments, until ``forget``
-        self.recovered, self._seq = self._read(self._old)
-        self._next_segment = (self._old[-1] + 1) if self._old else 0
+        try:
+            numbers = segment_numbers(directory, _SUFFIX)
+            # a previous process's segments, until ``forget``
+            self._old, self.recovered, self._seq = self._read(numbers)
+        except (OSError, JournalUnavailable) as exc:
+            os.close(self._dir_fd)
+            self._lock_file.close()
+            raise JournalUnavailable(f"{directory}: {exc}") from None
+        self._next_segment = (numbers[-1] + 1) if numbers else 0
 
     @property
     def pending(self) -> int:
@@ -122,22 +130,20 @@ class EventJournal:
         return len(self._where)
 
     # ---- a previous process's events ----------------------------------------------------
-    def _numbers(self) -> list[int]:
-        return sorted(
-            int(p.name[: -len(_SUFFIX)])
-            for p in self.directory.glob(f"*{_SUFFIX}")
-            if p.name[: -len(_SUFFIX)].isdigit()
-        )
-
     def _path(self, n: int) -> Path:
         return self.directory / f"{n:012d}{_SUFFIX}"
 
-    def _read(self, numbers: list[int]) -> tuple[list[JournalEvent], int]:
-        """The events of ``numbers`` without an ack, oldest first, and the next free seq."""
+    def _read(self, numbers: list[int]) -> tuple[list[int], list[JournalEvent], int]:
+        """The segments read, their events without an ack, oldest first, and the next free
+        seq."""
         events: dict[int, JournalEvent] = {}
         acked: set[int] = set()
+        read_ones = []
         for n in numbers:
-            data = self._path(n).read_bytes()
+            data = read_segment(self._path(n), JournalUnavailable)
+            if data is None:
+                continue
+            read_ones.append(n)
             read = 0
             for kind, body in _records(data):
                 read += _HEAD.size + len(body) + _CRC.size
@@ -154,7 +160,7 @@ class EventJournal:
                     len(data) - read,
                 )
         left = [events[s] for s in sorted(events) if s not in acked]
-        return left, max([*events, *acked], default=-1) + 1
+        return read_ones, left, max([*events, *acked], default=-1) + 1
 
     def forget(self) -> None:
         """Remove the previous process's segments (their events are safe elsewhere now)."""
@@ -162,6 +168,11 @@ class EventJournal:
             self._path(n).unlink(missing_ok=True)
         self._old, self.recovered = [], []
         self._dir_unsynced = True
+
+    def keep(self) -> None:
+        """Leave the previous process's segments for the next start (their events are not
+        all safe elsewhere); this process no longer needs them in memory."""
+        self._old, self.recovered = [], []
 
     # ---- this process's events ----------------------------------------------------------
     def append(self, topic: str, key: bytes | None, value: bytes) -> int:
@@ -242,7 +253,11 @@ class EventJournal:
         if n is not None and tail is not None and not tail.live:
             self._remove(n)
         n = self._next_segment
-        fd = os.open(self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(
+            self._path(n),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
         self._next_segment += 1
         self._segments[n], self._tail = _Segment(fd), n
         self._dir_unsynced = True

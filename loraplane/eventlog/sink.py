@@ -249,21 +249,51 @@ class KafkaEventSink:
                     exc,
                 )
                 return None
-            if journal.recovered:
-                for event in journal.recovered:
-                    self._to_spool(event.topic, event.key, event.value)
-                self.counts.recovered += len(journal.recovered)
-                if self._spool is not None:
-                    self._spool.sync()
-                log.warning(
-                    "event journal %s: %d events a stopped process had not delivered, "
-                    "spooled for replay",
+            taken = self._spool_recovered(journal)
+            if taken < len(journal.recovered):
+                log.error(
+                    "event journal %s: the spool took %d of the %d events a stopped process "
+                    "had not delivered; its segments stay for the next start",
                     journal.directory,
+                    taken,
                     len(journal.recovered),
                 )
-            journal.forget()
+                journal.keep()
+            else:
+                journal.forget()
             self._journal = journal
         return self._journal
+
+    def _spool_recovered(self, journal: EventJournal) -> int:
+        """Spool a killed run's leftovers, oldest first, until the spool refuses one (its
+        bound, a full disk, no spool): how many it took. The journal keeps all of them
+        unless it took every one, so none is lost (those it took come back once more at
+        the next start: at least once, kept once downstream by their event id)."""
+        events = journal.recovered
+        if not events:
+            return 0
+        spool = self._open_spool()
+        taken = 0
+        while (
+            spool is not None
+            and taken < len(events)
+            and spool.append(events[taken].topic, events[taken].key, events[taken].value)
+        ):
+            taken += 1
+        self.counts.spooled += taken
+        self.counts.recovered += taken
+        if taken and self._round is not None:
+            self._round.to_tail = False
+        if spool is not None:
+            spool.sync()
+        if taken:
+            log.warning(
+                "event journal %s: %d events a stopped process had not delivered, "
+                "spooled for replay",
+                journal.directory,
+                taken,
+            )
+        return taken
 
     def _journal_append(self, topic: str, key: bytes, value: bytes) -> int | None:
         journal = self._open_journal()
@@ -431,13 +461,14 @@ class KafkaEventSink:
                 log.warning("could not purge the producer queue: %s", exc)
             self._producer.flush(1.0)  # serves the purge's reports: they go to the spool
         with self._lock:
-            if self._spool is not None:
-                self._spool.sync()
+            left = self.backlog
+            if self._spool is not None:  # its lock goes too: a later sink may open it
+                self._spool.close()
+                self._spool = None
             if self._journal is not None:  # what is still pending stays for the next start
                 self._journal.sync()
                 self._journal.close()
                 self._journal = None
-            left = self.backlog
             if left:
                 log.warning("%d events spooled in %s for the next start", left, self._spool_dir)
         return left

@@ -10,7 +10,10 @@ Layout: one directory per producing client (``home/spool/<client id>``) holding 
 (segment and byte offset of the first event not yet delivered, replaced atomically). A torn
 last line (a crash mid-write) is cut when the spool is opened. The directory is locked
 (``flock``) by the process using it: a second process with the same client id gets no spool
-and says so, rather than interleaving writes.
+and says so, rather than interleaving writes. Whatever else sits at a segment's or the
+cursor's path when it is read back (a folder, a FIFO, a link, a file past ``READ_LIMIT``) is
+renamed aside to ``<name>.damaged-<ns>`` and logged, kept for an operator and out of the
+numbering; a name the spool never writes (``7.spool``, ``².spool``) is ignored.
 
 Bound: ``max_bytes`` of undelivered events. An event past it is not written; the caller
 counts it as dropped and logs the count, so nothing is lost without a counter.
@@ -19,30 +22,42 @@ counts it as dropped and logs the count, so nothing is lost without a counter.
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
 import json
 import logging
 import os
+import re
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from loraplane.kernel.atomic_file import write_atomic
+from loraplane.kernel.local_files import read_regular
 
 __all__ = [
     "CURSOR_FILE",
+    "READ_LIMIT",
     "SEGMENT_BYTES",
     "EventSpool",
     "SpoolUnavailable",
     "SpooledEvent",
     "locked_folder",
+    "read_segment",
+    "segment_numbers",
 ]
 
 log = logging.getLogger(__name__)
 
 CURSOR_FILE = "cursor.json"
 SEGMENT_BYTES = 8 * 1024 * 1024
+READ_LIMIT = 64 * 1024 * 1024
+"""The most a segment of the spool or the journal is read back: a segment holds
+``SEGMENT_BYTES`` and one event past it, and Kafka takes no event near this size."""
 _SUFFIX = ".spool"
+_CURSOR_BYTES = 4096
 
 
 class SpoolUnavailable(Exception):
@@ -55,16 +70,56 @@ def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:
     cannot be made. One writer per client id: a second process must not interleave."""
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = (directory / ".lock").open("a")
+        # non-blocking and no link: a FIFO or a link at the path is refused, not waited on
+        fd = os.open(
+            directory / ".lock",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
     except OSError as exc:
         raise unavailable(f"{directory}: {exc}") from None
+    lock = os.fdopen(fd, "a")
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "its .lock is not a regular file")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         lock.close()
         why = "is in use by another process" if isinstance(exc, BlockingIOError) else exc
         raise unavailable(f"{directory} {why}") from None
     return lock
+
+
+def segment_numbers(directory: Path, suffix: str) -> list[int]:
+    """The numbers of the segments in ``directory``, in order: only names as ``n:012d`` +
+    ``suffix`` writes them (``7.spool`` or ``².spool`` would name no file it reads)."""
+    pattern = re.compile(rf"([0-9]{{12,}}){re.escape(suffix)}", re.ASCII)
+    numbers = []
+    for name in os.listdir(directory):
+        match = pattern.fullmatch(name)
+        if match and name == f"{int(match[1]):012d}{suffix}":
+            numbers.append(int(match[1]))
+    return sorted(numbers)
+
+
+def read_segment(path: Path, unavailable: type[Exception]) -> bytes | None:
+    """The bytes of a segment or state file read back at start; None when there is none.
+    Anything but a regular file of at most ``READ_LIMIT`` bytes (a folder, a FIFO, a link,
+    an unreadable file) is renamed aside, kept for an operator and logged, and None is
+    returned; ``unavailable`` when it cannot even be moved out of the way."""
+    try:
+        return read_regular(path, READ_LIMIT, follow_links=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        why = exc
+    aside = path.with_name(f"{path.name}.damaged-{time.time_ns()}")
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        raise unavailable(f"{path} is not read ({why}) and cannot be set aside: {exc}") from None
+    log.error("%s is not read (%s): set aside as %s", path, why, aside.name)
+    return None
 
 
 @dataclass(frozen=True)
@@ -111,43 +166,54 @@ class EventSpool:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self._lock = locked_folder(directory, SpoolUnavailable)
-        self._head_segment, self._head_offset = self._read_cursor()
         self.records = 0  # undelivered events
         self.bytes = 0  # their bytes on disk
         self._dirty = False
         self._tail: IO[bytes] | None = None
-        self._scan()
+        try:
+            self._head_segment, self._head_offset = self._read_cursor()
+            self._scan()
+        except (OSError, SpoolUnavailable) as exc:
+            self._lock.close()
+            raise SpoolUnavailable(f"{directory}: {exc}") from None
 
     # ---- state on disk ------------------------------------------------------------------
     def _segments(self) -> list[int]:
-        return sorted(
-            int(p.name[: -len(_SUFFIX)])
-            for p in self.directory.glob(f"*{_SUFFIX}")
-            if p.name[: -len(_SUFFIX)].isdigit()
-        )
+        return segment_numbers(self.directory, _SUFFIX)
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n:012d}{_SUFFIX}"
 
     def _read_cursor(self) -> tuple[int, int]:
+        raw = read_segment(self.directory / CURSOR_FILE, SpoolUnavailable)
         try:
-            d = json.loads((self.directory / CURSOR_FILE).read_text())
-            return int(d["segment"]), int(d["offset"])
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            if raw is None or len(raw) > _CURSOR_BYTES:
+                raise ValueError("no cursor")
+            d = json.loads(raw)
+            segment, offset = d["segment"], d["offset"]
+            if not all(type(v) is int and v >= 0 for v in (segment, offset)):
+                raise ValueError("not two counts")
+            return segment, offset
+        except (ValueError, KeyError, TypeError, RecursionError):
             segments = self._segments()
             return (segments[0] if segments else 0), 0
 
     def _scan(self) -> None:
-        """Count what is undelivered; cut a torn last line; drop segments before the head."""
-        segments = self._segments()
-        for n in segments:
+        """Count what is undelivered; cut a torn last line; drop segments before the head;
+        set aside what is no segment (``read_segment``)."""
+        kept: list[int] = []
+        first = True
+        for n in self._segments():
+            data = read_segment(self._path(n), SpoolUnavailable)
+            if data is None:
+                continue
             if n < self._head_segment:
                 self._path(n).unlink(missing_ok=True)
-        segments = [n for n in segments if n >= self._head_segment]
-        if segments and segments[0] != self._head_segment:  # the head segment went away
-            self._head_segment, self._head_offset = segments[0], 0
-        for n in segments:
-            data = self._path(n).read_bytes()
+                continue
+            if first and n != self._head_segment:  # the head segment went away
+                self._head_segment, self._head_offset = n, 0
+            first = False
+            kept.append(n)
             if data and not data.endswith(b"\n"):
                 cut = data.rfind(b"\n") + 1
                 log.warning(
@@ -163,7 +229,7 @@ class EventSpool:
             body = data[start:]
             self.records += body.count(b"\n")
             self.bytes += len(body)
-        self._tail_segment = segments[-1] if segments else self._head_segment
+        self._tail_segment = kept[-1] if kept else self._head_segment
 
     def _write_cursor(self) -> None:
         write_atomic(
