@@ -37,7 +37,7 @@ from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 from loraplane.kernel import kafka
 from loraplane.kernel.kafka import Principal
-from loraplane.kernel.secrets import write_private
+from loraplane.kernel.secrets import make_secret, write_private
 
 if TYPE_CHECKING:
     from loraplane.kernel.config import Settings
@@ -149,9 +149,7 @@ class Kafka(Service):
     def password(self, principal: Principal) -> str:
         """``principal``'s password, generated into a new 0600 file the first time."""
         path = kafka.password_path(self.settings, principal)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(path, secrets.token_urlsafe(24))
+        make_secret(path)
         return kafka.read_password(path)
 
     def fetch(self) -> Path:
@@ -188,9 +186,7 @@ class Kafka(Service):
         if self.settings.kafka.brokers == 1:
             return secrets.token_urlsafe(24)
         path = self.settings.secrets_dir / CONTROLLER_SECRET
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(path, secrets.token_urlsafe(24))
+        make_secret(path)
         return kafka.read_password(path)
 
     def prepare(self) -> list[str]:

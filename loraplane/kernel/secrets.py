@@ -3,12 +3,17 @@
 The stack (``loraplane stack up``) and ``loraplane vllm serve`` create them; every client
 reads them from the same files when it connects, so a rotated file takes effect on the next
 connection. A file others can read is refused: a secret that leaked is not a secret.
+
+Every secret file is made whole or not at all (a temporary file, fsynced, then linked or
+renamed into place), so a kill -9 of ``stack up`` leaves no empty secret behind; an empty
+one an older version left is made again (nothing can have used it).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from loraplane.kernel.local_files import TooOpen, read_regular
@@ -18,6 +23,7 @@ __all__ = [
     "SecretError",
     "ensure_secret",
     "install_private",
+    "make_secret",
     "read_secret",
     "secret_key",
     "write_private",
@@ -28,26 +34,67 @@ class SecretError(RuntimeError):
     """A secret file is missing, empty or readable by others; the message says what to do."""
 
 
+def make_secret(path: Path, nbytes: int = 24) -> None:
+    """Make ``path`` a new random secret (URL-safe, mode 0600, folder 0700) when it is
+    missing or an empty regular file, whole or not at all; a concurrent maker's is kept."""
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        empty = False
+    else:
+        if found.st_size or not stat.S_ISREG(found.st_mode):
+            return  # a secret, or what its reader refuses with a message
+        empty = True
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = _private_tmp(path, secrets.token_urlsafe(nbytes).encode())
+    try:
+        if empty:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails when a concurrent caller made it first: theirs stays
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sync_folder(path.parent)
+
+
 def ensure_secret(path: Path, nbytes: int = 24) -> str:
-    """The secret in ``path``, made (random, URL-safe, mode 0600) when the file is missing."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # made by a concurrent caller: read theirs
-            return read_secret(path)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(nbytes))
+    """The secret in ``path``, made (``make_secret``) when the file is missing or empty."""
+    make_secret(path, nbytes)
     return read_secret(path)
 
 
 def write_private(path: Path, text: str | bytes) -> None:
     """Write ``text`` readable by its owner only, from the first byte on (no window in
-    which the file exists with the umask's mode); replaces what was there."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(text.encode() if isinstance(text, str) else text)
+    which the file exists with the umask's mode); replaces what was there, whole (a kill
+    leaves the old file or the new one)."""
+    os.replace(_private_tmp(path, text.encode() if isinstance(text, str) else text), path)
+    _sync_folder(path.parent)
+
+
+def _private_tmp(path: Path, data: bytes) -> Path:
+    """A new 0600 file beside ``path`` holding ``data``, fsynced; never a link's target."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # a killed run's, of the same pid
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 MAX_SECRET_BYTES = 64 * 1024
@@ -71,8 +118,10 @@ def secret_key(path: Path, min_bytes: int = 16) -> bytes:
     """An HMAC key file's bytes (the gateway's cache-salt secret, the router secret), made
     like ``ensure_secret`` when missing; any bytes an operator wrote are kept as they are.
     SecretError when it is readable by others or shorter than ``min_bytes``."""
-    if not path.exists() and not path.is_symlink():
-        ensure_secret(path, 32)
+    try:
+        make_secret(path, 32)
+    except OSError as exc:
+        raise SecretError(f"{path}: {exc.strerror or type(exc).__name__}") from None
     key = _read_private(path, "it is made when missing")
     if len(key) < min_bytes:
         raise SecretError(f"{path}: must be at least {min_bytes} bytes")

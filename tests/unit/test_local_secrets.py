@@ -111,3 +111,71 @@ def test_a_link_out_of_the_secret_volume_is_not_followed(tmp_path: Path) -> None
     assert [p.name for p in written] == ["router-secret"]
     with pytest.raises(SecretError, match="not a folder"):
         install_private(tmp_path / "missing", tmp_path / "secrets")
+
+
+def _killed_while_making(path: str) -> None:
+    """Run in a child: SIGKILL itself the moment the new secret's bytes are drawn, as a
+    kill -9 of ``stack up`` between the file's creation and its write does."""
+    import os
+    import secrets
+    import signal
+
+    def die(_n: int = 0) -> str:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return ""
+
+    secrets.token_urlsafe = die
+    ensure_secret(Path(path))
+
+
+@pytest.mark.timeout(60)
+def test_a_kill_while_a_secret_is_made_leaves_none_or_one_that_is_made_again(
+    tmp_path: Path,
+) -> None:
+    """Before, the kill left an empty file, and every later `stack up` stopped at
+    'secret file is empty (run `loraplane stack up`)' for good."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "secrets" / "s3-secret"
+    code = (
+        "from tests.unit.test_local_secrets import _killed_while_making; "
+        f"_killed_while_making({str(path)!r})"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, check=False, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    made = ensure_secret(path)
+    assert len(made) >= 32 and read_secret(path) == made
+    path.write_bytes(b"")  # what the kill left under the code before: made again too
+    assert len(ensure_secret(path)) >= 32
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["folder", "fifo", "huge"])
+def test_a_secret_or_password_file_that_is_no_small_file_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    """Each is refused naming the file; making a secret never replaces what sits there."""
+    import os
+
+    from loraplane.kernel.kafka import KafkaAuthError
+    from loraplane.kernel.secrets import secret_key
+
+    path = tmp_path / "planted-secret"
+    if kind == "folder":
+        path.mkdir(mode=0o700)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        path.write_bytes(b"x" * (1 << 20))
+        path.chmod(0o600)
+    with pytest.raises(SecretError, match="planted-secret"):
+        read_secret(path)
+    with pytest.raises(SecretError, match="planted-secret"):
+        secret_key(path)
+    with pytest.raises(SecretError, match="planted-secret"):
+        ensure_secret(path)
+    with pytest.raises(KafkaAuthError, match="planted-secret"):
+        read_password(path)
