@@ -5,22 +5,43 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["sync_folder", "write_atomic", "write_temporary"]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path``
-    (the worker's applied command ids, registry checkpoints and last verified views). A
-    failed write (a full disk) removes the temporary file: the half-written one would hold
-    on to the very space that ran out."""
+def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, rename it over ``path``
+    and fsync the folder (the worker's applied command ids, registry checkpoints, last
+    verified views, secret files). ``mode`` is the new file's from its first byte (less
+    the umask)."""
+    os.replace(write_temporary(path, data, mode), path)
+    sync_folder(path.parent)
+
+
+def write_temporary(path: Path, data: str | bytes, mode: int = 0o666) -> Path:
+    """A new file beside ``path`` holding ``data``, fsynced, for the caller to move into
+    place. Made with O_EXCL and O_NOFOLLOW, so a link planted at its predictable name is
+    never written through (one a killed run of the same pid left is removed first). A
+    failed write (a full disk) removes it: the half-written file would hold on to the very
+    space that ran out."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        with tmp.open("w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return tmp
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync ``folder``, so a rename or link in it outlives a host crash."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

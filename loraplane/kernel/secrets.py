@@ -16,6 +16,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from loraplane.kernel.atomic_file import sync_folder, write_atomic, write_temporary
 from loraplane.kernel.local_files import TooOpen, read_regular
 
 __all__ = [
@@ -46,7 +47,7 @@ def make_secret(path: Path, nbytes: int = 24) -> None:
             return  # a secret, or what its reader refuses with a message
         empty = True
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = _private_tmp(path, secrets.token_urlsafe(nbytes).encode())
+    tmp = write_temporary(path, secrets.token_urlsafe(nbytes), mode=0o600)
     try:
         if empty:
             os.replace(tmp, path)
@@ -56,7 +57,7 @@ def make_secret(path: Path, nbytes: int = 24) -> None:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    _sync_folder(path.parent)
+    sync_folder(path.parent)
 
 
 def ensure_secret(path: Path, nbytes: int = 24) -> str:
@@ -69,32 +70,7 @@ def write_private(path: Path, text: str | bytes) -> None:
     """Write ``text`` readable by its owner only, from the first byte on (no window in
     which the file exists with the umask's mode); replaces what was there, whole (a kill
     leaves the old file or the new one)."""
-    os.replace(_private_tmp(path, text.encode() if isinstance(text, str) else text), path)
-    _sync_folder(path.parent)
-
-
-def _private_tmp(path: Path, data: bytes) -> Path:
-    """A new 0600 file beside ``path`` holding ``data``, fsynced; never a link's target."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)  # a killed run's, of the same pid
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, text, mode=0o600)
 
 
 MAX_SECRET_BYTES = 64 * 1024
