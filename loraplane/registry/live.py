@@ -174,6 +174,8 @@ class VerifiedRegistry:
         changed = self._apply_keyring(keyring)
         version = None if self._version is None else self._version()
         if version is not None and version == self._read_version and not new_keyring:
+            if self._checkpoints_dirty:  # a write that failed before
+                self._save_checkpoints()
             if changed:
                 self._save_views()
             return
@@ -337,18 +339,25 @@ class VerifiedRegistry:
             return {}
 
     def _save_checkpoints(self) -> None:
-        self._checkpoints_dirty = False
+        """Logged, never raised, when the write fails (a full disk, a folder at the path):
+        the checkpoints stay due, so the next ``refresh`` writes them even with no news."""
         if self._path is None:
+            self._checkpoints_dirty = False
             return
-        write_atomic(
-            self._path,
-            json.dumps(
-                {
-                    aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
-                    for aid, c in sorted(self.checkpoints.items())
-                }
-            ),
-        )
+        try:
+            write_atomic(
+                self._path,
+                json.dumps(
+                    {
+                        aid: {"last_seq": c.last_seq, "event_ids": list(c.event_ids)}
+                        for aid, c in sorted(self.checkpoints.items())
+                    }
+                ),
+            )
+        except OSError as exc:
+            log.error("registry checkpoints not saved to %s: %s", self._path, exc)
+            return
+        self._checkpoints_dirty = False
 
     # ---- the last verified views ------------------------------------------------------------
     def _save_views(self) -> None:

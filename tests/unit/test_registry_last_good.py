@@ -195,3 +195,43 @@ def test_a_hostile_saved_state_file_starts_empty(kind: str, name: str, tmp_path:
     assert registry.records() == []
     topic.write(VIEW_A.adapter_id, VIEW_A)
     assert served(registry) == versions(VIEW_A)
+
+
+@pytest.mark.parametrize("fault", ["folder", "full-disk"])
+def test_checkpoints_it_cannot_save_are_no_read_failure_and_are_saved_later(
+    fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the checkpoints' failed write escaped ``refresh``: every read was counted as
+    a read failure, the views were never saved (a restart with Kafka away served nothing)
+    and the checkpoints were not written again until another view changed."""
+    import errno
+
+    from loraplane.registry import live
+
+    path = tmp_path / ".registry-checkpoints.json"
+    real = live.write_atomic
+
+    def full(target: Path, data: str | bytes, mode: int = 0o666) -> None:
+        if target == path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(target, data, mode)
+
+    if fault == "folder":
+        path.mkdir()
+    else:
+        monkeypatch.setattr(live, "write_atomic", full)
+    registry, topic, _, metrics = world(tmp_path)
+    topic.write(VIEW_A.adapter_id, VIEW_A)
+    assert served(registry) == versions(VIEW_A)
+    assert not metrics.registry.get_sample_value("loraplane_registry_read_failures_total")
+    assert "checkpoints not saved" in caplog.text
+    restarted, _, down, _ = world(tmp_path)
+    down.down = True
+    assert served(restarted) == versions(VIEW_A)  # the views were saved all the same
+
+    if fault == "folder":
+        path.rmdir()
+    else:
+        monkeypatch.setattr(live, "write_atomic", real)
+    registry.records()  # nothing new in the topic: the checkpoints are written now
+    assert VIEW_A.adapter_id in json.loads(path.read_text())
