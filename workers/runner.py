@@ -13,6 +13,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from aiohttp import web
 
@@ -24,6 +25,7 @@ from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
+from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
@@ -169,7 +171,31 @@ async def _site(settings: Settings, app: web.Application, port: int, name: str) 
     return runner
 
 
+class HostTierInUse(Exception):
+    """Another process holds the host-tier folder (``claim_host_tier``)."""
+
+
+def claim_host_tier(folder: Path) -> IO[str]:
+    """Lock ``folder`` for this worker until the returned file is closed (or the process
+    dies); SystemExit naming it when another process holds it. Two agents on one host
+    tier would delete each other's installs in flight at their startup scan and overwrite
+    each other's applied command ids and saved views."""
+    folder.mkdir(parents=True, exist_ok=True)  # its mode as the tier makes it: vLLM reads it
+    try:
+        return locked_folder(folder, HostTierInUse)
+    except HostTierInUse as exc:
+        raise SystemExit(f"host tier {exc}: one worker agent per host-tier folder") from None
+
+
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
+    claim = claim_host_tier(options.host_tier_dir)
+    try:
+        await _serve_worker(settings, options)
+    finally:
+        claim.close()
+
+
+async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     metrics = WorkerMetrics()

@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.eventlog.spool import locked_folder, read_segment, segment_numbers
+from loraplane.eventlog.spool import read_segment, segment_numbers
+from loraplane.kernel.local_files import locked_folder
 
 __all__ = ["SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
 

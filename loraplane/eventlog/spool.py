@@ -22,20 +22,17 @@ counts it as dropped and logs the count, so nothing is lost without a counter.
 from __future__ import annotations
 
 import base64
-import errno
-import fcntl
 import json
 import logging
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from loraplane.kernel.atomic_file import write_atomic
-from loraplane.kernel.local_files import read_regular
+from loraplane.kernel.local_files import locked_folder, read_regular
 
 __all__ = [
     "CURSOR_FILE",
@@ -44,7 +41,6 @@ __all__ = [
     "EventSpool",
     "SpoolUnavailable",
     "SpooledEvent",
-    "locked_folder",
     "read_segment",
     "segment_numbers",
 ]
@@ -62,32 +58,6 @@ _CURSOR_BYTES = 4096
 
 class SpoolUnavailable(Exception):
     """The spool directory is locked by another process or cannot be written."""
-
-
-def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:
-    """``directory`` (made 0700 when missing), locked with ``flock`` for this process until
-    the returned lock file is closed; ``unavailable`` when another process holds it or it
-    cannot be made. One writer per client id: a second process must not interleave."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # non-blocking and no link: a FIFO or a link at the path is refused, not waited on
-        fd = os.open(
-            directory / ".lock",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-    except OSError as exc:
-        raise unavailable(f"{directory}: {exc}") from None
-    lock = os.fdopen(fd, "a")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "its .lock is not a regular file")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        lock.close()
-        why = "is in use by another process" if isinstance(exc, BlockingIOError) else exc
-        raise unavailable(f"{directory} {why}") from None
-    return lock
 
 
 def segment_numbers(directory: Path, suffix: str) -> list[int]:

@@ -9,16 +9,22 @@ handing back a prefix of it. Every refusal is an ``OSError``, which these reader
 treat as "the file is unusable now". A private file (a signing key, a secret) is also
 refused when group or others may read it (``TooOpen``), checked on the file it reads, not
 on the path before opening it.
+
+``locked_folder`` is the one-writer rule for a folder of local state (the event journal and
+spool of a client id, a worker's host tier): an ``flock`` the kernel drops when its
+process dies, so a kill -9 leaves no stale lock behind.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
+from typing import IO
 
-__all__ = ["TooOpen", "read_regular"]
+__all__ = ["TooOpen", "locked_folder", "read_regular"]
 
 
 class TooOpen(PermissionError):
@@ -59,3 +65,29 @@ def read_regular(
     if left <= 0:
         raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
     return b"".join(chunks)
+
+
+def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:
+    """``directory`` (made 0700 when missing), locked with ``flock`` for this process until
+    the returned lock file is closed; ``unavailable`` when another process holds it or it
+    cannot be made. One writer per folder: a second process must not interleave."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # non-blocking and no link: a FIFO or a link at the path is refused, not waited on
+        fd = os.open(
+            directory / ".lock",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError as exc:
+        raise unavailable(f"{directory}: {exc}") from None
+    lock = os.fdopen(fd, "a")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "its .lock is not a regular file")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        lock.close()
+        why = "is in use by another process" if isinstance(exc, BlockingIOError) else exc
+        raise unavailable(f"{directory} {why}") from None
+    return lock

@@ -73,3 +73,41 @@ def test_a_pid_file_without_a_pid_names_no_process(tmp_path: Path, text: bytes) 
     managed.pid_file.write_bytes(text)
     assert managed.pid() is None
     assert managed.stop() is False and not managed.pid_file.exists()
+
+
+def _hold_host_tier(folder: str) -> None:
+    """Run in a child: hold the host tier as a worker agent does, until killed."""
+    import time
+
+    from loraplane.workers.runner import claim_host_tier
+
+    held = claim_host_tier(Path(folder))  # kept open: the lock lives as long as the file
+    print("held", flush=True)
+    time.sleep(120)
+    held.close()
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_agent_per_host_tier_and_a_kill_frees_it(tmp_path: Path) -> None:
+    """Before, a second agent on the same host tier (the same worker id started twice, or
+    two ids given one --host-tier-dir) started: its startup scan deleted the first's
+    installs in flight, and each overwrote the other's applied command ids."""
+    import signal
+    import subprocess
+
+    from loraplane.workers.runner import claim_host_tier
+
+    folder = tmp_path / "host-tier"
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        f"from tests.unit.test_processes import _hold_host_tier; _hold_host_tier({str(folder)!r})"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"held\n"
+        with pytest.raises(SystemExit, match="one worker agent per host-tier folder"):
+            claim_host_tier(folder)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    claim_host_tier(folder).close()  # no stale lock after a kill -9
