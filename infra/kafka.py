@@ -36,7 +36,9 @@ from loraplane.infra.java_text import argfile_text, jaas_quoted, properties_text
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
 from loraplane.kernel import kafka
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.kafka import Principal
+from loraplane.kernel.local_files import read_regular
 from loraplane.kernel.secrets import make_secret, write_private
 
 if TYPE_CHECKING:
@@ -109,7 +111,20 @@ class Kafka(Service):
         if not (first / "data" / "meta.properties").is_file():
             return None
         record = first / CLUSTER_SIZE
-        return int(record.read_text().strip()) if record.is_file() else 1
+        try:
+            text = read_regular(record, 64).strip()
+        except FileNotFoundError:
+            return 1
+        except OSError as exc:
+            text, why = b"", exc.strerror or str(exc)
+        else:
+            why = f"{text[:20]!r} is no broker count"
+        if text.isdigit() and 0 < int(text) <= 99:
+            return int(text)
+        raise StackError(
+            f"{record}: {why} (a `stack up` stopped while writing it): write the number of "
+            "brokers its data was formatted for, or `loraplane stack down --purge`"
+        )
 
     @property
     def cache(self) -> Path:
@@ -295,9 +310,9 @@ class Kafka(Service):
             raise StackError(
                 f"kafka storage format failed:\n{_redact(done.stdout + done.stderr, ops_password)}"
             )
-        (self.dir / SCRAM_MARKER).write_text("SCRAM users created at format\n")
+        write_atomic(self.dir / SCRAM_MARKER, "SCRAM users created at format\n")
         if self.node == 1:
-            (self.dir / CLUSTER_SIZE).write_text(f"{self.settings.kafka.brokers}\n")
+            write_atomic(self.dir / CLUSTER_SIZE, f"{self.settings.kafka.brokers}\n")
 
     def _cluster_id(self) -> str:
         """Node 1 draws the cluster id; the other nodes take it from node 1's data (which

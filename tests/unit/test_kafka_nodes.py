@@ -67,3 +67,27 @@ def test_data_formatted_for_another_cluster_size_is_refused(tmp_path: Path) -> N
     assert len(kafka_nodes(one)) == 3  # stack down and status still see every node
     with pytest.raises(StackError, match=r"formatted for 3 broker.*LORAPLANE_KAFKA__BROKERS=3"):
         kafka_nodes(one)[0].prepare()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("left", [b"", b"three\n", b"-2\n", b"folder", b"fifo"])
+def test_a_cluster_size_record_cut_short_or_replaced_is_a_clear_error(
+    tmp_path: Path, left: bytes
+) -> None:
+    """A kill -9 of `stack up` while it wrote the record (open, then write) left it empty.
+    Before, `stack up`, `status` and `down` died of ValueError (a folder: IsADirectoryError;
+    a FIFO: a hang)."""
+    import os
+
+    data = tmp_path / "kafka" / "data"
+    data.mkdir(parents=True)
+    (data / "meta.properties").write_text("cluster.id=x\nnode.id=1\n")
+    record = tmp_path / "kafka" / CLUSTER_SIZE
+    if left == b"folder":
+        record.mkdir()
+    elif left == b"fifo":
+        os.mkfifo(record)
+    else:
+        record.write_bytes(left)
+    with pytest.raises(StackError, match=CLUSTER_SIZE):
+        kafka_nodes(_cluster(tmp_path, 1))
