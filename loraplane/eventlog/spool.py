@@ -202,10 +202,15 @@ class EventSpool:
         self._tail_segment = kept[-1] if kept else self._head_segment
 
     def _write_cursor(self) -> None:
-        write_atomic(
-            self.directory / CURSOR_FILE,
-            json.dumps({"segment": self._head_segment, "offset": self._head_offset}),
-        )
+        """A cursor that cannot be written (a full disk) is logged: the one on disk lags,
+        so a restart sends its events again (at least once), and the next commit tries."""
+        try:
+            write_atomic(
+                self.directory / CURSOR_FILE,
+                json.dumps({"segment": self._head_segment, "offset": self._head_offset}),
+            )
+        except OSError as exc:
+            log.error("event spool %s: cursor not written: %s", self.directory, exc)
 
     # ---- tail ---------------------------------------------------------------------------
     def append(self, topic: str, key: bytes | None, value: bytes) -> bool:
@@ -246,8 +251,11 @@ class EventSpool:
     def sync(self) -> None:
         """Make what was appended durable (the sink calls it once per poll, not per event)."""
         if self._dirty and self._tail is not None:
-            self._tail.flush()
-            os.fsync(self._tail.fileno())
+            try:
+                self._tail.flush()
+                os.fsync(self._tail.fileno())
+            except OSError as exc:  # the events are in the kernel still: a kill keeps them
+                log.error("event spool %s: fsync failed: %s", self.directory, exc)
         self._dirty = False
 
     # ---- head ---------------------------------------------------------------------------
@@ -258,21 +266,27 @@ class EventSpool:
         out: list[SpooledEvent] = []
         segment, offset = self._head_segment, self._head_offset
         while len(out) < limit and segment <= self._tail_segment:
-            path = self._path(segment)
-            if path.exists():
-                with path.open("rb") as fh:
-                    fh.seek(offset)
-                    for raw in fh:
-                        if not raw.endswith(b"\n"):
-                            break  # being written
-                        event = _parse(raw)
-                        out.append(
-                            event if event is not None else SpooledEvent("", None, b"", len(raw))
-                        )
-                        if len(out) >= limit:
-                            break
+            try:
+                self._peek_segment(self._path(segment), offset, limit, out)
+            except OSError as exc:  # replayed from here once it can be read again
+                log.error("event spool %s: segment %d not read: %s", self.directory, segment, exc)
+                break
             segment, offset = segment + 1, 0
         return out
+
+    @staticmethod
+    def _peek_segment(path: Path, offset: int, limit: int, out: list[SpooledEvent]) -> None:
+        if not path.exists():
+            return
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # being written
+                event = _parse(raw)
+                out.append(event if event is not None else SpooledEvent("", None, b"", len(raw)))
+                if len(out) >= limit:
+                    break
 
     def commit(self, events: list[SpooledEvent]) -> None:
         """Remove ``events`` (the head, as ``peek`` returned it) for good."""

@@ -159,3 +159,35 @@ def test_recovered_events_the_spool_cannot_take_stay_in_the_journal(
     roomy.close(1.0)
     assert set(details(broker.log)) == set(range(5))  # each at least once, none lost
     assert not list((tmp_path / "spool").rglob("*.journal"))
+
+
+@pytest.mark.parametrize("failing", ["cursor", "fsync"])
+def test_a_disk_error_under_the_spool_never_stops_the_sinks_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """Before, a full disk under the spool's cursor (or an fsync error) raised out of
+    ``poll``, which ended the process's ``poll_forever`` task for good: no replay, no
+    journal fsync, no delivery report served outside ``emit`` from then on."""
+    import errno
+
+    from loraplane.eventlog import spool as spool_module
+
+    broker, clock = Broker(), Clock()
+    sink = sink_on(broker, tmp_path, monkeypatch, clock)
+    broker.up = False
+    for i in range(5):
+        sink.emit("audit", "k", event(i))
+    sink.poll()
+    assert sink.backlog == 5
+
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if failing == "cursor":
+        monkeypatch.setattr(spool_module, "write_atomic", full)
+    else:
+        monkeypatch.setattr(spool_module.os, "fsync", full)
+    sink.emit("audit", "k", event(5))
+    broker.up = True
+    drain(sink, clock)
+    assert details(broker.log) == list(range(6))
