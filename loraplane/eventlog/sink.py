@@ -480,10 +480,16 @@ async def poll_forever(sink: KafkaEventSink, every_s: float = 0.2) -> None:
     disk)."""
     import asyncio
 
+    failures = 0
     while True:
-        sink.poll()
-        if sink.unsynced:
-            await asyncio.to_thread(sink.sync)
+        try:
+            sink.poll()
+            if sink.unsynced:
+                await asyncio.to_thread(sink.sync)
+        except Exception:  # one bad poll must not end polling for the process's life
+            failures += 1
+            if failures & (failures - 1) == 0:  # the 1st, 2nd, 4th, 8th...: never a flood
+                log.exception("event sink poll failed (%d so far)", failures)
         await asyncio.sleep(every_s)
 
 

@@ -191,3 +191,35 @@ def test_a_disk_error_under_the_spool_never_stops_the_sinks_poll(
     broker.up = True
     drain(sink, clock)
     assert details(broker.log) == list(range(6))
+
+
+def test_the_background_poll_outlives_a_poll_that_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever a poll raises, the process's ``poll_forever`` task goes on polling: before,
+    one exception ended it silently for the rest of the process's life."""
+    import asyncio
+
+    from loraplane.eventlog.sink import poll_forever
+
+    broker, clock = Broker(), Clock()
+    sink = sink_on(broker, tmp_path, monkeypatch, clock)
+    real, calls = sink.poll, []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        real()
+
+    monkeypatch.setattr(sink, "poll", flaky)
+
+    async def run() -> None:
+        task = asyncio.create_task(poll_forever(sink, every_s=0))
+        while len(calls) < 3 and not task.done():
+            await asyncio.sleep(0)
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(run())
+    assert len(calls) >= 3 and "event sink poll failed" in caplog.text
