@@ -43,8 +43,10 @@ from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 __all__ = [
     "FIRST_READ_S",
+    "HostTierInUse",
     "WorkerOptions",
     "build_host_tier",
+    "claim_host_tier",
     "model_signers",
     "serve_worker",
     "verified_registry",
