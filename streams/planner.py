@@ -44,7 +44,7 @@ from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.reasons import CommandRule, WaitReason
 from loraplane.schemas.registry import AdapterView
-from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
+from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
 from loraplane.streams.planner_candidates import Candidates, Rank, Ranking
 from loraplane.streams.planner_columns import BaseRows, Columns, Registry
 from loraplane.streams.scores import ScoreState
@@ -208,11 +208,16 @@ class _Worker:
 _MOVES_DOWN = frozenset({CommandAction.demote_to_host, CommandAction.evict})
 
 
-def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
+def _reflected(
+    cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter], reloaded_after: bool = False
+) -> bool:
     """Does the worker's reported state (``loaded``: its adapters by name) already show the
     command's effect (``kernel.command_effects.shows``)? A move down of a GPU copy loaded
-    after the command was issued was carried out and undone since (a request loaded it
-    again): expecting it still would free a slot the worker does not have."""
+    after the command was issued was carried out and undone since, when a request loaded
+    the copy again or a load the planner issued after the move (``reloaded_after``) did:
+    expecting it still would free a slot the worker does not have. A copy the planner's
+    own load put there, with no load issued after the move, is that earlier load's doing,
+    landed after the move was issued: the move is still on its way."""
     a = loaded.get(cmd.lora_name)
     if a is None:
         return shows(cmd.action, Copy())
@@ -221,6 +226,7 @@ def _reflected(cmd: CacheCommand, loaded: Mapping[str, LoadedAdapter]) -> bool:
         and a.tier == "gpu"
         and a.loaded_at is not None
         and a.loaded_at > cmd.issued_at
+        and (a.origin is not CopyOrigin.planner or reloaded_after)
     ):
         return True
     return shows(cmd.action, Copy(a.tier, a.pinned))
@@ -243,12 +249,20 @@ def still_pending(
     would issue it again every tick until the earlier one's deadline."""
     kept: list[CacheCommand] = []
     waiting: set[str] = set()  # names with an earlier command expected
+    last_load: dict[str, datetime] = {}  # name -> the issue time of its latest pending load
+    for c in pending:
+        if c.action is CommandAction.load_gpu:
+            last_load[c.lora_name] = c.issued_at
     for c in pending:
         if c.deadline.timestamp() <= now:
             continue
         if c.command_id in skipped:
             kept.append(c)
-        elif c.lora_name in waiting or not _reflected(c, loaded):
+            continue
+        load = last_load.get(c.lora_name)
+        if c.lora_name in waiting or not _reflected(
+            c, loaded, load is not None and load > c.issued_at
+        ):
             kept.append(c)
             waiting.add(c.lora_name)
     return kept

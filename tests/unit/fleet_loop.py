@@ -271,14 +271,27 @@ class Loop:
 
     def _shown(self, state: WorkerState) -> None:
         """Note the commands the planner can see done in ``state`` (``command_effects.shows``;
-        a state published before a command was issued shows nothing of it)."""
+        a state published before a command was issued shows nothing of it). A move down of
+        a GPU copy that a request loaded after the move was issued counts as done and undone
+        (``planner.still_pending``): the planner cannot tell whether the move is still on its
+        way, and expecting it would free a slot the worker may not have, so it forgets it and
+        a later move is a new decision."""
         copies = {a.lora_name: Copy(a.tier, a.pinned) for a in state.adapters}
+        requested = {
+            a.lora_name: a.loaded_at
+            for a in state.adapters
+            if a.tier == "gpu" and a.origin is CopyOrigin.gateway_request and a.loaded_at
+        }
         for cmd in self.issued[-2000:]:
+            if cmd.worker_id != state.worker_id or cmd.command_id in self.shown:
+                continue
+            loaded_at = requested.get(cmd.lora_name)
             if (
-                cmd.worker_id == state.worker_id
-                and cmd.command_id not in self.shown
-                and state.ts >= cmd.issued_at
-                and shows(cmd.action, copies.get(cmd.lora_name, Copy()))
+                state.ts >= cmd.issued_at and shows(cmd.action, copies.get(cmd.lora_name, Copy()))
+            ) or (
+                cmd.action in (CommandAction.demote_to_host, CommandAction.evict)
+                and loaded_at is not None
+                and loaded_at > cmd.issued_at
             ):
                 self.shown[cmd.command_id] = self.now
 

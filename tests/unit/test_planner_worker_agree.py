@@ -27,7 +27,7 @@ from loraplane.kernel.policy import Policy
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.reasons import CommandRule
-from loraplane.schemas.worker_state import WorkerState
+from loraplane.schemas.worker_state import CopyOrigin, LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, command_id, plan, still_pending
 from loraplane.streams.scores import score_key
 from tests.unit import fleet_loop
@@ -342,3 +342,28 @@ def gpu_moves(p: Plan) -> list[tuple[CommandAction, str]]:
         for c in p.commands
         if c.action in (CommandAction.load_gpu, CommandAction.demote_to_host)
     ]
+
+
+def test_a_demote_sent_after_a_load_still_on_its_way_stays_expected() -> None:
+    """The planner loaded ``a`` on w1 and demoted it a second later, both on their way; the
+    load landed after the demote was issued, so w1's state shows ``a`` on the GPU, loaded by
+    the planner after the demote's issue time. That copy is the earlier load's doing: the
+    demote is still on its way, kept, and not issued again (it was, every tick, by a
+    random example of the test above). A request's load, or a load issued after the
+    demote, would have undone it instead."""
+    a = record("a")
+    load = command(a, CommandAction.load_gpu, 1, NOW - 3)
+    demote = command(a, CommandAction.demote_to_host, 2, NOW - 2)
+    state = worker("w1", gpu=[a], slots=2)
+
+    def copy(origin: CopyOrigin) -> dict[str, LoadedAdapter]:
+        at = datetime.fromtimestamp(NOW - 1, UTC)
+        return {
+            x.lora_name: x.model_copy(update={"loaded_at": at, "origin": origin})
+            for x in state.adapters
+        }
+
+    assert still_pending([load, demote], copy(CopyOrigin.planner), NOW) == [demote]
+    assert still_pending([load, demote], copy(CopyOrigin.gateway_request), NOW) == []
+    again = command(a, CommandAction.load_gpu, 3, NOW - 1.5)
+    assert still_pending([load, demote, again], copy(CopyOrigin.planner), NOW) == []
