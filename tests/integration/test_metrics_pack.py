@@ -161,9 +161,14 @@ def test_undecodable_and_rejected_rows_are_dead_lettered_with_reasons(loaded) ->
 
 
 def test_query_parameters_are_bound_not_formatted(loaded) -> None:
+    """``window`` refuses a filter no column holds; below it, a value that got past it
+    anyway is bound by the driver, never formatted into the SQL."""
     settings, _, _ = loaded
     client = connect(settings)
-    hostile = queries.window("1h", adapter_id="alpha' OR '1'='1")
+    with pytest.raises(ValueError, match="adapter_id must be an id"):
+        queries.window("1h", adapter_id="alpha' OR '1'='1")
+    bounds = queries.window("1h")
+    hostile = queries.Params(bounds.since, bounds.until, adapter_id="alpha' OR '1'='1")
     assert queries.run(client, "adapter_summary", hostile) == []
     client.disconnect()
 
