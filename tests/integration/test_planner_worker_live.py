@@ -355,11 +355,15 @@ def test_no_refused_or_repeated_command_across_a_worker_restart(
             f"{(cmd.issued_at - earlier.issued_at).total_seconds():.1f}s after"
         )
     for load, unload in flaps[:10]:
+        by = rec.commands.get(unload.command_id or "")
         print(
             f"undone: {unload.worker_id} {unload.lora_name} loaded {load.ts:%H:%M:%S} "
             f"({load.command_id}) unloaded {unload.ts:%H:%M:%S} {unload.reason} "
-            f"({unload.command_id})"
+            f"({unload.command_id}: {by.reason if by else 'no command'})"
         )
+        for c in sorted(rec.commands.values(), key=lambda c: c.issued_at):
+            if c.lora_name == unload.lora_name:  # every command on that copy, for the reader
+                print(f"  {c.issued_at:%H:%M:%S.%f} {c.worker_id} {c.action} {c.reason}")
     assert refused == [], [d.detail for d in refused]
     assert repeats == []
     assert flaps == []
