@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from loraplane.frontdoor.api_keys import Grant
 from loraplane.frontdoor.forwarded import Forward, verify
 from loraplane.frontdoor.request_fields import (
     Admitted,
@@ -61,12 +62,10 @@ class VersionReason(StrEnum):
 
 
 class Keys(Protocol):
-    """Tenant of an ``Authorization`` header (``frontdoor.api_keys``), None when unknown,
-    and the base models its key is scoped to (None: every one)."""
+    """The grant of an ``Authorization`` header (``frontdoor.api_keys``): its key's tenant
+    and the base models it is scoped to (None: every one); None when the key is unknown."""
 
-    def tenant(self, authorization: str | None) -> str | None: ...
-
-    def base_models(self, authorization: str | None) -> frozenset[str] | None: ...
+    def grant(self, authorization: str | None) -> Grant | None: ...
 
 
 @dataclass(frozen=True)
@@ -198,8 +197,10 @@ class FrontDoor:
                 )
             tenant: str | None = head.forward.tenant
             class_name: str | None = head.forward.request_class
+            scope: frozenset[str] | None = None  # the router applied the key's scope
         else:
-            tenant = self.keys.tenant(head.authorization)
+            grant = self.keys.grant(head.authorization)
+            tenant, scope = grant if grant is not None else (None, None)
             class_name = head.request_class
         if tenant is None:
             return Refusal(401, AdmissionRefusal.unauthorized, "missing or unknown API key")
@@ -210,7 +211,6 @@ class FrontDoor:
                 AdmissionRefusal.bad_request_class,
                 "X-Request-Class must be interactive, batch, canary or shadow",
             )
-        scope = None if head.forward is not None else self.keys.base_models(head.authorization)
         return Identity(tenant, request_class, head.forward, scope)
 
     def admit(

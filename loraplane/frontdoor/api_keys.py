@@ -29,6 +29,7 @@ __all__ = [
     "MAX_API_KEYS_BYTES",
     "ApiKeys",
     "ApiKeysFile",
+    "Grant",
     "KeyLookup",
     "add_key",
     "key_digest",
@@ -43,9 +44,11 @@ log = logging.getLogger("loraplane.worker")
 
 
 class KeyLookup(Protocol):
-    def tenant(self, authorization: str | None) -> str | None: ...
+    def grant(self, authorization: str | None) -> Grant | None: ...
 
-    def base_models(self, authorization: str | None) -> frozenset[str] | None: ...
+
+Grant = tuple[str, frozenset[str] | None]
+"""What a key allows: its tenant and the base models it is scoped to (None: every one)."""
 
 
 def key_digest(key: str) -> str:
@@ -57,33 +60,42 @@ class ApiKeys:
     tenants_by_digest: dict[str, str]
     # the base models a scoped key may use; a key not here may use every one
     base_models_by_digest: dict[str, frozenset[str]] = field(default_factory=dict)
-    # exact headers of known keys -> tenant: at most one entry per key, so unknown or
+    # exact headers of known keys -> their grant: at most one entry per key, so unknown or
     # padded headers can never grow it; gone with this object when the file changes
-    _known: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    _known: dict[str, Grant] = field(default_factory=dict, compare=False, repr=False)
 
-    def tenant(self, authorization: str | None) -> str | None:
-        """The tenant of an ``Authorization: Bearer KEY`` header, None when unknown. Keys
-        are ASCII (``add_key``); other bytes a client sends (aiohttp hands them over as
-        surrogates) are no key, never an encoding error."""
+    def grant(self, authorization: str | None) -> Grant | None:
+        """The tenant and scope of an ``Authorization: Bearer KEY`` header, None when
+        unknown, both from this one file: a caller that asked for them apart could take the
+        tenant from one version of the file and the scope from the next. Keys are ASCII
+        (``add_key``); other bytes a client sends (aiohttp hands them over as surrogates)
+        are no key, never an encoding error."""
         if not authorization:
             return None
-        tenant = self._known.get(authorization)
-        if tenant is not None or not authorization.startswith("Bearer "):
-            return tenant
+        known = self._known.get(authorization)
+        if known is not None or not authorization.startswith("Bearer "):
+            return known
         key = authorization[len("Bearer ") :].strip()
-        tenant = self.tenants_by_digest.get(key_digest(key)) if key and key.isascii() else None
-        if tenant is not None and len(key) + len("Bearer ") == len(authorization):
-            self._known[authorization] = tenant
-        return tenant
+        if not key or not key.isascii():
+            return None
+        digest = key_digest(key)
+        tenant = self.tenants_by_digest.get(digest)
+        if tenant is None:
+            return None
+        found = (tenant, self.base_models_by_digest.get(digest))
+        if len(key) + len("Bearer ") == len(authorization):
+            self._known[authorization] = found
+        return found
+
+    def tenant(self, authorization: str | None) -> str | None:
+        """The tenant of ``grant``, None when the key is unknown."""
+        found = self.grant(authorization)
+        return None if found is None else found[0]
 
     def base_models(self, authorization: str | None) -> frozenset[str] | None:
-        """The base models the key of ``authorization`` is scoped to; None: every one (or
-        no key: ``tenant`` refuses it)."""
-        if not self.base_models_by_digest or self.tenant(authorization) is None:
-            return None
-        assert authorization is not None
-        key = authorization[len("Bearer ") :].strip()
-        return self.base_models_by_digest.get(key_digest(key))
+        """The scope of ``grant``; None: every base model (or no key)."""
+        found = self.grant(authorization)
+        return None if found is None else found[1]
 
 
 def load_api_keys(path: Path) -> ApiKeys:
@@ -170,11 +182,11 @@ class ApiKeysFile:
             )
         return self._keys
 
+    def grant(self, authorization: str | None) -> Grant | None:
+        return self.current().grant(authorization)
+
     def tenant(self, authorization: str | None) -> str | None:
         return self.current().tenant(authorization)
-
-    def base_models(self, authorization: str | None) -> frozenset[str] | None:
-        return self.current().base_models(authorization)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

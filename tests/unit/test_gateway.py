@@ -1863,3 +1863,37 @@ def test_a_key_file_scopes_a_key_to_base_models(tmp_path: Path) -> None:
         path.write_text(json.dumps({"keys": {digest: entry}}))
         with pytest.raises(ValueError):
             load_api_keys(path)
+
+
+def test_attack_a_key_file_edit_between_reads_never_drops_a_keys_scope(tmp_path: Path) -> None:
+    """ATTACK (a race an operator's edit opens): the door took a key's tenant and its scope
+    in two reads of the key file, so an edit between them (the key removed, or the file left
+    invalid) gave the tenant of the old file and no scope, "every base model", from the new
+    one. Both now come from one read: a scoped key stays scoped, whatever the file does."""
+    from loraplane.frontdoor.admission import FrontDoor, Head, Identity
+    from loraplane.frontdoor.api_keys import ApiKeys, ApiKeysFile
+
+    path = tmp_path / "api-keys.json"
+    key = add_key(path, "tenant-a", base_models=["tiny-llama"])
+    scoped = load_api_keys(path)
+
+    class Edited(ApiKeysFile):
+        """Each read after the first finds the file emptied (an edit in progress)."""
+
+        reads = 0
+
+        def current(self) -> ApiKeys:
+            self.reads += 1
+            return scoped if self.reads == 1 else ApiKeys({})
+
+    keys = Edited(path)
+    door = FrontDoor(
+        keys=keys,
+        budgets=RequestBudgets(),
+        versions=lambda _a: [],
+        clock=time.monotonic,
+    )
+    identity = door.identify(Head(request_id="r", authorization=f"Bearer {key}"))
+    assert isinstance(identity, Identity), identity
+    assert (identity.tenant_id, identity.base_models) == ("tenant-a", frozenset({"tiny-llama"}))
+    assert keys.reads == 1
