@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -352,11 +352,20 @@ class WorkerAgent:
         return sorted(found, key=lambda r: version_key(r.version), reverse=True)
 
     # ---- actual state ---------------------------------------------------------------
-    def _read_host(self) -> dict[str, HostEntry]:
+    def _read_host(self, gpu: Mapping[str, str]) -> dict[str, HostEntry]:
+        """The host tier's entries. Only an entry vLLM serves a copy from (``gpu``: lora
+        name -> vLLM's root) has its folder's fingerprint read: that is the one answer
+        ``reconcile.vouched`` reads, and a scan of every entry each tick would cost a
+        directory listing and a stat per file for nothing."""
         entries = {}
         for e in self.host_tier.entries():
+            served = gpu.get(e.lora_name) == str(e.path)
             entries[e.lora_name] = HostEntry(
-                e.lora_name, str(e.path), e.sha256, int(getattr(e, "size_bytes", 0)), e.intact()
+                e.lora_name,
+                str(e.path),
+                e.sha256,
+                int(getattr(e, "size_bytes", 0)),
+                e.intact() if served else True,
             )
         return entries
 
@@ -369,7 +378,7 @@ class WorkerAgent:
         if base is not None:
             self.base_served = base.id
             self.context_tokens = base.max_model_len or self.context_tokens
-        self._host = await asyncio.to_thread(self._read_host)
+        self._host = await asyncio.to_thread(self._read_host, dict(self._rt.gpu))
         return ActualState(
             gpu=dict(self._rt.gpu),
             host=dict(self._host),
