@@ -121,31 +121,16 @@ def password_path(settings: Settings, principal: Principal | str) -> Path:
 
 def read_password(path: Path) -> str:
     """A password file's content; refused unless only its owner can read it (0600), so a
-    copied or hand-made file with loose permissions fails loudly instead of leaking. Read
-    as every private file is (``read_regular``: one bounded, non-blocking open, the mode of
-    the file read); a refusal never quotes its bytes."""
-    from loraplane.kernel.local_files import TooOpen, read_regular
-    from loraplane.kernel.secrets import MAX_SECRET_BYTES
+    copied or hand-made file with loose permissions fails loudly instead of leaking. Read as
+    every secret is (``secrets.read_secret``); a refusal never quotes its bytes."""
+    from loraplane.kernel.secrets import SecretError, read_secret
 
     try:
-        raw = read_regular(path, MAX_SECRET_BYTES, private=True)
-    except FileNotFoundError:
-        raise KafkaAuthError(f"kafka password file {path} does not exist") from None
-    except TooOpen as exc:
-        raise KafkaAuthError(
-            f"kafka password file {path} is readable by others ({exc.strerror})"
-        ) from None
-    except OSError as exc:
-        raise KafkaAuthError(
-            f"kafka password file {path}: {exc.strerror or type(exc).__name__}"
-        ) from None
-    try:
-        password = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise KafkaAuthError(f"kafka password file {path} is not UTF-8 text") from None
-    if not password:
-        raise KafkaAuthError(f"kafka password file {path} is empty")
-    return password
+        return read_secret(path, hint="the kafka password of this principal")
+    except SecretError as exc:
+        if not path.is_symlink() and not path.exists():
+            raise KafkaAuthError(f"kafka password file {path} does not exist") from None
+        raise KafkaAuthError(f"kafka password: {exc}") from None
 
 
 def credentials(settings: Settings) -> Credentials | None:
