@@ -326,7 +326,7 @@ class Sink:
         """Decode ``messages`` (while the previous batch is still being inserted), deliver
         the previous batch, then start inserting this one. None when the previous batch was
         not committed: this one is then dropped too and read again after it."""
-        batch = self.decode(messages)
+        batch = self.decode(messages, time.time())
         if inflight is not None and not self._deliver(consumer, inflight, stop, later=messages):
             return None
         return _InFlight(messages, batch, writer.submit(self._write, batch))
@@ -416,8 +416,8 @@ class Sink:
         """The instants a row's ``ts`` may take at ``now``: from ``max_row_age_s`` before it
         up to, not including, ``max_row_ahead_s`` after it (within ``DateTime``'s range)."""
         age, ahead = self.config.max_row_age_s, self.config.max_row_ahead_s
-        lo = STAMP_MIN if age is None else max(STAMP_MIN, _instant(now - age))
-        hi = STAMP_END if ahead is None else min(STAMP_END, _instant(now + ahead))
+        lo = STAMP_MIN if age is None else _instant(now - age)
+        hi = STAMP_END if ahead is None else _instant(now + ahead)
         return lo, hi
 
     @staticmethod
