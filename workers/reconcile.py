@@ -717,16 +717,14 @@ def vouched(
     )
 
 
-def _refusal(intent: Intent, record: AdapterRecord | None, base_model: str) -> IntentRefusal | None:
+def _refusal(record: AdapterRecord | None, base_model: str) -> IntentRefusal | None:
     if record is None:
         return IntentRefusal.not_in_registry
     if record.status == AdapterStatus.revoked:
         return IntentRefusal.revoked
     if record.base_model != base_model:
         return IntentRefusal.base_model_mismatch
-    if record.tenant_id != intent.tenant_id:
-        return IntentRefusal.tenant_mismatch
-    return None
+    return None  # another tenant's record: ``_foreign_intents``, for intents of every tier
 
 
 def _foreign_intents(
@@ -846,7 +844,7 @@ def reconcile(
         record = registry.get(name)
         if record is None and awaiting_registry.get(name, 0.0) > now:
             continue  # a command newer than our registry copy: wait for the next refresh
-        reason = _refusal(intent, record, base_model)
+        reason = _refusal(record, base_model)
         if reason is not None or record is None:
             actions.append(Refuse(name, reason or IntentRefusal.not_in_registry, intent.command_id))
             continue
