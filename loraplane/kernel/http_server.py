@@ -27,9 +27,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.web_protocol import RequestPayloadError
-from aiohttp.web_urldispatcher import _default_expect_handler as _DEFAULT_EXPECT
 
 from loraplane.kernel import collector
 from loraplane.kernel.config import HttpLimits
@@ -376,9 +375,14 @@ async def expect_continue(request: web.Request) -> None:
     head check then refuses. A head the check refuses gets no ``100 Continue`` (the
     middleware answers its refusal and closes, the body never asked for); any other is
     answered as aiohttp does (``100 Continue``, or 417 for another expectation)."""
-    if _expects_continue(request) and _head_refusal(request) is not None:
+    if request.version != HttpVersion11:
         return None
-    return await _DEFAULT_EXPECT(request)
+    if not _expects_continue(request):
+        raise web.HTTPExpectationFailed(text="unknown Expect: " + request.headers["Expect"][:64])
+    if _head_refusal(request) is not None:
+        return None
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the interim answer is no part of the response's body
 
 
 _HEAD_VERDICT: web.RequestKey[web.StreamResponse | None] = web.RequestKey("loraplane_head")

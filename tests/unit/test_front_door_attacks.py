@@ -442,6 +442,22 @@ def test_expect_100_continue_of_an_admissible_head_is_told_to_send(
 
 
 @pytest.mark.parametrize("through", ["gateway", "router"])
+def test_an_expectation_other_than_100_continue_is_a_417(door: FrontDoor, through: str) -> None:
+    """Only ``100-continue`` is an expectation the doors meet: another is a 417, as HTTP/1.1
+    asks, before any body is read."""
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer key-a\r\nExpect: 200-ok\r\nContent-Length: 5\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", getattr(door, through)), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 417"), answer[:300]
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_keyless_client_that_sends_its_whole_body_reads_its_401(
     door: FrontDoor, through: str, chunked: bool
