@@ -50,6 +50,7 @@ __all__ = [
     "parse_keyring",
     "save_keyring",
     "signer",
+    "window_refusal",
 ]
 
 ANY: Literal["*"] = "*"
@@ -343,6 +344,22 @@ class SignerRefusal:
     detail: str
 
 
+def window_refusal(entry: KeyEntry, at: datetime) -> SignerRefusal | None:
+    """Why ``entry`` cannot sign at ``at`` (expired, not valid yet), None when it can: the
+    one wording of a key's window, for ``signer`` at the time of the check and for the
+    registry at an event's own ``issued_at``."""
+    problem = entry.window_problem(at)
+    if problem == "expired":
+        return SignerRefusal(
+            SignerProblem.key_expired, f"key {entry.key_id} expired {entry.not_after}"
+        )
+    if problem == "not_yet_valid":
+        return SignerRefusal(
+            SignerProblem.key_not_yet_valid, f"key {entry.key_id} is valid from {entry.not_before}"
+        )
+    return None
+
+
 def signer(
     keyring: Keyring | None,
     signed: LifecycleEvent | CacheCommand,
@@ -374,15 +391,9 @@ def signer(
         )
     if entry.revoked:
         return SignerRefusal(SignerProblem.key_revoked, f"key {entry.key_id} is revoked")
-    problem = entry.window_problem(now)
-    if problem == "expired":
-        return SignerRefusal(
-            SignerProblem.key_expired, f"key {entry.key_id} expired {entry.not_after}"
-        )
-    if problem == "not_yet_valid":
-        return SignerRefusal(
-            SignerProblem.key_not_yet_valid, f"key {entry.key_id} is valid from {entry.not_before}"
-        )
+    refused = window_refusal(entry, now)
+    if refused is not None:
+        return refused
     if not verify(signed, public_key(entry.public_key)):
         return SignerRefusal(
             SignerProblem.bad_signature, f"signature does not verify with key {entry.key_id}"

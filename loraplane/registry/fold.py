@@ -34,7 +34,7 @@ from loraplane.schemas.adapter import (
 from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, version_key
 from loraplane.schemas.codec import SchemaError, decode_signed, encode
-from loraplane.schemas.keyring import Keyring, KeyRole, SignerRefusal, signer
+from loraplane.schemas.keyring import Keyring, KeyRole, SignerRefusal, signer, window_refusal
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent, seq_at
 from loraplane.schemas.reasons import NO_REASON
 from loraplane.schemas.reasons import RegistryRejection as Reason
@@ -174,17 +174,10 @@ def _check_trust(event: LifecycleEvent, keyring: Keyring | None, now: datetime) 
     assert keyring is not None  # signer refuses a missing keyring
     # A consumer folds the event again at its issued_at (registry.evidence): the key must
     # be valid then too, or every later view of the adapter fails there.
-    problem = entry.window_problem(event.issued_at)
-    if problem == "not_yet_valid":
+    refused = window_refusal(entry, event.issued_at)
+    if refused is not None:
         raise _Reject(
-            Reason.key_not_yet_valid,
-            f"issued_at {event.issued_at} is before key {entry.key_id}'s window "
-            f"({entry.not_before})",
-        )
-    if problem == "expired":
-        raise _Reject(
-            Reason.key_expired,
-            f"issued_at {event.issued_at} is after key {entry.key_id}'s window ({entry.not_after})",
+            Reason(refused.problem.value), f"at issued_at {event.issued_at}: {refused.detail}"
         )
     if not entry.scopes.allows_action(event.action):
         raise _Reject(Reason.action_out_of_scope, f"key {entry.key_id} may not sign {event.action}")

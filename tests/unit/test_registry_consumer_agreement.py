@@ -64,6 +64,17 @@ def test_an_event_issued_before_its_keys_window_is_refused() -> None:
     assert decision.reason is Reason.key_not_yet_valid
 
 
+def test_an_event_issued_after_its_keys_window_is_refused() -> None:
+    """Valid at the registry's clock, expired at its own issued_at (dated within the skew
+    ahead): the key's window is checked there too, named by that instant."""
+    end = NOW + timedelta(days=30)  # the "ops" key's not_after
+    now, issued = end - timedelta(minutes=1), end + timedelta(minutes=2)
+    decision = decide(promote("ops", issued, seq_at(issued)), published(), now)
+    assert isinstance(decision, Rejected)
+    assert decision.reason is Reason.key_expired
+    assert "at issued_at" in decision.detail
+
+
 def test_a_seq_ahead_of_its_issued_at_is_refused() -> None:
     """Within the registry's clock, ahead of the event's own issued_at by over the skew."""
     issued = LATER - timedelta(hours=1)
