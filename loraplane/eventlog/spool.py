@@ -72,13 +72,13 @@ def segment_numbers(directory: Path, suffix: str) -> list[int]:
     return sorted(numbers)
 
 
-def read_segment(path: Path, unavailable: type[Exception]) -> bytes | None:
+def read_segment(path: Path, unavailable: type[Exception], limit: int = READ_LIMIT) -> bytes | None:
     """The bytes of a segment or state file read back at start; None when there is none.
-    Anything but a regular file of at most ``READ_LIMIT`` bytes (a folder, a FIFO, a link,
-    an unreadable file) is renamed aside, kept for an operator and logged, and None is
+    Anything but a regular file of at most ``limit`` bytes (a folder, a FIFO, a link, an
+    unreadable file) is renamed aside, kept for an operator and logged, and None is
     returned; ``unavailable`` when it cannot even be moved out of the way."""
     try:
-        return read_regular(path, READ_LIMIT, follow_links=False)
+        return read_regular(path, limit, follow_links=False)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -155,9 +155,9 @@ class EventSpool:
         return self.directory / f"{n:012d}{_SUFFIX}"
 
     def _read_cursor(self) -> tuple[int, int]:
-        raw = read_segment(self.directory / CURSOR_FILE, SpoolUnavailable)
+        raw = read_segment(self.directory / CURSOR_FILE, SpoolUnavailable, _CURSOR_BYTES)
         try:
-            if raw is None or len(raw) > _CURSOR_BYTES:
+            if raw is None:
                 raise ValueError("no cursor")
             d = json.loads(raw)
             segment, offset = d["segment"], d["offset"]
@@ -174,11 +174,14 @@ class EventSpool:
         kept: list[int] = []
         first = True
         for n in self._segments():
-            data = read_segment(self._path(n), SpoolUnavailable)
-            if data is None:
+            path = self._path(n)
+            if n < self._head_segment and path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)  # delivered: dropped unread
                 continue
-            if n < self._head_segment:
-                self._path(n).unlink(missing_ok=True)
+            data = read_segment(path, SpoolUnavailable)
+            if data is None or n < self._head_segment:  # set aside, or delivered and gone
+                if data is not None:
+                    path.unlink(missing_ok=True)
                 continue
             if first and n != self._head_segment:  # the head segment went away
                 self._head_segment, self._head_offset = n, 0
