@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from loraplane.frontdoor.api_keys import Grant
 from loraplane.frontdoor.forwarded import Forward, verify
 from loraplane.frontdoor.request_fields import (
     Admitted,
@@ -44,6 +43,7 @@ __all__ = [
     "Admission",
     "Choice",
     "FrontDoor",
+    "Grant",
     "Head",
     "Identity",
     "Keys",
@@ -59,6 +59,10 @@ class VersionReason(StrEnum):
 
     active = "active"  # the adapter's active version
     canary = "canary"  # the canary, for its share of sessions or a canary-class request
+
+
+Grant = tuple[str, frozenset[str] | None]
+"""What a key allows: its tenant and the base models it is scoped to (None: every one)."""
 
 
 class Keys(Protocol):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from loraplane.frontdoor.admission import Grant
 from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.base import is_id
 from loraplane.schemas.strict_json import strict_loads
@@ -29,7 +30,6 @@ __all__ = [
     "MAX_API_KEYS_BYTES",
     "ApiKeys",
     "ApiKeysFile",
-    "Grant",
     "KeyLookup",
     "add_key",
     "key_digest",
@@ -45,10 +45,6 @@ log = logging.getLogger("loraplane.worker")
 
 class KeyLookup(Protocol):
     def grant(self, authorization: str | None) -> Grant | None: ...
-
-
-Grant = tuple[str, frozenset[str] | None]
-"""What a key allows: its tenant and the base models it is scoped to (None: every one)."""
 
 
 def key_digest(key: str) -> str:
