@@ -29,8 +29,13 @@ _register_all()
 
 
 def main() -> None:
+    import logging
+
     from loraplane.kernel.config import SettingsError
 
+    # The ClickHouse driver logs every refused or dropped connection as a warning with its
+    # traceback, ahead of the one line each command (and the sink's retry log) gives instead.
+    logging.getLogger("clickhouse_driver").setLevel(logging.ERROR)
     try:
         app()
     except SettingsError as exc:  # a hostile or mistaken environment: a line, not a traceback

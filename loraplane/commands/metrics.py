@@ -174,8 +174,6 @@ def report(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     settings = get_settings()
-    # The driver logs each refused connection with a traceback; the error says it once.
-    logging.getLogger("clickhouse_driver").setLevel(logging.CRITICAL)
     try:
         client = connect(settings, reader=True)
         try:

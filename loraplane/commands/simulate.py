@@ -3,7 +3,6 @@ against every cache policy and compare."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,8 +188,6 @@ def _read_rows(settings: Settings, params: Params, since: str, command: str) -> 
     from loraplane.metrics.clickhouse import connect, unavailable, unavailable_errors
     from loraplane.simulator.replay import row_of
 
-    # The driver logs each refused connection with a traceback; the error below says it once.
-    logging.getLogger("clickhouse_driver").setLevel(logging.CRITICAL)
     c = settings.clickhouse
     where = f"ClickHouse at {c.host}:{c.tcp_port}, database {c.database}"
     rows: list[RequestRow] = []

@@ -64,6 +64,10 @@ def unavailable_errors() -> tuple[type[BaseException], ...]:
 def unavailable(settings: Settings, exc: BaseException) -> str:
     """``cannot read ClickHouse at HOST:PORT, database DB: WHY``, the server's own lines of
     WHY only (no stack trace)."""
+    from clickhouse_driver import errors as ch_errors
+
     c = settings.clickhouse
     first = " ".join(str(exc).split("Stack trace:")[0].split())
+    if isinstance(exc, ch_errors.SocketTimeoutError):  # its text is the code and address only
+        first = f"no answer in time (hung or overloaded): {first}"
     return f"cannot read ClickHouse at {c.host}:{c.tcp_port}, database {c.database}: {first}"

@@ -3,6 +3,9 @@ which ClickHouse and why, exit 1, never a traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +119,44 @@ def test_attack_the_query_pack_refuses_a_filter_no_row_can_hold(filters: dict[st
     with pytest.raises(ValueError, match="must be"):
         window("1h", **filters)
     assert window("1h", adapter_id="support-bot", adapter_version="v3").adapter_id == "support-bot"
+
+
+@pytest.mark.parametrize("args", NO_SECRET_COMMANDS[:2], ids=lambda a: " ".join(a[:2]))
+def test_the_real_process_prints_no_driver_traceback_when_clickhouse_is_away(
+    args: list[str], tmp_path: Path
+) -> None:
+    """As an operator runs it (its own process, Python's default logging): the driver's
+    "Failed to connect" warning came with a traceback ahead of the command's one line."""
+    env = {
+        **os.environ,
+        "LORAPLANE_HOME": str(tmp_path),
+        "LORAPLANE_CONFIG": str(tmp_path / "none.yaml"),
+        "LORAPLANE_CLICKHOUSE__TCP_PORT": "1",
+        "LORAPLANE_CLICKHOUSE__PASSWORD": "x",
+        "LORAPLANE_CLICKHOUSE__READER_PASSWORD": "x",
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "loraplane"), *args],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "Traceback" not in err and "Failed to connect" not in err, err
+    assert err.strip().splitlines() == [
+        "error: cannot read ClickHouse at 127.0.0.1:1, database loraplane: "
+        "Code: 210. Connection refused (127.0.0.1:1)"
+    ]
+
+
+def test_a_hung_clickhouse_is_said_in_words() -> None:
+    """A server that accepts and never answers (stopped, swapping) times out as code 209,
+    whose text is the code and the address only."""
+    from clickhouse_driver import errors as ch_errors
+
+    from loraplane.kernel.config import Settings
+    from loraplane.metrics.clickhouse import unavailable
+
+    line = unavailable(Settings(), ch_errors.SocketTimeoutError("Code: 209. (127.0.0.1:9000)"))
+    assert "no answer in time" in line and line.startswith("cannot read ClickHouse at")
