@@ -47,7 +47,7 @@ from loraplane.frontdoor.request_fields import (
     fit_context,
     header_token,
 )
-from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamResponse
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
@@ -538,6 +538,13 @@ class Gateway:
                         ServingRefusal.adapter_unavailable,
                         "the adapter was unloaded while this request waited; retry",
                         **{"Retry-After": "1"},
+                    )
+                if exc.unsent:  # vLLM is not there (dead, restarting): the request never ran
+                    return error_response(
+                        503,
+                        exc.reason.failure,
+                        "this worker's model server is not answering; retry",
+                        **{"Retry-After": "1", NOT_RUN_HEADER: exc.reason.failure},
                     )
                 names = {served_name: trace.adapter_id, self.worker.base_served: trace.adapter_id}
                 return error_response(502, exc.reason.failure, client_message(exc, names))

@@ -46,13 +46,22 @@ class VllmError(RuntimeError):
     ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
     ``rank_too_large`` (500 naming max_lora_rank), ``server_error`` (other 5xx),
     ``unexpected_status`` (also 401: a missing or wrong API key), ``timeout``,
-    ``unreachable``, ``bad_response`` (not the HTTP or JSON expected).
+    ``unreachable``, ``bad_response`` (not the HTTP or JSON expected). ``unsent``: the request
+    never reached vLLM (no connection could be made), so it did not run.
     """
 
-    def __init__(self, reason: VllmErrorCode, message: str, status: int | None = None) -> None:
+    def __init__(
+        self,
+        reason: VllmErrorCode,
+        message: str,
+        status: int | None = None,
+        *,
+        unsent: bool = False,
+    ) -> None:
         self.reason = VllmErrorCode(reason)
         self.status = status
         self.message = message
+        self.unsent = unsent
         super().__init__(f"{reason}" + (f" (HTTP {status})" if status else "") + f": {message}")
 
 
@@ -298,4 +307,4 @@ class VllmClient:
             finally:
                 resp.close()
         except UpstreamError as exc:
-            raise VllmError(exc.reason, f"POST {path}: {exc.message}") from None
+            raise VllmError(exc.reason, f"POST {path}: {exc.message}", unsent=exc.unsent) from None

@@ -27,7 +27,13 @@ import httptools
 
 from loraplane.schemas.reasons import VllmErrorCode
 
-__all__ = ["MAX_HEAD_BYTES", "UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "NOT_RUN_HEADER",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamResponse",
+]
 
 _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can be smuggled
 _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
@@ -35,16 +41,22 @@ MAX_HEAD_BYTES = 64 * 1024
 """An answer's status line and headers, at most (vLLM's and the gateway's are well under
 1 KiB); an upstream sending more is a ``bad_response``: headers are kept in memory, and
 llhttp bounds neither their size nor their number."""
+NOT_RUN_HEADER = "X-Loraplane-Not-Run"
+"""On a gateway's 503: its vLLM could not be reached, so the request never reached vLLM (the
+header's value is the reason). A router parks that worker and sends the request to another."""
 
 
 class UpstreamError(Exception):
     """``reason``: ``timeout``, ``unreachable`` (refused, reset, closed mid-answer) or
-    ``bad_response`` (not HTTP/1.1), as the vLLM error codes they become."""
+    ``bad_response`` (not HTTP/1.1), as the vLLM error codes they become. ``unsent``: no byte
+    of the request left (no connection could be made, or no place in flight), so the
+    upstream never saw it and sending it elsewhere cannot run it twice."""
 
-    def __init__(self, reason: VllmErrorCode, message: str) -> None:
+    def __init__(self, reason: VllmErrorCode, message: str, *, unsent: bool = False) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+        self.unsent = unsent
 
 
 class _Stale(Exception):
@@ -379,6 +391,7 @@ class UpstreamPool:
                 VllmErrorCode.timeout,
                 f"no place in flight to {self.host}:{self.port} within {total_timeout_s}s "
                 f"({self._limit} requests in flight)",
+                unsent=True,
             ) from None
         try:
             conn, reused = await self._connection(fresh=False)
@@ -416,10 +429,11 @@ class UpstreamPool:
             raise UpstreamError(
                 VllmErrorCode.timeout,
                 f"connect to {self.host}:{self.port} took longer than {self.connect_timeout_s}s",
+                unsent=True,
             ) from None
         except OSError as exc:
             raise UpstreamError(
-                VllmErrorCode.unreachable, f"{self.host}:{self.port}: {exc}"
+                VllmErrorCode.unreachable, f"{self.host}:{self.port}: {exc}", unsent=True
             ) from None
         return conn, False
 

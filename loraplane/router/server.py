@@ -58,7 +58,12 @@ from loraplane.frontdoor.request_fields import (
     Endpoint,
     header_token,
 )
-from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamPool, UpstreamResponse
+from loraplane.frontdoor.upstream_http import (
+    NOT_RUN_HEADER,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+)
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
@@ -494,6 +499,11 @@ class Router:
                 except UpstreamError as exc:
                     self._drop(route, exc)
                     continue
+                if resp.status == 503 and (why := resp.headers.get(NOT_RUN_HEADER.lower())):
+                    # the gateway is up but its vLLM is not: nothing ran, another may serve it
+                    resp.close()
+                    self._drop(route, why, "has no vLLM answering")
+                    continue
                 self.outcomes[route.kind.value] += 1
                 try:
                     return await self._relay(request, resp, route, record.version)
@@ -554,15 +564,15 @@ class Router:
         await out.write_eof()
         return out
 
-    def _drop(self, route: Route, exc: UpstreamError, when: str = "did not answer") -> None:
-        """A gateway that failed a request leaves the view until its next heartbeat or its
-        next good probe."""
+    def _drop(self, route: Route, why: object, when: str = "did not answer") -> None:
+        """A gateway that failed a request, or answered that its vLLM is not there, leaves the
+        view until its next heartbeat or its next good probe."""
         log.warning(
             "worker %s gateway %s %s: %s; parked out of the view",
             route.worker_id,
             route.gateway_url,
             when,
-            exc,
+            why,
         )
         self.fleet.index.failed(route.worker_id, self._clock())
 

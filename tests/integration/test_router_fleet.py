@@ -263,3 +263,53 @@ def test_a_killed_worker_loses_no_request_and_its_adapter_is_served_elsewhere(fl
         "elsewhere; every 200 answer one request_log row (the killed worker "
         "started again, as a supervisor would, to spool its journal)",
     )
+
+
+def holding(fleet: Fleet) -> list[str]:
+    """The workers whose vLLM holds one of the module's adapters, placed first if none does
+    (a test run on its own)."""
+
+    def holders() -> list[str]:
+        return [
+            w
+            for w in WORKERS
+            if any(fleet.records[a].lora_name in fleet.adapters_on(w) for a in ADAPTERS)
+        ]
+
+    if not holders():
+        session = requests.Session()
+        for adapter in ADAPTERS:
+            ask(fleet.router_url, adapter, session)
+    return wait_for(holders, 30, "an adapter on some worker")
+
+
+def test_a_worker_whose_vllm_is_killed_is_routed_around_until_it_is_back(fleet: Fleet) -> None:
+    """Only the vLLM of a worker holding an adapter is SIGKILLed (the pod's vLLM container
+    dies; its agent and gateway stay up, heartbeat and answer /healthz): every request sent
+    meanwhile is answered 200 by another worker, none 5xx (the gateway says the request
+    never reached vLLM, the router parks the worker and routes it again); vLLM started again,
+    the same agent serves the adapter from its GPU again."""
+    victim = holding(fleet)[0]
+    agent = fleet.procs[victim]
+    on_victim = fleet.adapters_on(victim)
+    name = sorted(a for a in ADAPTERS if fleet.records[a].lora_name in on_victim)[0]
+    session = requests.Session()
+    fleet.kill(f"vllm-{victim}")
+    answers = [ask(fleet.router_url, name, session) for _ in range(30)]
+    fleet.respawn(f"vllm-{victim}")
+    wait_for(lambda: _up(fleet.vllms[victim] + "/health"), 30, "its FAKE vLLM again")
+    gateway = f"http://127.0.0.1:{fleet.gateways[victim]}"
+
+    def served_by_victim() -> bool:
+        a = ask(gateway, name, session)
+        return a.status == 200 and not a.fallback
+
+    wait_for(served_by_victim, 60, f"{name} served from {victim}'s GPU again")
+    assert agent.poll() is None  # the same agent process all along
+    failed = [(a.status, a.worker, a.detail) for a in answers if a.status != 200]
+    print(
+        f"vLLM of {victim} killed: {len(answers)} requests for {name}, answered by "
+        f"{dict(Counter(a.worker for a in answers))}, {len(failed)} not 200"
+    )
+    assert not failed, (failed, fleet.tracebacks())
+    assert all(a.worker != victim for a in answers)

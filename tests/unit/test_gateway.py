@@ -32,7 +32,7 @@ from loraplane.frontdoor.api_keys import (
     key_digest,
     load_api_keys,
 )
-from loraplane.frontdoor.upstream_http import UpstreamResponse
+from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamResponse
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel.policy import (
     BatchBudget,
@@ -1799,6 +1799,41 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
     if error.reason == VllmErrorCode.bad_request:
         assert "maximum context length is 256 tokens" in text and "`sql`" in text
     assert any(error.message in r.getMessage() for r in caplog.records)
+
+
+async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() -> None:
+    """No connection to vLLM could be made (killed, restarting): the request never reached
+    it, so the answer is a 503 with ``Retry-After`` and the not-run header a router reroutes
+    on, and the one log names the failure."""
+    error = VllmError(
+        VllmErrorCode.unreachable,
+        "POST /v1/completions: 127.0.0.1:18000: connection refused",
+        unsent=True,
+    )
+    serving = FailingUpstream(hot={RECORDS[2].lora_name}, error=error)
+    sink = ListSink()
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with (
+            ClientSession() as http,
+            http.post(
+                str(server.make_url("/v1/completions")),
+                headers=AUTH_A,
+                json={"model": "sql", "prompt": "q"},
+            ) as resp,
+        ):
+            body = await resp.json()
+            headers = resp.headers
+    finally:
+        await server.close()
+    assert resp.status == 503 and headers["Retry-After"] == "1"
+    assert headers[NOT_RUN_HEADER] == "vllm_unreachable"
+    assert body["error"]["type"] == "vllm_unreachable"
+    assert "127.0.0.1" not in body["error"]["message"]
+    (log,) = sink.messages(RequestLog)
+    assert (log.status, log.error) == ("error", "vllm_unreachable")
 
 
 @dataclass

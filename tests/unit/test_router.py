@@ -35,11 +35,21 @@ from loraplane.router.server import Fleet, Router, attempt_id, serving_versions
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.scores import score_key
 from loraplane.workers.gateway import Gateway
-from tests.unit.test_gateway import AUTH_A, BASE, KEYS, RECORDS, FakeServing, ListSink
+from loraplane.workers.vllm_client import VllmError
+from tests.unit.test_gateway import (
+    AUTH_A,
+    BASE,
+    KEYS,
+    RECORDS,
+    FailingUpstream,
+    FakeServing,
+    ListSink,
+)
 from tests.unit.test_gateway import record as tenant_a_record
 from tests.unit.test_planner import (
     NOW,
@@ -527,6 +537,70 @@ async def test_a_request_sent_again_elsewhere_has_its_own_id_and_one_log(stack: 
         assert log.request_id == "client-7-r1"
     finally:
         server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_worker_whose_vllm_is_gone_is_parked_and_the_request_served_elsewhere(
+    stack: Stack,
+) -> None:
+    """A live gateway (fresh heartbeat, /healthz 200) whose vLLM was killed answers that the
+    request never reached vLLM: the router parks that worker and serves the request on
+    another, under the attempt's own id, so the client gets the 200, not the dead vLLM's
+    error; the first gateway's row names the failure."""
+    dead_vllm = FailingUpstream(
+        hot={RECORDS[2].lora_name},
+        worker_id="w0",
+        error=VllmError(
+            VllmErrorCode.unreachable,
+            "POST /v1/completions: 127.0.0.1:18000: connection refused",
+            unsent=True,
+        ),
+    )
+    sink = ListSink()
+    gateway = Gateway(
+        dead_vllm, api_keys=KEYS, budgets=RequestBudgets(), sink=sink, router_secret=SECRET
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        _sql_hot_on_w0(stack, str(server.make_url("")).rstrip("/"))
+        status, headers, _ = await stack.post(
+            {"model": "sql", "prompt": "q"}, headers={**AUTH_A, "X-Request-Id": "client-9"}
+        )
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"
+        assert headers["X-Request-Id"] == "client-9-r1"
+        assert "w0" in stack.router.fleet.index.parked
+        (failed,) = sink.messages(RequestLog)
+        assert (failed.request_id, failed.error) == ("client-9", "vllm_unreachable")
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"  # parked: not asked
+        assert len(sink.messages(RequestLog)) == 1
+    finally:
+        await server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_vllm_error_after_the_request_left_is_not_sent_again(stack: Stack) -> None:
+    """vLLM lost after it took the request (it may have run it): the gateway's 502 reaches
+    the client as it is; only a request that never reached vLLM goes elsewhere."""
+    lost = FailingUpstream(
+        hot={RECORDS[2].lora_name},
+        worker_id="w0",
+        error=VllmError(VllmErrorCode.unreachable, "POST /v1/completions: closed mid-answer"),
+    )
+    gateway = Gateway(
+        lost, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(), router_secret=SECRET
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        _sql_hot_on_w0(stack, str(server.make_url("")).rstrip("/"))
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 502 and headers["X-Loraplane-Worker"] == "w0"
+        assert body["error"]["type"] == "vllm_unreachable"
+        assert "w0" not in stack.router.fleet.index.parked
+    finally:
+        await server.close()
 
 
 def test_an_attempt_id_stays_a_request_id() -> None:

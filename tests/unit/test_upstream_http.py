@@ -193,6 +193,7 @@ async def test_failures_have_reasons_and_leak_no_slot() -> None:
             with pytest.raises(UpstreamError) as err:
                 await asyncio.wait_for(fetch(pool, b"x", total_s), 3)
             assert err.value.reason == reason, err.value
+            assert not err.value.unsent  # the server had the request: it may have run it
         assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
 
 
@@ -218,6 +219,7 @@ async def test_a_request_waiting_for_a_place_in_flight_ends_at_its_own_deadline(
         with pytest.raises(UpstreamError) as err:
             await asyncio.wait_for(fetch(pool, b"queued", total_s=0.3), 5)
         assert err.value.reason == "timeout" and "in flight" in str(err.value), err.value
+        assert err.value.unsent
         holder.cancel()
         with contextlib.suppress(asyncio.CancelledError, UpstreamError):
             await holder
@@ -234,6 +236,7 @@ async def test_refused_and_bad_paths() -> None:
     with pytest.raises(UpstreamError) as err:
         await fetch(pool, b"{}")
     assert err.value.reason == "unreachable"
+    assert err.value.unsent  # refused: no byte left, so sending it elsewhere runs it once
     for path in ("v1/x", "/v1 x", "/v1\r\nHost: evil", ""):
         with pytest.raises(ValueError):
             await pool.request("POST", path, b"{}", total_timeout_s=1)
