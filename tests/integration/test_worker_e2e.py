@@ -37,6 +37,7 @@ import requests
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.frontdoor.api_keys import key_digest
+from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.infra.processes import free_port
 from loraplane.kernel import kafka, topics
@@ -126,6 +127,31 @@ class Published:
 
 
 @dataclass
+class Upstream:
+    """The vLLM beside the agent (the real one or the FAKE): killed -9 and started again on
+    the same port and flags by a test, as a supervisor (kubelet, systemd) would."""
+
+    begin: Callable[[], Any]  # starts it and waits until it answers; its handle has .pid
+    handle: Any = None
+
+    def start(self) -> None:
+        self.handle = self.begin()
+
+    def kill(self) -> None:
+        """SIGKILL to its whole process group (vLLM's engine core is a child process)."""
+        os.killpg(self.handle.pid, signal.SIGKILL)
+        self.stop()  # reaps the leader
+
+    def stop(self) -> None:
+        if isinstance(self.handle, subprocess.Popen):
+            if self.handle.poll() is None:
+                self.handle.terminate()
+            self.handle.wait(10)
+        elif self.handle is not None:
+            self.handle.stop()
+
+
+@dataclass
 class World:
     kind: str
     settings: Settings
@@ -140,6 +166,7 @@ class World:
     worker_id: str = ""
     kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
     vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
+    upstream: Upstream | None = None  # the vLLM (or FAKE) beside the agent
 
     @property
     def host_tier(self) -> Path:
@@ -359,41 +386,53 @@ def world(
         if kind == "real-vllm":
             # 512 (the tiny model's context): room for prompts of several 128-token KV blocks;
             # the resolver on, over the agent's own --host-tier-dir, as an operator sets it up
-            server: Any = VllmProcess(
-                model_dir,
-                port,
-                tmp / "vllm.log",
-                python=ROOT / ".venv-vllm/bin/python",
-                max_model_len=512,
-                api_key=api_key,
-                resolver=ResolverConfig(
-                    host_tier_dir(tmp, worker_id),
-                    TINY_BASE_MODEL,
-                    str(model_dir),
-                    8,
-                    keyring=tmp / "home" / "keyring.yaml",
-                ),
-            )
-            server.start()
-            server.wait_healthy(240)
+            def begin() -> Any:
+                server = VllmProcess(
+                    model_dir,
+                    port,
+                    tmp / "vllm.log",
+                    python=ROOT / ".venv-vllm/bin/python",
+                    max_model_len=512,
+                    api_key=api_key,
+                    resolver=ResolverConfig(
+                        host_tier_dir(tmp, worker_id),
+                        TINY_BASE_MODEL,
+                        str(model_dir),
+                        8,
+                        keyring=tmp / "home" / "keyring.yaml",
+                    ),
+                )
+                server.start()
+                try:
+                    server.wait_healthy(300)
+                except BaseException:
+                    server.stop()
+                    raise
+                return server
         else:
-            server = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "loraplane.testing.fake_vllm",
-                    "--model",
-                    str(model_dir),
-                    "--port",
-                    str(port),
-                ],
-                cwd=ROOT,
-                stdout=(tmp / "fake.log").open("ab"),
-                env={**os.environ, "VLLM_API_KEY": api_key},
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
+
+            def begin() -> Any:
+                server = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "loraplane.testing.fake_vllm",
+                        "--model",
+                        str(model_dir),
+                        "--port",
+                        str(port),
+                    ],
+                    cwd=ROOT,
+                    stdout=(tmp / "fake.log").open("ab"),
+                    env={**os.environ, "VLLM_API_KEY": api_key},
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                wait_for(lambda: _up(f"http://127.0.0.1:{port}/health"), 30, "FAKE vLLM")
+                return server
+
+        upstream = Upstream(begin)
+        upstream.start()
         w = World(
             kind,
             settings,
@@ -406,16 +445,13 @@ def world(
             worker_id=worker_id,
             kit=KIT,
             vllm_api_key=api_key,
+            upstream=upstream,
         )
         try:
             yield w
         finally:
             w.kill_agent()
-            if kind == "real-vllm":
-                server.stop()
-            else:
-                server.terminate()
-                server.wait(10)
+            upstream.stop()
     finally:  # also when set-up fails half way: never leave our S3 server behind
         s3.stop()
         kafka.admin(settings).delete_topics([topic_name(settings, s.suffix) for s in topics.TOPICS])
@@ -1538,3 +1574,121 @@ def read_topic_as(world: World, suffix: str, model: type) -> list:
             world.settings, topic_name(world.settings, suffix), timeout_s=15, idle_s=1.0
         )
     ]
+
+
+def fresh_adapter(world: World, stem: str, seed: int) -> str:
+    """A version of an adapter of its own (tenant-a), published to the world's S3 and signed
+    into the registry; returned once the running agent knows it (the gateway no longer
+    answers 404 for it), so a test's faults meet no other test's copies."""
+    adapter = f"{stem}-{uuid.uuid4().hex[:6]}"
+    folder = build_adapter(world.tmp / "src" / adapter, seed=seed)
+    record = publish(world.settings, folder, adapter, "1", "tenant-a", AdapterStatus.active)
+    write_registry(world.settings, [record])
+    world.adapters[adapter] = Published(folder, record)
+    wait_for(lambda: world.ask(adapter, timeout_s=30).status_code != 404, 30, f"{adapter} known")
+    return adapter
+
+
+def host_leftovers(world: World) -> list[str]:
+    """What a torn install would leave in the host tier (a `.partial-*` folder)."""
+    return sorted(p.name for p in world.host_tier.iterdir() if p.name.startswith(".partial"))
+
+
+@pytest.mark.usefixtures("real_covers_it")
+def test_s3_killed_mid_fetch_leaves_no_entry_and_the_fetch_heals(world: World) -> None:
+    """s3proxy hangs (SIGSTOP) with a fetch reading from it and is then killed -9, as a
+    crashed store is: the fetch fails as artifact_store_unavailable, nothing half-written is
+    left in the host tier or served, and the same agent installs it once S3 is started
+    again, with no operator action."""
+    if world.agent is None:
+        world.start_agent()
+    adapter = fresh_adapter(world, "fetchkill", seed=31)
+    rec = world.adapters[adapter].record
+    pid = world.s3.service.process.pid()
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)  # connections are accepted by the kernel, never answered
+    try:
+        cid = world.command(adapter, CommandAction.prewarm_host)
+        time.sleep(1.5)  # the fetch is waiting on the frozen store's socket
+    finally:
+        world.s3.kill()  # SIGKILL reaches a stopped process
+    failed = wait_for(
+        lambda: [
+            e
+            for e in world.read("cache-events", CacheEvent)
+            if e.command_id == cid and e.kind == CacheEventKind.fail
+        ],
+        60,
+        "the fetch's fail event",
+    )
+    assert failed[0].reason == "artifact_store_unavailable", failed[0]
+    assert host_leftovers(world) == []
+    assert not (world.host_tier / rec.lora_name).exists()
+    assert rec.lora_name not in world.vllm_names()
+    resp = world.ask(adapter, timeout_s=30)  # interactive: the base model, said so
+    assert resp.status_code == 200 and resp.headers["X-Loraplane-Fallback"] == "base"
+
+    world.s3.start()  # same port, same objects on disk
+    wait_for(
+        lambda: (world.host_tier / rec.lora_name / "record.json").is_file(),
+        60,
+        "the entry installed after S3 came back",
+    )
+    assert host_leftovers(world) == []
+    fetched = [
+        e
+        for e in world.read("cache-events", CacheEvent)
+        if e.command_id == cid and e.kind == CacheEventKind.fetch
+    ]
+    assert fetched, "no fetch event for the healed install"
+    assert world.agent is not None and world.agent.poll() is None  # never restarted
+
+
+@pytest.mark.fault_long
+@pytest.mark.usefixtures("real_covers_it")
+def test_vllm_killed_under_the_agent_then_started_again(world: World) -> None:
+    """vLLM's process group is killed -9 under a running agent with an adapter on the GPU and
+    requests in flight, then started again on the same port (what a pod's kubelet does; under
+    systemd `BindsTo` restarts the worker with it). Every request meanwhile gets an answer
+    with its reason, never a hang; the same agent process loads the copy again once vLLM
+    answers, and vLLM lists no adapter the agent did not verify."""
+    assert world.upstream is not None
+    world.kill_agent(signal.SIGTERM)
+    world.start_agent()
+    adapter = fresh_adapter(world, "vkill", seed=41)
+    genuine = world.adapters[adapter].record.lora_name
+    world.command(adapter, CommandAction.load_gpu)
+    wait_for(lambda: genuine in world.vllm_names(), 120, f"{adapter} loaded")
+    resp = world.ask(adapter, timeout_s=60)
+    assert resp.status_code == 200 and resp.headers["X-Loraplane-Lora-Name"] == genuine
+
+    world.upstream.kill()
+    down: list[tuple[int, str, str | None, str | None]] = []
+    for _ in range(10):
+        resp = world.ask(adapter, timeout_s=60)  # a hang is a ReadTimeout here
+        why = resp.json()["error"]["type"] if resp.status_code != 200 else ""
+        down.append(
+            (
+                resp.status_code,
+                why,
+                resp.headers.get(NOT_RUN_HEADER),
+                resp.headers.get("Retry-After"),
+            )
+        )
+        time.sleep(0.5)
+    assert world.agent is not None and world.agent.poll() is None
+    started = time.monotonic()
+    world.upstream.start()
+    restart_s = time.monotonic() - started
+
+    def served() -> bool:
+        resp = world.ask(adapter, timeout_s=60)
+        return resp.status_code == 200 and resp.headers.get("X-Loraplane-Lora-Name") == genuine
+
+    wait_for(served, 120, f"{adapter} served from the GPU again")
+    assert world.agent is not None and world.agent.poll() is None  # the same agent process
+    verified = {p.record.lora_name for p in world.adapters.values()}
+    assert world.vllm_names() <= verified
+    print(f"while vLLM was down: {down}; vLLM started again in {restart_s:.1f}s")
+    # each a retryable 503 saying the request never reached vLLM (a router sends it elsewhere)
+    assert all(d == (503, "vllm_unreachable", "vllm_unreachable", "1") for d in down), down
