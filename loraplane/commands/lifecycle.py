@@ -202,10 +202,10 @@ def _reupload(
             manifest = reupload(settings, folder, record, model=model)
     except SigningUnavailable as exc:
         raise _missing_extra(str(exc)) from None
+    except (BotoCoreError, ClientError) as exc:  # first: its time-outs are OSErrors too
+        raise _fail(f"artifact store: {exc}") from None
     except (ArtifactError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
-    except (BotoCoreError, ClientError) as exc:
-        raise _fail(f"artifact store: {exc}") from None
     typer.echo(
         json.dumps(
             {
@@ -445,12 +445,13 @@ def register(app: typer.Typer) -> None:
                 raise PublishFailed(
                     PublishFailure.artifact_refused, str(exc), exc.refusals
                 ) from None
-            except OSError as exc:  # the folder could not be read
-                raise PublishFailed(PublishFailure.artifact_refused, str(exc)) from None
+            # before OSError: botocore's connect and read time-outs are OSErrors too
             except (BotoCoreError, ClientError) as exc:
                 raise PublishFailed(
                     PublishFailure.artifact_store_unavailable, f"artifact store: {exc}"
                 ) from None
+            except OSError as exc:  # the folder could not be read
+                raise PublishFailed(PublishFailure.artifact_refused, str(exc)) from None
             except SecretError as exc:  # the S3 secret file
                 raise PublishFailed(PublishFailure.settings_invalid, str(exc)) from None
             try:

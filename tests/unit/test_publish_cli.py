@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -229,6 +229,28 @@ def _store_down(c: Case) -> list[str]:
     return []
 
 
+def _store_hung(c: Case) -> list[str]:
+    """A store that accepts and never answers (s3proxy stopped): botocore's read time-out is
+    an OSError too (it subclasses requests' ReadTimeout), yet no folder failed to read."""
+    import loraplane.artifact_publish as artifact_publish
+
+    def hung(*_a: Any) -> None:
+        raise ReadTimeoutError(endpoint_url="http://127.0.0.1:1/b/k")
+
+    c.patch.setattr(artifact_publish, "upload", hung)
+    return []
+
+
+def _store_unconnectable(c: Case) -> list[str]:
+    import loraplane.artifact_publish as artifact_publish
+
+    def unconnectable(*_a: Any) -> None:
+        raise ConnectTimeoutError(endpoint_url="http://127.0.0.1:1/")
+
+    c.patch.setattr(artifact_publish, "upload", unconnectable)
+    return []
+
+
 def _kafka_down(c: Case) -> list[str]:
     c.fakes.fail_produce_at = 0
     return ["--canary", "10"]
@@ -265,6 +287,8 @@ CASES: list[tuple[str, Setup, PublishFailure | None]] = [
     ("pickle beside the weights", _pickle, PublishFailure.artifact_refused),
     ("no such folder", _no_folder, PublishFailure.artifact_refused),
     ("S3 away", _store_down, PublishFailure.artifact_store_unavailable),
+    ("S3 hung", _store_hung, PublishFailure.artifact_store_unavailable),
+    ("S3 connect timed out", _store_unconnectable, PublishFailure.artifact_store_unavailable),
     ("Kafka away", _kafka_down, PublishFailure.bus_unavailable),
     ("canary not acknowledged", _canary_lost, PublishFailure.follow_up_not_acknowledged),
     ("a bug", _bug, PublishFailure.internal_error),
