@@ -11,6 +11,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from loraplane.schemas.reasons import DecodeReason
+from loraplane.schemas.validation_text import field_errors
 
 __all__ = ["MAX_MESSAGE_BYTES", "M", "SchemaError", "decode", "decode_signed", "encode"]
 
@@ -27,10 +28,6 @@ class SchemaError(ValueError):
         self.reason = reason
         self.errors = errors
         super().__init__(f"{reason}: " + "; ".join(f"{loc}: {msg}" for loc, msg in errors))
-
-
-def _field_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    return [(".".join(str(p) for p in e["loc"]) or "(root)", e["msg"]) for e in exc.errors()]
 
 
 def decode(model: type[M], raw: bytes | str | None) -> M:
@@ -56,7 +53,7 @@ def decode(model: type[M], raw: bytes | str | None) -> M:
             raise SchemaError(
                 DecodeReason.malformed, [("(root)", "expected a JSON object")]
             ) from None
-        raise SchemaError(DecodeReason.invalid, _field_errors(exc)) from None
+        raise SchemaError(DecodeReason.invalid, field_errors(exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise SchemaError(DecodeReason.invalid, [("(root)", str(exc))]) from None
 
@@ -81,7 +78,7 @@ def decode_signed(model: type[M], raw: bytes | str | None) -> M:
     try:
         message = model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
-        raise SchemaError(DecodeReason.invalid, _field_errors(exc)) from None
+        raise SchemaError(DecodeReason.invalid, field_errors(exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise SchemaError(DecodeReason.invalid, [("(root)", str(exc))]) from None
     problem = _type_drift(value, message.model_dump(mode="json"), "")

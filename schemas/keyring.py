@@ -32,6 +32,7 @@ from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key, key_fingerprint
 from loraplane.schemas.reasons import SignerProblem
 from loraplane.schemas.signing import public_key, small_order, unb64, verify
+from loraplane.schemas.validation_text import error_line
 
 __all__ = [
     "ANY",
@@ -286,8 +287,7 @@ def parse_keyring(text: str, source: str = "keyring") -> Keyring:
     except YamlTooLarge as exc:
         raise KeyringError(f"{source}: {exc}") from None
     except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise KeyringError(f"{source}: {fields}") from None
+        raise KeyringError(f"{source}: {error_line(exc)}") from None
     except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # hostile nesting
         raise KeyringError(f"{source}: unreadable: {type(exc).__name__}") from None
 

@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
         from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode_signed
         from loraplane.schemas.manifest import Manifest
         from loraplane.schemas.reasons import ArtifactReason as Reason
+        from loraplane.schemas.validation_text import error_line
         from loraplane.workers.artifact_fetch import ArtifactFetcher
 
         record = None
@@ -87,7 +88,7 @@ def register(app: typer.Typer) -> None:
                 with record_file.open("rb") as f:
                     record = decode_signed(AdapterRecord, f.read(MAX_MESSAGE_BYTES + 1))
             except (OSError, SchemaError, ValidationError) as exc:
-                typer.echo(f"--record {record_file}: {exc}", err=True)
+                typer.echo(f"--record {record_file}: {error_line(exc)}", err=True)
                 raise typer.Exit(2) from None
         try:
             model = read_model_config(model_config) if model_config else None

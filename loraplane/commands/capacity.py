@@ -74,6 +74,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from loraplane.extras import require
+        from loraplane.schemas.validation_text import error_line
 
         require("sim", "capacity")
 
@@ -102,7 +103,7 @@ def register(app: typer.Typer) -> None:
             else:
                 bench = benchmark.prepare(sc)
         except (ValidationError, ValueError, TraceError, OSError) as exc:
-            typer.echo(f"capacity: {exc}", err=True)
+            typer.echo(f"capacity: {error_line(exc)}", err=True)
             raise typer.Exit(2) from exc
         sc = bench.scenario
         grids = {

@@ -200,6 +200,7 @@ def register(app: typer.Typer) -> None:
             load_keyring,
             save_keyring,
         )
+        from loraplane.schemas.validation_text import error_line
 
         kid = key_id or f"{publisher}-{now_utc():%Y%m%d%H%M%S}"
         try:
@@ -214,7 +215,7 @@ def register(app: typer.Typer) -> None:
             ring = load_keyring(keyring) if keyring and keyring.exists() else Keyring()
             ring = ring.with_key(entry) if keyring else ring
         except (ValidationError, KeyringError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {error_line(exc)}", err=True)
             raise typer.Exit(1) from None
         _save_new(key, path)
         if keyring:
@@ -422,6 +423,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring, save_keyring
+        from loraplane.schemas.validation_text import error_line
 
         if max_priority is None and require_model_signature is None:
             typer.echo("error: give --max-priority or --[no-]require-model-signature", err=True)
@@ -436,7 +438,7 @@ def register(app: typer.Typer) -> None:
                 policy["require_model_signature"] = require_model_signature
             ring = Keyring.model_validate({**data, "tenants": {**data["tenants"], tenant: policy}})
         except (ValidationError, KeyringError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {error_line(exc)}", err=True)
             raise typer.Exit(1) from None
         save_keyring(ring, keyring)
         required = "required" if ring.requires_model_signature(tenant) else "not required"
@@ -480,6 +482,7 @@ def register(app: typer.Typer) -> None:
             load_keyring,
             save_keyring,
         )
+        from loraplane.schemas.validation_text import error_line
 
         try:
             ring = load_keyring(keyring) if keyring.exists() else Keyring()
@@ -501,7 +504,7 @@ def register(app: typer.Typer) -> None:
                 )
             ring = ring.model_copy(update={"model_signers": [*others, entry]})
         except (ValidationError, KeyringError, OSError, UnicodeDecodeError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {error_line(exc)}", err=True)
             raise typer.Exit(1) from None
         save_keyring(ring, keyring)
         state = "revoked" if entry.revoked else "trusted"

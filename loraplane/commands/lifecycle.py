@@ -113,6 +113,7 @@ def _transition(
 
     from loraplane.kernel.config import get_settings
     from loraplane.lifecycle_events import signed_event
+    from loraplane.schemas.validation_text import error_line
 
     settings = get_settings()
     key = _load_key(key_file)
@@ -130,7 +131,7 @@ def _transition(
             **fields,
         )
     except ValidationError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail(error_line(exc)) from None
     partition, offset = _produce(settings, event)
     typer.echo(
         json.dumps(
@@ -223,10 +224,14 @@ def _reupload(
 def _publish_settings(get_settings: Callable[[], Settings]) -> Settings:
     from pydantic import ValidationError
 
+    from loraplane.schemas.validation_text import error_line
+
     try:
         return get_settings()
     except (ValidationError, ValueError) as exc:
-        raise PublishFailed(PublishFailure.settings_invalid, f"settings: {exc}") from None
+        raise PublishFailed(
+            PublishFailure.settings_invalid, f"settings: {error_line(exc)}"
+        ) from None
 
 
 def _check_release(adapter_id: str, tenant: str, base_model: str, version: str) -> None:
@@ -386,6 +391,7 @@ def register(app: typer.Typer) -> None:
         from loraplane.kernel.topics import topic_name
         from loraplane.lifecycle_events import signed_event
         from loraplane.schemas.adapter import Priority
+        from loraplane.schemas.validation_text import error_line
 
         if reupload and not json_output:
             _reupload(get_settings(), adapter_id, version, artifact, model_config)
@@ -495,7 +501,7 @@ def register(app: typer.Typer) -> None:
                         ttl=ttl,
                     )
             except (ValueError, ValidationError) as exc:
-                raise PublishFailed(PublishFailure.release_invalid, str(exc)) from None
+                raise PublishFailed(PublishFailure.release_invalid, error_line(exc)) from None
             watch = _decision_watch(settings) if wait_s else None
             lifecycle = topic_name(settings, "lifecycle")
             for sent in (event, follow):

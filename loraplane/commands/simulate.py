@@ -76,6 +76,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from loraplane.extras import require
+        from loraplane.schemas.validation_text import error_line
 
         require("sim", "simulate")
 
@@ -113,7 +114,7 @@ def register(app: typer.Typer) -> None:
             else:
                 bench = benchmark.prepare(sc)
         except (ValidationError, ValueError, TraceError, OSError) as exc:
-            typer.echo(f"simulate: {exc}", err=True)
+            typer.echo(f"simulate: {error_line(exc)}", err=True)
             raise typer.Exit(2) from exc
         sc = bench.scenario
         result = benchmark.run(bench, names)

@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from loraplane.kernel.policy import Policy
 from loraplane.kernel.secrets import read_secret
 from loraplane.schemas.base import Identifier
+from loraplane.schemas.validation_text import error_line
 
 __all__ = [
     "CLICKHOUSE_NAME_PATTERN",
@@ -387,15 +388,6 @@ class SettingsError(ValueError):
     place and why, without the input pydantic would echo (it may sit beside a password)."""
 
 
-def _settings_problems(exc: ValidationError) -> str:
-    problems = [
-        f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
-        for error in exc.errors(include_url=False, include_input=False)
-        if error["type"] != "default_factory_not_called"  # follows from another error
-    ]
-    return "; ".join(problems)[:2000]
-
-
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process's settings; a ``SettingsError`` names every invalid one (the CLI prints
@@ -403,6 +395,6 @@ def get_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        raise SettingsError(f"invalid settings: {_settings_problems(exc)}") from None
+        raise SettingsError(f"invalid settings: {error_line(exc, 'settings')}") from None
     except (ValueError, yaml.YAMLError) as exc:  # the config file: not YAML, too large, ...
         raise SettingsError(f"invalid config file: {str(exc)[:500]}") from None
