@@ -178,8 +178,9 @@ def undone(
     rec: Recorded, never_evict: set[str], restarted: dict[str, datetime]
 ) -> list[tuple[CacheEvent, CacheEvent]]:
     """GPU loads unloaded within ``min_residency_s`` that no rule allowed (module docstring):
-    a never-evict version's load beside the unload (within 2 s) allows it too, and a load
-    before its worker's agent restarted is not known to the agent."""
+    a never-evict version's load beside the unload (within 2 s, or issued in the same tick
+    on the same worker) allows it too, and a load before its worker's agent restarted is not
+    known to the agent."""
     loads: dict[tuple[str, str], CacheEvent] = {}
     out = []
     events = sorted(rec.events, key=lambda e: e.ts)
@@ -202,6 +203,8 @@ def undone(
             continue
         if e.reason == "slot_needed" and cmd is None and load.command_id is None:
             continue  # a request's copy giving its slot to another load, as requests compete
+        if cmd is not None and _for_never_evict(cmd, rec, never_evict):
+            continue
         if any(
             x.kind == "load"
             and x.worker_id == e.worker_id
@@ -212,6 +215,20 @@ def undone(
             continue
         out.append((load, e))
     return out
+
+
+def _for_never_evict(cmd: CacheCommand, rec: Recorded, never_evict: set[str]) -> bool:
+    """Did ``cmd`` (a ``slot_needed`` demote) make room for a never-evict version's load on
+    the same worker in the same tick (the planner's rule: a copy within ``min_residency_s``
+    gives its slot to such a version only)? Read from the commands, not from when the
+    worker's load event lands, which a busy machine delays by seconds."""
+    return cmd.reason.rule == CommandRule.slot_needed and any(
+        c.action == CommandAction.load_gpu
+        and c.worker_id == cmd.worker_id
+        and c.issued_at == cmd.issued_at
+        and c.lora_name in never_evict
+        for c in rec.commands.values()
+    )
 
 
 class Traffic:
@@ -362,8 +379,11 @@ def test_no_refused_or_repeated_command_across_a_worker_restart(
             f"({unload.command_id}: {by.reason if by else 'no command'})"
         )
         for c in sorted(rec.commands.values(), key=lambda c: c.issued_at):
-            if c.lora_name == unload.lora_name:  # every command on that copy, for the reader
-                print(f"  {c.issued_at:%H:%M:%S.%f} {c.worker_id} {c.action} {c.reason}")
+            # every command on that copy, and those of the unload's tick, for the reader
+            if c.lora_name == unload.lora_name or (by is not None and c.issued_at == by.issued_at):
+                print(
+                    f"  {c.issued_at:%H:%M:%S.%f} {c.worker_id} {c.action} {c.lora_name} {c.reason}"
+                )
     assert refused == [], [d.detail for d in refused]
     assert repeats == []
     assert flaps == []
