@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import re
 import secrets
+import shutil
 import socket
 import struct
 import subprocess
@@ -56,6 +57,7 @@ __all__ = [
     "api_versions",
     "kafka_nodes",
     "new_cluster_id",
+    "only_formatted",
     "speaks_kafka_4",
 ]
 
@@ -268,12 +270,18 @@ class Kafka(Service):
             # without a heartbeat instead of Kafka's 9 s (produce waits that long).
             props |= {"broker.session.timeout.ms": "6000", "broker.heartbeat.interval.ms": "1500"}
         write_private(self.properties_file, properties_text(props))
-        formatted = (self.dir / "data" / "meta.properties").is_file()
+        data = self.dir / "data"
+        formatted = (data / "meta.properties").is_file()
         if formatted and not (self.dir / SCRAM_MARKER).is_file():
-            raise StackError(
-                f"kafka data in {self.dir / 'data'} was formatted before the broker had SASL "
-                "users; `loraplane stack down --purge` deletes it, then `stack up` again"
-            )
+            if not only_formatted(data):
+                raise StackError(
+                    f"kafka data in {data} was formatted before the broker had SASL "
+                    "users; `loraplane stack down --purge` deletes it, then `stack up` again"
+                )
+            # a format cut short (a stack up killed between the format and its marker): the
+            # broker never ran on it, so nothing is lost by formatting it again
+            shutil.rmtree(data)
+            formatted = False
         if not formatted:
             self._format(ops)
         return self._java("kafka.Kafka", str(self.properties_file))
@@ -412,6 +420,23 @@ FETCH_API = 1
 NODE_USER = "node"
 """The controller listener's only user (SASL/PLAIN), a super user like ops."""
 SCRAM_MARKER = "loraplane-scram"
+_FORMAT_FILES = frozenset({"meta.properties", "bootstrap.checkpoint"})
+"""What Kafka's storage format writes in a node's (combined) log dir; a broker that ran
+adds its metadata log and partitions beside them."""
+
+
+def only_formatted(data: Path) -> bool:
+    """Does ``data`` hold only what a storage format writes (the broker never started on
+    it)? A link or anything else there means it may hold a cluster's data: never deleted."""
+    try:
+        entries = list(data.iterdir())
+    except OSError:
+        return False
+    return not data.is_symlink() and all(
+        e.name in _FORMAT_FILES and e.is_file() and not e.is_symlink() for e in entries
+    )
+
+
 """Written beside the data dir once it was formatted with the ops SCRAM user."""
 SCRAM_ITERATIONS = 8192
 CLUSTER_SIZE = "cluster-size"
