@@ -39,8 +39,10 @@ _PATH = re.compile(r"^/[!-~]*$")  # visible ASCII only: no space, CR or LF can b
 _PAUSE_BYTES = 256 * 1024  # a stream buffered beyond this stops reading from the socket
 MAX_HEAD_BYTES = 64 * 1024
 """An answer's status line and headers, at most (vLLM's and the gateway's are well under
-1 KiB); an upstream sending more is a ``bad_response``: headers are kept in memory, and
-llhttp bounds neither their size nor their number."""
+1 KiB), and the most bytes of an answer that may pass without a byte of its body (chunk
+framing, trailers); an upstream sending more is a ``bad_response``: httptools holds a
+header's bytes in memory until it ends, and llhttp bounds neither their size nor their
+number, nor a chunk's extensions."""
 NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 """On a gateway's 503: its vLLM could not be reached, so the request never reached vLLM (the
 header's value is the reason). A router parks that worker and sends the request to another."""
@@ -203,7 +205,8 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._response: UpstreamResponse | None = None
         self._got_bytes = False
-        self._head_bytes = 0  # of the current answer's head, while it is being read
+        self._bare_bytes = 0  # of the current answer since its last head or body byte
+        self._progress = 0  # the head's end and each piece of body, counted
         self._paused = False
         self.closed = False
 
@@ -232,12 +235,16 @@ class _Connection(asyncio.Protocol):
             raise _Stale() from None
         self._response = UpstreamResponse(self, self._pool, deadline)
         self._got_bytes = False
-        self._head_bytes = 0
+        self._bare_bytes = 0
         return self._response
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
         response = self._response
+        if response is None:  # nothing was asked: not an answer (it would be parsed unbounded)
+            self.drop()
+            return
+        progress = self._progress
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -247,16 +254,20 @@ class _Connection(asyncio.Protocol):
                 )
             self.drop()
             return
-        if response is not None and not response._head_done:  # every byte so far was head
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                response._finish(
-                    UpstreamError(
-                        VllmErrorCode.bad_response,
-                        f"the answer's head is over {MAX_HEAD_BYTES} bytes",
-                    )
+        # Bytes that bring neither the head's end nor body (a head still coming, chunk
+        # extensions, trailers) are bounded: httptools holds a header until it ends.
+        self._bare_bytes = 0 if self._progress != progress else self._bare_bytes + len(data)
+        if self._bare_bytes > MAX_HEAD_BYTES and not response._done:
+            response._finish(
+                UpstreamError(
+                    VllmErrorCode.bad_response,
+                    f"the answer's head is over {MAX_HEAD_BYTES} bytes"
+                    if not response._head_done
+                    else f"over {MAX_HEAD_BYTES} bytes of the answer brought no body "
+                    "(chunk framing or trailers)",
                 )
-                self.drop()
+            )
+            self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -281,7 +292,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._response is not None:
+        """A header of the head; a trailer (after the head) is read past, never kept."""
+        if self._response is not None and not self._response._head_done:
             self._response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -298,9 +310,11 @@ class _Connection(asyncio.Protocol):
             return
         response.status = status
         response._head_done = True
+        self._progress += 1
         response._wake()
 
     def on_body(self, body: bytes) -> None:
+        self._progress += 1
         if self._response is not None:
             self._response._feed(body)
 

@@ -374,3 +374,95 @@ async def test_an_answers_head_is_bounded() -> None:
         assert err.value.reason == VllmErrorCode.bad_response
         assert str(MAX_HEAD_BYTES) in err.value.message
         assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
+
+
+_BARE = {
+    "many trailers": lambda i: b"X-T%d: %s\r\n" % (i, b"v" * 200),
+    "one endless trailer": lambda i: b"v" * 4096 if i else b"X-T: ",
+    "endless chunk extensions": lambda i: b"a" * 4096 if i else b"2;ext=",
+}
+
+
+@session_loop
+@pytest.mark.parametrize("kind", list(_BARE))
+async def test_attack_an_answers_bytes_without_body_are_bounded(kind: str) -> None:
+    """ATTACK: an upstream (a gateway URL a forged worker state announces) that ends a
+    chunked body's last chunk and then sends trailer after trailer, one trailer that never
+    ends, or a chunk's extension that never ends. Trailers were kept in the answer's dict
+    (and a header's bytes in httptools) as fast as the socket brought them, up to the
+    answer's deadline: 300 s of memory growth per request. Past ``MAX_HEAD_BYTES`` with no
+    body byte it is a ``bad_response``, the connection dropped and the slot freed."""
+    from loraplane.frontdoor.upstream_http import MAX_HEAD_BYTES
+
+    piece = _BARE[kind]
+    sent = [0]
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        if n > 0:
+            return await echo_forever(reader, writer, n)
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n")
+        if kind != "endless chunk extensions":
+            writer.write(b"0\r\n")
+        for i in itertools.count():
+            writer.write(b"".join(piece(i * 16 + j) for j in range(16)))
+            sent[0] += 1
+            await writer.drain()
+            if sent[0] > 10_000:  # 40 MiB and more: the client took it all (then cut short)
+                return
+
+    async with server(endless) as (pool, _):
+        with pytest.raises(UpstreamError) as err:
+            await asyncio.wait_for(fetch(pool, b"x"), 10)
+        assert err.value.reason == VllmErrorCode.bad_response
+        assert str(MAX_HEAD_BYTES) in err.value.message
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
+
+
+@session_loop
+async def test_a_few_trailers_end_an_answer_and_are_not_its_headers() -> None:
+    async def trailers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader):
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+                b"Content-Type: text/event-stream\r\nX-T: 1\r\n\r\n"
+            )
+            await writer.drain()
+
+    async with server(trailers) as (pool, seen):
+        for _ in range(2):
+            resp = await pool.request("POST", "/v1/completions", b"x", total_timeout_s=3)
+            try:
+                assert (resp.status, await resp.read()) == (200, b"{}")
+                assert resp.headers["content-type"] == "application/json"
+                assert "x-t" not in resp.headers
+            finally:
+                resp.close()
+        assert seen == [0]  # kept alive
+
+
+@session_loop
+async def test_attack_bytes_sent_on_an_idle_connection_drop_it() -> None:
+    """ATTACK: an upstream that, between answers, sends a head that never ends on the
+    kept-alive connection. With no request in flight the bytes went to the parser
+    unbounded (httptools holds the header until it ends); the connection is dropped at
+    the first byte and the next request gets a fresh one."""
+
+    async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}"))
+        if n == 0:
+            writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+            for _ in range(1000):
+                writer.write(b"v" * 65536)
+                await writer.drain()
+        else:
+            await echo_forever(reader, writer, n)
+
+    async with server(chatty) as (pool, seen):
+        assert await fetch(pool, b"x") == (200, b"{}")
+        await asyncio.sleep(0.2)
+        assert all(not c.usable for c in pool._idle)
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"{}")
+        assert seen == [0, 1]
