@@ -68,10 +68,12 @@ def register() -> None:
 def _log_to_stderr() -> None:
     """vLLM configures only its own loggers: without a handler, every resolve and refusal
     would be lost from vLLM's log (the operator's record of what was refused)."""
+    from loraplane.kernel.log_lines import OneLineFormatter
+
     ours = logging.getLogger("loraplane")
     if not ours.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s %(message)s"))
+        handler.setFormatter(OneLineFormatter("%(levelname)s %(asctime)s %(name)s %(message)s"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
 

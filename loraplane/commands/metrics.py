@@ -132,7 +132,9 @@ def sink(
     from loraplane.metrics.sink import Sink, SinkConfig
 
     kafka.act_as(kafka.Principal.metrics)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from loraplane.kernel.log_lines import configure_logging
+
+    configure_logging()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

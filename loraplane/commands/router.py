@@ -46,7 +46,6 @@ def run(
     ),
 ) -> None:
     """Route requests by residency until SIGTERM/SIGINT (docs/router.md)."""
-    import logging
 
     from loraplane.kernel import kafka
     from loraplane.kernel.http_server import run_serving
@@ -60,7 +59,9 @@ def run(
             raise typer.BadParameter(f"{base!r} is not an id", param_hint="--base-model")
     kafka.act_as(kafka.Principal.router)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from loraplane.kernel.log_lines import configure_logging
+
+    configure_logging()
     settings = get_settings()
     run_serving(
         serve_router(

@@ -101,14 +101,14 @@ def _wait_listed(
 def plain_process() -> Settings:
     """What a streams runtime outside the Faust worker needs first: the streams principal
     (before any client is built), INFO logs on stderr, its home; returns the settings."""
-    import logging
 
     from loraplane.kernel import kafka
 
     kafka.act_as(kafka.Principal.streams)
     from loraplane.kernel.config import get_settings
+    from loraplane.kernel.log_lines import configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
     settings = get_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
     return settings

@@ -83,7 +83,6 @@ def run(
     ),
 ) -> None:
     """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
-    import logging
     from urllib.parse import urlsplit
 
     from loraplane.kernel import kafka
@@ -104,7 +103,9 @@ def run(
         if not low <= value <= high:
             raise typer.BadParameter(f"{value} is not in {low}..{high}", param_hint=hint)
     kafka.act_as(kafka.Principal.worker)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from loraplane.kernel.log_lines import configure_logging
+
+    configure_logging()
     settings = get_settings()
     key_file = vllm_api_key_file or settings.vllm_api_key_path(urlsplit(vllm_url).port or 80)
     try:

@@ -1,0 +1,38 @@
+"""Every log line a loraplane process writes is one line.
+
+A message may carry text from outside (vLLM's refusal quoting a client's field value, an
+upstream's error, a record read from a topic): a newline in it would start a line of the
+log that loraplane never wrote, one an operator or a log shipper reads as its own record.
+The formatter escapes line breaks and other control characters in the message as Python
+escapes (``\\n``, ``\\x1b``); a traceback, appended after the message, keeps its lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+__all__ = ["FORMAT", "OneLineFormatter", "configure_logging", "one_line"]
+
+FORMAT = "%(asctime)s %(name)s %(message)s"
+_BREAKING = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 controls but tab, and Unicode's line and paragraph separators."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break and control character escaped."""
+    return _BREAKING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A ``logging.Formatter`` whose message part is always one line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+
+def configure_logging(level: int = logging.INFO, fmt: str = FORMAT) -> None:
+    """The root logger of a loraplane process: ``level``, to stderr, one line a record."""
+    logging.basicConfig(level=level, format=fmt)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(OneLineFormatter(fmt))
