@@ -80,7 +80,7 @@ from loraplane.schemas.base import version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefusal
+from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 
@@ -504,6 +504,16 @@ class Router:
                     resp.close()
                     self._drop(route, why, "has no vLLM answering")
                     continue
+                if not _gateway_status(resp.status):
+                    resp.close()
+                    self._drop(
+                        route,
+                        UpstreamError(
+                            VllmErrorCode.bad_response,
+                            f"status {resp.status} is no answer of a gateway",
+                        ),
+                    )
+                    continue
                 self.outcomes[route.kind.value] += 1
                 try:
                     return await self._relay(request, resp, route, record.version)
@@ -591,6 +601,13 @@ class Router:
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
         return probe_ok(worker_id, resp.status, body)
+
+
+def _gateway_status(status: int) -> bool:
+    """A status a gateway answers: 200, or a refusal or failure (4xx, 5xx). Another 2xx or a
+    3xx (no body, a redirect, a cache's "not modified") is no answer to a completion: an
+    address a forged worker state announces, not a gateway."""
+    return status == 200 or 400 <= status <= 599
 
 
 def attempt_id(request_id: str, attempt: int) -> str:

@@ -469,15 +469,19 @@ async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
         b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\n{}",
         b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 204 No Content\r\nContent-Type: application/json\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere/\r\nContent-Length: 2\r\n\r\n{}",
     ],
 )
 async def test_attack_a_gateway_answering_no_final_status_is_dropped_and_rerouted(
     stack: Stack, head: bytes
 ) -> None:
     """ATTACK: a gateway (a URL a forged worker state announces) answering an interim,
-    upgrade or unknown status. The router passed it to the client as its answer (a 101
-    without a protocol, a 999); it is a bad answer: that gateway is dropped and the request
-    served elsewhere."""
+    upgrade or unknown status, or one no gateway answers (204, 304, a redirect). The router
+    passed it to the client as its answer (a 101 without a protocol, a 999, a 304 to a
+    POST, a 302 without its Location); it is a bad answer: that gateway is dropped and the
+    request served elsewhere."""
     server, url = await _dies_mid_answer(head)
     try:
         _sql_hot_on_w0(stack, url)
