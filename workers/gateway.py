@@ -91,8 +91,9 @@ _PATH = re.compile(r"(?<![^\s`'\"(=])(?:[A-Za-z]:)?(?:[/\\][^\s`'\"/\\]+)+[/\\]?
 
 def client_message(error: VllmError, names: dict[str, str]) -> str:
     """What a client is told of vLLM's failure on its request. vLLM's refusal of the
-    request (400: a prompt past the context, a token id out of the vocabulary) is the
-    client's to fix, so its words go on, each internal name in ``names`` (the lora name,
+    request (400: a prompt past the context, a token id out of the vocabulary; vLLM answers
+    a 400 for a client-caused error only, a 5xx for its own) is the client's to fix (the
+    gateway's 400 too), so its words go on, each internal name in ``names`` (the lora name,
     the base model's path) as the client's own and any other path elided; any other
     failure (vLLM's 5xx and tracebacks, the transport's trouble naming vLLM's address) is
     its reason only: the detail is the gateway's log line."""
@@ -528,7 +529,12 @@ class Gateway:
                         body=raw, status=200, headers=headers, content_type="application/json"
                     )
             except VllmError as exc:
-                trace.status, trace.error = RequestStatus.error, exc.reason.failure
+                # vLLM's 400 is its refusal of the request (a prompt past the context, a token
+                # id out of the vocabulary): the client's to fix, so the client's 400 and a
+                # refused request, never an error of the adapter (error rates, canary gates)
+                refused = exc.reason == VllmErrorCode.bad_request
+                trace.status = RequestStatus.refused if refused else RequestStatus.error
+                trace.error = exc.reason.failure
                 self._failures.note(
                     exc.reason.failure, f"request {trace.request_id} as {served_name}: {exc}"
                 )
@@ -547,7 +553,9 @@ class Gateway:
                         **{"Retry-After": "1", NOT_RUN_HEADER: exc.reason.failure},
                     )
                 names = {served_name: trace.adapter_id, self.worker.base_served: trace.adapter_id}
-                return error_response(502, exc.reason.failure, client_message(exc, names))
+                return error_response(
+                    400 if refused else 502, exc.reason.failure, client_message(exc, names)
+                )
 
     async def _stream(
         self,

@@ -1777,7 +1777,8 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
     lora name, the base model's path, vLLM's address or its traceback (they were the
     answer's message). The whole detail is the gateway's log line."""
     serving = FailingUpstream(hot={RECORDS[2].lora_name}, base_served=_INTERNAL, error=error)
-    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink())
+    sink = ListSink()
+    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
     server = TestServer(gateway.app(), host="127.0.0.1")
     await server.start_server()
     try:
@@ -1792,13 +1793,21 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
             text = await resp.text()
     finally:
         await server.close()
-    assert resp.status in (502, 503), text
+    refused = error.reason == VllmErrorCode.bad_request
+    assert resp.status in ((400,) if refused else (502, 503)), text
     assert json.loads(text)["error"]["type"] in (error.reason.failure, "adapter_unavailable")
     for secret in (RECORDS[2].lora_name, _INTERNAL, "127.0.0.1", "Traceback", "EngineCore"):
         assert secret not in text, text
-    if error.reason == VllmErrorCode.bad_request:
+    if refused:
         assert "maximum context length is 256 tokens" in text and "`sql`" in text
     assert any(error.message in r.getMessage() for r in caplog.records)
+    # vLLM's refusal of the request is the client's, not an error of the adapter (its error
+    # rate, a canary's gate): the log says refused
+    (logged,) = sink.messages(RequestLog)
+    assert (logged.status, logged.error) == (
+        RequestStatus.refused if refused else RequestStatus.error,
+        error.reason.failure,
+    )
 
 
 async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() -> None:

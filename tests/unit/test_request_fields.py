@@ -214,8 +214,8 @@ def test_attack_what_vllm_refuses_for_any_model_is_the_doors_400(
     endpoint: Endpoint, body: dict[str, object], field: str
 ) -> None:
     """Each of these went through and came back from the real vLLM (0.32, tiny model) as a
-    400, which the gateway answers as a 502 ``vllm_bad_request`` and logs as the adapter's
-    error: the door refuses them itself, naming the field."""
+    400 for any model: the door refuses them itself, naming the field, before they take a
+    place in flight to vLLM."""
     with pytest.raises(Refused) as refused:
         admit(endpoint, {"model": "m", **body}, CAPS)
     assert (refused.value.reason, refused.value.field) == (RequestRefusal.bad_field, field)
