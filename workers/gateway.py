@@ -25,7 +25,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ from loraplane.frontdoor.request_fields import (
     fit_context,
     header_token,
 )
-from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamResponse
+from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamError, UpstreamResponse
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
@@ -56,7 +56,7 @@ from loraplane.schemas.base import now_utc
 from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.serving import LoadOutcome, Serving
-from loraplane.workers.vllm_client import VllmError
+from loraplane.workers.vllm_client import VllmError, classify
 
 __all__ = [
     "CANARY_WARMING_HEADER",
@@ -565,6 +565,8 @@ class Gateway:
         trace: _Trace,
         rename: _ModelName,
     ) -> web.StreamResponse:
+        chunks = resp.iter_chunks()
+        opening = await _first_event(chunks)  # vLLM's refusal there is the answer's (a 400)
         out = web.StreamResponse(
             status=200,
             headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
@@ -574,14 +576,19 @@ class Gateway:
         first = last = None
         held = 0.0  # seconds our writes waited for the client (its pace, not vLLM's)
         try:
-            async for chunk in resp.iter_chunks():
+            async for chunk in _chained(opening, chunks):
                 last = time.perf_counter()
                 if first is None:
                     first = last
                     trace.ttft_ms = (first - trace.started) * 1000
                 *whole, pending = (pending + chunk).split(b"\n\n")
-                passed = []
+                passed: list[bytes] = []
                 for event in whole:
+                    failed = _error_event(event)
+                    if failed is not None:  # vLLM failed mid-stream: cut, as if it were lost
+                        if passed:
+                            await out.write(b"".join(passed))
+                        raise failed
                     if b'"usage"' in event and event.startswith(b"data: {"):
                         usage_only, found = self._stream_usage(event[6:], trace)
                         usage_seen = usage_seen or found
@@ -608,10 +615,11 @@ class Gateway:
                 await out.write(pending)
             await out.write_eof()
             return out
-        except VllmError as exc:
-            # vLLM lost after the 200 went out: no second answer can follow the first, so
-            # the connection is cut without the stream's end, and the client sees a cut
-            # stream, never a short one that looks whole
+        except (VllmError, UpstreamError) as exc:
+            # vLLM lost (the pool's own error: the client's context turns it into a
+            # VllmError only past this handler) or failed after the 200 went out: no second
+            # answer can follow the first, so the connection is cut without the stream's
+            # end, and the client sees a cut stream, never a short one that looks whole
             trace.status, trace.error = RequestStatus.error, exc.reason.failure
             self._failures.note(exc.reason.failure, f"request {trace.request_id} mid-stream: {exc}")
             if request.transport is not None:
@@ -693,6 +701,44 @@ class Gateway:
             error=trace.error,
         )
         self.sink.emit("requests", trace.adapter_id, log)
+
+
+def _error_event(event: bytes) -> VllmError | None:
+    """vLLM's failure written as a stream's event (``data: {"error": {...}}``: it checks a
+    prompt's token ids, and fails a generation, after the stream's 200), as the error its
+    status answer would have been; None for any other event."""
+    if not event.startswith(b"data: {") or b'"error"' not in event:
+        return None
+    try:
+        error = json.loads(event[6:]).get("error")
+    except _NOT_USAGE:
+        return None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    status = code if type(code) is int and 400 <= code <= 599 else 500
+    return classify(status, event[6:].decode("utf-8", "replace"))
+
+
+async def _first_event(chunks: AsyncIterator[bytes]) -> bytes:
+    """The stream's bytes up to its first whole event (at most ``_MAX_EVENT_BYTES`` more);
+    raises vLLM's error when that event is one, before any answer went to the client."""
+    opening = b""
+    async for chunk in chunks:
+        opening += chunk
+        if b"\n\n" in opening or len(opening) > _MAX_EVENT_BYTES:
+            break
+    failed = _error_event(opening.partition(b"\n\n")[0])
+    if failed is not None:
+        raise failed
+    return opening
+
+
+async def _chained(opening: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if opening:
+        yield opening
+    async for chunk in rest:
+        yield chunk
 
 
 def _count(tokens: int) -> int:

@@ -128,6 +128,7 @@ class FakeVllm:
     max_loras: int = 2
     token_delay_s: float = 0.0
     max_model_len: int = 256  # the context, listed on the base model's /v1/models entry
+    vocab_size: int = 1000  # the tiny model's: a prompt's token id past it is refused
     adapters: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (path, digest)
     running: Counter[str] = field(default_factory=Counter)
     load_calls: int = 0
@@ -287,6 +288,27 @@ class FakeVllm:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
 
+    def _out_of_vocabulary(self, given: object) -> int | None:
+        """The first token id of a token-id prompt that is out of the vocabulary, if any."""
+        if isinstance(given, list) and all(type(t) is int for t in given):
+            return next((t for t in given if not 0 <= t < self.vocab_size), None)
+        return None
+
+    def _refuse_prompt(self, given: object, prompt: str) -> web.Response | None:
+        """vLLM 0.32's 400 for a prompt longer than the context (here: token ids or words),
+        in its words, before any stream starts."""
+        ids = given if isinstance(given, list) and all(type(t) is int for t in given) else None
+        count = len(ids) if ids is not None else len(prompt.split())
+        if count > self.max_model_len:
+            return _error(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {count} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt.",
+                "BadRequestError",
+            )
+        return None
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
@@ -313,6 +335,24 @@ class FakeVllm:
             prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         else:
             prompt = str(body.get("prompt", ""))
+        refused = self._refuse_prompt(body.get("prompt"), prompt)
+        if refused is not None:
+            return refused
+        bad_token = self._out_of_vocabulary(body.get("prompt"))
+        if bad_token is not None:
+            message = f"Token id {bad_token} is out of vocabulary"
+            if not body.get("stream"):
+                return _error(400, message, "BadRequestError")
+            # vLLM checks token ids as the engine takes the prompt, after a stream's 200:
+            # the refusal is the stream's one event, then its end
+            error = {
+                "error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            }
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            await out.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            await out.write_eof()
+            return out
         asked = body.get("max_tokens")
         if isinstance(asked, int) and asked > self.max_model_len:  # as vLLM 0.32 refuses it
             return _error(

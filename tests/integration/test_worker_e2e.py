@@ -1327,6 +1327,32 @@ def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
     assert resp.status_code == 200, resp.text
 
 
+def test_what_only_the_model_refuses_is_the_clients_400(world: World) -> None:
+    """vLLM's own 400s, which depend on the model (a prompt past its context, a token id out
+    of its vocabulary), pass the door and are vLLM's refusal of the request: the client gets
+    a 400 ``vllm_bad_request`` with vLLM's words (never the lora name or a path), streamed
+    or not, where it got a 502 as if the adapter had failed. The FAKE answers them as the
+    real vLLM does (both worlds run this)."""
+    if world.agent is None:
+        world.start_agent()
+    url = f"http://127.0.0.1:{world.gateway_port}/v1/completions"
+    headers = {"Authorization": f"Bearer {KEY_A}", "X-Session-Key": session_for("chat", False)}
+    for prompt, words in (
+        ([10, 11, 999_999], "out of vocabulary"),
+        ([10 + i % 400 for i in range(2000)], "maximum context length"),
+    ):
+        for stream in (False, True):
+            body = {"model": "chat", "prompt": prompt, "max_tokens": 2, "stream": stream}
+            resp = requests.post(url, json=body, headers=headers, timeout=120)
+            assert resp.status_code == 400, (stream, resp.text)
+            error = resp.json()["error"]
+            assert (error["type"], error["code"]) == ("vllm_bad_request", 400), error
+            assert words in error["message"], error
+            assert "@" not in error["message"] and "/" not in error["message"], error
+    ok = {"model": "chat", "prompt": [10, 11, 12], "max_tokens": 2}
+    assert requests.post(url, json=ok, headers=headers, timeout=120).status_code == 200
+
+
 @pytest.mark.usefixtures("real_covers_it")
 def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World) -> None:
     """ATTACK (``loraplane worker run`` as it runs, its log captured): the slow-connection

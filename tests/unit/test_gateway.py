@@ -1941,3 +1941,122 @@ def test_attack_a_key_file_edit_between_reads_never_drops_a_keys_scope(tmp_path:
     assert isinstance(identity, Identity), identity
     assert (identity.tenant_id, identity.base_models) == ("tenant-a", frozenset({"tiny-llama"}))
     assert keys.reads == 1
+
+
+@dataclass
+class ClientServing(FakeServing):
+    """FakeServing whose upstream is the real vLLM client (``workers.vllm_client``) to
+    ``url``: the lean pool, its errors and its stream, as the worker runs them."""
+
+    url: str = ""
+    client: VllmClient | None = None
+
+    @property
+    def upstream(self) -> VllmClient:  # type: ignore[override]
+        if self.client is None:
+            self.client = VllmClient(
+                self.url, timeout_s=2.0, completion_timeout_s=10.0, api_key="vllm-key"
+            )
+        return self.client
+
+
+async def _ask_raw(port: int, body: dict[str, Any]) -> bytes:
+    """One request on a raw connection; every byte of the answer until the server closes."""
+    raw = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\n"
+        b"Connection: close\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(raw) + raw
+    )
+    try:
+        return await asyncio.wait_for(reader.read(-1), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_vllms_refusal_of_a_prompt_is_the_clients_400_streamed_or_not(stream: bool) -> None:
+    """vLLM checks a prompt's token ids as its engine takes the prompt: for a stream, after
+    its 200, as the stream's one event (``data: {"error": ...}``, then ``[DONE]``). The
+    gateway passed that on as a 200 stream holding vLLM's own words, logged ``ok``; it is
+    the client's 400 ``vllm_bad_request``, as the same refusal unstreamed is, logged
+    refused. (The FAKE vLLM answers as vLLM 0.32 does; the real one: test_worker_e2e.)"""
+    from loraplane.testing.fake_vllm import FakeVllm
+
+    fake = FakeVllm(model="/models/base", api_key="vllm-key")
+    fake.adapters[RECORDS[2].lora_name] = ("/srv/host/sql", "d")
+    upstream = TestServer(fake.app(), host="127.0.0.1")
+    await upstream.start_server()
+    worker = ClientServing(hot={RECORDS[2].lora_name}, url=str(upstream.make_url("")))
+    sink = ListSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        body = {"model": "sql", "prompt": [10, 99_999], "max_tokens": 2, "stream": stream}
+        answer = await _ask_raw(server.port, body)
+    finally:
+        await server.close()
+        await upstream.close()
+        if worker.client is not None:
+            await worker.client.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    error = json.loads(rest)["error"]
+    assert (error["type"], error["code"]) == ("vllm_bad_request", 400), error
+    assert "Token id 99999 is out of vocabulary" in error["message"]
+    (logged,) = sink.messages(RequestLog)
+    assert (logged.status, logged.error) == (RequestStatus.refused, "vllm_bad_request")
+
+
+_MID_STREAM = [
+    b'data: {"model": "m", "choices": [{"text": "x"}]}\n\n',  # then the connection is lost
+    b'data: {"model": "m", "choices": [{"text": "x"}]}\n\n'
+    b'data: {"error": {"message": "EngineCore at /srv/models/base-7b died", "type": '
+    b'"InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n',
+]
+
+
+@pytest.mark.parametrize("after", _MID_STREAM, ids=["lost", "error-event"])
+async def test_attack_vllm_failing_mid_stream_through_the_real_client_cuts_it(
+    after: bytes,
+) -> None:
+    """vLLM fails after a stream's 200, through the worker's real client: its connection
+    lost (the pool's own error), or its failure written as an event (vLLM's words, with its
+    internal names). The client's stream is cut after what streamed: never a second answer
+    head inside the body, never vLLM's words, never a clean end; the log says the error."""
+    sse = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+
+    async def vllm(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(sse + b"%x\r\n%s\r\n" % (len(after), after))
+        await writer.drain()
+        if b"[DONE]" in after:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    raw_vllm = await asyncio.start_server(vllm, "127.0.0.1", 0)
+    port = raw_vllm.sockets[0].getsockname()[1]
+    worker = ClientServing(hot={RECORDS[2].lora_name}, url=f"http://127.0.0.1:{port}")
+    sink = ListSink()
+    gateway = Gateway(worker, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        answer = await _ask_raw(server.port, {"model": "sql", "prompt": "q", "stream": True})
+    finally:
+        await server.close()
+        raw_vllm.close()
+        if worker.client is not None:
+            await worker.client.close()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert answer.count(b"HTTP/1.1") == 1, answer  # no second head in the body
+    assert b'"text": "x"' in answer
+    for leaked in (b"EngineCore", b"/srv/models", b"[DONE]", b"\r\n0\r\n\r\n"):
+        assert leaked not in answer, answer
+    (logged,) = sink.messages(RequestLog)
+    assert logged.status == RequestStatus.error
