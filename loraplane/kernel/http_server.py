@@ -160,8 +160,8 @@ class _Guard(asyncio.Protocol):
             return
         if self._in_head:
             window = self._tail + data
-            end = window.find(_HEAD_END)
-            self._head_bytes += len(data) if end < 0 else end + len(_HEAD_END) - len(self._tail)
+            end, mark = _head_end(window)
+            self._head_bytes += len(data) if end < 0 else end + mark - len(self._tail)
             if self._head_bytes > self._state.limits.max_header_bytes:
                 self._state.burst.note("header_too_large")
                 self._cancel()
@@ -279,6 +279,14 @@ class _Guard(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._state.burst.note(kind)
             self.drop()
+
+
+def _head_end(window: bytes) -> tuple[int, int]:
+    """Where a head ends in ``window`` and its end's length, or (-1, 0): a blank line,
+    CRLF CRLF or a bare LF's LF LF. aiohttp's parser refuses a bare-LF head with a 400, so
+    it must get the head to answer it, not wait here for a CRLF CRLF that never comes."""
+    ends = [(i, len(m)) for m in (_HEAD_END, b"\n\n") if (i := window.find(m)) >= 0]
+    return min(ends) if ends else (-1, 0)
 
 
 def raise_fd_limit() -> int:

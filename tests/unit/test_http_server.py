@@ -136,6 +136,20 @@ async def test_a_body_that_cannot_be_decoded_is_a_400_not_a_500(
     assert await _get(port) == (200, "ok 0")
 
 
+@pytest.mark.parametrize("head", [b"GET / HTTP/1.1\nHost: x\n\n", b"GET / HTTP/1.1\r\nHost: x\n\n"])
+async def test_a_bare_lf_head_is_answered_400_not_held_to_its_deadline(site, head) -> None:
+    """A head whose lines end in a bare LF (the blank line too) is refused by aiohttp's
+    parser with a 400; the bounded server waited for a CRLF CRLF that never came and closed
+    the connection at the head deadline without a word."""
+    port, _, burst = site
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    answer = await asyncio.wait_for(reader.readline(), 2)
+    assert answer.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), answer
+    assert burst.total["header_timeout"] == 0
+    writer.close()
+
+
 async def test_an_oversized_head_gets_431_and_is_closed(site) -> None:
     port, _, burst = site
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
