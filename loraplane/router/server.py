@@ -86,6 +86,7 @@ from loraplane.schemas.router_state import QueueDepth, RouterState
 
 __all__ = [
     "FIRST_READ_S",
+    "PROBE_ANSWER_BYTES",
     "PROBE_TIMEOUT_S",
     "REGISTRY_POLL_S",
     "ROUTE_HEADER",
@@ -110,6 +111,9 @@ _OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSIO
 _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
+PROBE_ANSWER_BYTES = 64 * 1024
+"""A gateway's ``/healthz`` answer, at most: a probe reads it whole, and every gateway a
+worker state announces may be probed at once."""
 
 
 def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
@@ -177,10 +181,12 @@ class Fleet:
 
 @dataclass
 class _Pools:
-    """One keep-alive pool per worker gateway URL."""
+    """One keep-alive pool per worker gateway URL; an answer read whole is at most
+    ``max_answer_bytes``."""
 
     read_timeout_s: float
     pools: dict[str, UpstreamPool]
+    max_answer_bytes: int = 64 * 1024 * 1024
 
     def get(self, url: str) -> UpstreamPool:
         pool = self.pools.get(url)
@@ -192,6 +198,7 @@ class _Pools:
                 connect_timeout_s=2.0,
                 read_timeout_s=self.read_timeout_s,
                 limit=256,
+                max_answer_bytes=self.max_answer_bytes,
             )
         return pool
 
@@ -236,7 +243,8 @@ class Router:
         )
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._pools = _Pools(read_timeout_s, {})
-        self._probes = _Pools(PROBE_TIMEOUT_S, {})  # apart: never queued behind requests
+        # apart: never queued behind requests; a /healthz answer is well under 1 KiB
+        self._probes = _Pools(PROBE_TIMEOUT_S, {}, PROBE_ANSWER_BYTES)
         self.in_flight: dict[str, int] = {}
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
@@ -597,7 +605,7 @@ class Router:
                 body = await resp.json()
             finally:
                 resp.close()
-        except (UpstreamError, ValueError) as exc:
+        except (UpstreamError, ValueError, RecursionError) as exc:  # JSON nested too deep too
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
         return probe_ok(worker_id, resp.status, body)
