@@ -322,7 +322,7 @@ class _Connection(asyncio.Protocol):
         response, self._response = self._response, None
         if response is None:
             return
-        keep = self._parser.should_keep_alive()
+        keep = self._parser.should_keep_alive() and not self._pool.closed
         response._finish()
         if keep:
             self.resume()  # a whole answer may have come in the read that paused it
@@ -373,6 +373,7 @@ class UpstreamPool:
         # Sent with every request (Host, and e.g. vLLM's Authorization); built once.
         self._host_header = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self._idle: list[_Connection] = []
+        self.closed = False  # a connection in flight is then dropped at its answer's end
         self._limit = limit
         self._slots = asyncio.Semaphore(limit)
 
@@ -452,6 +453,8 @@ class UpstreamPool:
         return conn, False
 
     def close(self) -> None:
+        """Drop the idle connections now and each in flight when its answer ends."""
+        self.closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.drop()

@@ -202,6 +202,12 @@ class _Pools:
             )
         return pool
 
+    def keep_only(self, urls: set[str]) -> None:
+        """Close the pools of every other URL: a gateway no worker of the view names any
+        more (forgotten, or announced elsewhere) keeps no connection open."""
+        for url in [u for u in self.pools if u not in urls]:
+            self.pools.pop(url).close()
+
 
 class Router:
     def __init__(
@@ -594,6 +600,17 @@ class Router:
         )
         self.fleet.index.failed(route.worker_id, self._clock())
 
+    def forget_gateways(self) -> None:
+        """Close the connections to gateways no worker in the view or parked names: forged
+        worker states announcing a new address each time would otherwise leave a pool with
+        its open connections per address, for ever."""
+        index = self.fleet.index
+        named = {
+            w.state.gateway_url for held in (index.workers, index.parked) for w in held.values()
+        }
+        self._pools.keep_only(named)
+        self._probes.keep_only(named)
+
     async def probe(self, worker_id: str, url: str) -> bool:
         """Whether the gateway at ``url`` answers ``/healthz`` as ``worker_id``
         (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``."""
@@ -691,6 +708,7 @@ async def _watch_fleet(
                 last_drain = time.monotonic()
                 now = time.time()
                 drained = index.drain(now)
+                router.forget_gateways()
                 for wid in drained.gone:
                     log.info(
                         "worker %s drained: no heartbeat for %d intervals of a current "

@@ -31,7 +31,7 @@ from loraplane.frontdoor.forwarded import (
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
-from loraplane.router.server import Fleet, Router, attempt_id, serving_versions
+from loraplane.router.server import Fleet, Router, _watch_fleet, attempt_id, serving_versions
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
@@ -846,4 +846,36 @@ async def test_attack_a_probed_gateways_answer_is_bounded(stack: Stack, body: by
     try:
         assert await stack.router.probe("w0", url) is False
     finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_attack_a_gateway_gone_from_the_view_keeps_no_connection(stack: Stack) -> None:
+    """ATTACK: forged worker states announcing a new gateway address each time. Each address
+    the router probed or forwarded to kept its pool and its kept-alive connections after
+    no worker named it any more: open descriptors without a bound. A gateway no worker in
+    the view names has its connections closed at the next drain pass."""
+    closed = asyncio.Event()
+
+    async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = b'{"ok": true, "worker_id": "w0"}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        if not await reader.read(1):  # kept alive until the router lets it go
+            closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(gateway, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    watch = asyncio.create_task(_watch_fleet(stack.router, lambda: None, 0.05, poll_s=0.01))
+    try:
+        _sql_hot_on_w0(stack, url)
+        assert await stack.router.probe("w0", url) is True
+        await asyncio.sleep(0.2)
+        assert not closed.is_set()  # still in the view: kept
+        stack.router.fleet.index.forget("w0")
+        await asyncio.wait_for(closed.wait(), 3)
+    finally:
+        watch.cancel()
         server.close()

@@ -466,3 +466,27 @@ async def test_attack_bytes_sent_on_an_idle_connection_drop_it() -> None:
         assert all(not c.usable for c in pool._idle)
         assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"{}")
         assert seen == [0, 1]
+
+
+@session_loop
+async def test_a_closed_pool_keeps_no_connection_of_an_answer_in_flight() -> None:
+    """A pool closed while a request is in flight (its gateway left the router's view)
+    drops that connection when the answer ends, not keeps it idle in a pool no one uses."""
+    released, gone = asyncio.Event(), asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        await released.wait()
+        writer.write(answer(b"{}"))
+        await writer.drain()
+        if not await reader.read(1):
+            gone.set()
+
+    async with server(slow) as (pool, _):
+        asking = asyncio.create_task(fetch(pool, b"x"))
+        await asyncio.sleep(0.1)
+        pool.close()
+        released.set()
+        assert await asking == (200, b"{}")
+        await asyncio.wait_for(gone.wait(), 3)
+        assert pool._idle == []
