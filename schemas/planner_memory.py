@@ -2,7 +2,10 @@
 ``planner-memory`` table (key = worker_id) and flushed before any command leaves, so a
 restarted planner neither re-decides nor reuses a command id.
 
-The wire form of ``streams.planner.WorkerMemory``.
+The wire form of ``streams.planner.WorkerMemory``. A record is signed by the planner key
+that wrote it (``signed_bytes``: every field but ``signature``, the worker id included,
+behind a domain tag of its own): the next active planner re-signs its pending commands, so
+it reads only records a planner key of the keyring signed for that worker.
 """
 
 from __future__ import annotations
@@ -11,14 +14,19 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from loraplane.schemas.base import StrictModel
+from loraplane.schemas.base import Identifier, StrictModel
 from loraplane.schemas.commands import CacheCommand
 
-__all__ = ["PlannerMemory"]
+__all__ = ["PLANNER_MEMORY_SIGNING_DOMAIN", "PlannerMemory"]
+
+PLANNER_MEMORY_SIGNING_DOMAIN = "loraplane.planner-memory.v1"
 
 
 class PlannerMemory(StrictModel):
     schema_version: Literal[1] = 1
+    worker_id: Identifier | None = Field(
+        None, description="the worker it is about, the record's key (signed with it)"
+    )
     seq: int = Field(ge=0, le=2**62, description="commands issued to this worker so far (id epoch)")
     pending: tuple[CacheCommand, ...] = Field(
         max_length=100_000, description="issued, not yet visible in the worker's state"
@@ -28,3 +36,13 @@ class PlannerMemory(StrictModel):
         description="issue times (epoch s) of load_gpu commands in the "
         "last minute: the cold-load budget",
     )
+    key_id: str = Field("", max_length=200, description="the planner key that signed it")
+    signature: str = Field("", max_length=128, description="base64 Ed25519 signature")
+
+    def signed_bytes(self) -> bytes:
+        """The domain tag and the record's JSON without ``signature``, as pydantic writes it
+        (the fields in their declared order, so a decoded record gives the same bytes):
+        only planners read these records, and a tick signs every changed one, at a fifth of
+        the cost of canonical JSON."""
+        body = self.model_dump_json(exclude={"signature"})
+        return PLANNER_MEMORY_SIGNING_DOMAIN.encode("ascii") + b"\n" + body.encode("utf-8")

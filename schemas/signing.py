@@ -1,9 +1,9 @@
-"""Ed25519 signatures of lifecycle events and cache commands, and the private key files CI
-and the planner hold.
+"""Ed25519 signatures of lifecycle events, cache commands and planner-memory records, and the
+private key files CI and the planner hold.
 
-What is signed is exactly ``LifecycleEvent.signed_bytes()`` or ``CacheCommand.signed_bytes()``
-(every field except ``signature``, canonical JSON behind a domain tag of its own: a lifecycle
-signature never verifies as a command's, nor the reverse); the signature travels
+What is signed is exactly the message's ``signed_bytes()`` (every field except
+``signature``, canonical JSON behind a domain tag of its own: a lifecycle signature never
+verifies as a command's, nor the reverse); the signature travels
 base64-encoded in ``signature``. A key file is JSON (publisher, key_id, raw private key in
 base64) readable by its owner only: it is refused when group or others may read it, as ssh does.
 """
@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleEvent
+from loraplane.schemas.planner_memory import PlannerMemory
 
 __all__ = [
     "KEY_FILE_FORMAT",
@@ -123,6 +124,15 @@ class SigningKey:
         signature = self.private_key.sign(unsigned.signed_bytes())
         return unsigned.model_copy(update={"signature": b64(signature)})
 
+    def sign_memory(self, worker_id: str, memory: PlannerMemory) -> PlannerMemory:
+        """The planner-memory record of ``worker_id``, naming it, signed by this key
+        (``model_copy``: the planner's own record, its commands validated when built)."""
+        unsigned = memory.model_copy(
+            update={"worker_id": worker_id, "key_id": self.key_id, "signature": ""}
+        )
+        signature = self.private_key.sign(unsigned.signed_bytes())
+        return unsigned.model_copy(update={"signature": b64(signature)})
+
     def save(self, path: Path) -> None:
         """Write the key file with mode 0600; never overwrites an existing file."""
         raw = self.private_key.private_bytes(
@@ -177,9 +187,9 @@ class SigningKey:
         return cls(publisher, key_id, key)
 
 
-def verify(event: LifecycleEvent | CacheCommand, key: Ed25519PublicKey) -> bool:
+def verify(event: LifecycleEvent | CacheCommand | PlannerMemory, key: Ed25519PublicKey) -> bool:
     """True only for a well-formed signature of exactly ``event.signed_bytes()`` (a lifecycle
-    event or a cache command, each under its own domain tag).
+    event, a cache command or a planner-memory record, each under its own domain tag).
 
     A (key, signature, bytes) triple that verified is remembered by its SHA-256
     (``VERIFIED_CAP`` of them, then forgotten at once): a registry view carries every event

@@ -44,7 +44,14 @@ from loraplane.schemas.audit import AuditRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.commands import CacheCommand
-from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.keyring import (
+    Keyring,
+    KeyringError,
+    KeyringFile,
+    KeyRole,
+    SignerRefusal,
+    signer,
+)
 from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
@@ -224,12 +231,14 @@ class WorkerStates:
         return state.command_partition if state is not None else None
 
 
-def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
-    """The memory per worker in the planner-memory topic's last records; one that does not
-    decode, or holds a pending command for another worker than its key names, is skipped
-    with its reason (the worker is planned as if it had none, and that tick's memory
-    replaces the record): a record written under one worker's key never holds back the
-    commands of another."""
+def memory_of(records: list[Record], keyring: Keyring | None) -> dict[str, WorkerMemory]:
+    """The memory per worker in the planner-memory topic's last records. A record is read
+    only when a ``planner`` key of ``keyring`` that is not revoked signed it for the worker
+    its Kafka key names (a retired key's records stay valid: an idle worker's record is
+    not rewritten when the key rotates): the next active planner re-signs its pending
+    commands, so an unsigned record would make it sign anyone's commands. One that does not
+    decode or verify, or holds a pending command for another worker, is skipped with its reason (the
+    worker is planned as if it had none, and that tick's memory replaces the record)."""
     out: dict[str, WorkerMemory] = {}
     for record in records:
         wid = (record.key or b"").decode("utf-8", "replace")
@@ -238,7 +247,14 @@ def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
         try:
             memory = decode(PlannerMemory, record.value)
         except SchemaError as exc:
-            log.error("%s: unreadable value skipped: %s", wid, exc)
+            log.error("%s: unreadable value skipped: %s", wid[:64], exc)
+            continue
+        if memory.worker_id != wid:
+            log.error("%s: value skipped: it is the memory of %s", wid[:64], memory.worker_id)
+            continue
+        entry = signer(keyring, memory, KeyRole.planner, None)
+        if isinstance(entry, SignerRefusal):
+            log.error("%s: value skipped: %s: %s", wid, entry.problem.value, entry.detail)
             continue
         other = next((c.worker_id for c in memory.pending if c.worker_id != wid), None)
         if other is not None:
@@ -246,6 +262,16 @@ def memory_of(records: list[Record]) -> dict[str, WorkerMemory]:
             continue
         out[wid] = WorkerMemory.of(memory)
     return out
+
+
+def _keyring_or_none(keyring: KeyringFile) -> Keyring | None:
+    """The keyring as its file says now; None (every signed record refused) when it cannot
+    be read."""
+    try:
+        return keyring.current()
+    except KeyringError as exc:
+        log.error("keyring unreadable: %s", exc)
+        return None
 
 
 def audit_of(cmd: CacheCommand) -> AuditRecord:
@@ -378,10 +404,11 @@ def preview(
     workers = WorkerStates()
     for record in by_topic["worker-state"]:
         workers.apply(record.key, record.value)
-    memory = memory_of(by_topic["planner-memory"])
+    keyring = KeyringFile(settings.keyring_path)
+    memory = memory_of(by_topic["planner-memory"], _keyring_or_none(keyring))
     refused: list[ViewReason] = []
     registry = VerifiedRegistry(
-        KeyringFile(settings.keyring_path),
+        keyring,
         lambda: by_topic["registry"],
         sink=_Unsent(),
         component=f"{COMPONENT}-preview",
@@ -525,8 +552,9 @@ class PlannerRuntime:
         scope = RegistryScope(None if self.base_model is None else [self.base_model])
         self.registry_tail = registry_tail(s, COMPONENT, scope, start=False)
         tail = self.registry_tail
+        self.keyring = KeyringFile(s.keyring_path)
         self.registry = VerifiedRegistry(
-            KeyringFile(s.keyring_path),
+            self.keyring,
             tail.snapshot,
             sink=ProducerSink(s, CLIENT_ID),
             component=COMPONENT,
@@ -660,7 +688,7 @@ class PlannerRuntime:
         ends = self.memory_tail.ends(10.0)  # taken after init_transactions fenced the last one
         if not self.memory_tail.wait_read_to(ends, MEMORY_READ_S):
             raise RuntimeError(f"planner-memory not read to its end within {MEMORY_READ_S} s")
-        self.memory = memory_of(self.memory_tail.snapshot())
+        self.memory = memory_of(self.memory_tail.snapshot(), _keyring_or_none(self.keyring))
         log.info(
             "planner: memory of %d workers read (%d pending commands)",
             len(self.memory),
@@ -688,7 +716,10 @@ class PlannerRuntime:
     def _resend(self, txn: Any, key: SigningKey, epoch: int) -> None:
         """The pending commands of the memory, under their own ids (the previous active may
         have died after they committed but before the workers applied them)."""
-        pending = [cmd for mem in self.memory.values() for cmd in mem.pending]
+        now = now_utc()
+        pending = [
+            cmd for mem in self.memory.values() for cmd in mem.pending if cmd.deadline >= now
+        ]
         if not pending:
             return
         partitions = self._commands_partitions()
@@ -769,7 +800,8 @@ class PlannerRuntime:
                 # The decisions topic carries the commands themselves (ClickHouse).
                 txn.produce(decisions, key=cmd.base_model.encode(), value=payload)
             for wid, mem in changed.items():
-                txn.produce(memory_topic, key=wid.encode(), value=encode(mem.record()))
+                record = key.sign_memory(wid, mem.record())
+                txn.produce(memory_topic, key=wid.encode(), value=encode(record))
             if wait_record is not None:
                 txn.produce(audit, key=b"planner", value=encode(wait_record))
             self._guard(epoch)
