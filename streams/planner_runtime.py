@@ -224,6 +224,16 @@ class WorkerStates:
         with self.lock:
             return list(self.states.values())
 
+    def forget_silent(self, now: float, heartbeat_s: float) -> int:
+        """Forget the workers not heard lately at epoch seconds ``now`` (no tick plans them:
+        ``plan_tick``'s rule), so the states held are the workers beating now, not every
+        worker id ever written to the compacted topic. Returns how many were forgotten."""
+        with self.lock:
+            silent = [w for w, s in self.states.items() if not heard_lately(s, now, heartbeat_s)]
+            for wid in silent:
+                del self.states[wid]
+        return len(silent)
+
     def command_partition(self, worker_id: str) -> int | None:
         """The commands partition ``worker_id`` announced in its newest state, if any."""
         with self.lock:
@@ -742,6 +752,7 @@ class PlannerRuntime:
         version = self.registry_tail.version
         if version:
             self.registry.records()  # verified ahead (only what changed): quick takeover
+        self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
         now = time.monotonic()
         if now < self._prime_due or (version == self._primed_at and self.scores.quiet()):
             return
@@ -760,6 +771,7 @@ class PlannerRuntime:
         its last tick go with it; a tick that fails leaves them unknown for the next."""
         if self.registry_tail.version:
             self.registry.records()  # refresh; a failed read keeps the last verified views
+        self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
         scores, changed = self.scores.take()
         try:
             return plan_tick(

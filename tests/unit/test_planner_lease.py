@@ -164,3 +164,24 @@ def test_take_hands_over_the_keys_changed_since_the_last_take() -> None:
     view.apply("b@1", _record(armed=False))
     view.forget_changes()  # the tick that took them failed
     assert view.take()[1] is None
+
+
+def test_attack_worker_ids_that_stopped_beating_are_forgotten() -> None:
+    """Whoever may write worker-state writes states under ever new worker ids (or workers
+    come and go under new ids): the compacted topic keeps each, and the planner held every
+    one for its life. A worker not heard lately is planned by no tick, and is forgotten."""
+    from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
+
+    now = datetime(2026, 1, 2, tzinfo=UTC).timestamp()
+    states = WorkerStates()
+    for n in range(500):
+        old = state(f"ghost-{n}", "llama", []).model_copy(
+            update={"ts": datetime.fromtimestamp(now - 3600 - n, UTC)}
+        )
+        states.apply(f"ghost-{n}".encode(), encode(old), arrived=now)
+    live = state("w1", "llama", []).model_copy(update={"ts": datetime.fromtimestamp(now, UTC)})
+    states.apply(b"w1", encode(live), arrived=now)
+    assert states.forget_silent(now, 5.0) == 500
+    assert states.copy() == [live]
+    assert states.forget_silent(now + DRAIN_AFTER_HEARTBEATS * 5.0, 5.0) == 0
+    assert states.forget_silent(now + DRAIN_AFTER_HEARTBEATS * 5.0 + 1, 5.0) == 1
