@@ -61,6 +61,7 @@ from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
 from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
+from loraplane.streams.score_admission import Known, stale_keys
 from loraplane.streams.scores import ScoreState, from_snapshot
 
 __all__ = [
@@ -161,6 +162,21 @@ class ScoreView:
             self.changed.add(key)
             if len(self.changed) > MAX_CHANGED:
                 self.changed = None  # as cheap to compare them all
+
+    def retain(self, known: Known) -> int:
+        """Forget the keys ``known`` (the live versions of the planner's verified registry)
+        does not back, as the keeper tombstones them: anyone may write the scores topic, and
+        a key of no live version is planned by no tick. A registry with no live version (not
+        verified yet: a keyring unreadable at start) forgets nothing. Returns how many were
+        forgotten."""
+        if not known.versions:
+            return 0
+        with self.lock:
+            stale = stale_keys(known, self.states)
+            for key in stale:
+                del self.states[key]
+                self._note(key)
+        return len(stale)
 
     def copy(self) -> dict[str, ScoreState]:
         with self.lock:
@@ -519,6 +535,8 @@ class PlannerRuntime:
         self.memory: dict[str, WorkerMemory] = {}
         self.planner = Planner()
         """The process's one planner: primed while standby, planning while active."""
+        self._known: tuple[int, Known] | None = None
+        """The live versions of the verified registry, and the tail version they are of."""
         self._primed_at = -1  # the registry tail's version the planner was primed at
         self._prime_due = 0.0  # monotonic time before which the standby does not prime it
         self._caught_up = False
@@ -752,12 +770,12 @@ class PlannerRuntime:
         version = self.registry_tail.version
         if version:
             self.registry.records()  # verified ahead (only what changed): quick takeover
-        self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
         now = time.monotonic()
         if now < self._prime_due or (version == self._primed_at and self.scores.quiet()):
             return
         self._prime_due = now + self.settings.policy.planner_interval_s
         try:
+            self._forget_unplanned()
             scores, changed = self.scores.take()
             views, _ = of_base(self.base_model, self.registry.accepted.values(), ())
             self.planner.prime(views, scores, changed)
@@ -766,12 +784,23 @@ class PlannerRuntime:
             self.scores.forget_changes()
             self._errors.note("priming the planner failed; its first tick reads all", exc_info=True)
 
+    def _forget_unplanned(self) -> None:
+        """Forget the workers not heard lately and the score keys of no live version of the
+        verified registry (its views as of the registry tail's version now): what no tick
+        plans is not held."""
+        self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
+        version = self.registry_tail.version
+        if self._known is None or self._known[0] != version:
+            views, _ = of_base(self.base_model, self.registry.accepted.values(), ())
+            self._known = (version, Known.from_records(r for v in views for r in v.versions))
+        self.scores.retain(self._known[1])
+
     def plan_now(self, planner: Planner) -> Plan:
         """One tick of ``planner`` on what the tails hold now. The score keys changed since
         its last tick go with it; a tick that fails leaves them unknown for the next."""
         if self.registry_tail.version:
             self.registry.records()  # refresh; a failed read keeps the last verified views
-        self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
+        self._forget_unplanned()
         scores, changed = self.scores.take()
         try:
             return plan_tick(

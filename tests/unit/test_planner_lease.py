@@ -185,3 +185,25 @@ def test_attack_worker_ids_that_stopped_beating_are_forgotten() -> None:
     assert states.copy() == [live]
     assert states.forget_silent(now + DRAIN_AFTER_HEARTBEATS * 5.0, 5.0) == 0
     assert states.forget_silent(now + DRAIN_AFTER_HEARTBEATS * 5.0 + 1, 5.0) == 1
+
+
+def test_attack_score_keys_of_no_live_version_are_forgotten() -> None:
+    """Whoever may write the scores topic writes snapshots under ever new keys: the
+    keeper tombstones only its own partitions' keys at a restore, and the planner held
+    every key for its life (and copied them all at each tick). The keys the verified
+    registry does not back are forgotten, and count as changed for the next tick."""
+    from loraplane.streams.score_admission import Known
+    from tests.unit.test_planner import record
+
+    view = ScoreView()
+    view.take()  # changes are counted from here
+    for n in range(1000):
+        view.apply(f"ghost-{n}@1", _record(armed=True))
+    view.apply("a@1", _record(armed=True))
+    view.apply("a@*", _record(armed=True))
+    live = record("a")
+    assert view.retain(Known.from_records([])) == 0  # a registry not verified yet
+    assert view.retain(Known.from_records([live])) == 1000
+    states, changed = view.take()
+    assert set(states) == {"a@1", "a@*"}
+    assert changed is not None and "ghost-7@1" in changed
