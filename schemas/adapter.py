@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
 
 __all__ = [
+    "ARTIFACT_URI_PATTERN",
     "MAX_RANK",
     "PRIORITY_ORDER",
     "AdapterRecord",
@@ -27,6 +28,13 @@ __all__ = [
 ]
 
 MAX_RANK = 512
+
+_SEGMENT = (
+    r"([A-Za-z0-9_@=-][A-Za-z0-9._@=-]*|\.[A-Za-z0-9_@=-][A-Za-z0-9._@=-]*|\.\.[A-Za-z0-9._@=-]+)"
+)
+ARTIFACT_URI_PATTERN = rf"^s3://[a-z0-9][a-z0-9.-]{{1,62}}/({_SEGMENT}/)*$"
+"""A canonical ``s3://BUCKET/SEG/.../`` folder (``s3_uri_problem``): a segment is never
+``.`` or ``..``, so the exported schema promises no URI the record refuses."""
 
 
 class Priority(StrEnum):
@@ -93,9 +101,7 @@ class AdapterRecord(StrictModel):
     version: Version
     rank: int = Field(ge=1, le=MAX_RANK)
     format: Literal["peft"] = "peft"
-    artifact_uri: str = Field(
-        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,62}/([A-Za-z0-9._@=-]+/)*$", max_length=1024
-    )
+    artifact_uri: str = Field(pattern=ARTIFACT_URI_PATTERN, max_length=1024)
     sha256: Sha256 = Field(description="sha256 of the artifact's canonical manifest")
     size_bytes: int = Field(ge=1, le=64 * 1024**3)
     status: AdapterStatus = AdapterStatus.published

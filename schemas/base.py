@@ -8,12 +8,21 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Annotated, TypeGuard
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 __all__ = [
     "ID_PATTERN",
     "LORA_NAME_RE",
     "SHA256_PATTERN",
+    "TIMESTAMP_PATTERN",
     "VERSION_PATTERN",
     "Identifier",
     "NonNegativeMs",
@@ -59,7 +68,20 @@ def _utc(value: datetime) -> datetime:
         raise ValueError("the instant is out of range in UTC") from None
 
 
-Timestamp = Annotated[AwareDatetime, AfterValidator(_utc)]
+TIMESTAMP_PATTERN = (
+    r"^(?!0000)(?!9999-12-31[Tt][^+]*-)(?!0001-01-01[Tt][^-]*\+)"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-5][0-9]"
+)
+"""What the exported schema adds to RFC 3339's ``date-time`` for a ``Timestamp`` (ECMA-262,
+as JSON Schema validators run it; pydantic does not apply it): the instants Python holds.
+No year 0000, no leap second (:60), and no offset that moves the instant out of years
+1-9999 in UTC."""
+
+Timestamp = Annotated[
+    AwareDatetime,
+    AfterValidator(_utc),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": TIMESTAMP_PATTERN}),
+]
 """Timezone-aware instants, normalised to UTC so canonical bytes do not depend on offsets."""
 
 NonNegativeMs = Annotated[float, Field(ge=0, le=86_400_000)]

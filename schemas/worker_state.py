@@ -13,6 +13,7 @@ from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
 
 __all__ = [
+    "GATEWAY_URL_PATTERN",
     "MAX_BYTES",
     "MAX_GPU_SLOTS",
     "MAX_IN_FLIGHT",
@@ -36,6 +37,14 @@ MAX_SKIPPED_REPORTED = 256
 """The most skipped command ids one heartbeat carries (the latest ones)."""
 
 ResidentTier = Literal["gpu", "host"]  # where a loaded adapter lives on a worker
+
+
+GATEWAY_URL_PATTERN = (
+    r"^(http://[A-Za-z0-9._-]+"
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?/?)?$"
+)
+"""The gateway URLs the exported schema promises (none, or ``http://HOST[:PORT]``): a part
+of what ``gateway_url_problem`` accepts, which the worker state's validator decides."""
 
 
 def gateway_url_problem(url: str) -> str | None:
@@ -92,7 +101,7 @@ class WorkerState(StrictModel):
     worker_id: Identifier
     base_model: Identifier
     ts: Timestamp
-    gateway_url: str = Field("", max_length=256)
+    gateway_url: str = Field("", max_length=256, json_schema_extra={"pattern": GATEWAY_URL_PATTERN})
     gpu_slots_used: int = Field(ge=0, le=MAX_GPU_SLOTS)
     gpu_slots_total: int = Field(ge=0, le=MAX_GPU_SLOTS)
     host_bytes_used: int = Field(ge=0, le=MAX_BYTES)
