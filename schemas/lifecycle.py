@@ -40,6 +40,13 @@ class LifecycleAction(StrEnum):
 
 
 class LifecycleEvent(StrictModel):
+    """One signed step of an adapter's history, as CI writes it to the registry topic.
+
+    Read strictly, so that every reader sees the same event (docs/lifecycle.md, "Strict
+    parsing of signed bytes"): besides this schema, an integer is written as one (``5``,
+    never ``5.0`` or ``5e0``), and a duplicate key, ``NaN``, a lone surrogate or a byte-order
+    mark is refused."""
+
     schema_version: Literal[1] = 1
     event_id: Identifier
     action: LifecycleAction
