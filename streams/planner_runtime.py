@@ -567,12 +567,14 @@ class PlannerRuntime:
             topic_name(s, "scores"),
             component=f"{COMPONENT}-scores",
             on_record=self._score_record,
+            keep=False,  # ScoreView holds what is planned
         ).start()
         self.state_tail = TopicTail(
             s,
             topic_name(s, "worker-state"),
             component=f"{COMPONENT}-worker-state",
             on_record=lambda r: self.workers.apply(r.key, r.value),
+            keep=False,  # WorkerStates holds what is planned
         ).start()
         self.memory_tail = TopicTail(
             s, topic_name(s, "planner-memory"), component=f"{COMPONENT}-memory"

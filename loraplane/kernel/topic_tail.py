@@ -52,10 +52,13 @@ PARTITION_EOF = -191  # librdkafka's _PARTITION_EOF
 class TailView:
     """The last record per (topic, key) and where each partition is read to. Not
     thread-safe: ``TopicTail`` holds its lock around it. ``select``: which records of a key
-    not held yet are kept (None: all)."""
+    not held yet are kept (None: all). ``keep=False``: no record is held, only positions
+    (a tail whose user indexes each record itself: holding them too would keep every key
+    ever written to a compacted topic, whatever the user forgets)."""
 
-    def __init__(self, select: Callable[[Record], bool] | None = None) -> None:
+    def __init__(self, select: Callable[[Record], bool] | None = None, keep: bool = True) -> None:
         self._select = select
+        self._keep = keep
         self.skipped = 0  # records read past: not selected, for a key not held
         self._latest: dict[tuple[str, bytes], Record] = {}
         self._next: dict[Partition, int] = {}  # the next offset to read
@@ -89,7 +92,7 @@ class TailView:
             or (held is not None and held.value is not None)
             or self._selects(record)
         )
-        if kept:
+        if kept and self._keep:
             self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
             self._latest[key] = record
         else:
@@ -141,6 +144,8 @@ class TailView:
 
     def snapshot(self) -> list[Record]:
         """The last record of every key, in arrival order."""
+        if not self._keep:
+            raise TypeError("this view holds no records (keep=False)")
         if not self.caught_up:
             raise TopicReadIncomplete("the topic has not been read to its end yet")
         return list(self._latest.values())
@@ -178,7 +183,9 @@ class TopicTail:
     (the router's fleet index). ``probe_every_s``: how often an idle tail asks the broker
     for metadata (the router's worker-state tail: twice per heartbeat). ``select``: which
     records of a key not held yet are kept (``TailView``; called on the tail's thread).
-    ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``)."""
+    ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``).
+    ``keep=False``: the tail holds no record (``snapshot`` refuses), for an ``on_record``
+    user that holds what it needs itself."""
 
     def __init__(
         self,
@@ -191,6 +198,7 @@ class TopicTail:
         clock: Callable[[], float] = time.time,
         select: Callable[[Record], bool] | None = None,
         prefetch_kbytes: int | None = None,
+        keep: bool = True,
     ) -> None:
         self._settings = settings
         self._prefetch_kbytes = prefetch_kbytes
@@ -200,7 +208,7 @@ class TopicTail:
         self._probe_every_s = probe_every_s
         self._clock = clock
         self._span = CurrentSpan(2 * probe_every_s + 1.0)
-        self._view = TailView(select)
+        self._view = TailView(select, keep)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()

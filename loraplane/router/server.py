@@ -768,6 +768,7 @@ async def serve_router(
         component=f"{component}-worker-state",
         on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
         probe_every_s=options.heartbeat_s / 2,
+        keep=False,  # the fleet index holds what is routed
     ).start()
     scope = RegistryScope(options.base_models or None)  # registry/topic.py
     tail = registry_tail(settings, component, scope, start=False)

@@ -233,3 +233,40 @@ def test_a_tail_answers_only_while_nothing_is_known_unread() -> None:
     tail._view.at_end(("lp-ws", 0), 2)
     tail._answered()
     assert tail.current_span() == (100.0, 100.0)
+
+
+def test_attack_a_tail_whose_user_indexes_records_holds_none_of_them() -> None:
+    """The planner's scores and worker-state tails and the router's worker-state tail hand
+    each record to their user, who forgets what it does not plan or route; the view held
+    every key ever written besides (100k score keys: 38.6 MB). With ``keep=False`` it holds
+    positions only, and every record is still handed over."""
+    view = TailView(keep=False)
+    view.assign({("reg", 0): 1000})
+    assert all(view.apply(rec(0, n, f"ghost-{n}")) for n in range(1000))
+    assert view.caught_up and view.positions() == {("reg", 0): 1000}
+    assert view._latest == {}
+    with pytest.raises(TypeError):
+        view.snapshot()
+
+
+def test_the_tails_indexed_by_their_users_hold_no_records() -> None:
+    """Which tails are built ``keep=False``: those read through ``on_record`` alone."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    for path, name in (
+        ("streams/planner_runtime.py", "_score_record"),
+        ("streams/planner_runtime.py", "self.workers.apply"),
+        ("loraplane/router/server.py", "fleet.take"),
+    ):
+        tree = ast.parse((root / path).read_text())
+        calls = [
+            c
+            for c in ast.walk(tree)
+            if isinstance(c, ast.Call)
+            and getattr(c.func, "id", None) == "TopicTail"
+            and name in ast.unparse(c)
+        ]
+        assert len(calls) == 1, (path, name)
+        keep = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}.get("keep")
+        assert keep == "False", (path, name)
