@@ -155,6 +155,7 @@ class WorkerConfig:
     heartbeat_s: float = 5.0
     registry_poll_s: float = 0.2  # how often the loader is asked (in memory: a live tail)
     load_backoff_s: float = 5.0
+    fetch_concurrency: int = 2  # artifact fetches at once, each a task beside the ticks
     refusal_hold_s: float = 30.0  # an artifact refusal answers requests at once this long
     start_timeout_s: float = 120.0
     # applied command ids and the protected copies survive restarts here
@@ -211,6 +212,7 @@ class _Runtime:
     skipped: dict[str, datetime] = field(default_factory=dict)
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
+    fetches: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # in flight, by name
     resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
     failing: set[tuple[str, str]] = field(default_factory=set)  # (action, name) that raised
 
@@ -352,20 +354,21 @@ class WorkerAgent:
         return sorted(found, key=lambda r: version_key(r.version), reverse=True)
 
     # ---- actual state ---------------------------------------------------------------
-    def _read_host(self, gpu: Mapping[str, str]) -> dict[str, HostEntry]:
+    def _read_host(self, gpu: Mapping[str, str], to_load: frozenset[str]) -> dict[str, HostEntry]:
         """The host tier's entries. Only an entry vLLM serves a copy from (``gpu``: lora
-        name -> vLLM's root) has its folder's fingerprint read: that is the one answer
-        ``reconcile.vouched`` reads, and a scan of every entry each tick would cost a
-        directory listing and a stat per file for nothing."""
+        name -> vLLM's root) or one a GPU intent may load now (``to_load``) has its folder's
+        fingerprint read: those are the answers ``reconcile.vouched`` and ``_ready`` read,
+        and a scan of every entry each tick would cost a directory listing and a stat per
+        file for nothing."""
         entries = {}
         for e in self.host_tier.entries():
-            served = gpu.get(e.lora_name) == str(e.path)
+            looked = gpu.get(e.lora_name) == str(e.path) or e.lora_name in to_load
             entries[e.lora_name] = HostEntry(
                 e.lora_name,
                 str(e.path),
                 e.sha256,
                 int(getattr(e, "size_bytes", 0)),
-                e.intact() if served else True,
+                e.intact() if looked else True,
             )
         return entries
 
@@ -378,7 +381,10 @@ class WorkerAgent:
         if base is not None:
             self.base_served = base.id
             self.context_tokens = base.max_model_len or self.context_tokens
-        self._host = await asyncio.to_thread(self._read_host, dict(self._rt.gpu))
+        to_load = frozenset(
+            n for n, i in self.desired.intents.items() if i.tier == "gpu" and n not in self._rt.gpu
+        )
+        self._host = await asyncio.to_thread(self._read_host, dict(self._rt.gpu), to_load)
         return ActualState(
             gpu=dict(self._rt.gpu),
             host=dict(self._host),
@@ -635,6 +641,7 @@ class WorkerAgent:
                 backoff=self._rt.backoff,
                 awaiting_registry=self._rt.awaiting_registry,
                 gpu_slots=self.config.gpu_slots,
+                fetching=frozenset(self._rt.fetches),
             )
             self._rt.failing &= {(type(a).__name__, a.lora_name) for a in actions}
             for action in actions:
@@ -711,6 +718,17 @@ class WorkerAgent:
         finally:
             for t in tasks:
                 t.cancel()
+            await self.stop_fetches()
+
+    async def stop_fetches(self) -> None:
+        """Cancel the fetches in flight and wait for them to end. The host tier's install
+        in its thread runs on to its own end (``HostTier.ensure``: a complete, verified
+        entry or none; a ``.partial-`` folder a kill leaves is deleted by the next start's
+        scan); nothing is recorded of it here, and the next tick reads the tier again."""
+        fetches = list(self._rt.fetches.values())
+        for task in fetches:
+            task.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
 
     async def _command_loop(self, feed: CommandFeed) -> None:
         """Never ends by an exception: a command (or a broker hiccup on commit) that makes
@@ -785,17 +803,14 @@ class WorkerAgent:
                 self._host.pop(name, None)
                 self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
                 self._report(action)
-            case Fetch(name, record, cmd):
-                fetched = await self._fetch(record, cmd) is not None
-                # a request waits on it (a prefetch because every slot was taken): now that
-                # its bytes are verified, a copy may give its slot up for it
-                if fetched and self._rt.waiters.get(name):
-                    refused = _not_loaded(self._fold(Ask.gateway_load(record)))
-                    if refused is not None:
-                        self._resolve(name, LoadOutcome(False, refused))
+            case Fetch():
+                self._start_fetch(action)
             case Load(name, record, cmd, warmup):
                 if len(self._rt.gpu.keys() - {name}) >= self.config.gpu_slots:
                     return  # the slot's copy got a request since reconcile looked: next tick
+                if not self._ready(record):
+                    self._start_fetch(action)  # its bytes first; the tick after loads them
+                    return
                 await self._load(record, cmd, warmup)
             case BusyRetry(name, retry_after_s, cmd):
                 self._resolve(name, LoadOutcome(False, LoadDeferral.busy_retry, retry_after_s))
@@ -863,14 +878,83 @@ class WorkerAgent:
         if reason != UnloadReason.kv_namespace_conflict:
             self._event(name, CacheEventKind.unload, reason=reason, command_id=cmd)
 
-    async def _fetch(self, record: AdapterRecord, cmd: str | None) -> Path | None:
-        name = record.lora_name
-        known = self._host.get(name)  # asked anyway: the tier installs again what changed
-        started = time.perf_counter()
+    def _ready(self, record: AdapterRecord) -> bool:
+        """Does the host tier hold ``record``'s bytes, verified and unchanged since, as this
+        tick read it? Then its load asks the tier inline (no download); else a fetch task
+        brings them first."""
+        entry = self._host.get(record.lora_name)
+        return entry is not None and entry.sha256 == record.sha256 and entry.intact
+
+    def _start_fetch(self, action: Load | Fetch) -> None:
+        """Fetch ``action``'s artifact in a task of its own, so that no tick waits for a
+        download (a revoke, an unload, a load from the host tier go on meanwhile): at most
+        ``fetch_concurrency`` at once, one per name. The tick passes the names in flight to
+        ``reconcile`` (``fetching``), which starts nothing for them; a fetch that ends wakes
+        the tick, which decides again from the desired state as it is then."""
+        name = action.lora_name
+        if name in self._rt.fetches or len(self._rt.fetches) >= self.config.fetch_concurrency:
+            return  # every fetch slot taken: the first to end wakes the tick
+        self._rt.fetches[name] = asyncio.create_task(self._fetch_apart(action))
+
+    async def _fetch_apart(self, action: Load | Fetch) -> None:
+        """One fetch task: the tier's ``ensure`` outside the agent's lock, then its outcome
+        recorded under it (between two ticks), exactly as an inline fetch records it."""
+        name, record, cmd = action.lora_name, action.record, action.command_id
+        known, started = self._host.get(name), time.perf_counter()
         try:
-            path = await asyncio.to_thread(self.host_tier.ensure, record)
+            got = await self._ensure(record)
+            async with self._lock:
+                path = self._fetched(record, cmd, got, known, started)
+                if path is None and isinstance(action, Load):
+                    self.metrics.cold_load(self.labels(name), ok=False)
+                elif path is not None and isinstance(action, Fetch):
+                    self._prefetched(record)
+                self.publish_state()
+        except Exception as exc:  # its bookkeeping raised: reported as an action's would be
+            self._action_failed(action, exc)
+        finally:
+            if self._rt.fetches.get(name) is asyncio.current_task():
+                del self._rt.fetches[name]
+            self._wake.set()
+
+    def _prefetched(self, record: AdapterRecord) -> None:
+        """A request waits on a fetched version (a prefetch because every slot was taken):
+        now that its bytes are verified, a copy may give its slot up for it, if its host
+        intent still stands (a command or a refusal since has answered its waiters)."""
+        name = record.lora_name
+        intent = self.desired.intents.get(name)
+        if intent is None or intent.tier != "host" or not self._rt.waiters.get(name):
+            return
+        refused = _not_loaded(self._fold(Ask.gateway_load(record)))
+        if refused is not None:
+            self._resolve(name, LoadOutcome(False, refused))
+
+    async def _ensure(self, record: AdapterRecord) -> Path | ArtifactError:
+        """The host tier's verified folder of ``record`` (in a thread), or why not."""
+        try:
+            return await asyncio.to_thread(self.host_tier.ensure, record)
         except Exception as raised:  # every error is a reason, a backoff and an answer
-            exc = _install_error(name, raised)
+            return _install_error(record.lora_name, raised)
+
+    async def _fetch(self, record: AdapterRecord, cmd: str | None) -> Path | None:
+        """An inline fetch: of a load whose bytes the host tier holds (``_ready``)."""
+        known, started = self._host.get(record.lora_name), time.perf_counter()
+        return self._fetched(record, cmd, await self._ensure(record), known, started)
+
+    def _fetched(
+        self,
+        record: AdapterRecord,
+        cmd: str | None,
+        got: Path | ArtifactError,
+        known: HostEntry | None,
+        started: float,
+    ) -> Path | None:
+        """Record what a fetch got: a failure is an event, a backoff (or a refusal's hold
+        and dropped intent) and the waiters' answer; a new entry is a ``fetch`` event. None
+        unless the folder is there to load."""
+        name = record.lora_name
+        if isinstance(got, ArtifactError):
+            exc = got
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)
@@ -885,6 +969,7 @@ class WorkerAgent:
             self._rt.last_failure[name] = (outcome, self._clock() + hold)
             self._resolve(name, outcome)
             return None
+        path = got
         self._rt.last_failure.pop(name, None)
         if known is not None and known.path == str(path):
             return path

@@ -16,7 +16,7 @@ only once drained; cold loads stay within the budget; and the worker's own ``Gua
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -751,13 +751,17 @@ def reconcile(
     backoff: Mapping[str, float] | None = None,
     awaiting_registry: Mapping[str, float] | None = None,
     gpu_slots: int | None = None,
+    fetching: Collection[str] = (),
 ) -> list[Action]:
     """The actions that converge ``actual`` to ``desired``; [] when converged.
 
     ``registry`` maps lora names to their records; ``backoff`` holds names whose last load
     failed, with the monotonic time before which they are not retried; ``awaiting_registry``
     names a command asked for before our registry copy knew them, with the monotonic time
-    until which they are not refused. A protected copy (``desired.protected``) is unloaded or
+    until which they are not refused; ``fetching`` names whose artifact fetch is in flight:
+    no load or fetch of them is started again (the fetch ending wakes the next tick), and
+    they hold no slot or budget meanwhile, but a refusal still drops their intent. A
+    protected copy (``desired.protected``) is unloaded or
     removed only when revoked, whatever the intent says. ``gpu_slots``: a load waits until
     vLLM has a free slot (a copy leaving it may still be draining); an idle copy no intent
     holds gives its slot up to one.
@@ -848,7 +852,7 @@ def reconcile(
         if reason is not None or record is None:
             actions.append(Refuse(name, reason or IntentRefusal.not_in_registry, intent.command_id))
             continue
-        if backoff.get(name, 0.0) > now:
+        if backoff.get(name, 0.0) > now or name in fetching:
             continue
         if intent.tier == "host":
             actions.append(Fetch(name, record, intent.command_id))

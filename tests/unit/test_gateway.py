@@ -263,10 +263,19 @@ def cmd(rec: AdapterRecord, action: CommandAction, cid: str) -> CacheCommand:
     )
 
 
+async def converge(agent: WorkerAgent) -> None:
+    """A reconcile tick, then the ticks its fetches wake (each a task of its own) until
+    none is in flight: what the tick loop reaches once every download has ended."""
+    await agent.reconcile_once()
+    while agent._rt.fetches:
+        await asyncio.gather(*agent._rt.fetches.values())
+        await agent.reconcile_once()
+
+
 async def load(world: World, *records: AdapterRecord) -> None:
     for i, rec in enumerate(records):
         world.agent.apply(cmd(rec, CommandAction.load_gpu, f"load-{rec.lora_name}-{i}"))
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     assert all(world.agent.is_hot(r.lora_name) for r in records)
 
 
@@ -457,7 +466,7 @@ async def test_drain_keeps_old_version_until_idle(world: World) -> None:
     with world.agent.serving(v1.lora_name):
         world.agent.apply(cmd(v2, CommandAction.load_gpu, "new"))
         world.agent.apply(cmd(v1, CommandAction.demote_to_host, "old"))
-        await world.agent.reconcile_once()
+        await converge(world.agent)
         assert world.agent.is_hot(v2.lora_name) and world.agent.is_hot(v1.lora_name)
     await world.agent.reconcile_once()
     assert not world.agent.is_hot(v1.lora_name) and world.agent.is_on_host(v1.lora_name)
@@ -549,7 +558,7 @@ async def test_a_copy_vllms_resolver_loaded_is_kept_on_the_gpu(world: World) -> 
     neither a conflict nor demoted again; a later demote moves it as usual."""
     rec = RECORDS[0]
     world.agent.apply(cmd(rec, CommandAction.prewarm_host, "warm"))
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     entry = world.tier.entries_[rec.lora_name].path
     copy = entry.parent.parent / RESOLVER_COPIES / f"{rec.lora_name}.0a1b2c"
     shutil.copytree(entry, copy)
@@ -644,7 +653,7 @@ async def test_canary_is_warmed_up_before_real_traffic(world: World) -> None:
     world.agent.apply(
         cmd(v2, CommandAction.load_gpu, "canary").model_copy(update={"warmup_requests": 3})
     )
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     assert world.agent.is_hot(v2.lora_name) and world.agent.is_warming(v2.lora_name)
     canary_session = {"X-Session-Key": session_for("chat", True)}
     for request_class in ("interactive", "canary"):  # the stable version serves meanwhile

@@ -24,7 +24,7 @@ from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
-from tests.unit.test_gateway import ListSink
+from tests.unit.test_gateway import ListSink, converge
 from tests.unit.test_vllm_resolver import World
 
 
@@ -123,7 +123,7 @@ async def test_the_agent_never_loads_an_entry_linked_away_behind_it(world: World
         shutil.rmtree(folder)
         folder.symlink_to(other_bytes(world), target_is_directory=True)
         agent._fold(Ask.gateway_load(record))
-        await agent.reconcile_once()
+        await converge(agent)
         assert agent.is_hot(record.lora_name)
         loaded = Path(fake.adapters[record.lora_name][0])
         assert not loaded.parent.is_symlink() and files(loaded) == verified
@@ -251,7 +251,7 @@ async def test_a_gpu_copy_whose_entry_changes_on_disk_is_unloaded_and_loaded_aga
         with open(weights, "r+b") as f:
             f.write(bytes(changed))
         await agent.reconcile_once()  # unloads the copy of changed bytes
-        await agent.reconcile_once()  # loads the name again, verified
+        await converge(agent)  # loads the name again, verified
         assert agent.is_hot(record.lora_name)
         assert files(Path(fake.adapters[record.lora_name][0])) == verified
     finally:

@@ -908,3 +908,38 @@ def test_a_copy_from_an_entry_changed_on_disk_is_not_vouched() -> None:
     copy = f"/h/.resolver-copies/{rec.lora_name}.abc123"  # the resolver's own copy: unaffected
     actual = ActualState(gpu={rec.lora_name: copy}, host={rec.lora_name: changed})
     assert vouched(rec.lora_name, copy, actual, REGISTRY)
+
+
+def test_a_name_being_fetched_is_not_fetched_again_and_holds_no_slot_or_budget() -> None:
+    """``fetching``: a tick while a name's download is in flight starts no second one, and
+    the name holds no GPU slot or cold load meanwhile (others load); a refusal still drops
+    its intent."""
+    slow, warm, host_only, gone = (record(f"a{i}") for i in range(4))
+    desired = fold(
+        DesiredState(),
+        [
+            command(slow, CommandAction.load_gpu, "c1"),
+            command(warm, CommandAction.load_gpu, "c2"),
+            command(host_only, CommandAction.prewarm_host, "c3"),
+            command(gone, CommandAction.load_gpu, "c4"),
+        ],
+    )
+    actual = ActualState(
+        gpu={}, host={warm.lora_name: HostEntry(warm.lora_name, "/h", warm.sha256)}
+    )
+    registry = {n: r for n, r in REGISTRY.items() if n != gone.lora_name}
+    fetching = {slow.lora_name, host_only.lora_name, gone.lora_name}
+    actions = reconcile(
+        desired,
+        actual,
+        registry,
+        base_model=BASE,
+        budget=LoadBudget(1),
+        now=0.0,
+        gpu_slots=1,
+        fetching=fetching,
+    )
+    assert actions == [
+        Load(warm.lora_name, warm, "c2"),
+        Refuse(gone.lora_name, "not_in_registry", "c4"),
+    ]

@@ -23,7 +23,7 @@ from loraplane.tiny_model import build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient, VllmError
-from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, record
+from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -99,14 +99,14 @@ async def test_a_host_tier_that_raises_neither_ends_the_tick_nor_stops_other_act
     every tick), the tick's other actions run, and a later tick retries it."""
     chat, sql = world.records
     world.agent._fold(Ask.gateway_prefetch(chat))
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     assert world.agent.is_on_host(chat.lora_name)
     world.records[0] = chat.model_copy(update={"status": AdapterStatus.revoked})
     await world.agent.refresh_registry()
     world.tier.refuse_remove = True
     world.agent._fold(Ask.gateway_load(sql))
     for _ in range(3):
-        await world.agent.reconcile_once()
+        await converge(world.agent)
     assert world.agent.is_hot(sql.lora_name)  # the tick's other action ran
     failed = [e for e in world.events(chat.lora_name) if e.kind is CacheEventKind.fail]
     assert [(e.reason, "Permission denied" in e.detail) for e in failed] == [
@@ -127,7 +127,7 @@ async def test_a_fetch_that_raises_an_os_error_is_a_failed_load_not_a_crash(
     chat = world.records[0]
     world.tier.refuse_ensure = True
     waiter = world.agent.request_load(chat)
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     outcome = await asyncio.wait_for(waiter, 1)
     assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "host_io_error", False)
     assert not world.agent.is_hot(chat.lora_name)
@@ -151,7 +151,7 @@ async def test_a_load_vllm_says_200_to_but_does_not_list_is_not_marked_loaded(
     chat = world.records[0]
     world.fake.adapters = Forgetful()
     waiter = world.agent.request_load(chat)
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     outcome = await asyncio.wait_for(waiter, 1)
     assert (outcome.ok, outcome.reason) == (False, "vllm_bad_response")
     assert not world.agent.is_hot(chat.lora_name)
@@ -200,6 +200,7 @@ async def test_a_full_disk_under_the_applied_ids_fails_no_command(
     monkeypatch.setattr("loraplane.workers.agent.save_applied", full)
     chat, sql = world.records
     assert await world.agent.handle(cmd(chat, CommandAction.load_gpu, "c-1")) is None
+    await converge(world.agent)  # its fetch, then its load
     assert world.agent.is_hot(chat.lora_name)
     assert "No space left on device" in caplog.text
     saved.append({})  # room again
@@ -216,7 +217,7 @@ async def test_foreign_names_vllm_will_not_unload_stay_out_of_the_heartbeat(
     The heartbeat carries the copies this agent holds; the others count as used slots."""
     chat = world.records[0]
     world.agent._fold(Ask.gateway_load(chat))
-    await world.agent.reconcile_once()
+    await converge(world.agent)
     for i in range(200):
         world.fake.adapters[f"evil{i}@1-deadbeef"] = ("/tmp/evil", "d")
 

@@ -1,0 +1,228 @@
+"""Artifact fetches run beside the agent's ticks, never inside one: a download that hangs (a
+large artifact, an S3 that drips up to the fetch deadline) holds up no unload, revoke or load
+of bytes already in the host tier, is not started twice, and what it brings is judged by the
+desired state as it is when it lands."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
+from loraplane.schemas.commands import CommandAction
+from loraplane.testing.fake_vllm import FakeVllm
+from loraplane.tiny_model import build_adapter
+from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.reconcile import Ask
+from loraplane.workers.vllm_client import VllmClient
+from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+T = TypeVar("T")
+HANG_S = 30.0  # a test that fails must not hang the suite: the gate opens by itself then
+
+
+@dataclass
+class GatedTier(FolderHostTier):
+    """A host tier whose download of the ``slow`` names blocks until ``release`` is set."""
+
+    slow: set[str] = field(default_factory=set)
+    release: threading.Event = field(default_factory=threading.Event)
+    calls: Counter[str] = field(default_factory=Counter)
+    waiting: Counter[str] = field(default_factory=Counter)  # blocked in ensure now
+
+    def ensure(self, rec: AdapterRecord) -> Path:
+        self.calls[rec.lora_name] += 1
+        if rec.lora_name in self.slow and rec.lora_name not in self.entries_:
+            self.waiting[rec.lora_name] += 1
+            try:
+                self.release.wait(HANG_S)
+            finally:
+                self.waiting[rec.lora_name] -= 1
+        return super().ensure(rec)
+
+
+@dataclass
+class World:
+    fake: FakeVllm
+    agent: WorkerAgent
+    tier: GatedTier
+    sink: ListSink
+    records: list[AdapterRecord]
+
+    def kinds(self, rec: AdapterRecord) -> list[CacheEventKind]:
+        return [e.kind for e in self.sink.messages(CacheEvent) if e.lora_name == rec.lora_name]
+
+    async def revoke(self, rec: AdapterRecord) -> None:
+        i = self.records.index(rec)
+        self.records[i] = rec.model_copy(update={"status": AdapterStatus.revoked})
+        await self.agent.refresh_registry()
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    records = [record(a, "1", AdapterStatus.active) for a in ("hot", "warm", "slow", "late")]
+    sources = {
+        r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
+        for i, r in enumerate(records)
+    }
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    sink, tier = ListSink(), GatedTier(tmp_path / "host", sources)
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1",
+            base_model=BASE,
+            vllm_url=str(server.make_url("")),
+            host_budget_bytes=10**9,
+            gpu_slots=4,
+            tick_s=60,
+            registry_poll_s=60,
+            load_backoff_s=60,
+        ),
+        vllm=VllmClient(str(server.make_url("")), timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: records,
+        sink=sink,
+    )
+    await agent.start()
+    yield World(fake, agent, tier, sink, records)
+    tier.release.set()  # a thread still blocked in ensure ends
+    await agent.stop_fetches()
+    await agent.vllm.close()
+    await server.close()
+
+
+async def soon(step: Awaitable[T]) -> T:
+    """``step``, which must not wait on a download: a regression fails here, not hangs."""
+    return await asyncio.wait_for(step, HANG_S / 2)
+
+
+async def blocked(world: World, rec: AdapterRecord) -> None:
+    """Until the fetch of ``rec`` sits in the tier's ``ensure``."""
+    while not world.tier.waiting[rec.lora_name]:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_revoke_an_unload_and_a_host_resident_load_go_on_while_a_fetch_hangs(
+    world: World,
+) -> None:
+    """ATTACK: an S3 object that drips. The tick awaited its download inline, under the
+    agent's lock: every other action of the worker waited behind it, a revoke included, up
+    to the fetch deadline. Now the download is a task of its own and the tick goes on."""
+    hot, warm, slow, late = world.records
+    world.agent.apply(cmd(hot, CommandAction.load_gpu, "hot"))
+    world.agent.apply(cmd(late, CommandAction.load_gpu, "late"))
+    world.agent.apply(cmd(warm, CommandAction.prewarm_host, "warm"))
+    await converge(world.agent)
+    assert world.agent.is_hot(hot.lora_name) and world.agent.is_hot(late.lora_name)
+    assert world.agent.is_on_host(warm.lora_name)
+
+    world.tier.slow.add(slow.lora_name)
+    world.agent._fold(Ask.gateway_load(slow))
+    await soon(world.agent.reconcile_once())  # starts the fetch, does not wait for it
+    await blocked(world, slow)
+
+    await world.revoke(hot)
+    world.agent.apply(cmd(late, CommandAction.demote_to_host, "late-down"))
+    world.agent._fold(Ask.gateway_load(warm))
+    await soon(world.agent.reconcile_once())
+    assert hot.lora_name not in world.fake.adapters  # revoked: unloaded and removed
+    assert not world.agent.is_on_host(hot.lora_name)
+    assert world.kinds(hot)[-3:] == [
+        CacheEventKind.unload,
+        CacheEventKind.evict,
+        CacheEventKind.refuse,  # its intent, too
+    ]
+    assert not world.agent.is_hot(late.lora_name) and world.agent.is_on_host(late.lora_name)
+    assert world.agent.is_hot(warm.lora_name)  # loaded from the host tier meanwhile
+    assert not world.agent.is_hot(slow.lora_name) and world.tier.waiting[slow.lora_name] == 1
+
+    world.tier.release.set()
+    await soon(converge(world.agent))
+    assert world.agent.is_hot(slow.lora_name)
+    assert world.kinds(slow) == [CacheEventKind.fetch, CacheEventKind.load]
+
+
+async def test_a_second_tick_starts_no_second_fetch_and_fetches_are_bounded(
+    world: World,
+) -> None:
+    """A tick while a name's fetch is in flight does not fetch it again, and no more than
+    ``fetch_concurrency`` (2 here) downloads run at once; one that ends wakes the tick,
+    which starts the next."""
+    _, warm, slow, late = world.records
+    world.tier.slow |= {warm.lora_name, slow.lora_name, late.lora_name}
+    for rec in (warm, slow, late):
+        world.agent._fold(Ask.gateway_load(rec))
+    for _ in range(3):
+        await soon(world.agent.reconcile_once())
+    await blocked(world, warm)
+    await blocked(world, slow)
+    assert world.tier.calls == Counter({warm.lora_name: 1, slow.lora_name: 1})
+    assert set(world.agent._rt.fetches) == {warm.lora_name, slow.lora_name}
+
+    world.tier.release.set()
+    await soon(converge(world.agent))
+    assert all(world.agent.is_hot(r.lora_name) for r in (warm, slow, late))
+    # each downloaded once; the load then asks the tier for the verified folder again
+    assert world.tier.calls == Counter({r.lora_name: 2 for r in (warm, slow, late)})
+
+
+@pytest.mark.parametrize("meanwhile", ["revoked", "demoted", "evicted"])
+async def test_a_version_moved_down_during_its_fetch_is_not_loaded_after_it(
+    world: World, meanwhile: str
+) -> None:
+    """The fetch lands after its version was revoked (or demoted, or evicted): the next
+    tick decides from the desired state as it is now. A revoked version is refused (its
+    waiter hears it at once) and its fetched bytes removed; a demoted one stays on the host
+    tier; an evicted one is deleted from it. None of them is loaded."""
+    slow = world.records[2]
+    world.tier.slow.add(slow.lora_name)
+    world.agent.apply(cmd(slow, CommandAction.load_gpu, "up"))
+    waiter = world.agent.request_load(slow)  # a request found it cold meanwhile
+    await soon(world.agent.reconcile_once())
+    await blocked(world, slow)
+
+    if meanwhile == "revoked":
+        await world.revoke(slow)
+    else:
+        action = CommandAction.demote_to_host if meanwhile == "demoted" else CommandAction.evict
+        world.agent.apply(cmd(slow, action, "down"))
+    await soon(world.agent.reconcile_once())
+    outcome = await soon(waiter)
+    assert not outcome.ok
+    assert outcome.reason == ("revoked" if meanwhile == "revoked" else "superseded_by_command")
+
+    world.tier.release.set()
+    await soon(converge(world.agent))
+    await soon(converge(world.agent))
+    assert slow.lora_name not in world.fake.adapters
+    assert CacheEventKind.load not in world.kinds(slow)
+    assert world.agent.is_on_host(slow.lora_name) == (meanwhile == "demoted")
+
+
+async def test_stopping_the_agent_cancels_its_fetches_and_records_none(world: World) -> None:
+    """Shutdown while a download hangs: the agent's run ends without waiting for it, its
+    fetch task is cancelled, and nothing of the fetch is recorded (no entry, no event); the
+    tier's own install is all or nothing (``HostTier.ensure``), and the next tick reads it."""
+    slow = world.records[2]
+    world.tier.slow.add(slow.lora_name)
+    world.agent.request_load(slow)  # wakes the tick loop
+    run = asyncio.create_task(world.agent.run())
+    await blocked(world, slow)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await soon(run)
+    assert world.agent._rt.fetches == {}
+    assert not world.agent.is_on_host(slow.lora_name)
+    assert world.kinds(slow) == []
