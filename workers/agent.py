@@ -891,8 +891,8 @@ class WorkerAgent:
         ``fetch_concurrency`` at once, one per name. The tick passes the names in flight to
         ``reconcile`` (``fetching``), which starts nothing for them; a fetch that ends wakes
         the tick, which decides again from the desired state as it is then."""
-        name = action.lora_name
-        if name in self._rt.fetches or len(self._rt.fetches) >= self.config.fetch_concurrency:
+        name, at_most = action.lora_name, max(1, self.config.fetch_concurrency)
+        if name in self._rt.fetches or len(self._rt.fetches) >= at_most:
             return  # every fetch slot taken: the first to end wakes the tick
         self._rt.fetches[name] = asyncio.create_task(self._fetch_apart(action))
 

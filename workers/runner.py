@@ -69,6 +69,7 @@ class WorkerOptions:
     max_lora_rank: int = 8
     gpu_slots: int = 2
     tick_s: float = 1.0
+    fetch_concurrency: int = 2  # artifact downloads at once (WorkerConfig)
     heartbeat_s: float = 5.0
     model_dir: Path | None = None  # the base model's folder, for shape checks of adapters
     vllm_api_key: str | None = field(default=None, repr=False)  # vLLM's VLLM_API_KEY
@@ -233,6 +234,7 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
             cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
             gateway_url=options.gateway_url or f"http://{LOOPBACK}:{options.gateway_port}",
             tick_s=options.tick_s,
+            fetch_concurrency=options.fetch_concurrency,
             heartbeat_s=options.heartbeat_s,
             start_timeout_s=options.vllm_start_timeout_s,
             applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,

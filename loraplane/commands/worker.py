@@ -48,6 +48,13 @@ def run(
     max_lora_rank: int = typer.Option(8, "--max-lora-rank"),
     gpu_slots: int = typer.Option(2, "--gpu-slots", help="vLLM --max-loras"),
     tick_s: float = typer.Option(1.0, "--tick-s", min=0.01, max=3600),
+    fetch_concurrency: int = typer.Option(
+        2,
+        "--fetch-concurrency",
+        min=1,
+        max=64,
+        help="artifact downloads at once, each beside the reconcile ticks",
+    ),
     heartbeat_s: float | None = typer.Option(
         None,
         "--heartbeat-s",
@@ -129,6 +136,7 @@ def run(
         max_lora_rank=max_lora_rank,
         gpu_slots=gpu_slots,
         tick_s=tick_s,
+        fetch_concurrency=fetch_concurrency,
         heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
         model_dir=model_dir,
         vllm_api_key=vllm_api_key,
