@@ -11,20 +11,28 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp.test_utils import TestServer
 
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.refusal import ArtifactError
+from loraplane.artifact.verification import WorkerLimits
+from loraplane.artifact_publish import PublishRequest, build_record
+from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.reasons import ArtifactReason
 from loraplane.testing.fake_vllm import FakeVllm
-from loraplane.tiny_model import build_adapter
+from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.artifact_fetch import FetchedArtifact
+from loraplane.workers.host_tier import HostTier
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
+from tests.unit.test_vllm_resolver import LocalFetcher
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = TypeVar("T")
@@ -226,3 +234,110 @@ async def test_stopping_the_agent_cancels_its_fetches_and_records_none(world: Wo
     assert world.agent._rt.fetches == {}
     assert not world.agent.is_on_host(slow.lora_name)
     assert world.kinds(slow) == []
+
+
+class GatedFetcher(LocalFetcher):
+    """The S3 stand-in, whose download waits for ``gate`` and then lands or fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.fail = False
+
+    def fetch(
+        self,
+        artifact_uri: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        max_total_bytes: int,
+        owner: AdapterRecord | None,
+    ) -> FetchedArtifact:
+        self.entered.set()
+        self.gate.wait(HANG_S)
+        if self.fail:
+            dest.mkdir(parents=True)
+            (dest / "half-written").write_bytes(b"x")
+            raise ArtifactError.single(ArtifactReason.artifact_store_unavailable, artifact_uri)
+        return super().fetch(
+            artifact_uri,
+            dest,
+            expected_sha256=expected_sha256,
+            max_total_bytes=max_total_bytes,
+            owner=owner,
+        )
+
+
+class WatchedTier(HostTier):
+    """The real host tier, saying when an ``ensure`` has ended (its thread is done)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.ended = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def ensure(self, record: AdapterRecord) -> Path:
+        try:
+            return super().ensure(record)
+        finally:
+            self.ended.set()
+
+
+@pytest.mark.parametrize("install", ["lands", "fails"])
+async def test_a_fetch_stopped_mid_install_leaves_the_host_tier_whole(
+    tmp_path: Path, install: str
+) -> None:
+    """The agent stops while the real host tier installs an artifact. Its fetch task ends at
+    once and records nothing; the install in its thread runs on to its own end, all or
+    nothing: a complete, verified entry (which a later tick loads without fetching it again)
+    or none, and never a ``.partial-`` folder left behind."""
+    folder = build_adapter(tmp_path / "src", seed=1)
+    rec, manifest = build_record(
+        folder, PublishRequest("a1", "t1", TINY_BASE_MODEL, "1", Priority.silver), "bucket"
+    )
+    rec = rec.model_copy(update={"status": AdapterStatus.active})
+    fetcher = GatedFetcher()
+    fetcher.sources[rec.artifact_uri] = (folder, manifest)
+    fetcher.fail = install == "fails"
+    shape = TinyLlama().hf_config(1000)
+    limits = WorkerLimits(
+        base_model=TINY_BASE_MODEL, max_lora_rank=8, model=ModelShape.from_hf_config(shape)
+    )
+    tier = WatchedTier(tmp_path / "tier", budget_bytes=10**8, limits=limits, fetcher=fetcher)
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    url, sink = str(server.make_url("")), ListSink()
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
+        ),
+        vllm=VllmClient(url, timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: [rec],
+        sink=sink,
+    )
+    try:
+        await agent.start()
+        agent._fold(Ask.gateway_load(rec))
+        await soon(agent.reconcile_once())
+        assert await asyncio.to_thread(fetcher.entered.wait, HANG_S)
+        assert [p.name[:9] for p in tier.root.iterdir()] == [".partial-"]
+        await soon(agent.stop_fetches())
+        assert agent._rt.fetches == {} and sink.messages(CacheEvent) == []
+
+        fetcher.gate.set()
+        assert await asyncio.to_thread(tier.ended.wait, HANG_S)
+        left = sorted(p.name for p in tier.root.iterdir())
+        if install == "fails":
+            assert left == [] and tier.get(rec.lora_name) is None
+            return
+        assert left == [rec.lora_name]
+        entry = tier.get(rec.lora_name)
+        assert entry is not None and entry.intact()
+        await soon(converge(agent))
+        assert agent.is_hot(rec.lora_name)
+        assert [e.kind for e in sink.messages(CacheEvent)] == [CacheEventKind.load]
+    finally:
+        fetcher.gate.set()
+        await agent.vllm.close()
+        await server.close()
