@@ -5,7 +5,8 @@ loads its gateway asks for on a cold request (``request_load``) and what executi
 found out (an ``Outcome``) all go through ``_fold``, i.e. ``reconcile.fold``. Every tick
 reads the actual state from vLLM (``/v1/models``) and the host tier, asks ``reconcile`` for
 actions and executes them; the executor changes vLLM and the host tier, never the desired
-state. On start it reads vLLM *first* and adopts what it can vouch for, so a restarted agent
+state. An artifact download is never awaited by a tick: it runs as a task beside them
+(``_start_fetch``, at most ``fetch_concurrency``) and wakes the tick when it ends. On start it reads vLLM *first* and adopts what it can vouch for, so a restarted agent
 converges instead of assuming an empty server. A command it will not carry out is reported
 in the heartbeat's ``skipped_commands``, so the planner stops expecting it. Every change is
 reported: CacheEvents, a WorkerState heartbeat and Prometheus series; lines that could

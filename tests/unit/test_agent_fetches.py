@@ -6,9 +6,11 @@ desired state as it is when it lands."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +22,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record
+from loraplane.kernel.config import S3Settings
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
@@ -27,10 +30,11 @@ from loraplane.schemas.reasons import ArtifactReason
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.artifact_fetch import FetchedArtifact
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchedArtifact, FetchPolicy
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
+from tests.unit.test_artifact_fetch_hostile_store import _head, _read_request
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 from tests.unit.test_vllm_resolver import LocalFetcher
 
@@ -341,3 +345,126 @@ async def test_a_fetch_stopped_mid_install_leaves_the_host_tier_whole(
         fetcher.gate.set()
         await agent.vllm.close()
         await server.close()
+
+
+class Routed(LocalFetcher):
+    """Published artifacts from local folders; any other through the real S3 fetcher."""
+
+    def __init__(self, s3: ArtifactFetcher) -> None:
+        super().__init__()
+        self.s3 = s3
+
+    def fetch(
+        self,
+        artifact_uri: str,
+        dest: Path,
+        *,
+        expected_sha256: str | None,
+        max_total_bytes: int,
+        owner: AdapterRecord | None,
+    ) -> FetchedArtifact:
+        fetcher = super() if artifact_uri in self.sources else self.s3
+        return fetcher.fetch(
+            artifact_uri,
+            dest,
+            expected_sha256=expected_sha256,
+            max_total_bytes=max_total_bytes,
+            owner=owner,
+        )
+
+
+async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
+    tmp_path: Path,
+) -> None:
+    """ATTACK, on the real fetch path (botocore, ``ArtifactFetcher``, ``HostTier``): an S3
+    endpoint that drips the manifest a byte at a time, each within the read timeout. A
+    revoke of a hot version on the same worker is carried out while the download goes on;
+    when the store gives up, the waiting request hears the retriable failure and the name
+    backs off, as before."""
+    dripping, stop = threading.Event(), threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(_head(10_000))
+        dripping.set()
+        while not stop.wait(0.01):
+            conn.sendall(b" ")
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn, suppress(OSError):
+                drip(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    s3 = S3Settings(
+        endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}",
+        allowed_prefixes=["s3://bucket/"],
+        secret_access_key="secret",
+    )
+    fetcher = Routed(ArtifactFetcher(s3, FetchPolicy(attempts=1, deadline_s=HANG_S)))
+    records = []
+    for i, name in enumerate(("hot", "slow")):
+        folder = build_adapter(tmp_path / "src" / name, seed=i)
+        rec, manifest = build_record(
+            folder, PublishRequest(name, "t1", TINY_BASE_MODEL, "1", Priority.silver), "bucket"
+        )
+        records.append(rec.model_copy(update={"status": AdapterStatus.active}))
+        if name == "hot":
+            fetcher.sources[rec.artifact_uri] = (folder, manifest)
+    hot, slow = records
+    limits = WorkerLimits(
+        base_model=TINY_BASE_MODEL,
+        max_lora_rank=8,
+        model=ModelShape.from_hf_config(TinyLlama().hf_config(1000)),
+    )
+    tier = HostTier(tmp_path / "tier", budget_bytes=10**8, limits=limits, fetcher=fetcher)
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
+    vllm = TestServer(fake.app(), host="127.0.0.1")
+    await vllm.start_server()
+    url, sink = str(vllm.make_url("")), ListSink()
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
+        ),
+        vllm=VllmClient(url, timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: records,
+        sink=sink,
+    )
+    try:
+        await agent.start()
+        agent._fold(Ask.gateway_load(hot))
+        await soon(converge(agent))
+        assert agent.is_hot(hot.lora_name)
+
+        waiter = agent.request_load(slow)
+        await soon(agent.reconcile_once())
+        assert await asyncio.to_thread(dripping.wait, HANG_S)
+        records[0] = hot.model_copy(update={"status": AdapterStatus.revoked})
+        await agent.refresh_registry()
+        await soon(agent.reconcile_once())
+        assert hot.lora_name not in fake.adapters and tier.get(hot.lora_name) is None
+        assert not waiter.done() and slow.lora_name in agent._rt.fetches
+
+        stop.set()  # the store gives up: the body ends short
+        outcome = await soon(waiter)
+        assert (outcome.ok, outcome.reason, outcome.permanent) == (
+            False,
+            "artifact_store_unavailable",
+            False,
+        )
+        assert slow.lora_name in agent._rt.backoff and tier.get(slow.lora_name) is None
+        assert not any(p.name.startswith(".partial-") for p in tier.root.iterdir())
+    finally:
+        stop.set()
+        server.close()
+        await agent.stop_fetches()
+        await agent.vllm.close()
+        await vllm.close()
