@@ -761,10 +761,10 @@ def reconcile(
     until which they are not refused; ``fetching`` names whose artifact fetch is in flight:
     no load or fetch of them is started again (the fetch ending wakes the next tick), and
     they hold no slot or budget meanwhile, but a refusal still drops their intent. A
-    protected copy (``desired.protected``) is unloaded or
-    removed only when revoked, whatever the intent says. ``gpu_slots``: a load waits until
-    vLLM has a free slot (a copy leaving it may still be draining); an idle copy no intent
-    holds gives its slot up to one.
+    protected copy (``desired.protected``) is unloaded or removed only when revoked,
+    whatever the intent says. ``gpu_slots``: a load waits until vLLM has a free slot (a
+    copy leaving it may still be draining); an idle copy no intent holds gives its slot up
+    to one.
     """
     backoff = backoff or {}
     protected = desired.protected
