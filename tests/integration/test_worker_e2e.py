@@ -1322,7 +1322,10 @@ def test_request_caps_hold_on_the_running_gateway(world: World) -> None:
         "max_tokens",
     )
     resp = requests.post(
-        url, json={"model": "chat", "prompt": "hello"}, headers=headers, timeout=120
+        url,
+        json={"model": "chat", "prompt": "hello"},
+        headers={**headers, "X-Session-Key": session_for("chat", False)},  # v1, hot
+        timeout=120,
     )
     assert resp.status_code == 200, resp.text
 
