@@ -9,8 +9,8 @@ import asyncio
 import socket
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import suppress
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,15 +26,16 @@ from loraplane.kernel.config import S3Settings
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
+from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchedArtifact, FetchPolicy
-from loraplane.workers.host_tier import HostTier
+from loraplane.workers.host_tier import Fetcher, HostTier
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
-from tests.unit.test_artifact_fetch_hostile_store import _head, _read_request
+from tests.unit.test_artifact_fetch_hostile_store import Answer, _head, store  # noqa: F401
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 from tests.unit.test_vllm_resolver import LocalFetcher
 
@@ -80,6 +81,33 @@ class World:
         await self.agent.refresh_registry()
 
 
+@asynccontextmanager
+async def running_agent(
+    tmp_path: Path, tier: Any, records: list[AdapterRecord], base_model: str, **config: Any
+) -> AsyncIterator[tuple[FakeVllm, WorkerAgent, ListSink]]:
+    """An agent, started, on the FAKE vLLM; after, its fetches stopped, its clients closed."""
+    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    url, sink = str(server.make_url("")), ListSink()
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=base_model, vllm_url=url, host_budget_bytes=10**9, **config
+        ),
+        vllm=VllmClient(url, timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=lambda: records,
+        sink=sink,
+    )
+    try:
+        await agent.start()
+        yield fake, agent, sink
+    finally:
+        await agent.stop_fetches()
+        await agent.vllm.close()
+        await server.close()
+
+
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     records = [record(a, "1", AdapterStatus.active) for a in ("hot", "warm", "slow", "late")]
@@ -87,32 +115,11 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
         r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
         for i, r in enumerate(records)
     }
-    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    sink, tier = ListSink(), GatedTier(tmp_path / "host", sources)
-    agent = WorkerAgent(
-        WorkerConfig(
-            worker_id="w1",
-            base_model=BASE,
-            vllm_url=str(server.make_url("")),
-            host_budget_bytes=10**9,
-            gpu_slots=4,
-            tick_s=60,
-            registry_poll_s=60,
-            load_backoff_s=60,
-        ),
-        vllm=VllmClient(str(server.make_url("")), timeout_s=2, api_key="k"),
-        host_tier=tier,
-        registry_loader=lambda: records,
-        sink=sink,
-    )
-    await agent.start()
-    yield World(fake, agent, tier, sink, records)
-    tier.release.set()  # a thread still blocked in ensure ends
-    await agent.stop_fetches()
-    await agent.vllm.close()
-    await server.close()
+    tier = GatedTier(tmp_path / "host", sources)
+    config = {"gpu_slots": 4, "tick_s": 60, "registry_poll_s": 60, "load_backoff_s": 60}
+    async with running_agent(tmp_path, tier, records, BASE, **config) as (fake, agent, sink):
+        yield World(fake, agent, tier, sink, records)
+        tier.release.set()  # a thread still blocked in ensure ends
 
 
 async def soon(step: Awaitable[T]) -> T:
@@ -240,11 +247,28 @@ async def test_stopping_the_agent_cancels_its_fetches_and_records_none(world: Wo
     assert world.kinds(slow) == []
 
 
-class GatedFetcher(LocalFetcher):
-    """The S3 stand-in, whose download waits for ``gate`` and then lands or fails."""
+def published(tmp_path: Path, name: str, seed: int) -> tuple[AdapterRecord, Path, Manifest]:
+    """An active version of adapter ``name``: its record, folder and manifest."""
+    folder = build_adapter(tmp_path / "src" / name, seed=seed)
+    rec, manifest = build_record(
+        folder, PublishRequest(name, "t1", TINY_BASE_MODEL, "1", Priority.silver), "bucket"
+    )
+    return rec.model_copy(update={"status": AdapterStatus.active}), folder, manifest
 
-    def __init__(self) -> None:
+
+def real_tier(cls: type[HostTier], root: Path, fetcher: Fetcher) -> HostTier:
+    shape = ModelShape.from_hf_config(TinyLlama().hf_config(1000))
+    limits = WorkerLimits(base_model=TINY_BASE_MODEL, max_lora_rank=8, model=shape)
+    return cls(root, budget_bytes=10**8, limits=limits, fetcher=fetcher)
+
+
+class GatedFetcher(LocalFetcher):
+    """The S3 stand-in: a published artifact's download waits for ``gate``, then lands or
+    fails; any other goes through the real S3 fetcher ``s3``."""
+
+    def __init__(self, s3: ArtifactFetcher | None = None) -> None:
         super().__init__()
+        self.s3 = s3
         self.gate, self.entered = threading.Event(), threading.Event()
         self.fail = False
 
@@ -257,13 +281,17 @@ class GatedFetcher(LocalFetcher):
         max_total_bytes: int,
         owner: AdapterRecord | None,
     ) -> FetchedArtifact:
-        self.entered.set()
-        self.gate.wait(HANG_S)
+        fetcher: Fetcher = super()
+        if artifact_uri not in self.sources and self.s3 is not None:
+            fetcher = self.s3
+        else:
+            self.entered.set()
+            self.gate.wait(HANG_S)
         if self.fail:
             dest.mkdir(parents=True)
             (dest / "half-written").write_bytes(b"x")
             raise ArtifactError.single(ArtifactReason.artifact_store_unavailable, artifact_uri)
-        return super().fetch(
+        return fetcher.fetch(
             artifact_uri,
             dest,
             expected_sha256=expected_sha256,
@@ -294,42 +322,22 @@ async def test_a_fetch_stopped_mid_install_leaves_the_host_tier_whole(
     once and records nothing; the install in its thread runs on to its own end, all or
     nothing: a complete, verified entry (which a later tick loads without fetching it again)
     or none, and never a ``.partial-`` folder left behind."""
-    folder = build_adapter(tmp_path / "src", seed=1)
-    rec, manifest = build_record(
-        folder, PublishRequest("a1", "t1", TINY_BASE_MODEL, "1", Priority.silver), "bucket"
-    )
-    rec = rec.model_copy(update={"status": AdapterStatus.active})
+    rec, folder, manifest = published(tmp_path, "a1", seed=1)
     fetcher = GatedFetcher()
     fetcher.sources[rec.artifact_uri] = (folder, manifest)
     fetcher.fail = install == "fails"
-    shape = TinyLlama().hf_config(1000)
-    limits = WorkerLimits(
-        base_model=TINY_BASE_MODEL, max_lora_rank=8, model=ModelShape.from_hf_config(shape)
-    )
-    tier = WatchedTier(tmp_path / "tier", budget_bytes=10**8, limits=limits, fetcher=fetcher)
-    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    url, sink = str(server.make_url("")), ListSink()
-    agent = WorkerAgent(
-        WorkerConfig(
-            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
-        ),
-        vllm=VllmClient(url, timeout_s=2, api_key="k"),
-        host_tier=tier,
-        registry_loader=lambda: [rec],
-        sink=sink,
-    )
-    try:
-        await agent.start()
-        agent._fold(Ask.gateway_load(rec))
-        await soon(agent.reconcile_once())
-        assert await asyncio.to_thread(fetcher.entered.wait, HANG_S)
-        assert [p.name[:9] for p in tier.root.iterdir()] == [".partial-"]
-        await soon(agent.stop_fetches())
-        assert agent._rt.fetches == {} and sink.messages(CacheEvent) == []
-
-        fetcher.gate.set()
+    tier = real_tier(WatchedTier, tmp_path / "tier", fetcher)
+    assert isinstance(tier, WatchedTier)
+    async with running_agent(tmp_path, tier, [rec], TINY_BASE_MODEL) as (_, agent, sink):
+        try:
+            agent._fold(Ask.gateway_load(rec))
+            await soon(agent.reconcile_once())
+            assert await asyncio.to_thread(fetcher.entered.wait, HANG_S)
+            assert [p.name[:9] for p in tier.root.iterdir()] == [".partial-"]
+            await soon(agent.stop_fetches())
+            assert agent._rt.fetches == {} and sink.messages(CacheEvent) == []
+        finally:
+            fetcher.gate.set()
         assert await asyncio.to_thread(tier.ended.wait, HANG_S)
         left = sorted(p.name for p in tier.root.iterdir())
         if install == "fails":
@@ -341,40 +349,11 @@ async def test_a_fetch_stopped_mid_install_leaves_the_host_tier_whole(
         await soon(converge(agent))
         assert agent.is_hot(rec.lora_name)
         assert [e.kind for e in sink.messages(CacheEvent)] == [CacheEventKind.load]
-    finally:
-        fetcher.gate.set()
-        await agent.vllm.close()
-        await server.close()
-
-
-class Routed(LocalFetcher):
-    """Published artifacts from local folders; any other through the real S3 fetcher."""
-
-    def __init__(self, s3: ArtifactFetcher) -> None:
-        super().__init__()
-        self.s3 = s3
-
-    def fetch(
-        self,
-        artifact_uri: str,
-        dest: Path,
-        *,
-        expected_sha256: str | None,
-        max_total_bytes: int,
-        owner: AdapterRecord | None,
-    ) -> FetchedArtifact:
-        fetcher = super() if artifact_uri in self.sources else self.s3
-        return fetcher.fetch(
-            artifact_uri,
-            dest,
-            expected_sha256=expected_sha256,
-            max_total_bytes=max_total_bytes,
-            owner=owner,
-        )
 
 
 async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
     tmp_path: Path,
+    store: Callable[[Answer], str],  # noqa: F811 (the hostile store's fixture)
 ) -> None:
     """ATTACK, on the real fetch path (botocore, ``ArtifactFetcher``, ``HostTier``): an S3
     endpoint that drips the manifest a byte at a time, each within the read timeout. A
@@ -384,87 +363,45 @@ async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
     dripping, stop = threading.Event(), threading.Event()
 
     def drip(conn: socket.socket) -> None:
-        _read_request(conn)
         conn.sendall(_head(10_000))
         dripping.set()
         while not stop.wait(0.01):
             conn.sendall(b" ")
 
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn, suppress(OSError):
-                drip(conn)
-
-    threading.Thread(target=serve, daemon=True).start()
     s3 = S3Settings(
-        endpoint_url=f"http://127.0.0.1:{server.getsockname()[1]}",
-        allowed_prefixes=["s3://bucket/"],
-        secret_access_key="secret",
+        endpoint_url=store(drip), allowed_prefixes=["s3://bucket/"], secret_access_key="secret"
     )
-    fetcher = Routed(ArtifactFetcher(s3, FetchPolicy(attempts=1, deadline_s=HANG_S)))
-    records = []
-    for i, name in enumerate(("hot", "slow")):
-        folder = build_adapter(tmp_path / "src" / name, seed=i)
-        rec, manifest = build_record(
-            folder, PublishRequest(name, "t1", TINY_BASE_MODEL, "1", Priority.silver), "bucket"
-        )
-        records.append(rec.model_copy(update={"status": AdapterStatus.active}))
-        if name == "hot":
-            fetcher.sources[rec.artifact_uri] = (folder, manifest)
-    hot, slow = records
-    limits = WorkerLimits(
-        base_model=TINY_BASE_MODEL,
-        max_lora_rank=8,
-        model=ModelShape.from_hf_config(TinyLlama().hf_config(1000)),
+    fetcher = GatedFetcher(ArtifactFetcher(s3, FetchPolicy(attempts=1, deadline_s=HANG_S)))
+    fetcher.gate.set()
+    (hot, folder, manifest), (slow, _, _) = (
+        published(tmp_path, n, i) for i, n in enumerate(("hot", "slow"))
     )
-    tier = HostTier(tmp_path / "tier", budget_bytes=10**8, limits=limits, fetcher=fetcher)
-    fake = FakeVllm(str(tmp_path / "model"), api_key="k")
-    vllm = TestServer(fake.app(), host="127.0.0.1")
-    await vllm.start_server()
-    url, sink = str(vllm.make_url("")), ListSink()
-    agent = WorkerAgent(
-        WorkerConfig(
-            worker_id="w1", base_model=TINY_BASE_MODEL, vllm_url=url, host_budget_bytes=10**8
-        ),
-        vllm=VllmClient(url, timeout_s=2, api_key="k"),
-        host_tier=tier,
-        registry_loader=lambda: records,
-        sink=sink,
-    )
+    fetcher.sources[hot.artifact_uri] = (folder, manifest)  # the other from the store
+    records = [hot, slow]
+    tier = real_tier(HostTier, tmp_path / "tier", fetcher)
     try:
-        await agent.start()
-        agent._fold(Ask.gateway_load(hot))
-        await soon(converge(agent))
-        assert agent.is_hot(hot.lora_name)
+        async with running_agent(tmp_path, tier, records, TINY_BASE_MODEL) as (fake, agent, _):
+            agent._fold(Ask.gateway_load(hot))
+            await soon(converge(agent))
+            assert agent.is_hot(hot.lora_name)
 
-        waiter = agent.request_load(slow)
-        await soon(agent.reconcile_once())
-        assert await asyncio.to_thread(dripping.wait, HANG_S)
-        records[0] = hot.model_copy(update={"status": AdapterStatus.revoked})
-        await agent.refresh_registry()
-        await soon(agent.reconcile_once())
-        assert hot.lora_name not in fake.adapters and tier.get(hot.lora_name) is None
-        assert not waiter.done() and slow.lora_name in agent._rt.fetches
+            waiter = agent.request_load(slow)
+            await soon(agent.reconcile_once())
+            assert await asyncio.to_thread(dripping.wait, HANG_S)
+            records[0] = hot.model_copy(update={"status": AdapterStatus.revoked})
+            await agent.refresh_registry()
+            await soon(agent.reconcile_once())
+            assert hot.lora_name not in fake.adapters and tier.get(hot.lora_name) is None
+            assert not waiter.done() and slow.lora_name in agent._rt.fetches
 
-        stop.set()  # the store gives up: the body ends short
-        outcome = await soon(waiter)
-        assert (outcome.ok, outcome.reason, outcome.permanent) == (
-            False,
-            "artifact_store_unavailable",
-            False,
-        )
-        assert slow.lora_name in agent._rt.backoff and tier.get(slow.lora_name) is None
-        assert not any(p.name.startswith(".partial-") for p in tier.root.iterdir())
+            stop.set()  # the store gives up: the body ends short
+            outcome = await soon(waiter)
+            assert (outcome.ok, outcome.reason, outcome.permanent) == (
+                False,
+                "artifact_store_unavailable",
+                False,
+            )
+            assert slow.lora_name in agent._rt.backoff and tier.get(slow.lora_name) is None
+            assert not any(p.name.startswith(".partial-") for p in tier.root.iterdir())
     finally:
         stop.set()
-        server.close()
-        await agent.stop_fetches()
-        await agent.vllm.close()
-        await vllm.close()
