@@ -6,9 +6,10 @@ found out (an ``Outcome``) all go through ``_fold``, i.e. ``reconcile.fold``. Ev
 reads the actual state from vLLM (``/v1/models``) and the host tier, asks ``reconcile`` for
 actions and executes them; the executor changes vLLM and the host tier, never the desired
 state. An artifact download is never awaited by a tick: it runs as a task beside them
-(``_start_fetch``, at most ``fetch_concurrency``) and wakes the tick when it ends. On start it reads vLLM *first* and adopts what it can vouch for, so a restarted agent
-converges instead of assuming an empty server. A command it will not carry out is reported
-in the heartbeat's ``skipped_commands``, so the planner stops expecting it. Every change is
+(``_start_fetch``, at most ``fetch_concurrency``) and wakes the tick when it ends. On start
+it reads vLLM *first* and adopts what it can vouch for, so a restarted agent converges
+instead of assuming an empty server. A command it will not carry out is reported in the
+heartbeat's ``skipped_commands``, so the planner stops expecting it. Every change is
 reported: CacheEvents, a WorkerState heartbeat and Prometheus series; lines that could
 repeat at request or tick rate go through ``kernel.log_burst``. The agent is its gateway's
 ``workers.serving.Serving``. The rules: docs/worker.md, "The reconcile loop".
