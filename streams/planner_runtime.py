@@ -136,6 +136,10 @@ class ScoreView:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     unreadable: int = 0
     changed: set[str] | None = None
+    unchecked: set[str] | None = None
+    """Keys written since ``retain`` last ran (None: every key is to be checked)."""
+    checked_against: Known | None = field(default=None, repr=False)
+    """The live versions ``retain`` last checked the keys against."""
 
     def apply(self, key: str, value: bytes | None) -> bool:
         if key.startswith(UNKNOWN_KEY):
@@ -155,6 +159,10 @@ class ScoreView:
             before = self.states.get(key)
             self.states[key] = state
             self._note(key)
+            if self.unchecked is not None:
+                self.unchecked.add(key)
+                if len(self.unchecked) > MAX_CHANGED:
+                    self.unchecked = None
         return (before is None or before.burst_armed) and not state.burst_armed
 
     def _note(self, key: str) -> None:
@@ -168,14 +176,23 @@ class ScoreView:
         does not back, as the keeper tombstones them: anyone may write the scores topic, and
         a key of no live version is planned by no tick. A registry with no live version (not
         verified yet: a keyring unreadable at start) forgets nothing. Returns how many were
-        forgotten."""
+        forgotten.
+
+        Why it checks only the keys written since its last run while ``known`` is the same
+        object (the runtime keeps one per registry version): a pass over every key costs
+        ~0.5 us a key, 50 ms a tick at 100k adapters, more than the tick itself."""
         if not known.versions:
             return 0
         with self.lock:
-            stale = stale_keys(known, self.states)
+            if known is self.checked_against and self.unchecked is not None:
+                keys: Iterable[str] = [k for k in self.unchecked if k in self.states]
+            else:
+                keys = self.states
+            stale = stale_keys(known, keys)
             for key in stale:
                 del self.states[key]
                 self._note(key)
+            self.unchecked, self.checked_against = set(), known
         return len(stale)
 
     def copy(self) -> dict[str, ScoreState]:

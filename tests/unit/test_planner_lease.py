@@ -5,8 +5,10 @@ scores topic, and which worker state wins."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from loraplane.kernel import kafka
@@ -207,3 +209,35 @@ def test_attack_score_keys_of_no_live_version_are_forgotten() -> None:
     states, changed = view.take()
     assert set(states) == {"a@1", "a@*"}
     assert changed is not None and "ghost-7@1" in changed
+
+
+def test_score_keys_are_checked_once_per_registry_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``retain`` runs every tick: against the same live versions it checks only the keys
+    written since its last run (a key written later is still forgotten), and every key again
+    when the live versions change (a version retired since)."""
+    from loraplane.streams import planner_runtime
+    from loraplane.streams.score_admission import Known, stale_keys
+    from tests.unit.test_planner import record
+
+    checked: list[int] = []
+
+    def counting(known: Known, keys: Iterable[str]) -> list[str]:
+        keys = list(keys)
+        checked.append(len(keys))
+        return stale_keys(known, keys)
+
+    monkeypatch.setattr(planner_runtime, "stale_keys", counting)
+    view = ScoreView()
+    for n in range(100):
+        view.apply(f"a{n}@1", _record(armed=True))
+    known = Known.from_records([record(f"a{n}") for n in range(100)])
+    assert view.retain(known) == 0
+    assert view.retain(known) == 0
+    view.apply("ghost@1", _record(armed=True))
+    view.apply("a5@1", _record(armed=False))
+    assert view.retain(known) == 1  # the ghost, written after the last check
+    assert checked == [100, 0, 2]
+    fewer = Known.from_records([record(f"a{n}") for n in range(50)])
+    assert view.retain(fewer) == 50  # a new registry version: every key again
+    assert checked[-1] == 100
+    assert set(view.copy()) == {f"a{n}@1" for n in range(50)}
