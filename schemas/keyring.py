@@ -16,7 +16,6 @@ The format, an example and every rule: docs/lifecycle.md, "Keyring file".
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -309,11 +308,11 @@ def load_keyring(path: Path) -> Keyring:
 
 
 def save_keyring(keyring: Keyring, path: Path) -> None:
-    """Atomic replace, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(keyring.to_yaml())
-    os.replace(tmp, path)
+    """Atomic replace (``kernel.atomic_file``), so a reader never sees half a file and a
+    link or FIFO planted at the temporary name is never written through or waited on."""
+    from loraplane.kernel.atomic_file import write_atomic
+
+    write_atomic(path, keyring.to_yaml())
 
 
 class KeyringFile:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.streams.schedules import Schedule
 
 __all__ = ["ScheduledPeak", "write_schedule"]
@@ -60,7 +61,4 @@ def write_schedule(path: Path, peaks: list[ScheduledPeak]) -> None:
     """Write the schedules file atomically, validated as the planner will parse it."""
     data = {"schedules": [p.entry() for p in peaks]}
     Schedule.model_validate(data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))

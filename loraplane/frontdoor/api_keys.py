@@ -23,6 +23,7 @@ from typing import Protocol
 
 from loraplane.frontdoor.admission import Grant
 from loraplane.kernel.local_files import read_regular
+from loraplane.kernel.secrets import write_private
 from loraplane.schemas.base import is_id
 from loraplane.schemas.strict_json import strict_loads
 
@@ -211,9 +212,5 @@ def add_key(path: Path, tenant_id: str, base_models: list[str] | None = None) ->
         if base_models is None
         else {"tenant": tenant_id, "base_models": sorted(set(base_models))}
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"keys": entries}, indent=2, sort_keys=True))
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    write_private(path, json.dumps({"keys": entries}, indent=2, sort_keys=True))
     return key

@@ -95,3 +95,45 @@ def test_a_hostile_applied_commands_file_starts_empty(
     path.unlink() if not path.is_dir() else path.rmdir()
     applied_commands.save_applied(path, {"c1": now + timedelta(seconds=5)}, ["x"])
     assert applied_commands.load_remembered(path, now).protected == frozenset({"x"})
+
+
+def _save_keyring(path: Path) -> None:
+    from loraplane.schemas.keyring import Keyring, save_keyring
+
+    save_keyring(Keyring(), path)
+
+
+def _add_key(path: Path) -> None:
+    from loraplane.frontdoor.api_keys import add_key
+
+    add_key(path, "acme")
+
+
+def _write_schedule(path: Path) -> None:
+    from loraplane.demo.peak import write_schedule
+
+    write_schedule(path, [])
+
+
+WRITERS: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "keyring": ("keyring.yaml", _save_keyring),
+    "api-keys": ("api-keys.json", _add_key),
+    "schedules": ("schedules.yaml", _write_schedule),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_link_planted_at_a_writers_temporary_name_is_never_written_through(
+    writer: str, tmp_path: Path
+) -> None:
+    name, write = WRITERS[writer]
+    folder = tmp_path / "state"
+    folder.mkdir()
+    outside = tmp_path / "outside"
+    outside.write_text("untouched")
+    path = folder / name
+    for guess in (path.with_suffix(".tmp"), folder / f".{name}.{os.getpid()}.tmp"):
+        guess.symlink_to(outside)
+    write(path)
+    assert outside.read_text() == "untouched"
+    assert path.is_file() and not path.is_symlink() and path.stat().st_size > 0
