@@ -12,8 +12,8 @@ last line (a crash mid-write) is cut when the spool is opened. The directory is 
 (``flock``) by the process using it: a second process with the same client id gets no spool
 and says so, rather than interleaving writes. Whatever else sits at a segment's or the
 cursor's path when it is read back (a folder, a FIFO, a link, a file past ``READ_LIMIT``) is
-renamed aside to ``<name>.damaged-<ns>`` and logged, kept for an operator and out of the
-numbering; a name the spool never writes (``7.spool``, ``².spool``) is ignored.
+renamed aside to ``<name>.damaged-<ns>``, logged and kept for an operator (while it runs, a
+segment is opened without waiting on a FIFO); other names (``7.spool``) are ignored.
 
 Bound: ``max_bytes`` of undelivered events. An event past it is not written; the caller
 counts it as dropped and logs the count, so nothing is lost without a counter.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO
 
 from loraplane.kernel.atomic_file import write_atomic
-from loraplane.kernel.local_files import locked_folder, read_regular
+from loraplane.kernel.local_files import locked_folder, open_regular, read_regular
 
 __all__ = [
     "CURSOR_FILE",
@@ -195,8 +195,11 @@ class EventSpool:
                     len(data) - cut,
                     n,
                 )
-                with self._path(n).open("r+b") as fh:
-                    fh.truncate(cut)
+                fd = open_regular(self._path(n), os.O_WRONLY, follow_links=False)
+                try:
+                    os.ftruncate(fd, cut)
+                finally:
+                    os.close(fd)
                 data = data[:cut]
             start = self._head_offset if n == self._head_segment else 0
             body = data[start:]
@@ -242,7 +245,12 @@ class EventSpool:
             self._close_tail()
             self._tail_segment += 1
         if self._tail is None:  # unbuffered: an appended event outlives a kill of the process
-            self._tail = self._path(self._tail_segment).open("ab", buffering=0)
+            fd = open_regular(
+                self._path(self._tail_segment),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                follow_links=False,
+            )
+            self._tail = os.fdopen(fd, "ab", buffering=0)
         return self._tail
 
     def _close_tail(self) -> None:
@@ -279,13 +287,18 @@ class EventSpool:
 
     @staticmethod
     def _peek_segment(path: Path, offset: int, limit: int, out: list[SpooledEvent]) -> None:
-        if not path.exists():
+        """Events of the segment at ``path`` from ``offset``: whatever was put at its path
+        since it was written (a FIFO, a link, an endless file) is an OSError, never a wait
+        or a line read past ``READ_LIMIT``."""
+        try:
+            fd = open_regular(path, follow_links=False)
+        except FileNotFoundError:
             return
-        with path.open("rb") as fh:
+        with os.fdopen(fd, "rb") as fh:
             fh.seek(offset)
-            for raw in fh:
+            while raw := fh.readline(READ_LIMIT):
                 if not raw.endswith(b"\n"):
-                    break  # being written
+                    break  # being written, or no event
                 event = _parse(raw)
                 out.append(event if event is not None else SpooledEvent("", None, b"", len(raw)))
                 if len(out) >= limit:

@@ -10,6 +10,9 @@ treat as "the file is unusable now". A private file (a signing key, a secret) is
 refused when group or others may read it (``TooOpen``), checked on the file it reads, not
 on the path before opening it.
 
+``open_regular`` is the same open for a reader or writer that streams the file itself (a
+spool segment, a trace): the descriptor of a regular file, or an ``OSError``, never a wait.
+
 ``locked_folder`` is the one-writer rule for a folder of local state (the event journal and
 spool of a client id, a worker's host tier): an ``flock`` the kernel drops when its
 process dies, so a kill -9 leaves no stale lock behind.
@@ -24,7 +27,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["TooOpen", "locked_folder", "read_regular"]
+__all__ = ["TooOpen", "locked_folder", "open_regular", "read_regular"]
 
 
 class TooOpen(PermissionError):
@@ -44,12 +47,9 @@ def read_regular(
     ``max_bytes``, or is a link and ``follow_links`` is False (a folder whose files are
     trusted only as they are, such as a host-tier entry, never follows one). ``private``:
     ``TooOpen`` when the file read lets group or others read it."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
-    fd = os.open(path, flags, dir_fd=dir_fd)
+    fd = open_regular(path, follow_links=follow_links, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise TooOpen(
                 errno.EACCES,
@@ -65,6 +65,27 @@ def read_regular(
     if left <= 0:
         raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
     return b"".join(chunks)
+
+
+def open_regular(
+    path: Path | str,
+    flags: int = os.O_RDONLY,
+    *,
+    follow_links: bool = True,
+    dir_fd: int | None = None,
+    mode: int = 0o666,
+) -> int:
+    """A descriptor of the regular file at ``path`` opened with ``flags`` (``O_CREAT``
+    makes it with ``mode``); OSError when it is anything else, or a link and
+    ``follow_links`` is False. Opened with ``O_NONBLOCK``, which a FIFO with no peer
+    answers at once (ENXIO for a writer) and a regular file ignores, then checked with
+    ``fstat`` on what was opened, so no swap after a check can slip a FIFO in."""
+    flags |= os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags, mode, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
 
 
 def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:

@@ -223,3 +223,45 @@ def test_the_background_poll_outlives_a_poll_that_raises(
 
     asyncio.run(run())
     assert len(calls) >= 3 and "event sink poll failed" in caplog.text
+
+
+RUNTIME_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "fifo": _fifo,
+    "folder": _folder,
+    "endless-device": lambda p: p.symlink_to("/dev/zero"),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", sorted(RUNTIME_DAMAGE))
+def test_a_head_segment_replaced_while_the_spool_runs_is_not_waited_on(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "s"
+    spool = EventSpool(folder, max_bytes=10**6)
+    assert spool.append("t", None, b"v0")
+    spool._close_tail()
+    head = folder / f"{0:012d}.spool"
+    kept = head.read_bytes()
+    head.unlink()
+    RUNTIME_DAMAGE[kind](head)
+    assert spool.peek(10) == []
+    assert "not read" in caplog.text
+    head.unlink() if not head.is_dir() else (head / "inside").unlink() or head.rmdir()
+    head.write_bytes(kept)  # readable again: replayed from where it stopped
+    assert [e.value for e in spool.peek(10)] == [b"v0"]
+    spool.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_planted_at_the_next_tail_segment_refuses_the_event_not_the_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "s"
+    spool = EventSpool(folder, max_bytes=10**6, segment_bytes=16)
+    assert spool.append("t", None, b"v0")
+    os.mkfifo(folder / f"{1:012d}.spool")
+    assert not spool.append("t", None, b"v1")  # the tail rolls onto the FIFO
+    assert "could not write an event" in caplog.text
+    assert [e.value for e in spool.peek(10)] == [b"v0"]
+    spool.close()
