@@ -328,7 +328,11 @@ class Kafka(Service):
         if self.node == 1:
             return new_cluster_id()
         meta = self.home / "kafka" / "data" / "meta.properties"
-        for line in meta.read_text().splitlines():
+        try:
+            text = read_regular(meta, 64 * 1024).decode(errors="replace")
+        except OSError as exc:
+            raise StackError(f"kafka node {self.node}: {meta}: {exc.strerror or exc}") from None
+        for line in text.splitlines():
             if line.startswith("cluster.id="):
                 return line.split("=", 1)[1].strip()
         raise StackError(f"kafka node {self.node}: no cluster.id in {meta}")

@@ -19,9 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraplane.kernel.local_files import read_regular
+from loraplane.kernel.atomic_file import write_atomic
+from loraplane.kernel.local_files import open_regular, read_regular
 
 __all__ = ["Managed", "StackError", "free_port", "port_in_use", "tail", "wait_until"]
+
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+"""A log is opened with ``open_regular``: a FIFO or device at its path is refused, not
+waited on."""
 
 _PID_FILE_BYTES = 64
 
@@ -64,7 +69,11 @@ class Managed:
         """Start detached (own session, output to the log file) so it outlives the CLI."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
+        try:
+            log_fd = open_regular(self.log_file, _LOG_FLAGS)
+        except OSError as exc:
+            raise StackError(f"{self.log_file}: {exc.strerror or exc}") from None
+        with os.fdopen(log_fd, "ab") as log:
             proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
@@ -74,7 +83,7 @@ class Managed:
                 cwd=cwd,
                 env={**os.environ, **(env or {})},
             )
-        self.pid_file.write_text(f"{proc.pid}\n")
+        write_atomic(self.pid_file, f"{proc.pid}\n")
         # /proc/PID/cmdline shows the new command line only a moment after exec; until then
         # pid() would call our fresh process foreign.
         deadline = time.monotonic() + 5.0
@@ -180,7 +189,7 @@ def wait_until(
 def tail(path: Path, lines: int) -> list[str]:
     """The last ``lines`` lines of a log file, or nothing when it does not exist yet."""
     try:
-        with path.open(errors="replace") as fh:
+        with os.fdopen(open_regular(path), errors="replace") as fh:
             return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
     except FileNotFoundError:
         return []

@@ -17,11 +17,11 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 
 def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES, max_depth: int = 64) -> Any:
     """The one strict JSON value in ``path`` (schemas.strict_json); ValueError otherwise."""
+    from loraplane.kernel.local_files import read_regular
     from loraplane.schemas.strict_json import strict_loads
 
     try:
-        with path.open("rb") as f:
-            raw = f.read(max_bytes + 1)
+        raw = read_regular(path, max_bytes)
     except OSError as exc:
         raise ValueError(f"{path}: {exc.strerror or exc}") from None
     try:
@@ -32,9 +32,9 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES, max_depth: int = 64) 
 
 def read_model_config(path: Path) -> ModelShape:
     """A base model's config.json as shapes; ValueError for anything else."""
-    from loraplane.artifact.model_shape import ModelShape
+    from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES, ModelShape
 
-    config = read_json(path)
+    config = read_json(path, MAX_MODEL_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise ValueError(f"{path}: config.json must be a JSON object")
     try:

@@ -38,6 +38,7 @@ __all__ = [
     "ANY",
     "DEFAULT_MAX_PRIORITY",
     "MAX_KEYRING_CHARS",
+    "MAX_PEM_BYTES",
     "KeyEntry",
     "KeyRole",
     "Keyring",
@@ -132,6 +133,10 @@ class TenantPolicy(StrictModel):
     )
 
 
+MAX_PEM_BYTES = 256 * 1024
+"""The most a PEM file handed to ``keys model-signer`` is read: a CA bundle's bound."""
+
+
 class ModelSignerEntry(StrictModel):
     """A key or certificate authority trusted for OpenSSF model-signing bundles, bound to the
     tenants whose artifacts it may sign (a valid bundle of another tenant's key is refused).
@@ -143,7 +148,7 @@ class ModelSignerEntry(StrictModel):
     tenants: list[Identifier] | Literal["*"] = Field(min_length=1)
     public_key: str | None = Field(None, max_length=4096, description="EC public key, PEM")
     ca_certificates: str | None = Field(
-        None, max_length=256 * 1024, description="trust anchors, PEM"
+        None, max_length=MAX_PEM_BYTES, description="trust anchors, PEM"
     )
     certificate_subject: str | None = Field(
         None,

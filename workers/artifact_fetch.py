@@ -38,6 +38,7 @@ from loraplane.artifact.owner import check_owner
 from loraplane.artifact.refusal import ArtifactError, Refusal
 from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
 from loraplane.kernel.config import S3Settings
+from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
@@ -386,7 +387,9 @@ class _HashingWriter:
 
 def _load_manifest(path: Path) -> Manifest:
     try:
-        return Manifest.model_validate_json(path.read_bytes())
+        return Manifest.model_validate_json(
+            read_regular(path, MAX_JSON_FILE_BYTES, follow_links=False)
+        )
     except ValidationError as exc:
         raise ArtifactError.single(
             Reason.manifest_invalid, MANIFEST_NAME, f"{exc.error_count()} schema errors"

@@ -37,7 +37,12 @@ from typing import Protocol
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
 from loraplane.artifact.model_signing_bundle import SignatureCheck
 from loraplane.artifact.refusal import ArtifactError, Refusal
-from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
+from loraplane.artifact.verification import (
+    MANIFEST_NAME,
+    MAX_JSON_FILE_BYTES,
+    WorkerLimits,
+    verify_artifact,
+)
 from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
@@ -447,7 +452,7 @@ class HostTier:
             return ",".join(r.value for r in verdict.reasons)
         try:  # the verifier parsed this manifest already: it is valid
             manifest = Manifest.model_validate_json(
-                (folder / ADAPTER_DIR / MANIFEST_NAME).read_bytes()
+                artifact.read(MANIFEST_NAME, 0, MAX_JSON_FILE_BYTES + 1)
             )
             self._check_signature(folder / ADAPTER_DIR, manifest, record)
         except ArtifactError as exc:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loraplane.kernel.config import LOOPBACK
+from loraplane.kernel.local_files import open_regular
 from loraplane.workers.vllm_guard import MIDDLEWARE
 from loraplane.workers.vllm_resolver import ENTRY_POINT, PLUGIN_NAME, ResolverConfig
 
@@ -151,7 +152,8 @@ class VllmProcess:
             raise VllmStartError(f"{self.python} missing: run `loraplane vllm setup`")
         env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        with os.fdopen(open_regular(self.log_path, flags), "ab") as log:  # never a FIFO's wait
             self._proc = subprocess.Popen(
                 self.command(),
                 stdout=log,

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LinearShape", "ModelShape"]
+__all__ = ["MAX_MODEL_CONFIG_BYTES", "LinearShape", "ModelShape"]
+
+MAX_MODEL_CONFIG_BYTES = 1024 * 1024
+"""The most a base model's ``config.json`` is read: a few KiB in every model we serve."""
 
 
 @dataclass(frozen=True)

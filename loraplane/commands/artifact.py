@@ -56,10 +56,16 @@ def register(app: typer.Typer) -> None:
         from loraplane.artifact.directory import DirectoryArtifact
         from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
         from loraplane.artifact.refusal import ArtifactError, Refusal
-        from loraplane.artifact.verification import MANIFEST_NAME, WorkerLimits, verify_artifact
+        from loraplane.artifact.verification import (
+            MANIFEST_NAME,
+            MAX_JSON_FILE_BYTES,
+            WorkerLimits,
+            verify_artifact,
+        )
         from loraplane.artifact_publish import prepare, publish_keyring
         from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
+        from loraplane.kernel.local_files import read_regular
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord
         from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode_signed
         from loraplane.schemas.manifest import Manifest
@@ -85,8 +91,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
         if record_file is not None:
             try:
-                with record_file.open("rb") as f:
-                    record = decode_signed(AdapterRecord, f.read(MAX_MESSAGE_BYTES + 1))
+                record = decode_signed(AdapterRecord, read_regular(record_file, MAX_MESSAGE_BYTES))
             except (OSError, SchemaError, ValidationError) as exc:
                 typer.echo(f"--record {record_file}: {error_line(exc)}", err=True)
                 raise typer.Exit(2) from None
@@ -141,11 +146,11 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{target}: not a folder", err=True)
                 raise typer.Exit(2)
             if (folder / MANIFEST_NAME).exists():
-                refusals = verify_artifact(DirectoryArtifact(folder), limits, record).refusals
-                if not refusals:
-                    refusals = signature(
-                        folder, Manifest.model_validate_json((folder / MANIFEST_NAME).read_bytes())
-                    )
+                listing = DirectoryArtifact(folder)
+                refusals = verify_artifact(listing, limits, record).refusals
+                if not refusals:  # the verifier read it: a file of at most the bound
+                    raw = listing.read(MANIFEST_NAME, 0, MAX_JSON_FILE_BYTES + 1)
+                    refusals = signature(folder, Manifest.model_validate_json(raw))
                 report(refusals)
                 return
             try:

@@ -33,14 +33,16 @@ def register(app: typer.Typer) -> None:
         each with its manifest.json. Prints one JSON line per folder written; an adapter's
         line holds the registry record it would be published with (adapter_id
         ``adapter-N``, version 1), for ``loraplane artifact verify DIR --record``."""
+        from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES
         from loraplane.artifact.verification import MANIFEST_NAME
         from loraplane.artifact_publish import PublishRequest, build_record
+        from loraplane.json_files import read_json
         from loraplane.kernel.config import get_settings
         from loraplane.schemas.adapter import Priority
         from loraplane.tiny_model import build_adapter, build_model
 
         build_model(directory, seed=seed)
-        config = json.loads((directory / "config.json").read_text())
+        config = read_json(directory / "config.json", MAX_MODEL_CONFIG_BYTES)
         typer.echo(json.dumps({"model": str(directory), "vocab_size": config["vocab_size"]}))
         root = adapter_dir or directory.with_name(directory.name + "-adapters")
         modules = [m.strip() for m in target_modules.split(",") if m.strip()]

@@ -475,7 +475,9 @@ def register(app: typer.Typer) -> None:
         entry of the same id), or revoke one."""
         from pydantic import ValidationError
 
+        from loraplane.kernel.local_files import read_regular
         from loraplane.schemas.keyring import (
+            MAX_PEM_BYTES,
             Keyring,
             KeyringError,
             ModelSignerEntry,
@@ -483,6 +485,13 @@ def register(app: typer.Typer) -> None:
             save_keyring,
         )
         from loraplane.schemas.validation_text import error_line
+
+        def pem(path: Path | None) -> str | None:
+            try:
+                return read_regular(path, MAX_PEM_BYTES).decode() if path else None
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or "not PEM text"
+                raise KeyringError(f"{path}: {reason}") from None
 
         try:
             ring = load_keyring(keyring) if keyring.exists() else Keyring()
@@ -497,8 +506,8 @@ def register(app: typer.Typer) -> None:
                     {
                         "signer_id": signer_id,
                         "tenants": "*" if "*" in tenants else tenants,
-                        "public_key": public_key.read_text() if public_key else None,
-                        "ca_certificates": ca_certificates.read_text() if ca_certificates else None,
+                        "public_key": pem(public_key),
+                        "ca_certificates": pem(ca_certificates),
                         "certificate_subject": certificate_subject,
                     }
                 )

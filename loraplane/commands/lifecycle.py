@@ -589,19 +589,19 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Apply the events in order as the registry would; exit 1 if any is rejected."""
+        from loraplane.kernel.local_files import read_regular
         from loraplane.registry.fold import Accepted, AdapterState, evaluate
         from loraplane.schemas.base import now_utc
         from loraplane.schemas.keyring import KeyringError, load_keyring
-        from loraplane.schemas.registry import views_from_json
+        from loraplane.schemas.registry import MAX_VIEWS_BYTES, views_from_json
 
         try:
             ring = load_keyring(keyring)
-            views = views_from_json(state.read_bytes()) if state else {}
-            with file.open("rb") as f:
-                data = f.read(MAX_EVENTS_FILE_BYTES + 1)
-            if len(data) > MAX_EVENTS_FILE_BYTES:
-                raise ValueError(f"{file}: over {MAX_EVENTS_FILE_BYTES} bytes")
-        except (KeyringError, OSError, ValueError) as exc:
+            views = views_from_json(read_regular(state, MAX_VIEWS_BYTES)) if state else {}
+            data = read_regular(file, MAX_EVENTS_FILE_BYTES)
+        except OSError as exc:
+            raise _fail(f"{exc.filename}: {exc.strerror or exc}") from None
+        except (KeyringError, ValueError) as exc:
             raise _fail(str(exc)) from None
         states = {aid: AdapterState(view=v) for aid, v in views.items()}
         messages = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import typer
@@ -91,17 +92,23 @@ def logs(
     """Print the end of a service's log, optionally following it."""
     from loraplane.infra import stack
     from loraplane.infra.processes import StackError
+    from loraplane.kernel.local_files import open_regular
 
     try:
         managed = stack.service(get_settings(), service).process
     except StackError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    for line in managed.tail(lines):
-        typer.echo(line)
-    if not follow:
-        return
-    with managed.log_file.open(errors="replace") as fh:
+    try:
+        for line in managed.tail(lines):
+            typer.echo(line)
+        if not follow:
+            return
+        fh = os.fdopen(open_regular(managed.log_file), errors="replace")
+    except OSError as exc:
+        typer.echo(f"error: {managed.log_file}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    with fh:
         fh.seek(0, 2)
         try:
             while True:

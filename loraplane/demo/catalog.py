@@ -7,10 +7,11 @@ artifact, digest and LoRA name across runs, and an existing folder is reused as 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES
+from loraplane.json_files import read_json
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 
 __all__ = ["BASE_MODEL", "DEMO_CATALOG", "Adapter", "Artifacts", "Catalog"]
@@ -93,7 +94,7 @@ class Artifacts:
         folder = self.adapter_dir(seed)
         if (folder / "adapter_model.safetensors").is_file():
             return False
-        config = json.loads((self.model_dir / "config.json").read_text())
+        config = read_json(self.model_dir / "config.json", MAX_MODEL_CONFIG_BYTES)
         build_adapter(folder, seed=seed, base_model_name=BASE_MODEL, model_config=config)
         return True
 

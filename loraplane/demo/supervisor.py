@@ -26,6 +26,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
+from loraplane.kernel.local_files import open_regular
+
 __all__ = [
     "LOG_TAIL_LINES",
     "ORPHAN_GRACE_S",
@@ -92,7 +94,7 @@ def _same_process_alive(pid: int, start: int) -> bool:
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
-        with path.open(errors="replace") as fh:
+        with os.fdopen(open_regular(path), errors="replace") as fh:
             return "".join(deque(fh, maxlen=lines))
     except FileNotFoundError:
         return ""

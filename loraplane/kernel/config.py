@@ -36,6 +36,7 @@ from loraplane.schemas.validation_text import error_line
 __all__ = [
     "CLICKHOUSE_NAME_PATTERN",
     "LOOPBACK",
+    "MAX_CONFIG_BYTES",
     "ClickHouseSettings",
     "HttpLimits",
     "KafkaSettings",
@@ -363,6 +364,10 @@ class Settings(BaseSettings):
         return self.home
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The most the config file is read: settings and a policy are a few KiB."""
+
+
 class _YamlSource(PydanticBaseSettingsSource):
     """Reads the YAML config file; the policy section may use the seed's key name."""
 
@@ -371,11 +376,19 @@ class _YamlSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         path = Path(os.environ.get("LORAPLANE_CONFIG", "loraplane.yaml"))
-        if not path.is_file():
-            return {}
+        from loraplane.kernel.local_files import read_regular
         from loraplane.schemas.bounded_yaml import load_yaml
 
-        data = load_yaml(path.read_text()) or {}
+        try:
+            raw = read_regular(path, MAX_CONFIG_BYTES)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise ValueError(f"{path}: {exc.strerror or exc}") from None
+        try:
+            data = load_yaml(raw.decode()) or {}
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: top level must be a mapping")
         if "adapter_cache_policy" in data:

@@ -49,7 +49,10 @@ def read_regular(
     ``TooOpen`` when the file read lets group or others read it."""
     fd = open_regular(path, follow_links=follow_links, dir_fd=dir_fd)
     try:
-        mode = os.fstat(fd).st_mode
+        found = os.fstat(fd)
+        mode = found.st_mode
+        if found.st_size > max_bytes:  # refused unread; one that grows is cut by the read below
+            raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
         if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise TooOpen(
                 errno.EACCES,

@@ -142,7 +142,11 @@ def install_private(source: Path, target: Path) -> list[Path]:
             elif real.is_file():
                 dest = target / rel / entry.name
                 dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                write_private(dest, real.read_bytes())
+                try:
+                    data = read_regular(real, MAX_SECRET_BYTES)
+                except OSError as exc:
+                    raise SecretError(f"{entry}: {exc.strerror or exc}") from None
+                write_private(dest, data)
                 written.append(dest)
 
     target.mkdir(parents=True, exist_ok=True, mode=0o700)

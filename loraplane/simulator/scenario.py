@@ -13,12 +13,14 @@ from typing import Annotated, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loraplane.kernel.local_files import read_regular
 from loraplane.kernel.policy import Policy
 from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
 
 __all__ = [
     "MAX_COUNT",
     "MAX_REQUESTS",
+    "MAX_SCENARIO_BYTES",
     "NAME_PATTERN",
     "PRIORITIES",
     "BaseModelFleet",
@@ -66,6 +68,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # Workers, slots, loads a minute, tenants, adapters: the simulator builds one object (or a
 # list entry) per unit of each, so a file of 10**9 holds ``simulate`` until memory runs out.
 MAX_COUNT = 100_000
+MAX_SCENARIO_BYTES = 1024 * 1024  # a scenario is a page of YAML; a trace is its own file
 MAX_REQUESTS = 10_000_000  # synthetic and peak arrivals: ten times the largest bench scenario
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 
@@ -365,7 +368,11 @@ def load_scenario(path: Path) -> Scenario:
     that is no YAML, or whose aliases expand past a bound (``schemas.bounded_yaml``), is a
     ``ValueError`` naming it, before any model is built."""
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(read_regular(path, MAX_SCENARIO_BYTES).decode())
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not YAML: {exc}") from None
     except YamlTooLarge as exc:

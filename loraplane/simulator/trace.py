@@ -7,15 +7,23 @@ Only arrival times and generated-token counts are used; adapters are assigned by
 from __future__ import annotations
 
 import csv
+import os
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
+from loraplane.kernel.local_files import open_regular
 from loraplane.simulator.scenario import MAX_COUNT, MAX_REQUESTS
 
-__all__ = ["TraceError", "load_trace"]
+__all__ = ["MAX_LINE_CHARS", "TraceError", "load_trace"]
+
+MAX_LINE_CHARS = 1024 * 1024
+"""A trace row is a timestamp and two counts (csv refuses a field past 128 KiB): a longer
+line, a file of NULs, is no trace and is never read whole."""
 
 
 class TraceError(ValueError):
@@ -25,12 +33,12 @@ class TraceError(ValueError):
 def load_trace(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Seconds since the first request (sorted) and generated tokens per request. A row
     whose GeneratedTokens is not 0 to ``MAX_COUNT`` in ASCII digits, a line csv cannot read
-    (a field past its limit), or more than ``MAX_REQUESTS`` rows is a
-    TraceError naming the line."""
+    (a field past its limit), a line over ``MAX_LINE_CHARS``, or more than ``MAX_REQUESTS``
+    rows is a TraceError naming the line; anything but a regular file an OSError."""
     stamps: list[float] = []
     generated: list[int] = []
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
+    with os.fdopen(open_regular(path), newline="") as fh:  # never a FIFO's wait
+        reader = csv.reader(_lines(fh, path))
         try:
             header = next(reader, None)
             if header is None or [h.strip() for h in header[:3]] != [
@@ -55,6 +63,16 @@ def load_trace(path: Path) -> tuple[np.ndarray, np.ndarray]:
     times = np.asarray(stamps)
     order = np.argsort(times, kind="stable")
     return times[order] - times[order[0]], np.asarray(generated, dtype=np.int64)[order]
+
+
+def _lines(fh: TextIO, path: Path) -> Iterator[str]:
+    """The lines of ``fh``, each read up to ``MAX_LINE_CHARS``, never a whole file as one."""
+    n = 0
+    while line := fh.readline(MAX_LINE_CHARS + 1):
+        n += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceError(f"{path}:{n}: a line over {MAX_LINE_CHARS} characters")
+        yield line
 
 
 def _tokens(text: str) -> int:
