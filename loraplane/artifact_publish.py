@@ -20,6 +20,8 @@ named in the record (``model_signature``), and workers verify it again before lo
 
 from __future__ import annotations
 
+import hashlib
+import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,13 +43,17 @@ from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
     MAX_JSON_FILE_BYTES,
+    MAX_REFUSALS,
+    MAX_TOTAL_BYTES,
     ArtifactReader,
     FileFacts,
     WorkerLimits,
     is_safe_relative_path,
+    name_refusal,
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
+from loraplane.kernel.local_files import open_regular
 from loraplane.schemas.adapter import (
     AdapterRecord,
     Compatibility,
@@ -55,7 +61,8 @@ from loraplane.schemas.adapter import (
     expected_artifact_prefix,
 )
 from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring
-from loraplane.schemas.manifest import DroppedFile, Manifest, ManifestFile
+from loraplane.schemas.manifest import MAX_FILES, DroppedFile, Manifest, ManifestFile
+from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.strict_json import strict_loads
 from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
 
@@ -118,8 +125,6 @@ class _WithManifest:
         return self.folder.read(path, offset, length)
 
     def sha256(self, path: str) -> str:
-        import hashlib
-
         if path == MANIFEST_NAME:
             return hashlib.sha256(self.manifest_bytes).hexdigest()
         return self.folder.sha256(path)
@@ -183,8 +188,11 @@ def build_record(
     if odd:
         raise ArtifactError(
             "not regular files (links are never followed, folders are never "
-            f"part of an artifact): {', '.join(odd)}"
+            f"part of an artifact): {', '.join(map(_shown, odd))}"
         )
+    unread = _listing_refusals(select_for_publish(listing.files()))
+    if unread:
+        raise _refused(unread)
     try:
         prepared = prepare(folder)
         manifest = prepared.manifest
@@ -243,12 +251,33 @@ def build_record(
     return record, manifest
 
 
+def _listing_refusals(selection: Selection) -> list[Refusal]:
+    """What the folder's listing alone refuses, before a byte of it is read or hashed: a
+    name no manifest can hold, more files than a manifest holds, more bytes than a worker
+    takes (a sparse 200 GiB file is refused at once, not hashed for minutes first)."""
+    out = [*selection.refusals]
+    out += [r for f in selection.kept if (r := name_refusal(f.path)) is not None]
+    files = [f for f in selection.kept if f.kind == "file"]
+    if len(files) > MAX_FILES:
+        out.append(Refusal(Reason.too_large, detail=f"{len(files)} files > {MAX_FILES}"))
+    total = sum(f.size for f in files)
+    if total > MAX_TOTAL_BYTES:
+        out.append(Refusal(Reason.too_large, detail=f"{total} bytes > {MAX_TOTAL_BYTES}"))
+    return out[:MAX_REFUSALS]
+
+
+def _shown(name: str) -> str:
+    """A file name as a CI log may print it: escaped (``repr``) unless every character is
+    printable, so a name cannot start a line of its own, move the cursor or reorder text."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def _refused(refusals: Sequence[Refusal]) -> ArtifactError:
     return ArtifactError(
         "refused: "
         + "; ".join(
             f"{r.reason}"
-            + (f" {r.path}" if r.path else "")
+            + (f" {_shown(r.path)}" if r.path else "")
             + (f" ({r.detail})" if r.detail else "")
             for r in refusals
         ),
@@ -262,12 +291,59 @@ def s3_client(settings: Settings) -> Any:
     return S3(settings).client()
 
 
+class _AsVerified:
+    """A manifest file read for upload as it was verified: opened without following a link
+    or waiting on a FIFO (``open_regular``), read up to its size and one byte more, hashed
+    on the way. ``changed`` says how it differs from the manifest once read to its end."""
+
+    def __init__(self, folder: Path, entry: ManifestFile) -> None:
+        self.entry = entry
+        self._fd = open_regular(folder / entry.path, follow_links=False)
+        self._left = entry.size + 1
+        self._digest = hashlib.sha256()
+        self._size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        chunk = os.read(self._fd, n) if n > 0 else b""
+        self._left -= len(chunk)
+        self._size += len(chunk)
+        self._digest.update(chunk)
+        return chunk
+
+    def changed(self) -> str | None:
+        while self.read(1 << 20):  # a short read by the uploader still hashes the rest
+            pass
+        if self._size != self.entry.size:
+            return f"{self._size} bytes, verified as {self.entry.size}"
+        if self._digest.hexdigest() != self.entry.sha256:
+            return "its bytes are not the ones verified"
+        return None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Manifest) -> None:
-    """Every manifest file, then manifest.json last: a prefix with a manifest is complete."""
+    """Every manifest file, then manifest.json last: a prefix with a manifest is complete.
+    Each file is uploaded from the bytes it has when read (``_AsVerified``): one swapped
+    for a link, a FIFO or other bytes since it was verified is deleted from the store
+    again and is an ArtifactError, and no manifest is written."""
     client = s3_client(settings)
     bucket, prefix = parse_s3_uri(record.artifact_uri)
     for f in manifest.files:
-        client.upload_file(str(folder / f.path), bucket, prefix + f.path)
+        try:
+            body = _AsVerified(folder, f)
+        except OSError as exc:
+            raise ArtifactError(f"{_shown(f.path)}: changed since it was verified: {exc}") from None
+        try:
+            client.upload_fileobj(body, bucket, prefix + f.path)
+            changed = body.changed()
+        finally:
+            body.close()
+        if changed is not None:
+            client.delete_object(Bucket=bucket, Key=prefix + f.path)
+            raise ArtifactError(f"{_shown(f.path)}: changed since it was verified: {changed}")
     client.put_object(
         Bucket=bucket,
         Key=prefix + MANIFEST_NAME,
@@ -279,7 +355,8 @@ def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Ma
 @contextmanager
 def local_folder(settings: Settings, source: str) -> Iterator[Path]:
     """A local folder with the artifact: the folder itself, or an allowed S3 prefix
-    downloaded (top-level objects only) into a temporary folder."""
+    downloaded (top-level objects only) into a temporary folder once its listing passed
+    the checks a local folder's does before any byte is read (``_listing_refusals``)."""
     if not source.startswith("s3://"):
         path = Path(source)
         if not path.is_dir():
@@ -294,15 +371,21 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
     client = s3_client(settings)
     with tempfile.TemporaryDirectory(prefix="loraplane-publish-") as tmp:
         listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
-        keys = [o["Key"] for o in listing.get("Contents", [])]
-        if not keys:
+        objects = {o["Key"][len(prefix) :]: int(o["Size"]) for o in listing.get("Contents", [])}
+        if not objects:
             raise ArtifactError(f"{uri}: no objects")
-        for key in keys:
-            name = key[len(prefix) :]
-            if not is_safe_relative_path(name):
-                raise ArtifactError(f"{uri}: unsafe object name {name[:100]!r}")
-            if name != MANIFEST_NAME:
-                client.download_file(bucket, key, str(Path(tmp) / name))
+        unsafe = [name for name in objects if not is_safe_relative_path(name)]
+        if unsafe:
+            raise ArtifactError(f"{uri}: unsafe object name {_shown(unsafe[0][:100])}")
+        objects.pop(MANIFEST_NAME, None)
+        # the listing's names, count and sizes first: nothing is downloaded of a prefix
+        # publish would refuse (a 200 GiB object, a thousand files)
+        facts = [FileFacts(name, "file", size) for name, size in objects.items()]
+        unread = _listing_refusals(select_for_publish(facts))
+        if unread:
+            raise _refused(unread)
+        for name in objects:
+            client.download_file(bucket, prefix + name, str(Path(tmp) / name))
         yield Path(tmp)
 
 

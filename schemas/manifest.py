@@ -21,7 +21,9 @@ from pydantic import Field, field_validator, model_validator
 from loraplane.schemas.base import Sha256, StrictModel
 from loraplane.schemas.canonical import canonical_json
 
-__all__ = ["SAFE_PATH", "DroppedFile", "InertKind", "Manifest", "ManifestFile"]
+__all__ = ["MAX_FILES", "SAFE_PATH", "DroppedFile", "InertKind", "Manifest", "ManifestFile"]
+
+MAX_FILES = 64
 
 SAFE_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}){0,3}$"
 
@@ -53,7 +55,7 @@ class DroppedFile(ManifestFile):
 
 class Manifest(StrictModel):
     format: Literal["loraplane.manifest.v1"] = "loraplane.manifest.v1"
-    files: list[ManifestFile] = Field(min_length=1, max_length=64)
+    files: list[ManifestFile] = Field(min_length=1, max_length=MAX_FILES)
     dropped: list[DroppedFile] = Field(default_factory=list, max_length=16)
 
     @field_validator("files")

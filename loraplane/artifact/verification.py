@@ -29,7 +29,7 @@ from loraplane.artifact.lora_config import LoraConfig, parse_lora_config
 from loraplane.artifact.model_shape import LinearShape, ModelShape
 from loraplane.artifact.refusal import Refusal
 from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.manifest import Manifest
+from loraplane.schemas.manifest import SAFE_PATH, Manifest
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_BUNDLE_BYTES",
     "MAX_JSON_FILE_BYTES",
     "MAX_REFUSALS",
+    "MAX_TOTAL_BYTES",
     "PICKLE_SUFFIXES",
     "WEIGHTS_NAME",
     "ArtifactReader",
@@ -62,7 +63,9 @@ MAX_BUNDLE_BYTES = 1024 * 1024  # a key-signed bundle of a few files is ~2 KiB
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 MAX_JSON_FILE_BYTES = 256 * 1024
+MAX_TOTAL_BYTES = 1024**3  # a worker's default bound on an artifact's bytes
 MAX_REFUSALS = 64
+_SAFE_PATH = re.compile(SAFE_PATH.removeprefix("^").removesuffix("$"), re.ASCII)
 _LAYER_SITE = re.compile(r"^model\.layers\.(0|[1-9][0-9]{0,5})\.([a-z_]+)$")
 
 
@@ -92,7 +95,7 @@ class WorkerLimits:
 
     base_model: str | None
     max_lora_rank: int
-    max_total_bytes: int = 1024**3
+    max_total_bytes: int = MAX_TOTAL_BYTES
     max_header_bytes: int = 1024**2
     model: ModelShape | None = None
     base_model_aliases: Mapping[str, str] = field(default_factory=dict)
@@ -142,10 +145,11 @@ def _dedupe(refusals: list[Refusal]) -> list[Refusal]:
 
 
 def is_safe_relative_path(path: str) -> bool:
-    """Relative, '/'-separated, no empty, '.' or '..' segment, no backslash or NUL."""
-    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
-        return False
-    return all(part not in ("", ".", "..") for part in path.split("/"))
+    """A path a manifest can hold (``schemas.manifest.SAFE_PATH``): relative,
+    '/'-separated, at most four segments of ASCII letters, digits, '.', '_' and '-' (no
+    '.' or '..' segment, no control character, space or look-alike letter to echo into a
+    log or a terminal)."""
+    return _SAFE_PATH.fullmatch(path) is not None
 
 
 def name_refusal(path: str) -> Refusal | None:

@@ -19,7 +19,7 @@ from tests.unit.test_layers import FOLDERS, ROOT
 
 _READS = {"read_text", "read_bytes"}
 _LOADS = {("json", "load"), ("yaml", "safe_load"), ("yaml", "load"), ("yaml", "safe_load_all")}
-_BY_NAME = {"download_file"}  # boto3 opens the path it is handed itself
+_BY_NAME = {"upload_file", "download_file"}  # boto3 opens the path it is handed itself
 
 PROC = "/proc/<pid>/..., the kernel's"
 ALLOWED: dict[tuple[str, str], str] = {
