@@ -137,6 +137,7 @@ class _Guard(asyncio.Protocol):
         self._in_head = True
         self._head_bytes = 0
         self._tail = b""
+        self._closing = False  # an answer said Connection: close: nothing more is parsed
 
     # ---- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -156,7 +157,7 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
-        if not self._held or transport is None or transport.is_closing():
+        if not self._held or transport is None or transport.is_closing() or self._closing:
             return
         if self._in_head:
             window = self._tail + data
@@ -215,13 +216,20 @@ class _Guard(asyncio.Protocol):
         self._state.waiting.pop(self, None)
         self._state.table.waiting.pop(self, None)
 
-    def response_done(self) -> None:
-        """The next request's head is due within keep-alive + header timeout."""
+    def response_done(self, *, closing: bool) -> None:
+        """The next request's head is due within keep-alive + header timeout; or, after an
+        answer that closes the connection (``closing``: its body unread, or ``Connection:
+        close``), no byte that follows is read as a head (the rest of a refused body would
+        be: a second, unasked answer such as a 431 before the close)."""
         if not self._held:
             return
-        self._in_head, self._head_bytes, self._tail = True, 0, b""
-        self._wait()
         limits = self._state.limits
+        self._wait()  # sheddable until it is closed
+        if closing:
+            self._closing = True
+            self._arm(limits.header_timeout_s, "header_timeout")
+            return
+        self._in_head, self._head_bytes, self._tail = True, 0, b""
         self._arm(limits.keepalive_timeout_s + limits.header_timeout_s, "header_timeout")
 
     # ---- shedding ---------------------------------------------------------------------
@@ -340,10 +348,14 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
     ) -> web.StreamResponse:
         transport = request.transport
         guard = state.guards.get(transport) if transport is not None else None
+        response: web.StreamResponse | None = None
         try:
             refused = _head_refusal(request)
             if refused is not None:
-                return await _answer_unread(request, refused, guard, state.limits.max_body_bytes)
+                response = await _answer_unread(
+                    request, refused, guard, state.limits.max_body_bytes
+                )
+                return response
             if request.can_read_body:
                 try:
                     await request.read()  # cached: the handler's own read() returns it
@@ -354,7 +366,18 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                         raise
                     return web.Response(status=408)
                 except RequestPayloadError:  # a Content-Encoding that does not decode
-                    return await _answer_undecodable(request)
+                    response = await _answer_and_close(
+                        request,
+                        web.Response(
+                            status=400, text="the body could not be read: its encoding is broken"
+                        ),
+                    )
+                    return response
+                except web.HTTPRequestEntityTooLarge as exc:  # past client_max_size, as read
+                    response = await _answer_and_close(
+                        request, web.Response(status=exc.status, text=exc.text)
+                    )
+                    return response
             if guard is not None:
                 guard.body_read()
             response = await handler(request)
@@ -367,8 +390,12 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                     await response.write_eof()
             return response
         finally:
+            unread = not request.content.is_eof()
+            if unread:  # never parse the rest of a body nobody read as a next request
+                request.protocol.force_close()
             if guard is not None:
-                guard.response_done()
+                said_close = response is not None and response.prepared and not response.keep_alive
+                guard.response_done(closing=unread or said_close)
 
     return bounded
 
@@ -405,16 +432,18 @@ def _head_refusal(request: web.Request) -> web.StreamResponse | None:
     return request[_HEAD_VERDICT]
 
 
-async def _answer_undecodable(request: web.Request) -> web.StreamResponse:
-    """A body whose ``Content-Encoding`` does not decode is the client's error: a 400, then
-    the connection closes (aiohttp would otherwise read the rest of the broken body after
-    the answer and log its error as unhandled)."""
-    refused = web.Response(status=400, text="the body could not be read: its encoding is broken")
+async def _answer_and_close(
+    request: web.Request, response: web.StreamResponse
+) -> web.StreamResponse:
+    """Answer a request whose body was not read to its end (it does not decode, or it is
+    past ``client_max_size``) with ``Connection: close``, then close: the rest of that body
+    is never parsed (it would be read as a next request's head, and answered)."""
+    response.force_close()
     with contextlib.suppress(ConnectionError):
-        await refused.prepare(request)
-        await refused.write_eof()
+        await response.prepare(request)
+        await response.write_eof()
     request.protocol.force_close()
-    return refused
+    return response
 
 
 async def _answer_unread(
@@ -425,7 +454,10 @@ async def _answer_unread(
     connection still waits on its client, so it may be shed), and the client reads its
     answer rather than a reset; a body past ``cap``, declared or sent, or one held back
     for a ``100 Continue`` that never came (``expect_continue``), closes the connection
-    instead of being waited for."""
+    instead of being waited for. An answer given before its body is in says ``Connection:
+    close``, and the connection closes after it: nothing that follows is parsed."""
+    if not request.content.is_eof():
+        response.force_close()
     with contextlib.suppress(ConnectionError):
         await response.prepare(request)
         await response.write_eof()
@@ -438,7 +470,7 @@ async def _answer_unread(
                 dropped += len(chunk)
     if guard is not None:
         guard.body_read()
-    if not request.content.is_eof():
+    if not request.content.is_eof() or not response.keep_alive:
         request.protocol.force_close()
     return response
 

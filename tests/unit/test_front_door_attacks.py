@@ -49,6 +49,7 @@ from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.request_log import RequestLog
 from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
+from tests.unit.test_http_server import REST, answers_past_a_refusal, assert_one_answer_then_closed
 from tests.unit.test_planner import POLICY, worker
 
 SECRET = b"r" * 32
@@ -700,3 +701,28 @@ def test_attack_a_key_scoped_to_other_base_models_serves_none_here(
             )
         }
         assert listed["elsewhere"] == [] and "sql" in listed["here"], listed
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize(
+    "auth, framing, sent, status",
+    [
+        (b"Authorization: Bearer key-a\r\n", b"Content-Length: 2000000\r\n\r\n", 3000, b"413"),
+        (b"", b"Content-Length: 2000000\r\n\r\n", 3000, b"401"),
+        (
+            b"Authorization: Bearer key-a\r\n",
+            b"Transfer-Encoding: chunked\r\n\r\n1e8480\r\n",
+            1_100_000,  # past the cap as it is read
+            b"413",
+        ),
+    ],
+)
+def test_attack_a_refused_body_is_never_read_as_a_next_request(
+    door: FrontDoor, through: str, auth: bytes, framing: bytes, sent: int, status: bytes
+) -> None:
+    """A refusal answered before its body is in says ``Connection: close``, and the rest of
+    the body (with a blank line and a whole request inside) gets no second answer: it was
+    read as a next head, answered 431 before the close."""
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + framing + b"x" * sent
+    first, after = answers_past_a_refusal(getattr(door, through), request, REST)
+    assert_one_answer_then_closed(first, after, status)

@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import re
 import resource
+import socket
 import sys
 from collections.abc import AsyncIterator
 
@@ -422,4 +424,76 @@ async def test_a_client_that_never_reads_its_answer_is_closed_by_the_send_deadli
         assert await _open_connections_become(runner, 0) == 0
     finally:
         writer.transport.abort()
+        await runner.cleanup()
+
+
+def answers_past_a_refusal(port: int, request: bytes, rest: bytes) -> tuple[bytes, bytes]:
+    """Send ``request`` (a head and the start of its body), read its whole answer, then send
+    ``rest`` (more of the body) and read whatever else comes until the connection closes:
+    the first answer and the bytes after it (blocking: run it off the server's loop)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = sock.recv(65536)
+            assert chunk, got  # closed without an answer
+            got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            body += chunk
+        first, after = head + b"\r\n\r\n" + body[:length], body[length:]
+        with contextlib.suppress(OSError):  # the server may close before it is all sent
+            for at in range(0, len(rest), 16384):
+                sock.sendall(rest[at : at + 16384])
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                after += chunk
+    return first, after
+
+
+def assert_one_answer_then_closed(first: bytes, after: bytes, status: bytes) -> None:
+    """``first`` is a ``status`` answer that says ``Connection: close``, and no byte of a
+    second answer follows it."""
+    assert first.split(b" ", 2)[1] == status, first[:300]
+    assert b"\r\nconnection: close\r\n" in first.partition(b"\r\n\r\n")[0].lower() + b"\r\n"
+    assert after == b"", after[:300]
+
+
+REST = b"y" * 40_000 + b"\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"z" * 40_000
+"""More of a refused body: past the head bound, with a blank line and a whole request in it."""
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_413_for_a_body_read_past_the_cap_is_the_one_answer(site, chunked) -> None:
+    """The body past ``client_max_size`` as it is read: its 413 says ``Connection: close`` and
+    the rest of the body is never read as a next head (it was: a 431 followed the 413)."""
+    port = site[0]
+    start = b"x" * 5000
+    framing = (
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % 200_000
+        if chunked
+        else b"Content-Length: %d\r\n\r\n" % 200_000
+    )
+    request = b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + start
+    first, after = await asyncio.to_thread(answers_past_a_refusal, port, request, REST)
+    assert_one_answer_then_closed(first, after, b"413")
+
+
+async def test_the_dashboard_answers_a_body_past_its_cap_once(tmp_path) -> None:
+    settings = Settings(home=tmp_path, http=LIMITS)
+    runner, _ = await start_site(
+        Dashboard(settings).app(), "127.0.0.1", 0, settings.http, name="dashboard"
+    )
+    try:
+        request = (
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 90000\r\n\r\n" + b"x" * 3000
+        )
+        first, after = await asyncio.to_thread(
+            answers_past_a_refusal, bound_port(runner), request, REST
+        )
+        assert_one_answer_then_closed(first, after, b"413")
+    finally:
         await runner.cleanup()
