@@ -8,10 +8,13 @@ each request with one ``write`` and parses the answer with httptools (llhttp, th
 uvicorn, which serves vLLM), for a few µs (``bench.gateway_overhead``).
 
 An answer read whole is at most ``max_answer_bytes`` (a ``bad_response`` beyond); a streamed
-one is passed on under flow control. Connections are kept alive and reused. A reused
-connection that the server closed before answering a single byte (uvicorn drops idle
-keep-alive connections after 5 s) is retried once on a fresh connection; any other failure
-is an ``UpstreamError`` with a stable reason.
+one is passed on under flow control. Every request asks for ``Accept-Encoding: identity``,
+and an answer with another ``Content-Encoding`` is a ``bad_response`` at its head: its
+callers pass bodies on as they came (the router to its client, the gateway from vLLM), and
+a relayed body whose encoding header was dropped is bytes the client cannot read.
+Connections are kept alive and reused. A reused connection that the server closed before
+answering a single byte (uvicorn drops idle keep-alive connections after 5 s) is retried
+once on a fresh connection; any other failure is an ``UpstreamError`` with a stable reason.
 """
 
 from __future__ import annotations
@@ -308,6 +311,18 @@ class _Connection(asyncio.Protocol):
             )
             self.drop()
             return
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):  # asked for none: no relay could decode it
+            self._response = None
+            response._finish(
+                UpstreamError(
+                    VllmErrorCode.bad_response,
+                    f"an encoded answer (Content-Encoding: {encoding[:32]}) to a request "
+                    "that accepts none",
+                )
+            )
+            self.drop()
+            return
         response.status = status
         response._head_done = True
         self._progress += 1
@@ -367,7 +382,7 @@ class UpstreamPool:
         self.max_answer_bytes = max_answer_bytes  # read whole (not streamed), at most
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        fixed = {"Host": f"{host}:{port}", **(headers or {})}
+        fixed = {"Host": f"{host}:{port}", "Accept-Encoding": "identity", **(headers or {})}
         if any(c in part for k, v in fixed.items() for part in (k, v) for c in "\r\n"):
             raise ValueError("header names and values must be one line")
         # Sent with every request (Host, and e.g. vLLM's Authorization); built once.

@@ -5,6 +5,7 @@ in one process with FakeServing workers."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import random
 from collections.abc import AsyncIterator
@@ -436,6 +437,9 @@ async def _dies_mid_answer(head: bytes) -> tuple[asyncio.AbstractServer, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
+_GZIPPED = gzip.compress(b'{"choices": []}', mtime=0)
+
+
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize(
     "head",
@@ -472,13 +476,19 @@ async def test_a_worker_killed_mid_answer_is_a_retryable_503_and_dropped(
         b"HTTP/1.1 204 No Content\r\nContent-Type: application/json\r\n\r\n",
         b"HTTP/1.1 304 Not Modified\r\nContent-Length: 0\r\n\r\n",
         b"HTTP/1.1 302 Found\r\nLocation: http://elsewhere/\r\nContent-Length: 2\r\n\r\n{}",
+        # an encoded answer: the header was dropped and the gzip bytes relayed as JSON
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(_GZIPPED), _GZIPPED),
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: br\r\n"
+        b"Content-Length: 4\r\n\r\n\x0b\x01\x80\x03",
     ],
 )
 async def test_attack_a_gateway_answering_no_final_status_is_dropped_and_rerouted(
     stack: Stack, head: bytes
 ) -> None:
     """ATTACK: a gateway (a URL a forged worker state announces) answering an interim,
-    upgrade or unknown status, or one no gateway answers (204, 304, a redirect). The router
+    upgrade or unknown status, or one no gateway answers (204, 304, a redirect, a body with
+    a ``Content-Encoding`` the router never asked for and would relay undecodable). The router
     passed it to the client as its answer (a 101 without a protocol, a 999, a 304 to a
     POST, a 302 without its Location); it is a bad answer: that gateway is dropped and the
     request served elsewhere."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -490,3 +491,30 @@ async def test_a_closed_pool_keeps_no_connection_of_an_answer_in_flight() -> Non
         assert await asking == (200, b"{}")
         await asyncio.wait_for(gone.wait(), 3)
         assert pool._idle == []
+
+
+@session_loop
+@pytest.mark.parametrize("encoding", [b"gzip", b"br", b"deflate, gzip", b"GZIP ", b"x" * 100])
+async def test_attack_an_encoded_answer_is_a_bad_response(encoding: bytes) -> None:
+    """ATTACK: an upstream (a gateway URL a forged worker state announces) answering with a
+    ``Content-Encoding`` nothing asked for. The router dropped the header and relayed the
+    compressed body: bytes its client could not read. It is a ``bad_response`` at its head
+    (the router parks that gateway and tries another); ``identity`` is no encoding."""
+    body = gzip.compress(b'{"ok": true}', mtime=0)
+    asked: list[bytes] = []
+
+    async def encoded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while request := await read_request(reader):
+            asked.append(request)
+            extra = b"Content-Encoding: " + (encoding if n == 0 else b"identity") + b"\r\n"
+            writer.write(answer(body if n == 0 else b"ok", extra=extra))
+            await writer.drain()
+
+    async with server(encoded) as (pool, seen):
+        with pytest.raises(UpstreamError) as err:
+            await asyncio.wait_for(fetch(pool, b"x"), 3)
+        assert err.value.reason == VllmErrorCode.bad_response
+        assert "Content-Encoding" in err.value.message
+        assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
+        assert seen == [0, 1]  # the connection of the encoded answer was dropped
+    assert all(b"\r\nAccept-Encoding: identity\r\n" in request for request in asked)
