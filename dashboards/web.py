@@ -15,7 +15,7 @@ page for ``refresh_s / 2``; a broker that does not answer is a 503 with the reas
 
 An aiohttp app behind the shared connection bounds (``loraplane.kernel.http_server``); queries
 run on a pool of ``QUERY_THREADS``. Only a loopback ``Host`` is served (DNS rebinding:
-docs/security.md).
+docs/security.md). Every answer carries ``SECURITY_HEADERS`` (no inline script, no frames).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "FILTERS",
     "FLEET_READ_TIMEOUT_S",
     "QUERY_THREADS",
+    "SECURITY_HEADERS",
     "STATIC",
     "Dashboard",
     "query_params",
@@ -61,6 +62,18 @@ FILTERS = queries.FILTERS
 QUERY_THREADS = 4
 FLEET_READ_TIMEOUT_S = 4.0  # with live workers beating the read never idles: bounded
 DEFAULT_LIMIT = "5000"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+"""On every answer of the dashboard's app (its page, files, API, errors and refusals): a
+script injected into the page (a value the page shows) would not run, and no other site
+may frame it (clickjacking) or learn its URL (its filters) from a link."""
 
 
 log = logging.getLogger("loraplane.dashboard")
@@ -106,6 +119,10 @@ def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
     )
 
 
+async def _secure(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
 class Dashboard:
     def __init__(self, settings: Settings, refresh_s: float = 5.0) -> None:
         self.settings = settings
@@ -117,6 +134,7 @@ class Dashboard:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024)  # GET only: no body to speak of
         app.router.add_get("/{tail:.*}", self.get)
+        app.on_response_prepare.append(_secure)
         app.on_cleanup.append(self._close)
         return app
 

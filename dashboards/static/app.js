@@ -83,7 +83,9 @@ function drawChart(section, series, opts) {
     svg.appendChild(g);
     const item = document.createElement("span");
     item.dataset.series = name;
-    item.innerHTML = `<i style="background:${color}"></i>`;
+    const swatch = document.createElement("i");
+    swatch.style.background = color;  // through the CSSOM: the CSP allows no style attribute
+    item.appendChild(swatch);
     item.append(name);
     const last = document.createElement("b");
     last.textContent = fmt(data[data.length - 1].y);
