@@ -368,6 +368,7 @@ class RouterRefusal(StrEnum):
     no_live_worker = "no_live_worker"  # no live worker of the base model fits (503)
     worker_lost = "worker_lost"  # the chosen worker closed mid-answer (503 + Retry-After)
     client_gone = "client_gone"  # the client left while its request was queued (499)
+    answers_full = "answers_full"  # the router holds its bound of answer bytes (503)
 
 
 class TenantLimit(StrEnum):

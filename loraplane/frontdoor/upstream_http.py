@@ -7,11 +7,13 @@ with a JSON body, then a status and a body that may stream (chunked SSE). This c
 each request with one ``write`` and parses the answer with httptools (llhttp, the parser of
 uvicorn, which serves vLLM), for a few µs (``bench.gateway_overhead``).
 
-An answer read whole is at most ``max_answer_bytes`` (a ``bad_response`` beyond); a streamed
-one is passed on under flow control. Every request asks for ``Accept-Encoding: identity``,
-and an answer with another ``Content-Encoding`` is a ``bad_response`` at its head: its
-callers pass bodies on as they came (the router to its client, the gateway from vLLM), and
-a relayed body whose encoding header was dropped is bytes the client cannot read.
+An answer read whole is at most ``max_answer_bytes`` (a ``bad_response`` beyond), and all
+of them held at once at most a shared ``AnswerBudget`` (``AnswersFull`` beyond); a streamed
+one is passed on under flow control, at most ``_PAUSE_BYTES`` and one socket read held.
+Every request asks for ``Accept-Encoding: identity``, and an answer with another
+``Content-Encoding`` is a ``bad_response`` at its head: its callers pass bodies on as they
+came (the router to its client, the gateway from vLLM), and a relayed body whose encoding
+header was dropped is bytes the client cannot read.
 Connections are kept alive and reused. A reused connection that the server closed before
 answering a single byte (uvicorn drops idle keep-alive connections after 5 s) is retried
 once on a fresh connection; any other failure is an ``UpstreamError`` with a stable reason.
@@ -33,6 +35,8 @@ from loraplane.schemas.reasons import VllmErrorCode
 __all__ = [
     "MAX_HEAD_BYTES",
     "NOT_RUN_HEADER",
+    "AnswerBudget",
+    "AnswersFull",
     "UpstreamError",
     "UpstreamPool",
     "UpstreamResponse",
@@ -49,6 +53,31 @@ number, nor a chunk's extensions."""
 NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 """On a gateway's 503: its vLLM could not be reached, so the request never reached vLLM (the
 header's value is the reason). A router parks that worker and sends the request to another."""
+
+
+class AnswerBudget:
+    """Bytes of answers read whole that may be held at once across every pool that shares
+    it: ``max_answer_bytes`` bounds one answer, this bounds them all (a thousand answers in
+    flight would otherwise hold a thousand times one). An answer is charged as its bytes
+    arrive and refunded when it is closed."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.max_bytes:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+class AnswersFull(Exception):
+    """An answer read whole did not fit its pool's ``AnswerBudget``: the upstream is not at
+    fault (the answers of others fill it), so it is no ``UpstreamError``."""
 
 
 class UpstreamError(Exception):
@@ -81,6 +110,7 @@ class UpstreamResponse:
         self._deadline = deadline  # loop time by which the whole answer must be in
         self._chunks: list[bytes] = []
         self._buffered = 0
+        self._charged = 0  # bytes taken from the pool's AnswerBudget, refunded at close
         self._whole = False  # read whole: never pause the socket
         self._head_done = False
         self._done = False
@@ -105,15 +135,31 @@ class UpstreamResponse:
         self._wake()
 
     def _check_size(self) -> None:
-        """A whole answer is held in memory: at most the pool's ``max_answer_bytes``."""
-        if self._buffered > self._pool.max_answer_bytes and not self._done:
-            self._chunks, self._buffered = [], 0
-            self._finish(
-                UpstreamError(
-                    VllmErrorCode.bad_response,
-                    f"the answer is over {self._pool.max_answer_bytes} bytes",
-                )
+        """A whole answer is held in memory: at most the pool's ``max_answer_bytes``, and
+        within its ``AnswerBudget`` with every other answer held (an answer that came in
+        whole before it was read too)."""
+        if self._error is not None:
+            return
+        error: Exception | None = None
+        budget = self._pool.budget
+        if self._buffered > self._pool.max_answer_bytes:
+            error = UpstreamError(
+                VllmErrorCode.bad_response,
+                f"the answer is over {self._pool.max_answer_bytes} bytes",
             )
+        elif budget is not None and self._buffered > self._charged:
+            if budget.take(self._buffered - self._charged):
+                self._charged = self._buffered
+            else:
+                error = AnswersFull(
+                    f"{budget.held} bytes of answers held, at most {budget.max_bytes}"
+                )
+        if error is not None:
+            self._chunks, self._buffered = [], 0
+            if self._done:  # all in already (its connection may be back in the pool)
+                self._error = error
+                return
+            self._finish(error)
             self._conn.drop()
 
     def _finish(self, error: Exception | None = None) -> None:
@@ -173,9 +219,9 @@ class UpstreamResponse:
                 await self._wait()
 
     async def read(self) -> bytes:
+        self._whole = True
+        self._check_size()
         if not self._done:
-            self._whole = True
-            self._check_size()
             self._conn.resume()
         while not self._done:
             await self._wait()
@@ -196,6 +242,10 @@ class UpstreamResponse:
         if self._closed:
             return
         self._closed = True
+        self._chunks, self._buffered = [], 0
+        if self._charged and self._pool.budget is not None:
+            self._pool.budget.give(self._charged)
+            self._charged = 0
         self._pool._slots.release()
         if not self._done or self._error is not None:
             self._conn.drop()
@@ -377,9 +427,11 @@ class UpstreamPool:
         limit: int = 64,
         max_answer_bytes: int = 64 * 1024 * 1024,
         headers: dict[str, str] | None = None,
+        budget: AnswerBudget | None = None,
     ) -> None:
         self.host, self.port = host, port
         self.max_answer_bytes = max_answer_bytes  # read whole (not streamed), at most
+        self.budget = budget  # of every answer read whole at once, shared with other pools
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         fixed = {"Host": f"{host}:{port}", "Accept-Encoding": "identity", **(headers or {})}

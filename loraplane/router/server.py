@@ -18,6 +18,7 @@ gateway that fails, and the rules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -60,6 +61,8 @@ from loraplane.frontdoor.request_fields import (
 )
 from loraplane.frontdoor.upstream_http import (
     NOT_RUN_HEADER,
+    AnswerBudget,
+    AnswersFull,
     UpstreamError,
     UpstreamPool,
     UpstreamResponse,
@@ -85,6 +88,7 @@ from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 
 __all__ = [
+    "ANSWER_BUFFER_BYTES",
     "FIRST_READ_S",
     "PROBE_ANSWER_BYTES",
     "PROBE_TIMEOUT_S",
@@ -112,6 +116,12 @@ _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 PROBE_ANSWER_BYTES = 64 * 1024
+ANSWER_BUFFER_BYTES = 256 * 1024 * 1024
+"""Bytes of gateways' answers read whole (not streamed) that the router holds at once, from
+their first byte until they are written to their clients: each is at most 64 MiB, and a
+new answer past this bound is a 503 ``answers_full`` + Retry-After (the gateway is not
+parked: the answers of others fill it). A stream holds at most a 256 KiB window plus one
+socket read, so streams in flight hold at most their number times that."""
 """A gateway's ``/healthz`` answer, at most: a probe reads it whole, and every gateway a
 worker state announces may be probed at once."""
 
@@ -182,11 +192,12 @@ class Fleet:
 @dataclass
 class _Pools:
     """One keep-alive pool per worker gateway URL; an answer read whole is at most
-    ``max_answer_bytes``."""
+    ``max_answer_bytes``, and all of them at once at most ``budget``."""
 
     read_timeout_s: float
     pools: dict[str, UpstreamPool]
     max_answer_bytes: int = 64 * 1024 * 1024
+    budget: AnswerBudget | None = None
 
     def get(self, url: str) -> UpstreamPool:
         pool = self.pools.get(url)
@@ -199,6 +210,7 @@ class _Pools:
                 read_timeout_s=self.read_timeout_s,
                 limit=256,
                 max_answer_bytes=self.max_answer_bytes,
+                budget=self.budget,
             )
         return pool
 
@@ -221,6 +233,7 @@ class Router:
         read_timeout_s: float = 300.0,
         retry_after_s: int = 5,
         clock: Callable[[], float] = time.time,
+        answer_buffer_bytes: int = ANSWER_BUFFER_BYTES,
     ) -> None:
         self.fleet = fleet
         # the one front door (frontdoor.admission), with the router's verified versions
@@ -248,7 +261,8 @@ class Router:
             },
         )
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        self._pools = _Pools(read_timeout_s, {})
+        self.answer_budget = AnswerBudget(answer_buffer_bytes)
+        self._pools = _Pools(read_timeout_s, {}, budget=self.answer_budget)
         # apart: never queued behind requests; a /healthz answer is well under 1 KiB
         self._probes = _Pools(PROBE_TIMEOUT_S, {}, PROBE_ANSWER_BYTES)
         self.in_flight: dict[str, int] = {}
@@ -561,6 +575,14 @@ class Router:
         if not headers.get("content-type", "").startswith("text/event-stream"):
             try:
                 body = await resp.read()
+            except AnswersFull as exc:
+                log.warning("answer of worker %s not held: %s", route.worker_id, exc)
+                return self._refuse(
+                    503,
+                    RouterRefusal.answers_full,
+                    "the router holds as many answers as it may; try again",
+                    **{"Retry-After": str(self.retry_after_s)},
+                )
             except UpstreamError as exc:
                 # The worker died after its head (killed mid-answer): the client gets a
                 # retryable answer, not a 500. Not sent again here: the worker may have
@@ -572,7 +594,13 @@ class Router:
                     f"worker {route.worker_id} closed mid-answer; try again",
                     **{"Retry-After": str(self.retry_after_s)},
                 )
-            return web.Response(body=body, status=resp.status, headers=headers)
+            whole = web.Response(body=body, status=resp.status, headers=headers)
+            del body
+            # written before the answer is closed, which frees its place in the budget
+            with contextlib.suppress(ConnectionError):
+                await whole.prepare(request)
+                await whole.write_eof()
+            return whole
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
         try:

@@ -889,3 +889,28 @@ async def test_attack_a_gateway_gone_from_the_view_keeps_no_connection(stack: St
     finally:
         watch.cancel()
         server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_answers_read_whole_are_bounded_across_requests(stack: Stack) -> None:
+    """ATTACK: many requests at once whose gateways answer big bodies (up to 64 MiB each,
+    read whole before they are relayed). Each answer was bounded, their sum was not: a
+    thousand in flight could hold 64 GiB. All of them at once are bounded by the router's
+    ``answer_budget``: an answer past it is a 503 ``answers_full`` + Retry-After, and the
+    gateway stays in the view (its answer was no fault of its own). What a relayed answer
+    held is freed once it is written."""
+    budget = stack.router.answer_budget
+    assert budget.held == 0
+    status, _, body = await stack.post({"model": "sql", "prompt": "q"})
+    assert status == 200 and budget.held == 0  # written, then freed
+    before = set(stack.router.fleet.index.workers)
+    budget.held = budget.max_bytes - 10  # the answers of others fill it
+    try:
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+    finally:
+        budget.held -= budget.max_bytes - 10
+    assert (status, body["error"]["type"]) == (503, "answers_full"), body
+    assert headers["Retry-After"] == str(stack.router.retry_after_s)
+    assert set(stack.router.fleet.index.workers) == before  # nobody parked
+    assert budget.held == 0
+    assert stack.router.outcomes["answers_full"] == 1

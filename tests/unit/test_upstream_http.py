@@ -518,3 +518,68 @@ async def test_attack_an_encoded_answer_is_a_bad_response(encoding: bytes) -> No
         assert await asyncio.wait_for(fetch(pool, b"ok"), 3) == (200, b"ok")
         assert seen == [0, 1]  # the connection of the encoded answer was dropped
     assert all(b"\r\nAccept-Encoding: identity\r\n" in request for request in asked)
+
+
+@session_loop
+async def test_answers_read_whole_share_one_budget() -> None:
+    """Pools that share an ``AnswerBudget`` hold at most its bytes of answers read whole at
+    once: one past it is ``AnswersFull`` (the upstream is not at fault: no UpstreamError),
+    its connection dropped; closing an answer gives its bytes back, failed or not."""
+    from loraplane.frontdoor.upstream_http import AnswerBudget, AnswersFull
+
+    big = b"x" * 300_000
+
+    async def answer_big(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int
+    ) -> None:
+        while await read_request(reader):
+            writer.write(answer(big))
+            await writer.drain()
+
+    budget = AnswerBudget(500_000)
+    async with server(answer_big) as (one, _), server(answer_big) as (two, _):
+        one.budget = two.budget = budget
+        first = await one.request("POST", "/v1/completions", b"x", total_timeout_s=3)
+        assert await first.read() == big and budget.held == len(big)
+        second = await two.request("POST", "/v1/completions", b"x", total_timeout_s=3)
+        with pytest.raises(AnswersFull):
+            await second.read()
+        assert not isinstance(AnswersFull(""), UpstreamError)
+        second.close()
+        assert budget.held == len(big)
+        first.close()
+        assert budget.held == 0
+        assert await asyncio.wait_for(fetch(two, b"x"), 3) == (200, big)
+        assert budget.held == 0
+
+
+@session_loop
+async def test_a_stream_its_reader_does_not_take_holds_one_window() -> None:
+    """A streamed answer whose reader takes nothing (its client stalls) holds at most
+    ``_PAUSE_BYTES`` plus one socket read, however much the upstream has to send: streams
+    in flight hold at most their number times that (the router's answers read whole are
+    bounded by its ``AnswerBudget``)."""
+    from loraplane.frontdoor.upstream_http import _PAUSE_BYTES
+
+    sent = [0]
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n%s\r\n" % (65536, b"d" * 65536)
+        while sent[0] < 64 * 1024 * 1024:
+            writer.write(piece)
+            sent[0] += 65536
+            await writer.drain()
+
+    async with server(flood) as (pool, _):
+        resp = await pool.request("POST", "/v1/completions", b"{}", total_timeout_s=30)
+        try:
+            held = []
+            for _ in range(50):  # the upstream writes until the kernel's buffers are full
+                await asyncio.sleep(0.01)
+                held.append(resp._buffered)
+            assert max(held) <= _PAUSE_BYTES + 256 * 1024, max(held)
+            assert sent[0] < 64 * 1024 * 1024  # the upstream was held back, not drained
+        finally:
+            resp.close()
