@@ -32,6 +32,7 @@ __all__ = [
     "REGISTRY_READ_FAILURES",
     "REGISTRY_VIEW_REFUSED",
     "REQUEST_TTFT_SECONDS",
+    "ROUTER_ANSWER_BYTES_HELD",
     "ROUTER_DEAD_LETTERS",
     "ROUTER_IN_FLIGHT",
     "ROUTER_QUEUE_DEPTH",
@@ -119,3 +120,4 @@ ROUTER_QUEUE_DEPTH = _n("router_queue_depth")
 ROUTER_QUEUE_WAIT_SECONDS = _n("router_queue_wait_seconds")
 ROUTER_QUEUE_REJECTIONS = _n("router_queue_rejections_total")
 ROUTER_QUEUE_WITHDRAWN = _n("router_queue_withdrawn_total")
+ROUTER_ANSWER_BYTES_HELD = _n("router_answer_bytes_held")

@@ -871,6 +871,12 @@ class RouterMetrics(Collector):
             "Workers in the router's fleet index",
             value=len(router.fleet.index.workers),
         )
+        yield GaugeMetricFamily(
+            m.ROUTER_ANSWER_BYTES_HELD,
+            "Bytes of gateways' answers read whole that the router holds now "
+            "(at most ANSWER_BUFFER_BYTES)",
+            value=router.answer_budget.held,
+        )
         yield CounterMetricFamily(
             m.ROUTER_DEAD_LETTERS,
             "Records the router could not read, sent to dead letters",

@@ -914,3 +914,5 @@ async def test_answers_read_whole_are_bounded_across_requests(stack: Stack) -> N
     assert set(stack.router.fleet.index.workers) == before  # nobody parked
     assert budget.held == 0
     assert stack.router.outcomes["answers_full"] == 1
+    async with stack.http.get(stack.url + "/metrics") as resp:
+        assert "\nloraplane_router_answer_bytes_held 0.0\n" in await resp.text()
