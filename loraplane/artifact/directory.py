@@ -12,13 +12,16 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 
 from loraplane.artifact.verification import FileFacts
 
-__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "DirectoryArtifact"]
+__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "TOO_MANY", "DirectoryArtifact"]
 
 MAX_ENTRIES = 1024
+TOO_MANY = f"(more than {MAX_ENTRIES} entries)"
+"""The name listed past ``MAX_ENTRIES``: no file can have it (``unsafe_path``)."""
 MAX_DEPTH = 4
 _CHUNK = 1024 * 1024
 
@@ -30,12 +33,24 @@ class DirectoryArtifact:
         self._files: list[FileFacts] | None = None
 
     def files(self) -> list[FileFacts]:
+        """The folder's entries, at most ``MAX_ENTRIES`` in the whole tree; past them one
+        entry of kind ``other`` says so, which verification refuses (an artifact is a
+        handful of files). Why not cut silently: an entry left out would be one no check
+        saw; nor list everything first: a folder of millions of names would be held."""
         if self._files is None:
-            self._files = list(self._walk(self.root, "", 0))
+            listed: list[FileFacts] = []
+            for facts in self._walk(self.root, "", 0):
+                if len(listed) == MAX_ENTRIES:
+                    listed.append(FileFacts(TOO_MANY, "other", 0))
+                    break
+                listed.append(facts)
+            self._files = listed
         return self._files
 
     def _walk(self, folder: Path, prefix: str, depth: int) -> Iterator[FileFacts]:
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name)[:MAX_ENTRIES]:
+        with os.scandir(folder) as names:  # one past the bound tells there are more
+            entries = sorted(islice(names, MAX_ENTRIES + 1), key=lambda e: e.name)
+        for entry in entries:
             rel = f"{prefix}{entry.name}"
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):

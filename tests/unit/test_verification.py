@@ -314,3 +314,29 @@ def test_a_file_grown_since_its_listing_is_hashed_to_no_pinned_digest(tmp_path: 
     assert [f.size for f in artifact.files()] == [3]
     os.truncate(folder / "x.safetensors", 256 * 1024**2)
     assert artifact.sha256("x.safetensors") == hashlib.sha256(b"abc\0").hexdigest()
+
+
+@pytest.mark.parametrize("shape", ["one folder", "a tree"])
+def test_attack_a_folder_of_more_entries_than_the_bound_is_refused_not_cut(
+    shape: str, good_adapter: Path, tmp_path: Path
+) -> None:
+    """More entries than ``MAX_ENTRIES`` (in one folder, or over a tree of folders that each
+    hold fewer): the listing stops one past the bound with an entry verification refuses.
+    Before, each folder's first 1,024 names by sort were listed and the rest left unseen,
+    after every name of the folder was read and sorted (millions held)."""
+    from loraplane.artifact.directory import MAX_ENTRIES, TOO_MANY
+
+    folder = tmp_path / "adapter"
+    shutil.copytree(good_adapter, folder)
+    if shape == "one folder":
+        for n in range(MAX_ENTRIES + 5):
+            (folder / f"z{n:05d}.txt").write_bytes(b"")
+    else:
+        for d in range(3):
+            (folder / f"d{d}").mkdir()
+            for n in range(MAX_ENTRIES // 2):
+                (folder / f"d{d}" / f"f{n:04d}").write_bytes(b"")
+    listing = DirectoryArtifact(folder).files()
+    assert len(listing) == MAX_ENTRIES + 1
+    assert listing[-1].path == TOO_MANY and listing[-1].kind == "other"
+    assert not verify_artifact(DirectoryArtifact(folder), LIMITS).ok
