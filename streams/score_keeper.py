@@ -317,6 +317,7 @@ class ScoreKeeper:
             component=COMPONENT,
             checkpoints_path=self.settings.home / "scoring" / CHECKPOINTS_FILE,
             version=lambda: tail.version,
+            source=tail,
         )
         try:
             while not stop.is_set():

@@ -154,6 +154,7 @@ def verified_registry(
         on_read_failed=metrics.registry_read_failed,
         version=lambda: tail.version,
         scope=scope,
+        source=tail,
     )
 
 

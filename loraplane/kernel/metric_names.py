@@ -53,6 +53,7 @@ __all__ = [
     "SINK_UNJOURNALED",
     "TOPIC_TAIL_CAUGHT_UP",
     "TOPIC_TAIL_CURRENT",
+    "TOPIC_TAIL_FORGOTTEN",
     "TOPIC_TAIL_LAG",
     "VLLM_FOREIGN_CHANGES",
     "VLLM_NAMESPACE",
@@ -95,6 +96,7 @@ CONSUMER_STALLS = _n("consumer_stalls_total")
 TOPIC_TAIL_CAUGHT_UP = _n("topic_tail_caught_up")
 TOPIC_TAIL_LAG = _n("topic_tail_lag")
 TOPIC_TAIL_CURRENT = _n("topic_tail_current")
+TOPIC_TAIL_FORGOTTEN = _n("topic_tail_forgotten_total")
 
 # The event sink of every producing runtime (eventlog.sink.SinkMetrics).
 SINK_DELIVERED = _n("event_sink_delivered_total")

@@ -74,7 +74,8 @@ class TailMetrics(Collector):
     present: ``loraplane_topic_tail_caught_up`` 0 until the first complete read,
     ``loraplane_topic_tail_lag`` the records known to be unread, ``.._current`` 1 when
     caught up, not behind and the broker answering (a view that is not current keeps
-    serving, just older)."""
+    serving, just older), ``.._forgotten_total`` the refused records it forgot past its
+    bounds (``TopicTail.refuse``)."""
 
     def __init__(self, tails: Iterable[TopicTail]) -> None:
         self.tails = list(tails)
@@ -93,10 +94,18 @@ class TailMetrics(Collector):
             "1 when the view is the topic's present (caught up, no lag, broker answering)",
             labels=["component"],
         )
+        forgotten = CounterMetricFamily(
+            m.TOPIC_TAIL_FORGOTTEN,
+            "Records its user refused that the tail forgot past its bounds (a writer of the "
+            "topic inventing keys; re-read from the start on a new keyring)",
+            labels=["component"],
+        )
         for t in self.tails:
             caught_up.add_metric([t.component], float(t.caught_up))
             lag.add_metric([t.component], t.lag())
             current.add_metric([t.component], float(t.current()))
+            forgotten.add_metric([t.component], t.forgotten)
         yield caught_up
         yield lag
         yield current
+        yield forgotten

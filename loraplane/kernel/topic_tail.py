@@ -12,6 +12,10 @@ say whether and since when the view is the topic's present (``router.liveness``)
 optional ``select`` keeps a consumer to its share: a key it holds nothing of is kept only
 when selected; once in, every later record of it is kept. ``TailView`` is the pure part.
 Partitions added after the start are not read.
+
+Records the user refused (``refuse``) are held within bounds, the oldest forgotten first,
+so keys written once cannot grow the view; ``rewind`` re-reads what was forgotten (a new
+keyring may verify it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,6 +37,8 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
 __all__ = [
+    "MAX_REFUSED",
+    "MAX_REFUSED_BYTES",
     "PARTITION_EOF",
     "PROBE_EVERY_S",
     "RECONNECT_S",
@@ -47,6 +54,11 @@ Partition = tuple[str, int]  # (topic, partition)
 RECONNECT_S = 1.0  # a consumer that failed is rebuilt after this long
 PROBE_EVERY_S = 5.0  # an idle tail asks for metadata this often, to notice a broker away
 PARTITION_EOF = -191  # librdkafka's _PARTITION_EOF
+MAX_REFUSED = 1000
+"""Refused records a view keeps (a later keyring may verify them) before it forgets the
+oldest: more than a fleet's keys rotate at once, far less than a writer can invent."""
+MAX_REFUSED_BYTES = 16 * 1024 * 1024
+"""And their bytes at most."""
 
 
 class TailView:
@@ -54,13 +66,27 @@ class TailView:
     thread-safe: ``TopicTail`` holds its lock around it. ``select``: which records of a key
     not held yet are kept (None: all). ``keep=False``: no record is held, only positions
     (a tail whose user indexes each record itself: holding them too would keep every key
-    ever written to a compacted topic, whatever the user forgets)."""
+    ever written to a compacted topic, whatever the user forgets). ``max_refused`` and
+    ``max_refused_bytes`` bound the records held that the user refused (``refuse``)."""
 
-    def __init__(self, select: Callable[[Record], bool] | None = None, keep: bool = True) -> None:
+    def __init__(
+        self,
+        select: Callable[[Record], bool] | None = None,
+        keep: bool = True,
+        max_refused: int = MAX_REFUSED,
+        max_refused_bytes: int = MAX_REFUSED_BYTES,
+    ) -> None:
         self._select = select
         self._keep = keep
         self.skipped = 0  # records read past: not selected, for a key not held
         self._latest: dict[tuple[str, bytes], Record] = {}
+        self._refused: OrderedDict[tuple[str, bytes], int] = OrderedDict()  # key -> its bytes
+        self._refused_bytes = 0
+        self._max_refused = max_refused
+        self._max_refused_bytes = max_refused_bytes
+        self.forgotten = 0  # refused records dropped past the bounds, ever
+        self._forgotten_since_rewind = 0
+        self.rewind_due = False  # asked for, not yet begun by the reading thread
         self._next: dict[Partition, int] = {}  # the next offset to read
         self._end: dict[Partition, int] = {}  # the end as last learned from the broker
         self._reached: set[Partition] = set()  # partitions read to their end at least once
@@ -87,11 +113,16 @@ class TailView:
         tp = (record.topic, record.partition)
         key = (record.topic, record.key or b"")
         held = self._latest.get(key)
-        kept = (
-            self._select is None
-            or (held is not None and held.value is not None)
-            or self._selects(record)
-        )
+        if held is not None and held.partition == record.partition and held.offset > record.offset:
+            kept = False  # a re-read (``rewind``) of a record older than the one held
+        else:
+            kept = (
+                self._select is None
+                or (held is not None and held.value is not None)
+                or self._selects(record)
+            )
+        if kept and key in self._refused:  # a new record of it: the user judges it again
+            self._refused_bytes -= self._refused.pop(key)
         if kept and self._keep:
             self._latest.pop(key, None)  # re-inserted last: the dict stays in arrival order
             self._latest[key] = record
@@ -105,6 +136,49 @@ class TailView:
         else:
             self._check_caught_up()
         return kept
+
+    def refuse(self, record: Record) -> None:
+        """The user refused ``record`` (if it is still its key's last one): it is kept among
+        the refused, whose oldest are forgotten past ``max_refused`` or
+        ``max_refused_bytes``."""
+        key = (record.topic, record.key or b"")
+        held = self._latest.get(key)
+        if held is None or (held.partition, held.offset) != (record.partition, record.offset):
+            return
+        if key in self._refused:
+            return
+        size = len(record.key or b"") + len(record.value or b"")
+        self._refused[key] = size
+        self._refused_bytes += size
+        while self._refused and (
+            len(self._refused) > self._max_refused or self._refused_bytes > self._max_refused_bytes
+        ):
+            oldest, size = self._refused.popitem(last=False)
+            self._refused_bytes -= size
+            del self._latest[oldest]
+            self.forgotten += 1
+            self._forgotten_since_rewind += 1
+
+    def refused_held(self) -> tuple[int, int]:
+        """(records, bytes) held that the user refused."""
+        return len(self._refused), self._refused_bytes
+
+    def ask_rewind(self) -> bool:
+        """Ask for a re-read from the start when a refused record was forgotten since the
+        last one (a new keyring may verify it); whether one was asked. ``read_to`` is False
+        until the reading thread began it (``rewind``)."""
+        if not self._forgotten_since_rewind:
+            return False
+        self.rewind_due = True
+        return True
+
+    def rewind(self) -> None:
+        """Begin the re-read: every partition from its start. The records held stay (an
+        older one read again does not replace them); the view stays caught up."""
+        self.rewind_due = False
+        self._forgotten_since_rewind = 0
+        for tp in self._next:
+            self._next[tp] = 0
 
     def _selects(self, record: Record) -> bool:
         """``select``'s answer; a select that fails on a record keeps it (the consumer's own
@@ -136,7 +210,11 @@ class TailView:
     def read_to(self, ends: dict[Partition, int]) -> bool:
         """Whether every partition is read up to its offset in ``ends`` (offsets taken from
         the broker at some moment: the view then holds everything written before it)."""
-        return self.caught_up and all(self._next.get(tp, 0) >= end for tp, end in ends.items())
+        return (
+            self.caught_up
+            and not self.rewind_due
+            and all(self._next.get(tp, 0) >= end for tp, end in ends.items())
+        )
 
     def lag(self) -> int:
         """Records (offsets) between the read positions and the ends last learned."""
@@ -185,7 +263,8 @@ class TopicTail:
     records of a key not held yet are kept (``TailView``; called on the tail's thread).
     ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``).
     ``keep=False``: the tail holds no record (``snapshot`` refuses), for an ``on_record``
-    user that holds what it needs itself."""
+    user that holds what it needs itself. ``max_refused``, ``max_refused_bytes``: the
+    bounds of the records held that the user refused (``refuse``, ``TailView``)."""
 
     def __init__(
         self,
@@ -199,6 +278,8 @@ class TopicTail:
         select: Callable[[Record], bool] | None = None,
         prefetch_kbytes: int | None = None,
         keep: bool = True,
+        max_refused: int = MAX_REFUSED,
+        max_refused_bytes: int = MAX_REFUSED_BYTES,
     ) -> None:
         self._settings = settings
         self._prefetch_kbytes = prefetch_kbytes
@@ -208,7 +289,7 @@ class TopicTail:
         self._probe_every_s = probe_every_s
         self._clock = clock
         self._span = CurrentSpan(2 * probe_every_s + 1.0)
-        self._view = TailView(select, keep)
+        self._view = TailView(select, keep, max_refused, max_refused_bytes)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -232,6 +313,35 @@ class TopicTail:
         """Records read past because ``select`` did not keep them."""
         with self._lock:
             return self._view.skipped
+
+    @property
+    def forgotten(self) -> int:
+        """Refused records forgotten past the bounds (``refuse``), ever."""
+        with self._lock:
+            return self._view.forgotten
+
+    def refused_held(self) -> tuple[int, int]:
+        """(records, bytes) held that the user refused."""
+        with self._lock:
+            return self._view.refused_held()
+
+    def refuse(self, record: Record) -> None:
+        """The user refused ``record`` (one of a ``snapshot``): it is held only within the
+        bounds, the oldest refused forgotten first. Any thread."""
+        with self._lock:
+            self._view.refuse(record)
+
+    def rewind(self) -> bool:
+        """Re-read the topic from its start if a refused record was forgotten since the last
+        re-read (a new keyring may verify it); whether it will. ``wait_read_to`` waits for
+        the re-read. Any thread."""
+        with self._changed:
+            asked = self._view.ask_rewind()
+        if asked:
+            log.info(
+                "%s: re-reading from the start: refused records were forgotten", self.component
+            )
+        return asked
 
     def lag(self) -> int:
         with self._lock:
@@ -325,6 +435,12 @@ class TopicTail:
                     self._assign(consumer)
                     probed = time.monotonic()
                     while not self._stop.is_set():
+                        with self._lock:
+                            rewind = self._view.rewind_due
+                            if rewind:
+                                self._view.rewind()
+                        if rewind:
+                            self._assign(consumer)
                         if self._step(consumer):
                             probed = time.monotonic()
                         elif time.monotonic() - probed > self._probe_every_s:

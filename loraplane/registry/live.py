@@ -12,8 +12,10 @@ turned into records. A refused newer record leaves the adapter at the last view 
 so serving does not depend on Kafka. Checkpoints and the accepted views are kept in the host
 tier and re-verified on a restart. An accepted view is held beside the signed bytes it was
 accepted from, without its decoded evidence, and a consumer given a
-``registry.topic.RegistryScope`` holds only its base models' adapters. docs/worker.md,
-"Host warm tier and artifact verification", and docs/lifecycle.md give the rules.
+``registry.topic.RegistryScope`` holds only its base models' adapters. A record that is no
+accepted view goes back to its tail (``Source``: held within bounds, re-read on a new
+keyring). docs/worker.md, "Host warm tier and artifact verification", and
+docs/lifecycle.md give the rules.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from loraplane.schemas.strict_json import strict_loads
 if TYPE_CHECKING:
     from loraplane.registry.topic import RegistryScope
 
-__all__ = ["CHECKPOINTS_FILE", "EventSink", "VerifiedRegistry", "newer"]
+__all__ = ["CHECKPOINTS_FILE", "EventSink", "Source", "VerifiedRegistry", "newer"]
 
 log = logging.getLogger(__name__)
 CHECKPOINTS_FILE = ".registry-checkpoints.json"  # not a lora name: the host-tier scan ignores it
@@ -59,6 +61,15 @@ class EventSink(Protocol):
     """Where refused records go (``eventlog.sink.EventSink`` is one)."""
 
     def emit(self, topic_suffix: str, key: str, message: BaseModel) -> None: ...
+
+
+class Source(Protocol):
+    """The tail the records come from (``kernel.topic_tail.TopicTail``), told which of its
+    records are no accepted view and when the keyring changed."""
+
+    def refuse(self, record: Record) -> None: ...
+
+    def rewind(self) -> bool: ...
 
 
 def newer(incoming: AdapterView | Checkpoint, current: AdapterView | Checkpoint | None) -> bool:
@@ -114,14 +125,17 @@ class VerifiedRegistry:
         clock: Callable[[], datetime] = now_utc,
         version: Callable[[], int] | None = None,
         scope: RegistryScope | None = None,
+        source: Source | None = None,
     ) -> None:
         """``version``: the source's change counter (``TopicTail.version``); with it a
         refresh reads only after a change (or a new keyring), without it every time.
         ``scope``: the source tail's (``registry.topic.RegistryScope``), told which
         adapters this registry holds once the saved views are loaded: start the tail
         after this. A verified view of a base model outside the scope is not held, whatever
-        header brought it in."""
+        header brought it in. ``source``: the tail behind ``read``, told the records that
+        are no accepted view (held within its bounds) and re-read on a new keyring."""
         self._keyring_file = keyring
+        self._source = source
         self._read = read
         self._version = version
         self._read_version: int | None = None
@@ -204,6 +218,8 @@ class VerifiedRegistry:
         verify are withdrawn; True when that withdrew any."""
         if keyring is self._cache_keyring:
             return False
+        if self._source is not None and self._cache_keyring is not None:
+            self._source.rewind()  # what it forgot may verify now
         self._cache, self._cache_keyring = {}, keyring
         withdrawn = [
             aid
@@ -231,6 +247,8 @@ class VerifiedRegistry:
                         f"adapter; its verified view stays (revoke its versions to end it)",
                     ),
                 )
+            else:
+                self._forget(record)  # nothing to withdraw: no view to hold it for
             return False
         verdict = self._cache.get((record.partition, record.offset))
         if verdict is None:
@@ -238,13 +256,15 @@ class VerifiedRegistry:
             self._cache[(record.partition, record.offset)] = verdict
         if verdict.refused is not None:
             self._report(record, verdict.refused)
+            self._forget(record)
             return False
         if (
             verdict.view is None
             or verdict.checkpoint is None
             or not self._serves(verdict.view.base_model)
         ):
-            return False  # a genuine view of another base model: not this consumer's
+            self._forget(record)  # a genuine view of another base model: not this consumer's
+            return False
         aid = verdict.view.adapter_id
         held = self.checkpoints.get(aid) if aid in self.accepted else None
         if not newer(verdict.checkpoint, held):
@@ -253,6 +273,11 @@ class VerifiedRegistry:
             return False
         self._accept(verdict)
         return True
+
+    def _forget(self, record: Record) -> None:
+        """``record`` is no accepted view: its tail holds it only within its bounds."""
+        if self._source is not None:
+            self._source.refuse(record)
 
     # ---- deciding -------------------------------------------------------------------------
     def _keyring(self) -> Keyring | None:

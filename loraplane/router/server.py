@@ -808,6 +808,7 @@ async def serve_router(
         checkpoints_path=settings.home / "router" / options.router_id / CHECKPOINTS_FILE,
         version=lambda: tail.version,
         scope=scope,
+        source=tail,
     )
     tail.start()
     await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S)

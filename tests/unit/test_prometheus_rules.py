@@ -85,7 +85,11 @@ async def test_the_worker_metrics_are_promtool_clean_and_show_residency(world: W
         counts=_Counts(), client_id="worker-w1", backlog=0, backlog_bytes=0, journal_pending=0
     )
     tail = SimpleNamespace(
-        component="worker-w1-registry", caught_up=True, lag=lambda: 0, current=lambda: True
+        component="worker-w1-registry",
+        caught_up=True,
+        lag=lambda: 0,
+        current=lambda: True,
+        forgotten=0,
     )
     registry.register(SinkMetrics(sink))  # type: ignore[arg-type]
     registry.register(TailMetrics([tail]))  # type: ignore[list-item]
