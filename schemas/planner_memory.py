@@ -5,7 +5,10 @@ restarted planner neither re-decides nor reuses a command id.
 The wire form of ``streams.planner.WorkerMemory``. A record is signed by the planner key
 that wrote it (``signed_bytes``: every field but ``signature``, the worker id included,
 behind a domain tag of its own): the next active planner re-signs its pending commands, so
-it reads only records a planner key of the keyring signed for that worker.
+it reads only records a planner key of the keyring signed for that worker. ``epoch`` (signed
+too) is the planner session that wrote it: a takeover starts a newer one, refuses a record
+older than one it read before for the worker (a replay), and puts its epoch in every command
+id, so a counter set back still issues ids the worker never saw.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ class PlannerMemory(StrictModel):
         description="issue times (epoch s) of load_gpu commands in the "
         "last minute: the cold-load budget",
     )
+    epoch: int = Field(
+        0,
+        ge=0,
+        le=2**62,
+        description="the planner session that wrote it (0: none; its command ids carry it)",
+    )
     key_id: str = Field("", max_length=200, description="the planner key that signed it")
     signature: str = Field("", max_length=128, description="base64 Ed25519 signature")
 
@@ -43,6 +52,9 @@ class PlannerMemory(StrictModel):
         """The domain tag and the record's JSON without ``signature``, as pydantic writes it
         (the fields in their declared order, so a decoded record gives the same bytes):
         only planners read these records, and a tick signs every changed one, at a fifth of
-        the cost of canonical JSON."""
-        body = self.model_dump_json(exclude={"signature"})
+        the cost of canonical JSON. Epoch 0 is left out: a record without one signs as
+        before epochs were written."""
+        body = self.model_dump_json(
+            exclude={"signature", "epoch"} if self.epoch == 0 else {"signature"}
+        )
         return PLANNER_MEMORY_SIGNING_DOMAIN.encode("ascii") + b"\n" + body.encode("utf-8")

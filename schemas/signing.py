@@ -37,6 +37,7 @@ __all__ = [
     "small_order",
     "unb64",
     "verify",
+    "verify_raw",
 ]
 
 KEY_FILE_FORMAT = "loraplane.ed25519.v1"
@@ -198,8 +199,26 @@ def verify(event: LifecycleEvent | CacheCommand | PlannerMemory, key: Ed25519Pub
     before then cost a hash, not an Ed25519 verification. A key's revocation and window are
     checked before this (``keyring.signer``), never remembered."""
     try:
-        signature = unb64(event.signature, 64)
         message = event.signed_bytes()
+    except ValueError:
+        return False
+    return _verifies(message, event.signature, key)
+
+
+def verify_raw(message: bytes, signature: str, public_key_text: str) -> bool:
+    """``verify`` of bytes already in hand (a planner-memory record's, read off its raw
+    JSON before it is decoded: ``streams.planner_runtime.memory_refusal``), with the
+    keyring's text of the public key."""
+    try:
+        key = public_key(public_key_text)
+    except ValueError:
+        return False
+    return _verifies(message, signature, key)
+
+
+def _verifies(message: bytes, signature_text: str, key: Ed25519PublicKey) -> bool:
+    try:
+        signature = unb64(signature_text, 64)
         proof = hashlib.sha256(key.public_bytes_raw() + signature + message).digest()
         if proof in _verified:
             return True

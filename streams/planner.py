@@ -70,19 +70,22 @@ LOAD_WINDOW_S = 60.0
 class WorkerMemory:
     """What the planner told one worker that the worker's state may not show yet."""
 
-    seq: int = 0  # commands issued to this worker so far: the epoch in command ids
+    seq: int = 0  # commands issued to this worker so far: the counter in command ids
     pending: tuple[CacheCommand, ...] = ()
     loads: tuple[float, ...] = ()  # issue times of load_gpu commands in the last minute
+    epoch: int = 0  # the planner session that issued its last command (``Planner.tick``)
 
     def record(self) -> PlannerMemory:
         """The memory as written to the ``planner-memory`` table. Not validated: the
         commands were validated when built and the rest is the planner's own numbers."""
-        return PlannerMemory.model_construct(seq=self.seq, pending=self.pending, loads=self.loads)
+        return PlannerMemory.model_construct(
+            seq=self.seq, pending=self.pending, loads=self.loads, epoch=self.epoch
+        )
 
     @classmethod
     def of(cls, record: PlannerMemory) -> WorkerMemory:
         """The memory a (decoded, so validated) table record holds."""
-        return cls(seq=record.seq, pending=record.pending, loads=record.loads)
+        return cls(seq=record.seq, pending=record.pending, loads=record.loads, epoch=record.epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ class _Worker:
     loads: list[float]  # issue times of load_gpu commands in the last minute
     seq: int  # commands issued to this worker so far
     pending: list[CacheCommand] = field(default_factory=list)
+    epoch: int = 0  # the planner session of its last command
     host_pinned: set[str] | frozenset[str] = frozenset()  # host-only copies that are pinned
     protected: frozenset[str] = frozenset()  # copies the worker may refuse to move down
     held: frozenset[str] = frozenset()  # copies the worker reported protected
@@ -182,7 +186,9 @@ class _Worker:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark
 
     def memory(self) -> WorkerMemory:
-        return WorkerMemory(seq=self.seq, pending=tuple(self.pending), loads=tuple(self.loads))
+        return WorkerMemory(
+            seq=self.seq, pending=tuple(self.pending), loads=tuple(self.loads), epoch=self.epoch
+        )
 
     def may_protect(self, lora: str, rule: Callable[[str], bool]) -> None:
         """A copy of ``lora`` is expected here now: with room under its cap, the worker may
@@ -330,6 +336,7 @@ def _effective(
         host_bytes=state.host_bytes_used,
         loads=[t for t in memory.loads if now - t < LOAD_WINDOW_S],
         seq=memory.seq,
+        epoch=memory.epoch,
     )
     if memory.pending:
         skipped = frozenset(state.skipped_commands)
@@ -390,21 +397,30 @@ def _move(w: _Worker, lora: str, before: Copy, after: Copy, size: int) -> None:
         w.host_bytes = w.host_bytes + size if after.present else max(0, w.host_bytes - size)
 
 
-def command_id(worker_id: str, action: str, lora: str, seq: int) -> str:
-    digest = hashlib.blake2b(
-        f"{worker_id}|{action}|{lora}|{seq}".encode(), digest_size=16
-    ).hexdigest()
+def command_id(worker_id: str, action: str, lora: str, seq: int, epoch: int = 0) -> str:
+    """The id of a worker's ``seq``-th command under planner session ``epoch``: unique per
+    (seq, epoch), so a takeover whose counter went back (a replayed ``planner-memory``
+    record) still issues ids the worker never saw. Epoch 0 (no lease: the simulator,
+    ``plan show``) adds nothing to the hashed text."""
+    text = f"{worker_id}|{action}|{lora}|{seq}" + (f"|{epoch}" if epoch else "")
+    digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
     return f"c{digest}"
 
 
 class _Planner:
     def __init__(
-        self, policy: Policy, now: float, rule: Callable[[str], bool] = lambda _: False
+        self,
+        policy: Policy,
+        now: float,
+        rule: Callable[[str], bool] = lambda _: False,
+        epoch: int = 0,
     ) -> None:
-        """``rule``: does a worker's never-evict rule hold for a lora name."""
+        """``rule``: does a worker's never-evict rule hold for a lora name. ``epoch``: the
+        planner session's, in every command id it issues."""
         self.policy = policy
         self.now = now
         self.rule = rule
+        self.epoch = epoch
         self.commands: list[CacheCommand] = []
         self.waiting: list[Waiting] = []
         self.issued_at = datetime.fromtimestamp(now, UTC)
@@ -437,13 +453,14 @@ class _Planner:
         if outcome.refused is not None or after == before or (action, lora) in w.failed:
             return False
         w.seq += 1
+        w.epoch = self.epoch
         reason = {
             "rule": rule,
             "score": None if score is None else round(score, 6),
             "detail": detail[:512],
         }
         fields = {
-            "command_id": command_id(w.id, action.value, lora, w.seq),
+            "command_id": command_id(w.id, action.value, lora, w.seq, self.epoch),
             "worker_id": w.id,
             "action": action,
             "base_model": record.base_model,
@@ -513,15 +530,19 @@ class Planner:
         memory: Mapping[str, WorkerMemory] | None = None,
         scheduled: Mapping[str, float] | None = None,
         changed: Iterable[str] | None = None,
+        epoch: int = 0,
     ) -> Plan:
         """One planning tick. ``scheduled`` maps adapter_id -> scheduled warm-up score
         (streams.schedules.warmup_scores); ``memory`` is the previous plan's ``memory``;
         ``changed``: the score keys added, replaced or removed since this planner's last
         tick (None: unknown, every key is compared), so only their rows are read again.
-        The garbage collector is held off meanwhile (``collector.held_off``): a cold tick
-        builds 100k-row columns that each young collection would walk again."""
+        ``epoch``: the planner session's (``planner_runtime``), in every command id. The
+        garbage collector is held off meanwhile (``collector.held_off``): a cold tick builds
+        100k-row columns that each young collection would walk again."""
         with collector.held_off():
-            return self._tick(views, scores, workers, policy, now, memory, scheduled, changed)
+            return self._tick(
+                views, scores, workers, policy, now, memory, scheduled, changed, epoch
+            )
 
     def _tick(
         self,
@@ -533,6 +554,7 @@ class Planner:
         memory: Mapping[str, WorkerMemory] | None,
         scheduled: Mapping[str, float] | None,
         changed: Iterable[str] | None,
+        epoch: int = 0,
     ) -> Plan:
         memory = memory or {}
         registry, columns = self._columns.update(views, scores, changed)
@@ -560,7 +582,7 @@ class Planner:
                 )
             )
 
-        p = _Planner(policy, now, rule)
+        p = _Planner(policy, now, rule, epoch)
         no_rows = BaseRows({}, np.zeros(0, np.intp))
         for base in sorted(set(registry.bases) | set(fleet)):
             _plan_base(p, table, registry.bases.get(base, no_rows), registry, fleet.get(base, []))

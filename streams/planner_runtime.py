@@ -17,11 +17,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import msgspec
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
@@ -49,14 +51,12 @@ from loraplane.schemas.keyring import (
     KeyringError,
     KeyringFile,
     KeyRole,
-    SignerRefusal,
-    signer,
 )
-from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.planner_memory import PLANNER_MEMORY_SIGNING_DOMAIN, PlannerMemory
 from loraplane.schemas.reasons import RegistryViewRejection as ViewReason
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.score_snapshot import UNKNOWN_KEY, ScoreSnapshot
-from loraplane.schemas.signing import KeyFileError, SigningKey
+from loraplane.schemas.signing import KeyFileError, SigningKey, verify_raw
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
@@ -76,12 +76,14 @@ __all__ = [
     "WAKE_POLL_S",
     "LeaseLost",
     "LeaseMetrics",
+    "MemoryGate",
     "PlannerRuntime",
     "Preview",
     "ScoreView",
     "WorkerStates",
     "audit_of",
     "memory_of",
+    "memory_refusal",
     "of_base",
     "plan_tick",
     "preview",
@@ -274,37 +276,147 @@ class WorkerStates:
         return state.command_partition if state is not None else None
 
 
-def memory_of(records: list[Record], keyring: Keyring | None) -> dict[str, WorkerMemory]:
+class _MemoryPeek(msgspec.Struct):
+    """The two fields of a planner-memory record read before its signature is checked."""
+
+    worker_id: str | None = None
+    key_id: str = ""
+
+
+_PEEK = msgspec.json.Decoder(_MemoryPeek)
+_SIGNATURE_FIELD = b',"signature":"'
+_EPOCH_ZERO = b',"epoch":0,'
+
+
+def _signed_parts(value: bytes) -> tuple[bytes, str] | None:
+    """The body a record's signature is of, and the signature, read off the raw JSON the
+    planner writes (``encode``: the fields in declared order, ``signature`` last): the JSON
+    without its ``signature`` field, nor ``"epoch":0`` (epoch 0 is left out of what is
+    signed, ``PlannerMemory.signed_bytes``; no other object of a record has an ``epoch``).
+    None when it is not that shape. A string value cannot hold ``,"signature":"`` (its
+    quotes are escaped)."""
+    at = value.rfind(_SIGNATURE_FIELD)
+    if at < 0 or not value.endswith(b'"}'):
+        return None
+    try:
+        signature = value[at + len(_SIGNATURE_FIELD) : -2].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return value[:at].replace(_EPOCH_ZERO, b",", 1) + b"}", signature
+
+
+def memory_refusal(record: Record, keyring: Keyring | None) -> str | None:
+    """Why ``record`` is no planner-memory record a ``planner`` key of ``keyring`` signed for
+    the worker its Kafka key names (None: it is), checked on its raw bytes before any
+    decoding: two fields peeked, then one Ed25519 verification (``verify_raw``). A
+    retired key's records stay valid (an idle worker's record is not rewritten when the key
+    rotates); a revoked key's do not."""
+    wid = (record.key or b"").decode("utf-8", "replace")
+    if record.value is None:
+        return "a tombstone"
+    try:
+        peek = _PEEK.decode(record.value)
+    except (msgspec.DecodeError, RecursionError):
+        return "unreadable"
+    if peek.worker_id != wid:
+        return "the memory of another worker"
+    if keyring is None:
+        return "keyring unavailable"
+    entry = keyring.get(peek.key_id)
+    if entry is None or entry.role is not KeyRole.planner or entry.revoked:
+        return "no planner key of the keyring signed it"
+    parts = _signed_parts(record.value)
+    if parts is None:
+        return "not a signed record"
+    body, signature = parts
+    domain = PLANNER_MEMORY_SIGNING_DOMAIN.encode("ascii") + b"\n"
+    if not verify_raw(domain + body, signature, entry.public_key):
+        return f"signature does not verify with key {entry.key_id}"
+    return None
+
+
+def memory_of(
+    records: Iterable[Record],
+    keyring: Keyring | None,
+    *,
+    newest: Mapping[str, WorkerMemory] | None = None,
+    refuse: Callable[[Record], None] | None = None,
+) -> dict[str, WorkerMemory]:
     """The memory per worker in the planner-memory topic's last records. A record is read
     only when a ``planner`` key of ``keyring`` that is not revoked signed it for the worker
-    its Kafka key names (a retired key's records stay valid: an idle worker's record is
-    not rewritten when the key rotates): the next active planner re-signs its pending
-    commands, so an unsigned record would make it sign anyone's commands. One that does not
-    decode or verify, or holds a pending command for another worker, is skipped with its reason (the
-    worker is planned as if it had none, and that tick's memory replaces the record)."""
+    its Kafka key names (``memory_refusal``, before it is decoded): the next active planner
+    re-signs its pending commands, so an unsigned record would make it sign anyone's
+    commands. One older (epoch, then seq) than ``newest``'s memory of its worker (what this
+    process read or wrote before) is a replay. A record refused for any of these, or for a
+    pending command for another worker, is handed to ``refuse`` (its tail holds it within
+    bounds) and counted in one summary line (the worker is planned as if it had none, and
+    that tick's memory replaces the record)."""
     out: dict[str, WorkerMemory] = {}
+    refused: Counter[str] = Counter()
+    example = ""
     for record in records:
         wid = (record.key or b"").decode("utf-8", "replace")
-        if record.value is None:
+        why = memory_refusal(record, keyring)
+        if why is None:
+            try:
+                memory = decode(PlannerMemory, record.value or b"")
+            except SchemaError as exc:
+                why = f"unreadable: {str(exc)[:200]}"
+        if why is None:
+            other = next((c.worker_id for c in memory.pending if c.worker_id != wid), None)
+            before = None if newest is None else newest.get(wid)
+            if other is not None:
+                why = "it holds a pending command for another worker"
+            elif before is not None and (memory.epoch, memory.seq) < (before.epoch, before.seq):
+                why = "older than the memory read before (a replay)"
+        if why is None:
+            out[wid] = WorkerMemory.of(memory)
             continue
-        try:
-            memory = decode(PlannerMemory, record.value)
-        except SchemaError as exc:
-            log.error("%s: unreadable value skipped: %s", wid[:64], exc)
-            continue
-        if memory.worker_id != wid:
-            log.error("%s: value skipped: it is the memory of %s", wid[:64], memory.worker_id)
-            continue
-        entry = signer(keyring, memory, KeyRole.planner, None)
-        if isinstance(entry, SignerRefusal):
-            log.error("%s: value skipped: %s: %s", wid, entry.problem.value, entry.detail)
-            continue
-        other = next((c.worker_id for c in memory.pending if c.worker_id != wid), None)
-        if other is not None:
-            log.error("%s: value skipped: it holds a pending command for %s", wid, other)
-            continue
-        out[wid] = WorkerMemory.of(memory)
+        if record.value is not None:  # a tombstone is only the absence of a memory
+            refused[why.split(":")[0]] += 1
+            example = example or f"{wid[:64]!r}: {why}"
+        if refuse is not None:
+            refuse(record)
+    if refused:
+        log.error(
+            "planner-memory: %d records skipped (%s); e.g. %s",
+            refused.total(),
+            ", ".join(f"{why}: {n}" for why, n in refused.most_common()),
+            example,
+        )
     return out
+
+
+class MemoryGate:
+    """The planner-memory tail's ``on_record``: each record as it arrives is checked
+    (``memory_refusal``, no decoding) and one refused is handed back to the tail
+    (``TopicTail.refuse``: held within its bounds), logged as a rate-limited count. A
+    new keyring re-reads the tail from its start when it forgot any."""
+
+    def __init__(self, keyring: KeyringFile, tail: Callable[[], TopicTail]) -> None:
+        self._keyring_file = keyring
+        self._tail = tail
+        self._keyring: Keyring | None = None
+        self._log = LogBurst("planner-memory record refused", LOG_EVERY_S, logger=log)
+        self.refused = 0
+
+    def keyring(self) -> Keyring | None:
+        """The keyring now; a new one re-reads what the tail forgot."""
+        keyring = _keyring_or_none(self._keyring_file)
+        if keyring is not self._keyring:
+            if self._keyring is not None:
+                self._tail().rewind()
+            self._keyring = keyring
+        return keyring
+
+    def __call__(self, record: Record) -> None:
+        why = memory_refusal(record, self.keyring())
+        if why is None:
+            return
+        self._tail().refuse(record)
+        if record.value is not None:
+            self.refused += 1
+            self._log.note(why.split(" with key")[0])
 
 
 def _keyring_or_none(keyring: KeyringFile) -> Keyring | None:
@@ -386,17 +498,20 @@ def plan_tick(
     schedule: Schedule,
     now: float,
     changed: Iterable[str] | None = None,
+    epoch: int = 0,
 ) -> Plan:
     """One tick on what the tails hold: the one place that narrows the inputs to
     ``base_model``, adds the scheduled warm-ups and keeps only the workers heard lately (the
     router's rule), shared by the runtime and ``loraplane plan show`` so that the preview
     plans exactly what the active planner would. ``changed``: the score keys changed since
-    ``planner``'s last tick (``ScoreView.take``)."""
+    ``planner``'s last tick (``ScoreView.take``); ``epoch``: the planner session's."""
     chosen, states = of_base(base_model, views, workers)
     scheduled = warmup_scores(schedule, ((v.adapter_id, v.tenant_id) for v in chosen), now)
     heartbeat_s = settings.policy.worker_heartbeat_s
     live = [w for w in states if heard_lately(w, now, heartbeat_s)]
-    return planner.tick(chosen, scores, live, settings.policy, now, memory, scheduled, changed)
+    return planner.tick(
+        chosen, scores, live, settings.policy, now, memory, scheduled, changed, epoch
+    )
 
 
 PREVIEW_TOPICS = ("registry", "scores", "worker-state", "planner-memory")
@@ -560,6 +675,10 @@ class PlannerRuntime:
         self._partitions: PartitionCount | None = None
         """The commands topic's partition count, from the active session's metadata client."""
         self._planning_epoch: int | None = None
+        self._session_epoch = 0
+        """The planner session's epoch (``memory.epoch``), past every one read: milliseconds
+        at the takeover, or one more than the newest read. It is in every command id, so a
+        counter set back by a replayed record still gives ids the workers never saw."""
         self._errors = LogBurst("planner", LOG_EVERY_S, logger=log)
 
     def metrics(self) -> Collector:
@@ -593,13 +712,17 @@ class PlannerRuntime:
             on_record=lambda r: self.workers.apply(r.key, r.value),
             keep=False,  # WorkerStates holds what is planned
         ).start()
+        self.keyring = KeyringFile(s.keyring_path)
+        self.memory_gate = MemoryGate(self.keyring, lambda: self.memory_tail)
         self.memory_tail = TopicTail(
-            s, topic_name(s, "planner-memory"), component=f"{COMPONENT}-memory"
+            s,
+            topic_name(s, "planner-memory"),
+            component=f"{COMPONENT}-memory",
+            on_record=self.memory_gate,  # what no planner key signed is held within bounds
         ).start()
         scope = RegistryScope(None if self.base_model is None else [self.base_model])
         self.registry_tail = registry_tail(s, COMPONENT, scope, start=False)
         tail = self.registry_tail
-        self.keyring = KeyringFile(s.keyring_path)
         self.registry = VerifiedRegistry(
             self.keyring,
             tail.snapshot,
@@ -608,6 +731,7 @@ class PlannerRuntime:
             checkpoints_path=s.home / "planner" / slug(self.base_model) / CHECKPOINTS_FILE,
             version=lambda: tail.version,
             scope=scope,
+            source=tail,
         )
         tail.start()
         return [self.score_tail, self.state_tail, self.memory_tail, self.registry_tail]
@@ -732,14 +856,23 @@ class PlannerRuntime:
     def _read_memory(self) -> None:
         """Wait until the memory tail holds everything committed before the fence."""
         self.progress.blocked("reading planner-memory to its end")
+        keyring = self.memory_gate.keyring()  # a new one re-reads what the tail forgot
         ends = self.memory_tail.ends(10.0)  # taken after init_transactions fenced the last one
         if not self.memory_tail.wait_read_to(ends, MEMORY_READ_S):
             raise RuntimeError(f"planner-memory not read to its end within {MEMORY_READ_S} s")
-        self.memory = memory_of(self.memory_tail.snapshot(), _keyring_or_none(self.keyring))
+        self.memory = memory_of(
+            self.memory_tail.snapshot(),
+            keyring,
+            newest=self.memory,  # what this process read or wrote before: no replay under it
+            refuse=self.memory_tail.refuse,
+        )
+        seen = max((mem.epoch for mem in self.memory.values()), default=0)
+        self._session_epoch = max(int(time.time() * 1000), seen + 1, self._session_epoch + 1)
         log.info(
-            "planner: memory of %d workers read (%d pending commands)",
+            "planner: memory of %d workers read (%d pending commands); session epoch %d",
             len(self.memory),
             sum(len(m.pending) for m in self.memory.values()),
+            self._session_epoch,
         )
 
     def _produce_command(
@@ -833,6 +966,7 @@ class PlannerRuntime:
                 self.schedule.current(),
                 time.time(),
                 changed,
+                self._session_epoch,
             )
         except BaseException:
             self.scores.forget_changes()
