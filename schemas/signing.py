@@ -208,15 +208,19 @@ def verify(event: LifecycleEvent | CacheCommand | PlannerMemory, key: Ed25519Pub
 def verify_raw(message: bytes, signature: str, public_key_text: str) -> bool:
     """``verify`` of bytes already in hand (a planner-memory record's, read off its raw
     JSON before it is decoded: ``streams.planner_runtime.memory_refusal``), with the
-    keyring's text of the public key."""
+    keyring's text of the public key. Not remembered: each such record is verified once as
+    it arrives, and remembering the planner's own writes would push the registry's events
+    out of the memory of verified signatures."""
     try:
         key = public_key(public_key_text)
     except ValueError:
         return False
-    return _verifies(message, signature, key)
+    return _verifies(message, signature, key, remember=False)
 
 
-def _verifies(message: bytes, signature_text: str, key: Ed25519PublicKey) -> bool:
+def _verifies(
+    message: bytes, signature_text: str, key: Ed25519PublicKey, *, remember: bool = True
+) -> bool:
     try:
         signature = unb64(signature_text, 64)
         proof = hashlib.sha256(key.public_bytes_raw() + signature + message).digest()
@@ -225,6 +229,8 @@ def _verifies(message: bytes, signature_text: str, key: Ed25519PublicKey) -> boo
         key.verify(signature, message)
     except (ValueError, InvalidSignature):
         return False
+    if not remember:
+        return True
     if len(_verified) >= VERIFIED_CAP:
         _verified.clear()
     _verified.add(proof)
