@@ -411,6 +411,12 @@ class WorkerAgent:
             adopt(actual, self.records), seen_commands=kept.applied, protected=kept.protected
         )  # the fold keeps what still holds
         self._saved_protected = kept.protected
+        # A command applied before this start and not carried out by then lost its intent
+        # with the restart (the applied file keeps only ids): the planner would expect it
+        # until its deadline and plan on a copy that is not coming. Reported as not carried
+        # out, it stops being expected; what the ones carried out did is in the state.
+        for command_id, deadline in kept.applied.items():
+            self._not_carried_out(command_id, deadline)
         # the copies it vouches for are its own from now on: one that vanishes is reported
         self._rt.loaded_by_agent.update(
             (name, root)

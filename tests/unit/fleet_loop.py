@@ -536,8 +536,8 @@ class Loop:
 
     def start(self, w: SimWorker) -> None:
         """``WorkerAgent.start``: adopt what vLLM holds and it can vouch for, keep the
-        applied command ids and the protected copies (the applied-commands file), and decide
-        protection again."""
+        applied command ids and the protected copies (the applied-commands file), report
+        those ids as not carried out (their intents are gone), and decide protection again."""
         seen, protected = w.desired.seen_commands, w.desired.protected  # the file keeps them
         w.loaded_by_agent = {}
         w.desired = replace(
@@ -545,6 +545,7 @@ class Loop:
         )
         w.touched = {}
         w.loaded_at = {}
+        w.skipped.update((cid, d) for cid, d in seen.items() if d.timestamp() > self.now)
         self.fold(w, GuardChanged())
         w.down_until = None
         w.started_at = self.now

@@ -784,6 +784,30 @@ async def test_redelivered_command_after_restart_changes_nothing(
     assert again.is_hot(sql.lora_name) and await again.reconcile_once() == []
 
 
+async def test_a_restart_reports_the_commands_it_applied_as_not_carried_out(
+    world: World, tmp_path: Path
+) -> None:
+    """A command applied before a restart and not carried out by then (waiting for the
+    cold-load budget, a fetch) loses its intent with the restart: the applied-commands file
+    keeps only ids. The restarted agent reports those ids as not carried out until their
+    deadline, so the planner stops expecting a copy that is not coming (it planned a load
+    into that slot, which the worker then refused for want of one)."""
+    path = tmp_path / "host" / FILE_NAME
+    deadline = now_utc() + timedelta(seconds=50)
+    save_applied(path, {"load-before": deadline, "gone-by": now_utc() - timedelta(seconds=1)})
+    again = WorkerAgent(
+        replace(world.agent.config, applied_commands_path=path),
+        vllm=world.agent.vllm,
+        host_tier=world.tier,
+        registry_loader=lambda: RECORDS,
+        sink=world.sink,
+    )
+    await again.start()
+    assert again.worker_state().skipped_commands == ["load-before"]
+    sql = RECORDS[2]
+    assert await again.handle(cmd(sql, CommandAction.load_gpu, "load-before")) == "duplicate"
+
+
 @pytest.mark.parametrize("world", [{"never_evict_when": ['status == "active"']}], indirect=True)
 async def test_a_restart_keeps_the_copies_it_held_protected(world: World, tmp_path: Path) -> None:
     """Every active version is never-evict here and a worker of 2 slots protects 1: the one it
