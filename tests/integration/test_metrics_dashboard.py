@@ -18,6 +18,7 @@ import pytest
 from loraplane.kernel.config import Settings
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.tables import TABLES
+from tests.headless_chromium import chromium_argv, require_chromium
 from tests.integration.metrics_env import (
     REPO,
     cache_event,
@@ -29,7 +30,6 @@ from tests.integration.metrics_env import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -42,21 +42,7 @@ def insert(settings: Settings, table_name: str, models: list) -> None:
 
 def chromium(*args: str, tmp: Path) -> str:
     done = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={tmp}",
-            "--virtual-time-budget=8000",
-            "--window-size=1400,1050",
-            *args,
-        ],
+        chromium_argv(tmp, "--virtual-time-budget=8000", "--window-size=1400,1050", *args),
         capture_output=True,
         text=True,
         timeout=90,
@@ -67,8 +53,7 @@ def chromium(*args: str, tmp: Path) -> str:
 
 @pytest.fixture(scope="module")
 def dashboard() -> Iterator[tuple[str, list]]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium missing: bash scripts/setup.d/30-chromium.sh")
+    require_chromium()
     with metrics_env(Settings()) as settings:
         start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=4)
         events = request_events(120, seed=5, adapters=("alpha", "beta"), start=start)

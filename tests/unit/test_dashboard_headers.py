@@ -20,10 +20,10 @@ from loraplane.dashboards.web import SECURITY_HEADERS, Dashboard
 from loraplane.kernel.config import Settings
 from loraplane.kernel.http_server import bound_port, start_site
 from loraplane.metrics import queries
+from tests.headless_chromium import chromium_argv, require_chromium
 from tests.unit.test_http_server import LIMITS, answers_past_a_refusal
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-CHROMIUM = Path("/usr/bin/chromium")
 ADAPTERS = ("alpha", "beta")
 
 
@@ -134,24 +134,16 @@ async def test_the_page_draws_everything_under_its_policy(dashboard: int, tmp_pa
     """Headless Chromium loads the page with the headers on: the charts, their legends
     (coloured swatches) and the table are drawn, and Chromium reports no policy violation
     (the legend's inline ``style`` attributes were one)."""
-    if not CHROMIUM.exists():
-        pytest.skip("chromium missing: bash scripts/setup.d/30-chromium.sh")
+    require_chromium()
     proc = await asyncio.create_subprocess_exec(
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=5000",
-        "--dump-dom",
-        f"http://127.0.0.1:{dashboard}/?since=1h",
+        *chromium_argv(
+            tmp_path / "profile",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            f"http://127.0.0.1:{dashboard}/?since=1h",
+        ),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
