@@ -13,7 +13,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -1801,15 +1801,9 @@ _FAILURES = [
 ]
 
 
-@pytest.mark.parametrize("error", _FAILURES, ids=lambda e: e.reason.value)
-async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
-    error: VllmError, caplog: pytest.LogCaptureFixture
-) -> None:
-    """vLLM's failure reaches the client as its reason and, for vLLM's refusal of the
-    request (400), vLLM's words with the adapter id for every internal name: never the
-    lora name, the base model's path, vLLM's address or its traceback (they were the
-    answer's message). The whole detail is the gateway's log line."""
-    serving = FailingUpstream(hot={RECORDS[2].lora_name}, base_served=_INTERNAL, error=error)
+async def _complete_once(serving: Any) -> tuple[int, Mapping[str, str], str, ListSink]:
+    """One completion for ``sql`` through a gateway over ``serving``: the answer's status,
+    headers and text, and what the gateway logged."""
     sink = ListSink()
     gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
     server = TestServer(gateway.app(), host="127.0.0.1")
@@ -1823,11 +1817,23 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
                 json={"model": "sql", "prompt": "q"},
             ) as resp,
         ):
-            text = await resp.text()
+            return resp.status, resp.headers.copy(), await resp.text(), sink
     finally:
         await server.close()
+
+
+@pytest.mark.parametrize("error", _FAILURES, ids=lambda e: e.reason.value)
+async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
+    error: VllmError, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's failure reaches the client as its reason and, for vLLM's refusal of the
+    request (400), vLLM's words with the adapter id for every internal name: never the
+    lora name, the base model's path, vLLM's address or its traceback (they were the
+    answer's message). The whole detail is the gateway's log line."""
+    serving = FailingUpstream(hot={RECORDS[2].lora_name}, base_served=_INTERNAL, error=error)
+    status, _, text, sink = await _complete_once(serving)
     refused = error.reason == VllmErrorCode.bad_request
-    assert resp.status in ((400,) if refused else (502, 503)), text
+    assert status in ((400,) if refused else (502, 503)), text
     assert json.loads(text)["error"]["type"] in (error.reason.failure, "adapter_unavailable")
     for secret in (RECORDS[2].lora_name, _INTERNAL, "127.0.0.1", "Traceback", "EngineCore"):
         assert secret not in text, text
@@ -1852,25 +1858,11 @@ async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() 
         "POST /v1/completions: 127.0.0.1:18000: connection refused",
         unsent=True,
     )
-    serving = FailingUpstream(hot={RECORDS[2].lora_name}, error=error)
-    sink = ListSink()
-    gateway = Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink)
-    server = TestServer(gateway.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with (
-            ClientSession() as http,
-            http.post(
-                str(server.make_url("/v1/completions")),
-                headers=AUTH_A,
-                json={"model": "sql", "prompt": "q"},
-            ) as resp,
-        ):
-            body = await resp.json()
-            headers = resp.headers
-    finally:
-        await server.close()
-    assert resp.status == 503 and headers["Retry-After"] == "1"
+    status, headers, text, sink = await _complete_once(
+        FailingUpstream(hot={RECORDS[2].lora_name}, error=error)
+    )
+    body = json.loads(text)
+    assert status == 503 and headers["Retry-After"] == "1"
     assert headers[NOT_RUN_HEADER] == "vllm_unreachable"
     assert body["error"]["type"] == "vllm_unreachable"
     assert "127.0.0.1" not in body["error"]["message"]
