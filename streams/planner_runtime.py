@@ -668,7 +668,7 @@ class PlannerRuntime:
         self.planner = Planner()
         """The process's one planner: primed while standby, planning while active."""
         self._known: tuple[int, Known] | None = None
-        """The live versions of the verified registry, and the tail version they are of."""
+        """The live versions of the verified registry, and its ``changes`` they are of."""
         self._primed_at = -1  # the registry tail's version the planner was primed at
         self._prime_due = 0.0  # monotonic time before which the standby does not prime it
         self._caught_up = False
@@ -938,10 +938,10 @@ class PlannerRuntime:
 
     def _forget_unplanned(self) -> None:
         """Forget the workers not heard lately and the score keys of no live version of the
-        verified registry (its views as of the registry tail's version now): what no tick
-        plans is not held."""
+        verified registry (rebuilt when its accepted views change, not on every record its
+        tail reads: any topic writer moves that): what no tick plans is not held."""
         self.workers.forget_silent(time.time(), self.settings.policy.worker_heartbeat_s)
-        version = self.registry_tail.version
+        version = self.registry.changes
         if self._known is None or self._known[0] != version:
             views, _ = of_base(self.base_model, self.registry.accepted.values(), ())
             self._known = (version, Known.from_records(r for v in views for r in v.versions))

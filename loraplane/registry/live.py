@@ -156,6 +156,10 @@ class VerifiedRegistry:
         self.read_failures = 0
         self.signed: dict[str, bytes] = {}  # adapter_id -> its accepted view's bytes
         self.accepted: dict[str, AdapterView] = self._load_views()  # without evidence
+        self.changes = 0
+        """Bumped whenever ``accepted`` changes (a view taken in or withdrawn): what is
+        derived from the accepted views is rebuilt when it moves, not on every record
+        the tail reads (a refused one, another base model's)."""
         if scope is not None:
             scope.held_by(self.holds)
 
@@ -228,6 +232,7 @@ class VerifiedRegistry:
         ]
         for aid in withdrawn:
             del self.accepted[aid], self.signed[aid]
+        self.changes += len(withdrawn)
         return bool(withdrawn)
 
     def _merge(self, record: Record, keyring: Keyring | None) -> bool:
@@ -314,6 +319,8 @@ class VerifiedRegistry:
     def _accept(self, verdict: _Verdict) -> None:
         assert verdict.view is not None and verdict.checkpoint is not None
         aid = verdict.view.adapter_id
+        if self.signed.get(aid) != verdict.signed:
+            self.changes += 1
         self.accepted[aid] = verdict.view
         self.signed[aid] = verdict.signed
         if self.checkpoints.get(aid) != verdict.checkpoint:

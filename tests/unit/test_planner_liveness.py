@@ -31,7 +31,7 @@ def runtime_with(tmp_path: Path, base_model: str | None = None) -> PlannerRuntim
     settings = get_settings().model_copy(update={"schedules_path": tmp_path / "none.yaml"})
     runtime = PlannerRuntime(settings, base_model)
     runtime.registry_tail = SimpleNamespace(version=0)  # type: ignore[assignment]
-    runtime.registry = SimpleNamespace(accepted={})  # type: ignore[assignment]
+    runtime.registry = SimpleNamespace(accepted={}, changes=0)  # type: ignore[assignment]
     return runtime
 
 
