@@ -545,7 +545,9 @@ class Gateway:
                         "the adapter was unloaded while this request waited; retry",
                         **{"Retry-After": "1"},
                     )
-                if exc.unsent:  # vLLM is not there (dead, restarting): the request never ran
+                # vLLM is not there (dead, restarting): the request never ran. Not a wait for
+                # a place in flight (also unsent): a busy vLLM is not a worker to park.
+                if exc.unsent and exc.reason is VllmErrorCode.unreachable:
                     return error_response(
                         503,
                         exc.reason.failure,

@@ -1870,6 +1870,20 @@ async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() 
     assert (log.status, log.error) == ("error", "vllm_unreachable")
 
 
+async def test_attack_a_busy_vllm_is_not_answered_as_gone() -> None:
+    """No place in flight to vLLM within the request's time (the pool's wait, also a request
+    never sent) means vLLM is busy, not gone: no not-run header, which would make a router
+    park a working worker and pile its requests on the others."""
+    error = VllmError(
+        VllmErrorCode.timeout, "no place in flight to 127.0.0.1:18000 within 300s", unsent=True
+    )
+    status, headers, text, _ = await _complete_once(
+        FailingUpstream(hot={RECORDS[2].lora_name}, error=error)
+    )
+    assert NOT_RUN_HEADER not in headers, text
+    assert status != 503 and json.loads(text)["error"]["type"] == "vllm_timeout"
+
+
 @dataclass
 class CutStream(Streamed):
     """A stream vLLM ends mid-answer: ``events`` events, then the connection to it is lost
