@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.eventlog.spool import read_segment, segment_numbers
-from loraplane.kernel.local_files import locked_folder
+from loraplane.kernel.local_files import locked_folder, open_regular
 
 __all__ = ["SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
 
@@ -254,10 +254,9 @@ class EventJournal:
         if n is not None and tail is not None and not tail.live:
             self._remove(n)
         n = self._next_segment
-        fd = os.open(
-            self._path(n),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
+        # a FIFO planted at the name would block the open for good: refused (OSError) instead
+        fd = open_regular(
+            self._path(n), os.O_WRONLY | os.O_CREAT | os.O_APPEND, follow_links=False, mode=0o600
         )
         self._next_segment += 1
         self._segments[n], self._tail = _Segment(fd), n

@@ -265,3 +265,22 @@ def test_a_fifo_planted_at_the_next_tail_segment_refuses_the_event_not_the_proce
     assert "could not write an event" in caplog.text
     assert [e.value for e in spool.peek(10)] == [b"v0"]
     spool.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_planted_at_the_next_journal_segment_fails_the_append_not_the_process(
+    tmp_path: Path,
+) -> None:
+    """The journal opens a new segment when the tail is full: a FIFO planted at that name
+    blocked the open (and the sink's emit) for good. It is an OSError, which the caller
+    handles as a disk refusing (nothing written); once it is gone, appends go on."""
+    folder = tmp_path / "j"
+    journal = EventJournal(folder, segment_bytes=16)
+    journal.append("t", None, b"v0")
+    fifo = folder / f"{journal._next_segment:012d}.journal"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError):
+        journal.append("t", None, b"v1")
+    fifo.unlink()
+    journal.append("t", None, b"v2")
+    journal.close()
