@@ -424,6 +424,12 @@ FETCH_API = 1
 NODE_USER = "node"
 """The controller listener's only user (SASL/PLAIN), a super user like ops."""
 SCRAM_MARKER = "loraplane-scram"
+"""Written beside the data dir once it was formatted with the ops SCRAM user."""
+SCRAM_ITERATIONS = 8192
+CLUSTER_SIZE = "cluster-size"
+"""Written beside node 1's data dir at format: how many nodes the quorum was made of."""
+CONTROLLER_SECRET = "kafka-controller.password"
+"""Under secrets_dir: the controller listener's password shared by a cluster's nodes."""
 _FORMAT_FILES = frozenset({"meta.properties", "bootstrap.checkpoint"})
 """What Kafka's storage format writes in a node's (combined) log dir; a broker that ran
 adds its metadata log and partitions beside them."""
@@ -439,14 +445,6 @@ def only_formatted(data: Path) -> bool:
     return not data.is_symlink() and all(
         e.name in _FORMAT_FILES and e.is_file() and not e.is_symlink() for e in entries
     )
-
-
-"""Written beside the data dir once it was formatted with the ops SCRAM user."""
-SCRAM_ITERATIONS = 8192
-CLUSTER_SIZE = "cluster-size"
-"""Written beside node 1's data dir at format: how many nodes the quorum was made of."""
-CONTROLLER_SECRET = "kafka-controller.password"
-"""Under secrets_dir: the controller listener's password shared by a cluster's nodes."""
 
 
 def _redact(text: str, secret: str) -> str:
