@@ -713,7 +713,9 @@ class PlannerRuntime:
             keep=False,  # WorkerStates holds what is planned
         ).start()
         self.keyring = KeyringFile(s.keyring_path)
-        self.memory_gate = MemoryGate(self.keyring, lambda: self.memory_tail)
+        # its own file reader: the gate runs on the memory tail's thread, and a KeyringFile
+        # reloads without a lock (a second caller mid-reload reads no keyring)
+        self.memory_gate = MemoryGate(KeyringFile(s.keyring_path), lambda: self.memory_tail)
         self.memory_tail = TopicTail(
             s,
             topic_name(s, "planner-memory"),
