@@ -97,18 +97,17 @@ def locked_folder(directory: Path, unavailable: type[Exception]) -> IO[str]:
     cannot be made. One writer per folder: a second process must not interleave."""
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # non-blocking and no link: a FIFO or a link at the path is refused, not waited on
-        fd = os.open(
+        # a FIFO or a link at the path is refused, not waited on
+        fd = open_regular(
             directory / ".lock",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            follow_links=False,
+            mode=0o600,
         )
     except OSError as exc:
         raise unavailable(f"{directory}: {exc}") from None
     lock = os.fdopen(fd, "a")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "its .lock is not a regular file")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         lock.close()
