@@ -86,6 +86,7 @@ from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
+from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
 __all__ = [
     "ANSWER_BUFFER_BYTES",
@@ -647,10 +648,12 @@ class Router:
                 "GET", "/healthz", b"", total_timeout_s=PROBE_TIMEOUT_S
             )
             try:
-                body = await resp.json()
+                # the project's bounded reader: a gateway's address is whatever a worker state
+                # named, so its answer is anyone's (deep nesting, duplicate keys, NaN)
+                body = strict_loads(await resp.read(), max_bytes=PROBE_ANSWER_BYTES)
             finally:
                 resp.close()
-        except (UpstreamError, ValueError, RecursionError) as exc:  # JSON nested too deep too
+        except (UpstreamError, StrictJsonError) as exc:
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
         return probe_ok(worker_id, resp.status, body)

@@ -839,15 +839,16 @@ async def test_a_promote_and_a_rollback_racing_requests_never_split_the_version(
     [
         b'{"ok": true, "worker_id": "w0", "pad": "' + b"x" * (8 * 1024 * 1024) + b'"}',
         b"[" * 100_000 + b"]" * 100_000,
+        b'{"ok": true, "worker_id": "w9", "worker_id": "w0"}',
     ],
-    ids=["8 MiB", "nested"],
+    ids=["8 MiB", "nested", "duplicate key"],
 )
 async def test_attack_a_probed_gateways_answer_is_bounded(stack: Stack, body: bytes) -> None:
     """ATTACK: an address a forged worker state announces answers the router's /healthz
     probe with 8 MiB naming the worker (read whole, up to 64 MiB, for every gateway probed
-    at once, and believed), or with JSON nested past the recursion limit (an exception the
-    probe did not expect). Either fails the probe: an answer over ``PROBE_ANSWER_BYTES``
-    is a bad answer."""
+    at once, and believed), with JSON nested past the recursion limit (an exception the
+    probe did not expect), or naming another worker first and ours last (a plain JSON read
+    believes the last). Each fails the probe: it is read by the strict, bounded reader."""
     server, url = await _dies_mid_answer(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
         % len(body)
