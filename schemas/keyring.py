@@ -29,7 +29,6 @@ from loraplane.schemas.base import Identifier, StrictModel, Timestamp
 from loraplane.schemas.commands import CacheCommand
 from loraplane.schemas.lifecycle import LifecycleAction, LifecycleEvent
 from loraplane.schemas.pem import check_ca_certificates, check_ec_public_key, key_fingerprint
-from loraplane.schemas.planner_memory import PlannerMemory
 from loraplane.schemas.reasons import SignerProblem
 from loraplane.schemas.signing import public_key, small_order, unb64, verify
 from loraplane.schemas.validation_text import error_line
@@ -367,18 +366,17 @@ def window_refusal(entry: KeyEntry, at: datetime) -> SignerRefusal | None:
 
 def signer(
     keyring: Keyring | None,
-    signed: LifecycleEvent | CacheCommand | PlannerMemory,
+    signed: LifecycleEvent | CacheCommand,
     role: KeyRole,
-    now: datetime | None,
+    now: datetime,
     publisher: str | None = None,
 ) -> KeyEntry | SignerRefusal:
     """The key that vouches for ``signed`` at ``now``, or why none does, checked in the order
     of ``SignerProblem``: the keyring is readable, the key is in it with ``role`` (and
     ``publisher``, when given), not revoked, inside its window, and its Ed25519 signature
     is of exactly these bytes. The one check of the registry and the worker (scopes are
-    theirs: an action for an event, a tenant for a command). ``now`` None: the window is
-    not checked, for a record that stays valid while its key is not revoked (a retired
-    planner key's planner-memory records, as a retired CI key's views)."""
+    theirs: an action for an event, a tenant for a command). Planner-memory records are
+    checked on their raw bytes (``streams.planner_runtime.memory_refusal``)."""
     if keyring is None:
         return SignerRefusal(SignerProblem.keyring_unavailable, "the keyring could not be read")
     entry = keyring.get(signed.key_id)
@@ -398,7 +396,7 @@ def signer(
         )
     if entry.revoked:
         return SignerRefusal(SignerProblem.key_revoked, f"key {entry.key_id} is revoked")
-    refused = None if now is None else window_refusal(entry, now)
+    refused = window_refusal(entry, now)
     if refused is not None:
         return refused
     if not verify(signed, public_key(entry.public_key)):

@@ -188,9 +188,9 @@ class SigningKey:
         return cls(publisher, key_id, key)
 
 
-def verify(event: LifecycleEvent | CacheCommand | PlannerMemory, key: Ed25519PublicKey) -> bool:
+def verify(event: LifecycleEvent | CacheCommand, key: Ed25519PublicKey) -> bool:
     """True only for a well-formed signature of exactly ``event.signed_bytes()`` (a lifecycle
-    event, a cache command or a planner-memory record, each under its own domain tag).
+    event or a cache command, each under its own domain tag).
 
     A (key, signature, bytes) triple that verified is remembered by its SHA-256
     (``VERIFIED_CAP`` of them, then forgotten at once): a registry view carries every event
