@@ -401,8 +401,14 @@ class MemoryGate:
         self.refused = 0
 
     def keyring(self) -> Keyring | None:
-        """The keyring now; a new one re-reads what the tail forgot."""
-        keyring = _keyring_or_none(self._keyring_file)
+        """The keyring now; a new one re-reads what the tail forgot. Unreadable, it refuses
+        every record, said in the gate's rate-limited log (asked once a record: a line each
+        flooded the log)."""
+        try:
+            keyring: Keyring | None = self._keyring_file.current()
+        except KeyringError:
+            self._log.note("keyring unreadable")
+            keyring = None
         if keyring is not self._keyring:
             if self._keyring is not None:
                 self._tail().rewind()
