@@ -217,6 +217,9 @@ class _Runtime:
     fetches: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # in flight, by name
     resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
     failing: set[tuple[str, str]] = field(default_factory=set)  # (action, name) that raised
+    # vLLM took its connection and did not answer the last listing of its models in time (a
+    # hung server): requests are refused as not run until a listing is answered again
+    vllm_stalled: bool = False
 
 
 class WorkerAgent:
@@ -605,6 +608,10 @@ class WorkerAgent:
     def is_hot(self, name: str) -> bool:
         return name in self._rt.gpu and name not in self._rt.draining
 
+    @property
+    def upstream_stalled(self) -> bool:
+        return self._rt.vllm_stalled
+
     def is_on_host(self, name: str) -> bool:
         return name in self._host
 
@@ -634,7 +641,16 @@ class WorkerAgent:
                 actual = await self.read_actual()
             except VllmError as exc:
                 self._warnings.note("vLLM unreadable, skipping ticks", str(exc)[:300])
+                if exc.reason is VllmErrorCode.timeout and not self._rt.vllm_stalled:
+                    self._rt.vllm_stalled = True
+                    log.warning(
+                        "vLLM takes connections and does not answer: requests are refused "
+                        "as not run (the router sends them elsewhere) until it answers"
+                    )
                 return []
+            if self._rt.vllm_stalled:
+                self._rt.vllm_stalled = False
+                log.warning("vLLM answers again: serving")
             self._adopt_resolved(actual)
             now = self._clock()
             self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]

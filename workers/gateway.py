@@ -516,6 +516,8 @@ class Gateway:
         if trace.stream:  # token counts come from vLLM's usage chunk
             upstream["stream_options"] = {"include_usage": True}
         trace.queue_ms = (time.perf_counter() - trace.started) * 1000
+        if self.worker.upstream_stalled:  # hung: it would hold this request for nothing
+            return self._not_run(trace, VllmErrorCode.timeout)
         with self.worker.serving(served_name):
             try:
                 async with self.worker.upstream.completion(path, upstream) as resp:
@@ -548,16 +550,22 @@ class Gateway:
                 # vLLM is not there (dead, restarting): the request never ran. Not a wait for
                 # a place in flight (also unsent): a busy vLLM is not a worker to park.
                 if exc.unsent and exc.reason is VllmErrorCode.unreachable:
-                    return error_response(
-                        503,
-                        exc.reason.failure,
-                        "this worker's model server is not answering; retry",
-                        **{"Retry-After": "1", NOT_RUN_HEADER: exc.reason.failure},
-                    )
+                    return self._not_run(trace, exc.reason)
                 names = {served_name: trace.adapter_id, self.worker.base_served: trace.adapter_id}
                 return error_response(
                     400 if refused else 502, exc.reason.failure, client_message(exc, names)
                 )
+
+    def _not_run(self, trace: _Trace, code: VllmErrorCode) -> web.Response:
+        """The answer to a request this worker's vLLM never saw, as it is gone or hung: the
+        router parks the worker and sends the request to another (docs/router.md)."""
+        trace.status, trace.error = RequestStatus.error, code.failure
+        return error_response(
+            503,
+            code.failure,
+            "this worker's model server is not answering; retry",
+            **{"Retry-After": "1", NOT_RUN_HEADER: code.failure},
+        )
 
     async def _stream(
         self,

@@ -63,6 +63,12 @@ class Serving(Protocol):
     @property
     def upstream(self) -> Upstream: ...
 
+    @property
+    def upstream_stalled(self) -> bool:
+        """vLLM took the agent's connection and did not answer in time (a hung server): a
+        request sent now would wait out the read timeout, so it is refused as not run."""
+        ...
+
     def versions(self, adapter_id: str) -> list[AdapterRecord]:
         """This base model's records of one adapter, newest first."""
         ...

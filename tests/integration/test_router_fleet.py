@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -37,13 +39,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect
 from loraplane.metrics.sink import Sink, SinkConfig
 from tests.integration.fault_report import report_fault
 from tests.integration.metrics_env import drop_database, isolated
-from tests.integration.router_env import WORKERS, Answer, Fleet, ask, running_fleet
+from tests.integration.router_env import KEY_A, WORKERS, Answer, Fleet, ask, running_fleet
 from tests.integration.test_worker_e2e import _healthz, _up, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -313,3 +316,58 @@ def test_a_worker_whose_vllm_is_killed_is_routed_around_until_it_is_back(fleet: 
     )
     assert not failed, (failed, fleet.tracebacks())
     assert all(a.worker != victim for a in answers)
+
+
+def test_a_worker_whose_vllm_hangs_is_routed_around_until_it_answers(fleet: Fleet) -> None:
+    """The vLLM of a worker holding an adapter is SIGSTOPped (hung: the kernel still takes
+    its connections, nothing answers). Once its agent's listing of vLLM times out, the
+    gateway refuses requests as not run, and every request through the router is answered
+    200 by another worker within seconds, where each used to wait out the gateway's 60 s
+    read timeout for a 502. SIGCONT, and the same agent serves the adapter again."""
+    victim = holding(fleet)[0]
+    on_victim = fleet.adapters_on(victim)
+    name = sorted(a for a in ADAPTERS if fleet.records[a].lora_name in on_victim)[0]
+    gateway = f"http://127.0.0.1:{fleet.gateways[victim]}"
+    session = requests.Session()
+    vllm = fleet.procs[f"vllm-{victim}"]
+
+    def refused_as_not_run() -> bool:
+        try:  # a request sent before the agent saw the hang waits for vLLM: not for us
+            resp = requests.post(
+                gateway + "/v1/completions",
+                timeout=3,
+                headers={"Authorization": f"Bearer {KEY_A}"},
+                json={"model": name, "prompt": "hello", "max_tokens": 2},
+            )
+        except requests.RequestException:
+            return False
+        return resp.status_code == 503 and resp.headers.get(NOT_RUN_HEADER) == "vllm_timeout"
+
+    os.killpg(vllm.pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        wait_for(refused_as_not_run, 90, f"{victim}'s gateway refusing as not run")
+        seen_after_s = time.monotonic() - stopped
+        answers, waits = [], []
+        for _ in range(20):
+            sent = time.monotonic()
+            answers.append(ask(fleet.router_url, name, session))
+            waits.append(answers[-1].at - sent)
+    finally:
+        os.killpg(vllm.pid, signal.SIGCONT)
+
+    def served_by_victim() -> bool:
+        a = ask(gateway, name, session)
+        return a.status == 200 and not a.fallback
+
+    wait_for(served_by_victim, 90, f"{name} served from {victim}'s GPU again")
+    failed = [(a.status, a.worker, a.detail) for a in answers if a.status != 200]
+    print(
+        f"vLLM of {victim} stopped: refused as not run after {seen_after_s:.1f} s; "
+        f"{len(answers)} requests for {name}, answered by "
+        f"{dict(Counter(a.worker for a in answers))}, {len(failed)} not 200, "
+        f"slowest {max(waits):.2f} s"
+    )
+    assert not failed, (failed, fleet.tracebacks())
+    assert all(a.worker != victim for a in answers)
+    assert max(waits) < 20  # each was a 60 s wait and a 502

@@ -911,6 +911,7 @@ class FakeServing:
     started: bool = True
     base_served: str = "/models/base"
     context_tokens: int | None = None
+    upstream_stalled: bool = False
 
     @property
     def upstream(self) -> FakeServing:
@@ -1868,6 +1869,20 @@ async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() 
     assert "127.0.0.1" not in body["error"]["message"]
     (log,) = sink.messages(RequestLog)
     assert (log.status, log.error) == ("error", "vllm_unreachable")
+
+
+async def test_a_hung_vllm_is_a_retryable_503_saying_nothing_ran_without_asking_it() -> None:
+    """The agent found vLLM hung (it took the connection and answered nothing in time): the
+    request is not sent to wait out the read timeout but answered at once as never run, with
+    the not-run header a router reroutes on."""
+    serving = FailingUpstream(hot={RECORDS[2].lora_name}, upstream_stalled=True)
+    status, headers, text, sink = await _complete_once(serving)
+    assert status == 503 and headers["Retry-After"] == "1", text
+    assert headers[NOT_RUN_HEADER] == "vllm_timeout"
+    assert json.loads(text)["error"]["type"] == "vllm_timeout"
+    assert serving.held == []  # vLLM was never asked
+    (log,) = sink.messages(RequestLog)
+    assert (log.status, log.error) == ("error", "vllm_timeout")
 
 
 async def test_attack_a_busy_vllm_is_not_answered_as_gone() -> None:

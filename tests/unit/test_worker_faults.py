@@ -272,3 +272,46 @@ async def test_a_fetch_that_raises_anything_else_is_a_failed_load_that_backs_off
     assert chat.lora_name in world.agent._rt.backoff
     failed = [e for e in world.events(chat.lora_name) if e.kind is CacheEventKind.fail]
     assert [(e.reason, "RuntimeError" in e.detail) for e in failed] == [("install_error", True)]
+
+
+async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
+    world: World,
+) -> None:
+    """vLLM hung (SIGSTOPped, a wedged event loop): connections are taken by the kernel and
+    nothing answers, so every request the gateway forwarded waited out its read timeout and
+    the router, seeing a gateway answer, kept sending more. A listing of vLLM's models that
+    times out marks it stalled (requests are refused as not run, ``Serving.upstream_stalled``)
+    until a listing is answered; a refused connection does not (the request path sees it)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def take_and_say_nothing(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        held.append(w)
+
+    hung = await asyncio.start_server(take_and_say_nothing, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    real = world.agent.vllm
+    assert not world.agent.upstream_stalled
+    try:
+        world.agent.vllm = VllmClient(f"http://127.0.0.1:{port}", timeout_s=0.3, api_key="k")
+        assert await world.agent.reconcile_once() == []
+        assert world.agent.upstream_stalled
+        await world.agent.vllm.close()
+        hung.close()
+        await hung.wait_closed()
+        for w in held:
+            w.close()
+        # nothing listens there now: refused, which is not a hang
+        world.agent.vllm = VllmClient(f"http://127.0.0.1:{port}", timeout_s=0.3, api_key="k")
+        assert await world.agent.reconcile_once() == []
+        assert world.agent.upstream_stalled  # still: nothing has answered since
+        await world.agent.vllm.close()
+        world.agent.vllm = real
+        await world.agent.reconcile_once()
+        assert not world.agent.upstream_stalled
+        world.agent.vllm = VllmClient(f"http://127.0.0.1:{port}", timeout_s=0.3, api_key="k")
+        await world.agent.reconcile_once()
+        assert not world.agent.upstream_stalled  # refused: the request path says not run
+    finally:
+        if world.agent.vllm is not real:
+            await world.agent.vllm.close()
+        world.agent.vllm = real
