@@ -283,6 +283,10 @@ class WorkerAgent:
         return self.config.worker_id
 
     @property
+    def gateway_url(self) -> str:
+        return self.config.gateway_url
+
+    @property
     def base_model(self) -> str:
         return self.config.base_model
 

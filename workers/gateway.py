@@ -34,6 +34,7 @@ from aiohttp import web
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
     admit_request,
     error_response,
@@ -253,6 +254,7 @@ class Gateway:
             router_secret=router_secret,
             clock=clock,
         )
+        self._router_secret = router_secret
         self.sink = sink
         self.max_body_bytes = max_body_bytes
         # never logged; without one (tests) a random secret per process: salts still differ
@@ -307,13 +309,19 @@ class Gateway:
             headers={"Content-Type": "text/plain; version=0.0.4"},
         )
 
-    async def healthz(self, _: web.Request) -> web.Response:
+    async def healthz(self, request: web.Request) -> web.Response:
         started = self.worker.started
         # the worker's id: a router's probe believes only an answer naming the worker it
-        # asks about (router.liveness.probe_ok)
-        return web.json_response(
-            {"ok": started, "worker_id": self.worker.worker_id}, status=200 if started else 503
-        )
+        # asks about (router.liveness.probe_ok), with the proof of the router secret for its
+        # challenge when this gateway holds the secret (frontdoor.gateway_proof)
+        body: dict[str, object] = {"ok": started, "worker_id": self.worker.worker_id}
+        challenge = request.query.get(CHALLENGE_PARAM)
+        if self._router_secret and is_challenge(challenge) and self.worker.gateway_url:
+            assert challenge is not None
+            body[PROOF_FIELD] = proof(
+                self._router_secret, challenge, self.worker.worker_id, self.worker.gateway_url
+            )
+        return web.json_response(body, status=200 if started else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/completions")

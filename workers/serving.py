@@ -45,6 +45,12 @@ class Serving(Protocol):
     def worker_id(self) -> str: ...
 
     @property
+    def gateway_url(self) -> str:
+        """The address this worker's state announces to the routers (the one a gateway's
+        proof binds: ``frontdoor.gateway_proof``)."""
+        ...
+
+    @property
     def base_model(self) -> str: ...
 
     @property

@@ -22,10 +22,11 @@ import contextlib
 import itertools
 import logging
 import math
+import secrets
 import signal
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +49,7 @@ from loraplane.frontdoor.admission import FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
 from loraplane.frontdoor.forwarded import TENANT_HEADER, VERSION_HEADER, Forward
 from loraplane.frontdoor.forwarded import headers as forward_headers
+from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
 from loraplane.frontdoor.http import (
     admit_request,
     error_response,
@@ -72,6 +74,7 @@ from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
+from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
@@ -87,6 +90,7 @@ from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefu
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
+from loraplane.schemas.worker_state import WorkerState
 
 __all__ = [
     "ANSWER_BUFFER_BYTES",
@@ -117,14 +121,23 @@ _CLASSES = {c.value: c for c in RequestClass}
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 PROBE_ANSWER_BYTES = 64 * 1024
+"""A gateway's ``/healthz`` answer, at most: a probe reads it whole, and every gateway a
+worker state announces may be probed at once."""
 ANSWER_BUFFER_BYTES = 256 * 1024 * 1024
 """Bytes of gateways' answers read whole (not streamed) that the router holds at once, from
 their first byte until they are written to their clients: each is at most 64 MiB, and a
 new answer past this bound is a 503 ``answers_full`` + Retry-After (the gateway is not
 parked: the answers of others fill it). A stream holds at most a 256 KiB window plus one
 socket read, so streams in flight hold at most their number times that."""
-"""A gateway's ``/healthz`` answer, at most: a probe reads it whole, and every gateway a
-worker state announces may be probed at once."""
+MAX_UNPROVEN = 1024
+"""Worker states held while their gateway's proof is asked, at most (the oldest dropped
+first): a forger writing states under many ids fills this, never the routed view."""
+_REFUSAL_LOG_EVERY_S = 30.0
+PROOFS_IN_FLIGHT = 32
+"""Gateway proofs asked at once, at most (each ends by ``PROBE_TIMEOUT_S``)."""
+PROOF_RETRY_S = 5.0
+"""A (worker, gateway) whose proof failed is asked again no sooner (a gateway still
+starting, or a forged address asked once a heartbeat at most)."""
 
 
 def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
@@ -143,7 +156,12 @@ def serving_versions(records: list[AdapterRecord]) -> dict[str, list[AdapterReco
 
 
 class Fleet:
-    """The router's view: the fleet index, fed worker states, and the verified registry."""
+    """The router's view: the fleet index, fed worker states, and the verified registry.
+
+    A worker state is routed on only once the gateway at the address it announces has
+    proved the router secret for that worker and address (``frontdoor.gateway_proof``);
+    until then it is held (``MAX_UNPROVEN`` at most) and its proof asked by the runtime
+    (``to_prove``, ``proved``). A proof holds for the worker while its address stays."""
 
     def __init__(
         self,
@@ -158,11 +176,23 @@ class Fleet:
         self.versions: dict[str, list[AdapterRecord]] = {}
         self.dead_lettered = 0
         self._clock = clock
+        self.proven: dict[str, str] = {}  # worker id -> the gateway URL it proved
+        self._unproven: OrderedDict[str, tuple[WorkerState, float]] = OrderedDict()
+        self._asking: set[tuple[str, str]] = set()
+        self._failed: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._refusals = LogBurst(
+            "worker state not routed: its gateway did not prove the router secret",
+            _REFUSAL_LOG_EVERY_S,
+            logger=log,
+        )
 
     def take(self, record: Record) -> None:
-        """One worker-state record: indexed (arrived now), or dead-lettered; never raises."""
+        """One worker-state record: indexed (arrived now) or held for its gateway's proof,
+        or dead-lettered; never raises."""
         if record.value is None:  # a tombstone: the worker is gone
-            self.index.forget((record.key or b"").decode("utf-8", "replace"))
+            wid = (record.key or b"").decode("utf-8", "replace")
+            self._unproven.pop(wid, None)
+            self.index.forget(wid)
             return
         try:
             state = worker_state_of(record.key, record.value)
@@ -187,7 +217,56 @@ class Fleet:
             )
             self.sink.emit("dead-letters", (record.key or b"").decode("utf-8", "replace"), letter)
             return
-        self.index.update(state, self._clock())
+        self.offer(state, self._clock())
+
+    def offer(self, state: WorkerState, arrived: float) -> None:
+        """A decoded worker state that arrived at epoch seconds ``arrived``: into the index
+        when its gateway proved itself at that address, else held for the proof."""
+        wid = state.worker_id
+        if self.proven.get(wid) == state.gateway_url:
+            self._unproven.pop(wid, None)
+            self.index.update(state, arrived)
+            return
+        self._unproven.pop(wid, None)
+        self._unproven[wid] = (state, arrived)
+        while len(self._unproven) > MAX_UNPROVEN:
+            self._unproven.popitem(last=False)
+
+    def to_prove(self, now: float, room: int) -> list[tuple[str, str]]:
+        """At most ``room`` (worker id, gateway URL) of held states whose proof to ask now,
+        oldest first; each is marked as being asked until ``proved``."""
+        asked: list[tuple[str, str]] = []
+        for wid, (state, _) in self._unproven.items():
+            if len(asked) >= room:
+                break
+            key = (wid, state.gateway_url)
+            failed = self._failed.get(key)
+            if key in self._asking or (failed is not None and now - failed < PROOF_RETRY_S):
+                continue
+            self._asking.add(key)
+            asked.append(key)
+        return asked
+
+    def proved(self, worker_id: str, url: str, ok: bool, now: float) -> None:
+        """The gateway at ``url`` proved the router secret for ``worker_id``, or did not: the
+        held state naming that address is routed on, or dropped."""
+        key = (worker_id, url)
+        self._asking.discard(key)
+        held = self._unproven.get(worker_id)
+        if not ok:
+            self._failed.pop(key, None)
+            self._failed[key] = now
+            while len(self._failed) > MAX_UNPROVEN:
+                self._failed.popitem(last=False)
+            if held is not None and held[0].gateway_url == url:
+                del self._unproven[worker_id]
+            self._refusals.note("not routed", f"worker {worker_id!r} at {url!r}")
+            return
+        self._failed.pop(key, None)
+        self.proven[worker_id] = url
+        if held is not None and held[0].gateway_url == url:
+            del self._unproven[worker_id]
+            self.index.update(*held)
 
 
 @dataclass
@@ -642,10 +721,16 @@ class Router:
 
     async def probe(self, worker_id: str, url: str) -> bool:
         """Whether the gateway at ``url`` answers ``/healthz`` as ``worker_id``
-        (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``."""
+        (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``, with the proof of the router
+        secret for a fresh challenge, that worker and that address
+        (``frontdoor.gateway_proof``)."""
+        challenge = secrets.token_hex(16)
         try:
             resp = await self._probes.get(url).request(
-                "GET", "/healthz", b"", total_timeout_s=PROBE_TIMEOUT_S
+                "GET",
+                f"/healthz?{CHALLENGE_PARAM}={challenge}",
+                b"",
+                total_timeout_s=PROBE_TIMEOUT_S,
             )
             try:
                 # the project's bounded reader: a gateway's address is whatever a worker state
@@ -656,7 +741,9 @@ class Router:
         except (UpstreamError, StrictJsonError) as exc:
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
-        return probe_ok(worker_id, resp.status, body)
+        return probe_ok(worker_id, resp.status, body) and proven(
+            self._secret, challenge, worker_id, url, body.get(PROOF_FIELD)
+        )
 
 
 def _gateway_status(status: int) -> bool:
@@ -729,10 +816,26 @@ async def _watch_fleet(
         if was_parked and wid in index.workers:
             log.info("worker %s back in the view: its gateway answered a probe", wid)
 
+    proofs: set[asyncio.Task[None]] = set()
+
+    async def prove(wid: str, url: str) -> None:
+        try:
+            ok = await router.probe(wid, url)
+        except Exception:  # a bug: counted as a failed proof, asked again after a pause
+            log.exception("proof of worker %s failed", wid)
+            ok = False
+        router.fleet.proved(wid, url, ok, time.time())
+        if ok:
+            log.info("worker %s: its gateway %s proved the router secret; routed", wid, url)
+
     last_drain = 0.0
     unvouched = 0  # workers kept on their gateways' probes at the last pass: logged on a change
     while True:
         try:
+            for wid, url in router.fleet.to_prove(time.time(), PROOFS_IN_FLIGHT - len(proofs)):
+                task = asyncio.create_task(prove(wid, url))
+                proofs.add(task)
+                task.add_done_callback(proofs.discard)
             got = span()
             index.feed = None if got is None else Feed(*got)
             if time.monotonic() - last_drain >= heartbeat_s:

@@ -907,6 +907,7 @@ class FakeServing:
     counted: list[tuple[str, bool]] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     worker_id: str = "w9"
+    gateway_url: str = ""
     base_model: str = BASE
     started: bool = True
     base_served: str = "/models/base"

@@ -61,6 +61,7 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.frontdoor.version_choice", DECISIONS),
     ("loraplane.frontdoor.request_fields", DECISIONS),
     ("loraplane.frontdoor.forwarded", DECISIONS),
+    ("loraplane.frontdoor.gateway_proof", DECISIONS),
     ("loraplane.frontdoor", RUNTIMES),
     ("loraplane.frontdoor.*", RUNTIMES),
     # --- the event log every runtime writes through (sink, spool, journal): a library

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import json
 import random
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,10 +30,20 @@ from loraplane.frontdoor.forwarded import (
     sign,
     verify,
 )
+from loraplane.frontdoor.gateway_proof import proof
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
-from loraplane.router.server import Fleet, Router, _watch_fleet, attempt_id, serving_versions
+from loraplane.router.server import (
+    MAX_UNPROVEN,
+    PROOF_RETRY_S,
+    PROOFS_IN_FLIGHT,
+    Fleet,
+    Router,
+    _watch_fleet,
+    attempt_id,
+    serving_versions,
+)
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
@@ -326,6 +337,7 @@ async def stack() -> AsyncIterator[Stack]:
         )
         server = TestServer(gateway.app(), host="127.0.0.1")
         await server.start_server()
+        serving.gateway_url = str(server.make_url("")).rstrip("/")  # what its proof binds
         servers.append(server)
         workers[wid], sinks[wid] = serving, sink
         base = worker(wid, gpu=[sql] if hot else [], slots=2, base=sql.base_model)
@@ -693,7 +705,9 @@ def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
     fleet.take(Record("lp.worker-state", 0, 8, b"w1", good.model_dump_json().encode(), {}, 0))
     reasons = [d.reason for d in sink.messages(DeadLetter)]
     assert reasons == ["malformed", "invalid", "key_mismatch"]
-    assert set(fleet.index.workers) == {"w1"} and fleet.dead_lettered == 3
+    assert fleet.to_prove(NOW, 10) == [("w1", good.gateway_url)] and fleet.dead_lettered == 3
+    fleet.proved("w1", good.gateway_url, True, NOW)
+    assert set(fleet.index.workers) == {"w1"}
     fleet.take(Record("lp.worker-state", 0, 9, b"w1", None, {}, 0))  # tombstone
     assert not fleet.index.workers
 
@@ -860,6 +874,19 @@ async def test_attack_a_probed_gateways_answer_is_bounded(stack: Stack, body: by
         server.close()
 
 
+def _proof_answer(worker_id: str, url: str, head: bytes) -> bytes:
+    """A genuine gateway's ``/healthz`` body for the challenge in a probe's ``head``."""
+    challenge = re.search(rb"challenge=([0-9a-f]{32})", head)
+    assert challenge is not None, head
+    return json.dumps(
+        {
+            "ok": True,
+            "worker_id": worker_id,
+            "proof": proof(SECRET, challenge[1].decode(), worker_id, url),
+        }
+    ).encode()
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_attack_a_gateway_gone_from_the_view_keeps_no_connection(stack: Stack) -> None:
     """ATTACK: forged worker states announcing a new gateway address each time. Each address
@@ -869,8 +896,8 @@ async def test_attack_a_gateway_gone_from_the_view_keeps_no_connection(stack: St
     closed = asyncio.Event()
 
     async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        body = b'{"ok": true, "worker_id": "w0"}'
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = _proof_answer("w0", url, head)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
         if not await reader.read(1):  # kept alive until the router lets it go
@@ -917,3 +944,182 @@ async def test_answers_read_whole_are_bounded_across_requests(stack: Stack) -> N
     assert stack.router.outcomes["answers_full"] == 1
     async with stack.http.get(stack.url + "/metrics") as resp:
         assert "\nloraplane_router_answer_bytes_held 0.0\n" in await resp.text()
+
+
+def test_attack_a_worker_state_is_routed_only_once_its_gateway_proved_the_router_secret() -> None:
+    """ATTACK: a worker state is anyone's who may write the worker-state topic, and the
+    router routed on it as it arrived: a forged state announcing an address of the forger's
+    took tenants' requests (their prompts) there. A state is held until the gateway at its
+    address proves the router secret for that worker and address; a failed proof drops it
+    and is asked again no sooner than PROOF_RETRY_S; a proven worker's next states go in at
+    once, and a new address waits for its own proof while the proven one is routed."""
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    good = at(worker("w1"), NOW)
+    fleet.offer(good, NOW)
+    assert not fleet.index.workers
+    assert fleet.to_prove(NOW, 10) == [("w1", "http://w1")]
+    assert fleet.to_prove(NOW, 10) == []  # being asked
+    fleet.proved("w1", "http://w1", False, NOW)
+    assert not fleet.index.workers
+    fleet.offer(at(worker("w1"), NOW + 1), NOW + 1)
+    assert fleet.to_prove(NOW + 1, 10) == []  # failed lately
+    assert fleet.to_prove(NOW + PROOF_RETRY_S, 10) == [("w1", "http://w1")]
+    fleet.proved("w1", "http://w1", True, NOW + PROOF_RETRY_S)
+    assert set(fleet.index.workers) == {"w1"}
+    fleet.offer(at(worker("w1"), NOW + 6, "http://elsewhere"), NOW + 6)
+    assert fleet.index.workers["w1"].state.gateway_url == "http://w1"
+    assert fleet.to_prove(NOW + 6, 10) == [("w1", "http://elsewhere")]
+    fleet.offer(at(worker("w1"), NOW + 7), NOW + 7)  # back at the proven address: at once
+    assert fleet.index.workers["w1"].beat == NOW + 7
+    fleet.proved("w1", "http://elsewhere", True, NOW + 7)  # no state names it any more
+    assert fleet.index.workers["w1"].state.gateway_url == "http://w1"
+
+
+def test_attack_forged_states_under_many_ids_hold_bounded_memory_and_proofs() -> None:
+    """ATTACK: forged states under 20,000 worker ids. None is routed; the held ones are at
+    most MAX_UNPROVEN (the oldest dropped) and the proofs asked at once at most the room
+    the runtime gives (PROOFS_IN_FLIGHT)."""
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    for i in range(20_000):
+        fleet.offer(at(worker(f"f{i}"), NOW, f"http://10.0.{i // 250}.{i % 250}:80"), NOW)
+    assert not fleet.index.workers
+    asked = fleet.to_prove(NOW, PROOFS_IN_FLIGHT)
+    assert len(asked) == PROOFS_IN_FLIGHT
+    assert asked[0][0] == f"f{20_000 - MAX_UNPROVEN}"  # the oldest kept
+    for wid, url in asked:
+        fleet.proved(wid, url, False, NOW)
+    assert len(fleet.to_prove(NOW, 10**6)) == MAX_UNPROVEN - PROOFS_IN_FLIGHT
+
+
+async def _answer_json(writer: asyncio.StreamWriter, body: bytes) -> None:
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_attack_an_address_that_cannot_prove_the_secret_gets_no_request(
+    stack: Stack,
+) -> None:
+    """ATTACK: forged states announce addresses of the forger's: one answering the probe
+    as a gateway would without a router secret (``ok`` and the worker's id: believed
+    before), and one relaying the probe to the genuine gateway of w2 (whose proof binds
+    its own address). Neither is routed, and no request reaches either; the genuine w2
+    still serves."""
+    asked: list[bytes] = []
+    genuine = next(
+        w.state.gateway_url
+        for w in stack.router.fleet.index.workers.values()
+        if w.state.worker_id == "w2"
+    )
+
+    async def forger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        asked.append(head.split(b"\r\n", 1)[0])
+        if head.startswith(b"GET /healthz"):
+            target = head.split(b" ")[1].decode()
+            host, port = genuine.removeprefix("http://").split(":")
+            r, w = await asyncio.open_connection(host, int(port))
+            w.write(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            relayed = await r.read()
+            w.close()
+            body = relayed.split(b"\r\n\r\n", 1)[1]
+        else:
+            body = b"{}"
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        asked.append(head.split(b"\r\n", 1)[0])
+        body = b'{"ok": true, "worker_id": "w7"}'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    relay = await asyncio.start_server(forger, "127.0.0.1", 0)
+    lone = await asyncio.start_server(plain, "127.0.0.1", 0)
+    relay_url = f"http://127.0.0.1:{relay.sockets[0].getsockname()[1]}"
+    lone_url = f"http://127.0.0.1:{lone.sockets[0].getsockname()[1]}"
+    sql = RECORDS[2]
+    now = datetime.now(UTC).timestamp()
+    forged = [
+        at(
+            worker("w2", gpu=[sql], slots=2, base=sql.base_model),
+            now + 1,
+            relay_url,
+            max_lora_rank=64,
+        ),
+        at(
+            worker("w7", gpu=[sql], slots=9, base=sql.base_model),
+            now + 1,
+            lone_url,
+            max_lora_rank=64,
+        ),
+    ]
+    watch = asyncio.create_task(_watch_fleet(stack.router, lambda: None, 0.05, poll_s=0.01))
+    try:
+        for state in forged:
+            stack.router.fleet.offer(state, now + 1)
+        for _ in range(200):
+            if sum(line.startswith(b"GET /healthz") for line in asked) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        index = stack.router.fleet.index
+        assert "w7" not in index.workers and "w7" not in index.parked
+        assert index.workers["w2"].state.gateway_url == genuine
+        for _ in range(5):
+            async with stack.http.post(
+                stack.url + "/v1/completions", headers=AUTH_A, json={"model": "sql", "prompt": "q"}
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+                assert resp.headers["X-Loraplane-Worker"] == "w2"
+        assert all(line.startswith(b"GET /healthz?challenge=") for line in asked), asked
+    finally:
+        watch.cancel()
+        relay.close()
+        lone.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_gateway_proves_the_router_secret_only_for_a_challenge_and_with_the_secret(
+    stack: Stack,
+) -> None:
+    """A gateway's /healthz carries the proof for a well-formed challenge when it holds the
+    router secret, bound to its worker id and its announced address; none for a malformed
+    challenge; a gateway without the secret proves nothing (the router does not route to
+    it: it could not believe the router's forwarded tenants either)."""
+    url = next(
+        w.state.gateway_url
+        for w in stack.router.fleet.index.workers.values()
+        if w.state.worker_id == "w1"
+    )
+    challenge = "0123456789abcdef" * 2
+    async with stack.http.get(f"{url}/healthz?challenge={challenge}") as resp:
+        body = await resp.json()
+    assert body["proof"] == proof(SECRET, challenge, "w1", url)
+    for bad in ("0123", challenge.upper(), challenge + "0", "x" * 32):
+        async with stack.http.get(f"{url}/healthz", params={"challenge": bad}) as resp:
+            assert "proof" not in await resp.json()
+    serving = FakeServing(worker_id="w5", gateway_url="http://127.0.0.1:1")
+    lone = TestServer(
+        Gateway(serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink()).app(),
+        host="127.0.0.1",
+    )
+    await lone.start_server()
+    try:
+        async with stack.http.get(lone.make_url(f"/healthz?challenge={challenge}")) as resp:
+            assert "proof" not in await resp.json()
+    finally:
+        await lone.close()
