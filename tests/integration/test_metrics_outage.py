@@ -6,6 +6,8 @@ loraplane.infra.clickhouse like the stack's), never the shared one.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,10 +71,19 @@ def private_clickhouse(tmp_path: Path) -> Iterator[tuple[Settings, ClickHouse]]:
         delete_topics(settings)
 
 
+@pytest.mark.parametrize(
+    "outage",
+    ["stopped", pytest.param("hung", marks=pytest.mark.fault_long)],
+)
 def test_clickhouse_down_under_load_then_back_counts_exact(
-    private_clickhouse: tuple[Settings, ClickHouse], tmp_path: Path
+    private_clickhouse: tuple[Settings, ClickHouse], tmp_path: Path, outage: str
 ) -> None:
+    """``stopped``: the server is stopped for 4 s under load, then started again.
+    ``hung``: it is SIGSTOPped for 25 s (the kernel still takes connections, nothing
+    answers; past the sink's 10 s send/receive timeout, so an insert it may yet apply is
+    retried), then SIGCONTed. Either way every row is in ClickHouse exactly once."""
     settings, server = private_clickhouse
+    down_s = 4.0 if outage == "stopped" else 25.0
     migrations.migrate(settings)
     events = request_events(N, seed=23)
     size = N // CHUNKS
@@ -94,10 +105,18 @@ def test_clickhouse_down_under_load_then_back_counts_exact(
     try:
         producer.start()
         wait_for(lambda: count(settings, "request_log") > 0, 60, f"first rows (log: {log})")
-        server.process.stop()
+        pid = server.process.pid()
+        assert pid is not None
+        if outage == "stopped":
+            server.process.stop()
+        else:
+            os.kill(pid, signal.SIGSTOP)
         before_outage = sink.poll()
-        threading.Event().wait(4)  # down for a while, under load
-        start(server)
+        threading.Event().wait(down_s)  # down for a while, under load
+        if outage == "stopped":
+            start(server)
+        else:
+            os.kill(pid, signal.SIGCONT)
         restarted.set()
         wait_for(
             lambda: count(settings, "request_log") == N,
@@ -110,18 +129,18 @@ def test_clickhouse_down_under_load_then_back_counts_exact(
         assert count(settings, "request_log") == N
         retries = log.read_text().count("not delivered")
         print(
-            f"ClickHouse down ~4s under load: {retries} retried batch attempts, "
+            f"ClickHouse {outage} ~{down_s:.0f}s under load: {retries} retried batch attempts, "
             f"{count(settings, 'request_log', final=False)} raw rows, {N} FINAL"
         )
-        assert retries > 0, "the outage should have been noticed"
+        assert retries > 0, f"the outage should have been noticed: {log.read_text()[-3000:]}"
         report_fault(
-            "ClickHouse stopped under load, started again",
+            f"ClickHouse {outage} under load, then back",
             answered=N,
             stored=count(settings, "request_log"),
             lost=N - count(settings, "request_log"),
             duplicated=0,
             recovered=sink.poll() is None,
-            down_s=4.0,
+            down_s=down_s,
             note=f"{retries} batch retries; duplicates collapse under FINAL",
         )
     finally:
