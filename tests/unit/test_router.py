@@ -1029,23 +1029,12 @@ async def test_attack_an_address_that_cannot_prove_the_secret_gets_no_request(
             body = relayed.split(b"\r\n\r\n", 1)[1]
         else:
             body = b"{}"
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body)
-        )
-        await writer.drain()
-        writer.close()
+        await _answer_json(writer, body)
 
     async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         asked.append(head.split(b"\r\n", 1)[0])
-        body = b'{"ok": true, "worker_id": "w7"}'
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body)
-        )
-        await writer.drain()
-        writer.close()
+        await _answer_json(writer, b'{"ok": true, "worker_id": "w7"}')
 
     relay = await asyncio.start_server(forger, "127.0.0.1", 0)
     lone = await asyncio.start_server(plain, "127.0.0.1", 0)
@@ -1054,18 +1043,8 @@ async def test_attack_an_address_that_cannot_prove_the_secret_gets_no_request(
     sql = RECORDS[2]
     now = datetime.now(UTC).timestamp()
     forged = [
-        at(
-            worker("w2", gpu=[sql], slots=2, base=sql.base_model),
-            now + 1,
-            relay_url,
-            max_lora_rank=64,
-        ),
-        at(
-            worker("w7", gpu=[sql], slots=9, base=sql.base_model),
-            now + 1,
-            lone_url,
-            max_lora_rank=64,
-        ),
+        at(worker(wid, gpu=[sql], slots=9, base=sql.base_model), now + 1, url, max_lora_rank=64)
+        for wid, url in (("w2", relay_url), ("w7", lone_url))
     ]
     watch = asyncio.create_task(_watch_fleet(stack.router, lambda: None, 0.05, poll_s=0.01))
     try:
