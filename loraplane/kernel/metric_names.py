@@ -34,6 +34,7 @@ __all__ = [
     "REQUEST_TTFT_SECONDS",
     "ROUTER_ANSWER_BYTES_HELD",
     "ROUTER_DEAD_LETTERS",
+    "ROUTER_GATEWAY_PROOFS_FAILED",
     "ROUTER_IN_FLIGHT",
     "ROUTER_QUEUE_DEPTH",
     "ROUTER_QUEUE_REJECTIONS",
@@ -41,6 +42,7 @@ __all__ = [
     "ROUTER_QUEUE_WITHDRAWN",
     "ROUTER_REQUESTS",
     "ROUTER_WORKERS",
+    "ROUTER_WORKERS_UNPROVEN",
     "SINK_DELIVERED",
     "SINK_DROPPED",
     "SINK_JOURNAL_EVENTS",
@@ -123,3 +125,5 @@ ROUTER_QUEUE_WAIT_SECONDS = _n("router_queue_wait_seconds")
 ROUTER_QUEUE_REJECTIONS = _n("router_queue_rejections_total")
 ROUTER_QUEUE_WITHDRAWN = _n("router_queue_withdrawn_total")
 ROUTER_ANSWER_BYTES_HELD = _n("router_answer_bytes_held")
+ROUTER_WORKERS_UNPROVEN = _n("router_workers_unproven")
+ROUTER_GATEWAY_PROOFS_FAILED = _n("router_gateway_proofs_failed_total")

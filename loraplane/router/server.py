@@ -180,6 +180,7 @@ class Fleet:
         self._unproven: OrderedDict[str, tuple[WorkerState, float]] = OrderedDict()
         self._asking: set[tuple[str, str]] = set()
         self._failed: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.proofs_failed = 0
         self._refusals = LogBurst(
             "worker state not routed: its gateway did not prove the router secret",
             _REFUSAL_LOG_EVERY_S,
@@ -232,6 +233,11 @@ class Fleet:
         while len(self._unproven) > MAX_UNPROVEN:
             self._unproven.popitem(last=False)
 
+    @property
+    def unproven(self) -> int:
+        """Worker states held for their gateway's proof now."""
+        return len(self._unproven)
+
     def to_prove(self, now: float, room: int) -> list[tuple[str, str]]:
         """At most ``room`` (worker id, gateway URL) of held states whose proof to ask now,
         oldest first; each is marked as being asked until ``proved``."""
@@ -254,6 +260,7 @@ class Fleet:
         self._asking.discard(key)
         held = self._unproven.get(worker_id)
         if not ok:
+            self.proofs_failed += 1
             self._failed.pop(key, None)
             self._failed[key] = now
             while len(self._failed) > MAX_UNPROVEN:
@@ -977,6 +984,16 @@ class RouterMetrics(Collector):
             m.ROUTER_WORKERS,
             "Workers in the router's fleet index",
             value=len(router.fleet.index.workers),
+        )
+        yield GaugeMetricFamily(
+            m.ROUTER_WORKERS_UNPROVEN,
+            "Worker states held, not routed, until their gateway proves the router secret",
+            value=router.fleet.unproven,
+        )
+        yield CounterMetricFamily(
+            m.ROUTER_GATEWAY_PROOFS_FAILED,
+            "Gateways asked to prove the router secret that did not",
+            value=router.fleet.proofs_failed,
         )
         yield GaugeMetricFamily(
             m.ROUTER_ANSWER_BYTES_HELD,

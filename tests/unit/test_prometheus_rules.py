@@ -43,7 +43,7 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 def test_the_rules_check_and_their_unit_tests_pass() -> None:
     checked = prom.check_rules()
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 12 rules found" in checked.stdout
+    assert "SUCCESS: 13 rules found" in checked.stdout
     tested = prom.run_rule_tests()
     assert tested.returncode == 0, tested.stdout + tested.stderr
 

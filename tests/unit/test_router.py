@@ -989,6 +989,8 @@ def test_attack_forged_states_under_many_ids_hold_bounded_memory_and_proofs() ->
     for wid, url in asked:
         fleet.proved(wid, url, False, NOW)
     assert len(fleet.to_prove(NOW, 10**6)) == MAX_UNPROVEN - PROOFS_IN_FLIGHT
+    assert fleet.unproven == MAX_UNPROVEN - PROOFS_IN_FLIGHT
+    assert fleet.proofs_failed == PROOFS_IN_FLIGHT
 
 
 async def _answer_json(writer: asyncio.StreamWriter, body: bytes) -> None:
