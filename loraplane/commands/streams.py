@@ -48,7 +48,7 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
 
     admin = kafka.admin(settings)
     copies = topics.replicas(settings)
-    existing = admin.list_topics(timeout=15).topics
+    existing = _listed_once_kafka_answers(admin, settings.kafka.bootstrap)
     missing = [
         NewTopic(
             t.changelog_topic_name,
@@ -70,6 +70,23 @@ def ensure_changelog_topics(settings: Settings, faust_app: faust.App) -> list[st
     for t in faust_app.tables.values():
         _wait_listed(admin, t.changelog_topic_name, t.partitions or faust_app.conf.topic_partitions)
     return [t.topic for t in missing]
+
+
+def _listed_once_kafka_answers(
+    admin: AdminClient, bootstrap: str, attempt_s: float = 15.0
+) -> dict[str, object]:
+    """The broker's topics, once it answers: a worker started before Kafka (or while it is
+    away) waits for it, a line each attempt, as every other runtime does, instead of
+    ending on the first refused connection."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            return dict(admin.list_topics(timeout=attempt_s).topics)
+        except KafkaException as exc:
+            error = exc.args[0]
+            why = error.str() if hasattr(error, "str") else str(error)
+            typer.echo(f"Kafka at {bootstrap} does not answer ({why}); waiting", err=True)
 
 
 def _wait_listed(

@@ -55,3 +55,34 @@ def test_it_names_the_topic_and_what_it_saw_when_it_never_gets_ready() -> None:
         r"leader; want 3",
     ):
         streams._wait_listed(admin, name, 3, timeout_s=0.3)  # type: ignore[arg-type]
+
+
+@dataclass
+class _AwayThenBack:
+    """A broker that refuses ``refusals`` metadata requests (Kafka not up yet), then lists."""
+
+    refusals: int
+    calls: int = 0
+
+    def list_topics(self, timeout: float) -> ClusterMetadata:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+        return ClusterMetadata({"lp.requests": _led(1)})
+
+
+def test_a_worker_started_before_kafka_waits_for_it_a_line_each_attempt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`streams run` started while Kafka is away ended on the first metadata request with
+    a KafkaException traceback (exit 1) while every other runtime waits for the broker.
+    It waits too, and says so on each attempt."""
+    admin = _AwayThenBack(refusals=3)
+    listed = streams._listed_once_kafka_answers(admin, "127.0.0.1:19092", attempt_s=0.01)  # type: ignore[arg-type]
+    assert set(listed) == {"lp.requests"} and admin.calls == 4
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3
+    assert all(ln.startswith("Kafka at 127.0.0.1:19092 does not answer (") for ln in lines)
+    assert all("Traceback" not in ln for ln in lines)
