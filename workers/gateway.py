@@ -34,6 +34,7 @@ from aiohttp import web
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
     admit_request,
@@ -48,7 +49,7 @@ from loraplane.frontdoor.request_fields import (
     fit_context,
     header_token,
 )
-from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamError, UpstreamResponse
+from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamResponse
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets

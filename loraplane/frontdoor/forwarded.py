@@ -13,6 +13,9 @@ so a captured header set serves no other body, class or version, and expires. An
 a client puts in these headers (a tenant that is no id, a request id or version that is no
 header token, a signature that is not ``digits.hex``, bytes that are not ASCII) is refused
 before any HMAC is computed. Pure: the secret and the time are passed in.
+
+Back the other way, a gateway's answer names one header of these for the router alone:
+``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from loraplane.schemas.base import is_id
 
 __all__ = [
     "MAX_SKEW_S",
+    "NOT_RUN_HEADER",
     "SIGNATURE_HEADER",
     "STABLE_VERSION_HEADER",
     "TENANT_HEADER",
@@ -43,6 +47,11 @@ SIGNATURE_HEADER = "X-Loraplane-Forwarded"
 VERSION_HEADER = "X-Loraplane-Version"  # the version to serve
 VERSION_REASON_HEADER = "X-Loraplane-Version-Reason"  # why: active, or its canary share
 STABLE_VERSION_HEADER = "X-Loraplane-Stable-Version"  # the active one, while a canary warms
+NOT_RUN_HEADER = "X-Loraplane-Not-Run"
+"""On a gateway's 503, back to the router: its vLLM could not be reached, so the request never
+reached vLLM (the header's value is the reason). A router parks that worker and sends the
+request to another, at most once per request (``router.server``), so a gateway that sends it
+on every answer costs a request one more try, never a loop."""
 MAX_SKEW_S = 30
 _SIGNATURE = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})")
 

@@ -34,7 +34,6 @@ from loraplane.schemas.reasons import VllmErrorCode
 
 __all__ = [
     "MAX_HEAD_BYTES",
-    "NOT_RUN_HEADER",
     "AnswerBudget",
     "AnswersFull",
     "UpstreamError",
@@ -50,9 +49,6 @@ MAX_HEAD_BYTES = 64 * 1024
 framing, trailers); an upstream sending more is a ``bad_response``: httptools holds a
 header's bytes in memory until it ends, and llhttp bounds neither their size nor their
 number, nor a chunk's extensions."""
-NOT_RUN_HEADER = "X-Loraplane-Not-Run"
-"""On a gateway's 503: its vLLM could not be reached, so the request never reached vLLM (the
-header's value is the reason). A router parks that worker and sends the request to another."""
 
 
 class AnswerBudget:

@@ -47,7 +47,7 @@ from prometheus_client.utils import floatToGoString
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import FrontDoor, Refusal
 from loraplane.frontdoor.api_keys import KeyLookup
-from loraplane.frontdoor.forwarded import TENANT_HEADER, VERSION_HEADER, Forward
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER, TENANT_HEADER, VERSION_HEADER, Forward
 from loraplane.frontdoor.forwarded import headers as forward_headers
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
 from loraplane.frontdoor.http import (
@@ -62,7 +62,6 @@ from loraplane.frontdoor.request_fields import (
     header_token,
 )
 from loraplane.frontdoor.upstream_http import (
-    NOT_RUN_HEADER,
     AnswerBudget,
     AnswersFull,
     UpstreamError,

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
 from loraplane.kernel.config import Settings
 from loraplane.metrics import migrations
 from loraplane.metrics.clickhouse import connect

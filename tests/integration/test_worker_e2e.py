@@ -37,7 +37,7 @@ import requests
 
 from loraplane.artifact_publish import PublishRequest, build_record, upload
 from loraplane.frontdoor.api_keys import key_digest
-from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.infra.processes import free_port
 from loraplane.kernel import kafka, topics

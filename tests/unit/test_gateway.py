@@ -32,7 +32,8 @@ from loraplane.frontdoor.api_keys import (
     key_digest,
     load_api_keys,
 )
-from loraplane.frontdoor.upstream_http import NOT_RUN_HEADER, UpstreamResponse
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
+from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel.policy import (
     BatchBudget,
