@@ -122,6 +122,7 @@ PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within th
 PROBE_ANSWER_BYTES = 64 * 1024
 """A gateway's ``/healthz`` answer, at most: a probe reads it whole, and every gateway a
 worker state announces may be probed at once."""
+_WHY_CHARS = 200  # of a parked gateway's reason, in its log line
 ANSWER_BUFFER_BYTES = 256 * 1024 * 1024
 """Bytes of gateways' answers read whole (not streamed) that the router holds at once, from
 their first byte until they are written to their clients: each is at most 64 MiB, and a
@@ -704,13 +705,14 @@ class Router:
 
     def _drop(self, route: Route, why: object, when: str = "did not answer") -> None:
         """A gateway that failed a request, or answered that its vLLM is not there, leaves the
-        view until its next heartbeat or its next good probe."""
+        view until its next heartbeat or its next good probe. ``why`` is logged cut to
+        ``_WHY_CHARS``: it may be a gateway's own header, anyone's bytes."""
         log.warning(
             "worker %s gateway %s %s: %s; parked out of the view",
             route.worker_id,
             route.gateway_url,
             when,
-            why,
+            str(why)[:_WHY_CHARS],
         )
         self.fleet.index.failed(route.worker_id, self._clock())
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from loraplane.frontdoor.forwarded import (
+    NOT_RUN_HEADER,
     SIGNATURE_HEADER,
     TENANT_HEADER,
     VERSION_HEADER,
@@ -627,6 +628,136 @@ async def test_a_vllm_error_after_the_request_left_is_not_sent_again(stack: Stac
         assert "w0" not in stack.router.fleet.index.parked
     finally:
         await server.close()
+
+
+_NOT_RUN_BODY = b'{"error": {"type": "vllm_unreachable", "message": "vLLM is not there"}}'
+
+
+def _answer_503(not_run: bytes | None) -> bytes:
+    """A gateway's 503 as it travels: with ``X-Loraplane-Not-Run: <not_run>`` or without."""
+    extra = b"" if not_run is None else NOT_RUN_HEADER.encode() + b": " + not_run + b"\r\n"
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        b"Retry-After: 1\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(_NOT_RUN_BODY)
+    ) + _NOT_RUN_BODY
+
+
+async def _always_answers(answer: bytes, asked: list[bytes]) -> tuple[asyncio.AbstractServer, str]:
+    """A gateway that answers every request (head and body read, kept alive) with ``answer``,
+    noting each request's head in ``asked``."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                asked.append(head)
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length[1]) if length else 0)
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_gateway_503_saying_not_run_is_parked_and_served_by_another(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway's 503 with ``X-Loraplane-Not-Run`` (its vLLM was not reached: nothing ran)
+    parks that worker and the request is answered by another under the attempt's id; the
+    gateway's 503 and its header never reach the client, and the reason it gave is logged
+    cut short (a gateway's header is anyone's bytes)."""
+    asked: list[bytes] = []
+    server, url = await _always_answers(_answer_503(b"vllm_unreachable" + b"x" * 5000), asked)
+    try:
+        _sql_hot_on_w0(stack, url)
+        with caplog.at_level("WARNING", logger="loraplane.router"):
+            status, headers, body = await stack.post(
+                {"model": "sql", "prompt": "q"}, headers={**AUTH_A, "X-Request-Id": "client-5"}
+            )
+        assert status == 200, body
+        assert headers["X-Loraplane-Worker"] == "w2" and NOT_RUN_HEADER not in headers
+        assert headers["X-Request-Id"] == "client-5-r1"
+        assert len(asked) == 1 and b"\r\nX-Request-Id: client-5\r\n" in asked[0]
+        assert "w0" in stack.router.fleet.index.parked
+        (line,) = [r.getMessage() for r in caplog.records if "w0" in r.getMessage()]
+        assert "vllm_unreachable" in line and len(line) < 1000, line[:300]
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200 and headers["X-Loraplane-Worker"] == "w2"  # parked: not asked
+        assert len(asked) == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("not_run", [None, b""])
+async def test_a_gateway_503_without_not_run_is_relayed_as_it_is(
+    stack: Stack, not_run: bytes | None
+) -> None:
+    """A 503 without the header (or with an empty one) is the gateway's own answer (vLLM may
+    have taken the request): it reaches the client as it is, once, and the worker stays in
+    the view."""
+    asked: list[bytes] = []
+    server, url = await _always_answers(_answer_503(not_run), asked)
+    try:
+        _sql_hot_on_w0(stack, url)
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 503 and headers["X-Loraplane-Worker"] == "w0"
+        assert headers["Retry-After"] == "1" and body["error"]["type"] == "vllm_unreachable"
+        assert len(asked) == 1
+        assert "w0" in stack.router.fleet.index.workers
+        assert "w0" not in stack.router.fleet.index.parked
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_attack_gateways_all_saying_not_run_cannot_loop_a_request() -> None:
+    """ATTACK: every worker of a base model is a forged or compromised gateway answering 503
+    ``X-Loraplane-Not-Run`` to everything. A request is sent to at most two of them (one
+    re-route), then answered 503 ``no_live_worker``; it never goes round the fleet, nor round
+    the same gateway, however many such workers the view holds."""
+    sql = RECORDS[2]
+    asked: list[bytes] = []
+    servers = []
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    fleet.versions = serving_versions(list(RECORDS))
+    for i in range(6):
+        server, url = await _always_answers(_answer_503(b"vllm_unreachable"), asked)
+        servers.append(server)
+        fleet.index.update(
+            at(
+                worker(f"evil{i}", gpu=[sql], base=sql.base_model),
+                datetime.now(UTC).timestamp(),
+                url,
+                max_lora_rank=64,
+            )
+        )
+    router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
+    front = TestServer(router.app(), host="127.0.0.1")
+    await front.start_server()
+    try:
+        async with ClientSession() as http:
+            for n in (1, 2, 3):
+                async with http.post(
+                    str(front.make_url("/v1/completions")),
+                    json={"model": "sql", "prompt": "q"},
+                    headers=AUTH_A,
+                ) as resp:
+                    body = await resp.json()
+                assert resp.status == 503 and resp.headers["Retry-After"] == "5", body
+                assert body["error"]["type"] == "no_live_worker"
+                assert len(asked) == 2 * n  # two tries a request, each to another gateway
+        assert len({next(iter(re.findall(rb"X-Request-Id: (\S+)", h))) for h in asked}) == 6
+        assert set(fleet.index.parked) == {f"evil{i}" for i in range(6)}
+    finally:
+        await front.close()
+        for server in servers:
+            server.close()
 
 
 def test_an_attempt_id_stays_a_request_id() -> None:
