@@ -366,16 +366,17 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                         raise
                     return web.Response(status=408)
                 except RequestPayloadError:  # a Content-Encoding that does not decode
-                    response = await _answer_and_close(
+                    response = await _answer_early(
                         request,
                         web.Response(
                             status=400, text="the body could not be read: its encoding is broken"
                         ),
+                        unread=True,
                     )
                     return response
                 except web.HTTPRequestEntityTooLarge as exc:  # past client_max_size, as read
-                    response = await _answer_and_close(
-                        request, web.Response(status=exc.status, text=exc.text)
+                    response = await _answer_early(
+                        request, web.Response(status=exc.status, text=exc.text), unread=True
                     )
                     return response
             if guard is not None:
@@ -390,12 +391,11 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                     await response.write_eof()
             return response
         finally:
-            unread = not request.content.is_eof()
-            if unread:  # never parse the rest of a body nobody read as a next request
+            closing = _closes(request, response)
+            if closing:
                 request.protocol.force_close()
             if guard is not None:
-                said_close = response is not None and response.prepared and not response.keep_alive
-                guard.response_done(closing=unread or said_close)
+                guard.response_done(closing=closing)
 
     return bounded
 
@@ -432,17 +432,27 @@ def _head_refusal(request: web.Request) -> web.StreamResponse | None:
     return request[_HEAD_VERDICT]
 
 
-async def _answer_and_close(
-    request: web.Request, response: web.StreamResponse
+def _closes(request: web.Request, response: web.StreamResponse | None) -> bool:
+    """Whether the connection closes after ``response``: the one place that decides it.
+    It does when some of the request's body was never read (the rest would be parsed as a
+    next request's head, and answered), or when the answer sent says ``Connection: close``
+    (``_answer_early``, or a client that asked for it)."""
+    said_close = response is not None and response.prepared and not response.keep_alive
+    return said_close or not request.content.is_eof()
+
+
+async def _answer_early(
+    request: web.Request, response: web.StreamResponse, *, unread: bool
 ) -> web.StreamResponse:
-    """Answer a request whose body was not read to its end (it does not decode, or it is
-    past ``client_max_size``) with ``Connection: close``, then close: the rest of that body
-    is never parsed (it would be read as a next request's head, and answered)."""
-    response.force_close()
+    """Write ``response`` before the request's body was read to its end. ``unread``: the
+    body will not be read to its end (it does not decode, it is past ``client_max_size``,
+    or it is still to come), so the answer says ``Connection: close`` and the connection
+    closes after it (``_closes``)."""
+    if unread:
+        response.force_close()
     with contextlib.suppress(ConnectionError):
         await response.prepare(request)
         await response.write_eof()
-    request.protocol.force_close()
     return response
 
 
@@ -456,11 +466,7 @@ async def _answer_unread(
     for a ``100 Continue`` that never came (``expect_continue``), closes the connection
     instead of being waited for. An answer given before its body is in says ``Connection:
     close``, and the connection closes after it: nothing that follows is parsed."""
-    if not request.content.is_eof():
-        response.force_close()
-    with contextlib.suppress(ConnectionError):
-        await response.prepare(request)
-        await response.write_eof()
+    await _answer_early(request, response, unread=not request.content.is_eof())
     declared = request.content_length
     if (declared is None or declared <= cap) and not _expects_continue(request):
         dropped = 0
@@ -470,8 +476,6 @@ async def _answer_unread(
                 dropped += len(chunk)
     if guard is not None:
         guard.body_read()
-    if not request.content.is_eof() or not response.keep_alive:
-        request.protocol.force_close()
     return response
 
 
