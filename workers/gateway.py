@@ -32,8 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from loraplane.eventlog.sink import EventSink
-from loraplane.frontdoor.admission import Choice, FrontDoor, Refusal
-from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.admission import Choice, FrontDoor, Keys, Refusal
 from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
@@ -236,7 +235,7 @@ class Gateway:
         self,
         worker: Serving,
         *,
-        api_keys: KeyLookup,
+        api_keys: Keys,
         budgets: RequestBudgets,
         sink: EventSink,
         cache_secret: bytes | None = None,
@@ -270,11 +269,11 @@ class Gateway:
         self._failures = LogBurst("gateway", _FAILURE_LOG_EVERY_S, logger=log)
 
     @property
-    def api_keys(self) -> KeyLookup:
+    def api_keys(self) -> Keys:
         return self.door.keys
 
     @api_keys.setter
-    def api_keys(self, keys: KeyLookup) -> None:  # a new key file
+    def api_keys(self, keys: Keys) -> None:  # a new key file
         self.door.keys = keys
 
     @property

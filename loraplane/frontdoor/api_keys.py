@@ -19,7 +19,6 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from loraplane.frontdoor.admission import Grant
 from loraplane.kernel.local_files import read_regular
@@ -31,7 +30,6 @@ __all__ = [
     "MAX_API_KEYS_BYTES",
     "ApiKeys",
     "ApiKeysFile",
-    "KeyLookup",
     "add_key",
     "key_digest",
     "load_api_keys",
@@ -42,10 +40,6 @@ _UNREAD = (-1, -1, -1)
 MAX_API_KEYS_BYTES = 16 * 1024 * 1024
 """About 150,000 keys; a longer file (or a FIFO, a device) is invalid, as a malformed one."""
 log = logging.getLogger("loraplane.worker")
-
-
-class KeyLookup(Protocol):
-    def grant(self, authorization: str | None) -> Grant | None: ...
 
 
 def key_digest(key: str) -> str:
@@ -83,16 +77,6 @@ class ApiKeys:
         if len(key) + len("Bearer ") == len(authorization):
             self._known[authorization] = found
         return found
-
-    def tenant(self, authorization: str | None) -> str | None:
-        """The tenant of ``grant``, None when the key is unknown."""
-        found = self.grant(authorization)
-        return None if found is None else found[0]
-
-    def base_models(self, authorization: str | None) -> frozenset[str] | None:
-        """The scope of ``grant``; None: every base model (or no key)."""
-        found = self.grant(authorization)
-        return None if found is None else found[1]
 
 
 def load_api_keys(path: Path) -> ApiKeys:
@@ -181,9 +165,6 @@ class ApiKeysFile:
 
     def grant(self, authorization: str | None) -> Grant | None:
         return self.current().grant(authorization)
-
-    def tenant(self, authorization: str | None) -> str | None:
-        return self.current().tenant(authorization)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -45,8 +45,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from loraplane.eventlog.sink import EventSink
-from loraplane.frontdoor.admission import FrontDoor, Refusal
-from loraplane.frontdoor.api_keys import KeyLookup
+from loraplane.frontdoor.admission import FrontDoor, Keys, Refusal
 from loraplane.frontdoor.forwarded import NOT_RUN_HEADER, TENANT_HEADER, VERSION_HEADER, Forward
 from loraplane.frontdoor.forwarded import headers as forward_headers
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
@@ -313,7 +312,7 @@ class Router:
         self,
         fleet: Fleet,
         *,
-        api_keys: KeyLookup,
+        api_keys: Keys,
         budgets: RequestBudgets,
         secret: bytes,
         max_body_bytes: int = 1024 * 1024,
@@ -368,11 +367,11 @@ class Router:
         self.door.budgets = budgets
 
     @property
-    def api_keys(self) -> KeyLookup:
+    def api_keys(self) -> Keys:
         return self.door.keys
 
     @api_keys.setter
-    def api_keys(self, keys: KeyLookup) -> None:
+    def api_keys(self, keys: Keys) -> None:
         self.door.keys = keys
 
     def app(self) -> web.Application:

@@ -202,7 +202,10 @@ def test_attack_an_api_key_never_reaches_a_log_and_logs_are_the_users_alone(tmp_
         key = system.add_api_key("tenant-a")
         sup.start("talker", [sys.executable, "-c", "print('ready')"]).popen.wait(30)
     assert key.startswith("lp-") and len(key) > 20
-    assert ApiKeysFile.open(space.home / "api-keys.json").tenant(f"Bearer {key}") == "tenant-a"
+    assert ApiKeysFile.open(space.home / "api-keys.json").grant(f"Bearer {key}") == (
+        "tenant-a",
+        None,
+    )
     every = {p: p.read_bytes() for p in logs.parent.rglob("*") if p.is_file()}
     assert every and not [p for p, raw in every.items() if key.encode() in raw]
     assert "worker add-key --tenant tenant-a" in (logs / "api-keys.log").read_text()

@@ -737,12 +737,12 @@ async def test_api_key_file_is_reread_when_it_changes(
     ) as resp:
         assert resp.status == 200
     other = add_key(path, "tenant-b")
-    assert (keys.tenant(f"Bearer {key}"), keys.tenant(f"Bearer {other}")) == (
-        "tenant-a",
-        "tenant-b",
+    assert (keys.grant(f"Bearer {key}"), keys.grant(f"Bearer {other}")) == (
+        ("tenant-a", None),
+        ("tenant-b", None),
     )
     path.write_text("{not json")
-    assert keys.tenant(f"Bearer {key}") is None  # a bad edit fails closed
+    assert keys.grant(f"Bearer {key}") is None  # a bad edit fails closed
     path.write_text(json.dumps({"keys": {}}))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="loraplane.worker"):
@@ -1948,10 +1948,9 @@ def test_a_key_file_scopes_a_key_to_base_models(tmp_path: Path) -> None:
     key = add_key(path, "tenant-a", base_models=["tiny-llama"])
     plain = add_key(path, "tenant-b")
     keys = load_api_keys(path)
-    assert keys.tenant(f"Bearer {key}") == "tenant-a"
-    assert keys.base_models(f"Bearer {key}") == frozenset({"tiny-llama"})
-    assert keys.base_models(f"Bearer {plain}") is None  # every base model
-    assert keys.base_models("Bearer nope") is None and keys.tenant("Bearer nope") is None
+    assert keys.grant(f"Bearer {key}") == ("tenant-a", frozenset({"tiny-llama"}))
+    assert keys.grant(f"Bearer {plain}") == ("tenant-b", None)  # every base model
+    assert keys.grant("Bearer nope") is None
     digest = "a" * 64
     for entry in (
         {"tenant": "t"} | {"base_models": []},

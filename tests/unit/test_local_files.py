@@ -69,13 +69,13 @@ def test_an_api_key_file_replaced_by_a_hostile_one_accepts_no_key(
     path = tmp_path / "api-keys.json"
     key = api_keys.add_key(path, "acme")
     watched = api_keys.ApiKeysFile.open(path)
-    assert watched.current().tenant(f"Bearer {key}") == "acme"
+    assert watched.current().grant(f"Bearer {key}") == ("acme", None)
     path.unlink()
     if kind == "deep-json":
         path.write_bytes(DEEP_JSON[:1000])
     else:
         HOSTILE[kind](path)
-    assert watched.current().tenant(f"Bearer {key}") is None
+    assert watched.current().grant(f"Bearer {key}") is None
 
 
 @pytest.mark.parametrize("kind", [*sorted(HOSTILE), "deep-json"])
