@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from loraplane.kernel.config import LOOPBACK
-from loraplane.kernel.http_server import bound_port, start_site
+from loraplane.kernel.http_server import ANSWER_HEADERS, bound_port, start_site
 from loraplane.kernel.worker_states import latest_fleet_states
 from loraplane.metrics import queries
 from loraplane.metrics.clickhouse import connect
@@ -71,9 +71,11 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
-"""On every answer of the dashboard's app (its page, files, API, errors and refusals): a
-script injected into the page (a value the page shows) would not run, and no other site
-may frame it (clickjacking) or learn its URL (its filters) from a link."""
+"""On every answer of the dashboard's server (``kernel.http_server.ANSWER_HEADERS``): its
+page, files, API, errors and refusals, and the connection-level ones (aiohttp's 400 for a
+head it cannot parse, the 431 for one too large). A script injected into the page (a value
+the page shows) would not run, and no other site may frame it (clickjacking) or learn its
+URL (its filters) from a link."""
 
 
 log = logging.getLogger("loraplane.dashboard")
@@ -119,10 +121,6 @@ def _send(status: HTTPStatus, body: bytes, content_type: str) -> web.Response:
     )
 
 
-async def _secure(_: web.Request, response: web.StreamResponse) -> None:
-    response.headers.update(SECURITY_HEADERS)
-
-
 class Dashboard:
     def __init__(self, settings: Settings, refresh_s: float = 5.0) -> None:
         self.settings = settings
@@ -134,7 +132,7 @@ class Dashboard:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024)  # GET only: no body to speak of
         app.router.add_get("/{tail:.*}", self.get)
-        app.on_response_prepare.append(_secure)
+        app[ANSWER_HEADERS] = SECURITY_HEADERS  # on every answer of its server
         app.on_cleanup.append(self._close)
         return app
 

@@ -9,7 +9,9 @@ the process's descriptor budget (``connection_budget``). At a cap a new connecti
 refused: the one that has kept the server waiting longest is shed instead. Legitimate
 clients send their request at once, so slow or idle ones go first, however many an
 attacker opens from the same address.
-Connection errors are logged through ``kernel.log_burst.LogBurst``.
+Connection errors are logged through ``kernel.log_burst.LogBurst``. An app's
+``ANSWER_HEADERS`` go on every answer its server gives: the app's own, aiohttp's (a head
+it cannot parse) and the guard's (a head past the bound).
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
 ``RequestHandler`` (``_Guard``), which makes the handler only once a first head is whole; a
@@ -24,17 +26,19 @@ import contextlib
 import logging
 import resource
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, cast
 
 from aiohttp import HttpVersion11, web
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
 
 from loraplane.kernel import collector
 from loraplane.kernel.config import HttpLimits
 from loraplane.kernel.log_burst import LogBurst
 
 __all__ = [
+    "ANSWER_HEADERS",
     "HEAD_CHECK",
     "HeadCheck",
     "bound_port",
@@ -58,10 +62,19 @@ body before its handler runs (so a connection counts as waiting until its body i
 app whose handlers refuse some requests before their body (no API key, a Content-Length over
 the cap) sets this, and such a request is answered without its body being read or waited
 for."""
-_TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
-    b"Connection: close\r\n\r\n"
-)
+ANSWER_HEADERS: web.AppKey[Mapping[str, str]] = web.AppKey("loraplane_answer_headers")
+"""Headers an app's server puts on every answer it gives (a security policy): its handlers'
+answers and the refusals, and the ones no handler writes, aiohttp's 400 for a head it cannot
+parse and the 431 for a head past ``max_header_bytes``. Read once, by ``start_site``."""
+
+
+def _too_large(headers: Mapping[str, str]) -> bytes:
+    """The 431 the guard writes itself, for a head past ``max_header_bytes``."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (
+        "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+        f"Connection: close\r\n{extra}\r\n"
+    ).encode("latin-1")
 
 
 class _BurstFilter(logging.Filter):
@@ -94,8 +107,16 @@ class _Table:
 class _State:
     """One listener: its limits, its cap, its connections."""
 
-    def __init__(self, limits: HttpLimits, burst: LogBurst, table: _Table) -> None:
+    def __init__(
+        self,
+        limits: HttpLimits,
+        burst: LogBurst,
+        table: _Table,
+        answer_headers: Mapping[str, str],
+    ) -> None:
         self.limits = limits
+        self.answer_headers = answer_headers
+        self.too_large = _too_large(answer_headers)
         self.burst = burst
         self.table = table
         self.cap = min(limits.max_connections, table.budget)
@@ -166,7 +187,7 @@ class _Guard(asyncio.Protocol):
             if self._head_bytes > self._state.limits.max_header_bytes:
                 self._state.burst.note("header_too_large")
                 self._cancel()
-                transport.write(_TOO_LARGE)
+                transport.write(self._state.too_large)
                 transport.close()
                 return
             if end < 0:
@@ -479,19 +500,56 @@ async def _answer_unread(
     return response
 
 
+class _Handler(RequestHandler):
+    """aiohttp's handler of one connection, whose own error answers (a head it cannot parse,
+    a failure outside the app) carry the listener's ``ANSWER_HEADERS``: no app hook sees
+    them (aiohttp writes them before any route is matched)."""
+
+    __slots__ = ("_answer_headers",)
+
+    def __init__(
+        self, manager: web.Server, answer_headers: Mapping[str, str], **kwargs: Any
+    ) -> None:
+        super().__init__(manager, **kwargs)
+        self._answer_headers = answer_headers
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        response = super().handle_error(request, status, exc, message)
+        response.headers.update(self._answer_headers)
+        return response
+
+
 class _BoundedSite(web.TCPSite):
-    def __init__(self, runner: web.AppRunner, host: str, port: int, state: _State) -> None:
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        state: _State,
+        handler_args: Mapping[str, Any],
+    ) -> None:
         super().__init__(runner, host, port, backlog=min(_BACKLOG, state.cap))
         self._state = state
+        self._handler_args = handler_args  # the runner's server makes its handlers with them
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         loop = asyncio.get_running_loop()
         server = self._runner.server
         assert server is not None
-        state = self._state
+        state, args = self._state, self._handler_args
+
+        def handler() -> asyncio.Protocol:
+            return _Handler(server, state.answer_headers, loop=loop, **args)
+
         self._server = await loop.create_server(
-            lambda: _Guard(server, state),
+            lambda: _Guard(handler, state),
             self._host,
             self._port,
             backlog=self._backlog,
@@ -530,7 +588,9 @@ async def start_site(
     """Serve ``app`` on ``host:port`` (0: any free port, see ``bound_port``) within
     ``limits``. The caller ends it with ``runner.cleanup()``."""
     burst = LogBurst(name, limits.error_log_interval_s, logger=log)
-    state = _State(limits, burst, _table())
+    given: Mapping[str, str] | None = app.get(ANSWER_HEADERS)
+    answer_headers = dict(given) if given is not None else {}
+    state = _State(limits, burst, _table(), answer_headers)
     if state.cap < limits.max_connections:
         log.warning(
             "%s: at most %d connections, not max_connections=%d: the descriptor "
@@ -541,21 +601,26 @@ async def start_site(
             state.table.budget,
         )
     app.middlewares.insert(0, _middleware(state))
+    if answer_headers:
+
+        async def add_headers(_: web.Request, response: web.StreamResponse) -> None:
+            response.headers.update(answer_headers)
+
+        app.on_response_prepare.append(add_headers)
     server_log = logging.getLogger(f"loraplane.http.{name}")
     server_log.addFilter(_BurstFilter(burst))
     line = min(8190, limits.max_header_bytes)
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        handle_signals=False,
-        keepalive_timeout=limits.keepalive_timeout_s,
-        max_line_size=line,
-        max_field_size=line,
-        max_headers=limits.max_headers,
-        logger=server_log,
-    )
+    handler_args: dict[str, Any] = {
+        "access_log": None,
+        "keepalive_timeout": limits.keepalive_timeout_s,
+        "max_line_size": line,
+        "max_field_size": line,
+        "max_headers": limits.max_headers,
+        "logger": server_log,
+    }
+    runner = web.AppRunner(app, handle_signals=False, **handler_args)
     await runner.setup()
-    await _BoundedSite(runner, host, port, state).start()
+    await _BoundedSite(runner, host, port, state, handler_args).start()
     _throttle_loop_errors(asyncio.get_running_loop(), burst)
     return runner, burst
 

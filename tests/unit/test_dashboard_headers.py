@@ -115,6 +115,32 @@ async def test_a_refusal_past_the_body_cap_carries_them_too(dashboard: int) -> N
     )
 
 
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        # aiohttp's own answers: a head it cannot parse
+        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\nHost: 127.0.0.1\n\n", b"400"),  # a bare-LF head
+        (b"\x16\x03\x01\x02\x00 not http\r\n\r\n", b"400"),  # TLS to a plain port
+        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: x\r\n\r\n", b"400"),
+        # the connection guard's: a head past max_header_bytes
+        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 3000 + b"\r\n\r\n", b"431"),
+    ],
+)
+async def test_attack_a_connection_level_answer_carries_them_too(
+    dashboard: int, request_bytes: bytes, status: bytes
+) -> None:
+    """ATTACK: answers that no handler of the app writes (aiohttp's 400 for a head it cannot
+    parse, the guard's 431 for one past the bound) carry the same headers, read on the raw
+    socket: a page of another site that frames or sniffs a malformed request's answer gets
+    the policy too."""
+    answer = await _ask(dashboard, request_bytes)
+    assert answer.split(b" ", 2)[1] == status, answer[:300]
+    headers = _headers(answer)
+    for name, value in SECURITY_HEADERS.items():
+        assert headers.get(name.lower()) == value, (name, headers)
+
+
 def test_the_page_loads_no_inline_script_or_style() -> None:
     """What the policy would block: an inline script, a handler attribute, a ``style``
     attribute or element, or an asset from another origin, in the page or set by its
