@@ -52,9 +52,7 @@ class PlannerMemory(StrictModel):
         """The domain tag and the record's JSON without ``signature``, as pydantic writes it
         (the fields in their declared order, so a decoded record gives the same bytes):
         only planners read these records, and a tick signs every changed one, at a fifth of
-        the cost of canonical JSON. Epoch 0 is left out: a record without one signs as
-        before epochs were written."""
-        body = self.model_dump_json(
-            exclude={"signature", "epoch"} if self.epoch == 0 else {"signature"}
-        )
+        the cost of canonical JSON. The epoch is signed whatever its value: no record's
+        epoch can be changed, added or taken away under its signature."""
+        body = self.model_dump_json(exclude={"signature"})
         return PLANNER_MEMORY_SIGNING_DOMAIN.encode("ascii") + b"\n" + body.encode("utf-8")

@@ -285,16 +285,15 @@ class _MemoryPeek(msgspec.Struct):
 
 _PEEK = msgspec.json.Decoder(_MemoryPeek)
 _SIGNATURE_FIELD = b',"signature":"'
-_EPOCH_ZERO = b',"epoch":0,'
 
 
 def _signed_parts(value: bytes) -> tuple[bytes, str] | None:
     """The body a record's signature is of, and the signature, read off the raw JSON the
     planner writes (``encode``: the fields in declared order, ``signature`` last): the JSON
-    without its ``signature`` field, nor ``"epoch":0`` (epoch 0 is left out of what is
-    signed, ``PlannerMemory.signed_bytes``; no other object of a record has an ``epoch``).
-    None when it is not that shape. A string value cannot hold ``,"signature":"`` (its
-    quotes are escaped)."""
+    without its ``signature`` field, byte for byte (``PlannerMemory.signed_bytes``), so a
+    record verifies only as it was signed: a key added or changed anywhere (a second
+    ``epoch``, which the decoder would read last) does not. None when it is not that
+    shape. A string value cannot hold ``,"signature":"`` (its quotes are escaped)."""
     at = value.rfind(_SIGNATURE_FIELD)
     if at < 0 or not value.endswith(b'"}'):
         return None
@@ -302,7 +301,7 @@ def _signed_parts(value: bytes) -> tuple[bytes, str] | None:
         signature = value[at + len(_SIGNATURE_FIELD) : -2].decode("ascii")
     except UnicodeDecodeError:
         return None
-    return value[:at].replace(_EPOCH_ZERO, b",", 1) + b"}", signature
+    return value[:at] + b"}", signature
 
 
 def memory_refusal(record: Record, keyring: Keyring | None) -> str | None:

@@ -11,14 +11,14 @@ import os
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from loraplane.kernel.bus import Record
 from loraplane.kernel.topic_tail import TailView
-from loraplane.schemas.codec import decode, encode
-from loraplane.schemas.planner_memory import PlannerMemory
-from loraplane.schemas.signing import SigningKey
+from loraplane.schemas.codec import encode
+from loraplane.schemas.planner_memory import PLANNER_MEMORY_SIGNING_DOMAIN
+from loraplane.schemas.signing import SigningKey, b64
 from loraplane.streams import planner_runtime
 from loraplane.streams.planner import Planner, WorkerMemory
 from loraplane.streams.planner_runtime import MemoryGate, memory_of, memory_refusal
@@ -42,19 +42,66 @@ def memory_record(offset: int, wid: str, memory: WorkerMemory, key: str = "plann
     )
 )
 def test_a_signed_record_of_any_epoch_reads_back_as_written(memory: WorkerMemory) -> None:
-    """The raw check (``memory_refusal``) passes exactly what the planner signs, epoch 0
-    (a record from before epochs) included."""
+    """The raw check (``memory_refusal``) passes exactly what the planner signs, whatever
+    its epoch (0 included)."""
     record = memory_record(0, "w1", memory)
     assert memory_refusal(record, KIT.keyring) is None
     assert memory_of([record], KIT.keyring) == {"w1": memory}
 
 
-def test_attack_the_epoch_is_signed() -> None:
-    memory = replace(PLAN.memory["w1"], epoch=5)
-    raw = signed("w1", memory).replace(b'"epoch":5', b'"epoch":9')
-    assert decode(PlannerMemory, raw).epoch == 9
-    why = memory_refusal(Record("m", 0, 0, b"w1", raw, {}, 0), KIT.keyring)
-    assert why is not None and why.startswith("signature does not verify")
+_EPOCHS = st.one_of(st.just(0), st.integers(0, 2**62))
+
+
+@given(_EPOCHS, _EPOCHS, st.sampled_from(["changed", "added after", "added before"]))
+@example(5, 0, "added after")
+@example(0, 7, "added before")
+def test_attack_a_signed_records_epoch_cannot_be_changed(epoch: int, other: int, how: str) -> None:
+    """ATTACK: whoever may write planner-memory takes a record a planner signed at one epoch
+    and makes it read as another: the value changed, or a second ``epoch`` key put after the
+    signed one (the JSON decoder keeps the last) or before it. Every such record is refused
+    before it is decoded. (A check that leaves epoch 0 out of what is signed, cutting
+    ``,"epoch":0,`` from the bytes, takes ``"epoch":5,"epoch":0`` for epoch 5's signature,
+    and the decoder reads it as epoch 0.)"""
+    memory = replace(PLAN.memory["w1"], epoch=epoch)
+    raw = signed("w1", memory)
+    at = b',"epoch":%d,' % epoch
+    assert raw.count(at) == 1
+    forged = raw.replace(
+        at,
+        {
+            "changed": b',"epoch":%d,' % other,
+            "added after": at + b'"epoch":%d,' % other,
+            "added before": b',"epoch":%d' % other + at,
+        }[how],
+    )
+    if forged == raw:  # the same value changed to itself
+        return
+    record = Record("m", 0, 0, b"w1", forged, {}, 0)
+    why = memory_refusal(record, KIT.keyring)
+    assert why is not None and why.startswith("signature does not verify"), (forged[-160:], why)
+    assert memory_of([record], KIT.keyring) == {}
+
+
+def test_a_record_signed_without_its_epoch_is_refused() -> None:
+    """Every record the planner writes signs its epoch, 0 included: one signed over its
+    fields without ``epoch`` names an epoch no signature covers."""
+    unsigned = (
+        PLAN.memory["w1"]
+        .record()
+        .model_copy(
+            update={"worker_id": "w1", "key_id": KIT.keys["planner"].key_id, "signature": ""}
+        )
+    )
+    assert unsigned.epoch == 0
+    body = unsigned.model_dump_json(exclude={"signature", "epoch"}).encode()
+    key = KIT.keys["planner"].private_key
+    old_form = unsigned.model_copy(
+        update={"signature": b64(key.sign(PLANNER_MEMORY_SIGNING_DOMAIN.encode() + b"\n" + body))}
+    )
+    record = Record("m", 0, 0, b"w1", encode(old_form), {}, 0)
+    why = memory_refusal(record, KIT.keyring)
+    assert why is not None and why.startswith("signature does not verify"), why
+    assert memory_refusal(memory_record(0, "w1", PLAN.memory["w1"]), KIT.keyring) is None
 
 
 def test_attack_a_replayed_older_record_is_refused_at_the_next_takeover(
