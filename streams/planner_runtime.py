@@ -125,6 +125,15 @@ def _fenced(exc: BaseException) -> bool:
     return False
 
 
+def _noted(keys: set[str] | None, key: str) -> set[str] | None:
+    """``keys`` with ``key`` added; None (unknown: every key is to be looked at, as cheap as
+    holding them) past ``MAX_CHANGED`` keys, or when it was None."""
+    if keys is None:
+        return None
+    keys.add(key)
+    return keys if len(keys) <= MAX_CHANGED else None
+
+
 @dataclass
 class ScoreView:
     """The scores topic as the planner sees it: the last committed state of every adapter
@@ -161,17 +170,11 @@ class ScoreView:
             before = self.states.get(key)
             self.states[key] = state
             self._note(key)
-            if self.unchecked is not None:
-                self.unchecked.add(key)
-                if len(self.unchecked) > MAX_CHANGED:
-                    self.unchecked = None
+            self.unchecked = _noted(self.unchecked, key)
         return (before is None or before.burst_armed) and not state.burst_armed
 
     def _note(self, key: str) -> None:
-        if self.changed is not None:
-            self.changed.add(key)
-            if len(self.changed) > MAX_CHANGED:
-                self.changed = None  # as cheap to compare them all
+        self.changed = _noted(self.changed, key)
 
     def retain(self, known: Known) -> int:
         """Forget the keys ``known`` (the live versions of the planner's verified registry)

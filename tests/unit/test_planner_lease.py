@@ -211,13 +211,10 @@ def test_attack_score_keys_of_no_live_version_are_forgotten() -> None:
     assert changed is not None and "ghost-7@1" in changed
 
 
-def test_score_keys_are_checked_once_per_registry_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``retain`` runs every tick: against the same live versions it checks only the keys
-    written since its last run (a key written later is still forgotten), and every key again
-    when the live versions change (a version retired since)."""
+def _count_checked_keys(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many keys each ``ScoreView.retain`` checks, in order, from now."""
     from loraplane.streams import planner_runtime
     from loraplane.streams.score_admission import Known, stale_keys
-    from tests.unit.test_planner import record
 
     checked: list[int] = []
 
@@ -227,6 +224,17 @@ def test_score_keys_are_checked_once_per_registry_version(monkeypatch: pytest.Mo
         return stale_keys(known, keys)
 
     monkeypatch.setattr(planner_runtime, "stale_keys", counting)
+    return checked
+
+
+def test_score_keys_are_checked_once_per_registry_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``retain`` runs every tick: against the same live versions it checks only the keys
+    written since its last run (a key written later is still forgotten), and every key again
+    when the live versions change (a version retired since)."""
+    from loraplane.streams.score_admission import Known
+    from tests.unit.test_planner import record
+
+    checked = _count_checked_keys(monkeypatch)
     view = ScoreView()
     for n in range(100):
         view.apply(f"a{n}@1", _record(armed=True))
@@ -241,3 +249,29 @@ def test_score_keys_are_checked_once_per_registry_version(monkeypatch: pytest.Mo
     assert view.retain(fewer) == 50  # a new registry version: every key again
     assert checked[-1] == 100
     assert set(view.copy()) == {f"a{n}@1" for n in range(50)}
+
+
+def test_past_max_changed_keys_every_key_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MAX_CHANGED`` keys written between two looks, neither the keys a tick re-reads
+    (``take``) nor the keys ``retain`` checks are held one by one: both are every key."""
+    from loraplane.streams import planner_runtime
+    from loraplane.streams.score_admission import Known
+    from tests.unit.test_planner import record
+
+    checked = _count_checked_keys(monkeypatch)
+    monkeypatch.setattr(planner_runtime, "MAX_CHANGED", 3)
+    known = Known.from_records([record(f"a{n}") for n in range(10)])
+    view = ScoreView()
+    view.take()
+    assert view.retain(known) == 0 and checked == [0]
+    for n in range(3):
+        view.apply(f"a{n}@1", _record(armed=True))
+    assert view.take()[1] == {"a0@1", "a1@1", "a2@1"}
+    assert view.retain(known) == 0 and checked == [0, 3]
+    for n in range(4):
+        view.apply(f"a{n}@1", _record(armed=True))
+    assert view.take()[1] is None
+    assert view.retain(known) == 0 and checked == [0, 3, 4]  # every key: 4 held
+    for n in range(4, 10):
+        view.apply(f"a{n}@1", _record(armed=True))
+    assert view.retain(known) == 0 and checked == [0, 3, 4, 10]
