@@ -477,7 +477,9 @@ def _read_all_headers(
     limits: WorkerLimits,
     out: list[Refusal],
 ) -> list[tuple[str, TensorInfo]] | None:
-    """Every tensor of every safetensors file, or None when any header is unusable."""
+    """Every tensor of every safetensors file, or None when any header is unusable or the
+    weights file is missing. A weights file of no tensor is an empty list, which the tensor
+    checks judge like any other (every target module without weights is refused)."""
     if WEIGHTS_NAME not in usable:
         out.append(Refusal(Reason.weights_missing, WEIGHTS_NAME))
     found: list[tuple[str, TensorInfo]] = []
@@ -489,7 +491,7 @@ def _read_all_headers(
         out.extend(refusals)
         intact = intact and not refusals
         found.extend((path, t) for t in tensors)
-    return found if intact and found else None
+    return found if intact and WEIGHTS_NAME in usable else None
 
 
 def _check_tensors(

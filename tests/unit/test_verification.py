@@ -340,3 +340,28 @@ def test_attack_a_folder_of_more_entries_than_the_bound_is_refused_not_cut(
     assert len(listing) == MAX_ENTRIES + 1
     assert listing[-1].path == TOO_MANY and listing[-1].kind == "other"
     assert not verify_artifact(DirectoryArtifact(folder), LIMITS).ok
+
+
+@pytest.mark.parametrize(
+    "header",
+    [{}, {"__metadata__": {"format": "pt"}}],
+    ids=["empty header", "metadata only"],
+)
+def test_attack_weights_without_a_tensor_are_refused(
+    good_adapter: Path, tmp_path: Path, header: dict[str, Any]
+) -> None:
+    """ATTACK: an ``adapter_model.safetensors`` that holds no tensor at all, published with
+    a config whose ``target_modules`` promise q_proj and v_proj. The tensor checks ran only
+    when some tensor was found, so it passed (vLLM serves it as the bare base model under
+    the adapter's name); every target module without weights is ``target_module_missing``."""
+    body = json.dumps(header).encode()
+    case = Case(
+        "no tensors",
+        Reason.target_module_missing,
+        before=[add_file(WEIGHTS_NAME, struct.pack("<Q", len(body)) + body)],
+    )
+    artifact, record = hostile(case, good_adapter, tmp_path)
+    verdict = verify_artifact(artifact, LIMITS, record)
+    assert not verdict.ok
+    assert {r.detail.split()[0] for r in verdict.refusals} == {"q_proj", "v_proj"}
+    assert set(verdict.reasons) == {Reason.target_module_missing}
