@@ -3,7 +3,7 @@
 The folder (or an S3 prefix, downloaded first) is checked with the workers' own verifier
 (``loraplane.artifact.verification``) against the record we are about to sign, so CI
 refuses exactly what a worker would refuse: pickle weights, code, anything but
-``adapter_config.json`` and top-level ``*.safetensors``, inconsistent tensors, a rank or
+``adapter_config.json`` and ``adapter_model.safetensors``, inconsistent tensors, a rank or
 base model that disagrees with adapter_config.json. Inert files PEFT writes beside them
 (its ``README.md``) are left out and listed in the manifest's ``dropped``
 (``loraplane.artifact.inert_files``). The upload goes to
@@ -256,13 +256,13 @@ def _listing_refusals(selection: Selection) -> list[Refusal]:
     name no manifest can hold, more files than a manifest holds, more bytes than a worker
     takes (a sparse 200 GiB file is refused at once, not hashed for minutes first)."""
     out = [*selection.refusals]
-    out += [r for f in selection.kept if (r := name_refusal(f.path)) is not None]
     files = [f for f in selection.kept if f.kind == "file"]
-    if len(files) > MAX_FILES:
+    if len(files) > MAX_FILES:  # first: the names below may fill every place
         out.append(Refusal(Reason.too_large, detail=f"{len(files)} files > {MAX_FILES}"))
     total = sum(f.size for f in files)
     if total > MAX_TOTAL_BYTES:
         out.append(Refusal(Reason.too_large, detail=f"{total} bytes > {MAX_TOTAL_BYTES}"))
+    out += [r for f in selection.kept if (r := name_refusal(f.path)) is not None]
     return out[:MAX_REFUSALS]
 
 

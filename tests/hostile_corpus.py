@@ -369,6 +369,12 @@ CASES = [
             "compatibility": {"target_modules": ["q_proj", "v_proj", "k_proj"], "max_lora_rank": 8}
         },
     ),
+    Case("weights of no tensor", Reason.target_module_missing, before=[raw_weights({})]),
+    Case(  # vLLM reads adapter_model.safetensors alone: these weights would never be served
+        "a second weights file",
+        Reason.disallowed_file,
+        before=[lambda f: (f / "more.safetensors").write_bytes((f / WEIGHTS_NAME).read_bytes())],
+    ),
     Case(
         "half a pair",
         Reason.lora_pair_incomplete,

@@ -4,8 +4,9 @@ The artifact is seen through an ``ArtifactReader`` (a local folder, a fetch in p
 in-memory dict in tests), so every check here runs the same for the host tier, the offline
 ``loraplane artifact verify`` and the hostile-artifact tests. Checked, each failure with its
 own ``Reason``: the manifest against the signed record and every file against the manifest;
-only the allowed files (no pickle, no links, no path games); each safetensors header read
-with a bounded length and validated; tensors against ``r`` and ``target_modules`` of
+only the allowed files, the ones vLLM reads and our own (no pickle, no links, no path games,
+no weights vLLM would never load); the weights' safetensors header read with a bounded
+length and validated; tensors against ``r`` and ``target_modules`` of
 adapter_config.json and, when known, the base model's shape (vLLM itself accepts a config
 naming modules the model lacks; this does not); the config is a LoRA vLLM serves
 (``lora_config``), within the worker's rank, for its base model (``base_model``), and agrees
@@ -34,6 +35,7 @@ from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
 __all__ = [
+    "ALLOWED_NAMES",
     "BUNDLE_NAME",
     "CONFIG_NAME",
     "DTYPE_BYTES",
@@ -152,20 +154,25 @@ def is_safe_relative_path(path: str) -> bool:
     return _SAFE_PATH.fullmatch(path) is not None
 
 
+ALLOWED_NAMES = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME, BUNDLE_NAME)
+"""The files an artifact may hold: the two vLLM 0.32 reads from an adapter folder
+(``PEFTHelper.from_local_dir``, ``LoRAModel.from_local_checkpoint``) and our own two. Any
+other file would be checked as if served and never be: weights in a second
+``*.safetensors`` would count toward the target modules vLLM never gets."""
+
+
 def name_refusal(path: str) -> Refusal | None:
     """Why a file name may not be part of an adapter artifact, or None when it may."""
     if not is_safe_relative_path(path):
         return Refusal(Reason.unsafe_path, path)
     if path.lower().endswith(PICKLE_SUFFIXES):
         return Refusal(Reason.pickle_weights, path, "pickle can run code when loaded")
-    if path in (CONFIG_NAME, MANIFEST_NAME, BUNDLE_NAME) or (
-        "/" not in path and path.endswith(".safetensors")
-    ):
+    if path in ALLOWED_NAMES:
         return None
     return Refusal(
         Reason.disallowed_file,
         path,
-        f"only top-level *.safetensors, {CONFIG_NAME} and {BUNDLE_NAME}",
+        f"only {WEIGHTS_NAME}, {CONFIG_NAME} and {BUNDLE_NAME}: vLLM reads no other file",
     )
 
 
@@ -180,11 +187,11 @@ def _check_names(
         fact = facts.get(path)
         if refusal is not None:
             out.append(refusal)
-        elif fact is not None and fact.kind == "symlink":
+        if fact is not None and fact.kind == "symlink":
             out.append(Refusal(Reason.symlink, path, "links are never followed"))
-        elif fact is not None and fact.kind != "file":
+        elif fact is not None and fact.kind != "file" and refusal is None:
             out.append(Refusal(Reason.disallowed_file, path, "not a regular file"))
-        elif fact is not None:
+        elif fact is not None and refusal is None:
             usable.add(path)
     return usable
 
@@ -477,21 +484,17 @@ def _read_all_headers(
     limits: WorkerLimits,
     out: list[Refusal],
 ) -> list[tuple[str, TensorInfo]] | None:
-    """Every tensor of every safetensors file, or None when any header is unusable or the
-    weights file is missing. A weights file of no tensor is an empty list, which the tensor
-    checks judge like any other (every target module without weights is refused)."""
+    """Every tensor of the weights file, or None when it is missing or its header is
+    unusable. A weights file of no tensor is an empty list, which the tensor checks judge
+    like any other (every target module without weights is refused)."""
     if WEIGHTS_NAME not in usable:
         out.append(Refusal(Reason.weights_missing, WEIGHTS_NAME))
-    found: list[tuple[str, TensorInfo]] = []
-    intact = True
-    for path in sorted(p for p in usable if p.endswith(".safetensors")):
-        tensors, refusals = parse_safetensors_header(
-            reader, path, facts[path].size, limits.max_header_bytes
-        )
-        out.extend(refusals)
-        intact = intact and not refusals
-        found.extend((path, t) for t in tensors)
-    return found if intact and WEIGHTS_NAME in usable else None
+        return None
+    tensors, refusals = parse_safetensors_header(
+        reader, WEIGHTS_NAME, facts[WEIGHTS_NAME].size, limits.max_header_bytes
+    )
+    out.extend(refusals)
+    return None if refusals else [(WEIGHTS_NAME, t) for t in tensors]
 
 
 def _check_tensors(

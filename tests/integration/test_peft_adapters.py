@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import requests
 
-from loraplane.artifact.verification import BUNDLE_NAME, WEIGHTS_NAME
+from loraplane.artifact.verification import BUNDLE_NAME, CONFIG_NAME, WEIGHTS_NAME
 from loraplane.artifact_publish import prepare, upload
 from loraplane.frontdoor.api_keys import key_digest
 from loraplane.infra.processes import free_port
@@ -437,6 +437,9 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     flip_last_byte(tampered / WEIGHTS_NAME)
     added = copy_of(signed, tmp / "added")
     shutil.copyfile(added / WEIGHTS_NAME, added / "adapter_model_extra.safetensors")
+    unsigned = copy_of(signed, tmp / "unsigned")
+    (unsigned / BUNDLE_NAME).unlink()
+    sign_with_key(unsigned, keys["acme"], ignore=(CONFIG_NAME,))
     other = peft_save(fleet.model_dir, tmp / "other", 4, "--targets", "q_proj,k_proj,v_proj")
     sign_with_key(other, keys["acme"])
     swapped = copy_of(signed, tmp / "swapped")
@@ -448,7 +451,8 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
         sign_with_key(by_key[name], keys[name])
     attacks = {
         tampered: f"model_signature_mismatch {WEIGHTS_NAME} (signed sha256",
-        added: "model_signature_mismatch adapter_model_extra.safetensors (not signed",
+        added: "disallowed_file adapter_model_extra.safetensors (only adapter_model.safetensors",
+        unsigned: f"model_signature_mismatch {CONFIG_NAME} (not signed",
         swapped: f"model_signature_mismatch {WEIGHTS_NAME} (signed sha256",
         by_key["stranger"]: "model_signature_invalid model.sig (no trusted key verifies it",
         by_key["globex"]: "model_signer_out_of_scope model.sig (signed by globex-models, "

@@ -34,6 +34,7 @@ from loraplane.artifact.model_signing_bundle import SignatureCheck, check_folder
 from loraplane.artifact.refusal import ArtifactError as Refused
 from loraplane.artifact.verification import (
     BUNDLE_NAME,
+    CONFIG_NAME,
     MANIFEST_NAME,
     WEIGHTS_NAME,
     WorkerLimits,
@@ -199,9 +200,17 @@ def test_a_byte_changed_after_signing_is_refused(signed: Path, keyring: Keyring)
 
 def test_a_file_added_after_signing_is_refused(signed: Path, keyring: Keyring) -> None:
     shutil.copyfile(signed / WEIGHTS_NAME, signed / "adapter_model_extra.safetensors")
-    assert (
-        "model_signature_mismatch adapter_model_extra.safetensors (not signed by the bundle)"
-    ) in refused_reasons(signed, keyring)
+    assert "disallowed_file adapter_model_extra.safetensors" in refused_reasons(signed, keyring)
+
+
+def test_a_served_file_the_bundle_does_not_sign_is_refused(
+    tmp_path: Path, keys: dict[str, EcKey], keyring: Keyring
+) -> None:
+    folder = trainer_folder(tmp_path, "adapter")
+    sign_with_key(folder, keys["acme"], ignore=(CONFIG_NAME,))
+    assert f"model_signature_mismatch {CONFIG_NAME} (not signed by the bundle)" in (
+        refused_reasons(folder, keyring)
+    )
 
 
 def test_a_model_card_changed_after_signing_is_refused(signed: Path, keyring: Keyring) -> None:
@@ -341,9 +350,20 @@ def test_the_worker_refuses_a_file_added_under_a_forged_record(
     signed: Path, keyring: Keyring, tmp_path: Path
 ) -> None:
     record, _ = publish(signed, keyring)
-    # A safetensors file without tensors: the content checks pass it, the bundle does not.
+    # A safetensors file without tensors: no file vLLM never reads passes the content checks.
     header = b'{"__metadata__":{}}'
     (signed / "extra.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    copy, forged = republished(signed, record, tmp_path / "worker")
+    assert worker_reasons(copy, forged, keyring) == (Reason.disallowed_file,)
+
+
+def test_the_worker_refuses_a_served_file_left_unsigned_under_a_forged_record(
+    signed: Path, keyring: Keyring, tmp_path: Path, keys: dict[str, EcKey]
+) -> None:
+    record, _ = publish(signed, keyring)
+    # The bundle signed again without the config: the content checks pass it, the bundle
+    # does not sign all that is served.
+    sign_with_key(signed, keys["acme"], ignore=(CONFIG_NAME,))
     copy, forged = republished(signed, record, tmp_path / "worker")
     assert verify_artifact(DirectoryArtifact(copy), LIMITS, forged).ok
     assert worker_reasons(copy, forged, keyring) == (Reason.model_signature_mismatch,)

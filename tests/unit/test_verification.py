@@ -365,3 +365,29 @@ def test_attack_weights_without_a_tensor_are_refused(
     assert not verdict.ok
     assert {r.detail.split()[0] for r in verdict.refusals} == {"q_proj", "v_proj"}
     assert set(verdict.reasons) == {Reason.target_module_missing}
+
+
+@pytest.mark.parametrize("name", ["extra.safetensors", "new_embeddings.safetensors"])
+def test_attack_weights_in_a_file_vllm_never_reads_are_refused(
+    good_adapter: Path, tmp_path: Path, name: str
+) -> None:
+    """ATTACK: the v_proj half of the adapter moved from ``adapter_model.safetensors`` into
+    another top-level ``*.safetensors``. The verifier counted every file's tensors toward
+    its target modules and pairs, so it passed; vLLM 0.32 reads the weights file alone
+    (``LoRAModel.from_local_checkpoint``) and served an adapter without the v_proj the
+    checks vouched for. A file vLLM never reads is ``disallowed_file``."""
+    from safetensors.numpy import load_file, save_file
+
+    def split(folder: Path) -> None:
+        tensors = load_file(str(folder / WEIGHTS_NAME))
+        moved = {k: v for k, v in tensors.items() if ".v_proj." in k}
+        kept = {k: v for k, v in tensors.items() if k not in moved}
+        save_file(kept, str(folder / WEIGHTS_NAME))
+        save_file(moved, str(folder / name))
+
+    artifact, record = hostile(
+        Case("split", Reason.disallowed_file, before=[split]), good_adapter, tmp_path
+    )
+    verdict = verify_artifact(artifact, LIMITS, record)
+    assert Reason.disallowed_file in verdict.reasons, verdict.refusals
+    assert Reason.target_module_missing in verdict.reasons, verdict.refusals
