@@ -38,7 +38,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signature import Signed
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
 from loraplane.artifact.refusal import ArtifactError as FetchRefused
-from loraplane.artifact.refusal import Refusal
+from loraplane.artifact.refusal import Refusal, shown
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -188,7 +188,7 @@ def build_record(
     if odd:
         raise ArtifactError(
             "not regular files (links are never followed, folders are never "
-            f"part of an artifact): {', '.join(map(_shown, odd))}"
+            f"part of an artifact): {', '.join(map(shown, odd))}"
         )
     unread = _listing_refusals(select_for_publish(listing.files()))
     if unread:
@@ -266,18 +266,12 @@ def _listing_refusals(selection: Selection) -> list[Refusal]:
     return out[:MAX_REFUSALS]
 
 
-def _shown(name: str) -> str:
-    """A file name as a CI log may print it: escaped (``repr``) unless every character is
-    printable, so a name cannot start a line of its own, move the cursor or reorder text."""
-    return name if name.isprintable() else repr(name)[1:-1]
-
-
 def _refused(refusals: Sequence[Refusal]) -> ArtifactError:
     return ArtifactError(
         "refused: "
         + "; ".join(
             f"{r.reason}"
-            + (f" {_shown(r.path)}" if r.path else "")
+            + (f" {shown(r.path)}" if r.path else "")
             + (f" ({r.detail})" if r.detail else "")
             for r in refusals
         ),
@@ -335,7 +329,7 @@ def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Ma
         try:
             body = _AsVerified(folder, f)
         except OSError as exc:
-            raise ArtifactError(f"{_shown(f.path)}: changed since it was verified: {exc}") from None
+            raise ArtifactError(f"{shown(f.path)}: changed since it was verified: {exc}") from None
         try:
             client.upload_fileobj(body, bucket, prefix + f.path)
             changed = body.changed()
@@ -343,7 +337,7 @@ def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Ma
             body.close()
         if changed is not None:
             client.delete_object(Bucket=bucket, Key=prefix + f.path)
-            raise ArtifactError(f"{_shown(f.path)}: changed since it was verified: {changed}")
+            raise ArtifactError(f"{shown(f.path)}: changed since it was verified: {changed}")
     client.put_object(
         Bucket=bucket,
         Key=prefix + MANIFEST_NAME,
@@ -376,7 +370,7 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
             raise ArtifactError(f"{uri}: no objects")
         unsafe = [name for name in objects if not is_safe_relative_path(name)]
         if unsafe:
-            raise ArtifactError(f"{uri}: unsafe object name {_shown(unsafe[0][:100])}")
+            raise ArtifactError(f"{uri}: unsafe object name {shown(unsafe[0][:100])}")
         objects.pop(MANIFEST_NAME, None)
         # the listing's names, count and sizes first: nothing is downloaded of a prefix
         # publish would refuse (a 200 GiB object, a thousand files)

@@ -5,6 +5,10 @@ Every reason is a stable code: the agent puts it on the cache-events topic
 are not acceptable and retrying will not help; a failure (``Reason.is_failure``) means the
 artifact store misbehaved and a later retry may succeed. The codes are
 ``schemas.reasons.ArtifactReason`` (wire-visible); ``Reason`` is this package's name for it.
+
+A refusal's text quotes the artifact (a tensor name, a file name, a library's error about
+a bundle) and is printed to terminals and CI logs: it is always printable (``shown``), so
+hostile bytes cannot start a log line of their own, move the cursor or reorder the text.
 """
 
 from __future__ import annotations
@@ -14,17 +18,29 @@ from dataclasses import dataclass
 
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
-__all__ = ["ArtifactError", "Refusal"]
+__all__ = ["ArtifactError", "Refusal", "shown"]
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal or a CI log may print it: escaped (``repr``) unless every
+    character is printable (no line break, control, escape or direction override)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 @dataclass(frozen=True)
 class Refusal:
+    """``path`` is the name as found (callers compare it), shown escaped; ``detail`` is
+    text for people, kept escaped (``shown``)."""
+
     reason: Reason
     path: str = ""
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", shown(self.detail))
+
     def __str__(self) -> str:
-        where = f" {self.path}" if self.path else ""
+        where = f" {shown(self.path)}" if self.path else ""
         what = f": {self.detail}" if self.detail else ""
         return f"{self.reason.value}{where}{what}"
 

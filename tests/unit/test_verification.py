@@ -391,3 +391,43 @@ def test_attack_weights_in_a_file_vllm_never_reads_are_refused(
     verdict = verify_artifact(artifact, LIMITS, record)
     assert Reason.disallowed_file in verdict.reasons, verdict.refusals
     assert Reason.target_module_missing in verdict.reasons, verdict.refusals
+
+
+HOSTILE_TEXT = [
+    "x\n::error::published",  # a CI log line of its own (GitHub workflow command)
+    "\x1b]0;owned\x07\x1b[2J",  # terminal title and clear screen
+    "a\u202egpj",  # right-to-left override
+    "a\u2028b\rc\x00",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_attack_a_tensor_name_is_shown_escaped_in_every_refusal(
+    good_files: dict[str, bytes], text: str
+) -> None:
+    """ATTACK: a tensor named with a line break or a terminal escape. Its refusal quoted it
+    as it was, so ``loraplane publish`` printed a CI log line of the attacker's and
+    ``artifact verify`` sent escapes to the terminal; every refusal's text is printable."""
+    header = {
+        f"{PREFIX}.0.self_attn.q_proj.{text}.lora_A.weight": {
+            "dtype": "F32",
+            "shape": [1],
+            "data_offsets": [0, 4],
+        },
+        text: {"dtype": "I8", "shape": [1], "data_offsets": [4, 5]},
+    }
+    body = json.dumps(header).encode()
+    files = {**good_files, WEIGHTS_NAME: struct.pack("<Q", len(body)) + body + b"\0" * 5}
+    verdict = verify_artifact(MemoryArtifact(files), LIMITS)
+    assert not verdict.ok
+    for refusal in verdict.refusals:
+        assert str(refusal).isprintable() and refusal.detail.isprintable(), refusal
+
+
+@given(path=st.text(max_size=40), detail=st.text(max_size=40))
+def test_a_refusal_is_always_printable(path: str, detail: str) -> None:
+    from loraplane.artifact.refusal import Refusal
+
+    refusal = Refusal(Reason.header_invalid, path, detail)
+    assert str(refusal).isprintable() and refusal.detail.isprintable()
+    assert refusal.path == path  # the name itself, for callers that compare it
