@@ -64,7 +64,7 @@ from loraplane.schemas.keyring import Keyring, KeyringError, load_keyring
 from loraplane.schemas.manifest import MAX_FILES, DroppedFile, Manifest, ManifestFile
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.schemas.strict_json import strict_loads
-from loraplane.workers.artifact_fetch import check_allowed, parse_s3_uri
+from loraplane.workers.artifact_fetch import ArtifactFetcher, check_allowed, parse_s3_uri
 
 __all__ = [
     "ArtifactError",
@@ -349,8 +349,9 @@ def upload(settings: Settings, folder: Path, record: AdapterRecord, manifest: Ma
 @contextmanager
 def local_folder(settings: Settings, source: str) -> Iterator[Path]:
     """A local folder with the artifact: the folder itself, or an allowed S3 prefix
-    downloaded (top-level objects only) into a temporary folder once its listing passed
-    the checks a local folder's does before any byte is read (``_listing_refusals``)."""
+    downloaded (top-level objects only, each up to its listed size) into a temporary folder
+    once its listing passed the checks a local folder's does before any byte is read
+    (``_listing_refusals``)."""
     if not source.startswith("s3://"):
         path = Path(source)
         if not path.is_dir():
@@ -378,8 +379,14 @@ def local_folder(settings: Settings, source: str) -> Iterator[Path]:
         unread = _listing_refusals(select_for_publish(facts))
         if unread:
             raise _refused(unread)
-        for name in objects:
-            client.download_file(bucket, prefix + name, str(Path(tmp) / name))
+        # each object as listed: one grown since is cut off at its listed size, never
+        # written to the end the store now gives it
+        fetcher = ArtifactFetcher(settings.s3, client=client)
+        for name, size in objects.items():
+            try:
+                fetcher.download_listed(bucket, prefix, name, Path(tmp), size)
+            except FetchRefused as exc:
+                raise ArtifactError(f"{uri}: {exc}", exc.refusals) from None
         yield Path(tmp)
 
 

@@ -219,6 +219,15 @@ class ArtifactFetcher:
             (self._clock() - started) * 1000,
         )
 
+    def download_listed(self, bucket: str, prefix: str, path: str, dest: Path, size: int) -> str:
+        """The object ``prefix + path`` into ``dest/path`` as a listing gave its ``size``:
+        its sha256. One that has grown or shrunk since (the store's answer announces another
+        size, or more bytes arrive) is an ArtifactError ``size_mismatch``, cut off at the
+        first byte past ``size``; retries and the deadline are the policy's."""
+        deadline = self._clock() + self.policy.deadline_s
+        sha, _ = self._download(bucket, prefix, path, dest, size, deadline, exact=True)
+        return sha
+
     def _download(
         self,
         bucket: str,

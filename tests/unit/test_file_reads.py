@@ -39,9 +39,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("workers/artifact_fetch.py", "ArtifactFetcher._download.attempt"): (
         "writes a download into the folder it made for it (mkdir exist_ok=False)"
     ),
-    ("loraplane/artifact_publish.py", "local_folder"): (
-        "boto3 downloads into a TemporaryDirectory of its own"
-    ),
     ("infra/helm_chart.py", "render"): "helm's standard output, not a file",
     ("infra/kafka.py", "Kafka.version"): PROC,
     ("infra/s3.py", "S3.version"): PROC,

@@ -232,3 +232,66 @@ def test_an_s3_prefix_publish_would_refuse_is_not_downloaded(
     ):
         pass
     assert store.downloaded == []
+
+
+class GrowingPrefix(Prefix):
+    """A prefix whose objects grow between the listing and the download (whoever can write
+    the bucket appends to them): each is ``grown_to`` bytes when it is read, and its
+    answer announces that size (``announce``) or none, streaming it in 1 MiB reads."""
+
+    def __init__(self, sizes: dict[str, int], grown_to: int, announce: bool) -> None:
+        super().__init__(sizes)
+        self.grown_to, self.announce = grown_to, announce
+        self.sent = 0
+
+    def _chunks(self) -> Any:
+        left = self.grown_to
+        while left > 0:
+            n = min(left, 1024 * 1024)
+            left -= n
+            self.sent += n
+            yield b"\0" * n
+
+    def download_file(self, _bucket: str, key: str, filename: str) -> None:
+        self.downloaded.append(key)
+        with open(filename, "wb") as fh:
+            for chunk in self._chunks():
+                fh.write(chunk)
+
+    def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
+        self.downloaded.append(Key)
+        chunks = self._chunks()
+
+        class Body:
+            def read(self, _n: int = -1) -> bytes:
+                return next(chunks, b"")
+
+            def close(self) -> None:
+                pass
+
+        head: dict[str, Any] = {"Body": Body()}
+        if self.announce:
+            head["ContentLength"] = self.grown_to
+        return head
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("announce", [True, False], ids=["announced", "unannounced"])
+def test_attack_an_object_grown_since_the_listing_is_not_downloaded_past_its_size(
+    monkeypatch: pytest.MonkeyPatch, announce: bool
+) -> None:
+    """ATTACK: ``publish s3://.../`` lists a 500-byte config, then the object is grown to
+    256 MiB (or anything, up to filling the disk) before it is downloaded. boto3's
+    ``download_file`` wrote whatever the object held by then; each object is read up to
+    its listed size and one byte, and one that differs is refused (``size_mismatch``)."""
+    import loraplane.artifact_publish as artifact_publish
+
+    store = GrowingPrefix({CONFIG_NAME: 500}, grown_to=256 * 1024**2, announce=announce)
+    monkeypatch.setattr(artifact_publish, "s3_client", lambda _settings: store)
+    with (
+        pytest.raises(ArtifactError, match="size_mismatch") as refused,
+        artifact_publish.local_folder(Settings(), "s3://loraplane-artifacts/ci/run-1/"),
+    ):
+        pass
+    assert [r.reason for r in refused.value.refusals] == [Reason.size_mismatch]
+    assert store.sent <= 1024 * 1024
