@@ -14,6 +14,7 @@ verifies with the real library).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from loraplane.artifact.model_signature import (
 )
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import BUNDLE_NAME, MAX_BUNDLE_BYTES
+from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.keyring import Keyring, ModelSignerEntry
 from loraplane.schemas.manifest import Manifest
@@ -61,21 +63,26 @@ def _library() -> tuple[Any, Any, Any]:
     return sign_sigstore_pb, sign_ec_key, sign_certificate
 
 
-def bundle_verifier(bundle: Path) -> VerifyWith | None:
+def bundle_verifier(bundle: Path, sha256: str | None = None) -> VerifyWith | None:
     """A ``verify_with`` for the bundle file ``bundle``; None without the library. A bundle
     that is not one (too large, not JSON, not a Sigstore bundle) is rejected by every
-    signer, with the reason."""
+    signer, with the reason. It is read once, as a regular file of at most
+    ``MAX_BUNDLE_BYTES``, never through a link nor waiting on a FIFO (``read_regular``);
+    given ``sha256`` (the manifest's), those bytes must be the ones it pins. The library
+    parses a private copy of them: its own read opens a path as it finds it."""
     try:
         sigstore_pb, ec_key, certificate = _library()
     except ImportError:
         return None
     try:
-        size = bundle.stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise BundleRejected(f"{size} bytes > {MAX_BUNDLE_BYTES}")
-        signature = sigstore_pb.Signature.read(bundle)
-    except BundleRejected as exc:
-        return _always(exc)
+        data = read_regular(bundle, MAX_BUNDLE_BYTES, follow_links=False)
+    except OSError as exc:
+        return _always(BundleRejected(f"cannot be read: {exc.strerror or exc}"))
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        return _always(BundleRejected("its bytes are not the bytes the manifest pins"))
+    try:
+        with _private_file(data, BUNDLE_NAME) as copy:
+            signature = sigstore_pb.Signature.read(copy)
     except Exception as exc:  # a hostile bundle: any error of the parser is a refusal
         return _always(
             BundleRejected(f"not a model-signing bundle: {type(exc).__name__}: {str(exc)[:160]}")
@@ -110,14 +117,19 @@ def _always(exc: BundleRejected) -> VerifyWith:
 
 
 @contextlib.contextmanager
-def _pem_file(pem: str) -> Iterator[Path]:
-    """The library's verifiers read keys and certificates from paths."""
-    with tempfile.TemporaryDirectory(prefix="loraplane-pem-") as tmp:
-        path = Path(tmp) / "trust.pem"
+def _private_file(data: bytes, name: str) -> Iterator[Path]:
+    """``data`` in a file of a new private folder: the library reads keys, certificates
+    and bundles from paths."""
+    with tempfile.TemporaryDirectory(prefix="loraplane-signing-") as tmp:
+        path = Path(tmp) / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(pem)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         yield path
+
+
+def _pem_file(pem: str) -> contextlib.AbstractContextManager[Path]:
+    return _private_file(pem.encode(), "trust.pem")
 
 
 def _check_subject(signature: Any, subject: str) -> None:
@@ -156,9 +168,8 @@ def check_folder(
 ) -> Outcome:
     """``check_model_signature`` of an artifact in ``folder`` (files already verified
     against ``manifest``), with the library on ``folder/model.sig``."""
-    verify_with = (
-        bundle_verifier(folder / BUNDLE_NAME) if manifest.file(BUNDLE_NAME) is not None else None
-    )
+    entry = manifest.file(BUNDLE_NAME)
+    verify_with = bundle_verifier(folder / BUNDLE_NAME, entry.sha256) if entry else None
     return check_model_signature(manifest, tenant_id, keyring, verify_with, record)
 
 

@@ -10,7 +10,9 @@ requires signatures publishing without one, a record that names another signer o
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -488,7 +490,8 @@ def test_a_hostile_bundle_is_refused_never_raised(
     folder = tmp_path / "hostile"
     folder.mkdir(exist_ok=True)
     (folder / BUNDLE_NAME).write_bytes(data)
-    manifest = Manifest(files=[ManifestFile(path=BUNDLE_NAME, sha256="0" * 64, size=len(data))])
+    digest = hashlib.sha256(data).hexdigest()  # the bytes pinned: the parser meets them
+    manifest = Manifest(files=[ManifestFile(path=BUNDLE_NAME, sha256=digest, size=len(data))])
     outcome = check_folder(folder, manifest, "acme", keyring)
     assert isinstance(outcome, tuple)
     assert {r.reason for r in outcome} == {Reason.model_signature_invalid}
@@ -498,7 +501,7 @@ def test_a_bundle_over_the_limit_is_not_parsed(tmp_path: Path, keyring: Keyring)
     (tmp_path / BUNDLE_NAME).write_bytes(b" " * (1024 * 1024 + 1))
     manifest = Manifest(files=[ManifestFile(path=BUNDLE_NAME, sha256="0" * 64, size=1)])
     outcome = check_folder(tmp_path, manifest, "acme", keyring)
-    assert isinstance(outcome, tuple) and "bytes > 1048576" in outcome[0].detail
+    assert isinstance(outcome, tuple) and "over 1048576 bytes" in outcome[0].detail
 
 
 FILE_NAMES = st.sampled_from(
@@ -814,3 +817,46 @@ def test_the_host_tier_checks_bundles_at_install_and_in_its_startup_scan(
     with pytest.raises(Refused) as refused:
         bare.ensure(record)
     assert refused.value.reasons == (Reason.model_signature_invalid,)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("swap", ["fifo", "link to /dev/zero", "link to a bundle"])
+def test_attack_a_bundle_swapped_for_a_special_file_is_refused_unread(
+    signed: Path, keyring: Keyring, tmp_path: Path, swap: str
+) -> None:
+    """ATTACK: whoever writes the folder being published swaps ``model.sig``, after the
+    listing, for a FIFO (the library's ``read_text`` waited on it for good: publish hung),
+    a link to ``/dev/zero`` (its size 0 passed the size check, then it was read until
+    memory ran out) or a link to a genuine bundle. The bundle is read once, as a regular
+    file of at most 1 MiB, without following a link or waiting."""
+    from loraplane.artifact.model_signature import BundleRejected
+    from loraplane.artifact.model_signing_bundle import bundle_verifier
+
+    real = tmp_path / "real.sig"
+    shutil.copyfile(signed / BUNDLE_NAME, real)
+    bundle = signed / BUNDLE_NAME
+    bundle.unlink()
+    if swap == "fifo":
+        os.mkfifo(bundle)
+    elif swap == "link to /dev/zero":
+        bundle.symlink_to("/dev/zero")
+    else:
+        bundle.symlink_to(real)
+    verify = bundle_verifier(bundle)
+    assert verify is not None
+    with pytest.raises(BundleRejected, match="cannot be read"):
+        verify(keyring.model_signers[0])
+
+
+def test_attack_a_bundle_changed_since_it_was_hashed_is_refused(
+    signed: Path, keyring: Keyring, tmp_path: Path, keys: dict[str, EcKey]
+) -> None:
+    """The bundle verified is the one the manifest pins: a genuine bundle swapped in after
+    the manifest hashed another is refused, not verified in its stead."""
+    from loraplane.artifact.model_signature import BundleRejected
+    from loraplane.artifact.model_signing_bundle import bundle_verifier
+
+    verify = bundle_verifier(signed / BUNDLE_NAME, sha256="0" * 64)
+    assert verify is not None
+    with pytest.raises(BundleRejected, match="not the bytes the manifest pins"):
+        verify(keyring.model_signers[0])
