@@ -141,10 +141,15 @@ class Prepared:
 
 
 def prepare(folder: Path) -> Prepared:
-    """Select what to upload and build its manifest; ValueError (pydantic's ValidationError
-    included) when no manifest can describe the folder."""
+    """Select what to upload and build its manifest, once the listing alone passed
+    (``_listing_refusals``: nothing is hashed of a folder it refuses, which is an
+    ArtifactError with its refusals); ValueError (pydantic's ValidationError included) when
+    no manifest can describe the folder."""
     listing = DirectoryArtifact(folder)
     selection = select_for_publish(listing.files())
+    unread = _listing_refusals(selection)
+    if unread:
+        raise _refused(unread)
     manifest = Manifest(
         files=[
             ManifestFile(path=f.path, sha256=listing.sha256(f.path), size=f.size)
@@ -190,9 +195,6 @@ def build_record(
             "not regular files (links are never followed, folders are never "
             f"part of an artifact): {', '.join(map(shown, odd))}"
         )
-    unread = _listing_refusals(select_for_publish(listing.files()))
-    if unread:
-        raise _refused(unread)
     try:
         prepared = prepare(folder)
         manifest = prepared.manifest
@@ -218,12 +220,12 @@ def build_record(
                 max_lora_rank=config.rank,
             ),
         )
+    except ArtifactError:
+        raise  # the listing's refusals
     except FileNotFoundError:
         raise ArtifactError(f"{folder}: no {CONFIG_NAME}") from None
     except (ValueError, ValidationError) as exc:  # JSON, LoRA config and model errors
         raise ArtifactError(f"{folder}: {exc}") from None
-    if prepared.selection.refusals:
-        raise _refused(prepared.selection.refusals)
     # The manifest was hashed from these very files, so the bundle is checked against it.
     signed = check_folder(folder, manifest, release.tenant_id, keyring)
     if isinstance(signed, tuple):

@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
             WorkerLimits,
             verify_artifact,
         )
+        from loraplane.artifact_publish import ArtifactError as PublishRefused
         from loraplane.artifact_publish import prepare, publish_keyring
         from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
@@ -155,6 +156,9 @@ def register(app: typer.Typer) -> None:
                 return
             try:
                 prepared = prepare(folder)
+            except PublishRefused as exc:  # the listing's refusals: nothing was read
+                report(exc.refusals)
+                return
             except ValueError as exc:  # pydantic's ValidationError too: nothing to upload
                 report((Refusal(Reason.manifest_invalid, MANIFEST_NAME, str(exc)[:200]),))
                 return

@@ -295,3 +295,28 @@ def test_attack_an_object_grown_since_the_listing_is_not_downloaded_past_its_siz
         pass
     assert [r.reason for r in refused.value.refusals] == [Reason.size_mismatch]
     assert store.sent <= 1024 * 1024
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape", ["sparse 200 GiB", "a hundred files"])
+def test_attack_artifact_verify_refuses_from_the_listing_before_hashing(
+    tmp_path: Path, unhashed: list[str], shape: str
+) -> None:
+    """ATTACK: ``loraplane artifact verify FOLDER`` on a folder without a manifest, holding a
+    sparse 200 GiB weights file or a hundred files. Publish refuses such a folder from its
+    listing; verify built the manifest first, hashing every byte of every file (minutes
+    per sparse file, hours for many). Both share the listing check, before any hash."""
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+
+    folder = peft_folder(tmp_path / "peft")
+    if shape == "sparse 200 GiB":
+        _sparse(folder / WEIGHTS_NAME, 200 * 1024**3)
+    else:
+        for i in range(100):
+            (folder / f"w{i:03d}.safetensors").write_bytes(b"")
+    done = CliRunner().invoke(app, ["artifact", "verify", str(folder)])
+    assert done.exit_code == 1, done.output
+    assert done.stdout.startswith("too_large"), done.stdout
+    assert unhashed == []
