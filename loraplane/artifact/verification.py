@@ -132,7 +132,9 @@ def verify_artifact(
     manifest = _check_manifest(reader, facts, limits, record, out)
     usable = _check_names(facts, manifest, out)
     if manifest is not None:
-        _check_files_against_manifest(reader, facts, manifest, usable, out)
+        # over the bound (already too_large): nothing is hashed, sizes and names still checked
+        hashable = usable if manifest.total_size <= limits.max_total_bytes else set()
+        _check_files_against_manifest(reader, facts, manifest, hashable, out)
     elif sum(f.size for f in facts.values()) > limits.max_total_bytes:
         out.append(Refusal(Reason.too_large, detail=f"over {limits.max_total_bytes} bytes"))
     config = _check_config(reader, facts, usable, limits, record, out)
@@ -297,16 +299,18 @@ def _check_files_against_manifest(
     reader: ArtifactReader,
     facts: dict[str, FileFacts],
     manifest: Manifest,
-    usable: set[str],
+    hashable: set[str],
     out: list[Refusal],
 ) -> None:
+    """Every listed file present at its size, and hashed to its sha256 when in ``hashable``
+    (the files safe to open, none when the artifact is over the size bound)."""
     for mf in manifest.files:
         fact = facts.get(mf.path)
         if fact is None:
             out.append(Refusal(Reason.file_missing, mf.path))
         elif fact.size != mf.size:
             out.append(Refusal(Reason.size_mismatch, mf.path, f"{fact.size} != {mf.size}"))
-        elif mf.path in usable and reader.sha256(mf.path) != mf.sha256:
+        elif mf.path in hashable and reader.sha256(mf.path) != mf.sha256:
             out.append(Refusal(Reason.sha256_mismatch, mf.path))
     for path in facts:
         if path != MANIFEST_NAME and manifest.file(path) is None:

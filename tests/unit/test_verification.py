@@ -431,3 +431,40 @@ def test_a_refusal_is_always_printable(path: str, detail: str) -> None:
     refusal = Refusal(Reason.header_invalid, path, detail)
     assert str(refusal).isprintable() and refusal.detail.isprintable()
     assert refusal.path == path  # the name itself, for callers that compare it
+
+
+def test_attack_a_manifest_over_the_size_bound_is_refused_unhashed(
+    good_files: dict[str, bytes],
+) -> None:
+    """ATTACK: ``artifact verify`` (or a startup scan) on a folder whose manifest lists, and
+    whose files are, 64 GiB each (sparse: they cost no disk). ``too_large`` was reported,
+    then every file whose size matched was hashed all the same: hours of reading zeros.
+    Nothing is hashed of an artifact over the bound."""
+    from loraplane.schemas.manifest import Manifest, ManifestFile
+
+    huge = 64 * 1024**3
+    manifest = Manifest(
+        files=[
+            ManifestFile(path=CONFIG_NAME, sha256="0" * 64, size=len(good_files[CONFIG_NAME])),
+            ManifestFile(path=WEIGHTS_NAME, sha256="0" * 64, size=huge),
+        ]
+    )
+    hashed: list[str] = []
+
+    class Sparse(MemoryArtifact):
+        def files(self) -> list[FileFacts]:
+            return [
+                FileFacts(p, "file", huge if p == WEIGHTS_NAME else len(b))
+                for p, b in self.data.items()
+            ]
+
+        def sha256(self, path: str) -> str:
+            hashed.append(path)
+            return super().sha256(path)
+
+    reader = Sparse(
+        {**good_files, WEIGHTS_NAME: b"\0" * 8, MANIFEST_NAME: manifest.canonical_bytes()}
+    )
+    verdict = verify_artifact(reader, LIMITS)
+    assert Reason.too_large in verdict.reasons
+    assert hashed == []
