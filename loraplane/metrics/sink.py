@@ -52,7 +52,7 @@ from loraplane.schemas.reasons import ConsumerFault
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
-    from confluent_kafka import Consumer, Message
+    from confluent_kafka import Consumer, Message, Producer
 
     from loraplane.kernel.config import Settings
 
@@ -229,6 +229,7 @@ class Sink:
         self._tables: dict[str, Table] = {topic_name(settings, t.topic_suffix): t for t in TABLES}
         self._dead_letter_topic = topic_name(settings, "dead-letters")
         self._client: Client | None = None
+        self._producer: Producer | None = None
         self._encoders: dict[str, Encoders] = {}
         self._revoked = False
         self.progress = Progress(COMPONENT)
@@ -592,12 +593,17 @@ class Sink:
         is away (a timeout, a retriable error) fails the batch, which is retried; a letter
         the broker refuses for good (which the size bound of ``dead_letter_at`` should make
         impossible) is counted in ``dead_letters_lost`` and logged instead, so one bad
-        letter can never stall the sink."""
+        letter can never stall the sink. One producer serves every batch (an idempotent
+        producer's set-up is a SASL login and a producer-id round trip: one bad message a
+        batch must not cost that a batch); a failed delivery drops it, and the retry starts
+        a fresh one."""
         from confluent_kafka import KafkaError, KafkaException
 
         if not letters:
             return
-        p = kafka.producer(self.settings)
+        if self._producer is None:
+            self._producer = kafka.producer(self.settings)
+        p = self._producer
         failures: list[str] = []
         lost: list[tuple[DeadLetter, str]] = []
 
@@ -623,7 +629,10 @@ class Sink:
             except KafkaException as exc:
                 lost.append((letter, str(exc)))
         if p.flush(20.0) > 0 or failures:
+            self._producer = None  # what it still holds is produced again by the retry
             raise DeliveryError(f"dead letters not acknowledged: {failures[:3] or 'timeout'}")
+        if lost:
+            self._producer = None  # a fatal error would refuse every later letter: a fresh one
         for letter, why in lost:
             log.error(
                 "dead letter of %s:%d:%d (%s) refused by the broker, lost: %s",

@@ -200,3 +200,51 @@ def test_a_row_is_kept_exactly_when_its_stamp_is_in_the_window(deltas: list[floa
     kept = [m.offset() for m in batch.rows[REQUESTS.name].messages] if stamps else []
     assert kept == [i for i, ts in enumerate(stamps) if lo <= ts.timestamp() < hi]
     assert sorted(kept + [d.offset for d in batch.dead]) == list(range(len(stamps)))
+
+
+class CountingProducers:
+    """Stands in for ``kafka.producer``: counts the producers made; each acknowledges what
+    it is given, unless ``fail_next`` says its next flush leaves one message undelivered."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.sent = 0
+        self.fail_next = False
+
+    def __call__(self, settings: Settings) -> Any:
+        self.made += 1
+        return self
+
+    def produce(self, topic: str, key: str, value: bytes, on_delivery: Any) -> None:
+        self.sent += 1
+        on_delivery(None, None)
+
+    def flush(self, timeout: float) -> int:
+        failed, self.fail_next = self.fail_next, False
+        return 1 if failed else 0
+
+
+def test_attack_one_bad_message_a_batch_costs_no_producer_a_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATTACK: one malformed message in every batch. Before, each batch's dead letter was
+    sent by a new idempotent producer (a SASL login and a producer-id round trip a batch,
+    about 1 ms of work turned into tens); now one producer serves the sink, and only a
+    delivery that failed makes the retry start a fresh one."""
+    from loraplane.kernel import kafka
+    from loraplane.kernel.bus import DeliveryError
+
+    producers = CountingProducers()
+    monkeypatch.setattr(kafka, "producer", producers)
+    sink = Sink(Settings())
+    topic = topic_name(Settings(), "requests")
+    for batch in range(5):
+        msg = FakeMessage(b'{"event_id": ', t=topic, part=0, off=batch)
+        sink._send_dead_letters(sink.decode([msg], now=T0).dead)  # type: ignore[list-item]
+    assert (producers.made, producers.sent, sink.stats.dead_letters) == (1, 5, 5)
+    producers.fail_next = True
+    letter = sink.decode([FakeMessage(b"x", t=topic, off=9)], now=T0).dead  # type: ignore[list-item]
+    with pytest.raises(DeliveryError):
+        sink._send_dead_letters(letter)
+    sink._send_dead_letters(letter)  # the batch's retry
+    assert producers.made == 2
