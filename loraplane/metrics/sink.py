@@ -619,13 +619,21 @@ class Sink:
             return report
 
         for letter in letters:
+            sent: dict[str, Any] = {
+                "key": letter.source_topic,
+                "value": encode(letter),
+                "on_delivery": on_delivery(letter),
+            }
             try:
-                p.produce(
-                    self._dead_letter_topic,
-                    key=letter.source_topic,
-                    value=encode(letter),
-                    on_delivery=on_delivery(letter),
-                )
+                try:
+                    p.produce(self._dead_letter_topic, **sent)
+                except BufferError:
+                    # librdkafka's queue is full (100,000 messages or 1 GiB: 12,227 letters
+                    # of 64 KiB raws): once what it holds is delivered, this one fits.
+                    if p.flush(20.0) > 0:
+                        self._producer = None
+                        raise DeliveryError("dead letters not acknowledged: queue full") from None
+                    p.produce(self._dead_letter_topic, **sent)
             except KafkaException as exc:
                 lost.append((letter, str(exc)))
         if p.flush(20.0) > 0 or failures:

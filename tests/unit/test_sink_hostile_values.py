@@ -248,3 +248,42 @@ def test_attack_one_bad_message_a_batch_costs_no_producer_a_batch(
         sink._send_dead_letters(letter)
     sink._send_dead_letters(letter)  # the batch's retry
     assert producers.made == 2
+
+
+class BoundedQueue(CountingProducers):
+    """A producer whose queue holds ``room`` messages, as librdkafka's holds 100,000 or
+    1 GiB: one more is its BufferError until a flush delivers what it holds."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+        self.queued = 0
+
+    def produce(self, topic: str, key: str, value: bytes, on_delivery: Any) -> None:
+        if self.queued >= self.room:
+            raise BufferError("Local: Queue full")
+        self.queued += 1
+        super().produce(topic, key, value, on_delivery)
+
+    def flush(self, timeout: float) -> int:
+        self.queued = 0
+        return super().flush(timeout)
+
+
+def test_attack_more_dead_letters_than_the_producer_queue_holds_are_all_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATTACK: a batch whose dead letters overfill the producer's queue (measured on the
+    local broker: the 12,227th letter of a 64 KiB raw, 1 GiB queued; or the 100,001st of
+    any size under ``--batch-size`` 200,000). Before, produce's BufferError left the writer
+    thread, crashed the sink, and the batch, never committed, crashed it again on every
+    restart; now the queue is flushed and every letter sent."""
+    from loraplane.kernel import kafka
+
+    producers = BoundedQueue(room=3)
+    monkeypatch.setattr(kafka, "producer", producers)
+    sink = Sink(Settings())
+    topic = topic_name(Settings(), "requests")
+    msgs = [FakeMessage(b"{", t=topic, part=0, off=i) for i in range(10)]
+    sink._send_dead_letters(sink.decode(msgs, now=T0).dead)  # type: ignore[arg-type]
+    assert (producers.sent, sink.stats.dead_letters, sink.stats.dead_letters_lost) == (10, 10, 0)
