@@ -153,6 +153,24 @@ def _too_many_partitions(exc: BaseException) -> bool:
     )
 
 
+_DAYS_PER_INSERT = 100
+"""Current ClickHouse's default ``max_partitions_per_insert_block``: the days (partitions)
+one insert may hold when a batch's rows span more."""
+
+
+def _by_day(stamps: list[datetime]) -> list[list[int]]:
+    """The indices of ``stamps`` in groups of at most ``_DAYS_PER_INSERT`` days (UTC, the
+    tables' partitions), days in order, each day's rows in their own order."""
+    days: dict[Any, list[int]] = {}
+    for i, ts in enumerate(stamps):
+        days.setdefault(ts.date(), []).append(i)
+    ordered = [days[day] for day in sorted(days)]
+    return [
+        [i for day in ordered[at : at + _DAYS_PER_INSERT] for i in day]
+        for at in range(0, len(ordered), _DAYS_PER_INSERT)
+    ]
+
+
 def _is_rejection(exc: BaseException) -> bool:
     if isinstance(exc, ch_errors.ServerException):
         return exc.code in DATA_ERROR_CODES
@@ -565,9 +583,11 @@ class Sink:
     ) -> list[tuple[Message, str]]:
         """Insert all rows; when ClickHouse rejects the data, bisect to find the bad rows and
         return their messages with the reason (everything else is inserted). Rows that span
-        more days than one insert may hold (a backlog, or logs stamped across years by
-        whoever may write the topic) are inserted in halves until each fits: one row is in
-        one partition, so none is refused for it and the batch is never retried forever."""
+        more days than one insert may hold (a backlog, or logs stamped on every day of the
+        window by whoever may write the topic) are inserted 100 days at a time, day by day
+        (halves of rows in arrival order made hundreds of inserts of a batch, and a part
+        per day each), then in halves should the server's limit be lower: one row is in one
+        partition, so none is refused for it and the batch is never retried forever."""
         try:
             # No types_check: every row was validated by its wire schema and range-checked by
             # Table.row, so the driver's per-value Python checks (a quarter of the insert's
@@ -582,6 +602,14 @@ class Sink:
             if len(messages) == 1:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 return [(messages[0], f"{type(exc).__name__}: {first}")]
+            if split and len(groups := _by_day(columns[table.columns.index("ts")])) > 1:
+                refused: list[tuple[Message, str]] = []
+                for rows in groups:
+                    part = [[column[i] for i in rows] for column in columns]
+                    refused += self._insert(
+                        client, table, encoders, part, [messages[i] for i in rows]
+                    )
+                return refused
             mid = len(messages) // 2
             head, tail = [c[:mid] for c in columns], [c[mid:] for c in columns]
             return self._insert(client, table, encoders, head, messages[:mid]) + self._insert(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -130,6 +131,52 @@ def test_rows_over_too_many_partitions_are_inserted_in_parts_and_none_refused() 
     refused = sink._insert(client, REQUESTS, {}, columns, msgs)  # type: ignore[arg-type]
     assert refused == []
     assert sorted(client.inserted) == sorted(f"e{i}" for i in range(9))
+
+
+class DayLimitClient:
+    """Current ClickHouse's ``max_partitions_per_insert_block`` (100) on daily partitions:
+    refuses an insert whose ``ts`` fall on more than 100 days; counts the inserts tried and
+    the parts the accepted ones made (one per day an insert holds)."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+        self.parts = 0
+        self.inserted: list[str] = []
+
+    def execute(self, sql: str, columns: list[list[Any]], columnar: bool) -> None:
+        self.tries += 1
+        days = {ts.date() for ts in columns[1]}
+        if len(days) > 100:
+            raise ch_errors.ServerException(
+                f"Too many partitions for single INSERT block (more than 100): {len(days)}",
+                code=252,
+            )
+        self.parts += len(days)
+        self.inserted += columns[0]
+
+
+def test_attack_rows_over_the_window_s_days_are_inserted_a_hundred_days_at_a_time() -> None:
+    """ATTACK on current ClickHouse: a writer of the requests topic stamps a batch's 20,000
+    logs on the window's 401 days in turn (all inside it, so none is refused). Before, the
+    insert was halved until each half spanned at most 100 days: 511 inserts a batch, whose
+    256 accepted ones made about 20,000 parts (one per day per insert), until merges fell
+    behind (code 252, "too many parts": the batch retried without end). Now the rows are
+    grouped by day, 100 days an insert: 6 inserts, one part per day."""
+    sink = Sink(Settings())
+    start = T0 - 400 * 86_400
+    raws = [
+        raw_of(whole(i, ts=datetime.fromtimestamp(start + (i * 7 % 401) * 86_400, UTC).isoformat()))
+        for i in range(20_000)
+    ]
+    msgs = [FakeMessage(raw, t="t", part=0, off=i) for i, raw in enumerate(raws)]
+    assert REQUESTS.fast_columns is not None
+    columns, left = REQUESTS.fast_columns(raws)
+    assert left == []
+    client = DayLimitClient()
+    refused = sink._insert(client, REQUESTS, {}, columns, msgs)  # type: ignore[arg-type]
+    assert refused == []
+    assert sorted(client.inserted) == sorted(f"e{i}" for i in range(20_000))
+    assert (client.tries, client.parts) == (6, 401)
 
 
 def test_too_many_parts_is_not_a_rejection_but_a_retry() -> None:
