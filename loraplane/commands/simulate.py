@@ -187,7 +187,7 @@ def replay_clickhouse(base: Scenario, since: str, what_if: WhatIf, command: str)
 def _read_rows(settings: Settings, params: Params, since: str, command: str) -> list[RequestRow]:
     from loraplane.metrics import queries
     from loraplane.metrics.clickhouse import connect, unavailable, unavailable_errors
-    from loraplane.simulator.replay import row_of
+    from loraplane.simulator.replay import check_rows, row_of
 
     c = settings.clickhouse
     where = f"ClickHouse at {c.host}:{c.tcp_port}, database {c.database}"
@@ -202,8 +202,11 @@ def _read_rows(settings: Settings, params: Params, since: str, command: str) -> 
                     err=True,
                 )
                 raise typer.Exit(1)
+            check_rows(total)  # before the read: a window past it is never held in memory
             typer.echo(f"reading {total} request rows of the last {since} from {where}", err=True)
             for values in queries.request_arrivals(client, params):
+                if len(rows) >= total:  # rows written since the count: each one asked
+                    check_rows(len(rows) + 1)
                 rows.append(row_of(values))
                 if len(rows) % PROGRESS_ROWS == 0:
                     typer.echo(f"  {len(rows)}/{total} rows", err=True)

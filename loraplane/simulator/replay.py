@@ -26,6 +26,8 @@ from loraplane.schemas.worker_state import WorkerState
 from loraplane.simulator.catalog import Adapter, Catalog
 from loraplane.simulator.requests import Requests
 from loraplane.simulator.scenario import (
+    MAX_COUNT,
+    MAX_REQUESTS,
     PRIORITIES,
     BaseModelFleet,
     Fleet,
@@ -44,6 +46,7 @@ __all__ = [
     "WorkerFacts",
     "adapter_facts",
     "build",
+    "check_rows",
     "row_of",
     "worker_facts",
 ]
@@ -149,6 +152,41 @@ def _version(text: str) -> str:
     return text or NO_VERSION
 
 
+def check_rows(count: int) -> None:
+    """ValueError when ``count`` request rows are more than a replay holds (the simulator's
+    ``MAX_REQUESTS`` arrivals): the reader asks before it reads, so such a window is never
+    held in memory only to be refused."""
+    if count > MAX_REQUESTS:
+        raise ValueError(
+            f"the window holds {count} request rows, more than a replay holds "
+            f"({MAX_REQUESTS}): give a shorter --since"
+        )
+
+
+def _check_names(rows: Sequence[RequestRow], what_if: WhatIf) -> None:
+    """ValueError naming the first of base models (pools), adapter versions (catalog entries),
+    tenants or one pool's workers that the rows name more of than the simulator holds
+    (``MAX_COUNT`` each: it builds an object a unit); a writer of the requests topic chooses
+    every id, and a tenant every refused request's adapter id, so this is asked before any
+    catalog or fleet is built from them."""
+    pools: dict[str, set[str]] = {}
+    for r in rows:
+        pools.setdefault(r.base_model, set()).add(r.worker_id)
+    counts = {
+        "base models": len(pools),
+        "adapter versions": len({(r.base_model, r.adapter_id, r.adapter_version) for r in rows}),
+        "tenants": len({r.tenant_id for r in rows}),
+    }
+    if what_if.workers is None:
+        counts["workers of one base model"] = max(map(len, pools.values())) + what_if.add_workers
+    for what, count in counts.items():
+        if count > MAX_COUNT:
+            raise ValueError(
+                f"the window's request rows name {count} {what}, more than a replay holds "
+                f"({MAX_COUNT}): give a shorter --since"
+            )
+
+
 def build(
     rows: Iterable[RequestRow],
     workers: Sequence[WorkerFacts],
@@ -160,6 +198,8 @@ def build(
     ordered = sorted(rows)
     if not ordered:
         raise ValueError("no request rows to replay")
+    check_rows(len(ordered))
+    _check_names(ordered, what_if)
     notes: list[str] = []
     pools = sorted({r.base_model for r in ordered})
     pool_index = {name: i for i, name in enumerate(pools)}
@@ -233,9 +273,10 @@ def build(
 
 def _max_ranks(pools: list[str], workers: Sequence[WorkerFacts], base: Scenario) -> list[int]:
     default = max(base.workload.ranks)
-    return [
-        max((w.max_lora_rank for w in workers if w.base_model == p), default=default) for p in pools
-    ]
+    ranks: dict[str, int] = {}
+    for w in workers:
+        ranks[w.base_model] = max(ranks.get(w.base_model, w.max_lora_rank), w.max_lora_rank)
+    return [ranks.get(p, default) for p in pools]
 
 
 def _fleet(
@@ -248,9 +289,15 @@ def _fleet(
 ) -> Fleet:
     template = base.fleet.base_models[0] if base.fleet.base_models else BaseModelFleet()
     specs = []
+    by_pool: dict[str, list[WorkerFacts]] = {}
+    for w in workers:
+        by_pool.setdefault(w.base_model, []).append(w)
+    in_rows: dict[str, set[str]] = {}
+    for r in rows:
+        in_rows.setdefault(r.base_model, set()).add(r.worker_id)
     for name in pools:
-        states = [w for w in workers if w.base_model == name]
-        seen = {r.worker_id for r in rows if r.base_model == name} | {w.worker_id for w in states}
+        states = by_pool.get(name, [])
+        seen = in_rows.get(name, set()) | {w.worker_id for w in states}
         count = what_if.workers if what_if.workers is not None else max(1, len(seen))
         update: dict[str, object] = {
             "name": name,

@@ -264,3 +264,60 @@ def test_cli_says_which_clickhouse_it_could_not_reach(monkeypatch: pytest.Monkey
 def test_what_if_options_need_a_replay() -> None:
     result = CliRunner().invoke(app, ["simulate", "--add-workers", "2"])
     assert result.exit_code == 2 and "go with --from-clickhouse" in result.output
+
+
+def _named(n: int, field: str) -> list[RequestRow]:
+    """``n`` rows, each naming its own ``field`` (an id a writer of the topic chose)."""
+    row = RequestRow(T0, "llama", "a", "1", "acme", "w0", "interactive", 1, 1)
+    spell = str if field == "adapter_version" else "x{}".format
+    return [row._replace(ts=T0 + i, **{field: spell(i)}) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("field", "what"),
+    [
+        ("adapter_id", "adapter versions"),
+        ("adapter_version", "adapter versions"),
+        ("tenant_id", "tenants"),
+        ("worker_id", "workers of one base model"),
+        ("base_model", "base models"),
+    ],
+)
+def test_attack_rows_naming_more_ids_than_a_replay_holds_are_refused_by_name(
+    field: str, what: str
+) -> None:
+    """ATTACK: request rows naming 100,001 adapters (a tenant's refused requests carry the id
+    it sent), versions, tenants, workers or base models (a writer of the requests topic
+    chooses each). Before, the replay built a catalog or fleet of them and pydantic then
+    refused a count (``workload.adapters``), with no word of the window; 100,001 base models
+    were never reached, as the fleet walked every row once a pool (10^10 steps). Now the
+    counts are asked first, naming what and the way out."""
+    with pytest.raises(ValueError, match=f"name 100001 {what}, more than a replay holds"):
+        build(_named(100_001, field), [], {}, BASE)
+    build(_named(3, field), [], {}, BASE)  # a few are a replay
+
+
+def test_a_window_of_more_rows_than_a_replay_holds_is_never_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATTACK (or just a busy fleet): a window of more request rows than the simulator takes
+    (10^7). Before, every row was read into memory (a tuple and six strings each) and then
+    refused by the workload's bound; now the count refuses it before the read."""
+    from loraplane.metrics import clickhouse, queries
+    from loraplane.simulator.scenario import MAX_REQUESTS
+
+    class Client:
+        def disconnect(self) -> None:
+            pass
+
+    def never_read(client: object, params: object) -> object:
+        raise AssertionError("rows read past the count")
+        yield
+
+    monkeypatch.setattr(clickhouse, "connect", lambda *a, **k: Client())
+    monkeypatch.setattr(queries, "count_arrivals", lambda client, params: MAX_REQUESTS + 1)
+    monkeypatch.setattr(queries, "request_arrivals", never_read)
+    result = CliRunner().invoke(app, ["simulate", "--from-clickhouse", "--since", "7d"])
+    assert result.exit_code == 2, result.output
+    assert f"holds {MAX_REQUESTS + 1} request rows, more than a replay holds" in result.output
+    assert "give a shorter --since" in result.output
