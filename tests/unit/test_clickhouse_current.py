@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -22,7 +22,7 @@ from clickhouse_driver.util.escape import escape_param, escape_params
 
 from loraplane.metrics import migrations, queries
 from loraplane.metrics.sink import column_encoders
-from loraplane.metrics.tables import TABLES
+from loraplane.metrics.tables import STAMP_END, STAMP_MIN, TABLES, timestamp_encoder
 from tests import pack_cases
 
 DB = "loraplane_current"
@@ -140,3 +140,26 @@ def test_the_replays_read_on_current_clickhouse(client: ChdbClient) -> None:
     assert all(len(r) == len(queries.ARRIVAL_COLUMNS) for r in rows)
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
     assert sorted(r[2] for r in rows) == sorted(x.adapter_id for x in pack_cases.REQUESTS)
+
+
+def test_the_sink_s_stamp_range_reads_back_and_partitions_on_current_clickhouse(
+    client: ChdbClient,
+) -> None:
+    """The sink refuses a ``ts`` outside ``STAMP_MIN``..``STAMP_END`` on every server (the
+    range 18.16's ``DateTime`` reads back right: tests/integration/test_sink_stamp_range.py).
+    On current ClickHouse the columns are ``DateTime64(3)`` (1900 to 2299), which hold that
+    range whole: its first and last instants, as the sink's encoder writes them, read back
+    and fall in their own day's partition. The range is not widened there: before 1970 the
+    encoder's integer seconds (truncated toward zero) would move an instant."""
+    encode = timestamp_encoder("DateTime64(3, 'UTC')")
+    assert encode is not None
+    ends = [STAMP_MIN, STAMP_END - timedelta(microseconds=1000)]
+    for at in ends:
+        ms = encode(at)
+        read = client.execute(
+            f"SELECT toUnixTimestamp64Milli(t), toYYYYMMDD(t) "
+            f"FROM (SELECT fromUnixTimestamp64Milli(toInt64({ms}), 'UTC') AS t)"
+        )
+        assert read == [(ms, int(at.strftime("%Y%m%d")))], at
+    early = datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC)
+    assert encode(early) != round(early.timestamp() * 1000)  # why the range starts at 1970
