@@ -19,7 +19,7 @@ from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReason
 from loraplane.schemas.dead_letter import DeadLetter
 from loraplane.schemas.reasons import ArtifactReason, CommandRule, DecodeReason
-from loraplane.schemas.request_log import RequestLog
+from loraplane.schemas.request_log import RequestLog, RequestStatus
 
 BASE = "llama-3-1-8b"
 
@@ -142,6 +142,42 @@ def load(client: Client) -> None:
     """Every row once, and one request twice (a sink replay: the pack must count it once)."""
     insert(client, [*REQUESTS, *OTHERS])
     insert(client, [REQUESTS[0]])
+
+
+FLOOD_START = datetime(2031, 1, 1, tzinfo=UTC)
+
+
+def flood() -> list[BaseModel]:
+    """ATTACK rows for the charts: in the first minute of an hour, a tenant's refused
+    requests name 5,000 adapter ids, one request each (a refused request is logged with the
+    id it sent); a genuine adapter is served every 20 s after, through minute 57."""
+    refused = [
+        request(i, f"x{i}", "1", "mallory", "cold", 0.0, "w0").model_copy(
+            update={"event_id": f"flood-{i}", "ts": FLOOD_START, "status": RequestStatus.refused}
+        )
+        for i in range(5000)
+    ]
+    served = [
+        request(i, "alpha", "1", "t0", "gpu", 40.0, "w0").model_copy(
+            update={"event_id": f"real-{i}", "ts": FLOOD_START + timedelta(seconds=60 + 20 * i)}
+        )
+        for i in range(170)
+    ]
+    return [*refused, *served]
+
+
+def flood_window() -> queries.Params:
+    """The flood's hour, at the dashboard's row limit."""
+    return queries.Params(since=FLOOD_START, until=FLOOD_START + timedelta(hours=1), limit=5000)
+
+
+def flood_charted(rows: list[dict[str, Any]]) -> None:
+    """The charts keep the genuine adapter's every minute, the latest included, and chart
+    20 adapters, not 5,001."""
+    alpha = sorted(r["minute"] for r in rows if r["adapter_id"] == "alpha")
+    assert alpha[-1:] == [(FLOOD_START + timedelta(minutes=57)).isoformat()]
+    assert len(alpha) == 57
+    assert len({r["adapter_id"] for r in rows}) == 20
 
 
 def window(**filters: Any) -> queries.Params:

@@ -101,6 +101,7 @@ function bySeries(rows, field) {
     if (!out.has(r.adapter_id)) out.set(r.adapter_id, []);
     out.get(r.adapter_id).push({t: new Date(r.minute), y: r[field]});
   }
+  for (const points of out.values()) points.sort((a, b) => a.t - b.t);  // rows: newest first
   return out;
 }
 

@@ -38,3 +38,11 @@ def client() -> Iterator[Client]:
 @pytest.mark.parametrize("name", queries.names())
 def test_pack_query_on_the_stacks_clickhouse(client: Client, name: str) -> None:
     pack_cases.CHECKS[name](pack_cases.run(client, name))
+
+
+def test_attack_a_flood_of_adapter_ids_leaves_the_charts_their_latest_minute(
+    client: Client,
+) -> None:
+    """``pack_cases.flood`` on 18.16: the charts keep the genuine adapter's latest minute."""
+    pack_cases.insert(client, pack_cases.flood())
+    pack_cases.flood_charted(queries.run(client, "timeseries_requests", pack_cases.flood_window()))

@@ -163,3 +163,15 @@ def test_the_sink_s_stamp_range_reads_back_and_partitions_on_current_clickhouse(
         assert read == [(ms, int(at.strftime("%Y%m%d")))], at
     early = datetime(1969, 12, 31, 23, 59, 59, 500_000, tzinfo=UTC)
     assert encode(early) != round(early.timestamp() * 1000)  # why the range starts at 1970
+
+
+def test_attack_a_flood_of_adapter_ids_leaves_the_charts_their_latest_minute(
+    client: ChdbClient,
+) -> None:
+    """ATTACK (``pack_cases.flood``): 5,000 adapter ids in an hour's first minute, from a
+    tenant's refused requests. Before, the timeseries queries ordered by minute up to the
+    page's 5,000 rows: every row was the flood's minute and the charts showed no genuine
+    point (an hour of 84 adapters cut the newest minutes the same way). Now they chart the
+    20 adapters with the most requests, newest minutes first."""
+    pack_cases.insert(cast("Any", client), pack_cases.flood())
+    pack_cases.flood_charted(queries.run(client, "timeseries_requests", pack_cases.flood_window()))
