@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraplane.kernel.local_files import read_regular
 from loraplane.kernel.policy import Policy
+from loraplane.schemas.adapter import MAX_RANK
 from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Diurnal",
     "Fleet",
     "Interference",
+    "LoraRank",
     "OfficeHours",
     "OptimumSettings",
     "Override",
@@ -71,6 +73,9 @@ MAX_COUNT = 100_000
 MAX_SCENARIO_BYTES = 1024 * 1024  # a scenario is a page of YAML; a trace is its own file
 MAX_REQUESTS = 10_000_000  # synthetic and peak arrivals: ten times the largest bench scenario
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+LoraRank = Annotated[int, Field(ge=1, le=MAX_RANK)]
+"""A LoRA rank, as the registry's records hold it: an adapter's size is rank x bytes per
+rank, so 0 or a negative rank sized it at nothing or less, and 10**400 overflowed a float."""
 
 
 class _Strict(BaseModel):
@@ -163,8 +168,10 @@ class Workload(_Strict):
     canaries: Canaries = Field(default_factory=Canaries)
     bursts: list[Burst] = Field(default_factory=list)
     peaks: list[Peak] = Field(default_factory=list)
-    ranks: dict[int, float] = Field(
-        default_factory=lambda: {16: 1.0}, description="LoRA rank mix over adapters"
+    ranks: dict[LoraRank, float] = Field(
+        default_factory=lambda: {16: 1.0},
+        min_length=1,
+        description=f"LoRA rank mix over adapters (ranks 1 to {MAX_RANK})",
     )
 
     @model_validator(mode="after")

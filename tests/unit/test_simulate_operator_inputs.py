@@ -75,6 +75,10 @@ def test_a_plain_scenario_name_still_runs_and_plots(tmp_path: Path) -> None:
         "workload: {tenants: 1000000000}",
         "workload: {peaks: [{at_s: 0, duration_s: 1.0e+9, qps: 1.0e+9, rank: 0}]}",
         "workload: {rate_qps: .inf}",
+        "workload: {ranks: {1" + "0" * 400 + ": 1.0}}",
+        "workload: {ranks: {-16: 1.0}}",
+        "workload: {ranks: {0: 1.0}}",
+        "workload: {ranks: {}}",
         "workload: {diurnal: {period_s: .nan}}",
         "fleet: {costs: {fallback_cost_ms: .inf}}",
         "overrides: {lru: {gpu_slots_per_worker: 0}}",
@@ -86,7 +90,8 @@ def test_attack_a_count_or_number_out_of_range_is_refused_before_the_run(
 ) -> None:
     """Before: a sweep of 0 or -2 slots ran the whole table, then raised in matplotlib or the
     optimum; 10**9 workers or requests held the command until memory ran out; ``.inf`` in a
-    rate or a cost made every total infinite."""
+    rate or a cost made every total infinite; a LoRA rank of 10**400 in the rank mix was an
+    OverflowError traceback, and one of 0 or -16 sized adapters at nothing or less."""
     key = field.split(":", 1)[0]
     text = TINY.format(name="tiny")
     text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(f"{key}:"))
