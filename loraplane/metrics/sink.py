@@ -23,6 +23,7 @@ import logging
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -680,14 +681,18 @@ class Sink:
             )
         self.stats.dead_letters_lost += len(lost)
         self.stats.dead_letters += len(letters) - len(lost)
-        for letter in letters:
-            log.warning(
-                "dead-lettered %s:%d:%d (%s)",
-                letter.source_topic,
-                letter.partition,
-                letter.offset,
-                letter.reason,
-            )
+        # One line a batch, not a letter: whoever may write a topic chooses how many letters
+        # there are, and each letter is in the dead-letters topic and table already.
+        reasons = Counter(str(letter.reason) for letter in letters)
+        first = letters[0]
+        log.warning(
+            "dead-lettered %d message(s) (%s), the first %s:%d:%d",
+            len(letters),
+            ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items())),
+            first.source_topic,
+            first.partition,
+            first.offset,
+        )
 
     def _commit(self, consumer: Consumer, batch: _Batch) -> None:
         from confluent_kafka import TopicPartition

@@ -287,3 +287,25 @@ def test_attack_more_dead_letters_than_the_producer_queue_holds_are_all_sent(
     msgs = [FakeMessage(b"{", t=topic, part=0, off=i) for i in range(10)]
     sink._send_dead_letters(sink.decode(msgs, now=T0).dead)  # type: ignore[arg-type]
     assert (producers.sent, sink.stats.dead_letters, sink.stats.dead_letters_lost) == (10, 10, 0)
+
+
+def test_attack_a_batch_of_bad_messages_is_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ATTACK: a batch of 2,000 malformed messages. Before, each letter was a warning line
+    of its own (a writer of the topic chose how many lines the sink wrote, and a journal's
+    rate limit then dropped the sink's other lines); now the batch is one line, with the
+    count by reason and the first letter's position (every letter is in the dead-letters
+    topic and table)."""
+    from loraplane.kernel import kafka
+
+    monkeypatch.setattr(kafka, "producer", CountingProducers())
+    sink = Sink(Settings())
+    topic = topic_name(Settings(), "requests")
+    msgs = [FakeMessage(b"{" if i % 2 else b"{}", t=topic, part=1, off=i) for i in range(2000)]
+    with caplog.at_level("WARNING", logger="loraplane.metrics.sink"):
+        sink._send_dead_letters(sink.decode(msgs, now=T0).dead)  # type: ignore[arg-type]
+    lines = [r.getMessage() for r in caplog.records if r.name == "loraplane.metrics.sink"]
+    assert lines == [
+        f"dead-lettered 2000 message(s) (invalid 1000, malformed 1000), the first {topic}:1:0"
+    ]
