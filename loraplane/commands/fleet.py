@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
 
         from loraplane.kernel import kafka
         from loraplane.kernel.config import get_settings
+        from loraplane.kernel.log_lines import one_line
         from loraplane.kernel.worker_states import latest_fleet_states
         from loraplane.router.fleet_view import fleet_view
 
@@ -93,16 +94,23 @@ def register(app: typer.Typer) -> None:
                     "-" if w.hbm_usage is None else f"{w.hbm_usage:.0%}",
                 )
             console.print(table)
+            # Lora names and queue bands are text of the states' writers: never markup (a
+            # "[/]" was Rich's MarkupError), control characters escaped (an ESC reached the
+            # terminal as it was).
             multi = {n: c for n, c in base.replicas.items() if c > 1}
             console.print(
                 f"GPU copies: {sum(base.replicas.values())} of "
-                f"{len(base.replicas)} versions" + (f"; replicated: {multi}" if multi else "")
+                f"{len(base.replicas)} versions" + (f"; replicated: {multi}" if multi else ""),
+                markup=False,
             )
             if base.routers:
-                bands = ", ".join(f"{b} {n}" for b, n in (base.queued_by_band or {}).items())
+                bands = ", ".join(
+                    f"{one_line(b)} {n}" for b, n in (base.queued_by_band or {}).items()
+                )
                 console.print(
                     f"routers: {base.routers} live, {base.router_in_flight} in "
-                    f"flight, {base.queue_depth} queued" + (f" ({bands})" if bands else "")
+                    f"flight, {base.queue_depth} queued" + (f" ({bands})" if bands else ""),
+                    markup=False,
                 )
             else:
                 console.print("routers: none reporting (queue depth unknown)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from loraplane.router.fleet_view import fleet_view
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
@@ -109,3 +111,38 @@ def test_versions_per_tier_in_flight_and_the_routers_queues() -> None:
     assert queued.queued_by_band == {"batch-silver": 6, "interactive-gold": 2}
     idle = fleet_view(states, NOW, 5.0, [router("r1", {}, [])]).base_models[0]
     assert (idle.queue_depth, idle.queued_by_band) == (0, {})
+
+
+def test_attack_names_and_bands_from_the_topics_reach_the_terminal_as_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ATTACK: forged states (the ``worker`` principal may write ``P.worker-state``, the
+    ``router`` principal ``P.router-state``) name a lora name ``[/]`` on two workers and a
+    queue band holding an ESC sequence and Rich markup. Before, ``fleet status`` ended in
+    Rich's MarkupError traceback, and without the "[/]" a band's ESC reached the terminal
+    as it was (an OSC 8 link, a cleared screen) and its markup was rendered; now both are
+    printed as text, the controls escaped."""
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.kernel import kafka, worker_states
+
+    band = "\x1b]8;;https://evil.example/\x1b\\[bold]docs[/bold]"
+
+    def forged(wid: str) -> WorkerState:
+        genuine = state(wid, "llama", ["x@1", "a@1"])
+        named = genuine.adapters[0].model_copy(update={"lora_name": "[/]"})
+        return genuine.model_copy(update={"adapters": [named, *genuine.adapters[1:]]})
+
+    latest = worker_states.FleetStates(
+        workers={w: forged(w) for w in ("w0", "w1")},
+        routers={"r0": router("r0", {"llama": 1}, [("llama", band, 2)])},
+    )
+    monkeypatch.setattr(worker_states, "latest_fleet_states", lambda *a, **k: latest)
+    monkeypatch.setattr(kafka, "_acting_as", kafka.acting_as())  # it acts as reader: restored
+    monkeypatch.setattr("time.time", lambda: NOW)
+    result = CliRunner().invoke(app, ["fleet", "status"])
+    assert result.exit_code == 0, result.output
+    assert "replicated: {'[/]': 2, 'a@1': 2}" in result.output
+    assert "\x1b" not in result.output
+    assert "\\x1b]8;;https://evil.example/\\x1b\\[bold]docs[/bold] 2" in result.output
