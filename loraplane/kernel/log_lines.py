@@ -4,7 +4,9 @@ A message may carry text from outside (vLLM's refusal quoting a client's field v
 upstream's error, a record read from a topic): a newline in it would start a line of the
 log that loraplane never wrote, one an operator or a log shipper reads as its own record.
 The formatter escapes line breaks and other control characters in the message as Python
-escapes (``\\n``, ``\\x1b``); a traceback, appended after the message, keeps its lines.
+escapes (``\\n``, ``\\x1b``), and so the bidirectional formatting characters, which make
+a terminal or an editor show the text after them in another order than it was written
+(``\\u202e``); a traceback, appended after the message, keeps its lines.
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import re
 __all__ = ["FORMAT", "OneLineFormatter", "configure_logging", "one_line"]
 
 FORMAT = "%(asctime)s %(name)s %(message)s"
-_BREAKING = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-"""C0 and C1 controls but tab, and Unicode's line and paragraph separators."""
+_BREAKING = re.compile(
+    r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+"""C0 and C1 controls but tab, Unicode's line and paragraph separators, and its
+bidirectional marks, embeddings, overrides and isolates."""
 
 
 def one_line(text: str) -> str:
-    """``text`` with every line break and control character escaped."""
+    """``text`` with every line break, control and bidirectional formatting character
+    escaped."""
     return _BREAKING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 

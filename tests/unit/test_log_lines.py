@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from loraplane.kernel.log_lines import one_line
 
 ROOT = Path(__file__).resolve().parents[2]
-_BREAKS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_BREAKS = re.compile(
+    r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 
 
 @given(st.text())
@@ -26,6 +28,15 @@ def test_one_line_has_no_line_break_or_control(text: str) -> None:
     assert escaped.splitlines() in ([escaped], [])
     if not _BREAKS.search(text):
         assert escaped == text  # plain text, tabs and non-ASCII letters are left as they are
+
+
+def test_attack_a_bidi_override_in_a_message_is_escaped() -> None:
+    """ATTACK: a client's value quoted in a log line (or a band shown by ``fleet status``)
+    holding U+202E: before, it made a terminal show the rest of the line reversed ("key
+    revoked" read as written by someone else); now every bidirectional formatting
+    character is an escape, like a control."""
+    quoted = "value=x\u202edeyoker yek\u2066\u2069\u200f"
+    assert one_line(quoted) == "value=x\\u202edeyoker yek\\u2066\\u2069\\u200f"
 
 
 def test_attack_a_forged_line_in_a_message_stays_in_its_record(tmp_path: Path) -> None:
