@@ -262,10 +262,15 @@ class Gateway:
         self._cache_secret = cache_secret if cache_secret else os.urandom(32)
         self._salts: dict[str, str] = {}
         self.batch_loads = ColdLoadSlots()
-        # ids of request logs (and of requests that came without one): a random prefix per
-        # gateway and a counter, unique like uuid4 but without its urandom call per request
+        # ids of requests that came without one, and of request logs: a random prefix per
+        # gateway and a counter, unique like uuid4 but without its urandom call per request.
+        # The two never share a prefix: a request id goes back to the client, and an event id
+        # someone could name is one whose ClickHouse row a writer of the requests topic could
+        # replace (ReplacingMergeTree keeps the last row of an id), so event ids stay secret.
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_seq = itertools.count()
+        self._event_prefix = uuid.uuid4().hex
+        self._event_seq = itertools.count()
         self._failures = LogBurst("gateway", _FAILURE_LOG_EVERY_S, logger=log)
 
     @property
@@ -286,6 +291,9 @@ class Gateway:
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}-{next(self._id_seq):x}"
+
+    def _new_event_id(self) -> str:
+        return f"{self._event_prefix}-{next(self._event_seq):x}"
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -698,7 +706,7 @@ class Gateway:
         if record is not None and trace.ttft_ms is not None:
             self.worker.observe_ttft(record.lora_name, trace.ttft_ms)
         log = RequestLog(
-            event_id=self._new_id(),
+            event_id=self._new_event_id(),
             ts=now_utc(),
             request_id=trace.request_id,
             tenant_id=trace.tenant_id,

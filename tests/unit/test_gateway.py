@@ -1852,6 +1852,41 @@ async def test_attack_a_vllm_failure_tells_the_client_nothing_internal(
     )
 
 
+async def test_attack_a_request_id_names_no_request_log_event_id() -> None:
+    """ATTACK: the ClickHouse row of a request log is kept by its event id, the last row of
+    an id winning, and event ids shared the gateway's prefix and counter with the request
+    ids it answers clients that send none: one answer named the ids of the logs around it,
+    so a writer of the requests topic could replace those rows. Request ids and event ids
+    share nothing now."""
+    sink = ListSink()
+    gateway = Gateway(
+        FakeServing(hot={RECORDS[2].lora_name}), api_keys=KEYS, budgets=RequestBudgets(), sink=sink
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    answered = []
+    try:
+        async with ClientSession() as http:
+            for _ in range(3):
+                async with http.post(
+                    str(server.make_url("/v1/completions")),
+                    headers=AUTH_A,
+                    json={"model": "sql", "prompt": "q"},
+                ) as resp:
+                    assert resp.status == 200
+                    answered.append(resp.headers["X-Request-Id"])
+    finally:
+        await server.close()
+    logged = sink.messages(RequestLog)
+    assert [log.request_id for log in logged] == answered
+    request_prefixes = {rid.rsplit("-", 1)[0] for rid in answered}
+    event_prefixes = {log.event_id.rsplit("-", 1)[0] for log in logged}
+    assert len(request_prefixes) == len(event_prefixes) == 1
+    assert not request_prefixes & event_prefixes
+    assert all(len(p) == 32 for p in event_prefixes)  # 128 random bits
+    assert len({log.event_id for log in logged}) == 3
+
+
 async def test_a_vllm_that_is_not_there_is_a_retryable_503_saying_nothing_ran() -> None:
     """No connection to vLLM could be made (killed, restarting): the request never reached
     it, so the answer is a 503 with ``Retry-After`` and the not-run header a router reroutes
