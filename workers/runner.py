@@ -16,7 +16,7 @@ from typing import IO
 
 from aiohttp import web
 
-from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES, ModelShape
+from loraplane.artifact.model_config import read_model_config
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
@@ -24,13 +24,12 @@ from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
-from loraplane.kernel.local_files import locked_folder, read_regular
+from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
 from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
-from loraplane.schemas.strict_json import strict_loads
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
@@ -84,11 +83,7 @@ def build_host_tier(
     """The verified host tier, fetching from the allowlisted S3 of ``settings``."""
     shape = None
     if options.model_dir is not None:
-        path = options.model_dir / "config.json"
-        config = strict_loads(
-            read_regular(path, MAX_MODEL_CONFIG_BYTES), max_bytes=MAX_MODEL_CONFIG_BYTES
-        )
-        shape = ModelShape.from_hf_config(config)
+        shape = read_model_config(options.model_dir / "config.json")
     limits = WorkerLimits(
         base_model=options.base_model,
         max_lora_rank=options.max_lora_rank,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loraplane.artifact.directory import MAX_ENTRIES, DirectoryArtifact
-from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES, ModelShape
+from loraplane.artifact.model_config import read_model_config
 from loraplane.artifact.verification import WorkerLimits, verify_artifact
 from loraplane.kernel.local_files import read_regular
 from loraplane.registry.vouch import Unvouched, vouched_record
@@ -38,7 +38,6 @@ from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.schemas.reasons import ArtifactReason
 from loraplane.schemas.reasons import ResolverRefusal as Refused
 from loraplane.schemas.registry import MAX_VIEWS_BYTES, AdapterView, views_from_json
-from loraplane.schemas.strict_json import strict_loads
 from loraplane.workers.host_tier_entry import (
     ADAPTER_DIR,
     MAX_RECORD_BYTES,
@@ -173,8 +172,7 @@ class HostTierResolver:
         shape = None
         model_config = Path(config.served_model) / "config.json"
         if model_config.is_file():  # a local model folder: adapters are checked against it
-            raw = read_regular(model_config, MAX_MODEL_CONFIG_BYTES)
-            shape = ModelShape.from_hf_config(strict_loads(raw, max_bytes=MAX_MODEL_CONFIG_BYTES))
+            shape = read_model_config(model_config)
         self.limits = WorkerLimits(
             base_model=config.base_model,
             max_lora_rank=config.max_lora_rank,

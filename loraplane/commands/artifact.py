@@ -54,6 +54,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from loraplane.artifact.directory import DirectoryArtifact
+        from loraplane.artifact.model_config import read_model_config
         from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
         from loraplane.artifact.refusal import ArtifactError, Refusal
         from loraplane.artifact.verification import (
@@ -64,7 +65,6 @@ def register(app: typer.Typer) -> None:
         )
         from loraplane.artifact_publish import ArtifactError as PublishRefused
         from loraplane.artifact_publish import prepare, publish_keyring
-        from loraplane.json_files import read_model_config
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.local_files import read_regular
         from loraplane.schemas.adapter import MAX_RANK, AdapterRecord

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
         from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES
         from loraplane.artifact.verification import MANIFEST_NAME
         from loraplane.artifact_publish import PublishRequest, build_record
-        from loraplane.json_files import read_json
         from loraplane.kernel.config import get_settings
+        from loraplane.kernel.local_files import read_json
         from loraplane.schemas.adapter import Priority
         from loraplane.tiny_model import build_adapter, build_model
 

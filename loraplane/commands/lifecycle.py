@@ -187,6 +187,7 @@ def _reupload(
     """``publish --reupload``: a registered version's bytes back into the store."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from loraplane.artifact.model_config import read_model_config
     from loraplane.artifact_publish import (
         ArtifactError,
         SigningUnavailable,
@@ -194,7 +195,6 @@ def _reupload(
         registered_version,
         reupload,
     )
-    from loraplane.json_files import read_model_config
 
     try:
         record = registered_version(settings, adapter_id, version)
@@ -374,6 +374,7 @@ def register(app: typer.Typer) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
         from pydantic import ValidationError
 
+        from loraplane.artifact.model_config import read_model_config
         from loraplane.artifact_publish import (
             ArtifactError,
             PublishRequest,
@@ -383,7 +384,6 @@ def register(app: typer.Typer) -> None:
             publish_keyring,
             upload,
         )
-        from loraplane.json_files import read_model_config
         from loraplane.kernel.bus import DeliveryError, produce_sync
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.kafka import KafkaAuthError

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES
-from loraplane.json_files import read_json
+from loraplane.kernel.local_files import read_json
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
 
 __all__ = ["BASE_MODEL", "DEMO_CATALOG", "Adapter", "Artifacts", "Catalog"]

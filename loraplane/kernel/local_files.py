@@ -12,10 +12,9 @@ on the path before opening it.
 
 ``open_regular`` is the same open for a reader or writer that streams the file itself (a
 spool segment, a trace): the descriptor of a regular file, or an ``OSError``, never a wait.
-
-``locked_folder`` is the one-writer rule for a folder of local state (the event journal and
-spool of a client id, a worker's host tier): an ``flock`` the kernel drops when its
-process dies, so a kill -9 leaves no stale lock behind.
+``read_json`` reads a JSON file strictly (``schemas.strict_json``): a hostile one is one
+``ValueError`` naming it. ``locked_folder`` is the one-writer rule for a folder of local
+state (journal, spool, host tier): an ``flock`` the kernel drops when its process dies.
 """
 
 from __future__ import annotations
@@ -25,9 +24,19 @@ import fcntl
 import os
 import stat
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["TooOpen", "locked_folder", "open_regular", "read_regular"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "TooOpen",
+    "locked_folder",
+    "open_regular",
+    "read_json",
+    "read_regular",
+]
+
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""The most ``read_json`` reads unless told less."""
 
 
 class TooOpen(PermissionError):
@@ -68,6 +77,21 @@ def read_regular(
     if left <= 0:
         raise OSError(errno.EFBIG, f"over {max_bytes} bytes", str(path))
     return b"".join(chunks)
+
+
+def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, max_depth: int = 64) -> Any:
+    """The one strict JSON value in the regular file ``path`` (at most ``max_bytes``, nested
+    at most ``max_depth``); ``ValueError`` naming ``path`` for anything else."""
+    from loraplane.schemas.strict_json import strict_loads
+
+    try:
+        raw = read_regular(path, max_bytes)
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return strict_loads(raw, max_bytes=max_bytes, max_depth=max_depth)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def open_regular(

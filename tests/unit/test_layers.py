@@ -48,8 +48,10 @@ CONTRACT: list[tuple[str, int]] = [
     ("loraplane.registry.vouch", DECISIONS),  # does a verified view name this lora name
     ("loraplane.registry", RUNTIMES),
     ("loraplane.registry.*", RUNTIMES),  # topic, live, ...
-    # --- artifacts: pure verification, and the two that read files for it
+    # --- artifacts: pure verification, and the three that read files for it
     ("loraplane.artifact.directory", RUNTIMES),  # reads a folder for the pure verifier
+    # reads a base model's config.json for the pure shape check
+    ("loraplane.artifact.model_config", RUNTIMES),
     # runs the model-signing library on a bundle file for the pure model_signature check
     ("loraplane.artifact.model_signing_bundle", RUNTIMES),
     ("loraplane.artifact", DECISIONS),

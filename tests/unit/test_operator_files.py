@@ -104,7 +104,8 @@ def test_a_hostile_settings_file_is_a_settings_error(
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_hostile_scenario_json_or_trace_is_refused(tmp_path: Path, kind: str) -> None:
-    from loraplane.json_files import read_json, read_model_config
+    from loraplane.artifact.model_config import read_model_config
+    from loraplane.kernel.local_files import read_json
     from loraplane.simulator.scenario import load_scenario
     from loraplane.simulator.trace import load_trace
 
@@ -131,3 +132,46 @@ def test_a_hostile_file_among_secrets_to_install_is_a_secret_error(
         return
     with pytest.raises(SecretError, match="password"):
         install_private(source, tmp_path / "out")
+
+
+def _model_folder(tmp_path: Path, kind: str) -> Path:
+    """A model folder whose config.json is hostile (``KINDS``), a list, or no Llama."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = folder / "config.json"
+    if kind == "list":
+        config.write_text("[1, 2]")
+    elif kind == "no-llama":
+        config.write_text('{"num_hidden_layers": "many"}')
+    else:
+        HOSTILE[kind](config)
+    return folder
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", [*KINDS, "list", "no-llama"])
+def test_the_worker_refuses_a_hostile_model_config_naming_it(tmp_path: Path, kind: str) -> None:
+    """The worker's host tier and vLLM's resolver read the model's config.json as the CLI
+    does (``artifact.model_config``): one ValueError naming the file, never a hang, an
+    OSError or an AttributeError from deep inside the shape code."""
+    from loraplane.kernel.config import Settings
+    from loraplane.workers.runner import WorkerOptions, build_host_tier
+    from loraplane.workers.vllm_resolver import HostTierResolver, ResolverConfig
+
+    folder = _model_folder(tmp_path, kind)
+    options = WorkerOptions(
+        worker_id="w1",
+        base_model="b",
+        vllm_url="",
+        gateway_port=0,
+        metrics_port=None,
+        host_tier_dir=tmp_path / "host",
+        host_budget_bytes=1,
+        model_dir=folder,
+    )
+    with pytest.raises(ValueError, match=r"config\.json"):
+        build_host_tier(Settings(home=tmp_path), options, lambda _name: False)
+    if kind in ("fifo", "endless-device"):
+        return  # no file: the resolver serves a hub model's name without a local config
+    with pytest.raises(ValueError, match=r"config\.json"):
+        HostTierResolver(ResolverConfig(tmp_path / "host", "b", str(folder), 8))
