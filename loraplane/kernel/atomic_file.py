@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 from pathlib import Path
 
 __all__ = ["sync_folder", "write_atomic", "write_temporary"]
+
+_NAME_TRIES = 16
+
+
+def _token() -> str:
+    return secrets.token_hex(8)
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
@@ -19,14 +27,22 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
 
 def write_temporary(path: Path, data: str | bytes, mode: int = 0o666) -> Path:
     """A new file beside ``path`` holding ``data``, fsynced, for the caller to move into
-    place. Made with O_EXCL and O_NOFOLLOW, so a link planted at its predictable name is
-    never written through (one a killed run of the same pid left is removed first). A
-    failed write (a full disk) removes it: the half-written file would hold on to the very
-    space that ran out."""
+    place. Its name is random per call (``.<name>.<random>.tmp``), so two threads or
+    processes writing the same ``path`` at once never share a temporary file, and made with
+    O_EXCL and O_NOFOLLOW, so whatever already sits at a name (a planted link) is never
+    written through: another name is drawn. A failed write (a full disk) removes it: the
+    half-written file would hold on to the very space that ran out."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(_NAME_TRIES):
+        tmp = path.with_name(f".{path.name}.{_token()}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+        except FileExistsError:
+            continue
+        break
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name beside it", str(path))
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)

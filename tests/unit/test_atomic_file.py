@@ -1,14 +1,17 @@
-"""write_atomic on a full disk: the old file stays whole and no half-written temporary
-file is left to hold on to the space that ran out."""
+"""write_atomic on a full disk (the old file stays whole and no half-written temporary file
+is left to hold on to the space that ran out), against a planted link, and from several
+threads at once."""
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from loraplane.kernel import atomic_file
 from loraplane.kernel.atomic_file import write_atomic
 
 
@@ -29,18 +32,56 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
     assert [p.name for p in tmp_path.iterdir()] == [".state.json"]
 
 
-def test_a_link_at_the_temporary_name_is_not_followed(tmp_path: Path) -> None:
-    """Before, a link planted at the predictable ``.<name>.<pid>.tmp`` made the component
-    truncate and write whatever file it named (the worker's own user's files)."""
+def test_a_link_at_the_temporary_name_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link planted at the temporary name the writer draws is neither truncated nor
+    written through (it made the component write whatever file it named, the worker's own
+    user's files): another name is drawn, and the planted link is left as it was."""
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     target = tmp_path / "state" / ".applied-commands.json"
     target.parent.mkdir()
-    (target.parent / f".{target.name}.{os.getpid()}.tmp").symlink_to(victim)
+    planted = target.parent / f".{target.name}.guessed.tmp"
+    planted.symlink_to(victim)
+    names = iter(["guessed", "fresh"])
+    monkeypatch.setattr(atomic_file, "_token", lambda: next(names))
     write_atomic(target, '{"v": 1}')
     assert victim.read_text() == "keep me"
     assert target.read_text() == '{"v": 1}' and not target.is_symlink()
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, planted.name])
+
+
+def test_threads_writing_one_file_at_once_each_write_whole(tmp_path: Path) -> None:
+    """Two threads of one process writing the same file at once (the registry's checkpoint
+    and views, a worker's applied ids) each write a temporary file of their own: every
+    call succeeds, the file is one caller's whole text, and no temporary file is left.
+    With one temporary name per process, one thread removed or renamed the other's file
+    (FileNotFoundError, FileExistsError) or renamed a half-written one into place."""
+    target = tmp_path / "state.json"
+    threads, rounds = 8, 50
+    texts = [f"{i}:" + str(i) * 200_000 for i in range(threads)]
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        start.wait()
+        for _ in range(rounds):
+            try:
+                write_atomic(target, texts[i])
+                if target.read_text() not in texts:
+                    errors.append(AssertionError("a torn file was renamed into place"))
+            except OSError as exc:
+                errors.append(exc)
+
+    workers = [threading.Thread(target=write, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert target.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
 def test_a_mode_is_set_from_the_first_byte(tmp_path: Path) -> None:
