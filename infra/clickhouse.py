@@ -16,8 +16,9 @@ from xml.sax.saxutils import escape
 
 from loraplane.infra.processes import StackError
 from loraplane.infra.service import Port, Service
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.config import CLICKHOUSE_NAME_PATTERN
-from loraplane.kernel.secrets import ensure_secret
+from loraplane.kernel.secrets import ensure_secret, write_private
 
 __all__ = ["BINARY_CANDIDATES", "ClickHouse", "users_xml"]
 
@@ -133,15 +134,17 @@ class ClickHouse(Service):
         for sub in ("tmp", "user_files", "format_schemas"):
             (data / sub).mkdir(parents=True, exist_ok=True)
         users = self.dir / "users.xml"
-        users.write_text(
+        write_private(  # the passwords' hashes: the owner's only
+            users,
             users_xml(
                 [
                     (c.user, self._password(c.user, writer=True), "default"),
                     (c.reader_user, self._password(c.reader_user), "reader"),
                 ]
-            )
+            ),
         )
-        Path(self.marker()).write_text(
+        write_atomic(
+            Path(self.marker()),
             _CONFIG.format(
                 host=c.host,
                 tcp=c.tcp_port,
@@ -149,7 +152,7 @@ class ClickHouse(Service):
                 interserver=c.interserver_port,
                 data=escape(str(data)),
                 users=escape(str(users)),
-            )
+            ),
         )
         return [self.binary(), f"--config-file={self.marker()}"]
 

@@ -218,7 +218,7 @@ class Kafka(Service):
                 "or `loraplane stack down --purge` and `stack up` again"
             )
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
-        (self.dir / "log4j2.xml").write_text(_LOG4J2)
+        write_atomic(self.dir / "log4j2.xml", _LOG4J2)
         ops, node = self.password(Principal.ops), self.controller_password()
         mechanism = k.sasl_mechanism
         copies = topics.replicas(self.settings)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.infra.processes import StackError
+from loraplane.kernel.atomic_file import write_atomic
 
 __all__ = ["Artifact", "classpath", "jars"]
 
@@ -55,8 +56,9 @@ def classpath(cache: Path, name: str, artifacts: list[Artifact]) -> Path:
     dependencies = "\n".join(
         _DEPENDENCY.format(group=a.group, artifact=a.artifact, version=a.version) for a in artifacts
     )
-    (cache / "pom.xml").write_text(
-        _POM.format(artifact_id=f"{cache.name}-runtime", dependencies=dependencies)
+    write_atomic(
+        cache / "pom.xml",
+        _POM.format(artifact_id=f"{cache.name}-runtime", dependencies=dependencies),
     )
     done = subprocess.run(
         ["mvn", "-q", "-B", "dependency:build-classpath", f"-Dmdep.outputFile={file}"],

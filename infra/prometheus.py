@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loraplane.infra.processes import Managed, StackError, port_in_use, wait_until
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.metric_names import LORA_ADAPTER_LOADED
 
@@ -120,7 +121,7 @@ class Prometheus:
             raise StackError(f"{LOOPBACK}:{self.port} is taken")
         self.home.mkdir(parents=True, exist_ok=True)
         config = self.home / "prometheus.yml"
-        config.write_text(json.dumps(self.config(), indent=1))  # JSON is YAML
+        write_atomic(config, json.dumps(self.config(), indent=1))  # JSON is YAML
         self.process.start(
             [
                 server,

@@ -25,6 +25,7 @@ from loraplane.infra import maven
 from loraplane.infra.java_text import properties_text
 from loraplane.infra.processes import free_port
 from loraplane.infra.service import Port, Service
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.secrets import ensure_secret, write_private
 
@@ -107,7 +108,7 @@ class S3(Service):
             else ensure_secret(s.credentials_file or self.home / "secrets" / "s3-secret", nbytes=30)
         )
         self.data.mkdir(parents=True, exist_ok=True)
-        (self.dir / "logback.xml").write_text(_LOGBACK)
+        write_atomic(self.dir / "logback.xml", _LOGBACK)
         props = {
             "s3proxy.endpoint": f"http://{LOOPBACK}:{s.port}",
             "s3proxy.authorization": "aws-v2-or-v4",

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from loraplane.artifact.model_shape import ModelShape
+from loraplane.kernel.atomic_file import write_atomic
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -244,10 +245,10 @@ def _write_tokenizer(directory: Path, *, seed: int, arch: TinyLlama) -> int:
 
 
 def _save_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    write_atomic(path, save(tensors, metadata={"format": "pt"}))
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -14,7 +14,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,7 +134,8 @@ class SigningKey:
         return unsigned.model_copy(update={"signature": b64(signature)})
 
     def save(self, path: Path) -> None:
-        """Write the key file with mode 0600; never overwrites an existing file."""
+        """Write the key file with mode 0600 from its first byte, whole or not at all (a
+        crash leaves no torn key); never overwrites an existing file (FileExistsError)."""
         raw = self.private_key.private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
@@ -153,10 +153,9 @@ class SigningKey:
             )
             + "\n"
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
+        from loraplane.kernel.atomic_file import write_new
+
+        write_new(path, body, mode=0o600)
 
     @classmethod
     def load(cls, path: Path) -> SigningKey:

@@ -43,6 +43,7 @@ from loraplane.artifact.verification import (
     WorkerLimits,
     verify_artifact,
 )
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import LORA_NAME_RE
@@ -318,7 +319,7 @@ class HostTier:
             if not verdict.ok:
                 raise ArtifactError(verdict.refusals)
             self._check_signature(fetched.root, fetched.manifest, record)
-            (partial / RECORD_FILE).write_text(record.model_dump_json())
+            write_atomic(partial / RECORD_FILE, record.model_dump_json())
             with self._lock:
                 evicted = self._make_room(fetched.bytes, incoming=record.lora_name)
                 final = self.root / record.lora_name

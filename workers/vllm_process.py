@@ -31,6 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.config import LOOPBACK
 from loraplane.kernel.local_files import open_regular
 from loraplane.workers.vllm_guard import MIDDLEWARE
@@ -176,11 +177,12 @@ class VllmProcess:
         dist = folder / PLUGIN_DIST
         dist.mkdir(parents=True)
         (folder / "loraplane").symlink_to(package)
-        (dist / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: loraplane-host-tier-resolver\nVersion: 0.1.0\n"
+        write_atomic(
+            dist / "METADATA",
+            "Metadata-Version: 2.1\nName: loraplane-host-tier-resolver\nVersion: 0.1.0\n",
         )
-        (dist / "entry_points.txt").write_text(
-            f"[vllm.general_plugins]\n{PLUGIN_NAME} = {ENTRY_POINT}\n"
+        write_atomic(
+            dist / "entry_points.txt", f"[vllm.general_plugins]\n{PLUGIN_NAME} = {ENTRY_POINT}\n"
         )
         return folder
 

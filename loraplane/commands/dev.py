@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         from loraplane.artifact.model_shape import MAX_MODEL_CONFIG_BYTES
         from loraplane.artifact.verification import MANIFEST_NAME
         from loraplane.artifact_publish import PublishRequest, build_record
+        from loraplane.kernel.atomic_file import write_atomic
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.local_files import read_json
         from loraplane.schemas.adapter import Priority
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
                 priority=Priority.silver,
             )
             record, manifest = build_record(folder, release, get_settings().s3.bucket)
-            (folder / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())
+            write_atomic(folder / MANIFEST_NAME, manifest.canonical_bytes())
             typer.echo(
                 json.dumps({"adapter": str(folder), "record": record.model_dump(mode="json")})
             )

@@ -274,8 +274,10 @@ class Supervisor:
 
 
 def _open_log(path: Path) -> BinaryIO:
-    """``path`` for appending, readable by its owner only from its first byte on."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    """``path`` for appending, readable by its owner only from its first byte on; a FIFO or
+    a device put there is refused (``open_regular``), never waited on or written to."""
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, mode=0o600)
+    return os.fdopen(fd, "ab")
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

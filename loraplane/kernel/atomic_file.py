@@ -1,4 +1,11 @@
-"""Replacing a small state file so that a crash leaves the old or the new one, never half."""
+"""Files the project writes itself (state, config it hands a service, keys, models it
+builds): a crash leaves the old file or the new one, never half of one, and a link planted
+at the path or beside it is never written through.
+
+``write_atomic`` replaces whatever is at the path (a planted link is replaced, not followed);
+``write_new`` makes a file that must not exist yet (a signing key, a secret), whole or not
+at all, and leaves whatever is there alone.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["sync_folder", "write_atomic", "write_temporary"]
+__all__ = ["sync_folder", "write_atomic", "write_new", "write_temporary"]
 
 _NAME_TRIES = 16
 
@@ -22,6 +29,17 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     verified views, secret files). ``mode`` is the new file's from its first byte (less
     the umask)."""
     os.replace(write_temporary(path, data, mode), path)
+    sync_folder(path.parent)
+
+
+def write_new(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Make ``path`` holding ``data``, fsynced, whole or not at all: ``FileExistsError`` when
+    anything (a file, a link, a concurrent maker's file) is there, which is left as it is."""
+    tmp = write_temporary(path, data, mode)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     sync_folder(path.parent)
 
 

@@ -11,12 +11,12 @@ one an older version left is made again (nothing can have used it).
 
 from __future__ import annotations
 
-import os
+import contextlib
 import secrets
 import stat
 from pathlib import Path
 
-from loraplane.kernel.atomic_file import sync_folder, write_atomic, write_temporary
+from loraplane.kernel.atomic_file import write_atomic, write_new
 from loraplane.kernel.local_files import TooOpen, read_regular
 
 __all__ = [
@@ -47,17 +47,12 @@ def make_secret(path: Path, nbytes: int = 24) -> None:
             return  # a secret, or what its reader refuses with a message
         empty = True
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = write_temporary(path, secrets.token_urlsafe(nbytes), mode=0o600)
-    try:
-        if empty:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails when a concurrent caller made it first: theirs stays
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-    sync_folder(path.parent)
+    secret = secrets.token_urlsafe(nbytes)
+    if empty:
+        write_atomic(path, secret, mode=0o600)
+        return
+    with contextlib.suppress(FileExistsError):  # a concurrent caller made it first: theirs stays
+        write_new(path, secret, mode=0o600)
 
 
 def ensure_secret(path: Path, nbytes: int = 24) -> str:

@@ -88,3 +88,20 @@ def test_a_mode_is_set_from_the_first_byte(tmp_path: Path) -> None:
     target = tmp_path / "secret"
     write_atomic(target, b"s3cr3t", mode=0o600)
     assert target.stat().st_mode & 0o777 == 0o600 and target.read_bytes() == b"s3cr3t"
+
+
+def test_write_new_leaves_what_is_there_alone(tmp_path: Path) -> None:
+    """A file that must not exist yet (a signing key, a secret) is made whole or not at all;
+    a file or a link already at the path is kept as it is, and no temporary is left."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    link, existing, fresh = tmp_path / "link", tmp_path / "existing", tmp_path / "fresh"
+    link.symlink_to(victim)
+    existing.write_text("old")
+    for path in (link, existing):
+        with pytest.raises(FileExistsError):
+            atomic_file.write_new(path, "new")
+    atomic_file.write_new(fresh, b"new", mode=0o600)
+    assert victim.read_text() == "keep me" and existing.read_text() == "old"
+    assert fresh.read_bytes() == b"new" and fresh.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "fresh", "link", "victim"]
