@@ -121,6 +121,8 @@ class HostTier(Protocol):
 
     def entries(self) -> Iterable[Any]: ...  # each as TierEntry: name, path, sha256, intact()
 
+    def stop_fetches(self) -> None: ...  # the downloads in flight end at their next chunk
+
 
 class CommandFeed(Protocol):
     """Verified commands for this worker (workers/command_feed.py: it refuses, counts and
@@ -749,10 +751,12 @@ class WorkerAgent:
             await self.stop_fetches()
 
     async def stop_fetches(self) -> None:
-        """Cancel the fetches in flight and wait for them to end. The host tier's install
-        in its thread runs on to its own end (``HostTier.ensure``: a complete, verified
-        entry or none; a ``.partial-`` folder a kill leaves is deleted by the next start's
-        scan); nothing is recorded of it here, and the next tick reads the tier again."""
+        """Stop the host tier's downloads and cancel the fetch tasks in flight. An install
+        in its thread ends at its download's next chunk (``HostTier.stop_fetches``: about
+        one socket read, not the fetch deadline), all or nothing: a complete, verified
+        entry or none (its ``.partial-`` folder removed; one a kill leaves is deleted by
+        the next start's scan). Nothing is recorded of it here."""
+        self.host_tier.stop_fetches()
         fetches = list(self._rt.fetches.values())
         for task in fetches:
             task.cancel()

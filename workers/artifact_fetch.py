@@ -3,10 +3,10 @@
 Trust flows from the signed registry record: its ``artifact_uri`` must lie under an
 allowlisted prefix (never a path from a request) and be exactly its owner's prefix
 ``s3://BUCKET/<tenant_id>/<adapter_id>/<version>-<sha8>/`` (``loraplane.artifact.owner``),
-its ``sha256`` pins ``manifest.json``,
-which is fetched first and pins every other file by size and sha256. Only files the
-manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
-the same pass, and a file that grows past its listed size is cut off at once.
+its ``sha256`` pins ``manifest.json``, which is fetched first and pins every other file by
+size and sha256. Only files the manifest lists are ever downloaded; each is streamed to
+disk with its sha256 computed in the same pass, and a file that grows past its listed size
+is cut off at once.
 
 Speed: a second thread hashes and writes each chunk while the next one is read from the
 network. hashlib, file writes and socket reads all release the GIL on large buffers, so the
@@ -15,8 +15,8 @@ a local S3 download).
 
 Failure is bounded: small connect/read timeouts, a few retries with exponential backoff,
 and one deadline for the whole fetch, so "S3 is down" becomes
-``artifact_store_unavailable`` within seconds instead of a hung load; the deadline is
-checked after every socket read (``_arrivals``), so a store that drips is cut off too.
+``artifact_store_unavailable`` within seconds instead of a hung load; the deadline and
+``stop`` (the worker's shutdown) are checked after every socket read (``_arrivals``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from loraplane.schemas.reasons import ArtifactReason as Reason
 __all__ = [
     "ArtifactFetcher",
     "FetchPolicy",
+    "FetchStopped",
     "FetchedArtifact",
     "T",
     "check_allowed",
@@ -68,6 +69,11 @@ _TRANSIENT_CODES = {
     "ThrottlingException",
 }
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+class FetchStopped(Exception):
+    """The fetcher was stopped (``ArtifactFetcher.stop``): the worker is shutting down, so
+    nothing is refused and there is nothing to record."""
 
 
 @dataclass(frozen=True)
@@ -142,23 +148,35 @@ def s3_client(s3: S3Settings, policy: FetchPolicy = FetchPolicy()) -> Any:
 
 class ArtifactFetcher:
     """Thread-safe; one boto3 client per fetcher (made on first use unless ``client`` is
-    given). ``sleep``/``clock`` are injectable so tests control time."""
+    given). ``sleep``/``clock`` are injectable so tests control time (the default sleep is
+    a wait that ``stop`` ends)."""
 
     def __init__(
         self,
         s3: S3Settings,
         policy: FetchPolicy = FetchPolicy(),
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         client: Any = None,
     ) -> None:
         self.s3 = s3
         self.policy = policy
-        self._sleep = sleep
+        self._stopped = threading.Event()
+        self._sleep: Callable[[float], object] = sleep or self._stopped.wait
         self._clock = clock
         self._client = client
         self._client_lock = threading.Lock()
+
+    def stop(self) -> None:
+        """End every download in flight at its next chunk or backoff, and every later
+        ``fetch`` at once, with ``FetchStopped`` (the worker's shutdown: its threads end
+        within about one socket read instead of running on to the fetch deadline)."""
+        self._stopped.set()
+
+    def _check_stopped(self, path: str) -> None:
+        if self._stopped.is_set():
+            raise FetchStopped(f"{path}: the fetcher was stopped")
 
     def _s3(self) -> Any:
         with self._client_lock:
@@ -183,6 +201,7 @@ class ArtifactFetcher:
         ``dest`` behind, which the caller owns and removes."""
         started = self._clock()
         deadline = started + self.policy.deadline_s
+        self._check_stopped(artifact_uri[:200])
         bucket, prefix = check_allowed(artifact_uri, self.s3.allowed_prefixes)
         if owner is not None:
             if artifact_uri != owner.artifact_uri:
@@ -245,6 +264,7 @@ class ArtifactFetcher:
         oversize = Reason.size_mismatch if exact else Reason.manifest_invalid
 
         def attempt() -> tuple[str, int]:
+            self._check_stopped(path)
             response = self._get_object(bucket, prefix + path, path)
             announced = response.get("ContentLength")
             if announced is not None and (announced != size if exact else announced > size):
@@ -256,6 +276,7 @@ class ArtifactFetcher:
             with open(target, "wb") as out, _HashingWriter(out, self.policy.chunks_ahead) as sink:
                 try:
                     for chunk in _arrivals(response["Body"], announced, self.policy.chunk_bytes):
+                        self._check_stopped(path)
                         written += len(chunk)
                         if written > size:
                             raise ArtifactError.single(oversize, path, f"over {size} bytes")

@@ -91,6 +91,9 @@ class Fetcher(Protocol):
         owner: AdapterRecord | None,
     ) -> FetchedArtifact: ...
 
+    def stop(self) -> None:
+        """End the downloads in flight at their next chunk, and refuse later ones."""
+
 
 Fingerprint = tuple[tuple[str, int, int, int, int], ...]
 """An adapter folder's entries as (name, inode, size, mtime_ns, ctime_ns), links not
@@ -224,6 +227,13 @@ class HostTier:
                 self._entries[lora_name] = self._mark_used(entry)
 
     # ---- changing --------------------------------------------------------------------
+    def stop_fetches(self) -> None:
+        """The worker is stopping: the downloads in flight end at their next chunk (an
+        install in flight then removes its ``.partial-`` folder, as any failed one does),
+        and every later install that needs a download fails at once. Entries already in
+        the tier are left as they are."""
+        self._fetcher.stop()
+
     def ensure(self, record: AdapterRecord) -> Path:
         """The verified folder of ``record``, fetching and installing it when absent.
         Raises ArtifactError with every reason when it is refused or cannot be fetched."""

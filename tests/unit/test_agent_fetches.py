@@ -6,7 +6,6 @@ desired state as it is when it lands."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +21,6 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.artifact_publish import PublishRequest, build_record
-from loraplane.kernel.config import S3Settings
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
@@ -31,11 +29,16 @@ from loraplane.schemas.reasons import ArtifactReason
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
-from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchedArtifact, FetchPolicy
+from loraplane.workers.artifact_fetch import (
+    ArtifactFetcher,
+    FetchedArtifact,
+    FetchPolicy,
+    FetchStopped,
+)
 from loraplane.workers.host_tier import Fetcher, HostTier
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient
-from tests.unit.test_artifact_fetch_hostile_store import Answer, _head, store  # noqa: F401
+from tests.unit.test_artifact_fetch_hostile_store import Answer, dripping, store  # noqa: F401
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 from tests.unit.test_vllm_resolver import LocalFetcher
 
@@ -299,6 +302,10 @@ class GatedFetcher(LocalFetcher):
             owner=owner,
         )
 
+    def stop(self) -> None:
+        if self.s3 is not None:
+            self.s3.stop()
+
 
 class WatchedTier(HostTier):
     """The real host tier, saying when an ``ensure`` has ended (its thread is done)."""
@@ -360,18 +367,10 @@ async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
     revoke of a hot version on the same worker is carried out while the download goes on;
     when the store gives up, the waiting request hears the retriable failure and the name
     backs off, as before."""
-    dripping, stop = threading.Event(), threading.Event()
-
-    def drip(conn: socket.socket) -> None:
-        conn.sendall(_head(10_000))
-        dripping.set()
-        while not stop.wait(0.01):
-            conn.sendall(b" ")
-
-    s3 = S3Settings(
-        endpoint_url=store(drip), allowed_prefixes=["s3://bucket/"], secret_access_key="secret"
+    drip = dripping(store)
+    fetcher = GatedFetcher(
+        ArtifactFetcher(drip.settings, FetchPolicy(attempts=1, deadline_s=HANG_S))
     )
-    fetcher = GatedFetcher(ArtifactFetcher(s3, FetchPolicy(attempts=1, deadline_s=HANG_S)))
     fetcher.gate.set()
     (hot, folder, manifest), (slow, _, _) = (
         published(tmp_path, n, i) for i, n in enumerate(("hot", "slow"))
@@ -387,14 +386,14 @@ async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
 
             waiter = agent.request_load(slow)
             await soon(agent.reconcile_once())
-            assert await asyncio.to_thread(dripping.wait, HANG_S)
+            assert await asyncio.to_thread(drip.began.wait, HANG_S)
             records[0] = hot.model_copy(update={"status": AdapterStatus.revoked})
             await agent.refresh_registry()
             await soon(agent.reconcile_once())
             assert hot.lora_name not in fake.adapters and tier.get(hot.lora_name) is None
             assert not waiter.done() and slow.lora_name in agent._rt.fetches
 
-            stop.set()  # the store gives up: the body ends short
+            drip.stop.set()  # the store gives up: the body ends short
             outcome = await soon(waiter)
             assert (outcome.ok, outcome.reason, outcome.permanent) == (
                 False,
@@ -404,4 +403,36 @@ async def test_a_revoke_goes_on_while_the_real_fetcher_reads_a_store_that_drips(
             assert slow.lora_name in agent._rt.backoff and tier.get(slow.lora_name) is None
             assert not any(p.name.startswith(".partial-") for p in tier.root.iterdir())
     finally:
-        stop.set()
+        drip.stop.set()
+
+
+async def test_stopping_the_agent_ends_a_download_from_a_store_that_drips(
+    tmp_path: Path,
+    store: Callable[[Answer], str],  # noqa: F811 (the hostile store's fixture)
+) -> None:
+    """ATTACK, on the real fetch path: an S3 endpoint that drips an artifact a byte at a
+    time, for ever, each within the read timeout. Stopping the agent ends the download in
+    its thread at its next chunk (``ArtifactFetcher.stop``), long before the fetch deadline
+    (30 s here, 60 s by default) to which it ran on, holding the worker's exit. The host tier
+    is left whole: no entry, no ``.partial-`` folder, nothing recorded; a later install
+    needing a download fails at once."""
+    drip = dripping(store)
+    fetcher = ArtifactFetcher(drip.settings, FetchPolicy(attempts=1, deadline_s=HANG_S))
+    rec, _, _ = published(tmp_path, "slow", 1)
+    tier = real_tier(WatchedTier, tmp_path / "tier", fetcher)
+    assert isinstance(tier, WatchedTier)
+    try:
+        async with running_agent(tmp_path, tier, [rec], TINY_BASE_MODEL) as (_, agent, sink):
+            agent._fold(Ask.gateway_load(rec))
+            await soon(agent.reconcile_once())
+            assert await asyncio.to_thread(drip.began.wait, HANG_S)
+            assert [p.name[:9] for p in tier.root.iterdir()] == [".partial-"]
+            await soon(agent.stop_fetches())
+            # the thread ends within a socket read (2 s), not at the deadline (30 s)
+            assert await asyncio.to_thread(tier.ended.wait, HANG_S / 3)
+            assert list(tier.root.iterdir()) == [] and tier.get(rec.lora_name) is None
+            assert agent._rt.fetches == {} and sink.messages(CacheEvent) == []
+            with pytest.raises(FetchStopped):
+                await asyncio.to_thread(tier.ensure, rec)
+    finally:
+        drip.stop.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.kernel.config import S3Settings
 from loraplane.schemas.reasons import ArtifactReason as Reason
-from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy
+from loraplane.workers.artifact_fetch import ArtifactFetcher, FetchPolicy, FetchStopped
 
 Answer = Callable[[socket.socket], None]
 URI = "s3://bucket/acme/chat/"
@@ -87,6 +88,31 @@ class StepClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+@dataclass
+class Dripping:
+    """An endpoint that sends a head of 10,000 bytes, then a byte every 10 ms until
+    ``stop`` is set (each within any read timeout); ``began`` is set at its first answer."""
+
+    settings: S3Settings
+    began: threading.Event
+    stop: threading.Event
+
+
+def dripping(store: Callable[[Answer], str]) -> Dripping:
+    began, stop = threading.Event(), threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(_head(10_000))
+        began.set()
+        while not stop.wait(0.01):
+            conn.sendall(b" ")
+
+    settings = S3Settings(
+        endpoint_url=store(drip), allowed_prefixes=["s3://bucket/"], secret_access_key="secret"
+    )
+    return Dripping(settings, began, stop)
 
 
 def _fetch(endpoint: str, tmp_path: Path, policy: FetchPolicy) -> ArtifactError:
@@ -268,3 +294,34 @@ def test_an_answer_head_the_client_cannot_parse_is_a_fetch_failure(
     error = _fetch(store(answer), tmp_path, FetchPolicy(attempts=1))
     assert error.reasons == (Reason.fetch_failed,)
     assert error.is_failure
+
+
+def test_a_stopped_fetch_ends_at_its_next_chunk_and_a_later_one_at_once(
+    store: Callable[[Answer], str], tmp_path: Path
+) -> None:
+    """``stop`` (the worker's shutdown) ends a download that a store drips for ever at its
+    next chunk, with ``FetchStopped``, instead of at the fetch deadline; a fetch after it
+    fails before it connects."""
+    drip = dripping(store)
+    fetcher = ArtifactFetcher(drip.settings, FetchPolicy(attempts=1, deadline_s=60.0))
+    ended: list[BaseException] = []
+
+    def fetch(dest: Path) -> None:
+        try:
+            fetcher.fetch(URI, dest, expected_sha256=None, max_total_bytes=10**6, owner=None)
+        except BaseException as exc:
+            ended.append(exc)
+
+    worker = threading.Thread(target=fetch, args=(tmp_path / "first",), daemon=True)
+    try:
+        worker.start()
+        assert drip.began.wait(10)
+        fetcher.stop()
+        worker.join(10)  # a socket read (2 s) at most; the deadline is 60 s
+        assert not worker.is_alive()
+        drip.began.clear()  # set again by a request the second fetch makes
+        fetch(tmp_path / "second")
+    finally:
+        drip.stop.set()
+    assert [type(e) for e in ended] == [FetchStopped, FetchStopped]
+    assert not drip.began.is_set() and not (tmp_path / "second").exists()

@@ -159,6 +159,9 @@ class FolderHostTier:
     def entries(self) -> list[Entry]:
         return list(self.entries_.values())
 
+    def stop_fetches(self) -> None:
+        """A copy has no chunk to stop at: a fetch in flight ends by itself."""
+
 
 @dataclass
 class ListSink:

@@ -781,6 +781,9 @@ class FolderFetcher:
         uploaded(folder, manifest, dest)
         return FetchedArtifact(dest, manifest, {}, manifest.total_size, 0.0)
 
+    def stop(self) -> None:
+        """A copy has no chunk to stop at: it ends by itself."""
+
 
 def test_the_host_tier_checks_bundles_at_install_and_in_its_startup_scan(
     signed: Path, keys: dict[str, EcKey], keyring: Keyring, tmp_path: Path

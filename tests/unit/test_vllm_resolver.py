@@ -71,6 +71,9 @@ class LocalFetcher:
         (dest / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())
         return FetchedArtifact(dest, manifest, {}, manifest.total_size, 0.0)
 
+    def stop(self) -> None:
+        """A copy has no chunk to stop at: it ends by itself."""
+
 
 class World:
     def __init__(self, tmp: Path) -> None:
