@@ -14,15 +14,15 @@ import signal
 import socket
 import subprocess
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loraplane.kernel.atomic_file import write_atomic
 from loraplane.kernel.local_files import open_regular, read_regular
+from loraplane.kernel.log_tail import tail
 
-__all__ = ["Managed", "StackError", "free_port", "port_in_use", "tail", "wait_until"]
+__all__ = ["Managed", "StackError", "free_port", "port_in_use", "wait_until"]
 
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 """A log is opened with ``open_regular``: a FIFO or device at its path is refused, not
@@ -184,12 +184,3 @@ def wait_until(
             return False
         time.sleep(interval)
     return False
-
-
-def tail(path: Path, lines: int) -> list[str]:
-    """The last ``lines`` lines of a log file, or nothing when it does not exist yet."""
-    try:
-        with os.fdopen(open_regular(path), errors="replace") as fh:
-            return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
-    except FileNotFoundError:
-        return []

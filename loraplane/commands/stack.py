@@ -93,6 +93,7 @@ def logs(
     from loraplane.infra import stack
     from loraplane.infra.processes import StackError
     from loraplane.kernel.local_files import open_regular
+    from loraplane.kernel.log_tail import next_line
 
     try:
         managed = stack.service(get_settings(), service).process
@@ -112,7 +113,7 @@ def logs(
         fh.seek(0, 2)
         try:
             while True:
-                line = fh.readline()
+                line = next_line(fh)
                 if line:
                     typer.echo(line, nl=False)
                 else:

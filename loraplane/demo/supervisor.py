@@ -19,13 +19,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
+from loraplane.kernel import log_tail
 from loraplane.kernel.local_files import open_regular
 
 __all__ = [
@@ -93,11 +93,8 @@ def _same_process_alive(pid: int, start: int) -> bool:
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with os.fdopen(open_regular(path), errors="replace") as fh:
-            return "".join(deque(fh, maxlen=lines))
-    except FileNotFoundError:
-        return ""
+    """The last ``lines`` lines of a child's log, each cut to ``log_tail.MAX_LINE``."""
+    return "".join(f"{line}\n" for line in log_tail.tail(path, lines))
 
 
 class Supervisor:
@@ -178,7 +175,14 @@ class Supervisor:
         raise self._failure(child, f"not {what} after {timeout_s:.0f}s")
 
     def log_contains(self, child: Child, text: str) -> Callable[[], bool]:
-        return lambda: text in child.log_path.read_text(errors="replace")
+        """A check: does a line of ``child``'s log hold ``text`` (lines read as
+        ``log_tail`` reads them: bounded, whatever the child wrote)?"""
+
+        def check() -> bool:
+            with os.fdopen(open_regular(child.log_path), errors="replace") as fh:
+                return any(text in line for line in log_tail.lines_of(fh))
+
+        return check
 
     def run(
         self,

@@ -29,7 +29,6 @@ _BY_NAME = {"upload_file", "download_file"}  # boto3 opens the path it is handed
 PROC = "/proc/<pid>/..., the kernel's"
 ALLOWED: dict[tuple[str, str], str] = {
     ("loraplane/demo/supervisor.py", "_stat"): PROC,
-    ("loraplane/demo/supervisor.py", "Supervisor.log_contains"): "the demo's child's own log",
     ("loraplane/demo/system.py", "memory_available_bytes"): PROC,
     ("loraplane/metrics/migrations.py", "discover"): "the migrations the package ships",
     ("loraplane/metrics/queries.py", "load"): "a query the package ships, by its listed name",

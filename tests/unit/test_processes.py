@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loraplane.infra.processes import Managed, StackError, port_in_use, tail
+from loraplane.infra.processes import Managed, StackError, port_in_use
+from loraplane.kernel.log_tail import tail
 
 
 def _managed(tmp_path: Path, marker: str) -> Managed:
