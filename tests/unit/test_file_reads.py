@@ -127,7 +127,7 @@ WRITES_ALLOWED: dict[tuple[str, str], str] = {
     ("loraplane/simulator/capacity.py", "plot"): OPERATOR,
     ("schemas/export.py", "export"): "the repository's exported schemas (a dev command)",
     ("dashboards/grafana_export.py", "<module>"): "the repository's dashboard (a dev script)",
-    ("loraplane/artifact/model_signing_bundle.py", "_pem_file"): (
+    ("loraplane/artifact/model_signing_bundle.py", "_private_file"): (
         "a new file (O_EXCL) in a TemporaryDirectory of its own"
     ),
     ("workers/vllm_resolver.py", "_copy_fd"): (
