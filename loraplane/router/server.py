@@ -93,8 +93,11 @@ from loraplane.schemas.worker_state import WorkerState
 __all__ = [
     "ANSWER_BUFFER_BYTES",
     "FIRST_READ_S",
+    "MAX_UNPROVEN",
     "PROBE_ANSWER_BYTES",
     "PROBE_TIMEOUT_S",
+    "PROOFS_IN_FLIGHT",
+    "PROOF_RETRY_S",
     "REGISTRY_POLL_S",
     "ROUTE_HEADER",
     "WORKER_HEADER",
@@ -228,6 +231,8 @@ class Fleet:
             self.index.update(state, arrived)
             return
         self._unproven.pop(wid, None)
+        if not state.gateway_url:  # no gateway to prove itself, none to route to
+            return
         self._unproven[wid] = (state, arrived)
         while len(self._unproven) > MAX_UNPROVEN:
             self._unproven.popitem(last=False)

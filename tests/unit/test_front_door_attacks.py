@@ -579,6 +579,7 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
     sink = ListSink()
     fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
     state = json.loads(worker("w1", gpu=[RECORDS[2]]).model_dump_json())
+    state["gateway_url"] = "http://w1"
     where = state if field in ("worker_id", "base_model") else state["adapters"][0]
     value = where[field]
     where[field] = {
@@ -590,6 +591,7 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
     fleet.take(Record("lp.worker-state", 0, 7, key, json.dumps(state).encode(), {}, 0))
     if field == "lora_name":  # a name vLLM reports is data, not an id: only ever compared
         assert fleet.dead_lettered == 0  # with the registry's names, which it never equals
+        fleet.proved("w1", state["gateway_url"], True, 0.0)  # its gateway proved itself
         assert RECORDS[2].lora_name not in fleet.index.workers["w1"].gpu
         return
     assert not fleet.index.workers and fleet.dead_lettered == 1
@@ -601,7 +603,7 @@ def test_attack_worker_states_with_odd_ids_are_dead_lettered(
     [
         ("http://127.0.0.1:8001", True),
         ("http://gw.example.svc.cluster.local:8001", True),
-        ("", True),  # no gateway: kept, never routed to
+        ("", True),  # no gateway: not dead-lettered, never routed to
         ("http://127.0.0.1:99999", False),  # urlsplit's port raised ValueError: a 500
         ("http://127.0.0.1:abc", False),
         ("http://[::1", False),
@@ -624,8 +626,10 @@ def test_attack_a_worker_state_with_a_gateway_url_the_router_cannot_use_is_dead_
     state = json.loads(worker("w1", gpu=[RECORDS[2]]).model_dump_json())
     state["gateway_url"] = url
     fleet.take(Record("lp.worker-state", 0, 7, b"w1", json.dumps(state).encode(), {}, 0))
-    assert ("w1" in fleet.index.workers) is kept
     assert fleet.dead_lettered == (0 if kept else 1)
+    # a usable address waits for its gateway's proof; none (or a refused state) is never routed
+    assert fleet.unproven == (1 if kept and url else 0)
+    assert "w1" not in fleet.index.workers
 
 
 @pytest.mark.parametrize(

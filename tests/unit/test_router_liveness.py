@@ -268,17 +268,14 @@ async def test_with_kafka_away_the_router_serves_live_gateways_and_parks_dead_on
     fleet = Fleet(FleetIndex(POLICY, HB), ListSink(), "router-t")
     urls = {}
     for wid, hot in (("w1", False), ("w2", True)):
+        serving = FakeServing(hot={sql.lora_name} if hot else set(), worker_id=wid)
         gateway = Gateway(
-            FakeServing(hot={sql.lora_name} if hot else set(), worker_id=wid),
-            api_keys=KEYS,
-            budgets=RequestBudgets(),
-            sink=ListSink(),
-            router_secret=SECRET,
+            serving, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink(), router_secret=SECRET
         )
         server = TestServer(gateway.app(), host="127.0.0.1")
         await server.start_server()
         servers.append(server)
-        urls[wid] = str(server.make_url("")).rstrip("/")
+        urls[wid] = serving.gateway_url = str(server.make_url("")).rstrip("/")
         fleet.index.update(
             at(
                 worker(wid, gpu=[sql] if hot else [], slots=2, base=sql.base_model),
