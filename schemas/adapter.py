@@ -11,6 +11,7 @@ from loraplane.schemas.base import Identifier, Sha256, StrictModel, Version
 
 __all__ = [
     "ARTIFACT_URI_PATTERN",
+    "MAX_ADAPTER_BYTES",
     "MAX_RANK",
     "PRIORITY_ORDER",
     "AdapterRecord",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 MAX_RANK = 512
+MAX_ADAPTER_BYTES = 64 * 1024**3
+"""An adapter artifact's largest size (a rank-512 LoRA of a large model is a few GiB)."""
 
 _SEGMENT = (
     r"([A-Za-z0-9_@=-][A-Za-z0-9._@=-]*|\.[A-Za-z0-9_@=-][A-Za-z0-9._@=-]*|\.\.[A-Za-z0-9._@=-]+)"
@@ -103,7 +106,7 @@ class AdapterRecord(StrictModel):
     format: Literal["peft"] = "peft"
     artifact_uri: str = Field(pattern=ARTIFACT_URI_PATTERN, max_length=1024)
     sha256: Sha256 = Field(description="sha256 of the artifact's canonical manifest")
-    size_bytes: int = Field(ge=1, le=64 * 1024**3)
+    size_bytes: int = Field(ge=1, le=MAX_ADAPTER_BYTES)
     status: AdapterStatus = AdapterStatus.published
     tenant_id: Identifier
     priority: Priority = Priority.silver

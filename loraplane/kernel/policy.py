@@ -17,7 +17,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,8 @@ __all__ = [
     "COST_FORMULA",
     "DEFAULT_FORMULA",
     "FACTS",
+    "MAX_PRIORITY_VALUE",
+    "MAX_REFERENCE",
     "SCORE_TERMS",
     "SEED_FORMULA",
     "BatchBudget",
@@ -35,6 +37,7 @@ __all__ = [
     "Normalisation",
     "Policy",
     "PolicyError",
+    "PriorityValue",
     "QueueBudget",
     "RequestBudgets",
     "RequestCaps",
@@ -166,17 +169,36 @@ def parse_condition(text: str) -> Condition:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors, and every number is finite: a NaN or an inf in a weight or a
+    reference value reaches every score the planner ranks (NaN sorts anywhere)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+MAX_REFERENCE = 1e9
+"""The largest reference value or penalty (requests/s, milliseconds) a policy takes."""
+MAX_PRIORITY_VALUE = 1e6
+"""The largest tenant priority value (the defaults run 0.25 to 1)."""
+PriorityValue = Annotated[float, Field(ge=0, le=MAX_PRIORITY_VALUE)]
 
 
 class Normalisation(_Strict):
     """Reference values that map each raw score input to 1.0 (inputs are clipped to [0, 1])."""
 
-    qps_10m: float = Field(1.0, gt=0, description="requests/s over 10 min that scores 1.0")
-    qps_1m: float = Field(2.0, gt=0, description="requests/s over 1 min that scores 1.0")
-    ttft_penalty_ms: float = Field(2000.0, gt=0, description="cold TTFT penalty scoring 1.0")
+    qps_10m: float = Field(
+        1.0, gt=0, le=MAX_REFERENCE, description="requests/s over 10 min that scores 1.0"
+    )
+    qps_1m: float = Field(
+        2.0, gt=0, le=MAX_REFERENCE, description="requests/s over 1 min that scores 1.0"
+    )
+    ttft_penalty_ms: float = Field(
+        2000.0, gt=0, le=MAX_REFERENCE, description="cold TTFT penalty scoring 1.0"
+    )
     weighted_demand: float = Field(
-        1.0, gt=0, description="forecast requests/s x tenant priority value scoring 1.0"
+        1.0,
+        gt=0,
+        le=MAX_REFERENCE,
+        description="forecast requests/s x tenant priority value scoring 1.0",
     )
 
 
@@ -299,7 +321,7 @@ class Policy(_Strict):
     demote_when: list[str] = Field(
         default_factory=lambda: ["no_request_for_minutes > 60", "error_rate_after_load > 0.02"]
     )
-    tenant_priority_values: dict[str, float] = Field(
+    tenant_priority_values: dict[str, PriorityValue] = Field(
         default_factory=lambda: {"bronze": 0.25, "silver": 0.5, "gold": 0.75, "platinum": 1.0}
     )
     normalisation: Normalisation = Field(default_factory=Normalisation)
@@ -325,7 +347,7 @@ class Policy(_Strict):
         description="how far ahead the daily profile is read: a copy wanted then is placed now",
     )
     ttft_penalty_prior_ms: float = Field(
-        800.0, ge=0, description="cold TTFT penalty until one is observed"
+        800.0, ge=0, le=MAX_REFERENCE, description="cold TTFT penalty until one is observed"
     )
     cold_loads_per_minute_per_worker: int = Field(
         6,

@@ -15,13 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loraplane.kernel.local_files import read_regular
 from loraplane.kernel.policy import Policy
-from loraplane.schemas.adapter import MAX_RANK
+from loraplane.schemas.adapter import MAX_ADAPTER_BYTES, MAX_RANK
 from loraplane.schemas.bounded_yaml import YamlTooLarge, load_yaml
 
 __all__ = [
+    "MAX_BYTES",
     "MAX_COUNT",
+    "MAX_MS",
+    "MAX_RATE",
     "MAX_REQUESTS",
     "MAX_SCENARIO_BYTES",
+    "MAX_SECONDS",
+    "MAX_WEIGHT",
+    "MIN_RATE",
     "NAME_PATTERN",
     "PRIORITIES",
     "BaseModelFleet",
@@ -42,6 +48,7 @@ __all__ = [
     "SeedRow",
     "SloClass",
     "Sweep",
+    "Weight",
     "Workload",
     "load_scenario",
 ]
@@ -73,6 +80,20 @@ MAX_COUNT = 100_000
 MAX_SCENARIO_BYTES = 1024 * 1024  # a scenario is a page of YAML; a trace is its own file
 MAX_REQUESTS = 10_000_000  # synthetic and peak arrivals: ten times the largest bench scenario
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+MAX_SECONDS = 10 * 365 * 86_400.0
+"""The longest time span or offset in a scenario (ten years). Every quantity of a scenario is
+bounded so that no sum or product the simulator forms over ``MAX_REQUESTS`` requests leaves
+the finite floats: a finite 1e308 a request was an inf total, a NaN ratio, and the LP bound's
+ValueError traceback."""
+MAX_MS = 1e9
+"""The longest cost or budget in milliseconds (about 11.6 days)."""
+MAX_BYTES = float(2**60)
+"""The largest byte count (1 EiB)."""
+MIN_RATE, MAX_RATE = 1e-6, 1e9
+"""Bandwidths (GB/s), decode and arrival rates (per second): from one a week-ish to a billion."""
+MAX_WEIGHT = 1e6
+"""The largest weight of a mix or of a priority."""
+Weight = Annotated[float, Field(ge=0, le=MAX_WEIGHT)]
 LoraRank = Annotated[int, Field(ge=1, le=MAX_RANK)]
 """A LoRA rank, as the registry's records hold it: an adapter's size is rank x bytes per
 rank, so 0 or a negative rank sized it at nothing or less, and 10**400 overflowed a float."""
@@ -89,8 +110,8 @@ class Diurnal(_Strict):
     """Arrival rate multiplied by ``1 + amplitude * sin(2π (t + phase_s) / period_s)``."""
 
     amplitude: float = Field(0.0, ge=0, lt=1)
-    period_s: float = Field(86_400.0, gt=0)
-    phase_s: float = 0.0
+    period_s: float = Field(86_400.0, gt=0, le=MAX_SECONDS)
+    phase_s: float = Field(0.0, ge=-MAX_SECONDS, le=MAX_SECONDS)
 
 
 class OfficeHours(_Strict):
@@ -109,7 +130,7 @@ class OfficeHours(_Strict):
         description="above 0: at an hour when no "
         "tenant is in its hours a request still finds an adapter",
     )
-    spread_s: float = Field(86_400.0, ge=0)
+    spread_s: float = Field(86_400.0, ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _a_day(self) -> OfficeHours:
@@ -122,8 +143,8 @@ class Burst(_Strict):
     """From ``at_s`` for ``duration_s``, ``share`` of all requests go to one adapter that was
     cold: the adapter at popularity rank ``rank`` (0 = most popular)."""
 
-    at_s: float = Field(ge=0)
-    duration_s: float = Field(gt=0)
+    at_s: float = Field(ge=0, le=MAX_SECONDS)
+    duration_s: float = Field(gt=0, le=MAX_SECONDS)
     share: float = Field(gt=0, le=1)
     rank: int = Field(ge=0, le=MAX_COUNT)
 
@@ -132,11 +153,11 @@ class Peak(_Strict):
     """A scheduled peak: extra ``qps`` for adapter ``rank`` from ``at_s`` for ``duration_s``.
     Known ahead (a schedule entry with ``lead_s``), so a planner may prewarm for it."""
 
-    at_s: float = Field(ge=0)
-    duration_s: float = Field(gt=0)
-    qps: float = Field(gt=0)
+    at_s: float = Field(ge=0, le=MAX_SECONDS)
+    duration_s: float = Field(gt=0, le=MAX_SECONDS)
+    qps: float = Field(ge=MIN_RATE, le=MAX_RATE)
     rank: int = Field(ge=0, le=MAX_COUNT)
-    lead_s: float = Field(120.0, ge=0)
+    lead_s: float = Field(120.0, ge=0, le=MAX_SECONDS)
 
 
 class Canaries(_Strict):
@@ -153,22 +174,24 @@ class Workload(_Strict):
     requests: int = Field(
         10_000, ge=1, le=MAX_REQUESTS, description="synthetic: number of base arrivals"
     )
-    rate_qps: float = Field(10.0, gt=0, description="synthetic: mean arrival rate")
-    cv: float = Field(1.0, gt=0, description="coefficient of variation of inter-arrivals")
+    rate_qps: float = Field(
+        10.0, ge=MIN_RATE, le=MAX_RATE, description="synthetic: mean arrival rate"
+    )
+    cv: float = Field(1.0, gt=0, le=100, description="coefficient of variation of inter-arrivals")
     diurnal: Diurnal = Field(default_factory=Diurnal)
     office_hours: OfficeHours | None = Field(
         None, description="tenants' shares follow their own working day (none: constant)"
     )
     output_tokens: int = Field(180, ge=1, le=MAX_COUNT, description="synthetic: mean output tokens")
     adapters: int = Field(100, ge=1, le=MAX_COUNT)
-    alpha: float = Field(1.0, ge=0, description="power-law popularity exponent")
+    alpha: float = Field(1.0, ge=0, le=100, description="power-law popularity exponent")
     tenants: int = Field(10, ge=1, le=MAX_COUNT)
-    priority_mix: dict[PriorityName, float] = Field(default_factory=_PRIORITY_MIX.copy)
+    priority_mix: dict[PriorityName, Weight] = Field(default_factory=_PRIORITY_MIX.copy)
     batch_fraction: float = Field(0.0, ge=0, le=1)
     canaries: Canaries = Field(default_factory=Canaries)
     bursts: list[Burst] = Field(default_factory=list)
     peaks: list[Peak] = Field(default_factory=list)
-    ranks: dict[LoraRank, float] = Field(
+    ranks: dict[LoraRank, Weight] = Field(
         default_factory=lambda: {16: 1.0},
         min_length=1,
         description=f"LoRA rank mix over adapters (ranks 1 to {MAX_RANK})",
@@ -193,20 +216,23 @@ class Workload(_Strict):
 
 class BaseModelFleet(_Strict):
     name: str = "llama-3.1-8b-instruct"
-    share: float = Field(1.0, gt=0, description="share of adapters on this base model")
+    share: float = Field(
+        1.0, gt=0, le=MAX_WEIGHT, description="share of adapters on this base model"
+    )
     workers: Count = 2
     gpu_slots_per_worker: Count = 8
     host_slots_per_worker: Count = 64
-    host_bytes_per_worker: float = Field(32e9, gt=0)
-    hbm_bytes_per_worker: float = Field(24e9, gt=0)
+    host_bytes_per_worker: float = Field(32e9, gt=0, le=MAX_BYTES)
+    hbm_bytes_per_worker: float = Field(24e9, gt=0, le=MAX_BYTES)
     base_weights_bytes: float = Field(
         14e9,
         ge=0,
+        le=MAX_BYTES,
         description="with kv_reserved_bytes, below the policy's "
         "hbm_low_watermark of hbm_bytes_per_worker (0.77 of it by default), or the planner "
         "loads nothing on these workers",
     )
-    kv_reserved_bytes: float = Field(4.5e9, ge=0)
+    kv_reserved_bytes: float = Field(4.5e9, ge=0, le=MAX_BYTES)
     max_concurrent_per_worker: int = Field(
         256,
         ge=1,
@@ -220,19 +246,25 @@ class Costs(_Strict):
     """Latency model. Loads are ``fixed + bytes / bandwidth``; a miss never costs less than a
     host→GPU swap, which is what makes the offline optimum a lower bound."""
 
-    gpu_hit_ms: float = Field(0.0, ge=0, description="adapter selection cost on a hit")
-    swap_fixed_ms: float = Field(5.0, ge=0)
-    host_to_gpu_gbps: float = Field(12.0, gt=0)
-    fetch_fixed_ms: float = Field(80.0, ge=0)
-    s3_gbps: float = Field(0.5, gt=0)
+    gpu_hit_ms: float = Field(0.0, ge=0, le=MAX_MS, description="adapter selection cost on a hit")
+    swap_fixed_ms: float = Field(5.0, ge=0, le=MAX_MS)
+    host_to_gpu_gbps: float = Field(12.0, ge=MIN_RATE, le=MAX_RATE)
+    fetch_fixed_ms: float = Field(80.0, ge=0, le=MAX_MS)
+    s3_gbps: float = Field(0.5, ge=MIN_RATE, le=MAX_RATE)
     fallback_cost_ms: float = Field(
-        1000.0, ge=0, description="cost charged for serving on the base model"
+        1000.0, ge=0, le=MAX_MS, description="cost charged for serving on the base model"
     )
-    decode_tokens_per_s: float = Field(45.0, gt=0)
+    decode_tokens_per_s: float = Field(45.0, ge=MIN_RATE, le=MAX_RATE)
     lora_decode_overhead: float = Field(0.1, ge=0, lt=1)
-    adapter_bytes_per_rank: float = Field(1.7e6, gt=0)
-    priority_weights: dict[PriorityName, float] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
-    slo_ttft_ms: dict[SloClass, float] = Field(
+    adapter_bytes_per_rank: float = Field(
+        1.7e6,
+        gt=0,
+        le=MAX_ADAPTER_BYTES / MAX_RANK,
+        description="an adapter's size is its rank times this, at most the registry's "
+        "largest artifact at the largest rank",
+    )
+    priority_weights: dict[PriorityName, Weight] = Field(default_factory=_PRIORITY_WEIGHTS.copy)
+    slo_ttft_ms: dict[SloClass, Annotated[float, Field(ge=0, le=MAX_MS)]] = Field(
         default_factory=lambda: _SLO_TTFT_MS.copy(),
         description="each request class's TTFT budget: a request attains its SLO when it is "
         "served by its adapter (no base-model fallback, no retry) within it "
@@ -254,26 +286,35 @@ class Interference(_Strict):
         "loop: queue blocking, memory traffic)",
     )
     page_alloc_ms: float = Field(
-        0.0, ge=0, description="added to every GPU load: allocating the adapter's pages"
+        0.0,
+        ge=0,
+        le=MAX_MS,
+        description="added to every GPU load: allocating the adapter's pages",
     )
     load_slowdown_per_request: float = Field(
         0.0,
         ge=0,
+        le=MAX_WEIGHT,
         description="the GPU part of a load takes (1 + this x requests in flight "
         "on the worker) times longer: the batch's memory traffic",
     )
     slot_reserved_bytes: float = Field(
         0.0,
         ge=0,
+        le=MAX_BYTES,
         description="HBM each GPU slot reserves (vLLM preallocates max_loras x "
         "max_lora_rank); 0 = adapters take their own bytes",
     )
     staging_bytes_per_load: float = Field(
-        0.0, ge=0, description="HBM a load holds while queued or copying (staging buffer)"
+        0.0,
+        ge=0,
+        le=MAX_BYTES,
+        description="HBM a load holds while queued or copying (staging buffer)",
     )
     kv_bytes_per_sequence: float = Field(
         0.0,
         ge=0,
+        le=MAX_BYTES,
         description="KV cache one running sequence needs; > 0: a worker serves at "
         "most (HBM - base - slot reservations) / this at once",
     )

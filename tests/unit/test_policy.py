@@ -105,3 +105,33 @@ def test_formula_parser_only_raises_policy_error(text: str) -> None:
 def test_condition_parser_only_raises_policy_error(text: str) -> None:
     with contextlib.suppress(PolicyError):
         parse_condition(text)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"tenant_priority_values": {"gold": float("nan")}},
+        {"tenant_priority_values": {"gold": float("inf")}},
+        {"tenant_priority_values": {"gold": -5.0}},
+        {"tenant_priority_values": {"gold": 1e308}},
+        {"normalisation": {"qps_10m": float("inf")}},
+        {"normalisation": {"weighted_demand": 1e308}},
+        {"ttft_penalty_prior_ms": float("inf")},
+    ],
+)
+def test_attack_a_policy_number_that_is_not_finite_or_out_of_range_is_refused(
+    field: dict[str, object],
+) -> None:
+    """ATTACK: a settings file's policy with a NaN, an inf, a negative or a 1e308 priority
+    value or reference was taken: every priority-weighted score the planner ranks became
+    NaN (which sorts anywhere) or inf, and a negative priority ranked a tenant below none."""
+    with pytest.raises(ValidationError):
+        Policy.model_validate(field)
+
+
+@given(st.floats(min_value=0, max_value=1e6), st.floats(min_value=1e-9, max_value=1e9))
+def test_a_finite_policy_in_range_is_taken(priority: float, reference: float) -> None:
+    policy = Policy.model_validate(
+        {"tenant_priority_values": {"gold": priority}, "normalisation": {"qps_10m": reference}}
+    )
+    assert policy.tenant_priority_values["gold"] == priority

@@ -81,6 +81,17 @@ def test_a_plain_scenario_name_still_runs_and_plots(tmp_path: Path) -> None:
         "workload: {ranks: {}}",
         "workload: {diurnal: {period_s: .nan}}",
         "fleet: {costs: {fallback_cost_ms: .inf}}",
+        "fleet: {costs: {fallback_cost_ms: 1.0e+308}}",
+        "fleet: {costs: {adapter_bytes_per_rank: 1.0e+308}}",
+        "fleet: {costs: {s3_gbps: 1.0e-300}}",
+        "fleet: {costs: {priority_weights: {gold: 1.0e+308}}}",
+        "fleet: {base_models: [{hbm_bytes_per_worker: 1.0e+308}]}",
+        "workload: {alpha: 1.0e+308}",
+        "workload: {priority_mix: {gold: 1.0e+308}}",
+        "adapter_cache_policy: {tenant_priority_values: {gold: .nan}}",
+        "adapter_cache_policy: {tenant_priority_values: {gold: -5}}",
+        "adapter_cache_policy: {normalisation: {qps_10m: .inf}}",
+        "adapter_cache_policy: {ttft_penalty_prior_ms: .inf}",
         "overrides: {lru: {gpu_slots_per_worker: 0}}",
         "overrides: {lru: {cold_loads_per_minute_per_worker: 1000000000}}",
     ],
@@ -90,7 +101,8 @@ def test_attack_a_count_or_number_out_of_range_is_refused_before_the_run(
 ) -> None:
     """Before: a sweep of 0 or -2 slots ran the whole table, then raised in matplotlib or the
     optimum; 10**9 workers or requests held the command until memory ran out; ``.inf`` in a
-    rate or a cost made every total infinite; a LoRA rank of 10**400 in the rank mix was an
+    rate or a cost made every total infinite, and so did a finite 1e308 (the LP bound's
+    ValueError traceback) or a bandwidth of 1e-300; a LoRA rank of 10**400 in the rank mix was an
     OverflowError traceback, and one of 0 or -16 sized adapters at nothing or less."""
     key = field.split(":", 1)[0]
     text = TINY.format(name="tiny")
@@ -190,3 +202,34 @@ def test_attack_a_trace_row_out_of_range_is_a_trace_error_naming_its_line(
         app, ["simulate", "--scenario", str(_scenario(tmp_path)), "--trace", str(path)]
     )
     assert result.exit_code == 2 and result.output.startswith("simulate: "), result.output
+
+
+CORNERS = """
+name: corners
+workload: {requests: 120, adapters: 6, rate_qps: 1.0e+9, alpha: 100, cv: 100,
+  priority_mix: {gold: 1.0e+6, bronze: 0}, ranks: {512: 1.0e+6}}
+fleet:
+  base_models: [{workers: 1, gpu_slots_per_worker: 2, host_bytes_per_worker: 1.152921504606847e+18,
+    hbm_bytes_per_worker: 1.152921504606847e+18, base_weights_bytes: 0, kv_reserved_bytes: 0}]
+  costs: {swap_fixed_ms: 1.0e+9, fetch_fixed_ms: 1.0e+9, fallback_cost_ms: 1.0e+9,
+    host_to_gpu_gbps: 1.0e-6, s3_gbps: 1.0e-6, decode_tokens_per_s: 1.0e-6,
+    adapter_bytes_per_rank: 134217728,
+    priority_weights: {gold: 1.0e+6, bronze: 1.0e+6}}
+sweep: {gpu_slots_per_worker: [2]}
+"""
+
+
+def test_a_scenario_at_every_bound_runs_to_finite_figures(tmp_path: Path) -> None:
+    """Every quantity at the edge of its range (the largest bytes and costs, the slowest
+    rates, the heaviest weights) still gives a table of finite numbers, the LP bound's
+    included: the ranges are what keeps the simulator's sums finite."""
+    path = tmp_path / "s.yaml"
+    path.write_text(CORNERS)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", str(path), "--policies", "all", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    text = out.read_text()
+    assert "Infinity" not in text and "NaN" not in text, text[:2000]
