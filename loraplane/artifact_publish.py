@@ -50,6 +50,7 @@ from loraplane.artifact.verification import (
     WorkerLimits,
     is_safe_relative_path,
     name_refusal,
+    record_size_bytes,
     verify_artifact,
 )
 from loraplane.kernel.config import Settings
@@ -211,7 +212,7 @@ def build_record(
                 bucket, release.tenant_id, release.adapter_id, release.version, manifest.digest
             ),
             sha256=manifest.digest,
-            size_bytes=max(manifest.total_size, 1),
+            size_bytes=record_size_bytes(manifest),
             tenant_id=release.tenant_id,
             priority=release.priority,
             compatibility=Compatibility(

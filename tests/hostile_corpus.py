@@ -26,6 +26,7 @@ from loraplane.artifact.verification import (
     MANIFEST_NAME,
     WEIGHTS_NAME,
     WorkerLimits,
+    record_size_bytes,
 )
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.manifest import Manifest, ManifestFile
@@ -59,7 +60,7 @@ def record_for(manifest: Manifest, **overrides: Any) -> AdapterRecord:
         "rank": 8,
         "artifact_uri": "s3://loraplane-artifacts/hostile/1/",
         "sha256": manifest.digest,
-        "size_bytes": max(manifest.total_size, 1),
+        "size_bytes": record_size_bytes(manifest),
         "tenant_id": "t1",
         "compatibility": {"target_modules": ["q_proj", "v_proj"], "max_lora_rank": 8},
     }
@@ -203,6 +204,9 @@ CASES = [
         Reason.size_mismatch,
         after=[lambda f: (f / WEIGHTS_NAME).write_bytes((f / WEIGHTS_NAME).read_bytes() + b"\0")],
     ),
+    # a signed record that lies about the size the planner places the adapter by
+    Case("record size too small", Reason.size_mismatch, record={"size_bytes": 1}),
+    Case("record size too large", Reason.size_mismatch, record={"size_bytes": 64 * 1024**3}),
     Case("tampered byte", Reason.sha256_mismatch, after=[flip_last_byte]),
     Case("too large total", Reason.too_large, limits={"max_total_bytes": 10_000}),
     Case("dot-dot path", Reason.unsafe_path, after=[manifest_path("../escape.safetensors")]),

@@ -7,6 +7,10 @@ its ``sha256`` pins ``manifest.json``, which is fetched first and pins every oth
 size and sha256. Only files the manifest lists are ever downloaded; each is streamed to
 disk with its sha256 computed in the same pass, and a file that grows past its listed size
 is cut off at once.
+its ``sha256`` pins ``manifest.json``, fetched first, which pins every other file by size and
+sha256, their total the record's ``size_bytes`` (what the planner places by). Only files the
+manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
+the same pass, and a file that grows past its listed size is cut off at once.
 
 Speed: a second thread hashes and writes each chunk while the next one is read from the
 network. hashlib, file writes and socket reads all release the GIL on large buffers, so the
@@ -36,7 +40,12 @@ from pydantic import ValidationError
 
 from loraplane.artifact.owner import check_owner
 from loraplane.artifact.refusal import ArtifactError, Refusal
-from loraplane.artifact.verification import MANIFEST_NAME, MAX_JSON_FILE_BYTES, name_refusal
+from loraplane.artifact.verification import (
+    MANIFEST_NAME,
+    MAX_JSON_FILE_BYTES,
+    name_refusal,
+    record_size_refusal,
+)
 from loraplane.kernel.config import S3Settings
 from loraplane.kernel.local_files import read_regular
 from loraplane.schemas.adapter import AdapterRecord
@@ -219,6 +228,8 @@ class ArtifactFetcher:
         refusals = [r for f in manifest.files if (r := name_refusal(f.path)) is not None]
         if expected_sha256 is not None and manifest.digest != expected_sha256:
             refusals.append(Refusal(Reason.manifest_digest_mismatch, MANIFEST_NAME))
+        if owner is not None and (size := record_size_refusal(manifest, owner)) is not None:
+            refusals.append(size)  # before a byte of the files is downloaded
         if manifest.total_size > max_total_bytes:
             refusals.append(
                 Refusal(Reason.too_large, detail=f"{manifest.total_size} bytes > {max_total_bytes}")

@@ -3,7 +3,8 @@
 The artifact is seen through an ``ArtifactReader`` (a local folder, a fetch in progress, an
 in-memory dict in tests), so every check here runs the same for the host tier, the offline
 ``loraplane artifact verify`` and the hostile-artifact tests. Checked, each failure with its
-own ``Reason``: the manifest against the signed record and every file against the manifest;
+own ``Reason``: the manifest against the signed record (its digest, its files' total size)
+and every file against the manifest;
 only the allowed files, the ones vLLM reads and our own (no pickle, no links, no path games,
 no weights vLLM would never load); the weights' safetensors header read with a bounded
 length and validated; tensors against ``r`` and ``target_modules`` of
@@ -54,6 +55,8 @@ __all__ = [
     "is_safe_relative_path",
     "name_refusal",
     "parse_safetensors_header",
+    "record_size_bytes",
+    "record_size_refusal",
     "verify_artifact",
 ]
 
@@ -261,7 +264,29 @@ def _check_manifest(
         )
     if record is not None:
         out.extend(_bundle_record_mismatch(record, bundle.sha256 if bundle else None))
+        if (size := record_size_refusal(manifest, record)) is not None:
+            out.append(size)
     return manifest
+
+
+def record_size_bytes(manifest: Manifest) -> int:
+    """The ``size_bytes`` of the registry record of ``manifest``'s artifact, as ``publish``
+    writes it: the bytes of the files the manifest pins (``manifest.json`` itself and the
+    files dropped at publish not counted), at least 1 (the record's lower bound)."""
+    return max(manifest.total_size, 1)
+
+
+def record_size_refusal(manifest: Manifest, record: AdapterRecord) -> Refusal | None:
+    """``size_mismatch`` unless the record's ``size_bytes`` is exactly ``record_size_bytes``:
+    the planner places an adapter by the record's size, so a record that says 1 KiB of an
+    artifact of 900 MiB would overfill every host tier it is planned into."""
+    if record.size_bytes == record_size_bytes(manifest):
+        return None
+    return Refusal(
+        Reason.size_mismatch,
+        MANIFEST_NAME,
+        f"files total {manifest.total_size} bytes != record size_bytes {record.size_bytes}",
+    )
 
 
 def _bundle_record_mismatch(record: AdapterRecord, bundle_sha256: str | None) -> list[Refusal]:

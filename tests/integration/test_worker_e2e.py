@@ -740,6 +740,7 @@ HOSTILE_IDS = (
     "dot-dot path",
     "digest mismatch",
     "wrong size",
+    "record size too small",
 )
 
 

@@ -250,3 +250,55 @@ def test_owner_check_accepts_exactly_the_owners_prefix(
         with pytest.raises(ArtifactError) as refused:
             check_owner(moved, "loraplane-artifacts")
         assert refused.value.reasons == (Reason.outside_owner_prefix,)
+
+
+class Store:
+    """A bucket's objects by key; every key asked for is kept in ``asked``."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.asked: list[str] = []
+
+    def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
+        self.asked.append(Key)
+        data = self.objects[Key]
+        return {"Body": io.BytesIO(data), "ContentLength": len(data)}
+
+
+@pytest.mark.parametrize("lie", [-1, +1, 10**9])
+def test_attack_a_record_whose_size_is_not_the_artifacts_is_never_downloaded(
+    lie: int, tmp_path: Path
+) -> None:
+    """ATTACK: a signed record that pins a genuine manifest but says another ``size_bytes``
+    (the planner places it by that size: 1 KiB said of 900 MiB overfills a host tier). The
+    whole artifact was downloaded, up to the worker's global bound, and installed; it is
+    refused as ``size_mismatch`` once the manifest is read, before a file of it."""
+    from loraplane.artifact.verification import MANIFEST_NAME, record_size_bytes
+    from loraplane.schemas.adapter import expected_artifact_prefix
+    from loraplane.tiny_model import build_adapter
+    from tests.hostile_corpus import record_for, write_manifest
+
+    folder = build_adapter(tmp_path / "src", seed=3)
+    manifest = write_manifest(folder)
+    uri = expected_artifact_prefix("loraplane-artifacts", "t1", "hostile", "1", manifest.digest)
+    prefix = uri.removeprefix("s3://loraplane-artifacts/")
+    store = Store({prefix + p.name: p.read_bytes() for p in folder.iterdir()})
+    honest = record_for(manifest, artifact_uri=uri)
+    assert honest.size_bytes == record_size_bytes(manifest)
+    fetcher = ArtifactFetcher(S3Settings(), client=store)
+    got = fetcher.fetch(
+        uri, tmp_path / "ok", expected_sha256=manifest.digest, max_total_bytes=10**8, owner=honest
+    )
+    assert got.manifest == manifest  # the genuine record fetches
+    store.asked.clear()
+    lying = honest.model_copy(update={"size_bytes": max(1, honest.size_bytes + lie)})
+    with pytest.raises(ArtifactError) as refused:
+        fetcher.fetch(
+            uri,
+            tmp_path / "lie",
+            expected_sha256=manifest.digest,
+            max_total_bytes=10**8,
+            owner=lying,
+        )
+    assert refused.value.reasons == (Reason.size_mismatch,)
+    assert store.asked == [prefix + MANIFEST_NAME]

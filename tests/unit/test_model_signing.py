@@ -40,6 +40,7 @@ from loraplane.artifact.verification import (
     MANIFEST_NAME,
     WEIGHTS_NAME,
     WorkerLimits,
+    record_size_bytes,
     verify_artifact,
 )
 from loraplane.artifact_publish import (
@@ -333,7 +334,13 @@ def republished(folder: Path, record: AdapterRecord, dest: Path) -> tuple[Path, 
     signature = record.model_signature
     if signature is not None:
         signature = signature.model_copy(update={"bundle_sha256": listing.sha256(BUNDLE_NAME)})
-    forged = record.model_copy(update={"sha256": manifest.digest, "model_signature": signature})
+    forged = record.model_copy(
+        update={
+            "sha256": manifest.digest,
+            "size_bytes": record_size_bytes(manifest),
+            "model_signature": signature,
+        }
+    )
     return uploaded(folder, manifest, dest), forged
 
 

@@ -21,6 +21,7 @@ from loraplane.artifact.verification import (
     WEIGHTS_NAME,
     FileFacts,
     WorkerLimits,
+    record_size_bytes,
     verify_artifact,
 )
 from loraplane.schemas.reasons import ArtifactReason as Reason
@@ -33,6 +34,7 @@ from tests.hostile_corpus import (
     add_file,
     flip_last_byte,
     hostile,
+    record_for,
     symlink,
     write_manifest,
 )
@@ -468,3 +470,40 @@ def test_attack_a_manifest_over_the_size_bound_is_refused_unhashed(
     verdict = verify_artifact(reader, LIMITS)
     assert Reason.too_large in verdict.reasons
     assert hashed == []
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(min_value=1, max_value=64 * 1024**3))
+def test_attack_a_record_whose_size_is_not_the_artifacts_is_refused(
+    good_adapter: Path, tmp_path_factory: pytest.TempPathFactory, size_bytes: int
+) -> None:
+    """ATTACK: a signed record whose ``size_bytes`` is not the total of the files its
+    manifest pins (the host-tier budget is planned by it: 1 byte said of a 900 MiB artifact
+    overfills every tier it is placed in). It passed whatever it said; it is refused as
+    ``size_mismatch`` unless it says exactly what ``publish`` writes."""
+    folder = tmp_path_factory.mktemp("sized") / "artifact"
+    shutil.copytree(good_adapter, folder)
+    manifest = write_manifest(folder)
+    record = record_for(manifest, size_bytes=size_bytes)
+    verdict = verify_artifact(DirectoryArtifact(folder), LIMITS, record)
+    if size_bytes == record_size_bytes(manifest):
+        assert verdict.ok, verdict.refusals
+    else:
+        assert verdict.reasons == (Reason.size_mismatch,), verdict.refusals
+        assert f"record size_bytes {size_bytes}" in verdict.refusals[0].detail
+
+
+def test_publish_writes_the_size_a_worker_expects(good_adapter: Path, tmp_path: Path) -> None:
+    """The rule matches what ``publish`` writes: the files the manifest pins, not
+    ``manifest.json`` itself, so every genuine record passes."""
+    from loraplane.artifact_publish import PublishRequest, build_record
+    from loraplane.schemas.adapter import Priority
+
+    folder = tmp_path / "artifact"
+    shutil.copytree(good_adapter, folder)
+    release = PublishRequest("sized", "t1", "tiny-llama", "1", Priority.silver)
+    record, manifest = build_record(folder, release, "loraplane-artifacts")
+    pinned = sum((folder / f.path).stat().st_size for f in manifest.files)
+    assert record.size_bytes == pinned == record_size_bytes(manifest)
+    (folder / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())  # as uploaded
+    assert verify_artifact(DirectoryArtifact(folder), LIMITS, record).ok
