@@ -208,6 +208,7 @@ class ArtifactReason(StrEnum):
     module_not_in_model = "module_not_in_model"
     target_module_missing = "target_module_missing"
     lora_pair_incomplete = "lora_pair_incomplete"
+    model_shape_unknown = "model_shape_unknown"  # the worker has no base-model shapes to check
     # the OpenSSF model-signing bundle (model.sig) against the keyring's model_signers
     model_signature_required = "model_signature_required"  # the tenant requires one; none
     model_signature_invalid = "model_signature_invalid"  # malformed, or no trusted key verifies
@@ -241,6 +242,7 @@ class ResolverRefusal(StrEnum):
     unvouched = "unvouched"  # no view the keyring verifies names this lora name (the digest)
     withdrawn = "withdrawn"  # the verified view has the version retired or revoked
     other_base_model = "other_base_model"  # the record or its config names another base model
+    model_shape_unknown = "model_shape_unknown"  # vLLM's --model has no local config.json
     tampered = "tampered"  # the files fail verification against the signed record
     io_error = "io_error"  # the entry could not be read or copied
 

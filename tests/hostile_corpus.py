@@ -346,6 +346,15 @@ CASES = [
             edit_tensors(add_lora("v_proj", out_features=64)),
         ],
     ),
+    Case(  # [r, 5000] for a 128-wide model: vLLM fails it at activation, not at load
+        "lora_A wider than the model",
+        Reason.tensor_shape_mismatch,
+        before=[
+            edit_tensors(drop(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight")),
+            edit_tensors(drop(f"{PREFIX}.0.self_attn.q_proj.lora_B.weight")),
+            edit_tensors(add_lora("q_proj", in_features=5000)),
+        ],
+    ),
     Case(
         "module outside targets",
         Reason.module_not_targeted,
@@ -378,6 +387,11 @@ CASES = [
         "a second weights file",
         Reason.disallowed_file,
         before=[lambda f: (f / "more.safetensors").write_bytes((f / WEIGHTS_NAME).read_bytes())],
+    ),
+    Case(  # a worker that knows no base-model shapes checks no tensor against them
+        "no model shapes",
+        Reason.model_shape_unknown,
+        limits={"model": None, "require_model": True},
     ),
     Case(
         "half a pair",

@@ -17,6 +17,7 @@ from typing import IO
 from aiohttp import web
 
 from loraplane.artifact.model_config import read_model_config
+from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
 from loraplane.artifact.verification import WorkerLimits
 from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll_forever
@@ -37,17 +38,19 @@ from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
 from loraplane.workers.host_tier_entry import VIEWS_FILE
-from loraplane.workers.vllm_client import VllmClient, VllmUnguarded
+from loraplane.workers.vllm_client import VllmClient, VllmError, VllmUnguarded
 from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 __all__ = [
     "FIRST_READ_S",
     "HostTierInUse",
     "WorkerOptions",
+    "base_model_shape",
     "build_host_tier",
     "claim_host_tier",
     "model_signers",
     "serve_worker",
+    "served_base_root",
     "verified_registry",
     "worker_registry",
 ]
@@ -77,18 +80,55 @@ class WorkerOptions:
     vllm_start_timeout_s: float = 120.0  # vLLM healthy by then at the start, else exit
 
 
+def base_model_shape(model_dir: Path | None, served_root: str | None) -> ModelShape | None:
+    """The shapes every adapter is checked against before vLLM gets it: ``--model-dir``'s
+    config.json (unusable: ValueError, the start stops), else that of ``served_root``, the
+    base model's root vLLM lists (the folder it serves from), when that is an absolute path
+    to a folder whose config.json the bounded reader takes; else None, said here in one
+    line: every adapter load is then refused as ``model_shape_unknown``."""
+    if model_dir is not None:
+        return read_model_config(model_dir / "config.json")
+    if served_root and Path(served_root).is_absolute():
+        try:
+            shape = read_model_config(Path(served_root) / "config.json")
+        except ValueError as exc:
+            why = str(exc)[:300]
+        else:
+            log.info("adapters are checked against the shapes of vLLM's base model %r", served_root)
+            return shape
+    else:
+        why = f"vLLM lists its base model's root as {served_root!r:.200}, no local folder"
+    log.error(
+        "no --model-dir and %s: every adapter load is refused as model_shape_unknown "
+        "(pass --model-dir with the base model's folder)",
+        why,
+    )
+    return None
+
+
+async def served_base_root(vllm: VllmClient, timeout_s: float) -> str | None:
+    """The root vLLM lists for its base model in ``/v1/models`` once it is healthy (within
+    ``timeout_s``, else VllmError); None when it lists no base model."""
+    await vllm.wait_healthy(timeout_s)
+    base = next((m for m in await vllm.models() if not m.is_adapter), None)
+    return base.root if base is not None else None
+
+
 def build_host_tier(
-    settings: Settings, options: WorkerOptions, is_protected: Callable[[str], bool]
+    settings: Settings,
+    options: WorkerOptions,
+    is_protected: Callable[[str], bool],
+    served_root: str | None = None,
 ) -> HostTier:
-    """The verified host tier, fetching from the allowlisted S3 of ``settings``."""
-    shape = None
-    if options.model_dir is not None:
-        shape = read_model_config(options.model_dir / "config.json")
+    """The verified host tier, fetching from the allowlisted S3 of ``settings``; adapters
+    are checked against the base model's shapes (``base_model_shape``), never loaded
+    without them."""
     limits = WorkerLimits(
         base_model=options.base_model,
         max_lora_rank=options.max_lora_rank,
-        model=shape,
+        model=base_model_shape(options.model_dir, served_root),
         base_model_aliases=settings.base_model_aliases,
+        require_model=True,
     )
     return HostTier(
         options.host_tier_dir,
@@ -198,8 +238,15 @@ async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
 
 
 async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
-    sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
+    served_root = None
+    if options.model_dir is None:  # the shapes of the folder vLLM serves from, if it can say
+        try:
+            served_root = await served_base_root(vllm, options.vllm_start_timeout_s)
+        except VllmError as exc:
+            await vllm.close()
+            raise SystemExit(f"worker {options.worker_id}: {exc}") from None
+    sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     metrics = WorkerMetrics()
     metrics.registry.register(SinkMetrics(sink))
     tail, registry = worker_registry(settings, options, sink, metrics)
@@ -240,7 +287,7 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
             policy=settings.policy,
         ),
         vllm=vllm,
-        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n)),
+        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n), served_root),
         registry_loader=registry.records,
         sink=sink,
         metrics=metrics,

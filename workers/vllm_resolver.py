@@ -173,11 +173,18 @@ class HostTierResolver:
         model_config = Path(config.served_model) / "config.json"
         if model_config.is_file():  # a local model folder: adapters are checked against it
             shape = read_model_config(model_config)
+        else:  # a hub id: no shapes, and no copy is ever handed to vLLM unchecked
+            log.error(
+                "lora resolver: %s is no local model folder with a config.json: every name "
+                "is refused as model_shape_unknown",
+                repr(config.served_model)[:200],
+            )
         self.limits = WorkerLimits(
             base_model=config.base_model,
             max_lora_rank=config.max_lora_rank,
             model=shape,
             base_model_aliases=dict(config.base_model_aliases),
+            require_model=True,
         )
         self._snapshot_root = snapshot_root
         self._copies: dict[str, Path] = {}  # lora name -> its latest verified copy
@@ -301,6 +308,8 @@ class HostTierResolver:
             reasons = ",".join(r.value for r in verdict.reasons)
             if ArtifactReason.base_model_mismatch in verdict.reasons:
                 raise _Refusal(Refused.other_base_model, reasons)
+            if ArtifactReason.model_shape_unknown in verdict.reasons:
+                raise _Refusal(Refused.model_shape_unknown, reasons)
             raise _Refusal(Refused.tampered, reasons)
         with self._lock:  # vLLM asks again only after an unload: the older copy is unused
             older, self._copies[lora_name] = self._copies.get(lora_name), dest

@@ -4,14 +4,14 @@ The artifact is seen through an ``ArtifactReader`` (a local folder, a fetch in p
 in-memory dict in tests), so every check here runs the same for the host tier, the offline
 ``loraplane artifact verify`` and the hostile-artifact tests. Checked, each failure with its
 own ``Reason``: the manifest against the signed record (its digest, its files' total size)
-and every file against the manifest;
-only the allowed files, the ones vLLM reads and our own (no pickle, no links, no path games,
-no weights vLLM would never load); the weights' safetensors header read with a bounded
-length and validated; tensors against ``r`` and ``target_modules`` of
-adapter_config.json and, when known, the base model's shape (vLLM itself accepts a config
-naming modules the model lacks; this does not); the config is a LoRA vLLM serves
-(``lora_config``), within the worker's rank, for its base model (``base_model``), and agrees
-with the record. Any input yields a ``Verdict``; hostile bytes never raise. docs/worker.md,
+and every file against the manifest; only the allowed files, the ones vLLM reads and our own
+(no pickle, no links, no path games, no weights vLLM would never load); the weights'
+safetensors header read with a bounded length and validated; tensors against ``r`` and
+``target_modules`` of adapter_config.json and the base model's shape (vLLM itself accepts a
+config naming modules the model lacks; this does not; a worker requires the shape, offline
+use checks it when known); the config is a LoRA vLLM serves (``lora_config``), within the
+worker's rank, for its base model (``base_model``), and agrees with the record. Any input
+yields a ``Verdict``; hostile bytes never raise. docs/worker.md,
 "Host warm tier and artifact verification", lists every rule.
 """
 
@@ -96,7 +96,10 @@ class ArtifactReader(Protocol):
 @dataclass(frozen=True)
 class WorkerLimits:
     """What this worker accepts. ``base_model=None`` skips the base-model check (offline use);
-    ``base_model_aliases`` maps the names PEFT writes (hub ids, local paths) to base-model ids."""
+    ``base_model_aliases`` maps the names PEFT writes (hub ids, local paths) to base-model ids.
+    ``model``: the base model's shapes, checked when known; ``require_model`` (a worker, which
+    hands what passes to vLLM) refuses everything as ``model_shape_unknown`` without them:
+    vLLM meets a wrong shape only at activation, which can take its engine down."""
 
     base_model: str | None
     max_lora_rank: int
@@ -104,6 +107,7 @@ class WorkerLimits:
     max_header_bytes: int = 1024**2
     model: ModelShape | None = None
     base_model_aliases: Mapping[str, str] = field(default_factory=dict)
+    require_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,13 @@ def verify_artifact(
 ) -> Verdict:
     """Every check above; ``record=None`` (offline, no registry) skips the record checks."""
     out: list[Refusal] = []
+    if limits.require_model and limits.model is None:
+        out.append(
+            Refusal(
+                Reason.model_shape_unknown,
+                detail="this worker knows no base-model shapes to check tensors against",
+            )
+        )
     facts = {f.path: f for f in reader.files()}
     manifest = _check_manifest(reader, facts, limits, record, out)
     usable = _check_names(facts, manifest, out)

@@ -176,7 +176,9 @@ class World:
     def log_file(self) -> Path:
         return self.tmp / f"agent-{self.worker_id}.log"
 
-    def start_agent(self, *extra: str, env: dict[str, str] | None = None) -> None:
+    def start_agent(
+        self, *extra: str, env: dict[str, str] | None = None, model_dir: bool = True
+    ) -> None:
         self.gateway_port = self.gateway_port or free_port()
         log = self.log_file.open("ab")
         self.agent = subprocess.Popen(
@@ -194,8 +196,7 @@ class World:
                 str(self.gateway_port),
                 "--host-tier-dir",
                 str(self.host_tier),
-                "--model-dir",
-                str(self.model_dir),
+                *(["--model-dir", str(self.model_dir)] if model_dir else []),
                 "--tick-s",
                 "0.2",
                 "--heartbeat-s",
@@ -749,21 +750,34 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
     """Signed-but-hostile and tampered artifacts from tests/hostile_corpus.py, commanded onto
     the GPU through the real commands topic: each is refused with its reason, vLLM never sees
     one, and the agent keeps serving."""
-    from loraplane.schemas.adapter import owner_prefix
-    from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
-    from tests.hostile_corpus import CASES, hostile
+    from tests.hostile_corpus import CASES
 
     if world.agent is None:
         world.start_agent()
+    cases = [c for c in CASES if c.id in HOSTILE_IDS]
+    assert len(cases) == len(HOSTILE_IDS)
+    expected = _commanded_hostile(world, cases, "hostile")
+    assert not set(expected) & world.vllm_names()  # none reached vLLM
+    assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
+
+
+def _commanded_hostile(world: World, cases: list[Any], prefix: str) -> dict[str, str]:
+    """Publish each hostile ``case`` (tests/hostile_corpus.py) signed into S3 and the
+    registry, command it onto the GPU, and wait for a refusal of each: lora name -> reason,
+    asserted to be each case's own."""
+    from loraplane.schemas.adapter import owner_prefix
+    from loraplane.workers.artifact_fetch import parse_s3_uri, s3_client
+    from tests.hostile_corpus import hostile
+
     good = world.adapters["other-1"].folder
     client = s3_client(world.settings.s3)
     records, expected = [], {}
-    for i, case in enumerate(c for c in CASES if c.id in HOSTILE_IDS):
-        _, rec = hostile(case, good, world.tmp / f"hostile-{i}")
-        folder = world.tmp / f"hostile-{i}" / "artifact"
+    for i, case in enumerate(cases):
+        _, rec = hostile(case, good, world.tmp / f"{prefix}-{i}")
+        folder = world.tmp / f"{prefix}-{i}" / "artifact"
         rec = rec.model_copy(
             update={
-                "adapter_id": f"hostile-{i}",
+                "adapter_id": f"{prefix}-{i}",
                 "tenant_id": "tenant-a",
                 "status": AdapterStatus.active,
             }
@@ -780,7 +794,6 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
         expected[rec.lora_name] = (
             "manifest_invalid" if case.id == "dot-dot path" else case.reason.value
         )
-    assert len(records) == len(HOSTILE_IDS)
     write_registry(world.settings, records)
     world.adapters.update({r.adapter_id: Published(world.tmp, r) for r in records})
     time.sleep(2)  # the agent's live registry tail has a change within a second
@@ -794,9 +807,32 @@ def test_hostile_artifacts_never_reach_vllm(world: World) -> None:
         }
         return got if len(got) == len(commands) else {}
 
-    assert wait_for(refused, 60, "a refusal for every hostile artifact") == expected
-    assert not set(expected) & world.vllm_names()  # none reached vLLM
-    assert world.ask("sql", timeout_s=30).status_code == 200  # and the agent keeps serving
+    assert wait_for(refused, 60, f"a refusal for every {prefix} artifact") == expected
+    return expected
+
+
+def test_a_worker_without_model_dir_checks_shapes_against_vllms_model(world: World) -> None:
+    """ATTACK: the worker started without ``--model-dir``. A signed adapter of ``lora_A
+    [8, 5000]`` for the 128-wide model was verified without shapes, handed to vLLM and
+    failed only at activation (which can take vLLM's engine down); the worker takes the
+    shapes from the folder vLLM lists as its base model's root and refuses it, and keeps
+    serving."""
+    from tests.hostile_corpus import CASES
+
+    wide = [c for c in CASES if c.id == "lora_A wider than the model"]
+    world.kill_agent(signal.SIGTERM)
+    world.start_agent(model_dir=False)
+    try:
+        assert "adapters are checked against the shapes of vLLM's base model" in (
+            world.log_file.read_text()
+        )
+        expected = _commanded_hostile(world, wide, "wide")
+        assert set(expected.values()) == {"tensor_shape_mismatch"}
+        assert not set(expected) & world.vllm_names()
+        assert world.ask("sql", timeout_s=30).status_code == 200
+    finally:
+        world.kill_agent(signal.SIGTERM)
+        world.start_agent()
 
 
 @pytest.mark.usefixtures("real_covers_it")

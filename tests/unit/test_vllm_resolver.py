@@ -581,3 +581,23 @@ def test_a_file_that_grows_while_copied_is_refused_at_its_size(
         "(adapter_model.safetensors grew while copied)"
     ]
     assert list((world.tmp / "copies").iterdir()) == []
+
+
+def test_attack_a_resolver_without_the_models_shapes_hands_vllm_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ATTACK: vLLM serves a hub id (no local config.json) and resolves a name whose entry
+    fits the worker's model. Its copy was verified without shapes and handed to vLLM, so an
+    entry swapped for a wrong-shape adapter would reach it; nothing is handed to vLLM
+    unchecked: ``model_shape_unknown``, said once at the start."""
+    a1 = world.install("a1", seed=1)
+    with caplog.at_level(logging.INFO, logger="loraplane.vllm_resolver"):
+        hub = HostTierResolver(
+            ResolverConfig(world.root, TINY_BASE_MODEL, "org/tiny", 8, keyring=world.keyring),
+            snapshot_root=world.tmp / "copies",
+        )
+        assert hub.resolve("org/tiny", a1.lora_name) is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(said) == 1 and "model_shape_unknown" in said[0]
+    assert [m.split(": ", 1)[1].split(" ")[0] for m in refusals(caplog)] == ["model_shape_unknown"]
+    assert world.resolver.resolve(str(world.model), a1.lora_name) is not None  # with shapes

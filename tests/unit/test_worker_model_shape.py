@@ -1,0 +1,137 @@
+"""A worker never hands vLLM an adapter whose tensor shapes were not checked against the base
+model vLLM serves (workers/runner.py, ``base_model_shape``): from ``--model-dir``, else from
+the folder vLLM lists as its base model's root, else every load refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from loraplane.artifact.model_shape import ModelShape
+from loraplane.artifact.verification import WorkerLimits, verify_artifact
+from loraplane.kernel.config import Settings
+from loraplane.schemas.adapter import AdapterRecord
+from loraplane.schemas.reasons import ArtifactReason as Reason
+from loraplane.testing.fake_vllm import FakeVllm
+from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from loraplane.workers.runner import WorkerOptions, build_host_tier, served_base_root
+from loraplane.workers.vllm_client import VllmClient
+from tests.hostile_corpus import CASES, Case, hostile
+
+KEY = "k-vllm"
+# lora_A of q_proj as [r, 5000] for a 128-wide model: vLLM takes it at load time and fails
+# at activation, which can take its engine down with every tenant's requests.
+WIDE = next(c for c in CASES if c.id == "lora_A wider than the model")
+GOOD = Case("good", Reason.fetch_failed)
+Root = Callable[[str], Awaitable[str | None]]
+
+
+def _options(tmp_path: Path, model_dir: Path | None = None) -> WorkerOptions:
+    return WorkerOptions(
+        worker_id="w1",
+        base_model=TINY_BASE_MODEL,
+        vllm_url="",
+        gateway_port=0,
+        metrics_port=None,
+        host_tier_dir=tmp_path / "host",
+        host_budget_bytes=10**8,
+        model_dir=model_dir,
+    )
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return build_model(tmp_path / "model")
+
+
+@pytest.fixture
+async def listed_root() -> AsyncIterator[Root]:
+    """``await listed_root(model)``: the root a FAKE vLLM serving ``model`` lists for its
+    base model, read as the worker reads it."""
+    servers: list[TestServer] = []
+
+    async def root(model: str) -> str | None:
+        server = TestServer(FakeVllm(model, api_key=KEY).app(), host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        client = VllmClient(str(server.make_url("")), api_key=KEY)
+        try:
+            return await served_base_root(client, 5.0)
+        finally:
+            await client.close()
+
+    yield root
+    for server in servers:
+        await server.close()
+
+
+def _limits(tmp_path: Path, served_root: str | None, model_dir: Path | None = None) -> WorkerLimits:
+    tier = build_host_tier(
+        Settings(home=tmp_path), _options(tmp_path, model_dir), lambda _n: False, served_root
+    )
+    return tier.limits
+
+
+def _verify(case: Case, limits: WorkerLimits, tmp_path: Path) -> tuple[Reason, ...]:
+    good = build_adapter(tmp_path / f"src-{case.id}", seed=5)
+    artifact, record = hostile(case, good, tmp_path / f"case-{case.id}")
+    assert isinstance(record, AdapterRecord)
+    return verify_artifact(artifact, limits, record).reasons
+
+
+async def test_attack_a_worker_without_model_dir_refuses_a_wrong_shape_adapter(
+    tmp_path: Path, model_dir: Path, listed_root: Root
+) -> None:
+    """ATTACK: a worker started without ``--model-dir`` beside a vLLM serving a local model
+    folder. An adapter of ``lora_A [8, 5000]`` for the 128-wide model passed verification
+    (no shapes known) and reached vLLM; it is refused as ``tensor_shape_mismatch``, and a
+    module the model lacks as ``module_not_in_model``, while the genuine adapter passes."""
+    root = await listed_root(str(model_dir))
+    limits = _limits(tmp_path, root)
+    assert _verify(WIDE, limits, tmp_path) == (Reason.tensor_shape_mismatch,)
+    assert _verify(GOOD, limits, tmp_path) == ()
+    for case in CASES:
+        if case.id in ("shape not model", "module the model lacks"):
+            assert case.reason in _verify(case, limits, tmp_path), case.id
+
+
+async def test_the_shapes_come_from_the_root_vllm_lists(
+    tmp_path: Path, model_dir: Path, listed_root: Root
+) -> None:
+    """Without ``--model-dir`` the worker reads the config.json of the folder vLLM lists as
+    its base model's root: the model vLLM serves; with it, ``--model-dir``'s."""
+    root = await listed_root(str(model_dir))
+    assert root == str(model_dir)
+    expected = ModelShape.from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    assert _limits(tmp_path, root).model == expected
+    assert _limits(tmp_path / "given", None, model_dir).model == expected
+
+
+@pytest.mark.parametrize("served", ["org/hub-model", "relative/model", "/no/such/folder", "dir"])
+async def test_attack_with_no_shapes_every_load_is_refused_as_model_shape_unknown(
+    served: str,
+    tmp_path: Path,
+    model_dir: Path,
+    listed_root: Root,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ATTACK: no ``--model-dir`` and vLLM serves a hub id, a relative path, a folder that
+    is gone or one without a config.json: nothing says the model's shapes, so no adapter is
+    checked against them. Every adapter is refused as ``model_shape_unknown`` (the genuine
+    one too), and the start says so in one line."""
+    if served == "dir":
+        (tmp_path / "bare").mkdir()
+        served = str(tmp_path / "bare")
+    root = await listed_root(served)
+    with caplog.at_level(logging.INFO, logger="loraplane.worker"):
+        limits = _limits(tmp_path, root)
+    assert limits.model is None
+    assert _verify(GOOD, limits, tmp_path) == (Reason.model_shape_unknown,)
+    assert Reason.model_shape_unknown in _verify(WIDE, limits, tmp_path)
+    said = [r for r in caplog.records if "model_shape_unknown" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR
