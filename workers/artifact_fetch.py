@@ -3,10 +3,6 @@
 Trust flows from the signed registry record: its ``artifact_uri`` must lie under an
 allowlisted prefix (never a path from a request) and be exactly its owner's prefix
 ``s3://BUCKET/<tenant_id>/<adapter_id>/<version>-<sha8>/`` (``loraplane.artifact.owner``),
-its ``sha256`` pins ``manifest.json``, which is fetched first and pins every other file by
-size and sha256. Only files the manifest lists are ever downloaded; each is streamed to
-disk with its sha256 computed in the same pass, and a file that grows past its listed size
-is cut off at once.
 its ``sha256`` pins ``manifest.json``, fetched first, which pins every other file by size and
 sha256, their total the record's ``size_bytes`` (what the planner places by). Only files the
 manifest lists are ever downloaded; each is streamed to disk with its sha256 computed in
