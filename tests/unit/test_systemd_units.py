@@ -6,8 +6,10 @@ units where it is installed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,139 @@ def test_the_vllm_unit_s_options_reach_vllm_s_command_line() -> None:
     assert "--gpu-memory-utilization" not in " ".join(
         VllmProcess(Path("m"), 1, Path("log"), python=Path("py")).command()
     )
+
+
+GPU_UNITS = {"loraplane-vllm@.service", "loraplane-worker@.service"}
+SANDBOX = {  # every unit: what a reviewer of a systemd service expects, as one line each
+    "User": "loraplane",
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateMounts": "yes",
+    "UMask": "0077",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectClock": "yes",
+    "ProtectHostname": "yes",
+    "ProtectProc": "invisible",
+    "RestrictNamespaces": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictSUIDSGID": "yes",
+    "LockPersonality": "yes",
+    "RemoveIPC": "yes",
+    "SystemCallArchitectures": "native",
+    "SystemCallErrorNumber": "EPERM",
+}
+CONTROL_PLANE = {  # the units that touch no device and run no compiled-at-run-time code
+    "PrivateDevices": "yes",
+    "PrivateUsers": "yes",
+    "MemoryDenyWriteExecute": "yes",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_unit_runs_sandboxed(name: str) -> None:
+    """The directives of SANDBOX in every unit; the control plane's units also lose the
+    devices, other users, W+X memory and every address family but local and IP. The GPU
+    units keep the GPU's device nodes (vLLM runs on it, its worker reads HBM through NVML);
+    vLLM keeps W+X memory (torch and Triton compile kernels at run time), netlink (NCCL
+    lists interfaces) and the system calls of the CUDA driver."""
+    unit = Unit.read(UNITS / name)
+    one = {key: values[-1] for key, values in unit.service.items()}
+    for key, value in SANDBOX.items():
+        assert one.get(key) == value, (name, key)
+    assert unit.service["ReadWritePaths"] == ["/var/lib/loraplane"], name
+    if name in GPU_UNITS:
+        assert "PrivateDevices" not in one and "PrivateUsers" not in one, name
+    else:
+        for key, value in CONTROL_PLANE.items():
+            assert one.get(key) == value, (name, key)
+    if name == "loraplane-vllm@.service":
+        assert "MemoryDenyWriteExecute" not in one
+        assert unit.service["SystemCallFilter"][0].startswith("~@clock ")  # a deny list
+    else:
+        assert one["MemoryDenyWriteExecute"] == "yes", name
+        assert unit.service["SystemCallFilter"] == ["@system-service", "~@privileged"], name
+        assert "AF_NETLINK" not in one["RestrictAddressFamilies"], name
+
+
+def _offline_security() -> bool:
+    if shutil.which("systemd-analyze") is None:
+        return False
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--help"], capture_output=True, text=True, timeout=30
+    )
+    return "--offline" in done.stdout
+
+
+@pytest.mark.skipif(not _offline_security(), reason="no systemd-analyze security --offline")
+def test_systemd_analyze_security_rates_every_unit_ok(tmp_path: Path) -> None:
+    """systemd's own exposure score (0 best, 10 worst; 'OK' is below 3.9 there): at most 2.0
+    for every unit, vLLM's included."""
+    scores = {}
+    for name in COMMANDS:
+        copy = tmp_path / name.replace("@.", "@0.")
+        copy.write_text((UNITS / name).read_text())
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=yes", "--no-pager", f"./{copy.name}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+        assert found, done.stdout + done.stderr
+        scores[name] = float(found.group(1))
+    assert max(scores.values()) <= 2.0, scores
+
+
+_MDWE_PROBE = r"""
+import asyncio, ctypes, importlib, mmap, pkgutil, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+    print("no-mdwe"); sys.exit(0)
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    sys.exit("W+X memory was mapped: the filter is off")
+except OSError:
+    pass
+import loraplane
+for name in ("kernel", "schemas", "frontdoor", "eventlog", "registry", "router", "workers",
+             "streams", "metrics", "commands"):
+    pkg = importlib.import_module(f"loraplane.{name}")
+    for mod in pkgutil.walk_packages(pkg.__path__, f"loraplane.{name}."):
+        importlib.import_module(mod.name)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+key = Ed25519PrivateKey.generate()
+key.public_key().verify(key.sign(b"m"), b"m")
+from aiohttp import ClientSession, web
+async def main():
+    app = web.Application()
+    app.router.add_get("/", lambda r: web.json_response({"ok": True}))
+    runner = web.AppRunner(app); await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0); await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    async with ClientSession() as s, s.get(f"http://127.0.0.1:{port}/") as r:
+        assert (await r.json()) == {"ok": True}
+    await runner.cleanup()
+asyncio.run(main())
+print("ok")
+"""
+
+
+def test_the_runtimes_run_with_memory_never_writable_and_executable() -> None:
+    """What MemoryDenyWriteExecute=yes of every unit but vLLM's allows: under the kernel's
+    own W^X rule (prctl PR_SET_MDWE, the rule systemd's filter enforces), every runtime
+    module imports, signatures verify and aiohttp serves and fetches over loopback."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MDWE_PROBE], capture_output=True, text=True, timeout=240
+    )
+    if done.stdout.strip() == "no-mdwe":
+        pytest.skip("the kernel has no PR_SET_MDWE (Linux 6.3+)")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
