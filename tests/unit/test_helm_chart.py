@@ -408,6 +408,36 @@ def test_overlapping_command_slots_are_refused() -> None:
         )
 
 
+def secret_settings(model: Any = None, prefix: str = "") -> list[str]:
+    """The dotted path of every setting that holds a secret inline (a ``SecretStr``)."""
+    from typing import get_args
+
+    from pydantic import BaseModel, SecretStr
+
+    from loraplane.kernel.config import Settings
+
+    found: list[str] = []
+    for name, field in (model or Settings).model_fields.items():
+        for kind in get_args(field.annotation) or (field.annotation,):
+            if kind is SecretStr:
+                found.append(prefix + name)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found += secret_settings(kind, f"{prefix}{name}.")
+    return found
+
+
+@pytest.mark.parametrize("path", secret_settings())
+def test_a_secret_setting_in_config_is_refused_not_written_to_the_configmap(path: str) -> None:
+    """Whoever may read ConfigMaps in the namespace would read it: every setting that takes
+    a secret inline is refused in `config`, and its Secret is mounted as a file instead."""
+    with pytest.raises(ChartError, match=re.escape(f"config.{path}: a secret")):
+        helm_chart.render(HELM, sets=[f"config.{path}=s3cr3t-value"])
+
+
+def test_the_secret_settings_are_found() -> None:
+    assert {"clickhouse.password", "s3.secret_access_key"} <= set(secret_settings())
+
+
 def test_planners_of_their_own_take_the_planner_out_of_the_streams_app() -> None:
     """With planner Deployments, the streams app runs the registry and scoring agents only
     (a planner of `all` there would plan their base models too: docs/deploy.md)."""
