@@ -408,6 +408,33 @@ def test_overlapping_command_slots_are_refused() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("router.replicas=two", "/router/replicas"),
+        ("workers.poolDefaults.gpuSlots=sixteen", "/workers/poolDefaults/gpuSlots"),
+        ("router.service.port=99999", "/router/service/port"),
+        ("router.service.type=ExternalName", "/router/service/type"),
+        ("podSecurityContext.runAsUser=0", "/podSecurityContext/runAsUser"),
+        ("podSecurityContext.runAsNonRoot=false", "/podSecurityContext/runAsNonRoot"),
+        ("podSecurityContext.seccompProfile=null", "/podSecurityContext"),
+        ("podSecurityContext.seccompProfile.type=Unconfined", "/podSecurityContext/seccomp"),
+        ("sink.resources=null", "/sink"),
+        ("router.resources.limits=null", "/router/resources"),
+        ("workers.pools[0].vllmResources=big", "/workers/pools/0/vllmResources"),
+        ("secrets.plannerKey.name=", "/secrets/plannerKey/name"),
+        ("workers.vllm.readOnlyRootFilesystem=maybe", "/workers/vllm/readOnlyRootFilesystem"),
+        ("routr.replicas=3", "routr"),
+    ],
+)
+def test_values_the_schema_refuses_fail_at_template(override: str, where: str) -> None:
+    """values.schema.json: a wrong type, a port out of range, a misspelt section, a pod
+    that would run as root or unconfined, a workload without requests and a memory limit
+    are refused by `helm template` (and install and upgrade), naming the value."""
+    with pytest.raises(ChartError, match=re.escape(where)):
+        helm_chart.render(HELM, sets=[override])
+
+
 def secret_settings(model: Any = None, prefix: str = "") -> list[str]:
     """The dotted path of every setting that holds a secret inline (a ``SecretStr``)."""
     from typing import get_args
