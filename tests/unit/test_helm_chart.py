@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from loraplane.infra import helm_chart
 from loraplane.infra.helm_chart import (
@@ -433,6 +434,78 @@ def test_values_the_schema_refuses_fail_at_template(override: str, where: str) -
     are refused by `helm template` (and install and upgrade), naming the value."""
     with pytest.raises(ChartError, match=re.escape(where)):
         helm_chart.render(HELM, sets=[override])
+
+
+FRONT_DOOR = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}
+
+
+def ingress_peers(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], list[Any]]:
+    """(workload, container port name) -> the peers its NetworkPolicies let in, as Kubernetes
+    reads them: a pod no policy selects takes anything ("any"), a rule without `from` lets
+    every source in ("any"), a selected pod's port no rule names takes nothing."""
+    policies = [d["spec"] for d in manifests if d["kind"] == "NetworkPolicy"]
+    out: dict[tuple[str, str], list[Any]] = {}
+    for doc in manifests:
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        mine = [
+            p
+            for p in policies
+            if p["podSelector"]["matchLabels"].items() <= labels.items()
+            and "Ingress" in p["policyTypes"]
+        ]
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            for port in c.get("ports", []):
+                peers: list[Any] = [] if mine else ["any"]
+                for rule in (r for p in mine for r in p.get("ingress", [])):
+                    if {"port": port["name"], "protocol": "TCP"} in rule["ports"]:
+                        peers += rule.get("from") or ["any"]
+                out[(doc["metadata"]["name"], port["name"])] = peers
+    return out
+
+
+def test_network_policies_are_off_by_default(rendered: list[dict[str, Any]]) -> None:
+    assert not [d for d in rendered if d["kind"] == "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_network_policies_let_in_only_each_listener_s_clients(values: str, tmp_path: Path) -> None:
+    """networkPolicy.enabled: a worker's gateway takes this release's routers only (the
+    selector matches the router pods and no other), every metrics port Prometheus only,
+    the routers' http the front door and Prometheus; nothing else gets in anywhere."""
+    from kubernetes_validate import validate
+
+    extra = tmp_path / "network.yaml"
+    extra.write_text(
+        yaml.safe_dump({"networkPolicy": {"enabled": True, "frontDoorFrom": [FRONT_DOOR]}})
+    )
+    manifests = helm_chart.render(HELM, [*VALUES[values], extra])
+    for doc in manifests:
+        validate(doc, _kubernetes_versions()[-1], strict=True)
+    metrics_from = [  # the default: Prometheus in namespace monitoring
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+        for d in manifests
+        if d["kind"] in ("Deployment", "StatefulSet")
+    }
+    peers = ingress_peers(manifests)
+    assert {name for name, _ in peers} == set(pods)
+    for (workload, port), allowed in peers.items():
+        if port == "gateway":
+            assert len(allowed) == 1, (workload, allowed)
+            selector = allowed[0]["podSelector"]["matchLabels"].items()
+            chosen = [labels for labels in pods.values() if selector <= labels.items()]
+            assert [c["app.kubernetes.io/component"] for c in chosen] == ["router"]
+        elif port == "metrics":
+            assert allowed == metrics_from, (workload, allowed)
+        elif port == "http":
+            assert allowed == [FRONT_DOOR, *metrics_from], (workload, allowed)
+        else:
+            raise AssertionError(f"{workload}: port {port} has no policy")
+        assert "any" not in allowed
 
 
 def secret_settings(model: Any = None, prefix: str = "") -> list[str]:
