@@ -74,6 +74,15 @@ class Unit:
         """The ``EnvironmentFile`` paths, specifiers expanded (a leading ``-``: optional)."""
         return [specifiers(v, instance) for v in self.service.get("EnvironmentFile", [])]
 
+    def environment(self, instance: str = "", host: str | None = None) -> dict[str, str]:
+        """What the unit's ``Environment`` lines set (after its EnvironmentFiles)."""
+        env: dict[str, str] = {}
+        for value in self.service.get("Environment", []):
+            for word in shlex.split(specifiers(value, instance, host)):
+                key, _, val = word.partition("=")
+                env[key] = val
+        return env
+
     def exec_start(
         self, env_files: Mapping[str, Path], instance: str = "", host: str | None = None
     ) -> list[str]:
@@ -92,10 +101,7 @@ class Unit:
                     continue
                 raise UnitError(f"{self.path.name}: no file given for EnvironmentFile {name}")
             env |= environment_file(source)
-        for value in self.service.get("Environment", []):
-            for word in shlex.split(specifiers(value, instance, host)):
-                key, _, val = word.partition("=")
-                env[key] = val
+        env |= self.environment(instance, host)
         return command_words(specifiers(starts[0].lstrip(_EXEC_PREFIXES), instance, host), env)
 
 

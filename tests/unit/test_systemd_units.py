@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -302,3 +303,39 @@ def test_the_runtimes_run_with_memory_never_writable_and_executable() -> None:
     if done.stdout.strip() == "no-mdwe":
         pytest.skip("the kernel has no PR_SET_MDWE (Linux 6.3+)")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def unit_settings(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The settings a unit's process reads: its EnvironmentFiles (the examples) and its
+    Environment lines, the example loraplane.yaml."""
+    from loraplane.kernel.config import Settings
+
+    unit = Unit.read(UNITS / name)
+    instance = INSTANCE.get(name, "")
+    env: dict[str, str] = {}
+    for path in unit.environment_files(instance):
+        env |= environment_file(EXAMPLES / Path(path.lstrip("-")).name)
+    env |= unit.environment(instance, "gpu-host-1")
+    env["LORAPLANE_CONFIG"] = str(EXAMPLES / "loraplane.yaml")
+    for key in [n for n in os.environ if n.startswith("LORAPLANE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("LORAPLANE_"):
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def test_vllm_makes_its_key_where_its_unit_may_write_and_its_worker_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`loraplane vllm serve` makes its API key file on first start: under
+    ProtectSystem=strict that file must be under ReadWritePaths, and the worker of the same
+    GPU must read the same file."""
+    port = int(environment_file(EXAMPLES / "worker-0.env")["VLLM_PORT"])
+    paths = {}
+    for name in ("loraplane-vllm@.service", "loraplane-worker@.service"):
+        settings: Any = unit_settings(name, monkeypatch)
+        paths[name] = settings.vllm_api_key_path(port)
+        writable = Unit.read(UNITS / name).service["ReadWritePaths"]
+        assert any(paths[name].is_relative_to(w) for w in writable), (name, paths[name])
+    assert len(set(paths.values())) == 1, paths
