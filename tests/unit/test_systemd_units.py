@@ -339,3 +339,55 @@ def test_vllm_makes_its_key_where_its_unit_may_write_and_its_worker_reads_it(
         writable = Unit.read(UNITS / name).service["ReadWritePaths"]
         assert any(paths[name].is_relative_to(w) for w in writable), (name, paths[name])
     assert len(set(paths.values())) == 1, paths
+
+
+def visible(unit: Unit, path: Path) -> bool:
+    """Whether the unit's processes see ``path``: not under its TemporaryFileSystem or
+    InaccessiblePaths, or bound back with BindReadOnlyPaths."""
+
+    def entries(key: str) -> list[Path]:
+        words = [w for line in unit.service.get(key, []) for w in line.split()]
+        return [Path(w.lstrip("-").split(":")[0]) for w in words]
+
+    hidden = entries("TemporaryFileSystem") + entries("InaccessiblePaths")
+    bound = entries("BindReadOnlyPaths") + entries("BindPaths")
+    return any(path.is_relative_to(b) for b in bound) or not any(
+        path.is_relative_to(h) for h in hidden
+    )
+
+
+def test_each_unit_sees_its_own_secrets_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every unit runs as the one `loraplane` user, so file modes cannot keep a router from
+    the planner's signing key or the sink's ClickHouse password on a shared host; the mount
+    namespace does: each unit's secret files (from the settings its process reads) are
+    visible to it, every other secret file of the host is not. vLLM sees none but its key."""
+    from loraplane.kernel.kafka import Principal
+
+    port = int(environment_file(EXAMPLES / "worker-0.env")["VLLM_PORT"])
+    s: Any = unit_settings("loraplane-worker@.service", monkeypatch)
+    kafka = {p: s.kafka.credentials_dir / f"{p}.password" for p in Principal}
+    needs = {
+        "loraplane-router.service": {s.router_secret_path, kafka["router"]},
+        "loraplane-streams.service": {kafka["streams"], s.planner_key_path},
+        "loraplane-planner@.service": {kafka["streams"], s.planner_key_path},
+        "loraplane-scoring@.service": {kafka["streams"]},
+        "loraplane-sink.service": {
+            kafka["metrics"],
+            s.clickhouse.password_file(s.clickhouse.user),
+        },
+        "loraplane-worker@.service": {
+            kafka["worker"],
+            s.router_secret_path,
+            s.s3.credentials_file,
+            s.gateway_secret_path,
+            s.vllm_api_key_path(port),
+        },
+        "loraplane-vllm@.service": {s.vllm_api_key_path(port)},
+    }
+    every = set().union(*needs.values()) | set(kafka.values())
+    every.add(s.clickhouse.password_file(s.clickhouse.reader_user))
+    assert sorted(needs) == sorted(COMMANDS)
+    for name, own in needs.items():
+        unit = Unit.read(UNITS / name)
+        for path in sorted(every):
+            assert visible(unit, path) == (path in own), (name, str(path))
