@@ -400,6 +400,46 @@ def test_pods_run_as_non_root_on_read_only_root_filesystems(rendered: list[dict[
         assert "/tmp" in writable or c.init, c.name
 
 
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """Kubernetes' Pod Security Standard `restricted` (what a namespace labelled
+    pod-security.kubernetes.io/enforce=restricted admits), field by field: no host
+    namespace, port or path, nothing privileged, every capability dropped, no escalation,
+    non-root with a non-zero uid, seccomp RuntimeDefault or Localhost, only the volume
+    types it allows."""
+    pods = {id(c.pod): c.pod for c in containers(rendered)}
+    for pod in pods.values():
+        assert not (pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"))
+        ctx = pod["securityContext"]
+        assert ctx["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
+        assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] != 0
+        assert not ctx.get("sysctls")
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+    for c in containers(rendered):
+        ctx = c.spec["securityContext"]
+        assert not ctx.get("privileged"), c.name
+        assert ctx["allowPrivilegeEscalation"] is False, c.name
+        assert "ALL" in ctx["capabilities"]["drop"], c.name
+        assert set(ctx["capabilities"].get("add", [])) <= {"NET_BIND_SERVICE"}, c.name
+        assert ctx.get("runAsUser", 1) != 0 and ctx.get("runAsNonRoot", True), c.name
+        assert "seccompProfile" not in ctx or ctx["seccompProfile"]["type"] != "Unconfined"
+        assert not any(p.get("hostPort") for p in c.spec.get("ports", [])), c.name
+
+
 def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, Any]]) -> None:
     """A probe's port is the listener its command line opens, and its path is a route that
     listener has: the router's and the gateway's /healthz, the progress /metrics of the
