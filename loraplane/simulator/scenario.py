@@ -89,8 +89,10 @@ MAX_MS = 1e9
 """The longest cost or budget in milliseconds (about 11.6 days)."""
 MAX_BYTES = float(2**60)
 """The largest byte count (1 EiB)."""
-MIN_RATE, MAX_RATE = 1e-6, 1e9
-"""Bandwidths (GB/s), decode and arrival rates (per second): from one a week-ish to a billion."""
+MIN_RATE = 1e-6
+"""The slowest bandwidth (GB/s), decode or arrival rate (per second) a scenario takes."""
+MAX_RATE = 1e9
+"""The fastest."""
 MAX_WEIGHT = 1e6
 """The largest weight of a mix or of a priority."""
 Weight = Annotated[float, Field(ge=0, le=MAX_WEIGHT)]
