@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -254,7 +255,6 @@ class Gateway:
             router_secret=router_secret,
             clock=clock,
         )
-        self._router_secret = router_secret
         self.sink = sink
         self.max_body_bytes = max_body_bytes
         # never logged; without one (tests) a random secret per process: salts still differ
@@ -269,7 +269,7 @@ class Gateway:
         # replace (ReplacingMergeTree keeps the last row of an id), so event ids stay secret.
         self._id_prefix = uuid.uuid4().hex[:16]
         self._id_seq = itertools.count()
-        self._event_prefix = uuid.uuid4().hex
+        self._event_prefix = secrets.token_hex(16)
         self._event_seq = itertools.count()
         self._failures = LogBurst("gateway", _FAILURE_LOG_EVERY_S, logger=log)
 
@@ -324,10 +324,11 @@ class Gateway:
         # challenge when this gateway holds the secret (frontdoor.gateway_proof)
         body: dict[str, object] = {"ok": started, "worker_id": self.worker.worker_id}
         challenge = request.query.get(CHALLENGE_PARAM)
-        if self._router_secret and is_challenge(challenge) and self.worker.gateway_url:
+        secret = self.door.router_secret  # the one the forwarded tenants are checked with
+        if secret and is_challenge(challenge) and self.worker.gateway_url:
             assert challenge is not None
             body[PROOF_FIELD] = proof(
-                self._router_secret, challenge, self.worker.worker_id, self.worker.gateway_url
+                secret, challenge, self.worker.worker_id, self.worker.gateway_url
             )
         return web.json_response(body, status=200 if started else 503)
 
@@ -406,6 +407,8 @@ class Gateway:
                 )
             record = choice.stable
         trace.record, name = record, record.lora_name
+        if self.worker.upstream_stalled:  # hung: no load and no answer would come in time
+            return self._not_run(trace, VllmErrorCode.timeout)
         hot = self.worker.is_hot(name)
         trace.tier = Tier.gpu if hot else Tier.host if self.worker.is_on_host(name) else Tier.cold
         self.worker.count_request(name, hot=hot)
@@ -532,7 +535,7 @@ class Gateway:
         if trace.stream:  # token counts come from vLLM's usage chunk
             upstream["stream_options"] = {"include_usage": True}
         trace.queue_ms = (time.perf_counter() - trace.started) * 1000
-        if self.worker.upstream_stalled:  # hung: it would hold this request for nothing
+        if self.worker.upstream_stalled:  # hung since the route was chosen (a cold load's wait)
             return self._not_run(trace, VllmErrorCode.timeout)
         with self.worker.serving(served_name):
             try:

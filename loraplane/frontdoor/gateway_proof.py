@@ -23,6 +23,7 @@ CHALLENGE_PARAM = "challenge"
 PROOF_FIELD = "proof"
 """The ``/healthz`` answer's field with the gateway's proof."""
 _CHALLENGE = re.compile(r"[0-9a-f]{32}")
+_PROOF = re.compile(r"[0-9a-f]{64}")
 _KEY_LABEL = b"loraplane gateway proof v1"
 
 
@@ -43,5 +44,6 @@ def proven(secret: bytes, challenge: str, worker_id: str, gateway_url: str, answ
     return (
         is_challenge(challenge)
         and isinstance(answer, str)
+        and _PROOF.fullmatch(answer) is not None  # compare_digest raises on non-ASCII text
         and hmac.compare_digest(answer, proof(secret, challenge, worker_id, gateway_url))
     )

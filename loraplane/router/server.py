@@ -179,6 +179,9 @@ class Fleet:
         self.dead_lettered = 0
         self._clock = clock
         self.proven: dict[str, str] = {}  # worker id -> the gateway URL it proved
+        # (worker id, URL) pairs that proved themselves to this router, most recent last:
+        # asked first and evicted last when they come back (MAX_UNPROVEN at most)
+        self._known: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._unproven: OrderedDict[str, tuple[WorkerState, float]] = OrderedDict()
         self._asking: set[tuple[str, str]] = set()
         self._failed: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -194,7 +197,7 @@ class Fleet:
         or dead-lettered; never raises."""
         if record.value is None:  # a tombstone: the worker is gone
             wid = (record.key or b"").decode("utf-8", "replace")
-            self._unproven.pop(wid, None)
+            self.forget(wid)
             self.index.forget(wid)
             return
         try:
@@ -225,17 +228,46 @@ class Fleet:
     def offer(self, state: WorkerState, arrived: float) -> None:
         """A decoded worker state that arrived at epoch seconds ``arrived``: into the index
         when its gateway proved itself at that address, else held for the proof."""
-        wid = state.worker_id
-        if self.proven.get(wid) == state.gateway_url:
+        wid, url = state.worker_id, state.gateway_url
+        if self.proven.get(wid) == url:
             self._unproven.pop(wid, None)
             self.index.update(state, arrived)
             return
+        held = self._unproven.get(wid)
+        if held is not None and held[0].gateway_url == url:
+            # the same worker and address again (its next heartbeat): newer, in its place in
+            # the queue, so a flood of fresh forged ids never pushes it back to the end
+            self._unproven[wid] = (state, arrived)
+            return
         self._unproven.pop(wid, None)
-        if not state.gateway_url:  # no gateway to prove itself, none to route to
+        if not url:  # no gateway to prove itself, none to route to
             return
         self._unproven[wid] = (state, arrived)
-        while len(self._unproven) > MAX_UNPROVEN:
-            self._unproven.popitem(last=False)
+        if len(self._unproven) > MAX_UNPROVEN:
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        """Drop the oldest held state whose proof is not being asked (one being asked is
+        answered within the probe timeout) and whose (worker, address) never proved itself
+        to this router; only when every held state is such a one, the oldest unasked."""
+        fallback = None
+        for wid, (state, _) in self._unproven.items():
+            key = (wid, state.gateway_url)
+            if key in self._asking:
+                continue
+            if key not in self._known:
+                del self._unproven[wid]
+                return
+            fallback = fallback or wid
+        if fallback is not None:
+            del self._unproven[fallback]
+
+    def forget(self, worker_id: str) -> None:
+        """The worker is gone (a tombstone, drained, or its gateway failed a proof): its
+        proof goes too, so a state naming that address again (an address handed to another
+        host meanwhile) is asked anew."""
+        self.proven.pop(worker_id, None)
+        self._unproven.pop(worker_id, None)
 
     @property
     def unproven(self) -> int:
@@ -243,18 +275,20 @@ class Fleet:
         return len(self._unproven)
 
     def to_prove(self, now: float, room: int) -> list[tuple[str, str]]:
-        """At most ``room`` (worker id, gateway URL) of held states whose proof to ask now,
-        oldest first; each is marked as being asked until ``proved``."""
-        asked: list[tuple[str, str]] = []
+        """At most ``room`` (worker id, gateway URL) of held states whose proof to ask now:
+        those that proved themselves to this router before (a worker tombstoned, drained or
+        parked, then back) first, then the oldest; each is marked as being asked until
+        ``proved``. Forged states under fresh ids, however many, queue behind known ones."""
+        due: list[tuple[str, str]] = []
         for wid, (state, _) in self._unproven.items():
-            if len(asked) >= room:
-                break
             key = (wid, state.gateway_url)
             failed = self._failed.get(key)
             if key in self._asking or (failed is not None and now - failed < PROOF_RETRY_S):
                 continue
-            self._asking.add(key)
-            asked.append(key)
+            due.append(key)
+        due.sort(key=lambda k: k not in self._known)  # stable: oldest first within each
+        asked = due[:room]
+        self._asking.update(asked)
         return asked
 
     def proved(self, worker_id: str, url: str, ok: bool, now: float) -> None:
@@ -274,10 +308,17 @@ class Fleet:
             self._refusals.note("not routed", f"worker {worker_id!r} at {url!r}")
             return
         self._failed.pop(key, None)
-        self.proven[worker_id] = url
+        indexed = self.index.workers.get(worker_id) or self.index.parked.get(worker_id)
         if held is not None and held[0].gateway_url == url:
             del self._unproven[worker_id]
             self.index.update(*held)
+        elif indexed is None or indexed.state.gateway_url != url:
+            return  # no state names that address any more (forgotten meanwhile)
+        self.proven[worker_id] = url
+        self._known.pop(key, None)
+        self._known[key] = None
+        while len(self._known) > MAX_UNPROVEN:
+            self._known.popitem(last=False)
 
 
 @dataclass
@@ -825,6 +866,10 @@ async def _watch_fleet(
             ok = False
         was_parked = wid in index.parked
         index.probed(wid, url, ok, time.time())
+        if ok:  # the probe asked a fresh proof too
+            router.fleet.proved(wid, url, True, time.time())
+        elif router.fleet.proven.get(wid) == url:
+            router.fleet.forget(wid)  # its next state proves itself again before a request
         if was_parked and wid in index.workers:
             log.info("worker %s back in the view: its gateway answered a probe", wid)
 
@@ -856,6 +901,7 @@ async def _watch_fleet(
                 drained = index.drain(now)
                 router.forget_gateways()
                 for wid in drained.gone:
+                    router.fleet.forget(wid)
                     log.info(
                         "worker %s drained: no heartbeat for %d intervals of a current "
                         "worker-state feed",

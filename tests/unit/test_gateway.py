@@ -1925,6 +1925,16 @@ async def test_a_hung_vllm_is_a_retryable_503_saying_nothing_ran_without_asking_
     assert (log.status, log.error) == ("error", "vllm_timeout")
 
 
+async def test_a_hung_vllm_is_answered_before_a_cold_adapter_waits_for_a_load() -> None:
+    """A request for an adapter not on the GPU asked the agent for a load and waited out its
+    class's cold wait before it reached the stalled check; it is refused first, and no load
+    is asked of a vLLM that answers nothing."""
+    serving = FailingUpstream(upstream_stalled=True)  # nothing hot: sql is cold
+    status, headers, text, _ = await _complete_once(serving)
+    assert status == 503 and headers[NOT_RUN_HEADER] == "vllm_timeout", text
+    assert serving.asked == [] and serving.counted == []
+
+
 async def test_attack_a_busy_vllm_is_not_answered_as_gone() -> None:
     """No place in flight to vLLM within the request's time (the pool's wait, also a request
     never sent) means vLLM is busy, not gone: no not-run header, which would make a router

@@ -31,7 +31,7 @@ from loraplane.frontdoor.forwarded import (
     sign,
     verify,
 )
-from loraplane.frontdoor.gateway_proof import proof
+from loraplane.frontdoor.gateway_proof import proof, proven
 from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
@@ -1235,3 +1235,61 @@ async def test_a_gateway_proves_the_router_secret_only_for_a_challenge_and_with_
             assert "proof" not in await resp.json()
     finally:
         await lone.close()
+
+
+def test_attack_a_flood_of_forged_states_never_pushes_a_known_worker_out() -> None:
+    """ATTACK: forged states under fresh ids, 50 for each heartbeat of a genuine worker that
+    the router had proven, then lost (a forged tombstone). Each re-offer of a held state
+    sent it to the back of the queue and the oldest were evicted first, so the genuine
+    state was never asked. A state keeps its place when its worker and address come again,
+    a pair that proved itself before is asked first and evicted last."""
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    genuine = at(worker("w1"), NOW, "http://10.0.0.1:8000")
+    fleet.offer(genuine, NOW)
+    assert fleet.to_prove(NOW, 1) == [("w1", "http://10.0.0.1:8000")]
+    fleet.proved("w1", "http://10.0.0.1:8000", True, NOW)
+    fleet.take(Record("lp.worker-state", 0, 1, b"w1", None, {}, 0))  # a forged tombstone
+    assert "w1" not in fleet.index.workers and "w1" not in fleet.proven
+    forged = 0
+    for beat in range(1, 60):
+        fleet.offer(at(worker("w1"), NOW + beat, "http://10.0.0.1:8000"), NOW + beat)
+        for _ in range(50):
+            forged += 1
+            fleet.offer(
+                at(worker(f"f{forged}"), NOW + beat, f"http://10.1.{forged // 250}.{forged % 250}"),
+                NOW + beat,
+            )
+    assert fleet.unproven == MAX_UNPROVEN
+    assert fleet.to_prove(NOW + 60, 1) == [("w1", "http://10.0.0.1:8000")]
+    fleet.proved("w1", "http://10.0.0.1:8000", True, NOW + 60)
+    assert fleet.index.workers["w1"].beat == NOW + 59  # its newest state, routed
+
+
+def test_attack_a_proof_is_forgotten_with_its_worker_and_a_late_one_proves_nothing() -> None:
+    """ATTACK: a worker is tombstoned or drained and its address later handed to a host of
+    the forger's. Its proof stayed, so a state naming that worker and address was routed at
+    once with no challenge. It is forgotten with the worker; a proof that comes back after
+    its state was forgotten proves nothing."""
+    fleet = Fleet(FleetIndex(POLICY, 5.0), ListSink(), "router-t")
+    url = "http://10.0.3.7:8000"
+    fleet.offer(at(worker("w1"), NOW, url), NOW)
+    fleet.to_prove(NOW, 1)
+    fleet.proved("w1", url, True, NOW)
+    fleet.forget("w1")  # drained
+    fleet.index.forget("w1")
+    fleet.offer(at(worker("w1"), NOW + 1, url), NOW + 1)
+    assert "w1" not in fleet.index.workers and fleet.unproven == 1  # asked anew
+    assert fleet.to_prove(NOW + 1, 1) == [("w1", url)]
+    fleet.take(Record("lp.worker-state", 0, 2, b"w1", None, {}, 0))  # gone while being asked
+    fleet.proved("w1", url, True, NOW + 2)
+    assert "w1" not in fleet.proven and "w1" not in fleet.index.workers
+
+
+@pytest.mark.parametrize("answer", ["é" * 64, "0" * 63, "0" * 64 + "\n", 12, None, "A" * 64])
+def test_attack_a_malformed_proof_is_refused_never_raised(answer: object) -> None:
+    """ATTACK: a proof of non-ASCII text made hmac.compare_digest raise TypeError: each
+    probe logged a traceback (not rate-limited) instead of refusing the gateway."""
+    challenge = "0123456789abcdef" * 2
+    assert proven(SECRET, challenge, "w1", "http://w1", answer) is False
+    good = proof(SECRET, challenge, "w1", "http://w1")
+    assert proven(SECRET, challenge, "w1", "http://w1", good) is True
