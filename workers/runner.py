@@ -80,12 +80,13 @@ class WorkerOptions:
     vllm_start_timeout_s: float = 120.0  # vLLM healthy by then at the start, else exit
 
 
-def base_model_shape(model_dir: Path | None, served_root: str | None) -> ModelShape | None:
+def base_model_shape(model_dir: Path | None, served_root: str | None) -> ModelShape:
     """The shapes every adapter is checked against before vLLM gets it: ``--model-dir``'s
-    config.json (unusable: ValueError, the start stops), else that of ``served_root``, the
-    base model's root vLLM lists (the folder it serves from), when that is an absolute path
-    to a folder whose config.json the bounded reader takes; else None, said here in one
-    line: every adapter load is then refused as ``model_shape_unknown``."""
+    config.json, else that of ``served_root``, the base model's root vLLM lists (the folder
+    it serves from) when that is an absolute path to a folder whose config.json the bounded
+    reader takes. ValueError otherwise, and the start stops: a worker that could check no
+    adapter would refuse every load, and its startup scan would drop every host-tier entry
+    (docs/worker.md, "--model-dir")."""
     if model_dir is not None:
         return read_model_config(model_dir / "config.json")
     if served_root and Path(served_root).is_absolute():
@@ -98,12 +99,10 @@ def base_model_shape(model_dir: Path | None, served_root: str | None) -> ModelSh
             return shape
     else:
         why = f"vLLM lists its base model's root as {served_root!r:.200}, no local folder"
-    log.error(
-        "no --model-dir and %s: every adapter load is refused as model_shape_unknown "
-        "(pass --model-dir with the base model's folder)",
-        why,
+    raise ValueError(
+        f"no --model-dir and {why}: no adapter could be checked against the base model's "
+        "shapes (pass --model-dir with the base model's folder)"
     )
-    return None
 
 
 async def served_base_root(vllm: VllmClient, timeout_s: float) -> str | None:
@@ -118,15 +117,15 @@ def build_host_tier(
     settings: Settings,
     options: WorkerOptions,
     is_protected: Callable[[str], bool],
-    served_root: str | None = None,
+    shape: ModelShape,
 ) -> HostTier:
     """The verified host tier, fetching from the allowlisted S3 of ``settings``; adapters
-    are checked against the base model's shapes (``base_model_shape``), never loaded
+    are checked against the base model's ``shape`` (``base_model_shape``), never loaded
     without them."""
     limits = WorkerLimits(
         base_model=options.base_model,
         max_lora_rank=options.max_lora_rank,
-        model=base_model_shape(options.model_dir, served_root),
+        model=shape,
         base_model_aliases=settings.base_model_aliases,
         require_model=True,
     )
@@ -246,6 +245,11 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
         except VllmError as exc:
             await vllm.close()
             raise SystemExit(f"worker {options.worker_id}: {exc}") from None
+    try:
+        shape = base_model_shape(options.model_dir, served_root)
+    except ValueError as exc:
+        await vllm.close()
+        raise SystemExit(f"worker {options.worker_id}: {exc}") from None
     sink = KafkaEventSink(settings, f"worker-{options.worker_id}")
     metrics = WorkerMetrics()
     metrics.registry.register(SinkMetrics(sink))
@@ -287,7 +291,7 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
             policy=settings.policy,
         ),
         vllm=vllm,
-        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n), served_root),
+        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n), shape),
         registry_loader=registry.records,
         sink=sink,
         metrics=metrics,

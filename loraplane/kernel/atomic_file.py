@@ -27,8 +27,14 @@ def write_atomic(path: Path, data: str | bytes, mode: int = 0o666) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, rename it over ``path``
     and fsync the folder (the worker's applied command ids, registry checkpoints, last
     verified views, secret files). ``mode`` is the new file's from its first byte (less
-    the umask)."""
-    os.replace(write_temporary(path, data, mode), path)
+    the umask). A rename that fails (``path`` is a folder) removes the temporary file: its
+    random name is never drawn again, so nothing else would."""
+    tmp = write_temporary(path, data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     sync_folder(path.parent)
 
 

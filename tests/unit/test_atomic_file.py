@@ -105,3 +105,12 @@ def test_write_new_leaves_what_is_there_alone(tmp_path: Path) -> None:
     assert victim.read_text() == "keep me" and existing.read_text() == "old"
     assert fresh.read_bytes() == b"new" and fresh.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "fresh", "link", "victim"]
+
+
+def test_a_failed_rename_leaves_no_temporary(tmp_path: Path) -> None:
+    """A rename over a folder fails; its temporary file, under a random name no later
+    write draws again, stayed beside it for good."""
+    (tmp_path / "state.json").mkdir()
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "state.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]

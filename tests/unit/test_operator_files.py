@@ -154,8 +154,7 @@ def test_the_worker_refuses_a_hostile_model_config_naming_it(tmp_path: Path, kin
     """The worker's host tier and vLLM's resolver read the model's config.json as the CLI
     does (``artifact.model_config``): one ValueError naming the file, never a hang, an
     OSError or an AttributeError from deep inside the shape code."""
-    from loraplane.kernel.config import Settings
-    from loraplane.workers.runner import WorkerOptions, build_host_tier
+    from loraplane.workers.runner import WorkerOptions, base_model_shape
     from loraplane.workers.vllm_resolver import HostTierResolver, ResolverConfig
 
     folder = _model_folder(tmp_path, kind)
@@ -170,7 +169,7 @@ def test_the_worker_refuses_a_hostile_model_config_naming_it(tmp_path: Path, kin
         model_dir=folder,
     )
     with pytest.raises(ValueError, match=r"config\.json"):
-        build_host_tier(Settings(home=tmp_path), options, lambda _name: False)
+        base_model_shape(options.model_dir, None)
     if kind in ("fifo", "endless-device"):
         return  # no file: the resolver serves a hub model's name without a local config
     with pytest.raises(ValueError, match=r"config\.json"):

@@ -5,7 +5,6 @@ the folder vLLM lists as its base model's root, else every load refused."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -19,7 +18,12 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
-from loraplane.workers.runner import WorkerOptions, build_host_tier, served_base_root
+from loraplane.workers.runner import (
+    WorkerOptions,
+    base_model_shape,
+    build_host_tier,
+    served_base_root,
+)
 from loraplane.workers.vllm_client import VllmClient
 from tests.hostile_corpus import CASES, Case, hostile
 
@@ -71,10 +75,9 @@ async def listed_root() -> AsyncIterator[Root]:
 
 
 def _limits(tmp_path: Path, served_root: str | None, model_dir: Path | None = None) -> WorkerLimits:
-    tier = build_host_tier(
-        Settings(home=tmp_path), _options(tmp_path, model_dir), lambda _n: False, served_root
-    )
-    return tier.limits
+    shape = base_model_shape(model_dir, served_root)
+    options = _options(tmp_path, model_dir)
+    return build_host_tier(Settings(home=tmp_path), options, lambda _n: False, shape).limits
 
 
 def _verify(case: Case, limits: WorkerLimits, tmp_path: Path) -> tuple[Reason, ...]:
@@ -113,25 +116,26 @@ async def test_the_shapes_come_from_the_root_vllm_lists(
 
 
 @pytest.mark.parametrize("served", ["org/hub-model", "relative/model", "/no/such/folder", "dir"])
-async def test_attack_with_no_shapes_every_load_is_refused_as_model_shape_unknown(
-    served: str,
-    tmp_path: Path,
-    model_dir: Path,
-    listed_root: Root,
-    caplog: pytest.LogCaptureFixture,
+async def test_attack_with_no_shapes_the_worker_does_not_start(
+    served: str, tmp_path: Path, listed_root: Root
 ) -> None:
     """ATTACK: no ``--model-dir`` and vLLM serves a hub id, a relative path, a folder that
-    is gone or one without a config.json: nothing says the model's shapes, so no adapter is
-    checked against them. Every adapter is refused as ``model_shape_unknown`` (the genuine
-    one too), and the start says so in one line."""
+    is gone or one without a config.json: nothing says the model's shapes. A worker that ran
+    so refused every load, and its startup scan dropped every host-tier entry as
+    ``model_shape_unknown``. Its start stops with one line naming why and what to pass."""
     if served == "dir":
         (tmp_path / "bare").mkdir()
         served = str(tmp_path / "bare")
     root = await listed_root(served)
-    with caplog.at_level(logging.INFO, logger="loraplane.worker"):
-        limits = _limits(tmp_path, root)
-    assert limits.model is None
+    with pytest.raises(ValueError, match="pass --model-dir"):
+        base_model_shape(None, root)
+
+
+def test_without_shapes_verification_refuses_every_adapter(tmp_path: Path) -> None:
+    """Where no shapes are known and they are required (vLLM's resolver for a hub id), every
+    adapter is refused as ``model_shape_unknown``, the genuine one too."""
+    limits = WorkerLimits(
+        base_model=TINY_BASE_MODEL, max_lora_rank=64, model=None, require_model=True
+    )
     assert _verify(GOOD, limits, tmp_path) == (Reason.model_shape_unknown,)
     assert Reason.model_shape_unknown in _verify(WIDE, limits, tmp_path)
-    said = [r for r in caplog.records if "model_shape_unknown" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.ERROR
