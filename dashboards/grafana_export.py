@@ -179,7 +179,12 @@ def _panel(
     target = ClickHouseQueryBuilder().ref_id("A").datasource(DATASOURCE)
     panel: timeseries.Panel | table.Panel
     if fields:
-        sql = f"SELECT minute AS time, adapter_id, {', '.join(fields)} FROM (\n{sql}\n)"
+        # the pack keeps the newest minutes (ORDER BY minute DESC, LIMIT); Grafana turns a
+        # long frame into series only when it is sorted by time, ascending
+        sql = (
+            f"SELECT minute AS time, adapter_id, {', '.join(fields)} FROM (\n{sql}\n)\n"
+            "ORDER BY time, adapter_id"
+        )
         target.format(ClickHouseFormat.TIME_SERIES).query_type("timeseries")
         panel = (
             timeseries.Panel()

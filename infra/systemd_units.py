@@ -75,7 +75,8 @@ class Unit:
         return [specifiers(v, instance) for v in self.service.get("EnvironmentFile", [])]
 
     def environment(self, instance: str = "", host: str | None = None) -> dict[str, str]:
-        """What the unit's ``Environment`` lines set (after its EnvironmentFiles)."""
+        """What the unit's ``Environment`` lines set; its EnvironmentFiles override them, as
+        systemd reads them (``exec_start``)."""
         env: dict[str, str] = {}
         for value in self.service.get("Environment", []):
             for word in shlex.split(specifiers(value, instance, host)):
@@ -93,7 +94,7 @@ class Unit:
         starts = self.service.get("ExecStart", [])
         if len(starts) != 1:
             raise UnitError(f"{self.path.name}: {len(starts)} ExecStart lines, want 1")
-        env: dict[str, str] = {}
+        env = self.environment(instance, host)  # EnvironmentFile= wins over Environment=
         for name in self.environment_files(instance):
             source = env_files.get(name.lstrip("-"))
             if source is None:
@@ -101,7 +102,6 @@ class Unit:
                     continue
                 raise UnitError(f"{self.path.name}: no file given for EnvironmentFile {name}")
             env |= environment_file(source)
-        env |= self.environment(instance, host)
         return command_words(specifiers(starts[0].lstrip(_EXEC_PREFIXES), instance, host), env)
 
 

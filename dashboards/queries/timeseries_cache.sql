@@ -2,9 +2,10 @@
 -- Answers: per (minute, adapter_id) over [since, until): loads, load failures,
 --   cold_load_fail_ratio, kv_namespace_conflict count and adapter_swap_ms p50/p95/p99.
 --   Reads the materialized rollup adapter_cache_1m (exact counts, t-digest percentiles).
--- Series: the 20 adapters with the most loads in the window (a chart of more is unreadable,
---   and a writer of the cache-events topic can name any number of adapters), newest minutes
---   first, so a limit cuts the oldest minutes, never the latest.
+-- Series: the 20 adapters with the most load attempts in the window, failed ones counted
+--   (an adapter whose loads all fail is the one the fail ratio is for; a chart of more is
+--   unreadable, and a writer of the cache-events topic can name any number of adapters),
+--   newest minutes first, so a limit cuts the oldest minutes, never the latest.
 -- Params: since, until (unix seconds); base_model, tenant_id, adapter_id, adapter_version
 --   ('' = all); limit (max rows).
 SELECT
@@ -32,7 +33,7 @@ WHERE minute >= toStartOfMinute(toDateTime(%(since)s)) AND minute < toDateTime(%
         AND (%(adapter_id)s = '' OR adapter_id = %(adapter_id)s)
         AND (%(adapter_version)s = '' OR adapter_version = %(adapter_version)s)
         GROUP BY adapter_id
-        ORDER BY uniqExactIfMerge(loads) DESC, adapter_id
+        ORDER BY uniqExactIfMerge(loads) + uniqExactIfMerge(load_failures) DESC, adapter_id
         LIMIT 20)
 GROUP BY minute, adapter_id
 ORDER BY minute DESC, adapter_id

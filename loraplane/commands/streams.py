@@ -78,14 +78,28 @@ def _listed_once_kafka_answers(
     """The broker's topics, once it answers: a worker started before Kafka (or while it is
     away) waits for it, a line each attempt, as every other runtime does, instead of
     ending on the first refused connection."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
+    refused = {
+        getattr(KafkaError, name)
+        for name in (
+            "_AUTHENTICATION",
+            "SASL_AUTHENTICATION_FAILED",
+            "CLUSTER_AUTHORIZATION_FAILED",
+            "TOPIC_AUTHORIZATION_FAILED",
+        )
+        if hasattr(KafkaError, name)
+    }
     while True:
         try:
             return dict(admin.list_topics(timeout=attempt_s).topics)
         except KafkaException as exc:
             error = exc.args[0]
             why = error.str() if hasattr(error, "str") else str(error)
+            code = error.code() if hasattr(error, "code") else None
+            if code in refused or (hasattr(error, "fatal") and error.fatal()):
+                # a wrong password or a missing grant does not heal by waiting
+                raise SystemExit(f"Kafka at {bootstrap} refused this client: {why}") from None
             typer.echo(f"Kafka at {bootstrap} does not answer ({why}); waiting", err=True)
 
 

@@ -86,3 +86,18 @@ def test_a_worker_started_before_kafka_waits_for_it_a_line_each_attempt(
     assert len(lines) == 3
     assert all(ln.startswith("Kafka at 127.0.0.1:19092 does not answer (") for ln in lines)
     assert all("Traceback" not in ln for ln in lines)
+
+
+def test_a_worker_kafka_refuses_ends_with_one_line_instead_of_waiting() -> None:
+    """A wrong password or a missing grant looked like Kafka away: the start waited for
+    good. Kafka's refusal ends it with one line naming the broker and the reason."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Refusing:
+        def list_topics(self, timeout: float) -> ClusterMetadata:
+            raise KafkaException(
+                KafkaError(KafkaError._AUTHENTICATION, "SASL authentication failed")
+            )
+
+    with pytest.raises(SystemExit, match=r"Kafka at 127\.0\.0\.1:19092 refused this client"):
+        streams._listed_once_kafka_answers(Refusing(), "127.0.0.1:19092", attempt_s=0.01)  # type: ignore[arg-type]

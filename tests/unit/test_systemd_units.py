@@ -184,7 +184,6 @@ SANDBOX = {  # every unit: what a reviewer of a systemd service expects, as one 
     "ProtectKernelModules": "yes",
     "ProtectKernelLogs": "yes",
     "ProtectControlGroups": "yes",
-    "ProtectClock": "yes",
     "ProtectHostname": "yes",
     "ProtectProc": "invisible",
     "RestrictNamespaces": "yes",
@@ -196,6 +195,7 @@ SANDBOX = {  # every unit: what a reviewer of a systemd service expects, as one 
     "SystemCallErrorNumber": "EPERM",
 }
 CONTROL_PLANE = {  # the units that touch no device and run no compiled-at-run-time code
+    "ProtectClock": "yes",
     "PrivateDevices": "yes",
     "PrivateUsers": "yes",
     "MemoryDenyWriteExecute": "yes",
@@ -217,6 +217,9 @@ def test_every_unit_runs_sandboxed(name: str) -> None:
     assert unit.service["ReadWritePaths"] == ["/var/lib/loraplane"], name
     if name in GPU_UNITS:
         assert "PrivateDevices" not in one and "PrivateUsers" not in one, name
+        # before systemd 252 ProtectClock adds DeviceAllow=char-rtc: an allow-list of devices
+        # that leaves the GPU's nodes out
+        assert "ProtectClock" not in one and "DeviceAllow" not in one, name
     else:
         for key, value in CONTROL_PLANE.items():
             assert one.get(key) == value, (name, key)
@@ -240,8 +243,9 @@ def _offline_security() -> bool:
 
 @pytest.mark.skipif(not _offline_security(), reason="no systemd-analyze security --offline")
 def test_systemd_analyze_security_rates_every_unit_ok(tmp_path: Path) -> None:
-    """systemd's own exposure score (0 best, 10 worst; 'OK' is below 3.9 there): at most 2.0
-    for every unit, vLLM's included."""
+    """systemd's own exposure score (0 best, 10 worst; 'OK' is below 3.9 there): at most 1.2
+    for the control plane, 2.5 for the GPU units (no ProtectClock there: before systemd 252
+    it hides the GPU's device nodes), vLLM's included."""
     scores = {}
     for name in COMMANDS:
         copy = tmp_path / name.replace("@.", "@0.")
@@ -256,7 +260,8 @@ def test_systemd_analyze_security_rates_every_unit_ok(tmp_path: Path) -> None:
         found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
         assert found, done.stdout + done.stderr
         scores[name] = float(found.group(1))
-    assert max(scores.values()) <= 2.0, scores
+    assert max(v for k, v in scores.items() if k not in GPU_UNITS) <= 1.2, scores
+    assert max(scores[k] for k in GPU_UNITS) <= 2.5, scores
 
 
 _MDWE_PROBE = r"""
