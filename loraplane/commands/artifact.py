@@ -164,10 +164,8 @@ def register(app: typer.Typer) -> None:
                 return
             for dropped in prepared.manifest.dropped:
                 typer.echo(f"publish drops {dropped.path} ({dropped.kind})", err=True)
-            refusals = (
-                prepared.selection.refusals
-                + verify_artifact(prepared.reader, limits, record).refusals
-            )
+            # prepare() refused on the listing already: only the artifact's own checks are left
+            refusals = verify_artifact(prepared.reader, limits, record).refusals
             report(refusals or signature(folder, prepared.manifest), pinned=record is not None)
             return
         with tempfile.TemporaryDirectory(prefix="loraplane-verify-") as tmp:
