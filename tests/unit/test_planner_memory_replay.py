@@ -24,6 +24,7 @@ from loraplane.streams.planner import Planner, WorkerMemory
 from loraplane.streams.planner_runtime import MemoryGate, memory_of, memory_refusal
 from tests.unit.test_planner import NOW, POLICY, scores, views, worker
 from tests.unit.test_planner_memory import ADAPTERS, COMMANDS, KIT, PLAN, signed
+from tests.unit.test_tail_bounds import ViewSource
 
 
 def memory_record(offset: int, wid: str, memory: WorkerMemory, key: str = "planner") -> Record:
@@ -182,19 +183,6 @@ def test_attack_forged_records_are_refused_before_they_are_decoded(
     assert line.startswith("planner-memory: 10000 records skipped (")
 
 
-class FakeTail:
-    def __init__(self, view: TailView) -> None:
-        self.view = view
-        self.rewinds = 0
-
-    def refuse(self, record: Record) -> None:
-        self.view.refuse(record)
-
-    def rewind(self) -> bool:
-        self.rewinds += self.view.ask_rewind()
-        return True
-
-
 def test_attack_the_memory_tail_holds_forged_records_only_within_its_bounds(
     tmp_path: os.PathLike[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -209,7 +197,7 @@ def test_attack_the_memory_tail_holds_forged_records_only_within_its_bounds(
     save_keyring(KIT.keyring, path)
     view = TailView(max_refused=100)
     view.assign({("m", 0): 0})
-    tail = FakeTail(view)
+    tail = ViewSource(view)
     gate = MemoryGate(KeyringFile(path), lambda: tail)  # type: ignore[arg-type,return-value]
     genuine = memory_record(0, "w1", PLAN.memory["w1"])
     stranger = SigningKey.generate("stranger", "planner-9")
