@@ -19,11 +19,14 @@ from typing import TextIO
 
 from loraplane.kernel.local_files import open_regular
 
-__all__ = ["CUT_MARK", "MAX_LINE", "lines_of", "next_line", "tail"]
+__all__ = ["CUT_MARK", "MAX_HELD", "MAX_LINE", "lines_of", "next_line", "tail"]
 
 MAX_LINE = 16 * 1024
 """The most characters of one log line shown or held; a log line of the project's own
 components is under 1 KiB, and a Java stack trace's under 4 KiB."""
+MAX_HELD = 8 * 1024 * 1024
+"""The most characters ``tail`` holds in all: ``stack logs -n`` takes up to a million lines,
+and a million cut lines would be gigabytes; the tail keeps the newest lines within this."""
 CUT_MARK = " …[line cut]"
 _SKIP = 64 * 1024
 
@@ -47,11 +50,19 @@ def lines_of(fh: TextIO, max_line: int = MAX_LINE) -> Iterator[str]:
         yield line
 
 
-def tail(path: Path, lines: int, max_line: int = MAX_LINE) -> list[str]:
+def tail(path: Path, lines: int, max_line: int = MAX_LINE, max_held: int = MAX_HELD) -> list[str]:
     """The last ``lines`` lines of the log at ``path``, without their newlines, each at most
-    ``max_line`` characters and the mark; nothing when it does not exist yet."""
+    ``max_line`` characters and the mark, and no more of them than fit in ``max_held``
+    characters (the newest kept); nothing when it does not exist yet."""
+    kept: deque[str] = deque()
+    held = 0
     try:
         with os.fdopen(open_regular(path), errors="replace") as fh:
-            return [line.rstrip("\n") for line in deque(lines_of(fh, max_line), maxlen=lines)]
+            for line in lines_of(fh, max_line):
+                kept.append(line)
+                held += len(line)
+                while len(kept) > lines or (held > max_held and len(kept) > 1):
+                    held -= len(kept.popleft())
     except FileNotFoundError:
         return []
+    return [line.rstrip("\n") for line in kept]

@@ -17,7 +17,7 @@ import pytest
 
 from loraplane.demo import supervisor
 from loraplane.infra.processes import Managed
-from loraplane.kernel.log_tail import CUT_MARK, MAX_LINE, next_line, tail
+from loraplane.kernel.log_tail import CUT_MARK, MAX_HELD, MAX_LINE, next_line, tail
 
 LONG = 64 * 1024 * 1024
 
@@ -76,3 +76,22 @@ def test_follow_cuts_a_long_line_and_goes_on_with_the_next() -> None:
     assert next_line(stream) == ""
     exact = io.StringIO("y" * MAX_LINE + "\n")
     assert next_line(exact) == "y" * MAX_LINE + "\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_tail_of_a_million_long_lines_holds_at_most_max_held(tmp_path: Path) -> None:
+    """``stack logs -n 1000000`` of a log of long lines: each line is cut at ``MAX_LINE``,
+    but a million of them would still be gigabytes; the tail keeps the newest lines that fit
+    in ``MAX_HELD`` characters, and the newest line is always among them."""
+    path = tmp_path / "component.log"
+    line = "z" * (MAX_LINE * 2)
+    count = 3 * MAX_HELD // MAX_LINE
+    with path.open("w") as fh:
+        for i in range(count):
+            fh.write(f"{i:08d}{line}\n")
+    lines, peak = _peak(lambda: tail(path, 1_000_000))
+    assert sum(len(x) for x in lines) <= MAX_HELD
+    assert len(lines) >= MAX_HELD // (MAX_LINE + len(CUT_MARK) + 1) - 1
+    assert lines[-1].startswith(f"{count - 1:08d}")
+    assert peak < 3 * MAX_HELD * 4  # characters held, at most 4 bytes each, and slack
+    assert tail(path, 2)[0].startswith(f"{count - 2:08d}")
