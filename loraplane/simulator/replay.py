@@ -163,15 +163,22 @@ def check_rows(count: int) -> None:
         )
 
 
-def _check_names(rows: Sequence[RequestRow], what_if: WhatIf) -> None:
+def _check_names(
+    rows: Sequence[RequestRow], workers: Sequence[WorkerFacts], what_if: WhatIf
+) -> None:
     """ValueError naming the first of base models (pools), adapter versions (catalog entries),
     tenants or one pool's workers that the rows name more of than the simulator holds
     (``MAX_COUNT`` each: it builds an object a unit); a writer of the requests topic chooses
     every id, and a tenant every refused request's adapter id, so this is asked before any
-    catalog or fleet is built from them."""
+    catalog or fleet is built from them. A pool's workers are counted as ``_fleet`` counts
+    them: those the rows name and those with a worker state (a writer of the worker-state
+    topic chooses those ids)."""
     pools: dict[str, set[str]] = {}
     for r in rows:
         pools.setdefault(r.base_model, set()).add(r.worker_id)
+    for w in workers:
+        if w.base_model in pools:
+            pools[w.base_model].add(w.worker_id)
     counts = {
         "base models": len(pools),
         "adapter versions": len({(r.base_model, r.adapter_id, r.adapter_version) for r in rows}),
@@ -182,8 +189,8 @@ def _check_names(rows: Sequence[RequestRow], what_if: WhatIf) -> None:
     for what, count in counts.items():
         if count > MAX_COUNT:
             raise ValueError(
-                f"the window's request rows name {count} {what}, more than a replay holds "
-                f"({MAX_COUNT}): give a shorter --since"
+                f"the window's request rows (and worker states) name {count} {what}, more "
+                f"than a replay holds ({MAX_COUNT}): give a shorter --since"
             )
 
 
@@ -199,7 +206,7 @@ def build(
     if not ordered:
         raise ValueError("no request rows to replay")
     check_rows(len(ordered))
-    _check_names(ordered, what_if)
+    _check_names(ordered, workers, what_if)
     notes: list[str] = []
     pools = sorted({r.base_model for r in ordered})
     pool_index = {name: i for i, name in enumerate(pools)}

@@ -3,6 +3,7 @@ and the CLI's errors before any row is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime
 
@@ -295,6 +296,22 @@ def test_attack_rows_naming_more_ids_than_a_replay_holds_are_refused_by_name(
     with pytest.raises(ValueError, match=f"name 100001 {what}, more than a replay holds"):
         build(_named(100_001, field), [], {}, BASE)
     build(_named(3, field), [], {}, BASE)  # a few are a replay
+
+
+def test_attack_worker_states_naming_more_workers_than_a_replay_holds_are_refused() -> None:
+    """ATTACK: a writer of the worker-state topic announces 100,001 workers of the pool the
+    rows use. The fleet counts a pool's workers from the rows and the states together, so
+    the bound counts them the same way: refused by name before a fleet is built; a pool's
+    states under another base model, which the replay does not build, do not count."""
+    from loraplane.simulator.scenario import MAX_COUNT
+
+    rows = _named(3, "tenant_id")
+    many = [WorkerFacts(f"s{i}", "llama", 4, 10, 64) for i in range(MAX_COUNT + 1)]
+    # the rows' own worker, w0, is one more
+    with pytest.raises(ValueError, match=f"name {MAX_COUNT + 2} workers of one base model"):
+        build(rows, many, {}, BASE)
+    elsewhere = [dataclasses.replace(w, base_model="other") for w in many]
+    build(rows, elsewhere, {}, BASE)
 
 
 def test_a_window_of_more_rows_than_a_replay_holds_is_never_read(
