@@ -38,7 +38,7 @@ from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signature import Signed
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, check_folder
 from loraplane.artifact.refusal import ArtifactError as FetchRefused
-from loraplane.artifact.refusal import Refusal, shown
+from loraplane.artifact.refusal import Refusal
 from loraplane.artifact.verification import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -55,6 +55,7 @@ from loraplane.artifact.verification import (
 )
 from loraplane.kernel.config import Settings
 from loraplane.kernel.local_files import open_regular
+from loraplane.kernel.log_lines import shown
 from loraplane.schemas.adapter import (
     AdapterRecord,
     Compatibility,

@@ -7,8 +7,9 @@ artifact store misbehaved and a later retry may succeed. The codes are
 ``schemas.reasons.ArtifactReason`` (wire-visible); ``Reason`` is this package's name for it.
 
 A refusal's text quotes the artifact (a tensor name, a file name, a library's error about
-a bundle) and is printed to terminals and CI logs: it is always printable (``shown``), so
-hostile bytes cannot start a log line of their own, move the cursor or reorder the text.
+a bundle) and is printed to terminals and CI logs: it is always printable
+(``log_lines.shown``), so hostile bytes cannot start a log line of their own, move the
+cursor or reorder the text.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from loraplane.kernel.log_lines import shown
 from loraplane.schemas.reasons import ArtifactReason as Reason
 
-__all__ = ["ArtifactError", "Refusal", "shown"]
-
-
-def shown(text: str) -> str:
-    """``text`` as a terminal or a CI log may print it: escaped (``repr``) unless every
-    character is printable (no line break, control, escape or direction override)."""
-    return text if text.isprintable() else repr(text)[1:-1]
+__all__ = ["ArtifactError", "Refusal"]
 
 
 @dataclass(frozen=True)

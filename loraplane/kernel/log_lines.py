@@ -7,6 +7,12 @@ The formatter escapes line breaks and other control characters in the message as
 escapes (``\\n``, ``\\x1b``), and so the bidirectional formatting characters, which make
 a terminal or an editor show the text after them in another order than it was written
 (``\\u202e``); a traceback, appended after the message, keeps its lines.
+
+Two rules, for two kinds of text: a log line (``one_line``) keeps tabs and every printable
+character of any script, as a message in any language reads; a name quoted to a terminal or
+a CI log (``shown``: a file name in an artifact, an object key) is shown as Python's
+``repr`` spells it whenever any character of it is not printable (an invisible character in
+a name would make two different names look the same).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["FORMAT", "OneLineFormatter", "configure_logging", "one_line"]
+__all__ = ["FORMAT", "OneLineFormatter", "configure_logging", "one_line", "shown"]
 
 FORMAT = "%(asctime)s %(name)s %(message)s"
 _BREAKING = re.compile(
@@ -28,6 +34,12 @@ def one_line(text: str) -> str:
     """``text`` with every line break, control and bidirectional formatting character
     escaped."""
     return _BREAKING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal or a CI log may print it: escaped (``repr``) unless every
+    character is printable (no line break, control, escape or direction override)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 class OneLineFormatter(logging.Formatter):
