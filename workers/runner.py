@@ -24,7 +24,7 @@ from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll
 from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
-from loraplane.kernel.http_server import start_site
+from loraplane.kernel.http_server import metrics_app, start_site
 from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
@@ -310,9 +310,9 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
     metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
     runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
     if options.metrics_port is not None:
-        metrics_app = web.Application(client_max_size=1024)
-        metrics_app.router.add_get("/metrics", gateway.metrics)
-        runners.append(await _site(settings, metrics_app, options.metrics_port, "metrics"))
+        runners.append(
+            await _site(settings, metrics_app(gateway.metrics), options.metrics_port, "metrics")
+        )
     log.info(
         "worker %s: gateway on %s:%d", options.worker_id, settings.listen_host, options.gateway_port
     )

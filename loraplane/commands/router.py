@@ -26,6 +26,13 @@ def run(
         max=65535,
         help="listen on listen_host:PORT (127.0.0.1; 0: any free)",
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="serve /metrics on listen_host:PORT (0: none); the API port never serves it",
+    ),
     router_id: str = typer.Option(
         "r1", "--router-id", help="names its dead letters and registry checkpoints"
     ),
@@ -68,6 +75,7 @@ def run(
             settings,
             RouterOptions(
                 port=port,
+                metrics_port=metrics_port,
                 router_id=router_id,
                 heartbeat_s=heartbeat_s or settings.policy.worker_heartbeat_s,
                 base_models=tuple(base_models or ()),

@@ -44,6 +44,7 @@ __all__ = [
     "bound_port",
     "connection_budget",
     "expect_continue",
+    "metrics_app",
     "open_connections",
     "raise_fd_limit",
     "run_serving",
@@ -623,6 +624,17 @@ async def start_site(
     await _BoundedSite(runner, host, port, state, handler_args).start()
     _throttle_loop_errors(asyncio.get_running_loop(), burst)
     return runner, burst
+
+
+def metrics_app(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.Application:
+    """A listener's app that answers ``GET /metrics`` with ``handler`` and nothing else (no
+    request body): a runtime's ``--metrics-port``, apart from the port its clients use, so
+    its series never reach whoever may reach that port."""
+    app = web.Application(client_max_size=1024)
+    app.router.add_get("/metrics", handler)
+    return app
 
 
 def bound_port(runner: web.AppRunner) -> int:

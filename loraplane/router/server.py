@@ -71,7 +71,7 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
-from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
+from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_app
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.worker_states import worker_state_of
@@ -430,7 +430,6 @@ class Router:
                 ),
                 web.get("/v1/models", self.models),
                 web.get("/healthz", self.healthz),
-                web.get("/metrics", self.metrics),
             ]
         )
         door_check = head_check(self.door, self.max_body_bytes, self._count_refusal)
@@ -464,6 +463,12 @@ class Router:
                 "adapters": len(self.fleet.versions),
             }
         )
+
+    def metrics_app(self) -> web.Application:
+        """``/metrics`` alone, for the ``--metrics-port`` listener: the API port (the
+        tenants' front door) answers it 404, so fleet size, outcomes and queue depths never
+        reach a tenant."""
+        return metrics_app(self.metrics)
 
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(
@@ -932,6 +937,7 @@ async def _watch_fleet(
 class RouterOptions:
     port: int
     router_id: str
+    metrics_port: int = 0  # /metrics on listen_host:metrics_port (0: none)
     heartbeat_s: float = 5.0  # the workers' heartbeat interval: silent for 3 is drained
     base_models: tuple[str, ...] = ()  # the registry views it holds (empty: every one)
 
@@ -997,8 +1003,24 @@ async def serve_router(
     runner, _ = await start_site(
         router.app(), settings.listen_host, options.port, settings.http, name="router"
     )
+    runners = [runner]
     port = bound_port(runner)
     log.info("router %s on %s:%d", options.router_id, settings.listen_host, port)
+    if options.metrics_port:
+        metrics_runner, _ = await start_site(
+            router.metrics_app(),
+            settings.listen_host,
+            options.metrics_port,
+            settings.http,
+            name="router-metrics",
+        )
+        runners.append(metrics_runner)
+        log.info(
+            "router %s /metrics on %s:%d",
+            options.router_id,
+            settings.listen_host,
+            bound_port(metrics_runner),
+        )
     if ready is not None:
         ready(port)
     try:
@@ -1008,7 +1030,8 @@ async def serve_router(
         watcher.cancel()
         poller.cancel()
         beat.cancel()
-        await runner.cleanup()
+        for each in runners:
+            await each.cleanup()
         states.stop()
         tail.stop()
         sink.close(5.0)

@@ -127,6 +127,7 @@ class Fleet:
     tmp: Path
     records: dict[str, AdapterRecord]
     router_url: str = ""
+    router_metrics_url: str = ""  # its --metrics-port listener (the API port serves none)
     gateways: dict[str, int] = field(default_factory=dict)
     vllms: dict[str, str] = field(default_factory=dict)
     vllm_keys: dict[str, str] = field(default_factory=dict)
@@ -332,6 +333,8 @@ def running_fleet(
             return
         rport = free_port()
         f.router_url = f"http://127.0.0.1:{rport}"
+        mport = free_port()
+        f.router_metrics_url = f"http://127.0.0.1:{mport}"
         f.spawn(
             "router",
             [
@@ -340,6 +343,8 @@ def running_fleet(
                 "run",
                 "--port",
                 str(rport),
+                "--metrics-port",
+                str(mport),
                 "--router-id",
                 "t1",
                 "--heartbeat-s",

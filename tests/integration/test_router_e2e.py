@@ -153,7 +153,7 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
         free_port(),
         {
             "loraplane-worker": [f"127.0.0.1:{fleet.gateways[w]}" for w in live],
-            "loraplane-router": [fleet.router_url.removeprefix("http://")],
+            "loraplane-router": [fleet.router_metrics_url.removeprefix("http://")],
             "loraplane-streams": [f"127.0.0.1:{planner_port}"],
         },
     )
@@ -173,7 +173,8 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
                 )
             )
         }
-        routed = _direct(fleet.router_url, m.ROUTER_REQUESTS)
+        routed = _direct(fleet.router_metrics_url, m.ROUTER_REQUESTS)
+        assert requests.get(fleet.router_url + "/metrics", timeout=5).status_code == 404
         assert served[w2] >= 3
         wait_for(
             lambda: len(server.query("up == 1")) == len(live) + 2,

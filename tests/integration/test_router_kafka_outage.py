@@ -151,7 +151,7 @@ def _rows(settings: Settings, prefix: str) -> Counter[str]:
 def _tail_current(f: Fleet) -> bool:
     """The router's worker-state tail says it is current (its /metrics)."""
     try:
-        text = requests.get(f.router_url + "/metrics", timeout=2).text
+        text = requests.get(f.router_metrics_url + "/metrics", timeout=2).text
     except requests.RequestException:
         return False
     return any(

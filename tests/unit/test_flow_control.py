@@ -47,7 +47,7 @@ from tests.unit.test_gateway import (
     ListSink,
 )
 from tests.unit.test_planner import POLICY, worker
-from tests.unit.test_router import SECRET, at
+from tests.unit.test_router import SECRET, at, router_metrics
 
 TTL = {
     RequestClass.interactive: 1.0,
@@ -317,7 +317,7 @@ async def test_a_batch_flood_does_not_starve_interactive_traffic() -> None:
                 (sent, await finished(_post(http, url, "sql", AUTH_A, "interactive")))
             )
         flooded_at = await asyncio.gather(*flood)
-        text = await (await http.get(url + "/metrics")).text()
+        text = await router_metrics(router, http)
     flooded = [(s, b, w) for s, b, w, _ in flooded_at]
     assert [r[0] for _, r in interactive] == [200] * 4
     served_at = [at for s, _, _, at in flooded_at if s == 200]

@@ -153,6 +153,7 @@ class FrontDoor:
     loop: Loop
     gateway: int  # ports
     router: int
+    router_metrics: int  # the router's --metrics-port listener
     sink: ListSink  # the gateway's: its RequestLogs
     router_sink: ListSink
 
@@ -188,7 +189,9 @@ def door() -> Iterator[FrontDoor]:
     fleet.versions = serving_versions(list(RECORDS))
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
     rs, rs_port = loop.run(serve(router.app()))
-    yield FrontDoor(loop, gw_port, rs_port, sink, router_sink)
+    rm, rm_port = loop.run(serve(router.metrics_app()))
+    yield FrontDoor(loop, gw_port, rs_port, rm_port, sink, router_sink)
+    loop.run(rm.cleanup())
     loop.run(rs.cleanup())
     loop.run(gw.cleanup())
     loop.close()
@@ -398,9 +401,27 @@ def test_attack_expect_100_continue_is_not_told_to_send_a_refused_body(
     assert b"100 Continue" not in answer
 
 
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/metrics/", "/METRICS", "/metrics?x=1", "//metrics", "/./metrics"]
+)
+def test_attack_the_router_api_port_serves_no_metrics(door: FrontDoor, path: str) -> None:
+    """ATTACK: the router's API port is the tenants' front door, and it answered /metrics:
+    fleet size, queue depths per base model, every outcome count, to anyone who reaches it.
+    Every spelling of it is not found there, with or without a key; the router's own
+    metrics listener serves it."""
+    for lines in ([], [b"Authorization: Bearer key-a"]):
+        reply = send(door.router, path, lines, method=b"GET")
+        assert reply.status == 404, (path, reply)
+        assert b"loraplane_" not in reply.body
+    served = send(door.router_metrics, "/metrics", [], method=b"GET")
+    assert served.status == 200
+    assert b"loraplane_router_requests_total" in served.body
+    assert send(door.router_metrics, "/v1/models", [], method=b"GET").status == 404
+
+
 def _refusals_counted(door: FrontDoor, code: str) -> float:
     """The router's ``/metrics`` count of outcome ``code``."""
-    text = send(door.router, "/metrics", [], method=b"GET").body.decode()
+    text = send(door.router_metrics, "/metrics", [], method=b"GET").body.decode()
     line = f'loraplane_router_requests_total{{outcome="{code}"}} '
     return sum(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
 

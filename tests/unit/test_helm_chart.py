@@ -447,7 +447,7 @@ def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, An
     from loraplane.workers.vllm_routes import ROUTES
 
     listener = {
-        "router": ("port", {"/healthz", "/metrics"}),
+        "router": ("port", {"/healthz"}),
         "worker": ("gateway_port", gateway_paths()),
         "streams": ("metrics_port", {"/metrics"}),
         "scoring": ("metrics_port", {"/metrics"}),
@@ -476,6 +476,21 @@ def test_probes_ask_the_endpoints_the_runtimes_serve(rendered: list[dict[str, An
                 assert probe["httpGet"]["path"] in paths, c.name
             probed += 1
     assert probed
+
+
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_the_routers_serve_metrics_apart_from_their_api(values: str) -> None:
+    """The routers' `http` is the front door's and serves no /metrics; their /metrics is on
+    the port named `metrics` that their --metrics-port opens, as every runtime's."""
+    manifests = helm_chart.render(HELM, VALUES[values])
+    routers = [c for c in containers(manifests) if component(c) == "router" and not c.init]
+    assert routers
+    for c in routers:
+        options = parsed(c)[1]
+        ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
+        assert ports == {"http": options["port"], "metrics": options["metrics_port"]}, ports
+        assert options["metrics_port"] != options["port"]
+    assert "/metrics" not in router_paths()
 
 
 def router_paths() -> set[str]:
@@ -576,8 +591,8 @@ def test_network_policies_are_off_by_default(rendered: list[dict[str, Any]]) -> 
 @pytest.mark.parametrize("values", sorted(VALUES))
 def test_network_policies_let_in_only_each_listener_s_clients(values: str, tmp_path: Path) -> None:
     """networkPolicy.enabled: a worker's gateway takes this release's routers only (the
-    selector matches the router pods and no other), every metrics port Prometheus only,
-    the routers' http the front door and Prometheus; nothing else gets in anywhere."""
+    selector matches the router pods and no other), every metrics port (the routers' too)
+    Prometheus only, the routers' http the front door only; nothing else gets in anywhere."""
     from kubernetes_validate import validate
 
     extra = tmp_path / "network.yaml"
@@ -606,7 +621,7 @@ def test_network_policies_let_in_only_each_listener_s_clients(values: str, tmp_p
         elif port == "metrics":
             assert allowed == metrics_from, (workload, allowed)
         elif port == "http":
-            assert allowed == [FRONT_DOOR, *metrics_from], (workload, allowed)
+            assert allowed == [FRONT_DOOR], (workload, allowed)
         else:
             raise AssertionError(f"{workload}: port {port} has no policy")
         assert "any" not in allowed

@@ -23,6 +23,7 @@ from loraplane.workers.command_feed import ReadBytes
 from loraplane.workers.worker_metrics import CommandBytesMetrics
 from tests.unit.test_flow_control import _post, slow_fleet
 from tests.unit.test_gateway import AUTH_A, RECORDS, World, load, world  # noqa: F401 (fixture)
+from tests.unit.test_router import router_metrics
 
 pytestmark = pytest.mark.skipif(
     prom.binary("promtool") is None,
@@ -134,7 +135,7 @@ async def test_the_router_metrics_are_promtool_clean() -> None:
     from loraplane.kernel.policy import QueueBudget
 
     async with slow_fleet(QueueBudget(max_in_flight_per_worker=1, max_queued_per_band=1)) as (
-        _,
+        router,
         url,
         _serving,
         http,
@@ -143,7 +144,7 @@ async def test_the_router_metrics_are_promtool_clean() -> None:
             *(_post(http, url, "sql", AUTH_A, "interactive") for _ in range(4))
         )
         assert {r[0] for r in replies} >= {200}
-        text = await (await http.get(url + "/metrics")).text()
+        text = await router_metrics(router, http)
     assert prom.check_metrics(text) == []
     assert samples(text, m.ROUTER_QUEUE_WAIT_SECONDS + "_count")
     assert sum(samples(text, m.ROUTER_REQUESTS).values()) == 4

@@ -304,6 +304,18 @@ def forwarded(
 
 
 # ---- the router in front of gateways --------------------------------------------------------
+async def router_metrics(router: Router, http: ClientSession) -> str:
+    """The router's ``/metrics``, from its own listener (``Router.metrics_app``)."""
+    server = TestServer(router.metrics_app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with http.get(server.make_url("/metrics")) as resp:
+            assert resp.status == 200
+            return await resp.text()
+    finally:
+        await server.close()
+
+
 @dataclass
 class Stack:
     router: Router
@@ -1073,8 +1085,8 @@ async def test_answers_read_whole_are_bounded_across_requests(stack: Stack) -> N
     assert set(stack.router.fleet.index.workers) == before  # nobody parked
     assert budget.held == 0
     assert stack.router.outcomes["answers_full"] == 1
-    async with stack.http.get(stack.url + "/metrics") as resp:
-        assert "\nloraplane_router_answer_bytes_held 0.0\n" in await resp.text()
+    text = await router_metrics(stack.router, stack.http)
+    assert "\nloraplane_router_answer_bytes_held 0.0\n" in text
 
 
 def test_attack_a_worker_state_is_routed_only_once_its_gateway_proved_the_router_secret() -> None:

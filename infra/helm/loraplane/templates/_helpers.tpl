@@ -195,8 +195,9 @@ readinessProbe:
 
 {{/* A control-plane runtime (router, streams app, scoring keepers, planner, sink) as a
      Deployment or StatefulSet. `.name` suffixes the workload's name, `.component` labels
-     it, `.args` follow `loraplane`, `.port` is its one listener ({name, port}) whose `.path`
-     the probes ask, `.values` its section (replicas, resources, placement). */}}
+     it, `.args` follow `loraplane`, `.port` is its listener ({name, port}) whose `.path`
+     the probes ask, `.metricsPort` (optional) a second one named `metrics`, `.values` its
+     section (replicas, resources, placement). */}}
 {{- define "loraplane.runtime" -}}
 {{- $root := .root -}}
 {{- $v := .values -}}
@@ -253,6 +254,9 @@ spec:
             {{- end }}
           ports:
             - {name: {{ .port.name }}, containerPort: {{ .port.port }}, protocol: TCP}
+            {{- with .metricsPort }}
+            - {name: metrics, containerPort: {{ . }}, protocol: TCP}
+            {{- end }}
           {{- include "loraplane.httpProbes" (dict "path" .path "port" .port.name "startupSeconds" (.startupSeconds | default 120)) | nindent 10 }}
           securityContext:
             {{- include "loraplane.containerSecurityContext" $root | nindent 12 }}
