@@ -821,6 +821,15 @@ def attempt_id(request_id: str, attempt: int) -> str:
 
 
 # ---- the process ----------------------------------------------------------------------------
+async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until each has ended (an HTTP request in flight in one is
+    abandoned, its connection closed): none is left pending, none acts later."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
 async def _beat(
     router: Router,
     sink: EventSink,
@@ -892,45 +901,48 @@ async def _watch_fleet(
 
     last_drain = 0.0
     unvouched = 0  # workers kept on their gateways' probes at the last pass: logged on a change
-    while True:
-        try:
-            for wid, url in router.fleet.to_prove(time.time(), PROOFS_IN_FLIGHT - len(proofs)):
-                task = asyncio.create_task(prove(wid, url))
-                proofs.add(task)
-                task.add_done_callback(proofs.discard)
-            got = span()
-            index.feed = None if got is None else Feed(*got)
-            if time.monotonic() - last_drain >= heartbeat_s:
-                last_drain = time.monotonic()
-                now = time.time()
-                drained = index.drain(now)
-                router.forget_gateways()
-                for wid in drained.gone:
-                    router.fleet.forget(wid)
-                    log.info(
-                        "worker %s drained: no heartbeat for %d intervals of a current "
-                        "worker-state feed",
-                        wid,
-                        DRAIN_AFTER_HEARTBEATS,
-                    )
-                for wid, url in drained.probe:
-                    task = asyncio.create_task(probe(wid, url))
-                    probes.add(task)
-                    task.add_done_callback(probes.discard)
-                if drained.unvouched != unvouched:
-                    if drained.unvouched:
-                        log.warning(
-                            "worker-state feed (last current %s) cannot vouch for "
-                            "%d worker(s): routing on their gateways' probes",
-                            "never" if got is None else f"{now - got[1]:.0f} s ago",
-                            drained.unvouched,
+    try:
+        while True:
+            try:
+                for wid, url in router.fleet.to_prove(time.time(), PROOFS_IN_FLIGHT - len(proofs)):
+                    task = asyncio.create_task(prove(wid, url))
+                    proofs.add(task)
+                    task.add_done_callback(proofs.discard)
+                got = span()
+                index.feed = None if got is None else Feed(*got)
+                if time.monotonic() - last_drain >= heartbeat_s:
+                    last_drain = time.monotonic()
+                    now = time.time()
+                    drained = index.drain(now)
+                    router.forget_gateways()
+                    for wid in drained.gone:
+                        router.fleet.forget(wid)
+                        log.info(
+                            "worker %s drained: no heartbeat for %d intervals of a current "
+                            "worker-state feed",
+                            wid,
+                            DRAIN_AFTER_HEARTBEATS,
                         )
-                    else:
-                        log.info("every worker heard again: heartbeats decide")
-                    unvouched = drained.unvouched
-        except Exception:  # a bug here must not stop routing
-            log.exception("fleet watch pass failed")
-        await asyncio.sleep(poll_s)
+                    for wid, url in drained.probe:
+                        task = asyncio.create_task(probe(wid, url))
+                        probes.add(task)
+                        task.add_done_callback(probes.discard)
+                    if drained.unvouched != unvouched:
+                        if drained.unvouched:
+                            log.warning(
+                                "worker-state feed (last current %s) cannot vouch for "
+                                "%d worker(s): routing on their gateways' probes",
+                                "never" if got is None else f"{now - got[1]:.0f} s ago",
+                                drained.unvouched,
+                            )
+                        else:
+                            log.info("every worker heard again: heartbeats decide")
+                        unvouched = drained.unvouched
+            except Exception:  # a bug here must not stop routing
+                log.exception("fleet watch pass failed")
+            await asyncio.sleep(poll_s)
+    finally:  # no proof or probe outlives the watch: none is asked once the router stops
+        await _cancel_all(proofs | probes)
 
 
 @dataclass(frozen=True)
@@ -1026,10 +1038,8 @@ async def serve_router(
     try:
         await stop.wait()
     finally:
-        refresher.cancel()
-        watcher.cancel()
-        poller.cancel()
-        beat.cancel()
+        # awaited, not only cancelled: the watch's proofs and probes end with it
+        await _cancel_all({refresher, watcher, poller, beat})
         for each in runners:
             await each.cleanup()
         states.stop()

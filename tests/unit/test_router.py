@@ -37,6 +37,7 @@ from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import (
     MAX_UNPROVEN,
+    PROBE_TIMEOUT_S,
     PROOF_RETRY_S,
     PROOFS_IN_FLIGHT,
     Fleet,
@@ -1214,6 +1215,67 @@ async def test_attack_an_address_that_cannot_prove_the_secret_gets_no_request(
         watch.cancel()
         relay.close()
         lone.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_stopped_fleet_watch_leaves_no_proof_or_probe_in_flight(stack: Stack) -> None:
+    """Worker states naming gateways that take the connection and never answer: their
+    proofs are in flight when the router stops its fleet watch (its probes are asked and
+    ended the same way). Stopping it ends them too, at once: no task of the watch is left
+    pending, every gateway connection is closed, and no proof or probe is asked after."""
+    asked: list[bytes] = []
+    closed: list[bool] = []
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        head = await reader.readuntil(b"\r\n\r\n")
+        asked.append(head.split(b"\r\n", 1)[0])
+        closed.append(await reader.read() == b"")  # EOF: the router closed it
+
+    gateways = [await asyncio.start_server(silent, "127.0.0.1", 0) for _ in range(3)]
+    sql = RECORDS[2]
+    now = datetime.now(UTC).timestamp()
+    for n, gateway in enumerate(gateways):
+        url = f"http://127.0.0.1:{gateway.sockets[0].getsockname()[1]}"
+        state = at(worker(f"s{n}", gpu=[sql], slots=2, base=sql.base_model), now, url)
+        stack.router.fleet.offer(state, now)
+    watch = asyncio.create_task(_watch_fleet(stack.router, lambda: None, 0.05, poll_s=0.01))
+
+    def watch_tasks() -> list[asyncio.Task[Any]]:
+        return [
+            t
+            for t in asyncio.all_tasks()
+            if not t.done() and "_watch_fleet." in t.get_coro().__qualname__  # type: ignore[union-attr]
+        ]
+
+    try:
+        for _ in range(300):
+            if len(asked) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(asked) == 3, asked
+        assert watch_tasks()  # the proofs wait on gateways that never answer
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(watch, PROBE_TIMEOUT_S / 2)  # not held by a proof
+        assert watch_tasks() == []
+        for _ in range(100):
+            if len(closed) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert closed == [True] * 3
+        await asyncio.sleep(PROBE_TIMEOUT_S)  # past any proof's deadline: nothing more asked
+        assert len(asked) == 3, asked
+        assert watch_tasks() == []
+    finally:
+        watch.cancel()
+        for writer in held:
+            writer.close()
+        for gateway in gateways:
+            gateway.close()
+        for n in range(3):
+            stack.router.fleet.forget(f"s{n}")
 
 
 @pytest.mark.asyncio(loop_scope="session")
