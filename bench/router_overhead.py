@@ -74,7 +74,7 @@ class InstantWorker:
     """``workers.serving.Serving`` with the adapter hot and a vLLM that answers at once."""
 
     worker_id, base_model, started, base_served = "w1", BASE, True, "base"
-    gateway_url, upstream_stalled = "", False
+    gateway_url, upstream_stalled, wrong_base_model = "", False, False
 
     @property
     def upstream(self) -> InstantWorker:

@@ -259,6 +259,7 @@ class VllmErrorCode(StrEnum):
     timeout = "timeout"
     unreachable = "unreachable"  # refused, reset, closed mid-answer
     bad_response = "bad_response"  # not HTTP/1.1
+    wrong_base_model = "wrong_base_model"  # another base model than adapters are checked for
 
     @property
     def failure(self) -> VllmFailure:
@@ -279,6 +280,7 @@ class VllmFailure(StrEnum):
     vllm_timeout = "vllm_timeout"
     vllm_unreachable = "vllm_unreachable"
     vllm_bad_response = "vllm_bad_response"
+    vllm_wrong_base_model = "vllm_wrong_base_model"
 
 
 class UnloadReason(StrEnum):

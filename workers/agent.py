@@ -51,6 +51,7 @@ from loraplane.schemas.reasons import (
 )
 from loraplane.schemas.worker_state import MAX_SKIPPED_REPORTED, LoadedAdapter, WorkerState
 from loraplane.workers.applied_commands import Remembered, load_remembered, save_applied
+from loraplane.workers.base_model import BaseModelWatch
 from loraplane.workers.demand_admission import DemandCounts, WaitingMisses, any_slot
 from loraplane.workers.golden_set import send_golden_set
 from loraplane.workers.hbm import HbmProbe
@@ -222,6 +223,9 @@ class _Runtime:
     # vLLM took its connection and did not answer the last listing of its models in time (a
     # hung server): requests are refused as not run until a listing is answered again
     vllm_stalled: bool = False
+    # why the base model vLLM lists is not the one adapters are checked against (None: it
+    # is): nothing is loaded and requests are refused as not run until it is again
+    wrong_base: str | None = None
 
 
 class WorkerAgent:
@@ -237,11 +241,16 @@ class WorkerAgent:
         clock: Callable[[], float] = time.monotonic,
         hbm: Callable[[], float | None] | None = None,
         command_partition: Callable[[], int | None] = lambda: None,
+        base_watch: BaseModelWatch | None = None,
     ) -> None:
         """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU).
         ``command_partition``: the commands partition its feed reads now, announced in its
-        state so the planner sends there (None: no feed, the planner hashes)."""
+        state so the planner sends there (None: no feed, the planner hashes).
+        ``base_watch``: the base model the host tier checks adapters' shapes against
+        (``workers.base_model``), compared with the one vLLM lists at each listing (None:
+        not compared)."""
         self.config = config
+        self._base_watch = base_watch
         self._command_partition = command_partition
         self._hbm = hbm if hbm is not None else HbmProbe().usage
         self.vllm = vllm
@@ -392,6 +401,9 @@ class WorkerAgent:
         if base is not None:
             self.base_served = base.id
             self.context_tokens = base.max_model_len or self.context_tokens
+        if self._base_watch is not None:
+            root = None if base is None else base.root
+            self._note_base(await asyncio.to_thread(self._base_watch.check, root))
         to_load = frozenset(
             n for n, i in self.desired.intents.items() if i.tier == "gpu" and n not in self._rt.gpu
         )
@@ -402,6 +414,21 @@ class WorkerAgent:
             loaded_by_agent=dict(self._rt.loaded_by_agent),
             in_flight=dict(self._rt.in_flight),
         )
+
+    def _note_base(self, wrong: str | None) -> None:
+        """Whether vLLM serves the base model adapters are checked against, logged when it
+        changes."""
+        if wrong == self._rt.wrong_base:
+            return
+        self._rt.wrong_base = wrong
+        if wrong is not None:
+            log.warning(
+                "%s: no adapter is loaded and requests are refused as not run until vLLM "
+                "serves the base model again",
+                wrong,
+            )
+        else:
+            log.warning("vLLM serves the base model adapters are checked against: serving")
 
     async def start(self) -> None:
         """Read vLLM's actual state first and adopt what this agent can vouch for."""
@@ -618,6 +645,10 @@ class WorkerAgent:
     def upstream_stalled(self) -> bool:
         return self._rt.vllm_stalled
 
+    @property
+    def wrong_base_model(self) -> bool:
+        return self._rt.wrong_base is not None
+
     def is_on_host(self, name: str) -> bool:
         return name in self._host
 
@@ -657,6 +688,8 @@ class WorkerAgent:
             if self._rt.vllm_stalled:
                 self._rt.vllm_stalled = False
                 log.warning("vLLM answers again: serving")
+            if self._rt.wrong_base is not None:
+                return []  # no load checked against another model's shapes
             self._adopt_resolved(actual)
             now = self._clock()
             self._rt.cold_loads = [t for t in self._rt.cold_loads if now - t < 60.0]

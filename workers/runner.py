@@ -16,7 +16,6 @@ from typing import IO
 
 from aiohttp import web
 
-from loraplane.artifact.model_config import read_model_config
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.model_signing_bundle import SIGNING_EXTRA, SignatureCheck, signing_installed
 from loraplane.artifact.verification import WorkerLimits
@@ -34,6 +33,7 @@ from loraplane.schemas.keyring import Keyring, KeyringError, KeyringFile
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.applied_commands import FILE_NAME as APPLIED_COMMANDS_FILE
 from loraplane.workers.artifact_fetch import ArtifactFetcher
+from loraplane.workers.base_model import BaseModelWatch, base_model_shape
 from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
 from loraplane.workers.gateway import Gateway
 from loraplane.workers.host_tier import HostTier
@@ -78,31 +78,6 @@ class WorkerOptions:
     command_slot: int | None = None  # the commands partition to read (None: the id's hash)
     gateway_url: str | None = None  # announced to the routers (None: the loopback gateway)
     vllm_start_timeout_s: float = 120.0  # vLLM healthy by then at the start, else exit
-
-
-def base_model_shape(model_dir: Path | None, served_root: str | None) -> ModelShape:
-    """The shapes every adapter is checked against before vLLM gets it: ``--model-dir``'s
-    config.json, else that of ``served_root``, the base model's root vLLM lists (the folder
-    it serves from) when that is an absolute path to a folder whose config.json the bounded
-    reader takes. ValueError otherwise, and the start stops: a worker that could check no
-    adapter would refuse every load, and its startup scan would drop every host-tier entry
-    (docs/worker.md, "--model-dir")."""
-    if model_dir is not None:
-        return read_model_config(model_dir / "config.json")
-    if served_root and Path(served_root).is_absolute():
-        try:
-            shape = read_model_config(Path(served_root) / "config.json")
-        except ValueError as exc:
-            why = str(exc)[:300]
-        else:
-            log.info("adapters are checked against the shapes of vLLM's base model %r", served_root)
-            return shape
-    else:
-        why = f"vLLM lists its base model's root as {served_root!r:.200}, no local folder"
-    raise ValueError(
-        f"no --model-dir and {why}: no adapter could be checked against the base model's "
-        "shapes (pass --model-dir with the base model's folder)"
-    )
 
 
 async def served_base_root(vllm: VllmClient, timeout_s: float) -> str | None:
@@ -296,6 +271,9 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
         sink=sink,
         metrics=metrics,
         command_partition=lambda: feed.partition,
+        # vLLM restarted with another base model is not served: adapters were checked
+        # against this one's shapes
+        base_watch=BaseModelWatch(shape, root=served_root, model_dir=options.model_dir),
     )
     gateway = Gateway(
         agent,

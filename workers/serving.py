@@ -75,6 +75,13 @@ class Serving(Protocol):
         request sent now would wait out the read timeout, so it is refused as not run."""
         ...
 
+    @property
+    def wrong_base_model(self) -> bool:
+        """vLLM lists another base model than the one adapters are checked against
+        (restarted with another model, ``workers.base_model``): a request is refused as not
+        run until it serves that model again."""
+        ...
+
     def versions(self, adapter_id: str) -> list[AdapterRecord]:
         """This base model's records of one adapter, newest first."""
         ...

@@ -13,6 +13,7 @@ through Prometheus' own HTTP API."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from loraplane.infra.processes import free_port
 from loraplane.infra.prometheus import Prometheus, binary
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.config import Settings
+from loraplane.tiny_model import TinyLlama
 from tests.integration.router_env import (
     E2E_ADAPTERS,
     LORAPLANE,
@@ -226,3 +228,49 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
     finally:
         server.stop()
         fleet.kill("planner")
+
+
+def _not_run(gateway: str) -> str | None:
+    """What a gateway's /healthz says it refuses requests as (None: it serves)."""
+    try:
+        return requests.get(gateway + "/healthz", timeout=2).json().get("not_run")
+    except requests.RequestException:
+        return "unreachable"
+
+
+def test_attack_a_vllm_restarted_with_another_base_model_gets_no_adapter(fleet: Fleet) -> None:
+    """ATTACK (last: it restarts w2's vLLM): w2's FAKE vLLM restarted under its running
+    agent serving a model of other shapes. The agent kept the shapes it had checked sql
+    against and loaded it again into the other model. It loads nothing there: its gateway
+    refuses as not run (``vllm_wrong_base_model``), the router serves sql elsewhere, and
+    once vLLM serves the verified model again w2 loads sql back."""
+    wide = fleet.tmp / "wide-model"
+    wide.mkdir()
+    arch = TinyLlama(hidden_size=256)
+    (wide / "config.json").write_text(json.dumps(arch.hf_config(arch.vocab_size)))
+    sql = fleet.records["sql"]
+    gateway = f"http://127.0.0.1:{fleet.gateways['w2']}"
+    verified = fleet.commands["vllm-w2"]
+    other = list(verified)
+    other[other.index("--model") + 1] = str(wide)
+    fleet.kill("vllm-w2")
+    fleet.spawn("vllm-w2", other)
+    wait_for(lambda: _not_run(gateway) == "vllm_wrong_base_model", 30, "w2 refusing")
+    direct = requests.post(
+        gateway + "/v1/completions",
+        timeout=30,
+        json={"model": "sql", "prompt": "hello", "max_tokens": 4},
+        headers={"Authorization": f"Bearer {KEY_A}"},
+    )
+    assert direct.status_code == 503, direct.text
+    assert direct.headers["X-Loraplane-Not-Run"] == "vllm_wrong_base_model"
+    for _ in range(3):
+        resp = fleet.ask("sql")
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["X-Loraplane-Worker"] != "w2"
+    time.sleep(1.0)  # five of w2's ticks, each wanting sql back on its GPU
+    assert fleet.adapters_on("w2") == set()
+    fleet.kill("vllm-w2")
+    fleet.spawn("vllm-w2", verified)
+    wait_for(lambda: _not_run(gateway) is None, 30, "w2 serving again")
+    wait_for(lambda: sql.lora_name in fleet.adapters_on("w2"), 30, "sql back on w2")

@@ -917,6 +917,7 @@ class FakeServing:
     base_served: str = "/models/base"
     context_tokens: int | None = None
     upstream_stalled: bool = False
+    wrong_base_model: bool = False
 
     @property
     def upstream(self) -> FakeServing:
@@ -1933,6 +1934,34 @@ async def test_a_hung_vllm_is_answered_before_a_cold_adapter_waits_for_a_load() 
     status, headers, text, _ = await _complete_once(serving)
     assert status == 503 and headers[NOT_RUN_HEADER] == "vllm_timeout", text
     assert serving.asked == [] and serving.counted == []
+
+
+async def test_a_vllm_serving_another_base_model_gets_no_request() -> None:
+    """The agent found vLLM serving another base model than the one adapters are checked
+    against: a hot adapter's request and a cold one's are answered at once as never run
+    (``vllm_wrong_base_model``, the not-run header a router reroutes on), no load is asked,
+    vLLM is never asked, and /healthz says why."""
+    hot = FailingUpstream(hot={RECORDS[2].lora_name}, wrong_base_model=True)
+    status, headers, text, sink = await _complete_once(hot)
+    assert status == 503 and headers["Retry-After"] == "1", text
+    assert headers[NOT_RUN_HEADER] == "vllm_wrong_base_model"
+    assert hot.held == []
+    (log,) = sink.messages(RequestLog)
+    assert (log.status, log.error) == ("error", "vllm_wrong_base_model")
+    cold = FailingUpstream(wrong_base_model=True)
+    status, headers, text, _ = await _complete_once(cold)
+    assert status == 503 and headers[NOT_RUN_HEADER] == "vllm_wrong_base_model", text
+    assert cold.asked == [] and cold.counted == []
+    server = TestServer(
+        Gateway(cold, api_keys=KEYS, budgets=RequestBudgets(), sink=ListSink()).app(),
+        host="127.0.0.1",
+    )
+    await server.start_server()
+    try:
+        async with ClientSession() as http, http.get(server.make_url("/healthz")) as resp:
+            assert (await resp.json())["not_run"] == "vllm_wrong_base_model"
+    finally:
+        await server.close()
 
 
 async def test_attack_a_busy_vllm_is_not_answered_as_gone() -> None:

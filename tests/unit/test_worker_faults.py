@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,13 +15,15 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from loraplane.artifact.model_config import read_model_config
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.testing.fake_vllm import FakeVllm
-from loraplane.tiny_model import build_adapter
+from loraplane.tiny_model import TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
+from loraplane.workers.base_model import BaseModelWatch
 from loraplane.workers.reconcile import Ask
 from loraplane.workers.vllm_client import VllmClient, VllmError
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
@@ -315,3 +318,43 @@ async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
         if world.agent.vllm is not real:
             await world.agent.vllm.close()
         world.agent.vllm = real
+
+
+def _model(folder: Path, arch: TinyLlama = TinyLlama()) -> str:
+    """A base model's folder as vLLM would list it: its config.json (the shapes) alone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(arch.hf_config(arch.vocab_size)))
+    return str(folder)
+
+
+async def test_attack_vllm_restarted_with_another_base_model_gets_no_load_or_request(
+    world: World, tmp_path: Path
+) -> None:
+    """ATTACK: vLLM restarted under the running agent with another base model (other
+    shapes). The agent kept the shapes it read at its start and went on loading adapters
+    checked against them into the new model, where a wrong shape fails at activation. At
+    the first listing that shows the other model it loads nothing (a gateway's load ask
+    and a command alike) and refuses requests as not run; a root it cannot read the shapes
+    of (a hub id) is another model too; a root with the verified shapes (the same model
+    moved) is served, and loads go on."""
+    chat, sql = world.records
+    verified = _model(Path(world.fake.model))
+    world.agent._base_watch = BaseModelWatch(read_model_config(Path(verified) / "config.json"))
+    world.agent._base_watch.root = verified
+    world.agent._fold(Ask.gateway_load(sql))
+    await converge(world.agent)
+    assert world.agent.is_hot(sql.lora_name) and not world.agent.wrong_base_model
+    loads = world.fake.load_calls
+    wide = _model(tmp_path / "wide", TinyLlama(hidden_size=256))
+    for other in (wide, "org/other-model", str(tmp_path / "gone")):
+        world.fake.model, world.fake.adapters = other, {}  # a restarted vLLM holds none
+        assert await world.agent.reconcile_once() == []
+        assert world.agent.wrong_base_model, other
+        world.agent._fold(Ask.gateway_load(chat))
+        await converge(world.agent)
+        assert world.fake.load_calls == loads  # nothing loaded into the other model
+        assert not world.agent.is_hot(chat.lora_name)
+    world.fake.model = _model(tmp_path / "moved")  # the verified shapes at another path
+    await converge(world.agent)
+    assert not world.agent.wrong_base_model
+    assert world.agent.is_hot(chat.lora_name)  # the load asked meanwhile goes on

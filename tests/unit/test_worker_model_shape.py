@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from loraplane.artifact.model_config import read_model_config
 from loraplane.artifact.model_shape import ModelShape
 from loraplane.artifact.verification import WorkerLimits, verify_artifact
 from loraplane.kernel.config import Settings
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.reasons import ArtifactReason as Reason
 from loraplane.testing.fake_vllm import FakeVllm
-from loraplane.tiny_model import TINY_BASE_MODEL, build_adapter, build_model
+from loraplane.tiny_model import TINY_BASE_MODEL, TinyLlama, build_adapter, build_model
+from loraplane.workers.base_model import BaseModelWatch
 from loraplane.workers.runner import (
     WorkerOptions,
     base_model_shape,
@@ -26,6 +28,7 @@ from loraplane.workers.runner import (
 )
 from loraplane.workers.vllm_client import VllmClient
 from tests.hostile_corpus import CASES, Case, hostile
+from tests.unit.test_worker_faults import _model
 
 KEY = "k-vllm"
 # lora_A of q_proj as [r, 5000] for a 128-wide model: vLLM takes it at load time and fails
@@ -139,3 +142,31 @@ def test_without_shapes_verification_refuses_every_adapter(tmp_path: Path) -> No
     )
     assert _verify(GOOD, limits, tmp_path) == (Reason.model_shape_unknown,)
     assert Reason.model_shape_unknown in _verify(WIDE, limits, tmp_path)
+
+
+def test_the_watch_adopts_no_root_it_cannot_match_with_the_verified_shapes(
+    tmp_path: Path,
+) -> None:
+    """``BaseModelWatch``: without ``--model-dir`` the verified root and any root whose
+    config.json gives the verified shapes are served; another shape, no readable shapes,
+    or no base model listed are not, nor is the first root after one of those. With
+    ``--model-dir``, a first root with no shapes to read (a hub id) is vouched for, that
+    root only; a first root with other shapes is not."""
+    verified = _model(tmp_path / "a")
+    shape = read_model_config(Path(verified) / "config.json")
+    wide = _model(tmp_path / "wide", TinyLlama(hidden_size=256))
+    same = _model(tmp_path / "same")
+    watch = BaseModelWatch(shape, root=verified)
+    assert watch.check(verified) is None
+    for other in (wide, "org/hub", "relative/a", str(tmp_path / "none"), None):
+        assert watch.check(other) is not None, other
+    assert watch.check(same) is None and watch.root == same
+    # the same root, its config.json rewritten with other shapes (vLLM restarted there)
+    (tmp_path / "same" / "config.json").write_text((tmp_path / "wide" / "config.json").read_text())
+    assert watch.check(same) is not None
+    given = BaseModelWatch(shape, model_dir=Path(verified))
+    assert given.check("org/hub") is None
+    assert given.check("org/other") is not None
+    assert given.check(wide) is not None
+    assert given.check("org/hub") is None
+    assert BaseModelWatch(shape, model_dir=Path(verified)).check(wide) is not None
