@@ -65,6 +65,8 @@ COMPONENT = "metrics-sink"
 # Batches alive at once: the one being read, the one being decoded, the one being inserted,
 # and slack for a rebalance's overlap.
 _BATCHES_ALIVE = 4
+# How long a close waits for the dead-letter producer to deliver what it holds.
+_CLOSE_FLUSH_S = 20.0
 # ClickHouse error codes that mean "this data is wrong", not "try again later".
 DATA_ERROR_CODES = frozenset({6, 26, 27, 32, 38, 41, 53, 69, 70, 72, 117, 131, 321})
 
@@ -331,9 +333,16 @@ class Sink:
             watchdog.stop()
             writer.shutdown(wait=True)
             consumer.close()
-            if self._client is not None:
-                self._client.disconnect()
+            self.close()
         return self.stats
+
+    def close(self, flush_s: float = _CLOSE_FLUSH_S) -> None:
+        """End the sink's connections: the dead-letter producer flushed first
+        (``_drop_producer``), then ClickHouse's client. ``run`` ends with it."""
+        self._drop_producer(flush_s)
+        if self._client is not None:
+            self._client.disconnect()
+            self._client = None
 
     def _hand_over(
         self,
@@ -660,16 +669,16 @@ class Sink:
                     # librdkafka's queue is full (100,000 messages or 1 GiB: 12,227 letters
                     # of 64 KiB raws): once what it holds is delivered, this one fits.
                     if p.flush(20.0) > 0:
-                        self._producer = None
+                        self._drop_producer(0.0)
                         raise DeliveryError("dead letters not acknowledged: queue full") from None
                     p.produce(self._dead_letter_topic, **sent)
             except KafkaException as exc:
                 lost.append((letter, str(exc)))
         if p.flush(20.0) > 0 or failures:
-            self._producer = None  # what it still holds is produced again by the retry
+            self._drop_producer(0.0)  # what it still holds is produced again by the retry
             raise DeliveryError(f"dead letters not acknowledged: {failures[:3] or 'timeout'}")
         if lost:
-            self._producer = None  # a fatal error would refuse every later letter: a fresh one
+            self._drop_producer(0.0)  # a fatal error would refuse every later letter
         for letter, why in lost:
             log.error(
                 "dead letter of %s:%d:%d (%s) refused by the broker, lost: %s",
@@ -693,6 +702,24 @@ class Sink:
             first.partition,
             first.offset,
         )
+
+    def _drop_producer(self, flush_s: float) -> None:
+        """Stop using the dead-letter producer, flushed first for up to ``flush_s`` (0: the
+        delivery reports it has are served): every letter it accepted reaches the broker or
+        has its report read. What it still holds then is logged with its count, never
+        dropped unsaid: a batch is committed only once its letters are all acknowledged,
+        so those letters' batch is sent again by its retry, or by the partitions' next
+        owner. The next batch with letters starts a fresh producer."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        left = producer.flush(flush_s)
+        if left:
+            log.warning(
+                "dead-letter producer dropped holding %d unacknowledged letter(s): their "
+                "batch is not committed, and is sent again",
+                left,
+            )
 
     def _commit(self, consumer: Consumer, batch: _Batch) -> None:
         from confluent_kafka import TopicPartition

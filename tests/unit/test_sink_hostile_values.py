@@ -309,3 +309,90 @@ def test_attack_a_batch_of_bad_messages_is_one_log_line(
     assert lines == [
         f"dead-lettered 2000 message(s) (invalid 1000, malformed 1000), the first {topic}:1:0"
     ]
+
+
+class HoldingProducer(CountingProducers):
+    """A producer that holds what it accepts until a flush delivers it (a broker that
+    acknowledges only then); ``fail_at`` makes that produce call raise ``error``, and
+    ``room`` bounds what one flush delivers (a slow broker)."""
+
+    def __init__(self, fail_at: int | None = None, error: Exception | None = None) -> None:
+        super().__init__()
+        self.fail_at, self.error = fail_at, error
+        self.held: list[Any] = []
+        self.delivered = 0
+        self.room: int | None = None
+
+    def produce(self, topic: str, key: str, value: bytes, on_delivery: Any) -> None:
+        if self.error is not None and self.sent + len(self.held) + 1 == self.fail_at:
+            raise self.error
+        self.held.append(on_delivery)
+
+    def flush(self, timeout: float) -> int:
+        n = len(self.held) if self.room is None else min(self.room, len(self.held))
+        for report in self.held[:n]:
+            report(None, None)
+        del self.held[:n]
+        self.delivered += n
+        return len(self.held)
+
+
+def test_attack_the_dead_letter_producer_is_flushed_before_it_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ATTACK: a letter the producer accepted is acknowledged only by a later flush. A
+    produce that raised past the sink's handling (the writer's failure ends the sink)
+    left two accepted letters in the producer, and the sink ended without flushing it:
+    they were dropped unsaid. The sink's close flushes the producer it drops. A producer
+    dropped after a failed flush says how many letters it still held (their batch is not
+    committed and is sent again), and a fresh one carries the retry."""
+    from loraplane.kernel import kafka
+    from loraplane.kernel.bus import DeliveryError
+
+    topic = topic_name(Settings(), "requests")
+    msgs = [FakeMessage(b"{", t=topic, part=0, off=i) for i in range(4)]
+    stuck = HoldingProducer(fail_at=3, error=RuntimeError("a bug in a library"))
+    monkeypatch.setattr(kafka, "producer", lambda _settings: stuck)
+    sink = Sink(Settings())
+    with pytest.raises(RuntimeError):
+        sink._send_dead_letters(sink.decode(msgs, now=T0).dead)  # type: ignore[arg-type]
+    assert (len(stuck.held), stuck.delivered) == (2, 0)
+    sink.close()
+    assert (len(stuck.held), stuck.delivered) == (0, 2)
+    sink.close()  # nothing held: nothing to do
+
+    slow = HoldingProducer()
+    slow.room = 1  # each flush delivers one letter: the 20 s flush leaves three
+    fresh = HoldingProducer()
+    made = iter([slow, fresh])
+    monkeypatch.setattr(kafka, "producer", lambda _settings: next(made))
+    sink = Sink(Settings())
+    dead = sink.decode(msgs, now=T0).dead  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="loraplane.metrics.sink"), pytest.raises(DeliveryError):
+        sink._send_dead_letters(dead)
+    assert slow.delivered == 2 and len(slow.held) == 2  # flushed again as it was dropped
+    assert any("holding 2 unacknowledged letter(s)" in r.getMessage() for r in caplog.records)
+    sink._send_dead_letters(dead)  # the batch's retry: a fresh producer
+    assert (fresh.delivered, sink.stats.dead_letters) == (4, 4)
+
+
+def test_the_sink_run_ends_by_flushing_its_dead_letter_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``run`` ends with ``close``: a producer holding accepted letters is flushed."""
+    import threading
+
+    held = HoldingProducer()
+    sink = Sink(Settings())
+    sink._producer = held  # type: ignore[assignment]
+    held.held = [lambda err, msg: None] * 3
+
+    class Idle:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(sink, "_consumer", lambda: Idle())
+    stop = threading.Event()
+    stop.set()
+    sink.run(stop)
+    assert (held.delivered, held.held, sink._producer) == (3, [], None)
