@@ -9,6 +9,7 @@ fine, the content is not) or after (tampering on the way), and names the reason 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -148,6 +149,16 @@ def one_tensor(
         {name: {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets or (0, size))}},
         b"\0" * size,
     )
+
+
+def poison(name: str, value: float) -> Callable[[dict[str, Any]], None]:
+    """One value of tensor ``name`` set to ``value`` (a NaN or an infinity)."""
+
+    def run(tensors: dict[str, Any]) -> None:
+        tensors[name] = tensors[name].copy()
+        tensors[name].flat[tensors[name].size // 2] = value
+
+    return run
 
 
 def drop(name: str) -> Callable[[dict[str, Any]], None]:
@@ -392,6 +403,16 @@ CASES = [
         "no model shapes",
         Reason.model_shape_unknown,
         limits={"model": None, "require_model": True},
+    ),
+    Case(  # vLLM loads it; every request using the adapter gets NaN logits
+        "NaN weight",
+        Reason.tensor_value_nonfinite,
+        before=[edit_tensors(poison(f"{PREFIX}.1.self_attn.v_proj.lora_B.weight", math.nan))],
+    ),
+    Case(
+        "infinite weight",
+        Reason.tensor_value_nonfinite,
+        before=[edit_tensors(poison(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", -math.inf))],
     ),
     Case(
         "half a pair",

@@ -9,9 +9,11 @@ and every file against the manifest; only the allowed files, the ones vLLM reads
 safetensors header read with a bounded length and validated; tensors against ``r`` and
 ``target_modules`` of adapter_config.json and the base model's shape (vLLM itself accepts a
 config naming modules the model lacks; this does not; a worker requires the shape, offline
-use checks it when known); the config is a LoRA vLLM serves (``lora_config``), within the
-worker's rank, for its base model (``base_model``), and agrees with the record. Any input
-yields a ``Verdict``; hostile bytes never raise. docs/worker.md,
+use checks it when known); every value of a float tensor finite (a NaN or an infinity,
+which vLLM loads, turns every logit of a request using the adapter into NaN), read in bounded
+chunks; the config is a LoRA vLLM serves (``lora_config``), within the worker's rank, for its
+base model (``base_model``), and agrees with the record. Any input yields a ``Verdict``;
+hostile bytes never raise. docs/worker.md,
 "Host warm tier and artifact verification", lists every rule.
 """
 
@@ -20,10 +22,11 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
 from pydantic import ValidationError
 
 from loraplane.artifact.base_model import base_model_matches, mismatch_detail
@@ -45,7 +48,9 @@ __all__ = [
     "MAX_JSON_FILE_BYTES",
     "MAX_REFUSALS",
     "MAX_TOTAL_BYTES",
+    "NONFINITE_BITS",
     "PICKLE_SUFFIXES",
+    "VALUE_CHUNK_BYTES",
     "WEIGHTS_NAME",
     "ArtifactReader",
     "FileFacts",
@@ -67,6 +72,13 @@ BUNDLE_NAME = "model.sig"  # OpenSSF model signing's bundle (the model_signing C
 MAX_BUNDLE_BYTES = 1024 * 1024  # a key-signed bundle of a few files is ~2 KiB
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+NONFINITE_BITS = {"F64": 0x7FF0_0000_0000_0000, "F32": 0x7F80_0000, "F16": 0x7C00, "BF16": 0x7F80}
+"""Per float dtype of ``DTYPE_BYTES``, its exponent bits: a value with all of them set is NaN
+or an infinity (IEEE 754 binary64, binary32, binary16; bfloat16 is binary32's upper half).
+Read as unsigned integers with the sign bit cleared, a value is non-finite exactly when it is
+at least these bits, so the check is exact for every dtype, bfloat16 included (which numpy
+has no float type for). A dtype without an entry holds no float and is not scanned."""
+VALUE_CHUNK_BYTES = 1024 * 1024  # a multiple of every dtype's size: no value straddles a read
 MAX_JSON_FILE_BYTES = 256 * 1024
 MAX_TOTAL_BYTES = 1024**3  # a worker's default bound on an artifact's bytes
 MAX_REFUSALS = 64
@@ -125,9 +137,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """``span``: the bytes ``[begin, end)`` of the file that hold the tensor's values."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
+    span: tuple[int, int]
 
 
 def verify_artifact(
@@ -155,6 +170,8 @@ def verify_artifact(
     tensors = _read_all_headers(reader, facts, usable, limits, out)
     if config is not None and tensors is not None:
         _check_tensors(tensors, config, limits.model, out)
+    if tensors is not None and facts[WEIGHTS_NAME].size <= limits.max_total_bytes:
+        _check_values(reader, WEIGHTS_NAME, [t for _, t in tensors], out)
     return Verdict(tuple(_dedupe(out)[:MAX_REFUSALS]))
 
 
@@ -450,11 +467,11 @@ def parse_safetensors_header(
         ]
     if not isinstance(header, dict):
         return [], [Refusal(Reason.header_invalid, path, "header is not a JSON object")]
-    return _validate_header(header, path, file_size - 8 - length)
+    return _validate_header(header, path, 8 + length, file_size - 8 - length)
 
 
 def _validate_header(
-    header: dict[str, Any], path: str, data_size: int
+    header: dict[str, Any], path: str, data_start: int, data_size: int
 ) -> tuple[list[TensorInfo], list[Refusal]]:
     out: list[Refusal] = []
     tensors: list[TensorInfo] = []
@@ -495,7 +512,8 @@ def _validate_header(
             )
             continue
         spans.append((offsets[0], offsets[1], name))
-        tensors.append(TensorInfo(name, dtype, tuple(shape)))
+        span = (data_start + offsets[0], data_start + offsets[1])
+        tensors.append(TensorInfo(name, dtype, tuple(shape), span))
     end = 0
     for begin, stop, name in sorted(spans):
         if begin != end:
@@ -535,6 +553,63 @@ def _read_all_headers(
     )
     out.extend(refusals)
     return None if refusals else [(WEIGHTS_NAME, t) for t in tensors]
+
+
+def _check_values(
+    reader: ArtifactReader, path: str, tensors: Sequence[TensorInfo], out: list[Refusal]
+) -> None:
+    """Every value of every float tensor finite (``NONFINITE_BITS``): a refusal for the first
+    NaN or infinity of each tensor, at most ``MAX_REFUSALS``. The bytes are read at most
+    ``VALUE_CHUNK_BYTES`` at a time and judged in place as unsigned integers
+    (``np.frombuffer``, no float copy), so memory is bounded by the chunk, not the file."""
+    refused: set[str] = set()
+    scratch = np.empty(VALUE_CHUNK_BYTES, np.uint8)  # each piece's magnitudes, in place
+    for pieces in _value_reads(tensors):
+        begin, end = pieces[0][1], pieces[-1][2]
+        data = reader.read(path, begin, end - begin)
+        if len(data) != end - begin:  # the file shrank since it was listed
+            out.append(Refusal(Reason.size_mismatch, path, "shorter than when it was listed"))
+            return
+        for t, at, stop in pieces:
+            if t.name in refused:
+                continue
+            size = DTYPE_BYTES[t.dtype]
+            bits = np.frombuffer(data, f"<u{size}", (stop - at) // size, at - begin)
+            sign_cleared = np.array((1 << (8 * size - 1)) - 1, bits.dtype)
+            magnitude = np.bitwise_and(
+                bits, sign_cleared, out=scratch.view(bits.dtype)[: len(bits)]
+            )
+            exponent = NONFINITE_BITS[t.dtype]
+            if magnitude.max() < exponent:
+                continue
+            i = int(np.argmax(magnitude >= exponent))
+            what = "NaN" if magnitude[i] != exponent else "-inf" if bits[i] != exponent else "+inf"
+            first = (at - t.span[0]) // size + i
+            out.append(
+                Refusal(Reason.tensor_value_nonfinite, path, f"{t.name[:80]}: {what} at [{first}]")
+            )
+            refused.add(t.name)
+            if len(refused) == MAX_REFUSALS:
+                return
+
+
+def _value_reads(
+    tensors: Sequence[TensorInfo],
+) -> Iterator[list[tuple[TensorInfo, int, int]]]:
+    """The float tensors' bytes as reads of at most ``VALUE_CHUNK_BYTES``, in file order:
+    each a list of pieces (a tensor, the piece's ``[begin, end)`` in the file) that follow
+    one another. A tensor longer than a read is cut every ``VALUE_CHUNK_BYTES`` from its
+    start, so a piece holds whole values; small neighbouring tensors share one read."""
+    batch: list[tuple[TensorInfo, int, int]] = []
+    for t in sorted((t for t in tensors if t.dtype in NONFINITE_BITS), key=lambda t: t.span):
+        for at in range(t.span[0], t.span[1], VALUE_CHUNK_BYTES):
+            stop = min(at + VALUE_CHUNK_BYTES, t.span[1])
+            if batch and (at != batch[-1][2] or stop - batch[0][1] > VALUE_CHUNK_BYTES):
+                yield batch
+                batch = []
+            batch.append((t, at, stop))
+    if batch:
+        yield batch
 
 
 def _check_tensors(

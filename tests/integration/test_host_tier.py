@@ -292,6 +292,32 @@ def test_hostile_store_content_never_lands_in_the_tier(
     assert list((tmp_path / "tier").iterdir()) == []
 
 
+def test_attack_a_faithfully_published_nan_adapter_is_refused_after_its_fetch(
+    stack: Settings, prefix: str, tmp_path: Path
+) -> None:
+    """ATTACK, on the real fetch path (s3proxy, ``ArtifactFetcher``, ``HostTier``): an
+    adapter whose weights hold a NaN, uploaded with a manifest and a record that describe
+    its bytes faithfully (as a publisher that skips ``publish``'s verification would), passed
+    every check and was installed for vLLM. It is refused as ``tensor_value_nonfinite``
+    naming the tensor, and the tier keeps nothing of it."""
+    from loraplane.schemas.adapter import owner_prefix
+    from loraplane.schemas.manifest import Manifest
+    from tests.hostile_corpus import CASES, PREFIX, hostile
+
+    nan = next(c for c in CASES if c.id == "NaN weight")
+    artifact, record = hostile(nan, build_adapter(tmp_path / "src", seed=1), tmp_path / "nan")
+    record = record.model_copy(update={"adapter_id": f"{prefix}nan", "base_model": "tiny-llama"})
+    record = record.model_copy(update={"artifact_uri": owner_prefix(record, stack.s3.bucket)})
+    manifest = Manifest.model_validate_json((artifact.root / "manifest.json").read_bytes())
+    upload(stack, artifact.root, record, manifest)
+    host = tier(tmp_path / "tier", stack.s3)
+    with pytest.raises(ArtifactError) as refused:
+        host.ensure(record)
+    assert refused.value.reasons == (Reason.tensor_value_nonfinite,)
+    assert f"{PREFIX}.1.self_attn.v_proj.lora_B.weight: NaN at [" in str(refused.value)
+    assert host.entries() == [] and list((tmp_path / "tier").iterdir()) == []
+
+
 def test_s3_down_fails_fast_with_a_reason_and_loads_resume_when_it_is_back(
     stack: Settings, prefix: str, tmp_path: Path
 ) -> None:
