@@ -215,6 +215,26 @@ def _pickle(c: Case) -> list[str]:
     return ["--artifact", str(copy)]
 
 
+def _nan_weights(c: Case) -> list[str]:
+    """A NaN in the middle of one lora_B, and a -inf at the start of one lora_A."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    copy = Path(shutil.copytree(c.adapter, c.tmp / "bot"))
+    weights = copy / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    tensors[NAN_TENSOR].flat[100] = np.nan
+    tensors[INF_TENSOR].flat[0] = -np.inf
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return ["--artifact", str(copy)]
+
+
+NAN_TENSOR = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+INF_TENSOR = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+
+
 def _no_folder(c: Case) -> list[str]:
     return ["--artifact", str(c.tmp / "missing")]
 
@@ -347,6 +367,30 @@ def test_a_refused_artifact_lists_each_reason(
     error = result_of(stdout).error
     assert code == 3 and error is not None
     assert [(r.reason, r.path) for r in error.refusals] == [("pickle_weights", "extra.bin")]
+
+
+def test_attack_weights_holding_a_nan_or_an_infinity_are_refused_before_upload(
+    fakes: Fakes, adapter: Path, key: Path, tmp_path: Path
+) -> None:
+    """ATTACK: an adapter folder whose weights hold a NaN and a -inf (as a diverged training
+    run saves them, or a publisher means them) was uploaded and published, and every worker
+    then loaded it into vLLM. CI's publish refuses it with exit 3, each tensor and its first
+    bad index in ``error.refusals`` and on stderr, and uploads and produces nothing."""
+    code, stdout, _ = run_case(_nan_weights, fakes, adapter, key, tmp_path)
+    error = result_of(stdout).error
+    assert code == 3 and error is not None and error.code is PublishFailure.artifact_refused
+    assert sorted((r.reason, r.path, r.detail) for r in error.refusals) == [
+        ("tensor_value_nonfinite", "adapter_model.safetensors", f"{INF_TENSOR}: -inf at [0]"),
+        ("tensor_value_nonfinite", "adapter_model.safetensors", f"{NAN_TENSOR}: NaN at [100]"),
+    ]
+    assert fakes.uploads == [] and fakes.produced == []
+    code, stdout, stderr = run_case(
+        _nan_weights, fakes, adapter, key, tmp_path / "again", json_output=False
+    )
+    assert (code, stdout) == (3, "")
+    assert (
+        f"error: refused: tensor_value_nonfinite adapter_model.safetensors ({INF_TENSOR}" in stderr
+    )
 
 
 def test_the_registry_decisions_are_in_the_result(
