@@ -185,6 +185,9 @@ class _Worker:
     def above_watermark(self, policy: Policy) -> bool:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark
 
+    def above_high_watermark(self, policy: Policy) -> bool:
+        return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_high_watermark
+
     def memory(self) -> WorkerMemory:
         return WorkerMemory(
             seq=self.seq, pending=tuple(self.pending), loads=tuple(self.loads), epoch=self.epoch
@@ -1305,12 +1308,13 @@ def _pin(t: _BaseTick) -> None:
 
 
 def _relieve_hbm(t: _BaseTick) -> None:
-    """8. A worker above the HBM low watermark demotes its lowest-ranked unprotected
+    """8. A worker above the HBM high watermark demotes its lowest-ranked unprotected
     resident, one per tick, and none while an unload is pending (it has yet to show in
-    the worker's HBM usage)."""
+    the worker's HBM usage). Loads stop at the low watermark (here and in the worker's own
+    admission); between the two a copy shed would be loaded back by the next request."""
     table, policy = t.table, t.policy
     for w in t.workers:
-        if not w.above_watermark(policy) or any(
+        if not w.above_high_watermark(policy) or any(
             c.action in (CommandAction.demote_to_host, CommandAction.evict) for c in w.pending
         ):
             continue
@@ -1331,7 +1335,7 @@ def _relieve_hbm(t: _BaseTick) -> None:
                 table.lora[worst],
                 CommandRule.hbm_watermark,
                 table.score_of(worst),
-                f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_low_watermark}",
+                f"hbm_usage {w.state.hbm_usage:.2f} > {policy.hbm_high_watermark}",
             )
 
 

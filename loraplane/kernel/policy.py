@@ -375,7 +375,21 @@ class Policy(_Strict):
         "score (the seed's 0.5 held half the slots for idle platinum versions where they do "
         "not all fit: docs/benchmarks.md)",
     )
-    hbm_low_watermark: float = Field(0.82, gt=0, le=1)
+    hbm_low_watermark: float = Field(
+        0.82,
+        gt=0,
+        le=1,
+        description="a worker whose reported hbm_usage is above it gets no load from the "
+        "planner, and its requests' own loads take a copy's slot, never a free one",
+    )
+    hbm_high_watermark: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="a worker whose reported hbm_usage is above it demotes one copy a tick "
+        "(planner rule 8); at least hbm_low_watermark: between the two nothing is added and "
+        "nothing shed, so a copy shed is not loaded back at once",
+    )
     hysteresis_margin: float = Field(
         0.05, ge=0, le=1, description="a challenger must beat a resident's score by this much"
     )
@@ -432,6 +446,12 @@ class Policy(_Strict):
         """``tenant_priority_values`` of one priority (0 for an unknown one): the weight of a
         tenant's demand in scores and in the workers' demand admission."""
         return self.tenant_priority_values.get(priority, 0.0)
+
+    @model_validator(mode="after")
+    def _watermarks_ordered(self) -> Policy:
+        if self.hbm_high_watermark < self.hbm_low_watermark:
+            raise ValueError("hbm_high_watermark must not be below hbm_low_watermark")
+        return self
 
     @field_validator("hot_score_formula")
     @classmethod

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from loraplane.kernel.command_effects import never_evict_rule, protected_cap, protected_copies
 from loraplane.kernel.decayed import Decayed
@@ -249,7 +251,7 @@ def test_hysteresis_margin_prevents_swaps_between_close_scores() -> None:
 
 def test_hbm_above_watermark_demotes_lowest_and_takes_no_loads() -> None:
     lo, hi, new = record("lo"), record("hi"), record("new")
-    ws = [worker("w1", gpu=[lo, hi], hbm=0.9), worker("w2", hbm=0.5)]
+    ws = [worker("w1", gpu=[lo, hi], hbm=0.95), worker("w2", hbm=0.5)]
     p = plan(views(lo, hi, new), scores(lo=0.1, hi=1.0, new=0.5), ws, POLICY, NOW)
     assert [(c.action, c.worker_id, c.adapter_id) for c in p.commands] == [
         (CommandAction.load_gpu, "w2", "new"),
@@ -262,6 +264,25 @@ def test_hbm_above_watermark_demotes_lowest_and_takes_no_loads() -> None:
     assert [(c.action, c.worker_id, c.adapter_id) for c in again.commands] == [
         (CommandAction.load_gpu, "w2", "lo")
     ]
+
+
+def test_between_the_hbm_watermarks_a_worker_gets_no_loads_and_sheds_nothing() -> None:
+    """Above the low watermark nothing is added (here, or by the worker's requests); only
+    above the high one is a copy shed. With one watermark for both, a copy shed at one tick
+    was loaded back by the next request and shed again, a cold load lost each time."""
+    lo, hi, new = record("lo"), record("hi"), record("new")
+    ws = [worker("w1", gpu=[lo, hi], hbm=0.86), worker("w2", hbm=0.5)]
+    assert POLICY.hbm_low_watermark < 0.86 < POLICY.hbm_high_watermark
+    p = plan(views(lo, hi, new), scores(lo=0.1, hi=1.0, new=0.5), ws, POLICY, NOW)
+    assert [(c.action, c.worker_id, c.adapter_id) for c in p.commands] == [
+        (CommandAction.load_gpu, "w2", "new"),
+    ]
+
+
+def test_the_high_hbm_watermark_is_never_below_the_low_one() -> None:
+    with pytest.raises(ValidationError, match="hbm_high_watermark must not be below"):
+        Policy(hbm_low_watermark=0.9, hbm_high_watermark=0.85)
+    assert Policy(hbm_low_watermark=0.9, hbm_high_watermark=0.9).hbm_high_watermark == 0.9
 
 
 def test_canary_is_prewarmed_with_warmup_requests_before_traffic() -> None:
@@ -520,7 +541,7 @@ def fleets(draw: st.DrawFn) -> tuple[list, dict, list, Policy, dict]:
                 host=host,
                 slots=slots,
                 host_budget=budget,
-                hbm=draw(st.sampled_from([None, 0.5, 0.9])),
+                hbm=draw(st.sampled_from([None, 0.5, 0.86, 0.95])),
             )
         )
     return recs, sc, ws, policy, {}

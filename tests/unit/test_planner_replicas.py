@@ -231,7 +231,7 @@ def test_a_host_prewarm_goes_only_to_a_worker_that_fits() -> None:
 
 def test_a_worker_above_the_watermark_gets_no_loads_and_sheds_its_lowest_copy() -> None:
     hi, lo, a = record("hi"), record("lo"), record("a")
-    full = worker("w1", gpu=[hi, lo], slots=8, hbm=0.9)  # 6 free slots, but above 0.82
+    full = worker("w1", gpu=[hi, lo], slots=8, hbm=0.95)  # 6 free slots, but above 0.9
     p = plan(
         views(hi, lo, a),
         scores(hi=5.0, lo=0.5, a=2.0),
@@ -243,7 +243,7 @@ def test_a_worker_above_the_watermark_gets_no_loads_and_sheds_its_lowest_copy() 
     assert moves(p, lo.lora_name) == [("demote_to_host", "w1", "hbm_watermark")]
     assert moves(p, hi.lora_name) == []
     (shed,) = cmds(p, CommandAction.demote_to_host)
-    assert shed.reason.detail == "hbm_usage 0.90 > 0.82"
+    assert shed.reason.detail == "hbm_usage 0.95 > 0.9"
     p = plan(
         views(a), scores(a=100.0), [worker("w1", gpu=[a]), worker("w2", hbm=0.83)], POLICY, NOW
     )

@@ -13,7 +13,7 @@ from loraplane.simulator import benchmark
 from loraplane.simulator.engine import simulate
 from loraplane.simulator.policies import ALL, BYPASS, CachePolicy, policy_factory, resolve
 from loraplane.simulator.requests import Requests
-from loraplane.simulator.scenario import load_scenario
+from loraplane.simulator.scenario import Scenario, load_scenario
 from loraplane.simulator.trace import TraceError, load_trace
 from tests.unit.simulator_tiny import catalog, requests, scenario
 
@@ -308,6 +308,50 @@ def test_loraplane_demand_frees_the_slots_of_idle_platinum_adapters() -> None:
     demand = simulate(sc, cat, reqs, policy_factory("loraplane-demand"))
     assert seed.fallbacks == 0 and 55 <= seed.gpu_hits <= 65 and seed.demand_swaps >= 55
     assert demand.fallbacks < 10 and demand.gpu_hits > 110
+
+
+def _hbm_tight(high_watermark: float) -> Scenario:
+    """A worker of 8 slots whose base model and KV cache take 0.815 of its HBM: two of the
+    tiny adapters (0.0027 each) take it past the low watermark (0.82), never past 0.9."""
+    sc = scenario(8)
+    pool = sc.fleet.base_models[0].model_copy(
+        update={
+            "hbm_bytes_per_worker": 10e9,
+            "base_weights_bytes": 4.0e9,
+            "kv_reserved_bytes": 4.15e9,
+        }
+    )
+    policy = sc.policy.model_copy(update={"hbm_high_watermark": high_watermark})
+    fleet = sc.fleet.model_copy(update={"base_models": [pool]})
+    return sc.model_copy(update={"fleet": fleet, "policy": policy})
+
+
+def test_a_copy_the_planner_sheds_for_hbm_is_not_loaded_back_by_requests_in_a_cycle() -> None:
+    """Two adapters, asked in turn for 10 minutes, on a worker they take past the HBM low
+    watermark. With one watermark for shedding and loading (high = low), the planner sheds a
+    copy each tick and the next request loads it back, a load each time; with the high
+    watermark above, the two loads are all."""
+    reqs = requests([0, 1] * 300)
+    one = simulate(_hbm_tight(0.82), catalog(2), reqs, policy_factory("loraplane"))
+    two = simulate(_hbm_tight(0.9), catalog(2), reqs, policy_factory("loraplane"))
+    assert one.swaps > 4
+    assert (two.swaps, two.cold_loads, two.fallbacks) == (2, 2, 0)
+
+
+def test_above_the_low_watermark_a_requests_load_swaps_rather_than_fill_a_free_slot() -> None:
+    """Three adapters on the same worker: the third request's own load finds free slots but
+    the worker above the low watermark, so it takes the least recently used copy's slot (as
+    the agent does, ``reconcile.Usage.hbm_full``)."""
+    reqs, cat = requests([0, 1, 2]), catalog(3)
+    c = simulate(_hbm_tight(0.9), cat, reqs, policy_factory("loraplane"))
+    sc = _hbm_tight(0.95)
+    roomy = sc.model_copy(
+        update={"policy": sc.policy.model_copy(update={"hbm_low_watermark": 0.95})}
+    )
+    free = simulate(roomy, cat, reqs, policy_factory("loraplane"))
+    assert c.swaps == free.swaps == 3 and c.fallbacks == free.fallbacks == 0
+    adapter = cat.adapters[0].size_bytes / 10e9
+    assert free.hbm_peak_ratio - c.hbm_peak_ratio == pytest.approx(adapter)  # 2 held, not 3
 
 
 BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
