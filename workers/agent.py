@@ -223,9 +223,6 @@ class _Runtime:
     # vLLM took its connection and did not answer the last listing of its models in time (a
     # hung server): requests are refused as not run until a listing is answered again
     vllm_stalled: bool = False
-    # the share of the GPU's HBM in use, as last reported (None: no NVML): above the
-    # policy's hbm_low_watermark a request's own load takes a copy's slot, not a free one
-    hbm_usage: float | None = None
     # why the base model vLLM lists is not the one adapters are checked against (None: it
     # is): nothing is loaded and requests are refused as not run until it is again
     wrong_base: str | None = None
@@ -490,8 +487,6 @@ class WorkerAgent:
             demand=None if demand is None else lambda n: demand.count(n, now),
             loaded_at={n: at for n, (at, _) in self._rt.loaded_at.items()},
             now=now,
-            hbm_full=self._rt.hbm_usage is not None
-            and self._rt.hbm_usage > self.config.policy.hbm_low_watermark,
         )
         before = self._desired
         self._desired, skipped = fold(
@@ -508,12 +503,6 @@ class WorkerAgent:
             if deadline is not None:
                 self._not_carried_out(cid, deadline)
         return skipped
-
-    def _hbm_now(self) -> float | None:
-        """The HBM share in use now (``workers.hbm``), kept for the next folds: what the
-        planner reads in this state is what this worker's own loads are judged by."""
-        self._rt.hbm_usage = usage = self._hbm()
-        return usage
 
     def _admits(self, wait_s: float, now: float) -> Callable[[str, str], bool] | None:
         """Demand admission of a request's load (``workers.demand_admission``): None (any
@@ -1259,7 +1248,7 @@ class WorkerAgent:
             gpu_slots_total=self.config.gpu_slots,
             host_bytes_used=sum(e.size_bytes for e in self._host.values()),
             host_bytes_budget=self.config.host_budget_bytes,
-            hbm_usage=self._hbm_now(),
+            hbm_usage=self._hbm(),
             max_lora_rank=self.config.max_lora_rank,
             cold_loads_last_minute=sum(1 for t in self._rt.cold_loads if now - t < 60.0),
             cold_load_budget=(

@@ -227,11 +227,6 @@ class Usage:
     loaded_at: Mapping[str, float] = field(default_factory=dict)
     """When each GPU copy was loaded here, on the clock of ``now`` (none: found at start)."""
     now: float = 0.0
-    hbm_full: bool = False
-    """The worker's HBM use, as last reported, is above the policy's ``hbm_low_watermark``:
-    a request's own load takes a copy's slot, never a free one, as the planner sends no load
-    there and demotes (its rule 8); a free slot filled by requests would be demoted again at
-    the next tick, a cold load lost each time. A load that would be protected is exempt."""
 
     def settled(self, name: str, guard: Guard) -> bool:
         """Is the copy past ``guard.min_residency_s`` since its load (or of unknown load)?"""
@@ -422,29 +417,11 @@ def ask(
         name = request.lora_name
         urgent = _protected_here(state, guard, name)
         may_take = partial(_may_take, request, state, guard, usage, urgent)
-        slots = _slots_for(request, state, guard, usage, urgent)
-        room, fits = make_room(after, slots, usage, keep=name, may_take=may_take)
+        room, fits = make_room(after, guard, usage, keep=name, may_take=may_take)
         if not fits:
-            return state, _no_slot(after, slots, usage, request, urgent)
+            return state, _no_slot(after, guard, usage, request, urgent)
         after = room
     return after, None
-
-
-def _slots_for(
-    request: Ask, state: DesiredState, guard: Guard, usage: Usage, urgent: bool
-) -> Guard:
-    """The guard ``request``'s load is fitted under: with no more GPU slots than copies
-    held when it is a request's own, not ``urgent``, load on a worker whose HBM is above
-    the watermark (``Usage.hbm_full``), so it takes a copy's slot or none."""
-    if (
-        not usage.hbm_full
-        or urgent
-        or request.origin is not CopyOrigin.gateway_request
-        or guard.gpu_slots is None
-    ):
-        return guard
-    held = sum(1 for i in state.intents.values() if i.tier == "gpu")
-    return replace(guard, gpu_slots=min(guard.gpu_slots, held))
 
 
 def _protected_here(state: DesiredState, guard: Guard, name: str) -> bool:

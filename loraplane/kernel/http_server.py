@@ -630,8 +630,9 @@ def metrics_app(
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> web.Application:
     """A listener's app that answers ``GET /metrics`` with ``handler`` and nothing else (no
-    request body): a runtime's ``--metrics-port``, apart from the port its clients use, so
-    its series never reach whoever may reach that port."""
+    request body): a runtime's ``--metrics-port``, a port apart from the one its clients
+    use, which a network policy can keep to the scraper (the router's API port answers
+    ``/metrics`` 404; a worker's gateway also serves it on its own port)."""
     app = web.Application(client_max_size=1024)
     app.router.add_get("/metrics", handler)
     return app

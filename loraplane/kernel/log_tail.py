@@ -55,7 +55,7 @@ def tail(path: Path, lines: int, max_line: int = MAX_LINE, max_held: int = MAX_H
     ``max_line`` characters and the mark, and no more of them than fit in ``max_held``
     characters (the newest kept); nothing when it does not exist yet."""
     kept: deque[str] = deque()
-    held = 0
+    held, lines = 0, max(lines, 0)
     try:
         with os.fdopen(open_regular(path), errors="replace") as fh:
             for line in lines_of(fh, max_line):

@@ -379,8 +379,7 @@ class Policy(_Strict):
         0.82,
         gt=0,
         le=1,
-        description="a worker whose reported hbm_usage is above it gets no load from the "
-        "planner, and its requests' own loads take a copy's slot, never a free one",
+        description="a worker whose reported hbm_usage is above it gets no load from the planner",
     )
     hbm_high_watermark: float = Field(
         0.9,

@@ -466,8 +466,8 @@ class Router:
 
     def metrics_app(self) -> web.Application:
         """``/metrics`` alone, for the ``--metrics-port`` listener: the API port (the
-        tenants' front door) answers it 404, so fleet size, outcomes and queue depths never
-        reach a tenant."""
+        tenants' front door) answers it 404, so outcome counts and queue depths never reach
+        a tenant (its ``/healthz`` still counts the workers, GPU copies and adapters)."""
         return metrics_app(self.metrics)
 
     async def metrics(self, _: web.Request) -> web.Response:

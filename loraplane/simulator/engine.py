@@ -376,10 +376,10 @@ def simulate(
         if victim == BYPASS:
             c.declined += 1
             return costs.bypass(batch)
-        if victim is not None:  # a full worker's, or one a policy counts full (its HBM)
+        if full:
+            if victim is None:
+                raise PolicyContractError(f"{pol.name} gave no victim on a full worker {w}")
             wk.evict(victim)
-        elif full:
-            raise PolicyContractError(f"{pol.name} gave no victim on a full worker {w}")
         ready = wk.load(a, start, demand=True)
         return costs.miss((ready - t) * 1000.0, batch, False)
 

@@ -570,40 +570,6 @@ def test_a_load_past_the_slots_demotes_the_least_recently_used_copy() -> None:
     assert reloaded.intents[A0.lora_name].tier == "host"
 
 
-def test_above_the_hbm_watermark_a_requests_load_takes_a_copys_slot_not_a_free_one() -> None:
-    """A worker whose HBM is above the low watermark gets no load from the planner, which
-    sheds its copies above the high one: a request's own load swaps a copy out rather than
-    fill a free slot, so HBM does not climb on requests alone. A planner's load, and a load
-    the guard would protect, are fitted as ever; with no copy to give up, no slot."""
-    guard = Guard(
-        never_evict={A3.lora_name: "tenant_priority == platinum"}, max_protected=1, gpu_slots=4
-    )
-    state = DesiredState()
-    for rec in (A0, A1):
-        state, why = gateway(state, rec, guard)
-        assert why is None
-    full = Usage(last_used={A0.lora_name: 10.0, A1.lora_name: 5.0}, hbm_full=True)
-    after, why = gateway(state, A2, guard, full)
-    assert why is None and gpu_intents(after) == {A0.lora_name, A2.lora_name}
-    assert after.intents[A1.lora_name].unload_reason == "slot_needed"
-    roomy, why = gateway(state, A2, guard, replace(full, hbm_full=False))
-    assert why is None and gpu_intents(roomy) == {A0.lora_name, A1.lora_name, A2.lora_name}
-    planned, why = fold_one(
-        state,
-        command(A2, CommandAction.load_gpu, "c"),
-        worker_id=WORKER,
-        base_model=BASE,
-        now=NOW,
-        guard=guard,
-        usage=full,
-    )
-    assert why is None and len(gpu_intents(planned)) == 3
-    protected, why = gateway(state, A3, guard, full)
-    assert why is None and len(gpu_intents(protected)) == 3
-    empty, why = gateway(DesiredState(), A2, guard, full)
-    assert why == CommandSkip.no_free_slot and gpu_intents(empty) == set()
-
-
 def test_pinned_protected_and_busy_copies_keep_their_slot_and_the_load_is_refused() -> None:
     guard = Guard(
         never_evict={A1.lora_name: "tenant_priority == platinum"}, max_protected=1, gpu_slots=3

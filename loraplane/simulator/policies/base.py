@@ -108,9 +108,6 @@ class CachePolicy:
         raise NotImplementedError
 
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
-        """A request's miss on ``worker``: its load's victim (required when ``full``; on a
-        worker with a free slot a policy may still name one, and it is evicted), None, or
-        ``BYPASS`` (no load: the class's answer)."""
         raise NotImplementedError
 
     def tick(self, now: float) -> Plan:

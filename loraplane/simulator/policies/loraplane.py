@@ -202,7 +202,6 @@ class Loraplane(CachePolicy):
 
     def on_miss(self, worker: int, adapter: int, i: int, now: float, full: bool) -> int | None:
         self._asked(worker, i, now)
-        full = full or self._hbm_full(worker, adapter)
         if not full:
             self._demand_load(worker, adapter, now)
             return None
@@ -221,27 +220,7 @@ class Loraplane(CachePolicy):
 
     def declines(self, worker: int, adapter: int, i: int, now: float, full: bool) -> bool:
         self._asked(worker, i, now)  # asked only when the budget is spent beyond the wait
-        full = full or self._hbm_full(worker, adapter)
         return full and not self._evictable(worker, adapter, i, now, in_time=False)
-
-    def _hbm_usage(self, worker: int) -> float:
-        """The share of ``worker``'s HBM in use, as its state reports it to the planner."""
-        used = sum(self.records[a].size_bytes for a in self.ctx.residents[worker])
-        return min(1.0, (self.hbm_fixed + used) / self.ctx.pool.hbm_bytes)
-
-    def _hbm_full(self, worker: int, adapter: int) -> bool:
-        """Does ``worker`` count itself full for a request's own load of ``adapter``: above
-        the HBM low watermark, as the agent does (``reconcile.Usage.hbm_full``), unless the
-        copy would be protected there."""
-        return self._hbm_usage(worker) > self.ctx.policy.hbm_low_watermark and not self._urgent(
-            worker, adapter
-        )
-
-    def _urgent(self, worker: int, adapter: int) -> bool:
-        """Would a GPU copy of ``adapter`` be protected on ``worker`` (never-evict, and room
-        under the cap)? Its load may take a slot within the minimum residency."""
-        protected, name = self._protected(worker), self.lora_of[adapter]
-        return name in self.never_evict and (name in protected or len(protected) < self.protect_cap)
 
     def _asked(self, worker: int, i: int, now: float) -> None:
         """A request asked for a load here (once per request): a batch one counts towards
@@ -271,7 +250,9 @@ class Loraplane(CachePolicy):
         within its class's wait), else those no busier here than its version, with the
         request counted first, as the gateway counts it before it asks for the load."""
         protected, name = self._protected(worker), self.lora_of[adapter]
-        urgent = self._urgent(worker, adapter)
+        urgent = name in self.never_evict and (
+            name in protected or len(protected) < self.protect_cap
+        )
         evictable = [
             r
             for r in self.ctx.residents[worker]
@@ -407,7 +388,7 @@ class Loraplane(CachePolicy):
                     gpu_slots_total=pool.gpu_slots,
                     host_bytes_used=sum(x.size_bytes for x in host) + used,
                     host_bytes_budget=int(pool.host_bytes),
-                    hbm_usage=self._hbm_usage(n),
+                    hbm_usage=min(1.0, (self.hbm_fixed + used) / pool.hbm_bytes),
                     max_lora_rank=512,
                     cold_loads_last_minute=self.ctx.recent_loads(n, now),
                     cold_load_budget=self.loads_per_minute(n),
