@@ -227,11 +227,15 @@ def _revokes(rec: Recorded, f: Facts) -> dict[str, datetime]:
 
 
 def _resident_at(rec: Recorded, revokes: dict[str, datetime]) -> set[str]:
-    """LoRA names whose last GPU event before their adapter's revoke was a load."""
+    """LoRA names whose last GPU event before their adapter's revoke was a load. Rows keep
+    whole seconds: a load in the second of the revoke came before it (none may come after:
+    ``no_load_after_revoke``), an unload in that second after it (the revoke's own)."""
     last: dict[str, str] = {}
-    for c in sorted(rec.cache, key=lambda c: c.ts):
+    for c in sorted(rec.cache, key=lambda c: (c.ts, c.kind != "load")):
         at = revokes.get(c.adapter_id)
-        if at is not None and c.ts < at and c.kind in ("load", "unload"):
+        if at is None or c.kind not in ("load", "unload"):
+            continue
+        if c.ts < at or (c.kind == "load" and c.ts == at):
             last[c.lora_name] = c.kind
     return {name for name, kind in last.items() if kind == "load"}
 

@@ -74,6 +74,8 @@ class _NoAdapters:
 
     started = True
     worker_id = "w-none"  # named by /healthz
+    upstream_stalled = False  # /healthz says when requests are refused as not run
+    wrong_base_model = False
 
     def metrics_exposition(self) -> bytes:
         return b"# nothing\n"

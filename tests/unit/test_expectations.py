@@ -198,6 +198,15 @@ def test_bulk_eviction_checks_residents_at_each_revoke() -> None:
         audit=revokes,
     )
     assert not checks("bulk-eviction", lost, facts)["platinum_never_evicted"]
+    same_second = rec(
+        [req("p")],
+        [ev("load", "p"), ev("load", "b", at_s=35), ev("unload", "b", at_s=35)],
+        audit=revokes,
+    )
+    # b's only load and its unload share the second of its revoke: it was on a GPU then
+    assert all(checks("bulk-eviction", same_second, facts).values())
+    kept_past = rec([req("p")], [ev("load", "p"), ev("load", "b", at_s=35)], audit=revokes)
+    assert not checks("bulk-eviction", kept_past, facts)["revoked_versions_evicted"]
     rejected = rec(
         [req("p")],
         [ev("load", "a", at_s=1), ev("unload", "a", at_s=31)],
