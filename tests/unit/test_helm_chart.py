@@ -528,6 +528,12 @@ def test_overlapping_command_slots_are_refused() -> None:
         )
 
 
+def test_a_metrics_port_equal_to_the_api_port_is_refused() -> None:
+    """The router would fail to bind its second listener at start; the chart says why."""
+    with pytest.raises(ChartError, match="router: metricsPort 8080 is its port too"):
+        helm_chart.render(HELM, sets=["router.port=8080", "router.metricsPort=8080"])
+
+
 @pytest.mark.parametrize(
     ("override", "where"),
     [

@@ -202,6 +202,9 @@ readinessProbe:
 {{- $root := .root -}}
 {{- $v := .values -}}
 {{- $name := printf "%s-%s" (include "loraplane.fullname" $root) .name -}}
+{{- if and .metricsPort (eq (int .metricsPort) (int .port.port)) }}
+{{- fail (printf "%s: metricsPort %d is its port too: the runtime would not start (two listeners on one port)" .name (int .metricsPort)) }}
+{{- end }}
 apiVersion: apps/v1
 kind: {{ .kind }}
 metadata:
