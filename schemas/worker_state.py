@@ -11,6 +11,7 @@ from pydantic import Field, StringConstraints, field_validator
 from loraplane.schemas.adapter import MAX_RANK
 from loraplane.schemas.base import Identifier, StrictModel, Timestamp, Version
 from loraplane.schemas.commands import COMMAND_ID_PATTERN
+from loraplane.schemas.reasons import VllmFailure
 
 __all__ = [
     "GATEWAY_URL_PATTERN",
@@ -141,6 +142,12 @@ class WorkerState(StrictModel):
         le=2**31 - 1,  # Kafka's partition numbers are int32
         description="the commands partition this worker reads (its command slot, "
         "else the hash of its id); the planner sends there. None: an older worker, the hash",
+    )
+    not_run: VllmFailure | None = Field(
+        None,
+        description="why this worker's gateway refuses every request as not run (503 with "
+        "X-Loraplane-Not-Run: vLLM hung, or serving another base model): the router does not "
+        "route to it and the planner sends it no load. None: it serves (or an older worker)",
     )
 
     @field_validator("gateway_url")

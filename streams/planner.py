@@ -185,6 +185,15 @@ class _Worker:
     def above_watermark(self, policy: Policy) -> bool:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark
 
+    def may_load(self, policy: Policy) -> bool:
+        """May take a load: load budget left, HBM at most the low watermark, and serving
+        (a worker whose state says ``not_run`` carries out no load)."""
+        return (
+            self.loads_left(policy) > 0
+            and not self.above_watermark(policy)
+            and self.state.not_run is None
+        )
+
     def above_high_watermark(self, policy: Policy) -> bool:
         return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_high_watermark
 
@@ -1115,8 +1124,8 @@ def _worker_with_free_slot(
 ) -> _Worker | None:
     """The worker with the most free GPU slots (then the lowest id) that fits ``rank`` and
     may still load, not in ``skip``; popped (the caller pushes it back once loaded). Stale
-    entries and workers out of budget or above the HBM watermark are dropped; skipped ones
-    are put back."""
+    entries and workers that may not load (``_Worker.may_load``: out of budget, above the
+    HBM watermark, not run) are dropped; skipped ones are put back."""
     best: list[tuple[int, str]] | None = None
     skipped: list[tuple[list[tuple[int, str]], tuple[int, str]]] = []
     for heap in free.fitting(rank):
@@ -1125,7 +1134,7 @@ def _worker_with_free_slot(
             w = by_id[wid]
             if -neg_free != w.free_slots():
                 heapq.heapreplace(heap, (-w.free_slots(), wid))
-            elif w.free_slots() <= 0 or w.loads_left(policy) <= 0 or w.above_watermark(policy):
+            elif w.free_slots() <= 0 or not w.may_load(policy):
                 heapq.heappop(heap)
             elif wid in skip:
                 skipped.append((heap, heapq.heappop(heap)))
@@ -1146,15 +1155,15 @@ def _pop_victim(
     rank: int,
     skip: Container[str] = (),
 ) -> tuple[str, _Worker] | None:
-    """The first displaceable copy on a worker that fits ``rank``, may still load and is
-    not in ``skip`` (those are put back)."""
+    """The first displaceable copy on a worker that fits ``rank``, may still load
+    (``_Worker.may_load``) and is not in ``skip`` (those are put back)."""
     best: list[tuple[Rank, str, str]] | None = None
     skipped: list[tuple[list[tuple[Rank, str, str]], tuple[Rank, str, str]]] = []
     for heap in displaceable.fitting(rank):
         while heap:
             _, lora, wid = heap[0]
             w = by_id[wid]
-            if lora not in w.gpu or w.loads_left(policy) <= 0 or w.above_watermark(policy):
+            if lora not in w.gpu or not w.may_load(policy):
                 heapq.heappop(heap)
             elif wid in skip:
                 skipped.append((heap, heapq.heappop(heap)))

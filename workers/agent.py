@@ -86,7 +86,7 @@ from loraplane.workers.reconcile import (
     settled_by,
     vouched,
 )
-from loraplane.workers.serving import LoadOutcome
+from loraplane.workers.serving import LoadOutcome, unfit
 from loraplane.workers.vllm_client import VllmClient, VllmError
 from loraplane.workers.worker_metrics import (
     AdapterLabels,
@@ -673,6 +673,16 @@ class WorkerAgent:
 
     # ---- the loop ---------------------------------------------------------------------
     async def reconcile_once(self) -> list[Action]:
+        """One tick; a heartbeat goes out at once when it found vLLM turn unfit or fit again
+        (``WorkerState.not_run``): routers park the worker, or take it back, without
+        waiting for the next interval."""
+        was = unfit(self)
+        actions = await self._reconcile_tick()
+        if unfit(self) is not was:
+            self.publish_state()
+        return actions
+
+    async def _reconcile_tick(self) -> list[Action]:
         async with self._lock:
             try:
                 actual = await self.read_actual()
@@ -1259,6 +1269,7 @@ class WorkerAgent:
             adapters=adapters,
             command_partition=self._command_partition(),
             skipped_commands=[c for c, d in self._rt.skipped.items() if d > now_utc()],
+            not_run=None if (code := unfit(self)) is None else code.failure,
         )
 
     def _resident_bytes(self, name: str, record: AdapterRecord | None) -> int:

@@ -57,7 +57,7 @@ from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
-from loraplane.workers.serving import LoadOutcome, Serving
+from loraplane.workers.serving import LoadOutcome, Serving, unfit
 from loraplane.workers.vllm_client import VllmError, classify
 
 __all__ = [
@@ -578,13 +578,8 @@ class Gateway:
                 )
 
     def _unfit(self) -> VllmErrorCode | None:
-        """Why no request may go to vLLM now: hung (``timeout``), or serving another base
-        model than the one adapters are checked against (``wrong_base_model``)."""
-        if self.worker.upstream_stalled:
-            return VllmErrorCode.timeout
-        if self.worker.wrong_base_model:
-            return VllmErrorCode.wrong_base_model
-        return None
+        """Why no request may go to vLLM now (``serving.unfit``)."""
+        return unfit(self.worker)
 
     def _not_run(self, trace: _Trace, code: VllmErrorCode) -> web.Response:
         """The answer to a request this worker's vLLM never saw, as it is gone or hung: the

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.schemas.adapter import AdapterRecord
-from loraplane.schemas.reasons import NO_REASON, CacheEventReason
+from loraplane.schemas.reasons import NO_REASON, CacheEventReason, VllmErrorCode
 
-__all__ = ["LoadOutcome", "Serving", "Upstream"]
+__all__ = ["LoadOutcome", "Serving", "Upstream", "unfit"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +120,15 @@ class Serving(Protocol):
         ...
 
     def metrics_exposition(self) -> bytes: ...
+
+
+def unfit(worker: Serving) -> VllmErrorCode | None:
+    """Why no request may go to ``worker``'s vLLM now: hung (``timeout``), or serving another
+    base model than the one adapters are checked against (``wrong_base_model``). None: it
+    serves. The gateway refuses requests as not run for it, says it in ``/healthz``, and the
+    agent announces it in its state (``WorkerState.not_run``)."""
+    if worker.upstream_stalled:
+        return VllmErrorCode.timeout
+    if worker.wrong_base_model:
+        return VllmErrorCode.wrong_base_model
+    return None

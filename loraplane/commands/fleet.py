@@ -81,7 +81,9 @@ def register(app: typer.Typer) -> None:
             for w in base.workers:
                 table.add_row(
                     w.worker_id,
-                    "yes" if w.live else "drained",
+                    ("yes" if w.not_run is None else f"not run: {w.not_run}")
+                    if w.live
+                    else "drained",
                     f"{w.heartbeat_age_s:.1f}",
                     f"{w.gpu_slots_used}/{w.gpu_slots_free}",
                     str(w.gpu_versions),

@@ -8,7 +8,8 @@ Queue depth is the routers' (requests waiting per base model at the flow-control
 ``RouterState``; None (shown as "-") when no router reports.
 
 A worker is *live* by the router's own rule (``kernel.heartbeat.heard_lately``),
-so the view and the routing agree on which workers take traffic.
+so the view and the routing agree on which workers take traffic; a live worker whose state
+says ``not_run`` (its gateway refuses every request) takes none, and its row says why.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class WorkerRow:
     load_stall: float | None = None  # the share of decode rate its loads take, measured
     gpu_loras: tuple[str, ...] = ()  # the versions (lora names) per tier, sorted
     host_loras: tuple[str, ...] = ()
+    not_run: str | None = None  # why its gateway refuses every request (WorkerState.not_run)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def fleet_view(
                     load_stall=s.load_stall,
                     gpu_loras=tuple(sorted(a.lora_name for a in gpu)),
                     host_loras=tuple(sorted(a.lora_name for a in s.adapters if a.tier != "gpu")),
+                    not_run=None if s.not_run is None else str(s.not_run),
                 )
             )
         rows.append(

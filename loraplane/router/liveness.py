@@ -89,11 +89,15 @@ def verdict(
     return Verdict.check
 
 
-def probe_ok(worker_id: str, status: int, body: Any) -> bool:
-    """A gateway's ``/healthz`` answer vouches for ``worker_id``: 200, ok, and its own id."""
+def probe_ok(worker_id: str, status: int, body: Any, *, serving: bool = True) -> bool:
+    """A gateway's ``/healthz`` answer vouches for ``worker_id``: 200, ok, its own id, and
+    (``serving``) no ``not_run``: a gateway up but refusing every request as not run serves
+    nothing. A proof of the router secret asks without ``serving``: such a gateway is
+    genuine, and its state (``WorkerState.not_run``) keeps it out of the view meanwhile."""
     return (
         status == 200
         and isinstance(body, dict)
         and body.get("ok") is True
         and body.get("worker_id") == worker_id
+        and not (serving and body.get("not_run"))
     )

@@ -169,7 +169,8 @@ class FleetIndex:
     """Where the worker-state feed answered without a gap (the router sets it from its tail);
     None: the heartbeat alone decides (``liveness.verdict``)."""
     parked: dict[str, _IndexedWorker] = field(default_factory=dict)
-    """Workers whose gateway failed since their last heartbeat (``Verdict.out``): not
+    """Workers whose gateway failed since their last heartbeat (``Verdict.out``), or whose
+    last state says their gateway refuses requests as not run (``WorkerState.not_run``): not
     routed, their last state kept, probed until they answer or go."""
 
     # ---- fed by the worker-state topic ----------------------------------------------------
@@ -191,7 +192,10 @@ class FleetIndex:
             state, beat, gpu, host, held.gateway if same_gateway and held else Gateway()
         )
         self.parked.pop(wid, None)
-        if self._verdict(w, now) is Verdict.out:  # sent before its gateway failed
+        # sent before its gateway failed, or the worker says its gateway refuses every
+        # request as not run (vLLM hung, another base model): parked until a state without
+        # it, or a probe whose /healthz has no ``not_run`` (``liveness.probe_ok``)
+        if state.not_run is not None or self._verdict(w, now) is Verdict.out:
             self.remove(wid)
             self.parked[wid] = w
             return

@@ -777,10 +777,10 @@ class Router:
         self._pools.keep_only(named)
         self._probes.keep_only(named)
 
-    async def probe(self, worker_id: str, url: str) -> bool:
+    async def probe(self, worker_id: str, url: str, *, serving: bool = True) -> bool:
         """Whether the gateway at ``url`` answers ``/healthz`` as ``worker_id``
-        (``liveness.probe_ok``) within ``PROBE_TIMEOUT_S``, with the proof of the router
-        secret for a fresh challenge, that worker and that address
+        (``liveness.probe_ok``, ``serving`` passed on) within ``PROBE_TIMEOUT_S``, with the
+        proof of the router secret for a fresh challenge, that worker and that address
         (``frontdoor.gateway_proof``)."""
         challenge = secrets.token_hex(16)
         try:
@@ -799,7 +799,7 @@ class Router:
         except (UpstreamError, StrictJsonError) as exc:
             log.warning("worker %s gateway %s probe failed: %s", worker_id, url, exc)
             return False
-        return probe_ok(worker_id, resp.status, body) and proven(
+        return probe_ok(worker_id, resp.status, body, serving=serving) and proven(
             self._secret, challenge, worker_id, url, body.get(PROOF_FIELD)
         )
 
@@ -891,7 +891,7 @@ async def _watch_fleet(
 
     async def prove(wid: str, url: str) -> None:
         try:
-            ok = await router.probe(wid, url)
+            ok = await router.probe(wid, url, serving=False)
         except Exception:  # a bug: counted as a failed proof, asked again after a pause
             log.exception("proof of worker %s failed", wid)
             ok = False

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from loraplane.router.fleet_view import fleet_view
+from loraplane.schemas.reasons import VllmFailure
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 
@@ -146,3 +147,28 @@ def test_attack_names_and_bands_from_the_topics_reach_the_terminal_as_text(
     assert "replicated: {'[/]': 2, 'a@1': 2}" in result.output
     assert "\x1b" not in result.output
     assert "\\x1b]8;;https://evil.example/\\x1b\\[bold]docs[/bold] 2" in result.output
+
+
+def test_a_worker_whose_state_says_not_run_shows_why_in_its_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live worker whose gateway refuses every request as not run takes no traffic: its
+    row (``/api/fleet``, ``fleet status``) says so, others say nothing."""
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.kernel import kafka, worker_states
+
+    down = state("w0", "llama", ["a@1"]).model_copy(
+        update={"not_run": VllmFailure.vllm_wrong_base_model}
+    )
+    view = fleet_view([down, state("w1", "llama", ["a@1"])], NOW, 5.0)
+    assert [w.not_run for w in view.base_models[0].workers] == ["vllm_wrong_base_model", None]
+    assert view.as_json()["base_models"][0]["workers"][0]["not_run"] == "vllm_wrong_base_model"
+    latest = worker_states.FleetStates(workers={"w0": down}, routers={})
+    monkeypatch.setattr(worker_states, "latest_fleet_states", lambda *a, **k: latest)
+    monkeypatch.setattr(kafka, "_acting_as", kafka.acting_as())
+    monkeypatch.setattr("time.time", lambda: NOW)
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["fleet", "status"])
+    assert result.exit_code == 0, result.output
+    assert "not run: vllm_wrong_base_model" in result.output

@@ -17,6 +17,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Compatibilit
 from loraplane.schemas.codec import decode, encode
 from loraplane.schemas.commands import CacheCommand, CommandAction
 from loraplane.schemas.planner_memory import PlannerMemory
+from loraplane.schemas.reasons import VllmFailure
 from loraplane.schemas.registry import AdapterView
 from loraplane.schemas.worker_state import LoadedAdapter, WorkerState
 from loraplane.streams.planner import Plan, WorkerMemory, plan
@@ -277,6 +278,25 @@ def test_between_the_hbm_watermarks_a_worker_gets_no_loads_and_sheds_nothing() -
     assert [(c.action, c.worker_id, c.adapter_id) for c in p.commands] == [
         (CommandAction.load_gpu, "w2", "new"),
     ]
+
+
+@pytest.mark.parametrize("why", list(VllmFailure))
+def test_a_worker_whose_state_says_not_run_gets_no_load(why: VllmFailure) -> None:
+    """A worker whose gateway refuses every request as not run (vLLM hung, another base
+    model) carries out no load: neither a hot-set load into its free slots, a displacing
+    one, nor an extra copy goes there; they go to a worker that serves."""
+    lo, hot, new = record("lo"), record("hot"), record("new")
+    down = worker("w1", gpu=[lo], slots=4).model_copy(update={"not_run": why})
+    ws = [down, worker("w2", gpu=[hot], slots=4)]
+    p = plan(views(lo, hot, new), scores(lo=0.1, hot=9.0, new=0.5), ws, POLICY, NOW)
+    loads = cmds(p, CommandAction.load_gpu)
+    assert loads and all(c.worker_id == "w2" for c in loads)
+    # alone and full: no copy is displaced there for a load it would not carry out
+    full = worker("w1", gpu=[lo], slots=1).model_copy(update={"not_run": why})
+    only = plan(views(lo, new), scores(lo=0.1, new=5.0), [full], POLICY, NOW)
+    assert not cmds(only, CommandAction.load_gpu)
+    assert not cmds(only, CommandAction.demote_to_host)
+    assert [w.lora_name for w in only.waiting] == [new.lora_name]
 
 
 def test_the_high_hbm_watermark_is_never_below_the_low_one() -> None:

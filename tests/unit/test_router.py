@@ -1032,6 +1032,35 @@ def _proof_answer(worker_id: str, url: str, head: bytes) -> bytes:
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_a_gateway_refusing_requests_as_not_run_proves_the_secret_but_is_not_live(
+    stack: Stack,
+) -> None:
+    """A genuine gateway whose vLLM is hung (or serves another base model) says ``not_run``
+    in its /healthz: its proof of the router secret holds (no failed proof is counted and
+    alerted on for an honest worker), while a liveness probe of it fails (it serves
+    nothing, and the router keeps it parked)."""
+
+    async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = json.loads(_proof_answer("w0", url, head)) | {"not_run": "vllm_timeout"}
+        data = json.dumps(body).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(data), data)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(gateway, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        assert await stack.router.probe("w0", url, serving=False) is True
+        assert await stack.router.probe("w0", url) is False
+    finally:
+        server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_attack_a_gateway_gone_from_the_view_keeps_no_connection(stack: Stack) -> None:
     """ATTACK: forged worker states announcing a new gateway address each time. Each address
     the router probed or forwarded to kept its pool and its kept-alive connections after

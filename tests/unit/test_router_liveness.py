@@ -27,6 +27,7 @@ from loraplane.router.liveness import (
 from loraplane.router.liveness import Gateway as GatewaySeen
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import Fleet, Router, _watch_fleet, serving_versions
+from loraplane.schemas.reasons import VllmFailure
 from loraplane.workers.gateway import Gateway
 from tests.unit.test_gateway import AUTH_A, KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_planner import NOW, POLICY, record, worker
@@ -125,6 +126,16 @@ def test_a_probe_counts_only_when_the_gateway_names_the_worker() -> None:
     assert not probe_ok("w1", 200, {"ok": "yes", "worker_id": "w1"})
     assert not probe_ok("w1", 200, ["ok", "w1"])
     assert not probe_ok("w1", 200, None)
+
+
+@pytest.mark.parametrize("why", ["vllm_timeout", "vllm_wrong_base_model", True, "anything"])
+def test_a_probe_of_a_gateway_that_refuses_requests_as_not_run_does_not_vouch(why: object) -> None:
+    """Up and naming the worker, but refusing every request as not run: it serves nothing."""
+    assert not probe_ok("w1", 200, {"ok": True, "worker_id": "w1", "not_run": why})
+    assert probe_ok("w1", 200, {"ok": True, "worker_id": "w1", "not_run": None})
+    # a proof of the router secret asks whether the gateway is the worker's, not whether it
+    # serves: an honest worker with a hung vLLM fails no proof
+    assert probe_ok("w1", 200, {"ok": True, "worker_id": "w1", "not_run": why}, serving=False)
 
 
 # ---- the index ------------------------------------------------------------------------------
@@ -233,6 +244,30 @@ def test_a_failed_gateway_is_parked_and_its_delayed_older_heartbeat_keeps_it_out
     assert fleet.route(a, NOW + 0.7, {}) is None
     fleet.update(at(worker("w1", gpu=[a]), NOW + 1), NOW + 1)  # its next heartbeat
     assert fleet.route(a, NOW + 1, {}).kind is RouteKind.gpu and not fleet.parked
+
+
+@pytest.mark.parametrize("why", list(VllmFailure))
+def test_a_state_saying_not_run_is_parked_until_a_state_without_it(why: VllmFailure) -> None:
+    """A worker whose gateway refuses every request as not run says so in its heartbeat: it
+    is kept out of the view (no tenant request pays a round trip to learn it) until a state
+    without ``not_run``, or a probe whose /healthz has none, brings it back."""
+    a = record("a")
+    fleet = FleetIndex(POLICY, HB)
+    fleet.feed = Feed(since=NOW - 600, last=NOW + 1)
+    fleet.update(at(worker("w1", gpu=[a]), NOW), NOW)
+    fleet.update(at(worker("w1", gpu=[a]), NOW + 1, not_run=why), NOW + 1)
+    assert fleet.route(a, NOW + 1, {}) is None and set(fleet.parked) == {"w1"}
+    assert fleet.worker_count(a.base_model) == 0
+    # its next heartbeat still says it: still out
+    fleet.update(at(worker("w1", gpu=[a]), NOW + 2, not_run=why), NOW + 2)
+    assert fleet.route(a, NOW + 2, {}) is None and set(fleet.parked) == {"w1"}
+    fleet.update(at(worker("w1", gpu=[a]), NOW + 3), NOW + 3)  # vLLM serves again
+    assert fleet.route(a, NOW + 3, {}).kind is RouteKind.gpu and not fleet.parked
+    # parked again; a good probe (its /healthz without not_run) brings it back
+    fleet.update(at(worker("w1", gpu=[a]), NOW + 4, not_run=why), NOW + 4)
+    assert fleet.route(a, NOW + 4, {}) is None
+    fleet.probed("w1", "http://w1", True, NOW + 4.5)
+    assert fleet.route(a, NOW + 4.5, {}).kind is RouteKind.gpu and not fleet.parked
 
 
 def test_a_probe_of_a_gateway_the_worker_has_left_is_ignored() -> None:

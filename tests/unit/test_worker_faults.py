@@ -19,7 +19,8 @@ from loraplane.artifact.model_config import read_model_config
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
-from loraplane.schemas.reasons import VllmErrorCode
+from loraplane.schemas.reasons import VllmErrorCode, VllmFailure
+from loraplane.schemas.worker_state import WorkerState
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
@@ -277,6 +278,13 @@ async def test_a_fetch_that_raises_anything_else_is_a_failed_load_that_backs_off
     assert [(e.reason, "RuntimeError" in e.detail) for e in failed] == [("install_error", True)]
 
 
+def _announced(world: World) -> VllmFailure | None:
+    """What the worker's latest heartbeat says of its gateway refusing requests as not run
+    (one goes out at once when that changes: none is published here)."""
+    states: list[WorkerState] = world.sink.messages(WorkerState)
+    return states[-1].not_run if states else None
+
+
 async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
     world: World,
 ) -> None:
@@ -284,7 +292,9 @@ async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
     nothing answers, so every request the gateway forwarded waited out its read timeout and
     the router, seeing a gateway answer, kept sending more. A listing of vLLM's models that
     times out marks it stalled (requests are refused as not run, ``Serving.upstream_stalled``)
-    until a listing is answered; a refused connection does not (the request path sees it)."""
+    until a listing is answered; a refused connection does not (the request path sees it).
+    The heartbeat says it (``not_run``: the router keeps it out of its view, the planner
+    sends it no load) while it lasts."""
     held: list[asyncio.StreamWriter] = []
 
     async def take_and_say_nothing(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -293,11 +303,12 @@ async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
     hung = await asyncio.start_server(take_and_say_nothing, "127.0.0.1", 0)
     port = hung.sockets[0].getsockname()[1]
     real = world.agent.vllm
-    assert not world.agent.upstream_stalled
+    assert not world.agent.upstream_stalled and _announced(world) is None
     try:
         world.agent.vllm = VllmClient(f"http://127.0.0.1:{port}", timeout_s=0.3, api_key="k")
         assert await world.agent.reconcile_once() == []
         assert world.agent.upstream_stalled
+        assert _announced(world) is VllmFailure.vllm_timeout
         await world.agent.vllm.close()
         hung.close()
         await hung.wait_closed()
@@ -310,7 +321,7 @@ async def test_a_vllm_that_takes_connections_and_never_answers_is_served_around(
         await world.agent.vllm.close()
         world.agent.vllm = real
         await world.agent.reconcile_once()
-        assert not world.agent.upstream_stalled
+        assert not world.agent.upstream_stalled and _announced(world) is None
         world.agent.vllm = VllmClient(f"http://127.0.0.1:{port}", timeout_s=0.3, api_key="k")
         await world.agent.reconcile_once()
         assert not world.agent.upstream_stalled  # refused: the request path says not run
@@ -344,17 +355,19 @@ async def test_attack_vllm_restarted_with_another_base_model_gets_no_load_or_req
     world.agent._fold(Ask.gateway_load(sql))
     await converge(world.agent)
     assert world.agent.is_hot(sql.lora_name) and not world.agent.wrong_base_model
+    assert _announced(world) is None
     loads = world.fake.load_calls
     wide = _model(tmp_path / "wide", TinyLlama(hidden_size=256))
     for other in (wide, "org/other-model", str(tmp_path / "gone")):
         world.fake.model, world.fake.adapters = other, {}  # a restarted vLLM holds none
         assert await world.agent.reconcile_once() == []
         assert world.agent.wrong_base_model, other
+        assert _announced(world) is VllmFailure.vllm_wrong_base_model
         world.agent._fold(Ask.gateway_load(chat))
         await converge(world.agent)
         assert world.fake.load_calls == loads  # nothing loaded into the other model
         assert not world.agent.is_hot(chat.lora_name)
     world.fake.model = _model(tmp_path / "moved")  # the verified shapes at another path
     await converge(world.agent)
-    assert not world.agent.wrong_base_model
+    assert not world.agent.wrong_base_model and _announced(world) is None
     assert world.agent.is_hot(chat.lora_name)  # the load asked meanwhile goes on
