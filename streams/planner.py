@@ -875,11 +875,14 @@ def _retire(t: _BaseTick) -> None:
 
 def _rank_hot_set(t: _BaseTick) -> None:
     """4. Rank the wanted versions (protected or meeting no demote condition; a resident
-    with the hysteresis margin): the first ``slots`` are the hot set."""
+    with the hysteresis margin): the first ``slots`` are the hot set. The GPU copies of a
+    worker whose state says ``not_run`` serve nothing: they are no holders here (rule 5
+    loads such a version elsewhere, rule 6 counts only the copies that serve)."""
     on_gpu: dict[str, list[_Worker]] = defaultdict(list)
     for w in t.workers:
-        for lora in w.gpu:
-            on_gpu[lora].append(w)
+        if w.state.not_run is None:
+            for lora in w.gpu:
+                on_gpu[lora].append(w)
     wanted_rows = t.rows[~t.table.demoted[t.rows]]
     on_rows = np.fromiter(map(t.index.get, on_gpu, repeat(-1)), np.intp, len(on_gpu))
     resident = np.isin(wanted_rows, on_rows[on_rows >= 0])

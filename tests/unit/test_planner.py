@@ -299,6 +299,21 @@ def test_a_worker_whose_state_says_not_run_gets_no_load(why: VllmFailure) -> Non
     assert [w.lora_name for w in only.waiting] == [new.lora_name]
 
 
+def test_a_hot_version_held_only_by_a_not_run_worker_is_loaded_on_one_that_serves() -> None:
+    """A copy on a worker whose gateway refuses every request serves nothing: it does not
+    keep its version off the GPUs that serve, nor count as one of its replicas."""
+    hot, busy_ = record("hot"), record("busy")
+    down = worker("w1", gpu=[hot, busy_], slots=4).model_copy(
+        update={"not_run": VllmFailure.vllm_timeout}
+    )
+    ws = [down, worker("w2", gpu=[busy_], slots=4)]
+    p = plan(views(hot, busy_), scores(hot=0.5, busy=0.5), ws, POLICY, NOW)
+    assert [(c.action, c.worker_id, c.adapter_id) for c in cmds(p, CommandAction.load_gpu)] == [
+        (CommandAction.load_gpu, "w2", "hot")
+    ]
+    assert not cmds(p, CommandAction.demote_to_host)  # busy's one serving copy stays
+
+
 def test_the_high_hbm_watermark_is_never_below_the_low_one() -> None:
     with pytest.raises(ValidationError, match="hbm_high_watermark must not be below"):
         Policy(hbm_low_watermark=0.9, hbm_high_watermark=0.85)
