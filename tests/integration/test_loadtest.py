@@ -85,15 +85,14 @@ def drop_namespace(settings: Settings, prefix: str, database: str) -> None:
 
 
 RUNS = (
-    ("signature-failure", "bulk-eviction"),
+    ("signature-failure", "bulk-eviction", "hot-adapter"),
     ("cold-adapter", "burst-loading"),
-    ("hot-adapter", "artifact-store-unavailable"),
+    ("artifact-store-unavailable",),
 )
-"""The commands, run side by side (most of a scenario is waiting, not CPU), each about as
-long as the others. In a shared run bulk-eviction comes before scenarios that load many
-adapters (the worker's rolling-minute load budget must leave it loads to evict);
-artifact-store-unavailable stops an S3 of its own and so gets a system of its own anyway,
-after hot-adapter's in the same command."""
+"""The commands, run side by side (most of a scenario is waiting, not CPU). In a shared run
+bulk-eviction comes before scenarios that load many adapters (the worker's rolling-minute
+load budget must leave it loads to evict); artifact-store-unavailable stops an S3 of its
+own and so gets a system of its own anyway."""
 
 
 @dataclass(frozen=True)
@@ -226,24 +225,11 @@ def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict
             )
     deadline = time.monotonic() + 540
     replaying: Replaying | None = None
-    dropped: set[int] = set()
-    pending = set(range(len(RUNS)))
-    try:  # each run as it ends, while the others go on: the replayed run's replays start,
-        # any other run's topics and database are dropped
-        while pending:
-            for n in sorted(pending):
-                if procs[n].poll() is None:
-                    continue
-                pending.discard(n)
-                stderr = files[n][1].read_text()
-                if n == REPLAYED_RUN:
-                    replaying = start_replays(stderr, folder)
-                else:
-                    dropped.add(n)
-                    drop_run(stack, stderr)
-            if pending and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired([LORAPLANE, "loadtest"], 540)
-            time.sleep(0.5 if pending else 0)
+    try:  # the replayed run first: its replays run while the others finish
+        for n in (REPLAYED_RUN, *(i for i in range(len(RUNS)) if i != REPLAYED_RUN)):
+            procs[n].wait(max(1.0, deadline - time.monotonic()))
+            if n == REPLAYED_RUN:
+                replaying = start_replays(files[n][1].read_text(), folder)
     finally:  # SIGTERM: a loadtest stops its children on it; SIGKILL would orphan them
         for p in procs:
             if p.poll() is None:
@@ -259,8 +245,7 @@ def loadtests(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict
         try:
             replayed = finish_replays(stack, replaying) if n == REPLAYED_RUN and replaying else None
         finally:
-            if n not in dropped:
-                drop_run(stack, stderr)
+            drop_run(stack, stderr)
         assert out.read_text(), stderr[-3000:]
         parsed = json.loads(out.read_text())
         objects = parsed if isinstance(parsed, list) else [parsed]
