@@ -182,20 +182,18 @@ class _Worker:
     def loads_left(self, policy: Policy) -> int:
         return self.state.load_budget(policy.cold_loads_per_minute_per_worker) - len(self.loads)
 
-    def above_watermark(self, policy: Policy) -> bool:
-        return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_low_watermark
+    def hbm_above(self, watermark: float) -> bool:
+        """The worker's reported HBM use is above ``watermark`` (unknown: it is not)."""
+        return self.state.hbm_usage is not None and self.state.hbm_usage > watermark
 
     def may_load(self, policy: Policy) -> bool:
         """May take a load: load budget left, HBM at most the low watermark, and serving
         (a worker whose state says ``not_run`` carries out no load)."""
         return (
             self.loads_left(policy) > 0
-            and not self.above_watermark(policy)
+            and not self.hbm_above(policy.hbm_low_watermark)
             and self.state.not_run is None
         )
-
-    def above_high_watermark(self, policy: Policy) -> bool:
-        return self.state.hbm_usage is not None and self.state.hbm_usage > policy.hbm_high_watermark
 
     def memory(self) -> WorkerMemory:
         return WorkerMemory(
@@ -1326,7 +1324,7 @@ def _relieve_hbm(t: _BaseTick) -> None:
     admission); between the two a copy shed would be loaded back by the next request."""
     table, policy = t.table, t.policy
     for w in t.workers:
-        if not w.above_high_watermark(policy) or any(
+        if not w.hbm_above(policy.hbm_high_watermark) or any(
             c.action in (CommandAction.demote_to_host, CommandAction.evict) for c in w.pending
         ):
             continue
