@@ -231,25 +231,30 @@ def bulk_eviction(run: Run) -> Facts:
     run.steps.run("traffic to all of them", lambda: run.replay(run.catalog.adapters, half), _sent)
     ids = {a.adapter_id for a in doomed}
 
-    def on_gpu() -> tuple[str, ...]:
+    def on_gpu(among: set[str]) -> tuple[str, ...]:
         return tuple(
             sorted(
                 {
                     a.lora_name
                     for s in run.system.worker_states().values()
                     for a in s.adapters
-                    if a.tier == "gpu" and a.adapter_id in ids
+                    if a.tier == "gpu" and a.adapter_id in among
                 }
             )
         )
 
-    gone_after = on_gpu()
-    if not gone_after:  # traffic may leave them all cold (4 slots, demand admission, the
-        # budget): one on a GPU, so the check has a copy to see go
-        run.steps.run(
-            f"{doomed[0].adapter_id} answers from a GPU copy", lambda: run.warm(doomed[:1])
-        )
-        gone_after = on_gpu()
+    # A copy must be on a GPU at the revoke, or the check has nothing to see go. The traffic
+    # churns 4 slots and a worker state lags a heartbeat, so a copy a state shows may be
+    # gone already; a request answered from a GPU copy, with no traffic after it, is not.
+    first = doomed[0]
+    run.steps.run(f"{first.adapter_id} answers from a GPU copy", lambda: run.warm([first]))
+    run.system.wait(
+        lambda: bool(on_gpu({first.adapter_id})),
+        30.0,
+        f"the worker state to show {first.adapter_id} on a GPU",
+        interval_s=0.5,
+    )
+    gone_after = on_gpu(ids)
     run.steps.run(
         f"revoke {len(doomed)} adapters at once (signed)",
         lambda: in_parallel(
