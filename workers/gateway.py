@@ -50,7 +50,7 @@ from loraplane.frontdoor.request_fields import (
     header_token,
 )
 from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamResponse
-from loraplane.kernel.http_server import HEAD_CHECK, expect_continue
+from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_app
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
@@ -303,13 +303,19 @@ class Gateway:
                 web.post(
                     "/v1/chat/completions", self.chat_completions, expect_handler=expect_continue
                 ),
-                web.get("/metrics", self.metrics),
                 web.get("/healthz", self.healthz),
             ]
         )
         # refusals on the head (no key, a body declared over the cap) before any body is read
         app[HEAD_CHECK] = head_check(self.door, self.max_body_bytes)
         return app
+
+    def metrics_app(self) -> web.Application:
+        """``/metrics`` alone, for the worker's ``--metrics-port`` listener: the gateway's
+        port (the tenants' and the routers') answers it 404, so no tenant reads the other
+        tenants' adapter ids, versions and counts (a worker without ``--metrics-port``
+        serves no metrics)."""
+        return metrics_app(self.metrics)
 
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(

@@ -23,7 +23,7 @@ from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll
 from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
-from loraplane.kernel.http_server import metrics_app, start_site
+from loraplane.kernel.http_server import start_site
 from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.topic_tail import TopicTail
@@ -286,13 +286,22 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
     )
     metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
     metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
-    runners = [await _site(settings, gateway.app(), options.gateway_port, "gateway")]
+    # /metrics on its own port only (the gateway's answers it 404), up before the gateway:
+    # a gateway that answers /healthz has its metrics served
+    runners: list[web.AppRunner] = []
     if options.metrics_port is not None:
         runners.append(
-            await _site(settings, metrics_app(gateway.metrics), options.metrics_port, "metrics")
+            await _site(settings, gateway.metrics_app(), options.metrics_port, "metrics")
         )
+    runners.append(await _site(settings, gateway.app(), options.gateway_port, "gateway"))
     log.info(
-        "worker %s: gateway on %s:%d", options.worker_id, settings.listen_host, options.gateway_port
+        "worker %s: gateway on %s:%d, %s",
+        options.worker_id,
+        settings.listen_host,
+        options.gateway_port,
+        "no /metrics (no --metrics-port)"
+        if options.metrics_port is None
+        else f"/metrics on port {options.metrics_port}",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

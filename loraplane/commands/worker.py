@@ -41,7 +41,7 @@ def run(
         "--metrics-port",
         min=1,
         max=65535,
-        help="separate /metrics port (default: gateway)",
+        help="serve /metrics on listen_host:PORT (default: none); the gateway port never serves it",
     ),
     host_tier_dir: Path | None = typer.Option(None, "--host-tier-dir"),
     host_budget_bytes: int = typer.Option(2 * 1024**3, "--host-budget-bytes"),
@@ -89,7 +89,7 @@ def run(
         "started beside it may load a large model for minutes)",
     ),
 ) -> None:
-    """Run the reconcile loop, the gateway and /metrics until SIGTERM/SIGINT."""
+    """Run the reconcile loop, the gateway and --metrics-port until SIGTERM/SIGINT."""
     from urllib.parse import urlsplit
 
     from loraplane.kernel import kafka
@@ -109,6 +109,12 @@ def run(
     ):
         if not low <= value <= high:
             raise typer.BadParameter(f"{value} is not in {low}..{high}", param_hint=hint)
+    if metrics_port == gateway_port:  # two listeners on one port: the start would fail
+        raise typer.BadParameter(
+            f"{metrics_port} is the --gateway-port too, which never serves /metrics: give "
+            "/metrics a port of its own",
+            param_hint="--metrics-port",
+        )
     kafka.act_as(kafka.Principal.worker)
     from loraplane.kernel.log_lines import configure_logging
 

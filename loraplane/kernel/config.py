@@ -275,7 +275,7 @@ class Settings(BaseSettings):
     listen_host: str = Field(
         LOOPBACK,
         description="The address the runtimes' listeners bind: the router, the "
-        "worker's gateway and /metrics, every --metrics-port. Keep "
+        "worker's gateway, every --metrics-port. Keep "
         "127.0.0.1 on a host; only a pod, whose network namespace is "
         "its own, binds 0.0.0.0 (the Helm chart sets it). vLLM and the "
         "dashboard stay on loopback whatever it says.",

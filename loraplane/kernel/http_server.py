@@ -631,8 +631,8 @@ def metrics_app(
 ) -> web.Application:
     """A listener's app that answers ``GET /metrics`` with ``handler`` and nothing else (no
     request body): a runtime's ``--metrics-port``, a port apart from the one its clients
-    use, which a network policy can keep to the scraper (the router's API port answers
-    ``/metrics`` 404; a worker's gateway also serves it on its own port)."""
+    use, which a network policy can keep to the scraper (the router's API port and a
+    worker's gateway port answer ``/metrics`` 404)."""
     app = web.Application(client_max_size=1024)
     app.router.add_get("/metrics", handler)
     return app

@@ -129,6 +129,7 @@ class Fleet:
     router_url: str = ""
     router_metrics_url: str = ""  # its --metrics-port listener (the API port serves none)
     gateways: dict[str, int] = field(default_factory=dict)
+    worker_metrics: dict[str, int] = field(default_factory=dict)  # --metrics-port (not gateway)
     vllms: dict[str, str] = field(default_factory=dict)
     vllm_keys: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -196,7 +197,7 @@ class Fleet:
         """Cold loads attempted so far by the live workers (their
         ``loraplane_cold_loads_total``)."""
         total = 0.0
-        for wid, port in self.gateways.items():
+        for wid, port in self.worker_metrics.items():
             if wid not in self.procs:
                 continue
             text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -281,6 +282,7 @@ def running_fleet(
         for wid in workers:
             port, gw = free_port(), free_port()
             f.vllms[wid], f.gateways[wid] = f"http://127.0.0.1:{port}", gw
+            f.worker_metrics[wid] = free_port()
             # where `worker run` looks for its vLLM's key (secrets_dir/vllm-PORT.key)
             f.vllm_keys[wid] = ensure_secret(home / "secrets" / f"vllm-{port}.key")
             f.spawn(
@@ -314,6 +316,8 @@ def running_fleet(
                     f.vllms[wid],
                     "--gateway-port",
                     str(gw),
+                    "--metrics-port",
+                    str(f.worker_metrics[wid]),
                     "--host-tier-dir",
                     str(tmp / f"host-{wid}"),
                     "--model-dir",

@@ -44,7 +44,7 @@ def ask(
 
 
 def install_failures(f: Fleet) -> dict[str, float]:
-    text = requests.get(f"http://127.0.0.1:{f.gateways['w1']}/metrics", timeout=5).text
+    text = requests.get(f"http://127.0.0.1:{f.worker_metrics['w1']}/metrics", timeout=5).text
     return {
         s.labels["reason"]: s.value
         for fam in text_string_to_metric_families(text)

@@ -154,7 +154,7 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
         tmp_path / "prometheus",
         free_port(),
         {
-            "loraplane-worker": [f"127.0.0.1:{fleet.gateways[w]}" for w in live],
+            "loraplane-worker": [f"127.0.0.1:{fleet.worker_metrics[w]}" for w in live],
             "loraplane-router": [fleet.router_metrics_url.removeprefix("http://")],
             "loraplane-streams": [f"127.0.0.1:{planner_port}"],
         },
@@ -163,13 +163,13 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
     try:
         for _ in range(3):
             assert fleet.ask("sql").headers["X-Loraplane-Worker"] == "w2"
-        w2 = f"127.0.0.1:{fleet.gateways['w2']}"
+        w2 = f"127.0.0.1:{fleet.worker_metrics['w2']}"
         served = {
-            f"127.0.0.1:{fleet.gateways[w]}": n
+            f"127.0.0.1:{fleet.worker_metrics[w]}": n
             for w in live
             if (
                 n := _direct(
-                    f"http://127.0.0.1:{fleet.gateways[w]}",
+                    f"http://127.0.0.1:{fleet.worker_metrics[w]}",
                     m.ADAPTER_REQUESTS,
                     adapter_id=sql.adapter_id,
                 )
@@ -177,6 +177,9 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
         }
         routed = _direct(fleet.router_metrics_url, m.ROUTER_REQUESTS)
         assert requests.get(fleet.router_url + "/metrics", timeout=5).status_code == 404
+        for w in live:  # the gateways, the tenants' and the routers' port, serve none either
+            gateway = f"http://127.0.0.1:{fleet.gateways[w]}/metrics"
+            assert requests.get(gateway, timeout=5).status_code == 404
         assert served[w2] >= 3
         wait_for(
             lambda: len(server.query("up == 1")) == len(live) + 2,

@@ -163,6 +163,7 @@ class World:
     adapters: dict[str, Published]
     agent: subprocess.Popen[bytes] | None = None
     gateway_port: int = 0
+    metrics_port: int = 0  # its --metrics-port: the gateway port serves no /metrics
     worker_id: str = ""
     kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
     vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
@@ -180,6 +181,7 @@ class World:
         self, *extra: str, env: dict[str, str] | None = None, model_dir: bool = True
     ) -> None:
         self.gateway_port = self.gateway_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
         log = self.log_file.open("ab")
         self.agent = subprocess.Popen(
             [
@@ -194,6 +196,8 @@ class World:
                 self.vllm_url,
                 "--gateway-port",
                 str(self.gateway_port),
+                "--metrics-port",
+                str(self.metrics_port),
                 "--host-tier-dir",
                 str(self.host_tier),
                 *(["--model-dir", str(self.model_dir)] if model_dir else []),
@@ -1113,7 +1117,7 @@ def test_forged_registry_records_are_never_fetched_or_served(world: World) -> No
     host = world.host_tier
     installed = {p.name for p in host.iterdir()} if host.exists() else set()
     assert not {world.adapters[a].record.lora_name for a in views} & installed
-    metrics = requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+    metrics = requests.get(f"http://127.0.0.1:{world.metrics_port}/metrics", timeout=5).text
     assert 'loraplane_registry_view_refused_total{reason="view_mismatch"} 4.0' in metrics
     assert world.ask("sql", timeout_s=30).status_code == 200  # the genuine ones still serve
 
@@ -1403,11 +1407,10 @@ def test_the_worker_process_sheds_slow_connections_and_logs_little(world: World)
     from tests.integration.http_attack import attack, limits_env
 
     world.kill_agent()
-    metrics_port = free_port()
-    world.start_agent("--metrics-port", str(metrics_port), env=limits_env())
+    world.start_agent(env=limits_env())
     size = world.log_file.stat().st_size
     asyncio.run(attack(world.gateway_port, "/healthz"))
-    asyncio.run(attack(metrics_port, "/metrics"))
+    asyncio.run(attack(world.metrics_port, "/metrics"))
     assert world.agent is not None and world.agent.poll() is None  # still up
     assert world.ask("chat", timeout_s=30).status_code == 200
     grown = world.log_file.read_bytes()[size:]
@@ -1580,7 +1583,7 @@ def test_every_vllm_route_is_judged_and_none_answers_without_the_key(world: Worl
     assert copy["root"] != evil
     assert (
         "loraplane_vllm_foreign_changes_total{"
-        not in requests.get(f"http://127.0.0.1:{world.gateway_port}/metrics", timeout=5).text
+        not in requests.get(f"http://127.0.0.1:{world.metrics_port}/metrics", timeout=5).text
     )
 
 
@@ -1607,7 +1610,7 @@ def test_a_copy_unloaded_through_vllms_own_route_is_noticed_and_loaded_again(wor
             timeout=10,
             headers={"Authorization": f"Bearer {world.vllm_api_key}"},
         )
-    metrics = f"http://127.0.0.1:{world.gateway_port}/metrics"
+    metrics = f"http://127.0.0.1:{world.metrics_port}/metrics"
     wait_for(
         lambda: (
             'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0'

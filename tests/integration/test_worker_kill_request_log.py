@@ -174,7 +174,7 @@ def test_every_answer_keeps_exactly_one_row_across_repeated_kill_9_of_its_worker
         recovered, downs = [], []
         try:
             with Load(f"http://127.0.0.1:{f.gateways['w1']}/v1/completions", prefix) as load:
-                port = f.gateways["w1"]
+                port = f.worker_metrics["w1"]  # its --metrics-port
                 for _ in range(KILLS):
                     before = len(load.answered)
                     wait_for(

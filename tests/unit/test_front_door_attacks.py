@@ -154,8 +154,19 @@ class FrontDoor:
     gateway: int  # ports
     router: int
     router_metrics: int  # the router's --metrics-port listener
+    gateway_metrics: int  # the worker's --metrics-port listener
     sink: ListSink  # the gateway's: its RequestLogs
     router_sink: ListSink
+
+
+class MeteredServing(FakeServing):
+    """A worker whose ``/metrics`` names another tenant's adapter, as a real one does."""
+
+    def metrics_exposition(self) -> bytes:
+        return (
+            b'loraplane_hot_adapter_requests_total{adapter_id="other",adapter_version="1",'
+            b'tenant_id="tenant-b",base_model="base"} 7.0\n'
+        )
 
 
 LIMITS = HttpLimits(body_timeout_s=5.0)
@@ -174,11 +185,12 @@ def door() -> Iterator[FrontDoor]:
     loop = Loop()
     sql = RECORDS[2]
     sink, router_sink = ListSink(), ListSink()
-    serving = FakeServing(hot={sql.lora_name}, worker_id="w1")
+    serving = MeteredServing(hot={sql.lora_name}, worker_id="w1")
     gateway = Gateway(
         serving, api_keys=KEYS, budgets=RequestBudgets(), sink=sink, router_secret=SECRET
     )
     gw, gw_port = loop.run(serve(gateway.app()))
+    gm, gm_port = loop.run(serve(gateway.metrics_app()))
     fleet = Fleet(FleetIndex(POLICY, 3600.0), router_sink, "router-t")  # never stale here
     state = worker("w1", gpu=[sql], slots=4, base=sql.base_model)
     fleet.index.update(
@@ -190,9 +202,10 @@ def door() -> Iterator[FrontDoor]:
     router = Router(fleet, api_keys=KEYS, budgets=RequestBudgets(), secret=SECRET)
     rs, rs_port = loop.run(serve(router.app()))
     rm, rm_port = loop.run(serve(router.metrics_app()))
-    yield FrontDoor(loop, gw_port, rs_port, rm_port, sink, router_sink)
+    yield FrontDoor(loop, gw_port, rs_port, rm_port, gm_port, sink, router_sink)
     loop.run(rm.cleanup())
     loop.run(rs.cleanup())
+    loop.run(gm.cleanup())
     loop.run(gw.cleanup())
     loop.close()
 
@@ -401,9 +414,23 @@ def test_attack_expect_100_continue_is_not_told_to_send_a_refused_body(
     assert b"100 Continue" not in answer
 
 
-@pytest.mark.parametrize(
-    "path", ["/metrics", "/metrics/", "/METRICS", "/metrics?x=1", "//metrics", "/./metrics"]
-)
+METRICS_SPELLINGS = [
+    "/metrics",
+    "/metrics/",
+    "/METRICS",
+    "/metrics?x=1",
+    "//metrics",
+    "/./metrics",
+    "/%6Detrics",
+    "/%6detrics",
+    "/metrics%2F",
+    "/v1/../metrics",
+    "/metrics;x",
+    "/metrics#x",
+]
+
+
+@pytest.mark.parametrize("path", METRICS_SPELLINGS)
 def test_attack_the_router_api_port_serves_no_metrics(door: FrontDoor, path: str) -> None:
     """ATTACK: the router's API port is the tenants' front door, and it answered /metrics:
     fleet size, queue depths per base model, every outcome count, to anyone who reaches it.
@@ -417,6 +444,25 @@ def test_attack_the_router_api_port_serves_no_metrics(door: FrontDoor, path: str
     assert served.status == 200
     assert b"loraplane_router_requests_total" in served.body
     assert send(door.router_metrics, "/v1/models", [], method=b"GET").status == 404
+
+
+@pytest.mark.parametrize("path", METRICS_SPELLINGS)
+def test_attack_the_gateway_port_serves_no_metrics(door: FrontDoor, path: str) -> None:
+    """ATTACK: a worker's gateway port is where tenants (directly) and routers reach it, and
+    it answered /metrics: every adapter's series, other tenants' adapter ids, versions and
+    request counts, to anyone holding any key or none. Every spelling of it, by every
+    method, with a key or without one, is not found there; the worker's own metrics
+    listener (``--metrics-port``) serves it."""
+    for lines in ([], [b"Authorization: Bearer key-a"]):
+        for method in (b"GET", b"HEAD", b"POST"):
+            reply = send(door.gateway, path, lines, method=method)
+            assert reply.status == 404, (path, method, reply)
+            assert b"loraplane_" not in reply.body and b"tenant-b" not in reply.body
+    served = send(door.gateway_metrics, "/metrics", [], method=b"GET")
+    assert served.status == 200
+    assert b"loraplane_hot_adapter_requests_total" in served.body
+    for other in ("/v1/completions", "/healthz"):
+        assert send(door.gateway_metrics, other, [], method=b"GET").status == 404
 
 
 def _refusals_counted(door: FrontDoor, code: str) -> float:
@@ -695,6 +741,19 @@ def test_a_worker_count_its_own_heartbeat_could_not_carry_is_a_usage_error(
     assert result.exit_code == 2 and option in result.output and " is not in " in result.output, (
         result.output
     )
+
+
+def test_a_metrics_port_that_is_the_gateway_port_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway port serves no /metrics and one port takes one listener: a worker given
+    the same port for both would fail at its start (after reading its key). Refused first."""
+    monkeypatch.setenv("LORAPLANE_HOME", str(tmp_path))
+    args = ["worker", "run", "--worker-id", "w1", "--base-model", "b", "--vllm-url", "http://x:1"]
+    ports = ["--gateway-port", "18080", "--metrics-port", "18080"]
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, [*args, *ports])
+    assert result.exit_code == 2 and "--metrics-port" in result.output, result.output
+    assert "never serves /metrics" in result.output
 
 
 @pytest.mark.parametrize("through", ["gateway", "router"])

@@ -189,8 +189,9 @@ class World:
     tier: FolderHostTier
     sink: ListSink
     gateway: Gateway
-    url: str
+    url: str  # the gateway's port
     http: ClientSession
+    metrics_url: str  # the worker's --metrics-port listener (the gateway's port serves none)
 
     async def post(
         self, body: dict[str, Any], path: str = "/v1/completions", **headers: str
@@ -239,12 +240,24 @@ async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator
     gateway = Gateway(agent, api_keys=KEYS, budgets=budgets, sink=sink)
     gw_server = TestServer(gateway.app(), host="127.0.0.1")
     await gw_server.start_server()
+    metrics_server = TestServer(gateway.metrics_app(), host="127.0.0.1")
+    await metrics_server.start_server()
     await agent.start()
     loop = asyncio.create_task(agent.run())
     async with ClientSession() as http:
-        yield World(fake, agent, tier, sink, gateway, str(gw_server.make_url("")).rstrip("/"), http)
+        yield World(
+            fake,
+            agent,
+            tier,
+            sink,
+            gateway,
+            str(gw_server.make_url("")).rstrip("/"),
+            http,
+            str(metrics_server.make_url("")).rstrip("/"),
+        )
     loop.cancel()
     await agent.vllm.close()
+    await metrics_server.close()
     await gw_server.close()
     await vllm_server.close()
 
@@ -489,7 +502,7 @@ async def test_foreign_name_is_a_kv_conflict(world: World, tmp_path: Path) -> No
         e for e in world.sink.messages(CacheEvent) if e.kind == CacheEventKind.kv_namespace_conflict
     ]
     assert [e.lora_name for e in conflicts] == [v1.lora_name]
-    async with world.http.get(world.url + "/metrics") as resp:
+    async with world.http.get(world.metrics_url + "/metrics") as resp:
         text = await resp.text()
     for name in (
         "loraplane_hot_adapter_hit_rate",
@@ -521,7 +534,7 @@ async def test_a_copy_unloaded_behind_the_agents_back_is_reported_within_a_tick(
     (letter,) = world.sink.messages(DeadLetter)
     assert letter.reason == ForeignChange.copy_vanished
     assert json.loads(base64.b64decode(letter.raw_b64))["path"] == path
-    async with world.http.get(world.url + "/metrics") as resp:
+    async with world.http.get(world.metrics_url + "/metrics") as resp:
         assert 'loraplane_vllm_foreign_changes_total{reason="copy_vanished"} 1.0' in (
             await resp.text()
         )

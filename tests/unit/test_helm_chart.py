@@ -493,6 +493,21 @@ def test_the_routers_serve_metrics_apart_from_their_api(values: str) -> None:
     assert "/metrics" not in router_paths()
 
 
+@pytest.mark.parametrize("values", sorted(VALUES))
+def test_the_workers_serve_metrics_apart_from_their_gateway(values: str) -> None:
+    """The workers' `gateway` is the tenants' and the routers' and serves no /metrics (its
+    series name every tenant's adapters); their /metrics is on the port named `metrics`
+    that their --metrics-port opens, which only Prometheus may reach."""
+    workers = [w for _, w in worker_pods(helm_chart.render(HELM, VALUES[values]))]
+    assert workers
+    for c in workers:
+        options = parsed(c)[1]
+        ports = {p["name"]: p["containerPort"] for p in c.spec["ports"]}
+        assert ports == {"gateway": options["gateway_port"], "metrics": options["metrics_port"]}
+        assert options["metrics_port"] != options["gateway_port"]
+    assert "/metrics" not in gateway_paths()
+
+
 def router_paths() -> set[str]:
     from loraplane.router.server import Router
 
@@ -529,9 +544,12 @@ def test_overlapping_command_slots_are_refused() -> None:
 
 
 def test_a_metrics_port_equal_to_the_api_port_is_refused() -> None:
-    """The router would fail to bind its second listener at start; the chart says why."""
+    """The router (or a worker) would fail to bind its second listener at start; the chart
+    says why."""
     with pytest.raises(ChartError, match="router: metricsPort 8080 is its port too"):
         helm_chart.render(HELM, sets=["router.port=8080", "router.metricsPort=8080"])
+    with pytest.raises(ChartError, match="workers: metricsPort 18080 is its gatewayPort too"):
+        helm_chart.render(HELM, sets=["workers.metricsPort=18080"])
 
 
 @pytest.mark.parametrize(

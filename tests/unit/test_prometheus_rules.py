@@ -100,7 +100,7 @@ async def test_the_worker_metrics_are_promtool_clean_and_show_residency(world: W
     # gauge and the agent's state are compared once no load moves them between the scrape
     # and the comparison (the scrape is served while other coroutines run).
     for _ in range(100):
-        async with world.http.get(world.url + "/metrics") as resp:
+        async with world.http.get(world.metrics_url + "/metrics") as resp:
             text = await resp.text()
         loaded = samples(text, m.LORA_ADAPTER_LOADED)
         resident = {dict(k)["adapter_name"]: dict(k)["level"] for k in loaded}
