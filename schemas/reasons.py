@@ -418,6 +418,7 @@ class WaitReason(StrEnum):
     no_gpu_slot = "no_gpu_slot"  # nothing can be displaced
     min_residency = "min_residency"  # only copies within the policy's min_residency_s could
     no_worker_fits_rank = "no_worker_fits_rank"  # every worker's max_lora_rank is below its rank
+    worker_not_run = "worker_not_run"  # only workers whose state says not_run fit or have room
 
 
 class PublishFailure(StrEnum):

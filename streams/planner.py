@@ -700,9 +700,10 @@ class _BaseTick:
     revoked: set[str]
     workers: list[_Worker]
     slots: int = field(init=False)  # the hot set's size and the most GPU copies planned
+    not_run: list[_Worker] = field(init=False)  # workers whose state says not_run
     resident: set[str] = field(init=False)  # names on some GPU as the tick starts
     by_id: dict[str, _Worker] = field(init=False)
-    max_ranks: np.ndarray = field(init=False)  # the workers' max_lora_rank, sorted
+    max_ranks: np.ndarray = field(init=False)  # the serving workers' max_lora_rank, sorted
     on_gpu: dict[str, list[_Worker]] = field(init=False)  # rule 4 on: name -> GPU holders
     wanted: Ranking = field(init=False)  # rule 4 on: wanted versions in rank order
     hot: list[int] = field(init=False)  # rule 4 on: the hot set's rows, in rank order
@@ -718,17 +719,23 @@ class _BaseTick:
             for action, lora in w.failed:
                 if action is CommandAction.load_gpu:
                     self.failed_loads[lora].add(w.id)
-        capacity = sum(max(0, w.state.gpu_slots_total) for w in self.workers)
+        # a worker whose state says not_run serves nothing: its slots are no capacity (the
+        # hot set, the GPU-copy budget, the protected cap) and it fits no rank (rule 5's
+        # loads, rule 6's most copies). When none serves, the hot set is sized by their
+        # slots, so its versions wait as ``worker_not_run`` rather than vanish from the plan
+        serving = [w for w in self.workers if w.state.not_run is None]
+        self.not_run = [w for w in self.workers if w.state.not_run is not None]
+        capacity = sum(max(0, w.state.gpu_slots_total) for w in serving or self.workers)
         self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
         self.resident = set().union(*(w.gpu for w in self.workers))
         self.by_id = {w.id: w for w in self.workers}
         self.max_ranks = np.sort(
-            np.fromiter((w.state.max_lora_rank for w in self.workers), np.int64, len(self.workers))
+            np.fromiter((w.state.max_lora_rank for w in serving), np.int64, len(serving))
         )
 
     def fitting(self, rank: int) -> int:
-        """How many workers of the base model can hold a version of ``rank`` (asked once
-        per waiting version: a cold tick's ~10k are of a handful of ranks)."""
+        """How many serving workers of the base model can hold a version of ``rank`` (asked
+        once per waiting version: a cold tick's ~10k are of a handful of ranks)."""
         count = self._fitting.get(rank)
         if count is None:
             count = self._fitting[rank] = len(self.max_ranks) - int(
@@ -1039,18 +1046,26 @@ class _Slots:
 
     def blocked(self, t: _BaseTick, rank: int) -> WaitReason:
         """Why a version waits. No victim left means no displaceable copy on a fitting
-        worker: only free slots (out of budget or above the watermark) can block."""
+        worker: only free slots (out of budget or above the watermark) can block. A worker
+        whose state says not_run takes no load: its slots and rank are the reason only when
+        no serving worker would do (``worker_not_run``)."""
         if not t.fitting(rank):
+            if any(w.state.max_lora_rank >= rank for w in t.not_run):
+                return WaitReason.worker_not_run
             return WaitReason.no_worker_fits_rank
         if rank not in self.free_somewhere:
             self.free_somewhere[rank] = any(
-                w.free_slots() > 0 for w in t.workers if w.state.max_lora_rank >= rank
+                w.free_slots() > 0
+                for w in t.workers
+                if w.state.max_lora_rank >= rank and w.state.not_run is None
             )
         if self.free_somewhere[rank]:
             return WaitReason.cold_load_budget
-        return (
-            WaitReason.min_residency if any(self.recent.fitting(rank)) else WaitReason.no_gpu_slot
-        )
+        if any(self.recent.fitting(rank)):
+            return WaitReason.min_residency
+        if any(w.free_slots() > 0 and w.state.max_lora_rank >= rank for w in t.not_run):
+            return WaitReason.worker_not_run
+        return WaitReason.no_gpu_slot
 
     def spent(self, t: _BaseTick) -> bool:
         """No free slot may be taken (the GPU-copy budget is used, or every worker with a

@@ -151,7 +151,8 @@ async function refreshFleet() {
         tr.dataset.worker = w.worker_id;
         tr.dataset.live = String(w.live);
         cells(tr, {base_model: b.base_model, worker_id: w.worker_id,
-                   live: w.live ? "yes" : "drained", heartbeat_age_s: w.heartbeat_age_s,
+                   live: w.live ? (w.not_run ? `not run: ${w.not_run}` : "yes") : "drained",
+                   heartbeat_age_s: w.heartbeat_age_s,
                    gpu_slots_used: w.gpu_slots_used, gpu_slots_free: w.gpu_slots_free,
                    gpu_loras: w.gpu_loras, host_loras: w.host_loras, in_flight: w.in_flight,
                    cold_loads_last_minute: w.cold_loads_last_minute});
@@ -160,7 +161,7 @@ async function refreshFleet() {
       const tr = document.createElement("tr");
       tr.dataset.baseModel = b.base_model;
       cells(tr, {base_model: b.base_model, live_workers: b.live_workers,
-                 gpu_slots_free: b.gpu_slots_free, in_flight: b.in_flight,
+                 serving_workers: b.serving_workers, gpu_slots_free: b.gpu_slots_free, in_flight: b.in_flight,
                  queue_depth: b.queue_depth,  // null when no router reports its queues
                  replicas: Object.entries(b.replicas).map(([n, c]) => `${n} ×${c}`)});
       models.appendChild(tr);

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
                 "load stall",
                 "HBM",
                 title=f"{base.base_model}: {base.live_workers} live, "
-                f"{base.gpu_slots_free} free GPU slots",
+                f"{base.serving_workers} serving, {base.gpu_slots_free} free GPU slots",
             )
             for w in base.workers:
                 table.add_row(
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
             # terminal as it was).
             multi = {n: c for n, c in base.replicas.items() if c > 1}
             console.print(
-                f"GPU copies: {sum(base.replicas.values())} of "
+                f"GPU copies serving: {sum(base.replicas.values())} of "
                 f"{len(base.replicas)} versions" + (f"; replicated: {multi}" if multi else ""),
                 markup=False,
             )

@@ -9,7 +9,9 @@ Queue depth is the routers' (requests waiting per base model at the flow-control
 
 A worker is *live* by the router's own rule (``kernel.heartbeat.heard_lately``),
 so the view and the routing agree on which workers take traffic; a live worker whose state
-says ``not_run`` (its gateway refuses every request) takes none, and its row says why.
+says ``not_run`` (its gateway refuses every request) takes none, and its row says why. The
+base model's totals of what serves (``serving_workers``, free GPU slots, ``replicas``) count
+only live workers without ``not_run``, as the router routes and the planner plans.
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ class BaseModelRow:
     base_model: str
     workers: tuple[WorkerRow, ...]
     live_workers: int
-    gpu_slots_free: int  # on live workers
-    replicas: dict[str, int]  # lora name -> GPU copies on live workers
+    gpu_slots_free: int  # on serving workers (live, no not_run)
+    replicas: dict[str, int]  # lora name -> GPU copies on serving workers
     in_flight: int = 0  # on live workers
     queue_depth: int | None = None  # the routers' queues for this base model; None: unknown
     queued_by_band: dict[str, int] | None = None  # the same, per band
     routers: int = 0  # routers heard lately
     router_in_flight: int = 0  # forwarded by those routers, not yet answered
+    serving_workers: int = 0  # live workers whose gateway serves (no not_run)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def fleet_view(
             age = max(0.0, now - s.ts.timestamp())
             live = heard_lately(s, now, heartbeat_s)
             gpu = [a for a in s.adapters if a.tier == "gpu"]
-            if live:
+            if live and s.not_run is None:  # a not_run worker's copies serve nothing
                 replicas.update(a.lora_name for a in gpu)
             workers.append(
                 WorkerRow(
@@ -119,7 +122,7 @@ def fleet_view(
                 base_model=base,
                 workers=tuple(workers),
                 live_workers=sum(1 for w in workers if w.live),
-                gpu_slots_free=sum(w.gpu_slots_free for w in workers if w.live),
+                gpu_slots_free=sum(w.gpu_slots_free for w in workers if _serving(w)),
                 replicas=dict(sorted(replicas.items())),
                 in_flight=sum(w.in_flight for w in workers if w.live),
                 queue_depth=sum(queued.get(base, {}).values()) if live_routers else None,
@@ -128,6 +131,12 @@ def fleet_view(
                 else None,
                 routers=len(live_routers),
                 router_in_flight=in_flight.get(base, 0),
+                serving_workers=sum(1 for w in workers if _serving(w)),
             )
         )
     return FleetView(tuple(rows))
+
+
+def _serving(w: WorkerRow) -> bool:
+    """Live, and its gateway serves (its state says no ``not_run``)."""
+    return w.live and w.not_run is None

@@ -154,21 +154,45 @@ def test_a_worker_whose_state_says_not_run_shows_why_in_its_row(
 ) -> None:
     """A live worker whose gateway refuses every request as not run takes no traffic: its
     row (``/api/fleet``, ``fleet status``) says so, others say nothing."""
-    from typer.testing import CliRunner
-
-    from loraplane.cli import app
-    from loraplane.kernel import kafka, worker_states
-
     down = state("w0", "llama", ["a@1"]).model_copy(
         update={"not_run": VllmFailure.vllm_wrong_base_model}
     )
     view = fleet_view([down, state("w1", "llama", ["a@1"])], NOW, 5.0)
     assert [w.not_run for w in view.base_models[0].workers] == ["vllm_wrong_base_model", None]
     assert view.as_json()["base_models"][0]["workers"][0]["not_run"] == "vllm_wrong_base_model"
-    latest = worker_states.FleetStates(workers={"w0": down}, routers={})
+    assert "not run: vllm_wrong_base_model" in fleet_status(monkeypatch, down)
+
+
+def fleet_status(monkeypatch: pytest.MonkeyPatch, *states: WorkerState) -> str:
+    """What ``loraplane fleet status`` prints of ``states`` (no router) at ``NOW``."""
+    from typer.testing import CliRunner
+
+    from loraplane.cli import app
+    from loraplane.kernel import kafka, worker_states
+
+    latest = worker_states.FleetStates(workers={s.worker_id: s for s in states}, routers={})
     monkeypatch.setattr(worker_states, "latest_fleet_states", lambda *a, **k: latest)
     monkeypatch.setattr(kafka, "_acting_as", kafka.acting_as())
     monkeypatch.setattr("time.time", lambda: NOW)
     result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["fleet", "status"])
     assert result.exit_code == 0, result.output
-    assert "not run: vllm_wrong_base_model" in result.output
+    return result.output
+
+
+def test_a_not_run_worker_counts_in_no_serving_total(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live worker whose gateway refuses every request serves no copy and takes no load:
+    its GPU copies are no replicas, its free slots are not free to the fleet, and it is not
+    a serving worker (it counted in all three, as if it served)."""
+    down = state("w0", "llama", ["a@1", "b@1"], slots=8).model_copy(
+        update={"not_run": VllmFailure.vllm_timeout}
+    )
+    up = state("w1", "llama", ["a@1"], slots=4)
+    (llama,) = fleet_view([down, up], NOW, 5.0).base_models
+    assert llama.live_workers == 2 and llama.serving_workers == 1
+    assert llama.replicas == {"a@1": 1}
+    assert llama.gpu_slots_free == 3
+    assert [w.gpu_slots_free for w in llama.workers] == [6, 3]  # each row says its own
+    assert fleet_view([down], NOW, 5.0).as_json()["base_models"][0]["serving_workers"] == 0
+    output = fleet_status(monkeypatch, down, up)
+    assert "llama: 2 live, 1 serving, 3 free GPU slots" in output
+    assert "GPU copies serving: 1 of 1 versions" in output

@@ -314,6 +314,55 @@ def test_a_hot_version_held_only_by_a_not_run_worker_is_loaded_on_one_that_serve
     assert not cmds(p, CommandAction.demote_to_host)  # busy's one serving copy stays
 
 
+def test_a_not_run_worker_s_slots_are_no_capacity_for_the_hot_set() -> None:
+    """The hot set's size (and the GPU-copy budget) is the slots of the workers that serve:
+    a not_run worker's 4 made it 8, so the 4 low versions on the one serving worker were
+    "hot" too, never displaced, and the 4 best versions (held only where nothing serves)
+    waited for good. They displace the low ones there."""
+    best = [record(f"best{i}") for i in range(4)]
+    low = [record(f"low{i}") for i in range(4)]
+    down = worker("w1", gpu=best, slots=4).model_copy(update={"not_run": VllmFailure.vllm_timeout})
+    ws = [down, worker("w2", gpu=low, slots=4)]
+    qps = {**{f"best{i}": 9.0 for i in range(4)}, **{f"low{i}": 0.1 for i in range(4)}}
+    p = plan(views(*best, *low), scores(**qps), ws, POLICY, NOW)
+    loads = cmds(p, CommandAction.load_gpu)
+    assert {(c.worker_id, c.adapter_id) for c in loads} == {("w2", r.adapter_id) for r in best}
+    assert {c.lora_name for c in cmds(p, CommandAction.demote_to_host)} == {
+        r.lora_name for r in low
+    }
+    assert p.waiting == []
+    # no worker serves: the hot set is what their slots would hold, and it waits for them
+    alone = plan(views(*best, *low), scores(**qps), [down], POLICY, NOW)
+    assert not cmds(alone, CommandAction.load_gpu)
+    assert {(w.lora_name, w.reason) for w in alone.waiting} == {
+        (r.lora_name, "worker_not_run") for r in best
+    }
+
+
+@pytest.mark.parametrize("why", list(VllmFailure))
+def test_a_version_only_a_not_run_worker_could_take_waits_for_that_reason(
+    why: VllmFailure,
+) -> None:
+    """A version that waits because the only worker fitting its rank, or the only free
+    slot, is on a worker whose state says not_run waits as ``worker_not_run``: it read
+    ``cold_load_budget`` (free slots and budget there) though no budget blocks it."""
+    big = record("big").model_copy(update={"rank": 16})
+    down = worker("w1", slots=4).model_copy(update={"not_run": why})
+    small = worker("w2", slots=4).model_copy(update={"max_lora_rank": 8})
+    p = plan(views(big), scores(big=1.0), [down, small], POLICY, NOW)
+    assert not cmds(p, CommandAction.load_gpu)  # a host prewarm may go to w1
+    assert [(w.lora_name, w.reason) for w in p.waiting] == [(big.lora_name, "worker_not_run")]
+    # a serving worker fits rank 16 but is full of a hotter one: the free slots are w1's
+    top = record("top").model_copy(update={"rank": 16})
+    wide = worker("w3", gpu=[top], slots=1).model_copy(update={"max_lora_rank": 16})
+    p = plan(views(big, top), scores(big=1.0, top=9.0), [down, small, wide], POLICY, NOW)
+    assert not cmds(p, CommandAction.load_gpu) and not cmds(p, CommandAction.demote_to_host)
+    assert [(w.lora_name, w.reason) for w in p.waiting] == [(big.lora_name, "worker_not_run")]
+    # no worker fits the rank at all, not_run or not: the reason stays its own
+    p = plan(views(big), scores(big=1.0), [small], POLICY, NOW)
+    assert [w.reason for w in p.waiting] == ["no_worker_fits_rank"]
+
+
 def test_the_high_hbm_watermark_is_never_below_the_low_one() -> None:
     with pytest.raises(ValidationError, match="hbm_high_watermark must not be below"):
         Policy(hbm_low_watermark=0.9, hbm_high_watermark=0.85)
