@@ -34,6 +34,7 @@ from loraplane.artifact.refusal import ArtifactError
 from loraplane.eventlog.sink import EventSink
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import Policy
+from loraplane.kernel.tasks import cancel_all
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
@@ -789,8 +790,7 @@ class WorkerAgent:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for t in tasks:
-                t.cancel()
+            await cancel_all(tasks)  # the others, when one ended: none acts after the run
             await self.stop_fetches()
 
     async def stop_fetches(self) -> None:
@@ -800,10 +800,7 @@ class WorkerAgent:
         entry or none (its ``.partial-`` folder removed; one a kill leaves is deleted by
         the next start's scan). Nothing is recorded of it here."""
         self.host_tier.stop_fetches()
-        fetches = list(self._rt.fetches.values())
-        for task in fetches:
-            task.cancel()
-        await asyncio.gather(*fetches, return_exceptions=True)
+        await cancel_all(self._rt.fetches.values())
 
     async def _command_loop(self, feed: CommandFeed) -> None:
         """Never ends by an exception: a command (or a broker hiccup on commit) that makes

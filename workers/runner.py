@@ -26,6 +26,7 @@ from loraplane.kernel.config import LOOPBACK, Settings
 from loraplane.kernel.http_server import start_site
 from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
+from loraplane.kernel.tasks import cancel_all
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
@@ -309,18 +310,17 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     run = asyncio.create_task(agent.run(feed))
     flusher = asyncio.create_task(poll_forever(sink))
+    stopped = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait(
-            {run, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
-        )
+        done, _ = await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if run in done:
             try:
                 run.result()  # surface a crash of the loop
             except VllmUnguarded as exc:  # a start refused with its reason, no traceback
                 raise SystemExit(f"worker {options.worker_id}: {exc}") from None
     finally:
-        run.cancel()
-        flusher.cancel()
+        # the agent's loops and fetches have ended before its last state is published
+        await cancel_all({run, flusher, stopped})
         for runner in runners:
             await runner.cleanup()
         agent.publish_state()

@@ -74,6 +74,7 @@ from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
 from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_app
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
+from loraplane.kernel.tasks import cancel_all
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState, band_of
@@ -821,15 +822,6 @@ def attempt_id(request_id: str, attempt: int) -> str:
 
 
 # ---- the process ----------------------------------------------------------------------------
-async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait until each has ended (an HTTP request in flight in one is
-    abandoned, its connection closed): none is left pending, none acts later."""
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-
-
 async def _beat(
     router: Router,
     sink: EventSink,
@@ -942,7 +934,7 @@ async def _watch_fleet(
                 log.exception("fleet watch pass failed")
             await asyncio.sleep(poll_s)
     finally:  # no proof or probe outlives the watch: none is asked once the router stops
-        await _cancel_all(proofs | probes)
+        await cancel_all(proofs | probes)
 
 
 @dataclass(frozen=True)
@@ -1039,7 +1031,7 @@ async def serve_router(
         await stop.wait()
     finally:
         # awaited, not only cancelled: the watch's proofs and probes end with it
-        await _cancel_all({refresher, watcher, poller, beat})
+        await cancel_all({refresher, watcher, poller, beat})
         for each in runners:
             await each.cleanup()
         states.stop()

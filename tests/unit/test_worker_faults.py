@@ -371,3 +371,30 @@ async def test_attack_vllm_restarted_with_another_base_model_gets_no_load_or_req
     await converge(world.agent)
     assert not world.agent.wrong_base_model and _announced(world) is None
     assert world.agent.is_hot(chat.lora_name)  # the load asked meanwhile goes on
+
+
+async def test_when_one_agent_loop_fails_run_ends_after_the_others_have(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of the agent's loops ends by an exception: ``run`` raises it only once the other
+    loops have ended (``kernel.tasks.cancel_all``), their clean-up done. They were only
+    asked to cancel, and were still pending, free to act, when ``run`` returned."""
+    ended: list[str] = []
+
+    async def waits(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.01)
+            ended.append(name)
+
+    async def fails() -> None:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("registry loop broke")
+
+    monkeypatch.setattr(world.agent, "_tick_loop", lambda: waits("tick"))
+    monkeypatch.setattr(world.agent, "_heartbeat_loop", lambda: waits("heartbeat"))
+    monkeypatch.setattr(world.agent, "_registry_loop", fails)
+    with pytest.raises(RuntimeError, match="registry loop broke"):
+        await world.agent.run()
+    assert sorted(ended) == ["heartbeat", "tick"]
