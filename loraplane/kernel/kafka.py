@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_ID",
+    "TRANSACTION_RETRY_BACKOFF_MS",
     "Config",
     "ConfigValue",
     "ConsumerOptions",
@@ -54,6 +55,14 @@ Config = dict[str, ConfigValue]
 
 CLIENT_ID = "loraplane"
 """What the broker's logs and quotas see from a client that names nothing more specific."""
+
+TRANSACTION_RETRY_BACKOFF_MS = 10
+"""How soon a transactional producer asks again after a refused request (librdkafka's
+``retry.backoff.ms``, 100 by default). The broker refuses a transaction's partitions and
+offsets (CONCURRENT_TRANSACTIONS) until it has written the markers of the one before, a few
+ms after that one's commit returned, so a transaction begun right after the last (a scoring
+keeper behind a backlog, ticks back to back) waited a whole backoff: ~100 ms each. Later
+retries still back off exponentially, up to ``retry.backoff.max.ms`` (1 s)."""
 
 
 class KafkaUnavailable(RuntimeError):
@@ -193,7 +202,8 @@ def producer_config(
     key in the partition Faust (aiokafka) and Java clients put it in (librdkafka's default,
     CRC32, does not): the registry topic is written by Faust, lifecycle events may come from
     producers in other languages, and a key in two partitions of a compacted topic has no
-    single latest record and no order across them."""
+    single latest record and no order across them. With ``transactional_id``, refused
+    requests are retried after ``TRANSACTION_RETRY_BACKOFF_MS``."""
     conf = _common(settings, client_id, quiet)
     conf |= {
         "acks": "all",
@@ -206,6 +216,7 @@ def producer_config(
         conf["batch.num.messages"] = batch_messages
     if transactional_id is not None:
         conf["transactional.id"] = transactional_id
+        conf["retry.backoff.ms"] = TRANSACTION_RETRY_BACKOFF_MS
     return conf
 
 

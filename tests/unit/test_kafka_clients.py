@@ -163,8 +163,19 @@ def test_the_scoring_transactional_producer_keeps_its_settings() -> None:
         "message.timeout.ms": 15_000,
         "client.id": "loraplane-scoring",
         "transactional.id": "p-scoring",
+        "retry.backoff.ms": kafka.TRANSACTION_RETRY_BACKOFF_MS,
         "partitioner": "murmur2_random",
     }
+
+
+def test_a_transaction_begun_right_after_the_last_asks_again_within_milliseconds() -> None:
+    """The broker refuses a transaction's partitions and offsets until the markers of the
+    one before are written, and librdkafka asks again only after ``retry.backoff.ms``: at
+    its 100 ms default every back-to-back transaction waited ~100 ms. Only transactional
+    producers ask sooner; the others keep librdkafka's backoff."""
+    txn = kafka.producer_config(SETTINGS, transactional_id="p-planner")
+    assert txn["retry.backoff.ms"] == kafka.TRANSACTION_RETRY_BACKOFF_MS <= 20
+    assert "retry.backoff.ms" not in kafka.producer_config(SETTINGS)
 
 
 def test_the_command_feed_consumer_keeps_its_settings() -> None:
