@@ -12,7 +12,6 @@ the takeover.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import threading
@@ -28,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from loraplane.kernel import kafka
+from loraplane.kernel import collector, kafka
 from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import ProducerSink, Record, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
@@ -766,8 +765,7 @@ class PlannerRuntime:
             self._prime()
             # What the first read loaded lives as long as the process: out of the
             # collector's way, or a full collection over it adds up to a second to a tick.
-            gc.collect()
-            gc.freeze()
+            collector.freeze_survivors()
             self.progress.advanced()
             log.info(
                 "planner ready (%s): %d score keys, %d workers; joining %s",

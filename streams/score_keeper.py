@@ -31,7 +31,7 @@ from itertools import groupby
 from operator import methodcaller
 from typing import TYPE_CHECKING, Any
 
-from loraplane.kernel import kafka
+from loraplane.kernel import collector, kafka
 from loraplane.kernel.bus import ProducerSink
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
@@ -439,6 +439,9 @@ class ScoreKeeper:
                 tp.offset,
             )
         self._fresh.clear()
+        # What the process holds now (a Faust worker's objects, the states read back) lives
+        # on: out of the collector's way, or each full collection stalls every batch.
+        collector.freeze_survivors()
         self.applied = None  # the new keys are checked against the registry
         self.restored += len(fresh)
         log.info(
