@@ -158,6 +158,13 @@ class WorkerState(StrictModel):
             raise ValueError(f"gateway_url {v[:64]!r}: {problem}")
         return v
 
+    @property
+    def serves(self) -> bool:
+        """Whether its gateway answers requests: the one test the router, the planner and the
+        fleet view apply (a worker whose state says ``not_run`` takes no request and no load,
+        and its copies and slots count for nothing)."""
+        return self.not_run is None
+
     def load_budget(self, ceiling: int) -> int:
         """Loads a rolling minute to plan with for this worker: the budget it reports, never
         above the policy's ``ceiling`` (a heartbeat may lower what is sent its way, not

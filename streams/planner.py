@@ -192,7 +192,7 @@ class _Worker:
         return (
             self.loads_left(policy) > 0
             and not self.hbm_above(policy.hbm_low_watermark)
-            and self.state.not_run is None
+            and self.state.serves
         )
 
     def memory(self) -> WorkerMemory:
@@ -700,6 +700,7 @@ class _BaseTick:
     revoked: set[str]
     workers: list[_Worker]
     slots: int = field(init=False)  # the hot set's size and the most GPU copies planned
+    serving: list[_Worker] = field(init=False)  # workers whose state says no not_run
     not_run: list[_Worker] = field(init=False)  # workers whose state says not_run
     resident: set[str] = field(init=False)  # names on some GPU as the tick starts
     by_id: dict[str, _Worker] = field(init=False)
@@ -723,8 +724,8 @@ class _BaseTick:
         # hot set, the GPU-copy budget, the protected cap) and it fits no rank (rule 5's
         # loads, rule 6's most copies). When none serves, the hot set is sized by their
         # slots, so its versions wait as ``worker_not_run`` rather than vanish from the plan
-        serving = [w for w in self.workers if w.state.not_run is None]
-        self.not_run = [w for w in self.workers if w.state.not_run is not None]
+        self.serving = serving = [w for w in self.workers if w.state.serves]
+        self.not_run = [w for w in self.workers if not w.state.serves]
         capacity = sum(max(0, w.state.gpu_slots_total) for w in serving or self.workers)
         self.slots = min(self.policy.gpu_slots_per_base_model, capacity)
         self.resident = set().union(*(w.gpu for w in self.workers))
@@ -777,9 +778,9 @@ def _cap_protected(t: _BaseTick) -> None:
     carried out, so keeping another version instead would pin one more than the cap."""
     table, policy = t.table, t.policy
     protected = t.rows[table.protected[t.rows]].tolist()
-    held = set().union(  # no command moves these down
-        *(w.held for w in t.workers),
-        *({lora for lora in w.protected if w.gpu.get(lora)} for w in t.workers),
+    held = set().union(  # no command moves these down; a not_run worker's serve nothing
+        *(w.held for w in t.serving),
+        *({lora for lora in w.protected if w.gpu.get(lora)} for w in t.serving),
     )
     cap = max(protected_cap(policy, t.slots), sum(1 for i in protected if table.lora[i] in held))
     if len(protected) <= cap:
@@ -885,7 +886,7 @@ def _rank_hot_set(t: _BaseTick) -> None:
     loads such a version elsewhere, rule 6 counts only the copies that serve)."""
     on_gpu: dict[str, list[_Worker]] = defaultdict(list)
     for w in t.workers:
-        if w.state.not_run is None:
+        if w.state.serves:
             for lora in w.gpu:
                 on_gpu[lora].append(w)
     wanted_rows = t.rows[~t.table.demoted[t.rows]]
@@ -1057,7 +1058,7 @@ class _Slots:
             self.free_somewhere[rank] = any(
                 w.free_slots() > 0
                 for w in t.workers
-                if w.state.max_lora_rank >= rank and w.state.not_run is None
+                if w.state.max_lora_rank >= rank and w.state.serves
             )
         if self.free_somewhere[rank]:
             return WaitReason.cold_load_budget
@@ -1369,8 +1370,8 @@ def _prewarm_host(t: _BaseTick) -> None:
     the most free host bytes that fits their rank and has fewer than
     ``host_prewarms_in_flight_per_worker`` prewarms pending, within
     ``host_slots_per_base_model`` and its byte budget."""
-    table, workers = t.table, t.workers
-    t.host_only = host_only = set().union(*(w.host for w in workers))
+    table, workers = t.table, t.serving  # a not_run worker's copies serve nothing
+    t.host_only = host_only = set().union(*(w.host for w in t.workers))
     slots_left = t.policy.host_slots_per_base_model - len(host_only)
     # Only a prewarm reads where versions are: a full host tier needs no such set.
     anywhere = host_only.union(*(w.gpu for w in workers)) if slots_left > 0 else host_only

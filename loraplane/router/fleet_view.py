@@ -95,7 +95,7 @@ def fleet_view(
             age = max(0.0, now - s.ts.timestamp())
             live = heard_lately(s, now, heartbeat_s)
             gpu = [a for a in s.adapters if a.tier == "gpu"]
-            if live and s.not_run is None:  # a not_run worker's copies serve nothing
+            if live and s.serves:  # a not_run worker's copies serve nothing
                 replicas.update(a.lora_name for a in gpu)
             workers.append(
                 WorkerRow(

@@ -195,7 +195,7 @@ class FleetIndex:
         # sent before its gateway failed, or the worker says its gateway refuses every
         # request as not run (vLLM hung, another base model): parked until a state without
         # it, or a probe whose /healthz has no ``not_run`` (``liveness.probe_ok``)
-        if state.not_run is not None or self._verdict(w, now) is Verdict.out:
+        if not state.serves or self._verdict(w, now) is Verdict.out:
             self.remove(wid)
             self.parked[wid] = w
             return

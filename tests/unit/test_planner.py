@@ -339,6 +339,40 @@ def test_a_not_run_worker_s_slots_are_no_capacity_for_the_hot_set() -> None:
     }
 
 
+def test_a_not_run_worker_s_protected_copies_do_not_raise_the_protected_cap() -> None:
+    """The protected cap is a share of the serving slots (0.5 of 4: 2). Copies a worker
+    holds protected keep their place over the cap, but a not_run worker's serve nothing:
+    its 4 protected platinum copies raised the cap to 4, and all 4 versions were loaded
+    and pinned on the one serving worker, displacing its two hot ones."""
+    plats = [record(f"plat{i}", priority=Priority.platinum) for i in range(4)]
+    hot = [record(f"hot{i}") for i in range(2)]
+    ids = {r.adapter_id for r in plats}
+    down = worker("w1", gpu=plats, slots=4, pinned=ids, protected=ids).model_copy(
+        update={"not_run": VllmFailure.vllm_timeout}
+    )
+    ws = [down, worker("w2", gpu=hot, slots=4)]
+    demand = scores(plat0=0.05, plat1=0.04, plat2=0.02, plat3=0.01, hot0=5, hot1=5)
+    p = plan(views(*plats, *hot), demand, ws, POLICY, NOW)
+    loaded = {c.adapter_id for c in cmds(p, CommandAction.load_gpu) if c.worker_id == "w2"}
+    assert loaded == {"plat0", "plat1"}
+    assert not cmds(p, CommandAction.demote_to_host) and not cmds(p, CommandAction.evict)
+
+
+def test_a_version_on_a_not_run_worker_only_is_prewarmed_on_one_that_serves() -> None:
+    """Rule 9 prewarms wanted versions held nowhere on a host tier. A GPU copy on a
+    not_run worker is nowhere a request can use, and such a worker is no place to
+    prewarm: the version goes to the host tier of the worker that serves."""
+    top = [record(f"top{i}") for i in range(2)]
+    spare = record("spare")
+    down = worker("w1", gpu=[spare], slots=1).model_copy(
+        update={"not_run": VllmFailure.vllm_timeout}
+    )
+    ws = [down, worker("w2", gpu=top, slots=2)]
+    p = plan(views(*top, spare), scores(top0=9, top1=9, spare=1), ws, POLICY, NOW)
+    prewarms = cmds(p, CommandAction.prewarm_host)
+    assert [(c.worker_id, c.adapter_id) for c in prewarms] == [("w2", "spare")]
+
+
 @pytest.mark.parametrize("why", list(VllmFailure))
 def test_a_version_only_a_not_run_worker_could_take_waits_for_that_reason(
     why: VllmFailure,
