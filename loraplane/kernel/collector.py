@@ -47,11 +47,13 @@ def held_off() -> Iterator[None]:
 
 
 def freeze_survivors() -> None:
-    """Collect once, then move every object still alive into the permanent generation
-    (``gc.freeze``), where no later collection walks it: what a long-running component
-    loaded before its loop (its modules, a framework's objects, state read at start) would
-    otherwise be walked again by every full collection, which stops all of the process's
-    threads (55-65 ms in a Faust worker with a scoring keeper). Objects frozen are still
-    freed when their last reference goes; only a cycle among them is never collected."""
+    """Collect everything once, then move every object still alive into the permanent
+    generation (``gc.freeze``), where no later collection walks it: what a long-running
+    component holds before its loop (its modules, a framework's objects, state read at start)
+    would otherwise be walked again by every full collection, which stops all of the
+    process's threads. Called again (a keeper's next read-back after a rebalance), it first
+    unfreezes, so a cycle frozen earlier and dead since is collected by that one walk rather
+    than kept for good. Frozen objects are still freed when their last reference goes."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()

@@ -6,6 +6,7 @@ the key's own partition with that partition's committed offsets (KIP-447 fencing
 from __future__ import annotations
 
 import gc
+import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -167,12 +168,21 @@ def test_unknown_keys_are_one_per_partition_and_sum() -> None:
     assert (total.logs, total.last) == (6, T0 + 5)
 
 
+class Cycle:
+    """An object a weak reference can watch, kept alive only by a reference cycle."""
+
+    def __init__(self, ring: list[Any]) -> None:
+        self.ring = ring
+        ring.append(self)
+
+
 def test_what_a_read_back_leaves_alive_is_out_of_the_collectors_way(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full collection walks every object alive in the process and stops all its threads
-    (55-65 ms in a Faust worker): a burst's logs waited behind it. What is alive once the
-    keeper's partitions are read back (the worker's objects, the states) is frozen."""
+    """A full collection walks every object alive in the process and stops all its threads:
+    a burst's logs waited behind it. What is alive once the keeper's partitions are read back
+    (the worker's objects, the states) is frozen; a cycle frozen at an earlier read-back and
+    dead since is collected at the next one, not kept for good."""
     monkeypatch.setattr(
         score_keeper, "read_back", lambda _s, parts: ScoresRead({p: {} for p in parts})
     )
@@ -194,5 +204,16 @@ def test_what_a_read_back_leaves_alive_is_out_of_the_collectors_way(
         assert k.partitions() == [2] and k.owned[2].committed == 3
         assert gc.get_freeze_count() > 0
         assert not any(o is k.owned[2] for o in gc.get_objects())  # frozen, not walked
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        dead = weakref.ref(Cycle(cycle))  # an object in a cycle, frozen, then unreachable
+        gc.freeze()
+        del cycle
+        assert dead() is not None  # frozen: no collection frees it
+        gc.collect()
+        assert dead() is not None
+        k._fresh = {3}
+        k._read_back(Assigned())  # a rebalance's next read-back
+        assert dead() is None and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
