@@ -791,6 +791,7 @@ class WorkerAgent:
             await asyncio.gather(*tasks)
         finally:
             await cancel_all(tasks)  # the others, when one ended: none acts after the run
+            await cancel_all(self._rt.warming.values())  # canary warm-ups send no more
             await self.stop_fetches()
 
     async def stop_fetches(self) -> None:

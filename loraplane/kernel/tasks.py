@@ -15,7 +15,9 @@ async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
     """Cancel ``tasks`` and wait until each has ended (an HTTP request in flight in one is
     abandoned, its connection closed): none is left pending, none acts later. What each
     ended with (its result, its exception, its cancellation) is taken and dropped here: the
-    caller stops them, it does not judge them. A task already done is only waited for."""
+    caller stops them, it does not judge them. A task already done is only waited for. A
+    task awaiting ``asyncio.to_thread`` ends at once, but its thread runs on to its end: what
+    such a thread touches needs its own stop (the host tier's ``stop_fetches``)."""
     pending = list(tasks)
     for task in pending:
         task.cancel()

@@ -395,6 +395,8 @@ async def test_when_one_agent_loop_fails_run_ends_after_the_others_have(
     monkeypatch.setattr(world.agent, "_tick_loop", lambda: waits("tick"))
     monkeypatch.setattr(world.agent, "_heartbeat_loop", lambda: waits("heartbeat"))
     monkeypatch.setattr(world.agent, "_registry_loop", fails)
+    # a canary's warm-up in flight ends with them: it sends vLLM no golden request after
+    world.agent._rt.warming["canary@2"] = asyncio.create_task(waits("warm-up"))
     with pytest.raises(RuntimeError, match="registry loop broke"):
         await world.agent.run()
-    assert sorted(ended) == ["heartbeat", "tick"]
+    assert sorted(ended) == ["heartbeat", "tick", "warm-up"]
