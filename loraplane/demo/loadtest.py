@@ -143,7 +143,9 @@ class Run:
 
     def _probe(self, a: Adapter) -> str | None:
         probe = Planned(0.0, a.adapter_id, a.tenant_id, "interactive", 1, "probe")
-        return asyncio.run(self._replayer().run([probe]))[0].tier
+        outcome = asyncio.run(self._replayer().run([probe]))[0]
+        self.reached_workers += outcome.reached_worker  # its log lands with the replay's
+        return outcome.tier
 
     def replay(self, adapters: Sequence[Adapter], shape: TrafficShape) -> list[Outcome]:
         outcomes = asyncio.run(self._replayer().run(plan(adapters, shape, self.trace)))
