@@ -61,8 +61,10 @@ TRANSACTION_RETRY_BACKOFF_MS = 10
 ``retry.backoff.ms``, 100 by default). The broker refuses a transaction's partitions and
 offsets (CONCURRENT_TRANSACTIONS) until it has written the markers of the one before, a few
 ms after that one's commit returned, so a transaction begun right after the last (a scoring
-keeper behind a backlog, ticks back to back) waited a whole backoff: ~100 ms each. Later
-retries still back off exponentially, up to ``retry.backoff.max.ms`` (1 s)."""
+keeper behind a backlog, ticks back to back) waited a whole backoff: ~100 ms each. It is
+the first backoff of every other retry of such a producer too (a produce, a coordinator or
+leader lookup); later retries still back off exponentially, up to ``retry.backoff.max.ms``
+(1 s)."""
 
 
 class KafkaUnavailable(RuntimeError):
