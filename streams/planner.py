@@ -885,10 +885,9 @@ def _rank_hot_set(t: _BaseTick) -> None:
     worker whose state says ``not_run`` serve nothing: they are no holders here (rule 5
     loads such a version elsewhere, rule 6 counts only the copies that serve)."""
     on_gpu: dict[str, list[_Worker]] = defaultdict(list)
-    for w in t.workers:
-        if w.state.serves:
-            for lora in w.gpu:
-                on_gpu[lora].append(w)
+    for w in t.serving:
+        for lora in w.gpu:
+            on_gpu[lora].append(w)
     wanted_rows = t.rows[~t.table.demoted[t.rows]]
     on_rows = np.fromiter(map(t.index.get, on_gpu, repeat(-1)), np.intp, len(on_gpu))
     resident = np.isin(wanted_rows, on_rows[on_rows >= 0])
@@ -1056,9 +1055,7 @@ class _Slots:
             return WaitReason.no_worker_fits_rank
         if rank not in self.free_somewhere:
             self.free_somewhere[rank] = any(
-                w.free_slots() > 0
-                for w in t.workers
-                if w.state.max_lora_rank >= rank and w.state.serves
+                w.free_slots() > 0 for w in t.serving if w.state.max_lora_rank >= rank
             )
         if self.free_somewhere[rank]:
             return WaitReason.cold_load_budget
