@@ -349,7 +349,7 @@ class AdmissionRefusal(StrEnum):
     invalid_json = "invalid_json"  # the body is not JSON (400)
     model_not_adapter_id = "model_not_adapter_id"  # model is not wholly an adapter id (400)
     unknown_adapter = "unknown_adapter"  # no verified version of that adapter here (404)
-    forbidden = "forbidden"  # the adapter is another tenant's (403)
+    forbidden = "forbidden"  # another tenant's: answered as unknown_adapter (404)
     base_model_not_allowed = "base_model_not_allowed"  # the key is scoped to others (403)
     no_serving_version = "no_serving_version"  # neither active nor canary (404)
     version_unknown = "version_unknown"  # the router's version is not in this view yet (503)

@@ -4,11 +4,12 @@ In order, each step refusing with its reason (``AdmissionRefusal``, a field's
 ``RequestRefusal``, a ``TenantLimit``): the tenant (an API key, or at a gateway a router's
 signed forward: ``identify``, before the body is read) and the request class; with the body
 (``admit``) the forward's signature, ``model`` wholly an adapter id, the fields and the
-class's caps; the adapter known here and the tenant's own; the version, decided once (at the
-first door ``version_choice.choose_version``; behind a router exactly the version the router
-signed, or ``version_unknown`` / ``version_revoked``, never another); the tenant's limits
-(``TenantGate``), which the caller leaves when the request is done. docs/router.md, "How it
-picks", and docs/worker.md, "The gateway", give each step.
+class's caps; the adapter known here and the tenant's own (one answer for both failures,
+``NO_SUCH_ADAPTER``: no caller learns which ids other tenants have); the version, decided
+once (at the first door ``version_choice.choose_version``; behind a router exactly the
+version the router signed, or ``version_unknown`` / ``version_revoked``, never another); the
+tenant's limits (``TenantGate``), which the caller leaves when the request is done.
+docs/router.md, "How it picks", and docs/worker.md, "The gateway", give each step.
 
 Pure: the keys, the versions and the clock are passed in; the HTTP side is
 ``frontdoor.http``.
@@ -32,7 +33,7 @@ from loraplane.frontdoor.request_fields import (
     admit,
     request_caps,
 )
-from loraplane.frontdoor.version_choice import choose_version
+from loraplane.frontdoor.version_choice import choose_version, serves
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import is_id
@@ -40,6 +41,7 @@ from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, TenantLi
 from loraplane.schemas.request_log import RequestClass
 
 __all__ = [
+    "NO_SUCH_ADAPTER",
     "Admission",
     "Choice",
     "FrontDoor",
@@ -49,6 +51,7 @@ __all__ = [
     "Keys",
     "Refusal",
     "VersionReason",
+    "owned",
 ]
 
 _CLASSES = {c.value: c for c in RequestClass}
@@ -112,8 +115,10 @@ def _unicode(body: object) -> bool:
 
 @dataclass(frozen=True)
 class Refusal:
-    """An answer without a worker: ``status`` and ``reason``; ``adapter_id`` once ``model``
-    was read (the gateway logs such a request); ``retry_after_s`` for a retryable one."""
+    """An answer without a worker: ``status`` and ``reason`` (what ops see: the request log,
+    the router's counts); ``shown``, when set, the reason the caller is told instead (see
+    ``NO_SUCH_ADAPTER``); ``adapter_id`` once ``model`` was read (the gateway logs such a
+    request); ``retry_after_s`` for a retryable one."""
 
     status: int
     reason: AdmissionRefusal | RequestRefusal | TenantLimit
@@ -123,6 +128,24 @@ class Refusal:
     tenant_id: str | None = None
     request_class: RequestClass | None = None
     adapter_id: str | None = None
+    shown: AdmissionRefusal | None = None
+
+    @property
+    def code(self) -> AdmissionRefusal | RequestRefusal | TenantLimit:
+        """The reason the caller is told."""
+        return self.reason if self.shown is None else self.shown
+
+
+NO_SUCH_ADAPTER = (404, AdmissionRefusal.unknown_adapter)
+"""The one answer (status, reason told) to a tenant naming an adapter it may not use because
+it has none of that id: no version here at all, or another tenant's (any status, any
+version a forward names). The two differ only in the reason ops see (``unknown_adapter``,
+``forbidden``); the caller gets the same status, body and headers, so no key holder learns
+which adapter ids other tenants have."""
+
+
+def _no_such_adapter(model: str) -> str:
+    return f"the adapter {model!r} does not exist or is not yours"
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,12 @@ class Admission:
     choice: Choice
     versions: tuple[AdapterRecord, ...]  # every version of the adapter in this view
     forwarded: bool  # a router decided the version
+
+
+def owned(tenant: str, versions: Sequence[AdapterRecord]) -> bool:
+    """Whether ``tenant`` owns the adapter of these versions (there is at least one and
+    every one is the tenant's)."""
+    return bool(versions) and all(r.tenant_id == tenant for r in versions)
 
 
 class FrontDoor:
@@ -256,9 +285,10 @@ class FrontDoor:
             message: str,
             param: str | None = None,
             retry_after_s: int | None = None,
+            shown: AdmissionRefusal | None = None,
         ) -> Refusal:
             return Refusal(
-                status, reason, message, param, retry_after_s, tenant, request_class, model
+                status, reason, message, param, retry_after_s, tenant, request_class, model, shown
             )
 
         try:
@@ -266,10 +296,12 @@ class FrontDoor:
         except Refused as exc:
             return refuse(exc.status, exc.reason, exc.message, exc.field or None)
         versions = tuple(self.versions(model))
-        if not versions:
-            return refuse(404, AdmissionRefusal.unknown_adapter, f"no adapter {model!r} here")
-        if any(r.tenant_id != tenant for r in versions):
-            return refuse(403, AdmissionRefusal.forbidden, f"adapter {model!r} is not yours")
+        if not owned(tenant, versions):  # none, or another tenant's: one answer for both
+            status, shown = NO_SUCH_ADAPTER
+            ops_reason = (
+                AdmissionRefusal.forbidden if versions else AdmissionRefusal.unknown_adapter
+            )
+            return refuse(status, ops_reason, _no_such_adapter(model), shown=shown)
         if not identity.may_use(versions[0].base_model):  # one base model per adapter
             return refuse(
                 403,
@@ -296,6 +328,15 @@ class FrontDoor:
             )
         return Admission(
             tenant, request_class, model, request, choice, versions, forwarded=forward is not None
+        )
+
+    def listed(self, identity: Identity, versions: Sequence[AdapterRecord]) -> bool:
+        """Whether a tenant's model list shows this adapter: exactly when ``admit`` would
+        get past ownership, the key's base models and a serving version for it."""
+        return (
+            owned(identity.tenant_id, versions)
+            and identity.may_use(versions[0].base_model)
+            and serves(list(versions))
         )
 
     def leave(self, admission: Admission, tokens: int) -> None:

@@ -46,7 +46,7 @@ def refusal_response(refusal: Refusal) -> web.Response:
     headers = (
         {"Retry-After": str(refusal.retry_after_s)} if refusal.retry_after_s is not None else {}
     )
-    return error_response(refusal.status, refusal.reason, refusal.message, refusal.param, **headers)
+    return error_response(refusal.status, refusal.code, refusal.message, refusal.param, **headers)
 
 
 READ_HEADERS = (

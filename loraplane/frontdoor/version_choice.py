@@ -10,7 +10,7 @@ import hashlib
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestClass
 
-__all__ = ["canary_bucket", "choose_version"]
+__all__ = ["canary_bucket", "choose_version", "serves"]
 
 
 def canary_bucket(adapter_id: str, session_key: str) -> float:
@@ -35,3 +35,8 @@ def choose_version(
     ):
         return canary
     return active
+
+
+def serves(versions: list[AdapterRecord]) -> bool:
+    """Whether some version serves requests: an active one, or a canary above 0 %."""
+    return choose_version(versions, session_key="", request_class=RequestClass.canary) is not None

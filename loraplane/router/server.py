@@ -80,7 +80,7 @@ from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.router.liveness import Feed, probe_ok
 from loraplane.router.routing import FleetIndex, Route
-from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
+from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
@@ -499,9 +499,7 @@ class Router:
         data = [
             {"id": aid, "object": "model", "created": 0, "owned_by": tenant}
             for aid, versions in sorted(self.fleet.versions.items())
-            if all(r.tenant_id == tenant for r in versions)
-            and identity.may_use(versions[0].base_model)
-            and any(r.status in (AdapterStatus.active, AdapterStatus.canary) for r in versions)
+            if self.door.listed(identity, versions)
         ]
         return web.json_response({"object": "list", "data": data})
 

@@ -538,8 +538,9 @@ def test_load_serve_unload_and_restart(world: World) -> None:
     )
     assert stream.status_code == 200 and "choices" in stream.text
 
-    assert world.ask("other").status_code == 403  # tenant A, tenant B's adapter
-    assert world.ask("chat", key=KEY_B).status_code == 403
+    # tenant A, tenant B's adapter: answered as one that does not exist
+    assert world.ask("other").status_code == 404
+    assert world.ask("chat", key=KEY_B).status_code == 404
     assert world.ask(str(world.adapters["chat-1"].folder)).status_code == 400  # a path
 
     demote = world.command("chat-2", CommandAction.demote_to_host)

@@ -323,7 +323,7 @@ async def test_hot_adapter_is_served_by_its_version(world: World) -> None:
 
 
 async def test_tenants_paths_and_keys_are_checked(world: World) -> None:
-    assert (await world.post({"model": "other", "prompt": "x"}))[0] == 403
+    assert (await world.post({"model": "other", "prompt": "x"}))[0] == 404
     for model in ("/tmp/lp/adapter", "../chat", "s3://loraplane-artifacts/chat/1/", 7):
         status, _, body = await world.post({"model": model, "prompt": "x"})
         assert (status, body["error"]["type"]) == (400, "model_not_adapter_id")
@@ -1633,7 +1633,7 @@ async def test_with_demand_admission_a_one_off_request_does_not_push_a_busier_co
 @pytest.mark.parametrize("world", [{"demand_admission_tau_s": 600.0}], indirect=True)
 async def test_refused_requests_count_for_no_version_in_demand_admission(world: World) -> None:
     """Attack: only a request the gateway routes to a version counts towards it. A tenant
-    naming another tenant's adapter (403) or none that exists (404) adds to no count, so it
+    naming another tenant's adapter or none that exists (404 both) adds to no count, so it
     can neither keep someone else's copy hot nor make room for its own."""
     chat, other = RECORDS[0], RECORDS[3]
     await load(world, chat)
@@ -1642,7 +1642,7 @@ async def test_refused_requests_count_for_no_version_in_demand_admission(world: 
     for _ in range(20):
         assert (await world.post({"model": "chat", "prompt": "q"}, Authorization="Bearer key-b"))[
             0
-        ] == 403
+        ] == 404
         assert (
             await world.post(
                 {"model": "no-such-adapter", "prompt": "q"}, Authorization="Bearer key-b"

@@ -401,7 +401,7 @@ async def test_a_cold_adapter_is_loaded_where_the_planner_would_put_it(stack: St
 @pytest.mark.asyncio(loop_scope="session")
 async def test_refusals_before_any_worker(stack: Stack) -> None:
     assert (await stack.post({"model": "nope", "prompt": "q"}))[0] == 404
-    assert (await stack.post({"model": "other", "prompt": "q"}))[0] == 403
+    assert (await stack.post({"model": "other", "prompt": "q"}))[0] == 404
     assert (await stack.post({"model": "sql", "prompt": "q"}, headers={}))[0] == 401
     status, _, body = await stack.post({"model": "sql", "prompt": "q", "vllm_xargs": {}})
     assert status == 400 and body["error"]["param"] == "vllm_xargs"
