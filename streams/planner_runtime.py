@@ -85,6 +85,7 @@ __all__ = [
     "memory_refusal",
     "of_base",
     "plan_tick",
+    "planned_workers",
     "preview",
     "preview_json",
     "waiting_audit",
@@ -494,6 +495,16 @@ def of_base(
     )
 
 
+def planned_workers(
+    settings: Settings, workers: Iterable[WorkerState], now: float
+) -> list[WorkerState]:
+    """The workers a tick plans with: those heard lately (the router's rule, as ``fleet
+    status`` counts them live). One whose state says ``not_run`` is among them: the planner
+    gives it nothing (``WorkerState.serves``), as the router routes it nothing."""
+    heartbeat_s = settings.policy.worker_heartbeat_s
+    return [w for w in workers if heard_lately(w, now, heartbeat_s)]
+
+
 def plan_tick(
     planner: Planner,
     settings: Settings,
@@ -514,8 +525,7 @@ def plan_tick(
     ``planner``'s last tick (``ScoreView.take``); ``epoch``: the planner session's."""
     chosen, states = of_base(base_model, views, workers)
     scheduled = warmup_scores(schedule, ((v.adapter_id, v.tenant_id) for v in chosen), now)
-    heartbeat_s = settings.policy.worker_heartbeat_s
-    live = [w for w in states if heard_lately(w, now, heartbeat_s)]
+    live = planned_workers(settings, states, now)
     return planner.tick(
         chosen, scores, live, settings.policy, now, memory, scheduled, changed, epoch
     )
@@ -540,7 +550,8 @@ class Preview:
     adapters: int  # verified views planned (of the base model, when one is named)
     score_keys: int
     workers: int  # worker states of the base model
-    live_workers: int  # those heard lately: the only ones planned for
+    live_workers: int  # those heard lately (``planned_workers``): the only ones planned for
+    serving_workers: int  # the live ones whose gateway serves (``WorkerState.serves``)
     memory_workers: int
     pending: int  # commands the active planner still waits on (planner-memory)
     refused: list[ViewReason]  # registry views refused by the keyring, with their reason
@@ -593,13 +604,14 @@ def preview(
         ScheduleFile(settings.schedules_path).current(),
         at,
     )
-    heartbeat_s = settings.policy.worker_heartbeat_s
+    live = planned_workers(settings, states, at)
     return Preview(
         result,
         len(views),
         len(scores.states),
         len(states),
-        sum(heard_lately(w, at, heartbeat_s) for w in states),
+        len(live),
+        sum(w.serves for w in live),
         len(memory),
         sum(len(m.pending) for m in memory.values()),
         refused,
@@ -615,6 +627,7 @@ def preview_json(p: Preview) -> dict[str, Any]:
             "score_keys": p.score_keys,
             "workers": p.workers,
             "live_workers": p.live_workers,
+            "serving_workers": p.serving_workers,
             "memory_workers": p.memory_workers,
             "pending_commands": p.pending,
             "refused_views": [r.value for r in p.refused],

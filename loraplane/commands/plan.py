@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"{i['adapters']} adapters, {i['score_keys']} score keys, "
             f"{i['live_workers']}/{i['workers']} workers live, "
+            f"{i['serving_workers']} serving, "
             f"{i['pending_commands']} commands pending in planner memory"
         )
         if i["refused_views"]:

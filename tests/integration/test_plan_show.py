@@ -76,6 +76,7 @@ def test_plan_show_lists_the_load_with_its_rule_and_writes_nothing(env: PlannerE
         "score_keys": 1,
         "workers": 1,
         "live_workers": 1,
+        "serving_workers": 1,
         "memory_workers": 0,
         "pending_commands": 0,
         "refused_views": None,
