@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -23,7 +23,7 @@ from loraplane.eventlog.sink import EventSink, KafkaEventSink, SinkMetrics, poll
 from loraplane.frontdoor.api_keys import ApiKeysFile
 from loraplane.frontdoor.hmac_keys import hmac_key, router_secret
 from loraplane.kernel.config import LOOPBACK, Settings
-from loraplane.kernel.http_server import start_site
+from loraplane.kernel.http_server import Listener, start_sites
 from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.tasks import cancel_all
@@ -182,10 +182,15 @@ def worker_registry(
     return tail.start(), registry
 
 
-async def _site(settings: Settings, app: web.Application, port: int, name: str) -> web.AppRunner:
-    """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``."""
-    runner, _ = await start_site(app, settings.listen_host, port, settings.http, name=name)
-    return runner
+async def _sites(
+    settings: Settings, worker_id: str, listeners: list[Listener]
+) -> list[web.AppRunner]:
+    """Every listener within the shared ``settings.http`` bounds, on ``settings.listen_host``,
+    all or none: a port taken ends the start with one line naming it (``SystemExit``), the
+    listeners started before it closed."""
+    return await start_sites(
+        listeners, settings.listen_host, settings.http, process=f"worker {worker_id}"
+    )
 
 
 class HostTierInUse(Exception):
@@ -249,69 +254,77 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
         tail.stop()
         sink.close(1.0)
         raise SystemExit(f"--command-slot: {exc}") from None
-    agent = WorkerAgent(
-        WorkerConfig(
-            worker_id=options.worker_id,
-            base_model=options.base_model,
-            vllm_url=options.vllm_url,
-            host_budget_bytes=options.host_budget_bytes,
-            max_lora_rank=options.max_lora_rank,
-            gpu_slots=options.gpu_slots,
-            cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
-            gateway_url=options.gateway_url or f"http://{LOOPBACK}:{options.gateway_port}",
-            tick_s=options.tick_s,
-            fetch_concurrency=options.fetch_concurrency,
-            heartbeat_s=options.heartbeat_s,
-            start_timeout_s=options.vllm_start_timeout_s,
-            applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
-            policy=settings.policy,
-        ),
-        vllm=vllm,
-        host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n), shape),
-        registry_loader=registry.records,
-        sink=sink,
-        metrics=metrics,
-        command_partition=lambda: feed.partition,
-        # vLLM restarted with another base model is not served: adapters were checked
-        # against this one's shapes
-        base_watch=BaseModelWatch(shape, root=served_root, model_dir=options.model_dir),
-    )
-    gateway = Gateway(
-        agent,
-        api_keys=ApiKeysFile.open(settings.api_keys_path),
-        budgets=settings.policy.request_budgets,
-        sink=sink,
-        cache_secret=hmac_key(settings.gateway_secret_path),
-        router_secret=router_secret(settings),
-        max_body_bytes=settings.http.max_body_bytes,
-    )
-    metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
-    metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
-    # /metrics on its own port only (the gateway's answers it 404), up before the gateway:
-    # a gateway that answers /healthz has its metrics served
+    # from here every step that fails closes what the earlier ones opened (the listeners
+    # started, the tasks, the sink, the feed, the tail, the vLLM client)
     runners: list[web.AppRunner] = []
-    if options.metrics_port is not None:
-        runners.append(
-            await _site(settings, gateway.metrics_app(), options.metrics_port, "metrics")
-        )
-    runners.append(await _site(settings, gateway.app(), options.gateway_port, "gateway"))
-    log.info(
-        "worker %s: gateway on %s:%d, %s",
-        options.worker_id,
-        settings.listen_host,
-        options.gateway_port,
-        "no /metrics (no --metrics-port)"
-        if options.metrics_port is None
-        else f"/metrics on port {options.metrics_port}",
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    run = asyncio.create_task(agent.run(feed))
-    flusher = asyncio.create_task(poll_forever(sink))
-    stopped = asyncio.create_task(stop.wait())
+    tasks: set[asyncio.Future[Any]] = set()
+    started = False
     try:
+        agent = WorkerAgent(
+            WorkerConfig(
+                worker_id=options.worker_id,
+                base_model=options.base_model,
+                vllm_url=options.vllm_url,
+                host_budget_bytes=options.host_budget_bytes,
+                max_lora_rank=options.max_lora_rank,
+                gpu_slots=options.gpu_slots,
+                cold_loads_per_minute=settings.policy.cold_loads_per_minute_per_worker,
+                gateway_url=options.gateway_url or f"http://{LOOPBACK}:{options.gateway_port}",
+                tick_s=options.tick_s,
+                fetch_concurrency=options.fetch_concurrency,
+                heartbeat_s=options.heartbeat_s,
+                start_timeout_s=options.vllm_start_timeout_s,
+                applied_commands_path=options.host_tier_dir / APPLIED_COMMANDS_FILE,
+                policy=settings.policy,
+            ),
+            vllm=vllm,
+            host_tier=build_host_tier(settings, options, lambda n: agent.is_hot(n), shape),
+            registry_loader=registry.records,
+            sink=sink,
+            metrics=metrics,
+            command_partition=lambda: feed.partition,
+            # vLLM restarted with another base model is not served: adapters were checked
+            # against this one's shapes
+            base_watch=BaseModelWatch(shape, root=served_root, model_dir=options.model_dir),
+        )
+        gateway = Gateway(
+            agent,
+            api_keys=ApiKeysFile.open(settings.api_keys_path),
+            budgets=settings.policy.request_budgets,
+            sink=sink,
+            cache_secret=hmac_key(settings.gateway_secret_path),
+            router_secret=router_secret(settings),
+            max_body_bytes=settings.http.max_body_bytes,
+        )
+        metrics.registry.register(ProgressMetrics([feed.progress, tail.progress]))
+        metrics.registry.register(CommandBytesMetrics(feed.read_bytes))
+        # /metrics on its own port only (the gateway's answers it 404), up before the
+        # gateway: a gateway that answers /healthz has its metrics served
+        listeners = [Listener(gateway.app(), options.gateway_port, "gateway", "--gateway-port")]
+        if options.metrics_port is not None:
+            listeners.insert(
+                0,
+                Listener(gateway.metrics_app(), options.metrics_port, "metrics", "--metrics-port"),
+            )
+        runners = await _sites(settings, options.worker_id, listeners)
+        started = True
+        log.info(
+            "worker %s: gateway on %s:%d, %s",
+            options.worker_id,
+            settings.listen_host,
+            options.gateway_port,
+            "no /metrics (no --metrics-port)"
+            if options.metrics_port is None
+            else f"/metrics on port {options.metrics_port}",
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        run = asyncio.create_task(agent.run(feed))
+        flusher = asyncio.create_task(poll_forever(sink))
+        stopped = asyncio.create_task(stop.wait())
+        tasks = {run, flusher, stopped}
         done, _ = await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if run in done:
             try:
@@ -320,10 +333,11 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
                 raise SystemExit(f"worker {options.worker_id}: {exc}") from None
     finally:
         # the agent's loops and fetches have ended before its last state is published
-        await cancel_all({run, flusher, stopped})
-        for runner in runners:
+        await cancel_all(tasks)
+        for runner in reversed(runners):
             await runner.cleanup()
-        agent.publish_state()
+        if started:  # a worker that never served announces no state
+            agent.publish_state()
         sink.close(5.0)
         feed.close()
         tail.stop()

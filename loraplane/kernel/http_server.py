@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import HttpVersion11, web
@@ -41,6 +43,7 @@ __all__ = [
     "ANSWER_HEADERS",
     "HEAD_CHECK",
     "HeadCheck",
+    "Listener",
     "bound_port",
     "connection_budget",
     "expect_continue",
@@ -49,6 +52,7 @@ __all__ = [
     "raise_fd_limit",
     "run_serving",
     "start_site",
+    "start_sites",
 ]
 
 log = logging.getLogger("loraplane.http")
@@ -621,9 +625,48 @@ async def start_site(
     }
     runner = web.AppRunner(app, handle_signals=False, **handler_args)
     await runner.setup()
-    await _BoundedSite(runner, host, port, state, handler_args).start()
+    try:
+        await _BoundedSite(runner, host, port, state, handler_args).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     _throttle_loop_errors(asyncio.get_running_loop(), burst)
     return runner, burst
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One of a process's listeners: its app, its port and the option that gave the port."""
+
+    app: web.Application
+    port: int
+    name: str
+    option: str  # "--gateway-port": what the operator changes when the port is taken
+
+
+async def start_sites(
+    listeners: Sequence[Listener], host: str, limits: HttpLimits, *, process: str
+) -> list[web.AppRunner]:
+    """A serving process's listeners (``process``: "worker W", "router R"), started in
+    order, all or none: when one cannot bind (a port taken), the ones already started are
+    cleaned up (their ports free again) and the start ends with one line (``SystemExit``:
+    exit 1) naming the port, the option that gave it and the system's reason."""
+    runners: list[web.AppRunner] = []
+    try:
+        for each in listeners:
+            try:
+                runner, _ = await start_site(each.app, host, each.port, limits, name=each.name)
+            except OSError as exc:
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise SystemExit(
+                    f"{process}: cannot listen on {host}:{each.port} ({each.option}): {reason}"
+                ) from None
+            runners.append(runner)
+    except BaseException:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        raise
+    return runners
 
 
 def metrics_app(

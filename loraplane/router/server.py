@@ -950,7 +950,7 @@ async def serve_router(
     from loraplane.eventlog.sink import KafkaEventSink, SinkMetrics, poll_forever
     from loraplane.frontdoor.api_keys import ApiKeysFile
     from loraplane.frontdoor.hmac_keys import hmac_key
-    from loraplane.kernel.http_server import bound_port, start_site
+    from loraplane.kernel.http_server import Listener, bound_port, start_sites
     from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
     from loraplane.kernel.topic_tail import TopicTail
     from loraplane.kernel.topics import topic_name
@@ -1002,30 +1002,29 @@ async def serve_router(
     watcher = asyncio.create_task(_watch_fleet(router, states.current_span, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
-    runner, _ = await start_site(
-        router.app(), settings.listen_host, options.port, settings.http, name="router"
-    )
-    runners = [runner]
-    port = bound_port(runner)
-    log.info("router %s on %s:%d", options.router_id, settings.listen_host, port)
-    if options.metrics_port:
-        metrics_runner, _ = await start_site(
-            router.metrics_app(),
-            settings.listen_host,
-            options.metrics_port,
-            settings.http,
-            name="router-metrics",
+    runners: list[web.AppRunner] = []
+    try:  # a step that fails closes what the earlier ones opened
+        listeners = [Listener(router.app(), options.port, "router", "--port")]
+        if options.metrics_port:
+            listeners.append(
+                Listener(
+                    router.metrics_app(), options.metrics_port, "router-metrics", "--metrics-port"
+                )
+            )
+        runners = await start_sites(  # a port taken: one line, the ones started closed
+            listeners, settings.listen_host, settings.http, process=f"router {options.router_id}"
         )
-        runners.append(metrics_runner)
-        log.info(
-            "router %s /metrics on %s:%d",
-            options.router_id,
-            settings.listen_host,
-            bound_port(metrics_runner),
-        )
-    if ready is not None:
-        ready(port)
-    try:
+        port = bound_port(runners[0])
+        log.info("router %s on %s:%d", options.router_id, settings.listen_host, port)
+        if options.metrics_port:
+            log.info(
+                "router %s /metrics on %s:%d",
+                options.router_id,
+                settings.listen_host,
+                bound_port(runners[1]),
+            )
+        if ready is not None:
+            ready(port)
         await stop.wait()
     finally:
         # awaited, not only cancelled: the watch's proofs and probes end with it

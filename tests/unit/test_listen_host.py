@@ -73,15 +73,14 @@ async def test_the_worker_s_listeners_bind_the_setting(monkeypatch: pytest.Monke
 
     bound: list[str] = []
 
-    async def record(
-        app: web.Application, host: str, port: int, *_: object, **__: object
-    ) -> tuple[str, None]:
+    async def record(listeners: object, host: str, *_: object, **__: object) -> list[object]:
         bound.append(host)
-        return "runner", None
+        return []
 
-    monkeypatch.setattr(runner, "start_site", record)
-    await runner._site(Settings(), web.Application(), 0, "gateway")
-    await runner._site(Settings(listen_host="0.0.0.0"), web.Application(), 0, "gateway")
+    monkeypatch.setattr(runner, "start_sites", record)
+    gateway = runner.Listener(web.Application(), 0, "gateway", "--gateway-port")
+    await runner._sites(Settings(), "w1", [gateway])
+    await runner._sites(Settings(listen_host="0.0.0.0"), "w1", [gateway])
     assert bound == [LOOPBACK, "0.0.0.0"]
 
 
