@@ -30,11 +30,13 @@ from pathlib import Path
 from loraplane.eventlog.spool import read_segment, segment_numbers
 from loraplane.kernel.local_files import locked_folder, open_regular
 
-__all__ = ["SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
+__all__ = ["CLOSE_WAIT_S", "SEGMENT_BYTES", "EventJournal", "JournalEvent", "JournalUnavailable"]
 
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 4 * 1024 * 1024
+CLOSE_WAIT_S = 5.0
+"""How long ``close`` waits for a ``sync`` still running in another thread."""
 _SUFFIX = ".journal"
 _EVENT, _ACKS = b"E", b"A"
 _HEAD = struct.Struct("<cI")  # kind, body length
@@ -109,6 +111,10 @@ class EventJournal:
             self._lock_file.close()
             raise JournalUnavailable(f"{directory}: {exc}") from None
         self._lock = threading.Lock()  # ``sync`` runs in a thread of its own
+        # held by a sync from its start to its last fsync: ``close`` waits for it (a cancelled
+        # ``asyncio.to_thread`` leaves its thread running, fsyncing what it took)
+        self._syncing = threading.Lock()
+        self._closed = False
         self._segments: dict[int, _Segment] = {}
         self._tail: int | None = None
         self._where: dict[int, int] = {}  # seq of an event not yet done -> its segment
@@ -279,8 +285,15 @@ class EventJournal:
 
     def sync(self) -> None:
         """fsync what was written since the last call (the group commit). The descriptors are
-        duplicated under the lock, so appends and segment removals go on meanwhile."""
+        duplicated under the lock, so appends and segment removals go on meanwhile. After
+        ``close``, nothing."""
+        with self._syncing:
+            self._sync()
+
+    def _sync(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             fds = [os.dup(self._segments[n].fd) for n in self._unsynced]
             if self._dir_unsynced:
                 fds.append(os.dup(self._dir_fd))
@@ -294,16 +307,34 @@ class EventJournal:
             finally:
                 os.close(fd)
 
-    def close(self) -> None:
-        """Release the journal: what is done is removed, what is not stays for the next
-        start."""
-        self.write_acks()
-        with self._lock:
-            for n in list(self._segments):
-                if not self._segments[n].live:
-                    self._remove(n)
-            for segment in self._segments.values():
-                os.close(segment.fd)
-            self._segments.clear()
-            os.close(self._dir_fd)
-        self._lock_file.close()
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Release the journal once what was written is on the disk: what is done is
+        removed, what is not stays for the next start. A sync running in another thread is
+        waited for, up to ``wait_s`` (a sync took the writes it fsyncs, so returning before
+        it ends would release writes not yet on the disk); past that, logged, and the journal
+        is closed beside it (its fsyncs go on on descriptors of their own)."""
+        waited = self._syncing.acquire(timeout=wait_s)
+        try:
+            self.write_acks()
+            if waited:
+                self._sync()  # the last group commit, the acks just written included
+            else:
+                log.error(
+                    "event journal %s: a sync still runs after %.1f s; closed without waiting "
+                    "for it (what it fsyncs is written, on the disk once the system flushes it)",
+                    self.directory,
+                    wait_s,
+                )
+            with self._lock:
+                for n in list(self._segments):
+                    if not self._segments[n].live:
+                        self._remove(n)
+                for segment in self._segments.values():
+                    os.close(segment.fd)
+                self._segments.clear()
+                os.close(self._dir_fd)
+                self._closed = True
+            self._lock_file.close()
+        finally:
+            if waited:
+                self._syncing.release()

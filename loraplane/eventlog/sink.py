@@ -452,8 +452,10 @@ class KafkaEventSink:
             time.sleep(0.05)
 
     def close(self, timeout_s: float = 5.0) -> int:
-        """``flush``, then spool what librdkafka still holds (so it survives the stop);
-        returns how many events are spooled for the next start."""
+        """``flush``, then spool what librdkafka still holds (so it survives the stop), then
+        close the journal once its writes are on the disk (after a sync still running in
+        ``poll_forever``'s thread, up to ``timeout_s``); returns how many events are spooled
+        for the next start."""
         if self.flush(timeout_s):
             try:
                 self._producer.purge(in_queue=True, in_flight=True)
@@ -466,8 +468,8 @@ class KafkaEventSink:
                 self._spool.close()
                 self._spool = None
             if self._journal is not None:  # what is still pending stays for the next start
-                self._journal.sync()
-                self._journal.close()
+                # after a sync still running in poll_forever's thread (its task cancelled)
+                self._journal.close(timeout_s)
                 self._journal = None
             if left:
                 log.warning("%d events spooled in %s for the next start", left, self._spool_dir)
