@@ -35,6 +35,7 @@ from loraplane.eventlog.sink import EventSink
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import Policy
 from loraplane.kernel.tasks import cancel_all
+from loraplane.kernel.thread_calls import ThreadCalls
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import LORA_NAME_RE, now_utc, version_key
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
@@ -243,14 +244,18 @@ class WorkerAgent:
         hbm: Callable[[], float | None] | None = None,
         command_partition: Callable[[], int | None] = lambda: None,
         base_watch: BaseModelWatch | None = None,
+        threads: ThreadCalls | None = None,
     ) -> None:
         """``hbm``: the GPU's HBM in use (``workers.hbm``: NVML, None without a GPU).
         ``command_partition``: the commands partition its feed reads now, announced in its
         state so the planner sends there (None: no feed, the planner hashes).
         ``base_watch``: the base model the host tier checks adapters' shapes against
         (``workers.base_model``), compared with the one vLLM lists at each listing (None:
-        not compared)."""
+        not compared). ``threads``: where its blocking calls run (the host tier's reads,
+        installs and removals, the registry's reads, the applied ids' file), so its owner
+        releases the host tier only after them (``workers.runner``)."""
         self.config = config
+        self.threads = threads if threads is not None else ThreadCalls("worker agent")
         self._base_watch = base_watch
         self._command_partition = command_partition
         self._hbm = hbm if hbm is not None else HbmProbe().usage
@@ -346,7 +351,7 @@ class WorkerAgent:
         anyway leaves the current records as they are: serving never depends on Kafka.
         Unchanged records change nothing (the loader is asked every ``registry_poll_s``)."""
         try:
-            records = await asyncio.to_thread(lambda: list(self._registry_loader()))
+            records = await self.threads.run(lambda: list(self._registry_loader()))
         except Exception as exc:
             self._warnings.note(
                 "registry unreadable",
@@ -404,11 +409,11 @@ class WorkerAgent:
             self.context_tokens = base.max_model_len or self.context_tokens
         if self._base_watch is not None:
             root = None if base is None else base.root
-            self._note_base(await asyncio.to_thread(self._base_watch.check, root))
+            self._note_base(await self.threads.run(self._base_watch.check, root))
         to_load = frozenset(
             n for n, i in self.desired.intents.items() if i.tier == "gpu" and n not in self._rt.gpu
         )
-        self._host = await asyncio.to_thread(self._read_host, dict(self._rt.gpu), to_load)
+        self._host = await self.threads.run(self._read_host, dict(self._rt.gpu), to_load)
         return ActualState(
             gpu=dict(self._rt.gpu),
             host=dict(self._host),
@@ -440,7 +445,7 @@ class WorkerAgent:
         kept = (
             Remembered()
             if self.config.applied_commands_path is None
-            else await asyncio.to_thread(
+            else await self.threads.run(
                 load_remembered, self.config.applied_commands_path, now_utc()
             )
         )
@@ -570,7 +575,7 @@ class WorkerAgent:
         if path is not None:
             protected = self.desired.protected
             try:
-                await asyncio.to_thread(
+                await self.threads.run(
                     save_applied, path, dict(self.desired.seen_commands), protected
                 )
             except OSError as exc:  # a full disk: the command still stands, only its memory
@@ -872,7 +877,7 @@ class WorkerAgent:
             case Unload(name, reason, cmd):
                 await self._unload(name, reason, cmd)
             case RemoveHost(name, reason, cmd):
-                await asyncio.to_thread(self.host_tier.remove, name)
+                await self.threads.run(self.host_tier.remove, name)
                 self._host.pop(name, None)
                 self._event(name, CacheEventKind.evict, reason=reason, command_id=cmd)
                 self._report(action)
@@ -1005,7 +1010,7 @@ class WorkerAgent:
     async def _ensure(self, record: AdapterRecord) -> Path | ArtifactError:
         """The host tier's verified folder of ``record`` (in a thread), or why not."""
         try:
-            return await asyncio.to_thread(self.host_tier.ensure, record)
+            return await self.threads.run(self.host_tier.ensure, record)
         except Exception as raised:  # every error is a reason, a backoff and an answer
             return _install_error(record.lora_name, raised)
 

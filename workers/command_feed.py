@@ -29,6 +29,7 @@ from loraplane.kernel import kafka
 from loraplane.kernel.command_partition import DRAIN_S, REFRESH_S, broker_partitions, partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress
+from loraplane.kernel.thread_calls import CALLS_WAIT_S, ThreadCalls
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.codec import SchemaError, decode
 from loraplane.schemas.commands import CacheCommand
@@ -169,6 +170,8 @@ class KafkaCommandFeed:
             group_id or f"{settings.topic_prefix}-worker-{worker_id}",
             fetch_wait_ms=FETCH_WAIT_MS,
         )
+        # poll, commit and metadata run in threads: close waits for them (``close``)
+        self._threads = ThreadCalls(f"command feed of worker {worker_id}")
         self.progress = Progress("worker-commands")
         self.read_bytes = ReadBytes()
         self._probed = self._checked = time.monotonic()
@@ -209,7 +212,7 @@ class KafkaCommandFeed:
 
     async def next(self, timeout_s: float = 0.5) -> Delivery | None:
         """The next command for this worker, or None when none arrived in ``timeout_s``."""
-        msg = await asyncio.to_thread(self._consumer.poll, timeout_s)
+        msg = await self._threads.run(self._consumer.poll, timeout_s)
         await self._probe(idle=msg is None)
         if msg is None:
             return None
@@ -260,7 +263,7 @@ class KafkaCommandFeed:
             return
         self._probed = self._checked = now
         try:
-            count = await asyncio.to_thread(self._partitions)
+            count = await self._threads.run(self._partitions)
         except Exception as exc:
             self.progress.blocked(f"kafka: {exc}")
             self.progress.check()
@@ -305,12 +308,17 @@ class KafkaCommandFeed:
         raised error is logged by the agent's loop and the next commit covers this one)."""
         try:
             await asyncio.wait_for(
-                asyncio.to_thread(self._consumer.commit, message=message, asynchronous=False),
+                self._threads.run(self._consumer.commit, message=message, asynchronous=False),
                 COMMIT_TIMEOUT_S,
             )
         except Exception as exc:
             self.progress.blocked(f"commit: {exc or type(exc).__name__}")
             raise
 
-    def close(self) -> None:
-        self._consumer.close()
+    def close(self, timeout_s: float = CALLS_WAIT_S) -> bool:
+        """Close the consumer once no poll, commit or metadata read runs on it in a thread
+        (the task awaiting one is cancelled at a stop, a commit past ``COMMIT_TIMEOUT_S`` runs
+        on): librdkafka must not destroy a handle another thread is inside. Past
+        ``timeout_s``, logged, and the consumer is left to the process exit (its group offsets
+        are those committed). True when closed."""
+        return self._threads.close_when_drained(self._consumer.close, timeout_s)

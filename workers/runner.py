@@ -27,6 +27,7 @@ from loraplane.kernel.http_server import Listener, start_sites
 from loraplane.kernel.local_files import locked_folder
 from loraplane.kernel.progress_metrics import ProgressMetrics, TailMetrics
 from loraplane.kernel.tasks import cancel_all
+from loraplane.kernel.thread_calls import ThreadCalls
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
@@ -43,6 +44,7 @@ from loraplane.workers.vllm_client import VllmClient, VllmError, VllmUnguarded
 from loraplane.workers.worker_metrics import CommandBytesMetrics, WorkerMetrics
 
 __all__ = [
+    "AGENT_CALLS_WAIT_S",
     "FIRST_READ_S",
     "HostTierInUse",
     "WorkerOptions",
@@ -58,6 +60,9 @@ __all__ = [
 
 log = logging.getLogger("loraplane.worker")
 FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
+AGENT_CALLS_WAIT_S = 10.0
+"""How long a stop waits for the agent's calls still running in threads (an install ends at
+its download's next chunk, then removes its partial folder) before what they use closes."""
 
 
 @dataclass(frozen=True)
@@ -210,14 +215,19 @@ def claim_host_tier(folder: Path) -> IO[str]:
 
 
 async def serve_worker(settings: Settings, options: WorkerOptions) -> None:
+    """The worker until its stop. The host-tier claim is released only after the agent's
+    calls in threads (installs, removals, the saved views, the applied ids) have ended: one
+    still writing in the folder past ``AGENT_CALLS_WAIT_S`` keeps it claimed until the
+    process exits, so the next agent's start does not scan it under the writer."""
     claim = claim_host_tier(options.host_tier_dir)
+    threads = ThreadCalls(f"worker {options.worker_id} host tier {options.host_tier_dir}")
     try:
-        await _serve_worker(settings, options)
+        await _serve_worker(settings, options, threads)
     finally:
-        claim.close()
+        threads.close_when_drained(claim.close, AGENT_CALLS_WAIT_S)
 
 
-async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
+async def _serve_worker(settings: Settings, options: WorkerOptions, threads: ThreadCalls) -> None:
     vllm = VllmClient(options.vllm_url, api_key=options.vllm_api_key)
     served_root = None
     if options.model_dir is None:  # the shapes of the folder vLLM serves from, if it can say
@@ -286,6 +296,7 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
             # vLLM restarted with another base model is not served: adapters were checked
             # against this one's shapes
             base_watch=BaseModelWatch(shape, root=served_root, model_dir=options.model_dir),
+            threads=threads,
         )
         gateway = Gateway(
             agent,
@@ -336,6 +347,9 @@ async def _serve_worker(settings: Settings, options: WorkerOptions) -> None:
         await cancel_all(tasks)
         for runner in reversed(runners):
             await runner.cleanup()
+        # their calls in threads too (the listeners closed: no request starts one now): a
+        # registry read emits dead letters to the sink
+        threads.drain(AGENT_CALLS_WAIT_S)
         if started:  # a worker that never served announces no state
             agent.publish_state()
         sink.close(5.0)

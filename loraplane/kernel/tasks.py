@@ -17,7 +17,8 @@ async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
     ended with (its result, its exception, its cancellation) is taken and dropped here: the
     caller stops them, it does not judge them. A task already done is only waited for. A
     task awaiting ``asyncio.to_thread`` ends at once, but its thread runs on to its end: what
-    such a thread touches needs its own stop (the host tier's ``stop_fetches``)."""
+    such a thread touches needs its own stop (the host tier's ``stop_fetches``), and is
+    closed only after it (``kernel.thread_calls``)."""
     pending = list(tasks)
     for task in pending:
         task.cancel()

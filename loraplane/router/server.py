@@ -75,6 +75,7 @@ from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_ap
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.tasks import cancel_all
+from loraplane.kernel.thread_calls import ThreadCalls
 from loraplane.kernel.worker_states import worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState, band_of
@@ -837,13 +838,18 @@ async def _beat(
 
 
 async def _refresh_registry(
-    registry: VerifiedRegistry, fleet: Fleet, poll_s: float = REGISTRY_POLL_S
+    registry: VerifiedRegistry,
+    fleet: Fleet,
+    threads: ThreadCalls | None = None,
+    poll_s: float = REGISTRY_POLL_S,
 ) -> None:
     """Take the verified registry (fed by the live tail: in memory, re-verified only on a
-    change) into the fleet's versions."""
+    change) into the fleet's versions. Its reads run in ``threads``: a read dead-letters the
+    views it refuses through the sink, which is closed only after them."""
+    threads = threads if threads is not None else ThreadCalls("registry reads")
     while True:
         try:
-            records = await asyncio.to_thread(registry.records)
+            records = await threads.run(registry.records)
             fleet.versions = serving_versions(records)
         except Exception as exc:  # a bug here keeps the last verified view
             log.warning("registry refresh failed, keeping the last view: %s", exc)
@@ -998,7 +1004,8 @@ async def serve_router(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    refresher = asyncio.create_task(_refresh_registry(registry, fleet))
+    registry_reads = ThreadCalls(f"router {options.router_id} registry reads")
+    refresher = asyncio.create_task(_refresh_registry(registry, fleet, registry_reads))
     watcher = asyncio.create_task(_watch_fleet(router, states.current_span, options.heartbeat_s))
     poller = asyncio.create_task(poll_forever(sink))  # replays the spool after an outage
     beat = asyncio.create_task(_beat(router, sink, options.router_id, options.heartbeat_s))
@@ -1031,6 +1038,7 @@ async def serve_router(
         await cancel_all({refresher, watcher, poller, beat})
         for each in runners:
             await each.cleanup()
+        registry_reads.drain()  # a read's thread runs on, and emits to the sink closed below
         states.stop()
         tail.stop()
         sink.close(5.0)
