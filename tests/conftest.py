@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -34,6 +37,7 @@ def stack() -> Iterator[Settings]:
     from loraplane.infra import stack as local_stack
 
     settings = get_settings()
+    _await_a_background_stack_up()
     if local_stack.healthy(settings):
         with _children_find_the_kafka_passwords(settings):
             yield settings
@@ -45,6 +49,29 @@ def stack() -> Iterator[Settings]:
         yield settings
     if not was_running:
         local_stack.down(settings, console)
+
+
+STACK_UP_WAIT_S = 280.0
+"""How long a test waits for ``./run test``'s background ``stack up``: inside the tests'
+300 s timeout (pyproject.toml), which counts a fixture's set-up too."""
+
+
+def _await_a_background_stack_up() -> None:
+    """``./run test`` brings the stack up in the background while the unit tests run, and
+    names in ``LORAPLANE_TEST_STACK_UP`` the file that gets its exit status once done: a test
+    that needs the stack waits for it rather than start a second ``up`` beside it."""
+    name = os.environ.get("LORAPLANE_TEST_STACK_UP")
+    if not name:
+        return
+    done = Path(name)
+    deadline = time.monotonic() + STACK_UP_WAIT_S
+    while not done.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the background `loraplane stack up` not done in {STACK_UP_WAIT_S:.0f}s")
+        time.sleep(0.5)
+    status = done.read_text().strip()
+    if status != "0":
+        pytest.fail(f"the background `loraplane stack up` failed (exit {status}): see its output")
 
 
 @contextmanager
