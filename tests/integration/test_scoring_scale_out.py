@@ -32,8 +32,13 @@ from tests.lifecycle_kit import BASE
 pytestmark = pytest.mark.integration
 AGENT = ("loraplane.streams.registry_agent", "loraplane.streams.scoring_agent")
 RATE = 90  # logs/s
-SECONDS = 90  # at most: the load stops AFTER_TAKEOVER_S after the takeover (40-60 s in)
-AFTER_TAKEOVER_S = 4  # of load once the worker's keeper took the partitions back
+SECONDS = 90  # at most: the load stops AFTER_TAKEOVER_S after the takeover (30-50 s in)
+# Each phase below holds the load for a few seconds: at RATE, 2 s is ~180 logs spread over
+# the 12 adapters' partitions, enough for every keeper to score logs mid-stream.
+BEFORE_JOIN_S = 2  # the worker's keeper alone, before the second process starts
+BOTH_S = 4  # the worker's keeper and the second, side by side
+BEFORE_KILL_S = 2  # the third scoring, before its SIGKILL
+AFTER_TAKEOVER_S = 2  # of load once the worker's keeper took the partitions back
 READ_BACK = re.compile(r"partitions \[([0-9, ]+)\] read back")
 
 
@@ -121,7 +126,7 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
     load.start()
     procs: list[subprocess.Popen] = []
     try:
-        time.sleep(5)
+        time.sleep(BEFORE_JOIN_S)
         second, second_log = keeper(env, "second")
         procs.append(second)
         wait_for(
@@ -129,7 +134,7 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
             "the second keeper's partitions",
             timeout_s=60,
         )
-        time.sleep(8)  # both score under load
+        time.sleep(BOTH_S)  # both score under load
         second.send_signal(signal.SIGTERM)
         assert second.wait(30) == 0, second_log.read_text()[-3000:]
 
@@ -140,7 +145,7 @@ def test_a_second_and_third_process_join_and_leave_under_load_each_log_counted_o
             "the third keeper's partitions",
             timeout_s=60,
         )
-        time.sleep(4)
+        time.sleep(BEFORE_KILL_S)
         assert load.is_alive(), "the load ended before the SIGKILL: make SECONDS longer"
         third.send_signal(signal.SIGKILL)  # mid-batch, perhaps inside a transaction
         third.wait(10)
