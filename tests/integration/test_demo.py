@@ -77,7 +77,9 @@ def test_demo_runs_until_ctrl_c_and_leaves_nothing(stack: Settings, tmp_path: Pa
     on the FAKE vLLM: it holds until Ctrl-C, then stops every process it started. One run
     for both checks: a demo costs a minute or two on two cores."""
     real = vllm_installed(ROOT)
-    flags = ["--replay", "20", "--max-qps", "2"] if real else ["--fake-vllm", "--replay", "15"]
+    # 10 s of replay (~20 requests at 2 per second): enough for answers from the adapters and
+    # the base model to land in ClickHouse and the report; the demo's own start dominates
+    flags = ["--replay", "10", "--max-qps", "2"] if real else ["--fake-vllm", "--replay", "10"]
     log = tmp_path / "demo.out"
     with log.open("w") as out:
         proc = subprocess.Popen(
