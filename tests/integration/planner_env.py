@@ -8,7 +8,6 @@ import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
 from loraplane.registry.topic import load_registry
 from loraplane.schemas.adapter import AdapterRecord, Priority
@@ -112,7 +111,7 @@ class PlannerEnv(Env):
         self, rec: AdapterRecord, n: int, ts: datetime | None = None, tier: Tier = Tier.cold
     ) -> None:
         ts = ts or now_utc()
-        p = kafka.producer(self.settings)
+        p = self.producer()
         for i in range(n):
             log = RequestLog(
                 event_id=f"r-{uuid.uuid4().hex}",
@@ -161,7 +160,7 @@ class PlannerEnv(Env):
                 for r in gpu
             ],
         )
-        p = kafka.producer(self.settings)
+        p = self.producer()
         p.produce(self.topic("worker-state"), key=worker_id.encode(), value=encode(state))
         assert p.flush(20) == 0
 

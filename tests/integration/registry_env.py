@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import TopicReadIncomplete, read_topic
@@ -25,6 +26,9 @@ from loraplane.schemas.lifecycle import LifecycleEvent
 from loraplane.schemas.registry import AdapterView
 from tests.lifecycle_kit import Kit, make_kit
 
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+
 LOG_READY = "Worker ready"
 LOG_TAIL = 6000
 """How much of the worker's log a failed start shows (the log lives in a temporary home)."""
@@ -33,6 +37,24 @@ START_WAIT_S = 150.0
 START_TRIES = 2
 LORAPLANE = str(Path(sys.executable).parent / "loraplane")
 T = TypeVar("T")
+
+
+class OneProducer:
+    """A producer (``kafka.producer``) made on first use and then reused, each send flushed
+    by its caller: a fresh idempotent producer waits ~0.5 s for its producer id before its
+    first message is acknowledged, and a test sends dozens of times. It lives as long as its
+    env, so it never outlives a private broker that a test stops."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._made: Producer | None = None
+        self._lock = threading.Lock()  # a test's load thread sends beside its main thread
+
+    def __call__(self) -> Producer:
+        with self._lock:
+            if self._made is None:
+                self._made = kafka.producer(self._settings)
+            return self._made
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
@@ -59,6 +81,11 @@ class Env:
     worker: subprocess.Popen | None = None
     metrics_port: int = 0
     """When set, the app serves its consumers' hold-ups on it (``--metrics-port``)."""
+    producer: OneProducer = field(init=False, repr=False)
+    """``env.producer()``: the env's one producer, for its sends and a test's own."""
+
+    def __post_init__(self) -> None:
+        self.producer = OneProducer(self.settings)
 
     @classmethod
     def create(cls, stack: Settings, home: Path) -> Env:
@@ -180,7 +207,7 @@ class Env:
         return topics.topic_name(self.settings, suffix)
 
     def send(self, messages: list[tuple[bytes, bytes | LifecycleEvent]]) -> None:
-        p = kafka.producer(self.settings)
+        p = self.producer()
         for key, value in messages:
             p.produce(
                 self.topic("lifecycle"),
