@@ -79,11 +79,19 @@ class Background(_SPAWN.Process):  # type: ignore[name-defined]
         super().__init__(daemon=True)
         self.settings, self.topic, self.rate = settings, topic, rate
         self.halt = _SPAWN.Event()
+        self.producing = _SPAWN.Event()  # set when its clock starts: a spawn takes seconds
         self.count = _SPAWN.Value("q", 0)
 
     @property
     def sent(self) -> int:
         return int(self.count.value)
+
+    def wait_at_rate(self, timeout_s: float = 60.0, hold_s: float = 2.0) -> None:
+        """Until the process produces and has held its rate for ``hold_s``: a burst timed
+        before then would have no load behind it."""
+        if not self.producing.wait(timeout_s):
+            raise RuntimeError(f"the background did not start producing in {timeout_s:.0f}s")
+        time.sleep(hold_s)
 
     def stop(self) -> None:
         self.halt.set()
@@ -97,6 +105,7 @@ class Background(_SPAWN.Process):  # type: ignore[name-defined]
         logs = request_logs(5000, adapters=300, prefix="bg")
         pool = [(m.adapter_id.encode(), encode(m)) for m in logs]
         started, sent = time.monotonic(), 0
+        self.producing.set()
         while not self.halt.is_set():
             due = int((time.monotonic() - started) * self.rate)
             while sent < due:
@@ -236,7 +245,8 @@ async def measure(
         watch.consumer.poll(2)  # and the scores watch's
         watch.start()
         background.start()
-        await asyncio.sleep(2)  # let the background reach its rate
+        await asyncio.to_thread(background.wait_at_rate)
+        window = (time.monotonic(), background.sent)
         loaded: list[AdapterRecord] = []
         for rec in recs:
             out["floor"].append(kafka_round_trip(producer, probe, probe_topic))
@@ -253,6 +263,9 @@ async def measure(
                 out["delivery"].append(consumed - issued)
             loaded.append(rec)
             env.heartbeat(WORKER, rec.base_model, gpu=loaded, slots=SLOTS)
+        # the rate the bursts had behind them: the background's own, over their window
+        sent_s = time.monotonic() - window[0]
+        out["background_held"] = [(background.sent - window[1]) / sent_s if sent_s else 0.0]
     finally:
         background.stop()
         watch.stop.set()
@@ -291,7 +304,8 @@ def run(
         finally:
             env.stop()
             env.delete_topics()
-    ms = {k: [v * 1000 for v in vs] for k, vs in samples.items() if k != "background_events"}
+    counts = ("background_events", "background_held")
+    ms = {k: [v * 1000 for v in vs] for k, vs in samples.items() if k not in counts}
 
     def dist(values: list[float]) -> dict[str, float]:
         return {
@@ -307,6 +321,7 @@ def run(
         "burst_size": burst_size,
         "background_rate_events_s": rate,
         "background_events_sent": int(samples["background_events"][0]),
+        "background_rate_held_events_s": round(samples["background_held"][0]),
         "planner": "own process" if planner_process else "in the streams worker",
         "first_event_to_load_gpu_consumed_ms": dist(ms["reaction"]),
         "first_event_to_load_gpu_issued_ms": dist(ms["to_issue"]),
@@ -355,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         result,
         Row(
             f"reaction time ({args.bursts} bursts, {args.background_rate:.0f} ev/s behind)",
-            f"p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms (max {r['max']:.0f}); "
+            f"p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms (max {r['max']:.0f}), "
+            f"{result['background_rate_held_events_s']} ev/s held behind; "
             + ", ".join(
                 f"{stage} p50 {d['p50']:.0f} / p99 {d['p99']:.0f}"
                 for stage, d in result["stages_ms"].items()
