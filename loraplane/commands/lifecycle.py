@@ -384,6 +384,7 @@ def register(app: typer.Typer) -> None:
             publish_keyring,
             upload,
         )
+        from loraplane.kernel import kafka
         from loraplane.kernel.bus import DeliveryError, produce_sync
         from loraplane.kernel.config import get_settings
         from loraplane.kernel.kafka import KafkaAuthError
@@ -504,11 +505,17 @@ def register(app: typer.Typer) -> None:
                 raise PublishFailed(PublishFailure.release_invalid, error_line(exc)) from None
             watch = _decision_watch(settings) if wait_s else None
             lifecycle = topic_name(settings, "lifecycle")
+            shared: Any = None  # one producer for the event and its follow-up
             for sent in (event, follow):
                 if sent is None:
                     continue
                 try:
-                    report.sent(sent, *produce_sync(settings, lifecycle, adapter_id, sent))
+                    if shared is None:  # a Producer's truth is its queue's length
+                        shared = kafka.producer(settings)
+                    report.sent(
+                        sent,
+                        *produce_sync(settings, lifecycle, adapter_id, sent, producer=shared),
+                    )
                 except DeliveryError as exc:
                     raise PublishFailed(
                         PublishFailure.bus_unavailable

@@ -41,12 +41,17 @@ def produce_sync(
     value: BaseModel | bytes,
     headers: dict[str, str] | None = None,
     timeout_s: float = 20.0,
+    *,
+    producer: Any | None = None,
 ) -> tuple[int, int]:
     """Produce one message and wait for the broker's acknowledgement (acks=all).
 
     Returns ``(partition, offset)``; raises DeliveryError when not acknowledged in time.
+    ``producer``: one from ``kernel.kafka.producer`` to send through, for a caller sending
+    several; a fresh one is made otherwise, and a fresh idempotent producer needs ~0.5 s
+    (its producer id from the broker) before its first message is acknowledged.
     """
-    p = kafka.producer(settings)
+    p = producer if producer is not None else kafka.producer(settings)
     result: dict[str, Any] = {}
 
     def on_delivery(err: Any, msg: Any) -> None:

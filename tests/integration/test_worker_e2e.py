@@ -64,6 +64,7 @@ from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from loraplane.workers.vllm_resolver import ResolverConfig
 from loraplane.workers.vllm_routes import ROUTES
 from tests.integration.fault_report import report_fault
+from tests.integration.registry_env import OneProducer
 from tests.integration.s3_env import PrivateS3
 from tests.lifecycle_kit import Kit, extended_view, make_kit, signed_view
 
@@ -168,6 +169,7 @@ class World:
     kit: Kit | None = None  # the planner key the worker's keyring trusts (and a CI key)
     vllm_api_key: str = ""  # what the agent sends; vLLM refuses /v1/* without it
     upstream: Upstream | None = None  # the vLLM (or FAKE) beside the agent
+    producer: OneProducer | None = None  # for the commands written (a fresh one: ~0.5 s)
 
     @property
     def host_tier(self) -> Path:
@@ -240,8 +242,14 @@ class World:
             cmd = self.kit.keys[key].sign_command(cmd)
         if edit:
             cmd = cmd.model_copy(update=edit)
+        if self.producer is None:
+            self.producer = OneProducer(self.settings)
         produce_sync(
-            self.settings, topic_name(self.settings, "commands"), to or self.worker_id, cmd
+            self.settings,
+            topic_name(self.settings, "commands"),
+            to or self.worker_id,
+            cmd,
+            producer=self.producer(),
         )
         return cid
 
@@ -312,9 +320,10 @@ def write_registry(settings: Settings, records: list[AdapterRecord]) -> None:
     by_adapter: dict[str, list[AdapterRecord]] = {}
     for r in records:
         by_adapter.setdefault(r.adapter_id, []).append(r)
+    producer = OneProducer(settings)  # one for all: a fresh one costs ~0.5 s
     for adapter, versions in by_adapter.items():
         view = signed_view(KIT.keys["ops"], versions, now_utc(), KIT.keyring)
-        produce_sync(settings, topic_name(settings, "registry"), adapter, view)
+        produce_sync(settings, topic_name(settings, "registry"), adapter, view, producer=producer())
 
 
 @pytest.fixture(scope="module", params=["real-vllm", "FAKE-vllm"])

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from loraplane.cli import app
-from loraplane.kernel import bus
+from loraplane.kernel import bus, kafka
 from loraplane.kernel.config import get_settings
 from loraplane.schemas import export
 from loraplane.schemas.audit import AuditRecord
@@ -46,6 +46,8 @@ class Fakes:
 
     uploads: list[str] = field(default_factory=list)
     produced: list[str] = field(default_factory=list)
+    producers: list[object] = field(default_factory=list)  # made by ``kafka.producer``
+    sent_through: list[object] = field(default_factory=list)  # each produce's producer
     fail_produce_at: int | None = None  # the n-th produce (from 0) is not acknowledged
     verdict: str | None = None  # "accepted", a RegistryRejection value, or None: no decision
 
@@ -62,11 +64,17 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
     def upload(_settings: Any, _folder: Path, record: Any, _manifest: Any) -> None:
         seen.uploads.append(record.artifact_uri)
 
-    def produce(_settings: Any, _topic: str, _key: Any, value: Any, **_kw: Any) -> tuple[int, int]:
+    def produce(_settings: Any, _topic: str, _key: Any, value: Any, **kw: Any) -> tuple[int, int]:
         if seen.fail_produce_at == len(seen.produced):
             raise bus.DeliveryError("no acknowledgement within 20s (is the broker up?)")
         seen.produced.append(value.event_id)
+        seen.sent_through.append(kw.get("producer"))
         return 1, len(seen.produced) - 1
+
+    def producer(_settings: Any, **_kw: Any) -> object:
+        made = object()
+        seen.producers.append(made)
+        return made
 
     class Watch:
         def __init__(self, _settings: Any) -> None:
@@ -92,6 +100,7 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
 
     monkeypatch.setattr(artifact_publish, "upload", upload)
     monkeypatch.setattr(bus, "produce_sync", produce)
+    monkeypatch.setattr(kafka, "producer", producer)
     monkeypatch.setattr(registry_decisions, "DecisionWatch", Watch)
     yield seen
     get_settings.cache_clear()
@@ -491,3 +500,16 @@ def test_a_consumer_reads_a_result_with_fields_it_does_not_know() -> None:
     assert later == PublishResult.build("bot", "1")
     with pytest.raises(ValueError, match="exit_code"):
         PublishResult.model_validate({**line, "exit_code": 3})
+
+
+@pytest.mark.parametrize("follow_up", [["--promote"], ["--canary", "10"]])
+def test_an_event_and_its_follow_up_go_through_one_producer(
+    fakes: Fakes, adapter: Path, key: Path, follow_up: list[str]
+) -> None:
+    """A fresh idempotent producer waits ~0.5 s for its id before its first message is
+    acknowledged: a publish with a follow-up pays that once."""
+    code, _, _ = publish(adapter, key, *follow_up)
+    assert code == 0
+    assert len(fakes.produced) == 2
+    assert len(fakes.producers) == 1
+    assert fakes.sent_through == fakes.producers * 2
