@@ -53,6 +53,7 @@ from loraplane.kernel.config import Settings
 
 __all__ = [
     "BUDGET_MS",
+    "REPLAY_CONCURRENCY",
     "SCENARIOS",
     "LoadTestResult",
     "Run",
