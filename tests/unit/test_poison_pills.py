@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import kafka
 from loraplane.kernel.config import Settings
+from loraplane.kernel.thread_calls import ThreadCalls
 from loraplane.schemas.codec import decode
 from loraplane.schemas.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetter
 from loraplane.schemas.keyring import KeyringFile
@@ -122,7 +123,9 @@ class FailingFeed:
         pass
 
 
-def agent(loader: Any) -> WorkerAgent:
+def agent(loader: Any, threads: ThreadCalls | None = None) -> WorkerAgent:
+    """An agent with nothing behind it but its registry ``loader`` (and ``threads``, its
+    calls in threads, when a test watches them)."""
     return WorkerAgent(
         WorkerConfig(
             worker_id="w1", base_model="b", vllm_url="http://127.0.0.1:9", host_budget_bytes=1
@@ -131,6 +134,7 @@ def agent(loader: Any) -> WorkerAgent:
         host_tier=None,  # type: ignore[arg-type]
         registry_loader=loader,
         sink=KafkaEventSink.__new__(KafkaEventSink),
+        threads=threads,
     )
 
 

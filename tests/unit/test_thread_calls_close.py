@@ -262,9 +262,7 @@ async def test_the_router_waits_for_a_registry_read_its_stop_left_in_a_thread() 
 async def test_the_agents_blocking_calls_are_the_ones_its_owner_waits_for() -> None:
     """The worker agent runs its host-tier and registry calls in the ``threads`` the runner
     drains before closing the sink and releasing the host tier."""
-    from loraplane.eventlog.sink import KafkaEventSink
-    from loraplane.workers.agent import WorkerAgent, WorkerConfig
-    from loraplane.workers.vllm_client import VllmClient
+    from tests.unit.test_poison_pills import agent
 
     entered, release = threading.Event(), threading.Event()
 
@@ -274,16 +272,7 @@ async def test_the_agents_blocking_calls_are_the_ones_its_owner_waits_for() -> N
         return []
 
     threads = ThreadCalls("worker w1 host tier")
-    worker = WorkerAgent(
-        WorkerConfig(
-            worker_id="w1", base_model="b", vllm_url="http://127.0.0.1:9", host_budget_bytes=1
-        ),
-        vllm=VllmClient("http://127.0.0.1:9"),
-        host_tier=None,  # type: ignore[arg-type]
-        registry_loader=loader,
-        sink=KafkaEventSink.__new__(KafkaEventSink),
-        threads=threads,
-    )
+    worker = agent(loader, threads)
     refresh = asyncio.create_task(worker.refresh_registry())
     try:
         await _entered(entered)
