@@ -329,8 +329,8 @@ class Gateway:
         # asks about (router.liveness.probe_ok), with the proof of the router secret for its
         # challenge when this gateway holds the secret (frontdoor.gateway_proof)
         body: dict[str, object] = {"ok": started, "worker_id": self.worker.worker_id}
-        if (unfit := self._unfit()) is not None:  # up, and refusing requests as not run
-            body["not_run"] = unfit.failure
+        if (why := unfit(self.worker)) is not None:  # up, and refusing requests as not run
+            body["not_run"] = why.failure
         challenge = request.query.get(CHALLENGE_PARAM)
         secret = self.door.router_secret  # the one the forwarded tenants are checked with
         if secret and is_challenge(challenge) and self.worker.gateway_url:
@@ -415,8 +415,8 @@ class Gateway:
                 )
             record = choice.stable
         trace.record, name = record, record.lora_name
-        if (unfit := self._unfit()) is not None:  # no load and no answer would come
-            return self._not_run(trace, unfit)
+        if (why := unfit(self.worker)) is not None:  # no load and no answer would come
+            return self._not_run(trace, why)
         hot = self.worker.is_hot(name)
         trace.tier = Tier.gpu if hot else Tier.host if self.worker.is_on_host(name) else Tier.cold
         self.worker.count_request(name, hot=hot)
@@ -543,8 +543,8 @@ class Gateway:
         if trace.stream:  # token counts come from vLLM's usage chunk
             upstream["stream_options"] = {"include_usage": True}
         trace.queue_ms = (time.perf_counter() - trace.started) * 1000
-        if (unfit := self._unfit()) is not None:  # since the route was chosen (a load's wait)
-            return self._not_run(trace, unfit)
+        if (why := unfit(self.worker)) is not None:  # since the route was chosen (a load's wait)
+            return self._not_run(trace, why)
         with self.worker.serving(served_name):
             try:
                 async with self.worker.upstream.completion(path, upstream) as resp:
@@ -582,10 +582,6 @@ class Gateway:
                 return error_response(
                     400 if refused else 502, exc.reason.failure, client_message(exc, names)
                 )
-
-    def _unfit(self) -> VllmErrorCode | None:
-        """Why no request may go to vLLM now (``serving.unfit``)."""
-        return unfit(self.worker)
 
     def _not_run(self, trace: _Trace, code: VllmErrorCode) -> web.Response:
         """The answer to a request this worker's vLLM never saw, as it is gone or hung: the
