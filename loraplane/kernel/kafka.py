@@ -185,6 +185,16 @@ def _common(settings: Settings, client_id: str | None, quiet: bool) -> Config:
     return conf
 
 
+def _logged(conf: Config) -> dict[str, Any]:
+    """``conf`` with librdkafka's log lines sent through the process's logging, rate-limited
+    (``kernel.librdkafka_log``), unless the client is quiet."""
+    if conf.get("log_level") == 0:
+        return dict(conf)
+    from loraplane.kernel.librdkafka_log import LIBRDKAFKA_LOG
+
+    return {**conf, "logger": LIBRDKAFKA_LOG}
+
+
 def producer_config(
     settings: Settings,
     *,
@@ -234,12 +244,14 @@ def producer(
     from confluent_kafka import Producer
 
     return Producer(
-        producer_config(
-            settings,
-            client_id=client_id,
-            linger_ms=linger_ms,
-            batch_messages=batch_messages,
-            quiet=quiet,
+        _logged(
+            producer_config(
+                settings,
+                client_id=client_id,
+                linger_ms=linger_ms,
+                batch_messages=batch_messages,
+                quiet=quiet,
+            )
         )
     )
 
@@ -261,7 +273,7 @@ def transactional_producer(
     conf = producer_config(settings, client_id=client_id, transactional_id=transactional_id)
     if transaction_timeout_ms is not None:
         conf["transaction.timeout.ms"] = transaction_timeout_ms
-    return Producer(conf)
+    return Producer(_logged(conf))
 
 
 def consumer_config(
@@ -338,7 +350,7 @@ def consumer(settings: Settings, group: str, **options: Unpack[ConsumerOptions])
     """A consumer as ``consumer_config`` describes."""
     from confluent_kafka import Consumer
 
-    return Consumer(consumer_config(settings, group, **options))
+    return Consumer(_logged(consumer_config(settings, group, **options)))
 
 
 def consume_ready(
