@@ -209,6 +209,7 @@ class ArtifactReason(StrEnum):
     target_module_missing = "target_module_missing"
     lora_pair_incomplete = "lora_pair_incomplete"
     tensor_value_nonfinite = "tensor_value_nonfinite"  # a NaN or an infinity in a float tensor
+    tensor_value_overflows = "tensor_value_overflows"  # finite, an infinity once vLLM serves it
     model_shape_unknown = "model_shape_unknown"  # the worker has no base-model shapes to check
     # the OpenSSF model-signing bundle (model.sig) against the keyring's model_signers
     model_signature_required = "model_signature_required"  # the tenant requires one; none

@@ -152,7 +152,7 @@ def one_tensor(
 
 
 def poison(name: str, value: float) -> Callable[[dict[str, Any]], None]:
-    """One value of tensor ``name`` set to ``value`` (a NaN or an infinity)."""
+    """One value of tensor ``name`` set to ``value`` (a NaN, an infinity, a huge value)."""
 
     def run(tensors: dict[str, Any]) -> None:
         tensors[name] = tensors[name].copy()
@@ -413,6 +413,16 @@ CASES = [
         "infinite weight",
         Reason.tensor_value_nonfinite,
         before=[edit_tensors(poison(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", -math.inf))],
+    ),
+    Case(  # finite in the F32 file, +inf once vLLM casts it to float16: NaN logits again
+        "weight past float16",
+        Reason.tensor_value_overflows,
+        before=[edit_tensors(poison(f"{PREFIX}.0.self_attn.q_proj.lora_A.weight", 1e6))],
+    ),
+    Case(  # within float16, but vLLM multiplies lora_B by alpha / r (16 / 8) in it: 80000
+        "lora_B past float16 once scaled",
+        Reason.tensor_value_overflows,
+        before=[edit_tensors(poison(f"{PREFIX}.1.self_attn.v_proj.lora_B.weight", 40000.0))],
     ),
     Case(
         "half a pair",

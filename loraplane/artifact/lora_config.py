@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "FLOAT16_MAX",
     "HARMLESS",
     "MAX_ALPHA",
     "MUST_BE_OFF",
@@ -125,6 +126,9 @@ class LoraConfig:
     rank: int
     target_modules: frozenset[str]
     base_model: str
+    scaling: float = 1.0
+    """What vLLM multiplies lora_B by, in its serving dtype: ``lora_alpha / r``, or
+    ``lora_alpha / sqrt(r)`` with ``use_rslora`` (``PEFTHelper._scaling``)."""
 
 
 def is_off(value: Any) -> bool:
@@ -142,10 +146,15 @@ def unservable_fields(raw: dict[str, Any]) -> list[tuple[str, Unservable]]:
     return found
 
 
-MAX_ALPHA = 65504.0
-"""The largest ``lora_alpha`` served: fp16's largest finite value. vLLM scales the adapter's
-weights by alpha / r in the serving dtype, so past it the scaled weights overflow to inf and
-every answer of the adapter is NaN."""
+FLOAT16_MAX = 65504.0
+"""float16's largest finite value, the narrowest dtype vLLM serves LoRA weights in: vLLM casts
+every weight to its serving dtype (``--dtype``) and multiplies lora_B by the scaling in it,
+so a value past it is an infinity there and every answer of the adapter is NaN. The bound
+holds for every worker, whatever dtype it serves in, so an adapter is served everywhere or
+nowhere."""
+MAX_ALPHA = FLOAT16_MAX
+"""The largest ``lora_alpha`` served: vLLM scales the adapter's weights by alpha / r in the
+serving dtype, so past it the scaled weights overflow to inf."""
 
 
 def parse_lora_config(raw: Any) -> LoraConfig:
@@ -190,7 +199,9 @@ def parse_lora_config(raw: Any) -> LoraConfig:
     base = raw.get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ValueError("base_model_name_or_path is missing")
-    return LoraConfig(rank, frozenset(modules), base)
+    # vLLM's test is truthiness (``if self.use_rslora``), whatever the value's type
+    scaling = alpha / math.sqrt(rank) if raw.get("use_rslora") else alpha / rank
+    return LoraConfig(rank, frozenset(modules), base, scaling)
 
 
 def _short(value: Any) -> str:

@@ -10,10 +10,11 @@ safetensors header read with a bounded length and validated; tensors against ``r
 ``target_modules`` of adapter_config.json and the base model's shape (vLLM itself accepts a
 config naming modules the model lacks; this does not; a worker requires the shape, offline
 use checks it when known); every value of a float tensor finite (a NaN or an infinity,
-which vLLM loads, turns every logit of a request using the adapter into NaN), read in bounded
-chunks; the config is a LoRA vLLM serves (``lora_config``), within the worker's rank, for its
-base model (``base_model``), and agrees with the record. Any input yields a ``Verdict``;
-hostile bytes never raise. docs/worker.md,
+which vLLM loads, turns every logit of a request using the adapter into NaN), and finite
+still once vLLM serves it (cast to its serving dtype, lora_B multiplied by alpha / r in it:
+``served_limit``), read in bounded chunks; the config is a LoRA vLLM serves
+(``lora_config``), within the worker's rank, for its base model (``base_model``), and agrees
+with the record. Any input yields a ``Verdict``; hostile bytes never raise. docs/worker.md,
 "Host warm tier and artifact verification", lists every rule.
 """
 
@@ -30,7 +31,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from loraplane.artifact.base_model import base_model_matches, mismatch_detail
-from loraplane.artifact.lora_config import LoraConfig, parse_lora_config
+from loraplane.artifact.lora_config import FLOAT16_MAX, LoraConfig, parse_lora_config
 from loraplane.artifact.model_shape import LinearShape, ModelShape
 from loraplane.artifact.refusal import Refusal
 from loraplane.schemas.adapter import AdapterRecord
@@ -62,6 +63,7 @@ __all__ = [
     "parse_safetensors_header",
     "record_size_bytes",
     "record_size_refusal",
+    "served_limit",
     "verify_artifact",
 ]
 
@@ -78,6 +80,12 @@ or an infinity (IEEE 754 binary64, binary32, binary16; bfloat16 is binary32's up
 Read as unsigned integers with the sign bit cleared, a value is non-finite exactly when it is
 at least these bits, so the check is exact for every dtype, bfloat16 included (which numpy
 has no float type for). A dtype without an entry holds no float and is not scanned."""
+_FLOAT_TYPES: dict[str, type[np.floating[Any]]] = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": np.float32,  # bfloat16 is float32's upper half
+}
 VALUE_CHUNK_BYTES = 1024 * 1024  # a multiple of every dtype's size: no value straddles a read
 MAX_JSON_FILE_BYTES = 256 * 1024
 MAX_TOTAL_BYTES = 1024**3  # a worker's default bound on an artifact's bytes
@@ -171,7 +179,8 @@ def verify_artifact(
     if config is not None and tensors is not None:
         _check_tensors(tensors, config, limits.model, out)
     if tensors is not None and facts[WEIGHTS_NAME].size <= limits.max_total_bytes:
-        _check_values(reader, WEIGHTS_NAME, [t for _, t in tensors], out)
+        scaling = config.scaling if config is not None else 1.0
+        _check_values(reader, WEIGHTS_NAME, [t for _, t in tensors], scaling, out)
     return Verdict(tuple(_dedupe(out)[:MAX_REFUSALS]))
 
 
@@ -555,14 +564,56 @@ def _read_all_headers(
     return None if refusals else [(WEIGHTS_NAME, t) for t in tensors]
 
 
+def served_limit(tensor: TensorInfo, scaling: float) -> float:
+    """The largest magnitude a value of ``tensor`` may have: vLLM casts every weight to its
+    serving dtype, then multiplies lora_B by ``scaling`` (alpha / r) in it, and float16, the
+    narrowest it serves in, turns anything past ``FLOAT16_MAX`` into an infinity. A value of
+    1e6 is finite in an F32 file and +inf once served: NaN logits, as a NaN in the file."""
+    if tensor.name.split(".")[-2:-1] == ["lora_B"]:
+        return FLOAT16_MAX / max(abs(scaling), 1.0)
+    return FLOAT16_MAX
+
+
+def _limit_bits(dtype: str, limit: float) -> int:
+    """The bits of the largest value of ``dtype`` at most ``limit`` (finite, > 0): read as
+    unsigned integers with the sign cleared, a float dtype's values order as their bits do,
+    so a value is past ``limit`` exactly when its magnitude's bits are past these."""
+    kind = _FLOAT_TYPES[dtype]
+    value = np.array(limit, kind)
+    if float(value) > limit:
+        value = np.nextafter(value, kind(0))
+    bits = int(value.view(f"<u{value.itemsize}"))
+    return bits >> 16 if dtype == "BF16" else bits  # truncation rounds toward zero
+
+
+def _as_float(dtype: str, bits: int) -> float:
+    if dtype == "BF16":
+        return float(np.array(bits << 16, np.uint32).view(np.float32))
+    kind = _FLOAT_TYPES[dtype]
+    return float(np.array(bits, f"<u{DTYPE_BYTES[dtype]}").view(kind))
+
+
 def _check_values(
-    reader: ArtifactReader, path: str, tensors: Sequence[TensorInfo], out: list[Refusal]
+    reader: ArtifactReader,
+    path: str,
+    tensors: Sequence[TensorInfo],
+    scaling: float,
+    out: list[Refusal],
 ) -> None:
-    """Every value of every float tensor finite (``NONFINITE_BITS``): a refusal for the first
-    NaN or infinity of each tensor, at most ``MAX_REFUSALS``. The bytes are read at most
-    ``VALUE_CHUNK_BYTES`` at a time and judged in place as unsigned integers
+    """Every value of every float tensor finite (``NONFINITE_BITS``) and within its
+    ``served_limit``: per tensor, a refusal for its first NaN or infinity
+    (``tensor_value_nonfinite``) and one for its first finite value past the limit
+    (``tensor_value_overflows``), at most ``MAX_REFUSALS`` in all. The bytes are read at
+    most ``VALUE_CHUNK_BYTES`` at a time and judged in place as unsigned integers
     (``np.frombuffer``, no float copy), so memory is bounded by the chunk, not the file."""
-    refused: set[str] = set()
+    refused: set[tuple[str, Reason]] = set()
+    bits_of: dict[tuple[str, float], int] = {}  # a few pairs, however many tensors
+    limits: dict[str, int] = {}
+    for t in tensors:
+        key = (t.dtype, served_limit(t, scaling))
+        if key not in bits_of:
+            bits_of[key] = _limit_bits(*key)
+        limits[t.name] = bits_of[key]
     scratch = np.empty(VALUE_CHUNK_BYTES, np.uint8)  # each piece's magnitudes, in place
     for pieces in _value_reads(tensors):
         begin, end = pieces[0][1], pieces[-1][2]
@@ -571,25 +622,43 @@ def _check_values(
             out.append(Refusal(Reason.size_mismatch, path, "shorter than when it was listed"))
             return
         for t, at, stop in pieces:
-            if t.name in refused:
-                continue
             size = DTYPE_BYTES[t.dtype]
             bits = np.frombuffer(data, f"<u{size}", (stop - at) // size, at - begin)
             sign_cleared = np.array((1 << (8 * size - 1)) - 1, bits.dtype)
             magnitude = np.bitwise_and(
                 bits, sign_cleared, out=scratch.view(bits.dtype)[: len(bits)]
             )
-            exponent = NONFINITE_BITS[t.dtype]
-            if magnitude.max() < exponent:
+            exponent, limit, top = NONFINITE_BITS[t.dtype], limits[t.name], magnitude.max()
+            if top <= limit:
                 continue
-            i = int(np.argmax(magnitude >= exponent))
-            what = "NaN" if magnitude[i] != exponent else "-inf" if bits[i] != exponent else "+inf"
-            first = (at - t.span[0]) // size + i
-            out.append(
-                Refusal(Reason.tensor_value_nonfinite, path, f"{t.name[:80]}: {what} at [{first}]")
-            )
-            refused.add(t.name)
-            if len(refused) == MAX_REFUSALS:
+            first = (at - t.span[0]) // size
+            if top >= exponent and (t.name, Reason.tensor_value_nonfinite) not in refused:
+                i = int(np.argmax(magnitude >= exponent))
+                what = (
+                    "NaN" if magnitude[i] != exponent else "-inf" if bits[i] != exponent else "+inf"
+                )
+                out.append(
+                    Refusal(
+                        Reason.tensor_value_nonfinite,
+                        path,
+                        f"{t.name[:80]}: {what} at [{first + i}]",
+                    )
+                )
+                refused.add((t.name, Reason.tensor_value_nonfinite))
+            past = (magnitude > limit) & (magnitude < exponent)
+            if (t.name, Reason.tensor_value_overflows) not in refused and past.any():
+                i = int(np.argmax(past))
+                out.append(
+                    Refusal(
+                        Reason.tensor_value_overflows,
+                        path,
+                        f"{t.name[:80]}: {_as_float(t.dtype, int(bits[i])):.6g} at "
+                        f"[{first + i}] is past {_as_float(t.dtype, limit):.6g}, an infinity "
+                        "once served (float16, lora_B times alpha / r)",
+                    )
+                )
+                refused.add((t.name, Reason.tensor_value_overflows))
+            if len(refused) >= MAX_REFUSALS:
                 return
 
 

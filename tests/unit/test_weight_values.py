@@ -1,15 +1,18 @@
 """Every value of an adapter's float tensors is finite, or the artifact is refused
 (``tensor_value_nonfinite``): a NaN or an infinity in a LoRA weight passes every format
-check, vLLM loads it, and every request using the adapter gets NaN logits.
+check, vLLM loads it, and every request using the adapter gets NaN logits. A finite value
+that is an infinity once vLLM serves it (cast to float16, lora_B multiplied by alpha / r
+in it) is refused too (``tensor_value_overflows``): to vLLM it is the same infinity.
 
-The oracle here is numpy's own ``isfinite`` on float views (bfloat16 widened to float32 by
-its bits), not the verifier's exponent masks."""
+The oracle here is numpy's own ``isfinite`` and ``abs`` on float views (bfloat16 widened to
+float32 by its bits), not the verifier's exponent masks."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import math
 import shutil
 import struct
 from pathlib import Path
@@ -17,7 +20,7 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
@@ -50,11 +53,46 @@ FORMATS = {"F16": (np.uint16, 10), "BF16": (np.uint16, 7), "F32": (np.uint32, 23
 FORMATS["F64"] = (np.uint64, 52)
 
 
-def finite(dtype: str, bits: np.ndarray) -> np.ndarray:
-    """numpy's verdict on each value (bfloat16 is float32's upper half)."""
+FLOAT16_MAX = 65504.0  # float16's largest finite value
+SCALING = 16 / 8  # the tiny adapter's lora_alpha / r: vLLM multiplies lora_B by it
+
+
+def floats(dtype: str, bits: np.ndarray) -> np.ndarray:
+    """The values of ``bits`` as float64 (bfloat16 is float32's upper half)."""
     if dtype == "BF16":
-        return np.isfinite((bits.astype(np.uint32) << 16).view(np.float32))
-    return np.isfinite(bits.view({"F16": np.float16, "F32": np.float32, "F64": np.float64}[dtype]))
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    kind = {"F16": np.float16, "F32": np.float32, "F64": np.float64}[dtype]
+    return bits.view(kind).astype(np.float64)
+
+
+def finite(dtype: str, bits: np.ndarray) -> np.ndarray:
+    """numpy's verdict on each value."""
+    return np.isfinite(floats(dtype, bits))
+
+
+def limit_of(name: str, scaling: float = SCALING) -> float:
+    """The largest magnitude vLLM serves of tensor ``name`` without an infinity: float16's
+    largest value, for lora_B divided by the scaling it is multiplied by in float16."""
+    return FLOAT16_MAX / max(scaling, 1.0) if ".lora_B." in name else FLOAT16_MAX
+
+
+def served(dtype: str, bits: np.ndarray, limit: float) -> np.ndarray:
+    values = floats(dtype, bits)
+    return np.isfinite(values) & (np.abs(values) <= limit)
+
+
+def top_bits(dtype: str, limit: float) -> int:
+    """The largest non-negative bit pattern of ``dtype`` whose value is at most ``limit``
+    (a binary search over the patterns, which order as their values do)."""
+    view, _ = FORMATS[dtype]
+    lo, hi = 0, (1 << (8 * DTYPE_BYTES[dtype] - 1)) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if served(dtype, np.array([mid], view), limit)[0]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def safetensors_bytes(tensors: dict[str, tuple[str, tuple[int, ...], bytes]]) -> bytes:
@@ -92,26 +130,28 @@ def shapes(good: Path) -> dict[str, tuple[int, ...]]:
     return {n: a.shape for n, a in sorted(load_file(str(good / WEIGHTS_NAME)).items())}
 
 
-def edge_values(dtype: str) -> list[int]:
-    """The finite values at the edges, as bits: +-max, +-the smallest normal, the largest
-    and smallest subnormal, -0.0 and +0.0."""
+def edge_values(dtype: str, limit: float) -> list[int]:
+    """The served values at the edges, as bits: +-the largest at most ``limit``, +-the
+    smallest normal, the largest and smallest subnormal, -0.0 and +0.0."""
     _, mantissa = FORMATS[dtype]
     nbits = 8 * DTYPE_BYTES[dtype]
     sign = 1 << (nbits - 1)
-    top = ((1 << (nbits - 1 - mantissa)) - 2) << mantissa | ((1 << mantissa) - 1)
+    top = top_bits(dtype, limit)
     normal, sub_max = 1 << mantissa, (1 << mantissa) - 1
     return [top, top | sign, normal, normal | sign, sub_max, 1, 1 | sign, sign, 0]
 
 
-def random_finite(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` random bit patterns of ``dtype``, every one finite (subnormals and signed zeros
-    included), with each edge value somewhere among them."""
-    view, mantissa = FORMATS[dtype]
+def random_finite(dtype: str, n: int, rng: np.random.Generator, limit: float) -> np.ndarray:
+    """``n`` random bit patterns of ``dtype``, every one finite and at most ``limit`` in
+    magnitude (subnormals and signed zeros included), with each edge value among them."""
+    view, _ = FORMATS[dtype]
+    sign = view(1 << (8 * DTYPE_BYTES[dtype] - 1))
     bits = rng.integers(0, np.iinfo(view).max, n, dtype=view, endpoint=True)
-    bits[~finite(dtype, bits)] ^= view(1 << mantissa)  # exponent all ones -> one less
-    edges = edge_values(dtype)
+    while not (ok := served(dtype, bits, limit)).all():  # halve the bits of what is past it
+        bits[~ok] = (bits[~ok] & sign) | ((bits[~ok] & ~sign) >> view(1))
+    edges = edge_values(dtype, limit)
     bits[rng.choice(n, len(edges), replace=False)] = np.array(edges, dtype=view)
-    assert finite(dtype, bits).all()
+    assert served(dtype, bits, limit).all()
     return bits
 
 
@@ -128,7 +168,10 @@ def weights(
     dtype: str, shapes: dict[str, tuple[int, ...]], seed: int
 ) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return {n: (dtype, s, random_finite(dtype, int(np.prod(s)), rng)) for n, s in shapes.items()}
+    return {
+        n: (dtype, s, random_finite(dtype, int(np.prod(s)), rng, limit_of(n)))
+        for n, s in shapes.items()
+    }
 
 
 def as_file(tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]]) -> bytes:
@@ -179,12 +222,99 @@ def test_a_nan_or_infinity_anywhere_in_any_float_dtype_is_refused(
 
 @prop
 @given(dtype=st.sampled_from(sorted(FORMATS)), seed=st.integers(0, 2**32 - 1), chunk=CHUNKS)
-def test_finite_values_pass_max_subnormals_and_negative_zero_included(
+def test_served_values_pass_the_limit_subnormals_and_negative_zero_included(
     config: bytes, shapes: dict[str, tuple[int, ...]], dtype: str, seed: int, chunk: int
 ) -> None:
     with patch.object(verification, "VALUE_CHUNK_BYTES", chunk):
         verdict = verify(config, as_file(weights(dtype, shapes, seed)))
     assert verdict.ok, verdict.refusals
+
+
+@prop
+@given(
+    dtype=st.sampled_from(sorted(FORMATS)),
+    seed=st.integers(0, 2**32 - 1),
+    chunk=CHUNKS,
+    data=st.data(),
+)
+def test_attack_a_finite_value_vllm_serves_as_an_infinity_is_refused(
+    config: bytes,
+    shapes: dict[str, tuple[int, ...]],
+    dtype: str,
+    seed: int,
+    chunk: int,
+    data: st.DataObject,
+) -> None:
+    """ATTACK: a value finite in the file but past float16's range once vLLM serves it (cast
+    to its serving dtype; lora_B also multiplied by alpha / r there) passed as finite, and
+    vLLM served it as an infinity: NaN logits for every request of the adapter, as a NaN
+    in the file gives. Anywhere in any tensor of any float dtype it is refused as
+    ``tensor_value_overflows``, naming the tensor and the index."""
+    tensors = weights(dtype, shapes, seed)
+    name = data.draw(st.sampled_from(sorted(tensors)), "tensor")
+    bits = tensors[name][2]
+    at = data.draw(st.integers(0, len(bits) - 1), "position")
+    top = top_bits(dtype, limit_of(name))
+    exponent = ((1 << (8 * DTYPE_BYTES[dtype] - 1 - FORMATS[dtype][1])) - 1) << FORMATS[dtype][1]
+    assume(top + 1 < exponent)  # float16's own largest value in a lora_A: nothing past it
+    past = data.draw(st.integers(top + 1, exponent - 1), "bits past the limit")
+    bits[at] = past | (1 << (8 * DTYPE_BYTES[dtype] - 1) if data.draw(st.booleans()) else 0)
+    assert finite(dtype, bits).all() and not served(dtype, bits[at : at + 1], limit_of(name))[0]
+    with patch.object(verification, "VALUE_CHUNK_BYTES", chunk):
+        verdict = verify(config, as_file(tensors))
+    assert verdict.reasons == (Reason.tensor_value_overflows,), verdict.refusals
+    [refusal] = verdict.refusals
+    assert refusal.path == WEIGHTS_NAME
+    assert refusal.detail.startswith(f"{name}: ") and f" at [{at}] " in refusal.detail
+
+
+def rslora(config: bytes) -> bytes:
+    return json.dumps({**json.loads(config), "use_rslora": True}).encode()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "half", "value", "rs", "refused"),
+    [
+        ("F32", "lora_A", 1e6, False, True),  # +inf as float16
+        ("F32", "lora_A", FLOAT16_MAX, False, False),
+        ("F64", "lora_A", 1e300, False, True),  # +inf as float16, bfloat16 and float32 alike
+        ("BF16", "lora_A", -1e30, False, True),
+        ("F16", "lora_B", 40000.0, False, True),  # finite in the file; * 16/8 = 80000
+        ("F16", "lora_B", FLOAT16_MAX / SCALING, False, False),
+        ("F32", "lora_B", 12000.0, False, False),  # * 16/8 = 24000
+        ("F32", "lora_B", 12000.0, True, True),  # rsLoRA: * 16/sqrt(8) = 33941
+    ],
+)
+def test_attack_values_past_float16_once_scaled_are_refused(
+    config: bytes,
+    shapes: dict[str, tuple[int, ...]],
+    dtype: str,
+    half: str,
+    value: float,
+    rs: bool,
+    refused: bool,
+) -> None:
+    """ATTACK, the cases measured on vLLM 0.32's own loader (``LoRAModel`` at float16,
+    ``optimize()`` merging the scaling): each refused one holds an infinity there."""
+    scaling = 16 / math.sqrt(8) if rs else SCALING
+    tensors = weights(dtype, shapes, 5)
+    for name, (_, _, bits) in tensors.items():  # within every limit, rsLoRA's included
+        bits[~served(dtype, bits, limit_of(name, scaling))] = 0
+    name = f"{PREFIX}.1.self_attn.v_proj.{half}.weight"
+    bits = tensors[name][2]
+    widened = np.array([value], np.float32 if dtype == "BF16" else floats_type(dtype))
+    bits[7] = widened.view(np.uint32)[0] >> 16 if dtype == "BF16" else widened.view(bits.dtype)[0]
+    verdict = verify(rslora(config) if rs else config, as_file(tensors))
+    if not refused:
+        assert verdict.ok, verdict.refusals
+        return
+    assert verdict.reasons == (Reason.tensor_value_overflows,), verdict.refusals
+    shown = floats(dtype, bits[7:8])[0]  # bfloat16 keeps float32's upper half of it
+    assert verdict.refusals[0].detail.startswith(f"{name}: {shown:.6g} at [7] is past ")
+
+
+def floats_type(dtype: str) -> type[np.floating]:  # type: ignore[type-arg]
+    return {"F16": np.float16, "F32": np.float32, "F64": np.float64}[dtype]
 
 
 @pytest.mark.parametrize("dtype", sorted(FORMATS))
