@@ -8,7 +8,9 @@ every JSON reader must read them the same way:
 - UTF-8 only: no byte-order mark, no invalid byte, no lone surrogate (``"\\ud800"``);
 - no duplicate key in any object (a first-key reader would see another event);
 - no ``NaN`` / ``Infinity`` / ``-Infinity``, no number that overflows a double, no integer
-  with more than ``MAX_INT_DIGITS`` digits;
+  with more than ``MAX_INT_DIGITS`` digits, no ``-0`` (Python's json reads the integer 0,
+  serde_json and JavaScript the float -0.0: the safetensors library vLLM loads weights
+  with refuses it where an integer belongs);
 - exactly one JSON value (nothing but whitespace after it).
 
 ``strict_loads`` returns the parsed value or raises ``StrictJsonError`` with a
@@ -85,6 +87,11 @@ def _finite_float(text: str) -> float:
 
 
 def _bounded_int(text: str) -> int:
+    if text == "-0":
+        raise StrictJsonError(
+            DecodeReason.malformed,
+            "negative zero -0: an integer to some readers, a float to others",
+        )
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise StrictJsonError(
             DecodeReason.malformed, f"integer of {len(text)} digits (at most {MAX_INT_DIGITS})"

@@ -139,6 +139,7 @@ def test_an_unterminated_string_is_read_once(raw: bytes) -> None:
         (b"[-Infinity]", "Infinity"),
         (b"[1e400]", "overflows"),
         (b"[" + b"1" * 21 + b"]", "digits"),
+        (b'{"seq": -0}', "negative zero"),  # an int to Python, -0.0 to serde_json and JS
         (b'["\\udc00"]', "surrogate"),
         (b"\xef\xbb\xbf{}", "byte-order mark"),
         (b"{} {}", "not JSON"),
