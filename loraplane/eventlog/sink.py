@@ -8,8 +8,11 @@ right after loses none; states on compacted topics are not journaled (the next o
 them). An event the broker did not take goes to the client's durable spool
 (``eventlog.spool``) and is replayed, oldest first, once the broker answers; while the spool
 holds anything new events join its tail, so none overtakes an older one. What cannot be
-kept is counted and logged (``dropped``, ``refused``, ``unjournaled``), and ``emit`` never
-raises, so no caller can be crashed by the event it reports. Delivery is at least once; an
+kept is counted and logged (``dropped``, ``refused``, ``unjournaled``, ``after_close``), and
+``emit`` never raises, so no caller can be crashed by the event it reports. After ``close``
+nothing is reopened (the journal's and the spool's folder locks stay released): an event
+emitted then is not sent and is counted as ``after_close``; a runtime stops every emitter
+before it closes its sink. Delivery is at least once; an
 event sent twice keeps its ``event_id``, by which ClickHouse and the scoring fold keep it
 once. docs/worker.md ("The event journal", "The event spool") and docs/reliability.md give
 the rules.
@@ -97,6 +100,7 @@ class _Counts:
     corrupt: int = 0  # spool lines that no longer parse: skipped, logged
     recovered: int = 0  # left in the journal by a killed process: spooled at this start
     unjournaled: int = 0  # sent without a journal record (disk error): a kill may lose them
+    after_close: int = 0  # emitted after ``close``: not sent, lost, logged
 
 
 @dataclass
@@ -125,7 +129,8 @@ class KafkaEventSink:
         self._round: _Round | None = None
         self._done: set[int] = set()  # head indices delivered in a round that failed
         self._next_round = 0.0
-        self._last_drop_log = self._last_journal_log = -math.inf
+        self._last_drop_log = self._last_journal_log = self._last_closed_log = -math.inf
+        self._closed = False  # by ``close``: nothing is sent, journaled or spooled after it
         self._lock = threading.RLock()  # delivery reports run in whichever thread polls
         if any(self._spool_dir.glob("*.spool")):  # a previous run's backlog: replay it
             self._open_spool()
@@ -174,6 +179,9 @@ class KafkaEventSink:
             self._refuse(topic_suffix, key, exc)
             return
         with self._lock:
+            if self._closed:
+                self._refuse_closed(topic_suffix, key)
+                return
             if self.backlog and not self._replaying_to_tail():
                 self._to_spool(topic, raw_key, value)  # nothing overtakes the spool
                 return
@@ -215,6 +223,20 @@ class KafkaEventSink:
             exc,
         )
 
+    def _refuse_closed(self, topic_suffix: str, key: str) -> None:
+        self.counts.after_close += 1
+        now = self.clock()
+        if now - self._last_closed_log >= DROP_LOG_S:
+            self._last_closed_log = now
+            log.error(
+                "%s event for key %.64r emitted after %s's sink closed: not sent (%d so far); "
+                "its emitter outlived the sink",
+                topic_suffix,
+                key,
+                self.client_id,
+                self.counts.after_close,
+            )
+
     def _on_delivery(self, seq: int | None, err: Any, msg: Any) -> None:
         with self._lock:
             if err is None:
@@ -236,8 +258,9 @@ class KafkaEventSink:
 
     # ---- the journal ----------------------------------------------------------------------
     def _open_journal(self) -> EventJournal | None:
-        """The journal, opened on first use; a killed run's leftovers go to the spool."""
-        if self._journal is None and not self._journal_broken:
+        """The journal, opened on first use; a killed run's leftovers go to the spool. None
+        after ``close``: its folder lock stays released."""
+        if self._journal is None and not self._journal_broken and not self._closed:
             try:
                 journal = EventJournal(self._spool_dir / "journal")
             except JournalUnavailable as exc:
@@ -333,7 +356,9 @@ class KafkaEventSink:
 
     # ---- the spool ------------------------------------------------------------------------
     def _open_spool(self) -> EventSpool | None:
-        if self._spool is None and not self._spool_broken:
+        """The spool, opened on first use; None after ``close`` (its folder lock stays
+        released: a report served later is counted as dropped)."""
+        if self._spool is None and not self._spool_broken and not self._closed:
             try:
                 self._spool = EventSpool(self._spool_dir, self.settings.spool_max_bytes)
             except SpoolUnavailable as exc:
@@ -366,7 +391,9 @@ class KafkaEventSink:
         if now - self._last_drop_log >= DROP_LOG_S:
             self._last_drop_log = now
             why = (
-                "no spool"
+                "the sink is closed"
+                if self._closed
+                else "no spool"
                 if spool is None
                 else f"spool full: {spool.bytes} of {spool.max_bytes} bytes"
             )
@@ -455,7 +482,8 @@ class KafkaEventSink:
         """``flush``, then spool what librdkafka still holds (so it survives the stop), then
         close the journal once its writes are on the disk (after a sync still running in
         ``poll_forever``'s thread, up to ``timeout_s``); returns how many events are spooled
-        for the next start."""
+        for the next start. From then on nothing is reopened: ``emit`` counts the event as
+        ``after_close`` and sends nothing."""
         if self.flush(timeout_s):
             try:
                 self._producer.purge(in_queue=True, in_flight=True)
@@ -463,6 +491,7 @@ class KafkaEventSink:
                 log.warning("could not purge the producer queue: %s", exc)
             self._producer.flush(1.0)  # serves the purge's reports: they go to the spool
         with self._lock:
+            self._closed = True
             left = self.backlog
             if self._spool is not None:  # its lock goes too: a later sink may open it
                 self._spool.close()
@@ -510,8 +539,9 @@ class SinkMetrics(Collector):
             (m.SINK_DROPPED, c.dropped, "Events lost: the spool could not take them"),
             (
                 m.SINK_REFUSED,
-                c.refused + c.failed,
-                "Events lost: Kafka refused them for good (too large, invalid)",
+                c.refused + c.failed + c.after_close,
+                "Events lost: Kafka refused them for good (too large, invalid), or they were "
+                "emitted after the sink closed",
             ),
             (
                 m.SINK_RECOVERED,

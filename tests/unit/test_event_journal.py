@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from loraplane.eventlog.journal import EventJournal, JournalUnavailable
 from loraplane.eventlog.sink import REPLAY_BATCH, KafkaEventSink, SinkMetrics
+from loraplane.eventlog.spool import EventSpool
 from loraplane.kernel.config import Settings
 from tests.unit.test_event_spool import Broker, Clock, details, drain, event, sink_on, step
 
@@ -229,3 +230,54 @@ def test_any_pattern_of_outages_and_kills_delivers_every_event_once(ops: list[st
         assert set(details(broker.log)) == set(range(n))  # none lost
         twice = {v for v in broker.log if broker.log.count(v) > 1}
         assert twice <= may_repeat, details(sorted(twice - may_repeat))
+
+
+# ---- the sink after close ----------------------------------------------------------------------
+def test_after_close_nothing_is_sent_or_reopened_and_each_emit_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An emitter that outlives its sink: its events are not sent, journaled or spooled, and
+    are counted and logged; the journal's and the spool's folder locks stay released (they
+    were retaken by the first late emit and held until the process exited)."""
+    broker, clock = Broker(), Clock()
+    sink = sink_on(broker, tmp_path, monkeypatch, clock)
+    sink.emit("audit", "k", event(0))
+    sink.close(1.0)
+    assert details(broker.log) == [0]
+    broker.up = False  # a spool would take what the broker fails: it must not open either
+    sink.emit("audit", "k", event(1))  # a log topic: journaled before the close
+    sink.emit("audit", "k", event(2))
+    sink.emit("worker-state", "w1", event(3))  # compacted
+    sink.poll()
+    assert broker.queue == [] and details(broker.log) == [0] and sink.backlog == 0
+    assert sink.counts.after_close == 3 and sink.journal_pending == 0
+    assert "audit event for key 'k' emitted after w1's sink closed" in caplog.text
+    EventJournal(sink._spool_dir / "journal").close()  # type: ignore[attr-defined]
+    EventSpool(sink._spool_dir, 10**6).close()  # type: ignore[attr-defined]
+    registry = CollectorRegistry()
+    registry.register(SinkMetrics(sink))
+    assert (
+        'loraplane_event_sink_refused_total{client="w1"} 3.0' in generate_latest(registry).decode()
+    )
+
+
+def test_a_report_served_after_close_reopens_no_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that cannot purge leaves an event queued past ``close``; its failed delivery
+    report, served later, is counted as dropped instead of reopening the spool."""
+    broker, clock = Broker(), Clock()
+    sink = sink_on(broker, tmp_path, monkeypatch, clock)
+    serve = broker.poll
+    broker.poll = lambda _t=0: 0  # type: ignore[method-assign]  # no report before the close
+
+    def cannot_purge(**_k: object) -> None:
+        raise RuntimeError("an old client")
+
+    broker.purge = cannot_purge  # type: ignore[method-assign]
+    sink.emit("worker-state", "w1", event(0))
+    sink.close(0.1)
+    broker.up = False
+    serve()  # the report: the broker did not take it
+    assert sink.dropped == 1 and sink.backlog == 0
+    EventSpool(sink._spool_dir, 10**6).close()  # type: ignore[attr-defined]
