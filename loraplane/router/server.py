@@ -1033,13 +1033,18 @@ async def serve_router(
         if ready is not None:
             ready(port)
         await stop.wait()
-    finally:
-        # awaited, not only cancelled: the watch's proofs and probes end with it
-        await cancel_all({refresher, watcher, poller, beat})
+    finally:  # in this order: docs/router.md, "Stopping"
+        # the listeners first: requests in flight end with the fleet view, the registry
+        # refresh and the sink's poller still running
         for each in runners:
             await each.cleanup()
+        # awaited, not only cancelled: the watch's proofs and probes end with it
+        await cancel_all({refresher, watcher, poller, beat})
         registry_reads.drain()  # a read's thread runs on, and emits to the sink closed below
         states.stop()
+        # the takes its thread queued on the loop before it stopped (one dead-letters a bad
+        # state through the sink) run now, not after the sink closed
+        await asyncio.sleep(0)
         tail.stop()
         sink.close(5.0)
 
