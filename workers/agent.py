@@ -220,6 +220,9 @@ class _Runtime:
     waiters: dict[str, list[asyncio.Future[LoadOutcome]]] = field(default_factory=dict)
     warming: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # canary warm-ups
     fetches: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # in flight, by name
+    # the run ended (or ``stop_fetches`` ran): no fetch task or warm-up starts after it, so
+    # none outlives the stop's cancel_all (a fetch's thread would hold the host-tier claim)
+    stopped: bool = False
     resolved: set[tuple[str, str]] = field(default_factory=set)  # vLLM's resolver copies seen
     failing: set[tuple[str, str]] = field(default_factory=set)  # (action, name) that raised
     # vLLM took its connection and did not answer the last listing of its models in time (a
@@ -782,19 +785,22 @@ class WorkerAgent:
             self._fold(Ask.gateway_load(record))
 
     async def run(self, feed: CommandFeed | None = None) -> None:
-        """Run until cancelled."""
-        if not self.started:
-            await self.start()
-        tasks = [
-            asyncio.create_task(self._tick_loop()),
-            asyncio.create_task(self._heartbeat_loop()),
-            asyncio.create_task(self._registry_loop()),
-        ]
-        if feed is not None:
-            tasks.append(asyncio.create_task(self._command_loop(feed)))
+        """Run until cancelled. However it ends, a start still under way included (its
+        first reconcile can start fetches), its loops, warm-ups and fetches end with it."""
+        tasks: list[asyncio.Task[None]] = []
         try:
+            if not self.started:
+                await self.start()
+            tasks = [
+                asyncio.create_task(self._tick_loop()),
+                asyncio.create_task(self._heartbeat_loop()),
+                asyncio.create_task(self._registry_loop()),
+            ]
+            if feed is not None:
+                tasks.append(asyncio.create_task(self._command_loop(feed)))
             await asyncio.gather(*tasks)
         finally:
+            self._rt.stopped = True
             await cancel_all(tasks)  # the others, when one ended: none acts after the run
             await cancel_all(self._rt.warming.values())  # canary warm-ups send no more
             await self.stop_fetches()
@@ -804,7 +810,8 @@ class WorkerAgent:
         in its thread ends at its download's next chunk (``HostTier.stop_fetches``: about
         one socket read, not the fetch deadline), all or nothing: a complete, verified
         entry or none (its ``.partial-`` folder removed; one a kill leaves is deleted by
-        the next start's scan). Nothing is recorded of it here."""
+        the next start's scan). Nothing is recorded of it here. No fetch starts after this."""
+        self._rt.stopped = True
         self.host_tier.stop_fetches()
         await cancel_all(self._rt.fetches.values())
 
@@ -970,6 +977,8 @@ class WorkerAgent:
         ``reconcile`` (``fetching``), which starts nothing for them; a fetch that ends wakes
         the tick, which decides again from the desired state as it is then."""
         name, at_most = action.lora_name, max(1, self.config.fetch_concurrency)
+        if self._rt.stopped:
+            return  # the stop cancelled the fetches: a later one would outlive it
         if name in self._rt.fetches or len(self._rt.fetches) >= at_most:
             return  # every fetch slot taken: the first to end wakes the tick
         self._rt.fetches[name] = asyncio.create_task(self._fetch_apart(action))
@@ -1096,7 +1105,7 @@ class WorkerAgent:
         self._event(
             name, CacheEventKind.load, swap_ms=swap_ms, bytes_=record.size_bytes, command_id=cmd
         )
-        if warmup > 0:  # marked warming before any waiter hears of the load
+        if warmup > 0 and not self._rt.stopped:  # marked warming before any waiter hears
             self._rt.warming[name] = asyncio.create_task(self._warm_up(record, warmup))
         self._resolve(name, LoadOutcome(True))
 

@@ -250,6 +250,57 @@ async def test_stopping_the_agent_cancels_its_fetches_and_records_none(world: Wo
     assert world.kinds(slow) == []
 
 
+async def test_a_load_asked_after_the_agent_stopped_starts_no_fetch(world: World) -> None:
+    """The stop has cancelled the fetches (``stop_fetches``, in the run's end); a load a
+    request asks for after it, acted on by any reconcile still running (a tick, a command,
+    the start), starts no fetch task: none would be cancelled, and its thread would hold the
+    host tier's claim until the download's deadline."""
+    slow = world.records[2]
+    world.tier.slow.add(slow.lora_name)
+    await world.agent.stop_fetches()
+    world.agent.request_load(slow)  # a request its gateway still took
+    await soon(world.agent.reconcile_once())
+    await asyncio.sleep(0.05)  # a thread started would be in ``ensure`` by now
+    assert world.agent._rt.fetches == {}
+    assert world.tier.calls[slow.lora_name] == 0
+
+
+async def test_an_agent_stopped_while_it_starts_stops_its_fetches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop while the agent still starts (waiting for vLLM, reading it, its first
+    reconcile, which can start fetches): the run's end stops the host tier's downloads and
+    cancels the fetch tasks as it does for a started agent."""
+    tier = GatedTier(tmp_path / "host", {})
+    stopped: list[bool] = []
+    monkeypatch.setattr(tier, "stop_fetches", lambda: stopped.append(True))
+    agent = WorkerAgent(
+        WorkerConfig(
+            worker_id="w1", base_model=BASE, vllm_url="http://127.0.0.1:9", host_budget_bytes=1
+        ),
+        vllm=VllmClient("http://127.0.0.1:9", timeout_s=2, api_key="k"),
+        host_tier=tier,
+        registry_loader=list,
+        sink=ListSink(),
+    )
+    waiting = asyncio.Event()
+
+    async def wait_healthy(*_a: Any, **_k: Any) -> None:
+        waiting.set()
+        await asyncio.Event().wait()  # vLLM not up yet
+
+    monkeypatch.setattr(agent.vllm, "wait_healthy", wait_healthy)
+    run = asyncio.create_task(agent.run())
+    try:
+        await soon(waiting.wait())
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await soon(run)
+        assert stopped == [True] and agent._rt.fetches == {}
+    finally:
+        await agent.vllm.close()
+
+
 def published(tmp_path: Path, name: str, seed: int) -> tuple[AdapterRecord, Path, Manifest]:
     """An active version of adapter ``name``: its record, folder and manifest."""
     folder = build_adapter(tmp_path / "src" / name, seed=seed)
