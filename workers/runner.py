@@ -342,13 +342,15 @@ async def _serve_worker(settings: Settings, options: WorkerOptions, threads: Thr
                 run.result()  # surface a crash of the loop
             except VllmUnguarded as exc:  # a start refused with its reason, no traceback
                 raise SystemExit(f"worker {options.worker_id}: {exc}") from None
-    finally:
-        # the agent's loops and fetches have ended before its last state is published
-        await cancel_all(tasks)
+    finally:  # in this order: docs/worker.md, "`loraplane worker run`"
+        # the listeners first: a request in flight ends with the agent still running, so a
+        # load it asks for is the agent's, and its fetch is cancelled with the agent's run
         for runner in reversed(runners):
             await runner.cleanup()
-        # their calls in threads too (the listeners closed: no request starts one now): a
-        # registry read emits dead letters to the sink
+        # the agent's loops and fetches have ended before its last state is published
+        await cancel_all(tasks)
+        # their calls in threads too (no request or loop starts one now): a registry read
+        # emits dead letters to the sink
         threads.drain(AGENT_CALLS_WAIT_S)
         if started:  # a worker that never served announces no state
             agent.publish_state()

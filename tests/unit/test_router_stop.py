@@ -11,7 +11,7 @@ router installs, called directly."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,42 @@ BAD_STATE = Record("worker-state", 0, 7, b"w9", b"not a worker state", {}, 0)
 
 
 class Steps(list[str]):
+    """What a stop did, in order; ``ports``: the listeners' bound ports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ports: list[int] = []
+
     def note(self, step: str) -> None:
         self.append(step)
+
+
+class _Noted:
+    """A started listener whose ``cleanup`` is noted; the rest is the real runner's."""
+
+    def __init__(self, runner: web.AppRunner, steps: Steps) -> None:
+        self.runner, self.steps = runner, steps
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    async def cleanup(self) -> None:
+        self.steps.note("listener stopping")
+        await self.runner.cleanup()
+        self.steps.note("listener stopped")
+
+
+def noted_sites(
+    steps: Steps, start_sites: Callable[..., Awaitable[list[web.AppRunner]]]
+) -> Callable[..., Awaitable[list[Any]]]:
+    """``start_sites``, its listeners' stops noted in ``steps``."""
+
+    async def started(*args: Any, **kwargs: Any) -> list[Any]:
+        runners = await start_sites(*args, **kwargs)
+        steps.ports.extend(http_server.bound_port(r) for r in runners)
+        return [_Noted(r, steps) for r in runners]
+
+    return started
 
 
 class NoMetrics:
@@ -46,13 +80,12 @@ class NoMetrics:
         return iter(())
 
 
-def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Callable[[], None]]:
-    """Patch every component ``serve_router`` builds; the SIGTERM handler comes back."""
-    handlers: dict[str, Callable[[], None]] = {}
+def noted_sink(steps: Steps) -> type:
+    """An event sink that notes its close, and any emit after it."""
 
     class Sink:
-        def __init__(self, _settings: Settings, client_id: str) -> None:
-            self.client_id, self.closed = client_id, False
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            self.closed = False
 
         def emit(self, topic_suffix: str, _key: str, _message: Any) -> None:
             if self.closed:
@@ -63,8 +96,21 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Calla
             steps.note("sink closed")
             return 0
 
+    return Sink
+
+
+def noted_poller(steps: Steps) -> Callable[[Any], Awaitable[None]]:
+    """``poll_forever`` that notes its cancellation."""
+
     async def poll_forever(_sink: Any) -> None:
         await _cancelled(steps, "poller")
+
+    return poll_forever
+
+
+def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Callable[[], None]]:
+    """Patch every component ``serve_router`` builds; the SIGTERM handler comes back."""
+    handlers: dict[str, Callable[[], None]] = {}
 
     class StatesTail:
         def __init__(self, *_a: Any, on_record: Callable[[Record], object], **_k: Any) -> None:
@@ -118,35 +164,16 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Calla
     async def beat(*_a: Any, **_k: Any) -> None:
         await _cancelled(steps, "heartbeat")
 
-    real_start_sites = http_server.start_sites
-
-    class Noted:
-        """A started listener whose ``cleanup`` is noted; the rest is the real runner's."""
-
-        def __init__(self, runner: web.AppRunner) -> None:
-            self.runner = runner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.runner, name)
-
-        async def cleanup(self) -> None:
-            steps.note("listener stopping")
-            await self.runner.cleanup()
-            steps.note("listener stopped")
-
-    async def start_sites(*args: Any, **kwargs: Any) -> list[Any]:
-        return [Noted(r) for r in await real_start_sites(*args, **kwargs)]
-
     loop = asyncio.get_running_loop()
     monkeypatch.setattr(
         loop, "add_signal_handler", lambda sig, cb: handlers.__setitem__(sig.name, cb)
     )
-    monkeypatch.setattr(event_sink, "KafkaEventSink", Sink)
+    monkeypatch.setattr(event_sink, "KafkaEventSink", noted_sink(steps))
     monkeypatch.setattr(event_sink, "SinkMetrics", NoMetrics)
-    monkeypatch.setattr(event_sink, "poll_forever", poll_forever)
+    monkeypatch.setattr(event_sink, "poll_forever", noted_poller(steps))
     monkeypatch.setattr(api_keys.ApiKeysFile, "open", staticmethod(lambda _p: KEYS))
     monkeypatch.setattr(hmac_keys, "hmac_key", lambda *_a, **_k: b"r" * 32)
-    monkeypatch.setattr(http_server, "start_sites", start_sites)
+    monkeypatch.setattr(http_server, "start_sites", noted_sites(steps, http_server.start_sites))
     monkeypatch.setattr(progress_metrics, "ProgressMetrics", NoMetrics)
     monkeypatch.setattr(progress_metrics, "TailMetrics", NoMetrics)
     monkeypatch.setattr(topic_tail, "TopicTail", StatesTail)
