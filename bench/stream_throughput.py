@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import itertools
 import os
 import re
 import tempfile
@@ -50,6 +51,7 @@ from bench.report import Row, Summary, emit, parse_args, times
 from bench.streams_process import LORAPLANE, streams_run, streams_worker
 from bench.workload import request_logs
 from loraplane.kernel import kafka
+from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings, get_settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.adapter import AdapterStatus
@@ -124,6 +126,16 @@ def partitions_of(settings: Settings) -> int:
     return len(kafka.admin(settings).list_topics(topic, timeout=10).topics[topic].partitions)
 
 
+def sentinel(partition: int, partitions: int) -> str:
+    """The sentinel adapter id of ``partition``: one whose key hashes there (a keeper refuses
+    a log on a partition its key does not hash to)."""
+    return next(
+        aid
+        for n in itertools.count()
+        if partition_of(aid := f"{SENTINEL}{partition}-{n}", partitions) == partition
+    )
+
+
 def produce_sentinels(settings: Settings, round_: int = 0) -> int:
     """One request log per partition of the requests topic, after the workload: the agent
     has scored everything once it has written all of their score keys. Returns how many.
@@ -133,7 +145,7 @@ def produce_sentinels(settings: Settings, round_: int = 0) -> int:
     partitions = producer.list_topics(topic, timeout=10).topics[topic].partitions
     for p in partitions:
         (log,) = request_logs(1, adapters=1, seed=p, prefix=f"sentinel{round_}-")
-        log = log.model_copy(update={"adapter_id": f"{SENTINEL}{p}"})
+        log = log.model_copy(update={"adapter_id": sentinel(p, len(partitions))})
         producer.produce(topic, key=log.adapter_id, value=encode(log), partition=p)
     if producer.flush(20):
         raise RuntimeError("sentinels not acknowledged")
@@ -355,7 +367,7 @@ def run(
                     settings,
                     sorted(
                         {x.adapter_id for x in logs}
-                        | {f"{SENTINEL}{p}" for p in range(partitions_of(settings))}
+                        | {sentinel(p, n) for n in [partitions_of(settings)] for p in range(n)}
                     ),
                 )
                 for name, scored in (("raw", False), ("raw_scored", True)):

@@ -52,6 +52,7 @@ class DecodeReason(StrEnum):
     invalid = "invalid"  # schema validation failed
     too_large = "too_large"  # over the message size limit
     key_mismatch = "key_mismatch"  # the Kafka key is not the message's own id
+    wrong_partition = "wrong_partition"  # on a partition its Kafka key does not hash to
 
 
 class RegistryRejection(StrEnum):

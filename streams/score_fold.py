@@ -6,7 +6,9 @@ and the per-log work is the cheapest the semantics allow. Refused messages come 
 their reason, for the dead-letter topic. Logs arrive at least once, so a log whose
 ``event_id`` is among the ``RecentIds`` of its partition, or earlier in the batch, is
 skipped (a replay sits behind its original on the same partition). A log that may hold no
-score key (``streams.score_admission``) only adds to the batch's unknown count.
+score key (``streams.score_admission``) only adds to the batch's unknown count. A log on a
+partition its Kafka key does not hash to is refused (``wrong_partition``): its key would get
+a second state on another scores partition, which a reader could take for the key's.
 
 The fast path: a compiled msgspec decoder (``_Demand``) reads only the fields scores need,
 with RequestDemand's constraints, from plain ASCII flat JSON. It may refuse more than
@@ -29,6 +31,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from loraplane.kernel.command_partition import murmur2, partition_of
 from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN, NonNegativeMs
 from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
@@ -174,6 +177,9 @@ _seconds: dict[str, int] = {}
 a ``Z``, each with its microseconds since the epoch: the logs of one second share it, so
 most logs skip the pattern and the parse (``fast_demand``). Emptied when full too."""
 _US = 1_000_000
+_hashes: dict[str, int] = {}
+"""Adapter ids with Kafka's partition hash of their key (``toPositive(murmur2(key))``), which a
+log's partition must follow. Emptied when full too."""
 
 
 class _Demand(msgspec.Struct, gc=False):
@@ -307,6 +313,14 @@ def demand_of(message: KafkaMessage) -> RequestDemand:
     return demand
 
 
+def _wrong_partition(adapter_id: str, partition: int, counts: Sequence[int]) -> SchemaError:
+    where = " or ".join(str(p) for p in dict.fromkeys(partition_of(adapter_id, n) for n in counts))
+    return SchemaError(
+        DecodeReason.wrong_partition,
+        [("(partition)", f"a log keyed {adapter_id} is on partition {partition}, not {where}")],
+    )
+
+
 def fold_batch(
     states: Mapping[str, Flat | ScoreState],
     messages: Iterable[KafkaMessage],
@@ -314,6 +328,7 @@ def fold_batch(
     recent: RecentIds | None = None,
     *,
     now: float | None = None,
+    counts: Sequence[int] = (),
 ) -> Folded:
     """Fold ``messages`` (in consumption order) into ``states`` (the keeper's ``Flat``
     states, or ``ScoreState``s, converted once per touched key), which is not modified;
@@ -321,6 +336,10 @@ def fold_batch(
     adds ``counted`` after its commit). A log stamped after ``now`` (epoch seconds of the
     folder's clock; None: no bound) counts as of ``now``: one stamp years ahead would
     otherwise set the counters' time past every later log's and freeze the score.
+    ``counts``: the requests topic's partition counts a log's partition may follow (its
+    key's hash modulo one of them: the broker's count, and the counts before a grow, which
+    producers go on using until they refresh their metadata); a log on another partition
+    is refused as ``wrong_partition``. Empty: no check.
 
     Why one loop with local lookups: this runs per request log; the samples are grouped
     per (adapter, version) and each group is folded once (``Flat.observe_many``), and the key of
@@ -330,7 +349,7 @@ def fold_batch(
     groups: dict[tuple[str, str | None], list[SampleRow]] = {}
     seen_before: dict[int, Set[str]] = {}
     in_batch: dict[int, set[str]] = {}
-    counted_on, refused_logs, fast = out.ids, out.refused, fast_demand
+    counted_on, refused_logs, fast, hashes = out.ids, out.refused, fast_demand, _hashes
     refused = RequestStatus.refused
     last_partition: int | None = None
     before: Set[str] = _NONE
@@ -338,6 +357,7 @@ def fold_batch(
     counted: list[str] = []
     duplicates, unknown, unknown_last = 0, 0, None
     latest_ts = math.inf if now is None else now
+    count, earlier = (counts[0], counts[1:]) if counts else (0, ())
     for message in messages:
         row = fast(message.value(), message.key())
         if row is None:
@@ -347,9 +367,15 @@ def fold_batch(
                 refused_logs.append((message, exc))
                 continue
         event_id, adapter_id, version, sample = row
+        partition = message.partition() or 0
+        if counts:
+            if (hashed := hashes.get(adapter_id)) is None:
+                hashed = _remember(hashes, adapter_id, murmur2(adapter_id.encode()) & 0x7FFFFFFF)
+            if hashed % count != partition and all(hashed % n != partition for n in earlier):
+                refused_logs.append((message, _wrong_partition(adapter_id, partition, counts)))
+                continue
         if sample[0] > latest_ts:
             sample = (latest_ts, *sample[1:])
-        partition = message.partition() or 0
         if partition != last_partition:
             last_partition = partition
             if partition not in seen_before:

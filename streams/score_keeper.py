@@ -42,6 +42,7 @@ from loraplane.registry.topic import registry_tail
 from loraplane.schemas.codec import SchemaError, decode, encode
 from loraplane.schemas.dead_letter import dead_letter_for
 from loraplane.schemas.keyring import KeyringFile
+from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.score_snapshot import (
     ScoreSnapshot,
     UnknownTally,
@@ -61,6 +62,7 @@ __all__ = [
     "COMPONENT",
     "KEYRING_CHECK_S",
     "LINGER_S",
+    "PARTITIONS_EVERY_S",
     "POLL_S",
     "RECENT",
     "REGISTRY_WAIT_S",
@@ -108,6 +110,10 @@ producer's ``message.timeout.ms`` (librdkafka refuses that)."""
 SESSION_TIMEOUT_MS = 10_000
 """A killed keeper's partitions move to the others after this long."""
 
+
+PARTITIONS_EVERY_S = 5.0
+"""How often, at most, a log refused as ``wrong_partition`` makes the keeper ask the broker
+for the requests topic's partition count again (a grown topic: the batch is folded again)."""
 
 _PARTITION = methodcaller("partition")
 _ERROR = methodcaller("error")
@@ -294,6 +300,10 @@ class ScoreKeeper:
         """The registry the owned keys were last checked against (tombstones)."""
         self.restored = 0
         """Partitions read back so far (every assignment counts)."""
+        self.counts: tuple[int, ...] = ()
+        """The requests topic's partition counts seen (the broker's latest first): a log's
+        partition must be its key's under one of them (``fold_batch``). Empty: unchecked."""
+        self._counted_at = -PARTITIONS_EVERY_S
 
     @property
     def tail(self) -> TopicTail:
@@ -389,12 +399,39 @@ class ScoreKeeper:
                     "run `loraplane topics apply`"
                 )
             counts[topic] = len(meta.partitions)
+        self._count(counts[self.requests])
         if counts[self.requests] != counts[self.scores]:
             raise PartitionMismatch(
                 f"{self.requests} has {counts[self.requests]} partitions and {self.scores} "
                 f"{counts[self.scores]}: the scores of requests partition p live on scores "
                 "partition p, so both need the same count (kernel/topics.py)"
             )
+
+    def _count(self, partitions: int) -> bool:
+        """Note the requests topic's count from the broker; True when it is a new one."""
+        self._counted_at = time.monotonic()
+        if self.counts[:1] == (partitions,):
+            return False
+        fresh = partitions not in self.counts
+        self.counts = (partitions, *(n for n in self.counts if n != partitions))
+        return fresh
+
+    def _recount(self, consumer: Any) -> bool:
+        """Ask the broker for the requests topic's count again (at most every
+        ``PARTITIONS_EVERY_S``); True when it is one not seen before: a log refused as on
+        the wrong partition may follow it."""
+        if time.monotonic() - self._counted_at < PARTITIONS_EVERY_S:
+            return False
+        try:
+            meta = consumer.list_topics(self.requests, timeout=STEP_TIMEOUT_S).topics[self.requests]
+        except Exception as exc:  # the broker away: the refusal stands, asked again later
+            self._counted_at = time.monotonic()
+            log.warning("scoring: requests partition count unknown: %s", exc)
+            return False
+        if meta.error is not None or not meta.partitions:
+            self._counted_at = time.monotonic()
+            return False
+        return self._count(len(meta.partitions))
 
     # ---- rebalances (called inside consume, between batches: no transaction is open) -----
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:
@@ -527,7 +564,9 @@ class ScoreKeeper:
     def _fold(self, by_part: dict[int, list[Any]], known: Known) -> dict[int, Folded]:
         now = time.time()
         return {
-            p: fold_batch(self.owned[p].flat, msgs, known, self.owned[p].recent, now=now)
+            p: fold_batch(
+                self.owned[p].flat, msgs, known, self.owned[p].recent, now=now, counts=self.counts
+            )
             for p, msgs in by_part.items()
         }
 
@@ -565,6 +604,14 @@ class ScoreKeeper:
             # on a registry view as new as the batch (streams.score_admission, "Ordering")
             self._tombstone(txn, consumer, fresh)
             folded = self._fold(by_part, fresh)
+            known = fresh
+        if any(
+            exc.reason is DecodeReason.wrong_partition
+            for f in folded.values()
+            for _, exc in f.refused
+        ) and self._recount(consumer):
+            # the topic grew: a log may be on its key's partition under the new count
+            folded = self._fold(by_part, known)
         duplicates = sum(f.duplicates for f in folded.values())
         if duplicates:
             log.info("scoring: %d request logs delivered again, counted once", duplicates)
