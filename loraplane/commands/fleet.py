@@ -117,7 +117,10 @@ def register(app: typer.Typer) -> None:
             else:
                 console.print("routers: none reporting (queue depth unknown)")
         if malformed:
-            console.print(f"[yellow]{malformed} worker or router state(s) did not decode[/yellow]")
+            console.print(
+                f"[yellow]{malformed} worker or router state(s) unreadable or under "
+                "another key[/yellow]"
+            )
         if not latest.complete:
             console.print(
                 f"[yellow]the topics were not read to their end in {timeout_s:g} s: "

@@ -21,7 +21,7 @@ from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
-__all__ = ["FleetStates", "latest_fleet_states", "worker_state_of"]
+__all__ = ["FleetStates", "latest_fleet_states", "router_state_of", "worker_state_of"]
 
 
 def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
@@ -37,11 +37,23 @@ def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
     return state
 
 
+def router_state_of(key: bytes | None, value: bytes) -> RouterState:
+    """One router-state record, decoded, whose Kafka key is its router_id (a record under
+    another key is never replaced by that router's own); ``SchemaError`` otherwise."""
+    state = decode(RouterState, value)
+    if (key or b"") != state.router_id.encode():
+        raise SchemaError(
+            DecodeReason.key_mismatch,
+            [("router_id", f"message key {(key or b'')[:64]!r} is not {state.router_id}")],
+        )
+    return state
+
+
 @dataclass(frozen=True)
 class FleetStates:
     workers: dict[str, WorkerState]  # worker_id -> its last state (a tombstoned one is gone)
     routers: dict[str, RouterState] = field(default_factory=dict)  # router_id -> its last
-    malformed: int = 0  # last records that did not decode: counted, never shown
+    malformed: int = 0  # last records that did not decode, or not under their own id: counted
     complete: bool = True  # False: the timeout cut the read short
 
 
@@ -63,15 +75,15 @@ def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetSta
     workers: dict[str, WorkerState] = {}
     routers: dict[str, RouterState] = {}
     malformed = 0
-    for (topic, _), value in latest.items():
+    for (topic, key), value in latest.items():
         if value is None:
             continue
         try:
             if topic == workers_topic:
-                w = decode(WorkerState, value)
+                w = worker_state_of(key, value)
                 workers[w.worker_id] = w
             else:
-                r = decode(RouterState, value)
+                r = router_state_of(key, value)
                 routers[r.router_id] = r
         except SchemaError:
             malformed += 1

@@ -114,11 +114,12 @@ class RegistryUnreadable(TopicReadIncomplete):
 def load_registry(
     settings: Settings, timeout_s: float = 10.0, to_end: bool = True
 ) -> dict[str, AdapterView]:
-    """adapter_id -> its current view. Undecodable records are logged and skipped. The read
-    ends once every partition reached its end; ``RegistryUnreadable`` when that did not
-    happen in ``timeout_s``: a broker that is away never reads as an empty registry (which
-    a command would print as "no adapters" or "not in the registry"). ``to_end=False``:
-    what was read by then, for a caller to whom an empty registry is as good as none."""
+    """adapter_id -> its current view. Undecodable records, and views under another key than
+    their adapter_id, are logged and skipped. The read ends once every partition reached
+    its end; ``RegistryUnreadable`` when that did not happen in ``timeout_s``: a broker that
+    is away never reads as an empty registry (which a command would print as "no adapters"
+    or "not in the registry"). ``to_end=False``: what was read by then, for a caller to
+    whom an empty registry is as good as none."""
     from confluent_kafka import KafkaException
 
     try:
@@ -149,6 +150,16 @@ def _views(records: Iterable[Record]) -> dict[str, AdapterView]:
         except SchemaError as exc:
             log.warning(
                 "registry record at %s@%s skipped: %s", record.partition, record.offset, exc
+            )
+            continue
+        if (record.key or b"") != view.adapter_id.encode():
+            # never replaced or tombstoned by the adapter's own records: not its view
+            log.warning(
+                "registry record at %s@%s skipped: message key %r is not adapter_id %s",
+                record.partition,
+                record.offset,
+                (record.key or b"")[:64],
+                view.adapter_id,
             )
             continue
         views[view.adapter_id] = view
