@@ -65,6 +65,7 @@ class RegistryRejection(StrEnum):
     too_large = "too_large"
     canary_percent_out_of_range = "canary_percent_out_of_range"
     key_mismatch = "key_mismatch"  # Kafka key != adapter_id
+    wrong_partition = "wrong_partition"  # not on the partition its Kafka key hashes to
     # trust
     keyring_unavailable = "keyring_unavailable"
     unknown_key = "unknown_key"

@@ -33,6 +33,7 @@ from loraplane.streams.app import app, dead_letter_of, raw_topic
 
 __all__ = [
     "COMPONENT",
+    "PARTITIONS",
     "adapter_state",
     "audit_topic",
     "dead_letter_topic",
@@ -54,9 +55,15 @@ registry_topic = raw_topic("registry")
 audit_topic = raw_topic("audit")
 dead_letter_topic = raw_topic("dead-letters")
 
+PARTITIONS = spec("lifecycle").partitions
+"""The table's partitions, as declared for the lifecycle topic (Faust requires the topic's and
+the table changelog's counts to be equal). An event is taken only on the partition its key
+hashes to under the topic's count (the consumer's metadata, else this), where its adapter's
+state lives."""
+
 registry_table = app.Table(
     "registry",
-    partitions=spec("lifecycle").partitions,
+    partitions=PARTITIONS,
     help="adapter_id -> AdapterState as JSON: versions, active version, seq, replay set",
 )
 
@@ -115,7 +122,17 @@ async def registry_agent(stream: faust.StreamT) -> None:
         raw = event.value if isinstance(event.value, bytes) else b""
         key = event.key if isinstance(event.key, bytes) else None
         try:
-            decision = evaluate(raw, _keyring(), adapter_state, now_utc(), key=key or b"")
+            decision = evaluate(
+                raw,
+                _keyring(),
+                adapter_state,
+                now_utc(),
+                key=key or b"",
+                placed=(
+                    message.partition,
+                    app.consumer.topic_partitions(message.topic) or PARTITIONS,
+                ),
+            )
             log.info(
                 "lifecycle p%s@%s %s: %s %s",
                 message.partition,

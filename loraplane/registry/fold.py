@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 
 from pydantic import Field
 
+from loraplane.kernel.command_partition import partition_of
 from loraplane.schemas.adapter import (
     AdapterRecord,
     AdapterStatus,
@@ -108,6 +109,7 @@ def evaluate(
     key: bytes | None = None,
     *,
     admitting: bool = True,
+    placed: tuple[int, int] | None = None,
 ) -> Decision:
     """Decide one lifecycle message. Never raises for any input bytes.
 
@@ -120,7 +122,12 @@ def evaluate(
     a revoke signed over ``CLOCK_SKEW`` before its version's publish (``_check_revoke``). A
     consumer folding a view's evidence again turns them off: the view it holds was decoded
     within the message limit and the schema's ``MAX_EVIDENCE``, and views the registry
-    accepted before these rules existed must still verify.
+    accepted before these rules existed must still verify. ``placed``: the message's
+    partition and the topic's partition count, checked against the partition its key hashes
+    to (``wrong_partition``): the registry's state of an adapter lives on that partition
+    (its table's changelog partition is the event's), and an event elsewhere would fold onto
+    another shard's state of the adapter (none: a replay taken as new) and write a second
+    one, either of which a restart may restore.
     """
     raw = message if isinstance(message, bytes) else encode(message)
     event = message if isinstance(message, LifecycleEvent) else None
@@ -132,6 +139,13 @@ def evaluate(
                 Reason.key_mismatch,
                 f"message key {key[:64]!r} is not adapter_id {event.adapter_id!r}",
             )
+        if placed is not None:
+            partition, partitions = placed
+            if partition != (home := partition_of(event.adapter_id, partitions)):
+                raise _Reject(
+                    Reason.wrong_partition,
+                    f"an event of {event.adapter_id!r} is on partition {partition}, not {home}",
+                )
         _check_trust(event, keyring, now)
         state = registry(event.adapter_id)
         _check_fresh(event, state, now, admitting)

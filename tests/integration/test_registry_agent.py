@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import pytest
 
+from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.registry.topic import load_registry
 from loraplane.schemas.adapter import Priority
@@ -124,8 +125,16 @@ def test_each_hostile_event_is_dead_lettered_with_its_reason(env: Env) -> None:
         [(key, raw) for raw in [*hostile.values(), duplicate, coerced]]
         + [(b"someone-else", wrong_key)]
     )
+    # under its own key, on a partition its key does not hash to
+    misplaced = encode(kit.event("ci", "retire", aid, "1", 12, now))
+    producer = env.producer()
+    producer.produce(
+        env.topic("lifecycle"), key=key, value=misplaced, partition=(partition_of(aid, 3) + 1) % 3
+    )
+    assert producer.flush(20) == 0
     expected = {raw: str(reason) for reason, raw in hostile.items()}
     expected[wrong_key] = str(Reason.key_mismatch)
+    expected[misplaced] = str(Reason.wrong_partition)
     expected[duplicate] = str(Reason.malformed)
     expected[coerced] = str(Reason.invalid)
 

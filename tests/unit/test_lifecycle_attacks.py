@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from loraplane.kernel.command_partition import partition_of
 from loraplane.registry.fold import CLOCK_SKEW, Accepted, AdapterState, Decision, Rejected
 from loraplane.registry.fold import evaluate as real_evaluate
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus, Priority
@@ -424,3 +425,23 @@ def test_attack_a_history_filled_by_one_key_can_still_be_revoked() -> None:
     revoked = reg.send(reg.event("revoke", "1", key="ops"))
     assert isinstance(revoked, Accepted), revoked
     assert revoked.state.view.versions[0].status is AdapterStatus.revoked
+
+
+def test_attack_an_event_on_another_partition_than_its_keys_is_refused() -> None:
+    """The registry's state of an adapter lives on the partition its key hashes to (the
+    table's changelog partition is the event's). A genuine event put on another partition
+    folded onto another shard's state of the adapter (none: a publish replayed after a
+    revoke published the version again) and wrote a second state a restart could restore."""
+    reg = Registry()
+    publish = reg.event("publish", "1")
+    home = partition_of(A, 3)
+    elsewhere = (home + 1) % 3
+    raw, key = encode(publish), A.encode()
+    decision = real_evaluate(raw, reg.keyring, reg.states.get, NOW, key, placed=(elsewhere, 3))
+    assert isinstance(decision, Rejected) and decision.reason is Reason.wrong_partition
+    assert decision.audit.reason is Reason.wrong_partition
+    decision = real_evaluate(raw, reg.keyring, reg.states.get, NOW, key, placed=(home, 3))
+    assert isinstance(decision, Accepted)
+    # the key is checked first: a key that is not the adapter's is that, wherever it is
+    other = real_evaluate(raw, reg.keyring, reg.states.get, NOW, b"x", placed=(elsewhere, 3))
+    assert isinstance(other, Rejected) and other.reason is Reason.key_mismatch
