@@ -19,13 +19,13 @@ import argparse
 import cProfile
 import pstats
 import time
-import zlib
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
 from bench.report import Row, emit, parse_args, times
 from bench.workload import request_logs
+from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 from loraplane.schemas.score_snapshot import UnknownTally
@@ -74,7 +74,7 @@ def messages(total: int, adapters: int) -> list[Any]:
     out = []
     for x in request_logs(total, adapters=adapters, seed=0):
         key = x.adapter_id.encode()
-        p = zlib.crc32(key) % PARTITIONS
+        p = partition_of(x.adapter_id, PARTITIONS)  # as the gateway's producer places it
         out.append(
             Message(
                 topic="bench.requests", partition=p, offset=offsets[p], key=key, value=encode(x)
@@ -88,6 +88,7 @@ def keeper_pass(msgs: list[Any], batch: int, known: Known, home: Path) -> int:
     """One keeper from empty states over every message; returns the records written."""
     k = ScoreKeeper(Settings(home=home), instance="bench")
     k._registry_after = lambda: known  # type: ignore[method-assign]  # caught up
+    k.counts = (PARTITIONS,)  # as the broker said at the session's start
     for p in range(PARTITIONS):
         k.owned[p] = _Owned({}, UnknownTally(logs=0), RecentIds(RECENT), 0)
     txn = _Txn()
