@@ -29,6 +29,7 @@ from loraplane.schemas.request_log import RequestClass
 
 __all__ = [
     "ALLOWED",
+    "BOUND_FIELDS",
     "DROPPED",
     "GREEDY_BELOW",
     "MAX_LOGIT_BIAS",
@@ -77,6 +78,9 @@ ALLOWED: Mapping[Endpoint, frozenset[str]] = {
     Endpoint.completions: _COMMON | {"prompt", "best_of", "echo"},
     Endpoint.chat_completions: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
 }
+BOUND_FIELDS = ("max_completion_tokens", "max_tokens")
+"""The fields that bound a choice's output tokens, in the order vLLM reads them: the first
+one given (not null) is the bound, the other is ignored (chat only has both)."""
 MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
 MAX_LOGIT_BIAS = 300
@@ -315,20 +319,15 @@ def admit(
         _messages(body.get("messages"), caps)
         _bool(body, "logprobs")
         _int_in(body, "top_logprobs", 0, caps.max_logprobs, RequestRefusal.logprobs_too_large)
-    limits = [
-        _int_in(body, name, 1, caps.max_tokens, RequestRefusal.max_tokens_too_large)
-        for name in ("max_tokens", "max_completion_tokens")
-    ]
-    given = [v for v in limits if v is not None]
-    max_tokens = min(given) if given else caps.default_max_tokens
-    bound_by = next(
-        (
-            n
-            for n, v in zip(("max_tokens", "max_completion_tokens"), limits, strict=True)
-            if v is not None and v == max_tokens
-        ),
-        None,
-    )
+    limits = {
+        name: _int_in(body, name, 1, caps.max_tokens, RequestRefusal.max_tokens_too_large)
+        for name in BOUND_FIELDS
+    }
+    # the bound vLLM applies: the first given of BOUND_FIELDS (chat's max_completion_tokens
+    # over max_tokens), never a smaller one beside it that vLLM ignores
+    given = [(name, value) for name, value in limits.items() if value is not None]
+    bound_by: str | None = given[0][0] if given else None
+    max_tokens = given[0][1] if given else caps.default_max_tokens
     _number(body, "temperature", 0.0, 2.0)
     _number(body, "top_p", 0.0, 1.0)
     # What vLLM refuses whatever the model (a 400 from vLLM is a 502 here, and the

@@ -353,11 +353,15 @@ class FakeVllm:
             await out.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
             await out.write_eof()
             return out
-        asked = body.get("max_tokens")
+        # vLLM's bound: chat's max_completion_tokens when given, else max_tokens (the other
+        # is ignored)
+        chosen = chat and body.get("max_completion_tokens") is not None
+        field = "max_completion_tokens" if chosen else "max_tokens"
+        asked = body.get(field)
         if isinstance(asked, int) and asked > self.max_model_len:  # as vLLM 0.32 refuses it
             return _error(
                 400,
-                f"max_tokens={asked} cannot be greater than max_total_tokens="
+                f"{field}={asked} cannot be greater than max_total_tokens="
                 f"{self.max_model_len}. Please request fewer output tokens.",
                 "BadRequestError",
             )

@@ -1323,6 +1323,37 @@ async def test_max_tokens_past_the_models_context(world: World) -> None:
     assert forwarded(world)["max_tokens"] == world.fake.max_model_len
 
 
+async def test_attack_a_small_max_tokens_beside_the_bound_vllm_reads(world: World) -> None:
+    """ATTACK: on chat vLLM bounds the output by ``max_completion_tokens`` when it is given
+    and ignores ``max_tokens``; the gateway took the smaller of the two, so ``max_tokens: 1``
+    beside a ``max_completion_tokens`` past the model's context passed its context check and
+    reached vLLM (vLLM's 400 as a ``vllm_bad_request``, generation up to the larger bound
+    otherwise). The gateway reads the bound vLLM reads: refused naming that field, and a
+    ``max_completion_tokens`` within the context is what is sent, however large
+    ``max_tokens`` is beside it."""
+    await load(world, RECORDS[2])
+    batch = {"X-Request-Class": "batch"}  # caps.max_tokens 4096, the context 256
+    chat = {"model": "sql", "messages": [{"role": "user", "content": "q"}]}
+    sent = len(world.fake.requests)
+    status, _, answer = await world.post(
+        {**chat, "max_tokens": 1, "max_completion_tokens": 4096}, "/v1/chat/completions", **batch
+    )
+    assert (status, answer["error"]["type"], answer["error"]["param"]) == (
+        400,
+        "max_tokens_too_large",
+        "max_completion_tokens",
+    ), answer
+    assert len(world.fake.requests) == sent  # never reached vLLM
+    log = world.sink.messages(RequestLog)[-1]
+    assert (log.status, log.error) == ("refused", "max_tokens_too_large")
+    status, _, answer = await world.post(
+        {**chat, "max_tokens": 4096, "max_completion_tokens": 3}, "/v1/chat/completions", **batch
+    )
+    assert status == 200, answer
+    assert forwarded(world)["max_completion_tokens"] == 3
+    assert answer["usage"]["completion_tokens"] <= 3
+
+
 async def test_smuggled_fields_never_reach_vllm(world: World) -> None:
     await load(world, RECORDS[2])
     for name, value in (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loraplane.frontdoor.request_fields import (
@@ -235,6 +235,15 @@ def test_what_vllm_takes_still_passes(body: dict[str, object]) -> None:
     admit(Endpoint.completions, {"model": "m", **body}, CAPS)
 
 
+def vllm_bound(endpoint: Endpoint, body: dict[str, Any]) -> int | None:
+    """A choice's output bound as vLLM 0.32 reads a body (``serving.py``'s
+    ``get_max_tokens``): on chat ``max_completion_tokens`` when it is not null, else
+    ``max_tokens``; a completion has only ``max_tokens``."""
+    if endpoint == Endpoint.chat_completions and body.get("max_completion_tokens") is not None:
+        return int(body["max_completion_tokens"])
+    return body.get("max_tokens")
+
+
 @given(
     endpoint=st.sampled_from(list(Endpoint)),
     bounds=st.dictionaries(
@@ -244,24 +253,33 @@ def test_what_vllm_takes_still_passes(body: dict[str, object]) -> None:
     ),
     context=st.one_of(st.none(), st.integers(1, 2 * CAPS.max_tokens)),
 )
+@example(
+    endpoint=Endpoint.chat_completions,
+    bounds={"max_tokens": 1, "max_completion_tokens": 300},
+    context=256,
+)  # vLLM ignores the smaller max_tokens beside max_completion_tokens
 def test_fit_context_never_sends_more_than_the_context(
     endpoint: Endpoint, bounds: dict[str, int], context: int | None
 ) -> None:
     """What is forwarded never asks vLLM for more than the model's context (which vLLM
-    refuses); a client's own bound past it is refused by the field that set it, a class
-    default past it is lowered to it, and nothing else changes."""
+    refuses), read as vLLM reads it; a client's own bound past it is refused by the field
+    that set it, a class default past it is lowered to it, and nothing else changes."""
     if endpoint == Endpoint.completions:
         bounds.pop("max_completion_tokens", None)
         body: dict[str, Any] = {"model": "m", "prompt": "q", **bounds}
     else:
         body = {"model": "m", "messages": MESSAGES, **bounds}
     admitted = admit(endpoint, body, CAPS)
+    assert admitted.max_tokens == (vllm_bound(endpoint, body) or CAPS.default_max_tokens)
     try:
         fitted = fit_context(admitted, context)
     except Refused as exc:
         assert exc.reason == RequestRefusal.max_tokens_too_large
         assert context is not None and bounds[exc.field] == admitted.max_tokens > context
+        assert bounds[exc.field] == vllm_bound(endpoint, body)
         return
+    sent = vllm_bound(endpoint, fitted.body)
+    assert sent is not None and (context is None or sent <= context)
     if context is None or admitted.max_tokens <= context:
         assert fitted == admitted
         return
