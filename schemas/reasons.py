@@ -32,6 +32,7 @@ __all__ = [
     "RequestRefusal",
     "ResolverRefusal",
     "RouterRefusal",
+    "ServerRefusal",
     "ServingRefusal",
     "SignerProblem",
     "TenantLimit",
@@ -357,6 +358,18 @@ class AdmissionRefusal(StrEnum):
     no_serving_version = "no_serving_version"  # neither active nor canary (404)
     version_unknown = "version_unknown"  # the router's version is not in this view yet (503)
     version_revoked = "version_revoked"  # the router's version was revoked since (410)
+
+
+class ServerRefusal(StrEnum):
+    """What a front door's HTTP server answers outside its handlers (``kernel.http_server``:
+    ``ERROR_ANSWER``), besides a body read past the server's cap (``body_too_large``) or one
+    whose ``Content-Encoding`` does not decode (``invalid_json``)."""
+
+    unknown_route = "unknown_route"  # no route of that path: vLLM's others included (404)
+    method_not_allowed = "method_not_allowed"  # a route, not for that method (405)
+    bad_expectation = "bad_expectation"  # an Expect other than 100-continue (417)
+    malformed_request = "malformed_request"  # a head the HTTP parser refuses (400)
+    internal_error = "internal_error"  # a handler failed (500): a bug, never the input's
 
 
 class ServingRefusal(StrEnum):

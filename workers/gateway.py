@@ -38,6 +38,7 @@ from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
     admit_request,
+    error_answer,
     error_response,
     head_check,
     refusal_response,
@@ -50,7 +51,7 @@ from loraplane.frontdoor.request_fields import (
     header_token,
 )
 from loraplane.frontdoor.upstream_http import UpstreamError, UpstreamResponse
-from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_app
+from loraplane.kernel.http_server import ERROR_ANSWER, HEAD_CHECK, expect_continue, metrics_app
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
@@ -308,6 +309,8 @@ class Gateway:
         )
         # refusals on the head (no key, a body declared over the cap) before any body is read
         app[HEAD_CHECK] = head_check(self.door, self.max_body_bytes)
+        # every other answer of its server (no such route, an unreadable body) in the door's shape
+        app[ERROR_ANSWER] = error_answer()
         return app
 
     def metrics_app(self) -> web.Application:

@@ -1,12 +1,15 @@
 """The front door over aiohttp, for the router and the gateway alike: read a request's head
 and body into ``frontdoor.admission`` and answer a refusal in OpenAI's error shape.
 ``head_check`` is the same door's refusals of a head alone, for the bounded server
-(``kernel.http_server.HEAD_CHECK``), which otherwise reads every body before a handler."""
+(``kernel.http_server.HEAD_CHECK``), which otherwise reads every body before a handler;
+``error_answer`` words what that server answers outside the handlers (an unknown route, a
+body it cannot read) in the same shape (``kernel.http_server.ERROR_ANSWER``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 from aiohttp import web
 
@@ -20,12 +23,13 @@ from loraplane.frontdoor.forwarded import (
     Forward,
 )
 from loraplane.frontdoor.request_fields import Endpoint, header_token
-from loraplane.kernel.http_server import HeadCheck
+from loraplane.kernel.http_server import ErrorAnswer, HeadCheck
 from loraplane.schemas.reasons import RequestRefusal
 
 __all__ = [
     "READ_HEADERS",
     "admit_request",
+    "error_answer",
     "error_response",
     "head_check",
     "head_of",
@@ -40,6 +44,21 @@ def error_response(
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     body = {"error": {"message": message, "type": code, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def error_answer(counted: Callable[[StrEnum], None] | None = None) -> ErrorAnswer:
+    """The front door's ``ERROR_ANSWER``: what its server answers outside the handlers (a
+    route or method it does not serve, vLLM's others included; a body read past the cap or
+    that does not decode; a head the parser refuses) in OpenAI's error shape, its reason as
+    ``type``, like every other refusal of the door. ``counted`` is told each reason (the
+    router's outcome counts)."""
+
+    def answer(status: int, reason: StrEnum, message: str) -> web.StreamResponse:
+        if counted is not None:
+            counted(reason)
+        return error_response(status, reason, message)
+
+    return answer
 
 
 def refusal_response(refusal: Refusal) -> web.Response:

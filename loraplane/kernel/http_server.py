@@ -8,10 +8,10 @@ holds), a bound on a head's size (431), and at most ``max_connections`` per serv
 the process's descriptor budget (``connection_budget``). At a cap a new connection is not
 refused: the one that has kept the server waiting longest is shed instead. Legitimate
 clients send their request at once, so slow or idle ones go first, however many an
-attacker opens from the same address.
-Connection errors are logged through ``kernel.log_burst.LogBurst``. An app's
-``ANSWER_HEADERS`` go on every answer its server gives: the app's own, aiohttp's (a head
-it cannot parse) and the guard's (a head past the bound).
+attacker opens from the same address. Connection errors are logged through
+``kernel.log_burst.LogBurst``. An app's ``ANSWER_HEADERS`` go on every answer its server
+gives (its own, aiohttp's, the guard's 431); its ``ERROR_ANSWER`` words the answers the
+server gives outside its handlers.
 
 The timers and the order of waiting live in a thin protocol around aiohttp's
 ``RequestHandler`` (``_Guard``), which makes the handler only once a first head is whole; a
@@ -29,6 +29,7 @@ import resource
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, cast
 
 from aiohttp import HttpVersion11, web
@@ -38,10 +39,13 @@ from aiohttp.web_request import BaseRequest
 from loraplane.kernel import collector
 from loraplane.kernel.config import HttpLimits
 from loraplane.kernel.log_burst import LogBurst
+from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, ServerRefusal
 
 __all__ = [
     "ANSWER_HEADERS",
+    "ERROR_ANSWER",
     "HEAD_CHECK",
+    "ErrorAnswer",
     "HeadCheck",
     "Listener",
     "bound_port",
@@ -71,6 +75,21 @@ ANSWER_HEADERS: web.AppKey[Mapping[str, str]] = web.AppKey("loraplane_answer_hea
 """Headers an app's server puts on every answer it gives (a security policy): its handlers'
 answers and the refusals, and the ones no handler writes, aiohttp's 400 for a head it cannot
 parse and the 431 for a head past ``max_header_bytes``. Read once, by ``start_site``."""
+ErrorAnswer = Callable[[int, StrEnum, str], web.StreamResponse]
+ERROR_ANSWER: web.AppKey[ErrorAnswer] = web.AppKey("loraplane_error_answer")
+"""How an app words the answers its server gives outside its handlers, from a status, a
+reason (``schemas.reasons``) and a message: no route for the path (404
+``unknown_route``) or for the method (405 ``method_not_allowed``, with ``Allow``), an
+``Expect`` but 100-continue (417 ``bad_expectation``), a body past ``client_max_size`` as
+it is read (413 ``body_too_large``) or whose ``Content-Encoding`` does not decode (400
+``invalid_json``), a head the parser refuses (400 ``malformed_request``), a handler that
+failed (500 ``internal_error``). The front door's apps answer them in their own error shape;
+without it, aiohttp's text. The head past ``max_header_bytes`` stays the guard's bare 431.
+Read once, by ``start_site``."""
+_ROUTING = {
+    web.HTTPNotFound.status_code: ServerRefusal.unknown_route,
+    web.HTTPMethodNotAllowed.status_code: ServerRefusal.method_not_allowed,
+}
 
 
 def _too_large(headers: Mapping[str, str]) -> bytes:
@@ -118,9 +137,11 @@ class _State:
         burst: LogBurst,
         table: _Table,
         answer_headers: Mapping[str, str],
+        error_answer: ErrorAnswer | None = None,
     ) -> None:
         self.limits = limits
         self.answer_headers = answer_headers
+        self.error_answer = error_answer
         self.too_large = _too_large(answer_headers)
         self.burst = burst
         self.table = table
@@ -392,22 +413,35 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
                         raise
                     return web.Response(status=408)
                 except RequestPayloadError:  # a Content-Encoding that does not decode
-                    response = await _answer_early(
-                        request,
-                        web.Response(
-                            status=400, text="the body could not be read: its encoding is broken"
-                        ),
-                        unread=True,
+                    broken = _error(
+                        state.error_answer,
+                        400,
+                        AdmissionRefusal.invalid_json,
+                        "the body could not be read: its encoding is broken",
                     )
+                    response = await _answer_early(request, broken, unread=True)
                     return response
                 except web.HTTPRequestEntityTooLarge as exc:  # past client_max_size, as read
-                    response = await _answer_early(
-                        request, web.Response(status=exc.status, text=exc.text), unread=True
+                    over = _error(
+                        state.error_answer,
+                        exc.status,
+                        RequestRefusal.body_too_large,
+                        exc.text or "",
                     )
+                    response = await _answer_early(request, over, unread=True)
                     return response
             if guard is not None:
                 guard.body_read()
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:  # no route for it
+                if state.error_answer is None:
+                    raise
+                response = _error(
+                    state.error_answer, exc.status, _ROUTING[exc.status], _routing(request, exc)
+                )
+                if allow := exc.headers.get("Allow"):
+                    response.headers["Allow"] = allow
             if guard is not None and not response.prepared:
                 # Written here, not after the middleware returns, so the connection counts
                 # as busy (never shed) until its answer is out. aiohttp's own prepare and
@@ -426,11 +460,29 @@ def _middleware(state: _State) -> Callable[..., Awaitable[web.StreamResponse]]:
     return bounded
 
 
+def _error(
+    answer: ErrorAnswer | None, status: int, reason: StrEnum, message: str
+) -> web.StreamResponse:
+    """An answer the server gives outside the app's handlers, in the app's own words
+    (``ERROR_ANSWER``), else as text."""
+    if answer is not None:
+        return answer(status, reason, message)
+    return web.Response(status=status, text=message)
+
+
+def _routing(request: web.Request, exc: web.HTTPException) -> str:
+    """What a client is told of a path or method no route serves (never the path sent)."""
+    if exc.status == web.HTTPMethodNotAllowed.status_code:
+        allowed = ", ".join(sorted(exc.headers.get("Allow", "").split(",")))
+        return f"this route takes {allowed or 'no method'}, not {request.method[:16]}"
+    return "no such route here: this server serves only the routes of its API"
+
+
 def _expects_continue(request: web.Request) -> bool:
     return request.headers.get("Expect", "").lower() == "100-continue"
 
 
-async def expect_continue(request: web.Request) -> None:
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """The ``expect_handler`` of a route under a head check: aiohttp answers ``Expect:
     100-continue`` before any middleware runs, which would invite the body of a request the
     head check then refuses. A head the check refuses gets no ``100 Continue`` (the
@@ -439,11 +491,20 @@ async def expect_continue(request: web.Request) -> None:
     if request.version != HttpVersion11:
         return None
     if not _expects_continue(request):
-        raise web.HTTPExpectationFailed(text="unknown Expect: " + request.headers["Expect"][:64])
+        message = "unknown Expect: " + request.headers["Expect"][:64]
+        answer = request.app.get(ERROR_ANSWER)
+        if answer is None:
+            raise web.HTTPExpectationFailed(text=message)
+        refused = answer(
+            web.HTTPExpectationFailed.status_code, ServerRefusal.bad_expectation, message
+        )
+        refused.force_close()  # its body is never asked for: nothing after it is parsed
+        return refused
     if _head_refusal(request) is not None:
         return None
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the interim answer is no part of the response's body
+    return None
 
 
 _HEAD_VERDICT: web.RequestKey[web.StreamResponse | None] = web.RequestKey("loraplane_head")
@@ -507,16 +568,22 @@ async def _answer_unread(
 
 class _Handler(RequestHandler):
     """aiohttp's handler of one connection, whose own error answers (a head it cannot parse,
-    a failure outside the app) carry the listener's ``ANSWER_HEADERS``: no app hook sees
-    them (aiohttp writes them before any route is matched)."""
+    a failure outside the app) carry the listener's ``ANSWER_HEADERS`` and are worded by its
+    ``ERROR_ANSWER``: no app hook sees them (aiohttp writes them before any route is
+    matched)."""
 
-    __slots__ = ("_answer_headers",)
+    __slots__ = ("_answer_headers", "_error_answer")
 
     def __init__(
-        self, manager: web.Server, answer_headers: Mapping[str, str], **kwargs: Any
+        self,
+        manager: web.Server,
+        answer_headers: Mapping[str, str],
+        error_answer: ErrorAnswer | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
         self._answer_headers = answer_headers
+        self._error_answer = error_answer
 
     def handle_error(
         self,
@@ -525,9 +592,22 @@ class _Handler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        response = super().handle_error(request, status, exc, message)
+        response = super().handle_error(request, status, exc, message)  # logged, closing
+        if self._error_answer is not None:
+            if status >= 500:  # a bug of ours: nothing of it is the client's to read
+                reason, told = ServerRefusal.internal_error, "the server failed on this request"
+            else:  # the parser's reason, never the bytes it quotes
+                reason = ServerRefusal.malformed_request
+                told = "the request could not be parsed: " + _first_line(message or "")
+            response = self._error_answer(status, reason, told)
+            response.force_close()
         response.headers.update(self._answer_headers)
         return response
+
+
+def _first_line(message: str) -> str:
+    """The parser's reason without the request bytes it quotes after it."""
+    return message.split("\n", 1)[0].split(":", 1)[0][:120]
 
 
 class _BoundedSite(web.TCPSite):
@@ -551,7 +631,7 @@ class _BoundedSite(web.TCPSite):
         state, args = self._state, self._handler_args
 
         def handler() -> asyncio.Protocol:
-            return _Handler(server, state.answer_headers, loop=loop, **args)
+            return _Handler(server, state.answer_headers, state.error_answer, loop=loop, **args)
 
         self._server = await loop.create_server(
             lambda: _Guard(handler, state),
@@ -595,7 +675,7 @@ async def start_site(
     burst = LogBurst(name, limits.error_log_interval_s, logger=log)
     given: Mapping[str, str] | None = app.get(ANSWER_HEADERS)
     answer_headers = dict(given) if given is not None else {}
-    state = _State(limits, burst, _table(), answer_headers)
+    state = _State(limits, burst, _table(), answer_headers, app.get(ERROR_ANSWER))
     if state.cap < limits.max_connections:
         log.warning(
             "%s: at most %d connections, not max_connections=%d: the descriptor "

@@ -51,6 +51,7 @@ from loraplane.frontdoor.forwarded import headers as forward_headers
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
 from loraplane.frontdoor.http import (
     admit_request,
+    error_answer,
     error_response,
     head_check,
     head_of,
@@ -71,7 +72,7 @@ from loraplane.kernel import metric_names as m
 from loraplane.kernel.bus import Record
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
-from loraplane.kernel.http_server import HEAD_CHECK, expect_continue, metrics_app
+from loraplane.kernel.http_server import ERROR_ANSWER, HEAD_CHECK, expect_continue, metrics_app
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.tasks import cancel_all
@@ -443,10 +444,16 @@ class Router:
 
         # refusals on the head (no key, a body declared over the cap) before any body is read
         app[HEAD_CHECK] = check
+        # every other answer of its server (no such route, an unreadable body) in the door's
+        # shape, and counted
+        app[ERROR_ANSWER] = error_answer(self._count_outcome)
         return app
 
     def _count_refusal(self, refusal: Refusal) -> None:
         self.outcomes[refusal.reason] += 1
+
+    def _count_outcome(self, reason: str) -> None:
+        self.outcomes[reason] += 1
 
     def _forward_refused(self) -> web.Response:
         """Only gateways take forwards: a router never believes a forwarded tenant."""

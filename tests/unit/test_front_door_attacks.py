@@ -12,6 +12,7 @@ plain blocking sockets that send any bytes, which aiohttp's own client would ref
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import threading
@@ -46,8 +47,10 @@ from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet, Router, serving_versions
 from loraplane.schemas.base import is_id
 from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, ServerRefusal
 from loraplane.schemas.request_log import RequestLog
 from loraplane.workers.gateway import Gateway
+from loraplane.workers.vllm_routes import ROUTES
 from tests.unit.test_gateway import KEYS, RECORDS, FakeServing, ListSink
 from tests.unit.test_http_server import REST, answers_past_a_refusal, assert_one_answer_then_closed
 from tests.unit.test_planner import POLICY, worker
@@ -61,6 +64,7 @@ UNLOGGED = (
     "bad_request_class",
     "invalid_json",
     "model_not_adapter_id",
+    "malformed_request",
 )
 """Refusals made before a RequestLog can be keyed (no tenant, class or adapter id yet)."""
 EXAMPLES = settings(
@@ -100,12 +104,11 @@ class Reply:
     body: bytes
 
     def error_type(self) -> str:
-        """The OpenAI error's ``type``: the reason of every 4xx our handlers answer; a 400
-        from aiohttp's own header parser is text naming what it refused."""
-        if b"application/json" in self.headers.lower():
-            return str(json.loads(self.body)["error"]["type"])
-        assert self.status == 400 and self.body, (self.status, self.body)
-        return "http_parser"
+        """The OpenAI error's ``type``: the reason of every 4xx the door answers, its
+        handlers' and its server's own (``malformed_request`` for a head the parser
+        refuses) alike."""
+        assert b"application/json" in self.headers.lower(), (self.status, self.body)
+        return str(json.loads(self.body)["error"]["type"])
 
 
 def send(
@@ -229,13 +232,13 @@ def _refused_unless_an_id(reply: Reply, model: str) -> None:
     """A ``model`` that is not wholly an id is a 400 (or refused earlier), never looked up."""
     if not is_id(model):
         assert reply.status >= 400
-        assert reply.error_type() in ("model_not_adapter_id", *UNLOGGED, "http_parser")
+        assert reply.error_type() in ("model_not_adapter_id", *UNLOGGED)
 
 
 def _check_logs(new: list[RequestLog], reply: Reply, model: str) -> None:
     """One valid RequestLog exactly when the request got past the checks that key it."""
     kind = reply.error_type() if reply.status >= 400 else "ok"
-    if kind in (*UNLOGGED, "http_parser"):
+    if kind in UNLOGGED:
         assert new == [], (kind, new)
         return
     assert len(new) == 1, (reply, new)
@@ -810,3 +813,158 @@ def test_attack_a_refused_body_is_never_read_as_a_next_request(
     request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + framing + b"x" * sent
     first, after = answers_past_a_refusal(getattr(door, through), request, REST)
     assert_one_answer_then_closed(first, after, status)
+
+
+def _head(method: bytes, path: bytes, extra: bytes = b"") -> bytes:
+    return method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra
+
+
+KEY_LINE = b"Authorization: Bearer key-a\r\n"
+OVER_CAP = json.dumps({"model": "sql", "prompt": "x" * (2 << 20)}).encode()  # past 1 MiB
+SERVED = {
+    "gateway": {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/healthz")},
+    "router": {
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/healthz"),
+        ("GET", "/v1/models"),
+    },
+}
+VLLM_ROUTES = sorted(
+    {
+        (r.method, r.path.replace("{response_id}", "r1").replace("{adapter_name}", "a"))
+        for r in ROUTES
+    }
+)
+"""Every route the real vLLM serves, its parameters filled in."""
+SERVER_ANSWERS = {
+    "an unknown route": (_head(b"POST", b"/v1/embeddings", KEY_LINE) + b"\r\n", 404),
+    "a trailing slash": (_head(b"POST", b"/v1/completions/", KEY_LINE) + b"\r\n", 404),
+    "a doubled slash": (_head(b"POST", b"//v1/completions", KEY_LINE) + b"\r\n", 404),
+    "an encoded dot-dot": (_head(b"POST", b"/v1/x/%2e%2e/completions", KEY_LINE) + b"\r\n", 404),
+    "a CONNECT": (b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n", 404),
+    "a GET of a POST route": (_head(b"GET", b"/v1/completions", KEY_LINE) + b"\r\n", 405),
+    "an OPTIONS": (_head(b"OPTIONS", b"/v1/chat/completions") + b"\r\n", 405),
+    "a DELETE": (_head(b"DELETE", b"/v1/completions", KEY_LINE) + b"\r\n", 405),
+    "a chunked body past the cap": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(OVER_CAP)
+        + OVER_CAP
+        + b"\r\n0\r\n\r\n",
+        413,
+    ),
+    "a gzip body that inflates past the cap": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(gzip.compress(OVER_CAP))
+        + gzip.compress(OVER_CAP),
+        413,
+    ),
+    "a gzip body that does not inflate": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Content-Encoding: gzip\r\nContent-Length: 12\r\n\r\n\x1f\x8b garbage!",
+        400,
+    ),
+    "Content-Length and Transfer-Encoding": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    "two Content-Lengths": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        400,
+    ),
+    "a folded header": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"X-Request-Class: batch\r\n interactive\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
+    "a bare CR in a header": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"X-A: a\rX-Request-Class: batch\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
+    "a Transfer-Encoding not ending in chunked": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    "an encoding no decoder is installed for": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Content-Encoding: zstd\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
+    "a request line that is no HTTP": (
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+        400,
+    ),
+    "an Expect but 100-continue": (
+        _head(b"POST", b"/v1/completions", KEY_LINE)
+        + b"Expect: 200-ok\r\nContent-Length: 2\r\n\r\n{}",
+        417,
+    ),
+}
+SERVER_REASONS = {
+    *ServerRefusal,
+    RequestRefusal.body_too_large,
+    AdmissionRefusal.invalid_json,
+}
+
+
+def _error_of(first: bytes, status: int) -> str:
+    """The answer is ``status`` in OpenAI's error shape (the door's every refusal): its
+    ``type``, a reason of the server's own answers."""
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert int(head.split(b" ", 2)[1]) == status, first[:400]
+    assert b"application/json" in head.lower(), first[:400]
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == status and isinstance(error["message"], str), error
+    assert error["type"] in SERVER_REASONS, error
+    return str(error["type"])
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize("case", sorted(SERVER_ANSWERS))
+def test_attack_what_the_server_answers_itself_is_in_the_doors_shape(
+    door: FrontDoor, through: str, case: str
+) -> None:
+    """ATTACK: what the router's and the gateway's server answers outside their handlers
+    (an unknown route or method, a body read past the cap or that does not inflate, a head
+    the parser refuses: smuggling framings, folds, bare CRs, TLS bytes; an unknown Expect)
+    was aiohttp's plain text, so an OpenAI client read no ``error`` and the router counted
+    none of them. Each is OpenAI's error shape with a reason of ``schemas.reasons`` (a 4xx,
+    never a 500), and the router counts it."""
+    request, status = SERVER_ANSWERS[case]
+    port = getattr(door, through)
+    before = {r: _refusals_counted(door, r) for r in SERVER_REASONS}
+    first, _ = answers_past_a_refusal(port, request, b"")
+    reason = _error_of(first, status)
+    if through == "router":
+        assert _refusals_counted(door, reason) == before[reason] + 1
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+def test_attack_every_route_of_vllm_is_refused_at_the_door(door: FrontDoor, through: str) -> None:
+    """ATTACK: each of vLLM's routes (its loads, unloads, SageMaker ones, tokenizer, docs,
+    metrics) that the door does not serve itself, with a tenant's key or none, is a 404
+    ``unknown_route`` (or 405 for a path the door serves by another method), in the door's
+    error shape; nothing of it reaches a worker."""
+    served = SERVED[through]
+    before = len(door.sink.messages(RequestLog))
+    for method, path in VLLM_ROUTES:
+        if (method, path) in served:
+            continue
+        status = 405 if any(p == path for _, p in served) else 404
+        for key in (KEY_LINE, b""):
+            body = b"{}" if method != "GET" else b""
+            request = (
+                _head(method.encode(), path.encode(), key)
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+            first, _ = answers_past_a_refusal(getattr(door, through), request, b"")
+            assert _error_of(first, status) == (
+                ServerRefusal.method_not_allowed if status == 405 else ServerRefusal.unknown_route
+            ), (method, path)
+    assert len(door.sink.messages(RequestLog)) == before

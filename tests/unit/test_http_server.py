@@ -23,6 +23,7 @@ from aiohttp import ClientSession, web
 from loraplane.dashboards.web import Dashboard
 from loraplane.kernel.config import HttpLimits, Settings
 from loraplane.kernel.http_server import (
+    ERROR_ANSWER,
     bound_port,
     connection_budget,
     log,
@@ -30,6 +31,7 @@ from loraplane.kernel.http_server import (
     start_site,
 )
 from loraplane.kernel.log_burst import LogBurst
+from loraplane.schemas.reasons import ServerRefusal
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 LIMITS = HttpLimits(
@@ -497,3 +499,33 @@ async def test_the_dashboard_answers_a_body_past_its_cap_once(tmp_path) -> None:
         assert_one_answer_then_closed(first, after, b"413")
     finally:
         await runner.cleanup()
+
+
+async def test_a_handler_that_fails_is_answered_in_the_apps_words_and_tells_nothing() -> None:
+    """A handler that raises is the server's 500, worded by the app's ``ERROR_ANSWER``
+    (``internal_error``) and naming nothing of the failure (aiohttp's text names its
+    class, and with debug on its traceback); the connection closes."""
+
+    async def fails(_: web.Request) -> web.Response:
+        raise RuntimeError("secret detail /srv/models/base")
+
+    told: list[tuple[int, str, str]] = []
+
+    def answer(status: int, reason: object, message: str) -> web.StreamResponse:
+        told.append((status, str(reason), message))
+        return web.json_response({"error": {"type": str(reason)}}, status=status)
+
+    app = web.Application()
+    app.router.add_get("/", fails)
+    app[ERROR_ANSWER] = answer
+    runner, _ = await start_site(app, "127.0.0.1", 0, LIMITS, name="test")
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", bound_port(runner))
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = await _closed_within(reader, 5)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert got.startswith(b"HTTP/1.1 500 "), got
+    assert b'"internal_error"' in got and b"secret" not in got and b"RuntimeError" not in got
+    assert told == [(500, ServerRefusal.internal_error, "the server failed on this request")]

@@ -44,6 +44,7 @@ from loraplane.schemas.reasons import (
     RequestRefusal,
     ResolverRefusal,
     RouterRefusal,
+    ServerRefusal,
     ServingRefusal,
     TenantLimit,
     UnloadReason,
@@ -154,7 +155,8 @@ def test_worker_doc_lists_every_foreign_change() -> None:
 def test_worker_doc_lists_every_gateway_refusal() -> None:
     rows = tables("docs/worker.md")[("refusal", "enum", "status", "when")]
     assert {name: sorted(c) for name, c in by_enum(rows).items()} == {
-        e.__name__: values(e) for e in (RequestRefusal, TenantLimit, AdmissionRefusal)
+        e.__name__: values(e)
+        for e in (RequestRefusal, TenantLimit, AdmissionRefusal, ServerRefusal)
     }
 
 
@@ -168,7 +170,7 @@ def test_worker_doc_lists_every_answer_of_the_gateway() -> None:
     and the gateway's own serving refusals, which are exactly ``ServingRefusal``."""
     rows = tables("docs/worker.md")[("status", "`error.type`", "when")]
     named = {c for row in rows for c in re.findall(r"`([a-z0-9_]+)`", row[1])}
-    door = set(values(RequestRefusal, TenantLimit, AdmissionRefusal))
+    door = set(values(RequestRefusal, TenantLimit, AdmissionRefusal, ServerRefusal))
     assert sorted(named - door - set(values(VllmFailure))) == values(ServingRefusal)
     assert any("`vllm_<reason>`" in row[1] for row in rows)  # every vLLM failure
 
