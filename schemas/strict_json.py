@@ -35,6 +35,7 @@ __all__ = [
     "StrictJsonError",
     "nesting_depth",
     "strict_loads",
+    "unicode_text",
 ]
 
 MAX_SIGNED_BYTES = 1024 * 1024
@@ -99,8 +100,11 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _check_strings(value: Any) -> None:
-    """Lone surrogates (escaped in the JSON) are not Unicode scalar values: refuse them."""
+def unicode_text(value: Any) -> bool:
+    """Whether every string of a parsed JSON value (keys included) is Unicode text: no lone
+    surrogate, which ``json.loads`` takes from an escape (``"\\ud800"``) and no encoder
+    takes. A walk with its own stack, so a value nested as deep as the parser took (one
+    level past what the C encoder walks) is answered, never a RecursionError."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -108,14 +112,19 @@ def _check_strings(value: Any) -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise StrictJsonError(
-                    DecodeReason.malformed, "string with a lone surrogate"
-                ) from None
+                return False
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
+    return True
+
+
+def _check_strings(value: Any) -> None:
+    """Lone surrogates (escaped in the JSON) are not Unicode scalar values: refuse them."""
+    if not unicode_text(value):
+        raise StrictJsonError(DecodeReason.malformed, "string with a lone surrogate")
 
 
 def strict_loads(

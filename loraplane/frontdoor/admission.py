@@ -39,6 +39,7 @@ from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.base import is_id
 from loraplane.schemas.reasons import AdmissionRefusal, RequestRefusal, TenantLimit
 from loraplane.schemas.request_log import RequestClass
+from loraplane.schemas.strict_json import unicode_text
 
 __all__ = [
     "NO_SUCH_ADAPTER",
@@ -105,11 +106,15 @@ def _may_hold_surrogate(raw: bytes) -> bool:
 
 def _unicode(body: object) -> bool:
     """Every string of a parsed body is Unicode text: no lone surrogate (a pair of escapes
-    is one character after parsing, and encodes)."""
+    is one character after parsing, and encodes). The C encoder's pass, or for a body
+    nested past what it walks (the parser takes one level more: its RecursionError was a
+    500) the walk with its own stack."""
     try:
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return False
+    except RecursionError:
+        return unicode_text(body)
     return True
 
 

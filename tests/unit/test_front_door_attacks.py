@@ -15,6 +15,7 @@ import asyncio
 import gzip
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -968,3 +969,25 @@ def test_attack_every_route_of_vllm_is_refused_at_the_door(door: FrontDoor, thro
                 ServerRefusal.method_not_allowed if status == 405 else ServerRefusal.unknown_route
             ), (method, path)
     assert len(door.sink.messages(RequestLog)) == before
+
+
+@pytest.mark.parametrize("through", ["gateway", "router"])
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\ud83d\\ude00"])  # lone, and a pair
+def test_attack_a_body_nested_as_deep_as_the_parser_takes_is_a_4xx(
+    door: FrontDoor, through: str, escape: bytes
+) -> None:
+    """ATTACK: a key holder's body with a surrogate escape (an emoji as ``json.dumps``
+    writes it, or a lone one) and arrays nested as deep as ``json.loads`` still takes: the
+    door's check that every string is Unicode text re-encoded the body, one level deeper
+    than the parse, and its RecursionError was a 500 (at the router and the gateway). At
+    every depth around the interpreter's limit the answer is a 4xx in the door's shape."""
+    before = _refusals_counted(door, "internal_error")
+    port = getattr(door, through)
+    limit = sys.getrecursionlimit()
+    for depth in range(limit - 120, limit + 10):  # the window is one level wide
+        body = b'{"model":"sql","prompt":"' + escape + b'","x":' + b"[" * depth
+        body += b"]" * depth + b"}"
+        reply = send(port, "/v1/completions", [KEY_LINE.strip()], body)
+        assert 400 <= reply.status < 500, (depth, reply)
+        assert reply.error_type() in ("invalid_json", "field_not_allowed"), (depth, reply)
+    assert _refusals_counted(door, "internal_error") == before

@@ -26,6 +26,7 @@ from loraplane.schemas.strict_json import (
     StrictJsonError,
     nesting_depth,
     strict_loads,
+    unicode_text,
 )
 from tests.lifecycle_kit import make_kit
 
@@ -105,6 +106,26 @@ def test_strict_loads_agrees_with_json_on_strict_documents(value: object) -> Non
     except StrictJsonError:
         return  # NaN, Infinity, huge ints, lone surrogates, depth: refused, never misread
     assert got == expected or json.dumps(got) == json.dumps(expected)
+
+
+@given(
+    json_values | st.lists(st.text(alphabet="a\ud800\udfff\ud83d", max_size=3), max_size=4),
+    st.integers(0, 3000),
+)
+def test_unicode_text_is_the_encoders_answer_at_any_depth(value: object, depth: int) -> None:
+    """``unicode_text`` says what encoding every string says (a lone surrogate is no text,
+    a pair is one character), however deep the value: past the recursion limit, where the
+    encoder raises, it still answers."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        encodes = True
+    except UnicodeEncodeError:
+        encodes = False
+    assert unicode_text(value) is encodes
+    nested: object = value
+    for _ in range(depth):
+        nested = [nested]
+    assert unicode_text({"x": nested}) is encodes
 
 
 @given(st.integers(0, 200), st.text(alphabet='[]{}"\\ab', max_size=50))
