@@ -500,6 +500,8 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         """The adapters the tenant may use (``id`` is the adapter id, never a lora name)."""
+        if request.headers.get(TENANT_HEADER) is not None:
+            return self._forward_refused()
         identity = self.door.identify(head_of(request, ""))  # the front door's own reading
         if isinstance(identity, Refusal):
             return refusal_response(identity)

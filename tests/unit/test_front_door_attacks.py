@@ -351,6 +351,14 @@ def test_attack_two_api_keys_list_no_models(door: FrontDoor) -> None:
     assert reply.status == 200 and json.loads(reply.body)["data"]
 
 
+def test_attack_a_forwarded_tenant_lists_no_models_at_the_router(door: FrontDoor) -> None:
+    """The router believes no forwarded tenant on any route, and says so as a router."""
+    lines = [b"Authorization: Bearer key-a", TENANT_HEADER.encode() + b": tenant-b"]
+    reply = send(door.router, "/v1/models", lines, method=b"GET")
+    assert (reply.status, reply.error_type()) == (401, "unauthorized"), reply
+    assert json.loads(reply.body)["error"]["message"] == "a router takes no forwarded requests"
+
+
 @pytest.mark.parametrize("through", ["gateway", "router"])
 def test_attack_a_body_declared_over_the_cap_is_refused_before_it_is_read(
     door: FrontDoor, through: str
