@@ -177,8 +177,8 @@ def test_prometheus_scrapes_workers_router_and_planner(fleet: Fleet, tmp_path: P
                 )
             )
         }
-        routed = _direct(fleet.router_metrics_url, m.ROUTER_REQUESTS)
         assert requests.get(fleet.router_url + "/metrics", timeout=5).status_code == 404
+        routed = _direct(fleet.router_metrics_url, m.ROUTER_REQUESTS)  # the 404 counted too
         for w in live:  # the gateways, the tenants' and the routers' port, serve none either
             gateway = f"http://127.0.0.1:{fleet.gateways[w]}/metrics"
             assert requests.get(gateway, timeout=5).status_code == 404
