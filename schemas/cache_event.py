@@ -18,7 +18,7 @@ class CacheEventKind(StrEnum):
     load = "load"  # host -> GPU (vLLM)
     unload = "unload"  # GPU -> host (demote)
     evict = "evict"  # removed from host tier
-    refuse = "refuse"  # verification or policy refused the artifact
+    refuse = "refuse"  # verification, policy or vLLM's loader refused the artifact
     fail = "fail"  # I/O failure (S3 down, vLLM error)
     kv_namespace_conflict = "kv_namespace_conflict"
 

@@ -259,6 +259,7 @@ class VllmErrorCode(StrEnum):
     bad_request = "bad_request"
     not_found = "not_found"
     rank_too_large = "rank_too_large"
+    adapter_refused = "adapter_refused"  # vLLM's LoRA loader refused the folder (a 5xx)
     server_error = "server_error"
     unexpected_status = "unexpected_status"
     timeout = "timeout"
@@ -271,6 +272,18 @@ class VllmErrorCode(StrEnum):
         """The reason a cache event or a load outcome carries: ``vllm_<code>``."""
         return VllmFailure(f"vllm_{self.value}")
 
+    @property
+    def refuses_load(self) -> bool:
+        """True when vLLM's answer to a load refuses the adapter's bytes themselves: a
+        retry of the same version gets the same answer (its loader's rank limit, a module
+        or weights file it cannot load, any other 400 but ``already_loaded``). Every other
+        code is transient trouble (busy, down, slow, a name taken) that a retry can pass."""
+        return self in (
+            VllmErrorCode.bad_request,
+            VllmErrorCode.rank_too_large,
+            VllmErrorCode.adapter_refused,
+        )
+
 
 class VllmFailure(StrEnum):
     """A vLLM failure as a cache-event reason: ``vllm_`` + its VllmErrorCode (written out so
@@ -280,6 +293,7 @@ class VllmFailure(StrEnum):
     vllm_bad_request = "vllm_bad_request"
     vllm_not_found = "vllm_not_found"
     vllm_rank_too_large = "vllm_rank_too_large"
+    vllm_adapter_refused = "vllm_adapter_refused"
     vllm_server_error = "vllm_server_error"
     vllm_unexpected_status = "vllm_unexpected_status"
     vllm_timeout = "vllm_timeout"

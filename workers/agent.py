@@ -1045,16 +1045,7 @@ class WorkerAgent:
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)
-            if exc.is_failure:
-                self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
-                outcome = LoadOutcome(False, exc.reasons[0], self.config.load_backoff_s)
-                hold = self.config.load_backoff_s
-            else:
-                self._fold(Outcome(name, Settled.refused))
-                outcome = LoadOutcome(False, exc.reasons[0], permanent=True)
-                hold = self.config.refusal_hold_s
-            self._rt.last_failure[name] = (outcome, self._clock() + hold)
-            self._resolve(name, outcome)
+            self._not_loaded(name, exc.reasons[0], permanent=not exc.is_failure)
             return None
         path = got
         self._rt.last_failure.pop(name, None)
@@ -1070,6 +1061,24 @@ class WorkerAgent:
         )
         return path
 
+    def _not_loaded(self, name: str, reason: CacheEventReason, *, permanent: bool) -> None:
+        """A fetch or a load of ``name`` that failed: a transient failure backs the name off
+        for ``load_backoff_s``; a refusal (the same version is refused the same way again,
+        by the verifier or by vLLM's loader) drops its intent and holds for
+        ``refusal_hold_s``, so nothing retries it until a command or a request asks again
+        after that. Until the hold ends requests hear it at once (``load_failure``); the
+        waiters hear it now."""
+        if permanent:
+            self._fold(Outcome(name, Settled.refused))
+            outcome = LoadOutcome(False, reason, permanent=True)
+            hold = self.config.refusal_hold_s
+        else:
+            self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
+            outcome = LoadOutcome(False, reason, self.config.load_backoff_s)
+            hold = self.config.load_backoff_s
+        self._rt.last_failure[name] = (outcome, self._clock() + hold)
+        self._resolve(name, outcome)
+
     async def _load(self, record: AdapterRecord, cmd: str | None, warmup: int = 0) -> None:
         name = record.lora_name
         labels = self.labels(name)
@@ -1084,15 +1093,15 @@ class WorkerAgent:
             await self._confirm_loaded(name, str(path))
         except VllmError as exc:
             self.metrics.cold_load(labels, ok=False)
+            refused = exc.reason.refuses_load
             self._event(
                 name,
-                CacheEventKind.fail,
+                CacheEventKind.refuse if refused else CacheEventKind.fail,
                 reason=exc.reason.failure,
                 detail=exc.message,
                 command_id=cmd,
             )
-            self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
-            self._resolve(name, LoadOutcome(False, exc.reason.failure, self.config.load_backoff_s))
+            self._not_loaded(name, exc.reason.failure, permanent=refused)
             return
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
         self._loads.add(started, self._clock())  # vLLM loads in its step loop: the batch waits

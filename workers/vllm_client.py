@@ -44,7 +44,8 @@ class VllmError(RuntimeError):
 
     ``already_loaded`` (400, name taken and no load_inplace), ``bad_request`` (other 400),
     ``not_found`` (404: unknown name, or adapter folder / adapter_config.json missing),
-    ``rank_too_large`` (500 naming max_lora_rank), ``server_error`` (other 5xx),
+    ``rank_too_large`` (500 naming max_lora_rank), ``adapter_refused`` (500: the engine's
+    LoRA loader raised on the folder), ``server_error`` (other 5xx),
     ``unexpected_status`` (also 401: a missing or wrong API key), ``timeout``,
     ``unreachable``, ``bad_response`` (not the HTTP or JSON expected). ``unsent``: the request
     never reached vLLM (no connection could be made), so it did not run.
@@ -137,8 +138,18 @@ def _error_message(text: str) -> str:
     return text.strip()[:500]
 
 
+_LOADER_FAILED = "call to add_lora method failed"
+"""How vLLM's engine wraps any exception its ``add_lora`` raised (``v1/engine/core.py``), which
+``/v1/load_lora_adapter`` answers as a 500 ``InternalServerError``: the loader refused the
+folder (its config, its rank, a module or a weights file it cannot load)."""
+
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory")
+"""Words of an ``add_lora`` failure that is the host's trouble, not the adapter's."""
+
+
 def classify(status: int, text: str) -> VllmError:
-    """Map one non-200 answer of vLLM to a VllmError with a stable reason."""
+    """Map one non-200 answer of vLLM to a VllmError with a stable reason.
+    ``VllmErrorCode.refuses_load`` says which of them a retried load cannot pass."""
     message = _error_message(text)
     lowered = message.lower()
     if status == 400:
@@ -150,11 +161,12 @@ def classify(status: int, text: str) -> VllmError:
     elif status == 404:
         reason = VllmErrorCode.not_found
     elif status >= 500:
-        reason = (
-            VllmErrorCode.rank_too_large
-            if "max_lora_rank" in lowered
-            else VllmErrorCode.server_error
-        )
+        if "max_lora_rank" in lowered:
+            reason = VllmErrorCode.rank_too_large
+        elif _LOADER_FAILED in lowered and not any(m in lowered for m in _OUT_OF_MEMORY):
+            reason = VllmErrorCode.adapter_refused
+        else:
+            reason = VllmErrorCode.server_error
     else:
         reason = VllmErrorCode.unexpected_status
     return VllmError(reason, message, status)

@@ -85,6 +85,17 @@ def _error(status: int, message: str, err_type: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def _loader_refused(message: str) -> web.Response:
+    """vLLM's answer when its LoRA loader raised on the folder: its executor and then its
+    engine wrap the exception's words, the server answers them as a 500."""
+    return _error(
+        500,
+        f"Call to add_lora method failed: Worker failed with error '{message}', please check "
+        "the stack trace above for the root cause",
+        "InternalServerError",
+    )
+
+
 def _weights_digest(folder: Path) -> str:
     """sha256 over the folder's safetensors files, which is what a LoRA changes."""
     h = hashlib.sha256()
@@ -199,29 +210,23 @@ class FakeVllm:
             )
         try:
             rank = int(json.loads(config_path.read_text()).get("r", 0))
-        except (ValueError, AttributeError):
-            return _error(
-                400, f"Loading lora {name} failed: invalid adapter_config.json", "BadRequestError"
-            )
+        except (ValueError, AttributeError) as exc:
+            return _loader_refused(str(exc))
         if rank > self.max_lora_rank:
-            return _error(
-                500,
-                f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}.",
-                "InternalServerError",
+            return _loader_refused(
+                f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}."
             )
         try:
             for weights in sorted(folder.glob("*.safetensors")):
                 unknown = {_module_of(t) for t in _tensor_names(weights)} - LLAMA_MODULES
                 if unknown:
-                    return _error(
-                        500,
+                    return _loader_refused(
                         f"While loading {path}, expected target modules in "
                         f"{sorted(LLAMA_MODULES)} but received {sorted(unknown)}. "
-                        "Please verify that the loaded LoRA module is correct",
-                        "InternalServerError",
+                        "Please verify that the loaded LoRA module is correct"
                     )
         except ValueError as exc:
-            return _error(500, str(exc), "InternalServerError")
+            return _loader_refused(str(exc))
         self.adapters[name] = (str(folder), _weights_digest(folder))
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from loraplane.schemas.reasons import VllmErrorCode
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import build_adapter
 from loraplane.workers.vllm_client import MAX_ANSWER_BYTES, VllmClient, VllmError, classify
@@ -81,13 +82,15 @@ async def test_errors_have_stable_reasons(client: VllmClient, adapters: dict[str
         (client.load("y", str(adapters["no_config"])), "not_found", 404),
         (client.load("y", "/does/not/exist"), "not_found", 404),
         (client.load("y", str(adapters["r16"])), "rank_too_large", 500),
-        (client.load("y", str(adapters["corrupt"])), "server_error", 500),
-        (client.load("y", str(adapters["alien"])), "server_error", 500),
+        (client.load("y", str(adapters["corrupt"])), "adapter_refused", 500),
+        (client.load("y", str(adapters["alien"])), "adapter_refused", 500),
     ]
     for call, reason, status in cases:
         with pytest.raises(VllmError) as err:
             await call
         assert (err.value.reason, err.value.status) == (reason, status), err.value
+        # what the loader refuses is refused again; a name taken or a folder gone is not
+        assert err.value.reason.refuses_load is (status == 500), err.value
     await client.load("x", str(adapters["a2"]), inplace=True)  # replaced in place
 
 
@@ -139,6 +142,102 @@ def test_classify_plain_text_and_json() -> None:
     assert classify(400, '{"error": {"message": "bad"}}').message == "bad"
     assert classify(500, "LoRA rank 16 is greater than max_lora_rank 8").reason == "rank_too_large"
     assert classify(418, "teapot").reason == "unexpected_status"
+
+
+def _vllm_error(message: str, err_type: str, status: int) -> str:
+    return json.dumps({"error": {"message": message, "type": err_type, "code": status}})
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "reason", "refused"),
+    [
+        # vLLM 0.32's engine wraps what its LoRA loader raised; the server answers a 500
+        (
+            500,
+            "Call to add_lora method failed: LoRA rank 16 is greater than max_lora_rank 8.",
+            "rank_too_large",
+            True,
+        ),
+        (
+            500,
+            "Call to add_lora method failed: While loading /h/a, expected target modules in "
+            "{'q_proj'} but received ['w_proj']. Please verify that the loaded LoRA module is "
+            "correct",
+            "adapter_refused",
+            True,
+        ),
+        (
+            500,
+            "Call to add_lora method failed: Error while deserializing header: header too large",
+            "adapter_refused",
+            True,
+        ),
+        (
+            500,
+            "Call to add_lora method failed: vLLM does not yet support DoRA. Adapter bias is "
+            "not supported.",
+            "adapter_refused",
+            True,
+        ),
+        (
+            500,
+            "Call to add_lora method failed: Worker failed with error 'Mapped LoRA weight "
+            "name cannot be None.', please check the stack trace above for the root cause",
+            "adapter_refused",
+            True,
+        ),
+        # vLLM releases that answer any loader failure as a 400 BadRequestError
+        (400, "lora_B is unsupported LoRA weight", "bad_request", True),
+        (400, "The lora adapter 'tiny' conflicts with a served base model.", "bad_request", True),
+        # the host's or the engine's trouble, a name taken, a folder gone: a retry may pass
+        (
+            500,
+            "Call to add_lora method failed: CUDA out of memory. Tried to allocate 20.00 MiB",
+            "server_error",
+            False,
+        ),
+        (
+            500,
+            "Call to add_lora method failed: [enforce fail at alloc_cpu.cpp:118] "
+            "DefaultCPUAllocator: can't allocate memory",
+            "server_error",
+            False,
+        ),
+        (500, "EngineCore encountered an issue. See stack trace (above)", "server_error", False),
+        (500, "Server shutting down", "server_error", False),
+        (503, "Service Unavailable", "server_error", False),
+        (
+            400,
+            "The lora adapter 'a@1-00000000' has already been loaded. If you want to load "
+            "the adapter in place, set 'load_inplace' to True.",
+            "already_loaded",
+            False,
+        ),
+        (
+            404,
+            "Loading lora a@1-00000000 failed: No adapter found for /h/a",
+            "not_found",
+            False,
+        ),
+        (401, "Unauthorized", "unexpected_status", False),
+    ],
+)
+def test_a_load_vllm_refuses_for_the_adapters_own_bytes_is_told_apart(
+    status: int, message: str, reason: str, refused: bool
+) -> None:
+    """Every refusal of a load was one ``fail`` the agent retried every backoff, forever,
+    however vLLM answered. Which answers refuse the adapter itself (a retry of the same
+    version is refused the same way) is decided here, once: ``refuses_load``."""
+    err = classify(status, _vllm_error(message, "InternalServerError", status))
+    assert (err.reason, err.reason.refuses_load) == (reason, refused)
+
+
+def test_every_transport_trouble_is_retried() -> None:
+    assert [c for c in VllmErrorCode if c.refuses_load] == [
+        VllmErrorCode.bad_request,
+        VllmErrorCode.rank_too_large,
+        VllmErrorCode.adapter_refused,
+    ]
 
 
 def test_classify_an_answer_nested_past_the_recursion_limit() -> None:

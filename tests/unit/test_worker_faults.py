@@ -26,7 +26,7 @@ from loraplane.tiny_model import TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.base_model import BaseModelWatch
 from loraplane.workers.reconcile import Ask
-from loraplane.workers.vllm_client import VllmClient, VllmError
+from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -63,7 +63,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
+async def world(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    """``indirect`` params are WorkerConfig fields."""
     records = [record("chat", "1", AdapterStatus.active), record("sql", "1", AdapterStatus.active)]
     sources = {
         r.adapter_id + r.version: build_adapter(tmp_path / "src" / r.lora_name, seed=i)
@@ -79,9 +80,8 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
             base_model=BASE,
             vllm_url=str(server.make_url("")),
             host_budget_bytes=10**9,
-            tick_s=0.05,
-            registry_poll_s=60,
-            load_backoff_s=60,
+            **{"tick_s": 0.05, "registry_poll_s": 60, "load_backoff_s": 60}
+            | getattr(request, "param", {}),
         ),
         vllm=VllmClient(str(server.make_url("")), timeout_s=2, api_key="k"),
         host_tier=tier,
@@ -136,6 +136,88 @@ async def test_a_fetch_that_raises_an_os_error_is_a_failed_load_not_a_crash(
     assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "host_io_error", False)
     assert not world.agent.is_hot(chat.lora_name)
     assert chat.lora_name in world.agent._rt.backoff
+
+
+async def _ticks_over(world: World, seconds: int, clock: list[float]) -> None:
+    """One tick (and the fetches it wakes) per simulated second, for ``seconds``."""
+    for _ in range(seconds):
+        await converge(world.agent)
+        clock[0] += 1.0
+
+
+@pytest.mark.parametrize("world", [{"load_backoff_s": 5, "refusal_hold_s": 30}], indirect=True)
+async def test_a_load_vllms_loader_refuses_is_held_like_a_refused_artifact(
+    world: World,
+) -> None:
+    """ATTACK: a version the worker's verifier passes and vLLM's loader refuses (here a rank
+    over vLLM's --max-lora-rank, which the worker's own limit does not know; the same for a
+    module or weights file vLLM cannot load). Every refusal was a transient ``fail``: the
+    version was copied from the host tier and loaded again every backoff, for as long as the
+    command stood: 6 loads in 30 s. It is a refusal of that version now: one ``refuse``
+    event naming vLLM's reason, the intent dropped, the waiting request answered as
+    permanent at once, and requests told so without a new load until the hold ends."""
+    chat = world.records[0]
+    clock = [1000.0]
+    world.agent._clock = lambda: clock[0]
+    world.fake.max_lora_rank = 4  # the adapters are rank 8
+    waiter = world.agent.request_load(chat)
+    world.agent.apply(cmd(chat, CommandAction.load_gpu, "load-chat"))
+    await _ticks_over(world, 29, clock)
+    assert world.fake.load_calls == 1
+    outcome = await asyncio.wait_for(waiter, 1)
+    assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "vllm_rank_too_large", True)
+    assert chat.lora_name not in world.agent.desired.intents
+    assert chat.lora_name not in world.agent._rt.backoff
+    assert [(e.kind, e.reason) for e in world.events(chat.lora_name)] == [
+        (CacheEventKind.fetch, ""),
+        (CacheEventKind.refuse, "vllm_rank_too_large"),
+    ]
+    assert "max_lora_rank 4" in world.events(chat.lora_name)[-1].detail
+    again = world.agent.request_load(chat)  # within the hold: at once, no new load
+    assert again.done() and again.result() == outcome
+    await _ticks_over(world, 2, clock)  # the hold ends: the next request tries once again
+    world.fake.max_lora_rank = 8  # vLLM restarted with the worker's limit
+    retried = world.agent.request_load(chat)
+    await converge(world.agent)
+    assert (await asyncio.wait_for(retried, 1)).ok
+    assert world.agent.is_hot(chat.lora_name) and world.fake.load_calls == 2
+
+
+@pytest.mark.parametrize("world", [{"load_backoff_s": 5, "refusal_hold_s": 30}], indirect=True)
+async def test_a_load_vllm_fails_for_its_own_trouble_is_retried_after_the_backoff(
+    world: World,
+) -> None:
+    """A 5xx that is vLLM's trouble (its engine died, it is shutting down) or a name it
+    already holds is no refusal of the version: a ``fail`` event, the backoff, the waiter
+    told to retry, and the load tried again once the backoff ends."""
+    chat = world.records[0]
+    clock = [1000.0]
+    world.agent._clock = lambda: clock[0]
+    failures = [(500, "EngineCore encountered an issue. See stack trace (above)")]
+    real_load = world.agent.vllm.load
+
+    async def failing(name: str, path: str, *, inplace: bool = False) -> float:
+        if failures:
+            status, message = failures.pop()
+            raise classify(status, json.dumps({"error": {"message": message}}))
+        return await real_load(name, path, inplace=inplace)
+
+    world.agent.vllm.load = failing  # type: ignore[method-assign]
+    waiter = world.agent.request_load(chat)
+    world.agent.apply(cmd(chat, CommandAction.load_gpu, "load-chat"))
+    await converge(world.agent)
+    outcome = await asyncio.wait_for(waiter, 1)
+    assert (outcome.ok, outcome.reason, outcome.permanent) == (False, "vllm_server_error", False)
+    assert outcome.retry_after_s == 5
+    assert chat.lora_name in world.agent.desired.intents
+    await _ticks_over(world, 6, clock)
+    assert world.agent.is_hot(chat.lora_name)
+    kinds = [(e.kind, e.reason) for e in world.events(chat.lora_name)]
+    assert kinds == [
+        (CacheEventKind.fetch, ""),
+        (CacheEventKind.fail, "vllm_server_error"),
+        (CacheEventKind.load, ""),
+    ]
 
 
 class Forgetful(dict[str, tuple[str, str]]):
