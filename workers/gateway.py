@@ -73,6 +73,7 @@ __all__ = [
     "Gateway",
     "client_message",
     "cold_budget",
+    "permanent_message",
 ]
 
 FALLBACK_HEADER = "X-Loraplane-Fallback"
@@ -90,6 +91,22 @@ log = logging.getLogger("loraplane.gateway")
 _FAILURE_LOG_EVERY_S = 30.0
 _PATH = re.compile(r"(?<![^\s`'\"(=])(?:[A-Za-z]:)?(?:[/\\][^\s`'\"/\\]+)+[/\\]?")
 """An absolute path in vLLM's words (a model folder, a host-tier copy): not the client's."""
+
+
+def permanent_message(record: AdapterRecord, reason: str) -> str:
+    """What a 424 tells the tenant heals it: a refused artifact heals by a re-upload; a
+    version this worker's vLLM refused to load (``vllm_*``: its ``--max-lora-rank``, a module
+    it does not serve) by a model server that can load it, whatever the bytes; either by
+    another version promoted."""
+    heals = (
+        "this worker's model server can load it"
+        if reason.startswith("vllm_")
+        else "it is re-uploaded"
+    )
+    return (
+        f"version {record.version} of {record.adapter_id!r} cannot be loaded ({reason}); "
+        f"retrying will not help until {heals} or another version is promoted"
+    )
 
 
 def client_message(error: VllmError, names: dict[str, str]) -> str:
@@ -488,9 +505,7 @@ class Gateway:
             return error_response(
                 PERMANENT_STATUS,
                 ServingRefusal.adapter_unavailable_permanent,
-                f"version {record.version} of {record.adapter_id!r} cannot be "
-                f"loaded ({reason}); retrying will not help until it is "
-                "re-uploaded or another version is promoted",
+                permanent_message(record, reason),
             )
         trace.status, trace.error = RequestStatus.retry_later, reason
         return error_response(

@@ -68,6 +68,7 @@ from loraplane.workers.gateway import (
     FALLBACK_REASON_HEADER,
     PERMANENT_STATUS,
     Gateway,
+    permanent_message,
 )
 from loraplane.workers.golden_set import GOLDEN_PROMPTS
 from loraplane.workers.host_tier_entry import RESOLVER_COPIES
@@ -402,6 +403,7 @@ async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World
         assert "Retry-After" not in headers
         assert body["error"]["type"] == "adapter_unavailable_permanent"
         assert "manifest_missing" in body["error"]["message"]
+        assert "until it is re-uploaded or another version" in body["error"]["message"]
     fails = [e for e in world.sink.messages(CacheEvent) if e.reason == Reason.manifest_missing]
     assert len(fails) == 1  # held: the store was asked once, not once per request
     assert world.sink.messages(RequestLog)[-1].status == RequestStatus.error
@@ -409,6 +411,17 @@ async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World
     world.agent._rt.last_failure.clear()
     await world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
     assert world.agent.is_hot(sql.lora_name)
+
+
+async def test_a_424_names_what_heals_a_refused_artifact_or_a_refused_load() -> None:
+    """A re-upload heals a refused artifact, not a load this worker's vLLM refuses (its
+    ``--max-lora-rank``): the message says which."""
+    sql = RECORDS[2]
+    gone = permanent_message(sql, "manifest_missing")
+    refused = permanent_message(sql, "vllm_rank_too_large")
+    assert "(manifest_missing)" in gone and "until it is re-uploaded" in gone
+    assert "(vllm_rank_too_large)" in refused and "re-uploaded" not in refused
+    assert "until this worker's model server can load it" in refused
 
 
 async def test_a_store_outage_stays_retriable_with_its_reason(world: World) -> None:
