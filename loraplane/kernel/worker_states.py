@@ -29,11 +29,7 @@ def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
     another worker's key would stand in for that worker); ``SchemaError`` with its reason
     otherwise. The router and the planner read the topic through this."""
     state = decode(WorkerState, value)
-    if (key or b"") != state.worker_id.encode():
-        raise SchemaError(
-            DecodeReason.key_mismatch,
-            [("worker_id", f"message key {(key or b'')[:64]!r} is not {state.worker_id}")],
-        )
+    _under_own_key(key, "worker_id", state.worker_id)
     return state
 
 
@@ -41,12 +37,17 @@ def router_state_of(key: bytes | None, value: bytes) -> RouterState:
     """One router-state record, decoded, whose Kafka key is its router_id (a record under
     another key is never replaced by that router's own); ``SchemaError`` otherwise."""
     state = decode(RouterState, value)
-    if (key or b"") != state.router_id.encode():
-        raise SchemaError(
-            DecodeReason.key_mismatch,
-            [("router_id", f"message key {(key or b'')[:64]!r} is not {state.router_id}")],
-        )
+    _under_own_key(key, "router_id", state.router_id)
     return state
+
+
+def _under_own_key(key: bytes | None, field: str, own: str) -> None:
+    """A compacted record counts only under its own id: one under another key is never
+    replaced or tombstoned by that id's own records."""
+    if (key or b"") != own.encode():
+        raise SchemaError(
+            DecodeReason.key_mismatch, [(field, f"message key {(key or b'')[:64]!r} is not {own}")]
+        )
 
 
 @dataclass(frozen=True)
