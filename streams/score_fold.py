@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from loraplane.kernel.command_partition import murmur2, partition_of
+from loraplane.kernel.command_partition import key_hash, partition_of
 from loraplane.schemas.base import ID_PATTERN, VERSION_PATTERN, NonNegativeMs
 from loraplane.schemas.codec import MAX_MESSAGE_BYTES, SchemaError, decode
 from loraplane.schemas.dead_letter import KafkaMessage
@@ -370,7 +370,7 @@ def fold_batch(
         partition = message.partition() or 0
         if counts:
             if (hashed := hashes.get(adapter_id)) is None:
-                hashed = _remember(hashes, adapter_id, murmur2(adapter_id.encode()) & 0x7FFFFFFF)
+                hashed = _remember(hashes, adapter_id, key_hash(adapter_id))
             if hashed % count != partition and all(hashed % n != partition for n in earlier):
                 refused_logs.append((message, _wrong_partition(adapter_id, partition, counts)))
                 continue

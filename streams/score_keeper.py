@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from loraplane.kernel import collector, kafka
 from loraplane.kernel.bus import ProducerSink
+from loraplane.kernel.command_partition import broker_partitions
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topics import topic_name
@@ -423,15 +424,12 @@ class ScoreKeeper:
         if time.monotonic() - self._counted_at < PARTITIONS_EVERY_S:
             return False
         try:
-            meta = consumer.list_topics(self.requests, timeout=STEP_TIMEOUT_S).topics[self.requests]
+            partitions = broker_partitions(consumer, self.requests, STEP_TIMEOUT_S)
         except Exception as exc:  # the broker away: the refusal stands, asked again later
             self._counted_at = time.monotonic()
             log.warning("scoring: requests partition count unknown: %s", exc)
             return False
-        if meta.error is not None or not meta.partitions:
-            self._counted_at = time.monotonic()
-            return False
-        return self._count(len(meta.partitions))
+        return self._count(partitions)
 
     # ---- rebalances (called inside consume, between batches: no transaction is open) -----
     def _assigned(self, consumer: Any, partitions: list[Any]) -> None:

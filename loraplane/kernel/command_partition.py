@@ -27,6 +27,7 @@ __all__ = [
     "PartitionCount",
     "broker_partitions",
     "commands_partitions",
+    "key_hash",
     "murmur2",
     "partition_for",
     "partition_of",
@@ -58,12 +59,18 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
-def partition_of(worker_id: str, partitions: int) -> int:
-    """The commands partition of ``worker_id`` on a topic of ``partitions`` partitions: the
-    one Kafka's default partitioner gives the key (``toPositive(murmur2(key)) % n``)."""
+def key_hash(key: str) -> int:
+    """``toPositive(murmur2(key))``: what Kafka's default partitioner takes modulo the count."""
+    return murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives ``key`` on a topic of ``partitions``
+    partitions (``toPositive(murmur2(key)) % n``): a worker id's commands partition, and
+    the partition an adapter id's request logs and lifecycle events must be on."""
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, not {partitions}")
-    return (murmur2(worker_id.encode("utf-8")) & 0x7FFFFFFF) % partitions
+    return key_hash(key) % partitions
 
 
 def partition_for(worker_id: str, announced: int | None, partitions: int) -> int:
