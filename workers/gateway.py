@@ -56,7 +56,7 @@ from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
-from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode
+from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode, VllmFailure
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.serving import LoadOutcome, Serving, unfit
 from loraplane.workers.vllm_client import VllmError, classify
@@ -93,6 +93,9 @@ _PATH = re.compile(r"(?<![^\s`'\"(=])(?:[A-Za-z]:)?(?:[/\\][^\s`'\"/\\]+)+[/\\]?
 """An absolute path in vLLM's words (a model folder, a host-tier copy): not the client's."""
 
 
+_VLLM_FAILURES = frozenset(VllmFailure)
+
+
 def permanent_message(record: AdapterRecord, reason: str) -> str:
     """What a 424 tells the tenant heals it: a refused artifact heals by a re-upload; a
     version this worker's vLLM refused to load (``vllm_*``: its ``--max-lora-rank``, a module
@@ -100,7 +103,7 @@ def permanent_message(record: AdapterRecord, reason: str) -> str:
     another version promoted."""
     heals = (
         "this worker's model server can load it"
-        if reason.startswith("vllm_")
+        if reason in _VLLM_FAILURES
         else "it is re-uploaded"
     )
     return (
