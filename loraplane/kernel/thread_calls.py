@@ -45,6 +45,7 @@ class ThreadCalls:
         self._running: dict[int, str] = {}  # a call's number -> its function's name
         self._next = 0
         self._closing = False
+        self._deadline: float | None = None  # the first drain's: later ones wait no longer
 
     @property
     def in_flight(self) -> int:
@@ -92,10 +93,14 @@ class ThreadCalls:
     def drain(self, timeout_s: float = CALLS_WAIT_S) -> bool:
         """Refuse later calls and wait until none is in flight (True); past ``timeout_s``,
         an error line naming the calls still running, and False. Blocks the calling
-        thread."""
-        deadline = time.monotonic() + timeout_s
+        thread. A later drain of the same resource (a stop's, then its close's) waits only
+        what is left of the first one's bound: a call stuck past it is not waited for twice."""
         with self._changed:
             self._closing = True
+            deadline = time.monotonic() + timeout_s
+            if self._deadline is None:
+                self._deadline = deadline
+            deadline = min(deadline, self._deadline)
             while self._running:
                 left = deadline - time.monotonic()
                 if left <= 0:

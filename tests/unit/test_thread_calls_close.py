@@ -285,3 +285,29 @@ async def test_the_agents_blocking_calls_are_the_ones_its_owner_waits_for() -> N
     finally:
         release.set()
         await worker.vllm.close()
+
+
+async def test_a_second_drain_waits_only_what_is_left_of_the_first() -> None:
+    """A worker's stop drains the agent's calls, then its close drains them again before it
+    releases the host tier: a call stuck past the first bound is not waited for twice."""
+    calls = ThreadCalls("a resource")
+    busy, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        busy.set()
+        release.wait(WAIT_S)
+
+    stuck = asyncio.create_task(calls.run(block))
+    try:
+        while not busy.is_set():
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        assert calls.drain(0.3) is False
+        closed: list[bool] = []
+        assert calls.close_when_drained(lambda: closed.append(True), 0.3) is False
+        assert time.monotonic() - started < 0.5  # 0.3 s in all, not 0.6
+        assert closed == []  # still not closed under the stuck call
+    finally:
+        release.set()
+        await stuck
+    assert calls.drain(0.3) is True  # the call ended: nothing left to wait for
