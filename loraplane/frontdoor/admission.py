@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from loraplane.frontdoor.forwarded import Forward, verify
+from loraplane.frontdoor.forwarded import Forward, Target, outdated, verify
 from loraplane.frontdoor.request_fields import (
     Admitted,
     Endpoint,
@@ -86,6 +86,7 @@ class Head:
     session_key: str | None = None  # a header token, else None
     forward: Forward | None = None  # a router's forwarded headers
     signature: str | None = None  # X-Loraplane-Forwarded
+    target: Target | None = None  # the method and request target as received (a forward's)
     repeated: str | None = None  # a header the door reads that was sent more than once
 
 
@@ -258,13 +259,23 @@ class FrontDoor:
         ``Admission`` holds a place in the tenant gate: ``leave`` it when done."""
         tenant, request_class = identity.tenant_id, identity.request_class
         forward = identity.forward
-        if forward is not None and not verify(
-            self.router_secret, forward, head.request_id, raw, head.signature, now
+        if forward is not None and (
+            head.target is None
+            or not verify(
+                self.router_secret, forward, head.target, head.request_id, raw, head.signature, now
+            )
         ):
+            if outdated(head.signature):  # a router older than this gateway
+                return Refusal(
+                    401,
+                    AdmissionRefusal.forward_outdated,
+                    "the router's signature does not cover the method and path: "
+                    "upgrade the router to this gateway's forward format",
+                )
             return Refusal(
                 401,
                 AdmissionRefusal.unauthorized,
-                "a forwarded request needs a valid router signature",
+                "a forwarded request needs a valid router signature for this method and path",
             )
         try:
             body = json.loads(raw)

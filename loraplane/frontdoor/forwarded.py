@@ -1,18 +1,17 @@
 """What a fleet router forwards to a worker gateway, signed so no one else can claim it: the
-tenant, the request class and the version the router chose.
+tenant, the request class and the version the router chose, for one method and target.
 
-The router authenticates the client's API key itself and forwards the request without it;
-the gateway then believes the ``X-Loraplane-Tenant``, ``X-Request-Class`` and the version
-headers only with a valid ``X-Loraplane-Forwarded: <unix ts>.<hex HMAC-SHA256>`` over
-``tenant \\n request id \\n ts \\n sha256(body) \\n class \\n version \\n reason \\n stable``
-keyed with the router secret (a file of mode 0600 that the routers and the gateways of a
-fleet hold, ``settings.router_secret_path``). The version is decided once, at the router
-(``frontdoor.admission``): the gateway serves exactly it, or refuses. The signature binds
-the body and the request id, and ``ts`` must be within ``MAX_SKEW_S`` of the gateway's clock,
-so a captured header set serves no other body, class or version, and expires. Anything else
-a client puts in these headers (a tenant that is no id, a request id or version that is no
-header token, a signature that is not ``digits.hex``, bytes that are not ASCII) is refused
-before any HMAC is computed. Pure: the secret and the time are passed in.
+The router forwards a request without the client's API key; the gateway believes the
+``X-Loraplane-Tenant``, ``X-Request-Class`` and version headers only with a valid
+``X-Loraplane-Forwarded: v2.<ts>.<hex HMAC-SHA256>`` keyed with the router secret (mode 0600,
+``settings.router_secret_path``) over the method and the request target (path and query, as
+the gateway's request line carries them), the tenant, request id, ``ts``, the body's digest,
+class and versions (``_mac``): a captured forward serves no other endpoint, method, query,
+body, class or version, and only while ``ts`` is within ``MAX_SKEW_S`` of the gateway's
+clock. A header that is no id or token, or a signature not ``v2.digits.hex``, is refused
+before any HMAC; the older form ``digits.hex`` (an older router's, over neither method nor
+target) is told apart (``outdated``) and refused too. docs/router.md, "The forwarded tenant
+and version". Pure: the secret and the time are passed in.
 
 Back the other way, a gateway's answer names one header of these for the router alone:
 ``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM.
@@ -37,7 +36,9 @@ __all__ = [
     "VERSION_HEADER",
     "VERSION_REASON_HEADER",
     "Forward",
+    "Target",
     "headers",
+    "outdated",
     "sign",
     "verify",
 ]
@@ -53,7 +54,14 @@ reached vLLM (the header's value is the reason). A router parks that worker and 
 request to another, at most once per request (``router.server``), so a gateway that sends it
 on every answer costs a request one more try, never a loop."""
 MAX_SKEW_S = 30
-_SIGNATURE = re.compile(r"([0-9]{1,12})\.([0-9a-f]{64})")
+_FORM = "v2"  # the signature's form: what its HMAC covers (the method and target included)
+_SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{64})")
+_OUTDATED = re.compile(r"[0-9]{1,12}\.[0-9a-f]{64}")
+"""The older form, ``ts.hex``, whose HMAC covered neither the method nor the target."""
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_TARGET = re.compile(r"/[\x21-\x7e]{0,2047}")
+"""A request target as the router sends it and the gateway reads it: origin-form, visible
+ASCII (what is signed is never a byte the request line could not carry)."""
 
 
 @dataclass(frozen=True)
@@ -67,35 +75,59 @@ class Forward:
     stable: str = ""  # "" when there is no active version to fall back to
 
 
-def _mac(secret: bytes, request_id: str, ts: int, body: bytes, forward: Forward) -> str:
+@dataclass(frozen=True)
+class Target:
+    """Where a forward goes on its gateway: the method and the request target (path, and
+    query if any) of its request line, as the router writes it and the gateway reads it."""
+
+    method: str
+    path: str
+
+
+def _mac(
+    secret: bytes, request_id: str, ts: int, body: bytes, forward: Forward, target: Target
+) -> str:
     digest = hashlib.sha256(body).hexdigest()
+    # every field but the last is a token without a line feed, the last is visible ASCII:
+    # one message has one reading
     message = (
-        f"{forward.tenant}\n{request_id}\n{ts}\n{digest}\n{forward.request_class}\n"
-        f"{forward.version}\n{forward.reason}\n{forward.stable}"
+        f"{_FORM}\n{target.method}\n{forward.tenant}\n{request_id}\n{ts}\n{digest}\n"
+        f"{forward.request_class}\n{forward.version}\n{forward.reason}\n{forward.stable}\n"
+        f"{target.path}"
     ).encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
 
-def sign(secret: bytes, forward: Forward, request_id: str, body: bytes, now: float) -> str:
-    """The ``X-Loraplane-Forwarded`` value for one forwarded request."""
+def sign(
+    secret: bytes, forward: Forward, target: Target, request_id: str, body: bytes, now: float
+) -> str:
+    """The ``X-Loraplane-Forwarded`` value for one forwarded request to ``target``."""
     ts = int(now)
-    return f"{ts}.{_mac(secret, request_id, ts, body, forward)}"
+    return f"{_FORM}.{ts}.{_mac(secret, request_id, ts, body, forward, target)}"
+
+
+def outdated(signature: str | None) -> bool:
+    """Whether ``signature`` has the older form, whose HMAC covered neither the method nor
+    the target (a router older than this gateway): refused like any other that does not
+    verify, under a reason of its own."""
+    return signature is not None and _OUTDATED.fullmatch(signature) is not None
 
 
 def headers(
     secret: bytes,
     forward: Forward,
+    target: Target,
     request_id: str,
     body: bytes,
     now: float,
     session_key: str | None,
 ) -> bytes:
-    """The header lines (CRLF-ended) the router adds to a forwarded request."""
+    """The header lines (CRLF-ended) the router adds to a request it forwards to ``target``."""
     head = (
         f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
         f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
         f"{VERSION_REASON_HEADER}: {forward.reason}\r\n"
-        f"{SIGNATURE_HEADER}: {sign(secret, forward, request_id, body, now)}\r\n"
+        f"{SIGNATURE_HEADER}: {sign(secret, forward, target, request_id, body, now)}\r\n"
     )
     if forward.stable:
         head += f"{STABLE_VERSION_HEADER}: {forward.stable}\r\n"
@@ -107,15 +139,19 @@ def headers(
 def verify(
     secret: bytes | None,
     forward: Forward,
+    target: Target,
     request_id: str,
     body: bytes,
     signature: str | None,
     now: float,
 ) -> bool:
-    """True when ``signature`` vouches for ``forward`` on this request now."""
+    """True when ``signature`` vouches for ``forward`` on this request, as received (its
+    method and request target), now."""
     if (
         not secret
         or not signature
+        or not _METHOD.fullmatch(target.method)
+        or not _TARGET.fullmatch(target.path)
         or not is_id(forward.tenant)
         or not header_token(request_id)
         or not header_token(forward.version)
@@ -130,4 +166,4 @@ def verify(
     ts, mac = int(parts[1]), parts[2]
     if abs(now - ts) > MAX_SKEW_S:
         return False
-    return hmac.compare_digest(mac, _mac(secret, request_id, ts, body, forward))
+    return hmac.compare_digest(mac, _mac(secret, request_id, ts, body, forward, target))

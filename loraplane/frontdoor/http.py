@@ -21,6 +21,7 @@ from loraplane.frontdoor.forwarded import (
     VERSION_HEADER,
     VERSION_REASON_HEADER,
     Forward,
+    Target,
 )
 from loraplane.frontdoor.request_fields import Endpoint, header_token
 from loraplane.kernel.http_server import ErrorAnswer, HeadCheck
@@ -108,6 +109,8 @@ def head_of(request: web.Request, request_id: str) -> Head:
         session_key=header_token(headers.get("X-Session-Key")),
         forward=forward,
         signature=headers.get(SIGNATURE_HEADER),
+        # what a forward's signature must cover: the request line as this server read it
+        target=Target(request.method, request.raw_path),
         repeated=repeated,
     )
 

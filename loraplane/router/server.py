@@ -46,7 +46,13 @@ from prometheus_client.utils import floatToGoString
 
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import FrontDoor, Keys, Refusal
-from loraplane.frontdoor.forwarded import NOT_RUN_HEADER, TENANT_HEADER, VERSION_HEADER, Forward
+from loraplane.frontdoor.forwarded import (
+    NOT_RUN_HEADER,
+    TENANT_HEADER,
+    VERSION_HEADER,
+    Forward,
+    Target,
+)
 from loraplane.frontdoor.forwarded import headers as forward_headers
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
 from loraplane.frontdoor.http import (
@@ -559,10 +565,10 @@ class Router:
             )
             session_key = header_token(request.headers.get("X-Session-Key"))
 
-            def head(attempt_id: str) -> bytes:
+            def head(target: Target, attempt_id: str) -> bytes:
                 # signed after the wait: the signature's time is when the gateway gets it
                 return forward_headers(
-                    self._secret, forward, attempt_id, raw, self._clock(), session_key
+                    self._secret, forward, target, attempt_id, raw, self._clock(), session_key
                 )
 
             return await self._forward(request, endpoint, raw, choice.record, request_id, head)
@@ -644,12 +650,13 @@ class Router:
         raw: bytes,
         record: AdapterRecord,
         request_id: str,
-        head: Callable[[str], bytes],
+        head: Callable[[Target, str], bytes],
     ) -> web.StreamResponse:
         """Forward to the worker the index names; one that did not answer leaves the view
         and the request goes to the next. A second attempt carries its own request id
         (``attempt_id``): the first worker may have run it and logged it before it died,
         and the answer the client gets must name exactly one request_log row."""
+        target = Target("POST", endpoint.value)  # what is sent is what is signed
         for attempt in range(2):
             route = self.fleet.index.route(record, self._clock(), self.in_flight)
             if route is None:
@@ -664,11 +671,11 @@ class Router:
             try:
                 try:
                     resp = await self._pools.get(route.gateway_url).request(
-                        "POST",
-                        endpoint.value,
+                        target.method,
+                        target.path,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head(attempt_id(request_id, attempt)),
+                        headers=head(target, attempt_id(request_id, attempt)),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)

@@ -32,7 +32,7 @@ from loraplane.router.server import Fleet, Router, serving_versions
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.request_log import RequestLog
 from loraplane.workers.gateway import Gateway
-from tests.unit.test_front_door_attacks import SECRET, Loop, Reply, send, serve
+from tests.unit.test_front_door_attacks import COMPLETIONS, SECRET, Loop, Reply, send, serve
 from tests.unit.test_gateway import KEYS, FakeServing, ListSink, record
 from tests.unit.test_planner import POLICY, worker
 
@@ -126,7 +126,7 @@ def _ask(doors: Doors, through: str, adapter: str, version: str, tenant: str) ->
             VERSION_REASON_HEADER.encode() + b": active",
             SIGNATURE_HEADER.encode()
             + b": "
-            + sign(SECRET, fwd, "req-1", body, time.time()).encode(),
+            + sign(SECRET, fwd, COMPLETIONS, "req-1", body, time.time()).encode(),
         ]
     else:
         key = {"tenant-a": b"key-a", OTHER: b"key-b"}[tenant]

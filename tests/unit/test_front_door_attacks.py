@@ -37,6 +37,7 @@ from loraplane.frontdoor.forwarded import (
     VERSION_HEADER,
     VERSION_REASON_HEADER,
     Forward,
+    Target,
     sign,
 )
 from loraplane.frontdoor.request_fields import header_token
@@ -57,6 +58,7 @@ from tests.unit.test_http_server import REST, answers_past_a_refusal, assert_one
 from tests.unit.test_planner import POLICY, worker
 
 SECRET = b"r" * 32
+COMPLETIONS = Target("POST", "/v1/completions")  # what a router signs a completion for
 CONTROL = [chr(c) for c in (*range(0x20), 0x7F, 0x85, 0xA0, 0x2028, 0x2029, 0xFEFF)]
 IDS = ["sql", "chat", "other", "nope"]  # served, canary split, another tenant's, unknown
 UNLOGGED = (
@@ -314,7 +316,7 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
     fwd = Forward(tenant, "interactive", "1", "active")
     value = {
         None: None,
-        "good": sign(SECRET, fwd, request_id, body, now),
+        "good": sign(SECRET, fwd, COMPLETIONS, request_id, body, now),
         "junk": "1.zz",
         "non-ascii": f"{int(now)}." + "é" * 64,
         "digits": "١٢٣." + "0" * 64,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import hmac
 import json
 import random
 import re
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientPayloadError, ClientSession
 from aiohttp.test_utils import TestServer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
@@ -28,6 +30,8 @@ from loraplane.frontdoor.forwarded import (
     VERSION_HEADER,
     VERSION_REASON_HEADER,
     Forward,
+    Target,
+    outdated,
     sign,
     verify,
 )
@@ -264,8 +268,9 @@ def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -
 # ---- the forwarded tenant -------------------------------------------------------------------
 def test_the_signature_binds_tenant_request_body_class_version_and_time() -> None:
     fwd = Forward("tenant-a", "interactive", "2", "canary", "1")
-    sig = sign(SECRET, fwd, "r1", b"{}", 1000.0)
-    assert verify(SECRET, fwd, "r1", b"{}", sig, 1010.0)
+    to = Target("POST", "/v1/completions")
+    sig = sign(SECRET, fwd, to, "r1", b"{}", 1000.0)
+    assert verify(SECRET, fwd, to, "r1", b"{}", sig, 1010.0)
     for other in (
         Forward("tenant-b", "interactive", "2", "canary", "1"),
         Forward("tenant-a", "batch", "2", "canary", "1"),
@@ -273,14 +278,77 @@ def test_the_signature_binds_tenant_request_body_class_version_and_time() -> Non
         Forward("tenant-a", "interactive", "2", "active", "1"),
         Forward("tenant-a", "interactive", "2", "canary", ""),
     ):
-        assert not verify(SECRET, other, "r1", b"{}", sig, 1010.0)
-    assert not verify(SECRET, fwd, "r2", b"{}", sig, 1010.0)
-    assert not verify(SECRET, fwd, "r1", b'{"x":1}', sig, 1010.0)
-    assert not verify(SECRET, fwd, "r1", b"{}", sig, 1031.0)  # expired
-    assert not verify(b"t" * 32, fwd, "r1", b"{}", sig, 1010.0)
-    assert not verify(None, fwd, "r1", b"{}", sig, 1010.0)
-    for junk in ("", "x", "1000.", "abc." + "0" * 64, sig + "0"):
-        assert not verify(SECRET, fwd, "r1", b"{}", junk, 1010.0)
+        assert not verify(SECRET, other, to, "r1", b"{}", sig, 1010.0)
+    assert not verify(SECRET, fwd, to, "r2", b"{}", sig, 1010.0)
+    assert not verify(SECRET, fwd, to, "r1", b'{"x":1}', sig, 1010.0)
+    assert not verify(SECRET, fwd, to, "r1", b"{}", sig, 1031.0)  # expired
+    assert not verify(b"t" * 32, fwd, to, "r1", b"{}", sig, 1010.0)
+    assert not verify(None, fwd, to, "r1", b"{}", sig, 1010.0)
+    for junk in ("", "x", "1000.", "abc." + "0" * 64, sig + "0", sig[3:], "v1" + sig[2:]):
+        assert not verify(SECRET, fwd, to, "r1", b"{}", junk, 1010.0)
+
+
+_TARGETS = st.builds(
+    Target,
+    st.sampled_from(["POST", "GET", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "post"]),
+    st.one_of(
+        st.sampled_from(
+            [
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/v1/completions?",
+                "/v1/completions?stream=true",
+                "/v1/completions/",
+                "//v1/completions",
+                "/v1/%63ompletions",
+                "/v1/load_lora_adapter",
+                "/healthz",
+                "/v1/completions#x",
+                "/v1/completions\nPOST",
+            ]
+        ),
+        st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(
+            lambda t: "/" + t
+        ),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(signed=_TARGETS, sent=_TARGETS)
+def test_attack_a_forward_is_believed_only_for_the_method_and_target_it_was_signed_for(
+    signed: Target, sent: Target
+) -> None:
+    """A forward captured on its way to one endpoint, replayed within its window against
+    another route, by another method or with another query, never verifies: the HMAC covers
+    the method and the request target byte for byte."""
+    assume(sent != signed)
+    fwd = Forward("tenant-a", "interactive", "1", "active")
+    sig = sign(SECRET, fwd, signed, "r1", b"{}", 1000.0)
+    assert not verify(SECRET, fwd, sent, "r1", b"{}", sig, 1001.0)
+    honest = sign(SECRET, fwd, sent, "r1", b"{}", 1000.0)
+    assert verify(SECRET, fwd, sent, "r1", b"{}", honest, 1001.0) == (
+        sent.method.isupper() and " " not in sent.path and "\n" not in sent.path
+    )
+
+
+def _older_form(fwd: Forward, request_id: str, body: bytes, now: float) -> str:
+    """A signature as a router of the older form wrote it: without method and target."""
+    digest = hashlib.sha256(body).hexdigest()
+    message = (
+        f"{fwd.tenant}\n{request_id}\n{int(now)}\n{digest}\n{fwd.request_class}\n"
+        f"{fwd.version}\n{fwd.reason}\n{fwd.stable}"
+    ).encode()
+    return f"{int(now)}.{hmac.digest(SECRET, message, 'sha256').hex()}"
+
+
+def test_a_signature_of_the_older_form_is_told_apart_and_never_verifies() -> None:
+    fwd = Forward("tenant-a", "interactive", "1", "active")
+    old = _older_form(fwd, "r1", b"{}", 1000.0)
+    to = Target("POST", "/v1/completions")
+    assert outdated(old) and not verify(SECRET, fwd, to, "r1", b"{}", old, 1001.0)
+    new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0)
+    assert not outdated(new) and not outdated(None) and not outdated("1000.zz")
 
 
 def forwarded(
@@ -290,8 +358,10 @@ def forwarded(
     now: float,
     version: str = "1",
     request_class: str = "interactive",
+    target: Target = Target("POST", "/v1/completions"),
 ) -> dict[str, str]:
-    """The headers a router puts on a forwarded request, signed with the test secret."""
+    """The headers a router puts on a request it forwards to ``target``, signed with the
+    test secret."""
     fwd = Forward(tenant, request_class, version, "active")
     return {
         TENANT_HEADER: tenant,
@@ -299,7 +369,7 @@ def forwarded(
         "X-Request-Class": request_class,
         VERSION_HEADER: version,
         VERSION_REASON_HEADER: "active",
-        SIGNATURE_HEADER: sign(SECRET, fwd, request_id, raw, now),
+        SIGNATURE_HEADER: sign(SECRET, fwd, target, request_id, raw, now),
         "Content-Type": "application/json",
     }
 
@@ -834,6 +904,53 @@ async def test_gateway_believes_a_forwarded_tenant_only_when_signed(stack: Stack
     stale = forwarded("tenant-a", "r1", raw, now - 120)
     async with stack.http.post(url, data=raw, headers=stale) as resp:
         assert resp.status == 401
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_attack_a_forward_replayed_on_another_path_or_query_is_refused(
+    stack: Stack,
+) -> None:
+    """A forward signed for one endpoint (its headers captured on loopback), replayed within
+    its window on another endpoint or query of the same gateway with a body that meets that
+    endpoint's allowlist: refused 401, never served."""
+    gateway = stack.router.fleet.index.workers["w2"].state.gateway_url
+    chat = json.dumps({"model": "sql", "messages": [{"role": "user", "content": "q"}]}).encode()
+    text = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    now = datetime.now(UTC).timestamp()
+    for n, (signed_for, sent_to, raw) in enumerate(
+        [
+            ("/v1/chat/completions", "/v1/chat/completions", chat),  # the honest forward
+            ("/v1/completions", "/v1/chat/completions", chat),
+            ("/v1/chat/completions", "/v1/completions", text),
+            ("/v1/completions", "/v1/completions?stream=true", text),
+            ("/v1/completions?a=1", "/v1/completions?a=2", text),
+            ("/v1/completions?a=1", "/v1/completions", text),
+        ]
+    ):
+        headers = forwarded("tenant-a", f"p{n}", raw, now, target=Target("POST", signed_for))
+        async with stack.http.post(gateway + sent_to, data=raw, headers=headers) as resp:
+            body = await resp.json()
+            if signed_for == sent_to:
+                assert resp.status == 200, body
+            else:
+                assert (resp.status, body["error"]["type"]) == (401, "unauthorized"), sent_to
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_forward_of_an_older_router_is_refused_as_outdated(stack: Stack) -> None:
+    """A rolling upgrade: a router signing in the older form (no method, no target) is
+    refused with a reason of its own, never served."""
+    url = stack.router.fleet.index.workers["w2"].state.gateway_url + "/v1/completions"
+    raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
+    now = datetime.now(UTC).timestamp()
+    fwd = Forward("tenant-a", "interactive", "1", "active")
+    headers = {
+        **forwarded("tenant-a", "o1", raw, now),
+        SIGNATURE_HEADER: _older_form(fwd, "o1", raw, now),
+    }
+    async with stack.http.post(url, data=raw, headers=headers) as resp:
+        body = await resp.json()
+    assert (resp.status, body["error"]["type"]) == (401, "forward_outdated")
 
 
 def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
