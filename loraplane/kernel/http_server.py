@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
 
-from aiohttp import HttpVersion11, web
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.web_protocol import ERROR, RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
 from loraplane.kernel import collector
@@ -90,6 +90,21 @@ _ROUTING = {
     web.HTTPNotFound.status_code: ServerRefusal.unknown_route,
     web.HTTPMethodNotAllowed.status_code: ServerRefusal.method_not_allowed,
 }
+
+
+_UNPARSED = ERROR._replace(version=HttpVersion11)
+"""The request aiohttp's handler answers a head that does not parse for, in the server's own
+version: aiohttp's ``ERROR`` says HTTP/1.0, so its answer would be an HTTP/1.0 one without
+``Connection: close`` to a client whose version was never read."""
+
+
+def _closing(response: web.StreamResponse) -> web.StreamResponse:
+    """``response`` closes its connection and says so: ``Connection: close`` in its head
+    whatever the request's version (aiohttp writes it only for HTTP/1.1, so an HTTP/1.0
+    client was not told), the one framing of every answer the server closes after."""
+    response.force_close()
+    response.headers[hdrs.CONNECTION] = "close"
+    return response
 
 
 def _too_large(headers: Mapping[str, str]) -> bytes:
@@ -493,13 +508,15 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     if not _expects_continue(request):
         message = "unknown Expect: " + request.headers["Expect"][:64]
         answer = request.app.get(ERROR_ANSWER)
-        if answer is None:
-            raise web.HTTPExpectationFailed(text=message)
-        refused = answer(
-            web.HTTPExpectationFailed.status_code, ServerRefusal.bad_expectation, message
+        # its body is never asked for: nothing after it is parsed
+        return _closing(
+            _error(
+                answer,
+                web.HTTPExpectationFailed.status_code,
+                ServerRefusal.bad_expectation,
+                message,
+            )
         )
-        refused.force_close()  # its body is never asked for: nothing after it is parsed
-        return refused
     if _head_refusal(request) is not None:
         return None
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -536,7 +553,7 @@ async def _answer_early(
     or it is still to come), so the answer says ``Connection: close`` and the connection
     closes after it (``_closes``)."""
     if unread:
-        response.force_close()
+        _closing(response)
     with contextlib.suppress(ConnectionError):
         await response.prepare(request)
         await response.write_eof()
@@ -570,7 +587,8 @@ class _Handler(RequestHandler):
     """aiohttp's handler of one connection, whose own error answers (a head it cannot parse,
     a failure outside the app) carry the listener's ``ANSWER_HEADERS`` and are worded by its
     ``ERROR_ANSWER``: no app hook sees them (aiohttp writes them before any route is
-    matched)."""
+    matched). Each closes the connection and says so (``_closing``); the answer to a head
+    that did not parse is HTTP/1.1 (``_UNPARSED``)."""
 
     __slots__ = ("_answer_headers", "_error_answer")
 
@@ -584,6 +602,7 @@ class _Handler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._answer_headers = answer_headers
         self._error_answer = error_answer
+        self._request_factory = _unparsed_as_http11(manager.request_factory)
 
     def handle_error(
         self,
@@ -600,9 +619,21 @@ class _Handler(RequestHandler):
                 reason = ServerRefusal.malformed_request
                 told = "the request could not be parsed: " + _first_line(message or "")
             response = self._error_answer(status, reason, told)
-            response.force_close()
+        _closing(response)
         response.headers.update(self._answer_headers)
         return response
+
+
+def _unparsed_as_http11(
+    make: Callable[..., BaseRequest],
+) -> Callable[..., BaseRequest]:
+    """A connection's request factory that makes the request of a head that did not parse
+    (aiohttp's ``ERROR`` message) as ``_UNPARSED``; every other as it is."""
+
+    def request(message: Any, *rest: Any) -> BaseRequest:
+        return make(_UNPARSED if message is ERROR else message, *rest)
+
+    return request
 
 
 def _first_line(message: str) -> str:

@@ -24,8 +24,10 @@ from loraplane.dashboards.web import Dashboard
 from loraplane.kernel.config import HttpLimits, Settings
 from loraplane.kernel.http_server import (
     ERROR_ANSWER,
+    HEAD_CHECK,
     bound_port,
     connection_budget,
+    expect_continue,
     log,
     open_connections,
     start_site,
@@ -149,7 +151,7 @@ async def test_a_bare_lf_head_is_answered_400_not_held_to_its_deadline(site, hea
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(head)
     answer = await asyncio.wait_for(reader.readline(), 2)
-    assert answer.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), answer
+    assert answer.startswith(b"HTTP/1.1 400"), answer
     assert burst.total["header_timeout"] == 0
     writer.close()
 
@@ -529,3 +531,146 @@ async def test_a_handler_that_fails_is_answered_in_the_apps_words_and_tells_noth
     assert got.startswith(b"HTTP/1.1 500 "), got
     assert b'"internal_error"' in got and b"secret" not in got and b"RuntimeError" not in got
     assert told == [(500, ServerRefusal.internal_error, "the server failed on this request")]
+
+
+# ---- the framing of the answers given outside the handlers -----------------------------------
+async def _fails(_: web.Request) -> web.Response:
+    raise RuntimeError("a bug")
+
+
+async def _times_out(_: web.Request) -> web.Response:
+    raise TimeoutError
+
+
+def _refuse_marked(request: web.Request) -> web.StreamResponse | None:
+    if request.headers.get("X-Refuse") is None:
+        return None
+    return web.json_response({"error": "refused"}, status=401)
+
+
+def _framed(raw: bytes) -> tuple[bytes, dict[bytes, list[bytes]], bytes]:
+    """The status line, the headers (lower-case names) and the body of one answer."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    assert sep, raw[:300]
+    status, *lines = head.split(b"\r\n")
+    headers: dict[bytes, list[bytes]] = {}
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        assert colon and name == name.strip(), line
+        headers.setdefault(name.lower(), []).append(value.strip())
+    return status, headers, body
+
+
+def _one_answer(port: int, request: bytes) -> bytes:
+    """Everything the server writes for ``request`` until it closes (blocking: run it off
+    the server's loop); fails when the server keeps the connection open."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        with contextlib.suppress(OSError):  # the server may answer and close mid-send
+            sock.sendall(request)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+_V10_FAIL = b"GET /fail HTTP/1.0\r\nHost: x\r\n\r\n"
+OUTSIDE_HANDLERS = {
+    # a head the parser refuses: no version known, the server's own
+    "te-and-cl": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1",
+        b"400",
+    ),
+    "two-cl": (
+        b"POST / HTTP/1.0\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"HTTP/1.1",
+        b"400",
+    ),
+    "folded": (b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", b"HTTP/1.1", b"400"),
+    "bare-lf": (b"GET / HTTP/1.1\nHost: x\n\n", b"HTTP/1.1", b"400"),
+    "bare-cr": (b"GET / HTTP/1.1\r\nHost: x\rY: z\r\n\r\n", b"HTTP/1.1", b"400"),
+    "tls": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", b"HTTP/1.1", b"400"),
+    "no-http": (b"HELLO\r\n\r\n", b"HTTP/1.1", b"400"),
+    "version": (b"GET / HTTP/7.1\r\nHost: x\r\n\r\n", b"HTTP/1.1", b"400"),
+    # a handler that fails, or times out: the request's own version
+    "500": (b"GET /fail HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1", b"500"),
+    "500-http/1.0": (_V10_FAIL, b"HTTP/1.0", b"500"),
+    "500-http/1.0-keep-alive": (
+        _V10_FAIL.replace(b"\r\n\r\n", b"\r\nConnection: keep-alive\r\n\r\n"),
+        b"HTTP/1.0",
+        b"500",
+    ),
+    "504": (b"GET /timeout HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1", b"504"),
+    # answered before the body is read to its end
+    "413": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 90000\r\n\r\n" + b"x" * 5000,
+        b"HTTP/1.1",
+        b"413",
+    ),
+    "413-http/1.0": (
+        b"POST / HTTP/1.0\r\nContent-Length: 90000\r\n\r\n" + b"x" * 5000,
+        b"HTTP/1.0",
+        b"413",
+    ),
+    "bad-encoding": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope",
+        b"HTTP/1.1",
+        b"400",
+    ),
+    "bad-encoding-http/1.0": (
+        b"POST / HTTP/1.0\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope",
+        b"HTTP/1.0",
+        b"400",
+    ),
+    "head-check": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nX-Refuse: 1\r\nContent-Length: 50\r\n\r\n",
+        b"HTTP/1.1",
+        b"401",
+    ),
+    "head-check-http/1.0": (
+        b"POST / HTTP/1.0\r\nX-Refuse: 1\r\nContent-Length: 50\r\n\r\n",
+        b"HTTP/1.0",
+        b"401",
+    ),
+    "expectation": (
+        b"POST / HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 5\r\n\r\n",
+        b"HTTP/1.1",
+        b"417",
+    ),
+    # the guard's own, for a head past max_header_bytes
+    "431": (b"GET / HTTP/1.1\r\nX-Pad: " + b"a" * 4000 + b"\r\n\r\n", b"HTTP/1.1", b"431"),
+}
+
+
+@pytest.mark.parametrize("worded", [True, False], ids=["error-answer", "aiohttp-text"])
+@pytest.mark.parametrize("case", sorted(OUTSIDE_HANDLERS))
+async def test_every_answer_outside_the_handlers_is_framed_and_says_it_closes(
+    worded: bool, case: str
+) -> None:
+    """Each answer the server gives outside its handlers that closes the connection (a head
+    the parser refuses, a handler that fails, a body answered before it is read, the guard's
+    431) is one whole HTTP/1.x answer: an HTTP/1.1 status line where no request version was
+    read (aiohttp wrote a parser's 400 as HTTP/1.0), else the request's; ``Connection:
+    close`` in its head whatever the version (an HTTP/1.0 one said nothing); a
+    ``Content-Length`` its body matches; then the close, read by a raw socket client."""
+    request, version, status = OUTSIDE_HANDLERS[case]
+    app = web.Application(client_max_size=4096)
+    app.router.add_route("*", "/", _hello, expect_handler=expect_continue)
+    app.router.add_get("/fail", _fails)
+    app.router.add_get("/timeout", _times_out)
+    app[HEAD_CHECK] = _refuse_marked
+    if worded:
+        app[ERROR_ANSWER] = lambda code, reason, message: web.json_response(
+            {"error": {"type": str(reason), "message": message}}, status=code
+        )
+    runner, _ = await start_site(app, "127.0.0.1", 0, LIMITS, name="test")
+    try:
+        raw = await asyncio.to_thread(_one_answer, bound_port(runner), request)
+    finally:
+        await runner.cleanup()
+    line, headers, body = _framed(raw)
+    assert line.split(b" ", 2)[:2] == [version, status], raw[:300]
+    assert [v.lower() for v in headers.get(b"connection", [])] == [b"close"], raw[:300]
+    assert headers.get(b"content-length") == [str(len(body)).encode()], raw[:300]
+    assert b"transfer-encoding" not in headers, raw[:300]
