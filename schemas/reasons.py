@@ -223,6 +223,17 @@ class ArtifactReason(StrEnum):
     model_signing_unavailable = "model_signing_unavailable"  # no model-signing package here
 
     @property
+    def against_worker(self) -> bool:
+        """True for a refusal of the artifact against the refusing worker's own limits (its
+        ``max_lora_rank``, its host-tier budget, its base model's shapes), not of the bytes
+        alone: a worker with other limits may take the same artifact."""
+        return self in (
+            ArtifactReason.rank_too_high,
+            ArtifactReason.host_budget_exceeded,
+            ArtifactReason.model_shape_unknown,
+        )
+
+    @property
     def is_failure(self) -> bool:
         """True for transient trouble (CacheEvent kind ``fail``), False for a refusal: I/O,
         or a worker without the model-signing package (installing it lets a retry pass)."""
@@ -395,6 +406,8 @@ class ServingRefusal(StrEnum):
     canary_warming = "canary_warming"  # only a warming canary could serve (429 + Retry-After)
     adapter_unavailable = "adapter_unavailable"  # vLLM lost the name under us (503)
     adapter_unavailable_permanent = "adapter_unavailable_permanent"  # artifact refused (424)
+    # this worker cannot load it (its vLLM, its own limits); another worker may (424)
+    adapter_refused_by_worker = "adapter_refused_by_worker"
 
 
 class RouterRefusal(StrEnum):

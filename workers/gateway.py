@@ -34,7 +34,7 @@ from aiohttp import web
 
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Keys, Refusal
-from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
+from loraplane.frontdoor.forwarded import NOT_RUN_HEADER, PERMANENT_STATUS
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
     admit_request,
@@ -56,7 +56,13 @@ from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.schemas.adapter import AdapterRecord
 from loraplane.schemas.base import now_utc
-from loraplane.schemas.reasons import LoadDeferral, ServingRefusal, VllmErrorCode, VllmFailure
+from loraplane.schemas.reasons import (
+    ArtifactReason,
+    LoadDeferral,
+    ServingRefusal,
+    VllmErrorCode,
+    VllmFailure,
+)
 from loraplane.schemas.request_log import RequestClass, RequestLog, RequestStatus, Tier
 from loraplane.workers.serving import LoadOutcome, Serving, unfit
 from loraplane.workers.vllm_client import VllmError, classify
@@ -74,12 +80,12 @@ __all__ = [
     "client_message",
     "cold_budget",
     "permanent_message",
+    "refused_here",
 ]
 
 FALLBACK_HEADER = "X-Loraplane-Fallback"
 FALLBACK_REASON_HEADER = "X-Loraplane-Fallback-Reason"
 FALLBACK_PERMANENT_HEADER = "X-Loraplane-Fallback-Permanent"  # "true": retrying will not help
-PERMANENT_STATUS = 424  # Failed Dependency: the version's artifact is refused (gone, bad)
 CANARY_WARMING_HEADER = "X-Loraplane-Canary-Warming"
 _MAX_EVENT_BYTES = 1024 * 1024  # one SSE event buffered at most (to find the usage chunk)
 CLIENT_PACED_SHARE = 0.05
@@ -94,16 +100,32 @@ _PATH = re.compile(r"(?<![^\s`'\"(=])(?:[A-Za-z]:)?(?:[/\\][^\s`'\"/\\]+)+[/\\]?
 
 
 _VLLM_FAILURES = frozenset(VllmFailure)
+_ARTIFACT_REASONS = {r.value: r for r in ArtifactReason}
+
+
+def refused_here(reason: str) -> bool:
+    """Whether a permanent refusal (a 424) is this worker's own, which another worker may
+    not share: its vLLM refused to load the version (``VllmFailure``: its
+    ``--max-lora-rank``, a module it does not serve), or the artifact failed a check
+    against this worker's limits (``ArtifactReason.against_worker``). Any other refusal is
+    of the artifact itself, which every worker refuses alike."""
+    if reason in _VLLM_FAILURES:
+        return True
+    artifact = _ARTIFACT_REASONS.get(reason)
+    return artifact is not None and artifact.against_worker
 
 
 def permanent_message(record: AdapterRecord, reason: str) -> str:
     """What a 424 tells the tenant heals it: a refused artifact heals by a re-upload; a
     version this worker's vLLM refused to load (``vllm_*``: its ``--max-lora-rank``, a module
-    it does not serve) by a model server that can load it, whatever the bytes; either by
-    another version promoted."""
+    it does not serve) by a model server that can load it, whatever the bytes, and one past
+    this worker's own limits by a worker whose limits take it; any by another version
+    promoted."""
     heals = (
         "this worker's model server can load it"
         if reason in _VLLM_FAILURES
+        else "a worker whose limits take it serves it"
+        if refused_here(reason)
         else "it is re-uploaded"
     )
     return (
@@ -507,7 +529,10 @@ class Gateway:
             trace.status, trace.error = RequestStatus.error, reason
             return error_response(
                 PERMANENT_STATUS,
-                ServingRefusal.adapter_unavailable_permanent,
+                # whose refusal: this worker's own, or the artifact's (frontdoor.forwarded)
+                ServingRefusal.adapter_refused_by_worker
+                if refused_here(reason)
+                else ServingRefusal.adapter_unavailable_permanent,
                 permanent_message(record, reason),
             )
         trace.status, trace.error = RequestStatus.retry_later, reason

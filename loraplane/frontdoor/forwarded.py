@@ -14,7 +14,8 @@ target) is told apart (``outdated``) and refused too. docs/router.md, "The forwa
 and version". Pure: the secret and the time are passed in.
 
 Back the other way, a gateway's answer names one header of these for the router alone:
-``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM.
+``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM; and its 424
+(``PERMANENT_STATUS``) says in its body whose refusal it is (``refused_by_worker``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ from dataclasses import dataclass
 
 from loraplane.frontdoor.request_fields import header_token
 from loraplane.schemas.base import is_id
+from loraplane.schemas.reasons import ServingRefusal
+from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
 __all__ = [
     "MAX_SKEW_S",
     "NOT_RUN_HEADER",
+    "PERMANENT_STATUS",
+    "REFUSAL_ANSWER_BYTES",
     "SIGNATURE_HEADER",
     "STABLE_VERSION_HEADER",
     "TENANT_HEADER",
@@ -39,6 +44,7 @@ __all__ = [
     "Target",
     "headers",
     "outdated",
+    "refused_by_worker",
     "sign",
     "verify",
 ]
@@ -53,6 +59,16 @@ NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 reached vLLM (the header's value is the reason). A router parks that worker and sends the
 request to another, at most once per request (``router.server``), so a gateway that sends it
 on every answer costs a request one more try, never a loop."""
+PERMANENT_STATUS = 424
+"""A gateway's answer for a version it cannot load, retrying will not help (Failed
+Dependency). Its ``error.type`` says whose refusal it is: ``adapter_unavailable_permanent``,
+the artifact's (gone from the store, hostile, ...: every worker refuses it alike), or
+``adapter_refused_by_worker``, that worker's own (its vLLM's loader, its ``max_lora_rank``,
+its host-tier budget), which another worker may load: a router sends the request there
+(``refused_by_worker``), within its one re-route of a request, and passes the 424 on only
+when no other worker serves it."""
+REFUSAL_ANSWER_BYTES = 64 * 1024
+"""A 424 read as a worker's own refusal is at most this long (the gateway's is ~300 bytes)."""
 MAX_SKEW_S = 30
 _FORM = "v2"  # the signature's form: what its HMAC covers (the method and target included)
 _SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{64})")
@@ -167,3 +183,18 @@ def verify(
     if abs(now - ts) > MAX_SKEW_S:
         return False
     return hmac.compare_digest(mac, _mac(secret, request_id, ts, body, forward, target))
+
+
+def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:
+    """Whether a gateway's whole answer is a 424 of that worker's own refusal to load the
+    version (``ServingRefusal.adapter_refused_by_worker`` as its ``error.type``, OpenAI's
+    error shape in JSON within ``REFUSAL_ANSWER_BYTES``), which another worker may load.
+    Anything else (another status or type, a stream, bytes that are no such JSON) is not."""
+    if status != PERMANENT_STATUS or not content_type.startswith("application/json"):
+        return False
+    try:
+        answer = strict_loads(body, max_bytes=REFUSAL_ANSWER_BYTES)
+    except StrictJsonError:
+        return False
+    error = answer.get("error") if isinstance(answer, dict) else None
+    return isinstance(error, dict) and error.get("type") == ServingRefusal.adapter_refused_by_worker

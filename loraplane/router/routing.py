@@ -17,7 +17,7 @@ policy simulator routes its simulated fleet with the same code.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
@@ -368,17 +368,22 @@ class FleetIndex:
         return len(self._by_base.get(base_model, ()))
 
     def route(
-        self, record: AdapterRecord, now: float, in_flight: Mapping[str, int]
+        self,
+        record: AdapterRecord,
+        now: float,
+        in_flight: Mapping[str, int],
+        skip: Collection[str] = (),
     ) -> Route | None:
         """Where ``record`` is served now; None when no live worker of its base model can
-        hold its rank."""
+        hold its rank. ``skip``: workers that refused this request's version as their own
+        (``frontdoor.forwarded.refused_by_worker``), never chosen for it again."""
         name, base, rank = record.lora_name, record.base_model, record.rank
         workers = self.workers
         if self._placed:
             self._expire(now)
 
         def fits(wid: str) -> bool:
-            return self._fits(workers[wid], base, rank, now)
+            return wid not in skip and self._fits(workers[wid], base, rank, now)
 
         picked = pick_worker(
             self._gpu.get(name, ()),

@@ -27,7 +27,7 @@ import signal
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,10 +48,12 @@ from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import FrontDoor, Keys, Refusal
 from loraplane.frontdoor.forwarded import (
     NOT_RUN_HEADER,
+    PERMANENT_STATUS,
     TENANT_HEADER,
     VERSION_HEADER,
     Forward,
     Target,
+    refused_by_worker,
 )
 from loraplane.frontdoor.forwarded import headers as forward_headers
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, proven
@@ -362,6 +364,15 @@ class _Pools:
             self.pools.pop(url).close()
 
 
+@dataclass(frozen=True)
+class _Whole:
+    """A gateway's answer read whole: its status, headers (lower-case names) and body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
 class Router:
     def __init__(
         self,
@@ -655,11 +666,26 @@ class Router:
         """Forward to the worker the index names; one that did not answer leaves the view
         and the request goes to the next. A second attempt carries its own request id
         (``attempt_id``): the first worker may have run it and logged it before it died,
-        and the answer the client gets must name exactly one request_log row."""
+        and the answer the client gets must name exactly one request_log row.
+
+        A 424 that is the worker's own refusal to load the version
+        (``forwarded.refused_by_worker``: its vLLM, its limits) sends the request to another
+        worker of the base model, within the same attempts, the refusing worker staying in
+        the view (it serves other versions); that 424 is the answer only when no other
+        worker serves it. Nothing of it has reached the client then: an answer relayed,
+        streamed or whole, is never sent again."""
         target = Target("POST", endpoint.value)  # what is sent is what is signed
+        refused: tuple[_Whole, Route] | None = None  # a worker's own 424, held
         for attempt in range(2):
-            route = self.fleet.index.route(record, self._clock(), self.in_flight)
+            route = self.fleet.index.route(
+                record,
+                self._clock(),
+                self.in_flight,
+                skip=() if refused is None else (refused[1].worker_id,),
+            )
             if route is None:
+                if refused is not None:  # no other worker: the worker's own 424 is the answer
+                    return await self._relay_refused(request, *refused, record.version)
                 return self._refuse(
                     503,
                     RouterRefusal.no_live_worker,
@@ -695,6 +721,19 @@ class Router:
                         ),
                     )
                     continue
+                if resp.status == PERMANENT_STATUS:
+                    try:
+                        whole = await self._read_whole(resp, route)
+                        if isinstance(whole, web.Response):  # the router's own refusal
+                            return whole
+                        content_type = whole.headers.get("content-type", "")
+                        if refused_by_worker(whole.status, content_type, whole.body):
+                            refused = (whole, route)  # held (small): another may load it
+                            continue
+                        self.outcomes[route.kind.value] += 1
+                        return await self._relay_whole(request, whole, route, record.version)
+                    finally:
+                        resp.close()
                 self.outcomes[route.kind.value] += 1
                 try:
                     return await self._relay(request, resp, route, record.version)
@@ -706,6 +745,8 @@ class Router:
                     self.in_flight[wid] = left
                 else:
                     self.in_flight.pop(wid, None)
+        if refused is not None:  # no other worker answered: the worker's own 424 is the answer
+            return await self._relay_refused(request, *refused, record.version)
         return self._refuse(
             503,
             RouterRefusal.no_live_worker,
@@ -713,47 +754,73 @@ class Router:
             **{"Retry-After": str(self.retry_after_s)},
         )
 
-    async def _relay(
-        self, request: web.Request, resp: UpstreamResponse, route: Route, version: str
+    async def _relay_refused(
+        self, request: web.Request, whole: _Whole, route: Route, version: str
     ) -> web.StreamResponse:
+        """A worker's own 424, held while another worker was tried, as the answer."""
+        self.outcomes[route.kind.value] += 1
+        return await self._relay_whole(request, whole, route, version)
+
+    @staticmethod
+    def _passed_headers(gateway: Mapping[str, str], route: Route, version: str) -> dict[str, str]:
+        """The gateway's headers (lower-case names) a client gets, and the router's own."""
         headers = {
             k: v
-            for k, v in resp.headers.items()
+            for k, v in gateway.items()
             if (k in _PASSED or k.startswith("x-loraplane-") or k == "x-request-id")
             and k not in _OWN_HEADERS
         }
         headers[WORKER_HEADER] = route.worker_id
         headers[ROUTE_HEADER] = route.kind.value
         headers[VERSION_HEADER] = version  # decided here; the gateway serves exactly it
-        if not headers.get("content-type", "").startswith("text/event-stream"):
-            try:
-                body = await resp.read()
-            except AnswersFull as exc:
-                log.warning("answer of worker %s not held: %s", route.worker_id, exc)
-                return self._refuse(
-                    503,
-                    RouterRefusal.answers_full,
-                    "the router holds as many answers as it may; try again",
-                    **{"Retry-After": str(self.retry_after_s)},
-                )
-            except UpstreamError as exc:
-                # The worker died after its head (killed mid-answer): the client gets a
-                # retryable answer, not a 500. Not sent again here: the worker may have
-                # run it already, which only the client can judge.
-                self._drop(route, exc, "closed mid-answer")
-                return self._refuse(
-                    503,
-                    RouterRefusal.worker_lost,
-                    f"worker {route.worker_id} closed mid-answer; try again",
-                    **{"Retry-After": str(self.retry_after_s)},
-                )
-            whole = web.Response(body=body, status=resp.status, headers=headers)
-            del body
+        return headers
+
+    async def _read_whole(self, resp: UpstreamResponse, route: Route) -> _Whole | web.Response:
+        """A gateway's answer read whole (within the answer budget), or the router's own
+        refusal when it cannot be (the budget full, the worker gone mid-answer: parked)."""
+        try:
+            return _Whole(resp.status, resp.headers, await resp.read())
+        except AnswersFull as exc:
+            log.warning("answer of worker %s not held: %s", route.worker_id, exc)
+            return self._refuse(
+                503,
+                RouterRefusal.answers_full,
+                "the router holds as many answers as it may; try again",
+                **{"Retry-After": str(self.retry_after_s)},
+            )
+        except UpstreamError as exc:
+            # The worker died after its head (killed mid-answer): the client gets a
+            # retryable answer, not a 500. Not sent again here: the worker may have
+            # run it already, which only the client can judge.
+            self._drop(route, exc, "closed mid-answer")
+            return self._refuse(
+                503,
+                RouterRefusal.worker_lost,
+                f"worker {route.worker_id} closed mid-answer; try again",
+                **{"Retry-After": str(self.retry_after_s)},
+            )
+
+    async def _relay_whole(
+        self, request: web.Request, whole: _Whole, route: Route, version: str
+    ) -> web.StreamResponse:
+        """Write a gateway's answer read whole to the client."""
+        headers = self._passed_headers(whole.headers, route, version)
+        out = web.Response(body=whole.body, status=whole.status, headers=headers)
+        with contextlib.suppress(ConnectionError):
+            await out.prepare(request)
+            await out.write_eof()
+        return out
+
+    async def _relay(
+        self, request: web.Request, resp: UpstreamResponse, route: Route, version: str
+    ) -> web.StreamResponse:
+        if not resp.headers.get("content-type", "").startswith("text/event-stream"):
             # written before the answer is closed, which frees its place in the budget
-            with contextlib.suppress(ConnectionError):
-                await whole.prepare(request)
-                await whole.write_eof()
-            return whole
+            whole = await self._read_whole(resp, route)
+            if isinstance(whole, web.Response):
+                return whole
+            return await self._relay_whole(request, whole, route, version)
+        headers = self._passed_headers(resp.headers, route, version)
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(request)
         try:

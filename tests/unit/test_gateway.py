@@ -422,6 +422,8 @@ async def test_a_424_names_what_heals_a_refused_artifact_or_a_refused_load() -> 
     assert "(manifest_missing)" in gone and "until it is re-uploaded" in gone
     assert "(vllm_rank_too_large)" in refused and "re-uploaded" not in refused
     assert "until this worker's model server can load it" in refused
+    limits = permanent_message(sql, "rank_too_high")  # past this worker's max_lora_rank
+    assert "re-uploaded" not in limits and "a worker whose limits take it" in limits
 
 
 async def test_a_store_outage_stays_retriable_with_its_reason(world: World) -> None:
@@ -944,6 +946,7 @@ class FakeServing:
     context_tokens: int | None = None
     upstream_stalled: bool = False
     wrong_base_model: bool = False
+    refuses: dict[str, str] = field(default_factory=dict)  # lora name -> a permanent reason
 
     @property
     def upstream(self) -> FakeServing:
@@ -974,8 +977,12 @@ class FakeServing:
         self, record: AdapterRecord, *, wait_s: float = 0.0
     ) -> asyncio.Future[LoadOutcome]:
         self.asked.append(record.lora_name)
-        self.hot.add(record.lora_name)
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
+        refused = self.refuses.get(record.lora_name)
+        if refused is not None:  # refused for good, as the agent tells a refusal
+            fut.set_result(LoadOutcome(False, refused, permanent=True))  # type: ignore[arg-type]
+            return fut
+        self.hot.add(record.lora_name)
         fut.set_result(LoadOutcome(True))
         return fut
 

@@ -25,6 +25,8 @@ from multidict import CIMultiDict
 
 from loraplane.frontdoor.forwarded import (
     NOT_RUN_HEADER,
+    PERMANENT_STATUS,
+    REFUSAL_ANSWER_BYTES,
     SIGNATURE_HEADER,
     TENANT_HEADER,
     VERSION_HEADER,
@@ -32,6 +34,7 @@ from loraplane.frontdoor.forwarded import (
     Forward,
     Target,
     outdated,
+    refused_by_worker,
     sign,
     verify,
 )
@@ -53,11 +56,11 @@ from loraplane.router.server import (
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.commands import CommandAction
 from loraplane.schemas.dead_letter import DeadLetter
-from loraplane.schemas.reasons import VllmErrorCode
+from loraplane.schemas.reasons import ArtifactReason, ServingRefusal, VllmErrorCode, VllmFailure
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.scores import score_key
-from loraplane.workers.gateway import Gateway
+from loraplane.workers.gateway import Gateway, refused_here
 from loraplane.workers.vllm_client import VllmError
 from tests.unit.test_gateway import (
     AUTH_A,
@@ -349,6 +352,68 @@ def test_a_signature_of_the_older_form_is_told_apart_and_never_verifies() -> Non
     assert outdated(old) and not verify(SECRET, fwd, to, "r1", b"{}", old, 1001.0)
     new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0)
     assert not outdated(new) and not outdated(None) and not outdated("1000.zz")
+
+
+# ---- a worker's own 424 ------------------------------------------------------------------
+def _refusal(
+    status: int, kind: str, message: str = "version 1 of 'chat' cannot be loaded"
+) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    ).encode()
+
+
+JSON = "application/json; charset=utf-8"
+
+
+def test_a_424_is_read_as_the_workers_own_only_when_it_says_so() -> None:
+    """The router re-routes on a 424 whose ``error.type`` is ``adapter_refused_by_worker``
+    alone: the artifact's own refusal, any other status, a stream, or bytes that are not
+    OpenAI's error shape in JSON within the bound are passed on as they are."""
+    own = ServingRefusal.adapter_refused_by_worker
+    assert refused_by_worker(PERMANENT_STATUS, JSON, _refusal(424, own))
+    assert refused_by_worker(PERMANENT_STATUS, "application/json", _refusal(424, own))
+    for status, kind, content_type, body in [
+        (424, ServingRefusal.adapter_unavailable_permanent, JSON, None),
+        (429, own, JSON, None),
+        (503, own, JSON, None),
+        (400, own, JSON, None),
+        (200, own, JSON, None),
+        (424, own, "text/event-stream", None),
+        (424, own, "text/plain", None),
+        (424, own, JSON, b"not json"),
+        (424, own, JSON, b'{"error": "adapter_refused_by_worker"}'),
+        (424, own, JSON, b'["adapter_refused_by_worker"]'),
+        (424, own, JSON, b'{"error": {"type": "adapter_refused_by_worker"'),  # cut
+        (424, own, JSON, b'{"error": {"type": "x", "type": "adapter_refused_by_worker"}}'),
+        (424, own, JSON, b"[" * 5000 + b"]" * 5000),
+        (424, own, JSON, _refusal(424, own, "x" * REFUSAL_ANSWER_BYTES)),
+    ]:
+        raw = _refusal(status, kind) if body is None else body
+        assert not refused_by_worker(status, content_type, raw), (status, content_type, raw[:80])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_reading_a_424_never_fails_on_any_bytes(body: bytes) -> None:
+    assert refused_by_worker(PERMANENT_STATUS, JSON, body) in (True, False)
+
+
+def test_a_refusal_of_the_workers_own_is_told_from_the_artifacts() -> None:
+    """Its vLLM's refusal, or the artifact past its own limits, is the worker's: another
+    worker may load the version. Any other refusal is of the bytes, refused everywhere."""
+    for reason in VllmFailure:
+        assert refused_here(reason), reason
+    local = {
+        ArtifactReason.rank_too_high,  # its max_lora_rank
+        ArtifactReason.host_budget_exceeded,  # its host tier
+        ArtifactReason.model_shape_unknown,  # its base model's shapes
+    }
+    for reason in ArtifactReason:
+        assert refused_here(reason) == (reason in local), reason
+    for global_ in ("manifest_missing", "sha256_mismatch", "pickle_weights", "unsafe_path"):
+        assert not refused_here(global_)
+    assert not refused_here("") and not refused_here("vllm_nonsense")
 
 
 def forwarded(
@@ -871,6 +936,68 @@ async def test_a_stream_cut_by_a_killed_worker_is_cut_for_the_client(stack: Stac
         assert status == 200  # the router goes on
     finally:
         server.close()
+
+
+BATCH = {**AUTH_A, "X-Request-Class": "batch"}  # a cold load refused for good is a 424
+CHAT = [r.lora_name for r in RECORDS if r.adapter_id == "chat"]  # its active and its canary
+
+
+def _refuse_chat(serving: FakeServing, reason: str) -> None:
+    serving.refuses.update(dict.fromkeys(CHAT, reason))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_workers_own_424_sends_the_request_to_another_worker(stack: Stack) -> None:
+    """The worker the router picks for a cold version (w1: the most free slots) has a vLLM
+    that refuses to load it (its --max-lora-rank): the request goes on to another worker of
+    the base model, which serves it; w1 stays in the view, and the client gets one answer
+    naming the worker that served it."""
+    _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+    assert status == 200, body
+    assert headers["X-Loraplane-Worker"] == "w3"
+    chat = headers["X-Loraplane-Lora-Name"]
+    assert stack.workers["w1"].asked == [chat] and stack.workers["w3"].asked == [chat]
+    (refused,) = stack.sinks["w1"].messages(RequestLog)  # w1 logged its 424, not served
+    assert refused.error == "vllm_rank_too_large"
+    (served,) = stack.sinks["w3"].messages(RequestLog)
+    assert served.status == "ok" and served.request_id == refused.request_id + "-r1"
+    assert "w1" in stack.router.fleet.index.workers  # not parked: it serves other versions
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_artifacts_own_424_is_passed_on_without_another_worker(stack: Stack) -> None:
+    """A 424 for the artifact itself (gone from the store): every worker would refuse it,
+    so the client gets it at once, and no other worker is asked."""
+    _refuse_chat(stack.workers["w1"], ArtifactReason.manifest_missing)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+    assert status == PERMANENT_STATUS and headers["X-Loraplane-Worker"] == "w1"
+    assert body["error"]["type"] == ServingRefusal.adapter_unavailable_permanent
+    assert "manifest_missing" in body["error"]["message"]
+    assert len(stack.workers["w1"].asked) == 1
+    assert stack.workers["w3"].asked == stack.workers["w2"].asked == []
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_workers_own_424_is_passed_on_when_no_other_worker_serves(stack: Stack) -> None:
+    """Every worker tried refuses the version as its own: the last 424 is the answer, within
+    the router's one re-route (w2, which would load it, is not a third try)."""
+    for wid in ("w1", "w3"):
+        _refuse_chat(stack.workers[wid], VllmFailure.vllm_adapter_refused)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+    assert status == PERMANENT_STATUS and headers["X-Loraplane-Worker"] == "w3"
+    assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
+    assert "Retry-After" not in headers
+    assert len(stack.workers["w1"].asked) == len(stack.workers["w3"].asked) == 1
+    assert stack.workers["w2"].asked == []
+    # the only worker of the base model: its own 424 is the answer, with no second try
+    for wid in ("w2", "w3"):
+        stack.router.fleet.index.remove(wid)
+    stack.workers["w1"].asked.clear()
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+    assert (status, headers["X-Loraplane-Worker"]) == (PERMANENT_STATUS, "w1")
+    assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
+    assert len(stack.workers["w1"].asked) == 1
 
 
 @pytest.mark.asyncio(loop_scope="session")
