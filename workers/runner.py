@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("loraplane.worker")
-FIRST_READ_S = 10.0  # how long a start waits for the whole registry (as the old full read)
+FIRST_READ_S = 10.0  # how long a start waits for the whole registry
 AGENT_CALLS_WAIT_S = 10.0
 """How long a stop waits for the agent's calls still running in threads (an install ends at
 its download's next chunk, then removes its partial folder) before what they use closes."""
