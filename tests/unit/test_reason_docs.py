@@ -30,6 +30,7 @@ from loraplane.schemas.reasons import (
     ArtifactReason,
     AuditReason,
     CacheEventReason,
+    CommandRejection,
     CommandRule,
     ConsumerFault,
     DeadLetterReason,
@@ -145,6 +146,11 @@ def test_worker_doc_lists_the_agents_own_reasons() -> None:
         e.__name__: values(e) for e in (IntentRefusal, UnloadReason, LoadDeferral, CommandSkip)
     }
     assert sorted(codes(docs[("code", "when")])) == values(VllmErrorCode)
+
+
+def test_worker_doc_lists_every_command_rejection() -> None:
+    rows = tables("docs/worker.md")[("command rejection", "when")]
+    assert sorted(codes(rows)) == values(CommandRejection)
 
 
 def test_worker_doc_lists_every_foreign_change() -> None:
