@@ -37,6 +37,7 @@ import contextlib
 import itertools
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -270,6 +271,7 @@ def keepers_rate(
     processes: int,
     round_: int,
     folder: Path,
+    backlog: bool = True,
     timeout_s: float = 300,
 ) -> tuple[float, float, list[int]]:
     """(events/s, events per CPU-second of all of them, partitions each owned) of
@@ -278,8 +280,12 @@ def keepers_rate(
     They start first and the load is produced once the group settled (every requests
     partition read back by one of them, nothing moved for ``SETTLED_S``): a load already on
     the topic would be consumed by the first keeper before the others join. The load is a
-    fresh one (new event ids, the same adapters), and the rate runs from its first produce
-    to the last sentinel's score write (broker timestamps), so it includes producing it."""
+    fresh one (new event ids, the same adapters). With ``backlog`` the keepers are stopped
+    (SIGSTOP, well inside their group session) while it is produced and let go together
+    (SIGCONT): they read a backlog, as the raw consume does, and the rate runs from then to
+    the last sentinel's score write (broker timestamps). Without it they read the load as
+    it is produced, in the smaller batches a live stream makes, and the rate runs from its
+    first produce."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     changelog = topic_name(settings, "scores")
@@ -313,9 +319,18 @@ def keepers_rate(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the keepers' group did not settle: {owned}")
             time.sleep(0.2)
-        began = time.time()
-        produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
-        sentinels = produce_sentinels(settings, round_ + 1)
+        if backlog:
+            for proc, _, _ in procs:
+                os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            began = time.time()
+            produce_all(settings, "requests", logs, key=lambda m: m.adapter_id)
+            sentinels = produce_sentinels(settings, round_ + 1)
+        finally:
+            if backlog:
+                began = time.time()
+                for proc, _, _ in procs:
+                    os.kill(proc.pid, signal.SIGCONT)
         reader = kafka.consumer(settings, f"bench-probe-{uuid.uuid4().hex[:8]}")
         try:
             parts = reader.list_topics(changelog, timeout=10).topics[changelog].partitions
@@ -350,6 +365,7 @@ def run(
     worker: list[str],
     profile: Path | None = None,
     processes: tuple[int, ...] = (),
+    backlog: bool = True,
 ) -> dict[str, Any]:
     rates: dict[str, list[float]] = {"loraplane": [], "raw": [], "raw_scored": []}
     per_cpu: dict[str, list[float]] = {k: [] for k in rates}
@@ -386,7 +402,7 @@ def run(
                 startup.append(started)
                 for round_, n in enumerate(processes, start=1):
                     rate, cpu_rate, split = keepers_rate(
-                        settings, total, adapters, n, round_, settings.home
+                        settings, total, adapters, n, round_, settings.home, backlog
                     )
                     keepers[n]["rate"].append(rate)
                     keepers[n]["per_cpu"].append(cpu_rate)
@@ -409,6 +425,7 @@ def run(
         "ratio_vs_raw_scored": round(summary["loraplane"].median / summary["raw_scored"].median, 3),
         "cpu_ratio": round(cpu["loraplane"].median / cpu["raw"].median, 4),
         "goal": ">= 0.15x per CPU-second",
+        "scoring_processes_load": "backlog" if backlog else "live",
         "scoring_processes": {
             str(n): {
                 "events_s": Summary.from_samples(k["rate"]).as_dict(),
@@ -436,6 +453,12 @@ def main(argv: list[str] | None = None) -> None:
         "sharing the group, e.g. 1,2 (each count on a fresh load)",
     )
     parser.add_argument(
+        "--keepers-on-live-load",
+        action="store_true",
+        help="the plain keepers read the load while it is produced (smaller batches) "
+        "instead of as a backlog, as the raw consume reads it",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="pyinstrument text report of the first repetition's Faust worker (slows it)",
@@ -444,7 +467,14 @@ def main(argv: list[str] | None = None) -> None:
     worker = streams_run([AGENT])
     processes = tuple(int(n) for n in args.processes.split(",") if n.strip())
     result = run(
-        get_settings(), args.events, args.adapters, args.reps, worker, args.profile, processes
+        get_settings(),
+        args.events,
+        args.adapters,
+        args.reps,
+        worker,
+        args.profile,
+        processes,
+        backlog=not args.keepers_on_live_load,
     )
     result["worker"] = " ".join(worker[1:])
     emit(
@@ -459,7 +489,12 @@ def main(argv: list[str] | None = None) -> None:
             + Summary(**result["raw_consume_and_score_events_per_cpu_s"]).text(
                 "events per CPU-s", 0
             ),
-            f"{times(result['cpu_ratio'])} per CPU-second ({times(result['ratio'])} wall)",
+            f"{times(result['cpu_ratio'])} per CPU-second ({times(result['ratio'])} wall)"
+            + "".join(
+                f"; {n} plain keeper{'s' if n != '1' else ''}: "
+                f"{times(k['cpu_ratio'])} per CPU-second"
+                for n, k in result["scoring_processes"].items()
+            ),
             result["goal"],
         ),
         args,
