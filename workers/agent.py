@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from loraplane.artifact.refusal import ArtifactError
 from loraplane.eventlog.sink import EventSink
+from loraplane.kernel.command_effects import Tier
 from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import Policy
 from loraplane.kernel.tasks import cancel_all
@@ -210,8 +211,10 @@ class _Runtime:
     draining: set[str] = field(default_factory=set)
     cold_loads: list[float] = field(default_factory=list)
     backoff: dict[str, float] = field(default_factory=dict)
-    # name -> (the last fetch's outcome, until when requests get it at once, no new fetch)
-    last_failure: dict[str, tuple[LoadOutcome, float]] = field(default_factory=dict)
+    # name -> (the last fetch's or load's outcome, until when requests get it at once, no
+    # new fetch; for a refusal, the lowest tier it refuses: host for the artifact, gpu for
+    # vLLM's loader: ``Usage.held``, so no command or ask fetches or loads it meanwhile)
+    last_failure: dict[str, tuple[LoadOutcome, float, Tier | None]] = field(default_factory=dict)
     awaiting_registry: dict[str, float] = field(default_factory=dict)  # name -> refuse after
     busy_reported: set[str] = field(default_factory=set)
     # planner commands that will not be carried out -> their deadline (the heartbeat's
@@ -496,6 +499,11 @@ class WorkerAgent:
             demand=None if demand is None else lambda n: demand.count(n, now),
             loaded_at={n: at for n, (at, _) in self._rt.loaded_at.items()},
             now=now,
+            held={
+                n: tier
+                for n, (_, until, tier) in self._rt.last_failure.items()
+                if tier is not None and until > now
+            },
         )
         before = self._desired
         self._desired, skipped = fold(
@@ -589,6 +597,13 @@ class WorkerAgent:
                 return
             self._saved_protected = protected
 
+    def _command_dropped(self, command_id: str | None) -> None:
+        """An intent the worker drops without carrying it out (a refusal): its planner
+        command, if still within its deadline, is reported (``_not_carried_out``)."""
+        deadline = None if command_id is None else self.desired.seen_commands.get(command_id)
+        if command_id is not None and deadline is not None:
+            self._not_carried_out(command_id, deadline)
+
     def _not_carried_out(self, command_id: str, deadline: datetime) -> None:
         """Report ``command_id`` in the heartbeat's ``skipped_commands`` until its deadline."""
         now = now_utc()
@@ -640,7 +655,7 @@ class WorkerAgent:
         held = self._rt.last_failure.get(name)
         if held is None:
             return None
-        outcome, until = held
+        outcome, until, _ = held
         left = until - self._clock()
         if left <= 0:
             del self._rt.last_failure[name]
@@ -910,9 +925,7 @@ class WorkerAgent:
                     )
             case Refuse(name, reason, cmd):
                 self._event(name, CacheEventKind.refuse, reason=reason, command_id=cmd)
-                deadline = None if cmd is None else self.desired.seen_commands.get(cmd)
-                if cmd is not None and deadline is not None:
-                    self._not_carried_out(cmd, deadline)
+                self._command_dropped(cmd)
                 self._resolve(name, LoadOutcome(False, reason))
                 self._report(action)
 
@@ -1045,10 +1058,11 @@ class WorkerAgent:
             kind = CacheEventKind.fail if exc.is_failure else CacheEventKind.refuse
             self.metrics.host_install_failed(exc.reasons[0])
             self._event(name, kind, reason=exc.reasons[0], detail=str(exc)[:1024], command_id=cmd)
-            self._not_loaded(name, exc.reasons[0], permanent=not exc.is_failure)
+            self._not_loaded(name, exc.reasons[0], None if exc.is_failure else "host")
             return None
         path = got
-        self._rt.last_failure.pop(name, None)
+        if name in self._rt.last_failure and self._rt.last_failure[name][2] != "gpu":
+            del self._rt.last_failure[name]  # a vLLM refusal's hold is not the bytes' to end
         if known is not None and known.path == str(path):
             return path
         self._host[name] = HostEntry(name, str(path), record.sha256, record.size_bytes)
@@ -1061,22 +1075,27 @@ class WorkerAgent:
         )
         return path
 
-    def _not_loaded(self, name: str, reason: CacheEventReason, *, permanent: bool) -> None:
-        """A fetch or a load of ``name`` that failed: a transient failure backs the name off
-        for ``load_backoff_s``; a refusal (the same version is refused the same way again,
-        by the verifier or by vLLM's loader) drops its intent and holds for
-        ``refusal_hold_s``, so nothing retries it until a command or a request asks again
-        after that. Until the hold ends requests hear it at once (``load_failure``); the
-        waiters hear it now."""
-        if permanent:
+    def _not_loaded(self, name: str, reason: CacheEventReason, refused: Tier | None) -> None:
+        """A fetch or a load of ``name`` that failed: a transient failure (``refused``
+        None) backs the name off for ``load_backoff_s``; a refusal (the same version is
+        refused the same way again: by the verifier, ``refused`` "host", or by vLLM's
+        loader, "gpu") drops its intent, reports the command that asked for it as not
+        carried out, and holds for ``refusal_hold_s``: until the hold ends requests hear it
+        at once (``load_failure``) and a command or ask that would fetch or load it again
+        is skipped as ``refusal_held`` without a call to the artifact store or vLLM
+        (``Usage.held``). The waiters hear it now."""
+        if refused is not None:
+            intent = self.desired.intents.get(name)
             self._fold(Outcome(name, Settled.refused))
+            if intent is not None:
+                self._command_dropped(intent.command_id)
             outcome = LoadOutcome(False, reason, permanent=True)
             hold = self.config.refusal_hold_s
         else:
             self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
             outcome = LoadOutcome(False, reason, self.config.load_backoff_s)
             hold = self.config.load_backoff_s
-        self._rt.last_failure[name] = (outcome, self._clock() + hold)
+        self._rt.last_failure[name] = (outcome, self._clock() + hold, refused)
         self._resolve(name, outcome)
 
     async def _load(self, record: AdapterRecord, cmd: str | None, warmup: int = 0) -> None:
@@ -1101,7 +1120,7 @@ class WorkerAgent:
                 detail=exc.message,
                 command_id=cmd,
             )
-            self._not_loaded(name, exc.reason.failure, permanent=refused)
+            self._not_loaded(name, exc.reason.failure, "gpu" if refused else None)
             return
         self.metrics.cold_load(labels, ok=True, swap_ms=swap_ms)
         self._loads.add(started, self._clock())  # vLLM loads in its step loop: the batch waits

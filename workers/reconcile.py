@@ -23,6 +23,7 @@ from enum import StrEnum
 from functools import partial
 
 from loraplane.kernel.command_effects import (
+    LEVEL,
     Copy,
     Tier,
     effect,
@@ -157,6 +158,9 @@ class CommandSkip(StrEnum):
     # a load, but every copy that could give its slot is kept by the policy's
     # min_residency_s (``_resident``)
     min_residency = "min_residency"
+    # it would fetch or load a version whose fetch or load was refused within the worker's
+    # refusal hold (``Usage.held``): the same bytes would be refused the same way again
+    refusal_held = "refusal_held"
 
 
 DEFAULT_WARMUP_REQUESTS = Policy().request_budgets.canary.warmup_requests
@@ -227,6 +231,11 @@ class Usage:
     loaded_at: Mapping[str, float] = field(default_factory=dict)
     """When each GPU copy was loaded here, on the clock of ``now`` (none: found at start)."""
     now: float = 0.0
+    held: Mapping[str, Tier] = field(default_factory=dict)
+    """The names under a refusal hold, each with the lowest tier the hold refuses: ``host``
+    when its artifact was refused (no fetch, no load), ``gpu`` when vLLM's loader refused
+    it (no load). An ask that would raise the copy to that tier or above is skipped as
+    ``refusal_held``."""
 
     def settled(self, name: str, guard: Guard) -> bool:
         """Is the copy past ``guard.min_residency_s`` since its load (or of unknown load)?"""
@@ -388,7 +397,8 @@ def ask(
     state: DesiredState, request: Ask, guard: Guard = NO_PROTECTION, usage: Usage = IDLE
 ) -> tuple[DesiredState, CommandSkip | None]:
     """Fold one ask into the desired state (``kernel.command_effects``; a copy the guard
-    protects refuses to move down). A gateway ask that would not move the copy changes
+    protects refuses to move down; one that would raise a copy to a tier its refusal hold
+    refuses is skipped: ``Usage.held``). A gateway ask that would not move the copy changes
     nothing: the planner's word (its command id, a canary's warm-up) stays with the intent.
     A copy raised to the GPU takes a slot (``make_room``), or the ask is refused."""
     current = state.intents.get(request.lora_name) or Intent(
@@ -399,6 +409,9 @@ def ask(
     outcome = effect(request.action, current.copy, protected=request.lora_name in state.protected)
     if outcome.refused is not None:
         return state, CommandSkip(outcome.refused.value)
+    held = usage.held.get(request.lora_name)
+    if held is not None and LEVEL[outcome.after.tier] >= LEVEL[held]:
+        return state, CommandSkip.refusal_held
     if request.origin is CopyOrigin.gateway_request and outcome.after == current.copy:
         return state, CommandSkip.already_desired
     warmup = current.warmup_requests if request.warmup_requests is None else request.warmup_requests

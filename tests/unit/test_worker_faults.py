@@ -16,16 +16,17 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from loraplane.artifact.model_config import read_model_config
+from loraplane.artifact.refusal import ArtifactError
 from loraplane.schemas.adapter import AdapterRecord, AdapterStatus
 from loraplane.schemas.cache_event import CacheEvent, CacheEventKind
 from loraplane.schemas.commands import CommandAction
-from loraplane.schemas.reasons import VllmErrorCode, VllmFailure
+from loraplane.schemas.reasons import ArtifactReason, VllmErrorCode, VllmFailure
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.testing.fake_vllm import FakeVllm
 from loraplane.tiny_model import TinyLlama, build_adapter
 from loraplane.workers.agent import WorkerAgent, WorkerConfig
 from loraplane.workers.base_model import BaseModelWatch
-from loraplane.workers.reconcile import Ask
+from loraplane.workers.reconcile import Ask, CommandSkip
 from loraplane.workers.vllm_client import VllmClient, VllmError, classify
 from tests.unit.test_gateway import BASE, FolderHostTier, ListSink, cmd, converge, record
 
@@ -38,6 +39,8 @@ class BrokenDiskTier(FolderHostTier):
 
     refuse_remove: bool = False
     refuse_ensure: bool = False
+    refuse_artifact: bool = False  # the verifier refuses the version (a refusal, not a failure)
+    ensures: int = 0
 
     def remove(self, name: str) -> bool:
         if self.refuse_remove:
@@ -45,6 +48,11 @@ class BrokenDiskTier(FolderHostTier):
         return super().remove(name)
 
     def ensure(self, rec: AdapterRecord) -> Path:
+        self.ensures += 1
+        if self.refuse_artifact:
+            raise ArtifactError.single(
+                ArtifactReason.tensor_value_nonfinite, "adapter_model.safetensors"
+            )
         if self.refuse_ensure:
             raise PermissionError(13, "Permission denied", str(self.root / rec.lora_name))
         return super().ensure(rec)
@@ -181,6 +189,89 @@ async def test_a_load_vllms_loader_refuses_is_held_like_a_refused_artifact(
     await converge(world.agent)
     assert (await asyncio.wait_for(retried, 1)).ok
     assert world.agent.is_hot(chat.lora_name) and world.fake.load_calls == 2
+
+
+@pytest.mark.parametrize("world", [{"load_backoff_s": 5, "refusal_hold_s": 30}], indirect=True)
+async def test_attack_a_command_during_a_vllm_refusals_hold_never_reaches_vllm(
+    world: World,
+) -> None:
+    """ATTACK: vLLM's loader refused a version; the planner (which had not heard yet, or
+    sends again) commanded its load again within the hold. The command was folded like any
+    other: the version was loaded again (a second call to vLLM, a second refusal event, the
+    hold restarted), and neither command showed in ``skipped_commands``, so the planner
+    kept expecting the copy. Now the refused command and each one during the hold are
+    reported as skipped (``refusal_held``) without a call to vLLM; a move that loads
+    nothing (a prewarm: its bytes are on the host) is carried out; and once the hold ends
+    a command loads it again."""
+    chat = world.records[0]
+    clock = [1000.0]
+    world.agent._clock = lambda: clock[0]
+    world.fake.max_lora_rank = 4  # the adapters are rank 8: vLLM refuses them
+    world.agent.apply(cmd(chat, CommandAction.load_gpu, "load-chat"))
+    await _ticks_over(world, 1, clock)
+    assert world.fake.load_calls == 1
+    assert world.agent.worker_state().skipped_commands == ["load-chat"]
+    events = len(world.events(chat.lora_name))
+    for i in range(3):
+        skipped = await world.agent.handle(cmd(chat, CommandAction.load_gpu, f"again-{i}"))
+        assert skipped is CommandSkip.refusal_held
+        await _ticks_over(world, 3, clock)
+    assert world.fake.load_calls == 1 and len(world.events(chat.lora_name)) == events
+    assert world.agent.worker_state().skipped_commands == [
+        "load-chat",
+        *(f"again-{i}" for i in range(3)),
+    ]
+    assert await world.agent.handle(cmd(chat, CommandAction.prewarm_host, "warm")) is None
+    await _ticks_over(world, 19, clock)  # the prewarm's fetch leaves the hold as it is
+    assert world.agent.is_on_host(chat.lora_name) and world.fake.load_calls == 1
+    assert await world.agent.handle(cmd(chat, CommandAction.load_gpu, "late")) is (
+        CommandSkip.refusal_held
+    )
+    await _ticks_over(world, 2, clock)  # 31 s since the refusal: the hold is over
+    world.fake.max_lora_rank = 8
+    assert await world.agent.handle(cmd(chat, CommandAction.load_gpu, "after")) is None
+    await converge(world.agent)
+    assert world.agent.is_hot(chat.lora_name) and world.fake.load_calls == 2
+
+
+@pytest.mark.parametrize("world", [{"load_backoff_s": 5, "refusal_hold_s": 30}], indirect=True)
+async def test_attack_a_command_during_an_artifact_refusals_hold_fetches_nothing(
+    world: World,
+) -> None:
+    """ATTACK: the verifier refused a version's artifact; commands that would fetch it again
+    within the hold (a load, a prewarm, a pin) were each folded, fetched from the artifact
+    store and refused again, and none was reported as skipped. Now each is skipped as
+    ``refusal_held`` (in ``skipped_commands`` with the refused one) without a fetch, and a
+    request hears the refusal at once, as before; after the hold a command fetches again."""
+    chat = world.records[0]
+    clock = [1000.0]
+    world.agent._clock = lambda: clock[0]
+    world.tier.refuse_artifact = True
+    world.agent.apply(cmd(chat, CommandAction.load_gpu, "load-chat"))
+    await _ticks_over(world, 1, clock)
+    assert world.tier.ensures == 1
+    assert [(e.kind, e.reason) for e in world.events(chat.lora_name)] == [
+        (CacheEventKind.refuse, "tensor_value_nonfinite")
+    ]
+    actions = [CommandAction.load_gpu, CommandAction.prewarm_host, CommandAction.pin]
+    for i, action in enumerate(actions):
+        assert await world.agent.handle(cmd(chat, action, f"again-{i}")) is (
+            CommandSkip.refusal_held
+        )
+        await _ticks_over(world, 3, clock)
+    assert world.tier.ensures == 1 and world.fake.load_calls == 0
+    assert len(world.events(chat.lora_name)) == 1
+    assert world.agent.worker_state().skipped_commands == [
+        "load-chat",
+        *(f"again-{i}" for i in range(3)),
+    ]
+    asked = world.agent.request_load(chat)
+    assert asked.done() and asked.result().reason == "tensor_value_nonfinite"
+    await _ticks_over(world, 21, clock)  # 31 s since the refusal: the hold is over
+    world.tier.refuse_artifact = False
+    assert await world.agent.handle(cmd(chat, CommandAction.load_gpu, "after")) is None
+    await converge(world.agent)
+    assert world.agent.is_hot(chat.lora_name) and world.tier.ensures > 1
 
 
 @pytest.mark.parametrize("world", [{"load_backoff_s": 5, "refusal_hold_s": 30}], indirect=True)
