@@ -38,7 +38,7 @@ from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
-from loraplane.kernel.worker_states import worker_state_of
+from loraplane.kernel.worker_states import Placed, at_home, worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
 from loraplane.schemas.audit import AuditRecord
@@ -60,7 +60,7 @@ from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.planner import Plan, Planner, WorkerMemory
 from loraplane.streams.planner_lease import Lease, LeaseHolder, group_id, slug
 from loraplane.streams.schedules import Schedule, ScheduleFile, warmup_scores
-from loraplane.streams.score_admission import Known, stale_keys
+from loraplane.streams.score_admission import Known, score_key_of, stale_keys
 from loraplane.streams.scores import ScoreState, from_snapshot
 
 __all__ = [
@@ -152,7 +152,17 @@ class ScoreView:
     checked_against: Known | None = field(default=None, repr=False)
     """The live versions ``retain`` last checked the keys against."""
 
-    def apply(self, key: str, value: bytes | None) -> bool:
+    def apply(self, key: str | bytes | None, value: bytes | None) -> bool:
+        """One record under ``key`` (as read off the topic, or its text); one whose key is
+        not UTF-8 text is refused and counted as ``unreadable`` (``score_key_of``)."""
+        if not isinstance(key, str):
+            text = score_key_of(key)
+            if text is None:
+                with self.lock:
+                    self.unreadable += 1
+                log.warning("scores record keyed %r skipped: not UTF-8 text", (key or b"")[:64])
+                return False
+            key = text
         if key.startswith(UNKNOWN_KEY):
             return False  # the unknown buckets hold counts, not adapters
         if value is None:
@@ -232,18 +242,27 @@ class WorkerStates:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     unreadable: int = 0
 
-    def apply(self, key: bytes | None, value: bytes | None, arrived: float | None = None) -> None:
-        """Take one record, which arrived at epoch seconds ``arrived`` (None: now). A state
-        counts from ``beat_of`` its stamp and its arrival, as at the router: one stamped in
-        the future is held as of its arrival, so it neither outranks the worker's next
-        genuine state nor counts as heard lately forever."""
+    def apply(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        arrived: float | None = None,
+        placed: Placed | None = None,
+    ) -> None:
+        """Take one record, which arrived at epoch seconds ``arrived`` (None: now), read at
+        ``placed`` (its partition and the topic's count; None: not checked): one off its
+        key's partition, a tombstone too, is skipped and counted (``worker_states.at_home``).
+        A state counts from ``beat_of`` its stamp and its arrival, as at the router: one
+        stamped in the future is held as of its arrival, so it neither outranks the worker's
+        next genuine state nor counts as heard lately forever."""
         wid = (key or b"").decode("utf-8", "replace")
-        if value is None:
-            with self.lock:
-                self.states.pop(wid, None)
-            return
         try:
-            state = worker_state_of(key, value)
+            if value is None:
+                at_home(key, placed)
+                with self.lock:
+                    self.states.pop(wid, None)
+                return
+            state = worker_state_of(key, value, placed)
         except SchemaError as exc:
             self.unreadable += 1
             log.warning("worker state %s skipped: %s", wid[:64], str(exc)[:200])
@@ -569,15 +588,29 @@ def preview(
     it would refuse is planned here)."""
     topics = {topic_name(settings, t): t for t in PREVIEW_TOPICS}
     latest: dict[tuple[str, bytes], Record] = {}
-    for record in read_topic(settings, list(topics), timeout_s=timeout_s, to_end=True, quiet=True):
+    counts: dict[str, int] = {}
+    workers = WorkerStates()
+    for record in read_topic(
+        settings,
+        list(topics),
+        timeout_s=timeout_s,
+        to_end=True,
+        quiet=True,
+        partition_counts=counts,
+    ):
+        if topics[record.topic] == "worker-state":  # a ghost off its key's partition is
+            try:  # neither a worker's last state nor its tombstone (``at_home``)
+                at_home(record.key, (record.partition, counts.get(record.topic, 0)))
+            except SchemaError:
+                workers.unreadable += 1
+                continue
         latest[(record.topic, record.key or b"")] = record
     by_topic: dict[str, list[Record]] = {t: [] for t in PREVIEW_TOPICS}
     for (topic, _key), record in latest.items():
         by_topic[topics[topic]].append(record)
     scores = ScoreView()
     for record in by_topic["scores"]:
-        scores.apply((record.key or b"").decode("utf-8", "replace"), record.value)
-    workers = WorkerStates()
+        scores.apply(record.key, record.value)
     for record in by_topic["worker-state"]:
         workers.apply(record.key, record.value)
     keyring = KeyringFile(settings.keyring_path)
@@ -711,9 +744,8 @@ class PlannerRuntime:
 
     # ---- tails ----------------------------------------------------------------------------
     def _score_record(self, record: Record) -> None:
-        key = (record.key or b"").decode("utf-8", "replace")
-        if self.scores.apply(key, record.value) and self._caught_up:
-            log.info("burst for %s", key)
+        if self.scores.apply(record.key, record.value) and self._caught_up:
+            log.info("burst for %s", (record.key or b"").decode("utf-8", "replace"))
             self.wake.set()
 
     def _start_tails(self) -> list[TopicTail]:
@@ -729,9 +761,12 @@ class PlannerRuntime:
             s,
             topic_name(s, "worker-state"),
             component=f"{COMPONENT}-worker-state",
-            on_record=lambda r: self.workers.apply(r.key, r.value),
+            on_record=lambda r: self.workers.apply(
+                r.key, r.value, placed=self.state_tail.placed(r)
+            ),
             keep=False,  # WorkerStates holds what is planned
-        ).start()
+        )
+        self.state_tail.start()
         self.keyring = KeyringFile(s.keyring_path)
         # its own file reader: the gate runs on the memory tail's thread, and a KeyringFile
         # reloads without a lock (a second caller mid-reload reads no keyring)

@@ -22,7 +22,7 @@ from loraplane.schemas.request_log import RequestStatus
 from loraplane.schemas.score_snapshot import is_unknown_key
 from loraplane.streams.scores import score_key
 
-__all__ = ["LIVE", "NOBODY", "Known", "stale_keys"]
+__all__ = ["LIVE", "NOBODY", "Known", "score_key_of", "stale_keys"]
 
 LIVE = frozenset({AdapterStatus.published, AdapterStatus.canary, AdapterStatus.active})
 """Statuses whose demand is scored: a retired version may come back only through a signed
@@ -63,6 +63,18 @@ class Known:
 
 
 NOBODY = Known({})
+
+
+def score_key_of(raw: bytes | None) -> str | None:
+    """A scores record's Kafka key as its score key, or None when it is not UTF-8 text: no
+    keeper writes such a key (score keys are made of adapter ids), and decoded with
+    replacement it would name another key (two keys would share a state, and the keeper's
+    tombstone of the text would go to other bytes than the record's: it stayed forever).
+    Its readers refuse such a record; the keeper tombstones it under its own bytes."""
+    try:
+        return (raw or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def stale_keys(known: Known, keys: Iterable[str]) -> list[str]:

@@ -50,7 +50,7 @@ from loraplane.schemas.score_snapshot import (
     is_unknown_key,
     unknown_key,
 )
-from loraplane.streams.score_admission import Known, stale_keys
+from loraplane.streams.score_admission import Known, score_key_of, stale_keys
 from loraplane.streams.score_fold import Folded, RecentIds, demand_of, fold_batch
 from loraplane.streams.scores import Flat, ScoreState, from_snapshot
 
@@ -137,6 +137,9 @@ class ScoresRead:
 
     states: dict[int, dict[str, ScoreState]] = field(default_factory=dict)
     unknown: dict[int, UnknownTally] = field(default_factory=dict)
+    # keys that are not UTF-8 text (``score_key_of``) whose last record is not a tombstone:
+    # refused, and tombstoned under their own bytes by the partition's keeper
+    undecodable: dict[int, set[bytes]] = field(default_factory=dict)
 
     def merged(self) -> dict[str, ScoreState]:
         """Every score key's state, whichever partition holds it."""
@@ -194,7 +197,11 @@ def read_back(
                     pending.discard(p)
                     continue
                 states = out.states.setdefault(p, {})
-                key = (msg.key() or b"").decode("utf-8", "replace")
+                key = score_key_of(msg.key())
+                if key is None:
+                    foreign = out.undecodable.setdefault(p, set())
+                    (foreign.discard if msg.value() is None else foreign.add)(msg.key() or b"")
+                    continue
                 if (value := msg.value()) is None:
                     states.pop(key, None)
                     if key == unknown_key(p):
@@ -264,8 +271,11 @@ class _Owned:
         unknown: UnknownTally,
         recent: RecentIds,
         committed: int,
+        undecodable: set[bytes] | None = None,
     ) -> None:
         self.flat: dict[str, Flat] = {key: Flat.of(s) for key, s in states.items()}
+        self.undecodable = set(undecodable or ())
+        """Keys on the partition that are not UTF-8 text, to be tombstoned (``ScoresRead``)."""
         self.unknown = unknown
         self.recent = recent
         self.committed = committed
@@ -298,6 +308,8 @@ class ScoreKeeper:
         self._known_version = -1
         self._known_at = 0.0
         self.applied: Known | None = None
+        self.undecodable_tombstoned = 0
+        """Scores keys that were not UTF-8 text, tombstoned (``score_key_of``)."""
         """The registry the owned keys were last checked against (tombstones)."""
         self.restored = 0
         """Partitions read back so far (every assignment counts)."""
@@ -472,6 +484,7 @@ class ScoreKeeper:
                 read.unknown.get(p, UnknownTally(logs=0)),
                 recent[p],
                 tp.offset,
+                read.undecodable.get(p),
             )
         self._fresh.clear()
         # What the process holds now (a Faust worker's objects, the states read back) lives
@@ -536,19 +549,26 @@ class ScoreKeeper:
         ]
 
     def _tombstone(self, txn: Any, consumer: Any, known: Known) -> None:
-        """Tombstone every owned score key ``known`` no longer backs, each on its own
+        """Tombstone every owned score key ``known`` no longer backs, and every key read back
+        that is not UTF-8 text (under its own bytes: ``score_key_of``), each on its own
         partition, in one transaction that also re-sends those partitions' committed offsets
         (a keeper that lost them is fenced)."""
         stale = {
             p: keys for p, part in self.owned.items() if (keys := stale_keys(known, part.flat))
         }
-        if stale:
+        foreign = {
+            p: sorted(part.undecodable) for p, part in self.owned.items() if part.undecodable
+        }
+        if stale or foreign:
 
             def fill() -> None:
                 for p, keys in stale.items():
                     for key in keys:
                         txn.produce(self.scores, key=key, value=None, partition=p)
-                if offsets := self._offsets(stale):
+                for p, raws in foreign.items():
+                    for raw in raws:
+                        txn.produce(self.scores, key=raw, value=None, partition=p)
+                if offsets := self._offsets({*stale, *foreign}):
                     send_offsets(txn, offsets, consumer.consumer_group_metadata(), STEP_TIMEOUT_S)
 
             transact(txn, fill, on_step=self.progress.blocked)
@@ -556,7 +576,19 @@ class ScoreKeeper:
             for p, keys in stale.items():
                 for key in keys:
                     self.owned[p].flat.pop(key, None)
-            log.info("scoring: %d score keys tombstoned (%s)", len(names), ", ".join(names[:10]))
+            for p in foreign:
+                self.owned[p].undecodable.clear()
+            if names:
+                log.info(
+                    "scoring: %d score keys tombstoned (%s)", len(names), ", ".join(names[:10])
+                )
+            if undecodable := sum(len(raws) for raws in foreign.values()):
+                self.undecodable_tombstoned += undecodable
+                log.warning(
+                    "scoring: %d scores keys that are not UTF-8 text tombstoned (%s)",
+                    undecodable,
+                    ", ".join(repr(r[:64]) for raws in foreign.values() for r in raws[:10]),
+                )
         self.applied = known
 
     def _fold(self, by_part: dict[int, list[Any]], known: Known) -> dict[int, Folded]:

@@ -123,6 +123,7 @@ def read_topic(
     group: str | None = None,
     to_end: bool = False,
     quiet: bool = False,
+    partition_counts: dict[str, int] | None = None,
 ) -> Iterator[Record]:
     """Read a topic (or several at once, one consumer) from the beginning until every
     assigned partition has reached its end and nothing came for ``idle_s`` (or timeout).
@@ -134,7 +135,9 @@ def read_topic(
     ``TopicReadIncomplete`` when that did not happen in ``timeout_s``: a caller that
     replaces state with what it read (the worker's registry) can tell a broker that is
     away from a topic that is empty. ``quiet``: librdkafka does not log every reconnect
-    attempt (a CLI that reports the failure itself).
+    attempt (a CLI that reports the failure itself). ``partition_counts``: filled, before
+    the first record, with each topic's partition count as the broker reports it (a reader
+    that checks records are on their key's partition: ``worker_states.at_home``).
     """
     from confluent_kafka import KafkaException
 
@@ -144,6 +147,14 @@ def read_topic(
     at_end: set[tuple[str, int]] = set()
     try:
         names = [topic] if isinstance(topic, str) else list(topic)
+        if partition_counts is not None:
+            from loraplane.kernel.command_partition import broker_partitions
+
+            try:
+                for name in names:
+                    partition_counts[name] = broker_partitions(consumer, name, timeout_s)
+            except (LookupError, KafkaException) as exc:
+                raise TopicReadIncomplete(f"{topic}: no partition count: {exc}") from exc
         consumer.subscribe(names)
         deadline = time.monotonic() + timeout_s
         last = time.monotonic()

@@ -59,15 +59,17 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
-def key_hash(key: str) -> int:
-    """``toPositive(murmur2(key))``: what Kafka's default partitioner takes modulo the count."""
-    return murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+def key_hash(key: str | bytes) -> int:
+    """``toPositive(murmur2(key))``: what Kafka's default partitioner takes modulo the count
+    (a text key as its UTF-8 bytes, a key as read off a message as it is)."""
+    return murmur2(key.encode("utf-8") if isinstance(key, str) else key) & 0x7FFFFFFF
 
 
-def partition_of(key: str, partitions: int) -> int:
+def partition_of(key: str | bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` on a topic of ``partitions``
     partitions (``toPositive(murmur2(key)) % n``): a worker id's commands partition, and
-    the partition an adapter id's request logs and lifecycle events must be on."""
+    the partition an adapter id's request logs and lifecycle events, and a worker's or a
+    router's state records, must be on."""
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, not {partitions}")
     return key_hash(key) % partitions

@@ -295,9 +295,18 @@ class TopicTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._probe_consumer: Consumer | None = None  # ``ends``'s own, made on first use
+        self._counts: dict[str, int] = {}  # topic -> its partitions, as assigned
         self.progress = Progress(component)
 
     # ---- what users read ------------------------------------------------------------------
+    def placed(self, record: Record) -> tuple[int, int] | None:
+        """Where ``record`` was read: its partition and its topic's partition count as this
+        tail assigned them (None before the assignment), for a user that checks a record
+        is on its key's partition (``worker_states.at_home``)."""
+        with self._lock:
+            count = self._counts.get(record.topic)
+        return None if count is None else (record.partition, count)
+
     @property
     def version(self) -> int:
         with self._lock:
@@ -468,6 +477,7 @@ class TopicTail:
             tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1] for tp in parts
         }
         with self._changed:
+            self._counts = {t: sum(1 for pt, _ in parts if pt == t) for t in self.topics}
             self._view.assign(ends)
             at = self._view.positions()
             self._changed.notify_all()

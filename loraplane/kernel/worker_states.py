@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loraplane.kernel.bus import TopicReadIncomplete, read_topic
+from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
 from loraplane.schemas.codec import SchemaError, decode
@@ -21,21 +22,57 @@ from loraplane.schemas.reasons import DecodeReason
 from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
-__all__ = ["FleetStates", "latest_fleet_states", "router_state_of", "worker_state_of"]
+__all__ = [
+    "FleetStates",
+    "Placed",
+    "at_home",
+    "latest_fleet_states",
+    "router_state_of",
+    "worker_state_of",
+]
+
+Placed = tuple[int, int]
+"""Where a record was read: its partition and its topic's partition count."""
 
 
-def worker_state_of(key: bytes | None, value: bytes) -> WorkerState:
+def at_home(key: bytes | None, placed: Placed | None) -> None:
+    """Raise ``SchemaError`` (``wrong_partition``) unless a record keyed ``key`` read at
+    ``placed`` is on the partition its key hashes to (``command_partition.partition_of``,
+    where Kafka's producers place a key; None: not checked). A compacted record elsewhere
+    is never replaced or tombstoned by its key's own records, which go to that partition:
+    it would stay a ghost of its id after the id's own tombstone, or outlive a newer state.
+    Tombstones are checked too: one elsewhere would remove a state that still stands."""
+    if placed is None:
+        return
+    partition, partitions = placed
+    if partitions > 0 and partition != (home := partition_of(key or b"", partitions)):
+        raise SchemaError(
+            DecodeReason.wrong_partition,
+            [
+                (
+                    "(partition)",
+                    f"a record keyed {(key or b'')[:64]!r} is on {partition}, not {home}",
+                )
+            ],
+        )
+
+
+def worker_state_of(key: bytes | None, value: bytes, placed: Placed | None = None) -> WorkerState:
     """One worker-state record, decoded, whose Kafka key is its worker_id (a state under
-    another worker's key would stand in for that worker); ``SchemaError`` with its reason
-    otherwise. The router and the planner read the topic through this."""
+    another worker's key would stand in for that worker) and which is on that key's
+    partition (``at_home``); ``SchemaError`` with its reason otherwise. The router and the
+    planner read the topic through this."""
+    at_home(key, placed)
     state = decode(WorkerState, value)
     _under_own_key(key, "worker_id", state.worker_id)
     return state
 
 
-def router_state_of(key: bytes | None, value: bytes) -> RouterState:
+def router_state_of(key: bytes | None, value: bytes, placed: Placed | None = None) -> RouterState:
     """One router-state record, decoded, whose Kafka key is its router_id (a record under
-    another key is never replaced by that router's own); ``SchemaError`` otherwise."""
+    another key is never replaced by that router's own) and which is on that key's partition
+    (``at_home``); ``SchemaError`` otherwise."""
+    at_home(key, placed)
     state = decode(RouterState, value)
     _under_own_key(key, "router_id", state.router_id)
     return state
@@ -54,28 +91,38 @@ def _under_own_key(key: bytes | None, field: str, own: str) -> None:
 class FleetStates:
     workers: dict[str, WorkerState]  # worker_id -> its last state (a tombstoned one is gone)
     routers: dict[str, RouterState] = field(default_factory=dict)  # router_id -> its last
-    malformed: int = 0  # last records that did not decode, or not under their own id: counted
+    # records that did not decode, not under their own id, or not on their key's partition:
+    # counted
+    malformed: int = 0
     complete: bool = True  # False: the timeout cut the read short
 
 
 def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetStates:
-    """Each key's last record of both topics."""
+    """Each key's last record of both topics, on its key's partition (``at_home``: one
+    elsewhere is counted as malformed, and neither replaces nor removes the key's own)."""
     workers_topic = topic_name(settings, "worker-state")
     latest: dict[tuple[str, bytes], bytes | None] = {}
     complete = True
+    counts: dict[str, int] = {}
+    malformed = 0
     try:
         for record in read_topic(
             settings,
             [workers_topic, topic_name(settings, "router-state")],
             timeout_s=timeout_s,
             to_end=True,
+            partition_counts=counts,
         ):
+            try:
+                at_home(record.key, (record.partition, counts.get(record.topic, 0)))
+            except SchemaError:
+                malformed += 1
+                continue
             latest[(record.topic, record.key or b"")] = record.value
     except TopicReadIncomplete:
         complete = False
     workers: dict[str, WorkerState] = {}
     routers: dict[str, RouterState] = {}
-    malformed = 0
     for (topic, key), value in latest.items():
         if value is None:
             continue

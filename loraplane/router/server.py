@@ -85,7 +85,7 @@ from loraplane.kernel.log_burst import LogBurst
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.kernel.tasks import cancel_all
 from loraplane.kernel.thread_calls import ThreadCalls
-from loraplane.kernel.worker_states import worker_state_of
+from loraplane.kernel.worker_states import Placed, at_home, worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.router.flow_control import FlowControl, Step, Ticket, TicketState, band_of
 from loraplane.router.liveness import Feed, probe_ok
@@ -203,16 +203,19 @@ class Fleet:
             logger=log,
         )
 
-    def take(self, record: Record) -> None:
-        """One worker-state record: indexed (arrived now) or held for its gateway's proof,
-        or dead-lettered; never raises."""
-        if record.value is None:  # a tombstone: the worker is gone
-            wid = (record.key or b"").decode("utf-8", "replace")
-            self.forget(wid)
-            self.index.forget(wid)
-            return
+    def take(self, record: Record, placed: Placed | None = None) -> None:
+        """One worker-state record, read at ``placed`` (its partition and the topic's
+        partition count; None: not checked): indexed (arrived now) or held for its
+        gateway's proof, or dead-lettered, a record off its key's partition too, tombstones
+        included (``worker_states.at_home``); never raises."""
         try:
-            state = worker_state_of(record.key, record.value)
+            if record.value is None:  # a tombstone: the worker is gone
+                at_home(record.key, placed)
+                wid = (record.key or b"").decode("utf-8", "replace")
+                self.forget(wid)
+                self.index.forget(wid)
+                return
+            state = worker_state_of(record.key, record.value, placed)
         except SchemaError as exc:
             self.dead_lettered += 1
             log.warning(
@@ -226,7 +229,7 @@ class Fleet:
                 record.partition,
                 record.offset,
                 record.key,
-                record.value,
+                record.value or b"",  # a misplaced tombstone's letter holds no bytes
                 record.timestamp_ms / 1000,
                 self.component,
                 exc.reason,
@@ -1055,10 +1058,11 @@ async def serve_router(
         settings,
         topic_name(settings, "worker-state"),
         component=f"{component}-worker-state",
-        on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r),
+        on_record=lambda r: loop.call_soon_threadsafe(fleet.take, r, states.placed(r)),
         probe_every_s=options.heartbeat_s / 2,
         keep=False,  # the fleet index holds what is routed
-    ).start()
+    )
+    states.start()
     scope = RegistryScope(options.base_models or None)  # registry/topic.py
     tail = registry_tail(settings, component, scope, start=False)
     registry = VerifiedRegistry(

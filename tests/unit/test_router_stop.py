@@ -122,6 +122,9 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Calla
         def current_span(self) -> None:
             return None
 
+        def placed(self, _record: Record) -> None:
+            return None
+
         def stop(self) -> None:
             # a record its thread read just before it stopped: its take is queued on the
             # loop, and dead-letters (through the sink) when it runs

@@ -31,6 +31,7 @@ KNOWN = Known({"a1": frozenset({"1"}), "a2": frozenset({"1"})})
 @dataclass
 class Txn:
     produced: list[tuple[str, str, bytes | None, int]] = field(default_factory=list)
+    keys: list[str | bytes | None] = field(default_factory=list)  # as given to ``produce``
     offsets: list[list[Any]] = field(default_factory=list)
     commits: int = 0
 
@@ -44,7 +45,8 @@ class Txn:
         value: bytes | None = None,
         partition: int = -1,
     ) -> None:
-        k = key.decode() if isinstance(key, bytes) else str(key)
+        self.keys.append(key)
+        k = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
         self.produced.append((topic, k, value, partition))
 
     def send_offsets_to_transaction(self, offsets: list[Any], meta: Any, timeout: float) -> None:

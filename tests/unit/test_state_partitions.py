@@ -1,0 +1,219 @@
+"""ATTACK tests: compacted records off their key's partition, and scores keys that are not
+text.
+
+A compacted topic keeps the last record of each key *per partition*. A worker's (or a
+router's) state written to a partition its key does not hash to (by whoever may write the
+topic, or left behind when the topic grew) is never replaced by the worker's own records nor
+removed by its tombstone, which go to the key's own partition: the readers showed it as the
+worker's state, in place of its own when read after it, and forever after the worker was
+tombstoned. Every reader of worker states (``latest_fleet_states``, ``plan show``, the
+router's and the planner's live views) refuses it as ``wrong_partition``
+(``worker_states.at_home``, on ``command_partition.partition_of``).
+
+A scores record whose key is not UTF-8 text was read with replacement characters: the keeper
+held it as another key, found that key stale and tombstoned the text, whose bytes are not the
+record's, so the record stayed for ever (each read back tombstoned it "again"). Its readers
+refuse it (``score_admission.score_key_of``) and the keeper tombstones it under its own
+bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loraplane.kernel import worker_states
+from loraplane.kernel.bus import Record
+from loraplane.kernel.command_partition import partition_of
+from loraplane.kernel.config import Settings
+from loraplane.kernel.topics import topic_name
+from loraplane.router.routing import FleetIndex
+from loraplane.router.server import Fleet
+from loraplane.schemas.codec import SchemaError, encode
+from loraplane.schemas.dead_letter import DeadLetter
+from loraplane.schemas.reasons import DecodeReason
+from loraplane.schemas.score_snapshot import UnknownTally
+from loraplane.streams import planner_runtime, score_keeper
+from loraplane.streams.planner_runtime import ScoreView, WorkerStates
+from loraplane.streams.score_admission import Known, score_key_of
+from loraplane.streams.score_fold import RecentIds
+from loraplane.streams.score_keeper import ScoreKeeper
+from tests.kafka_message import ClusterMetadata, FakeMessage, PartitionMetadata, TopicMetadata
+from tests.unit.test_reader_keys import router, state
+from tests.unit.test_router import NOW, POLICY, ListSink, at, worker
+from tests.unit.test_score_keeper import Consumer, Txn
+
+N = 6  # partitions of the worker-state topic
+
+
+def home(key: str) -> int:
+    return partition_of(key, N)
+
+
+def away(key: str) -> int:
+    return (home(key) + 1) % N
+
+
+def rec(topic: str, part: int, off: int, key: bytes | None, value: bytes | None) -> Record:
+    return Record(topic, part, off, key, value, {}, 0)
+
+
+def test_at_home_is_kafkas_partition_of_the_key() -> None:
+    worker_states.at_home(b"w1", (home("w1"), N))
+    worker_states.at_home(b"w1", None)  # not checked
+    with pytest.raises(SchemaError) as exc:
+        worker_states.at_home(b"w1", (away("w1"), N))
+    assert exc.value.reason is DecodeReason.wrong_partition
+    raw = b"\xff\xfe"  # a key that is not text hashes by its bytes
+    with pytest.raises(SchemaError):
+        worker_states.at_home(raw, ((partition_of(raw, N) + 1) % N, N))
+
+
+def test_attack_a_ghost_state_off_its_partition_is_no_worker_in_the_fleet_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path)
+    workers, routers = topic_name(settings, "worker-state"), topic_name(settings, "router-state")
+    got = [
+        rec(workers, home("w1"), 0, b"w1", state("w1")),
+        rec(workers, away("w1"), 0, b"w1", state("w1", slots=99)),  # read after: took its place
+        rec(workers, home("w2"), 1, b"w2", state("w2")),
+        rec(workers, away("w2"), 1, b"w2", state("w2", slots=99)),  # the ghost
+        rec(workers, home("w2"), 2, b"w2", None),  # w2 retired: its tombstone, at home
+        rec(workers, home("w3"), 3, b"w3", state("w3")),
+        rec(workers, away("w3"), 3, b"w3", None),  # a tombstone elsewhere removed w3
+        rec(routers, away("r1"), 0, b"r1", router("r1")),
+    ]
+
+    def read(
+        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
+    ) -> Iterator[Record]:
+        assert partition_counts is not None
+        partition_counts.update({workers: N, routers: N})
+        yield from got
+
+    monkeypatch.setattr(worker_states, "read_topic", read)
+    fleet = worker_states.latest_fleet_states(settings)
+    assert {w: s.gpu_slots_total for w, s in fleet.workers.items()} == {"w1": 4, "w3": 4}
+    assert fleet.routers == {} and fleet.malformed == 4
+
+
+def test_attack_a_ghost_state_is_dead_lettered_by_the_router() -> None:
+    sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
+    state_ = at(worker("w1"), NOW)
+    good = state_.model_dump_json().encode()
+    fleet.take(rec("lp.worker-state", home("w1"), 7, b"w1", good), (home("w1"), N))
+    fleet.proved("w1", state_.gateway_url, True, NOW)
+    assert set(fleet.index.workers) == {"w1"}
+    fleet.take(rec("lp.worker-state", away("w1"), 8, b"w1", None), (away("w1"), N))
+    assert set(fleet.index.workers) == {"w1"}  # a tombstone elsewhere removes nothing
+    fleet.take(rec("lp.worker-state", away("w1"), 9, b"w1", good), (away("w1"), N))
+    letters = sink.messages(DeadLetter)
+    assert [(d.reason, d.partition) for d in letters] == [
+        (DecodeReason.wrong_partition, away("w1")),
+        (DecodeReason.wrong_partition, away("w1")),
+    ]
+    fleet.take(rec("lp.worker-state", home("w1"), 10, b"w1", None), (home("w1"), N))
+    assert not fleet.index.workers and fleet.dead_lettered == 2
+
+
+def test_attack_a_ghost_state_is_not_planned_for() -> None:
+    states = WorkerStates()
+    states.apply(b"w1", state("w1"), placed=(home("w1"), N))
+    states.apply(b"w1", None, placed=(away("w1"), N))  # elsewhere: removes nothing
+    assert [s.worker_id for s in states.copy()] == ["w1"]
+    states.apply(b"w1", None, placed=(home("w1"), N))
+    states.apply(b"w1", state("w1"), placed=(away("w1"), N))  # the ghost after the tombstone
+    assert states.copy() == [] and states.unreadable == 2
+
+
+def test_attack_plan_show_skips_a_ghost_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path)
+    workers = topic_name(settings, "worker-state")
+    got = [
+        rec(workers, home("w1"), 0, b"w1", state("w1")),
+        rec(workers, home("w1"), 1, b"w1", None),
+        rec(workers, away("w1"), 0, b"w1", state("w1")),
+    ]
+
+    def read(
+        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
+    ) -> Iterator[Record]:
+        assert partition_counts is not None
+        partition_counts[workers] = N
+        yield from got
+
+    monkeypatch.setattr(planner_runtime, "read_topic", read)
+    assert planner_runtime.preview(settings, None).workers == 0
+
+
+def test_a_scores_key_that_is_not_text_is_no_score_key() -> None:
+    assert score_key_of(b"a1@1") == "a1@1"
+    assert score_key_of(None) == ""
+    assert score_key_of(b"\xffa1@1") is None
+    view = ScoreView()
+    assert not view.apply(b"\xffa1@1", encode(UnknownTally(logs=1)))
+    assert view.copy() == {} and view.unreadable == 1
+
+
+class _Reader:
+    """The read-back consumer: ``messages`` on partition 2, then its end."""
+
+    def __init__(self, topic: str, messages: list[FakeMessage]) -> None:
+        self.topic, self.messages = topic, messages
+
+    def list_topics(self, topic: str, timeout: float) -> ClusterMetadata:
+        return ClusterMetadata({topic: TopicMetadata({2: PartitionMetadata()})})
+
+    def assign(self, _parts: Any) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        out, self.messages = [*self.messages, _Eof(2)], []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class _Eof(FakeMessage):
+    def __init__(self, part: int) -> None:
+        super().__init__(None, None, part=part)
+
+    def error(self) -> Any:  # type: ignore[override]
+        from confluent_kafka import KafkaError
+
+        return KafkaError(KafkaError._PARTITION_EOF)
+
+
+def test_attack_a_scores_key_that_is_not_text_is_tombstoned_under_its_bytes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path)
+    topic = topic_name(settings, "scores")
+    snapshot = encode(UnknownTally(logs=1))  # any value: it is never decoded
+    messages = [
+        FakeMessage(snapshot, b"\xffa1@1", t=topic, part=2, off=0),
+        FakeMessage(snapshot, b"\xfea1@1", t=topic, part=2, off=1),
+        FakeMessage(None, b"\xfea1@1", t=topic, part=2, off=2),  # already tombstoned
+    ]
+    monkeypatch.setattr(score_keeper.kafka, "consumer", lambda *_a, **_k: _Reader(topic, messages))
+    read = score_keeper.read_back(settings, [2])
+    assert read.states == {2: {}} and read.undecodable == {2: {b"\xffa1@1"}}
+    k = ScoreKeeper(settings, instance="t")
+    k.owned[2] = score_keeper._Owned(
+        {}, UnknownTally(logs=0), RecentIds(100), 5, read.undecodable[2]
+    )
+    txn = Txn()
+    k._tombstone(txn, Consumer(), Known({}))
+    assert txn.keys == [b"\xffa1@1"] and [p[2:] for p in txn.produced] == [(None, 2)]
+    assert [(tp.partition, tp.offset) for tp in txn.offsets[-1]] == [(2, 5)]
+    assert k.undecodable_tombstoned == 1 and not k.owned[2].undecodable
+    txn.keys.clear()
+    k._tombstone(txn, Consumer(), Known({}))  # once: nothing is left to tombstone
+    assert txn.keys == []
