@@ -432,6 +432,46 @@ CASES = [
 ]
 
 
+NOT_END_TO_END = {
+    "too large total": "its limit is the worker's own (max_total_bytes), not the stack's",
+    "rank too high": "its limit is the worker's own (max_lora_rank), not the stack's",
+    "worker base model": "its limit is the worker's own (its base model), not the stack's",
+    "no model shapes": "its limit is the worker's own (require_model), not the stack's",
+    # Over S3 only the files the manifest lists are ever downloaded (workers/artifact_fetch):
+    # an object added to the prefix after publication never reaches the worker, whose copy
+    # is the published artifact (the local-folder verifier refuses these).
+    "file not in manifest": "an unlisted object is never downloaded from S3",
+    "symlink": "S3 has no links; an unlisted object is never downloaded",
+    "nested": "an unlisted object is never downloaded from S3",
+    "bundle added after publish": "an unlisted object is never downloaded from S3",
+}
+"""The cases tests/integration/test_worker_e2e.py does not run against a real worker, and
+why: every other case is run there (``end_to_end``), so a new case is covered unless it is
+named here, and tests/unit/test_hostile_coverage.py checks that exactly the cases with
+worker ``limits`` and those whose attack S3 cannot carry are."""
+
+OVER_S3: dict[str, str] = {
+    # the fetcher parses manifest.json with the schema first, which refuses such a path
+    # (the verifier's own unsafe_path check is the second line)
+    "dot-dot path": Reason.manifest_invalid,
+    "absolute path": Reason.manifest_invalid,
+    # a worker's registry holds only its base model's views: the name is not in it
+    "record base model": "not_in_registry",
+    # the fetcher refuses the manifest's names before it downloads a file, and a weights
+    # file other than adapter_model.safetensors is one vLLM would never read
+    "file missing": Reason.disallowed_file,
+    "weights missing": Reason.disallowed_file,
+    # the size the record claims (64 GiB) is over the worker's host-tier budget
+    "record size too large": Reason.host_budget_exceeded,
+}
+"""The reason a case is refused with on the worker's S3 path where it is not its own."""
+
+
+def end_to_end() -> list[Case]:
+    """The cases run end to end against a real worker: all but ``NOT_END_TO_END``."""
+    return [c for c in CASES if c.id not in NOT_END_TO_END]
+
+
 def hostile(case: Case, good: Path, tmp_path: Path) -> tuple[DirectoryArtifact, AdapterRecord]:
     folder = tmp_path / "artifact"
     shutil.copytree(good, folder)
