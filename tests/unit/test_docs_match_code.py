@@ -8,7 +8,6 @@ span."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 import typer
 
 from loraplane import cli
+from tests.repository_files import repository_files
 
 ROOT = Path(__file__).resolve().parents[2]
 ROOT_COMMAND: Any = typer.main.get_command(cli.app)
@@ -42,18 +42,7 @@ REPO_FOLDERS = (
 PATH = re.compile(r"(?:\./)?[\w.\-]+(?:/[\w.\-]+)*/?")
 
 
-def _tracked() -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
-TRACKED = _tracked()
+TRACKED = repository_files()
 TRACKED_SET = set(TRACKED)
 FOLDERS = {str(parent) for p in TRACKED for parent in Path(p).parents if str(parent) != "."}
 DOCS = sorted(

@@ -4,13 +4,13 @@ only the Helm chart (a pod's own network namespace) says otherwise."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from loraplane.kernel.config import LOOPBACK, Settings
+from tests.repository_files import repository_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS_IT = re.compile(r"LORAPLANE_LISTEN_HOST|\blisten_host\s*(?::\s|=(?!=))")
@@ -35,13 +35,7 @@ def test_only_an_address_is_accepted() -> None:
 def test_nothing_in_the_repository_but_the_chart_moves_it_off_loopback() -> None:
     """Scripts, tests, benchmarks, the systemd units and the demo all keep the default, so
     every listener they start binds 127.0.0.1."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    files = repository_files()
     offenders = []
     for name in files:
         if name in ALLOWED or name.startswith(("infra/helm/", "docs/")):

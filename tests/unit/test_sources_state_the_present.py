@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.repository_files import repository_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("loraplane", "schemas", "streams", "workers", "infra", "dashboards")
@@ -108,13 +109,7 @@ VALUE_DATES = {"2012-10-17", "1970-01-01"}
 
 def docs() -> list[Path]:
     """Every doc but CHANGELOG.md (history by design) and the test data's upstream READMEs."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "*.md"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    listed = repository_files("*.md")
     return sorted(
         ROOT / p for p in listed if p != "CHANGELOG.md" and not p.startswith("tests/data/")
     )
