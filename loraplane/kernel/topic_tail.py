@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from loraplane.kernel import kafka
 from loraplane.kernel.acls import READER_GROUP_PREFIX
 from loraplane.kernel.bus import Record, TopicReadIncomplete, record_of
+from loraplane.kernel.command_partition import broker_partitions, key_hash
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress
 
@@ -42,6 +43,7 @@ __all__ = [
     "PARTITION_EOF",
     "PROBE_EVERY_S",
     "RECONNECT_S",
+    "RECOUNT_S",
     "CurrentSpan",
     "Partition",
     "TailView",
@@ -54,6 +56,10 @@ Partition = tuple[str, int]  # (topic, partition)
 RECONNECT_S = 1.0  # a consumer that failed is rebuilt after this long
 PROBE_EVERY_S = 5.0  # an idle tail asks for metadata this often, to notice a broker away
 PARTITION_EOF = -191  # librdkafka's _PARTITION_EOF
+RECOUNT_S = 1.0
+"""A record off its key's partition under every count held asks the broker for the count
+again (``TopicTail.placed``) at most this often: misplaced records cost one metadata query a
+second at most."""
 MAX_REFUSED = 1000
 """Refused records a view keeps (a later keyring may verify them) before it forgets the
 oldest: more than a fleet's keys rotate at once, far less than a writer can invent."""
@@ -295,17 +301,52 @@ class TopicTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._probe_consumer: Consumer | None = None  # ``ends``'s own, made on first use
-        self._counts: dict[str, int] = {}  # topic -> its partitions, as assigned
+        # topic -> its partition counts seen (the broker's latest first: ``placed``)
+        self._counts: dict[str, tuple[int, ...]] = {}
+        self._recounted: dict[str, float] = {}  # topic -> when ``placed`` last asked the broker
         self.progress = Progress(component)
 
     # ---- what users read ------------------------------------------------------------------
     def placed(self, record: Record) -> tuple[int, int] | None:
-        """Where ``record`` was read: its partition and its topic's partition count as this
-        tail assigned them (None before the assignment), for a user that checks a record
-        is on its key's partition (``worker_states.at_home``)."""
+        """Where ``record`` was read: its partition and a partition count of its topic (None
+        before the assignment), for a user that checks a record is on its key's partition
+        (``worker_states.at_home``). A topic that grew while this tail reads it places keys
+        by its new count, and by the old one at producers that have not refreshed their
+        metadata: the count given is the first of those seen (the broker's latest first) the
+        record is at home under. A record at home under none asks the broker for the count
+        again (at most every ``RECOUNT_S``) and is judged by its latest."""
         with self._lock:
-            count = self._counts.get(record.topic)
-        return None if count is None else (record.partition, count)
+            counts = self._counts.get(record.topic, ())
+        if not counts:
+            return None
+        hashed = key_hash(record.key or b"")
+        home = next((n for n in counts if hashed % n == record.partition), None)
+        if home is None:
+            counts = self._recount(record.topic, counts)
+            home = next((n for n in counts if hashed % n == record.partition), counts[0])
+        return (record.partition, home)
+
+    def _recount(self, topic: str, counts: tuple[int, ...]) -> tuple[int, ...]:
+        """``topic``'s partition counts seen, with the broker's now first, asked at most every
+        ``RECOUNT_S`` (else, or when the broker does not answer, those held)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._recounted.get(topic, -RECOUNT_S) < RECOUNT_S:
+                return self._counts.get(topic, counts)
+            self._recounted[topic] = now
+        try:
+            fresh = broker_partitions(self._metadata_consumer(), topic, 5.0)
+        except Exception as exc:  # LookupError, KafkaException: judged by the counts held
+            log.warning("tail %s: no partition count of %s: %s", self.component, topic, exc)
+            return counts
+        with self._lock:
+            return self._counted(topic, fresh)
+
+    def _counted(self, topic: str, count: int) -> tuple[int, ...]:
+        """``count``, the broker's now, first of ``topic``'s counts seen; under the lock."""
+        held = self._counts.get(topic, ())
+        self._counts[topic] = counts = (count, *(n for n in held if n != count))
+        return counts
 
     @property
     def version(self) -> int:
@@ -390,11 +431,7 @@ class TopicTail:
         raises when the broker does not answer within ``timeout_s``."""
         from confluent_kafka import TopicPartition
 
-        if self._probe_consumer is None:
-            self._probe_consumer = kafka.consumer(
-                self._settings, f"{READER_GROUP_PREFIX}ends", client_id=self.component, quiet=True
-            )
-        consumer = self._probe_consumer
+        consumer = self._metadata_consumer()
         out: dict[Partition, int] = {}
         for topic in self.topics:
             meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
@@ -405,6 +442,19 @@ class TopicTail:
                     TopicPartition(topic, p), timeout=timeout_s
                 )[1]
         return out
+
+    def _metadata_consumer(self) -> Consumer:
+        """The consumer ``ends`` and ``placed`` ask the broker's metadata with (not the
+        reading thread's), made on first use (one, whichever thread asks first)."""
+        with self._lock:
+            if self._probe_consumer is None:
+                self._probe_consumer = kafka.consumer(
+                    self._settings,
+                    f"{READER_GROUP_PREFIX}ends",
+                    client_id=self.component,
+                    quiet=True,
+                )
+            return self._probe_consumer
 
     def wait_read_to(self, ends: dict[Partition, int], timeout_s: float) -> bool:
         """Block until the view holds everything before ``ends`` (True) or ``timeout_s``
@@ -477,7 +527,8 @@ class TopicTail:
             tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1] for tp in parts
         }
         with self._changed:
-            self._counts = {t: sum(1 for pt, _ in parts if pt == t) for t in self.topics}
+            for t in self.topics:
+                self._counted(t, sum(1 for pt, _ in parts if pt == t))
             self._view.assign(ends)
             at = self._view.positions()
             self._changed.notify_all()

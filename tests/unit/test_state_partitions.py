@@ -40,7 +40,13 @@ from loraplane.streams.planner_runtime import ScoreView, WorkerStates
 from loraplane.streams.score_admission import Known, score_key_of
 from loraplane.streams.score_fold import RecentIds
 from loraplane.streams.score_keeper import ScoreKeeper
-from tests.kafka_message import ClusterMetadata, FakeMessage, PartitionMetadata, TopicMetadata
+from tests.kafka_message import (
+    AssignedConsumer,
+    ClusterMetadata,
+    FakeMessage,
+    PartitionMetadata,
+    TopicMetadata,
+)
 from tests.unit.test_reader_keys import router, state
 from tests.unit.test_router import NOW, POLICY, ListSink, at, worker
 from tests.unit.test_score_keeper import Consumer, Txn
@@ -217,3 +223,54 @@ def test_attack_a_scores_key_that_is_not_text_is_tombstoned_under_its_bytes(
     txn.keys.clear()
     k._tombstone(txn, Consumer(), Known({}))  # once: nothing is left to tombstone
     assert txn.keys == []
+
+
+class _GrowingTopic(AssignedConsumer):
+    """A broker whose worker-state topic has ``partitions`` partitions (changeable: it
+    grows), counting the metadata queries."""
+
+    partitions = 4
+    asked = 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        self.asked += 1
+        return super().list_topics(topic, timeout)
+
+    def get_watermark_offsets(self, tp: Any, timeout: float = -1) -> tuple[int, int]:
+        return 0, 0
+
+
+def test_a_state_on_its_home_after_the_topic_grew_is_taken() -> None:
+    """A worker-state topic grown from 4 to 6 partitions while a tail reads it: a producer
+    places a key by the new count once it refreshed its metadata, by the old one until
+    then. A worker's genuine state on its new home is taken (it was refused as
+    ``wrong_partition`` under the count the tail assigned: the worker left every running
+    router and planner), so is one on its old home from a producer not yet refreshed; one
+    on neither is refused, and a flood of those asks the broker for the count at most once
+    a second."""
+    from loraplane.kernel.topic_tail import TopicTail
+
+    topic = "lp.worker-state"
+    broker = _GrowingTopic()
+    tail = TopicTail(Settings(), topic, component="router-t-worker-state", keep=False)
+    tail._assign(broker)  # type: ignore[arg-type]
+    tail._probe_consumer = broker  # type: ignore[assignment]
+    broker.partitions = 6
+    key = next(
+        k
+        for k in (f"w{i}" for i in range(1000))
+        if partition_of(k, 6) < 4 and partition_of(k, 6) != partition_of(k, 4)
+    )
+    new_home, old_home = partition_of(key, 6), partition_of(key, 4)
+    states = WorkerStates()
+    for part, off in ((new_home, 3), (old_home, 4)):
+        placed = tail.placed(rec(topic, part, off, key.encode(), state(key)))
+        states.apply(key.encode(), state(key), placed=placed)
+        assert set(states.states) == {key} and states.unreadable == 0
+    asked = broker.asked
+    elsewhere = next(p for p in range(6) if p not in (new_home, old_home))
+    ghost = rec(topic, elsewhere, 2, key.encode(), None)  # a tombstone on neither home
+    for _ in range(100):
+        states.apply(ghost.key, ghost.value, placed=tail.placed(ghost))
+    assert set(states.states) == {key} and states.unreadable == 100
+    assert broker.asked == asked  # counted again within RECOUNT_S: not asked again
