@@ -308,9 +308,9 @@ class ScoreKeeper:
         self._known_version = -1
         self._known_at = 0.0
         self.applied: Known | None = None
+        """The registry the owned keys were last checked against (tombstones)."""
         self.undecodable_tombstoned = 0
         """Scores keys that were not UTF-8 text, tombstoned (``score_key_of``)."""
-        """The registry the owned keys were last checked against (tombstones)."""
         self.restored = 0
         """Partitions read back so far (every assignment counts)."""
         self.counts: tuple[int, ...] = ()

@@ -97,10 +97,10 @@ class ThreadCalls:
         what is left of the first one's bound: a call stuck past it is not waited for twice."""
         with self._changed:
             self._closing = True
-            deadline = time.monotonic() + timeout_s
+            started = time.monotonic()
             if self._deadline is None:
-                self._deadline = deadline
-            deadline = min(deadline, self._deadline)
+                self._deadline = started + timeout_s
+            deadline = min(started + timeout_s, self._deadline)
             while self._running:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -109,7 +109,12 @@ class ThreadCalls:
                 self._changed.wait(left)
             else:
                 return True
-        log.error("%s: %s still running in a thread after %.1f s", self.what, running, timeout_s)
+        log.error(
+            "%s: %s still running in a thread after %.1f s",
+            self.what,
+            running,
+            time.monotonic() - started,
+        )
         return False
 
     def close_when_drained(
