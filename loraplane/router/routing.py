@@ -7,7 +7,9 @@ The rule, among the live workers of the version's base model whose rank fits: a 
 where the planner would place a new copy, else the least busy worker, whose gateway applies
 the class's cold budget. A version just sent to a worker without a copy is *placed* there
 until a heartbeat shows it, so the requests in the heartbeat's lag follow it instead of
-filling another worker's slots. Which workers count as live is ``router.liveness``.
+filling another worker's slots. A worker that refused the version as its own moments ago
+(the router remembers it) is chosen only when no other fits. Which workers count as live is
+``router.liveness``.
 docs/router.md, "How it picks", gives each step and why.
 
 ``pick_worker`` (and ``free_slot_order``) work over bare worker ids and callables, so the
@@ -373,14 +375,33 @@ class FleetIndex:
         now: float,
         in_flight: Mapping[str, int],
         skip: Collection[str] = (),
+        avoid: Collection[str] = (),
     ) -> Route | None:
         """Where ``record`` is served now; None when no live worker of its base model can
         hold its rank. ``skip``: workers that refused this request's version as their own
-        (``frontdoor.forwarded.refused_by_worker``), never chosen for it again."""
-        name, base, rank = record.lora_name, record.base_model, record.rank
-        workers = self.workers
+        (``frontdoor.forwarded.refused_by_worker``), never chosen for it again. ``avoid``:
+        workers that refused the version as their own moments ago (the router's memory of
+        refusals): chosen only when no other worker fits, so the request still gets the
+        worker's real answer when nothing else serves it."""
         if self._placed:
             self._expire(now)
+        if avoid:
+            route = self._route(record, now, in_flight, {*skip, *avoid})
+            if route is not None:
+                return route
+        return self._route(record, now, in_flight, skip)
+
+    def _route(
+        self,
+        record: AdapterRecord,
+        now: float,
+        in_flight: Mapping[str, int],
+        skip: Collection[str],
+    ) -> Route | None:
+        """``route`` among the workers not in ``skip``; a choice is recorded (its turn, and
+        the version placed there when it has no copy yet), a None changes nothing."""
+        name, base, rank = record.lora_name, record.base_model, record.rank
+        workers = self.workers
 
         def fits(wid: str) -> bool:
             return wid not in skip and self._fits(workers[wid], base, rank, now)

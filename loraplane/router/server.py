@@ -27,7 +27,7 @@ import signal
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -104,15 +104,18 @@ from loraplane.schemas.worker_state import WorkerState
 __all__ = [
     "ANSWER_BUFFER_BYTES",
     "FIRST_READ_S",
+    "MAX_REFUSALS",
     "MAX_UNPROVEN",
     "PROBE_ANSWER_BYTES",
     "PROBE_TIMEOUT_S",
     "PROOFS_IN_FLIGHT",
     "PROOF_RETRY_S",
+    "REFUSAL_MEMORY_S",
     "REGISTRY_POLL_S",
     "ROUTE_HEADER",
     "WORKER_HEADER",
     "Fleet",
+    "Refusals",
     "Router",
     "RouterMetrics",
     "RouterOptions",
@@ -151,6 +154,14 @@ PROOFS_IN_FLIGHT = 32
 PROOF_RETRY_S = 5.0
 """A (worker, gateway) whose proof failed is asked again no sooner (a gateway still
 starting, or a forged address asked once a heartbeat at most)."""
+REFUSAL_MEMORY_S = 30.0
+"""How long the router remembers a worker's own refusal of a version (a 424
+``adapter_refused_by_worker``) and routes that version elsewhere first: the worker's own
+refusal hold (``WorkerConfig.refusal_hold_s``, 30 s), within which it answers every request
+for the version with that 424 at once, without trying to load it again."""
+MAX_REFUSALS = 4096
+"""(worker, version) refusals remembered at once, at most (the oldest forgotten first): a
+gateway that refuses everything it is sent fills this, never more."""
 
 
 def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
@@ -335,6 +346,66 @@ class Fleet:
             self._known.popitem(last=False)
 
 
+class Refusals:
+    """The router's short memory of the versions workers refused as their own (a 424
+    ``adapter_refused_by_worker``): (worker id, lora name) for ``ttl_s`` after the refusal,
+    ``cap`` at most, the oldest forgotten first. Routing chooses such a worker for that
+    version only when no other fits (``FleetIndex.route(avoid=)``). Time is passed in."""
+
+    def __init__(self, ttl_s: float = REFUSAL_MEMORY_S, cap: int = MAX_REFUSALS) -> None:
+        self.ttl_s = ttl_s
+        self.cap = cap
+        # (worker id, lora name) -> until; in expiry order (every entry lasts ttl_s, and a
+        # refusal noted again moves to the end)
+        self._until: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._by_name: dict[str, set[str]] = {}  # lora name -> worker ids
+        self._by_worker: dict[str, set[str]] = {}  # worker id -> lora names
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def note(self, worker_id: str, lora_name: str, now: float) -> None:
+        """``worker_id`` refused ``lora_name`` as its own at ``now``."""
+        key = (worker_id, lora_name)
+        self._until.pop(key, None)
+        self._until[key] = now + self.ttl_s
+        self._by_name.setdefault(lora_name, set()).add(worker_id)
+        self._by_worker.setdefault(worker_id, set()).add(lora_name)
+        while len(self._until) > self.cap:
+            self._drop(next(iter(self._until)))
+
+    def of(self, lora_name: str, now: float) -> frozenset[str]:
+        """The workers that refused ``lora_name`` within ``ttl_s`` before ``now``."""
+        self._expire(now)
+        return frozenset(self._by_name.get(lora_name, ()))
+
+    def forget(self, worker_id: str) -> None:
+        """The worker left the view: its refusals go with it."""
+        for name in list(self._by_worker.get(worker_id, ())):
+            self._drop((worker_id, name))
+
+    def keep_only(self, worker_ids: Collection[str]) -> None:
+        """Forget the refusals of every worker not in ``worker_ids`` (the view)."""
+        for wid in [w for w in self._by_worker if w not in worker_ids]:
+            self.forget(wid)
+
+    def _expire(self, now: float) -> None:
+        while self._until:
+            key, until = next(iter(self._until.items()))
+            if until > now:
+                return
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        del self._until[key]
+        wid, name = key
+        for index, k, v in ((self._by_name, name, wid), (self._by_worker, wid, name)):
+            held = index[k]
+            held.discard(v)
+            if not held:
+                del index[k]
+
+
 @dataclass
 class _Pools:
     """One keep-alive pool per worker gateway URL; an answer read whole is at most
@@ -389,6 +460,7 @@ class Router:
         retry_after_s: int = 5,
         clock: Callable[[], float] = time.time,
         answer_buffer_bytes: int = ANSWER_BUFFER_BYTES,
+        refusal_memory_s: float = REFUSAL_MEMORY_S,
     ) -> None:
         self.fleet = fleet
         # the one front door (frontdoor.admission), with the router's verified versions
@@ -421,6 +493,8 @@ class Router:
         # apart: never queued behind requests; a /healthz answer is well under 1 KiB
         self._probes = _Pools(PROBE_TIMEOUT_S, {}, PROBE_ANSWER_BYTES)
         self.in_flight: dict[str, int] = {}
+        # the versions workers refused as their own moments ago: routed elsewhere first
+        self.refusals = Refusals(refusal_memory_s)
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
@@ -676,15 +750,19 @@ class Router:
         worker of the base model, within the same attempts, the refusing worker staying in
         the view (it serves other versions); that 424 is the answer only when no other
         worker serves it. Nothing of it has reached the client then: an answer relayed,
-        streamed or whole, is never sent again."""
+        streamed or whole, is never sent again. The refusal is remembered
+        (``Refusals``): the version's later requests go to another worker first while the
+        refusing worker's hold lasts, and to it only when no other fits."""
         target = Target("POST", endpoint.value)  # what is sent is what is signed
         refused: tuple[_Whole, Route] | None = None  # a worker's own 424, held
+        avoid = self.refusals.of(record.lora_name, self._clock())
         for attempt in range(2):
             route = self.fleet.index.route(
                 record,
                 self._clock(),
                 self.in_flight,
                 skip=() if refused is None else (refused[1].worker_id,),
+                avoid=avoid,
             )
             if route is None:
                 if refused is not None:  # no other worker: the worker's own 424 is the answer
@@ -732,6 +810,7 @@ class Router:
                         content_type = whole.headers.get("content-type", "")
                         if refused_by_worker(whole.status, content_type, whole.body):
                             refused = (whole, route)  # held (small): another may load it
+                            self.refusals.note(wid, record.lora_name, self._clock())
                             continue
                         self.outcomes[route.kind.value] += 1
                         return await self._relay_whole(request, whole, route, record.version)
@@ -992,6 +1071,7 @@ async def _watch_fleet(
                     task.add_done_callback(proofs.discard)
                 got = span()
                 index.feed = None if got is None else Feed(*got)
+                router.refusals.keep_only(index.workers)  # a worker out of the view: forgotten
                 if time.monotonic() - last_drain >= heartbeat_s:
                     last_drain = time.monotonic()
                     now = time.time()

@@ -43,11 +43,14 @@ from loraplane.kernel.bus import Record
 from loraplane.kernel.policy import RequestBudgets
 from loraplane.router.routing import FleetIndex, RouteKind
 from loraplane.router.server import (
+    MAX_REFUSALS,
     MAX_UNPROVEN,
     PROBE_TIMEOUT_S,
     PROOF_RETRY_S,
     PROOFS_IN_FLIGHT,
+    REFUSAL_MEMORY_S,
     Fleet,
+    Refusals,
     Router,
     _watch_fleet,
     attempt_id,
@@ -60,6 +63,7 @@ from loraplane.schemas.reasons import ArtifactReason, ServingRefusal, VllmErrorC
 from loraplane.schemas.request_log import RequestLog
 from loraplane.schemas.worker_state import WorkerState
 from loraplane.streams.scores import score_key
+from loraplane.workers.agent import WorkerConfig
 from loraplane.workers.gateway import Gateway, refused_here
 from loraplane.workers.vllm_client import VllmError
 from tests.unit.test_gateway import (
@@ -70,6 +74,7 @@ from tests.unit.test_gateway import (
     FailingUpstream,
     FakeServing,
     ListSink,
+    session_for,
 )
 from tests.unit.test_gateway import record as tenant_a_record
 from tests.unit.test_planner import (
@@ -414,6 +419,131 @@ def test_a_refusal_of_the_workers_own_is_told_from_the_artifacts() -> None:
     for global_ in ("manifest_missing", "sha256_mismatch", "pickle_weights", "unsafe_path"):
         assert not refused_here(global_)
     assert not refused_here("") and not refused_here("vllm_nonsense")
+
+
+# ---- remembered refusals ----------------------------------------------------------------
+def test_a_remembered_refusal_is_chosen_only_when_no_other_worker_fits() -> None:
+    """A worker that refused the version as its own moments ago is passed over for every
+    step of the rule (its GPU copy, the version placed there), and chosen when it is the
+    only worker that fits: the tenant then gets its real answer, not a 503."""
+    a = record("a")
+    hot = at(worker("w1", gpu=[a], slots=2), NOW)
+    empty = at(worker("w3", slots=2), NOW)
+    low = at(worker("w2", slots=8), NOW, max_lora_rank=4)  # cannot hold its rank
+    fleet = index(hot, empty, low)
+    assert fleet.route(a, NOW, {}).worker_id == "w1"
+    route = fleet.route(a, NOW, {}, avoid={"w1"})
+    assert (route.worker_id, route.kind) == ("w3", RouteKind.free_slot)
+    assert fleet.route(a, NOW, {}, avoid={"w1", "w3"}).worker_id == "w1"  # the only fits
+    assert fleet.route(a, NOW, {}, skip={"w1"}, avoid={"w3"}).worker_id == "w3"
+    assert fleet.route(a, NOW, {}, skip={"w1", "w3"}, avoid={"w3"}) is None
+    # placed on w3 above: a refusal there sends the version's next request elsewhere
+    cold = index(at(worker("w1", slots=2), NOW), at(worker("w3", slots=2), NOW))
+    assert cold.route(a, NOW, {}).worker_id == "w1"  # placed on w1
+    assert cold.route(a, NOW, {}).kind is RouteKind.placed
+    route = cold.route(a, NOW, {}, avoid={"w1"})
+    assert (route.worker_id, route.kind) == ("w3", RouteKind.free_slot)
+    assert cold.route(a, NOW, {}, avoid={"w1"}).kind is RouteKind.placed  # follows w3 now
+    assert index(hot).route(a, NOW, {}, avoid={"w1", "gone"}).worker_id == "w1"
+
+
+_COPY = st.sampled_from(["gpu", "host", "none"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_COPY, st.integers(0, 3), st.booleans()), min_size=1, max_size=5),
+    st.data(),
+)
+def test_routing_never_chooses_a_remembered_refusal_while_another_worker_fits(
+    workers: list[tuple[str, int, bool]], data: st.DataObject
+) -> None:
+    """Any fleet (copies on GPU or host, free slots, workers whose rank does not fit), any
+    remembered refusals and refusals of this request: a remembered worker is chosen only
+    when no other fits, and then as if nothing were remembered; a worker that refused this
+    request is never chosen."""
+    a, x = record("a"), record("x")
+    states = []
+    for i, (copy, free, fits) in enumerate(workers):
+        # no free slot and no copy on GPU: another version's copy fills its one slot
+        gpu = [a] if copy == "gpu" else [] if free else [x]
+        host = [a] if copy == "host" else []
+        state = worker(f"w{i}", gpu=gpu, host=host, slots=len(gpu) + free)
+        states.append(at(state, NOW, max_lora_rank=8 if fits else 4))
+    ids = [s.worker_id for s in states]
+    avoid = data.draw(st.sets(st.sampled_from(ids)), "avoid")
+    skip = data.draw(st.sets(st.sampled_from(ids)), "skip")
+    in_flight = data.draw(st.dictionaries(st.sampled_from(ids), st.integers(0, 3)), "busy")
+
+    def fresh() -> FleetIndex:
+        return index(*states)
+
+    got = fresh().route(a, NOW, in_flight, skip=skip, avoid=avoid)
+    elsewhere = fresh().route(a, NOW, in_flight, skip={*skip, *avoid})
+    if elsewhere is not None:
+        assert got == elsewhere and got.worker_id not in avoid
+    else:
+        assert got == fresh().route(a, NOW, in_flight, skip=skip)
+    assert got is None or got.worker_id not in skip
+
+
+def test_the_routers_memory_of_a_refusal_lasts_the_workers_hold() -> None:
+    """As long as the worker answers the version's requests with its 424 at once."""
+    hold = WorkerConfig.__dataclass_fields__["refusal_hold_s"].default
+    assert hold == REFUSAL_MEMORY_S
+    assert Router.__init__.__kwdefaults__["refusal_memory_s"] == REFUSAL_MEMORY_S
+
+
+def test_a_refusal_is_remembered_for_its_time_and_forgotten_with_its_worker() -> None:
+    memory = Refusals(ttl_s=30.0, cap=8)
+    memory.note("w1", "a", 100.0)
+    memory.note("w2", "a", 110.0)
+    memory.note("w1", "b", 120.0)
+    assert memory.of("a", 100.0) == {"w1", "w2"} and memory.of("b", 100.0) == {"w1"}
+    assert memory.of("a", 130.0) == {"w2"}  # w1's of "a" lasted 30 s
+    memory.note("w2", "a", 135.0)  # refused again: remembered from then
+    assert memory.of("a", 160.0) == {"w2"} and memory.of("a", 165.0) == frozenset()
+    assert memory.of("c", 0.0) == frozenset() and len(memory) == 0
+    memory.note("w1", "a", 200.0)
+    memory.note("w1", "b", 200.0)
+    memory.note("w2", "b", 200.0)
+    memory.forget("w1")  # it left the view
+    assert memory.of("a", 200.0) == frozenset() and memory.of("b", 200.0) == {"w2"}
+    memory.note("w3", "a", 200.0)
+    memory.keep_only({"w3", "w9"})
+    assert memory.of("b", 200.0) == frozenset() and memory.of("a", 200.0) == {"w3"}
+    memory.forget("never")
+    assert len(memory) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["w1", "w2", "w3", "w4"]), st.integers(0, 20), st.booleans()),
+        max_size=120,
+    )
+)
+def test_a_flood_of_refusals_keeps_the_memory_within_its_cap(
+    notes: list[tuple[str, int, bool]],
+) -> None:
+    """A gateway refusing everything it is sent (any worker, any version, notes and leaves
+    in any order): the memory never holds more than its cap, forgets the oldest first, and
+    always holds the latest refusal."""
+    memory = Refusals(ttl_s=1000.0, cap=5)
+    order: list[tuple[str, str]] = []  # the model: (worker, lora name), oldest first
+    for now, (wid, n, leaves) in enumerate(notes):
+        if leaves:
+            memory.forget(wid)
+            order = [k for k in order if k[0] != wid]
+            continue
+        name = f"v{n}"
+        memory.note(wid, name, float(now))
+        order = [*[k for k in order if k != (wid, name)][-4:], (wid, name)]
+        assert len(memory) == len(order) <= 5
+        assert wid in memory.of(name, float(now))
+    for n in range(21):
+        assert memory.of(f"v{n}", 0.0) == {w for w, v in order if v == f"v{n}"}
+    assert MAX_REFUSALS >= 1024  # every (worker, version) of a large fleet's refusals
 
 
 def forwarded(
@@ -963,6 +1093,62 @@ async def test_a_workers_own_424_sends_the_request_to_another_worker(stack: Stac
     (served,) = stack.sinks["w3"].messages(RequestLog)
     assert served.status == "ok" and served.request_id == refused.request_id + "-r1"
     assert "w1" in stack.router.fleet.index.workers  # not parked: it serves other versions
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_remembered_refusal_sends_the_next_request_elsewhere(stack: Stack) -> None:
+    """w1 refuses the version as its own (its --max-lora-rank): the first request pays the
+    hop through it, and the version's next request, after the router's placement on w3 has
+    lapsed and while w1's refusal hold lasts, goes straight to w3 (w1 forwarded to once,
+    w3 twice). With no other worker left, w1 is tried again and its 424 is the answer."""
+    _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
+    active = {**BATCH, "X-Session-Key": session_for("chat", False)}  # one version throughout
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=active)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w3"), body
+    chat = headers["X-Loraplane-Lora-Name"]
+    assert stack.router.refusals.of(chat, datetime.now(UTC).timestamp()) == {"w1"}
+    # 16 s on: the placement (3 heartbeats of 5 s) lapsed, the hold (30 s) did not; every
+    # worker's heartbeat is fresh and shows no copy of the version, so the free slots decide
+    later = 16.0
+    index = stack.router.fleet.index
+    for w in list(index.workers.values()):
+        index.update(at(w.state, w.state.ts.timestamp() + later, w.state.gateway_url))
+    stack.router._clock = lambda: datetime.now(UTC).timestamp() + later
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=active)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w3"), body
+    assert (headers["X-Loraplane-Route"], headers["X-Loraplane-Lora-Name"]) == ("free_slot", chat)
+    # a gateway logs every request it is forwarded (workers.gateway)
+    forwards = {wid: len(sink.messages(RequestLog)) for wid, sink in stack.sinks.items()}
+    assert forwards == {"w1": 1, "w2": 0, "w3": 2}
+    (request_log,) = stack.sinks["w1"].messages(RequestLog)  # its one 424
+    assert request_log.error == "vllm_rank_too_large"
+    # the only worker of the base model left: remembered, it is still asked, and answers
+    for wid in ("w2", "w3"):
+        index.remove(wid)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=active)
+    assert (status, headers["X-Loraplane-Worker"]) == (PERMANENT_STATUS, "w1")
+    assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
+    assert len(stack.sinks["w1"].messages(RequestLog)) == 2
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_worker_out_of_the_view_is_forgotten_with_its_refusals(stack: Stack) -> None:
+    """A worker parked (its gateway failed) or forgotten (drained, tombstoned) leaves the
+    router's memory of refusals at the fleet watch's next pass; the others' stay."""
+    refusals, index = stack.router.refusals, stack.router.fleet.index
+    now = datetime.now(UTC).timestamp()
+    for wid in ("w1", "w2", "w3"):
+        refusals.note(wid, "chat-1", now)
+    watch = asyncio.create_task(_watch_fleet(stack.router, lambda: None, 0.05, poll_s=0.01))
+    try:
+        await asyncio.sleep(0.05)
+        assert refusals.of("chat-1", now) == {"w1", "w2", "w3"}  # all in the view: kept
+        index.failed("w1", now)
+        index.forget("w3")
+        await asyncio.sleep(0.1)
+        assert refusals.of("chat-1", now) == {"w2"}
+    finally:
+        watch.cancel()
 
 
 @pytest.mark.asyncio(loop_scope="session")
