@@ -853,7 +853,11 @@ SERVER_ANSWERS = {
     "a trailing slash": (_head(b"POST", b"/v1/completions/", KEY_LINE) + b"\r\n", 404),
     "a doubled slash": (_head(b"POST", b"//v1/completions", KEY_LINE) + b"\r\n", 404),
     "an encoded dot-dot": (_head(b"POST", b"/v1/x/%2e%2e/completions", KEY_LINE) + b"\r\n", 404),
-    "a CONNECT": (b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n", 404),
+    # (a declined CONNECT keeps its connection for the next request: the client closes it)
+    "a CONNECT": (
+        b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\nConnection: close\r\n\r\n",
+        404,
+    ),
     "a GET of a POST route": (_head(b"GET", b"/v1/completions", KEY_LINE) + b"\r\n", 405),
     "an OPTIONS": (_head(b"OPTIONS", b"/v1/chat/completions") + b"\r\n", 405),
     "a DELETE": (_head(b"DELETE", b"/v1/completions", KEY_LINE) + b"\r\n", 405),

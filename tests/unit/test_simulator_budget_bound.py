@@ -192,21 +192,22 @@ def test_a_wait_for_a_later_start_is_charged() -> None:
 
 
 def test_segments_of_a_long_trace_each_fit_and_bound_no_higher_than_the_whole() -> None:
-    """An hour of one request a second over 12 adapters: at a cap of 600 cells the whole
-    trace would need 120 s buckets; it is cut into segments that each fit at 15 s or finer,
-    and their sum is positive and (here) below the whole trace's bound at 1 s buckets."""
-    times = [float(j) for j in range(3600)]
-    seq = [(j * 7) % 12 for j in range(3600)]
+    """Half an hour of one request a second over 12 adapters: at a cap of 300 cells the
+    whole trace would need 72 s buckets; it is cut into segments that each fit at 15 s or
+    finer, and their sum is positive and (here) below the whole trace's bound at 1 s
+    buckets."""
+    times = [float(j) for j in range(1800)]
+    seq = [(j * 7) % 12 for j in range(1800)]
     reqs = Requests(times, seq, [180] * len(seq), [j % 5 == 0 for j in range(len(seq))])
     sc, cat = _budgeted(1, 2, 1), catalog(12)
     whole = budget_bound(sc, cat, reqs)
     cut = budget_bound(
-        sc.model_copy(update={"optimum": sc.optimum.model_copy(update={"bound_max_cells": 600})}),
+        sc.model_copy(update={"optimum": sc.optimum.model_copy(update={"bound_max_cells": 300})}),
         cat,
         reqs,
     )
     assert whole.weighted_miss_cost is not None and cut.weighted_miss_cost is not None
-    assert cut.bucket_s <= 15.0 and cut.cells > 600  # several segments of at most 600
+    assert cut.bucket_s <= 15.0 and cut.cells > 300  # several segments of at most 300
     assert 0 < cut.weighted_miss_cost <= whole.weighted_miss_cost + 1e-3
 
 
