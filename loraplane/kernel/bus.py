@@ -137,7 +137,8 @@ def read_topic(
     away from a topic that is empty. ``quiet``: librdkafka does not log every reconnect
     attempt (a CLI that reports the failure itself). ``partition_counts``: filled, before
     the first record, with each topic's partition count as the broker reports it (a reader
-    that checks records are on their key's partition: ``worker_states.at_home``).
+    that checks records are on their key's partition: ``worker_states.at_home``); a topic
+    the broker does not know gets none (it holds no record to check).
     """
     from confluent_kafka import KafkaException
 
@@ -150,11 +151,13 @@ def read_topic(
         if partition_counts is not None:
             from loraplane.kernel.command_partition import broker_partitions
 
-            try:
-                for name in names:
+            for name in names:
+                try:
                     partition_counts[name] = broker_partitions(consumer, name, timeout_s)
-            except (LookupError, KafkaException) as exc:
-                raise TopicReadIncomplete(f"{topic}: no partition count: {exc}") from exc
+                except LookupError:  # no such topic: it holds no record to check
+                    continue
+                except KafkaException as exc:
+                    raise TopicReadIncomplete(f"{name}: no partition count: {exc}") from exc
         consumer.subscribe(names)
         deadline = time.monotonic() + timeout_s
         last = time.monotonic()

@@ -274,3 +274,57 @@ def test_a_state_on_its_home_after_the_topic_grew_is_taken() -> None:
         states.apply(ghost.key, ghost.value, placed=tail.placed(ghost))
     assert set(states.states) == {key} and states.unreadable == 100
     assert broker.asked == asked  # counted again within RECOUNT_S: not asked again
+
+
+def test_a_topic_the_broker_does_not_know_leaves_the_others_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``read_topic(partition_counts=)`` over two topics, one never created (a fleet whose
+    routers have not written ``router-state`` yet): the other is read to its end and
+    counted; the read is not cut short for the missing one."""
+    from types import SimpleNamespace
+
+    from loraplane.kernel import bus
+
+    class Eof:
+        def error(self) -> Any:
+            return SimpleNamespace(code=lambda: -191)
+
+        def topic(self) -> str:
+            return "p.worker-state"
+
+        def partition(self) -> int:
+            return 0
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.polls = [Eof()]
+
+        def list_topics(self, topic: str, timeout: float) -> Any:
+            known = {"p.worker-state": SimpleNamespace(error=None, partitions={0: None})}
+            return SimpleNamespace(topics={t: m for t, m in known.items() if t == topic})
+
+        def subscribe(self, names: list[str]) -> None:
+            pass
+
+        def poll(self, timeout: float) -> Any:
+            return self.polls.pop() if self.polls else None
+
+        def assignment(self) -> list[Any]:
+            return [SimpleNamespace(topic="p.worker-state", partition=0)]
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bus.kafka, "consumer", lambda *a, **k: Consumer())
+    counts: dict[str, int] = {}
+    records = list(
+        bus.read_topic(
+            Settings(),
+            ["p.worker-state", "p.router-state"],
+            timeout_s=2.0,
+            to_end=True,
+            partition_counts=counts,
+        )
+    )
+    assert records == [] and counts == {"p.worker-state": 1}
