@@ -11,7 +11,8 @@ positions live in the process). ``caught_up``, ``lag``, ``current`` and ``curren
 say whether and since when the view is the topic's present (``router.liveness``). An
 optional ``select`` keeps a consumer to its share: a key it holds nothing of is kept only
 when selected; once in, every later record of it is kept. ``TailView`` is the pure part.
-Partitions added after the start are not read.
+Partitions added after the start (a topic grown) are read from their beginning once the
+tail's probe finds them (``TopicTail._add_partitions``).
 
 Records the user refused (``refuse``) are held within bounds, the oldest forgotten first,
 so keys written once cannot grow the view; ``rewind`` re-reads what was forgotten (a new
@@ -264,8 +265,9 @@ class CurrentSpan:
 class TopicTail:
     """One consumer thread tailing ``topics`` into a ``TailView``. ``on_record`` (called on
     that thread, each record as it is applied) is for users that index records themselves
-    (the router's fleet index). ``probe_every_s``: how often an idle tail asks the broker
-    for metadata (the router's worker-state tail: twice per heartbeat). ``select``: which
+    (the router's fleet index). ``probe_every_s``: how often the tail asks the broker for
+    its topics' partitions (added ones are read; an idle tail's proof the broker is there;
+    the router's worker-state tail: twice per heartbeat). ``select``: which
     records of a key not held yet are kept (``TailView``; called on the tail's thread).
     ``prefetch_kbytes``: what its consumer may fetch ahead (``kafka.consumer_config``).
     ``keep=False``: the tail holds no record (``snapshot`` refuses), for an ``on_record``
@@ -304,6 +306,7 @@ class TopicTail:
         # topic -> its partition counts seen (the broker's latest first: ``placed``)
         self._counts: dict[str, tuple[int, ...]] = {}
         self._recounted: dict[str, float] = {}  # topic -> when ``placed`` last asked the broker
+        self._grew = False  # ``placed`` learned a count above the partitions read: add them
         self.progress = Progress(component)
 
     # ---- what users read ------------------------------------------------------------------
@@ -340,6 +343,8 @@ class TopicTail:
             log.warning("tail %s: no partition count of %s: %s", self.component, topic, exc)
             return counts
         with self._lock:
+            read = sum(1 for t, _ in self._view.positions() if t == topic)
+            self._grew = self._grew or fresh > read
             return self._counted(topic, fresh)
 
     def _counted(self, topic: str, count: int) -> tuple[int, ...]:
@@ -444,8 +449,9 @@ class TopicTail:
         return out
 
     def _metadata_consumer(self) -> Consumer:
-        """The consumer ``ends`` and ``placed`` ask the broker's metadata with (not the
-        reading thread's), made on first use (one, whichever thread asks first)."""
+        """The consumer ``ends``, ``placed`` and the probe of added partitions ask the
+        broker's metadata with (not the reading one), made on first use (one, whichever
+        thread asks first)."""
         with self._lock:
             if self._probe_consumer is None:
                 self._probe_consumer = kafka.consumer(
@@ -492,18 +498,22 @@ class TopicTail:
                 )
                 try:
                     self._assign(consumer)
-                    probed = time.monotonic()
+                    probed = counted = time.monotonic()
                     while not self._stop.is_set():
                         with self._lock:
                             rewind = self._view.rewind_due
                             if rewind:
                                 self._view.rewind()
+                            grew, self._grew = self._grew, False
                         if rewind:
                             self._assign(consumer)
+                            counted = time.monotonic()
                         if self._step(consumer):
                             probed = time.monotonic()
                         elif time.monotonic() - probed > self._probe_every_s:
-                            probed = time.monotonic()
+                            grew = True  # the probe's answer says the partitions too
+                        if grew or time.monotonic() - counted > self._probe_every_s:
+                            probed = counted = time.monotonic()
                             self._probe(consumer)
                 finally:
                     consumer.close()
@@ -575,12 +585,60 @@ class TopicTail:
         return answered
 
     def _probe(self, consumer: Consumer) -> None:
-        """An idle tail has no message to prove the broker is there: ask for metadata."""
+        """Ask the broker for the topics' partitions: an idle tail has no message to prove
+        the broker is there, and a topic grown has partitions the tail does not read yet."""
         try:
-            consumer.list_topics(self.topics[0], timeout=2.0)
+            self._add_partitions(consumer)
         except Exception as exc:
             self.progress.blocked(f"kafka: {exc}")
             self.progress.check()
         else:
             self.progress.advanced()
             self._answered()
+
+    def _add_partitions(self, consumer: Consumer) -> None:
+        """Assign the partitions of the topics that the broker has and the tail does not read
+        yet (a topic grown), each from its beginning; the others keep their positions. Asked
+        every ``probe_every_s``, busy or idle, and at once when ``placed`` learned a count
+        above the partitions read. One
+        without a leader yet is left to the next probe. Their ends are asked on the metadata
+        consumer: on the reading one each query waits behind its fetch held by the broker
+        (0.5 s a partition)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        with self._lock:
+            read = set(self._view.positions())
+        new: list[Partition] = []
+        counts: dict[str, int] = {}
+        for topic in self.topics:
+            meta = consumer.list_topics(topic, timeout=2.0).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                continue  # gone or not answered for: the records held stay
+            counts[topic] = len(meta.partitions)
+            new += [
+                (topic, p)
+                for p, part in sorted(meta.partitions.items())
+                if (topic, p) not in read and part.leader >= 0
+            ]
+        ends: dict[Partition, int] = {}
+        if new:  # asked with no fetch queued before them, by a client that knows the partitions
+            asker = self._metadata_consumer()
+            for topic in {t for t, _ in new}:
+                asker.list_topics(topic, timeout=2.0)
+            for tp in new:
+                ends[tp] = asker.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)[1]
+        with self._changed:
+            for topic, count in counts.items():
+                if count != self._counts.get(topic, (0,))[0]:
+                    self._counted(topic, count)
+            if ends:
+                self._view.assign(ends)
+                self._changed.notify_all()
+        if new:
+            consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING) for tp in new])
+            log.info(
+                "tail %s: reading %d partition(s) added to %s",
+                self.component,
+                len(new),
+                ", ".join(sorted({t for t, _ in new})),
+            )

@@ -270,3 +270,73 @@ def test_the_tails_indexed_by_their_users_hold_no_records() -> None:
         assert len(calls) == 1, (path, name)
         keep = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}.get("keep")
         assert keep == "False", (path, name)
+
+
+class _GrownConsumer:
+    """A consumer whose topic has grown from 2 to 4 partitions: partition 2 has a leader and
+    3 records, partition 3 no leader yet (the reading and the metadata consumer both)."""
+
+    def __init__(self) -> None:
+        from tests.kafka_message import ClusterMetadata, PartitionMetadata, TopicMetadata
+
+        parts = {0: PartitionMetadata(), 1: PartitionMetadata(), 2: PartitionMetadata()}
+        parts[3] = PartitionMetadata(leader=-1)
+        self.metadata = ClusterMetadata({"ws": TopicMetadata(parts)})
+        self.added: list[tuple[str, int, int]] = []
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object:
+        return self.metadata
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1) -> tuple[int, int]:
+        return (0, 3)
+
+    def incremental_assign(self, partitions: list[object]) -> None:
+        self.added += [(tp.topic, tp.partition, tp.offset) for tp in partitions]  # type: ignore[attr-defined]
+
+
+def test_partitions_added_after_the_start_are_read_from_their_beginning() -> None:
+    """A topic grown under a running tail (``topics apply``, kafka-topics --alter): its new
+    partitions were never assigned, so records keyed onto them were never read. The probe
+    assigns each one with a leader from its beginning, leaves the partitions already read at
+    their positions, and places keys by the new count first."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", 0): 1, ("ws", 1): 0})
+        tail._view.apply(Record("ws", 0, 0, b"w1", b"{}", {}, 0))
+        tail._counted("ws", 2)
+    assert tail.caught_up and tail.lag() == 0
+    consumer = _GrownConsumer()
+    tail._metadata_consumer = lambda: consumer  # type: ignore[assignment,method-assign,return-value]
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert consumer.added == [("ws", 2, OFFSET_BEGINNING)]  # not 3: no leader yet
+    assert tail._view.positions() == {("ws", 0): 1, ("ws", 1): 0, ("ws", 2): 0}
+    assert tail.lag() == 3 and not tail.wait_read_to({("ws", 2): 3}, 0.01)
+    assert tail._counts["ws"] == (4, 2)
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert consumer.added == [("ws", 2, OFFSET_BEGINNING)]  # nothing assigned twice
+    consumer.metadata.topics["ws"].partitions[3].leader = 1  # type: ignore[attr-defined]
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert consumer.added[1:] == [("ws", 3, OFFSET_BEGINNING)]
+
+
+def test_a_count_placed_learns_above_the_partitions_read_asks_for_them_at_once() -> None:
+    """``placed`` asks the broker again on a record off its key's partition; a count above
+    the partitions the tail reads makes the reading thread probe at its next turn."""
+    from loraplane.kernel.command_partition import key_hash
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
+        tail._counted("ws", 2)
+    tail._metadata_consumer = lambda: _GrownConsumer()  # type: ignore[method-assign]
+    key = next(k for n in range(100) if key_hash(k := f"w{n}".encode()) % 2 == 0)
+    off_home = Record("ws", 1, 0, key, b"{}", {}, 0)
+    assert not tail._grew
+    assert tail.placed(off_home) == (1, 4) and tail._grew
