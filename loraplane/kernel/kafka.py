@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_ID",
+    "METADATA_REFRESH_MS",
     "TRANSACTION_RETRY_BACKOFF_MS",
     "Config",
     "ConfigValue",
@@ -65,6 +66,17 @@ keeper behind a backlog, ticks back to back) waited a whole backoff: ~100 ms eac
 the first backoff of every other retry of such a producer too (a produce, a coordinator or
 leader lookup); later retries still back off exponentially, up to ``retry.backoff.max.ms``
 (1 s)."""
+
+METADATA_REFRESH_MS = 5_000
+"""How often a producer asks the broker for the metadata of the topics it writes
+(librdkafka's ``topic.metadata.refresh.interval.ms``, 5 min by default): a topic grown is
+hashed over by its new partition count within this long. Until then a key goes to its
+partition under the old count, which readers that know only the new one refuse
+(``worker_states.at_home``: a worker's states missing from ``fleet status``, ``plan show``
+and a router started after the grow). With the workers' 5 s heartbeat a grown worker-state
+topic holds every worker's state at home within 10 s, before the 15 s after which a
+silent worker is drained. One small metadata request per producer per interval, for the
+topics it wrote only (``topic.metadata.refresh.sparse``, librdkafka's default)."""
 
 
 class KafkaUnavailable(RuntimeError):
@@ -214,8 +226,9 @@ def producer_config(
     key in the partition Faust (aiokafka) and Java clients put it in (librdkafka's default,
     CRC32, does not): the registry topic is written by Faust, lifecycle events may come from
     producers in other languages, and a key in two partitions of a compacted topic has no
-    single latest record and no order across them. With ``transactional_id``, refused
-    requests are retried after ``TRANSACTION_RETRY_BACKOFF_MS``."""
+    single latest record and no order across them. A topic grown is hashed over by its new
+    count within ``METADATA_REFRESH_MS``. With ``transactional_id``, refused requests are
+    retried after ``TRANSACTION_RETRY_BACKOFF_MS``."""
     conf = _common(settings, client_id, quiet)
     conf |= {
         "acks": "all",
@@ -223,6 +236,7 @@ def producer_config(
         "linger.ms": linger_ms,
         "message.timeout.ms": 15_000,
         "partitioner": "murmur2_random",
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
     }
     if batch_messages is not None:
         conf["batch.num.messages"] = batch_messages

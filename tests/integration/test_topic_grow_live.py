@@ -1,22 +1,30 @@
 """A compacted topic grown under its readers and writers, on the real broker
 (``topics apply`` with a larger count): a live tail (kernel/topic_tail.py) reads the
-partitions added after its start, from their beginning, without reading again what it had."""
+partitions added after its start, from their beginning, without reading again what it had;
+and a worker's state producer (the event sink) hashes its key over the new count within
+``kafka.METADATA_REFRESH_MS``, so readers that know only the new count (``fleet status``, a
+router started after the grow) refuse its states as off their partition only that long."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
+from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import kafka, topics
 from loraplane.kernel.bus import Record
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
+from loraplane.kernel.worker_states import latest_fleet_states
+from loraplane.schemas.base import now_utc
+from loraplane.schemas.worker_state import WorkerState
 from tests.integration.metrics_env import isolated
 from tests.integration.registry_env import wait_for
 
@@ -28,15 +36,16 @@ OLD, NEW = 3, 6  # the worker-state topic's partitions before and after the grow
 @pytest.fixture
 def settings(stack: Settings) -> Iterator[Settings]:
     settings = isolated(stack)
-    topics.apply(settings, only=(dataclasses.replace(topics.spec("worker-state"), partitions=OLD),))
+    small = dataclasses.replace(topics.spec("worker-state"), partitions=OLD)
+    topics.apply(settings, only=(small, topics.spec("router-state")))
     _wait_partitions(settings, OLD)  # a topic just made is not in every metadata answer yet
     try:
         yield settings
     finally:
         admin = kafka.admin(settings)
         with contextlib.suppress(Exception):
-            name = topics.topic_name(settings, "worker-state")
-            for future in admin.delete_topics([name], operation_timeout=20).values():
+            names = [topics.topic_name(settings, t) for t in ("worker-state", "router-state")]
+            for future in admin.delete_topics(names, operation_timeout=20).values():
                 future.result(timeout=30)
 
 
@@ -104,3 +113,59 @@ def test_a_tail_reads_the_partitions_added_after_its_start(settings: Settings) -
         assert tail.current()
     finally:
         tail.stop()
+
+
+def _state(worker_id: str) -> WorkerState:
+    return WorkerState(
+        worker_id=worker_id,
+        base_model="b",
+        ts=now_utc(),
+        gpu_slots_used=0,
+        gpu_slots_total=4,
+        host_bytes_used=0,
+        host_bytes_budget=10**9,
+        max_lora_rank=16,
+    )
+
+
+def test_a_workers_states_reach_their_new_partition_soon_after_a_grow(
+    settings: Settings,
+) -> None:
+    """A worker beating every 0.5 s through its event sink (the agent's producer) while the
+    topic grows from 3 to 6: a tail started after the grow (a fresh router, knowing only 6)
+    gets the worker's first state on its new partition within ``METADATA_REFRESH_MS`` and a
+    beat, and ``latest_fleet_states`` (``fleet status``) then has the worker. librdkafka's
+    default refresh kept the old count 299.8 s (measured), so fresh readers refused every
+    state as ``wrong_partition`` and had no such worker for 5 minutes."""
+    topic = _topic(settings)
+    worker = _moved_key("w")
+    sink = KafkaEventSink(settings, f"test-grow-{uuid.uuid4().hex[:8]}")
+    try:
+        sink.emit("worker-state", worker, _state(worker))
+        assert sink.flush(20) == 0
+        assert worker in latest_fleet_states(settings).workers
+        _grow(settings)
+        grown = time.monotonic()
+        at_home: list[float] = []
+
+        def arrived(record: Record) -> None:
+            if record.key == worker.encode() and record.partition == partition_of(worker, NEW):
+                at_home.append(time.monotonic())
+
+        tail = TopicTail(settings, topic, component="test-fresh", on_record=arrived).start()
+        try:
+            while not at_home and time.monotonic() - grown < 60:
+                sink.emit("worker-state", worker, _state(worker))
+                sink.poll()
+                time.sleep(0.5)
+        finally:
+            tail.stop()
+        assert at_home, "no state on the worker's new partition within 60 s"
+        window = at_home[0] - grown
+        print(f"the worker's states reached its new partition {window:.1f}s after the grow")
+        assert window < kafka.METADATA_REFRESH_MS / 1000 + 5.0
+        assert sink.flush(20) == 0
+        fleet = latest_fleet_states(settings)
+        assert worker in fleet.workers and fleet.malformed >= 1  # the old partition's ghost
+    finally:
+        sink.close()

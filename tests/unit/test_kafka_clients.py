@@ -149,6 +149,7 @@ def test_the_default_producer_is_the_old_bus_producer() -> None:
         "message.timeout.ms": 15_000,
         "client.id": "loraplane",
         "partitioner": "murmur2_random",
+        "topic.metadata.refresh.interval.ms": kafka.METADATA_REFRESH_MS,
     }  # a key's partition as Faust and Java clients pick it
 
 
@@ -165,7 +166,22 @@ def test_the_scoring_transactional_producer_keeps_its_settings() -> None:
         "transactional.id": "p-scoring",
         "retry.backoff.ms": kafka.TRANSACTION_RETRY_BACKOFF_MS,
         "partitioner": "murmur2_random",
+        "topic.metadata.refresh.interval.ms": kafka.METADATA_REFRESH_MS,
     }
+
+
+def test_every_producer_learns_a_grown_topics_count_within_seconds() -> None:
+    """librdkafka refreshes a producer's topic metadata every 5 minutes by default, and
+    hashes keys over the partition count it last learned: after a grow a worker's states
+    went to their partition under the old count for up to 5 minutes, where readers knowing
+    only the new count refuse them (``wrong_partition``). Every producer of the factory,
+    transactional ones too, asks again within a heartbeat."""
+    for conf in (
+        kafka.producer_config(SETTINGS),
+        kafka.producer_config(SETTINGS, client_id="worker-w1", linger_ms=20),
+        kafka.producer_config(SETTINGS, transactional_id="p-planner"),
+    ):
+        assert conf["topic.metadata.refresh.interval.ms"] == kafka.METADATA_REFRESH_MS <= 5_000
 
 
 def test_a_transaction_begun_right_after_the_last_asks_again_within_milliseconds() -> None:
