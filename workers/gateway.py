@@ -296,6 +296,7 @@ class Gateway:
             budgets=budgets,
             versions=worker.versions,
             router_secret=router_secret,
+            worker_id=worker.worker_id,  # a forward signed for another worker's gateway: 401
             clock=clock,
         )
         self.sink = sink

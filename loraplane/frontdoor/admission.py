@@ -196,7 +196,8 @@ class FrontDoor:
     """The admission rules of one door. ``versions`` maps an adapter id to its verified
     versions in this door's view (the router's registry, or the worker's); ``router_secret``
     (a gateway's) lets a router's signed forward stand in for an API key; ``budgets`` may be
-    replaced while serving (a reload): the tenant gate follows it."""
+    replaced while serving (a reload): the tenant gate follows it. ``worker_id`` is a
+    gateway's own worker: a forward is believed only when signed for it."""
 
     def __init__(
         self,
@@ -205,12 +206,14 @@ class FrontDoor:
         budgets: RequestBudgets,
         versions: Callable[[str], Sequence[AdapterRecord]],
         router_secret: bytes | None = None,
+        worker_id: str | None = None,
         clock: Callable[[], float],
     ) -> None:
         self.keys = keys
         self.budgets = budgets
         self.versions = versions
         self.router_secret = router_secret
+        self.worker_id = worker_id
         self._clock = clock
         self._gate = TenantGate(budgets.tenants, clock)
 
@@ -262,20 +265,28 @@ class FrontDoor:
         if forward is not None and (
             head.target is None
             or not verify(
-                self.router_secret, forward, head.target, head.request_id, raw, head.signature, now
+                self.router_secret,
+                forward,
+                head.target,
+                head.request_id,
+                raw,
+                head.signature,
+                now,
+                worker_id=self.worker_id,
             )
         ):
             if outdated(head.signature):  # a router older than this gateway
                 return Refusal(
                     401,
                     AdmissionRefusal.forward_outdated,
-                    "the router's signature does not cover the method and path: "
+                    "the router's signature is of an older form: "
                     "upgrade the router to this gateway's forward format",
                 )
             return Refusal(
                 401,
                 AdmissionRefusal.unauthorized,
-                "a forwarded request needs a valid router signature for this method and path",
+                "a forwarded request needs a valid router signature for this worker, "
+                "method and path",
             )
         try:
             body = json.loads(raw)

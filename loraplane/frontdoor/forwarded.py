@@ -1,17 +1,18 @@
 """What a fleet router forwards to a worker gateway, signed so no one else can claim it: the
-tenant, the request class and the version the router chose, for one method and target.
+tenant, the request class and the version the router chose, for one worker, method and
+target.
 
-The router forwards a request without the client's API key; the gateway believes the
-``X-Loraplane-Tenant``, ``X-Request-Class`` and version headers only with a valid
-``X-Loraplane-Forwarded: v2.<ts>.<hex HMAC-SHA256>`` keyed with the router secret (mode 0600,
-``settings.router_secret_path``) over the method and the request target (path and query, as
-the gateway's request line carries them), the tenant, request id, ``ts``, the body's digest,
-class and versions (``_mac``): a captured forward serves no other endpoint, method, query,
-body, class or version, and only while ``ts`` is within ``MAX_SKEW_S`` of the gateway's
-clock. A header that is no id or token, or a signature not ``v2.digits.hex``, is refused
-before any HMAC; the older form ``digits.hex`` (an older router's, over neither method nor
-target) is told apart (``outdated``) and refused too. docs/router.md, "The forwarded tenant
-and version". Pure: the secret and the time are passed in.
+The gateway believes the forwarded headers only under a valid ``X-Loraplane-Forwarded:
+v3.<ts>.<hex HMAC-SHA256>`` keyed with the router secret over the destination worker's id
+(checked against the gateway's own), the method and request target as its request line
+carries them, the tenant, request id, ``ts``, the body's digest, class, versions and the
+``X-Session-Key`` or its absence (``_mac``): a captured forward serves on no other worker's
+gateway (one secret for the fleet), endpoint, method, query, body, class, version or
+session, and only while ``ts`` is within ``MAX_SKEW_S`` of the gateway's clock. A header
+that is no id or token, or a signature not ``v3.digits.hex``, is refused before any HMAC;
+the older forms ``v2.digits.hex`` and ``digits.hex`` are told apart (``outdated``).
+docs/router.md, "The forwarded tenant and version". Pure: the secret and the time are
+passed in.
 
 Back the other way, a gateway's answer names one header of these for the router alone:
 ``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM; and its 424
@@ -35,6 +36,7 @@ __all__ = [
     "NOT_RUN_HEADER",
     "PERMANENT_STATUS",
     "REFUSAL_ANSWER_BYTES",
+    "SESSION_HEADER",
     "SIGNATURE_HEADER",
     "STABLE_VERSION_HEADER",
     "TENANT_HEADER",
@@ -54,6 +56,7 @@ SIGNATURE_HEADER = "X-Loraplane-Forwarded"
 VERSION_HEADER = "X-Loraplane-Version"  # the version to serve
 VERSION_REASON_HEADER = "X-Loraplane-Version-Reason"  # why: active, or its canary share
 STABLE_VERSION_HEADER = "X-Loraplane-Stable-Version"  # the active one, while a canary warms
+SESSION_HEADER = "X-Session-Key"  # the client's, as the router read it (a header token)
 NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 """On a gateway's 503, back to the router: its vLLM could not be reached, so the request never
 reached vLLM (the header's value is the reason). A router parks that worker and sends the
@@ -70,10 +73,11 @@ when no other worker serves it."""
 REFUSAL_ANSWER_BYTES = 64 * 1024
 """A 424 read as a worker's own refusal is at most this long (the gateway's is ~300 bytes)."""
 MAX_SKEW_S = 30
-_FORM = "v2"  # the signature's form: what its HMAC covers (the method and target included)
+_FORM = "v3"  # the signature's form: what its HMAC covers (the worker and session included)
 _SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{64})")
-_OUTDATED = re.compile(r"[0-9]{1,12}\.[0-9a-f]{64}")
-"""The older form, ``ts.hex``, whose HMAC covered neither the method nor the target."""
+_OUTDATED = re.compile(r"(?:v2\.)?[0-9]{1,12}\.[0-9a-f]{64}")
+"""The older forms: ``v2.ts.hex``, whose HMAC covered neither the destination worker nor the
+session key, and ``ts.hex``, which covered neither the method nor the target either."""
 _METHOD = re.compile(r"[A-Z]{1,16}")
 _TARGET = re.compile(r"/[\x21-\x7e]{0,2047}")
 """A request target as the router sends it and the gateway reads it: origin-form, visible
@@ -89,6 +93,7 @@ class Forward:
     version: str
     reason: str
     stable: str = ""  # "" when there is no active version to fall back to
+    session: str | None = None  # X-Session-Key as sent; None when it is not sent
 
 
 @dataclass(frozen=True)
@@ -101,31 +106,47 @@ class Target:
 
 
 def _mac(
-    secret: bytes, request_id: str, ts: int, body: bytes, forward: Forward, target: Target
+    secret: bytes,
+    worker_id: str,
+    request_id: str,
+    ts: int,
+    body: bytes,
+    forward: Forward,
+    target: Target,
 ) -> str:
     digest = hashlib.sha256(body).hexdigest()
+    # the session key sent ("+" and its value, a token) or not ("-"): never the same line
+    session = "-" if forward.session is None else "+" + forward.session
     # every field but the last is a token without a line feed, the last is visible ASCII:
     # one message has one reading
     message = (
-        f"{_FORM}\n{target.method}\n{forward.tenant}\n{request_id}\n{ts}\n{digest}\n"
-        f"{forward.request_class}\n{forward.version}\n{forward.reason}\n{forward.stable}\n"
-        f"{target.path}"
+        f"{_FORM}\n{worker_id}\n{target.method}\n{forward.tenant}\n{request_id}\n{ts}\n"
+        f"{digest}\n{forward.request_class}\n{forward.version}\n{forward.reason}\n"
+        f"{forward.stable}\n{session}\n{target.path}"
     ).encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
 
 def sign(
-    secret: bytes, forward: Forward, target: Target, request_id: str, body: bytes, now: float
+    secret: bytes,
+    forward: Forward,
+    target: Target,
+    request_id: str,
+    body: bytes,
+    now: float,
+    *,
+    worker_id: str,
 ) -> str:
-    """The ``X-Loraplane-Forwarded`` value for one forwarded request to ``target``."""
+    """The ``X-Loraplane-Forwarded`` value for one forwarded request to ``target`` on the
+    gateway of ``worker_id``."""
     ts = int(now)
-    return f"{_FORM}.{ts}.{_mac(secret, request_id, ts, body, forward, target)}"
+    return f"{_FORM}.{ts}.{_mac(secret, worker_id, request_id, ts, body, forward, target)}"
 
 
 def outdated(signature: str | None) -> bool:
-    """Whether ``signature`` has the older form, whose HMAC covered neither the method nor
-    the target (a router older than this gateway): refused like any other that does not
-    verify, under a reason of its own."""
+    """Whether ``signature`` has an older form (``v2.ts.hex``, or ``ts.hex``: a router older
+    than this gateway): refused like any other that does not verify, under a reason of its
+    own."""
     return signature is not None and _OUTDATED.fullmatch(signature) is not None
 
 
@@ -136,19 +157,21 @@ def headers(
     request_id: str,
     body: bytes,
     now: float,
-    session_key: str | None,
+    *,
+    worker_id: str,
 ) -> bytes:
-    """The header lines (CRLF-ended) the router adds to a request it forwards to ``target``."""
+    """The header lines (CRLF-ended) the router adds to a request it forwards to ``target``
+    on the gateway of ``worker_id``."""
+    signature = sign(secret, forward, target, request_id, body, now, worker_id=worker_id)
     head = (
         f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
         f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
-        f"{VERSION_REASON_HEADER}: {forward.reason}\r\n"
-        f"{SIGNATURE_HEADER}: {sign(secret, forward, target, request_id, body, now)}\r\n"
+        f"{VERSION_REASON_HEADER}: {forward.reason}\r\n{SIGNATURE_HEADER}: {signature}\r\n"
     )
     if forward.stable:
         head += f"{STABLE_VERSION_HEADER}: {forward.stable}\r\n"
-    if session_key:
-        head += f"X-Session-Key: {session_key}\r\n"
+    if forward.session is not None:
+        head += f"{SESSION_HEADER}: {forward.session}\r\n"
     return head.encode("latin-1")
 
 
@@ -160,12 +183,17 @@ def verify(
     body: bytes,
     signature: str | None,
     now: float,
+    *,
+    worker_id: str | None,
 ) -> bool:
     """True when ``signature`` vouches for ``forward`` on this request, as received (its
-    method and request target), now."""
+    method and request target) by the gateway of ``worker_id`` (None: a door that is no
+    worker's takes no forward), now."""
     if (
         not secret
         or not signature
+        or worker_id is None
+        or not is_id(worker_id)
         or not _METHOD.fullmatch(target.method)
         or not _TARGET.fullmatch(target.path)
         or not is_id(forward.tenant)
@@ -174,6 +202,7 @@ def verify(
         or not header_token(forward.request_class)
         or not header_token(forward.reason)
         or (forward.stable and not header_token(forward.stable))
+        or (forward.session is not None and not header_token(forward.session))
     ):
         return False
     parts = _SIGNATURE.fullmatch(signature)
@@ -182,7 +211,7 @@ def verify(
     ts, mac = int(parts[1]), parts[2]
     if abs(now - ts) > MAX_SKEW_S:
         return False
-    return hmac.compare_digest(mac, _mac(secret, request_id, ts, body, forward, target))
+    return hmac.compare_digest(mac, _mac(secret, worker_id, request_id, ts, body, forward, target))
 
 
 def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from loraplane.frontdoor.admission import Admission, FrontDoor, Head, Identity, Refusal
 from loraplane.frontdoor.forwarded import (
+    SESSION_HEADER,
     SIGNATURE_HEADER,
     STABLE_VERSION_HEADER,
     TENANT_HEADER,
@@ -73,7 +74,7 @@ READ_HEADERS = (
     "Authorization",
     "X-Request-Class",
     "X-Request-Id",
-    "X-Session-Key",
+    SESSION_HEADER,
     TENANT_HEADER,
     VERSION_HEADER,
     VERSION_REASON_HEADER,
@@ -100,13 +101,14 @@ def head_of(request: web.Request, request_id: str) -> Head:
             version=headers.get(VERSION_HEADER, ""),
             reason=headers.get(VERSION_REASON_HEADER, ""),
             stable=headers.get(STABLE_VERSION_HEADER, ""),
+            session=headers.get(SESSION_HEADER),  # as sent: its signature says if it may be
         )
     )
     return Head(
         request_id=request_id,
         authorization=headers.get("Authorization"),
         request_class=headers.get("X-Request-Class"),
-        session_key=header_token(headers.get("X-Session-Key")),
+        session_key=header_token(headers.get(SESSION_HEADER)),
         forward=forward,
         signature=headers.get(SIGNATURE_HEADER),
         # what a forward's signature must cover: the request line as this server read it

@@ -49,6 +49,7 @@ from loraplane.frontdoor.admission import FrontDoor, Keys, Refusal
 from loraplane.frontdoor.forwarded import (
     NOT_RUN_HEADER,
     PERMANENT_STATUS,
+    SESSION_HEADER,
     TENANT_HEADER,
     VERSION_HEADER,
     Forward,
@@ -650,13 +651,19 @@ class Router:
                 choice.record.version,
                 choice.reason.value,
                 choice.stable.version if choice.stable is not None else "",
+                header_token(request.headers.get(SESSION_HEADER)),
             )
-            session_key = header_token(request.headers.get("X-Session-Key"))
 
-            def head(target: Target, attempt_id: str) -> bytes:
+            def head(target: Target, attempt_id: str, worker_id: str) -> bytes:
                 # signed after the wait: the signature's time is when the gateway gets it
                 return forward_headers(
-                    self._secret, forward, target, attempt_id, raw, self._clock(), session_key
+                    self._secret,
+                    forward,
+                    target,
+                    attempt_id,
+                    raw,
+                    self._clock(),
+                    worker_id=worker_id,
                 )
 
             return await self._forward(request, endpoint, raw, choice.record, request_id, head)
@@ -738,7 +745,7 @@ class Router:
         raw: bytes,
         record: AdapterRecord,
         request_id: str,
-        head: Callable[[Target, str], bytes],
+        head: Callable[[Target, str, str], bytes],
     ) -> web.StreamResponse:
         """Forward to the worker the index names; one that did not answer leaves the view
         and the request goes to the next. A second attempt carries its own request id
@@ -782,7 +789,7 @@ class Router:
                         target.path,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head(target, attempt_id(request_id, attempt)),
+                        headers=head(target, attempt_id(request_id, attempt), wid),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)

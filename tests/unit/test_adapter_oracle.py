@@ -126,7 +126,7 @@ def _ask(doors: Doors, through: str, adapter: str, version: str, tenant: str) ->
             VERSION_REASON_HEADER.encode() + b": active",
             SIGNATURE_HEADER.encode()
             + b": "
-            + sign(SECRET, fwd, COMPLETIONS, "req-1", body, time.time()).encode(),
+            + sign(SECRET, fwd, COMPLETIONS, "req-1", body, time.time(), worker_id="w1").encode(),
         ]
     else:
         key = {"tenant-a": b"key-a", OTHER: b"key-b"}[tenant]

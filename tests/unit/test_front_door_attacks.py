@@ -316,7 +316,7 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
     fwd = Forward(tenant, "interactive", "1", "active")
     value = {
         None: None,
-        "good": sign(SECRET, fwd, COMPLETIONS, request_id, body, now),
+        "good": sign(SECRET, fwd, COMPLETIONS, request_id, body, now, worker_id="w1"),
         "junk": "1.zz",
         "non-ascii": f"{int(now)}." + "é" * 64,
         "digits": "١٢٣." + "0" * 64,

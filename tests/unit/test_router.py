@@ -277,8 +277,8 @@ def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -
 def test_the_signature_binds_tenant_request_body_class_version_and_time() -> None:
     fwd = Forward("tenant-a", "interactive", "2", "canary", "1")
     to = Target("POST", "/v1/completions")
-    sig = sign(SECRET, fwd, to, "r1", b"{}", 1000.0)
-    assert verify(SECRET, fwd, to, "r1", b"{}", sig, 1010.0)
+    sig = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1")
+    assert verify(SECRET, fwd, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
     for other in (
         Forward("tenant-b", "interactive", "2", "canary", "1"),
         Forward("tenant-a", "batch", "2", "canary", "1"),
@@ -286,14 +286,14 @@ def test_the_signature_binds_tenant_request_body_class_version_and_time() -> Non
         Forward("tenant-a", "interactive", "2", "active", "1"),
         Forward("tenant-a", "interactive", "2", "canary", ""),
     ):
-        assert not verify(SECRET, other, to, "r1", b"{}", sig, 1010.0)
-    assert not verify(SECRET, fwd, to, "r2", b"{}", sig, 1010.0)
-    assert not verify(SECRET, fwd, to, "r1", b'{"x":1}', sig, 1010.0)
-    assert not verify(SECRET, fwd, to, "r1", b"{}", sig, 1031.0)  # expired
-    assert not verify(b"t" * 32, fwd, to, "r1", b"{}", sig, 1010.0)
-    assert not verify(None, fwd, to, "r1", b"{}", sig, 1010.0)
+        assert not verify(SECRET, other, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
+    assert not verify(SECRET, fwd, to, "r2", b"{}", sig, 1010.0, worker_id="w1")
+    assert not verify(SECRET, fwd, to, "r1", b'{"x":1}', sig, 1010.0, worker_id="w1")
+    assert not verify(SECRET, fwd, to, "r1", b"{}", sig, 1031.0, worker_id="w1")  # expired
+    assert not verify(b"t" * 32, fwd, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
+    assert not verify(None, fwd, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
     for junk in ("", "x", "1000.", "abc." + "0" * 64, sig + "0", sig[3:], "v1" + sig[2:]):
-        assert not verify(SECRET, fwd, to, "r1", b"{}", junk, 1010.0)
+        assert not verify(SECRET, fwd, to, "r1", b"{}", junk, 1010.0, worker_id="w1")
 
 
 _TARGETS = st.builds(
@@ -332,31 +332,82 @@ def test_attack_a_forward_is_believed_only_for_the_method_and_target_it_was_sign
     the method and the request target byte for byte."""
     assume(sent != signed)
     fwd = Forward("tenant-a", "interactive", "1", "active")
-    sig = sign(SECRET, fwd, signed, "r1", b"{}", 1000.0)
-    assert not verify(SECRET, fwd, sent, "r1", b"{}", sig, 1001.0)
-    honest = sign(SECRET, fwd, sent, "r1", b"{}", 1000.0)
-    assert verify(SECRET, fwd, sent, "r1", b"{}", honest, 1001.0) == (
+    sig = sign(SECRET, fwd, signed, "r1", b"{}", 1000.0, worker_id="w1")
+    assert not verify(SECRET, fwd, sent, "r1", b"{}", sig, 1001.0, worker_id="w1")
+    honest = sign(SECRET, fwd, sent, "r1", b"{}", 1000.0, worker_id="w1")
+    assert verify(SECRET, fwd, sent, "r1", b"{}", honest, 1001.0, worker_id="w1") == (
         sent.method.isupper() and " " not in sent.path and "\n" not in sent.path
     )
 
 
-def _older_form(fwd: Forward, request_id: str, body: bytes, now: float) -> str:
-    """A signature as a router of the older form wrote it: without method and target."""
+def _older_form(
+    fwd: Forward,
+    request_id: str,
+    body: bytes,
+    now: float,
+    form: str = "v2",
+    target: Target = Target("POST", "/v1/completions"),
+) -> str:
+    """A signature as a router of an older form wrote it: ``v2`` (over the method and the
+    target, neither the worker nor the session key) or ``bare`` (over neither of them)."""
     digest = hashlib.sha256(body).hexdigest()
+    ts = int(now)
+    if form == "bare":
+        message = (
+            f"{fwd.tenant}\n{request_id}\n{ts}\n{digest}\n{fwd.request_class}\n"
+            f"{fwd.version}\n{fwd.reason}\n{fwd.stable}"
+        ).encode()
+        return f"{ts}.{hmac.digest(SECRET, message, 'sha256').hex()}"
     message = (
-        f"{fwd.tenant}\n{request_id}\n{int(now)}\n{digest}\n{fwd.request_class}\n"
-        f"{fwd.version}\n{fwd.reason}\n{fwd.stable}"
+        f"v2\n{target.method}\n{fwd.tenant}\n{request_id}\n{ts}\n{digest}\n"
+        f"{fwd.request_class}\n{fwd.version}\n{fwd.reason}\n{fwd.stable}\n{target.path}"
     ).encode()
-    return f"{int(now)}.{hmac.digest(SECRET, message, 'sha256').hex()}"
+    return f"v2.{ts}.{hmac.digest(SECRET, message, 'sha256').hex()}"
 
 
-def test_a_signature_of_the_older_form_is_told_apart_and_never_verifies() -> None:
+@pytest.mark.parametrize("form", ["v2", "bare"])
+def test_a_signature_of_an_older_form_is_told_apart_and_never_verifies(form: str) -> None:
     fwd = Forward("tenant-a", "interactive", "1", "active")
-    old = _older_form(fwd, "r1", b"{}", 1000.0)
+    old = _older_form(fwd, "r1", b"{}", 1000.0, form)
     to = Target("POST", "/v1/completions")
-    assert outdated(old) and not verify(SECRET, fwd, to, "r1", b"{}", old, 1001.0)
-    new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0)
-    assert not outdated(new) and not outdated(None) and not outdated("1000.zz")
+    assert outdated(old) and not verify(SECRET, fwd, to, "r1", b"{}", old, 1001.0, worker_id="w1")
+    new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1")
+    assert new.startswith("v3.") and not outdated(new)
+    for other in (None, "1000.zz", "v4" + new[2:], "v1" + new[2:], "v2." + new):
+        assert not outdated(other), other
+
+
+_SESSIONS = st.one_of(
+    st.none(),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12),
+    st.sampled_from(["s1", "-", "+", "+s1", "-s1", "s1 ", " s1", "", "s1\n", "é"]),
+)
+_WORKERS = st.one_of(
+    st.sampled_from(["w1", "w2", "w10", "w1.", "W1", "w1\n", "", " w1"]),
+    st.from_regex(r"[a-z0-9][a-z0-9._-]{0,8}", fullmatch=True),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(worker=_WORKERS, other_worker=_WORKERS, session=_SESSIONS, other_session=_SESSIONS)
+def test_attack_a_forward_verifies_only_on_its_worker_with_its_session_key(
+    worker: str, other_worker: str, session: str | None, other_session: str | None
+) -> None:
+    """A forward captured on its way to one worker's gateway never verifies on another's
+    (every gateway of a fleet holds the same router secret), nor with its ``X-Session-Key``
+    changed, added or removed: the HMAC covers the destination worker and the session key's
+    value or its absence, one reading each."""
+    assume((worker, session) != (other_worker, other_session))
+    to = Target("POST", "/v1/completions")
+    signed = Forward("tenant-a", "interactive", "1", "active", session=session)
+    sent = Forward("tenant-a", "interactive", "1", "active", session=other_session)
+    sig = sign(SECRET, signed, to, "r1", b"{}", 1000.0, worker_id=worker)
+    assert not verify(SECRET, sent, to, "r1", b"{}", sig, 1001.0, worker_id=other_worker)
+    honest = verify(SECRET, signed, to, "r1", b"{}", sig, 1001.0, worker_id=worker)
+    sound = re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,127}", worker) is not None and (
+        session is None or re.fullmatch(r"[\x21-\x7e]{1,128}", session) is not None
+    )
+    assert honest == sound
 
 
 # ---- a worker's own 424 ------------------------------------------------------------------
@@ -554,9 +605,10 @@ def forwarded(
     version: str = "1",
     request_class: str = "interactive",
     target: Target = Target("POST", "/v1/completions"),
+    worker_id: str = "w2",
 ) -> dict[str, str]:
-    """The headers a router puts on a request it forwards to ``target``, signed with the
-    test secret."""
+    """The headers a router puts on a request it forwards to ``target`` on the gateway of
+    ``worker_id``, signed with the test secret."""
     fwd = Forward(tenant, request_class, version, "active")
     return {
         TENANT_HEADER: tenant,
@@ -564,7 +616,7 @@ def forwarded(
         "X-Request-Class": request_class,
         VERSION_HEADER: version,
         VERSION_REASON_HEADER: "active",
-        SIGNATURE_HEADER: sign(SECRET, fwd, target, request_id, raw, now),
+        SIGNATURE_HEADER: sign(SECRET, fwd, target, request_id, raw, now, worker_id=worker_id),
         "Content-Type": "application/json",
     }
 
@@ -1250,20 +1302,87 @@ async def test_attack_a_forward_replayed_on_another_path_or_query_is_refused(
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_a_forward_of_an_older_router_is_refused_as_outdated(stack: Stack) -> None:
-    """A rolling upgrade: a router signing in the older form (no method, no target) is
-    refused with a reason of its own, never served."""
+@pytest.mark.parametrize("form", ["v2", "bare"])
+async def test_a_forward_of_an_older_router_is_refused_as_outdated(stack: Stack, form: str) -> None:
+    """A rolling upgrade: a router signing in an older form (``v2``: no worker, no session
+    key; bare: no method or target either) is refused with a reason of its own, never
+    served."""
     url = stack.router.fleet.index.workers["w2"].state.gateway_url + "/v1/completions"
     raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
     now = datetime.now(UTC).timestamp()
     fwd = Forward("tenant-a", "interactive", "1", "active")
     headers = {
         **forwarded("tenant-a", "o1", raw, now),
-        SIGNATURE_HEADER: _older_form(fwd, "o1", raw, now),
+        SIGNATURE_HEADER: _older_form(fwd, "o1", raw, now, form),
     }
     async with stack.http.post(url, data=raw, headers=headers) as resp:
         body = await resp.json()
     assert (resp.status, body["error"]["type"]) == (401, "forward_outdated")
+    assert not stack.sinks["w2"].messages(RequestLog)
+
+
+_OK_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def _captured(head: bytes) -> dict[str, str]:
+    """The headers of a forward as the router sent it (one a party on loopback captured),
+    without those its HTTP client sets for one connection."""
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    pairs = [line.split(": ", 1) for line in lines if ": " in line]
+    hop = {"host", "content-length", "connection", "accept-encoding", "user-agent", "accept"}
+    return {k: v for k, v in pairs if k.lower() not in hop}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("session", [None, "s-17"])
+async def test_attack_a_captured_forward_serves_on_no_other_gateway_or_session(
+    stack: Stack, session: str | None
+) -> None:
+    """ATTACK: a forward the router sent to worker w0's gateway, captured on its way, sent
+    within its window to w2's gateway (the same router secret), or to w0's own with its
+    ``X-Session-Key`` changed, added or removed: refused 401, never served nor logged. Sent
+    unchanged to the gateway of the worker it was signed for, it serves."""
+    asked: list[bytes] = []
+    capture, url = await _always_answers(_OK_ANSWER, asked)
+    own = FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0")
+    own_sink = ListSink()
+    gateway = Gateway(
+        own, api_keys=KEYS, budgets=RequestBudgets(), sink=own_sink, router_secret=SECRET
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        _sql_hot_on_w0(stack, url)
+        client = {**AUTH_A, **({} if session is None else {"X-Session-Key": session})}
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"}, headers=client)
+        assert (status, headers["X-Loraplane-Worker"]) == (200, "w0")
+        (head,) = asked
+        captured = _captured(head)
+        assert captured.get("X-Session-Key") == session
+        raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
+        w2 = stack.router.fleet.index.workers["w2"].state.gateway_url
+        w0 = str(server.make_url("")).rstrip("/")
+        without = {k: v for k, v in captured.items() if k != "X-Session-Key"}
+        forged = [
+            (w2, captured),  # another worker's gateway
+            (w0, {**without, "X-Session-Key": "s-18"}),  # changed or added
+            (w0, {**without, "X-Session-Key": session or "s-17"}) if session is None else None,
+            (w0, without) if session is not None else None,  # removed
+            (w0, {**without, "X-Session-Key": ""}),  # present and empty
+        ]
+        for gateway_url, sent in [f for f in forged if f is not None]:
+            async with stack.http.post(
+                gateway_url + "/v1/completions", data=raw, headers=sent
+            ) as resp:
+                body = await resp.json()
+                assert (resp.status, body["error"]["type"]) == (401, "unauthorized"), sent
+        assert not stack.sinks["w2"].messages(RequestLog)
+        assert not own_sink.messages(RequestLog)
+        async with stack.http.post(w0 + "/v1/completions", data=raw, headers=captured) as resp:
+            assert resp.status == 200, await resp.text()  # the worker it was signed for
+    finally:
+        capture.close()
+        await server.close()
 
 
 def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
