@@ -373,7 +373,8 @@ class AdmissionRefusal(StrEnum):
     (``frontdoor.admission``), besides a field's ``RequestRefusal`` and a ``TenantLimit``."""
 
     unauthorized = "unauthorized"  # no or an unknown API key, or a forward not signed (401)
-    forward_outdated = "forward_outdated"  # a forward signed in the older form (401)
+    forward_outdated = "forward_outdated"  # a forward signed in an older form (401)
+    forward_replayed = "forward_replayed"  # a forward's signature taken before (401)
     repeated_header = "repeated_header"  # a header the door reads was sent twice (400)
     bad_request_class = "bad_request_class"  # an unknown X-Request-Class (400)
     invalid_json = "invalid_json"  # the body is not JSON (400)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from loraplane.frontdoor.forwarded import Forward, Target, outdated, verify
+from loraplane.frontdoor.forwarded import Forward, Replays, Target, outdated, verify
 from loraplane.frontdoor.request_fields import (
     Admitted,
     Endpoint,
@@ -197,7 +197,8 @@ class FrontDoor:
     versions in this door's view (the router's registry, or the worker's); ``router_secret``
     (a gateway's) lets a router's signed forward stand in for an API key; ``budgets`` may be
     replaced while serving (a reload): the tenant gate follows it. ``worker_id`` is a
-    gateway's own worker: a forward is believed only when signed for it."""
+    gateway's own worker: a forward is believed only when signed for it, and once
+    (``replays``)."""
 
     def __init__(
         self,
@@ -214,6 +215,7 @@ class FrontDoor:
         self.versions = versions
         self.router_secret = router_secret
         self.worker_id = worker_id
+        self.replays = Replays()  # the forwards taken here, within their window
         self._clock = clock
         self._gate = TenantGate(budgets.tenants, clock)
 
@@ -287,6 +289,12 @@ class FrontDoor:
                 AdmissionRefusal.unauthorized,
                 "a forwarded request needs a valid router signature for this worker, "
                 "method and path",
+            )
+        if forward is not None and not self.replays.first(head.signature or "", now):
+            return Refusal(
+                401,
+                AdmissionRefusal.forward_replayed,
+                "this forward was taken before: a router signs each forward once",
             )
         try:
             body = json.loads(raw)

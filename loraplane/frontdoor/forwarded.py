@@ -3,16 +3,16 @@ tenant, the request class and the version the router chose, for one worker, meth
 target.
 
 The gateway believes the forwarded headers only under a valid ``X-Loraplane-Forwarded:
-v3.<ts>.<hex HMAC-SHA256>`` keyed with the router secret over the destination worker's id
-(checked against the gateway's own), the method and request target as its request line
-carries them, the tenant, request id, ``ts``, the body's digest, class, versions and the
-``X-Session-Key`` or its absence (``_mac``): a captured forward serves on no other worker's
-gateway (one secret for the fleet), endpoint, method, query, body, class, version or
-session, and only while ``ts`` is within ``MAX_SKEW_S`` of the gateway's clock. A header
-that is no id or token, or a signature not ``v3.digits.hex``, is refused before any HMAC;
-the older forms ``v2.digits.hex`` and ``digits.hex`` are told apart (``outdated``).
-docs/router.md, "The forwarded tenant and version". Pure: the secret and the time are
-passed in.
+v3.<ts>.<nonce>.<hex HMAC-SHA256>`` keyed with the router secret over the destination
+worker's id (checked against the gateway's own), the method and request target as its
+request line carries them, the tenant, request id, ``ts``, the nonce, the body's digest,
+class, versions and the ``X-Session-Key`` or its absence (``_mac``): a captured forward
+serves on no other worker's gateway (one secret for the fleet), endpoint, method, query,
+body, class, version or session, only while ``ts`` is within ``MAX_SKEW_S`` of the
+gateway's clock, and once (``Replays``). A header that is no id or token, or a signature
+not of that form, is refused before any HMAC; the older forms ``v2.digits.hex`` and
+``digits.hex`` are told apart (``outdated``). docs/router.md, "The forwarded tenant and
+version". Pure: the secret, the nonce and the time are passed in.
 
 Back the other way, a gateway's answer names one header of these for the router alone:
 ``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM; and its 424
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ __all__ = [
     "VERSION_HEADER",
     "VERSION_REASON_HEADER",
     "Forward",
+    "Replays",
     "Target",
     "headers",
     "outdated",
@@ -74,7 +76,9 @@ REFUSAL_ANSWER_BYTES = 64 * 1024
 """A 424 read as a worker's own refusal is at most this long (the gateway's is ~300 bytes)."""
 MAX_SKEW_S = 30
 _FORM = "v3"  # the signature's form: what its HMAC covers (the worker and session included)
-_SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{64})")
+_SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{16,32})\.([0-9a-f]{64})")
+"""``v3.ts.nonce.hex``: the nonce is the router's, one per forward it signs, so no two
+forwards share a signature (the same request sent again within one second included)."""
 _OUTDATED = re.compile(r"(?:v2\.)?[0-9]{1,12}\.[0-9a-f]{64}")
 """The older forms: ``v2.ts.hex``, whose HMAC covered neither the destination worker nor the
 session key, and ``ts.hex``, which covered neither the method nor the target either."""
@@ -110,6 +114,7 @@ def _mac(
     worker_id: str,
     request_id: str,
     ts: int,
+    nonce: str,
     body: bytes,
     forward: Forward,
     target: Target,
@@ -121,7 +126,7 @@ def _mac(
     # one message has one reading
     message = (
         f"{_FORM}\n{worker_id}\n{target.method}\n{forward.tenant}\n{request_id}\n{ts}\n"
-        f"{digest}\n{forward.request_class}\n{forward.version}\n{forward.reason}\n"
+        f"{nonce}\n{digest}\n{forward.request_class}\n{forward.version}\n{forward.reason}\n"
         f"{forward.stable}\n{session}\n{target.path}"
     ).encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
@@ -136,11 +141,14 @@ def sign(
     now: float,
     *,
     worker_id: str,
+    nonce: str,
 ) -> str:
     """The ``X-Loraplane-Forwarded`` value for one forwarded request to ``target`` on the
-    gateway of ``worker_id``."""
+    gateway of ``worker_id``; ``nonce`` (16 to 32 lower-case hex digits) is this forward's
+    alone: a gateway serves a signature once."""
     ts = int(now)
-    return f"{_FORM}.{ts}.{_mac(secret, worker_id, request_id, ts, body, forward, target)}"
+    mac = _mac(secret, worker_id, request_id, ts, nonce, body, forward, target)
+    return f"{_FORM}.{ts}.{nonce}.{mac}"
 
 
 def outdated(signature: str | None) -> bool:
@@ -159,10 +167,13 @@ def headers(
     now: float,
     *,
     worker_id: str,
+    nonce: str,
 ) -> bytes:
     """The header lines (CRLF-ended) the router adds to a request it forwards to ``target``
-    on the gateway of ``worker_id``."""
-    signature = sign(secret, forward, target, request_id, body, now, worker_id=worker_id)
+    on the gateway of ``worker_id``, signed with this forward's own ``nonce``."""
+    signature = sign(
+        secret, forward, target, request_id, body, now, worker_id=worker_id, nonce=nonce
+    )
     head = (
         f"X-Request-Id: {request_id}\r\nX-Request-Class: {forward.request_class}\r\n"
         f"{TENANT_HEADER}: {forward.tenant}\r\n{VERSION_HEADER}: {forward.version}\r\n"
@@ -208,10 +219,48 @@ def verify(
     parts = _SIGNATURE.fullmatch(signature)
     if parts is None:
         return False
-    ts, mac = int(parts[1]), parts[2]
+    ts, nonce, mac = int(parts[1]), parts[2], parts[3]
     if abs(now - ts) > MAX_SKEW_S:
         return False
-    return hmac.compare_digest(mac, _mac(secret, worker_id, request_id, ts, body, forward, target))
+    return hmac.compare_digest(
+        mac, _mac(secret, worker_id, request_id, ts, nonce, body, forward, target)
+    )
+
+
+class Replays:
+    """The forwards a gateway has taken, each until its ``ts`` is out of the window
+    (``MAX_SKEW_S``): a signature seen before is a replay. Only signatures that verified are
+    noted (``first`` after ``verify``), so no one without the router secret adds to it, and
+    it holds what the routers forwarded here within ``2 * MAX_SKEW_S + 1`` seconds, never
+    more. A ``ts`` at or below the last one forgotten is refused too, so a clock set back
+    reopens nothing. Pure: the time is passed in."""
+
+    def __init__(self, window_s: int = MAX_SKEW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[int, set[bytes]] = {}  # ts -> the signatures' MACs (128 bits)
+        self._horizon = -1  # every ts at or below it is forgotten, so refused
+
+    def __len__(self) -> int:
+        return sum(len(held) for held in self._seen.values())
+
+    def first(self, signature: str, now: float) -> bool:
+        """Whether the verified ``signature`` is new (then noted), not a replay."""
+        parts = _SIGNATURE.fullmatch(signature)
+        if parts is None:
+            return False
+        ts, key = int(parts[1]), bytes.fromhex(parts[3][:32])
+        limit = math.ceil(now - self.window_s) - 1  # every ts up to it fails ``verify``
+        if limit > self._horizon:
+            self._horizon = limit
+            for old in [t for t in self._seen if t <= limit]:
+                del self._seen[old]
+        if ts <= self._horizon:
+            return False
+        held = self._seen.setdefault(ts, set())
+        if key in held:
+            return False
+        held.add(key)
+        return True
 
 
 def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:

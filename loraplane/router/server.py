@@ -499,6 +499,10 @@ class Router:
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
+        # each forward's nonce (a gateway takes a signature once): a random prefix per
+        # router and a counter, so no two forwards of any routers share one
+        self._nonce_prefix = secrets.token_hex(8)
+        self._nonce_seq = itertools.count()
         self.collectors = CollectorRegistry(auto_describe=True)  # + the event sink's, when run
         self.collectors.register(RouterMetrics(self))
 
@@ -664,6 +668,7 @@ class Router:
                     raw,
                     self._clock(),
                     worker_id=worker_id,
+                    nonce=f"{self._nonce_prefix}{next(self._nonce_seq):x}",
                 )
 
             return await self._forward(request, endpoint, raw, choice.record, request_id, head)

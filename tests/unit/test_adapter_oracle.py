@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from secrets import token_hex
 
 import pytest
 
@@ -126,7 +127,16 @@ def _ask(doors: Doors, through: str, adapter: str, version: str, tenant: str) ->
             VERSION_REASON_HEADER.encode() + b": active",
             SIGNATURE_HEADER.encode()
             + b": "
-            + sign(SECRET, fwd, COMPLETIONS, "req-1", body, time.time(), worker_id="w1").encode(),
+            + sign(
+                SECRET,
+                fwd,
+                COMPLETIONS,
+                "req-1",
+                body,
+                time.time(),
+                worker_id="w1",
+                nonce=token_hex(16),
+            ).encode(),
         ]
     else:
         key = {"tenant-a": b"key-a", OTHER: b"key-b"}[tenant]

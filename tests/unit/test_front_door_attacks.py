@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 import pytest
@@ -316,7 +317,9 @@ def test_attack_a_forwarded_tenant_is_believed_only_as_a_signed_id(
     fwd = Forward(tenant, "interactive", "1", "active")
     value = {
         None: None,
-        "good": sign(SECRET, fwd, COMPLETIONS, request_id, body, now, worker_id="w1"),
+        "good": sign(
+            SECRET, fwd, COMPLETIONS, request_id, body, now, worker_id="w1", nonce=token_hex(16)
+        ),
         "junk": "1.zz",
         "non-ascii": f"{int(now)}." + "é" * 64,
         "digits": "١٢٣." + "0" * 64,

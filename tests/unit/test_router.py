@@ -12,8 +12,10 @@ import json
 import random
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from secrets import token_hex
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from loraplane.frontdoor.forwarded import (
+    MAX_SKEW_S,
     NOT_RUN_HEADER,
     PERMANENT_STATUS,
     REFUSAL_ANSWER_BYTES,
@@ -32,6 +35,7 @@ from loraplane.frontdoor.forwarded import (
     VERSION_HEADER,
     VERSION_REASON_HEADER,
     Forward,
+    Replays,
     Target,
     outdated,
     refused_by_worker,
@@ -90,6 +94,7 @@ from tests.unit.test_planner import (
 )
 
 SECRET = b"s" * 32
+NONCE = "0" * 16  # a forward's own, where one forward is signed
 
 
 def at(state: WorkerState, ts: float, url: str = "", **update: Any) -> WorkerState:
@@ -277,7 +282,7 @@ def test_routing_properties(fleet: list[tuple[str, int, int, int]], rank: int) -
 def test_the_signature_binds_tenant_request_body_class_version_and_time() -> None:
     fwd = Forward("tenant-a", "interactive", "2", "canary", "1")
     to = Target("POST", "/v1/completions")
-    sig = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1")
+    sig = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1", nonce=NONCE)
     assert verify(SECRET, fwd, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
     for other in (
         Forward("tenant-b", "interactive", "2", "canary", "1"),
@@ -332,9 +337,9 @@ def test_attack_a_forward_is_believed_only_for_the_method_and_target_it_was_sign
     the method and the request target byte for byte."""
     assume(sent != signed)
     fwd = Forward("tenant-a", "interactive", "1", "active")
-    sig = sign(SECRET, fwd, signed, "r1", b"{}", 1000.0, worker_id="w1")
+    sig = sign(SECRET, fwd, signed, "r1", b"{}", 1000.0, worker_id="w1", nonce=NONCE)
     assert not verify(SECRET, fwd, sent, "r1", b"{}", sig, 1001.0, worker_id="w1")
-    honest = sign(SECRET, fwd, sent, "r1", b"{}", 1000.0, worker_id="w1")
+    honest = sign(SECRET, fwd, sent, "r1", b"{}", 1000.0, worker_id="w1", nonce=NONCE)
     assert verify(SECRET, fwd, sent, "r1", b"{}", honest, 1001.0, worker_id="w1") == (
         sent.method.isupper() and " " not in sent.path and "\n" not in sent.path
     )
@@ -371,7 +376,7 @@ def test_a_signature_of_an_older_form_is_told_apart_and_never_verifies(form: str
     old = _older_form(fwd, "r1", b"{}", 1000.0, form)
     to = Target("POST", "/v1/completions")
     assert outdated(old) and not verify(SECRET, fwd, to, "r1", b"{}", old, 1001.0, worker_id="w1")
-    new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1")
+    new = sign(SECRET, fwd, to, "r1", b"{}", 1000.0, worker_id="w1", nonce=NONCE)
     assert new.startswith("v3.") and not outdated(new)
     for other in (None, "1000.zz", "v4" + new[2:], "v1" + new[2:], "v2." + new):
         assert not outdated(other), other
@@ -401,13 +406,70 @@ def test_attack_a_forward_verifies_only_on_its_worker_with_its_session_key(
     to = Target("POST", "/v1/completions")
     signed = Forward("tenant-a", "interactive", "1", "active", session=session)
     sent = Forward("tenant-a", "interactive", "1", "active", session=other_session)
-    sig = sign(SECRET, signed, to, "r1", b"{}", 1000.0, worker_id=worker)
+    sig = sign(SECRET, signed, to, "r1", b"{}", 1000.0, worker_id=worker, nonce=NONCE)
     assert not verify(SECRET, sent, to, "r1", b"{}", sig, 1001.0, worker_id=other_worker)
     honest = verify(SECRET, signed, to, "r1", b"{}", sig, 1001.0, worker_id=worker)
     sound = re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,127}", worker) is not None and (
         session is None or re.fullmatch(r"[\x21-\x7e]{1,128}", session) is not None
     )
     assert honest == sound
+
+
+def _signed(nonce: str, ts: float, request_id: str = "r1") -> str:
+    fwd = Forward("tenant-a", "interactive", "1", "active")
+    to = Target("POST", "/v1/completions")
+    return sign(SECRET, fwd, to, request_id, b"{}", ts, worker_id="w1", nonce=nonce)
+
+
+def test_a_forward_is_taken_once_within_its_window() -> None:
+    """The same signature again within its window is a replay; another forward (another
+    nonce), the same request's included, is not; an entry goes once its ``ts`` is out of
+    the window, and a ``ts`` that old is refused still, a clock set back included."""
+    replays = Replays()
+    first = _signed("a" * 16, 1000.0)
+    assert replays.first(first, 1000.2)
+    assert not replays.first(first, 1000.4) and not replays.first(first, 1029.9)
+    assert replays.first(_signed("b" * 16, 1000.0), 1000.5)  # the same request, signed again
+    assert replays.first(_signed("a" * 16, 1001.0), 1001.0)  # the same nonce, another ts
+    assert len(replays) == 3
+    assert replays.first(_signed("c" * 16, 1031.0), 1031.0)  # ts 1000 is out: forgotten
+    assert len(replays) == 2
+    assert not replays.first(first, 1025.0)  # the clock set back: still refused
+    assert not replays.first(_signed("d" * 16, 1000.0), 1025.0)
+    assert not replays.first("v3.1031.zz", 1031.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 3, allow_nan=False),  # seconds on
+            st.integers(-MAX_SKEW_S, MAX_SKEW_S),  # the router's clock against the gateway's
+            st.integers(0, 6),  # the forward: a few, so some come again
+        ),
+        max_size=80,
+    )
+)
+def test_replays_refuse_exactly_the_signatures_taken_and_hold_only_the_window(
+    steps: list[tuple[float, int, int]],
+) -> None:
+    """Against a model: a verified signature is taken exactly when it was not taken before,
+    and the memory holds only those whose ``ts`` is still within the window."""
+    replays, taken, now = Replays(), set(), 5000.0
+    signed: dict[tuple[int, int], str] = {}
+    for step, skew, n in steps:
+        now += step
+        ts = int(now) + skew
+        if abs(now - ts) > MAX_SKEW_S:
+            continue  # verify refuses it: never offered
+        sig = signed.setdefault((ts, n), _signed(f"{n:016x}", ts))
+        assert replays.first(sig, now) == (sig not in taken)
+        taken.add(sig)
+        live = {t for t in taken if int(t.split(".")[1]) >= now - MAX_SKEW_S}
+        assert len(replays) <= len(taken) and len(live) <= len(replays)
+        assert len(replays) <= len(
+            {t for t in taken if int(t.split(".")[1]) > now - 1 - MAX_SKEW_S}
+        )
 
 
 # ---- a worker's own 424 ------------------------------------------------------------------
@@ -616,7 +678,9 @@ def forwarded(
         "X-Request-Class": request_class,
         VERSION_HEADER: version,
         VERSION_REASON_HEADER: "active",
-        SIGNATURE_HEADER: sign(SECRET, fwd, target, request_id, raw, now, worker_id=worker_id),
+        SIGNATURE_HEADER: sign(
+            SECRET, fwd, target, request_id, raw, now, worker_id=worker_id, nonce=token_hex(16)
+        ),
         "Content-Type": "application/json",
     }
 
@@ -1239,6 +1303,45 @@ async def test_a_workers_own_424_is_passed_on_when_no_other_worker_serves(stack:
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_attack_a_captured_forward_is_served_once(stack: Stack) -> None:
+    """ATTACK: a forward the router sent to worker w0's gateway, captured, sent to that
+    gateway again within its window: served once, then refused 401 ``forward_replayed``
+    (and not logged) however often it comes. A forgery of it (its MAC changed) taken first
+    is refused as unsigned and takes nothing from the forward: only signatures that verify
+    are remembered."""
+    async with captured_forward(stack, AUTH_A) as capture:
+        captured, door = capture.headers, capture.gateway.door
+        raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
+        target = capture.url + "/v1/completions"
+        signature = captured[SIGNATURE_HEADER]
+        flipped = signature[:-1] + ("0" if signature[-1] != "0" else "1")
+        for _ in range(3):
+            forged = {**captured, SIGNATURE_HEADER: flipped}
+            async with stack.http.post(target, data=raw, headers=forged) as resp:
+                assert (resp.status, (await resp.json())["error"]["type"]) == (401, "unauthorized")
+        assert len(door.replays) == 0
+        async with stack.http.post(target, data=raw, headers=captured) as resp:
+            assert resp.status == 200, await resp.text()
+        for _ in range(3):
+            async with stack.http.post(target, data=raw, headers=captured) as resp:
+                body = await resp.json()
+                assert (resp.status, body["error"]["type"]) == (401, "forward_replayed"), body
+        assert len(capture.sink.messages(RequestLog)) == 1 and len(door.replays) == 1
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_same_request_sent_again_is_forwarded_anew(stack: Stack) -> None:
+    """A client sending the same request again at once (the same request id, body and
+    session key, within one second) is no replay: each forward the router signs is its
+    own (its nonce), and the gateway serves both."""
+    headers = {**AUTH_A, "X-Request-Id": "again-1", "X-Session-Key": "s1"}
+    for _ in range(3):
+        status, answer, body = await stack.post({"model": "sql", "prompt": "q"}, headers=headers)
+        assert (status, answer["X-Loraplane-Worker"]) == (200, "w2"), body
+    assert [r.request_id for r in stack.sinks["w2"].messages(RequestLog)] == ["again-1"] * 3
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_models_lists_only_the_tenants_adapters(stack: Stack) -> None:
     async with stack.http.get(stack.url + "/v1/models", headers=AUTH_A) as resp:
         data = (await resp.json())["data"]
@@ -1333,6 +1436,44 @@ def _captured(head: bytes) -> dict[str, str]:
     return {k: v for k, v in pairs if k.lower() not in hop}
 
 
+@dataclass
+class Capture:
+    """A forward the router sent to worker w0 (its headers, captured on the way), and the
+    real gateway of w0 (``url``), which was not sent it."""
+
+    headers: dict[str, str]
+    gateway: Gateway
+    sink: ListSink
+    url: str
+
+
+@asynccontextmanager
+async def captured_forward(stack: Stack, client: dict[str, str]) -> AsyncIterator[Capture]:
+    """Capture the forward of a request for sql sent to the router with ``client``'s
+    headers: the router sends it to w0, whose address answers 200 and keeps what it got."""
+    asked: list[bytes] = []
+    capture, url = await _always_answers(_OK_ANSWER, asked)
+    sink = ListSink()
+    gateway = Gateway(
+        FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0"),
+        api_keys=KEYS,
+        budgets=RequestBudgets(),
+        sink=sink,
+        router_secret=SECRET,
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        _sql_hot_on_w0(stack, url)
+        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"}, headers=client)
+        assert (status, headers["X-Loraplane-Worker"]) == (200, "w0")
+        (head,) = asked
+        yield Capture(_captured(head), gateway, sink, str(server.make_url("")).rstrip("/"))
+    finally:
+        capture.close()
+        await server.close()
+
+
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("session", [None, "s-17"])
 async def test_attack_a_captured_forward_serves_on_no_other_gateway_or_session(
@@ -1342,26 +1483,13 @@ async def test_attack_a_captured_forward_serves_on_no_other_gateway_or_session(
     within its window to w2's gateway (the same router secret), or to w0's own with its
     ``X-Session-Key`` changed, added or removed: refused 401, never served nor logged. Sent
     unchanged to the gateway of the worker it was signed for, it serves."""
-    asked: list[bytes] = []
-    capture, url = await _always_answers(_OK_ANSWER, asked)
-    own = FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0")
-    own_sink = ListSink()
-    gateway = Gateway(
-        own, api_keys=KEYS, budgets=RequestBudgets(), sink=own_sink, router_secret=SECRET
-    )
-    server = TestServer(gateway.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        _sql_hot_on_w0(stack, url)
-        client = {**AUTH_A, **({} if session is None else {"X-Session-Key": session})}
-        status, headers, _ = await stack.post({"model": "sql", "prompt": "q"}, headers=client)
-        assert (status, headers["X-Loraplane-Worker"]) == (200, "w0")
-        (head,) = asked
-        captured = _captured(head)
+    client = {**AUTH_A, **({} if session is None else {"X-Session-Key": session})}
+    async with captured_forward(stack, client) as capture:
+        captured = capture.headers
         assert captured.get("X-Session-Key") == session
         raw = json.dumps({"model": "sql", "prompt": "q"}).encode()
         w2 = stack.router.fleet.index.workers["w2"].state.gateway_url
-        w0 = str(server.make_url("")).rstrip("/")
+        w0 = capture.url
         without = {k: v for k, v in captured.items() if k != "X-Session-Key"}
         forged = [
             (w2, captured),  # another worker's gateway
@@ -1377,12 +1505,9 @@ async def test_attack_a_captured_forward_serves_on_no_other_gateway_or_session(
                 body = await resp.json()
                 assert (resp.status, body["error"]["type"]) == (401, "unauthorized"), sent
         assert not stack.sinks["w2"].messages(RequestLog)
-        assert not own_sink.messages(RequestLog)
+        assert not capture.sink.messages(RequestLog)
         async with stack.http.post(w0 + "/v1/completions", data=raw, headers=captured) as resp:
             assert resp.status == 200, await resp.text()  # the worker it was signed for
-    finally:
-        capture.close()
-        await server.close()
 
 
 def test_a_malformed_worker_state_is_dead_lettered_never_a_crash() -> None:
