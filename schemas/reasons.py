@@ -419,6 +419,8 @@ class RouterRefusal(StrEnum):
     worker_lost = "worker_lost"  # the chosen worker closed mid-answer (503 + Retry-After)
     client_gone = "client_gone"  # the client left while its request was queued (499)
     answers_full = "answers_full"  # the router holds its bound of answer bytes (503)
+    # the workers' gateways refused the router's own forward (401 there), none served (502)
+    forward_refused = "forward_refused"
 
 
 class TenantLimit(StrEnum):

@@ -14,9 +14,9 @@ not of that form, is refused before any HMAC; the older forms ``v2.digits.hex`` 
 ``digits.hex`` are told apart (``outdated``). docs/router.md, "The forwarded tenant and
 version". Pure: the secret, the nonce and the time are passed in.
 
-Back the other way, a gateway's answer names one header of these for the router alone:
-``NOT_RUN_HEADER``, on a 503 whose request never reached vLLM; and its 424
-(``PERMANENT_STATUS``) says in its body whose refusal it is (``refused_by_worker``).
+Back the other way, for the router alone: ``NOT_RUN_HEADER`` on a gateway's 503 whose request
+never reached vLLM; a 424 (``PERMANENT_STATUS``) says whose refusal it is
+(``refused_by_worker``); a 401 (``UNSIGNED_STATUS``) refuses the router's own forward.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ __all__ = [
     "SIGNATURE_HEADER",
     "STABLE_VERSION_HEADER",
     "TENANT_HEADER",
+    "UNSIGNED_STATUS",
     "VERSION_HEADER",
     "VERSION_REASON_HEADER",
     "Forward",
@@ -48,6 +49,7 @@ __all__ = [
     "Target",
     "headers",
     "outdated",
+    "refusal_type",
     "refused_by_worker",
     "sign",
     "verify",
@@ -73,7 +75,14 @@ its host-tier budget), which another worker may load: a router sends the request
 (``refused_by_worker``), within its one re-route of a request, and passes the 424 on only
 when no other worker serves it."""
 REFUSAL_ANSWER_BYTES = 64 * 1024
-"""A 424 read as a worker's own refusal is at most this long (the gateway's is ~300 bytes)."""
+"""A refusal whose reason the router reads (a 424, a 401) is at most this long (the
+gateway's is ~300 bytes)."""
+UNSIGNED_STATUS = 401
+"""A gateway's answer to a forward it does not take (``unauthorized``: its signature does
+not verify there, a secret rotated on one side; ``forward_outdated``: a router of an older
+form; ``forward_replayed``): always a refusal of the router's own forward, never of the
+tenant, whose key the router checked. A router never passes it on: it sends the request
+to another worker, or answers ``RouterRefusal.forward_refused`` itself."""
 MAX_SKEW_S = 30
 _FORM = "v3"  # the signature's form: what its HMAC covers (the worker and session included)
 _SIGNATURE = re.compile(_FORM + r"\.([0-9]{1,12})\.([0-9a-f]{16,32})\.([0-9a-f]{64})")
@@ -263,16 +272,27 @@ class Replays:
         return True
 
 
-def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:
-    """Whether a gateway's whole answer is a 424 of that worker's own refusal to load the
-    version (``ServingRefusal.adapter_refused_by_worker`` as its ``error.type``, OpenAI's
-    error shape in JSON within ``REFUSAL_ANSWER_BYTES``), which another worker may load.
-    Anything else (another status or type, a stream, bytes that are no such JSON) is not."""
-    if status != PERMANENT_STATUS or not content_type.startswith("application/json"):
-        return False
+def refusal_type(content_type: str, body: bytes) -> str | None:
+    """The ``error.type`` of a gateway's whole answer in OpenAI's error shape (JSON within
+    ``REFUSAL_ANSWER_BYTES``); None for anything else (a stream, bytes that are no such
+    JSON, a type that is no string)."""
+    if not content_type.startswith("application/json"):
+        return None
     try:
         answer = strict_loads(body, max_bytes=REFUSAL_ANSWER_BYTES)
     except StrictJsonError:
-        return False
+        return None
     error = answer.get("error") if isinstance(answer, dict) else None
-    return isinstance(error, dict) and error.get("type") == ServingRefusal.adapter_refused_by_worker
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:
+    """Whether a gateway's whole answer is a 424 of that worker's own refusal to load the
+    version (``ServingRefusal.adapter_refused_by_worker`` as its ``error.type``,
+    ``refusal_type``), which another worker may load. Anything else (another status or
+    type, a stream, bytes that are no such JSON) is not."""
+    return (
+        status == PERMANENT_STATUS
+        and refusal_type(content_type, body) == ServingRefusal.adapter_refused_by_worker
+    )

@@ -51,9 +51,11 @@ from loraplane.frontdoor.forwarded import (
     PERMANENT_STATUS,
     SESSION_HEADER,
     TENANT_HEADER,
+    UNSIGNED_STATUS,
     VERSION_HEADER,
     Forward,
     Target,
+    refusal_type,
     refused_by_worker,
 )
 from loraplane.frontdoor.forwarded import headers as forward_headers
@@ -134,6 +136,7 @@ _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplan
 _OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSION_HEADER))
 """Set by the router on every answer it relays: a gateway's own copy never passes."""
 _CLASSES = {c.value: c for c in RequestClass}
+_DOOR_REASONS = frozenset(AdmissionRefusal)
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 PROBE_ANSWER_BYTES = 64 * 1024
@@ -496,6 +499,9 @@ class Router:
         self.in_flight: dict[str, int] = {}
         # the versions workers refused as their own moments ago: routed elsewhere first
         self.refusals = Refusals(refusal_memory_s)
+        self._unsigned_log = LogBurst(
+            "gateway refused the router's forward", _REFUSAL_LOG_EVERY_S, logger=log
+        )
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
@@ -764,21 +770,27 @@ class Router:
         worker serves it. Nothing of it has reached the client then: an answer relayed,
         streamed or whole, is never sent again. The refusal is remembered
         (``Refusals``): the version's later requests go to another worker first while the
-        refusing worker's hold lasts, and to it only when no other fits."""
+        refusing worker's hold lasts, and to it only when no other fits.
+
+        A gateway's 401 (``forwarded.UNSIGNED_STATUS``) refuses the router's own forward
+        (its signature: a secret rotated, a form of another version, a replay), never the
+        tenant, whose key passed here: it is logged and the request goes to another worker
+        within the same attempts; when none takes it the answer is the router's own 502
+        ``forward_refused``, never the gateway's 401."""
         target = Target("POST", endpoint.value)  # what is sent is what is signed
         refused: tuple[_Whole, Route] | None = None  # a worker's own 424, held
+        skip: list[str] = []  # workers that refused this request: its version, or the forward
+        unsigned = False  # a gateway refused the router's forward
         avoid = self.refusals.of(record.lora_name, self._clock())
         for attempt in range(2):
             route = self.fleet.index.route(
-                record,
-                self._clock(),
-                self.in_flight,
-                skip=() if refused is None else (refused[1].worker_id,),
-                avoid=avoid,
+                record, self._clock(), self.in_flight, skip=skip, avoid=avoid
             )
             if route is None:
                 if refused is not None:  # no other worker: the worker's own 424 is the answer
                     return await self._relay_refused(request, *refused, record.version)
+                if unsigned:
+                    return self._not_taken()
                 return self._refuse(
                     503,
                     RouterRefusal.no_live_worker,
@@ -814,14 +826,20 @@ class Router:
                         ),
                     )
                     continue
-                if resp.status == PERMANENT_STATUS:
+                if resp.status in (PERMANENT_STATUS, UNSIGNED_STATUS):
                     try:
                         whole = await self._read_whole(resp, route)
                         if isinstance(whole, web.Response):  # the router's own refusal
                             return whole
                         content_type = whole.headers.get("content-type", "")
+                        if whole.status == UNSIGNED_STATUS:  # the router's forward refused
+                            self._unsigned(route, refusal_type(content_type, whole.body))
+                            skip.append(wid)
+                            unsigned = True
+                            continue
                         if refused_by_worker(whole.status, content_type, whole.body):
                             refused = (whole, route)  # held (small): another may load it
+                            skip.append(wid)
                             self.refusals.note(wid, record.lora_name, self._clock())
                             continue
                         self.outcomes[route.kind.value] += 1
@@ -841,10 +859,29 @@ class Router:
                     self.in_flight.pop(wid, None)
         if refused is not None:  # no other worker answered: the worker's own 424 is the answer
             return await self._relay_refused(request, *refused, record.version)
+        if unsigned:
+            return self._not_taken()
         return self._refuse(
             503,
             RouterRefusal.no_live_worker,
             "the chosen workers did not answer",
+            **{"Retry-After": str(self.retry_after_s)},
+        )
+
+    def _unsigned(self, route: Route, reason: str | None) -> None:
+        """A gateway refused the router's forward (its 401): logged, at most one line per
+        ``_REFUSAL_LOG_EVERY_S`` and reason, the reason one of the front door's or
+        ``other`` (a gateway's body is anyone's bytes: no reason of its own is kept)."""
+        kind = reason if reason in _DOOR_REASONS else "other"
+        self._unsigned_log.note(kind, f"worker {route.worker_id} gateway {route.gateway_url}")
+
+    def _not_taken(self) -> web.Response:
+        """No gateway took the router's forward: the router's own answer, never theirs."""
+        return self._refuse(
+            502,
+            RouterRefusal.forward_refused,
+            "the workers refused this router's forward (a router secret or forward format "
+            "they do not share); retry later",
             **{"Retry-After": str(self.retry_after_s)},
         )
 

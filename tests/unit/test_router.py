@@ -1341,6 +1341,86 @@ async def test_the_same_request_sent_again_is_forwarded_anew(stack: Stack) -> No
     assert [r.request_id for r in stack.sinks["w2"].messages(RequestLog)] == ["again-1"] * 3
 
 
+def _answer_401(kind: str) -> bytes:
+    """A gateway's 401 as it travels, with ``kind`` as its ``error.type``."""
+    body = json.dumps(
+        {"error": {"message": "gateway words", "type": kind, "param": None, "code": 401}}
+    ).encode()
+    return (
+        b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json; charset=utf-8\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize(
+    "kind", ["unauthorized", "forward_outdated", "forward_replayed", "x" * 5000, "rotated"]
+)
+async def test_a_gateway_refusing_the_routers_forward_is_passed_by(
+    stack: Stack, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway's 401 refuses the router's own forward (a form of another version during
+    an upgrade, a secret rotated on one side, a replay), never the tenant, whose key was
+    good: the request goes to another worker, which serves it, and the client never sees
+    that 401; the line logged names the worker and a reason of the front door's (or
+    ``other``: a gateway's bytes are not kept)."""
+    asked: list[bytes] = []
+    if kind == "rotated":  # a real gateway whose router secret is another
+        gateway = Gateway(
+            FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0"),
+            api_keys=KEYS,
+            budgets=RequestBudgets(),
+            sink=ListSink(),
+            router_secret=b"t" * 32,
+        )
+        server: Any = TestServer(gateway.app(), host="127.0.0.1")
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+    else:
+        server, url = await _always_answers(_answer_401(kind), asked)
+    try:
+        _sql_hot_on_w0(stack, url)
+        with caplog.at_level("WARNING", logger="loraplane.router"):
+            status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert (status, headers["X-Loraplane-Worker"]) == (200, "w2"), body
+        assert len(asked) == (0 if kind == "rotated" else 1)
+        (line,) = [r.getMessage() for r in caplog.records if "w0" in r.getMessage()]
+        told = "unauthorized" if kind == "rotated" else kind if len(kind) < 100 else "other"
+        assert f": {told} (worker w0 gateway {url})" in line, line[:300]
+        assert "w0" in stack.router.fleet.index.workers  # not parked: no failure of its own
+    finally:
+        close = server.close()
+        if close is not None:
+            await close
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_no_gateway_taking_the_routers_forward_is_the_routers_own_502(
+    stack: Stack,
+) -> None:
+    """The only workers of the base model refuse the router's forward: the client gets the
+    router's own 502 ``forward_refused`` (counted), never a gateway's 401 (which would say
+    the tenant's key was bad) nor its words; within the router's two attempts."""
+    asked: list[bytes] = []
+    server, url = await _always_answers(_answer_401("forward_outdated"), asked)
+    try:
+        for wid in ("w1", "w2", "w3"):
+            stack.router.fleet.index.remove(wid)
+        _sql_hot_on_w0(stack, url)
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert (status, body["error"]["type"]) == (502, "forward_refused"), body
+        assert headers["Retry-After"] == "5" and "gateway words" not in json.dumps(body)
+        assert len(asked) == 1
+        assert stack.router.outcomes["forward_refused"] == 1
+        stale = at(worker("w4", base=RECORDS[2].base_model), datetime.now(UTC).timestamp(), url)
+        stack.router.fleet.index.update(stale.model_copy(update={"max_lora_rank": 64}))
+        status, _, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert (status, body["error"]["type"]) == (502, "forward_refused"), body
+        assert len(asked) == 3  # w0 and w4, once each: two attempts, no more
+    finally:
+        server.close()
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_models_lists_only_the_tenants_adapters(stack: Stack) -> None:
     async with stack.http.get(stack.url + "/v1/models", headers=AUTH_A) as resp:
