@@ -190,6 +190,7 @@ class _Trace:
     prompts: int = 1
     stream: bool = False
     client_wants_usage: bool = False  # pass vLLM's usage chunk on (stream_options)
+    reroute: bool = False  # a router has another worker for it (forwarded.REROUTE_HEADER)
     logged: bool = False  # its RequestLog is with the sink (one per request)
 
 
@@ -424,6 +425,7 @@ class Gateway:
         )
         trace.prompts, trace.stream = admission.request.prompts, admission.request.stream
         trace.client_wants_usage = admission.request.client_wants_usage
+        trace.reroute = admission.reroute
         try:
             try:
                 fitted = fit_context(admission.request, self.worker.context_tokens)
@@ -509,13 +511,20 @@ class Gateway:
             else LoadDeferral.batch_cold_loads_busy
         )
         permanent = outcome is not None and outcome.permanent
+        # this worker's own refusal, with another worker left to the router: its 424, so the
+        # router sends the request there (the tenant's adapter) instead of the base model
+        elsewhere = permanent and trace.reroute and refused_here(reason)
         retry_after = max(
             1,
             round(
                 outcome.retry_after_s if outcome and outcome.retry_after_s else budget.retry_after_s
             ),
         )
-        if not budget.batch_like and self.budgets.interactive.on_cold == "fallback":
+        if (
+            not budget.batch_like
+            and self.budgets.interactive.on_cold == "fallback"
+            and not elsewhere
+        ):
             trace.tier = Tier.base_fallback
             return await self._forward(
                 request,

@@ -184,6 +184,7 @@ class Admission:
     choice: Choice
     versions: tuple[AdapterRecord, ...]  # every version of the adapter in this view
     forwarded: bool  # a router decided the version
+    reroute: bool = False  # the router has another worker for it (forwarded.REROUTE_HEADER)
 
 
 def owned(tenant: str, versions: Sequence[AdapterRecord]) -> bool:
@@ -362,7 +363,14 @@ class FrontDoor:
                 retry_after_s=retry_after,
             )
         return Admission(
-            tenant, request_class, model, request, choice, versions, forwarded=forward is not None
+            tenant,
+            request_class,
+            model,
+            request,
+            choice,
+            versions,
+            forwarded=forward is not None,
+            reroute=forward is not None and forward.reroute,
         )
 
     def listed(self, identity: Identity, versions: Sequence[AdapterRecord]) -> bool:

@@ -5,10 +5,10 @@ target.
 The gateway believes the forwarded headers only under a valid ``X-Loraplane-Forwarded:
 v3.<ts>.<nonce>.<hex HMAC-SHA256>`` keyed with the router secret over the destination
 worker's id (checked against the gateway's own), the method and request target as its
-request line carries them, the tenant, request id, ``ts``, the nonce, the body's digest,
-class, versions and the ``X-Session-Key`` or its absence (``_mac``): a captured forward
-serves on no other worker's gateway (one secret for the fleet), endpoint, method, query,
-body, class, version or session, only while ``ts`` is within ``MAX_SKEW_S`` of the
+request line carries them, the tenant, request id, ``ts``, nonce, body digest, class,
+versions, ``X-Session-Key`` or its absence, and ``REROUTE_HEADER`` (``_mac``): a captured
+forward serves on no other worker's gateway (one secret for the fleet), endpoint, method,
+query, body, class, version or session, only while ``ts`` is within ``MAX_SKEW_S`` of the
 gateway's clock, and once (``Replays``). A header that is no id or token, or a signature
 not of that form, is refused before any HMAC; the older forms ``v2.digits.hex`` and
 ``digits.hex`` are told apart (``outdated``). docs/router.md, "The forwarded tenant and
@@ -37,6 +37,7 @@ __all__ = [
     "NOT_RUN_HEADER",
     "PERMANENT_STATUS",
     "REFUSAL_ANSWER_BYTES",
+    "REROUTE_HEADER",
     "SESSION_HEADER",
     "SIGNATURE_HEADER",
     "STABLE_VERSION_HEADER",
@@ -61,6 +62,12 @@ VERSION_HEADER = "X-Loraplane-Version"  # the version to serve
 VERSION_REASON_HEADER = "X-Loraplane-Version-Reason"  # why: active, or its canary share
 STABLE_VERSION_HEADER = "X-Loraplane-Stable-Version"  # the active one, while a canary warms
 SESSION_HEADER = "X-Session-Key"  # the client's, as the router read it (a header token)
+REROUTE_HEADER = "X-Loraplane-Reroute"
+"""``1`` when the router has another worker to send the request to if this one refuses the
+version as its own (``refused_by_worker``): the gateway then answers that refusal (its 424)
+instead of the interactive base fallback, so the tenant gets its adapter from another
+worker; absent on the last worker the router would try, which falls back as without a
+router."""
 NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 """On a gateway's 503, back to the router: its vLLM could not be reached, so the request never
 reached vLLM (the header's value is the reason). A router parks that worker and sends the
@@ -107,6 +114,7 @@ class Forward:
     reason: str
     stable: str = ""  # "" when there is no active version to fall back to
     session: str | None = None  # X-Session-Key as sent; None when it is not sent
+    reroute: bool = False  # REROUTE_HEADER: another worker remains for this request
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def _mac(
     message = (
         f"{_FORM}\n{worker_id}\n{target.method}\n{forward.tenant}\n{request_id}\n{ts}\n"
         f"{nonce}\n{digest}\n{forward.request_class}\n{forward.version}\n{forward.reason}\n"
-        f"{forward.stable}\n{session}\n{target.path}"
+        f"{forward.stable}\n{session}\n{int(forward.reroute)}\n{target.path}"
     ).encode()
     return hmac.digest(secret, message, "sha256").hex()  # one-shot: no HMAC object per call
 
@@ -192,6 +200,8 @@ def headers(
         head += f"{STABLE_VERSION_HEADER}: {forward.stable}\r\n"
     if forward.session is not None:
         head += f"{SESSION_HEADER}: {forward.session}\r\n"
+    if forward.reroute:
+        head += f"{REROUTE_HEADER}: 1\r\n"
     return head.encode("latin-1")
 
 

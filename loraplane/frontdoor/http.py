@@ -15,6 +15,7 @@ from aiohttp import web
 
 from loraplane.frontdoor.admission import Admission, FrontDoor, Head, Identity, Refusal
 from loraplane.frontdoor.forwarded import (
+    REROUTE_HEADER,
     SESSION_HEADER,
     SIGNATURE_HEADER,
     STABLE_VERSION_HEADER,
@@ -80,6 +81,7 @@ READ_HEADERS = (
     VERSION_REASON_HEADER,
     STABLE_VERSION_HEADER,
     SIGNATURE_HEADER,
+    REROUTE_HEADER,
 )
 """Every header the front door reads. Each must come at most once: of two values, which
 one counts would be the reader's choice (aiohttp's ``get`` takes the first, a proxy in front
@@ -102,6 +104,7 @@ def head_of(request: web.Request, request_id: str) -> Head:
             reason=headers.get(VERSION_REASON_HEADER, ""),
             stable=headers.get(STABLE_VERSION_HEADER, ""),
             session=headers.get(SESSION_HEADER),  # as sent: its signature says if it may be
+            reroute=headers.get(REROUTE_HEADER) == "1",
         )
     )
     return Head(

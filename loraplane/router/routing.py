@@ -369,6 +369,16 @@ class FleetIndex:
         """Workers of ``base_model`` in the view (parked and forgotten ones are not)."""
         return len(self._by_base.get(base_model, ()))
 
+    def serves_elsewhere(self, record: AdapterRecord, now: float, skip: Collection[str]) -> bool:
+        """Whether a live worker not in ``skip`` fits ``record`` (its base model, its rank):
+        one a request for it may be sent to once the chosen worker refuses the version as
+        its own. Chooses nothing (no turn, no placement)."""
+        base, rank, workers = record.base_model, record.rank, self.workers
+        return any(
+            wid not in skip and self._fits(workers[wid], base, rank, now)
+            for wid in self._by_base.get(base, ())
+        )
+
     def route(
         self,
         record: AdapterRecord,

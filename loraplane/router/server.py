@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -137,6 +137,7 @@ _OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSIO
 """Set by the router on every answer it relays: a gateway's own copy never passes."""
 _CLASSES = {c.value: c for c in RequestClass}
 _DOOR_REASONS = frozenset(AdmissionRefusal)
+_ATTEMPTS = 2  # a request goes to a second worker at most once
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 PROBE_ANSWER_BYTES = 64 * 1024
@@ -664,11 +665,11 @@ class Router:
                 header_token(request.headers.get(SESSION_HEADER)),
             )
 
-            def head(target: Target, attempt_id: str, worker_id: str) -> bytes:
+            def head(target: Target, attempt_id: str, worker_id: str, reroute: bool) -> bytes:
                 # signed after the wait: the signature's time is when the gateway gets it
                 return forward_headers(
                     self._secret,
-                    forward,
+                    replace(forward, reroute=True) if reroute else forward,
                     target,
                     attempt_id,
                     raw,
@@ -756,7 +757,7 @@ class Router:
         raw: bytes,
         record: AdapterRecord,
         request_id: str,
-        head: Callable[[Target, str, str], bytes],
+        head: Callable[[Target, str, str, bool], bytes],
     ) -> web.StreamResponse:
         """Forward to the worker the index names; one that did not answer leaves the view
         and the request goes to the next. A second attempt carries its own request id
@@ -782,7 +783,7 @@ class Router:
         skip: list[str] = []  # workers that refused this request: its version, or the forward
         unsigned = False  # a gateway refused the router's forward
         avoid = self.refusals.of(record.lora_name, self._clock())
-        for attempt in range(2):
+        for attempt in range(_ATTEMPTS):
             route = self.fleet.index.route(
                 record, self._clock(), self.in_flight, skip=skip, avoid=avoid
             )
@@ -806,7 +807,15 @@ class Router:
                         target.path,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head(target, attempt_id(request_id, attempt), wid),
+                        headers=head(
+                            target,
+                            attempt_id(request_id, attempt),
+                            wid,
+                            attempt < _ATTEMPTS - 1
+                            and self.fleet.index.serves_elsewhere(
+                                record, self._clock(), {*skip, *avoid, wid}
+                            ),
+                        ),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)

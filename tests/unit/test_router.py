@@ -30,6 +30,7 @@ from loraplane.frontdoor.forwarded import (
     NOT_RUN_HEADER,
     PERMANENT_STATUS,
     REFUSAL_ANSWER_BYTES,
+    REROUTE_HEADER,
     SIGNATURE_HEADER,
     TENANT_HEADER,
     VERSION_HEADER,
@@ -290,6 +291,7 @@ def test_the_signature_binds_tenant_request_body_class_version_and_time() -> Non
         Forward("tenant-a", "interactive", "1", "canary", "1"),
         Forward("tenant-a", "interactive", "2", "active", "1"),
         Forward("tenant-a", "interactive", "2", "canary", ""),
+        Forward("tenant-a", "interactive", "2", "canary", "1", reroute=True),
     ):
         assert not verify(SECRET, other, to, "r1", b"{}", sig, 1010.0, worker_id="w1")
     assert not verify(SECRET, fwd, to, "r2", b"{}", sig, 1010.0, worker_id="w1")
@@ -1267,6 +1269,66 @@ async def test_a_worker_out_of_the_view_is_forgotten_with_its_refusals(stack: St
         watch.cancel()
 
 
+ACTIVE = {**AUTH_A, "X-Session-Key": session_for("chat", False)}  # interactive, one version
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_interactive_request_gets_its_adapter_from_another_worker(
+    stack: Stack,
+) -> None:
+    """The worker chosen for an interactive request (w1) refuses the version as its own (its
+    --max-lora-rank): while the router has another worker for it (``X-Loraplane-Reroute``),
+    w1 answers its 424 instead of the base model's fallback, and the request is served
+    with its own adapter by w3; the client gets that one answer."""
+    _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w3"), body
+    assert "X-Loraplane-Fallback" not in headers
+    assert headers["X-Loraplane-Lora-Name"] == CHAT[0]
+    (refused,) = stack.sinks["w1"].messages(RequestLog)
+    assert (refused.error, refused.tier_at_arrival) == ("vllm_rank_too_large", "cold")
+    (served,) = stack.sinks["w3"].messages(RequestLog)
+    assert served.status == "ok" and served.lora_name == CHAT[0]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_interactive_request_falls_back_on_the_last_worker_only(stack: Stack) -> None:
+    """Every worker the router tries refuses the version as its own: the last one (told no
+    other is left) serves the base model's fallback, permanent, as without a router; a
+    worker alone in the view falls back at once, asked once."""
+    for wid in ("w1", "w3"):
+        _refuse_chat(stack.workers[wid], VllmFailure.vllm_adapter_refused)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w3"), body
+    assert headers["X-Loraplane-Fallback"] == "base"
+    assert headers["X-Loraplane-Fallback-Permanent"] == "true"
+    assert headers["X-Loraplane-Fallback-Reason"] == "vllm_adapter_refused"
+    assert len(stack.sinks["w1"].messages(RequestLog)) == 1  # its 424, then w3's fallback
+    for wid in ("w2", "w3"):
+        stack.router.fleet.index.remove(wid)
+    stack.router.refusals = Refusals()
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w1"), body
+    assert headers["X-Loraplane-Fallback"] == "base"
+    assert len(stack.sinks["w1"].messages(RequestLog)) == 2
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_interactive_request_for_a_refused_artifact_falls_back_at_once(
+    stack: Stack,
+) -> None:
+    """The artifact's own refusal (gone from the store: every worker refuses it alike) is
+    no reason to try another worker: the chosen one serves the base model's fallback,
+    permanent, and no other worker is asked."""
+    _refuse_chat(stack.workers["w1"], ArtifactReason.manifest_missing)
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w1"), body
+    assert headers["X-Loraplane-Fallback"] == "base"
+    assert headers["X-Loraplane-Fallback-Reason"] == "manifest_missing"
+    assert headers["X-Loraplane-Fallback-Permanent"] == "true"
+    assert stack.workers["w3"].asked == stack.workers["w2"].asked == []
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_an_artifacts_own_424_is_passed_on_without_another_worker(stack: Stack) -> None:
     """A 424 for the artifact itself (gone from the store): every worker would refuse it,
@@ -1445,6 +1507,7 @@ async def test_gateway_believes_a_forwarded_tenant_only_when_signed(stack: Stack
         ({**good, "X-Request-Id": "r2"}, 401),
         ({**good, "X-Request-Class": "batch"}, 401),  # the class is signed too
         ({**good, VERSION_HEADER: "2"}, 401),
+        ({**good, REROUTE_HEADER: "1"}, 401),  # and whether the router has another worker
     ]  # and the version
     for headers, want in cases:
         async with stack.http.post(url, data=raw, headers=headers) as resp:
