@@ -75,6 +75,7 @@ class InstantWorker:
 
     worker_id, base_model, started, base_served = "w1", BASE, True, "base"
     gateway_url, upstream_stalled, wrong_base_model = "", False, False
+    context_tokens: int | None = None  # vLLM's context not known: requests are not fitted
 
     @property
     def upstream(self) -> InstantWorker:
