@@ -63,11 +63,11 @@ VERSION_REASON_HEADER = "X-Loraplane-Version-Reason"  # why: active, or its cana
 STABLE_VERSION_HEADER = "X-Loraplane-Stable-Version"  # the active one, while a canary warms
 SESSION_HEADER = "X-Session-Key"  # the client's, as the router read it (a header token)
 REROUTE_HEADER = "X-Loraplane-Reroute"
-"""``1`` when the router has another worker to send the request to if this one refuses the
-version as its own (``refused_by_worker``): the gateway then answers that refusal (its 424)
-instead of the interactive base fallback, so the tenant gets its adapter from another
-worker; absent on the last worker the router would try, which falls back as without a
-router."""
+"""``1`` when the router has another worker to send an interactive request to if this one
+refuses the version as its own (``refused_by_worker``): the gateway then answers that
+refusal (its 424) instead of the base fallback, so the tenant gets its adapter from another
+worker; absent on the last worker the router tries, which falls back as without a router
+(the refusing worker asked again, when the other did not serve it)."""
 NOT_RUN_HEADER = "X-Loraplane-Not-Run"
 """On a gateway's 503, back to the router: its vLLM could not be reached, so the request never
 reached vLLM (the header's value is the reason). A router parks that worker and sends the

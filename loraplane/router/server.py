@@ -137,7 +137,7 @@ _OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSIO
 """Set by the router on every answer it relays: a gateway's own copy never passes."""
 _CLASSES = {c.value: c for c in RequestClass}
 _DOOR_REASONS = frozenset(AdmissionRefusal)
-_ATTEMPTS = 2  # a request goes to a second worker at most once
+_ATTEMPTS = 2  # a request goes to a second worker at most once (then back to the first once)
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
 PROBE_ANSWER_BYTES = 64 * 1024
@@ -678,7 +678,10 @@ class Router:
                     nonce=f"{self._nonce_prefix}{next(self._nonce_seq):x}",
                 )
 
-            return await self._forward(request, endpoint, raw, choice.record, request_id, head)
+            falls_back = admission.request_class is RequestClass.interactive
+            return await self._forward(
+                request, endpoint, raw, choice.record, request_id, head, falls_back=falls_back
+            )
         finally:
             if ticket is not None and ticket.state is TicketState.admitted:
                 self._wake(self.flow.release(ticket, self._limit(ticket.base), self._monotonic()))
@@ -758,6 +761,8 @@ class Router:
         record: AdapterRecord,
         request_id: str,
         head: Callable[[Target, str, str, bool], bytes],
+        *,
+        falls_back: bool = False,
     ) -> web.StreamResponse:
         """Forward to the worker the index names; one that did not answer leaves the view
         and the request goes to the next. A second attempt carries its own request id
@@ -773,6 +778,13 @@ class Router:
         (``Refusals``): the version's later requests go to another worker first while the
         refusing worker's hold lasts, and to it only when no other fits.
 
+        ``falls_back``: the request's gateway answers a cold version it cannot load with the
+        base model's fallback (an interactive one). A first attempt with another worker left
+        is signed ``REROUTE_HEADER``, so its worker's own refusal comes back as its 424;
+        when no other worker serves the request then (none fits any more, it does not
+        answer, it refuses the forward), the refusing worker is asked once more without the
+        header, as the last worker tried, and its fallback is the answer, never that 424.
+
         A gateway's 401 (``forwarded.UNSIGNED_STATUS``) refuses the router's own forward
         (its signature: a secret rotated, a form of another version, a replay), never the
         tenant, whose key passed here: it is logged and the request goes to another worker
@@ -780,14 +792,24 @@ class Router:
         ``forward_refused``, never the gateway's 401."""
         target = Target("POST", endpoint.value)  # what is sent is what is signed
         refused: tuple[_Whole, Route] | None = None  # a worker's own 424, held
+        withheld: Route | None = None  # the worker whose 424 stood for its fallback (reroute)
         skip: list[str] = []  # workers that refused this request: its version, or the forward
         unsigned = False  # a gateway refused the router's forward
         avoid = self.refusals.of(record.lora_name, self._clock())
-        for attempt in range(_ATTEMPTS):
-            route = self.fleet.index.route(
-                record, self._clock(), self.in_flight, skip=skip, avoid=avoid
+        attempt = -1
+        while True:
+            attempt += 1
+            route = (
+                self.fleet.index.route(
+                    record, self._clock(), self.in_flight, skip=skip, avoid=avoid
+                )
+                if attempt < _ATTEMPTS
+                else None
             )
-            if route is None:
+            if route is None and withheld is not None:  # its fallback, as the last worker
+                route, withheld = withheld, None
+                reroute = False
+            elif route is None:
                 if refused is not None:  # no other worker: the worker's own 424 is the answer
                     return await self._relay_refused(request, *refused, record.version)
                 if unsigned:
@@ -795,8 +817,18 @@ class Router:
                 return self._refuse(
                     503,
                     RouterRefusal.no_live_worker,
-                    f"no live worker serves base model {record.base_model}",
+                    f"no live worker serves base model {record.base_model}"
+                    if attempt < _ATTEMPTS
+                    else "the chosen workers did not answer",
                     **{"Retry-After": str(self.retry_after_s)},
+                )
+            else:
+                reroute = (
+                    falls_back
+                    and attempt < _ATTEMPTS - 1
+                    and self.fleet.index.serves_elsewhere(
+                        record, self._clock(), {*skip, *avoid, route.worker_id}
+                    )
                 )
             wid = route.worker_id
             self.in_flight[wid] = self.in_flight.get(wid, 0) + 1
@@ -807,15 +839,7 @@ class Router:
                         target.path,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head(
-                            target,
-                            attempt_id(request_id, attempt),
-                            wid,
-                            attempt < _ATTEMPTS - 1
-                            and self.fleet.index.serves_elsewhere(
-                                record, self._clock(), {*skip, *avoid, wid}
-                            ),
-                        ),
+                        headers=head(target, attempt_id(request_id, attempt), wid, reroute),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)
@@ -848,6 +872,7 @@ class Router:
                             continue
                         if refused_by_worker(whole.status, content_type, whole.body):
                             refused = (whole, route)  # held (small): another may load it
+                            withheld = route if reroute else None
                             skip.append(wid)
                             self.refusals.note(wid, record.lora_name, self._clock())
                             continue
@@ -866,16 +891,6 @@ class Router:
                     self.in_flight[wid] = left
                 else:
                     self.in_flight.pop(wid, None)
-        if refused is not None:  # no other worker answered: the worker's own 424 is the answer
-            return await self._relay_refused(request, *refused, record.version)
-        if unsigned:
-            return self._not_taken()
-        return self._refuse(
-            503,
-            RouterRefusal.no_live_worker,
-            "the chosen workers did not answer",
-            **{"Retry-After": str(self.retry_after_s)},
-        )
 
     def _unsigned(self, route: Route, reason: str | None) -> None:
         """A gateway refused the router's forward (its 401): logged, at most one line per

@@ -1314,6 +1314,39 @@ async def test_an_interactive_request_falls_back_on_the_last_worker_only(stack: 
 
 
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("other", ["gone", "unsigned"])
+async def test_an_interactive_request_the_other_worker_fails_gets_its_fallback(
+    stack: Stack, other: str
+) -> None:
+    """w1 refuses the version as its own and answers its 424 (the router had w3 left), but
+    w3 does not serve it: its gateway is gone, or refuses the router's forward (another
+    router secret). The router asks w1 again, as the last worker, and the tenant gets its
+    base model's fallback, as without a router, never the 424 of one worker's own."""
+    _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
+    asked: list[bytes] = []
+    server: asyncio.AbstractServer | None = None
+    url = "http://127.0.0.1:9"  # the discard port: refused
+    if other == "unsigned":
+        server, url = await _always_answers(_answer_401("forward_outdated"), asked)
+    try:
+        index = stack.router.fleet.index
+        w3 = index.workers["w3"].state
+        index.update(at(w3, w3.ts.timestamp(), url))
+        status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
+        assert (status, headers["X-Loraplane-Worker"]) == (200, "w1"), body
+        assert headers["X-Loraplane-Fallback"] == "base"
+        assert headers["X-Loraplane-Fallback-Reason"] == "vllm_rank_too_large"
+        assert headers["X-Loraplane-Fallback-Permanent"] == "true"
+        assert len(asked) == (other == "unsigned")
+        logs = stack.sinks["w1"].messages(RequestLog)  # its 424, then its fallback
+        assert [r.status for r in logs] == ["error", "ok"]
+        assert logs[1].request_id == logs[0].request_id + "-r2"
+    finally:
+        if server is not None:
+            server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_interactive_request_for_a_refused_artifact_falls_back_at_once(
     stack: Stack,
 ) -> None:
