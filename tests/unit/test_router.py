@@ -1430,6 +1430,8 @@ async def test_the_same_request_sent_again_is_forwarded_anew(stack: Stack) -> No
     session key, within one second) is no replay: each forward the router signs is its
     own (its nonce), and the gateway serves both."""
     headers = {**AUTH_A, "X-Request-Id": "again-1", "X-Session-Key": "s1"}
+    now = datetime.now(UTC).timestamp()
+    stack.router._clock = lambda: now  # one second for all three: only the nonce differs
     for _ in range(3):
         status, answer, body = await stack.post({"model": "sql", "prompt": "q"}, headers=headers)
         assert (status, answer["X-Loraplane-Worker"]) == (200, "w2"), body
