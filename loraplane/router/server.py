@@ -163,10 +163,12 @@ REFUSAL_MEMORY_S = 30.0
 """How long the router remembers a worker's own refusal of a version (a 424
 ``adapter_refused_by_worker``) and routes that version elsewhere first: the worker's own
 refusal hold (``WorkerConfig.refusal_hold_s``, 30 s), within which it answers every request
-for the version with that 424 at once, without trying to load it again."""
+for the version with that 424 at once, without trying to load it again. A gateway's refusal
+of the router's forward (its 401) is remembered as long, for every version."""
 MAX_REFUSALS = 4096
 """(worker, version) refusals remembered at once, at most (the oldest forgotten first): a
 gateway that refuses everything it is sent fills this, never more."""
+_EVERY = ""  # a refusal of every version (no lora name is empty): the router's forward
 
 
 def _by_band(item: tuple[tuple[Any, ...], Any]) -> tuple[str, int]:
@@ -352,16 +354,18 @@ class Fleet:
 
 
 class Refusals:
-    """The router's short memory of the versions workers refused as their own (a 424
-    ``adapter_refused_by_worker``): (worker id, lora name) for ``ttl_s`` after the refusal,
-    ``cap`` at most, the oldest forgotten first. Routing chooses such a worker for that
-    version only when no other fits (``FleetIndex.route(avoid=)``). Time is passed in."""
+    """The router's short memory of the workers that refused what it sent them: a version
+    refused as the worker's own (a 424 ``adapter_refused_by_worker``, (worker id, lora
+    name)), or the router's forward itself (a gateway's 401, ``note_forwards``: the worker,
+    for every version), each for ``ttl_s`` after the refusal, ``cap`` at most, the oldest
+    forgotten first. Routing chooses such a worker only when no other fits
+    (``FleetIndex.route(avoid=)``). Time is passed in."""
 
     def __init__(self, ttl_s: float = REFUSAL_MEMORY_S, cap: int = MAX_REFUSALS) -> None:
         self.ttl_s = ttl_s
         self.cap = cap
-        # (worker id, lora name) -> until; in expiry order (every entry lasts ttl_s, and a
-        # refusal noted again moves to the end)
+        # (worker id, lora name or _EVERY) -> until; in expiry order (every entry lasts
+        # ttl_s, and a refusal noted again moves to the end)
         self._until: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._by_name: dict[str, set[str]] = {}  # lora name -> worker ids
         self._by_worker: dict[str, set[str]] = {}  # worker id -> lora names
@@ -379,10 +383,16 @@ class Refusals:
         while len(self._until) > self.cap:
             self._drop(next(iter(self._until)))
 
+    def note_forwards(self, worker_id: str, now: float) -> None:
+        """``worker_id``'s gateway refused the router's forward at ``now`` (its 401: a
+        router secret or forward form it does not share): avoided for every version."""
+        self.note(worker_id, _EVERY, now)
+
     def of(self, lora_name: str, now: float) -> frozenset[str]:
-        """The workers that refused ``lora_name`` within ``ttl_s`` before ``now``."""
+        """The workers that refused ``lora_name``, or the router's forwards, within
+        ``ttl_s`` before ``now``."""
         self._expire(now)
-        return frozenset(self._by_name.get(lora_name, ()))
+        return frozenset((*self._by_name.get(lora_name, ()), *self._by_name.get(_EVERY, ())))
 
     def forget(self, worker_id: str) -> None:
         """The worker left the view: its refusals go with it."""
@@ -498,7 +508,8 @@ class Router:
         # apart: never queued behind requests; a /healthz answer is well under 1 KiB
         self._probes = _Pools(PROBE_TIMEOUT_S, {}, PROBE_ANSWER_BYTES)
         self.in_flight: dict[str, int] = {}
-        # the versions workers refused as their own moments ago: routed elsewhere first
+        # the versions workers refused as their own moments ago, and the workers whose
+        # gateway refused the router's forward: routed elsewhere first
         self.refusals = Refusals(refusal_memory_s)
         self._unsigned_log = LogBurst(
             "gateway refused the router's forward", _REFUSAL_LOG_EVERY_S, logger=log
@@ -789,7 +800,9 @@ class Router:
         (its signature: a secret rotated, a form of another version, a replay), never the
         tenant, whose key passed here: it is logged and the request goes to another worker
         within the same attempts; when none takes it the answer is the router's own 502
-        ``forward_refused``, never the gateway's 401."""
+        ``forward_refused``, never the gateway's 401. The worker is remembered
+        (``Refusals.note_forwards``): later requests, of any version, go to another worker
+        first, and to it only when no other fits."""
         target = Target("POST", endpoint.value)  # what is sent is what is signed
         refused: tuple[_Whole, Route] | None = None  # a worker's own 424, held
         withheld: Route | None = None  # the worker whose 424 stood for its fallback (reroute)
@@ -868,6 +881,7 @@ class Router:
                         if whole.status == UNSIGNED_STATUS:  # the router's forward refused
                             self._unsigned(route, refusal_type(content_type, whole.body))
                             skip.append(wid)
+                            self.refusals.note_forwards(wid, self._clock())
                             unsigned = True
                             continue
                         if refused_by_worker(whole.status, content_type, whole.body):

@@ -631,6 +631,25 @@ def test_a_refusal_is_remembered_for_its_time_and_forgotten_with_its_worker() ->
     assert len(memory) == 1
 
 
+def test_a_refused_forward_is_remembered_for_every_version_of_its_worker() -> None:
+    """A gateway's 401 (the router's forward refused) marks its worker for every version,
+    for the memory's time, beside the versions refused as a worker's own; it goes with its
+    worker, and counts within the cap."""
+    memory = Refusals(ttl_s=30.0, cap=3)
+    memory.note_forwards("w1", 100.0)
+    memory.note("w2", "a@1-x", 110.0)
+    assert memory.of("a@1-x", 110.0) == {"w1", "w2"} and memory.of("b@1-x", 110.0) == {"w1"}
+    assert memory.of("a@1-x", 130.0) == {"w2"} and memory.of("b@1-x", 130.0) == frozenset()
+    memory.note_forwards("w1", 135.0)
+    memory.note_forwards("w1", 136.0)  # once per worker, however often
+    assert memory.of("c@1-x", 165.0) == {"w1"} and len(memory) == 1  # w2's lapsed
+    memory.forget("w1")
+    assert memory.of("c@1-x", 165.0) == frozenset() and len(memory) == 0
+    for wid in ("w3", "w4", "w5"):
+        memory.note_forwards(wid, 150.0)
+    assert len(memory) == 3 and memory.of("a@1-x", 150.0) == {"w3", "w4", "w5"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -1514,6 +1533,62 @@ async def test_no_gateway_taking_the_routers_forward_is_the_routers_own_502(
         status, _, body = await stack.post({"model": "sql", "prompt": "q"})
         assert (status, body["error"]["type"]) == (502, "forward_refused"), body
         assert len(asked) == 3  # w0 and w4, once each: two attempts, no more
+    finally:
+        server.close()
+
+
+def _later(stack: Stack, later: float) -> None:
+    """The router's clock ``later`` seconds on, every worker's heartbeat as fresh then."""
+    index = stack.router.fleet.index
+    for w in list(index.workers.values()):
+        index.update(at(w.state, w.state.ts.timestamp() + later, w.state.gateway_url))
+    stack.router._clock = lambda: datetime.now(UTC).timestamp() + later
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_gateway_refusing_every_forward_is_passed_over_while_remembered(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """w0's gateway refuses every forward (its router secret rotated on one side), and w0
+    is the first choice for sql (a hot copy, the lowest id) and for chat (the most free
+    slots): only the first request pays the hop through it. While the router remembers the
+    refusal, requests of any version go to other workers first (w0 asked once, not once per
+    request); w0 is still asked when no other worker fits, and is the first choice again
+    once the memory of it has lapsed. One log line for its reason in the interval."""
+    asked: list[bytes] = []
+    server, url = await _always_answers(_answer_401("unauthorized"), asked)
+    stack.router.refusals = Refusals(ttl_s=10.0)  # its lapse within a forward's window
+    try:
+        _sql_hot_on_w0(stack, url)
+        with caplog.at_level("WARNING", logger="loraplane.router"):
+            for _ in range(3):
+                status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+                assert (status, headers["X-Loraplane-Worker"]) == (200, "w2"), body
+            status, headers, body = await stack.post({"model": "chat", "prompt": "q"})
+            assert status == 200 and headers["X-Loraplane-Worker"] in ("w1", "w3"), body
+            assert len(asked) == 1  # one hop through w0 in all
+            now = datetime.now(UTC).timestamp()
+            assert stack.router.refusals.of(RECORDS[2].lora_name, now) == {"w0"}
+            assert stack.router.refusals.of(CHAT[0], now) == {"w0"}
+            assert "w0" in stack.router.fleet.index.workers  # not parked
+            for wid in ("w1", "w2", "w3"):  # no other worker fits: w0 is asked again
+                stack.router.fleet.index.remove(wid)
+            status, _, body = await stack.post({"model": "sql", "prompt": "q"})
+            assert (status, body["error"]["type"]) == (502, "forward_refused"), body
+            assert len(asked) == 2
+        lines = [r.getMessage() for r in caplog.records if "w0" in r.getMessage()]
+        assert len(lines) == 1 and ": unauthorized (worker w0" in lines[0], lines
+        # the memory lapses: w0 is the first choice again
+        for wid in ("w1", "w2", "w3"):
+            serving = stack.workers[wid]
+            state = worker(wid, slots=2, base=RECORDS[2].base_model)
+            stack.router.fleet.index.update(
+                at(state, datetime.now(UTC).timestamp(), serving.gateway_url, max_lora_rank=64)
+            )
+        _later(stack, 11.0)
+        status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+        assert status == 200 and headers["X-Loraplane-Worker"] != "w0", body
+        assert len(asked) == 3
     finally:
         server.close()
 
