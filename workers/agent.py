@@ -650,8 +650,9 @@ class WorkerAgent:
 
     def load_failure(self, name: str) -> LoadOutcome | None:
         """What the last fetch of ``name`` found, while it still holds (a refusal for
-        ``refusal_hold_s``, a transient failure until its backoff ends, with the seconds
-        left as ``retry_after_s``); None once it was fetched or the hold ended."""
+        ``refusal_hold_s``, with the seconds left as ``hold_s``; a transient failure until
+        its backoff ends, with the seconds left as ``retry_after_s``); None once it was
+        fetched or the hold ended."""
         held = self._rt.last_failure.get(name)
         if held is None:
             return None
@@ -660,7 +661,11 @@ class WorkerAgent:
         if left <= 0:
             del self._rt.last_failure[name]
             return None
-        return outcome if outcome.permanent else replace(outcome, retry_after_s=left)
+        return (
+            replace(outcome, hold_s=left)
+            if outcome.permanent
+            else replace(outcome, retry_after_s=left)
+        )
 
     def is_hot(self, name: str) -> bool:
         return name in self._rt.gpu and name not in self._rt.draining
@@ -1089,8 +1094,8 @@ class WorkerAgent:
             self._fold(Outcome(name, Settled.refused))
             if intent is not None:
                 self._command_dropped(intent.command_id)
-            outcome = LoadOutcome(False, reason, permanent=True)
             hold = self.config.refusal_hold_s
+            outcome = LoadOutcome(False, reason, permanent=True, hold_s=hold)
         else:
             self._rt.backoff[name] = self._clock() + self.config.load_backoff_s
             outcome = LoadOutcome(False, reason, self.config.load_backoff_s)

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -34,7 +35,7 @@ from aiohttp import web
 
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import Choice, FrontDoor, Keys, Refusal
-from loraplane.frontdoor.forwarded import NOT_RUN_HEADER, PERMANENT_STATUS
+from loraplane.frontdoor.forwarded import HOLD_HEADER, NOT_RUN_HEADER, PERMANENT_STATUS
 from loraplane.frontdoor.gateway_proof import CHALLENGE_PARAM, PROOF_FIELD, is_challenge, proof
 from loraplane.frontdoor.http import (
     admit_request,
@@ -536,14 +537,18 @@ class Gateway:
                 permanent=permanent,
             )
         if permanent:  # no Retry-After: the same request will be refused the same way
+            assert outcome is not None
             trace.status, trace.error = RequestStatus.error, reason
+            own = refused_here(reason)
             return error_response(
                 PERMANENT_STATUS,
                 # whose refusal: this worker's own, or the artifact's (frontdoor.forwarded)
                 ServingRefusal.adapter_refused_by_worker
-                if refused_here(reason)
+                if own
                 else ServingRefusal.adapter_unavailable_permanent,
                 permanent_message(record, reason),
+                # this worker's own: how long it holds it, which a router remembers
+                **({HOLD_HEADER: str(math.ceil(outcome.hold_s))} if own and outcome.hold_s else {}),
             )
         trace.status, trace.error = RequestStatus.retry_later, reason
         return error_response(

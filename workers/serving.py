@@ -28,6 +28,7 @@ class LoadOutcome:
     reason: CacheEventReason = NO_REASON
     retry_after_s: float = 0.0
     permanent: bool = False  # retrying will not help: the artifact is refused (gone, bad)
+    hold_s: float = 0.0  # permanent: how long the worker still holds it (0: not said)
 
 
 class Upstream(Protocol):

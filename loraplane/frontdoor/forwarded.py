@@ -16,8 +16,8 @@ version". Pure: the secret, the nonce and the time are passed in.
 
 Back the other way, for the router alone: ``NOT_RUN_HEADER`` on a gateway's 503 whose request
 never reached vLLM; a 424 (``PERMANENT_STATUS``) says whose refusal it is
-(``refused_by_worker``); a 401 (``UNSIGNED_STATUS``) refuses the router's own forward.
-"""
+(``refused_by_worker``) and how long it holds (``HOLD_HEADER``); a 401 (``UNSIGNED_STATUS``)
+refuses the router's own forward."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ from loraplane.schemas.reasons import ServingRefusal
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
 
 __all__ = [
+    "HOLD_HEADER",
+    "MAX_REFUSAL_HOLD_S",
     "MAX_SKEW_S",
     "NOT_RUN_HEADER",
     "PERMANENT_STATUS",
@@ -50,6 +52,7 @@ __all__ = [
     "Target",
     "headers",
     "outdated",
+    "refusal_hold",
     "refusal_type",
     "refused_by_worker",
     "sign",
@@ -81,6 +84,15 @@ the artifact's (gone from the store, hostile, ...: every worker refuses it alike
 its host-tier budget), which another worker may load: a router sends the request there
 (``refused_by_worker``), within its one re-route of a request, and passes the 424 on only
 when no other worker serves it."""
+HOLD_HEADER = "X-Loraplane-Refusal-Hold"
+"""On a gateway's 424 of its worker's own refusal (``refused_by_worker``): the whole seconds
+its worker still holds that refusal (``WorkerConfig.refusal_hold_s`` from the refusal),
+within which it answers the version's requests with that 424 at once. A router remembers
+the refusal that long (``refusal_hold``), at most ``MAX_REFUSAL_HOLD_S``."""
+MAX_REFUSAL_HOLD_S = 300
+"""The longest a router takes a gateway's word (``HOLD_HEADER``) for: a longer hold is
+remembered this long, so no gateway's bytes keep its worker passed over for hours."""
+_HOLD = re.compile(r"[0-9]{1,9}")
 REFUSAL_ANSWER_BYTES = 64 * 1024
 """A refusal whose reason the router reads (a 424, a 401) is at most this long (the
 gateway's is ~300 bytes)."""
@@ -295,6 +307,20 @@ def refusal_type(content_type: str, body: bytes) -> str | None:
     error = answer.get("error") if isinstance(answer, dict) else None
     kind = error.get("type") if isinstance(error, dict) else None
     return kind if isinstance(kind, str) else None
+
+
+def refusal_hold(value: str | None) -> float | None:
+    """The seconds a gateway's ``HOLD_HEADER`` value says its worker holds its refusal, at
+    most ``MAX_REFUSAL_HOLD_S`` (a longer one is clamped: the header is the gateway's
+    bytes); None for a value that is no whole number of seconds in at most 9 ASCII digits
+    (absent, empty, signed, a fraction, an exponent, other digits), which the router's own
+    memory then stands for."""
+    if value is None:
+        return None
+    value = value.strip(" \t")
+    if not _HOLD.fullmatch(value):
+        return None
+    return float(min(int(value), MAX_REFUSAL_HOLD_S))
 
 
 def refused_by_worker(status: int, content_type: str, body: bytes) -> bool:

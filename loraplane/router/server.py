@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 import math
@@ -47,6 +48,7 @@ from prometheus_client.utils import floatToGoString
 from loraplane.eventlog.sink import EventSink
 from loraplane.frontdoor.admission import FrontDoor, Keys, Refusal
 from loraplane.frontdoor.forwarded import (
+    HOLD_HEADER,
     NOT_RUN_HEADER,
     PERMANENT_STATUS,
     SESSION_HEADER,
@@ -55,6 +57,7 @@ from loraplane.frontdoor.forwarded import (
     VERSION_HEADER,
     Forward,
     Target,
+    refusal_hold,
     refusal_type,
     refused_by_worker,
 )
@@ -161,10 +164,11 @@ PROOF_RETRY_S = 5.0
 starting, or a forged address asked once a heartbeat at most)."""
 REFUSAL_MEMORY_S = 30.0
 """How long the router remembers a worker's own refusal of a version (a 424
-``adapter_refused_by_worker``) and routes that version elsewhere first: the worker's own
-refusal hold (``WorkerConfig.refusal_hold_s``, 30 s), within which it answers every request
-for the version with that 424 at once, without trying to load it again. A gateway's refusal
-of the router's forward (its 401) is remembered as long, for every version."""
+``adapter_refused_by_worker``) whose gateway does not say how long its worker holds it
+(``forwarded.HOLD_HEADER``): the worker's default refusal hold
+(``WorkerConfig.refusal_hold_s``, 30 s), within which it answers every request for the
+version with that 424 at once, without trying to load it again. A gateway's refusal of the
+router's forward (its 401) is remembered as long, for every version."""
 MAX_REFUSALS = 4096
 """(worker, version) refusals remembered at once, at most (the oldest forgotten first): a
 gateway that refuses everything it is sent fills this, never more."""
@@ -356,32 +360,43 @@ class Fleet:
 class Refusals:
     """The router's short memory of the workers that refused what it sent them: a version
     refused as the worker's own (a 424 ``adapter_refused_by_worker``, (worker id, lora
-    name)), or the router's forward itself (a gateway's 401, ``note_forwards``: the worker,
-    for every version), each for ``ttl_s`` after the refusal, ``cap`` at most, the oldest
-    forgotten first. Routing chooses such a worker only when no other fits
+    name)), for as long as the worker says it holds that refusal (``note``'s ``ttl_s``,
+    ``forwarded.refusal_hold``: bounded), or the router's forward itself (a gateway's 401,
+    ``note_forwards``: the worker, for every version), for ``ttl_s``; ``cap`` at most, the
+    oldest noted forgotten first. Routing chooses such a worker only when no other fits
     (``FleetIndex.route(avoid=)``). Time is passed in."""
 
     def __init__(self, ttl_s: float = REFUSAL_MEMORY_S, cap: int = MAX_REFUSALS) -> None:
         self.ttl_s = ttl_s
         self.cap = cap
-        # (worker id, lora name or _EVERY) -> until; in expiry order (every entry lasts
-        # ttl_s, and a refusal noted again moves to the end)
+        # (worker id, lora name or _EVERY) -> until; in the order noted (a refusal noted
+        # again moves to the end), which is the order the cap forgets them in
         self._until: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (until, key) of every note, soonest first; a note since replaced or dropped is
+        # skipped when it comes up, and the heap is rebuilt when such notes outnumber the
+        # entries, so it holds at most twice the cap
+        self._expiry: list[tuple[float, tuple[str, str]]] = []
         self._by_name: dict[str, set[str]] = {}  # lora name -> worker ids
         self._by_worker: dict[str, set[str]] = {}  # worker id -> lora names
 
     def __len__(self) -> int:
         return len(self._until)
 
-    def note(self, worker_id: str, lora_name: str, now: float) -> None:
-        """``worker_id`` refused ``lora_name`` as its own at ``now``."""
+    def note(self, worker_id: str, lora_name: str, now: float, ttl_s: float | None = None) -> None:
+        """``worker_id`` refused ``lora_name`` as its own at ``now``, and holds that
+        refusal ``ttl_s`` (the worker's word, bounded by its reader; None: ``self.ttl_s``)."""
         key = (worker_id, lora_name)
+        until = now + (self.ttl_s if ttl_s is None else ttl_s)
         self._until.pop(key, None)
-        self._until[key] = now + self.ttl_s
+        self._until[key] = until
+        heapq.heappush(self._expiry, (until, key))
         self._by_name.setdefault(lora_name, set()).add(worker_id)
         self._by_worker.setdefault(worker_id, set()).add(lora_name)
         while len(self._until) > self.cap:
             self._drop(next(iter(self._until)))
+        if len(self._expiry) > 2 * len(self._until) + 16:
+            self._expiry = [(u, k) for k, u in self._until.items()]
+            heapq.heapify(self._expiry)
 
     def note_forwards(self, worker_id: str, now: float) -> None:
         """``worker_id``'s gateway refused the router's forward at ``now`` (its 401: a
@@ -389,8 +404,8 @@ class Refusals:
         self.note(worker_id, _EVERY, now)
 
     def of(self, lora_name: str, now: float) -> frozenset[str]:
-        """The workers that refused ``lora_name``, or the router's forwards, within
-        ``ttl_s`` before ``now``."""
+        """The workers whose refusal of ``lora_name``, or of the router's forwards, they
+        still hold at ``now``."""
         self._expire(now)
         return frozenset((*self._by_name.get(lora_name, ()), *self._by_name.get(_EVERY, ())))
 
@@ -405,11 +420,11 @@ class Refusals:
             self.forget(wid)
 
     def _expire(self, now: float) -> None:
-        while self._until:
-            key, until = next(iter(self._until.items()))
-            if until > now:
-                return
-            self._drop(key)
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            until, key = heapq.heappop(expiry)
+            if self._until.get(key) == until:
+                self._drop(key)
 
     def _drop(self, key: tuple[str, str]) -> None:
         del self._until[key]
@@ -888,7 +903,8 @@ class Router:
                             refused = (whole, route)  # held (small): another may load it
                             withheld = route if reroute else None
                             skip.append(wid)
-                            self.refusals.note(wid, record.lora_name, self._clock())
+                            hold = refusal_hold(whole.headers.get(HOLD_HEADER.lower()))
+                            self.refusals.note(wid, record.lora_name, self._clock(), hold)
                             continue
                         self.outcomes[route.kind.value] += 1
                         return await self._relay_whole(request, whole, route, record.version)

@@ -32,7 +32,7 @@ from loraplane.frontdoor.api_keys import (
     key_digest,
     load_api_keys,
 )
-from loraplane.frontdoor.forwarded import NOT_RUN_HEADER
+from loraplane.frontdoor.forwarded import HOLD_HEADER, NOT_RUN_HEADER
 from loraplane.frontdoor.upstream_http import UpstreamResponse
 from loraplane.frontdoor.version_choice import canary_bucket
 from loraplane.kernel.policy import (
@@ -411,6 +411,32 @@ async def test_an_artifact_gone_from_the_store_is_told_as_permanent(world: World
     world.agent._rt.last_failure.clear()
     await world.post({"model": "sql", "prompt": "q"}, **{"X-Request-Class": "batch"})
     assert world.agent.is_hot(sql.lora_name)
+
+
+async def test_a_workers_own_424_says_how_long_the_worker_holds_it(world: World) -> None:
+    """This worker's vLLM refuses to load the version (its --max-lora-rank): the 424
+    ``adapter_refused_by_worker`` says, in whole seconds, how long the worker holds that
+    refusal (its ``refusal_hold_s`` from the refusal, then what is left of it), which a
+    router remembers; an artifact's own refusal, which a router does not remember, says
+    none."""
+    world.agent.config = replace(world.agent.config, refusal_hold_s=45.0)
+    world.fake.max_lora_rank = 4  # the adapters are rank 8
+    batch = {"X-Request-Class": "batch", "X-Session-Key": session_for("chat", False)}
+    status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **batch)
+    assert status == PERMANENT_STATUS, body
+    assert body["error"]["type"] == "adapter_refused_by_worker"
+    assert headers[HOLD_HEADER] == "45" and "Retry-After" not in headers
+    name = RECORDS[0].lora_name
+    until = world.agent._rt.last_failure[name][1]
+    world.agent._clock = lambda: until - 19.2  # the hold has 19.2 s left
+    status, headers, body = await world.post({"model": "chat", "prompt": "q"}, **batch)
+    assert (status, headers[HOLD_HEADER]) == (PERMANENT_STATUS, "20"), body
+    world.tier.gone.add(RECORDS[2].lora_name)  # the artifact's own refusal
+    await world.post({"model": "sql", "prompt": "q"})
+    await _until_failure_known(world, RECORDS[2])
+    status, headers, body = await world.post({"model": "sql", "prompt": "q"}, **batch)
+    assert body["error"]["type"] == "adapter_unavailable_permanent"
+    assert status == PERMANENT_STATUS and HOLD_HEADER not in headers
 
 
 async def test_a_424_names_what_heals_a_refused_artifact_or_a_refused_load() -> None:
@@ -947,6 +973,7 @@ class FakeServing:
     upstream_stalled: bool = False
     wrong_base_model: bool = False
     refuses: dict[str, str] = field(default_factory=dict)  # lora name -> a permanent reason
+    refusal_hold_s: float = 0.0  # how long a refusal holds, as the agent says (0: not said)
 
     @property
     def upstream(self) -> FakeServing:
@@ -980,7 +1007,9 @@ class FakeServing:
         fut: asyncio.Future[LoadOutcome] = asyncio.get_running_loop().create_future()
         refused = self.refuses.get(record.lora_name)
         if refused is not None:  # refused for good, as the agent tells a refusal
-            fut.set_result(LoadOutcome(False, refused, permanent=True))  # type: ignore[arg-type]
+            fut.set_result(
+                LoadOutcome(False, refused, permanent=True, hold_s=self.refusal_hold_s)  # type: ignore[arg-type]
+            )
             return fut
         self.hot.add(record.lora_name)
         fut.set_result(LoadOutcome(True))

@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from loraplane.frontdoor.forwarded import (
+    HOLD_HEADER,
+    MAX_REFUSAL_HOLD_S,
     MAX_SKEW_S,
     NOT_RUN_HEADER,
     PERMANENT_STATUS,
@@ -39,6 +41,7 @@ from loraplane.frontdoor.forwarded import (
     Replays,
     Target,
     outdated,
+    refusal_hold,
     refused_by_worker,
     sign,
     verify,
@@ -519,6 +522,46 @@ def test_reading_a_424_never_fails_on_any_bytes(body: bytes) -> None:
     assert refused_by_worker(PERMANENT_STATUS, JSON, body) in (True, False)
 
 
+def test_a_gateways_hold_is_read_bounded() -> None:
+    """A gateway's ``X-Loraplane-Refusal-Hold`` is believed in whole seconds up to
+    ``MAX_REFUSAL_HOLD_S``, a longer one clamped to it; anything that is not a whole number
+    of seconds in ASCII digits is no hold at all (the router's own memory stands)."""
+    assert MAX_REFUSAL_HOLD_S == 300
+    for value, hold in [("45", 45.0), ("0", 0.0), (" 7\t", 7.0), ("007", 7.0), ("300", 300.0)]:
+        assert refusal_hold(value) == hold, value
+    for huge in ("301", "86400", "999999999"):
+        assert refusal_hold(huge) == MAX_REFUSAL_HOLD_S, huge
+    for bad in (
+        None,
+        "",
+        " ",
+        "-5",
+        "+5",
+        "4.5",
+        "1e9",
+        "inf",
+        "nan",
+        "0x10",
+        "5 5",
+        "٣",
+        "1" * 10,
+        "9" * 5000,
+        "45, 45",
+        "45s",
+    ):
+        assert refusal_hold(bad) is None, bad
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40) | st.from_regex(r"[0-9]{1,12}", fullmatch=True))
+def test_any_hold_a_gateway_says_is_within_the_bound(value: str) -> None:
+    hold = refusal_hold(value)
+    assert hold is None or 0 <= hold <= MAX_REFUSAL_HOLD_S
+    if value.strip(" \t").isascii() and value.strip(" \t").isdigit():
+        digits = value.strip(" \t")
+        assert hold == (min(int(digits), MAX_REFUSAL_HOLD_S) if len(digits) <= 9 else None)
+
+
 def test_a_refusal_of_the_workers_own_is_told_from_the_artifacts() -> None:
     """Its vLLM's refusal, or the artifact past its own limits, is the worker's: another
     worker may load the version. Any other refusal is of the bytes, refused everywhere."""
@@ -648,6 +691,61 @@ def test_a_refused_forward_is_remembered_for_every_version_of_its_worker() -> No
     for wid in ("w3", "w4", "w5"):
         memory.note_forwards(wid, 150.0)
     assert len(memory) == 3 and memory.of("a@1-x", 150.0) == {"w3", "w4", "w5"}
+
+
+def test_a_refusal_is_remembered_as_long_as_its_worker_holds_it() -> None:
+    """A refusal noted with the hold its worker said lasts that long, longer or shorter
+    than the memory's own time; one noted again lasts from then, for its new hold."""
+    memory = Refusals(ttl_s=30.0, cap=8)
+    memory.note("w1", "a@1-x", 100.0, 45.0)
+    memory.note("w2", "a@1-x", 100.0, 5.0)
+    memory.note("w3", "a@1-x", 100.0)  # no hold said: the memory's own
+    assert memory.of("a@1-x", 104.0) == {"w1", "w2", "w3"}
+    assert memory.of("a@1-x", 105.0) == {"w1", "w3"}
+    assert memory.of("a@1-x", 130.0) == {"w1"} and memory.of("a@1-x", 145.0) == frozenset()
+    memory.note("w1", "b@1-x", 150.0, 100.0)
+    memory.note("w1", "b@1-x", 151.0, 2.0)  # noted again: its new hold
+    assert memory.of("b@1-x", 152.0) == {"w1"} and memory.of("b@1-x", 153.0) == frozenset()
+    memory.note("w2", "b@1-x", 160.0, 0.0)  # no hold: not avoided
+    assert memory.of("b@1-x", 160.0) == frozenset() and len(memory) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["w1", "w2", "w3"]),
+            st.sampled_from(["a@1-x", "b@1-x", ""]),
+            st.integers(0, 5),  # seconds since the last step
+            st.none() | st.integers(0, 40).map(float),
+        ),
+        max_size=150,
+    )
+)
+def test_refusals_of_any_holds_match_a_model_and_stay_bounded(
+    notes: list[tuple[str, str, int, float | None]],
+) -> None:
+    """Notes of any workers, versions (or every version), holds and times: at each step the
+    memory gives exactly the refusals still held, within its cap (the oldest noted
+    forgotten first), and its expiry heap holds at most about twice its entries."""
+    memory = Refusals(ttl_s=10.0, cap=4)
+    model: dict[tuple[str, str], float] = {}  # in the order noted
+    now = 0.0
+    for wid, name, step, hold in notes:
+        now += step
+        model = {k: u for k, u in model.items() if u > now}
+        for query in ("a@1-x", "b@1-x"):
+            held = {w for (w, n), _ in model.items() if n in (query, "")}
+            assert memory.of(query, now) == held
+        hold = hold if name else None  # a refused forward: the memory's own time
+        model.pop((wid, name), None)
+        model[(wid, name)] = now + (10.0 if hold is None else hold)
+        model = dict(list(model.items())[-4:])
+        if name:
+            memory.note(wid, name, now, hold)
+        else:
+            memory.note_forwards(wid, now)
+        assert len(memory) <= 4 and len(memory._expiry) <= 2 * len(memory) + 16
 
 
 @settings(max_examples=200, deadline=None)
@@ -1266,6 +1364,58 @@ async def test_a_remembered_refusal_sends_the_next_request_elsewhere(stack: Stac
     assert (status, headers["X-Loraplane-Worker"]) == (PERMANENT_STATUS, "w1")
     assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
     assert len(stack.sinks["w1"].messages(RequestLog)) == 2
+
+
+def _answer_424(hold: bytes) -> bytes:
+    """A gateway's 424 of its worker's own refusal, saying ``X-Loraplane-Refusal-Hold: hold``."""
+    body = _refusal(424, ServingRefusal.adapter_refused_by_worker)
+    return (
+        b"HTTP/1.1 424 Failed Dependency\r\nContent-Type: application/json; charset=utf-8\r\n"
+        + HOLD_HEADER.encode()
+        + b": "
+        + hold
+        + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_refusal_is_remembered_as_long_as_the_gateway_says_it_holds(
+    stack: Stack,
+) -> None:
+    """w1's worker holds its refusal of chat 45 s (its ``refusal_hold_s``), longer than the
+    router's own 30 s: its gateway's 424 says so and the router passes w1 over for chat
+    that long, not 30 s. A gateway saying a hold of days is remembered
+    ``MAX_REFUSAL_HOLD_S``, and one saying no number the router's own time."""
+    w1 = stack.workers["w1"]
+    _refuse_chat(w1, VllmFailure.vllm_rank_too_large)
+    w1.refusal_hold_s = 45.0
+    now = datetime.now(UTC).timestamp()
+    status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+    assert (status, headers["X-Loraplane-Worker"]) == (200, "w3"), body
+    refusals, chat = stack.router.refusals, headers["X-Loraplane-Lora-Name"]
+    assert refusals.of(chat, now + 40) == {"w1"}  # within its hold, past the router's 30 s
+    assert refusals.of(chat, now + 46) == frozenset()
+    for said, held in [
+        (b"86400000", MAX_REFUSAL_HOLD_S),
+        (b"999999999999", REFUSAL_MEMORY_S),
+        (b"-1", REFUSAL_MEMORY_S),
+        (b"1e9", REFUSAL_MEMORY_S),
+        (b"2", 2.0),
+    ]:
+        stack.router.refusals = refusals = Refusals()
+        asked: list[bytes] = []
+        server, url = await _always_answers(_answer_424(said), asked)
+        try:
+            _sql_hot_on_w0(stack, url)
+            now = datetime.now(UTC).timestamp()
+            status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+            assert (status, headers["X-Loraplane-Worker"]) == (200, "w2"), body
+            assert len(asked) == 1, said
+            sql = RECORDS[2].lora_name
+            assert refusals.of(sql, now + held - 1) == {"w0"}, said
+            assert refusals.of(sql, now + held + 1) == frozenset(), said
+        finally:
+            server.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -181,8 +181,9 @@ async def test_a_load_vllms_loader_refuses_is_held_like_a_refused_artifact(
         (CacheEventKind.refuse, "vllm_rank_too_large"),
     ]
     assert "max_lora_rank 4" in world.events(chat.lora_name)[-1].detail
+    assert outcome.hold_s == 30  # the hold, from the refusal
     again = world.agent.request_load(chat)  # within the hold: at once, no new load
-    assert again.done() and again.result() == outcome
+    assert again.done() and again.result() == replace(outcome, hold_s=1.0)  # 1 s left
     await _ticks_over(world, 2, clock)  # the hold ends: the next request tries once again
     world.fake.max_lora_rank = 8  # vLLM restarted with the worker's limit
     retried = world.agent.request_load(chat)
