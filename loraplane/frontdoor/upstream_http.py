@@ -16,7 +16,7 @@ came (the router to its client, the gateway from vLLM), and a relayed body whose
 header was dropped is bytes the client cannot read.
 Connections are kept alive and reused. A reused connection that the server closed before
 answering a single byte (uvicorn drops idle keep-alive connections after 5 s) is retried
-once on a fresh connection; any other failure is an ``UpstreamError`` with a stable reason.
+once on a fresh connection (headers made anew); any other failure is an ``UpstreamError``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import httptools
@@ -441,25 +441,33 @@ class UpstreamPool:
         self._slots = asyncio.Semaphore(limit)
 
     async def request(
-        self, method: str, path: str, body: bytes, *, total_timeout_s: float, headers: bytes = b""
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        *,
+        total_timeout_s: float,
+        headers: bytes | Callable[[], bytes] = b"",
     ) -> UpstreamResponse:
         """Send ``body`` (JSON) and wait for the answer's head; the caller closes it. Every
         wait, for one of the ``limit`` places in flight and for the answer, head and body,
         ends by ``total_timeout_s`` from now: with every place held by slow answers, a
         request fails at its own deadline, not at theirs.
         ``headers``: extra header lines, each ending in CRLF (the caller's own values, which
-        must hold no CR or LF)."""
+        must hold no CR or LF), or a callable that makes them, called for each send: the
+        first, and the one resend on a fresh connection when a reused one closed before the
+        answer (the upstream may have taken the first), so a header that must never repeat
+        (a router's forward signature, which a gateway takes once) is made anew."""
         if not _PATH.fullmatch(path):
             raise ValueError(f"not a request path: {path!r}")
-        request = b"".join(
-            (
-                f"{method} {path} HTTP/1.1\r\n".encode("latin-1"),
-                self._host_header,
-                headers,
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body),
-                body,
-            )
-        )
+        line = f"{method} {path} HTTP/1.1\r\n".encode("latin-1")
+        tail = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+
+        def framed() -> bytes:
+            extra = headers() if callable(headers) else headers
+            return b"".join((line, self._host_header, extra, tail, body))
+
+        request = framed()
         deadline = asyncio.get_running_loop().time() + total_timeout_s
         try:
             async with asyncio.timeout_at(deadline):
@@ -487,6 +495,8 @@ class UpstreamPool:
                     conn.drop()
                     raise
                 conn, reused = await self._connection(fresh=True)  # it was closed while idle
+                if callable(headers):
+                    request = framed()  # signed anew: the upstream may have taken the first
         except BaseException:
             self._slots.release()
             raise

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -862,12 +863,19 @@ class Router:
             self.in_flight[wid] = self.in_flight.get(wid, 0) + 1
             try:
                 try:
+                    reroute = attempt < _ATTEMPTS - 1 and self.fleet.index.serves_elsewhere(
+                        record, self._clock(), {*skip, *avoid, wid}
+                    )
                     resp = await self._pools.get(route.gateway_url).request(
                         target.method,
                         target.path,
                         raw,
                         total_timeout_s=self._pools.read_timeout_s,
-                        headers=head(target, attempt_id(request_id, attempt), wid, reroute),
+                        # signed for each send: the pool's resend on a fresh connection
+                        # (the gateway may have taken the first) is a forward of its own
+                        headers=functools.partial(
+                            head, target, attempt_id(request_id, attempt), wid, reroute
+                        ),
                     )
                 except UpstreamError as exc:
                     self._drop(route, exc)

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import hashlib
 import hmac
+import itertools
 import json
 import random
 import re
@@ -935,6 +936,20 @@ async def test_a_gateway_that_is_gone_is_dropped_and_the_request_rerouted(stack:
     assert "w0" not in stack.router.fleet.index.workers
 
 
+async def _gateway_of_w0(sink: ListSink, secret: bytes = SECRET) -> tuple[Gateway, TestServer]:
+    """A real gateway of worker w0 (sql hot) with router ``secret``, serving on loopback."""
+    gateway = Gateway(
+        FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0"),
+        api_keys=KEYS,
+        budgets=RequestBudgets(),
+        sink=sink,
+        router_secret=secret,
+    )
+    server = TestServer(gateway.app(), host="127.0.0.1")
+    await server.start_server()
+    return gateway, server
+
+
 def _sql_hot_on_w0(stack: Stack, url: str) -> None:
     """A worker w0 holding sql hot, its gateway at ``url``: the lowest id among the idle
     copies, so the router picks it first."""
@@ -1155,16 +1170,21 @@ def _answer_503(not_run: bytes | None) -> bytes:
     ) + _NOT_RUN_BODY
 
 
+async def _message(reader: asyncio.StreamReader) -> bytes:
+    """One HTTP/1.1 message: its head and its ``Content-Length`` body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+    return head + await reader.readexactly(int(length[1]) if length else 0)
+
+
 async def _always_answers(answer: bytes, asked: list[bytes]) -> tuple[asyncio.AbstractServer, str]:
     """A gateway that answers every request (head and body read, kept alive) with ``answer``,
     noting each request's head in ``asked``."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                asked.append(head)
-                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-                await reader.readexactly(int(length[1]) if length else 0)
+            while request := await _message(reader):
+                asked.append(request.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
                 writer.write(answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -1632,15 +1652,7 @@ async def test_a_gateway_refusing_the_routers_forward_is_passed_by(
     ``other``: a gateway's bytes are not kept)."""
     asked: list[bytes] = []
     if kind == "rotated":  # a real gateway whose router secret is another
-        gateway = Gateway(
-            FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0"),
-            api_keys=KEYS,
-            budgets=RequestBudgets(),
-            sink=ListSink(),
-            router_secret=b"t" * 32,
-        )
-        server: Any = TestServer(gateway.app(), host="127.0.0.1")
-        await server.start_server()
+        _, server = await _gateway_of_w0(ListSink(), b"t" * 32)
         url = str(server.make_url("")).rstrip("/")
     else:
         server, url = await _always_answers(_answer_401(kind), asked)
@@ -1741,6 +1753,73 @@ async def test_a_gateway_refusing_every_forward_is_passed_over_while_remembered(
         assert len(asked) == 3
     finally:
         server.close()
+
+
+async def _takes_then_drops(gateway_url: str) -> tuple[asyncio.AbstractServer, str, list[str]]:
+    """A hop in front of a gateway that passes each request on and its answer back, kept
+    alive, except the second request of a connection: that one reaches the gateway (which
+    takes it and answers), and the connection is closed with no byte of the answer, as a
+    gateway's keep-alive closing under a request looks. Each request's signature noted."""
+    port = int(gateway_url.rsplit(":", 1)[1])
+    signatures: list[str] = []
+
+    async def pass_on(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(request)
+            return await _message(reader)
+        finally:
+            writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            for n in itertools.count():
+                request = await _message(reader)
+                signature = re.search(rb"(?i)\r\nx-loraplane-forwarded: *([^\r]+)", request)
+                signatures.append(signature[1].decode() if signature else "")
+                answer = await pass_on(request)
+                if n == 1:  # taken, and no answer
+                    return
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", signatures
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_forward_sent_again_on_a_fresh_connection_is_signed_anew(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The router's keep-alive connection to w0's gateway closes under its second request,
+    which the gateway took, with no answer: the router's pool sends it once more on a fresh
+    connection, signed anew (a new nonce), so w0's gateway serves it instead of refusing it
+    401 ``forward_replayed`` (no legitimate path repeats a signature): w0, the only worker
+    of the base model, answers both requests."""
+    sink = ListSink()
+    gateway, real = await _gateway_of_w0(sink)
+    hop, url, signatures = await _takes_then_drops(str(real.make_url("")).rstrip("/"))
+    try:
+        for wid in ("w1", "w2", "w3"):
+            stack.router.fleet.index.remove(wid)
+        _sql_hot_on_w0(stack, url)
+        with caplog.at_level("WARNING", logger="loraplane.router"):
+            for _ in range(2):
+                status, headers, body = await stack.post({"model": "sql", "prompt": "q"})
+                assert (status, headers.get("X-Loraplane-Worker")) == (200, "w0"), body
+        assert len(signatures) == 3 and len(set(signatures)) == 3  # the resend: its own
+        logged = sink.messages(RequestLog)
+        assert [r.status for r in logged] == ["ok"] * 3  # the one taken and dropped too
+        assert logged[1].request_id == logged[2].request_id  # one request, sent again
+        assert len(gateway.door.replays) == 3
+        assert not [r for r in caplog.records if "refused the router's forward" in r.getMessage()]
+    finally:
+        hop.close()
+        await real.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -1857,15 +1936,7 @@ async def captured_forward(stack: Stack, client: dict[str, str]) -> AsyncIterato
     asked: list[bytes] = []
     capture, url = await _always_answers(_OK_ANSWER, asked)
     sink = ListSink()
-    gateway = Gateway(
-        FakeServing(hot={RECORDS[2].lora_name}, worker_id="w0"),
-        api_keys=KEYS,
-        budgets=RequestBudgets(),
-        sink=sink,
-        router_secret=SECRET,
-    )
-    server = TestServer(gateway.app(), host="127.0.0.1")
-    await server.start_server()
+    gateway, server = await _gateway_of_w0(sink)
     try:
         _sql_hot_on_w0(stack, url)
         status, headers, _ = await stack.post({"model": "sql", "prompt": "q"}, headers=client)

@@ -127,6 +127,47 @@ async def test_a_keep_alive_connection_closed_while_idle_is_retried_once() -> No
         assert seen == [0, 1]
 
 
+@session_loop
+async def test_a_resend_on_a_fresh_connection_makes_its_headers_anew() -> None:
+    """A caller's headers given as a maker are made for each send: the resend after a kept
+    connection closed under a request (the server may have taken it) carries its own, so a
+    header that must never repeat (a forward's signature) does not; bytes are sent as
+    they are, each time."""
+    got: list[bytes] = []
+
+    async def take_then_drop(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        while request := await read_request(reader):
+            got.append(request)
+            if n == 0 and len(got) == 2:
+                return  # taken, and closed with no answer
+            writer.write(answer(b"ok"))
+            await writer.drain()
+
+    made = itertools.count()
+
+    def signed() -> bytes:
+        return b"X-Sig: %d\r\n" % next(made)
+
+    async with server(take_then_drop) as (pool, seen):
+        for _ in range(2):
+            resp = await pool.request(
+                "POST", "/v1/completions", b"{}", total_timeout_s=5, headers=signed
+            )
+            assert (resp.status, await resp.read()) == (200, b"ok")
+            resp.close()
+        assert seen == [0, 1]
+        assert [r.split(b"X-Sig: ")[1][:1] for r in got] == [b"0", b"1", b"2"]
+        got.clear()
+        for _ in range(2):  # bytes: the same each send
+            resp = await pool.request(
+                "POST", "/v1/completions", b"{}", total_timeout_s=5, headers=b"X-Sig: b\r\n"
+            )
+            resp.close()
+        assert [r.count(b"X-Sig: b\r\n") for r in got] == [1, 1]
+
+
 class _ClosedHandle:
     """A transport the loop closed a callback before ``connection_lost`` ran: uvloop's
     ``write`` (and ``close``) then raise RuntimeError; ``is_closing`` may say either."""
