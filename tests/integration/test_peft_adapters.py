@@ -74,23 +74,34 @@ def peft_missing() -> str | None:
     return None
 
 
-def peft_save(model_dir: Path, out: Path, seed: int, *extra: str) -> Path:
-    """``save_pretrained`` of a seeded random LoRA, by the real PEFT in vLLM's Python."""
+PEFT_ADAPTERS: dict[str, dict[str, Any]] = {
+    "peft-path": {"seed": 1},
+    "peft-hub": {"seed": 2, "base_name": HUB_ID, "targets": "q_proj,k_proj,v_proj,o_proj"},
+    "signed": {"seed": 3},
+    "other": {"seed": 4, "targets": "q_proj,k_proj,v_proj"},
+    "peft-signed-s3": {"seed": 5},
+    "peft-foreign": {"seed": 6},
+}
+"""Every adapter the tests save (``Fleet.peft``): its seed and PEFT options (peft_save.py)."""
+
+
+def peft_save(model_dir: Path, adapters: dict[Path, dict[str, Any]]) -> None:
+    """``save_pretrained`` of a seeded random LoRA into each folder of ``adapters``, by the
+    real PEFT in vLLM's Python: one process for all, since each import of torch, transformers
+    and PEFT cost about 6 s on two cores (a process per adapter: 35 s of the module's run)."""
+    jobs = [{"out": str(out), **job} for out, job in adapters.items()]
     subprocess.run(
         [
             str(ROOT / ".venv-vllm/bin/python"),
             str(Path(__file__).with_name("peft_save.py")),
             str(model_dir),
-            str(out),
-            str(seed),
-            *extra,
+            json.dumps(jobs),
         ],
         env={**os.environ, "PYTHONPATH": str(PEFT_SITE), "HF_HUB_OFFLINE": "1"},
         check=True,
         capture_output=True,
         timeout=300,
     )
-    return out
 
 
 def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -200,6 +211,10 @@ class Fleet:
             timeout_s=90,
         )
 
+    def peft(self, name: str) -> Path:
+        """The folder PEFT saved adapter ``name`` of PEFT_ADAPTERS in (the fixture's)."""
+        return self.tmp / "peft" / name
+
     @property
     def gateway(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
@@ -286,22 +301,14 @@ def fleet(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         )
         f.registry.start()
         f.vllm.start()  # boots while the adapters are saved and published
+        peft_save(f.model_dir, {f.peft(n): job for n, job in PEFT_ADAPTERS.items()})
         yield f
     finally:
         f.stop()
 
 
 def test_peft_adapters_publish_and_serve_differently(fleet: Fleet) -> None:
-    by_path = peft_save(fleet.model_dir, fleet.tmp / "peft-path", 1)
-    by_hub = peft_save(
-        fleet.model_dir,
-        fleet.tmp / "peft-hub",
-        2,
-        "--base-name",
-        HUB_ID,
-        "--targets",
-        "q_proj,k_proj,v_proj,o_proj",
-    )
+    by_path, by_hub = fleet.peft("peft-path"), fleet.peft("peft-hub")
     for folder in (by_path, by_hub):
         assert sorted(p.name for p in folder.iterdir()) == [
             "README.md",
@@ -429,7 +436,7 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     tmp = fleet.tmp / "signing"
     keys = {n: ec_key(tmp / "keys", n) for n in ("acme", "globex", "stranger")}
     trust_model_signers(fleet, fleet.settings.keyring_path, keys)  # registry, CI, worker
-    signed = peft_save(fleet.model_dir, tmp / "signed", 3)
+    signed = fleet.peft("signed")
     sign_with_key(signed, keys["acme"])  # as `model_signing sign key` with --signature in it
 
     # Refused at publish, each with its reason.
@@ -440,7 +447,7 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     unsigned = copy_of(signed, tmp / "unsigned")
     (unsigned / BUNDLE_NAME).unlink()
     sign_with_key(unsigned, keys["acme"], ignore=(CONFIG_NAME,))
-    other = peft_save(fleet.model_dir, tmp / "other", 4, "--targets", "q_proj,k_proj,v_proj")
+    other = fleet.peft("other")
     sign_with_key(other, keys["acme"])
     swapped = copy_of(signed, tmp / "swapped")
     shutil.copyfile(other / BUNDLE_NAME, swapped / BUNDLE_NAME)
@@ -501,7 +508,7 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     assert text
 
     # Published, then refused at the worker: bytes changed in S3 after publish ...
-    s3_changed = published_signed(fleet, "peft-signed-s3", tmp, keys["acme"], seed=5)
+    s3_changed = published_signed(fleet, "peft-signed-s3", keys["acme"])
     bucket, prefix = parse_s3_uri(s3_changed.artifact_uri)
     weights = bytearray(client.get_object(Bucket=bucket, Key=prefix + WEIGHTS_NAME)["Body"].read())
     weights[-1] ^= 0x01
@@ -511,12 +518,7 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
     # ... and a key the publisher's keyring trusted for acme, the worker's for globex only.
     lax = trust_model_signers(fleet, tmp / "lax-keyring.yaml", keys, acme="globex")
     foreign = published_signed(
-        fleet,
-        "peft-foreign",
-        tmp,
-        keys["globex"],
-        seed=6,
-        env={**fleet.env, "LORAPLANE_KEYRING_PATH": str(lax)},
+        fleet, "peft-foreign", keys["globex"], env={**fleet.env, "LORAPLANE_KEYRING_PATH": str(lax)}
     )
     expected = {
         s3_changed.lora_name: "sha256_mismatch",
@@ -533,14 +535,9 @@ def test_signed_peft_adapter_serves_and_tampering_is_refused(fleet: Fleet) -> No
 
 
 def published_signed(
-    fleet: Fleet,
-    adapter_id: str,
-    tmp: Path,
-    key: EcKey,
-    seed: int,
-    env: dict[str, str] | None = None,
+    fleet: Fleet, adapter_id: str, key: EcKey, env: dict[str, str] | None = None
 ) -> AdapterRecord:
-    folder = peft_save(fleet.model_dir, tmp / adapter_id, seed)
+    folder = fleet.peft(adapter_id)
     sign_with_key(folder, key)
     done = fleet.publish(adapter_id, folder, env=env)
     assert done.returncode == 0, done.stderr
