@@ -246,24 +246,38 @@ async def _serve_worker(settings: Settings, options: WorkerOptions, threads: Thr
     metrics.registry.register(SinkMetrics(sink))
     tail, registry = worker_registry(settings, options, sink, metrics)
     metrics.registry.register(TailMetrics([tail]))
-    if not await asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S):
-        log.warning(
-            "registry not read to its end within %.0f s; serving the saved views until it is",
-            FIRST_READ_S,
-        )
-    try:
-        feed = KafkaCommandFeed(
+    # The command feed asks the broker for the commands topic's partitions while the registry
+    # is read: with the broker away each waits its own bound (FIRST_READ_S,
+    # START_METADATA_TIMEOUT_S), side by side rather than one after the other.
+    caught_up, built = await asyncio.gather(
+        asyncio.to_thread(tail.wait_caught_up, FIRST_READ_S),
+        asyncio.to_thread(
+            KafkaCommandFeed,
             settings,
             options.worker_id,
             sink,
             keyring=KeyringFile(settings.keyring_path),
             on_refused=metrics.command_refused,
             slot=options.command_slot,
+        ),
+        return_exceptions=True,
+    )
+    if isinstance(caught_up, BaseException):
+        if not isinstance(built, BaseException):
+            built.close()
+        raise caught_up
+    if not caught_up:
+        log.warning(
+            "registry not read to its end within %.0f s; serving the saved views until it is",
+            FIRST_READ_S,
         )
-    except CommandSlotError as exc:
+    if isinstance(built, CommandSlotError):
         tail.stop()
         sink.close(1.0)
-        raise SystemExit(f"--command-slot: {exc}") from None
+        raise SystemExit(f"--command-slot: {built}") from None
+    if isinstance(built, BaseException):
+        raise built
+    feed = built
     # from here every step that fails closes what the earlier ones opened (the listeners
     # started, the tasks, the sink, the feed, the tail, the vLLM client)
     runners: list[web.AppRunner] = []
