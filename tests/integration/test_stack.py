@@ -35,6 +35,14 @@ def _settings_on_free_ports(home: Path, kafka_port: int | None = None) -> Settin
     )
 
 
+def _pids(settings: Settings) -> list[int | None]:
+    """What ``local_stack.status`` reports as each service's PID (its PID file, the process
+    alive and ours), without the health probes beside it: on a port nothing serves, Kafka's
+    waits seconds, and on one a squatter holds and never answers, the S3 probe waits out its
+    client's read timeout twice (10 s)."""
+    return [svc.process.pid() for svc in local_stack.services(settings)]
+
+
 def test_kafka_round_trip_keeps_key_and_headers(stack: Settings) -> None:
     from confluent_kafka import TopicPartition
 
@@ -212,7 +220,7 @@ def test_port_taken_fails_naming_the_port(tmp_path: Path) -> None:
         settings = _settings_on_free_ports(tmp_path, kafka_port=port)
         with pytest.raises(StackError, match=rf"kafka: port {port} \(kafka listener\)"):
             local_stack.up(settings, _quiet())
-    assert not any(h.pid for h in local_stack.status(settings))
+    assert not any(_pids(settings))
 
 
 def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
@@ -248,7 +256,7 @@ def test_a_later_service_whose_port_is_taken_leaves_nothing_started(tmp_path: Pa
         try:
             with pytest.raises(StackError, match=rf"s3: port {port}"):
                 local_stack.up(settings, _quiet())
-            assert not any(h.pid for h in local_stack.status(settings))
+            assert not any(_pids(settings))
         finally:
             local_stack.down(settings, _quiet())
 
@@ -265,6 +273,6 @@ def test_a_service_failing_after_others_started_stops_what_this_up_started(
     try:
         with pytest.raises(StackError, match="cannot prepare"):
             local_stack.up(settings, _quiet())
-        assert not any(h.pid for h in local_stack.status(settings))
+        assert not any(_pids(settings))
     finally:
         local_stack.down(settings, _quiet())
