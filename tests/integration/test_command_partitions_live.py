@@ -240,7 +240,10 @@ def test_reading_everything_so_far_waits_for_every_partitions_end(
         _wait_partitions(env.settings, 64)
         topic = topic_name(env.settings, "commands")
         written = {
-            produce_sync(env.settings, topic, w, f'{{"w": "{w}"}}'.encode()) for w in WORKERS
+            produce_sync(
+                env.settings, topic, w, f'{{"w": "{w}"}}'.encode(), producer=env.producer()
+            )
+            for w in WORKERS
         }
         for _ in range(3):
             got = {(r.partition, r.offset) for r in read_topic(env.settings, topic, idle_s=0.0)}

@@ -91,7 +91,7 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
     data["active_version"] = "2"
     written = {bare_id: encode(bare), aid: encode(AdapterView.model_validate(data))}
     for key, value in written.items():
-        produce_sync(env.settings, topic, key, value)
+        produce_sync(env.settings, topic, key, value, producer=env.producer())
 
     def refused(expected: set[tuple[str, str]], what: str) -> list[tuple[str, str]]:
         """The worker's dead letters once they hold every (key, reason) of ``expected``."""
@@ -131,7 +131,7 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
         for key in keys:
             if key in latest and latest[key] != written[key]:
                 print(f"{key}: the attack was superseded before it was read; written again")
-                produce_sync(env.settings, topic, key, written[key])
+                produce_sync(env.settings, topic, key, written[key], producer=env.producer())
 
     first = {(bare_id, "view_no_evidence"), (aid, "view_mismatch")}
     assert set(refused(first, "the bare and the edited views refused")) == first
@@ -140,7 +140,7 @@ def test_the_agents_views_verify_and_topic_writes_are_refused(env: Env, tmp_path
         (aid, r.version, r.sha256) for r in current.versions
     }  # the verified view stays
     written = {aid: encode(older)}  # genuine, but older than what we accepted
-    produce_sync(env.settings, topic, aid, written[aid])
+    produce_sync(env.settings, topic, aid, written[aid], producer=env.producer())
     every = first | {(aid, "view_rollback")}
     letters = refused(every, "the worker's dead letters")
     assert set(letters) == every  # once per record written (twice where one was rewritten)
@@ -254,8 +254,12 @@ def test_our_producers_put_a_key_in_the_partition_faust_puts_it(env: Env) -> Non
         return faust_partition if set(ids) <= set(faust_partition) else None
 
     wait_for(all_written, "the registry agent's views")
+    producer = env.producer()  # the factory's (kafka.producer), one for all: ~0.5 s each fresh
     ours = {
-        aid: produce_sync(env.settings, env.topic("registry"), aid, b"not a view")[0] for aid in ids
+        aid: produce_sync(
+            env.settings, env.topic("registry"), aid, b"not a view", producer=producer
+        )[0]
+        for aid in ids
     }
     assert ours == {aid: faust_partition[aid] for aid in ids}
 
