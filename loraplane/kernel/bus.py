@@ -17,6 +17,7 @@ from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
 __all__ = [
+    "READ_FETCH_WAIT_MS",
     "DeliveryError",
     "Headers",
     "ProducerSink",
@@ -109,6 +110,14 @@ def record_of(msg: Any, topic: str = "") -> Record:
     )
 
 
+READ_FETCH_WAIT_MS = 100
+"""How long the broker holds ``read_topic``'s fetch that found nothing. The end of a
+partition is seen (its EOF event) only when a fetch answers empty: at librdkafka's default
+(500 ms) each read ended half a second after its last record, and a partition written
+more often than every 500 ms (heartbeats of a few workers) never answered empty, so a read
+of the worker states ran to its timeout (10 s) and reported itself incomplete."""
+
+
 class TopicReadIncomplete(RuntimeError):
     """A read that had to reach the end of a topic did not within its time (the broker is
     away, or slow): what was read is not the whole topic."""
@@ -143,7 +152,11 @@ def read_topic(
     from confluent_kafka import KafkaException
 
     consumer = kafka.consumer(
-        settings, group or f"loraplane-reader-{time.monotonic_ns()}", read_to_end=True, quiet=quiet
+        settings,
+        group or f"loraplane-reader-{time.monotonic_ns()}",
+        read_to_end=True,
+        quiet=quiet,
+        fetch_wait_ms=READ_FETCH_WAIT_MS,
     )
     at_end: set[tuple[str, int]] = set()
     try:
