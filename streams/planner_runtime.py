@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from loraplane.kernel import collector, kafka
 from loraplane.kernel import metric_names as m
-from loraplane.kernel.bus import ProducerSink, Record, read_topic
+from loraplane.kernel.bus import ProducerSink, Record, latest_per_key, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import beat_of, heard_lately
@@ -587,26 +587,31 @@ def preview(
     empty fleet. The active planner's view checkpoints are not consulted (a rolled-back view
     it would refuse is planned here)."""
     topics = {topic_name(settings, t): t for t in PREVIEW_TOPICS}
-    latest: dict[tuple[str, bytes], Record] = {}
     counts: dict[str, int] = {}
     workers = WorkerStates()
-    for record in read_topic(
+
+    def placed(records: Iterable[Record]) -> Iterator[Record]:
+        for record in records:
+            if topics[record.topic] == "worker-state":  # a ghost off its key's partition is
+                try:  # neither a worker's last state nor its tombstone (``at_home``)
+                    at_home(record.key, (record.partition, counts.get(record.topic, 0)))
+                except SchemaError:
+                    workers.unreadable += 1
+                    continue
+            yield record
+
+    read = read_topic(
         settings,
         list(topics),
         timeout_s=timeout_s,
         to_end=True,
         quiet=True,
         partition_counts=counts,
-    ):
-        if topics[record.topic] == "worker-state":  # a ghost off its key's partition is
-            try:  # neither a worker's last state nor its tombstone (``at_home``)
-                at_home(record.key, (record.partition, counts.get(record.topic, 0)))
-            except SchemaError:
-                workers.unreadable += 1
-                continue
-        latest[(record.topic, record.key or b"")] = record
+    )
+    # a score key's home is its adapter's requests partition, not its own hash
+    unhashed = [topic_name(settings, "scores")]
     by_topic: dict[str, list[Record]] = {t: [] for t in PREVIEW_TOPICS}
-    for (topic, _key), record in latest.items():
+    for (topic, _key), record in latest_per_key(placed(read), counts, unhashed).items():
         by_topic[topics[topic]].append(record)
     scores = ScoreView()
     for record in by_topic["scores"]:

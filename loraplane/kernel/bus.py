@@ -6,13 +6,14 @@ is the fastest Python client and gives real delivery reports for ``acks=all``.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from loraplane.kernel import kafka
+from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
@@ -24,10 +25,12 @@ __all__ = [
     "Record",
     "TopicReadIncomplete",
     "end_offsets",
+    "latest_per_key",
     "produce_sync",
     "read_since",
     "read_topic",
     "record_of",
+    "replaces",
 ]
 
 
@@ -116,6 +119,46 @@ partition is seen (its EOF event) only when a fetch answers empty: at librdkafka
 (500 ms) each read ended half a second after its last record, and a partition written
 more often than every 500 ms (heartbeats of a few workers) never answered empty, so a read
 of the worker states ran to its timeout (10 s) and reported itself incomplete."""
+
+
+def replaces(record: Record, held: Record | None, partitions: int) -> bool:
+    """Whether ``record`` stands for its key of a compacted topic instead of ``held``, the
+    record of the same topic and key read before it (None: none), the topic having
+    ``partitions`` partitions (0: not known). On one partition the later offset stands
+    (a record read again stands too). Across partitions there is no order: after a grow a
+    key's records before it stay on its old partition (compaction is per partition) and the
+    later ones go to its home under the new count (``command_partition.partition_of``), so
+    a record there is never replaced by one off it, whichever of them is read first; a
+    record off its home stands while nothing of its home was read (a key not written since
+    the grow, or a producer not yet hashing over the new count)."""
+    if held is None:
+        return True
+    if held.partition == record.partition:
+        return record.offset >= held.offset
+    if partitions < 1:
+        return True
+    home = partition_of(record.key or b"", partitions)
+    return not (held.partition == home and record.partition != home)
+
+
+def latest_per_key(
+    records: Iterable[Record], counts: Mapping[str, int], unhashed: Collection[str] = ()
+) -> dict[tuple[str, bytes], Record]:
+    """The record that stands for each (topic, key) of compacted topics read whole
+    (``replaces``; a tombstone is the key's record too), in the order they were read.
+    ``counts``: each topic's partition count, looked up as each record comes
+    (``read_topic``'s ``partition_counts``, filled before the first); ``unhashed``: topics
+    whose keys are not placed by their own hash (``scores``: on their adapter's requests
+    partition), judged as if no count were known."""
+    latest: dict[tuple[str, bytes], Record] = {}
+    for record in records:
+        key = (record.topic, record.key or b"")
+        held = latest.get(key)
+        count = 0 if record.topic in unhashed else counts.get(record.topic, 0)
+        if replaces(record, held, count):
+            latest.pop(key, None)
+            latest[key] = record
+    return latest
 
 
 class TopicReadIncomplete(RuntimeError):

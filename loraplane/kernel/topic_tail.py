@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from loraplane.kernel import kafka
 from loraplane.kernel.acls import READER_GROUP_PREFIX
-from loraplane.kernel.bus import Record, TopicReadIncomplete, record_of
+from loraplane.kernel.bus import Record, TopicReadIncomplete, record_of, replaces
 from loraplane.kernel.command_partition import broker_partitions, key_hash
 from loraplane.kernel.config import Settings
 from loraplane.kernel.progress import Progress
@@ -74,7 +74,9 @@ class TailView:
     not held yet are kept (None: all). ``keep=False``: no record is held, only positions
     (a tail whose user indexes each record itself: holding them too would keep every key
     ever written to a compacted topic, whatever the user forgets). ``max_refused`` and
-    ``max_refused_bytes`` bound the records held that the user refused (``refuse``)."""
+    ``max_refused_bytes`` bound the records held that the user refused (``refuse``).
+    ``partitions``: a topic's partition count now (0: not known), by which a record held
+    on its key's home is not replaced by one off it (``bus.replaces``: a topic grown)."""
 
     def __init__(
         self,
@@ -82,9 +84,11 @@ class TailView:
         keep: bool = True,
         max_refused: int = MAX_REFUSED,
         max_refused_bytes: int = MAX_REFUSED_BYTES,
+        partitions: Callable[[str], int] | None = None,
     ) -> None:
         self._select = select
         self._keep = keep
+        self._partitions = partitions
         self.skipped = 0  # records read past: not selected, for a key not held
         self._latest: dict[tuple[str, bytes], Record] = {}
         self._refused: OrderedDict[tuple[str, bytes], int] = OrderedDict()  # key -> its bytes
@@ -116,12 +120,16 @@ class TailView:
 
     def apply(self, record: Record) -> bool:
         """One record in partition order: it replaces its key's last one, unless it is not
-        selected and its key holds nothing (then only the position moves). True when kept."""
+        selected and its key holds nothing (then only the position moves), or it does not
+        stand for its key instead of the one held (``bus.replaces``: a re-read by
+        ``rewind`` of an older record, or one off its key's home partition after a grow
+        while one on it is held). True when kept."""
         tp = (record.topic, record.partition)
         key = (record.topic, record.key or b"")
         held = self._latest.get(key)
-        if held is not None and held.partition == record.partition and held.offset > record.offset:
-            kept = False  # a re-read (``rewind``) of a record older than the one held
+        count = self._partitions(record.topic) if self._partitions is not None else 0
+        if not replaces(record, held, count):
+            kept = False
         else:
             kept = (
                 self._select is None
@@ -297,7 +305,13 @@ class TopicTail:
         self._probe_every_s = probe_every_s
         self._clock = clock
         self._span = CurrentSpan(2 * probe_every_s + 1.0)
-        self._view = TailView(select, keep, max_refused, max_refused_bytes)
+        self._view = TailView(
+            select,
+            keep,
+            max_refused,
+            max_refused_bytes,
+            lambda topic: self._counts.get(topic, (0,))[0],  # under the lock, as the view
+        )
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()

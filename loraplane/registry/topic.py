@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from loraplane.kernel.bus import Record, TopicReadIncomplete, read_topic
+from loraplane.kernel.bus import Record, TopicReadIncomplete, latest_per_key, read_topic
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
@@ -122,16 +122,17 @@ def load_registry(
     whom an empty registry is as good as none."""
     from confluent_kafka import KafkaException
 
+    counts: dict[str, int] = {}
     try:
-        return _views(
-            read_topic(
-                settings,
-                topic_name(settings, "registry"),
-                timeout_s=timeout_s,
-                to_end=to_end,
-                quiet=True,
-            )
+        read = read_topic(
+            settings,
+            topic_name(settings, "registry"),
+            timeout_s=timeout_s,
+            to_end=to_end,
+            quiet=True,
+            partition_counts=counts,
         )
+        return _views(latest_per_key(read, counts).values())
     except (TopicReadIncomplete, KafkaException) as exc:
         raise RegistryUnreadable(
             f"cannot read the registry from {settings.kafka.bootstrap}: {exc}"
@@ -173,12 +174,15 @@ def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list
     ``registry_tail``). Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the
     read reached the end of every partition: a broker that is away never reads as an empty
     registry."""
-    latest: dict[bytes, Record] = {}
-    for record in read_topic(
-        settings, topic_name(settings, "registry"), timeout_s=timeout_s, to_end=True
-    ):
-        latest[record.key or b""] = record
-    return list(latest.values())
+    counts: dict[str, int] = {}
+    read = read_topic(
+        settings,
+        topic_name(settings, "registry"),
+        timeout_s=timeout_s,
+        to_end=True,
+        partition_counts=counts,
+    )
+    return list(latest_per_key(read, counts).values())
 
 
 def registry_tail(

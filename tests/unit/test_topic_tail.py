@@ -9,8 +9,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from loraplane.kernel.bus import Record, TopicReadIncomplete
+from loraplane.kernel.bus import Record, TopicReadIncomplete, latest_per_key
 from loraplane.kernel.topic_tail import CurrentSpan, TailView
 from loraplane.registry.live import VerifiedRegistry
 from loraplane.schemas.keyring import KeyringFile, save_keyring
@@ -340,3 +342,60 @@ def test_a_count_placed_learns_above_the_partitions_read_asks_for_them_at_once()
     off_home = Record("ws", 1, 0, key, b"{}", {}, 0)
     assert not tail._grew
     assert tail.placed(off_home) == (1, 4) and tail._grew
+
+
+@st.composite
+def _grown_reads(draw: st.DrawFn) -> tuple[list[Record], Record]:
+    """One key's records on its partition under 3 (before a grow to 4), then on its home
+    under 4 (tombstones among both), read in any order that keeps each partition's own:
+    with the record that stands for the key, the last on its new home."""
+    from loraplane.kernel.command_partition import partition_of
+
+    key = draw(
+        st.sampled_from(
+            [k for k in (f"k{n}" for n in range(50)) if partition_of(k, 4) != partition_of(k, 3)]
+        )
+    )
+    values = st.one_of(st.none(), st.binary(min_size=1, max_size=3))
+    old = [
+        Record("t", partition_of(key, 3), o, key.encode(), v, {}, 0)
+        for o, v in enumerate(draw(st.lists(values, max_size=4)))
+    ]
+    new = [
+        Record("t", partition_of(key, 4), o, key.encode(), v, {}, 0)
+        for o, v in enumerate(draw(st.lists(values, min_size=1, max_size=4)))
+    ]
+    order = draw(st.permutations([0] * len(old) + [1] * len(new)))
+    queues = [list(old), list(new)]
+    return [queues[i].pop(0) for i in order], new[-1]
+
+
+@given(_grown_reads())
+def test_a_keys_record_on_its_new_home_stands_in_any_order_of_partitions(
+    reads: tuple[list[Record], Record],
+) -> None:
+    """After a grow a key's records before it stay on its old partition (compaction is per
+    partition) and its later ones are on its new home; a reader has no order across them.
+    The live tail's view and a whole read (``latest_per_key``: ``plan show``, the
+    registry's) held the key's record read last, an old one over a newer one when the old
+    partition came later: the planner took memory it had replaced."""
+    records, newest = reads
+    assert latest_per_key(records, {"t": 4}) == {("t", newest.key or b""): newest}
+    view = TailView(partitions=lambda topic: 4)
+    view.assign({("t", 0): 0})
+    for record in records:
+        view.apply(record)
+    assert view.snapshot() == [newest]
+
+
+def test_a_record_off_its_home_stands_while_none_on_it_was_read() -> None:
+    """A key not written since the grow has only its old partition's record: it stands (the
+    planner's memory of an idle worker), and one on the home replaces it."""
+    from loraplane.kernel.command_partition import partition_of
+
+    key = next(k for k in (f"k{n}" for n in range(50)) if partition_of(k, 4) != partition_of(k, 3))
+    old = Record("t", partition_of(key, 3), 7, key.encode(), b"old", {}, 0)
+    home = Record("t", partition_of(key, 4), 0, key.encode(), b"new", {}, 0)
+    assert list(latest_per_key([old], {"t": 4}).values()) == [old]
+    assert list(latest_per_key([old, home], {"t": 4}).values()) == [home]
+    assert list(latest_per_key([home, old], {"t": 0}).values()) == [old]  # count unknown
