@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from loraplane.kernel import collector, kafka
 from loraplane.kernel import metric_names as m
-from loraplane.kernel.bus import ProducerSink, Record, latest_per_key, read_topic
+from loraplane.kernel.bus import ProducerSink, Record, latest_per_key, moved_away, read_topic
 from loraplane.kernel.command_partition import PartitionCount, commands_partitions, partition_for
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import beat_of, heard_lately
@@ -38,7 +38,7 @@ from loraplane.kernel.progress import Progress, Watchdog
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.topics import topic_name
 from loraplane.kernel.transactions import STEP_TIMEOUT_S, bounded, transact
-from loraplane.kernel.worker_states import Placed, at_home, worker_state_of
+from loraplane.kernel.worker_states import AtHome, Placed, at_home, worker_state_of
 from loraplane.registry.live import CHECKPOINTS_FILE, VerifiedRegistry
 from loraplane.registry.topic import RegistryScope, registry_tail
 from loraplane.schemas.audit import AuditRecord
@@ -589,17 +589,8 @@ def preview(
     topics = {topic_name(settings, t): t for t in PREVIEW_TOPICS}
     counts: dict[str, int] = {}
     workers = WorkerStates()
-
-    def placed(records: Iterable[Record]) -> Iterator[Record]:
-        for record in records:
-            if topics[record.topic] == "worker-state":  # a ghost off its key's partition is
-                try:  # neither a worker's last state nor its tombstone (``at_home``)
-                    at_home(record.key, (record.partition, counts.get(record.topic, 0)))
-                except SchemaError:
-                    workers.unreadable += 1
-                    continue
-            yield record
-
+    # a ghost off its key's partition is neither a worker's last state nor its tombstone
+    home = AtHome(counts, only=[topic_name(settings, "worker-state")])
     read = read_topic(
         settings,
         list(topics),
@@ -611,8 +602,9 @@ def preview(
     # a score key's home is its adapter's requests partition, not its own hash
     unhashed = [topic_name(settings, "scores")]
     by_topic: dict[str, list[Record]] = {t: [] for t in PREVIEW_TOPICS}
-    for (topic, _key), record in latest_per_key(placed(read), counts, unhashed).items():
+    for (topic, _key), record in latest_per_key(home(read), counts, unhashed).items():
         by_topic[topics[topic]].append(record)
+    workers.unreadable += home.misplaced
     scores = ScoreView()
     for record in by_topic["scores"]:
         scores.apply(record.key, record.value)
@@ -753,6 +745,12 @@ class PlannerRuntime:
             log.info("burst for %s", (record.key or b"").decode("utf-8", "replace"))
             self.wake.set()
 
+    def _state_record(self, record: Record) -> None:
+        """One worker-state record from the tail; a tombstone a worker left on its previous
+        partition after a grow (``bus.moved_away``) removes nothing and is no fault."""
+        if not moved_away(record):
+            self.workers.apply(record.key, record.value, placed=self.state_tail.placed(record))
+
     def _start_tails(self) -> list[TopicTail]:
         s = self.settings
         self.score_tail = TopicTail(
@@ -766,9 +764,7 @@ class PlannerRuntime:
             s,
             topic_name(s, "worker-state"),
             component=f"{COMPONENT}-worker-state",
-            on_record=lambda r: self.workers.apply(
-                r.key, r.value, placed=self.state_tail.placed(r)
-            ),
+            on_record=self._state_record,
             keep=False,  # WorkerStates holds what is planned
         )
         self.state_tail.start()

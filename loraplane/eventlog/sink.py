@@ -37,6 +37,7 @@ from loraplane.eventlog.journal import EventJournal, JournalUnavailable
 from loraplane.eventlog.spool import EventSpool, SpooledEvent, SpoolUnavailable
 from loraplane.kernel import kafka
 from loraplane.kernel import metric_names as m
+from loraplane.kernel.bus import MOVED_HEADER, KeyHomes
 from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
@@ -119,6 +120,11 @@ class KafkaEventSink:
         self._journaled = frozenset(
             t.suffix for t in TOPICS if t.cleanup_policy == "delete" and self.settings.event_journal
         )
+        self._compacted = frozenset(
+            topic_name(self.settings, t.suffix) for t in TOPICS if t.cleanup_policy == "compact"
+        )
+        self._homes = KeyHomes()  # where each key of a compacted topic was last delivered
+        self._sends = 0  # compacted records sent: their order for ``KeyHomes``
         self._producer = kafka.producer(self.settings, client_id=self.client_id, linger_ms=20)
         self._permanent = _permanent_codes()
         self._spool_dir = self.settings.spool_dir / self.client_id
@@ -190,9 +196,16 @@ class KafkaEventSink:
                 if topic_suffix in self._journaled
                 else None
             )
+            order = None
+            if topic in self._compacted:
+                self._sends += 1
+                order = self._sends
             try:
                 self._producer.produce(
-                    topic, key=raw_key, value=value, on_delivery=partial(self._on_delivery, seq)
+                    topic,
+                    key=raw_key,
+                    value=value,
+                    on_delivery=partial(self._on_delivery, seq, order),
                 )
             except BufferError:  # librdkafka's queue is full: the broker is long away
                 self._to_spool(topic, raw_key, value)
@@ -237,15 +250,62 @@ class KafkaEventSink:
                 self.counts.after_close,
             )
 
-    def _on_delivery(self, seq: int | None, err: Any, msg: Any) -> None:
+    def _on_delivery(self, seq: int | None, order: int | None, err: Any, msg: Any) -> None:
+        """A delivery report; ``order``: the send's place among those of compacted topics
+        (``_moved``), None for another topic."""
         with self._lock:
             if err is None:
                 self.counts.delivered += 1
+                if order is not None and msg is not None:
+                    self._moved(msg, order)
             elif err.code() in self._permanent:
                 self._lose(msg, err)
             else:
                 self._to_spool(msg.topic(), msg.key(), msg.value())
             self._journal_done(seq)
+
+    def _moved(self, msg: Any, order: int) -> None:
+        """A compacted record delivered: when its key's previous one went to another
+        partition (the topic grew), leave a tombstone there (``bus.MOVED_HEADER``) so
+        compaction removes what is left of the key on it; readers skip that tombstone. It is
+        sent to that partition only, never spooled (a spooled tombstone would be replayed to
+        the key's home and remove its state)."""
+        key = msg.key() or b""
+        before = self._homes.delivered(
+            msg.topic(), key, msg.partition(), order, tombstone=msg.value() is None
+        )
+        if before is None:
+            return
+        try:
+            self._producer.produce(
+                msg.topic(),
+                key=key,
+                value=None,
+                partition=before,
+                headers=[(MOVED_HEADER, str(msg.partition()).encode())],
+                on_delivery=self._on_moved,
+            )
+        except Exception as exc:  # BufferError, KafkaException: the record stays behind
+            log.warning("no tombstone left on %s[%d]: %s", msg.topic(), before, exc)
+            return
+        log.info(
+            "%s: key %.64r moved from partition %d to %d; tombstone left on %d",
+            msg.topic(),
+            key,
+            before,
+            msg.partition(),
+            before,
+        )
+
+    @staticmethod
+    def _on_moved(err: Any, msg: Any) -> None:
+        if err is not None:
+            log.warning(
+                "tombstone on %s[%s] not delivered (the record there stays): %s",
+                msg.topic(),
+                msg.partition(),
+                err,
+            )
 
     def _lose(self, msg: Any, err: Any) -> None:
         self.counts.failed += 1

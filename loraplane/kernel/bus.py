@@ -18,14 +18,17 @@ from loraplane.kernel.config import Settings
 from loraplane.schemas.codec import encode
 
 __all__ = [
+    "MOVED_HEADER",
     "READ_FETCH_WAIT_MS",
     "DeliveryError",
     "Headers",
+    "KeyHomes",
     "ProducerSink",
     "Record",
     "TopicReadIncomplete",
     "end_offsets",
     "latest_per_key",
+    "moved_away",
     "produce_sync",
     "read_since",
     "read_topic",
@@ -159,6 +162,48 @@ def latest_per_key(
             latest.pop(key, None)
             latest[key] = record
     return latest
+
+
+MOVED_HEADER = "loraplane-moved-to"
+"""The header of a tombstone a writer leaves on its key's previous partition of a compacted
+topic once its records go to another (a topic grown: ``KeyHomes``); its value is the new
+partition's number. Compaction then removes the record left there; a reader skips such a
+tombstone without a fault (``moved_away``): it removes nothing, its key lives on."""
+
+
+def moved_away(record: Record) -> bool:
+    """Whether ``record`` is a tombstone its key's writer left on the key's previous
+    partition (``MOVED_HEADER``): not a removal of the key, nor a record off its home to
+    refuse; it clears what its partition held of the key."""
+    return record.value is None and MOVED_HEADER in record.headers
+
+
+class KeyHomes:
+    """Where a writer's records of compacted topics were last delivered, per (topic, key),
+    so that a key's record delivered to another partition than its previous one (the
+    producer learned a grown count) names that partition: the writer leaves a tombstone
+    there (``MOVED_HEADER``) and compaction removes the records left behind. ``order``: the
+    record's place in the writer's sends, so a report of an older send that comes late (the
+    partitions answer apart) moves nothing back. Holds the keys the writer writes (a worker
+    its id, a router its id); a tombstone of its own forgets the key. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._at: dict[tuple[str, bytes], tuple[int, int]] = {}  # -> (partition, order)
+
+    def delivered(
+        self, topic: str, key: bytes, partition: int, order: int, tombstone: bool = False
+    ) -> int | None:
+        """The key's record sent ``order``-th was delivered to ``partition``: the partition
+        its previous record was delivered to when that is another one (None: none, the
+        same, or this record was sent before that one)."""
+        held = self._at.get((topic, key))
+        if held is not None and held[1] > order:
+            return None
+        if tombstone:
+            self._at.pop((topic, key), None)
+            return None
+        self._at[(topic, key)] = (partition, order)
+        return held[0] if held is not None and held[0] != partition else None
 
 
 class TopicReadIncomplete(RuntimeError):

@@ -11,9 +11,10 @@ read so far is used and ``complete`` says it was cut.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from loraplane.kernel.bus import TopicReadIncomplete, read_topic
+from loraplane.kernel.bus import Record, TopicReadIncomplete, moved_away, read_topic
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
@@ -23,6 +24,7 @@ from loraplane.schemas.router_state import RouterState
 from loraplane.schemas.worker_state import WorkerState
 
 __all__ = [
+    "AtHome",
     "FleetStates",
     "Placed",
     "at_home",
@@ -55,6 +57,41 @@ def at_home(key: bytes | None, placed: Placed | None) -> None:
                 )
             ],
         )
+
+
+class AtHome:
+    """The records of a whole read of the worker- and router-state topics that are on their
+    key's partition (``at_home``) under each topic's count (``counts``: ``read_topic``'s
+    ``partition_counts``, looked up as each record comes). A record off it is refused and
+    counted in ``misplaced``, unless a tombstone its writer left on that partition after a
+    grow (``bus.moved_away``) comes later: that key's record there is what the grow left
+    behind, cleared (compaction removes it), and neither counts; such a tombstone removes
+    nothing. ``only``: the topics checked (None: all); the others' records pass."""
+
+    def __init__(self, counts: Mapping[str, int], only: Collection[str] | None = None) -> None:
+        self._counts = counts
+        self._only = only
+        self._off: dict[tuple[str, int, bytes], None] = {}  # refused, not cleared since
+
+    @property
+    def misplaced(self) -> int:
+        return len(self._off)
+
+    def __call__(self, records: Iterable[Record]) -> Iterator[Record]:
+        for record in records:
+            if self._only is not None and record.topic not in self._only:
+                yield record
+                continue
+            where = (record.topic, record.partition, record.key or b"")
+            if moved_away(record):
+                self._off.pop(where, None)
+                continue
+            try:
+                at_home(record.key, (record.partition, self._counts.get(record.topic, 0)))
+            except SchemaError:
+                self._off[where] = None
+                continue
+            yield record
 
 
 def worker_state_of(key: bytes | None, value: bytes, placed: Placed | None = None) -> WorkerState:
@@ -98,29 +135,29 @@ class FleetStates:
 
 
 def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetStates:
-    """Each key's last record of both topics, on its key's partition (``at_home``: one
-    elsewhere is counted as malformed, and neither replaces nor removes the key's own)."""
+    """Each key's last record of both topics, on its key's partition (``AtHome``: one
+    elsewhere is counted as malformed, and neither replaces nor removes the key's own,
+    unless its writer cleared it after a grow)."""
     workers_topic = topic_name(settings, "worker-state")
     latest: dict[tuple[str, bytes], bytes | None] = {}
     complete = True
     counts: dict[str, int] = {}
     malformed = 0
+    home = AtHome(counts)
     try:
-        for record in read_topic(
-            settings,
-            [workers_topic, topic_name(settings, "router-state")],
-            timeout_s=timeout_s,
-            to_end=True,
-            partition_counts=counts,
+        for record in home(
+            read_topic(
+                settings,
+                [workers_topic, topic_name(settings, "router-state")],
+                timeout_s=timeout_s,
+                to_end=True,
+                partition_counts=counts,
+            )
         ):
-            try:
-                at_home(record.key, (record.partition, counts.get(record.topic, 0)))
-            except SchemaError:
-                malformed += 1
-                continue
             latest[(record.topic, record.key or b"")] = record.value
     except TopicReadIncomplete:
         complete = False
+    malformed += home.misplaced
     workers: dict[str, WorkerState] = {}
     routers: dict[str, RouterState] = {}
     for (topic, key), value in latest.items():

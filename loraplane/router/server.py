@@ -84,7 +84,7 @@ from loraplane.frontdoor.upstream_http import (
     UpstreamResponse,
 )
 from loraplane.kernel import metric_names as m
-from loraplane.kernel.bus import Record
+from loraplane.kernel.bus import Record, moved_away
 from loraplane.kernel.config import Settings
 from loraplane.kernel.heartbeat import DRAIN_AFTER_HEARTBEATS
 from loraplane.kernel.http_server import ERROR_ANSWER, HEAD_CHECK, expect_continue, metrics_app
@@ -230,7 +230,11 @@ class Fleet:
         """One worker-state record, read at ``placed`` (its partition and the topic's
         partition count; None: not checked): indexed (arrived now) or held for its
         gateway's proof, or dead-lettered, a record off its key's partition too, tombstones
-        included (``worker_states.at_home``); never raises."""
+        included (``worker_states.at_home``), but for the tombstone a worker left on its
+        previous partition after a grow (``bus.moved_away``: it removes nothing); never
+        raises."""
+        if moved_away(record):
+            return
         try:
             if record.value is None:  # a tombstone: the worker is gone
                 at_home(record.key, placed)

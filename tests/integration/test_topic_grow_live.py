@@ -18,11 +18,13 @@ import pytest
 
 from loraplane.eventlog.sink import KafkaEventSink
 from loraplane.kernel import kafka, topics
-from loraplane.kernel.bus import Record
+from loraplane.kernel.bus import MOVED_HEADER, Record, moved_away, read_topic
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
 from loraplane.kernel.worker_states import latest_fleet_states
+from loraplane.router.routing import FleetIndex
+from loraplane.router.server import Fleet
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.worker_state import WorkerState
 from tests.integration.metrics_env import isolated
@@ -166,6 +168,33 @@ def test_a_workers_states_reach_their_new_partition_soon_after_a_grow(
         assert window < kafka.METADATA_REFRESH_MS / 1000 + 5.0
         assert sink.flush(20) == 0
         fleet = latest_fleet_states(settings)
-        assert worker in fleet.workers and fleet.malformed >= 1  # the old partition's ghost
+        assert worker in fleet.workers
+        # the sink left a tombstone on the worker's old partition: what the grow left there
+        # is cleared (compaction removes it), not a malformed state at every fresh read
+        assert fleet.malformed == 0
+        old = partition_of(worker, OLD)
+        moved = [
+            r
+            for r in read_topic(settings, topic, timeout_s=20, to_end=True)
+            if r.key == worker.encode() and moved_away(r)
+        ]
+        assert [(r.partition, r.headers[MOVED_HEADER]) for r in moved] == [
+            (old, str(partition_of(worker, NEW)).encode())
+        ]
+        # a router that read the topic across the grow places it at home under the old count:
+        # the tombstone still removes nothing, and is no dead letter
+        letters = _Letters()
+        router = Fleet(FleetIndex(settings.policy, 5.0), letters, "router-t")
+        router.forget = lambda wid: pytest.fail(f"{wid} forgotten")  # type: ignore[method-assign]
+        router.take(moved[0], (old, OLD))
+        assert router.dead_lettered == 0 and not letters.sent
     finally:
         sink.close()
+
+
+class _Letters:
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def emit(self, topic_suffix: str, key: str, message: object) -> None:
+        self.sent.append(message)

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from loraplane.kernel import worker_states
-from loraplane.kernel.bus import Record
+from loraplane.kernel.bus import MOVED_HEADER, KeyHomes, Record
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
@@ -328,3 +328,111 @@ def test_a_topic_the_broker_does_not_know_leaves_the_others_read(
         )
     )
     assert records == [] and counts == {"p.worker-state": 1}
+
+
+def moved(topic: str, part: int, off: int, key: bytes, to: int) -> Record:
+    """The tombstone a writer leaves on its key's previous partition (``MOVED_HEADER``)."""
+    return Record(topic, part, off, key, None, {MOVED_HEADER: str(to).encode()}, 0)
+
+
+def test_a_writer_names_its_keys_previous_partition_once_it_moved() -> None:
+    """``KeyHomes``: a key delivered to another partition than before names the one before
+    (the sink leaves its tombstone there); a late report of an older send moves nothing
+    back, and a tombstone of the writer's own forgets the key."""
+    homes = KeyHomes()
+    assert homes.delivered("ws", b"w1", 0, 1) is None
+    assert homes.delivered("ws", b"w1", 0, 2) is None
+    assert homes.delivered("ws", b"w1", 4, 4) == 0  # the topic grew: moved from 0
+    assert homes.delivered("ws", b"w1", 0, 3) is None  # sent before the move, reported late
+    assert homes.delivered("ws", b"w1", 4, 5) is None
+    assert homes.delivered("ws", b"w1", 4, 6, tombstone=True) is None
+    assert homes.delivered("ws", b"w1", 1, 7) is None  # forgotten: nothing to clear
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def produce(self, topic: str, **kw: Any) -> None:
+        self.sent.append({"topic": topic, **kw})
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_the_sink_leaves_a_tombstone_on_its_keys_previous_partition(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker's state delivered to a new partition after a grow: its event sink sends a
+    tombstone with ``MOVED_HEADER`` to the partition its states went to before, so
+    compaction removes the state left there; a failed one is not spooled (replayed to the
+    key's home it would remove the worker's state)."""
+    from loraplane.eventlog.sink import KafkaEventSink
+    from loraplane.kernel import kafka
+
+    producer = _Producer()
+    monkeypatch.setattr(kafka, "producer", lambda *a, **k: producer)
+    sink = KafkaEventSink(Settings(home=tmp_path, spool_dir=tmp_path / "spool"), "agent-t")
+    topic = topic_name(sink.settings, "worker-state")
+    for _ in range(3):
+        sink.emit("worker-state", "w1", at(worker("w1"), NOW))
+    first, second, third = (s["on_delivery"] for s in producer.sent)
+    first(None, FakeMessage(b"s", b"w1", topic, part=1))
+    second(None, FakeMessage(b"s", b"w1", topic, part=4))  # the topic grew
+    tombstone = producer.sent[-1]
+    assert tombstone["partition"] == 1 and tombstone["value"] is None
+    assert tombstone["key"] == b"w1" and tombstone["headers"] == [(MOVED_HEADER, b"4")]
+    tombstone["on_delivery"](object(), FakeMessage(None, b"w1", topic, part=1))
+    third(None, FakeMessage(b"s", b"w1", topic, part=4))
+    assert len(producer.sent) == 4 and sink.backlog == 0
+
+
+def test_what_a_writer_cleared_after_a_grow_is_no_ghost_in_the_fleet_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``fleet status`` and ``plan show`` after a grow: a worker's old state left on its
+    old partition counted as malformed at every read (a yellow line for ever); with the
+    tombstone its sink left there after it, it is neither counted nor taken, and the
+    tombstone removes nothing, wherever it is read. A ghost no tombstone follows is still
+    counted."""
+    settings = Settings(home=tmp_path)
+    workers = topic_name(settings, "worker-state")
+    got = [
+        rec(workers, away("w1"), 0, b"w1", state("w1", slots=99)),  # left by the grow
+        rec(workers, home("w1"), 0, b"w1", state("w1")),
+        moved(workers, away("w1"), 1, b"w1", home("w1")),
+        moved(workers, home("w1"), 1, b"w1", home("w1")),  # even on its home: not a removal
+        rec(workers, away("w2"), 2, b"w2", state("w2")),  # a ghost nothing cleared
+    ]
+
+    def read(
+        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
+    ) -> Iterator[Record]:
+        assert partition_counts is not None
+        partition_counts[workers] = N
+        yield from got
+
+    monkeypatch.setattr(worker_states, "read_topic", read)
+    fleet = worker_states.latest_fleet_states(settings)
+    assert {w: s.gpu_slots_total for w, s in fleet.workers.items()} == {"w1": 4}
+    assert fleet.malformed == 1
+    monkeypatch.setattr(planner_runtime, "read_topic", read)
+    assert planner_runtime.preview(settings, None).workers == 1
+
+
+def test_a_tombstone_left_by_a_move_removes_nothing_live() -> None:
+    """The router and the planner read the topic across the grow: the tombstone on the old
+    partition is at home under the old count, and removed the worker until its next state
+    on the new partition was read; it is skipped, no dead letter."""
+    sink = ListSink()
+    fleet = Fleet(FleetIndex(POLICY, 5.0), sink, "router-t")
+    state_ = at(worker("w1"), NOW)
+    old = partition_of("w1", 3)
+    fleet.take(rec("lp.worker-state", old, 7, b"w1", state_.model_dump_json().encode()), (old, 3))
+    fleet.proved("w1", state_.gateway_url, True, NOW)
+    fleet.take(moved("lp.worker-state", old, 8, b"w1", 4), (old, 3))
+    assert set(fleet.index.workers) == {"w1"} and not sink.messages(DeadLetter)
+    runtime = planner_runtime.PlannerRuntime(Settings())
+    runtime.workers.apply(b"w1", state("w1"))
+    runtime._state_record(moved("lp.worker-state", 1, 8, b"w1", 4))  # before state_tail
+    assert [s.worker_id for s in runtime.workers.copy()] == ["w1"]

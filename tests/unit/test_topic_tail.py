@@ -258,7 +258,7 @@ def test_the_tails_indexed_by_their_users_hold_no_records() -> None:
     root = Path(__file__).resolve().parents[2]
     for path, name in (
         ("streams/planner_runtime.py", "_score_record"),
-        ("streams/planner_runtime.py", "self.workers.apply"),
+        ("streams/planner_runtime.py", "_state_record"),
         ("loraplane/router/server.py", "fleet.take"),
     ):
         tree = ast.parse((root / path).read_text())
