@@ -56,6 +56,10 @@ class TopicSpec:
     key: str
     cleanup_policy: Literal["delete", "compact"] = "delete"
     retention_ms: int | None = None  # only for "delete"; FOREVER keeps everything
+    # only for "compact": a record replaced (or tombstoned) is compacted away within about
+    # this long, the partition's active segment rolled for it at its next write (Kafka's
+    # ``max.compaction.lag.ms``; None: the broker's default, never forced)
+    max_compaction_lag_ms: int | None = None
     writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
     readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
@@ -65,6 +69,8 @@ class TopicSpec:
         wanted: dict[str, str] = {"cleanup.policy": self.cleanup_policy}
         if self.retention_ms is not None:
             wanted["retention.ms"] = str(self.retention_ms)
+        if self.max_compaction_lag_ms is not None:
+            wanted["max.compaction.lag.ms"] = str(self.max_compaction_lag_ms)
         if replicas > 1:
             wanted["min.insync.replicas"] = str(min_insync(replicas))
         return wanted
@@ -120,6 +126,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "latest reported state per worker",
         "worker_id",
         cleanup_policy="compact",
+        max_compaction_lag_ms=HOUR_MS,  # a state a grow left behind: gone within the hour
         writers=(Principal.worker,),
         readers=(Principal.router,),
     ),
@@ -129,6 +136,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "latest in-flight work and queue depths per fleet router",
         "router_id",
         cleanup_policy="compact",
+        max_compaction_lag_ms=HOUR_MS,  # a state a grow left behind: gone within the hour
         writers=(Principal.router,),
     ),
     TopicSpec(

@@ -198,3 +198,46 @@ class _Letters:
 
     def emit(self, topic_suffix: str, key: str, message: object) -> None:
         self.sent.append(message)
+
+
+def test_what_a_grow_left_behind_is_compacted_away(settings: Settings) -> None:
+    """The worker-state topic compacts within ``max_compaction_lag_ms`` (an hour; 2 s here):
+    once a worker's sink left its tombstone on the old partition, the state left there is
+    gone at the broker's next clean while other workers beat on that partition, and a
+    router started then reads no such state (no ``wrong_partition`` dead letter per start,
+    as long as the broker kept it: the default lag never forces a clean)."""
+    topic = _topic(settings)
+    worker = _moved_key("w")
+    old = partition_of(worker, OLD)
+    stayer = next(  # beats on the old partition under both counts
+        k for n in range(10_000) if partition_of(k := f"s{n}", OLD) == partition_of(k, NEW) == old
+    )
+    sink = KafkaEventSink(settings, f"test-grow-{uuid.uuid4().hex[:8]}")
+    try:
+        sink.emit("worker-state", worker, _state(worker))
+        assert sink.flush(20) == 0
+        short = dataclasses.replace(
+            topics.spec("worker-state"), partitions=NEW, max_compaction_lag_ms=2000
+        )
+        changes = topics.apply(settings, only=(short,))
+        assert {c.action for c in changes} == {"partitions", "config"}
+        _wait_partitions(settings, NEW)
+        started = time.monotonic()
+
+        def left_behind() -> bool | None:
+            for key in (worker, stayer):
+                sink.emit("worker-state", key, _state(key))
+            sink.flush(5)
+            read = list(read_topic(settings, topic, timeout_s=20, to_end=True))
+            kept = [r for r in read if r.key == worker.encode() and r.partition == old]
+            return True if kept and all(moved_away(r) for r in kept) else None
+
+        wait_for(left_behind, "the old partition cleared of the worker's state", timeout_s=150)
+        print(f"the grow's leftover compacted away {time.monotonic() - started:.1f}s after it")
+        letters = _Letters()
+        router = Fleet(FleetIndex(settings.policy, 5.0), letters, "router-t")
+        for record in read_topic(settings, topic, timeout_s=20, to_end=True):
+            router.take(record, (record.partition, NEW))
+        assert router.dead_lettered == 0 and not letters.sent
+    finally:
+        sink.close()

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from loraplane.kernel.config import Settings
-from loraplane.kernel.topics import DAY_MS, TOPICS, Existing, TopicSpec, diff, spec, topic_name
+from loraplane.kernel.topics import (
+    DAY_MS,
+    HOUR_MS,
+    TOPICS,
+    Existing,
+    TopicSpec,
+    diff,
+    spec,
+    topic_name,
+)
 
 
 def test_topic_name_uses_the_prefix() -> None:
@@ -23,8 +32,12 @@ def test_declarations_match_the_issue() -> None:
     assert spec("requests").partitions == 6 and spec("requests").key == "adapter_id"
     assert spec("lifecycle").configs()["retention.ms"] == "-1"
     assert spec("commands").configs() == {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)}
-    for compacted in ("registry", "worker-state"):
-        assert spec(compacted).configs() == {"cleanup.policy": "compact"}
+    assert spec("registry").configs() == {"cleanup.policy": "compact"}
+    for states in ("worker-state", "router-state"):  # what a grow left is compacted within 1 h
+        assert spec(states).configs() == {
+            "cleanup.policy": "compact",
+            "max.compaction.lag.ms": str(HOUR_MS),
+        }
 
 
 WANTED = TopicSpec("requests", 6, "request logs", "adapter_id", retention_ms=7 * DAY_MS)
