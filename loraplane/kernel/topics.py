@@ -9,13 +9,14 @@ would break per-key ordering).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from loraplane.kernel import acls, kafka
 from loraplane.kernel.kafka import Principal
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from concurrent.futures import Future
 
     from confluent_kafka.admin import AdminClient
@@ -60,6 +61,9 @@ class TopicSpec:
     # this long, the partition's active segment rolled for it at its next write (Kafka's
     # ``max.compaction.lag.ms``; None: the broker's default, never forced)
     max_compaction_lag_ms: int | None = None
+    # its readers refuse a record off its key's partition (``worker_states.at_home``): a
+    # grow by ``apply`` tombstones what is left off the new homes (its ``clear_grown``)
+    clear_on_grow: bool = False
     writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
     readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
@@ -127,6 +131,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "worker_id",
         cleanup_policy="compact",
         max_compaction_lag_ms=HOUR_MS,  # a state a grow left behind: gone within the hour
+        clear_on_grow=True,
         writers=(Principal.worker,),
         readers=(Principal.router,),
     ),
@@ -137,6 +142,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "router_id",
         cleanup_policy="compact",
         max_compaction_lag_ms=HOUR_MS,  # a state a grow left behind: gone within the hour
+        clear_on_grow=True,
         writers=(Principal.router,),
     ),
     TopicSpec(
@@ -319,8 +325,12 @@ def apply(
     dry_run: bool = False,
     only: tuple[TopicSpec, ...] = TOPICS,
     timeout: float = 30.0,
+    clear_grown: Callable[[Settings, str, int, float], int] | None = None,
 ) -> list[Change]:
-    """Converge the broker to the declarations; returns the diff applied (or planned)."""
+    """Converge the broker to the declarations; returns the diff applied (or planned).
+    ``clear_grown(settings, topic, partitions, timeout)``: called for each topic grown
+    that is ``clear_on_grow`` (``worker_states.clear_left_behind``, which the CLI and
+    ``stack up`` give), its count of records cleared said in the topic's line."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
         AlterConfigOpType,
@@ -376,4 +386,8 @@ def apply(
     for future in futures:
         future.result(timeout=timeout)
     acls.apply(settings, admin, access(settings), every_topic(settings), timeout)
+    for i, c in enumerate(changes):
+        if c.action == "partitions" and named[c.topic].clear_on_grow and clear_grown:
+            cleared = clear_grown(settings, c.topic, int(c.value), timeout)
+            changes[i] = replace(c, detail=f"{c.detail}; {cleared} left behind cleared")
     return changes

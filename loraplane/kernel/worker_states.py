@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from loraplane.kernel.bus import Record, TopicReadIncomplete, moved_away, read_topic
+from loraplane.kernel import kafka
+from loraplane.kernel.bus import MOVED_HEADER, Record, TopicReadIncomplete, moved_away, read_topic
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topics import topic_name
@@ -28,6 +29,7 @@ __all__ = [
     "FleetStates",
     "Placed",
     "at_home",
+    "clear_left_behind",
     "latest_fleet_states",
     "router_state_of",
     "worker_state_of",
@@ -173,3 +175,32 @@ def latest_fleet_states(settings: Settings, timeout_s: float = 10.0) -> FleetSta
         except SchemaError:
             malformed += 1
     return FleetStates(workers, routers, malformed, complete)
+
+
+def clear_left_behind(settings: Settings, topic: str, partitions: int, timeout: float) -> int:
+    """After ``topic`` (worker or router states) grew to ``partitions``: a tombstone with
+    ``bus.MOVED_HEADER`` on each partition for each key whose last record there is off its
+    home under the new count (a state written before the grow, of workers not running
+    too), so the readers, which refuse it (``at_home``), no longer meet it once compaction
+    removed it; the tombstone removes nothing. A writer still hashing over the old count
+    clears what it writes there itself (``bus.KeyHomes``). ``topics.apply``'s
+    ``clear_grown``; returns how many were cleared."""
+    last: dict[tuple[int, bytes], bytes | None] = {}
+    for record in read_topic(settings, topic, timeout_s=timeout, to_end=True, quiet=True):
+        last[(record.partition, record.key or b"")] = record.value
+    left = [
+        (p, key)
+        for (p, key), value in last.items()
+        if value is not None and p != partition_of(key, partitions)
+    ]
+    if left:
+        producer = kafka.producer(settings, quiet=True)
+        for p, key in left:
+            home = str(partition_of(key, partitions)).encode()
+            producer.produce(
+                topic, key=key, value=None, partition=p, headers=[(MOVED_HEADER, home)]
+            )
+            producer.poll(0)
+        if producer.flush(timeout):
+            raise kafka.KafkaUnavailable(f"{topic}: the tombstones of a grow not acknowledged")
+    return len(left)

@@ -22,7 +22,7 @@ from loraplane.kernel.bus import MOVED_HEADER, Record, moved_away, read_topic
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
-from loraplane.kernel.worker_states import latest_fleet_states
+from loraplane.kernel.worker_states import clear_left_behind, latest_fleet_states
 from loraplane.router.routing import FleetIndex
 from loraplane.router.server import Fleet
 from loraplane.schemas.base import now_utc
@@ -68,9 +68,13 @@ def _wait_partitions(settings: Settings, count: int) -> None:
     )
 
 
-def _grow(settings: Settings) -> None:
-    topics.apply(settings, only=(dataclasses.replace(topics.spec("worker-state"), partitions=NEW),))
+def _grow(settings: Settings, clear: bool = True) -> list[topics.Change]:
+    """``topics apply`` with the topic's count grown; ``clear=False``: as a topic whose
+    readers take records off their home (nothing left behind is tombstoned)."""
+    grown = dataclasses.replace(topics.spec("worker-state"), partitions=NEW, clear_on_grow=clear)
+    changes = topics.apply(settings, only=(grown,), clear_grown=clear_left_behind)
     _wait_partitions(settings, NEW)
+    return changes
 
 
 def _moved_key(prefix: str) -> str:
@@ -94,7 +98,7 @@ def test_a_tail_reads_the_partitions_added_after_its_start(settings: Settings) -
     try:
         assert tail.wait_read_to(tail.ends(), 60)
         assert len(seen) == OLD
-        _grow(settings)
+        _grow(settings, clear=False)
         fresh = kafka.producer(settings, quiet=True)  # its first metadata says 6
         key = _moved_key("w")
         fresh.produce(topic, key=key.encode(), value=b"after")
@@ -178,9 +182,10 @@ def test_a_workers_states_reach_their_new_partition_soon_after_a_grow(
             for r in read_topic(settings, topic, timeout_s=20, to_end=True)
             if r.key == worker.encode() and moved_away(r)
         ]
-        assert [(r.partition, r.headers[MOVED_HEADER]) for r in moved] == [
+        # by `topics apply` and by the sink once its state moved
+        assert moved and {(r.partition, r.headers[MOVED_HEADER]) for r in moved} == {
             (old, str(partition_of(worker, NEW)).encode())
-        ]
+        }
         # a router that read the topic across the grow places it at home under the old count:
         # the tombstone still removes nothing, and is no dead letter
         letters = _Letters()
@@ -241,3 +246,30 @@ def test_what_a_grow_left_behind_is_compacted_away(settings: Settings) -> None:
         assert router.dead_lettered == 0 and not letters.sent
     finally:
         sink.close()
+
+
+def test_a_grow_clears_the_states_of_workers_not_running(settings: Settings) -> None:
+    """A worker retired (or stopped) before the grow never writes again: its last state,
+    off its home under the new count, was refused by every fresh reader for ever
+    (``fleet status``: malformed; a router: a dead letter per start). ``topics apply``
+    tombstones it where it lies (``topics.clear_left_behind``)."""
+    topic = _topic(settings)
+    gone = _moved_key("retired")
+    kept = next(k for n in range(10_000) if partition_of(k := f"k{n}", OLD) == partition_of(k, NEW))
+    producer = kafka.producer(settings, quiet=True)  # hashes over 3
+    for key in (gone, kept):
+        producer.produce(topic, key=key.encode(), value=_state(key).model_dump_json().encode())
+    assert producer.flush(20) == 0
+    changes = _grow(settings)
+    assert [c.detail for c in changes if c.action == "partitions"] == [
+        f"partitions {OLD} -> {NEW}; 1 left behind cleared"
+    ]
+    fleet = latest_fleet_states(settings)
+    assert fleet.malformed == 0 and set(fleet.workers) == {kept}
+    letters = _Letters()
+    router = Fleet(FleetIndex(settings.policy, 5.0), letters, "router-t")
+    for record in read_topic(settings, topic, timeout_s=20, to_end=True):
+        if moved_away(record):
+            assert record.partition == partition_of(gone, OLD) and record.key == gone.encode()
+        router.take(record, (record.partition, NEW))
+    assert router.dead_lettered == 1  # the state itself until compaction (within the hour)
