@@ -641,6 +641,8 @@ class TopicTail:
                 asker.list_topics(topic, timeout=2.0)
             for tp in new:
                 ends[tp] = asker.get_watermark_offsets(TopicPartition(*tp), timeout=2.0)[1]
+        if new:  # assigned before the view holds them: one the consumer refused stays new
+            consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING) for tp in new])
         with self._changed:
             for topic, count in counts.items():
                 if count != self._counts.get(topic, (0,))[0]:
@@ -649,7 +651,6 @@ class TopicTail:
                 self._view.assign(ends)
                 self._changed.notify_all()
         if new:
-            consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING) for tp in new])
             log.info(
                 "tail %s: reading %d partition(s) added to %s",
                 self.component,

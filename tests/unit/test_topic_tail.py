@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -324,6 +325,33 @@ def test_partitions_added_after_the_start_are_read_from_their_beginning() -> Non
     consumer.metadata.topics["ws"].partitions[3].leader = 1  # type: ignore[attr-defined]
     tail._probe(consumer)  # type: ignore[arg-type]
     assert consumer.added[1:] == [("ws", 3, OFFSET_BEGINNING)]
+
+
+def test_a_partition_the_consumer_refused_to_add_is_asked_for_again() -> None:
+    """An ``incremental_assign`` that raises (the broker away between the metadata and the
+    assignment) leaves the new partition out of the view, so the next probe adds it; a view
+    that held it already would never ask again, the tail not caught up until rebuilt."""
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
+        tail._counted("ws", 2)
+    consumer = _GrownConsumer()
+    tail._metadata_consumer = lambda: consumer  # type: ignore[assignment,method-assign,return-value]
+    assign = consumer.incremental_assign
+
+    def refuse(partitions: list[object]) -> None:
+        raise KafkaException("_TRANSPORT")
+
+    consumer.incremental_assign = refuse  # type: ignore[method-assign]
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert ("ws", 2) not in tail._view.positions()
+    consumer.incremental_assign = assign  # type: ignore[method-assign]
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert [tp[:2] for tp in consumer.added] == [("ws", 2)]
+    assert ("ws", 2) in tail._view.positions()
 
 
 def test_a_count_placed_learns_above_the_partitions_read_asks_for_them_at_once() -> None:
