@@ -72,6 +72,21 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = 60) ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_partitions(settings: Settings, suffix: str, count: int) -> None:
+    """Wait until the broker's metadata gives topic ``suffix`` ``count`` partitions: a topic
+    just made or grown is not in every metadata answer yet."""
+    admin, topic = kafka.admin(settings), topics.topic_name(settings, suffix)
+    wait_for(
+        lambda: (
+            True
+            if len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == count
+            else None
+        ),
+        f"{topic} with {count} partitions",
+        timeout_s=30,
+    )
+
+
 @dataclass
 class Env:
     settings: Settings

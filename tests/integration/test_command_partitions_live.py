@@ -37,7 +37,7 @@ from loraplane.schemas.commands import CacheCommand, CommandAction, CommandReaso
 from loraplane.schemas.keyring import KeyringFile
 from loraplane.schemas.reasons import CommandRule
 from loraplane.workers.command_feed import CommandSlotError, KafkaCommandFeed
-from tests.integration.registry_env import Env, wait_for
+from tests.integration.registry_env import Env, wait_partitions
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 WORKERS = [f"w{i}" for i in range(8)]  # eight distinct partitions of 64
@@ -108,19 +108,6 @@ class Planner:
         assert self.producer.flush(20) == 0
 
 
-def _wait_partitions(settings: Settings, count: int) -> None:
-    admin, topic = kafka.admin(settings), topic_name(settings, "commands")
-    wait_for(
-        lambda: (
-            True
-            if len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == count
-            else None
-        ),
-        f"{topic} with {count} partitions",
-        timeout_s=30,
-    )
-
-
 def _feed(settings: Settings, worker_id: str, slot: int | None = None) -> KafkaCommandFeed:
     return KafkaCommandFeed(
         settings,
@@ -167,7 +154,7 @@ def test_each_worker_reads_its_own_commands_and_resumes_from_its_commits(
     env = Env.create(stack, tmp_path)
     feeds: dict[str, KafkaCommandFeed] = {}
     try:
-        _wait_partitions(env.settings, 64)  # a topic just made is not in every answer yet
+        wait_partitions(env.settings, "commands", 64)
         planner = Planner(env)
         assert planner.partitions.current() == spec("commands").partitions == 64
         neighbour = _offline_neighbour(WORKERS[0], 64)
@@ -237,7 +224,7 @@ def test_reading_everything_so_far_waits_for_every_partitions_end(
     and a test then read "no commands": the CI failure of stop 24)."""
     env = Env.create(stack, tmp_path)
     try:
-        _wait_partitions(env.settings, 64)
+        wait_partitions(env.settings, "commands", 64)
         topic = topic_name(env.settings, "commands")
         written = {
             produce_sync(
@@ -262,7 +249,7 @@ def test_with_command_slots_each_worker_reads_exactly_its_own_bytes(
     env = Env.create(stack, tmp_path)
     feeds: dict[str, KafkaCommandFeed] = {}
     try:
-        _wait_partitions(env.settings, 64)  # a topic just made is not in every answer yet
+        wait_partitions(env.settings, "commands", 64)
         planner = Planner(env)
         assert planner.partitions.current() == 64
         shared = partition_of("s0", 64)
@@ -312,7 +299,7 @@ def test_a_grown_topic_moves_the_feed_to_its_new_partition_without_losing_one_in
     topics.apply(settings, only=(small,))
     feed: KafkaCommandFeed | None = None
     try:
-        _wait_partitions(settings, 6)  # a topic just made is not in every metadata answer yet
+        wait_partitions(settings, "commands", 6)
         worker = "w1"  # partition 4 of 6, 52 of 64
         feed = _feed(settings, worker)
         assert feed.assignment.assigned() == [partition_of(worker, 6)]
@@ -322,7 +309,7 @@ def test_a_grown_topic_moves_the_feed_to_its_new_partition_without_losing_one_in
         assert asyncio.run(_take(feed, 1, commit=True)) == [stale.sent[worker][0][0]]
 
         topics.apply(settings, only=(spec("commands"),))
-        _wait_partitions(settings, 64)
+        wait_partitions(settings, "commands", 64)
         fresh = Planner(env, settings)
         assert fresh.partitions.current() == 64
         feed._checked = 0.0  # the periodic metadata check is due

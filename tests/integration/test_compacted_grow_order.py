@@ -22,7 +22,7 @@ from loraplane.schemas.keyring import save_keyring
 from loraplane.streams.planner import WorkerMemory, plan
 from loraplane.streams.planner_runtime import PREVIEW_TOPICS, memory_of, preview
 from tests.integration.metrics_env import isolated
-from tests.integration.registry_env import wait_for
+from tests.integration.registry_env import wait_partitions
 from tests.unit.test_planner import NOW, POLICY, record, scores, views, worker
 from tests.unit.test_planner_memory import KIT
 
@@ -46,7 +46,7 @@ def settings(stack: Settings, tmp_path: Path) -> Iterator[Settings]:
     save_keyring(KIT.keyring, settings.keyring_path)
     names = [topics.topic_name(settings, t) for t in PREVIEW_TOPICS]
     topics.apply(settings, only=tuple(topics.spec(t) for t in PREVIEW_TOPICS))
-    _wait_partitions(settings, OLD)
+    wait_partitions(settings, "planner-memory", OLD)
     try:
         yield settings
     finally:
@@ -54,19 +54,6 @@ def settings(stack: Settings, tmp_path: Path) -> Iterator[Settings]:
             admin = kafka.admin(settings)
             for future in admin.delete_topics(names, operation_timeout=20).values():
                 future.result(timeout=30)
-
-
-def _wait_partitions(settings: Settings, count: int) -> None:
-    admin, topic = kafka.admin(settings), topics.topic_name(settings, "planner-memory")
-    wait_for(
-        lambda: (
-            True
-            if len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == count
-            else None
-        ),
-        f"{topic} with {count} partitions",
-        timeout_s=30,
-    )
 
 
 def _write(settings: Settings, memories: dict[str, WorkerMemory]) -> None:
@@ -97,7 +84,7 @@ def grown(settings: Settings) -> dict[str, WorkerMemory]:
     topics.apply(
         settings, only=(dataclasses.replace(topics.spec("planner-memory"), partitions=NEW),)
     )
-    _wait_partitions(settings, NEW)
+    wait_partitions(settings, "planner-memory", NEW)
     after = {w: dataclasses.replace(m, pending=(), epoch=m.epoch + 1) for w, m in before.items()}
     _write(settings, after)
     return after

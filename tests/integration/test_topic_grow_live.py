@@ -28,7 +28,7 @@ from loraplane.router.server import Fleet
 from loraplane.schemas.base import now_utc
 from loraplane.schemas.worker_state import WorkerState
 from tests.integration.metrics_env import isolated
-from tests.integration.registry_env import wait_for
+from tests.integration.registry_env import wait_for, wait_partitions
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -40,7 +40,7 @@ def settings(stack: Settings) -> Iterator[Settings]:
     settings = isolated(stack)
     small = dataclasses.replace(topics.spec("worker-state"), partitions=OLD)
     topics.apply(settings, only=(small, topics.spec("router-state")))
-    _wait_partitions(settings, OLD)  # a topic just made is not in every metadata answer yet
+    wait_partitions(settings, "worker-state", OLD)
     try:
         yield settings
     finally:
@@ -55,25 +55,12 @@ def _topic(settings: Settings) -> str:
     return topics.topic_name(settings, "worker-state")
 
 
-def _wait_partitions(settings: Settings, count: int) -> None:
-    admin, topic = kafka.admin(settings), _topic(settings)
-    wait_for(
-        lambda: (
-            True
-            if len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == count
-            else None
-        ),
-        f"{topic} with {count} partitions",
-        timeout_s=30,
-    )
-
-
 def _grow(settings: Settings, clear: bool = True) -> list[topics.Change]:
     """``topics apply`` with the topic's count grown; ``clear=False``: as a topic whose
     readers take records off their home (nothing left behind is tombstoned)."""
     grown = dataclasses.replace(topics.spec("worker-state"), partitions=NEW, clear_on_grow=clear)
     changes = topics.apply(settings, only=(grown,), clear_grown=clear_left_behind)
-    _wait_partitions(settings, NEW)
+    wait_partitions(settings, "worker-state", NEW)
     return changes
 
 
@@ -226,7 +213,7 @@ def test_what_a_grow_left_behind_is_compacted_away(settings: Settings) -> None:
         )
         changes = topics.apply(settings, only=(short,))
         assert {c.action for c in changes} == {"partitions", "config"}
-        _wait_partitions(settings, NEW)
+        wait_partitions(settings, "worker-state", NEW)
         started = time.monotonic()
 
         def left_behind() -> bool | None:

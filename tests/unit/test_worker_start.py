@@ -19,7 +19,7 @@ import pytest
 from loraplane.kernel.config import Settings
 from loraplane.workers import runner
 from tests.unit.test_router_stop import Steps
-from tests.unit.test_worker_stop import _stand_ins
+from tests.unit.test_worker_stop import _stand_ins, worker_options
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -59,16 +59,7 @@ async def test_the_command_feed_is_built_while_the_registry_is_read(
     registry = type("Registry", (), {"records": list})()
     monkeypatch.setattr(runner, "worker_registry", lambda *_a: (Tail(), registry))
     monkeypatch.setattr(runner, "KafkaCommandFeed", Feed)
-    options = runner.WorkerOptions(
-        worker_id="w1",
-        base_model="b",
-        vllm_url="http://127.0.0.1:9",
-        gateway_port=0,
-        metrics_port=None,
-        host_tier_dir=tmp_path / "tier",
-        host_budget_bytes=1,
-        model_dir=tmp_path / "model",
-    )
+    options = worker_options(tmp_path)
     serving = asyncio.create_task(runner.serve_worker(Settings(home=tmp_path), options))
     for _ in range(1000):
         if "SIGTERM" in handlers or serving.done():

@@ -34,6 +34,20 @@ from tests.unit.test_router_stop import (
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
+def worker_options(tmp_path: Path) -> runner.WorkerOptions:
+    """A worker's options whose every port and path is its own or unused."""
+    return runner.WorkerOptions(
+        worker_id="w1",
+        base_model="b",
+        vllm_url="http://127.0.0.1:9",
+        gateway_port=0,
+        metrics_port=None,
+        host_tier_dir=tmp_path / "tier",
+        host_budget_bytes=1,
+        model_dir=tmp_path / "model",
+    )
+
+
 def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Callable[[], None]]:
     """Patch every component ``_serve_worker`` builds; the SIGTERM handler comes back."""
     handlers: dict[str, Callable[[], None]] = {}
@@ -131,16 +145,7 @@ async def test_the_worker_stops_its_listeners_then_its_agent_then_the_rest(
 ) -> None:
     steps = Steps()
     handlers = _stand_ins(monkeypatch, steps)
-    options = runner.WorkerOptions(
-        worker_id="w1",
-        base_model="b",
-        vllm_url="http://127.0.0.1:9",
-        gateway_port=0,
-        metrics_port=None,
-        host_tier_dir=tmp_path / "tier",
-        host_budget_bytes=1,
-        model_dir=tmp_path / "model",
-    )
+    options = worker_options(tmp_path)
     serving = asyncio.create_task(runner.serve_worker(Settings(home=tmp_path), options))
     for _ in range(200):
         if "SIGTERM" in handlers or serving.done():
