@@ -35,6 +35,7 @@ __all__ = [
     "ROUTER_ANSWER_BYTES_HELD",
     "ROUTER_DEAD_LETTERS",
     "ROUTER_GATEWAY_PROOFS_FAILED",
+    "ROUTER_GATEWAY_REFUSALS",
     "ROUTER_IN_FLIGHT",
     "ROUTER_QUEUE_DEPTH",
     "ROUTER_QUEUE_REJECTIONS",
@@ -127,3 +128,4 @@ ROUTER_QUEUE_WITHDRAWN = _n("router_queue_withdrawn_total")
 ROUTER_ANSWER_BYTES_HELD = _n("router_answer_bytes_held")
 ROUTER_WORKERS_UNPROVEN = _n("router_workers_unproven")
 ROUTER_GATEWAY_PROOFS_FAILED = _n("router_gateway_proofs_failed_total")
+ROUTER_GATEWAY_REFUSALS = _n("router_gateway_refusals_total")

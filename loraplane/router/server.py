@@ -102,7 +102,13 @@ from loraplane.schemas.base import version_key
 from loraplane.schemas.codec import SchemaError
 from loraplane.schemas.dead_letter import dead_letter_at
 from loraplane.schemas.keyring import KeyringFile
-from loraplane.schemas.reasons import AdmissionRefusal, QueueRefusal, RouterRefusal, VllmErrorCode
+from loraplane.schemas.reasons import (
+    AdmissionRefusal,
+    QueueRefusal,
+    RouterRefusal,
+    ServingRefusal,
+    VllmErrorCode,
+)
 from loraplane.schemas.request_log import RequestClass
 from loraplane.schemas.router_state import QueueDepth, RouterState
 from loraplane.schemas.strict_json import StrictJsonError, strict_loads
@@ -141,6 +147,7 @@ _OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSIO
 """Set by the router on every answer it relays: a gateway's own copy never passes."""
 _CLASSES = {c.value: c for c in RequestClass}
 _DOOR_REASONS = frozenset(AdmissionRefusal)
+_WORKER_OWN = ServingRefusal.adapter_refused_by_worker.value  # a worker's own 424's label
 _ATTEMPTS = 2  # a request goes to a second worker at most once (then back to the first once)
 _GONE_POLL_S = 0.1  # how often a queued request checks that its client is still there
 PROBE_TIMEOUT_S = 2.0  # a gateway's /healthz probe (liveness) answers within this
@@ -535,6 +542,9 @@ class Router:
             "gateway refused the router's forward", _REFUSAL_LOG_EVERY_S, logger=log
         )
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
+        # gateways' refusals the router took and routed around: its forward's 401 by the
+        # front door's reason (or "other"), a worker's own 424; a bounded set of labels
+        self.gateway_refusals: Counter[str] = Counter()
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
         self._id_seq = itertools.count()
         # each forward's nonce (a gateway takes a signature once): a random prefix per
@@ -916,6 +926,7 @@ class Router:
                             withheld = route if reroute else None
                             skip.append(wid)
                             hold = refusal_hold(whole.headers.get(HOLD_HEADER.lower()))
+                            self.gateway_refusals[_WORKER_OWN] += 1
                             self.refusals.note(wid, record.lora_name, self._clock(), hold)
                             continue
                         self.outcomes[route.kind.value] += 1
@@ -939,6 +950,7 @@ class Router:
         ``_REFUSAL_LOG_EVERY_S`` and reason, the reason one of the front door's or
         ``other`` (a gateway's body is anyone's bytes: no reason of its own is kept)."""
         kind = reason if reason in _DOOR_REASONS else "other"
+        self.gateway_refusals[kind] += 1
         self._unsigned_log.note(kind, f"worker {route.worker_id} gateway {route.gateway_url}")
 
     def _not_taken(self) -> web.Response:
@@ -1363,6 +1375,15 @@ class RouterMetrics(Collector):
             "Gateways asked to prove the router secret that did not",
             value=router.fleet.proofs_failed,
         )
+        refusals = CounterMetricFamily(
+            m.ROUTER_GATEWAY_REFUSALS,
+            "Gateways' refusals the router routed around: of its forward (401, by reason) "
+            "or a worker's own of a version (424)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(router.gateway_refusals.items()):
+            refusals.add_metric([reason], n)
+        yield refusals
         yield GaugeMetricFamily(
             m.ROUTER_ANSWER_BYTES_HELD,
             "Bytes of gateways' answers read whole that the router holds now "

@@ -61,6 +61,7 @@ from loraplane.router.server import (
     Fleet,
     Refusals,
     Router,
+    RouterMetrics,
     _watch_fleet,
     attempt_id,
     serving_versions,
@@ -840,6 +841,15 @@ class Stack:
             return resp.status, CIMultiDict(resp.headers), json.loads(raw) if raw else None
 
 
+def _gateway_refusals(router: Router) -> dict[str, float]:
+    """``loraplane_router_gateway_refusals_total`` by reason, as the router's /metrics
+    gives it."""
+    (family,) = [
+        f for f in RouterMetrics(router).collect() if f.name == "loraplane_router_gateway_refusals"
+    ]
+    return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     sql = RECORDS[2]
@@ -1348,6 +1358,7 @@ async def test_a_workers_own_424_sends_the_request_to_another_worker(stack: Stac
     (served,) = stack.sinks["w3"].messages(RequestLog)
     assert served.status == "ok" and served.request_id == refused.request_id + "-r1"
     assert "w1" in stack.router.fleet.index.workers  # not parked: it serves other versions
+    assert _gateway_refusals(stack.router) == {"adapter_refused_by_worker": 1}
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -1740,6 +1751,7 @@ async def test_a_gateway_refusing_every_forward_is_passed_over_while_remembered(
             assert len(asked) == 2
         lines = [r.getMessage() for r in caplog.records if "w0" in r.getMessage()]
         assert len(lines) == 1 and ": unauthorized (worker w0" in lines[0], lines
+        assert _gateway_refusals(stack.router) == {"unauthorized": 2}  # each one counted
         # the memory lapses: w0 is the first choice again
         for wid in ("w1", "w2", "w3"):
             serving = stack.workers[wid]
