@@ -877,9 +877,6 @@ class Router:
             self.in_flight[wid] = self.in_flight.get(wid, 0) + 1
             try:
                 try:
-                    reroute = attempt < _ATTEMPTS - 1 and self.fleet.index.serves_elsewhere(
-                        record, self._clock(), {*skip, *avoid, wid}
-                    )
                     resp = await self._pools.get(route.gateway_url).request(
                         target.method,
                         target.path,

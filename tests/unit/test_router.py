@@ -1547,6 +1547,36 @@ async def test_an_interactive_request_the_other_worker_fails_gets_its_fallback(
 
 
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("other", ["gone", "unsigned"])
+async def test_a_batch_request_the_other_worker_fails_gets_the_held_424_at_once(
+    stack: Stack, other: str
+) -> None:
+    """A batch request has no fallback: w1's own 424 is held while w3 is tried, and when w3
+    does not serve it (gone, or refusing the router's forward) that 424 is the answer. The
+    forward to w1 is not signed ``X-Loraplane-Reroute`` (only a request that falls back
+    is), so w1 is not asked again for a fallback it has none of: one forward to it."""
+    _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
+    asked: list[bytes] = []
+    server: asyncio.AbstractServer | None = None
+    url = "http://127.0.0.1:9"  # the discard port: refused
+    if other == "unsigned":
+        server, url = await _always_answers(_answer_401("forward_outdated"), asked)
+    try:
+        index = stack.router.fleet.index
+        w3 = index.workers["w3"].state
+        index.update(at(w3, w3.ts.timestamp(), url))
+        status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
+        assert (status, headers["X-Loraplane-Worker"]) == (PERMANENT_STATUS, "w1"), body
+        assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
+        assert len(asked) == (other == "unsigned")
+        assert [r.status for r in stack.sinks["w1"].messages(RequestLog)] == ["error"]
+        assert len(stack.workers["w1"].asked) == 1
+    finally:
+        if server is not None:
+            server.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_interactive_request_for_a_refused_artifact_falls_back_at_once(
     stack: Stack,
 ) -> None:
