@@ -317,7 +317,7 @@ class TopicTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._probe_consumer: Consumer | None = None  # ``ends``'s own, made on first use
-        # topic -> its partition counts seen (the broker's latest first: ``placed``)
+        # topic -> its partition counts seen, largest (the latest) first: ``placed``
         self._counts: dict[str, tuple[int, ...]] = {}
         self._recounted: dict[str, float] = {}  # topic -> when ``placed`` last asked the broker
         self._grew = False  # ``placed`` learned a count above the partitions read: add them
@@ -329,9 +329,9 @@ class TopicTail:
         before the assignment), for a user that checks a record is on its key's partition
         (``worker_states.at_home``). A topic that grew while this tail reads it places keys
         by its new count, and by the old one at producers that have not refreshed their
-        metadata: the count given is the first of those seen (the broker's latest first) the
-        record is at home under. A record at home under none asks the broker for the count
-        again (at most every ``RECOUNT_S``) and is judged by its latest."""
+        metadata: the count given is the first of those seen (the largest first) the record
+        is at home under. A record at home under none asks the broker for the count again
+        (at most every ``RECOUNT_S``) and is judged by the largest."""
         with self._lock:
             counts = self._counts.get(record.topic, ())
         if not counts:
@@ -344,7 +344,7 @@ class TopicTail:
         return (record.partition, home)
 
     def _recount(self, topic: str, counts: tuple[int, ...]) -> tuple[int, ...]:
-        """``topic``'s partition counts seen, with the broker's now first, asked at most every
+        """``topic``'s partition counts seen, the broker's now among them, asked at most every
         ``RECOUNT_S`` (else, or when the broker does not answer, those held)."""
         now = time.monotonic()
         with self._lock:
@@ -362,9 +362,12 @@ class TopicTail:
             return self._counted(topic, fresh)
 
     def _counted(self, topic: str, count: int) -> tuple[int, ...]:
-        """``count``, the broker's now, first of ``topic``'s counts seen; under the lock."""
+        """``count``, the broker's answer, among ``topic``'s counts seen, largest first (a
+        topic never shrinks: a smaller answer is a broker's metadata behind the grow, and
+        judging by it would keep a key's old partition's record over its new home's);
+        under the lock."""
         held = self._counts.get(topic, ())
-        self._counts[topic] = counts = (count, *(n for n in held if n != count))
+        self._counts[topic] = counts = tuple(sorted({count, *held}, reverse=True))
         return counts
 
     @property
@@ -645,7 +648,7 @@ class TopicTail:
             consumer.incremental_assign([TopicPartition(*tp, OFFSET_BEGINNING) for tp in new])
         with self._changed:
             for topic, count in counts.items():
-                if count != self._counts.get(topic, (0,))[0]:
+                if count not in self._counts.get(topic, ()):
                     self._counted(topic, count)
             if ends:
                 self._view.assign(ends)

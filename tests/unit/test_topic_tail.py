@@ -427,3 +427,41 @@ def test_a_record_off_its_home_stands_while_none_on_it_was_read() -> None:
     assert list(latest_per_key([old], {"t": 4}).values()) == [old]
     assert list(latest_per_key([old, home], {"t": 4}).values()) == [home]
     assert list(latest_per_key([home, old], {"t": 0}).values()) == [old]  # count unknown
+
+
+def test_a_stale_count_from_the_broker_never_judges_a_grown_topics_records() -> None:
+    """A topic never shrinks, but a broker's metadata can lag the grow (another broker of
+    the cluster learned it first): such an answer to a probe put the smaller count first,
+    and the view then judged the key's record on its new home as off it and kept its old
+    partition's record (the planner's memory, a registry view) until the key's next write.
+    Counts are held largest first whatever the order of the answers."""
+    from loraplane.kernel.command_partition import partition_of
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
+        tail._counted("ws", 2)
+    consumer = _GrownConsumer()
+    tail._metadata_consumer = lambda: consumer  # type: ignore[assignment,method-assign,return-value]
+    tail._probe(consumer)  # type: ignore[arg-type]
+    assert tail._counts["ws"] == (4, 2)
+    stale = _GrownConsumer()
+    del stale.metadata.topics["ws"].partitions[3]  # type: ignore[attr-defined]
+    del stale.metadata.topics["ws"].partitions[2]  # type: ignore[attr-defined]
+    tail._probe(stale)  # type: ignore[arg-type]
+    assert tail._counts["ws"] == (4, 2)
+    key = next(
+        k
+        for k in (f"w{n}".encode() for n in range(100))
+        if partition_of(k, 4) == 2 and partition_of(k, 2) == 0
+    )
+    home = Record("ws", 2, 0, key, b"new", {}, 0)
+    old = Record("ws", 0, 5, key, b"old", {}, 0)
+    with tail._lock:
+        tail._view.apply(home)
+        tail._view.apply(old)
+        tail._view.at_end(("ws", 2), 1)
+    assert tail.placed(home) == (2, 4)
+    assert tail.snapshot() == [home]
