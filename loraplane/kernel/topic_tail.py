@@ -541,7 +541,9 @@ class TopicTail:
 
     def _assign(self, consumer: Consumer) -> None:
         """Every partition of the topics, from the positions held (the beginning at first);
-        raises while the broker cannot tell the partitions or their ends."""
+        raises while the broker cannot tell the partitions or their ends, or lists fewer
+        than the view reads (its metadata behind a grow: assigned those, the others would
+        never be asked for again, the probe taking them for read)."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         parts: list[Partition] = []
@@ -550,6 +552,12 @@ class TopicTail:
             if meta.error is not None:
                 raise RuntimeError(f"{topic}: {meta.error}")
             parts += [(topic, p) for p in sorted(meta.partitions)]
+        with self._lock:
+            unlisted = set(self._view.positions()) - set(parts)
+        if unlisted:  # a topic never shrinks: a broker's metadata behind a grow
+            raise RuntimeError(
+                f"the broker lists none of {sorted(unlisted)}, which this tail reads"
+            )
         ends = {
             tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5.0)[1] for tp in parts
         }

@@ -465,3 +465,34 @@ def test_a_stale_count_from_the_broker_never_judges_a_grown_topics_records() -> 
         tail._view.at_end(("ws", 2), 1)
     assert tail.placed(home) == (2, 4)
     assert tail.snapshot() == [home]
+
+
+def test_a_rebuilt_consumer_is_not_assigned_fewer_partitions_than_the_view_reads() -> None:
+    """A consumer rebuilt (the broker away) whose metadata lags a grow lists fewer
+    partitions than the tail reads: assigned those alone, the others were never read again
+    (the probe adds only partitions the view does not hold) while the tail said it was
+    current. The assignment is refused until the broker lists them all, and then takes
+    every one from its position."""
+    from loraplane.kernel.config import Settings
+    from loraplane.kernel.topic_tail import TopicTail
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", p): 0 for p in range(4)})
+        tail._counted("ws", 4)
+    assigned: list[list[tuple[str, int]]] = []
+
+    def assign(partitions: list[object]) -> None:
+        assigned.append([(tp.topic, tp.partition) for tp in partitions])  # type: ignore[attr-defined]
+
+    stale = _GrownConsumer()
+    del stale.metadata.topics["ws"].partitions[3]  # type: ignore[attr-defined]
+    del stale.metadata.topics["ws"].partitions[2]  # type: ignore[attr-defined]
+    stale.assign = assign  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match=r"\('ws', 2\), \('ws', 3\)"):
+        tail._assign(stale)  # type: ignore[arg-type]
+    assert assigned == []
+    fresh = _GrownConsumer()
+    fresh.assign = assign  # type: ignore[attr-defined]
+    tail._assign(fresh)  # type: ignore[arg-type]
+    assert assigned == [[("ws", p) for p in range(4)]]
