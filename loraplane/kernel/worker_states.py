@@ -184,10 +184,20 @@ def clear_left_behind(settings: Settings, topic: str, partitions: int, timeout: 
     too), so the readers, which refuse it (``at_home``), no longer meet it once compaction
     removed it; the tombstone removes nothing. A writer still hashing over the old count
     clears what it writes there itself (``bus.KeyHomes``). ``topics.apply``'s
-    ``clear_grown``; returns how many were cleared."""
+    ``clear_grown``; returns how many were cleared. Raises ``kafka.KafkaUnavailable``
+    (what ``topics apply`` and ``stack up`` report) when the topic is not read to its end
+    or the tombstones are not acknowledged."""
+    from confluent_kafka import KafkaException
+
     last: dict[tuple[int, bytes], bytes | None] = {}
-    for record in read_topic(settings, topic, timeout_s=timeout, to_end=True, quiet=True):
-        last[(record.partition, record.key or b"")] = record.value
+    try:
+        for record in read_topic(settings, topic, timeout_s=timeout, to_end=True, quiet=True):
+            last[(record.partition, record.key or b"")] = record.value
+    except (TopicReadIncomplete, KafkaException) as exc:
+        raise kafka.KafkaUnavailable(
+            f"{topic} grew to {partitions} partitions, but the states left off their new "
+            f"partitions were not read to clear them: {exc}"
+        ) from None
     left = [
         (p, key)
         for (p, key), value in last.items()

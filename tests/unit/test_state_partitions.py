@@ -436,3 +436,26 @@ def test_a_tombstone_left_by_a_move_removes_nothing_live() -> None:
     runtime.workers.apply(b"w1", state("w1"))
     runtime._state_record(moved("lp.worker-state", 1, 8, b"w1", 4))  # before state_tail
     assert [s.worker_id for s in runtime.workers.copy()] == ["w1"]
+
+
+@pytest.mark.parametrize("fault", ["incomplete", "kafka"])
+def test_a_grows_clear_that_cannot_read_the_topic_is_a_kafka_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fault: str
+) -> None:
+    """``topics apply`` and ``stack up`` report a ``KafkaUnavailable`` as an error line; the
+    clear after a grow raised the read's own ``TopicReadIncomplete`` (or a
+    ``KafkaException``), which both printed as a traceback, the grow done."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from loraplane.kernel.bus import TopicReadIncomplete
+    from loraplane.kernel.kafka import KafkaUnavailable
+
+    def read(*_a: Any, **_k: Any) -> Iterator[Record]:
+        yield rec("p.worker-state", 0, 0, b"w1", state("w1"))
+        if fault == "incomplete":
+            raise TopicReadIncomplete("p.worker-state: the end was not reached within 30s")
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    monkeypatch.setattr(worker_states, "read_topic", read)
+    with pytest.raises(KafkaUnavailable, match=r"p\.worker-state grew to 6 partitions"):
+        worker_states.clear_left_behind(Settings(home=tmp_path), "p.worker-state", 6, 1.0)
