@@ -70,3 +70,17 @@ def test_partitions_grow_but_never_shrink() -> None:
     assert (grow.action, grow.value) == ("partitions", "6")
     [refuse] = diff("lp.requests", WANTED, Existing(12, SAME.configs))
     assert refuse.action == "refused" and "cannot decrease" in refuse.detail
+
+
+def test_the_stack_docs_topic_table_matches_the_declarations() -> None:
+    """docs/stack.md's table of topics is what operators size a broker by: each declared
+    topic once, with its partition count and whether it is compacted, as ``TOPICS`` says."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "stack.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| (\d+)[^|]*\| [^|]+\| ([^|]+)\|", text, re.M)
+    documented = {name: (int(n), "compacted" in kept) for name, n, kept in rows}
+    assert len(rows) == len(documented)
+    declared = {s.suffix: (s.partitions, s.cleanup_policy == "compact") for s in TOPICS}
+    assert documented == declared
