@@ -143,8 +143,11 @@ FIRST_READ_S = 10.0  # how long a start waits for the whole registry before serv
 WORKER_HEADER = "X-Loraplane-Worker"
 ROUTE_HEADER = "X-Loraplane-Route"
 _PASSED = ("content-type", "retry-after", "cache-control")  # besides x-loraplane-*
-_OWN_HEADERS = frozenset(h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSION_HEADER))
-"""Set by the router on every answer it relays: a gateway's own copy never passes."""
+_OWN_HEADERS = frozenset(
+    h.lower() for h in (WORKER_HEADER, ROUTE_HEADER, VERSION_HEADER, NOT_RUN_HEADER, HOLD_HEADER)
+)
+"""Set by the router on every answer it relays, or a gateway's word to the router alone (its
+vLLM not run, its refusal's hold): a gateway's copy never passes to the client."""
 _CLASSES = {c.value: c for c in RequestClass}
 _DOOR_REASONS = frozenset(AdmissionRefusal)
 _WORKER_OWN = ServingRefusal.adapter_refused_by_worker.value  # a worker's own 424's label

@@ -1611,10 +1611,12 @@ async def test_a_workers_own_424_is_passed_on_when_no_other_worker_serves(stack:
     the router's one re-route (w2, which would load it, is not a third try)."""
     for wid in ("w1", "w3"):
         _refuse_chat(stack.workers[wid], VllmFailure.vllm_adapter_refused)
+        stack.workers[wid].refusal_hold_s = 30.0  # said to the router, not to the client
     status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
     assert status == PERMANENT_STATUS and headers["X-Loraplane-Worker"] == "w3"
     assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
     assert "Retry-After" not in headers
+    assert HOLD_HEADER not in headers  # the gateway's word to the router alone
     assert len(stack.workers["w1"].asked) == len(stack.workers["w3"].asked) == 1
     assert stack.workers["w2"].asked == []
     # the only worker of the base model: its own 424 is the answer, with no second try
