@@ -187,10 +187,11 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
         raise
     if apply_topics:
         from loraplane.kernel import topics
+        from loraplane.kernel.bus import keys_spread
         from loraplane.kernel.worker_states import clear_left_behind
 
         with console.status("kafka: applying topics"):
-            changes = topics.apply(settings, clear_grown=clear_left_behind)
+            changes = topics.apply(settings, clear_grown=clear_left_behind, spread=keys_spread)
         applied = [c for c in changes if c.action != "unchanged"]
         console.print(
             f"[green]✓ topics[/]: {len(applied)} changed, {len(changes) - len(applied)} unchanged"

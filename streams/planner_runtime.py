@@ -874,7 +874,7 @@ class PlannerRuntime:
             )
             self._read_memory()
             self._guard(epoch)
-            self._partitions = commands_partitions(s, meta)
+            self._partitions = commands_partitions(topic_name(s, "commands"), meta)
             self._partitions.current()  # known before the first send (raises if not)
             self._resend(txn, key, epoch)
             self._planning_epoch = epoch

@@ -20,11 +20,14 @@ def register(root: typer.Typer) -> None:
 def apply_(dry_run: bool = typer.Option(False, "--dry-run", help="Only print the diff.")) -> None:
     """Create missing topics, alter differing configs, grow partitions; never shrink."""
     from loraplane.kernel import topics
+    from loraplane.kernel.bus import keys_spread
     from loraplane.kernel.kafka import KafkaUnavailable
     from loraplane.kernel.worker_states import clear_left_behind
 
     try:
-        changes = topics.apply(get_settings(), dry_run=dry_run, clear_grown=clear_left_behind)
+        changes = topics.apply(
+            get_settings(), dry_run=dry_run, clear_grown=clear_left_behind, spread=keys_spread
+        )
     except KafkaUnavailable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -27,6 +27,8 @@ __all__ = [
     "Record",
     "TopicReadIncomplete",
     "end_offsets",
+    "keys_on_several_partitions",
+    "keys_spread",
     "latest_per_key",
     "moved_away",
     "produce_sync",
@@ -142,6 +144,37 @@ def replaces(record: Record, held: Record | None, partitions: int) -> bool:
         return True
     home = partition_of(record.key or b"", partitions)
     return not (held.partition == home and record.partition != home)
+
+
+def keys_on_several_partitions(records: Iterable[Record]) -> int:
+    """How many keys of a compacted topic read whole hold a record on more than one
+    partition (a tombstone last on a partition: none there), as a grow leaves a key written
+    since: its record before the grow on its old partition, its later ones on its home."""
+    live: dict[tuple[bytes, int], bool] = {}
+    for record in records:
+        live[(record.key or b"", record.partition)] = record.value is not None
+    partitions: dict[bytes, int] = {}
+    for (key, _), held in live.items():
+        if held:
+            partitions[key] = partitions.get(key, 0) + 1
+    return sum(1 for n in partitions.values() if n > 1)
+
+
+def keys_spread(settings: Settings, topic: str, timeout: float) -> int:
+    """``keys_on_several_partitions`` of ``topic`` read whole now (``topics.apply``'s check
+    before growing a ``grows_once`` topic). Raises ``kafka.KafkaUnavailable`` when the
+    topic is not read to its end: nothing is grown on a guess."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return keys_on_several_partitions(
+            read_topic(settings, topic, timeout_s=timeout, to_end=True, quiet=True)
+        )
+    except (TopicReadIncomplete, KafkaException) as exc:
+        raise kafka.KafkaUnavailable(
+            f"{topic} not grown: it was not read to its end to check that each key's "
+            f"records lie on one partition: {exc}"
+        ) from None
 
 
 def latest_per_key(

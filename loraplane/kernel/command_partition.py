@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from loraplane.kernel.config import Settings
+    pass
 
 __all__ = [
     "DRAIN_S",
@@ -140,11 +140,8 @@ class PartitionCount:
 
 
 def commands_partitions(
-    settings: Settings, client: MetadataClient, *, timeout: float = 5.0
+    topic: str, client: MetadataClient, *, timeout: float = 5.0
 ) -> PartitionCount:
-    """The commands topic's count as ``client`` (the sender's own producer, or an admin
-    client) learns it from the broker."""
-    from loraplane.kernel.topics import topic_name
-
-    topic = topic_name(settings, "commands")
+    """The commands topic's count (``topic``: its full name) as ``client`` (the sender's
+    own producer, or an admin client) learns it from the broker."""
     return PartitionCount(lambda: broker_partitions(client, topic, timeout))

@@ -64,6 +64,11 @@ class TopicSpec:
     # its readers refuse a record off its key's partition (``worker_states.at_home``): a
     # grow by ``apply`` tombstones what is left off the new homes (its ``clear_grown``)
     clear_on_grow: bool = False
+    # compacted, its readers rank a key's record on its home over one off it
+    # (``bus.replaces``) and nothing clears what a grow leaves: ``apply`` grows it only
+    # while every key's records lie on one partition (a second grow could make a key's
+    # record from before the first the one on its home)
+    grows_once: bool = False
     writers: tuple[Principal, ...] = ()  # besides ops (the super user); see kernel.acls
     readers: tuple[Principal, ...] = ()  # by name; streams, metrics, reader read every topic
 
@@ -102,6 +107,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "current registry record per adapter",
         "adapter_id",
         cleanup_policy="compact",
+        grows_once=True,
         writers=(Principal.streams,),
         readers=(Principal.worker, Principal.router),
     ),
@@ -184,6 +190,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "in the transaction of the commands it remembers",
         "worker_id",
         cleanup_policy="compact",
+        grows_once=True,
         writers=(Principal.streams,),
     ),
     TopicSpec(
@@ -326,11 +333,15 @@ def apply(
     only: tuple[TopicSpec, ...] = TOPICS,
     timeout: float = 30.0,
     clear_grown: Callable[[Settings, str, int, float], int] | None = None,
+    spread: Callable[[Settings, str, float], int] | None = None,
 ) -> list[Change]:
     """Converge the broker to the declarations; returns the diff applied (or planned).
     ``clear_grown(settings, topic, partitions, timeout)``: called for each topic grown
     that is ``clear_on_grow`` (``worker_states.clear_left_behind``, which the CLI and
-    ``stack up`` give), its count of records cleared said in the topic's line."""
+    ``stack up`` give), its count of records cleared said in the topic's line.
+    ``spread(settings, topic, timeout)``: how many keys of a ``grows_once`` topic hold
+    records on more than one partition (``bus.keys_spread``, which they give too); such a
+    topic grows only when it says none, and is refused without it."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
         AlterConfigOpType,
@@ -368,6 +379,23 @@ def apply(
     ]
     if creates:
         futures += admin.create_topics(creates, request_timeout=timeout).values()
+    for i, c in enumerate(changes):
+        if c.action == "partitions" and named[c.topic].grows_once:
+            if spread is None:
+                changes[i] = Change(
+                    c.topic,
+                    "refused",
+                    f"{c.detail}: not grown without a check that each key's records lie on "
+                    "one partition (docs/stack.md, Topics)",
+                )
+            elif n := spread(settings, c.topic, timeout):
+                changes[i] = Change(
+                    c.topic,
+                    "refused",
+                    f"{c.detail}: {n} key(s) hold records on more than one partition, "
+                    "left by an earlier grow; growing again could rank a record from before "
+                    "it over a newer one (docs/stack.md, Topics)",
+                )
     grows = [NewPartitions(c.topic, int(c.value)) for c in changes if c.action == "partitions"]
     if grows:
         futures += admin.create_partitions(grows, request_timeout=timeout).values()

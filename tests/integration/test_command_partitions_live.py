@@ -70,8 +70,8 @@ class Planner:
         self.env = env
         settings = settings or env.settings
         self.producer = kafka.producer(settings)
-        self.partitions: PartitionCount = commands_partitions(settings, self.producer)
         self.topic = topic_name(settings, "commands")
+        self.partitions: PartitionCount = commands_partitions(self.topic, self.producer)
         self.sent: dict[str, list[tuple[str, int]]] = {}  # worker -> (command_id, bytes)
         self.announced: dict[str, int] = {}  # worker -> the partition its state announced
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from loraplane.kernel import kafka, topics
+from loraplane.kernel.bus import keys_spread
 from loraplane.kernel.command_partition import partition_of
 from loraplane.kernel.config import Settings
 from loraplane.kernel.topic_tail import TopicTail
@@ -81,9 +82,9 @@ def grown(settings: Settings) -> dict[str, WorkerMemory]:
     ).memory
     assert all(before[w].pending for w in WORKERS)
     _write(settings, {w: before[w] for w in WORKERS})
-    topics.apply(
-        settings, only=(dataclasses.replace(topics.spec("planner-memory"), partitions=NEW),)
-    )
+    to_new = dataclasses.replace(topics.spec("planner-memory"), partitions=NEW)
+    (change,) = topics.apply(settings, only=(to_new,), spread=keys_spread)
+    assert change.action == "partitions", change  # every key on one partition: grown
     wait_partitions(settings, "planner-memory", NEW)
     after = {w: dataclasses.replace(m, pending=(), epoch=m.epoch + 1) for w, m in before.items()}
     _write(settings, after)
@@ -116,3 +117,19 @@ def test_plan_show_reads_each_workers_newest_memory_after_a_grow(
     shown = preview(settings, None, timeout_s=30)
     assert shown.memory_workers == len(grown)
     assert shown.pending == 0
+
+
+def test_a_second_grow_is_refused_while_a_key_lies_on_two_partitions(
+    settings: Settings, grown: dict[str, WorkerMemory]
+) -> None:
+    """The first grow went through (every key on one partition); after it each worker's
+    memory lies on its old partition and on its new home. A second grow could make the
+    old partition a key's home again, where its record from before the first grow would
+    outrank its newer one (``bus.replaces``): ``apply`` refuses it and grows nothing."""
+    wider = dataclasses.replace(topics.spec("planner-memory"), partitions=NEW + 2)
+    (change,) = topics.apply(settings, only=(wider,), spread=keys_spread)
+    assert change.action == "refused" and f"{len(WORKERS)} key(s)" in change.detail, change
+    (change,) = topics.apply(settings, only=(wider,))  # nothing to check its keys with
+    assert change.action == "refused" and "without a check" in change.detail, change
+    admin, name = kafka.admin(settings), topics.topic_name(settings, "planner-memory")
+    assert len(admin.list_topics(name, timeout=5).topics[name].partitions) == NEW

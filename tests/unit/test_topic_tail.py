@@ -13,7 +13,12 @@ from confluent_kafka import KafkaException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loraplane.kernel.bus import Record, TopicReadIncomplete, latest_per_key
+from loraplane.kernel.bus import (
+    Record,
+    TopicReadIncomplete,
+    keys_on_several_partitions,
+    latest_per_key,
+)
 from loraplane.kernel.topic_tail import CurrentSpan, TailView
 from loraplane.registry.live import VerifiedRegistry
 from loraplane.schemas.keyring import KeyringFile, save_keyring
@@ -496,3 +501,22 @@ def test_a_rebuilt_consumer_is_not_assigned_fewer_partitions_than_the_view_reads
     fresh.assign = assign  # type: ignore[attr-defined]
     tail._assign(fresh)  # type: ignore[arg-type]
     assert assigned == [[("ws", p) for p in range(4)]]
+
+
+def test_a_key_counts_as_spread_while_two_partitions_hold_a_record_of_it() -> None:
+    """What ``topics apply`` asks before growing a topic its readers rank by home
+    (``grows_once``): a key whose last record on each of two partitions is a value is
+    spread; a tombstone last on a partition leaves nothing of the key there."""
+    a, b, c = b"a", b"b", b"c"
+    records = [
+        Record("t", 0, 0, a, b"1", {}, 0),
+        Record("t", 1, 0, a, b"2", {}, 0),  # a: on 0 and 1
+        Record("t", 0, 1, b, b"1", {}, 0),
+        Record("t", 2, 0, b, b"2", {}, 0),
+        Record("t", 0, 2, b, None, {}, 0),  # b: its record on 0 tombstoned, only on 2
+        Record("t", 1, 1, c, b"1", {}, 0),
+        Record("t", 1, 2, c, b"2", {}, 0),  # c: twice on one partition
+    ]
+    assert keys_on_several_partitions(records) == 1
+    assert keys_on_several_partitions([*records, Record("t", 1, 3, a, None, {}, 0)]) == 0
+    assert keys_on_several_partitions([]) == 0
