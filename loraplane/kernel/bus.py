@@ -258,7 +258,8 @@ def read_topic(
     """Read a topic (or several at once, one consumer) from the beginning until every
     assigned partition has reached its end and nothing came for ``idle_s`` (or timeout).
 
-    For CLIs and tests that need "everything so far"; no offsets are committed. Idle time
+    For CLIs and tests that need "everything so far"; every partition is assigned from its
+    beginning (no group joined), no offsets are committed. Idle time
     alone never ends a read: on a loaded machine a 64-partition topic can take longer than
     ``idle_s`` to be assigned and fetched, and an early return then read as "no records". With
     ``to_end`` the read ends as soon as every partition has reached its end, and raises
@@ -292,8 +293,15 @@ def read_topic(
                     continue
                 except KafkaException as exc:
                     raise TopicReadIncomplete(f"{name}: no partition count: {exc}") from exc
-        consumer.subscribe(names)
         deadline = time.monotonic() + timeout_s
+        # every partition assigned from its beginning: no group to join (a subscribe's join
+        # and first rebalance took ~1 s of every read), nothing committed
+        try:
+            consumer.assign(_beginnings(consumer, names, timeout_s))
+        except KafkaException as exc:  # the broker away: nothing read, as a subscribe's
+            if to_end:
+                raise TopicReadIncomplete(f"{topic}: no partitions: {exc}") from exc
+            return
         last = time.monotonic()
         while time.monotonic() < deadline:
             msg = consumer.poll(0.2)
@@ -321,6 +329,20 @@ def read_topic(
             )
     finally:
         consumer.close()
+
+
+def _beginnings(consumer: Any, names: Sequence[str], timeout_s: float) -> list[Any]:
+    """The beginning of every partition of each topic in ``names`` the broker knows (one
+    it does not know holds no record: left out, as a subscribe leaves it unassigned)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    out = []
+    for name in names:
+        meta = consumer.list_topics(name, timeout=timeout_s).topics.get(name)
+        if meta is None or meta.error is not None:
+            continue
+        out += [TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+    return out
 
 
 def end_offsets(settings: Settings, topic: str, *, timeout_s: float = 10.0) -> dict[int, int]:

@@ -304,8 +304,8 @@ def test_a_topic_the_broker_does_not_know_leaves_the_others_read(
             known = {"p.worker-state": SimpleNamespace(error=None, partitions={0: None})}
             return SimpleNamespace(topics={t: m for t, m in known.items() if t == topic})
 
-        def subscribe(self, names: list[str]) -> None:
-            pass
+        def assign(self, partitions: list[Any]) -> None:
+            assert [(tp.topic, tp.partition) for tp in partitions] == [("p.worker-state", 0)]
 
         def poll(self, timeout: float) -> Any:
             return self.polls.pop() if self.polls else None
