@@ -148,16 +148,19 @@ def replaces(record: Record, held: Record | None, partitions: int) -> bool:
 
 def keys_on_several_partitions(records: Iterable[Record]) -> int:
     """How many keys of a compacted topic read whole hold a record on more than one
-    partition (a tombstone last on a partition: none there), as a grow leaves a key written
-    since: its record before the grow on its old partition, its later ones on its home."""
-    live: dict[tuple[bytes, int], bool] = {}
+    partition, one of them a value, as a grow leaves a key written since: its record before
+    the grow on its old partition, its later ones on its home. A removal (a tombstone) last
+    on a partition is held there (readers rank it as any record: a grow that makes another
+    partition the key's home could rank an older value there over it); a moved tombstone
+    (``moved_away``) leaves nothing of the key on its partition."""
+    last: dict[tuple[bytes, int], Record] = {}
     for record in records:
-        live[(record.key or b"", record.partition)] = record.value is not None
-    partitions: dict[bytes, int] = {}
-    for (key, _), held in live.items():
-        if held:
-            partitions[key] = partitions.get(key, 0) + 1
-    return sum(1 for n in partitions.values() if n > 1)
+        last[(record.key or b"", record.partition)] = record
+    held: dict[bytes, list[Record]] = {}
+    for (key, _), record in last.items():
+        if not moved_away(record):
+            held.setdefault(key, []).append(record)
+    return sum(1 for rs in held.values() if len(rs) > 1 and any(r.value is not None for r in rs))
 
 
 def keys_spread(settings: Settings, topic: str, timeout: float) -> int:

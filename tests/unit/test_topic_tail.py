@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loraplane.kernel.bus import (
+    MOVED_HEADER,
     Record,
     TopicReadIncomplete,
     keys_on_several_partitions,
@@ -506,17 +507,33 @@ def test_a_rebuilt_consumer_is_not_assigned_fewer_partitions_than_the_view_reads
 def test_a_key_counts_as_spread_while_two_partitions_hold_a_record_of_it() -> None:
     """What ``topics apply`` asks before growing a topic its readers rank by home
     (``grows_once``): a key whose last record on each of two partitions is a value is
-    spread; a tombstone last on a partition leaves nothing of the key there."""
+    spread; a moved tombstone (``bus.MOVED_HEADER``) last on a partition leaves nothing of
+    the key there."""
     a, b, c = b"a", b"b", b"c"
+    moved = {MOVED_HEADER: b"2"}
     records = [
         Record("t", 0, 0, a, b"1", {}, 0),
         Record("t", 1, 0, a, b"2", {}, 0),  # a: on 0 and 1
         Record("t", 0, 1, b, b"1", {}, 0),
         Record("t", 2, 0, b, b"2", {}, 0),
-        Record("t", 0, 2, b, None, {}, 0),  # b: its record on 0 tombstoned, only on 2
+        Record("t", 0, 2, b, None, moved, 0),  # b: its record on 0 moved away, only on 2
         Record("t", 1, 1, c, b"1", {}, 0),
         Record("t", 1, 2, c, b"2", {}, 0),  # c: twice on one partition
     ]
     assert keys_on_several_partitions(records) == 1
-    assert keys_on_several_partitions([*records, Record("t", 1, 3, a, None, {}, 0)]) == 0
+    assert keys_on_several_partitions([*records, Record("t", 0, 3, a, None, moved, 0)]) == 0
     assert keys_on_several_partitions([]) == 0
+
+
+def test_a_removal_on_one_partition_and_a_value_on_another_is_spread() -> None:
+    """A key removed (a plain tombstone, which readers rank like any record) on one
+    partition while its record from before a grow lies on another: a second grow that makes
+    that other partition its home again would rank the old value over the removal (a
+    revoked adapter's record standing again), so the key counts as spread. Removals alone
+    on two partitions leave no value to stand again."""
+    a = b"a"
+    before = Record("t", 0, 0, a, b"1", {}, 0)  # under the first count, its home 0
+    removal = Record("t", 1, 0, a, None, {}, 0)  # under the grown count, its home 1
+    assert keys_on_several_partitions([before, removal]) == 1
+    assert keys_on_several_partitions([removal, before]) == 1
+    assert keys_on_several_partitions([Record("t", 0, 1, a, None, {}, 0), removal]) == 0
