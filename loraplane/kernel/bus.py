@@ -274,7 +274,7 @@ def read_topic(
     that checks records are on their key's partition: ``worker_states.at_home``); a topic
     the broker does not know gets none (it holds no record to check).
     """
-    from confluent_kafka import KafkaException
+    from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
     consumer = kafka.consumer(
         settings,
@@ -286,24 +286,24 @@ def read_topic(
     at_end: set[tuple[str, int]] = set()
     try:
         names = [topic] if isinstance(topic, str) else list(topic)
-        if partition_counts is not None:
-            from loraplane.kernel.command_partition import broker_partitions
-
-            for name in names:
-                try:
-                    partition_counts[name] = broker_partitions(consumer, name, timeout_s)
-                except LookupError:  # no such topic: it holds no record to check
-                    continue
-                except KafkaException as exc:
-                    raise TopicReadIncomplete(f"{name}: no partition count: {exc}") from exc
         deadline = time.monotonic() + timeout_s
+        try:
+            known = _partitions(consumer, names, deadline)
+        except KafkaException as exc:  # the broker away: nothing read, as a subscribe's
+            if to_end or partition_counts is not None:
+                raise TopicReadIncomplete(f"{topic}: no partitions: {exc}") from exc
+            return
+        if partition_counts is not None:
+            partition_counts.update({name: len(parts) for name, parts in known.items()})
         # every partition assigned from its beginning: no group to join (a subscribe's join
         # and first rebalance took ~1 s of every read), nothing committed
         try:
-            consumer.assign(_beginnings(consumer, names, timeout_s))
-        except KafkaException as exc:  # the broker away: nothing read, as a subscribe's
+            consumer.assign(
+                [TopicPartition(n, p, OFFSET_BEGINNING) for n, ps in known.items() for p in ps]
+            )
+        except KafkaException as exc:
             if to_end:
-                raise TopicReadIncomplete(f"{topic}: no partitions: {exc}") from exc
+                raise TopicReadIncomplete(f"{topic}: not assigned: {exc}") from exc
             return
         last = time.monotonic()
         while time.monotonic() < deadline:
@@ -334,17 +334,29 @@ def read_topic(
         consumer.close()
 
 
-def _beginnings(consumer: Any, names: Sequence[str], timeout_s: float) -> list[Any]:
-    """The beginning of every partition of each topic in ``names`` the broker knows (one
-    it does not know holds no record: left out, as a subscribe leaves it unassigned)."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+def _partitions(consumer: Any, names: Sequence[str], deadline: float) -> dict[str, list[int]]:
+    """The partitions of each topic in ``names`` the broker knows (one it does not know, or
+    that has none, holds no record: left out, as a subscribe leaves it unassigned). Any
+    other error of a topic's metadata (its leader not elected yet, just created; a describe
+    not authorized) leaves out a topic that may hold records: it is asked again until
+    ``deadline``, then raised (``KafkaException``, as a broker away)."""
+    from confluent_kafka import KafkaError, KafkaException
 
-    out = []
+    unknown = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+    out: dict[str, list[int]] = {}
     for name in names:
-        meta = consumer.list_topics(name, timeout=timeout_s).topics.get(name)
-        if meta is None or meta.error is not None:
-            continue
-        out += [TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
+        while True:
+            left = max(deadline - time.monotonic(), 0.1)
+            meta = consumer.list_topics(name, timeout=left).topics.get(name)
+            if meta is None or (meta.error is not None and meta.error.code() in unknown):
+                break
+            if meta.error is None:
+                if meta.partitions:
+                    out[name] = sorted(meta.partitions)
+                break
+            if time.monotonic() >= deadline:
+                raise KafkaException(meta.error)
+            time.sleep(0.2)
     return out
 
 
