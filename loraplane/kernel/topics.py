@@ -341,7 +341,8 @@ def apply(
     ``stack up`` give), its count of records cleared said in the topic's line.
     ``spread(settings, topic, timeout)``: how many keys of a ``grows_once`` topic hold
     records on more than one partition (``bus.keys_spread``, which they give too); such a
-    topic grows only when it says none, and is refused without it."""
+    topic grows only when it says none, and is refused without it (a dry run asks it too:
+    it only reads)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
         AlterConfigOpType,
@@ -363,22 +364,6 @@ def apply(
         ) from None
     copies = replicas(settings)
     changes = [c for name, s in named.items() for c in diff(name, s, existing.get(name), copies)]
-    if dry_run:
-        return changes
-
-    futures: list[Future[None]] = []
-    creates = [
-        NewTopic(
-            c.topic,
-            num_partitions=named[c.topic].partitions,
-            replication_factor=copies,
-            config=named[c.topic].configs(copies),
-        )
-        for c in changes
-        if c.action == "create"
-    ]
-    if creates:
-        futures += admin.create_topics(creates, request_timeout=timeout).values()
     for i, c in enumerate(changes):
         if c.action == "partitions" and named[c.topic].grows_once:
             if spread is None:
@@ -396,6 +381,22 @@ def apply(
                     "left by an earlier grow; growing again could rank a record from before "
                     "it over a newer one (docs/stack.md, Topics)",
                 )
+    if dry_run:
+        return changes
+
+    futures: list[Future[None]] = []
+    creates = [
+        NewTopic(
+            c.topic,
+            num_partitions=named[c.topic].partitions,
+            replication_factor=copies,
+            config=named[c.topic].configs(copies),
+        )
+        for c in changes
+        if c.action == "create"
+    ]
+    if creates:
+        futures += admin.create_topics(creates, request_timeout=timeout).values()
     grows = [NewPartitions(c.topic, int(c.value)) for c in changes if c.action == "partitions"]
     if grows:
         futures += admin.create_partitions(grows, request_timeout=timeout).values()

@@ -84,3 +84,36 @@ def test_the_stack_docs_topic_table_matches_the_declarations() -> None:
     assert len(rows) == len(documented)
     declared = {s.suffix: (s.partitions, s.cleanup_policy == "compact") for s in TOPICS}
     assert documented == declared
+
+
+def test_a_dry_run_says_a_second_grow_of_a_grows_once_topic_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``topics apply --dry-run`` prints what apply would do: a grow of a ``grows_once``
+    topic (``registry``) whose keys lie on several partitions is refused there too, and one
+    whose keys each lie on one partition would grow; nothing is grown in either."""
+    from loraplane.kernel import topics
+
+    settings = Settings()
+    registry = spec("registry")
+    name = topic_name(settings, "registry")
+    assert registry.grows_once and registry.partitions > 1
+    existing = {name: Existing(registry.partitions - 1, registry.configs())}
+
+    class Admin:
+        def create_partitions(self, *a: object, **k: object) -> None:
+            raise AssertionError("a dry run grows nothing")
+
+    monkeypatch.setattr(topics.kafka, "admin", lambda s: Admin())
+    monkeypatch.setattr(topics, "_existing", lambda admin, names, timeout: existing)
+    asked: list[str] = []
+
+    def spread(n: int) -> object:
+        return lambda s, topic, timeout: asked.append(topic) or n
+
+    [change] = topics.apply(settings, dry_run=True, only=(registry,), spread=spread(3))
+    assert change.action == "refused" and "3 key(s)" in change.detail and asked == [name]
+    [change] = topics.apply(settings, dry_run=True, only=(registry,), spread=spread(0))
+    assert change.action == "partitions"
+    [change] = topics.apply(settings, dry_run=True, only=(registry,))
+    assert change.action == "refused"
