@@ -192,11 +192,15 @@ def up(settings: Settings, console: Console, apply_topics: bool = True) -> None:
 
         with console.status("kafka: applying topics"):
             changes = topics.apply(settings, clear_grown=clear_left_behind, spread=keys_spread)
-        applied = [c for c in changes if c.action != "unchanged"]
+        applied = [c for c in changes if c.action not in ("unchanged", "refused")]
+        refused = [c for c in changes if c.action == "refused"]
+        mark = "[yellow]! topics[/]" if refused else "[green]✓ topics[/]"
         console.print(
-            f"[green]✓ topics[/]: {len(applied)} changed, {len(changes) - len(applied)} unchanged"
+            f"{mark}: {len(applied)} changed, {len(refused)} refused, "
+            f"{len(changes) - len(applied) - len(refused)} unchanged"
+            + (" (see `loraplane topics apply`)" if refused else "")
         )
-        for change in applied:
+        for change in [*applied, *refused]:
             console.print(f"  {change}", markup=False, soft_wrap=True)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loraplane.kernel.config import Settings
@@ -117,3 +119,33 @@ def test_a_dry_run_says_a_second_grow_of_a_grows_once_topic_is_refused(
     assert change.action == "partitions"
     [change] = topics.apply(settings, dry_run=True, only=(registry,))
     assert change.action == "refused"
+
+
+def test_stack_up_tells_a_refused_topic_change_from_an_applied_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stack up`` applies the topics as ``topics apply`` does: a change apply refused (a
+    second grow of a ``grows_once`` topic) is said as refused, not counted as changed under
+    a check mark."""
+    import io
+
+    from rich.console import Console
+
+    from loraplane.infra import stack
+    from loraplane.kernel import topics
+    from loraplane.kernel.topics import Change
+
+    settings = Settings(home=tmp_path)
+    monkeypatch.setattr(stack, "check_binds", lambda s: None)
+    monkeypatch.setattr(stack, "services", lambda s: [])
+    changes = [
+        Change("lp.registry", "refused", "partitions 4 -> 6: 8 key(s) hold records"),
+        Change("lp.requests", "partitions", "partitions 3 -> 6", value="6"),
+        Change("lp.commands", "unchanged"),
+    ]
+    monkeypatch.setattr(topics, "apply", lambda *a, **k: changes)
+    out = io.StringIO()
+    stack.up(settings, Console(file=out, width=200, color_system=None))
+    text = out.getvalue()
+    assert "1 changed, 1 refused, 1 unchanged" in text, text
+    assert "lp.registry: refused" in text
