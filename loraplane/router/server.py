@@ -545,7 +545,7 @@ class Router:
             "gateway refused the router's forward", _REFUSAL_LOG_EVERY_S, logger=log
         )
         self.outcomes: Counter[str] = Counter()  # refusal codes and route kinds, bounded sets
-        # gateways' refusals the router took and routed around: its forward's 401 by the
+        # gateways' refusals the router met (routed around, or a 424 the answer): its 401 by the
         # front door's reason (or "other"), a worker's own 424; a bounded set of labels
         self.gateway_refusals: Counter[str] = Counter()
         self._id_prefix = "rt-" + uuid.uuid4().hex[:12]
@@ -1377,7 +1377,7 @@ class RouterMetrics(Collector):
         )
         refusals = CounterMetricFamily(
             m.ROUTER_GATEWAY_REFUSALS,
-            "Gateways' refusals the router routed around: of its forward (401, by reason) "
+            "Gateways' refusals the router met: of its forward (401, by reason) "
             "or a worker's own of a version (424)",
             labels=["reason"],
         )
