@@ -5,6 +5,7 @@ in one process with FakeServing workers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import hashlib
 import hmac
@@ -1513,6 +1514,26 @@ async def test_an_interactive_request_falls_back_on_the_last_worker_only(stack: 
     assert len(stack.sinks["w1"].messages(RequestLog)) == 2
 
 
+@contextlib.asynccontextmanager
+async def _w3_not_serving(stack: Stack, other: str) -> AsyncIterator[list[bytes]]:
+    """w3 stays in the view but does not serve: its gateway is gone (the discard port:
+    refused) or, ``other == "unsigned"``, refuses the router's forward (401); yields the
+    requests that gateway was asked."""
+    asked: list[bytes] = []
+    server: asyncio.AbstractServer | None = None
+    url = "http://127.0.0.1:9"
+    if other == "unsigned":
+        server, url = await _always_answers(_answer_401("forward_outdated"), asked)
+    try:
+        index = stack.router.fleet.index
+        w3 = index.workers["w3"].state
+        index.update(at(w3, w3.ts.timestamp(), url))
+        yield asked
+    finally:
+        if server is not None:
+            server.close()
+
+
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("other", ["gone", "unsigned"])
 async def test_an_interactive_request_the_other_worker_fails_gets_its_fallback(
@@ -1523,15 +1544,7 @@ async def test_an_interactive_request_the_other_worker_fails_gets_its_fallback(
     router secret). The router asks w1 again, as the last worker, and the tenant gets its
     base model's fallback, as without a router, never the 424 of one worker's own."""
     _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
-    asked: list[bytes] = []
-    server: asyncio.AbstractServer | None = None
-    url = "http://127.0.0.1:9"  # the discard port: refused
-    if other == "unsigned":
-        server, url = await _always_answers(_answer_401("forward_outdated"), asked)
-    try:
-        index = stack.router.fleet.index
-        w3 = index.workers["w3"].state
-        index.update(at(w3, w3.ts.timestamp(), url))
+    async with _w3_not_serving(stack, other) as asked:
         status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=ACTIVE)
         assert (status, headers["X-Loraplane-Worker"]) == (200, "w1"), body
         assert headers["X-Loraplane-Fallback"] == "base"
@@ -1541,9 +1554,6 @@ async def test_an_interactive_request_the_other_worker_fails_gets_its_fallback(
         logs = stack.sinks["w1"].messages(RequestLog)  # its 424, then its fallback
         assert [r.status for r in logs] == ["error", "ok"]
         assert logs[1].request_id == logs[0].request_id + "-r2"
-    finally:
-        if server is not None:
-            server.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -1556,24 +1566,13 @@ async def test_a_batch_request_the_other_worker_fails_gets_the_held_424_at_once(
     forward to w1 is not signed ``X-Loraplane-Reroute`` (only a request that falls back
     is), so w1 is not asked again for a fallback it has none of: one forward to it."""
     _refuse_chat(stack.workers["w1"], VllmFailure.vllm_rank_too_large)
-    asked: list[bytes] = []
-    server: asyncio.AbstractServer | None = None
-    url = "http://127.0.0.1:9"  # the discard port: refused
-    if other == "unsigned":
-        server, url = await _always_answers(_answer_401("forward_outdated"), asked)
-    try:
-        index = stack.router.fleet.index
-        w3 = index.workers["w3"].state
-        index.update(at(w3, w3.ts.timestamp(), url))
+    async with _w3_not_serving(stack, other) as asked:
         status, headers, body = await stack.post({"model": "chat", "prompt": "q"}, headers=BATCH)
         assert (status, headers["X-Loraplane-Worker"]) == (PERMANENT_STATUS, "w1"), body
         assert body["error"]["type"] == ServingRefusal.adapter_refused_by_worker
         assert len(asked) == (other == "unsigned")
         assert [r.status for r in stack.sinks["w1"].messages(RequestLog)] == ["error"]
         assert len(stack.workers["w1"].asked) == 1
-    finally:
-        if server is not None:
-            server.close()
 
 
 @pytest.mark.asyncio(loop_scope="session")
