@@ -13,7 +13,7 @@ import itertools
 import json
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -1188,14 +1188,19 @@ async def _message(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(int(length[1]) if length else 0)
 
 
-async def _always_answers(answer: bytes, asked: list[bytes]) -> tuple[asyncio.AbstractServer, str]:
-    """A gateway that answers every request (head and body read, kept alive) with ``answer``,
-    noting each request's head in ``asked``."""
+async def _answering(
+    answer_of: Callable[[int, bytes], Awaitable[bytes | None]],
+) -> tuple[asyncio.AbstractServer, str]:
+    """A server on loopback that reads each request of a connection (head and body, kept
+    alive) and writes ``answer_of(n, request)`` back, n counting the connection's requests;
+    None closes the connection with no byte of an answer."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while request := await _message(reader):
-                asked.append(request.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+            for n in itertools.count():
+                answer = await answer_of(n, await _message(reader))
+                if answer is None:
+                    return
                 writer.write(answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -1205,6 +1210,17 @@ async def _always_answers(answer: bytes, asked: list[bytes]) -> tuple[asyncio.Ab
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _always_answers(answer: bytes, asked: list[bytes]) -> tuple[asyncio.AbstractServer, str]:
+    """A gateway that answers every request (head and body read, kept alive) with ``answer``,
+    noting each request's head in ``asked``."""
+
+    async def answer_of(_: int, request: bytes) -> bytes:
+        asked.append(request.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+        return answer
+
+    return await _answering(answer_of)
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -1806,32 +1822,19 @@ async def _takes_then_drops(gateway_url: str) -> tuple[asyncio.AbstractServer, s
     port = int(gateway_url.rsplit(":", 1)[1])
     signatures: list[str] = []
 
-    async def pass_on(request: bytes) -> bytes:
+    async def pass_on(n: int, request: bytes) -> bytes | None:
+        signature = re.search(rb"(?i)\r\nx-loraplane-forwarded: *([^\r]+)", request)
+        signatures.append(signature[1].decode() if signature else "")
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(request)
-            return await _message(reader)
+            answer = await _message(reader)
         finally:
             writer.close()
+        return None if n == 1 else answer  # the second: taken, and no answer
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            for n in itertools.count():
-                request = await _message(reader)
-                signature = re.search(rb"(?i)\r\nx-loraplane-forwarded: *([^\r]+)", request)
-                signatures.append(signature[1].decode() if signature else "")
-                answer = await pass_on(request)
-                if n == 1:  # taken, and no answer
-                    return
-                writer.write(answer)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", signatures
+    server, url = await _answering(pass_on)
+    return server, url, signatures
 
 
 @pytest.mark.asyncio(loop_scope="session")
