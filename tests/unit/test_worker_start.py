@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from loraplane.kernel.config import Settings
 from loraplane.workers import runner
 from tests.unit.test_router_stop import Steps
-from tests.unit.test_worker_stop import _stand_ins, worker_options
+from tests.unit.test_worker_stop import _stand_ins, started_worker
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -59,13 +58,7 @@ async def test_the_command_feed_is_built_while_the_registry_is_read(
     registry = type("Registry", (), {"records": list})()
     monkeypatch.setattr(runner, "worker_registry", lambda *_a: (Tail(), registry))
     monkeypatch.setattr(runner, "KafkaCommandFeed", Feed)
-    options = worker_options(tmp_path)
-    serving = asyncio.create_task(runner.serve_worker(Settings(home=tmp_path), options))
-    for _ in range(1000):
-        if "SIGTERM" in handlers or serving.done():
-            break
-        await asyncio.sleep(0.01)
-    assert "SIGTERM" in handlers, serving
+    serving = await started_worker(tmp_path, handlers)
     handlers["SIGTERM"]()
     await asyncio.wait_for(serving, 10)
     ((beside, seconds),) = read

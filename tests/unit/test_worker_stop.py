@@ -48,6 +48,21 @@ def worker_options(tmp_path: Path) -> runner.WorkerOptions:
     )
 
 
+async def started_worker(
+    tmp_path: Path, handlers: dict[str, Callable[[], None]], within_s: float = 10.0
+) -> asyncio.Task[None]:
+    """``runner.serve_worker`` running with ``worker_options``, once it has installed its
+    SIGTERM handler (it serves then)."""
+    options = worker_options(tmp_path)
+    serving = asyncio.create_task(runner.serve_worker(Settings(home=tmp_path), options))
+    for _ in range(int(within_s / 0.01)):
+        if "SIGTERM" in handlers or serving.done():
+            break
+        await asyncio.sleep(0.01)
+    assert "SIGTERM" in handlers, serving
+    return serving
+
+
 def _stand_ins(monkeypatch: pytest.MonkeyPatch, steps: Steps) -> dict[str, Callable[[], None]]:
     """Patch every component ``_serve_worker`` builds; the SIGTERM handler comes back."""
     handlers: dict[str, Callable[[], None]] = {}
@@ -145,13 +160,7 @@ async def test_the_worker_stops_its_listeners_then_its_agent_then_the_rest(
 ) -> None:
     steps = Steps()
     handlers = _stand_ins(monkeypatch, steps)
-    options = worker_options(tmp_path)
-    serving = asyncio.create_task(runner.serve_worker(Settings(home=tmp_path), options))
-    for _ in range(200):
-        if "SIGTERM" in handlers or serving.done():
-            break
-        await asyncio.sleep(0.01)
-    assert "SIGTERM" in handlers, serving
+    serving = await started_worker(tmp_path, handlers)
     (port,) = steps.ports
     async with ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as resp:
         assert resp.status == 200  # it serves
