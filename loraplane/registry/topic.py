@@ -122,17 +122,8 @@ def load_registry(
     whom an empty registry is as good as none."""
     from confluent_kafka import KafkaException
 
-    counts: dict[str, int] = {}
     try:
-        read = read_topic(
-            settings,
-            topic_name(settings, "registry"),
-            timeout_s=timeout_s,
-            to_end=to_end,
-            quiet=True,
-            partition_counts=counts,
-        )
-        return _views(latest_per_key(read, counts).values())
+        return _views(latest_registry_records(settings, timeout_s, to_end=to_end, quiet=True))
     except (TopicReadIncomplete, KafkaException) as exc:
         raise RegistryUnreadable(
             f"cannot read the registry from {settings.kafka.bootstrap}: {exc}"
@@ -167,19 +158,23 @@ def _views(records: Iterable[Record]) -> dict[str, AdapterView]:
     return views
 
 
-def latest_registry_records(settings: Settings, timeout_s: float = 10.0) -> list[Record]:
-    """The raw last record of every key of the whole registry topic (a tombstoned key's is
-    the tombstone, value None), read once, for a ``loraplane.registry.live.VerifiedRegistry``
-    outside a worker or the router (the scoring agent, the tests; a worker and the router hold
+def latest_registry_records(
+    settings: Settings, timeout_s: float = 10.0, *, to_end: bool = True, quiet: bool = False
+) -> list[Record]:
+    """The raw record that stands for every key of the whole registry topic
+    (``bus.latest_per_key``; a tombstoned key's is the tombstone, value None), read once, for
+    ``load_registry`` and a ``loraplane.registry.live.VerifiedRegistry`` outside a worker or
+    the router (the scoring agent, the tests; a worker and the router hold
     ``registry_tail``). Raises ``TopicReadIncomplete`` (or a ``KafkaException``) unless the
     read reached the end of every partition: a broker that is away never reads as an empty
-    registry."""
+    registry. ``to_end=False``: what was read by then; ``quiet``: as ``read_topic``'s."""
     counts: dict[str, int] = {}
     read = read_topic(
         settings,
         topic_name(settings, "registry"),
         timeout_s=timeout_s,
-        to_end=True,
+        to_end=to_end,
+        quiet=quiet,
         partition_counts=counts,
     )
     return list(latest_per_key(read, counts).values())
