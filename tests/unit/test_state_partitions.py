@@ -18,7 +18,7 @@ bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,19 @@ def rec(topic: str, part: int, off: int, key: bytes | None, value: bytes | None)
     return Record(topic, part, off, key, value, {}, 0)
 
 
+def reading(got: list[Record], counts: dict[str, int]) -> Callable[..., Iterator[Record]]:
+    """A ``read_topic`` that fills ``partition_counts`` with ``counts`` and yields ``got``."""
+
+    def read(
+        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
+    ) -> Iterator[Record]:
+        assert partition_counts is not None
+        partition_counts.update(counts)
+        yield from got
+
+    return read
+
+
 def test_at_home_is_kafkas_partition_of_the_key() -> None:
     worker_states.at_home(b"w1", (home("w1"), N))
     worker_states.at_home(b"w1", None)  # not checked
@@ -92,15 +105,7 @@ def test_attack_a_ghost_state_off_its_partition_is_no_worker_in_the_fleet_read(
         rec(workers, away("w3"), 3, b"w3", None),  # a tombstone elsewhere removed w3
         rec(routers, away("r1"), 0, b"r1", router("r1")),
     ]
-
-    def read(
-        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
-    ) -> Iterator[Record]:
-        assert partition_counts is not None
-        partition_counts.update({workers: N, routers: N})
-        yield from got
-
-    monkeypatch.setattr(worker_states, "read_topic", read)
+    monkeypatch.setattr(worker_states, "read_topic", reading(got, {workers: N, routers: N}))
     fleet = worker_states.latest_fleet_states(settings)
     assert {w: s.gpu_slots_total for w, s in fleet.workers.items()} == {"w1": 4, "w3": 4}
     assert fleet.routers == {} and fleet.malformed == 4
@@ -146,15 +151,7 @@ def test_attack_plan_show_skips_a_ghost_state(
         rec(workers, home("w1"), 1, b"w1", None),
         rec(workers, away("w1"), 0, b"w1", state("w1")),
     ]
-
-    def read(
-        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
-    ) -> Iterator[Record]:
-        assert partition_counts is not None
-        partition_counts[workers] = N
-        yield from got
-
-    monkeypatch.setattr(planner_runtime, "read_topic", read)
+    monkeypatch.setattr(planner_runtime, "read_topic", reading(got, {workers: N}))
     assert planner_runtime.preview(settings, None).workers == 0
 
 
@@ -463,14 +460,7 @@ def test_what_a_writer_cleared_after_a_grow_is_no_ghost_in_the_fleet_read(
         moved(workers, home("w1"), 1, b"w1", home("w1")),  # even on its home: not a removal
         rec(workers, away("w2"), 2, b"w2", state("w2")),  # a ghost nothing cleared
     ]
-
-    def read(
-        *_a: Any, partition_counts: dict[str, int] | None = None, **_k: Any
-    ) -> Iterator[Record]:
-        assert partition_counts is not None
-        partition_counts[workers] = N
-        yield from got
-
+    read = reading(got, {workers: N})
     monkeypatch.setattr(worker_states, "read_topic", read)
     fleet = worker_states.latest_fleet_states(settings)
     assert {w: s.gpu_slots_total for w, s in fleet.workers.items()} == {"w1": 4}

@@ -20,7 +20,7 @@ from loraplane.kernel.bus import (
     keys_on_several_partitions,
     latest_per_key,
 )
-from loraplane.kernel.topic_tail import CurrentSpan, TailView
+from loraplane.kernel.topic_tail import CurrentSpan, TailView, TopicTail
 from loraplane.registry.live import VerifiedRegistry
 from loraplane.schemas.keyring import KeyringFile, save_keyring
 from tests.unit.test_registry_evidence import KIT, NOW, VIEW_A
@@ -303,6 +303,17 @@ class _GrownConsumer:
         self.added += [(tp.topic, tp.partition, tp.offset) for tp in partitions]  # type: ignore[attr-defined]
 
 
+def _tail_of_two() -> TopicTail:
+    """A tail of topic ``ws`` reading its 2 partitions, each at its end (nothing on them)."""
+    from loraplane.kernel.config import Settings
+
+    tail = TopicTail(Settings(), "ws", component="router-ws")
+    with tail._lock:
+        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
+        tail._counted("ws", 2)
+    return tail
+
+
 def test_partitions_added_after_the_start_are_read_from_their_beginning() -> None:
     """A topic grown under a running tail (``topics apply``, kafka-topics --alter): its new
     partitions were never assigned, so records keyed onto them were never read. The probe
@@ -337,14 +348,8 @@ def test_a_partition_the_consumer_refused_to_add_is_asked_for_again() -> None:
     """An ``incremental_assign`` that raises (the broker away between the metadata and the
     assignment) leaves the new partition out of the view, so the next probe adds it; a view
     that held it already would never ask again, the tail not caught up until rebuilt."""
-    from loraplane.kernel.config import Settings
-    from loraplane.kernel.topic_tail import TopicTail
 
-    tail = TopicTail(Settings(), "ws", component="router-ws")
-    with tail._lock:
-        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
-        tail._counted("ws", 2)
-    consumer = _GrownConsumer()
+    tail, consumer = _tail_of_two(), _GrownConsumer()
     tail._metadata_consumer = lambda: consumer  # type: ignore[assignment,method-assign,return-value]
     assign = consumer.incremental_assign
 
@@ -364,13 +369,8 @@ def test_a_count_placed_learns_above_the_partitions_read_asks_for_them_at_once()
     """``placed`` asks the broker again on a record off its key's partition; a count above
     the partitions the tail reads makes the reading thread probe at its next turn."""
     from loraplane.kernel.command_partition import key_hash
-    from loraplane.kernel.config import Settings
-    from loraplane.kernel.topic_tail import TopicTail
 
-    tail = TopicTail(Settings(), "ws", component="router-ws")
-    with tail._lock:
-        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
-        tail._counted("ws", 2)
+    tail = _tail_of_two()
     tail._metadata_consumer = lambda: _GrownConsumer()  # type: ignore[method-assign]
     key = next(k for n in range(100) if key_hash(k := f"w{n}".encode()) % 2 == 0)
     off_home = Record("ws", 1, 0, key, b"{}", {}, 0)
@@ -442,14 +442,8 @@ def test_a_stale_count_from_the_broker_never_judges_a_grown_topics_records() -> 
     partition's record (the planner's memory, a registry view) until the key's next write.
     Counts are held largest first whatever the order of the answers."""
     from loraplane.kernel.command_partition import partition_of
-    from loraplane.kernel.config import Settings
-    from loraplane.kernel.topic_tail import TopicTail
 
-    tail = TopicTail(Settings(), "ws", component="router-ws")
-    with tail._lock:
-        tail._view.assign({("ws", 0): 0, ("ws", 1): 0})
-        tail._counted("ws", 2)
-    consumer = _GrownConsumer()
+    tail, consumer = _tail_of_two(), _GrownConsumer()
     tail._metadata_consumer = lambda: consumer  # type: ignore[assignment,method-assign,return-value]
     tail._probe(consumer)  # type: ignore[arg-type]
     assert tail._counts["ws"] == (4, 2)
