@@ -253,7 +253,6 @@ def read_topic(
     *,
     timeout_s: float = 10.0,
     idle_s: float = 1.5,
-    group: str | None = None,
     to_end: bool = False,
     quiet: bool = False,
     partition_counts: dict[str, int] | None = None,
@@ -278,7 +277,7 @@ def read_topic(
 
     consumer = kafka.consumer(
         settings,
-        group or f"loraplane-reader-{time.monotonic_ns()}",
+        f"loraplane-reader-{time.monotonic_ns()}",  # never joined: partitions are assigned
         read_to_end=True,
         quiet=quiet,
         fetch_wait_ms=READ_FETCH_WAIT_MS,
